@@ -1,0 +1,41 @@
+# The two commands of README.md: `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+HOSTS   ?= 2
+
+.PHONY: setup testbed-deps demo test test-unit test-e2e lint testbed-up testbed-down bench clean
+
+$(BIN)/rigfleet: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+setup: $(BIN)/rigfleet
+
+testbed-deps:
+	bash scripts/ensure-docker.sh
+
+testbed-up: setup testbed-deps
+	$(BIN)/rigfleet testbed up --hosts $(HOSTS)
+
+testbed-down: setup
+	$(BIN)/rigfleet testbed down
+
+# Bare simulated hosts to serving: testbed, converge, then the endpoints.
+demo: testbed-up
+	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/demo.sh
+
+test: setup testbed-deps
+	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/e2e -v
+
+test-unit: setup
+	$(BIN)/python -m pytest tests/unit -q
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean: testbed-down
+	rm -rf .testbed

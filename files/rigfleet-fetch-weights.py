@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Fetch pinned model weights from a Hugging Face hub and verify every file (host side).
+
+Installed by rigfleet (roles/weights.py) at /usr/local/lib/rigfleet/rigfleet-fetch-weights.py
+and run with the huggingface_hub venv's python:
+
+    rigfleet-fetch-weights.py fetch --repo ORG/NAME --revision <40-hex> --local-dir DIR \
+        [--token-file /etc/rigfleet/secrets/hf-token] [--lock-dir /var/lib/rigfleet/locks]
+    rigfleet-fetch-weights.py check --repo ORG/NAME --revision <40-hex> --local-dir DIR
+
+``fetch``:
+1. takes a per-repo ``flock`` (a second concurrent fetch of the same repo fails at once and
+   names the holder's pid);
+2. returns at once when DIR's ``.rigfleet-manifest.json`` is for this repo and revision and
+   every file still has its recorded size and mtime (no network, no hashing);
+3. asks the hub for the revision's files (sizes, LFS sha256) and checks free disk first
+   (bytes still to download + 10 % of the total as headroom);
+4. ``snapshot_download(repo, revision, local_dir=DIR)`` (resumes partial downloads);
+5. verifies every file: sha256 of every LFS file against the hub's, size of every file, and
+   the git blob id of small (non-LFS) files;
+6. writes the manifest (atomically) only after all of that passed.
+
+The token is read from a root-only file here, never taken from argv or the environment of
+the ssh command, and never printed. ``HF_ENDPOINT`` in the environment selects the hub.
+Progress goes to stdout, one line per step, prefixed ``[rigfleet-weights]``.
+Exit codes: 0 ok, 1 verification/download failure, 2 usage, 3 lock held, 4 disk full.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+MANIFEST = ".rigfleet-manifest.json"
+HEADROOM = 0.10
+CHUNK = 8 * 1024 * 1024
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+
+
+class FetchError(Exception):
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def say(message: str) -> None:
+    print(f"[rigfleet-weights] {message}", flush=True)
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+# --- manifest ------------------------------------------------------------------------------
+
+
+def read_manifest(local_dir: Path) -> dict | None:
+    try:
+        data = json.loads((local_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def manifest_matches(local_dir: Path, repo: str, revision: str) -> tuple[bool, str]:
+    """Is DIR verified for this pin, and unchanged since (size + mtime of every file)?"""
+    manifest = read_manifest(local_dir)
+    if manifest is None:
+        return False, "no manifest"
+    if manifest.get("repo") != repo or manifest.get("revision") != revision:
+        return False, (
+            f"manifest is for {manifest.get('repo')}@{manifest.get('revision')}, "
+            f"pin is {repo}@{revision}"
+        )
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return False, "manifest lists no files"
+    for name, meta in sorted(files.items()):
+        try:
+            st = (local_dir / name).stat()
+        except OSError:
+            return False, f"{name} is missing"
+        if st.st_size != meta.get("size"):
+            return False, f"{name} has {st.st_size} bytes, manifest says {meta.get('size')}"
+        if abs(st.st_mtime - float(meta.get("mtime", 0))) > 0.001:
+            return False, f"{name} was modified after it was verified"
+    return True, "matches manifest"
+
+
+def write_manifest(local_dir: Path, repo: str, revision: str, files: dict) -> None:
+    tmp = local_dir / (MANIFEST + ".tmp")
+    body = {"repo": repo, "revision": revision, "files": files}
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, local_dir / MANIFEST)
+
+
+# --- lock ----------------------------------------------------------------------------------
+
+
+def acquire_lock(lock_dir: Path, repo: str):
+    """An exclusive, non-blocking flock per repo; the file holds the holder's pid."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    path = lock_dir / ("weights-" + re.sub(r"[^A-Za-z0-9._-]+", "_", repo) + ".lock")
+    fh = open(path, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "unknown"
+        fh.close()
+        raise FetchError(
+            f"another download of {repo} is running (pid {holder}, lock {path}); "
+            "wait for it to finish, then re-run",
+            code=3,
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
+# --- hub -----------------------------------------------------------------------------------
+
+
+def read_token(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise FetchError(f"cannot read the token file {path} ({e.strerror})", code=2) from None
+    return token or None
+
+
+def hub_files(repo: str, revision: str, token: str | None) -> dict[str, dict]:
+    """name -> {size, sha256 (LFS) or None, blob_id} for every file of the revision."""
+    from huggingface_hub import HfApi
+
+    info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
+    if getattr(info, "sha", None) and info.sha != revision:
+        raise FetchError(f"hub answered revision {info.sha} for {revision}")
+    files: dict[str, dict] = {}
+    for sibling in info.siblings or []:
+        lfs = sibling.lfs
+        sha256 = lfs.sha256 if lfs is not None else None
+        size = lfs.size if lfs is not None else sibling.size
+        if size is None:
+            raise FetchError(f"hub gave no size for {sibling.rfilename}")
+        files[sibling.rfilename] = {"size": int(size), "sha256": sha256, "blob_id": sibling.blob_id}
+    if not files:
+        raise FetchError(f"hub lists no files for {repo}@{revision}")
+    return files
+
+
+# --- verification --------------------------------------------------------------------------
+
+
+def file_digests(path: Path, blob: bool) -> tuple[str, str | None]:
+    """sha256, and (when asked) the git blob id (sha1 of ``blob <size>\\0`` + content)."""
+    size = path.stat().st_size
+    sha256 = hashlib.sha256()
+    sha1 = hashlib.sha1(f"blob {size}\0".encode()) if blob else None
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            sha256.update(chunk)
+            if sha1 is not None:
+                sha1.update(chunk)
+    return sha256.hexdigest(), sha1.hexdigest() if sha1 is not None else None
+
+
+def verify(local_dir: Path, expected: dict[str, dict]) -> dict[str, dict]:
+    """Check every file; return the manifest's ``files`` or raise with every problem."""
+    problems: list[str] = []
+    verified: dict[str, dict] = {}
+    for i, (name, meta) in enumerate(sorted(expected.items()), 1):
+        path = local_dir / name
+        try:
+            st = path.stat()
+        except OSError:
+            problems.append(f"{name}: missing after download")
+            continue
+        if st.st_size != meta["size"]:
+            problems.append(f"{name}: {st.st_size} bytes, hub says {meta['size']}")
+            continue
+        say(f"verify {i}/{len(expected)} {name} ({gib(st.st_size)})")
+        sha256, blob_id = file_digests(path, blob=meta["sha256"] is None)
+        if meta["sha256"] is not None and sha256 != meta["sha256"]:
+            problems.append(f"{name}: sha256 {sha256}, hub says {meta['sha256']}")
+            continue
+        if meta["sha256"] is None and meta.get("blob_id") and blob_id != meta["blob_id"]:
+            problems.append(f"{name}: git blob {blob_id}, hub says {meta['blob_id']}")
+            continue
+        verified[name] = {"size": st.st_size, "sha256": sha256, "mtime": st.st_mtime}
+    if problems:
+        raise FetchError(
+            "verification failed:\n  " + "\n  ".join(problems)
+            + f"\nremove the bad files under {local_dir} and re-run"
+        )
+    return verified
+
+
+def check_disk(local_dir: Path, expected: dict[str, dict]) -> None:
+    total = sum(m["size"] for m in expected.values())
+    present = 0
+    for name, meta in expected.items():
+        try:
+            if (local_dir / name).stat().st_size == meta["size"]:
+                present += meta["size"]
+        except OSError:
+            pass
+    to_fetch = total - present
+    need = to_fetch + int(total * HEADROOM)
+    free = shutil.disk_usage(local_dir).free
+    say(f"size {gib(total)}, to download {gib(to_fetch)}, free {gib(free)}")
+    if free < need:
+        raise FetchError(
+            f"not enough free disk in {local_dir}: need {gib(need)} ({gib(to_fetch)} to "
+            f"download + {gib(total * HEADROOM)} headroom, 10% of {gib(total)}), "
+            f"have {gib(free)}",
+            code=4,
+        )
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def fetch(args: argparse.Namespace) -> int:
+    local_dir = Path(args.local_dir)
+    lock = acquire_lock(Path(args.lock_dir), args.repo)
+    try:
+        ok, reason = manifest_matches(local_dir, args.repo, args.revision)
+        if ok:
+            say(f"{args.repo}@{args.revision} already verified in {local_dir}")
+            return 0
+        say(f"{args.repo}@{args.revision} -> {local_dir} ({reason})")
+        local_dir.mkdir(parents=True, exist_ok=True)
+        token = read_token(args.token_file)
+        say(f"hub {os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'}: listing files")
+        expected = hub_files(args.repo, args.revision, token)
+        check_disk(local_dir, expected)
+        from huggingface_hub import snapshot_download
+
+        started = time.monotonic()
+        say(f"downloading {len(expected)} files (resumes partial downloads)")
+        snapshot_download(
+            args.repo, revision=args.revision, local_dir=str(local_dir), token=token
+        )
+        say(f"downloaded in {time.monotonic() - started:.0f}s; verifying")
+        files = verify(local_dir, expected)
+        write_manifest(local_dir, args.repo, args.revision, files)
+        say(f"verified {len(files)} files; wrote {local_dir / MANIFEST}")
+        return 0
+    finally:
+        lock.close()
+
+
+def check(args: argparse.Namespace) -> int:
+    ok, reason = manifest_matches(Path(args.local_dir), args.repo, args.revision)
+    print(json.dumps({"ok": ok, "reason": reason}))
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("fetch", "check"):
+        p = sub.add_parser(name)
+        p.add_argument("--repo", required=True)
+        p.add_argument("--revision", required=True)
+        p.add_argument("--local-dir", required=True)
+        if name == "fetch":
+            p.add_argument("--token-file")
+            p.add_argument("--lock-dir", default="/var/lib/rigfleet/locks")
+    args = parser.parse_args(argv)
+    if not _HEX40.fullmatch(args.revision):
+        print(f"revision {args.revision!r} is not a full 40-hex commit", file=sys.stderr)
+        return 2
+    try:
+        return fetch(args) if args.command == "fetch" else check(args)
+    except FetchError as e:
+        print(f"[rigfleet-weights] ERROR: {e}", file=sys.stderr, flush=True)
+        return e.code
+    except Exception as e:  # hub/network errors: one line, no traceback noise, no token
+        print(f"[rigfleet-weights] ERROR: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Fleet defaults: every host gets these unless its own data says otherwise.
+
+pyinfra loads this file as the data of group ``all`` (module-level names; imports and names
+starting with ``__`` are left out). ``rigfleet/hostdata.py`` validates the merged result per
+host; see docs/converge.md for the meaning of each key.
+"""
+
+# The stack a host serves unless its own data names another (rigfleet/catalog.py).
+stack = "int8"
+
+# One cap for every card, in watts; hosts usually set a list, one per card. Checked against
+# each card's real min..max at deploy time. 250 W is club-3090's conservative dual-card cap.
+power_caps_w = 250
+
+# GPUs each host must have (both stacks are tensor-parallel over 2 cards).
+gpu_count = 2
+
+# Weights go to <model_dir>/<pins model.local_dir>, mounted read-only into the container.
+model_dir = "/srv/models"
+
+# The authenticating front proxy listens here; the stacks only listen on loopback.
+front_port = 8000
+
+# Relative to where pyinfra runs (the repository root).
+pins_file = "pins.yaml"
+
+# On this (control) machine, mode 0600, one line. Create it with:
+#   umask 077; mkdir -p ~/.config/rigfleet; openssl rand -hex 32 > ~/.config/rigfleet/api-key
+api_key_file = "~/.config/rigfleet/api-key"
+
+# Optional: a Hugging Face token for downloads (public weights need none; a token avoids
+# rate limits). Same rules as api_key_file.
+# hf_token_file = "~/.config/rigfleet/hf-token"
+
+# Optional mirrors for hosts without (fast) internet:
+# docker_registry_mirror = "http://registry.lan:5000"   # Docker Hub pull-through cache
+# pip_index_url = "http://pypi.lan/simple"              # the Genesis entrypoint pip-installs
+# hf_endpoint = "http://hf-mirror.lan"                  # HF_ENDPOINT for the model download
+
+# Extra container environment per stack (debugging, test fault injection), e.g.
+# extra_env = {"int8": {"VLLM_LOGGING_LEVEL": "DEBUG"}}
+extra_env = {}
+
+# Check host keys; add hosts to ~/.ssh/known_hosts (ssh-keyscan) before the first run.
+ssh_strict_host_key_checking = "yes"
+
+# Apt repositories for the NVIDIA driver, the container toolkit and Docker. Placeholders are
+# filled per host from /etc/os-release: {id} (ubuntu, debian), {version} (24.04, 12),
+# {codename} (noble, bookworm), {distro} (NVIDIA's name: ubuntu2404, debian12). `$(ARCH)` is
+# apt's own variable. A suite ending in "/" is a flat repository (no components).
+apt_repos = {
+    # NVIDIA's CUDA network repository: the 580 driver branch that CUDA 13 vLLM images need
+    # (Debian's own packages stop at 535/550). Signing key 3bf863cc (since 2022).
+    "cuda": {
+        "url": "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/",
+        "key_url": (
+            "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/3bf863cc.pub"
+        ),
+        "suite": "/",
+        "components": [],
+        "key_fingerprint": "EB693B3035CD5710E231E123A4B469963BF863CC",
+    },
+    # NVIDIA Container Toolkit ("should work for any Debian-derived distribution").
+    "nvidia-container-toolkit": {
+        "url": "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)",
+        "key_url": "https://nvidia.github.io/libnvidia-container/gpgkey",
+        "suite": "/",
+        "components": [],
+        "key_fingerprint": "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+    },
+    # Docker's own repository, for Compose v2 (Debian 12 ships only Compose v1).
+    "docker": {
+        "url": "https://download.docker.com/linux/{id}",
+        "key_url": "https://download.docker.com/linux/{id}/gpg",
+        "suite": "{codename}",
+        "components": ["stable"],
+        "key_fingerprint": "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+    },
+}

@@ -1,0 +1,127 @@
+"""The ``rigfleet`` command: what pyinfra's own CLI does not do.
+
+    rigfleet testbed up [--hosts N] [--hardware host2:cards=1]
+    rigfleet testbed status
+    rigfleet testbed down
+    rigfleet pins lock [--pins pins.yaml] [--registry URL] [--hub URL]
+
+The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True, highlight=False)
+
+
+def _log(message: str) -> None:
+    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
+
+
+def cmd_testbed(args: argparse.Namespace) -> int:
+    from rigfleet.testbed import fleet, hardware
+
+    if args.action == "up":
+        started = time.monotonic()
+        overrides = [hardware.parse_override(spec) for spec in args.hardware]
+        slots = fleet.up(fleet.UpOptions(hosts=args.hosts, hardware_overrides=overrides), _log)
+        _log(f"testbed up: {len(slots)} host(s) in {time.monotonic() - started:.1f}s; "
+             "inventory/testbed.py written")
+        _print_status(fleet.status())
+    elif args.action == "down":
+        fleet.down(_log)
+        _log("testbed down: containers, network and volumes removed")
+    else:
+        _print_status(fleet.status())
+    return 0
+
+
+def _print_status(rows: list[dict]) -> None:
+    table = Table(title="rigfleet testbed")
+    for col in ("name", "state", "ports", "systemd", "driver"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(row.get(col, "")) for col in ("name", "state", "ports", "systemd",
+                                                          "driver")))
+    Console().print(table if rows else "no testbed containers")
+
+
+def cmd_pins(args: argparse.Namespace) -> int:
+    from rigfleet.pinlock import lock
+
+    changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub)
+    for line in changes or ["pins already locked; nothing to do"]:
+        _log(line)
+    return 0
+
+
+def cmd_endpoints(args: argparse.Namespace) -> int:
+    from rigfleet.endpoints import check
+    from rigfleet.inventory import load_inventory
+
+    table = Table(title=f"serving endpoints ({args.inventory})")
+    for col in ("host", "url", "status", "model", "answer", "s"):
+        table.add_column(col)
+    failed = 0
+    for host in load_inventory(args.inventory):
+        row = check(host)
+        failed += row.status != 200
+        table.add_row(row.host, row.url, str(row.status), row.model, row.answer,
+                      f"{row.seconds:.2f}")
+    Console().print(table)
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rigfleet", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tb = sub.add_parser("testbed", help="the simulated fleet (containers on this machine)")
+    tb_sub = tb.add_subparsers(dest="action", required=True)
+    tb_up = tb_sub.add_parser("up", help="build and start the simulated fleet")
+    tb_up.add_argument("--hosts", type=int, default=2, help="number of hosts (1-12, default 2)")
+    tb_up.add_argument("--hardware", action="append", default=[], metavar="HOST:KEY=V,...",
+                       help="per-host hardware override, e.g. host2:cards=1,memory_mib=20480")
+    tb_sub.add_parser("status", help="show the simulated fleet")
+    tb_sub.add_parser("down", help="remove every container, network and volume it made")
+    tb.set_defaults(func=cmd_testbed)
+
+    pins = sub.add_parser("pins", help="the fleet's pins file")
+    pins_sub = pins.add_subparsers(dest="action", required=True)
+    lock = pins_sub.add_parser("lock", help="resolve image digests and the model revision")
+    lock.add_argument("--pins", default="pins.yaml")
+    lock.add_argument("--registry", default="https://registry-1.docker.io")
+    lock.add_argument("--hub", default="https://huggingface.co")
+    pins.set_defaults(func=cmd_pins)
+
+    ep = sub.add_parser("endpoints", help="ask every host's front for a short answer")
+    ep.add_argument("--inventory", default="inventory/home.py")
+    ep.set_defaults(func=cmd_endpoints)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # every expected failure carries a message that says what to do
+        from rigfleet.testbed.fleet import TestbedError
+
+        if isinstance(exc, TestbedError | ValueError | RuntimeError):
+            console.print(f"[red]error:[/red] {exc}")
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Commands for the huggingface_hub venv and the host-side weights fetcher.
+
+Example::
+
+    from rigfleet.commands import weights
+
+    weights.fetch("Lorbus/Qwen3.6-27B-int4-AutoRound", "0" * 40, "/srv/models/qwen")
+"""
+
+from __future__ import annotations
+
+import shlex
+
+HF_VENV = "/opt/rigfleet/hf-venv"
+SCRIPT_DIR = "/usr/local/lib/rigfleet"
+FETCH_SCRIPT = f"{SCRIPT_DIR}/rigfleet-fetch-weights.py"
+HF_TOKEN_FILE = "/etc/rigfleet/secrets/hf-token"
+LOCK_DIR = "/var/lib/rigfleet/locks"
+
+
+def venv_install(version: str, index_url: str | None = None) -> str:
+    """Create the venv if needed and install ``huggingface_hub==<version>`` into it."""
+    index = f" --index-url {shlex.quote(index_url)}" if index_url else ""
+    return (
+        f"( test -x {HF_VENV}/bin/python || python3 -m venv {HF_VENV} ) && "
+        f"{HF_VENV}/bin/pip install --disable-pip-version-check --no-input -q{index} "
+        f"{shlex.quote(f'huggingface_hub=={version}')}"
+    )
+
+
+def fetch(
+    repo: str,
+    revision: str,
+    local_dir: str,
+    token_file: str | None = None,
+    endpoint: str | None = None,
+) -> str:
+    """Run the fetcher; the token stays in its root-only file (the script reads it)."""
+    env = f"HF_ENDPOINT={shlex.quote(endpoint)} " if endpoint else ""
+    token = f" --token-file {shlex.quote(token_file)}" if token_file else ""
+    return (
+        f"{env}HF_HUB_DISABLE_TELEMETRY=1 {HF_VENV}/bin/python {FETCH_SCRIPT} fetch "
+        f"--repo {shlex.quote(repo)} --revision {shlex.quote(revision)} "
+        f"--local-dir {shlex.quote(local_dir)} --lock-dir {LOCK_DIR}{token}"
+    )

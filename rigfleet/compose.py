@@ -1,0 +1,200 @@
+"""Render one stack's compose file from the catalog, the pins and the host's settings.
+
+Each stack is its own compose project (``rigfleet-<stack>``) in
+``/opt/rigfleet/stacks/<stack>/compose.yaml``. The text is deterministic: the same inputs give
+byte-identical output, so the deploy detects a change by comparing content, and the
+``io.rigfleet.config-hash`` label lets it tell whether a *running* container was started from
+the current file.
+
+Choices that matter:
+
+- ``image: <repo>:<tag>@<digest>``: Docker pulls by digest and ignores the tag, so the running
+  container is provably the pinned build; the tag stays for people reading ``docker ps``.
+- Loopback-only port (``127.0.0.1:<stack port>:8000``): the front proxy is the only way in.
+- Secrets only through ``env_file`` (``/etc/rigfleet/secrets/vllm.env`` holds VLLM_API_KEY);
+  nothing secret is ever in this file, so it can be logged, diffed and hashed.
+- Every ``$`` is written ``$$``: Compose interpolates entrypoint, command and environment at
+  parse time, which silently broke club-3090's entrypoints (#436).
+- The weights are mounted read-only, per model directory; caches per stack (never shared).
+
+Example::
+
+    from rigfleet.catalog import get_stack
+    from rigfleet.compose import render_compose
+
+    text = render_compose(get_stack("int8"), pins, settings)
+    files.put(src=io.StringIO(text), dest=compose_path("int8"), mode="0644")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import yaml
+
+from rigfleet.catalog import GENESIS_IN_CONTAINER, VLLM_PORT_IN_CONTAINER, StackSpec
+from rigfleet.hostdata import HostSettings
+from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError
+
+# Host layout (docs/converge.md "Host layout").
+STACKS_DIR = "/opt/rigfleet/stacks"
+GENESIS_HOST_DIR = "/opt/rigfleet/genesis"
+SECRETS_DIR = "/etc/rigfleet/secrets"
+VLLM_ENV_FILE = f"{SECRETS_DIR}/vllm.env"
+
+SERVICE = "vllm"
+LABEL_PREFIX = "io.rigfleet"
+CONFIG_HASH_LABEL = f"{LABEL_PREFIX}.config-hash"
+
+_HEADER = (
+    "# Managed by rigfleet (rigfleet/compose.py): rendered from the stack catalog, pins.yaml\n"
+    "# and this host's inventory data. Local edits are overwritten by the next deploy.\n"
+    "# Secrets come from env_file only. '$$' is a literal '$' (Compose interpolation).\n"
+)
+
+
+def compose_dir(stack: str) -> str:
+    """The compose project directory of ``stack`` on a host."""
+    return f"{STACKS_DIR}/{stack}"
+
+
+def compose_path(stack: str) -> str:
+    """The compose file of ``stack`` on a host."""
+    return f"{compose_dir(stack)}/compose.yaml"
+
+
+def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[str, Any]:
+    """The compose file as data (escaped, labelled, hashed); ``render_compose`` dumps it.
+
+    + spec: the stack (``rigfleet.catalog.get_stack``)
+    + pins: validated, resolved pins (``rigfleet.pins.load_pins``)
+    + host: the host's settings (``rigfleet.hostdata.validate_host``)
+
+    **Example:**
+
+    .. code:: python
+
+        doc = compose_document(get_stack("int8"), pins, settings)
+        doc["services"]["vllm"]["labels"]["io.rigfleet.config-hash"]
+    """
+    stack_pins = pins.stack(spec.name)
+    if stack_pins.digest == UNRESOLVED:
+        raise PinsError(f"{pins.path}: stacks.{spec.name}.digest: is {UNRESOLVED!r}; {LOCK_HINT}")
+    if pins.model.revision == UNRESOLVED:
+        raise PinsError(f"{pins.path}: model.revision: is {UNRESOLVED!r}; {LOCK_HINT}")
+    if spec.needs_genesis and stack_pins.genesis is None:
+        raise PinsError(f"{pins.path}: stacks.{spec.name}.genesis: missing; the stack needs it")
+
+    environment = spec.environment
+    if spec.needs_genesis and host.pip_index_url:
+        # The Genesis entrypoint pip-installs its runtime deps at every start.
+        environment["PIP_INDEX_URL"] = host.pip_index_url
+    # Host extras last: they may override catalog values (the testbed injects faults so).
+    for name in sorted(host.env_for(spec.name)):
+        environment[name] = host.env_for(spec.name)[name]
+
+    local_dir = pins.model.local_dir
+    volumes = [f"{host.model_dir}/{local_dir}:{spec.model_path(local_dir)}:ro"]
+    volumes += [f"{src}:{dst}" for src, dst in spec.cache_dirs.items()]
+    if spec.needs_genesis:
+        volumes.append(f"{GENESIS_HOST_DIR}/vllm/_genesis:{GENESIS_IN_CONTAINER}:ro")
+
+    labels = {
+        f"{LABEL_PREFIX}.stack": spec.name,
+        f"{LABEL_PREFIX}.image-digest": stack_pins.digest,
+        f"{LABEL_PREFIX}.vllm-version": stack_pins.vllm_version,
+        f"{LABEL_PREFIX}.model-revision": pins.model.revision,
+    }
+    if stack_pins.genesis is not None:
+        # In the label so a Genesis bump changes the file and the container is recreated:
+        # patches live in the container's writable layer and must be re-applied from scratch.
+        labels[f"{LABEL_PREFIX}.genesis-commit"] = stack_pins.genesis.commit
+
+    service: dict[str, Any] = {
+        "image": stack_pins.image_ref,
+        "container_name": spec.container_name,
+        "restart": "unless-stopped",
+        "entrypoint": list(spec.entrypoint),
+        "command": spec.command(local_dir),
+        "environment": environment,
+        "env_file": [VLLM_ENV_FILE],
+        "ports": [f"127.0.0.1:{spec.port}:{VLLM_PORT_IN_CONTAINER}"],
+        "volumes": volumes,
+        "shm_size": "16gb",
+        "ipc": "host",
+        "deploy": {
+            "resources": {
+                "reservations": {
+                    "devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+                }
+            }
+        },
+        "labels": labels,
+    }
+    doc = _escape({"name": spec.compose_project, "services": {SERVICE: service}})
+    labels = doc["services"][SERVICE]["labels"]
+    labels[CONFIG_HASH_LABEL] = config_hash(doc)
+    return doc
+
+
+def render_compose(spec: StackSpec, pins: Pins, host: HostSettings) -> str:
+    """Render the compose file of ``spec`` for ``host`` as YAML text (deterministic).
+
+    + spec: the stack (``rigfleet.catalog.get_stack``)
+    + pins: validated, resolved pins (``rigfleet.pins.load_pins``)
+    + host: the host's settings (``rigfleet.hostdata.validate_host``)
+
+    **Example:**
+
+    .. code:: python
+
+        text = render_compose(get_stack("tq3-mtp-genesis"), pins, settings)
+        assert text == render_compose(get_stack("tq3-mtp-genesis"), pins, settings)
+    """
+    body = yaml.dump(
+        compose_document(spec, pins, host),
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=100,
+    )
+    return _HEADER + body
+
+
+def config_hash(doc: dict[str, Any]) -> str:
+    """A short, stable hash of a compose document, ignoring its own config-hash label."""
+    copy = json.loads(json.dumps(doc))
+    for service in copy.get("services", {}).values():
+        service.get("labels", {}).pop(CONFIG_HASH_LABEL, None)
+    canonical = json.dumps(copy, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _escape(value: Any) -> Any:
+    # Compose interpolates ${VAR} and $VAR in every string value; '$$' is a literal '$'.
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {k: _escape(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escape(v) for v in value]
+    return value
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings as literal blocks (the entrypoint script stays readable), no
+    anchors/aliases (Compose would accept them, people reading the file would not)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)

@@ -1,0 +1,63 @@
+"""Ask every host's front for a short answer: proof that the fleet serves.
+
+    rigfleet endpoints --inventory inventory/testbed.py
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from rigfleet.inventory import InventoryHost
+
+
+@dataclass(frozen=True)
+class EndpointCheck:
+    host: str
+    url: str
+    status: int | str
+    model: str
+    answer: str
+    seconds: float
+
+
+def front_url(host: InventoryHost) -> str:
+    """The host's serving endpoint: ``front_url`` in host data, else ssh host + front port."""
+    if host.data.get("front_url"):
+        return str(host.data["front_url"]).rstrip("/")
+    return f"http://{host.ssh_target[0]}:{int(host.data.get('front_port', 8000))}"
+
+
+def read_key(host: InventoryHost) -> str:
+    return Path(str(host.data["api_key_file"])).expanduser().read_text().strip()
+
+
+def chat(url: str, key: str, prompt: str, max_tokens: int = 40, timeout: float = 60) -> dict:
+    body = json.dumps({
+        "model": "qwen3.6-27b-autoround",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens, "temperature": 0,
+    }).encode()
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.load(resp)
+
+
+def check(host: InventoryHost) -> EndpointCheck:
+    url = front_url(host)
+    started = time.monotonic()
+    try:
+        reply = chat(url, read_key(host), "What is the capital of France? One short sentence.")
+        text = reply["choices"][0]["message"].get("content") or ""
+        return EndpointCheck(host.name, url, 200, reply.get("model", ""), text.strip()[:80],
+                             time.monotonic() - started)
+    except urllib.error.HTTPError as exc:
+        return EndpointCheck(host.name, url, exc.code, "", exc.reason, time.monotonic() - started)
+    except (OSError, KeyError, ValueError) as exc:
+        return EndpointCheck(host.name, url, "down", "", str(exc)[:80], time.monotonic() - started)

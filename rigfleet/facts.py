@@ -1,0 +1,477 @@
+"""Custom pyinfra facts: what the roles need to know about a host, one command each.
+
+pyinfra 3.x does not cache facts (every ``host.get_fact`` is a round trip), so each fact here
+answers one whole question with one command, and every command succeeds even when the thing it
+asks about is absent (a failing fact command would fail the host): absence is data.
+
+Example::
+
+    from rigfleet.facts import GpuState
+
+    state = host.get_fact(GpuState)
+    if state.loaded:
+        state.driver_version   # "580.105.08"
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from rigfleet.commands import apt as apt_commands
+from rigfleet.commands import docker as docker_commands
+from rigfleet.commands import nvidia as nvidia_commands
+
+# ---------------------------------------------------------------------------------------------
+# OS and packages
+
+
+class OsRelease(FactBase[dict[str, str]]):
+    """``/etc/os-release`` as a dict, plus ``KERNEL_RELEASE`` (``uname -r``).
+
+    .. code:: python
+
+        {"ID": "debian", "VERSION_ID": "13", "VERSION_CODENAME": "trixie",
+         "KERNEL_RELEASE": "6.12.48+deb13-amd64", ...}
+    """
+
+    default = dict
+
+    @override
+    def command(self) -> str:
+        return "cat /etc/os-release; echo KERNEL_RELEASE=$(uname -r)"
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str]:
+        info: dict[str, str] = {}
+        for line in output:
+            key, sep, value = line.strip().partition("=")
+            if not sep or not key or key.startswith("#"):
+                continue
+            try:
+                parts = shlex.split(value)
+            except ValueError:
+                parts = [value.strip("\"'")]
+            info[key] = parts[0] if parts else ""
+        return info
+
+
+@dataclass(frozen=True)
+class DebPackage:
+    """One package as dpkg knows it."""
+
+    version: str
+    installed: bool
+    held: bool
+
+
+class DpkgState(FactBase[dict[str, DebPackage]]):
+    """Every package dpkg knows: version, installed or not, held or not (one ``dpkg-query``)."""
+
+    default = dict
+
+    @override
+    def command(self) -> str:
+        return apt_commands.dpkg_state()
+
+    @override
+    def process(self, output: list[str]) -> dict[str, DebPackage]:
+        packages: dict[str, DebPackage] = {}
+        for line in output:
+            parts = line.split("\t")
+            if len(parts) != 3 or not parts[0]:
+                continue
+            name, version, status = parts
+            words = status.split()
+            installed = bool(words) and words[-1] == "installed"
+            held = bool(words) and words[0] == "hold"
+            # Multi-arch packages appear once per architecture; an installed one wins.
+            if name in packages and packages[name].installed and not installed:
+                continue
+            packages[name] = DebPackage(version=version, installed=installed, held=held)
+        return packages
+
+
+class AptKeyring(FactBase[str]):
+    """``same``, ``differ`` or ``missing``: the installed keyring vs the key at its URL."""
+
+    @override
+    def command(self, key_url: str, dest: str) -> str:
+        return apt_commands.keyring_state(key_url, dest)
+
+    @override
+    def process(self, output: list[str]) -> str:
+        last = output[-1].strip() if output else "missing"
+        return last if last in ("same", "differ", "missing") else "missing"
+
+
+class TextFile(FactBase[str | None]):
+    """A small text file's content, or None when it is missing or empty."""
+
+    @override
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        text = "\n".join(output)
+        return text if text.strip() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# NVIDIA
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """What nvidia-smi says: whether the driver answers, its version, and the cards.
+
+    ``gpus`` are ``rigfleet.gpu.GpuInfo`` objects; ``error`` holds nvidia-smi's last lines
+    when it failed (no driver loaded, no binary).
+    """
+
+    loaded: bool
+    driver_version: str | None = None
+    gpus: tuple[Any, ...] = ()
+    error: str = ""
+
+
+class GpuQuery(FactBase[GpuState]):
+    """The GPUs as ``nvidia-smi --query-gpu`` reports them (parsed by ``rigfleet.gpu``)."""
+
+    @staticmethod
+    @override
+    def default() -> GpuState:
+        return GpuState(loaded=False, error="no output")
+
+    @override
+    def command(self) -> str:
+        from rigfleet import gpu
+
+        return nvidia_commands.gpu_query(gpu.query_command())
+
+    @override
+    def process(self, output: list[str]) -> GpuState:
+        from rigfleet import gpu
+
+        if not output or output[0].strip() == nvidia_commands.SMI_FAILED:
+            return GpuState(loaded=False, error=" ".join(line.strip() for line in output[1:]))
+        try:
+            gpus = tuple(gpu.parse_query_gpu("\n".join(output)))
+        except gpu.GpuParseError as e:  # DriverNotLoadedError included
+            return GpuState(loaded=False, error=str(e))
+        if not gpus:
+            return GpuState(loaded=False, error="nvidia-smi listed no GPUs")
+        versions = {g.driver_version for g in gpus} - {None}
+        return GpuState(loaded=True, driver_version=min(versions) if versions else None, gpus=gpus)
+
+
+# ---------------------------------------------------------------------------------------------
+# Docker
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """``/etc/docker/daemon.json``: whether it exists, its content, or why it is unreadable."""
+
+    exists: bool
+    config: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+class DockerDaemonJson(FactBase[DaemonConfig]):
+    """The Docker daemon's configuration file, parsed."""
+
+    path = "/etc/docker/daemon.json"
+
+    @staticmethod
+    @override
+    def default() -> DaemonConfig:
+        return DaemonConfig(exists=False)
+
+    @override
+    def command(self) -> str:
+        return f"cat {self.path} 2>/dev/null || true"
+
+    @override
+    def process(self, output: list[str]) -> DaemonConfig:
+        text = "\n".join(output).strip()
+        if not text:
+            return DaemonConfig(exists=False)
+        try:
+            config = json.loads(text)
+        except ValueError as e:
+            return DaemonConfig(exists=True, error=f"{self.path} is not valid JSON ({e})")
+        if not isinstance(config, dict):
+            return DaemonConfig(exists=True, error=f"{self.path} is not a JSON object")
+        return DaemonConfig(exists=True, config=config)
+
+
+class DockerRuntimes(FactBase[list[str]]):
+    """Names of the runtimes the running Docker daemon has registered (``docker info``)."""
+
+    default = list
+
+    @override
+    def command(self) -> str:
+        return docker_commands.runtimes()
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        try:
+            data = json.loads("\n".join(output))
+        except ValueError:
+            return []
+        return sorted(data) if isinstance(data, dict) else []
+
+
+class ImageDigests(FactBase[list[str]]):
+    """An image's ``RepoDigests`` (``repo@sha256:...``); empty when it is not pulled."""
+
+    default = list
+
+    @override
+    def command(self, ref: str) -> str:
+        return docker_commands.image_repo_digests(ref)
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        try:
+            data = json.loads("\n".join(output))
+        except ValueError:
+            return []
+        return [str(d) for d in data] if isinstance(data, list) else []
+
+
+@dataclass(frozen=True)
+class LabelledContainer:
+    """A container's status and the value of one of its labels (None when unset)."""
+
+    status: str
+    label: str | None
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+class ContainerLabel(FactBase[LabelledContainer | None]):
+    """``docker inspect`` status and one label of a container; None when there is none.
+
+    The deploy reads ``io.rigfleet.config-hash`` (set by ``rigfleet.compose``) to tell whether
+    the running container was started from the current compose file.
+    """
+
+    @override
+    def command(self, container: str, label: str) -> str:
+        return docker_commands.container_label(container, label)
+
+    @override
+    def process(self, output: list[str]) -> LabelledContainer | None:
+        words = output[0].split() if output else []
+        if not words:
+            return None
+        value = words[1] if len(words) > 1 and not words[1].startswith("<no") else None
+        return LabelledContainer(status=words[0], label=value)
+
+
+@dataclass(frozen=True)
+class ContainerStatus:
+    """``docker inspect`` state of one container."""
+
+    status: str
+    exit_code: int
+    restarts: int
+
+
+class ContainerState(FactBase[ContainerStatus | None]):
+    """A container's status, exit code and restart count; None when there is no container."""
+
+    @override
+    def command(self, container: str) -> str:
+        return docker_commands.container_status(container)
+
+    @override
+    def process(self, output: list[str]) -> ContainerStatus | None:
+        words = output[0].split() if output else []
+        if len(words) != 3:
+            return None
+        try:
+            return ContainerStatus(words[0], int(words[1]), int(words[2]))
+        except ValueError:
+            return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights and Genesis
+
+
+@dataclass(frozen=True)
+class WeightsState:
+    """The weights directory as the manifest describes it, and whether the files still match.
+
+    ``intact`` is True when the manifest exists and every file it lists is present with the
+    recorded size and mtime (no hashing: the fetch script hashed them when it wrote it).
+    """
+
+    repo: str | None
+    revision: str | None
+    intact: bool
+    reason: str
+
+
+MANIFEST_NAME = ".rigfleet-manifest.json"
+_LISTING = "--rigfleet-listing--"
+
+
+class WeightsManifest(FactBase[WeightsState]):
+    """Read ``<dir>/.rigfleet-manifest.json`` and stat the files it lists (one command)."""
+
+    @staticmethod
+    @override
+    def default() -> WeightsState:
+        return WeightsState(None, None, False, "no manifest")
+
+    @override
+    def command(self, local_dir: str) -> str:
+        d = shlex.quote(local_dir)
+        # `find -printf` gives path, size and mtime with sub-second precision, so the check is
+        # the same one the fetch script makes (size + mtime), without any hashing.
+        return (
+            f"cat {d}/{MANIFEST_NAME} 2>/dev/null | tr -d '\\n'; echo; echo {_LISTING}; "
+            f"[ -d {d} ] && find {d} -path {d}/.cache -prune -o -type f -printf '%P\\t%s\\t%T@\\n' "
+            "2>/dev/null || true"
+        )
+
+    @override
+    def process(self, output: list[str]) -> WeightsState:
+        try:
+            split = output.index(_LISTING)
+        except ValueError:
+            return self.default()
+        text = "".join(output[:split]).strip()
+        if not text:
+            return self.default()
+        try:
+            manifest = json.loads(text)
+            files = manifest["files"]
+            repo, revision = manifest["repo"], manifest["revision"]
+        except (ValueError, KeyError, TypeError):
+            return WeightsState(None, None, False, "manifest unreadable")
+        listing: dict[str, tuple[int, float]] = {}
+        for line in output[split + 1 :]:
+            parts = line.split("\t")
+            if len(parts) == 3:
+                try:
+                    listing[parts[0]] = (int(parts[1]), float(parts[2]))
+                except ValueError:
+                    continue
+        return WeightsState(repo, revision, *_compare_listing(files, listing))
+
+
+def _compare_listing(
+    files: dict[str, Any], listing: dict[str, tuple[int, float]]
+) -> tuple[bool, str]:
+    for name, meta in sorted(files.items()):
+        if name not in listing:
+            return False, f"{name} is missing"
+        size, mtime = listing[name]
+        if size != meta.get("size"):
+            return False, f"{name} has {size} bytes, manifest says {meta.get('size')}"
+        if abs(mtime - float(meta.get("mtime", 0))) > 0.001:
+            return False, f"{name} was modified after it was verified"
+    return True, "matches manifest"
+
+
+@dataclass(frozen=True)
+class GenesisCheckout:
+    """The Genesis checkout: HEAD commit, origin URL, and whether apply_all.py is there."""
+
+    head: str | None
+    origin: str | None
+    has_apply_all: bool
+
+
+APPLY_ALL = "vllm/_genesis/patches/apply_all.py"
+
+
+class GenesisHead(FactBase[GenesisCheckout]):
+    """``git rev-parse HEAD`` and the origin URL of a checkout, plus the apply_all.py check."""
+
+    @staticmethod
+    @override
+    def default() -> GenesisCheckout:
+        return GenesisCheckout(None, None, False)
+
+    @override
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f"echo head=$(git -C {p} rev-parse --verify -q HEAD 2>/dev/null); "
+            f"echo origin=$(git -C {p} remote get-url origin 2>/dev/null); "
+            f"if [ -f {p}/{APPLY_ALL} ]; then echo apply_all=yes; else echo apply_all=no; fi"
+        )
+
+    @override
+    def process(self, output: list[str]) -> GenesisCheckout:
+        values = dict(line.strip().partition("=")[::2] for line in output if "=" in line)
+        return GenesisCheckout(
+            head=values.get("head") or None,
+            origin=values.get("origin") or None,
+            has_apply_all=values.get("apply_all") == "yes",
+        )
+
+
+class VenvPackageVersion(FactBase[str | None]):
+    """The version of a distribution installed in a venv; None when the venv or it is absent."""
+
+    @override
+    def command(self, venv: str, dist: str) -> str:
+        code = f"import importlib.metadata as m; print(m.version({dist!r}))"
+        return f"{shlex.quote(venv)}/bin/python -c {shlex.quote(code)} 2>/dev/null || true"
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        return output[-1].strip() if output and output[-1].strip() else None
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A file's mode (octal string), owner, group and sha256."""
+
+    mode: str
+    user: str
+    group: str
+    sha256: str
+
+
+class FileDigest(FactBase[FileInfo | None]):
+    """Mode, owner, group and sha256 of one file (None when missing), in one command."""
+
+    @override
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f"if [ -f {p} ]; then stat -c '%a %U %G' {p} && sha256sum {p} | cut -d' ' -f1; fi"
+        )
+
+    @override
+    def process(self, output: list[str]) -> FileInfo | None:
+        if len(output) < 2:
+            return None
+        words = output[0].split()
+        if len(words) != 3:
+            return None
+        return FileInfo(mode=words[0].zfill(4)[-4:], user=words[1], group=words[2],
+                        sha256=output[1].strip())
+
+
+def gpu_power_limit(gpu: Any) -> float | None:
+    """A card's current power limit in watts (``rigfleet.gpu.GpuInfo``), None when [N/A]."""
+    value = getattr(gpu, "power_limit_w", None)
+    return float(value) if value is not None else None

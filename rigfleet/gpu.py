@@ -1,0 +1,313 @@
+"""GPU facts: parse what ``nvidia-smi`` and the driver print into typed data.
+
+Control-side parsing for the deploy's facts; it reads real output (fixtures under
+``shared/fixtures/nvidia-smi/``) and the testbed's stand-in alike. Every parser raises
+``GpuParseError`` naming the offending line; output that says the driver is not loaded (or is
+mismatched) raises its subclass ``DriverNotLoadedError``, so a deploy can tell "reboot needed"
+from "garbage"::
+
+    from rigfleet import gpu
+
+    cmd = gpu.query_command()                  # nvidia-smi --query-gpu=... --format=csv,...
+    cards = gpu.parse_query_gpu(stdout)        # [GpuInfo(index=0, name='NVIDIA GeForce ...')]
+    topo = gpu.parse_topology(topo_stdout)     # topo.has_nvlink, topo.link(0, 1) -> 'PHB'
+    mod = gpu.parse_proc_driver_version(text)  # mod.version, mod.open_kernel_module
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rigfleet.errors import RigfleetError
+
+QUERY_FIELDS: tuple[str, ...] = (
+    "index", "name", "uuid", "pci.bus_id", "driver_version", "power.limit",
+    "power.default_limit", "power.min_limit", "power.max_limit", "enforced.power.limit",
+    "persistence_mode", "memory.total", "memory.used", "temperature.gpu", "clocks.max.sm",
+    "compute_cap", "vbios_version",
+)
+
+# What nvidia-smi prints instead of output when it cannot talk to the driver.
+_DRIVER_FAILURES = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver",
+    "Failed to initialize NVML",
+)
+_NO_DEVICES = "No devices were found"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_UNIT_SUFFIX = re.compile(r"^(?P<num>-?\d+(?:\.\d+)?)\s*(?:W|MiB|MHz|%|C)?$")
+_NOT_AVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]",
+                  "[Insufficient Permissions]", "[Requested functionality has been deprecated]"}
+
+
+class GpuParseError(RigfleetError):
+    """Output that does not look like what nvidia-smi or the driver print."""
+
+
+class DriverNotLoadedError(GpuParseError):
+    """nvidia-smi could not talk to the driver (not loaded yet, or a version mismatch)."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU from ``--query-gpu``; fields not queried or not available are None."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    driver_version: str | None = None
+    power_limit_w: float | None = None
+    power_default_limit_w: float | None = None
+    power_min_limit_w: float | None = None
+    power_max_limit_w: float | None = None
+    enforced_power_limit_w: float | None = None
+    persistence_mode: bool | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    temperature_c: int | None = None
+    clocks_max_sm_mhz: int | None = None
+    compute_cap: str | None = None
+    vbios_version: str | None = None
+
+
+# query field -> (GpuInfo attribute, converter)
+_FLOAT, _INT, _STR, _BOOL = "float", "int", "str", "bool"
+_FIELD_MAP: dict[str, tuple[str, str]] = {
+    "index": ("index", _INT),
+    "name": ("name", _STR), "gpu_name": ("name", _STR),
+    "uuid": ("uuid", _STR), "gpu_uuid": ("uuid", _STR),
+    "pci.bus_id": ("pci_bus_id", _STR), "gpu_bus_id": ("pci_bus_id", _STR),
+    "driver_version": ("driver_version", _STR),
+    "power.limit": ("power_limit_w", _FLOAT),
+    "power.default_limit": ("power_default_limit_w", _FLOAT),
+    "power.min_limit": ("power_min_limit_w", _FLOAT),
+    "power.max_limit": ("power_max_limit_w", _FLOAT),
+    "enforced.power.limit": ("enforced_power_limit_w", _FLOAT),
+    "persistence_mode": ("persistence_mode", _BOOL),
+    "memory.total": ("memory_total_mib", _INT),
+    "memory.used": ("memory_used_mib", _INT),
+    "temperature.gpu": ("temperature_c", _INT),
+    "clocks.max.sm": ("clocks_max_sm_mhz", _INT),
+    "compute_cap": ("compute_cap", _STR),
+    "vbios_version": ("vbios_version", _STR),
+}
+
+
+def query_command(fields: Sequence[str] = QUERY_FIELDS, *, binary: str = "nvidia-smi",
+                  header: bool = False, units: bool = False) -> str:
+    """The shell command that asks nvidia-smi for ``fields`` (default: no header, no units)."""
+    fmt = ",".join(["csv"] + ([] if header else ["noheader"]) + ([] if units else ["nounits"]))
+    return shlex.join([binary, f"--query-gpu={','.join(fields)}", f"--format={fmt}"])
+
+
+def _check_driver(text: str) -> None:
+    for line in text.splitlines():
+        if any(line.strip().startswith(marker) for marker in _DRIVER_FAILURES):
+            raise DriverNotLoadedError(f"nvidia-smi cannot reach the driver: {line.strip()!r}")
+        if line.strip() == _NO_DEVICES:
+            raise GpuParseError(f"nvidia-smi sees no GPU: {line.strip()!r}")
+
+
+def _convert(raw: str, kind: str, field_name: str, line: str) -> object:
+    value = raw.strip()
+    if value in _NOT_AVAILABLE:
+        return None
+    try:
+        if kind == _STR:
+            return value
+        if kind == _BOOL:
+            if value not in ("Enabled", "Disabled"):
+                raise ValueError(value)
+            return value == "Enabled"
+        m = _UNIT_SUFFIX.match(value)
+        if not m:
+            raise ValueError(value)
+        number = float(m.group("num"))
+        return number if kind == _FLOAT else int(number)
+    except ValueError:
+        raise GpuParseError(
+            f"nvidia-smi query: field {field_name} has value {value!r} in line {line!r}"
+        ) from None
+
+
+def _header_names(line: str) -> list[str]:
+    return [re.sub(r"\s*\[[^\]]*\]$", "", cell.strip()) for cell in line.split(",")]
+
+
+def parse_query_rows(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[dict[str, str]]:
+    """Split ``--query-gpu`` csv output into one {field: raw value} dict per GPU.
+
+    Handles the header line (``--format=csv``), blank lines, and a comma inside the name:
+    nvidia-smi does not quote, so surplus cells are joined back into ``name``.
+    """
+    _check_driver(text)
+    fields = list(fields)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if lines and _header_names(lines[0]) == fields:
+        lines = lines[1:]
+    rows = []
+    for line in lines:
+        cells = [c.strip() for c in line.split(", ")]
+        extra = len(cells) - len(fields)
+        name_at = next((i for i, f in enumerate(fields) if f in ("name", "gpu_name")), None)
+        if extra > 0 and name_at is not None:
+            cells[name_at:name_at + extra + 1] = [", ".join(cells[name_at:name_at + extra + 1])]
+        if len(cells) != len(fields):
+            raise GpuParseError(
+                f"nvidia-smi query: expected {len(fields)} values ({', '.join(fields)}), "
+                f"got {len(cells)} in line {line!r}"
+            )
+        rows.append(dict(zip(fields, cells, strict=True)))
+    return rows
+
+
+def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GpuInfo]:
+    """Parse ``nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]`` output."""
+    gpus = []
+    for pos, row in enumerate(parse_query_rows(text, fields)):
+        line = ", ".join(row.values())
+        values: dict[str, object] = {}
+        for name, raw in row.items():
+            if name in _FIELD_MAP:
+                attr, kind = _FIELD_MAP[name]
+                values[attr] = _convert(raw, kind, name, line)
+        if values.get("index") is None:
+            values["index"] = pos
+        gpus.append(GpuInfo(**values))  # type: ignore[arg-type]
+    return gpus
+
+
+# --- topo -m ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``nvidia-smi topo -m``: the link between every pair of GPUs."""
+
+    gpus: tuple[str, ...]
+    links: dict[tuple[int, int], str] = field(default_factory=dict)  # (i, j), i < j
+    cpu_affinity: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def has_nvlink(self) -> bool:
+        return any(v.startswith("NV") for v in self.links.values())
+
+    def link(self, a: int, b: int) -> str:
+        return self.links[(min(a, b), max(a, b))]
+
+
+_DEVICE = re.compile(r"^(GPU|NIC)\d+$")
+_LINK = re.compile(r"^(X|SYS|NODE|PHB|PXB|PIX|NV\d+|SOC|N/A)$")
+
+
+def _cells(line: str) -> list[str]:
+    # Real output separates columns with tabs; copies pasted from terminals have spaces.
+    if "\t" in line:
+        return [c.strip() for c in line.split("\t")]
+    return line.split()
+
+
+def parse_topology(text: str) -> Topology:
+    """Parse ``nvidia-smi topo -m`` (ANSI escapes stripped; legend ignored)."""
+    _check_driver(text)
+    lines = [_ANSI.sub("", ln) for ln in text.splitlines()]
+    body = []
+    for ln in lines:
+        if ln.strip().startswith("Legend:"):
+            break
+        if ln.strip():
+            body.append(ln)
+    if not body:
+        raise GpuParseError("nvidia-smi topo -m: empty output")
+    header = [c for c in _cells(body[0]) if c]
+    devices = []
+    for cell in header:
+        if not _DEVICE.match(cell):
+            break
+        devices.append(cell)
+    if not devices:
+        raise GpuParseError(f"nvidia-smi topo -m: no device columns in header {body[0]!r}")
+    gpu_cols = [i for i, d in enumerate(devices) if d.startswith("GPU")]
+    links: dict[tuple[int, int], str] = {}
+    affinity: dict[int, str] = {}
+    for ln in body[1:]:
+        cells = _cells(ln)
+        label = cells[0]
+        if not _DEVICE.match(label):
+            raise GpuParseError(f"nvidia-smi topo -m: unexpected line {ln!r}")
+        if not label.startswith("GPU"):
+            continue  # NIC rows
+        row = int(label[3:])
+        values = cells[1:1 + len(devices)]
+        if len(values) < len(devices) or not all(_LINK.match(v) for v in values):
+            raise GpuParseError(f"nvidia-smi topo -m: bad link cells in line {ln!r}")
+        for col in gpu_cols:
+            other = int(devices[col][3:])
+            if other != row:
+                links[(min(row, other), max(row, other))] = values[col]
+        rest = [c for c in cells[1 + len(devices):] if c]
+        if rest:
+            affinity[row] = rest[0]
+    names = tuple(devices[i] for i in gpu_cols)
+    return Topology(gpus=names, links=links, cpu_affinity=affinity)
+
+
+# --- versions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SmiVersion:
+    """``nvidia-smi --version``."""
+
+    smi_version: str
+    nvml_version: str
+    driver_version: str
+    cuda_version: str
+
+
+def parse_smi_version(text: str) -> SmiVersion:
+    _check_driver(text)
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            raise GpuParseError(f"nvidia-smi --version: unexpected line {line!r}")
+        found[key.strip().lower()] = value.strip()
+    try:
+        return SmiVersion(found["nvidia-smi version"], found["nvml version"],
+                          found["driver version"], found["cuda version"])
+    except KeyError as missing:
+        raise GpuParseError(f"nvidia-smi --version: no {missing} line in {text!r}") from None
+
+
+@dataclass(frozen=True)
+class KernelModule:
+    """``/proc/driver/nvidia/version``: which module is loaded."""
+
+    version: str
+    open_kernel_module: bool
+    gcc_version: str | None = None
+
+
+_NVRM = re.compile(
+    r"^NVRM version: NVIDIA UNIX (?:(?P<open>Open Kernel Module for \S+)|\S+ Kernel Module)"
+    r"\s+(?P<version>\d+\.\d+(?:\.\d+)?)\b"
+)
+
+
+def parse_proc_driver_version(text: str) -> KernelModule:
+    """Parse the loaded module's version line (open or proprietary flavour)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise GpuParseError("/proc/driver/nvidia/version: empty (is the driver loaded?)")
+    m = _NVRM.match(lines[0].strip())
+    if not m:
+        raise GpuParseError(f"/proc/driver/nvidia/version: unexpected line {lines[0]!r}")
+    gcc = next((ln.split(":", 1)[1].strip() for ln in lines[1:] if ln.startswith("GCC version")),
+               None)
+    return KernelModule(m.group("version"), m.group("open") is not None, gcc)

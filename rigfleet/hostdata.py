@@ -1,0 +1,645 @@
+"""Host data: what the inventory says about one host, checked before anything runs.
+
+``validate_host`` turns a host's pyinfra data (``host.data``: group data from
+``inventory/group_data/*.py`` overlaid by the host's own tuple data) into a typed
+``HostSettings``. It runs on the control side in pyinfra's prepare phase, so a bad value stops
+the deploy before any host changes; the message names the host, the key, the value and what is
+allowed. ``check_caps_against_gpus`` repeats the power-cap check against each card's real
+limits once the GPUs have been read.
+
+Example::
+
+    from rigfleet.hostdata import validate_host
+
+    settings = validate_host(host.name, host.data)   # host.data or a plain dict
+    settings.power_caps_w    # (290, 290): one cap per card
+    settings.spec.port       # 8011 for stack "int8"
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import posixpath
+import re
+import stat
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from rigfleet.catalog import STACK_NAMES, STACKS, StackSpec, get_stack
+from rigfleet.errors import RigfleetError
+
+# A sane absolute range for any single GPU's power cap; the card's real min..max is checked
+# at deploy time (check_caps_against_gpus). An RTX 3090 reports 100..350 W (stock boards).
+POWER_CAP_RANGE_W = (50, 600)
+
+# The deploy installs the NVIDIA driver and the container toolkit from these apt repos.
+REQUIRED_APT_REPOS = ("cuda", "nvidia-container-toolkit")
+
+# Placeholders an apt repo URL/key URL/suite may use; the deploy fills them from the host's
+# /etc/os-release. `$(ARCH)` (apt's own variable) is left for apt.
+APT_PLACEHOLDERS = {
+    "id": "os-release ID: ubuntu, debian",
+    "version": "os-release VERSION_ID: 24.04, 12",
+    "codename": "os-release VERSION_CODENAME: noble, bookworm",
+    "distro": "NVIDIA's repo name: ubuntu2404, debian12",
+}
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_REPO_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
+_FINGERPRINT = re.compile(r"[0-9A-F]{40}")
+_MIN_API_KEY_CHARS = 16
+
+
+class HostDataError(RigfleetError, ValueError):
+    """A host's data is wrong; one line per problem: ``<host>: <key>: ...; allowed: ...``."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+@dataclass(frozen=True)
+class AptRepo:
+    """One apt repository the deploy adds (``signed-by`` its own keyring).
+
+    + name: short name, used for file names (``/etc/apt/sources.list.d/<name>.list``)
+    + url: repository base URL; may hold ``{id}``, ``{version}``, ``{codename}``, ``{distro}``
+    + key_url: the ASCII-armored signing key; same placeholders
+    + suite: ``/`` for a flat repository (NVIDIA's), else a suite such as ``{codename}``
+    + components: empty for a flat repository, else e.g. ``("stable",)``
+    + key_fingerprint: optional 40-hex fingerprint the downloaded key must have
+
+    **Example:**
+
+    .. code:: python
+
+        repo = settings.apt_repos["cuda"].expand(os_id="ubuntu", version_id="24.04",
+                                                 codename="noble")
+        repo.source_line("/etc/apt/keyrings/cuda.gpg")
+        # 'deb [signed-by=/etc/apt/keyrings/cuda.gpg] https://.../ubuntu2404/x86_64/ /'
+    """
+
+    name: str
+    url: str
+    key_url: str
+    suite: str
+    components: tuple[str, ...] = ()
+    key_fingerprint: str | None = None
+
+    @property
+    def flat(self) -> bool:
+        """A flat repository (``deb URL /``) has no components."""
+        return self.suite.endswith("/")
+
+    def expand(self, *, os_id: str, version_id: str, codename: str) -> AptRepo:
+        """Fill the placeholders for one host's OS (pure; the deploy reads os-release).
+
+        + os_id: ``ID`` from os-release (``ubuntu``, ``debian``)
+        + version_id: ``VERSION_ID`` (``24.04``, ``12``)
+        + codename: ``VERSION_CODENAME`` (``noble``, ``bookworm``)
+        """
+        values = {
+            "id": os_id,
+            "version": version_id,
+            "codename": codename,
+            "distro": nvidia_distro(os_id, version_id),
+        }
+        return replace(
+            self,
+            url=self.url.format(**values),
+            key_url=self.key_url.format(**values),
+            suite=self.suite.format(**values),
+        )
+
+    def source_line(self, keyring: str) -> str:
+        """The one-line apt source for this repo, trusting only ``keyring``."""
+        parts = ["deb", f"[signed-by={keyring}]", self.url, self.suite, *self.components]
+        return " ".join(parts)
+
+
+def nvidia_distro(os_id: str, version_id: str) -> str:
+    """NVIDIA's repository name for an OS: ``ubuntu`` ``24.04`` -> ``ubuntu2404``."""
+    return f"{os_id}{version_id.replace('.', '')}"
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """One host's validated settings (see docs/converge.md for each field's meaning).
+
+    ``power_caps_w`` always has one entry per card (a single int in the data applies to all
+    ``gpu_count`` cards); ``api_key_file`` and ``hf_token_file`` are absolute control-side
+    paths; ``extra_env`` maps a stack name to extra container environment for that stack.
+    """
+
+    name: str
+    stack: str
+    power_caps_w: tuple[int, ...]
+    model_dir: str
+    front_port: int
+    api_key_file: str
+    hf_token_file: str | None
+    docker_registry_mirror: str | None
+    apt_repos: dict[str, AptRepo]
+    pip_index_url: str | None
+    hf_endpoint: str | None
+    extra_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    pins_file: str = "pins.yaml"
+    gpu_count: int = 2
+
+    @property
+    def spec(self) -> StackSpec:
+        """The catalog entry of the desired stack."""
+        return get_stack(self.stack)
+
+    def env_for(self, stack: str) -> dict[str, str]:
+        """Extra container environment for ``stack`` on this host (a fresh dict)."""
+        return dict(self.extra_env.get(stack, {}))
+
+
+# Every key validate_host reads, with its default (_REQUIRED: no default, must be set).
+_REQUIRED = object()
+KEY_DEFAULTS: dict[str, Any] = {
+    "stack": _REQUIRED,
+    "power_caps_w": _REQUIRED,
+    "model_dir": _REQUIRED,
+    "front_port": _REQUIRED,
+    "api_key_file": _REQUIRED,
+    "apt_repos": _REQUIRED,
+    "hf_token_file": None,
+    "docker_registry_mirror": None,
+    "pip_index_url": None,
+    "hf_endpoint": None,
+    "extra_env": {},
+    "pins_file": "pins.yaml",
+    "gpu_count": 2,
+}
+
+
+def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
+    """Check one host's data and return its ``HostSettings``; raises ``HostDataError``.
+
+    All problems are reported at once. Secret files are checked (exist, readable, non-empty,
+    mode 0600 or stricter) but their content never appears in a message.
+
+    + name: the host's inventory name (named in every message)
+    + data: ``host.data`` (anything with ``.get``) or a plain mapping
+
+    **Example:**
+
+    .. code:: python
+
+        settings = validate_host("rig-a", {"stack": "int8", "power_caps_w": [290, 290], ...})
+    """
+    c = _Checker(name)
+    c.typos(data)
+
+    def get(key: str) -> Any:
+        value = data.get(key, None)
+        if value is None:
+            default = KEY_DEFAULTS[key]
+            if default is _REQUIRED:
+                c.missing(key)
+            return None if default is _REQUIRED else default
+        return value
+
+    stack = c.stack(get("stack"))
+    gpu_count = c.gpu_count(get("gpu_count"), stack)
+    caps = c.power_caps(get("power_caps_w"), gpu_count)
+    model_dir = c.model_dir(get("model_dir"))
+    front_port = c.front_port(get("front_port"))
+    api_key_file = c.secret_file("api_key_file", get("api_key_file"), _MIN_API_KEY_CHARS)
+    hf_token_raw = get("hf_token_file")
+    hf_token_file = None if hf_token_raw is None else c.secret_file("hf_token_file", hf_token_raw)
+    mirror = c.url("docker_registry_mirror", get("docker_registry_mirror"))
+    pip_index_url = c.url("pip_index_url", get("pip_index_url"))
+    hf_endpoint = c.url("hf_endpoint", get("hf_endpoint"))
+    apt_repos = c.apt_repos(get("apt_repos"))
+    extra_env = c.extra_env(get("extra_env"))
+    pins_file = get("pins_file")
+    if not isinstance(pins_file, str) or not pins_file.strip():
+        c.bad("pins_file", pins_file, "a path to the pins file, e.g. 'pins.yaml'")
+    if c.problems:
+        raise HostDataError(c.problems)
+    # No problems: every required value above is set.
+    return HostSettings(
+        name=name,
+        stack=stack,
+        power_caps_w=caps,
+        model_dir=model_dir,
+        front_port=front_port,
+        api_key_file=api_key_file,
+        hf_token_file=hf_token_file,
+        docker_registry_mirror=mirror,
+        apt_repos=apt_repos,
+        pip_index_url=pip_index_url,
+        hf_endpoint=hf_endpoint,
+        extra_env=extra_env,
+        pins_file=pins_file,
+        gpu_count=gpu_count,
+    )
+
+
+class GpuPowerLimits(Protocol):
+    """What ``check_caps_against_gpus`` needs of a GPU (``rigfleet.gpu.GpuInfo`` has it).
+
+    The power range may be named ``power_min_w``/``power_max_w`` or
+    ``power_min_limit_w``/``power_max_limit_w``; None when the card reports ``[N/A]``.
+    """
+
+    index: int
+
+
+def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuPowerLimits]) -> None:
+    """Check each cap against its card's real min..max limit; raises ``HostDataError``.
+
+    Caps apply to cards in index order (``caps[0]`` to the lowest index). ``nvidia-smi -pl``
+    refuses an out-of-range value, and some boards silently keep the old one, so check first.
+
+    + host: the host's inventory name
+    + caps: ``HostSettings.power_caps_w``
+    + gpus: the cards read from the host (``rigfleet.gpu.GpuInfo``)
+
+    **Example:**
+
+    .. code:: python
+
+        check_caps_against_gpus("rig-a", settings.power_caps_w, gpus)
+    """
+    problems: list[str] = []
+    ordered = sorted(gpus, key=lambda g: g.index)
+    if len(caps) != len(ordered):
+        indexes = ", ".join(str(g.index) for g in ordered) or "none"
+        problems.append(
+            f"{host}: power_caps_w: {list(caps)!r} has {len(caps)} cap(s) but the host has "
+            f"{len(ordered)} GPU(s) (indexes: {indexes}); allowed: one cap per card "
+            "(and gpu_count set to the number of cards)"
+        )
+    for pos, (cap, gpu) in enumerate(zip(caps, ordered)):
+        low, high = _power_range(gpu)
+        card = f"card {gpu.index}" + (f" ({gpu.name})" if getattr(gpu, "name", None) else "")
+        if low is None or high is None:
+            problems.append(
+                f"{host}: power_caps_w[{pos}]: {cap!r} W cannot be applied: {card} reports no "
+                "power limit range ([N/A]); allowed: a card whose limit can be set"
+            )
+        elif not low <= cap <= high:
+            problems.append(
+                f"{host}: power_caps_w[{pos}]: {cap!r} W is outside {card}'s range; "
+                f"allowed: {_w(low)}..{_w(high)} W"
+            )
+    if problems:
+        raise HostDataError(problems)
+
+
+def _power_range(gpu: Any) -> tuple[float | None, float | None]:
+    for low_name, high_name in (
+        ("power_min_w", "power_max_w"),
+        ("power_min_limit_w", "power_max_limit_w"),
+    ):
+        if hasattr(gpu, low_name) or hasattr(gpu, high_name):
+            return getattr(gpu, low_name, None), getattr(gpu, high_name, None)
+    return None, None
+
+
+def _w(value: float) -> str:
+    return f"{value:g}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Checker:
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.problems: list[str] = []
+
+    def bad(self, key: str, value: Any, allowed: str, what: str = "is not valid") -> None:
+        self.problems.append(f"{self.host}: {key}: {value!r} {what}; allowed: {allowed}")
+
+    def missing(self, key: str) -> None:
+        self.problems.append(
+            f"{self.host}: {key}: missing; set it in inventory/group_data/all.py (fleet "
+            "default) or in the host's data"
+        )
+
+    def typos(self, data: Any) -> None:
+        # pyinfra data is open-ended (ssh_*, other roles' keys), so unknown keys are fine;
+        # a key that is *almost* one of ours is a typo that would silently use a default.
+        keys = _data_keys(data)
+        for key in keys:
+            if key in KEY_DEFAULTS or not isinstance(key, str) or key.startswith("ssh_"):
+                continue
+            # Flag it even when the right key is also set: a host's typo would otherwise lose
+            # silently to the fleet default from group_data/all.py.
+            close = difflib.get_close_matches(key, list(KEY_DEFAULTS), n=1, cutoff=0.85)
+            if close:
+                self.bad(
+                    key, key, f"{close[0]!r}", f"is not a rigfleet key (did you mean {close[0]!r}?)"
+                )
+
+    def stack(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or value not in STACKS:
+            self.bad("stack", value, ", ".join(STACK_NAMES), "is not a stack in the catalog")
+            return None
+        return value
+
+    def gpu_count(self, value: Any, stack: str | None) -> int:
+        if not _is_int(value) or not 1 <= value <= 16:
+            self.bad("gpu_count", value, "an integer 1..16 (the host's number of GPUs)")
+            return 2
+        if stack is not None and value < STACKS[stack].tensor_parallel_size:
+            tp = STACKS[stack].tensor_parallel_size
+            self.bad(
+                "gpu_count",
+                value,
+                f"at least {tp}",
+                f"is too few for stack {stack} (tensor-parallel-size {tp})",
+            )
+        return value
+
+    def power_caps(self, value: Any, gpu_count: int) -> tuple[int, ...]:
+        low, high = POWER_CAP_RANGE_W
+        allowed = (
+            f"an integer number of watts ({low}..{high}; the card's own range is checked at "
+            f"deploy time) or a list of {gpu_count}, one per card, e.g. [290, 290]"
+        )
+        if value is None:
+            return ()
+        if _is_int(value):
+            caps = [value] * gpu_count
+        elif isinstance(value, list | tuple):
+            caps = list(value)
+            if len(caps) != gpu_count:
+                self.bad(
+                    "power_caps_w",
+                    value,
+                    allowed,
+                    f"has {len(caps)} cap(s) but gpu_count is {gpu_count}",
+                )
+                return ()
+        else:
+            self.bad("power_caps_w", value, allowed)
+            return ()
+        ok = True
+        for i, cap in enumerate(caps):
+            key = "power_caps_w" if _is_int(value) else f"power_caps_w[{i}]"
+            if not _is_int(cap):
+                self.bad(key, cap, allowed, "is not a whole number of watts")
+                ok = False
+            elif not low <= cap <= high:
+                self.bad(key, cap, allowed, "W is outside any GPU's sane range")
+                ok = False
+        return tuple(caps) if ok else ()
+
+    def model_dir(self, value: Any) -> str | None:
+        allowed = "an absolute, normalised directory other than '/', e.g. '/srv/models'"
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.startswith("/"):
+            self.bad("model_dir", value, allowed)
+        elif value == "/" or posixpath.normpath(value) != value:
+            self.bad("model_dir", value, allowed)
+        elif ":" in value or "," in value:
+            # Compose's short volume syntax splits on ':'.
+            self.bad("model_dir", value, allowed + " without ':' or ','")
+        else:
+            return value
+        return None
+
+    def front_port(self, value: Any) -> int | None:
+        taken = {spec.port: name for name, spec in STACKS.items()}
+        allowed = "a TCP port 1..65535 other than the stacks' loopback ports " + ", ".join(
+            f"{p} ({n})" for p, n in taken.items()
+        )
+        if value is None:
+            return None
+        if not _is_int(value) or not 1 <= value <= 65535:
+            self.bad("front_port", value, allowed)
+            return None
+        if value in taken:
+            self.bad("front_port", value, allowed, f"is stack {taken[value]}'s loopback port")
+            return None
+        return value
+
+    def secret_file(self, key: str, value: Any, min_chars: int = 1) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.bad(key, value, "a path on this (control) machine")
+            return None
+        path = Path(os.path.expanduser(value)).absolute()
+        make = (
+            f"umask 077; mkdir -p {path.parent}; "
+            + ("openssl rand -hex 32" if key == "api_key_file" else 'printf %s "$TOKEN"')
+            + f" > {path}"
+        )
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            self.bad(key, value, f"an existing file; create it: {make}", "does not exist")
+            return None
+        except OSError as e:
+            self.bad(key, value, "a readable file", f"cannot be read ({e.strerror})")
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            self.bad(key, value, "a regular file", "is not a regular file")
+            return None
+        if st.st_mode & 0o077:
+            self.bad(
+                key,
+                value,
+                f"mode 0600 or stricter: chmod 600 {path}",
+                f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})",
+            )
+            return None
+        try:
+            content = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            self.bad(key, value, "a readable UTF-8 file", f"cannot be read ({e})")
+            return None
+        secret = content.strip()
+        # The content is a secret: describe it, never show it.
+        if not secret:
+            self.bad(key, value, f"a file holding the secret; create it: {make}", "is empty")
+        elif any(ch.isspace() for ch in secret) or not secret.isprintable():
+            self.bad(
+                key,
+                value,
+                "one line, printable, no spaces (it becomes NAME=value in an env file)",
+                "holds whitespace or control characters",
+            )
+        elif len(secret) < min_chars:
+            self.bad(
+                key,
+                value,
+                f"at least {min_chars} characters: {make}",
+                f"holds only {len(secret)} characters",
+            )
+        else:
+            return str(path)
+        return None
+
+    def url(self, key: str, value: Any) -> str | None:
+        if value is None:
+            return None
+        allowed = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"
+        if not isinstance(value, str) or any(ch.isspace() for ch in value):
+            self.bad(key, value, allowed)
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            self.bad(key, value, allowed)
+            return None
+        return value
+
+    def apt_repos(self, value: Any) -> dict[str, AptRepo]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.bad("apt_repos", value, "a mapping name -> {url, key_url, suite, components}")
+            return {}
+        out: dict[str, AptRepo] = {}
+        for name, entry in value.items():
+            repo = self.apt_repo(name, entry)
+            if repo is not None:
+                out[name] = repo
+        for name in REQUIRED_APT_REPOS:
+            if name not in value:
+                self.missing(f"apt_repos.{name}")
+        return out
+
+    def apt_repo(self, name: Any, entry: Any) -> AptRepo | None:
+        base = f"apt_repos.{name}"
+        if not isinstance(name, str) or not _REPO_NAME.fullmatch(name):
+            self.bad(base, name, "lowercase letters, digits and '-' (used in file names)")
+            return None
+        keys = ("url", "key_url", "suite", "components", "key_fingerprint")
+        if not isinstance(entry, Mapping):
+            self.bad(base, entry, f"a mapping with keys {', '.join(keys)}")
+            return None
+        ok = True
+        for k in entry:
+            if k not in keys:
+                self.bad(f"{base}.{k}", k, ", ".join(keys), "is an unknown key")
+                ok = False
+        url = self.templated_url(f"{base}.url", entry.get("url"))
+        key_url = self.templated_url(f"{base}.key_url", entry.get("key_url"))
+        suite = entry.get("suite")
+        suite_allowed = "'/' for a flat repo (NVIDIA's) or a suite name such as '{codename}'"
+        if not isinstance(suite, str) or not suite or any(ch.isspace() for ch in suite):
+            self.bad(f"{base}.suite", suite, suite_allowed)
+            suite = None
+        elif not self.placeholders(f"{base}.suite", suite):
+            suite = None
+        components = entry.get("components", [])
+        if not isinstance(components, list | tuple) or not all(
+            isinstance(x, str) and x and not any(ch.isspace() for ch in x) for x in components
+        ):
+            self.bad(f"{base}.components", components, "a list of component names")
+            components = None
+        elif suite is not None:
+            flat = suite.endswith("/")
+            if flat and components:
+                self.bad(
+                    f"{base}.components",
+                    components,
+                    "[] with a flat suite ending in '/'",
+                    f"is not empty, but suite {suite!r} is a flat repository",
+                )
+                components = None
+            elif not flat and not components:
+                self.bad(
+                    f"{base}.components",
+                    components,
+                    "at least one, e.g. ['main']",
+                    f"is empty, but suite {suite!r} is not flat",
+                )
+                components = None
+        fingerprint = entry.get("key_fingerprint")
+        if fingerprint is not None:
+            normal = fingerprint.replace(" ", "").upper() if isinstance(fingerprint, str) else ""
+            if not _FINGERPRINT.fullmatch(normal):
+                self.bad(f"{base}.key_fingerprint", fingerprint, "40 hex digits (spaces ok)")
+                ok = False
+            fingerprint = normal
+        if ok and url and key_url and suite and components is not None:
+            return AptRepo(name, url, key_url, suite, tuple(components), fingerprint or None)
+        return None
+
+    def templated_url(self, key: str, value: Any) -> str | None:
+        allowed = "an http(s) URL; it may use the placeholders below and apt's $(ARCH)"
+        if value is None:
+            self.missing(key)
+            return None
+        if not isinstance(value, str):
+            self.bad(key, value, allowed)
+            return None
+        if not self.placeholders(key, value):
+            return None
+        # Check the URL as it will be once the placeholders are filled for some host.
+        sample = value.replace("$(ARCH)", "amd64").format(
+            id="ubuntu", version="24.04", codename="noble", distro="ubuntu2404"
+        )
+        parts = urlsplit(sample)
+        if parts.scheme not in ("http", "https") or not parts.hostname or " " in sample:
+            self.bad(key, value, allowed)
+            return None
+        return value
+
+    def placeholders(self, key: str, value: str) -> bool:
+        allowed = ", ".join(f"{{{k}}} ({v})" for k, v in APT_PLACEHOLDERS.items())
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+        except ValueError:
+            self.bad(key, value, f"placeholders {allowed}", "has unbalanced braces")
+            return False
+        unknown = [f for f in fields if f not in APT_PLACEHOLDERS]
+        if unknown:
+            self.bad(key, value, f"placeholders {allowed}", f"uses unknown {{{unknown[0]}}}")
+            return False
+        return True
+
+    def extra_env(self, value: Any) -> dict[str, dict[str, str]]:
+        allowed_shape = "a mapping stack -> {NAME: value}, e.g. {'int8': {'FOO': '1'}}"
+        if not isinstance(value, Mapping):
+            self.bad("extra_env", value, allowed_shape)
+            return {}
+        out: dict[str, dict[str, str]] = {}
+        for stack, env in value.items():
+            key = f"extra_env.{stack}"
+            if stack not in STACKS:
+                self.bad(key, stack, ", ".join(STACK_NAMES), "is not a stack in the catalog")
+                continue
+            if not isinstance(env, Mapping):
+                self.bad(key, env, allowed_shape)
+                continue
+            out[stack] = {}
+            for name, v in env.items():
+                if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+                    self.bad(f"{key}.{name}", name, "an environment name [A-Za-z_][A-Za-z0-9_]*")
+                elif isinstance(v, bool) or not isinstance(v, str | int | float):
+                    self.bad(f"{key}.{name}", v, "a string or number (write booleans as '1'/'0')")
+                else:
+                    out[stack][name] = str(v)
+        return out
+
+
+def _data_keys(data: Any) -> list[Any]:
+    # pyinfra's HostData is not a Mapping but has .dict(); tests pass plain dicts.
+    if isinstance(data, Mapping):
+        return list(data.keys())
+    as_dict = getattr(data, "dict", None)
+    if callable(as_dict):
+        try:
+            return list(as_dict().keys())
+        except Exception:  # a data source that cannot list itself: skip the typo check
+            return []
+    return []

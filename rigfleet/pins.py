@@ -1,0 +1,632 @@
+"""The fleet's pins (``pins.yaml``): everything that must not move unless a person moves it.
+
+One file holds the vLLM image of each stack (tag *and* registry digest, plus the version string
+the image reports), the Genesis commit, the model revision, the NVIDIA driver branch, the
+container-toolkit version and the huggingface_hub version used for downloads. The deploy reads
+it once, on the control side, before any host changes; a bad value stops the run with a
+message that names the file, the key path, the value and what is allowed.
+
+Two values cannot be known when a pin is written by hand: the registry digest of an image and
+the commit a model branch points to. They may be the literal ``unresolved``;
+``load_pins()`` then refuses and says to run ``rigfleet pins lock``, which resolves them
+(registry and hub APIs), and writes the file back with ``with_resolved()`` + ``save_pins()``.
+
+Format (schema ``rigfleet-pins/1``)::
+
+    schema: rigfleet-pins/1
+    serial: 1
+    driver: {branch: "580"}                 # optional version: "580.105.08"
+    container_toolkit: {version: 1.17.8-1}
+    huggingface_hub: {version: 2.4.0}
+    model: {repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: <40-hex>,
+            local_dir: qwen3.6-27b-autoround-int4}
+    stacks:
+      int8: {image: "vllm/vllm-openai:nightly-<40-hex>", digest: "sha256:<64-hex>",
+             vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}
+      tq3-mtp-genesis: {image: ..., digest: ..., vllm_version: ...,
+                        genesis: {repo: <git url>, commit: <40-hex>}}
+    history: []
+
+Example::
+
+    from rigfleet.pins import load_pins
+
+    pins = load_pins("pins.yaml")
+    pins.stacks["int8"].image_ref   # "vllm/vllm-openai:nightly-01d4...@sha256:..."
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rigfleet.catalog import STACKS, get_stack
+from rigfleet.errors import RigfleetError
+
+SCHEMA = "rigfleet-pins/1"
+
+# The placeholder for values only a registry or hub can tell (see the module docstring).
+UNRESOLVED = "unresolved"
+
+LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
+
+# Tags that move: pinning one pins nothing. vLLM pushes `nightly` and the per-arch
+# `nightly-x86_64`/`nightly-aarch64` on every build, and `<variant>-nightly` for variants.
+MUTABLE_TAGS = frozenset({"latest", "nightly", "nightly-x86_64", "nightly-aarch64"})
+
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+_SHORT_HEX = re.compile(r"[0-9a-f]{4,39}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# Docker reference grammar, simplified: optional registry host[:port], lowercase path
+# components, then a tag. Digests are a separate key, so no "@" here.
+_IMAGE = re.compile(
+    r"(?P<repo>(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
+    r":(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})"
+)
+_NIGHTLY_SHA_TAG = re.compile(r"nightly-(?P<sha>[0-9a-f]{40})")
+_RELEASE_TAG = re.compile(r"v(?P<version>\d+\.\d+\.\d+\S*)")
+# PEP 440 public version (release, pre, post, dev) with an optional local part.
+_PEP440 = re.compile(
+    r"(?P<public>\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?)"
+    r"(?:\+(?P<local>[0-9A-Za-z]+(?:[.-][0-9A-Za-z]+)*))?"
+)
+_LOCAL_GIT = re.compile(r"g(?P<abbrev>[0-9a-f]{7,40})(?:[.-].*)?")
+_DRIVER_BRANCH = re.compile(r"[0-9]{3,4}")
+_DRIVER_VERSION = re.compile(r"[0-9]{3,4}\.[0-9]+(?:\.[0-9]+)?")
+_TOOLKIT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:~rc\.[0-9]+)?-[0-9]+")
+_HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_LOCAL_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
+
+_TOP_KEYS = (
+    "schema", "serial", "driver", "container_toolkit", "huggingface_hub", "model", "stacks",
+    "history",
+)  # fmt: skip
+
+
+class PinsError(RigfleetError, ValueError):
+    """``pins.yaml`` is missing, unreadable or wrong.
+
+    The message has one line per problem: ``<file>: <key.path>: <what is wrong>; allowed:
+    <what would do>``. ``problems`` holds those lines.
+    """
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+@dataclass(frozen=True)
+class GenesisPin:
+    """The Genesis patch tree, by full commit (v7.x has no release tags to pin)."""
+
+    repo: str
+    commit: str
+
+
+@dataclass(frozen=True)
+class StackPins:
+    """What one stack runs: image tag + digest, the vLLM version it reports, Genesis.
+
+    ``vllm_version`` is the full ``vllm.__version__`` of the image (what Genesis' allowlist
+    compares against), e.g. ``0.20.2rc1.dev9+g01d4d1ad3``.
+    """
+
+    name: str
+    image: str
+    digest: str
+    vllm_version: str
+    genesis: GenesisPin | None = None
+
+    @property
+    def image_ref(self) -> str:
+        """``<repo>:<tag>@<digest>``: the tag stays readable, Docker pulls by digest."""
+        return f"{self.image}@{self.digest}"
+
+    @property
+    def repository(self) -> str:
+        """The image repository without the tag (``vllm/vllm-openai``)."""
+        return self.image.rsplit(":", 1)[0]
+
+    @property
+    def tag(self) -> str:
+        """The image tag (``nightly-<sha>``)."""
+        return self.image.rsplit(":", 1)[1]
+
+
+@dataclass(frozen=True)
+class ModelPin:
+    """The weights: hub repo, full commit, and the directory name under the model dir."""
+
+    repo: str
+    revision: str
+    local_dir: str
+
+
+@dataclass(frozen=True)
+class Pins:
+    """The whole pins file, validated. ``path`` is where it was read from."""
+
+    path: str
+    serial: int
+    driver_branch: str
+    driver_version: str | None
+    toolkit_version: str
+    hf_hub_version: str
+    model: ModelPin
+    stacks: dict[str, StackPins]
+    history: list[dict] = field(default_factory=list)
+
+    def stack(self, name: str) -> StackPins:
+        """The pins of stack ``name`` (raises ``PinsError`` when it is not pinned)."""
+        try:
+            return self.stacks[name]
+        except KeyError:
+            raise PinsError(
+                f"{self.path}: stacks.{name}: not pinned; pinned: {', '.join(self.stacks)}"
+            ) from None
+
+    def unresolved(self) -> list[str]:
+        """Key paths still ``unresolved`` (what ``rigfleet pins lock`` has to fill in)."""
+        keys = [f"stacks.{n}.digest" for n, s in self.stacks.items() if s.digest == UNRESOLVED]
+        if self.model.revision == UNRESOLVED:
+            keys.append("model.revision")
+        return keys
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file's content as plain data, keys in file order (what ``save_pins`` dumps)."""
+        driver: dict[str, str] = {"branch": self.driver_branch}
+        if self.driver_version is not None:
+            driver["version"] = self.driver_version
+        stacks: dict[str, Any] = {}
+        for name, s in self.stacks.items():
+            entry: dict[str, Any] = {
+                "image": s.image,
+                "digest": s.digest,
+                "vllm_version": s.vllm_version,
+            }
+            if s.genesis is not None:
+                entry["genesis"] = {"repo": s.genesis.repo, "commit": s.genesis.commit}
+            stacks[name] = entry
+        return {
+            "schema": SCHEMA,
+            "serial": self.serial,
+            "driver": driver,
+            "container_toolkit": {"version": self.toolkit_version},
+            "huggingface_hub": {"version": self.hf_hub_version},
+            "model": {
+                "repo": self.model.repo,
+                "revision": self.model.revision,
+                "local_dir": self.model.local_dir,
+            },
+            "stacks": stacks,
+            "history": [dict(h) for h in self.history],
+        }
+
+
+def load_pins(path: str | Path, *, allow_unresolved: bool = False) -> Pins:
+    """Read and validate a pins file; any problem raises ``PinsError`` listing all of them.
+
+    + path: the pins file (``pins.yaml`` at the repository root)
+    + allow_unresolved: accept ``unresolved`` digests / revision (only ``rigfleet pins lock``
+      wants this; the deploy never does)
+
+    **Example:**
+
+    .. code:: python
+
+        pins = load_pins("pins.yaml")
+        pins.stacks["tq3-mtp-genesis"].genesis.commit
+    """
+    path = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PinsError(f"{path}: no such file; create it (see docs/converge.md)") from None
+    except OSError as e:
+        raise PinsError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PinsError(f"{path}: not valid YAML: {e}") from None
+    return parse_pins(data, path, allow_unresolved=allow_unresolved)
+
+
+def parse_pins(data: Any, path: str = "pins.yaml", *, allow_unresolved: bool = False) -> Pins:
+    """Validate already-parsed pins data (``load_pins`` without the file read).
+
+    + data: the YAML document as Python data
+    + path: named in error messages
+    + allow_unresolved: as for ``load_pins``
+    """
+    c = _Checker(path)
+    pins = c.pins(data)
+    if c.problems:
+        raise PinsError(c.problems)
+    assert pins is not None
+    unresolved = pins.unresolved()
+    if unresolved and not allow_unresolved:
+        raise PinsError([f"{path}: {key}: is {UNRESOLVED!r}; {LOCK_HINT}" for key in unresolved])
+    return pins
+
+
+def with_resolved(
+    pins: Pins, digests: Mapping[str, str] | None = None, revision: str | None = None
+) -> Pins:
+    """Return ``pins`` with registry digests and the model revision filled in.
+
+    Pure: nothing is read or written. Values are validated like the file's; stacks missing
+    from ``digests`` keep their current digest.
+
+    + pins: pins as loaded (``load_pins(..., allow_unresolved=True)``)
+    + digests: stack name -> ``sha256:<64-hex>`` (the registry's manifest digest)
+    + revision: the model's full 40-hex commit, or None to keep the current one
+
+    **Example:**
+
+    .. code:: python
+
+        pins = load_pins("pins.yaml", allow_unresolved=True)
+        new = with_resolved(pins, {"int8": "sha256:" + "ab" * 32}, revision="0" * 40)
+        save_pins(new, {"action": "lock", "by": "alice"})
+    """
+    c = _Checker(pins.path)
+    stacks = dict(pins.stacks)
+    for name, digest in (digests or {}).items():
+        key = f"stacks.{name}.digest"
+        if name not in stacks:
+            c.bad(f"stacks.{name}", name, f"a pinned stack: {', '.join(stacks)}", "is not pinned")
+            continue
+        if c.digest(key, digest, allow_unresolved=False) is not None:
+            stacks[name] = replace(stacks[name], digest=digest)
+    model = pins.model
+    if revision is not None:
+        if c.commit("model.revision", revision, allow_unresolved=False) is not None:
+            model = replace(model, revision=revision)
+    if c.problems:
+        raise PinsError(c.problems)
+    return replace(pins, stacks=stacks, model=model)
+
+
+def dump_pins(pins: Pins) -> str:
+    """The YAML text ``save_pins`` writes (no comments: the file is machine-written)."""
+    return yaml.safe_dump(pins.to_dict(), sort_keys=False, default_flow_style=False, width=100)
+
+
+def save_pins(pins: Pins, history_entry: dict | None = None) -> Pins:
+    """Write ``pins`` to ``pins.path`` atomically, with ``serial`` + 1; return what was saved.
+
+    The file on disk must still carry ``pins.serial`` (optimistic lock: if someone saved in
+    between, this refuses rather than silently dropping their change). ``history_entry`` is
+    appended to ``history`` with ``serial`` set to the new serial. The content is validated
+    before writing (``unresolved`` is allowed: lock may resolve in steps).
+
+    + pins: the pins to write (usually from ``with_resolved``)
+    + history_entry: what changed and why, e.g. ``{"at": "...", "by": "...", "action": ...}``
+
+    **Example:**
+
+    .. code:: python
+
+        saved = save_pins(with_resolved(pins, digests, rev), {"action": "lock"})
+        saved.serial == pins.serial + 1
+    """
+    path = Path(pins.path)
+    if path.exists():
+        on_disk = _read_serial(path)
+        if on_disk is not None and on_disk != pins.serial:
+            raise PinsError(
+                f"{path}: serial: file is at serial {on_disk} but these pins were loaded at "
+                f"{pins.serial}; someone saved in between. Reload, re-apply, save again"
+            )
+    history = [dict(h) for h in pins.history]
+    if history_entry is not None:
+        history.append({**history_entry, "serial": pins.serial + 1})
+    new = replace(pins, serial=pins.serial + 1, history=history)
+    # Round-trip through the validator: never write a file load_pins would refuse.
+    parse_pins(yaml.safe_load(dump_pins(new)), str(path), allow_unresolved=True)
+    _atomic_write(path, dump_pins(new))
+    return new
+
+
+def _read_serial(path: Path) -> int | None:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    serial = data.get("serial") if isinstance(data, dict) else None
+    return serial if isinstance(serial, int) and not isinstance(serial, bool) else None
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    # Same directory so os.replace is a rename on one filesystem; fsync the file, then the
+    # directory, so a crash leaves either the old or the new file, never half of one.
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class _Checker:
+    """Collects every problem in one pass, so a person fixes the file once, not N times."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.problems: list[str] = []
+
+    def bad(self, key: str, value: Any, allowed: str, what: str = "is not valid") -> None:
+        self.problems.append(f"{self.path}: {key}: {value!r} {what}; allowed: {allowed}")
+
+    def missing(self, key: str, allowed: str) -> None:
+        self.problems.append(f"{self.path}: {key}: missing; allowed: {allowed}")
+
+    def mapping(self, key: str, value: Any, keys: tuple[str, ...]) -> dict | None:
+        shown = key or "top level"
+        if value is None:
+            self.missing(shown, f"a mapping with keys {', '.join(keys)}")
+            return None
+        if not isinstance(value, dict):
+            self.bad(shown, value, f"a mapping with keys {', '.join(keys)}", "is not a mapping")
+            return None
+        for k in value:
+            if k not in keys:
+                self.bad(f"{key}.{k}" if key else str(k), k, ", ".join(keys), "is an unknown key")
+        return value
+
+    def string(self, key: str, value: Any, pattern: re.Pattern[str], allowed: str) -> str | None:
+        if value is None:
+            self.missing(key, allowed)
+            return None
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            self.bad(key, value, allowed)
+            return None
+        return value
+
+    def commit(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
+        allowed = "a full 40-character lowercase hex commit"
+        if allow_unresolved:
+            allowed += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
+        if value == UNRESOLVED and allow_unresolved:
+            return value
+        if isinstance(value, str) and _SHORT_HEX.fullmatch(value):
+            self.bad(
+                key,
+                value,
+                allowed,
+                f"is a short hash ({len(value)} characters); git and the Hugging Face hub "
+                "need the full 40-hex hash to pin exactly",
+            )
+            return None
+        return self.string(key, value, _HEX40, allowed)
+
+    def digest(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
+        allowed = "'sha256:' followed by 64 lowercase hex characters"
+        if allow_unresolved:
+            allowed += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
+        if value == UNRESOLVED and allow_unresolved:
+            return value
+        return self.string(key, value, _DIGEST, allowed)
+
+    def pins(self, data: Any) -> Pins | None:
+        top = self.mapping("", data, _TOP_KEYS)
+        if top is None:
+            return None
+        schema = top.get("schema")
+        if schema != SCHEMA:
+            self.bad("schema", schema, repr(SCHEMA), "is not a supported schema")
+        serial = top.get("serial")
+        if not isinstance(serial, int) or isinstance(serial, bool) or serial < 1:
+            self.bad("serial", serial, "an integer >= 1 (save_pins increments it)")
+        driver_branch, driver_version = self.driver(top.get("driver"))
+        toolkit = self.versioned(
+            "container_toolkit",
+            top.get("container_toolkit"),
+            _TOOLKIT_VERSION,
+            "a Debian package version like '1.17.8-1' (upstream version '-' revision)",
+        )
+        hf_hub = self.versioned(
+            "huggingface_hub",
+            top.get("huggingface_hub"),
+            _PEP440,
+            "a PEP 440 release like '2.4.0'",
+        )
+        model = self.model(top.get("model"))
+        stacks = self.stacks(top.get("stacks"))
+        history = top.get("history", [])
+        if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+            self.bad("history", history, "a list of mappings (save_pins appends to it)")
+            history = []
+        if self.problems:
+            return None
+        assert driver_branch and toolkit and hf_hub and model and stacks is not None
+        return Pins(
+            path=self.path,
+            serial=serial,
+            driver_branch=driver_branch,
+            driver_version=driver_version,
+            toolkit_version=toolkit,
+            hf_hub_version=hf_hub,
+            model=model,
+            stacks=stacks,
+            history=history,
+        )
+
+    def driver(self, value: Any) -> tuple[str | None, str | None]:
+        d = self.mapping("driver", value, ("branch", "version"))
+        if d is None:
+            return None, None
+        branch = d.get("branch")
+        if isinstance(branch, int) and not isinstance(branch, bool):
+            branch = str(branch)  # `branch: 580` unquoted in YAML means the same thing
+        branch = self.string(
+            "driver.branch", branch, _DRIVER_BRANCH, "the driver branch digits, e.g. '580'"
+        )
+        version = d.get("version")
+        if version is None:
+            return branch, None
+        allowed = f"a full driver version on branch {branch or '<branch>'}, e.g. '580.105.08'"
+        if not isinstance(version, str) or not _DRIVER_VERSION.fullmatch(version):
+            self.bad("driver.version", version, allowed)
+            return branch, None
+        if branch and version.split(".")[0] != branch:
+            self.bad("driver.version", version, allowed, f"is not on branch {branch}")
+            return branch, None
+        return branch, version
+
+    def versioned(self, key: str, value: Any, pattern: re.Pattern[str], allowed: str) -> str | None:
+        d = self.mapping(key, value, ("version",))
+        if d is None:
+            return None
+        return self.string(f"{key}.version", d.get("version"), pattern, allowed)
+
+    def model(self, value: Any) -> ModelPin | None:
+        d = self.mapping("model", value, ("repo", "revision", "local_dir"))
+        if d is None:
+            return None
+        repo = self.string("model.repo", d.get("repo"), _HF_REPO, "a hub repo id '<owner>/<name>'")
+        revision = self.commit("model.revision", d.get("revision"), allow_unresolved=True)
+        local_dir = self.string(
+            "model.local_dir",
+            d.get("local_dir"),
+            _LOCAL_DIR,
+            "one directory name (letters, digits, '.', '_', '-'; no '/'), "
+            "e.g. 'qwen3.6-27b-autoround-int4'",
+        )
+        if repo and revision and local_dir:
+            return ModelPin(repo=repo, revision=revision, local_dir=local_dir)
+        return None
+
+    def stacks(self, value: Any) -> dict[str, StackPins] | None:
+        allowed = ", ".join(STACKS)
+        if not isinstance(value, dict):
+            self.bad("stacks", value, f"a mapping with one entry per stack: {allowed}")
+            return None
+        out: dict[str, StackPins] = {}
+        for name, entry in value.items():
+            if name not in STACKS:
+                self.bad(f"stacks.{name}", name, allowed, "is not a stack in the catalog")
+                continue
+            pinned = self.stack(name, entry)
+            if pinned is not None:
+                out[name] = pinned
+        for name in STACKS:
+            if name not in value:
+                self.missing(f"stacks.{name}", "every catalog stack pinned (image, digest, ...)")
+        return out
+
+    def stack(self, name: str, value: Any) -> StackPins | None:
+        spec = get_stack(name)
+        keys = ("image", "digest", "vllm_version", "genesis")
+        d = self.mapping(f"stacks.{name}", value, keys)
+        if d is None:
+            return None
+        base = f"stacks.{name}"
+        image = self.image(f"{base}.image", d.get("image"))
+        digest = self.digest(f"{base}.digest", d.get("digest"), allow_unresolved=True)
+        version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)
+        genesis: GenesisPin | None = None
+        if spec.needs_genesis:
+            genesis = self.genesis(f"{base}.genesis", d.get("genesis"))
+            if genesis is None:
+                return None
+        elif "genesis" in d:
+            self.bad(
+                f"{base}.genesis",
+                d["genesis"],
+                "no 'genesis' key for this stack",
+                f"is set but stack {name} does not use Genesis",
+            )
+            return None
+        if image and digest and version:
+            return StackPins(name, image, digest, version, genesis)
+        return None
+
+    def image(self, key: str, value: Any) -> str | None:
+        allowed = (
+            "'<repository>:<tag>' with a fixed tag such as 'nightly-<40-hex>' or 'v0.20.1' "
+            "(the digest goes in 'digest', not after '@')"
+        )
+        image = self.string(key, value, _IMAGE, allowed)
+        if image is None:
+            return None
+        tag = image.rsplit(":", 1)[1]
+        if tag in MUTABLE_TAGS or tag.endswith("-nightly"):
+            self.bad(key, value, allowed, f"uses the moving tag {tag!r}, which pins nothing")
+            return None
+        return image
+
+    def vllm_version(self, key: str, value: Any, image: str | None) -> str | None:
+        allowed = "the image's full vllm.__version__, e.g. '0.20.2rc1.dev9+g01d4d1ad3'"
+        version = self.string(key, value, _PEP440, allowed)
+        if version is None or image is None:
+            return version
+        tag = image.rsplit(":", 1)[1]
+        local = _PEP440.fullmatch(version).group("local")  # type: ignore[union-attr]
+        if m := _NIGHTLY_SHA_TAG.fullmatch(tag):
+            sha = m.group("sha")
+            g = _LOCAL_GIT.fullmatch(local or "")
+            if g is None:
+                self.bad(
+                    key,
+                    value,
+                    f"a version ending in '+g{sha[:9]}' (this build's commit)",
+                    f"has no '+g<commit>' part, but the image is the nightly of {sha[:9]}",
+                )
+                return None
+            if not sha.startswith(g.group("abbrev")):
+                self.bad(
+                    key,
+                    value,
+                    f"a version ending in '+g{sha[:9]}' (this build's commit)",
+                    f"names commit {g.group('abbrev')}, but the image tag is nightly-{sha}; "
+                    "copy-paste from another pin?",
+                )
+                return None
+        elif (m := _RELEASE_TAG.fullmatch(tag)) and version != m.group("version"):
+            self.bad(
+                key,
+                value,
+                repr(m.group("version")),
+                f"does not match the release tag {tag!r}",
+            )
+            return None
+        return version
+
+    def genesis(self, key: str, value: Any) -> GenesisPin | None:
+        if value is None:
+            self.missing(key, "{repo: <git url>, commit: <40-hex>} (this stack needs Genesis)")
+            return None
+        d = self.mapping(key, value, ("repo", "commit"))
+        if d is None:
+            return None
+        repo = self.string(
+            f"{key}.repo",
+            d.get("repo"),
+            _GIT_URL,
+            "a git URL (https://, http://, ssh://, git://, file:// or user@host:path)",
+        )
+        commit = self.commit(f"{key}.commit", d.get("commit"), allow_unresolved=False)
+        if repo and commit:
+            return GenesisPin(repo=repo, commit=commit)
+        return None

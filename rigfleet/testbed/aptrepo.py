@@ -1,0 +1,249 @@
+"""A signed apt repository of the stand-in .debs, laid out as the services container serves it.
+
+``build_repo(web_root, gnupg_home, debs)`` writes (docs/architecture.md, "Network and names")::
+
+    web_root/rigfleet-testbed.asc                      armored public key  (APT_KEY_URL)
+    web_root/rigfleet-testbed.gpg                      the same key, binary (for signed-by=)
+    web_root/debian/pool/main/<p>/<name>/<file>.deb
+    web_root/debian/dists/stable/{Release,InRelease,Release.gpg}
+    web_root/debian/dists/stable/main/binary-{amd64,all}/Packages{,.gz}
+
+Release, Packages and the pool are written in Python (no apt-utils needed); signing uses gpg
+with an ed25519 key made once into ``gnupg_home`` and reused after (apt on Debian 13 verifies
+with sqv, which accepts ed25519 + SHA-512). Idempotent: with the same .debs and key nothing on
+disk changes, so apt's If-Modified-Since sees the same files::
+
+    info = build_repo(Path(".testbed/services/apt"), Path(".testbed/gnupg"), Path(".testbed/debs"))
+    info.versions("nvidia-driver-cuda")   # ['580.105.08-1', '590.44.01-1']
+"""
+
+from __future__ import annotations
+
+import email.utils
+import gzip
+import hashlib
+import os
+import re
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+SUITE = "stable"
+COMPONENT = "main"
+ARCHITECTURES = ("amd64", "all")
+REPO_DIR = "debian"
+KEY_UID = "rigfleet testbed apt repository <apt@rigfleet.test>"
+KEY_ASC = "rigfleet-testbed.asc"
+KEY_GPG = "rigfleet-testbed.gpg"
+ORIGIN = "rigfleet-testbed"
+
+
+class AptRepoError(RuntimeError):
+    """gpg or dpkg-deb failed; the message holds the command's stderr."""
+
+
+@dataclass(frozen=True)
+class RepoPackage:
+    name: str
+    version: str
+    architecture: str
+    filename: str  # relative to the repository dir (what Packages' Filename says)
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class RepoInfo:
+    """What was built, for callers that write sources.list entries or check versions."""
+
+    web_root: Path
+    fingerprint: str
+    packages: tuple[RepoPackage, ...]
+
+    @property
+    def repo_dir(self) -> Path:
+        return self.web_root / REPO_DIR
+
+    @property
+    def public_key(self) -> Path:
+        return self.web_root / KEY_ASC
+
+    @property
+    def keyring(self) -> Path:
+        return self.web_root / KEY_GPG
+
+    def versions(self, name: str) -> list[str]:
+        return sorted(p.version for p in self.packages if p.name == name)
+
+
+# --- gpg -------------------------------------------------------------------------------------
+
+
+def _gpg(gnupg_home: Path, *args: str, input: bytes | None = None) -> bytes:
+    proc = subprocess.run(
+        ["gpg", "--homedir", str(gnupg_home), "--batch", "--yes", "--no-tty", *args],
+        input=input, capture_output=True,
+    )
+    if proc.returncode != 0:
+        raise AptRepoError(f"gpg {' '.join(args)} failed: {proc.stderr.decode().strip()}")
+    return proc.stdout
+
+
+def _stop_agent(gnupg_home: Path) -> None:
+    # gpg starts an agent per home; ours must not outlive the build.
+    subprocess.run(["gpgconf", "--homedir", str(gnupg_home), "--kill", "gpg-agent"],
+                   capture_output=True)
+
+
+def _find_key(gnupg_home: Path) -> str | None:
+    out = _gpg(gnupg_home, "--with-colons", "--list-secret-keys").decode()
+    fpr, pending = None, False
+    for line in out.splitlines():
+        cols = line.split(":")
+        if cols[0] == "sec":
+            pending, fpr = True, None
+        elif cols[0] == "fpr" and pending and fpr is None:
+            fpr = cols[9]
+        elif cols[0] == "uid" and pending and fpr and KEY_UID in cols[9]:
+            return fpr
+    return None
+
+
+def ensure_key(gnupg_home: Path) -> str:
+    """The fingerprint of the repository key in gnupg_home, generating it the first time."""
+    gnupg_home.mkdir(parents=True, exist_ok=True)
+    os.chmod(gnupg_home, 0o700)
+    try:
+        fpr = _find_key(gnupg_home)
+        if fpr is None:
+            _gpg(gnupg_home, "--pinentry-mode", "loopback", "--passphrase", "",
+                 "--quick-generate-key", KEY_UID, "ed25519", "sign", "never")
+            fpr = _find_key(gnupg_home)
+        if fpr is None:
+            raise AptRepoError(f"no key for {KEY_UID!r} in {gnupg_home} after generating one")
+        return fpr
+    finally:
+        _stop_agent(gnupg_home)
+
+
+# --- index files -----------------------------------------------------------------------------
+
+
+def _write_if_changed(path: Path, data: bytes) -> bool:
+    if path.exists() and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return True
+
+
+def _control(deb: Path) -> str:
+    proc = subprocess.run(["dpkg-deb", "-f", str(deb)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AptRepoError(f"dpkg-deb -f {deb} failed: {proc.stderr.strip()}")
+    return proc.stdout.rstrip("\n")
+
+
+def _field(control: str, name: str) -> str:
+    m = re.search(rf"^{name}: (.+)$", control, re.MULTILINE)
+    if not m:
+        raise AptRepoError(f"control file lacks {name}: {control[:80]!r}")
+    return m.group(1).strip()
+
+
+def _pool_dir(name: str) -> str:
+    prefix = name[:4] if name.startswith("lib") else name[0]
+    return f"pool/{COMPONENT}/{prefix}/{name}"
+
+
+def _collect(debs: Path | Iterable[Path]) -> list[Path]:
+    if isinstance(debs, (str, Path)):
+        return sorted(Path(debs).glob("*.deb"))
+    return sorted(Path(d) for d in debs)
+
+
+def _publish_pool(repo: Path, debs: list[Path]) -> tuple[list[RepoPackage], list[str]]:
+    """Copy .debs into the pool; return the packages and their Packages paragraphs."""
+    entries: list[tuple[RepoPackage, str]] = []
+    for deb in debs:
+        control = _control(deb)
+        name, version = _field(control, "Package"), _field(control, "Version")
+        arch = _field(control, "Architecture")
+        rel = f"{_pool_dir(name)}/{deb.name}"
+        data = deb.read_bytes()
+        _write_if_changed(repo / rel, data)
+        sha256 = hashlib.sha256(data).hexdigest()
+        paragraph = (f"{control}\nFilename: {rel}\nSize: {len(data)}\n"
+                     f"MD5sum: {hashlib.md5(data).hexdigest()}\nSHA256: {sha256}\n")
+        entries.append((RepoPackage(name, version, arch, rel, len(data), sha256), paragraph))
+    entries.sort(key=lambda e: (e[0].name, e[0].version))
+    wanted = {repo / e[0].filename for e in entries}
+    for stale in (repo / "pool").rglob("*.deb"):
+        if stale not in wanted:
+            stale.unlink()
+    return [e[0] for e in entries], [e[1] for e in entries]
+
+
+def _release(indexes: dict[str, bytes], date: str) -> str:
+    lines = [
+        f"Origin: {ORIGIN}", f"Label: {ORIGIN}", f"Suite: {SUITE}", f"Codename: {SUITE}",
+        f"Date: {date}", f"Architectures: {' '.join(ARCHITECTURES)}", f"Components: {COMPONENT}",
+        "Description: rigfleet testbed stand-ins for NVIDIA driver and container toolkit",
+    ]
+    for title, algo in (("MD5Sum", hashlib.md5), ("SHA256", hashlib.sha256)):
+        lines.append(f"{title}:")
+        lines += [f" {algo(data).hexdigest()} {len(data):>8} {rel}"
+                  for rel, data in sorted(indexes.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _without_date(release: str) -> str:
+    return re.sub(r"^Date: .*\n", "", release, flags=re.MULTILINE)
+
+
+# --- the repository --------------------------------------------------------------------------
+
+
+def build_repo(out_dir: Path, gnupg_home: Path, debs: Path | Iterable[Path]) -> RepoInfo:
+    """Build (or bring up to date) the signed repository under the web root ``out_dir``.
+
+    + out_dir: web root; the repository goes to out_dir/debian, the keys next to it
+    + gnupg_home: GPG home holding (or receiving) the signing key
+    + debs: a directory of .debs, or the .deb paths themselves
+    """
+    out_dir = Path(out_dir)
+    fpr = ensure_key(Path(gnupg_home))
+    try:
+        repo = out_dir / REPO_DIR
+        packages, paragraphs = _publish_pool(repo, _collect(debs))
+        amd64 = "\n".join(paragraphs).encode()
+        indexes: dict[str, bytes] = {}
+        for arch, body in (("amd64", amd64), ("all", b"")):
+            rel = f"{COMPONENT}/binary-{arch}/Packages"
+            indexes[rel] = body
+            indexes[rel + ".gz"] = gzip.compress(body, mtime=0)
+        dists = repo / "dists" / SUITE
+        for rel, data in indexes.items():
+            _write_if_changed(dists / rel, data)
+
+        armored = _gpg(gnupg_home, "--armor", "--export", fpr)
+        key_changed = _write_if_changed(out_dir / KEY_ASC, armored)
+        _write_if_changed(out_dir / KEY_GPG, _gpg(gnupg_home, "--export", fpr))
+
+        release = _release(indexes, email.utils.formatdate(usegmt=True).replace("GMT", "UTC"))
+        old = (dists / "Release").read_text() if (dists / "Release").exists() else ""
+        signed = (dists / "InRelease").exists() and (dists / "Release.gpg").exists()
+        if key_changed or not signed or _without_date(old) != _without_date(release):
+            _write_if_changed(dists / "Release", release.encode())
+            sign = ("--local-user", fpr, "--digest-algo", "SHA512")
+            _write_if_changed(dists / "InRelease",
+                              _gpg(gnupg_home, *sign, "--clearsign", input=release.encode()))
+            _write_if_changed(dists / "Release.gpg", _gpg(
+                gnupg_home, *sign, "--armor", "--detach-sign", input=release.encode()))
+        return RepoInfo(web_root=out_dir, fingerprint=fpr, packages=tuple(packages))
+    finally:
+        _stop_agent(Path(gnupg_home))
+

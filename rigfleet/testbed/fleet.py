@@ -1,0 +1,476 @@
+"""Bring the simulated fleet up, show it, take it down.
+
+``up`` is idempotent: it builds what is missing, starts what is stopped, and rewrites the
+generated inventory and pins. The pieces (see docs/architecture.md):
+
+- ``rigfleet-registry``: the pull mirror holding ``vllm/vllm-openai:nightly-<sha>`` simulators;
+- ``rigfleet-services``: signed apt repository, Hugging Face-compatible hub, Genesis git repo;
+- ``rigfleet-hostN``: bare Debian 13 hosts with systemd, sshd and simulated dual-3090 hardware.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import yaml
+
+from rigfleet.registry import Registry
+from rigfleet.testbed import hardware, images, layout
+from rigfleet.testbed.layout import HostSlot
+
+Log = Callable[[str], None]
+
+
+class TestbedError(RuntimeError):
+    """Something the testbed needs is missing; the message says what to do."""
+
+
+def client() -> docker.DockerClient:
+    try:
+        c = docker.from_env(timeout=600)
+        c.ping()
+        return c
+    except docker.errors.DockerException as exc:
+        raise TestbedError(
+            f"no Docker engine answers ({exc}). Start one: `make testbed-deps` installs and "
+            "starts dockerd on a Debian machine."
+        ) from None
+
+
+@dataclass
+class Paths:
+    root: Path = layout.STATE_DIR
+
+    @property
+    def ssh_key(self) -> Path:
+        return self.root / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "ssh" / "known_hosts"
+
+    @property
+    def services_data(self) -> Path:
+        return self.root / "services"
+
+    @property
+    def gnupg(self) -> Path:
+        return self.root / "gnupg"
+
+    @property
+    def api_key(self) -> Path:
+        return self.root / "secrets" / "api-key"
+
+    @property
+    def pins(self) -> Path:
+        return self.root / "pins.yaml"
+
+    @property
+    def fixtures(self) -> Path:
+        return self.root / "fixtures.json"
+
+    def hardware(self, host: str) -> Path:
+        return self.root / "hosts" / host / "hardware.json"
+
+
+@dataclass
+class UpOptions:
+    hosts: int = 2
+    hardware_overrides: list[dict[str, Any]] = field(default_factory=list)
+    inventory: Path = layout.REPO_ROOT / "inventory" / "testbed.py"
+
+
+# -- artifacts on the control machine --------------------------------------------------------
+
+
+def ensure_secrets(paths: Paths) -> None:
+    paths.ssh_key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not paths.ssh_key.exists():
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rigfleet-testbed",
+             "-f", str(paths.ssh_key)], check=True,
+        )
+    paths.api_key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not paths.api_key.exists():
+        fd = os.open(paths.api_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"rf-{secrets.token_urlsafe(24)}\n")
+
+
+def build_service_data(paths: Paths, log: Log) -> dict[str, Any]:
+    """The apt repository, the model on the hub and the Genesis repository, on disk."""
+    from rigfleet.testbed import aptrepo, genesis_fixture, model_fixture, packages
+
+    data = paths.services_data
+    log("building stand-in packages and the signed apt repository")
+    debs = paths.root / "debs"
+    packages.build_all(debs)
+    aptrepo.build_repo(data / "apt", paths.gnupg, debs)
+    log("building the model fixture and the Genesis repository")
+    model = model_fixture.build_model_fixture(data / "hub")
+    genesis = genesis_fixture.build_genesis_fixture(data / "git")
+    fixtures = {
+        "model": {"repo": model.repo, "revision": model.commit},
+        "genesis": {"url": layout.GENESIS_URL,
+                    "commits": [{"sha": c[0], "title": c[1], "allowlist": list(c[2])}
+                                for c in genesis.commits]},
+    }
+    paths.fixtures.write_text(json.dumps(fixtures, indent=2) + "\n")
+    return fixtures
+
+
+def build_images(c: docker.DockerClient, log: Log) -> None:
+    images.ensure_base(c, log)
+    ca = images.site_ca_files()
+    jobs = [
+        (layout.IMAGES_DIR / "host", layout.HOST_IMAGE, None, ca),
+        (layout.IMAGES_DIR / "registry", layout.REGISTRY_IMAGE, None, None),
+        (layout.IMAGES_DIR / "services", layout.SERVICES_IMAGE, None, None),
+    ]
+    # The simulators share every layer but the last, so build one first, then the rest.
+    sims = [
+        (layout.IMAGES_DIR / "vllm-sim", n.image,
+         {"VLLM_VERSION": n.version, "VLLM_COMMIT": n.sha,
+          "VLLM_REGRESSIONS": ",".join(n.regressions)}, None)
+        for n in layout.NIGHTLIES
+    ]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(images.build, c, ctx, tag, log, args, extra)
+                   for ctx, tag, args, extra in jobs + sims[:1]]
+        for f in futures:
+            f.result()
+        for f in [pool.submit(images.build, c, ctx, tag, log, args, extra)
+                  for ctx, tag, args, extra in sims[1:]]:
+            f.result()
+
+
+# -- containers --------------------------------------------------------------------------------
+
+
+def _get(c: docker.DockerClient, name: str):
+    try:
+        return c.containers.get(name)
+    except docker.errors.NotFound:
+        return None
+
+
+def ensure_network(c: docker.DockerClient) -> None:
+    if c.networks.list(names=[layout.NETWORK]):
+        return
+    ipam = docker.types.IPAMConfig(
+        pool_configs=[docker.types.IPAMPool(subnet=layout.SUBNET, gateway=layout.GATEWAY)]
+    )
+    c.networks.create(layout.NETWORK, driver="bridge", ipam=ipam, labels={layout.LABEL: "net"})
+
+
+def _create(
+    c: docker.DockerClient,
+    name: str,
+    image: str,
+    ip: str,
+    aliases: Iterable[str],
+    ports: dict[str, tuple[str, int]],
+    **host_config: Any,
+):
+    api = c.api
+    networking = api.create_networking_config(
+        {layout.NETWORK: api.create_endpoint_config(ipv4_address=ip, aliases=list(aliases))}
+    )
+    hc = api.create_host_config(
+        port_bindings={k: v for k, v in ports.items()}, restart_policy={"Name": "always"},
+        **host_config,
+    )
+    api.create_container(
+        image, name=name, hostname=name.removeprefix("rigfleet-"), detach=True,
+        ports=[int(p.split("/")[0]) for p in ports], host_config=hc,
+        networking_config=networking, labels={layout.LABEL: "container"},
+    )
+    return c.containers.get(name)
+
+
+def ensure_registry(c: docker.DockerClient, log: Log) -> None:
+    if (ctr := _get(c, layout.REGISTRY_CONTAINER)) is None:
+        ctr = _create(
+            c, layout.REGISTRY_CONTAINER, layout.REGISTRY_IMAGE, layout.REGISTRY_IP,
+            [layout.REGISTRY_ALIAS], {"5000/tcp": ("127.0.0.1", layout.REGISTRY_LOCAL_PORT)},
+            binds={"rigfleet-registry-data": {"bind": "/var/lib/docker-registry", "mode": "rw"}},
+        )
+    if ctr.status != "running":
+        ctr.start()
+    _wait_http(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}/v2/", "registry")
+    reg = Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}")
+    for nightly in layout.NIGHTLIES:
+        local = c.images.get(nightly.image)
+        try:
+            pushed = reg.digest(layout.SIM_IMAGE_REPO, nightly.tag)
+        except Exception:
+            pushed = None
+        if pushed and pushed in {d.split("@")[-1] for d in local.attrs.get("RepoDigests", [])}:
+            continue
+        target = f"127.0.0.1:{layout.REGISTRY_LOCAL_PORT}/{layout.SIM_IMAGE_REPO}"
+        local.tag(target, nightly.tag)
+        log(f"pushing {nightly.image} to the mirror")
+        for line in c.images.push(target, nightly.tag, stream=True, decode=True):
+            if "error" in line:
+                raise TestbedError(f"push of {nightly.image} failed: {line['error']}")
+
+
+def ensure_services(c: docker.DockerClient, paths: Paths) -> None:
+    if (ctr := _get(c, layout.SERVICES_CONTAINER)) is None:
+        ctr = _create(
+            c, layout.SERVICES_CONTAINER, layout.SERVICES_IMAGE, layout.SERVICES_IP,
+            layout.SERVICES_ALIASES,
+            {"8080/tcp": ("127.0.0.1", layout.HUB_LOCAL_PORT),
+             "80/tcp": ("127.0.0.1", layout.APT_LOCAL_PORT),
+             "8090/tcp": ("127.0.0.1", layout.GIT_LOCAL_PORT)},
+            binds={str(paths.services_data): {"bind": "/srv/testbed", "mode": "ro"}},
+        )
+    if ctr.status != "running":
+        ctr.start()
+    _wait_http(f"http://127.0.0.1:{layout.APT_LOCAL_PORT}/rigfleet-testbed.asc", "apt repo")
+    _wait_http(f"http://127.0.0.1:{layout.GIT_LOCAL_PORT}/genesis-vllm-patches.git/HEAD", "git")
+
+
+def ensure_host(c: docker.DockerClient, slot: HostSlot, paths: Paths) -> None:
+    ctr = _get(c, slot.container)
+    if ctr is None:
+        ctr = _create(
+            c, slot.container, layout.HOST_IMAGE, slot.ip, [slot.name],
+            {"22/tcp": ("127.0.0.1", slot.ssh_port), "8000/tcp": ("127.0.0.1", slot.front_port)},
+            cap_add=list(layout.HOST_CAPS),
+            security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+            cgroupns="host",
+            tmpfs={"/run": "", "/run/lock": ""},
+            binds={
+                "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+                slot.docker_volume: {"bind": "/var/lib/docker", "mode": "rw"},
+                str(paths.hardware(slot.name)): {"bind": "/etc/nvidia-sim/hardware.json",
+                                                 "mode": "ro"},
+            },
+        )
+        pub = paths.ssh_key.with_suffix(".pub").read_bytes()
+        ctr.put_archive("/root/.ssh", images.tar_of({"authorized_keys": pub}))
+    if ctr.status != "running":
+        ctr.start()
+
+
+def host_key(c: docker.DockerClient, slot: HostSlot, timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ctr = _get(c, slot.container)
+        if ctr is not None and ctr.status == "running":
+            rc, out = ctr.exec_run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"])
+            if rc == 0 and _port_open(slot.ssh_port):
+                return out.decode().split()[0] + " " + out.decode().split()[1]
+        time.sleep(0.5)
+    raise TestbedError(f"{slot.name}: sshd did not come up within {timeout:.0f}s")
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        try:
+            s.connect(("127.0.0.1", port))
+            return s.recv(4).startswith(b"SSH")
+        except OSError:
+            return False
+
+
+def _wait_http(url: str, what: str, timeout: float = 60) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=3):
+                return
+        except Exception as exc:  # connection refused while it starts
+            if time.monotonic() > deadline:
+                raise TestbedError(f"{what} at {url} did not answer: {exc}") from None
+            time.sleep(0.3)
+
+
+# -- generated inventory and pins ------------------------------------------------------------
+
+
+def write_pins(paths: Paths, fixtures: dict[str, Any]) -> None:
+    """The fleet's pins with the testbed's own digests, model commit and Genesis repository.
+
+    Resolved through the same code as ``rigfleet pins lock``, against the testbed mirror and hub.
+    """
+    from dataclasses import replace
+
+    from rigfleet.pinlock import resolve, with_genesis
+    from rigfleet.pins import dump_pins, load_pins, parse_pins
+
+    pins = load_pins(layout.REPO_ROOT / "pins.yaml", allow_unresolved=True)
+    pins = replace(pins, path=str(paths.pins), history=[])
+    pins = resolve(pins, Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}"),
+                   f"http://127.0.0.1:{layout.HUB_LOCAL_PORT}", refresh=True)
+    pins = with_genesis(pins, layout.GENESIS_URL, fixtures["genesis"]["commits"][0]["sha"])
+    text = dump_pins(pins)
+    parse_pins(yaml.safe_load(text), str(paths.pins))  # never write pins the deploy refuses
+    paths.pins.write_text(
+        "# Generated by `rigfleet testbed up` from pins.yaml with the testbed's digests, model\n"
+        "# commit and Genesis repository. Git-ignored.\n" + text
+    )
+
+
+def gpg_fingerprint(gnupg_home: Path) -> str:
+    out = subprocess.run(
+        ["gpg", "--homedir", str(gnupg_home), "--batch", "--with-colons", "--list-keys"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    fprs = [line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:")]
+    if not fprs:
+        raise TestbedError(f"no signing key in {gnupg_home}")
+    return fprs[0]
+
+
+def inventory_text(slots: list[HostSlot], paths: Paths) -> str:
+    rel = str  # absolute paths: the inventory works from any working directory
+    hosts = []
+    for slot in slots:
+        data = {
+            "ssh_hostname": "127.0.0.1",
+            "ssh_port": slot.ssh_port,
+            "ssh_user": "root",
+            "ssh_key": rel(paths.ssh_key),
+            "ssh_known_hosts_file": rel(paths.known_hosts),
+            "ssh_strict_host_key_checking": "yes",
+            "front_url": f"http://127.0.0.1:{slot.front_port}",
+            "testbed_container": slot.container,
+        }
+        hosts.append(f"    ({slot.name!r}, {data!r}),")
+    testbed_repo = {"url": layout.APT_URL, "key_url": layout.APT_KEY_URL, "suite": "stable",
+                    "components": ["main"], "key_fingerprint": gpg_fingerprint(paths.gnupg)}
+    common = {
+        "pins_file": rel(paths.pins),
+        "api_key_file": rel(paths.api_key),
+        "docker_registry_mirror": layout.MIRROR_URL,
+        "hf_endpoint": layout.HUB_URL,
+        "apt_repos": {
+            # The stand-in NVIDIA packages live in one signed repository on the testbed.
+            "cuda": testbed_repo,
+            "nvidia-container-toolkit": testbed_repo,
+            # Not used on Debian 13 (Compose v2 is in the distribution); kept as in all.py.
+            "docker": {
+                "url": "https://download.docker.com/linux/{id}",
+                "key_url": "https://download.docker.com/linux/{id}/gpg",
+                "suite": "{codename}", "components": ["stable"],
+                "key_fingerprint": "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+            },
+        },
+    }
+    lines = [
+        '"""The simulated fleet. Generated by `rigfleet testbed up`; git-ignored.',
+        "",
+        "Same deploy, same code paths as inventory/home.py; only addresses differ.",
+        '"""',
+        "",
+        f"_testbed_data = {common!r}",
+        "",
+        "gpu_hosts = (",
+        "    [",
+        *["    " + h for h in hosts],
+        "    ],",
+        "    _testbed_data,",
+        ")",
+        "",
+        f"canary = [{slots[0].name!r}]",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_known_hosts(paths: Paths, keys: dict[HostSlot, str]) -> None:
+    lines = [f"[127.0.0.1]:{slot.ssh_port} {key}" for slot, key in sorted(
+        keys.items(), key=lambda kv: kv[0].index)]
+    paths.known_hosts.write_text("\n".join(lines) + "\n")
+
+
+# -- the commands ------------------------------------------------------------------------------
+
+
+def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
+    if not 1 <= options.hosts <= 12:
+        raise TestbedError(f"--hosts {options.hosts}: the testbed runs 1 to 12 hosts")
+    paths = Paths()
+    c = client()
+    ensure_secrets(paths)
+    fixtures = build_service_data(paths, log)
+    build_images(c, log)
+    ensure_network(c)
+    ensure_registry(c, log)
+    ensure_services(c, paths)
+    slots = [HostSlot(i) for i in range(1, options.hosts + 1)]
+    overrides = {o["host"]: o for o in options.hardware_overrides}
+    for name in overrides:
+        if name not in {s.name for s in slots}:
+            raise TestbedError(f"hardware override for {name!r}: no such host "
+                               f"(hosts: {', '.join(s.name for s in slots)})")
+    for slot in slots:
+        opts = {k: v for k, v in overrides.get(slot.name, {}).items() if k != "host"}
+        hw = paths.hardware(slot.name)
+        hw.parent.mkdir(parents=True, exist_ok=True)
+        hw.write_text(hardware.render(hardware.hardware_profile(slot.name, **opts)))
+        log(f"starting {slot.name} (ssh 127.0.0.1:{slot.ssh_port})")
+        ensure_host(c, slot, paths)
+    keys = {slot: host_key(c, slot) for slot in slots}
+    write_known_hosts(paths, keys)
+    write_pins(paths, fixtures)
+    options.inventory.write_text(inventory_text(slots, paths))
+    return slots
+
+
+def _ours(c: docker.DockerClient) -> list:
+    return c.containers.list(all=True, filters={"label": layout.LABEL})
+
+
+def down(log: Log = print) -> None:
+    c = client()
+    for ctr in _ours(c):
+        log(f"removing {ctr.name}")
+        ctr.remove(force=True, v=True)
+    for net in c.networks.list(names=[layout.NETWORK]):
+        net.remove()
+    for vol in c.volumes.list():
+        if vol.name.startswith("rigfleet-"):
+            vol.remove(force=True)
+    for path in [layout.REPO_ROOT / "inventory" / "testbed.py", Paths().root / "hosts"]:
+        if path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            import shutil
+
+            shutil.rmtree(path)
+
+
+def status() -> list[dict[str, Any]]:
+    """One row per testbed container: state, addresses, and for hosts the GPU driver state."""
+    c = client()
+    rows = []
+    for ctr in sorted(_ours(c), key=lambda x: x.name):
+        row: dict[str, Any] = {"name": ctr.name, "state": ctr.status}
+        ports = ctr.attrs.get("NetworkSettings", {}).get("Ports") or {}
+        row["ports"] = ", ".join(
+            f"{b[0]['HostIp']}:{b[0]['HostPort']}->{p}" for p, b in ports.items() if b)
+        if ctr.name.startswith("rigfleet-host") and ctr.status == "running":
+            rc, out = ctr.exec_run(["sh", "-c", "cat /run/nvidia-sim/loaded 2>/dev/null"])
+            row["driver"] = out.decode().strip() if rc == 0 and out.strip() else "not loaded"
+            rc, out = ctr.exec_run(["systemctl", "is-system-running"])
+            row["systemd"] = out.decode().strip()
+        rows.append(row)
+    return rows

@@ -1,0 +1,1 @@
+"""Entry points of the simulator (only the CLI is provided)."""

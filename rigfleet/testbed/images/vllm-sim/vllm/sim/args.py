@@ -1,0 +1,244 @@
+"""``vllm serve`` arguments, parsed with argparse the way vLLM's FlexibleArgumentParser does.
+
+Flags the simulator models change behaviour; the other flags the club-3090 stacks pass are
+accepted and recorded (so a typo still fails like real vLLM: exit 2 with
+``vllm serve: error: unrecognized arguments: ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# vLLM's default when neither --model nor a positional model is given.
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+
+KV_CACHE_DTYPES = (
+    "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+    "int8_per_token_head", "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k8v4",
+    "turboquant_k3v4_nc",
+)  # fmt: skip
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+SPEC_METHODS = ("mtp", "qwen3_next_mtp", "eagle", "eagle3", "ngram", "medusa", "draft_model",
+                "deepseek_mtp", "suffix")
+
+# Dotted sub-options vLLM accepts for JSON configs (``-O.cudagraph_mode=PIECEWISE``,
+# ``--compilation-config.mode=3``, ``-cc.cudagraph_mode=...``): accepted and ignored.
+_DOTTED_PREFIXES = ("-O.", "-cc.", "--compilation-config.", "--speculative-config.",
+                    "--kv-transfer-config.", "--additional-config.")
+
+
+@dataclass
+class ServeConfig:
+    """Everything ``vllm serve`` was asked to do (typed, validated)."""
+
+    model: str
+    served_model_names: list[str]
+    host: str | None
+    port: int
+    api_keys: list[str]
+    max_model_len: int | None
+    gpu_memory_utilization: float
+    kv_cache_dtype: str
+    speculative_config: dict[str, Any] | None
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    enable_prefix_caching: bool
+    enable_auto_tool_choice: bool
+    tool_call_parser: str | None
+    reasoning_parser: str | None
+    default_chat_template_kwargs: dict[str, Any]
+    disable_log_stats: bool
+    enforce_eager: bool
+    non_default: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mtp_tokens(self) -> int:
+        """Number of MTP draft tokens (0 when speculative decoding is off or not MTP)."""
+        spec = self.speculative_config or {}
+        method = str(spec.get("method", "")).lower()
+        if "mtp" not in method:
+            return 0
+        return int(spec.get("num_speculative_tokens") or 1)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        spec = self.speculative_config or {}
+        return int(spec.get("num_speculative_tokens") or 0) if spec else 0
+
+
+def _json_arg(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        # argparse turns this into "argument --x: invalid loads value: '...'" like vLLM.
+        raise argparse.ArgumentTypeError(f"invalid JSON: {value!r}") from None
+
+
+def _json_obj(value: str) -> dict[str, Any]:
+    obj = _json_arg(value)
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return obj
+
+
+def _util(value: str) -> float:
+    v = float(value)
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"GPU memory utilization must be within (0, 1]. Got {v}.")
+    return v
+
+
+def _max_len(value: str) -> int:
+    """vLLM accepts human-readable lengths (``262144``, ``256k``, ``1m``)."""
+    text = value.strip().lower()
+    mult = 1
+    if text and text[-1] in "km":
+        mult = 1000 if text[-1] == "k" else 1000_000
+        text = text[:-1]
+    try:
+        return int(float(text) * mult) if mult != 1 else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid max model len {value!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm serve", usage="vllm serve [model_tag] [options]", allow_abbrev=False,
+        description="Launch a local OpenAI-compatible API server to serve LLM completions via "
+                    "HTTP (simulator).",
+    )
+    p.add_argument("model_tag", nargs="?", default=None, help="The model tag to serve.")
+    # Model / engine
+    p.add_argument("--model", default=None)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--revision", default=None)
+    p.add_argument("--max-model-len", type=_max_len, default=None)
+    p.add_argument("--gpu-memory-utilization", type=_util, default=0.9)
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument("--speculative-config", type=_json_obj, default=None)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    p.add_argument("--quantization", "-q", default=None)
+    p.add_argument("--dtype", choices=DTYPES, default="auto")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--disable-custom-all-reduce", action="store_true")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--language-model-only", action="store_true")
+    p.add_argument("--override-generation-config", type=_json_obj, default=None)
+    p.add_argument("--generation-config", default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--swap-space", type=float, default=None)
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None)
+    p.add_argument("--distributed-executor-backend", default=None)
+    p.add_argument("--hf-overrides", type=_json_obj, default=None)
+    p.add_argument("--compilation-config", "-O", "-cc", default=None)
+    p.add_argument("--max-cudagraph-capture-size", type=int, default=None)
+    p.add_argument("--cudagraph-capture-sizes", nargs="+", type=int, default=None)
+    p.add_argument("--limit-mm-per-prompt", type=_json_obj, default=None)
+    p.add_argument("--mamba-cache-mode", default=None)
+    # Frontend
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", nargs="+", default=None)
+    p.add_argument("--chat-template", default=None)
+    p.add_argument("--default-chat-template-kwargs", type=_json_obj, default=None)
+    p.add_argument("--reasoning-parser", default=None)
+    p.add_argument("--enable-auto-tool-choice", action="store_true")
+    p.add_argument("--tool-call-parser", default=None)
+    p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--disable-log-requests", action="store_true")
+    p.add_argument("--enable-log-requests", action="store_true")
+    p.add_argument("--uvicorn-log-level", default="info")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true")
+    p.add_argument("--disable-fastapi-docs", action="store_true")
+    p.add_argument("--allowed-origins", type=_json_arg, default=None)
+    return p
+
+
+def _normalise(argv: Sequence[str]) -> list[str]:
+    """FlexibleArgumentParser: ``--max_model_len`` == ``--max-model-len``; dotted JSON
+    sub-options are accepted (and ignored here)."""
+    out: list[str] = []
+    skip_next = False
+    for i, arg in enumerate(argv):
+        if skip_next:
+            skip_next = False
+            continue
+        if arg.startswith(_DOTTED_PREFIXES):
+            if "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                skip_next = True
+            continue
+        if arg.startswith("--") and len(arg) > 2:
+            name, eq, value = arg.partition("=")
+            out.append(name.replace("_", "-") + eq + value)
+        else:
+            out.append(arg)
+    return out
+
+
+def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ServeConfig:
+    """Parse ``vllm serve`` arguments; argparse exits with status 2 on bad input."""
+    env = os.environ if environ is None else environ
+    parser = build_parser()
+    ns = parser.parse_args(_normalise(argv))
+    defaults = vars(parser.parse_args([]))
+    model = ns.model_tag or ns.model or DEFAULT_MODEL
+    if ns.tensor_parallel_size < 1:
+        parser.error("argument --tensor-parallel-size: must be >= 1")
+    if ns.max_num_seqs < 1:
+        parser.error("argument --max-num-seqs: must be >= 1")
+    spec = ns.speculative_config
+    if spec is not None:
+        method = str(spec.get("method", "")).lower()
+        if method and method not in SPEC_METHODS:
+            parser.error(f"argument --speculative-config: unknown method {spec.get('method')!r}")
+        n = spec.get("num_speculative_tokens")
+        if n is not None and (not isinstance(n, int) or n < 1):
+            parser.error("argument --speculative-config: num_speculative_tokens must be a "
+                         "positive integer")
+    keys = list(ns.api_key or [])
+    if not keys and env.get("VLLM_API_KEY"):
+        keys = [env["VLLM_API_KEY"]]
+    non_default = {k: v for k, v in vars(ns).items()
+                   if k not in ("model_tag",) and v != defaults.get(k)}
+    if ns.model_tag:
+        non_default["model"] = model
+    return ServeConfig(
+        model=model,
+        served_model_names=list(ns.served_model_name or [model]),
+        host=ns.host,
+        port=ns.port,
+        api_keys=keys,
+        max_model_len=ns.max_model_len,
+        gpu_memory_utilization=ns.gpu_memory_utilization,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        speculative_config=spec,
+        tensor_parallel_size=ns.tensor_parallel_size,
+        pipeline_parallel_size=ns.pipeline_parallel_size,
+        max_num_seqs=ns.max_num_seqs,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
+        # vLLM V1 turns prefix caching on by default.
+        enable_prefix_caching=ns.enable_prefix_caching is not False,
+        enable_auto_tool_choice=ns.enable_auto_tool_choice,
+        tool_call_parser=ns.tool_call_parser,
+        reasoning_parser=ns.reasoning_parser,
+        default_chat_template_kwargs=dict(ns.default_chat_template_kwargs or {}),
+        disable_log_stats=ns.disable_log_stats,
+        enforce_eager=ns.enforce_eager,
+        non_default=non_default,
+    )

@@ -1,0 +1,389 @@
+"""The engine: turns a healthy answer into what this configuration really produces.
+
+Everything version- or configuration-specific happens here, driven by the build info, the
+Genesis markers and the serving arguments (never by what a client asks):
+
+- TurboQuant KV + MTP without Genesis P67: vLLM verifies the K+1 draft tokens against the
+  compressed cache with a single-query kernel; past a few thousand tokens of context the
+  attention reads garbage and the output collapses (``!`` floods, first-word repetition, or
+  silent empty replies), while the drafter's tokens are all "accepted" (club-3090's patch-only
+  TQ3+MTP path: 5/7 verify-stress, 34/100 silent-empty soak turns, bimodal acceptance).
+- ``spec-decode-acceptance-collapse`` builds: drafts are almost never accepted (mean
+  acceptance length ~1.1) and generations stop early.
+- Healthy MTP n=3: per-position acceptance ~[0.95, 0.84, 0.75], mean length ~3.5.
+- Faults injected through the environment (``SIM_FAULT_*``) for the tool's failure paths.
+
+Timing: prefill at ``SIM_PREFILL_TOKENS_PER_SECOND``, decode at ``SIM_TOKENS_PER_SECOND``
+(for a healthy configuration; one engine step takes the same time whatever it yields, so a
+collapsed acceptance rate really does lower throughput).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from vllm.sim import logs, tokenizer
+from vllm.sim.args import ServeConfig
+from vllm.sim.buildinfo import REGRESSION_SPEC_ACCEPTANCE_COLLAPSE, BuildInfo, GenesisState
+from vllm.sim.chat import render_tool_call
+from vllm.sim.metrics import Metrics
+from vllm.sim.responder import Reply, ToolCall
+
+# Prompts shorter than this survive TQ+MTP without P67 (the patch-only path still passed the
+# short verify-stress probes); longer contexts collapse.
+TQ_MTP_COLLAPSE_MIN_PROMPT_TOKENS = 6000
+# Unconditional per-position acceptance rates of MTP n=3 drafts.
+HEALTHY_ACCEPTANCE = (0.95, 0.84, 0.75)
+# spec-decode-acceptance-collapse: mean acceptance length ~1.1.
+REGRESSED_ACCEPTANCE = (0.075, 0.02, 0.005)
+# spec-decode-acceptance-collapse: generations end (finish_reason "stop") around here.
+EARLY_STOP_TOKENS = (140, 160)
+# A silent-empty reply still takes this long (the soak test's definition needs >= 1 s).
+SILENT_EMPTY_SECONDS = 1.2
+PREFIX_BLOCK = 16
+_PREFIX_CACHE_BLOCKS = 200_000
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Speeds and injected faults, from the environment."""
+
+    tokens_per_second: float = 4000.0
+    prefill_tokens_per_second: float = 200000.0
+    crash_past_tokens: int | None = None
+    hang: bool = False
+
+    @classmethod
+    def from_env(cls) -> EngineSettings:
+        crash = os.environ.get("SIM_FAULT_CRASH_PAST_TOKENS")
+        return cls(
+            tokens_per_second=max(_env_float("SIM_TOKENS_PER_SECOND", 4000.0), 1e-3),
+            prefill_tokens_per_second=max(_env_float("SIM_PREFILL_TOKENS_PER_SECOND",
+                                                     200000.0), 1e-3),
+            crash_past_tokens=int(crash) if crash and crash.strip().isdigit() else None,
+            hang=os.environ.get("SIM_FAULT_HANG", "") not in ("", "0", "false", "no"),
+        )
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core died; every request fails until the server exits."""
+
+    MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+@dataclass
+class Delta:
+    """A piece of output: ``channel`` is reasoning, content, tool_start or tool_args."""
+
+    channel: str
+    text: str = ""
+    tool_index: int = 0
+    tool: ToolCall | None = None
+
+
+@dataclass
+class Finished:
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    reply: Reply
+    max_tokens: int
+    seed: int
+    thinking: bool = False
+    stop: list[str] = field(default_factory=list)
+    min_seconds: float = 0.0
+
+
+@dataclass
+class _Token:
+    channel: str
+    text: str
+    tool_index: int = 0
+    tool: ToolCall | None = None
+    raw: str = ""  # for tool tokens: the model's raw text (shown if the call is cut short)
+
+
+class Engine:
+    """One engine core (``engine="0"``)."""
+
+    def __init__(self, cfg: ServeConfig, build: BuildInfo, genesis: GenesisState | None,
+                 kv_tokens: int, max_model_len: int, metrics: Metrics,
+                 on_fatal: Callable[[], None], settings: EngineSettings | None = None):
+        self.cfg = cfg
+        self.build = build
+        self.genesis = genesis
+        self.kv_tokens = kv_tokens
+        self.max_model_len = max_model_len
+        self.metrics = metrics
+        self.on_fatal = on_fatal
+        self.settings = settings or EngineSettings.from_env()
+        self.k = cfg.mtp_tokens
+        self.dead = False
+        self._slots = threading.Semaphore(cfg.max_num_seqs)
+        self._prefix: OrderedDict[int, None] = OrderedDict()
+        self._prefix_lock = threading.Lock()
+        self._die_lock = threading.Lock()
+
+    # -- configuration-driven behaviour ----------------------------------------------------
+    @property
+    def turboquant_without_p67(self) -> bool:
+        """TQ KV + MTP, Genesis applied but without the multi-query verify kernel (P67)."""
+        return (self.cfg.kv_cache_dtype.startswith("turboquant") and self.k > 0
+                and self.genesis is not None and not self.genesis.has_patch("P67"))
+
+    @property
+    def acceptance_regressed(self) -> bool:
+        return self.k > 0 and self.build.has(REGRESSION_SPEC_ACCEPTANCE_COLLAPSE)
+
+    def _step_seconds(self) -> float:
+        """One engine step; a healthy MTP step yields ~3.5 tokens, so that is the rate."""
+        per_step = 1.0 + sum(_rates(HEALTHY_ACCEPTANCE, self.k)) if self.k else 1.0
+        return per_step / self.settings.tokens_per_second
+
+    # -- prefix cache ----------------------------------------------------------------------
+    def _prefix_lookup(self, ids: list[int]) -> int:
+        if not self.cfg.enable_prefix_caching:
+            return 0
+        hits = 0
+        h = hashlib.sha256()
+        keys = []
+        for start in range(0, len(ids) - len(ids) % PREFIX_BLOCK, PREFIX_BLOCK):
+            h.update(repr(ids[start:start + PREFIX_BLOCK]).encode())
+            keys.append(int.from_bytes(h.copy().digest()[:8], "big"))
+        with self._prefix_lock:
+            matching = True
+            for key in keys:
+                if matching and key in self._prefix:
+                    hits += PREFIX_BLOCK
+                    self._prefix.move_to_end(key)
+                else:
+                    matching = False
+                    self._prefix[key] = None
+            while len(self._prefix) > _PREFIX_CACHE_BLOCKS:
+                self._prefix.popitem(last=False)
+        # vLLM always recomputes the last token, so a full hit still leaves one to prefill.
+        return min(hits, max(len(ids) - 1, 0))
+
+    # -- failure ---------------------------------------------------------------------------
+    def die_oom(self, prompt_tokens: int) -> None:
+        """The engine core runs out of memory mid-prefill and dies (fault injection)."""
+        with self._die_lock:
+            if self.dead:
+                raise EngineDeadError(EngineDeadError.MESSAGE)
+            self.dead = True
+        mib = max(64, prompt_tokens * 5 // 1024)
+        pkg = "/usr/local/lib/python3.12/dist-packages"
+        logs.error("core.py:1050", "EngineCore encountered a fatal error.")
+        logs.error_traceback("core.py:1050", [
+            (f"{pkg}/vllm/v1/engine/core.py", 1041, "run_engine_core",
+             "engine_core.run_busy_loop()"),
+            (f"{pkg}/vllm/v1/engine/core.py", 1068, "run_busy_loop", "self._process_engine_step()"),
+            (f"{pkg}/vllm/v1/worker/gpu_model_runner.py", 2874, "execute_model",
+             "model_output = self.model(...)"),
+            (f"{pkg}/torch/nn/modules/module.py", 1784, "_call_impl",
+             "return forward_call(*args, **kwargs)"),
+        ], f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {mib / 1024:.2f} GiB. "
+           f"GPU 0 has a total capacity of 23.56 GiB of which {mib / 2048:.2f} GiB is free. "
+           "Including non-PyTorch memory, this process has 22.31 GiB memory in use. Of the "
+           "allocated memory 20.87 GiB is allocated by PyTorch, and 0.96 GiB is reserved by "
+           "PyTorch but unallocated.")
+        logs.error("async_llm.py:480", "AsyncLLM output_handler failed.")
+        logs.error("async_llm.py:480", "vllm.v1.engine.exceptions.EngineDeadError: "
+                   + EngineDeadError.MESSAGE)
+        self.on_fatal()
+        raise EngineDeadError(EngineDeadError.MESSAGE)
+
+    # -- generation ------------------------------------------------------------------------
+    def _tokens_for(self, req: GenRequest) -> tuple[list[_Token], bool]:
+        """The healthy output as tokens on channels; True if a stop string cut it."""
+        reply = req.reply
+        out: list[_Token] = []
+        if req.thinking and reply.reasoning:
+            if self.cfg.reasoning_parser:
+                out += [_Token("reasoning", p) for p in tokenizer.pieces(reply.reasoning)]
+                out += [_Token("none", p) for p in tokenizer.pieces("\n</think>\n\n")]
+            else:
+                raw = f"<think>\n{reply.reasoning}\n</think>\n\n"
+                out += [_Token("content", p) for p in tokenizer.pieces(raw)]
+        content, stopped = reply.content, False
+        for s in req.stop:
+            if s and s in content:
+                content, stopped = content[: content.index(s)], True
+        out += [_Token("content", p) for p in tokenizer.pieces(content)]
+        # A stop string ends generation: nothing after it (no tool call) is produced.
+        for idx, call in enumerate([] if stopped else reply.tool_calls):
+            raw = ("\n\n" if out or idx else "") + render_tool_call(call.name, call.arguments)
+            ps = tokenizer.pieces(raw)
+            args = call.arguments_json
+            # Spread the JSON arguments over the call's tokens (first token opens the call).
+            n = max(len(ps) - 1, 1)
+            cuts = [round(i * len(args) / n) for i in range(n + 1)]
+            out.append(_Token("tool_start", "", idx, call, raw=ps[0]))
+            for i, p in enumerate(ps[1:]):
+                out.append(_Token("tool_args", args[cuts[i]:cuts[i + 1]], idx, call, raw=p))
+        return out, stopped
+
+    def _collapse(self, req: GenRequest, rng: random.Random) -> tuple[list[_Token], str]:
+        """What a corrupted KV read turns the reply into: flood, repetition or nothing."""
+        mode = rng.choices(["flood", "repeat", "empty"], weights=[35, 35, 30])[0]
+        if mode == "empty":
+            return [], "empty"
+        channel = "reasoning" if (req.thinking and self.cfg.reasoning_parser) else "content"
+        budget = req.max_tokens
+        if mode == "flood":
+            return [_Token(channel, "!!!!") for _ in range(budget)], mode
+        words = (req.reply.content or req.reply.reasoning or "The").split()
+        first = words[0] if words else "The"
+        first_piece = tokenizer.pieces(first)[0]
+        toks = [_Token(channel, first_piece)]
+        toks += [_Token(channel, " " + first_piece.strip()) for _ in range(budget - 1)]
+        return toks, mode
+
+    def generate(self, req: GenRequest) -> Iterator[Delta | Finished]:
+        """Run one request: yields Deltas as engine steps complete, then Finished."""
+        if self.dead:
+            raise EngineDeadError(EngineDeadError.MESSAGE)
+        t0 = time.monotonic()
+        n_prompt = len(req.prompt_ids)
+        self.metrics.gauge(waiting=1)
+        self._slots.acquire()
+        self.metrics.gauge(waiting=-1, running=1, kv_tokens=n_prompt)
+        generated = 0
+        try:
+            hits = self._prefix_lookup(req.prompt_ids)
+            self.metrics.prefix(n_prompt, hits)
+            prefill = (n_prompt - hits) / self.settings.prefill_tokens_per_second
+            crash = self.settings.crash_past_tokens
+            if crash is not None and n_prompt > crash:
+                time.sleep(prefill / 2)
+                self.die_oom(n_prompt)
+            time.sleep(prefill)
+            rng = random.Random(req.seed)
+            tokens, stopped = self._tokens_for(req)
+            finish = "stop"
+            accept = HEALTHY_ACCEPTANCE
+            if self.turboquant_without_p67 and n_prompt >= TQ_MTP_COLLAPSE_MIN_PROMPT_TOKENS:
+                tokens, mode = self._collapse(req, rng)
+                accept = (1.0,) * max(self.k, 1)  # the drafter is "always right"
+                if mode == "empty":
+                    time.sleep(max(0.0, SILENT_EMPTY_SECONDS - (time.monotonic() - t0)))
+            elif self.acceptance_regressed:
+                accept = REGRESSED_ACCEPTANCE
+                limit = rng.randint(*EARLY_STOP_TOKENS)
+                if len(tokens) > limit and limit < req.max_tokens:
+                    tokens, stopped = _leak_truncated_tool_calls(tokens[:limit]), True
+            if len(tokens) > req.max_tokens:
+                tokens, finish = tokens[: req.max_tokens], "length"
+                tokens = _leak_truncated_tool_calls(tokens)
+            elif any(t.channel == "tool_start" for t in tokens) and not stopped:
+                finish = "tool_calls"
+            ttft = None
+            step = self._step_seconds()
+            rates = _conditional(_rates(accept, self.k)) if self.k else []
+            drafts = accepted = 0
+            per_pos = [0] * self.k
+            start = time.monotonic()
+            i = steps = 0
+            while i < len(tokens):
+                n = 1
+                if self.k:
+                    a = 0
+                    while a < self.k and rng.random() < rates[a]:
+                        a += 1
+                    drafts += 1
+                    accepted += a
+                    for j in range(a):
+                        per_pos[j] += 1
+                    n += a
+                chunk = tokens[i:i + n]
+                i += n
+                steps += 1
+                delay = start + steps * step - time.monotonic()
+                if delay > 0.0005:
+                    time.sleep(delay)
+                generated += len(chunk)
+                if ttft is None:
+                    ttft = time.monotonic() - t0
+                yield from _deltas(chunk)
+            if self.k and drafts:
+                self.metrics.add_spec(drafts, accepted, per_pos)
+            remaining = req.min_seconds - (time.monotonic() - t0)
+            if remaining > 0:
+                time.sleep(remaining)
+            self.metrics.finish(n_prompt, generated, finish, ttft or (time.monotonic() - t0),
+                                time.monotonic() - t0)
+            yield Finished(finish, n_prompt, generated, hits)
+        finally:
+            self.metrics.gauge(running=-1, kv_tokens=-n_prompt)
+            self._slots.release()
+
+
+def _rates(acceptance: tuple[float, ...], k: int) -> list[float]:
+    """Per-position unconditional acceptance for ``k`` draft tokens."""
+    rates = list(acceptance[:k])
+    while len(rates) < k:
+        rates.append(rates[-1] * 0.85 if rates else 0.5)
+    return rates
+
+
+def _conditional(rates: list[float]) -> list[float]:
+    """P(accept position i | accepted 0..i-1), from unconditional per-position rates."""
+    out = []
+    prev = 1.0
+    for r in rates:
+        out.append(min(1.0, r / prev) if prev > 0 else 0.0)
+        prev = r
+    return out
+
+
+def _leak_truncated_tool_calls(tokens: list[_Token]) -> list[_Token]:
+    """A tool call cut by max_tokens cannot be parsed: its raw text ends up in content."""
+    out = []
+    for t in tokens:
+        if t.channel in ("tool_start", "tool_args"):
+            out.append(_Token("content", t.raw))
+        else:
+            out.append(t)
+    return out
+
+
+def _deltas(chunk: list[_Token]) -> Iterator[Delta]:
+    """Merge one step's tokens into deltas per channel."""
+    cur: Delta | None = None
+    for t in chunk:
+        if t.channel == "none":
+            continue
+        if t.channel == "tool_start":
+            if cur is not None:
+                yield cur
+            cur = None
+            yield Delta("tool_start", "", t.tool_index, t.tool)
+            continue
+        if cur is not None and cur.channel == t.channel and cur.tool_index == t.tool_index:
+            cur.text += t.text
+        else:
+            if cur is not None:
+                yield cur
+            cur = Delta(t.channel, t.text, t.tool_index)
+    if cur is not None:
+        yield cur

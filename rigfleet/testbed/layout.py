@@ -1,0 +1,115 @@
+"""Names, addresses and ports of the simulated fleet (see docs/architecture.md).
+
+Everything the testbed creates carries the ``rigfleet-`` prefix or the ``io.rigfleet.testbed``
+label, so ``testbed down`` can find and remove exactly what ``testbed up`` made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STATE_DIR = REPO_ROOT / ".testbed"
+IMAGES_DIR = Path(__file__).resolve().parent / "images"
+
+LABEL = "io.rigfleet.testbed"
+NETWORK = "rigfleet-testbed"
+SUBNET = "10.213.7.0/24"
+GATEWAY = "10.213.7.1"
+
+REGISTRY_CONTAINER = "rigfleet-registry"
+REGISTRY_ALIAS = "registry.rigfleet.test"
+REGISTRY_IP = "10.213.7.2"
+REGISTRY_LOCAL_PORT = 15000  # control side: http://127.0.0.1:15000
+
+SERVICES_CONTAINER = "rigfleet-services"
+SERVICES_ALIASES = ("apt.rigfleet.test", "hub.rigfleet.test", "git.rigfleet.test")
+SERVICES_IP = "10.213.7.3"
+HUB_LOCAL_PORT = 18080  # control side: the hub and its fault switch
+APT_LOCAL_PORT = 18081
+GIT_LOCAL_PORT = 18090
+
+BASE_IMAGE = "rigfleet/trixie-base:latest"
+HOST_IMAGE = "rigfleet/testbed-host:latest"
+REGISTRY_IMAGE = "rigfleet/testbed-registry:latest"
+SERVICES_IMAGE = "rigfleet/testbed-services:latest"
+SIM_IMAGE_REPO = "vllm/vllm-openai"
+
+APT_URL = "http://apt.rigfleet.test/debian"
+APT_KEY_URL = "http://apt.rigfleet.test/rigfleet-testbed.asc"
+HUB_URL = "http://hub.rigfleet.test:8080"
+GENESIS_URL = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
+MIRROR_URL = f"http://{REGISTRY_ALIAS}:5000"
+
+# Capabilities that systemd as PID 1 plus a nested Docker engine need (TESTBED-FACTS.md);
+# --privileged is refused on our machines.
+HOST_CAPS = (
+    "SYS_ADMIN", "NET_ADMIN", "MKNOD", "SYS_PTRACE", "SYS_MODULE", "NET_RAW", "SYS_CHROOT",
+    "AUDIT_WRITE", "SETFCAP", "DAC_READ_SEARCH", "LINUX_IMMUTABLE", "IPC_LOCK", "SYS_NICE",
+    "SYS_TIME",
+)
+
+
+@dataclass(frozen=True)
+class Nightly:
+    """A vLLM nightly the registry mirror serves, and how its simulator image behaves."""
+
+    sha: str
+    version: str
+    regressions: tuple[str, ...] = ()
+    note: str = ""
+
+    @property
+    def tag(self) -> str:
+        return f"nightly-{self.sha}"
+
+    @property
+    def image(self) -> str:
+        return f"{SIM_IMAGE_REPO}:{self.tag}"
+
+
+NIGHTLIES: tuple[Nightly, ...] = (
+    Nightly("01d4d1ad375dc5854779c593eee093bcebb0cada", "0.20.2rc1.dev9+g01d4d1ad3",
+            note="Genesis v7.72.2 known-good pin"),
+    Nightly("1acd67a795ebccdf9b9db7697ae9082058301657", "0.20.2rc1.dev129+g1acd67a79",
+            ("speculators-local-path-oserror",),
+            note="post-#41434: MTP + local model path dies at boot (transformers OSError)"),
+    Nightly("3f9c2a7e5b1d4c8a9e0f6b2d7c1a5e8f9b3d6c02", "0.20.2rc1.dev212+g3f9c2a7e5",
+            note="newer, good"),
+    Nightly("b7e4d1c9a2f5e8b3d6c0a9f2e5b8d1c4a7f0e3b6", "0.20.2rc1.dev240+gb7e4d1c9a",
+            ("spec-decode-acceptance-collapse",),
+            note="newer, regressed: MTP acceptance collapses, long generations stop early"),
+)
+DEFAULT_NIGHTLY = NIGHTLIES[0]
+
+
+@dataclass(frozen=True)
+class HostSlot:
+    """Where host number ``index`` (1-based) lives on the testbed."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"host{self.index}"
+
+    @property
+    def container(self) -> str:
+        return f"rigfleet-{self.name}"
+
+    @property
+    def ip(self) -> str:
+        return f"10.213.7.{10 + self.index}"
+
+    @property
+    def ssh_port(self) -> int:
+        return 2220 + self.index
+
+    @property
+    def front_port(self) -> int:
+        return 18000 + self.index
+
+    @property
+    def docker_volume(self) -> str:
+        return f"rigfleet-{self.name}-docker"

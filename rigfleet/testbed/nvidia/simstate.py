@@ -1,0 +1,409 @@
+"""The simulated NVIDIA driver's state on one host, shared by every stand-in program.
+
+Runs ON the simulated hosts (Debian 13, python3.13, stdlib only) inside each stand-in's zipapp,
+and imports on the control side (3.11) for tests. The layout is the contract in
+docs/architecture.md ("Simulated GPU hardware"):
+
+    /etc/nvidia-sim/hardware.json    the cards, bind-mounted read-only by the testbed
+    /run/nvidia-sim/loaded           exists while the "kernel module" is loaded: its version
+    /run/nvidia-sim/hardware.json    what the module probed at load (a copy of the above)
+    /run/nvidia-sim/state.json       power limit and persistence per GPU, under flock(state.lock)
+    /run/nvidia-sim/alloc/<n>.json   one per process holding GPU memory, flock'ed by its holder
+
+``NVIDIA_SIM_ROOT`` moves ``/run/nvidia-sim`` and ``NVIDIA_SIM_HARDWARE`` the hardware file that
+readers use (tests point both at a temporary directory)::
+
+    paths = SimPaths.from_env()
+    hw = load_hardware(paths.hardware)
+    with locked_state(paths, hw) as state:
+        state[0].power_limit_w = 250.0
+
+Optional hardware keys beyond the contract (all defaulted to an RTX 3090 on PCIe):
+``topology`` ("PHB", "NODE", ...) for the GPU-to-GPU link without NVLink; per GPU
+``fan_percent``, ``memory_reserved_mib``, ``clocks_max_{graphics,sm,memory,video}_mhz``,
+``power_limit_settable`` (false: ``-pl`` is "not supported in current scope", as on laptops).
+An allocation file may carry ``"utilization": {"0": 95}`` to report a busy GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_ROOT = "/run/nvidia-sim"
+HARDWARE_SOURCE = "/etc/nvidia-sim/hardware.json"
+
+# CUDA version the driver's libcuda reports, per branch (nvidia-smi prints it in its header).
+CUDA_BY_BRANCH = {
+    "535": "12.2", "545": "12.3", "550": "12.4", "555": "12.5", "560": "12.6",
+    "565": "12.7", "570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1",
+}
+
+ARCH_BY_COMPUTE_CAP = {
+    "7.5": "Turing", "8.0": "Ampere", "8.6": "Ampere", "8.7": "Ampere", "8.9": "Ada Lovelace",
+    "9.0": "Hopper", "10.0": "Blackwell", "12.0": "Blackwell",
+}
+
+
+class SimError(Exception):
+    """The simulated hardware or state is unusable (bad JSON, missing keys)."""
+
+
+@dataclass(frozen=True)
+class SimPaths:
+    """Where the simulated driver keeps its files."""
+
+    root: Path
+    hardware: Path
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> SimPaths:
+        env = os.environ if environ is None else environ
+        root = Path(env.get("NVIDIA_SIM_ROOT") or DEFAULT_ROOT)
+        hardware = Path(env.get("NVIDIA_SIM_HARDWARE") or root / "hardware.json")
+        return cls(root=root, hardware=hardware)
+
+    @property
+    def loaded(self) -> Path:
+        return self.root / "loaded"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def state_lock(self) -> Path:
+        return self.root / "state.lock"
+
+    @property
+    def alloc_dir(self) -> Path:
+        return self.root / "alloc"
+
+    @property
+    def proc_version(self) -> Path:
+        """Stand-in for /proc/driver/nvidia/version (a container has no /proc of its own)."""
+        return self.root / "version"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One card as described by hardware.json."""
+
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: str
+    memory_total_mib: int
+    power_default_w: float
+    power_min_w: float
+    power_max_w: float
+    vbios: str
+    compute_cap: str
+    fan_percent: int | None = 30
+    memory_reserved_mib: int = 280
+    clocks_max_graphics_mhz: int = 2100
+    clocks_max_sm_mhz: int = 2100
+    clocks_max_memory_mhz: int = 9751
+    clocks_max_video_mhz: int = 1950
+    power_limit_settable: bool = True
+
+    @property
+    def architecture(self) -> str:
+        return ARCH_BY_COMPUTE_CAP.get(self.compute_cap, "N/A")
+
+    @property
+    def brand(self) -> str:
+        if "GeForce" in self.name:
+            return "GeForce"
+        return "NVIDIA RTX" if "RTX" in self.name else "NVIDIA"
+
+    @property
+    def bus_number(self) -> int:
+        return int(self.pci_bus_id.split(":")[1], 16)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The cards of one host and how they are linked."""
+
+    gpus: tuple[Gpu, ...]
+    nvlink: bool = False
+    topology: str = "PHB"
+    driver_branch_supported: tuple[str, ...] = ()
+
+
+def load_hardware(path: Path) -> Hardware:
+    """Read hardware.json; raise SimError naming the file and the problem."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        gpus = tuple(
+            Gpu(
+                index=int(g["index"]),
+                name=str(g["name"]),
+                uuid=str(g["uuid"]),
+                pci_bus_id=str(g["pci_bus_id"]).upper(),
+                memory_total_mib=int(g["memory_total_mib"]),
+                power_default_w=float(g["power_default_w"]),
+                power_min_w=float(g["power_min_w"]),
+                power_max_w=float(g["power_max_w"]),
+                vbios=str(g["vbios"]),
+                compute_cap=str(g["compute_cap"]),
+                **{k: g[k] for k in _OPTIONAL_GPU_KEYS if k in g},
+            )
+            for g in raw["gpus"]
+        )
+        return Hardware(
+            gpus=tuple(sorted(gpus, key=lambda g: g.index)),
+            nvlink=bool(raw.get("nvlink", False)),
+            topology=str(raw.get("topology", "PHB")),
+            driver_branch_supported=tuple(str(b) for b in raw.get("driver_branch_supported", [])),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SimError(f"{path}: unusable simulated hardware description ({exc!r})") from exc
+
+
+_OPTIONAL_GPU_KEYS = (
+    "fan_percent", "memory_reserved_mib", "clocks_max_graphics_mhz", "clocks_max_sm_mhz",
+    "clocks_max_memory_mhz", "clocks_max_video_mhz", "power_limit_settable",
+)
+
+
+def loaded_version(paths: SimPaths) -> str | None:
+    """The version of the loaded simulated kernel module, or None when it is not loaded."""
+    try:
+        return paths.loaded.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def upstream_version(deb_version: str) -> str:
+    """'580.105.08-1' -> '580.105.08' (the driver reports its version without the revision)."""
+    return deb_version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def branch_of(version: str) -> str:
+    return version.split(".", 1)[0]
+
+
+def cuda_version(driver_version: str) -> str:
+    return CUDA_BY_BRANCH.get(branch_of(driver_version), "N/A")
+
+
+# --- mutable state ---------------------------------------------------------------------------
+
+
+@dataclass
+class GpuState:
+    """What nvidia-smi can change; lost at reboot like the real settings."""
+
+    power_limit_w: float
+    persistence: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        limit = self.power_limit_w
+        return {"power_limit_w": int(limit) if limit == int(limit) else limit,
+                "persistence": self.persistence}
+
+
+def default_state(hw: Hardware) -> dict[int, GpuState]:
+    """State right after the driver loads: default power limits, persistence off."""
+    return {g.index: GpuState(power_limit_w=g.power_default_w) for g in hw.gpus}
+
+
+def _parse_state(text: str, hw: Hardware) -> dict[int, GpuState]:
+    state = default_state(hw)
+    if not text.strip():
+        return state
+    raw = json.loads(text).get("gpus", {})
+    for key, value in raw.items():
+        idx = int(key)
+        if idx in state:
+            state[idx] = GpuState(
+                power_limit_w=float(value.get("power_limit_w", state[idx].power_limit_w)),
+                persistence=bool(value.get("persistence", False)),
+            )
+    return state
+
+
+def read_state(paths: SimPaths, hw: Hardware) -> dict[int, GpuState]:
+    """Current state (defaults for anything not written yet)."""
+    try:
+        return _parse_state(paths.state.read_text(), hw)
+    except FileNotFoundError:
+        return default_state(hw)
+    except ValueError as exc:
+        raise SimError(f"{paths.state}: corrupt simulated GPU state ({exc})") from exc
+
+
+def write_state(paths: SimPaths, state: dict[int, GpuState]) -> None:
+    """Replace state.json atomically (readers never see half a file). Caller holds the lock."""
+    body = {"gpus": {str(i): s.to_json() for i, s in sorted(state.items())}}
+    _atomic_write(paths.state, json.dumps(body, indent=2, sort_keys=True) + "\n", 0o644)
+
+
+@contextlib.contextmanager
+def locked_state(paths: SimPaths, hw: Hardware) -> Iterator[dict[int, GpuState]]:
+    """Read-modify-write the state under flock(state.lock); written back on clean exit."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(paths.state_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        state = read_state(paths, hw)
+        yield state
+        write_state(paths, state)
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+def _atomic_write(path: Path, text: str, mode: int) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+# --- memory allocations ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """GPU memory held by one live process (one file under alloc/)."""
+
+    name: str
+    gpus: dict[int, int]
+    pid: int | None = None
+    container: str | None = None
+    process_name: str | None = None
+    utilization: dict[int, int] = field(default_factory=dict)
+
+
+def _holder_alive(fd: int) -> bool:
+    """True while another process holds the file's flock (the contract's liveness signal)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return True
+        raise
+    return False
+
+
+def live_allocations(paths: SimPaths) -> list[Allocation]:
+    """Allocations whose holder still runs. Files of dead holders are removed (best effort).
+
+    The holder keeps LOCK_EX on its file for its lifetime, so taking the lock ourselves proves
+    it is gone; we unlink while holding the lock, and only if the path still names that file.
+    """
+    found: list[Allocation] = []
+    try:
+        entries = sorted(paths.alloc_dir.glob("*.json"))
+    except OSError:
+        return found
+    for path in entries:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue  # vanished between glob and open
+        try:
+            if not _holder_alive(fd):
+                with contextlib.suppress(OSError):
+                    if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                        os.unlink(path)
+                continue
+            with os.fdopen(os.dup(fd)) as f:
+                raw = json.load(f)
+            found.append(
+                Allocation(
+                    name=path.stem,
+                    gpus={int(k): int(v) for k, v in raw.get("gpus", {}).items()},
+                    pid=int(raw["pid"]) if raw.get("pid") is not None else None,
+                    container=raw.get("container"),
+                    process_name=raw.get("process_name") or raw.get("name"),
+                    utilization={int(k): int(v) for k, v in raw.get("utilization", {}).items()},
+                )
+            )
+        except (ValueError, TypeError, AttributeError):
+            continue  # a live holder still writing its file: count it next time
+        finally:
+            os.close(fd)
+    return found
+
+
+# --- what the cards report -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Everything nvidia-smi prints about one GPU at one moment."""
+
+    gpu: Gpu
+    state: GpuState
+    memory_used_mib: int
+    utilization_pct: int
+    processes: tuple[tuple[Allocation, int], ...]  # (holder, MiB on this GPU)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.processes)
+
+    @property
+    def memory_free_mib(self) -> int:
+        g = self.gpu
+        return max(0, g.memory_total_mib - g.memory_reserved_mib - self.memory_used_mib)
+
+    @property
+    def pstate(self) -> str:
+        # GeForce cards drop to P8 when idle and run CUDA contexts in P2.
+        return "P2" if self.busy else "P8"
+
+    @property
+    def power_draw_w(self) -> float:
+        idle = round(self.gpu.power_default_w * 0.065, 2)
+        if not self.busy:
+            return min(idle, self.state.power_limit_w)
+        context = self.gpu.power_default_w * 0.3
+        span = max(0.0, self.state.power_limit_w - context)
+        return round(min(self.state.power_limit_w, context + span * self.utilization_pct / 100), 2)
+
+    @property
+    def temperature_c(self) -> int:
+        return 35 + (8 if self.busy else 0) + self.utilization_pct * 30 // 100
+
+    @property
+    def clocks_mhz(self) -> dict[str, int]:
+        g = self.gpu
+        if not self.busy:
+            return {"graphics": 210, "sm": 210, "memory": 405, "video": 555}
+        return {"graphics": int(g.clocks_max_graphics_mhz * 0.8), "sm": int(g.clocks_max_sm_mhz * 0.8),
+                "memory": g.clocks_max_memory_mhz - 250, "video": int(g.clocks_max_video_mhz * 0.8)}
+
+
+# Memory a driver context shows on an idle card with no display (nvidia-smi prints "1MiB").
+IDLE_USED_MIB = 1
+
+
+def readings(paths: SimPaths, hw: Hardware) -> list[Reading]:
+    """One Reading per GPU, from state and live allocations."""
+    state = read_state(paths, hw)
+    allocs = live_allocations(paths)
+    out = []
+    for g in hw.gpus:
+        procs = tuple((a, a.gpus[g.index]) for a in allocs if a.gpus.get(g.index, 0) > 0)
+        util = max((a.utilization.get(g.index, 0) for a, _ in procs), default=0)
+        used = IDLE_USED_MIB + sum(mib for _, mib in procs)
+        out.append(Reading(g, state[g.index], used, min(100, max(0, util)), procs))
+    return out

@@ -1,0 +1,60 @@
+"""rigfleet's pyinfra roles, one module per concern, and ``converge`` that runs them in order.
+
+Order (each role relies on the ones before it):
+
+1. ``preflight``        validate host data, pins, OS (control side; nothing changes)
+2. ``base``             base packages, chrony, optional site CA
+3. ``docker``           Docker Engine + Compose v2, daemon.json merged
+4. ``nvidia_driver``    pinned driver branch (open modules), held, reboot if needed, verified
+5. ``container_toolkit`` pinned toolkit, Docker's nvidia runtime, verified
+6. ``power``            nvidia-persistenced, power-caps unit, caps applied and read back
+7. ``weights``          huggingface_hub venv, fetcher, verified weights
+8. ``genesis``          Genesis checkout at the pinned commit (when a stack uses it)
+9. ``stacks``           images by digest, Genesis gate, compose projects, switch, readiness
+10. ``front``           nginx with the API key in front of the active stack
+11. ``ledger``          state.json and the append-only ledger
+
+Example (``deploy.py``)::
+
+    from roles import converge
+
+    converge()
+"""
+
+from __future__ import annotations
+
+from roles.base import base
+from roles.container_toolkit import container_toolkit
+from roles.docker import docker
+from roles.front import front
+from roles.genesis import genesis
+from roles.ledger import ledger
+from roles.nvidia_driver import nvidia_driver
+from roles.power import power
+from roles.preflight import HostContext, preflight
+from roles.stacks import stacks
+from roles.weights import weights
+
+ROLES = (
+    base,
+    docker,
+    nvidia_driver,
+    container_toolkit,
+    power,
+    weights,
+    genesis,
+    stacks,
+    front,
+    ledger,
+)
+
+
+def converge() -> HostContext:
+    """Run every role for the current host, preflight first; returns the host's context."""
+    ctx = preflight()
+    for role in ROLES:
+        role(ctx)
+    return ctx
+
+
+__all__ = ["ROLES", "HostContext", "converge", "preflight"]

@@ -1,0 +1,79 @@
+"""NVIDIA Container Toolkit: pinned packages, Docker's ``nvidia`` runtime, verified.
+
+Example::
+
+    container_toolkit(ctx)
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy, operation
+
+from rigfleet.commands import nvidia as nvidia_commands
+from rigfleet.facts import DockerDaemonJson, DockerRuntimes
+from roles.docker import add_apt_repo
+from roles.ops import apt_packages, check, fail, on_change
+from roles.preflight import HostContext
+
+# All four move together; mixing versions breaks the hook (NVIDIA's install guide).
+TOOLKIT_PACKAGES = (
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+)
+
+
+def toolkit_specs(version: str) -> list[str]:
+    """``name=version`` for each toolkit package."""
+    return [f"{p}={version}" for p in TOOLKIT_PACKAGES]
+
+
+@operation()
+def nvidia_runtime():
+    """``nvidia-ctk runtime configure --runtime=docker`` when daemon.json lacks the runtime.
+
+    nvidia-ctk adds ``runtimes.nvidia`` and keeps the rest of the file (rigfleet's log and
+    mirror settings included).
+    """
+    current = host.get_fact(DockerDaemonJson)
+    if current.error:
+        yield from fail(f"{host.name}: {current.error}")
+        return
+    runtimes = current.config.get("runtimes")
+    if isinstance(runtimes, dict) and "nvidia" in runtimes:
+        host.noop("daemon.json already has runtimes.nvidia")
+        return
+    yield nvidia_commands.ctk_configure_docker()
+
+
+def verify_runtime() -> str | None:
+    """At execution time: ``docker info`` lists the ``nvidia`` runtime."""
+    runtimes = host.get_fact(DockerRuntimes)
+    if "nvidia" not in runtimes:
+        return f"docker info lists runtimes {runtimes or 'none'}; the nvidia runtime is missing"
+    return None
+
+
+@deploy("NVIDIA Container Toolkit")
+def container_toolkit(ctx: HostContext) -> None:
+    """Install the pinned toolkit (held), register the runtime, restart Docker only then."""
+    add_apt_repo("NVIDIA container toolkit repository", ctx.apt_repo("nvidia-container-toolkit"))
+    apt_packages(
+        name=f"Install NVIDIA Container Toolkit {ctx.pins.toolkit_version}, held",
+        packages=toolkit_specs(ctx.pins.toolkit_version),
+        hold=True,
+    )
+    runtime = nvidia_runtime(name="Register the nvidia runtime with Docker")
+    on_change(
+        name="Restart Docker (nvidia runtime added)",
+        commands=["systemctl restart docker"],
+        gates=[runtime],
+        reason="runtime already registered",
+    )
+    check(
+        name="Verify docker info lists the nvidia runtime",
+        verify=verify_runtime,
+        what="runtime verification",
+    )

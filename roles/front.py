@@ -1,0 +1,68 @@
+"""The front: nginx on ``front_port``, requiring the API key, proxying to the active stack.
+
+- A ``map`` over ``$http_authorization`` in ``/etc/nginx/rigfleet-keys.conf`` (root 0600)
+  decides who is let in: anything but ``Bearer <key>`` gets a JSON 401.
+- Proxy to the active stack's loopback port with buffering off (SSE) and long timeouts.
+- ``nginx -t`` before a reload; reload only when the config or the key changed.
+
+Example::
+
+    front(ctx)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra.api import deploy
+from pyinfra.operations import files, systemd
+
+from roles.ops import Secret, apt_packages, on_change, secret_file
+from roles.preflight import HostContext
+
+TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "nginx-front.conf.j2")
+CONF_PATH = "/etc/nginx/conf.d/rigfleet-front.conf"
+KEYS_PATH = "/etc/nginx/rigfleet-keys.conf"
+
+
+def keys_conf(key: str) -> str:
+    """The ``map`` that sets ``$rigfleet_authorized`` to 1 for the right bearer token only.
+
+    Preflight allows only ``[A-Za-z0-9-._~+/=]`` in keys, so the key is safe inside quotes.
+    """
+    return (
+        "# Managed by rigfleet (roles/front.py). Root-only: it holds the API key.\n"
+        "map $http_authorization $rigfleet_authorized {\n"
+        "    default 0;\n"
+        f'    "Bearer {key}" 1;\n'
+        "}\n"
+    )
+
+
+@deploy("Front (nginx)")
+def front(ctx: HostContext) -> None:
+    """Install nginx, render the front and its key map, test and reload only on change."""
+    apt_packages(name="Install nginx", packages=["nginx"])
+    keys = secret_file(
+        name=f"API key map {KEYS_PATH} (root-only)",
+        dest=KEYS_PATH,
+        content=Secret(keys_conf(ctx.api_key.reveal())),
+    )
+    conf = files.template(
+        name=f"Front on port {ctx.settings.front_port} -> {ctx.spec.name} ({ctx.spec.port})",
+        src=TEMPLATE,
+        dest=CONF_PATH,
+        user="root",
+        group="root",
+        mode="0644",
+        front_port=ctx.settings.front_port,
+        upstream_port=ctx.spec.port,
+        keys_file=KEYS_PATH,
+    )
+    systemd.service(name="nginx enabled and running", service="nginx", running=True, enabled=True)
+    on_change(
+        name="Test and reload nginx (front changed)",
+        commands=["nginx -t -q", "systemctl reload nginx"],
+        gates=[keys, conf],
+        reason="front unchanged",
+    )

@@ -1,0 +1,196 @@
+"""NVIDIA driver: the pinned branch with the open kernel modules, held, loaded, verified.
+
+- Ubuntu: the archive's Enterprise Ready Driver packages (``nvidia-driver-<B>-server-open``
+  and friends) and the prebuilt, signed kernel modules for the installed kernel flavour
+  (``linux-modules-nvidia-<B>-server-open-<flavour>``): no DKMS, Secure Boot keeps working.
+- Debian: Debian's own driver is too old (535/550; CUDA 13 vLLM needs 580), so NVIDIA's CUDA
+  repository from host data (``apt_repos.cuda``), with an apt preferences pin that keeps every
+  NVIDIA package on the branch (priority 1001, so a newer branch in the same repository is
+  never picked and a wrong one is downgraded). Compute-only packages, open DKMS module.
+
+Driver packages are ``apt-mark hold``: an unattended upgrade of the user-space libraries
+without the kernel module ("Driver/library version mismatch") takes the GPUs away.
+
+The host reboots only when the driver packages changed or the driver is not loaded
+(``nvidia-smi`` fails); afterwards ``nvidia-smi`` must answer with the pinned branch and the
+expected number of GPUs.
+
+Example::
+
+    nvidia_driver(ctx)
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, deploy, operation
+from pyinfra.api.operation import OperationMeta
+from pyinfra.operations import files
+
+from rigfleet.commands import apt as apt_commands
+from rigfleet.facts import DebPackage, DpkgState, GpuQuery
+from roles.docker import add_apt_repo
+from roles.ops import DeployError, apt_packages, changed, check
+from roles.preflight import HostContext, OsInfo
+
+PREFERENCES_FILE = f"{apt_commands.PREFERENCES_DIR}/rigfleet-nvidia-driver"
+
+# Every package name NVIDIA's CUDA repository uses for driver parts (the toolkit's 1.x
+# versions never match a "580.*" pin, so the toolkit is unaffected).
+DRIVER_PACKAGE_GLOBS = ("*nvidia*", "libcuda*", "libnvcuvid*", "libnvidia*", "firmware-nvidia*")
+
+DEBIAN_DRIVER_PACKAGES = (
+    "nvidia-kernel-open-dkms",
+    "nvidia-driver-cuda",
+    "nvidia-smi",
+    "nvidia-persistenced",
+)
+
+# Reboot: where the "this boot" marker lives. /run is a tmpfs on every systemd host (and in
+# the simulated hosts), so the marker's absence proves the machine restarted. pyinfra's
+# server.reboot compares /proc/uptime instead, which inside a container is the outer kernel's
+# and never drops.
+BOOT_MARKER = "/run/rigfleet/boot-marker"
+REBOOT_DELAY_S = 10.0
+REBOOT_INTERVAL_S = 2.0
+REBOOT_TIMEOUT_S = 900.0
+
+
+def version_prefix(branch: str, version: str | None) -> str:
+    """What installed driver package versions must start with: ``580.`` or ``580.105.08``."""
+    return version if version else f"{branch}."
+
+
+def ubuntu_kernel_flavour(dpkg: dict[str, DebPackage]) -> str:
+    """``generic`` or ``generic-hwe-<ver>``: the flavour of the kernel metapackage installed."""
+    for name, pkg in sorted(dpkg.items()):
+        if pkg.installed and name.startswith("linux-image-generic-hwe-"):
+            return name.removeprefix("linux-image-")
+    return "generic"
+
+
+def driver_packages(os: OsInfo, branch: str) -> tuple[str, ...]:
+    """Driver packages whose version follows the driver (checked against the branch)."""
+    if os.id == "ubuntu":
+        return (
+            f"nvidia-driver-{branch}-server-open",
+            f"nvidia-utils-{branch}-server",
+            # nvidia-persistenced lives here on Ubuntu.
+            f"nvidia-compute-utils-{branch}-server",
+        )
+    return DEBIAN_DRIVER_PACKAGES
+
+
+def kernel_packages(os: OsInfo, branch: str, dpkg: dict[str, DebPackage]) -> tuple[str, ...]:
+    """Packages that tie the driver to the running kernel (versioned like the kernel).
+
+    Ubuntu: the prebuilt module metapackage for the installed flavour (not held: it must move
+    with kernel updates). Debian: the headers DKMS builds against, but only when the running
+    kernel is Debian's own (a host whose kernel is not a Debian package - a container - has
+    no headers to install and no module to build).
+    """
+    if os.id == "ubuntu":
+        return (f"linux-modules-nvidia-{branch}-server-open-{ubuntu_kernel_flavour(dpkg)}",)
+    image = dpkg.get(f"linux-image-{os.kernel}")
+    if os.kernel and image is not None and image.installed:
+        return (f"linux-headers-{os.kernel}",)
+    return ()
+
+
+def driver_preferences(branch: str, version: str | None) -> str:
+    """apt preferences that keep NVIDIA's packages on the pinned branch (or exact version)."""
+    glob = f"{version}-*" if version else f"{branch}.*"
+    return apt_commands.branch_preferences(glob, DRIVER_PACKAGE_GLOBS)
+
+
+def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: float) -> None:
+    """Reconnect until the host answers without this boot's marker (it has restarted)."""
+    time.sleep(delay)
+    host.disconnect()
+    deadline = time.monotonic() + timeout
+    while True:
+        host.connect(show_errors=False)
+        if host.connected:
+            ok, output = host.run_shell_command(f"cat {BOOT_MARKER} 2>/dev/null || true")
+            if ok and token not in output.stdout:
+                return
+            host.disconnect()
+        if time.monotonic() > deadline:
+            raise DeployError(f"{host.name}: did not come back from reboot within {timeout:g}s")
+        time.sleep(REBOOT_INTERVAL_S)
+
+
+@operation(is_idempotent=False)
+def reboot_for_driver(gates: Sequence[OperationMeta]):
+    """Reboot when the driver packages changed or the driver is not loaded; wait for it.
+
+    + gates: the driver package operations
+    """
+    packages_changed = changed(gates)
+    gpu = host.get_fact(GpuQuery)
+    if gpu.loaded and not packages_changed:
+        host.noop(f"driver {gpu.driver_version} loaded, packages unchanged")
+        return
+    token = uuid.uuid4().hex
+    yield f"mkdir -p /run/rigfleet && echo {token} > {BOOT_MARKER}"
+    # Detached, so the SSH session ends cleanly before the machine goes down.
+    yield "( sleep 2 && (systemctl reboot || reboot) ) </dev/null >/dev/null 2>&1 &"
+    yield FunctionCommand(_wait_for_reboot, (token, REBOOT_DELAY_S, REBOOT_TIMEOUT_S), {})
+
+
+def verify_driver(branch: str, version: str | None, gpu_count: int) -> str | None:
+    """At execution time: nvidia-smi answers, on the pinned branch, with every GPU."""
+    gpu = host.get_fact(GpuQuery)
+    if not gpu.loaded:
+        return f"nvidia-smi fails after the driver install ({gpu.error or 'no output'})"
+    loaded = gpu.driver_version or ""
+    if not loaded.startswith(f"{branch}."):
+        return f"driver {loaded!r} is loaded; pinned branch is {branch} (reboot pending?)"
+    if version and loaded != version:
+        return f"driver {loaded!r} is loaded; pinned version is {version}"
+    if len(gpu.gpus) != gpu_count:
+        return f"nvidia-smi lists {len(gpu.gpus)} GPU(s); gpu_count is {gpu_count}"
+    return None
+
+
+@deploy("NVIDIA driver")
+def nvidia_driver(ctx: HostContext) -> None:
+    """Install the pinned driver branch (open modules), hold it, reboot if needed, verify."""
+    branch, version = ctx.pins.driver_branch, ctx.pins.driver_version
+    # Read while preparing: which kernel flavour / whether the kernel is Debian's does not
+    # change during the run.
+    dpkg = host.get_fact(DpkgState)
+    if ctx.os.id == "debian":
+        add_apt_repo("NVIDIA CUDA repository", ctx.apt_repo("cuda"))
+        files.put(
+            name=f"Pin NVIDIA packages to driver {version or branch}",
+            src=io.StringIO(driver_preferences(branch, version)),
+            dest=PREFERENCES_FILE,
+            user="root",
+            group="root",
+            mode="0644",
+        )
+    gates = []
+    kernel = kernel_packages(ctx.os, branch, dpkg)
+    if kernel:
+        gates.append(apt_packages(name="Kernel glue for the NVIDIA module", packages=list(kernel)))
+    gates.append(
+        apt_packages(
+            name=f"Install NVIDIA driver {version or branch} (open modules), held",
+            packages=list(driver_packages(ctx.os, branch)),
+            hold=True,
+            version_prefix=version_prefix(branch, version),
+        )
+    )
+    reboot_for_driver(name="Reboot to load the NVIDIA driver (only when needed)", gates=gates)
+    check(
+        name=f"Verify nvidia-smi: branch {branch}, {ctx.settings.gpu_count} GPUs",
+        verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count),
+        what="driver verification",
+    )

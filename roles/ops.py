@@ -1,0 +1,242 @@
+"""Custom operations shared by the roles.
+
+Why custom rather than pyinfra's own: ``--dry`` must tell the truth. On a converged host the
+plan has to be empty, so every operation here yields commands only when something would change:
+
+- ``apt_packages`` installs (after one ``apt-get update``) only what is missing or on the wrong
+  version, and holds only what is not held; ``apt.packages(update=True)`` would "change" on
+  every run.
+- ``on_change`` runs commands when one of the given operations changed. pyinfra's ``_if`` would
+  list the command under "Conditional Change" on every ``--dry``; ``on_change`` asks the gates'
+  ``will_change`` while preparing and their ``did_change()`` while executing.
+- ``check`` runs a verification at execution time only, and fails the host with a message
+  (instead of ``python.call``, which always counts as a change).
+- ``secret_file`` uploads a root-only file without ever printing its content (``files.put``
+  prints a diff with ``--diff``).
+
+Example::
+
+    from roles.ops import apt_packages, on_change
+
+    daemon = merge_daemon_json(...)
+    on_change(name="Restart Docker", commands=["systemctl restart docker"], gates=[daemon])
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError, operation
+from pyinfra.api.operation import OperationMeta
+
+from rigfleet.commands import apt as apt_commands
+from rigfleet.facts import AptKeyring, DpkgState, FileDigest
+
+
+class DeployError(OperationError):
+    """A check failed on a host; the message names the host and what is wrong."""
+
+
+class Secret:
+    """Text that must never be shown: its ``repr``/``str`` are masked.
+
+    pyinfra prints operation arguments in plans and logs; wrapping a secret keeps it out.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The secret itself (only for building the file content)."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret(***)"
+
+    __str__ = __repr__
+
+
+def executing() -> bool:
+    """True while pyinfra executes operations, False while it prepares (detects changes)."""
+    return bool(host.state.is_executing)
+
+
+def changed(gates: Sequence[OperationMeta]) -> bool:
+    """Did (executing) or will (preparing) any of ``gates`` change something?"""
+    if not executing():
+        return any(g.will_change for g in gates)
+    for gate in gates:
+        try:
+            if gate.did_change():
+                return True
+        except RuntimeError:
+            # Not executed on this host (cannot happen in order; stay on the safe side).
+            return True
+    return False
+
+
+def fail(message: str):
+    """Yield a command that fails the host with ``message`` (use as ``yield from fail(..)``).
+
+    Raising inside an operation's generator at execution time would abort the whole run for
+    every host; a failing ``FunctionCommand`` fails only this host, with the message shown.
+    """
+
+    def _raise(state: Any, host: Any) -> None:
+        raise DeployError(message)
+
+    _raise.__name__ = "rigfleet_check_failed"
+    yield FunctionCommand(_raise, (), {})
+
+
+@operation(is_idempotent=False)
+def on_change(
+    commands: Sequence[str],
+    gates: Sequence[OperationMeta],
+    also: Callable[[], bool] | None = None,
+    reason: str = "nothing it depends on changed",
+):
+    """Run ``commands`` when any of ``gates`` changed (or ``also()`` is true).
+
+    + commands: shell commands, in order
+    + gates: operations whose change triggers the commands
+    + also: an extra condition read at the time (prepare or execute), e.g. from a fact
+    + reason: what ``--dry`` says when nothing runs
+
+    **Example:**
+
+    .. code:: python
+
+        on_change(name="Reload nginx", commands=["systemctl reload nginx"], gates=[conf])
+    """
+    if changed(gates) or (also is not None and also()):
+        yield from commands
+    else:
+        host.noop(reason)
+
+
+@operation()
+def check(verify: Callable[[], str | None], what: str = "check"):
+    """Run ``verify()`` at execution time; a returned message fails the host.
+
+    While preparing nothing is checked (the state the check is about does not exist yet on a
+    bare host), so a check never shows up as a change.
+
+    + verify: returns None when all is well, else the failure message
+    + what: a short description for ``--dry``
+    """
+    if not executing():
+        host.noop(f"{what}: checked when the deploy runs")
+        return
+    problem = verify()
+    if problem:
+        yield from fail(f"{host.name}: {problem}")
+
+
+@operation()
+def apt_packages(
+    packages: Sequence[str],
+    hold: bool = False,
+    version_prefix: str | None = None,
+):
+    """Install missing packages (after ``apt-get update``), optionally ``apt-mark hold`` them.
+
+    + packages: ``name`` or ``name=version`` (exact version)
+    + hold: hold every listed package (unattended upgrades leave them alone)
+    + version_prefix: installed versions must start with this (a driver branch, ``"580."``);
+      apt preferences make apt pick the right one, this op notices a wrong one
+
+    **Example:**
+
+    .. code:: python
+
+        apt_packages(name="Toolkit", packages=["nvidia-container-toolkit=1.17.8-1"], hold=True)
+    """
+    dpkg = host.get_fact(DpkgState)
+    install: list[str] = []
+    unheld: list[str] = []
+    replace = False
+    names: list[str] = []
+    for spec in packages:
+        name, _, version = spec.partition("=")
+        names.append(name)
+        pkg = dpkg.get(name)
+        if pkg is None or not pkg.installed:
+            install.append(spec)
+        elif (version and pkg.version != version) or (
+            version_prefix and not pkg.version.startswith(version_prefix)
+        ):
+            install.append(spec)
+            replace = True
+    if install:
+        yield apt_commands.update()
+        yield apt_commands.install(install, allow_downgrades=replace or hold)
+    if hold:
+        installing = {s.partition("=")[0] for s in install}
+        unheld = [n for n in names if n in installing or not dpkg[n].held]
+        if unheld:
+            yield apt_commands.hold(unheld)
+    if not install and not unheld:
+        host.noop(f"installed{' and held' if hold else ''}: {', '.join(names)}")
+
+
+@operation()
+def apt_keyring(key_url: str, dest: str, fingerprint: str | None = None):
+    """Install a repository signing key as ``dest`` (curl + ``gpg --dearmor``), idempotently.
+
+    The installed keyring is compared byte for byte with the dearmored key at ``key_url``, so
+    a rotated key is noticed.
+
+    + key_url: the (armored) key's URL
+    + dest: ``/etc/apt/keyrings/<name>.gpg``
+    + fingerprint: optional 40-hex fingerprint the key must have
+    """
+    state = host.get_fact(AptKeyring, key_url=key_url, dest=dest)
+    if state == "same":
+        host.noop(f"{dest} matches {key_url}")
+        return
+    yield apt_commands.install_keyring(key_url, dest, fingerprint)
+
+
+@operation()
+def secret_file(
+    dest: str,
+    content: Secret,
+    mode: str = "0600",
+    user: str = "root",
+    group: str = "root",
+):
+    """Put a root-only file whose content is a secret; the content is never printed.
+
+    The file is created empty with its final mode first, so the secret never sits in a file
+    others can read (SFTP writes into the existing file and keeps its mode).
+
+    + dest: absolute path (its directory must exist)
+    + content: the text, wrapped in ``Secret``
+    + mode, user, group: wanted permissions
+    """
+    import hashlib
+
+    data = content.reveal().encode()
+    wanted = hashlib.sha256(data).hexdigest()
+    current = host.get_fact(FileDigest, path=dest)
+    q = shlex.quote(dest)
+    if current is None:
+        yield f"install -m {mode} -o {user} -g {group} /dev/null {q}"
+    if current is None or current.sha256 != wanted:
+        yield FileUploadCommand(io.BytesIO(data), dest)
+    if current is None or current.mode != mode or current.sha256 != wanted:
+        yield f"chmod {mode} {q}"
+    if current is None or (current.user, current.group) != (user, group):
+        yield f"chown {user}:{group} {q}"
+    if current is not None and current.sha256 == wanted and current.mode == mode and (
+        current.user,
+        current.group,
+    ) == (user, group):
+        host.noop(f"{dest} is up to date (content not shown)")

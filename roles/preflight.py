@@ -1,0 +1,255 @@
+"""Preflight: validate this host's data and the pins before any host changes.
+
+Runs on the control side during pyinfra's prepare phase. Every problem raises
+``PreflightError`` (or the data layer's ``HostDataError`` / ``PinsError``), naming the host,
+the key, the value and what is allowed; pyinfra then stops before executing anything on any
+host. The result, ``HostContext``, is what every other role takes.
+
+Example::
+
+    ctx = preflight()
+    ctx.os.family          # "debian" or "ubuntu"
+    ctx.desired.image_ref  # "vllm/vllm-openai:nightly-...@sha256:..."
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from rigfleet.catalog import STACKS, StackSpec, get_stack
+from rigfleet.errors import RigfleetError
+from rigfleet.facts import OsRelease
+from rigfleet.hostdata import AptRepo, HostSettings, validate_host
+from rigfleet.pins import GenesisPin, Pins, PinsError, StackPins, load_pins
+from roles.ops import Secret
+
+# (ID, VERSION_ID) pairs the roles know how to provision.
+SUPPORTED_OS = {
+    ("debian", "12"): "bookworm",
+    ("debian", "13"): "trixie",
+    ("ubuntu", "22.04"): "jammy",
+    ("ubuntu", "24.04"): "noble",
+}
+
+
+class PreflightError(RigfleetError, ValueError):
+    """This host cannot be provisioned as its data says; the message says why."""
+
+
+@dataclass(frozen=True)
+class OsInfo:
+    """The host's OS as the roles need it."""
+
+    id: str  # "debian" | "ubuntu"
+    version_id: str  # "12", "13", "22.04", "24.04"
+    codename: str
+    kernel: str  # uname -r
+
+    @property
+    def family(self) -> str:
+        return self.id
+
+    @property
+    def label(self) -> str:
+        return f"{self.id} {self.version_id}"
+
+
+@dataclass(frozen=True)
+class HostContext:
+    """Everything the roles need for one host, validated.
+
+    + settings: ``rigfleet.hostdata.HostSettings``
+    + pins: ``rigfleet.pins.Pins``
+    + os: the host's OS
+    + specs: catalog entries of every stack that is pinned (both compose files are rendered)
+    + api_key, hf_token: secrets read from the control-side files (masked in any output)
+    + site_ca_files: control-side PEM files the host should trust (host data
+      ``site_ca_files``, optional)
+    + by: who runs the deploy (``RIGFLEET_BY`` or ``user@control-host``), for the ledger
+    """
+
+    name: str
+    settings: HostSettings
+    pins: Pins
+    os: OsInfo
+    specs: dict[str, StackSpec]
+    api_key: Secret
+    hf_token: Secret | None
+    site_ca_files: tuple[str, ...]
+    by: str
+
+    @property
+    def stack(self) -> str:
+        return self.settings.stack
+
+    @property
+    def spec(self) -> StackSpec:
+        """The desired stack's catalog entry."""
+        return self.specs[self.settings.stack]
+
+    @property
+    def desired(self) -> StackPins:
+        """The desired stack's pins."""
+        return self.pins.stacks[self.settings.stack]
+
+    @property
+    def genesis(self) -> GenesisPin | None:
+        """The Genesis pin to check out: the desired stack's, else any pinned stack's (so a
+        later switch to a Genesis stack finds the tree ready)."""
+        if self.desired.genesis is not None:
+            return self.desired.genesis
+        for name in self.specs:
+            if self.pins.stacks[name].genesis is not None:
+                return self.pins.stacks[name].genesis
+        return None
+
+    def apt_repo(self, name: str) -> AptRepo:
+        """An apt repository from host data, placeholders filled for this host's OS."""
+        return self.settings.apt_repos[name].expand(
+            os_id=self.os.id, version_id=self.os.version_id, codename=self.os.codename
+        )
+
+
+_PINS_CACHE: dict[str, Pins] = {}
+
+
+def _load_pins_once(path: str) -> Pins:
+    # Every host reads the same file; parse it once per run (it does not change mid-run).
+    key = str(Path(path).absolute())
+    if key not in _PINS_CACHE:
+        _PINS_CACHE[key] = load_pins(path)
+    return _PINS_CACHE[key]
+
+
+def read_os(name: str, release: dict[str, str]) -> OsInfo:
+    """Check the host's os-release against ``SUPPORTED_OS``; raises ``PreflightError``."""
+    os_id = release.get("ID", "")
+    version = release.get("VERSION_ID", "")
+    if (os_id, version) not in SUPPORTED_OS:
+        allowed = ", ".join(f"{i} {v}" for i, v in SUPPORTED_OS)
+        raise PreflightError(
+            f"{name}: os: {f'{os_id} {version}'.strip() or 'unknown'!r} is not supported; "
+            f"allowed: {allowed}"
+        )
+    codename = release.get("VERSION_CODENAME") or SUPPORTED_OS[(os_id, version)]
+    return OsInfo(os_id, version, codename, release.get("KERNEL_RELEASE", ""))
+
+
+def check_pins(name: str, settings: HostSettings, pins: Pins) -> dict[str, StackSpec]:
+    """The pinned stacks' specs; the desired stack must be pinned (and Genesis-pinned when it
+    needs Genesis)."""
+    problems: list[str] = []
+    if settings.stack not in pins.stacks:
+        problems.append(
+            f"{name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
+            f"allowed: {', '.join(pins.stacks) or '(no stacks pinned)'}"
+        )
+    specs = {s: get_stack(s) for s in pins.stacks if s in STACKS}
+    for stack, spec in specs.items():
+        if spec.needs_genesis and pins.stacks[stack].genesis is None:
+            problems.append(
+                f"{name}: {pins.path}: stacks.{stack}.genesis: missing; allowed: "
+                "{repo: <git url>, commit: <40-hex>} (the stack needs Genesis)"
+            )
+    unresolved = pins.unresolved()
+    if unresolved:
+        problems.append(
+            f"{name}: {pins.path}: {', '.join(unresolved)}: 'unresolved'; allowed: a resolved "
+            "value (run `rigfleet pins lock`)"
+        )
+    if problems:
+        raise PreflightError("\n".join(problems))
+    return specs
+
+
+def read_secret(name: str, key: str, path: str) -> Secret:
+    """A secret from a control-side file (validated by hostdata), never shown."""
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise PreflightError(f"{name}: {key}: {path!r} cannot be read ({e.strerror})") from None
+    # hostdata checked printable/no-whitespace; nginx and env files also need these absent.
+    if any(ch in value for ch in "\"'\\;{}$#"):
+        raise PreflightError(
+            f"{name}: {key}: the secret in {path!r} (content not shown, {len(value)} chars) "
+            "holds one of \" ' \\ ; { } $ #; allowed: letters, digits and -._~+/="
+        )
+    return Secret(value)
+
+
+def site_ca_files(name: str, value: object) -> tuple[str, ...]:
+    """Host data ``site_ca_files``: control-side PEM certificate files to trust on the host."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        raise PreflightError(
+            f"{name}: site_ca_files: {value!r} is not valid; allowed: a list of PEM file paths"
+        )
+    out = []
+    for i, path in enumerate(value):
+        p = Path(os.path.expanduser(str(path)))
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        if "-----BEGIN CERTIFICATE-----" not in text:
+            raise PreflightError(
+                f"{name}: site_ca_files[{i}]: {str(path)!r} is not a readable PEM certificate; "
+                "allowed: a file holding '-----BEGIN CERTIFICATE-----'"
+            )
+        out.append(str(p.absolute()))
+    return tuple(out)
+
+
+def deployed_by() -> str:
+    """Who runs this deploy, for the ledger: ``RIGFLEET_BY`` or ``user@control-host``."""
+    explicit = os.environ.get("RIGFLEET_BY")
+    if explicit:
+        return explicit
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (containers)
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+@deploy("Preflight")
+def preflight() -> HostContext:
+    """Validate host data, pins and OS; return the ``HostContext`` the roles take.
+
+    Nothing on the host changes here; the only remote command reads ``/etc/os-release``.
+    """
+    name = host.name
+    settings = validate_host(name, host.data)
+    try:
+        pins = _load_pins_once(settings.pins_file)
+    except PinsError as e:
+        raise PreflightError(f"{name}: pins_file: {e}") from None
+    specs = check_pins(name, settings, pins)
+    os_info = read_os(name, host.get_fact(OsRelease))
+    api_key = read_secret(name, "api_key_file", settings.api_key_file)
+    hf_token = (
+        read_secret(name, "hf_token_file", settings.hf_token_file)
+        if settings.hf_token_file
+        else None
+    )
+    return HostContext(
+        name=name,
+        settings=settings,
+        pins=pins,
+        os=os_info,
+        specs=specs,
+        api_key=api_key,
+        hf_token=hf_token,
+        site_ca_files=site_ca_files(name, host.data.get("site_ca_files")),
+        by=deployed_by(),
+    )

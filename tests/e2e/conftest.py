@@ -1,0 +1,95 @@
+"""The simulated fleet for end-to-end tests.
+
+One 2-host testbed per test session: brought up at the start (``rigfleet testbed up``) and taken
+down at the end. ``RIGFLEET_KEEP_TESTBED=1`` keeps it (and reuses a running one) while iterating.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+INVENTORY = REPO / "inventory" / "testbed.py"
+KEEP = os.environ.get("RIGFLEET_KEEP_TESTBED") == "1"
+HOSTS = int(os.environ.get("RIGFLEET_TESTBED_HOSTS", "2"))
+
+
+def run(cmd: list[str], timeout: float = 1800, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    """Run a command from the repository root, echoing it; output captured as text."""
+    print("+", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True, timeout=timeout, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{cmd} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
+            f"--- stderr\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+@dataclass(frozen=True)
+class TestHost:
+    name: str
+    ssh_port: int
+    front_url: str
+    container: str
+
+    def ssh(self) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(REPO / ".testbed" / "ssh" / "known_hosts"))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect("127.0.0.1", port=self.ssh_port, username="root",
+                       key_filename=str(REPO / ".testbed" / "ssh" / "id_ed25519"),
+                       timeout=10, allow_agent=False, look_for_keys=False)
+        return client
+
+    def sh(self, command: str, timeout: float = 120) -> tuple[int, str]:
+        """Run ``command`` on the host over SSH; (exit status, stdout+stderr)."""
+        client = self.ssh()
+        try:
+            _, stdout, _ = client.exec_command(command, timeout=timeout, get_pty=False)
+            stdout.channel.set_combine_stderr(True)
+            out = stdout.read().decode(errors="replace")
+            return stdout.channel.recv_exit_status(), out
+        finally:
+            client.close()
+
+    def wait_ssh(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.sh("true", timeout=10)[0] == 0:
+                    return
+            except Exception:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: SSH did not come back in {timeout}s")
+            time.sleep(1)
+
+
+@dataclass(frozen=True)
+class Testbed:
+    hosts: list[TestHost]
+    inventory: Path
+    api_key: str
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Testbed:
+    from rigfleet.testbed.layout import HostSlot
+
+    run([str(BIN / "rigfleet"), "testbed", "up", "--hosts", str(HOSTS)], timeout=1200)
+    hosts = [TestHost(s.name, s.ssh_port, f"http://127.0.0.1:{s.front_port}", s.container)
+             for s in (HostSlot(i) for i in range(1, HOSTS + 1))]
+    key = (REPO / ".testbed" / "secrets" / "api-key").read_text().strip()
+    yield Testbed(hosts, INVENTORY, key)
+    if not KEEP:
+        run([str(BIN / "rigfleet"), "testbed", "down"], timeout=600, check=False)

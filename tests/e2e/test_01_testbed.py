@@ -1,0 +1,71 @@
+"""The simulated fleet itself: bare hosts over real SSH, reboots keep the disk, the mirror,
+hub and Genesis repository answer like the real services."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from rigfleet.registry import Registry
+from rigfleet.testbed import layout
+
+
+def test_hosts_are_bare_debian_13_with_systemd(testbed):
+    for host in testbed.hosts:
+        rc, out = host.sh(
+            ". /etc/os-release; echo $VERSION_ID; systemctl is-system-running --wait; "
+            "command -v docker nvidia-smi nginx || echo none-installed"
+        )
+        lines = out.split()
+        assert lines[0] == "13", out
+        assert lines[1] in ("running", "degraded"), out
+        assert "none-installed" in out, f"{host.name} is not bare: {out}"
+
+
+def test_hardware_is_described_by_the_testbed(testbed):
+    rc, out = testbed.hosts[0].sh("cat /etc/nvidia-sim/hardware.json")
+    hw = json.loads(out)
+    assert [g["name"] for g in hw["gpus"]] == ["NVIDIA GeForce RTX 3090"] * 2
+    assert {g["memory_total_mib"] for g in hw["gpus"]} == {24576}
+    assert (hw["nvlink"], hw["gpus"][0]["power_max_w"], hw["gpus"][0]["power_min_w"]) == (
+        False, 350, 100)
+    # Read-only: the deploy cannot rewrite the hardware.
+    rc, _ = testbed.hosts[0].sh("echo x >> /etc/nvidia-sim/hardware.json")
+    assert rc != 0
+
+
+def test_mirror_serves_the_nightlies_under_their_real_names(testbed):
+    reg = Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}")
+    tags = set(reg.tags(layout.SIM_IMAGE_REPO))
+    assert {n.tag for n in layout.NIGHTLIES} <= tags
+    for n in layout.NIGHTLIES:
+        assert reg.digest(layout.SIM_IMAGE_REPO, n.tag).startswith("sha256:")
+
+
+def test_apt_repository_is_signed_and_reachable_from_hosts(testbed):
+    host = testbed.hosts[-1]
+    rc, out = host.sh(
+        f"python3 -c 1 2>/dev/null; "
+        f"apt-get -o Acquire::Retries=2 -qq update >/dev/null; "
+        f"getent hosts apt.rigfleet.test hub.rigfleet.test git.rigfleet.test registry.rigfleet.test"
+    )
+    assert out.count("rigfleet.test") == 4, out
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{layout.APT_LOCAL_PORT}/debian/dists/stable/InRelease") as resp:
+        body = resp.read().decode()
+    assert "BEGIN PGP SIGNED MESSAGE" in body and "nvidia" not in body.split("-----BEGIN PGP SIGNATURE")[1]
+
+
+def test_reboot_from_inside_brings_the_host_back_with_its_disk(testbed):
+    import time
+
+    host = testbed.hosts[-1]
+    # /root is on the host's disk; /run is tmpfs and must not survive a reboot.
+    rc, _ = host.sh("echo disk-kept > /root/marker; echo volatile > /run/marker")
+    assert rc == 0
+    host.sh("systemd-run --on-active=1 systemctl reboot", timeout=20)
+    time.sleep(4)
+    host.wait_ssh()
+    rc, out = host.sh("cat /root/marker; cat /run/marker 2>/dev/null || echo run-cleared; "
+                      "systemctl is-system-running --wait")
+    assert out.split()[:2] == ["disk-kept", "run-cleared"], out

@@ -1,0 +1,98 @@
+"""The main job: `pyinfra inventory/testbed.py deploy.py -y` takes bare hosts to serving,
+a second run changes nothing, and a reboot brings everything back."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run
+
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+
+
+def pyinfra(*args: str, check: bool = True, timeout: float = 1800):
+    return run([PYINFRA, "inventory/testbed.py", "deploy.py", *args], check=check,
+               timeout=timeout)
+
+
+def dry_plan() -> list[dict]:
+    proc = pyinfra("--dry", "--json")
+    start = proc.stdout.index("{")
+    return json.loads(proc.stdout[start:])["plan"]
+
+
+@pytest.fixture(scope="session")
+def converged(testbed):
+    started = time.monotonic()
+    proc = pyinfra("-y")
+    print(f"converge took {time.monotonic() - started:.1f}s")
+    return proc
+
+
+def post_chat(url: str, key: str | None, prompt: str = "What is the capital of France?"):
+    body = json.dumps({"model": "qwen3.6-27b-autoround", "max_tokens": 30,
+                       "messages": [{"role": "user", "content": prompt}]}).encode()
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def container_started_at(host) -> str:
+    rc, out = host.sh("docker inspect -f '{{.State.StartedAt}}' rigfleet-int8")
+    assert rc == 0, out
+    return out.strip()
+
+
+def test_every_host_serves_through_the_front_with_the_key(testbed, converged):
+    for host in testbed.hosts:
+        status, reply = post_chat(host.front_url, testbed.api_key)
+        assert status == 200, reply
+        assert "Paris" in reply["choices"][0]["message"]["content"]
+        status, _ = post_chat(host.front_url, None)
+        assert status == 401
+        status, _ = post_chat(host.front_url, "wrong-key")
+        assert status == 401
+
+
+def test_second_run_changes_nothing_and_keeps_the_container(testbed, converged):
+    before = [container_started_at(h) for h in testbed.hosts]
+    changed = [op["name"] for op in dry_plan() if op.get("hosts_with_change")]
+    assert changed == [], f"--dry on a converged fleet lists changes: {changed}"
+    pyinfra("-y")
+    assert [container_started_at(h) for h in testbed.hosts] == before
+
+
+def test_reboot_brings_back_caps_driver_stack_and_front(testbed, converged):
+    host = testbed.hosts[0]
+    rc, caps_before = host.sh(
+        "nvidia-smi --query-gpu=power.limit --format=csv,noheader,nounits")
+    assert rc == 0, caps_before
+    host.sh("systemd-run --on-active=1 systemctl reboot", timeout=20)
+    time.sleep(4)
+    host.wait_ssh()
+    deadline = time.monotonic() + 240
+    while True:
+        status, reply = post_chat(host.front_url, testbed.api_key)
+        if status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert status == 200, reply
+    rc, caps_after = host.sh(
+        "nvidia-smi --query-gpu=power.limit,persistence_mode --format=csv,noheader,nounits")
+    assert rc == 0, caps_after
+    assert [line.split(",")[0].strip() for line in caps_after.splitlines()] == [
+        c.strip() for c in caps_before.splitlines()]
+    assert all(line.split(",")[1].strip() == "Enabled" for line in caps_after.splitlines())

@@ -1,0 +1,405 @@
+"""Host data validation, power caps against real cards, apt repos, the example inventory."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigfleet.hostdata import (
+    AptRepo,
+    HostDataError,
+    check_caps_against_gpus,
+    nvidia_distro,
+    validate_host,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "k" * 64
+HF_TOKEN = "hf_" + "t" * 34
+
+APT_REPOS = {
+    "cuda": {
+        "url": "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/",
+        "key_url": "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/"
+        "3bf863cc.pub",
+        "suite": "/",
+        "components": [],
+        "key_fingerprint": "EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC",
+    },
+    "nvidia-container-toolkit": {
+        "url": "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)",
+        "key_url": "https://nvidia.github.io/libnvidia-container/gpgkey",
+        "suite": "/",
+    },
+}
+
+
+@pytest.fixture
+def secrets(tmp_path: Path) -> dict[str, Path]:
+    key = tmp_path / "api-key"
+    key.write_text(API_KEY + "\n")
+    key.chmod(0o600)
+    token = tmp_path / "hf-token"
+    token.write_text(HF_TOKEN)
+    token.chmod(0o400)
+    return {"api_key": key, "hf_token": token}
+
+
+@pytest.fixture
+def data(secrets: dict[str, Path]) -> dict[str, Any]:
+    return {
+        "ssh_hostname": "192.168.1.41",
+        "stack": "tq3-mtp-genesis",
+        "power_caps_w": [290, 280],
+        "model_dir": "/srv/models",
+        "front_port": 8000,
+        "api_key_file": str(secrets["api_key"]),
+        "apt_repos": copy.deepcopy(APT_REPOS),
+        "pins_file": "pins.yaml",
+    }
+
+
+def test_good_data(data: dict[str, Any], secrets: dict[str, Path]) -> None:
+    data["hf_token_file"] = str(secrets["hf_token"])
+    data["docker_registry_mirror"] = "http://registry.lan:5000"
+    data["pip_index_url"] = "https://pypi.lan/simple"
+    data["hf_endpoint"] = "http://hub.rigfleet.test:8080"
+    data["extra_env"] = {"int8": {"RIGFLEET_FAULT": "x", "N": 3}}
+    s = validate_host("rig-a", data)
+    assert s.name == "rig-a" and s.stack == "tq3-mtp-genesis"
+    assert s.spec.port == 8015
+    assert s.power_caps_w == (290, 280) and s.gpu_count == 2
+    assert s.model_dir == "/srv/models" and s.front_port == 8000
+    assert s.api_key_file == str(secrets["api_key"])
+    assert s.hf_token_file == str(secrets["hf_token"])
+    assert s.docker_registry_mirror == "http://registry.lan:5000"
+    assert s.extra_env == {"int8": {"RIGFLEET_FAULT": "x", "N": "3"}}
+    assert s.env_for("int8") == {"RIGFLEET_FAULT": "x", "N": "3"}
+    assert s.env_for("tq3-mtp-genesis") == {}
+    cuda = s.apt_repos["cuda"]
+    assert cuda.flat and cuda.components == ()
+    assert cuda.key_fingerprint == "EB693B3035CD5710E231E123A4B469963BF863CC"
+
+
+def test_defaults_and_single_cap(data: dict[str, Any]) -> None:
+    data["power_caps_w"] = 250
+    del data["pins_file"]
+    s = validate_host("rig-b", data)
+    assert s.power_caps_w == (250, 250)
+    assert s.pins_file == "pins.yaml" and s.gpu_count == 2
+    assert s.hf_token_file is None and s.pip_index_url is None and s.extra_env == {}
+
+
+def test_works_with_pyinfra_host_data(data: dict[str, Any]) -> None:
+    from pyinfra.api.host import HostData
+
+    group = {k: v for k, v in data.items() if k != "power_caps_w"}
+    host_data = HostData("rig-a", {"power_caps_w": [300, 300]}, group)  # type: ignore[arg-type]
+    s = validate_host("rig-a", host_data)
+    assert s.power_caps_w == (300, 300) and s.stack == "tq3-mtp-genesis"
+    host_data = HostData("rig-a", {"power_caps": [300, 300]}, data)  # type: ignore[arg-type]
+    with pytest.raises(HostDataError, match=r"did you mean 'power_caps_w'"):
+        validate_host("rig-a", host_data)
+
+
+def _world_readable(path: Path) -> str:
+    path.chmod(0o644)
+    return str(path)
+
+
+# (key, value or a function of the secrets fixture, strings the message must contain)
+BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
+    ("stack", "fp8", ["rig-a: stack: 'fp8'", "not a stack", "int8, tq3-mtp-genesis"]),
+    ("power_caps_w", "290", ["power_caps_w: '290'", "integer number of watts", "[290, 290]"]),
+    ("power_caps_w", [290, 700], ["power_caps_w[1]: 700", "sane range", "50..600"]),
+    ("power_caps_w", [290], ["power_caps_w: [290]", "has 1 cap(s) but gpu_count is 2"]),
+    ("power_caps_w", [290, True], ["power_caps_w[1]: True", "whole number of watts"]),
+    ("power_caps_w", [290.5, 290], ["power_caps_w[0]: 290.5", "whole number of watts"]),
+    ("model_dir", "srv/models", ["model_dir: 'srv/models'", "absolute"]),
+    ("model_dir", "/", ["model_dir: '/'", "other than '/'"]),
+    ("model_dir", "/srv/../models", ["model_dir: '/srv/../models'", "normalised"]),
+    ("model_dir", "/srv/models/", ["model_dir: '/srv/models/'", "normalised"]),
+    ("model_dir", "/srv/a:b", ["model_dir: '/srv/a:b'", "without ':'"]),
+    ("front_port", 8011, ["front_port: 8011", "stack int8's loopback port", "8015"]),
+    ("front_port", 70000, ["front_port: 70000", "1..65535"]),
+    ("front_port", "8000", ["front_port: '8000'", "1..65535"]),
+    ("gpu_count", 1, ["gpu_count: 1", "too few for stack tq3-mtp-genesis", "at least 2"]),
+    (
+        "api_key_file",
+        "/nonexistent/api-key",
+        ["'/nonexistent/api-key'", "does not exist", "openssl rand -hex 32"],
+    ),
+    (
+        "api_key_file",
+        lambda s: _world_readable(s["api_key"]),
+        ["api_key_file", "readable by others (mode 0644)", "chmod 600"],
+    ),
+    (
+        "hf_token_file",
+        lambda s: _world_readable(s["hf_token"]),
+        ["hf_token_file", "readable by others", "chmod 600"],
+    ),
+    ("docker_registry_mirror", "ftp://mirror", ["'ftp://mirror'", "http:// or https://"]),
+    ("pip_index_url", "pypi.lan/simple", ["pip_index_url: 'pypi.lan/simple'", "http://"]),
+    ("hf_endpoint", "http://", ["hf_endpoint: 'http://'", "with a host"]),
+    ("apt_repos", {"cuda": APT_REPOS["cuda"]}, ["apt_repos.nvidia-container-toolkit: missing"]),
+    (
+        "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "key_url": None}},
+        ["apt_repos.cuda.key_url: missing"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "url": "https://x/{arch}/"}},
+        ["apt_repos.cuda.url: 'https://x/{arch}/'", "unknown {arch}", "{distro}"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "components": ["main"]}},
+        ["apt_repos.cuda.components: ['main']", "flat repository", "[] with a flat suite"],
+    ),
+    (
+        "apt_repos",
+        {
+            **APT_REPOS,
+            "docker": {"url": "https://d/{id}", "key_url": "https://d/gpg", "suite": "{codename}"},
+        },
+        ["apt_repos.docker.components: []", "is not flat", "['main']"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "key_fingerprint": "3bf863cc"}},
+        ["apt_repos.cuda.key_fingerprint: '3bf863cc'", "40 hex digits"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "Bad_Name": APT_REPOS["cuda"]},
+        ["apt_repos.Bad_Name: 'Bad_Name'", "lowercase letters"],
+    ),
+    ("extra_env", {"fp8": {"A": "1"}}, ["extra_env.fp8: 'fp8'", "int8, tq3-mtp-genesis"]),
+    ("extra_env", {"int8": {"BAD-NAME": "1"}}, ["extra_env.int8.BAD-NAME", "environment name"]),
+    ("extra_env", {"int8": {"FLAG": True}}, ["extra_env.int8.FLAG: True", "'1'/'0'"]),
+    ("extra_env", ["A=1"], ["extra_env: ['A=1']", "a mapping stack -> {NAME: value}"]),
+    ("power_cap_w", 290, ["power_cap_w", "did you mean 'power_caps_w'"]),
+    ("stack", None, ["rig-a: stack: missing", "inventory/group_data/all.py"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"), BAD_HOSTS, ids=[f"{b[0]}={b[1]!r}"[:40] for b in BAD_HOSTS]
+)
+def test_bad_host_data_is_refused_with_a_precise_message(
+    data: dict[str, Any], secrets: dict[str, Path], key: str, value: Any, expected: list[str]
+) -> None:
+    data[key] = value(secrets) if callable(value) else value
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    msg = str(err.value)
+    assert msg.startswith("rig-a: "), msg
+    for part in expected:
+        assert part in msg, f"{part!r} not in {msg!r}"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", "is empty"),
+        ("\n\n", "is empty"),
+        ("short", "holds only 5 characters"),
+        ("two words-but-long-enough", "whitespace or control characters"),
+    ],
+)
+def test_bad_api_key_content_is_described_not_shown(
+    data: dict[str, Any], secrets: dict[str, Path], content: str, expected: str
+) -> None:
+    secrets["api_key"].write_text(content)
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    msg = str(err.value)
+    assert expected in msg and "api_key_file" in msg
+    if content.strip():
+        assert content.strip() not in msg  # the secret never appears
+
+
+def test_secret_content_never_in_messages(data: dict[str, Any], secrets: dict[str, Path]) -> None:
+    secrets["api_key"].chmod(0o640)
+    data["hf_token_file"] = _world_readable(secrets["hf_token"])
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert API_KEY not in str(err.value) and HF_TOKEN not in str(err.value)
+
+
+def test_tilde_is_expanded(data: dict[str, Any], tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    data["api_key_file"] = "~/api-key"
+    assert validate_host("rig-a", data).api_key_file == str(tmp_path / "api-key")
+
+
+def test_all_problems_at_once(data: dict[str, Any]) -> None:
+    data.update(stack="fp8", front_port=0, model_dir="rel")
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    keys = [line.split(": ")[1] for line in err.value.problems]
+    assert keys == ["stack", "model_dir", "front_port"]
+
+
+# ---------------------------------------------------------------------------------------------
+# caps against the real cards
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    power_min_w: float | None
+    power_max_w: float | None
+
+
+@dataclass(frozen=True)
+class GpuLimitNames:  # the other naming rigfleet.gpu may use
+    index: int
+    power_min_limit_w: float
+    power_max_limit_w: float
+
+
+RTX3090 = "NVIDIA GeForce RTX 3090"
+
+
+def test_caps_within_card_limits_pass() -> None:
+    check_caps_against_gpus(
+        "rig-a", (290, 350), [Gpu(1, RTX3090, 100, 350), Gpu(0, RTX3090, 100, 350)]
+    )
+    check_caps_against_gpus("rig-a", (100,), [GpuLimitNames(0, 100.0, 350.0)])
+
+
+def test_cap_outside_card_range_names_card_and_range() -> None:
+    gpus = [Gpu(0, RTX3090, 100, 350), Gpu(1, RTX3090, 100, 370)]
+    with pytest.raises(HostDataError) as err:
+        check_caps_against_gpus("rig-a", (400, 360), gpus)
+    assert err.value.problems == [
+        f"rig-a: power_caps_w[0]: 400 W is outside card 0 ({RTX3090})'s range; allowed: 100..350 W",
+    ]
+    with pytest.raises(HostDataError, match=r"power_caps_w\[0\]: 90 W .* allowed: 100..350 W"):
+        check_caps_against_gpus("rig-b", [90], [GpuLimitNames(0, 100.0, 350.0)])
+
+
+def test_cap_count_must_match_cards() -> None:
+    with pytest.raises(HostDataError) as err:
+        check_caps_against_gpus("rig-a", (290, 290), [Gpu(0, RTX3090, 100, 350)])
+    msg = str(err.value)
+    assert "rig-a: power_caps_w: [290, 290] has 2 cap(s) but the host has 1 GPU(s)" in msg
+    assert "indexes: 0" in msg and "one cap per card" in msg
+
+
+def test_card_without_power_limits() -> None:
+    with pytest.raises(HostDataError, match=r"card 0 .* reports no power limit range"):
+        check_caps_against_gpus("rig-a", (290,), [Gpu(0, RTX3090, None, None)])
+
+
+# ---------------------------------------------------------------------------------------------
+# apt repos per distro
+
+
+@pytest.mark.parametrize(
+    ("os_id", "version", "codename", "distro"),
+    [
+        ("ubuntu", "22.04", "jammy", "ubuntu2204"),
+        ("ubuntu", "24.04", "noble", "ubuntu2404"),
+        ("debian", "12", "bookworm", "debian12"),
+        ("debian", "13", "trixie", "debian13"),
+    ],
+)
+def test_apt_repo_expansion(os_id: str, version: str, codename: str, distro: str) -> None:
+    assert nvidia_distro(os_id, version) == distro
+    cuda = AptRepo(
+        "cuda",
+        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/",
+        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/3bf863cc.pub",
+        "/",
+    ).expand(os_id=os_id, version_id=version, codename=codename)
+    assert cuda.source_line("/etc/apt/keyrings/cuda.gpg") == (
+        "deb [signed-by=/etc/apt/keyrings/cuda.gpg] "
+        f"https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/ /"
+    )
+    assert cuda.key_url.endswith(f"/{distro}/x86_64/3bf863cc.pub")
+    docker = AptRepo(
+        "docker",
+        "https://download.docker.com/linux/{id}",
+        "https://download.docker.com/linux/{id}/gpg",
+        "{codename}",
+        ("stable",),
+    ).expand(os_id=os_id, version_id=version, codename=codename)
+    assert docker.source_line("/k.gpg") == (
+        f"deb [signed-by=/k.gpg] https://download.docker.com/linux/{os_id} {codename} stable"
+    )
+    toolkit = AptRepo(
+        "nvidia-container-toolkit",
+        "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)",
+        "https://nvidia.github.io/libnvidia-container/gpgkey",
+        "/",
+    ).expand(os_id=os_id, version_id=version, codename=codename)
+    assert toolkit.url.endswith("/deb/$(ARCH)")  # apt's own variable, left alone
+
+
+# ---------------------------------------------------------------------------------------------
+# the example inventory
+
+
+# pyinfra_cli monkey-patches the process with gevent on import (it breaks other tests), so the
+# inventory is loaded the way the CLI does it, in a child process.
+_LOAD_INVENTORY = """
+import json, sys
+from pyinfra.api import State
+from pyinfra.context import ctx_state
+from pyinfra_cli.inventory import make_inventory
+from rigfleet.hostdata import validate_host
+
+with ctx_state.use(State()):
+    inventory = make_inventory(sys.argv[1], cwd=sys.argv[2])
+out = {"groups": {g: sorted(h.name for h in inventory.get_group(g))
+                  for g in ("gpu_hosts", "canary", "home")}, "hosts": {}}
+for h in inventory:
+    s = validate_host(h.name, h.data)
+    out["hosts"][h.name] = {
+        "stack": s.stack, "caps": list(s.power_caps_w), "model_dir": s.model_dir,
+        "front_port": s.front_port, "pins_file": s.pins_file, "gpu_count": s.gpu_count,
+        "api_key_file": s.api_key_file, "apt_repos": sorted(s.apt_repos),
+        "ssh_hostname": h.data.get("ssh_hostname"),
+        "strict": h.data.get("ssh_strict_host_key_checking"),
+    }
+print(json.dumps(out))
+"""
+
+
+def test_example_inventory_validates(tmp_path: Path) -> None:
+    key = tmp_path / ".config" / "rigfleet" / "api-key"
+    key.parent.mkdir(parents=True)
+    key.write_text(API_KEY)
+    key.chmod(0o600)
+    env = {**os.environ, "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD_INVENTORY, str(REPO_ROOT / "inventory" / "home.py"),
+         str(REPO_ROOT)],
+        capture_output=True, text=True, env=env, cwd=REPO_ROOT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["groups"] == {
+        "gpu_hosts": ["rig-a", "rig-b"], "canary": ["rig-a"], "home": ["rig-a", "rig-b"]
+    }  # fmt: skip
+    a, b = out["hosts"]["rig-a"], out["hosts"]["rig-b"]
+    assert (a["stack"], a["caps"], a["model_dir"]) == ("tq3-mtp-genesis", [290, 290], "/srv/models")
+    assert (b["stack"], b["caps"], b["model_dir"]) == ("int8", [250, 250], "/data/models")
+    assert (a["ssh_hostname"], b["ssh_hostname"]) == ("192.168.1.41", "192.168.1.42")
+    for s in (a, b):
+        assert (s["front_port"], s["pins_file"], s["gpu_count"]) == (8000, "pins.yaml", 2)
+        assert s["api_key_file"] == str(key) and s["strict"] == "yes"
+        assert s["apt_repos"] == ["cuda", "docker", "nvidia-container-toolkit"]

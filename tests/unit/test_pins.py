@@ -1,0 +1,341 @@
+"""pins.yaml: validation messages, the unresolved -> lock flow, atomic save."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rigfleet.pins import (
+    UNRESOLVED,
+    PinsError,
+    dump_pins,
+    load_pins,
+    parse_pins,
+    save_pins,
+    with_resolved,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SHA_01D = "01d4d1ad375dc5854779c593eee093bcebb0cada"
+GENESIS_COMMIT = "7b9fd3194ee6efa1644973383cd44ee5604a5d85"
+DIGEST_A = "sha256:" + "a" * 64
+DIGEST_B = "sha256:" + "b" * 64
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def good() -> dict[str, Any]:
+    return {
+        "schema": "rigfleet-pins/1",
+        "serial": 3,
+        "driver": {"branch": "580", "version": "580.105.08"},
+        "container_toolkit": {"version": "1.17.8-1"},
+        "huggingface_hub": {"version": "2.4.0"},
+        "model": {
+            "repo": "Lorbus/Qwen3.6-27B-int4-AutoRound",
+            "revision": REVISION,
+            "local_dir": "qwen3.6-27b-autoround-int4",
+        },
+        "stacks": {
+            "int8": {
+                "image": f"vllm/vllm-openai:nightly-{SHA_01D}",
+                "digest": DIGEST_A,
+                "vllm_version": "0.20.2rc1.dev9+g01d4d1ad3",
+            },
+            "tq3-mtp-genesis": {
+                "image": f"vllm/vllm-openai:nightly-{SHA_01D}",
+                "digest": DIGEST_B,
+                "vllm_version": "0.20.2rc1.dev9+g01d4d1ad3",
+                "genesis": {
+                    "repo": "https://github.com/Sandermage/genesis-vllm-patches.git",
+                    "commit": GENESIS_COMMIT,
+                },
+            },
+        },
+        "history": [],
+    }
+
+
+def write(tmp_path: Path, data: Any) -> Path:
+    path = tmp_path / "pins.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_good_file_loads(tmp_path: Path) -> None:
+    pins = load_pins(write(tmp_path, good()))
+    assert pins.serial == 3
+    assert pins.driver_branch == "580" and pins.driver_version == "580.105.08"
+    assert pins.toolkit_version == "1.17.8-1" and pins.hf_hub_version == "2.4.0"
+    assert pins.model.local_dir == "qwen3.6-27b-autoround-int4"
+    assert set(pins.stacks) == {"int8", "tq3-mtp-genesis"}
+    tq3 = pins.stacks["tq3-mtp-genesis"]
+    assert tq3.genesis is not None and tq3.genesis.commit == GENESIS_COMMIT
+    assert pins.stacks["int8"].genesis is None
+    assert tq3.image_ref == f"vllm/vllm-openai:nightly-{SHA_01D}@{DIGEST_B}"
+    assert (tq3.repository, tq3.tag) == ("vllm/vllm-openai", f"nightly-{SHA_01D}")
+    assert pins.unresolved() == []
+
+
+def test_accepted_variants() -> None:
+    data = good()
+    data["driver"] = {"branch": 580}  # unquoted YAML int means the same branch
+    data["stacks"]["int8"]["image"] = "vllm/vllm-openai:v0.27.1"
+    data["stacks"]["int8"]["vllm_version"] = "0.27.1"
+    data["stacks"]["tq3-mtp-genesis"]["image"] = (
+        f"registry.lan:5000/vllm/vllm-openai:nightly-{SHA_01D}"
+    )
+    data["stacks"]["tq3-mtp-genesis"]["genesis"]["repo"] = (
+        "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
+    )
+    data.pop("history")
+    pins = parse_pins(data)
+    assert pins.driver_branch == "580" and pins.driver_version is None
+    assert pins.history == []
+    assert pins.stacks["tq3-mtp-genesis"].repository == "registry.lan:5000/vllm/vllm-openai"
+
+
+def test_repository_pins_file_is_valid_but_needs_lock() -> None:
+    # The shipped pins.yaml carries no invented digest/revision: lock must fill them in.
+    path = REPO_ROOT / "pins.yaml"
+    with pytest.raises(PinsError) as err:
+        load_pins(path)
+    msg = str(err.value)
+    assert "stacks.int8.digest" in msg and "stacks.tq3-mtp-genesis.digest" in msg
+    assert "model.revision" in msg and "rigfleet pins lock" in msg
+    pins = load_pins(path, allow_unresolved=True)
+    assert pins.stacks["tq3-mtp-genesis"].genesis.commit == GENESIS_COMMIT
+    for stack in pins.stacks.values():
+        assert stack.image == f"vllm/vllm-openai:nightly-{SHA_01D}"
+        assert stack.vllm_version == "0.20.2rc1.dev9+g01d4d1ad3"
+    assert pins.driver_branch == "580" and pins.toolkit_version == "1.17.8-1"
+    assert sorted(pins.unresolved()) == sorted(
+        ["stacks.int8.digest", "stacks.tq3-mtp-genesis.digest", "model.revision"]
+    )
+
+
+def _set(data: dict, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = data
+    for p in parents:
+        node = node[p]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+
+
+_DELETE = object()
+TQ3 = "stacks.tq3-mtp-genesis"
+
+# (key to change, new value, strings the message must contain: key path, value, allowed)
+BAD_PINS = [
+    ("schema", "rigfleet-pins/2", ["schema", "'rigfleet-pins/2'", "'rigfleet-pins/1'"]),
+    ("serial", 0, ["serial", "0", "integer >= 1"]),
+    ("serial", True, ["serial", "True", "integer >= 1"]),
+    (f"{TQ3}.digest", "sha256:abc", [f"{TQ3}.digest", "'sha256:abc'", "64 lowercase hex"]),
+    (f"{TQ3}.digest", "A" * 64, [f"{TQ3}.digest", "'" + "A" * 64 + "'", "'sha256:'"]),
+    (
+        "model.revision",
+        "7b9fd319",
+        ["model.revision", "'7b9fd319'", "short hash (8 characters)", "full 40-character"],
+    ),
+    (
+        f"{TQ3}.genesis.commit",
+        "7b9fd3194",
+        [f"{TQ3}.genesis.commit", "'7b9fd3194'", "short hash", "full 40-character"],
+    ),
+    (
+        f"{TQ3}.genesis.commit",
+        UNRESOLVED,
+        [f"{TQ3}.genesis.commit", "'unresolved'", "full 40-character"],
+    ),
+    (
+        "stacks.int8.image",
+        "vllm/vllm-openai:latest",
+        ["stacks.int8.image", "'vllm/vllm-openai:latest'", "moving tag 'latest'", "nightly-<40"],
+    ),
+    (
+        "stacks.int8.image",
+        "vllm/vllm-openai:nightly",
+        ["stacks.int8.image", "'vllm/vllm-openai:nightly'", "moving tag 'nightly'"],
+    ),
+    ("stacks.int8.image", "vllm/vllm-openai:cu130-nightly", ["moving tag 'cu130-nightly'"]),
+    ("stacks.int8.image", "vllm/vllm-openai", ["'vllm/vllm-openai'", "'<repository>:<tag>'"]),
+    (
+        "stacks.int8.image",
+        f"vllm/vllm-openai@{DIGEST_A}",
+        ["stacks.int8.image", "the digest goes in 'digest'"],
+    ),
+    (
+        "stacks.int8.vllm_version",
+        "0.20.2rc1.dev129+g1acd67a79",
+        [
+            "stacks.int8.vllm_version",
+            "'0.20.2rc1.dev129+g1acd67a79'",
+            "copy-paste",
+            "'+g01d4d1ad3'",
+        ],
+    ),
+    (
+        "stacks.int8.vllm_version",
+        "0.20.2rc1.dev9",
+        ["stacks.int8.vllm_version", "'0.20.2rc1.dev9'", "no '+g<commit>' part", "+g01d4d1ad3"],
+    ),
+    ("stacks.int8.vllm_version", "v0.20", ["stacks.int8.vllm_version", "'v0.20'", "vllm.__ver"]),
+    ("driver.branch", "r580", ["driver.branch", "'r580'", "branch digits, e.g. '580'"]),
+    ("driver.version", "590.44.01", ["driver.version", "'590.44.01'", "not on branch 580"]),
+    (
+        "container_toolkit.version",
+        "1.17.8",
+        ["container_toolkit.version", "'1.17.8'", "'1.17.8-1'"],
+    ),
+    ("huggingface_hub.version", "latest", ["huggingface_hub.version", "'latest'", "PEP 440"]),
+    ("model.repo", "Qwen3.6-27B", ["model.repo", "'Qwen3.6-27B'", "'<owner>/<name>'"]),
+    ("model.local_dir", "../models", ["model.local_dir", "'../models'", "one directory name"]),
+    (
+        "stacks.fp8",
+        {"image": "x:y", "digest": DIGEST_A, "vllm_version": "0.1"},
+        ["stacks.fp8", "'fp8'", "not a stack in the catalog", "int8, tq3-mtp-genesis"],
+    ),
+    ("stacks.int8", _DELETE, ["stacks.int8", "missing", "every catalog stack"]),
+    (f"{TQ3}.genesis", _DELETE, [f"{TQ3}.genesis", "missing", "needs Genesis"]),
+    (
+        "stacks.int8.genesis",
+        {"repo": "https://x/y.git", "commit": GENESIS_COMMIT},
+        ["stacks.int8.genesis", "does not use Genesis"],
+    ),
+    (f"{TQ3}.genesis.repo", "github.com/x", [f"{TQ3}.genesis.repo", "'github.com/x'", "git URL"]),
+    ("stacks.int8.tag", "x", ["stacks.int8.tag", "unknown key", "image, digest, vllm_version"]),
+    ("registry", "docker.io", ["registry", "unknown key", "schema, serial"]),
+    ("history", {"a": 1}, ["history", "{'a': 1}", "list of mappings"]),
+    ("model", _DELETE, ["model", "missing", "repo, revision, local_dir"]),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), BAD_PINS, ids=[b[0] for b in BAD_PINS])
+def test_bad_pins_are_refused_with_a_precise_message(
+    tmp_path: Path, key: str, value: Any, expected: list[str]
+) -> None:
+    data = good()
+    _set(data, key, value)
+    path = write(tmp_path, data)
+    with pytest.raises(PinsError) as err:
+        load_pins(path)
+    msg = str(err.value)
+    assert msg.startswith(str(path) + ": "), msg
+    for part in expected:
+        assert part in msg, f"{part!r} not in {msg!r}"
+
+
+def test_release_tag_must_match_version() -> None:
+    data = good()
+    data["stacks"]["int8"]["image"] = "vllm/vllm-openai:v0.20.1"
+    data["stacks"]["int8"]["vllm_version"] = "0.20.2"
+    with pytest.raises(PinsError, match=r"'0.20.2' does not match the release tag 'v0.20.1'"):
+        parse_pins(data)
+
+
+def test_all_problems_reported_at_once() -> None:
+    data = good()
+    data["stacks"]["int8"]["digest"] = "sha256:short"
+    data["model"]["revision"] = "abc1234"
+    data["driver"]["branch"] = "x"
+    with pytest.raises(PinsError) as err:
+        parse_pins(data, "p.yaml")
+    assert len(err.value.problems) == 3
+    assert all(line.startswith("p.yaml: ") for line in err.value.problems)
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(PinsError, match="no such file"):
+        load_pins(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema: [unclosed\n")
+    with pytest.raises(PinsError, match="not valid YAML"):
+        load_pins(bad)
+    bad.write_text("")
+    with pytest.raises(PinsError, match="top level: missing"):
+        load_pins(bad)
+
+
+def test_unresolved_refused_unless_allowed(tmp_path: Path) -> None:
+    data = good()
+    data["stacks"]["tq3-mtp-genesis"]["digest"] = UNRESOLVED
+    path = write(tmp_path, data)
+    with pytest.raises(PinsError) as err:
+        load_pins(path)
+    assert str(err.value) == (
+        f"{path}: stacks.tq3-mtp-genesis.digest: is 'unresolved'; "
+        "run `rigfleet pins lock` to resolve it from the registry / hub"
+    )
+    pins = load_pins(path, allow_unresolved=True)
+    assert pins.unresolved() == ["stacks.tq3-mtp-genesis.digest"]
+
+
+def test_with_resolved_is_pure_and_validates() -> None:
+    data = good()
+    data["stacks"]["int8"]["digest"] = UNRESOLVED
+    data["model"]["revision"] = UNRESOLVED
+    pins = parse_pins(data, allow_unresolved=True)
+    before = copy.deepcopy(pins)
+    new = with_resolved(pins, {"int8": DIGEST_B}, REVISION)
+    assert pins == before  # the input is untouched
+    assert new.stacks["int8"].digest == DIGEST_B
+    assert new.stacks["tq3-mtp-genesis"].digest == DIGEST_B  # kept
+    assert new.model.revision == REVISION and new.unresolved() == []
+
+    with pytest.raises(PinsError) as err:
+        with_resolved(pins, {"int8": "sha256:nothex", "fp8": DIGEST_A}, "abc1234")
+    msg = str(err.value)
+    assert "stacks.int8.digest: 'sha256:nothex'" in msg
+    assert "stacks.fp8: 'fp8' is not pinned" in msg
+    assert "model.revision: 'abc1234' is a short hash" in msg
+
+
+def test_save_pins_atomic_serial_history_roundtrip(tmp_path: Path) -> None:
+    data = good()
+    data["stacks"]["int8"]["digest"] = UNRESOLVED
+    data["model"]["revision"] = UNRESOLVED
+    path = write(tmp_path, data)
+    os.chmod(path, 0o640)
+    pins = load_pins(path, allow_unresolved=True)
+
+    saved = save_pins(with_resolved(pins, {"int8": DIGEST_A}, REVISION), {"action": "lock"})
+
+    assert saved.serial == 4
+    assert saved.history == [{"action": "lock", "serial": 4}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pins.yaml"]  # no temp file left
+    assert os.stat(path).st_mode & 0o777 == 0o640  # mode kept
+    loaded = load_pins(path)  # strict: nothing unresolved any more
+    assert loaded == saved
+    assert path.read_text() == dump_pins(saved)
+    assert "#" not in path.read_text()
+    # Key order is the documented file order.
+    assert list(yaml.safe_load(path.read_text())) == [
+        "schema", "serial", "driver", "container_toolkit", "huggingface_hub", "model", "stacks",
+        "history",
+    ]  # fmt: skip
+    assert yaml.safe_load(path.read_text())["driver"]["branch"] == "580"  # stays a string
+
+    # A second save from the same (now stale) object is refused: someone saved in between.
+    with pytest.raises(PinsError, match="serial 4 but these pins were loaded at 3"):
+        save_pins(pins, {"action": "stale"})
+    assert load_pins(path) == saved
+
+    again = save_pins(loaded)
+    assert again.serial == 5 and again.history == saved.history
+
+
+def test_save_pins_refuses_invalid_content(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    pins = load_pins(write(tmp_path, good()))
+    broken = replace(pins, toolkit_version="1.17")
+    with pytest.raises(PinsError, match="container_toolkit.version: '1.17'"):
+        save_pins(broken)
+    assert load_pins(tmp_path / "pins.yaml") == pins
