@@ -5,6 +5,15 @@ the run before any host changes), then the roles run in order (see ``roles/__ini
 A second run changes nothing; ``--dry`` shows what a run would change.
 """
 
+from pyinfra.api.exceptions import PyinfraError
+
+from rigfleet.errors import RigfleetError
 from roles import converge
 
-converge()
+try:
+    converge()
+except RigfleetError as error:
+    # A data problem (host data, pins, OS, a power cap out of range): the message names the
+    # host, key, value and what is allowed; pyinfra prints it without a traceback and stops
+    # before any host changes.
+    raise PyinfraError(f"rigfleet preflight refused the run:\n{error}") from None

@@ -23,38 +23,43 @@ Example (``deploy.py``)::
 
 from __future__ import annotations
 
-from roles.base import base
-from roles.container_toolkit import container_toolkit
-from roles.docker import docker
-from roles.front import front
-from roles.genesis import genesis
-from roles.ledger import ledger
-from roles.nvidia_driver import nvidia_driver
-from roles.power import power
-from roles.preflight import HostContext, preflight
-from roles.stacks import stacks
-from roles.weights import weights
+# Modules, not their role functions, are bound here: ``roles.power`` stays the module (tests
+# patch its constants), and ``roles.power.power`` is the role.
+from roles import (
+    base,
+    container_toolkit,
+    docker,
+    front,
+    genesis,
+    ledger,
+    nvidia_driver,
+    power,
+    preflight,
+    stacks,
+    weights,
+)
+from roles.preflight import HostContext
 
 ROLES = (
-    base,
-    docker,
-    nvidia_driver,
-    container_toolkit,
-    power,
-    weights,
-    genesis,
-    stacks,
-    front,
-    ledger,
+    base.base,
+    docker.docker,
+    nvidia_driver.nvidia_driver,
+    container_toolkit.container_toolkit,
+    power.power,
+    weights.weights,
+    genesis.genesis,
+    stacks.stacks,
+    front.front,
+    ledger.ledger,
 )
 
 
 def converge() -> HostContext:
     """Run every role for the current host, preflight first; returns the host's context."""
-    ctx = preflight()
+    ctx = preflight.preflight()
     for role in ROLES:
         role(ctx)
     return ctx
 
 
-__all__ = ["ROLES", "HostContext", "converge", "preflight"]
+__all__ = ["ROLES", "HostContext", "converge"]

@@ -55,12 +55,14 @@ def docker_packages(os: OsInfo) -> tuple[str, ...]:
     return ("docker.io", "docker-compose-v2")
 
 
-def docker_repo(os: OsInfo) -> AptRepo | None:
-    """Docker's apt repository when this OS needs it (Debian 12), else None."""
+def docker_repo(os: OsInfo, configured: AptRepo | None = None) -> AptRepo | None:
+    """Docker's apt repository when this OS needs it (Debian 12), else None.
+
+    + configured: host data ``apt_repos.docker`` (a mirror, a fingerprint), else Docker's own
+    """
     if os.id == "debian" and os.version_id == "12":
-        return DOCKER_DEBIAN_REPO.expand(
-            os_id=os.id, version_id=os.version_id, codename=os.codename
-        )
+        repo = configured or DOCKER_DEBIAN_REPO
+        return repo.expand(os_id=os.id, version_id=os.version_id, codename=os.codename)
     return None
 
 
@@ -139,7 +141,7 @@ def add_apt_repo(name: str, repo: AptRepo) -> list:
 @deploy("Docker")
 def docker(ctx: HostContext) -> None:
     """Install Docker Engine + Compose v2, merge daemon.json, restart only when it changed."""
-    repo = docker_repo(ctx.os)
+    repo = docker_repo(ctx.os, ctx.settings.apt_repos.get("docker"))
     if repo is not None:
         add_apt_repo("Docker", repo)
     apt_packages(name="Install Docker Engine and Compose v2", packages=list(docker_packages(ctx.os)))

@@ -25,16 +25,23 @@ CONF_PATH = "/etc/nginx/conf.d/rigfleet-front.conf"
 KEYS_PATH = "/etc/nginx/rigfleet-keys.conf"
 
 
+def _regex_literal(text: str) -> str:
+    # Preflight allows only [A-Za-z0-9-._~+/=] in keys; '.' and '+' are the regex
+    # metacharacters among them, written as classes so no backslash reaches nginx's parser.
+    return "".join(f"[{c}]" if c in ".+" else c for c in text)
+
+
 def keys_conf(key: str) -> str:
     """The ``map`` that sets ``$rigfleet_authorized`` to 1 for the right bearer token only.
 
-    Preflight allows only ``[A-Za-z0-9-._~+/=]`` in keys, so the key is safe inside quotes.
+    A case-sensitive regex (``~``), not a plain string: nginx compares plain map strings
+    ignoring case, which would accept ``BEARER <KEY>`` and weaken a mixed-case key.
     """
     return (
         "# Managed by rigfleet (roles/front.py). Root-only: it holds the API key.\n"
         "map $http_authorization $rigfleet_authorized {\n"
         "    default 0;\n"
-        f'    "Bearer {key}" 1;\n'
+        f'    "~^Bearer {_regex_literal(key)}$" 1;\n'
         "}\n"
     )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,7 @@ class HostContext:
 
 
 _PINS_CACHE: dict[str, Pins] = {}
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 
 
 def _load_pins_once(path: str) -> Pins:
@@ -175,11 +177,12 @@ def read_secret(name: str, key: str, path: str) -> Secret:
         value = Path(path).read_text(encoding="utf-8").strip()
     except OSError as e:
         raise PreflightError(f"{name}: {key}: {path!r} cannot be read ({e.strerror})") from None
-    # hostdata checked printable/no-whitespace; nginx and env files also need these absent.
-    if any(ch in value for ch in "\"'\\;{}$#"):
+    # The key ends up in an env file, an HTTP header file and an nginx regex: only token
+    # characters (RFC 6750 b64token) keep all three simple and safe.
+    if not _TOKEN_CHARS.fullmatch(value):
         raise PreflightError(
             f"{name}: {key}: the secret in {path!r} (content not shown, {len(value)} chars) "
-            "holds one of \" ' \\ ; { } $ #; allowed: letters, digits and -._~+/="
+            "holds characters outside the allowed set; allowed: letters, digits and -._~+/="
         )
     return Secret(value)
 

@@ -39,7 +39,8 @@ def initialize(paths: sim.SimPaths, version: str | None, enable: bool) -> list[i
     loaded = sim.loaded_version(paths)
     if loaded is None:
         _log("Failed to query NVIDIA devices. Please ensure that the NVIDIA device files "
-             "(/dev/nvidia*) exist, and that user 0 has read and write permissions for those files.")
+             "(/dev/nvidia*) exist, and that user 0 has read and write permissions for those "
+             "files.")
         return None
     if version and version != loaded:
         _log(f"Failed to initialize NVML: Driver/library version mismatch (library {version}, "
@@ -74,7 +75,7 @@ def teardown(paths: sim.SimPaths, changed: list[int]) -> None:
         for idx in changed:
             if idx in state:
                 state[idx].persistence = False
-    _log("Shutdown (%d)" % os.getpid())
+    _log(f"Shutdown ({os.getpid()})")
 
 
 def serve(paths: sim.SimPaths, changed: list[int], pid_file: Path,

@@ -1,4 +1,4 @@
-"""Stand-in ``nvidia-container-runtime-hook``: the OCI prestart hook that gives a container its GPUs.
+"""Stand-in ``nvidia-container-runtime-hook``: the OCI prestart hook giving a container its GPUs.
 
 Docker registers its ``nvidia`` device driver when this program is on PATH and, for a container
 started with ``--gpus`` (or compose GPU reservations), has runc call it as
@@ -111,7 +111,7 @@ def prestart(state: dict[str, Any], paths: sim.SimPaths, run: Runner = _run,
     if sim.loaded_version(paths) is None:
         raise HookError("initialization error: nvml error: driver not loaded")
     try:
-        hw = sim.load_hardware(paths.root / "hardware.json")
+        hw = sim.load_hardware(paths.hardware)
     except sim.SimError as exc:
         raise HookError("initialization error: nvml error: unknown error") from exc
     check_devices(hw, req.devices)

@@ -388,8 +388,10 @@ class Reading:
         g = self.gpu
         if not self.busy:
             return {"graphics": 210, "sm": 210, "memory": 405, "video": 555}
-        return {"graphics": int(g.clocks_max_graphics_mhz * 0.8), "sm": int(g.clocks_max_sm_mhz * 0.8),
-                "memory": g.clocks_max_memory_mhz - 250, "video": int(g.clocks_max_video_mhz * 0.8)}
+        return {"graphics": int(g.clocks_max_graphics_mhz * 0.8),
+                "sm": int(g.clocks_max_sm_mhz * 0.8),
+                "memory": g.clocks_max_memory_mhz - 250,
+                "video": int(g.clocks_max_video_mhz * 0.8)}
 
 
 # Memory a driver context shows on an idle card with no display (nvidia-smi prints "1MiB").

@@ -217,8 +217,8 @@ class QueryField:
     aliases: tuple[str, ...] = ()
 
 
-_PCI_DEVICE_IDS = {"NVIDIA GeForce RTX 3090": "0x220410DE", "NVIDIA GeForce RTX 3090 Ti": "0x220310DE",
-                   "NVIDIA H200": "0x233510DE"}
+_PCI_DEVICE_IDS = {"NVIDIA GeForce RTX 3090": "0x220410DE",
+                   "NVIDIA GeForce RTX 3090 Ti": "0x220310DE", "NVIDIA H200": "0x233510DE"}
 
 
 def _geforce_na(r: sim.Reading, value: Value) -> Value:
@@ -515,7 +515,8 @@ def _q_sections(ctx: Context, r: sim.Reading) -> dict[str, list[Node]]:
         ],
         "CLOCK": [
             ("Clocks", [("Graphics", f"{clocks['graphics']} MHz"), ("SM", f"{clocks['sm']} MHz"),
-                        ("Memory", f"{clocks['memory']} MHz"), ("Video", f"{clocks['video']} MHz")]),
+                        ("Memory", f"{clocks['memory']} MHz"),
+                        ("Video", f"{clocks['video']} MHz")]),
             ("Applications Clocks", [("Graphics", NA), ("Memory", NA)]),
             ("Default Applications Clocks", [("Graphics", NA), ("Memory", NA)]),
             ("Max Clocks", [("Graphics", f"{g.clocks_max_graphics_mhz} MHz"),

@@ -11,7 +11,7 @@ gets the plain ``info/refs`` file with a non-smart content type, so git falls ba
     git clone http://git.rigfleet.test:8090/genesis-vllm-patches.git
 
 For that to work each bare repository needs ``git update-server-info`` after every change;
-:func:`update_server_info` runs it at startup for every ``*.git`` under the root.
+:func:`update_server_info` runs it at startup for a ``*.git`` under the root that lacks it.
 """
 
 from __future__ import annotations
@@ -145,18 +145,20 @@ class GitHandler(StaticHandler):
 
 
 def update_server_info(git_root: Path, log: RequestLog) -> None:
-    """Run ``git update-server-info`` in every bare repository directly under ``git_root``.
+    """Run ``git update-server-info`` in bare repositories under ``git_root`` that lack it.
 
-    Failures (no git, read-only mount) are logged, not fatal: the fixture builder already ran it.
+    Only where ``info/refs`` is missing: the fixture builder already ran it, and writing into
+    the control side's bind mount as root would leave files its user cannot remove. Failures
+    (no git, read-only mount) are logged, not fatal.
     """
     if not git_root.is_dir():
         return
     git = shutil.which("git")
-    if git is None:
-        log.line("[git] git not installed: serving repositories as they are")
-        return
     for repo in sorted(git_root.glob("*.git")):
-        if not (repo / "HEAD").is_file():
+        if not (repo / "HEAD").is_file() or (repo / "info/refs").is_file():
+            continue
+        if git is None:
+            log.line(f"[git] {repo.name} has no info/refs and git is not installed")
             continue
         proc = subprocess.run(
             [git, "--git-dir", str(repo), "update-server-info"],

@@ -7,6 +7,7 @@ people) grep these, so the shapes matter more than the details.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -31,8 +32,18 @@ def _write(stream, text: str) -> None:
             pass  # stdout closed (e.g. the reader went away); logging must never kill us
 
 
+_LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+
+
+def _threshold() -> int:
+    # VLLM_LOGGING_LEVEL=WARNING (Genesis' scripts set it) hides the INFO progress lines.
+    return _LEVELS.get(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper(), 20)
+
+
 def log(level: str, where: str, message: str, stream=None) -> None:
     """One vLLM log record; multi-line messages get the prefix on every line, like vLLM."""
+    if _LEVELS.get(level, 20) < _threshold():
+        return
     prefix = f"{level} {_stamp()} [{where}] "
     lines = message.split("\n")
     _write(stream or sys.stdout, "".join(prefix + line + "\n" for line in lines))

@@ -1,0 +1,395 @@
+"""A pretend GPU host for ``@fake`` runs of the roles: answers facts, remembers commands.
+
+pyinfra's ``@fake`` connector answers every command with empty success unless scripted. Our
+roles read a dozen facts; scripting each by hand per test would hide what a test is about.
+``FakeRig`` instead keeps a small model of one host (files, packages, services, GPUs,
+containers, checkouts, weights) and:
+
+- answers the fact commands the roles send, from that model;
+- applies the commands the roles run (``apt-get install``, ``apt-mark hold``, ``chmod``,
+  ``systemctl``, ``nvidia-ctk``, ``docker compose up/down``, the weights fetcher, a reboot...)
+  to the model, so a second run sees a converged host;
+- receives uploads (``put_file`` is patched to store the bytes).
+
+It knows our command shapes, nothing more: it is a test double, not an emulator.
+
+Example::
+
+    rig = FakeRig("debian13")
+    result = run_converge(rig, host_data)         # see test_roles_fake.py
+    rig.files["/etc/systemd/system/rigfleet-power-caps.service"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+
+import yaml
+
+OS_RELEASES = {
+    "ubuntu2204": (
+        'PRETTY_NAME="Ubuntu 22.04.5 LTS"\nNAME="Ubuntu"\nVERSION_ID="22.04"\n'
+        "VERSION_CODENAME=jammy\nID=ubuntu\nID_LIKE=debian\nKERNEL_RELEASE=5.15.0-130-generic"
+    ),
+    "ubuntu2404": (
+        'PRETTY_NAME="Ubuntu 24.04.3 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\n'
+        "VERSION_CODENAME=noble\nID=ubuntu\nID_LIKE=debian\nKERNEL_RELEASE=6.8.0-88-generic"
+    ),
+    "debian12": (
+        'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\n'
+        'VERSION_ID="12"\nVERSION_CODENAME=bookworm\nID=debian\n'
+        "KERNEL_RELEASE=6.1.0-40-amd64"
+    ),
+    "debian13": (
+        'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nNAME="Debian GNU/Linux"\n'
+        'VERSION_ID="13"\nVERSION_CODENAME=trixie\nID=debian\n'
+        "KERNEL_RELEASE=6.12.48+deb13-amd64"
+    ),
+    "rocky9": 'NAME="Rocky Linux"\nVERSION_ID="9.4"\nID=rocky\nKERNEL_RELEASE=5.14.0',
+}
+
+DRIVER_VERSION = "580.105.08"
+VLLM_VERSION = "0.20.2rc1.dev9+g01d4d1ad3"
+SERVED_NAME = "qwen3.6-27b-autoround"
+_SYMBOLIC = {"0": "---", "1": "--x", "2": "-w-", "3": "-wx", "4": "r--", "5": "r-x",
+             "6": "rw-", "7": "rwx"}
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _mode(mode: str) -> str:
+    return mode.zfill(4)[-4:]
+
+
+@dataclass
+class Gpu:
+    index: int
+    limit: float = 350.0
+    minimum: float = 100.0
+    maximum: float = 350.0
+
+    def csv(self, fields: tuple[str, ...], driver: str) -> str:
+        values = {
+            "index": str(self.index),
+            "name": "NVIDIA GeForce RTX 3090",
+            "uuid": f"GPU-0000000{self.index}-aaaa-bbbb-cccc-dddddddddddd",
+            "pci.bus_id": f"00000000:0{self.index + 1}:00.0",
+            "driver_version": driver,
+            "power.limit": f"{self.limit:.2f}",
+            "power.default_limit": "350.00",
+            "power.min_limit": f"{self.minimum:.2f}",
+            "power.max_limit": f"{self.maximum:.2f}",
+            "enforced.power.limit": f"{self.limit:.2f}",
+            "persistence_mode": "Enabled",
+            "memory.total": "24576",
+            "memory.used": "1",
+            "temperature.gpu": "40",
+            "clocks.max.sm": "2100",
+            "compute_cap": "8.6",
+            "vbios_version": "94.02.42.40.2A",
+        }
+        return ", ".join(values.get(f, "[N/A]") for f in fields)
+
+
+@dataclass
+class FakeRig:
+    """The model of one host; see the module docstring."""
+
+    os_key: str
+    files: dict[str, bytes] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)
+    dirs: dict[str, str] = field(default_factory=dict)  # path -> mode
+    packages: dict[str, str] = field(default_factory=dict)  # name -> version
+    held: set[str] = field(default_factory=set)
+    active: set[str] = field(default_factory=set)
+    enabled: set[str] = field(default_factory=set)
+    keyrings: set[str] = field(default_factory=set)
+    gpus: list[Gpu] = field(default_factory=lambda: [Gpu(0), Gpu(1)])
+    driver_loaded: str | None = None  # loaded driver version
+    runtimes_registered: bool = False
+    images: dict[str, str] = field(default_factory=dict)  # digest -> repo
+    containers: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    genesis_head: str | None = None
+    genesis_origin: str | None = None
+    vllm_version: str = VLLM_VERSION
+    allowlist: list[str] = field(default_factory=lambda: [VLLM_VERSION])
+    venv_version: str | None = None
+    manifest: dict | None = None
+    ledger: list[str] = field(default_factory=list)
+    boot_marker: str | None = None
+    reboots: int = 0
+    commands: list[str] = field(default_factory=list)
+
+    # --- uploads ------------------------------------------------------------------------
+
+    def put(self, path: str, data: bytes) -> None:
+        self.files[path] = data
+        self.modes.setdefault(path, "0644")
+
+    # --- the connector hook ---------------------------------------------------------------
+
+    def respond(self, cmd: str) -> tuple[bool, list[str]]:
+        self.commands.append(cmd)
+        for handler in (self._facts, self._actions):
+            answer = handler(cmd)
+            if answer is not None:
+                return answer
+        return True, []
+
+    # --- facts -----------------------------------------------------------------------------
+
+    def _facts(self, cmd: str) -> tuple[bool, list[str]] | None:  # noqa: C901
+        if cmd.startswith("cat /etc/os-release"):
+            return True, OS_RELEASES[self.os_key].splitlines()
+        if cmd.startswith("dpkg-query -W"):
+            out = []
+            for name, version in sorted(self.packages.items()):
+                want = "hold" if name in self.held else "install"
+                out.append(f"{name}\t{version}\t{want} ok installed")
+            return True, out
+        m = re.match(r"if \[ ! -s (\S+) \]; then echo missing", cmd)
+        if m:
+            return True, ["same" if m.group(1) in self.keyrings else "missing"]
+        m = re.match(r"! \(test -e (\S+) \|\|", cmd)
+        if m:
+            return True, self._stat(m.group(1))
+        m = re.match(r"test -e (\S+) && \( sha256sum", cmd)
+        if m:
+            path = m.group(1)
+            return True, [f"{_sha(self.files[path])}  {path}"] if path in self.files else []
+        m = re.match(r"if \[ -f (\S+) \]; then stat -c '%a %U %G'", cmd)
+        if m:
+            path = m.group(1)
+            if path not in self.files:
+                return True, []
+            return True, [f"{int(self.modes[path], 8):o} root root", _sha(self.files[path])]
+        m = re.search(r"systemctl show --all --property Id --property (\w+) (\S+)", cmd)
+        if m:
+            key, unit = m.group(1), m.group(2).strip("'")
+            if key == "SubState":
+                value = "running" if unit in self.active else "dead"
+            else:
+                value = "enabled" if unit in self.enabled else "disabled"
+            return True, [f"Id={unit}", f"{key}={value}"]
+        if cmd.startswith("out=$(nvidia-smi --query-gpu="):
+            if not self.driver_loaded:
+                return True, ["RIGFLEET-NVIDIA-SMI-FAILED", "NVIDIA-SMI has failed because it "
+                              "couldn't communicate with the NVIDIA driver."]
+            fields = tuple(re.search(r"--query-gpu=(\S+)", cmd).group(1).split(","))
+            return True, [g.csv(fields, self.driver_loaded) for g in self.gpus]
+        if cmd.startswith("cat /etc/docker/daemon.json"):
+            return True, self._text("/etc/docker/daemon.json")
+        if cmd.startswith("docker info --format"):
+            if "docker.io" not in self.packages and "docker-ce" not in self.packages:
+                return True, []
+            runtimes = {"runc": {"path": "runc"}}
+            if self.runtimes_registered:
+                runtimes["nvidia"] = {"path": "nvidia-container-runtime"}
+            return True, [json.dumps(runtimes)]
+        m = re.match(r"docker image inspect --format '\{\{json \.RepoDigests\}\}' (\S+)", cmd)
+        if m:
+            digest = m.group(1).rpartition("@")[2]
+            if digest in self.images:
+                return True, [json.dumps([f"{self.images[digest]}@{digest}"])]
+            return True, []
+        m = re.match(r"docker inspect --type container --format '\{\{\.State\.Status\}\} "
+                     r"\{\{index \.Config\.Labels \"io\.rigfleet\.config-hash\"\}\}' (\S+)", cmd)
+        if m:
+            name = m.group(1)
+            if name not in self.containers:
+                return True, []
+            status, label = self.containers[name]
+            return True, [f"{status} {label or '<no value>'}"]
+        if cmd.startswith("printf 'state=%s"):
+            name = re.search(r"\}\}' (\S+) 2>/dev/null", cmd).group(1)
+            if name not in self.containers:
+                return True, ["state=", "health=000", "models="]
+            status, _ = self.containers[name]
+            models = json.dumps({"data": [{"id": SERVED_NAME}]}) if status == "running" else ""
+            code = "200" if status == "running" else "000"
+            return True, [f"state={status} 0 0", f"health={code}", f"models={models}"]
+        m = re.match(r"echo head=\$\(git -C (\S+) rev-parse", cmd)
+        if m:
+            return True, [
+                f"head={self.genesis_head or ''}",
+                f"origin={self.genesis_origin or ''}",
+                f"apply_all={'yes' if self.genesis_head else 'no'}",
+            ]
+        if "import importlib.metadata as m" in cmd:
+            return True, [self.venv_version] if self.venv_version else []
+        if cmd.startswith("cat ") and ".rigfleet-manifest.json" in cmd:
+            if self.manifest is None:
+                return True, ["", "--rigfleet-listing--"]
+            listing = [f"{n}\t{m['size']}\t{m['mtime']}" for n, m in
+                       self.manifest["files"].items()]
+            return True, [json.dumps(self.manifest), "--rigfleet-listing--", *listing]
+        m = re.match(r"cat (\S+) 2>/dev/null \|\| true$", cmd)
+        if m:
+            return True, self._text(m.group(1))
+        if cmd.startswith("cat /run/rigfleet/boot-marker"):
+            return True, [self.boot_marker] if self.boot_marker else []
+        if "import vllm; print(vllm.__version__)" in cmd:
+            return True, [self.vllm_version]
+        if "rigfleet-genesis-allowlist.py" in cmd and cmd.startswith("python3"):
+            return True, [json.dumps({"known_good": self.allowlist, "pending": []})]
+        return None
+
+    def _text(self, path: str) -> list[str]:
+        return self.files[path].decode().splitlines() if path in self.files else []
+
+    def _stat(self, path: str) -> list[str]:
+        if path in self.files:
+            mode = _mode(self.modes[path])
+            sym = "-" + "".join(_SYMBOLIC[d] for d in mode[1:])
+            size = len(self.files[path])
+        elif path in self.dirs:
+            sym = "d" + "".join(_SYMBOLIC[d] for d in _mode(self.dirs[path])[1:])
+            size = 4096
+        else:
+            return []
+        return [f"user=root group=root mode={sym} atime=0 mtime=0 ctime=0 size={size} '{path}'"]
+
+    # --- actions ---------------------------------------------------------------------------
+
+    def _actions(self, cmd: str) -> tuple[bool, list[str]] | None:  # noqa: C901
+        m = re.search(r"apt-get .* install (.+)$", cmd)
+        if m:
+            for spec in shlex.split(m.group(1)):
+                name, _, version = spec.partition("=")
+                self.packages[name] = version or self._default_version(name)
+            return True, []
+        if cmd.startswith("apt-mark hold "):
+            self.held.update(shlex.split(cmd)[2:])
+            return True, []
+        m = re.match(r"install -d -m 0755 /etc/apt/keyrings && .* install -m 0644 -o root "
+                     r"-g root \S+ (\S+) && rm", cmd)
+        if m:
+            self.keyrings.add(m.group(1))
+            return True, []
+        m = re.match(r"mkdir -p (\S+)$", cmd)
+        if m:
+            self.dirs.setdefault(m.group(1), "0755")
+            return True, []
+        m = re.match(r"chmod (\d+) (\S+)$", cmd)
+        if m:
+            if m.group(2) in self.files:
+                self.modes[m.group(2)] = _mode(m.group(1))
+            else:
+                self.dirs[m.group(2)] = _mode(m.group(1))
+            return True, []
+        m = re.match(r"install -m (\d+) -o root -g root /dev/null (\S+)$", cmd)
+        if m:
+            self.files[m.group(2)] = b""
+            self.modes[m.group(2)] = _mode(m.group(1))
+            return True, []
+        m = re.match(r"systemctl (start|enable|restart|reload) (\S+)$", cmd)
+        if m:
+            action, unit = m.groups()
+            unit = unit if "." in unit else f"{unit}.service"
+            if action == "enable":
+                self.enabled.add(unit)
+            else:
+                self.active.add(unit)
+            if unit == "rigfleet-power-caps.service" and action in ("start", "restart"):
+                self._apply_power_unit()
+            if unit == "docker.service" and action == "restart":
+                self.runtimes_registered = "nvidia" in json.loads(
+                    self.files.get("/etc/docker/daemon.json", b"{}") or b"{}"
+                ).get("runtimes", {})
+            return True, []
+        if cmd.startswith("nvidia-ctk runtime configure"):
+            config = json.loads(self.files.get("/etc/docker/daemon.json", b"{}") or b"{}")
+            config.setdefault("runtimes", {})["nvidia"] = {
+                "args": [], "path": "nvidia-container-runtime"}
+            # nvidia-ctk writes its own formatting: tab indentation.
+            self.files["/etc/docker/daemon.json"] = json.dumps(config, indent="\t").encode()
+            return True, []
+        m = re.match(r"mkdir -p /run/rigfleet && echo (\w+) > /run/rigfleet/boot-marker", cmd)
+        if m:
+            self.boot_marker = m.group(1)
+            return True, []
+        if "systemctl reboot" in cmd:
+            self._reboot()
+            return True, []
+        m = re.match(r"docker pull --quiet (\S+)$", cmd)
+        if m:
+            ref = m.group(1)
+            repo, _, digest = ref.partition("@")
+            self.images[digest] = repo.rsplit(":", 1)[0]
+            return True, []
+        m = re.match(r"docker compose -p (\S+) -f (\S+) (up|down)", cmd)
+        if m:
+            _, path, action = m.groups()
+            doc = yaml.safe_load(self.files[path])
+            service = next(iter(doc["services"].values()))
+            name = service["container_name"]
+            if action == "up":
+                self.containers[name] = ("running", service["labels"]["io.rigfleet.config-hash"])
+            else:
+                self.containers.pop(name, None)
+            return True, []
+        if "python3 -m venv /opt/rigfleet/hf-venv" in cmd:
+            self.venv_version = re.search(r"huggingface_hub==(\S+)", cmd).group(1).strip("'")
+            return True, []
+        m = re.search(r"rigfleet-fetch-weights.py fetch --repo (\S+) --revision (\S+)", cmd)
+        if m:
+            self.manifest = {
+                "repo": m.group(1),
+                "revision": m.group(2),
+                "files": {"model-00001-of-00004.safetensors":
+                          {"size": 1024, "sha256": "0" * 64, "mtime": 1700000000.5}},
+            }
+            return True, []
+        m = re.search(r"git clone --quiet --no-checkout (\S+) ", cmd)
+        if m:
+            self.genesis_origin = m.group(1)
+            return True, []
+        m = re.search(r"remote set-url origin (\S+)$", cmd)
+        if m:
+            self.genesis_origin = m.group(1)
+            return True, []
+        m = re.search(r"checkout --quiet --force --detach (\S+)$", cmd)
+        if m:
+            self.genesis_head = m.group(1)
+            return True, []
+        m = re.search(r"printf '%s\\n' (\S+) > (\S+)$", cmd)
+        if m:
+            self.files[m.group(2)] = (m.group(1) + "\n").encode()
+            self.modes[m.group(2)] = "0644"
+            return True, []
+        m = re.match(r"printf '%s\\n' (.+) >> /var/lib/rigfleet/ledger.jsonl", cmd)
+        if m:
+            self.ledger.append(shlex.split(m.group(1))[0])
+            return True, []
+        return None
+
+    def _default_version(self, name: str) -> str:
+        if "nvidia" in name and "container" not in name:
+            return f"{DRIVER_VERSION}-1"
+        return "1.0-1"
+
+    def _apply_power_unit(self) -> None:
+        unit = self.files.get("/etc/systemd/system/rigfleet-power-caps.service", b"").decode()
+        for index, watts in re.findall(r"nvidia-smi -i (\d+) -pl (\d+)", unit):
+            gpu = self.gpus[int(index)]
+            if not gpu.minimum <= float(watts) <= gpu.maximum:
+                raise AssertionError(f"nvidia-smi would refuse {watts} W on card {index}")
+            gpu.limit = float(watts)
+
+    def _reboot(self) -> None:
+        self.reboots += 1
+        self.boot_marker = None
+        driver = [v for n, v in self.packages.items()
+                  if n in ("nvidia-driver-cuda", "nvidia-driver-580-server-open")]
+        self.driver_loaded = driver[0].split("-")[0] if driver else None
+        for gpu in self.gpus:
+            gpu.limit = 350.0
+        if "rigfleet-power-caps.service" in self.enabled:
+            self._apply_power_unit()
+        self.active = {u for u in self.enabled}

@@ -1,0 +1,186 @@
+"""rigfleet.gpu parses real nvidia-smi output and the testbed stand-in's output alike."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from rigfleet import gpu
+from rigfleet.testbed.hardware import hardware_profile
+from rigfleet.testbed.nvidia import kmod, simstate, smi
+
+# shared/ sits next to the project's root on every machine.
+H200 = (Path(__file__).resolve().parents[3] / "shared/fixtures/nvidia-smi"
+        / "h200-ubuntu2404-580.159.04")
+VERSION = "580.105.08"
+
+
+def fixture(name: str) -> str:
+    return (H200 / name).read_text()
+
+
+@pytest.fixture
+def sim_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A simulated host with two RTX 3090s and the 580 module loaded."""
+    source = tmp_path / "etc-hardware.json"
+    source.write_text(json.dumps(hardware_profile("host1")))
+    root = tmp_path / "run-nvidia-sim"
+    monkeypatch.setenv("NVIDIA_SIM_ROOT", str(root))
+    monkeypatch.delenv("NVIDIA_SIM_HARDWARE", raising=False)
+    assert kmod.load(simstate.SimPaths.from_env(), source, VERSION, err=io.StringIO()) == 0
+    return root
+
+
+def standin(*args: str) -> str:
+    out = io.StringIO()
+    rc = smi.main(list(args), version=VERSION, out=out)
+    assert rc == 0, out.getvalue()
+    return out.getvalue()
+
+
+# --- real output -----------------------------------------------------------------------------
+
+
+def test_query_command_uses_the_field_list() -> None:
+    cmd = gpu.query_command()
+    assert cmd == ("nvidia-smi --query-gpu=" + ",".join(gpu.QUERY_FIELDS)
+                   + " --format=csv,noheader,nounits")
+    assert gpu.query_command(["index", "name"], header=True, units=True) == (
+        "nvidia-smi --query-gpu=index,name --format=csv")
+
+
+def test_real_query_gpu() -> None:
+    (card,) = gpu.parse_query_gpu(fixture("query-gpu.csv"))
+    assert card == gpu.GpuInfo(
+        index=0, name="NVIDIA H200", uuid="GPU-1de1b78b-5c80-3900-48f1-79097cba20b4",
+        pci_bus_id="00000000:00:06.0", driver_version="580.159.04", power_limit_w=700.0,
+        power_default_limit_w=700.0, power_min_limit_w=200.0, power_max_limit_w=700.0,
+        enforced_power_limit_w=700.0, persistence_mode=True, memory_total_mib=143771,
+        memory_used_mib=0, temperature_c=34, clocks_max_sm_mhz=1980, compute_cap="9.0",
+        vbios_version="96.00.A5.00.1A",
+    )
+
+
+def test_real_query_gpu_with_header_and_units() -> None:
+    (card,) = gpu.parse_query_gpu(fixture("query-gpu-header.csv"), ["index", "name", "power.limit"])
+    assert (card.index, card.name, card.power_limit_w) == (0, "NVIDIA H200", 700.0)
+    assert card.memory_total_mib is None
+
+
+def test_real_topology_single_gpu() -> None:
+    topo = gpu.parse_topology(fixture("topo.txt"))
+    assert topo.gpus == ("GPU0",)
+    assert topo.links == {} and not topo.has_nvlink
+    assert topo.cpu_affinity == {0: "0-15"}
+
+
+def test_topology_pasted_with_spaces_and_nvlink() -> None:
+    text = (
+        "        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity   GPU NUMA ID\n"
+        "GPU0     X      NV12    NODE    0-95    0               N/A\n"
+        "GPU1    NV12     X      NODE    0-95    0               N/A\n"
+        "NIC0    NODE    NODE     X \n\nLegend:\n\n  NV#  = Connection traversing ...\n"
+    )
+    topo = gpu.parse_topology(text)
+    assert topo.link(1, 0) == "NV12" and topo.has_nvlink
+
+
+def test_real_versions() -> None:
+    v = gpu.parse_smi_version(fixture("version.txt"))
+    assert (v.smi_version, v.nvml_version, v.driver_version, v.cuda_version) == (
+        "580.159.04", "580.159", "580.159.04", "13.0")
+    mod = gpu.parse_proc_driver_version(fixture("proc-version.txt"))
+    assert mod == gpu.KernelModule("580.159.04", True, "gcc version 15.3.0 (GCC)")
+
+
+def test_proprietary_kernel_module() -> None:
+    mod = gpu.parse_proc_driver_version(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\n")
+    assert mod.version == "550.54.14" and not mod.open_kernel_module
+
+
+# --- bad and degraded output -----------------------------------------------------------------
+
+
+def test_not_available_values_become_none() -> None:
+    line = ("0, NVIDIA GeForce RTX 3090, GPU-x, 00000000:01:00.0, 580.105.08, [N/A], 350.00, "
+            "100.00, 350.00, [Not Supported], Disabled, 24576, N/A, 40, 2100, 8.6, 94.02.42.40.2A")
+    (card,) = gpu.parse_query_gpu(line)
+    assert card.power_limit_w is None and card.enforced_power_limit_w is None
+    assert card.memory_used_mib is None and card.persistence_mode is False
+
+
+def test_comma_in_name_is_rejoined() -> None:
+    (card,) = gpu.parse_query_gpu("3, NVIDIA RTX A6000, Ada Generation", ["index", "name"])
+    assert card.name == "NVIDIA RTX A6000, Ada Generation"
+
+
+def test_bad_line_is_named() -> None:
+    with pytest.raises(gpu.GpuParseError, match=r"'0, NVIDIA H200, 700.00'"):
+        gpu.parse_query_gpu("0, NVIDIA H200, 700.00")
+    with pytest.raises(gpu.GpuParseError, match="power.limit has value 'lots'"):
+        gpu.parse_query_gpu("0, X, lots", ["index", "name", "power.limit"])
+    with pytest.raises(gpu.GpuParseError, match="unexpected line"):
+        gpu.parse_smi_version("garbage\n")
+    with pytest.raises(gpu.GpuParseError, match="unexpected line"):
+        gpu.parse_proc_driver_version("NVRM something else\n")
+
+
+def test_driver_not_loaded_is_its_own_error() -> None:
+    with pytest.raises(gpu.DriverNotLoadedError):
+        gpu.parse_query_gpu(smi.NOT_LOADED_TEXT)
+    with pytest.raises(gpu.DriverNotLoadedError):
+        gpu.parse_smi_version("Failed to initialize NVML: Driver/library version mismatch\n"
+                              "NVML library version: 590.44\n")
+
+
+# --- the stand-in, through the same parser ---------------------------------------------------
+
+
+def test_standin_query_gpu(sim_host: Path) -> None:
+    cards = gpu.parse_query_gpu(standin(f"--query-gpu={','.join(gpu.QUERY_FIELDS)}",
+                                        "--format=csv,noheader,nounits"))
+    assert len(cards) == 2
+    for i, card in enumerate(cards):
+        assert card.index == i and card.name == "NVIDIA GeForce RTX 3090"
+        assert card.memory_total_mib == 24576
+        assert (card.power_limit_w, card.power_min_limit_w, card.power_max_limit_w) == (
+            350.0, 100.0, 350.0)
+        assert card.power_default_limit_w == card.enforced_power_limit_w == 350.0
+        assert card.driver_version == VERSION and card.compute_cap == "8.6"
+        assert card.persistence_mode is False and card.memory_used_mib == 1
+    assert cards[0].uuid != cards[1].uuid
+
+
+def test_standin_query_gpu_with_header_and_units(sim_host: Path) -> None:
+    fields = ["index", "name", "power.limit"]
+    cards = gpu.parse_query_gpu(standin("--query-gpu=" + ",".join(fields), "--format=csv"), fields)
+    assert [(c.index, c.power_limit_w) for c in cards] == [(0, 350.0), (1, 350.0)]
+
+
+def test_standin_topology_and_versions(sim_host: Path) -> None:
+    topo = gpu.parse_topology(standin("topo", "-m"))
+    assert topo.gpus == ("GPU0", "GPU1") and topo.link(0, 1) == "PHB" and not topo.has_nvlink
+    v = gpu.parse_smi_version(standin("--version"))
+    assert (v.driver_version, v.nvml_version, v.cuda_version) == (VERSION, "580.105", "13.0")
+    mod = gpu.parse_proc_driver_version((sim_host / "version").read_text())
+    assert mod.version == VERSION and mod.open_kernel_module
+
+
+def test_standin_nvlink_topology(sim_host: Path) -> None:
+    hw = json.loads((sim_host / "hardware.json").read_text())
+    hw["nvlink"] = True
+    (sim_host / "hardware.json").write_text(json.dumps(hw))
+    topo = gpu.parse_topology(standin("topo", "-m"))
+    assert topo.link(0, 1) == "NV4" and topo.has_nvlink
+
+
+def test_standin_not_loaded_is_recognised(sim_host: Path) -> None:
+    (sim_host / "loaded").unlink()
+    out = io.StringIO()
+    assert smi.main(["--query-gpu=index", "--format=csv"], version=VERSION, out=out) == 9
+    with pytest.raises(gpu.DriverNotLoadedError):
+        gpu.parse_query_gpu(out.getvalue(), ["index"])

@@ -1,0 +1,199 @@
+"""The host-side scripts the roles install, run here as the hosts run them.
+
+- ``files/rigfleet-fetch-weights.py`` against the testbed's hub service (started locally on an
+  ephemeral port, as tests/unit/test_hub.py does) with the real ``huggingface_hub`` client;
+- ``files/rigfleet-genesis-allowlist.py`` against the Genesis fixture's ``guards.py`` layout.
+
+Run: ``.venv/bin/python -m pytest tests/unit/test_host_scripts.py -q``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rigfleet.testbed.model_fixture import MODEL_REPO, ModelFixture, build_model_fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+FETCH = ROOT / "files" / "rigfleet-fetch-weights.py"
+ALLOWLIST = ROOT / "files" / "rigfleet-genesis-allowlist.py"
+SERVICES_DIR = ROOT / "rigfleet/testbed/images/services"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ModelFixture]]:
+    data = tmp_path_factory.mktemp("hub")
+    for sub in ("apt", "hub", "git"):
+        (data / sub).mkdir()
+    model = build_model_fixture(data / "hub", shard_mib=1)
+    ports_file = data / "ports.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services", "--data", str(data), "--bind", "127.0.0.1",
+         "--apt-port", "0", "--hub-port", "0", "--git-port", "0",
+         "--ports-file", str(ports_file), "--log", str(data / "services.log")],
+        cwd=SERVICES_DIR, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 15
+    while not ports_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.skip("the testbed services program did not start here")
+        time.sleep(0.05)
+    ports = json.loads(ports_file.read_text())
+    try:
+        yield f"http://127.0.0.1:{ports['hub']}", model
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def fetch(endpoint: str, model: ModelFixture, local_dir: Path, *extra: str, lock_dir: Path):
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
+           "HF_HOME": str(local_dir.parent / "hf-home")}
+    return subprocess.run(
+        [sys.executable, str(FETCH), "fetch", "--repo", MODEL_REPO, "--revision", model.commit,
+         "--local-dir", str(local_dir), "--lock-dir", str(lock_dir), *extra],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+
+
+def test_fetch_verifies_writes_manifest_and_skips_on_rerun(hub, tmp_path):
+    endpoint, model = hub
+    local = tmp_path / "models" / "qwen"
+    locks = tmp_path / "locks"
+    first = fetch(endpoint, model, local, lock_dir=locks)
+    assert first.returncode == 0, first.stderr
+    assert "[rigfleet-weights] verify" in first.stdout
+    manifest = json.loads((local / ".rigfleet-manifest.json").read_text())
+    assert manifest["repo"] == MODEL_REPO and manifest["revision"] == model.commit
+    assert set(manifest["files"]) == set(model.files)
+    for name, (size, sha256) in model.files.items():
+        assert manifest["files"][name]["size"] == size
+        assert manifest["files"][name]["sha256"] == sha256
+
+    again = fetch(endpoint, model, local, lock_dir=locks)
+    assert again.returncode == 0
+    assert "already verified" in again.stdout and "verify" not in again.stdout.replace(
+        "already verified", "")
+
+
+def test_corrupted_shard_is_refetched_or_refused(hub, tmp_path):
+    endpoint, model = hub
+    local = tmp_path / "models" / "qwen"
+    locks = tmp_path / "locks"
+    assert fetch(endpoint, model, local, lock_dir=locks).returncode == 0
+    shard = next(n for n in model.lfs_files)
+    path = local / shard
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF  # same size, different content, new mtime
+    path.write_bytes(bytes(data))
+    run = fetch(endpoint, model, local, lock_dir=locks)
+    # huggingface_hub may trust its local-dir metadata and keep the file; the sha256 check
+    # must then refuse it, naming the file. Either way no manifest vouches for bad bytes.
+    if run.returncode == 0:
+        assert (local / shard).read_bytes() != bytes(data)
+    else:
+        assert f"{shard}: sha256" in run.stderr
+        manifest = json.loads((local / ".rigfleet-manifest.json").read_text())
+        assert manifest["files"][shard]["mtime"] != path.stat().st_mtime
+
+
+def test_second_concurrent_fetch_fails_fast_naming_the_holder(hub, tmp_path):
+    endpoint, model = hub
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    lock = locks / ("weights-" + MODEL_REPO.replace("/", "_") + ".lock")
+    with open(lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fh.write("4242\n")
+        fh.flush()
+        run = fetch(endpoint, model, tmp_path / "m", lock_dir=locks)
+    assert run.returncode == 3
+    assert "pid 4242" in run.stderr
+
+
+def test_disk_check_names_the_numbers(hub, tmp_path, monkeypatch):
+    endpoint, model = hub
+    sitecustomize = tmp_path / "site" / "sitecustomize.py"
+    sitecustomize.parent.mkdir()
+    sitecustomize.write_text(
+        "import shutil, collections\n"
+        "U = collections.namedtuple('U', 'total used free')\n"
+        "shutil.disk_usage = lambda p: U(10, 10, 1000)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(sitecustomize.parent))
+    run = fetch(endpoint, model, tmp_path / "m", lock_dir=tmp_path / "locks")
+    assert run.returncode == 4
+    assert "not enough free disk" in run.stderr and "headroom" in run.stderr
+    assert not (tmp_path / "m" / ".rigfleet-manifest.json").exists()
+
+
+def test_token_is_read_from_the_file_and_never_printed(hub, tmp_path):
+    endpoint, model = hub
+    token = tmp_path / "hf-token"
+    token.write_text("hf_not_a_real_token_value_0000000000\n")
+    token.chmod(0o600)
+    run = fetch(endpoint, model, tmp_path / "m", "--token-file", str(token),
+                lock_dir=tmp_path / "locks")
+    assert "hf_not_a_real_token_value" not in run.stdout + run.stderr
+
+
+def test_revision_must_be_a_full_commit(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(FETCH), "check", "--repo", MODEL_REPO, "--revision", "main",
+         "--local-dir", str(tmp_path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 2 and "40-hex" in run.stderr
+
+
+def test_allowlist_is_read_with_ast(tmp_path):
+    guards = tmp_path / "vllm" / "_genesis" / "guards.py"
+    guards.parent.mkdir(parents=True)
+    guards.write_text(
+        "import os\n"
+        "raise SystemExit('must not be executed')\n"
+        "KNOWN_GOOD_VLLM_PINS: tuple[str, ...] = (\n"
+        "    '0.20.1rc1.dev16+g7a1eb8ac2',  # v7.65\n"
+        "    '0.20.2rc1.dev9+g01d4d1ad3',\n"
+        ")\n"
+    )
+    run = subprocess.run([sys.executable, str(ALLOWLIST), str(tmp_path)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["known_good"] == [
+        "0.20.1rc1.dev16+g7a1eb8ac2", "0.20.2rc1.dev9+g01d4d1ad3"]
+
+
+def test_allowlist_missing_is_an_error(tmp_path):
+    run = subprocess.run([sys.executable, str(ALLOWLIST), str(tmp_path)],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and "no Genesis guards file" in run.stderr
+
+
+def test_allowlist_of_each_genesis_fixture_release(tmp_path):
+    from rigfleet.testbed.genesis_fixture import build_genesis_fixture
+
+    fx = build_genesis_fixture(tmp_path / "git")
+    checkout = tmp_path / "genesis"
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(fx.repo_path), str(checkout)],
+                   check=True)
+    for commit in fx.commits:
+        subprocess.run(["git", "-C", str(checkout), "-c", "advice.detachedHead=false",
+                        "checkout", "-q", "--force", "--detach", commit.sha], check=True)
+        run = subprocess.run([sys.executable, str(ALLOWLIST), str(checkout)],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        assert tuple(json.loads(run.stdout)["known_good"]) == tuple(commit.allowlist)

@@ -1,0 +1,568 @@
+"""The roles through pyinfra's API on ``@fake`` hosts (no target, no network).
+
+Each test builds an ``Inventory`` + ``State`` with one ``@fake`` host whose commands are
+answered by a ``FakeRig`` (tests/unit/fake_rig.py): a small model of the host that also
+applies the roles' commands, so "run twice" really sees a converged host. ``fake_delay`` is 0
+and nothing sleeps, so the whole file runs in a few seconds.
+
+Runs without xdist on purpose: nothing here imports ``pyinfra_cli`` (which monkey-patches
+gevent and breaks xdist workers), but the roles' module-level state (the pins cache) is shared
+per process anyway. Run: ``.venv/bin/python -m pytest tests/unit/test_roles_fake.py -q``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+from pyinfra.connectors.fake import FakeConnector
+from pyinfra.connectors.util import CommandOutput, OutputLine
+
+import roles.nvidia_driver
+import roles.preflight
+import roles.stacks
+from rigfleet.errors import RigfleetError
+from rigfleet.hostdata import HostDataError
+from roles import converge
+from roles.docker import daemon_settings, docker_packages, merge_daemon_config
+from roles.preflight import OsInfo, PreflightError
+from fake_rig import FakeRig, Gpu
+
+GENESIS_REPO = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
+GENESIS_COMMIT = "c" * 40
+DIGEST = "sha256:" + "b" * 64
+API_KEY = "k3y-" + "x" * 40
+REPO = {
+    "url": "http://apt.rigfleet.test/debian",
+    "key_url": "http://apt.rigfleet.test/rigfleet-testbed.asc",
+    "suite": "stable",
+    "components": ["main"],
+}
+UNIT = "/etc/systemd/system/rigfleet-power-caps.service"
+RIGS: dict[str, FakeRig] = {}
+
+
+def pins_yaml(serial: int = 1, digest: str = DIGEST) -> str:
+    image = "vllm/vllm-openai:nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"
+    return textwrap.dedent(
+        f"""\
+        schema: rigfleet-pins/1
+        serial: {serial}
+        driver: {{branch: "580"}}
+        container_toolkit: {{version: 1.17.8-1}}
+        huggingface_hub: {{version: 2.4.0}}
+        model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
+                 local_dir: qwen3.6-27b-autoround-int4}}
+        stacks:
+          int8: {{image: "{image}", digest: "{digest}", vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}}
+          tq3-mtp-genesis:
+            image: "{image}"
+            digest: "{digest}"
+            vllm_version: 0.20.2rc1.dev9+g01d4d1ad3
+            genesis: {{repo: "{GENESIS_REPO}", commit: "{GENESIS_COMMIT}"}}
+        history: []
+        """
+    )
+
+
+@dataclass
+class Run:
+    """What one deploy did on the fake host."""
+
+    rig: FakeRig
+    plan: list[str]  # operations that would change (prepare phase)
+    commands: list[str]  # every command sent while executing (facts included)
+    failed: bool
+    log: str
+
+    def ran(self, fragment: str) -> list[str]:
+        return [c for c in self.commands if fragment in c]
+
+
+@pytest.fixture(autouse=True)
+def _fast(monkeypatch):
+    """No sleeping, a fresh pins cache, and the fake connector wired to the rig."""
+    monkeypatch.setattr(roles.nvidia_driver, "REBOOT_DELAY_S", 0)
+    monkeypatch.setattr(roles.nvidia_driver, "REBOOT_INTERVAL_S", 0)
+    monkeypatch.setattr(roles.stacks, "READY_INTERVAL_S", 0)
+    monkeypatch.setattr(roles.stacks, "READY_TIMEOUT_S", 0)
+    roles.preflight._PINS_CACHE.clear()
+
+    def lookup(self, command: str):
+        ok, lines = RIGS[self.host.data.get("fake_rig")].respond(command)
+        return ok, CommandOutput([OutputLine("stdout", line) for line in lines])
+
+    def put_file(self, filename_or_io, remote_filename, *args, **kwargs):
+        if isinstance(filename_or_io, str):
+            data = Path(filename_or_io).read_bytes()
+        else:
+            filename_or_io.seek(0)  # as pyinfra's get_file_io does
+            data = filename_or_io.read()
+        if isinstance(data, str):
+            data = data.encode()
+        RIGS[self.host.data.get("fake_rig")].put(remote_filename, data)
+        return True
+
+    monkeypatch.setattr(FakeConnector, "_lookup_response", lookup)
+    monkeypatch.setattr(FakeConnector, "put_file", put_file)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> dict:
+    """Host data as the simulated fleet's inventory gives it (plus the fake's own keys)."""
+    key = tmp_path / "api-key"
+    key.write_text(API_KEY + "\n")
+    key.chmod(0o600)
+    pins = tmp_path / "pins.yaml"
+    pins.write_text(pins_yaml())
+    return {
+        "fake_delay": 0,
+        "fake_delay_jitter": 0,
+        "stack": "int8",
+        "power_caps_w": [250, 260],
+        "gpu_count": 2,
+        "model_dir": "/srv/models",
+        "front_port": 8000,
+        "api_key_file": str(key),
+        "pins_file": str(pins),
+        "docker_registry_mirror": "http://registry.rigfleet.test:5000",
+        "hf_endpoint": "http://hub.rigfleet.test:8080",
+        "apt_repos": {"cuda": REPO, "nvidia-container-toolkit": REPO},
+    }
+
+
+def deploy(rig: FakeRig, data: dict, execute: bool = True, fn=converge) -> Run:
+    """Prepare (change detection on) and, unless ``execute`` is False, run on the fake host."""
+    # pyinfra copies host data values, so the rig travels as a key into RIGS.
+    RIGS[str(id(rig))] = rig
+    inventory = Inventory(([("@fake/rig", {**data, "fake_rig": str(id(rig))})], {}))
+    state = State(inventory, Config(), check_for_changes=True)
+    connect_all(state)
+    add_deploy(state, fn)
+    host = inventory.get_host("@fake/rig")
+    plan = []
+    for op_hash in state.get_op_order():
+        op_data = state.get_op_data_for_host(host, op_hash)
+        if op_data.operation_meta._maybe_is_change:
+            plan.append(", ".join(sorted(state.op_meta[op_hash].names)))
+    start = len(rig.commands)
+    failed = False
+    if execute:
+        try:
+            run_ops(state)
+        except PyinfraError:
+            pass
+        failed = host in state.failed_hosts
+    return Run(rig, plan, rig.commands[start:], failed, "")
+
+
+def converged(os_key: str, data: dict) -> FakeRig:
+    rig = FakeRig(os_key)
+    first = deploy(rig, data)
+    assert not first.failed
+    return rig
+
+
+# --- per-distro package paths ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("os_key", "docker_pkgs", "driver_pkgs", "cuda_repo"),
+    [
+        (
+            "ubuntu2204",
+            "docker.io docker-compose-v2",
+            "nvidia-driver-580-server-open nvidia-utils-580-server "
+            "nvidia-compute-utils-580-server",
+            False,
+        ),
+        (
+            "ubuntu2404",
+            "docker.io docker-compose-v2",
+            "nvidia-driver-580-server-open nvidia-utils-580-server "
+            "nvidia-compute-utils-580-server",
+            False,
+        ),
+        (
+            "debian12",
+            "docker-ce docker-ce-cli containerd.io docker-compose-plugin",
+            "nvidia-kernel-open-dkms nvidia-driver-cuda nvidia-smi nvidia-persistenced",
+            True,
+        ),
+        (
+            "debian13",
+            "docker.io docker-cli docker-compose",
+            "nvidia-kernel-open-dkms nvidia-driver-cuda nvidia-smi nvidia-persistenced",
+            True,
+        ),
+    ],
+)
+def test_bare_host_installs_the_right_packages_then_converges(
+    data, os_key, docker_pkgs, driver_pkgs, cuda_repo
+):
+    rig = FakeRig(os_key)
+    if os_key == "debian12":
+        rig.packages["linux-image-6.1.0-40-amd64"] = "6.1.158-1"
+    run = deploy(rig, data)
+    assert not run.failed, rig.commands[-5:]
+
+    installs = [c.split(" install ", 1)[1] for c in run.ran("apt-get") if " install " in c]
+    assert installs[0] == "ca-certificates curl gnupg git python3 python3-venv jq chrony"
+    assert docker_pkgs in installs
+    assert driver_pkgs in installs
+    assert (
+        "nvidia-container-toolkit=1.17.8-1 nvidia-container-toolkit-base=1.17.8-1 "
+        "libnvidia-container-tools=1.17.8-1 libnvidia-container1=1.17.8-1"
+    ) in installs
+    assert f"apt-mark hold {driver_pkgs}" in run.commands
+    # Each install is preceded by exactly one apt-get update.
+    assert len(run.ran("apt-get -y -q -o Dpkg::Options::=--force-confdef -o "
+                       "Dpkg::Options::=--force-confold update")) == len(installs)
+
+    if os_key.startswith("ubuntu"):
+        assert "linux-modules-nvidia-580-server-open-generic" in installs
+        assert not any(p.startswith("/etc/apt/sources.list.d/rigfleet-cuda") for p in rig.files)
+        assert "/etc/apt/preferences.d/rigfleet-nvidia-driver" not in rig.files
+    else:
+        sources = rig.files["/etc/apt/sources.list.d/rigfleet-cuda.sources"].decode()
+        assert sources == (
+            "Types: deb\nURIs: http://apt.rigfleet.test/debian\nSuites: stable\n"
+            "Components: main\nSigned-By: /etc/apt/keyrings/rigfleet-testbed.gpg\n"
+        )
+        prefs = rig.files["/etc/apt/preferences.d/rigfleet-nvidia-driver"].decode()
+        assert "Pin: version 580.*\nPin-Priority: 1001\n" in prefs
+        assert "/etc/apt/keyrings/rigfleet-testbed.gpg" in rig.keyrings
+        keyring_cmd = run.ran("curl -fsSL http://apt.rigfleet.test/rigfleet-testbed.asc")
+        assert any("gpg --batch --yes --dearmor" in c for c in keyring_cmd)
+    if os_key == "debian12":
+        assert "linux-headers-6.1.0-40-amd64" in installs
+        assert "/etc/apt/sources.list.d/rigfleet-docker.sources" in rig.files
+    if os_key == "debian13":
+        # A kernel that is not a Debian package (a container's) gets no headers.
+        assert not any(i.startswith("linux-headers") for i in installs)
+
+    # The host is now converged: --dry plans nothing, and a second run changes nothing.
+    again = deploy(rig, data, execute=False)
+    assert again.plan == []
+    second = deploy(rig, data)
+    assert not second.failed
+    assert second.ran(" install ") == []
+    assert second.ran("systemctl reboot") == []
+    assert second.ran("compose") == [] or all(" up " not in c for c in second.ran("compose"))
+    assert rig.reboots == 1
+
+
+def test_docker_package_choice_is_documented_per_os():
+    def os(i, v):
+        return OsInfo(i, v, "x", "k")
+
+    assert docker_packages(os("debian", "13")) == ("docker.io", "docker-cli", "docker-compose")
+    assert docker_packages(os("debian", "12"))[-1] == "docker-compose-plugin"
+    assert docker_packages(os("ubuntu", "22.04")) == ("docker.io", "docker-compose-v2")
+
+
+# --- reboot ---------------------------------------------------------------------------------
+
+
+def test_no_reboot_when_driver_loaded_and_packages_unchanged(data):
+    rig = converged("debian13", data)
+    run = deploy(rig, data)
+    assert run.ran("systemctl reboot") == [] and rig.reboots == 1
+    assert "NVIDIA driver | Reboot to load the NVIDIA driver (only when needed)" not in run.plan
+
+
+def test_reboot_when_driver_not_loaded_even_if_packages_are_in_place(data):
+    rig = converged("ubuntu2404", data)
+    rig.driver_loaded = None  # e.g. installed by hand, never rebooted
+    run = deploy(rig, data)
+    assert not run.failed
+    assert run.ran(" install ") == []
+    assert len(run.ran("systemctl reboot")) == 1 and rig.reboots == 2
+    assert rig.driver_loaded == "580.105.08"
+
+
+def test_reboot_and_downgrade_when_installed_driver_is_on_another_branch(data):
+    rig = converged("debian13", data)
+    rig.packages["nvidia-driver-cuda"] = "590.44.01-1"
+    rig.driver_loaded = "590.44.01"
+    run = deploy(rig, data)
+    assert not run.failed
+    [install] = run.ran(" install nvidia-driver-cuda")
+    assert "--allow-downgrades --allow-change-held-packages" in install
+    assert len(run.ran("systemctl reboot")) == 1
+    assert rig.driver_loaded == "580.105.08"
+
+
+def test_missing_gpu_stops_the_run_before_any_change(data):
+    rig = converged("debian13", data)
+    rig.gpus = rig.gpus[:1]  # a card fell off the bus
+    with pytest.raises(HostDataError, match=r"has 2 cap\(s\) but the host has 1 GPU"):
+        deploy(rig, data, execute=False)
+
+
+def test_driver_verification_fails_a_bare_host_with_another_gpu_count(data):
+    rig = FakeRig("debian13")
+    rig.gpus.append(Gpu(2))  # seen only once the driver is loaded, after the reboot
+    run = deploy(rig, data)
+    assert run.failed
+    assert rig.reboots == 1
+    assert run.ran("nvidia-container-toolkit") == []  # stopped at the driver check
+
+
+# --- power ----------------------------------------------------------------------------------
+
+
+def test_power_unit_content_and_caps_applied(data):
+    rig = converged("debian13", data)
+    unit = rig.files[UNIT].decode()
+    body = [line for line in unit.splitlines() if line and not line.startswith("#")]
+    assert body == [
+        "[Unit]",
+        "Description=rigfleet: apply GPU power caps",
+        "After=nvidia-persistenced.service",
+        "Wants=nvidia-persistenced.service",
+        "[Service]",
+        "Type=oneshot",
+        "RemainAfterExit=yes",
+        "ExecStart=/usr/bin/nvidia-smi -i 0 -pl 250",
+        "ExecStart=/usr/bin/nvidia-smi -i 1 -pl 260",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ]
+    assert rig.modes[UNIT] == "0644"
+    assert "rigfleet-power-caps.service" in rig.enabled
+    assert [g.limit for g in rig.gpus] == [250.0, 260.0]
+
+
+def test_caps_reapplied_only_when_read_back_differs(data):
+    rig = converged("debian13", data)
+    run = deploy(rig, data)
+    assert run.ran("systemctl restart rigfleet-power-caps.service") == []
+    rig.gpus[1].limit = 350.0  # someone ran nvidia-smi -pl by hand
+    run = deploy(rig, data)
+    assert len(run.ran("systemctl restart rigfleet-power-caps.service")) == 1
+    assert [g.limit for g in rig.gpus] == [250.0, 260.0]
+
+
+def test_cap_outside_the_cards_range_stops_before_any_change(data):
+    rig = converged("debian13", data)
+    before = dict(rig.files)
+    with pytest.raises(HostDataError) as err:
+        deploy(rig, {**data, "power_caps_w": [250, 400]}, execute=False)
+    message = str(err.value)
+    assert "@fake/rig" in message and "power_caps_w[1]" in message and "400" in message
+    assert "card 1" in message and "100..350" in message
+    assert rig.files == before
+
+
+# --- docker and the container toolkit -------------------------------------------------------
+
+
+def test_daemon_json_is_merged_not_overwritten():
+    current = {"data-root": "/data/docker", "log-opts": {"labels": "x"},
+               "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}
+    merged = merge_daemon_config(current, daemon_settings("http://mirror:5000"))
+    assert merged == {
+        "data-root": "/data/docker",
+        "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}},
+        "log-driver": "json-file",
+        "log-opts": {"labels": "x", "max-size": "100m", "max-file": "5"},
+        "registry-mirrors": ["http://mirror:5000"],
+    }
+    assert merge_daemon_config(merged, daemon_settings(None)) == merged
+
+
+def test_nvidia_ctk_runs_only_when_the_runtime_is_missing(data):
+    rig = converged("debian13", data)
+    daemon = json.loads(rig.files["/etc/docker/daemon.json"])
+    assert daemon["registry-mirrors"] == ["http://registry.rigfleet.test:5000"]
+    assert "nvidia" in daemon["runtimes"]
+
+    run = deploy(rig, data)
+    assert run.ran("nvidia-ctk") == [] and run.ran("systemctl restart docker") == []
+
+    del daemon["runtimes"]
+    rig.files["/etc/docker/daemon.json"] = json.dumps(daemon).encode()
+    run = deploy(rig, data)
+    assert len(run.ran("nvidia-ctk runtime configure --runtime=docker")) == 1
+    assert len(run.ran("systemctl restart docker")) == 1
+
+
+def test_invalid_daemon_json_fails_the_host_with_a_message(data):
+    rig = converged("debian13", data)
+    rig.files["/etc/docker/daemon.json"] = b"{not json"
+    run = deploy(rig, data)
+    assert run.failed
+    assert b"{not json" == rig.files["/etc/docker/daemon.json"]
+
+
+# --- stacks ---------------------------------------------------------------------------------
+
+
+def test_no_compose_up_when_the_container_runs_with_the_same_config_hash(data):
+    rig = converged("debian13", data)
+    status, label = rig.containers["rigfleet-int8"]
+    assert status == "running" and label
+    run = deploy(rig, data)
+    assert [c for c in run.ran("docker compose") if " up " in c] == []
+    assert rig.containers["rigfleet-int8"] == (status, label)
+
+    rig.containers["rigfleet-int8"] = ("running", "0123456789abcdef")  # started elsewhere
+    run = deploy(rig, data)
+    [up] = [c for c in run.ran("docker compose") if " up " in c]
+    assert "-p rigfleet-int8 -f /opt/rigfleet/stacks/int8/compose.yaml up -d" in up
+    assert rig.containers["rigfleet-int8"] == (status, label)
+
+
+def test_switching_stack_takes_the_other_down_first_and_records_the_ledger(data):
+    rig = converged("debian13", data)
+    assert len(rig.ledger) == 1
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert not run.failed
+    compose = run.ran("docker compose -p")
+    down = next(i for i, c in enumerate(compose) if "rigfleet-int8" in c and " down " in c)
+    up = next(i for i, c in enumerate(compose) if "tq3-mtp-genesis" in c and " up " in c)
+    assert down < up
+    assert set(rig.containers) == {"rigfleet-tq3-mtp-genesis"}
+    assert rig.genesis_head == GENESIS_COMMIT
+    entry = json.loads(rig.ledger[-1])
+    assert entry["stack"] == "tq3-mtp-genesis" and entry["previous"]["stack"] == "int8"
+    assert entry["genesis_commit"] == GENESIS_COMMIT and entry["by"]
+    state = json.loads(rig.files["/var/lib/rigfleet/state.json"])
+    assert state["stack"] == "tq3-mtp-genesis"
+    # The front now points at the Genesis stack's loopback port.
+    assert b"proxy_pass http://127.0.0.1:8015;" in rig.files[
+        "/etc/nginx/conf.d/rigfleet-front.conf"]
+    assert len(deploy(rig, {**data, "stack": "tq3-mtp-genesis"}).rig.ledger) == 2
+
+
+def test_genesis_stack_refused_when_vllm_is_not_on_the_allowlist(data, caplog):
+    rig = FakeRig("debian13")
+    rig.allowlist = ["0.20.1rc1.dev16+g7a1eb8ac2"]
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert run.failed
+    assert "image vLLM 0.20.2rc1.dev9+g01d4d1ad3 is not on Genesis cccccccccccc" in caplog.text
+    assert "0.20.1rc1.dev16+g7a1eb8ac2" in caplog.text
+    assert rig.containers == {}
+    assert run.ran("docker compose -p rigfleet-tq3-mtp-genesis") == []
+
+
+def test_genesis_version_read_once_per_digest(data):
+    rig = converged("debian13", {**data, "stack": "tq3-mtp-genesis"})
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert run.ran("import vllm") == []
+    assert rig.files["/var/lib/rigfleet/vllm-versions/" + "b" * 64] == (
+        b"0.20.2rc1.dev9+g01d4d1ad3\n"
+    )
+
+
+def test_container_exit_fails_fast_with_the_logs(data, caplog):
+    rig = converged("debian13", data)
+    rig.containers["rigfleet-int8"] = ("running", "0123456789abcdef")  # forces an up
+    apply = rig._actions
+
+    def up_then_die(cmd):
+        answer = apply(cmd)
+        if " up -d " in cmd:
+            rig.containers["rigfleet-int8"] = ("exited", rig.containers["rigfleet-int8"][1])
+        return answer
+
+    rig._actions = up_then_die
+    run = deploy(rig, data)
+    assert run.failed
+    assert len(run.ran("docker logs --tail 30 rigfleet-int8")) == 1
+    assert "container rigfleet-int8 exited (status exited, exit code 0)" in caplog.text
+    # Failing fast: one probe, no waiting loop.
+    assert len(run.ran("printf 'state=%s")) == 1
+
+
+# --- weights, genesis, secrets --------------------------------------------------------------
+
+
+def test_weights_fetched_once_with_endpoint_and_no_token_in_argv(data, tmp_path):
+    token = tmp_path / "hf-token"
+    token.write_text("hf_secret_token_value\n")
+    token.chmod(0o600)
+    rig = FakeRig("debian13")
+    run = deploy(rig, {**data, "hf_token_file": str(token)})
+    [fetch] = run.ran("rigfleet-fetch-weights.py fetch")
+    assert fetch.startswith("HF_ENDPOINT=http://hub.rigfleet.test:8080 ")
+    assert "--token-file /etc/rigfleet/secrets/hf-token" in fetch
+    assert "--revision " + "a" * 40 in fetch
+    assert rig.files["/etc/rigfleet/secrets/hf-token"] == b"hf_secret_token_value\n"
+    assert rig.modes["/etc/rigfleet/secrets/hf-token"] == "0600"
+    assert not any("hf_secret_token_value" in c for c in rig.commands)
+    again = deploy(rig, {**data, "hf_token_file": str(token)})
+    assert again.ran("rigfleet-fetch-weights.py fetch") == []
+
+
+def test_secrets_are_root_only_and_never_in_commands_or_plans(data):
+    rig = FakeRig("debian13")
+    run = deploy(rig, data)
+    for path in ("/etc/rigfleet/secrets/vllm.env", "/etc/rigfleet/secrets/api-auth-header",
+                 "/etc/nginx/rigfleet-keys.conf"):
+        assert rig.modes[path] == "0600", path
+        assert API_KEY.encode() in rig.files[path]
+    assert rig.files["/etc/rigfleet/secrets/vllm.env"] == f"VLLM_API_KEY={API_KEY}\n".encode()
+    assert not any(API_KEY in c for c in rig.commands)
+    assert not any(API_KEY in name for name in run.plan)
+    keys = rig.files["/etc/nginx/rigfleet-keys.conf"].decode()
+    assert f'"~^Bearer {API_KEY}$" 1;' in keys and "default 0;" in keys
+
+
+def test_compose_files_rendered_for_both_stacks(data):
+    rig = converged("debian13", data)
+    for stack in ("int8", "tq3-mtp-genesis"):
+        path = f"/opt/rigfleet/stacks/{stack}/compose.yaml"
+        assert rig.modes[path] == "0644"
+        assert f"name: rigfleet-{stack}" in rig.files[path].decode()
+
+
+# --- preflight ------------------------------------------------------------------------------
+
+
+def test_unsupported_os_is_refused_naming_host_and_allowed(data):
+    rig = FakeRig("rocky9")
+    with pytest.raises(PreflightError, match=r"@fake/rig: os: 'rocky 9.4' is not supported"):
+        deploy(rig, data, execute=False)
+    assert all(c.startswith("cat /etc/os-release") for c in rig.commands)
+
+
+def test_bad_host_data_is_refused_before_any_command(data):
+    rig = FakeRig("debian13")
+    with pytest.raises(RigfleetError, match="stack"):
+        deploy(rig, {**data, "stack": "fp8"}, execute=False)
+    assert rig.commands == []
+
+
+def test_unreadable_pins_are_refused(data, tmp_path):
+    bad = tmp_path / "bad-pins.yaml"
+    bad.write_text(pins_yaml(digest="sha256:nothex"))
+    with pytest.raises(PreflightError, match="pins_file"):
+        deploy(FakeRig("debian13"), {**data, "pins_file": str(bad)}, execute=False)
+
+
+def test_api_key_with_nginx_unsafe_characters_is_refused(data, tmp_path):
+    key = tmp_path / "bad-key"
+    key.write_text('abc"def;' + "x" * 20 + "\n")
+    os.chmod(key, 0o600)
+    with pytest.raises(PreflightError, match="content not shown, 28 chars") as err:
+        deploy(FakeRig("debian13"), {**data, "api_key_file": str(key)}, execute=False)
+    assert "abc" not in str(err.value)
+
+
+def test_plan_of_a_bare_host_lists_changes(data):
+    run = deploy(FakeRig("debian13"), data, execute=False)
+    assert "Base | Install base packages" in run.plan
+    assert "NVIDIA driver | Reboot to load the NVIDIA driver (only when needed)" in run.plan
+    assert "Serving stacks | Start rigfleet-int8 (only when needed)" in run.plan
+
