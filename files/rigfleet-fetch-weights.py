@@ -203,7 +203,8 @@ def verify(local_dir: Path, expected: dict[str, dict]) -> dict[str, dict]:
         verified[name] = {"size": st.st_size, "sha256": sha256, "mtime": st.st_mtime}
     if problems:
         raise FetchError(
-            "verification failed:\n  " + "\n  ".join(problems)
+            "verification failed:\n  "
+            + "\n  ".join(problems)
             + f"\nremove the bad files under {local_dir} and re-run"
         )
     return verified
@@ -252,9 +253,7 @@ def fetch(args: argparse.Namespace) -> int:
 
         started = time.monotonic()
         say(f"downloading {len(expected)} files (resumes partial downloads)")
-        snapshot_download(
-            args.repo, revision=args.revision, local_dir=str(local_dir), token=token
-        )
+        snapshot_download(args.repo, revision=args.revision, local_dir=str(local_dir), token=token)
         say(f"downloaded in {time.monotonic() - started:.0f}s; verifying")
         files = verify(local_dir, expected)
         write_manifest(local_dir, args.repo, args.revision, files)

@@ -60,18 +60,23 @@ def main(argv: list[str]) -> int:
         if path.is_file():
             break
     else:
-        print(f"no Genesis guards file under {root} (looked for {', '.join(GUARDS)})",
-              file=sys.stderr)
+        print(
+            f"no Genesis guards file under {root} (looked for {', '.join(GUARDS)})", file=sys.stderr
+        )
         return 1
     values = literal_assignments(ast.parse(path.read_text(encoding="utf-8"), str(path)))
     if KNOWN_GOOD not in values:
         print(f"{path}: no literal {KNOWN_GOOD}", file=sys.stderr)
         return 1
-    print(json.dumps({
-        "guards": rel,
-        "known_good": versions(values[KNOWN_GOOD]),
-        "pending": versions(values.get(PENDING)),
-    }))
+    print(
+        json.dumps(
+            {
+                "guards": rel,
+                "known_good": versions(values[KNOWN_GOOD]),
+                "pending": versions(values.get(PENDING)),
+            }
+        )
+    )
     return 0
 
 

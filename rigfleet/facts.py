@@ -456,9 +456,7 @@ class FileDigest(FactBase[FileInfo | None]):
     @override
     def command(self, path: str) -> str:
         p = shlex.quote(path)
-        return (
-            f"if [ -f {p} ]; then stat -c '%a %U %G' {p} && sha256sum {p} | cut -d' ' -f1; fi"
-        )
+        return f"if [ -f {p} ]; then stat -c '%a %U %G' {p} && sha256sum {p} | cut -d' ' -f1; fi"
 
     @override
     def process(self, output: list[str]) -> FileInfo | None:
@@ -467,8 +465,9 @@ class FileDigest(FactBase[FileInfo | None]):
         words = output[0].split()
         if len(words) != 3:
             return None
-        return FileInfo(mode=words[0].zfill(4)[-4:], user=words[1], group=words[2],
-                        sha256=output[1].strip())
+        return FileInfo(
+            mode=words[0].zfill(4)[-4:], user=words[1], group=words[2], sha256=output[1].strip()
+        )
 
 
 def gpu_power_limit(gpu: Any) -> float | None:

@@ -144,7 +144,9 @@ def docker(ctx: HostContext) -> None:
     repo = docker_repo(ctx.os, ctx.settings.apt_repos.get("docker"))
     if repo is not None:
         add_apt_repo("Docker", repo)
-    apt_packages(name="Install Docker Engine and Compose v2", packages=list(docker_packages(ctx.os)))
+    apt_packages(
+        name="Install Docker Engine and Compose v2", packages=list(docker_packages(ctx.os))
+    )
     daemon = daemon_json(
         name=f"Merge {DAEMON_JSON} (log rotation, registry mirror)",
         settings=daemon_settings(ctx.settings.docker_registry_mirror),

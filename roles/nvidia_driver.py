@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import FunctionCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files
 
@@ -117,7 +117,9 @@ def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: f
     while True:
         host.connect(show_errors=False)
         if host.connected:
-            ok, output = host.run_shell_command(f"cat {BOOT_MARKER} 2>/dev/null || true")
+            ok, output = host.run_shell_command(
+                StringCommand(f"cat {BOOT_MARKER} 2>/dev/null || true")
+            )
             if ok and token not in output.stdout:
                 return
             host.disconnect()

@@ -30,7 +30,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError, operation
+from pyinfra.api import (
+    FileUploadCommand,
+    FunctionCommand,
+    OperationError,
+    StringCommand,
+    operation,
+)
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.operation import OperationMeta
 
 from rigfleet.commands import apt as apt_commands
@@ -81,6 +88,18 @@ def changed(gates: Sequence[OperationMeta]) -> bool:
     return False
 
 
+def run_on_host(command: str) -> tuple[bool, list[str], list[str]]:
+    """Run a read-only command now (inside an operation, at execution time).
+
+    The current operation's connector arguments (``_sudo`` and friends) apply, as they do to
+    facts. Returns (ok, stdout lines, stderr lines).
+    """
+    current = host.current_op_global_arguments or {}
+    kwargs = {k: v for k, v in current.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    ok, output = host.run_shell_command(StringCommand(command), **kwargs)
+    return ok, output.stdout_lines, output.stderr_lines
+
+
 def fail(message: str):
     """Yield a command that fails the host with ``message`` (use as ``yield from fail(..)``).
 
@@ -99,14 +118,12 @@ def fail(message: str):
 def on_change(
     commands: Sequence[str],
     gates: Sequence[OperationMeta],
-    also: Callable[[], bool] | None = None,
     reason: str = "nothing it depends on changed",
 ):
-    """Run ``commands`` when any of ``gates`` changed (or ``also()`` is true).
+    """Run ``commands`` when any of ``gates`` changed.
 
     + commands: shell commands, in order
     + gates: operations whose change triggers the commands
-    + also: an extra condition read at the time (prepare or execute), e.g. from a fact
     + reason: what ``--dry`` says when nothing runs
 
     **Example:**
@@ -115,7 +132,7 @@ def on_change(
 
         on_change(name="Reload nginx", commands=["systemctl reload nginx"], gates=[conf])
     """
-    if changed(gates) or (also is not None and also()):
+    if changed(gates):
         yield from commands
     else:
         host.noop(reason)
@@ -235,8 +252,14 @@ def secret_file(
         yield f"chmod {mode} {q}"
     if current is None or (current.user, current.group) != (user, group):
         yield f"chown {user}:{group} {q}"
-    if current is not None and current.sha256 == wanted and current.mode == mode and (
-        current.user,
-        current.group,
-    ) == (user, group):
+    if (
+        current is not None
+        and current.sha256 == wanted
+        and current.mode == mode
+        and (
+            current.user,
+            current.group,
+        )
+        == (user, group)
+    ):
         host.noop(f"{dest} is up to date (content not shown)")

@@ -101,9 +101,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
     after = host.get_fact(GpuQuery)
     still = caps_mismatch(caps, after.gpus) if after.loaded else ["nvidia-smi fails"]
     if still:
-        yield from fail(
-            f"{host.name}: power caps did not take effect: {'; '.join(still)}"
-        )
+        yield from fail(f"{host.name}: power caps did not take effect: {'; '.join(still)}")
 
 
 @deploy("GPU power")

@@ -50,7 +50,16 @@ from rigfleet.compose import (
     render_compose,
 )
 from rigfleet.facts import ContainerLabel, ImageDigests, TextFile
-from roles.ops import Secret, changed, check, executing, fail, on_change, secret_file
+from roles.ops import (
+    Secret,
+    changed,
+    check,
+    executing,
+    fail,
+    on_change,
+    run_on_host,
+    secret_file,
+)
 from roles.preflight import HostContext
 
 FILES_DIR = Path(__file__).resolve().parent.parent / "files"
@@ -76,30 +85,26 @@ def version_cache_path(digest: str) -> str:
 
 
 @operation()
-def image_pulled(image_ref: str, digest: str):
+def image_pulled(image_ref: str, repository: str, digest: str):
     """Pull ``<repo>:<tag>@<digest>`` unless an image with that digest is present.
 
-    + image_ref: ``<repo>:<tag>@<digest>``
+    + image_ref: ``<repo>:<tag>@<digest>`` (what is pulled)
+    + repository: ``<repo>`` (the local image is looked up as ``<repo>@<digest>``)
     + digest: ``sha256:<64-hex>``
     """
-    digests = host.get_fact(ImageDigests, ref=image_ref)
+    digests = host.get_fact(ImageDigests, ref=f"{repository}@{digest}")
     if any(d.endswith(f"@{digest}") for d in digests):
         host.noop(f"image {digest[:19]} present")
         return
     yield docker_commands.pull(image_ref)
 
 
-def verify_image(image_ref: str, digest: str) -> str | None:
+def verify_image(image_ref: str, repository: str, digest: str) -> str | None:
     """At execution time: ``docker image inspect`` RepoDigests hold the pinned digest."""
-    digests = host.get_fact(ImageDigests, ref=image_ref)
+    digests = host.get_fact(ImageDigests, ref=f"{repository}@{digest}")
     if not any(d.endswith(f"@{digest}") for d in digests):
         return f"image {image_ref} has RepoDigests {digests or 'none'}; pin is {digest}"
     return None
-
-
-def _run(command: str) -> tuple[bool, list[str], list[str]]:
-    ok, output = host.run_shell_command(command)
-    return ok, output.stdout_lines, output.stderr_lines
 
 
 @operation()
@@ -127,7 +132,7 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, com
         return
     version = cached.strip() if cached else None
     if version is None:
-        ok, out, err = _run(docker_commands.vllm_version(image_ref))
+        ok, out, err = run_on_host(docker_commands.vllm_version(image_ref))
         if not ok or not out:
             yield from fail(
                 f"{host.name}: cannot read vLLM's version from {image_ref}: "
@@ -135,7 +140,7 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, com
             )
             return
         version = out[-1].strip()
-    ok, out, err = _run(f"python3 {ALLOWLIST_SCRIPT} {shlex.quote(GENESIS_HOST_DIR)}")
+    ok, out, err = run_on_host(f"python3 {ALLOWLIST_SCRIPT} {shlex.quote(GENESIS_HOST_DIR)}")
     try:
         allowed = json.loads(out[-1])["known_good"] if ok and out else None
     except (ValueError, KeyError):
@@ -169,18 +174,16 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, com
 
 
 @operation()
-def stack_down(stack: str, container: str):
-    """``docker compose down`` the stack when its container exists.
+def stack_down(stack: str, project: str, container: str):
+    """``docker compose down`` the stack when its container exists (running or not).
 
-    + stack: the stack's name
-    + container: its container name
+    + stack, project, container: names (``int8``, ``rigfleet-int8``, ``rigfleet-int8``)
     """
     state = host.get_fact(ContainerLabel, container=container, label=CONFIG_HASH_LABEL)
     if state is None:
-        host.noop(f"{stack} is not running")
+        host.noop(f"{stack} has no container")
         return
-    spec_project = f"rigfleet-{stack}"
-    yield docker_commands.compose_down(compose_path(stack), spec_project)
+    yield docker_commands.compose_down(compose_path(stack), project)
 
 
 @operation()
@@ -223,7 +226,7 @@ def wait_ready(container: str, port: int, served_name: str, timeout: float) -> s
     first_restarts: int | None = None
     last = "no answer yet"
     while True:
-        _, out, _ = _run(probe.ready(container, port))
+        _, out, _ = run_on_host(probe.ready(container, port))
         values = _parse_probe(out)
         words = values.get("state", "").split()
         if len(words) != 3:
@@ -232,7 +235,7 @@ def wait_ready(container: str, port: int, served_name: str, timeout: float) -> s
         if first_restarts is None:
             first_restarts = restarts
         if status in ("exited", "dead") or restarts > first_restarts:
-            _, logs, _ = _run(docker_commands.logs_tail(container, LOG_LINES))
+            _, logs, _ = run_on_host(docker_commands.logs_tail(container, LOG_LINES))
             return (
                 f"container {container} exited (status {status}, exit code {exit_code}) "
                 f"before it was ready; last log lines:\n    " + "\n    ".join(logs[-LOG_LINES:])
@@ -243,7 +246,7 @@ def wait_ready(container: str, port: int, served_name: str, timeout: float) -> s
             return None
         last = f"/health {health or 'no answer'}, /v1/models lists {ids or 'nothing'}"
         if time.monotonic() > deadline:
-            _, logs, _ = _run(docker_commands.logs_tail(container, LOG_LINES))
+            _, logs, _ = run_on_host(docker_commands.logs_tail(container, LOG_LINES))
             return (
                 f"{container} not ready after {timeout:g}s ({last}); last log lines:\n    "
                 + "\n    ".join(logs[-LOG_LINES:])
@@ -280,11 +283,14 @@ def stacks(ctx: HostContext) -> None:
     )
 
     image_pulled(
-        name=f"Pull {pinned.image} by digest", image_ref=pinned.image_ref, digest=pinned.digest
+        name=f"Pull {pinned.image} by digest",
+        image_ref=pinned.image_ref,
+        repository=pinned.repository,
+        digest=pinned.digest,
     )
     check(
         name="Verify the image's RepoDigests hold the pinned digest",
-        verify=lambda: verify_image(pinned.image_ref, pinned.digest),
+        verify=lambda: verify_image(pinned.image_ref, pinned.repository, pinned.digest),
         what="digest verification",
     )
     if spec.needs_genesis and pinned.genesis is not None:
@@ -315,8 +321,9 @@ def stacks(ctx: HostContext) -> None:
         )
         on_change(
             name=f"Check {other.compose_project} with docker compose config",
-            commands=[docker_commands.compose_config_check(compose_path(name),
-                                                           other.compose_project)],
+            commands=[
+                docker_commands.compose_config_check(compose_path(name), other.compose_project)
+            ],
             gates=[compose_ops[name]],
             reason="compose file unchanged",
         )
@@ -326,6 +333,7 @@ def stacks(ctx: HostContext) -> None:
             stack_down(
                 name=f"Stop {other.compose_project} (only one stack fits)",
                 stack=name,
+                project=other.compose_project,
                 container=other.container_name,
             )
     stack_up(
@@ -339,8 +347,6 @@ def stacks(ctx: HostContext) -> None:
     timeout = float(host.data.get("ready_timeout_s") or READY_TIMEOUT_S)
     check(
         name=f"Wait until {spec.container_name} serves {spec.served_model_name}",
-        verify=lambda: wait_ready(
-            spec.container_name, spec.port, spec.served_model_name, timeout
-        ),
+        verify=lambda: wait_ready(spec.container_name, spec.port, spec.served_model_name, timeout),
         what="readiness",
     )

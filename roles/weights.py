@@ -83,9 +83,7 @@ def weights(ctx: HostContext) -> None:
         (ctx.settings.model_dir, "0755"),
     )
     for path, mode in host.loop(directories):
-        files.directory(
-            name=f"Directory {path}", path=path, user="root", group="root", mode=mode
-        )
+        files.directory(name=f"Directory {path}", path=path, user="root", group="root", mode=mode)
     hf_hub_venv(
         name=f"huggingface_hub {ctx.pins.hf_hub_version} venv",
         version=ctx.pins.hf_hub_version,

@@ -48,10 +48,10 @@ def _fetch_dearmored(key_url: str, out: str) -> str:
     # `gpg --dearmor` only decodes base64, so its output is byte-for-byte stable and can be
     # compared with the installed keyring. Fails (non-zero) when the download fails.
     return (
-        f"rf_raw=$(mktemp) && curl -fsSL {shlex.quote(key_url)} -o \"$rf_raw\" && "
+        f'rf_raw=$(mktemp) && curl -fsSL {shlex.quote(key_url)} -o "$rf_raw" && '
         f"{{ if grep -q 'BEGIN PGP PUBLIC KEY BLOCK' \"$rf_raw\"; "
-        f"then gpg --batch --yes --dearmor -o {out} \"$rf_raw\"; "
-        f"else cp \"$rf_raw\" {out}; fi; }} && rm -f \"$rf_raw\""
+        f'then gpg --batch --yes --dearmor -o {out} "$rf_raw"; '
+        f'else cp "$rf_raw" {out}; fi; }} && rm -f "$rf_raw"'
     )
 
 
@@ -67,8 +67,8 @@ def keyring_state(key_url: str, dest: str) -> str:
         f"if [ ! -s {d} ]; then echo missing; "
         "elif command -v curl >/dev/null 2>&1 && command -v gpg >/dev/null 2>&1 && "
         f"rf_new=$(mktemp) && {_fetch_dearmored(key_url, chr(34) + '$rf_new' + chr(34))}; "
-        f"then if cmp -s \"$rf_new\" {d}; then echo same; else echo differ; fi; "
-        "rm -f \"$rf_new\"; "
+        f'then if cmp -s "$rf_new" {d}; then echo same; else echo differ; fi; '
+        'rm -f "$rf_new"; '
         "else echo same; fi"
     )
 
@@ -95,9 +95,7 @@ def install_keyring(key_url: str, dest: str, fingerprint: str | None = None) -> 
     )
 
 
-def deb822_sources(
-    url: str, suite: str, components: Sequence[str] | str, signed_by: str
-) -> str:
+def deb822_sources(url: str, suite: str, components: Sequence[str] | str, signed_by: str) -> str:
     """A deb822 ``.sources`` file for one repository.
 
     A flat repository (NVIDIA's CUDA repo: suite ``/``) has no components, so the line is left

@@ -25,9 +25,9 @@ def ready(container: str, port: int, header_file: str = AUTH_HEADER_FILE) -> str
     base = f"http://127.0.0.1:{int(port)}"
     return (
         f"printf 'state=%s\\n' \"$(docker inspect --type container --format {shlex.quote(fmt)} "
-        f"{shlex.quote(container)} 2>/dev/null)\"; "
+        f'{shlex.quote(container)} 2>/dev/null)"; '
         f"printf 'health=%s\\n' \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 "
-        f"{base}/health)\"; "
+        f'{base}/health)"; '
         f"printf 'models=%s\\n' \"$(curl -s --max-time 5 -H @{shlex.quote(header_file)} "
         f"{base}/v1/models | tr -d '\\n')\""
     )

@@ -10,6 +10,7 @@ Example::
 from __future__ import annotations
 
 import shlex
+from urllib.parse import urlsplit
 
 HF_VENV = "/opt/rigfleet/hf-venv"
 SCRIPT_DIR = "/usr/local/lib/rigfleet"
@@ -19,8 +20,17 @@ LOCK_DIR = "/var/lib/rigfleet/locks"
 
 
 def venv_install(version: str, index_url: str | None = None) -> str:
-    """Create the venv if needed and install ``huggingface_hub==<version>`` into it."""
-    index = f" --index-url {shlex.quote(index_url)}" if index_url else ""
+    """Create the venv if needed and install ``huggingface_hub==<version>`` into it.
+
+    + index_url: a PyPI mirror; a plain-http one is also marked trusted (pip ignores an
+      http index otherwise)
+    """
+    index = ""
+    if index_url:
+        index = f" --index-url {shlex.quote(index_url)}"
+        parts = urlsplit(index_url)
+        if parts.scheme == "http" and parts.hostname:
+            index += f" --trusted-host {shlex.quote(parts.hostname)}"
     return (
         f"( test -x {HF_VENV}/bin/python || python3 -m venv {HF_VENV} ) && "
         f"{HF_VENV}/bin/pip install --disable-pip-version-check --no-input -q{index} "

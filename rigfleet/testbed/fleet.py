@@ -16,6 +16,7 @@ import secrets
 import socket
 import subprocess
 import time
+from pprint import pformat
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ class Paths:
 class UpOptions:
     hosts: int = 2
     hardware_overrides: list[dict[str, Any]] = field(default_factory=list)
-    inventory: Path = layout.REPO_ROOT / "inventory" / "testbed.py"
+    inventory: Path = layout.INVENTORY
 
 
 # -- artifacts on the control machine --------------------------------------------------------
@@ -172,7 +173,7 @@ def ensure_network(c: docker.DockerClient) -> None:
     ipam = docker.types.IPAMConfig(
         pool_configs=[docker.types.IPAMPool(subnet=layout.SUBNET, gateway=layout.GATEWAY)]
     )
-    c.networks.create(layout.NETWORK, driver="bridge", ipam=ipam, labels={layout.LABEL: "net"})
+    c.networks.create(layout.NETWORK, driver="bridge", ipam=ipam, labels={layout.LABEL: layout.LABEL_VALUE})
 
 
 def _create(
@@ -195,17 +196,19 @@ def _create(
     api.create_container(
         image, name=name, hostname=name.removeprefix("rigfleet-"), detach=True,
         ports=[int(p.split("/")[0]) for p in ports], host_config=hc,
-        networking_config=networking, labels={layout.LABEL: "container"},
+        networking_config=networking, labels={layout.LABEL: layout.LABEL_VALUE},
     )
     return c.containers.get(name)
 
 
-def ensure_registry(c: docker.DockerClient, log: Log) -> None:
+def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log) -> None:
     if (ctr := _get(c, layout.REGISTRY_CONTAINER)) is None:
         ctr = _create(
             c, layout.REGISTRY_CONTAINER, layout.REGISTRY_IMAGE, layout.REGISTRY_IP,
             [layout.REGISTRY_ALIAS], {"5000/tcp": ("127.0.0.1", layout.REGISTRY_LOCAL_PORT)},
-            binds={"rigfleet-registry-data": {"bind": "/var/lib/docker-registry", "mode": "rw"}},
+            # A directory, not a volume: pushed images survive `down`, so a second `up` is quick.
+            binds={str(paths.root / "registry"): {"bind": "/var/lib/docker-registry",
+                                                   "mode": "rw"}},
         )
     if ctr.status != "running":
         ctr.start()
@@ -353,7 +356,7 @@ def inventory_text(slots: list[HostSlot], paths: Paths) -> str:
             "front_url": f"http://127.0.0.1:{slot.front_port}",
             "testbed_container": slot.container,
         }
-        hosts.append(f"    ({slot.name!r}, {data!r}),")
+        hosts.append(f"    ({slot.name!r}, {pformat(data, indent=4, width=96)}),")
     testbed_repo = {"url": layout.APT_URL, "key_url": layout.APT_KEY_URL, "suite": "stable",
                     "components": ["main"], "key_fingerprint": gpg_fingerprint(paths.gnupg)}
     common = {
@@ -380,7 +383,7 @@ def inventory_text(slots: list[HostSlot], paths: Paths) -> str:
         "Same deploy, same code paths as inventory/home.py; only addresses differ.",
         '"""',
         "",
-        f"_testbed_data = {common!r}",
+        f"_testbed_data = {pformat(common, width=96, sort_dicts=False)}",
         "",
         "gpu_hosts = (",
         "    [",
@@ -413,7 +416,7 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
     fixtures = build_service_data(paths, log)
     build_images(c, log)
     ensure_network(c)
-    ensure_registry(c, log)
+    ensure_registry(c, paths, log)
     ensure_services(c, paths)
     slots = [HostSlot(i) for i in range(1, options.hosts + 1)]
     overrides = {o["host"]: o for o in options.hardware_overrides}
@@ -436,7 +439,8 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
 
 
 def _ours(c: docker.DockerClient) -> list:
-    return c.containers.list(all=True, filters={"label": layout.LABEL})
+    return c.containers.list(
+        all=True, filters={"label": f"{layout.LABEL}={layout.LABEL_VALUE}"})
 
 
 def down(log: Log = print) -> None:
@@ -446,10 +450,13 @@ def down(log: Log = print) -> None:
         ctr.remove(force=True, v=True)
     for net in c.networks.list(names=[layout.NETWORK]):
         net.remove()
+    prefix = layout.REGISTRY_VOLUME.removesuffix("registry-data")
     for vol in c.volumes.list():
-        if vol.name.startswith("rigfleet-"):
+        if vol.name == layout.REGISTRY_VOLUME or (
+            vol.name.startswith(prefix + "host") and vol.name.endswith("-docker")
+        ):
             vol.remove(force=True)
-    for path in [layout.REPO_ROOT / "inventory" / "testbed.py", Paths().root / "hosts"]:
+    for path in [layout.INVENTORY, Paths().root / "hosts"]:
         if path.is_file():
             path.unlink()
         elif path.is_dir():

@@ -6,29 +6,43 @@ label, so ``testbed down`` can find and remove exactly what ``testbed up`` made.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STATE_DIR = REPO_ROOT / ".testbed"
 IMAGES_DIR = Path(__file__).resolve().parent / "images"
 
+# Several testbeds can run side by side on one machine (RIGFLEET_TESTBED_INSTANCE=0..9): each has
+# its own names, subnet, published ports, state directory and inventory file. 0 is the default.
+INSTANCE = int(os.environ.get("RIGFLEET_TESTBED_INSTANCE", "0"))
+if not 0 <= INSTANCE <= 9:
+    raise ValueError(f"RIGFLEET_TESTBED_INSTANCE={INSTANCE}: allowed 0..9")
+_SFX = "" if INSTANCE == 0 else f"-{INSTANCE}"
+_NET = f"10.213.{7 + INSTANCE}"
+_PORTS = INSTANCE * 100
+
+STATE_DIR = REPO_ROOT / f".testbed{_SFX}"
+INVENTORY = REPO_ROOT / "inventory" / f"testbed{_SFX}.py"
+
 LABEL = "io.rigfleet.testbed"
-NETWORK = "rigfleet-testbed"
-SUBNET = "10.213.7.0/24"
-GATEWAY = "10.213.7.1"
+LABEL_VALUE = str(INSTANCE)
+NETWORK = f"rigfleet-testbed{_SFX}"
+SUBNET = f"{_NET}.0/24"
+GATEWAY = f"{_NET}.1"
 
-REGISTRY_CONTAINER = "rigfleet-registry"
+REGISTRY_CONTAINER = f"rigfleet{_SFX}-registry"
+REGISTRY_VOLUME = f"rigfleet{_SFX}-registry-data"
 REGISTRY_ALIAS = "registry.rigfleet.test"
-REGISTRY_IP = "10.213.7.2"
-REGISTRY_LOCAL_PORT = 15000  # control side: http://127.0.0.1:15000
+REGISTRY_IP = f"{_NET}.2"
+REGISTRY_LOCAL_PORT = 15000 + _PORTS  # control side: http://127.0.0.1:15000
 
-SERVICES_CONTAINER = "rigfleet-services"
+SERVICES_CONTAINER = f"rigfleet{_SFX}-services"
 SERVICES_ALIASES = ("apt.rigfleet.test", "hub.rigfleet.test", "git.rigfleet.test")
-SERVICES_IP = "10.213.7.3"
-HUB_LOCAL_PORT = 18080  # control side: the hub and its fault switch
-APT_LOCAL_PORT = 18081
-GIT_LOCAL_PORT = 18090
+SERVICES_IP = f"{_NET}.3"
+HUB_LOCAL_PORT = 18080 + _PORTS  # control side: the hub and its fault switch
+APT_LOCAL_PORT = 18081 + _PORTS
+GIT_LOCAL_PORT = 18090 + _PORTS
 
 BASE_IMAGE = "rigfleet/trixie-base:latest"
 HOST_IMAGE = "rigfleet/testbed-host:latest"
@@ -96,20 +110,20 @@ class HostSlot:
 
     @property
     def container(self) -> str:
-        return f"rigfleet-{self.name}"
+        return f"rigfleet{_SFX}-{self.name}"
 
     @property
     def ip(self) -> str:
-        return f"10.213.7.{10 + self.index}"
+        return f"{_NET}.{10 + self.index}"
 
     @property
     def ssh_port(self) -> int:
-        return 2220 + self.index
+        return 2220 + _PORTS + self.index
 
     @property
     def front_port(self) -> int:
-        return 18000 + self.index
+        return 18000 + _PORTS + self.index
 
     @property
     def docker_volume(self) -> str:
-        return f"rigfleet-{self.name}-docker"
+        return f"rigfleet{_SFX}-{self.name}-docker"

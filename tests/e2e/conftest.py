@@ -18,7 +18,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-INVENTORY = REPO / "inventory" / "testbed.py"
+from rigfleet.testbed import layout  # noqa: E402
+
+INVENTORY = layout.INVENTORY
+STATE = layout.STATE_DIR
 KEEP = os.environ.get("RIGFLEET_KEEP_TESTBED") == "1"
 HOSTS = int(os.environ.get("RIGFLEET_TESTBED_HOSTS", "2"))
 
@@ -44,10 +47,10 @@ class TestHost:
 
     def ssh(self) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        client.load_host_keys(str(REPO / ".testbed" / "ssh" / "known_hosts"))
+        client.load_host_keys(str(STATE / "ssh" / "known_hosts"))
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
         client.connect("127.0.0.1", port=self.ssh_port, username="root",
-                       key_filename=str(REPO / ".testbed" / "ssh" / "id_ed25519"),
+                       key_filename=str(STATE / "ssh" / "id_ed25519"),
                        timeout=10, allow_agent=False, look_for_keys=False)
         return client
 
@@ -89,7 +92,7 @@ def testbed() -> Testbed:
     run([str(BIN / "rigfleet"), "testbed", "up", "--hosts", str(HOSTS)], timeout=1200)
     hosts = [TestHost(s.name, s.ssh_port, f"http://127.0.0.1:{s.front_port}", s.container)
              for s in (HostSlot(i) for i in range(1, HOSTS + 1))]
-    key = (REPO / ".testbed" / "secrets" / "api-key").read_text().strip()
+    key = (STATE / "secrets" / "api-key").read_text().strip()
     yield Testbed(hosts, INVENTORY, key)
     if not KEEP:
         run([str(BIN / "rigfleet"), "testbed", "down"], timeout=600, check=False)

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run
+from conftest import INVENTORY, run
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
 def pyinfra(*args: str, check: bool = True, timeout: float = 1800):
-    return run([PYINFRA, "inventory/testbed.py", "deploy.py", *args], check=check,
+    return run([PYINFRA, str(INVENTORY), "deploy.py", *args], check=check,
                timeout=timeout)
 
 

@@ -55,8 +55,16 @@ OS_RELEASES = {
 DRIVER_VERSION = "580.105.08"
 VLLM_VERSION = "0.20.2rc1.dev9+g01d4d1ad3"
 SERVED_NAME = "qwen3.6-27b-autoround"
-_SYMBOLIC = {"0": "---", "1": "--x", "2": "-w-", "3": "-wx", "4": "r--", "5": "r-x",
-             "6": "rw-", "7": "rwx"}
+_SYMBOLIC = {
+    "0": "---",
+    "1": "--x",
+    "2": "-w-",
+    "3": "-wx",
+    "4": "r--",
+    "5": "r-x",
+    "6": "rw-",
+    "7": "rwx",
+}
 
 
 def _sha(data: bytes) -> str:
@@ -179,8 +187,10 @@ class FakeRig:
             return True, [f"Id={unit}", f"{key}={value}"]
         if cmd.startswith("out=$(nvidia-smi --query-gpu="):
             if not self.driver_loaded:
-                return True, ["RIGFLEET-NVIDIA-SMI-FAILED", "NVIDIA-SMI has failed because it "
-                              "couldn't communicate with the NVIDIA driver."]
+                return True, [
+                    "RIGFLEET-NVIDIA-SMI-FAILED",
+                    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+                ]
             fields = tuple(re.search(r"--query-gpu=(\S+)", cmd).group(1).split(","))
             return True, [g.csv(fields, self.driver_loaded) for g in self.gpus]
         if cmd.startswith("cat /etc/docker/daemon.json"):
@@ -198,8 +208,11 @@ class FakeRig:
             if digest in self.images:
                 return True, [json.dumps([f"{self.images[digest]}@{digest}"])]
             return True, []
-        m = re.match(r"docker inspect --type container --format '\{\{\.State\.Status\}\} "
-                     r"\{\{index \.Config\.Labels \"io\.rigfleet\.config-hash\"\}\}' (\S+)", cmd)
+        m = re.match(
+            r"docker inspect --type container --format '\{\{\.State\.Status\}\} "
+            r"\{\{index \.Config\.Labels \"io\.rigfleet\.config-hash\"\}\}' (\S+)",
+            cmd,
+        )
         if m:
             name = m.group(1)
             if name not in self.containers:
@@ -226,8 +239,7 @@ class FakeRig:
         if cmd.startswith("cat ") and ".rigfleet-manifest.json" in cmd:
             if self.manifest is None:
                 return True, ["", "--rigfleet-listing--"]
-            listing = [f"{n}\t{m['size']}\t{m['mtime']}" for n, m in
-                       self.manifest["files"].items()]
+            listing = [f"{n}\t{m['size']}\t{m['mtime']}" for n, m in self.manifest["files"].items()]
             return True, [json.dumps(self.manifest), "--rigfleet-listing--", *listing]
         m = re.match(r"cat (\S+) 2>/dev/null \|\| true$", cmd)
         if m:
@@ -267,8 +279,11 @@ class FakeRig:
         if cmd.startswith("apt-mark hold "):
             self.held.update(shlex.split(cmd)[2:])
             return True, []
-        m = re.match(r"install -d -m 0755 /etc/apt/keyrings && .* install -m 0644 -o root "
-                     r"-g root \S+ (\S+) && rm", cmd)
+        m = re.match(
+            r"install -d -m 0755 /etc/apt/keyrings && .* install -m 0644 -o root "
+            r"-g root \S+ (\S+) && rm",
+            cmd,
+        )
         if m:
             self.keyrings.add(m.group(1))
             return True, []
@@ -306,7 +321,9 @@ class FakeRig:
         if cmd.startswith("nvidia-ctk runtime configure"):
             config = json.loads(self.files.get("/etc/docker/daemon.json", b"{}") or b"{}")
             config.setdefault("runtimes", {})["nvidia"] = {
-                "args": [], "path": "nvidia-container-runtime"}
+                "args": [],
+                "path": "nvidia-container-runtime",
+            }
             # nvidia-ctk writes its own formatting: tab indentation.
             self.files["/etc/docker/daemon.json"] = json.dumps(config, indent="\t").encode()
             return True, []
@@ -342,8 +359,13 @@ class FakeRig:
             self.manifest = {
                 "repo": m.group(1),
                 "revision": m.group(2),
-                "files": {"model-00001-of-00004.safetensors":
-                          {"size": 1024, "sha256": "0" * 64, "mtime": 1700000000.5}},
+                "files": {
+                    "model-00001-of-00004.safetensors": {
+                        "size": 1024,
+                        "sha256": "0" * 64,
+                        "mtime": 1700000000.5,
+                    }
+                },
             }
             return True, []
         m = re.search(r"git clone --quiet --no-checkout (\S+) ", cmd)
@@ -385,8 +407,11 @@ class FakeRig:
     def _reboot(self) -> None:
         self.reboots += 1
         self.boot_marker = None
-        driver = [v for n, v in self.packages.items()
-                  if n in ("nvidia-driver-cuda", "nvidia-driver-580-server-open")]
+        driver = [
+            v
+            for n, v in self.packages.items()
+            if n in ("nvidia-driver-cuda", "nvidia-driver-580-server-open")
+        ]
         self.driver_loaded = driver[0].split("-")[0] if driver else None
         for gpu in self.gpus:
             gpu.limit = 350.0

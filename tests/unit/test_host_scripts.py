@@ -60,8 +60,12 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ModelFi
 
 
 def fetch(endpoint: str, model: ModelFixture, local_dir: Path, *extra: str, lock_dir: Path):
-    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
-           "HF_HOME": str(local_dir.parent / "hf-home")}
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HOME": str(local_dir.parent / "hf-home"),
+    }
     return subprocess.run(
         [sys.executable, str(FETCH), "fetch", "--repo", MODEL_REPO, "--revision", model.commit,
          "--local-dir", str(local_dir), "--lock-dir", str(lock_dir), *extra],
@@ -86,7 +90,8 @@ def test_fetch_verifies_writes_manifest_and_skips_on_rerun(hub, tmp_path):
     again = fetch(endpoint, model, local, lock_dir=locks)
     assert again.returncode == 0
     assert "already verified" in again.stdout and "verify" not in again.stdout.replace(
-        "already verified", "")
+        "already verified", ""
+    )
 
 
 def test_corrupted_shard_is_refetched_or_refused(hub, tmp_path):
@@ -145,8 +150,9 @@ def test_token_is_read_from_the_file_and_never_printed(hub, tmp_path):
     token = tmp_path / "hf-token"
     token.write_text("hf_not_a_real_token_value_0000000000\n")
     token.chmod(0o600)
-    run = fetch(endpoint, model, tmp_path / "m", "--token-file", str(token),
-                lock_dir=tmp_path / "locks")
+    run = fetch(
+        endpoint, model, tmp_path / "m", "--token-file", str(token), lock_dir=tmp_path / "locks"
+    )
     assert "hf_not_a_real_token_value" not in run.stdout + run.stderr
 
 
@@ -170,16 +176,20 @@ def test_allowlist_is_read_with_ast(tmp_path):
         "    '0.20.2rc1.dev9+g01d4d1ad3',\n"
         ")\n"
     )
-    run = subprocess.run([sys.executable, str(ALLOWLIST), str(tmp_path)],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(ALLOWLIST), str(tmp_path)], capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["known_good"] == [
-        "0.20.1rc1.dev16+g7a1eb8ac2", "0.20.2rc1.dev9+g01d4d1ad3"]
+        "0.20.1rc1.dev16+g7a1eb8ac2",
+        "0.20.2rc1.dev9+g01d4d1ad3",
+    ]
 
 
 def test_allowlist_missing_is_an_error(tmp_path):
-    run = subprocess.run([sys.executable, str(ALLOWLIST), str(tmp_path)],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(ALLOWLIST), str(tmp_path)], capture_output=True, text=True
+    )
     assert run.returncode == 1 and "no Genesis guards file" in run.stderr
 
 
@@ -188,12 +198,27 @@ def test_allowlist_of_each_genesis_fixture_release(tmp_path):
 
     fx = build_genesis_fixture(tmp_path / "git")
     checkout = tmp_path / "genesis"
-    subprocess.run(["git", "clone", "-q", "--no-checkout", str(fx.repo_path), str(checkout)],
-                   check=True)
+    subprocess.run(
+        ["git", "clone", "-q", "--no-checkout", str(fx.repo_path), str(checkout)], check=True
+    )
     for commit in fx.commits:
-        subprocess.run(["git", "-C", str(checkout), "-c", "advice.detachedHead=false",
-                        "checkout", "-q", "--force", "--detach", commit.sha], check=True)
-        run = subprocess.run([sys.executable, str(ALLOWLIST), str(checkout)],
-                             capture_output=True, text=True)
+        subprocess.run(
+            [
+                "git",
+                "-C",
+                str(checkout),
+                "-c",
+                "advice.detachedHead=false",
+                "checkout",
+                "-q",
+                "--force",
+                "--detach",
+                commit.sha,
+            ],
+            check=True,
+        )
+        run = subprocess.run(
+            [sys.executable, str(ALLOWLIST), str(checkout)], capture_output=True, text=True
+        )
         assert run.returncode == 0, run.stderr
         assert tuple(json.loads(run.stdout)["known_good"]) == tuple(commit.allowlist)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fake_rig import FakeRig, Gpu
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
@@ -35,7 +36,6 @@ from rigfleet.hostdata import HostDataError
 from roles import converge
 from roles.docker import daemon_settings, docker_packages, merge_daemon_config
 from roles.preflight import OsInfo, PreflightError
-from fake_rig import FakeRig, Gpu
 
 GENESIS_REPO = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
 GENESIS_COMMIT = "c" * 40
@@ -181,15 +181,13 @@ def converged(os_key: str, data: dict) -> FakeRig:
         (
             "ubuntu2204",
             "docker.io docker-compose-v2",
-            "nvidia-driver-580-server-open nvidia-utils-580-server "
-            "nvidia-compute-utils-580-server",
+            "nvidia-driver-580-server-open nvidia-utils-580-server nvidia-compute-utils-580-server",
             False,
         ),
         (
             "ubuntu2404",
             "docker.io docker-compose-v2",
-            "nvidia-driver-580-server-open nvidia-utils-580-server "
-            "nvidia-compute-utils-580-server",
+            "nvidia-driver-580-server-open nvidia-utils-580-server nvidia-compute-utils-580-server",
             False,
         ),
         (
@@ -225,8 +223,12 @@ def test_bare_host_installs_the_right_packages_then_converges(
     ) in installs
     assert f"apt-mark hold {driver_pkgs}" in run.commands
     # Each install is preceded by exactly one apt-get update.
-    assert len(run.ran("apt-get -y -q -o Dpkg::Options::=--force-confdef -o "
-                       "Dpkg::Options::=--force-confold update")) == len(installs)
+    assert len(
+        run.ran(
+            "apt-get -y -q -o Dpkg::Options::=--force-confdef -o "
+            "Dpkg::Options::=--force-confold update"
+        )
+    ) == len(installs)
 
     if os_key.startswith("ubuntu"):
         assert "linux-modules-nvidia-580-server-open-generic" in installs
@@ -368,8 +370,11 @@ def test_cap_outside_the_cards_range_stops_before_any_change(data):
 
 
 def test_daemon_json_is_merged_not_overwritten():
-    current = {"data-root": "/data/docker", "log-opts": {"labels": "x"},
-               "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}
+    current = {
+        "data-root": "/data/docker",
+        "log-opts": {"labels": "x"},
+        "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}},
+    }
     merged = merge_daemon_config(current, daemon_settings("http://mirror:5000"))
     assert merged == {
         "data-root": "/data/docker",
@@ -440,8 +445,9 @@ def test_switching_stack_takes_the_other_down_first_and_records_the_ledger(data)
     state = json.loads(rig.files["/var/lib/rigfleet/state.json"])
     assert state["stack"] == "tq3-mtp-genesis"
     # The front now points at the Genesis stack's loopback port.
-    assert b"proxy_pass http://127.0.0.1:8015;" in rig.files[
-        "/etc/nginx/conf.d/rigfleet-front.conf"]
+    assert (
+        b"proxy_pass http://127.0.0.1:8015;" in rig.files["/etc/nginx/conf.d/rigfleet-front.conf"]
+    )
     assert len(deploy(rig, {**data, "stack": "tq3-mtp-genesis"}).rig.ledger) == 2
 
 
@@ -508,8 +514,11 @@ def test_weights_fetched_once_with_endpoint_and_no_token_in_argv(data, tmp_path)
 def test_secrets_are_root_only_and_never_in_commands_or_plans(data):
     rig = FakeRig("debian13")
     run = deploy(rig, data)
-    for path in ("/etc/rigfleet/secrets/vllm.env", "/etc/rigfleet/secrets/api-auth-header",
-                 "/etc/nginx/rigfleet-keys.conf"):
+    for path in (
+        "/etc/rigfleet/secrets/vllm.env",
+        "/etc/rigfleet/secrets/api-auth-header",
+        "/etc/nginx/rigfleet-keys.conf",
+    ):
         assert rig.modes[path] == "0600", path
         assert API_KEY.encode() in rig.files[path]
     assert rig.files["/etc/rigfleet/secrets/vllm.env"] == f"VLLM_API_KEY={API_KEY}\n".encode()
@@ -566,3 +575,99 @@ def test_plan_of_a_bare_host_lists_changes(data):
     assert "NVIDIA driver | Reboot to load the NVIDIA driver (only when needed)" in run.plan
     assert "Serving stacks | Start rigfleet-int8 (only when needed)" in run.plan
 
+
+# --- fact commands in a real shell ----------------------------------------------------------
+
+
+def _fact_cases(tmp: Path):
+    from rigfleet import facts
+
+    missing = str(tmp / "missing")
+    return [
+        (facts.OsRelease, {}),
+        (facts.DpkgState, {}),
+        (facts.AptKeyring, {"key_url": "file:///nonexistent.asc", "dest": missing}),
+        (facts.TextFile, {"path": missing}),
+        (facts.GpuQuery, {}),
+        (facts.DockerDaemonJson, {}),
+        (facts.DockerRuntimes, {}),
+        (facts.ImageDigests, {"ref": "rigfleet/none@sha256:" + "0" * 64}),
+        (facts.ContainerLabel, {"container": "rigfleet-none", "label": "io.rigfleet.x"}),
+        (facts.ContainerState, {"container": "rigfleet-none"}),
+        (facts.WeightsManifest, {"local_dir": missing}),
+        (facts.GenesisHead, {"path": missing}),
+        (facts.VenvPackageVersion, {"venv": missing, "dist": "huggingface_hub"}),
+        (facts.FileDigest, {"path": missing}),
+    ]
+
+
+def test_fact_commands_are_valid_sh_and_tolerate_absence(tmp_path):
+    """Every fact command runs under /bin/sh, exits 0 when what it asks about is absent (a
+    failing fact would fail the host), and parses to its 'absent' value."""
+    import subprocess
+
+    for cls, kwargs in _fact_cases(tmp_path):
+        fact = cls()
+        command = fact.command(**kwargs)
+        run = subprocess.run(["sh", "-c", str(command)], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, (cls.__name__, run.stderr)
+        lines = run.stdout.splitlines()
+        value = fact.process(lines) if lines else fact.default()
+        if cls.__name__ in ("OsRelease", "DpkgState"):
+            assert value, cls.__name__
+        elif cls.__name__ == "GpuQuery":
+            assert not value.loaded
+        elif cls.__name__ == "AptKeyring":
+            assert value == "missing"
+        elif cls.__name__ == "WeightsManifest":
+            assert not value.intact and value.revision is None
+        elif cls.__name__ == "GenesisHead":
+            assert value.head is None and not value.has_apply_all
+        elif cls.__name__ in ("DockerDaemonJson", "DockerRuntimes"):
+            pass  # this machine may run a Docker engine
+        else:
+            assert not value, (cls.__name__, value)
+
+
+def test_weights_manifest_fact_matches_the_script_on_real_files(tmp_path):
+    import subprocess
+
+    from rigfleet import facts
+
+    local = tmp_path / "model"
+    local.mkdir()
+    (local / "a.safetensors").write_bytes(b"x" * 10)
+    st = (local / "a.safetensors").stat()
+    (local / ".rigfleet-manifest.json").write_text(
+        json.dumps(
+            {
+                "repo": "o/r",
+                "revision": "a" * 40,
+                "files": {"a.safetensors": {"size": 10, "sha256": "0" * 64, "mtime": st.st_mtime}},
+            },
+            indent=2,
+        )
+    )
+    fact = facts.WeightsManifest()
+    command = fact.command(local_dir=str(local))
+
+    def read():
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+        return fact.process(out.splitlines())
+
+    assert read() == facts.WeightsState("o/r", "a" * 40, True, "matches manifest")
+    os.utime(local / "a.safetensors", (st.st_atime, st.st_mtime + 5))
+    assert not read().intact
+
+
+def test_every_command_sent_is_valid_sh(data):
+    """Quoting mistakes show up as syntax errors: check every command of a bare-host run (and
+    a stack switch) with ``sh -n``, which parses without running."""
+    import subprocess
+
+    rig = FakeRig("debian12")
+    deploy(rig, data)
+    deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    for command in sorted(set(rig.commands)):
+        run = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True)
+        assert run.returncode == 0, (command, run.stderr)

@@ -16,15 +16,26 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rigfleet.testbed.nvidia import simstate
 
-from vllm_sim_helpers import (  # noqa: E402
-    MTP, SimServer, free_port, make_gpu_root, make_model, make_package, metric, needle_prompt,
-)
+_HERE = Path(__file__).resolve().parent
+# The helpers next to this file, and the simulator package itself (not installed anywhere).
+sys.path.insert(0, str(_HERE))
+sys.path.insert(0, str(_HERE.parents[1] / "rigfleet" / "testbed" / "images" / "vllm-sim"))
 
 from vllm.sim import facts, kvcache, responder, textgen, tokenizer  # noqa: E402
 from vllm.sim.args import parse_args  # noqa: E402
 from vllm.sim.chat import normalise  # noqa: E402
+from vllm_sim_helpers import (  # noqa: E402
+    MTP,
+    SimServer,
+    free_port,
+    make_gpu_root,
+    make_model,
+    make_package,
+    metric,
+    needle_prompt,
+)
 
 NAME = "qwen3.6-27b-autoround"
 COMMON = ["--served-model-name", NAME, "--tensor-parallel-size", "2", "--max-model-len",
@@ -229,10 +240,13 @@ def test_gpu_memory_is_held_until_exit_and_stale_holders_are_ignored(tmp_path):
         held = [json.loads(p.read_text()) for p in alloc.glob("*.json")]
         assert len(held) == 1 and held[0]["gpus"] == {"0": 22610, "1": 22610}
         assert held[0]["pid"] == first.proc.pid
+        # The nvidia-smi stand-in reads the same files the same way.
+        live = simstate.live_allocations(simstate.SimPaths(root, root / "hardware.json"))
+        assert [(a.pid, a.gpus) for a in live] == [(first.proc.pid, {0: 22610, 1: 22610})]
         second = SimServer(site, root, model, INT8)
         assert second.wait_exit() == 1
         out = second.output()
-        assert ("ValueError: Free memory on device cuda:0 (1.92/24.00 GiB) on startup is less "
+        assert ("ValueError: Free memory on device cuda:0 (1.65/24.00 GiB) on startup is less "
                 "than desired GPU memory utilization (0.92, 22.08 GiB).") in out
         assert "Failed core proc(s): {}" in out
     finally:
@@ -301,9 +315,11 @@ def test_api_basics_auth_and_errors(tmp_path):
 def test_over_length_prompt_is_a_400(tmp_path):
     root, model = make_gpu_root(tmp_path), make_model(tmp_path)
     with SimServer(make_package(tmp_path), root, model,
-                   [*INT8, "--max-model-len", "4096"]) as srv:
+                   [*INT8, "--max-model-len", "4096", "--disable-log-stats"]) as srv:
         srv.wait_ready()
         assert srv.request("GET", "/v1/models").json()["data"][0]["max_model_len"] == 4096
+        # --disable-log-stats: /metrics answers but carries no vllm: series (vLLM #11987).
+        assert not any(k.startswith("vllm:") for k in srv.metrics())
         _, prompt = secret_and_prompt(1, units=120)
         r = srv.chat([{"role": "user", "content": prompt}], max_tokens=30)
         assert r.status == 400

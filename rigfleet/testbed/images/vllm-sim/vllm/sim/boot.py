@@ -28,7 +28,11 @@ from dataclasses import dataclass
 from vllm.sim import hardware, kvcache, logs, modelfiles
 from vllm.sim.args import ServeConfig, parse_args
 from vllm.sim.buildinfo import (
-    REGRESSION_SPECULATORS_OSERROR, BuildInfo, GenesisState, load_build_info, load_genesis_state,
+    REGRESSION_SPECULATORS_OSERROR,
+    BuildInfo,
+    GenesisState,
+    load_build_info,
+    load_genesis_state,
     package_dir,
 )
 from vllm.sim.engine import Engine, EngineSettings

@@ -70,7 +70,8 @@ _LINE_RE = re.compile(
     r"(?P<val>[^\n]{1,200})$",
     re.MULTILINE,
 )
-_SENTENCE_RE = re.compile(r"[^.!?\n]{3,200}[.!?\n]")
+# Linear-time sentence split (a bounded repeat here would backtrack on long sentences).
+_SENTENCE_RE = re.compile(r"[^.!?\n]+[.!?\n]?")
 _IS_RE = re.compile(r"^(?P<key>.{2,80}?)\s+(?:is|are|was|were|equals)\s+(?P<val>.{1,100})$",
                     re.IGNORECASE)
 _BOUNDARY = re.compile(r"[.!?;:\n\"'\u201c\u201d]")
@@ -102,8 +103,11 @@ def extract_facts(text: str) -> list[Fact]:
         if kw and val and len(key.split()) <= 6:
             facts.append(Fact(key, val.rstrip("."), False, m.start(), frozenset(kw)))
     for s in _SENTENCE_RE.finditer(text):
-        sentence = s.group(0).strip().rstrip(".!?")
-        if "?" in s.group(0) or len(sentence.split()) > 14:
+        raw = s.group(0)
+        if len(raw) > 200 or len(raw) < 4 or "?" in raw:
+            continue
+        sentence = raw.strip().rstrip(".!?")
+        if len(sentence.split()) > 14:
             continue
         m2 = _IS_RE.match(sentence)
         if not m2:

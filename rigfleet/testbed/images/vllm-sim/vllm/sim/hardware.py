@@ -5,6 +5,8 @@ Contract (docs/architecture.md, "Simulated GPU hardware"):
 - GPUs are visible when ``$NVIDIA_SIM_ROOT/loaded`` exists (the simulated kernel module is
   loaded) and a hardware description is found: ``$NVIDIA_SIM_ROOT/hardware.json``, else
   ``/etc/nvidia-sim/hardware.json`` (or ``$NVIDIA_SIM_HARDWARE``).
+- Free memory = total - reserved (``memory_reserved_mib``, default 280 MiB, as the
+  nvidia-smi stand-in reports) - live allocations.
 - Memory held by serving processes lives in ``$NVIDIA_SIM_ROOT/alloc/<name>.json``
   (``{"gpus": {"0": MiB}, "pid", "container", "since"}``). The holder keeps an exclusive
   ``flock`` on its file for its whole life, so a file whose lock can be taken belongs to a
@@ -43,6 +45,8 @@ class Gpu:
     name: str
     uuid: str
     memory_total_mib: int
+    # Held by the driver/firmware, never available to CUDA (nvidia-smi's "Reserved").
+    memory_reserved_mib: int = 280
 
 
 class NoGpuError(RuntimeError):
@@ -81,7 +85,7 @@ def _filter_visible(gpus: list[Gpu], spec: str | None) -> list[Gpu]:
     out: list[Gpu] = []
     for item in spec.split(","):
         item = item.strip()
-        match = [g for g in gpus if str(g.index) == item or g.uuid == item]
+        match = [g for g in gpus if str(g.index) == item or g.uuid.upper() == item.upper()]
         if not match:
             break  # CUDA stops at the first invalid entry
         out.extend(m for m in match if m not in out)
@@ -109,7 +113,8 @@ def visible_gpus(root: Path | None = None) -> list[Gpu]:
     gpus = [
         Gpu(index=int(g.get("index", i)), name=str(g.get("name", "NVIDIA GeForce RTX 3090")),
             uuid=str(g.get("uuid", f"GPU-{i}")),
-            memory_total_mib=int(g.get("memory_total_mib", 24576)))
+            memory_total_mib=int(g.get("memory_total_mib", 24576)),
+            memory_reserved_mib=int(g.get("memory_reserved_mib", 280)))
         for i, g in enumerate(data.get("gpus") or [])
     ]
     # NVIDIA_VISIBLE_DEVICES is the container runtime's selection; CUDA_VISIBLE_DEVICES the
@@ -141,9 +146,11 @@ def used_mib(root: Path | None = None, exclude: Path | None = None) -> dict[int,
             except BlockingIOError:
                 pass  # held: live allocation
             else:
-                # Nobody holds it: the process died without cleaning up. Ignore and remove.
+                # Nobody holds it: the process died without cleaning up. Ignore and remove
+                # (only if the name still points at the file we locked).
                 try:
-                    path.unlink()
+                    if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                        path.unlink()
                 except OSError:
                     pass
                 continue
@@ -204,7 +211,7 @@ def allocate(gpus: list[Gpu], utilization: float, root: Path | None = None) -> G
         want: dict[int, int] = {}
         for logical, gpu in enumerate(gpus):
             requested = utilization * gpu.memory_total_mib
-            free = gpu.memory_total_mib - used.get(gpu.index, 0)
+            free = gpu.memory_total_mib - gpu.memory_reserved_mib - used.get(gpu.index, 0)
             if free < requested:
                 raise FreeMemoryError(device=logical, free_mib=max(free, 0.0),
                                       total_mib=float(gpu.memory_total_mib),
@@ -222,7 +229,8 @@ def allocate(gpus: list[Gpu], utilization: float, root: Path | None = None) -> G
             "gpus": {str(k): v for k, v in want.items()},
             "pid": os.getpid(),
             "container": host,
-            "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "process_name": "VLLM::EngineCore",
+            "since": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         }
         os.write(fd, (json.dumps(record) + "\n").encode("utf-8"))
         os.fsync(fd)

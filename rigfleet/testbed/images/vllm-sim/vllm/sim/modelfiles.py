@@ -88,7 +88,7 @@ def resolve(model: str) -> Path:
     raise ModelFileError(
         "OSError",
         "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find "
-        f"them in the cached files.\nCheck your internet connection or see how to run the "
+        "them in the cached files.\nCheck your internet connection or see how to run the "
         "library in offline mode at "
         "'https://huggingface.co/docs/transformers/installation#offline-mode'.",
     )

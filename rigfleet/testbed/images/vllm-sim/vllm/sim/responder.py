@@ -25,7 +25,13 @@ from typing import Any
 from vllm.sim import textgen
 from vllm.sim.chat import Message
 from vllm.sim.facts import (
-    STOPWORDS, arithmetic, best_fact, content_words, extract_facts, find_question, knowledge,
+    STOPWORDS,
+    arithmetic,
+    best_fact,
+    content_words,
+    extract_facts,
+    find_question,
+    knowledge,
     stem,
 )
 

@@ -481,7 +481,7 @@ class Handler(BaseHTTPRequestHandler):
         def send(payload: dict[str, Any] | str) -> None:
             start()
             data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-            raw = f"data: {data}\n\n".encode("utf-8")
+            raw = f"data: {data}\n\n".encode()
             self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
             self.wfile.flush()
 
