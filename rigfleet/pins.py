@@ -25,7 +25,16 @@ Format (schema ``rigfleet-pins/1``)::
              vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}
       tq3-mtp-genesis: {image: ..., digest: ..., vllm_version: ...,
                         genesis: {repo: <git url>, commit: <40-hex>}}
+    hosts:                                  # optional: hosts that run other pins
+      host2:                                # (written by `rigfleet bump` after a partial
+        stacks:                             # rollout; only the stacks that differ)
+          int8: {image: ..., digest: ..., vllm_version: ...}
     history: []
+
+The optional ``hosts`` section says what a host runs when it differs from the fleet's pins
+(a bump that promoted on some hosts but not others, or skipped an unreachable host): the
+deploy resolves a host's pins with ``Pins.for_host(name)``, so the file always says what each
+host runs and a converge never moves a host the rollout left behind.
 
 Example::
 
@@ -88,7 +97,7 @@ _GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 
 _TOP_KEYS = (
     "schema", "serial", "driver", "container_toolkit", "huggingface_hub", "model", "stacks",
-    "history",
+    "hosts", "history",
 )  # fmt: skip
 
 
@@ -164,6 +173,25 @@ class Pins:
     model: ModelPin
     stacks: dict[str, StackPins]
     history: list[dict] = field(default_factory=list)
+    # host name -> stack name -> the pins that host runs instead of ``stacks[stack]``.
+    hosts: dict[str, dict[str, StackPins]] = field(default_factory=dict)
+
+    def for_host(self, name: str) -> Pins:
+        """These pins as host ``name`` runs them: its ``hosts`` overrides merged into ``stacks``.
+
+        A host without overrides gets ``self`` back unchanged. The deploy (roles/preflight.py)
+        resolves every host's pins this way.
+
+        **Example:**
+
+        .. code:: python
+
+            pins.for_host("host2").stacks["int8"].digest   # host2's digest, else the fleet's
+        """
+        overrides = self.hosts.get(name)
+        if not overrides:
+            return self
+        return replace(self, stacks={**self.stacks, **overrides})
 
     def stack(self, name: str) -> StackPins:
         """The pins of stack ``name`` (raises ``PinsError`` when it is not pinned)."""
@@ -177,6 +205,12 @@ class Pins:
     def unresolved(self) -> list[str]:
         """Key paths still ``unresolved`` (what ``rigfleet pins lock`` has to fill in)."""
         keys = [f"stacks.{n}.digest" for n, s in self.stacks.items() if s.digest == UNRESOLVED]
+        keys += [
+            f"hosts.{h}.stacks.{n}.digest"
+            for h, stacks in self.hosts.items()
+            for n, s in stacks.items()
+            if s.digest == UNRESOLVED
+        ]
         if self.model.revision == UNRESOLVED:
             keys.append("model.revision")
         return keys
@@ -186,17 +220,8 @@ class Pins:
         driver: dict[str, str] = {"branch": self.driver_branch}
         if self.driver_version is not None:
             driver["version"] = self.driver_version
-        stacks: dict[str, Any] = {}
-        for name, s in self.stacks.items():
-            entry: dict[str, Any] = {
-                "image": s.image,
-                "digest": s.digest,
-                "vllm_version": s.vllm_version,
-            }
-            if s.genesis is not None:
-                entry["genesis"] = {"repo": s.genesis.repo, "commit": s.genesis.commit}
-            stacks[name] = entry
-        return {
+        stacks = {name: _stack_dict(s) for name, s in self.stacks.items()}
+        out: dict[str, Any] = {
             "schema": SCHEMA,
             "serial": self.serial,
             "driver": driver,
@@ -208,8 +233,21 @@ class Pins:
                 "local_dir": self.model.local_dir,
             },
             "stacks": stacks,
-            "history": [dict(h) for h in self.history],
         }
+        if self.hosts:  # absent unless a rollout left hosts on other pins: old files unchanged
+            out["hosts"] = {
+                h: {"stacks": {n: _stack_dict(s) for n, s in stacks.items()}}
+                for h, stacks in self.hosts.items()
+            }
+        out["history"] = [dict(h) for h in self.history]
+        return out
+
+
+def _stack_dict(s: StackPins) -> dict[str, Any]:
+    entry: dict[str, Any] = {"image": s.image, "digest": s.digest, "vllm_version": s.vllm_version}
+    if s.genesis is not None:
+        entry["genesis"] = {"repo": s.genesis.repo, "commit": s.genesis.commit}
+    return entry
 
 
 def load_pins(path: str | Path, *, allow_unresolved: bool = False) -> Pins:
@@ -453,6 +491,7 @@ class _Checker:
         )
         model = self.model(top.get("model"))
         stacks = self.stacks(top.get("stacks"))
+        hosts = self.hosts(top.get("hosts"))
         history = top.get("history", [])
         if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
             self.bad("history", history, "a list of mappings (save_pins appends to it)")
@@ -470,6 +509,7 @@ class _Checker:
             model=model,
             stacks=stacks,
             history=history,
+            hosts=hosts,
         )
 
     def driver(self, value: Any) -> tuple[str | None, str | None]:
@@ -535,13 +575,44 @@ class _Checker:
                 self.missing(f"stacks.{name}", "every catalog stack pinned (image, digest, ...)")
         return out
 
-    def stack(self, name: str, value: Any) -> StackPins | None:
+    def hosts(self, value: Any) -> dict[str, dict[str, StackPins]]:
+        if value is None:
+            return {}
+        allowed = "a mapping host name -> {stacks: {<stack>: {image, digest, vllm_version}}}"
+        if not isinstance(value, dict):
+            self.bad("hosts", value, allowed, "is not a mapping")
+            return {}
+        out: dict[str, dict[str, StackPins]] = {}
+        for host, entry in value.items():
+            if not isinstance(host, str) or not host:
+                self.bad(f"hosts.{host}", host, "a host name from the inventory")
+                continue
+            d = self.mapping(f"hosts.{host}", entry, ("stacks",))
+            if d is None:
+                continue
+            stacks = d.get("stacks")
+            if not isinstance(stacks, dict) or not stacks:
+                self.bad(f"hosts.{host}.stacks", stacks, "a mapping with at least one stack")
+                continue
+            pinned: dict[str, StackPins] = {}
+            for name, stack_entry in stacks.items():
+                base = f"hosts.{host}.stacks.{name}"
+                if name not in STACKS:
+                    self.bad(base, name, ", ".join(STACKS), "is not a stack in the catalog")
+                    continue
+                one = self.stack(name, stack_entry, base)
+                if one is not None:
+                    pinned[name] = one
+            out[host] = pinned
+        return out
+
+    def stack(self, name: str, value: Any, base: str | None = None) -> StackPins | None:
         spec = get_stack(name)
         keys = ("image", "digest", "vllm_version", "genesis")
-        d = self.mapping(f"stacks.{name}", value, keys)
+        base = base or f"stacks.{name}"
+        d = self.mapping(base, value, keys)
         if d is None:
             return None
-        base = f"stacks.{name}"
         image = self.image(f"{base}.image", d.get("image"))
         digest = self.digest(f"{base}.digest", d.get("digest"), allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)

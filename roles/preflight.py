@@ -234,7 +234,9 @@ def preflight() -> HostContext:
     name = host.name
     settings = validate_host(name, host.data)
     try:
-        pins = _load_pins_once(settings.pins_file)
+        # The host's own pins: a rollout that left this host on other pins (the pins file's
+        # ``hosts`` section) must not be undone by the next converge.
+        pins = _load_pins_once(settings.pins_file).for_host(name)
     except PinsError as e:
         raise PreflightError(f"{name}: pins_file: {e}") from None
     specs = check_pins(name, settings, pins)

@@ -167,8 +167,14 @@ def _get(c: docker.DockerClient, name: str):
         return None
 
 
+def _network(c: docker.DockerClient):
+    """Our network by exact name (Docker's name filter also matches other instances')."""
+    return next((n for n in c.networks.list(names=[layout.NETWORK])
+                 if n.name == layout.NETWORK), None)
+
+
 def ensure_network(c: docker.DockerClient) -> None:
-    if c.networks.list(names=[layout.NETWORK]):
+    if _network(c) is not None:
         return
     ipam = docker.types.IPAMConfig(
         pool_configs=[docker.types.IPAMPool(subnet=layout.SUBNET, gateway=layout.GATEWAY)]
@@ -413,11 +419,16 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
     paths = Paths()
     c = client()
     ensure_secrets(paths)
+    t0 = time.monotonic()
     fixtures = build_service_data(paths, log)
+    t1 = time.monotonic()
     build_images(c, log)
+    t2 = time.monotonic()
     ensure_network(c)
     ensure_registry(c, paths, log)
     ensure_services(c, paths)
+    log(f"service data {t1 - t0:.1f}s, images {t2 - t1:.1f}s, "
+        f"registry+services {time.monotonic() - t2:.1f}s")
     slots = [HostSlot(i) for i in range(1, options.hosts + 1)]
     overrides = {o["host"]: o for o in options.hardware_overrides}
     for name in overrides:
@@ -448,7 +459,7 @@ def down(log: Log = print) -> None:
     for ctr in _ours(c):
         log(f"removing {ctr.name}")
         ctr.remove(force=True, v=True)
-    for net in c.networks.list(names=[layout.NETWORK]):
+    if (net := _network(c)) is not None:
         net.remove()
     prefix = layout.REGISTRY_VOLUME.removesuffix("registry-data")
     for vol in c.volumes.list():

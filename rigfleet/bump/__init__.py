@@ -1,0 +1,21 @@
+"""``rigfleet bump``: move the fleet to a newer vLLM image (and Genesis commit), safely.
+
+One command finds the candidate, checks it against Genesis, rolls it out canary-first through
+the deploy's own swap transaction (stop old, start new, verify-stress gate, promote or roll
+back), and writes the pins file only for what actually promoted::
+
+    rigfleet bump --inventory inventory/home.py --latest --dry
+    rigfleet bump --inventory inventory/home.py --image nightly-<40-hex> --batch-size 2 --yes
+
+Modules (control side; nothing here runs on a host except through SSH or pyinfra):
+
+- ``candidate``  registry v2: the candidate tag, its digest and build time (``--latest``)
+- ``remote``     one SSH command on a host (paramiko, host keys from the inventory)
+- ``version``    the candidate's ``vllm.__version__``, read from the image on the canary
+- ``genesis``    KNOWN_GOOD_VLLM_PINS at the pinned and newer Genesis commits (a git cache)
+- ``plan``       pure: hosts, canary, batches, the pins pair per stack; what ``--dry`` prints
+- ``rollout``    the batches: ``pyinfra ... --limit`` per batch, each host's outcome read back
+- ``record``     pure: the pins file after a rollout (``hosts:`` section, history entry)
+- ``images``     keep the previous image, prune older ones, ``docker save`` / mirror push
+- ``cli``        ``add_parser`` + ``run`` for the ``rigfleet`` console script
+"""

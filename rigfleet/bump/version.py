@@ -1,0 +1,101 @@
+"""The candidate's ``vllm.__version__``, read from the image itself on the canary host.
+
+The control machine may have no Docker engine, and the version is not in the registry's
+metadata, so the canary pulls the image by digest (it would for the swap anyway) and runs
+``python3 -c 'import vllm; print(vllm.__version__)'`` in it (no GPU, no network, removed
+afterwards). The answer is cached on the host per digest in the same place the deploy's
+Genesis gate caches it, so the deploy does not ask again::
+
+    probe = read_version(SshRemote(), canary_host, candidate, pull=True)
+    probe.version     # "0.20.2rc1.dev212+g3f9c2a7e5"
+    probe.pulled      # True when this call pulled the image (remove it on refusal)
+
+With ``pull=False`` (``--dry``) nothing on the host changes: the cache or an image already
+present answer, else ``version`` is None.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from rigfleet.bump.candidate import Candidate
+from rigfleet.bump.remote import Remote
+from rigfleet.commands import docker as docker_commands
+from rigfleet.errors import RigfleetError
+from rigfleet.inventory import InventoryHost
+
+# Same directory as roles/stacks.py VERSION_CACHE_DIR (roles import pyinfra; we do not).
+VERSION_CACHE_DIR = "/var/lib/rigfleet/vllm-versions"
+
+
+class VersionError(RigfleetError, RuntimeError):
+    """The image could not be pulled or did not tell its vLLM version."""
+
+
+@dataclass(frozen=True)
+class VersionProbe:
+    version: str | None
+    source: str  # "cache" | "image" (present before) | "pulled" | "unknown" (dry, absent)
+    pulled: bool = False
+
+
+def probe_script(candidate: Candidate, pull: bool) -> str:
+    """The host-side shell script; prints ``key=value`` lines (``parse_probe`` reads them)."""
+    local = shlex.quote(f"{candidate.repository}@{candidate.digest}")
+    cache = shlex.quote(f"{VERSION_CACHE_DIR}/{candidate.digest.removeprefix('sha256:')}")
+    lines = [
+        f"if [ -s {cache} ]; then echo source=cache; echo version=$(cat {cache}); exit 0; fi",
+        f"if docker image inspect {local} >/dev/null 2>&1; then echo source=image; else",
+    ]
+    if pull:
+        lines.append(f"  {docker_commands.pull(candidate.ref)} >&2 || exit 3; echo source=pulled")
+    else:
+        lines.append("  echo source=unknown; exit 0")
+    lines += [
+        "fi",
+        f"out=$({docker_commands.vllm_version(candidate.ref)} 2>&1) || "
+        '{ printf "%s\\n" "$out" >&2; exit 4; }',
+        'v=$(printf "%s\\n" "$out" | tail -n 1)',
+        'echo "version=$v"',
+    ]
+    if pull:  # --dry changes nothing, not even the cache
+        lines.append(
+            f"install -d -m 0755 {VERSION_CACHE_DIR} && printf '%s\\n' \"$v\" > {cache}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse_probe(output: str) -> dict[str, str]:
+    """``key=value`` lines of the probe (other lines, such as pull progress, ignored)."""
+    out: dict[str, str] = {}
+    for line in output.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key in ("source", "version"):
+            out[key] = value.strip()
+    return out
+
+
+def read_version(
+    remote: Remote, host: InventoryHost, candidate: Candidate, *, pull: bool
+) -> VersionProbe:
+    """Ask the image on ``host``; raises ``VersionError`` (or ``HostUnreachable``)."""
+    rc, out = remote.run(host, probe_script(candidate, pull), timeout=3600)
+    values = parse_probe(out)
+    if rc == 3:
+        raise VersionError(
+            f"{host.name}: cannot pull {candidate.ref}: {out.strip()[-500:]}"
+        )
+    if rc != 0 or (values.get("source") != "unknown" and not values.get("version")):
+        raise VersionError(
+            f"{host.name}: cannot read vllm.__version__ from {candidate.ref} "
+            f"(exit {rc}): {out.strip()[-500:]}"
+        )
+    source = values.get("source", "unknown")
+    return VersionProbe(values.get("version") or None, source, pulled=source == "pulled")
+
+
+def remove_image(remote: Remote, host: InventoryHost, candidate: Candidate) -> None:
+    """Remove a candidate this bump pulled and then refused (leave the host as found)."""
+    ref = shlex.quote(f"{candidate.repository}@{candidate.digest}")
+    remote.run(host, f"docker image rm {ref} >/dev/null 2>&1; true")

@@ -1,0 +1,163 @@
+"""The front's route: proxy to the verified stack, or answer 503 + ``Retry-After``.
+
+``roles/front.py`` renders the nginx server once (listen, API key map, 401s); its
+``location /`` ends with ``include /etc/nginx/rigfleet/route.conf``. This module owns that
+include and switches it during a transaction: write, ``nginx -t``, ``systemctl reload nginx``
+(graceful: the listening socket stays open, so clients never see "connection refused"), then
+probe the front until its ``X-Rigfleet-Route`` header shows the new route. A route that
+``nginx -t`` refuses is put back at once::
+
+    front = Front(Layout(), port=8000, run=run_cmd, http=http_request, api_key=key)
+    front.maintenance("swap int8 -> tq3-mtp-genesis", retry_after_s=30)
+    front.serve(plan.desired)          # only ever a stack that passed the gate
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .layout import Layout
+from .plan import StackRef
+from .probe import ROUTE_MARK, route
+
+ROUTE_HEADER = "X-Rigfleet-Route"
+MAINTENANCE = "maintenance"
+
+Run = Callable[[list[str], float], tuple[int, str]]
+# (method, url, headers, body, timeout) -> (status, headers, body); status 0: no answer.
+Http = Callable[[str, str, dict[str, str], bytes | None, float],
+                tuple[int, dict[str, str], bytes]]
+
+# nginx string literals: keep the maintenance message free of quotes and backslashes.
+_SAFE = re.compile(r"[^A-Za-z0-9 ._:>()/+,=-]")
+
+
+class FrontError(RuntimeError):
+    """The front could not be switched; the previous route is still in place."""
+
+
+def render_serving(ref: StackRef) -> str:
+    """The proxy to one stack's loopback port (streaming-friendly, long timeouts)."""
+    return (
+        f"{ROUTE_MARK}{ref.route_id}\n"
+        "# Managed by the rigfleet host tool (rigfleet/hostside/front.py): switched by swaps.\n"
+        f'add_header {ROUTE_HEADER} "{ref.route_id}" always;\n'
+        f"proxy_pass http://127.0.0.1:{int(ref.port)};\n"
+        "proxy_http_version 1.1;\n"
+        "proxy_set_header Host $host;\n"
+        'proxy_set_header Connection "";\n'
+        "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n"
+        "# Streaming (SSE) answers go out token by token and a long generation can take many\n"
+        "# minutes: no buffering, long timeouts.\n"
+        "proxy_buffering off;\n"
+        "proxy_request_buffering off;\n"
+        "proxy_cache off;\n"
+        "proxy_read_timeout 3600s;\n"
+        "proxy_send_timeout 3600s;\n"
+        "add_header X-Accel-Buffering no always;\n"
+    )
+
+
+def render_maintenance(message: str, retry_after_s: int) -> str:
+    """503 with ``Retry-After`` and an OpenAI-style JSON error, for every authorised request."""
+    text = _SAFE.sub("", message)[:200] or "stack swap in progress"
+    body = json.dumps({"error": {"message": f"rigfleet: {text}; retry in {int(retry_after_s)} s",
+                                 "type": "service_unavailable", "code": 503}})
+    return (
+        f"{ROUTE_MARK}{MAINTENANCE}\n"
+        "# Managed by the rigfleet host tool: no verified stack is serving right now.\n"
+        f'add_header {ROUTE_HEADER} "{MAINTENANCE}" always;\n'
+        f"add_header Retry-After {int(retry_after_s)} always;\n"
+        f"return 503 '{body}';\n"
+    )
+
+
+@dataclass
+class Front:
+    """The route include of one host's front (see the module docstring).
+
+    + port: the front's port (probed on 127.0.0.1)
+    + run, http: command runner and HTTP client (injected: tests pass fakes)
+    + api_key: the front requires it (the probe sends it)
+    + settle_s: how long a reload may take to show
+    """
+
+    layout: Layout
+    port: int
+    run: Run
+    http: Http
+    api_key: str = ""
+    settle_s: float = 15.0
+    sleep: Callable[[float], None] = field(default=time.sleep)
+
+    @property
+    def path(self) -> Path:
+        return self.layout.front_route
+
+    def current(self) -> str | None:
+        """The route in place (``int8/<hash>``, ``maintenance``) or None."""
+        return route(self.path)
+
+    def serve(self, ref: StackRef, wait: bool = True) -> None:
+        self._apply(render_serving(ref), ref.route_id, wait)
+
+    def maintenance(self, message: str, retry_after_s: int, wait: bool = True) -> None:
+        self._apply(render_maintenance(message, retry_after_s), MAINTENANCE, wait)
+
+    def probe(self) -> tuple[int, str | None, str | None]:
+        """(status, route header, Retry-After) of ``GET /v1/models`` through the front."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        status, got, _ = self.http("GET", f"http://127.0.0.1:{self.port}/v1/models", headers,
+                                   None, 5.0)
+        low = {k.lower(): v for k, v in got.items()}
+        return status, low.get(ROUTE_HEADER.lower()), low.get("retry-after")
+
+    def _apply(self, text: str, route_id: str, wait: bool) -> None:
+        old = self.path.read_text() if self.path.exists() else None
+        if old == text and not wait:
+            return
+        self._write(text)
+        rc, out = self.run(["nginx", "-t", "-q"], 30.0)
+        if rc != 0:
+            self._restore(old)
+            raise FrontError(f"nginx -t refused route {route_id}: {out.strip()[-400:]}")
+        rc, out = self.run(["systemctl", "reload", "nginx"], 30.0)
+        if rc != 0:
+            if not wait:
+                return  # nginx not running (boot, shutdown): the file is read at its start
+            self._restore(old)
+            self.run(["systemctl", "reload", "nginx"], 30.0)
+            raise FrontError(f"nginx reload failed for route {route_id}: {out.strip()[-400:]}")
+        if wait:
+            self._wait_for(route_id)
+
+    def _wait_for(self, route_id: str) -> None:
+        deadline = time.monotonic() + self.settle_s
+        seen: tuple[int, str | None, str | None] = (0, None, None)
+        while True:
+            seen = self.probe()
+            if seen[1] == route_id:
+                return
+            if time.monotonic() > deadline:
+                raise FrontError(f"the front still answers {seen[0]} route {seen[1]!r} "
+                                 f"{self.settle_s:g}s after switching to {route_id!r}")
+            self.sleep(0.2)
+
+    def _write(self, text: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.path)
+
+    def _restore(self, old: str | None) -> None:
+        if old is None:
+            self.path.unlink(missing_ok=True)
+        else:
+            self._write(old)

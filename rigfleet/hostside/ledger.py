@@ -1,0 +1,128 @@
+"""The host's ledger: ``state.json`` (what serves now) and ``ledger.jsonl`` (every change).
+
+``ledger.jsonl`` is append-only, one JSON object per line; ``state.json`` is rewritten
+atomically and keeps keys it does not know (``rigfleet status`` and ``roles/ledger.py`` read
+and write it too). Every activation, swap, rollback, adoption and boot-time recreation is a
+line::
+
+    {"time": "2026-11-29T10:17:02+00:00", "event": "swap", "result": "promoted",
+     "host": "host1", "by": "alice@laptop", "deploy_id": "...", "stack": "tq3-mtp-genesis",
+     "image": "...", "digest": "sha256:...", "genesis_commit": "...", "model_revision": "...",
+     "config_hash": "...", "gate": {"result": "pass", "failed_checks": [], "report": "...",
+     "profile": "full", "at": "..."}, "previous": {"stack": "int8", ...}, "reason": ""}
+
+Example::
+
+    append(lay, entry("swap", "promoted", plan.desired, by=plan.by, deploy_id=plan.id,
+                      gate=gate.record(), previous=old))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .layout import Layout
+from .plan import StackRef
+
+# The keys ``roles/ledger.py`` and ``rigfleet status`` compare (rigfleet.status.TRACKED_KEYS).
+TRACKED_KEYS = (
+    "stack", "image", "digest", "vllm_version", "genesis_commit", "model_repo",
+    "model_revision", "driver_branch", "toolkit_version", "pins_serial",
+)  # fmt: skip
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_state(lay: Layout) -> dict[str, Any]:
+    """``state.json`` as a dict ({} when missing or unreadable)."""
+    try:
+        data = json.loads(lay.state_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_state(lay: Layout, state: dict[str, Any]) -> None:
+    _atomic_write(lay.state_file, json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def update_state(lay: Layout, **changes: Any) -> dict[str, Any]:
+    """Merge ``changes`` into ``state.json`` (other keys kept); returns the new state."""
+    state = {**read_state(lay), **changes}
+    write_state(lay, state)
+    return state
+
+
+def stack_fields(ref: StackRef | None) -> dict[str, Any]:
+    """The tracked keys of a stack (``stack`` + its pins) and its config hash."""
+    if ref is None:
+        return {"stack": None}
+    return {**{k: ref.record.get(k) for k in TRACKED_KEYS}, "stack": ref.stack,
+            "config_hash": ref.config_hash}
+
+
+def entry(event: str, result: str, ref: StackRef | None, *, host: str = "", by: str = "",
+          deploy_id: str = "", gate: dict[str, Any] | None = None,
+          previous: StackRef | None = None, reason: str = "",
+          extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One ledger line (see the module docstring).
+
+    + event: ``activate``, ``swap``, ``update`` (same stack, new pins), ``adopt``, ``ensure``
+      (boot-time recreation), ``interrupted``
+    + result: ``promoted``, ``rolled-back``, ``failed``, ``recreated``, ...
+    + ref: the stack the event is about (the new one for a swap, even when rolled back)
+    + gate: ``GateResult.record()``; previous: what served before
+    """
+    line: dict[str, Any] = {"time": now_iso(), "event": event, "result": result, "host": host,
+                            "by": by, "deploy_id": deploy_id, **stack_fields(ref)}
+    line["gate"] = gate or {"result": "not-run"}
+    if previous is not None:
+        line["previous"] = stack_fields(previous)
+    if reason:
+        line["reason"] = reason
+    if extra:
+        line.update(extra)
+    return line
+
+
+def append(lay: Layout, line: dict[str, Any]) -> None:
+    """Append one line (O_APPEND, fsync): concurrent writers never interleave a line."""
+    lay.ledger_file.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(line, sort_keys=True) + "\n").encode()
+    fd = os.open(lay.ledger_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tail(lay: Layout, n: int = 10) -> list[dict[str, Any]]:
+    """The last ``n`` parseable lines, oldest first."""
+    try:
+        lines = lay.ledger_file.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines[-n:]:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out

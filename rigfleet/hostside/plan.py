@@ -1,0 +1,192 @@
+"""The swap plan: what the control side asks a host to run, as one JSON file.
+
+The deploy (``rigfleet.swapplan.build_plan``) writes it to
+``/var/lib/rigfleet/swap/<id>/plan.json``; the host-side transaction reads it with
+``Plan.load``. It is self-describing (container, port, compose file, config hash, pins), so the
+host needs no catalog of its own::
+
+    plan = Plan.load(Path("/var/lib/rigfleet/swap/X/plan.json"))
+    plan.desired.stack, plan.desired.route_id      # 'tq3-mtp-genesis', 'tq3-mtp-genesis/9f...'
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "rigfleet-swap-plan/1"
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}")
+_HASH_LINE = re.compile(r"io\.rigfleet\.config-hash['\"]?:\s*['\"]?([0-9a-f]{8,64})")
+
+
+class PlanError(ValueError):
+    """A plan (or active record) that cannot be used; the message names the field."""
+
+
+def compose_hash(text: str) -> str | None:
+    """The ``io.rigfleet.config-hash`` label written in a compose file's text."""
+    m = _HASH_LINE.search(text)
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class StackRef:
+    """One stack as rendered for this host: enough to start, probe, verify and record it.
+
+    + stack, project, container, port: catalog names (``int8``, ``rigfleet-int8``, 8011)
+    + compose_file: the rendered compose file the deploy staged
+    + config_hash: its ``io.rigfleet.config-hash`` label
+    + image_ref: ``<repo>:<tag>@<digest>`` (must be present: staged by the deploy)
+    + served_model_name: what ``/v1/models`` must list
+    + gpu_memory_utilization: the fraction of each card vLLM asks for at start
+    + record: the pins the ledger tracks (image, digest, vllm_version, genesis_commit, ...)
+    """
+
+    stack: str
+    project: str
+    container: str
+    port: int
+    compose_file: str
+    config_hash: str
+    image_ref: str
+    served_model_name: str
+    gpu_memory_utilization: float
+    record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def route_id(self) -> str:
+        """What the front's route header says while this stack serves."""
+        return f"{self.stack}/{self.config_hash}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "stack") -> StackRef:
+        if not isinstance(data, dict):
+            raise PlanError(f"{where}: expected an object, got {type(data).__name__}")
+        try:
+            ref = cls(
+                stack=str(data["stack"]), project=str(data["project"]),
+                container=str(data["container"]), port=int(data["port"]),
+                compose_file=str(data["compose_file"]), config_hash=str(data["config_hash"]),
+                image_ref=str(data["image_ref"]),
+                served_model_name=str(data["served_model_name"]),
+                gpu_memory_utilization=float(data["gpu_memory_utilization"]),
+                record=dict(data.get("record") or {}),
+            )
+        except KeyError as e:
+            raise PlanError(f"{where}.{e.args[0]}: missing") from None
+        except (TypeError, ValueError) as e:
+            raise PlanError(f"{where}: {e}") from None
+        if not 0 < ref.gpu_memory_utilization <= 1:
+            raise PlanError(f"{where}.gpu_memory_utilization: {ref.gpu_memory_utilization} "
+                            "is not in (0, 1]")
+        return ref
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One transaction's input (see the module docstring).
+
+    + id: the deploy id (also the transient unit's suffix and the swap directory's name)
+    + by, why: who asked and why (the lock and the ledger say so)
+    + host: the inventory name
+    + desired: the stack to end up serving
+    + projects: every stack's (project, compose file): all are torn down before a start,
+      since only one fits on the cards
+    + front_port: where the front listens (the transaction probes it after each switch)
+    + gate_profile, gate_set: ``--profile`` and ``--set`` of the verify gate
+    + ready_timeout_s, vram_timeout_s, gate_timeout_s: how long each wait may take
+    + retry_after_s: the front's ``Retry-After`` during the window
+    """
+
+    id: str
+    by: str
+    why: str
+    host: str
+    desired: StackRef
+    projects: tuple[tuple[str, str], ...] = ()
+    front_port: int = 8000
+    gate_profile: str = "full"
+    gate_set: tuple[str, ...] = ()
+    ready_timeout_s: float = 1200.0
+    vram_timeout_s: float = 120.0
+    gate_timeout_s: float = 7200.0
+    retry_after_s: int = 30
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["schema"] = SCHEMA
+        data["projects"] = [list(p) for p in self.projects]
+        data["gate_set"] = list(self.gate_set)
+        return data
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Plan:
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise PlanError(f"schema: expected {SCHEMA!r}")
+        plan_id = str(data.get("id", ""))
+        if not _ID.fullmatch(plan_id):
+            raise PlanError(f"id: {plan_id!r} is not a valid id ([A-Za-z0-9._-], max 81)")
+        try:
+            return cls(
+                id=plan_id, by=str(data.get("by") or "unknown"), why=str(data.get("why") or ""),
+                host=str(data.get("host") or ""),
+                desired=StackRef.from_dict(data.get("desired"), "desired"),
+                projects=tuple((str(p), str(f)) for p, f in data.get("projects") or ()),
+                front_port=int(data.get("front_port", 8000)),
+                gate_profile=str(data.get("gate_profile") or "full"),
+                gate_set=tuple(str(s) for s in data.get("gate_set") or ()),
+                ready_timeout_s=float(data.get("ready_timeout_s", 1200.0)),
+                vram_timeout_s=float(data.get("vram_timeout_s", 120.0)),
+                gate_timeout_s=float(data.get("gate_timeout_s", 7200.0)),
+                retry_after_s=int(data.get("retry_after_s", 30)),
+            )
+        except (TypeError, ValueError) as e:
+            if isinstance(e, PlanError):
+                raise
+            raise PlanError(f"plan: {e}") from None
+
+    @classmethod
+    def load(cls, path: Path) -> Plan:
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except OSError as e:
+            raise PlanError(f"{path}: cannot be read ({e.strerror})") from None
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{path}: not JSON ({e})") from None
+
+
+@dataclass(frozen=True)
+class Active:
+    """``active.json``: the stack that was last verified (and should be serving).
+
+    + ref: the stack, with ``compose_file`` pointing at the snapshot in the active directory
+    + since, deploy_id, by: when and by which transaction it was promoted
+    + gate: the gate record it passed (or ``{"result": "not-run"}`` for an adopted stack)
+    """
+
+    ref: StackRef
+    since: str = ""
+    deploy_id: str = ""
+    by: str = ""
+    gate: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "rigfleet-active/1", "ref": self.ref.to_dict(), "since": self.since,
+                "deploy_id": self.deploy_id, "by": self.by, "gate": self.gate}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Active:
+        if not isinstance(data, dict):
+            raise PlanError("active.json: expected an object")
+        return cls(ref=StackRef.from_dict(data.get("ref"), "active.ref"),
+                   since=str(data.get("since") or ""), deploy_id=str(data.get("deploy_id") or ""),
+                   by=str(data.get("by") or ""), gate=dict(data.get("gate") or {}))

@@ -1,0 +1,723 @@
+"""The gate's checks: preflight, the seven checks of club-3090's "7/7", soak, spec_decode.
+
+Each check is ``fn(ctx) -> CheckResult`` and is listed in :data:`CHECKS` in run order::
+
+    ctx = Context(client, profile, progress)
+    preflight(ctx)          # fills ctx.model / ctx.version / ctx.max_model_len
+    needles(ctx)            # CheckResult(status="pass"|"fail"|"skip", details=..., findings=...)
+
+Rules shared by every check (club-3090 verify-stress, with its 7/7-era strictness):
+
+- every reply goes through the output-health detectors; any finding fails the check;
+- HTTP 200 with an empty answer fails; connection errors, timeouts and 5xx fail;
+- HTTP 400 for a prompt that does not fit max-model-len is a skip (the stack was configured
+  smaller), not a failure;
+- thinking is switched off per request (``chat_template_kwargs.enable_thinking = false``), as
+  verify-stress does, so the measured tokens are answer tokens.
+
+Nothing here knows which server it talks to: sizes come from the server's own ``/tokenize``
+(or, failing that, the ``usage`` of a one-token completion), the model name from
+``/v1/models``, acceptance from the Prometheus counters vLLM documents.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from . import metrics, prompts
+from .client import ChatResult, Client
+from .health import Finding, HealthLimits, scan
+from .profiles import Profile
+from .report import FAIL, PASS, SKIP, CheckResult
+
+# Texts vLLM (and OpenAI-compatible servers) use when a prompt does not fit the context.
+_OVER_CONTEXT = ("maximum context length", "max_model_len", "max-model-len", "context length",
+                 "too long", "exceeds the model", "input tokens")
+
+
+class Progress(Protocol):
+    def tick(self, mark: str) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+class _Silent:
+    def tick(self, mark: str) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+
+@dataclass
+class Context:
+    """What the checks share: the client, the profile, and what preflight learned."""
+
+    client: Client
+    profile: Profile
+    progress: Progress = field(default_factory=_Silent)
+    model: str = ""
+    version: str = ""
+    max_model_len: int | None = None
+    metrics_before: list[metrics.Sample] | None = None
+    count_mode: str = "tokenize"  # -> "chat" when /tokenize is not there, "none" if neither
+    sizer: prompts.Sizer | None = None
+
+    @property
+    def limits(self) -> HealthLimits:
+        p = self.profile
+        return HealthLimits(
+            punct_run=p.health_punct_run, punct_ratio=p.health_punct_ratio,
+            punct_min_chars=p.health_punct_min_chars,
+            first_word_repeats=p.health_first_word_repeats, line_repeats=p.health_line_repeats,
+            lexical_min=p.health_lexical_min, lexical_window=p.health_lexical_window,
+            lexical_min_words=p.health_lexical_min_words)
+
+    def get_sizer(self) -> prompts.Sizer:
+        if self.sizer is None:
+            self.sizer = prompts.Sizer(self.count_tokens, self.profile.size_tolerance)
+        return self.sizer
+
+    # -- requests ------------------------------------------------------------------------------
+    def body(self, messages: prompts.Messages, max_tokens: int, temperature: float,
+             tools: prompts.Tools = None, tool_choice: Any = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": self.model, "messages": messages, "max_tokens": max_tokens,
+            "temperature": temperature, "chat_template_kwargs": {"enable_thinking": False},
+        }
+        if tools:
+            out["tools"] = tools
+            out["tool_choice"] = tool_choice or "auto"
+        return out
+
+    def count_tokens(self, messages: prompts.Messages, tools: prompts.Tools) -> int | None:
+        """Prompt tokens as the server counts them (chat template included)."""
+        timeout = max(self.profile.preflight_timeout_s, 30.0)
+        if self.count_mode == "tokenize":
+            body: dict[str, Any] = {"model": self.model, "messages": messages,
+                                    "add_generation_prompt": True,
+                                    "chat_template_kwargs": {"enable_thinking": False}}
+            if tools:
+                body["tools"] = tools
+            r = self.client.request("POST", "/tokenize", body, timeout=timeout)
+            data = r.json() if r.status == 200 else None
+            if isinstance(data, dict) and isinstance(data.get("count"), int):
+                return data["count"]
+            if r.status in (401, 403, 404, 405, 501):
+                self.count_mode = "chat"  # no /tokenize here (or a front hides it)
+                self.progress.note("/tokenize unavailable; counting with 1-token completions")
+            else:
+                return None
+        if self.count_mode == "chat":
+            body = self.body(messages, 1, 0.0, tools, "none" if tools else None)
+            res = self.client.chat(body, timeout=self.profile.needle_timeout_s)
+            return res.prompt_tokens if res.ok else None
+        return None
+
+
+def _result(name: str, title: str) -> CheckResult:
+    return CheckResult(name, title)
+
+
+def _http_finding(res: ChatResult, where: str = "") -> Finding:
+    if res.status == 0:
+        return Finding("connection_error", f"no HTTP answer: {res.error}", where)
+    if res.status == 200:
+        return Finding("stream_error", res.error, where)
+    name = "server_error" if res.status >= 500 else "http_error"
+    return Finding(name, f"HTTP {res.status}: {res.error_message()[:300]}", where)
+
+
+def _over_context(ctx: Context, res: ChatResult, prompt_tokens: int | None,
+                  max_tokens: int) -> bool:
+    """A 400 because the prompt (plus its answer budget) does not fit max-model-len."""
+    if res.status != 400:
+        return False
+    if ctx.max_model_len and prompt_tokens and prompt_tokens + max_tokens > ctx.max_model_len:
+        return True
+    msg = res.error_message().lower()
+    return any(s in msg for s in _OVER_CONTEXT)
+
+
+def _health(ctx: Context, res: ChatResult, where: str = "") -> list[Finding]:
+    found = scan(res.content, res.reasoning, res.tool_calls, res.finish_reason, ctx.limits)
+    if where:
+        found = [Finding(f.name, f.message, f"{where} {f.where}".strip(), f.evidence)
+                 for f in found]
+    return found
+
+
+def _attempt(res: ChatResult) -> dict[str, Any]:
+    return {"http_status": res.status, "seconds": round(res.seconds, 2),
+            "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+            "finish_reason": res.finish_reason}
+
+
+def _excerpt(text: str, n: int = 80) -> str:
+    t = text.strip().replace("\n", " ")
+    return t if len(t) <= n else t[: n - 1] + "…"
+
+
+def _finish(out: CheckResult, ok_summary: str) -> CheckResult:
+    if out.findings:
+        out.status = FAIL
+        names = sorted({f.name for f in out.findings})
+        out.summary = out.summary or ("; ".join(f.message for f in out.findings[:2])
+                                      if len(out.findings) <= 2 else ", ".join(names))
+    else:
+        out.status = PASS
+        out.summary = out.summary or ok_summary
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# preflight
+# ---------------------------------------------------------------------------------------------
+
+def preflight(ctx: Context) -> CheckResult:
+    """GET /health 200 (polled for health_wait_s), /v1/models lists a model, /version, and one
+    generated token. A failure here aborts the rest of the gate."""
+    p = ctx.profile
+    out = _result("preflight", "Preflight")
+    deadline = time.monotonic() + p.health_wait_s
+    while True:
+        h = ctx.client.request("GET", "/health", timeout=p.preflight_timeout_s)
+        if h.status == 200 or time.monotonic() >= deadline:
+            break
+        time.sleep(min(1.0, max(deadline - time.monotonic(), 0.05)))
+    out.details["health"] = {"http_status": h.status, "error": h.error or None}
+    if h.status != 200:
+        why = h.error or f"HTTP {h.status}"
+        out.findings.append(Finding("server_down", f"GET /health: {why}"))
+        out.summary = f"server not healthy: {why}"
+        out.status = FAIL
+        return out
+    m = ctx.client.request("GET", "/v1/models", timeout=p.preflight_timeout_s)
+    data = m.json() if m.status == 200 else None
+    cards = data.get("data") if isinstance(data, dict) else None
+    if not cards or not isinstance(cards, list) or not isinstance(cards[0], dict) \
+            or not cards[0].get("id"):
+        why = m.error_message() if m.status != 200 else "no model listed"
+        out.findings.append(Finding("no_model", f"GET /v1/models: HTTP {m.status}: {why}"))
+        out.summary = f"/v1/models: {why}"
+        out.status = FAIL
+        return out
+    ctx.model = str(cards[0]["id"])
+    mml = cards[0].get("max_model_len")
+    ctx.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
+    out.details["models"] = [str(c.get("id")) for c in cards if isinstance(c, dict)]
+    out.details["max_model_len"] = ctx.max_model_len
+    v = ctx.client.request("GET", "/version", timeout=p.preflight_timeout_s)
+    vdata = v.json() if v.status == 200 else None
+    ctx.version = str(vdata.get("version")) if isinstance(vdata, dict) and vdata.get(
+        "version") else ""
+    out.details["version"] = ctx.version or None
+    # Counters before any of the gate's own traffic (spec_decode measures the difference).
+    mt = ctx.client.request("GET", "/metrics", timeout=p.preflight_timeout_s)
+    ctx.metrics_before = metrics.parse(mt.text(10_000_000)) if mt.status == 200 else None
+    # One token: a server that boots but cannot generate is down for our purposes (the
+    # first request also absorbs lazy compilation, so it is not timed against any check).
+    warm = ctx.client.chat(ctx.body([{"role": "user", "content": "ping"}], 1, 0.0),
+                           timeout=p.warmup_timeout_s)
+    out.details["warmup"] = _attempt(warm)
+    if not warm.ok:
+        out.findings.append(_http_finding(warm, "warm-up"))
+        out.summary = f"warm-up completion failed: {out.findings[-1].message}"
+        out.status = FAIL
+        return out
+    out.summary = (f"model {ctx.model}, version {ctx.version or '?'}, max_model_len "
+                   f"{ctx.max_model_len or '?'}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# (1) and (7): needles
+# ---------------------------------------------------------------------------------------------
+
+def _needles(ctx: Context, name: str, title: str, depths: tuple[int, ...]) -> CheckResult:
+    p = ctx.profile
+    out = _result(name, title)
+    attempts: list[dict[str, Any]] = []
+    sizer = ctx.get_sizer()
+    rng = random.SystemRandom()
+    for depth in depths:
+        secret, salt = prompts.new_secret()
+        position = round(rng.uniform(0.05, 0.95), 3)
+
+        def build(units: int, s: str = secret, salt: str = salt,
+                  pos: float = position) -> tuple[prompts.Messages, prompts.Tools]:
+            return prompts.needle_messages(s, salt, units, pos), None
+
+        row: dict[str, Any] = {"depth_tokens": depth, "needle_position": position,
+                               "expected": secret}
+        try:
+            sized = sizer.fit("needle", build, depth)
+        except prompts.SizingError as exc:
+            row.update(outcome="failed")
+            out.findings.append(Finding("sizing_error", str(exc), f"{depth} tok"))
+            attempts.append(row)
+            continue
+        row["prompt_tokens"] = sized.tokens
+        ctx.progress.tick(".")
+        res = ctx.client.chat(ctx.body(sized.messages, p.needle_max_tokens, 0.0),
+                              timeout=p.needle_timeout_s, stream=True)
+        row.update(http_status=res.status, seconds=round(res.seconds, 2),
+                   ttft=round(res.ttft, 2) if res.ttft is not None else None,
+                   server_prompt_tokens=res.prompt_tokens)
+        where = f"{depth} tok"
+        if _over_context(ctx, res, sized.tokens, p.needle_max_tokens):
+            row.update(outcome="skipped", reason=_excerpt(res.error_message(), 160))
+            attempts.append(row)
+            continue
+        if not res.ok:
+            row.update(outcome="failed")
+            out.findings.append(_http_finding(res, where))
+            attempts.append(row)
+            continue
+        found = _health(ctx, res, where)
+        ok = prompts.recalled(secret, res.content)
+        row["answer"] = _excerpt(res.content)
+        if not ok and not any(f.name == "empty" for f in found):
+            found.insert(0, Finding("recall_miss", f"needle not recalled (expected {secret!r})",
+                                    where, _excerpt(res.content)))
+        if ok and not found:
+            row["outcome"] = "recalled"
+        elif any(f.name == "empty" for f in found):
+            row["outcome"] = "empty"  # a silent-empty reply: the collapse's quietest form
+        else:
+            row["outcome"] = "recall_miss" if not ok else "unhealthy"
+        out.findings += found
+        attempts.append(row)
+    out.details["attempts"] = attempts
+    done = [a for a in attempts if a.get("outcome") != "skipped"]
+    if not done:
+        out.status = SKIP
+        out.summary = ("all depths over max-model-len ("
+                       + ", ".join(str(a["depth_tokens"]) for a in attempts) + " tokens)")
+        return out
+    skipped = [str(a["depth_tokens"]) for a in attempts if a.get("outcome") == "skipped"]
+    desc = ", ".join(f"{a['depth_tokens']}: {a.get('outcome')}" for a in attempts)
+    if out.findings:
+        bad = [a for a in attempts if a.get("outcome") not in ("recalled", "skipped")]
+        out.summary = "; ".join(
+            f"{a['depth_tokens']} tok: {a.get('outcome')}"
+            + (f" (answer {a['answer']!r})" if a.get("answer") is not None else "")
+            for a in bad)
+    return _finish(out, f"recalled at {desc}" + (f" (skipped {', '.join(skipped)})"
+                                                 if skipped else ""))
+
+
+def needles(ctx: Context) -> CheckResult:
+    """(1) needles at two depths (FULL ~10K and ~30K tokens)."""
+    return _needles(ctx, "needles", "Needles (1)", ctx.profile.needle_depths)
+
+
+def needles_deep(ctx: Context) -> CheckResult:
+    """(7) needles at two deeper depths (FULL ~60K and ~90K tokens)."""
+    return _needles(ctx, "needles_deep", "Deep needles (7)", ctx.profile.needle_deep_depths)
+
+
+# ---------------------------------------------------------------------------------------------
+# (2) tool-response prefill
+# ---------------------------------------------------------------------------------------------
+
+def tool_prefill(ctx: Context) -> CheckResult:
+    """A long tool result (FULL ~25K tokens of news) followed by a summary request: a 200 with
+    >= prefill_min_chars of healthy text (or a tool call) passes; empty = silent prefill
+    truncation; 500 = OOM during prefill."""
+    p = ctx.profile
+    out = _result("tool_prefill", "Tool-response prefill (2)")
+    seed = random.SystemRandom().randrange(2**31)
+    tools = [prompts.FETCH_NEWS_TOOL]
+
+    def build(units: int) -> tuple[prompts.Messages, prompts.Tools]:
+        return prompts.prefill_messages(seed, max(units, 1)), tools
+
+    try:
+        sized = ctx.get_sizer().fit("prefill", build, p.prefill_tokens)
+    except prompts.SizingError as exc:
+        out.findings.append(Finding("sizing_error", str(exc)))
+        return _finish(out, "")
+    out.details.update(target_tokens=p.prefill_tokens, prompt_tokens=sized.tokens,
+                       articles=sized.units)
+    res = ctx.client.chat(ctx.body(sized.messages, p.prefill_max_tokens, 0.6, tools, "auto"),
+                          timeout=p.prefill_timeout_s)
+    out.details.update(_attempt(res))
+    if _over_context(ctx, res, sized.tokens, p.prefill_max_tokens):
+        out.status = SKIP
+        out.summary = f"prompt over max-model-len: {_excerpt(res.error_message(), 160)}"
+        return out
+    if not res.ok:
+        out.findings.append(_http_finding(res))
+        return _finish(out, "")
+    out.findings += _health(ctx, res)
+    text = res.content.strip()
+    out.details["answer"] = _excerpt(text, 160)
+    if not res.tool_calls and text and len(text) < p.prefill_min_chars:
+        out.findings.append(Finding("too_short", f"only {len(text)} characters of answer "
+                                                 f"(need {p.prefill_min_chars})", "content", text))
+    return _finish(out, f"{sized.tokens} prompt tokens -> {len(text)} chars"
+                        + (", tool call" if res.tool_calls else ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# (3) IDE-agent one-shot
+# ---------------------------------------------------------------------------------------------
+
+def ide_oneshot(ctx: Context) -> CheckResult:
+    """~5K-char system preamble + 10 tool schemas + a refactor request, tool_choice none."""
+    p = ctx.profile
+    out = _result("ide_oneshot", "IDE-agent one-shot (3)")
+    preamble = prompts.ide_preamble(p.ide_preamble_chars)
+    tools = prompts.tools(p.ide_tools)
+    msgs = [{"role": "system", "content": preamble},
+            {"role": "user", "content": prompts.IDE_REQUEST}]
+    res = ctx.client.chat(ctx.body(msgs, p.ide_max_tokens, 0.0, tools, "none"),
+                          timeout=p.ide_timeout_s)
+    out.details.update(preamble_chars=len(preamble), tools=len(tools), **_attempt(res))
+    if _over_context(ctx, res, None, p.ide_max_tokens):
+        out.status = SKIP
+        out.summary = f"prompt over max-model-len: {_excerpt(res.error_message(), 160)}"
+        return out
+    if not res.ok:
+        out.findings.append(_http_finding(res))
+        return _finish(out, "")
+    out.findings += _health(ctx, res)
+    if res.tool_calls:
+        out.findings.append(Finding("unexpected_tool_call", "tool call despite tool_choice "
+                                    f"'none': {', '.join(res.tool_names())}"))
+    out.details["answer"] = _excerpt(res.content, 160)
+    return _finish(out, f"{res.completion_tokens} tokens of answer")
+
+
+# ---------------------------------------------------------------------------------------------
+# (4) multi-turn agent
+# ---------------------------------------------------------------------------------------------
+
+def agent_multiturn(ctx: Context) -> CheckResult:
+    """Turn 1 must call read_file (with JSON arguments); the tool result goes back; turn 2
+    must be healthy text."""
+    p = ctx.profile
+    out = _result("agent_multiturn", "Multi-turn agent (4)")
+    tools = prompts.tools(p.agent_tools)
+    msgs: prompts.Messages = [{"role": "system", "content": prompts.AGENT_SYSTEM},
+                              {"role": "user", "content": prompts.AGENT_REQUEST}]
+    first = ctx.client.chat(ctx.body(msgs, p.agent_max_tokens, 0.6, tools, "auto"),
+                            timeout=p.agent_timeout_s)
+    out.details["turn1"] = _attempt(first)
+    if not first.ok:
+        out.findings.append(_http_finding(first, "turn 1"))
+        return _finish(out, "")
+    out.findings += _health(ctx, first, "turn 1")
+    names = first.tool_names()
+    out.details["turn1"]["tool_calls"] = names
+    if not first.tool_calls:
+        out.findings.append(Finding("no_tool_call", f"turn 1 answered without calling "
+                                    f"{prompts.AGENT_TOOL}", "turn 1", _excerpt(first.content)))
+        return _finish(out, "")
+    # Parallel calls are fine as long as one of them is the right tool; only that one is
+    # answered (the conversation stays a plain call -> result -> answer round trip).
+    call = next((c for c in first.tool_calls
+                 if (c.get("function") or {}).get("name") == prompts.AGENT_TOOL), None)
+    if call is None:
+        out.findings.append(Finding("wrong_tool", f"turn 1 called {', '.join(names)}, expected "
+                                                  f"{prompts.AGENT_TOOL!r}", "turn 1"))
+        return _finish(out, "")
+    fn = call.get("function") or {}
+    try:
+        args = json.loads(fn.get("arguments") or "{}")
+        if not isinstance(args, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        out.findings.append(Finding("bad_tool_arguments", "tool call arguments are not a JSON "
+                                    "object", "turn 1", str(fn.get("arguments"))[:80]))
+        return _finish(out, "")
+    out.details["turn1"]["arguments"] = args
+    call_id = str(call.get("id") or "call_0")
+    msgs = msgs + [
+        {"role": "assistant", "content": first.content or None, "tool_calls": [{
+            "id": call_id, "type": "function",
+            "function": {"name": prompts.AGENT_TOOL, "arguments": json.dumps(args)}}]},
+        {"role": "tool", "tool_call_id": call_id, "name": prompts.AGENT_TOOL,
+         "content": prompts.agent_file_text(p.agent_tool_reply_chars)},
+    ]
+    second = ctx.client.chat(ctx.body(msgs, p.agent_max_tokens, 0.6, tools, "auto"),
+                             timeout=p.agent_timeout_s)
+    out.details["turn2"] = _attempt(second)
+    if not second.ok:
+        out.findings.append(_http_finding(second, "turn 2"))
+        return _finish(out, "")
+    out.findings += _health(ctx, second, "turn 2")
+    out.details["turn2"]["answer"] = _excerpt(second.content, 160)
+    if second.tool_calls and not second.content.strip():
+        out.findings.append(Finding("no_text_follow_up", "turn 2 called "
+                                    f"{', '.join(second.tool_names())} instead of answering",
+                                    "turn 2"))
+    return _finish(out, f"{prompts.AGENT_TOOL}({json.dumps(args)[:60]}) -> "
+                        f"{len(second.content.strip())} chars")
+
+
+# ---------------------------------------------------------------------------------------------
+# (5) coding, (6) reasoning
+# ---------------------------------------------------------------------------------------------
+
+def coding(ctx: Context) -> CheckResult:
+    """A LeetCode-shape request with a GOAL/STATE/ALGO/EDGE/VERIFY plan: healthy text with
+    code in it."""
+    p = ctx.profile
+    out = _result("coding", "LeetCode-shape coding (5)")
+    msgs = [{"role": "user", "content": prompts.CODING_REQUEST}]
+    res = ctx.client.chat(ctx.body(msgs, p.coding_max_tokens, 0.0), timeout=p.coding_timeout_s)
+    out.details.update(_attempt(res))
+    if not res.ok:
+        out.findings.append(_http_finding(res))
+        return _finish(out, "")
+    out.findings += _health(ctx, res)
+    text = res.content
+    out.details["answer"] = _excerpt(text, 160)
+    if text.strip() and not any(m in text for m in ("```", "def ", "return ")):
+        out.findings.append(Finding("no_code", "the answer contains no code", "content",
+                                    _excerpt(text)))
+    return _finish(out, f"{res.completion_tokens} tokens, finish {res.finish_reason}")
+
+
+def reasoning(ctx: Context) -> CheckResult:
+    """An induction proof that needs >= reasoning_min_tokens completion tokens; fewer means
+    spec-decode acceptance collapse or an early stop."""
+    p = ctx.profile
+    out = _result("reasoning", "Reasoning-heavy (6)")
+    msgs = [{"role": "user", "content": prompts.REASONING_REQUEST}]
+    res = ctx.client.chat(ctx.body(msgs, p.reasoning_max_tokens, 0.0),
+                          timeout=p.reasoning_timeout_s)
+    out.details.update(_attempt(res), min_tokens=p.reasoning_min_tokens)
+    if not res.ok:
+        out.findings.append(_http_finding(res))
+        return _finish(out, "")
+    out.findings += _health(ctx, res)
+    out.details["answer"] = _excerpt(res.content, 160)
+    n = res.completion_tokens
+    if n is None:
+        out.findings.append(Finding("no_usage", "the server reported no completion tokens"))
+    elif n < p.reasoning_min_tokens:
+        out.findings.append(Finding(
+            "too_few_tokens", f"{n} completion tokens (need >= {p.reasoning_min_tokens}; "
+                              f"finish {res.finish_reason}): spec-decode AL collapse or early "
+                              "stop", "content", _excerpt(res.content[-120:])))
+    return _finish(out, f"{n} completion tokens, finish {res.finish_reason}")
+
+
+# ---------------------------------------------------------------------------------------------
+# soak
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class _Turn:
+    session: int
+    turn: int
+    status: int
+    seconds: float
+    completion_tokens: int | None
+    silent_empty: bool
+    findings: list[Finding]
+    ttft: float | None
+    error: str = ""
+
+
+def soak(ctx: Context) -> CheckResult:
+    """Concurrent multi-turn sessions that accumulate context (club-3090 soak-test). A
+    silent-empty turn is HTTP 200 + 0 completion tokens + wall >= soak_silent_empty_min_s.
+    Fails on: silent-empty or unhealthy turns at/above soak_fail_rate, any non-200 or stream
+    error, turns left unsent when soak_timeout_s runs out."""
+    p = ctx.profile
+    out = _result("soak", "Soak")
+    deadline = time.monotonic() + p.soak_timeout_s
+    turns: list[_Turn] = []
+    lock = threading.Lock()
+    base_seed = random.SystemRandom().randrange(2**31)
+
+    def session(idx: int) -> None:
+        rng = random.Random(base_seed + idx)
+        msgs: prompts.Messages = [{"role": "system", "content": "You are a helpful, concise "
+                                   "assistant for software engineers."}]
+        for t in range(p.soak_turns):
+            if time.monotonic() >= deadline:
+                return
+            msgs.append({"role": "user", "content": prompts.soak_turn(rng, idx, t)})
+            max_tokens = rng.randint(p.soak_turn_min_tokens, p.soak_turn_max_tokens)
+            timeout = max(1.0, min(p.soak_request_timeout_s, deadline - time.monotonic()))
+            res = ctx.client.chat(ctx.body(msgs, max_tokens, 0.7), timeout=timeout,
+                                  stream=True)
+            tokens = res.completion_tokens
+            if tokens is None and res.ok:
+                # No usage in the stream: only "nothing at all came back" counts as 0.
+                tokens = 0 if not (res.content or res.reasoning or res.tool_calls) else None
+            silent = (res.status == 200 and not res.error and tokens == 0
+                      and res.seconds >= p.soak_silent_empty_min_s)
+            found = _health(ctx, res, f"s{idx + 1}t{t + 1}") if res.ok else []
+            turn = _Turn(idx, t, res.status, res.seconds, tokens, silent, found, res.ttft,
+                         "" if res.ok else res.error_message()[:200])
+            with lock:
+                turns.append(turn)
+            ctx.progress.tick("x" if not res.ok else "E" if silent else "!" if found else ".")
+            if not res.ok:
+                return  # the session's context is broken; other sessions carry on
+            msgs.append({"role": "assistant", "content": res.content})
+
+    with ThreadPoolExecutor(max_workers=p.soak_concurrency,
+                            thread_name_prefix="soak") as pool:
+        list(pool.map(session, range(p.soak_sessions)))
+
+    planned = p.soak_sessions * p.soak_turns
+    n = len(turns)
+    errors = [t for t in turns if t.status != 200 or t.error]
+    silent = [t for t in turns if t.silent_empty]
+    unhealthy = [t for t in turns if t.findings and not t.silent_empty]
+    ttfts = [t.ttft for t in turns if t.ttft is not None]
+    rate_silent = len(silent) / n if n else 0.0
+    rate_unhealthy = len(unhealthy) / n if n else 0.0
+    out.details.update(
+        sessions=p.soak_sessions, turns_per_session=p.soak_turns, concurrency=p.soak_concurrency,
+        turns_planned=planned, turns_done=n, errors=len(errors), silent_empty=len(silent),
+        silent_empty_rate=round(rate_silent, 4), unhealthy=len(unhealthy),
+        unhealthy_rate=round(rate_unhealthy, 4), fail_rate=p.soak_fail_rate,
+        median_ttft_s=round(statistics.median(ttfts), 3) if ttfts else None,
+        median_turn_s=round(statistics.median(t.seconds for t in turns), 3) if turns else None,
+        # club-3090's soak levels, for comparison: >= 50 % silent-empty FAIL, 1-49 % WARN.
+        reference_levels={"warn": "1-49% silent-empty", "fail": ">=50% silent-empty"},
+    )
+    for t in errors[:5]:
+        out.findings.append(Finding("turn_error", f"HTTP {t.status}: {t.error}",
+                                    f"s{t.session + 1}t{t.turn + 1}"))
+    if len(errors) > 5:
+        out.findings.append(Finding("turn_error", f"... and {len(errors) - 5} more failed turns"))
+    if n and rate_silent >= p.soak_fail_rate:
+        out.findings.append(Finding(
+            "silent_empty", f"{len(silent)}/{n} turns silent-empty ({rate_silent:.0%}, fail at "
+                            f">= {p.soak_fail_rate:.0%})"))
+    if n and rate_unhealthy >= p.soak_fail_rate:
+        names = sorted({f.name for t in unhealthy for f in t.findings})
+        out.findings.append(Finding(
+            "unhealthy_turns", f"{len(unhealthy)}/{n} turns unhealthy ({rate_unhealthy:.0%}): "
+                               + ", ".join(names), evidence=unhealthy[0].findings[0].evidence))
+    if n < planned and not errors:
+        out.findings.append(Finding("soak_timeout", f"only {n}/{planned} turns done within "
+                                                    f"{p.soak_timeout_s:.0f}s"))
+    warnings = []
+    if silent and rate_silent < p.soak_fail_rate and rate_silent > p.soak_warn_rate:
+        warnings.append(f"{len(silent)} silent-empty turn(s) below the fail rate")
+    if unhealthy and rate_unhealthy < p.soak_fail_rate:
+        warnings.append(f"{len(unhealthy)} unhealthy turn(s) below the fail rate")
+    if warnings:
+        out.details["warnings"] = warnings
+    return _finish(out, f"{n} turns, {len(silent)} silent-empty, {len(unhealthy)} unhealthy"
+                        + (f" (warning: {'; '.join(warnings)})" if warnings else ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# spec decode
+# ---------------------------------------------------------------------------------------------
+
+def _spec_counts(samples: list[metrics.Sample], model: str) -> tuple[float | None, float | None]:
+    return (metrics.total(samples, metrics.SPEC_DRAFTS, model_name=model),
+            metrics.total(samples, metrics.SPEC_ACCEPTED, model_name=model))
+
+
+def spec_decode(ctx: Context) -> CheckResult:
+    """Mean acceptance length over the gate's own traffic, 1 + Δaccepted/Δdrafts between the
+    preflight scrape and now; skipped when the server exposes no spec-decode counters (MTP off,
+    or --disable-log-stats)."""
+    p = ctx.profile
+    out = _result("spec_decode", "Spec-decode acceptance")
+
+    def scrape() -> list[metrics.Sample] | None:
+        r = ctx.client.request("GET", "/metrics", timeout=p.preflight_timeout_s)
+        return metrics.parse(r.text(10_000_000)) if r.status == 200 else None
+
+    before = ctx.metrics_before
+    if p.spec_settle_s:
+        time.sleep(p.spec_settle_s)
+    after = scrape()
+    if after is None or _spec_counts(after, ctx.model)[0] is None:
+        out.status = SKIP
+        out.summary = ("no /metrics" if after is None else
+                       f"no {metrics.SPEC_DRAFTS} in /metrics (MTP off or --disable-log-stats)")
+        return out
+    d0, a0 = _spec_counts(before or [], ctx.model)
+    d0, a0 = d0 or 0.0, a0 or 0.0
+    d1, a1 = _spec_counts(after, ctx.model)
+    probed = False
+    if (d1 or 0.0) - d0 < p.spec_min_drafts:
+        # Too little of our own traffic (e.g. --only spec_decode): verify-full's probe.
+        probed = True
+        res = ctx.client.chat(ctx.body([{"role": "user", "content":
+                                         prompts.SPEC_PROBE_REQUEST}],
+                                        p.spec_probe_max_tokens, 0.0),
+                              timeout=p.spec_probe_timeout_s)
+        out.details["probe"] = _attempt(res)
+        if not res.ok:
+            out.findings.append(_http_finding(res, "probe"))
+        else:
+            out.findings += _health(ctx, res, "probe")
+        if p.spec_settle_s:
+            time.sleep(p.spec_settle_s)
+        after = scrape() or after
+        d1, a1 = _spec_counts(after, ctx.model)
+    drafts = (d1 or 0.0) - d0
+    accepted = (a1 or 0.0) - a0
+    out.details.update(drafts=int(drafts), accepted_tokens=int(accepted), probed=probed,
+                       min_acceptance_length=p.spec_min_acceptance_length,
+                       baseline_scraped=before is not None)
+    if drafts <= 0:
+        out.findings.append(Finding("no_drafts", "spec-decode counters exist but did not move "
+                                                 "during the gate's traffic"))
+        return _finish(out, "")
+    al = 1.0 + accepted / drafts
+    out.details["mean_acceptance_length"] = round(al, 3)
+    dt0 = metrics.total(before or [], metrics.SPEC_DRAFT_TOKENS, model_name=ctx.model) or 0.0
+    dt1 = metrics.total(after, metrics.SPEC_DRAFT_TOKENS, model_name=ctx.model)
+    if dt1 is not None and dt1 - dt0 > 0:
+        rate = accepted / (dt1 - dt0)
+        out.details["acceptance_rate"] = round(rate, 4)
+        if rate >= 0.995:
+            # club-3090: "MTP acceptance hit 100% but outputs collapsed" (broken K+1 verify).
+            out.details["warnings"] = ["acceptance ~100%: the verify step may accept anything "
+                                       "(see the needle checks)"]
+    pp0 = metrics.by_label(before or [], metrics.SPEC_ACCEPTED_PER_POS, "position",
+                           model_name=ctx.model)
+    pp1 = metrics.by_label(after, metrics.SPEC_ACCEPTED_PER_POS, "position",
+                           model_name=ctx.model)
+    if pp1:
+        out.details["per_position"] = [round((pp1[k] - pp0.get(k, 0.0)) / drafts, 3)
+                                       for k in sorted(pp1, key=lambda x: int(x)
+                                                       if x.isdigit() else 0)]
+    if al < p.spec_min_acceptance_length:
+        out.findings.append(Finding(
+            "low_acceptance", f"mean acceptance length {al:.2f} < "
+                              f"{p.spec_min_acceptance_length:.2f} over {int(drafts)} drafts"))
+    return _finish(out, f"mean acceptance length {al:.2f} over {int(drafts)} drafts")
+
+
+# ---------------------------------------------------------------------------------------------
+
+CheckFn = Callable[[Context], CheckResult]
+CHECKS: tuple[tuple[str, str, CheckFn], ...] = (
+    ("preflight", "Preflight", preflight),
+    ("needles", "Needles (1)", needles),
+    ("tool_prefill", "Tool-response prefill (2)", tool_prefill),
+    ("ide_oneshot", "IDE-agent one-shot (3)", ide_oneshot),
+    ("agent_multiturn", "Multi-turn agent (4)", agent_multiturn),
+    ("coding", "LeetCode-shape coding (5)", coding),
+    ("reasoning", "Reasoning-heavy (6)", reasoning),
+    ("needles_deep", "Deep needles (7)", needles_deep),
+    ("soak", "Soak", soak),
+    ("spec_decode", "Spec-decode acceptance", spec_decode),
+)
+CHECK_NAMES: tuple[str, ...] = tuple(c[0] for c in CHECKS)

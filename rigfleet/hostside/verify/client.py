@@ -1,0 +1,305 @@
+"""A small OpenAI-compatible HTTP client (urllib only), with SSE streaming.
+
+    client = Client("http://127.0.0.1:8001", api_key=key)
+    r = client.request("GET", "/v1/models", timeout=5)          # HttpResult
+    r.status, r.json(), r.seconds
+    c = client.chat({"model": m, "messages": msgs, "max_tokens": 30}, timeout=60, stream=True)
+    c.status, c.content, c.tool_calls, c.usage, c.seconds, c.ttft, c.error
+
+Nothing raises for HTTP or transport problems: a result carries ``status`` (0 when no HTTP
+answer came back: refused, reset, timed out) and ``error``. The API key is sent on every
+request (an authenticating front may guard /health and /metrics too) and never appears in a
+repr, an error text or anything returned.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+USER_AGENT = "rigfleet-verify/1"
+
+
+@dataclass
+class HttpResult:
+    """One plain HTTP exchange."""
+
+    status: int  # 0: no HTTP response at all
+    body: bytes = b""
+    seconds: float = 0.0
+    error: str = ""  # transport problem, if any
+
+    def json(self) -> Any:
+        """The body as JSON, or None when it is not JSON."""
+        try:
+            return json.loads(self.body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+
+    def text(self, limit: int = 500) -> str:
+        return self.body.decode("utf-8", "replace")[:limit]
+
+    def error_message(self) -> str:
+        """vLLM/OpenAI's ``{"error": {"message": ...}}`` (or the transport error)."""
+        if self.error:
+            return self.error
+        data = self.json()
+        if isinstance(data, dict):
+            err = data.get("error", data.get("detail"))
+            if isinstance(err, dict):
+                return str(err.get("message") or err)
+            if err is not None:
+                return str(err)
+            if "message" in data:
+                return str(data["message"])
+        return self.text(300)
+
+
+@dataclass
+class ChatResult:
+    """A chat completion, streamed or not, reduced to what the checks look at."""
+
+    status: int
+    seconds: float = 0.0
+    ttft: float | None = None  # streaming only: seconds to the first content/tool byte
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    error: str = ""  # transport or in-stream error; empty when the exchange completed
+    chunks: int = 0  # SSE data events carrying choices
+    body: bytes = b""  # raw body of a non-streamed or failed exchange
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+    @property
+    def completion_tokens(self) -> int | None:
+        v = (self.usage or {}).get("completion_tokens")
+        return v if isinstance(v, int) else None
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        v = (self.usage or {}).get("prompt_tokens")
+        return v if isinstance(v, int) else None
+
+    def error_message(self) -> str:
+        if self.error:
+            return self.error
+        if self.status != 200:
+            return HttpResult(self.status, self.body).error_message()
+        return ""
+
+    def tool_names(self) -> list[str]:
+        return [str((c.get("function") or {}).get("name") or "") for c in self.tool_calls]
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Never follow redirects: urllib would resend the Authorization header to wherever the
+    server points, and a verify target has no business redirecting anyway."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
+        return None
+
+
+class Client:
+    """Talks to one server; ``base_url`` without a trailing ``/v1``."""
+
+    def __init__(self, base_url: str, api_key: str | None = None):
+        self.base_url = base_url.rstrip("/")
+        if self.base_url.endswith("/v1"):
+            self.base_url = self.base_url[: -len("/v1")]
+        self._api_key = api_key or None
+        # No proxies from the environment: the gate talks to the host it runs on (or its LAN),
+        # and long prompts plus the key have no business going through a corporate proxy.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
+
+    def __repr__(self) -> str:
+        return f"Client({self.base_url!r}, api_key={'***' if self._api_key else None})"
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, body: Any | None) -> urllib.request.Request:
+        data = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json, text/event-stream"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return urllib.request.Request(self.base_url + path, data=data, headers=headers,
+                                      method=method)
+
+    @staticmethod
+    def _transport_error(exc: BaseException) -> str:
+        # Error texts come from the socket layer and never contain request headers.
+        if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
+            exc = exc.reason if isinstance(exc.reason, BaseException) else exc
+        if isinstance(exc, TimeoutError | socket.timeout):
+            return "timed out"
+        name = type(exc).__name__
+        text = str(exc)
+        return f"{name}: {text}" if text else name
+
+    def request(self, method: str, path: str, body: Any | None = None,
+                timeout: float = 30.0) -> HttpResult:
+        """One request; the whole body is read."""
+        t0 = time.monotonic()
+        try:
+            with self._opener.open(self._request(method, path, body), timeout=timeout) as resp:
+                data = resp.read()
+                return HttpResult(resp.status, data, time.monotonic() - t0)
+        except urllib.error.HTTPError as err:
+            try:
+                data = err.read()
+            except (OSError, http.client.HTTPException):
+                data = b""
+            return HttpResult(err.code, data, time.monotonic() - t0)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            return HttpResult(0, b"", time.monotonic() - t0, self._transport_error(exc))
+
+    # -- chat ----------------------------------------------------------------------------------
+    def chat(self, body: dict[str, Any], timeout: float, stream: bool = False) -> ChatResult:
+        """POST /v1/chat/completions. ``timeout`` bounds the whole exchange, stream included."""
+        body = dict(body)
+        if stream:
+            body["stream"] = True
+            body.setdefault("stream_options", {"include_usage": True})
+        else:
+            body.pop("stream", None)
+        t0 = time.monotonic()
+        try:
+            resp = self._opener.open(self._request("POST", "/v1/chat/completions", body),
+                                     timeout=timeout)
+        except urllib.error.HTTPError as err:
+            try:
+                data = err.read()
+            except (OSError, http.client.HTTPException):
+                data = b""
+            return ChatResult(err.code, time.monotonic() - t0, body=data)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            return ChatResult(0, time.monotonic() - t0, error=self._transport_error(exc))
+        with resp:
+            if stream and "text/event-stream" in (resp.headers.get("content-type") or ""):
+                return self._read_stream(resp, t0, timeout)
+            try:
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                return ChatResult(resp.status, time.monotonic() - t0,
+                                  error=self._transport_error(exc))
+            return _parse_completion(resp.status, data, time.monotonic() - t0)
+
+    def _read_stream(self, resp: Any, t0: float, timeout: float) -> ChatResult:
+        out = ChatResult(resp.status)
+        calls: dict[int, dict[str, Any]] = {}
+        content: list[str] = []
+        reasoning: list[str] = []
+        done = False
+        try:
+            while True:
+                if time.monotonic() - t0 > timeout:
+                    out.error = f"timed out after {timeout:.0f}s (stream still running)"
+                    break
+                line = resp.readline()
+                if not line:
+                    break
+                text = line.decode("utf-8", "replace").strip()
+                if not text.startswith("data:"):
+                    continue  # blank separators, ": keep-alive" comments, "event:" lines
+                payload = text[len("data:"):].strip()
+                if payload == "[DONE]":
+                    done = True
+                    break
+                try:
+                    event = json.loads(payload)
+                except ValueError:
+                    out.error = f"unparsable SSE event: {payload[:120]!r}"
+                    break
+                if not isinstance(event, dict):
+                    continue
+                if "error" in event:  # vLLM reports mid-stream failures as an error event
+                    err = event["error"]
+                    out.error = "stream error: " + str(
+                        err.get("message") if isinstance(err, dict) else err)
+                    break
+                if isinstance(event.get("usage"), dict):
+                    out.usage = event["usage"]
+                for choice in event.get("choices") or []:
+                    out.chunks += 1
+                    delta = choice.get("delta") or {}
+                    piece = delta.get("content")
+                    if piece:
+                        content.append(piece)
+                    rpiece = delta.get("reasoning_content") or delta.get("reasoning")
+                    if rpiece:
+                        reasoning.append(rpiece)
+                    for tc in delta.get("tool_calls") or []:
+                        _merge_tool_delta(calls, tc)
+                    if (piece or delta.get("tool_calls")) and out.ttft is None:
+                        out.ttft = time.monotonic() - t0
+                    if choice.get("finish_reason"):
+                        out.finish_reason = choice["finish_reason"]
+        except (OSError, http.client.HTTPException) as exc:
+            out.error = self._transport_error(exc)
+        if not done and not out.error:
+            out.error = "stream ended without [DONE] (connection dropped)"
+        out.content = "".join(content)
+        out.reasoning = "".join(reasoning)
+        out.tool_calls = [calls[i] for i in sorted(calls)]
+        out.seconds = time.monotonic() - t0
+        return out
+
+
+def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> None:
+    """Streamed tool calls come in pieces keyed by index: name first, arguments in parts."""
+    idx = tc.get("index", len(calls))
+    call = calls.setdefault(idx, {"id": "", "type": "function",
+                                  "function": {"name": "", "arguments": ""}})
+    if tc.get("id"):
+        call["id"] = tc["id"]
+    fn = tc.get("function") or {}
+    if fn.get("name"):
+        call["function"]["name"] += fn["name"]
+    if fn.get("arguments"):
+        call["function"]["arguments"] += fn["arguments"]
+
+
+def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
+    out = ChatResult(status, seconds, body=data)
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        out.error = "response is not JSON"
+        return out
+    if not isinstance(obj, dict):
+        out.error = "response is not a JSON object"
+        return out
+    out.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+    choices = obj.get("choices") or []
+    if choices:
+        choice = choices[0]
+        msg = choice.get("message") or {}
+        out.content = msg.get("content") or ""
+        out.reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
+        out.tool_calls = [c for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
+        out.finish_reason = choice.get("finish_reason")
+        out.chunks = 1
+    return out
+
+
+def redact_url(url: str) -> str:
+    """``url`` without any ``user:password@`` part (reports must not carry credentials)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=host))

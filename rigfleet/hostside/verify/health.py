@@ -1,0 +1,227 @@
+"""Output-health detectors, run on every reply the gate receives.
+
+A server with a broken KV read path (TurboQuant + MTP without Genesis P67, for one) still
+answers 200 quickly; what gives it away is the text: ``!!!!`` floods, the first word over and
+over, one line repeated, a vocabulary of three words, a tool call written into the content,
+or nothing at all. Each detector returns a named :class:`Finding` or None::
+
+    limits = HealthLimits()
+    detect_first_word_repetition("The The The The cat", limits)   # Finding("first_word_...")
+    scan(content="...", reasoning="", tool_calls=[], finish_reason="stop", limits=limits)
+
+``scan`` runs every detector over the content (and the reasoning text, when there is one)
+and returns all findings. Thresholds come from the gate profile (``health_*`` keys).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something wrong with one reply (or one request): ``name`` is stable, for machines."""
+
+    name: str
+    message: str
+    where: str = ""  # "content", "reasoning", a depth, a turn ...
+    evidence: str = ""  # a short excerpt
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v != ""}
+
+
+@dataclass(frozen=True)
+class HealthLimits:
+    punct_run: int = 4
+    punct_ratio: float = 0.30
+    punct_min_chars: int = 40
+    first_word_repeats: int = 3
+    line_repeats: int = 5
+    lexical_min: float = 0.30
+    lexical_window: int = 200
+    lexical_min_words: int = 40
+
+
+# Stable finding names.
+EMPTY = "empty"
+PUNCT_FLOOD = "punctuation_flood"
+FIRST_WORD = "first_word_repetition"
+LINE_REPEAT = "repeated_line"
+LOW_VARIETY = "low_lexical_variety"
+TOOL_CALL_LEAK = "tool_call_in_content"
+
+_FENCE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
+_INLINE_CODE = re.compile(r"`[^`\n]*`")
+# LaTeX math ($...$, $$...$$, \[...\], \(...\)): braces and carets are its syntax.
+_MATH = re.compile(r"\$\$.*?\$\$|\\\[.*?\\\]|\\\(.*?\\\)|\$[^$\n]+\$", re.DOTALL)
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
+# Characters that are markdown syntax in healthy answers (lists, tables, headings, rules,
+# emphasis, quotes) rather than sentence punctuation; they never count towards a flood.
+_MARKUP = set("-*#|_`>~=+<[]/\\")
+_FLOOD_SET = "!?.,;:¡¿"
+_MIXED_FLOOD = re.compile(r"(?:[" + re.escape(_FLOOD_SET) + r"]\s*){12,}")
+
+
+def _excerpt(text: str, start: int = 0, width: int = 80) -> str:
+    piece = text[max(0, start): max(0, start) + width]
+    return piece.replace("\n", "\\n")
+
+
+def _prose(text: str) -> str:
+    """``text`` without fenced code, inline code or LaTeX math: those are punctuation-heavy
+    and repetitive (keywords, indices) by nature, and judged by the line detector instead."""
+    return _MATH.sub(" ", _INLINE_CODE.sub(" ", _FENCE.sub("\n", text)))
+
+
+def _is_punct(ch: str) -> bool:
+    return unicodedata.category(ch).startswith("P") or ch in "$%^&@"
+
+
+def detect_empty(content: str, tool_calls: list[Any] | None = None, reasoning: str = "",
+                 finish_reason: str | None = None) -> Finding | None:
+    """No answer: no text and no tool call.
+
+    A reply that is still thinking when it hits max_tokens (reasoning, finish "length") is not
+    empty: verify-full allows that too."""
+    if content.strip() or tool_calls:
+        return None
+    if reasoning.strip() and finish_reason == "length":
+        return None
+    return Finding(EMPTY, "empty reply: no content and no tool call",
+                   evidence=f"finish_reason={finish_reason}")
+
+
+def detect_punctuation_flood(text: str, limits: HealthLimits) -> Finding | None:
+    """``!!!!``-style runs, long runs of mixed punctuation, or prose that is mostly
+    punctuation (over ``punct_ratio`` of its letters, digits and punctuation)."""
+    prose = _prose(text)
+    run = re.search(r"([!?¡¿])\1{" + str(limits.punct_run - 1) + ",}", prose)
+    if run:
+        return Finding(PUNCT_FLOOD, f"a run of {len(run.group(0))} '{run.group(1)}'",
+                       evidence=_excerpt(prose, run.start() - 20))
+    mixed = _MIXED_FLOOD.search(prose)
+    if mixed:
+        return Finding(PUNCT_FLOOD, "a long run of punctuation",
+                       evidence=_excerpt(prose, mixed.start() - 20))
+    punct = other = 0
+    for line in prose.splitlines():
+        if line.lstrip().startswith("|"):
+            continue  # table rows: mostly cells and separators by design
+        for ch in line:
+            if ch.isspace() or ch in _MARKUP:
+                continue
+            if ch.isalnum():
+                other += 1
+            elif _is_punct(ch):
+                punct += 1
+    counted = punct + other
+    if counted >= limits.punct_min_chars and punct / counted > limits.punct_ratio:
+        return Finding(PUNCT_FLOOD, f"{punct / counted:.0%} of the text is punctuation "
+                                    f"(limit {limits.punct_ratio:.0%})",
+                       evidence=_excerpt(prose))
+    return None
+
+
+def detect_first_word_repetition(text: str, limits: HealthLimits) -> Finding | None:
+    """The first word repeated right away ("The The The"), or making up half the reply."""
+    words = [w.lower() for w in _WORD.findall(text[:20_000])]
+    if not words:
+        return None
+    first = words[0]
+    run = 1
+    while run < len(words) and words[run] == first:
+        run += 1
+    if run >= limits.first_word_repeats:
+        return Finding(FIRST_WORD, f"the first word {first!r} repeats {run} times in a row",
+                       evidence=_excerpt(text.lstrip()))
+    head = words[: limits.lexical_window]
+    if len(head) >= 10 and head.count(first) / len(head) >= 0.5:
+        return Finding(FIRST_WORD, f"the first word {first!r} is {head.count(first)} of the "
+                                   f"first {len(head)} words", evidence=_excerpt(text.lstrip()))
+    return None
+
+
+def detect_repeated_line(text: str, limits: HealthLimits) -> Finding | None:
+    """Any non-empty line repeated ``line_repeats`` times in a row (repetitive degeneracy).
+
+    Lines without a letter or digit (``}``, ``---``, fences) are skipped: closing braces and
+    rules legitimately stack up in code and markdown; punctuation floods are caught above."""
+    prev = None
+    count = 0
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or not any(ch.isalnum() for ch in s):
+            continue
+        if s == prev:
+            count += 1
+            if count >= limits.line_repeats:
+                return Finding(LINE_REPEAT, f"the line {s[:60]!r} repeats {count} times in a row",
+                               evidence=s[:80])
+        else:
+            prev, count = s, 1
+    return None
+
+
+def detect_low_variety(text: str, limits: HealthLimits) -> Finding | None:
+    """unique/total of the first ``lexical_window`` words of prose below ``lexical_min``
+    (verify-full's rule; code and math are left out, their keywords repeat legitimately)."""
+    words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))][: limits.lexical_window]
+    if len(words) < limits.lexical_min_words:
+        return None  # a short answer ("blue tiger 42") says nothing about variety
+    ratio = len(set(words)) / len(words)
+    if ratio < limits.lexical_min:
+        return Finding(LOW_VARIETY, f"lexical variety {ratio:.2f} over the first {len(words)} "
+                                    f"words (limit {limits.lexical_min:.2f})",
+                       evidence=_excerpt(text))
+    return None
+
+
+def detect_tool_call_leak(text: str) -> Finding | None:
+    """A ``<tool_call>`` written into the content: the tool parser did not get it (truncated
+    call, MTP x TurboQuant cascade, or a missing --tool-call-parser)."""
+    m = re.search(r"</?tool_call>", text, re.IGNORECASE)
+    if m:
+        return Finding(TOOL_CALL_LEAK, "<tool_call> markup leaked into the content",
+                       evidence=_excerpt(text, m.start() - 20))
+    return None
+
+
+_TEXT_DETECTORS: tuple[Callable[[str, HealthLimits], Finding | None], ...] = (
+    detect_punctuation_flood,
+    detect_first_word_repetition,
+    detect_repeated_line,
+    detect_low_variety,
+)
+
+
+def scan_text(text: str, limits: HealthLimits, where: str = "content") -> list[Finding]:
+    """Every text detector over one text (no empty check: a reasoning text may be absent)."""
+    out = []
+    for detect in _TEXT_DETECTORS:
+        f = detect(text, limits)
+        if f is not None:
+            out.append(Finding(f.name, f.message, where, f.evidence))
+    if where == "content":
+        leak = detect_tool_call_leak(text)
+        if leak is not None:
+            out.append(Finding(leak.name, leak.message, where, leak.evidence))
+    return out
+
+
+def scan(content: str, reasoning: str, tool_calls: list[Any], finish_reason: str | None,
+         limits: HealthLimits) -> list[Finding]:
+    """All findings for one reply."""
+    out: list[Finding] = []
+    empty = detect_empty(content, tool_calls, reasoning, finish_reason)
+    if empty is not None:
+        out.append(Finding(empty.name, empty.message, "content", empty.evidence))
+    if content.strip():
+        out += scan_text(content, limits, "content")
+    if reasoning.strip():
+        out += scan_text(reasoning, limits, "reasoning")
+    return out

@@ -1,0 +1,75 @@
+"""Prometheus text exposition parsing, just enough for vLLM's counters.
+
+    samples = parse(text)
+    total(samples, "vllm:spec_decode_num_drafts_total", model_name="qwen")   # float | None
+
+``total`` sums every sample of the name whose labels include the given ones (vLLM labels its
+series by ``model_name`` and ``engine``; several engines mean several samples). It returns
+None when the series does not exist at all, which is different from a counter at 0.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+"
+                   r"(?P<value>\S+)(?:\s+\S+)?\s*$")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+# vLLM's spec-decode counters (vllm/v1/spec_decode/metrics.py, exposed with _total).
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse(text: str) -> list[Sample]:
+    out: list[Sample] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        labels = {k: v.replace('\\"', '"').replace("\\\\", "\\")
+                  for k, v in _LABEL.findall(m.group("labels") or "")}
+        out.append(Sample(m.group("name"), labels, value))
+    return out
+
+
+def total(samples: list[Sample], name: str, **labels: str) -> float | None:
+    found = False
+    acc = 0.0
+    for s in samples:
+        if s.name != name:
+            continue
+        if any(s.labels.get(k) != v for k, v in labels.items() if k in s.labels):
+            continue  # a label the series has, with another value (another model)
+        found = True
+        acc += s.value
+    return acc if found else None
+
+
+def by_label(samples: list[Sample], name: str, label: str, **labels: str) -> dict[str, float]:
+    """Samples of ``name`` summed per value of ``label`` (e.g. per draft ``position``)."""
+    out: dict[str, float] = {}
+    for s in samples:
+        if s.name != name or label not in s.labels:
+            continue
+        if any(s.labels.get(k) != v for k, v in labels.items() if k in s.labels):
+            continue
+        out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
+    return out

@@ -1,0 +1,240 @@
+"""Gate profiles: every threshold, prompt size, timeout and count the checks use.
+
+``FULL`` is for real dual-3090 rigs and follows club-3090's verify-stress/soak/verify-full
+numbers; ``FAST`` keeps the same checks and request shapes at sizes a simulated testbed (or a
+quick manual run) gets through in seconds. Pick one by name and override single values::
+
+    prof = resolve("fast", ["needle_depths=8000,12000", "soak_sessions=4"])
+    prof.needle_depths            # (8000, 12000)
+
+Bad names or values raise :class:`ProfileError` whose message names the key, the value and
+what is allowed, so a typo in ``--set`` is caught before any request is sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
+
+
+class ProfileError(ValueError):
+    """An unknown profile, an unknown key or a value outside what the key allows."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """All numbers of one gate run (sizes are in the server's tokens unless named _chars)."""
+
+    name: str
+
+    # -- preflight -----------------------------------------------------------------------
+    health_wait_s: float = 60.0  # keep polling /health this long before calling the server down
+    preflight_timeout_s: float = 10.0  # per /health, /v1/models, /version request
+    warmup_timeout_s: float = 180.0  # the first generated token (compile caches, cudagraphs)
+
+    # -- (1) and (7): needle in a haystack -----------------------------------------------
+    needle_depths: tuple[int, ...] = (10_000, 30_000)  # check 1: prompt sizes
+    needle_deep_depths: tuple[int, ...] = (60_000, 90_000)  # check 7 ("Cliff 2 territory")
+    needle_max_tokens: int = 30
+    needle_timeout_s: float = 300.0
+    size_tolerance: float = 0.02  # built prompts land within this fraction of the target
+
+    # -- (2) tool-response prefill -------------------------------------------------------
+    prefill_tokens: int = 25_000
+    prefill_max_tokens: int = 500
+    prefill_min_chars: int = 50  # a shorter text answer (and no tool call) is a failure
+    prefill_timeout_s: float = 240.0
+
+    # -- (3) IDE-agent one-shot ----------------------------------------------------------
+    ide_preamble_chars: int = 5_000
+    ide_tools: int = 10
+    ide_max_tokens: int = 2_000
+    ide_timeout_s: float = 180.0
+
+    # -- (4) multi-turn agent ------------------------------------------------------------
+    agent_tools: int = 4
+    agent_tool_reply_chars: int = 3_000
+    agent_max_tokens: int = 1_500
+    agent_timeout_s: float = 180.0
+
+    # -- (5) coding ----------------------------------------------------------------------
+    coding_max_tokens: int = 4_096
+    coding_timeout_s: float = 240.0
+
+    # -- (6) reasoning-heavy ---------------------------------------------------------------
+    reasoning_max_tokens: int = 8_192
+    reasoning_min_tokens: int = 500  # fewer: spec-decode AL collapse or an early stop
+    reasoning_timeout_s: float = 600.0
+
+    # -- soak ------------------------------------------------------------------------------
+    soak_sessions: int = 20
+    soak_turns: int = 5
+    soak_concurrency: int = 2
+    soak_turn_min_tokens: int = 350
+    soak_turn_max_tokens: int = 1_500
+    soak_request_timeout_s: float = 600.0
+    soak_timeout_s: float = 1_800.0  # the whole soak; unfinished turns make it fail
+    soak_silent_empty_min_s: float = 1.0  # club-3090's definition: 200 + 0 tokens + >= 1 s
+    soak_fail_rate: float = 0.05  # silent-empty or unhealthy turns at/above this rate fail
+    soak_warn_rate: float = 0.0  # above this (and below fail) the soak passes with a warning
+
+    # -- spec decode -------------------------------------------------------------------------
+    spec_min_acceptance_length: float = 2.0  # club-3090 MTP_ACCEPT_MIN; healthy MTP n=3 ~3.5
+    spec_min_drafts: int = 50  # fewer drafts than this in the gate's traffic: send a probe
+    spec_probe_max_tokens: int = 500
+    spec_probe_timeout_s: float = 120.0
+    spec_settle_s: float = 3.0  # let the engine publish its last counters before scraping
+
+    # -- output health (applied to every reply) -----------------------------------------------
+    health_punct_run: int = 4  # "!!!!": a run of this many ! or ? is a flood
+    health_punct_ratio: float = 0.30
+    health_punct_min_chars: int = 40  # the ratio needs this much text to mean anything
+    health_first_word_repeats: int = 3  # "The The The"
+    health_line_repeats: int = 5  # the same non-empty line this many times in a row
+    health_lexical_min: float = 0.30  # unique/total of the first health_lexical_window words
+    health_lexical_window: int = 200
+    health_lexical_min_words: int = 40  # shorter replies are too short to judge variety
+
+    overrides: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every value (for the report), tuples as lists."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "overrides":
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+
+FULL = Profile(name="full")
+
+FAST = Profile(
+    name="fast",
+    health_wait_s=5.0,
+    preflight_timeout_s=5.0,
+    warmup_timeout_s=30.0,
+    needle_depths=(8_000, 12_000),
+    needle_deep_depths=(16_000, 24_000),
+    needle_timeout_s=60.0,
+    prefill_tokens=10_000,
+    prefill_timeout_s=60.0,
+    ide_max_tokens=1_000,
+    ide_timeout_s=60.0,
+    agent_max_tokens=800,
+    agent_timeout_s=60.0,
+    coding_max_tokens=2_048,
+    coding_timeout_s=60.0,
+    reasoning_max_tokens=2_048,
+    reasoning_timeout_s=120.0,
+    soak_sessions=6,
+    soak_turns=4,
+    soak_concurrency=3,
+    soak_turn_min_tokens=120,
+    soak_turn_max_tokens=300,
+    soak_request_timeout_s=60.0,
+    soak_timeout_s=300.0,
+    spec_min_drafts=20,
+    spec_probe_timeout_s=30.0,
+    spec_settle_s=0.2,
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (FULL, FAST)}
+
+# Keys whose value is a fraction (0..1]; everything numeric else must be > 0 unless listed.
+_FRACTIONS = {"size_tolerance", "soak_fail_rate", "health_punct_ratio", "health_lexical_min"}
+_ZERO_OK = {"spec_settle_s", "health_wait_s", "soak_warn_rate", "soak_silent_empty_min_s"}
+_NOT_SETTABLE = {"name", "overrides"}
+
+
+def settable_keys() -> list[str]:
+    return [f.name for f in fields(Profile) if f.name not in _NOT_SETTABLE]
+
+
+def _types() -> dict[str, Any]:
+    return get_type_hints(Profile)
+
+
+def _describe(key: str) -> str:
+    typ = _types()[key]
+    if typ is int:
+        allowed = "an integer"
+    elif typ is float:
+        allowed = "a number"
+    else:
+        allowed = "comma-separated integers, e.g. 8000,12000"
+    if key in _FRACTIONS:
+        return f"{allowed} above 0 and at most 1"
+    if key in _ZERO_OK:
+        return f"{allowed} >= 0"
+    return f"{allowed} > 0" if typ in (int, float) else f"{allowed} (each > 0)"
+
+
+def _parse_value(key: str, raw: str) -> Any:
+    typ = _types()[key]
+    bad = ProfileError(f"--set {key}={raw}: invalid value {raw!r} for {key}; "
+                       f"allowed: {_describe(key)}")
+    text = raw.strip()
+    try:
+        if typ is int:
+            value: Any = int(text.replace("_", ""))
+        elif typ is float:
+            value = float(text)
+        else:
+            parts = [p.strip().replace("_", "") for p in text.split(",") if p.strip()]
+            value = tuple(int(p) for p in parts)
+            if not value:
+                raise ValueError(raw)
+    except ValueError:
+        raise bad from None
+    items = value if isinstance(value, tuple) else (value,)
+    for v in items:
+        if v != v or v in (float("inf"), float("-inf")):  # NaN / inf
+            raise bad
+        if key in _FRACTIONS and not 0.0 < v <= 1.0:
+            raise bad
+        if key in _ZERO_OK and v < 0:
+            raise bad
+        if key not in _FRACTIONS and key not in _ZERO_OK and v <= 0:
+            raise bad
+    return value
+
+
+def _check_consistency(p: Profile) -> None:
+    if p.soak_turn_min_tokens > p.soak_turn_max_tokens:
+        raise ProfileError(
+            f"soak_turn_min_tokens={p.soak_turn_min_tokens} is above soak_turn_max_tokens="
+            f"{p.soak_turn_max_tokens}; allowed: min <= max")
+    if p.soak_warn_rate > p.soak_fail_rate:
+        raise ProfileError(f"soak_warn_rate={p.soak_warn_rate} is above soak_fail_rate="
+                           f"{p.soak_fail_rate}; allowed: warn <= fail")
+    if p.health_punct_run < 2:
+        raise ProfileError(f"health_punct_run={p.health_punct_run}: allowed: an integer >= 2 "
+                           "(1 would call every exclamation mark a flood)")
+    if p.reasoning_min_tokens > p.reasoning_max_tokens:
+        raise ProfileError(
+            f"reasoning_min_tokens={p.reasoning_min_tokens} is above reasoning_max_tokens="
+            f"{p.reasoning_max_tokens}; allowed: min <= max (else the check can never pass)")
+
+
+def resolve(name: str, assignments: list[str] | tuple[str, ...] = ()) -> Profile:
+    """The profile ``name`` with ``key=value`` overrides applied and validated."""
+    base = PROFILES.get(name)
+    if base is None:
+        raise ProfileError(f"unknown profile {name!r}; allowed: {', '.join(PROFILES)}")
+    changes: dict[str, Any] = {}
+    for item in assignments:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ProfileError(f"--set {item!r}: expected key=value; allowed keys: "
+                               + ", ".join(settable_keys()))
+        if key not in settable_keys():
+            raise ProfileError(f"--set {item}: unknown key {key!r}; allowed keys: "
+                               + ", ".join(settable_keys()))
+        changes[key] = _parse_value(key, raw)
+    prof = dataclasses.replace(base, **changes, overrides=dict(changes))
+    _check_consistency(prof)
+    return prof

@@ -1,0 +1,183 @@
+"""Gate results: the JSON report (schema ``rigfleet-verify/1``), the Markdown report and the
+exit status.
+
+    report = Report(url=..., profile=prof.name, ...)
+    report.checks.append(CheckResult("needles", "Needles", PASS, seconds=3.2, details={...}))
+    paths = write(report, Path("/var/lib/rigfleet/verify"))   # verify-<ts>.json and .md
+    sys.exit(report.exit_status())                             # failed checks, capped at 100
+
+JSON layout::
+
+    {"schema": "rigfleet-verify/1", "url", "model", "version", "max_model_len",
+     "profile": {"name", "overrides", "values"}, "started", "finished", "seconds",
+     "summary": {"pass", "fail", "skip"}, "exit_status",
+     "checks": [{"name", "title", "status": "pass"|"fail"|"skip", "seconds", "summary",
+                 "details": {...}, "findings": [{"name", "message", "where", "evidence"}]}]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .health import Finding
+
+SCHEMA = "rigfleet-verify/1"
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+MAX_EXIT = 100
+
+
+@dataclass
+class CheckResult:
+    name: str
+    title: str
+    status: str = PASS
+    seconds: float = 0.0
+    summary: str = ""  # one line, for the progress output and the table
+    details: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "status": self.status,
+                "seconds": round(self.seconds, 3), "summary": self.summary,
+                "details": self.details, "findings": [f.as_dict() for f in self.findings]}
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass
+class Report:
+    url: str
+    profile: str
+    profile_values: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    version: str = ""
+    max_model_len: int | None = None
+    started: str = field(default_factory=now_iso)
+    finished: str = ""
+    seconds: float = 0.0
+    checks: list[CheckResult] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        out = {PASS: 0, FAIL: 0, SKIP: 0}
+        for c in self.checks:
+            out[c.status] = out.get(c.status, 0) + 1
+        return out
+
+    def failed(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    def exit_status(self) -> int:
+        """The number of failed checks, capped so it stays a valid (and unambiguous) status."""
+        return min(len(self.failed()), MAX_EXIT)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "url": self.url, "model": self.model, "version": self.version,
+            "max_model_len": self.max_model_len,
+            "profile": {"name": self.profile, "overrides": _plain(self.overrides),
+                        "values": _plain(self.profile_values)},
+            "started": self.started, "finished": self.finished,
+            "seconds": round(self.seconds, 3), "summary": self.counts(),
+            "exit_status": self.exit_status(),
+            "checks": [c.as_dict() for c in self.checks],
+        }
+
+    # -- Markdown ------------------------------------------------------------------------------
+    def markdown(self) -> str:
+        c = self.counts()
+        verdict = "PASS" if not c[FAIL] else f"FAIL ({c[FAIL]} failed)"
+        lines = [
+            f"# verify-stress gate: {verdict}", "",
+            f"- URL: `{self.url}`",
+            f"- Model: `{self.model or '?'}`  version: `{self.version or '?'}`  "
+            f"max_model_len: `{self.max_model_len if self.max_model_len else '?'}`",
+            f"- Profile: `{self.profile}`"
+            + (f" (overrides: {', '.join(f'{k}={v}' for k, v in self.overrides.items())})"
+               if self.overrides else ""),
+            f"- Started {self.started}, finished {self.finished} ({self.seconds:.1f} s)",
+            f"- Checks: {c[PASS]} passed, {c[FAIL]} failed, {c[SKIP]} skipped; "
+            f"exit status {self.exit_status()}",
+            "", "| # | Check | Status | Time | Summary |", "|---|---|---|---|---|",
+        ]
+        for i, chk in enumerate(self.checks, 1):
+            lines.append(f"| {i} | {chk.title} (`{chk.name}`) | {_badge(chk.status)} | "
+                         f"{chk.seconds:.1f} s | {_cell(chk.summary)} |")
+        failed = self.failed()
+        if failed:
+            lines += ["", "## Failed checks"]
+            for chk in failed:
+                lines += ["", f"### {chk.title} (`{chk.name}`)", "", chk.summary or "failed", ""]
+                for f in chk.findings:
+                    where = f" [{f.where}]" if f.where else ""
+                    ev = f" — `{_code(f.evidence)}`" if f.evidence else ""
+                    lines.append(f"- **{f.name}**{where}: {f.message}{ev}")
+                lines += _detail_lines(chk.details)
+        skipped = [chk for chk in self.checks if chk.status == SKIP]
+        if skipped:
+            lines += ["", "## Skipped checks", ""]
+            lines += [f"- {chk.title} (`{chk.name}`): {chk.summary}" for chk in skipped]
+        return "\n".join(lines) + "\n"
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
+def _badge(status: str) -> str:
+    return {PASS: "✅ pass", FAIL: "❌ **FAIL**", SKIP: "⏭ skip"}.get(status, status)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    return text.replace("`", "'")[:120]
+
+
+def _detail_lines(details: dict[str, Any]) -> list[str]:
+    """Per-attempt rows (depths, turns) as a small table; other details as a JSON block."""
+    out: list[str] = []
+    rows = details.get("attempts")
+    if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+        keys: list[str] = []
+        for r in rows:
+            keys += [k for k in r if k not in keys and not isinstance(r[k], dict | list)]
+        out += ["", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        for r in rows:
+            out.append("| " + " | ".join(_cell(str(r.get(k, ""))) for k in keys) + " |")
+    rest = {k: v for k, v in details.items() if k != "attempts"}
+    if rest:
+        out += ["", "```json", json.dumps(rest, indent=2, ensure_ascii=False)[:4000], "```"]
+    return out
+
+
+def write(report: Report, directory: Path) -> tuple[Path, Path]:
+    """Write ``verify-<UTC timestamp>.json`` and ``.md`` into ``directory`` (created)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    stem = f"verify-{stamp}"
+    n = 1
+    while (directory / f"{stem}.json").exists() or (directory / f"{stem}.md").exists():
+        n += 1
+        stem = f"verify-{stamp}-{n}"
+    paths = (directory / f"{stem}.json", directory / f"{stem}.md")
+    _atomic_write(paths[0], json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n")
+    _atomic_write(paths[1], report.markdown())
+    return paths
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    # A reader (the promotion step) must never see half a report.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,219 @@
+"""Runs the gate: preflight, then the selected checks in order; progress; reports; exit status.
+
+    python3 -m rigfleet.hostside.verify --url URL [--api-key-file F|-] [--profile full|fast]
+        [--set key=value ...] [--report-dir DIR] [--only check,...] [--quiet]
+
+Exit status: the number of failed checks (0 = promote), capped at 100; 101 = usage error
+(bad arguments, unreadable key file: nothing was run); 102 = the checks ran but the report
+could not be written; 130 = interrupted.
+
+From Python (tests, other host-side tools)::
+
+    report, paths = run("http://127.0.0.1:8001", profile=resolve("fast"), api_key=None,
+                        report_dir=Path("/tmp/r"), progress=ConsoleProgress(sys.stderr))
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import NoReturn, TextIO
+
+from . import checks, report
+from .client import Client, redact_url
+from .profiles import PROFILES, Profile, ProfileError, resolve
+from .report import FAIL, SKIP, CheckResult, Report
+
+EXIT_USAGE = 101
+EXIT_REPORT = 102
+EXIT_INTERRUPTED = 130
+
+
+class ConsoleProgress:
+    """One line when a check starts, one when it ends (status, time, summary); dots (and a
+    count every ten) while a check sends many requests, e.g. the soak."""
+
+    def __init__(self, stream: TextIO | None = sys.stderr):
+        self.stream = stream
+        self._lock = threading.Lock()
+        self._ticks = 0
+
+    def _write(self, text: str) -> None:
+        if self.stream is not None:
+            self.stream.write(text)
+            self.stream.flush()
+
+    def _close_ticks(self) -> None:
+        if self._ticks:
+            self._write(f" {self._ticks}\n")
+            self._ticks = 0
+
+    def header(self, url: str, prof: Profile) -> None:
+        extra = f" overrides={prof.overrides}" if prof.overrides else ""
+        self._write(f"verify: {url} profile={prof.name}{extra}\n")
+
+    def begin(self, idx: int, total: int, name: str, title: str) -> None:
+        with self._lock:
+            self._close_ticks()
+            self._write(f"[{idx:>2}/{total}] {name}: {title} ...\n")
+
+    def end(self, idx: int, total: int, res: CheckResult) -> None:
+        with self._lock:
+            self._close_ticks()
+            self._write(f"[{idx:>2}/{total}] {res.name}: {res.status.upper()} in "
+                        f"{res.seconds:.1f}s  {res.summary}\n")
+
+    def tick(self, mark: str) -> None:
+        with self._lock:
+            if not self._ticks:
+                self._write("        ")
+            self._ticks += 1
+            self._write(str(self._ticks) if self._ticks % 10 == 0 else mark)
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            self._close_ticks()
+            self._write(f"        note: {text}\n")
+
+    def footer(self, rep: Report, paths: tuple[Path, Path] | None) -> None:
+        c = rep.counts()
+        self._write(f"verify: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped "
+                    f"in {rep.seconds:.1f}s -> exit {rep.exit_status()}\n")
+        if paths:
+            self._write(f"verify: reports {paths[0]} {paths[1]}\n")
+
+
+class QuietProgress(ConsoleProgress):
+    def __init__(self) -> None:
+        super().__init__(None)
+
+
+def run(url: str, profile: Profile, api_key: str | None = None,
+        only: list[str] | None = None, report_dir: Path | None = None,
+        progress: ConsoleProgress | None = None) -> tuple[Report, tuple[Path, Path] | None]:
+    """Run the gate; returns the report and, with ``report_dir``, the paths written."""
+    progress = progress or QuietProgress()
+    t0 = time.monotonic()
+    client = Client(url, api_key)
+    rep = Report(url=redact_url(url), profile=profile.name, profile_values=profile.as_dict(),
+                 overrides=dict(profile.overrides))
+    ctx = checks.Context(client, profile, progress)
+    wanted = set(only or checks.CHECK_NAMES) | {"preflight"}
+    selected = [c for c in checks.CHECKS if c[0] in wanted]
+    progress.header(rep.url, profile)
+    aborted = ""
+    for idx, (name, title, fn) in enumerate(selected, 1):
+        if aborted:
+            res = CheckResult(name, title, SKIP, summary=f"not run: {aborted}")
+            rep.checks.append(res)
+            progress.end(idx, len(selected), res)
+            continue
+        progress.begin(idx, len(selected), name, title)
+        started = time.monotonic()
+        try:
+            res = fn(ctx)
+        except Exception as exc:  # noqa: BLE001 - a gate bug must fail the gate, not crash it
+            res = CheckResult(name, title, FAIL,
+                              summary=f"internal error: {type(exc).__name__}: {exc}")
+        res.seconds = time.monotonic() - started
+        rep.checks.append(res)
+        progress.end(idx, len(selected), res)
+        if name == "preflight":
+            rep.model, rep.version, rep.max_model_len = ctx.model, ctx.version, ctx.max_model_len
+            if res.status == FAIL:
+                aborted = "preflight failed (server down or not serving)"
+    rep.finished = report.now_iso()
+    rep.seconds = time.monotonic() - t0
+    paths = report.write(rep, report_dir) if report_dir is not None else None
+    progress.footer(rep, paths)
+    return rep, paths
+
+
+# -- command line -----------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse's usual 2 would read as "two checks failed".
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python3 -m rigfleet.hostside.verify",
+        description="verify-stress gate for an OpenAI-compatible (vLLM) server. Exit status: "
+                    "number of failed checks (0 = pass, capped at 100); 101 usage error; "
+                    "102 report not written.")
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8001")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="file holding the API key ('-' reads it from stdin); the key is never "
+                        "taken as an argument value")
+    p.add_argument("--profile", default="full", choices=sorted(PROFILES),
+                   help="full: real hardware (default); fast: testbed sizes")
+    p.add_argument("--set", dest="sets", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE", help="override one profile value (repeatable)")
+    p.add_argument("--report-dir", type=Path, default=Path("."),
+                   help="where verify-<timestamp>.json/.md go (default: current directory)")
+    p.add_argument("--only", metavar="CHECK,...",
+                   help="run only these checks (preflight always runs): "
+                        + ",".join(checks.CHECK_NAMES))
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    return p
+
+
+def read_api_key(spec: str) -> str:
+    """The key from a file, or from stdin for ``-``; surrounding whitespace is dropped."""
+    if spec == "-":
+        key = sys.stdin.readline()
+    else:
+        try:
+            key = Path(spec).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"cannot read --api-key-file {spec}: {exc.strerror}") from None
+    key = key.strip()
+    if not key:
+        raise ValueError(f"--api-key-file {spec}: empty")
+    if any(ch.isspace() for ch in key):
+        raise ValueError(f"--api-key-file {spec}: the key must be one line without spaces")
+    return key
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        prof = resolve(args.profile, args.sets)
+    except ProfileError as exc:
+        parser.error(str(exc))
+    only = None
+    if args.only:
+        only = [c.strip() for c in args.only.split(",") if c.strip()]
+        bad = [c for c in only if c not in checks.CHECK_NAMES]
+        if bad or not only:
+            parser.error(f"--only {args.only}: unknown check(s) {', '.join(bad) or '(none)'}; "
+                         f"allowed: {', '.join(checks.CHECK_NAMES)}")
+    if not args.url.startswith(("http://", "https://")):
+        parser.error(f"--url {args.url}: expected http://HOST:PORT or https://...")
+    key = None
+    if args.api_key_file:
+        try:
+            key = read_api_key(args.api_key_file)
+        except ValueError as exc:
+            parser.error(str(exc))
+    progress = QuietProgress() if args.quiet else ConsoleProgress(sys.stderr)
+    try:
+        rep, _ = run(args.url, prof, key, only, None, progress)
+    except KeyboardInterrupt:
+        print("verify: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    try:
+        paths = report.write(rep, args.report_dir)
+    except OSError as exc:
+        print(f"verify: cannot write the report to {args.report_dir}: {exc}", file=sys.stderr)
+        return EXIT_REPORT
+    if not args.quiet:
+        print(f"verify: reports {paths[0]} {paths[1]}", file=sys.stderr)
+    return rep.exit_status()

@@ -1,0 +1,129 @@
+"""GPUs: the pinned driver branch loaded, persistence on, each card at its inventory power cap,
+and the unit that re-applies the caps at boot enabled with the same caps.
+
+    pytest tests/hosts/test_gpus.py --inventory inventory/home.py
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rigfleet import gpu
+from rigfleet.commands import nvidia as nvidia_commands
+from rigfleet.status import CAP_TOLERANCE_W, POWER_CAPS_UNIT
+
+FIELDS = ("index", "name", "driver_version", "power.limit", "persistence_mode")
+
+
+def query(host: Any, rig: Any) -> list[gpu.GpuInfo]:
+    result = host.run(gpu.query_command(FIELDS))
+    if result.rc != 0:
+        why = (result.stdout + result.stderr).strip().splitlines()
+        pytest.fail(
+            f"{rig.name}: nvidia-smi fails (exit {result.rc}): {why[-1] if why else ''}; "
+            "the driver is not loaded (reboot pending?) or not installed",
+            pytrace=False,
+        )
+    try:
+        return gpu.parse_query_gpu(result.stdout, FIELDS)
+    except gpu.GpuParseError as e:
+        pytest.fail(f"{rig.name}: {e}", pytrace=False)
+
+
+def test_driver_loaded_on_pinned_branch(host, rig, fail_if):
+    exp = rig.exp
+    cards = query(host, rig)
+    problems = []
+    for card in cards:
+        version = card.driver_version or "unknown"
+        if not version.startswith(f"{exp.driver_branch}."):
+            problems.append(
+                f"card {card.index}: driver {version} loaded, pins driver.branch is "
+                f"{exp.driver_branch} (from {exp.pins_path})"
+            )
+        elif exp.driver_version and version != exp.driver_version:
+            problems.append(
+                f"card {card.index}: driver {version} loaded, pins driver.version is "
+                f"{exp.driver_version}"
+            )
+    if len(cards) != exp.gpu_count:
+        problems.append(
+            f"nvidia-smi lists {len(cards)} GPU(s), inventory gpu_count is {exp.gpu_count}"
+        )
+    fail_if("NVIDIA driver", problems)
+
+
+def test_driver_packages_on_branch_and_held(host, rig, fail_if):
+    # Held, so an unattended upgrade cannot move user space away from the loaded module.
+    from roles.nvidia_driver import driver_packages
+
+    os_id = host.system_info.distribution
+    expected = driver_packages(type("Os", (), {"id": os_id})(), rig.exp.driver_branch)
+    problems = []
+    for name in expected:
+        pkg = host.run(f"dpkg-query -W -f '${{Version}}\\t${{Status}}' {name}")
+        version, _, status = pkg.stdout.partition("\t")
+        if pkg.rc != 0 or not status.endswith(" installed"):
+            problems.append(f"{name} is not installed")
+            continue
+        if not version.startswith(f"{rig.exp.driver_version or rig.exp.driver_branch + '.'}"):
+            problems.append(f"{name} is {version}, pins driver branch {rig.exp.driver_branch}")
+        if not status.startswith("hold "):
+            problems.append(f"{name} is not held (dpkg status '{status}')")
+    fail_if("driver packages", problems)
+
+
+def test_persistence_mode_on(host, rig, fail_if):
+    problems = [
+        f"card {card.index}: persistence mode is "
+        f"{'Disabled' if card.persistence_mode is False else 'unknown'}, expected Enabled"
+        for card in query(host, rig)
+        if card.persistence_mode is not True
+    ]
+    daemon = host.service("nvidia-persistenced")
+    if not daemon.is_running:
+        problems.append("nvidia-persistenced is not running")
+    if not daemon.is_enabled:
+        problems.append("nvidia-persistenced is not enabled at boot")
+    fail_if("persistence mode", problems)
+
+
+def test_power_caps_equal_inventory(host, rig, fail_if):
+    caps = rig.exp.power_caps_w
+    cards = {card.index: card for card in query(host, rig)}
+    problems = []
+    for index, want in enumerate(caps):
+        card = cards.get(index)
+        have = card.power_limit_w if card is not None else None
+        if card is None:
+            problems.append(
+                f"card {index}: not present, inventory power_caps_w[{index}] is {want} W"
+            )
+        elif have is None or abs(have - want) > CAP_TOLERANCE_W:
+            shown = "unknown" if have is None else f"{have:g} W"
+            problems.append(
+                f"card {index}: power limit is {shown}, inventory power_caps_w[{index}] is {want} W"
+            )
+    fail_if("power caps differ from the inventory", problems)
+
+
+def test_power_caps_unit_enabled_with_inventory_caps(host, rig, fail_if):
+    unit = host.service(POWER_CAPS_UNIT)
+    problems = []
+    if not unit.is_enabled:
+        problems.append(f"{POWER_CAPS_UNIT} is not enabled: caps are lost at the next boot")
+    unit_file = host.file(f"/etc/systemd/system/{POWER_CAPS_UNIT}")
+    if not unit_file.exists:
+        problems.append(f"/etc/systemd/system/{POWER_CAPS_UNIT} is missing")
+    else:
+        have = [
+            line.partition("=")[2].strip()
+            for line in unit_file.content_string.splitlines()
+            if line.startswith("ExecStart=")
+        ]
+        want = [nvidia_commands.set_power_limit(i, w) for i, w in enumerate(rig.exp.power_caps_w)]
+        if have != want:
+            problems.append(f"the unit runs {have}, inventory caps need {want}")
+    fail_if("power caps unit", problems)
