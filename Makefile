@@ -28,6 +28,7 @@ demo: testbed-up
 	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/demo.sh
 
 test: setup testbed-deps
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests/unit -q
 	$(BIN)/python -m pytest tests/e2e -v
 

@@ -876,3 +876,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         Console().print(render_table(rows, f"rigfleet status ({args.inventory})"))
     return exit_status(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m rigfleet.status --inventory ...``: the same command without ``cli.py``."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="rigfleet")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["status", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

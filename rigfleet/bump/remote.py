@@ -14,7 +14,6 @@ command through ``sudo -n`` (the bump reads root-only state and runs docker)::
 from __future__ import annotations
 
 import shlex
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Protocol
 
@@ -65,7 +64,7 @@ class SshRemote:
             try:
                 while chunk := chan.recv(65536):
                     out += chunk
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 raise HostUnreachable(f"{host.name}: no answer within {timeout:g}s") from None
             return chan.recv_exit_status(), out.decode(errors="replace")
         except OSError as e:  # the connection dropped mid-command (host stopped)
@@ -85,7 +84,7 @@ class SshRemote:
             try:
                 while chunk := chan.recv(1 << 20):
                     dest.write(chunk)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 raise HostUnreachable(f"{host.name}: stream stalled for {timeout:g}s") from None
             err = b""  # small (docker's messages); read after stdout ends
             while part := chan.recv_stderr(65536):

@@ -16,11 +16,11 @@ import secrets
 import socket
 import subprocess
 import time
-from pprint import pformat
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from pprint import pformat
 from typing import Any
 
 import docker

@@ -49,9 +49,9 @@ def test_mirror_serves_the_nightlies_under_their_real_names(testbed):
 def test_apt_repository_is_signed_and_reachable_from_hosts(testbed):
     host = testbed.hosts[-1]
     rc, out = host.sh(
-        f"python3 -c 1 2>/dev/null; "
-        f"apt-get -o Acquire::Retries=2 -qq update >/dev/null; "
-        f"getent hosts apt.rigfleet.test hub.rigfleet.test git.rigfleet.test registry.rigfleet.test"
+        "python3 -c 1 2>/dev/null; "
+        "apt-get -o Acquire::Retries=2 -qq update >/dev/null; "
+        "getent hosts apt.rigfleet.test hub.rigfleet.test git.rigfleet.test registry.rigfleet.test"
     )
     assert out.count("rigfleet.test") == 4, out
     with urllib.request.urlopen(

@@ -11,7 +11,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import INVENTORY, run
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import INVENTORY, STATE, run
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))

@@ -507,7 +507,8 @@ def test_engine_death_is_a_failure_not_a_skip(tmp_path):
     assert {f.name for f in needles.findings} <= {"server_error", "connection_error",
                                                   "stream_error"}
     coding = next(c for c in rep.checks if c.name == "coding")
-    assert coding.findings[0].name == "connection_error"
+    # A dead engine answers 500 until the process is gone, then connections are refused.
+    assert coding.findings[0].name in ("server_error", "connection_error")
     assert rep.exit_status() == 2
 
 

@@ -1,0 +1,228 @@
+"""The rollout plan: which hosts, which canary, which batches, which pins pair per stack. Pure.
+
+``build_plan`` takes the inventory's hosts (in inventory order), what the reachability check
+found, the pins as they are and the new pins of the bumped stacks; ``render_plan`` is what
+``--dry`` prints. Rules:
+
+- a host is in the rollout when, for some bumped stack, the pins it runs now
+  (``Pins.for_host``) differ from the new ones; hosts already there are "up to date";
+- unreachable hosts are skipped (reported; the pins file keeps saying what they run);
+- the canary is the first host of inventory group ``canary`` that *serves* a bumped stack;
+  else the first host that does (a canary that only re-renders a compose file it does not
+  run proves nothing); else the first host of the rollout;
+- then the other hosts in inventory order, ``batch_size`` at a time;
+- the rollout stops after a batch once ``max_failures`` hosts failed, and always after a
+  failed canary.
+
+Example::
+
+    plan = build_plan(hosts, reach, pins, {"int8": new_int8}, batch_size=2, max_failures=1)
+    plan.batches        # (("host1",), ("host2", "host3"))
+    print(render_plan(plan))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from rigfleet.pins import Pins, StackPins
+
+CANARY_GROUP = "canary"
+
+
+@dataclass(frozen=True)
+class PlanHost:
+    """One inventory host as the plan sees it."""
+
+    name: str
+    stack: str  # the stack it serves (host data ``stack``)
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a bump will do; ``batches[0]`` is the canary alone."""
+
+    pins: Pins  # as loaded, before the bump
+    new_stacks: dict[str, StackPins]  # the bumped stacks' new pins
+    hosts: tuple[PlanHost, ...]  # every inventory host, inventory order
+    canary: str | None
+    batches: tuple[tuple[str, ...], ...]
+    skipped: dict[str, str]  # unreachable at the start: host -> reason
+    up_to_date: tuple[str, ...]
+    batch_size: int
+    max_failures: int
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def rollout_hosts(self) -> tuple[str, ...]:
+        return tuple(h for batch in self.batches for h in batch)
+
+    @property
+    def empty(self) -> bool:
+        return not self.batches
+
+    def host(self, name: str) -> PlanHost:
+        return next(h for h in self.hosts if h.name == name)
+
+    def old_for(self, host: str) -> dict[str, StackPins]:
+        """The pins ``host`` runs now, every stack."""
+        return dict(self.pins.for_host(host).stacks)
+
+    def new_for(self, host: str) -> dict[str, StackPins]:
+        """The pins ``host`` runs once promoted: its current ones with the bumped stacks new."""
+        return {**self.old_for(host), **self.new_stacks}
+
+    def candidate_pins(self, path: str) -> Pins:
+        """The pins file the rollout deploys with (written to ``path``).
+
+        The fleet's stacks with the bumped ones new, rollout hosts' overrides of the bumped
+        stacks dropped (they move), everyone else's kept, and the serial the real file will
+        get when it is saved, so the ledgers' ``pins_serial`` matches the file afterwards.
+        """
+        moving = set(self.rollout_hosts)
+        hosts: dict[str, dict[str, StackPins]] = {}
+        for name, overrides in self.pins.hosts.items():
+            kept = (
+                {s: p for s, p in overrides.items() if s not in self.new_stacks}
+                if name in moving
+                else dict(overrides)
+            )
+            if kept:
+                hosts[name] = kept
+        return replace(
+            self.pins,
+            path=path,
+            serial=self.pins.serial + 1,
+            stacks={**self.pins.stacks, **self.new_stacks},
+            hosts=hosts,
+        )
+
+
+def exercises(host: PlanHost, old: Mapping[str, StackPins], new: Mapping[str, StackPins]) -> bool:
+    """The host serves a stack whose pins change (its swap + gate test the candidate)."""
+    return host.stack in new and old.get(host.stack) != new[host.stack]
+
+
+def build_plan(
+    hosts: Sequence[PlanHost],
+    unreachable: Mapping[str, str | None],
+    pins: Pins,
+    new_stacks: Mapping[str, StackPins],
+    batch_size: int = 1,
+    max_failures: int = 1,
+) -> Plan:
+    """The plan (see the module docstring for the rules).
+
+    + hosts: inventory hosts in inventory order
+    + unreachable: host -> reason it cannot be reached (None or absent: reachable)
+    + pins: the pins file as loaded
+    + new_stacks: stack -> its new pins (only the bumped stacks)
+    + batch_size, max_failures: >= 1
+    """
+    if batch_size < 1:
+        raise ValueError(f"--batch-size {batch_size}: allowed: 1 or more")
+    if max_failures < 1:
+        raise ValueError(f"--max-failures {max_failures}: allowed: 1 or more")
+    new = dict(new_stacks)
+    notes: list[str] = []
+    skipped: dict[str, str] = {}
+    up_to_date: list[str] = []
+    moving: list[PlanHost] = []
+    for h in hosts:
+        old = pins.for_host(h.name).stacks
+        if all(old.get(s) == p for s, p in new.items()):
+            up_to_date.append(h.name)
+        elif unreachable.get(h.name):
+            skipped[h.name] = str(unreachable[h.name])
+        else:
+            moving.append(h)
+
+    canary = _canary(moving, pins, new, notes)
+    batches: list[tuple[str, ...]] = []
+    if canary is not None:
+        batches.append((canary.name,))
+        rest = [h.name for h in moving if h.name != canary.name]
+        batches += [tuple(rest[i : i + batch_size]) for i in range(0, len(rest), batch_size)]
+    for name, reason in skipped.items():
+        if CANARY_GROUP in next(h for h in hosts if h.name == name).groups:
+            notes.append(f"inventory canary {name} is unreachable ({reason})")
+    return Plan(
+        pins=pins,
+        new_stacks=new,
+        hosts=tuple(hosts),
+        canary=canary.name if canary else None,
+        batches=tuple(batches),
+        skipped=skipped,
+        up_to_date=tuple(up_to_date),
+        batch_size=batch_size,
+        max_failures=max_failures,
+        notes=tuple(notes),
+    )
+
+
+def _canary(
+    moving: list[PlanHost], pins: Pins, new: dict[str, StackPins], notes: list[str]
+) -> PlanHost | None:
+    if not moving:
+        return None
+    testing = [h for h in moving if exercises(h, pins.for_host(h.name).stacks, new)]
+    marked = [h for h in moving if CANARY_GROUP in h.groups]
+    for h in marked:
+        if h in testing:
+            return h
+    if marked:
+        notes.append(
+            f"inventory canary {marked[0].name} serves {marked[0].stack}, which this bump does "
+            "not change; a host that serves a bumped stack goes first instead"
+        )
+    if testing:
+        return testing[0]
+    notes.append(
+        "no host serves a bumped stack: the rollout only re-renders compose files and "
+        "updates Genesis checkouts; no swap gate will test the candidate"
+    )
+    return moving[0]
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def _pin_text(p: StackPins) -> str:
+    text = f"{p.tag} {p.digest[:19]} vLLM {p.vllm_version}"
+    if p.genesis is not None:
+        text += f" + Genesis {p.genesis.commit[:12]}"
+    return text
+
+
+def pairs(plan: Plan) -> list[tuple[str, str, str]]:
+    """(stack, old pins, new pins) text per bumped stack (fleet-level old pins)."""
+    return [
+        (name, _pin_text(plan.pins.stacks[name]), _pin_text(p))
+        for name, p in plan.new_stacks.items()
+    ]
+
+
+def render_plan(plan: Plan) -> str:
+    """The plan as text: pairs, batches, skipped and up-to-date hosts, notes."""
+    lines = ["Pins:"]
+    for name, old, new in pairs(plan):
+        lines.append(f"  {name}: {old}")
+        lines.append(f"  {' ' * len(name)}  -> {new}")
+    lines.append(
+        f"Rollout (batch size {plan.batch_size}, stop after {plan.max_failures} failed "
+        f"host{'s' if plan.max_failures != 1 else ''}; a failed canary always stops it):"
+    )
+    if not plan.batches:
+        lines.append("  nothing to roll out")
+    for i, batch in enumerate(plan.batches):
+        label = "canary " if i == 0 else f"batch {i}"
+        hosts = ", ".join(f"{h} ({plan.host(h).stack})" for h in batch)
+        lines.append(f"  {label:8} {hosts}")
+    for name, reason in plan.skipped.items():
+        lines.append(f"  skipped  {name}: unreachable ({reason})")
+    for name in plan.up_to_date:
+        lines.append(f"  done     {name}: already runs these pins")
+    lines += [f"Note: {n}" for n in plan.notes]
+    return "\n".join(lines)
