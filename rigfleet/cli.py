@@ -4,6 +4,8 @@
     rigfleet testbed status
     rigfleet testbed down
     rigfleet pins lock [--pins pins.yaml] [--registry URL] [--hub URL]
+    rigfleet verify --url URL [--api-key-file F] [--profile full|fast]   (the verify-stress gate)
+    rigfleet endpoints --inventory inventory/home.py
 
 The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
 """
@@ -101,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("--hub", default="https://huggingface.co")
     pins.set_defaults(func=cmd_pins)
 
+    # The gate's own parser (rigfleet/hostside/verify/runner.py) handles the arguments; it is
+    # the same program the hosts run during a swap.
+    sub.add_parser("verify", add_help=False,
+                   help="run the verify-stress gate against any OpenAI-compatible endpoint")
+
     ep = sub.add_parser("endpoints", help="ask every host's front for a short answer")
     ep.add_argument("--inventory", default="inventory/home.py")
     ep.set_defaults(func=cmd_endpoints)
@@ -108,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["verify"]:
+        from rigfleet.hostside.verify.runner import main as verify_main
+
+        return verify_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -280,7 +281,7 @@ out["ledger_last"], out["ledger_error"] = ledger_tail(P["ledger_file"])
 
 def last_report(d):
     try:
-        names = [n for n in os.listdir(d) if not n.startswith(".")]
+        names = [n for n in os.listdir(d) if n.endswith(".json") and not n.startswith(".")]
     except OSError:
         return None
     if not names:
@@ -288,10 +289,9 @@ def last_report(d):
     name = max(names, key=lambda n: os.path.getmtime(os.path.join(d, n)))
     path = os.path.join(d, name)
     report = {"file": path, "mtime": os.path.getmtime(path)}
-    if name.endswith(".json"):
-        data, _ = read_json(path)
-        if isinstance(data, dict):
-            report["data"] = {k: data[k] for k in data if not isinstance(data[k], (dict, list))}
+    data, _ = read_json(path)
+    if isinstance(data, dict):
+        report["data"] = {k: data[k] for k in data if not isinstance(data[k], (dict, list))}
     return report
 out["last_report"] = last_report(P["reports_dir"])
 
@@ -518,9 +518,15 @@ def run_probe(host: InventoryHost, exp: Expected, timeout: float) -> dict[str, A
 # --- drift decisions -------------------------------------------------------------------------
 
 
+_HEXLIKE = re.compile(r"(?:sha256:)?[0-9a-f]{40,64}")
+
+
 def _short(value: str | None, n: int = 12) -> str:
+    """Digests and commits shortened for a message (``sha256:`` kept); other values whole."""
     if not value:
         return "-"
+    if not _HEXLIKE.fullmatch(value):
+        return value
     return value[: 7 + n] if value.startswith("sha256:") else value[:n]
 
 
@@ -573,8 +579,9 @@ def cap_drift(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
 def gate_summary(facts: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(result, time) of the last gate: ``state.json``'s ``gate``, else the newest report.
 
-    Accepted shapes (the gate writes them): ``{"gate": {"result": "pass", "time": ...}}``
-    (``passed: bool``, ``ok: bool`` or ``status`` also read; ``at``/``finished`` for time).
+    The gate (``rigfleet.hostside.gate``) writes ``{"gate": {"result": "pass", "at": ...}}``
+    into ``state.json``; ``passed``/``ok`` booleans and ``time``/``finished`` are read too.
+    Without it, the newest ``reports/*.json`` is named with its time.
     """
     state = facts.get("state") if isinstance(facts.get("state"), dict) else {}
     for source in (

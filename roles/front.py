@@ -1,8 +1,12 @@
-"""The front: nginx on ``front_port``, requiring the API key, proxying to the active stack.
+"""The front: nginx on ``front_port``, requiring the API key, in front of the verified stack.
 
 - A ``map`` over ``$http_authorization`` in ``/etc/nginx/rigfleet-keys.conf`` (root 0600)
   decides who is let in: anything but ``Bearer <key>`` gets a JSON 401.
-- Proxy to the active stack's loopback port with buffering off (SSE) and long timeouts.
+- Where authorised requests go is ``/etc/nginx/rigfleet/route.conf``, owned by the host-side
+  tool (``rigfleet/hostside/front.py``): a proxy to the verified stack's loopback port
+  (buffering off for SSE, long timeouts), or 503 + ``Retry-After`` while a swap runs. This
+  role only creates it, as a 503, when it is missing (a new host: nothing verified yet); the
+  swap role points it at a stack once that stack passed the gate.
 - ``nginx -t`` before a reload; reload only when the config or the key changed.
 
 Example::
@@ -17,12 +21,16 @@ from pathlib import Path
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from roles.ops import Secret, apt_packages, on_change, secret_file
+from rigfleet.hostside.front import render_maintenance
+from rigfleet.hostside.layout import Layout
+from roles.ops import Secret, apt_packages, initial_file, on_change, secret_file
 from roles.preflight import HostContext
 
 TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "nginx-front.conf.j2")
 CONF_PATH = "/etc/nginx/conf.d/rigfleet-front.conf"
 KEYS_PATH = "/etc/nginx/rigfleet-keys.conf"
+ROUTE_DIR = str(Layout().front_dir)
+ROUTE_PATH = str(Layout().front_route)
 
 
 def _regex_literal(text: str) -> str:
@@ -50,26 +58,35 @@ def keys_conf(key: str) -> str:
 def front(ctx: HostContext) -> None:
     """Install nginx, render the front and its key map, test and reload only on change."""
     apt_packages(name="Install nginx", packages=["nginx"])
+    files.directory(
+        name=f"Directory {ROUTE_DIR}", path=ROUTE_DIR, user="root", group="root", mode="0755"
+    )
+    route = initial_file(
+        name=f"Front route {ROUTE_PATH} (503 until a stack passes the gate; only if missing)",
+        dest=ROUTE_PATH,
+        content=render_maintenance("no verified stack on this host yet",
+                                   ctx.swap.retry_after_s),
+    )
     keys = secret_file(
         name=f"API key map {KEYS_PATH} (root-only)",
         dest=KEYS_PATH,
         content=Secret(keys_conf(ctx.api_key.reveal())),
     )
     conf = files.template(
-        name=f"Front on port {ctx.settings.front_port} -> {ctx.spec.name} ({ctx.spec.port})",
+        name=f"Front on port {ctx.settings.front_port}",
         src=TEMPLATE,
         dest=CONF_PATH,
         user="root",
         group="root",
         mode="0644",
         front_port=ctx.settings.front_port,
-        upstream_port=ctx.spec.port,
         keys_file=KEYS_PATH,
+        route_file=ROUTE_PATH,
     )
     systemd.service(name="nginx enabled and running", service="nginx", running=True, enabled=True)
     on_change(
         name="Test and reload nginx (front changed)",
         commands=["nginx -t -q", "systemctl reload nginx"],
-        gates=[keys, conf],
+        gates=[keys, conf, route],
         reason="front unchanged",
     )

@@ -13,6 +13,7 @@ plan has to be empty, so every operation here yields commands only when somethin
   (instead of ``python.call``, which always counts as a change).
 - ``secret_file`` uploads a root-only file without ever printing its content (``files.put``
   prints a diff with ``--diff``).
+- ``initial_file`` seeds a file that the host owns afterwards (the front's route).
 
 Example::
 
@@ -219,6 +220,25 @@ def apt_keyring(key_url: str, dest: str, fingerprint: str | None = None):
         host.noop(f"{dest} matches {key_url}")
         return
     yield apt_commands.install_keyring(key_url, dest, fingerprint)
+
+
+@operation()
+def initial_file(dest: str, content: str, mode: str = "0644"):
+    """Create ``dest`` with ``content`` only when it does not exist; never change it after.
+
+    For files another program owns once they exist (the front's route, switched by the
+    host-side swap tool): the deploy seeds them, and a converged host shows no change.
+
+    + dest: absolute path (its directory must exist)
+    + content: the first content
+    + mode: its mode (root owns it)
+    """
+    if host.get_fact(FileDigest, path=dest) is not None:
+        host.noop(f"{dest} exists (owned by the host from now on)")
+        return
+    q = shlex.quote(dest)
+    yield f"install -m {mode} -o root -g root /dev/null {q}"
+    yield FileUploadCommand(io.BytesIO(content.encode()), dest)
 
 
 @operation()

@@ -10,6 +10,10 @@ Example::
     ctx = preflight()
     ctx.os.family          # "debian" or "ubuntu"
     ctx.desired.image_ref  # "vllm/vllm-openai:nightly-...@sha256:..."
+
+A host whose lock (``/var/lib/rigfleet/lock``) is held by a live transaction (a swap another
+deploy started, a boot-time recreation) is refused here, naming who holds it, since when and
+why; a stale lock (its process gone) is reported and taken over by the next transaction.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -28,7 +33,11 @@ from rigfleet.catalog import STACKS, StackSpec, get_stack
 from rigfleet.errors import RigfleetError
 from rigfleet.facts import OsRelease
 from rigfleet.hostdata import AptRepo, HostSettings, validate_host
+from rigfleet.hostside.lock import describe
+from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
 from rigfleet.pins import GenesisPin, Pins, PinsError, StackPins, load_pins
+from rigfleet.swapfacts import HostLockHolder
+from rigfleet.swapplan import SwapSettings
 from roles.ops import Secret
 
 # (ID, VERSION_ID) pairs the roles know how to provision.
@@ -74,6 +83,7 @@ class HostContext:
     + site_ca_files: control-side PEM files the host should trust (host data
       ``site_ca_files``, optional)
     + by: who runs the deploy (``RIGFLEET_BY`` or ``user@control-host``), for the ledger
+    + swap: the gate profile and time limits of this host's swap transactions
     """
 
     name: str
@@ -85,6 +95,7 @@ class HostContext:
     hf_token: Secret | None
     site_ca_files: tuple[str, ...]
     by: str
+    swap: SwapSettings = SwapSettings()
 
     @property
     def stack(self) -> str:
@@ -225,11 +236,59 @@ def deployed_by() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def swap_settings(name: str, data: Any) -> SwapSettings:
+    """Host data ``gate_profile`` (``full``: real rigs, default; ``fast``: the testbed),
+    ``gate_set`` (``key=value`` overrides of the profile), ``ready_timeout_s``,
+    ``gate_timeout_s``; checked here so a typo stops the run before any host changes."""
+    get = data.get
+    profile = get("gate_profile") or "full"
+    if profile not in PROFILES:
+        raise PreflightError(
+            f"{name}: gate_profile: {profile!r} is not a gate profile; allowed: "
+            + ", ".join(sorted(PROFILES))
+        )
+    sets = get("gate_set") or ()
+    if isinstance(sets, str):
+        sets = [sets]
+    if not isinstance(sets, list | tuple) or not all(isinstance(x, str) for x in sets):
+        raise PreflightError(
+            f"{name}: gate_set: {sets!r} is not valid; allowed: a list of 'key=value' "
+            "overrides of the gate profile, e.g. ['soak_sessions=4']"
+        )
+    try:
+        resolve(profile, list(sets))
+    except ProfileError as e:
+        raise PreflightError(f"{name}: gate_set: {e}") from None
+    timeouts = {}
+    for key in ("ready_timeout_s", "gate_timeout_s"):
+        value = get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise PreflightError(f"{name}: {key}: {value!r} is not valid; allowed: seconds > 0")
+        timeouts[key] = float(value)
+    return SwapSettings(gate_profile=profile, gate_set=tuple(sets), **timeouts)
+
+
+def check_lock(name: str, holder: dict | None) -> str | None:
+    """Refuse a host whose lock a live process holds; a note when a stale lock is there."""
+    if holder is None:
+        return None
+    if holder.get("alive"):
+        raise PreflightError(
+            f"{name}: {describe(holder)}. Another deploy (or the host's boot-time recreation) "
+            "is changing this host; wait for it to finish. Progress on the host: "
+            "python3 /usr/local/lib/rigfleet/rigfleet-host.pyz status"
+        )
+    return f"{name}: stale host lock ({describe(holder)}; holder gone): it will be taken over"
+
+
 @deploy("Preflight")
 def preflight() -> HostContext:
     """Validate host data, pins and OS; return the ``HostContext`` the roles take.
 
-    Nothing on the host changes here; the only remote command reads ``/etc/os-release``.
+    Nothing on the host changes here; the remote commands read ``/etc/os-release`` and the
+    host lock.
     """
     name = host.name
     settings = validate_host(name, host.data)
@@ -241,6 +300,10 @@ def preflight() -> HostContext:
         raise PreflightError(f"{name}: pins_file: {e}") from None
     specs = check_pins(name, settings, pins)
     os_info = read_os(name, host.get_fact(OsRelease))
+    swap = swap_settings(name, host.data)
+    stale = check_lock(name, host.get_fact(HostLockHolder))
+    if stale:
+        host.log(stale)
     api_key = read_secret(name, "api_key_file", settings.api_key_file)
     hf_token = (
         read_secret(name, "hf_token_file", settings.hf_token_file)
@@ -257,4 +320,5 @@ def preflight() -> HostContext:
         hf_token=hf_token,
         site_ca_files=site_ca_files(name, host.data.get("site_ca_files")),
         by=deployed_by(),
+        swap=swap,
     )

@@ -1,20 +1,19 @@
-"""Serving stacks: images by digest, both compose projects, one running, ready.
+"""Serving stacks, staged: images by digest, the Genesis gate, both compose projects.
 
-Order matters and is the point of this role:
+Nothing here starts or stops a container: ``roles/swap.py`` does, through the host-side
+transaction (stop old, start new, verify-stress gate, promote or roll back). This role makes
+sure everything that transaction needs is already on the host, so the 503 window holds no
+download:
 
-1. secrets (``/etc/rigfleet/secrets/vllm.env`` and the probe's auth header, root 0600, content
-   never logged) and the Genesis allowlist helper;
-2. the desired stack's image pulled by ``<repo>:<tag>@<digest>`` and checked against the pin;
-3. for a Genesis stack, the compatibility gate *before anything starts*: the image's own
-   ``vllm.__version__`` (cached per digest) must equal the pin and be on the checked-out
-   Genesis ``KNOWN_GOOD_VLLM_PINS``; a refusal names both;
+1. secrets (``/etc/rigfleet/secrets/vllm.env``, the probe's auth header, the bare key for the
+   gate; root 0600, content never logged) and the Genesis allowlist helper;
+2. every pinned stack's image pulled by ``<repo>:<tag>@<digest>`` and checked against the pin
+   (the other stack's too: a later swap, or a rollback to it, must not wait for a pull);
+3. for a Genesis stack that is desired, the compatibility gate *before anything starts*: the
+   image's own ``vllm.__version__`` (cached per digest) must equal the pin and be on the
+   checked-out Genesis ``KNOWN_GOOD_VLLM_PINS``; a refusal names both;
 4. both stacks' compose projects rendered (``rigfleet.compose.render_compose``) and checked
-   with ``docker compose config -q``;
-5. the other stack down (two stacks do not fit on 2x24 GB), then the desired one up, only
-   when its compose file changed or its container is not running with the expected
-   ``io.rigfleet.config-hash`` label: a converged host's serving container is never restarted;
-6. wait until ``/health`` is 200 and ``/v1/models`` lists the served name (with the key),
-   failing fast with the last log lines when the container exits.
+   with ``docker compose config -q``.
 
 Example::
 
@@ -26,13 +25,10 @@ from __future__ import annotations
 import io
 import json
 import shlex
-import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files
 
 from rigfleet.catalog import StackSpec
@@ -49,10 +45,10 @@ from rigfleet.compose import (
     compose_path,
     render_compose,
 )
-from rigfleet.facts import ContainerLabel, ImageDigests, TextFile
+from rigfleet.facts import ImageDigests, TextFile
+from rigfleet.hostside.layout import Layout
 from roles.ops import (
     Secret,
-    changed,
     check,
     executing,
     fail,
@@ -66,11 +62,8 @@ FILES_DIR = Path(__file__).resolve().parent.parent / "files"
 SCRIPT_DIR = "/usr/local/lib/rigfleet"
 ALLOWLIST_SCRIPT = f"{SCRIPT_DIR}/rigfleet-genesis-allowlist.py"
 VERSION_CACHE_DIR = "/var/lib/rigfleet/vllm-versions"
-
-# A cold first boot (torch.compile, Triton autotune, cudagraph capture) takes minutes.
-READY_TIMEOUT_S = 1200.0
-READY_INTERVAL_S = 5.0
-LOG_LINES = 30
+# The key alone, for the host-side gate and probes (they send it as a bearer token).
+API_KEY_FILE = str(Layout().api_key_file)
 
 
 def expected_hash(ctx: HostContext, spec: StackSpec) -> str:
@@ -173,90 +166,9 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, com
         host.noop(f"vLLM {version} is on the Genesis allowlist")
 
 
-@operation()
-def stack_down(stack: str, project: str, container: str):
-    """``docker compose down`` the stack when its container exists (running or not).
-
-    + stack, project, container: names (``int8``, ``rigfleet-int8``, ``rigfleet-int8``)
-    """
-    state = host.get_fact(ContainerLabel, container=container, label=CONFIG_HASH_LABEL)
-    if state is None:
-        host.noop(f"{stack} has no container")
-        return
-    yield docker_commands.compose_down(compose_path(stack), project)
-
-
-@operation()
-def stack_up(
-    stack: str,
-    project: str,
-    container: str,
-    config_hash: str,
-    gates: Sequence[OperationMeta],
-):
-    """``docker compose up -d`` only when the compose file changed or the container is not
-    running with the expected config hash.
-
-    + stack, project, container: names (``int8``, ``rigfleet-int8``, ``rigfleet-int8``)
-    + config_hash: the ``io.rigfleet.config-hash`` the running container must carry
-    + gates: the compose file operation
-    """
-    state = host.get_fact(ContainerLabel, container=container, label=CONFIG_HASH_LABEL)
-    current = state is not None and state.running and state.label == config_hash
-    if current and not changed(gates):
-        host.noop(f"{container} running with config hash {config_hash}")
-        return
-    yield docker_commands.compose_up(compose_path(stack), project)
-
-
-def _parse_probe(lines: list[str]) -> dict[str, str]:
-    return dict(line.partition("=")[::2] for line in lines if "=" in line)
-
-
-def _model_ids(body: str) -> list[str]:
-    try:
-        return [str(m.get("id")) for m in json.loads(body).get("data", [])]
-    except (ValueError, AttributeError):
-        return []
-
-
-def wait_ready(container: str, port: int, served_name: str, timeout: float) -> str | None:
-    """At execution time: poll until ready; a message when the container dies or time runs out."""
-    deadline = time.monotonic() + timeout
-    first_restarts: int | None = None
-    last = "no answer yet"
-    while True:
-        _, out, _ = run_on_host(probe.ready(container, port))
-        values = _parse_probe(out)
-        words = values.get("state", "").split()
-        if len(words) != 3:
-            return f"container {container} does not exist"
-        status, exit_code, restarts = words[0], words[1], int(words[2] or 0)
-        if first_restarts is None:
-            first_restarts = restarts
-        if status in ("exited", "dead") or restarts > first_restarts:
-            _, logs, _ = run_on_host(docker_commands.logs_tail(container, LOG_LINES))
-            return (
-                f"container {container} exited (status {status}, exit code {exit_code}) "
-                f"before it was ready; last log lines:\n    " + "\n    ".join(logs[-LOG_LINES:])
-            )
-        health = values.get("health", "")
-        ids = _model_ids(values.get("models", ""))
-        if health == "200" and served_name in ids:
-            return None
-        last = f"/health {health or 'no answer'}, /v1/models lists {ids or 'nothing'}"
-        if time.monotonic() > deadline:
-            _, logs, _ = run_on_host(docker_commands.logs_tail(container, LOG_LINES))
-            return (
-                f"{container} not ready after {timeout:g}s ({last}); last log lines:\n    "
-                + "\n    ".join(logs[-LOG_LINES:])
-            )
-        time.sleep(READY_INTERVAL_S)
-
-
 @deploy("Serving stacks")
 def stacks(ctx: HostContext) -> None:
-    """Pull, gate, render, switch and wait: see the module docstring for the order."""
+    """Secrets, images, the Genesis gate and both compose files: see the module docstring."""
     spec, pinned = ctx.spec, ctx.desired
     key = ctx.api_key.reveal()
     files.directory(
@@ -273,6 +185,9 @@ def stacks(ctx: HostContext) -> None:
         dest=probe.AUTH_HEADER_FILE,
         content=Secret(f"Authorization: Bearer {key}\n"),
     )
+    secret_file(
+        name="API key for the gate (root-only)", dest=API_KEY_FILE, content=Secret(f"{key}\n")
+    )
     files.put(
         name="Genesis allowlist helper",
         src=str(FILES_DIR / "rigfleet-genesis-allowlist.py"),
@@ -282,17 +197,25 @@ def stacks(ctx: HostContext) -> None:
         mode="0755",
     )
 
-    image_pulled(
-        name=f"Pull {pinned.image} by digest",
-        image_ref=pinned.image_ref,
-        repository=pinned.repository,
-        digest=pinned.digest,
-    )
-    check(
-        name="Verify the image's RepoDigests hold the pinned digest",
-        verify=lambda: verify_image(pinned.image_ref, pinned.repository, pinned.digest),
-        what="digest verification",
-    )
+    # The desired stack first: its image is the one a failing pull must stop the run for.
+    names = [spec.name] + sorted(n for n in ctx.specs if n != spec.name)
+    images: dict[str, str] = {}
+    for name in names:
+        other = ctx.pins.stacks[name]
+        images.setdefault(other.image_ref, name)
+    for ref, name in host.loop(list(images.items())):
+        other = ctx.pins.stacks[name]
+        image_pulled(
+            name=f"Pull {other.image} by digest",
+            image_ref=other.image_ref,
+            repository=other.repository,
+            digest=other.digest,
+        )
+        check(
+            name=f"Verify {other.image}'s RepoDigests hold the pinned digest",
+            verify=lambda o=other: verify_image(o.image_ref, o.repository, o.digest),
+            what="digest verification",
+        )
     if spec.needs_genesis and pinned.genesis is not None:
         genesis_gate(
             name=f"Genesis compatibility of vLLM {pinned.vllm_version}",
@@ -303,7 +226,6 @@ def stacks(ctx: HostContext) -> None:
             commit=pinned.genesis.commit,
         )
 
-    compose_ops: dict[str, OperationMeta] = {}
     for name, other in host.loop(sorted(ctx.specs.items())):
         project_dir = compose_dir(name)
         dirs = [project_dir, *other.cache_dirs]
@@ -311,7 +233,7 @@ def stacks(ctx: HostContext) -> None:
             files.directory(
                 name=f"Directory {path}", path=path, user="root", group="root", mode="0755"
             )
-        compose_ops[name] = files.put(
+        compose = files.put(
             name=f"Compose project {other.compose_project}",
             src=io.StringIO(render_compose(other, ctx.pins, ctx.settings)),
             dest=compose_path(name),
@@ -324,29 +246,6 @@ def stacks(ctx: HostContext) -> None:
             commands=[
                 docker_commands.compose_config_check(compose_path(name), other.compose_project)
             ],
-            gates=[compose_ops[name]],
+            gates=[compose],
             reason="compose file unchanged",
         )
-
-    for name, other in host.loop(sorted(ctx.specs.items())):
-        if name != spec.name:
-            stack_down(
-                name=f"Stop {other.compose_project} (only one stack fits)",
-                stack=name,
-                project=other.compose_project,
-                container=other.container_name,
-            )
-    stack_up(
-        name=f"Start {spec.compose_project} (only when needed)",
-        stack=spec.name,
-        project=spec.compose_project,
-        container=spec.container_name,
-        config_hash=expected_hash(ctx, spec),
-        gates=[compose_ops[spec.name]],
-    )
-    timeout = float(host.data.get("ready_timeout_s") or READY_TIMEOUT_S)
-    check(
-        name=f"Wait until {spec.container_name} serves {spec.served_model_name}",
-        verify=lambda: wait_ready(spec.container_name, spec.port, spec.served_model_name, timeout),
-        what="readiness",
-    )

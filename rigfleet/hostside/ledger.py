@@ -3,13 +3,16 @@
 ``ledger.jsonl`` is append-only, one JSON object per line; ``state.json`` is rewritten
 atomically and keeps keys it does not know (``rigfleet status`` and ``roles/ledger.py`` read
 and write it too). Every activation, swap, rollback, adoption and boot-time recreation is a
-line::
+line. A line's top-level stack keys always describe what serves *after* the event (so the last
+line agrees with ``state.json``, as ``tests/hosts/test_ledger_state.py`` checks); the stack a
+transaction tried is under ``attempted``, the one before under ``previous``::
 
-    {"time": "2026-11-29T10:17:02+00:00", "event": "swap", "result": "promoted",
-     "host": "host1", "by": "alice@laptop", "deploy_id": "...", "stack": "tq3-mtp-genesis",
-     "image": "...", "digest": "sha256:...", "genesis_commit": "...", "model_revision": "...",
-     "config_hash": "...", "gate": {"result": "pass", "failed_checks": [], "report": "...",
-     "profile": "full", "at": "..."}, "previous": {"stack": "int8", ...}, "reason": ""}
+    {"time": "2026-11-29T10:17:02+00:00", "event": "swap", "result": "rolled-back",
+     "host": "host1", "by": "alice@laptop", "deploy_id": "...", "stack": "int8",
+     "image": "...", "digest": "sha256:...", "genesis_commit": null, "model_revision": "...",
+     "config_hash": "...", "attempted": {"stack": "tq3-mtp-genesis", ...},
+     "gate": {"result": "fail", "failed_checks": ["needles"], "report": "...", ...},
+     "reason": "gate failed 1 check(s): needles (...)"}
 
 Example::
 
@@ -72,12 +75,13 @@ def update_state(lay: Layout, **changes: Any) -> dict[str, Any]:
 def stack_fields(ref: StackRef | None) -> dict[str, Any]:
     """The tracked keys of a stack (``stack`` + its pins) and its config hash."""
     if ref is None:
-        return {"stack": None}
+        return {k: None for k in (*TRACKED_KEYS, "config_hash")}
     return {**{k: ref.record.get(k) for k in TRACKED_KEYS}, "stack": ref.stack,
             "config_hash": ref.config_hash}
 
 
-def entry(event: str, result: str, ref: StackRef | None, *, host: str = "", by: str = "",
+def entry(event: str, result: str, serving: StackRef | None, *,
+          attempted: StackRef | None = None, host: str = "", by: str = "",
           deploy_id: str = "", gate: dict[str, Any] | None = None,
           previous: StackRef | None = None, reason: str = "",
           extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -86,12 +90,15 @@ def entry(event: str, result: str, ref: StackRef | None, *, host: str = "", by: 
     + event: ``activate``, ``swap``, ``update`` (same stack, new pins), ``adopt``, ``ensure``
       (boot-time recreation), ``interrupted``
     + result: ``promoted``, ``rolled-back``, ``failed``, ``recreated``, ...
-    + ref: the stack the event is about (the new one for a swap, even when rolled back)
+    + serving: what serves after the event (None: nothing verified serves)
+    + attempted: the stack a transaction tried (a rolled-back or failed one)
     + gate: ``GateResult.record()``; previous: what served before
     """
     line: dict[str, Any] = {"time": now_iso(), "event": event, "result": result, "host": host,
-                            "by": by, "deploy_id": deploy_id, **stack_fields(ref)}
+                            "by": by, "deploy_id": deploy_id, **stack_fields(serving)}
     line["gate"] = gate or {"result": "not-run"}
+    if attempted is not None:
+        line["attempted"] = stack_fields(attempted)
     if previous is not None:
         line["previous"] = stack_fields(previous)
     if reason:

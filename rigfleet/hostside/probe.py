@@ -142,7 +142,10 @@ def probe(root: Path = Path("/")) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     root = Path(argv[argv.index("--root") + 1]) if "--root" in argv else Path("/")
-    print(json.dumps(probe(root), sort_keys=True))
+    if "--lock-only" in argv:  # preflight's question: is a live transaction running?
+        print(json.dumps({"lock": read_holder(root / "var/lib/rigfleet/lock")}, sort_keys=True))
+    else:
+        print(json.dumps(probe(root), sort_keys=True))
     return 0
 
 

@@ -8,7 +8,8 @@ Each check is ``fn(ctx) -> CheckResult`` and is listed in :data:`CHECKS` in run 
 
 Rules shared by every check (club-3090 verify-stress, with its 7/7-era strictness):
 
-- every reply goes through the output-health detectors; any finding fails the check;
+- every scored reply goes through the output-health detectors; any finding fails the check
+  (the 1-token warm-up and token-counting probes are not scored: one token says nothing);
 - HTTP 200 with an empty answer fails; connection errors, timeouts and 5xx fail;
 - HTTP 400 for a prompt that does not fit max-model-len is a skip (the stack was configured
   smaller), not a failure;
@@ -351,6 +352,7 @@ def tool_prefill(ctx: Context) -> CheckResult:
     res = ctx.client.chat(ctx.body(sized.messages, p.prefill_max_tokens, 0.6, tools, "auto"),
                           timeout=p.prefill_timeout_s)
     out.details.update(_attempt(res))
+    out.details["prompt_tokens"] = res.prompt_tokens or sized.tokens
     if _over_context(ctx, res, sized.tokens, p.prefill_max_tokens):
         out.status = SKIP
         out.summary = f"prompt over max-model-len: {_excerpt(res.error_message(), 160)}"
@@ -528,6 +530,7 @@ class _Turn:
     silent_empty: bool
     findings: list[Finding]
     ttft: float | None
+    prompt_tokens: int | None = None
     error: str = ""
 
 
@@ -563,7 +566,7 @@ def soak(ctx: Context) -> CheckResult:
                       and res.seconds >= p.soak_silent_empty_min_s)
             found = _health(ctx, res, f"s{idx + 1}t{t + 1}") if res.ok else []
             turn = _Turn(idx, t, res.status, res.seconds, tokens, silent, found, res.ttft,
-                         "" if res.ok else res.error_message()[:200])
+                         res.prompt_tokens, "" if res.ok else res.error_message()[:200])
             with lock:
                 turns.append(turn)
             ctx.progress.tick("x" if not res.ok else "E" if silent else "!" if found else ".")
@@ -581,6 +584,7 @@ def soak(ctx: Context) -> CheckResult:
     silent = [t for t in turns if t.silent_empty]
     unhealthy = [t for t in turns if t.findings and not t.silent_empty]
     ttfts = [t.ttft for t in turns if t.ttft is not None]
+    contexts = [t.prompt_tokens for t in turns if t.prompt_tokens is not None]
     rate_silent = len(silent) / n if n else 0.0
     rate_unhealthy = len(unhealthy) / n if n else 0.0
     out.details.update(
@@ -590,6 +594,7 @@ def soak(ctx: Context) -> CheckResult:
         unhealthy_rate=round(rate_unhealthy, 4), fail_rate=p.soak_fail_rate,
         median_ttft_s=round(statistics.median(ttfts), 3) if ttfts else None,
         median_turn_s=round(statistics.median(t.seconds for t in turns), 3) if turns else None,
+        max_prompt_tokens=max(contexts) if contexts else None,
         # club-3090's soak levels, for comparison: >= 50 % silent-empty FAIL, 1-49 % WARN.
         reference_levels={"warn": "1-49% silent-empty", "fail": ">=50% silent-empty"},
     )

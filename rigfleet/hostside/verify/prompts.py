@@ -416,18 +416,20 @@ SOAK_TOPICS = ("how a hash map handles collisions", "why databases use write-ahe
                "what makes a good unit test", "how DNS resolution works",
                "why floating point arithmetic is inexact", "how load balancers pick a backend",
                "what a mutex protects against")
-SOAK_FOLLOW_UPS = ("Give a concrete example of that and explain why it matters.",
-                   "What are the main trade-offs? Answer in three sentences.",
-                   "What is a common mistake people make with it, and how do you avoid it?",
-                   "How would you explain the same idea to a new colleague in about 80 words?",
-                   "Which related topic should I learn next, and why?",
-                   "Summarize our conversation so far in a short paragraph.")
+# Open-ended asks, so every answer runs towards its max_tokens and the context of a session
+# keeps growing turn after turn (the soak's point: long-lived sessions, not one-liners).
+SOAK_FOLLOW_UPS = ("Go deeper: explain the internals step by step, with a worked example.",
+                   "Write a short code example that illustrates it and explain each part.",
+                   "Describe the common failure modes in detail and how to debug each one.",
+                   "Compare it with the main alternative approach and discuss the trade-offs.",
+                   "Explain how you would test and monitor it in production, in detail.",
+                   "Write a detailed summary of everything we discussed so far.")
 
 
 def soak_turn(rng: random.Random, session: int, turn: int) -> str:
     if turn == 0:
         topic = SOAK_TOPICS[(session + rng.randrange(len(SOAK_TOPICS))) % len(SOAK_TOPICS)]
-        return f"Explain {topic} in about {rng.randint(60, 160)} words."
+        return f"Explain {topic}, in detail and with examples."
     return SOAK_FOLLOW_UPS[(session + turn + rng.randrange(3)) % len(SOAK_FOLLOW_UPS)]
 
 

@@ -1,0 +1,536 @@
+"""``rigfleet bump``: move the fleet's vLLM image (and Genesis) forward, canary first.
+
+    rigfleet bump --inventory inventory/home.py --latest --dry
+    rigfleet bump --inventory inventory/home.py --image nightly-<40-hex> --yes
+    rigfleet bump --inventory inventory/home.py --image nightly-<40-hex> --genesis <commit>
+    rigfleet bump ... --batch-size 2 --max-failures 1 --save-dir /srv/images \
+        --push-mirror registry.lan:5000
+
+Steps: resolve the candidate in the registry (tag -> digest; ``--latest``: newest nightly by
+build time), check who is reachable, read the candidate's vLLM version on the canary, check
+it against Genesis' allowlist (or find a newer Genesis commit that lists it, else refuse
+before any host changes), print the plan, then roll out batch by batch through the deploy's
+swap gate, prune old images, keep a copy of the promoted one if asked, and write the pins
+file for what actually promoted.
+
+Exit status: 0 every host promoted; 1 refused, or a host failed (canary, gate, lost);
+2 promoted on every reachable host but some were unreachable (the pins file records them on
+their old pins); 3 the inventory, the pins file or the registry could not be read.
+
+Inventory data (group ``all``) may set ``bump_registry`` (registry v2 URL, default Docker
+Hub) and ``bump_genesis_url`` (where this machine fetches Genesis when the pinned URL is not
+reachable from here, such as a mirror).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from rigfleet.bump import images
+from rigfleet.bump.candidate import Candidate, ImageRegistry, find_candidate, parse_image_arg
+from rigfleet.bump.genesis import GenesisChoice, GenesisRefused, GenesisRepo, choose_genesis
+from rigfleet.bump.plan import Plan, PlanHost, build_plan, pairs
+from rigfleet.bump.record import outcome_of, pins_after
+from rigfleet.bump.remote import HostUnreachable, Remote, SshRemote, reachability
+from rigfleet.bump.rollout import PyinfraRunner, RolloutResult, Status, rollout
+from rigfleet.bump.version import VersionProbe, read_version, remove_image
+from rigfleet.catalog import get_stack
+from rigfleet.errors import RigfleetError
+from rigfleet.inventory import InventoryHost, load_inventory
+from rigfleet.pins import GenesisPin, Pins, StackPins, dump_pins, load_pins, parse_pins, save_pins
+from rigfleet.registry import DOCKER_HUB, RegistryError
+
+EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2, 3
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+console = Console(stderr=True, highlight=False)
+
+
+class BumpError(RigfleetError, RuntimeError):
+    """The bump cannot start (inputs); the message says what to fix."""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``rigfleet bump`` on the CLI's subparsers (``rigfleet/cli.py`` calls this)."""
+    p = subparsers.add_parser(
+        "bump",
+        help="roll a newer vLLM image / Genesis commit out, canary first, gated",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:]),
+    )
+    p.add_argument("--inventory", default="inventory/home.py", help="pyinfra inventory file")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--image", metavar="TAG",
+                       help="tag to bump to: nightly-<40-hex>, <40-hex> or <repo>:<tag>")
+    which.add_argument("--latest", action="store_true",
+                       help="the newest nightly-<40-hex> tag (by image build time)")
+    p.add_argument("--genesis", metavar="COMMIT",
+                   help="pin this Genesis commit (default: keep the pin, or propose a newer "
+                        "commit when the pin does not list the candidate's vLLM)")
+    p.add_argument("--stack", action="append", default=[], metavar="NAME",
+                   help="bump only this stack (repeatable; default: every stack on the image's "
+                        "repository, plus the Genesis stacks for --genesis)")
+    p.add_argument("--batch-size", type=int, default=1, help="hosts per batch after the canary")
+    p.add_argument("--max-failures", type=int, default=1,
+                   help="stop after this many failed hosts (a failed canary always stops)")
+    p.add_argument("--registry", help="registry v2 URL (default: inventory data bump_registry, "
+                                      "else Docker Hub)")
+    p.add_argument("--genesis-url",
+                   help="fetch Genesis from here (default: inventory data bump_genesis_url, "
+                        "else the pinned repo URL)")
+    p.add_argument("--save-dir", type=Path,
+                   help="docker save the promoted image into this directory (on this machine)")
+    p.add_argument("--push-mirror", metavar="REGISTRY",
+                   help="push the promoted image to this registry (host:port) from the canary")
+    p.add_argument("--no-prune", action="store_true",
+                   help="keep every vllm image on the hosts (default: keep new + previous)")
+    p.add_argument("--deploy", default=str(REPO_ROOT / "deploy.py"),
+                   help="the deploy file (default: this checkout's deploy.py)")
+    p.add_argument("--dry", action="store_true", help="print the plan; change nothing")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask before rolling out")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.set_defaults(func=run)
+    return p
+
+
+def _log(message: str) -> None:
+    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
+
+
+def _by() -> str:
+    if os.environ.get("RIGFLEET_BY"):
+        return os.environ["RIGFLEET_BY"]
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (containers)
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Inputs:
+    hosts: list[InventoryHost]
+    plan_hosts: list[PlanHost]
+    pins: Pins
+    registry: str
+    genesis_url: str | None
+
+
+def load_inputs(args: argparse.Namespace) -> Inputs:
+    """Inventory, every host's data, the one pins file they share."""
+    from rigfleet.hostdata import validate_host
+    from rigfleet.status import resolve_pins_path
+
+    hosts = load_inventory(args.inventory)
+    if not hosts:
+        raise BumpError(f"{args.inventory}: no hosts")
+    plan_hosts: list[PlanHost] = []
+    paths: dict[str, list[str]] = {}
+    for h in hosts:
+        settings = validate_host(h.name, h.data)
+        plan_hosts.append(PlanHost(h.name, settings.stack, tuple(h.groups)))
+        path = str(resolve_pins_path(settings.pins_file, Path(args.deploy).resolve().parent))
+        paths.setdefault(path, []).append(h.name)
+    if len(paths) != 1:
+        listed = "; ".join(f"{p}: {', '.join(n)}" for p, n in paths.items())
+        raise BumpError(f"hosts name different pins files ({listed}); bump one fleet at a time")
+    pins = load_pins(next(iter(paths)))
+    data = hosts[0].data
+    registry = args.registry or data.get("bump_registry") or DOCKER_HUB
+    genesis_url = args.genesis_url or data.get("bump_genesis_url")
+    return Inputs(hosts, plan_hosts, pins, str(registry), genesis_url)
+
+
+def bumped_stacks(args: argparse.Namespace, pins: Pins, repository: str | None) -> list[str]:
+    """The stacks this bump changes (``--stack``, else by image repository / Genesis)."""
+    if args.stack:
+        for name in args.stack:
+            pins.stack(name)  # raises PinsError naming the pinned stacks
+        return list(dict.fromkeys(args.stack))
+    names = []
+    for name, p in pins.stacks.items():
+        if repository is not None and p.repository == repository:
+            names.append(name)
+        elif args.genesis and p.genesis is not None:
+            names.append(name)
+    if not names:
+        raise BumpError(f"no pinned stack uses {repository}; name one with --stack")
+    return names
+
+
+def new_stack_pins(
+    pins: Pins,
+    names: list[str],
+    candidate: Candidate | None,
+    version: str | None,
+    genesis: dict[str, GenesisChoice],
+) -> dict[str, StackPins]:
+    """The bumped stacks' new pins, validated like the file (a wrong version is refused)."""
+    out: dict[str, StackPins] = {}
+    for name in names:
+        p = pins.stacks[name]
+        if candidate is not None:
+            p = replace(p, image=candidate.image, digest=candidate.digest,
+                        vllm_version=version or p.vllm_version)  # fmt: skip
+        if name in genesis and p.genesis is not None:
+            p = replace(p, genesis=GenesisPin(p.genesis.repo, genesis[name].commit))
+        out[name] = p
+    # Round-trip through the pins validator (tag vs version's +g<commit>, digest form, ...).
+    trial = replace(pins, stacks={**pins.stacks, **out})
+    parse_pins(yaml.safe_load(dump_pins(trial)), pins.path)
+    return out
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    """``rigfleet bump``; returns the exit status (see the module docstring)."""
+    if not (args.image or args.latest or args.genesis):
+        console.print("[red]error:[/red] give --image TAG, --latest or --genesis COMMIT")
+        return EXIT_ERROR
+    try:
+        inputs = load_inputs(args)
+    except (RigfleetError, ValueError, RuntimeError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_ERROR
+    remote = SshRemote()
+    try:
+        return _bump(args, inputs, remote)
+    except GenesisRefused as e:
+        console.print(f"[red]refused:[/red] {e}")
+        return EXIT_FAILED
+    except RegistryError as e:
+        console.print(f"[red]error:[/red] registry {inputs.registry}: {e}")
+        return EXIT_ERROR
+    except (RigfleetError, ValueError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_FAILED
+
+
+def _bump(args: argparse.Namespace, inputs: Inputs, remote: Remote) -> int:
+    pins = inputs.pins
+    candidate: Candidate | None = None
+    if args.image or args.latest:
+        repos = {p.repository for p in pins.stacks.values()}
+        default_repo = sorted(repos)[0] if len(repos) == 1 else "vllm/vllm-openai"
+        repository, tag = parse_image_arg(args.image or "", default_repo)
+        reg = ImageRegistry(inputs.registry)
+        _log(f"registry {inputs.registry}: resolving "
+             f"{'the newest nightly of ' + repository if args.latest else f'{repository}:{tag}'}")
+        candidate = find_candidate(reg, repository, None if args.latest else tag, args.latest)
+        _log(f"candidate {candidate.image} {candidate.digest} built {candidate.created or '?'}")
+    names = bumped_stacks(args, pins, candidate.repository if candidate else None)
+
+    unreachable = reachability(remote, inputs.hosts)
+    for name, reason in unreachable.items():
+        if reason:
+            _log(f"[yellow]{name} is unreachable[/yellow] and will be skipped: {reason}")
+    by_name = {h.name: h for h in inputs.hosts}
+
+    # The canary reads the candidate's version; a provisional plan picks it (the version
+    # changes nothing in who goes first).
+    provisional = {
+        n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest)
+        if candidate else pins.stacks[n]
+        for n in names
+    }
+    draft = build_plan(inputs.plan_hosts, unreachable, pins, provisional, args.batch_size,
+                       args.max_failures)  # fmt: skip
+    probe = VersionProbe(None, "unknown")
+    probe_host: InventoryHost | None = None
+    if candidate is not None:
+        reachable = [h.name for h in inputs.hosts if not unreachable[h.name]]
+        target = draft.canary or (reachable[0] if reachable else None)
+        if target is None:
+            raise BumpError("no host is reachable to read the candidate's vLLM version")
+        probe_host = by_name[target]
+        _log(f"{probe_host.name}: reading vllm.__version__ from the candidate"
+             f"{'' if args.dry else ' (pulling it by digest if needed)'}")
+        probe = read_version(remote, probe_host, candidate, pull=not args.dry)
+        _log(f"candidate reports vLLM {probe.version or 'unknown (not pulled in --dry)'}")
+
+    try:
+        genesis = _genesis_choices(args, inputs, pins, names, probe.version, candidate)
+    except GenesisRefused:
+        if probe.pulled and probe_host is not None and candidate is not None:
+            remove_image(remote, probe_host, candidate)  # leave the canary as it was found
+        raise
+    version = probe.version or (pins.stacks[names[0]].vllm_version if candidate is None else None)
+    if candidate is not None and version is None:
+        # --dry without the image on the canary: show the plan with the version unknown.
+        new = provisional
+    else:
+        new = new_stack_pins(pins, names, candidate, version, genesis)
+    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, args.batch_size,
+                      args.max_failures)  # fmt: skip
+    _print_plan(plan, genesis, probe)
+    if args.dry:
+        return EXIT_OK
+    if plan.empty:
+        _log("every reachable host already runs these pins; nothing to do")
+        return EXIT_SKIPPED if plan.skipped else EXIT_OK
+    if not args.yes and not _confirm():
+        _log("not confirmed; nothing changed")
+        return EXIT_FAILED
+    return _execute(args, inputs, remote, plan, candidate, version or "", genesis)
+
+
+def _genesis_choices(
+    args: argparse.Namespace,
+    inputs: Inputs,
+    pins: Pins,
+    names: list[str],
+    version: str | None,
+    candidate: Candidate | None,
+) -> dict[str, GenesisChoice]:
+    out: dict[str, GenesisChoice] = {}
+    for name in names:
+        p = pins.stacks[name]
+        if p.genesis is None or not get_stack(name).needs_genesis:
+            continue
+        want = version if candidate is not None else p.vllm_version
+        if want is None:
+            continue  # --dry and the version is unknown: decided when the bump runs
+        repo = GenesisRepo(p.genesis.repo, inputs.genesis_url)
+        _log(f"Genesis: fetching {inputs.genesis_url or p.genesis.repo}")
+        repo.sync()
+        choice = choose_genesis(repo, p.genesis.commit, want, p.vllm_version, args.genesis)
+        if choice.proposed:
+            _log(f"Genesis {choice.label} lists vLLM {want}; proposing it for {name} "
+                 f"(pinned {p.genesis.commit[:12]} does not)" if not args.genesis else
+                 f"Genesis {choice.label} (--genesis) lists vLLM {want}")  # fmt: skip
+        if not choice.rollback_safe:
+            _log(f"[yellow]warning:[/yellow] Genesis {choice.label} does not list the vLLM "
+                 f"the fleet runs now ({p.vllm_version}); a host that rolls back runs it "
+                 "against the new checkout")  # fmt: skip
+        out[name] = choice
+    return out
+
+
+def _confirm() -> bool:
+    if not sys.stdin.isatty():
+        console.print("[red]error:[/red] not a terminal: pass --yes to roll out")
+        return False
+    return console.input("Roll out? [y/N] ").strip().lower() in ("y", "yes")
+
+
+def _print_plan(plan: Plan, genesis: dict[str, GenesisChoice], probe: VersionProbe) -> None:
+    table = Table(title="rigfleet bump: pins", title_justify="left")
+    for col in ("stack", "now", "bump to"):
+        table.add_column(col)
+    for name, old, new in pairs(plan):
+        if probe.version is None and probe.source == "unknown" and old != new:
+            new += " (vLLM version read when the canary pulls it)"
+        table.add_row(name, old, new)
+    console.print(table)
+    for name, g in genesis.items():
+        if g.proposed:
+            also = "" if g.rollback_safe else ", but not the one running now"
+            console.print(f"Genesis for {name}: {g.label} (newer than the pin; it lists the "
+                          f"candidate's vLLM{also})")  # fmt: skip
+    hosts = Table(title="rollout", title_justify="left")
+    for col in ("step", "hosts"):
+        hosts.add_column(col)
+    for i, batch in enumerate(plan.batches):
+        hosts.add_row("canary" if i == 0 else f"batch {i}",
+                      ", ".join(f"{h} ({plan.host(h).stack})" for h in batch))  # fmt: skip
+    for name, reason in plan.skipped.items():
+        hosts.add_row("[yellow]skipped[/yellow]", f"{name}: unreachable ({reason})")
+    for name in plan.up_to_date:
+        hosts.add_row("done", f"{name}: already runs these pins")
+    console.print(hosts)
+    console.print(f"batch size {plan.batch_size}; stop after {plan.max_failures} failed "
+                  "host(s); a failed canary always stops the rollout")  # fmt: skip
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+
+
+def _execute(
+    args: argparse.Namespace,
+    inputs: Inputs,
+    remote: Remote,
+    plan: Plan,
+    candidate: Candidate | None,
+    version: str,
+    genesis: dict[str, GenesisChoice],
+) -> int:
+    real = Path(plan.pins.path)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    log_dir = REPO_ROOT / "reports" / "bumps" / stamp
+    cand_path = real.with_name(f".{real.name}.bump-{os.getpid()}.yaml")
+    cand_path.write_text(
+        "# Candidate pins of a running `rigfleet bump`; removed when it ends.\n"
+        + dump_pins(plan.candidate_pins(str(cand_path)))
+    )
+    by_name = {h.name: h for h in inputs.hosts}
+    runner = PyinfraRunner(args.inventory, by_name, remote, deploy=args.deploy,
+                           cwd=Path(args.deploy).resolve().parent, log_dir=log_dir)  # fmt: skip
+    try:
+        with console.status("starting the rollout") as status:
+            t0 = time.monotonic()
+
+            def on_line(line: str) -> None:
+                status.update(f"[{time.monotonic() - t0:5.0f}s] {line[:110]}")
+
+            result = rollout(plan, runner, cand_path, on_event=_log, on_line=on_line)
+    finally:
+        cand_path.unlink(missing_ok=True)
+    extra = _keep_images(args, remote, by_name, plan, result, candidate, version)
+    saved_pins = _record(plan, result, extra)
+    _print_result(result, log_dir)
+    summary = {
+        "outcome": outcome_of(result),
+        "stopped": result.stopped,
+        "seconds": round(result.seconds, 1),
+        "pins_file": plan.pins.path,
+        "pins_serial": saved_pins.serial if saved_pins else plan.pins.serial,
+        "hosts": {h: o.summary() for h, o in result.outcomes.items()},
+        **extra,
+    }
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    return _exit_status(result)
+
+
+def _keep_images(
+    args: argparse.Namespace,
+    remote: Remote,
+    by_name: dict[str, InventoryHost],
+    plan: Plan,
+    result: RolloutResult,
+    candidate: Candidate | None,
+    version: str,
+) -> dict[str, Any]:
+    """Prune old images on promoted hosts; save / push the promoted image from the canary."""
+    extra: dict[str, Any] = {}
+    if candidate is None:
+        return extra
+    promoted = [o.host for o in result.by_status(Status.PROMOTED)]
+    if not args.no_prune:
+        for name in promoted:
+            keep = {p.digest for p in plan.old_for(name).values()}
+            keep |= {p.digest for p in plan.new_for(name).values()}
+            try:
+                removed = images.prune(remote, by_name[name], candidate.repository, keep)
+            except HostUnreachable as e:
+                _log(f"[yellow]{name}: image prune skipped[/yellow]: {e}")
+                continue
+            if removed:
+                _log(f"{name}: removed {len(removed)} older image(s): {', '.join(removed)}")
+    if not args.no_prune:
+        # A host that rolled back does not need the candidate it refused (~30 GB each).
+        for o in result.by_status(Status.FAILED):
+            if o.runs_new is False:
+                try:
+                    remove_image(remote, by_name[o.host], candidate)
+                except HostUnreachable:
+                    pass
+    source = plan.canary if plan.canary in promoted else (promoted[0] if promoted else None)
+    if source is None:
+        return extra
+    if args.save_dir:
+        try:
+            saved = images.save_image(remote, by_name[source], candidate, args.save_dir, version)
+            extra["saved"] = saved.summary()
+            _log(f"saved {candidate.image} to {saved.path} ({saved.size / 1e9:.2f} GB)")
+        except (images.ImageError, HostUnreachable, OSError) as e:
+            _log(f"[red]docker save failed[/red]: {e}")
+            extra["saved"] = {"error": str(e)}
+    if args.push_mirror:
+        try:
+            digest = images.push_image(remote, by_name[source], candidate, args.push_mirror)
+            ref = images.mirror_ref(args.push_mirror, candidate)
+            extra["mirror"] = {"ref": ref, "digest": digest}
+            _log(f"pushed {ref} ({digest or 'digest not reported'})")
+            if digest and digest != candidate.digest:
+                _log(f"[yellow]note:[/yellow] the mirror's digest {digest} differs from "
+                     f"the pin {candidate.digest} (a multi-arch index pushed as one "
+                     "platform)")  # fmt: skip
+        except (images.ImageError, HostUnreachable) as e:
+            _log(f"[red]push to {args.push_mirror} failed[/red]: {e}")
+            extra["mirror"] = {"error": str(e)}
+    return extra
+
+
+def _record(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pins | None:
+    when = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    new, entry = pins_after(plan, result, when, _by(), extra)
+    if new is None:
+        _log(f"pins file unchanged: {plan.pins.path}")
+        return None
+    saved = save_pins(new, entry)
+    outcome = entry["outcome"] if entry else ""
+    _log(f"pins file {plan.pins.path} saved at serial {saved.serial} ({outcome})")
+    if saved.hosts:
+        for host, stacks in saved.hosts.items():
+            _log(f"  hosts.{host}: " + ", ".join(f"{s} {p.tag}" for s, p in stacks.items()))
+    return saved
+
+
+def _print_result(result: RolloutResult, log_dir: Path) -> None:
+    table = Table(title=f"rigfleet bump: {outcome_of(result)} in {result.seconds:.0f}s",
+                  title_justify="left")  # fmt: skip
+    for col in ("host", "result", "gate", "reason"):
+        table.add_column(col)
+    colors = {
+        Status.PROMOTED: "green", Status.UP_TO_DATE: "green", Status.FAILED: "red",
+        Status.LOST: "red", Status.SKIPPED: "yellow", Status.NOT_ATTEMPTED: "yellow",
+    }  # fmt: skip
+    for o in result.outcomes.values():
+        table.add_row(o.host, f"[{colors[o.status]}]{o.status}[/]", o.gate or "-",
+                      o.reason or "-")  # fmt: skip
+    console.print(table)
+    if result.stopped:
+        console.print(f"[red]stopped:[/red] {result.stopped}")
+    console.print(f"[dim]pyinfra logs: {log_dir}[/dim]")
+
+
+def _exit_status(result: RolloutResult) -> int:
+    bad = result.by_status(Status.FAILED, Status.LOST, Status.NOT_ATTEMPTED)
+    if bad:
+        parts = []
+        for o in bad:
+            text = f"{o.host} {o.status}"
+            if o.failed_checks:
+                text += f" (failed checks: {', '.join(o.failed_checks)})"
+            parts.append(text)
+        console.print(f"[red]bump failed:[/red] {'; '.join(parts)}")
+        return EXIT_FAILED
+    if result.by_status(Status.SKIPPED):
+        names = ", ".join(o.host for o in result.by_status(Status.SKIPPED))
+        console.print(f"[yellow]promoted, but skipped unreachable host(s): {names}[/yellow]")
+        return EXIT_SKIPPED
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rigfleet.bump.cli ...``: the command without ``rigfleet/cli.py``."""
+    parser = argparse.ArgumentParser(prog="rigfleet")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bump", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

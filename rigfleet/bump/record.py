@@ -1,0 +1,80 @@
+"""The pins file after a rollout: what each host runs, and a history entry. Pure.
+
+- Every host that was to move promoted (hosts unreachable at the start aside): the fleet's
+  pins move to the new ones; skipped hosts get a ``hosts:`` entry with what they still run.
+- Some promoted, others failed, were lost or not attempted: the fleet's pins stay; the hosts
+  that promoted get a ``hosts:`` entry with the new pins (a partial rollout).
+- Nothing promoted: the file is not written at all.
+
+A host's entry lists only the stacks that differ from the fleet's; hosts the inventory does
+not know keep whatever entry they had. A lost host (state unknown) is recorded as running its
+old pins: the next converge brings it there through its own swap gate, which is safe either
+way::
+
+    new, entry = pins_after(plan, result, when="2026-05-20T10:00:00Z", by="ops@ctl")
+    if new is not None:
+        save_pins(new, entry)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from rigfleet.bump.plan import Plan
+from rigfleet.bump.rollout import RolloutResult, Status
+from rigfleet.pins import Pins, StackPins
+
+
+def stack_summary(p: StackPins) -> dict[str, Any]:
+    out: dict[str, Any] = {"image": p.image, "digest": p.digest, "vllm_version": p.vllm_version}
+    if p.genesis is not None:
+        out["genesis"] = p.genesis.commit
+    return out
+
+
+def outcome_of(result: RolloutResult) -> str:
+    """``promoted`` | ``partial`` | ``failed`` (nothing moved)."""
+    if result.promoted_everywhere:
+        return "promoted"
+    moved = [o for o in result.outcomes.values() if o.runs_new and o.status != Status.UP_TO_DATE]
+    return "partial" if moved else "failed"
+
+
+def pins_after(
+    plan: Plan, result: RolloutResult, when: str, by: str, extra: dict[str, Any] | None = None
+) -> tuple[Pins | None, dict[str, Any] | None]:
+    """(pins to save, history entry), or (None, None) when the file must not change.
+
+    + plan: the plan that ran (holds the pins as loaded, with their path and serial)
+    + result: the rollout's outcomes
+    + when, by: the history entry's time and author
+    + extra: more history fields (mirror push, saved archive)
+    """
+    outcome = outcome_of(result)
+    if outcome == "failed":
+        return None, None
+    old = plan.pins
+    top = {**old.stacks, **plan.new_stacks} if outcome == "promoted" else dict(old.stacks)
+    known = {h.name for h in plan.hosts}
+    hosts: dict[str, dict[str, StackPins]] = {
+        name: dict(stacks) for name, stacks in old.hosts.items() if name not in known
+    }
+    for h in plan.hosts:
+        o = result.outcomes.get(h.name)
+        runs = plan.new_for(h.name) if o is not None and o.runs_new else plan.old_for(h.name)
+        differs = {s: p for s, p in runs.items() if top.get(s) != p}
+        if differs:
+            hosts[h.name] = differs
+    entry: dict[str, Any] = {
+        "at": when,
+        "by": by,
+        "action": "bump",
+        "outcome": outcome,
+        "old": {s: stack_summary(old.stacks[s]) for s in plan.new_stacks},
+        "new": {s: stack_summary(p) for s, p in plan.new_stacks.items()},
+        "hosts": {name: o.summary() for name, o in result.outcomes.items()},
+    }
+    if extra:
+        entry.update(extra)
+    return replace(old, stacks=top, hosts=hosts), entry

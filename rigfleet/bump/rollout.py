@@ -1,0 +1,499 @@
+"""Roll a candidate pins file out, batch by batch, and read back what each host ended up running.
+
+Each batch is one ``pyinfra <inventory> deploy.py -y --json --limit <host> ... --data
+pins_file=<candidate>`` run: the deploy's swap transaction does the per-host work (stop old,
+start new, verify-stress gate, promote or roll back). pyinfra keeps going on the other hosts
+when one fails or drops its connection, so a lost host never stops its batch. Afterwards the
+truth is read from each host (``state.json``, the ledger's new lines, the newest gate report)
+over SSH, with pyinfra's per-host result (``failed_hosts`` in its JSON) beside it::
+
+    runner = PyinfraRunner(inventory, hosts_by_name, SshRemote(), log_dir=Path("reports/..."))
+    result = rollout(plan, runner, Path(".pins.yaml.bump-123"), on_event=print)
+    [o.host for o in result.outcomes.values() if o.status is Status.FAILED]
+
+The decisions (``classify``, the stop rule in ``rollout``) are pure given a ``Runner``; unit
+tests drive them with a fake one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from rigfleet.bump.plan import Plan
+from rigfleet.bump.remote import HostUnreachable, Remote
+from rigfleet.inventory import InventoryHost
+from rigfleet.pins import StackPins
+
+STATE_DIR = "/var/lib/rigfleet"
+REPORTS_DIR = f"{STATE_DIR}/reports"
+VERIFY_SCHEMA = "rigfleet-verify/1"
+
+
+class Status(StrEnum):
+    PROMOTED = "promoted"
+    FAILED = "failed"  # the swap rolled back, or the deploy failed on the host
+    LOST = "lost"  # unreachable after its deploy started: state unknown
+    SKIPPED = "skipped"  # unreachable before its batch (or at the start)
+    NOT_ATTEMPTED = "not attempted"  # the rollout stopped before its batch
+    UP_TO_DATE = "up to date"
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the host says about itself (``FACTS_SCRIPT``'s JSON)."""
+
+    state: dict[str, Any] = field(default_factory=dict)
+    ledger_count: int = 0
+    ledger: tuple[dict[str, Any], ...] = ()  # the last lines, oldest first
+    reports: tuple[str, ...] = ()  # gate report files (names), oldest first
+    report: dict[str, Any] | None = None  # the newest gate report (rigfleet-verify/1)
+    report_file: str | None = None
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    """One pyinfra run: exit status, the hosts it failed (None: it printed no JSON), its log."""
+
+    rc: int
+    failed_hosts: frozenset[str] | None
+    log: str = ""
+    seconds: float = 0.0
+
+    def failed(self, host: str) -> bool:
+        if self.failed_hosts is None:
+            return self.rc != 0
+        return host in self.failed_hosts
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """What happened to one host; ``runs_new`` is what the pins file must say it runs."""
+
+    host: str
+    status: Status
+    batch: int | None = None
+    runs_new: bool | None = None  # True: the new pins; False: the old ones; None: unknown
+    reason: str = ""
+    gate: str = ""  # "pass 8/8", "fail: 2 of 8 checks failed", ""
+    failed_checks: tuple[str, ...] = ()
+    report_file: str | None = None
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """For the pins history and the JSON report."""
+        out: dict[str, Any] = {"result": str(self.status)}
+        if self.gate:
+            out["gate"] = self.gate
+        if self.failed_checks:
+            out["failed_checks"] = list(self.failed_checks)
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+@dataclass
+class RolloutResult:
+    outcomes: dict[str, HostOutcome]  # inventory order
+    stopped: str | None = None  # why the rollout stopped early
+    seconds: float = 0.0
+
+    def by_status(self, *statuses: Status) -> list[HostOutcome]:
+        return [o for o in self.outcomes.values() if o.status in statuses]
+
+    @property
+    def promoted_everywhere(self) -> bool:
+        """Every host that was to move did (skipped-at-start hosts aside)."""
+        bad = (Status.FAILED, Status.LOST, Status.NOT_ATTEMPTED)
+        moved = self.by_status(Status.PROMOTED)
+        return bool(moved) and not self.by_status(*bad)
+
+
+class Runner(Protocol):
+    """The outside world of a rollout (``PyinfraRunner``; tests use a fake)."""
+
+    def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]: ...
+
+    def facts(self, host: str) -> HostFacts: ...
+
+    def deploy(
+        self, hosts: Sequence[str], pins_file: Path, batch: int, on_line: Callable[[str], None]
+    ) -> DeployResult: ...
+
+
+# --- decisions (pure) ------------------------------------------------------------------------
+
+
+def _runs(state: Mapping[str, Any], stack: str, p: StackPins) -> bool:
+    genesis = p.genesis.commit if p.genesis is not None else None
+    return (
+        state.get("stack") == stack
+        and state.get("digest") == p.digest
+        and state.get("genesis_commit") == genesis
+    )
+
+
+def gate_of(
+    before: HostFacts | None, after: HostFacts
+) -> tuple[str, tuple[str, ...], str | None]:
+    """(summary, failed check names, report file) of the gate this run made, if any.
+
+    Only what is new since ``before`` counts (an older gate says nothing about this swap): a
+    new ``rigfleet-verify/1`` report file first, else the gate of a new ``last_swap`` in
+    ``state.json`` (the swap transaction's record), else a changed top-level ``gate``.
+    """
+    report = after.report
+    if report is not None and (before is None or after.report_file not in set(before.reports)):
+        checks = report.get("checks") or []
+        failed = tuple(str(c.get("name")) for c in checks if c.get("status") == "fail")
+        counts = report.get("summary") or {}
+        total = sum(int(v) for v in counts.values() if isinstance(v, int)) or len(checks)
+        if failed:
+            text = f"fail: {len(failed)} of {total} checks failed ({', '.join(failed)})"
+        else:
+            text = f"pass {counts.get('pass', total)}/{total}"
+        return text, failed, after.report_file
+    swap = fresh_swap(before, after)
+    old_gate = before.state.get("gate") if before is not None else None
+    for source in (swap.get("gate"), after.state.get("gate")):
+        if not isinstance(source, dict) or (source is after.state.get("gate")
+                                             and source == old_gate):  # fmt: skip
+            continue
+        names = source.get("failed_checks") or []
+        failed = tuple(str(x) for x in names) if isinstance(names, list) else ()
+        result = str(source.get("result") or "")
+        text = result + (f" ({', '.join(failed)})" if failed else "")
+        if source.get("summary"):
+            text += f": {source['summary']}"
+        return text.strip(), failed, source.get("report")
+    return "", (), None
+
+
+def fresh_swap(before: HostFacts | None, after: HostFacts) -> dict[str, Any]:
+    """The swap transaction's ``last_swap`` record when this run wrote it, else {}."""
+    swap = after.state.get("last_swap")
+    if not isinstance(swap, dict):
+        return {}
+    old = before.state.get("last_swap") if before is not None else None
+    if isinstance(old, dict) and old.get("id") == swap.get("id"):
+        return {}
+    return swap
+
+
+def _rollback_reason(before: HostFacts | None, after: HostFacts) -> str:
+    """What the host recorded about why it did not promote (swap record, new ledger lines)."""
+    swap = fresh_swap(before, after)
+    if swap.get("reason"):
+        return f"{swap.get('result') or 'not promoted'}: {swap['reason']}"
+    new_lines = after.ledger_count - (before.ledger_count if before else 0)
+    for line in reversed(after.ledger[-new_lines:] if new_lines > 0 else ()):
+        if line.get("reason"):
+            return f"{line.get('result') or 'not promoted'}: {line['reason']}"
+    return ""
+
+
+def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
+    """pyinfra's error lines for ``host`` (``[host] ...`` lines that say error/failed)."""
+    tag = f"[{host}]"
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+    lines = [ansi.sub("", line).strip() for line in log.splitlines()]
+    hits = [
+        line for line in lines
+        if tag in line and re.search(r"error|fail|refus|unreach|lost|timed out", line, re.I)
+    ]  # fmt: skip
+    return hits[-limit:]
+
+
+def classify(
+    host: str,
+    stack: str,
+    old: StackPins,
+    new: StackPins,
+    deploy: DeployResult,
+    before: HostFacts | None,
+    after: HostFacts | str,
+    batch: int,
+) -> HostOutcome:
+    """One host's outcome after its batch.
+
+    + stack: the stack the host serves; old/new: that stack's pins before/after the bump
+    + after: the host's facts, or why they could not be read (the host is lost)
+    """
+    errors = host_errors(deploy.log, host)
+    if isinstance(after, str):
+        detail = f"unreachable after its deploy started ({after})"
+        if errors:
+            detail += f"; pyinfra: {errors[-1]}"
+        return HostOutcome(host, Status.LOST, batch, None, detail, seconds=deploy.seconds)
+    gate, failed_checks, report = gate_of(before, after)
+    failed = deploy.failed(host)
+    runs_new = _runs(after.state, stack, new)
+    runs_old = _runs(after.state, stack, old)
+
+    def outcome(status: Status, runs: bool | None, reason: str = "") -> HostOutcome:
+        return HostOutcome(host, status, batch, runs, reason, gate, failed_checks, report,
+                           deploy.seconds)  # fmt: skip
+
+    if runs_new and not failed:
+        return outcome(Status.PROMOTED, True)
+    if runs_new and runs_old:  # its serving stack was not bumped, and the deploy failed
+        return outcome(Status.FAILED, None, _why(errors, "the deploy failed"))
+    if runs_new:
+        return outcome(Status.FAILED, True, _why(errors, "the swap promoted but the deploy "
+                                                 "failed afterwards"))  # fmt: skip
+    if runs_old:
+        reason = _rollback_reason(before, after) or _why(errors, "rolled back to the old pins")
+        if failed_checks and "gate" not in reason:
+            reason = f"verify-stress gate failed ({', '.join(failed_checks)}); {reason}"
+        return outcome(Status.FAILED, False, reason)
+    seen = ", ".join(f"{k}={after.state.get(k)}" for k in ("stack", "digest", "genesis_commit"))
+    return outcome(Status.FAILED, None, _why(errors, f"state.json records {seen}"))
+
+
+def _why(errors: list[str], fallback: str) -> str:
+    return f"{fallback}: {errors[-1]}" if errors else fallback
+
+
+# --- the loop --------------------------------------------------------------------------------
+
+
+def rollout(
+    plan: Plan,
+    runner: Runner,
+    pins_file: Path,
+    on_event: Callable[[str], None] = lambda _: None,
+    on_line: Callable[[str], None] = lambda _: None,
+) -> RolloutResult:
+    """Run the plan's batches against ``pins_file`` (the candidate pins, already written).
+
+    Stops after a batch once ``plan.max_failures`` hosts failed or were lost, and always after
+    a failed canary; hosts not reached get ``NOT_ATTEMPTED``. A host unreachable when its batch
+    starts is ``SKIPPED`` and does not count as a failure (nothing was done to it).
+    """
+    started = time.monotonic()
+    out: dict[str, HostOutcome] = {}
+    for name in plan.up_to_date:
+        out[name] = HostOutcome(name, Status.UP_TO_DATE, runs_new=True)
+    for name, reason in plan.skipped.items():
+        out[name] = HostOutcome(name, Status.SKIPPED, runs_new=False,
+                                reason=f"unreachable at the start ({reason})")  # fmt: skip
+    failures = 0
+    stopped: str | None = None
+    for i, batch in enumerate(plan.batches):
+        if stopped:
+            for h in batch:
+                out[h] = HostOutcome(h, Status.NOT_ATTEMPTED, i, False, stopped)
+            continue
+        label = "canary" if i == 0 else f"batch {i}"
+        reach = runner.reachable(batch)
+        live = [h for h in batch if not reach.get(h)]
+        for h in batch:
+            if reach.get(h):
+                out[h] = HostOutcome(h, Status.SKIPPED, i, False,
+                                     f"unreachable before its batch ({reach[h]})")  # fmt: skip
+                on_event(f"{label}: {h} unreachable, skipped ({reach[h]})")
+        if not live:
+            if i == 0:
+                stopped = "the canary became unreachable before its swap; nothing was changed"
+            continue
+        before = {h: _facts_or_none(runner, h) for h in live}
+        on_event(f"{label}: deploying {', '.join(live)}")
+        result = runner.deploy(live, pins_file, i, on_line)
+        for h in live:
+            after: HostFacts | str
+            try:
+                after = runner.facts(h)
+            except HostUnreachable as e:
+                after = str(e)
+            stack = plan.host(h).stack
+            o = classify(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack], result,
+                         before[h], after, i)  # fmt: skip
+            out[h] = o
+            on_event(_event_text(label, o))
+            if o.status in (Status.FAILED, Status.LOST):
+                failures += 1
+        if i == 0 and out[plan.batches[0][0]].status in (Status.FAILED, Status.LOST):
+            stopped = f"the canary {plan.batches[0][0]} did not promote; no other host touched"
+        elif failures >= plan.max_failures:
+            stopped = f"{failures} host(s) failed (--max-failures {plan.max_failures})"
+    ordered = {h.name: out[h.name] for h in plan.hosts if h.name in out}
+    return RolloutResult(ordered, stopped, time.monotonic() - started)
+
+
+def _facts_or_none(runner: Runner, host: str) -> HostFacts | None:
+    try:
+        return runner.facts(host)
+    except HostUnreachable:
+        return None
+
+
+def _event_text(label: str, o: HostOutcome) -> str:
+    text = f"{label}: {o.host} {o.status}"
+    if o.gate:
+        text += f" (gate {o.gate})"
+    if o.reason:
+        text += f": {o.reason}"
+    return text
+
+
+# --- the real runner -------------------------------------------------------------------------
+
+# Stdlib only, Python >= 3.8, as root: what the host recorded about itself.
+FACTS_SCRIPT = r"""
+import glob, json, os, sys
+D = "/var/lib/rigfleet"
+def load(p):
+    try:
+        with open(p) as f:
+            return json.load(f)
+    except Exception:
+        return None
+out = {"state": load(D + "/state.json") or {}, "ledger": [], "ledger_count": 0}
+try:
+    with open(D + "/ledger.jsonl") as f:
+        lines = [l for l in f.read().splitlines() if l.strip()]
+    out["ledger_count"] = len(lines)
+    for l in lines[-10:]:
+        try:
+            out["ledger"].append(json.loads(l))
+        except ValueError:
+            pass
+except OSError:
+    pass
+files = sorted(glob.glob(D + "/reports/**/*.json", recursive=True), key=os.path.getmtime)
+out["reports"] = [os.path.relpath(p, D + "/reports") for p in files]
+out["report"] = out["report_file"] = None
+for p in reversed(files[-20:]):
+    data = load(p)
+    if isinstance(data, dict) and data.get("schema") == "rigfleet-verify/1":
+        out["report"], out["report_file"] = data, os.path.relpath(p, D + "/reports")
+        break
+print(json.dumps(out))
+"""
+
+
+def parse_facts(text: str) -> HostFacts:
+    """``FACTS_SCRIPT``'s last output line as ``HostFacts`` (ValueError when it is not JSON)."""
+    data = json.loads(text.strip().splitlines()[-1])
+    state = data.get("state")
+    return HostFacts(
+        state=state if isinstance(state, dict) else {},
+        ledger_count=int(data.get("ledger_count") or 0),
+        ledger=tuple(e for e in data.get("ledger") or [] if isinstance(e, dict)),
+        reports=tuple(data.get("reports") or []),
+        report=data.get("report") if isinstance(data.get("report"), dict) else None,
+        report_file=data.get("report_file"),
+    )
+
+
+def pyinfra_json(stdout: str) -> dict[str, Any] | None:
+    """pyinfra's ``--json`` payload (the last JSON object on stdout), or None."""
+    start = stdout.find("{")
+    while start >= 0:
+        try:
+            data = json.loads(stdout[start:])
+            return data if isinstance(data, dict) else None
+        except ValueError:
+            start = stdout.find("\n{", start + 1)
+            start = start + 1 if start >= 0 else -1
+    return None
+
+
+def pyinfra_command(
+    inventory: str, deploy: str, hosts: Sequence[str], pins_file: Path
+) -> list[str]:
+    """The batch's command line (``--limit`` once per host: names, never group patterns)."""
+    exe = Path(sys.executable).with_name("pyinfra")
+    cmd = [str(exe) if exe.exists() else "pyinfra", inventory, deploy, "-y", "--json",
+           "--data", f"pins_file={pins_file}"]  # fmt: skip
+    for h in hosts:
+        cmd += ["--limit", h]
+    return cmd
+
+
+class PyinfraRunner:
+    """``Runner`` over pyinfra (subprocess) and SSH (``Remote``).
+
+    + inventory: the inventory path as given to pyinfra
+    + hosts: name -> ``InventoryHost`` (for SSH)
+    + remote: ``SshRemote()``
+    + deploy: the deploy file (``deploy.py``), run with ``cwd`` as the working directory
+    + log_dir: each batch's pyinfra output goes to ``batch-<n>.log`` there
+    """
+
+    def __init__(
+        self,
+        inventory: str,
+        hosts: Mapping[str, InventoryHost],
+        remote: Remote,
+        deploy: str = "deploy.py",
+        cwd: Path | None = None,
+        log_dir: Path | None = None,
+        timeout: float = 4 * 3600,
+    ) -> None:
+        self.inventory = inventory
+        self.hosts = dict(hosts)
+        self.remote = remote
+        self.deploy_file = deploy
+        self.cwd = cwd
+        self.log_dir = log_dir
+        self.timeout = timeout
+
+    def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
+            answers = list(pool.map(lambda h: self.remote.reachable(self.hosts[h]), hosts))
+        return dict(zip(hosts, answers, strict=True))
+
+    def facts(self, host: str) -> HostFacts:
+        rc, out = self.remote.run(self.hosts[host], "python3 -", stdin=FACTS_SCRIPT.encode(),
+                                  timeout=60)  # fmt: skip
+        try:
+            return parse_facts(out)
+        except (ValueError, IndexError):
+            raise HostUnreachable(
+                f"{host}: cannot read its state (exit {rc}): {out.strip()[-300:]}"
+            ) from None
+
+    def deploy(
+        self, hosts: Sequence[str], pins_file: Path, batch: int, on_line: Callable[[str], None]
+    ) -> DeployResult:
+        cmd = pyinfra_command(self.inventory, self.deploy_file, hosts, pins_file)
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
+        log: list[str] = []
+        stdout: list[str] = []
+        # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
+        reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            log.append(line)
+            on_line(line.rstrip())
+        try:
+            rc = proc.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        reader.join(timeout=30)
+        text = "".join(log)
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            (self.log_dir / f"batch-{batch}.log").write_text(
+                "$ " + " ".join(cmd) + "\n" + text + "\n--- stdout\n" + "".join(stdout)
+            )
+        payload = pyinfra_json("".join(stdout))
+        failed = None
+        if payload and isinstance(payload.get("results"), dict):
+            failed = frozenset(payload["results"].get("failed_hosts") or [])
+        return DeployResult(rc, failed, text, time.monotonic() - started)

@@ -1,0 +1,71 @@
+"""The host-side tool as one zipapp: ``rigfleet/hostside/**`` (the gate included).
+
+Built on the control side, byte-for-byte deterministic (sorted entries, fixed timestamps and
+modes, no ``__pycache__``), so the deploy's upload compares equal and sends nothing when the
+code did not change::
+
+    data = build_bundle()                 # bytes of rigfleet-host.pyz
+    bundle_sha256()                       # what the host's copy must hash to
+    # on a host: python3 /usr/local/lib/rigfleet/rigfleet-host.pyz status
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from functools import cache
+from pathlib import Path
+
+from rigfleet.hostside.layout import BUNDLE_PATH
+
+HOSTSIDE = Path(__file__).resolve().parent / "hostside"
+REMOTE_PATH = BUNDLE_PATH
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+_SHEBANG = b"#!/usr/bin/env python3\n"
+# The bundle's own package root: only what the host side needs (not rigfleet's control code).
+_PACKAGE_INIT = '"""rigfleet: the host-side bundle (see rigfleet/hostbundle.py)."""\n'
+_MAIN = (
+    '"""rigfleet-host: see rigfleet/hostside/__main__.py."""\n'
+    "import sys\n\n"
+    "from rigfleet.hostside.__main__ import main\n\n"
+    "sys.exit(main())\n"
+)
+
+
+def source_files(root: Path = HOSTSIDE) -> list[Path]:
+    """Every ``.py`` file of the host side, sorted (caches excluded)."""
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
+    info = zipfile.ZipInfo(name, date_time=_EPOCH)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    info.create_system = 3  # unix, whatever machine builds it
+    zf.writestr(info, data, compresslevel=9)
+
+
+@cache
+def build_bundle(root: Path = HOSTSIDE) -> bytes:
+    """The zipapp's bytes (shebang + zip)."""
+    buf = io.BytesIO()
+    buf.write(_SHEBANG)
+    with zipfile.ZipFile(buf, "w") as zf:
+        _add(zf, "__main__.py", _MAIN.encode())
+        _add(zf, "rigfleet/__init__.py", _PACKAGE_INIT.encode())
+        for path in source_files(root):
+            rel = path.relative_to(root.parent.parent).as_posix()
+            _add(zf, rel, path.read_bytes())
+    return buf.getvalue()
+
+
+def bundle_sha256(root: Path = HOSTSIDE) -> str:
+    return hashlib.sha256(build_bundle(root)).hexdigest()
+
+
+def write_bundle(dest: Path, root: Path = HOSTSIDE) -> Path:
+    """Write the zipapp to ``dest`` (mode 0755); for tests and manual installs."""
+    dest.write_bytes(build_bundle(root))
+    dest.chmod(0o755)
+    return dest

@@ -1,0 +1,212 @@
+"""``rigfleet-host``: the host-side tool (shipped as ``/usr/local/lib/rigfleet/rigfleet-host.pyz``).
+
+    python3 rigfleet-host.pyz swap --plan /var/lib/rigfleet/swap/<id>/plan.json
+    python3 rigfleet-host.pyz status [--id ID [--since N]] [--json]
+    python3 rigfleet-host.pyz ensure [--who W] [--why TEXT]      # rigfleet-stack.service: boot
+    python3 rigfleet-host.pyz shutdown                            # rigfleet-stack.service: stop
+    python3 rigfleet-host.pyz adopt --plan FILE                   # record a stack already serving
+    python3 rigfleet-host.pyz lock [--json]                       # who holds the host lock
+    python3 rigfleet-host.pyz probe                               # JSON for the deploy's facts
+    python3 rigfleet-host.pyz verify --url URL ...                # the verify-stress gate
+
+``swap`` is started by the deploy as a transient unit (``systemd-run --unit
+rigfleet-swap-<id> --collect``), detached from the SSH session; its exit status is 0 promoted,
+1 rolled back (the old stack serves), 2 failed (nothing verified serves), 3 locked, 4 bad plan.
+``--root DIR`` (before the command) runs against a directory tree instead of ``/`` (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import ledger
+from .front import Front
+from .gate import GateRun, run_gate
+from .journal import Journal
+from .layout import Layout
+from .lock import describe
+from .plan import Plan, PlanError
+from .probe import probe, read_holder
+from .stackctl import SystemOps, http_request, read_api_key, run_cmd
+from .swap import EXIT_BAD_PLAN, Ensure, Transaction, adopt, read_active, shutdown
+
+
+class _Stop:
+    """SIGTERM/SIGINT turn into a flag the transaction polls (it then rolls back)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, *_: Any) -> None:
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
+
+
+def _parts(lay: Layout, front_port: int) -> tuple[SystemOps, Front]:
+    key = read_api_key(lay.api_key_file, lay.vllm_env_file)
+    ops = SystemOps(api_key=key)
+    return ops, Front(lay, front_port, run_cmd, http_request, api_key=key)
+
+
+def _bundle() -> Path | None:
+    # Inside the zipapp sys.argv[0] is the .pyz; the gate child imports from it.
+    path = Path(sys.argv[0])
+    return path if path.suffix == ".pyz" and path.is_file() else None
+
+
+def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
+    try:
+        plan = Plan.load(Path(args.plan))
+    except PlanError as e:
+        print(f"rigfleet-host swap: {e}", file=sys.stderr)
+        return EXIT_BAD_PLAN
+    stop = _Stop()
+    ops, front = _parts(lay, plan.front_port)
+    bundle = _bundle()
+
+    def gate(run: GateRun, on_line: Any, should_stop: Any) -> Any:
+        return run_gate(run, on_line, bundle=bundle, should_stop=should_stop)
+
+    journal = Journal(lay.swap_dir(plan.id))
+    outcome = Transaction(plan, lay, ops, front, gate, journal, interrupted=stop).run()
+    return outcome.exit
+
+
+def cmd_adopt(args: argparse.Namespace, lay: Layout) -> int:
+    try:
+        plan = Plan.load(Path(args.plan))
+    except PlanError as e:
+        print(f"rigfleet-host adopt: {e}", file=sys.stderr)
+        return EXIT_BAD_PLAN
+    ops, front = _parts(lay, plan.front_port)
+    journal = Journal(lay.swap_dir(plan.id))
+    outcome = adopt(plan, lay, ops, front, journal)
+    journal.finish(outcome.to_dict())
+    if outcome.exit:
+        print(f"rigfleet-host adopt: {outcome.reason}", file=sys.stderr)
+    return outcome.exit
+
+
+def cmd_ensure(args: argparse.Namespace, lay: Layout) -> int:
+    ops, front = _parts(lay, args.front_port)
+    journal = Journal(lay.swaps_dir / "ensure", echo=sys.stdout)
+    outcome = Ensure(lay, ops, front, journal, who=args.who, why=args.why).run()
+    print(f"rigfleet-host ensure: {outcome.result}: {outcome.reason or outcome.serving}")
+    return outcome.exit
+
+
+def cmd_shutdown(args: argparse.Namespace, lay: Layout) -> int:
+    ops, front = _parts(lay, args.front_port)
+    shutdown(lay, ops, front, Journal(lay.swaps_dir / "ensure", echo=sys.stdout))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
+    if args.id:
+        data = Journal.read(lay.swap_dir(args.id), since=args.since)
+        if args.json:
+            print(json.dumps(data, sort_keys=True))
+        else:
+            for e in data["events"]:
+                print(f"[{e.get('elapsed', 0):8.2f}s] {e.get('phase')}: {e.get('message')}")
+            print(f"state: {data['state']}"
+                  + (f"; result: {json.dumps(data['result'])}" if data["result"] else ""))
+        return 0
+    holder = read_holder(lay.lock_dir)
+    try:
+        active = read_active(lay)
+    except PlanError as e:
+        active, problem = None, str(e)
+    else:
+        problem = ""
+    state = ledger.read_state(lay)
+    summary = {
+        "lock": holder, "active": active.to_dict() if active else None,
+        "route": Front(lay, 0, run_cmd, http_request).current(),
+        "gate": state.get("gate"), "last_transaction": state.get("last_transaction"),
+        "ledger": ledger.tail(lay, 5), "problem": problem or None,
+    }
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+        return 0
+    print(f"lock:    {describe(holder) if holder else 'free'}"
+          + ("" if not holder or holder.get('alive') else " [stale: holder gone]"))
+    print(f"active:  {active.ref.route_id if active else 'nothing verified'}"
+          + (f" since {active.since} by {active.by}" if active else ""))
+    print(f"route:   {summary['route']}")
+    print(f"gate:    {json.dumps(summary['gate'])}")
+    print(f"last:    {json.dumps(summary['last_transaction'])}")
+    for line in summary["ledger"]:
+        print(f"ledger:  {line.get('time')} {line.get('event')} {line.get('result')} "
+              f"{line.get('stack')} gate={(line.get('gate') or {}).get('result')}"
+              + (f" reason={line['reason']}" if line.get("reason") else ""))
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace, lay: Layout) -> int:
+    holder = read_holder(lay.lock_dir)
+    if args.json:
+        print(json.dumps(holder, sort_keys=True))
+    else:
+        print(describe(holder) + ("" if holder.get("alive") else " [stale]") if holder
+              else "free")
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace, lay: Layout) -> int:
+    print(json.dumps(probe(lay.root), sort_keys=True))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rigfleet-host", description=__doc__.splitlines()[0])
+    p.add_argument("--root", default="/", help=argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("swap", help="run a swap transaction from a plan file")
+    s.add_argument("--plan", required=True)
+    s.set_defaults(func=cmd_swap)
+    a = sub.add_parser("adopt", help="record the stack that already serves as active")
+    a.add_argument("--plan", required=True)
+    a.set_defaults(func=cmd_adopt)
+    for name, func, text in (("ensure", cmd_ensure, "the active stack serves (boot, reroute)"),
+                             ("shutdown", cmd_shutdown, "front to 503, every stack down")):
+        e = sub.add_parser(name, help=text)
+        e.add_argument("--front-port", type=int, default=8000)
+        e.add_argument("--who", default="rigfleet-stack.service")
+        e.add_argument("--why", default="boot: recreate the active stack")
+        e.set_defaults(func=func)
+    st = sub.add_parser("status", help="a transaction's progress, or the host's swap state")
+    st.add_argument("--id")
+    st.add_argument("--since", type=int, default=0)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+    lk = sub.add_parser("lock", help="who holds the host lock")
+    lk.add_argument("--json", action="store_true")
+    lk.set_defaults(func=cmd_lock)
+    sub.add_parser("probe", help="JSON for the deploy").set_defaults(func=cmd_probe)
+    sub.add_parser("verify", add_help=False, help="the verify-stress gate (its own --help)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The gate has its own argument parser: hand everything after "verify" to it.
+    if argv[:1] == ["verify"]:
+        from .verify.runner import main as verify_main
+
+        return verify_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    return int(args.func(args, Layout(Path(args.root))) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Run the verify-stress gate (``rigfleet.hostside.verify``) against a freshly started stack.
+
+The gate is its own program (exit status = number of failed checks; 101 usage, 102 report not
+written, 130 interrupted): it runs as a child process from the same bundle, its progress
+lines are passed on as they come, and its JSON report is read for the failed checks' names::
+
+    result = run_gate(GateRun(url="http://127.0.0.1:8015", key_file=lay.api_key_file,
+                              profile="full", report_dir=lay.reports_dir), on_line=print)
+    result.result, result.failed_checks      # 'fail', ['needles', 'needles_deep']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+_REPORTS_LINE = re.compile(r"^verify: reports (\S+\.json) (\S+\.md)\s*$")
+EXIT_USAGE, EXIT_REPORT, EXIT_INTERRUPTED = 101, 102, 130
+
+
+@dataclass(frozen=True)
+class GateRun:
+    """One gate run's arguments (``--url``, ``--api-key-file``, ``--profile``, ``--set``,
+    ``--report-dir``) and its time limit."""
+
+    url: str
+    key_file: Path
+    profile: str
+    report_dir: Path
+    sets: tuple[str, ...] = ()
+    timeout_s: float = 7200.0
+
+    def argv(self, python: str = sys.executable) -> list[str]:
+        args = [python, "-m", "rigfleet.hostside.verify", "--url", self.url,
+                "--api-key-file", str(self.key_file), "--profile", self.profile,
+                "--report-dir", str(self.report_dir)]
+        for item in self.sets:
+            args += ["--set", item]
+        return args
+
+
+@dataclass
+class GateResult:
+    """What the gate decided, for the ledger, ``state.json`` and the operator.
+
+    + result: ``pass``, ``fail`` (checks failed) or ``error`` (the gate itself broke)
+    + failed_checks: names of failed checks (``needles``, ``needles_deep``, ...)
+    """
+
+    result: str
+    exit_status: int
+    profile: str
+    failed_checks: list[str] = field(default_factory=list)
+    summary: str = ""
+    report_json: str | None = None
+    report_md: str | None = None
+    at: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.result == "pass"
+
+    def record(self) -> dict[str, Any]:
+        """The ``gate`` object of ledger lines and ``state.json``."""
+        return {"result": self.result, "failed_checks": list(self.failed_checks),
+                "report": self.report_json, "report_md": self.report_md,
+                "profile": self.profile, "at": self.at, "exit_status": self.exit_status,
+                "summary": self.summary, "seconds": round(self.seconds, 1)}
+
+
+def read_report(path: Path) -> tuple[list[str], dict[str, int], str]:
+    """(failed check names, counts, one-line summary) of a ``rigfleet-verify/1`` report."""
+    data = json.loads(path.read_text())
+    checks = data.get("checks") or []
+    failed = [str(c.get("name")) for c in checks if c.get("status") == "fail"]
+    counts = data.get("summary") or {}
+    details = "; ".join(f"{c.get('name')}: {c.get('summary') or 'failed'}"
+                        for c in checks if c.get("status") == "fail")
+    line = (f"{counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
+            f"{counts.get('skip', 0)} skipped" + (f" ({details})" if details else ""))
+    return failed, counts, line[:1500]
+
+
+def _newest_report(directory: Path, since: float) -> Path | None:
+    try:
+        found = [p for p in directory.glob("verify-*.json") if p.stat().st_mtime >= since - 1]
+    except OSError:
+        return None
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
+             bundle: Path | None = None,
+             should_stop: Callable[[], bool] = lambda: False) -> GateResult:
+    """Run the gate as a child process; never raises for a gate failure.
+
+    + bundle: the zipapp to import the gate from (``PYTHONPATH``); None: this interpreter's path
+    + should_stop: polled; True terminates the gate (the transaction was asked to stop)
+    """
+    started, t0 = time.time(), time.monotonic()
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if bundle is not None:
+        env["PYTHONPATH"] = str(bundle)
+    else:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    run.report_dir.mkdir(parents=True, exist_ok=True)
+    paths: list[str] = []
+    try:
+        proc = subprocess.Popen(run.argv(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)
+    except OSError as e:
+        return GateResult("error", -1, run.profile, summary=f"cannot start the gate: {e}",
+                          at=at)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            m = _REPORTS_LINE.match(line)
+            if m:
+                paths[:] = [m.group(1), m.group(2)]
+            on_line(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = stopped = False
+    while proc.poll() is None:
+        if time.monotonic() - t0 > run.timeout_s:
+            timed_out = True
+        elif should_stop():
+            stopped = True
+        if timed_out or stopped:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            break
+        time.sleep(0.2)
+    reader.join(5)
+    status = proc.returncode
+    seconds = time.monotonic() - t0
+    report = Path(paths[0]) if paths else _newest_report(run.report_dir, started)
+    md = paths[1] if paths else (str(report.with_suffix(".md")) if report else None)
+    if timed_out or stopped or status is None or status < 0 or status >= EXIT_USAGE:
+        why = (f"timed out after {run.timeout_s:g}s" if timed_out else
+               "stopped (the transaction was interrupted)" if stopped else
+               f"exited with status {status} (usage error, report not written or interrupted)")
+        return GateResult("error", status if status is not None else -1, run.profile,
+                          summary=f"the gate {why}",
+                          report_json=str(report) if report else None,
+                          report_md=md if report else None, at=at, seconds=seconds)
+    failed: list[str] = []
+    summary = f"exit status {status}"
+    if report is not None:
+        try:
+            failed, _, summary = read_report(report)
+        except (OSError, ValueError) as e:
+            summary = f"exit status {status}; report {report} unreadable ({e})"
+    if status and not failed:
+        failed = [f"{status} check(s)"]
+    return GateResult("pass" if status == 0 else "fail", status, run.profile, failed, summary,
+                      str(report) if report else None, md if report else None, at, seconds)

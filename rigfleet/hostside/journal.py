@@ -1,0 +1,107 @@
+"""A transaction's progress, on disk: ``events.jsonl`` while it runs, ``result.json`` at the end.
+
+The transaction writes; anyone reads (the deploy polls ``rigfleet-host status --id ID --since N
+--json`` over SSH). Because the transaction runs detached from the SSH session (a transient
+systemd unit), the journal is how a deploy that lost its connection, or a person, finds out
+what happened::
+
+    j = Journal(lay.swap_dir(plan.id))
+    j.event("stop-old", "docker compose down rigfleet-int8")
+    j.finish({"result": "promoted", "exit": 0, ...})
+    Journal.read(lay.swap_dir(plan.id), since=0)   # {"events": [...], "next": 2, "state": "done"}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from .probe import boot_id, holder_alive, pid_start_ticks
+
+# Without any event for this long after the plan was written, the transaction never started.
+START_GRACE_S = 60.0
+
+
+class Journal:
+    """Appends events (and echoes them, for journald) and writes the final result."""
+
+    def __init__(self, directory: Path, echo: TextIO | None = sys.stdout,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.echo = echo
+        self.clock = clock
+        self.t0 = clock()
+        self.seq = len(self._lines(self.dir / "events.jsonl"))
+        pid = os.getpid()
+        _write_json(self.dir / "pid.json", {"pid": pid, "pid_start": pid_start_ticks(pid),
+                                            "boot_id": boot_id()})
+
+    @staticmethod
+    def _lines(path: Path) -> list[str]:
+        try:
+            return path.read_text().splitlines()
+        except OSError:
+            return []
+
+    def event(self, phase: str, message: str, level: str = "info", **data: Any) -> None:
+        self.seq += 1
+        item = {"seq": self.seq, "time": datetime.now(UTC).isoformat(timespec="seconds"),
+                "elapsed": round(self.clock() - self.t0, 2), "phase": phase, "level": level,
+                "message": message, **data}
+        with open(self.dir / "events.jsonl", "a") as f:
+            f.write(json.dumps(item, sort_keys=True) + "\n")
+        if self.echo is not None:
+            self.echo.write(f"[{item['elapsed']:8.2f}s] {phase}: {message}\n")
+            self.echo.flush()
+
+    def finish(self, result: dict[str, Any]) -> None:
+        _write_json(self.dir / "result.json", {**result, "elapsed": round(self.clock() - self.t0,
+                                                                           2)})
+
+    @staticmethod
+    def read(directory: Path, since: int = 0) -> dict[str, Any]:
+        """Events after ``since``, the next offset, the result when done, and the state:
+        ``starting`` (no event yet), ``running``, ``done``, or ``died`` (the process is gone
+        without a result: killed, or the host rebooted)."""
+        lines = Journal._lines(directory / "events.jsonl")
+        events = []
+        for line in lines[since:]:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        out: dict[str, Any] = {"events": events, "next": len(lines), "result": None}
+        result = _read_json(directory / "result.json")
+        if result is not None:
+            out["state"] = "done"
+            out["result"] = result
+            return out
+        pid = _read_json(directory / "pid.json")
+        if pid is None:
+            plan = directory / "plan.json"
+            age = time.time() - plan.stat().st_mtime if plan.exists() else 0.0
+            out["state"] = "died" if age > START_GRACE_S else "starting"
+        else:
+            out["state"] = "running" if holder_alive(pid) else "died"
+        return out
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

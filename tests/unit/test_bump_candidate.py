@@ -1,0 +1,276 @@
+"""``rigfleet bump`` candidate and command: registry v2 lookups against a small fake registry,
+the version probe, image pruning, and the command's refusal / dry paths with fake hosts."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import runpy
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bump_helpers import DIGESTS, GENESIS_OLD, GOOD, MTP_DIES, NEWER, REGRESSED, VERSIONS, pins_data
+
+from rigfleet.bump import cli as bump_cli
+from rigfleet.bump.candidate import (
+    Candidate,
+    ImageRegistry,
+    find_candidate,
+    nightly_tags,
+    parse_image_arg,
+)
+from rigfleet.bump.images import mirror_ref, to_prune
+from rigfleet.bump.version import parse_probe, probe_script
+from rigfleet.inventory import InventoryHost
+from rigfleet.registry import RegistryError
+from rigfleet.testbed.genesis_fixture import build_genesis_fixture
+
+REPO = "vllm/vllm-openai"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CREATED = {GOOD: "2026-05-04T10:00:00Z", MTP_DIES: "2026-05-09T10:00:00Z",
+           NEWER: "2026-05-11T10:00:00.5+00:00", REGRESSED: "2026-05-12T10:00:00Z"}  # fmt: skip
+
+
+def _blob(data: dict[str, Any]) -> tuple[str, bytes]:
+    body = json.dumps(data).encode()
+    return "sha256:" + hashlib.sha256(body).hexdigest(), body
+
+
+class FakeRegistry:
+    """Tags nightly-<sha> (plus moving ``nightly`` and ``latest``); REGRESSED is an index."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.manifests: dict[str, tuple[str, bytes]] = {}  # ref -> (media type, body)
+        for sha, created in CREATED.items():
+            cdig, cbody = _blob({"created": created, "architecture": "amd64"})
+            self.blobs[cdig] = cbody
+            manifest = json.dumps({"schemaVersion": 2,
+                                   "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                                   "config": {"digest": cdig}, "layers": []}).encode()  # fmt: skip
+            mdig = "sha256:" + hashlib.sha256(manifest).hexdigest()
+            self.manifests[mdig] = ("application/vnd.oci.image.manifest.v1+json", manifest)
+            top = (self.manifests[mdig][0], manifest)
+            if sha == REGRESSED:
+                index = json.dumps({"schemaVersion": 2,
+                                    "mediaType": "application/vnd.oci.image.index.v1+json",
+                                    "manifests": [
+                                        {"digest": "sha256:" + "0" * 64,
+                                         "platform": {"os": "linux", "architecture": "arm64"}},
+                                        {"digest": mdig,
+                                         "platform": {"os": "linux", "architecture": "amd64"}},
+                                    ]}).encode()  # fmt: skip
+                top = ("application/vnd.oci.image.index.v1+json", index)
+                self.manifests["sha256:" + hashlib.sha256(index).hexdigest()] = top
+            self.manifests[f"nightly-{sha}"] = top
+        self.manifests["nightly"] = self.manifests[f"nightly-{GOOD}"]
+
+    def digest_of(self, tag: str) -> str:
+        return "sha256:" + hashlib.sha256(self.manifests[tag][1]).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def registry() -> Iterator[tuple[str, FakeRegistry]]:
+    fake = FakeRegistry()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Docker-Content-Digest", "sha256:" + hashlib.sha256(body).hexdigest())
+            self.end_headers()
+            if self.command == "GET":
+                self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802
+            path = self.path.split("?")[0]
+            if path == f"/v2/{REPO}/tags/list":
+                tags = [t for t in fake.manifests if not t.startswith("sha256:")] + ["latest"]
+                return self._send(json.dumps({"name": REPO, "tags": tags}).encode())
+            if path.startswith(f"/v2/{REPO}/manifests/"):
+                ref = path.rsplit("/", 1)[1]
+                if ref in fake.manifests:
+                    ctype, body = fake.manifests[ref]
+                    return self._send(body, ctype)
+            if path.startswith(f"/v2/{REPO}/blobs/"):
+                digest = path.rsplit("/", 1)[1]
+                if digest in fake.blobs:
+                    return self._send(fake.blobs[digest], "application/octet-stream")
+            self.send_error(404)
+
+        do_HEAD = do_GET  # noqa: N815
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", fake
+    server.shutdown()
+
+
+def test_tag_resolves_to_digest_and_build_time(registry) -> None:
+    url, fake = registry
+    cand = find_candidate(ImageRegistry(url), REPO, tag=f"nightly-{NEWER}")
+    assert cand.digest == fake.digest_of(f"nightly-{NEWER}")
+    assert cand.created == CREATED[NEWER]
+    assert cand.ref == f"{REPO}:nightly-{NEWER}@{cand.digest}"
+    assert cand.commit == NEWER
+
+
+def test_index_is_read_through_its_amd64_manifest(registry) -> None:
+    url, fake = registry
+    cand = find_candidate(ImageRegistry(url), REPO, tag=f"nightly-{REGRESSED}")
+    assert cand.digest == fake.digest_of(f"nightly-{REGRESSED}")  # the index digest is pinned
+    assert cand.created == CREATED[REGRESSED]
+
+
+def test_latest_is_the_newest_commit_tag_by_build_time(registry) -> None:
+    url, _ = registry
+    assert find_candidate(ImageRegistry(url), REPO, latest=True).tag == f"nightly-{REGRESSED}"
+    assert nightly_tags(["nightly", "latest", f"nightly-{GOOD}", "nightly-abc"]) == [
+        f"nightly-{GOOD}"
+    ]
+
+
+def test_missing_tag_names_it(registry) -> None:
+    url, _ = registry
+    with pytest.raises(RegistryError, match="not found"):
+        find_candidate(ImageRegistry(url), REPO, tag="nightly-" + "f" * 40)
+
+
+def test_image_argument_forms() -> None:
+    assert parse_image_arg(NEWER, REPO) == (REPO, f"nightly-{NEWER}")
+    assert parse_image_arg(f"nightly-{NEWER}", REPO) == (REPO, f"nightly-{NEWER}")
+    assert parse_image_arg("mirror:5000/vllm/vllm-openai:v0.20.1", REPO) == (
+        "mirror:5000/vllm/vllm-openai", "v0.20.1")  # fmt: skip
+    with pytest.raises(RegistryError, match="give a tag"):
+        parse_image_arg(f"{REPO}@sha256:" + "a" * 64, REPO)
+
+
+def test_version_probe_script_and_output() -> None:
+    cand = Candidate(REPO, f"nightly-{NEWER}", DIGESTS[NEWER])
+    dry = probe_script(cand, pull=False)
+    assert "docker pull" not in dry and "install -d" not in dry
+    assert "docker pull --quiet" in probe_script(cand, pull=True)
+    out = "Pulling...\nsource=pulled\nversion=0.20.2rc1.dev212+g3f9c2a7e5\n"
+    assert parse_probe(out) == {"source": "pulled", "version": "0.20.2rc1.dev212+g3f9c2a7e5"}
+
+
+def test_prune_keeps_pinned_and_unregistered_images() -> None:
+    listing = "\n".join([
+        f"{REPO} {DIGESTS[GOOD]}", f"{REPO} {DIGESTS[NEWER]}", f"{REPO} {DIGESTS[MTP_DIES]}",
+        f"{REPO} <none>", f"other/image {DIGESTS[REGRESSED]}", f"{REPO} {DIGESTS[MTP_DIES]}",
+    ])  # fmt: skip
+    assert to_prune(listing, REPO, {DIGESTS[GOOD], DIGESTS[NEWER]}) == [
+        f"{REPO}@{DIGESTS[MTP_DIES]}"
+    ]
+    cand = Candidate(REPO, f"nightly-{NEWER}", DIGESTS[NEWER])
+    assert mirror_ref("http://registry.lan:5000/", cand) == (
+        f"registry.lan:5000/{REPO}:nightly-{NEWER}")  # fmt: skip
+
+
+# --- the command with fake hosts ---------------------------------------------------------------
+
+
+class FakeRemote:
+    """Every host reachable; the canary's image reports the version of the candidate's sha."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, str]] = []
+
+    def reachable(self, host: InventoryHost) -> str | None:
+        return "connection refused" if host.name == "host3" else None
+
+    def run(self, host: InventoryHost, command: str, *, timeout: float = 120,
+            stdin: bytes = b"") -> tuple[int, str]:  # fmt: skip
+        self.commands.append((host.name, command))
+        if "vllm.__version__" in command:
+            sha = next(s for s in VERSIONS if f"nightly-{s}@" in command)
+            pulled = "docker pull" in command
+            return 0, f"source={'pulled' if pulled else 'image'}\nversion={VERSIONS[sha]}\n"
+        return 0, ""
+
+    def stream(self, *a: Any, **k: Any) -> tuple[int, str]:
+        raise AssertionError("no docker save expected")
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, registry, monkeypatch) -> dict[str, Any]:
+    import yaml
+
+    url, fake = registry
+    gx = build_genesis_fixture(tmp_path / "git")
+    data = pins_data(GOOD, gx.commits[0].sha)
+    for s in data["stacks"].values():
+        s["digest"] = fake.digest_of(f"nightly-{GOOD}")
+    pins = tmp_path / "pins.yaml"
+    pins.write_text(yaml.safe_dump(data, sort_keys=False))
+    key = tmp_path / "api-key"
+    key.write_text("k" * 40 + "\n")
+    os.chmod(key, 0o600)
+    defaults = runpy.run_path(str(REPO_ROOT / "inventory" / "group_data" / "all.py"))
+    common = {k: v for k, v in defaults.items() if not k.startswith("__")}
+    common.update(pins_file=str(pins), api_key_file=str(key))
+    inventory = [
+        InventoryHost("host1", ("gpu_hosts", "canary"), {**common, "stack": "tq3-mtp-genesis"}),
+        InventoryHost("host2", ("gpu_hosts",), {**common, "stack": "int8"}),
+        InventoryHost("host3", ("gpu_hosts",), {**common, "stack": "int8"}),
+    ]
+    monkeypatch.setattr(bump_cli, "load_inventory", lambda path: inventory)
+    remote = FakeRemote()
+    monkeypatch.setattr(bump_cli, "SshRemote", lambda: remote)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    deployed: list[Any] = []
+    monkeypatch.setattr(bump_cli, "rollout", lambda *a, **k: deployed.append(a))
+    return {"url": url, "pins": pins, "remote": remote, "deployed": deployed,
+            "genesis_url": str(gx.repo_path), "fixture": gx}  # fmt: skip
+
+
+def args_for(fleet: dict[str, Any], *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bump_cli.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["bump", "--inventory", "inv.py", "--registry", fleet["url"],
+                              "--genesis-url", fleet["genesis_url"], *extra])  # fmt: skip
+
+
+def test_unlisted_nightly_is_refused_before_any_host_changes(fleet, capsys) -> None:
+    before = fleet["pins"].read_text()
+    rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{MTP_DIES}", "--yes"))
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "vLLM 0.20.2rc1.dev129+g1acd67a79" in err and "(v7.72.2)" in err
+    assert fleet["deployed"] == []
+    assert fleet["pins"].read_text() == before
+    # The canary pulled the candidate to read its version; the refusal removes it again.
+    cmds = [c for h, c in fleet["remote"].commands if h == "host1"]
+    assert any(c.startswith("docker image rm") for c in cmds)
+
+
+def test_dry_run_proposes_the_newer_genesis_and_changes_nothing(fleet, capsys) -> None:
+    before = fleet["pins"].read_text()
+    rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{NEWER}", "--dry",
+                               "--batch-size", "2"))  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    new_genesis = fleet["fixture"].commits[1].sha
+    assert f"{new_genesis[:12]} (v7.73.0)" in err
+    assert "host3 is unreachable" in err and "skipped" in err
+    assert "canary" in err and "host1 (tq3-mtp-genesis)" in err
+    assert fleet["deployed"] == [] and fleet["pins"].read_text() == before
+    assert not any("docker pull" in c for _, c in fleet["remote"].commands)
+
+
+def test_stack_selection_limits_the_bump(fleet, capsys) -> None:
+    # int8 alone does not need Genesis: no refusal for the unlisted nightly.
+    rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{MTP_DIES}", "--stack", "int8",
+                               "--dry"))  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    assert GENESIS_OLD  # (fixture commit constant kept in bump_helpers for e2e use)

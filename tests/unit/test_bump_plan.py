@@ -1,0 +1,145 @@
+"""``rigfleet bump`` plan: who is the canary, the batches, skipped and up-to-date hosts; the
+pins file's ``hosts:`` section the plan and the deploy rely on."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from bump_helpers import (
+    GENESIS_NEW,
+    GOOD,
+    NEWER,
+    bumped,
+    hosts,
+    pins_data,
+    stack,
+    write_pins,
+)
+
+from rigfleet.bump.plan import build_plan, render_plan
+from rigfleet.pins import PinsError, dump_pins, load_pins, parse_pins, save_pins
+
+
+def test_canary_alone_then_batches_in_inventory_order(tmp_path: Path) -> None:
+    pins = write_pins(tmp_path)
+    fleet = hosts("int8", "int8", "tq3-mtp-genesis", "int8", "int8", canary="host2")
+    plan = build_plan(fleet, {}, pins, bumped(pins, NEWER), batch_size=2, max_failures=1)
+    assert plan.canary == "host2"
+    assert plan.batches == (("host2",), ("host1", "host3"), ("host4", "host5"))
+    plan1 = build_plan(fleet, {}, pins, bumped(pins, NEWER), batch_size=1)
+    assert plan1.batches == (("host2",), ("host1",), ("host3",), ("host4",), ("host5",))
+
+
+def test_without_canary_group_the_first_host_goes_first(tmp_path: Path) -> None:
+    pins = write_pins(tmp_path)
+    plan = build_plan(hosts("int8", "int8", "int8", canary=None), {}, pins, bumped(pins, NEWER),
+                      batch_size=3)  # fmt: skip
+    assert plan.batches == (("host1",), ("host2", "host3"))
+    assert plan.notes == ()
+
+
+def test_canary_must_serve_a_bumped_stack(tmp_path: Path) -> None:
+    # Only the Genesis stack is bumped; the inventory canary serves int8, which proves nothing.
+    pins = write_pins(tmp_path)
+    new = bumped(pins, NEWER, ("tq3-mtp-genesis",), genesis=GENESIS_NEW)
+    plan = build_plan(hosts("int8", "tq3-mtp-genesis", "int8"), {}, pins, new)
+    assert plan.canary == "host2"
+    assert plan.batches[0] == ("host2",)
+    assert set(plan.rollout_hosts) == {"host1", "host2", "host3"}  # compose files re-render
+    assert any("inventory canary host1 serves int8" in n for n in plan.notes)
+
+
+def test_unreachable_hosts_are_skipped_and_a_dead_canary_is_replaced(tmp_path: Path) -> None:
+    pins = write_pins(tmp_path)
+    reach = {"host1": "ssh 127.0.0.1:2221: connection refused", "host3": None}
+    plan = build_plan(hosts("int8", "int8", "int8"), reach, pins, bumped(pins, NEWER))
+    assert plan.skipped == {"host1": "ssh 127.0.0.1:2221: connection refused"}
+    assert plan.batches == (("host2",), ("host3",))
+    assert any("inventory canary host1 is unreachable" in n for n in plan.notes)
+    text = render_plan(plan)
+    assert "skipped  host1: unreachable" in text
+    assert "canary   host2 (int8)" in text
+
+
+def test_hosts_already_on_the_candidate_are_up_to_date(tmp_path: Path) -> None:
+    data = pins_data()
+    new_int8 = stack("int8", NEWER)
+    data["hosts"] = {"host2": {"stacks": {"int8": {
+        "image": new_int8.image, "digest": new_int8.digest,
+        "vllm_version": new_int8.vllm_version}}}}  # fmt: skip
+    pins = write_pins(tmp_path, data)
+    plan = build_plan(hosts("int8", "int8", "int8"), {}, pins, bumped(pins, NEWER, ("int8",)))
+    assert plan.up_to_date == ("host2",)
+    assert plan.batches == (("host1",), ("host3",))
+    nothing = build_plan(hosts("int8"), {}, pins, {"int8": pins.stacks["int8"]})
+    assert nothing.empty and nothing.up_to_date == ("host1",)
+
+
+def test_candidate_pins_move_the_rollout_hosts_and_take_the_next_serial(tmp_path: Path) -> None:
+    data = pins_data()
+    old_int8 = stack("int8", GOOD)
+    data["hosts"] = {
+        "host1": {"stacks": {"int8": {"image": old_int8.image, "digest": "sha256:" + "c" * 64,
+                                      "vllm_version": old_int8.vllm_version}}},
+        "gone": {"stacks": {"int8": {"image": old_int8.image, "digest": "sha256:" + "d" * 64,
+                                     "vllm_version": old_int8.vllm_version}}},
+    }  # fmt: skip
+    pins = write_pins(tmp_path, data)
+    plan = build_plan(hosts("int8", "int8"), {"host2": "down"}, pins, bumped(pins, NEWER))
+    cand = plan.candidate_pins(str(tmp_path / ".cand.yaml"))
+    assert cand.serial == pins.serial + 1
+    assert cand.stacks["int8"].digest == stack("int8", NEWER).digest
+    assert "host1" not in cand.hosts  # it moves: its old override goes
+    assert "gone" in cand.hosts  # not ours to touch
+    # The candidate file is valid for the deploy.
+    parse_pins(yaml.safe_load(dump_pins(cand)), str(tmp_path / ".cand.yaml"))
+
+
+def test_batch_size_and_max_failures_are_checked(tmp_path: Path) -> None:
+    pins = write_pins(tmp_path)
+    with pytest.raises(ValueError, match="--batch-size 0"):
+        build_plan(hosts("int8"), {}, pins, bumped(pins, NEWER), batch_size=0)
+    with pytest.raises(ValueError, match="--max-failures 0"):
+        build_plan(hosts("int8"), {}, pins, bumped(pins, NEWER), max_failures=0)
+
+
+# --- pins: the hosts section ------------------------------------------------------------------
+
+
+def test_hosts_section_round_trips_and_for_host_merges(tmp_path: Path) -> None:
+    pins = write_pins(tmp_path)
+    newer = stack("int8", NEWER)
+    with_host = replace(pins, hosts={"host2": {"int8": newer}})
+    saved = save_pins(with_host, {"action": "bump"})
+    again = load_pins(saved.path)
+    assert again.hosts == {"host2": {"int8": newer}}
+    assert again.for_host("host2").stacks["int8"] == newer
+    assert again.for_host("host2").stacks["tq3-mtp-genesis"] == pins.stacks["tq3-mtp-genesis"]
+    assert again.for_host("host1") is again
+    # Files without overrides are written exactly as before (no empty `hosts:` key).
+    assert "hosts" not in yaml.safe_load(dump_pins(pins))
+
+
+def test_hosts_section_is_validated_like_stacks(tmp_path: Path) -> None:
+    data = pins_data()
+    data["hosts"] = {
+        "host2": {"stacks": {"int8": {"image": "vllm/vllm-openai:nightly", "digest": "sha256:x",
+                                      "vllm_version": "0.20.2rc1.dev9+g01d4d1ad3"}}},
+        "host3": {"stacks": {"fp8": {}}},
+        "host4": {"stacks": {"tq3-mtp-genesis": {
+            "image": stack("int8", NEWER).image, "digest": stack("int8", NEWER).digest,
+            "vllm_version": stack("int8", NEWER).vllm_version}}},
+        "host5": {"stack": {}},
+    }  # fmt: skip
+    with pytest.raises(PinsError) as err:
+        parse_pins(data, "pins.yaml")
+    text = str(err.value)
+    assert "hosts.host2.stacks.int8.image: 'vllm/vllm-openai:nightly'" in text
+    assert "moving tag" in text
+    assert "hosts.host2.stacks.int8.digest" in text
+    assert "hosts.host3.stacks.fp8" in text and "not a stack in the catalog" in text
+    assert "hosts.host4.stacks.tq3-mtp-genesis.genesis: missing" in text
+    assert "hosts.host5.stack" in text and "unknown key" in text

@@ -1,0 +1,273 @@
+"""``rigfleet bump`` rollout decisions with a fake runner (no pyinfra, no SSH): canary first,
+stop after max failures, a failed canary stops everything, unreachable hosts skipped, a host
+lost mid-batch reported while its batch finishes; then the pins file written from the result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bump_helpers import GENESIS_NEW, GOOD, NEWER, REGRESSED, bumped, hosts, stack, write_pins
+
+from rigfleet.bump.plan import Plan, build_plan
+from rigfleet.bump.record import outcome_of, pins_after
+from rigfleet.bump.remote import HostUnreachable
+from rigfleet.bump.rollout import (
+    DeployResult,
+    HostFacts,
+    Status,
+    classify,
+    gate_of,
+    host_errors,
+    parse_facts,
+    pyinfra_command,
+    pyinfra_json,
+    rollout,
+)
+from rigfleet.pins import load_pins, save_pins
+
+GATE_FAIL = {
+    "schema": "rigfleet-verify/1",
+    "summary": {"pass": 6, "fail": 2, "skip": 0},
+    "checks": [{"name": "spec_decode", "status": "fail"}, {"name": "long_gen", "status": "fail"},
+               *({"name": f"c{i}", "status": "pass"} for i in range(6))],
+}  # fmt: skip
+GATE_PASS = {
+    "schema": "rigfleet-verify/1",
+    "summary": {"pass": 8, "fail": 0, "skip": 0},
+    "checks": [{"name": f"c{i}", "status": "pass"} for i in range(8)],
+}
+
+
+def state_of(stack_name: str, p: Any) -> dict[str, Any]:
+    return {"stack": stack_name, "digest": p.digest, "image": p.image,
+            "genesis_commit": p.genesis.commit if p.genesis else None}  # fmt: skip
+
+
+class FakeRunner:
+    """Hosts that promote, roll back (gate fails), get lost mid-deploy or are unreachable."""
+
+    def __init__(self, plan: Plan, behaviour: dict[str, str]) -> None:
+        self.plan = plan
+        self.behaviour = behaviour  # host -> promote | rollback | lost | unreachable | error
+        self.deployed: list[tuple[str, ...]] = []
+        self.facts_: dict[str, HostFacts] = {}
+        for h in plan.hosts:
+            self.facts_[h.name] = HostFacts(state=state_of(h.stack, plan.old_for(h.name)[h.stack]),
+                                            reports=("old.json",), report=GATE_PASS,
+                                            report_file="old.json")  # fmt: skip
+        self.lost: set[str] = set()
+
+    def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
+        return {h: "connection refused" if self.behaviour.get(h) == "unreachable" else None
+                for h in hosts}  # fmt: skip
+
+    def facts(self, host: str) -> HostFacts:
+        if host in self.lost:
+            raise HostUnreachable(f"{host}: connection refused")
+        return self.facts_[host]
+
+    def deploy(self, hosts: Sequence[str], pins_file: Path, batch: int,
+               on_line: Callable[[str], None]) -> DeployResult:  # fmt: skip
+        assert pins_file.name == "cand.yaml"
+        self.deployed.append(tuple(hosts))
+        failed, log = set(), []
+        for h in hosts:
+            stack_name = self.plan.host(h).stack
+            b = self.behaviour.get(h, "promote")
+            if b == "promote":
+                new = self.plan.new_for(h)[stack_name]
+                self.facts_[h] = HostFacts(state=state_of(stack_name, new), ledger_count=1,
+                                           reports=("old.json", f"{h}-new.json"),
+                                           report=GATE_PASS, report_file=f"{h}-new.json")  # fmt: skip
+            elif b == "rollback":
+                old = self.facts_[h]
+                self.facts_[h] = HostFacts(
+                    state={**old.state, "last_swap": {
+                        "id": f"swap-{batch}", "result": "rolled-back",
+                        "reason": "gate failed 2 check(s): spec_decode, long_gen"}},
+                    ledger_count=1, reports=("old.json", f"{h}-new.json"), report=GATE_FAIL,
+                    report_file=f"{h}-new.json")  # fmt: skip
+                failed.add(h)
+                log.append(f"[{h}] Error: swap rolled back")
+            elif b == "lost":
+                self.lost.add(h)
+                failed.add(h)
+                log.append(f"[{h}] Error: connection lost (Socket is closed)")
+            elif b == "error":
+                failed.add(h)
+                log.append(f"[{h}] Error: apt-get failed")
+        return DeployResult(1 if failed else 0, frozenset(failed), "\n".join(log), 1.0)
+
+
+def make_plan(tmp_path: Path, n: int = 3, batch: int = 1, max_failures: int = 1,
+              sha: str = NEWER, unreachable: dict | None = None) -> Plan:  # fmt: skip
+    pins = write_pins(tmp_path)
+    stacks = ["tq3-mtp-genesis"] + ["int8"] * (n - 1)
+    return build_plan(hosts(*stacks), unreachable or {}, pins,
+                      bumped(pins, sha, genesis=GENESIS_NEW), batch, max_failures)  # fmt: skip
+
+
+def run(plan: Plan, runner: FakeRunner):
+    events: list[str] = []
+    result = rollout(plan, runner, Path("cand.yaml"), on_event=events.append)
+    return result, events
+
+
+def test_good_bump_promotes_canary_then_the_rest(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, batch=2)
+    runner = FakeRunner(plan, {})
+    result, events = run(plan, runner)
+    assert runner.deployed == [("host1",), ("host2", "host3")]
+    assert [o.status for o in result.outcomes.values()] == [Status.PROMOTED] * 3
+    assert result.outcomes["host1"].gate == "pass 8/8"
+    assert result.promoted_everywhere and result.stopped is None
+    assert events[0] == "canary: deploying host1"
+    # Pins: the fleet moves, no host overrides, one history entry with per-host gates.
+    new, entry = pins_after(plan, result, "2026-05-20T10:00:00Z", "ops@ctl")
+    assert new is not None and entry is not None
+    assert new.stacks["int8"].digest == stack("int8", NEWER).digest
+    assert new.stacks["tq3-mtp-genesis"].genesis.commit == GENESIS_NEW
+    assert new.hosts == {}
+    assert entry["outcome"] == "promoted"
+    assert entry["old"]["int8"]["image"].endswith(GOOD)
+    assert entry["new"]["tq3-mtp-genesis"]["genesis"] == GENESIS_NEW
+    assert entry["hosts"]["host2"] == {"result": "promoted", "gate": "pass 8/8"}
+    saved = save_pins(new, entry)
+    assert load_pins(saved.path).history[-1]["serial"] == plan.pins.serial + 1
+
+
+def test_regressed_canary_rolls_back_and_nobody_else_is_touched(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, sha=REGRESSED, max_failures=5)
+    runner = FakeRunner(plan, {"host1": "rollback"})
+    result, _ = run(plan, runner)
+    assert runner.deployed == [("host1",)]
+    canary = result.outcomes["host1"]
+    assert canary.status is Status.FAILED and canary.runs_new is False
+    assert canary.failed_checks == ("spec_decode", "long_gen")
+    assert "fail: 2 of 8 checks failed (spec_decode, long_gen)" == canary.gate
+    assert "rolled-back: gate failed 2 check(s)" in canary.reason
+    assert {o.status for h, o in result.outcomes.items() if h != "host1"} == {
+        Status.NOT_ATTEMPTED
+    }
+    assert "canary host1 did not promote" in (result.stopped or "")
+    assert outcome_of(result) == "failed"
+    assert pins_after(plan, result, "t", "by") == (None, None)  # the file is not written
+
+
+def test_stop_after_max_failures(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, n=5, batch=1, max_failures=2)
+    runner = FakeRunner(plan, {"host2": "rollback", "host3": "error"})
+    result, _ = run(plan, runner)
+    assert runner.deployed == [("host1",), ("host2",), ("host3",)]
+    assert [o.status for o in result.outcomes.values()] == [
+        Status.PROMOTED, Status.FAILED, Status.FAILED, Status.NOT_ATTEMPTED, Status.NOT_ATTEMPTED,
+    ]  # fmt: skip
+    assert "2 host(s) failed (--max-failures 2)" == result.stopped
+    assert "apt-get failed" in result.outcomes["host3"].reason
+    # Partial: the fleet's pins stay, host1 (promoted) is recorded on the new ones.
+    new, entry = pins_after(plan, result, "t", "by")
+    assert new is not None and entry is not None and entry["outcome"] == "partial"
+    assert new.stacks == plan.pins.stacks
+    assert set(new.hosts) == {"host1"}
+    assert new.hosts["host1"]["tq3-mtp-genesis"].genesis.commit == GENESIS_NEW
+    assert entry["hosts"]["host4"]["result"] == "not attempted"
+
+
+def test_lost_host_does_not_stop_its_batch_and_is_reported(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, n=3, batch=2, max_failures=1)
+    runner = FakeRunner(plan, {"host2": "lost"})
+    result, events = run(plan, runner)
+    assert runner.deployed == [("host1",), ("host2", "host3")]
+    assert result.outcomes["host3"].status is Status.PROMOTED
+    lost = result.outcomes["host2"]
+    assert lost.status is Status.LOST and lost.runs_new is None
+    assert "unreachable after its deploy started" in lost.reason
+    assert "connection lost" in lost.reason
+    assert any(e.startswith("batch 1: host2 lost") for e in events)
+    new, entry = pins_after(plan, result, "t", "by")
+    assert entry is not None and entry["outcome"] == "partial"
+    assert new is not None and set(new.hosts) == {"host1", "host3"}
+
+
+def test_unreachable_hosts_are_skipped_and_do_not_count(tmp_path: Path) -> None:
+    # host3 down at the start (plan skips it); host2 goes down before its own batch.
+    plan = make_plan(tmp_path, n=3, batch=1, max_failures=1,
+                     unreachable={"host3": "connection refused"})  # fmt: skip
+    runner = FakeRunner(plan, {"host2": "unreachable"})
+    result, _ = run(plan, runner)
+    assert runner.deployed == [("host1",)]
+    assert result.outcomes["host2"].status is Status.SKIPPED
+    assert "before its batch" in result.outcomes["host2"].reason
+    assert result.outcomes["host3"].status is Status.SKIPPED
+    assert "at the start" in result.outcomes["host3"].reason
+    assert result.promoted_everywhere
+    new, entry = pins_after(plan, result, "t", "by")
+    assert entry is not None and entry["outcome"] == "promoted"
+    assert new is not None
+    # The fleet moved; the skipped hosts are recorded on what they still run.
+    assert set(new.hosts) == {"host2", "host3"}
+    assert new.hosts["host2"]["int8"].digest == stack("int8", GOOD).digest
+    assert new.for_host("host1").stacks == new.stacks
+
+
+def test_unreachable_canary_stops_before_anything(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path)
+    runner = FakeRunner(plan, {"host1": "unreachable"})
+    result, _ = run(plan, runner)
+    assert runner.deployed == []
+    assert "canary became unreachable" in (result.stopped or "")
+    assert outcome_of(result) == "failed"
+
+
+def test_classify_edge_cases() -> None:
+    old, new = stack("int8", GOOD), stack("int8", NEWER)
+    ok = DeployResult(0, frozenset(), "", 1)
+    bad = DeployResult(1, frozenset({"h"}), "[h] Error: front role failed", 1)
+    on_new = HostFacts(state=state_of("int8", new))
+    # Promoted by the swap, but a later role failed: it runs the new pins, yet failed.
+    o = classify("h", "int8", old, new, bad, None, on_new, 1)
+    assert (o.status, o.runs_new) == (Status.FAILED, True)
+    assert "front role failed" in o.reason
+    # Something else entirely: unknown.
+    odd = HostFacts(state={"stack": "int8", "digest": "sha256:" + "e" * 64})
+    o = classify("h", "int8", old, new, ok, None, odd, 1)
+    assert (o.status, o.runs_new) == (Status.FAILED, None)
+    assert "state.json records" in o.reason
+    # No JSON from pyinfra: its exit status decides.
+    assert DeployResult(1, None).failed("anyone") and not DeployResult(0, None).failed("x")
+
+
+def test_only_a_fresh_report_counts() -> None:
+    before = HostFacts(reports=("a.json",), report=GATE_FAIL, report_file="a.json")
+    stale = HostFacts(reports=("a.json",), report=GATE_FAIL, report_file="a.json")
+    assert gate_of(before, stale) == ("", (), None)
+    swap = {"id": "s2", "result": "rolled-back", "reason": "gate failed 1 check(s): needles",
+            "gate": {"result": "fail", "failed_checks": ["needles"], "report": "/r/v.json",
+                     "summary": "7 passed, 1 failed, 0 skipped"}}  # fmt: skip
+    after = HostFacts(state={"last_swap": swap})
+    assert gate_of(None, after) == (
+        "fail (needles): 7 passed, 1 failed, 0 skipped", ("needles",), "/r/v.json")
+    # The same swap record seen before this run says nothing about this run.
+    assert gate_of(HostFacts(state={"last_swap": swap}), after) == ("", (), None)
+    promoted = HostFacts(state={"gate": {"result": "pass", "at": "t2"}})
+    assert gate_of(HostFacts(state={"gate": {"result": "pass", "at": "t1"}}), promoted)[0] == (
+        "pass")
+
+
+def test_pyinfra_plumbing() -> None:
+    cmd = pyinfra_command("inv.py", "deploy.py", ["host1", "host2"], Path("/x/.p.yaml"))
+    assert cmd[1:] == ["inv.py", "deploy.py", "-y", "--json", "--data", "pins_file=/x/.p.yaml",
+                       "--limit", "host1", "--limit", "host2"]  # fmt: skip
+    out = 'noise\n{"plan": [], "results": {"failed_hosts": ["host2"]}}\n'
+    assert pyinfra_json(out) == {"plan": [], "results": {"failed_hosts": ["host2"]}}
+    assert pyinfra_json("no json") is None
+    log = "\x1b[31m[host2] Error: bad\x1b[0m\n[host1] Success\n[host2] did something\n"
+    assert host_errors(log, "host2") == ["[host2] Error: bad"]
+    facts = parse_facts('{"state": {"stack": "int8"}, "ledger": [{"a": 1}], "ledger_count": 7,'
+                        ' "reports": ["x.json"], "report": null, "report_file": null}')  # fmt: skip
+    assert facts.state == {"stack": "int8"} and facts.ledger_count == 7
+    with pytest.raises(ValueError):
+        parse_facts("Permission denied")
