@@ -42,7 +42,7 @@ from typing import Any
 
 from rigfleet.catalog import STACKS, get_stack
 from rigfleet.commands.probe import AUTH_HEADER_FILE
-from rigfleet.compose import GENESIS_HOST_DIR
+from rigfleet.compose import CONFIG_HASH_LABEL, GENESIS_HOST_DIR, SERVICE, compose_document
 from rigfleet.endpoints import front_url
 from rigfleet.errors import RigfleetError
 from rigfleet.hostdata import HostSettings, validate_host
@@ -53,6 +53,10 @@ from rigfleet.pins import GenesisPin, Pins, load_pins
 STATE_FILE = "/var/lib/rigfleet/state.json"
 LEDGER_FILE = "/var/lib/rigfleet/ledger.jsonl"
 REPORTS_DIR = "/var/lib/rigfleet/reports"
+ACTIVE_FILE = "/var/lib/rigfleet/active/active.json"
+# The front's route (rigfleet/hostside/front.py): first line "# rigfleet route: <stack>/<hash>".
+ROUTE_FILE = "/etc/nginx/rigfleet/route.conf"
+ROUTE_MARK = "# rigfleet route: "
 POWER_CAPS_UNIT = "rigfleet-power-caps.service"
 MANIFEST_NAME = ".rigfleet-manifest.json"
 
@@ -82,6 +86,7 @@ class Expected:
     + genesis: the checkout the deploy keeps on the host (the active stack's Genesis, else any
       pinned stack's, as ``roles.preflight.HostContext.genesis``); None when no stack uses it
     + stack_genesis: the Genesis the active stack itself runs with (None for int8)
+    + config_hash: the ``io.rigfleet.config-hash`` label of the stack's rendered compose file
     + tracked: the ``state.json`` / ledger values the deploy records (``TRACKED_KEYS``)
     """
 
@@ -109,7 +114,13 @@ class Expected:
     front_url: str
     api_key_file: str
     pins_path: str
+    config_hash: str = ""
     tracked: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def route_id(self) -> str:
+        """What the front's route file names when it proxies to this stack."""
+        return f"{self.stack}/{self.config_hash}"
 
 
 def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
@@ -227,6 +238,9 @@ def expected_from(host: InventoryHost, settings: HostSettings, pins: Pins) -> Ex
         front_url=front_url(host),
         api_key_file=settings.api_key_file,
         pins_path=pins.path,
+        config_hash=str(
+            compose_document(spec, pins, settings)["services"][SERVICE]["labels"][CONFIG_HASH_LABEL]
+        ),
         tracked=tracked,
     )
 
@@ -260,6 +274,15 @@ def read_json(path):
         return None, str(e)
 
 out["state"], out["state_error"] = read_json(P["state_file"])
+active, _ = read_json(P["active_file"])
+out["active"] = active.get("ref") if isinstance(active, dict) else None
+try:
+    with open(P["route_file"]) as f:
+        first = f.readline().strip()
+    mark = P["route_mark"]
+    out["route"] = first[len(mark):].strip() if first.startswith(mark) else None
+except OSError:
+    out["route"] = None
 
 def ledger_tail(path):
     try:
@@ -399,6 +422,9 @@ def probe_params(exp: Expected) -> dict[str, Any]:
     """The probe's parameters for one host (no secrets: the key stays in its host file)."""
     return {
         "state_file": STATE_FILE,
+        "active_file": ACTIVE_FILE,
+        "route_file": ROUTE_FILE,
+        "route_mark": ROUTE_MARK,
         "ledger_file": LEDGER_FILE,
         "reports_dir": REPORTS_DIR,
         "gpu_fields": list(GPU_FIELDS),
@@ -647,6 +673,12 @@ def find_drift(exp: Expected, facts: Mapping[str, Any]) -> list[str]:
                 f"{exp.container} runs {c.get('config_image') or c.get('image_id')} "
                 f"(digest {_short(digest)}), pin is {_short(exp.digest)}"
             )
+        have_hash = (c.get("labels") or {}).get(CONFIG_HASH_LABEL)
+        if exp.config_hash and have_hash != exp.config_hash:
+            drift.append(
+                f"{exp.container} was started from another config (config-hash {have_hash}, "
+                f"inventory + pins render {exp.config_hash})"
+            )
     for other in exp.other_containers:
         if (containers.get(other) or {}).get("status") == "running":
             drift.append(f"container {other} is running too (only {exp.container} should)")
@@ -667,6 +699,10 @@ def find_drift(exp: Expected, facts: Mapping[str, Any]) -> list[str]:
             )
         if not m.get("intact"):
             drift.append(f"weights: {m.get('reason')}")
+
+    route = facts.get("route")
+    if route is not None and exp.config_hash and route != exp.route_id:
+        drift.append(f"front routes to {route}, expected {exp.route_id}")
 
     front = facts.get("front") or {}
     if front.get("with_key") != 200:

@@ -121,6 +121,7 @@ def build_plan(ctx: Context, swap: SwapSettings, why: str, deploy_id: str = DEPL
 class Decision:
     kind: str  # one of KINDS
     reason: str
+    change: str = ""  # "int8/<hash> -> tq3-mtp-genesis/<hash>" (for the lock's "why")
 
     @property
     def transaction(self) -> bool:
@@ -149,14 +150,14 @@ def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
             return Decision("ensure", f"{desired.route_id} is active but {why}: bring it back "
                             "(recreated from its snapshot, no gate)")
         kind = "swap" if active.get("stack") != desired.stack else "update"
-        return Decision(kind, f"{current} -> {desired.route_id} (stop, start, gate, promote "
-                        "or roll back)")
+        change = f"{current} -> {desired.route_id}"
+        return Decision(kind, f"{change} (stop, start, gate, promote or roll back)", change)
     state_stack = (probe.get("state") or {}).get("stack")
     if up and state_stack == desired.stack:
         return Decision("adopt", f"{desired.route_id} serves but no swap recorded it: record "
                         "it as active")
     return Decision("activate", f"nothing verified here -> {desired.route_id} (start, gate, "
-                    "promote; on failure the front answers 503)")
+                    "promote; on failure the front answers 503)", f"-> {desired.route_id}")
 
 
 def lock_holder(probe: dict[str, Any]) -> dict[str, Any] | None:

@@ -10,9 +10,10 @@ Order (each role relies on the ones before it):
 6. ``power``            nvidia-persistenced, power-caps unit, caps applied and read back
 7. ``weights``          huggingface_hub venv, fetcher, verified weights
 8. ``genesis``          Genesis checkout at the pinned commit (when a stack uses it)
-9. ``stacks``           images by digest, Genesis gate, compose projects, switch, readiness
-10. ``front``           nginx with the API key in front of the active stack
-11. ``ledger``          state.json and the append-only ledger
+9. ``stacks``           images by digest, Genesis gate, compose projects (staged, not started)
+10. ``front``           nginx with the API key; its route is the host-side tool's
+11. ``swap``            the gated host-side transaction: desired stack promoted, or rolled back
+12. ``ledger``          state.json and the append-only ledger (pins the swap did not record)
 
 Example (``deploy.py``)::
 
@@ -36,6 +37,7 @@ from roles import (
     power,
     preflight,
     stacks,
+    swap,
     weights,
 )
 from roles.preflight import HostContext
@@ -50,6 +52,7 @@ ROLES = (
     genesis.genesis,
     stacks.stacks,
     front.front,
+    swap.swap,
     ledger.ledger,
 )
 

@@ -2,8 +2,11 @@
 
 ``/var/lib/rigfleet/state.json`` holds the active stack and the pins it runs (other keys in
 it, such as the gate's last result, are kept). ``/var/lib/rigfleet/ledger.jsonl`` gets one
-JSON line appended only when the active stack or a pin changed: stack, image, digest, Genesis
-commit, model revision, time, by whom. A converged host appends nothing.
+JSON line per change. Every activation, swap, rollback and boot-time recreation is written by
+the host-side transaction itself (``rigfleet/hostside/ledger.py``), with the gate's result and
+report; this role has the same tool (``rigfleet-host record``, under the host lock) record
+what changes *without* a swap (a driver branch, the toolkit, the pins serial) in state.json,
+the active record and an ``event: "pins"`` line. A converged host appends nothing.
 
 Example::
 
@@ -12,17 +15,16 @@ Example::
 
 from __future__ import annotations
 
-import io
 import json
-import shlex
-from datetime import UTC, datetime
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files
 
+from rigfleet.commands import hosttool
 from rigfleet.facts import TextFile
+from rigfleet.swapplan import DEPLOY_ID, stack_ref, tracked_record
 from roles.preflight import HostContext
 
 STATE_DIR = "/var/lib/rigfleet"
@@ -32,20 +34,7 @@ LEDGER_FILE = f"{STATE_DIR}/ledger.jsonl"
 
 def desired_state(ctx: HostContext) -> dict[str, Any]:
     """The facts the ledger tracks; a difference in any of them is a ledger entry."""
-    pinned = ctx.desired
-    genesis = pinned.genesis.commit if pinned.genesis is not None else None
-    return {
-        "stack": ctx.stack,
-        "image": pinned.image,
-        "digest": pinned.digest,
-        "vllm_version": pinned.vllm_version,
-        "genesis_commit": genesis,
-        "model_repo": ctx.pins.model.repo,
-        "model_revision": ctx.pins.model.revision,
-        "driver_branch": ctx.pins.driver_branch,
-        "toolkit_version": ctx.pins.toolkit_version,
-        "pins_serial": ctx.pins.serial,
-    }
+    return tracked_record(ctx, ctx.stack)
 
 
 def _read_state(text: str | None) -> dict[str, Any]:
@@ -57,29 +46,19 @@ def _read_state(text: str | None) -> dict[str, Any]:
 
 
 @operation()
-def record(state: dict[str, Any], by: str):
-    """Write state.json and append to the ledger when ``state`` differs from the recorded one.
+def record(state: dict[str, Any], config_hash: str, by: str, deploy_id: str):
+    """Record ``state`` (the tracked keys) when it differs from ``state.json``: the host-side
+    tool writes state.json, the active record and a ledger line, under the host lock.
 
     + state: ``desired_state(ctx)``
-    + by: who deployed (``HostContext.by``)
+    + config_hash: the desired stack's config hash (the active stack must carry it)
+    + by: who deployed (``HostContext.by``); deploy_id: this run's id
     """
     current = _read_state(host.get_fact(TextFile, path=STATE_FILE))
     if all(current.get(k) == v for k, v in state.items()):
         host.noop(f"state.json already records {state['stack']} at serial {state['pins_serial']}")
         return
-    now = datetime.now(UTC).isoformat(timespec="seconds")
-    previous = {k: current.get(k) for k in state} if current else None
-    entry = {"time": now, "by": by, "host": host.name, **state, "previous": previous}
-    new_state = {**current, **state, "since": now, "by": by}
-    yield from files.put._inner(
-        src=io.StringIO(json.dumps(new_state, indent=2, sort_keys=True) + "\n"),
-        dest=STATE_FILE,
-        user="root",
-        group="root",
-        mode="0644",
-    )
-    line = json.dumps(entry, sort_keys=True)
-    yield f"printf '%s\\n' {shlex.quote(line)} >> {LEDGER_FILE} && chmod 0644 {LEDGER_FILE}"
+    yield hosttool.record(state, config_hash, by, deploy_id, host.name)
 
 
 @deploy("Ledger")
@@ -91,5 +70,7 @@ def ledger(ctx: HostContext) -> None:
     record(
         name=f"Record {ctx.stack} in state.json and the ledger",
         state=desired_state(ctx),
+        config_hash=stack_ref(ctx, ctx.stack).config_hash,
         by=ctx.by,
+        deploy_id=DEPLOY_ID,
     )

@@ -18,8 +18,8 @@ Exit status: 0 every host promoted; 1 refused, or a host failed (canary, gate, l
 their old pins); 3 the inventory, the pins file or the registry could not be read.
 
 Inventory data (group ``all``) may set ``bump_registry`` (registry v2 URL, default Docker
-Hub) and ``bump_genesis_url`` (where this machine fetches Genesis when the pinned URL is not
-reachable from here, such as a mirror).
+Hub), ``bump_genesis_url`` (where this machine fetches Genesis when the pinned URL is not
+reachable from here, such as a mirror) and ``bump_mirror`` (``--push-mirror``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,15 @@ from rich.table import Table
 
 from rigfleet.bump import images
 from rigfleet.bump.candidate import Candidate, ImageRegistry, find_candidate, parse_image_arg
-from rigfleet.bump.genesis import GenesisChoice, GenesisRefused, GenesisRepo, choose_genesis
+from rigfleet.bump.genesis import (
+    GenesisChoice,
+    GenesisRefused,
+    GenesisRepo,
+    choose_genesis,
+    infer_version,
+    refusal,
+)
+from rigfleet.bump.mirror import MirrorRegistry, copy_image
 from rigfleet.bump.plan import Plan, PlanHost, build_plan, pairs
 from rigfleet.bump.record import outcome_of, pins_after
 from rigfleet.bump.remote import HostUnreachable, Remote, SshRemote, reachability
@@ -95,8 +103,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "else the pinned repo URL)")
     p.add_argument("--save-dir", type=Path,
                    help="docker save the promoted image into this directory (on this machine)")
-    p.add_argument("--push-mirror", metavar="REGISTRY",
-                   help="push the promoted image to this registry (host:port) from the canary")
+    p.add_argument("--push-mirror", metavar="URL",
+                   help="copy the promoted image (same digest) into this registry v2 URL, "
+                        "e.g. http://registry.lan:5000 (default: inventory data bump_mirror)")
     p.add_argument("--no-prune", action="store_true",
                    help="keep every vllm image on the hosts (default: keep new + previous)")
     p.add_argument("--deploy", default=str(REPO_ROOT / "deploy.py"),
@@ -132,6 +141,7 @@ class Inputs:
     pins: Pins
     registry: str
     genesis_url: str | None
+    mirror: str | None
 
 
 def load_inputs(args: argparse.Namespace) -> Inputs:
@@ -156,7 +166,8 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     data = hosts[0].data
     registry = args.registry or data.get("bump_registry") or DOCKER_HUB
     genesis_url = args.genesis_url or data.get("bump_genesis_url")
-    return Inputs(hosts, plan_hosts, pins, str(registry), genesis_url)
+    mirror = args.push_mirror or data.get("bump_mirror")
+    return Inputs(hosts, plan_hosts, pins, str(registry), genesis_url, mirror)
 
 
 def bumped_stacks(args: argparse.Namespace, pins: Pins, repository: str | None) -> list[str]:
@@ -269,19 +280,12 @@ def _bump(args: argparse.Namespace, inputs: Inputs, remote: Remote) -> int:
         _log(f"candidate reports vLLM {probe.version or 'unknown (not pulled in --dry)'}")
 
     try:
-        genesis = _genesis_choices(args, inputs, pins, names, probe.version, candidate)
-    except GenesisRefused:
+        plan, genesis, probe = _decide(args, inputs, pins, names, candidate, probe, unreachable,
+                                       provisional)  # fmt: skip
+    except BaseException:
         if probe.pulled and probe_host is not None and candidate is not None:
             remove_image(remote, probe_host, candidate)  # leave the canary as it was found
         raise
-    version = probe.version or (pins.stacks[names[0]].vllm_version if candidate is None else None)
-    if candidate is not None and version is None:
-        # --dry without the image on the canary: show the plan with the version unknown.
-        new = provisional
-    else:
-        new = new_stack_pins(pins, names, candidate, version, genesis)
-    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, args.batch_size,
-                      args.max_failures)  # fmt: skip
     _print_plan(plan, genesis, probe)
     if args.dry:
         return EXIT_OK
@@ -291,7 +295,76 @@ def _bump(args: argparse.Namespace, inputs: Inputs, remote: Remote) -> int:
     if not args.yes and not _confirm():
         _log("not confirmed; nothing changed")
         return EXIT_FAILED
-    return _execute(args, inputs, remote, plan, candidate, version or "", genesis)
+    return _execute(args, inputs, remote, plan, candidate, probe.version or "", genesis)
+
+
+def _decide(
+    args: argparse.Namespace,
+    inputs: Inputs,
+    pins: Pins,
+    names: list[str],
+    candidate: Candidate | None,
+    probe: VersionProbe,
+    unreachable: dict[str, str | None],
+    provisional: dict[str, StackPins],
+) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
+    """The Genesis pairs and the final plan (raises ``GenesisRefused``, ``PinsError``)."""
+    repos: dict[str, GenesisRepo] = {}
+    version = probe.version if candidate is not None else None
+    inferred = False
+    if candidate is not None and version is None and candidate.commit:
+        # --dry, image not on the canary: a Genesis allowlist entry naming the tag's
+        # commit says what it will report (and none means Genesis refuses it).
+        version = _infer_version(inputs, pins, names, candidate.commit, repos)
+        inferred = version is not None
+        if version is not None:
+            _log(f"candidate vLLM {version} (from the Genesis allowlist entry naming its "
+                 "commit; read from the image when the bump runs)")  # fmt: skip
+    genesis = _genesis_choices(args, inputs, pins, names, version, candidate, repos)
+    if candidate is None:
+        version = pins.stacks[names[0]].vllm_version
+    if version is None:
+        # --dry, no Genesis stack bumped, image not on the canary: version shown unknown.
+        new = {n: replace(p, vllm_version="unknown") for n, p in provisional.items()}
+    else:
+        new = new_stack_pins(pins, names, candidate, version, genesis)
+    probe = replace(probe, version=version, source="inferred" if inferred else probe.source)
+    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, args.batch_size,
+                      args.max_failures)  # fmt: skip
+    return plan, genesis, probe
+
+
+def _genesis_stacks(pins: Pins, names: list[str]) -> list[str]:
+    return [n for n in names if pins.stacks[n].genesis is not None and get_stack(n).needs_genesis]
+
+
+def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRepo:
+    if url not in repos:
+        repos[url] = GenesisRepo(url, inputs.genesis_url)
+        _log(f"Genesis: fetching {inputs.genesis_url or url}")
+        repos[url].sync()
+    return repos[url]
+
+
+def _infer_version(
+    inputs: Inputs, pins: Pins, names: list[str], commit: str, repos: dict[str, GenesisRepo]
+) -> str | None:
+    stacks = _genesis_stacks(pins, names)
+    for name in stacks:
+        g = pins.stacks[name].genesis
+        assert g is not None
+        found = infer_version(_repo(inputs, g.repo, repos), g.commit, commit)
+        if found:
+            return found
+    if stacks:  # a nightly's version always names its commit: nothing lists this one
+        g = pins.stacks[stacks[0]].genesis
+        assert g is not None
+        repo = _repo(inputs, g.repo, repos)
+        checked = [repo.commit(repo.resolve(g.commit))]
+        checked += [repo.commit(sha) for sha in repo.newer(checked[0].sha)]
+        raise GenesisRefused(refusal(f"<any build of {commit[:9]}> (not pulled in --dry)",
+                                     checked, branch=repo.default_branch()))  # fmt: skip
+    return None
 
 
 def _genesis_choices(
@@ -301,18 +374,16 @@ def _genesis_choices(
     names: list[str],
     version: str | None,
     candidate: Candidate | None,
+    repos: dict[str, GenesisRepo],
 ) -> dict[str, GenesisChoice]:
     out: dict[str, GenesisChoice] = {}
-    for name in names:
+    for name in _genesis_stacks(pins, names):
         p = pins.stacks[name]
-        if p.genesis is None or not get_stack(name).needs_genesis:
-            continue
+        assert p.genesis is not None
         want = version if candidate is not None else p.vllm_version
         if want is None:
-            continue  # --dry and the version is unknown: decided when the bump runs
-        repo = GenesisRepo(p.genesis.repo, inputs.genesis_url)
-        _log(f"Genesis: fetching {inputs.genesis_url or p.genesis.repo}")
-        repo.sync()
+            continue
+        repo = _repo(inputs, p.genesis.repo, repos)
         choice = choose_genesis(repo, p.genesis.commit, want, p.vllm_version, args.genesis)
         if choice.proposed:
             _log(f"Genesis {choice.label} lists vLLM {want}; proposing it for {name} "
@@ -333,13 +404,19 @@ def _confirm() -> bool:
     return console.input("Roll out? [y/N] ").strip().lower() in ("y", "yes")
 
 
+def candidate_changes(plan: Plan, stack: str) -> bool:
+    return plan.pins.stacks[stack].digest != plan.new_stacks[stack].digest
+
+
 def _print_plan(plan: Plan, genesis: dict[str, GenesisChoice], probe: VersionProbe) -> None:
     table = Table(title="rigfleet bump: pins", title_justify="left")
     for col in ("stack", "now", "bump to"):
         table.add_column(col)
     for name, old, new in pairs(plan):
-        if probe.version is None and probe.source == "unknown" and old != new:
-            new += " (vLLM version read when the canary pulls it)"
+        if probe.source == "inferred":
+            new += " (version from the Genesis allowlist; read from the image when it runs)"
+        elif probe.version is None and candidate_changes(plan, name):
+            new += " (read from the image when the canary pulls it)"
         table.add_row(name, old, new)
     console.print(table)
     for name, g in genesis.items():
@@ -394,8 +471,10 @@ def _execute(
             result = rollout(plan, runner, cand_path, on_event=_log, on_line=on_line)
     finally:
         cand_path.unlink(missing_ok=True)
-    extra = _keep_images(args, remote, by_name, plan, result, candidate, version)
+    extra = _keep_images(args, remote, by_name, plan, result, candidate, version,
+                         inputs.registry, inputs.mirror)
     saved_pins = _record(plan, result, extra)
+    _restore(runner, result, Path(plan.pins.path))
     _print_result(result, log_dir)
     summary = {
         "outcome": outcome_of(result),
@@ -421,8 +500,11 @@ def _keep_images(
     result: RolloutResult,
     candidate: Candidate | None,
     version: str,
+    registry: str,
+    mirror: str | None,
 ) -> dict[str, Any]:
-    """Prune old images on promoted hosts; save / push the promoted image from the canary."""
+    """Prune old images on promoted hosts; save the promoted image from the canary; copy it
+    into the mirror registry."""
     extra: dict[str, Any] = {}
     if candidate is None:
         return extra
@@ -447,7 +529,7 @@ def _keep_images(
                 except HostUnreachable:
                     pass
     source = plan.canary if plan.canary in promoted else (promoted[0] if promoted else None)
-    if source is None:
+    if source is None:  # nothing promoted: nothing worth keeping
         return extra
     if args.save_dir:
         try:
@@ -457,20 +539,38 @@ def _keep_images(
         except (images.ImageError, HostUnreachable, OSError) as e:
             _log(f"[red]docker save failed[/red]: {e}")
             extra["saved"] = {"error": str(e)}
-    if args.push_mirror:
+    if mirror:
         try:
-            digest = images.push_image(remote, by_name[source], candidate, args.push_mirror)
-            ref = images.mirror_ref(args.push_mirror, candidate)
-            extra["mirror"] = {"ref": ref, "digest": digest}
-            _log(f"pushed {ref} ({digest or 'digest not reported'})")
-            if digest and digest != candidate.digest:
-                _log(f"[yellow]note:[/yellow] the mirror's digest {digest} differs from "
-                     f"the pin {candidate.digest} (a multi-arch index pushed as one "
-                     "platform)")  # fmt: skip
-        except (images.ImageError, HostUnreachable) as e:
-            _log(f"[red]push to {args.push_mirror} failed[/red]: {e}")
+            copied = copy_image(MirrorRegistry(registry), MirrorRegistry(mirror),
+                                candidate.repository, candidate.tag, candidate.digest)  # fmt: skip
+            extra["mirror"] = copied.summary()
+            _log(f"mirrored {copied.ref} at {copied.digest} ({copied.blobs} blob(s), "
+                 f"{copied.bytes / 1e9:.2f} GB copied)")  # fmt: skip
+        except RegistryError as e:
+            _log(f"[red]copy to {mirror} failed[/red]: {e}")
             extra["mirror"] = {"error": str(e)}
     return extra
+
+
+def _restore(runner: PyinfraRunner, result: RolloutResult, pins_file: Path) -> None:
+    """Converge hosts that rolled back on the pins file as now saved.
+
+    The swap rolls the serving stack back, but the deploy had already moved the rest of the
+    host to the candidate pins (the Genesis checkout, the other stack's compose file); one more
+    converge on the file (which says these hosts run their old pins) puts those back too. Their
+    serving stack is already what the file says, so no swap runs.
+    """
+    hosts = [o.host for o in result.by_status(Status.FAILED) if o.runs_new is False]
+    if not hosts:
+        return
+    _log(f"re-converging {', '.join(hosts)} on {pins_file} (Genesis checkout, compose files)")
+    with console.status("re-converging rolled-back hosts") as status:
+        done = runner.deploy(hosts, pins_file, "restore",
+                             lambda line: status.update(line[:110]))  # fmt: skip
+    if done.rc != 0:
+        bad = ", ".join(sorted(done.failed_hosts or hosts))
+        _log(f"[yellow]warning:[/yellow] re-converge failed on {bad}; run the deploy for them "
+             "(they still serve their old pins)")  # fmt: skip
 
 
 def _record(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pins | None:

@@ -34,7 +34,7 @@ from rigfleet.errors import RigfleetError
 ALLOWLIST_HELPER = Path(__file__).resolve().parents[2] / "files" / "rigfleet-genesis-allowlist.py"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "rigfleet"
 _RELEASE = re.compile(r"release\((?P<version>v[0-9][^)]*)\)")
-_HEX = re.compile(r"[0-9a-f]{4,40}")
+_LOCAL_GIT = re.compile(r"\+g([0-9a-f]{7,40})\b")
 
 
 class GenesisError(RigfleetError, RuntimeError):
@@ -244,6 +244,21 @@ def refusal(
     return "; ".join(lines)
 
 
-def looks_like_commit(value: str) -> bool:
-    """``--genesis`` given as a (short) sha rather than a ref name."""
-    return bool(_HEX.fullmatch(value))
+def names_commit(version: str, commit: str) -> bool:
+    """An allowlist entry such as ``0.20.2rc1.dev212+g3f9c2a7e5`` names vLLM ``commit``."""
+    m = _LOCAL_GIT.search(version)
+    return bool(m) and commit.startswith(m.group(1))
+
+
+def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
+    """The allowlisted version that names vLLM ``commit`` (at the pin or a newer commit).
+
+    ``--dry`` does not pull the candidate, so its ``vllm.__version__`` is unknown; but every
+    nightly version carries its commit (``+g<abbrev>``), so an allowlist entry naming the
+    tag's commit tells what it will report, and no such entry means Genesis refuses it.
+    """
+    for sha in (repo.resolve(pinned), *repo.newer(repo.resolve(pinned))):
+        for version in repo.commit(sha).allowlist:
+            if names_commit(version, commit):
+                return version
+    return None

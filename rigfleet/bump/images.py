@@ -5,14 +5,11 @@ Each vLLM image is ~30 GB; a rig keeps exactly what it needs: the images its pin
 the upstream nightly tag may be gone in two weeks). Other ``vllm/vllm-openai`` images are
 removed; ``docker image rm`` without ``--force`` never removes one a container uses.
 
-Because upstream deletes nightly tags, the promoted image can be kept reproducible two ways:
-
-- ``save_image``: ``docker save`` on the canary, streamed over SSH into a control-side
-  directory (``<repo>_<tag>.tar`` + a JSON sidecar with digest, version, sha256);
-  ``docker load -i`` restores it (a loaded image has no registry digest: push it to a mirror
-  to pull it by digest again);
-- ``push_image``: ``docker tag`` + ``docker push`` from the canary to a mirror registry
-  (``registry.lan:5000``); the digest the mirror reports is returned for the history.
+Because upstream deletes nightly tags, the promoted image can be kept: ``save_image`` runs
+``docker save`` on the canary and streams it over SSH into a control-side directory
+(``<repo>_<tag>.tar`` + a JSON sidecar with digest, version, sha256); ``docker load -i``
+restores it. A loaded image has no registry digest, so for pulls by digest copy the image
+into a mirror registry instead (``rigfleet.bump.mirror``, ``--push-mirror``).
 
 Example::
 
@@ -148,24 +145,3 @@ def save_image(
         + "\n"
     )
     return SavedImage(dest, digest.hexdigest(), size)
-
-
-def mirror_ref(mirror: str, candidate: Candidate) -> str:
-    """``registry.lan:5000/vllm/vllm-openai:nightly-<sha>`` for ``--push-mirror``."""
-    host = re.sub(r"^[a-z]+://", "", mirror).rstrip("/")
-    return f"{host}/{candidate.repository}:{candidate.tag}"
-
-
-def push_image(remote: Remote, host: InventoryHost, candidate: Candidate, mirror: str) -> str:
-    """Push the candidate from ``host`` to ``mirror``; returns the digest the mirror reports."""
-    target = mirror_ref(mirror, candidate)
-    local = shlex.quote(f"{candidate.repository}@{candidate.digest}")
-    script = (
-        f"docker tag {local} {shlex.quote(target)} && docker push {shlex.quote(target)}; "
-        f"rc=$?; docker image rm {shlex.quote(target)} >/dev/null 2>&1; exit $rc"
-    )
-    rc, out = remote.run(host, script, timeout=3600)
-    if rc != 0:
-        raise ImageError(f"{host.name}: docker push {target} failed: {out.strip()[-400:]}")
-    found = re.findall(r"digest: (sha256:[0-9a-f]{64})", out)
-    return found[-1] if found else ""

@@ -59,6 +59,7 @@ class HostFacts:
     reports: tuple[str, ...] = ()  # gate report files (names), oldest first
     report: dict[str, Any] | None = None  # the newest gate report (rigfleet-verify/1)
     report_file: str | None = None
+    busy: str | None = None  # a live transaction holds the host lock (who, why)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,11 @@ class Runner(Protocol):
     def facts(self, host: str) -> HostFacts: ...
 
     def deploy(
-        self, hosts: Sequence[str], pins_file: Path, batch: int, on_line: Callable[[str], None]
+        self,
+        hosts: Sequence[str],
+        pins_file: Path,
+        batch: int | str,
+        on_line: Callable[[str], None],
     ) -> DeployResult: ...
 
 
@@ -210,6 +215,7 @@ def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
     hits = [
         line for line in lines
         if tag in line and re.search(r"error|fail|refus|unreach|lost|timed out", line, re.I)
+        and not re.search(r"Error: executed \d+ commands", line)  # pyinfra's own tally
     ]  # fmt: skip
     return hits[-limit:]
 
@@ -237,6 +243,12 @@ def classify(
         return HostOutcome(host, Status.LOST, batch, None, detail, seconds=deploy.seconds)
     gate, failed_checks, report = gate_of(before, after)
     failed = deploy.failed(host)
+    if after.busy and failed:
+        # pyinfra lost the host while its swap runs on (a transient unit): unknown for now.
+        detail = f"its swap is still running on the host ({after.busy})"
+        if errors:
+            detail += f"; pyinfra: {errors[-1]}"
+        return HostOutcome(host, Status.LOST, batch, None, detail, seconds=deploy.seconds)
     runs_new = _runs(after.state, stack, new)
     runs_old = _runs(after.state, stack, old)
 
@@ -378,6 +390,18 @@ for p in reversed(files[-20:]):
     if isinstance(data, dict) and data.get("schema") == "rigfleet-verify/1":
         out["report"], out["report_file"] = data, os.path.relpath(p, D + "/reports")
         break
+out["busy"] = None
+holder = load(D + "/lock/holder.json") if os.path.isdir(D + "/lock") else None
+if isinstance(holder, dict):
+    try:
+        pid = int(holder.get("pid") or 0)
+        if pid <= 0:
+            raise ValueError(pid)
+        os.kill(pid, 0)
+        out["busy"] = "%s since %s: %s" % (holder.get("who"), holder.get("since"),
+                                           holder.get("why"))
+    except (OSError, ValueError, TypeError):
+        pass
 print(json.dumps(out))
 """
 
@@ -393,6 +417,7 @@ def parse_facts(text: str) -> HostFacts:
         reports=tuple(data.get("reports") or []),
         report=data.get("report") if isinstance(data.get("report"), dict) else None,
         report_file=data.get("report_file"),
+        busy=data.get("busy") or None,
     )
 
 
@@ -465,20 +490,34 @@ class PyinfraRunner:
             ) from None
 
     def deploy(
-        self, hosts: Sequence[str], pins_file: Path, batch: int, on_line: Callable[[str], None]
+        self,
+        hosts: Sequence[str],
+        pins_file: Path,
+        batch: int | str,
+        on_line: Callable[[str], None],
     ) -> DeployResult:
         cmd = pyinfra_command(self.inventory, self.deploy_file, hosts, pins_file)
         started = time.monotonic()
+        log_file = None
+        if self.log_dir is not None:
+            # Written as it comes, so a person (or a test) can follow a long batch.
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_file = (self.log_dir / f"batch-{batch}.log").open("w")
+            log_file.write("$ " + " ".join(cmd) + "\n")
         proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
-        log: list[str] = []
+        assert proc.stdout is not None and proc.stderr is not None
         stdout: list[str] = []
         # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
-        reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
+        out_pipe = proc.stdout
+        reader = threading.Thread(target=lambda: stdout.append(out_pipe.read()), daemon=True)
         reader.start()
-        assert proc.stderr is not None
+        log: list[str] = []
         for line in proc.stderr:
             log.append(line)
+            if log_file is not None:
+                log_file.write(line)
+                log_file.flush()
             on_line(line.rstrip())
         try:
             rc = proc.wait(timeout=self.timeout)
@@ -486,14 +525,11 @@ class PyinfraRunner:
             proc.kill()
             rc = proc.wait()
         reader.join(timeout=30)
-        text = "".join(log)
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            (self.log_dir / f"batch-{batch}.log").write_text(
-                "$ " + " ".join(cmd) + "\n" + text + "\n--- stdout\n" + "".join(stdout)
-            )
+        if log_file is not None:
+            log_file.write(f"--- exit {rc}; stdout (pyinfra --json)\n" + "".join(stdout))
+            log_file.close()
         payload = pyinfra_json("".join(stdout))
         failed = None
         if payload and isinstance(payload.get("results"), dict):
             failed = frozenset(payload["results"].get("failed_hosts") or [])
-        return DeployResult(rc, failed, text, time.monotonic() - started)
+        return DeployResult(rc, failed, "".join(log), time.monotonic() - started)

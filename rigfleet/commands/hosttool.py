@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -72,6 +73,17 @@ def probe(lock_only: bool = False) -> str:
         f"if command -v python3 >/dev/null 2>&1; then python3 -c {shlex.quote(src)}{flag}; "
         "else echo '{}'; fi"
     )
+
+
+def record(tracked: dict, config_hash: str, by: str, deploy_id: str, host: str) -> str:
+    """Record pins that changed without a swap (state.json, active record, ledger)."""
+    return tool("record", "--json", json.dumps(tracked, sort_keys=True), "--config-hash",
+                config_hash, "--by", by, "--deploy-id", deploy_id, "--host", host)
+
+
+def report_failure(message: str) -> str:
+    """A command that fails with ``message`` on stderr: pyinfra shows it as the host's error."""
+    return f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1"
 
 
 def journal_unit(swap_id: str) -> str:

@@ -5,6 +5,7 @@
     python3 rigfleet-host.pyz ensure [--who W] [--why TEXT]      # rigfleet-stack.service: boot
     python3 rigfleet-host.pyz shutdown                            # rigfleet-stack.service: stop
     python3 rigfleet-host.pyz adopt --plan FILE                   # record a stack already serving
+    python3 rigfleet-host.pyz record --json J --config-hash H     # pins changed without a swap
     python3 rigfleet-host.pyz lock [--json]                       # who holds the host lock
     python3 rigfleet-host.pyz probe                               # JSON for the deploy's facts
     python3 rigfleet-host.pyz verify --url URL ...                # the verify-stress gate
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +32,19 @@ from .front import Front
 from .gate import GateRun, run_gate
 from .journal import Journal
 from .layout import Layout
-from .lock import describe
+from .lock import LockHeld, describe
 from .plan import Plan, PlanError
 from .probe import probe, read_holder
 from .stackctl import SystemOps, http_request, read_api_key, run_cmd
-from .swap import EXIT_BAD_PLAN, Ensure, Transaction, adopt, read_active, shutdown
+from .swap import (
+    EXIT_BAD_PLAN,
+    Ensure,
+    Transaction,
+    adopt,
+    read_active,
+    record_pins,
+    shutdown,
+)
 
 
 class _Stop:
@@ -96,17 +107,25 @@ def cmd_adopt(args: argparse.Namespace, lay: Layout) -> int:
     return outcome.exit
 
 
+def _journal(lay: Layout, what: str) -> Journal:
+    return Journal(lay.swaps_dir / f"{what}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+                   f"-{os.getpid()}", echo=sys.stdout)
+
+
 def cmd_ensure(args: argparse.Namespace, lay: Layout) -> int:
     ops, front = _parts(lay, args.front_port)
-    journal = Journal(lay.swaps_dir / "ensure", echo=sys.stdout)
+    journal = _journal(lay, "ensure")
     outcome = Ensure(lay, ops, front, journal, who=args.who, why=args.why).run()
+    journal.finish(outcome.to_dict())
     print(f"rigfleet-host ensure: {outcome.result}: {outcome.reason or outcome.serving}")
     return outcome.exit
 
 
 def cmd_shutdown(args: argparse.Namespace, lay: Layout) -> int:
     ops, front = _parts(lay, args.front_port)
-    shutdown(lay, ops, front, Journal(lay.swaps_dir / "ensure", echo=sys.stdout))
+    journal = _journal(lay, "shutdown")
+    shutdown(lay, ops, front, journal)
+    journal.finish({"result": "stopped", "exit": 0})
     return 0
 
 
@@ -132,7 +151,7 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
     summary = {
         "lock": holder, "active": active.to_dict() if active else None,
         "route": Front(lay, 0, run_cmd, http_request).current(),
-        "gate": state.get("gate"), "last_transaction": state.get("last_transaction"),
+        "gate": state.get("gate"), "last_swap": state.get("last_swap"),
         "ledger": ledger.tail(lay, 5), "problem": problem or None,
     }
     if args.json:
@@ -144,11 +163,22 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
           + (f" since {active.since} by {active.by}" if active else ""))
     print(f"route:   {summary['route']}")
     print(f"gate:    {json.dumps(summary['gate'])}")
-    print(f"last:    {json.dumps(summary['last_transaction'])}")
+    print(f"last:    {json.dumps(summary['last_swap'])}")
     for line in summary["ledger"]:
         print(f"ledger:  {line.get('time')} {line.get('event')} {line.get('result')} "
               f"{line.get('stack')} gate={(line.get('gate') or {}).get('result')}"
               + (f" reason={line['reason']}" if line.get("reason") else ""))
+    return 0
+
+
+def cmd_record(args: argparse.Namespace, lay: Layout) -> int:
+    try:
+        tracked = json.loads(args.json)
+        what = record_pins(lay, tracked, args.config_hash, args.by, args.deploy_id, args.host)
+    except (ValueError, PlanError, LockHeld) as e:
+        print(f"rigfleet-host record: {e}", file=sys.stderr)
+        return 1
+    print(f"rigfleet-host record: {what}")
     return 0
 
 
@@ -189,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--since", type=int, default=0)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
+    rec = sub.add_parser("record", help="record pins that changed without a swap")
+    rec.add_argument("--json", required=True, help="the tracked keys, as a JSON object")
+    rec.add_argument("--config-hash", required=True)
+    rec.add_argument("--by", default="")
+    rec.add_argument("--deploy-id", default="")
+    rec.add_argument("--host", default="")
+    rec.set_defaults(func=cmd_record)
     lk = sub.add_parser("lock", help="who holds the host lock")
     lk.add_argument("--json", action="store_true")
     lk.set_defaults(func=cmd_lock)

@@ -129,6 +129,9 @@ class Front:
             raise FrontError(f"nginx -t refused route {route_id}: {out.strip()[-400:]}")
         rc, out = self.run(["systemctl", "reload", "nginx"], 30.0)
         if rc != 0:
+            # systemd refuses new jobs while the machine shuts down: signal nginx directly.
+            rc, out = self.run(["nginx", "-s", "reload"], 30.0)
+        if rc != 0:
             if not wait:
                 return  # nginx not running (boot, shutdown): the file is read at its start
             self._restore(old)

@@ -117,6 +117,7 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     run.report_dir.mkdir(parents=True, exist_ok=True)
     paths: list[str] = []
+    last: list[str] = []  # the gate's last lines: its own words when it breaks
     try:
         proc = subprocess.Popen(run.argv(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env, start_new_session=True)
@@ -131,6 +132,8 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
             m = _REPORTS_LINE.match(line)
             if m:
                 paths[:] = [m.group(1), m.group(2)]
+            if line.strip():
+                last[:] = [*last[-4:], line.strip()]
             on_line(line)
 
     reader = threading.Thread(target=pump, daemon=True)
@@ -159,8 +162,9 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
         why = (f"timed out after {run.timeout_s:g}s" if timed_out else
                "stopped (the transaction was interrupted)" if stopped else
                f"exited with status {status} (usage error, report not written or interrupted)")
+        said = f"; it said: {' | '.join(last)}" if last else ""
         return GateResult("error", status if status is not None else -1, run.profile,
-                          summary=f"the gate {why}",
+                          summary=f"the gate {why}{said}"[:1500],
                           report_json=str(report) if report else None,
                           report_md=md if report else None, at=at, seconds=seconds)
     failed: list[str] = []

@@ -55,6 +55,7 @@ READY_POLL_S = 1.0
 VRAM_POLL_S = 0.5
 PROGRESS_EVERY_S = 15.0
 LOG_LINES_KEPT = 2000
+KEEP_JOURNALS = 50
 _PROJECT_NAME = re.compile(r"^name:\s*['\"]?([A-Za-z0-9][A-Za-z0-9_.-]*)", re.M)
 
 
@@ -253,10 +254,13 @@ class _Steps:
     def _died(self, ref: StackRef, st: ContainerState | None) -> Failure:
         log = self.ops.logs(ref.container, 400)
         boot = classify_boot_failure(log)
-        how = ("disappeared" if st is None else
-               f"died while booting (status {st.status}, exit code {st.exit_code}"
-               + (", OOM-killed" if st.oom_killed else "")
-               + (f", restarted {st.restarts}x" if st.restarts else "") + ")")
+        if st is None:
+            how = "disappeared while booting"
+        elif st.status in ("exited", "dead"):
+            how = (f"died while booting (exit code {st.exit_code}"
+                   + (", OOM-killed" if st.oom_killed else "") + ")")
+        else:  # its restart policy brought it back: it died at least once
+            how = f"died while booting (Docker restarted it, {st.status} now)"
         cause = str(boot) if boot else "no known boot failure in its log; last lines: " + \
             " | ".join(line.strip() for line in log.strip().splitlines()[-3:])
         return Failure("boot", f"{ref.stack} {how}: {cause}", boot=boot)
@@ -308,6 +312,7 @@ class Transaction(_Steps):
             if note:
                 self.j.event("lock", note, level="warning")
                 mark_interrupted(self.lay, self.j, exclude=plan.id)
+            prune_journals(self.lay)
             outcome = self._run()
         except Exception as e:  # a bug must still end with a result and a released lock
             outcome = Outcome("failed", EXIT_FAILED, stack=plan.desired.stack, phase="internal",
@@ -437,8 +442,9 @@ class Transaction(_Steps):
     def _gate_reason(gate: GateResult) -> str:
         if gate.result == "error":
             return f"the gate could not decide: {gate.summary}"
+        # The per-check details stay in the report and the ledger's gate record.
         return (f"gate failed {len(gate.failed_checks)} check(s): "
-                f"{', '.join(gate.failed_checks)} ({gate.summary}); report {gate.report_json}")
+                f"{', '.join(gate.failed_checks)}; report {gate.report_json}")
 
     def _promote(self, new: StackRef, staged: str, gate: GateResult, old: StackRef | None,
                  kind: str) -> None:
@@ -511,12 +517,29 @@ class Transaction(_Steps):
         return outcome
 
 
+def prune_journals(lay: Layout, keep: int = KEEP_JOURNALS) -> list[str]:
+    """Drop the oldest finished journals (transactions, ensure and shutdown runs) beyond
+    ``keep``; ones without a result are never dropped (``mark_interrupted`` needs them)."""
+    if not lay.swaps_dir.exists():
+        return []
+    done = sorted((d for d in lay.swaps_dir.iterdir() if (d / "result.json").exists()),
+                  key=lambda d: (d / "result.json").stat().st_mtime)
+    dropped = []
+    for directory in done[:-keep] if len(done) > keep else []:
+        for child in sorted(directory.iterdir()):
+            child.unlink(missing_ok=True)
+        directory.rmdir()
+        dropped.append(directory.name)
+    return dropped
+
+
 def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[str]:
     """Transactions that died without a result (killed, host rebooted): give each a result
     and a ledger line, so the ledger never leaves one hanging."""
     found = []
     for directory in sorted(lay.swaps_dir.glob("*")) if lay.swaps_dir.exists() else []:
-        if directory.name == exclude or not (directory / "pid.json").exists():
+        if directory.name == exclude or not (directory / "pid.json").exists() \
+                or not (directory / "plan.json").exists():
             continue
         state = Journal.read(directory, since=10**9)
         if state["state"] != "died":
@@ -701,3 +724,33 @@ def shutdown(lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
         if err:
             journal.event("shutdown", err, level="warning")
 
+
+def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str = "",
+                deploy_id: str = "", host: str = "") -> str:
+    """Record pins that changed without a swap (driver branch, toolkit, pins serial) in
+    ``state.json``, the active record and the ledger (``event: "pins"``); returns
+    ``recorded`` or ``unchanged``. Refuses (``PlanError``) when the active stack is not the
+    one the deploy rendered: only a swap may change what runs."""
+    lock = HostLock(lay)
+    lock.acquire(by or "unknown", "record pins", deploy_id)
+    try:
+        active = read_active(lay)
+        if active is None or active.ref.config_hash != config_hash \
+                or active.ref.stack != tracked.get("stack"):
+            raise PlanError(f"the active stack is {active.ref.route_id if active else 'none'}, "
+                            f"not {tracked.get('stack')}/{config_hash}: not recording its pins")
+        state = ledger.read_state(lay)
+        if all(state.get(k) == v for k, v in tracked.items()) \
+                and active.ref.record == {**active.ref.record, **tracked}:
+            return "unchanged"
+        previous = {k: state.get(k) for k in tracked}
+        ref = StackRef(**{**active.ref.to_dict(), "record": {**active.ref.record, **tracked}})
+        write_active(lay, Active(ref, active.since, active.deploy_id, active.by, active.gate),
+                     lay.active_compose.read_text())
+        ledger.update_state(lay, **tracked, since=ledger.now_iso(), by=by)
+        ledger.append(lay, ledger.entry("pins", "recorded", ref, host=host, by=by,
+                                        deploy_id=deploy_id, gate=active.gate,
+                                        extra={"previous": previous}))
+        return "recorded"
+    finally:
+        lock.release()

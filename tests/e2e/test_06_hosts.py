@@ -115,6 +115,14 @@ class ManualChange:
     cleanup: str | None = None
 
 
+# Why the deploy leaves a container from another image running (roles as of this test).
+_SAME_LABELS = (
+    "rigfleet/swapplan.py decide() compares only the container's status and its "
+    "io.rigfleet.config-hash label (rigfleet/hostside/probe.py reports no image): a container "
+    "recreated from another image keeps the labels of the compose file, so the swap role "
+    "decides 'none' and leaves it running"
+)
+
 CHANGES = (
     ManualChange(
         "power-cap-by-hand",
@@ -129,6 +137,8 @@ CHANGES = (
         (f"container rigfleet-int8 runs image {OTHER_IMAGE}", "pins stacks.int8 is {image}@{digest}",
          "differs from what the deploy renders"),
         f"rigfleet-int8 runs {OTHER_IMAGE}",
+        known_gap=_SAME_LABELS,
+        cleanup="docker rm -f rigfleet-int8",
     ),
     ManualChange(
         "container-replaced-with-docker-run",
@@ -143,9 +153,10 @@ CHANGES = (
          "label io.rigfleet.image-digest is None"),
         f"rigfleet-int8 runs {OTHER_IMAGE}",
         known_gap=(
-            "roles/stacks.py stack_up runs `docker compose up -d` while a container named "
-            "rigfleet-int8 that Compose does not own exists; Docker refuses (Conflict. The "
-            "container name is already in use) and the deploy fails on the host"
+            "rigfleet/hostside/probe.py lists only containers labelled io.rigfleet.stack, so "
+            "a same-named container started by hand is invisible: the swap role decides "
+            "`ensure` ('its container is gone'), which waits 120 s for GPU memory that "
+            "container holds and fails without naming it"
         ),
         cleanup="docker rm -f rigfleet-int8",
     ),
@@ -155,11 +166,7 @@ CHANGES = (
         f"&& docker compose -p rigfleet-int8 -f {COMPOSE} -f /root/other-image.yaml up -d",
         (f"container rigfleet-int8 runs image {OTHER_IMAGE}",),
         f"rigfleet-int8 runs {OTHER_IMAGE}",
-        known_gap=(
-            "roles/stacks.py stack_up trusts the io.rigfleet.config-hash label: a container "
-            "recreated from another image keeps the label, so the deploy reports no change "
-            "and leaves it running"
-        ),
+        known_gap=_SAME_LABELS,
         cleanup="rm -f /root/other-image.yaml; docker rm -f rigfleet-int8",
     ),
     ManualChange(

@@ -103,13 +103,16 @@ def ssh_config_block(host: InventoryHost, control_dir: str) -> str:
     """
     hostname, port, user = host.ssh_target
     data = host.data
+    strict = data.get("ssh_strict_host_key_checking")
+    if isinstance(strict, bool) or strict is None:
+        strict = "no" if strict is False else "yes"
     lines = [
         f"Host {host.name}",
         f"    HostName {hostname}",
         f"    Port {port}",
         f"    User {user}",
         "    BatchMode yes",
-        f"    StrictHostKeyChecking {data.get('ssh_strict_host_key_checking') or 'yes'}",
+        f"    StrictHostKeyChecking {strict}",
         f"    ControlPath {control_dir}/cm-%C",
         "    ServerAliveInterval 15",
         "    LogLevel ERROR",
@@ -249,13 +252,15 @@ def rig(host: Any, request: pytest.FixtureRequest) -> Rig:
     made = cache[name]
     if isinstance(made, str):
         pytest.fail(made, pytrace=False)
-    reached = cache.setdefault(("ssh", name), _reach(host, bridge))
+    if ("ssh", name) not in cache:  # once per host and process: an unreachable host fails fast
+        cache[("ssh", name)] = _reach(host)
+    reached = cache[("ssh", name)]
     if reached is not None:
         pytest.fail(f"{name}: {reached}", pytrace=False)
     return made
 
 
-def _reach(host: Any, bridge: Bridge) -> str | None:
+def _reach(host: Any) -> str | None:
     """None when a first command runs over SSH, else why not (host key, auth, network)."""
     try:
         result = host.run("true")

@@ -38,9 +38,17 @@ def test_nvidia_runtime_registered(host, rig, sh, require):
     )
 
 
-def test_toolkit_at_pinned_version_and_held(host, rig, fail_if):
-    from roles.container_toolkit import TOOLKIT_PACKAGES
+# What roles/container_toolkit.py installs and holds (a unit test keeps the two equal; the
+# roles are not imported here, so a role being edited cannot break the host checks).
+TOOLKIT_PACKAGES = (
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+)
 
+
+def test_toolkit_at_pinned_version_and_held(host, rig, fail_if):
     want = rig.exp.toolkit_version
     problems = []
     for name in TOOLKIT_PACKAGES:

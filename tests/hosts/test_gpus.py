@@ -55,12 +55,22 @@ def test_driver_loaded_on_pinned_branch(host, rig, fail_if):
     fail_if("NVIDIA driver", problems)
 
 
+def driver_packages(os_id: str, branch: str) -> tuple[str, ...]:
+    """The driver packages the deploy installs and holds (``roles.nvidia_driver``; a unit test
+    keeps the two equal: the roles are not imported here, so a role being edited cannot break
+    the host checks)."""
+    if os_id == "ubuntu":
+        return (
+            f"nvidia-driver-{branch}-server-open",
+            f"nvidia-utils-{branch}-server",
+            f"nvidia-compute-utils-{branch}-server",
+        )
+    return ("nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-smi", "nvidia-persistenced")
+
+
 def test_driver_packages_on_branch_and_held(host, rig, fail_if):
     # Held, so an unattended upgrade cannot move user space away from the loaded module.
-    from roles.nvidia_driver import driver_packages
-
-    os_id = host.system_info.distribution
-    expected = driver_packages(type("Os", (), {"id": os_id})(), rig.exp.driver_branch)
+    expected = driver_packages(host.system_info.distribution, rig.exp.driver_branch)
     problems = []
     for name in expected:
         pkg = host.run(f"dpkg-query -W -f '${{Version}}\\t${{Status}}' {name}")

@@ -12,7 +12,16 @@ import shlex
 import pytest
 
 from rigfleet.compose import GENESIS_HOST_DIR, LABEL_PREFIX
-from rigfleet.status import LEDGER_FILE, MANIFEST_NAME, STATE_FILE, TRACKED_KEYS, running_digest
+from rigfleet.status import (
+    ACTIVE_FILE,
+    LEDGER_FILE,
+    MANIFEST_NAME,
+    ROUTE_FILE,
+    ROUTE_MARK,
+    STATE_FILE,
+    TRACKED_KEYS,
+    running_digest,
+)
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +112,35 @@ def test_ledger_ends_with_current_state(host, rig, state, fail_if):
             if last.get(key) != state.get(key)
         ]
     fail_if(f"{LEDGER_FILE} inconsistent with {STATE_FILE}", problems)
+
+
+def test_active_stack_record_and_front_route(host, rig, fail_if):
+    # The swap transaction records what it verified (active.json) and points the front at it
+    # (route.conf): both must name the inventory's stack as rendered from the pins.
+    exp = rig.exp
+    problems = []
+    f = host.file(ACTIVE_FILE)
+    try:
+        ref = (json.loads(f.content_string).get("ref") or {}) if f.exists else None
+    except (ValueError, AttributeError):
+        ref = {}
+    if ref is None:
+        problems.append(f"{ACTIVE_FILE} is missing: no verified stack is recorded")
+    else:
+        if (ref.get("stack"), ref.get("config_hash")) != (exp.stack, exp.config_hash):
+            problems.append(
+                f"{ACTIVE_FILE} records {ref.get('stack')}/{ref.get('config_hash')}, inventory "
+                f"+ pins render {exp.route_id}"
+            )
+        record = ref.get("record") or {}
+        problems += [
+            f"{ACTIVE_FILE} record {key} is {record.get(key)!r}, pins say {exp.tracked[key]!r}"
+            for key in TRACKED_KEYS
+            if record.get(key) != exp.tracked[key]
+        ]
+    route = host.file(ROUTE_FILE)
+    first = route.content_string.splitlines()[0] if route.exists else ""
+    routed = first[len(ROUTE_MARK) :].strip() if first.startswith(ROUTE_MARK) else None
+    if routed != exp.route_id:
+        problems.append(f"{ROUTE_FILE} routes to {routed or 'nothing'}, expected {exp.route_id}")
+    fail_if("active stack record", problems)

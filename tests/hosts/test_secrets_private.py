@@ -24,11 +24,17 @@ SCANNED_DIRS = (
 )  # fmt: skip
 
 
-def secret_files(rig) -> list[str]:
+def secret_files(rig, listed: list[str]) -> list[str]:
+    """The secrets the deploy writes, plus whatever else lies in the secrets directory."""
     files = [VLLM_ENV_FILE, AUTH_HEADER_FILE, NGINX_KEYS]
     if rig.settings.hf_token_file:
         files.append(HF_TOKEN_FILE)
-    return files
+    return sorted({*files, *listed})
+
+
+@pytest.fixture(scope="module")
+def listed(sh) -> list[str]:
+    return sh(f"find {SECRETS_DIR} -mindepth 1 -printf '%p\\n'", "list secrets").split()
 
 
 def test_secrets_dir_root_only(host, rig, fail_if):
@@ -43,10 +49,9 @@ def test_secrets_dir_root_only(host, rig, fail_if):
     fail_if("secrets directory", problems)
 
 
-def test_secret_files_root_only(host, rig, sh, fail_if):
+def test_secret_files_root_only(host, rig, listed, fail_if):
     problems = []
-    listed = sh(f"find {SECRETS_DIR} -mindepth 1 -printf '%p\\n'", "list secrets").split()
-    for path in sorted({*secret_files(rig), *listed}):
+    for path in secret_files(rig, listed):
         f = host.file(path)
         if not f.exists:
             problems.append(f"{path} is missing")
@@ -55,7 +60,7 @@ def test_secret_files_root_only(host, rig, sh, fail_if):
     fail_if("secret files readable beyond root", problems)
 
 
-def test_non_root_user_cannot_read_secrets(host, rig, fail_if):
+def test_non_root_user_cannot_read_secrets(host, rig, listed, fail_if):
     # Really try, as nobody: modes, ACLs and parent directories all count.
     probe = host.run("runuser -u nobody -- true")
     if probe.rc != 0:
@@ -65,7 +70,7 @@ def test_non_root_user_cannot_read_secrets(host, rig, fail_if):
             pytrace=False,
         )
     problems = []
-    for path in secret_files(rig):
+    for path in secret_files(rig, listed):
         read = host.run(f"runuser -u nobody -- head -c 1 {shlex.quote(path)}")
         if read.rc == 0:
             problems.append(f"user nobody can read {path}")

@@ -9,7 +9,9 @@ containers, checkouts, weights) and:
 - applies the commands the roles run (``apt-get install``, ``apt-mark hold``, ``chmod``,
   ``systemctl``, ``nvidia-ctk``, ``docker compose up/down``, the weights fetcher, a reboot...)
   to the model, so a second run sees a converged host;
-- receives uploads (``put_file`` is patched to store the bytes).
+- receives uploads (``put_file`` is patched to store the bytes);
+- plays the host-side tool (``rigfleet-host.pyz``): its probe, a swap transaction (promoted,
+  or rolled back / failed as ``swap_failure`` says), ``status``, ``adopt`` and ``ensure``.
 
 It knows our command shapes, nothing more: it is a test double, not an emulator.
 
@@ -133,6 +135,13 @@ class FakeRig:
     boot_marker: str | None = None
     reboots: int = 0
     commands: list[str] = field(default_factory=list)
+    # The host-side tool's state: active record, front route, lock holder, finished swaps.
+    active_record: dict | None = None
+    route: str | None = None
+    lock: dict | None = None
+    swaps: dict[str, dict] = field(default_factory=dict)
+    # None: a swap promotes; else (phase, reason) of a failure: it rolls back (or fails).
+    swap_failure: tuple[str, str] | None = None
 
     # --- uploads ------------------------------------------------------------------------
 
@@ -153,6 +162,22 @@ class FakeRig:
     # --- facts -----------------------------------------------------------------------------
 
     def _facts(self, cmd: str) -> tuple[bool, list[str]] | None:  # noqa: C901
+        if cmd.startswith("if command -v python3 >/dev/null 2>&1; then python3 -c"):
+            if cmd.endswith("--lock-only; else echo '{}'; fi"):
+                return True, [json.dumps({"lock": self.lock})]
+            return True, [json.dumps(self._probe())]
+        m = re.search(r"rigfleet-host.pyz status --id (\S+) --since (\d+) --json$", cmd)
+        if m:
+            done = self.swaps.get(m.group(1))
+            if done is None:
+                return True, [json.dumps({"events": [], "next": 0, "state": "died",
+                                          "result": None})]
+            events = done["events"][int(m.group(2)):]
+            return True, [json.dumps({"events": events, "next": len(done["events"]),
+                                      "state": "done", "result": done["result"]})]
+        m = re.match(r"systemctl is-active (\S+)", cmd)
+        if m:
+            return True, ["active" if m.group(1) in self.active else "inactive"]
         if cmd.startswith("cat /etc/os-release"):
             return True, OS_RELEASES[self.os_key].splitlines()
         if cmd.startswith("dpkg-query -W"):
@@ -270,6 +295,28 @@ class FakeRig:
     # --- actions ---------------------------------------------------------------------------
 
     def _actions(self, cmd: str) -> tuple[bool, list[str]] | None:  # noqa: C901
+        if cmd.startswith("printf '%s\\n' ") and cmd.endswith(">&2; exit 1"):
+            return False, []
+        m = re.search(r"^systemd-run --unit rigfleet-swap-\S+ .* swap --plan (\S+)$", cmd)
+        if m:
+            self._swap(json.loads(self.files[m.group(1)]))
+            return True, []
+        m = re.search(r"rigfleet-host.pyz adopt --plan (\S+)$", cmd)
+        if m:
+            plan = json.loads(self.files[m.group(1)])
+            self._promote(plan["desired"], {"result": "not-run"}, "adopt")
+            return True, []
+        if "rigfleet-host.pyz record --json " in cmd:
+            tracked = json.loads(shlex.split(cmd)[4])
+            state = json.loads(self.files.get("/var/lib/rigfleet/state.json") or b"{}")
+            self.put("/var/lib/rigfleet/state.json", json.dumps({**state, **tracked}).encode())
+            self.ledger.append(json.dumps({"event": "pins", **tracked}))
+            return True, []
+        if "rigfleet-host.pyz ensure" in cmd:
+            ref = self.active_record["ref"]
+            self.containers = {ref["container"]: ("running", ref["config_hash"])}
+            self.route = f"{ref['stack']}/{ref['config_hash']}"
+            return True, []
         m = re.search(r"apt-get .* install (.+)$", cmd)
         if m:
             for spec in shlex.split(m.group(1)):
@@ -390,6 +437,46 @@ class FakeRig:
             self.ledger.append(shlex.split(m.group(1))[0])
             return True, []
         return None
+
+    # --- the host-side tool -----------------------------------------------------------------
+
+    def _probe(self) -> dict:
+        state = self.files.get("/var/lib/rigfleet/state.json")
+        return {
+            "active": self.active_record,
+            "state": json.loads(state) if state else None,
+            "lock": self.lock,
+            "containers": {n: {"status": st, "hash": h, "stack": n.removeprefix("rigfleet-")}
+                           for n, (st, h) in self.containers.items()},
+            "route": self.route,
+        }
+
+    def _promote(self, ref: dict, gate: dict, event: str) -> None:
+        self.containers = {ref["container"]: ("running", ref["config_hash"])}
+        self.active_record = {"ref": ref, "gate": gate}
+        self.route = f"{ref['stack']}/{ref['config_hash']}"
+        state = json.loads(self.files.get("/var/lib/rigfleet/state.json") or b"{}")
+        state.update(ref["record"], config_hash=ref["config_hash"], gate=gate)
+        self.put("/var/lib/rigfleet/state.json", json.dumps(state).encode())
+        self.ledger.append(json.dumps({"event": event, "result": "promoted", **ref["record"],
+                                       "gate": gate}))
+
+    def _swap(self, plan: dict) -> None:
+        new = plan["desired"]
+        events = [{"phase": "plan", "message": f"-> {new['stack']}"}]
+        if self.swap_failure is None:
+            self._promote(new, {"result": "pass"}, "swap")
+            result = {"result": "promoted", "exit": 0, "stack": new["stack"],
+                      "serving": self.route, "gate": {"result": "pass"}}
+        else:
+            phase, reason = self.swap_failure
+            old = (self.active_record or {}).get("ref")
+            result = {"result": "rolled-back" if old else "failed", "exit": 1 if old else 2,
+                      "stack": new["stack"], "phase": phase, "reason": reason,
+                      "serving": self.route if old else "maintenance",
+                      "gate": {"result": "fail"} if phase == "gate" else None}
+            events.append({"phase": "rollback", "message": reason})
+        self.swaps[plan["id"]] = {"events": events, "result": result}
 
     def _default_version(self, name: str) -> str:
         if "nvidia" in name and "container" not in name:

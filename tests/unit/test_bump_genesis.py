@@ -13,6 +13,8 @@ from rigfleet.bump.genesis import (
     GenesisRefused,
     GenesisRepo,
     choose_genesis,
+    infer_version,
+    names_commit,
     parse_allowlist,
 )
 from rigfleet.testbed.genesis_fixture import GenesisFixture, build_genesis_fixture
@@ -96,3 +98,12 @@ def test_allowlist_parsing_is_literal_only() -> None:
     assert parse_allowlist("KNOWN_GOOD_VLLM_PINS = load()\n") is None
     with pytest.raises(GenesisError, match="not valid Python"):
         parse_allowlist("def (:\n")
+
+
+def test_dry_run_infers_the_version_from_the_allowlist_entry_naming_the_commit(fixture, repo):
+    old = fixture.commits[0].sha
+    assert names_commit("0.20.2rc1.dev212+g3f9c2a7e5", NEWER)
+    assert not names_commit("0.20.2rc1.dev212+g3f9c2a7e5", MTP_DIES)
+    assert not names_commit("0.21.0", NEWER)  # a release entry names no commit
+    assert infer_version(repo, old, NEWER) == VERSIONS[NEWER]  # found at v7.73.0
+    assert infer_version(repo, old, MTP_DIES) is None  # Genesis lists no build of it

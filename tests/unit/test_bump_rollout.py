@@ -79,9 +79,10 @@ class FakeRunner:
             b = self.behaviour.get(h, "promote")
             if b == "promote":
                 new = self.plan.new_for(h)[stack_name]
-                self.facts_[h] = HostFacts(state=state_of(stack_name, new), ledger_count=1,
-                                           reports=("old.json", f"{h}-new.json"),
-                                           report=GATE_PASS, report_file=f"{h}-new.json")  # fmt: skip
+                self.facts_[h] = HostFacts(
+                    state=state_of(stack_name, new), ledger_count=1,
+                    reports=("old.json", f"{h}-new.json"), report=GATE_PASS,
+                    report_file=f"{h}-new.json")  # fmt: skip
             elif b == "rollback":
                 old = self.facts_[h]
                 self.facts_[h] = HostFacts(
@@ -236,6 +237,11 @@ def test_classify_edge_cases() -> None:
     o = classify("h", "int8", old, new, ok, None, odd, 1)
     assert (o.status, o.runs_new) == (Status.FAILED, None)
     assert "state.json records" in o.reason
+    # pyinfra lost the host while its swap still runs there (a transient unit): unknown.
+    busy = HostFacts(state=state_of("int8", old), busy="root@ctl since t: swap int8")
+    o = classify("h", "int8", old, new, bad, None, busy, 1)
+    assert (o.status, o.runs_new) == (Status.LOST, None)
+    assert "still running on the host" in o.reason
     # No JSON from pyinfra: its exit status decides.
     assert DeployResult(1, None).failed("anyone") and not DeployResult(0, None).failed("x")
 

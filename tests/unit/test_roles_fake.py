@@ -30,7 +30,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 
 import roles.nvidia_driver
 import roles.preflight
-import roles.stacks
+import roles.swap
 from rigfleet.errors import RigfleetError
 from rigfleet.hostdata import HostDataError
 from roles import converge
@@ -93,8 +93,7 @@ def _fast(monkeypatch):
     """No sleeping, a fresh pins cache, and the fake connector wired to the rig."""
     monkeypatch.setattr(roles.nvidia_driver, "REBOOT_DELAY_S", 0)
     monkeypatch.setattr(roles.nvidia_driver, "REBOOT_INTERVAL_S", 0)
-    monkeypatch.setattr(roles.stacks, "READY_INTERVAL_S", 0)
-    monkeypatch.setattr(roles.stacks, "READY_TIMEOUT_S", 0)
+    monkeypatch.setattr(roles.swap, "POLL_S", 0)
     roles.preflight._PINS_CACHE.clear()
 
     def lookup(self, command: str):
@@ -413,42 +412,79 @@ def test_invalid_daemon_json_fails_the_host_with_a_message(data):
 # --- stacks ---------------------------------------------------------------------------------
 
 
-def test_no_compose_up_when_the_container_runs_with_the_same_config_hash(data):
+def test_converged_host_starts_no_transaction(data):
     rig = converged("debian13", data)
     status, label = rig.containers["rigfleet-int8"]
     assert status == "running" and label
+    assert rig.route == f"int8/{label}" and len(rig.swaps) == 1
     run = deploy(rig, data)
-    assert [c for c in run.ran("docker compose") if " up " in c] == []
-    assert rig.containers["rigfleet-int8"] == (status, label)
+    assert run.ran("systemd-run") == [] and run.ran("docker compose -p") == []
+    assert "Swap | Serve int8/" not in " ".join(run.plan)
+    assert len(rig.swaps) == 1
 
-    rig.containers["rigfleet-int8"] = ("running", "0123456789abcdef")  # started elsewhere
+    rig.containers["rigfleet-int8"] = ("exited", label)  # it died: recreated, no gate
     run = deploy(rig, data)
-    [up] = [c for c in run.ran("docker compose") if " up " in c]
-    assert "-p rigfleet-int8 -f /opt/rigfleet/stacks/int8/compose.yaml up -d" in up
-    assert rig.containers["rigfleet-int8"] == (status, label)
+    assert len(run.ran("rigfleet-host.pyz ensure")) == 1 and run.ran("systemd-run") == []
+    assert rig.containers["rigfleet-int8"] == ("running", label)
 
 
-def test_switching_stack_takes_the_other_down_first_and_records_the_ledger(data):
+def test_switching_stack_runs_the_gated_transaction_and_records_it(data):
     rig = converged("debian13", data)
     assert len(rig.ledger) == 1
     run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
     assert not run.failed
-    compose = run.ran("docker compose -p")
-    down = next(i for i, c in enumerate(compose) if "rigfleet-int8" in c and " down " in c)
-    up = next(i for i, c in enumerate(compose) if "tq3-mtp-genesis" in c and " up " in c)
-    assert down < up
+    [start] = run.ran("systemd-run --unit rigfleet-swap-")
+    plan_path = start.rsplit(" ", 1)[1]
+    plan = json.loads(rig.files[plan_path])
+    assert plan["desired"]["stack"] == "tq3-mtp-genesis" and plan["desired"]["port"] == 8015
+    assert plan["desired"]["compose_file"] == "/opt/rigfleet/stacks/tq3-mtp-genesis/compose.yaml"
+    assert plan["gate_profile"] == "full" and plan["by"]
+    assert plan["why"].startswith("swap int8/")
     assert set(rig.containers) == {"rigfleet-tq3-mtp-genesis"}
     assert rig.genesis_head == GENESIS_COMMIT
     entry = json.loads(rig.ledger[-1])
-    assert entry["stack"] == "tq3-mtp-genesis" and entry["previous"]["stack"] == "int8"
-    assert entry["genesis_commit"] == GENESIS_COMMIT and entry["by"]
+    assert entry["stack"] == "tq3-mtp-genesis" and entry["genesis_commit"] == GENESIS_COMMIT
     state = json.loads(rig.files["/var/lib/rigfleet/state.json"])
     assert state["stack"] == "tq3-mtp-genesis"
-    # The front now points at the Genesis stack's loopback port.
-    assert (
-        b"proxy_pass http://127.0.0.1:8015;" in rig.files["/etc/nginx/conf.d/rigfleet-front.conf"]
-    )
-    assert len(deploy(rig, {**data, "stack": "tq3-mtp-genesis"}).rig.ledger) == 2
+    # The front's server block includes the route the host-side tool switches.
+    conf = rig.files["/etc/nginx/conf.d/rigfleet-front.conf"]
+    assert b"include /etc/nginx/rigfleet/route.conf;" in conf and b"proxy_pass" not in conf
+    again = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert again.ran("systemd-run") == [] and len(rig.ledger) == 2
+
+
+def test_a_rolled_back_swap_fails_the_host_with_the_reason(data, caplog):
+    rig = converged("debian13", data)
+    rig.swap_failure = ("gate", "gate failed 2 check(s): needles, needles_deep")
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert run.failed
+    assert "swap to tq3-mtp-genesis rolled back (gate failed): gate failed 2 check(s)" in (
+        " ".join(run.commands))
+    assert set(rig.containers) == {"rigfleet-int8"}
+    # The ledger role does not run after a failed swap: state.json still says int8.
+    assert json.loads(rig.files["/var/lib/rigfleet/state.json"])["stack"] == "int8"
+
+
+def test_a_live_host_lock_refuses_the_run_naming_the_holder(data):
+    rig = converged("debian13", data)
+    rig.lock = {"who": "bob@laptop", "why": "swap int8 -> tq3-mtp-genesis", "pid": 42,
+                "since": "2026-11-29T10:00:00+00:00", "deploy_id": "X", "alive": True}
+    with pytest.raises(PreflightError, match=r"locked by bob@laptop since 2026-11-29T10:00"):
+        deploy(rig, data, execute=False)
+    rig.lock["alive"] = False  # stale: its process is gone; the run goes ahead
+    assert not deploy(rig, {**data, "stack": "tq3-mtp-genesis"}).failed
+
+
+def test_gate_profile_is_checked_before_anything_runs(data):
+    with pytest.raises(PreflightError, match=r"gate_profile: 'quick' is not a gate profile; "
+                                             r"allowed: fast, full"):
+        deploy(FakeRig("debian13"), {**data, "gate_profile": "quick"}, execute=False)
+    with pytest.raises(PreflightError, match=r"gate_set: --set nope=1: unknown key 'nope'"):
+        deploy(FakeRig("debian13"), {**data, "gate_set": ["nope=1"]}, execute=False)
+    rig = FakeRig("debian13")
+    deploy(rig, {**data, "gate_profile": "fast", "gate_set": ["soak_sessions=2"]})
+    [plan] = [json.loads(v) for k, v in rig.files.items() if k.endswith("/plan.json")]
+    assert plan["gate_profile"] == "fast" and plan["gate_set"] == ["soak_sessions=2"]
 
 
 def test_genesis_stack_refused_when_vllm_is_not_on_the_allowlist(data, caplog):
@@ -469,26 +505,6 @@ def test_genesis_version_read_once_per_digest(data):
     assert rig.files["/var/lib/rigfleet/vllm-versions/" + "b" * 64] == (
         b"0.20.2rc1.dev9+g01d4d1ad3\n"
     )
-
-
-def test_container_exit_fails_fast_with_the_logs(data, caplog):
-    rig = converged("debian13", data)
-    rig.containers["rigfleet-int8"] = ("running", "0123456789abcdef")  # forces an up
-    apply = rig._actions
-
-    def up_then_die(cmd):
-        answer = apply(cmd)
-        if " up -d " in cmd:
-            rig.containers["rigfleet-int8"] = ("exited", rig.containers["rigfleet-int8"][1])
-        return answer
-
-    rig._actions = up_then_die
-    run = deploy(rig, data)
-    assert run.failed
-    assert len(run.ran("docker logs --tail 30 rigfleet-int8")) == 1
-    assert "container rigfleet-int8 exited (status exited, exit code 0)" in caplog.text
-    # Failing fast: one probe, no waiting loop.
-    assert len(run.ran("printf 'state=%s")) == 1
 
 
 # --- weights, genesis, secrets --------------------------------------------------------------
@@ -517,6 +533,7 @@ def test_secrets_are_root_only_and_never_in_commands_or_plans(data):
     for path in (
         "/etc/rigfleet/secrets/vllm.env",
         "/etc/rigfleet/secrets/api-auth-header",
+        "/etc/rigfleet/secrets/api-key",
         "/etc/nginx/rigfleet-keys.conf",
     ):
         assert rig.modes[path] == "0600", path
@@ -573,7 +590,7 @@ def test_plan_of_a_bare_host_lists_changes(data):
     run = deploy(FakeRig("debian13"), data, execute=False)
     assert "Base | Install base packages" in run.plan
     assert "NVIDIA driver | Reboot to load the NVIDIA driver (only when needed)" in run.plan
-    assert "Serving stacks | Start rigfleet-int8 (only when needed)" in run.plan
+    assert any(name.startswith("Swap | Serve int8/") for name in run.plan)
 
 
 # --- fact commands in a real shell ----------------------------------------------------------
@@ -671,3 +688,15 @@ def test_every_command_sent_is_valid_sh(data):
     for command in sorted(set(rig.commands)):
         run = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True)
         assert run.returncode == 0, (command, run.stderr)
+
+
+def test_pins_that_change_without_a_swap_are_recorded_by_the_host_tool(data, tmp_path):
+    rig = converged("debian13", data)
+    pins = tmp_path / "pins-2.yaml"
+    pins.write_text(pins_yaml(serial=2))
+    run = deploy(rig, {**data, "pins_file": str(pins)})
+    assert run.ran("systemd-run") == []  # the serving stack's config did not change
+    [record] = run.ran("rigfleet-host.pyz record --json ")
+    assert '"pins_serial": 2' in record and "--config-hash " in record
+    assert json.loads(rig.ledger[-1])["event"] == "pins"
+    assert deploy(rig, {**data, "pins_file": str(pins)}).ran("rigfleet-host.pyz record") == []

@@ -41,6 +41,7 @@ OTHER_DIGEST = "sha256:" + "c" * 64
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 GENESIS = GenesisPin("http://git.example/genesis.git", "1f9bfb9ecf0b0e8ac3058a712257058304cb878e")
 OTHER_COMMIT = "1e79e8380a450acb1af94552b8cfbedf2e7017d4"
+HASH = "e6ca3be5a90a19ac"
 GPU_OUT = "0, 580.105.08, 290.00, Enabled\n1, 580.105.08, 290.00, Enabled\n"
 
 
@@ -61,7 +62,7 @@ def expected(**overrides: Any) -> Expected:
         model_path="/srv/models/qwen3.6-27b-autoround-int4", power_caps_w=(290, 290),
         gpu_count=2, driver_branch="580", driver_version=None, toolkit_version="1.17.8-1",
         front_port=8000, front_url="http://10.0.0.1:8000", api_key_file="/k",
-        pins_path="pins.yaml", tracked=tracked,
+        pins_path="pins.yaml", config_hash=HASH, tracked=tracked,
     )  # fmt: skip
     return replace(exp, **overrides)
 
@@ -85,7 +86,7 @@ def converged_facts() -> dict[str, Any]:
                 "status": "running",
                 "image_id": "sha256:" + "1" * 64,
                 "config_image": f"{IMAGE}@{DIGEST}",
-                "labels": {"io.rigfleet.stack": "int8"},
+                "labels": {"io.rigfleet.stack": "int8", "io.rigfleet.config-hash": HASH},
                 "repo_digests": [f"vllm/vllm-openai@{DIGEST}"],
             }
         },
@@ -97,6 +98,8 @@ def converged_facts() -> dict[str, Any]:
             "reason": "matches manifest",
         },
         "front": {"no_key": 401, "with_key": 200, "models": ["qwen3.6-27b-autoround"]},
+        "route": f"int8/{HASH}",
+        "active": {"stack": "int8", "config_hash": HASH},
     }
 
 
@@ -160,6 +163,20 @@ def test_container_missing_stopped_or_another_stack_running():
     facts = converged_facts()
     facts["containers"] = {}
     assert find_drift(expected(), facts) == ["container rigfleet-int8 does not exist"]
+
+
+def test_a_container_from_another_config_and_a_front_routing_elsewhere():
+    facts = converged_facts()
+    facts["containers"]["rigfleet-int8"]["labels"]["io.rigfleet.config-hash"] = "0" * 16
+    facts["route"] = "maintenance"
+    assert find_drift(expected(), facts) == [
+        "rigfleet-int8 was started from another config (config-hash 0000000000000000, "
+        f"inventory + pins render {HASH})",
+        f"front routes to maintenance, expected int8/{HASH}",
+    ]
+    facts["route"] = None  # no route file (a front without swaps): not judged on its own
+    facts["containers"]["rigfleet-int8"]["labels"]["io.rigfleet.config-hash"] = HASH
+    assert find_drift(expected(), facts) == []
 
 
 def test_genesis_moved_is_drift_only_when_genesis_is_pinned():
@@ -376,6 +393,7 @@ def test_expected_state_from_inventory_data_and_pins(inventory_host, tmp_path):
     assert exp.front_url == "http://10.0.0.7:8000"
     assert exp.pins_path == str(tmp_path / "pins.yaml")
     assert exp.tracked["pins_serial"] == 4 and exp.tracked["genesis_commit"] is None
+    assert len(exp.config_hash) == 16 and exp.route_id == f"int8/{exp.config_hash}"
 
 
 def test_expected_state_of_a_genesis_stack(inventory_host, tmp_path):
@@ -438,12 +456,16 @@ def test_probe_reads_a_host_layout_and_survives_missing_tools(tmp_path):
     (state_dir / "state.json").write_text(json.dumps({"stack": "int8"}))
     (state_dir / "ledger.jsonl").write_text('{"stack": "a"}\n{"stack": "int8"}\n')
     (state_dir / "reports" / "verify-1.json").write_text('{"passed": true}')
+    (state_dir / "active.json").write_text(json.dumps({"ref": {"stack": "int8"}}))
+    (tmp_path / "route.conf").write_text(f"# rigfleet route: int8/{HASH}\nproxy_pass ...;\n")
     params = {
         **status.probe_params(expected(model_path=str(model), front_port=1)),
         "state_file": str(state_dir / "state.json"),
         "ledger_file": str(state_dir / "ledger.jsonl"),
         "reports_dir": str(state_dir / "reports"),
         "genesis_dir": str(tmp_path / "no-genesis"),
+        "active_file": str(state_dir / "active.json"),
+        "route_file": str(tmp_path / "route.conf"),
         "auth_header_file": str(tmp_path / "no-header"),
     }
     env = {"PATH": str(tmp_path / "empty-bin")}  # no nvidia-smi, docker, systemctl, git
@@ -455,6 +477,7 @@ def test_probe_reads_a_host_layout_and_survives_missing_tools(tmp_path):
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert facts["state"] == {"stack": "int8"} and facts["ledger_last"] == {"stack": "int8"}
     assert facts["last_report"]["data"] == {"passed": True}
+    assert facts["active"] == {"stack": "int8"} and facts["route"] == f"int8/{HASH}"
     assert facts["manifest"]["intact"] and facts["manifest"]["revision"] == REVISION
     assert facts["gpu"]["rc"] == 127 and facts["containers"] == {} and facts["genesis"] is None
     assert facts["front"]["no_key"] is None and "cannot read" in facts["front"]["error"]
@@ -474,3 +497,77 @@ def test_probe_command_quotes_its_parameters_and_never_carries_the_key():
     cmd = status.probe_command(expected(model_path="/srv/it's here"), sudo=True)
     assert cmd.startswith("sudo -n python3 - '")
     assert "VLLM_API_KEY" not in cmd and "Bearer" not in cmd
+
+
+# --- the host checks' own copies of role data ------------------------------------------------
+
+
+def _hosts_module(name: str) -> Any:
+    # tests/hosts does not import the roles (a role being edited must not break host checks),
+    # so the package lists it keeps are compared with the roles' here.
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "hosts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"rigfleet_hosts_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("os_id", ["debian", "ubuntu"])
+def test_host_checks_know_the_driver_packages_the_role_installs(os_id):
+    from roles.nvidia_driver import driver_packages
+
+    mine = _hosts_module("test_gpus").driver_packages(os_id, "580")
+    assert mine == driver_packages(SimpleNamespace(id=os_id), "580")
+
+
+def test_host_checks_know_the_toolkit_packages_the_role_installs():
+    from roles.container_toolkit import TOOLKIT_PACKAGES
+
+    assert _hosts_module("test_docker_runtime").TOOLKIT_PACKAGES == TOOLKIT_PACKAGES
+
+
+# --- SSH settings from inventory data --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("strict", "policy"),
+    [(None, "RejectPolicy"), ("yes", "RejectPolicy"), ("accept-new", "AutoAddPolicy"),
+     ("no", "AutoAddPolicy")],
+)  # fmt: skip
+def test_ssh_client_uses_the_inventorys_known_hosts_and_strictness(
+    tmp_path, monkeypatch, strict, policy
+):
+    import paramiko
+
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        "[127.0.0.1]:2221 ssh-ed25519 "
+        "AAAAC3NzaC1lZDI1NTE5AAAAIMZH7zZH9gYuD65T6GB9JM+L5Qb67lZbICgIwnw4gNjR\n"
+    )
+    seen: dict[str, Any] = {}
+
+    def connect(self, hostname, **kw):
+        seen.update(kw, hostname=hostname, policy=type(self._policy).__name__,
+                    keys=list(self.get_host_keys().keys()))  # fmt: skip
+        raise paramiko.SSHException(f"Server '[{hostname}]:{kw['port']}' not found in known_hosts")
+
+    monkeypatch.setattr(paramiko.SSHClient, "connect", connect)
+    data = {"ssh_hostname": "127.0.0.1", "ssh_port": 2221, "ssh_user": "root",
+            "ssh_key": str(tmp_path / "id"), "ssh_known_hosts_file": str(known)}  # fmt: skip
+    if strict is not None:
+        data["ssh_strict_host_key_checking"] = strict
+    with pytest.raises(status.HostUnreachable, match=r"127.0.0.1:2221 is not in .*known_hosts"):
+        status.ssh_client(InventoryHost("host1", (), data), timeout=3)
+    assert seen["policy"] == policy
+    assert seen["keys"] == ["[127.0.0.1]:2221"]  # only the inventory's file
+    assert (seen["hostname"], seen["port"], seen["username"]) == ("127.0.0.1", 2221, "root")
+    assert seen["key_filename"] == str(tmp_path / "id") and not seen["look_for_keys"]
+
+
+def test_an_unreadable_known_hosts_file_makes_the_host_unreachable(tmp_path):
+    host = InventoryHost("h", (), {"ssh_known_hosts_file": str(tmp_path / "missing")})
+    with pytest.raises(status.HostUnreachable, match="cannot read known hosts"):
+        status.ssh_client(host, timeout=1)

@@ -1,0 +1,204 @@
+"""Copy a pinned image into a mirror registry, byte for byte, so its digest stays pullable.
+
+Upstream deletes ``nightly-*`` tags after about two weeks; a pin is reproducible only while
+some registry still serves its digest. This copies the pinned manifest and every blob it
+references from the source registry to the mirror over the registry v2 API (no Docker engine
+needed, nothing on the hosts): the manifest bytes are unchanged, so the digest is the same and
+hosts whose Docker uses the mirror (``docker_registry_mirror``) keep pulling
+``vllm/vllm-openai@<digest>`` after the tag is gone upstream.
+
+A multi-arch index is copied whole (every platform) unless ``platforms`` narrows it; then the
+linux/amd64 manifest alone is copied and its own digest is returned (a different, equally
+immutable digest: pin that one to pull from the mirror)::
+
+    src = MirrorRegistry("https://registry-1.docker.io")
+    dst = MirrorRegistry("http://registry.lan:5000")
+    copied = copy_image(src, dst, "vllm/vllm-openai", "nightly-3f9c...", "sha256:...")
+    copied.digest, copied.blobs, copied.bytes
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from rigfleet.bump.candidate import INDEX_TYPES, ImageRegistry, platform_manifest
+from rigfleet.registry import MANIFEST_TYPES, RegistryError
+
+
+class MirrorRegistry(ImageRegistry):
+    """``ImageRegistry`` that can also write (blob uploads, manifest puts)."""
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        repo: str,
+        data: bytes | BinaryIO | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        for attempt in range(2):
+            req = urllib.request.Request(url, data=data, method=method)
+            for k, v in (headers or {}).items():
+                req.add_header(k, v)
+            if repo in self._tokens:
+                req.add_unredirected_header("Authorization", f"Bearer {self._tokens[repo]}")
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+            except urllib.error.HTTPError as exc:
+                challenge = exc.headers.get("WWW-Authenticate", "")
+                rewindable = data is None or isinstance(data, bytes)
+                if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer") and (
+                    rewindable
+                ):
+                    # Push scope: the token service grants pull,push when we may write.
+                    self._tokens[repo] = self._token(
+                        re.sub(r'scope="([^"]*):pull"', r'scope="\1:pull,push"', challenge)
+                    )
+                    continue
+                body = exc.read()[:300].decode(errors="replace")
+                raise RegistryError(
+                    f"{method} {url}: HTTP {exc.code} {exc.reason} {body}"
+                ) from None
+            except urllib.error.URLError as exc:
+                raise RegistryError(f"{url}: cannot reach the registry ({exc.reason})") from None
+        raise RegistryError(f"{url}: authentication failed")
+
+    def raw_manifest(self, repo: str, reference: str) -> tuple[bytes, str]:
+        """(exact bytes, media type): the bytes are what the digest is of."""
+        headers, body = self._get(f"/v2/{repo}/manifests/{reference}", repo, MANIFEST_TYPES)
+        media = headers.get("content-type", "").split(";")[0]
+        try:
+            media = json.loads(body).get("mediaType") or media
+        except ValueError:
+            raise RegistryError(f"{repo}:{reference}: manifest is not JSON") from None
+        return body, media
+
+    def has(self, repo: str, kind: str, digest: str) -> bool:
+        """Whether ``kind`` (``blobs`` / ``manifests``) ``digest`` exists in ``repo``."""
+        url = f"{self.base_url.rstrip('/')}/v2/{repo}/{kind}/{digest}"
+        try:
+            status, _, _ = self._send("HEAD", url, repo, headers={"Accept": MANIFEST_TYPES})
+        except RegistryError as e:
+            if "HTTP 404" in str(e):
+                return False
+            raise
+        return status == 200
+
+    def blob_stream(self, repo: str, digest: str) -> Any:
+        """An open response streaming the blob (caller closes it)."""
+        url = f"{self.base_url.rstrip('/')}/v2/{repo}/blobs/{digest}"
+        for attempt in range(2):
+            req = urllib.request.Request(url)
+            if repo in self._tokens:
+                req.add_unredirected_header("Authorization", f"Bearer {self._tokens[repo]}")
+            try:
+                return urllib.request.urlopen(req, timeout=self.timeout)
+            except urllib.error.HTTPError as exc:
+                challenge = exc.headers.get("WWW-Authenticate", "")
+                if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer"):
+                    self._tokens[repo] = self._token(challenge)
+                    continue
+                raise RegistryError(f"GET {url}: HTTP {exc.code} {exc.reason}") from None
+        raise RegistryError(f"{url}: authentication failed")
+
+    def upload_blob(self, repo: str, digest: str, data: BinaryIO | bytes, size: int) -> None:
+        """Monolithic upload: POST a session, then PUT the whole blob with its digest."""
+        base = self.base_url.rstrip("/")
+        _, headers, _ = self._send("POST", f"{base}/v2/{repo}/blobs/uploads/", repo, b"",
+                                   {"Content-Length": "0"})  # fmt: skip
+        location = headers.get("location")
+        if not location:
+            raise RegistryError(f"{base}: blob upload for {repo} gave no Location")
+        url = urllib.parse.urljoin(base + "/", location)
+        url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"digest": digest})
+        self._send("PUT", url, repo, data, {"Content-Type": "application/octet-stream",
+                                            "Content-Length": str(size)})  # fmt: skip
+
+    def put_manifest(self, repo: str, reference: str, body: bytes, media: str) -> str:
+        """PUT manifest bytes; returns the digest the registry reports."""
+        url = f"{self.base_url.rstrip('/')}/v2/{repo}/manifests/{reference}"
+        _, headers, _ = self._send("PUT", url, repo, body, {"Content-Type": media})
+        return headers.get("docker-content-digest", "")
+
+
+@dataclass(frozen=True)
+class Copied:
+    """What ``copy_image`` did."""
+
+    ref: str  # <mirror host>/<repo>:<tag>
+    digest: str  # the manifest digest the mirror serves under the tag
+    blobs: int  # blobs uploaded (present ones are skipped)
+    bytes: int
+
+    def summary(self) -> dict[str, Any]:
+        return {"ref": self.ref, "digest": self.digest, "blobs_copied": self.blobs,
+                "bytes_copied": self.bytes}  # fmt: skip
+
+
+def copy_image(
+    src: MirrorRegistry,
+    dst: MirrorRegistry,
+    repo: str,
+    tag: str,
+    digest: str,
+    platforms: str = "all",
+) -> Copied:
+    """Copy ``repo@digest`` from ``src`` to ``dst`` and tag it ``tag`` there.
+
+    + platforms: ``all`` (an index with every platform: same digest) or ``amd64`` (only the
+      linux/amd64 manifest of an index: its own digest)
+    """
+    body, media = src.raw_manifest(repo, digest)
+    doc = json.loads(body)
+    counter = [0, 0]
+    if media in INDEX_TYPES or "manifests" in doc:
+        if platforms == "amd64":
+            one = platform_manifest(doc, f"{repo}@{digest}")
+            _copy_manifest(src, dst, repo, one, counter)
+            final = dst.put_manifest(repo, tag, *src.raw_manifest(repo, one)) or one
+            return Copied(_ref(dst, repo, tag), final, counter[0], counter[1])
+        for entry in doc.get("manifests") or []:
+            _copy_manifest(src, dst, repo, str(entry["digest"]), counter)
+    else:
+        _copy_blobs(src, dst, repo, doc, counter)
+    got = dst.put_manifest(repo, tag, body, media) or digest
+    if got != digest:
+        raise RegistryError(f"{dst.base_url}: stored {repo}:{tag} as {got}, expected {digest}")
+    return Copied(_ref(dst, repo, tag), got, counter[0], counter[1])
+
+
+def _copy_manifest(
+    src: MirrorRegistry, dst: MirrorRegistry, repo: str, digest: str, counter: list[int]
+) -> str:
+    body, media = src.raw_manifest(repo, digest)
+    _copy_blobs(src, dst, repo, json.loads(body), counter)
+    if not dst.has(repo, "manifests", digest):
+        dst.put_manifest(repo, digest, body, media)
+    return digest
+
+
+def _copy_blobs(
+    src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[str, Any], counter: list[int]
+) -> None:
+    for desc in [doc.get("config") or {}, *(doc.get("layers") or [])]:
+        blob = desc.get("digest")
+        if not blob or dst.has(repo, "blobs", blob):
+            continue
+        size = int(desc.get("size") or 0)
+        with src.blob_stream(repo, blob) as stream:
+            length = int(stream.headers.get("Content-Length") or size)
+            dst.upload_blob(repo, blob, stream, length)
+        counter[0] += 1
+        counter[1] += length
+
+
+def _ref(dst: MirrorRegistry, repo: str, tag: str) -> str:
+    host = re.sub(r"^[a-z]+://", "", dst.base_url).rstrip("/")
+    return f"{host}/{repo}:{tag}"

@@ -1,0 +1,244 @@
+"""Swap: the host ends serving the stack the inventory asks for, verified, or keeps the old one.
+
+The work happens on the host, in the host-side tool (``rigfleet/hostside/``, uploaded as one
+zipapp): a transaction that holds the host lock, opens a 503 window on the front, stops the
+old stack, waits until the cards' memory is released, starts the new stack, waits for it
+(failing fast, naming known boot failures), runs the verify-stress gate, and promotes it or
+rolls back to exactly what served before. It runs as a transient systemd unit, so a dropped
+SSH connection does not stop it; this role starts it and follows its journal, printing
+progress, copies the gate report to ``reports/<host>/``, and fails the host with the
+transaction's reason when it did not promote.
+
+What runs when (``rigfleet.swapplan.decide`` on the host's probe):
+
+- converged (the desired stack is active, running, routed): nothing; ``--dry`` lists nothing;
+- desired differs from active (another stack, or new pins/config of the same one), or nothing
+  is active yet: the gated transaction (``--dry`` lists it);
+- the active stack is down or the front does not route to it: ``ensure`` (recreate it from
+  its verified snapshot, no gate);
+- a stack serves that no transaction recorded (a host converged before swaps existed):
+  ``adopt`` (record it; nothing restarts).
+
+``rigfleet-stack.service`` recreates the active stack at boot (see its unit file).
+
+Example::
+
+    swap(ctx)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.operations import files, systemd
+
+from rigfleet.commands import hosttool
+from rigfleet.hostbundle import build_bundle
+from rigfleet.hostside.lock import describe
+from rigfleet.hostside.plan import Plan
+from rigfleet.swapfacts import SwapProbe, UnitActive
+from rigfleet.swapplan import build_plan, decide, lock_holder
+from roles.ops import DeployError, executing, fail, on_change, run_on_host
+from roles.preflight import HostContext
+
+UNIT_TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "rigfleet-stack.service.j2")
+UNIT_PATH = f"/etc/systemd/system/{hosttool.STACK_UNIT}"
+POLL_S = 2.0
+# Consecutive failed polls before the deploy gives up following (the host carries on).
+MAX_MISSES = 8
+
+
+def reports_root() -> Path:
+    """``reports/`` next to where pyinfra runs (the repository root; git-ignored)."""
+    return Path(os.environ.get("RIGFLEET_REPORTS_DIR") or Path.cwd() / "reports")
+
+
+def _connector_kwargs() -> dict[str, Any]:
+    current = host.current_op_global_arguments or {}
+    return {k: v for k, v in current.items() if k in CONNECTOR_ARGUMENT_KEYS}
+
+
+def fetch_reports(result: dict[str, Any], dest: Path) -> list[Path]:
+    """Copy the gate's JSON and Markdown reports to ``dest`` (``reports/<host>/``)."""
+    gate = result.get("gate") or {}
+    got = []
+    for key in ("report", "report_md"):
+        remote = gate.get(key)
+        if not remote:
+            continue
+        dest.mkdir(parents=True, exist_ok=True)
+        local = dest / Path(str(remote)).name
+        try:
+            if host.get_file(str(remote), str(local), **_connector_kwargs()):
+                got.append(local)
+        except Exception as e:  # the swap's outcome matters more than its copy
+            host.log(f"swap: could not copy {remote}: {e}")
+    return got
+
+
+def outcome_message(name: str, result: dict[str, Any], reports: list[Path]) -> str:
+    """One message for a transaction that did not promote."""
+    stack = result.get("stack")
+    reason = str(result.get("reason") or "no reason recorded").rstrip(".")
+    md = next((str(p) for p in reports if p.suffix == ".md"), None)
+    tail = f" Gate report: {md}." if md else ""
+    if result.get("boot_failure"):
+        tail += f" Boot failure: {result['boot_failure'].get('title')}."
+    if result.get("kept_log"):
+        tail += f" {stack}'s log is kept on the host: {result['kept_log']}."
+    what = result.get("result")
+    if what == "rolled-back":
+        return (f"{name}: swap to {stack} rolled back ({result.get('phase')} failed): "
+                f"{reason}. {result.get('serving')} serves again.{tail}")
+    if what == "refused":
+        return f"{name}: swap to {stack} {reason}"
+    if what == "locked":
+        return f"{name}: {reason}"
+    return (f"{name}: swap to {stack} failed ({result.get('phase')}): {reason}. The front "
+            f"routes to {result.get('serving') or 'nothing'} (503 unless a verified stack "
+            f"serves).{tail}")
+
+
+def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str]) -> None:
+    """At execution time: poll the transaction's journal until it ends, printing progress;
+    put the reason in ``box["error"]`` unless it promoted (the operation then fails the host
+    with it, without a Python traceback)."""
+    try:
+        _follow(swap_id, timeout_s, reports)
+    except DeployError as e:
+        box["error"] = str(e)
+
+
+def _follow(swap_id: str, timeout_s: float, reports: str) -> None:
+    t0 = time.monotonic()
+    since, misses, data = 0, 0, None
+    where = f"{hosttool.tool('status', '--id', swap_id)} or {hosttool.journal_unit(swap_id)}"
+    while True:
+        try:
+            ok, out, err = run_on_host(hosttool.status(swap_id, since))
+            data = json.loads(out[-1]) if ok and out else None
+            problem = "" if data else " ".join(err[-2:]) or "no answer"
+        except Exception as e:  # a dropped connection: the host carries on regardless
+            data, problem = None, f"{type(e).__name__}: {e}"
+        if data is None:
+            misses += 1
+            if misses >= MAX_MISSES:
+                raise DeployError(f"{host.name}: lost contact while following swap {swap_id} "
+                                  f"({problem}); the transaction continues on the host: {where}")
+        else:
+            misses = 0
+            for event in data.get("events") or []:
+                host.log(f"swap {event.get('phase')}: {event.get('message')}")
+            since = int(data.get("next", since))
+            if data.get("state") == "done":
+                break
+            if data.get("state") == "died":
+                raise DeployError(f"{host.name}: swap {swap_id} ended without a result "
+                                  f"(killed?); see {where}")
+        if time.monotonic() - t0 > timeout_s:
+            raise DeployError(f"{host.name}: swap {swap_id} still running after {timeout_s:g}s;"
+                              f" it continues on the host: {where}")
+        time.sleep(POLL_S)
+    assert data is not None
+    result = data.get("result") or {}
+    copied = fetch_reports(result, Path(reports) / host.name)
+    if copied:
+        host.log(f"swap: gate report copied to {', '.join(str(p) for p in copied)}")
+    if result.get("exit") != 0:
+        raise DeployError(outcome_message(host.name, result, copied))
+    host.log(f"swap: {result.get('result')}: {result.get('serving')} serves "
+             f"(503 window {result.get('window_s') or 0:.1f}s)")
+
+
+@operation(is_idempotent=False)
+def serve_desired(plan: Plan, follow_timeout_s: float, reports: str):
+    """Run what ``decide`` says (nothing, the gated transaction, ensure or adopt).
+
+    + plan: the transaction's plan (``rigfleet.swapplan.build_plan``)
+    + follow_timeout_s: how long to follow the transaction (it continues on the host)
+    + reports: the control-side directory for gate reports (``<reports>/<host>/``)
+    """
+    probe = host.get_fact(SwapProbe)
+    decision = decide(probe, plan.desired)
+    if decision.kind == "none":
+        host.noop(decision.reason)
+        return
+    holder = lock_holder(probe)
+    if holder is not None and executing():
+        yield from fail(f"{host.name}: {describe(holder)}; refusing to change this host now")
+        return
+    plan = replace(plan, why=f"{decision.kind} {decision.change or decision.reason}")
+    yield f"install -d -m 0755 {hosttool.swap_dir(plan.id)}"
+    yield FileUploadCommand(io.BytesIO(plan.dumps().encode()), hosttool.plan_path(plan.id))
+    if decision.kind == "adopt":
+        yield hosttool.adopt(plan.id)
+    elif decision.kind == "ensure":
+        yield hosttool.ensure(plan.front_port, plan.by)
+    else:
+        yield hosttool.start_swap(plan.id)
+        box: dict[str, str] = {}
+        yield FunctionCommand(follow, (plan.id, follow_timeout_s, reports, box), {})
+        if box.get("error"):  # the generator resumes after the follow ran
+            yield hosttool.report_failure(box["error"])
+
+
+@operation()
+def unit_started(unit: str):
+    """``systemctl start`` a unit that is not active (a oneshot-like unit that stays active
+    after its start command exited: pyinfra's ``running`` would start it on every run).
+
+    + unit: the unit's name
+    """
+    if host.get_fact(UnitActive, unit=unit):
+        host.noop(f"{unit} is active")
+        return
+    yield f"systemctl start {unit}"
+
+
+@deploy("Swap")
+def swap(ctx: HostContext) -> None:
+    """Install the host-side tool and the boot unit, then serve the desired stack."""
+    files.put(
+        name="Host-side tool (rigfleet-host.pyz: swap, lock, ledger, front, gate)",
+        src=io.BytesIO(build_bundle()),
+        dest=hosttool.PYZ,
+        user="root",
+        group="root",
+        mode="0755",
+    )
+    unit = files.template(
+        name=f"{hosttool.STACK_UNIT} (recreates the active stack at boot)",
+        src=UNIT_TEMPLATE,
+        dest=UNIT_PATH,
+        user="root",
+        group="root",
+        mode="0644",
+        front_port=ctx.settings.front_port,
+    )
+    on_change(
+        name=f"systemd daemon-reload ({hosttool.STACK_UNIT} changed)",
+        commands=["systemctl daemon-reload"],
+        gates=[unit],
+        reason="unit unchanged",
+    )
+    systemd.service(name=f"{hosttool.STACK_UNIT} enabled at boot", service=hosttool.STACK_UNIT,
+                    enabled=True)
+    plan = build_plan(ctx, ctx.swap, why=f"serve {ctx.stack}")
+    serve_desired(
+        name=f"Serve {plan.desired.route_id} (gated swap; rollback on failure)",
+        plan=plan,
+        follow_timeout_s=ctx.swap.follow_timeout_s,
+        reports=str(reports_root()),
+    )
+    # Active (exited) from now on, so its stop command runs at shutdown; starting it when the
+    # stack is up and routed changes nothing (``ensure`` finds it so).
+    unit_started(name=f"{hosttool.STACK_UNIT} active", unit=hosttool.STACK_UNIT)

@@ -1,0 +1,269 @@
+"""Fakes for the swap transaction's tests: a host (docker, nvidia-smi, HTTP), a front, a gate.
+
+``FakeHost`` keeps a fake clock: ``sleep`` advances it, so a two-minute wait runs in
+microseconds and tests can assert *when* things happened (fail fast, VRAM settled). Stacks
+behave as ``FakeHost.behaviour[stack]`` says: ``ok`` (ready after ``boot_s``), ``die`` (exit
+with ``log`` after ``die_after_s``), ``restart-loop`` (Docker restarts it), ``hang`` (never
+ready). Example::
+
+    host = FakeHost()
+    host.behaviour["tq3-mtp-genesis"] = ("die", BOOT_LOG)
+    t = Transaction(plan, lay, host, FakeFront(), FakeGate(), journal)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rigfleet.hostside.gate import GateResult, GateRun
+from rigfleet.hostside.journal import Journal
+from rigfleet.hostside.layout import Layout
+from rigfleet.hostside.ledger import TRACKED_KEYS
+from rigfleet.hostside.plan import Active, Plan, StackRef
+from rigfleet.hostside.stackctl import ContainerState, GpuMemory
+from rigfleet.hostside.swap import write_active
+
+TOTAL_MIB = 24576
+PORTS = {"int8": 8011, "tq3-mtp-genesis": 8015}
+UTIL = {"int8": 0.92, "tq3-mtp-genesis": 0.85}
+
+
+def compose_text(stack: str, config_hash: str) -> str:
+    """A compose file as rigfleet/compose.py writes it (the parts the host side reads)."""
+    return (
+        "# Managed by rigfleet\n"
+        f"name: rigfleet-{stack}\n"
+        "services:\n"
+        "  vllm:\n"
+        f"    image: vllm/vllm-openai:nightly-x@sha256:{'a' * 64}\n"
+        f"    container_name: rigfleet-{stack}\n"
+        "    labels:\n"
+        f"      io.rigfleet.stack: {stack}\n"
+        f"      io.rigfleet.config-hash: {config_hash}\n"
+    )
+
+
+def make_ref(lay: Layout, stack: str, config_hash: str, write: bool = True) -> StackRef:
+    """A stack rendered into ``<root>/opt/rigfleet/stacks/<stack>/compose.yaml``."""
+    path = lay.root / "opt/rigfleet/stacks" / stack / "compose.yaml"
+    if write:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(compose_text(stack, config_hash))
+    record = {k: None for k in TRACKED_KEYS}
+    record.update(stack=stack, image=f"vllm/vllm-openai:nightly-{config_hash}",
+                  digest=f"sha256:{config_hash * 4}", pins_serial=1)
+    return StackRef(stack=stack, project=f"rigfleet-{stack}", container=f"rigfleet-{stack}",
+                    port=PORTS[stack], compose_file=str(path), config_hash=config_hash,
+                    image_ref=f"vllm/vllm-openai:nightly-{config_hash}@sha256:{'a' * 64}",
+                    served_model_name="qwen3.6-27b-autoround",
+                    gpu_memory_utilization=UTIL[stack], record=record)
+
+
+def make_active(lay: Layout, ref: StackRef) -> StackRef:
+    """Record ``ref`` as the active (verified) stack; returns its snapshot ref."""
+    snap = StackRef(**{**ref.to_dict(), "compose_file": str(lay.active_compose)})
+    write_active(lay, Active(snap, "2026-11-29T10:00:00+00:00", "old-deploy", "alice@ctl",
+                             {"result": "pass"}), compose_text(ref.stack, ref.config_hash))
+    return snap
+
+
+def make_plan(lay: Layout, desired: StackRef, plan_id: str = "20261129T100000Z-abcdef",
+              **kw) -> Plan:
+    plan = Plan(id=plan_id, by="alice@ctl", why="swap for a test", host="host1",
+                desired=desired, projects=(
+                    ("rigfleet-int8", str(lay.root / "opt/rigfleet/stacks/int8/compose.yaml")),
+                    ("rigfleet-tq3-mtp-genesis",
+                     str(lay.root / "opt/rigfleet/stacks/tq3-mtp-genesis/compose.yaml"))),
+                ready_timeout_s=kw.pop("ready_timeout_s", 120.0),
+                vram_timeout_s=kw.pop("vram_timeout_s", 30.0), **kw)
+    lay.swap_dir(plan.id).mkdir(parents=True, exist_ok=True)
+    (lay.swap_dir(plan.id) / "plan.json").write_text(plan.dumps())
+    return plan
+
+
+@dataclass
+class _Running:
+    stack: str
+    config_hash: str
+    started: float
+    state: ContainerState
+
+
+@dataclass
+class FakeHost:
+    """docker + nvidia-smi + HTTP of one host, on a fake clock (see the module docstring)."""
+
+    t: float = 0.0
+    boot_s: float = 3.0
+    release_s: float = 1.0  # memory freed this long after a container goes down
+    die_after_s: float = 2.0
+    images: set[str] | None = None  # None: every image is present
+    behaviour: dict[str, tuple[str, str]] = field(default_factory=dict)
+    containers: dict[str, _Running] = field(default_factory=dict)
+    freed_at: float = -1.0  # when the last stopped stack's memory is released
+    never_release: bool = False
+    calls: list[str] = field(default_factory=list)
+    logs_of: dict[str, str] = field(default_factory=dict)
+    created: dict[str, str] = field(default_factory=dict)
+
+    # -- docker ---------------------------------------------------------------------------
+    def image_present(self, ref: str) -> bool:
+        return self.images is None or ref in self.images
+
+    def compose_check(self, file: str, project: str) -> str | None:
+        return None if Path(file).exists() else f"{file}: no such file"
+
+    def up(self, file: str, project: str) -> str | None:
+        text = Path(file).read_text()
+        stack = re.search(r"io\.rigfleet\.stack: (\S+)", text).group(1)
+        config_hash = re.search(r"io\.rigfleet\.config-hash: (\S+)", text).group(1)
+        name = re.search(r"container_name: (\S+)", text).group(1)
+        self.calls.append(f"up {project} {config_hash} t={self.t:g}")
+        if self._memory_used():
+            # What vLLM does when the cards are still busy: dies at start.
+            self.logs_of[name] = ("ValueError: Free memory on device cuda:0 (1.00/24.00 GiB) on "
+                                  "startup is less than desired GPU memory utilization (0.92, "
+                                  "22.08 GiB).")
+            self.behaviour[stack] = ("die", self.logs_of[name])
+        self.containers[name] = _Running(stack, config_hash, self.t,
+                                         ContainerState("running", config_hash=config_hash,
+                                                        created="2026-11-29T10:00:00Z"))
+        self.logs_of.setdefault(name, f"INFO booting {stack}\n")
+        return None
+
+    def down(self, file: str, project: str) -> str | None:
+        self.calls.append(f"down {project} t={self.t:g}")
+        name = project  # container names equal project names in rigfleet
+        if name in self.containers:
+            del self.containers[name]
+            self.freed_at = self.t + self.release_s
+        return None
+
+    def _current(self, name: str) -> _Running | None:
+        run = self.containers.get(name)
+        if run is None:
+            return None
+        kind, log = self.behaviour.get(run.stack, ("ok", ""))
+        if kind in ("die", "restart-loop") and self.t - run.started >= self.die_after_s:
+            self.logs_of[name] = self.logs_of.get(name, "") + log
+            state = (ContainerState("exited", exit_code=1, config_hash=run.config_hash)
+                     if kind == "die" else
+                     ContainerState("running", restarts=1, config_hash=run.config_hash))
+            run.state = state
+        return run
+
+    def container(self, name: str) -> ContainerState | None:
+        run = self._current(name)
+        if run is None:
+            return None
+        created = self.created.get(name, run.state.created)
+        return ContainerState(run.state.status, run.state.exit_code, run.state.restarts,
+                              run.state.oom_killed, created, run.state.config_hash)
+
+    def logs(self, name: str, tail: int = 300) -> str:
+        return self.logs_of.get(name, "") if name in self.containers else \
+            f"Error response from daemon: No such container: {name}"
+
+    # -- nvidia-smi -----------------------------------------------------------------------
+    def _memory_used(self) -> bool:
+        return bool(self.containers) or self.never_release or self.t < self.freed_at
+
+    def gpus(self) -> list[GpuMemory]:
+        self.calls.append(f"gpus t={self.t:g}")
+        used = 22611 if self._memory_used() else 1
+        return [GpuMemory(0, used, TOTAL_MIB), GpuMemory(1, used, TOTAL_MIB)]
+
+    # -- HTTP -----------------------------------------------------------------------------
+    def health(self, port: int, served: str) -> tuple[bool, str]:
+        for name, run in self.containers.items():
+            if PORTS[run.stack] != port:
+                continue
+            kind, _ = self.behaviour.get(run.stack, ("ok", ""))
+            current = self._current(name)
+            if kind == "ok" and current and self.t - run.started >= self.boot_s:
+                return True, "ready"
+            return False, "/health no answer"
+        return False, "/health no answer"
+
+    def chat(self, port: int, served: str) -> tuple[bool, str]:
+        return self.health(port, served)
+
+    # -- clock ----------------------------------------------------------------------------
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def running(self) -> dict[str, str]:
+        """container -> config hash of the live ones."""
+        return {n: r.config_hash for n, r in self.containers.items()
+                if self._current(n) and self._current(n).state.status == "running"}
+
+
+@dataclass
+class FakeFront:
+    routes: list[str] = field(default_factory=list)
+    fail_on: str | None = None
+
+    def serve(self, ref: StackRef, wait: bool = True) -> None:
+        self._set(ref.route_id)
+
+    def maintenance(self, message: str, retry_after_s: int, wait: bool = True) -> None:
+        self._set("maintenance")
+
+    def _set(self, route: str) -> None:
+        from rigfleet.hostside.front import FrontError
+
+        if self.fail_on is not None and route.startswith(self.fail_on):
+            raise FrontError(f"nginx -t refused route {route}")
+        self.routes.append(route)
+
+    def current(self) -> str | None:
+        return self.routes[-1] if self.routes else None
+
+
+@dataclass
+class FakeGate:
+    """Writes a report like the real gate and fails the named checks."""
+
+    failed: tuple[str, ...] = ()
+    result: str | None = None  # "error" to simulate a broken gate
+    runs: list[GateRun] = field(default_factory=list)
+    on_run: object = None  # callable(run) for side effects (e.g. a stop request)
+
+    def __call__(self, run: GateRun, on_line, should_stop) -> GateResult:
+        self.runs.append(run)
+        if callable(self.on_run):
+            self.on_run(run)
+        if should_stop():
+            return GateResult("error", -15, run.profile, summary="the gate stopped (the "
+                              "transaction was interrupted)")
+        if self.result == "error":
+            return GateResult("error", 101, run.profile, summary="the gate exited with 101")
+        run.report_dir.mkdir(parents=True, exist_ok=True)
+        report = run.report_dir / f"verify-{len(self.runs)}.json"
+        checks = [{"name": n, "status": "fail" if n in self.failed else "pass",
+                   "summary": "recall_miss" if n in self.failed else "ok"}
+                  for n in ("preflight", "needles", "needles_deep", "soak")]
+        report.write_text(json.dumps({"schema": "rigfleet-verify/1", "checks": checks}))
+        report.with_suffix(".md").write_text("# verify-stress gate\n")
+        on_line("[ 1/4] preflight: PASS")
+        status = len(self.failed)
+        return GateResult("pass" if not status else "fail", status, run.profile,
+                          list(self.failed), f"{4 - status} passed, {status} failed",
+                          str(report), str(report.with_suffix(".md")), "2026-11-29T10:00Z", 1.0)
+
+
+def journal(lay: Layout, plan: Plan) -> Journal:
+    return Journal(lay.swap_dir(plan.id), echo=None)
+
+
+def ledger_lines(lay: Layout) -> list[dict]:
+    try:
+        return [json.loads(line) for line in lay.ledger_file.read_text().splitlines()]
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,180 @@
+"""``--push-mirror``: the pinned image copied registry to registry, digest unchanged, with
+blobs the mirror already has skipped; an index copied whole or as its amd64 manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from rigfleet.bump.mirror import MirrorRegistry, copy_image
+from rigfleet.registry import RegistryError
+
+REPO = "vllm/vllm-openai"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class Store:
+    """An in-memory registry: blobs, manifests by digest, tags."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.manifests: dict[str, tuple[str, bytes]] = {}
+        self.tags: dict[str, str] = {}
+        self.uploads: dict[str, bytes] = {}
+        self.puts = 0
+
+    def add_image(self, tag: str, layers: list[bytes], arch: str = "amd64") -> str:
+        config = json.dumps({"architecture": arch, "created": "2026-05-11T10:00:00Z"}).encode()
+        self.blobs[sha(config)] = config
+        for layer in layers:
+            self.blobs[sha(layer)] = layer
+        doc = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+               "config": {"digest": sha(config), "size": len(config)},
+               "layers": [{"digest": sha(x), "size": len(x)} for x in layers]}  # fmt: skip
+        body = json.dumps(doc).encode()
+        self.manifests[sha(body)] = (OCI_MANIFEST, body)
+        self.tags[tag] = sha(body)
+        return sha(body)
+
+    def add_index(self, tag: str, children: dict[str, str]) -> str:
+        doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+            {"digest": d, "mediaType": OCI_MANIFEST, "platform": {"os": "linux",
+                                                                  "architecture": arch}}
+            for arch, d in children.items()]}  # fmt: skip
+        body = json.dumps(doc).encode()
+        self.manifests[sha(body)] = (OCI_INDEX, body)
+        self.tags[tag] = sha(body)
+        return sha(body)
+
+
+def serve(store: Store) -> tuple[ThreadingHTTPServer, str]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _reply(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None):
+            self.send_response(code)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _body(self) -> bytes:
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+        def do_GET(self) -> None:  # noqa: N802
+            m = re.fullmatch(rf"/v2/{REPO}/(manifests|blobs)/([^?]+)", self.path)
+            if not m:
+                return self._reply(404)
+            kind, ref = m.groups()
+            if kind == "blobs":
+                if ref in store.blobs:
+                    return self._reply(200, store.blobs[ref], {"Docker-Content-Digest": ref})
+                return self._reply(404)
+            digest = store.tags.get(ref, ref)
+            if digest not in store.manifests:
+                return self._reply(404)
+            media, body = store.manifests[digest]
+            return self._reply(200, body, {"Content-Type": media, "Docker-Content-Digest": digest})
+
+        do_HEAD = do_GET  # noqa: N815
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._body()
+            uid = uuid.uuid4().hex
+            store.uploads[uid] = b""
+            self._reply(202, headers={"Location": f"/v2/{REPO}/blobs/uploads/{uid}"})
+
+        def do_PUT(self) -> None:  # noqa: N802
+            body = self._body()
+            m = re.fullmatch(rf"/v2/{REPO}/blobs/uploads/(\w+)\?digest=(sha256%3A\w+)", self.path)
+            if m:
+                digest = m.group(2).replace("%3A", ":")
+                if sha(body) != digest:
+                    return self._reply(400, b"digest mismatch")
+                store.blobs[digest] = body
+                return self._reply(201, headers={"Docker-Content-Digest": digest})
+            m = re.fullmatch(rf"/v2/{REPO}/manifests/(.+)", self.path)
+            if m:
+                store.puts += 1
+                doc = json.loads(body)
+                refs = [doc.get("config", {}).get("digest"),
+                        *(x["digest"] for x in doc.get("layers", []))]  # fmt: skip
+                refs += [x["digest"] for x in doc.get("manifests", [])]
+                missing = [r for r in refs if r and r not in store.blobs
+                           and r not in store.manifests]  # fmt: skip
+                if missing:  # like distribution: references must exist first
+                    return self._reply(400, f"unknown {missing}".encode())
+                store.manifests[sha(body)] = (self.headers["Content-Type"], body)
+                if not m.group(1).startswith("sha256:"):
+                    store.tags[m.group(1)] = sha(body)
+                return self._reply(201, headers={"Docker-Content-Digest": sha(body)})
+            return self._reply(404)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}"
+
+
+@pytest.fixture
+def registries() -> Iterator[tuple[Store, str, Store, str]]:
+    src, dst = Store(), Store()
+    s1, u1 = serve(src)
+    s2, u2 = serve(dst)
+    yield src, u1, dst, u2
+    s1.shutdown()
+    s2.shutdown()
+
+
+def test_copy_keeps_the_digest_and_skips_present_blobs(registries) -> None:
+    src, u1, dst, u2 = registries
+    digest = src.add_image("nightly-a", [b"layer-one" * 100, b"layer-two" * 50])
+    dst.blobs[sha(b"layer-one" * 100)] = b"layer-one" * 100  # the mirror has a shared layer
+    copied = copy_image(MirrorRegistry(u1), MirrorRegistry(u2), REPO, "nightly-a", digest)
+    assert copied.digest == digest
+    assert copied.blobs == 2  # config + layer two
+    assert dst.tags["nightly-a"] == digest
+    assert copied.ref == f"{u2.removeprefix('http://')}/{REPO}:nightly-a"
+    again = copy_image(MirrorRegistry(u1), MirrorRegistry(u2), REPO, "nightly-a", digest)
+    assert again.blobs == 0
+
+
+def test_index_whole_or_amd64_only(registries) -> None:
+    src, u1, dst, u2 = registries
+    amd = src.add_image("x-amd64", [b"amd" * 10])
+    arm = src.add_image("x-arm64", [b"arm" * 10], arch="arm64")
+    index = src.add_index("nightly-b", {"amd64": amd, "arm64": arm})
+    whole = copy_image(MirrorRegistry(u1), MirrorRegistry(u2), REPO, "nightly-b", index)
+    assert whole.digest == index and {amd, arm} <= set(dst.manifests)
+    fresh = Store()
+    s3, u3 = serve(fresh)
+    try:
+        one = copy_image(MirrorRegistry(u1), MirrorRegistry(u3), REPO, "nightly-b", index,
+                         platforms="amd64")  # fmt: skip
+        assert one.digest == amd and arm not in fresh.manifests
+        assert fresh.tags["nightly-b"] == amd
+    finally:
+        s3.shutdown()
+
+
+def test_unreachable_mirror_is_an_error(registries) -> None:
+    src, u1, _, _ = registries
+    digest = src.add_image("nightly-c", [b"c"])
+    with pytest.raises(RegistryError, match="cannot reach"):
+        copy_image(MirrorRegistry(u1), MirrorRegistry("http://127.0.0.1:9"), REPO,
+                   "nightly-c", digest)  # fmt: skip

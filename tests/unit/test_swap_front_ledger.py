@@ -1,0 +1,183 @@
+"""The front's route file, the ledger's lines and state, the journal, the plan file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from swap_fakes import make_plan, make_ref
+
+from rigfleet.hostside import ledger
+from rigfleet.hostside.front import (
+    MAINTENANCE,
+    ROUTE_HEADER,
+    Front,
+    FrontError,
+    render_maintenance,
+    render_serving,
+)
+from rigfleet.hostside.journal import Journal
+from rigfleet.hostside.layout import Layout
+from rigfleet.hostside.plan import Plan, PlanError, compose_hash
+from rigfleet.hostside.probe import route
+
+
+@pytest.fixture
+def lay(tmp_path) -> Layout:
+    return Layout(tmp_path)
+
+
+class Nginx:
+    """``nginx -t`` / reload and the front's answers, as the route file says."""
+
+    def __init__(self, lay: Layout, test_ok: bool = True, lag: int = 0) -> None:
+        self.lay, self.test_ok, self.lag = lay, test_ok, lag
+        self.commands: list[list[str]] = []
+        self.live: str | None = None
+        self.polls = 0
+
+    def run(self, argv: list[str], timeout: float) -> tuple[int, str]:
+        self.commands.append(argv)
+        if argv[:2] == ["nginx", "-t"]:
+            return (0, "") if self.test_ok else (1, "nginx: [emerg] unexpected end of file")
+        self.live = route(self.lay.front_route)
+        return 0, ""
+
+    def http(self, method, url, headers, body, timeout):
+        assert headers == {"Authorization": "Bearer k3y"} and url.endswith("/v1/models")
+        self.polls += 1
+        if self.polls <= self.lag:
+            return 200, {ROUTE_HEADER: "int8/old"}, b""
+        if self.live == MAINTENANCE:
+            return 503, {ROUTE_HEADER: MAINTENANCE, "Retry-After": "30"}, b"{}"
+        return 200, {ROUTE_HEADER: self.live or ""}, b"{}"
+
+
+def front(lay: Layout, nginx: Nginx) -> Front:
+    return Front(lay, 8000, nginx.run, nginx.http, api_key="k3y", settle_s=5,
+                 sleep=lambda s: None)
+
+
+def test_serving_route_proxies_to_the_stack_and_names_itself(lay):
+    ref = make_ref(lay, "tq3-mtp-genesis", "3333cccc4444dddd")
+    text = render_serving(ref)
+    assert text.splitlines()[0] == "# rigfleet route: tq3-mtp-genesis/3333cccc4444dddd"
+    assert "proxy_pass http://127.0.0.1:8015;" in text
+    assert f'add_header {ROUTE_HEADER} "tq3-mtp-genesis/3333cccc4444dddd" always;' in text
+    assert "proxy_buffering off;" in text and "proxy_read_timeout 3600s;" in text
+
+
+def test_maintenance_is_a_503_with_retry_after_and_a_json_body(lay):
+    text = render_maintenance("swap int8 -> tq3-mtp-genesis in progress'; evil", 12)
+    assert "add_header Retry-After 12 always;" in text
+    body = text.split("return 503 '", 1)[1].rsplit("';", 1)[0]
+    data = json.loads(body)
+    assert data["error"]["code"] == 503 and data["error"]["type"] == "service_unavailable"
+    assert "swap int8 -> tq3-mtp-genesis in progress" in data["error"]["message"]
+    assert "'" not in body  # nothing can close nginx's string early
+
+
+@pytest.mark.skipif(not shutil.which("nginx"), reason="nginx is not installed here")
+def test_rendered_routes_pass_nginx_t(lay, tmp_path):
+    ref = make_ref(lay, "int8", "1111aaaa2222bbbb")
+    for text in (render_serving(ref), render_maintenance("x", 5)):
+        (tmp_path / "route.conf").write_text(text)
+        conf = tmp_path / "nginx.conf"
+        conf.write_text(f"events {{}}\nhttp {{ server {{ listen 127.0.0.1:1; location / {{ "
+                        f"include {tmp_path}/route.conf; }} }} }}\n")
+        proc = subprocess.run(["nginx", "-t", "-c", str(conf)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_switch_tests_reloads_and_waits_until_the_front_shows_the_route(lay):
+    nginx = Nginx(lay, lag=3)
+    f = front(lay, nginx)
+    ref = make_ref(lay, "int8", "1111aaaa2222bbbb")
+    f.serve(ref)
+    assert f.current() == "int8/1111aaaa2222bbbb"
+    assert nginx.commands[:2] == [["nginx", "-t", "-q"], ["systemctl", "reload", "nginx"]]
+    assert nginx.polls == 4  # waited through the lag
+    f.maintenance("swap", 30)
+    assert f.probe() == (503, MAINTENANCE, "30")
+
+
+def test_a_route_nginx_refuses_is_put_back(lay):
+    good = Nginx(lay)
+    ref = make_ref(lay, "int8", "1111aaaa2222bbbb")
+    front(lay, good).serve(ref)
+    before = lay.front_route.read_text()
+    bad = Nginx(lay, test_ok=False)
+    with pytest.raises(FrontError, match="nginx -t refused route maintenance"):
+        front(lay, bad).maintenance("swap", 30)
+    assert lay.front_route.read_text() == before
+    assert ["systemctl", "reload", "nginx"] not in bad.commands
+
+
+def test_a_front_that_never_shows_the_route_is_an_error(lay):
+    nginx = Nginx(lay, lag=10**6)
+    with pytest.raises(FrontError, match="still answers 200 route 'int8/old'"):
+        Front(lay, 8000, nginx.run, nginx.http, api_key="k3y", settle_s=0.01,
+              sleep=lambda s: None).maintenance("x", 1)
+
+
+def test_ledger_lines_describe_what_serves_after_the_event(lay):
+    old, new = make_ref(lay, "int8", "1111aaaa2222bbbb"), make_ref(lay, "tq3-mtp-genesis", "33")
+    gate = {"result": "fail", "failed_checks": ["needles"], "report": "/r.json"}
+    ledger.append(lay, ledger.entry("swap", "rolled-back", old, attempted=new, host="h1",
+                                    by="alice", deploy_id="D", gate=gate, reason="gate failed"))
+    ledger.append(lay, ledger.entry("activate", "failed", None, attempted=new))
+    first, second = ledger.tail(lay)
+    assert first["stack"] == "int8" and first["attempted"]["stack"] == "tq3-mtp-genesis"
+    assert first["config_hash"] == "1111aaaa2222bbbb" and first["gate"] == gate
+    assert set(ledger.TRACKED_KEYS) <= set(first)
+    assert second["stack"] is None and second["gate"] == {"result": "not-run"}
+    assert len(lay.ledger_file.read_text().splitlines()) == 2
+
+
+def test_state_updates_keep_keys_others_wrote(lay):
+    ledger.write_state(lay, {"stack": "int8", "driver_branch": "580", "custom": 1})
+    state = ledger.update_state(lay, stack="tq3-mtp-genesis", gate={"result": "pass"})
+    assert state == {"stack": "tq3-mtp-genesis", "driver_branch": "580", "custom": 1,
+                     "gate": {"result": "pass"}}
+    assert ledger.read_state(lay) == state
+    lay.state_file.write_text("not json")
+    assert ledger.read_state(lay) == {}
+
+
+def test_journal_states_starting_running_done_and_died(lay, tmp_path):
+    d = lay.swap_dir("X")
+    d.mkdir(parents=True)
+    (d / "plan.json").write_text("{}")
+    assert Journal.read(d)["state"] == "starting"
+    j = Journal(d, echo=None)
+    j.event("stop", "docker compose down rigfleet-int8")
+    j.event("vram", "released")
+    first = Journal.read(d, since=0)
+    assert first["state"] == "running" and first["next"] == 2
+    assert [e["phase"] for e in first["events"]] == ["stop", "vram"]
+    assert Journal.read(d, since=1)["events"][0]["phase"] == "vram"
+    j.finish({"result": "promoted", "exit": 0})
+    assert Journal.read(d)["result"]["result"] == "promoted"
+    (d / "result.json").unlink()
+    (d / "pid.json").write_text(json.dumps({"pid": 2**22 + 12345}))
+    assert Journal.read(d)["state"] == "died"
+
+
+def test_plan_round_trip_and_errors_naming_the_field(lay):
+    plan = make_plan(lay, make_ref(lay, "int8", "1111aaaa2222bbbb"), gate_profile="fast",
+                     gate_set=("soak_sessions=2",))
+    again = Plan.load(lay.swap_dir(plan.id) / "plan.json")
+    assert again == plan and again.desired.route_id == "int8/1111aaaa2222bbbb"
+    data = plan.to_dict()
+    with pytest.raises(PlanError, match=r"desired\.port: missing"):
+        Plan.from_dict({**data, "desired": {k: v for k, v in data["desired"].items()
+                                            if k != "port"}})
+    with pytest.raises(PlanError, match=r"id: '../x' is not a valid id"):
+        Plan.from_dict({**data, "id": "../x"})
+    with pytest.raises(PlanError, match="gpu_memory_utilization: 1.5"):
+        Plan.from_dict({**data, "desired": {**data["desired"], "gpu_memory_utilization": 1.5}})
+    assert compose_hash("    labels:\n      io.rigfleet.config-hash: 0123abcd4567ef89\n") == \
+        "0123abcd4567ef89"
+    assert compose_hash("io.rigfleet.config-hash: '0123abcd4567ef89'") == "0123abcd4567ef89"

@@ -1,0 +1,150 @@
+"""Control side of the swap: what the deploy decides from a host's probe, the plan it sends,
+the zipapp it ships, and the commands it runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rigfleet import hostbundle
+from rigfleet.catalog import STACKS
+from rigfleet.commands import hosttool
+from rigfleet.hostdata import validate_host
+from rigfleet.hostside.plan import Plan
+from rigfleet.pins import load_pins
+from rigfleet.swapplan import SwapSettings, build_plan, decide, lock_holder, stack_ref
+
+DIGEST = "sha256:" + "b" * 64
+PINS = f"""\
+schema: rigfleet-pins/1
+serial: 3
+driver: {{branch: "580"}}
+container_toolkit: {{version: 1.17.8-1}}
+huggingface_hub: {{version: 2.4.0}}
+model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
+         local_dir: qwen3.6-27b-autoround-int4}}
+stacks:
+  int8: {{image: "vllm/vllm-openai:nightly-01d4d1ad375dc5854779c593eee093bcebb0cada",
+          digest: "{DIGEST}", vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}}
+  tq3-mtp-genesis:
+    image: "vllm/vllm-openai:nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"
+    digest: "{DIGEST}"
+    vllm_version: 0.20.2rc1.dev9+g01d4d1ad3
+    genesis: {{repo: "http://git.example/genesis.git", commit: "{"c" * 40}"}}
+history: []
+"""
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    key = tmp_path / "api-key"
+    key.write_text("k" * 32 + "\n")
+    key.chmod(0o600)
+    (tmp_path / "pins.yaml").write_text(PINS)
+    repo = {"url": "http://apt.example/debian", "key_url": "http://apt.example/k.asc",
+            "suite": "stable", "components": ["main"]}
+    settings = validate_host("host1", {
+        "stack": "tq3-mtp-genesis", "power_caps_w": 250, "model_dir": "/srv/models",
+        "front_port": 8000, "api_key_file": str(key), "pins_file": str(tmp_path / "pins.yaml"),
+        "apt_repos": {"cuda": repo, "nvidia-container-toolkit": repo}})
+    pins = load_pins(tmp_path / "pins.yaml")
+    return SimpleNamespace(name="host1", settings=settings, pins=pins, specs=dict(STACKS),
+                           by="alice@ctl", stack=settings.stack)
+
+
+def test_plan_carries_everything_the_host_needs(ctx):
+    plan = build_plan(ctx, SwapSettings(gate_profile="fast", gate_set=("soak_sessions=2",)),
+                      why="serve tq3", deploy_id="D1")
+    d = plan.desired
+    assert (d.stack, d.project, d.container, d.port) == (
+        "tq3-mtp-genesis", "rigfleet-tq3-mtp-genesis", "rigfleet-tq3-mtp-genesis", 8015)
+    assert d.compose_file == "/opt/rigfleet/stacks/tq3-mtp-genesis/compose.yaml"
+    assert d.image_ref.endswith("@" + DIGEST) and d.gpu_memory_utilization == 0.85
+    assert d.record["genesis_commit"] == "c" * 40 and d.record["pins_serial"] == 3
+    assert len(d.config_hash) == 16
+    assert plan.projects == (
+        ("rigfleet-int8", "/opt/rigfleet/stacks/int8/compose.yaml"),
+        ("rigfleet-tq3-mtp-genesis", "/opt/rigfleet/stacks/tq3-mtp-genesis/compose.yaml"))
+    assert (plan.gate_profile, plan.gate_set, plan.id) == ("fast", ("soak_sessions=2",), "D1")
+    assert Plan.from_dict(json.loads(plan.dumps())) == plan
+    # The hash is the compose file's own label: a changed extra_env changes it.
+    other = stack_ref(SimpleNamespace(**{**vars(ctx), "settings": ctx.settings.__class__(
+        **{**vars(ctx.settings), "extra_env": {"tq3-mtp-genesis": {"X": "1"}}})}),
+        "tq3-mtp-genesis")
+    assert other.config_hash != d.config_hash
+
+
+def probe(active=None, state=None, containers=None, route=None, lock=None):
+    return {"active": {"ref": active} if active else None, "state": state,
+            "containers": containers or {}, "route": route, "lock": lock}
+
+
+def test_decisions(ctx):
+    desired = stack_ref(ctx, "tq3-mtp-genesis")
+    mine = {"stack": desired.stack, "config_hash": desired.config_hash}
+    running = {desired.container: {"status": "running", "hash": desired.config_hash}}
+    assert decide(probe(mine, containers=running, route=desired.route_id), desired).kind == \
+        "none"
+    assert decide(probe(mine, containers=running, route="maintenance"), desired).kind == \
+        "ensure"
+    exited = {desired.container: {"status": "exited", "hash": desired.config_hash}}
+    assert decide(probe(mine, containers=exited, route=desired.route_id), desired).kind == \
+        "ensure"
+    assert decide(probe({"stack": "int8", "config_hash": "x"}), desired).kind == "swap"
+    bumped = decide(probe({"stack": desired.stack, "config_hash": "old"}), desired)
+    assert bumped.kind == "update" and bumped.transaction
+    assert "tq3-mtp-genesis/old -> tq3-mtp-genesis/" in bumped.reason
+    assert decide(probe(), desired).kind == "activate"
+    assert decide(probe(state={"stack": "tq3-mtp-genesis"}, containers=running),
+                  desired).kind == "adopt"
+    assert decide(probe(state={"stack": "int8"}, containers=running), desired).kind == "activate"
+    assert lock_holder(probe(lock={"who": "x", "alive": True})) == {"who": "x", "alive": True}
+    assert lock_holder(probe(lock={"who": "x", "alive": False})) is None
+
+
+def test_bundle_is_deterministic_complete_and_runs(tmp_path):
+    hostbundle.build_bundle.cache_clear()
+    first = hostbundle.build_bundle()
+    hostbundle.build_bundle.cache_clear()
+    assert hostbundle.build_bundle() == first
+    names = zipfile.ZipFile(hostbundle.write_bundle(tmp_path / "h.pyz")).namelist()
+    assert "__main__.py" in names and "rigfleet/hostside/swap.py" in names
+    assert "rigfleet/hostside/verify/runner.py" in names
+    assert not [n for n in names if "__pycache__" in n or n.startswith("rigfleet/testbed")]
+    out = subprocess.run([sys.executable, str(tmp_path / "h.pyz"), "--root", str(tmp_path),
+                          "status", "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["active"] is None
+    gate = subprocess.run([sys.executable, str(tmp_path / "h.pyz"), "verify", "--help"],
+                          capture_output=True, text=True)
+    assert gate.returncode == 0 and "--api-key-file" in gate.stdout
+
+
+def test_probe_source_runs_standalone_as_the_fact_sends_it(tmp_path):
+    src = Path(hosttool._PROBE_SOURCE).read_text()
+    out = subprocess.run([sys.executable, "-c", src, "--root", str(tmp_path)],
+                         capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout)
+    assert set(data) == {"active", "state", "lock", "containers", "route", "bundle"}
+    out = subprocess.run([sys.executable, "-c", src, "--lock-only", "--root", str(tmp_path)],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == {"lock": None}
+
+
+def test_host_tool_commands_are_valid_sh():
+    for command in (hosttool.start_swap("20261129T100000Z-abcdef"),
+                    hosttool.status("20261129T100000Z-abcdef", 3), hosttool.probe(),
+                    hosttool.probe(lock_only=True), hosttool.adopt("X"),
+                    hosttool.ensure(8000, "alice@ctl"),
+                    hosttool.report_failure("host1: it's 'quoted' $HOME `x`")):
+        proc = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True)
+        assert proc.returncode == 0, (command, proc.stderr)
+    assert hosttool.start_swap("X").startswith("systemd-run --unit rigfleet-swap-X --collect ")
+    proc = subprocess.run(["sh", "-c", hosttool.report_failure("it's $HOME")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr == "it's $HOME\n"
