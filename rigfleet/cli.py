@@ -6,6 +6,7 @@
     rigfleet pins lock [--pins pins.yaml] [--registry URL] [--hub URL]
     rigfleet verify --url URL [--api-key-file F] [--profile full|fast]   (the verify-stress gate)
     rigfleet endpoints --inventory inventory/home.py
+    rigfleet status --inventory inventory/home.py [--json]
 
 The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
 """
@@ -34,8 +35,10 @@ def cmd_testbed(args: argparse.Namespace) -> int:
         started = time.monotonic()
         overrides = [hardware.parse_override(spec) for spec in args.hardware]
         slots = fleet.up(fleet.UpOptions(hosts=args.hosts, hardware_overrides=overrides), _log)
+        from rigfleet.testbed.layout import INVENTORY
+
         _log(f"testbed up: {len(slots)} host(s) in {time.monotonic() - started:.1f}s; "
-             "inventory/testbed.py written")
+             f"{INVENTORY.relative_to(INVENTORY.parents[1])} written")
         _print_status(fleet.status())
     elif args.action == "down":
         fleet.down(_log)
@@ -107,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     # the same program the hosts run during a swap.
     sub.add_parser("verify", add_help=False,
                    help="run the verify-stress gate against any OpenAI-compatible endpoint")
+
+    from rigfleet import status
+
+    status.add_parser(sub)
 
     ep = sub.add_parser("endpoints", help="ask every host's front for a short answer")
     ep.add_argument("--inventory", default="inventory/home.py")

@@ -561,6 +561,13 @@ def _hex(value: str | None, n: int = 8) -> str:
     return value.removeprefix("sha256:")[:n] if value else "-"
 
 
+def _when(iso: str | None) -> str:
+    """``2026-11-29T16:45:02+00:00`` -> ``2026-11-29 16:45`` for a table cell."""
+    if not iso:
+        return ""
+    return iso.replace("T", " ")[:16] if len(iso) >= 16 and iso[10] == "T" else iso
+
+
 def parse_gpus(gpu: Mapping[str, Any]) -> tuple[list[Any], str | None]:
     """(GpuInfo list, error) from the probe's nvidia-smi output."""
     from rigfleet import gpu as gpu_parse
@@ -861,7 +868,7 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> A
     for col in ("digest", "genesis", "model"):
         table.add_column(col, no_wrap=True)
     table.add_column("gate", overflow="fold")
-    table.add_column("drift", overflow="fold", min_width=14)
+    table.add_column("drift", overflow="fold", ratio=1)
     for r in rows:
         if not r.reachable:
             up = Text("no", style="red")
@@ -871,7 +878,7 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> A
             drift = (
                 Text("\n".join(r.drift), style="yellow") if r.drift else Text("none", style="green")
             )
-        gate = "-" if r.gate is None else f"{r.gate} {r.gate_time or ''}".strip()
+        gate = "-" if r.gate is None else f"{r.gate} {_when(r.gate_time)}".strip()
         table.add_row(
             r.host,
             up,
@@ -904,10 +911,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``rigfleet status``: print the fleet's rows; the exit status says the worst found."""
+    import logging
+
     from rich.console import Console
 
     from rigfleet.inventory import InventoryError, load_inventory
 
+    # paramiko logs a traceback for every refused connection; the row already says why.
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    logging.getLogger("paramiko").propagate = False
     try:
         hosts = load_inventory(args.inventory)
     except InventoryError as e:

@@ -245,7 +245,7 @@ def classify(
     failed = deploy.failed(host)
     if after.busy and failed:
         # pyinfra lost the host while its swap runs on (a transient unit): unknown for now.
-        detail = f"its swap is still running on the host ({after.busy})"
+        detail = f"a transaction still runs on the host ({after.busy})"
         if errors:
             detail += f"; pyinfra: {errors[-1]}"
         return HostOutcome(host, Status.LOST, batch, None, detail, seconds=deploy.seconds)
@@ -316,7 +316,8 @@ def rollout(
                 on_event(f"{label}: {h} unreachable, skipped ({reach[h]})")
         if not live:
             if i == 0:
-                stopped = "the canary became unreachable before its swap; nothing was changed"
+                stopped = f"the canary {batch[0]} could not be worked on ({reach[batch[0]]}); " \
+                    "nothing was changed"
             continue
         before = {h: _facts_or_none(runner, h) for h in live}
         on_event(f"{label}: deploying {', '.join(live)}")
@@ -475,8 +476,19 @@ class PyinfraRunner:
         self.timeout = timeout
 
     def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
+        """None for a host the deploy can work on now; else why not: SSH fails, or a live
+        transaction (a swap another deploy started, the boot-time recreation) holds its lock
+        (the deploy would refuse it; nothing is done to it, so it is skipped, not failed)."""
+
+        def check(host: str) -> str | None:
+            try:
+                facts = self.facts(host)
+            except HostUnreachable as e:
+                return str(e)
+            return f"busy: {facts.busy}" if facts.busy else None
+
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-            answers = list(pool.map(lambda h: self.remote.reachable(self.hosts[h]), hosts))
+            answers = list(pool.map(check, hosts))
         return dict(zip(hosts, answers, strict=True))
 
     def facts(self, host: str) -> HostFacts:

@@ -485,7 +485,7 @@ def status() -> list[dict[str, Any]]:
         ports = ctr.attrs.get("NetworkSettings", {}).get("Ports") or {}
         row["ports"] = ", ".join(
             f"{b[0]['HostIp']}:{b[0]['HostPort']}->{p}" for p, b in ports.items() if b)
-        if ctr.name.startswith("rigfleet-host") and ctr.status == "running":
+        if ctr.name.rsplit("-", 1)[-1].startswith("host") and ctr.status == "running":
             rc, out = ctr.exec_run(["sh", "-c", "cat /run/nvidia-sim/loaded 2>/dev/null"])
             row["driver"] = out.decode().strip() if rc == 0 and out.strip() else "not loaded"
             rc, out = ctr.exec_run(["systemctl", "is-system-running"])

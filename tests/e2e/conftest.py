@@ -6,6 +6,7 @@ down at the end. ``RIGFLEET_KEEP_TESTBED=1`` keeps it (and reuses a running one)
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -96,3 +97,26 @@ def testbed() -> Testbed:
     yield Testbed(hosts, INVENTORY, key)
     if not KEEP:
         run([str(BIN / "rigfleet"), "testbed", "down"], timeout=600, check=False)
+
+
+PYINFRA = str(BIN / "pyinfra")
+
+
+def pyinfra(*args: str, check: bool = True, timeout: float = 1800):
+    """``pyinfra <testbed inventory> deploy.py ARGS`` from the repository root."""
+    return run([PYINFRA, str(INVENTORY), "deploy.py", *args], check=check, timeout=timeout)
+
+
+def dry_plan() -> list[dict]:
+    """The operations ``--dry --json`` would run, with the hosts each would change."""
+    proc = pyinfra("--dry", "--json")
+    return json.loads(proc.stdout[proc.stdout.index("{"):])["plan"]
+
+
+@pytest.fixture(scope="session")
+def converged(testbed):
+    """The testbed converged once per session (bare hosts to serving)."""
+    started = time.monotonic()
+    proc = pyinfra("-y")
+    print(f"converge took {time.monotonic() - started:.1f}s")
+    return proc

@@ -4,35 +4,11 @@ a second run changes nothing, and a reboot brings everything back."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
-import pytest
-from conftest import INVENTORY, run
-
-PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
-
-
-def pyinfra(*args: str, check: bool = True, timeout: float = 1800):
-    return run([PYINFRA, str(INVENTORY), "deploy.py", *args], check=check,
-               timeout=timeout)
-
-
-def dry_plan() -> list[dict]:
-    proc = pyinfra("--dry", "--json")
-    start = proc.stdout.index("{")
-    return json.loads(proc.stdout[start:])["plan"]
-
-
-@pytest.fixture(scope="session")
-def converged(testbed):
-    started = time.monotonic()
-    proc = pyinfra("-y")
-    print(f"converge took {time.monotonic() - started:.1f}s")
-    return proc
+from conftest import dry_plan, pyinfra
 
 
 def post_chat(url: str, key: str | None, prompt: str = "What is the capital of France?"):

@@ -109,17 +109,27 @@ canary = ["host1"]
 ''')
 
 
-def start_host(host) -> None:
+def start_host(host, key: str) -> None:
+    """Start a stopped host and wait until its boot-time recreation is done and it serves."""
     subprocess.run(["docker", "start", host.container], check=False, capture_output=True)
     host.wait_ssh(180)
-    # The boot unit recreates the active stack; wait until it serves again.
-    deadline = time.monotonic() + 240
+    wait_idle(host, key)
+
+
+def wait_idle(host, key: str, timeout: float = 300) -> None:
+    """No transaction holds the host's lock and the front answers with the key."""
+    deadline = time.monotonic() + timeout
+    probe = (f"test ! -d /var/lib/rigfleet/lock && curl -s -o /dev/null -w '%{{http_code}}' "
+             f"-H 'Authorization: Bearer {key}' http://127.0.0.1:8000/v1/models")  # fmt: skip
     while time.monotonic() < deadline:
-        if host.sh("systemctl is-active rigfleet-stack.service")[1].strip() == "active":
-            if host.sh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
-                       )[1].strip() in ("200", "401"):  # fmt: skip
-                return
+        try:
+            rc, out = host.sh(probe, timeout=20)
+        except Exception:  # SSH not back yet
+            rc, out = 1, ""
+        if rc == 0 and out.strip() == "200":
+            return
         time.sleep(2)
+    raise AssertionError(f"{host.name} did not come back serving within {timeout:g}s")
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +142,8 @@ def fleet(testbed):
     for host in testbed.hosts:  # a host stopped by a failed test
         if subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", host.container],
                           capture_output=True, text=True).stdout.strip() != "true":  # fmt: skip
-            start_host(host)
+            start_host(host, testbed.api_key)
+        wait_idle(host, testbed.api_key)
     run([PYINFRA, str(INVENTORY), "deploy.py", "-y"], timeout=1800, check=False)
     BUMP_INVENTORY.unlink(missing_ok=True)
     BUMP_PINS.unlink(missing_ok=True)
@@ -290,7 +301,7 @@ def test_host_stopped_during_its_batch_is_reported_and_the_batch_finishes(fleet)
     assert "host3 is unreachable" in proc.stderr
 
     # Back up: it serves what it served before (boot-time recreation); a bump finishes it.
-    start_host(host3)
+    start_host(host3, fleet.api_key)
     proc = bump("--image", f"nightly-{GOOD}", "--yes")
     assert proc.returncode == 0
     assert "canary: host3 promoted" in " ".join(proc.stderr.split())

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import INVENTORY, REPO, run
-from test_02_converge import converged, pyinfra  # noqa: F401  (session fixture, shared)
+from conftest import INVENTORY, REPO, pyinfra, run
 
 OTHER_IMAGE = "vllm/vllm-openai:nightly-3f9c2a7e5b1d4c8a9e0f6b2d7c1a5e8f9b3d6c02"
 COMPOSE = "/opt/rigfleet/stacks/int8/compose.yaml"
@@ -82,7 +81,7 @@ def host_names(testbed) -> list[str]:
     return [h.name for h in testbed.hosts]
 
 
-def test_suite_and_status_pass_on_the_converged_fleet(testbed, converged, tmp_path):  # noqa: F811
+def test_suite_and_status_pass_on_the_converged_fleet(testbed, converged, tmp_path):
     result = run_suite(host_names(testbed), tmp_path)
     assert result.rc == 0 and not result.hosts_failing(), (
         f"host checks fail on a converged fleet:\n{result.failures}\n{result.output}"
@@ -186,7 +185,7 @@ CHANGES = (
 
 
 @pytest.fixture(scope="module")
-def facts(testbed, converged):  # noqa: F811
+def facts(testbed, converged):
     """Values the messages must quote: host1's expected cap, its pins, another Genesis commit."""
     from rigfleet.inventory import load_inventory
     from rigfleet.status import expected_state
@@ -210,7 +209,7 @@ def facts(testbed, converged):  # noqa: F811
 @pytest.mark.parametrize("change", CHANGES, ids=[c.id for c in CHANGES])
 def test_manual_change_is_found_on_that_host_alone_and_repaired(
     testbed,
-    converged,  # noqa: F811
+    converged,
     facts,
     tmp_path,
     change: ManualChange,

@@ -4,6 +4,7 @@ lost mid-batch reported while its batch finishes; then the pins file written fro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -219,7 +220,8 @@ def test_unreachable_canary_stops_before_anything(tmp_path: Path) -> None:
     runner = FakeRunner(plan, {"host1": "unreachable"})
     result, _ = run(plan, runner)
     assert runner.deployed == []
-    assert "canary became unreachable" in (result.stopped or "")
+    assert "the canary host1 could not be worked on (connection refused)" in (
+        result.stopped or "")
     assert outcome_of(result) == "failed"
 
 
@@ -241,7 +243,7 @@ def test_classify_edge_cases() -> None:
     busy = HostFacts(state=state_of("int8", old), busy="root@ctl since t: swap int8")
     o = classify("h", "int8", old, new, bad, None, busy, 1)
     assert (o.status, o.runs_new) == (Status.LOST, None)
-    assert "still running on the host" in o.reason
+    assert "a transaction still runs on the host" in o.reason
     # No JSON from pyinfra: its exit status decides.
     assert DeployResult(1, None).failed("anyone") and not DeployResult(0, None).failed("x")
 
@@ -277,3 +279,25 @@ def test_pyinfra_plumbing() -> None:
     assert facts.state == {"stack": "int8"} and facts.ledger_count == 7
     with pytest.raises(ValueError):
         parse_facts("Permission denied")
+
+
+def test_runner_skips_busy_and_unreachable_hosts_before_a_batch() -> None:
+    from rigfleet.bump.rollout import PyinfraRunner
+    from rigfleet.inventory import InventoryHost
+
+    class FactsRemote:
+        def run(self, host, command, *, timeout=120, stdin=b""):  # noqa: ANN001, ANN202
+            assert command == "python3 -" and b"holder.json" in stdin
+            if host.name == "down":
+                raise HostUnreachable("down: connection refused")
+            busy = "root@ctl since t: boot: recreate the active stack" if host.name == "busy" \
+                else None  # fmt: skip
+            return 0, json.dumps({"state": {}, "busy": busy})
+
+    hosts = {n: InventoryHost(n, (), {}) for n in ("ok", "busy", "down")}
+    runner = PyinfraRunner("inv.py", hosts, FactsRemote())  # type: ignore[arg-type]
+    assert runner.reachable(["ok", "busy", "down"]) == {
+        "ok": None,
+        "busy": "busy: root@ctl since t: boot: recreate the active stack",
+        "down": "down: connection refused",
+    }

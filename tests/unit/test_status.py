@@ -329,7 +329,7 @@ def test_render_table_shows_hosts_short_pins_drift_and_errors():
     assert "rig-a" in text and "rig-b" in text
     assert "aaaaaaaa" in text and "1e79e838" in text and "01234567" in text
     assert "Genesis HEAD 1e79e8380a45, pin 1f9bfb9ecf0b" in text
-    assert "ssh refused" in text and "pass 2026-11-29T10:00:00" in text
+    assert "ssh refused" in text and "pass 2026-11-29 10:00" in text
 
 
 def test_add_parser_and_run_print_rows_and_return_the_exit_status(monkeypatch, capsys):
