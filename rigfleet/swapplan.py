@@ -137,7 +137,11 @@ def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
     """
     containers = probe.get("containers") or {}
     c = containers.get(desired.container) or {}
-    up = c.get("status") == "running" and c.get("hash") == desired.config_hash
+    digest = desired.image_ref.rpartition("@")[2]
+    # Running, from the rendered config, and from the pinned image (a compose file edited by
+    # hand keeps the labels but not the image).
+    up = (c.get("status") == "running" and c.get("hash") == desired.config_hash
+          and ("digests" not in c or digest in c["digests"]))
     active = (probe.get("active") or {}).get("ref") or {}
     if active:
         current = f"{active.get('stack')}/{active.get('config_hash')}"
@@ -145,8 +149,13 @@ def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
                 desired.config_hash:
             if up and probe.get("route") == desired.route_id:
                 return Decision("none", f"{desired.route_id} is active, running and routed")
-            why = (f"the front routes to {probe.get('route')}" if up else
-                   f"{desired.container} is {c.get('status') or 'missing'}")
+            if up:
+                why = f"the front routes to {probe.get('route')}"
+            elif c.get("status") == "running":
+                why = (f"{desired.container} runs {c.get('image') or 'something else'} "
+                       f"(config {c.get('hash') or 'unlabelled'})")
+            else:
+                why = f"{desired.container} is {c.get('status') or 'missing'}"
             return Decision("ensure", f"{desired.route_id} is active but {why}: bring it back "
                             "(recreated from its snapshot, no gate)")
         kind = "swap" if active.get("stack") != desired.stack else "update"

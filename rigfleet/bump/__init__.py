@@ -7,6 +7,8 @@ back), and writes the pins file only for what actually promoted::
     rigfleet bump --inventory inventory/home.py --latest --dry
     rigfleet bump --inventory inventory/home.py --image nightly-<40-hex> --batch-size 2 --yes
 
+See docs/bump.md for the whole sequence, the pins file's ``hosts:`` section and exit statuses.
+
 Modules (control side; nothing here runs on a host except through SSH or pyinfra):
 
 - ``candidate``  registry v2: the candidate tag, its digest and build time (``--latest``)
@@ -16,6 +18,7 @@ Modules (control side; nothing here runs on a host except through SSH or pyinfra
 - ``plan``       pure: hosts, canary, batches, the pins pair per stack; what ``--dry`` prints
 - ``rollout``    the batches: ``pyinfra ... --limit`` per batch, each host's outcome read back
 - ``record``     pure: the pins file after a rollout (``hosts:`` section, history entry)
-- ``images``     keep the previous image, prune older ones, ``docker save`` / mirror push
+- ``images``     keep the previous image, prune older ones, ``docker save`` to a directory
+- ``mirror``     copy the promoted image into a mirror registry, digest unchanged
 - ``cli``        ``add_parser`` + ``run`` for the ``rigfleet`` console script
 """

@@ -59,7 +59,16 @@ from rigfleet.bump.version import VersionProbe, read_version, remove_image
 from rigfleet.catalog import get_stack
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost, load_inventory
-from rigfleet.pins import GenesisPin, Pins, StackPins, dump_pins, load_pins, parse_pins, save_pins
+from rigfleet.pins import (
+    GenesisPin,
+    Pins,
+    PinsError,
+    StackPins,
+    dump_pins,
+    load_pins,
+    parse_pins,
+    save_pins,
+)
 from rigfleet.registry import DOCKER_HUB, RegistryError
 
 EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2, 3
@@ -579,7 +588,16 @@ def _record(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pins | 
     if new is None:
         _log(f"pins file unchanged: {plan.pins.path}")
         return None
-    saved = save_pins(new, entry)
+    try:
+        saved = save_pins(new, entry)
+    except PinsError as e:
+        # Someone saved the file while the rollout ran: never overwrite their change. Keep
+        # what this bump would have written next to it, for a person to merge.
+        aside = Path(plan.pins.path).with_name(Path(plan.pins.path).name + ".bump-result.yaml")
+        aside.write_text(dump_pins(replace(new, history=[*new.history, entry or {}])))
+        _log(f"[red]pins file not saved[/red]: {e}\n  this bump's result is in {aside}; the "
+             "hosts run what it lists")  # fmt: skip
+        return None
     outcome = entry["outcome"] if entry else ""
     _log(f"pins file {plan.pins.path} saved at serial {saved.serial} ({outcome})")
     if saved.hosts:

@@ -11,7 +11,8 @@ Output::
 
     {"active": {...active.json...} | null, "state": {...state.json...} | null,
      "lock": {"who", "why", "since", "pid", "deploy_id", "alive": bool, ...} | null,
-     "containers": {"rigfleet-int8": {"status", "stack", "hash", "created"}},
+     "containers": {"rigfleet-int8": {"status", "stack", "hash", "created", "image",
+                                      "digests": ["sha256:..."]}},
      "route": "int8/0123abcd..." | "maintenance" | null, "bundle": "<sha256>" | null}
 """
 
@@ -92,22 +93,45 @@ def _json_file(path: Path) -> Any:
         return None
 
 
-def containers() -> dict[str, dict[str, str]]:
-    """Every container carrying the ``io.rigfleet.stack`` label, by name."""
+def _docker(*args: str) -> str:
+    try:
+        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=30,
+                              check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def containers() -> dict[str, dict[str, Any]]:
+    """Every container carrying the ``io.rigfleet.stack`` label or a ``rigfleet-`` name (one
+    started by hand under a stack's name counts too), by name, with the image it runs: the
+    reference it was created from and that image's repo digests."""
     fmt = ('{{.Names}}\t{{.State}}\t{{.Label "io.rigfleet.stack"}}\t'
            '{{.Label "io.rigfleet.config-hash"}}\t{{.CreatedAt}}')
-    try:
-        out = subprocess.run(
-            ["docker", "ps", "-a", "--filter", "label=io.rigfleet.stack", "--format", fmt],
-            capture_output=True, text=True, timeout=30, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    found: dict[str, dict[str, str]] = {}
-    for line in out.splitlines():
+    found: dict[str, dict[str, Any]] = {}
+    for line in _docker("ps", "-a", "--format", fmt).splitlines():
         parts = line.split("\t")
-        if len(parts) == 5:
+        if len(parts) == 5 and (parts[2] or parts[0].startswith("rigfleet-")):
             found[parts[0]] = {"status": parts[1], "stack": parts[2], "hash": parts[3],
                                "created": parts[4]}
+    if not found:
+        return found
+    images: dict[str, str] = {}
+    for line in _docker("inspect", "--type", "container", "--format",
+                        "{{.Name}}\t{{.Config.Image}}\t{{.Image}}", *found).splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[0].lstrip("/") in found:
+            found[parts[0].lstrip("/")]["image"] = parts[1]
+            images[parts[0].lstrip("/")] = parts[2]
+    digests: dict[str, list[str]] = {}
+    for line in _docker("image", "inspect", "--format", "{{.Id}}\t{{json .RepoDigests}}",
+                        *sorted(set(images.values()))).splitlines():
+        image_id, _, text = line.partition("\t")
+        try:
+            digests[image_id] = [str(d).rpartition("@")[2] for d in json.loads(text)]
+        except ValueError:
+            continue
+    for name, image_id in images.items():
+        found[name]["digests"] = digests.get(image_id, [])
     return found
 
 

@@ -54,8 +54,20 @@ def compose_config(file: str, project: str) -> list[str]:
 
 def inspect(container: str) -> list[str]:
     fmt = ("{{json .State}}\t{{.RestartCount}}\t{{.Created}}\t"
-           "{{index .Config.Labels " + json.dumps(CONFIG_HASH_LABEL) + "}}")
+           "{{index .Config.Labels " + json.dumps(CONFIG_HASH_LABEL) + "}}\t{{.Image}}")
     return ["docker", "inspect", "--type", "container", "--format", fmt, container]
+
+
+def remove(container: str) -> list[str]:
+    return ["docker", "rm", "--force", container]
+
+
+def running_names() -> list[str]:
+    return ["docker", "ps", "--format", "{{.Names}}"]
+
+
+def image_id(ref: str) -> list[str]:
+    return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
 
 
 def logs(container: str, tail: int = 300) -> list[str]:
@@ -79,6 +91,7 @@ class ContainerState:
     oom_killed: bool = False
     created: str = ""
     config_hash: str | None = None
+    image_id: str = ""
 
     @property
     def running(self) -> bool:
@@ -89,7 +102,7 @@ def parse_inspect(text: str) -> ContainerState | None:
     """``inspect()`` output -> ``ContainerState``; None when the container does not exist."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     parts = line.split("\t")
-    if len(parts) != 4:
+    if len(parts) not in (4, 5):
         return None
     try:
         state = json.loads(parts[0])
@@ -101,6 +114,7 @@ def parse_inspect(text: str) -> ContainerState | None:
         status=str(state.get("Status", "")), exit_code=int(state.get("ExitCode") or 0),
         restarts=restarts, oom_killed=bool(state.get("OOMKilled")), created=parts[2],
         config_hash=None if not label or label.startswith("<no") else label,
+        image_id=parts[4].strip() if len(parts) == 5 else "",
     )
 
 
@@ -266,6 +280,17 @@ class SystemOps:
 
     def image_present(self, ref: str) -> bool:
         return self.run(image_present(ref), 60.0)[0] == 0
+
+    def image_id(self, ref: str) -> str | None:
+        rc, out = self.run(image_id(ref), 60.0)
+        return out.strip() if rc == 0 and out.strip() else None
+
+    def remove(self, name: str) -> str | None:
+        rc, out = self.run(remove(name), 120.0)
+        return None if rc == 0 else out.strip()[-600:] or f"exit {rc}"
+
+    def running(self) -> list[str]:
+        return self.run(running_names(), 30.0)[1].split()
 
     def compose_check(self, file: str, project: str) -> str | None:
         rc, out = self.run(compose_config(file, project), 60.0)

@@ -28,6 +28,7 @@ and a gate function, so the decisions are tested with fakes (tests/unit/test_swa
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -42,6 +43,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
 from .plan import Active, Plan, PlanError, StackRef, compose_hash
+from .probe import pid_start_ticks
 from .stackctl import (
     BootFailure,
     ContainerState,
@@ -63,6 +65,9 @@ class Ops(Protocol):
     """The host as the transaction sees it (``stackctl.SystemOps``; fakes in tests)."""
 
     def image_present(self, ref: str) -> bool: ...
+    def image_id(self, ref: str) -> str | None: ...
+    def remove(self, name: str) -> str | None: ...
+    def running(self) -> list[str]: ...
     def compose_check(self, file: str, project: str) -> str | None: ...
     def up(self, file: str, project: str) -> str | None: ...
     def down(self, file: str, project: str) -> str | None: ...
@@ -182,7 +187,9 @@ class _Steps:
             raise Failure("interrupted", "the transaction was asked to stop (SIGTERM)")
 
     def stop(self, projects: list[tuple[str, str]]) -> None:
-        """``docker compose down`` every project (one that has no container is a no-op)."""
+        """``docker compose down`` every project (one that has no container is a no-op), then
+        remove any container still holding a stack's name: one started by hand (``docker
+        run --name rigfleet-int8``) is no compose project's, holds the cards and the name."""
         done: set[str] = set()
         for project, file in projects:
             if project in done or not Path(file).exists():
@@ -192,6 +199,14 @@ class _Steps:
             err = self.ops.down(file, project)
             if err:
                 raise Failure("stop", f"docker compose down {project} failed: {err}")
+        # A stack's container is named as its project (rigfleet/catalog.py: rigfleet-<name>).
+        for name in sorted(done):
+            if self.ops.container(name) is not None:
+                self.j.event("stop", f"removing container {name}: it is not from its compose "
+                             "project (started by hand?)", level="warning")
+                err = self.ops.remove(name)
+                if err:
+                    raise Failure("stop", f"docker rm {name} failed: {err}")
 
     def wait_vram(self, utilization: float, timeout_s: float) -> float:
         """Until every card has ``utilization`` x total free, twice in a row (settled)."""
@@ -209,8 +224,10 @@ class _Steps:
                 self.j.event("vram", f"GPU memory released ({detail}) after {now - t0:.1f}s")
                 return now - t0
             if now - t0 > timeout_s:
+                others = ", ".join(self.ops.running()) or "none"
                 raise Failure("vram", f"GPU memory not released within {timeout_s:g}s "
-                              f"({detail}); need {utilization:g} of each card free")
+                              f"({detail}); need {utilization:g} of each card free; running "
+                              f"containers: {others}")
             if now - last_note > PROGRESS_EVERY_S:
                 self.j.event("vram", f"waiting for GPU memory: {detail}")
                 last_note = now
@@ -567,14 +584,16 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[s
 
 
 def boot_time() -> float:
-    """The epoch second the machine booted (``btime`` of /proc/stat)."""
+    """The epoch second this system booted: when its PID 1 started (``btime`` of /proc/stat
+    plus PID 1's start). The same as the kernel's boot on a machine, and right in a container
+    that runs systemd (the simulated hosts), whose "reboot" keeps the kernel's ``btime``."""
     try:
-        for line in Path("/proc/stat").read_text().splitlines():
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    except OSError:
-        pass
-    return 0.0
+        btime = next(float(line.split()[1]) for line in
+                     Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError):
+        return 0.0
+    ticks = pid_start_ticks(1)
+    return btime + (ticks / os.sysconf("SC_CLK_TCK") if ticks else 0.0)
 
 
 def docker_time(text: str) -> float | None:
@@ -639,8 +658,12 @@ class Ensure(_Steps):
         ref = active.ref
         st = self.ops.container(ref.container)
         created = docker_time(st.created) if st else None
+        # Its container must be this boot's, from the snapshot's config and image (a compose
+        # file edited by hand keeps the labels, not the image).
+        image = self.ops.image_id(ref.image_ref)
         fresh = (st is not None and st.running and st.config_hash == ref.config_hash
-                 and created is not None and created >= self.booted_at)
+                 and created is not None and created >= self.booted_at
+                 and (not st.image_id or image is None or st.image_id == image))
         if fresh:
             self.wait_ready(ref, self.ready_timeout_s)
             if self.front.current() == ref.route_id:
@@ -650,9 +673,16 @@ class Ensure(_Steps):
             self.j.event("ensure", f"front routed to {ref.route_id}")
             return Outcome("rerouted", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id)
         t0 = self.ops.monotonic()
-        why = ("its container is from before this boot (Genesis patches live in the "
-               "container's writable layer: recreate, never restart)" if st is not None
-               else "its container is gone")
+        if st is None:
+            why = "its container is gone"
+        elif not st.running:
+            why = f"its container is {st.status}"
+        elif st.config_hash != ref.config_hash or (st.image_id and image
+                                                   and st.image_id != image):
+            why = "its container is not the snapshot's (other config or image)"
+        else:
+            why = ("its container is from before this boot (Genesis patches live in the "
+                   "container's writable layer: recreate, never restart)")
         self.j.event("ensure", f"recreating {ref.route_id}: {why}")
         self.front.maintenance(f"recreating {ref.stack}", self.retry_after_s, wait=False)
         self.stop(known_projects(self.lay))

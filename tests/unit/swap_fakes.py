@@ -90,6 +90,7 @@ class _Running:
     config_hash: str
     started: float
     state: ContainerState
+    stray: bool = False  # started by hand (docker run): no compose project removes it
 
 
 @dataclass
@@ -112,6 +113,15 @@ class FakeHost:
     # -- docker ---------------------------------------------------------------------------
     def image_present(self, ref: str) -> bool:
         return self.images is None or ref in self.images
+
+    def image_id(self, ref: str) -> str | None:
+        return "sha256:" + ref.rpartition(":")[2][:12] if self.image_present(ref) else None
+
+    def remove(self, name: str) -> str | None:
+        self.calls.append(f"rm {name} t={self.t:g}")
+        self.containers.pop(name, None)
+        self.freed_at = self.t + self.release_s
+        return None
 
     def compose_check(self, file: str, project: str) -> str | None:
         return None if Path(file).exists() else f"{file}: no such file"
@@ -137,7 +147,7 @@ class FakeHost:
     def down(self, file: str, project: str) -> str | None:
         self.calls.append(f"down {project} t={self.t:g}")
         name = project  # container names equal project names in rigfleet
-        if name in self.containers:
+        if name in self.containers and not self.containers[name].stray:
             del self.containers[name]
             self.freed_at = self.t + self.release_s
         return None
@@ -166,6 +176,9 @@ class FakeHost:
     def logs(self, name: str, tail: int = 300) -> str:
         return self.logs_of.get(name, "") if name in self.containers else \
             f"Error response from daemon: No such container: {name}"
+
+    def running(self) -> list[str]:
+        return sorted(self.containers)
 
     # -- nvidia-smi -----------------------------------------------------------------------
     def _memory_used(self) -> bool:
@@ -198,7 +211,12 @@ class FakeHost:
     def monotonic(self) -> float:
         return self.t
 
-    def running(self) -> dict[str, str]:
+    def start_by_hand(self, name: str, stack: str) -> None:
+        """``docker run --name <name>`` of some image: no labels, holds the cards."""
+        self.containers[name] = _Running(stack, "", self.t, ContainerState("running"),
+                                         stray=True)
+
+    def running_now(self) -> dict[str, str]:
         """container -> config hash of the live ones."""
         return {n: r.config_hash for n, r in self.containers.items()
                 if self._current(n) and self._current(n).state.status == "running"}

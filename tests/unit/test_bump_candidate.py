@@ -271,3 +271,13 @@ def test_stack_selection_limits_the_bump(fleet, capsys) -> None:
                                "--dry"))  # fmt: skip
     assert rc == 0, capsys.readouterr().err
     assert GENESIS_OLD  # (fixture commit constant kept in bump_helpers for e2e use)
+
+
+def test_genesis_only_bump_keeps_the_image(fleet, capsys) -> None:
+    new = fleet["fixture"].commits[1].sha
+    rc = bump_cli.run(args_for(fleet, "--genesis", new[:12], "--dry"))
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert f"Genesis {new[:12]}" in " ".join(err.split())
+    assert "host1 (tq3-mtp-genesis)" in err  # the host that serves the Genesis stack goes first
+    assert not any("vllm.__version__" in c for _, c in fleet["remote"].commands)

@@ -194,7 +194,7 @@ BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
 
 
 @pytest.mark.parametrize(
-    ("key", "value", "expected"), BAD_HOSTS, ids=[f"{b[0]}={b[1]!r}"[:40] for b in BAD_HOSTS]
+    ("key", "value", "expected"), BAD_HOSTS, ids=[f"{b[0]}={'<computed>' if callable(b[1]) else repr(b[1])}"[:40] for b in BAD_HOSTS]
 )
 def test_bad_host_data_is_refused_with_a_precise_message(
     data: dict[str, Any], secrets: dict[str, Path], key: str, value: Any, expected: list[str]

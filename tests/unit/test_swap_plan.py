@@ -148,3 +148,18 @@ def test_host_tool_commands_are_valid_sh():
     proc = subprocess.run(["sh", "-c", hosttool.report_failure("it's $HOME")],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr == "it's $HOME\n"
+
+
+def test_a_container_from_another_image_is_not_up(ctx):
+    desired = stack_ref(ctx, "tq3-mtp-genesis")
+    mine = {"stack": desired.stack, "config_hash": desired.config_hash}
+    other = {desired.container: {"status": "running", "hash": desired.config_hash,
+                                 "image": "vllm/vllm-openai:nightly-3f9c", "digests": [
+                                     "sha256:" + "e" * 64]}}
+    decision = decide(probe(mine, containers=other, route=desired.route_id), desired)
+    assert decision.kind == "ensure" and "runs vllm/vllm-openai:nightly-3f9c" in decision.reason
+    pinned = {desired.container: {**other[desired.container], "digests": [DIGEST]}}
+    assert decide(probe(mine, containers=pinned, route=desired.route_id), desired).kind == "none"
+    by_hand = {desired.container: {"status": "running", "hash": "", "stack": ""}}
+    assert decide(probe(mine, containers=by_hand, route=desired.route_id), desired).kind == \
+        "ensure"

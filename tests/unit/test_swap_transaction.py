@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -82,7 +83,7 @@ def test_swap_stops_old_waits_for_memory_starts_new_gates_and_promotes(lay):
     gate = FakeGate()
     out = run(lay, host, front, plan, gate)
     assert (out.result, out.exit, out.kind) == ("promoted", EXIT_PROMOTED, "swap")
-    assert host.running() == {"rigfleet-tq3-mtp-genesis": "3333cccc4444dddd"}
+    assert host.running_now() == {"rigfleet-tq3-mtp-genesis": "3333cccc4444dddd"}
     # Old down, then memory polled until released (settled twice), then the new stack up.
     down = next(i for i, c in enumerate(host.calls) if c.startswith("down rigfleet-int8"))
     up = next(i for i, c in enumerate(host.calls) if c.startswith("up rigfleet-tq3"))
@@ -140,7 +141,7 @@ def test_gate_failure_rolls_back_to_exactly_the_old_snapshot(lay):
     out = run(lay, host, front, plan, FakeGate(failed=("needles", "needles_deep")))
     assert (out.result, out.exit, out.phase) == ("rolled-back", EXIT_ROLLED_BACK, "gate")
     assert "gate failed 2 check(s): needles, needles_deep" in out.reason
-    assert host.running() == {"rigfleet-int8": "1111aaaa2222bbbb"}
+    assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
     assert front.routes[-2:] == ["maintenance", "int8/1111aaaa2222bbbb"]
     assert "tq3-mtp-genesis/3333cccc4444dddd" not in front.routes
     line = ledger_lines(lay)[-1]
@@ -167,7 +168,7 @@ def test_a_stack_that_dies_at_boot_fails_fast_naming_the_boot_failure(lay):
     assert gate.runs == []  # never gated
     assert host.t < 60  # fast: no 1200 s wait
     assert "OSError: Repo id" in open(out.kept_log).read()
-    assert host.running() == {"rigfleet-int8": "1111aaaa2222bbbb"}
+    assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
 
 
 def test_a_restart_loop_is_a_boot_failure_too(lay):
@@ -196,14 +197,14 @@ def test_same_stack_pin_bump_rolls_back_to_the_previous_config(lay):
     assert out.kind == "update" and out.result == "rolled-back"
     ups = [c for c in host.calls if c.startswith("up ")]
     assert [c.split()[2] for c in ups] == ["7777777777777777", "1111aaaa2222bbbb"]
-    assert host.running() == {"rigfleet-int8": "1111aaaa2222bbbb"}
+    assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
 
 
 def test_first_activation_failure_stops_it_and_leaves_the_front_at_503(lay):
     host, front, _, plan = setup_swap(lay, old_stack=None)
     out = run(lay, host, front, plan, FakeGate(failed=("needles",)))
     assert (out.result, out.exit, out.serving) == ("failed", EXIT_FAILED, "maintenance")
-    assert host.running() == {}
+    assert host.running_now() == {}
     assert front.current() == "maintenance"
     line = ledger_lines(lay)[-1]
     assert line["stack"] is None and line["attempted"]["stack"] == "tq3-mtp-genesis"
@@ -226,7 +227,7 @@ def test_a_stop_request_during_the_gate_rolls_back(lay):
     gate = FakeGate(on_run=lambda run: flag.update(stop=True))
     out = run(lay, host, front, plan, gate, interrupted=lambda: flag["stop"])
     assert out.result == "rolled-back" and out.phase == "gate"
-    assert host.running() == {"rigfleet-int8": "1111aaaa2222bbbb"}
+    assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
 
 
 def test_a_broken_gate_is_a_failure_not_a_pass(lay):
@@ -368,3 +369,42 @@ def test_record_pins_updates_state_active_record_and_ledger_only_for_the_active_
     with pytest.raises(PlanError, match="the active stack is int8/1111aaaa2222bbbb"):
         record_pins(lay, {**tracked, "stack": "tq3-mtp-genesis"}, "1111aaaa2222bbbb")
     assert not lay.lock_dir.exists()
+
+
+def test_a_container_started_by_hand_under_a_stacks_name_is_removed_not_waited_for(lay):
+    host, front = FakeHost(), FakeFront()
+    old = make_active(lay, make_ref(lay, "int8", "1111aaaa2222bbbb"))
+    host.start_by_hand("rigfleet-int8", "int8")  # `docker run --name rigfleet-int8 ...`
+    host.t += 10
+    j = Journal(lay.swaps_dir / "ensure", echo=None)
+    out = Ensure(lay, host, front, j, who="deploy", why="the active stack is not serving",
+                 booted_at=0).run()
+    assert out.result == "recreated", out.reason
+    assert "rm rigfleet-int8" in " ".join(host.calls)
+    assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
+    events = [e["message"] for e in Journal.read(lay.swaps_dir / "ensure")["events"]]
+    assert any("removing container rigfleet-int8" in m for m in events)
+    assert front.current() == old.route_id
+
+
+def test_ensure_recreates_a_container_running_another_image(lay):
+    host, front = FakeHost(), FakeFront()
+    old = make_active(lay, make_ref(lay, "int8", "1111aaaa2222bbbb"))
+    host.up(str(lay.active_compose), old.project)
+    host.t += 10
+    host.calls.clear()
+    real = host.container
+    host.container = lambda name: (replace(real(name), image_id="sha256:otherimage")
+                                   if real(name) else None)
+    out = Ensure(lay, host, front, Journal(lay.swaps_dir / "e", echo=None), "x", "y",
+                 booted_at=0).run()
+    assert out.result == "recreated"
+    assert [c.split()[0] for c in host.calls if c.split()[0] in ("up", "down")] == [
+        "down", "up"]
+
+
+def test_memory_that_is_never_released_names_what_runs(lay):
+    host, front, old, plan = setup_swap(lay, vram_timeout_s=5.0)
+    host.start_by_hand("someone-elses-llm", "int8")
+    out = run(lay, host, front, plan)
+    assert "running containers: someone-elses-llm" in out.reason
