@@ -115,9 +115,36 @@ class FrontProbe(threading.Thread):
         return self
 
 
+def settle(host, key: str) -> None:
+    """Wait out a reboot an earlier test scheduled: ``systemd-run --on-active=1 systemctl
+    reboot`` makes a timer with systemd's default 1-minute accuracy, so the reboot can start
+    many seconds after that test moved on (and in the middle of our converge)."""
+    pending = ("for s in $(systemctl list-timers --all --no-legend 'run-*' | awk '{print $NF}');"
+               " do systemctl show -p ExecStart \"$s\"; done | grep -q 'systemctl reboot'")
+    wait_for(lambda: _quiet_sh(host, pending) != 0, 150, f"{host.name}'s pending reboot")
+    host.wait_ssh(240)
+    wait_for(lambda: _answers(host, key), 240, f"{host.name}'s front to answer")
+
+
+def _quiet_sh(host, command: str) -> int:
+    try:
+        return host.sh(command, timeout=20)[0]
+    except Exception:  # going down for the reboot we are waiting for
+        return -1
+
+
+def _answers(host, key: str) -> bool:
+    try:
+        return front(host, key)[0] == 200
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="module")
 def fleet(testbed):
     """Every host converged on the inventory's stacks; put back there afterwards."""
+    for host in testbed.hosts:
+        settle(host, testbed.api_key)
     pyinfra()
     yield testbed
     pyinfra(check=False)
