@@ -2,7 +2,8 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-HOSTS   ?= 2
+HOSTS   ?= 3        # the e2e tests: the bump needs a canary and two more hosts
+DEMO_HOSTS ?= 2
 
 .PHONY: setup testbed-deps demo test test-unit test-e2e lint testbed-up testbed-down bench clean
 
@@ -18,7 +19,7 @@ testbed-deps:
 	bash scripts/ensure-docker.sh
 
 testbed-up: setup testbed-deps
-	$(BIN)/rigfleet testbed up --hosts $(HOSTS)
+	$(BIN)/rigfleet testbed up --hosts $(DEMO_HOSTS)
 
 testbed-down: setup
 	$(BIN)/rigfleet testbed down
@@ -30,7 +31,7 @@ demo: testbed-up
 test: setup testbed-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests/unit -q
-	$(BIN)/python -m pytest tests/e2e -v
+	RIGFLEET_TESTBED_HOSTS=$(HOSTS) $(BIN)/python -m pytest tests/e2e -v --durations=20
 
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit -q

@@ -7,6 +7,7 @@
     rigfleet verify --url URL [--api-key-file F] [--profile full|fast]   (the verify-stress gate)
     rigfleet endpoints --inventory inventory/home.py
     rigfleet status --inventory inventory/home.py [--json]
+    rigfleet bump --inventory inventory/home.py [--image TAG|--latest] [--genesis C] [--dry]
 
 The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
 """
@@ -112,8 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the verify-stress gate against any OpenAI-compatible endpoint")
 
     from rigfleet import status
+    from rigfleet.bump import cli as bump_cli
 
     status.add_parser(sub)
+    bump_cli.add_parser(sub)
 
     ep = sub.add_parser("endpoints", help="ask every host's front for a short answer")
     ep.add_argument("--inventory", default="inventory/home.py")

@@ -24,7 +24,10 @@ from pyinfra.operations import files
 
 from rigfleet.commands import hosttool
 from rigfleet.facts import TextFile
-from rigfleet.swapplan import DEPLOY_ID, stack_ref, tracked_record
+from rigfleet.hostside.plan import StackRef
+from rigfleet.swapfacts import SwapProbe
+from rigfleet.swapplan import DEPLOY_ID, decide, stack_ref, tracked_record
+from roles.ops import executing
 from roles.preflight import HostContext
 
 STATE_DIR = "/var/lib/rigfleet"
@@ -46,19 +49,25 @@ def _read_state(text: str | None) -> dict[str, Any]:
 
 
 @operation()
-def record(state: dict[str, Any], config_hash: str, by: str, deploy_id: str):
+def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
     """Record ``state`` (the tracked keys) when it differs from ``state.json``: the host-side
     tool writes state.json, the active record and a ledger line, under the host lock.
 
     + state: ``desired_state(ctx)``
-    + config_hash: the desired stack's config hash (the active stack must carry it)
+    + desired: the desired stack as rendered (the active stack must carry its config hash)
     + by: who deployed (``HostContext.by``); deploy_id: this run's id
     """
     current = _read_state(host.get_fact(TextFile, path=STATE_FILE))
     if all(current.get(k) == v for k, v in state.items()):
         host.noop(f"state.json already records {state['stack']} at serial {state['pins_serial']}")
         return
-    yield hosttool.record(state, config_hash, by, deploy_id, host.name)
+    if not executing():
+        # --dry tells the truth: a swap (or adoption) about to run records these keys itself.
+        decision = decide(host.get_fact(SwapProbe), desired)
+        if decision.transaction or decision.kind == "adopt":
+            host.noop(f"the swap records {state['stack']} ({decision.kind})")
+            return
+    yield hosttool.record(state, desired.config_hash, by, deploy_id, host.name)
 
 
 @deploy("Ledger")
@@ -70,7 +79,7 @@ def ledger(ctx: HostContext) -> None:
     record(
         name=f"Record {ctx.stack} in state.json and the ledger",
         state=desired_state(ctx),
-        config_hash=stack_ref(ctx, ctx.stack).config_hash,
+        desired=stack_ref(ctx, ctx.stack),
         by=ctx.by,
         deploy_id=DEPLOY_ID,
     )

@@ -31,17 +31,13 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files
 
-from rigfleet.catalog import StackSpec
 from rigfleet.commands import docker as docker_commands
 from rigfleet.commands import probe
 from rigfleet.compose import (
-    CONFIG_HASH_LABEL,
     GENESIS_HOST_DIR,
     SECRETS_DIR,
-    SERVICE,
     VLLM_ENV_FILE,
     compose_dir,
-    compose_document,
     compose_path,
     render_compose,
 )
@@ -64,12 +60,6 @@ ALLOWLIST_SCRIPT = f"{SCRIPT_DIR}/rigfleet-genesis-allowlist.py"
 VERSION_CACHE_DIR = "/var/lib/rigfleet/vllm-versions"
 # The key alone, for the host-side gate and probes (they send it as a bearer token).
 API_KEY_FILE = str(Layout().api_key_file)
-
-
-def expected_hash(ctx: HostContext, spec: StackSpec) -> str:
-    """The config-hash label the rendered compose file gives the stack's container."""
-    doc = compose_document(spec, ctx.pins, ctx.settings)
-    return str(doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL])
 
 
 def version_cache_path(digest: str) -> str:

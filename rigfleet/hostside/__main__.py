@@ -117,7 +117,8 @@ def cmd_ensure(args: argparse.Namespace, lay: Layout) -> int:
     journal = _journal(lay, "ensure")
     outcome = Ensure(lay, ops, front, journal, who=args.who, why=args.why).run()
     journal.finish(outcome.to_dict())
-    print(f"rigfleet-host ensure: {outcome.result}: {outcome.reason or outcome.serving}")
+    print(f"rigfleet-host ensure: {outcome.result}: {outcome.reason or outcome.serving}",
+          file=sys.stderr if outcome.exit else sys.stdout)
     return outcome.exit
 
 

@@ -393,6 +393,9 @@ class Transaction(_Steps):
             self._promote(new, staged, gate, old, kind)
         except Failure as f:
             return self._rollback(kind, old, new, staged, f, t_window)
+        except Exception as e:  # a bug inside the window: still go back to what served
+            failure = Failure("internal", f"internal error: {type(e).__name__}: {e}")
+            return self._rollback(kind, old, new, staged, failure, t_window)
         window = self.ops.monotonic() - t_window
         self.timings["window_s"] = window
         self.j.event("promote", f"{new.route_id} serves (503 window {window:.1f}s)")

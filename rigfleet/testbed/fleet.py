@@ -370,6 +370,11 @@ def inventory_text(slots: list[HostSlot], paths: Paths) -> str:
         "api_key_file": rel(paths.api_key),
         "docker_registry_mirror": layout.MIRROR_URL,
         "hf_endpoint": layout.HUB_URL,
+        # The simulators answer in seconds: the gate's fast profile (same checks, smaller depths).
+        "gate_profile": "fast",
+        # The control side reaches the mirror and the Genesis repository on loopback ports.
+        "bump_registry": f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}",
+        "bump_genesis_url": f"http://127.0.0.1:{layout.GIT_LOCAL_PORT}/genesis-vllm-patches.git",
         "apt_repos": {
             # The stand-in NVIDIA packages live in one signed repository on the testbed.
             "cuda": testbed_repo,

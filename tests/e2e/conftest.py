@@ -32,9 +32,12 @@ def run(cmd: list[str], timeout: float = 1800, check: bool = True, **kw) -> subp
     print("+", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True, timeout=timeout, **kw)
     if check and proc.returncode != 0:
+        # pyinfra prints the error where it happens and a long results table after it.
+        errors = [line for line in (proc.stdout + proc.stderr).splitlines()
+                  if any(w in line for w in ("rror", "failed", "Failed", "refused", "Traceback"))]
         raise AssertionError(
-            f"{cmd} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
-            f"--- stderr\n{proc.stderr[-6000:]}"
+            f"{cmd} exited {proc.returncode}\n--- error lines\n" + "\n".join(errors[-60:])
+            + f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
         )
     return proc
 
@@ -65,6 +68,25 @@ class TestHost:
             return stdout.channel.recv_exit_status(), out
         finally:
             client.close()
+
+    def reboot(self, timeout: float = 180) -> None:
+        """Reboot from inside (as pyinfra's server.reboot does) and wait until it is back.
+
+        A file in /run (tmpfs) marks the old boot: the host is back once SSH answers and the
+        marker is gone.
+        """
+        assert self.sh("touch /run/rigfleet-test-boot && "
+                       "systemd-run --on-active=1 systemctl reboot", timeout=20)[0] == 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            try:
+                rc, _ = self.sh("test -e /run/rigfleet-test-boot", timeout=10)
+            except Exception:
+                continue  # going down or not up yet
+            if rc != 0:
+                return
+        raise AssertionError(f"{self.name}: did not reboot and come back within {timeout}s")
 
     def wait_ssh(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout

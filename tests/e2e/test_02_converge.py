@@ -55,9 +55,7 @@ def test_reboot_brings_back_caps_driver_stack_and_front(testbed, converged):
     rc, caps_before = host.sh(
         "nvidia-smi --query-gpu=power.limit --format=csv,noheader,nounits")
     assert rc == 0, caps_before
-    host.sh("systemd-run --on-active=1 systemctl reboot", timeout=20)
-    time.sleep(4)
-    host.wait_ssh()
+    host.reboot()
     deadline = time.monotonic() + 240
     while True:
         status, reply = post_chat(host.front_url, testbed.api_key)

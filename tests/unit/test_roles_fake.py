@@ -431,6 +431,9 @@ def test_converged_host_starts_no_transaction(data):
 def test_switching_stack_runs_the_gated_transaction_and_records_it(data):
     rig = converged("debian13", data)
     assert len(rig.ledger) == 1
+    dry = deploy(rig, {**data, "stack": "tq3-mtp-genesis"}, execute=False)
+    assert [n for n in dry.plan if n.startswith(("Swap", "Ledger"))] == [
+        next(n for n in dry.plan if n.startswith("Swap | Serve tq3-mtp-genesis/"))]
     run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
     assert not run.failed
     [start] = run.ran("systemd-run --unit rigfleet-swap-")

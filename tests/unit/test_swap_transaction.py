@@ -408,3 +408,16 @@ def test_memory_that_is_never_released_names_what_runs(lay):
     host.start_by_hand("someone-elses-llm", "int8")
     out = run(lay, host, front, plan)
     assert "running containers: someone-elses-llm" in out.reason
+
+
+def test_an_unexpected_error_inside_the_window_still_rolls_back(lay):
+    host, front, old, plan = setup_swap(lay)
+
+    def broken_gate(run, on_line, should_stop):
+        raise RuntimeError("the gate module is broken")
+
+    out = Transaction(plan, lay, host, front, broken_gate, journal(lay, plan)).run()
+    assert out.result == "rolled-back" and out.phase == "internal"
+    assert "RuntimeError: the gate module is broken" in out.reason
+    assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
+    assert not lay.lock_dir.exists()
