@@ -2,7 +2,8 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-HOSTS   ?= 3        # the e2e tests: the bump needs a canary and two more hosts
+# Hosts of the simulated fleet: the e2e tests need three (a bump's canary and two more).
+HOSTS      ?= 3
 DEMO_HOSTS ?= 2
 
 .PHONY: setup testbed-deps demo test test-unit test-e2e lint testbed-up testbed-down bench clean
