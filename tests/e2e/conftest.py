@@ -76,7 +76,8 @@ class TestHost:
         marker is gone.
         """
         assert self.sh("touch /run/rigfleet-test-boot && "
-                       "systemd-run --on-active=1 systemctl reboot", timeout=20)[0] == 0
+                       "systemd-run --on-active=1 --timer-property=AccuracySec=100ms "
+                       "systemctl reboot", timeout=20)[0] == 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             time.sleep(1)

@@ -114,14 +114,6 @@ class ManualChange:
     cleanup: str | None = None
 
 
-# Why the deploy leaves a container from another image running (roles as of this test).
-_SAME_LABELS = (
-    "rigfleet/swapplan.py decide() compares only the container's status and its "
-    "io.rigfleet.config-hash label (rigfleet/hostside/probe.py reports no image): a container "
-    "recreated from another image keeps the labels of the compose file, so the swap role "
-    "decides 'none' and leaves it running"
-)
-
 CHANGES = (
     ManualChange(
         "power-cap-by-hand",
@@ -136,7 +128,6 @@ CHANGES = (
         (f"container rigfleet-int8 runs image {OTHER_IMAGE}", "pins stacks.int8 is {image}@{digest}",
          "differs from what the deploy renders"),
         f"rigfleet-int8 runs {OTHER_IMAGE}",
-        known_gap=_SAME_LABELS,
         cleanup="docker rm -f rigfleet-int8",
     ),
     ManualChange(
@@ -151,12 +142,6 @@ CHANGES = (
         (f"container rigfleet-int8 runs image {OTHER_IMAGE}",
          "label io.rigfleet.image-digest is None"),
         f"rigfleet-int8 runs {OTHER_IMAGE}",
-        known_gap=(
-            "rigfleet/hostside/probe.py lists only containers labelled io.rigfleet.stack, so "
-            "a same-named container started by hand is invisible: the swap role decides "
-            "`ensure` ('its container is gone'), which waits 120 s for GPU memory that "
-            "container holds and fails without naming it"
-        ),
         cleanup="docker rm -f rigfleet-int8",
     ),
     ManualChange(
@@ -165,7 +150,6 @@ CHANGES = (
         f"&& docker compose -p rigfleet-int8 -f {COMPOSE} -f /root/other-image.yaml up -d",
         (f"container rigfleet-int8 runs image {OTHER_IMAGE}",),
         f"rigfleet-int8 runs {OTHER_IMAGE}",
-        known_gap=_SAME_LABELS,
         cleanup="rm -f /root/other-image.yaml; docker rm -f rigfleet-int8",
     ),
     ManualChange(
