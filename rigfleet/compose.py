@@ -40,7 +40,8 @@ from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError
 
 # Host layout (docs/converge.md "Host layout").
 STACKS_DIR = "/opt/rigfleet/stacks"
-GENESIS_HOST_DIR = "/opt/rigfleet/genesis"
+GENESIS_HOST_DIR = "/opt/rigfleet/genesis"  # the git checkout (HEAD = pin); never mounted
+GENESIS_TREES_DIR = "/opt/rigfleet/genesis-trees"  # <commit>/: immutable exports, mounted
 SECRETS_DIR = "/etc/rigfleet/secrets"
 VLLM_ENV_FILE = f"{SECRETS_DIR}/vllm.env"
 
@@ -63,6 +64,15 @@ def compose_dir(stack: str) -> str:
 def compose_path(stack: str) -> str:
     """The compose file of ``stack`` on a host."""
     return f"{compose_dir(stack)}/compose.yaml"
+
+
+def genesis_tree(commit: str) -> str:
+    """The immutable export of Genesis ``commit`` on a host (``roles/genesis.py`` makes it).
+
+    The compose file mounts this, not the checkout: a pin bump checks out a new commit, and
+    a rollback restarts the previous compose snapshot, which must still mount the old tree.
+    """
+    return f"{GENESIS_TREES_DIR}/{commit}"
 
 
 def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[str, Any]:
@@ -98,8 +108,9 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     local_dir = pins.model.local_dir
     volumes = [f"{host.model_dir}/{local_dir}:{spec.model_path(local_dir)}:ro"]
     volumes += [f"{src}:{dst}" for src, dst in spec.cache_dirs.items()]
-    if spec.needs_genesis:
-        volumes.append(f"{GENESIS_HOST_DIR}/vllm/_genesis:{GENESIS_IN_CONTAINER}:ro")
+    if spec.needs_genesis and stack_pins.genesis is not None:
+        tree = genesis_tree(stack_pins.genesis.commit)
+        volumes.append(f"{tree}/vllm/_genesis:{GENESIS_IN_CONTAINER}:ro")
 
     labels = {
         f"{LABEL_PREFIX}.stack": spec.name,

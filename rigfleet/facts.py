@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -425,6 +426,57 @@ class GenesisHead(FactBase[GenesisCheckout]):
             origin=values.get("origin") or None,
             has_apply_all=values.get("apply_all") == "yes",
         )
+
+
+@dataclass(frozen=True)
+class GenesisTreeState:
+    """The exported Genesis trees (commit -> (mtime, has apply_all.py)) and the commits
+    the host's compose files mount (both stacks' files and the active snapshot)."""
+
+    trees: dict[str, tuple[int, bool]]
+    referenced: frozenset[str]
+
+
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+
+
+class GenesisTrees(FactBase[GenesisTreeState]):
+    """``<trees_dir>/<commit>/`` directories and the commits the given compose files name."""
+
+    @staticmethod
+    @override
+    def default() -> GenesisTreeState:
+        return GenesisTreeState({}, frozenset())
+
+    @override
+    def command(self, trees_dir: str, compose_files: tuple[str, ...] = ()) -> str:
+        d = shlex.quote(trees_dir.rstrip("/"))
+        files = " ".join(shlex.quote(f) for f in compose_files)
+        command = (
+            f'for t in {d}/*/; do [ -d "$t" ] || continue; '
+            f'if [ -f "${{t}}{APPLY_ALL}" ]; then a=yes; else a=no; fi; '
+            f'echo "tree $(stat -c %Y "$t") $(basename "$t") $a"; done'
+        )
+        if files:
+            name = shlex.quote(trees_dir.rstrip("/").rsplit("/", 1)[-1])
+            command += (
+                f"; cat {files} 2>/dev/null | grep -oE {name}'/[0-9a-f]{{40}}' "
+                "| sed 's|^.*/|ref |' | sort -u"
+            )
+        return command + "; true"
+
+    @override
+    def process(self, output: list[str]) -> GenesisTreeState:
+        trees: dict[str, tuple[int, bool]] = {}
+        referenced: set[str] = set()
+        for line in output:
+            parts = line.split()
+            if len(parts) == 4 and parts[0] == "tree" and _HEX40.fullmatch(parts[2]):
+                if parts[1].isdigit():
+                    trees[parts[2]] = (int(parts[1]), parts[3] == "yes")
+            elif len(parts) == 2 and parts[0] == "ref" and _HEX40.fullmatch(parts[1]):
+                referenced.add(parts[1])
+        return GenesisTreeState(trees, frozenset(referenced))
 
 
 class VenvPackageVersion(FactBase[str | None]):

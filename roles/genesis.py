@@ -1,9 +1,15 @@
-"""Genesis: a full clone of the pinned patch repository, detached at the pinned commit.
+"""Genesis: a full clone of the pinned patch repository, detached at the pinned commit, and
+an immutable export of that commit's tree, which is what the stack mounts.
 
 Full clone, not ``--depth 1``: a pinned commit is not reachable through a shallow branch
 fetch (Genesis v7.x has no release tags). The checkout is verified (``HEAD`` == pin and
 ``vllm/_genesis/patches/apply_all.py`` present): an empty or stale tree mounted into the
 container makes ``apply_all`` a silent no-op and the boot fails later with a cryptic error.
+
+The checkout moves with the pin, so the container never mounts it: the commit is exported
+(``git archive``) to ``/opt/rigfleet/genesis-trees/<commit>/``, which never changes once
+there, and the compose file mounts that (``rigfleet.compose.genesis_tree``). A swap that
+rolls back restarts the previous compose snapshot, which still names the previous tree.
 
 Example::
 
@@ -13,12 +19,14 @@ Example::
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Set
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
 
-from rigfleet.compose import GENESIS_HOST_DIR
-from rigfleet.facts import APPLY_ALL, GenesisHead
+from rigfleet.catalog import STACKS
+from rigfleet.compose import GENESIS_HOST_DIR, GENESIS_TREES_DIR, compose_path, genesis_tree
+from rigfleet.facts import APPLY_ALL, GenesisHead, GenesisTrees
 from roles.ops import check
 from roles.preflight import HostContext
 
@@ -54,6 +62,79 @@ def genesis_checkout(repo: str, commit: str, dest: str = GENESIS_HOST_DIR):
     yield from checkout_commands(repo, commit, dest, cloned=state.head is not None)
 
 
+# Pruning rule: keep the pinned commit's tree, every tree a compose file on the host mounts
+# (both stacks' files: what may run now; the active snapshot: what a rollback restarts), and
+# the TREES_KEPT newest trees by mtime (the pinned one counts as the newest); remove the rest.
+# Trees are small, and the newest few also make a re-pin to a recent commit instant. A tree
+# that a swap releases (the old active snapshot) is removed by a later converge, once it is
+# outside the newest few; while any compose file names it, it is never removed.
+TREES_KEPT = 3
+ACTIVE_SNAPSHOT = "/var/lib/rigfleet/active/compose.yaml"
+COMPOSE_FILES = (*(compose_path(name) for name in sorted(STACKS)), ACTIVE_SNAPSHOT)
+
+
+def stale_trees(
+    trees: Mapping[str, int], pinned: str, referenced: Set[str], keep: int = TREES_KEPT
+) -> list[str]:
+    """The trees to remove: ``trees`` maps commit -> mtime; see the rule above."""
+    others = sorted((c for c in trees if c != pinned), key=lambda c: (trees[c], c), reverse=True)
+    kept = {pinned, *others[: max(keep - 1, 0)], *referenced}
+    return sorted(c for c in trees if c not in kept)
+
+
+def export_command(checkout: str, commit: str, trees_dir: str = GENESIS_TREES_DIR) -> str:
+    """Export ``commit`` from ``checkout`` to ``<trees_dir>/<commit>``, atomically (a rename).
+
+    A leftover temporary directory (an interrupted export) is removed first; the tree must
+    hold apply_all.py before it is renamed into place.
+    """
+    d, c = shlex.quote(trees_dir), shlex.quote(commit)
+    tree = shlex.quote(f"{trees_dir}/{commit}")
+    git = f"git -C {shlex.quote(checkout)} -c tar.umask=0022"
+    return (
+        f"mkdir -p {d} && rm -rf {d}/.tmp-* && tmp=$(mktemp -d {d}/.tmp-XXXXXX) && "
+        f'{git} archive --format=tar {c} | tar -x -C "$tmp" && '
+        f'test -f "$tmp/{APPLY_ALL}" && chmod 0755 "$tmp" && rm -rf {tree} && '
+        f'mv -T "$tmp" {tree}'
+    )
+
+
+@operation()
+def genesis_export(
+    commit: str,
+    checkout: str = GENESIS_HOST_DIR,
+    trees_dir: str = GENESIS_TREES_DIR,
+    keep: int = TREES_KEPT,
+):
+    """Export ``commit`` to ``<trees_dir>/<commit>/`` (no change when there) and prune.
+
+    + commit: full 40-hex commit (pins); the checkout must have it
+    + checkout: the git checkout (``/opt/rigfleet/genesis``)
+    + trees_dir: the exports (``/opt/rigfleet/genesis-trees``)
+    + keep: how many of the newest trees are kept (see ``stale_trees``)
+    """
+    state = host.get_fact(GenesisTrees, trees_dir=trees_dir, compose_files=COMPOSE_FILES)
+    have = state.trees.get(commit)
+    exported = have is not None and have[1]
+    if not exported:
+        yield export_command(checkout, commit, trees_dir)
+    mtimes = {c: mtime for c, (mtime, _) in state.trees.items()}
+    stale = stale_trees(mtimes, commit, state.referenced, keep)
+    if stale:
+        yield "rm -rf " + " ".join(shlex.quote(f"{trees_dir}/{c}") for c in stale)
+    if exported and not stale:
+        host.noop(f"{trees_dir}/{commit[:12]} exported")
+
+
+def verify_tree(commit: str) -> str | None:
+    """At execution time: the pinned commit's tree is there, with apply_all.py."""
+    state = host.get_fact(GenesisTrees, trees_dir=GENESIS_TREES_DIR)
+    have = state.trees.get(commit)
+    if have is None or not have[1]:
+        return f"Genesis tree {genesis_tree(commit)} is missing or lacks {APPLY_ALL}"
+    return None
+
+
 def verify_checkout(commit: str, dest: str) -> str | None:
     """At execution time: HEAD is the pin and apply_all.py exists."""
     state = host.get_fact(GenesisHead, path=dest)
@@ -66,7 +147,8 @@ def verify_checkout(commit: str, dest: str) -> str | None:
 
 @deploy("Genesis")
 def genesis(ctx: HostContext) -> None:
-    """Check out the pinned Genesis commit (when any pinned stack uses Genesis) and verify."""
+    """Check out the pinned Genesis commit (when any pinned stack uses Genesis), export its
+    tree for the stack to mount, and verify both."""
     pin = ctx.genesis
     if pin is None:  # no pinned stack uses Genesis
         return
@@ -80,4 +162,13 @@ def genesis(ctx: HostContext) -> None:
         name="Verify Genesis HEAD and apply_all.py",
         verify=lambda: verify_checkout(pin.commit, GENESIS_HOST_DIR),
         what="Genesis verification",
+    )
+    genesis_export(
+        name=f"Genesis tree {pin.commit[:12]} (mounted by the stack)",
+        commit=pin.commit,
+    )
+    check(
+        name="Verify the Genesis tree",
+        verify=lambda: verify_tree(pin.commit),
+        what="Genesis tree verification",
     )

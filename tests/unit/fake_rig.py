@@ -127,6 +127,7 @@ class FakeRig:
     containers: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     genesis_head: str | None = None
     genesis_origin: str | None = None
+    genesis_trees: dict[str, int] = field(default_factory=dict)  # exported commit -> mtime
     vllm_version: str = VLLM_VERSION
     allowlist: list[str] = field(default_factory=lambda: [VLLM_VERSION])
     venv_version: str | None = None
@@ -259,6 +260,12 @@ class FakeRig:
                 f"origin={self.genesis_origin or ''}",
                 f"apply_all={'yes' if self.genesis_head else 'no'}",
             ]
+        m = re.match(r"for t in (\S+)/\*/; do", cmd)
+        if m:
+            out = [f"tree {t} {c} yes" for c, t in self.genesis_trees.items()]
+            refs = sorted({r for data in self.files.values()
+                           for r in re.findall(rb"genesis-trees/([0-9a-f]{40})", data)})
+            return True, out + [f"ref {r.decode()}" for r in refs]
         if "import importlib.metadata as m" in cmd:
             return True, [self.venv_version] if self.venv_version else []
         if cmd.startswith("cat ") and ".rigfleet-manifest.json" in cmd:
@@ -426,6 +433,15 @@ class FakeRig:
         m = re.search(r"checkout --quiet --force --detach (\S+)$", cmd)
         if m:
             self.genesis_head = m.group(1)
+            return True, []
+        m = re.search(r"archive --format=tar (\S+) \|", cmd)
+        if m:
+            self.genesis_trees[m.group(1)] = len(self.genesis_trees) + 1700000000
+            return True, []
+        m = re.match(r"rm -rf (/opt/rigfleet/genesis-trees/\S+ ?)+$", cmd)
+        if m:
+            for path in cmd.split()[2:]:
+                self.genesis_trees.pop(path.rsplit("/", 1)[1], None)
             return True, []
         m = re.search(r"printf '%s\\n' (\S+) > (\S+)$", cmd)
         if m:

@@ -344,7 +344,7 @@ def test_tq3_rendering() -> None:
         "/root/.cache/huggingface/qwen3.6-27b-autoround-int4:ro",
         "/var/cache/rigfleet/tq3-mtp-genesis/torch_compile:/root/.cache/vllm/torch_compile_cache",
         "/var/cache/rigfleet/tq3-mtp-genesis/triton:/root/.triton/cache",
-        "/opt/rigfleet/genesis/vllm/_genesis:"
+        f"/opt/rigfleet/genesis-trees/{GENESIS}/vllm/_genesis:"
         "/usr/local/lib/python3.12/dist-packages/vllm/_genesis:ro",
     ]
     # Compose sees '$$'; after its interpolation the script says "$@" again.

@@ -35,6 +35,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.hostdata import HostDataError
 from roles import converge
 from roles.docker import daemon_settings, docker_packages, merge_daemon_config
+from roles.genesis import stale_trees
 from roles.preflight import OsInfo, PreflightError
 
 GENESIS_REPO = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
@@ -499,6 +500,36 @@ def test_genesis_stack_refused_when_vllm_is_not_on_the_allowlist(data, caplog):
     assert "0.20.1rc1.dev16+g7a1eb8ac2" in caplog.text
     assert rig.containers == {}
     assert run.ran("docker compose -p rigfleet-tq3-mtp-genesis") == []
+
+
+def test_genesis_tree_exported_mounted_and_pruned(data):
+    rig = converged("debian13", {**data, "stack": "tq3-mtp-genesis"})
+    tree = f"/opt/rigfleet/genesis-trees/{GENESIS_COMMIT}"
+    assert list(rig.genesis_trees) == [GENESIS_COMMIT]
+    compose = rig.files["/opt/rigfleet/stacks/tq3-mtp-genesis/compose.yaml"].decode()
+    assert f"{tree}/vllm/_genesis:" in compose and "/opt/rigfleet/genesis/" not in compose
+    again = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert again.ran("archive --format=tar") == []
+    assert again.ran("rm -rf /opt/rigfleet/genesis-trees") == []
+    # Old trees: the newest few stay, and so does any tree a compose file mounts.
+    old = {c * 40: 1600000000 + i for i, c in enumerate("1234")}
+    rig.genesis_trees.update(old)
+    snapshot = f"- /opt/rigfleet/genesis-trees/{'1' * 40}/vllm/_genesis:/x:ro\n"
+    rig.files["/var/lib/rigfleet/active/compose.yaml"] = snapshot.encode()
+    dry = deploy(rig, {**data, "stack": "tq3-mtp-genesis"}, execute=False)
+    assert "Genesis | Genesis tree " + GENESIS_COMMIT[:12] + " (mounted by the stack)" in dry.plan
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert run.ran("rm -rf /opt/rigfleet/genesis-trees") == [
+        f"rm -rf /opt/rigfleet/genesis-trees/{'2' * 40}"]
+    assert set(rig.genesis_trees) == {GENESIS_COMMIT, "1" * 40, "3" * 40, "4" * 40}
+
+
+def test_stale_genesis_trees_rule():
+    trees = {"a": 1, "b": 2, "c": 3, "d": 4}
+    assert stale_trees(trees, pinned="e", referenced=set()) == ["a", "b"]
+    assert stale_trees(trees, pinned="a", referenced=set()) == ["b"]
+    assert stale_trees(trees, pinned="d", referenced={"a"}) == []
+    assert stale_trees({"a": 1}, pinned="a", referenced=set()) == []
 
 
 def test_genesis_version_read_once_per_digest(data):
