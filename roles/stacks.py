@@ -159,7 +159,6 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, com
 @deploy("Serving stacks")
 def stacks(ctx: HostContext) -> None:
     """Secrets, images, the Genesis gate and both compose files: see the module docstring."""
-    spec, pinned = ctx.spec, ctx.desired
     key = ctx.api_key.reveal()
     files.directory(
         name=f"Directory {SECRETS_DIR}", path=SECRETS_DIR, user="root", group="root",
@@ -187,10 +186,10 @@ def stacks(ctx: HostContext) -> None:
         mode="0755",
     )
 
-    # The desired stack first: its image is the one a failing pull must stop the run for.
-    names = [spec.name] + sorted(n for n in ctx.specs if n != spec.name)
+    # One order on every host (not "desired stack first"): hosts serving different stacks must
+    # call the same operations in the same order, or pyinfra's operation DAG has a cycle.
     images: dict[str, str] = {}
-    for name in names:
+    for name in sorted(ctx.specs):
         other = ctx.pins.stacks[name]
         images.setdefault(other.image_ref, name)
     for ref, name in host.loop(list(images.items())):
@@ -206,14 +205,18 @@ def stacks(ctx: HostContext) -> None:
             verify=lambda o=other: verify_image(o.image_ref, o.repository, o.digest),
             what="digest verification",
         )
-    if spec.needs_genesis and pinned.genesis is not None:
+    # Every staged Genesis stack is checked, whichever stack this host serves: the same
+    # operations on every host (a per-host `if` here made pyinfra's operation DAG cyclic).
+    genesis_stacks = [(n, ctx.pins.stacks[n]) for n, sp in sorted(ctx.specs.items())
+                      if sp.needs_genesis and ctx.pins.stacks[n].genesis is not None]
+    for name, staged in host.loop(genesis_stacks):
         genesis_gate(
-            name=f"Genesis compatibility of vLLM {pinned.vllm_version}",
-            stack=spec.name,
-            image_ref=pinned.image_ref,
-            digest=pinned.digest,
-            vllm_version=pinned.vllm_version,
-            commit=pinned.genesis.commit,
+            name=f"Genesis compatibility of vLLM {staged.vllm_version}",
+            stack=name,
+            image_ref=staged.image_ref,
+            digest=staged.digest,
+            vllm_version=staged.vllm_version,
+            commit=staged.genesis.commit,
         )
 
     for name, other in host.loop(sorted(ctx.specs.items())):
