@@ -82,10 +82,12 @@ class TestHost:
         while time.monotonic() < deadline:
             time.sleep(1)
             try:
-                rc, _ = self.sh("test -e /run/rigfleet-test-boot", timeout=10)
+                # Only a complete answer counts: a shell killed by the shutdown also exits != 0.
+                rc, out = self.sh("test -e /run/rigfleet-test-boot && echo old-boot || "
+                                  "echo new-boot; systemctl is-system-running --wait", timeout=60)
             except Exception:
                 continue  # going down or not up yet
-            if rc != 0:
+            if rc in (0, 1) and out.startswith("new-boot"):
                 return
         raise AssertionError(f"{self.name}: did not reboot and come back within {timeout}s")
 
