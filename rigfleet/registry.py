@@ -40,16 +40,19 @@ class Registry:
     _tokens: dict[str, str] = field(default_factory=dict)
 
     def _request(self, method: str, path: str, repo: str, accept: str = "") -> tuple[dict, bytes]:
+        """(lower-cased headers, body) of one request, with Docker Hub's token dance."""
         url = f"{self.base_url.rstrip('/')}{path}"
         for attempt in range(2):
             req = urllib.request.Request(url, method=method)
             if accept:
                 req.add_header("Accept", accept)
             if repo in self._tokens:
-                req.add_header("Authorization", f"Bearer {self._tokens[repo]}")
+                # Unredirected: Docker Hub sends blob reads to a CDN with a signed URL, which
+                # must not also receive our bearer token.
+                req.add_unredirected_header("Authorization", f"Bearer {self._tokens[repo]}")
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return dict(resp.headers.items()), resp.read()
+                    return {k.lower(): v for k, v in resp.headers.items()}, resp.read()
             except urllib.error.HTTPError as exc:
                 challenge = exc.headers.get("WWW-Authenticate", "")
                 if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer"):
@@ -75,7 +78,7 @@ class Registry:
     def digest(self, repo: str, tag: str) -> str:
         """The manifest digest (``sha256:...``) that ``repo:tag`` points at now."""
         headers, _ = self._request("HEAD", f"/v2/{repo}/manifests/{tag}", repo, MANIFEST_TYPES)
-        found = {k.lower(): v for k, v in headers.items()}.get("docker-content-digest", "")
+        found = headers.get("docker-content-digest", "")
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", found):
             raise RegistryError(f"{repo}:{tag}: registry gave no usable digest ({found!r})")
         return found
@@ -87,7 +90,7 @@ class Registry:
         while path:
             headers, body = self._request("GET", path, repo)
             found.extend(json.loads(body or b"{}").get("tags") or [])
-            link = {k.lower(): v for k, v in headers.items()}.get("link", "")
+            link = headers.get("link", "")
             match = re.match(r"<([^>]+)>", link)
             path = match.group(1) if match else None
         return found

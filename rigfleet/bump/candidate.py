@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -61,34 +59,9 @@ class Candidate:
 class ImageRegistry(Registry):
     """``Registry`` plus manifests and blobs (enough to read an image's config)."""
 
-    def _get(self, path: str, repo: str, accept: str = "") -> tuple[dict[str, str], bytes]:
-        # Like Registry._request, but the token is an *unredirected* header: Docker Hub sends
-        # blob reads to a CDN with a signed URL, which must not also receive our bearer token.
-        url = f"{self.base_url.rstrip('/')}{path}"
-        for attempt in range(2):
-            req = urllib.request.Request(url)
-            if accept:
-                req.add_header("Accept", accept)
-            if repo in self._tokens:
-                req.add_unredirected_header("Authorization", f"Bearer {self._tokens[repo]}")
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-            except urllib.error.HTTPError as exc:
-                challenge = exc.headers.get("WWW-Authenticate", "")
-                if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer"):
-                    self._tokens[repo] = self._token(challenge)
-                    continue
-                if exc.code == 404:
-                    raise RegistryError(f"{url}: not found (tag or repository gone?)") from None
-                raise RegistryError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-            except urllib.error.URLError as exc:
-                raise RegistryError(f"{url}: cannot reach the registry ({exc.reason})") from None
-        raise RegistryError(f"{url}: authentication failed")
-
     def manifest(self, repo: str, reference: str) -> tuple[dict[str, Any], str, str]:
         """(manifest JSON, media type, digest) of ``repo:reference`` (tag or digest)."""
-        headers, body = self._get(f"/v2/{repo}/manifests/{reference}", repo, MANIFEST_TYPES)
+        headers, body = self._request("GET", f"/v2/{repo}/manifests/{reference}", repo, MANIFEST_TYPES)
         try:
             doc = json.loads(body)
         except ValueError:
@@ -101,7 +74,7 @@ class ImageRegistry(Registry):
 
     def blob(self, repo: str, digest: str) -> bytes:
         """A blob's bytes, checked against its digest."""
-        _, body = self._get(f"/v2/{repo}/blobs/{digest}", repo)
+        _, body = self._request("GET", f"/v2/{repo}/blobs/{digest}", repo)
         if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
             raise RegistryError(f"{repo}@{digest}: blob content does not match its digest")
         return body

@@ -72,7 +72,7 @@ class MirrorRegistry(ImageRegistry):
 
     def raw_manifest(self, repo: str, reference: str) -> tuple[bytes, str]:
         """(exact bytes, media type): the bytes are what the digest is of."""
-        headers, body = self._get(f"/v2/{repo}/manifests/{reference}", repo, MANIFEST_TYPES)
+        headers, body = self._request("GET", f"/v2/{repo}/manifests/{reference}", repo, MANIFEST_TYPES)
         media = headers.get("content-type", "").split(";")[0]
         try:
             media = json.loads(body).get("mediaType") or media
