@@ -21,5 +21,6 @@ rigfleet endpoints --inventory "$inventory"
 
 bash scripts/demo_swap.sh
 
-echo "== fleet status"
+echo "== fleet status (compared with the inventory: host1 now serves tq3-mtp-genesis through"
+echo "   --data, while the inventory says int8, so status reports that host as drifted)"
 rigfleet status --inventory "$inventory" || true
