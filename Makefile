@@ -8,10 +8,10 @@ DEMO_HOSTS ?= 2
 
 .PHONY: setup testbed-deps demo test test-unit test-e2e lint testbed-up testbed-down bench clean
 
-$(BIN)/rigfleet: pyproject.toml
+$(BIN)/rigfleet: pyproject.toml testbed/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]' -e ./testbed
 	touch $@
 
 setup: $(BIN)/rigfleet

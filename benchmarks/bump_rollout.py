@@ -37,7 +37,7 @@ def paths(instance: int) -> tuple[Path, Path, Path]:
 
 
 def write_inventory(inventory: Path, bench: Path, pins: Path, hosts: int, instance: int) -> None:
-    from rigfleet.testbed import layout
+    from rigfleet_testbed import layout
 
     bench.write_text(f'''"""benchmarks/bump_rollout.py: {hosts} host(s) of testbed {instance}."""
 import runpy

@@ -33,8 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rigfleet.testbed import layout  # noqa: E402
-from rigfleet.testbed.layout import HostSlot  # noqa: E402
+from rigfleet_testbed import layout  # noqa: E402
+from rigfleet_testbed.layout import HostSlot  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ROUTE_HEADER = "X-Rigfleet-Route"

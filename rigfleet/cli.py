@@ -18,6 +18,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -27,36 +28,6 @@ console = Console(stderr=True, highlight=False)
 
 def _log(message: str) -> None:
     console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
-
-
-def cmd_testbed(args: argparse.Namespace) -> int:
-    from rigfleet.testbed import fleet, hardware
-
-    if args.action == "up":
-        started = time.monotonic()
-        overrides = [hardware.parse_override(spec) for spec in args.hardware]
-        slots = fleet.up(fleet.UpOptions(hosts=args.hosts, hardware_overrides=overrides), _log)
-        from rigfleet.testbed.layout import INVENTORY
-
-        _log(f"testbed up: {len(slots)} host(s) in {time.monotonic() - started:.1f}s; "
-             f"{INVENTORY.relative_to(INVENTORY.parents[1])} written")
-        _print_status(fleet.status())
-    elif args.action == "down":
-        fleet.down(_log)
-        _log("testbed down: containers, network and volumes removed")
-    else:
-        _print_status(fleet.status())
-    return 0
-
-
-def _print_status(rows: list[dict]) -> None:
-    table = Table(title="rigfleet testbed")
-    for col in ("name", "state", "ports", "systemd", "driver"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*(str(row.get(col, "")) for col in ("name", "state", "ports", "systemd",
-                                                          "driver")))
-    Console().print(table if rows else "no testbed containers")
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
@@ -85,19 +56,31 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _add_testbed(sub: Any) -> None:
+    """``rigfleet testbed``: from the separate testbed package when it is installed."""
+    try:
+        from rigfleet_testbed.cli import add_parser
+    except ImportError:
+        tb = sub.add_parser("testbed", help="the simulated fleet (needs the rigfleet-testbed "
+                            "package)", add_help=False)
+        tb.add_argument("rest", nargs=argparse.REMAINDER)
+        tb.set_defaults(func=_no_testbed)
+        return
+    add_parser(sub)
+
+
+def _no_testbed(args: argparse.Namespace) -> int:
+    console.print("[red]error:[/red] the simulated fleet is a separate package that is not "
+                  "installed here; from a checkout: pip install -e ./testbed "
+                  "(make demo and make test install it)")
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rigfleet", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    tb = sub.add_parser("testbed", help="the simulated fleet (containers on this machine)")
-    tb_sub = tb.add_subparsers(dest="action", required=True)
-    tb_up = tb_sub.add_parser("up", help="build and start the simulated fleet")
-    tb_up.add_argument("--hosts", type=int, default=2, help="number of hosts (1-12, default 2)")
-    tb_up.add_argument("--hardware", action="append", default=[], metavar="HOST:KEY=V,...",
-                       help="per-host hardware override, e.g. host2:cards=1,memory_mib=20480")
-    tb_sub.add_parser("status", help="show the simulated fleet")
-    tb_sub.add_parser("down", help="remove every container, network and volume it made")
-    tb.set_defaults(func=cmd_testbed)
+    _add_testbed(sub)
 
     pins = sub.add_parser("pins", help="the fleet's pins file")
     pins_sub = pins.add_subparsers(dest="action", required=True)
@@ -137,9 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # every expected failure carries a message that says what to do
-        from rigfleet.testbed.fleet import TestbedError
-
-        if isinstance(exc, TestbedError | ValueError | RuntimeError):
+        if isinstance(exc, ValueError | RuntimeError):
             console.print(f"[red]error:[/red] {exc}")
             return 1
         raise

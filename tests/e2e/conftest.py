@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-from rigfleet.testbed import layout  # noqa: E402
+from rigfleet_testbed import layout  # noqa: E402
 
 INVENTORY = layout.INVENTORY
 STATE = layout.STATE_DIR
@@ -113,7 +113,7 @@ class Testbed:
 
 @pytest.fixture(scope="session")
 def testbed() -> Testbed:
-    from rigfleet.testbed.layout import HostSlot
+    from rigfleet_testbed.layout import HostSlot
 
     run([str(BIN / "rigfleet"), "testbed", "up", "--hosts", str(HOSTS)], timeout=1200)
     hosts = [TestHost(s.name, s.ssh_port, f"http://127.0.0.1:{s.front_port}", s.container)

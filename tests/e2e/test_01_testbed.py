@@ -7,7 +7,7 @@ import json
 import urllib.request
 
 from rigfleet.registry import Registry
-from rigfleet.testbed import layout
+from rigfleet_testbed import layout
 
 
 def test_hosts_are_bare_debian_13_with_systemd(testbed):

@@ -34,7 +34,7 @@ import pytest
 from conftest import HOSTS, INVENTORY, STATE, run
 
 from rigfleet.pins import load_pins
-from rigfleet.testbed import layout
+from rigfleet_testbed import layout
 
 if HOSTS < 3:
     pytest.skip("the bump tests need 3 hosts: RIGFLEET_TESTBED_HOSTS=3", allow_module_level=True)

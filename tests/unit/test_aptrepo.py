@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet.testbed import aptrepo, packages
+from rigfleet_testbed import aptrepo, packages
 
 EXPECTED = {
     **{name: ["580.105.08-1", "590.44.01-1"] for name in (

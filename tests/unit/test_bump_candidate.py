@@ -29,7 +29,7 @@ from rigfleet.bump.images import to_prune
 from rigfleet.bump.version import parse_probe, probe_script
 from rigfleet.inventory import InventoryHost
 from rigfleet.registry import RegistryError
-from rigfleet.testbed.genesis_fixture import build_genesis_fixture
+from rigfleet_testbed.genesis_fixture import build_genesis_fixture
 
 REPO = "vllm/vllm-openai"
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from rigfleet.bump.genesis import (
     names_commit,
     parse_allowlist,
 )
-from rigfleet.testbed.genesis_fixture import GenesisFixture, build_genesis_fixture
+from rigfleet_testbed.genesis_fixture import GenesisFixture, build_genesis_fixture
 
 CURRENT = "0.20.2rc1.dev9+g01d4d1ad3"
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet.testbed.genesis_fixture import REPO_NAME, GenesisFixture, build_genesis_fixture
+from rigfleet_testbed.genesis_fixture import REPO_NAME, GenesisFixture, build_genesis_fixture
 
-SERVICES_DIR = Path(__file__).resolve().parents[2] / "rigfleet/testbed/images/services"
+SERVICES_DIR = Path(__file__).resolve().parents[2] / "testbed/rigfleet_testbed/images/services"
 V7722_PINS = ("0.20.1rc1.dev16+g7a1eb8ac2", "0.20.2rc1.dev9+g01d4d1ad3")
 V7730_NEW = ("0.20.2rc1.dev212+g3f9c2a7e5", "0.20.2rc1.dev240+gb7e4d1c9a")
 P67 = "GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL"

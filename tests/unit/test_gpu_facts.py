@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rigfleet import gpu
-from rigfleet.testbed.hardware import hardware_profile
-from rigfleet.testbed.nvidia import kmod, simstate, smi
+from rigfleet_testbed.hardware import hardware_profile
+from rigfleet_testbed.nvidia import kmod, simstate, smi
 
 # shared/ sits next to the project's root on every machine.
 H200 = (Path(__file__).resolve().parents[3] / "shared/fixtures/nvidia-smi"

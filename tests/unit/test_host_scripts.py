@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet.testbed.model_fixture import MODEL_REPO, ModelFixture, build_model_fixture
+from rigfleet_testbed.model_fixture import MODEL_REPO, ModelFixture, build_model_fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 FETCH = ROOT / "files" / "rigfleet-fetch-weights.py"
 ALLOWLIST = ROOT / "files" / "rigfleet-genesis-allowlist.py"
-SERVICES_DIR = ROOT / "rigfleet/testbed/images/services"
+SERVICES_DIR = ROOT / "testbed/rigfleet_testbed/images/services"
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def test_allowlist_missing_is_an_error(tmp_path):
 
 
 def test_allowlist_of_each_genesis_fixture_release(tmp_path):
-    from rigfleet.testbed.genesis_fixture import build_genesis_fixture
+    from rigfleet_testbed.genesis_fixture import build_genesis_fixture
 
     fx = build_genesis_fixture(tmp_path / "git")
     checkout = tmp_path / "genesis"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet.testbed.model_fixture import (
+from rigfleet_testbed.model_fixture import (
     MODEL_REPO,
     HubUser,
     ModelFixture,
@@ -35,7 +35,7 @@ from rigfleet.testbed.model_fixture import (
     write_hub_users,
 )
 
-SERVICES_DIR = Path(__file__).resolve().parents[2] / "rigfleet/testbed/images/services"
+SERVICES_DIR = Path(__file__).resolve().parents[2] / "testbed/rigfleet_testbed/images/services"
 TOKEN = "hf_testbedREADtoken0123456789abcdefXYZ"  # a user with access to everything
 OTHER_TOKEN = "hf_testbedOTHERtoken0123456789abcdefQ"  # a user without access to the gated repo
 GATED_REPO = "rigfleet-test/gated-model"

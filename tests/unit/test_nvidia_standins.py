@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet.testbed.hardware import hardware_profile
-from rigfleet.testbed.nvidia import container_runtime, ctk, kmod, persistenced, runtime_hook, smi
-from rigfleet.testbed.nvidia import simstate as sim
+from rigfleet_testbed.hardware import hardware_profile
+from rigfleet_testbed.nvidia import container_runtime, ctk, kmod, persistenced, runtime_hook, smi
+from rigfleet_testbed.nvidia import simstate as sim
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO.parent / "shared/fixtures/nvidia-smi/h200-ubuntu2404-580.159.04"
@@ -388,7 +388,7 @@ def test_persistenced_fails_without_driver_or_with_mismatch(paths: sim.SimPaths)
 
 def test_persistenced_daemon_runs_until_sigterm(paths: sim.SimPaths, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
-    code = ("import sys; from pathlib import Path; from rigfleet.testbed.nvidia import "
+    code = ("import sys; from pathlib import Path; from rigfleet_testbed.nvidia import "
             f"persistenced; sys.exit(persistenced.main(['--foreground'], version={VERSION!r}, "
             f"pid_file=Path({str(pid_file)!r})))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE)

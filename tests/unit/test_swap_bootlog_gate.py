@@ -22,7 +22,7 @@ from rigfleet.hostside.gate import GateRun, run_gate
 from rigfleet.hostside.stackctl import classify_boot_failure
 
 REPO = Path(__file__).resolve().parents[2]
-GENESIS_TREE = REPO / "rigfleet" / "testbed" / "genesis_src" / "tree"
+GENESIS_TREE = REPO / "testbed" / "rigfleet_testbed" / "genesis_src" / "tree"
 NO_MTP = [a for a in INT8_MTP if a not in ("--speculative-config", MTP)]
 
 

@@ -116,7 +116,7 @@ def test_bundle_is_deterministic_complete_and_runs(tmp_path):
     names = zipfile.ZipFile(hostbundle.write_bundle(tmp_path / "h.pyz")).namelist()
     assert "__main__.py" in names and "rigfleet/hostside/swap.py" in names
     assert "rigfleet/hostside/verify/runner.py" in names
-    assert not [n for n in names if "__pycache__" in n or n.startswith("rigfleet/testbed")]
+    assert not [n for n in names if "__pycache__" in n or n.startswith("testbed/rigfleet_testbed")]
     out = subprocess.run([sys.executable, str(tmp_path / "h.pyz"), "--root", str(tmp_path),
                           "status", "--json"], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["active"] is None

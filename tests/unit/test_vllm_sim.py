@@ -1,4 +1,4 @@
-"""Tests of the vLLM serving simulator (rigfleet/testbed/images/vllm-sim).
+"""Tests of the vLLM serving simulator (testbed/rigfleet_testbed/images/vllm-sim).
 
 Servers run as subprocesses on 127.0.0.1 with a temporary GPU root (``NVIDIA_SIM_ROOT``), a
 fake model directory and a private copy of the package carrying the build info under test.
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet.testbed.nvidia import simstate
+from rigfleet_testbed.nvidia import simstate
 
 _HERE = Path(__file__).resolve().parent
 # The helpers next to this file, and the simulator package itself (not installed anywhere).
 sys.path.insert(0, str(_HERE))
-sys.path.insert(0, str(_HERE.parents[1] / "rigfleet" / "testbed" / "images" / "vllm-sim"))
+sys.path.insert(0, str(_HERE.parents[1] / "testbed" / "rigfleet_testbed" / "images" / "vllm-sim"))
 
 from vllm.sim import facts, kvcache, responder, textgen, tokenizer  # noqa: E402
 from vllm.sim.args import parse_args  # noqa: E402

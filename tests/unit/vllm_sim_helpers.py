@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SIM_DIR = Path(__file__).resolve().parents[2] / "rigfleet" / "testbed" / "images" / "vllm-sim"
+SIM_DIR = Path(__file__).resolve().parents[2] / "testbed" / "rigfleet_testbed" / "images" / "vllm-sim"
 if str(SIM_DIR) not in sys.path:
     sys.path.insert(0, str(SIM_DIR))
 

@@ -28,8 +28,8 @@ import docker.errors
 import yaml
 
 from rigfleet.registry import Registry
-from rigfleet.testbed import hardware, images, layout
-from rigfleet.testbed.layout import HostSlot
+from rigfleet_testbed import hardware, images, layout
+from rigfleet_testbed.layout import HostSlot
 
 Log = Callable[[str], None]
 
@@ -112,7 +112,7 @@ def ensure_secrets(paths: Paths) -> None:
 
 def build_service_data(paths: Paths, log: Log) -> dict[str, Any]:
     """The apt repository, the model on the hub and the Genesis repository, on disk."""
-    from rigfleet.testbed import aptrepo, genesis_fixture, model_fixture, packages
+    from rigfleet_testbed import aptrepo, genesis_fixture, model_fixture, packages
 
     data = paths.services_data
     log("building stand-in packages and the signed apt repository")

@@ -1,6 +1,6 @@
 """The Genesis fixture: a bare git repository ``genesis-vllm-patches.git`` with two releases.
 
-The sources live in ``rigfleet/testbed/genesis_src/tree/`` (the repository's files) and
+The sources live in ``testbed/rigfleet_testbed/genesis_src/tree/`` (the repository's files) and
 ``genesis_src/releases/`` (one CHANGELOG section per release). Lines marked
 ``# genesis-fixture: <key>`` (or ``<!-- genesis-fixture: <key> -->``) are replaced per release:
 ``version``, ``pins`` (``KNOWN_GOOD_VLLM_PINS``), ``plugin-version``, ``changelog``.
@@ -9,7 +9,7 @@ Commits are made with git's plumbing under a scrubbed environment (no system or 
 fixed author/committer ``Genesis Fixture <genesis@rigfleet.test>`` and dates), so the SHAs are
 the same on every machine and every build::
 
-    from rigfleet.testbed.genesis_fixture import build_genesis_fixture
+    from rigfleet_testbed.genesis_fixture import build_genesis_fixture
     fx = build_genesis_fixture(Path(".testbed/services/git"))
     fx.repo_path                  # .../genesis-vllm-patches.git (bare, update-server-info done)
     sha, title, allowlist = fx.commits[0]     # release(v7.72.2)
@@ -217,7 +217,7 @@ def build_genesis_fixture(git_root: Path) -> GenesisFixture:
     )
 
 
-if __name__ == "__main__":  # python -m rigfleet.testbed.genesis_fixture <git_root>
+if __name__ == "__main__":  # python -m rigfleet_testbed.genesis_fixture <git_root>
     import sys
 
     fx = build_genesis_fixture(Path(sys.argv[1]))

@@ -2,7 +2,7 @@
 
 Same names, versions and dependencies as NVIDIA's packages (docs/architecture.md, "Stand-in
 packages"), so the deploy installs and pins them exactly as on real hosts. Programs are the
-stdlib-only modules of ``rigfleet.testbed.nvidia``, each bundled with ``simstate`` into one
+stdlib-only modules of ``rigfleet_testbed.nvidia``, each bundled with ``simstate`` into one
 zipapp file (the package's version baked in); unit files and maintainer scripts behave like
 Debian's (dh_installsystemd): the kernel-module unit is enabled but never started (the driver
 loads at the next boot), the persistence daemon is enabled and (re)started.

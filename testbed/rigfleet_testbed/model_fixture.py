@@ -1,7 +1,7 @@
 """The hub fixture: ``Lorbus/Qwen3.6-27B-int4-AutoRound`` at one deterministic commit.
 
 Writes the layout that the services container's hub serves (documented in
-``rigfleet/testbed/images/services/services/hubstore.py``)::
+``testbed/rigfleet_testbed/images/services/services/hubstore.py``)::
 
     <hub_root>/<org>/<name>/repo.json          commits, refs, per-file size/sha256/git oid/LFS
     <hub_root>/<org>/<name>/blobs/<sha256>     file contents, content-addressed
@@ -9,7 +9,7 @@ Writes the layout that the services container's hub serves (documented in
 
 Usage::
 
-    from rigfleet.testbed.model_fixture import build_model_fixture
+    from rigfleet_testbed.model_fixture import build_model_fixture
     fx = build_model_fixture(Path(".testbed/services/hub"), shard_mib=2)
     fx.repo      # "Lorbus/Qwen3.6-27B-int4-AutoRound"
     fx.commit    # 40-hex, the same on every build with the same shard_mib
@@ -665,7 +665,7 @@ def build_model_fixture(hub_root: Path, shard_mib: float = 2) -> ModelFixture:
     )
 
 
-if __name__ == "__main__":  # python -m rigfleet.testbed.model_fixture <hub_root> [shard_mib]
+if __name__ == "__main__":  # python -m rigfleet_testbed.model_fixture <hub_root> [shard_mib]
     import sys
 
     fx = build_model_fixture(Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 2)

@@ -1,6 +1,6 @@
 """The hub fixture on disk, read-only: repositories, commits, files, users.
 
-Layout (written by ``rigfleet/testbed/model_fixture.py``; any writer following it works)::
+Layout (written by ``testbed/rigfleet_testbed/model_fixture.py``; any writer following it works)::
 
     <hub>/_hub.json                  optional; users and their tokens:
         {"users": [{"name": "testbed", "token": "hf_...", "access": ["*"]}]}

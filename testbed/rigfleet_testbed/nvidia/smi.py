@@ -1,6 +1,6 @@
 """Stand-in ``nvidia-smi``: prints what the real one prints, from the simulated driver's state.
 
-Installed as ``/usr/bin/nvidia-smi`` (a zipapp built by ``rigfleet.testbed.packages``) on the
+Installed as ``/usr/bin/nvidia-smi`` (a zipapp built by ``rigfleet_testbed.packages``) on the
 simulated hosts. The formats follow real output of driver 580 (fixtures in
 ``shared/fixtures/nvidia-smi/``); so do the failures: no driver loaded (exit 9), a driver and
 library of different versions after an upgrade without reboot (exit 18), ``-pl`` out of range

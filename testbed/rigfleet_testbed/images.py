@@ -20,7 +20,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from rigfleet.testbed import layout
+from rigfleet_testbed import layout
 
 HASH_LABEL = "io.rigfleet.context-hash"
 Log = Callable[[str], None]

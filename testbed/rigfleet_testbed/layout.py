@@ -1,6 +1,6 @@
 """Names, addresses and ports of the simulated fleet (see docs/architecture.md).
 
-Everything the testbed creates carries the ``rigfleet-`` prefix or the ``io.rigfleet.testbed``
+Everything the testbed creates carries the ``rigfleet-`` prefix or the ``io.rigfleet_testbed``
 label, so ``testbed down`` can find and remove exactly what ``testbed up`` made.
 """
 
@@ -25,7 +25,7 @@ _PORTS = INSTANCE * 100
 STATE_DIR = REPO_ROOT / f".testbed{_SFX}"
 INVENTORY = REPO_ROOT / "inventory" / f"testbed{_SFX}.py"
 
-LABEL = "io.rigfleet.testbed"
+LABEL = "io.rigfleet_testbed"
 LABEL_VALUE = str(INSTANCE)
 NETWORK = f"rigfleet-testbed{_SFX}"
 SUBNET = f"{_NET}.0/24"
@@ -45,9 +45,9 @@ APT_LOCAL_PORT = 18081 + _PORTS
 GIT_LOCAL_PORT = 18090 + _PORTS
 
 BASE_IMAGE = "rigfleet/trixie-base:latest"
-HOST_IMAGE = "rigfleet/testbed-host:latest"
-REGISTRY_IMAGE = "rigfleet/testbed-registry:latest"
-SERVICES_IMAGE = "rigfleet/testbed-services:latest"
+HOST_IMAGE = "testbed/rigfleet_testbed-host:latest"
+REGISTRY_IMAGE = "testbed/rigfleet_testbed-registry:latest"
+SERVICES_IMAGE = "testbed/rigfleet_testbed-services:latest"
 SIM_IMAGE_REPO = "vllm/vllm-openai"
 
 APT_URL = "http://apt.rigfleet.test/debian"
