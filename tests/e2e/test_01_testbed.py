@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from rigfleet.registry import Registry
 from rigfleet_testbed import layout
+
+from rigfleet.registry import Registry
 
 
 def test_hosts_are_bare_debian_13_with_systemd(testbed):

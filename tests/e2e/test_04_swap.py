@@ -240,9 +240,10 @@ def test_tq3_without_p67_fails_the_long_needles_and_int8_is_restored(fleet):
 
 
 def test_a_nightly_that_dies_at_boot_is_rolled_back_naming_the_failure(fleet, tmp_path):
+    from rigfleet_testbed import layout
+
     from rigfleet.pins import dump_pins, load_pins
     from rigfleet.registry import Registry
-    from rigfleet_testbed import layout
 
     host, key = fleet.hosts[1], fleet.api_key
     before = route_of(host, key)

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 from conftest import HOSTS, INVENTORY, STATE, run
+from rigfleet_testbed import layout
 
 from rigfleet.pins import load_pins
-from rigfleet_testbed import layout
 
 if HOSTS < 3:
     pytest.skip("the bump tests need 3 hosts: RIGFLEET_TESTBED_HOSTS=3", allow_module_level=True)

@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from rigfleet_testbed import aptrepo, packages
 
 EXPECTED = {

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from bump_helpers import DIGESTS, GENESIS_OLD, GOOD, MTP_DIES, NEWER, REGRESSED, VERSIONS, pins_data
+from rigfleet_testbed.genesis_fixture import build_genesis_fixture
 
 from rigfleet.bump import cli as bump_cli
 from rigfleet.bump.candidate import (
@@ -29,7 +30,6 @@ from rigfleet.bump.images import to_prune
 from rigfleet.bump.version import parse_probe, probe_script
 from rigfleet.inventory import InventoryHost
 from rigfleet.registry import RegistryError
-from rigfleet_testbed.genesis_fixture import build_genesis_fixture
 
 REPO = "vllm/vllm-openai"
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from bump_helpers import MTP_DIES, NEWER, REGRESSED, VERSIONS
+from rigfleet_testbed.genesis_fixture import GenesisFixture, build_genesis_fixture
 
 from rigfleet.bump.genesis import (
     GenesisError,
@@ -17,7 +18,6 @@ from rigfleet.bump.genesis import (
     names_commit,
     parse_allowlist,
 )
-from rigfleet_testbed.genesis_fixture import GenesisFixture, build_genesis_fixture
 
 CURRENT = "0.20.2rc1.dev9+g01d4d1ad3"
 

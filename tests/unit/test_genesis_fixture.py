@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from rigfleet_testbed.genesis_fixture import REPO_NAME, GenesisFixture, build_genesis_fixture
 
 SERVICES_DIR = Path(__file__).resolve().parents[2] / "testbed/rigfleet_testbed/images/services"

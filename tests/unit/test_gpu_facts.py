@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from rigfleet import gpu
 from rigfleet_testbed.hardware import hardware_profile
 from rigfleet_testbed.nvidia import kmod, simstate, smi
+
+from rigfleet import gpu
 
 # shared/ sits next to the project's root on every machine.
 H200 = (Path(__file__).resolve().parents[3] / "shared/fixtures/nvidia-smi"

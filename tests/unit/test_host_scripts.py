@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from rigfleet_testbed.model_fixture import MODEL_REPO, ModelFixture, build_model_fixture
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from rigfleet_testbed.model_fixture import (
     MODEL_REPO,
     HubUser,

@@ -15,7 +15,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
 from rigfleet_testbed.hardware import hardware_profile
 from rigfleet_testbed.nvidia import container_runtime, ctk, kmod, persistenced, runtime_hook, smi
 from rigfleet_testbed.nvidia import simstate as sim

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from rigfleet_testbed.nvidia import simstate
 
 _HERE = Path(__file__).resolve().parent
