@@ -1,9 +1,11 @@
-"""The stack catalog: what each serving stack runs, as data.
+"""The stack catalog: what each serving stack runs, read from stack files (YAML).
 
-A *stack* is one way of serving Qwen3.6-27B on a dual RTX 3090 host: vLLM arguments, the
-container environment, the entrypoint, and whether it needs the Genesis patches. The values
-are club-3090's validated dual-card composes (``int8.yml`` and ``tq3-mtp-genesis.yml``),
-minus what we do not ship (see the notes on ``_TQ3_ENV`` and ``_COMMON_ARGS``).
+A *stack* is one way of serving the model: vLLM arguments, the container environment, the
+GPUs it needs, and the Genesis patches it needs. Each is one file: the built-in ones ship in
+``rigfleet/stacks/`` (club-3090's validated dual-card composes), and a user adds their own in
+a directory the inventory names (host data ``stacks_dir``, e.g. ``inventory/stacks``) without
+touching code. Every file is validated when it is read: a bad one is refused with the file,
+the key, the value and what is allowed.
 
 What is pinned (image, digest, Genesis commit, model revision) lives in ``pins.yaml``
 (``rigfleet.pins``); how a host runs a stack (paths, extra env) in host data
@@ -11,85 +13,149 @@ What is pinned (image, digest, Genesis commit, model revision) lives in ``pins.y
 
 Example::
 
-    from rigfleet.catalog import get_stack
+    from rigfleet.catalog import builtin_catalog, load_catalog
 
-    spec = get_stack("tq3-mtp-genesis")
+    spec = builtin_catalog().get("tq3-mtp-genesis")
     spec.port                  # 8015, the loopback port the front proxies to
     spec.command("qwen3.6-27b-autoround-int4")[:2]
     # ['--model', '/root/.cache/huggingface/qwen3.6-27b-autoround-int4']
+    load_catalog(["inventory/stacks"]).names    # ('int8', 'my-stack', 'tq3-mtp-genesis')
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from rigfleet.errors import RigfleetError
+from rigfleet.genesis import LAYOUTS, GenesisLayout, entrypoint_script
+from rigfleet.hostside.layout import HOST
+from rigfleet.validate import Problems, ValidationError, YamlError, has_control, load_yaml
 
-# Paths inside the official vllm/vllm-openai image (Python 3.12, dist-packages).
+SCHEMA = "rigfleet-stack/1"
+BUILTIN_DIR = Path(__file__).resolve().parent / "stacks"
+
+# Paths inside the official vllm/vllm-openai image.
 MODEL_ROOT_IN_CONTAINER = "/root/.cache/huggingface"
 VLLM_PORT_IN_CONTAINER = 8000
-SITE_PACKAGES_IN_CONTAINER = "/usr/local/lib/python3.12/dist-packages"
-GENESIS_IN_CONTAINER = f"{SITE_PACKAGES_IN_CONTAINER}/vllm/_genesis"
 TORCH_COMPILE_CACHE_IN_CONTAINER = "/root/.cache/vllm/torch_compile_cache"
 TRITON_CACHE_IN_CONTAINER = "/root/.triton/cache"
 
-# Compile caches live on the host, one tree per stack: vLLM's AOT cache key ignores the GPU
-# architecture and the quantisation kernel (club-3090 #548), so caches are never shared
-# between stacks or copied between hosts.
-HOST_CACHE_ROOT = "/var/cache/rigfleet"
+# vLLM's ``CacheDType`` literal (vllm/config/cache.py, upstream-2026.md §4.3): the union over
+# the releases we know; which image has which is the image's business (it refuses at boot).
+KV_CACHE_DTYPES = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+    "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+    "turboquant_3bit_nc", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
+    "nvfp4", "nvfp4_4over6",
+)  # fmt: skip
+SPECULATIVE_METHODS = ("mtp", "ngram", "eagle", "eagle3", "draft_model")
+# Flags the stack file sets through its own keys; listing them in ``vllm.args`` too would
+# pass them twice.
+MANAGED_FLAGS = (
+    "--model", "--served-model-name", "--tensor-parallel-size", "--max-model-len",
+    "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
+    "--kv-cache-dtype", "--speculative-config", "--host", "--port",
+)  # fmt: skip
 
-SERVED_MODEL_NAME = "qwen3.6-27b-autoround"
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SWITCH = re.compile(r"[A-Z0-9][A-Z0-9_]*")
+_PATCH_ID = re.compile(r"P[N]?[0-9]+[A-Za-z]?")
+_SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_TOP_KEYS = ("schema", "name", "summary", "port", "served_model_name", "gpus", "vllm", "env",
+             "entrypoint", "genesis")
+_VLLM_KEYS = ("kv_cache_dtype", "tensor_parallel_size", "max_model_len",
+              "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "speculative",
+              "args")
 
 
-class CatalogError(RigfleetError, ValueError):
-    """An unknown stack name; the message lists the known ones."""
+class CatalogError(ValidationError):
+    """A stack file that does not validate, or an unknown stack name."""
+
+
+@dataclass(frozen=True)
+class GenesisSpec:
+    """What a stack needs of Genesis.
+
+    + needs: patch ids the stack cannot work without (``P67``)
+    + switches: generation -> (switches set to 1, switches set to 0), ``GENESIS_ENABLE_``
+      suffixes, in file order
+    + params: other ``GENESIS_*`` variables
+    + runtime_packages: Python packages the apply step imports that the image lacks
+    """
+
+    needs: tuple[str, ...]
+    switches: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]
+    params: Mapping[str, str]
+    runtime_packages: tuple[str, ...] = ()
+
+    def env(self, generation: str) -> dict[str, str]:
+        """The ``GENESIS_*`` environment for ``generation`` (switches on, off, then params)."""
+        on, off = self.switches[generation]
+        return {
+            **{f"GENESIS_ENABLE_{s}": "1" for s in on},
+            **{f"GENESIS_ENABLE_{s}": "0" for s in off},
+            **self.params,
+        }
 
 
 @dataclass(frozen=True)
 class StackSpec:
-    """One serving stack, as club-3090 validated it on dual RTX 3090s over PCIe.
+    """One serving stack, validated from its stack file.
 
     + name: catalog key, also used in paths and the compose project (``rigfleet-<name>``)
     + summary: one line for people
-    + container_name: the container's fixed name (teardown finds it by name)
     + port: host loopback port published for the front proxy (container port is 8000)
     + served_model_name: the model id clients ask for
+    + gpu_count: cards the stack needs
     + kv_cache_dtype, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
-      tensor_parallel_size, max_model_len, num_speculative_tokens: the vLLM knobs that differ
-      between stacks or that other code reads (the gate checks per-position acceptance)
-    + needs_genesis: the stack boots only with the Genesis tree mounted and applied
-    + env: container environment without the Genesis switches, in a stable order
-    + genesis_env: ``GENESIS_*`` variables (switches, parameters, explicit OFFs)
-    + entrypoint: the container entrypoint; ``command(...)`` is passed after it
+      tensor_parallel_size, max_model_len, num_speculative_tokens: the vLLM knobs other code
+      reads (the gate checks per-position acceptance, the swap the cards' memory)
+    + args: further ``vllm serve`` arguments, in order
+    + env: container environment without the Genesis switches, in file order
+    + genesis: what the stack needs of Genesis (None: it does not use Genesis)
+    + source: the file it was read from
 
     **Example:**
 
     .. code:: python
 
-        spec = STACKS["int8"]
-        spec.environment["NCCL_P2P_DISABLE"]   # "1"
-        spec.compose_project                    # "rigfleet-int8"
+        spec = builtin_catalog().get("int8")
+        spec.env["NCCL_P2P_DISABLE"]   # "1"
+        spec.compose_project            # "rigfleet-int8"
     """
 
     name: str
     summary: str
-    container_name: str
     port: int
     served_model_name: str
+    gpu_count: int
     kv_cache_dtype: str
     gpu_memory_utilization: float
     max_num_seqs: int
     max_num_batched_tokens: int
     tensor_parallel_size: int
     max_model_len: int
+    speculative_method: str | None
     num_speculative_tokens: int
-    needs_genesis: bool
+    args: tuple[str, ...]
     env: Mapping[str, str]
-    genesis_env: Mapping[str, str]
-    entrypoint: tuple[str, ...]
+    entrypoint_argv: tuple[str, ...] = ()
+    genesis: GenesisSpec | None = None
+    source: str = ""
+
+    @property
+    def container_name(self) -> str:
+        """The container's fixed name (teardown finds it by name): ``rigfleet-<name>``."""
+        return f"rigfleet-{self.name}"
 
     @property
     def compose_project(self) -> str:
@@ -97,30 +163,47 @@ class StackSpec:
         return f"rigfleet-{self.name}"
 
     @property
-    def environment(self) -> dict[str, str]:
-        """The whole container environment (``env`` then ``genesis_env``), a fresh dict."""
-        return {**self.env, **self.genesis_env}
+    def needs_genesis(self) -> bool:
+        """The stack boots only with the Genesis tree mounted and applied."""
+        return self.genesis is not None
 
-    @property
-    def genesis_switches(self) -> tuple[str, ...]:
-        """Names of the ``GENESIS_ENABLE_*`` variables set to ``1``, in catalog order."""
-        return tuple(
-            k for k, v in self.genesis_env.items() if k.startswith("GENESIS_ENABLE_") and v == "1"
-        )
+    def environment(self, generation: str | None = None) -> dict[str, str]:
+        """The whole container environment (``env`` then the Genesis variables of
+        ``generation``), a fresh dict."""
+        if self.genesis is None or generation is None:
+            return dict(self.env)
+        return {**self.env, **self.genesis.env(generation)}
+
+    def entrypoint(self, layout: GenesisLayout | None = None) -> tuple[str, ...]:
+        """The container entrypoint; ``command(...)`` is passed after it.
+
+        + layout: the pinned Genesis' layout (a Genesis stack's entrypoint applies it)
+        """
+        if self.genesis is None:
+            return self.entrypoint_argv
+        if layout is None:
+            raise CatalogError(f"stack {self.name}: needs Genesis, but no Genesis layout given")
+        script = entrypoint_script(layout, self.genesis.runtime_packages)
+        return ("/bin/bash", "-c", script, "--")
 
     @property
     def vllm_args(self) -> tuple[str, ...]:
         """``vllm serve`` arguments after ``--model <path>`` (all values as strings)."""
+        spec = (
+            ("--speculative-config", _speculative_config(self.speculative_method,
+                                                         self.num_speculative_tokens))
+            if self.speculative_method else ()
+        )
         return (
             "--served-model-name", self.served_model_name,
-            *_COMMON_ARGS,
+            *self.args,
             "--tensor-parallel-size", str(self.tensor_parallel_size),
             "--max-model-len", str(self.max_model_len),
             "--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}",
             "--max-num-seqs", str(self.max_num_seqs),
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
             "--kv-cache-dtype", self.kv_cache_dtype,
-            "--speculative-config", _speculative_config(self.num_speculative_tokens),
+            *spec,
             "--host", "0.0.0.0",
             "--port", str(VLLM_PORT_IN_CONTAINER),
         )  # fmt: skip
@@ -139,230 +222,252 @@ class StackSpec:
     @property
     def cache_dirs(self) -> dict[str, str]:
         """Host cache directory -> container path, per stack (the deploy creates them)."""
-        root = f"{HOST_CACHE_ROOT}/{self.name}"
+        root = str(HOST.stack_cache_dir(self.name))
         return {
             f"{root}/torch_compile": TORCH_COMPILE_CACHE_IN_CONTAINER,
             f"{root}/triton": TRITON_CACHE_IN_CONTAINER,
         }
 
 
-def _speculative_config(n: int) -> str:
+def _speculative_config(method: str | None, n: int) -> str:
     # Compact JSON, exactly as club-3090 passes it; vLLM parses it as JSON.
-    return json.dumps({"method": "mtp", "num_speculative_tokens": n}, separators=(",", ":"))
+    return json.dumps({"method": method, "num_speculative_tokens": n}, separators=(",", ":"))
 
 
-# Shared by both stacks (club-3090 §1.1 common args + the PCIe dual-card flags).
-# Left out on purpose:
-# - ``--disable-log-stats``: it empties /metrics, and the gate reads spec-decode counters.
-# - ``--chat-template`` (froggeric template) and the Marlin / PR #35936 / PR #41800 overlays:
-#   we do not ship those files; the model's own chat template is used.
-# - ``--override-generation-config``: vLLM then takes sampling defaults from the model's
-#   generation_config.json.
-_COMMON_ARGS: tuple[str, ...] = (
-    "--quantization", "auto_round",
-    "--dtype", "float16",
-    "--trust-remote-code",
-    "--reasoning-parser", "qwen3",
-    "--default-chat-template-kwargs", '{"enable_thinking": false}',
-    "--enable-auto-tool-choice",
-    "--tool-call-parser", "qwen3_coder",
-    "--enable-chunked-prefill",
-    # PCIe without NVLink: vLLM's custom all-reduce needs P2P, which GeForce drivers deny.
-    "--disable-custom-all-reduce",
-    "--enable-prefix-caching",
-)  # fmt: skip
+@dataclass(frozen=True)
+class Catalog:
+    """The stacks a fleet can serve, by name (built-in files first, then the user's).
 
-# Environment common to both stacks (club-3090 §1.1 and §7, PCIe dual-card path).
-_COMMON_ENV: dict[str, str] = {
-    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-    # NCCL over PCIe without P2P: stock GeForce drivers report P2P as unsupported, and a
-    # "granted" P2P with a small BAR1 can hang ncclCommInitRank instead of falling back.
-    "NCCL_CUMEM_ENABLE": "0",
-    "NCCL_P2P_DISABLE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "OMP_NUM_THREADS": "1",
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512",
-    # Weights are local and pinned: no hub calls at boot (a hub outage must not stop a restart).
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TRITON_CACHE_DIR": TRITON_CACHE_IN_CONTAINER,
-}
+    + stacks: name -> spec
+    + sources: the directories read, in order
+    """
 
-_INT8_ENV: dict[str, str] = {
-    **_COMMON_ENV,
-    "VLLM_USE_FLASHINFER_SAMPLER": "1",
-}
+    stacks: Mapping[str, StackSpec]
+    sources: tuple[str, ...] = field(default=())
 
-_TQ3_ENV: dict[str, str] = {
-    **_COMMON_ENV,
-    "VLLM_USE_FLASHINFER_SAMPLER": "1",
-    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
-    "VLLM_MARLIN_USE_ATOMIC_ADD": "1",
-    # 0 recovers ~120 MiB of KV per card (club-3090 CLIFFS.md).
-    "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0",
-    "VLLM_FLOAT32_MATMUL_PRECISION": "high",
-    "VLLM_SSM_CONV_STATE_LAYOUT": "DS",
-    "VLLM_USE_FUSED_MOE_GROUPED_TOPK": "1",
-    "CUDA_DEVICE_MAX_CONNECTIONS": "8",
-}
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.stacks))
 
-# The 38 Genesis v7.72.2 patches club-3090 ran for the 7/7 result, by exact env-flag suffix
-# (Genesis has no short aliases for the long names; a typo is silently a no-op).
-GENESIS_SWITCHES_ON: tuple[str, ...] = (
-    "P4",
-    "P58_ASYNC_PLACEHOLDER_FIX",
-    "P60_GDN_NGRAM_FIX",
-    "P60B_TRITON_KERNEL",
-    "P61_QWEN3_MULTI_TOOL",
-    "P61B_STREAMING_OVERLAP",
-    "P62_STRUCT_OUT_SPEC_TIMING",
-    "P64_QWEN3CODER_MTP_STREAMING",
-    "P66_CUDAGRAPH_SIZE_FILTER",
-    # The fix that makes TQ3 + MTP work: multi-query Triton kernel for the K+1 verify.
-    "P67_TQ_MULTI_QUERY_KERNEL",
-    "P68_AUTO_FORCE_TOOL",
-    "P69_LONG_CTX_TOOL_REMINDER",
-    "P72_PROFILE_RUN_CAP",
-    "P74_CHUNK_CLAMP",
-    "P83",
-    "P91",
-    "P94",
-    "P98",
-    "PN34_WORKSPACE_LOCK_RELAX",
-    "P99",
-    "P100",
-    "P101",
-    "P103",
-    "PN8_MTP_DRAFT_ONLINE_QUANT",
-    "PN9_INDEPENDENT_DRAFTER_ATTN",
-    "PN11_GDN_AB_CONTIGUOUS",
-    "PN12_FFN_INTERMEDIATE_POOL",
-    "PN13_CUDA_GRAPH_LAMBDA_ARITY",
-    "PN14_TQ_DECODE_OOB_CLAMP",
-    "PN17_FA2_LSE_CLAMP",
-    "PN19_SCOPED_MAX_SPLIT",
-    "PN22_LOCAL_ARGMAX_TP",
-    "PN26_SPARSE_V",
-    "PN59_STREAMING_GDN",
-    "P38B_COMPILE_SAFE",
-    "P15B_FA_VARLEN_CLAMP",
-    "PN25_SILU_INDUCTOR_SAFE",
-    "PN30_DS_LAYOUT_SPEC_DECODE",
-)
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.stacks
 
-# Explicit OFFs. The validated config ran with P87 off (there it would have re-patched the
-# RO-mounted Marlin overlay and, under `set -e`, aborted the boot: club-3090 #49). We ship no
-# Marlin overlay, but keep the switch set identical to the validated one. P78/P81 were off;
-# P40, PN54 and P82 were "default 0" knobs of that compose. P65 (exclusive with P67) and P85
-# (needs P84) are simply absent.
-GENESIS_SWITCHES_OFF: tuple[str, ...] = (
-    "P87",
-    "P78_TOLIST_CAPTURE_GUARD",
-    "P81_FP8_BLOCK_SCALED_M_LE_8",
-    "P40",
-    "PN54",
-    "P82",
-)
+    def get(self, name: str) -> StackSpec:
+        """The stack called ``name``; an unknown name raises ``CatalogError`` listing them."""
+        try:
+            return self.stacks[name]
+        except (KeyError, TypeError):
+            raise CatalogError(
+                f"unknown stack {name!r}; allowed: {', '.join(self.names)}") from None
 
-GENESIS_PARAMS: dict[str, str] = {
-    "GENESIS_P68_P69_LONG_CTX_THRESHOLD_CHARS": "50000",
-    "GENESIS_PROFILE_RUN_CAP_M": "4128",
-    "GENESIS_PN26_SPARSE_V_BLOCK_KV": "8",
-    "GENESIS_PN26_SPARSE_V_NUM_WARPS": "4",
-    "GENESIS_PN26_SPARSE_V_THRESHOLD": "0.01",
-    "GENESIS_PREALLOC_TOKEN_BUDGET": "4128",
-    "GENESIS_BUFFER_MODE": "shared",
-    "GENESIS_P82_THRESHOLD_SINGLE": "0.3",
-    # Defence in depth: Genesis itself refuses (exit 2) a vLLM build that is not on its
-    # KNOWN_GOOD_VLLM_PINS, on top of the deploy's own allowlist check.
-    "GENESIS_VLLM_PIN_POLICY": "strict",
-}
+    def ports(self) -> dict[int, str]:
+        """Loopback port -> stack name (each stack has its own)."""
+        return {spec.port: name for name, spec in self.stacks.items()}
 
-_TQ3_GENESIS_ENV: dict[str, str] = {
-    **{f"GENESIS_ENABLE_{s}": "1" for s in GENESIS_SWITCHES_ON},
-    **{f"GENESIS_ENABLE_{s}": "0" for s in GENESIS_SWITCHES_OFF},
-    **GENESIS_PARAMS,
-}
 
-_GENESIS_CHECK_FILE = f"{GENESIS_IN_CONTAINER}/patches/apply_all.py"
+def parse_stack(data: Any, where: str) -> StackSpec:
+    """Validate one stack file's data; raises ``CatalogError`` listing every problem.
 
-# Runs as `/bin/bash -c <script> -- <command...>`, so "$@" is the vLLM argument list.
-# - pip: Genesis needs these at runtime and the image lacks them (network, or PIP_INDEX_URL).
-# - the check: an empty Genesis mount makes apply_all a silent no-op and the boot then fails
-#   later with a cryptic upstream error (club-3090 #13); fail at once with a clear line.
-# - apply_all text-patches vLLM in the container's writable layer; `set -e` stops the boot
-#   if any patch FAILED (exit 1) or the strict pin gate refused the build (exit 2).
-TQ3_ENTRYPOINT_SCRIPT = f"""\
-set -e
-pip install xxhash pandas scipy -q
-if [ ! -f {_GENESIS_CHECK_FILE} ]; then
-  echo "rigfleet: Genesis patches missing: {_GENESIS_CHECK_FILE} not found; the host's \
-Genesis checkout is empty or not at the pinned commit. Re-run the deploy." >&2
-  exit 1
-fi
-python3 -m vllm._genesis.patches.apply_all
-exec vllm serve "$@"
-"""
+    + data: the parsed YAML document
+    + where: the file (named in every message); its stem must be the stack's name
+    """
+    p = Problems(where)
+    top = p.mapping("", data, _TOP_KEYS)
+    if top is None:
+        p.raise_if_any(CatalogError)
+        raise CatalogError(f"{where}: top level: empty; allowed: a stack file (docs/stacks.md)")
+    if top.get("schema") != SCHEMA:
+        p.bad("schema", top.get("schema"), repr(SCHEMA), "is not a supported schema")
+    name = p.string("name", top.get("name"), _NAME,
+                    "lowercase letters, digits and '-' (used in paths and container names)")
+    stem = Path(where).stem
+    if name is not None and stem not in (name, ""):
+        p.bad("name", name, repr(stem), "differs from the file's name")
+    summary = p.string("summary", top.get("summary"), None, "one line for people")
+    port = p.integer("port", top.get("port"), 1024, 65535,
+                     "the host loopback port the front proxies to, 1024..65535")
+    served = p.string("served_model_name", top.get("served_model_name"), _SERVED,
+                      "the model id clients ask for, e.g. 'qwen3.6-27b-autoround'")
+    gpus = p.mapping("gpus", top.get("gpus"), ("count",))
+    gpu_count = p.integer("gpus.count", (gpus or {}).get("count"), 1, 16,
+                          "the number of cards the stack needs, 1..16")
+    v = p.mapping("vllm", top.get("vllm"), _VLLM_KEYS) or {}
+    kv = p.choice("vllm.kv_cache_dtype", v.get("kv_cache_dtype"), KV_CACHE_DTYPES)
+    tp = p.integer("vllm.tensor_parallel_size", v.get("tensor_parallel_size"), 1, 16)
+    if tp is not None and gpu_count is not None and tp > gpu_count:
+        p.bad("vllm.tensor_parallel_size", tp, f"at most gpus.count ({gpu_count})",
+              "is larger than the stack's GPU count")
+    max_len = p.integer("vllm.max_model_len", v.get("max_model_len"), 1024, 10_000_000)
+    util = p.number("vllm.gpu_memory_utilization", v.get("gpu_memory_utilization"), 0.0, 1.0,
+                    low_open=True)
+    seqs = p.integer("vllm.max_num_seqs", v.get("max_num_seqs"), 1, 1024)
+    batched = p.integer("vllm.max_num_batched_tokens", v.get("max_num_batched_tokens"),
+                        1, 1_000_000)
+    method, n = _speculative(p, v.get("speculative"))
+    args = p.strings("vllm.args", v.get("args"), None, "vllm serve arguments (strings)") or []
+    for i, arg in enumerate(args):
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            p.bad(f"vllm.args[{i}]", arg, "flags other than " + ", ".join(MANAGED_FLAGS),
+                  "is set by the stack file's own key")
+    env = _env(p, "env", top.get("env"))
+    genesis = _genesis(p, top.get("genesis"))
+    entry = top.get("entrypoint")
+    entrypoint: list[str] = []
+    if genesis is not None:
+        if entry is not None:
+            p.bad("entrypoint", entry, "no entrypoint key for a Genesis stack (the deploy "
+                  "builds the one the pinned Genesis needs)", "is set")
+    else:
+        entrypoint = p.strings("entrypoint", entry, None, "the container entrypoint argv",
+                               required=True) or []
+        if entry is not None and not entrypoint:
+            p.bad("entrypoint", entry, "a non-empty argv such as [vllm, serve]", "is empty")
+    p.raise_if_any(CatalogError)
+    assert name and summary and port and served and gpu_count and kv and tp and max_len
+    assert util is not None and seqs and batched
+    return StackSpec(
+        name=name, summary=summary, port=port, served_model_name=served, gpu_count=gpu_count,
+        kv_cache_dtype=kv, gpu_memory_utilization=util, max_num_seqs=seqs,
+        max_num_batched_tokens=batched, tensor_parallel_size=tp, max_model_len=max_len,
+        speculative_method=method, num_speculative_tokens=n, args=tuple(args),
+        env=MappingProxyType(env), entrypoint_argv=tuple(entrypoint), genesis=genesis,
+        source=where,
+    )
 
-STACKS: dict[str, StackSpec] = {
-    "int8": StackSpec(
-        name="int8",
-        summary="INT8 per-token-head KV + MTP n=3 (no Genesis), ~605K-token KV pool",
-        container_name="rigfleet-int8",
-        port=8011,
-        served_model_name=SERVED_MODEL_NAME,
-        kv_cache_dtype="int8_per_token_head",
-        gpu_memory_utilization=0.92,
-        max_num_seqs=2,
-        max_num_batched_tokens=8192,
-        tensor_parallel_size=2,
-        max_model_len=262144,
-        num_speculative_tokens=3,
-        needs_genesis=False,
-        env=MappingProxyType(_INT8_ENV),
-        genesis_env=MappingProxyType({}),
-        # The image's own entrypoint is `vllm serve` too; spelled out so a different image
-        # default cannot change what runs.
-        entrypoint=("vllm", "serve"),
-    ),
-    "tq3-mtp-genesis": StackSpec(
-        name="tq3-mtp-genesis",
-        summary="TurboQuant 3-bit KV + MTP n=3 + Genesis v7.72.2 (P67), ~1.22M-token KV pool",
-        container_name="rigfleet-tq3-mtp-genesis",
-        port=8015,
-        served_model_name=SERVED_MODEL_NAME,
-        kv_cache_dtype="turboquant_3bit_nc",
-        gpu_memory_utilization=0.85,
-        max_num_seqs=2,
-        # 4128, not 8192: the Mamba block size of hybrid Qwen3-Next at 262K must fit in one
-        # batch (club-3090 CLIFFS.md), and P72 caps the profile run to the same figure.
-        max_num_batched_tokens=4128,
-        tensor_parallel_size=2,
-        max_model_len=262144,
-        num_speculative_tokens=3,
-        needs_genesis=True,
-        env=MappingProxyType(_TQ3_ENV),
-        genesis_env=MappingProxyType(_TQ3_GENESIS_ENV),
-        entrypoint=("/bin/bash", "-c", TQ3_ENTRYPOINT_SCRIPT, "--"),
-    ),
-}
 
-STACK_NAMES: tuple[str, ...] = tuple(STACKS)
+def _speculative(p: Problems, value: Any) -> tuple[str | None, int]:
+    if value is None:
+        return None, 0
+    d = p.mapping("vllm.speculative", value, ("method", "num_speculative_tokens")) or {}
+    method = p.choice("vllm.speculative.method", d.get("method"), SPECULATIVE_METHODS)
+    n = p.integer("vllm.speculative.num_speculative_tokens", d.get("num_speculative_tokens"),
+                  1, 16)
+    return method, n or 0
+
+
+def _env(p: Problems, key: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        p.bad(key, value, "a mapping NAME -> value")
+        return {}
+    out: dict[str, str] = {}
+    for name, v in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            p.bad(f"{key}.{name}", name, "an environment name [A-Za-z_][A-Za-z0-9_]*")
+        elif isinstance(v, bool) or not isinstance(v, str | int | float):
+            p.bad(f"{key}.{name}", v, "a string or number (write booleans as '1'/'0')")
+        elif has_control(str(v)):
+            p.bad(f"{key}.{name}", v, "a value without control characters",
+                  "holds control characters")
+        else:
+            out[name] = str(v)
+    return out
+
+
+def _genesis(p: Problems, value: Any) -> GenesisSpec | None:
+    if value is None:
+        return None
+    d = p.mapping("genesis", value, ("needs", "switches", "params", "runtime_packages")) or {}
+    needs = p.strings("genesis.needs", d.get("needs"), _PATCH_ID,
+                      "Genesis patch ids such as P67") or []
+    switches: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    raw = d.get("switches")
+    if not isinstance(raw, dict) or not raw:
+        p.bad("genesis.switches", raw, "a mapping generation -> {on: [...], off: [...]} with "
+              f"generations {', '.join(LAYOUTS)}")
+    else:
+        for gen, sets in raw.items():
+            key = f"genesis.switches.{gen}"
+            if gen not in LAYOUTS:
+                p.bad(key, gen, ", ".join(LAYOUTS), "is not a Genesis generation rigfleet knows")
+                continue
+            s = p.mapping(key, sets, ("on", "off")) or {}
+            allowed = "GENESIS_ENABLE_<name> suffixes (A-Z, 0-9, _)"
+            on = p.strings(f"{key}.on", s.get("on"), _SWITCH, allowed) or []
+            off = p.strings(f"{key}.off", s.get("off"), _SWITCH, allowed) or []
+            both = sorted(set(on) & set(off))
+            if both:
+                p.bad(f"{key}.off", both, "each switch either on or off", "is also on")
+            switches[str(gen)] = (tuple(on), tuple(off))
+    params = _env(p, "genesis.params", d.get("params"))
+    for name in params:
+        if not name.startswith("GENESIS_") or name.startswith("GENESIS_ENABLE_"):
+            p.bad(f"genesis.params.{name}", name, "GENESIS_* parameters other than "
+                  "GENESIS_ENABLE_* (switches go under genesis.switches)")
+    packages = p.strings("genesis.runtime_packages", d.get("runtime_packages"), _PACKAGE,
+                         "Python package names") or []
+    return GenesisSpec(tuple(needs), MappingProxyType(switches), MappingProxyType(params),
+                       tuple(packages))
+
+
+def load_stack_file(path: str | Path) -> StackSpec:
+    """Read and validate one stack file; raises ``CatalogError``."""
+    try:
+        data = load_yaml(path, "a stack file")
+    except YamlError as e:
+        raise CatalogError(str(e)) from None
+    return parse_stack(data, str(path))
+
+
+def _stack_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*.yaml") if p.is_file())
+
+
+@lru_cache(maxsize=16)
+def _load(dirs: tuple[str, ...]) -> Catalog:
+    stacks: dict[str, StackSpec] = {}
+    problems: list[str] = []
+    for d in dirs:
+        directory = Path(d)
+        if not directory.is_dir():
+            problems.append(f"{d}: stacks_dir: not a directory; allowed: a directory of stack "
+                            "files (<name>.yaml)")
+            continue
+        for path in _stack_files(directory):
+            try:
+                spec = load_stack_file(path)
+            except CatalogError as e:
+                problems += e.problems
+                continue
+            if spec.name in stacks:
+                problems.append(f"{path}: name: {spec.name!r} is already defined in "
+                                f"{stacks[spec.name].source}; allowed: a name of its own")
+                continue
+            stacks[spec.name] = spec
+    ports: dict[int, str] = {}
+    for name, spec in sorted(stacks.items()):
+        if spec.port in ports:
+            problems.append(f"{spec.source}: port: {spec.port} is stack {ports[spec.port]}'s "
+                            "too; allowed: a loopback port of its own")
+        ports[spec.port] = name
+    if problems:
+        raise CatalogError(problems)
+    return Catalog(MappingProxyType(stacks), dirs)
+
+
+def load_catalog(extra_dirs: Iterable[str | Path] = ()) -> Catalog:
+    """The built-in stacks plus those in ``extra_dirs`` (read once per process).
+
+    + extra_dirs: directories of the user's stack files (host data ``stacks_dir``)
+    """
+    dirs = (str(BUILTIN_DIR), *(str(Path(d).expanduser().absolute()) for d in extra_dirs))
+    return _load(dirs)
+
+
+def builtin_catalog() -> Catalog:
+    """The stacks that ship with rigfleet."""
+    return load_catalog()
 
 
 def get_stack(name: str) -> StackSpec:
-    """Return the stack called ``name``; an unknown name raises ``CatalogError``.
+    """A built-in stack by name; an unknown name raises ``CatalogError``."""
+    return builtin_catalog().get(name)
 
-    + name: a catalog key (``int8`` or ``tq3-mtp-genesis``)
 
-    **Example:**
-
-    .. code:: python
-
-        get_stack("int8").port   # 8011
-        get_stack("fp8")         # CatalogError: unknown stack 'fp8'; allowed: int8, ...
-    """
-    try:
-        return STACKS[name]
-    except (KeyError, TypeError):
-        raise CatalogError(f"unknown stack {name!r}; allowed: {', '.join(STACK_NAMES)}") from None
+__all__ = [
+    "BUILTIN_DIR", "Catalog", "CatalogError", "GenesisSpec", "KV_CACHE_DTYPES",
+    "MODEL_ROOT_IN_CONTAINER", "StackSpec", "VLLM_PORT_IN_CONTAINER", "builtin_catalog",
+    "get_stack", "load_catalog", "load_stack_file", "parse_stack", "RigfleetError",
+]

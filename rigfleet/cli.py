@@ -15,13 +15,13 @@ The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 console = Console(stderr=True, highlight=False)
 
@@ -40,19 +40,22 @@ def cmd_pins(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from rigfleet.endpoints import check
     from rigfleet.inventory import load_inventory
+    from rigfleet.tables import Table
 
-    table = Table(title=f"serving endpoints ({args.inventory})")
-    for col in ("host", "url", "status", "model", "answer", "s"):
-        table.add_column(col)
-    failed = 0
-    for host in load_inventory(args.inventory):
-        row = check(host)
-        failed += row.status != 200
-        table.add_row(row.host, row.url, str(row.status), row.model, row.answer,
-                      f"{row.seconds:.2f}")
-    Console().print(table)
+    rows = [check(host) for host in load_inventory(args.inventory)]
+    failed = sum(row.status != 200 for row in rows)
+    if args.json:
+        print(json.dumps({"hosts": [asdict(r) for r in rows], "ok": not failed}, indent=2))
+        return 1 if failed else 0
+    table = Table(f"serving endpoints ({args.inventory})",
+                  ["host", "url", "status", "model", "answer", "s"])
+    for row in rows:
+        table.row(row.host, row.url, row.status, row.model, row.answer, f"{row.seconds:.2f}")
+    table.print(Console())
     return 1 if failed else 0
 
 
@@ -95,14 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("verify", add_help=False,
                    help="run the verify-stress gate against any OpenAI-compatible endpoint")
 
-    from rigfleet import status
     from rigfleet.bump import cli as bump_cli
+    from rigfleet.status import cli as status_cli
 
-    status.add_parser(sub)
+    status_cli.add_parser(sub)
     bump_cli.add_parser(sub)
 
     ep = sub.add_parser("endpoints", help="ask every host's front for a short answer")
     ep.add_argument("--inventory", default="inventory/home.py")
+    ep.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ep.set_defaults(func=cmd_endpoints)
     return parser
 

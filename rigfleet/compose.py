@@ -1,7 +1,7 @@
 """Render one stack's compose file from the catalog, the pins and the host's settings.
 
 Each stack is its own compose project (``rigfleet-<stack>``) in
-``/opt/rigfleet/stacks/<stack>/compose.yaml``. The text is deterministic: the same inputs give
+``Layout.compose_file(<stack>)`` on the host. The text is deterministic: the same inputs give
 byte-identical output, so the deploy detects a change by comparing content, and the
 ``io.rigfleet.config-hash`` label lets it tell whether a *running* container was started from
 the current file.
@@ -11,7 +11,7 @@ Choices that matter:
 - ``image: <repo>:<tag>@<digest>``: Docker pulls by digest and ignores the tag, so the running
   container is provably the pinned build; the tag stays for people reading ``docker ps``.
 - Loopback-only port (``127.0.0.1:<stack port>:8000``): the front proxy is the only way in.
-- Secrets only through ``env_file`` (``/etc/rigfleet/secrets/vllm.env`` holds VLLM_API_KEY);
+- Secrets only through ``env_file`` (``Layout.vllm_env_file`` holds VLLM_API_KEY);
   nothing secret is ever in this file, so it can be logged, diffed and hashed.
 - Every ``$`` is written ``$$``: Compose interpolates entrypoint, command and environment at
   parse time, which silently broke club-3090's entrypoints (#436).
@@ -23,31 +23,26 @@ Example::
     from rigfleet.compose import render_compose
 
     text = render_compose(get_stack("int8"), pins, settings)
-    files.put(src=io.StringIO(text), dest=compose_path("int8"), mode="0644")
+    files.put(src=io.StringIO(text), dest=str(HOST.compose_file("int8")), mode="0644")
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
-from rigfleet.catalog import GENESIS_IN_CONTAINER, VLLM_PORT_IN_CONTAINER, StackSpec
+from rigfleet.catalog import VLLM_PORT_IN_CONTAINER, StackSpec
+from rigfleet.genesis import LAYOUTS, GenesisLayout
 from rigfleet.hostdata import HostSettings
-from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError
-
-# Host layout (docs/converge.md "Host layout").
-STACKS_DIR = "/opt/rigfleet/stacks"
-GENESIS_HOST_DIR = "/opt/rigfleet/genesis"  # the git checkout (HEAD = pin); never mounted
-GENESIS_TREES_DIR = "/opt/rigfleet/genesis-trees"  # <commit>/: immutable exports, mounted
-SECRETS_DIR = "/etc/rigfleet/secrets"
-VLLM_ENV_FILE = f"{SECRETS_DIR}/vllm.env"
+from rigfleet.hostside.layout import CONFIG_HASH_LABEL, HOST
+from rigfleet.pins import LOCK_HINT, UNRESOLVED, GenesisPin, Pins, PinsError
 
 SERVICE = "vllm"
 LABEL_PREFIX = "io.rigfleet"
-CONFIG_HASH_LABEL = f"{LABEL_PREFIX}.config-hash"
 
 _HEADER = (
     "# Managed by rigfleet (rigfleet/compose.py): rendered from the stack catalog, pins.yaml\n"
@@ -56,23 +51,9 @@ _HEADER = (
 )
 
 
-def compose_dir(stack: str) -> str:
-    """The compose project directory of ``stack`` on a host."""
-    return f"{STACKS_DIR}/{stack}"
-
-
-def compose_path(stack: str) -> str:
-    """The compose file of ``stack`` on a host."""
-    return f"{compose_dir(stack)}/compose.yaml"
-
-
-def genesis_tree(commit: str) -> str:
-    """The immutable export of Genesis ``commit`` on a host (``roles/genesis.py`` makes it).
-
-    The compose file mounts this, not the checkout: a pin bump checks out a new commit, and
-    a rollback restarts the previous compose snapshot, which must still mount the old tree.
-    """
-    return f"{GENESIS_TREES_DIR}/{commit}"
+def genesis_layout(pin: GenesisPin) -> GenesisLayout:
+    """The layout of the pinned Genesis (v7.x: ``vllm/_genesis``)."""
+    return LAYOUTS["v7"]
 
 
 def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[str, Any]:
@@ -97,7 +78,8 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     if spec.needs_genesis and stack_pins.genesis is None:
         raise PinsError(f"{pins.path}: stacks.{spec.name}.genesis: missing; the stack needs it")
 
-    environment = spec.environment
+    layout = genesis_layout(stack_pins.genesis) if stack_pins.genesis is not None else None
+    environment = spec.environment(layout.generation if layout else None)
     if spec.needs_genesis and host.pip_index_url:
         # The Genesis entrypoint pip-installs its runtime deps at every start.
         environment["PIP_INDEX_URL"] = host.pip_index_url
@@ -108,9 +90,9 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     local_dir = pins.model.local_dir
     volumes = [f"{host.model_dir}/{local_dir}:{spec.model_path(local_dir)}:ro"]
     volumes += [f"{src}:{dst}" for src, dst in spec.cache_dirs.items()]
-    if spec.needs_genesis and stack_pins.genesis is not None:
-        tree = genesis_tree(stack_pins.genesis.commit)
-        volumes.append(f"{tree}/vllm/_genesis:{GENESIS_IN_CONTAINER}:ro")
+    if spec.needs_genesis and stack_pins.genesis is not None and layout is not None:
+        tree = str(HOST.genesis_tree(stack_pins.genesis.commit))
+        volumes.append(f"{layout.mount_source(tree)}:{layout.mount_target}:ro")
 
     labels = {
         f"{LABEL_PREFIX}.stack": spec.name,
@@ -127,10 +109,10 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         "image": stack_pins.image_ref,
         "container_name": spec.container_name,
         "restart": "unless-stopped",
-        "entrypoint": list(spec.entrypoint),
+        "entrypoint": list(spec.entrypoint(layout if spec.needs_genesis else None)),
         "command": spec.command(local_dir),
         "environment": environment,
-        "env_file": [VLLM_ENV_FILE],
+        "env_file": [str(HOST.vllm_env_file)],
         "ports": [f"127.0.0.1:{spec.port}:{VLLM_PORT_IN_CONTAINER}"],
         "volumes": volumes,
         "shm_size": "16gb",
@@ -164,8 +146,13 @@ def render_compose(spec: StackSpec, pins: Pins, host: HostSettings) -> str:
         text = render_compose(get_stack("tq3-mtp-genesis"), pins, settings)
         assert text == render_compose(get_stack("tq3-mtp-genesis"), pins, settings)
     """
+    return render_document(compose_document(spec, pins, host))
+
+
+def render_document(doc: Mapping[str, Any]) -> str:
+    """A compose document (``compose_document``) as the YAML text the deploy writes."""
     body = yaml.dump(
-        compose_document(spec, pins, host),
+        dict(doc),
         Dumper=_Dumper,
         sort_keys=False,
         default_flow_style=False,

@@ -12,11 +12,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from rigfleet.errors import RigfleetError
+from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost
 
 
 @dataclass(frozen=True)
 class EndpointCheck:
+    """One host's answer (``--json`` prints these as objects)."""
+
     host: str
     url: str
     status: int | str
@@ -25,15 +29,15 @@ class EndpointCheck:
     seconds: float
 
 
-def front_url(host: InventoryHost) -> str:
+def front_url(host: InventoryHost, settings: HostSettings) -> str:
     """The host's serving endpoint: ``front_url`` in host data, else ssh host + front port."""
-    if host.data.get("front_url"):
-        return str(host.data["front_url"]).rstrip("/")
-    return f"http://{host.ssh_target[0]}:{int(host.data.get('front_port', 8000))}"
+    if settings.front_url:
+        return settings.front_url.rstrip("/")
+    return f"http://{host.ssh_target[0]}:{settings.front_port}"
 
 
-def read_key(host: InventoryHost) -> str:
-    return Path(str(host.data["api_key_file"])).expanduser().read_text().strip()
+def read_key(settings: HostSettings) -> str:
+    return Path(settings.api_key_file).read_text().strip()
 
 
 def chat(url: str, key: str, prompt: str, max_tokens: int = 40, timeout: float = 60) -> dict:
@@ -50,10 +54,15 @@ def chat(url: str, key: str, prompt: str, max_tokens: int = 40, timeout: float =
 
 
 def check(host: InventoryHost) -> EndpointCheck:
-    url = front_url(host)
+    """Ask ``host``'s front one short question; never raises (the row says what happened)."""
     started = time.monotonic()
     try:
-        reply = chat(url, read_key(host), "What is the capital of France? One short sentence.")
+        settings = validate_host(host.name, host.data)
+    except RigfleetError as exc:
+        return EndpointCheck(host.name, "-", "bad data", "", str(exc).splitlines()[0][:160], 0.0)
+    url = front_url(host, settings)
+    try:
+        reply = chat(url, read_key(settings), "What is the capital of France? One short sentence.")
         text = reply["choices"][0]["message"].get("content") or ""
         return EndpointCheck(host.name, url, 200, reply.get("model", ""), text.strip()[:80],
                              time.monotonic() - started)

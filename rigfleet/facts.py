@@ -2,13 +2,15 @@
 
 pyinfra 3.x does not cache facts (every ``host.get_fact`` is a round trip), so each fact here
 answers one whole question with one command, and every command succeeds even when the thing it
-asks about is absent (a failing fact command would fail the host): absence is data.
+asks about is absent (a failing fact command would fail the host): absence is data. The roles
+read facts through ``read_fact``, which asks the host once per fact and arguments for as long
+as nothing has changed on it (see there).
 
 Example::
 
-    from rigfleet.facts import GpuState
+    from rigfleet.facts import GpuQuery, read_fact
 
-    state = host.get_fact(GpuState)
+    state = read_fact(GpuQuery)
     if state.loaded:
         state.driver_version   # "580.105.08"
 """
@@ -18,15 +20,56 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from pyinfra import host
 from pyinfra.api import FactBase
+from pyinfra.api.state import State
+from pyinfra.context import ctx_host
 from typing_extensions import override
 
 from rigfleet.commands import apt as apt_commands
 from rigfleet.commands import docker as docker_commands
 from rigfleet.commands import nvidia as nvidia_commands
+from rigfleet.hostside.layout import MANIFEST_NAME
+
+T = TypeVar("T")
+_MEMO: weakref.WeakKeyDictionary[State, dict[str, dict[tuple[Any, ...], tuple[int, Any]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _changes(state: State) -> int:
+    """How many operations have executed commands on the current host so far."""
+    ops = state.ops.get(ctx_host.get(), {})
+    return sum(1 for data in ops.values() if data.operation_meta.executed)
+
+
+def read_fact(fact: type[FactBase[T]], fresh: bool = False, **kwargs: Any) -> T:
+    """``host.get_fact(fact, **kwargs)``, asked once per run while nothing changed on the host.
+
+    The answer is kept until an operation on this host executes a command (pyinfra's own
+    operations included): after that, the next read asks again. So a no-op converge asks each
+    question once, however many roles need the answer, and a read after a change is fresh.
+    An operation that reads a fact again *after* yielding its own commands passes
+    ``fresh=True`` (its commands are not counted until it completes).
+
+    + fact: the fact class; kwargs: its arguments
+    + fresh: ask the host whatever is kept
+    """
+    state = host.state
+    memo = _MEMO.setdefault(state, {}).setdefault(host.name, {})
+    key = (fact, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+    changes = _changes(state)
+    kept = memo.get(key)
+    if not fresh and kept is not None and kept[0] == changes:
+        return kept[1]  # type: ignore[no-any-return]
+    value = host.get_fact(fact, **kwargs)
+    memo[key] = (changes, value)
+    return value
+
 
 # ---------------------------------------------------------------------------------------------
 # OS and packages
@@ -249,65 +292,6 @@ class ImageDigests(FactBase[list[str]]):
         return [str(d) for d in data] if isinstance(data, list) else []
 
 
-@dataclass(frozen=True)
-class LabelledContainer:
-    """A container's status and the value of one of its labels (None when unset)."""
-
-    status: str
-    label: str | None
-
-    @property
-    def running(self) -> bool:
-        return self.status == "running"
-
-
-class ContainerLabel(FactBase[LabelledContainer | None]):
-    """``docker inspect`` status and one label of a container; None when there is none.
-
-    The deploy reads ``io.rigfleet.config-hash`` (set by ``rigfleet.compose``) to tell whether
-    the running container was started from the current compose file.
-    """
-
-    @override
-    def command(self, container: str, label: str) -> str:
-        return docker_commands.container_label(container, label)
-
-    @override
-    def process(self, output: list[str]) -> LabelledContainer | None:
-        words = output[0].split() if output else []
-        if not words:
-            return None
-        value = words[1] if len(words) > 1 and not words[1].startswith("<no") else None
-        return LabelledContainer(status=words[0], label=value)
-
-
-@dataclass(frozen=True)
-class ContainerStatus:
-    """``docker inspect`` state of one container."""
-
-    status: str
-    exit_code: int
-    restarts: int
-
-
-class ContainerState(FactBase[ContainerStatus | None]):
-    """A container's status, exit code and restart count; None when there is no container."""
-
-    @override
-    def command(self, container: str) -> str:
-        return docker_commands.container_status(container)
-
-    @override
-    def process(self, output: list[str]) -> ContainerStatus | None:
-        words = output[0].split() if output else []
-        if len(words) != 3:
-            return None
-        try:
-            return ContainerStatus(words[0], int(words[1]), int(words[2]))
-        except ValueError:
-            return None
-
-
 # ---------------------------------------------------------------------------------------------
 # Weights and Genesis
 
@@ -326,7 +310,6 @@ class WeightsState:
     reason: str
 
 
-MANIFEST_NAME = ".rigfleet-manifest.json"
 _LISTING = "--rigfleet-listing--"
 
 

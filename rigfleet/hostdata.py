@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from rigfleet.catalog import STACK_NAMES, STACKS, StackSpec, get_stack
-from rigfleet.errors import RigfleetError
+from rigfleet.catalog import Catalog, CatalogError, StackSpec, builtin_catalog, load_catalog
+from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
+from rigfleet.validate import SYSTEM_DIRS, Problems, ValidationError, has_control, is_int
 
 # A sane absolute range for any single GPU's power cap; the card's real min..max is checked
 # at deploy time (check_caps_against_gpus). An RTX 3090 reports 100..350 W (stock boards).
@@ -53,14 +54,11 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _REPO_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 _FINGERPRINT = re.compile(r"[0-9A-F]{40}")
 _MIN_API_KEY_CHARS = 16
+_GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 
 
-class HostDataError(RigfleetError, ValueError):
+class HostDataError(ValidationError):
     """A host's data is wrong; one line per problem: ``<host>: <key>: ...; allowed: ...``."""
-
-    def __init__(self, problems: list[str] | str) -> None:
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__("\n".join(self.problems))
 
 
 @dataclass(frozen=True)
@@ -128,12 +126,39 @@ def nvidia_distro(os_id: str, version_id: str) -> str:
 
 
 @dataclass(frozen=True)
+class SwapSettings:
+    """The gate and the time limits of one host's transactions (host data, validated)."""
+
+    gate_profile: str = "full"
+    gate_set: tuple[str, ...] = ()
+    ready_timeout_s: float = 1200.0
+    vram_timeout_s: float = 120.0
+    gate_timeout_s: float = 7200.0
+    retry_after_s: int = 30
+
+    @property
+    def follow_timeout_s(self) -> float:
+        """How long the deploy follows a transaction before giving up (it keeps running)."""
+        return 2 * (self.ready_timeout_s + self.vram_timeout_s) + self.gate_timeout_s + 600
+
+
+@dataclass(frozen=True)
+class BumpSettings:
+    """Where ``rigfleet bump`` looks for candidates (host data of the canary group)."""
+
+    registry: str | None = None
+    genesis_url: str | None = None
+    mirror: str | None = None
+
+
+@dataclass(frozen=True)
 class HostSettings:
     """One host's validated settings (see docs/converge.md for each field's meaning).
 
     ``power_caps_w`` always has one entry per card (a single int in the data applies to all
-    ``gpu_count`` cards); ``api_key_file`` and ``hf_token_file`` are absolute control-side
-    paths; ``extra_env`` maps a stack name to extra container environment for that stack.
+    ``gpu_count`` cards); ``api_key_file``, ``hf_token_file`` and ``site_ca_files`` are
+    absolute control-side paths; ``extra_env`` maps a stack name to extra container
+    environment for that stack; ``catalog`` holds the stacks this host's data can name.
     """
 
     name: str
@@ -150,18 +175,26 @@ class HostSettings:
     extra_env: dict[str, dict[str, str]] = field(default_factory=dict)
     pins_file: str = "pins.yaml"
     gpu_count: int = 2
+    swap: SwapSettings = SwapSettings()
+    site_ca_files: tuple[str, ...] = ()
+    front_url: str | None = None
+    stacks_dir: str | None = None
+    bump: BumpSettings = BumpSettings()
+    catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
 
     @property
     def spec(self) -> StackSpec:
         """The catalog entry of the desired stack."""
-        return get_stack(self.stack)
+        return self.catalog.get(self.stack)
 
     def env_for(self, stack: str) -> dict[str, str]:
         """Extra container environment for ``stack`` on this host (a fresh dict)."""
         return dict(self.extra_env.get(stack, {}))
 
 
-# Every key validate_host reads, with its default (_REQUIRED: no default, must be set).
+# Every host-data key rigfleet reads, in one place, with its default (_REQUIRED: no default,
+# must be set). Anything else in a host's data is pyinfra's or another tool's, except a key
+# that is *almost* one of these: that is a typo, refused.
 _REQUIRED = object()
 KEY_DEFAULTS: dict[str, Any] = {
     "stack": _REQUIRED,
@@ -177,10 +210,21 @@ KEY_DEFAULTS: dict[str, Any] = {
     "extra_env": {},
     "pins_file": "pins.yaml",
     "gpu_count": 2,
+    "gate_profile": "full",
+    "gate_set": (),
+    "ready_timeout_s": None,
+    "gate_timeout_s": None,
+    "site_ca_files": None,
+    "front_url": None,
+    "stacks_dir": None,
+    "bump_registry": None,
+    "bump_genesis_url": None,
+    "bump_mirror": None,
 }
 
 
-def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
+def validate_host(name: str, data: Mapping[str, Any] | Any,
+                  catalog: Catalog | None = None) -> HostSettings:
     """Check one host's data and return its ``HostSettings``; raises ``HostDataError``.
 
     All problems are reported at once. Secret files are checked (exist, readable, non-empty,
@@ -188,6 +232,8 @@ def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
 
     + name: the host's inventory name (named in every message)
     + data: ``host.data`` (anything with ``.get``) or a plain mapping
+    + catalog: the stacks to check ``stack`` against (default: the built-in stacks plus those
+      in the data's ``stacks_dir``)
 
     **Example:**
 
@@ -207,6 +253,14 @@ def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
             return None if default is _REQUIRED else default
         return value
 
+    stacks_dir = c.stacks_dir(get("stacks_dir"))
+    if catalog is None:
+        try:
+            catalog = load_catalog([stacks_dir] if stacks_dir else [])
+        except CatalogError as e:
+            c.lines += [f"{name}: stacks_dir: {line}" for line in e.problems]
+            catalog = builtin_catalog()
+    c.catalog = catalog
     stack = c.stack(get("stack"))
     gpu_count = c.gpu_count(get("gpu_count"), stack)
     caps = c.power_caps(get("power_caps_w"), gpu_count)
@@ -218,14 +272,22 @@ def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
     mirror = c.url("docker_registry_mirror", get("docker_registry_mirror"))
     pip_index_url = c.url("pip_index_url", get("pip_index_url"))
     hf_endpoint = c.url("hf_endpoint", get("hf_endpoint"))
+    front_url = c.url("front_url", get("front_url"))
     apt_repos = c.apt_repos(get("apt_repos"))
     extra_env = c.extra_env(get("extra_env"))
     pins_file = get("pins_file")
-    if not isinstance(pins_file, str) or not pins_file.strip():
+    if not isinstance(pins_file, str) or not pins_file.strip() or has_control(pins_file):
         c.bad("pins_file", pins_file, "a path to the pins file, e.g. 'pins.yaml'")
-    if c.problems:
-        raise HostDataError(c.problems)
+    swap = c.swap(get)
+    site_ca = c.site_ca_files(get("site_ca_files"))
+    bump = BumpSettings(
+        registry=c.url("bump_registry", get("bump_registry")),
+        genesis_url=c.git_url("bump_genesis_url", get("bump_genesis_url")),
+        mirror=c.url("bump_mirror", get("bump_mirror")),
+    )
+    c.raise_if_any(HostDataError)
     # No problems: every required value above is set.
+    assert stack and model_dir and front_port and api_key_file and swap is not None
     return HostSettings(
         name=name,
         stack=stack,
@@ -241,6 +303,12 @@ def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
         extra_env=extra_env,
         pins_file=pins_file,
         gpu_count=gpu_count,
+        swap=swap,
+        site_ca_files=site_ca,
+        front_url=front_url,
+        stacks_dir=stacks_dir,
+        bump=bump,
+        catalog=catalog,
     )
 
 
@@ -310,22 +378,19 @@ def _w(value: float) -> str:
     return f"{value:g}"
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+class _Checker(Problems):
+    """The host-data checks on top of ``rigfleet.validate.Problems``."""
 
-
-class _Checker:
     def __init__(self, host: str) -> None:
+        super().__init__(host)
         self.host = host
-        self.problems: list[str] = []
+        self.catalog: Catalog = builtin_catalog()
 
-    def bad(self, key: str, value: Any, allowed: str, what: str = "is not valid") -> None:
-        self.problems.append(f"{self.host}: {key}: {value!r} {what}; allowed: {allowed}")
-
-    def missing(self, key: str) -> None:
-        self.problems.append(
-            f"{self.host}: {key}: missing; set it in inventory/group_data/all.py (fleet "
-            "default) or in the host's data"
+    def missing(self, key: str, allowed: str | None = None) -> None:
+        self.lines.append(
+            f"{self.host}: {key}: missing; "
+            + (f"allowed: {allowed}" if allowed else "set it in inventory/group_data/all.py "
+               "(fleet default) or in the host's data")
         )
 
     def typos(self, data: Any) -> None:
@@ -343,27 +408,43 @@ class _Checker:
                     key, key, f"{close[0]!r}", f"is not a rigfleet key (did you mean {close[0]!r}?)"
                 )
 
+    def stacks_dir(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        allowed = "a directory of stack files on this (control) machine, e.g. 'inventory/stacks'"
+        checked = self.string("stacks_dir", value, None, allowed)
+        if checked is None:
+            return None
+        path = Path(os.path.expanduser(checked))
+        if not path.is_dir():
+            self.bad("stacks_dir", value, allowed, "is not a directory")
+            return None
+        return str(path.absolute())
+
     def stack(self, value: Any) -> str | None:
         if value is None:
             return None
-        if not isinstance(value, str) or value not in STACKS:
-            self.bad("stack", value, ", ".join(STACK_NAMES), "is not a stack in the catalog")
+        if not isinstance(value, str) or value not in self.catalog:
+            self.bad("stack", value, ", ".join(self.catalog.names), "is not a stack in the catalog")
             return None
         return value
 
     def gpu_count(self, value: Any, stack: str | None) -> int:
-        if not _is_int(value) or not 1 <= value <= 16:
+        if not is_int(value) or not 1 <= value <= 16:
             self.bad("gpu_count", value, "an integer 1..16 (the host's number of GPUs)")
             return 2
-        if stack is not None and value < STACKS[stack].tensor_parallel_size:
-            tp = STACKS[stack].tensor_parallel_size
-            self.bad(
-                "gpu_count",
-                value,
-                f"at least {tp}",
-                f"is too few for stack {stack} (tensor-parallel-size {tp})",
-            )
-        return value
+        if stack is not None:
+            spec = self.catalog.get(stack)
+            need = max(spec.tensor_parallel_size, spec.gpu_count)
+            if value < need:
+                self.bad(
+                    "gpu_count",
+                    value,
+                    f"at least {need}",
+                    f"is too few for stack {stack} (tensor-parallel-size "
+                    f"{spec.tensor_parallel_size}, {spec.gpu_count} GPU(s))",
+                )
+        return int(value)
 
     def power_caps(self, value: Any, gpu_count: int) -> tuple[int, ...]:
         low, high = POWER_CAP_RANGE_W
@@ -373,7 +454,7 @@ class _Checker:
         )
         if value is None:
             return ()
-        if _is_int(value):
+        if is_int(value):
             caps = [value] * gpu_count
         elif isinstance(value, list | tuple):
             caps = list(value)
@@ -390,8 +471,8 @@ class _Checker:
             return ()
         ok = True
         for i, cap in enumerate(caps):
-            key = "power_caps_w" if _is_int(value) else f"power_caps_w[{i}]"
-            if not _is_int(cap):
+            key = "power_caps_w" if is_int(value) else f"power_caps_w[{i}]"
+            if not is_int(cap):
                 self.bad(key, cap, allowed, "is not a whole number of watts")
                 ok = False
             elif not low <= cap <= high:
@@ -410,18 +491,24 @@ class _Checker:
         elif ":" in value or "," in value:
             # Compose's short volume syntax splits on ':'.
             self.bad("model_dir", value, allowed + " without ':' or ','")
+        elif has_control(value):
+            self.bad("model_dir", value, allowed, "holds control characters")
+        elif value in SYSTEM_DIRS:
+            # The deploy creates the directory and sets its owner and mode.
+            self.bad("model_dir", value, allowed + " (a directory of its own, not a system "
+                     "directory)", "is a system directory")
         else:
             return value
         return None
 
     def front_port(self, value: Any) -> int | None:
-        taken = {spec.port: name for name, spec in STACKS.items()}
+        taken = self.catalog.ports()
         allowed = "a TCP port 1..65535 other than the stacks' loopback ports " + ", ".join(
             f"{p} ({n})" for p, n in taken.items()
         )
         if value is None:
             return None
-        if not _is_int(value) or not 1 <= value <= 65535:
+        if not is_int(value) or not 1 <= value <= 65535:
             self.bad("front_port", value, allowed)
             return None
         if value in taken:
@@ -491,7 +578,7 @@ class _Checker:
         if value is None:
             return None
         allowed = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"
-        if not isinstance(value, str) or any(ch.isspace() for ch in value):
+        if not isinstance(value, str) or any(ch.isspace() for ch in value) or has_control(value):
             self.bad(key, value, allowed)
             return None
         parts = urlsplit(value)
@@ -615,8 +702,8 @@ class _Checker:
         out: dict[str, dict[str, str]] = {}
         for stack, env in value.items():
             key = f"extra_env.{stack}"
-            if stack not in STACKS:
-                self.bad(key, stack, ", ".join(STACK_NAMES), "is not a stack in the catalog")
+            if stack not in self.catalog:
+                self.bad(key, stack, ", ".join(self.catalog.names), "is not a stack in the catalog")
                 continue
             if not isinstance(env, Mapping):
                 self.bad(key, env, allowed_shape)
@@ -630,6 +717,66 @@ class _Checker:
                 else:
                     out[stack][name] = str(v)
         return out
+
+
+    def swap(self, get: Any) -> SwapSettings | None:
+        """``gate_profile`` (``full``: real rigs, default; ``fast``: the testbed), ``gate_set``
+        (``key=value`` overrides of the profile), ``ready_timeout_s``, ``gate_timeout_s``."""
+        profile = self.choice("gate_profile", get("gate_profile"), sorted(PROFILES))
+        sets = get("gate_set")
+        if isinstance(sets, str):
+            sets = [sets]
+        if not isinstance(sets, list | tuple) or not all(
+                isinstance(x, str) and not has_control(x) for x in sets):
+            self.bad("gate_set", sets, "a list of 'key=value' overrides of the gate profile, "
+                     "e.g. ['soak_sessions=4']")
+            sets = ()
+        elif profile is not None:
+            try:
+                resolve(profile, list(sets))
+            except ProfileError as e:
+                self.add(f"gate_set: {e}")
+        timeouts: dict[str, float] = {}
+        for key in ("ready_timeout_s", "gate_timeout_s"):
+            value = get(key)
+            if value is None:
+                continue
+            checked = self.number(key, value, 0.0, None, "seconds > 0", low_open=True)
+            if checked is not None:
+                timeouts[key] = checked
+        if profile is None:
+            return None
+        return SwapSettings(gate_profile=profile, gate_set=tuple(sets), **timeouts)
+
+    def site_ca_files(self, value: Any) -> tuple[str, ...]:
+        """Control-side PEM certificate files the host should trust (optional)."""
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            self.bad("site_ca_files", value, "a list of PEM file paths")
+            return ()
+        out = []
+        for i, path in enumerate(value):
+            p = Path(os.path.expanduser(str(path)))
+            try:
+                text = p.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                text = ""
+            if "-----BEGIN CERTIFICATE-----" not in text:
+                self.bad(f"site_ca_files[{i}]", str(path),
+                         "a file holding '-----BEGIN CERTIFICATE-----'",
+                         "is not a readable PEM certificate")
+                continue
+            out.append(str(p.absolute()))
+        return tuple(out)
+
+    def git_url(self, key: str, value: Any) -> str | None:
+        if value is None:
+            return None
+        return self.string(key, value, _GIT_URL, "a git URL (https://, http://, ssh://, "
+                           "git://, file:// or user@host:path)")
 
 
 def _data_keys(data: Any) -> list[Any]:

@@ -56,8 +56,8 @@ from typing import Any
 
 import yaml
 
-from rigfleet.catalog import STACKS, get_stack
-from rigfleet.errors import RigfleetError
+from rigfleet.catalog import Catalog, builtin_catalog
+from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
 
 SCHEMA = "rigfleet-pins/1"
 
@@ -101,16 +101,12 @@ _TOP_KEYS = (
 )  # fmt: skip
 
 
-class PinsError(RigfleetError, ValueError):
+class PinsError(ValidationError):
     """``pins.yaml`` is missing, unreadable or wrong.
 
     The message has one line per problem: ``<file>: <key.path>: <what is wrong>; allowed:
     <what would do>``. ``problems`` holds those lines.
     """
-
-    def __init__(self, problems: list[str] | str) -> None:
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__("\n".join(self.problems))
 
 
 @dataclass(frozen=True)
@@ -250,12 +246,17 @@ def _stack_dict(s: StackPins) -> dict[str, Any]:
     return entry
 
 
-def load_pins(path: str | Path, *, allow_unresolved: bool = False) -> Pins:
+def load_pins(path: str | Path, *, allow_unresolved: bool = False,
+              catalog: Catalog | None = None) -> Pins:
     """Read and validate a pins file; any problem raises ``PinsError`` listing all of them.
+
+    The file is read strictly (``rigfleet.validate.load_yaml``): UTF-8 only, a key given twice
+    is refused with its line.
 
     + path: the pins file (``pins.yaml`` at the repository root)
     + allow_unresolved: accept ``unresolved`` digests / revision (only ``rigfleet pins lock``
       wants this; the deploy never does)
+    + catalog: the stacks pins may name (default: the built-in ones)
 
     **Example:**
 
@@ -266,29 +267,24 @@ def load_pins(path: str | Path, *, allow_unresolved: bool = False) -> Pins:
     """
     path = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PinsError(f"{path}: no such file; create it (see docs/converge.md)") from None
-    except OSError as e:
-        raise PinsError(f"{path}: cannot read: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise PinsError(f"{path}: not valid YAML: {e}") from None
-    return parse_pins(data, path, allow_unresolved=allow_unresolved)
+        data = load_yaml(path, "the pins file", "create it (see docs/converge.md)")
+    except YamlError as e:
+        raise PinsError(str(e)) from None
+    return parse_pins(data, path, allow_unresolved=allow_unresolved, catalog=catalog)
 
 
-def parse_pins(data: Any, path: str = "pins.yaml", *, allow_unresolved: bool = False) -> Pins:
+def parse_pins(data: Any, path: str = "pins.yaml", *, allow_unresolved: bool = False,
+               catalog: Catalog | None = None) -> Pins:
     """Validate already-parsed pins data (``load_pins`` without the file read).
 
     + data: the YAML document as Python data
     + path: named in error messages
     + allow_unresolved: as for ``load_pins``
+    + catalog: as for ``load_pins``
     """
-    c = _Checker(path)
+    c = _Checker(path, catalog or builtin_catalog())
     pins = c.pins(data)
-    if c.problems:
-        raise PinsError(c.problems)
+    c.raise_if_any(PinsError)
     assert pins is not None
     unresolved = pins.unresolved()
     if unresolved and not allow_unresolved:
@@ -316,7 +312,7 @@ def with_resolved(
         new = with_resolved(pins, {"int8": "sha256:" + "ab" * 32}, revision="0" * 40)
         save_pins(new, {"action": "lock", "by": "alice"})
     """
-    c = _Checker(pins.path)
+    c = _Checker(pins.path, builtin_catalog())
     stacks = dict(pins.stacks)
     for name, digest in (digests or {}).items():
         key = f"stacks.{name}.digest"
@@ -329,8 +325,7 @@ def with_resolved(
     if revision is not None:
         if c.commit("model.revision", revision, allow_unresolved=False) is not None:
             model = replace(model, revision=revision)
-    if c.problems:
-        raise PinsError(c.problems)
+    c.raise_if_any(PinsError)
     return replace(pins, stacks=stacks, model=model)
 
 
@@ -339,7 +334,8 @@ def dump_pins(pins: Pins) -> str:
     return yaml.safe_dump(pins.to_dict(), sort_keys=False, default_flow_style=False, width=100)
 
 
-def save_pins(pins: Pins, history_entry: dict | None = None) -> Pins:
+def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
+              catalog: Catalog | None = None) -> Pins:
     """Write ``pins`` to ``pins.path`` atomically, with ``serial`` + 1; return what was saved.
 
     The file on disk must still carry ``pins.serial`` (optimistic lock: if someone saved in
@@ -370,15 +366,16 @@ def save_pins(pins: Pins, history_entry: dict | None = None) -> Pins:
         history.append({**history_entry, "serial": pins.serial + 1})
     new = replace(pins, serial=pins.serial + 1, history=history)
     # Round-trip through the validator: never write a file load_pins would refuse.
-    parse_pins(yaml.safe_load(dump_pins(new)), str(path), allow_unresolved=True)
+    parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True,
+               catalog=catalog)
     _atomic_write(path, dump_pins(new))
     return new
 
 
 def _read_serial(path: Path) -> int | None:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        data = load_yaml(path, "the pins file")
+    except YamlError:
         return None
     serial = data.get("serial") if isinstance(data, dict) else None
     return serial if isinstance(serial, int) and not isinstance(serial, bool) else None
@@ -406,40 +403,13 @@ def _atomic_write(path: Path, text: str) -> None:
         os.close(dfd)
 
 
-class _Checker:
-    """Collects every problem in one pass, so a person fixes the file once, not N times."""
+class _Checker(Problems):
+    """The pins file's own checks on top of ``rigfleet.validate.Problems``."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, catalog: Catalog) -> None:
+        super().__init__(path)
         self.path = path
-        self.problems: list[str] = []
-
-    def bad(self, key: str, value: Any, allowed: str, what: str = "is not valid") -> None:
-        self.problems.append(f"{self.path}: {key}: {value!r} {what}; allowed: {allowed}")
-
-    def missing(self, key: str, allowed: str) -> None:
-        self.problems.append(f"{self.path}: {key}: missing; allowed: {allowed}")
-
-    def mapping(self, key: str, value: Any, keys: tuple[str, ...]) -> dict | None:
-        shown = key or "top level"
-        if value is None:
-            self.missing(shown, f"a mapping with keys {', '.join(keys)}")
-            return None
-        if not isinstance(value, dict):
-            self.bad(shown, value, f"a mapping with keys {', '.join(keys)}", "is not a mapping")
-            return None
-        for k in value:
-            if k not in keys:
-                self.bad(f"{key}.{k}" if key else str(k), k, ", ".join(keys), "is an unknown key")
-        return value
-
-    def string(self, key: str, value: Any, pattern: re.Pattern[str], allowed: str) -> str | None:
-        if value is None:
-            self.missing(key, allowed)
-            return None
-        if not isinstance(value, str) or not pattern.fullmatch(value):
-            self.bad(key, value, allowed)
-            return None
-        return value
+        self.catalog = catalog
 
     def commit(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
         allowed = "a full 40-character lowercase hex commit"
@@ -473,9 +443,8 @@ class _Checker:
         schema = top.get("schema")
         if schema != SCHEMA:
             self.bad("schema", schema, repr(SCHEMA), "is not a supported schema")
-        serial = top.get("serial")
-        if not isinstance(serial, int) or isinstance(serial, bool) or serial < 1:
-            self.bad("serial", serial, "an integer >= 1 (save_pins increments it)")
+        serial = self.integer("serial", top.get("serial"), low=1,
+                              allowed="an integer >= 1 (save_pins increments it)")
         driver_branch, driver_version = self.driver(top.get("driver"))
         toolkit = self.versioned(
             "container_toolkit",
@@ -496,9 +465,10 @@ class _Checker:
         if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
             self.bad("history", history, "a list of mappings (save_pins appends to it)")
             history = []
-        if self.problems:
+        if self.lines:
             return None
         assert driver_branch and toolkit and hf_hub and model and stacks is not None
+        assert serial is not None
         return Pins(
             path=self.path,
             serial=serial,
@@ -557,23 +527,25 @@ class _Checker:
             return ModelPin(repo=repo, revision=revision, local_dir=local_dir)
         return None
 
-    def stacks(self, value: Any) -> dict[str, StackPins] | None:
-        allowed = ", ".join(STACKS)
-        if not isinstance(value, dict):
-            self.bad("stacks", value, f"a mapping with one entry per stack: {allowed}")
-            return None
+    def stack_entries(self, key: str, value: Any) -> dict[str, StackPins]:
+        """``<key>.<stack>: {image, digest, vllm_version[, genesis]}`` for catalog stacks."""
+        allowed = ", ".join(self.catalog.names)
         out: dict[str, StackPins] = {}
         for name, entry in value.items():
-            if name not in STACKS:
-                self.bad(f"stacks.{name}", name, allowed, "is not a stack in the catalog")
+            if name not in self.catalog:
+                self.bad(f"{key}.{name}", name, allowed, "is not a stack in the catalog")
                 continue
-            pinned = self.stack(name, entry)
+            pinned = self.stack(name, entry, f"{key}.{name}")
             if pinned is not None:
                 out[name] = pinned
-        for name in STACKS:
-            if name not in value:
-                self.missing(f"stacks.{name}", "every catalog stack pinned (image, digest, ...)")
         return out
+
+    def stacks(self, value: Any) -> dict[str, StackPins] | None:
+        if not isinstance(value, dict) or not value:
+            self.bad("stacks", value, "a mapping with one entry per stack the fleet serves: "
+                     + ", ".join(self.catalog.names))
+            return None
+        return self.stack_entries("stacks", value)
 
     def hosts(self, value: Any) -> dict[str, dict[str, StackPins]]:
         if value is None:
@@ -594,22 +566,12 @@ class _Checker:
             if not isinstance(stacks, dict) or not stacks:
                 self.bad(f"hosts.{host}.stacks", stacks, "a mapping with at least one stack")
                 continue
-            pinned: dict[str, StackPins] = {}
-            for name, stack_entry in stacks.items():
-                base = f"hosts.{host}.stacks.{name}"
-                if name not in STACKS:
-                    self.bad(base, name, ", ".join(STACKS), "is not a stack in the catalog")
-                    continue
-                one = self.stack(name, stack_entry, base)
-                if one is not None:
-                    pinned[name] = one
-            out[host] = pinned
+            out[host] = self.stack_entries(f"hosts.{host}.stacks", stacks)
         return out
 
-    def stack(self, name: str, value: Any, base: str | None = None) -> StackPins | None:
-        spec = get_stack(name)
+    def stack(self, name: str, value: Any, base: str) -> StackPins | None:
+        spec = self.catalog.get(name)
         keys = ("image", "digest", "vllm_version", "genesis")
-        base = base or f"stacks.{name}"
         d = self.mapping(base, value, keys)
         if d is None:
             return None

@@ -1,11 +1,10 @@
-"""Facts about a host's serving state and its lock (one command each, never failing).
+"""Facts about a host's serving state (the host probe) and its units.
 
-Both run ``rigfleet/hostside/probe.py``'s source with ``python3 -c``, so they answer before
-the host-side bundle is installed and read the lock with the same liveness rules the bundle
-uses (``rigfleet.hostside.probe.holder_alive``)::
+``SwapProbe`` runs the host-side tool's probe (``rigfleet-host.pyz probe``): the same program
+``rigfleet status`` and the bump use, with the same lock liveness rule
+(``rigfleet.hostside.records.holder_alive``); a host without the tool answers as bare::
 
-    probe = host.get_fact(SwapProbe)        # {"active": ..., "containers": ..., "route": ...}
-    holder = host.get_fact(HostLockHolder)  # {"who": ..., "alive": True, ...} or None
+    probe = read_fact(SwapProbe)    # {"active": ..., "lock": ..., "containers": ..., ...}
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ def _last_json(output: list[str]) -> dict[str, Any]:
 
 
 class SwapProbe(FactBase[dict[str, Any]]):
-    """Active record, ``state.json``, lock holder, stack containers, front route, bundle hash."""
+    """Active record, ``state.json``, lock holder, stack containers, front route, bundle hash
+    (``rigfleet.hostside.probe``'s basic output)."""
 
     default = dict
 
@@ -43,19 +43,6 @@ class SwapProbe(FactBase[dict[str, Any]]):
     @override
     def process(self, output: list[str]) -> dict[str, Any]:
         return _last_json(output)
-
-
-class HostLockHolder(FactBase[dict[str, Any] | None]):
-    """Who holds ``/var/lib/rigfleet/lock`` (with ``alive``), or None when it is free."""
-
-    @override
-    def command(self) -> str:
-        return hosttool.probe(lock_only=True)
-
-    @override
-    def process(self, output: list[str]) -> dict[str, Any] | None:
-        holder = _last_json(output).get("lock")
-        return holder if isinstance(holder, dict) else None
 
 
 class UnitActive(FactBase[bool]):

@@ -1,9 +1,7 @@
-"""Control-side decisions about a host's serving stack: what to record, what to run.
+"""Control-side decisions about a host's serving stack: what to run.
 
-Pure functions over data (the host's probe, the validated context), shared by the roles:
+Pure functions over data (the host's probe, the host's ``DesiredHost``), used by the roles:
 
-- ``tracked_record``: the pins the ledger tracks for one stack (``state.json``'s keys);
-- ``stack_ref``: a stack as rendered for one host (``rigfleet.hostside.plan.StackRef``);
 - ``build_plan``: the swap plan the host-side transaction runs;
 - ``decide``: from the host's probe and the desired stack, what the deploy must do:
   ``none`` (converged), ``adopt`` (it serves but was never recorded), ``ensure`` (the
@@ -12,7 +10,7 @@ Pure functions over data (the host's probe, the validated context), shared by th
 
 Example::
 
-    decision = decide(probe, stack_ref(ctx, ctx.stack))
+    decision = decide(probe, want.current.ref)
     decision.kind, decision.reason      # ('swap', 'int8/0a1b... -> tq3-mtp-genesis/9f8e...')
 """
 
@@ -21,13 +19,11 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
-from rigfleet.catalog import StackSpec
-from rigfleet.compose import CONFIG_HASH_LABEL, SERVICE, compose_document, compose_path
-from rigfleet.hostdata import HostSettings
+from rigfleet.desired import DesiredHost
+from rigfleet.hostdata import SwapSettings
 from rigfleet.hostside.plan import Plan, StackRef
-from rigfleet.pins import Pins
 
 # One id per control-side run: the swap unit, its directory and the ledger lines carry it.
 DEPLOY_ID = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
@@ -35,79 +31,20 @@ DEPLOY_ID = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 KINDS = ("none", "adopt", "ensure", "activate", "swap", "update")
 
 
-class Context(Protocol):
-    """What ``roles.preflight.HostContext`` provides (kept structural: no role import)."""
+def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID) -> Plan:
+    """The plan for a transaction to ``want``'s desired stack.
 
-    name: str
-    settings: HostSettings
-    pins: Pins
-    specs: dict[str, StackSpec]
-    by: str
-
-
-def tracked_record(ctx: Context, stack: str) -> dict[str, Any]:
-    """The facts the ledger tracks for ``stack``; a difference in any is a ledger entry."""
-    pinned = ctx.pins.stacks[stack]
-    return {
-        "stack": stack,
-        "image": pinned.image,
-        "digest": pinned.digest,
-        "vllm_version": pinned.vllm_version,
-        "genesis_commit": pinned.genesis.commit if pinned.genesis is not None else None,
-        "model_repo": ctx.pins.model.repo,
-        "model_revision": ctx.pins.model.revision,
-        "driver_branch": ctx.pins.driver_branch,
-        "toolkit_version": ctx.pins.toolkit_version,
-        "pins_serial": ctx.pins.serial,
-    }
-
-
-def stack_ref(ctx: Context, stack: str) -> StackRef:
-    """``stack`` as this host renders it (compose file, config hash, pins)."""
-    spec = ctx.specs[stack]
-    doc = compose_document(spec, ctx.pins, ctx.settings)
-    return StackRef(
-        stack=stack,
-        project=spec.compose_project,
-        container=spec.container_name,
-        port=spec.port,
-        compose_file=compose_path(stack),
-        config_hash=str(doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL]),
-        image_ref=ctx.pins.stacks[stack].image_ref,
-        served_model_name=spec.served_model_name,
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        record=tracked_record(ctx, stack),
-    )
-
-
-@dataclass(frozen=True)
-class SwapSettings:
-    """The gate and the time limits of one host's transactions (host data, validated)."""
-
-    gate_profile: str = "full"
-    gate_set: tuple[str, ...] = ()
-    ready_timeout_s: float = 1200.0
-    vram_timeout_s: float = 120.0
-    gate_timeout_s: float = 7200.0
-    retry_after_s: int = 30
-
-    @property
-    def follow_timeout_s(self) -> float:
-        """How long the deploy follows a transaction before giving up (it keeps running)."""
-        return 2 * (self.ready_timeout_s + self.vram_timeout_s) + self.gate_timeout_s + 600
-
-
-def build_plan(ctx: Context, swap: SwapSettings, why: str, deploy_id: str = DEPLOY_ID) -> Plan:
-    """The plan for a transaction to ``ctx.settings.stack``."""
-    desired = stack_ref(ctx, ctx.settings.stack)
+    + want: the host's ``DesiredHost``; by: who deploys; why: for the lock and the ledger
+    """
+    swap: SwapSettings = want.settings.swap
     return Plan(
         id=deploy_id,
-        by=ctx.by,
+        by=by,
         why=why,
-        host=ctx.name,
-        desired=desired,
-        projects=tuple((s.compose_project, compose_path(n)) for n, s in sorted(ctx.specs.items())),
-        front_port=ctx.settings.front_port,
+        host=want.name,
+        desired=want.current.ref,
+        projects=want.projects,
+        front_port=want.settings.front_port,
         gate_profile=swap.gate_profile,
         gate_set=swap.gate_set,
         ready_timeout_s=swap.ready_timeout_s,
@@ -167,9 +104,3 @@ def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
                         "it as active")
     return Decision("activate", f"nothing verified here -> {desired.route_id} (start, gate, "
                     "promote; on failure the front answers 503)", f"-> {desired.route_id}")
-
-
-def lock_holder(probe: dict[str, Any]) -> dict[str, Any] | None:
-    """The live holder of the host lock, or None (free, or stale: its process is gone)."""
-    holder = probe.get("lock")
-    return holder if isinstance(holder, dict) and holder.get("alive") else None

@@ -11,7 +11,7 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 
 from rigfleet.commands import nvidia as nvidia_commands
-from rigfleet.facts import DockerDaemonJson, DockerRuntimes
+from rigfleet.facts import DockerDaemonJson, DockerRuntimes, read_fact
 from roles.docker import add_apt_repo
 from roles.ops import apt_packages, check, fail, on_change
 from roles.preflight import HostContext
@@ -37,7 +37,7 @@ def nvidia_runtime():
     nvidia-ctk adds ``runtimes.nvidia`` and keeps the rest of the file (rigfleet's log and
     mirror settings included).
     """
-    current = host.get_fact(DockerDaemonJson)
+    current = read_fact(DockerDaemonJson)
     if current.error:
         yield from fail(f"{host.name}: {current.error}")
         return
@@ -50,7 +50,7 @@ def nvidia_runtime():
 
 def verify_runtime() -> str | None:
     """At execution time: ``docker info`` lists the ``nvidia`` runtime."""
-    runtimes = host.get_fact(DockerRuntimes)
+    runtimes = read_fact(DockerRuntimes)
     if "nvidia" not in runtimes:
         return f"docker info lists runtimes {runtimes or 'none'}; the nvidia runtime is missing"
     return None

@@ -26,7 +26,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.operations import files, systemd
 
 from rigfleet.commands import apt as apt_commands
-from rigfleet.facts import DockerDaemonJson
+from rigfleet.facts import DockerDaemonJson, read_fact
 from rigfleet.hostdata import AptRepo
 from roles.ops import apt_keyring, apt_packages, fail, on_change
 from roles.preflight import HostContext, OsInfo
@@ -98,7 +98,7 @@ def daemon_json(settings: dict[str, Any]):
 
     + settings: the keys to own (``daemon_settings``)
     """
-    current = host.get_fact(DockerDaemonJson)
+    current = read_fact(DockerDaemonJson)
     if current.error:
         yield from fail(f"{host.name}: {current.error}; fix or remove it, then re-run")
         return

@@ -16,21 +16,20 @@ Example::
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from rigfleet.hostside.front import render_maintenance
-from rigfleet.hostside.layout import Layout
+from rigfleet.hostside.layout import HOST
+from rigfleet.resources import project_file
 from roles.ops import Secret, apt_packages, initial_file, on_change, secret_file
 from roles.preflight import HostContext
 
-TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "nginx-front.conf.j2")
+TEMPLATE = str(project_file("files/nginx-front.conf.j2"))
 CONF_PATH = "/etc/nginx/conf.d/rigfleet-front.conf"
 KEYS_PATH = "/etc/nginx/rigfleet-keys.conf"
-ROUTE_DIR = str(Layout().front_dir)
-ROUTE_PATH = str(Layout().front_route)
+ROUTE_DIR = str(HOST.front_dir)
+ROUTE_PATH = str(HOST.front_route)
 
 
 def _regex_literal(text: str) -> str:

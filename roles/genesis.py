@@ -7,8 +7,8 @@ fetch (Genesis v7.x has no release tags). The checkout is verified (``HEAD`` == 
 container makes ``apply_all`` a silent no-op and the boot fails later with a cryptic error.
 
 The checkout moves with the pin, so the container never mounts it: the commit is exported
-(``git archive``) to ``/opt/rigfleet/genesis-trees/<commit>/``, which never changes once
-there, and the compose file mounts that (``rigfleet.compose.genesis_tree``). A swap that
+(``git archive``) to ``Layout.genesis_tree(<commit>)``, which never changes once
+there, and the compose file mounts that. A swap that
 rolls back restarts the previous compose snapshot, which still names the previous tree.
 
 Example::
@@ -24,11 +24,13 @@ from collections.abc import Mapping, Set
 from pyinfra import host
 from pyinfra.api import deploy, operation
 
-from rigfleet.catalog import STACKS
-from rigfleet.compose import GENESIS_HOST_DIR, GENESIS_TREES_DIR, compose_path, genesis_tree
-from rigfleet.facts import APPLY_ALL, GenesisHead, GenesisTrees
+from rigfleet.facts import APPLY_ALL, GenesisHead, GenesisTrees, read_fact
+from rigfleet.hostside.layout import HOST
 from roles.ops import check
 from roles.preflight import HostContext
+
+CHECKOUT = str(HOST.genesis_checkout)
+TREES_DIR = str(HOST.genesis_trees_dir)
 
 
 def checkout_commands(repo: str, commit: str, dest: str, cloned: bool) -> list[str]:
@@ -48,14 +50,14 @@ def checkout_commands(repo: str, commit: str, dest: str, cloned: bool) -> list[s
 
 
 @operation()
-def genesis_checkout(repo: str, commit: str, dest: str = GENESIS_HOST_DIR):
+def genesis_checkout(repo: str, commit: str, dest: str = CHECKOUT):
     """Clone ``repo`` into ``dest`` and check out ``commit`` (detached); no change when there.
 
     + repo: the Genesis git URL (pins)
     + commit: full 40-hex commit (pins)
-    + dest: the checkout (``/opt/rigfleet/genesis``)
+    + dest: the checkout (``Layout.genesis_checkout``)
     """
-    state = host.get_fact(GenesisHead, path=dest)
+    state = read_fact(GenesisHead, path=dest)
     if state.head == commit and state.has_apply_all and state.origin == repo:
         host.noop(f"{dest} at {commit[:12]}")
         return
@@ -69,8 +71,6 @@ def genesis_checkout(repo: str, commit: str, dest: str = GENESIS_HOST_DIR):
 # that a swap releases (the old active snapshot) is removed by a later converge, once it is
 # outside the newest few; while any compose file names it, it is never removed.
 TREES_KEPT = 3
-ACTIVE_SNAPSHOT = "/var/lib/rigfleet/active/compose.yaml"
-COMPOSE_FILES = (*(compose_path(name) for name in sorted(STACKS)), ACTIVE_SNAPSHOT)
 
 
 def stale_trees(
@@ -82,7 +82,7 @@ def stale_trees(
     return sorted(c for c in trees if c not in kept)
 
 
-def export_command(checkout: str, commit: str, trees_dir: str = GENESIS_TREES_DIR) -> str:
+def export_command(checkout: str, commit: str, trees_dir: str = TREES_DIR) -> str:
     """Export ``commit`` from ``checkout`` to ``<trees_dir>/<commit>``, atomically (a rename).
 
     A leftover temporary directory (an interrupted export) is removed first; the tree must
@@ -102,18 +102,21 @@ def export_command(checkout: str, commit: str, trees_dir: str = GENESIS_TREES_DI
 @operation()
 def genesis_export(
     commit: str,
-    checkout: str = GENESIS_HOST_DIR,
-    trees_dir: str = GENESIS_TREES_DIR,
+    compose_files: tuple[str, ...],
+    checkout: str = CHECKOUT,
+    trees_dir: str = TREES_DIR,
     keep: int = TREES_KEPT,
 ):
     """Export ``commit`` to ``<trees_dir>/<commit>/`` (no change when there) and prune.
 
     + commit: full 40-hex commit (pins); the checkout must have it
-    + checkout: the git checkout (``/opt/rigfleet/genesis``)
-    + trees_dir: the exports (``/opt/rigfleet/genesis-trees``)
+    + checkout: the git checkout (``Layout.genesis_checkout``)
+    + compose_files: every compose file on the host that may mount a tree (the staged
+      stacks' and the active snapshot)
+    + trees_dir: the exports (``Layout.genesis_trees_dir``)
     + keep: how many of the newest trees are kept (see ``stale_trees``)
     """
-    state = host.get_fact(GenesisTrees, trees_dir=trees_dir, compose_files=COMPOSE_FILES)
+    state = read_fact(GenesisTrees, trees_dir=trees_dir, compose_files=compose_files)
     have = state.trees.get(commit)
     exported = have is not None and have[1]
     if not exported:
@@ -128,16 +131,16 @@ def genesis_export(
 
 def verify_tree(commit: str) -> str | None:
     """At execution time: the pinned commit's tree is there, with apply_all.py."""
-    state = host.get_fact(GenesisTrees, trees_dir=GENESIS_TREES_DIR)
+    state = read_fact(GenesisTrees, trees_dir=TREES_DIR)
     have = state.trees.get(commit)
     if have is None or not have[1]:
-        return f"Genesis tree {genesis_tree(commit)} is missing or lacks {APPLY_ALL}"
+        return f"Genesis tree {HOST.genesis_tree(commit)} is missing or lacks {APPLY_ALL}"
     return None
 
 
 def verify_checkout(commit: str, dest: str) -> str | None:
     """At execution time: HEAD is the pin and apply_all.py exists."""
-    state = host.get_fact(GenesisHead, path=dest)
+    state = read_fact(GenesisHead, path=dest)
     if state.head != commit:
         return f"Genesis checkout {dest} is at {state.head}, pin is {commit}"
     if not state.has_apply_all:
@@ -156,16 +159,17 @@ def genesis(ctx: HostContext) -> None:
         name=f"Genesis checkout at {pin.commit[:12]}",
         repo=pin.repo,
         commit=pin.commit,
-        dest=GENESIS_HOST_DIR,
+        dest=CHECKOUT,
     )
     check(
         name="Verify Genesis HEAD and apply_all.py",
-        verify=lambda: verify_checkout(pin.commit, GENESIS_HOST_DIR),
+        verify=lambda: verify_checkout(pin.commit, CHECKOUT),
         what="Genesis verification",
     )
     genesis_export(
         name=f"Genesis tree {pin.commit[:12]} (mounted by the stack)",
         commit=pin.commit,
+        compose_files=(*(f for _, f in ctx.want.projects), str(HOST.active_compose)),
     )
     check(
         name="Verify the Genesis tree",

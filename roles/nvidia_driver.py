@@ -34,7 +34,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files
 
 from rigfleet.commands import apt as apt_commands
-from rigfleet.facts import DebPackage, DpkgState, GpuQuery
+from rigfleet.facts import DebPackage, DpkgState, GpuQuery, read_fact
 from roles.docker import add_apt_repo
 from roles.ops import DeployError, apt_packages, changed, check
 from roles.preflight import HostContext, OsInfo
@@ -135,7 +135,7 @@ def reboot_for_driver(gates: Sequence[OperationMeta]):
     + gates: the driver package operations
     """
     packages_changed = changed(gates)
-    gpu = host.get_fact(GpuQuery)
+    gpu = read_fact(GpuQuery)
     if gpu.loaded and not packages_changed:
         host.noop(f"driver {gpu.driver_version} loaded, packages unchanged")
         return
@@ -148,7 +148,7 @@ def reboot_for_driver(gates: Sequence[OperationMeta]):
 
 def verify_driver(branch: str, version: str | None, gpu_count: int) -> str | None:
     """At execution time: nvidia-smi answers, on the pinned branch, with every GPU."""
-    gpu = host.get_fact(GpuQuery)
+    gpu = read_fact(GpuQuery)
     if not gpu.loaded:
         return f"nvidia-smi fails after the driver install ({gpu.error or 'no output'})"
     loaded = gpu.driver_version or ""
@@ -167,7 +167,7 @@ def nvidia_driver(ctx: HostContext) -> None:
     branch, version = ctx.pins.driver_branch, ctx.pins.driver_version
     # Read while preparing: which kernel flavour / whether the kernel is Debian's does not
     # change during the run.
-    dpkg = host.get_fact(DpkgState)
+    dpkg = read_fact(DpkgState)
     if ctx.os.id == "debian":
         add_apt_repo("NVIDIA CUDA repository", ctx.apt_repo("cuda"))
         files.put(

@@ -42,7 +42,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.operation import OperationMeta
 
 from rigfleet.commands import apt as apt_commands
-from rigfleet.facts import AptKeyring, DpkgState, FileDigest
+from rigfleet.facts import AptKeyring, DpkgState, FileDigest, read_fact
 
 
 class DeployError(OperationError):
@@ -176,7 +176,7 @@ def apt_packages(
 
         apt_packages(name="Toolkit", packages=["nvidia-container-toolkit=1.17.8-1"], hold=True)
     """
-    dpkg = host.get_fact(DpkgState)
+    dpkg = read_fact(DpkgState)
     install: list[str] = []
     unheld: list[str] = []
     replace = False
@@ -215,7 +215,7 @@ def apt_keyring(key_url: str, dest: str, fingerprint: str | None = None):
     + dest: ``/etc/apt/keyrings/<name>.gpg``
     + fingerprint: optional 40-hex fingerprint the key must have
     """
-    state = host.get_fact(AptKeyring, key_url=key_url, dest=dest)
+    state = read_fact(AptKeyring, key_url=key_url, dest=dest)
     if state == "same":
         host.noop(f"{dest} matches {key_url}")
         return
@@ -233,7 +233,7 @@ def initial_file(dest: str, content: str, mode: str = "0644"):
     + content: the first content
     + mode: its mode (root owns it)
     """
-    if host.get_fact(FileDigest, path=dest) is not None:
+    if read_fact(FileDigest, path=dest) is not None:
         host.noop(f"{dest} exists (owned by the host from now on)")
         return
     q = shlex.quote(dest)
@@ -262,7 +262,7 @@ def secret_file(
 
     data = content.reveal().encode()
     wanted = hashlib.sha256(data).hexdigest()
-    current = host.get_fact(FileDigest, path=dest)
+    current = read_fact(FileDigest, path=dest)
     q = shlex.quote(dest)
     if current is None:
         yield f"install -m {mode} -o {user} -g {group} /dev/null {q}"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pyinfra import host
@@ -27,14 +26,15 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files, systemd
 
 from rigfleet.commands import nvidia as nvidia_commands
-from rigfleet.facts import GpuQuery, gpu_power_limit
+from rigfleet.facts import GpuQuery, gpu_power_limit, read_fact
 from rigfleet.hostdata import HostDataError, check_caps_against_gpus
+from rigfleet.resources import project_file
 from roles.ops import changed, executing, fail, on_change
 from roles.preflight import HostContext
 
 UNIT = "rigfleet-power-caps.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
-TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / f"{UNIT}.j2")
+TEMPLATE = str(project_file(f"files/{UNIT}.j2"))
 
 # nvidia-smi reports limits with two decimals; a set limit reads back within a watt.
 TOLERANCE_W = 0.5
@@ -76,7 +76,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
     + caps: one cap per card, in index order
     + gates: the unit file operation (a changed unit is applied now)
     """
-    gpu = host.get_fact(GpuQuery)
+    gpu = read_fact(GpuQuery)
     if not gpu.loaded:
         if executing():
             yield from fail(f"{host.name}: cannot set power caps: nvidia-smi fails ({gpu.error})")
@@ -98,7 +98,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
     yield f"systemctl restart {UNIT}"
     if not executing():
         return
-    after = host.get_fact(GpuQuery)
+    after = read_fact(GpuQuery, fresh=True)  # this operation just restarted the unit
     still = caps_mismatch(caps, after.gpus) if after.loaded else ["nvidia-smi fails"]
     if still:
         yield from fail(f"{host.name}: power caps did not take effect: {'; '.join(still)}")

@@ -12,7 +12,7 @@ download:
 3. for a Genesis stack that is desired, the compatibility gate *before anything starts*: the
    image's own ``vllm.__version__`` (cached per digest) must equal the pin and be on the
    checked-out Genesis ``KNOWN_GOOD_VLLM_PINS``; a refusal names both;
-4. both stacks' compose projects rendered (``rigfleet.compose.render_compose``) and checked
+4. both stacks' compose projects (as ``rigfleet.desired`` rendered them) written and checked
    with ``docker compose config -q``.
 
 Example::
@@ -25,24 +25,15 @@ from __future__ import annotations
 import io
 import json
 import shlex
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files
 
 from rigfleet.commands import docker as docker_commands
-from rigfleet.commands import probe
-from rigfleet.compose import (
-    GENESIS_HOST_DIR,
-    SECRETS_DIR,
-    VLLM_ENV_FILE,
-    compose_dir,
-    compose_path,
-    render_compose,
-)
-from rigfleet.facts import ImageDigests, TextFile
-from rigfleet.hostside.layout import Layout
+from rigfleet.facts import ImageDigests, TextFile, read_fact
+from rigfleet.hostside.layout import HOST
+from rigfleet.resources import project_file
 from roles.ops import (
     Secret,
     check,
@@ -54,17 +45,8 @@ from roles.ops import (
 )
 from roles.preflight import HostContext
 
-FILES_DIR = Path(__file__).resolve().parent.parent / "files"
-SCRIPT_DIR = "/usr/local/lib/rigfleet"
-ALLOWLIST_SCRIPT = f"{SCRIPT_DIR}/rigfleet-genesis-allowlist.py"
-VERSION_CACHE_DIR = "/var/lib/rigfleet/vllm-versions"
-# The key alone, for the host-side gate and probes (they send it as a bearer token).
-API_KEY_FILE = str(Layout().api_key_file)
-
-
-def version_cache_path(digest: str) -> str:
-    """Where the image's vLLM version is cached, keyed by its (immutable) digest."""
-    return f"{VERSION_CACHE_DIR}/{digest.removeprefix('sha256:')}"
+ALLOWLIST_SCRIPT = str(HOST.script("rigfleet-genesis-allowlist.py"))
+VERSION_CACHE_DIR = str(HOST.version_cache_dir)
 
 
 @operation()
@@ -75,7 +57,7 @@ def image_pulled(image_ref: str, repository: str, digest: str):
     + repository: ``<repo>`` (the local image is looked up as ``<repo>@<digest>``)
     + digest: ``sha256:<64-hex>``
     """
-    digests = host.get_fact(ImageDigests, ref=f"{repository}@{digest}")
+    digests = read_fact(ImageDigests, ref=f"{repository}@{digest}")
     if any(d.endswith(f"@{digest}") for d in digests):
         host.noop(f"image {digest[:19]} present")
         return
@@ -84,7 +66,7 @@ def image_pulled(image_ref: str, repository: str, digest: str):
 
 def verify_image(image_ref: str, repository: str, digest: str) -> str | None:
     """At execution time: ``docker image inspect`` RepoDigests hold the pinned digest."""
-    digests = host.get_fact(ImageDigests, ref=f"{repository}@{digest}")
+    digests = read_fact(ImageDigests, ref=f"{repository}@{digest}")
     if not any(d.endswith(f"@{digest}") for d in digests):
         return f"image {image_ref} has RepoDigests {digests or 'none'}; pin is {digest}"
     return None
@@ -105,8 +87,8 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, com
     + vllm_version: the version the pins say the image reports
     + commit: the pinned Genesis commit (for messages)
     """
-    cache = version_cache_path(digest)
-    cached = host.get_fact(TextFile, path=cache)
+    cache = str(HOST.version_cache(digest))
+    cached = read_fact(TextFile, path=cache)
     if not executing():
         if cached is None:
             yield f"install -d -m 0755 {VERSION_CACHE_DIR}"  # the version gets cached
@@ -123,14 +105,15 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, com
             )
             return
         version = out[-1].strip()
-    ok, out, err = run_on_host(f"python3 {ALLOWLIST_SCRIPT} {shlex.quote(GENESIS_HOST_DIR)}")
+    checkout = str(HOST.genesis_checkout)
+    ok, out, err = run_on_host(f"python3 {ALLOWLIST_SCRIPT} {shlex.quote(checkout)}")
     try:
         allowed = json.loads(out[-1])["known_good"] if ok and out else None
     except (ValueError, KeyError):
         allowed = None
     if allowed is None:
         yield from fail(
-            f"{host.name}: cannot read KNOWN_GOOD_VLLM_PINS from {GENESIS_HOST_DIR}: "
+            f"{host.name}: cannot read KNOWN_GOOD_VLLM_PINS from {checkout}: "
             f"{' '.join(err[-3:]) or 'no output'}"
         )
         return
@@ -160,26 +143,28 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, com
 def stacks(ctx: HostContext) -> None:
     """Secrets, images, the Genesis gate and both compose files: see the module docstring."""
     key = ctx.api_key.reveal()
+    secrets_dir = str(HOST.secrets_dir)
     files.directory(
-        name=f"Directory {SECRETS_DIR}", path=SECRETS_DIR, user="root", group="root",
+        name=f"Directory {secrets_dir}", path=secrets_dir, user="root", group="root",
         mode="0700",
     )  # fmt: skip
     secret_file(
         name="vLLM API key env file (root-only)",
-        dest=VLLM_ENV_FILE,
+        dest=str(HOST.vllm_env_file),
         content=Secret(f"VLLM_API_KEY={key}\n"),
     )
     secret_file(
         name="Readiness probe auth header (root-only)",
-        dest=probe.AUTH_HEADER_FILE,
+        dest=str(HOST.auth_header_file),
         content=Secret(f"Authorization: Bearer {key}\n"),
     )
     secret_file(
-        name="API key for the gate (root-only)", dest=API_KEY_FILE, content=Secret(f"{key}\n")
+        name="API key for the gate (root-only)", dest=str(HOST.api_key_file),
+        content=Secret(f"{key}\n"),
     )
     files.put(
         name="Genesis allowlist helper",
-        src=str(FILES_DIR / "rigfleet-genesis-allowlist.py"),
+        src=str(project_file("files/rigfleet-genesis-allowlist.py")),
         dest=ALLOWLIST_SCRIPT,
         user="root",
         group="root",
@@ -219,17 +204,17 @@ def stacks(ctx: HostContext) -> None:
             commit=staged.genesis.commit,
         )
 
-    for name, other in host.loop(sorted(ctx.specs.items())):
-        project_dir = compose_dir(name)
-        dirs = [project_dir, *other.cache_dirs]
+    for name, staged in host.loop(sorted(ctx.want.stacks.items())):
+        other = staged.spec
+        dirs = [str(HOST.stack_dir(name)), *other.cache_dirs]
         for path in host.loop(dirs):
             files.directory(
                 name=f"Directory {path}", path=path, user="root", group="root", mode="0755"
             )
         compose = files.put(
             name=f"Compose project {other.compose_project}",
-            src=io.StringIO(render_compose(other, ctx.pins, ctx.settings)),
-            dest=compose_path(name),
+            src=io.StringIO(staged.text),
+            dest=staged.compose_file,
             user="root",
             group="root",
             mode="0644",
@@ -237,7 +222,7 @@ def stacks(ctx: HostContext) -> None:
         on_change(
             name=f"Check {other.compose_project} with docker compose config",
             commands=[
-                docker_commands.compose_config_check(compose_path(name), other.compose_project)
+                docker_commands.compose_config_check(staged.compose_file, other.compose_project)
             ],
             gates=[compose],
             reason="compose file unchanged",

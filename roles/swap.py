@@ -42,15 +42,18 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.operations import files, systemd
 
 from rigfleet.commands import hosttool
+from rigfleet.facts import read_fact
 from rigfleet.hostbundle import build_bundle
-from rigfleet.hostside.lock import describe
+from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import Plan
+from rigfleet.hostside.records import describe, live_holder
+from rigfleet.resources import project_file
 from rigfleet.swapfacts import SwapProbe, UnitActive
-from rigfleet.swapplan import build_plan, decide, lock_holder
+from rigfleet.swapplan import build_plan, decide
 from roles.ops import DeployError, executing, fail, on_change, run_on_host
 from roles.preflight import HostContext
 
-UNIT_TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "rigfleet-stack.service.j2")
+UNIT_TEMPLATE = str(project_file("files/rigfleet-stack.service.j2"))
 UNIT_PATH = f"/etc/systemd/system/{hosttool.STACK_UNIT}"
 POLL_S = 2.0
 # Consecutive failed polls before the deploy gives up following (the host carries on).
@@ -167,12 +170,12 @@ def serve_desired(plan: Plan, follow_timeout_s: float, reports: str):
     + follow_timeout_s: how long to follow the transaction (it continues on the host)
     + reports: the control-side directory for gate reports (``<reports>/<host>/``)
     """
-    probe = host.get_fact(SwapProbe)
+    probe = read_fact(SwapProbe)
     decision = decide(probe, plan.desired)
     if decision.kind == "none":
         host.noop(decision.reason)
         return
-    holder = lock_holder(probe)
+    holder = live_holder(probe.get("lock"))
     if holder is not None and executing():
         yield from fail(f"{host.name}: {describe(holder)}; refusing to change this host now")
         return
@@ -198,7 +201,7 @@ def unit_started(unit: str):
 
     + unit: the unit's name
     """
-    if host.get_fact(UnitActive, unit=unit):
+    if read_fact(UnitActive, unit=unit):
         host.noop(f"{unit} is active")
         return
     yield f"systemctl start {unit}"
@@ -223,6 +226,8 @@ def swap(ctx: HostContext) -> None:
         group="root",
         mode="0644",
         front_port=ctx.settings.front_port,
+        bundle=str(HOST.bundle),
+        active_dir=str(HOST.active_dir),
     )
     on_change(
         name=f"systemd daemon-reload ({hosttool.STACK_UNIT} changed)",
@@ -232,7 +237,7 @@ def swap(ctx: HostContext) -> None:
     )
     systemd.service(name=f"{hosttool.STACK_UNIT} enabled at boot", service=hosttool.STACK_UNIT,
                     enabled=True)
-    plan = build_plan(ctx, ctx.swap, why=f"serve {ctx.stack}")
+    plan = build_plan(ctx.want, ctx.by, why=f"serve {ctx.stack}")
     serve_desired(
         name=f"Serve {plan.desired.route_id} (gated swap; rollback on failure)",
         plan=plan,

@@ -13,34 +13,26 @@ Example::
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files
 
 from rigfleet.commands import weights as weights_commands
-from rigfleet.facts import VenvPackageVersion, WeightsManifest
+from rigfleet.facts import VenvPackageVersion, WeightsManifest, read_fact
+from rigfleet.hostside.layout import HOST
+from rigfleet.resources import project_file
 from roles.ops import Secret, secret_file
 from roles.preflight import HostContext
-
-FILES_DIR = Path(__file__).resolve().parent.parent / "files"
-SECRETS_DIR = "/etc/rigfleet/secrets"
-
-
-def model_path(ctx: HostContext) -> str:
-    """``<model_dir>/<local_dir>``: where the weights live on the host."""
-    return f"{ctx.settings.model_dir.rstrip('/')}/{ctx.pins.model.local_dir}"
 
 
 @operation()
 def hf_hub_venv(version: str, index_url: str | None = None):
-    """``/opt/rigfleet/hf-venv`` with exactly ``huggingface_hub==<version>``.
+    """``Layout.hf_venv`` with exactly ``huggingface_hub==<version>``.
 
     + version: the pinned huggingface_hub version
     + index_url: a PyPI mirror (host data ``pip_index_url``), else PyPI
     """
-    current = host.get_fact(
+    current = read_fact(
         VenvPackageVersion, venv=weights_commands.HF_VENV, dist="huggingface_hub"
     )
     if current == version:
@@ -64,7 +56,7 @@ def fetch_weights(
     + token_file: the host's root-only token file, when a token is configured
     + endpoint: ``HF_ENDPOINT`` (a mirror or the testbed hub), else huggingface.co
     """
-    state = host.get_fact(WeightsManifest, local_dir=local_dir)
+    state = read_fact(WeightsManifest, local_dir=local_dir)
     if state.repo == repo and state.revision == revision and state.intact:
         host.noop(f"{repo}@{revision[:12]} verified in {local_dir}")
         return
@@ -75,11 +67,11 @@ def fetch_weights(
 def weights(ctx: HostContext) -> None:
     """Install the fetcher and its venv, then fetch and verify the pinned weights."""
     directories = (
-        ("/opt/rigfleet", "0755"),
-        (weights_commands.SCRIPT_DIR, "0755"),
-        ("/etc/rigfleet", "0755"),
-        (SECRETS_DIR, "0700"),
-        ("/var/lib/rigfleet", "0755"),
+        (str(HOST.opt_dir), "0755"),
+        (str(HOST.lib_dir), "0755"),
+        (str(HOST.etc_dir), "0755"),
+        (str(HOST.secrets_dir), "0700"),
+        (str(HOST.state_dir), "0755"),
         (ctx.settings.model_dir, "0755"),
     )
     for path, mode in host.loop(directories):
@@ -91,7 +83,7 @@ def weights(ctx: HostContext) -> None:
     )
     files.put(
         name="Weights fetcher script",
-        src=str(FILES_DIR / "rigfleet-fetch-weights.py"),
+        src=str(project_file("files/rigfleet-fetch-weights.py")),
         dest=weights_commands.FETCH_SCRIPT,
         user="root",
         group="root",
@@ -110,7 +102,7 @@ def weights(ctx: HostContext) -> None:
         name=f"Fetch and verify {model.repo}@{model.revision[:12]}",
         repo=model.repo,
         revision=model.revision,
-        local_dir=model_path(ctx),
+        local_dir=ctx.want.model_path,
         token_file=token_file,
         endpoint=ctx.settings.hf_endpoint,
     )

@@ -51,13 +51,15 @@ from rigfleet.bump.genesis import (
     refusal,
 )
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
+from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.plan import Plan, PlanHost, build_plan, pairs
 from rigfleet.bump.record import outcome_of, pins_after
-from rigfleet.bump.remote import HostUnreachable, Remote, SshRemote, reachability
 from rigfleet.bump.rollout import PyinfraRunner, RolloutResult, Status, rollout
 from rigfleet.bump.version import VersionProbe, read_version, remove_image
-from rigfleet.catalog import get_stack
+from rigfleet.catalog import Catalog
+from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
+from rigfleet.hostdata import validate_host
 from rigfleet.inventory import InventoryHost, load_inventory
 from rigfleet.pins import (
     GenesisPin,
@@ -70,9 +72,11 @@ from rigfleet.pins import (
     save_pins,
 )
 from rigfleet.registry import DOCKER_HUB, RegistryError
+from rigfleet.resources import PROJECT_ROOT
+from rigfleet.ssh import HostUnreachable, Remote, SshRemote, reachability
 
 EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2, 3
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = PROJECT_ROOT
 
 console = Console(stderr=True, highlight=False)
 
@@ -151,45 +155,45 @@ class Inputs:
     registry: str
     genesis_url: str | None
     mirror: str | None
+    catalog: Catalog
 
 
-def load_inputs(args: argparse.Namespace) -> Inputs:
+def load_inputs(opts: BumpOptions) -> Inputs:
     """Inventory, every host's data, the one pins file they share."""
-    from rigfleet.hostdata import validate_host
-    from rigfleet.status import resolve_pins_path
-
-    hosts = load_inventory(args.inventory)
+    hosts = load_inventory(opts.inventory)
     if not hosts:
-        raise BumpError(f"{args.inventory}: no hosts")
+        raise BumpError(f"{opts.inventory}: no hosts")
     plan_hosts: list[PlanHost] = []
     paths: dict[str, list[str]] = {}
+    first = None
     for h in hosts:
         settings = validate_host(h.name, h.data)
+        first = first or settings
         plan_hosts.append(PlanHost(h.name, settings.stack, tuple(h.groups)))
-        path = str(resolve_pins_path(settings.pins_file, Path(args.deploy).resolve().parent))
+        path = str(resolve_pins_path(settings.pins_file, Path(opts.deploy).resolve().parent))
         paths.setdefault(path, []).append(h.name)
     if len(paths) != 1:
         listed = "; ".join(f"{p}: {', '.join(n)}" for p, n in paths.items())
         raise BumpError(f"hosts name different pins files ({listed}); bump one fleet at a time")
-    pins = load_pins(next(iter(paths)))
-    data = hosts[0].data
-    registry = args.registry or data.get("bump_registry") or DOCKER_HUB
-    genesis_url = args.genesis_url or data.get("bump_genesis_url")
-    mirror = args.push_mirror or data.get("bump_mirror")
-    return Inputs(hosts, plan_hosts, pins, str(registry), genesis_url, mirror)
+    assert first is not None
+    pins = load_pins(next(iter(paths)), catalog=first.catalog)
+    registry = opts.registry or first.bump.registry or DOCKER_HUB
+    genesis_url = opts.genesis_url or first.bump.genesis_url
+    mirror = opts.push_mirror or first.bump.mirror
+    return Inputs(hosts, plan_hosts, pins, str(registry), genesis_url, mirror, first.catalog)
 
 
-def bumped_stacks(args: argparse.Namespace, pins: Pins, repository: str | None) -> list[str]:
+def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list[str]:
     """The stacks this bump changes (``--stack``, else by image repository / Genesis)."""
-    if args.stack:
-        for name in args.stack:
+    if opts.stacks:
+        for name in opts.stacks:
             pins.stack(name)  # raises PinsError naming the pinned stacks
-        return list(dict.fromkeys(args.stack))
+        return list(dict.fromkeys(opts.stacks))
     names = []
     for name, p in pins.stacks.items():
         if repository is not None and p.repository == repository:
             names.append(name)
-        elif args.genesis and p.genesis is not None:
+        elif opts.genesis and p.genesis is not None:
             names.append(name)
     if not names:
         raise BumpError(f"no pinned stack uses {repository}; name one with --stack")
@@ -197,6 +201,7 @@ def bumped_stacks(args: argparse.Namespace, pins: Pins, repository: str | None) 
 
 
 def new_stack_pins(
+    catalog: Catalog,
     pins: Pins,
     names: list[str],
     candidate: Candidate | None,
@@ -215,7 +220,7 @@ def new_stack_pins(
         out[name] = p
     # Round-trip through the pins validator (tag vs version's +g<commit>, digest form, ...).
     trial = replace(pins, stacks={**pins.stacks, **out})
-    parse_pins(yaml.safe_load(dump_pins(trial)), pins.path)
+    parse_pins(yaml.safe_load(dump_pins(trial)), pins.path, catalog=catalog)
     return out
 
 
@@ -224,17 +229,19 @@ def new_stack_pins(
 
 def run(args: argparse.Namespace) -> int:
     """``rigfleet bump``; returns the exit status (see the module docstring)."""
-    if not (args.image or args.latest or args.genesis):
-        console.print("[red]error:[/red] give --image TAG, --latest or --genesis COMMIT")
+    try:
+        opts = BumpOptions.from_args(args)
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
         return EXIT_ERROR
     try:
-        inputs = load_inputs(args)
+        inputs = load_inputs(opts)
     except (RigfleetError, ValueError, RuntimeError) as e:
         console.print(f"[red]error:[/red] {e}")
         return EXIT_ERROR
     remote = SshRemote()
     try:
-        return _bump(args, inputs, remote)
+        return _bump(opts, inputs, remote)
     except GenesisRefused as e:
         console.print(f"[red]refused:[/red] {e}")
         return EXIT_FAILED
@@ -246,19 +253,19 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
 
 
-def _bump(args: argparse.Namespace, inputs: Inputs, remote: Remote) -> int:
+def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     pins = inputs.pins
     candidate: Candidate | None = None
-    if args.image or args.latest:
+    if opts.image or opts.latest:
         repos = {p.repository for p in pins.stacks.values()}
         default_repo = sorted(repos)[0] if len(repos) == 1 else "vllm/vllm-openai"
-        repository, tag = parse_image_arg(args.image or "", default_repo)
+        repository, tag = parse_image_arg(opts.image or "", default_repo)
         reg = ImageRegistry(inputs.registry)
         _log(f"registry {inputs.registry}: resolving "
-             f"{'the newest nightly of ' + repository if args.latest else f'{repository}:{tag}'}")
-        candidate = find_candidate(reg, repository, None if args.latest else tag, args.latest)
+             f"{'the newest nightly of ' + repository if opts.latest else f'{repository}:{tag}'}")
+        candidate = find_candidate(reg, repository, None if opts.latest else tag, opts.latest)
         _log(f"candidate {candidate.image} {candidate.digest} built {candidate.created or '?'}")
-    names = bumped_stacks(args, pins, candidate.repository if candidate else None)
+    names = bumped_stacks(opts, pins, candidate.repository if candidate else None)
 
     unreachable = reachability(remote, inputs.hosts)
     for name, reason in unreachable.items():
@@ -273,8 +280,8 @@ def _bump(args: argparse.Namespace, inputs: Inputs, remote: Remote) -> int:
         if candidate else pins.stacks[n]
         for n in names
     }
-    draft = build_plan(inputs.plan_hosts, unreachable, pins, provisional, args.batch_size,
-                       args.max_failures)  # fmt: skip
+    draft = build_plan(inputs.plan_hosts, unreachable, pins, provisional, opts.batch_size,
+                       opts.max_failures)  # fmt: skip
     probe = VersionProbe(None, "unknown")
     probe_host: InventoryHost | None = None
     if candidate is not None:
@@ -284,31 +291,31 @@ def _bump(args: argparse.Namespace, inputs: Inputs, remote: Remote) -> int:
             raise BumpError("no host is reachable to read the candidate's vLLM version")
         probe_host = by_name[target]
         _log(f"{probe_host.name}: reading vllm.__version__ from the candidate"
-             f"{'' if args.dry else ' (pulling it by digest if needed)'}")
-        probe = read_version(remote, probe_host, candidate, pull=not args.dry)
+             f"{'' if opts.dry else ' (pulling it by digest if needed)'}")
+        probe = read_version(remote, probe_host, candidate, pull=not opts.dry)
         _log(f"candidate reports vLLM {probe.version or 'unknown (not pulled in --dry)'}")
 
     try:
-        plan, genesis, probe = _decide(args, inputs, pins, names, candidate, probe, unreachable,
+        plan, genesis, probe = _decide(opts, inputs, pins, names, candidate, probe, unreachable,
                                        provisional)  # fmt: skip
     except BaseException:
         if probe.pulled and probe_host is not None and candidate is not None:
             remove_image(remote, probe_host, candidate)  # leave the canary as it was found
         raise
     _print_plan(plan, genesis, probe)
-    if args.dry:
+    if opts.dry:
         return EXIT_OK
     if plan.empty:
         _log("every reachable host already runs these pins; nothing to do")
         return EXIT_SKIPPED if plan.skipped else EXIT_OK
-    if not args.yes and not _confirm():
+    if not opts.yes and not _confirm():
         _log("not confirmed; nothing changed")
         return EXIT_FAILED
-    return _execute(args, inputs, remote, plan, candidate, probe.version or "", genesis)
+    return _execute(opts, inputs, remote, plan, candidate, probe.version or "", genesis)
 
 
 def _decide(
-    args: argparse.Namespace,
+    opts: BumpOptions,
     inputs: Inputs,
     pins: Pins,
     names: list[str],
@@ -329,22 +336,22 @@ def _decide(
         if version is not None:
             _log(f"candidate vLLM {version} (from the Genesis allowlist entry naming its "
                  "commit; read from the image when the bump runs)")  # fmt: skip
-    genesis = _genesis_choices(args, inputs, pins, names, version, candidate, repos)
+    genesis = _genesis_choices(opts, inputs, pins, names, version, candidate, repos)
     if candidate is None:
         version = pins.stacks[names[0]].vllm_version
     if version is None:
         # --dry, no Genesis stack bumped, image not on the canary: version shown unknown.
         new = {n: replace(p, vllm_version="unknown") for n, p in provisional.items()}
     else:
-        new = new_stack_pins(pins, names, candidate, version, genesis)
+        new = new_stack_pins(inputs.catalog, pins, names, candidate, version, genesis)
     probe = replace(probe, version=version, source="inferred" if inferred else probe.source)
-    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, args.batch_size,
-                      args.max_failures)  # fmt: skip
+    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, opts.batch_size,
+                      opts.max_failures)  # fmt: skip
     return plan, genesis, probe
 
 
 def _genesis_stacks(pins: Pins, names: list[str]) -> list[str]:
-    return [n for n in names if pins.stacks[n].genesis is not None and get_stack(n).needs_genesis]
+    return [n for n in names if pins.stacks[n].genesis is not None]
 
 
 def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRepo:
@@ -377,7 +384,7 @@ def _infer_version(
 
 
 def _genesis_choices(
-    args: argparse.Namespace,
+    opts: BumpOptions,
     inputs: Inputs,
     pins: Pins,
     names: list[str],
@@ -393,10 +400,10 @@ def _genesis_choices(
         if want is None:
             continue
         repo = _repo(inputs, p.genesis.repo, repos)
-        choice = choose_genesis(repo, p.genesis.commit, want, p.vllm_version, args.genesis)
+        choice = choose_genesis(repo, p.genesis.commit, want, p.vllm_version, opts.genesis)
         if choice.proposed:
             _log(f"Genesis {choice.label} lists vLLM {want}; proposing it for {name} "
-                 f"(pinned {p.genesis.commit[:12]} does not)" if not args.genesis else
+                 f"(pinned {p.genesis.commit[:12]} does not)" if not opts.genesis else
                  f"Genesis {choice.label} (--genesis) lists vLLM {want}")  # fmt: skip
         if not choice.rollback_safe:
             _log(f"[yellow]warning:[/yellow] Genesis {choice.label} does not list the vLLM "
@@ -451,7 +458,7 @@ def _print_plan(plan: Plan, genesis: dict[str, GenesisChoice], probe: VersionPro
 
 
 def _execute(
-    args: argparse.Namespace,
+    opts: BumpOptions,
     inputs: Inputs,
     remote: Remote,
     plan: Plan,
@@ -468,8 +475,8 @@ def _execute(
         + dump_pins(plan.candidate_pins(str(cand_path)))
     )
     by_name = {h.name: h for h in inputs.hosts}
-    runner = PyinfraRunner(args.inventory, by_name, remote, deploy=args.deploy,
-                           cwd=Path(args.deploy).resolve().parent, log_dir=log_dir)  # fmt: skip
+    runner = PyinfraRunner(opts.inventory, by_name, remote, deploy=opts.deploy,
+                           cwd=Path(opts.deploy).resolve().parent, log_dir=log_dir)  # fmt: skip
     try:
         with console.status("starting the rollout") as status:
             t0 = time.monotonic()
@@ -480,7 +487,7 @@ def _execute(
             result = rollout(plan, runner, cand_path, on_event=_log, on_line=on_line)
     finally:
         cand_path.unlink(missing_ok=True)
-    extra = _keep_images(args, remote, by_name, plan, result, candidate, version,
+    extra = _keep_images(opts, remote, by_name, plan, result, candidate, version,
                          inputs.registry, inputs.mirror)
     saved_pins = _record(plan, result, extra)
     _restore(runner, result, Path(plan.pins.path))
@@ -496,13 +503,13 @@ def _execute(
     }
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if args.json:
+    if opts.json:
         print(json.dumps(summary, indent=2))
     return _exit_status(result)
 
 
 def _keep_images(
-    args: argparse.Namespace,
+    opts: BumpOptions,
     remote: Remote,
     by_name: dict[str, InventoryHost],
     plan: Plan,
@@ -518,7 +525,7 @@ def _keep_images(
     if candidate is None:
         return extra
     promoted = [o.host for o in result.by_status(Status.PROMOTED)]
-    if not args.no_prune:
+    if not opts.no_prune:
         for name in promoted:
             keep = {p.digest for p in plan.old_for(name).values()}
             keep |= {p.digest for p in plan.new_for(name).values()}
@@ -529,7 +536,7 @@ def _keep_images(
                 continue
             if removed:
                 _log(f"{name}: removed {len(removed)} older image(s): {', '.join(removed)}")
-    if not args.no_prune:
+    if not opts.no_prune:
         # A host that rolled back does not need the candidate it refused (~30 GB each).
         for o in result.by_status(Status.FAILED):
             if o.runs_new is False:
@@ -540,9 +547,9 @@ def _keep_images(
     source = plan.canary if plan.canary in promoted else (promoted[0] if promoted else None)
     if source is None:  # nothing promoted: nothing worth keeping
         return extra
-    if args.save_dir:
+    if opts.save_dir:
         try:
-            saved = images.save_image(remote, by_name[source], candidate, args.save_dir, version)
+            saved = images.save_image(remote, by_name[source], candidate, opts.save_dir, version)
             extra["saved"] = saved.summary()
             _log(f"saved {candidate.image} to {saved.path} ({saved.size / 1e9:.2f} GB)")
         except (images.ImageError, HostUnreachable, OSError) as e:

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rigfleet.bump.candidate import Candidate
-from rigfleet.bump.remote import Remote
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost
+from rigfleet.ssh import Remote
 
 LIST_FORMAT = "{{.Repository}} {{.Digest}}"
 

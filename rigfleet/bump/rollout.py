@@ -31,13 +31,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rigfleet.bump.plan import Plan
-from rigfleet.bump.remote import HostUnreachable, Remote
+from rigfleet.hostprobe import HostProbe, run_probe
+from rigfleet.hostside.records import ReportSummary
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import StackPins
-
-STATE_DIR = "/var/lib/rigfleet"
-REPORTS_DIR = f"{STATE_DIR}/reports"
-VERIFY_SCHEMA = "rigfleet-verify/1"
+from rigfleet.ssh import HostUnreachable, Remote
 
 
 class Status(StrEnum):
@@ -51,15 +49,24 @@ class Status(StrEnum):
 
 @dataclass(frozen=True)
 class HostFacts:
-    """What the host says about itself (``FACTS_SCRIPT``'s JSON)."""
+    """What the host says about itself (the host probe, ``--full``)."""
 
     state: dict[str, Any] = field(default_factory=dict)
     ledger_count: int = 0
     ledger: tuple[dict[str, Any], ...] = ()  # the last lines, oldest first
     reports: tuple[str, ...] = ()  # gate report files (names), oldest first
-    report: dict[str, Any] | None = None  # the newest gate report (rigfleet-verify/1)
-    report_file: str | None = None
+    report: ReportSummary | None = None  # the newest gate report (rigfleet-verify/1)
     busy: str | None = None  # a live transaction holds the host lock (who, why)
+
+    @property
+    def report_file(self) -> str | None:
+        return self.report.file if self.report is not None else None
+
+    @classmethod
+    def from_probe(cls, probe: HostProbe) -> HostFacts:
+        return cls(state=probe.state, ledger_count=probe.ledger_count,
+                   ledger=probe.ledger_tail, reports=probe.report_files,
+                   report=probe.newest_report, busy=probe.busy)
 
 
 @dataclass(frozen=True)
@@ -158,16 +165,8 @@ def gate_of(
     ``state.json`` (the swap transaction's record), else a changed top-level ``gate``.
     """
     report = after.report
-    if report is not None and (before is None or after.report_file not in set(before.reports)):
-        checks = report.get("checks") or []
-        failed = tuple(str(c.get("name")) for c in checks if c.get("status") == "fail")
-        counts = report.get("summary") or {}
-        total = sum(int(v) for v in counts.values() if isinstance(v, int)) or len(checks)
-        if failed:
-            text = f"fail: {len(failed)} of {total} checks failed ({', '.join(failed)})"
-        else:
-            text = f"pass {counts.get('pass', total)}/{total}"
-        return text, failed, after.report_file
+    if report is not None and (before is None or report.file not in set(before.reports)):
+        return report.text, report.failed, report.file
     swap = fresh_swap(before, after)
     old_gate = before.state.get("gate") if before is not None else None
     for source in (swap.get("gate"), after.state.get("gate")):
@@ -361,67 +360,6 @@ def _event_text(label: str, o: HostOutcome) -> str:
 
 # --- the real runner -------------------------------------------------------------------------
 
-# Stdlib only, Python >= 3.8, as root: what the host recorded about itself.
-FACTS_SCRIPT = r"""
-import glob, json, os, sys
-D = "/var/lib/rigfleet"
-def load(p):
-    try:
-        with open(p) as f:
-            return json.load(f)
-    except Exception:
-        return None
-out = {"state": load(D + "/state.json") or {}, "ledger": [], "ledger_count": 0}
-try:
-    with open(D + "/ledger.jsonl") as f:
-        lines = [l for l in f.read().splitlines() if l.strip()]
-    out["ledger_count"] = len(lines)
-    for l in lines[-10:]:
-        try:
-            out["ledger"].append(json.loads(l))
-        except ValueError:
-            pass
-except OSError:
-    pass
-files = sorted(glob.glob(D + "/reports/**/*.json", recursive=True), key=os.path.getmtime)
-out["reports"] = [os.path.relpath(p, D + "/reports") for p in files]
-out["report"] = out["report_file"] = None
-for p in reversed(files[-20:]):
-    data = load(p)
-    if isinstance(data, dict) and data.get("schema") == "rigfleet-verify/1":
-        out["report"], out["report_file"] = data, os.path.relpath(p, D + "/reports")
-        break
-out["busy"] = None
-holder = load(D + "/lock/holder.json") if os.path.isdir(D + "/lock") else None
-if isinstance(holder, dict):
-    try:
-        pid = int(holder.get("pid") or 0)
-        if pid <= 0:
-            raise ValueError(pid)
-        os.kill(pid, 0)
-        out["busy"] = "%s since %s: %s" % (holder.get("who"), holder.get("since"),
-                                           holder.get("why"))
-    except (OSError, ValueError, TypeError):
-        pass
-print(json.dumps(out))
-"""
-
-
-def parse_facts(text: str) -> HostFacts:
-    """``FACTS_SCRIPT``'s last output line as ``HostFacts`` (ValueError when it is not JSON)."""
-    data = json.loads(text.strip().splitlines()[-1])
-    state = data.get("state")
-    return HostFacts(
-        state=state if isinstance(state, dict) else {},
-        ledger_count=int(data.get("ledger_count") or 0),
-        ledger=tuple(e for e in data.get("ledger") or [] if isinstance(e, dict)),
-        reports=tuple(data.get("reports") or []),
-        report=data.get("report") if isinstance(data.get("report"), dict) else None,
-        report_file=data.get("report_file"),
-        busy=data.get("busy") or None,
-    )
-
-
 def pyinfra_json(stdout: str) -> dict[str, Any] | None:
     """pyinfra's ``--json`` payload (the last JSON object on stdout), or None."""
     start = stdout.find("{")
@@ -492,14 +430,7 @@ class PyinfraRunner:
         return dict(zip(hosts, answers, strict=True))
 
     def facts(self, host: str) -> HostFacts:
-        rc, out = self.remote.run(self.hosts[host], "python3 -", stdin=FACTS_SCRIPT.encode(),
-                                  timeout=60)  # fmt: skip
-        try:
-            return parse_facts(out)
-        except (ValueError, IndexError):
-            raise HostUnreachable(
-                f"{host}: cannot read its state (exit {rc}): {out.strip()[-300:]}"
-            ) from None
+        return HostFacts.from_probe(run_probe(self.remote, self.hosts[host], full=True))
 
     def deploy(
         self,

@@ -20,13 +20,13 @@ import shlex
 from dataclasses import dataclass
 
 from rigfleet.bump.candidate import Candidate
-from rigfleet.bump.remote import Remote
 from rigfleet.commands import docker as docker_commands
 from rigfleet.errors import RigfleetError
+from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import InventoryHost
+from rigfleet.ssh import Remote
 
-# Same directory as roles/stacks.py VERSION_CACHE_DIR (roles import pyinfra; we do not).
-VERSION_CACHE_DIR = "/var/lib/rigfleet/vllm-versions"
+VERSION_CACHE_DIR = str(HOST.version_cache_dir)
 
 
 class VersionError(RigfleetError, RuntimeError):
@@ -43,7 +43,7 @@ class VersionProbe:
 def probe_script(candidate: Candidate, pull: bool) -> str:
     """The host-side shell script; prints ``key=value`` lines (``parse_probe`` reads them)."""
     local = shlex.quote(f"{candidate.repository}@{candidate.digest}")
-    cache = shlex.quote(f"{VERSION_CACHE_DIR}/{candidate.digest.removeprefix('sha256:')}")
+    cache = shlex.quote(str(HOST.version_cache(candidate.digest)))
     lines = [
         f"if [ -s {cache} ]; then echo source=cache; echo version=$(cat {cache}); exit 0; fi",
         f"if docker image inspect {local} >/dev/null 2>&1; then echo source=image; else",

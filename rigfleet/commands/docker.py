@@ -1,16 +1,17 @@
-"""Docker and Compose commands: images by digest, compose projects, container state.
+"""Docker and Compose commands the deploy sends (images by digest, compose checks).
+
+Starting and stopping stacks is the host-side tool's job (``rigfleet.hostside.stackctl``).
 
 Example::
 
     from rigfleet.commands import docker
 
-    docker.compose_up("/opt/rigfleet/stacks/int8/compose.yaml", "rigfleet-int8")
-    # 'docker compose -p rigfleet-int8 -f /opt/rigfleet/stacks/int8/compose.yaml up -d ...'
+    docker.pull("vllm/vllm-openai:v0.27.1@sha256:...")
+    # 'docker pull --quiet vllm/vllm-openai:v0.27.1@sha256:...'
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 
 
@@ -21,35 +22,6 @@ def _compose(file: str, project: str) -> str:
 def compose_config_check(file: str, project: str) -> str:
     """Validate a compose file (``config -q``: parse, interpolate, print nothing)."""
     return f"{_compose(file, project)} config -q"
-
-
-def compose_up(file: str, project: str) -> str:
-    """Start (or recreate when its config hash changed) the project's services, detached."""
-    return f"{_compose(file, project)} up -d --remove-orphans --quiet-pull"
-
-
-def compose_down(file: str, project: str) -> str:
-    """Stop and remove the project's containers (``down``, never ``stop``: Genesis patches
-    the container's writable layer, and a stopped-then-started container re-patches)."""
-    return f"{_compose(file, project)} down --remove-orphans"
-
-
-def container_label(container: str, label: str) -> str:
-    """Fact command: ``<status> <label value>`` of a container, or nothing when absent."""
-    fmt = "{{.State.Status}} {{index .Config.Labels " + json.dumps(label) + "}}"
-    return (
-        f"docker inspect --type container --format {shlex.quote(fmt)} "
-        f"{shlex.quote(container)} 2>/dev/null || true"
-    )
-
-
-def container_status(container: str) -> str:
-    """Fact command: ``<status> <exit-code> <restart-count>`` or nothing."""
-    fmt = "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}"
-    return (
-        f"docker inspect --type container --format {shlex.quote(fmt)} "
-        f"{shlex.quote(container)} 2>/dev/null || true"
-    )
 
 
 def image_repo_digests(ref: str) -> str:

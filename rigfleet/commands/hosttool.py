@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 
-from rigfleet.hostside.layout import BUNDLE_PATH, Layout
+from rigfleet.hostside.layout import BUNDLE_PATH, HOST
 
 PYZ = BUNDLE_PATH
 PYTHON = "/usr/bin/python3"
 STACK_UNIT = "rigfleet-stack.service"
-_PROBE_SOURCE = Path(__file__).resolve().parent.parent / "hostside" / "probe.py"
-_LAYOUT = Layout()
+# What the probe prints on a host the deploy has not reached yet (no bundle, no records).
+BARE_PROBE = '{"schema": "rigfleet-probe/1", "bare": true}'
 
 
 def tool(*args: str) -> str:
@@ -28,11 +27,11 @@ def tool(*args: str) -> str:
 
 
 def swap_dir(swap_id: str) -> str:
-    return str(_LAYOUT.swap_dir(swap_id))
+    return str(HOST.swap_dir(swap_id))
 
 
 def plan_path(swap_id: str) -> str:
-    return f"{swap_dir(swap_id)}/plan.json"
+    return str(HOST.plan_file(swap_id))
 
 
 def unit_name(swap_id: str) -> str:
@@ -65,14 +64,23 @@ def ensure(front_port: int, who: str) -> str:
                 "--why", "deploy: the active stack is not serving")
 
 
-def probe(lock_only: bool = False) -> str:
-    """Fact command: the probe's JSON, without needing the bundle (its source travels)."""
-    src = _PROBE_SOURCE.read_text()
-    flag = " --lock-only" if lock_only else ""
-    return (
-        f"if command -v python3 >/dev/null 2>&1; then python3 -c {shlex.quote(src)}{flag}; "
-        "else echo '{}'; fi"
-    )
+def probe(full: bool = False, model_path: str | None = None,
+          front_port: int | None = None) -> str:
+    """The host probe (``rigfleet-host.pyz probe``): one JSON object; on a host without the
+    tool (not deployed yet) ``BARE_PROBE``, since such a host has no records to read.
+
+    + full: the sections status and the bump read (``--full``)
+    + model_path, front_port: what ``--full`` checks
+    """
+    args = ["probe"]
+    if full:
+        args.append("--full")
+        if model_path:
+            args += ["--model-path", model_path]
+        if front_port:
+            args += ["--front-port", str(int(front_port))]
+    return (f"if [ -f {shlex.quote(PYZ)} ]; then {tool(*args)}; "
+            f"else echo {shlex.quote(BARE_PROBE)}; fi")
 
 
 def record(tracked: dict, config_hash: str, by: str, deploy_id: str, host: str) -> str:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import shlex
 from urllib.parse import urlsplit
 
-HF_VENV = "/opt/rigfleet/hf-venv"
-SCRIPT_DIR = "/usr/local/lib/rigfleet"
-FETCH_SCRIPT = f"{SCRIPT_DIR}/rigfleet-fetch-weights.py"
-HF_TOKEN_FILE = "/etc/rigfleet/secrets/hf-token"
-LOCK_DIR = "/var/lib/rigfleet/locks"
+from rigfleet.hostside.layout import HOST
+
+HF_VENV = str(HOST.hf_venv)
+FETCH_SCRIPT = str(HOST.script("rigfleet-fetch-weights.py"))
+HF_TOKEN_FILE = str(HOST.hf_token_file)
+LOCK_DIR = str(HOST.locks_dir)
 
 
 def venv_install(version: str, index_url: str | None = None) -> str:

@@ -7,7 +7,7 @@
     python3 rigfleet-host.pyz adopt --plan FILE                   # record a stack already serving
     python3 rigfleet-host.pyz record --json J --config-hash H     # pins changed without a swap
     python3 rigfleet-host.pyz lock [--json]                       # who holds the host lock
-    python3 rigfleet-host.pyz probe                               # JSON for the deploy's facts
+    python3 rigfleet-host.pyz probe [--full ...]                  # the host's state as JSON
     python3 rigfleet-host.pyz verify --url URL ...                # the verify-stress gate
 
 ``swap`` is started by the deploy as a transient unit (``systemd-run --unit
@@ -28,23 +28,19 @@ from pathlib import Path
 from typing import Any
 
 from . import ledger
+from .active import read_active, record_pins
+from .ensure import Ensure, adopt, shutdown
 from .front import Front
 from .gate import GateRun, run_gate
 from .journal import Journal
 from .layout import Layout
 from .lock import LockHeld, describe
 from .plan import Plan, PlanError
-from .probe import probe, read_holder
+from .probe import probe
+from .records import read_holder
 from .stackctl import SystemOps, http_request, read_api_key, run_cmd
-from .swap import (
-    EXIT_BAD_PLAN,
-    Ensure,
-    Transaction,
-    adopt,
-    read_active,
-    record_pins,
-    shutdown,
-)
+from .steps import EXIT_BAD_PLAN
+from .transaction import Transaction
 
 
 class _Stop:
@@ -194,7 +190,8 @@ def cmd_lock(args: argparse.Namespace, lay: Layout) -> int:
 
 
 def cmd_probe(args: argparse.Namespace, lay: Layout) -> int:
-    print(json.dumps(probe(lay.root), sort_keys=True))
+    print(json.dumps(probe(lay, full=args.full, model_path=args.model_path,
+                           front_port=args.front_port), sort_keys=True))
     return 0
 
 
@@ -230,7 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     lk = sub.add_parser("lock", help="who holds the host lock")
     lk.add_argument("--json", action="store_true")
     lk.set_defaults(func=cmd_lock)
-    sub.add_parser("probe", help="JSON for the deploy").set_defaults(func=cmd_probe)
+    pr = sub.add_parser("probe", help="the host's state as one JSON object (the deploy's facts, "
+                        "rigfleet status, the bump)")
+    pr.add_argument("--json", action="store_true", help="(the default; kept for readability)")
+    pr.add_argument("--full", action="store_true",
+                    help="add ledger, reports, GPUs, Genesis, weights and front sections")
+    pr.add_argument("--model-path", help="the weights directory to check (--full)")
+    pr.add_argument("--front-port", type=int, help="the front's port to ask (--full)")
+    pr.set_defaults(func=cmd_probe)
     sub.add_parser("verify", add_help=False, help="the verify-stress gate (its own --help)")
     return p
 

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .layout import Layout
+from .layout import ROUTE_MARK, Layout
 from .plan import StackRef
-from .probe import ROUTE_MARK, route
+from .records import route
 
 ROUTE_HEADER = "X-Rigfleet-Route"
 MAINTENANCE = "maintenance"

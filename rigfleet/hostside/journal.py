@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from .probe import boot_id, holder_alive, pid_start_ticks
+from .records import boot_id, holder_alive, pid_start_ticks
 
 # Without any event for this long after the plan was written, the transaction never started.
 START_GRACE_S = 60.0

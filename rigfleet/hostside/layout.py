@@ -1,12 +1,31 @@
-"""Where the host-side tool keeps its state: one ``Layout`` per filesystem root.
+"""Every path rigfleet keeps on a host, in one place: ``Layout``, one per filesystem root.
 
-Every path the transaction, the lock, the ledger and the front touch comes from here, so the
-unit tests run the real code against a temporary directory (``Layout(tmp_path)``) and the
-hosts against ``/``::
+This is the only module that spells rigfleet's host directories. The host-side tool, the
+roles, ``rigfleet status``, the bump and the host checks all take their paths from here, so a
+path is renamed once and the unit tests run the real code against a temporary directory
+(``Layout(tmp_path)``) while hosts use ``/`` (``HOST``)::
 
-    lay = Layout()                      # root "/"
-    lay.lock_dir                        # /var/lib/rigfleet/lock
-    lay.swap_dir("20261129T101500Z-1a2b3c")
+    from rigfleet.hostside.layout import HOST, Layout
+
+    HOST.lock_dir                      # PosixPath('/var/lib/rigfleet/lock')
+    HOST.compose_file("int8")          # PosixPath('/opt/rigfleet/stacks/int8/compose.yaml')
+    Layout(tmp_path).state_file        # tmp_path / 'var/lib/rigfleet/state.json'
+
+Stdlib only: it ships inside the host-side bundle.
+
+Where each record lives (the schemas are in ``rigfleet.hostside.records``):
+
+- ``/var/lib/rigfleet``: ``state.json`` (what serves and its pins), ``ledger.jsonl`` (one
+  line per change), ``active/`` (the snapshot of the verified stack), ``lock/holder.json``
+  (the host lock), ``swap/<id>/`` (one transaction's plan, journal and result), ``reports/``
+  (gate reports), ``locks/`` (flock files of long host jobs), ``vllm-versions/`` (an image's
+  vLLM version, cached by digest);
+- ``/opt/rigfleet``: ``stacks/<stack>/compose.yaml`` (staged compose projects), ``genesis``
+  (the Genesis checkout), ``genesis-trees/<commit>`` (immutable exports the stacks mount),
+  ``hf-venv`` (huggingface_hub for the weight fetcher);
+- ``/etc/rigfleet/secrets``: root-only secrets (the API key in three shapes, the HF token);
+- ``/var/cache/rigfleet/<stack>``: per-stack compile caches (never shared between stacks);
+- ``/usr/local/lib/rigfleet``: the host-side bundle and helper scripts.
 """
 
 from __future__ import annotations
@@ -14,10 +33,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+STATE_ROOT = "/var/lib/rigfleet"
+OPT_ROOT = "/opt/rigfleet"
+ETC_ROOT = "/etc/rigfleet"
+CACHE_ROOT = "/var/cache/rigfleet"
+LIB_ROOT = "/usr/local/lib/rigfleet"
+
+BUNDLE_NAME = "rigfleet-host.pyz"
 # The zipapp's place on a host (roles/swap.py uploads it there).
-BUNDLE_PATH = "/usr/local/lib/rigfleet/rigfleet-host.pyz"
+BUNDLE_PATH = f"{LIB_ROOT}/{BUNDLE_NAME}"
 CONFIG_HASH_LABEL = "io.rigfleet.config-hash"
 STACK_LABEL = "io.rigfleet.stack"
+# The first line of the front's route include: "# rigfleet route: <stack>/<config hash>".
+ROUTE_MARK = "# rigfleet route: "
+# Written next to verified weights by the fetcher (files/rigfleet-fetch-weights.py).
+MANIFEST_NAME = ".rigfleet-manifest.json"
 
 
 @dataclass(frozen=True)
@@ -29,9 +59,11 @@ class Layout:
     def _p(self, path: str) -> Path:
         return self.root / path.lstrip("/")
 
+    # --- /var/lib/rigfleet: records ------------------------------------------------------
+
     @property
     def state_dir(self) -> Path:
-        return self._p("/var/lib/rigfleet")
+        return self._p(STATE_ROOT)
 
     @property
     def lock_dir(self) -> Path:
@@ -68,10 +100,119 @@ class Layout:
         """One transaction: ``plan.json``, ``events.jsonl``, ``result.json``, kept logs."""
         return self.swaps_dir / swap_id
 
+    def plan_file(self, swap_id: str) -> Path:
+        return self.swap_dir(swap_id) / "plan.json"
+
     @property
     def reports_dir(self) -> Path:
         """Gate reports (``verify-<ts>.json`` / ``.md``), flat, as ``rigfleet status`` reads."""
         return self.state_dir / "reports"
+
+    @property
+    def locks_dir(self) -> Path:
+        """``flock`` files of long host jobs (the weight fetcher)."""
+        return self.state_dir / "locks"
+
+    @property
+    def version_cache_dir(self) -> Path:
+        return self.state_dir / "vllm-versions"
+
+    def version_cache(self, digest: str) -> Path:
+        """Where an image's vLLM version is cached, keyed by its (immutable) digest."""
+        return self.version_cache_dir / digest.removeprefix("sha256:")
+
+    # --- /opt/rigfleet: what the deploy stages ---------------------------------------------
+
+    @property
+    def opt_dir(self) -> Path:
+        return self._p(OPT_ROOT)
+
+    @property
+    def stacks_dir(self) -> Path:
+        return self.opt_dir / "stacks"
+
+    def stack_dir(self, stack: str) -> Path:
+        """The compose project directory of ``stack``."""
+        return self.stacks_dir / stack
+
+    def compose_file(self, stack: str) -> Path:
+        """The staged compose file of ``stack``."""
+        return self.stack_dir(stack) / "compose.yaml"
+
+    @property
+    def genesis_checkout(self) -> Path:
+        """The Genesis git checkout (HEAD = the pin); never mounted into a container."""
+        return self.opt_dir / "genesis"
+
+    @property
+    def genesis_trees_dir(self) -> Path:
+        return self.opt_dir / "genesis-trees"
+
+    def genesis_tree(self, commit: str) -> Path:
+        """The immutable export of Genesis ``commit`` (what a stack mounts): a pin bump checks
+        out a new commit, and a rollback restarts a snapshot that still names the old tree."""
+        return self.genesis_trees_dir / commit
+
+    @property
+    def hf_venv(self) -> Path:
+        """The virtual environment with the pinned huggingface_hub (the weight fetcher's)."""
+        return self.opt_dir / "hf-venv"
+
+    # --- /etc/rigfleet: secrets ----------------------------------------------------------------
+
+    @property
+    def etc_dir(self) -> Path:
+        return self._p(ETC_ROOT)
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.etc_dir / "secrets"
+
+    @property
+    def api_key_file(self) -> Path:
+        """The API key alone (root 0600), for the gate and the host's own probes."""
+        return self.secrets_dir / "api-key"
+
+    @property
+    def vllm_env_file(self) -> Path:
+        """``VLLM_API_KEY=...``: the stacks' ``env_file``."""
+        return self.secrets_dir / "vllm.env"
+
+    @property
+    def auth_header_file(self) -> Path:
+        """``Authorization: Bearer ...``: for probes that send a header line."""
+        return self.secrets_dir / "api-auth-header"
+
+    @property
+    def hf_token_file(self) -> Path:
+        return self.secrets_dir / "hf-token"
+
+    # --- /var/cache/rigfleet: compile caches ---------------------------------------------------
+
+    @property
+    def cache_dir(self) -> Path:
+        return self._p(CACHE_ROOT)
+
+    def stack_cache_dir(self, stack: str) -> Path:
+        """One stack's compile caches: vLLM's AOT cache key ignores the GPU architecture and
+        the quantisation kernel (club-3090 #548), so caches are never shared between stacks."""
+        return self.cache_dir / stack
+
+    # --- /usr/local/lib/rigfleet: programs ------------------------------------------------------
+
+    @property
+    def lib_dir(self) -> Path:
+        return self._p(LIB_ROOT)
+
+    @property
+    def bundle(self) -> Path:
+        return self.lib_dir / BUNDLE_NAME
+
+    def script(self, name: str) -> Path:
+        """A helper script the deploy installs (``rigfleet-fetch-weights.py``, ...)."""
+        return self.lib_dir / name
+
+    # --- the front (nginx) -------------------------------------------------------------------------
 
     @property
     def front_dir(self) -> Path:
@@ -82,15 +223,6 @@ class Layout:
         """The include the front's ``location /`` ends with: proxy to a stack, or 503."""
         return self.front_dir / "route.conf"
 
-    @property
-    def api_key_file(self) -> Path:
-        """The API key alone (root 0600), for the gate and the host's own probes."""
-        return self._p("/etc/rigfleet/secrets/api-key")
 
-    @property
-    def vllm_env_file(self) -> Path:
-        return self._p("/etc/rigfleet/secrets/vllm.env")
-
-    @property
-    def bundle(self) -> Path:
-        return self._p(BUNDLE_PATH)
+# The host itself: what the control side names in commands and uploads.
+HOST = Layout()

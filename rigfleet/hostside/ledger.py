@@ -30,12 +30,8 @@ from typing import Any
 
 from .layout import Layout
 from .plan import StackRef
-
-# The keys ``roles/ledger.py`` and ``rigfleet status`` compare (rigfleet.status.TRACKED_KEYS).
-TRACKED_KEYS = (
-    "stack", "image", "digest", "vllm_version", "genesis_commit", "model_repo",
-    "model_revision", "driver_branch", "toolkit_version", "pins_serial",
-)  # fmt: skip
+from .records import TRACKED_KEYS, ledger_tail
+from .records import read_state as _read_state_file
 
 
 def now_iso() -> str:
@@ -54,11 +50,7 @@ def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
 
 def read_state(lay: Layout) -> dict[str, Any]:
     """``state.json`` as a dict ({} when missing or unreadable)."""
-    try:
-        data = json.loads(lay.state_file.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return _read_state_file(lay.state_file)
 
 
 def write_state(lay: Layout, state: dict[str, Any]) -> None:
@@ -122,14 +114,4 @@ def append(lay: Layout, line: dict[str, Any]) -> None:
 
 def tail(lay: Layout, n: int = 10) -> list[dict[str, Any]]:
     """The last ``n`` parseable lines, oldest first."""
-    try:
-        lines = lay.ledger_file.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines[-n:]:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return ledger_tail(lay.ledger_file, n)[0]

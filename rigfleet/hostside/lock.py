@@ -1,6 +1,6 @@
 """The host lock: one transaction (swap, adopt, boot-time ensure) at a time, and who has it.
 
-Taking the lock is ``mkdir /var/lib/rigfleet/lock`` (atomic), then writing ``holder.json``
+Taking the lock is ``mkdir`` of ``Layout.lock_dir`` (atomic), then writing ``holder.json``
 inside: who (``user@control-host``), why, since, the deploy id, and the holder's pid with its
 start time and the boot id, so a lock whose process is gone (killed, rebooted) is *stale* and
 is taken over, with a message, instead of blocking the host forever::
@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from .layout import Layout
-from .probe import boot_id, pid_start_ticks, read_holder
+from .records import boot_id, describe, pid_start_ticks, read_holder
+
+__all__ = ["HostLock", "LockHeld", "describe"]
 
 
 class LockHeld(Exception):
@@ -38,21 +40,13 @@ class LockHeld(Exception):
         super().__init__(describe(holder))
 
 
-def describe(holder: dict[str, Any]) -> str:
-    """One line about a holder, for refusals and takeovers."""
-    where = f"pid {holder.get('pid')}" + (f" on {holder['host']}" if holder.get("host") else "")
-    deploy = f", deploy {holder['deploy_id']}" if holder.get("deploy_id") else ""
-    return (f"locked by {holder.get('who') or 'unknown'} since {holder.get('since') or '?'} "
-            f"({where}{deploy}): {holder.get('why') or 'no reason given'}")
-
-
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass
 class HostLock:
-    """``/var/lib/rigfleet/lock`` below ``layout``'s root, held by this process."""
+    """``layout.lock_dir``, held by this process."""
 
     layout: Layout
     pid: int = 0  # 0: this process

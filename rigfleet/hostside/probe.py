@@ -1,114 +1,67 @@
-"""What the deploy needs to know about a host's serving state, in one round trip.
+"""The host probe: everything the control side learns about a host outside a pyinfra fact, in
+one round trip, as one JSON object (``rigfleet-host.pyz probe``).
 
-Self-contained on purpose (stdlib, no package imports): the control side sends this file's
-source as ``python3 -c <source>`` (``rigfleet.swapfacts.SwapProbe``), so it works before the
-host-side bundle is installed, and the bundle's own lock code uses the same liveness rules::
+    python3 rigfleet-host.pyz probe                     # the deploy's facts: swap state, lock
+    python3 rigfleet-host.pyz probe --full --model-path /srv/models/qwen \\
+        --front-port 8000                               # rigfleet status, the bump, reports
 
-    python3 -c "$(cat probe.py)"            # prints one JSON object
-    python3 rigfleet-host.pyz probe          # the same, from the bundle
+Basic output (the deploy's ``SwapProbe`` fact; every part catches its own failure, absence
+is data)::
 
-Output::
-
-    {"active": {...active.json...} | null, "state": {...state.json...} | null,
+    {"schema": "rigfleet-probe/1", "active": {...active.json...} | null,
+     "state": {...state.json...} | null, "state_error": null | "missing" | "...",
      "lock": {"who", "why", "since", "pid", "deploy_id", "alive": bool, ...} | null,
      "containers": {"rigfleet-int8": {"status", "stack", "hash", "created", "image",
-                                      "digests": ["sha256:..."]}},
+                                      "image_id", "digests": ["sha256:..."], "started_at",
+                                      "restarts"}},
      "route": "int8/0123abcd..." | "maintenance" | null, "bundle": "<sha256>" | null}
+
+``--full`` adds ``ledger`` ({"tail", "count", "error"}), ``reports`` ({"files", "newest"}),
+``gpu`` (nvidia-smi's query output), ``caps_unit_enabled``, ``genesis`` (the checkout's HEAD
+and origin), ``manifest`` (the weights checked against their manifest by size and mtime) and
+``front`` (what the front answers with and without the API key).
+
+Readers of the records live in ``rigfleet.hostside.records``; this module only gathers.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
-import sys
-import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-# A lock directory without holder.json is being written; older than this it was abandoned.
-HALF_WRITTEN_LOCK_S = 30.0
-ROUTE_MARK = "# rigfleet route: "
+from .layout import CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_LABEL, Layout
+from .records import ledger_tail, read_holder, read_json, reports, route
+
+SCHEMA = "rigfleet-probe/1"
+# What rigfleet status compares (power caps, driver, persistence).
+GPU_FIELDS = ("index", "driver_version", "power.limit", "persistence_mode")
+POWER_CAPS_UNIT = "rigfleet-power-caps.service"
 
 
-def boot_id() -> str:
-    """The kernel's boot id: a pid from another boot is never alive."""
+def _run(cmd: list[str], timeout: float = 30) -> tuple[int, str, str]:
     try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def pid_start_ticks(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time since boot): tells a reused pid apart."""
-    try:
-        text = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = text.rpartition(")")[2].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def holder_alive(holder: dict[str, Any]) -> bool:
-    """True while the process that took the lock still runs (same boot, same pid start)."""
-    if holder.get("boot_id") and holder.get("boot_id") != boot_id():
-        return False
-    pid = holder.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    start = pid_start_ticks(pid)
-    if start is None:
-        return False
-    return holder.get("pid_start") in (None, start)
-
-
-def read_holder(lock_dir: Path) -> dict[str, Any] | None:
-    """The lock's ``holder.json`` plus ``alive``; None when nobody holds the lock."""
-    if not lock_dir.is_dir():
-        return None
-    try:
-        holder = json.loads((lock_dir / "holder.json").read_text())
-        if not isinstance(holder, dict):
-            raise ValueError("not an object")
-    except (OSError, ValueError):
-        # Between mkdir and writing holder.json, or a holder killed right there.
-        try:
-            age = time.time() - lock_dir.stat().st_mtime
-        except OSError:
-            return None
-        return {"who": "unknown", "why": "lock being taken", "since": None, "pid": None,
-                "alive": age < HALF_WRITTEN_LOCK_S, "half_written": True}
-    holder["alive"] = holder_alive(holder)
-    return holder
-
-
-def _json_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _docker(*args: str) -> str:
-    try:
-        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=30,
-                              check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        return p.returncode, p.stdout, p.stderr.strip()
+    except OSError as e:
+        return 127, "", str(e)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout}s"
 
 
 def containers() -> dict[str, dict[str, Any]]:
     """Every container carrying the ``io.rigfleet.stack`` label or a ``rigfleet-`` name (one
     started by hand under a stack's name counts too), by name, with the image it runs: the
     reference it was created from and that image's repo digests."""
-    fmt = ('{{.Names}}\t{{.State}}\t{{.Label "io.rigfleet.stack"}}\t'
-           '{{.Label "io.rigfleet.config-hash"}}\t{{.CreatedAt}}')
+    fmt = (f'{{{{.Names}}}}\t{{{{.State}}}}\t{{{{.Label "{STACK_LABEL}"}}}}\t'
+           f'{{{{.Label "{CONFIG_HASH_LABEL}"}}}}\t{{{{.CreatedAt}}}}')
     found: dict[str, dict[str, Any]] = {}
-    for line in _docker("ps", "-a", "--format", fmt).splitlines():
+    for line in _run(["docker", "ps", "-a", "--format", fmt])[1].splitlines():
         parts = line.split("\t")
         if len(parts) == 5 and (parts[2] or parts[0].startswith("rigfleet-")):
             found[parts[0]] = {"status": parts[1], "stack": parts[2], "hash": parts[3],
@@ -116,15 +69,18 @@ def containers() -> dict[str, dict[str, Any]]:
     if not found:
         return found
     images: dict[str, str] = {}
-    for line in _docker("inspect", "--type", "container", "--format",
-                        "{{.Name}}\t{{.Config.Image}}\t{{.Image}}", *found).splitlines():
+    fmt = "{{.Name}}\t{{.Config.Image}}\t{{.Image}}\t{{.State.StartedAt}}\t{{.RestartCount}}"
+    for line in _run(["docker", "inspect", "--type", "container", "--format", fmt,
+                      *found])[1].splitlines():
         parts = line.split("\t")
-        if len(parts) == 3 and parts[0].lstrip("/") in found:
-            found[parts[0].lstrip("/")]["image"] = parts[1]
-            images[parts[0].lstrip("/")] = parts[2]
+        name = parts[0].lstrip("/") if parts else ""
+        if len(parts) == 5 and name in found:
+            found[name].update(image=parts[1], image_id=parts[2], started_at=parts[3],
+                               restarts=int(parts[4]) if parts[4].isdigit() else None)
+            images[name] = parts[2]
     digests: dict[str, list[str]] = {}
-    for line in _docker("image", "inspect", "--format", "{{.Id}}\t{{json .RepoDigests}}",
-                        *sorted(set(images.values()))).splitlines():
+    for line in _run(["docker", "image", "inspect", "--format", "{{.Id}}\t{{json .RepoDigests}}",
+                      *sorted(set(images.values()))])[1].splitlines():
         image_id, _, text = line.partition("\t")
         try:
             digests[image_id] = [str(d).rpartition("@")[2] for d in json.loads(text)]
@@ -135,15 +91,6 @@ def containers() -> dict[str, dict[str, Any]]:
     return found
 
 
-def route(path: Path) -> str | None:
-    """The front's current route id, from the first line of ``route.conf``."""
-    try:
-        first = path.read_text().splitlines()[0]
-    except (OSError, IndexError):
-        return None
-    return first[len(ROUTE_MARK):].strip() if first.startswith(ROUTE_MARK) else None
-
-
 def file_sha256(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -151,27 +98,114 @@ def file_sha256(path: Path) -> str | None:
         return None
 
 
-def probe(root: Path = Path("/")) -> dict[str, Any]:
-    """Everything above, as one dict (see the module docstring)."""
-    state = root / "var/lib/rigfleet"
-    return {
-        "active": _json_file(state / "active" / "active.json"),
-        "state": _json_file(state / "state.json"),
-        "lock": read_holder(state / "lock"),
+def manifest(model_path: Path) -> dict[str, Any]:
+    """The weights against the manifest the fetcher wrote when it verified them: every file
+    there, with the size and mtime it had then (no hashing: status stays quick)."""
+    m, err = read_json(model_path / MANIFEST_NAME)
+    if not isinstance(m, dict):
+        return {"error": err or "not an object"}
+    reason = "matches manifest"
+    files = m.get("files") if isinstance(m.get("files"), dict) else {}
+    if not files:
+        reason = "manifest lists no files"
+    for name in sorted(files):
+        meta = files[name] if isinstance(files[name], dict) else {}
+        try:
+            st = os.stat(model_path / name)
+        except OSError:
+            reason = f"{name} is missing"
+            break
+        if st.st_size != meta.get("size"):
+            reason = f"{name} has {st.st_size} bytes, manifest says {meta.get('size')}"
+            break
+        if abs(st.st_mtime - float(meta.get("mtime", 0))) > 0.001:
+            reason = f"{name} was modified after it was verified"
+            break
+    return {"repo": m.get("repo"), "revision": m.get("revision"),
+            "intact": reason == "matches manifest", "reason": reason}
+
+
+def _get(url: str, header: str | None = None) -> tuple[int | None, str]:
+    req = urllib.request.Request(url)
+    if header:
+        k, _, v = header.partition(":")
+        req.add_header(k.strip(), v.strip())
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:  # noqa: S310 - loopback only
+            return r.status, r.read(65536).decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except Exception as e:  # any failure to answer is the answer
+        return None, f"{type(e).__name__}: {e}"
+
+
+def front(lay: Layout, port: int) -> dict[str, Any]:
+    """What the front on ``port`` answers for ``/v1/models`` without and with the API key."""
+    base = f"http://127.0.0.1:{port}/v1/models"
+    out: dict[str, Any] = {}
+    out["no_key"], _ = _get(base)
+    try:
+        header = lay.auth_header_file.read_text().strip()
+    except OSError as e:
+        out["error"] = f"cannot read {lay.auth_header_file} ({e.strerror})"
+        return out
+    code, body = _get(base, header)
+    out["with_key"] = code
+    try:
+        out["models"] = [str(x.get("id")) for x in json.loads(body).get("data", [])]
+    except (ValueError, AttributeError):
+        out["models"] = []
+        if code is None:
+            out["error"] = body
+    return out
+
+
+def genesis(lay: Layout) -> dict[str, Any] | None:
+    """The Genesis checkout's HEAD and origin (None: no checkout)."""
+    g = lay.genesis_checkout
+    if not g.is_dir():
+        return None
+    git = ["git", "-c", "safe.directory=*", "-C", str(g)]
+    rc, head, err = _run([*git, "rev-parse", "--verify", "-q", "HEAD"])
+    _, origin, _ = _run([*git, "remote", "get-url", "origin"])
+    return {"head": head.strip() or None, "origin": origin.strip() or None,
+            "error": err[-300:] if rc else None}
+
+
+def probe(lay: Layout, full: bool = False, model_path: str | None = None,
+          front_port: int | None = None) -> dict[str, Any]:
+    """Everything above, as one dict (see the module docstring).
+
+    + lay: the host's layout (``Layout()`` on a host)
+    + full: add the sections status and the bump read
+    + model_path: the weights directory the inventory expects (``--full``)
+    + front_port: the front's port (``--full``)
+    """
+    state, state_error = read_json(lay.state_file)
+    active, _ = read_json(lay.active_json)
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "active": active,
+        "state": state if isinstance(state, dict) else None,
+        "state_error": state_error if state_error else (
+            None if isinstance(state, dict) else "not an object"),
+        "lock": read_holder(lay.lock_dir),
         "containers": containers(),
-        "route": route(root / "etc/nginx/rigfleet/route.conf"),
-        "bundle": file_sha256(root / "usr/local/lib/rigfleet/rigfleet-host.pyz"),
+        "route": route(lay.front_route),
+        "bundle": file_sha256(lay.bundle),
     }
-
-
-def main(argv: list[str]) -> int:
-    root = Path(argv[argv.index("--root") + 1]) if "--root" in argv else Path("/")
-    if "--lock-only" in argv:  # preflight's question: is a live transaction running?
-        print(json.dumps({"lock": read_holder(root / "var/lib/rigfleet/lock")}, sort_keys=True))
-    else:
-        print(json.dumps(probe(root), sort_keys=True))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    if not full:
+        return out
+    tail, count, problem = ledger_tail(lay.ledger_file)
+    out["ledger"] = {"tail": tail, "count": count, "error": problem}
+    files, newest = reports(lay.reports_dir)
+    out["reports"] = {"files": files, "newest": newest.to_dict() if newest else None}
+    rc, so, se = _run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS),
+                       "--format=csv,noheader,nounits"])
+    out["gpu"] = {"rc": rc, "stdout": so, "stderr": se[-500:]}
+    rc, so, se = _run(["systemctl", "is-enabled", POWER_CAPS_UNIT])
+    out["caps_unit_enabled"] = so.strip() or se[-200:]
+    out["genesis"] = genesis(lay)
+    out["manifest"] = manifest(Path(model_path)) if model_path else None
+    out["front"] = front(lay, front_port) if front_port else None
+    return out

@@ -2,7 +2,7 @@
 
 Command builders return argv lists and run nothing (the Kamal way); parsers turn output into
 data; ``SystemOps`` is the one place that runs them, behind the small interface the
-transaction uses (``rigfleet.hostside.swap.Ops``), so the transaction's decisions are tested
+transaction uses (``rigfleet.hostside.steps.Ops``), so the transaction's decisions are tested
 with fakes::
 
     compose_up("/var/lib/rigfleet/swap/X/compose.yaml", "rigfleet-int8")

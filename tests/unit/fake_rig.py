@@ -163,9 +163,10 @@ class FakeRig:
     # --- facts -----------------------------------------------------------------------------
 
     def _facts(self, cmd: str) -> tuple[bool, list[str]] | None:  # noqa: C901
-        if cmd.startswith("if command -v python3 >/dev/null 2>&1; then python3 -c"):
-            if cmd.endswith("--lock-only; else echo '{}'; fi"):
-                return True, [json.dumps({"lock": self.lock})]
+        if cmd.startswith("if [ -f /usr/local/lib/rigfleet/rigfleet-host.pyz ]; then") \
+                and "rigfleet-host.pyz probe" in cmd:
+            if "/usr/local/lib/rigfleet/rigfleet-host.pyz" not in self.files:
+                return True, ['{"schema": "rigfleet-probe/1", "bare": true}']  # not deployed
             return True, [json.dumps(self._probe())]
         m = re.search(r"rigfleet-host.pyz status --id (\S+) --since (\d+) --json$", cmd)
         if m:

@@ -24,7 +24,7 @@ from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.ledger import TRACKED_KEYS
 from rigfleet.hostside.plan import Active, Plan, StackRef
 from rigfleet.hostside.stackctl import ContainerState, GpuMemory
-from rigfleet.hostside.swap import write_active
+from rigfleet.hostside.active import write_active
 
 TOTAL_MIB = 24576
 PORTS = {"int8": 8011, "tq3-mtp-genesis": 8015}

@@ -14,7 +14,7 @@ from bump_helpers import GENESIS_NEW, GOOD, NEWER, REGRESSED, bumped, hosts, sta
 
 from rigfleet.bump.plan import Plan, build_plan
 from rigfleet.bump.record import outcome_of, pins_after
-from rigfleet.bump.remote import HostUnreachable
+from rigfleet.ssh import HostUnreachable
 from rigfleet.bump.rollout import (
     DeployResult,
     HostFacts,
@@ -22,11 +22,12 @@ from rigfleet.bump.rollout import (
     classify,
     gate_of,
     host_errors,
-    parse_facts,
     pyinfra_command,
     pyinfra_json,
     rollout,
 )
+from rigfleet.hostprobe import parse_probe
+from rigfleet.hostside.records import ReportSummary, summarise_report
 from rigfleet.pins import load_pins, save_pins
 
 GATE_FAIL = {
@@ -40,6 +41,13 @@ GATE_PASS = {
     "summary": {"pass": 8, "fail": 0, "skip": 0},
     "checks": [{"name": f"c{i}", "status": "pass"} for i in range(8)],
 }
+
+
+def report(data: dict[str, Any], file: str) -> ReportSummary:
+    """A gate report as the host probe summarises it."""
+    summary = summarise_report(data, file, 1.0)
+    assert summary is not None
+    return summary
 
 
 def state_of(stack_name: str, p: Any) -> dict[str, Any]:
@@ -57,8 +65,8 @@ class FakeRunner:
         self.facts_: dict[str, HostFacts] = {}
         for h in plan.hosts:
             self.facts_[h.name] = HostFacts(state=state_of(h.stack, plan.old_for(h.name)[h.stack]),
-                                            reports=("old.json",), report=GATE_PASS,
-                                            report_file="old.json")  # fmt: skip
+                                            reports=("old.json",),
+                                            report=report(GATE_PASS, "old.json"))  # fmt: skip
         self.lost: set[str] = set()
 
     def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
@@ -82,16 +90,16 @@ class FakeRunner:
                 new = self.plan.new_for(h)[stack_name]
                 self.facts_[h] = HostFacts(
                     state=state_of(stack_name, new), ledger_count=1,
-                    reports=("old.json", f"{h}-new.json"), report=GATE_PASS,
-                    report_file=f"{h}-new.json")  # fmt: skip
+                    reports=("old.json", f"{h}-new.json"),
+                    report=report(GATE_PASS, f"{h}-new.json"))  # fmt: skip
             elif b == "rollback":
                 old = self.facts_[h]
                 self.facts_[h] = HostFacts(
                     state={**old.state, "last_swap": {
                         "id": f"swap-{batch}", "result": "rolled-back",
                         "reason": "gate failed 2 check(s): spec_decode, long_gen"}},
-                    ledger_count=1, reports=("old.json", f"{h}-new.json"), report=GATE_FAIL,
-                    report_file=f"{h}-new.json")  # fmt: skip
+                    ledger_count=1, reports=("old.json", f"{h}-new.json"),
+                    report=report(GATE_FAIL, f"{h}-new.json"))  # fmt: skip
                 failed.add(h)
                 log.append(f"[{h}] Error: swap rolled back")
             elif b == "lost":
@@ -249,8 +257,8 @@ def test_classify_edge_cases() -> None:
 
 
 def test_only_a_fresh_report_counts() -> None:
-    before = HostFacts(reports=("a.json",), report=GATE_FAIL, report_file="a.json")
-    stale = HostFacts(reports=("a.json",), report=GATE_FAIL, report_file="a.json")
+    before = HostFacts(reports=("a.json",), report=report(GATE_FAIL, "a.json"))
+    stale = HostFacts(reports=("a.json",), report=report(GATE_FAIL, "a.json"))
     assert gate_of(before, stale) == ("", (), None)
     swap = {"id": "s2", "result": "rolled-back", "reason": "gate failed 1 check(s): needles",
             "gate": {"result": "fail", "failed_checks": ["needles"], "report": "/r/v.json",
@@ -274,11 +282,13 @@ def test_pyinfra_plumbing() -> None:
     assert pyinfra_json("no json") is None
     log = "\x1b[31m[host2] Error: bad\x1b[0m\n[host1] Success\n[host2] did something\n"
     assert host_errors(log, "host2") == ["[host2] Error: bad"]
-    facts = parse_facts('{"state": {"stack": "int8"}, "ledger": [{"a": 1}], "ledger_count": 7,'
-                        ' "reports": ["x.json"], "report": null, "report_file": null}')  # fmt: skip
+    facts = HostFacts.from_probe(parse_probe(
+        '{"state": {"stack": "int8"}, "ledger": {"tail": [{"a": 1}], "count": 7}, '
+        '"reports": {"files": ["x.json"], "newest": null}}', "host1"))
     assert facts.state == {"stack": "int8"} and facts.ledger_count == 7
-    with pytest.raises(ValueError):
-        parse_facts("Permission denied")
+    assert facts.ledger == ({"a": 1},) and facts.reports == ("x.json",)
+    with pytest.raises(HostUnreachable, match="host1: the host probe failed: Permission"):
+        parse_probe("Permission denied", "host1")
 
 
 def test_runner_skips_busy_and_unreachable_hosts_before_a_batch() -> None:
@@ -287,18 +297,18 @@ def test_runner_skips_busy_and_unreachable_hosts_before_a_batch() -> None:
 
     class FactsRemote:
         def run(self, host, command, *, timeout=120, stdin=b""):  # noqa: ANN001, ANN202
-            assert command == "python3 -" and b"holder.json" in stdin
+            assert "rigfleet-host.pyz probe --full" in command and not stdin
             if host.name == "down":
                 raise HostUnreachable("down: connection refused")
-            busy = "root@ctl since t: boot: recreate the active stack" if host.name == "busy" \
-                else None  # fmt: skip
-            return 0, json.dumps({"state": {}, "busy": busy})
+            lock = {"who": "root@ctl", "since": "t", "why": "boot: recreate the active stack",
+                    "pid": 7, "alive": True} if host.name == "busy" else None
+            return 0, json.dumps({"state": {}, "lock": lock, "ledger": {"tail": [], "count": 0}})
 
     hosts = {n: InventoryHost(n, (), {}) for n in ("ok", "busy", "down")}
     runner = PyinfraRunner("inv.py", hosts, FactsRemote())  # type: ignore[arg-type]
     assert runner.reachable(["ok", "busy", "down"]) == {
         "ok": None,
-        "busy": "busy: root@ctl since t: boot: recreate the active stack",
+        "busy": "busy: locked by root@ctl since t (pid 7): boot: recreate the active stack",
         "down": "down: connection refused",
     }
 

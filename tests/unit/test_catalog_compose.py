@@ -13,20 +13,15 @@ from typing import Any
 import pytest
 import yaml
 
-from rigfleet.catalog import (
-    GENESIS_SWITCHES_OFF,
-    GENESIS_SWITCHES_ON,
-    STACKS,
-    CatalogError,
-    get_stack,
-)
+from rigfleet.catalog import CatalogError, builtin_catalog, get_stack
 from rigfleet.compose import (
     CONFIG_HASH_LABEL,
     compose_document,
-    compose_path,
     config_hash,
     render_compose,
 )
+from rigfleet.genesis import V7
+from rigfleet.hostside.layout import HOST
 from rigfleet.hostdata import HostSettings
 from rigfleet.pins import UNRESOLVED, GenesisPin, ModelPin, Pins, PinsError, StackPins
 
@@ -38,6 +33,8 @@ DIGEST_TQ3 = "sha256:" + "3" * 64
 REVISION = "f" * 40
 GENESIS = "7b9fd3194ee6efa1644973383cd44ee5604a5d85"
 SECRET = "s3cr3t-api-key-do-not-leak-0123456789"
+STACKS = builtin_catalog().stacks
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "compose"
 
 
 def make_pins(**stack_overrides: dict[str, Any]) -> Pins:
@@ -131,7 +128,7 @@ COMMON_ENV = {
 
 
 def test_catalog_has_exactly_the_two_stacks() -> None:
-    assert list(STACKS) == ["int8", "tq3-mtp-genesis"]
+    assert sorted(STACKS) == ["int8", "tq3-mtp-genesis"]
     assert {s.port for s in STACKS.values()} == {8011, 8015}
     assert get_stack("int8").container_name == "rigfleet-int8"
     assert get_stack("tq3-mtp-genesis").container_name == "rigfleet-tq3-mtp-genesis"
@@ -167,14 +164,16 @@ def test_stack_args_match_club3090(name: str, util: str, batched: str, kv: str) 
 
 def test_int8_environment() -> None:
     spec = get_stack("int8")
-    assert spec.environment == {**COMMON_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "1"}
-    assert not spec.needs_genesis and spec.genesis_switches == ()
-    assert spec.entrypoint == ("vllm", "serve")
+    assert spec.environment() == {**COMMON_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "1"}
+    assert not spec.needs_genesis and spec.genesis is None
+    assert spec.entrypoint() == ("vllm", "serve")
 
 
 def test_tq3_environment_and_genesis_switches() -> None:
     spec = get_stack("tq3-mtp-genesis")
-    env = spec.environment
+    env = spec.environment("v7")
+    assert spec.genesis is not None
+    on, off = spec.genesis.switches["v7"]
     for k, v in COMMON_ENV.items():
         assert env[k] == v
     for k, v in {
@@ -197,21 +196,22 @@ def test_tq3_environment_and_genesis_switches() -> None:
         "GENESIS_P82_THRESHOLD_SINGLE": "0.3",
     }.items():
         assert env[k] == v, k
-    assert len(GENESIS_SWITCHES_ON) == len(set(GENESIS_SWITCHES_ON)) == 38
-    assert len(spec.genesis_switches) == 38
-    assert "GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL" in spec.genesis_switches
-    assert "GENESIS_ENABLE_P66_CUDAGRAPH_SIZE_FILTER" in spec.genesis_switches
+    assert len(on) == len(set(on)) == 38
+    switched_on = [k for k, v in env.items() if k.startswith("GENESIS_ENABLE_") and v == "1"]
+    assert len(switched_on) == 38
+    assert "GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL" in switched_on
+    assert "GENESIS_ENABLE_P66_CUDAGRAPH_SIZE_FILTER" in switched_on
     for off in ("P87", "P78_TOLIST_CAPTURE_GUARD", "P81_FP8_BLOCK_SCALED_M_LE_8", "P40", "PN54",
                 "P82"):  # fmt: skip
         assert env[f"GENESIS_ENABLE_{off}"] == "0"
-    assert set(GENESIS_SWITCHES_ON).isdisjoint(GENESIS_SWITCHES_OFF)
+    assert set(on).isdisjoint(off)
     # P65 is exclusive with P67; P85 needs P84: neither may be switched on.
     assert not any(k.startswith(("GENESIS_ENABLE_P65", "GENESIS_ENABLE_P85")) for k in env)
 
 
 def test_tq3_entrypoint_fails_fast_then_applies_genesis() -> None:
     spec = get_stack("tq3-mtp-genesis")
-    bash, dash_c, script, end = spec.entrypoint
+    bash, dash_c, script, end = spec.entrypoint(V7)
     assert (bash, dash_c, end) == ("/bin/bash", "-c", "--")
     lines = script.splitlines()
     assert lines[0] == "set -e"
@@ -229,8 +229,8 @@ def test_catalog_is_immutable() -> None:
         spec.port = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
         spec.env["X"] = "1"  # type: ignore[index]
-    spec.environment["X"] = "1"  # a fresh dict each time
-    assert "X" not in spec.environment
+    spec.environment()["X"] = "1"  # a fresh dict each time
+    assert "X" not in spec.environment()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,9 +350,9 @@ def test_tq3_rendering() -> None:
     # Compose sees '$$'; after its interpolation the script says "$@" again.
     assert svc["entrypoint"][:2] == ["/bin/bash", "-c"] and svc["entrypoint"][3] == "--"
     assert 'exec vllm serve "$$@"' in svc["entrypoint"][2]
-    assert svc["entrypoint"][2].replace("$$", "$") == spec.entrypoint[2]
+    assert svc["entrypoint"][2].replace("$$", "$") == spec.entrypoint(V7)[2]
     env = svc["environment"]
-    assert {k: env[k] for k in spec.environment} == spec.environment
+    assert {k: env[k] for k in spec.environment("v7")} == spec.environment("v7")
     assert env["PIP_INDEX_URL"] == "http://pypi.lan/simple"
     assert env["GENESIS_VLLM_PIN_POLICY"] == "strict"
     assert svc["labels"]["io.rigfleet.genesis-commit"] == GENESIS
@@ -450,7 +450,17 @@ def test_unresolved_pins_refused() -> None:
 
 
 def test_compose_path() -> None:
-    assert compose_path("int8") == "/opt/rigfleet/stacks/int8/compose.yaml"
+    assert str(HOST.compose_file("int8")) == "/opt/rigfleet/stacks/int8/compose.yaml"
+
+
+@pytest.mark.parametrize("name", ["int8", "tq3-mtp-genesis"])
+def test_stack_files_render_what_the_python_catalog_rendered(name: str) -> None:
+    """The stack files replaced a Python catalog: for the same pins and host data the compose
+    file (so its config hash, so a deployed host) is byte-for-byte what that catalog gave."""
+    host = make_host(stack=name, pip_index_url="http://pypi.lan/simple",
+                     extra_env={"int8": {"X": "1"}})
+    expected = (FIXTURES / f"{name}-v1.yaml").read_text()
+    assert render_compose(get_stack(name), make_pins(), host) == expected
 
 
 def _compose_v2() -> list[str] | None:

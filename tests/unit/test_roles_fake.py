@@ -28,6 +28,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.connectors.fake import FakeConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
+import rigfleet.desired
 import roles.nvidia_driver
 import roles.preflight
 import roles.swap
@@ -95,7 +96,7 @@ def _fast(monkeypatch):
     monkeypatch.setattr(roles.nvidia_driver, "REBOOT_DELAY_S", 0)
     monkeypatch.setattr(roles.nvidia_driver, "REBOOT_INTERVAL_S", 0)
     monkeypatch.setattr(roles.swap, "POLL_S", 0)
-    roles.preflight._PINS_CACHE.clear()
+    rigfleet.desired._PINS.clear()
 
     def lookup(self, command: str):
         ok, lines = RIGS[self.host.data.get("fake_rig")].respond(command)
@@ -480,10 +481,10 @@ def test_a_live_host_lock_refuses_the_run_naming_the_holder(data):
 
 
 def test_gate_profile_is_checked_before_anything_runs(data):
-    with pytest.raises(PreflightError, match=r"gate_profile: 'quick' is not a gate profile; "
-                                             r"allowed: fast, full"):
+    with pytest.raises(HostDataError, match=r"gate_profile: 'quick' is not allowed; "
+                                            r"allowed: fast, full"):
         deploy(FakeRig("debian13"), {**data, "gate_profile": "quick"}, execute=False)
-    with pytest.raises(PreflightError, match=r"gate_set: --set nope=1: unknown key 'nope'"):
+    with pytest.raises(HostDataError, match=r"gate_set: --set nope=1: unknown key 'nope'"):
         deploy(FakeRig("debian13"), {**data, "gate_set": ["nope=1"]}, execute=False)
     rig = FakeRig("debian13")
     deploy(rig, {**data, "gate_profile": "fast", "gate_set": ["soak_sessions=2"]})
@@ -607,7 +608,8 @@ def test_bad_host_data_is_refused_before_any_command(data):
 def test_unreadable_pins_are_refused(data, tmp_path):
     bad = tmp_path / "bad-pins.yaml"
     bad.write_text(pins_yaml(digest="sha256:nothex"))
-    with pytest.raises(PreflightError, match="pins_file"):
+    with pytest.raises(RigfleetError, match=r"@fake/rig: pins_file: .*bad-pins.yaml: "
+                                            r"stacks.int8.digest: 'sha256:nothex'"):
         deploy(FakeRig("debian13"), {**data, "pins_file": str(bad)}, execute=False)
 
 
@@ -643,8 +645,6 @@ def _fact_cases(tmp: Path):
         (facts.DockerDaemonJson, {}),
         (facts.DockerRuntimes, {}),
         (facts.ImageDigests, {"ref": "rigfleet/none@sha256:" + "0" * 64}),
-        (facts.ContainerLabel, {"container": "rigfleet-none", "label": "io.rigfleet.x"}),
-        (facts.ContainerState, {"container": "rigfleet-none"}),
         (facts.WeightsManifest, {"local_dir": missing}),
         (facts.GenesisHead, {"path": missing}),
         (facts.VenvPackageVersion, {"venv": missing, "dist": "huggingface_hub"}),

@@ -21,7 +21,7 @@ from rigfleet.hostside.front import (
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.plan import Plan, PlanError, compose_hash
-from rigfleet.hostside.probe import route
+from rigfleet.hostside.records import route
 
 
 @pytest.fixture

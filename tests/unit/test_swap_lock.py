@@ -12,7 +12,7 @@ import pytest
 
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.lock import HostLock, LockHeld, describe
-from rigfleet.hostside.probe import holder_alive, pid_start_ticks, read_holder
+from rigfleet.hostside.records import holder_alive, pid_start_ticks, read_holder
 
 
 @pytest.fixture

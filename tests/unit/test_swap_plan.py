@@ -8,17 +8,19 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from rigfleet import hostbundle
-from rigfleet.catalog import STACKS
 from rigfleet.commands import hosttool
+from rigfleet.desired import DesiredHost, build_desired
 from rigfleet.hostdata import validate_host
+from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.plan import Plan
+from rigfleet.hostside.probe import probe as host_probe
+from rigfleet.hostside.records import live_holder
 from rigfleet.pins import load_pins
-from rigfleet.swapplan import SwapSettings, build_plan, decide, lock_holder, stack_ref
+from rigfleet.swapplan import build_plan, decide
 
 DIGEST = "sha256:" + "b" * 64
 PINS = f"""\
@@ -41,26 +43,32 @@ history: []
 """
 
 
-@pytest.fixture
-def ctx(tmp_path):
+def host_data(tmp_path: Path, **changes) -> dict:
     key = tmp_path / "api-key"
     key.write_text("k" * 32 + "\n")
     key.chmod(0o600)
     (tmp_path / "pins.yaml").write_text(PINS)
     repo = {"url": "http://apt.example/debian", "key_url": "http://apt.example/k.asc",
             "suite": "stable", "components": ["main"]}
-    settings = validate_host("host1", {
+    return {
         "stack": "tq3-mtp-genesis", "power_caps_w": 250, "model_dir": "/srv/models",
         "front_port": 8000, "api_key_file": str(key), "pins_file": str(tmp_path / "pins.yaml"),
-        "apt_repos": {"cuda": repo, "nvidia-container-toolkit": repo}})
-    pins = load_pins(tmp_path / "pins.yaml")
-    return SimpleNamespace(name="host1", settings=settings, pins=pins, specs=dict(STACKS),
-                           by="alice@ctl", stack=settings.stack)
+        "apt_repos": {"cuda": repo, "nvidia-container-toolkit": repo},
+        "gate_profile": "fast", "gate_set": ["soak_sessions=2"], **changes}
 
 
-def test_plan_carries_everything_the_host_needs(ctx):
-    plan = build_plan(ctx, SwapSettings(gate_profile="fast", gate_set=("soak_sessions=2",)),
-                      why="serve tq3", deploy_id="D1")
+def desired(tmp_path: Path, **changes) -> DesiredHost:
+    settings = validate_host("host1", host_data(tmp_path, **changes))
+    return build_desired(settings, load_pins(tmp_path / "pins.yaml"))
+
+
+@pytest.fixture
+def ctx(tmp_path) -> DesiredHost:
+    return desired(tmp_path)
+
+
+def test_plan_carries_everything_the_host_needs(ctx, tmp_path):
+    plan = build_plan(ctx, "alice@ctl", why="serve tq3", deploy_id="D1")
     d = plan.desired
     assert (d.stack, d.project, d.container, d.port) == (
         "tq3-mtp-genesis", "rigfleet-tq3-mtp-genesis", "rigfleet-tq3-mtp-genesis", 8015)
@@ -74,9 +82,7 @@ def test_plan_carries_everything_the_host_needs(ctx):
     assert (plan.gate_profile, plan.gate_set, plan.id) == ("fast", ("soak_sessions=2",), "D1")
     assert Plan.from_dict(json.loads(plan.dumps())) == plan
     # The hash is the compose file's own label: a changed extra_env changes it.
-    other = stack_ref(SimpleNamespace(**{**vars(ctx), "settings": ctx.settings.__class__(
-        **{**vars(ctx.settings), "extra_env": {"tq3-mtp-genesis": {"X": "1"}}})}),
-        "tq3-mtp-genesis")
+    other = desired(tmp_path, extra_env={"tq3-mtp-genesis": {"X": "1"}}).current.ref
     assert other.config_hash != d.config_hash
 
 
@@ -86,7 +92,7 @@ def probe(active=None, state=None, containers=None, route=None, lock=None):
 
 
 def test_decisions(ctx):
-    desired = stack_ref(ctx, "tq3-mtp-genesis")
+    desired = ctx.stacks["tq3-mtp-genesis"].ref
     mine = {"stack": desired.stack, "config_hash": desired.config_hash}
     running = {desired.container: {"status": "running", "hash": desired.config_hash}}
     assert decide(probe(mine, containers=running, route=desired.route_id), desired).kind == \
@@ -104,8 +110,9 @@ def test_decisions(ctx):
     assert decide(probe(state={"stack": "tq3-mtp-genesis"}, containers=running),
                   desired).kind == "adopt"
     assert decide(probe(state={"stack": "int8"}, containers=running), desired).kind == "activate"
-    assert lock_holder(probe(lock={"who": "x", "alive": True})) == {"who": "x", "alive": True}
-    assert lock_holder(probe(lock={"who": "x", "alive": False})) is None
+    assert live_holder(probe(lock={"who": "x", "alive": True})["lock"]) == {"who": "x",
+                                                                           "alive": True}
+    assert live_holder(probe(lock={"who": "x", "alive": False})["lock"]) is None
 
 
 def test_bundle_is_deterministic_complete_and_runs(tmp_path):
@@ -114,7 +121,7 @@ def test_bundle_is_deterministic_complete_and_runs(tmp_path):
     hostbundle.build_bundle.cache_clear()
     assert hostbundle.build_bundle() == first
     names = zipfile.ZipFile(hostbundle.write_bundle(tmp_path / "h.pyz")).namelist()
-    assert "__main__.py" in names and "rigfleet/hostside/swap.py" in names
+    assert "__main__.py" in names and "rigfleet/hostside/transaction.py" in names
     assert "rigfleet/hostside/verify/runner.py" in names
     assert not [n for n in names if "__pycache__" in n or n.startswith("testbed/rigfleet_testbed")]
     out = subprocess.run([sys.executable, str(tmp_path / "h.pyz"), "--root", str(tmp_path),
@@ -125,21 +132,25 @@ def test_bundle_is_deterministic_complete_and_runs(tmp_path):
     assert gate.returncode == 0 and "--api-key-file" in gate.stdout
 
 
-def test_probe_source_runs_standalone_as_the_fact_sends_it(tmp_path):
-    src = Path(hosttool._PROBE_SOURCE).read_text()
-    out = subprocess.run([sys.executable, "-c", src, "--root", str(tmp_path)],
-                         capture_output=True, text=True, check=True)
-    data = json.loads(out.stdout)
-    assert set(data) == {"active", "state", "lock", "containers", "route", "bundle"}
-    out = subprocess.run([sys.executable, "-c", src, "--lock-only", "--root", str(tmp_path)],
-                         capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == {"lock": None}
+def test_the_probe_answers_on_an_empty_root_and_the_fact_on_a_bare_host(tmp_path):
+    data = host_probe(Layout(tmp_path))
+    assert data["schema"] == "rigfleet-probe/1"
+    assert {"active", "state", "lock", "containers", "route", "bundle"} <= set(data)
+    assert data["state"] is None and data["state_error"] == "missing" and data["lock"] is None
+    full = host_probe(Layout(tmp_path), full=True, model_path=str(tmp_path / "m"))
+    assert full["ledger"] == {"tail": [], "count": 0, "error": "missing"}
+    assert full["manifest"] == {"error": "missing"} and full["genesis"] is None
+    # A host the deploy never reached has no bundle: the fact's command says so itself.
+    out = subprocess.run(["sh", "-c", hosttool.probe()], capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout) == {"schema": "rigfleet-probe/1", "bare": True}
 
 
 def test_host_tool_commands_are_valid_sh():
     for command in (hosttool.start_swap("20261129T100000Z-abcdef"),
                     hosttool.status("20261129T100000Z-abcdef", 3), hosttool.probe(),
-                    hosttool.probe(lock_only=True), hosttool.adopt("X"),
+                    hosttool.probe(full=True, model_path="/srv/m o", front_port=8000),
+                    hosttool.adopt("X"),
                     hosttool.ensure(8000, "alice@ctl"),
                     hosttool.report_failure("host1: it's 'quoted' $HOME `x`")):
         proc = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True)
@@ -151,7 +162,7 @@ def test_host_tool_commands_are_valid_sh():
 
 
 def test_a_container_from_another_image_is_not_up(ctx):
-    desired = stack_ref(ctx, "tq3-mtp-genesis")
+    desired = ctx.stacks["tq3-mtp-genesis"].ref
     mine = {"stack": desired.stack, "config_hash": desired.config_hash}
     other = {desired.container: {"status": "running", "hash": desired.config_hash,
                                  "image": "vllm/vllm-openai:nightly-3f9c", "digests": [

@@ -1,6 +1,6 @@
 """The swap transaction's decisions, with fakes for docker, nvidia-smi, the front and the gate.
 
-Every test runs the real ``rigfleet.hostside.swap`` code against a temporary root
+Every test runs the real ``rigfleet.hostside`` transaction code against a temporary root
 (``Layout(tmp_path)``) and ``tests/unit/swap_fakes.py``: the fake host keeps a fake clock, so
 "fails fast" and "waited for the memory" are assertions on time.
 """
@@ -31,16 +31,10 @@ from rigfleet.hostside import ledger
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.lock import HostLock
-from rigfleet.hostside.swap import (
-    EXIT_FAILED,
-    EXIT_LOCKED,
-    EXIT_PROMOTED,
-    EXIT_ROLLED_BACK,
-    Ensure,
-    Transaction,
-    adopt,
-    read_active,
-)
+from rigfleet.hostside.active import read_active
+from rigfleet.hostside.ensure import Ensure, adopt
+from rigfleet.hostside.steps import EXIT_FAILED, EXIT_LOCKED, EXIT_PROMOTED, EXIT_ROLLED_BACK
+from rigfleet.hostside.transaction import Transaction
 
 OSERROR_LOG = (
     "INFO 11-29 10:00:00 [api_server.py:1880] vLLM API server version 0.20.2rc1.dev129\n"
@@ -355,7 +349,7 @@ def test_adopt_records_a_stack_that_already_serves(lay):
 
 def test_record_pins_updates_state_active_record_and_ledger_only_for_the_active_stack(lay):
     from rigfleet.hostside.plan import PlanError
-    from rigfleet.hostside.swap import record_pins
+    from rigfleet.hostside.active import record_pins
 
     old = make_active(lay, make_ref(lay, "int8", "1111aaaa2222bbbb"))
     tracked = {**old.record, "pins_serial": 2, "driver_branch": "590"}

@@ -1,0 +1,234 @@
+"""What a host should be: built once per host from its inventory data, the pins and the stacks.
+
+``DesiredHost`` is the one model of "what the deploy makes of this host": the roles render and
+stage from it (``roles/preflight.py`` builds it), ``rigfleet status`` and the host checks
+(``tests/hosts``) compare a host against it, the bump plans with it. Everything here is pure
+(no host is contacted); the compose file of each stack is rendered once, here.
+
+Example::
+
+    from rigfleet.desired import load_desired
+
+    want = load_desired(host.name, host.data)          # validates data, reads the pins once
+    want.stack, want.current.config_hash               # 'int8', '0a1b2c3d4e5f6789'
+    want.current.ref.route_id                          # what the front routes to when it serves
+    want.stacks["tq3-mtp-genesis"].text                # that stack's compose file, as staged
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rigfleet.catalog import StackSpec
+from rigfleet.compose import SERVICE, compose_document, render_document
+from rigfleet.hostdata import HostSettings, validate_host
+from rigfleet.hostside.layout import CONFIG_HASH_LABEL, HOST
+from rigfleet.hostside.plan import StackRef
+from rigfleet.hostside.records import TRACKED_KEYS
+from rigfleet.pins import GenesisPin, Pins, PinsError, StackPins, load_pins
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class DesiredStack:
+    """One stack as this host stages it.
+
+    + spec: the stack file; pins: what it runs (image, digest, Genesis)
+    + document, text: its compose file (data, and the YAML text the deploy writes)
+    + config_hash: the file's ``io.rigfleet.config-hash``
+    + tracked: the pins state.json and the ledger record while it serves (``TRACKED_KEYS``)
+    + ref: what the host-side transaction gets (``rigfleet.hostside.plan.StackRef``)
+    """
+
+    spec: StackSpec
+    pins: StackPins
+    document: Mapping[str, Any]
+    text: str
+    config_hash: str
+    tracked: Mapping[str, Any]
+    ref: StackRef
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def compose_file(self) -> str:
+        return str(HOST.compose_file(self.spec.name))
+
+
+@dataclass(frozen=True)
+class DesiredHost:
+    """Everything the deploy makes of one host (see the module docstring).
+
+    + name: the inventory name
+    + settings: validated host data; pins: the pins this host runs (``for_host`` applied)
+    + stacks: every stack the host stages, by name (the desired one among them)
+    """
+
+    name: str
+    settings: HostSettings
+    pins: Pins
+    stacks: Mapping[str, DesiredStack] = field(default_factory=dict)
+
+    @property
+    def stack(self) -> str:
+        """The stack the host should serve."""
+        return self.settings.stack
+
+    @property
+    def current(self) -> DesiredStack:
+        """The desired stack, as staged."""
+        return self.stacks[self.settings.stack]
+
+    @property
+    def spec(self) -> StackSpec:
+        return self.current.spec
+
+    @property
+    def genesis(self) -> GenesisPin | None:
+        """The Genesis checkout the deploy keeps: the desired stack's, else the first staged
+        stack's that uses Genesis (so a later switch to it finds the tree ready)."""
+        if self.current.pins.genesis is not None:
+            return self.current.pins.genesis
+        return next((s.pins.genesis for s in self.stacks.values() if s.pins.genesis), None)
+
+    @property
+    def model_path(self) -> str:
+        """The weights directory on the host."""
+        return f"{self.settings.model_dir.rstrip('/')}/{self.pins.model.local_dir}"
+
+    @property
+    def other_containers(self) -> tuple[str, ...]:
+        """The containers of the staged stacks that should not run."""
+        return tuple(s.spec.container_name for n, s in self.stacks.items() if n != self.stack)
+
+    @property
+    def projects(self) -> tuple[tuple[str, str], ...]:
+        """Every staged stack's (compose project, compose file), sorted by stack name."""
+        return tuple((s.spec.compose_project, s.compose_file)
+                     for _, s in sorted(self.stacks.items()))
+
+
+def tracked_record(pins: Pins, stack: str) -> dict[str, Any]:
+    """The facts the ledger tracks for ``stack`` (``TRACKED_KEYS``); a difference in any of
+    them is a ledger entry."""
+    pinned = pins.stacks[stack]
+    record = {
+        "stack": stack,
+        "image": pinned.image,
+        "digest": pinned.digest,
+        "vllm_version": pinned.vllm_version,
+        "genesis_commit": pinned.genesis.commit if pinned.genesis is not None else None,
+        "model_repo": pins.model.repo,
+        "model_revision": pins.model.revision,
+        "driver_branch": pins.driver_branch,
+        "toolkit_version": pins.toolkit_version,
+        "pins_serial": pins.serial,
+    }
+    assert tuple(record) == TRACKED_KEYS
+    return record
+
+
+def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> DesiredStack:
+    """One stack rendered for one host (pure)."""
+    doc = compose_document(spec, pins, settings)
+    config_hash = str(doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL])
+    tracked = tracked_record(pins, spec.name)
+    ref = StackRef(
+        stack=spec.name,
+        project=spec.compose_project,
+        container=spec.container_name,
+        port=spec.port,
+        compose_file=str(HOST.compose_file(spec.name)),
+        config_hash=config_hash,
+        image_ref=pins.stacks[spec.name].image_ref,
+        served_model_name=spec.served_model_name,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        record=dict(tracked),
+    )
+    return DesiredStack(spec, pins.stacks[spec.name], doc, render_document(doc), config_hash,
+                        tracked, ref)
+
+
+def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
+    """The stacks a host stages: every pinned stack of the catalog (in pins order)."""
+    return [settings.catalog.get(n) for n in pins.stacks if n in settings.catalog]
+
+
+def check_pinned(settings: HostSettings, pins: Pins) -> None:
+    """The desired stack must be pinned, and nothing pinned may be ``unresolved``."""
+    problems: list[str] = []
+    if settings.stack not in pins.stacks:
+        problems.append(
+            f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
+            f"allowed: {', '.join(pins.stacks) or '(no stacks pinned)'}"
+        )
+    unresolved = pins.unresolved()
+    if unresolved:
+        problems.append(
+            f"{settings.name}: {pins.path}: {', '.join(unresolved)}: 'unresolved'; allowed: a "
+            "resolved value (run `rigfleet pins lock`)"
+        )
+    if problems:
+        raise PinsError(problems)
+
+
+def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
+    """The host's model from validated settings and the pins it runs (pure); raises
+    ``PinsError`` when the desired stack is not pinned (``check_pinned``).
+
+    + settings: ``validate_host(...)``
+    + pins: the pins file's pins for this host (``Pins.for_host(name)``)
+    """
+    check_pinned(settings, pins)
+    stacks = {spec.name: desired_stack(spec, settings, pins)
+              for spec in staged_stacks(settings, pins)}
+    return DesiredHost(settings.name, settings, pins, stacks)
+
+
+def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
+    """The pins file named by host data: absolute as is, relative to ``base`` (default: the
+    working directory, where pyinfra runs; else the repository root)."""
+    path = Path(pins_file).expanduser()
+    if path.is_absolute():
+        return path
+    if base is not None:
+        return base / path
+    cwd = Path.cwd() / path
+    return cwd if cwd.exists() else REPO_ROOT / path
+
+
+_PINS: dict[tuple[str, tuple[str, ...]], Pins] = {}
+
+
+def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
+    """The pins this host runs: its ``pins_file`` (parsed once per process) for its name."""
+    path = resolve_pins_path(settings.pins_file, base)
+    key = (str(path.absolute()), settings.catalog.sources)
+    if key not in _PINS:
+        try:
+            _PINS[key] = load_pins(path, catalog=settings.catalog)
+        except PinsError as e:
+            raise PinsError([f"{settings.name}: pins_file: {line}" for line in e.problems]) \
+                from None
+    # A rollout may leave a host on other pins (the pins file's ``hosts`` section).
+    return _PINS[key].for_host(settings.name)
+
+
+def load_desired(name: str, data: Mapping[str, Any] | Any,
+                 base: Path | None = None) -> DesiredHost:
+    """Validate ``data`` and the pins it names and build the host's model.
+
+    Raises ``RigfleetError`` (``HostDataError``, ``PinsError``, ``CatalogError``) with the
+    deploy's own messages.
+
+    + name: the inventory name; data: its host data (``host.data`` or a mapping)
+    + base: what a relative ``pins_file`` is relative to (default: see ``resolve_pins_path``)
+    """
+    settings = validate_host(name, data)
+    return build_desired(settings, pins_for(settings, base))

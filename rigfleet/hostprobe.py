@@ -1,0 +1,124 @@
+"""The host probe from the control side: run ``rigfleet-host.pyz probe`` over SSH, read it.
+
+The one way ``rigfleet status``, the bump and the report copies learn a host's state outside a
+pyinfra fact. The probe program is the host-side tool's (``rigfleet.hostside.probe``); its
+records are read with ``rigfleet.hostside.records``::
+
+    probe = run_probe(SshRemote(), host, full=True, model_path=want.model_path,
+                      front_port=want.settings.front_port)
+    probe.state.get("stack"), probe.busy, probe.newest_report
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from rigfleet.commands import hosttool
+from rigfleet.hostside.records import GateRecord, ReportSummary, describe, live_holder
+from rigfleet.inventory import InventoryHost
+from rigfleet.ssh import HostUnreachable, Remote
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """One probe's answer (``raw``), with typed views of its parts."""
+
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def bare(self) -> bool:
+        """The host has no host-side tool yet (never deployed)."""
+        return bool(self.raw.get("bare"))
+
+    @property
+    def state(self) -> dict[str, Any]:
+        state = self.raw.get("state")
+        return state if isinstance(state, dict) else {}
+
+    @property
+    def state_error(self) -> str | None:
+        return self.raw.get("state_error") or (None if self.raw.get("state") else "missing")
+
+    @property
+    def active(self) -> dict[str, Any] | None:
+        active = self.raw.get("active")
+        return active if isinstance(active, dict) else None
+
+    @property
+    def containers(self) -> dict[str, dict[str, Any]]:
+        c = self.raw.get("containers")
+        return c if isinstance(c, dict) else {}
+
+    @property
+    def route(self) -> str | None:
+        return self.raw.get("route")
+
+    @property
+    def busy(self) -> str | None:
+        """Who holds the host lock, when a live process does (a transaction is running)."""
+        holder = live_holder(self.raw.get("lock"))
+        return describe(holder) if holder else None
+
+    @property
+    def gate(self) -> GateRecord | None:
+        """The last gate ``state.json`` records."""
+        return GateRecord.from_dict(self.state.get("gate"))
+
+    @property
+    def ledger_tail(self) -> tuple[dict[str, Any], ...]:
+        ledger = self.raw.get("ledger") or {}
+        return tuple(e for e in ledger.get("tail") or () if isinstance(e, dict))
+
+    @property
+    def ledger_count(self) -> int:
+        return int((self.raw.get("ledger") or {}).get("count") or 0)
+
+    @property
+    def report_files(self) -> tuple[str, ...]:
+        return tuple((self.raw.get("reports") or {}).get("files") or ())
+
+    @property
+    def newest_report(self) -> ReportSummary | None:
+        return ReportSummary.from_dict((self.raw.get("reports") or {}).get("newest"))
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A ``--full`` section (``gpu``, ``genesis``, ``manifest``, ``front``) or {}."""
+        value = self.raw.get(name)
+        return value if isinstance(value, dict) else {}
+
+
+def parse_probe(text: str, where: str) -> HostProbe:
+    """The probe's JSON (its last stdout line); raises ``HostUnreachable`` naming ``where``."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                break
+            if isinstance(data, dict):
+                return HostProbe(data)
+    detail = text.strip()[-300:] or "no output"
+    raise HostUnreachable(f"{where}: the host probe failed: {detail}")
+
+
+def run_probe(remote: Remote, host: InventoryHost, *, full: bool = False,
+              model_path: str | None = None, front_port: int | None = None,
+              timeout: float = 60) -> HostProbe:
+    """Run the probe on ``host``; raises ``HostUnreachable``.
+
+    + remote: the SSH layer (``rigfleet.ssh.SshRemote``)
+    + full, model_path, front_port: as for ``rigfleet-host.pyz probe``
+    """
+    command = hosttool.probe(full=full, model_path=model_path, front_port=front_port)
+    rc, out = remote.run(host, command, timeout=timeout)
+    if rc != 0 and "unrecognized arguments" in out:
+        raise HostUnreachable(
+            f"{host.name}: its host-side tool is older than this rigfleet (no --full probe); "
+            "run the deploy to update it")
+    probe = parse_probe(out, host.name)
+    if rc != 0:
+        raise HostUnreachable(f"{host.name}: the host probe exited {rc}: {out.strip()[-300:]}")
+    return probe

@@ -1,0 +1,204 @@
+"""Keep the verified stack serving without a gate: ``Ensure`` (boot, reroute), ``adopt`` (a
+stack that served before swaps were recorded) and ``shutdown`` (before the machine goes down).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import datetime
+from pathlib import Path
+
+from . import ledger
+from .active import mark_interrupted, read_active, write_active
+from .front import FrontError
+from .journal import Journal
+from .layout import Layout
+from .lock import HostLock, LockHeld
+from .plan import Active, Plan, StackRef, compose_hash
+from .records import pid_start_ticks
+from .steps import (
+    EXIT_FAILED,
+    EXIT_LOCKED,
+    EXIT_PROMOTED,
+    Failure,
+    FrontControl,
+    Ops,
+    Outcome,
+    Steps,
+    known_projects,
+)
+
+
+def boot_time() -> float:
+    """The epoch second this system booted: when its PID 1 started (``btime`` of /proc/stat
+    plus PID 1's start). The same as the kernel's boot on a machine, and right in a container
+    that runs systemd (the simulated hosts), whose "reboot" keeps the kernel's ``btime``."""
+    try:
+        btime = next(float(line.split()[1]) for line in
+                     Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError):
+        return 0.0
+    ticks = pid_start_ticks(1)
+    return btime + (ticks / os.sysconf("SC_CLK_TCK") if ticks else 0.0)
+
+
+def docker_time(text: str) -> float | None:
+    """``2026-11-29T10:00:01.123456789Z`` -> epoch seconds (None when unparseable)."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", text.strip())
+    if not m:
+        return None
+    tz = m.group(3) or "Z"
+    stamp = m.group(1) + ("+00:00" if tz == "Z" else tz)
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+class Ensure(Steps):
+    """The active stack serves, in a container created since this boot (``rigfleet-stack``
+    runs it at boot; the deploy runs it when the front's route is not the active stack).
+
+    A container from before a reboot keeps Genesis' text patches in its writable layer; it is
+    recreated, never restarted. Nothing is gated: the snapshot is what passed the gate.
+    """
+
+    def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
+                 who: str, why: str, retry_after_s: int = 30, ready_timeout_s: float = 1200.0,
+                 vram_timeout_s: float = 120.0, booted_at: float | None = None,
+                 lock: HostLock | None = None) -> None:
+        super().__init__(lay, ops, front, journal)
+        self.who, self.why = who, why
+        self.retry_after_s = retry_after_s
+        self.ready_timeout_s = ready_timeout_s
+        self.vram_timeout_s = vram_timeout_s
+        self.booted_at = boot_time() if booted_at is None else booted_at
+        self.lock = lock or HostLock(lay)
+
+    def run(self) -> Outcome:
+        try:
+            note = self.lock.acquire(self.who, self.why)
+        except LockHeld as held:
+            self.j.event("lock", str(held), level="error")
+            return Outcome("locked", EXIT_LOCKED, "ensure", reason=str(held), phase="lock")
+        try:
+            if note:
+                self.j.event("lock", note, level="warning")
+            mark_interrupted(self.lay, self.j)
+            return self._run()
+        except (Failure, FrontError) as f:
+            reason = f.reason if isinstance(f, Failure) else str(f)
+            self.j.event("ensure", reason, level="error")
+            ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
+                                                 reason=reason))
+            return Outcome("failed", EXIT_FAILED, "ensure", reason=reason,
+                           phase=getattr(f, "phase", "front"), serving=self.front.current())
+        finally:
+            self.lock.release()
+
+    def _run(self) -> Outcome:
+        active = read_active(self.lay)
+        if active is None:
+            self.front.maintenance("no verified stack on this host yet", self.retry_after_s,
+                                   wait=False)
+            self.j.event("ensure", "nothing was ever verified here: the front answers 503")
+            return Outcome("failed", EXIT_FAILED, "ensure", reason="no active stack",
+                           serving="maintenance")
+        ref = active.ref
+        st = self.ops.container(ref.container)
+        created = docker_time(st.created) if st else None
+        # Its container must be this boot's, from the snapshot's config and image (a compose
+        # file edited by hand keeps the labels, not the image).
+        image = self.ops.image_id(ref.image_ref)
+        fresh = (st is not None and st.running and st.config_hash == ref.config_hash
+                 and created is not None and created >= self.booted_at
+                 and (not st.image_id or image is None or st.image_id == image))
+        if fresh:
+            self.wait_ready(ref, self.ready_timeout_s)
+            if self.front.current() == ref.route_id:
+                self.j.event("ensure", f"{ref.route_id} already serves")
+                return Outcome("noop", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id)
+            self.front.serve(ref)
+            self.j.event("ensure", f"front routed to {ref.route_id}")
+            return Outcome("rerouted", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id)
+        t0 = self.ops.monotonic()
+        if st is None:
+            why = "its container is gone"
+        elif not st.running:
+            why = f"its container is {st.status}"
+        elif st.config_hash != ref.config_hash or (st.image_id and image
+                                                   and st.image_id != image):
+            why = "its container is not the snapshot's (other config or image)"
+        else:
+            why = ("its container is from before this boot (Genesis patches live in the "
+                   "container's writable layer: recreate, never restart)")
+        self.j.event("ensure", f"recreating {ref.route_id}: {why}")
+        self.front.maintenance(f"recreating {ref.stack}", self.retry_after_s, wait=False)
+        self.stop(known_projects(self.lay))
+        self.wait_vram(ref.gpu_memory_utilization, self.vram_timeout_s)
+        self.start(ref, ref.compose_file)
+        self.wait_ready(ref, self.ready_timeout_s)
+        self.answers(ref)
+        self.front.serve(ref)
+        window = self.ops.monotonic() - t0
+        ledger.append(self.lay, ledger.entry(
+            "ensure", "recreated", ref, by=self.who, deploy_id=active.deploy_id,
+            gate={**active.gate, "note": f"verified at promotion {active.since}"},
+            reason=self.why))
+        self.j.event("ensure", f"{ref.route_id} recreated and serving ({window:.1f}s)")
+        return Outcome("recreated", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id,
+                       window_s=window)
+
+
+def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journal) -> Outcome:
+    """Record a stack that already serves (a host converged before swaps were recorded): its
+    running container must carry the plan's config hash and answer; nothing restarts."""
+    new = plan.desired
+    lock = HostLock(lay)
+    try:
+        lock.acquire(plan.by, f"adopt {new.route_id}", plan.id)
+    except LockHeld as held:
+        return Outcome("locked", EXIT_LOCKED, "adopt", new.stack, str(held), "lock")
+    steps = Steps(lay, ops, front, journal)
+    try:
+        st = ops.container(new.container)
+        if st is None or not st.running or st.config_hash != new.config_hash:
+            raise Failure("adopt", f"{new.container} is not running with config hash "
+                          f"{new.config_hash} ({st})")
+        steps.wait_ready(new, plan.ready_timeout_s)
+        text = Path(new.compose_file).read_text()
+        if compose_hash(text) != new.config_hash:
+            raise Failure("adopt", f"{new.compose_file} is not the running configuration")
+        snapshot = StackRef(**{**new.to_dict(), "compose_file": str(lay.active_compose)})
+        gate = {"result": "not-run", "note": "adopted: it served before rigfleet recorded swaps"}
+        write_active(lay, Active(snapshot, ledger.now_iso(), plan.id, plan.by, gate), text)
+        front.serve(snapshot)
+        ledger.append(lay, ledger.entry("adopt", "adopted", snapshot, host=plan.host,
+                                        by=plan.by, deploy_id=plan.id, gate=gate))
+        ledger.update_state(lay, **ledger.stack_fields(snapshot), since=ledger.now_iso(),
+                            by=plan.by, deploy_id=plan.id, gate=gate)
+        journal.event("adopt", f"{new.route_id} recorded as active; the front routes to it")
+        return Outcome("adopted", EXIT_PROMOTED, "adopt", new.stack, serving=new.route_id)
+    except (Failure, FrontError, OSError) as e:
+        reason = getattr(e, "reason", str(e))
+        journal.event("adopt", reason, level="error")
+        return Outcome("failed", EXIT_FAILED, "adopt", new.stack, reason, "adopt",
+                       serving=front.current())
+    finally:
+        lock.release()
+
+
+def shutdown(lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
+             retry_after_s: int = 30) -> None:
+    """Before the machine goes down: the front to 503 (so nginx starts in maintenance at
+    boot, never proxying to a stack that is not up yet), then every stack down (so Docker does
+    not restart a container with an old writable layer at boot)."""
+    try:
+        front.maintenance("host restarting", retry_after_s, wait=False)
+    except FrontError as e:
+        journal.event("shutdown", f"front: {e}", level="warning")
+    for project, file in known_projects(lay):
+        journal.event("shutdown", f"docker compose down {project}")
+        err = ops.down(file, project)
+        if err:
+            journal.event("shutdown", err, level="warning")
+
+

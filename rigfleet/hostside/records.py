@@ -1,0 +1,280 @@
+"""The records rigfleet keeps on a host, and their readers: one contract for both sides.
+
+The host-side tool writes these records; the control side (``rigfleet status``, the bump,
+the deploy's facts) reads them only through the functions here, over the host probe
+(``rigfleet-host.pyz probe``). Paths come from ``rigfleet.hostside.layout``. Stdlib only.
+
+Records:
+
+- ``state.json``: what serves now, the pins it runs (``TRACKED_KEYS``), ``gate`` (the last
+  ``GateRecord``), ``last_swap`` (the last transaction's summary), other keys kept;
+- ``ledger.jsonl``: one JSON object per change (``rigfleet.hostside.ledger.entry``);
+- ``active/active.json``: ``rigfleet.hostside.plan.Active``;
+- ``lock/holder.json``: who holds the host lock, with the liveness data (``holder_alive``);
+- ``reports/verify-<ts>.json``: gate reports (schema ``rigfleet-verify/1``).
+
+Example::
+
+    holder = read_holder(HOST.lock_dir)           # None, or {..., "alive": bool}
+    gate = GateRecord.from_dict(state.get("gate"))
+    gate.result, gate.failed_checks               # 'fail', ('needles',)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .layout import ROUTE_MARK
+
+# The pins a stack runs, as state.json and every ledger line record them; a difference in any
+# of them is a ledger entry (roles/ledger.py) and drift (rigfleet status).
+TRACKED_KEYS = (
+    "stack", "image", "digest", "vllm_version", "genesis_commit", "model_repo",
+    "model_revision", "driver_branch", "toolkit_version", "pins_serial",
+)  # fmt: skip
+
+VERIFY_SCHEMA = "rigfleet-verify/1"
+# A lock directory without holder.json is being written; older than this it was abandoned.
+HALF_WRITTEN_LOCK_S = 30.0
+
+
+# --- plain files ------------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> tuple[Any, str | None]:
+    """(data, None), or (None, why): ``missing``, or the error."""
+    try:
+        return json.loads(path.read_text()), None
+    except FileNotFoundError:
+        return None, "missing"
+    except (OSError, ValueError) as e:
+        return None, str(e)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """``state.json`` as a dict ({} when missing or unreadable)."""
+    data, _ = read_json(path)
+    return data if isinstance(data, dict) else {}
+
+
+def ledger_tail(path: Path, n: int = 10) -> tuple[list[dict[str, Any]], int, str | None]:
+    """(the last ``n`` parseable lines oldest first, the number of lines, problem or None)."""
+    try:
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    except FileNotFoundError:
+        return [], 0, "missing"
+    except OSError as e:
+        return [], 0, str(e)
+    out: list[dict[str, Any]] = []
+    problem = None
+    for line in lines[-n:]:
+        try:
+            data = json.loads(line)
+        except ValueError as e:
+            problem = f"a line is not JSON ({e})"
+            continue
+        if isinstance(data, dict):
+            out.append(data)
+    if lines and not out:
+        problem = problem or "no line is a JSON object"
+    return out, len(lines), problem
+
+
+def route(path: Path) -> str | None:
+    """The front's current route id, from the first line of ``route.conf``."""
+    try:
+        first = path.read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    return first[len(ROUTE_MARK):].strip() if first.startswith(ROUTE_MARK) else None
+
+
+# --- the lock holder: one liveness rule -------------------------------------------------------
+
+
+def boot_id() -> str:
+    """The kernel's boot id: a pid from another boot is never alive."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def pid_start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time since boot): tells a reused pid apart."""
+    try:
+        text = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = text.rpartition(")")[2].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def holder_alive(holder: dict[str, Any]) -> bool:
+    """True while the process that took the lock still runs (same boot, same pid start)."""
+    if holder.get("boot_id") and holder.get("boot_id") != boot_id():
+        return False
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    start = pid_start_ticks(pid)
+    if start is None:
+        return False
+    return holder.get("pid_start") in (None, start)
+
+
+def read_holder(lock_dir: Path) -> dict[str, Any] | None:
+    """The lock's ``holder.json`` plus ``alive``; None when nobody holds the lock."""
+    if not lock_dir.is_dir():
+        return None
+    try:
+        holder = json.loads((lock_dir / "holder.json").read_text())
+        if not isinstance(holder, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError):
+        # Between mkdir and writing holder.json, or a holder killed right there.
+        try:
+            age = time.time() - lock_dir.stat().st_mtime
+        except OSError:
+            return None
+        return {"who": "unknown", "why": "lock being taken", "since": None, "pid": None,
+                "alive": age < HALF_WRITTEN_LOCK_S, "half_written": True}
+    holder["alive"] = holder_alive(holder)
+    return holder
+
+
+def describe(holder: dict[str, Any]) -> str:
+    """One line about a holder, for refusals and takeovers."""
+    where = f"pid {holder.get('pid')}" + (f" on {holder['host']}" if holder.get("host") else "")
+    deploy = f", deploy {holder['deploy_id']}" if holder.get("deploy_id") else ""
+    return (f"locked by {holder.get('who') or 'unknown'} since {holder.get('since') or '?'} "
+            f"({where}{deploy}): {holder.get('why') or 'no reason given'}")
+
+
+def live_holder(holder: Any) -> dict[str, Any] | None:
+    """``holder`` when a live process holds the lock, else None (free, or stale)."""
+    return holder if isinstance(holder, dict) and holder.get("alive") else None
+
+
+# --- gate results -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateRecord:
+    """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``).
+
+    + result: ``pass``, ``fail``, ``error`` or ``not-run``
+    + failed_checks: names of the failed checks
+    + report, report_md: the report files on the host
+    + at: when it ran; profile: the gate profile; summary: one line
+    """
+
+    result: str = "not-run"
+    failed_checks: tuple[str, ...] = ()
+    report: str | None = None
+    report_md: str | None = None
+    at: str | None = None
+    profile: str | None = None
+    summary: str = ""
+    seconds: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> GateRecord | None:
+        """The record in ``data``; None when ``data`` is not a gate record."""
+        if not isinstance(data, dict) or not isinstance(data.get("result"), str):
+            return None
+        failed = data.get("failed_checks")
+        seconds = data.get("seconds")
+        return cls(
+            result=str(data["result"]),
+            failed_checks=tuple(str(x) for x in failed) if isinstance(failed, list) else (),
+            report=_opt_str(data.get("report")),
+            report_md=_opt_str(data.get("report_md")),
+            at=_opt_str(data.get("at")),
+            profile=_opt_str(data.get("profile")),
+            summary=str(data.get("summary") or ""),
+            seconds=float(seconds) if isinstance(seconds, int | float) else None,
+        )
+
+    def text(self) -> str:
+        """``pass``, ``fail (needles, soak): ...`` for a table or a message."""
+        out = self.result + (f" ({', '.join(self.failed_checks)})" if self.failed_checks else "")
+        return out + (f": {self.summary}" if self.summary and self.result != "pass" else "")
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class ReportSummary:
+    """A ``rigfleet-verify/1`` gate report, as the control side shows it.
+
+    + file: the report's path relative to the reports directory
+    + mtime: its modification time
+    + failed: names of the failed checks; total: how many checks ran
+    """
+
+    file: str
+    mtime: float
+    failed: tuple[str, ...] = ()
+    total: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        if self.failed:
+            return (f"fail: {len(self.failed)} of {self.total} checks failed "
+                    f"({', '.join(self.failed)})")
+        return f"pass {self.counts.get('pass', self.total)}/{self.total}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "mtime": self.mtime, "failed": list(self.failed),
+                "total": self.total, "counts": dict(self.counts)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ReportSummary | None:
+        if not isinstance(data, dict) or not isinstance(data.get("file"), str):
+            return None
+        counts = data.get("counts") if isinstance(data.get("counts"), dict) else {}
+        return cls(file=str(data["file"]), mtime=float(data.get("mtime") or 0.0),
+                   failed=tuple(str(x) for x in data.get("failed") or ()),
+                   total=int(data.get("total") or 0),
+                   counts={str(k): int(v) for k, v in counts.items() if isinstance(v, int)})
+
+
+def summarise_report(data: Any, file: str, mtime: float) -> ReportSummary | None:
+    """The summary of a parsed report; None when it is not a ``rigfleet-verify/1`` report."""
+    if not isinstance(data, dict) or data.get("schema") != VERIFY_SCHEMA:
+        return None
+    checks = [c for c in data.get("checks") or [] if isinstance(c, dict)]
+    counts = data.get("summary") if isinstance(data.get("summary"), dict) else {}
+    counts = {str(k): int(v) for k, v in counts.items() if isinstance(v, int)}
+    failed = tuple(str(c.get("name")) for c in checks if c.get("status") == "fail")
+    total = sum(counts.values()) or len(checks)
+    return ReportSummary(file, mtime, failed, total, counts)
+
+
+def reports(directory: Path, newest: int = 20) -> tuple[list[str], ReportSummary | None]:
+    """(report files oldest first, relative to ``directory``; the newest gate report)."""
+    try:
+        found = sorted((p for p in directory.rglob("*.json") if p.is_file()),
+                       key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return [], None
+    names = [os.path.relpath(p, directory) for p in found]
+    for path in reversed(found[-newest:]):
+        data, _ = read_json(path)
+        summary = summarise_report(data, os.path.relpath(path, directory), path.stat().st_mtime)
+        if summary is not None:
+            return names, summary
+    return names, None

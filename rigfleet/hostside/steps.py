@@ -1,0 +1,253 @@
+"""What the swap transaction, ``Ensure`` and ``adopt`` share: the host as they see it
+(``Ops``, ``FrontControl``), how a step fails (``Failure``), how a run ends (``Outcome``), and
+the steps themselves (stop every stack, wait for the cards' memory, start, wait until ready,
+check it answers, keep its log).
+
+Everything with side effects comes in through ``Ops`` (docker, nvidia-smi, HTTP) and a
+``FrontControl``, so the decisions are tested with fakes (tests/unit/test_swap_*.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .gate import GateResult, GateRun
+from .journal import Journal
+from .layout import Layout
+from .plan import StackRef
+from .stackctl import (
+    BootFailure,
+    ContainerState,
+    GpuMemory,
+    classify_boot_failure,
+    vram_free_enough,
+)
+
+EXIT_PROMOTED, EXIT_ROLLED_BACK, EXIT_FAILED, EXIT_LOCKED, EXIT_BAD_PLAN = 0, 1, 2, 3, 4
+READY_POLL_S = 1.0
+VRAM_POLL_S = 0.5
+PROGRESS_EVERY_S = 15.0
+LOG_LINES_KEPT = 2000
+_PROJECT_NAME = re.compile(r"^name:\s*['\"]?([A-Za-z0-9][A-Za-z0-9_.-]*)", re.M)
+
+
+class Ops(Protocol):
+    """The host as the transaction sees it (``stackctl.SystemOps``; fakes in tests)."""
+
+    def image_present(self, ref: str) -> bool: ...
+    def image_id(self, ref: str) -> str | None: ...
+    def remove(self, name: str) -> str | None: ...
+    def running(self) -> list[str]: ...
+    def compose_check(self, file: str, project: str) -> str | None: ...
+    def up(self, file: str, project: str) -> str | None: ...
+    def down(self, file: str, project: str) -> str | None: ...
+    def container(self, name: str) -> ContainerState | None: ...
+    def logs(self, name: str, tail: int = 300) -> str: ...
+    def gpus(self) -> list[GpuMemory]: ...
+    def health(self, port: int, served: str) -> tuple[bool, str]: ...
+    def chat(self, port: int, served: str) -> tuple[bool, str]: ...
+    def sleep(self, seconds: float) -> None: ...
+    def monotonic(self) -> float: ...
+
+
+class FrontControl(Protocol):
+    def serve(self, ref: StackRef, wait: bool = True) -> None: ...
+    def maintenance(self, message: str, retry_after_s: int, wait: bool = True) -> None: ...
+    def current(self) -> str | None: ...
+
+
+GateFn = Callable[[GateRun, Callable[[str], None], Callable[[], bool]], GateResult]
+
+
+class Failure(Exception):
+    """A step failed; ``phase`` says which, ``reason`` says why (one line, for people)."""
+
+    def __init__(self, phase: str, reason: str, boot: BootFailure | None = None,
+                 gate: GateResult | None = None) -> None:
+        super().__init__(reason)
+        self.phase = phase
+        self.reason = reason
+        self.boot = boot
+        self.gate = gate
+
+
+@dataclass
+class Outcome:
+    """How a transaction ended (``result.json``; the deploy prints ``reason`` on failure).
+
+    + result: ``promoted``, ``rolled-back`` (the old stack serves again), ``failed``
+      (nothing verified serves), ``refused`` (nothing was changed), ``locked``
+    + exit: the process's exit status (see ``EXIT_*``)
+    + serving: the route the front ends on (``int8/<hash>``, ``maintenance``)
+    """
+
+    result: str
+    exit: int
+    kind: str = ""
+    stack: str = ""
+    reason: str = ""
+    phase: str = ""
+    serving: str | None = None
+    gate: dict[str, Any] | None = None
+    boot_failure: dict[str, str] | None = None
+    kept_log: str | None = None
+    window_s: float | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def project_of(compose_text: str) -> str | None:
+    """The compose project's ``name:``."""
+    m = _PROJECT_NAME.search(compose_text)
+    return m.group(1) if m else None
+
+
+def known_projects(lay: Layout, stacks_dir: Path | None = None) -> list[tuple[str, str]]:
+    """(project, compose file) of the active snapshot and every rendered stack."""
+    found: list[tuple[str, str]] = []
+    files = [lay.active_compose] + sorted((stacks_dir or lay.stacks_dir)
+                                          .glob("*/compose.yaml"))
+    for path in files:
+        try:
+            project = project_of(path.read_text())
+        except OSError:
+            continue
+        if project and project not in {p for p, _ in found}:
+            found.append((project, str(path)))
+    return found
+
+
+class Steps:
+    """Steps shared by the transaction, ``Ensure`` and ``adopt``."""
+
+    def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
+                 interrupted: Callable[[], bool] = lambda: False) -> None:
+        self.lay = lay
+        self.ops = ops
+        self.front = front
+        self.j = journal
+        self.interrupted = interrupted
+
+    def check_interrupt(self) -> None:
+        if self.interrupted():
+            raise Failure("interrupted", "the transaction was asked to stop (SIGTERM)")
+
+    def stop(self, projects: list[tuple[str, str]]) -> None:
+        """``docker compose down`` every project (one that has no container is a no-op), then
+        remove any container still holding a stack's name: one started by hand (``docker
+        run --name rigfleet-int8``) is no compose project's, holds the cards and the name."""
+        done: set[str] = set()
+        for project, file in projects:
+            if project in done or not Path(file).exists():
+                continue
+            done.add(project)
+            self.j.event("stop", f"docker compose down {project}")
+            err = self.ops.down(file, project)
+            if err:
+                raise Failure("stop", f"docker compose down {project} failed: {err}")
+        # A stack's container is named as its project (rigfleet/catalog.py: rigfleet-<name>).
+        for name in sorted(done):
+            if self.ops.container(name) is not None:
+                self.j.event("stop", f"removing container {name}: it is not from its compose "
+                             "project (started by hand?)", level="warning")
+                err = self.ops.remove(name)
+                if err:
+                    raise Failure("stop", f"docker rm {name} failed: {err}")
+
+    def wait_vram(self, utilization: float, timeout_s: float) -> float:
+        """Until every card has ``utilization`` x total free, twice in a row (settled)."""
+        t0 = self.ops.monotonic()
+        good, detail, last_note = 0, "", t0
+        while True:
+            self.check_interrupt()
+            try:
+                ok, detail = vram_free_enough(self.ops.gpus(), utilization)
+            except ValueError as e:
+                ok, detail = False, str(e)
+            good = good + 1 if ok else 0
+            now = self.ops.monotonic()
+            if good >= 2:
+                self.j.event("vram", f"GPU memory released ({detail}) after {now - t0:.1f}s")
+                return now - t0
+            if now - t0 > timeout_s:
+                others = ", ".join(self.ops.running()) or "none"
+                raise Failure("vram", f"GPU memory not released within {timeout_s:g}s "
+                              f"({detail}); need {utilization:g} of each card free; running "
+                              f"containers: {others}")
+            if now - last_note > PROGRESS_EVERY_S:
+                self.j.event("vram", f"waiting for GPU memory: {detail}")
+                last_note = now
+            self.ops.sleep(VRAM_POLL_S)
+
+    def start(self, ref: StackRef, compose_file: str) -> None:
+        self.j.event("start", f"docker compose up {ref.project} (recreated) from {compose_file}")
+        err = self.ops.up(compose_file, ref.project)
+        if err:
+            boot = classify_boot_failure(err)
+            raise Failure("start", f"docker compose up {ref.project} failed: {err}", boot=boot)
+
+    def wait_ready(self, ref: StackRef, timeout_s: float) -> float:
+        """Until ``/health`` and ``/v1/models`` answer; fail fast when the container dies."""
+        t0 = self.ops.monotonic()
+        first = self.ops.container(ref.container)
+        if first is None:
+            raise Failure("boot", f"container {ref.container} does not exist after compose up")
+        restarts = first.restarts
+        last_note, detail = t0, ""
+        while True:
+            self.check_interrupt()
+            st = self.ops.container(ref.container)
+            if st is None or st.status in ("exited", "dead", "restarting") \
+                    or st.restarts > restarts or st.oom_killed:
+                raise self._died(ref, st)
+            ok, detail = self.ops.health(ref.port, ref.served_model_name)
+            now = self.ops.monotonic()
+            if ok:
+                self.j.event("ready", f"{ref.stack} ready after {now - t0:.1f}s")
+                return now - t0
+            if now - t0 > timeout_s:
+                boot = classify_boot_failure(self.ops.logs(ref.container, 400))
+                raise Failure("ready", f"{ref.stack} not ready after {timeout_s:g}s ({detail})"
+                              + (f"; its log shows {boot}" if boot else ""), boot=boot)
+            if now - last_note > PROGRESS_EVERY_S:
+                self.j.event("ready", f"waiting for {ref.stack}: {detail}")
+                last_note = now
+            self.ops.sleep(READY_POLL_S)
+
+    def _died(self, ref: StackRef, st: ContainerState | None) -> Failure:
+        log = self.ops.logs(ref.container, 400)
+        boot = classify_boot_failure(log)
+        if st is None:
+            how = "disappeared while booting"
+        elif st.status in ("exited", "dead"):
+            how = (f"died while booting (exit code {st.exit_code}"
+                   + (", OOM-killed" if st.oom_killed else "") + ")")
+        else:  # its restart policy brought it back: it died at least once
+            how = f"died while booting (Docker restarted it, {st.status} now)"
+        cause = str(boot) if boot else "no known boot failure in its log; last lines: " + \
+            " | ".join(line.strip() for line in log.strip().splitlines()[-3:])
+        return Failure("boot", f"{ref.stack} {how}: {cause}", boot=boot)
+
+    def keep_log(self, ref: StackRef, directory: Path) -> str | None:
+        if self.ops.container(ref.container) is None:
+            return None  # it never started (the failure came before)
+        text = self.ops.logs(ref.container, LOG_LINES_KEPT)
+        if not text.strip():
+            return None
+        path = directory / f"{ref.stack}-{ref.config_hash}.log"
+        path.write_text(text)
+        return str(path)
+
+    def answers(self, ref: StackRef) -> None:
+        ok, detail = self.ops.chat(ref.port, ref.served_model_name)
+        if not ok:
+            raise Failure("answer", f"{ref.stack} is up but does not answer: {detail}")
+        self.j.event("answer", f"{ref.stack} answers a chat completion")
+
+

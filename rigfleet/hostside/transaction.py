@@ -1,0 +1,297 @@
+"""The swap transaction: from the active (verified) stack to the desired one, or back.
+
+Both stacks cannot hold the two 24 GB cards at once, so a swap is sequential, and runs on the
+host (a transient systemd unit, not a child of the SSH session) so it completes or rolls back
+even when the deploy's connection drops::
+
+    lock -> stage checks (nothing changes yet; a refusal leaves the old stack serving)
+         -> front: 503 + Retry-After
+         -> every stack down -> wait until nvidia-smi shows the cards' memory released
+         -> new stack up (recreated) -> ready? (fail fast when it dies; name the boot failure)
+         -> gate (verify-stress) -> promote: active snapshot, front -> new, ledger
+    any failure after the window opened:
+         keep the new stack's log (and the gate report) -> new stack down -> memory released
+         -> old stack up from its snapshot -> it answers -> front -> old -> ledger -> exit 1
+
+The first activation (nothing active) has no rollback: a failure stops the new stack and the
+front stays at 503 (exit 2). The same transaction serves a pin bump of one stack (new image,
+new Genesis commit): the snapshot in ``/var/lib/rigfleet/active/compose.yaml`` is exactly what
+served before. ``Ensure`` (boot, reroute) and ``adopt`` (``rigfleet.hostside.ensure``) share the steps
+(``rigfleet.hostside.steps``).
+
+Everything with side effects comes in through ``Ops`` (docker, nvidia-smi, HTTP), a ``Front``
+and a gate function, so the decisions are tested with fakes (tests/unit/test_swap_*.py)::
+
+    outcome = Transaction(plan, Layout(), SystemOps(key), front, gate_fn, journal).run()
+    outcome.exit        # 0 promoted, 1 rolled back (old serves), 2 failed, 3 locked
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from . import ledger
+from .active import mark_interrupted, prune_journals, read_active, write_active
+from .front import FrontError
+from .gate import GateResult, GateRun
+from .journal import Journal
+from .layout import Layout
+from .lock import HostLock, LockHeld
+from .plan import Active, Plan, StackRef, compose_hash
+from .steps import (
+    EXIT_BAD_PLAN,
+    EXIT_FAILED,
+    EXIT_LOCKED,
+    EXIT_PROMOTED,
+    EXIT_ROLLED_BACK,
+    Failure,
+    FrontControl,
+    GateFn,
+    Ops,
+    Outcome,
+    Steps,
+)
+
+__all__ = ["EXIT_BAD_PLAN", "Transaction"]
+
+
+class Transaction(Steps):
+    """One swap (see the module docstring)."""
+
+    def __init__(self, plan: Plan, lay: Layout, ops: Ops, front: FrontControl, gate: GateFn,
+                 journal: Journal, interrupted: Callable[[], bool] = lambda: False,
+                 lock: HostLock | None = None) -> None:
+        super().__init__(lay, ops, front, journal, interrupted)
+        self.plan = plan
+        self.gate_fn = gate
+        self.lock = lock or HostLock(lay)
+        self.dir = lay.swap_dir(plan.id)
+        self.timings: dict[str, float] = {}
+
+    # -- entry --------------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        plan = self.plan
+        self.j.event("lock", f"taking the host lock for {plan.by}: {plan.why}")
+        try:
+            note = self.lock.acquire(plan.by, plan.why, plan.id)
+        except LockHeld as held:
+            outcome = Outcome("locked", EXIT_LOCKED, stack=plan.desired.stack,
+                              reason=f"{plan.host or 'host'}: {held}", phase="lock")
+            self.j.event("lock", outcome.reason, level="error")
+            self.j.finish(outcome.to_dict())
+            return outcome
+        try:
+            if note:
+                self.j.event("lock", note, level="warning")
+                mark_interrupted(self.lay, self.j, exclude=plan.id)
+            prune_journals(self.lay)
+            outcome = self._run()
+        except Exception as e:  # a bug must still end with a result and a released lock
+            outcome = Outcome("failed", EXIT_FAILED, stack=plan.desired.stack, phase="internal",
+                              reason=f"internal error: {type(e).__name__}: {e}",
+                              serving=self.front.current())
+            self.j.event("internal", outcome.reason, level="error")
+        finally:
+            self.lock.release()
+        outcome.timings = self.timings
+        self.j.event("done", f"{outcome.result}: {outcome.reason or outcome.serving}",
+                     level="info" if outcome.exit == 0 else "error")
+        self.j.finish(outcome.to_dict())
+        # "last_swap": what rigfleet.bump.rollout reads (with its "gate" and "reason").
+        ledger.update_state(self.lay, last_swap={
+            "id": plan.id, "kind": outcome.kind, "result": outcome.result,
+            "reason": outcome.reason, "at": ledger.now_iso(), "stack": plan.desired.stack,
+            "serving": outcome.serving, "gate": outcome.gate,
+            "boot_failure": outcome.boot_failure})
+        return outcome
+
+    # -- the story ----------------------------------------------------------------------------
+
+    def _run(self) -> Outcome:
+        plan, new = self.plan, self.plan.desired
+        active = read_active(self.lay)
+        old = active.ref if active else None
+        kind = "activate" if old is None else "swap" if old.stack != new.stack else "update"
+        self.j.event("plan", f"{kind}: {old.route_id if old else 'nothing'} -> {new.route_id}")
+        try:
+            staged = self._stage(new, old)
+        except Failure as f:
+            self.j.event("stage", f.reason, level="error")
+            return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,
+                           f"refused before any change: {f.reason}", f.phase,
+                           serving=self.front.current())
+        t_window = self.ops.monotonic()
+        try:
+            self.front.maintenance(
+                f"{kind} {old.stack if old else 'nothing'} -> {new.stack} in progress",
+                plan.retry_after_s)
+        except FrontError as e:
+            return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,
+                           f"refused before any change: {e}", "front",
+                           serving=self.front.current())
+        self.j.event("front", f"maintenance: 503 + Retry-After {plan.retry_after_s}s")
+        gate: GateResult | None = None
+        try:
+            t = self.ops.monotonic()
+            self.stop(self._teardown(old, staged))
+            self.timings["stop_s"] = self.ops.monotonic() - t
+            self.timings["vram_s"] = self.wait_vram(new.gpu_memory_utilization,
+                                                    plan.vram_timeout_s)
+            self.check_interrupt()
+            t = self.ops.monotonic()
+            self.start(new, staged)
+            self.timings["up_s"] = self.ops.monotonic() - t
+            self.timings["ready_s"] = self.wait_ready(new, plan.ready_timeout_s)
+            gate = self._gate(new)
+            if not gate.passed:
+                raise Failure("gate", self._gate_reason(gate), gate=gate)
+            self._promote(new, staged, gate, old, kind)
+        except Failure as f:
+            return self._rollback(kind, old, new, staged, f, t_window)
+        except Exception as e:  # a bug inside the window: still go back to what served
+            failure = Failure("internal", f"internal error: {type(e).__name__}: {e}")
+            return self._rollback(kind, old, new, staged, failure, t_window)
+        window = self.ops.monotonic() - t_window
+        self.timings["window_s"] = window
+        self.j.event("promote", f"{new.route_id} serves (503 window {window:.1f}s)")
+        return Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
+                       serving=new.route_id, gate=gate.record() if gate else None,
+                       window_s=window)
+
+    def _stage(self, new: StackRef, old: StackRef | None) -> str:
+        """Checks that change nothing: the staged compose file is the one the deploy rendered
+        (copied aside, so a concurrent deploy cannot change it under us), it parses, the
+        images are here, and the old stack's snapshot exists (a rollback needs it)."""
+        try:
+            text = Path(new.compose_file).read_text()
+        except OSError as e:
+            raise Failure("stage", f"{new.compose_file} cannot be read ({e.strerror})") from None
+        found = compose_hash(text)
+        if found != new.config_hash:
+            raise Failure("stage", f"{new.compose_file} has config hash {found}, the plan "
+                          f"expects {new.config_hash} (did another deploy render it since?)")
+        staged = self.dir / "compose.yaml"
+        staged.write_text(text)
+        err = self.ops.compose_check(str(staged), new.project)
+        if err:
+            raise Failure("stage", f"docker compose config refuses {new.compose_file}: {err}")
+        if not self.ops.image_present(new.image_ref):
+            raise Failure("stage", f"image {new.image_ref} is not on the host (not staged)")
+        if old is not None:
+            if not Path(old.compose_file).exists():
+                raise Failure("stage", f"the active stack's snapshot {old.compose_file} is "
+                              "missing: a failed swap could not roll back")
+            if not self.ops.image_present(old.image_ref):
+                raise Failure("stage", f"the active stack's image {old.image_ref} is gone: a "
+                              "failed swap could not roll back")
+        self.j.event("stage", f"{new.stack} staged: compose file checked, image present")
+        return str(staged)
+
+    def _teardown(self, old: StackRef | None, staged: str) -> list[tuple[str, str]]:
+        projects = [(old.project, old.compose_file)] if old else []
+        projects.append((self.plan.desired.project, staged))
+        projects += [p for p in self.plan.projects]
+        return projects
+
+    def _gate(self, new: StackRef) -> GateResult:
+        self.check_interrupt()
+        plan = self.plan
+        self.j.event("gate", f"verify-stress gate, profile {plan.gate_profile}, against "
+                     f"{new.stack} on 127.0.0.1:{new.port}")
+        run = GateRun(url=f"http://127.0.0.1:{new.port}", key_file=self.lay.api_key_file,
+                      profile=plan.gate_profile, report_dir=self.lay.reports_dir,
+                      sets=plan.gate_set, timeout_s=plan.gate_timeout_s)
+
+        def on_line(line: str) -> None:
+            if line.strip() and set(line.strip()) - set(".0123456789 "):
+                self.j.event("gate", line.strip())
+
+        t = self.ops.monotonic()
+        result = self.gate_fn(run, on_line, self.interrupted)
+        self.timings["gate_s"] = self.ops.monotonic() - t
+        self.j.event("gate", f"{result.result}: {result.summary}; report {result.report_json}",
+                     level="info" if result.passed else "error")
+        return result
+
+    @staticmethod
+    def _gate_reason(gate: GateResult) -> str:
+        if gate.result == "error":
+            return f"the gate could not decide: {gate.summary}"
+        # The per-check details stay in the report and the ledger's gate record.
+        return (f"gate failed {len(gate.failed_checks)} check(s): "
+                f"{', '.join(gate.failed_checks)}; report {gate.report_json}")
+
+    def _promote(self, new: StackRef, staged: str, gate: GateResult, old: StackRef | None,
+                 kind: str) -> None:
+        plan = self.plan
+        snapshot = StackRef(**{**new.to_dict(), "compose_file": str(self.lay.active_compose)})
+        previous = (self.lay.active_json.read_text(), self.lay.active_compose.read_text()) \
+            if old is not None and self.lay.active_json.exists() else None
+        # Record first, then switch: a crash between the two leaves "active" pointing at the
+        # running, verified stack, and the boot-time ensure routes the front to it.
+        write_active(self.lay, Active(snapshot, ledger.now_iso(), plan.id, plan.by,
+                                      gate.record()), Path(staged).read_text())
+        try:
+            self.front.serve(snapshot)
+        except FrontError as e:
+            if previous is not None:
+                self.lay.active_json.write_text(previous[0])
+                self.lay.active_compose.write_text(previous[1])
+            else:
+                self.lay.active_json.unlink(missing_ok=True)
+            raise Failure("front", f"the front could not be switched to {new.stack}: {e}",
+                          gate=gate) from None
+        ledger.append(self.lay, ledger.entry(
+            kind, "promoted", snapshot, host=plan.host, by=plan.by, deploy_id=plan.id,
+            gate=gate.record(), previous=old))
+        ledger.update_state(self.lay, **ledger.stack_fields(snapshot), since=ledger.now_iso(),
+                            by=plan.by, deploy_id=plan.id, gate=gate.record())
+
+    def _rollback(self, kind: str, old: StackRef | None, new: StackRef, staged: str,
+                  failure: Failure, t_window: float) -> Outcome:
+        plan = self.plan
+        gate = failure.gate.record() if failure.gate else None
+        boot = asdict(failure.boot) if failure.boot else None
+        target = old.stack if old else "nothing (first activation)"
+        self.j.event("rollback", f"{failure.phase} failed: {failure.reason}; back to {target}",
+                     level="error")
+        kept = self.keep_log(new, self.dir)
+        if kept:
+            self.j.event("rollback", f"kept {new.stack}'s log in {kept}")
+        line = dict(attempted=new, host=plan.host, by=plan.by, deploy_id=plan.id, gate=gate,
+                    reason=failure.reason,
+                    extra={"phase": failure.phase, "boot_failure": boot, "kept_log": kept})
+        outcome = Outcome("failed", EXIT_FAILED, kind, new.stack, failure.reason, failure.phase,
+                          gate=gate, boot_failure=boot, kept_log=kept)
+        try:
+            self.interrupted = lambda: False  # a stop request must not stop the way back
+            self.stop([(new.project, staged)])
+            if old is None:
+                self.front.maintenance("no verified stack is serving", plan.retry_after_s)
+                outcome.serving = "maintenance"
+                ledger.append(self.lay, ledger.entry(kind, "failed", None, **line))
+                return outcome
+            self.wait_vram(old.gpu_memory_utilization, plan.vram_timeout_s)
+            self.start(old, old.compose_file)
+            self.wait_ready(old, plan.ready_timeout_s)
+            self.answers(old)
+            self.front.serve(old)
+        except (Failure, FrontError) as f2:
+            reason = getattr(f2, "reason", str(f2))
+            outcome.reason = f"{failure.reason}; rollback failed too: {reason}"
+            outcome.serving = self.front.current()
+            self.j.event("rollback", f"rollback failed: {reason}", level="error")
+            ledger.append(self.lay, ledger.entry(kind, "failed", None, **{
+                **line, "previous": old, "reason": outcome.reason}))
+            return outcome
+        window = self.ops.monotonic() - t_window
+        self.j.event("rollback", f"{old.route_id} serves again (503 window {window:.1f}s)")
+        ledger.append(self.lay, ledger.entry(kind, "rolled-back", old, **line))
+        outcome.result, outcome.exit = "rolled-back", EXIT_ROLLED_BACK
+        outcome.serving, outcome.window_s = old.route_id, window
+        return outcome
+
+

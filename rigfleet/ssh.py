@@ -1,0 +1,228 @@
+"""The one SSH layer outside pyinfra's own run: status, the bump, report copies, image streams.
+
+Built on fabric from the inventory's connection data (``ssh_hostname``, ``ssh_port``,
+``ssh_user``, ``ssh_key``, ``ssh_password``...), never from ``~/.ssh/config``. Host keys are
+strict: they come only from ``ssh_known_hosts_file`` when the data sets it (else the user's
+``~/.ssh/known_hosts``); an unknown host is refused unless the data says
+``ssh_strict_host_key_checking`` is ``no`` or ``accept-new`` (then accepted for this call,
+never written); a host whose key *differs* is always refused. Hosts whose data sets ``_sudo``
+get every command through ``sudo -n``. Every call has a timeout::
+
+    remote = SshRemote()
+    rc, out = remote.run(host, "docker image ls --digests")
+    remote.reachable(host)          # None when SSH works, else why not
+    with open("img.tar", "wb") as f:
+        remote.stream_out(host, "docker save vllm/vllm-openai:v0.27.1", f)
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import shlex
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from rigfleet.errors import RigfleetError
+from rigfleet.inventory import InventoryHost
+
+# paramiko logs a traceback for every refused connection; the caller's message says why.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
+
+CHUNK = 1 << 20
+
+
+class HostUnreachable(RigfleetError):
+    """SSH to the host failed (connection, host key, auth, timeout); the message says which."""
+
+
+class Remote(Protocol):
+    """What status and the bump need from a host (``SshRemote``; tests pass a fake)."""
+
+    def run(
+        self, host: InventoryHost, command: str, *, timeout: float = 120, stdin: bytes = b""
+    ) -> tuple[int, str]: ...
+
+    def stream_out(
+        self, host: InventoryHost, command: str, dest: BinaryIO, *, timeout: float = 3600
+    ) -> tuple[int, str]: ...
+
+    def stream_in(
+        self, host: InventoryHost, command: str, src: BinaryIO, *, timeout: float = 3600
+    ) -> tuple[int, str]: ...
+
+    def reachable(self, host: InventoryHost) -> str | None: ...
+
+
+def connection(host: InventoryHost, timeout: float) -> Any:
+    """A connected ``fabric.Connection`` for ``host`` (see the module docstring)."""
+    import paramiko
+    from fabric import Config, Connection
+
+    hostname, port, user = host.ssh_target
+    data = host.data
+    key = data.get("ssh_key")
+    connect_kwargs: dict[str, Any] = {
+        "allow_agent": not key,
+        "look_for_keys": not key,
+        "banner_timeout": timeout,
+        "auth_timeout": timeout,
+    }
+    if key:
+        connect_kwargs["key_filename"] = str(Path(str(key)).expanduser())
+    if data.get("ssh_key_password"):
+        connect_kwargs["passphrase"] = data["ssh_key_password"]
+    if data.get("ssh_password"):
+        connect_kwargs["password"] = data["ssh_password"]
+    config = Config(overrides={"load_ssh_configs": False})
+    conn = Connection(hostname, user=user, port=port, connect_timeout=max(1, int(timeout)),
+                      connect_kwargs=connect_kwargs, config=config)
+    known = data.get("ssh_known_hosts_file")
+    try:
+        if known:
+            conn.client.load_host_keys(str(Path(str(known)).expanduser()))
+        else:
+            conn.client.load_system_host_keys()
+    except OSError as e:
+        raise HostUnreachable(f"{host.name}: cannot read known hosts {known}: {e.strerror}") \
+            from None
+    strict = str(data.get("ssh_strict_host_key_checking", "yes")).lower()
+    policy = (paramiko.AutoAddPolicy() if strict in ("no", "off", "false", "accept-new")
+              else paramiko.RejectPolicy())
+    conn.client.set_missing_host_key_policy(policy)
+    where = f"ssh {user}@{hostname}:{port}"
+    try:
+        conn.open()
+    except paramiko.BadHostKeyException as e:
+        conn.close()
+        raise HostUnreachable(
+            f"{host.name}: host key of {hostname}:{port} differs from "
+            f"{known or 'known_hosts'} ({e})") from None
+    except paramiko.SSHException as e:
+        conn.close()
+        if "not found in known_hosts" in str(e):
+            raise HostUnreachable(
+                f"{host.name}: {hostname}:{port} is not in {known or '~/.ssh/known_hosts'} "
+                "(strict host key checking); add it (ssh-keyscan) or fix ssh_known_hosts_file"
+            ) from None
+        raise HostUnreachable(f"{host.name}: {where}: {e}") from None
+    except (OSError, EOFError) as e:
+        conn.close()
+        raise HostUnreachable(f"{host.name}: {where}: {getattr(e, 'strerror', None) or e}") \
+            from None
+    return conn
+
+
+class SshRemote:
+    """``Remote`` over fabric; every call opens and closes its own connection."""
+
+    def __init__(self, connect_timeout: float = 10.0) -> None:
+        self.connect_timeout = connect_timeout
+
+    @staticmethod
+    def command(host: InventoryHost, command: str) -> str:
+        """``command`` as it is sent (through ``sudo -n`` for ``_sudo`` hosts)."""
+        if host.data.get("_sudo"):
+            return f"sudo -n sh -c {shlex.quote(command)}"
+        return command
+
+    @contextmanager
+    def _channel(self, host: InventoryHost, command: str, timeout: float) -> Iterator[Any]:
+        conn = connection(host, self.connect_timeout)
+        try:
+            transport = conn.client.get_transport()
+            assert transport is not None
+            chan = transport.open_session(timeout=timeout)
+            chan.settimeout(timeout)
+            chan.exec_command(self.command(host, command))
+            yield chan
+        except (OSError, EOFError) as e:  # the connection dropped mid-command (host stopped)
+            raise HostUnreachable(f"{host.name}: connection lost: {e}") from None
+        finally:
+            conn.close()
+
+    def run(
+        self, host: InventoryHost, command: str, *, timeout: float = 120, stdin: bytes = b""
+    ) -> tuple[int, str]:
+        """(exit status, stdout then stderr) of ``command``; raises ``HostUnreachable``."""
+        with self._channel(host, command, timeout) as chan:
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            try:
+                while chunk := chan.recv(65536):
+                    out += chunk
+                while chunk := chan.recv_stderr(65536):
+                    err += chunk
+            except TimeoutError:
+                raise HostUnreachable(f"{host.name}: no answer within {timeout:g}s") from None
+            rc = chan.recv_exit_status()
+        text = out.decode(errors="replace")
+        if err:
+            text += ("" if not text or text.endswith("\n") else "\n") + err.decode(
+                errors="replace")
+        return rc, text
+
+    def stream_out(
+        self, host: InventoryHost, command: str, dest: BinaryIO, *, timeout: float = 3600
+    ) -> tuple[int, str]:
+        """Copy ``command``'s stdout into ``dest``; (exit status, stderr)."""
+        with self._channel(host, command, timeout) as chan:
+            chan.shutdown_write()
+            try:
+                while chunk := chan.recv(CHUNK):
+                    dest.write(chunk)
+            except TimeoutError:
+                raise HostUnreachable(f"{host.name}: stream stalled for {timeout:g}s") from None
+            err = b""  # small (docker's messages); read after stdout ends
+            while part := chan.recv_stderr(65536):
+                err += part
+            return chan.recv_exit_status(), err.decode(errors="replace")
+
+    def stream_in(
+        self, host: InventoryHost, command: str, src: BinaryIO, *, timeout: float = 3600
+    ) -> tuple[int, str]:
+        """Feed ``src`` to ``command``'s stdin; (exit status, stdout then stderr)."""
+        with self._channel(host, command, timeout) as chan:
+            try:
+                while chunk := src.read(CHUNK):
+                    chan.sendall(chunk)
+                chan.shutdown_write()
+                out = bytearray()
+                while chunk := chan.recv(65536):
+                    out += chunk
+                while chunk := chan.recv_stderr(65536):
+                    out += chunk
+            except TimeoutError:
+                raise HostUnreachable(f"{host.name}: stream stalled for {timeout:g}s") from None
+            return chan.recv_exit_status(), out.decode(errors="replace")
+
+    def get(self, host: InventoryHost, remote_path: str, *, timeout: float = 120) -> bytes:
+        """A file's bytes (through ``cat``, so ``sudo`` hosts can read root-only files)."""
+        buf = io.BytesIO()
+        rc, err = self.stream_out(host, f"cat {shlex.quote(remote_path)}", buf, timeout=timeout)
+        if rc != 0:
+            raise HostUnreachable(f"{host.name}: cannot read {remote_path}: {err.strip()[-200:]}")
+        return buf.getvalue()
+
+    def reachable(self, host: InventoryHost) -> str | None:
+        """None when SSH works and runs a command, else the reason."""
+        try:
+            rc, out = self.run(host, "true", timeout=self.connect_timeout)
+        except HostUnreachable as e:
+            return str(e)
+        return None if rc == 0 else f"`true` exited {rc}: {out.strip()[-200:]}"
+
+
+def reachability(remote: Remote, hosts: list[InventoryHost]) -> dict[str, str | None]:
+    """host name -> None (reachable) or the reason, all hosts checked at once."""
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        answers = list(pool.map(remote.reachable, hosts))
+    return {h.name: a for h, a in zip(hosts, answers, strict=True)}

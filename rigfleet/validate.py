@@ -1,0 +1,334 @@
+"""One way to check data people write: pins, host data and stack files all use it.
+
+A ``Problems`` collects every problem in one pass (a person fixes the file once, not N times),
+each as one line in the project's pattern::
+
+    <file or host>: <key.path>: <value> <what is wrong>; allowed: <what would do>
+
+Checks take the key path and the raw value and return the checked value or ``None`` (the
+problem is recorded). ``load_yaml`` reads a YAML file strictly: UTF-8 only, no duplicate keys
+(the last one would silently win), errors with the file and the line.
+
+Example::
+
+    p = Problems("pins.yaml")
+    serial = p.integer("serial", data.get("serial"), low=1)
+    top = p.mapping("", data, ("schema", "serial"))
+    p.raise_if_any(PinsError)
+"""
+
+from __future__ import annotations
+
+import difflib
+import posixpath
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import yaml
+
+from rigfleet.errors import RigfleetError
+
+_E = TypeVar("_E", bound=Exception)
+
+# Control characters (C0 and C1 but tab) end up as line breaks or escapes in files, units, apt
+# sources, shells and URLs; nothing a person means to write there holds them.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+# Directories a path from the inventory must never be (the deploy would own or chmod them).
+SYSTEM_DIRS = frozenset({
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32",
+    "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
+    "/usr/bin", "/usr/lib", "/usr/local", "/usr/local/bin", "/usr/local/lib", "/usr/sbin",
+    "/usr/share", "/var", "/var/lib", "/var/log", "/var/cache", "/var/tmp", "/var/run",
+    "/etc/rigfleet", "/var/lib/rigfleet", "/opt/rigfleet", "/var/cache/rigfleet",
+    "/var/lib/docker",
+})  # fmt: skip
+
+
+class ValidationError(RigfleetError, ValueError):
+    """Data that does not validate; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def has_control(value: str) -> bool:
+    """True when ``value`` holds a control character (tab aside)."""
+    return bool(_CONTROL.search(value))
+
+
+def shown(value: Any) -> str:
+    """A value as it appears in a message: ``repr`` (control characters escaped, so a message
+    never carries them), cut to a readable length."""
+    text = repr(value)
+    return text if len(text) <= 160 else text[:150] + "...'"
+
+
+class Problems:
+    """Problems found in one file or one host's data (``where``), in the order found."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.lines: list[str] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+    # --- recording -------------------------------------------------------------------------
+
+    def bad(self, key: str, value: Any, allowed: str, what: str = "is not valid") -> None:
+        """``where: key: value what; allowed: allowed``."""
+        self.lines.append(f"{self.where}: {key or 'top level'}: {shown(value)} {what}; "
+                          f"allowed: {allowed}")
+
+    def missing(self, key: str, allowed: str) -> None:
+        self.lines.append(f"{self.where}: {key}: missing; allowed: {allowed}")
+
+    def add(self, line: str) -> None:
+        """A problem already phrased (it must still name the key and what is allowed)."""
+        self.lines.append(f"{self.where}: {line}")
+
+    def raise_if_any(self, error: type[_E]) -> None:
+        """Raise ``error(lines)`` when anything was recorded."""
+        if self.lines:
+            raise error(self.lines)  # type: ignore[call-arg]
+
+    # --- shapes ------------------------------------------------------------------------------
+
+    def mapping(self, key: str, value: Any, keys: Iterable[str],
+                required: bool = True) -> dict[Any, Any] | None:
+        """A mapping whose keys are all in ``keys`` (an unknown key is named, with the closest
+        known one when it looks like a typo)."""
+        allowed = list(keys)
+        shape = f"a mapping with keys {', '.join(allowed)}"
+        if value is None:
+            if required:
+                self.missing(key or "top level", shape)
+            return None
+        if not isinstance(value, dict):
+            self.bad(key, value, shape, "is not a mapping")
+            return None
+        for k in value:
+            if k not in allowed:
+                self.unknown_key(f"{key}.{k}" if key else str(k), k, allowed)
+        return value
+
+    def unknown_key(self, key: str, name: Any, allowed: list[str]) -> None:
+        close = difflib.get_close_matches(str(name), allowed, n=1, cutoff=0.8)
+        what = f"is an unknown key (did you mean {close[0]!r}?)" if close else "is an unknown key"
+        self.bad(key, name, ", ".join(allowed), what)
+
+    def string(self, key: str, value: Any, pattern: re.Pattern[str] | None, allowed: str,
+               required: bool = True) -> str | None:
+        """A string matching ``pattern`` (any non-empty string when None), no control chars."""
+        if value is None:
+            if required:
+                self.missing(key, allowed)
+            return None
+        if not isinstance(value, str):
+            self.bad(key, value, allowed)
+            return None
+        if has_control(value):
+            self.bad(key, value, allowed, "holds control characters")
+            return None
+        if (pattern is None and not value.strip()) or (
+                pattern is not None and not pattern.fullmatch(value)):
+            self.bad(key, value, allowed)
+            return None
+        return value
+
+    def integer(self, key: str, value: Any, low: int | None = None, high: int | None = None,
+                allowed: str | None = None, required: bool = True) -> int | None:
+        """An integer (never a bool) within ``low..high``."""
+        bounds = (f"{low}..{high}" if low is not None and high is not None
+                  else f">= {low}" if low is not None else f"<= {high}" if high is not None
+                  else "")
+        allowed = allowed or f"an integer {bounds}".strip()
+        if value is None:
+            if required:
+                self.missing(key, allowed)
+            return None
+        if not is_int(value) or (low is not None and value < low) or (
+                high is not None and value > high):
+            self.bad(key, value, allowed)
+            return None
+        return int(value)
+
+    def number(self, key: str, value: Any, low: float | None = None, high: float | None = None,
+               allowed: str | None = None, required: bool = True,
+               low_open: bool = False) -> float | None:
+        """A number (int or float, never a bool) within ``low..high`` (``(low`` when open)."""
+        allowed = allowed or "a number" + (f" in {'(' if low_open else '['}{low}, {high}]"
+                                           if low is not None and high is not None else "")
+        if value is None:
+            if required:
+                self.missing(key, allowed)
+            return None
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok and low is not None:
+            ok = value > low if low_open else value >= low
+        if ok and high is not None:
+            ok = value <= high
+        if not ok:
+            self.bad(key, value, allowed)
+            return None
+        return float(value)
+
+    def boolean(self, key: str, value: Any, default: bool | None = None) -> bool | None:
+        if value is None:
+            if default is None:
+                self.missing(key, "true or false")
+            return default
+        if not isinstance(value, bool):
+            self.bad(key, value, "true or false")
+            return None
+        return value
+
+    def choice(self, key: str, value: Any, choices: Iterable[str],
+               required: bool = True) -> str | None:
+        allowed = list(choices)
+        if value is None:
+            if required:
+                self.missing(key, ", ".join(allowed))
+            return None
+        if not isinstance(value, str) or value not in allowed:
+            close = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.8)
+            what = f"is not allowed (did you mean {close[0]!r}?)" if close else "is not allowed"
+            self.bad(key, value, ", ".join(allowed), what)
+            return None
+        return value
+
+    def strings(self, key: str, value: Any, pattern: re.Pattern[str] | None, allowed: str,
+                required: bool = False) -> list[str] | None:
+        """A list of strings, each checked like ``string``."""
+        if value is None:
+            if required:
+                self.missing(key, f"a list of {allowed}")
+            return None if required else []
+        if not isinstance(value, list | tuple):
+            self.bad(key, value, f"a list of {allowed}")
+            return None
+        out: list[str] = []
+        ok = True
+        for i, item in enumerate(value):
+            checked = self.string(f"{key}[{i}]", item, pattern, allowed)
+            ok = ok and checked is not None
+            if checked is not None:
+                out.append(checked)
+        return out if ok else None
+
+    def path(self, key: str, value: Any, allowed: str = "an absolute, normalised directory",
+             required: bool = True) -> str | None:
+        """An absolute, normalised POSIX path that is not a system directory."""
+        if value is None:
+            if required:
+                self.missing(key, allowed)
+            return None
+        checked = self.string(key, value, None, allowed)
+        if checked is None:
+            return None
+        if not checked.startswith("/") or posixpath.normpath(checked) != checked:
+            self.bad(key, value, allowed, "is not an absolute, normalised path")
+            return None
+        if checked.rstrip("/") in SYSTEM_DIRS or checked == "/":
+            self.bad(key, value, allowed + " (not a system directory)", "is a system directory")
+            return None
+        return checked
+
+
+def is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def inside(path: str, root: str) -> bool:
+    """``path`` (normalised) is ``root`` or below it: a relative part cannot escape."""
+    norm = posixpath.normpath(posixpath.join(root, path))
+    return norm == root or norm.startswith(root.rstrip("/") + "/")
+
+
+# --- strict YAML ------------------------------------------------------------------------------
+
+
+class YamlError(RigfleetError, ValueError):
+    """A YAML file that cannot be used; the message names the file and the line."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode,
+                       deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        try:
+            hash(key)
+        except TypeError:
+            continue  # SafeLoader reports unhashable keys itself
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                f"found duplicate key {key!r} (first at line {seen[key] + 1}); a YAML mapping "
+                "keeps only the last value, so remove one", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse ``text`` strictly (duplicate keys refused); errors name ``where`` and the line."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise YamlError(f"{where}:{line}: not valid YAML: {e.problem or e}"
+                        + (f" ({e.context})" if e.context and e.problem else "")) from None
+    except yaml.YAMLError as e:
+        raise YamlError(f"{where}: not valid YAML: {e}") from None
+
+
+def read_text(path: str | Path, what: str, hint: str = "") -> str:
+    """A UTF-8 text file; a missing, unreadable or non-UTF-8 file raises ``YamlError`` naming
+    the file (and the line of the first bad byte)."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise YamlError(f"{path}: no such file ({what}){'; ' + hint if hint else ''}") from None
+    except OSError as e:
+        raise YamlError(f"{path}: cannot be read ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise YamlError(f"{path}: line {line}: byte {data[e.start]:#04x} is not UTF-8; allowed: "
+                        "a UTF-8 text file (re-save it as UTF-8)") from None
+
+
+def load_yaml(path: str | Path, what: str, hint: str = "") -> Any:
+    """``read_text`` + ``parse_yaml``: the one way rigfleet reads a YAML file people write.
+
+    + path: the file
+    + what: what the file is, for the message when it is missing (``"the pins file"``)
+    + hint: what to do when it is missing
+    """
+    return parse_yaml(read_text(path, what, hint), str(path))
+
+
+def fail(problems: list[str], error: type[_E]) -> NoReturn:
+    """Raise ``error(problems)`` (for callers that already hold the lines)."""
+    raise error(problems)  # type: ignore[call-arg]
+
+
+def as_mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (for best-effort reads)."""
+    return value if isinstance(value, Mapping) else {}
