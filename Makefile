@@ -31,6 +31,7 @@ demo: testbed-up
 
 test: setup testbed-deps
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest tests/unit -q
 	RIGFLEET_TESTBED_HOSTS=$(HOSTS) $(BIN)/python -m pytest tests/e2e -v --durations=20
 
@@ -39,6 +40,7 @@ test-unit: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean: testbed-down
 	rm -rf .testbed

@@ -43,7 +43,7 @@ def per_role(lines: list[tuple[float, str]]) -> OrderedDict[str, float]:
     marks = [(t, m.group("role").strip()) for t, line in lines if (m := START.search(line))]
     marks.append((lines[-1][0], "<end>"))
     times: OrderedDict[str, float] = OrderedDict()
-    for (t, role), (t_next, _) in zip(marks, marks[1:]):
+    for (t, role), (t_next, _) in zip(marks, marks[1:], strict=False):
         times[role] = times.get(role, 0.0) + (t_next - t)
     return times
 

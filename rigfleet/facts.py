@@ -65,7 +65,7 @@ def read_fact(fact: type[FactBase[T]], fresh: bool = False, **kwargs: Any) -> T:
     changes = _changes(state)
     kept = memo.get(key)
     if not fresh and kept is not None and kept[0] == changes:
-        return kept[1]  # type: ignore[no-any-return]
+        return kept[1]
     value = host.get_fact(fact, **kwargs)
     memo[key] = (changes, value)
     return value
@@ -211,7 +211,7 @@ class GpuQuery(FactBase[GpuState]):
             return GpuState(loaded=False, error=str(e))
         if not gpus:
             return GpuState(loaded=False, error="nvidia-smi listed no GPUs")
-        versions = {g.driver_version for g in gpus} - {None}
+        versions = {g.driver_version for g in gpus if g.driver_version}
         return GpuState(loaded=True, driver_version=min(versions) if versions else None, gpus=gpus)
 
 

@@ -347,9 +347,10 @@ def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuPo
             f"{len(ordered)} GPU(s) (indexes: {indexes}); allowed: one cap per card "
             "(and gpu_count set to the number of cards)"
         )
-    for pos, (cap, gpu) in enumerate(zip(caps, ordered)):
+    for pos, (cap, gpu) in enumerate(zip(caps, ordered, strict=False)):
         low, high = _power_range(gpu)
-        card = f"card {gpu.index}" + (f" ({gpu.name})" if getattr(gpu, "name", None) else "")
+        name = getattr(gpu, "name", None)
+        card = f"card {gpu.index}" + (f" ({name})" if name else "")
         if low is None or high is None:
             problems.append(
                 f"{host}: power_caps_w[{pos}]: {cap!r} W cannot be applied: {card} reports no "
@@ -484,9 +485,8 @@ class _Checker(Problems):
         allowed = "an absolute, normalised directory other than '/', e.g. '/srv/models'"
         if value is None:
             return None
-        if not isinstance(value, str) or not value.startswith("/"):
-            self.bad("model_dir", value, allowed)
-        elif value == "/" or posixpath.normpath(value) != value:
+        if (not isinstance(value, str) or not value.startswith("/") or value == "/"
+                or posixpath.normpath(value) != value):
             self.bad("model_dir", value, allowed)
         elif ":" in value or "," in value:
             # Compose's short volume syntax splits on ':'.
@@ -746,7 +746,12 @@ class _Checker(Problems):
                 timeouts[key] = checked
         if profile is None:
             return None
-        return SwapSettings(gate_profile=profile, gate_set=tuple(sets), **timeouts)
+        defaults = SwapSettings()
+        return SwapSettings(
+            gate_profile=profile, gate_set=tuple(sets),
+            ready_timeout_s=timeouts.get("ready_timeout_s", defaults.ready_timeout_s),
+            gate_timeout_s=timeouts.get("gate_timeout_s", defaults.gate_timeout_s),
+        )
 
     def site_ca_files(self, value: Any) -> tuple[str, ...]:
         """Control-side PEM certificate files the host should trust (optional)."""

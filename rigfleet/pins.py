@@ -322,9 +322,9 @@ def with_resolved(
         if c.digest(key, digest, allow_unresolved=False) is not None:
             stacks[name] = replace(stacks[name], digest=digest)
     model = pins.model
-    if revision is not None:
-        if c.commit("model.revision", revision, allow_unresolved=False) is not None:
-            model = replace(model, revision=revision)
+    if revision is not None and c.commit("model.revision", revision,
+                                         allow_unresolved=False) is not None:
+        model = replace(model, revision=revision)
     c.raise_if_any(PinsError)
     return replace(pins, stacks=stacks, model=model)
 
@@ -408,7 +408,7 @@ class _Checker(Problems):
 
     def __init__(self, path: str, catalog: Catalog) -> None:
         super().__init__(path)
-        self.path = path
+        self.file = path
         self.catalog = catalog
 
     def commit(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
@@ -470,7 +470,7 @@ class _Checker(Problems):
         assert driver_branch and toolkit and hf_hub and model and stacks is not None
         assert serial is not None
         return Pins(
-            path=self.path,
+            path=self.file,
             serial=serial,
             driver_branch=driver_branch,
             driver_version=driver_version,

@@ -22,15 +22,13 @@ from __future__ import annotations
 import difflib
 import posixpath
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
 from rigfleet.errors import RigfleetError
-
-_E = TypeVar("_E", bound=Exception)
 
 # Control characters (C0 and C1 but tab) end up as line breaks or escapes in files, units, apt
 # sources, shells and URLs; nothing a person means to write there holds them.
@@ -53,6 +51,9 @@ class ValidationError(RigfleetError, ValueError):
     def __init__(self, problems: list[str] | str) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         super().__init__("\n".join(self.problems))
+
+
+_E = TypeVar("_E", bound=ValidationError)
 
 
 def has_control(value: str) -> bool:
@@ -94,7 +95,7 @@ class Problems:
     def raise_if_any(self, error: type[_E]) -> None:
         """Raise ``error(lines)`` when anything was recorded."""
         if self.lines:
-            raise error(self.lines)  # type: ignore[call-arg]
+            raise error(self.lines)
 
     # --- shapes ------------------------------------------------------------------------------
 
@@ -220,7 +221,7 @@ class Problems:
                 out.append(checked)
         return out if ok else None
 
-    def path(self, key: str, value: Any, allowed: str = "an absolute, normalised directory",
+    def posix_path(self, key: str, value: Any, allowed: str = "an absolute, normalised directory",
              required: bool = True) -> str | None:
         """An absolute, normalised POSIX path that is not a system directory."""
         if value is None:
@@ -266,7 +267,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode,
     loader.flatten_mapping(node)
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node, deep=deep)
         try:
             hash(key)
         except TypeError:
@@ -286,7 +287,7 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 def parse_yaml(text: str, where: str) -> Any:
     """Parse ``text`` strictly (duplicate keys refused); errors name ``where`` and the line."""
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = f" line {mark.line + 1}" if mark is not None else ""
@@ -322,13 +323,3 @@ def load_yaml(path: str | Path, what: str, hint: str = "") -> Any:
     + hint: what to do when it is missing
     """
     return parse_yaml(read_text(path, what, hint), str(path))
-
-
-def fail(problems: list[str], error: type[_E]) -> NoReturn:
-    """Raise ``error(problems)`` (for callers that already hold the lines)."""
-    raise error(problems)  # type: ignore[call-arg]
-
-
-def as_mapping(value: Any) -> Mapping[str, Any]:
-    """``value`` when it is a mapping, else an empty one (for best-effort reads)."""
-    return value if isinstance(value, Mapping) else {}

@@ -24,6 +24,9 @@ Example (``deploy.py``)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 # Modules, not their role functions, are bound here: ``roles.power`` stays the module (tests
 # patch its constants), and ``roles.power.power`` is the role.
 from roles import (
@@ -42,7 +45,8 @@ from roles import (
 )
 from roles.preflight import HostContext
 
-ROLES = (
+# pyinfra's @deploy stubs do not keep the functions' own signatures: each takes the context.
+ROLES: tuple[Callable[[HostContext], Any], ...] = cast(tuple[Callable[[HostContext], Any], ...], (
     base.base,
     docker.docker,
     nvidia_driver.nvidia_driver,
@@ -54,12 +58,13 @@ ROLES = (
     front.front,
     swap.swap,
     ledger.ledger,
-)
+))
 
 
 def converge() -> HostContext:
     """Run every role for the current host, preflight first; returns the host's context."""
-    ctx = preflight.preflight()
+    # pyinfra's @deploy returns what the function returns; its stubs say OperationMeta.
+    ctx = cast(HostContext, preflight.preflight())
     for role in ROLES:
         role(ctx)
     return ctx

@@ -89,15 +89,20 @@ def changed(gates: Sequence[OperationMeta]) -> bool:
     return False
 
 
+def connector_kwargs() -> dict[str, Any]:
+    """The current operation's connector arguments (``_sudo`` and friends), for commands and
+    file copies an operation runs itself."""
+    current: dict[str, Any] = dict(host.current_op_global_arguments or {})
+    return {k: v for k, v in current.items() if k in CONNECTOR_ARGUMENT_KEYS}
+
+
 def run_on_host(command: str) -> tuple[bool, list[str], list[str]]:
     """Run a read-only command now (inside an operation, at execution time).
 
     The current operation's connector arguments (``_sudo`` and friends) apply, as they do to
     facts. Returns (ok, stdout lines, stderr lines).
     """
-    current = host.current_op_global_arguments or {}
-    kwargs = {k: v for k, v in current.items() if k in CONNECTOR_ARGUMENT_KEYS}
-    ok, output = host.run_shell_command(StringCommand(command), **kwargs)
+    ok, output = host.run_shell_command(StringCommand(command), **connector_kwargs())
     return ok, output.stdout_lines, output.stderr_lines
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import json
 import shlex
+from functools import partial
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
@@ -177,7 +178,7 @@ def stacks(ctx: HostContext) -> None:
     for name in sorted(ctx.specs):
         other = ctx.pins.stacks[name]
         images.setdefault(other.image_ref, name)
-    for ref, name in host.loop(list(images.items())):
+    for _ref, name in host.loop(list(images.items())):
         other = ctx.pins.stacks[name]
         image_pulled(
             name=f"Pull {other.image} by digest",
@@ -187,7 +188,7 @@ def stacks(ctx: HostContext) -> None:
         )
         check(
             name=f"Verify {other.image}'s RepoDigests hold the pinned digest",
-            verify=lambda o=other: verify_image(o.image_ref, o.repository, o.digest),
+            verify=partial(verify_image, other.image_ref, other.repository, other.digest),
             what="digest verification",
         )
     # Every staged Genesis stack is checked, whichever stack this host serves: the same

@@ -38,7 +38,6 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.operations import files, systemd
 
 from rigfleet.commands import hosttool
@@ -50,7 +49,7 @@ from rigfleet.hostside.records import describe, live_holder
 from rigfleet.resources import project_file
 from rigfleet.swapfacts import SwapProbe, UnitActive
 from rigfleet.swapplan import build_plan, decide
-from roles.ops import DeployError, executing, fail, on_change, run_on_host
+from roles.ops import DeployError, connector_kwargs, executing, fail, on_change, run_on_host
 from roles.preflight import HostContext
 
 UNIT_TEMPLATE = str(project_file("files/rigfleet-stack.service.j2"))
@@ -65,11 +64,6 @@ def reports_root() -> Path:
     return Path(os.environ.get("RIGFLEET_REPORTS_DIR") or Path.cwd() / "reports")
 
 
-def _connector_kwargs() -> dict[str, Any]:
-    current = host.current_op_global_arguments or {}
-    return {k: v for k, v in current.items() if k in CONNECTOR_ARGUMENT_KEYS}
-
-
 def fetch_reports(result: dict[str, Any], dest: Path) -> list[Path]:
     """Copy the gate's JSON and Markdown reports to ``dest`` (``reports/<host>/``)."""
     gate = result.get("gate") or {}
@@ -81,7 +75,7 @@ def fetch_reports(result: dict[str, Any], dest: Path) -> list[Path]:
         dest.mkdir(parents=True, exist_ok=True)
         local = dest / Path(str(remote)).name
         try:
-            if host.get_file(str(remote), str(local), **_connector_kwargs()):
+            if host.get_file(str(remote), str(local), **connector_kwargs()):
                 got.append(local)
         except Exception as e:  # the swap's outcome matters more than its copy
             host.log(f"swap: could not copy {remote}: {e}")

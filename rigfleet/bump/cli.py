@@ -25,6 +25,7 @@ reachable from here, such as a mirror) and ``bump_mirror`` (``--push-mirror``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import os
@@ -191,9 +192,8 @@ def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list
         return list(dict.fromkeys(opts.stacks))
     names = []
     for name, p in pins.stacks.items():
-        if repository is not None and p.repository == repository:
-            names.append(name)
-        elif opts.genesis and p.genesis is not None:
+        by_image = repository is not None and p.repository == repository
+        if by_image or (opts.genesis and p.genesis is not None):
             names.append(name)
     if not names:
         raise BumpError(f"no pinned stack uses {repository}; name one with --stack")
@@ -540,10 +540,8 @@ def _keep_images(
         # A host that rolled back does not need the candidate it refused (~30 GB each).
         for o in result.by_status(Status.FAILED):
             if o.runs_new is False:
-                try:
+                with contextlib.suppress(HostUnreachable):
                     remove_image(remote, by_name[o.host], candidate)
-                except HostUnreachable:
-                    pass
     source = plan.canary if plan.canary in promoted else (promoted[0] if promoted else None)
     if source is None:  # nothing promoted: nothing worth keeping
         return extra

@@ -247,7 +247,7 @@ def refusal(
 def names_commit(version: str, commit: str) -> bool:
     """An allowlist entry such as ``0.20.2rc1.dev212+g3f9c2a7e5`` names vLLM ``commit``."""
     m = _LOCAL_GIT.search(version)
-    return bool(m) and commit.startswith(m.group(1))
+    return m is not None and commit.startswith(m.group(1))
 
 
 def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:

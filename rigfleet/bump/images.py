@@ -124,7 +124,7 @@ def save_image(
                 size += len(chunk)
                 return raw.write(chunk)
 
-        rc, err = remote.stream(host, script, _Tee())  # type: ignore[arg-type]
+        rc, err = remote.stream_out(host, script, _Tee())  # type: ignore[arg-type]
     if rc != 0:
         partial.unlink(missing_ok=True)
         raise ImageError(f"{host.name}: docker save {candidate.image} failed: {err.strip()[-400:]}")

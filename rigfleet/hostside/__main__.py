@@ -161,7 +161,7 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
     print(f"route:   {summary['route']}")
     print(f"gate:    {json.dumps(summary['gate'])}")
     print(f"last:    {json.dumps(summary['last_swap'])}")
-    for line in summary["ledger"]:
+    for line in ledger.tail(lay, 5):
         print(f"ledger:  {line.get('time')} {line.get('event')} {line.get('result')} "
               f"{line.get('stack')} gate={(line.get('gate') or {}).get('result')}"
               + (f" reason={line['reason']}" if line.get("reason") else ""))

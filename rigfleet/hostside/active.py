@@ -71,8 +71,8 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[s
         if state["state"] != "died":
             continue
         found.append(directory.name)
-        result = {"result": "interrupted", "exit": EXIT_FAILED, "reason":
-                  "the transaction's process ended without a result (killed or rebooted)"}
+        reason = "the transaction's process ended without a result (killed or rebooted)"
+        result = {"result": "interrupted", "exit": EXIT_FAILED, "reason": reason}
         (directory / "result.json").write_text(json.dumps(result, indent=2) + "\n")
         try:
             plan = Plan.load(directory / "plan.json")
@@ -87,7 +87,7 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[s
         ledger.append(lay, ledger.entry("interrupted", "interrupted",
                                         active.ref if active else None, attempted=tried,
                                         deploy_id=directory.name, by=by,
-                                        reason=result["reason"]))
+                                        reason=reason))
         journal.event("recover", f"transaction {directory.name} was interrupted; recorded")
     return found
 

@@ -17,6 +17,7 @@ is taken over, with a message, instead of blocking the host forever::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -116,10 +117,8 @@ class HostLock:
         holder = self.read()
         if holder is not None and holder.get("pid") == self.pid:
             (self.path / "holder.json").unlink(missing_ok=True)
-            try:
+            with contextlib.suppress(OSError):
                 self.path.rmdir()
-            except OSError:
-                pass
         self.held = False
 
     def __enter__(self) -> HostLock:

@@ -245,7 +245,8 @@ class ReportSummary:
     def from_dict(cls, data: Any) -> ReportSummary | None:
         if not isinstance(data, dict) or not isinstance(data.get("file"), str):
             return None
-        counts = data.get("counts") if isinstance(data.get("counts"), dict) else {}
+        raw = data.get("counts")
+        counts: dict[Any, Any] = raw if isinstance(raw, dict) else {}
         return cls(file=str(data["file"]), mtime=float(data.get("mtime") or 0.0),
                    failed=tuple(str(x) for x in data.get("failed") or ()),
                    total=int(data.get("total") or 0),
@@ -257,8 +258,9 @@ def summarise_report(data: Any, file: str, mtime: float) -> ReportSummary | None
     if not isinstance(data, dict) or data.get("schema") != VERIFY_SCHEMA:
         return None
     checks = [c for c in data.get("checks") or [] if isinstance(c, dict)]
-    counts = data.get("summary") if isinstance(data.get("summary"), dict) else {}
-    counts = {str(k): int(v) for k, v in counts.items() if isinstance(v, int)}
+    raw = data.get("summary")
+    counts = {str(k): int(v) for k, v in (raw if isinstance(raw, dict) else {}).items()
+              if isinstance(v, int)}
     failed = tuple(str(c.get("name")) for c in checks if c.get("status") == "fail")
     total = sum(counts.values()) or len(checks)
     return ReportSummary(file, mtime, failed, total, counts)

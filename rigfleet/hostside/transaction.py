@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from . import ledger
 from .active import mark_interrupted, prune_journals, read_active, write_active
@@ -261,9 +262,10 @@ class Transaction(Steps):
         kept = self.keep_log(new, self.dir)
         if kept:
             self.j.event("rollback", f"kept {new.stack}'s log in {kept}")
-        line = dict(attempted=new, host=plan.host, by=plan.by, deploy_id=plan.id, gate=gate,
-                    reason=failure.reason,
-                    extra={"phase": failure.phase, "boot_failure": boot, "kept_log": kept})
+        line: dict[str, Any] = dict(
+            attempted=new, host=plan.host, by=plan.by, deploy_id=plan.id, gate=gate,
+            reason=failure.reason,
+            extra={"phase": failure.phase, "boot_failure": boot, "kept_log": kept})
         outcome = Outcome("failed", EXIT_FAILED, kind, new.stack, failure.reason, failure.phase,
                           gate=gate, boot_failure=boot, kept_log=kept)
         try:

@@ -162,7 +162,7 @@ class FakeRig:
 
     # --- facts -----------------------------------------------------------------------------
 
-    def _facts(self, cmd: str) -> tuple[bool, list[str]] | None:  # noqa: C901
+    def _facts(self, cmd: str) -> tuple[bool, list[str]] | None:
         if cmd.startswith("if [ -f /usr/local/lib/rigfleet/rigfleet-host.pyz ]; then") \
                 and "rigfleet-host.pyz probe" in cmd:
             if "/usr/local/lib/rigfleet/rigfleet-host.pyz" not in self.files:
@@ -302,7 +302,7 @@ class FakeRig:
 
     # --- actions ---------------------------------------------------------------------------
 
-    def _actions(self, cmd: str) -> tuple[bool, list[str]] | None:  # noqa: C901
+    def _actions(self, cmd: str) -> tuple[bool, list[str]] | None:
         if cmd.startswith("printf '%s\\n' ") and cmd.endswith(">&2; exit 1"):
             return False, []
         m = re.search(r"^systemd-run --unit rigfleet-swap-\S+ .* swap --plan (\S+)$", cmd)

@@ -18,13 +18,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rigfleet.hostside.active import write_active
 from rigfleet.hostside.gate import GateResult, GateRun
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.ledger import TRACKED_KEYS
 from rigfleet.hostside.plan import Active, Plan, StackRef
 from rigfleet.hostside.stackctl import ContainerState, GpuMemory
-from rigfleet.hostside.active import write_active
 
 TOTAL_MIB = 24576
 PORTS = {"int8": 8011, "tq3-mtp-genesis": 8015}

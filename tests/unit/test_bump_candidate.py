@@ -92,7 +92,7 @@ def registry() -> Iterator[tuple[str, FakeRegistry]]:
             if self.command == "GET":
                 self.wfile.write(body)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path == f"/v2/{REPO}/tags/list":
                 tags = [t for t in fake.manifests if not t.startswith("sha256:")] + ["latest"]
@@ -108,7 +108,7 @@ def registry() -> Iterator[tuple[str, FakeRegistry]]:
                     return self._send(fake.blobs[digest], "application/octet-stream")
             self.send_error(404)
 
-        do_HEAD = do_GET  # noqa: N815
+        do_HEAD = do_GET
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -77,7 +77,7 @@ def serve(store: Store) -> tuple[ThreadingHTTPServer, str]:
         def _body(self) -> bytes:
             return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             m = re.fullmatch(rf"/v2/{REPO}/(manifests|blobs)/([^?]+)", self.path)
             if not m:
                 return self._reply(404)
@@ -92,15 +92,15 @@ def serve(store: Store) -> tuple[ThreadingHTTPServer, str]:
             media, body = store.manifests[digest]
             return self._reply(200, body, {"Content-Type": media, "Docker-Content-Digest": digest})
 
-        do_HEAD = do_GET  # noqa: N815
+        do_HEAD = do_GET
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self._body()
             uid = uuid.uuid4().hex
             store.uploads[uid] = b""
             self._reply(202, headers={"Location": f"/v2/{REPO}/blobs/uploads/{uid}"})
 
-        def do_PUT(self) -> None:  # noqa: N802
+        def do_PUT(self) -> None:
             body = self._body()
             m = re.fullmatch(rf"/v2/{REPO}/blobs/uploads/(\w+)\?digest=(sha256%3A\w+)", self.path)
             if m:

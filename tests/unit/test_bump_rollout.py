@@ -14,7 +14,6 @@ from bump_helpers import GENESIS_NEW, GOOD, NEWER, REGRESSED, bumped, hosts, sta
 
 from rigfleet.bump.plan import Plan, build_plan
 from rigfleet.bump.record import outcome_of, pins_after
-from rigfleet.ssh import HostUnreachable
 from rigfleet.bump.rollout import (
     DeployResult,
     HostFacts,
@@ -29,6 +28,7 @@ from rigfleet.bump.rollout import (
 from rigfleet.hostprobe import parse_probe
 from rigfleet.hostside.records import ReportSummary, summarise_report
 from rigfleet.pins import load_pins, save_pins
+from rigfleet.ssh import HostUnreachable
 
 GATE_FAIL = {
     "schema": "rigfleet-verify/1",
@@ -157,7 +157,7 @@ def test_regressed_canary_rolls_back_and_nobody_else_is_touched(tmp_path: Path) 
     canary = result.outcomes["host1"]
     assert canary.status is Status.FAILED and canary.runs_new is False
     assert canary.failed_checks == ("spec_decode", "long_gen")
-    assert "fail: 2 of 8 checks failed (spec_decode, long_gen)" == canary.gate
+    assert canary.gate == "fail: 2 of 8 checks failed (spec_decode, long_gen)"
     assert "rolled-back: gate failed 2 check(s)" in canary.reason
     assert {o.status for h, o in result.outcomes.items() if h != "host1"} == {
         Status.NOT_ATTEMPTED
@@ -175,7 +175,7 @@ def test_stop_after_max_failures(tmp_path: Path) -> None:
     assert [o.status for o in result.outcomes.values()] == [
         Status.PROMOTED, Status.FAILED, Status.FAILED, Status.NOT_ATTEMPTED, Status.NOT_ATTEMPTED,
     ]  # fmt: skip
-    assert "2 host(s) failed (--max-failures 2)" == result.stopped
+    assert result.stopped == "2 host(s) failed (--max-failures 2)"
     assert "apt-get failed" in result.outcomes["host3"].reason
     # Partial: the fleet's pins stay, host1 (promoted) is recorded on the new ones.
     new, entry = pins_after(plan, result, "t", "by")
@@ -296,7 +296,7 @@ def test_runner_skips_busy_and_unreachable_hosts_before_a_batch() -> None:
     from rigfleet.inventory import InventoryHost
 
     class FactsRemote:
-        def run(self, host, command, *, timeout=120, stdin=b""):  # noqa: ANN001, ANN202
+        def run(self, host, command, *, timeout=120, stdin=b""):
             assert "rigfleet-host.pyz probe --full" in command and not stdin
             if host.name == "down":
                 raise HostUnreachable("down: connection refused")

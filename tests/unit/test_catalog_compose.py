@@ -21,8 +21,8 @@ from rigfleet.compose import (
     render_compose,
 )
 from rigfleet.genesis import V7
-from rigfleet.hostside.layout import HOST
 from rigfleet.hostdata import HostSettings
+from rigfleet.hostside.layout import HOST
 from rigfleet.pins import UNRESOLVED, GenesisPin, ModelPin, Pins, PinsError, StackPins
 
 SHA = "01d4d1ad375dc5854779c593eee093bcebb0cada"

@@ -12,8 +12,8 @@ from rigfleet_testbed.nvidia import kmod, simstate, smi
 
 from rigfleet import gpu
 
-# shared/ sits next to the project's root on every machine.
-H200 = (Path(__file__).resolve().parents[3] / "shared/fixtures/nvidia-smi"
+# Captured on a real NVIDIA host (copied from shared/fixtures: data, not code).
+H200 = (Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
         / "h200-ubuntu2404-580.159.04")
 VERSION = "580.105.08"
 

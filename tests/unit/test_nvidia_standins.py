@@ -20,7 +20,7 @@ from rigfleet_testbed.nvidia import container_runtime, ctk, kmod, persistenced, 
 from rigfleet_testbed.nvidia import simstate as sim
 
 REPO = Path(__file__).resolve().parents[2]
-H200 = REPO.parent / "shared/fixtures/nvidia-smi/h200-ubuntu2404-580.159.04"
+H200 = REPO / "tests" / "fixtures" / "nvidia-smi" / "h200-ubuntu2404-580.159.04"
 VERSION = "580.105.08"
 
 

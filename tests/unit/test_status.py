@@ -348,7 +348,7 @@ class FakeRemote:
         self.answer = answer
         self.commands: list[str] = []
 
-    def run(self, host, command, *, timeout=120, stdin=b""):  # noqa: ANN001, ANN202
+    def run(self, host, command, *, timeout=120, stdin=b""):
         self.commands.append(command)
         return 0, json.dumps(self.answer) + "\n"
 

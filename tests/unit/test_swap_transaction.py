@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from swap_fakes import (
@@ -28,11 +29,11 @@ from swap_fakes import (
 )
 
 from rigfleet.hostside import ledger
+from rigfleet.hostside.active import read_active
+from rigfleet.hostside.ensure import Ensure, adopt
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.lock import HostLock
-from rigfleet.hostside.active import read_active
-from rigfleet.hostside.ensure import Ensure, adopt
 from rigfleet.hostside.steps import EXIT_FAILED, EXIT_LOCKED, EXIT_PROMOTED, EXIT_ROLLED_BACK
 from rigfleet.hostside.transaction import Transaction
 
@@ -161,7 +162,7 @@ def test_a_stack_that_dies_at_boot_fails_fast_naming_the_boot_failure(lay):
     assert "OSError: Repo id must be in the form" in out.reason
     assert gate.runs == []  # never gated
     assert host.t < 60  # fast: no 1200 s wait
-    assert "OSError: Repo id" in open(out.kept_log).read()
+    assert "OSError: Repo id" in Path(out.kept_log).read_text()
     assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
 
 
@@ -348,8 +349,8 @@ def test_adopt_records_a_stack_that_already_serves(lay):
 
 
 def test_record_pins_updates_state_active_record_and_ledger_only_for_the_active_stack(lay):
-    from rigfleet.hostside.plan import PlanError
     from rigfleet.hostside.active import record_pins
+    from rigfleet.hostside.plan import PlanError
 
     old = make_active(lay, make_ref(lay, "int8", "1111aaaa2222bbbb"))
     tracked = {**old.record, "pins_serial": 2, "driver_branch": "590"}

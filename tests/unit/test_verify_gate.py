@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from verify_sim import (  # noqa: E402
+from verify_sim import (
     GENESIS_WITH_P67,
     GENESIS_WITHOUT_P67,
     INT8_MTP,
@@ -33,10 +33,10 @@ from verify_sim import (  # noqa: E402
     sim_server,
 )
 
-from rigfleet.hostside.verify import health, metrics, prompts  # noqa: E402
-from rigfleet.hostside.verify.client import Client, redact_url  # noqa: E402
-from rigfleet.hostside.verify.profiles import FAST, FULL, ProfileError, resolve  # noqa: E402
-from rigfleet.hostside.verify.report import (  # noqa: E402
+from rigfleet.hostside.verify import health, metrics, prompts
+from rigfleet.hostside.verify.client import Client, redact_url
+from rigfleet.hostside.verify.profiles import FAST, FULL, ProfileError, resolve
+from rigfleet.hostside.verify.report import (
     FAIL,
     PASS,
     SKIP,
@@ -44,7 +44,7 @@ from rigfleet.hostside.verify.report import (  # noqa: E402
     Report,
     write,
 )
-from rigfleet.hostside.verify.runner import run  # noqa: E402
+from rigfleet.hostside.verify.runner import run
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTSIDE = REPO / "rigfleet" / "hostside"
@@ -265,10 +265,10 @@ class _FakeHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     seen_auth: list[str] = []
 
-    def log_message(self, *args):  # noqa: ANN002
+    def log_message(self, *args):
         pass
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length") or 0))
         _FakeHandler.seen_auth.append(self.headers.get("authorization") or "")
         mode = self.server.mode  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vllm_sim_helpers import MTP, SimServer, make_gpu_root, make_model, make_package  # noqa: E402
+from vllm_sim_helpers import MTP, SimServer, make_gpu_root, make_model, make_package
 
 NAME = "qwen3.6-27b-autoround"
 COMMON = ["--served-model-name", NAME, "--tensor-parallel-size", "2", "--reasoning-parser",

@@ -107,7 +107,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """Never follow redirects: urllib would resend the Authorization header to wherever the
     server points, and a verify target has no business redirecting anyway."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
         return None
 
 

@@ -115,7 +115,7 @@ def run(url: str, profile: Profile, api_key: str | None = None,
         started = time.monotonic()
         try:
             res = fn(ctx)
-        except Exception as exc:  # noqa: BLE001 - a gate bug must fail the gate, not crash it
+        except Exception as exc:
             res = CheckResult(name, title, FAIL,
                               summary=f"internal error: {type(exc).__name__}: {exc}")
         res.seconds = time.monotonic() - started
