@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--local-dir", required=True)
         if name == "fetch":
             p.add_argument("--token-file")
-            p.add_argument("--lock-dir", default="/var/lib/rigfleet/locks")
+            p.add_argument("--lock-dir", required=True)
     args = parser.parse_args(argv)
     if not _HEX40.fullmatch(args.revision):
         print(f"revision {args.revision!r} is not a full 40-hex commit", file=sys.stderr)

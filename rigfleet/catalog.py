@@ -71,7 +71,10 @@ _PATCH_ID = re.compile(r"P[N]?[0-9]+[A-Za-z]?")
 _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 _PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOP_KEYS = ("schema", "name", "summary", "port", "served_model_name", "gpus", "vllm", "env",
-             "entrypoint", "genesis")
+             "entrypoint", "genesis", "image", "boot", "gate", "caveats")
+IMAGE_KINDS = ("release", "nightly")
+_VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
+_CAVEAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/#-]*")
 _VLLM_KEYS = ("kv_cache_dtype", "tensor_parallel_size", "max_model_len",
               "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "speculative",
               "args")
@@ -105,6 +108,73 @@ class GenesisSpec:
             **{f"GENESIS_ENABLE_{s}": "0" for s in off},
             **self.params,
         }
+
+
+@dataclass(frozen=True)
+class ImageRule:
+    """Which vLLM images a stack may run.
+
+    + kinds: ``release`` (``vX.Y.Z`` tags: kept for good on Docker Hub) and/or ``nightly``
+      (``nightly-<sha>``: purged after about two weeks; allowed only when the stack's Genesis
+      allowlist lists the build)
+    + min_version: the first vLLM release with what the stack needs (inclusive)
+    + below_version: the first release it must not run (exclusive), e.g. a patch's range
+    """
+
+    kinds: tuple[str, ...] = ("release",)
+    min_version: str | None = None
+    below_version: str | None = None
+
+    def allows_version(self, version: str) -> bool:
+        """``version`` (``0.27.1``, ``0.20.2rc1.dev9+g01d4d1ad3``) is inside the range."""
+        have = version_key(version)
+        if self.min_version and have < version_key(self.min_version):
+            return False
+        return not (self.below_version and have >= version_key(self.below_version))
+
+    def describe(self) -> str:
+        parts = [" or ".join(f"{k} tags" for k in self.kinds)]
+        if self.min_version:
+            parts.append(f"vLLM >= {self.min_version}")
+        if self.below_version:
+            parts.append(f"vLLM < {self.below_version}")
+        return ", ".join(parts)
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """The release part of a PEP 440 version as numbers (``0.20.2rc1.dev9+g..`` -> (0, 20, 2),
+    with pre-releases ordered just below their release)."""
+    m = re.match(r"(\d+(?:\.\d+)*)(.*)", version)
+    if not m:
+        return (0,)
+    nums = tuple(int(x) for x in m.group(1).split("."))
+    nums += (0,) * (3 - len(nums))
+    # A pre-/dev-release of 0.20.2 sorts before 0.20.2 itself.
+    return (*nums, 0 if m.group(2).strip() and not m.group(2).startswith("+") else 1)
+
+
+@dataclass(frozen=True)
+class BootSignature:
+    """A log line that says why a stack died at boot (``pattern``: a regex), with the words a
+    person needs: ``title`` (what happened) and ``hint`` (what to change)."""
+
+    kind: str
+    pattern: str
+    title: str
+    hint: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "pattern": self.pattern, "title": self.title,
+                "hint": self.hint}
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """A known problem of what the stack runs, and how the stack file handles it."""
+
+    id: str
+    summary: str
+    handled_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,6 +221,12 @@ class StackSpec:
     entrypoint_argv: tuple[str, ...] = ()
     genesis: GenesisSpec | None = None
     source: str = ""
+    gpu_memory_mib: int | None = None
+    image: ImageRule = ImageRule()
+    boot_expect: tuple[BootSignature, ...] = ()
+    boot_failures: tuple[BootSignature, ...] = ()
+    gate_set: tuple[str, ...] = ()
+    caveats: tuple[Caveat, ...] = ()
 
     @property
     def container_name(self) -> str:
@@ -288,9 +364,12 @@ def parse_stack(data: Any, where: str) -> StackSpec:
                      "the host loopback port the front proxies to, 1024..65535")
     served = p.string("served_model_name", top.get("served_model_name"), _SERVED,
                       "the model id clients ask for, e.g. 'qwen3.6-27b-autoround'")
-    gpus = p.mapping("gpus", top.get("gpus"), ("count",))
+    gpus = p.mapping("gpus", top.get("gpus"), ("count", "memory_mib"))
     gpu_count = p.integer("gpus.count", (gpus or {}).get("count"), 1, 16,
                           "the number of cards the stack needs, 1..16")
+    gpu_memory = p.integer("gpus.memory_mib", (gpus or {}).get("memory_mib"), 1024, 1_000_000,
+                           "the memory each card needs, in MiB (e.g. 24576 for a 3090)",
+                           required=False)
     v = p.mapping("vllm", top.get("vllm"), _VLLM_KEYS) or {}
     kv = p.choice("vllm.kv_cache_dtype", v.get("kv_cache_dtype"), KV_CACHE_DTYPES)
     tp = p.integer("vllm.tensor_parallel_size", v.get("tensor_parallel_size"), 1, 16)
@@ -323,6 +402,12 @@ def parse_stack(data: Any, where: str) -> StackSpec:
                                required=True) or []
         if entry is not None and not entrypoint:
             p.bad("entrypoint", entry, "a non-empty argv such as [vllm, serve]", "is empty")
+    image = _image_rule(p, top.get("image"))
+    boot = p.mapping("boot", top.get("boot"), ("expect", "failures"), required=False) or {}
+    expect = _signatures(p, "boot.expect", boot.get("expect"), with_kind=False)
+    failures = _signatures(p, "boot.failures", boot.get("failures"), with_kind=True)
+    gate_set = _gate_set(p, top.get("gate"))
+    caveats = _caveats(p, top.get("caveats"))
     p.raise_if_any(CatalogError)
     assert name and summary and port and served and gpu_count and kv and tp and max_len
     assert util is not None and seqs and batched
@@ -332,8 +417,99 @@ def parse_stack(data: Any, where: str) -> StackSpec:
         max_num_batched_tokens=batched, tensor_parallel_size=tp, max_model_len=max_len,
         speculative_method=method, num_speculative_tokens=n, args=tuple(args),
         env=MappingProxyType(env), entrypoint_argv=tuple(entrypoint), genesis=genesis,
-        source=where,
+        source=where, gpu_memory_mib=gpu_memory, image=image, boot_expect=tuple(expect),
+        boot_failures=tuple(failures), gate_set=tuple(gate_set), caveats=tuple(caveats),
     )
+
+
+def _image_rule(p: Problems, value: Any) -> ImageRule:
+    d = p.mapping("image", value, ("kinds", "min_version", "below_version"), required=False)
+    if d is None:
+        return ImageRule()
+    kinds = d.get("kinds", ["release"])
+    if not isinstance(kinds, list) or not kinds or not all(k in IMAGE_KINDS for k in kinds):
+        p.bad("image.kinds", kinds, f"a non-empty list of {', '.join(IMAGE_KINDS)}")
+        kinds = ["release"]
+    versions = {}
+    for key in ("min_version", "below_version"):
+        raw = d.get(key)
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
+            raw = str(raw)  # `min_version: 0.22` unquoted
+        versions[key] = p.string(f"image.{key}", raw, _VERSION,
+                                 "a vLLM release such as '0.22.0'", required=False)
+    low, high = versions["min_version"], versions["below_version"]
+    if low and high and version_key(low) >= version_key(high):
+        p.bad("image.below_version", high, f"a release above min_version {low}",
+              "is not above min_version")
+    return ImageRule(tuple(kinds), low, high)
+
+
+def _signatures(p: Problems, key: str, value: Any, *, with_kind: bool) -> list[BootSignature]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        p.bad(key, value, "a list of {pattern, title, hint}")
+        return []
+    keys = ("kind", "pattern", "title", "hint") if with_kind else ("pattern", "title", "hint")
+    out = []
+    for i, entry in enumerate(value):
+        d = p.mapping(f"{key}[{i}]", entry, keys) or {}
+        pattern = p.string(f"{key}[{i}].pattern", d.get("pattern"), None,
+                           "a regular expression matched against the container's log")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                p.bad(f"{key}[{i}].pattern", pattern, "a valid regular expression",
+                      f"does not compile ({e})")
+                pattern = None
+        title = p.string(f"{key}[{i}].title", d.get("title"), None, "one line for people")
+        hint = p.string(f"{key}[{i}].hint", d.get("hint"), None, "what to change",
+                        required=False) or ""
+        kind = p.string(f"{key}[{i}].kind", d.get("kind"), _NAME, "a short id such as "
+                        "'marlin-min-thread-n'", required=with_kind) if with_kind else "expect"
+        if pattern and title and kind:
+            out.append(BootSignature(kind, pattern, title, hint))
+    return out
+
+
+def _gate_set(p: Problems, value: Any) -> list[str]:
+    from rigfleet.hostside.verify.profiles import ProfileError, resolve
+
+    d = p.mapping("gate", value, ("set",), required=False)
+    if d is None:
+        return []
+    raw = d.get("set") or {}
+    if not isinstance(raw, dict):
+        p.bad("gate.set", raw, "a mapping of gate profile keys to values, e.g. "
+              "{spec_min_acceptance_length: 2.5}")
+        return []
+    sets = [f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in raw.items()]
+    try:
+        resolve("full", sets)
+    except ProfileError as e:
+        p.add(f"gate.set: {e}")
+        return []
+    return sets
+
+
+def _caveats(p: Problems, value: Any) -> list[Caveat]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        p.bad("caveats", value, "a list of {id, summary, handled_by}")
+        return []
+    out = []
+    for i, entry in enumerate(value):
+        d = p.mapping(f"caveats[{i}]", entry, ("id", "summary", "handled_by")) or {}
+        cid = p.string(f"caveats[{i}].id", d.get("id"), _CAVEAT_ID,
+                       "an issue id such as 'vllm#50021'")
+        summary = p.string(f"caveats[{i}].summary", d.get("summary"), None, "one line")
+        handled = p.string(f"caveats[{i}].handled_by", d.get("handled_by"), None,
+                           "what in this file handles it", required=False) or ""
+        if cid and summary:
+            out.append(Caveat(cid, summary, handled))
+    return out
 
 
 def _speculative(p: Problems, value: Any) -> tuple[str | None, int]:

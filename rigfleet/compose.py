@@ -52,8 +52,8 @@ _HEADER = (
 
 
 def genesis_layout(pin: GenesisPin) -> GenesisLayout:
-    """The layout of the pinned Genesis (v7.x: ``vllm/_genesis``)."""
-    return LAYOUTS["v7"]
+    """The layout of the pinned Genesis (v7.x: ``vllm/_genesis``; v12.x: ``sndr``)."""
+    return LAYOUTS[pin.layout]
 
 
 def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[str, Any]:

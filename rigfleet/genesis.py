@@ -66,7 +66,16 @@ V7 = GenesisLayout(
     registry_file="vllm/_genesis/dispatcher.py",
 )
 
-LAYOUTS: dict[str, GenesisLayout] = {V7.generation: V7}
+V12 = GenesisLayout(
+    generation="v12",
+    package="sndr",
+    check_file="sndr/apply/__main__.py",
+    apply_command="python3 -m sndr.apply",
+    allowlist_file="sndr/engines/vllm/detection/guards.py",
+    registry_file="sndr/dispatcher/registry.py",
+)
+
+LAYOUTS: dict[str, GenesisLayout] = {V7.generation: V7, V12.generation: V12}
 
 
 def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) -> str:

@@ -57,6 +57,7 @@ from typing import Any
 import yaml
 
 from rigfleet.catalog import Catalog, builtin_catalog
+from rigfleet.genesis import LAYOUTS
 from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
 
 SCHEMA = "rigfleet-pins/1"
@@ -94,6 +95,7 @@ _TOOLKIT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:~rc\.[0-9]+)?-[0-9]+")
 _HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _LOCAL_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
+_GENESIS_VERSION = re.compile(r"v?\d+(?:\.\d+){1,3}(?:[.-][A-Za-z0-9]+)*")
 
 _TOP_KEYS = (
     "schema", "serial", "driver", "container_toolkit", "huggingface_hub", "model", "stacks",
@@ -111,10 +113,24 @@ class PinsError(ValidationError):
 
 @dataclass(frozen=True)
 class GenesisPin:
-    """The Genesis patch tree, by full commit (v7.x has no release tags to pin)."""
+    """The Genesis patch tree, by full commit.
+
+    + repo: its git URL; commit: the full 40-hex commit (v7.x has no release tags; a v7 commit
+      may be reachable only from a non-default branch such as ``dev``)
+    + layout: how that commit lays Genesis out (``v7``: ``vllm/_genesis``; ``v12``: ``sndr/``),
+      read from the tree by ``rigfleet pins lock`` and checked on the host
+    + version: the Genesis release it is (``v12.1.0``), for people and messages
+    """
 
     repo: str
     commit: str
+    layout: str = "v7"
+    version: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``v12.1.0 (66e37841a18f)`` or the short commit."""
+        return f"{self.version} ({self.commit[:12]})" if self.version else self.commit[:12]
 
 
 @dataclass(frozen=True)
@@ -130,6 +146,9 @@ class StackPins:
     digest: str
     vllm_version: str
     genesis: GenesisPin | None = None
+    # The image's id (its config digest): what `docker load` of a saved copy reproduces, which
+    # carries no repo digest; `rigfleet pins lock` records it.
+    image_id: str | None = None
 
     @property
     def image_ref(self) -> str:
@@ -241,8 +260,15 @@ class Pins:
 
 def _stack_dict(s: StackPins) -> dict[str, Any]:
     entry: dict[str, Any] = {"image": s.image, "digest": s.digest, "vllm_version": s.vllm_version}
+    if s.image_id is not None:
+        entry["image_id"] = s.image_id
     if s.genesis is not None:
-        entry["genesis"] = {"repo": s.genesis.repo, "commit": s.genesis.commit}
+        g: dict[str, Any] = {"repo": s.genesis.repo, "commit": s.genesis.commit}
+        if s.genesis.layout != "v7" or s.genesis.version:
+            g["layout"] = s.genesis.layout
+        if s.genesis.version:
+            g["version"] = s.genesis.version
+        entry["genesis"] = g
     return entry
 
 
@@ -571,13 +597,16 @@ class _Checker(Problems):
 
     def stack(self, name: str, value: Any, base: str) -> StackPins | None:
         spec = self.catalog.get(name)
-        keys = ("image", "digest", "vllm_version", "genesis")
+        keys = ("image", "digest", "vllm_version", "image_id", "genesis")
         d = self.mapping(base, value, keys)
         if d is None:
             return None
         image = self.image(f"{base}.image", d.get("image"))
         digest = self.digest(f"{base}.digest", d.get("digest"), allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)
+        image_id = self.string(f"{base}.image_id", d.get("image_id"), _DIGEST,
+                               "'sha256:' followed by 64 lowercase hex characters (the image's "
+                               "id, recorded by `rigfleet pins lock`)", required=False)
         genesis: GenesisPin | None = None
         if spec.needs_genesis:
             genesis = self.genesis(f"{base}.genesis", d.get("genesis"))
@@ -592,7 +621,7 @@ class _Checker(Problems):
             )
             return None
         if image and digest and version:
-            return StackPins(name, image, digest, version, genesis)
+            return StackPins(name, image, digest, version, genesis, image_id)
         return None
 
     def image(self, key: str, value: Any) -> str | None:
@@ -650,9 +679,16 @@ class _Checker(Problems):
         if value is None:
             self.missing(key, "{repo: <git url>, commit: <40-hex>} (this stack needs Genesis)")
             return None
-        d = self.mapping(key, value, ("repo", "commit"))
+        d = self.mapping(key, value, ("repo", "commit", "layout", "version"))
         if d is None:
             return None
+        layout = d.get("layout", "v7")
+        if layout not in LAYOUTS:
+            self.bad(f"{key}.layout", layout, ", ".join(LAYOUTS), "is not a Genesis layout "
+                     "rigfleet knows")
+            layout = None
+        version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,
+                              "a Genesis release such as 'v12.1.0'", required=False)
         repo = self.string(
             f"{key}.repo",
             d.get("repo"),
@@ -660,6 +696,6 @@ class _Checker(Problems):
             "a git URL (https://, http://, ssh://, git://, file:// or user@host:path)",
         )
         commit = self.commit(f"{key}.commit", d.get("commit"), allow_unresolved=False)
-        if repo and commit:
-            return GenesisPin(repo=repo, commit=commit)
+        if repo and commit and layout:
+            return GenesisPin(repo=repo, commit=commit, layout=layout, version=version)
         return None

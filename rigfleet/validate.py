@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import yaml
 
 from rigfleet.errors import RigfleetError
+from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
 
 # Control characters (C0 and C1 but tab) end up as line breaks or escapes in files, units, apt
 # sources, shells and URLs; nothing a person means to write there holds them.
@@ -40,8 +41,7 @@ SYSTEM_DIRS = frozenset({
     "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
     "/usr/bin", "/usr/lib", "/usr/local", "/usr/local/bin", "/usr/local/lib", "/usr/sbin",
     "/usr/share", "/var", "/var/lib", "/var/log", "/var/cache", "/var/tmp", "/var/run",
-    "/etc/rigfleet", "/var/lib/rigfleet", "/opt/rigfleet", "/var/cache/rigfleet",
-    "/var/lib/docker",
+    "/var/lib/docker", ETC_ROOT, STATE_ROOT, OPT_ROOT, CACHE_ROOT, LIB_ROOT,
 })  # fmt: skip
 
 

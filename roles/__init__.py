@@ -9,11 +9,12 @@ Order (each role relies on the ones before it):
 5. ``container_toolkit`` pinned toolkit, Docker's nvidia runtime, verified
 6. ``power``            nvidia-persistenced, power-caps unit, caps applied and read back
 7. ``weights``          huggingface_hub venv, fetcher, verified weights
-8. ``genesis``          Genesis checkout at the pinned commit (when a stack uses it)
-9. ``stacks``           images by digest, Genesis gate, compose projects (staged, not started)
-10. ``front``           nginx with the API key; its route is the host-side tool's
-11. ``swap``            the gated host-side transaction: desired stack promoted, or rolled back
-12. ``ledger``          state.json and the append-only ledger (pins the swap did not record)
+8. ``images``           every staged stack's image by digest, verified
+9. ``genesis``          Genesis checkout at the pinned commit, its tree, the compatibility gate
+10. ``stacks``          secrets, compose projects (staged, not started)
+11. ``front``          nginx with the API key; its route is the host-side tool's
+12. ``swap``           the gated host-side transaction: desired stack promoted, or rolled back
+13. ``ledger``         state.json and the append-only ledger (pins the swap did not record)
 
 Example (``deploy.py``)::
 
@@ -35,6 +36,7 @@ from roles import (
     docker,
     front,
     genesis,
+    images,
     ledger,
     nvidia_driver,
     power,
@@ -53,6 +55,7 @@ ROLES: tuple[Callable[[HostContext], Any], ...] = cast(tuple[Callable[[HostConte
     container_toolkit.container_toolkit,
     power.power,
     weights.weights,
+    images.images,
     genesis.genesis,
     stacks.stacks,
     front.front,

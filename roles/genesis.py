@@ -18,18 +18,24 @@ Example::
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping, Set
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
+from pyinfra.operations import files
 
-from rigfleet.facts import APPLY_ALL, GenesisHead, GenesisTrees, read_fact
+from rigfleet.commands import docker as docker_commands
+from rigfleet.facts import APPLY_ALL, GenesisHead, GenesisTrees, TextFile, read_fact
 from rigfleet.hostside.layout import HOST
-from roles.ops import check
+from rigfleet.resources import project_file
+from roles.ops import check, executing, fail, run_on_host
 from roles.preflight import HostContext
 
 CHECKOUT = str(HOST.genesis_checkout)
+ALLOWLIST_SCRIPT = str(HOST.script("rigfleet-genesis-allowlist.py"))
+VERSION_CACHE_DIR = str(HOST.version_cache_dir)
 TREES_DIR = str(HOST.genesis_trees_dir)
 
 
@@ -148,13 +154,88 @@ def verify_checkout(commit: str, dest: str) -> str | None:
     return None
 
 
+@operation()
+def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, commit: str):
+    """Refuse a Genesis stack whose image's vLLM is not on the Genesis allowlist.
+
+    The image's version is read from the image itself (``docker run ... python3 -c 'import
+    vllm'``) once per digest and cached on the host; the allowlist is parsed from the
+    checked-out ``guards.py`` with ``ast`` by a host-side helper. Runs when the deploy
+    executes (the checkout and the image exist only then); writing the cache is the only
+    change it makes.
+
+    + stack: the stack's name (for messages)
+    + image_ref, digest: the pinned image
+    + vllm_version: the version the pins say the image reports
+    + commit: the pinned Genesis commit (for messages)
+    """
+    cache = str(HOST.version_cache(digest))
+    cached = read_fact(TextFile, path=cache)
+    if not executing():
+        if cached is None:
+            yield f"install -d -m 0755 {VERSION_CACHE_DIR}"  # the version gets cached
+        else:
+            host.noop("checked when the deploy runs")
+        return
+    version = cached.strip() if cached else None
+    if version is None:
+        ok, out, err = run_on_host(docker_commands.vllm_version(image_ref))
+        if not ok or not out:
+            yield from fail(
+                f"{host.name}: cannot read vLLM's version from {image_ref}: "
+                f"{' '.join(err[-3:]) or 'no output'}"
+            )
+            return
+        version = out[-1].strip()
+    checkout = str(HOST.genesis_checkout)
+    ok, out, err = run_on_host(f"python3 {ALLOWLIST_SCRIPT} {shlex.quote(checkout)}")
+    try:
+        allowed = json.loads(out[-1])["known_good"] if ok and out else None
+    except (ValueError, KeyError):
+        allowed = None
+    if allowed is None:
+        yield from fail(
+            f"{host.name}: cannot read KNOWN_GOOD_VLLM_PINS from {checkout}: "
+            f"{' '.join(err[-3:]) or 'no output'}"
+        )
+        return
+    if version != vllm_version:
+        yield from fail(
+            f"{host.name}: stack {stack}: image {image_ref} reports vLLM {version}, but the "
+            f"pins say {vllm_version}; refusing to start it (fix the pins)"
+        )
+        return
+    if version not in allowed:
+        yield from fail(
+            f"{host.name}: stack {stack}: image vLLM {version} is not on Genesis "
+            f"{commit[:12]}'s KNOWN_GOOD_VLLM_PINS {allowed}; refusing to start it "
+            "(pin an allowed image, or a Genesis commit that lists this vLLM)"
+        )
+        return
+    if cached is None:
+        yield (
+            f"install -d -m 0755 {VERSION_CACHE_DIR} && "
+            f"printf '%s\\n' {shlex.quote(version)} > {shlex.quote(cache)}"
+        )
+    else:
+        host.noop(f"vLLM {version} is on the Genesis allowlist")
+
+
 @deploy("Genesis")
 def genesis(ctx: HostContext) -> None:
     """Check out the pinned Genesis commit (when any pinned stack uses Genesis), export its
     tree for the stack to mount, and verify both."""
     pin = ctx.genesis
-    if pin is None:  # no pinned stack uses Genesis
+    if pin is None:  # no staged stack uses Genesis
         return
+    files.put(
+        name="Genesis allowlist helper",
+        src=str(project_file("files/rigfleet-genesis-allowlist.py")),
+        dest=ALLOWLIST_SCRIPT,
+        user="root",
+        group="root",
+        mode="0755",
+    )
     genesis_checkout(
         name=f"Genesis checkout at {pin.commit[:12]}",
         repo=pin.repo,
@@ -176,3 +257,18 @@ def genesis(ctx: HostContext) -> None:
         verify=lambda: verify_tree(pin.commit),
         what="Genesis tree verification",
     )
+    # Every staged Genesis stack is checked, whichever stack this host serves: the same
+    # operations on every host (a per-host `if` here made pyinfra's operation DAG cyclic).
+    genesis_stacks = [(n, s.pins) for n, s in sorted(ctx.want.stacks.items())
+                      if s.spec.needs_genesis and s.pins.genesis is not None]
+    for name, staged in host.loop(genesis_stacks):
+        assert staged.genesis is not None
+        genesis_gate(
+            name=f"Genesis compatibility of vLLM {staged.vllm_version}",
+            stack=name,
+            image_ref=staged.image_ref,
+            digest=staged.digest,
+            vllm_version=staged.vllm_version,
+            commit=staged.genesis.commit,
+        )
+

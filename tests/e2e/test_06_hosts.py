@@ -171,21 +171,21 @@ CHANGES = (
 @pytest.fixture(scope="module")
 def facts(testbed, converged):
     """Values the messages must quote: host1's expected cap, its pins, another Genesis commit."""
+    from rigfleet.desired import load_desired
     from rigfleet.inventory import load_inventory
-    from rigfleet.status import expected_state
 
     host1 = next(h for h in load_inventory(INVENTORY) if h.name == testbed.hosts[0].name)
-    exp = expected_state(host1, REPO)
-    assert exp.genesis is not None, "the testbed pins Genesis for the tq3 stack"
+    want = load_desired(host1.name, host1.data, REPO)
+    assert want.genesis is not None, "the testbed pins Genesis for the tq3 stack"
     rc, out = testbed.hosts[0].sh(f"git -C {GENESIS} rev-list --all")
     assert rc == 0, out
-    others = [c for c in out.split() if c != exp.genesis.commit]
+    others = [c for c in out.split() if c != want.genesis.commit]
     assert others, f"the Genesis fixture has one commit only: {out}"
     return {
-        "cap0": exp.power_caps_w[0],
-        "image": exp.image,
-        "digest": exp.digest,
-        "genesis": exp.genesis.commit,
+        "cap0": want.settings.power_caps_w[0],
+        "image": want.current.pins.image,
+        "digest": want.current.pins.digest,
+        "genesis": want.genesis.commit,
         "other_genesis": others[0],
     }
 

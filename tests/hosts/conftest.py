@@ -15,10 +15,15 @@ file) and ``StrictHostKeyChecking`` is the inventory's ``ssh_strict_host_key_che
 (``yes`` when unset). Commands share one connection per host and process (ControlPersist).
 A host whose data sets ``_sudo`` runs the checks through ``sudo``.
 
-What a host should be comes from its inventory data and the pins file its data names
-(``rigfleet.status.expected_state``, the same truth ``rigfleet status`` uses). Every failure
-message starts with the host's name and says what was found and what was expected.
+What a host should be is its ``rigfleet.desired.DesiredHost``, built from its inventory data,
+the pins file its data names and the stack catalog (``load_desired``: the model the deploy
+renders from and ``rigfleet status`` compares with); every path on the host comes from
+``rigfleet.hostside.layout.HOST``. Each check gets a ``rig`` (``rig.want``, ``rig.host``).
+Every failure message starts with the host's name and says what was found and what was
+expected.
 
+Needs pytest-testinfra (a dependency of the rigfleet package: ``pip install -e .`` in the
+checkout, or ``pip install pytest-testinfra``); without it ``--inventory`` is a usage error.
 Without ``--inventory`` (e.g. a plain ``pytest tests``) every check here is skipped.
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -37,9 +43,10 @@ from typing import Any
 
 import pytest
 
+from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.endpoints import read_key
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryError, InventoryHost, load_inventory
-from rigfleet.status import Expected, expected_from, settings_and_pins
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -153,11 +160,23 @@ def build_bridge(inventory: str) -> Bridge:
     return Bridge(inventory, rows, specs, tmpdir, str(config))
 
 
+# pytest-testinfra registers --hosts and the ``host`` fixture; without it the checks cannot run.
+NO_TESTINFRA = (
+    "--inventory {inventory}: the host checks need pytest-testinfra, which is not installed "
+    "in this Python environment (or its plugin is disabled). It is a dependency of the "
+    "rigfleet package: run `pip install -e .` in the rigfleet checkout, or "
+    "`pip install pytest-testinfra`."
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     inventory = config.getoption("inventory", default=None)
     bridge: Bridge | None = None
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None and _WORKER_KEY in workerinput:
+    workerinput = getattr(config, "workerinput", None) or {}
+    if (inventory or _WORKER_KEY in workerinput) and not hasattr(config.option, "hosts"):
+        # Checked before the inventory is read: config.option.hosts is testinfra's option.
+        raise pytest.UsageError(NO_TESTINFRA.format(inventory=inventory))
+    if _WORKER_KEY in workerinput:
         bridge = Bridge.from_json(workerinput[_WORKER_KEY])
     elif inventory:
         try:
@@ -210,36 +229,33 @@ class Rig:
     """One inventory host as the checks see it.
 
     + name: the inventory name (every message starts with it)
-    + data: its merged inventory data
-    + exp: what it should run (``rigfleet.status.Expected``)
-    + settings, pins: the validated host settings and pins (compose files are rendered
-      from them)
+    + host: the inventory host (name, groups, merged data)
+    + want: what the deploy makes of it (``rigfleet.desired.DesiredHost``: settings, pins,
+      every staged stack with its compose file)
     """
 
     name: str
-    data: dict[str, Any] = field(repr=False)
-    exp: Expected = field(repr=False)
-    settings: Any = field(repr=False)
-    pins: Any = field(repr=False)
+    host: InventoryHost = field(repr=False)
+    want: DesiredHost = field(repr=False)
 
     def api_key(self) -> str:
         """The API key from the control-side ``api_key_file`` (never printed)."""
-        return Path(self.exp.api_key_file).read_text(encoding="utf-8").strip()
+        return read_key(self.want.settings)
 
 
 def _make_rig(host: InventoryHost) -> Rig | str:
     try:
-        settings, pins = settings_and_pins(host, REPO)
+        want = load_desired(host.name, host.data, REPO)
     except RigfleetError as e:
         return (
             f"{host.name}: the inventory data or pins are invalid, nothing to check against:\n{e}"
         )
-    return Rig(host.name, dict(host.data), expected_from(host, settings, pins), settings, pins)
+    return Rig(host.name, host, want)
 
 
 @pytest.fixture(scope="module")
 def rig(host: Any, request: pytest.FixtureRequest) -> Rig:
-    """The inventory host behind testinfra's ``host`` (expected values included)."""
+    """The inventory host behind testinfra's ``host``, with ``want``: what it should be."""
     bridge = request.config.stash[_BRIDGE]
     assert bridge is not None
     name = host.backend.hostname
@@ -285,6 +301,65 @@ def sh(host: Any, rig: Rig) -> Callable[..., str]:
         return str(result.stdout)
 
     return run
+
+
+@dataclass(frozen=True)
+class Docker:
+    """The host's Docker engine as the checks read it (``docker inspect`` over testinfra)."""
+
+    host: Any
+
+    def container(self, name: str) -> dict[str, Any] | None:
+        """``docker inspect`` of container ``name``; None when there is no such container."""
+        out = self.host.run(f"docker inspect --type container {shlex.quote(name)}")
+        if out.rc != 0 or not out.stdout.strip():
+            return None
+        data = json.loads(out.stdout)
+        return data[0] if data else None
+
+    def repo_digests(self, image: str) -> list[str]:
+        """The image's ``RepoDigests`` (``repo@sha256:...``); [] when it has none or is gone."""
+        fmt = shlex.quote("{{json .RepoDigests}}")
+        out = self.host.run(f"docker image inspect --format {fmt} {shlex.quote(image)}")
+        if out.rc != 0 or not out.stdout.strip():
+            return []
+        return [str(d) for d in json.loads(out.stdout) or []]
+
+    def image_digests(self, image: str, repository: str) -> tuple[list[str], list[str]]:
+        """(the image's ``RepoDigests``, the digests among them of ``repository``): what a
+        pinned digest is compared with."""
+        entries = self.repo_digests(image)
+        return entries, digests_of(entries, repository)
+
+
+def _docker_hub_short(repo: str) -> str:
+    """``docker.io/library/x`` and ``x`` name the same repository."""
+    for prefix in ("docker.io/", "index.docker.io/"):
+        repo = repo.removeprefix(prefix)
+    return repo.removeprefix("library/")
+
+
+def digests_of(repo_digests: list[str], repository: str) -> list[str]:
+    """The digests ``repo_digests`` (``repo@sha256:...``) lists for ``repository``, in order
+    (``vllm/vllm-openai``; a registry prefix such as ``mirror:5000/vllm/vllm-openai`` counts).
+
+        digests_of(["vllm/vllm-openai@sha256:ab", "other/x@sha256:cd"], "vllm/vllm-openai")
+        # ['sha256:ab']
+    """
+    want = _docker_hub_short(repository)
+    out = []
+    for entry in repo_digests:
+        repo, _, digest = entry.partition("@")
+        repo = _docker_hub_short(repo)
+        if repo == want or repo.endswith("/" + want):
+            out.append(digest)
+    return out
+
+
+@pytest.fixture(scope="module")
+def docker(host: Any) -> Docker:
+    """``docker.container(name)``, ``docker.image_digests(image, repository)`` on the host."""
+    return Docker(host)
 
 
 @pytest.fixture(scope="session")

@@ -49,16 +49,16 @@ TOOLKIT_PACKAGES = (
 
 
 def test_toolkit_at_pinned_version_and_held(host, rig, fail_if):
-    want = rig.exp.toolkit_version
+    pin = rig.want.pins.toolkit_version
     problems = []
     for name in TOOLKIT_PACKAGES:
         pkg = host.run(f"dpkg-query -W -f '${{Version}}\\t${{Status}}' {name}")
         version, _, status = pkg.stdout.partition("\t")
         if pkg.rc != 0 or not status.endswith(" installed"):
-            problems.append(f"{name} is not installed (pin {want})")
+            problems.append(f"{name} is not installed (pin {pin})")
             continue
-        if version != want:
-            problems.append(f"{name} is {version}, pins container_toolkit.version is {want}")
+        if version != pin:
+            problems.append(f"{name} is {version}, pins container_toolkit.version is {pin}")
         if not status.startswith("hold "):
             problems.append(f"{name} is not held (dpkg status '{status}')")
     fail_if("NVIDIA Container Toolkit", problems)

@@ -1,5 +1,6 @@
 """The front: nginx up, answering with the API key, refusing without it (asked from here, the
-control side, as a client would: ``front_url`` in host data, else ``http://<host>:<port>``).
+control side, as a client would: ``rigfleet.endpoints.front_url``, i.e. ``front_url`` in host
+data, else ``http://<ssh host>:<front_port>``).
 
     pytest tests/hosts/test_front_proxy.py --inventory inventory/home.py
 """
@@ -9,6 +10,10 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+
+import pytest
+
+from rigfleet.endpoints import front_url
 
 
 def call(url: str, key: str | None, data: bytes | None = None) -> tuple[int | str, str]:
@@ -25,6 +30,18 @@ def call(url: str, key: str | None, data: bytes | None = None) -> tuple[int | st
         return f"no answer ({e})", ""
 
 
+@pytest.fixture(scope="module")
+def base(rig) -> str:
+    """The front's URL as clients reach it."""
+    return front_url(rig.host, rig.want.settings)
+
+
+@pytest.fixture(scope="module")
+def model(rig) -> str:
+    """The model id the desired stack serves."""
+    return rig.want.current.spec.served_model_name
+
+
 def test_nginx_running_and_enabled(host, rig, fail_if):
     nginx = host.service("nginx")
     problems = []
@@ -35,8 +52,8 @@ def test_nginx_running_and_enabled(host, rig, fail_if):
     fail_if("front", problems)
 
 
-def test_front_answers_with_the_key(rig, require):
-    url = f"{rig.exp.front_url}/v1/models"
+def test_front_answers_with_the_key(rig, base, model, require):
+    url = f"{base}/v1/models"
     status, body = call(url, rig.api_key())
     require(
         status == 200, f"{rig.name}: GET {url} with the API key answered {status}: {body[:300]}"
@@ -46,16 +63,15 @@ def test_front_answers_with_the_key(rig, require):
     except (ValueError, AttributeError):
         ids = []
     require(
-        rig.exp.served_model_name in ids,
-        f"{rig.name}: GET {url} lists models {ids}, expected {rig.exp.served_model_name}",
+        model in ids,
+        f"{rig.name}: GET {url} lists models {ids}, expected {model}",
     )
 
 
-def test_front_refuses_without_the_key(rig, fail_if):
-    base = rig.exp.front_url
+def test_front_refuses_without_the_key(base, model, fail_if):
     chat = json.dumps(
         {
-            "model": rig.exp.served_model_name,
+            "model": model,
             "max_tokens": 1,
             "messages": [{"role": "user", "content": "hi"}],
         }

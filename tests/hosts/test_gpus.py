@@ -12,13 +12,15 @@ import pytest
 
 from rigfleet import gpu
 from rigfleet.commands import nvidia as nvidia_commands
-from rigfleet.status import CAP_TOLERANCE_W, POWER_CAPS_UNIT
+from rigfleet.hostside.probe import GPU_FIELDS, POWER_CAPS_UNIT
+from rigfleet.status.drift import CAP_TOLERANCE_W
 
-FIELDS = ("index", "name", "driver_version", "power.limit", "persistence_mode")
+# Where roles/power.py installs the unit (the roles are not imported here, see below).
+UNIT_DIR = "/etc/systemd/system"
 
 
 def query(host: Any, rig: Any) -> list[gpu.GpuInfo]:
-    result = host.run(gpu.query_command(FIELDS))
+    result = host.run(gpu.query_command(GPU_FIELDS))
     if result.rc != 0:
         why = (result.stdout + result.stderr).strip().splitlines()
         pytest.fail(
@@ -27,30 +29,30 @@ def query(host: Any, rig: Any) -> list[gpu.GpuInfo]:
             pytrace=False,
         )
     try:
-        return gpu.parse_query_gpu(result.stdout, FIELDS)
+        return gpu.parse_query_gpu(result.stdout, GPU_FIELDS)
     except gpu.GpuParseError as e:
         pytest.fail(f"{rig.name}: {e}", pytrace=False)
 
 
 def test_driver_loaded_on_pinned_branch(host, rig, fail_if):
-    exp = rig.exp
+    pins, settings = rig.want.pins, rig.want.settings
     cards = query(host, rig)
     problems = []
     for card in cards:
         version = card.driver_version or "unknown"
-        if not version.startswith(f"{exp.driver_branch}."):
+        if not version.startswith(f"{pins.driver_branch}."):
             problems.append(
                 f"card {card.index}: driver {version} loaded, pins driver.branch is "
-                f"{exp.driver_branch} (from {exp.pins_path})"
+                f"{pins.driver_branch} (from {pins.path})"
             )
-        elif exp.driver_version and version != exp.driver_version:
+        elif pins.driver_version and version != pins.driver_version:
             problems.append(
                 f"card {card.index}: driver {version} loaded, pins driver.version is "
-                f"{exp.driver_version}"
+                f"{pins.driver_version}"
             )
-    if len(cards) != exp.gpu_count:
+    if len(cards) != settings.gpu_count:
         problems.append(
-            f"nvidia-smi lists {len(cards)} GPU(s), inventory gpu_count is {exp.gpu_count}"
+            f"nvidia-smi lists {len(cards)} GPU(s), inventory gpu_count is {settings.gpu_count}"
         )
     fail_if("NVIDIA driver", problems)
 
@@ -70,7 +72,8 @@ def driver_packages(os_id: str, branch: str) -> tuple[str, ...]:
 
 def test_driver_packages_on_branch_and_held(host, rig, fail_if):
     # Held, so an unattended upgrade cannot move user space away from the loaded module.
-    expected = driver_packages(host.system_info.distribution, rig.exp.driver_branch)
+    pins = rig.want.pins
+    expected = driver_packages(host.system_info.distribution, pins.driver_branch)
     problems = []
     for name in expected:
         pkg = host.run(f"dpkg-query -W -f '${{Version}}\\t${{Status}}' {name}")
@@ -78,8 +81,8 @@ def test_driver_packages_on_branch_and_held(host, rig, fail_if):
         if pkg.rc != 0 or not status.endswith(" installed"):
             problems.append(f"{name} is not installed")
             continue
-        if not version.startswith(f"{rig.exp.driver_version or rig.exp.driver_branch + '.'}"):
-            problems.append(f"{name} is {version}, pins driver branch {rig.exp.driver_branch}")
+        if not version.startswith(f"{pins.driver_version or pins.driver_branch + '.'}"):
+            problems.append(f"{name} is {version}, pins driver branch {pins.driver_branch}")
         if not status.startswith("hold "):
             problems.append(f"{name} is not held (dpkg status '{status}')")
     fail_if("driver packages", problems)
@@ -101,7 +104,7 @@ def test_persistence_mode_on(host, rig, fail_if):
 
 
 def test_power_caps_equal_inventory(host, rig, fail_if):
-    caps = rig.exp.power_caps_w
+    caps = rig.want.settings.power_caps_w
     cards = {card.index: card for card in query(host, rig)}
     problems = []
     for index, want in enumerate(caps):
@@ -124,16 +127,18 @@ def test_power_caps_unit_enabled_with_inventory_caps(host, rig, fail_if):
     problems = []
     if not unit.is_enabled:
         problems.append(f"{POWER_CAPS_UNIT} is not enabled: caps are lost at the next boot")
-    unit_file = host.file(f"/etc/systemd/system/{POWER_CAPS_UNIT}")
+    unit_path = f"{UNIT_DIR}/{POWER_CAPS_UNIT}"
+    unit_file = host.file(unit_path)
     if not unit_file.exists:
-        problems.append(f"/etc/systemd/system/{POWER_CAPS_UNIT} is missing")
+        problems.append(f"{unit_path} is missing")
     else:
         have = [
             line.partition("=")[2].strip()
             for line in unit_file.content_string.splitlines()
             if line.startswith("ExecStart=")
         ]
-        want = [nvidia_commands.set_power_limit(i, w) for i, w in enumerate(rig.exp.power_caps_w)]
+        caps = rig.want.settings.power_caps_w
+        want = [nvidia_commands.set_power_limit(i, w) for i, w in enumerate(caps)]
         if have != want:
             problems.append(f"the unit runs {have}, inventory caps need {want}")
     fail_if("power caps unit", problems)

@@ -11,17 +11,15 @@ import shlex
 
 import pytest
 
-from rigfleet.compose import GENESIS_HOST_DIR, LABEL_PREFIX
-from rigfleet.status import (
-    ACTIVE_FILE,
-    LEDGER_FILE,
-    MANIFEST_NAME,
-    ROUTE_FILE,
-    ROUTE_MARK,
-    STATE_FILE,
-    TRACKED_KEYS,
-    running_digest,
-)
+from rigfleet.catalog import CatalogError
+from rigfleet.hostside.layout import HOST, MANIFEST_NAME, ROUTE_MARK, STACK_LABEL
+from rigfleet.hostside.records import TRACKED_KEYS
+
+STATE_FILE = str(HOST.state_file)
+LEDGER_FILE = str(HOST.ledger_file)
+ACTIVE_FILE = str(HOST.active_json)
+ROUTE_FILE = str(HOST.front_route)
+CHECKOUT = str(HOST.genesis_checkout)
 
 
 @pytest.fixture(scope="module")
@@ -42,38 +40,48 @@ def state(host, rig) -> dict:
 
 
 def test_state_records_inventory_and_pins(rig, state, fail_if):
+    tracked = rig.want.current.tracked
     problems = [
-        f"{key} is {state.get(key)!r}, inventory + pins say {rig.exp.tracked[key]!r}"
+        f"{key} is {state.get(key)!r}, inventory + pins say {tracked[key]!r}"
         for key in TRACKED_KEYS
-        if state.get(key) != rig.exp.tracked[key]
+        if state.get(key) != tracked[key]
     ]
     fail_if(f"{STATE_FILE} differs from inventory + pins", problems)
 
 
-def test_state_matches_what_runs(host, rig, state, fail_if):
-    problems = []
-    name = f"rigfleet-{state.get('stack')}"
-    out = host.run(f"docker inspect --type container {shlex.quote(name)}")
-    c = json.loads(out.stdout)[0] if out.rc == 0 and out.stdout.strip() else None
+def running_problems(rig, state: dict, docker) -> list[str]:
+    """What differs between the stack state.json records and its container."""
+    stack = state.get("stack")
+    try:
+        name = rig.want.settings.catalog.get(str(stack)).container_name
+    except CatalogError as e:
+        return [f"state.json says stack {stack!r}, which this host cannot run: {e}"]
+    c = docker.container(name)
     if c is None or (c.get("State") or {}).get("Status") != "running":
-        problems.append(f"state.json says stack {state.get('stack')}, but {name} is not running")
-    else:
-        labels = (c.get("Config") or {}).get("Labels") or {}
-        if labels.get(f"{LABEL_PREFIX}.stack") != state.get("stack"):
-            problems.append(
-                f"{name} carries stack label {labels.get(f'{LABEL_PREFIX}.stack')!r}, "
-                f"state.json says {state.get('stack')!r}"
-            )
-        img = host.run(f"docker image inspect --format '{{{{json .RepoDigests}}}}' {c['Image']}")
-        digests = json.loads(img.stdout) if img.rc == 0 and img.stdout.strip() else []
-        repository = str(state.get("image", "")).rsplit(":", 1)[0]
-        running = running_digest({"repo_digests": digests}, repository)
-        if running != state.get("digest"):
-            problems.append(f"{name} runs digest {running}, state.json says {state.get('digest')}")
-    manifest = host.file(f"{rig.exp.model_path}/{MANIFEST_NAME}")
+        return [f"state.json says stack {stack}, but {name} is not running"]
+    problems = []
+    labels = (c.get("Config") or {}).get("Labels") or {}
+    if labels.get(STACK_LABEL) != stack:
+        problems.append(
+            f"{name} carries stack label {labels.get(STACK_LABEL)!r}, state.json says {stack!r}"
+        )
+    # The repository of the image state.json records (``vllm/vllm-openai:<tag>``).
+    repository = str(state.get("image", "")).rsplit(":", 1)[0]
+    _, running = docker.image_digests(c.get("Image", ""), repository)
+    if state.get("digest") not in running:
+        problems.append(
+            f"{name} runs digest {', '.join(running) or None} (of {repository}), state.json "
+            f"says {state.get('digest')}"
+        )
+    return problems
+
+
+def test_state_matches_what_runs(host, rig, state, docker, fail_if):
+    problems = running_problems(rig, state, docker)
+    manifest = host.file(f"{rig.want.model_path}/{MANIFEST_NAME}")
     try:
         revision = json.loads(manifest.content_string).get("revision") if manifest.exists else None
-    except ValueError:
+    except (ValueError, AttributeError):
         revision = None
     if revision != state.get("model_revision"):
         problems.append(
@@ -81,7 +89,7 @@ def test_state_matches_what_runs(host, rig, state, fail_if):
             f"{state.get('model_revision')}"
         )
     if state.get("genesis_commit"):
-        head = host.run(f"git -c safe.directory='*' -C {GENESIS_HOST_DIR} rev-parse HEAD")
+        head = host.run(f"git -c safe.directory='*' -C {shlex.quote(CHECKOUT)} rev-parse HEAD")
         if head.stdout.strip() != state["genesis_commit"]:
             problems.append(
                 f"Genesis HEAD is {head.stdout.strip() or 'missing'}, state.json "
@@ -117,7 +125,8 @@ def test_ledger_ends_with_current_state(host, rig, state, fail_if):
 def test_active_stack_record_and_front_route(host, rig, fail_if):
     # The swap transaction records what it verified (active.json) and points the front at it
     # (route.conf): both must name the inventory's stack as rendered from the pins.
-    exp = rig.exp
+    current = rig.want.current
+    route_id = current.ref.route_id
     problems = []
     f = host.file(ACTIVE_FILE)
     try:
@@ -127,20 +136,21 @@ def test_active_stack_record_and_front_route(host, rig, fail_if):
     if ref is None:
         problems.append(f"{ACTIVE_FILE} is missing: no verified stack is recorded")
     else:
-        if (ref.get("stack"), ref.get("config_hash")) != (exp.stack, exp.config_hash):
+        if (ref.get("stack"), ref.get("config_hash")) != (current.name, current.config_hash):
             problems.append(
                 f"{ACTIVE_FILE} records {ref.get('stack')}/{ref.get('config_hash')}, inventory "
-                f"+ pins render {exp.route_id}"
+                f"+ pins render {route_id}"
             )
         record = ref.get("record") or {}
         problems += [
-            f"{ACTIVE_FILE} record {key} is {record.get(key)!r}, pins say {exp.tracked[key]!r}"
+            f"{ACTIVE_FILE} record {key} is {record.get(key)!r}, pins say {current.tracked[key]!r}"
             for key in TRACKED_KEYS
-            if record.get(key) != exp.tracked[key]
+            if record.get(key) != current.tracked[key]
         ]
     route = host.file(ROUTE_FILE)
-    first = route.content_string.splitlines()[0] if route.exists else ""
+    first = (route.content_string.splitlines() or [""])[0] if route.exists else ""
+    # The route include's first line (rigfleet.hostside.records.route reads it the same way).
     routed = first[len(ROUTE_MARK) :].strip() if first.startswith(ROUTE_MARK) else None
-    if routed != exp.route_id:
-        problems.append(f"{ROUTE_FILE} routes to {routed or 'nothing'}, expected {exp.route_id}")
+    if routed != route_id:
+        problems.append(f"{ROUTE_FILE} routes to {routed or 'nothing'}, expected {route_id}")
     fail_if("active stack record", problems)

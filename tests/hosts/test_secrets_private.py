@@ -10,31 +10,34 @@ import shlex
 
 import pytest
 
-from rigfleet.commands.probe import AUTH_HEADER_FILE
-from rigfleet.commands.weights import HF_TOKEN_FILE
-from rigfleet.compose import SECRETS_DIR, VLLM_ENV_FILE
+from rigfleet.hostside.layout import HOST
 
+SECRETS_DIR = str(HOST.secrets_dir)
+VLLM_ENV_FILE = str(HOST.vllm_env_file)
+# The front's key map (roles/front.py KEYS_PATH; the roles are not imported here).
 NGINX_KEYS = "/etc/nginx/rigfleet-keys.conf"
 
 # Where the deploy writes things (and so where a leaked key would land); the weights are left
-# out (large, and the fetcher writes only hub files there).
+# out (large, and the fetcher writes only hub files there). /etc/nginx holds HOST.front_dir.
 SCANNED_DIRS = (
-    "/etc/rigfleet", "/opt/rigfleet", "/var/lib/rigfleet", "/usr/local/lib/rigfleet",
+    *(str(d) for d in (HOST.etc_dir, HOST.opt_dir, HOST.state_dir, HOST.lib_dir)),
     "/etc/nginx", "/etc/docker", "/etc/systemd/system",
 )  # fmt: skip
 
 
 def secret_files(rig, listed: list[str]) -> list[str]:
     """The secrets the deploy writes, plus whatever else lies in the secrets directory."""
-    files = [VLLM_ENV_FILE, AUTH_HEADER_FILE, NGINX_KEYS]
-    if rig.settings.hf_token_file:
-        files.append(HF_TOKEN_FILE)
+    files = [str(HOST.api_key_file), VLLM_ENV_FILE, str(HOST.auth_header_file), NGINX_KEYS]
+    if rig.want.settings.hf_token_file:
+        files.append(str(HOST.hf_token_file))
     return sorted({*files, *listed})
 
 
 @pytest.fixture(scope="module")
 def listed(sh) -> list[str]:
-    return sh(f"find {SECRETS_DIR} -mindepth 1 -printf '%p\\n'", "list secrets").split()
+    return sh(
+        f"find {shlex.quote(SECRETS_DIR)} -mindepth 1 -printf '%p\\n'", "list secrets"
+    ).split()
 
 
 def test_secrets_dir_root_only(host, rig, fail_if):
@@ -80,10 +83,10 @@ def test_non_root_user_cannot_read_secrets(host, rig, listed, fail_if):
 def test_no_readable_file_holds_the_api_key(host, rig, sh, require):
     # The pattern comes from the root-only env file into a root-only temp file, so the key is
     # never on a command line or sent over the connection.
-    dirs = " ".join(SCANNED_DIRS)
+    dirs = " ".join(shlex.quote(d) for d in SCANNED_DIRS)
     script = (
         "umask 077; t=$(mktemp) || exit 3; "
-        f"sed -n 's/^VLLM_API_KEY=//p' {VLLM_ENV_FILE} > \"$t\"; "
+        f"sed -n 's/^VLLM_API_KEY=//p' {shlex.quote(VLLM_ENV_FILE)} > \"$t\"; "
         'if [ ! -s "$t" ]; then rm -f "$t"; echo NO-KEY; exit 0; fi; '
         f"find {dirs} -xdev -type f -perm -o=r -size -20M -print0 2>/dev/null "
         '| xargs -0 -r grep -lF -f "$t" 2>/dev/null; rm -f "$t"; true'

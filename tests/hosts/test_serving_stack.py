@@ -1,5 +1,6 @@
 """The serving stack: the inventory's stack runs, from the pinned image digest, started from
-the compose file the deploy renders, alone, and reachable only on loopback.
+the compose file the deploy renders, alone, and reachable only on loopback; every staged
+stack's compose file is exactly what the deploy writes (``DesiredStack.text``).
 
     pytest tests/hosts/test_serving_stack.py --inventory inventory/home.py
 """
@@ -7,118 +8,105 @@ the compose file the deploy renders, alone, and reachable only on loopback.
 from __future__ import annotations
 
 import difflib
-import json
-import shlex
 
 import pytest
 
-from rigfleet.catalog import STACKS, get_stack
-from rigfleet.compose import (
-    CONFIG_HASH_LABEL,
-    LABEL_PREFIX,
-    SERVICE,
-    compose_document,
-    compose_path,
-    render_compose,
-)
-from rigfleet.status import running_digest
-
-
-def inspect(host, name: str) -> dict | None:
-    out = host.run(f"docker inspect --type container {shlex.quote(name)}")
-    if out.rc != 0:
-        return None
-    data = json.loads(out.stdout)
-    return data[0] if data else None
+from rigfleet.compose import LABEL_PREFIX, SERVICE
+from rigfleet.hostside.layout import CONFIG_HASH_LABEL
 
 
 @pytest.fixture(scope="module")
-def container(host, rig) -> dict:
-    name = rig.exp.container
-    data = inspect(host, name)
+def current(rig):
+    """The desired stack as the deploy stages it (``rigfleet.desired.DesiredStack``)."""
+    return rig.want.current
+
+
+@pytest.fixture(scope="module")
+def container(rig, current, docker) -> dict:
+    name = current.spec.container_name
+    data = docker.container(name)
     if data is None:
         pytest.fail(
-            f"{rig.name}: container {name} (stack {rig.exp.stack}) does not exist", pytrace=False
+            f"{rig.name}: container {name} (stack {current.name}) does not exist", pytrace=False
         )
     return data
 
 
-def test_active_stack_container_running(rig, container, require):
+def test_active_stack_container_running(rig, current, container, require):
     state = container.get("State") or {}
     require(
         state.get("Status") == "running",
-        f"{rig.name}: container {rig.exp.container} is {state.get('Status')} "
-        f"(exit code {state.get('ExitCode')}), expected running (stack {rig.exp.stack})",
+        f"{rig.name}: container {current.spec.container_name} is {state.get('Status')} "
+        f"(exit code {state.get('ExitCode')}), expected running (stack {current.name})",
     )
 
 
-def test_container_runs_the_pinned_digest(host, rig, container, require):
-    exp = rig.exp
+def test_container_runs_the_pinned_digest(rig, current, container, docker, require):
+    pins = current.pins
     image_id = container.get("Image", "")
-    out = host.run(f"docker image inspect --format '{{{{json .RepoDigests}}}}' {image_id}")
-    digests = json.loads(out.stdout) if out.rc == 0 and out.stdout.strip() else []
-    digest = running_digest({"repo_digests": digests}, exp.repository)
+    digests, of_repository = docker.image_digests(image_id, pins.repository)
     require(
-        digest == exp.digest,
-        f"{rig.name}: container {exp.container} runs image "
+        pins.digest in of_repository,
+        f"{rig.name}: container {current.spec.container_name} runs image "
         f"{(container.get('Config') or {}).get('Image')} ({image_id[:19]}, RepoDigests "
-        f"{digests or 'none'}), pins stacks.{exp.stack} is {exp.image}@{exp.digest}",
+        f"{digests or 'none'}), pins stacks.{current.name} is {pins.image_ref}",
     )
 
 
-def test_container_labels_match_pins(rig, container, fail_if):
-    exp = rig.exp
+def test_container_labels_match_pins(rig, current, container, fail_if):
     labels = (container.get("Config") or {}).get("Labels") or {}
-    doc = compose_document(get_stack(exp.stack), rig.pins, rig.settings)
-    want = doc["services"][SERVICE]["labels"]
+    want = current.document["services"][SERVICE]["labels"]
     problems = [
         f"label {key} is {labels.get(key)!r}, expected {value!r}"
         for key, value in want.items()
         if key.startswith(LABEL_PREFIX) and labels.get(key) != value
     ]
-    if labels.get(CONFIG_HASH_LABEL) != want[CONFIG_HASH_LABEL]:
+    if labels.get(CONFIG_HASH_LABEL) != current.config_hash:
         problems.append("the container was not started from the compose file the deploy renders")
-    fail_if(f"container {exp.container} labels", problems)
+    fail_if(f"container {current.spec.container_name} labels", problems)
 
 
-@pytest.mark.parametrize("stack", sorted(STACKS))
-def test_compose_file_as_rendered(host, rig, stack, require):
-    if stack not in rig.pins.stacks:
-        pytest.skip(f"stack {stack} is not pinned")
-    path = compose_path(stack)
-    f = host.file(path)
-    require(f.exists, f"{rig.name}: {path} is missing")
-    want = render_compose(get_stack(stack), rig.pins, rig.settings)
-    have = f.content_string
-    diff = list(
-        difflib.unified_diff(
-            want.splitlines(),
+def test_compose_files_as_rendered(host, rig, require):
+    # Every stack the host stages (each pinned stack of its catalog), not only the desired one:
+    # a switch starts from these files.
+    problems = []
+    for name, stack in sorted(rig.want.stacks.items()):
+        path = stack.compose_file
+        f = host.file(path)
+        if not f.exists:
+            problems.append(f"{rig.name}: {path} is missing (stack {name})")
+            continue
+        have = f.content_string
+        if have == stack.text:
+            continue
+        diff = difflib.unified_diff(
+            stack.text.splitlines(),
             have.splitlines(),
             "deploy renders",
             f"{rig.name}:{path}",
             lineterm="",
             n=0,
         )
-    )
-    require(
-        have == want,
-        f"{rig.name}: {path} differs from what the deploy renders:\n" + "\n".join(diff[:40]),
-    )
+        problems.append(
+            f"{rig.name}: {path} differs from what the deploy renders:\n"
+            + "\n".join(list(diff)[:40])
+        )
+    require(not problems, "\n".join(problems))
 
 
-def test_only_the_active_stack_runs(host, rig, require):
+def test_only_the_active_stack_runs(rig, current, docker, require):
     running = [
-        name for name in rig.exp.other_containers
-        if (inspect(host, name) or {}).get("State", {}).get("Status") == "running"
+        name for name in rig.want.other_containers
+        if ((docker.container(name) or {}).get("State") or {}).get("Status") == "running"
     ]  # fmt: skip
     require(
         not running,
-        f"{rig.name}: {running} running next to {rig.exp.container}; inventory stack is "
-        f"{rig.exp.stack} and two stacks do not fit on the cards",
+        f"{rig.name}: {running} running next to {current.spec.container_name}; inventory stack "
+        f"is {current.name} and two stacks do not fit on the cards",
     )
 
 
-def test_stack_port_on_loopback_only(rig, container, require):
+def test_stack_port_on_loopback_only(rig, current, container, require):
     ports = (container.get("NetworkSettings") or {}).get("Ports") or {}
     bound = [
         f"{b.get('HostIp') or '0.0.0.0'}:{b.get('HostPort')}->{port}"
@@ -128,6 +116,6 @@ def test_stack_port_on_loopback_only(rig, container, require):
     open_ = [b for b in bound if not b.startswith(("127.0.0.1:", "[::1]:", "::1:"))]
     require(
         bound and not open_,
-        f"{rig.name}: {rig.exp.container} publishes {bound or 'nothing'}; expected only "
-        f"127.0.0.1:{rig.exp.stack_port} (the front is the only way in)",
+        f"{rig.name}: {current.spec.container_name} publishes {bound or 'nothing'}; expected "
+        f"only 127.0.0.1:{current.spec.port} (the front is the only way in)",
     )

@@ -13,12 +13,12 @@ import shlex
 
 import pytest
 
-from rigfleet.status import MANIFEST_NAME
+from rigfleet.hostside.layout import MANIFEST_NAME
 
 
 @pytest.fixture(scope="module")
 def manifest(host, rig) -> dict:
-    path = f"{rig.exp.model_path}/{MANIFEST_NAME}"
+    path = f"{rig.want.model_path}/{MANIFEST_NAME}"
     f = host.file(path)
     if not f.exists:
         pytest.fail(
@@ -33,24 +33,22 @@ def manifest(host, rig) -> dict:
 
 
 def test_manifest_is_for_the_pinned_revision(rig, manifest, fail_if):
-    exp = rig.exp
+    model = rig.want.pins.model
     problems = []
-    if manifest.get("repo") != exp.model_repo:
-        problems.append(
-            f"manifest repo is {manifest.get('repo')}, pins model.repo is {exp.model_repo}"
-        )
-    if manifest.get("revision") != exp.model_revision:
+    if manifest.get("repo") != model.repo:
+        problems.append(f"manifest repo is {manifest.get('repo')}, pins model.repo is {model.repo}")
+    if manifest.get("revision") != model.revision:
         problems.append(
             f"manifest revision is {manifest.get('revision')}, pins model.revision "
-            f"is {exp.model_revision}"
+            f"is {model.revision}"
         )
-    fail_if(f"weights in {exp.model_path}", problems)
+    fail_if(f"weights in {rig.want.model_path}", problems)
 
 
 def test_every_file_matches_the_manifest(host, rig, manifest, weights_check, fail_if):
     files: dict[str, dict] = manifest["files"]
     names = sorted(files)
-    d = shlex.quote(rig.exp.model_path)
+    d = shlex.quote(rig.want.model_path)
     quoted = " ".join(shlex.quote(n) for n in names)
     # One round trip: size and mtime of every listed file (missing ones print nothing).
     listing = host.run(f"cd {d} && stat -c '%s\t%.6Y\t%n' -- {quoted} 2>/dev/null; true")
@@ -79,4 +77,4 @@ def test_every_file_matches_the_manifest(host, rig, manifest, weights_check, fai
                 want = files[name].get("sha256")
                 if got.get(name) != want:
                     problems.append(f"{name} sha256 is {got.get(name)}, manifest says {want}")
-    fail_if(f"weights in {rig.exp.model_path} differ from {MANIFEST_NAME}", problems)
+    fail_if(f"weights in {rig.want.model_path} differ from {MANIFEST_NAME}", problems)
