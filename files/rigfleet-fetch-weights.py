@@ -110,7 +110,7 @@ def acquire_lock(lock_dir: Path, repo: str):
     """An exclusive, non-blocking flock per repo; the file holds the holder's pid."""
     lock_dir.mkdir(parents=True, exist_ok=True)
     path = lock_dir / ("weights-" + re.sub(r"[^A-Za-z0-9._-]+", "_", repo) + ".lock")
-    fh = open(path, "a+")
+    fh = open(path, "a+")  # noqa: SIM115 - held for the whole fetch, closed by the caller
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
