@@ -99,8 +99,10 @@ class DesiredHost:
 
     @property
     def model_path(self) -> str:
-        """The weights directory on the host."""
-        return f"{self.settings.model_dir.rstrip('/')}/{self.pins.model.local_dir}"
+        """The pinned model revision's own directory on the host (``Layout.weights_dir``):
+        what the compose files mount, where the fetcher verifies and the manifest is."""
+        model = self.pins.model
+        return str(HOST.weights_dir(self.settings.model_dir, model.local_dir, model.revision))
 
     @property
     def other_containers(self) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from rigfleet.commands import docker as docker_commands
 from rigfleet.facts import APPLY_ALL, GenesisHead, GenesisTrees, TextFile, read_fact
 from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
+from rigfleet.retention import stale
 from roles.ops import check, executing, fail, run_on_host
 from roles.preflight import HostContext
 
@@ -82,10 +83,9 @@ TREES_KEPT = 3
 def stale_trees(
     trees: Mapping[str, int], pinned: str, referenced: Set[str], keep: int = TREES_KEPT
 ) -> list[str]:
-    """The trees to remove: ``trees`` maps commit -> mtime; see the rule above."""
-    others = sorted((c for c in trees if c != pinned), key=lambda c: (trees[c], c), reverse=True)
-    kept = {pinned, *others[: max(keep - 1, 0)], *referenced}
-    return sorted(c for c in trees if c not in kept)
+    """The trees to remove: ``trees`` maps commit -> mtime; see the rule above (the one rule
+    for trees and model revisions: ``rigfleet.retention.stale``)."""
+    return stale(trees, pinned, referenced, keep)
 
 
 def export_command(checkout: str, commit: str, trees_dir: str = TREES_DIR) -> str:

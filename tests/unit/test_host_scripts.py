@@ -9,6 +9,7 @@ Run: ``.venv/bin/python -m pytest tests/unit/test_host_scripts.py -q``.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -28,12 +29,12 @@ ALLOWLIST = ROOT / "files" / "rigfleet-genesis-allowlist.py"
 SERVICES_DIR = ROOT / "testbed/rigfleet_testbed/images/services"
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ModelFixture]]:
-    data = tmp_path_factory.mktemp("hub")
+@contextlib.contextmanager
+def hub_service(data: Path) -> Iterator[str]:
+    """The testbed's services program serving ``data`` (``hub/`` written by the caller);
+    yields the hub's URL."""
     for sub in ("apt", "hub", "git"):
-        (data / sub).mkdir()
-    model = build_model_fixture(data / "hub", shard_mib=1)
+        (data / sub).mkdir(exist_ok=True)
     ports_file = data / "ports.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "services", "--data", str(data), "--bind", "127.0.0.1",
@@ -49,13 +50,21 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ModelFi
         time.sleep(0.05)
     ports = json.loads(ports_file.read_text())
     try:
-        yield f"http://127.0.0.1:{ports['hub']}", model
+        yield f"http://127.0.0.1:{ports['hub']}"
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ModelFixture]]:
+    data = tmp_path_factory.mktemp("hub")
+    model = build_model_fixture(data / "hub", shard_mib=1)
+    with hub_service(data) as url:
+        yield url, model
 
 
 def fetch(endpoint: str, model: ModelFixture, local_dir: Path, *extra: str, lock_dir: Path):
@@ -110,8 +119,8 @@ def test_corrupted_shard_is_refetched_or_refused(hub, tmp_path):
         assert (local / shard).read_bytes() != bytes(data)
     else:
         assert f"{shard}: sha256" in run.stderr
-        manifest = json.loads((local / ".rigfleet-manifest.json").read_text())
-        assert manifest["files"][shard]["mtime"] != path.stat().st_mtime
+        assert "repaired in place" in run.stdout
+        assert not (local / ".rigfleet-manifest.json").exists()
 
 
 def test_second_concurrent_fetch_fails_fast_naming_the_holder(hub, tmp_path):
@@ -141,7 +150,117 @@ def test_disk_check_names_the_numbers(hub, tmp_path, monkeypatch):
     run = fetch(endpoint, model, tmp_path / "m", lock_dir=tmp_path / "locks")
     assert run.returncode == 4
     assert "not enough free disk" in run.stderr and "headroom" in run.stderr
-    assert not (tmp_path / "m" / ".rigfleet-manifest.json").exists()
+    # The revision's name appears only once it is verified; the partial download stays.
+    assert not (tmp_path / "m").exists() and (tmp_path / ".m.partial").is_dir()
+
+
+def tree(root: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every file under ``root``: (size, mtime_ns, content); what "never written" compares."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def adopt(model: ModelFixture, old: Path, new: Path, lock_dir: Path, revision: str | None = None):
+    return subprocess.run(
+        [sys.executable, str(FETCH), "adopt", "--repo", MODEL_REPO,
+         "--revision", revision or model.commit, "--from", str(old), "--to", str(new),
+         "--lock-dir", str(lock_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_a_revision_directory_appears_only_verified(hub, tmp_path):
+    endpoint, model = hub
+    final = tmp_path / "models" / f"qwen@{model.commit[:12]}"
+    run = fetch(endpoint, model, final, lock_dir=tmp_path / "locks")
+    assert run.returncode == 0, run.stderr
+    assert f"-> {tmp_path / 'models' / ('.' + final.name + '.partial')}" in run.stdout
+    assert sorted(p.name for p in final.parent.iterdir()) == [final.name]  # no partial left
+    manifest = json.loads((final / ".rigfleet-manifest.json").read_text())
+    assert manifest["revision"] == model.commit and set(manifest["files"]) == set(model.files)
+
+
+def test_a_directory_verified_for_another_revision_is_never_rewritten(hub, tmp_path):
+    endpoint, model = hub
+    final = tmp_path / "models" / f"qwen@{model.commit[:12]}"
+    final.mkdir(parents=True)
+    other = {"repo": MODEL_REPO, "revision": "e" * 40, "files": {"x": {"size": 1, "mtime": 0}}}
+    (final / ".rigfleet-manifest.json").write_text(json.dumps(other))
+    before = tree(final)
+    run = fetch(endpoint, model, final, lock_dir=tmp_path / "locks")
+    assert run.returncode == 1
+    assert f"holds {MODEL_REPO}@{'e' * 40}, not {MODEL_REPO}@{model.commit}" in run.stderr
+    assert "never rewritten" in run.stderr
+    assert tree(final) == before
+
+
+def test_adopting_the_old_directory_renames_it_links_it_and_downloads_nothing(hub, tmp_path):
+    endpoint, model = hub
+    models, locks = tmp_path / "models", tmp_path / "locks"
+    old = models / "qwen"  # where rigfleet kept the weights before per-revision directories
+    assert fetch(endpoint, model, old, lock_dir=locks).returncode == 0
+    files = tree(old)
+    new = models / f"qwen@{model.commit[:12]}"
+    run = adopt(model, old, new, locks)
+    assert run.returncode == 0, run.stderr
+    assert "no download" in run.stdout
+    assert new.is_dir() and not new.is_symlink() and tree(new) == files  # mtimes kept
+    assert old.is_symlink() and os.readlink(old) == new.name  # relative: survives a move
+    assert tree(old) == files  # what the old compose snapshot mounts: the same files
+    again = fetch(endpoint, model, new, lock_dir=locks)
+    assert again.returncode == 0 and "already verified" in again.stdout  # no hub, no hashing
+    assert "adopted already" in adopt(model, old, new, locks).stdout
+
+
+def test_adopt_leaves_what_it_cannot_vouch_for(hub, tmp_path):
+    _, model = hub
+    models, locks = tmp_path / "models", tmp_path / "locks"
+    old, new = models / "qwen", models / f"qwen@{model.commit[:12]}"
+    assert "nothing to adopt" in adopt(model, old, new, locks).stdout
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(b"half a download")
+    run = adopt(model, old, new, locks)
+    assert run.returncode == 0 and "never verified" in run.stdout
+    assert old.is_dir() and not old.is_symlink() and not new.exists()
+    (old / ".rigfleet-manifest.json").write_text(json.dumps(
+        {"repo": MODEL_REPO, "revision": "e" * 40, "files": {}}))
+    run = adopt(model, old, new, locks)
+    assert run.returncode == 1 and f"is for {MODEL_REPO}@{'e' * 40}" in run.stderr
+    assert old.is_dir() and not new.exists()
+    other = adopt(model, old, tmp_path / "elsewhere" / new.name, locks)
+    assert other.returncode == 2 and "two names in one directory" in other.stderr
+
+
+@pytest.fixture
+def hub_two_revisions(tmp_path_factory: pytest.TempPathFactory):
+    """A hub of its own whose model repository moves from one revision to another."""
+    data = tmp_path_factory.mktemp("hub2")
+    first = build_model_fixture(data / "hub", shard_mib=1)
+
+    def second() -> ModelFixture:
+        return build_model_fixture(data / "hub", shard_mib=0.5)  # a new commit, other bytes
+
+    with hub_service(data) as url:
+        yield url, first, second
+
+
+def test_a_new_revision_goes_to_its_own_directory_and_the_old_one_is_untouched(
+        hub_two_revisions, tmp_path):
+    endpoint, first, second = hub_two_revisions
+    models, locks = tmp_path / "models", tmp_path / "locks"
+    old = models / f"qwen@{first.commit[:12]}"
+    assert fetch(endpoint, first, old, lock_dir=locks).returncode == 0
+    before = tree(old)
+    model = second()
+    assert model.commit != first.commit
+    new = models / f"qwen@{model.commit[:12]}"
+    run = fetch(endpoint, model, new, lock_dir=locks)
+    assert run.returncode == 0, run.stderr
+    assert tree(old) == before  # what a rollback mounts: byte for byte, mtimes too
+    manifest = json.loads((new / ".rigfleet-manifest.json").read_text())
+    assert manifest["revision"] == model.commit
+    assert {n: m["sha256"] for n, m in manifest["files"].items()} == {
+        n: sha for n, (_, sha) in model.files.items()}
 
 
 def test_token_is_read_from_the_file_and_never_printed(hub, tmp_path):

@@ -452,7 +452,7 @@ def test_the_model_from_inventory_data_and_pins(want, tmp_path):
         DIGEST, "vllm/vllm-openai", 8011)
     # int8 runs without Genesis, but the deploy keeps the tq3 stack's checkout on the host.
     assert want.current.pins.genesis is None and want.genesis == GENESIS
-    assert want.model_path == "/srv/models/qwen3.6-27b-autoround-int4"
+    assert want.model_path == "/srv/models/qwen3.6-27b-autoround-int4@" + REVISION[:12]
     assert want.pins.path == str(tmp_path / "pins.yaml")
     assert want.current.tracked["pins_serial"] == 4
     assert want.current.tracked["genesis_commit"] is None
