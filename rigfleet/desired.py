@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rigfleet.bump.journal import BumpJournal, load_journal
 from rigfleet.catalog import StackSpec
 from rigfleet.compose import SERVICE, compose_document, render_document
 from rigfleet.hostdata import HostSettings, validate_host
@@ -205,21 +206,36 @@ def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
     return cwd if cwd.exists() else REPO_ROOT / path
 
 
-_PINS: dict[tuple[str, tuple[str, ...]], Pins] = {}
+_PINS: dict[tuple[str, tuple[str, ...]], tuple[Pins, BumpJournal | None]] = {}
 
 
-def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
-    """The pins this host runs: its ``pins_file`` (parsed once per process) for its name."""
+def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins,
+                                                                        BumpJournal | None]:
+    """The host's ``pins_file`` as written and the journal of an unfinished ``rigfleet bump``
+    beside it (None when there is none), each read once per process."""
     path = resolve_pins_path(settings.pins_file, base)
     key = (str(path.absolute()), settings.catalog.sources)
     if key not in _PINS:
         try:
-            _PINS[key] = load_pins(path, catalog=settings.catalog)
+            pins = load_pins(path, catalog=settings.catalog)
+            _PINS[key] = (pins, load_journal(pins, settings.catalog))
         except PinsError as e:
             raise PinsError([f"{settings.name}: pins_file: {line}" for line in e.problems]) \
                 from None
-    # A rollout may leave a host on other pins (the pins file's ``hosts`` section).
-    return _PINS[key].for_host(settings.name)
+    return _PINS[key]
+
+
+def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
+    """The pins this host runs: its ``pins_file`` (parsed once per process) for its name.
+
+    A rollout may leave a host on other pins: the pins file's ``hosts`` section after a bump
+    that ended, the bump's journal while one is unfinished (a host it promoted runs the
+    candidate; one it was deploying is refused, ``BumpInFlight``: rigfleet/bump/journal.py).
+    """
+    pins, journal = fleet_pins(settings, base)
+    if journal is not None:
+        return journal.pins_for(pins, settings.name)
+    return pins.for_host(settings.name)
 
 
 def load_desired(name: str, data: Mapping[str, Any] | Any,

@@ -207,21 +207,24 @@ class WeightsSpace:
 
 
 def weights_space(dirs: WeightsDirsState, local_dir: str, revision: str,
-                  revision_bytes: int | None = None) -> WeightsSpace:
+                  revision_bytes: int | None = None,
+                  old_revision: str | None = None) -> WeightsSpace:
     """What the weights keep on disk and still need (see ``WeightsSpace``).
 
     + dirs: the ``WeightsDirs`` fact (read with the host's compose files)
     + local_dir, revision: the model pin
     + revision_bytes: the pinned revision's size when known (the hub's listing); otherwise a
       new revision is estimated to be as large as the largest revision on the host
+    + old_revision: the revision the manifest of a not yet adopted ``<model_dir>/<local_dir>``
+      names (adoption makes it that revision's directory, without a download)
     """
     removed = set(stale_weights(dirs, local_dir, revision))
     sizes = {n: e.size for n, e in dirs.entries.items() if e.kind != "link"}
     kept = sum(size for n, size in sizes.items() if n not in removed)
     freed = sum(size for n, size in sizes.items() if n in removed)
     pinned = revision_name(local_dir, revision)
-    if pinned in dirs.entries:
-        return WeightsSpace(kept, freed, 0, sizes.get(pinned, 0), False)
+    if pinned in dirs.entries or (old_revision == revision and local_dir in sizes):
+        return WeightsSpace(kept, freed, 0, sizes.get(pinned, sizes.get(local_dir, 0)), False)
     revisions = [size for n, size in sizes.items() if _revision_dir(n, local_dir)]
     old = dirs.entries.get(local_dir)
     if old is not None and old.kind == "dir":

@@ -35,8 +35,8 @@ from rigfleet.commands import weights as weights_commands
 from rigfleet.facts import VenvPackageVersion, WeightsManifest, read_fact
 from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
-from rigfleet.weights import WeightsDirs, stale_weights
-from roles.ops import Secret, secret_file
+from rigfleet.weights import WeightsDirs, WeightsSpace, stale_weights, weights_space
+from roles.ops import Secret, executing, secret_file
 from roles.preflight import HostContext
 
 
@@ -63,6 +63,7 @@ def fetch_weights(
     local_dir: str,
     token_file: str | None = None,
     endpoint: str | None = None,
+    adopt_from: str | None = None,
 ):
     """Run the fetcher unless the manifest already records this pin and the files match.
 
@@ -70,11 +71,18 @@ def fetch_weights(
     + local_dir: the revision's directory (``Layout.weights_dir``)
     + token_file: the host's root-only token file, when a token is configured
     + endpoint: ``HF_ENDPOINT`` (a mirror or the testbed hub), else huggingface.co
+    + adopt_from: the directory ``adopt_weights`` renames to ``local_dir`` first when it holds
+      this pin (then ``--dry`` shows no download: none happens)
     """
     state = read_fact(WeightsManifest, local_dir=local_dir)
     if state.repo == repo and state.revision == revision and state.intact:
         host.noop(f"{repo}@{revision[:12]} verified in {local_dir}")
         return
+    if adopt_from is not None and not executing():
+        old = read_fact(WeightsManifest, local_dir=adopt_from)
+        if old.repo == repo and old.revision == revision and old.intact:
+            host.noop(f"{repo}@{revision[:12]} verified in {adopt_from} (adopted first)")
+            return
     yield weights_commands.fetch(repo, revision, local_dir, token_file, endpoint)
 
 
@@ -123,6 +131,35 @@ def prune_weights(model_dir: str, local_dir: str, revision: str, compose_files: 
     yield weights_commands.remove([f"{model_dir.rstrip('/')}/{n}" for n in names])
 
 
+def compose_files(ctx: HostContext) -> tuple[str, ...]:
+    """Every compose file on the host that may mount a revision: the staged stacks' (what may
+    run next) and the active snapshot (what a rollback restarts)."""
+    return (*(f for _, f in ctx.want.projects), str(HOST.active_compose))
+
+
+def weights_disk(ctx: HostContext) -> WeightsSpace:
+    """What the weights keep on this host after pruning and what the pinned revision still
+    needs (``rigfleet.weights.weights_space``), for a disk check before anything changes.
+
+    **Example:**
+
+    .. code:: python
+
+        space = weights_disk(ctx)
+        space.kept, space.need      # bytes; need is None when it cannot be estimated
+    """
+    model, model_dir = ctx.pins.model, ctx.settings.model_dir
+    dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=model.local_dir,
+                     compose_files=compose_files(ctx))
+    old = dirs.entries.get(model.local_dir)
+    old_revision = None
+    if old is not None and old.kind == "dir":
+        old_revision = read_fact(WeightsManifest,
+                                 local_dir=str(HOST.weights_legacy_dir(model_dir,
+                                                                       model.local_dir))).revision
+    return weights_space(dirs, model.local_dir, model.revision, old_revision=old_revision)
+
+
 @deploy("Model weights")
 def weights(ctx: HostContext) -> None:
     """Install the fetcher and its venv, then fetch and verify the pinned weights."""
@@ -169,7 +206,7 @@ def weights(ctx: HostContext) -> None:
         model_dir=model_dir,
         local_dir=model.local_dir,
         revision=model.revision,
-        compose_files=(*(f for _, f in ctx.want.projects), str(HOST.active_compose)),
+        compose_files=compose_files(ctx),
     )
     fetch_weights(
         name=f"Fetch and verify {model.repo}@{model.revision[:12]}",
@@ -178,4 +215,5 @@ def weights(ctx: HostContext) -> None:
         local_dir=ctx.want.model_path,
         token_file=token_file,
         endpoint=ctx.settings.hf_endpoint,
+        adopt_from=str(HOST.weights_legacy_dir(model_dir, model.local_dir)),
     )

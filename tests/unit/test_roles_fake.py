@@ -630,7 +630,7 @@ def test_the_old_directory_is_adopted_without_a_download_or_a_swap(data):
     snapshot = rig.files[ACTIVE]
     plan = deploy(rig, data, execute=False).plan
     assert f"Model weights | Adopt {OLD_DIR} as its revision's directory (no download)" in plan
-    assert not any(name.startswith("Swap | Serve") for name in plan)
+    assert not any(name.startswith(("Model weights | Fetch", "Swap | Serve")) for name in plan)
     run = deploy(rig, data)
     assert not run.failed
     [adopt] = run.ran("rigfleet-fetch-weights.py adopt")
@@ -657,6 +657,24 @@ def test_old_directory_of_another_revision_is_adopted_as_that_revision(data):
     assert run.ran(f"--from {OLD_DIR} --to {REV_A_DIR} ") and run.ran(f"--local-dir {REV_E_DIR} ")
     assert set(rig.weights) == {OLD_DIR, REV_A_DIR, REV_E_DIR}
     assert mounts(rig, ACTIVE) == OLD_DIR and rig.weights[OLD_DIR] == f"{LOCAL}@{'a' * 12}"
+
+
+def test_weights_disk_says_what_is_kept_and_still_needed(data):
+    """``roles.weights.weights_disk`` (for the preflight disk check) from the host's facts."""
+    import roles.weights
+    from rigfleet.weights import WeightsSpace
+
+    got: list[WeightsSpace] = []
+
+    def check() -> None:
+        got.append(roles.weights.weights_disk(roles.preflight.preflight()))
+
+    rig = legacy_host(data)  # not adopted yet: its revision is the pin, nothing to download
+    deploy(rig, data, execute=False, fn=check)
+    assert got[-1].to_download == 0 and got[-1].kept == 1024
+    repin(data, "e" * 40)  # a new revision: estimated from the one there, 10 % headroom
+    deploy(rig, data, execute=False, fn=check)
+    assert (got[-1].to_download, got[-1].estimated, got[-1].need) == (1024, True, 1024 + 102)
 
 
 def test_secrets_are_root_only_and_never_in_commands_or_plans(data):

@@ -122,6 +122,11 @@ def test_weights_space_counts_what_is_kept_and_what_is_still_needed():
     assert half.need == 6 * GIB + GIB
     # Nothing to estimate from: unknown, not zero.
     assert weights_space(WeightsDirsState(), LOCAL, T).need is None
+    # Not adopted yet: the old directory holds the pinned revision (no download), or another.
+    legacy = WeightsDirsState(entries(WeightsEntry(LOCAL, "dir", 1, 16 * GIB)))
+    assert weights_space(legacy, LOCAL, R, old_revision=R).need == 0
+    moving = weights_space(legacy, LOCAL, S, old_revision=R)
+    assert (moving.kept, moving.to_download, moving.estimated) == (16 * GIB, 16 * GIB, True)
 
 
 def test_the_weights_dirs_fact_on_a_real_directory(tmp_path):
