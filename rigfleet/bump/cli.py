@@ -832,8 +832,8 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
     except StillRunning as e:
         return interrupted(journal, e, args.inventory)
     saved = _record(plan, result, {"bump_id": journal.id, "abandoned": True})
+    print_journal(journal)
     end_journal(journal, result, saved)
-    _print_result(result, Path(journal.path).parent)
     return EXIT_OK if saved is not None or outcome_of(result) == "failed" else EXIT_FAILED
 
 

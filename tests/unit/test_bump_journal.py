@@ -375,14 +375,10 @@ def test_a_resume_is_a_plain_rollout_over_the_journals_plan(tmp_path):
     assert bump_cli.resume_of(journal_for(plan)) == Resume({}, {})
 
 
-def test_ctrl_c_then_the_same_command_again_finishes_the_bump(tmp_path, monkeypatch):
-    """The command line end to end (pyinfra and SSH faked): Ctrl-C after the canary promoted
-    keeps the journal and says so; ``rigfleet bump`` again finishes the rest, saves the pins
-    file (its history names the journal) and removes the journal."""
-    from rigfleet.bump.options import BumpOptions
+def cli_fleet(tmp_path: Path, monkeypatch, plan: Plan, runner: FakeRunner) -> None:
+    """The bump's command line over ``plan``'s hosts, with pyinfra and SSH faked by ``runner``."""
     from rigfleet.inventory import InventoryHost
 
-    plan = make_plan(tmp_path, n=3, batch=2)
     key = tmp_path / "api-key"
     key.write_text("k" * 32 + "\n")
     key.chmod(0o600)
@@ -392,23 +388,45 @@ def test_ctrl_c_then_the_same_command_again_finishes_the_bump(tmp_path, monkeypa
         "stack": h.stack, "power_caps_w": [290, 290], "gpu_count": 2, "model_dir": "/srv/models",
         "front_port": 8000, "api_key_file": str(key), "pins_file": plan.pins.path,
         "apt_repos": {"cuda": repo, "nvidia-container-toolkit": repo}}) for h in plan.hosts]
-
-    class CliRunner(KillingRunner):
-        def deploy(self, hosts, pins_file, batch, on_line):
-            assert pins_file.name.startswith(".pins.yaml.bump-") and pins_file.exists()
-            return super().deploy(hosts, Path("cand.yaml"), batch, on_line)
-
-        def reachable(self, hosts):
-            if self.kill == f"reach-{self._batch(hosts[0])}":
-                raise KeyboardInterrupt
-            return FakeRunner.reachable(self, hosts)
-
-    runner = CliRunner(plan, {}, "reach-1")
     monkeypatch.setattr(bump_cli, "load_inventory", lambda path: inventory)
     monkeypatch.setattr(bump_cli, "PyinfraRunner", lambda *a, **k: runner)
     monkeypatch.setattr(bump_cli, "SshRemote", lambda: None)
     monkeypatch.setattr(bump_cli, "_keep_images", lambda *a, **k: {})
     monkeypatch.setattr(bump_cli, "REPO_ROOT", tmp_path)
+
+
+def cli_args(tmp_path: Path, **kw: Any) -> argparse.Namespace:
+    base = dict(
+        inventory="inv.py", deploy=str(tmp_path / "deploy.py"), image=None, latest=False,
+        genesis=None, stack=[], batch_size=1, max_failures=1, registry=None, genesis_url=None,
+        save_dir=None, push_mirror=None, no_prune=False, dry=False, yes=True, json=False,
+        abandon=False)  # fmt: skip
+    return argparse.Namespace(**{**base, **kw})
+
+
+class CliRunner(KillingRunner):
+    """``KillingRunner`` behind the command line: Ctrl-C (``KeyboardInterrupt``) instead of a
+    death, and the real candidate pins file checked."""
+
+    def deploy(self, hosts, pins_file, batch, on_line):
+        assert pins_file.name.startswith(".pins.yaml.bump-") and pins_file.exists()
+        return super().deploy(hosts, Path("cand.yaml"), batch, on_line)
+
+    def reachable(self, hosts):
+        if self.kill == f"reach-{self._batch(hosts[0])}":
+            raise KeyboardInterrupt
+        return FakeRunner.reachable(self, hosts)
+
+
+def test_ctrl_c_then_the_same_command_again_finishes_the_bump(tmp_path, monkeypatch):
+    """The command line end to end (pyinfra and SSH faked): Ctrl-C after the canary promoted
+    keeps the journal and says so; ``rigfleet bump`` again finishes the rest, saves the pins
+    file (its history names the journal) and removes the journal."""
+    from rigfleet.bump.options import BumpOptions
+
+    plan = make_plan(tmp_path, n=3, batch=2)
+    runner = CliRunner(plan, {}, "reach-1")
+    cli_fleet(tmp_path, monkeypatch, plan, runner)
     opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"),
                        image=f"nightly-{NEWER}", batch_size=2, yes=True)
     inputs = bump_cli.load_inputs(opts)
@@ -417,15 +435,13 @@ def test_ctrl_c_then_the_same_command_again_finishes_the_bump(tmp_path, monkeypa
     pins, journal = reload(plan)
     assert journal.promoted == ["host1"] and pins.serial == plan.pins.serial  # not saved yet
     assert not list(tmp_path.glob(".pins.yaml.bump-*.yaml"))  # the candidate file went
+    # Another candidate is refused while this one is unfinished; nothing changes.
+    assert bump_cli.run(cli_args(tmp_path, image=f"nightly-{GOOD}")) == bump_cli.EXIT_FAILED
+    assert runner.deployed == [("host1",)]
 
     runner.kill = None
     runner.deployed.clear()
-    args = argparse.Namespace(
-        inventory="inv.py", deploy=str(tmp_path / "deploy.py"), image=None, latest=False,
-        genesis=None, stack=[], batch_size=1, max_failures=1, registry=None, genesis_url=None,
-        save_dir=None, push_mirror=None, no_prune=False, dry=False, yes=True, json=False,
-        abandon=False)  # fmt: skip
-    assert bump_cli.run(args) == bump_cli.EXIT_OK
+    assert bump_cli.run(cli_args(tmp_path)) == bump_cli.EXIT_OK
     assert runner.deployed == [("host2", "host3")]  # the journal's batches, not --batch-size
     saved = load_pins(plan.pins.path)
     assert saved.serial == plan.pins.serial + 1 and saved.hosts == {}
@@ -433,3 +449,25 @@ def test_ctrl_c_then_the_same_command_again_finishes_the_bump(tmp_path, monkeypa
     assert saved.history[-1]["bump_id"] == journal.id
     assert saved.history[-1]["outcome"] == "promoted"
     assert not journal.path.exists()
+
+
+def test_abandon_records_what_promoted_and_removes_the_journal(tmp_path, monkeypatch):
+    plan = make_plan(tmp_path, n=3, batch=2)
+    runner = KillingRunner(plan, {}, "half-1")  # --abandon never deploys
+    cli_fleet(tmp_path, monkeypatch, plan, runner)
+    with pytest.raises(Killed):
+        rollout(plan, runner, Path("cand.yaml"), journal=journal_for(plan))
+    save_pins(load_pins(plan.pins.path), {"action": "someone else"})  # stale now
+    assert bump_cli.run(cli_args(tmp_path)) == bump_cli.EXIT_FAILED  # cannot be finished
+    runner.kill = None
+    runner.deployed.clear()
+    assert bump_cli.run(cli_args(tmp_path, abandon=True)) == bump_cli.EXIT_OK
+    assert runner.deployed == []
+    saved = load_pins(plan.pins.path)
+    assert saved.serial == plan.pins.serial + 2  # over the file as it is now
+    assert set(saved.hosts) == {"host1", "host2"}  # host2 settled from what it says
+    assert saved.hosts["host2"]["int8"].digest == NEW_INT8
+    assert saved.stacks["int8"].digest == OLD_INT8
+    assert saved.history[-1]["outcome"] == "partial" and saved.history[-1]["abandoned"]
+    assert not journal_path(plan.pins.path).exists()
+    assert bump_cli.run(cli_args(tmp_path, abandon=True)) == bump_cli.EXIT_ERROR  # none left
