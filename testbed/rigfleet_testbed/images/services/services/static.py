@@ -1,4 +1,5 @@
-"""Static files over HTTP: the apt repository (port 80) and git's dumb protocol (port 8090).
+"""Static files over HTTP: the apt repository (port 80), git's dumb protocol (port 8090) and the
+PEP 503 package index (port 3141).
 
 The web root is a directory; ``GET /debian/dists/stable/Release`` serves
 ``<root>/debian/dists/stable/Release``. GET and HEAD, exact ``Content-Length``, ``Last-Modified``
@@ -12,6 +13,10 @@ gets the plain ``info/refs`` file with a non-smart content type, so git falls ba
 
 For that to work each bare repository needs ``git update-server-info`` after every change;
 :func:`update_server_info` runs it at startup for a ``*.git`` under the root that lacks it.
+A symlinked ``old-name.git -> new-name.git`` serves the same repository under both names.
+
+The package index serves ``index.html`` for a directory (``GET /simple/xxhash/``), which is all
+pip needs from a PEP 503 index.
 """
 
 from __future__ import annotations
@@ -142,6 +147,17 @@ class AptHandler(StaticHandler):
 
 class GitHandler(StaticHandler):
     """Bare git repositories, dumb HTTP: web root ``<data>/git``."""
+
+
+class PypiHandler(StaticHandler):
+    """A PEP 503 simple index (``simple/<project>/index.html``): web root ``<data>/pypi``."""
+
+    def _listing(self, directory: Path, raw_path: str) -> None:
+        index = directory / "index.html"
+        if not index.is_file():
+            self.send_bytes(404, b"not found\n", "text/plain")
+            return
+        self.send_bytes(200, index.read_bytes(), "text/html; charset=utf-8")
 
 
 def update_server_info(git_root: Path, log: RequestLog) -> None:
