@@ -234,8 +234,18 @@ def _create(
     return c.containers.get(name)
 
 
+def _current(c: docker.DockerClient, name: str, image: str):
+    """The container ``name``, or None when it is missing or runs an older build of ``image``
+    (then it is removed: the registry and services keep their data in bind mounts)."""
+    ctr = _get(c, name)
+    if ctr is not None and ctr.image.id != c.images.get(image).id:
+        ctr.remove(force=True)
+        return None
+    return ctr
+
+
 def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log) -> None:
-    if (ctr := _get(c, layout.REGISTRY_CONTAINER)) is None:
+    if (ctr := _current(c, layout.REGISTRY_CONTAINER, layout.REGISTRY_IMAGE)) is None:
         ctr = _create(
             c, layout.REGISTRY_CONTAINER, layout.REGISTRY_IMAGE, layout.REGISTRY_IP,
             [layout.REGISTRY_ALIAS], {"5000/tcp": ("127.0.0.1", layout.REGISTRY_LOCAL_PORT)},
@@ -257,7 +267,7 @@ def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log) -> None:
 
 
 def ensure_services(c: docker.DockerClient, paths: Paths) -> None:
-    if (ctr := _get(c, layout.SERVICES_CONTAINER)) is None:
+    if (ctr := _current(c, layout.SERVICES_CONTAINER, layout.SERVICES_IMAGE)) is None:
         ctr = _create(
             c, layout.SERVICES_CONTAINER, layout.SERVICES_IMAGE, layout.SERVICES_IP,
             layout.SERVICES_ALIASES,

@@ -316,7 +316,7 @@ def test_plugins_apply_once_per_process(tmp_path: Path) -> None:
     v12 = genesis_site(tmp_path / "v12", "v12", "v0.21.0")
     code = {"v7": "import genesis_v7 as p; p.register(); p.register()",
             "v12": "import sndr.plugin as p; p.register(); p.register()"}
-    for name, site, path in (("v7", v7, f"{v7}{os.pathsep}{plugin}"), ("v12", v12, str(v12))):
+    for name, path in (("v7", f"{v7}{os.pathsep}{plugin}"), ("v12", str(v12))):
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("GENESIS_")},
                "PYTHONPATH": path, P67: "1"}  # fmt: skip
         proc = subprocess.run([sys.executable, "-c", code[name]], capture_output=True, text=True,
@@ -389,3 +389,9 @@ def test_v12_second_apply_fails_and_missing_deps_or_engine(tmp_path: Path) -> No
     bare = genesis_site(tmp_path / "nodeps", "v12", "v0.24.0", deps=False)
     rc, out = apply(bare, "v12", env)
     assert rc == 1 and "ModuleNotFoundError: No module named 'pandas'" in out, out
+
+
+def test_the_shas_are_the_ones_other_tests_name(genesis: GenesisFixture) -> None:
+    from bump_helpers import GENESIS_NEW, GENESIS_OLD
+
+    assert [c.sha for c in genesis.commits] == [GENESIS_OLD, GENESIS_NEW]

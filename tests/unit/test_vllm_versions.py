@@ -17,7 +17,7 @@ from rigfleet_testbed import vllm_builds as vb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vllm_sim_helpers import (  # noqa: E402
+from vllm_sim_helpers import (
     MTP,
     SimServer,
     make_gpu_root,
@@ -273,3 +273,30 @@ def test_p66_logs_the_capture_sizes_it_keeps_when_its_marker_is_in(tmp_path):
         srv.wait_ready()
         srv.stop()
     assert "[Genesis P66]" not in srv.output()
+
+
+def test_an_archive_is_recognised_by_the_image_it_holds(tmp_path):
+    import io
+    import tarfile
+
+    from rigfleet_testbed import vllm_images
+
+    def archive(manifest: object) -> Path:
+        path = tmp_path / f"a{len(list(tmp_path.iterdir()))}.tar"
+        with tarfile.open(path, "w") as tar:
+            data = json.dumps(manifest).encode()
+            info = tarfile.TarInfo("manifest.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        return path
+
+    digest = "ab" * 32
+    # docker save of Docker 25+ (OCI layout) and of older engines.
+    assert vllm_images.archived_image_id(archive([{"Config": f"blobs/sha256/{digest}"}])) == \
+        f"sha256:{digest}"
+    assert vllm_images.archived_image_id(archive([{"Config": f"{digest}.json"}])) == \
+        f"sha256:{digest}"
+    assert vllm_images.archived_image_id(tmp_path / "missing.tar") is None
+    (tmp_path / "junk.tar").write_bytes(b"not a tar")
+    assert vllm_images.archived_image_id(tmp_path / "junk.tar") is None
+    assert vllm_images.archive_path(tmp_path, vb.by_tag(GOOD)) == tmp_path / f"{GOOD}.tar"

@@ -9,7 +9,7 @@ is exactly what git's dumb protocol needs: ``GET /repo.git/info/refs?service=git
 gets the plain ``info/refs`` file with a non-smart content type, so git falls back to fetching
 ``HEAD``, ``objects/info/packs`` and pack files as static files::
 
-    git clone http://git.rigfleet.test:8090/genesis-vllm-patches.git
+    git clone http://git.rigfleet.test:8090/sndr_core_engine.git
 
 For that to work each bare repository needs ``git update-server-info`` after every change;
 :func:`update_server_info` runs it at startup for a ``*.git`` under the root that lacks it.
@@ -59,16 +59,16 @@ def content_type(path: Path) -> str:
 class StaticHandler(BaseHandler):
     """Serve ``server.root`` read-only."""
 
-    def do_HEAD(self) -> None:  # noqa: N802 (stdlib naming)
+    def do_HEAD(self) -> None:
         self._serve()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._serve()
 
     def _not_allowed(self) -> None:
         self.send_bytes(405, b"method not allowed\n", "text/plain", {"Allow": "GET, HEAD"})
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815
+    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
 
     def _serve(self) -> None:
         root: Path = self.server.root  # type: ignore[attr-defined]

@@ -12,6 +12,6 @@ class MarlinLinearKernel:
     @classmethod
     def can_implement(cls, c):
         out_features = c.partition_weight_shape[1]
-        if GPTQ_MARLIN_MIN_THREAD_N > out_features:
+        if out_features < GPTQ_MARLIN_MIN_THREAD_N:
             return False, f"GPTQ_MARLIN_MIN_THREAD_N ({GPTQ_MARLIN_MIN_THREAD_N}) > out_features ({out_features})"
         return True, None

@@ -203,7 +203,7 @@ def check_shard(path: Path) -> int:
             continue
         try:
             begin, end = entry["data_offsets"]
-            entry["dtype"], entry["shape"]  # noqa: B018 - presence check
+            entry["dtype"], entry["shape"]
         except (KeyError, TypeError, ValueError):
             raise _safetensors_error("InvalidHeaderDeserialization") from None
         if not (0 <= begin <= end <= data_len):
