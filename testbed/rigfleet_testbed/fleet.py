@@ -160,20 +160,22 @@ def sim_builds() -> tuple[list[vllm_builds.Build], list[vllm_builds.Build]]:
     return served, [b for b in purged if b.archived]
 
 
-def build_images(c: docker.DockerClient, paths: Paths, log: Log) -> None:
+def build_images(c: docker.DockerClient, paths: Paths, log: Log) -> dict[str, str]:
+    """Build what changed; returns the pinned image of each container kind (host, registry,
+    services): containers are made from those, whatever another checkout does to the tags."""
     images.ensure_base(c, log)
     ca = images.site_ca_files()
-    jobs = [
-        (layout.IMAGES_DIR / "host", layout.HOST_IMAGE, ca),
-        (layout.IMAGES_DIR / "registry", layout.REGISTRY_IMAGE, None),
-        (layout.IMAGES_DIR / "services", layout.SERVICES_IMAGE, None),
-    ]
+    jobs = {
+        "host": (layout.IMAGES_DIR / "host", layout.HOST_IMAGE, ca),
+        "registry": (layout.IMAGES_DIR / "registry", layout.REGISTRY_IMAGE, None),
+        "services": (layout.IMAGES_DIR / "services", layout.SERVICES_IMAGE, None),
+    }
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures: list[Future[Any]] = [pool.submit(images.build, c, ctx, tag, log, None, extra)
-                                      for ctx, tag, extra in jobs]
-        futures.append(pool.submit(vllm_images.ensure_base, c, log))
-        for f in futures:
-            f.result()
+        futures: dict[str, Future[Any]] = {
+            kind: pool.submit(images.build, c, ctx, tag, log, None, extra, True)
+            for kind, (ctx, tag, extra) in jobs.items()}
+        futures["sim-base"] = pool.submit(vllm_images.ensure_base, c, log)
+        refs = {kind: f.result() for kind, f in futures.items()}
     served, kept = sim_builds()
     built = vllm_images.build_sim_images(c, served + kept, log)
     if built:
@@ -182,6 +184,7 @@ def build_images(c: docker.DockerClient, paths: Paths, log: Log) -> None:
         for saved in [pool.submit(vllm_images.save_archive, c, b, paths.archives, log)
                       for b in kept]:
             saved.result()
+    return {kind: refs[kind].ref for kind in jobs}
 
 
 # -- containers --------------------------------------------------------------------------------
@@ -235,8 +238,8 @@ def _create(
 
 
 def _current(c: docker.DockerClient, name: str, image: str):
-    """The container ``name``, or None when it is missing or runs an older build of ``image``
-    (then it is removed: the registry and services keep their data in bind mounts)."""
+    """The container ``name``, or None when it is missing or runs another build than
+    ``image`` (then it is removed: the registry and services keep their data in bind mounts)."""
     ctr = _get(c, name)
     if ctr is not None and ctr.image.id != c.images.get(image).id:
         ctr.remove(force=True)
@@ -244,10 +247,10 @@ def _current(c: docker.DockerClient, name: str, image: str):
     return ctr
 
 
-def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log) -> None:
-    if (ctr := _current(c, layout.REGISTRY_CONTAINER, layout.REGISTRY_IMAGE)) is None:
+def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log, image: str) -> None:
+    if (ctr := _current(c, layout.REGISTRY_CONTAINER, image)) is None:
         ctr = _create(
-            c, layout.REGISTRY_CONTAINER, layout.REGISTRY_IMAGE, layout.REGISTRY_IP,
+            c, layout.REGISTRY_CONTAINER, image, layout.REGISTRY_IP,
             [layout.REGISTRY_ALIAS], {"5000/tcp": ("127.0.0.1", layout.REGISTRY_LOCAL_PORT)},
             # A directory, not a volume: pushed images survive `down`, so a second `up` is quick.
             binds={str(paths.root / "registry"): {"bind": "/var/lib/docker-registry",
@@ -266,10 +269,10 @@ def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log) -> None:
         f"{len(report.deleted)} purged nightlies deleted)")
 
 
-def ensure_services(c: docker.DockerClient, paths: Paths) -> None:
-    if (ctr := _current(c, layout.SERVICES_CONTAINER, layout.SERVICES_IMAGE)) is None:
+def ensure_services(c: docker.DockerClient, paths: Paths, image: str) -> None:
+    if (ctr := _current(c, layout.SERVICES_CONTAINER, image)) is None:
         ctr = _create(
-            c, layout.SERVICES_CONTAINER, layout.SERVICES_IMAGE, layout.SERVICES_IP,
+            c, layout.SERVICES_CONTAINER, image, layout.SERVICES_IP,
             layout.SERVICES_ALIASES,
             {"8080/tcp": ("127.0.0.1", layout.HUB_LOCAL_PORT),
              "80/tcp": ("127.0.0.1", layout.APT_LOCAL_PORT),
@@ -285,11 +288,11 @@ def ensure_services(c: docker.DockerClient, paths: Paths) -> None:
     _wait_http(f"http://127.0.0.1:{layout.PYPI_LOCAL_PORT}/simple/", "pypi")
 
 
-def ensure_host(c: docker.DockerClient, slot: HostSlot, paths: Paths) -> None:
+def ensure_host(c: docker.DockerClient, slot: HostSlot, paths: Paths, image: str) -> None:
     ctr = _get(c, slot.container)
     if ctr is None:
         ctr = _create(
-            c, slot.container, layout.HOST_IMAGE, slot.ip, [slot.name],
+            c, slot.container, image, slot.ip, [slot.name],
             {"22/tcp": ("127.0.0.1", slot.ssh_port), "8000/tcp": ("127.0.0.1", slot.front_port)},
             cap_add=list(layout.HOST_CAPS),
             security_opt=["seccomp=unconfined", "apparmor=unconfined"],
@@ -473,11 +476,11 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
     t0 = time.monotonic()
     fixtures = build_service_data(paths, log)
     t1 = time.monotonic()
-    build_images(c, paths, log)
+    refs = build_images(c, paths, log)
     t2 = time.monotonic()
     ensure_network(c)
-    ensure_registry(c, paths, log)
-    ensure_services(c, paths)
+    ensure_registry(c, paths, log, refs["registry"])
+    ensure_services(c, paths, refs["services"])
     log(f"service data {t1 - t0:.1f}s, images {t2 - t1:.1f}s, "
         f"registry+services {time.monotonic() - t2:.1f}s")
     slots = [HostSlot(i) for i in range(1, options.hosts + 1)]
@@ -492,7 +495,7 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
         hw.parent.mkdir(parents=True, exist_ok=True)
         hw.write_text(hardware.render(hardware.hardware_profile(slot.name, **opts)))
         log(f"starting {slot.name} (ssh 127.0.0.1:{slot.ssh_port})")
-        ensure_host(c, slot, paths)
+        ensure_host(c, slot, paths, refs["host"])
     keys = {slot: host_key(c, slot) for slot in slots}
     write_known_hosts(paths, keys)
     write_pins(paths, fixtures, log)

@@ -36,27 +36,28 @@ BUILD_CONTEXT = layout.IMAGES_DIR / "vllm-build"
 
 
 def ensure_base(client: docker.DockerClient, log: Log) -> str:
-    """Build the shared simulator image if its inputs changed; returns its image id."""
-    images.build(client, layout.IMAGES_DIR / "vllm-sim", layout.SIM_BASE_IMAGE, log)
-    return str(client.images.get(layout.SIM_BASE_IMAGE).id)
+    """Build the shared simulator image if its inputs changed; returns its pinned reference."""
+    return images.build(client, layout.IMAGES_DIR / "vllm-sim", layout.SIM_BASE_IMAGE, log,
+                        pin=True).ref
 
 
-def build_one(client: docker.DockerClient, build: Build, base_id: str, log: Log) -> bool:
-    """Build ``build``'s image on the shared one; True when it was (re)built."""
+def build_one(client: docker.DockerClient, build: Build, base: str, log: Log) -> bool:
+    """Build ``build``'s image on the shared one (``base``: its pinned reference); True when
+    it was (re)built."""
     with tempfile.TemporaryDirectory(prefix="rigfleet-vllm-build-") as tmp:
         ctx = Path(tmp)
         shutil.copy2(BUILD_CONTEXT / "Dockerfile", ctx / "Dockerfile")
         layer_files(build).write(ctx / "dist-packages")
         return images.build(client, ctx, build.image, log,
-                            {"BASE": layout.SIM_BASE_IMAGE, "BASE_ID": base_id})
+                            {"BASE": base, "BASE_ID": base.rpartition(":")[2]}).built
 
 
 def build_sim_images(client: docker.DockerClient, builds: Sequence[Build], log: Log,
                      workers: int = 3) -> list[Build]:
     """Build every image of ``builds`` that is missing or stale; returns those built."""
-    base_id = ensure_base(client, log)
+    base = ensure_base(client, log)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(lambda b: build_one(client, b, base_id, log), builds))
+        done = list(pool.map(lambda b: build_one(client, b, base, log), builds))
     return [b for b, built in zip(builds, done, strict=True) if built]
 
 
