@@ -11,13 +11,17 @@ Example::
 
 from __future__ import annotations
 
+import io
+import shlex
 from functools import partial
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra.api import FileUploadCommand, deploy, operation
 
 from rigfleet.commands import docker as docker_commands
-from rigfleet.facts import ImageDigests, read_fact
+from rigfleet.facts import ImageDigests, ImageLabels, read_fact
+from rigfleet.hostside.layout import HOST
+from rigfleet.runtime_image import BASE_LABEL, PACKAGES_LABEL, RuntimeImage
 from roles.ops import check
 from roles.preflight import HostContext
 
@@ -45,6 +49,39 @@ def verify_image(image_ref: str, repository: str, digest: str) -> str | None:
     return None
 
 
+def _runtime_image_ok(image: RuntimeImage, labels: dict[str, str] | None) -> bool:
+    return labels is not None and labels.get(BASE_LABEL) == image.digest and \
+        labels.get(PACKAGES_LABEL) == " ".join(image.packages)
+
+
+@operation()
+def runtime_image_built(image: RuntimeImage, index_url: str | None = None):
+    """Build ``image`` (the pinned image plus the stack's pinned packages) unless it is there.
+
+    + image: the stack's ``RuntimeImage``
+    + index_url: the package index (``runtime_pip_index_url``, else ``pip_index_url``)
+    """
+    if _runtime_image_ok(image, read_fact(ImageLabels, ref=image.ref)):
+        host.noop(f"{image.ref} built from {image.digest[:19]}")
+        return
+    directory = str(HOST.image_build_dir(f"{image.stack}-runtime"))
+    yield f"install -d -m 0755 {shlex.quote(directory)}"
+    yield FileUploadCommand(io.BytesIO(image.dockerfile(index_url).encode()),
+                            f"{directory}/Dockerfile")
+    # --network host: the build reaches the index as the host does (a LAN mirror's name).
+    yield (f"docker build --quiet --network host -t {shlex.quote(image.ref)} "
+           f"{shlex.quote(directory)}")
+
+
+def verify_runtime_image(image: RuntimeImage) -> str | None:
+    """At execution time: the built image says it holds the pinned base and packages."""
+    labels = read_fact(ImageLabels, ref=image.ref)
+    if not _runtime_image_ok(image, labels):
+        return (f"{image.ref} has labels {labels or 'none'}; expected {BASE_LABEL}="
+                f"{image.digest} and {PACKAGES_LABEL}={' '.join(image.packages)!r}")
+    return None
+
+
 @deploy("Images")
 def images(ctx: HostContext) -> None:
     """Pull and verify every staged stack's image (see the module docstring)."""
@@ -67,3 +104,13 @@ def images(ctx: HostContext) -> None:
             verify=partial(verify_image, other.image_ref, other.repository, other.digest),
             what="digest verification",
         )
+    # A Genesis stack's packages, baked into its own image (no installs at container start).
+    runtime = [img for name in sorted(ctx.want.stacks)
+               if (img := RuntimeImage.for_stack(ctx.want.stacks[name].spec,
+                                                 ctx.want.stacks[name].pins)) is not None]
+    index_url = ctx.settings.runtime_pip_index_url or ctx.settings.pip_index_url
+    for img in host.loop(runtime):
+        runtime_image_built(name=f"Build {img.ref} (pinned packages baked in)", image=img,
+                            index_url=index_url)
+        check(name=f"Verify {img.ref}", verify=partial(verify_runtime_image, img),
+              what="runtime image verification")

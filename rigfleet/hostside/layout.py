@@ -44,6 +44,8 @@ BUNDLE_NAME = "rigfleet-host.pyz"
 BUNDLE_PATH = f"{LIB_ROOT}/{BUNDLE_NAME}"
 CONFIG_HASH_LABEL = "io.rigfleet.config-hash"
 STACK_LABEL = "io.rigfleet.stack"
+# On an image rigfleet derived from a pinned one (rigfleet.runtime_image): the base's digest.
+BASE_DIGEST_LABEL = "io.rigfleet.base-digest"
 # The first line of the front's route include: "# rigfleet route: <stack>/<config hash>".
 ROUTE_MARK = "# rigfleet route: "
 # Written next to verified weights by the fetcher (files/rigfleet-fetch-weights.py).
@@ -152,6 +154,10 @@ class Layout:
         """The immutable export of Genesis ``commit`` (what a stack mounts): a pin bump checks
         out a new commit, and a rollback restarts a snapshot that still names the old tree."""
         return self.genesis_trees_dir / commit
+
+    def image_build_dir(self, name: str) -> Path:
+        """Where the deploy builds a derived image (its Dockerfile)."""
+        return self.opt_dir / "images" / name
 
     @property
     def hf_venv(self) -> Path:

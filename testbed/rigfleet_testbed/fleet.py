@@ -31,6 +31,7 @@ import docker
 import docker.errors
 import yaml
 
+from rigfleet.pins import GenesisPin
 from rigfleet.registry import Registry, RegistryError
 from rigfleet_testbed import hardware, images, layout, mirror, vllm_builds, vllm_images
 from rigfleet_testbed.layout import HostSlot
@@ -350,6 +351,22 @@ def _wait_http(url: str, what: str, timeout: float = 60) -> None:
 # -- generated inventory and pins ------------------------------------------------------------
 
 
+def fixture_genesis(pin: GenesisPin, genesis: dict[str, Any]) -> GenesisPin:
+    """The fixture repository's commit of the same Genesis release as ``pin`` (the same tag:
+    v12.1.0 -> the fixture's v12.1.0; v7.72.2 -> its v7.72.2 on ``dev``), with the same
+    layout: real Genesis cannot patch the simulator, so boots use the fixture's commits."""
+    version = pin.version or ""
+    for c in genesis["commits"]:
+        if version and (c.get("tag") == version or f"release({version})" in c["title"]
+                        or c["title"].startswith(f"release: {version}")):
+            return GenesisPin(layout.GENESIS_URL, c["sha"], c.get("layout") or pin.layout,
+                              pin.version)
+    raise TestbedError(f"pins.yaml: Genesis {version or pin.commit[:12]} has no counterpart in "
+                       "the testbed's Genesis fixture (its releases: "
+                       + ", ".join(str(c.get("tag") or c["title"]) for c in genesis["commits"])
+                       + ")")
+
+
 def write_pins(paths: Paths, fixtures: dict[str, Any], log: Log = print) -> None:
     """The fleet's pins with the testbed's own digests, model commit and Genesis repository.
 
@@ -359,7 +376,7 @@ def write_pins(paths: Paths, fixtures: dict[str, Any], log: Log = print) -> None
     """
     from dataclasses import replace
 
-    from rigfleet.pinlock import hub_revision, with_genesis
+    from rigfleet.pinlock import hub_revision
     from rigfleet.pins import dump_pins, load_pins, parse_pins, with_resolved
 
     pins = load_pins(layout.REPO_ROOT / "pins.yaml", allow_unresolved=True)
@@ -375,7 +392,10 @@ def write_pins(paths: Paths, fixtures: dict[str, Any], log: Log = print) -> None
                 f"no such tag today); left unresolved in {paths.pins}")
     pins = with_resolved(pins, digests,
                          hub_revision(f"http://127.0.0.1:{layout.HUB_LOCAL_PORT}", pins.model.repo))
-    pins = with_genesis(pins, layout.GENESIS_URL, fixtures["genesis"]["commits"][0]["sha"])
+    pins = replace(pins, stacks={
+        name: replace(s, genesis=fixture_genesis(s.genesis, fixtures["genesis"]))
+        if s.genesis is not None else s
+        for name, s in pins.stacks.items()})
     text = dump_pins(pins)
     # Never write pins the deploy refuses for any other reason.
     parse_pins(yaml.safe_load(text), str(paths.pins), allow_unresolved=bool(missing))
@@ -418,6 +438,8 @@ def inventory_text(slots: list[HostSlot], paths: Paths) -> str:
         "api_key_file": rel(paths.api_key),
         "docker_registry_mirror": layout.MIRROR_URL,
         "hf_endpoint": layout.HUB_URL,
+        # Genesis' runtime packages come from the testbed's PyPI stand-in (a LAN index).
+        "runtime_pip_index_url": layout.PYPI_URL,
         # The simulators answer in seconds: the gate's fast profile (same checks, smaller depths).
         "gate_profile": "fast",
         # The control side reaches the mirror and the Genesis repository on loopback ports.

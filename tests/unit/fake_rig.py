@@ -124,6 +124,7 @@ class FakeRig:
     driver_loaded: str | None = None  # loaded driver version
     runtimes_registered: bool = False
     images: dict[str, str] = field(default_factory=dict)  # digest -> repo
+    built: dict[str, dict[str, str]] = field(default_factory=dict)  # derived image -> labels
     containers: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     genesis_head: str | None = None
     genesis_origin: str | None = None
@@ -229,6 +230,10 @@ class FakeRig:
             if self.runtimes_registered:
                 runtimes["nvidia"] = {"path": "nvidia-container-runtime"}
             return True, [json.dumps(runtimes)]
+        m = re.match(r"docker image inspect --format '\{\{json \.Config\.Labels\}\}' (\S+)", cmd)
+        if m:
+            labels = self.built.get(m.group(1))
+            return True, [json.dumps(labels)] if labels is not None else []
         m = re.match(r"docker image inspect --format '\{\{json \.RepoDigests\}\}' (\S+)", cmd)
         if m:
             digest = m.group(1).rpartition("@")[2]
@@ -388,6 +393,14 @@ class FakeRig:
             return True, []
         if "systemctl reboot" in cmd:
             self._reboot()
+            return True, []
+        m = re.match(r"docker build --quiet --network host -t (\S+) (\S+)$", cmd)
+        if m:
+            # The labels the Dockerfile the deploy uploaded sets (its LABEL line).
+            dockerfile = self.files[f"{m.group(2)}/Dockerfile"].decode()
+            label_line = next(ln for ln in dockerfile.splitlines() if ln.startswith("LABEL "))
+            pairs = shlex.split(label_line[len("LABEL "):])
+            self.built[m.group(1)] = dict(p.split("=", 1) for p in pairs)
             return True, []
         m = re.match(r"docker pull --quiet (\S+)$", cmd)
         if m:

@@ -349,7 +349,9 @@ def test_tq3_rendering() -> None:
     spec = get_stack("tq3-mtp-genesis")
     host = make_host(stack="tq3-mtp-genesis", pip_index_url="http://pypi.lan/simple")
     svc = service(render_compose(spec, make_pins(), host))
-    assert svc["image"] == f"{IMAGE}@{DIGEST_TQ3}"
+    # Its own image: the pinned one with the pinned Genesis packages baked in, never pulled.
+    assert svc["image"] == f"rigfleet/tq3-mtp-genesis-runtime:{DIGEST_TQ3[7:19]}-85af14d5"
+    assert svc["pull_policy"] == "never"
     assert svc["container_name"] == "rigfleet-tq3-mtp-genesis"
     assert svc["ports"] == ["127.0.0.1:8015:8000"]
     assert svc["command"] == spec.command("qwen3.6-27b-autoround-int4")
@@ -367,7 +369,7 @@ def test_tq3_rendering() -> None:
     assert svc["entrypoint"][2].replace("$$", "$") == spec.entrypoint(V7)[2]
     env = svc["environment"]
     assert {k: env[k] for k in spec.environment("v7")} == spec.environment("v7")
-    assert env["PIP_INDEX_URL"] == "http://pypi.lan/simple"
+    assert "PIP_INDEX_URL" not in env  # nothing is installed when the container starts
     assert env["GENESIS_VLLM_PIN_POLICY"] == "strict"
     assert svc["labels"]["io.rigfleet.genesis-commit"] == GENESIS
     assert svc["labels"]["io.rigfleet.stack"] == "tq3-mtp-genesis"
