@@ -245,7 +245,7 @@ services:
   vllm:
     image: {IMAGE}@{DIGEST_INT8}
     container_name: rigfleet-int8
-    restart: unless-stopped
+    restart: 'no'
     entrypoint:
     - vllm
     - serve
@@ -361,7 +361,8 @@ def test_tq3_rendering() -> None:
     assert svc["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
     ]
-    assert (svc["shm_size"], svc["ipc"], svc["restart"]) == ("16gb", "host", "unless-stopped")
+    # Never restarted in place (Genesis patches the writable layer): the supervisor recreates.
+    assert (svc["shm_size"], svc["ipc"], svc["restart"]) == ("16gb", "host", "no")
 
 
 def test_int8_gets_no_pip_index_and_no_genesis() -> None:
@@ -456,10 +457,20 @@ def test_compose_path() -> None:
 @pytest.mark.parametrize("name", ["int8", "tq3-mtp-genesis"])
 def test_stack_files_render_what_the_python_catalog_rendered(name: str) -> None:
     """The stack files replaced a Python catalog: for the same pins and host data the compose
-    file (so its config hash, so a deployed host) is byte-for-byte what that catalog gave."""
+    file (so its config hash, so a deployed host) is byte-for-byte what that catalog gave,
+    but for one later, deliberate change: ``restart: "no"`` instead of ``unless-stopped``
+    (issue 9: the host's supervisor recreates a dead engine), and the config hash that
+    follows from it."""
     host = make_host(stack=name, pip_index_url="http://pypi.lan/simple",
                      extra_env={"int8": {"X": "1"}})
-    expected = (FIXTURES / f"{name}-v1.yaml").read_text()
+    old = (FIXTURES / f"{name}-v1.yaml").read_text()
+    doc = yaml.safe_load(old)
+    old_hash = doc["services"]["vllm"]["labels"][CONFIG_HASH_LABEL]
+    doc["services"]["vllm"]["restart"] = "no"
+    assert old.count("    restart: unless-stopped\n") == 1
+    expected = old.replace("    restart: unless-stopped\n", "    restart: 'no'\n").replace(
+        f"{CONFIG_HASH_LABEL}: {old_hash}", f"{CONFIG_HASH_LABEL}: {config_hash(doc)}")
+    assert config_hash(doc) != old_hash
     assert render_compose(get_stack(name), make_pins(), host) == expected
 
 
