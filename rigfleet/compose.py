@@ -109,7 +109,11 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         # image, built on the host); never pulled: only this host has it.
         "image": runtime.ref if runtime else stack_pins.image_ref,
         "container_name": spec.container_name,
-        "restart": "unless-stopped",
+        # Never restarted in place: Genesis text-patches vLLM in the container's writable
+        # layer, so a restarted container fails to re-patch and one crash becomes a restart
+        # loop. The host's supervisor (rigfleet/hostside/supervise.py) recreates a dead
+        # engine from the verified snapshot instead, with a backoff and a limit.
+        "restart": "no",
         "entrypoint": list(spec.entrypoint(layout if spec.needs_genesis else None)),
         "command": spec.command(local_dir),
         "environment": environment,

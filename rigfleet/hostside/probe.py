@@ -16,7 +16,13 @@ is data)::
                                       # digests: the image's repo digests, and the pinned
                                       # image a derived (runtime) image was built from
                                       "restarts"}},
-     "route": "int8/0123abcd..." | "maintenance" | null, "bundle": "<sha256>" | null}
+     "route": "int8/0123abcd..." | "maintenance" | null, "bundle": "<sha256>" | null,
+     "supervisor": null | {"state": "watching" | "booting" | "backoff" | "recreating" |
+                                    "gave-up" | "paused" | "idle" | "starting",
+                           "reason", "alive": bool, "recreations": int, "policy": {"limit",
+                           "window_s", "backoff_s", ...}, "attempts": [...], "death",
+                           "boot_failure", "next_attempt_at", "gave_up_at", "since", "now",
+                           ...}}   (``rigfleet.hostside.supervise.Record``; times: epoch s)
 
 ``--full`` adds ``ledger`` ({"tail", "count", "error"}), ``reports`` ({"files", "newest"}),
 ``gpu`` (nvidia-smi's query output), ``caps_unit_enabled``, ``genesis`` (the checkout's HEAD
@@ -38,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .layout import BASE_DIGEST_LABEL, CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_LABEL, Layout
-from .records import ledger_tail, read_holder, read_json, reports, route
+from .records import ledger_tail, read_holder, read_json, read_supervisor, reports, route
 
 SCHEMA = "rigfleet-probe/1"
 # What rigfleet status compares (power caps, driver, persistence).
@@ -203,6 +209,7 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
         "containers": containers(),
         "route": route(lay.front_route),
         "bundle": file_sha256(lay.bundle),
+        "supervisor": read_supervisor(lay.supervise_state),
     }
     if not full:
         return out

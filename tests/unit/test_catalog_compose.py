@@ -258,7 +258,7 @@ services:
   vllm:
     image: {IMAGE}@{DIGEST_INT8}
     container_name: rigfleet-int8
-    restart: unless-stopped
+    restart: 'no'
     entrypoint:
     - vllm
     - serve
@@ -377,7 +377,8 @@ def test_tq3_rendering() -> None:
     assert svc["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
     ]
-    assert (svc["shm_size"], svc["ipc"], svc["restart"]) == ("16gb", "host", "unless-stopped")
+    # Never restarted in place (Genesis patches the writable layer): the supervisor recreates.
+    assert (svc["shm_size"], svc["ipc"], svc["restart"]) == ("16gb", "host", "no")
 
 
 def test_int8_gets_no_pip_index_and_no_genesis() -> None:
