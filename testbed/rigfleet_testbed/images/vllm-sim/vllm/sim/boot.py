@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from vllm.sim import hardware, kvcache, logs, modelfiles
+from vllm.sim import hardware, kvcache, logs, modelfiles, weights
 from vllm.sim.args import ServeConfig, parse_args
 from vllm.sim.buildinfo import (
     REGRESSION_SPECULATORS_OSERROR,
@@ -246,6 +246,7 @@ class Boot:
         logs.info("gpu_model_runner.py:3346", f"Starting to load model {cfg.model}...")
         try:
             modelfiles.check_weights(model_path)
+            weights.set_served(weights.inspect(model_path))
         except modelfiles.ModelFileError as err:
             raise self.engine_failure(f"{err.exc_type}: {err.message}", [
                 self._f("vllm/model_executor/model_loader/default_loader.py", 301,
