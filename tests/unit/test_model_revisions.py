@@ -129,3 +129,25 @@ def test_served_revisions_differ_only_in_long_context_recall(fixture, tmp_path: 
     assert all(secret in a for a in results["good"])
     assert secret in results["later"][0]  # short context: fine
     assert not all(w in results["later"][1] for w in secret.split()), results["later"][1]
+
+
+def test_the_gate_fails_the_later_revision_on_its_needles_only(fixture, tmp_path: Path) -> None:
+    """rigfleet's verify-stress gate (fast profile) against the simulator serving revision 2."""
+    from verify_sim import FAST_ENV, INT8_MTP
+
+    from rigfleet.hostside.verify.profiles import resolve
+    from rigfleet.hostside.verify.report import FAIL, PASS
+    from rigfleet.hostside.verify.runner import run
+
+    model = checkout(fixture, fixture.later_files, tmp_path / "qwen3.6-27b-autoround-int4")
+    with SimServer(make_package(tmp_path), make_gpu_root(tmp_path), model, INT8_MTP,
+                   env=FAST_ENV) as srv:
+        srv.wait_ready()
+        rep, _ = run(f"http://127.0.0.1:{srv.port}", resolve("fast", ["soak_sessions=3"]))
+        srv.stop()
+    status = {c.name: c.status for c in rep.checks}
+    assert status["needles"] == FAIL and status["needles_deep"] == FAIL
+    needles = next(c for c in rep.checks if c.name == "needles")
+    assert {a["outcome"] for a in needles.details["attempts"]} == {"recall_miss"}
+    assert {n for n, s in status.items() if s != PASS} == {"needles", "needles_deep"}, \
+        [(c.name, c.summary) for c in rep.checks]

@@ -1,7 +1,7 @@
 """The simulated NVIDIA driver's state on one host, shared by every stand-in program.
 
-Runs ON the simulated hosts (Debian 13, python3.13, stdlib only) inside each stand-in's zipapp,
-and imports on the control side (3.11) for tests. The layout is the contract in
+Runs ON the simulated hosts (Debian 13 or 12: python3.13 or 3.11, stdlib only) inside each
+stand-in's zipapp, and imports on the control side (3.11) for tests. The layout is the contract in
 docs/architecture.md ("Simulated GPU hardware"):
 
     /etc/nvidia-sim/hardware.json    the cards, bind-mounted read-only by the testbed
