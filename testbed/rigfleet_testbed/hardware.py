@@ -1,9 +1,13 @@
 """Simulated GPU hardware of a testbed host, written to ``/etc/nvidia-sim/hardware.json``.
 
 The testbed describes the hardware; nothing the deploy writes does. Overrides model the rigs our
-users actually have besides the default (one card, 20 GB cards, NVLink bridges)::
+users actually have besides the default (one card, 20 GB cards, NVLink bridges), and the
+machine's firmware and boot: Secure Boot on, with or without the DKMS signing key enrolled as a
+MOK (the live NVRAM is ``firmware/`` next to this file, see ``rigfleet_testbed.firmware``), and
+the cgroup hierarchy it boots (2, Debian's default; 1 with systemd.unified_cgroup_hierarchy=0)::
 
     profile = hardware_profile("host1", cards=1, memory_mib=20480)
+    profile = hardware_profile("host1", secure_boot=True, mok_enrolled=False)
 """
 
 from __future__ import annotations
@@ -29,10 +33,18 @@ def hardware_profile(
     power_default_w: int = 350,
     power_min_w: int = 100,
     power_max_w: int = 350,
+    secure_boot: bool = False,
+    mok_enrolled: bool = False,
+    cgroup: int = 2,
 ) -> dict[str, Any]:
-    """The hardware of one simulated host: by default two RTX 3090s over PCIe."""
+    """The hardware of one simulated host: by default two RTX 3090s over PCIe, UEFI with
+    Secure Boot off, booting the unified cgroup hierarchy."""
     if cards < 1:
         raise ValueError(f"cards must be at least 1, got {cards}")
+    if cgroup not in (1, 2):
+        raise ValueError(f"cgroup must be 1 or 2, got {cgroup}")
+    if mok_enrolled and not secure_boot:
+        raise ValueError("mok_enrolled=1 needs secure_boot=1")
     gpus = [
         {
             "index": i,
@@ -49,7 +61,9 @@ def hardware_profile(
         }
         for i in range(cards)
     ]
-    return {"driver_branch_supported": ["580", "590"], "nvlink": nvlink, "gpus": gpus}
+    return {"driver_branch_supported": ["580", "590"], "nvlink": nvlink, "gpus": gpus,
+            "cgroup_version": cgroup,
+            "secure_boot": {"enabled": secure_boot, "mok_enrolled": mok_enrolled}}
 
 
 def parse_override(spec: str) -> dict[str, Any]:
@@ -59,20 +73,27 @@ def parse_override(spec: str) -> dict[str, Any]:
         options: dict[str, Any] = {"host": host}
         for item in filter(None, rest.split(",")):
             key, _, value = item.partition("=")
-            if key == "nvlink":
+            if key in _FLAGS:
+                if value.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                    raise ValueError(f"{key}={value!r} is not 1/0")
                 options[key] = value.lower() in ("1", "true", "yes")
-            elif key in ("cards", "memory_mib", "power_default_w", "power_min_w", "power_max_w"):
+            elif key in _NUMBERS:
                 options[key] = int(value)
             else:
                 raise ValueError(f"unknown key {key!r}")
+        hardware_profile(host or "check", **{k: v for k, v in options.items() if k != "host"})
     except ValueError as exc:
         raise ValueError(
             f"bad hardware override {spec!r} ({exc}); expected HOST:key=value,... with keys "
-            "cards, memory_mib, nvlink, power_default_w, power_min_w, power_max_w"
+            f"{', '.join(_NUMBERS + _FLAGS)}"
         ) from None
     if not host:
         raise ValueError(f"bad hardware override {spec!r}: missing host name before ':'")
     return options
+
+
+_NUMBERS = ("cards", "memory_mib", "power_default_w", "power_min_w", "power_max_w", "cgroup")
+_FLAGS = ("nvlink", "secure_boot", "mok_enrolled")
 
 
 def render(profile: dict[str, Any]) -> str:

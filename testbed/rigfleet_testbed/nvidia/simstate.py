@@ -1,7 +1,7 @@
 """The simulated NVIDIA driver's state on one host, shared by every stand-in program.
 
-Runs ON the simulated hosts (Debian 13, python3.13, stdlib only) inside each stand-in's zipapp,
-and imports on the control side (3.11) for tests. The layout is the contract in
+Runs ON the simulated hosts (Debian 13 or 12: python3.13 or 3.11, stdlib only) inside each
+stand-in's zipapp, and imports on the control side (3.11) for tests. The layout is the contract in
 docs/architecture.md ("Simulated GPU hardware"):
 
     /etc/nvidia-sim/hardware.json    the cards, bind-mounted read-only by the testbed
@@ -9,9 +9,15 @@ docs/architecture.md ("Simulated GPU hardware"):
     /run/nvidia-sim/hardware.json    what the module probed at load (a copy of the above)
     /run/nvidia-sim/state.json       power limit and persistence per GPU, under flock(state.lock)
     /run/nvidia-sim/alloc/<n>.json   one per process holding GPU memory, flock'ed by its holder
+    /run/nvidia-sim/grants/<id>      device-cgroup grants the runtime hook made (``devnodes``)
+    /dev/nvidia{ctl,-uvm,-uvm-tools,0..}  device nodes the "module" creates, /dev/char links
+    /etc/nvidia-sim/firmware/        the host's simulated UEFI NVRAM (``firmware``), read-write
+    /var/lib/dkms/                   where the DKMS stand-in keeps its signing key (mok.key/.pub)
 
 ``NVIDIA_SIM_ROOT`` moves ``/run/nvidia-sim`` and ``NVIDIA_SIM_HARDWARE`` the hardware file that
-readers use (tests point both at a temporary directory)::
+readers use (tests point both at a temporary directory); with a moved root the device nodes go
+to ``<root>/dev`` unless ``NVIDIA_SIM_DEV`` says otherwise, so a test never touches ``/dev``.
+``NVIDIA_SIM_FIRMWARE`` and ``NVIDIA_SIM_DKMS`` move the other two::
 
     paths = SimPaths.from_env()
     hw = load_hardware(paths.hardware)
@@ -40,6 +46,8 @@ from typing import Any
 
 DEFAULT_ROOT = "/run/nvidia-sim"
 HARDWARE_SOURCE = "/etc/nvidia-sim/hardware.json"
+FIRMWARE_DIR = "/etc/nvidia-sim/firmware"
+DKMS_DIR = "/var/lib/dkms"
 
 # CUDA version the driver's libcuda reports, per branch (nvidia-smi prints it in its header).
 CUDA_BY_BRANCH = {
@@ -63,13 +71,26 @@ class SimPaths:
 
     root: Path
     hardware: Path
+    dev: Path = Path("/dev")
+    firmware: Path = Path(FIRMWARE_DIR)
+    dkms: Path = Path(DKMS_DIR)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> SimPaths:
         env = os.environ if environ is None else environ
         root = Path(env.get("NVIDIA_SIM_ROOT") or DEFAULT_ROOT)
         hardware = Path(env.get("NVIDIA_SIM_HARDWARE") or root / "hardware.json")
-        return cls(root=root, hardware=hardware)
+        moved = root != Path(DEFAULT_ROOT)
+        dev = Path(env.get("NVIDIA_SIM_DEV") or (root / "dev" if moved else "/dev"))
+        firmware = Path(env.get("NVIDIA_SIM_FIRMWARE") or
+                        (root / "firmware" if moved else FIRMWARE_DIR))
+        dkms = Path(env.get("NVIDIA_SIM_DKMS") or (root / "dkms" if moved else DKMS_DIR))
+        return cls(root=root, hardware=hardware, dev=dev, firmware=firmware, dkms=dkms)
+
+    @property
+    def grants(self) -> Path:
+        """Device-cgroup grants of running GPU containers (see ``devnodes``)."""
+        return self.root / "grants"
 
     @property
     def loaded(self) -> Path:
@@ -138,6 +159,9 @@ class Hardware:
     nvlink: bool = False
     topology: str = "PHB"
     driver_branch_supported: tuple[str, ...] = ()
+    # The cgroup hierarchy the machine boots with: 2 (unified) is what Debian 12/13 boot by
+    # default, and there Docker's default cgroup driver is systemd (see devnodes).
+    cgroup_version: int = 2
 
 
 def load_hardware(path: Path) -> Hardware:
@@ -165,6 +189,7 @@ def load_hardware(path: Path) -> Hardware:
             nvlink=bool(raw.get("nvlink", False)),
             topology=str(raw.get("topology", "PHB")),
             driver_branch_supported=tuple(str(b) for b in raw.get("driver_branch_supported", [])),
+            cgroup_version=int(raw.get("cgroup_version", 2)),
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SimError(f"{path}: unusable simulated hardware description ({exc!r})") from exc

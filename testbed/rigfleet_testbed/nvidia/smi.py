@@ -3,8 +3,10 @@
 Installed as ``/usr/bin/nvidia-smi`` (a zipapp built by ``rigfleet_testbed.packages``) on the
 simulated hosts. The formats follow real output of driver 580 (fixtures in
 ``shared/fixtures/nvidia-smi/``); so do the failures: no driver loaded (exit 9), a driver and
-library of different versions after an upgrade without reboot (exit 18), ``-pl`` out of range
-(exit 2) or without root (exit 4). Argument errors go to stdout, as real.
+library of different versions after an upgrade without reboot (exit 18), a device cgroup that
+no longer allows ``/dev/nvidiactl`` ("Failed to initialize NVML: Unknown Error", exit 255: a
+container after a systemd daemon-reload, ``devnodes``), ``-pl`` out of range (exit 2) or without
+root (exit 4). Argument errors go to stdout, as real.
 
 Supported: the default table, ``-L``, ``--query-gpu=... --format=csv[,noheader][,nounits]``,
 ``-i``, ``-pl``, ``-pm``, ``-q [-d TYPES] [-x]``, ``topo -m``, ``--version``, ``-h``,
@@ -24,13 +26,15 @@ from typing import TextIO
 from xml.sax.saxutils import escape, quoteattr
 
 if __package__:
+    from . import devnodes
     from . import simstate as sim
 else:  # inside the zipapp on a simulated host
+    import devnodes  # type: ignore[no-redef]
     import simstate as sim  # type: ignore[no-redef]
 
 # nvidia-smi return codes (nvidia-smi(1), "RETURN VALUE").
 OK, INVALID_ARGUMENT, NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND = 0, 2, 3, 4, 6
-DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH = 9, 18
+DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH, OTHER_ERROR = 9, 18, 255
 
 NOT_LOADED_TEXT = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -167,6 +171,10 @@ def open_driver(paths: sim.SimPaths, library_version: str | None) -> Context:
     loaded = sim.loaded_version(paths)
     if loaded is None:
         raise SmiExit(NOT_LOADED_TEXT, DRIVER_NOT_LOADED)
+    if devnodes.access(paths.dev) == "denied":
+        # open(/dev/nvidiactl) -> EPERM from the device cgroup (a container after a systemd
+        # daemon-reload, nvidia-container-toolkit#48): NVML's message, exit 255.
+        raise SmiExit(devnodes.NVML_UNKNOWN, OTHER_ERROR)
     if library_version and library_version != loaded:
         nvml = library_version.rsplit(".", 1)[0]
         raise SmiExit(
@@ -180,6 +188,11 @@ def open_driver(paths: sim.SimPaths, library_version: str | None) -> Context:
         raise SmiExit(NO_DEVICES, NOT_FOUND) from None
     if not hw.gpus:
         raise SmiExit(NO_DEVICES, NOT_FOUND)
+    lost = devnodes.denied_gpus(paths.dev, hw)
+    if lost:
+        # nvmlDeviceGetHandle* needs /dev/nvidia<N> (nvidia-container-toolkit#69's message).
+        raise SmiExit("".join(f"Unable to determine the device handle for GPU{g.pci_bus_id[4:]}"
+                              ": Unknown Error\n" for g in lost), OTHER_ERROR)
     return Context(paths, hw, loaded, library_version or loaded)
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from vllm.sim import hardware, kvcache, logs, modelfiles
+from vllm.sim import hardware, kvcache, logs, modelfiles, weights
 from vllm.sim.args import ServeConfig, parse_args
 from vllm.sim.buildinfo import (
     REGRESSION_SPECULATORS_OSERROR,
@@ -254,6 +254,7 @@ class Boot:
         self._check_marlin(info)
         try:
             modelfiles.check_weights(model_path)
+            weights.set_served(weights.inspect(model_path))
         except modelfiles.ModelFileError as err:
             raise self.engine_failure(f"{err.exc_type}: {err.message}", [
                 self._f("vllm/model_executor/model_loader/default_loader.py", 301,

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from vllm.sim import logs, tokenizer
+from vllm.sim import logs, tokenizer, weights
 from vllm.sim.args import ServeConfig
 from vllm.sim.buildinfo import (
     REGRESSION_GDN_SPEC_WILD_WRITE,
@@ -328,6 +328,7 @@ class Engine:
             raise EngineDeadError(EngineDeadError.MESSAGE)
         t0 = time.monotonic()
         n_prompt = len(req.prompt_ids)
+        req.reply = weights.recall_reply(req.reply, n_prompt, req.seed)  # what these weights know
         self.metrics.gauge(waiting=1)
         self._slots.acquire()
         self.metrics.gauge(waiting=-1, running=1, kv_tokens=n_prompt)

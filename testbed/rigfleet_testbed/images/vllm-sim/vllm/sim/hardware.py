@@ -13,12 +13,18 @@ Contract (docs/architecture.md, "Simulated GPU hardware"):
   dead process (SIGKILL, OOM kill, container removed): it is stale, ignored and removed.
 - Check-and-allocate happens under ``$NVIDIA_SIM_ROOT/alloc.lock`` so two servers starting at
   once cannot both see the same free memory.
+- Device nodes, when the container has them (``/dev/nvidiactl``, ``/dev/nvidia<N>``): CUDA sees
+  the GPUs whose nodes are there (the container runtime's selection, by the hook or by CDI) and
+  none at all when the device cgroup refuses ``/dev/nvidiactl`` (EPERM at open, as after a
+  systemd daemon-reload dropped the hook's device rules, nvidia-container-toolkit#48). No driver
+  stands behind the twin's nodes, so an allowed open fails with ENXIO.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import json
 import os
@@ -93,10 +99,38 @@ def _filter_visible(gpus: list[Gpu], spec: str | None) -> list[Gpu]:
     return out
 
 
-def visible_gpus(root: Path | None = None) -> list[Gpu]:
+def _device_nodes(dev: Path) -> tuple[str, set[int]]:
+    """("absent"|"ok"|"denied", GPU minors with a node) for this process's /dev."""
+    try:
+        fd = os.open(dev / "nvidiactl", os.O_RDWR | os.O_CLOEXEC)
+        os.close(fd)
+    except FileNotFoundError:
+        return "absent", set()
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.EACCES):
+            return "denied", set()
+    minors = set()
+    for node in dev.glob("nvidia[0-9]*"):
+        try:
+            fd = os.open(node, os.O_RDWR | os.O_CLOEXEC)
+            os.close(fd)
+        except OSError as exc:
+            if exc.errno in (errno.EPERM, errno.EACCES, errno.ENOENT):
+                continue  # the device cgroup refuses this GPU: CUDA does not see it
+        try:
+            minors.add(os.minor(node.stat().st_rdev))
+        except OSError:
+            continue
+    return "ok", minors
+
+
+def visible_gpus(root: Path | None = None, dev: Path = Path("/dev")) -> list[Gpu]:
     """GPUs this process can use, in CUDA order; empty when none are visible."""
     root = root or sim_root()
     if not (root / "loaded").exists():
+        return []
+    nodes, minors = _device_nodes(dev)
+    if nodes == "denied":
         return []
     candidates = [os.environ.get("NVIDIA_SIM_HARDWARE"), str(root / "hardware.json"),
                   FALLBACK_HARDWARE]
@@ -118,9 +152,12 @@ def visible_gpus(root: Path | None = None) -> list[Gpu]:
             memory_reserved_mib=int(g.get("memory_reserved_mib", 280)))
         for i, g in enumerate(data.get("gpus") or [])
     ]
-    # NVIDIA_VISIBLE_DEVICES is the container runtime's selection; CUDA_VISIBLE_DEVICES the
-    # process's own. Both narrow the list.
-    gpus = _filter_visible(gpus, os.environ.get("NVIDIA_VISIBLE_DEVICES"))
+    # The container runtime's selection: the device nodes it created, or (a twin without
+    # nodes) NVIDIA_VISIBLE_DEVICES; CUDA_VISIBLE_DEVICES is the process's own. Both narrow it.
+    if nodes == "ok":
+        gpus = [g for g in gpus if g.index in minors]
+    else:
+        gpus = _filter_visible(gpus, os.environ.get("NVIDIA_VISIBLE_DEVICES"))
     return _filter_visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
