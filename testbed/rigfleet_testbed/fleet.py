@@ -101,6 +101,8 @@ class UpOptions:
     hosts: int = 2
     hardware_overrides: list[dict[str, Any]] = field(default_factory=list)
     inventory: Path = layout.INVENTORY
+    # The serving simulators' clock on every host (a host's override wins); 1 = real time.
+    sim_speedup: float = hardware.DEFAULT_SIM_SPEEDUP
 
 
 # -- artifacts on the control machine --------------------------------------------------------
@@ -512,7 +514,8 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
             raise TestbedError(f"hardware override for {name!r}: no such host "
                                f"(hosts: {', '.join(s.name for s in slots)})")
     for slot in slots:
-        opts = {k: v for k, v in overrides.get(slot.name, {}).items() if k != "host"}
+        opts = {"sim_speedup": options.sim_speedup,
+                **{k: v for k, v in overrides.get(slot.name, {}).items() if k != "host"}}
         hw = paths.hardware(slot.name)
         hw.parent.mkdir(parents=True, exist_ok=True)
         hw.write_text(hardware.render(hardware.hardware_profile(slot.name, **opts)))
