@@ -58,12 +58,12 @@ def hardware_profile(
     links = {i: (pcie_gen_max, pcie_width_max) for i in range(cards)}
     for idx, link in (card_pcie or {}).items():
         if idx not in links:
-            raise ValueError(f"card_pcie: no card {idx} (cards 0..{cards - 1})")
+            raise ValueError(f"{host}: card_pcie: no card {idx} (cards 0..{cards - 1})")
         links[idx] = link
     for idx, (gen, width) in links.items():
         if gen not in PCIE_GENS or width not in PCIE_WIDTHS:
-            raise ValueError(f"card {idx}: PCIe gen {gen} x{width}; allowed gen {PCIE_GENS}, "
-                             f"width {PCIE_WIDTHS}")
+            raise ValueError(f"{host}: card {idx}: PCIe gen {gen} x{width}; allowed gen "
+                             f"{PCIE_GENS}, width {PCIE_WIDTHS}")
     gpus = [
         {
             "index": i,
@@ -86,7 +86,7 @@ def hardware_profile(
                            "gpus": gpus}
     if sim_speedup is not None:
         if not sim_speedup > 0:
-            raise ValueError(f"sim_speedup must be above 0, got {sim_speedup}")
+            raise ValueError(f"{host}: sim_speedup must be above 0, got {sim_speedup}")
         out["sim_speedup"] = sim_speedup
     return out
 

@@ -167,20 +167,20 @@ def _runs(cond: perf.Conditions, kind: str, n_tokens: int, runs: int, broken=Fal
 
 
 def test_noise_healthy_unstable_and_broken_verify():
-    healthy = _runs(dual(backend="TURBOQUANT"), "narrative", 1000, 80)
-    code = _runs(dual(backend="TURBOQUANT"), "code", 800, 80)
+    healthy = _runs(dual(backend="TURBOQUANT"), "narrative", 1000, 60)
+    code = _runs(dual(backend="TURBOQUANT"), "code", 800, 60)
     assert 0.008 < perf.cv(healthy) < 0.045 and 0.005 < perf.cv(code) < 0.04
     assert within(sum(healthy) / len(healthy), 89.2, 0.03)
     factor, jitter = perf.build_adjustments({"decode-throughput-unstable"})
-    unstable = _runs(dual(jitter=jitter, decode_factor=factor), "narrative", 1000, 80)
+    unstable = _runs(dual(jitter=jitter, decode_factor=factor), "narrative", 1000, 60)
     assert perf.cv(unstable) > 0.10
     factor, jitter = perf.build_adjustments({"decode-throughput-regression"})
-    slow = _runs(dual(jitter=jitter, decode_factor=factor), "narrative", 1000, 80)
-    normal = _runs(dual(), "narrative", 1000, 80)
+    slow = _runs(dual(jitter=jitter, decode_factor=factor), "narrative", 1000, 60)
+    normal = _runs(dual(), "narrative", 1000, 60)
     assert within(sum(slow) / sum(normal), 0.70, 0.02) and perf.cv(slow) < 0.045
     # TQ3 + MTP without P67: bimodal, seed 000's 98.7 (CV 36%) / 104.5 (CV 27%).
-    broken = _runs(dual(backend="TURBOQUANT"), "narrative", 1000, 100, broken=True)
-    broken_code = _runs(dual(backend="TURBOQUANT"), "code", 800, 100, broken=True)
+    broken = _runs(dual(backend="TURBOQUANT"), "narrative", 1000, 80, broken=True)
+    broken_code = _runs(dual(backend="TURBOQUANT"), "code", 800, 80, broken=True)
     assert within(sum(broken) / len(broken), 98.7, 0.10) and perf.cv(broken) > 0.25
     assert within(sum(broken_code) / len(broken_code), 104.5, 0.10)
     assert perf.cv(broken_code) > 0.2
@@ -366,11 +366,11 @@ def test_hardware_overrides_for_links_and_the_clock():
     assert "sim_speedup" not in hardware_profile("h")
     with pytest.raises(ValueError, match="gpu<N>_pcie_gen_max"):
         parse_override("host1:gpu1_pcie_lanes=4")
-    with pytest.raises(ValueError, match=r"card 1: PCIe gen 3 x5; allowed"):
+    with pytest.raises(ValueError, match=r"h: card 1: PCIe gen 3 x5; allowed"):
         hardware_profile("h", card_pcie={1: (3, 5)})
-    with pytest.raises(ValueError, match="no card 2"):
+    with pytest.raises(ValueError, match="h: card_pcie: no card 2"):
         hardware_profile("h", card_pcie={2: (3, 4)})
-    with pytest.raises(ValueError, match="sim_speedup must be above 0"):
+    with pytest.raises(ValueError, match="h: sim_speedup must be above 0"):
         hardware_profile("h", sim_speedup=0)
     assert fleet.UpOptions().sim_speedup == DEFAULT_SIM_SPEEDUP == 40.0
 
@@ -440,16 +440,12 @@ def timed(srv: SimServer, content: str, max_tokens: int) -> tuple[float, float, 
 def test_decode_is_paced_at_the_modelled_speed(tmp_path, regressions, factor):
     speedup = 5.0
     with paced(tmp_path, DUAL_INT8, speedup, regressions=regressions) as srv:
-        ratios = []
-        for _ in range(2):
-            first, end, n = timed(srv, ESSAY, 600)
-            assert n == 600
-            ratios.append((n - 1) / (end - first) / speedup / perf.expected_tok_s(dual(),
-                                                                                 "narrative"))
+        first, end, n = timed(srv, ESSAY, 600)
         srv.stop()
-    mean = sum(ratios) / len(ratios) / factor
+    assert n == 600
+    ratio = (n - 1) / (end - first) / speedup / perf.expected_tok_s(dual(), "narrative")
     # Sleeping to a schedule: never faster than the model; a starved machine runs late.
-    assert 0.8 < mean < 1.1, ratios
+    assert 0.8 < ratio / factor < 1.1, ratio
 
 
 def test_power_cap_of_a_single_card_and_the_graph_downgrade(tmp_path):
