@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from rigfleet_testbed import layout
+from rigfleet_testbed import layout, vllm_builds
 
 from rigfleet.registry import Registry
 
@@ -42,9 +42,12 @@ def test_hardware_is_described_by_the_testbed(testbed):
 def test_mirror_serves_the_nightlies_under_their_real_names(testbed):
     reg = Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}")
     tags = set(reg.tags(layout.SIM_IMAGE_REPO))
-    assert {n.tag for n in layout.NIGHTLIES} <= tags
-    for n in layout.NIGHTLIES:
-        assert reg.digest(layout.SIM_IMAGE_REPO, n.tag).startswith("sha256:")
+    kept, purged = vllm_builds.retention(vllm_builds.BUILDS)
+    served = [b for b in kept if b.nightly]
+    assert {b.tag for b in served} <= tags and not {b.tag for b in purged} & tags
+    assert set(vllm_builds.THROUGHPUT_NIGHTLIES) <= set(served)
+    for b in served:
+        assert reg.digest(layout.SIM_IMAGE_REPO, b.tag).startswith("sha256:")
 
 
 def test_apt_repository_is_signed_and_reachable_from_hosts(testbed):
