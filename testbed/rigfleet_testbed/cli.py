@@ -22,6 +22,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rigfleet_testbed import hardware
+
 console = Console(stderr=True, highlight=False)
 
 
@@ -31,7 +33,7 @@ def _log(message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Carry out ``testbed <action>``; a ``TestbedError`` is printed, not raised."""
-    from rigfleet_testbed import fleet, hardware, hostspec
+    from rigfleet_testbed import fleet, hostspec
     from rigfleet_testbed.layout import INVENTORY
 
     try:
@@ -40,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
             overrides = [hardware.parse_override(spec) for spec in args.hardware]
             oses = [hostspec.parse_os(spec) for spec in args.os]
             slots = fleet.up(fleet.UpOptions(hosts=args.hosts, hardware_overrides=overrides,
-                                             oses=oses, sudo=list(args.sudo_user)), _log)
+                                             oses=oses, sudo=list(args.sudo_user),
+                                             sim_speedup=args.sim_speedup), _log)
             _log(f"testbed up: {len(slots)} host(s) in {time.monotonic() - started:.1f}s; "
                  f"{INVENTORY.relative_to(INVENTORY.parents[1])} written")
             _print_status(fleet.status())
@@ -67,6 +70,16 @@ def _print_status(rows: list[dict[str, Any]]) -> None:
     Console().print(table if rows else "no testbed containers")
 
 
+def _speedup(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = 0.0
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"--sim-speedup {value!r}: allowed a number above 0")
+    return x
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``testbed`` on a CLI's subparsers (``rigfleet.cli`` calls this)."""
     tb = subparsers.add_parser("testbed", help="the simulated fleet (containers on this machine)")
@@ -75,7 +88,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     tb_up.add_argument("--hosts", type=int, default=2, help="number of hosts (1-12, default 2)")
     tb_up.add_argument("--hardware", action="append", default=[], metavar="HOST:KEY=V,...",
                        help="per-host hardware override, e.g. host2:cards=1,memory_mib=20480 "
-                            "or host1:secure_boot=1[,mok_enrolled=1]")
+                            "or host1:secure_boot=1[,mok_enrolled=1] "
+                            "or host2:gpu1_pcie_gen_max=3,gpu1_pcie_width_max=4")
+    tb_up.add_argument("--sim-speedup", type=_speedup, default=hardware.DEFAULT_SIM_SPEEDUP,
+                       metavar="X", help="serving simulators run X times faster than a real "
+                       f"rig (default {hardware.DEFAULT_SIM_SPEEDUP:g}; 1 = real-rig tok/s)")
     tb_up.add_argument("--os", action="append", default=[], metavar="HOST=OS",
                        help="a host's Debian release: debian13 (default) or debian12")
     tb_up.add_argument("--sudo-user", action="append", default=[], metavar="HOST",

@@ -127,6 +127,8 @@ class UpOptions:
     inventory: Path = layout.INVENTORY
     oses: list[tuple[str, HostOS]] = field(default_factory=list)
     sudo: list[str] = field(default_factory=list)
+    # The serving simulators' clock on every host (a host's override wins); 1 = real time.
+    sim_speedup: float = hardware.DEFAULT_SIM_SPEEDUP
 
 
 # -- artifacts on the control machine --------------------------------------------------------
@@ -646,7 +648,7 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
         raise TestbedError(f"--hosts {options.hosts}: the testbed runs 1 to 12 hosts")
     try:
         specs = hostspec.host_specs(options.hosts, options.hardware_overrides, options.oses,
-                                    options.sudo)
+                                    options.sudo, options.sim_speedup)
     except ValueError as exc:
         raise TestbedError(str(exc)) from None
     paths = Paths()

@@ -77,8 +77,10 @@ def _check_names(option: str, names: Iterable[str], slots: list[HostSlot]) -> No
 
 def host_specs(count: int, hardware_overrides: Iterable[dict[str, Any]] = (),
                oses: Iterable[tuple[str, HostOS]] = (),
-               sudo: Iterable[str] = ()) -> list[HostSpec]:
-    """The fleet's hosts with every option applied; a bad host name is a ValueError."""
+               sudo: Iterable[str] = (),
+               sim_speedup: float | None = hardware.DEFAULT_SIM_SPEEDUP) -> list[HostSpec]:
+    """The fleet's hosts with every option applied (``sim_speedup``: the serving simulators'
+    clock on every host, a host's own override wins); a bad host name is a ValueError."""
     slots = [HostSlot(i) for i in range(1, count + 1)]
     overrides = {o["host"]: o for o in hardware_overrides}
     os_by_host = dict(oses)
@@ -88,7 +90,8 @@ def host_specs(count: int, hardware_overrides: Iterable[dict[str, Any]] = (),
     _check_names("--sudo-user", sudo_hosts, slots)
     specs = []
     for slot in slots:
-        opts = {k: v for k, v in overrides.get(slot.name, {}).items() if k != "host"}
+        opts = {"sim_speedup": sim_speedup,
+                **{k: v for k, v in overrides.get(slot.name, {}).items() if k != "host"}}
         specs.append(HostSpec(slot, os_by_host.get(slot.name, layout.DEFAULT_OS),
                               slot.name in sudo_hosts,
                               hardware.hardware_profile(slot.name, **opts)))

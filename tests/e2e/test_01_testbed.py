@@ -48,9 +48,10 @@ def test_mirror_serves_releases_and_only_the_newest_nightlies_like_docker_hub(te
     reg = Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}")
     tags = set(reg.tags(layout.SIM_IMAGE_REPO))
     kept, purged = vllm_builds.retention(vllm_builds.BUILDS)
-    assert {b.tag for b in kept} <= tags
+    assert {b.tag for b in kept} <= tags and not {b.tag for b in purged} & tags
     assert sum(1 for t in tags if t.startswith("nightly-")) == vllm_builds.KEEP_NIGHTLIES
     assert {"v0.21.0", "v0.27.1"} <= tags
+    assert set(vllm_builds.THROUGHPUT_NIGHTLIES) <= set(kept)
     for b in kept:
         assert reg.digest(layout.SIM_IMAGE_REPO, b.tag).startswith("sha256:")
     gone = vllm_builds.by_tag("nightly-01d4d1ad375dc5854779c593eee093bcebb0cada")

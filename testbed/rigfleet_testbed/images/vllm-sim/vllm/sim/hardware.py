@@ -124,6 +124,22 @@ def _device_nodes(dev: Path) -> tuple[str, set[int]]:
     return "ok", minors
 
 
+def hardware_data(root: Path | None = None) -> dict | None:
+    """The hardware description (``hardware.json``) as parsed JSON, or None."""
+    root = root or sim_root()
+    candidates = [os.environ.get("NVIDIA_SIM_HARDWARE"), str(root / "hardware.json"),
+                  FALLBACK_HARDWARE]
+    for cand in candidates:
+        if not cand:
+            continue
+        try:
+            data = json.loads(Path(cand).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        return data if isinstance(data, dict) else None
+    return None
+
+
 def visible_gpus(root: Path | None = None, dev: Path = Path("/dev")) -> list[Gpu]:
     """GPUs this process can use, in CUDA order; empty when none are visible."""
     root = root or sim_root()
@@ -132,18 +148,8 @@ def visible_gpus(root: Path | None = None, dev: Path = Path("/dev")) -> list[Gpu
     nodes, minors = _device_nodes(dev)
     if nodes == "denied":
         return []
-    candidates = [os.environ.get("NVIDIA_SIM_HARDWARE"), str(root / "hardware.json"),
-                  FALLBACK_HARDWARE]
-    data = None
-    for cand in candidates:
-        if not cand:
-            continue
-        try:
-            data = json.loads(Path(cand).read_text(encoding="utf-8"))
-            break
-        except (OSError, ValueError):
-            continue
-    if not isinstance(data, dict):
+    data = hardware_data(root)
+    if data is None:
         return []
     gpus = [
         Gpu(index=int(g.get("index", i)), name=str(g.get("name", "NVIDIA GeForce RTX 3090")),
@@ -218,8 +224,9 @@ class GpuAllocation:
         """Give the memory back: remove the file, then drop the lock."""
         if self._fd is None:
             return
-        with contextlib.suppress(OSError):
-            self.path.unlink()
+        for path in (self.path.with_suffix(".activity"), self.path):
+            with contextlib.suppress(OSError):
+                path.unlink()  # the activity sidecar first: it means nothing without us
         with contextlib.suppress(OSError):
             os.close(self._fd)  # closing drops the flock
         self._fd = None
