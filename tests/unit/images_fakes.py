@@ -12,15 +12,20 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
+import runpy
 import tarfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from rigfleet.inventory import InventoryHost
 from rigfleet.registry import RegistryNotFound, RegistryUnreachable, ResolvedImage
 from rigfleet.ssh import HostUnreachable
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeHub:
@@ -279,3 +284,29 @@ class FakeRemote:
 
     def on(self, host: InventoryHost) -> FakeEngine:
         return self.engines.get(host.name, self.engine)
+
+
+def pins_text(stacks: str, hosts: str = "") -> str:
+    """A pins file whose ``stacks:`` section is ``stacks`` (YAML lines, indented two spaces)
+    and, optionally, a ``hosts:`` section."""
+    head = textwrap.dedent(f"""\
+        schema: rigfleet-pins/1
+        serial: 1
+        driver: {{branch: "580"}}
+        container_toolkit: {{version: 1.17.8-1}}
+        huggingface_hub: {{version: 2.4.0}}
+        model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
+                 local_dir: qwen3.6-27b-autoround-int4}}
+        stacks:
+        """)
+    return head + textwrap.indent(textwrap.dedent(stacks), "  ") + hosts + "history: []\n"
+
+
+def fleet_data(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    """Host data as inventory/group_data/all.py gives it, with an API key file in ``tmp_path``."""
+    defaults = runpy.run_path(str(REPO_ROOT / "inventory" / "group_data" / "all.py"))
+    key = tmp_path / "api-key"
+    key.write_text("k" * 40 + "\n")
+    os.chmod(key, 0o600)
+    return {**{k: v for k, v in defaults.items() if not k.startswith("__")},
+            "api_key_file": str(key), **extra}

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import runpy
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from images_fakes import FakeEngine, FakeHub, FakeRemote, docker_save_tar, image_config
+from images_fakes import (
+    FakeEngine,
+    FakeHub,
+    FakeRemote,
+    docker_save_tar,
+    fleet_data,
+    image_config,
+    pins_text,
+)
 from rich.console import Console
 
 import rigfleet.images.cli as images_cli
@@ -23,7 +28,6 @@ from rigfleet.images.checks import SourceChecker
 from rigfleet.images.status import as_json, exit_status, fleet_images, table
 from rigfleet.inventory import InventoryHost
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "vllm/vllm-openai:v0.27.1"
 DIGEST = "sha256:" + "d" * 64
 CONFIG = image_config(b"v0.27.1")
@@ -33,25 +37,9 @@ IMAGE_ID = "sha256:" + hashlib.sha256(CONFIG).hexdigest()
 @pytest.fixture
 def fleet(tmp_path: Path, monkeypatch) -> dict[str, Any]:
     pins = tmp_path / "pins.yaml"
-    pins.write_text(textwrap.dedent(f"""\
-        schema: rigfleet-pins/1
-        serial: 1
-        driver: {{branch: "580"}}
-        container_toolkit: {{version: 1.17.8-1}}
-        huggingface_hub: {{version: 2.4.0}}
-        model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
-                 local_dir: qwen3.6-27b-autoround-int4}}
-        stacks:
-          int8: {{image: "{IMAGE}", digest: "{DIGEST}", vllm_version: 0.27.1,
-                  image_id: "{IMAGE_ID}"}}
-        history: []
-        """))
-    key = tmp_path / "api-key"
-    key.write_text("k" * 40 + "\n")
-    os.chmod(key, 0o600)
-    defaults = runpy.run_path(str(REPO_ROOT / "inventory" / "group_data" / "all.py"))
-    common = {k: v for k, v in defaults.items() if not k.startswith("__")}
-    common.update(pins_file=str(pins), api_key_file=str(key))
+    pins.write_text(pins_text(f'int8: {{image: "{IMAGE}", digest: "{DIGEST}", vllm_version: '
+                              f'0.27.1, image_id: "{IMAGE_ID}"}}\n'))
+    common = fleet_data(tmp_path, pins_file=str(pins))
     hosts = [InventoryHost(f"host{i}", ("gpu_hosts",), dict(common)) for i in (1, 2, 3)]
     has = FakeEngine()
     has.add(IMAGE_ID, digests={f"vllm/vllm-openai@{DIGEST}"}, tags={IMAGE}, config=CONFIG)

@@ -5,13 +5,12 @@ nothing", and the refusals before any host changes."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
 from fake_rig import FakeRig
-from images_fakes import FakeHub, docker_save_tar, image_id_of
+from images_fakes import FakeHub, docker_save_tar, image_id_of, pins_text
 from test_roles_fake import _fast, deploy  # noqa: F401  (the harness; _fast is autouse)
 
 import rigfleet.images.deploy
@@ -28,22 +27,6 @@ REPO = {"url": "http://apt.rigfleet.test/debian", "key_url": "http://apt.rigflee
         "suite": "stable", "components": ["main"]}
 
 
-def pins_text(image_id: str | None) -> str:
-    extra = f", image_id: '{image_id}'" if image_id else ""
-    return textwrap.dedent(f"""\
-        schema: rigfleet-pins/1
-        serial: 1
-        driver: {{branch: "580"}}
-        container_toolkit: {{version: 1.17.8-1}}
-        huggingface_hub: {{version: 2.4.0}}
-        model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
-                 local_dir: qwen3.6-27b-autoround-int4}}
-        stacks:
-          int8: {{image: "{IMAGE}", digest: "{DIGEST}", vllm_version: 0.27.1{extra}}}
-        history: []
-        """)
-
-
 @pytest.fixture
 def setup(tmp_path: Path, monkeypatch) -> dict[str, Any]:
     key = tmp_path / "api-key"
@@ -53,7 +36,8 @@ def setup(tmp_path: Path, monkeypatch) -> dict[str, Any]:
     archive.mkdir()
     image_id = docker_save_tar(archive / archive_name(IMAGE), [IMAGE])
     pins = tmp_path / "pins.yaml"
-    pins.write_text(pins_text(image_id))
+    pins.write_text(pins_text(f'int8: {{image: "{IMAGE}", digest: "{DIGEST}", '
+                              f"vllm_version: 0.27.1, image_id: '{image_id}'}}\n"))
     hub: dict[str, tuple[str, int]] = {}
     monkeypatch.setattr(rigfleet.images.deploy, "REGISTRY", lambda url: FakeHub(url, hub))
     data = {"fake_delay": 0, "fake_delay_jitter": 0, "stack": "int8", "power_caps_w": 250,

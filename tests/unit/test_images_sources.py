@@ -4,26 +4,19 @@ format, the default, and a clear error for each kind of mistake."""
 from __future__ import annotations
 
 import os
-import runpy
 from pathlib import Path
 from typing import Any
 
 import pytest
+from images_fakes import fleet_data
 
 from rigfleet.hostdata import KEY_DEFAULTS, HostDataError, validate_host
 from rigfleet.images.sources import DEFAULT_SOURCES, DEFAULT_UPLOAD_DIR, ImageSource
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
 def data(tmp_path: Path) -> dict[str, Any]:
-    defaults = runpy.run_path(str(REPO_ROOT / "inventory" / "group_data" / "all.py"))
-    key = tmp_path / "api-key"
-    key.write_text("k" * 40 + "\n")
-    os.chmod(key, 0o600)
-    common = {k: v for k, v in defaults.items() if not k.startswith("__")}
-    return {**common, "api_key_file": str(key)}
+    return fleet_data(tmp_path)
 
 
 def errors(data: dict[str, Any], sources: Any) -> list[str]:

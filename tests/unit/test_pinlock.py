@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from images_fakes import pins_text
 
 from rigfleet.pinlock import LockError, lock
 from rigfleet.pins import load_pins
@@ -129,21 +130,11 @@ def registry() -> Iterator[tuple[str, Store]]:
     server.shutdown()
 
 
-def pins_file(tmp_path: Path, tag: str = "v0.27.1", extra: str = "",
-              hosts: str = "") -> Path:
+def pins_file(tmp_path: Path, tag: str = "v0.27.1", hosts: str = "") -> Path:
     version = tag[1:] if tag.startswith("v") else f"0.20.2rc1.dev9+g{tag[8:17]}"
     path = tmp_path / "pins.yaml"
-    path.write_text(textwrap.dedent(f"""\
-        schema: rigfleet-pins/1
-        serial: 1
-        driver: {{branch: "580"}}
-        container_toolkit: {{version: 1.17.8-1}}
-        huggingface_hub: {{version: 2.4.0}}
-        model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
-                 local_dir: qwen3.6-27b-autoround-int4}}
-        stacks:
-          int8: {{image: "{REPO}:{tag}", digest: unresolved, vllm_version: {version}{extra}}}
-        """) + hosts + "history: []\n")
+    path.write_text(pins_text(
+        f'int8: {{image: "{REPO}:{tag}", digest: unresolved, vllm_version: {version}}}\n', hosts))
     return path
 
 
