@@ -19,6 +19,7 @@ nothing. What ``--latest`` means depends on the stack:
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class Candidate:
     tag: str  # nightly-<40-hex> or vX.Y.Z
     digest: str  # sha256:<64-hex>, what the tag points at in the registry now
     created: str | None = None  # the image config's build time (RFC 3339), when read
+    image_id: str | None = None  # the linux/amd64 config digest (what the pins record)
 
     @property
     def image(self) -> str:
@@ -233,8 +235,9 @@ def find_candidate(
 
 def _candidate(reg: Registry, repository: str, tag: str) -> Candidate:
     digest = reg.digest(repository, tag)
-    created = reg.image_config(repository, digest).get("created")
-    return Candidate(repository, tag, digest, str(created) if created else None)
+    found = reg.resolve(repository, digest)
+    created = json.loads(reg.blob(repository, found.image_id)).get("created")
+    return Candidate(repository, tag, digest, str(created) if created else None, found.image_id)
 
 
 def parse_image_arg(value: str, default_repository: str) -> tuple[str, str]:

@@ -226,7 +226,9 @@ def new_stack_pins(
     for name in names:
         p = pins.stacks[name]
         if candidate is not None:
+            # The candidate's own image id: the old one would fail the hosts' verification.
             p = replace(p, image=candidate.image, digest=candidate.digest,
+                        image_id=candidate.image_id,
                         vllm_version=version or p.vllm_version)  # fmt: skip
         if name in genesis and p.genesis is not None:
             p = replace(p, genesis=GenesisPin(p.genesis.repo, genesis[name].commit))
@@ -297,7 +299,8 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     # The canary reads the candidate's version; a provisional plan picks it (the version
     # changes nothing in who goes first).
     provisional = {
-        n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest)
+        n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest,
+                   image_id=candidate.image_id)
         if candidate else pins.stacks[n]
         for n in names
     }

@@ -31,7 +31,7 @@ from rigfleet.images.transfer import ImageError, SavedArchive, export_image
 from rigfleet.inventory import InventoryHost
 from rigfleet.ssh import Remote
 
-LIST_FORMAT = "{{.Repository}} {{.Digest}}"
+LIST_FORMAT = "{{.Repository}} {{.Tag}} {{.Digest}}"
 __all__ = ["ImageError", "SavedImage", "prune", "save_image", "to_prune"]
 
 
@@ -41,23 +41,24 @@ def list_command(repository: str) -> str:
 
 
 def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
-    """``<repo>@<digest>`` references to remove: the repository's images not in ``keep``.
+    """References to remove: every reference (``<repo>@<digest>`` and the ``<repo>:<tag>`` the
+    images role gave it) of the repository's images whose digest is not in ``keep``.
 
-    Pure. ``listing`` is ``list_command``'s output; images without a registry digest
+    Pure. ``listing`` is ``list_command``'s output (one line per tag). Removing only the digest
+    reference would leave a tagged image in place. Images without a registry digest
     (``<none>``: built or loaded locally) are never touched.
     """
     keep_set = set(keep)
     out: list[str] = []
     for line in listing.splitlines():
         parts = line.split()
-        if len(parts) != 2 or parts[0] != repository:
+        if len(parts) != 3 or parts[0] != repository:
             continue
-        digest = parts[1]
+        tag, digest = parts[1], parts[2]
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest) or digest in keep_set:
             continue
-        ref = f"{repository}@{digest}"
-        if ref not in out:
-            out.append(ref)
+        refs = [f"{repository}@{digest}"] + ([f"{repository}:{tag}"] if tag != "<none>" else [])
+        out += [r for r in refs if r not in out]
     return out
 
 
@@ -69,7 +70,7 @@ def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[s
     refs = to_prune(listing, repository, keep)
     removed = []
     for ref in refs:
-        # No --force: an image a container (even a stopped one) uses stays.
+        # No --force: an image a container (even a stopped one) uses keeps its last reference.
         rc, _ = remote.run(host, f"docker image rm {shlex.quote(ref)} >/dev/null 2>&1")
         if rc == 0:
             removed.append(ref)

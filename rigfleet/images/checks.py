@@ -113,8 +113,8 @@ class SourceChecker:
                 self.client(url).digest(path, w.digest)
                 self._there[key] = None
             except RegistryNotFound:
-                self._there[key] = (f"{path}@{w.digest} is not there (HTTP 404: digest, "
-                                    f"tag or repository gone){nightly_note(w.image)}")
+                self._there[key] = (f"{path}@{w.digest} is not there at {url} (HTTP 404: "
+                                    f"digest, tag or repository gone){nightly_note(w.image)}")
             except RegistryUnreachable as e:
                 self._there[key] = f"unreachable from this machine: {e}"
             except RegistryError as e:

@@ -125,10 +125,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(json.dumps({"host": args.host, "saved": saved}, indent=2))
         return 0
     t = Table(f"rigfleet images export ({args.host} -> {args.to})",
-              ["image", "file", "GB", "image id"], keys=("image",))
+              ["GB", "image id", "image"], keys=())
     for s in saved:
-        t.row(s["image"], Path(s["path"]).name, f"{s['bytes'] / 1e9:.2f}", s["image_id"][:19])
-        t.note(s["image"], f"sha256 {s['sha256']}")
+        t.row(f"{s['bytes'] / 1e9:.2f}", s["image_id"][:19], s["image"])
+        t.note(Path(s["path"]).name, f"sha256 {s['sha256']}")
     t.print(Console())
     return 0
 

@@ -58,27 +58,29 @@ def fleet_images(hosts: Sequence[InventoryHost], remote: Remote,
 
 
 def source_cell(p: ImagePlan) -> str:
+    """``[1] archive``: the source a fetch would use (its place in image_sources and kind)."""
     if p.action == "fetch" and p.source is not None:
-        return p.source.source.label
+        return f"[{p.source.index}] {p.source.source.kind}"
     return {"present": "-", "tag": "docker tag", "refused": "none"}.get(p.action, "-")
 
 
 def table(rows: Sequence[HostImages], title: str = "rigfleet images status") -> Table:
-    """One line per host and image; sources' reasons and problems as notes under it."""
-    t = Table(title, ["host", "image", "stacks", "present", "id", "source"])
+    """One line per host and image (the image last: the one cell a narrow terminal cuts);
+    the stacks, the chosen source's finding and the problems as notes under it."""
+    t = Table(title, ["host", "present", "id", "source", "image"])
     for row in rows:
         if row.plan is None:
-            t.row(row.host, Text("?", style="red"), "", "", "", "")
+            t.row(row.host, Text("?", style="red"), "", "", "")
             t.note(row.host, Text(str(row.error), style="red"))
             continue
         for p in row.plan.images:
             present = Text(p.presence.label, style="green" if p.action == "present" else
                            "yellow" if p.action in ("tag", "fetch") else "red")
             local = p.presence.local.id[7:19] if p.presence.local else "-"
-            t.row(row.host, p.want.image, ",".join(p.want.stacks), present, local,
-                  source_cell(p))
-            if p.action == "fetch" and p.source is not None:
-                t.note(row.host, f"{p.want.image}: {p.source.reason}")
+            t.row(row.host, present, local, source_cell(p), p.want.image)
+            found = (f"; {p.source.label}: {p.source.reason}"
+                     if p.action == "fetch" and p.source is not None else "")
+            t.note(row.host, f"{p.want.image} (stacks {', '.join(p.want.stacks)}){found}")
         for line in row.problems:
             t.note(row.host, Text(line.removeprefix(f"{row.host}: "), style="red"))
         for line in row.plan.notes:

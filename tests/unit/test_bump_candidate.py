@@ -10,6 +10,7 @@ import os
 import runpy
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,9 @@ def test_tag_resolves_to_digest_and_build_time(registry) -> None:
     assert cand.created == CREATED[NEWER]
     assert cand.ref == f"{REPO}:nightly-{NEWER}@{cand.digest}"
     assert cand.commit == NEWER
+    config = json.loads(next(manifest for t, (_, manifest) in fake.manifests.items()
+                             if t == f"nightly-{NEWER}"))["config"]["digest"]
+    assert cand.image_id == config  # what the new pins record, for the hosts to verify
 
 
 def test_index_is_read_through_its_amd64_manifest(registry) -> None:
@@ -185,12 +189,15 @@ def test_version_probe_script_and_output() -> None:
 
 
 def test_prune_keeps_pinned_and_unregistered_images() -> None:
+    # As `docker image ls --digests` lists them: one line per tag; the images role tags what it
+    # stages, so an old image goes only when its tag goes too.
     listing = "\n".join([
-        f"{REPO} {DIGESTS[GOOD]}", f"{REPO} {DIGESTS[NEWER]}", f"{REPO} {DIGESTS[MTP_DIES]}",
-        f"{REPO} <none>", f"other/image {DIGESTS[REGRESSED]}", f"{REPO} {DIGESTS[MTP_DIES]}",
+        f"{REPO} nightly-{GOOD} {DIGESTS[GOOD]}", f"{REPO} <none> {DIGESTS[NEWER]}",
+        f"{REPO} nightly-{MTP_DIES} {DIGESTS[MTP_DIES]}", f"{REPO} v0.27.1 <none>",
+        f"other/image v1 {DIGESTS[REGRESSED]}", f"{REPO} <none> {DIGESTS[MTP_DIES]}",
     ])  # fmt: skip
     assert to_prune(listing, REPO, {DIGESTS[GOOD], DIGESTS[NEWER]}) == [
-        f"{REPO}@{DIGESTS[MTP_DIES]}"
+        f"{REPO}@{DIGESTS[MTP_DIES]}", f"{REPO}:nightly-{MTP_DIES}"
     ]
 
 
@@ -388,3 +395,16 @@ def test_latest_on_the_newest_release_has_nothing_to_do(fleet, registry, capsys)
     err = " ".join(capsys.readouterr().err.split())
     assert rc == 0 and "int8: already on the newest release it may take" in err
     assert "nothing to do" in err
+
+
+def test_bumped_pins_carry_the_candidates_image_id(tmp_path) -> None:
+    from bump_helpers import write_pins
+
+    from rigfleet.catalog import builtin_catalog
+
+    pins = write_pins(tmp_path)
+    pins = replace(pins, stacks={n: replace(p, image_id="sha256:" + "0" * 64)
+                                 for n, p in pins.stacks.items()})
+    cand = Candidate(REPO, f"nightly-{NEWER}", DIGESTS[NEWER], image_id="sha256:" + "9" * 64)
+    new = bump_cli.new_stack_pins(builtin_catalog(), pins, ["int8"], cand, VERSIONS[NEWER], {})
+    assert new["int8"].image_id == "sha256:" + "9" * 64  # never the old image's id

@@ -59,7 +59,8 @@ def test_a_purged_nightly_says_why_and_the_next_source_is_tried(tmp_path) -> Non
                                           ImageSource("archive", path=str(saved))),
                               HostImageState())
     assert not first.ok
-    assert first.reason == (f"vllm/vllm-openai@{DIGEST} is not there (HTTP 404: digest, tag or "
+    assert first.reason == (f"vllm/vllm-openai@{DIGEST} is not there at "
+                            "https://registry-1.docker.io (HTTP 404: digest, tag or "
                             "repository gone) (vLLM keeps only the 14 newest nightly-* tags on "
                             "Docker Hub (about two weeks); release tags stay)")
     assert second.ok and second.archive == str(saved / archive_name(NIGHTLY))

@@ -62,7 +62,8 @@ def test_status_rows_say_what_is_there_and_where_it_would_come_from(fleet) -> No
     text = console.export_text()
     lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("host")}
     assert "yes (digest)" in lines["host1"] and IMAGE_ID[7:19] in lines["host1"]
-    assert lines["host2"].split()[-1] == "hub" and " no " in lines["host2"]
+    assert "[0] hub" in lines["host2"] and " no " in lines["host2"]
+    assert "host2: vllm/vllm-openai:v0.27.1 (stacks int8); image_sources[0] (hub): " in text
     assert "connection refused" in text
     data = as_json(rows)
     by = {h["host"]: h for h in data["hosts"]}

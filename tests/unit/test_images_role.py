@@ -145,7 +145,7 @@ def test_no_source_refuses_before_any_host_changes(setup) -> None:
     assert lines[0].startswith(f"@fake/rig: image_sources: {IMAGE} (stacks int8) is not on the "
                                "host and no source can provide it")
     assert lines[1].startswith(f"@fake/rig: image_sources[0] (hub): vllm/vllm-openai@{DIGEST} is "
-                               "not there (HTTP 404")
+                               "not there at https://registry-1.docker.io (HTTP 404")
     assert lines[2] == (f"@fake/rig: image_sources[1] (archive {setup['archive'] / 'gone.tar'} "
                         f"(this machine)): {setup['archive'] / 'gone.tar'}: no such file or "
                         "directory")
