@@ -175,6 +175,9 @@ class HostSettings:
     hf_endpoint: str | None
     extra_env: dict[str, dict[str, str]] = field(default_factory=dict)
     pins_file: str = "pins.yaml"
+    # Where the deploy installs a Genesis stack's pinned runtime packages from when it bakes
+    # them into the stack's image (default: pip_index_url, else PyPI).
+    runtime_pip_index_url: str | None = None
     gpu_count: int = 2
     swap: SwapSettings = SwapSettings()
     site_ca_files: tuple[str, ...] = ()
@@ -209,6 +212,7 @@ KEY_DEFAULTS: dict[str, Any] = {
     "hf_token_file": None,
     "docker_registry_mirror": None,
     "pip_index_url": None,
+    "runtime_pip_index_url": None,
     "hf_endpoint": None,
     "extra_env": {},
     "pins_file": "pins.yaml",
@@ -275,6 +279,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
     hf_token_file = None if hf_token_raw is None else c.secret_file("hf_token_file", hf_token_raw)
     mirror = c.url("docker_registry_mirror", get("docker_registry_mirror"))
     pip_index_url = c.url("pip_index_url", get("pip_index_url"))
+    runtime_pip_index_url = c.url("runtime_pip_index_url", get("runtime_pip_index_url"))
     hf_endpoint = c.url("hf_endpoint", get("hf_endpoint"))
     front_url = c.url("front_url", get("front_url"))
     apt_repos = c.apt_repos(get("apt_repos"))
@@ -304,6 +309,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         docker_registry_mirror=mirror,
         apt_repos=apt_repos,
         pip_index_url=pip_index_url,
+        runtime_pip_index_url=runtime_pip_index_url,
         hf_endpoint=hf_endpoint,
         extra_env=extra_env,
         pins_file=pins_file,

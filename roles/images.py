@@ -16,6 +16,9 @@ fetch in its 503 window. What to do comes from the host's staging plan
 Afterwards the pinned name is checked at execution time: its id is the pinned image id and,
 for a pull, its RepoDigests hold the pinned digest.
 
+A Genesis stack then gets its derived image built on the host (``rigfleet.runtime_image``: the
+pinned image plus the stack's pinned packages), unless its labels say it is there.
+
 Example::
 
     images(ctx)
@@ -23,6 +26,8 @@ Example::
 
 from __future__ import annotations
 
+import io
+import shlex
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -30,6 +35,8 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation
 
+from rigfleet.facts import ImageLabels, read_fact
+from rigfleet.hostside.layout import HOST
 from rigfleet.images.deploy import staging_plan
 from rigfleet.images.hoststate import parse_state, state_script
 from rigfleet.images.plan import (
@@ -43,6 +50,7 @@ from rigfleet.images.plan import (
 )
 from rigfleet.images.transfer import ImageError, stream_archive
 from rigfleet.inventory import InventoryHost
+from rigfleet.runtime_image import BASE_LABEL, PACKAGES_LABEL, RuntimeImage
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
 from roles.ops import DeployError, check, run_on_host
 from roles.preflight import HostContext
@@ -109,6 +117,39 @@ def describe(p: ImagePlan) -> str:
     return f"Stage {p.want.image}"
 
 
+def _runtime_image_ok(image: RuntimeImage, labels: dict[str, str] | None) -> bool:
+    return labels is not None and labels.get(BASE_LABEL) == image.digest and \
+        labels.get(PACKAGES_LABEL) == " ".join(image.packages)
+
+
+@operation()
+def runtime_image_built(image: RuntimeImage, index_url: str | None = None):
+    """Build ``image`` (the pinned image plus the stack's pinned packages) unless it is there.
+
+    + image: the stack's ``RuntimeImage``
+    + index_url: the package index (``runtime_pip_index_url``, else ``pip_index_url``)
+    """
+    if _runtime_image_ok(image, read_fact(ImageLabels, ref=image.ref)):
+        host.noop(f"{image.ref} built from {image.digest[:19]}")
+        return
+    directory = str(HOST.image_build_dir(f"{image.stack}-runtime"))
+    yield f"install -d -m 0755 {shlex.quote(directory)}"
+    yield FileUploadCommand(io.BytesIO(image.dockerfile(index_url).encode()),
+                            f"{directory}/Dockerfile")
+    # --network host: the build reaches the index as the host does (a LAN mirror's name).
+    yield (f"docker build --quiet --network host -t {shlex.quote(image.ref)} "
+           f"{shlex.quote(directory)}")
+
+
+def verify_runtime_image(image: RuntimeImage) -> str | None:
+    """At execution time: the built image says it holds the pinned base and packages."""
+    labels = read_fact(ImageLabels, ref=image.ref)
+    if not _runtime_image_ok(image, labels):
+        return (f"{image.ref} has labels {labels or 'none'}; expected {BASE_LABEL}="
+                f"{image.digest} and {PACKAGES_LABEL}={' '.join(image.packages)!r}")
+    return None
+
+
 @deploy("Images")
 def images(ctx: HostContext) -> None:
     """Stage and verify every staged stack's image (see the module docstring)."""
@@ -125,3 +166,13 @@ def images(ctx: HostContext) -> None:
             verify=partial(verify_image, p.want, p.source),
             what="image verification",
         )
+    # A Genesis stack's packages, baked into its own image (no installs at container start).
+    runtime = [img for name in sorted(ctx.want.stacks)
+               if (img := RuntimeImage.for_stack(ctx.want.stacks[name].spec,
+                                                 ctx.want.stacks[name].pins)) is not None]
+    index_url = ctx.settings.runtime_pip_index_url or ctx.settings.pip_index_url
+    for img in host.loop(runtime):
+        runtime_image_built(name=f"Build {img.ref} (pinned packages baked in)", image=img,
+                            index_url=index_url)
+        check(name=f"Verify {img.ref}", verify=partial(verify_runtime_image, img),
+              what="runtime image verification")

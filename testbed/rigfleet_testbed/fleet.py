@@ -3,9 +3,13 @@
 ``up`` is idempotent: it builds what is missing, starts what is stopped, and rewrites the
 generated inventory and pins. The pieces (see docs/architecture.md):
 
-- ``rigfleet-registry``: the pull mirror holding ``vllm/vllm-openai:nightly-<sha>`` simulators;
-- ``rigfleet-services``: signed apt repository, Hugging Face-compatible hub, Genesis git repo;
-- ``rigfleet-hostN``: bare Debian 13 hosts with systemd, sshd and simulated dual-3090 hardware.
+- ``rigfleet-registry``: the pull mirror serving ``vllm/vllm-openai`` as Docker Hub does today
+  (every release, the 14 newest nightlies; ``rigfleet_testbed.mirror``);
+- ``rigfleet-services``: signed apt repository, Hugging Face-compatible hub, Genesis git
+  repositories, PyPI stand-in;
+- ``rigfleet-hostN``: bare Debian 13 hosts with systemd, sshd and simulated dual-3090 hardware;
+- ``.testbed-<n>/archives/<tag>.tar``: ``docker save`` copies of purged nightlies an operator
+  kept.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from pprint import pformat
@@ -27,8 +31,9 @@ import docker
 import docker.errors
 import yaml
 
-from rigfleet.registry import Registry
-from rigfleet_testbed import hardware, images, layout
+from rigfleet.pins import GenesisPin
+from rigfleet.registry import Registry, RegistryError
+from rigfleet_testbed import hardware, images, layout, mirror, vllm_builds, vllm_images
 from rigfleet_testbed.layout import HostSlot
 
 Log = Callable[[str], None]
@@ -82,6 +87,11 @@ class Paths:
     def fixtures(self) -> Path:
         return self.root / "fixtures.json"
 
+    @property
+    def archives(self) -> Path:
+        """``docker save`` archives of purged nightlies (the copy an operator kept)."""
+        return self.root / "archives"
+
     def hardware(self, host: str) -> Path:
         return self.root / "hosts" / host / "hardware.json"
 
@@ -111,50 +121,71 @@ def ensure_secrets(paths: Paths) -> None:
 
 
 def build_service_data(paths: Paths, log: Log) -> dict[str, Any]:
-    """The apt repository, the model on the hub and the Genesis repository, on disk."""
-    from rigfleet_testbed import aptrepo, genesis_fixture, model_fixture, packages
+    """The apt repository, the model on the hub, the Genesis repositories and the PyPI index,
+    on disk (the services container serves them read-only)."""
+    from rigfleet_testbed import aptrepo, genesis_fixture, model_fixture, packages, pypi_fixture
 
     data = paths.services_data
     log("building stand-in packages and the signed apt repository")
     debs = paths.root / "debs"
     packages.build_all(debs)
     aptrepo.build_repo(data / "apt", paths.gnupg, debs)
-    log("building the model fixture and the Genesis repository")
+    log("building the model fixture, the Genesis repositories and the PyPI index")
     model = model_fixture.build_model_fixture(data / "hub")
-    genesis = genesis_fixture.build_genesis_fixture(data / "git")
+    genesis = genesis_fixture.build_genesis_fixture(data / "git", layout.GENESIS_BUNDLE)
+    if genesis.real_path is None:
+        log(f"real Genesis history not served: {layout.GENESIS_BUNDLE} is not there")
+    pypi = pypi_fixture.build_index(data / "pypi")
     fixtures = {
         "model": {"repo": model.repo, "revision": model.commit},
-        "genesis": {"url": layout.GENESIS_URL,
-                    "commits": [{"sha": c[0], "title": c[1], "allowlist": list(c[2])}
-                                for c in genesis.commits]},
+        "genesis": {
+            "url": layout.GENESIS_URL, "old_url": layout.GENESIS_OLD_URL,
+            "real_url": layout.GENESIS_REAL_URL if genesis.real_path else None,
+            "branches": genesis.branches, "tags": genesis.tags,
+            "commits": [{"sha": c.sha, "title": c.title, "allowlist": list(c.allowlist),
+                         "pending": list(c.pending), "layout": c.layout, "branch": c.branch,
+                         "tag": c.tag} for c in genesis.all_commits()],
+        },
+        "pypi": {"url": layout.PYPI_URL, "packages": pypi},
+        "vllm": {"images": vllm_builds.summary(vllm_builds.BUILDS),
+                 "archives": {b.tag: str(vllm_images.archive_path(paths.archives, b))
+                              for b in vllm_builds.BUILDS if b.archived}},
     }
     paths.fixtures.write_text(json.dumps(fixtures, indent=2) + "\n")
     return fixtures
 
 
-def build_images(c: docker.DockerClient, log: Log) -> None:
+def sim_builds() -> tuple[list[vllm_builds.Build], list[vllm_builds.Build]]:
+    """(builds the mirror serves, purged builds an operator kept as archives)."""
+    served, purged = vllm_builds.retention(vllm_builds.BUILDS)
+    return served, [b for b in purged if b.archived]
+
+
+def build_images(c: docker.DockerClient, paths: Paths, log: Log) -> dict[str, str]:
+    """Build what changed; returns the pinned image of each container kind (host, registry,
+    services): containers are made from those, whatever another checkout does to the tags."""
     images.ensure_base(c, log)
     ca = images.site_ca_files()
-    jobs = [
-        (layout.IMAGES_DIR / "host", layout.HOST_IMAGE, None, ca),
-        (layout.IMAGES_DIR / "registry", layout.REGISTRY_IMAGE, None, None),
-        (layout.IMAGES_DIR / "services", layout.SERVICES_IMAGE, None, None),
-    ]
-    # The simulators share every layer but the last, so build one first, then the rest.
-    sims = [
-        (layout.IMAGES_DIR / "vllm-sim", n.image,
-         {"VLLM_VERSION": n.version, "VLLM_COMMIT": n.sha,
-          "VLLM_REGRESSIONS": ",".join(n.regressions)}, None)
-        for n in layout.NIGHTLIES
-    ]
+    jobs = {
+        "host": (layout.IMAGES_DIR / "host", layout.HOST_IMAGE, ca),
+        "registry": (layout.IMAGES_DIR / "registry", layout.REGISTRY_IMAGE, None),
+        "services": (layout.IMAGES_DIR / "services", layout.SERVICES_IMAGE, None),
+    }
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(images.build, c, ctx, tag, log, args, extra)
-                   for ctx, tag, args, extra in jobs + sims[:1]]
-        for f in futures:
-            f.result()
-        for f in [pool.submit(images.build, c, ctx, tag, log, args, extra)
-                  for ctx, tag, args, extra in sims[1:]]:
-            f.result()
+        futures: dict[str, Future[Any]] = {
+            kind: pool.submit(images.build, c, ctx, tag, log, None, extra, True)
+            for kind, (ctx, tag, extra) in jobs.items()}
+        futures["sim-base"] = pool.submit(vllm_images.ensure_base, c, log)
+        refs = {kind: f.result() for kind, f in futures.items()}
+    served, kept = sim_builds()
+    built = vllm_images.build_sim_images(c, served + kept, log)
+    if built:
+        log(f"built {len(built)} vllm/vllm-openai simulator image(s)")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for saved in [pool.submit(vllm_images.save_archive, c, b, paths.archives, log)
+                      for b in kept]:
+            saved.result()
+    return {kind: refs[kind].ref for kind in jobs}
 
 
 # -- containers --------------------------------------------------------------------------------
@@ -207,10 +238,20 @@ def _create(
     return c.containers.get(name)
 
 
-def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log) -> None:
-    if (ctr := _get(c, layout.REGISTRY_CONTAINER)) is None:
+def _current(c: docker.DockerClient, name: str, image: str):
+    """The container ``name``, or None when it is missing or runs another build than
+    ``image`` (then it is removed: the registry and services keep their data in bind mounts)."""
+    ctr = _get(c, name)
+    if ctr is not None and ctr.image.id != c.images.get(image).id:
+        ctr.remove(force=True)
+        return None
+    return ctr
+
+
+def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log, image: str) -> None:
+    if (ctr := _current(c, layout.REGISTRY_CONTAINER, image)) is None:
         ctr = _create(
-            c, layout.REGISTRY_CONTAINER, layout.REGISTRY_IMAGE, layout.REGISTRY_IP,
+            c, layout.REGISTRY_CONTAINER, image, layout.REGISTRY_IP,
             [layout.REGISTRY_ALIAS], {"5000/tcp": ("127.0.0.1", layout.REGISTRY_LOCAL_PORT)},
             # A directory, not a volume: pushed images survive `down`, so a second `up` is quick.
             binds={str(paths.root / "registry"): {"bind": "/var/lib/docker-registry",
@@ -219,44 +260,40 @@ def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log) -> None:
     if ctr.status != "running":
         ctr.start()
     _wait_http(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}/v2/", "registry")
-    reg = Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}")
-    for nightly in layout.NIGHTLIES:
-        local = c.images.get(nightly.image)
-        try:
-            pushed = reg.digest(layout.SIM_IMAGE_REPO, nightly.tag)
-        except Exception:
-            pushed = None
-        if pushed and pushed in {d.split("@")[-1] for d in local.attrs.get("RepoDigests", [])}:
-            continue
-        target = f"127.0.0.1:{layout.REGISTRY_LOCAL_PORT}/{layout.SIM_IMAGE_REPO}"
-        local.tag(target, nightly.tag)
-        log(f"pushing {nightly.image} to the mirror")
-        for line in c.images.push(target, nightly.tag, stream=True, decode=True):
-            if "error" in line:
-                raise TestbedError(f"push of {nightly.image} failed: {line['error']}")
+    try:
+        report = mirror.publish(c, f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}",
+                                vllm_builds.BUILDS, log)
+    except mirror.MirrorError as exc:
+        raise TestbedError(str(exc)) from None
+    log(f"mirror: {len(report.pushed) + len(report.unchanged)} vllm/vllm-openai tags served "
+        f"({len(report.pushed)} pushed, "
+        f"{len(report.deleted)} purged nightlies deleted)")
 
 
-def ensure_services(c: docker.DockerClient, paths: Paths) -> None:
-    if (ctr := _get(c, layout.SERVICES_CONTAINER)) is None:
+def ensure_services(c: docker.DockerClient, paths: Paths, image: str) -> None:
+    if (ctr := _current(c, layout.SERVICES_CONTAINER, image)) is None:
         ctr = _create(
-            c, layout.SERVICES_CONTAINER, layout.SERVICES_IMAGE, layout.SERVICES_IP,
+            c, layout.SERVICES_CONTAINER, image, layout.SERVICES_IP,
             layout.SERVICES_ALIASES,
             {"8080/tcp": ("127.0.0.1", layout.HUB_LOCAL_PORT),
              "80/tcp": ("127.0.0.1", layout.APT_LOCAL_PORT),
-             "8090/tcp": ("127.0.0.1", layout.GIT_LOCAL_PORT)},
+             "8090/tcp": ("127.0.0.1", layout.GIT_LOCAL_PORT),
+             f"{layout.PYPI_PORT}/tcp": ("127.0.0.1", layout.PYPI_LOCAL_PORT)},
             binds={str(paths.services_data): {"bind": "/srv/testbed", "mode": "ro"}},
         )
     if ctr.status != "running":
         ctr.start()
     _wait_http(f"http://127.0.0.1:{layout.APT_LOCAL_PORT}/rigfleet-testbed.asc", "apt repo")
-    _wait_http(f"http://127.0.0.1:{layout.GIT_LOCAL_PORT}/genesis-vllm-patches.git/HEAD", "git")
+    git = f"http://127.0.0.1:{layout.GIT_LOCAL_PORT}"
+    _wait_http(f"{git}/{layout.GENESIS_URL.rsplit('/', 1)[-1]}/HEAD", "git")
+    _wait_http(f"http://127.0.0.1:{layout.PYPI_LOCAL_PORT}/simple/", "pypi")
 
 
-def ensure_host(c: docker.DockerClient, slot: HostSlot, paths: Paths) -> None:
+def ensure_host(c: docker.DockerClient, slot: HostSlot, paths: Paths, image: str) -> None:
     ctr = _get(c, slot.container)
     if ctr is None:
         ctr = _create(
-            c, slot.container, layout.HOST_IMAGE, slot.ip, [slot.name],
+            c, slot.container, image, slot.ip, [slot.name],
             {"22/tcp": ("127.0.0.1", slot.ssh_port), "8000/tcp": ("127.0.0.1", slot.front_port)},
             cap_add=list(layout.HOST_CAPS),
             security_opt=["seccomp=unconfined", "apparmor=unconfined"],
@@ -314,23 +351,54 @@ def _wait_http(url: str, what: str, timeout: float = 60) -> None:
 # -- generated inventory and pins ------------------------------------------------------------
 
 
-def write_pins(paths: Paths, fixtures: dict[str, Any]) -> None:
+def fixture_genesis(pin: GenesisPin, genesis: dict[str, Any]) -> GenesisPin:
+    """The fixture repository's commit of the same Genesis release as ``pin`` (the same tag:
+    v12.1.0 -> the fixture's v12.1.0; v7.72.2 -> its v7.72.2 on ``dev``), with the same
+    layout: real Genesis cannot patch the simulator, so boots use the fixture's commits."""
+    version = pin.version or ""
+    for c in genesis["commits"]:
+        if version and (c.get("tag") == version or f"release({version})" in c["title"]
+                        or c["title"].startswith(f"release: {version}")):
+            return GenesisPin(layout.GENESIS_URL, c["sha"], c.get("layout") or pin.layout,
+                              pin.version)
+    raise TestbedError(f"pins.yaml: Genesis {version or pin.commit[:12]} has no counterpart in "
+                       "the testbed's Genesis fixture (its releases: "
+                       + ", ".join(str(c.get("tag") or c["title"]) for c in genesis["commits"])
+                       + ")")
+
+
+def write_pins(paths: Paths, fixtures: dict[str, Any], log: Log = print) -> None:
     """The fleet's pins with the testbed's own digests, model commit and Genesis repository.
 
-    Resolved through the same code as ``rigfleet pins lock``, against the testbed mirror and hub.
+    Digests come from the testbed mirror, the model commit from the hub (as ``rigfleet pins
+    lock`` does). An image the mirror does not serve (a purged nightly: Docker Hub 404s it too)
+    keeps ``unresolved``, so the deploy refuses those pins as it would on real hosts.
     """
     from dataclasses import replace
 
-    from rigfleet.pinlock import resolve, with_genesis
-    from rigfleet.pins import dump_pins, load_pins, parse_pins
+    from rigfleet.pinlock import hub_revision
+    from rigfleet.pins import dump_pins, load_pins, parse_pins, with_resolved
 
     pins = load_pins(layout.REPO_ROOT / "pins.yaml", allow_unresolved=True)
     pins = replace(pins, path=str(paths.pins), history=[])
-    pins = resolve(pins, Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}"),
-                   f"http://127.0.0.1:{layout.HUB_LOCAL_PORT}", refresh=True)
-    pins = with_genesis(pins, layout.GENESIS_URL, fixtures["genesis"]["commits"][0]["sha"])
+    reg = Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}")
+    digests, missing = {}, []
+    for name, stack in pins.stacks.items():
+        try:
+            digests[name] = reg.digest(stack.repository, stack.tag)
+        except RegistryError:
+            missing.append(name)
+            log(f"pins: stacks.{name}: {stack.image_ref} is not on the mirror (Docker Hub has "
+                f"no such tag today); left unresolved in {paths.pins}")
+    pins = with_resolved(pins, digests,
+                         hub_revision(f"http://127.0.0.1:{layout.HUB_LOCAL_PORT}", pins.model.repo))
+    pins = replace(pins, stacks={
+        name: replace(s, genesis=fixture_genesis(s.genesis, fixtures["genesis"]))
+        if s.genesis is not None else s
+        for name, s in pins.stacks.items()})
     text = dump_pins(pins)
-    parse_pins(yaml.safe_load(text), str(paths.pins))  # never write pins the deploy refuses
+    # Never write pins the deploy refuses for any other reason.
+    parse_pins(yaml.safe_load(text), str(paths.pins), allow_unresolved=bool(missing))
     paths.pins.write_text(
         "# Generated by `rigfleet testbed up` from pins.yaml with the testbed's digests, model\n"
         "# commit and Genesis repository. Git-ignored.\n" + text
@@ -370,11 +438,14 @@ def inventory_text(slots: list[HostSlot], paths: Paths) -> str:
         "api_key_file": rel(paths.api_key),
         "docker_registry_mirror": layout.MIRROR_URL,
         "hf_endpoint": layout.HUB_URL,
+        # Genesis' runtime packages come from the testbed's PyPI stand-in (a LAN index).
+        "runtime_pip_index_url": layout.PYPI_URL,
         # The simulators answer in seconds: the gate's fast profile (same checks, smaller depths).
         "gate_profile": "fast",
         # The control side reaches the mirror and the Genesis repository on loopback ports.
         "bump_registry": f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}",
-        "bump_genesis_url": f"http://127.0.0.1:{layout.GIT_LOCAL_PORT}/genesis-vllm-patches.git",
+        "bump_genesis_url": layout.GENESIS_URL.replace(layout.GIT_BASE_URL,
+                                                       f"http://127.0.0.1:{layout.GIT_LOCAL_PORT}"),
         "apt_repos": {
             # The stand-in NVIDIA packages live in one signed repository on the testbed.
             "cuda": testbed_repo,
@@ -427,11 +498,11 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
     t0 = time.monotonic()
     fixtures = build_service_data(paths, log)
     t1 = time.monotonic()
-    build_images(c, log)
+    refs = build_images(c, paths, log)
     t2 = time.monotonic()
     ensure_network(c)
-    ensure_registry(c, paths, log)
-    ensure_services(c, paths)
+    ensure_registry(c, paths, log, refs["registry"])
+    ensure_services(c, paths, refs["services"])
     log(f"service data {t1 - t0:.1f}s, images {t2 - t1:.1f}s, "
         f"registry+services {time.monotonic() - t2:.1f}s")
     slots = [HostSlot(i) for i in range(1, options.hosts + 1)]
@@ -446,10 +517,10 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
         hw.parent.mkdir(parents=True, exist_ok=True)
         hw.write_text(hardware.render(hardware.hardware_profile(slot.name, **opts)))
         log(f"starting {slot.name} (ssh 127.0.0.1:{slot.ssh_port})")
-        ensure_host(c, slot, paths)
+        ensure_host(c, slot, paths, refs["host"])
     keys = {slot: host_key(c, slot) for slot in slots}
     write_known_hosts(paths, keys)
-    write_pins(paths, fixtures)
+    write_pins(paths, fixtures, log)
     options.inventory.write_text(inventory_text(slots, paths))
     return slots
 

@@ -16,6 +16,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import docker
 import docker.errors
@@ -80,6 +81,21 @@ def ensure_base(client: docker.DockerClient, log: Log, suite: str = "trixie") ->
     log("imported rigfleet/trixie-base")
 
 
+class Built(NamedTuple):
+    """What :func:`build` left: the reference to run (``ref``) and whether it built."""
+
+    ref: str
+    built: bool
+
+
+def _exists(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
 def build(
     client: docker.DockerClient,
     context: Path,
@@ -87,11 +103,15 @@ def build(
     log: Log,
     buildargs: Mapping[str, str] | None = None,
     extra_files: Mapping[str, Path] | None = None,
-) -> bool:
+    pin: bool = False,
+) -> Built:
     """Build ``context`` as ``tag`` unless an image with the same inputs exists.
 
     ``extra_files`` maps names inside the context to files copied in first (CA certificates).
-    Returns True when it built.
+    With ``pin`` the image is also tagged ``<repo>:ctx-<input hash>`` and that is the ``ref``
+    returned: containers made from it keep this build even when another checkout's testbed
+    (other code, same engine) moves ``tag`` to its own build meanwhile, and switching back to
+    an input already built costs a retag, not a build.
     """
     with tempfile.TemporaryDirectory(prefix="rigfleet-ctx-") as tmp:
         ctx = Path(tmp) / "ctx"
@@ -100,19 +120,27 @@ def build(
             (ctx / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, ctx / name)
         wanted = context_hash(ctx, buildargs)
-        if _existing_hash(client, tag) == wanted:
-            return False
+        repo, _, name = tag.rpartition(":")
+        pinned = f"{repo}:ctx-{wanted}" if pin else tag
+        if pin and _exists(client, pinned):
+            if _existing_hash(client, tag) != wanted:
+                client.images.get(pinned).tag(repo, name)
+            return Built(pinned, False)
+        if not pin and _existing_hash(client, tag) == wanted:
+            return Built(tag, False)
         log(f"building {tag}")
         labels = {HASH_LABEL: wanted, layout.LABEL: "image"}
         try:
-            client.images.build(
+            image, _ = client.images.build(
                 path=str(ctx), tag=tag, buildargs=dict(buildargs or {}), labels=labels,
                 rm=True, forcerm=True, pull=False,
             )
         except docker.errors.BuildError as exc:
             tail = "".join(str(c.get("stream", c.get("error", ""))) for c in exc.build_log)
             raise RuntimeError(f"building {tag} failed:\n{tail[-3000:]}") from None
-        return True
+        if pin:
+            image.tag(repo, f"ctx-{wanted}")
+        return Built(pinned, True)
 
 
 def site_ca_files() -> dict[str, Path]:

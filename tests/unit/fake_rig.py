@@ -126,6 +126,7 @@ class FakeRig:
     runtimes_registered: bool = False
     # The Docker engine's images, the host's saved archives and the Docker root's free space.
     engine: FakeEngine = field(default_factory=FakeEngine)
+    built: dict[str, dict[str, str]] = field(default_factory=dict)  # derived image -> labels
     containers: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     genesis_head: str | None = None
     genesis_origin: str | None = None
@@ -234,6 +235,10 @@ class FakeRig:
         if cmd.startswith("if command -v docker") and "rf_img()" in cmd:
             self.engine.installed = "docker.io" in self.packages or "docker-ce" in self.packages
             return True, self.engine.state(cmd)
+        m = re.match(r"docker image inspect --format '\{\{json \.Config\.Labels\}\}' (\S+)", cmd)
+        if m:
+            labels = self.built.get(m.group(1))
+            return True, [json.dumps(labels)] if labels is not None else []
         m = re.match(
             r"docker inspect --type container --format '\{\{\.State\.Status\}\} "
             r"\{\{index \.Config\.Labels \"io\.rigfleet\.config-hash\"\}\}' (\S+)",
@@ -387,6 +392,14 @@ class FakeRig:
             return True, []
         if "systemctl reboot" in cmd:
             self._reboot()
+            return True, []
+        m = re.match(r"docker build --quiet --network host -t (\S+) (\S+)$", cmd)
+        if m:
+            # The labels the Dockerfile the deploy uploaded sets (its LABEL line).
+            dockerfile = self.files[f"{m.group(2)}/Dockerfile"].decode()
+            label_line = next(ln for ln in dockerfile.splitlines() if ln.startswith("LABEL "))
+            pairs = shlex.split(label_line[len("LABEL "):])
+            self.built[m.group(1)] = dict(p.split("=", 1) for p in pairs)
             return True, []
         m = re.match(r"docker load -i (\S+); rc=\$\?; rm -f \S+; exit \$rc$", cmd)
         if m and m.group(1) in self.files:  # an archive the deploy uploaded

@@ -189,9 +189,7 @@ def select_gpus(hw: sim.Hardware, ids: str) -> list[int]:
     for token in (t.strip() for t in ids.split(",")):
         pos = None
         for p, g in enumerate(hw.gpus):
-            if token.isdigit() and int(token) == g.index:
-                pos = p
-            elif token.upper() in (g.uuid.upper(), g.pci_bus_id, g.pci_bus_id[4:]):
+            if token.isdigit() and int(token) == g.index or token.upper() in (g.uuid.upper(), g.pci_bus_id, g.pci_bus_id[4:]):
                 pos = p
         if pos is None:
             raise SmiExit(NO_DEVICES, NOT_FOUND)

@@ -6,7 +6,9 @@ Failures come in two kinds, as in real vLLM:
   (bad model path, the speculators regression, tensor parallel size above the GPU count,
   max-model-len above the model's): a plain traceback, exit 1.
 - *engine* failures happen in the engine core process (no GPU, not enough free memory,
-  TurboQuant on a hybrid model without Genesis, broken shards, KV cache too small): vLLM logs
+  TurboQuant on a hybrid model on a build without hybrid support and without Genesis P4, an
+  INT4 Marlin layer narrower than the kernel's tile on a build that cannot pad it, broken
+  shards, KV cache too small): vLLM logs
   ``EngineCore failed to start.`` with the root cause, and the API server then dies with
   ``RuntimeError: Engine core initialization failed. See root cause above. Failed core
   proc(s): {}``; exit 1.
@@ -33,6 +35,7 @@ from vllm.sim.buildinfo import (
     GenesisState,
     load_build_info,
     load_genesis_state,
+    marlin_pad_present,
     package_dir,
 )
 from vllm.sim.engine import Engine, EngineSettings
@@ -42,6 +45,8 @@ from vllm.sim.server import App, SimHTTPServer
 
 ENGINE_WRAPPER = ("RuntimeError: Engine core initialization failed. See root cause above. "
                   "Failed core proc(s): {}")
+# Marlin's smallest output tile (vLLM's GPTQ_MARLIN_MIN_THREAD_N).
+GPTQ_MARLIN_MIN_THREAD_N = 64
 
 
 class BootFailure(Exception):
@@ -218,7 +223,9 @@ class Boot:
                   f"served_model_name={cfg.served_model_names[0]}, "
                   f"enable_prefix_caching={cfg.enable_prefix_caching}")
         if cfg.kv_cache_dtype.startswith("turboquant"):
-            if info.hybrid and self.genesis is None:
+            # Hybrid support arrived with vllm#39931 (0.20.2rc1.dev60); before it Genesis P4
+            # text-patches the refusal away (vllm_builds.turboquant_hybrid).
+            if info.hybrid and not (self.build.turboquant_hybrid or self._has_patch("P4")):
                 raise self.engine_failure(
                     "NotImplementedError: TurboQuant KV cache is not supported for hybrid "
                     "attention models (sliding-window / linear attention layers present). "
@@ -244,6 +251,7 @@ class Boot:
             ]) from None
         card_gib = min(g.memory_total_mib for g in gpus[: cfg.tensor_parallel_size]) / 1024.0
         logs.info("gpu_model_runner.py:3346", f"Starting to load model {cfg.model}...")
+        self._check_marlin(info)
         try:
             modelfiles.check_weights(model_path)
         except modelfiles.ModelFileError as err:
@@ -285,12 +293,69 @@ class Boot:
         logs.info("kv_cache_utils.py:1091", f"Maximum concurrency for {max_len:,} tokens per "
                   f"request: {plan.max_concurrency:.2f}x")
         if not cfg.enforce_eager:
+            self._log_p66_filter()
             self._share(0.15)
             logs.info("gpu_model_runner.py:3480", "Graph capturing finished in "
                       f"{self.boot_seconds * 0.15:.0f} secs, took 0.55 GiB")
         logs.info("core.py:218", "init engine (profile, create kv cache, warmup model) took "
                   f"{self.boot_seconds * 0.6:.2f} seconds")
         return Booted(self.alloc, plan, max_len)
+
+    def _has_patch(self, patch: str) -> bool:
+        return self.genesis is not None and self.genesis.has_patch(patch)
+
+    def _check_marlin(self, info: modelfiles.ModelInfo) -> None:
+        """INT4 Marlin needs each rank's output shard to be at least one tile wide.
+
+        Qwen3.6's GDN in_proj_ba has 2 x linear_num_value_heads outputs (96 for the 27B), so at
+        tensor-parallel-size 2 a rank holds 48 < GPTQ_MARLIN_MIN_THREAD_N. Builds before v0.21.0
+        die here unless the pad fix is in marlin.py (the vllm#40361 overlay or Genesis P87);
+        v0.21.0 boots this model, v0.24.0 pads natively (vllm_builds.marlin_sub_tile_n).
+        """
+        tp = self.cfg.tensor_parallel_size
+        if not info.marlin_int4 or not info.linear_num_value_heads or tp < 2:
+            return
+        out_features = 2 * info.linear_num_value_heads // tp
+        if out_features >= GPTQ_MARLIN_MIN_THREAD_N or self.build.marlin_sub_tile_n != \
+                "needs-pad" or marlin_pad_present(self.pkg):
+            return
+        raise self.engine_failure(
+            "ValueError: Failed to find a kernel that can implement the WNA16 linear layer. "
+            "Reasons: \n MarlinLinearKernel cannot implement due to: GPTQ_MARLIN_MIN_THREAD_N "
+            f"({GPTQ_MARLIN_MIN_THREAD_N}) > out_features ({out_features})", [
+                self._f("vllm/v1/executor/multiproc_executor.py", 596, "worker_main",
+                        "worker = WorkerProc(*args, **kwargs)"),
+                self._f("vllm/v1/worker/gpu_model_runner.py", 3350, "load_model",
+                        "self.model = model_loader.load_model("),
+                self._f("vllm/model_executor/models/qwen3_next.py", 412, "__init__",
+                        "self.in_proj_ba = ColumnParallelLinear("),
+                self._f("vllm/model_executor/layers/quantization/gptq_marlin.py", 478,
+                        "create_weights", "kernel_type = choose_mp_linear_kernel(mp_linear_"
+                        "kernel_config)"),
+                self._f("vllm/model_executor/kernels/linear/__init__.py", 101,
+                        "choose_mp_linear_kernel", "raise ValueError("),
+            ])
+
+    def _log_p66_filter(self) -> None:
+        """What Genesis P66's patched sizing code logs (upstream wiring patch_66): the capture
+        sizes not divisible by the spec-decode query length (1 + K) are dropped.
+
+        Default sizes as vLLM's: 1, 2, 4, then multiples of 8 up to 2 x max_num_seqs x (1 + K);
+        max-num-seqs 2 with MTP n=3 gives [1, 2, 4, 8, 16] -> kept [4, 8, 16], removed [1, 2]
+        (the club-3090 boot the seed document quotes).
+        """
+        k = self.cfg.num_speculative_tokens
+        if not (k and self._has_patch("P66")):
+            return
+        q = 1 + k
+        sizes = self.cfg.cudagraph_capture_sizes or default_capture_sizes(
+            self.cfg.max_cudagraph_capture_size or 2 * self.cfg.max_num_seqs * q)
+        kept = sorted(s for s in sizes if s % q == 0)
+        removed = sorted(set(sizes) - set(kept))
+        if removed:
+            logs.info("vllm.py:1530", f"[Genesis P66] Filtered cudagraph_capture_sizes for "
+                      f"spec-decode uniform_query_len={q}: removed {len(removed)} non-divisible "
+                      f"sizes {removed}; kept {kept}.")
 
     # -- failure reporting -------------------------------------------------------------------
     def report(self, failure: BootFailure) -> None:
@@ -389,6 +454,11 @@ class Boot:
     def _release_now(self) -> None:
         if self.alloc is not None:
             self.alloc.release()
+
+
+def default_capture_sizes(max_size: int) -> list[int]:
+    """vLLM's default cudagraph capture sizes up to ``max_size``: 1, 2, 4, 8, 16, 24, ..."""
+    return [s for s in (1, 2, 4) if s <= max_size] + list(range(8, max_size + 1, 8))
 
 
 def _looks_like_exception(text: str) -> bool:

@@ -3,11 +3,19 @@
 Everything version- or configuration-specific happens here, driven by the build info, the
 Genesis markers and the serving arguments (never by what a client asks):
 
-- TurboQuant KV + MTP without Genesis P67: vLLM verifies the K+1 draft tokens against the
-  compressed cache with a single-query kernel; past a few thousand tokens of context the
-  attention reads garbage and the output collapses (``!`` floods, first-word repetition, or
-  silent empty replies), while the drafter's tokens are all "accepted" (club-3090's patch-only
-  TQ3+MTP path: 5/7 verify-stress, 34/100 silent-empty soak turns, bimodal acceptance).
+- TurboQuant KV + MTP without Genesis P67 (its marker in turboquant_attn.py): vLLM verifies
+  the K+1 draft tokens against the compressed cache with a single-query kernel; past a few
+  thousand tokens of context the attention reads garbage and the output collapses (``!``
+  floods, first-word repetition, or silent empty replies), while the drafter's tokens are all
+  "accepted" (club-3090's patch-only TQ3+MTP path: 5/7 verify-stress, 34/100 silent-empty soak
+  turns, bimodal acceptance). "Do not ship Genesis-free TQ+MTP" (club-3090 UPSTREAM.md).
+- vllm#50021 builds (GDN spec-decode wild write), with MTP and async scheduling: every verify
+  step that rejects a draft while the next step is already scheduled writes GDN state out of
+  bounds; after ``WILD_WRITE_REJECTIONS`` of them the engine core dies with an illegal memory
+  access and the API server exits. ``--no-async-scheduling`` or no MTP: never.
+- vllm#43559 builds (MTP x prefix caching corrupts GDN state), with MTP and prefix caching: a
+  request that reuses a cached prefix (the next turn of a conversation) restores a corrupted
+  recurrent state and its reply degenerates. ``--no-enable-prefix-caching``: never.
 - ``spec-decode-acceptance-collapse`` builds: drafts are almost never accepted (mean
   acceptance length ~1.1) and generations stop early.
 - Healthy MTP n=3: per-position acceptance ~[0.95, 0.84, 0.75], mean length ~3.5.
@@ -31,7 +39,13 @@ from dataclasses import dataclass, field
 
 from vllm.sim import logs, tokenizer
 from vllm.sim.args import ServeConfig
-from vllm.sim.buildinfo import REGRESSION_SPEC_ACCEPTANCE_COLLAPSE, BuildInfo, GenesisState
+from vllm.sim.buildinfo import (
+    REGRESSION_GDN_SPEC_WILD_WRITE,
+    REGRESSION_MTP_PREFIX_CACHE_GDN,
+    REGRESSION_SPEC_ACCEPTANCE_COLLAPSE,
+    BuildInfo,
+    GenesisState,
+)
 from vllm.sim.chat import render_tool_call
 from vllm.sim.metrics import Metrics
 from vllm.sim.responder import Reply, ToolCall
@@ -49,6 +63,11 @@ EARLY_STOP_TOKENS = (140, 160)
 SILENT_EMPTY_SECONDS = 1.2
 PREFIX_BLOCK = 16
 _PREFIX_CACHE_BLOCKS = 200_000
+# vllm#50021: rejected-draft verify steps under async scheduling before the engine core dies.
+# About 1,000 generated tokens at the healthy acceptance rates: one long answer survives, a
+# gate run (several thousand tokens) does not.
+WILD_WRITE_REJECTIONS = 72
+_PKG = "/usr/local/lib/python3.12/dist-packages"
 
 
 def _env_float(name: str, default: float) -> float:
@@ -143,13 +162,26 @@ class Engine:
         self._prefix: OrderedDict[int, None] = OrderedDict()
         self._prefix_lock = threading.Lock()
         self._die_lock = threading.Lock()
+        self._wild_writes = 0
 
     # -- configuration-driven behaviour ----------------------------------------------------
     @property
     def turboquant_without_p67(self) -> bool:
-        """TQ KV + MTP, Genesis applied but without the multi-query verify kernel (P67)."""
+        """TQ KV + MTP without Genesis' multi-query verify kernel (P67) in turboquant_attn.py."""
         return (self.cfg.kv_cache_dtype.startswith("turboquant") and self.k > 0
-                and self.genesis is not None and not self.genesis.has_patch("P67"))
+                and not (self.genesis is not None and self.genesis.has_patch("P67")))
+
+    @property
+    def wild_write_live(self) -> bool:
+        """vllm#50021: MTP + async scheduling on a build that carries it."""
+        return self.k > 0 and self.cfg.async_scheduling and self.build.has(
+            REGRESSION_GDN_SPEC_WILD_WRITE)
+
+    @property
+    def prefix_state_corrupts(self) -> bool:
+        """vllm#43559: MTP + prefix caching on a build that carries it."""
+        return self.k > 0 and self.cfg.enable_prefix_caching and self.build.has(
+            REGRESSION_MTP_PREFIX_CACHE_GDN)
 
     @property
     def acceptance_regressed(self) -> bool:
@@ -185,33 +217,56 @@ class Engine:
         return min(hits, max(len(ids) - 1, 0))
 
     # -- failure ---------------------------------------------------------------------------
-    def die_oom(self, prompt_tokens: int) -> None:
-        """The engine core runs out of memory mid-prefill and dies (fault injection)."""
+    def _die(self, exc_line: str, frames: list[logs.Frame]) -> None:
+        """The engine core dies: its traceback, the front end's EngineDeadError, the exit."""
         with self._die_lock:
             if self.dead:
                 raise EngineDeadError(EngineDeadError.MESSAGE)
             self.dead = True
-        mib = max(64, prompt_tokens * 5 // 1024)
-        pkg = "/usr/local/lib/python3.12/dist-packages"
         logs.error("core.py:1050", "EngineCore encountered a fatal error.")
         logs.error_traceback("core.py:1050", [
-            (f"{pkg}/vllm/v1/engine/core.py", 1041, "run_engine_core",
+            (f"{_PKG}/vllm/v1/engine/core.py", 1041, "run_engine_core",
              "engine_core.run_busy_loop()"),
-            (f"{pkg}/vllm/v1/engine/core.py", 1068, "run_busy_loop", "self._process_engine_step()"),
-            (f"{pkg}/vllm/v1/worker/gpu_model_runner.py", 2874, "execute_model",
+            (f"{_PKG}/vllm/v1/engine/core.py", 1068, "run_busy_loop",
+             "self._process_engine_step()"),
+            (f"{_PKG}/vllm/v1/worker/gpu_model_runner.py", 2874, "execute_model",
              "model_output = self.model(...)"),
-            (f"{pkg}/torch/nn/modules/module.py", 1784, "_call_impl",
-             "return forward_call(*args, **kwargs)"),
-        ], f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {mib / 1024:.2f} GiB. "
-           f"GPU 0 has a total capacity of 23.56 GiB of which {mib / 2048:.2f} GiB is free. "
-           "Including non-PyTorch memory, this process has 22.31 GiB memory in use. Of the "
-           "allocated memory 20.87 GiB is allocated by PyTorch, and 0.96 GiB is reserved by "
-           "PyTorch but unallocated.")
+            *frames,
+        ], exc_line)
         logs.error("async_llm.py:480", "AsyncLLM output_handler failed.")
         logs.error("async_llm.py:480", "vllm.v1.engine.exceptions.EngineDeadError: "
                    + EngineDeadError.MESSAGE)
         self.on_fatal()
         raise EngineDeadError(EngineDeadError.MESSAGE)
+
+    def die_oom(self, prompt_tokens: int) -> None:
+        """The engine core runs out of memory mid-prefill and dies (fault injection)."""
+        mib = max(64, prompt_tokens * 5 // 1024)
+        self._die(
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {mib / 1024:.2f} GiB. "
+            f"GPU 0 has a total capacity of 23.56 GiB of which {mib / 2048:.2f} GiB is free. "
+            "Including non-PyTorch memory, this process has 22.31 GiB memory in use. Of the "
+            "allocated memory 20.87 GiB is allocated by PyTorch, and 0.96 GiB is reserved by "
+            "PyTorch but unallocated.",
+            [(f"{_PKG}/torch/nn/modules/module.py", 1784, "_call_impl",
+              "return forward_call(*args, **kwargs)")])
+
+    def _wild_write(self) -> None:
+        """One rejected draft under async scheduling (vllm#50021); the last one is fatal."""
+        with self._die_lock:
+            self._wild_writes += 1
+            fatal = self._wild_writes >= WILD_WRITE_REJECTIONS
+        if not fatal:
+            return
+        # PyTorch's text for an asynchronous CUDA fault, raised at the next synchronisation.
+        self._die(
+            "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+            "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+            "stacktrace below might be incorrect.\nFor debugging consider passing "
+            "CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side "
+            "assertions.",
+            [(f"{_PKG}/vllm/v1/worker/gpu_model_runner.py", 2990, "_sample",
+              "valid_sampled_token_ids = sampler_output.sampled_token_ids.tolist()")])
 
     # -- generation ------------------------------------------------------------------------
     def _tokens_for(self, req: GenRequest) -> tuple[list[_Token], bool]:
@@ -259,6 +314,14 @@ class Engine:
         toks += [_Token(channel, " " + first_piece.strip()) for _ in range(budget - 1)]
         return toks, mode
 
+    def _degenerate(self, req: GenRequest, rng: random.Random) -> list[_Token]:
+        """What a corrupted restored GDN state produces: a loop on a fragment of the reply."""
+        channel = "reasoning" if (req.thinking and self.cfg.reasoning_parser) else "content"
+        words = (req.reply.content or req.reply.reasoning or "the the").split()
+        start = rng.randrange(max(len(words) - 3, 1))
+        loop = tokenizer.pieces(" " + " ".join(words[start:start + rng.randint(1, 3)]))
+        return [_Token(channel, loop[i % len(loop)]) for i in range(req.max_tokens)]
+
     def generate(self, req: GenRequest) -> Iterator[Delta | Finished]:
         """Run one request: yields Deltas as engine steps complete, then Finished."""
         if self.dead:
@@ -287,6 +350,8 @@ class Engine:
                 accept = (1.0,) * max(self.k, 1)  # the drafter is "always right"
                 if mode == "empty":
                     time.sleep(max(0.0, SILENT_EMPTY_SECONDS - (time.monotonic() - t0)))
+            elif self.prefix_state_corrupts and hits > 0:
+                tokens, finish = self._degenerate(req, rng), "length"
             elif self.acceptance_regressed:
                 accept = REGRESSED_ACCEPTANCE
                 limit = rng.randint(*EARLY_STOP_TOKENS)
@@ -315,6 +380,8 @@ class Engine:
                     for j in range(a):
                         per_pos[j] += 1
                     n += a
+                    if a < self.k and self.wild_write_live:
+                        self._wild_write()
                 chunk = tokens[i:i + n]
                 i += n
                 steps += 1

@@ -17,6 +17,7 @@ Contract (docs/architecture.md, "Simulated GPU hardware"):
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import json
@@ -180,14 +181,10 @@ class GpuAllocation:
         """Give the memory back: remove the file, then drop the lock."""
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(OSError):
             self.path.unlink()
-        except OSError:
-            pass
-        try:
+        with contextlib.suppress(OSError):
             os.close(self._fd)  # closing drops the flock
-        except OSError:
-            pass
         self._fd = None
 
     @property

@@ -127,7 +127,7 @@ class Metrics:
             def hist(name: str, help_: str, h: Histogram) -> None:
                 out.append(f"# HELP vllm:{name} {help_}")
                 out.append(f"# TYPE vllm:{name} histogram")
-                for b, c in zip(h.buckets, h.counts):
+                for b, c in zip(h.buckets, h.counts, strict=False):
                     out.append(f'vllm:{name}_bucket{{{lab},le="{b}"}} {float(c)}')
                 out.append(f'vllm:{name}_bucket{{{lab},le="+Inf"}} {float(h.n)}')
                 out.append(f"vllm:{name}_count{{{lab}}} {float(h.n)}")
@@ -187,7 +187,7 @@ class Metrics:
             running, waiting = self.running, self.waiting
             usage = min(1.0, self.kv_used_tokens / self.kv_tokens)
             drafts, dtoks, acc = self.drafts - d0, self.draft_tokens - dt0, self.accepted - a0
-            per_pos = [a - b for a, b in zip(self.accepted_per_pos, pp0)]
+            per_pos = [a - b for a, b in zip(self.accepted_per_pos, pp0, strict=False)]
             queries, hits = self.prefix_queries - q0, self.prefix_hits - h0
             prompt_tp, gen_tp = (self.prompt_tokens - p0) / dt, (self.generation_tokens - g0) / dt
         if not active:
