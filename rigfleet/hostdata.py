@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 from rigfleet.catalog import Catalog, CatalogError, StackSpec, builtin_catalog, load_catalog
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
+from rigfleet.images.sources import DEFAULT_SOURCES, ImageSource, parse_sources
 from rigfleet.validate import SYSTEM_DIRS, Problems, ValidationError, has_control, is_int
 
 # A sane absolute range for any single GPU's power cap; the card's real min..max is checked
@@ -183,6 +184,8 @@ class HostSettings:
     front_url: str | None = None
     stacks_dir: str | None = None
     bump: BumpSettings = BumpSettings()
+    # Where the host gets its pinned images, in order (rigfleet/images/sources.py).
+    image_sources: tuple[ImageSource, ...] = DEFAULT_SOURCES
     catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
 
     @property
@@ -224,6 +227,7 @@ KEY_DEFAULTS: dict[str, Any] = {
     "bump_registry": None,
     "bump_genesis_url": None,
     "bump_mirror": None,
+    "image_sources": None,
 }
 
 
@@ -290,6 +294,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         genesis_url=c.git_url("bump_genesis_url", get("bump_genesis_url")),
         mirror=c.url("bump_mirror", get("bump_mirror")),
     )
+    image_sources = parse_sources(c, "image_sources", get("image_sources"))
     c.raise_if_any(HostDataError)
     # No problems: every required value above is set.
     assert stack and model_dir and front_port and api_key_file and swap is not None
@@ -314,6 +319,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         front_url=front_url,
         stacks_dir=stacks_dir,
         bump=bump,
+        image_sources=image_sources,
         catalog=catalog,
     )
 
