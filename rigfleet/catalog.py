@@ -69,7 +69,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SWITCH = re.compile(r"[A-Z0-9][A-Z0-9_]*")
 _PATCH_ID = re.compile(r"P[N]?[0-9]+[A-Za-z]?")
 _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
-_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_PINNED_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*")
 _TOP_KEYS = ("schema", "name", "summary", "port", "served_model_name", "gpus", "vllm", "env",
              "entrypoint", "genesis", "image", "boot", "gate", "caveats")
 IMAGE_KINDS = ("release", "nightly")
@@ -92,7 +92,8 @@ class GenesisSpec:
     + switches: generation -> (switches set to 1, switches set to 0), ``GENESIS_ENABLE_``
       suffixes, in file order
     + params: other ``GENESIS_*`` variables
-    + runtime_packages: Python packages the apply step imports that the image lacks
+    + runtime_packages: pinned requirements (``xxhash==3.5.0``) the apply step imports that
+      the vLLM image lacks; baked into a derived local image at deploy time
     """
 
     needs: tuple[str, ...]
@@ -572,8 +573,9 @@ def _genesis(p: Problems, value: Any) -> GenesisSpec | None:
         if not name.startswith("GENESIS_") or name.startswith("GENESIS_ENABLE_"):
             p.bad(f"genesis.params.{name}", name, "GENESIS_* parameters other than "
                   "GENESIS_ENABLE_* (switches go under genesis.switches)")
-    packages = p.strings("genesis.runtime_packages", d.get("runtime_packages"), _PACKAGE,
-                         "Python package names") or []
+    packages = p.strings("genesis.runtime_packages", d.get("runtime_packages"),
+                         _PINNED_REQUIREMENT, "pinned requirements name==version "
+                         "(e.g. xxhash==3.5.0): what is baked into the stack's image") or []
     return GenesisSpec(tuple(needs), MappingProxyType(switches), MappingProxyType(params),
                        tuple(packages))
 
@@ -591,8 +593,18 @@ def _stack_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.yaml") if p.is_file())
 
 
+def _fingerprint(dirs: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
+    out = []
+    for d in dirs:
+        directory = Path(d)
+        for path in _stack_files(directory) if directory.is_dir() else []:
+            st = path.stat()
+            out.append((str(path), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
 @lru_cache(maxsize=16)
-def _load(dirs: tuple[str, ...]) -> Catalog:
+def _load(dirs: tuple[str, ...], fingerprint: tuple[tuple[str, int, int], ...]) -> Catalog:
     stacks: dict[str, StackSpec] = {}
     problems: list[str] = []
     for d in dirs:
@@ -613,7 +625,7 @@ def _load(dirs: tuple[str, ...]) -> Catalog:
                 continue
             stacks[spec.name] = spec
     ports: dict[int, str] = {}
-    for name, spec in sorted(stacks.items()):
+    for name, spec in stacks.items():  # in load order: the later file (the user's) is named
         if spec.port in ports:
             problems.append(f"{spec.source}: port: {spec.port} is stack {ports[spec.port]}'s "
                             "too; allowed: a loopback port of its own")
@@ -629,7 +641,8 @@ def load_catalog(extra_dirs: Iterable[str | Path] = ()) -> Catalog:
     + extra_dirs: directories of the user's stack files (host data ``stacks_dir``)
     """
     dirs = (str(BUILTIN_DIR), *(str(Path(d).expanduser().absolute()) for d in extra_dirs))
-    return _load(dirs)
+    # Read again when a file changed (a long-running process, the tests).
+    return _load(dirs, _fingerprint(dirs))
 
 
 def builtin_catalog() -> Catalog:

@@ -47,6 +47,7 @@ from rigfleet.hostside.layout import (
     WEIGHTS_REVISION_MARK,
 )
 from rigfleet.pins import LOCK_HINT, UNRESOLVED, GenesisPin, Pins, PinsError
+from rigfleet.runtime_image import RuntimeImage
 
 SERVICE = "vllm"
 LABEL_PREFIX = "io.rigfleet"
@@ -87,9 +88,6 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
 
     layout = genesis_layout(stack_pins.genesis) if stack_pins.genesis is not None else None
     environment = spec.environment(layout.generation if layout else None)
-    if spec.needs_genesis and host.pip_index_url:
-        # The Genesis entrypoint pip-installs its runtime deps at every start.
-        environment["PIP_INDEX_URL"] = host.pip_index_url
     # Host extras last: they may override catalog values (the testbed injects faults so).
     for name in sorted(host.env_for(spec.name)):
         environment[name] = host.env_for(spec.name)[name]
@@ -115,10 +113,17 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         # patches live in the container's writable layer and must be re-applied from scratch.
         labels[f"{LABEL_PREFIX}.genesis-commit"] = stack_pins.genesis.commit
 
+    runtime = RuntimeImage.for_stack(spec, stack_pins)
     service: dict[str, Any] = {
-        "image": stack_pins.image_ref,
+        # A Genesis stack runs its derived image (the pinned packages baked into the pinned
+        # image, built on the host); never pulled: only this host has it.
+        "image": runtime.ref if runtime else stack_pins.image_ref,
         "container_name": spec.container_name,
-        "restart": "unless-stopped",
+        # Never restarted in place: Genesis text-patches vLLM in the container's writable
+        # layer, so a restarted container fails to re-patch and one crash becomes a restart
+        # loop. The host's supervisor (rigfleet/hostside/supervise.py) recreates a dead
+        # engine from the verified snapshot instead, with a backoff and a limit.
+        "restart": "no",
         "entrypoint": list(spec.entrypoint(layout if spec.needs_genesis else None)),
         "command": spec.command(local_dir),
         "environment": environment,
@@ -136,6 +141,8 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         },
         "labels": labels,
     }
+    if runtime is not None:
+        service["pull_policy"] = "never"
     doc = _escape({"name": spec.compose_project, "services": {SERVICE: service}})
     labels = doc["services"][SERVICE]["labels"]
     labels[CONFIG_HASH_LABEL] = config_hash(doc)

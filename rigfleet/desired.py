@@ -149,7 +149,7 @@ def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> Desire
         port=spec.port,
         compose_file=str(HOST.compose_file(spec.name)),
         config_hash=config_hash,
-        image_ref=pins.stacks[spec.name].image_ref,
+        image_ref=str(doc["services"][SERVICE]["image"]).replace("$$", "$"),
         served_model_name=spec.served_model_name,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         record=dict(tracked),

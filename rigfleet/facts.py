@@ -292,6 +292,26 @@ class ImageDigests(FactBase[list[str]]):
         return [str(d) for d in data] if isinstance(data, list) else []
 
 
+class ImageLabels(FactBase[dict[str, str] | None]):
+    """An image's labels; None when there is no such image."""
+
+    @override
+    def command(self, ref: str) -> str:
+        return (f"docker image inspect --format '{{{{json .Config.Labels}}}}' {shlex.quote(ref)}"
+                " 2>/dev/null || true")
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        text = "\n".join(output).strip()
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        return {str(k): str(v) for k, v in (data or {}).items()}
+
+
 # ---------------------------------------------------------------------------------------------
 # Weights and Genesis
 

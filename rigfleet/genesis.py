@@ -78,30 +78,48 @@ V12 = GenesisLayout(
 LAYOUTS: dict[str, GenesisLayout] = {V7.generation: V7, V12.generation: V12}
 
 
+def requirement_module(requirement: str) -> str:
+    """The module a pinned requirement provides for ``import`` (``PyYAML==6`` -> ``yaml`` is
+    the exception, not the rule; Genesis' runtime deps import under their own names)."""
+    return requirement.split("==", 1)[0].strip().lower().replace("-", "_")
+
+
 def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) -> str:
-    """The container's ``/bin/bash -c`` script: check the mount, apply Genesis, serve.
+    """The container's ``/bin/bash -c`` script: check the mount and the baked-in packages,
+    apply Genesis, serve.
 
     Runs as ``/bin/bash -c <script> -- <command...>``, so ``"$@"`` is the vLLM argument list.
+    Nothing is installed at start (no network needed; nothing unverified): the deploy bakes
+    the pinned runtime packages into the stack's image (``roles/images.py``).
 
-    - pip: Genesis needs these at runtime and the image lacks them;
-    - the check: an empty Genesis mount makes applying a silent no-op and the boot then fails
-      later with a cryptic upstream error (club-3090 #13); fail at once with a clear line;
-    - applying text-patches vLLM in the container's writable layer; ``set -e`` stops the boot
-      if any patch FAILED (exit 1) or the strict pin gate refused the build (exit 2).
+    - the mount check: an empty Genesis mount makes applying a silent no-op and the boot then
+      fails later with a cryptic upstream error (club-3090 #13); fail at once with a clear line;
+    - the package check: the image must be the derived one, with the pinned packages;
+    - applying text-patches vLLM in the container's writable layer, once per container;
+      ``set -e`` stops the boot if any patch FAILED (exit 1) or the strict pin gate refused
+      the build (exit 2).
 
     + layout: the pinned Genesis' layout
-    + runtime_packages: what the apply step imports that the image lacks
+    + runtime_packages: pinned requirements (``xxhash==3.5.0``) baked into the image
     """
     check = layout.check_path_in_container
-    pip = f"pip install {' '.join(runtime_packages)} -q\n" if runtime_packages else ""
-    return (
-        "set -e\n"
-        f"{pip}"
-        f"if [ ! -f {check} ]; then\n"
-        f'  echo "rigfleet: Genesis patches missing: {check} not found; the host\'s '
-        'Genesis checkout is empty or not at the pinned commit. Re-run the deploy." >&2\n'
-        "  exit 1\n"
-        "fi\n"
-        f"{layout.apply_command}\n"
-        'exec vllm serve "$@"\n'
-    )
+    lines = [
+        "set -e",
+        f"if [ ! -f {check} ]; then",
+        f'  echo "rigfleet: Genesis patches missing: {check} not found; the host\'s Genesis '
+        'checkout is empty or not at the pinned commit. Re-run the deploy." >&2',
+        "  exit 1",
+        "fi",
+    ]
+    if runtime_packages:
+        modules = ", ".join(requirement_module(r) for r in runtime_packages)
+        wanted = " ".join(runtime_packages)
+        lines += [
+            f"if ! python3 -c 'import {modules}' 2>/dev/null; then",
+            f'  echo "rigfleet: the packages Genesis needs ({wanted}) are not in this image; '
+            'the deploy bakes them into the stack\'s image. Re-run the deploy." >&2',
+            "  exit 1",
+            "fi",
+        ]
+    lines += [layout.apply_command, 'exec vllm serve "$@"']
+    return "\n".join(lines) + "\n"

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 from rigfleet.catalog import Catalog, CatalogError, StackSpec, builtin_catalog, load_catalog
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
+from rigfleet.images.sources import DEFAULT_SOURCES, ImageSource, parse_sources
 from rigfleet.validate import SYSTEM_DIRS, Problems, ValidationError, has_control, is_int
 
 # A sane absolute range for any single GPU's power cap; the card's real min..max is checked
@@ -174,12 +175,17 @@ class HostSettings:
     hf_endpoint: str | None
     extra_env: dict[str, dict[str, str]] = field(default_factory=dict)
     pins_file: str = "pins.yaml"
+    # Where the deploy installs a Genesis stack's pinned runtime packages from when it bakes
+    # them into the stack's image (default: pip_index_url, else PyPI).
+    runtime_pip_index_url: str | None = None
     gpu_count: int = 2
     swap: SwapSettings = SwapSettings()
     site_ca_files: tuple[str, ...] = ()
     front_url: str | None = None
     stacks_dir: str | None = None
     bump: BumpSettings = BumpSettings()
+    # Where the host gets its pinned images, in order (rigfleet/images/sources.py).
+    image_sources: tuple[ImageSource, ...] = DEFAULT_SOURCES
     catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
 
     @property
@@ -206,6 +212,7 @@ KEY_DEFAULTS: dict[str, Any] = {
     "hf_token_file": None,
     "docker_registry_mirror": None,
     "pip_index_url": None,
+    "runtime_pip_index_url": None,
     "hf_endpoint": None,
     "extra_env": {},
     "pins_file": "pins.yaml",
@@ -220,6 +227,7 @@ KEY_DEFAULTS: dict[str, Any] = {
     "bump_registry": None,
     "bump_genesis_url": None,
     "bump_mirror": None,
+    "image_sources": None,
 }
 
 
@@ -271,6 +279,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
     hf_token_file = None if hf_token_raw is None else c.secret_file("hf_token_file", hf_token_raw)
     mirror = c.url("docker_registry_mirror", get("docker_registry_mirror"))
     pip_index_url = c.url("pip_index_url", get("pip_index_url"))
+    runtime_pip_index_url = c.url("runtime_pip_index_url", get("runtime_pip_index_url"))
     hf_endpoint = c.url("hf_endpoint", get("hf_endpoint"))
     front_url = c.url("front_url", get("front_url"))
     apt_repos = c.apt_repos(get("apt_repos"))
@@ -285,6 +294,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         genesis_url=c.git_url("bump_genesis_url", get("bump_genesis_url")),
         mirror=c.url("bump_mirror", get("bump_mirror")),
     )
+    image_sources = parse_sources(c, "image_sources", get("image_sources"))
     c.raise_if_any(HostDataError)
     # No problems: every required value above is set.
     assert stack and model_dir and front_port and api_key_file and swap is not None
@@ -299,6 +309,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         docker_registry_mirror=mirror,
         apt_repos=apt_repos,
         pip_index_url=pip_index_url,
+        runtime_pip_index_url=runtime_pip_index_url,
         hf_endpoint=hf_endpoint,
         extra_env=extra_env,
         pins_file=pins_file,
@@ -308,6 +319,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         front_url=front_url,
         stacks_dir=stacks_dir,
         bump=bump,
+        image_sources=image_sources,
         catalog=catalog,
     )
 

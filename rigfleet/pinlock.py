@@ -1,9 +1,19 @@
 """``rigfleet pins lock``: fill in what a pins file cannot know by hand.
 
-Image digests come from the registry's v2 API (what the tag points at now), the model's full
-commit from the hub's revision API. Everything else in the file is left as written::
+For each stack (and each host override in ``hosts:``), from the registry's v2 API:
+
+- ``digest``: what the tag points at now (the manifest-list/index digest; a HEAD request);
+- ``image_id``: the config digest of that digest's linux/amd64 image (index -> platform
+  manifest -> config descriptor): what ``docker image inspect --format {{.Id}}`` shows and
+  what ``docker load`` of a saved copy reproduces. Read for the *pinned* digest, never for
+  whatever the tag points at later, so a saved copy can be verified against the pin.
+
+The model's full commit comes from the hub's revision API. Everything else in the file is left
+as written. Nothing is written unless every lookup succeeds; a tag that is gone says so and
+what to do instead::
 
     rigfleet pins lock --pins pins.yaml            # Docker Hub and huggingface.co
+    rigfleet pins lock --refresh                   # re-resolve every digest from its tag
 """
 
 from __future__ import annotations
@@ -11,11 +21,23 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rigfleet.pins import UNRESOLVED, GenesisPin, Pins, load_pins, save_pins, with_resolved
-from rigfleet.registry import Registry
+from rigfleet.bump.candidate import NIGHTLY_TAG
+from rigfleet.pins import UNRESOLVED, GenesisPin, Pins, PinsError, StackPins, load_pins, save_pins
+from rigfleet.registry import DOCKER_HUB, Registry, RegistryError, RegistryNotFound, registry_of
+
+# vllm .buildkite/scripts/cleanup-nightly-builds.sh keeps the 14 newest nightly-* tags and
+# deletes the rest; release tags are never deleted (see docs/images.md).
+NIGHTLY_RETENTION = ("vLLM keeps only the 14 newest nightly-* tags on Docker Hub; release tags "
+                     "stay")
+SAVED_COPY = ("a release tag (vX.Y.Z), or import a saved copy (`rigfleet images import FILE`) "
+              "and pin its digest and image id")
+
+
+class LockError(PinsError):
+    """A lookup for the pins failed; one line per key: what, where, and what to do."""
 
 
 def hub_revision(hub_url: str, repo: str, ref: str = "main", timeout: float = 15) -> str:
@@ -24,35 +46,113 @@ def hub_revision(hub_url: str, repo: str, ref: str = "main", timeout: float = 15
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             sha = json.load(resp).get("sha", "")
-    except urllib.error.URLError as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         raise RuntimeError(f"{url}: cannot resolve the model revision ({exc})") from None
     if len(sha) != 40:
         raise RuntimeError(f"{url}: the hub answered no full commit (sha={sha!r})")
     return sha
 
 
+@dataclass
+class _Resolver:
+    """Registry lookups for one lock run, each asked once (stacks often share an image)."""
+
+    registry: Registry
+    file: str
+    digests: dict[tuple[str, str], str] = field(default_factory=dict)
+    ids: dict[tuple[str, str], str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def client(self, repository: str) -> tuple[Registry, str]:
+        host, path = registry_of(repository)
+        if host is None or self.registry.where != DOCKER_HUB:
+            return self.registry, path
+        return Registry(f"https://{host}", self.registry.timeout), path
+
+    def stack(self, key: str, p: StackPins, refresh: bool) -> StackPins:
+        """``p`` with its digest (when unresolved or ``refresh``) and image id filled in."""
+        reg, path = self.client(p.repository)
+        digest = p.digest
+        if refresh or digest == UNRESOLVED:
+            try:
+                if (path, p.tag) not in self.digests:
+                    self.digests[(path, p.tag)] = reg.digest(path, p.tag)
+                digest = self.digests[(path, p.tag)]
+            except RegistryNotFound:
+                self.problems.append(self.gone(key, p, reg))
+                return p
+            except RegistryError as e:
+                self.problems.append(f"{self.file}: {key}.digest: cannot resolve {p.image}: {e}")
+                return p
+        image_id = p.image_id
+        if refresh or image_id is None or digest != p.digest:
+            try:
+                if (path, digest) not in self.ids:
+                    self.ids[(path, digest)] = reg.resolve(path, digest).image_id
+                image_id = self.ids[(path, digest)]
+            except RegistryNotFound:
+                self.problems.append(
+                    f"{self.file}: {key}.image_id: cannot be read: {p.repository}@{digest} is "
+                    f"not in {reg.where}{self.retention(p)}; allowed: the image id of a saved "
+                    "copy (`rigfleet images import FILE` prints it), or " + SAVED_COPY)
+                return p
+            except RegistryError as e:
+                self.problems.append(f"{self.file}: {key}.image_id: cannot read it for "
+                                     f"{p.repository}@{digest}: {e}")
+                return p
+        return replace(p, digest=digest, image_id=image_id)
+
+    def gone(self, key: str, p: StackPins, reg: Registry) -> str:
+        return (f"{self.file}: {key}.image: {p.image} is not in {reg.where}{self.retention(p)}; "
+                f"allowed: {SAVED_COPY}")
+
+    @staticmethod
+    def retention(p: StackPins) -> str:
+        return f" ({NIGHTLY_RETENTION})" if NIGHTLY_TAG.fullmatch(p.tag) else ""
+
+
 def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False) -> Pins:
-    """``pins`` with unresolved (or, with ``refresh``, all) digests and revision looked up."""
-    digests = {
-        name: registry.digest(stack.repository, stack.tag)
-        for name, stack in pins.stacks.items()
-        if refresh or stack.digest == UNRESOLVED
-    }
-    revision = None
-    if refresh or pins.model.revision == UNRESOLVED:
-        revision = hub_revision(hub_url, pins.model.repo)
-    return with_resolved(pins, digests, revision)
+    """``pins`` with unresolved (or, with ``refresh``, all) digests, every missing image id and
+    the model revision looked up; raises ``LockError`` listing every lookup that failed."""
+    r = _Resolver(registry, pins.path)
+    stacks = {n: r.stack(f"stacks.{n}", p, refresh) for n, p in pins.stacks.items()}
+    hosts = {h: {n: r.stack(f"hosts.{h}.stacks.{n}", p, refresh) for n, p in entries.items()}
+             for h, entries in pins.hosts.items()}
+    model = pins.model
+    if refresh or model.revision == UNRESOLVED:
+        try:
+            model = replace(model, revision=hub_revision(hub_url, model.repo))
+        except RuntimeError as e:
+            r.problems.append(f"{pins.path}: model.revision: {e}")
+    if r.problems:
+        raise LockError(r.problems)
+    return replace(pins, stacks=stacks, hosts=hosts, model=model)
 
 
-def lock(path: str | Path, registry_url: str, hub_url: str) -> list[str]:
-    """Resolve and save; returns one line per change (empty when nothing was unresolved)."""
+def changes(old: Pins, new: Pins) -> list[str]:
+    """One line per value ``resolve`` changed (``stacks.int8.digest: unresolved -> sha256:...``)."""
+    out = []
+    entries = [(f"stacks.{n}", p, new.stacks[n]) for n, p in old.stacks.items()]
+    entries += [(f"hosts.{h}.stacks.{n}", p, new.hosts[h][n])
+                for h, stacks in old.hosts.items() for n, p in stacks.items()]
+    for key, before, after in entries:
+        for attr in ("digest", "image_id"):
+            a, b = getattr(before, attr), getattr(after, attr)
+            if a != b:
+                out.append(f"{key}.{attr}: {a or '(none)'} -> {b}")
+    if old.model.revision != new.model.revision:
+        out.append(f"model.revision: {old.model.revision} -> {new.model.revision}")
+    return out
+
+
+def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False) -> list[str]:
+    """Resolve and save; returns one line per change (empty when nothing was to do)."""
     pins = load_pins(path, allow_unresolved=True)
-    if not pins.unresolved():
-        return []
-    new = resolve(pins, Registry(registry_url), hub_url)
-    changes = [f"{k}: {UNRESOLVED} -> resolved" for k in pins.unresolved()]
-    save_pins(new, {"action": "lock", "changes": changes})
-    return changes
+    new = resolve(pins, Registry(registry_url), hub_url, refresh=refresh)
+    lines = changes(pins, new)
+    if lines:
+        save_pins(new, {"action": "lock", "changes": lines})
+    return lines
 
 
 def with_genesis(pins: Pins, repo: str, commit: str) -> Pins:

@@ -74,7 +74,8 @@ def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
     """
     containers = probe.get("containers") or {}
     c = containers.get(desired.container) or {}
-    digest = desired.image_ref.rpartition("@")[2]
+    # The pinned digest: the image's own, or the base a derived (runtime) image was built from.
+    digest = str(desired.record.get("digest") or desired.image_ref.rpartition("@")[2])
     # Running, from the rendered config, and from the pinned image (a compose file edited by
     # hand keeps the labels but not the image).
     up = (c.get("status") == "running" and c.get("hash") == desired.config_hash

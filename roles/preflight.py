@@ -37,6 +37,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.facts import OsRelease, read_fact
 from rigfleet.hostdata import AptRepo, HostSettings, SwapSettings
 from rigfleet.hostside.records import describe
+from rigfleet.images.deploy import preflight_images
 from rigfleet.pins import GenesisPin, Pins
 from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
@@ -206,6 +207,7 @@ def preflight() -> HostContext:
     stale = check_lock(name, lock if isinstance(lock, dict) else None)
     if stale:
         host.log(stale)
+    preflight_images(want)  # every staged image has a source, and the disk has room for it
     settings = want.settings
     api_key = read_secret(name, "api_key_file", settings.api_key_file)
     hf_token = (

@@ -19,7 +19,10 @@ What runs when (``rigfleet.swapplan.decide`` on the host's probe):
 - a stack serves that no transaction recorded (a host converged before swaps existed):
   ``adopt`` (record it; nothing restarts).
 
-``rigfleet-stack.service`` recreates the active stack at boot (see its unit file).
+``rigfleet-stack.service`` recreates the active stack at boot (see its unit file);
+``rigfleet-supervise.service`` recreates it when its engine dies, with a backoff and a limit
+(``rigfleet.hostside.supervise``; stack containers are never restarted in place). The
+supervisor is restarted when the host tool or its unit changed (that never touches the stack).
 
 Example::
 
@@ -46,6 +49,7 @@ from rigfleet.hostbundle import build_bundle
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import Plan
 from rigfleet.hostside.records import describe, live_holder
+from rigfleet.hostside.supervise import Policy
 from rigfleet.resources import project_file
 from rigfleet.swapfacts import SwapProbe, UnitActive
 from rigfleet.swapplan import build_plan, decide
@@ -54,6 +58,8 @@ from roles.preflight import HostContext
 
 UNIT_TEMPLATE = str(project_file("files/rigfleet-stack.service.j2"))
 UNIT_PATH = f"/etc/systemd/system/{hosttool.STACK_UNIT}"
+SUPERVISE_TEMPLATE = str(project_file("files/rigfleet-supervise.service.j2"))
+SUPERVISE_PATH = f"/etc/systemd/system/{hosttool.SUPERVISE_UNIT}"
 POLL_S = 2.0
 # Consecutive failed polls before the deploy gives up following (the host carries on).
 MAX_MISSES = 8
@@ -201,10 +207,28 @@ def unit_started(unit: str):
     yield f"systemctl start {unit}"
 
 
+def supervise_policy(ctx: HostContext) -> Policy:
+    """The supervisor's policy for this host: the defaults of ``rigfleet.hostside.supervise``
+    with this host's time limits (``ready_timeout_s``, ``vram_timeout_s``, ``retry_after_s``)."""
+    swap = ctx.settings.swap
+    return replace(Policy(), ready_timeout_s=swap.ready_timeout_s,
+                   vram_timeout_s=swap.vram_timeout_s, retry_after_s=swap.retry_after_s)
+
+
+def unit_file(name: str, src: str, dest: str, ctx: HostContext, **variables: Any) -> Any:
+    """One of rigfleet's systemd units from its template (root, 0644), with the variables
+    every unit has (the front's port, the host tool, the active snapshot's directory)."""
+    return files.template(name=name, src=src, dest=dest, user="root", group="root",
+                          mode="0644", front_port=ctx.settings.front_port,
+                          bundle=str(HOST.bundle), active_dir=str(HOST.active_dir),
+                          **variables)
+
+
 @deploy("Swap")
 def swap(ctx: HostContext) -> None:
-    """Install the host-side tool and the boot unit, then serve the desired stack."""
-    files.put(
+    """Install the host-side tool and the units, serve the desired stack, then (re)start the
+    supervisor."""
+    bundle = files.put(
         name="Host-side tool (rigfleet-host.pyz: swap, lock, ledger, front, gate)",
         src=io.BytesIO(build_bundle()),
         dest=hosttool.PYZ,
@@ -212,25 +236,23 @@ def swap(ctx: HostContext) -> None:
         group="root",
         mode="0755",
     )
-    unit = files.template(
-        name=f"{hosttool.STACK_UNIT} (recreates the active stack at boot)",
-        src=UNIT_TEMPLATE,
-        dest=UNIT_PATH,
-        user="root",
-        group="root",
-        mode="0644",
-        front_port=ctx.settings.front_port,
-        bundle=str(HOST.bundle),
-        active_dir=str(HOST.active_dir),
-    )
+    unit = unit_file(f"{hosttool.STACK_UNIT} (recreates the active stack at boot)",
+                     UNIT_TEMPLATE, UNIT_PATH, ctx)
+    policy = supervise_policy(ctx)
+    supervise_unit = unit_file(
+        f"{hosttool.SUPERVISE_UNIT} (recreates the active stack when its engine dies)",
+        SUPERVISE_TEMPLATE, SUPERVISE_PATH, ctx, stack_unit=hosttool.STACK_UNIT,
+        flags=" ".join(policy.argv()), backoff=", ".join(f"{s:g}" for s in policy.backoff_s),
+        limit=policy.limit, window_s=f"{policy.window_s:g}")
     on_change(
-        name=f"systemd daemon-reload ({hosttool.STACK_UNIT} changed)",
+        name="systemd daemon-reload (a rigfleet unit changed)",
         commands=["systemctl daemon-reload"],
-        gates=[unit],
-        reason="unit unchanged",
+        gates=[unit, supervise_unit],
+        reason="units unchanged",
     )
-    systemd.service(name=f"{hosttool.STACK_UNIT} enabled at boot", service=hosttool.STACK_UNIT,
-                    enabled=True)
+    for name, what in ((hosttool.STACK_UNIT, "at boot"),
+                       (hosttool.SUPERVISE_UNIT, "with the stack unit")):
+        systemd.service(name=f"{name} enabled {what}", service=name, enabled=True)
     plan = build_plan(ctx.want, ctx.by, why=f"serve {ctx.stack}")
     serve_desired(
         name=f"Serve {plan.desired.route_id} (gated swap; rollback on failure)",
@@ -241,3 +263,12 @@ def swap(ctx: HostContext) -> None:
     # Active (exited) from now on, so its stop command runs at shutdown; starting it when the
     # stack is up and routed changes nothing (``ensure`` finds it so).
     unit_started(name=f"{hosttool.STACK_UNIT} active", unit=hosttool.STACK_UNIT)
+    # After the swap (it held the host lock: the supervisor would only have waited): new code
+    # or flags take effect now; restarting the supervisor never touches the stack.
+    on_change(
+        name=f"{hosttool.SUPERVISE_UNIT} restarted (the host tool or its unit changed)",
+        commands=[f"systemctl restart {hosttool.SUPERVISE_UNIT}"],
+        gates=[bundle, supervise_unit],
+        reason="host tool and unit unchanged",
+    )
+    unit_started(name=f"{hosttool.SUPERVISE_UNIT} active", unit=hosttool.SUPERVISE_UNIT)

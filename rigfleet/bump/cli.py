@@ -6,8 +6,10 @@
     rigfleet bump ... --batch-size 2 --max-failures 1 --save-dir /srv/images \
         --push-mirror registry.lan:5000
 
-Steps: resolve the candidate in the registry (tag -> digest; ``--latest``: newest nightly by
-build time), check who is reachable, read the candidate's vLLM version on the canary, check
+Steps: resolve the candidate in the registry (tag -> digest; ``--latest``: the newest release
+tag ``vX.Y.Z`` above the pinned version, by version order; only a Genesis stack whose pinned
+Genesis allowlist lists nothing but nightly builds follows the newest nightly, by build
+time), check who is reachable, read the candidate's vLLM version on the canary, check
 it against Genesis' allowlist (or find a newer Genesis commit that lists it, else refuse
 before any host changes), print the plan, then roll out batch by batch through the deploy's
 swap gate, prune old images, keep a copy of the promoted one if asked, and write the pins
@@ -47,7 +49,16 @@ from rich.console import Console
 from rich.table import Table
 
 from rigfleet.bump import images
-from rigfleet.bump.candidate import Candidate, ImageRegistry, find_candidate, parse_image_arg
+from rigfleet.bump.candidate import (
+    Candidate,
+    ImageRegistry,
+    LatestAsk,
+    choose_latest,
+    find_candidate,
+    follows_nightlies,
+    newest_release,
+    parse_image_arg,
+)
 from rigfleet.bump.genesis import (
     GenesisChoice,
     GenesisRefused,
@@ -115,7 +126,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     which.add_argument("--image", metavar="TAG",
                        help="tag to bump to: nightly-<40-hex>, <40-hex> or <repo>:<tag>")
     which.add_argument("--latest", action="store_true",
-                       help="the newest nightly-<40-hex> tag (by image build time)")
+                       help="the newest vX.Y.Z release above the pinned one (by version; for a "
+                            "Genesis stack one its Genesis lists); a Genesis stack whose "
+                            "allowlist lists only nightlies: the newest nightly (by build time)")
     p.add_argument("--genesis", metavar="COMMIT",
                    help="pin this Genesis commit (default: keep the pin, or propose a newer "
                         "commit when the pin does not list the candidate's vLLM)")
@@ -236,7 +249,9 @@ def new_stack_pins(
     for name in names:
         p = pins.stacks[name]
         if candidate is not None:
+            # The candidate's own image id: the old one would fail the hosts' verification.
             p = replace(p, image=candidate.image, digest=candidate.digest,
+                        image_id=candidate.image_id,
                         vllm_version=version or p.vllm_version)  # fmt: skip
         if name in genesis and p.genesis is not None:
             p = replace(p, genesis=GenesisPin(p.genesis.repo, genesis[name].commit))
@@ -282,16 +297,24 @@ def run(args: argparse.Namespace) -> int:
 def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     pins = inputs.pins
     candidate: Candidate | None = None
+    names: list[str] | None = None
+    genesis_repos: dict[str, GenesisRepo] = {}
     if opts.image or opts.latest:
         repos = {p.repository for p in pins.stacks.values()}
         default_repo = sorted(repos)[0] if len(repos) == 1 else "vllm/vllm-openai"
         repository, tag = parse_image_arg(opts.image or "", default_repo)
         reg = ImageRegistry(inputs.registry)
-        _log(f"registry {inputs.registry}: resolving "
-             f"{'the newest nightly of ' + repository if opts.latest else f'{repository}:{tag}'}")
-        candidate = find_candidate(reg, repository, None if opts.latest else tag, opts.latest)
+        if opts.latest:
+            candidate, names = _latest(opts, inputs, pins, reg, repository, genesis_repos)
+            if candidate is None:
+                _log("every bumped stack is on the newest release it may take; nothing to do")
+                return EXIT_OK
+        else:
+            _log(f"registry {inputs.registry}: resolving {repository}:{tag}")
+            candidate = find_candidate(reg, repository, tag)
         _log(f"candidate {candidate.image} {candidate.digest} built {candidate.created or '?'}")
-    names = bumped_stacks(opts, pins, candidate.repository if candidate else None)
+    if names is None:
+        names = bumped_stacks(opts, pins, candidate.repository if candidate else None)
 
     unreachable = reachability(remote, inputs.hosts)
     for name, reason in unreachable.items():
@@ -302,7 +325,8 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     # The canary reads the candidate's version; a provisional plan picks it (the version
     # changes nothing in who goes first).
     provisional = {
-        n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest)
+        n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest,
+                   image_id=candidate.image_id)
         if candidate else pins.stacks[n]
         for n in names
     }
@@ -323,7 +347,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
 
     try:
         plan, genesis, probe = _decide(opts, inputs, pins, names, candidate, probe, unreachable,
-                                       provisional)  # fmt: skip
+                                       provisional, genesis_repos)  # fmt: skip
     except BaseException:
         if probe.pulled and probe_host is not None and candidate is not None:
             remove_image(remote, probe_host, candidate)  # leave the canary as it was found
@@ -349,9 +373,10 @@ def _decide(
     probe: VersionProbe,
     unreachable: dict[str, str | None],
     provisional: dict[str, StackPins],
+    repos: dict[str, GenesisRepo] | None = None,
 ) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
     """The Genesis pairs and the final plan (raises ``GenesisRefused``, ``PinsError``)."""
-    repos: dict[str, GenesisRepo] = {}
+    repos = {} if repos is None else repos
     version = probe.version if candidate is not None else None
     inferred = False
     if candidate is not None and version is None and candidate.commit:
@@ -374,6 +399,51 @@ def _decide(
     plan = build_plan(inputs.plan_hosts, unreachable, pins, new, opts.batch_size,
                       opts.max_failures)  # fmt: skip
     return plan, genesis, probe
+
+
+def _latest(
+    opts: BumpOptions,
+    inputs: Inputs,
+    pins: Pins,
+    reg: ImageRegistry,
+    repository: str,
+    repos: dict[str, GenesisRepo],
+) -> tuple[Candidate | None, list[str]]:
+    """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks.
+
+    A stack follows releases (the newest ``vX.Y.Z`` above its pinned version, by version; a
+    Genesis stack only one that its Genesis, pinned or newer, lists) unless it uses Genesis and
+    the pinned Genesis' allowlist lists no release: then the newest nightly (by build time).
+    """
+    names = bumped_stacks(opts, pins, repository)
+    _log(f"registry {inputs.registry}: listing the tags of {repository}")
+    tags = reg.tags(repository)
+    asks: dict[str, LatestAsk] = {}
+    for name in names:
+        p = pins.stacks[name]
+        allowlist: tuple[str, ...] | None = None
+        allowed: set[str] | None = None
+        if p.genesis is not None:
+            repo = _repo(inputs, p.genesis.repo, repos)
+            pinned = repo.commit(repo.resolve(p.genesis.commit))
+            allowlist = pinned.allowlist
+            allowed = set(allowlist)
+            for sha in repo.newer(pinned.sha):
+                allowed |= set(repo.commit(sha).allowlist)
+        nightly = follows_nightlies(p.genesis is not None, allowlist)
+        target = None if nightly else newest_release(tags, p.vllm_version, allowed)
+        asks[name] = LatestAsk(p.vllm_version, nightly, target)
+    choice = choose_latest(asks)
+    for name, why in choice.staying.items():
+        _log(f"{name}: {why}; not bumped")
+    if choice.nightly:
+        _log(f"{', '.join(choice.stacks)}: the pinned Genesis lists only nightly builds; "
+             f"resolving the newest nightly of {repository} (by build time)")
+        return find_candidate(reg, repository, latest=True), list(choice.stacks)
+    if choice.tag is None:
+        return None, []
+    _log(f"{', '.join(choice.stacks)}: newest release above the pin: {choice.tag}")
+    return find_candidate(reg, repository, tag=choice.tag), list(choice.stacks)
 
 
 def _genesis_stacks(pins: Pins, names: list[str]) -> list[str]:

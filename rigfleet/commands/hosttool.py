@@ -14,10 +14,11 @@ import json
 import shlex
 
 from rigfleet.hostside.layout import BUNDLE_PATH, HOST
+from rigfleet.hostside.layout import STACK_UNIT as STACK_UNIT  # the units roles/swap.py installs
+from rigfleet.hostside.layout import SUPERVISE_UNIT as SUPERVISE_UNIT
 
 PYZ = BUNDLE_PATH
 PYTHON = "/usr/bin/python3"
-STACK_UNIT = "rigfleet-stack.service"
 # What the probe prints on a host the deploy has not reached yet (no bundle, no records).
 BARE_PROBE = '{"schema": "rigfleet-probe/1", "bare": true}'
 

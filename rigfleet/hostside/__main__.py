@@ -8,6 +8,8 @@
     python3 rigfleet-host.pyz record --json J --config-hash H     # pins changed without a swap
     python3 rigfleet-host.pyz lock [--json]                       # who holds the host lock
     python3 rigfleet-host.pyz probe [--full ...]                  # the host's state as JSON
+    python3 rigfleet-host.pyz supervise [--front-port P ...]      # rigfleet-supervise.service
+    python3 rigfleet-host.pyz supervise --reset [--why TEXT]      # after fixing a crash loop
     python3 rigfleet-host.pyz verify --url URL ...                # the verify-stress gate
 
 ``swap`` is started by the deploy as a transient unit (``systemd-run --unit
@@ -19,27 +21,32 @@ rigfleet-swap-<id> --collect``), detached from the SSH session; its exit status 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from . import ledger
-from .active import read_active, record_pins
+from .active import read_active, record_pins, request_reset
 from .ensure import Ensure, adopt, shutdown
 from .front import Front
 from .gate import GateRun, run_gate
 from .journal import Journal
-from .layout import Layout
+from .layout import STACK_UNIT, Layout
 from .lock import LockHeld, describe
 from .plan import Plan, PlanError
 from .probe import probe
-from .records import read_holder
+from .records import read_holder, read_supervisor
 from .stackctl import SystemOps, http_request, read_api_key, run_cmd
-from .steps import EXIT_BAD_PLAN
+from .steps import EXIT_BAD_PLAN, EXIT_LOCKED
+from .supervise import Policy, parse_backoff
+from .supervise import status_line as supervise_line
+from .supervisor import AlreadyRunning, Supervisor, single_instance
 from .transaction import Transaction
 
 
@@ -145,11 +152,12 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
     else:
         problem = ""
     state = ledger.read_state(lay)
+    supervisor = read_supervisor(lay.supervise_state)
     summary = {
         "lock": holder, "active": active.to_dict() if active else None,
         "route": Front(lay, 0, run_cmd, http_request).current(),
         "gate": state.get("gate"), "last_swap": state.get("last_swap"),
-        "ledger": ledger.tail(lay, 5), "problem": problem or None,
+        "ledger": ledger.tail(lay, 5), "problem": problem or None, "supervisor": supervisor,
     }
     if args.json:
         print(json.dumps(summary, sort_keys=True))
@@ -161,6 +169,7 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
     print(f"route:   {summary['route']}")
     print(f"gate:    {json.dumps(summary['gate'])}")
     print(f"last:    {json.dumps(summary['last_swap'])}")
+    print(f"watch:   {supervise_line(supervisor)}")
     for line in ledger.tail(lay, 5):
         print(f"ledger:  {line.get('time')} {line.get('event')} {line.get('result')} "
               f"{line.get('stack')} gate={(line.get('gate') or {}).get('result')}"
@@ -193,6 +202,57 @@ def cmd_probe(args: argparse.Namespace, lay: Layout) -> int:
     print(json.dumps(probe(lay, full=args.full, model_path=args.model_path,
                            front_port=args.front_port), sort_keys=True))
     return 0
+
+
+def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
+    if args.reset:
+        who = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
+        request_reset(lay, who, args.why)
+        print(f"rigfleet-host supervise: reset requested by {who} ({args.why}); the supervisor "
+              "counts recreations from zero at its next look")
+        return 0
+    policy = Policy(backoff_s=args.backoff_s, limit=args.limit, window_s=args.window_s,
+                    poll_s=args.poll_s, unhealthy_after_s=args.unhealthy_s,
+                    ready_timeout_s=args.ready_timeout_s, vram_timeout_s=args.vram_timeout_s,
+                    retry_after_s=args.retry_after_s)
+    stop = _Stop()
+    ops, front = _parts(lay, args.front_port)
+
+    def refresh() -> None:  # a deploy may rotate the API key while this runs for weeks
+        ops.api_key = front.api_key = read_api_key(lay.api_key_file, lay.vllm_env_file)
+
+    supervisor = Supervisor(lay, ops, front, policy, unit_state=lambda: ops.unit(STACK_UNIT),
+                            docker_up=ops.docker_up, stop=stop, refresh=refresh)
+    try:
+        with single_instance(lay):
+            return supervisor.run()
+    except AlreadyRunning as e:
+        print(f"rigfleet-host supervise: {e}", file=sys.stderr)
+        return EXIT_LOCKED
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds; allowed: a "
+                                         "number > 0")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count; allowed: an integer >= 0")
+    return int(text)
+
+
+def _backoff(text: str) -> tuple[float, ...]:
+    try:
+        return parse_backoff(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,6 +295,27 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--model-path", help="the weights directory to check (--full)")
     pr.add_argument("--front-port", type=int, help="the front's port to ask (--full)")
     pr.set_defaults(func=cmd_probe)
+    defaults = Policy()
+    sv = sub.add_parser("supervise", help="recreate the active stack when its engine dies "
+                        "(backoff, limit; then 503 with the reason)")
+    sv.add_argument("--reset", action="store_true",
+                    help="forget the recreations counted so far and a give-up (after fixing)")
+    sv.add_argument("--why", default="reset by hand", help="(--reset) for the ledger of resets")
+    sv.add_argument("--by", default="", help="(--reset) who asks (default: user@host)")
+    sv.add_argument("--front-port", type=int, default=8000)
+    sv.add_argument("--backoff-s", type=_backoff, default=defaults.backoff_s,
+                    help="waits before the 1st, 2nd, ... recreation within the window "
+                    "(default 10,30,90; the last one repeats)")
+    sv.add_argument("--limit", type=_count, default=defaults.limit,
+                    help="recreations within the window before it gives up (default 3)")
+    sv.add_argument("--window-s", type=_seconds, default=defaults.window_s)
+    sv.add_argument("--poll-s", type=_seconds, default=defaults.poll_s)
+    sv.add_argument("--unhealthy-s", type=_seconds, default=defaults.unhealthy_after_s,
+                    help="/health failing this long after it served = the engine is dead")
+    sv.add_argument("--ready-timeout-s", type=_seconds, default=defaults.ready_timeout_s)
+    sv.add_argument("--vram-timeout-s", type=_seconds, default=defaults.vram_timeout_s)
+    sv.add_argument("--retry-after-s", type=_count, default=defaults.retry_after_s)
+    sv.set_defaults(func=cmd_supervise)
     sub.add_parser("verify", add_help=False, help="the verify-stress gate (its own --help)")
     return p
 

@@ -3,12 +3,16 @@
 ``active.json`` + the compose snapshot (``Layout.active_dir``) say what serves (or served
 last); ``record_pins`` records pins that changed without a swap; ``mark_interrupted`` gives a
 transaction that died without a result its result and ledger line; ``prune_journals`` keeps
-the transaction journals bounded.
+the transaction journals bounded; ``request_reset`` tells the supervisor that someone else
+brought the verified stack back (its count of recreations starts again).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import time
 from typing import Any
 
 from . import ledger
@@ -32,6 +36,12 @@ def read_active(lay: Layout) -> Active | None:
     return Active.from_dict(data)
 
 
+def snapshot_gate(active: Active) -> dict[str, Any]:
+    """The gate record of a stack brought back from its snapshot without a gate (boot,
+    reroute, the supervisor): the gate it passed at promotion, saying so."""
+    return {**active.gate, "note": f"verified at promotion {active.since}"}
+
+
 def write_active(lay: Layout, active: Active, compose_text: str) -> None:
     """Snapshot the verified compose file and record it as active (both atomic)."""
     lay.active_dir.mkdir(parents=True, exist_ok=True)
@@ -41,6 +51,20 @@ def write_active(lay: Layout, active: Active, compose_text: str) -> None:
     tmp = lay.active_json.with_name(".active.json.tmp")
     tmp.write_text(json.dumps(active.to_dict(), indent=2, sort_keys=True) + "\n")
     tmp.replace(lay.active_json)
+
+
+def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
+    """Ask the supervisor (``rigfleet.hostside.supervise``) to forget its recreations and a
+    give-up: ``ensure`` and a rolled-back swap brought the verified stack back, or a person
+    fixed what made it die (``rigfleet-host.pyz supervise --reset``). A new active stack
+    (a promotion) resets it without asking. Written atomically; the supervisor only reads it::
+
+        request_reset(lay, "alice@laptop", "freed the cards")   # {"token": ..., "at": ...}
+    """
+    request = {"token": f"{time.time():.6f}-{os.getpid()}-{secrets.token_hex(4)}",
+               "at": ledger.now_iso(), "by": by, "why": why}
+    ledger.atomic_write(lay.supervise_reset, json.dumps(request, sort_keys=True) + "\n")
+    return request
 
 
 def prune_journals(lay: Layout, keep: int = KEEP_JOURNALS) -> list[str]:

@@ -5,18 +5,17 @@ stack that served before swaps were recorded) and ``shutdown`` (before the machi
 from __future__ import annotations
 
 import os
-import re
-from datetime import datetime
 from pathlib import Path
 
 from . import ledger
-from .active import mark_interrupted, read_active, write_active
+from .active import mark_interrupted, read_active, request_reset, snapshot_gate, write_active
 from .front import FrontError
 from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
 from .plan import Active, Plan, StackRef, compose_hash
 from .records import pid_start_ticks
+from .stackctl import docker_time
 from .steps import (
     EXIT_FAILED,
     EXIT_LOCKED,
@@ -41,16 +40,6 @@ def boot_time() -> float:
         return 0.0
     ticks = pid_start_ticks(1)
     return btime + (ticks / os.sysconf("SC_CLK_TCK") if ticks else 0.0)
-
-
-def docker_time(text: str) -> float | None:
-    """``2026-11-29T10:00:01.123456789Z`` -> epoch seconds (None when unparseable)."""
-    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", text.strip())
-    if not m:
-        return None
-    tz = m.group(3) or "Z"
-    stamp = m.group(1) + ("+00:00" if tz == "Z" else tz)
-    return datetime.fromisoformat(stamp).timestamp()
 
 
 class Ensure(Steps):
@@ -118,6 +107,7 @@ class Ensure(Steps):
                 return Outcome("noop", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id)
             self.front.serve(ref)
             self.j.event("ensure", f"front routed to {ref.route_id}")
+            request_reset(self.lay, self.who, f"ensure routed the front to {ref.route_id}")
             return Outcome("rerouted", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id)
         t0 = self.ops.monotonic()
         if st is None:
@@ -131,18 +121,13 @@ class Ensure(Steps):
             why = ("its container is from before this boot (Genesis patches live in the "
                    "container's writable layer: recreate, never restart)")
         self.j.event("ensure", f"recreating {ref.route_id}: {why}")
-        self.front.maintenance(f"recreating {ref.stack}", self.retry_after_s, wait=False)
-        self.stop(known_projects(self.lay))
-        self.wait_vram(ref.gpu_memory_utilization, self.vram_timeout_s)
-        self.start(ref, ref.compose_file)
-        self.wait_ready(ref, self.ready_timeout_s)
-        self.answers(ref)
-        self.front.serve(ref)
+        self.recreate(ref, f"recreating {ref.stack}", self.retry_after_s, self.vram_timeout_s,
+                      self.ready_timeout_s)
         window = self.ops.monotonic() - t0
         ledger.append(self.lay, ledger.entry(
             "ensure", "recreated", ref, by=self.who, deploy_id=active.deploy_id,
-            gate={**active.gate, "note": f"verified at promotion {active.since}"},
-            reason=self.why))
+            gate=snapshot_gate(active), reason=self.why))
+        request_reset(self.lay, self.who, f"ensure recreated {ref.route_id}: {self.why}")
         self.j.event("ensure", f"{ref.route_id} recreated and serving ({window:.1f}s)")
         return Outcome("recreated", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id,
                        window_s=window)

@@ -18,8 +18,9 @@ Where each record lives (the schemas are in ``rigfleet.hostside.records``):
 - ``/var/lib/rigfleet``: ``state.json`` (what serves and its pins), ``ledger.jsonl`` (one
   line per change), ``active/`` (the snapshot of the verified stack), ``lock/holder.json``
   (the host lock), ``swap/<id>/`` (one transaction's plan, journal and result), ``reports/``
-  (gate reports), ``locks/`` (flock files of long host jobs), ``vllm-versions/`` (an image's
-  vLLM version, cached by digest);
+  (gate reports), ``supervise/`` (the supervisor's state, reset requests, logs of engines that
+  died), ``locks/`` (flock files of long host jobs), ``vllm-versions/`` (an image's vLLM
+  version, cached by digest);
 - ``/opt/rigfleet``: ``stacks/<stack>/compose.yaml`` (staged compose projects), ``genesis``
   (the Genesis checkout), ``genesis-trees/<commit>`` (immutable exports the stacks mount),
   ``hf-venv`` (huggingface_hub for the weight fetcher);
@@ -46,6 +47,8 @@ BUNDLE_NAME = "rigfleet-host.pyz"
 BUNDLE_PATH = f"{LIB_ROOT}/{BUNDLE_NAME}"
 CONFIG_HASH_LABEL = "io.rigfleet.config-hash"
 STACK_LABEL = "io.rigfleet.stack"
+# On an image rigfleet derived from a pinned one (rigfleet.runtime_image): the base's digest.
+BASE_DIGEST_LABEL = "io.rigfleet.base-digest"
 # The first line of the front's route include: "# rigfleet route: <stack>/<config hash>".
 ROUTE_MARK = "# rigfleet route: "
 # Written next to verified weights by the fetcher (files/rigfleet-fetch-weights.py).
@@ -54,6 +57,10 @@ MANIFEST_NAME = ".rigfleet-manifest.json"
 # pinned ``local_dir`` never holds an '@', rigfleet/pins.py).
 WEIGHTS_REVISION_MARK = "@"
 WEIGHTS_REVISION_CHARS = 12
+# The systemd units roles/swap.py installs: the active stack across reboots (ensure at start,
+# shutdown at stop) and the supervisor that recreates it when its engine dies.
+STACK_UNIT = "rigfleet-stack.service"
+SUPERVISE_UNIT = "rigfleet-supervise.service"
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,20 @@ class Layout:
         return self.state_dir / "reports"
 
     @property
+    def supervise_dir(self) -> Path:
+        """The supervisor's records: ``state.json`` (what it sees and did), ``reset.json`` (a
+        reset request: a deploy, ``ensure`` or a person), kept logs of engines that died."""
+        return self.state_dir / "supervise"
+
+    @property
+    def supervise_state(self) -> Path:
+        return self.supervise_dir / "state.json"
+
+    @property
+    def supervise_reset(self) -> Path:
+        return self.supervise_dir / "reset.json"
+
+    @property
     def locks_dir(self) -> Path:
         """``flock`` files of long host jobs (the weight fetcher)."""
         return self.state_dir / "locks"
@@ -158,6 +179,10 @@ class Layout:
         """The immutable export of Genesis ``commit`` (what a stack mounts): a pin bump checks
         out a new commit, and a rollback restarts a snapshot that still names the old tree."""
         return self.genesis_trees_dir / commit
+
+    def image_build_dir(self, name: str) -> Path:
+        """Where the deploy builds a derived image (its Dockerfile)."""
+        return self.opt_dir / "images" / name
 
     @property
     def hf_venv(self) -> Path:

@@ -3,9 +3,11 @@
 ``ledger.jsonl`` is append-only, one JSON object per line; ``state.json`` is rewritten
 atomically and keeps keys it does not know (``rigfleet status`` and ``roles/ledger.py`` read
 and write it too). Every activation, swap, rollback, adoption and boot-time recreation is a
-line. A line's top-level stack keys always describe what serves *after* the event (so the last
-line agrees with ``state.json``, as ``tests/hosts/test_ledger_state.py`` checks); the stack a
-transaction tried is under ``attempted``, the one before under ``previous``::
+line, and so is every recreation, failed recreation and give-up of the supervisor
+(``rigfleet.hostside.supervise``). A line's top-level stack keys always describe what serves
+*after* the event (so the last line agrees with ``state.json``, as
+``tests/hosts/test_ledger_state.py`` checks); the stack a transaction tried is under
+``attempted``, the one before under ``previous``::
 
     {"time": "2026-11-29T10:17:02+00:00", "event": "swap", "result": "rolled-back",
      "host": "host1", "by": "alice@laptop", "deploy_id": "...", "stack": "int8",
@@ -38,7 +40,8 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``path`` so a reader (or a crash) sees the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
@@ -54,7 +57,7 @@ def read_state(lay: Layout) -> dict[str, Any]:
 
 
 def write_state(lay: Layout, state: dict[str, Any]) -> None:
-    _atomic_write(lay.state_file, json.dumps(state, indent=2, sort_keys=True) + "\n")
+    atomic_write(lay.state_file, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
 def update_state(lay: Layout, **changes: Any) -> dict[str, Any]:
@@ -80,8 +83,9 @@ def entry(event: str, result: str, serving: StackRef | None, *,
     """One ledger line (see the module docstring).
 
     + event: ``activate``, ``swap``, ``update`` (same stack, new pins), ``adopt``, ``ensure``
-      (boot-time recreation), ``interrupted``
-    + result: ``promoted``, ``rolled-back``, ``failed``, ``recreated``, ...
+      (boot-time recreation), ``supervise`` (the supervisor, after the engine died),
+      ``interrupted``
+    + result: ``promoted``, ``rolled-back``, ``failed``, ``recreated``, ``gave-up``, ...
     + serving: what serves after the event (None: nothing verified serves)
     + attempted: the stack a transaction tried (a rolled-back or failed one)
     + gate: ``GateResult.record()``; previous: what served before

@@ -13,8 +13,16 @@ is data)::
      "lock": {"who", "why", "since", "pid", "deploy_id", "alive": bool, ...} | null,
      "containers": {"rigfleet-int8": {"status", "stack", "hash", "created", "image",
                                       "image_id", "digests": ["sha256:..."], "started_at",
+                                      # digests: the image's repo digests, and the pinned
+                                      # image a derived (runtime) image was built from
                                       "restarts"}},
-     "route": "int8/0123abcd..." | "maintenance" | null, "bundle": "<sha256>" | null}
+     "route": "int8/0123abcd..." | "maintenance" | null, "bundle": "<sha256>" | null,
+     "supervisor": null | {"state": "watching" | "booting" | "backoff" | "recreating" |
+                                    "gave-up" | "paused" | "idle" | "starting",
+                           "reason", "alive": bool, "recreations": int, "policy": {"limit",
+                           "window_s", "backoff_s", ...}, "attempts": [...], "death",
+                           "boot_failure", "next_attempt_at", "gave_up_at", "since", "now",
+                           ...}}   (``rigfleet.hostside.supervise.Record``; times: epoch s)
 
 ``--full`` adds ``ledger`` ({"tail", "count", "error"}), ``reports`` ({"files", "newest"}),
 ``gpu`` (nvidia-smi's query output), ``caps_unit_enabled``, ``genesis`` (the checkout's HEAD
@@ -35,8 +43,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .layout import CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_LABEL, Layout
-from .records import ledger_tail, read_holder, read_json, reports, route
+from .layout import BASE_DIGEST_LABEL, CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_LABEL, Layout
+from .records import ledger_tail, read_holder, read_json, read_supervisor, reports, route
 
 SCHEMA = "rigfleet-probe/1"
 # What rigfleet status compares (power caps, driver, persistence).
@@ -79,13 +87,20 @@ def containers() -> dict[str, dict[str, Any]]:
                                restarts=int(parts[4]) if parts[4].isdigit() else None)
             images[name] = parts[2]
     digests: dict[str, list[str]] = {}
-    for line in _run(["docker", "image", "inspect", "--format", "{{.Id}}\t{{json .RepoDigests}}",
+    fmt = "{{.Id}}\t{{json .RepoDigests}}\t{{json .Config.Labels}}"
+    for line in _run(["docker", "image", "inspect", "--format", fmt,
                       *sorted(set(images.values()))])[1].splitlines():
-        image_id, _, text = line.partition("\t")
+        image_id, _, rest = line.partition("\t")
+        repo_digests, _, labels = rest.partition("\t")
         try:
-            digests[image_id] = [str(d).rpartition("@")[2] for d in json.loads(text)]
+            found_digests = [str(d).rpartition("@")[2] for d in json.loads(repo_digests) or []]
+            image_labels = json.loads(labels) if labels.strip() else {}
         except ValueError:
             continue
+        # A derived image (a Genesis stack's packages baked in: rigfleet.runtime_image)
+        # carries the pinned image it was built from as a label.
+        base = (image_labels or {}).get(BASE_DIGEST_LABEL)
+        digests[image_id] = found_digests + ([str(base)] if base else [])
     for name, image_id in images.items():
         found[name]["digests"] = digests.get(image_id, [])
     return found
@@ -194,6 +209,7 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
         "containers": containers(),
         "route": route(lay.front_route),
         "bundle": file_sha256(lay.bundle),
+        "supervisor": read_supervisor(lay.supervise_state),
     }
     if not full:
         return out

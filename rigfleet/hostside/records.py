@@ -11,7 +11,9 @@ Records:
 - ``ledger.jsonl``: one JSON object per change (``rigfleet.hostside.ledger.entry``);
 - ``active/active.json``: ``rigfleet.hostside.plan.Active``;
 - ``lock/holder.json``: who holds the host lock, with the liveness data (``holder_alive``);
-- ``reports/verify-<ts>.json``: gate reports (schema ``rigfleet-verify/1``).
+- ``reports/verify-<ts>.json``: gate reports (schema ``rigfleet-verify/1``);
+- ``supervise/state.json``: the supervisor's state (``rigfleet.hostside.supervise.Record``;
+  read with ``read_supervisor``).
 
 Example::
 
@@ -280,3 +282,33 @@ def reports(directory: Path, newest: int = 20) -> tuple[list[str], ReportSummary
         if summary is not None:
             return names, summary
     return names, None
+
+
+# --- the supervisor ---------------------------------------------------------------------------
+
+SUPERVISE_SCHEMA = "rigfleet-supervise/1"
+
+
+def recent_attempts(attempts: Any, now: float, window_s: float) -> list[dict[str, Any]]:
+    """The recreation attempts (``{"at": epoch seconds, ...}``) of the last ``window_s``."""
+    return [a for a in attempts or () if isinstance(a, dict)
+            and isinstance(a.get("at"), int | float) and a["at"] >= now - window_s]
+
+
+def read_supervisor(path: Path, now: float | None = None) -> dict[str, Any] | None:
+    """The supervisor's ``state.json`` plus ``alive`` (its process runs: the lock's liveness
+    rule), ``recreations`` (attempts within its window, as of ``now``) and ``now`` (this
+    host's clock, so a reader elsewhere can tell ages); None when there is none (never ran),
+    ``{"error": ...}`` when unreadable."""
+    data, err = read_json(path)
+    if err == "missing":
+        return None
+    if not isinstance(data, dict) or data.get("schema") != SUPERVISE_SCHEMA:
+        return {"error": err or f"not a {SUPERVISE_SCHEMA} record", "alive": False}
+    now = time.time() if now is None else now
+    raw = data.get("policy")
+    policy: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    window = policy.get("window_s")
+    recent = recent_attempts(data.get("attempts"), now,
+                             float(window) if isinstance(window, int | float) else 0.0)
+    return {**data, "alive": holder_alive(data), "recreations": len(recent), "now": now}

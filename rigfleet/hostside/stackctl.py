@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from .layout import CONFIG_HASH_LABEL
@@ -66,6 +67,11 @@ def running_names() -> list[str]:
     return ["docker", "ps", "--format", "{{.Names}}"]
 
 
+def server_version() -> list[str]:
+    """Answers only while the Docker daemon does."""
+    return ["docker", "version", "--format", "{{.Server.Version}}"]
+
+
 def image_id(ref: str) -> list[str]:
     return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
 
@@ -76,6 +82,12 @@ def logs(container: str, tail: int = 300) -> list[str]:
 
 def image_present(ref: str) -> list[str]:
     return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
+
+
+def unit_state(unit: str) -> list[str]:
+    """``ActiveState`` and ``SubState`` of a systemd unit, one per line."""
+    return ["systemctl", "show", "--property", "ActiveState", "--property", "SubState",
+            "--value", unit]
 
 
 # --- parsers ---------------------------------------------------------------------------------
@@ -92,6 +104,7 @@ class ContainerState:
     created: str = ""
     config_hash: str | None = None
     image_id: str = ""
+    started_at: str = ""  # when its process last started (docker's State.StartedAt)
 
     @property
     def running(self) -> bool:
@@ -115,7 +128,36 @@ def parse_inspect(text: str) -> ContainerState | None:
         restarts=restarts, oom_killed=bool(state.get("OOMKilled")), created=parts[2],
         config_hash=None if not label or label.startswith("<no") else label,
         image_id=parts[4].strip() if len(parts) == 5 else "",
+        started_at=str(state.get("StartedAt") or ""),
     )
+
+
+# What ``unit_state`` prints (ActiveState, SubState) -> how the stack unit stands:
+# ``done`` (its start command finished: ensure served), ``starting`` (ensure runs now),
+# ``stopping``, ``inactive`` (stopped: the host is meant to be down), ``failed``, ``unknown``.
+def parse_unit_state(text: str) -> str:
+    """``unit_state()`` output -> ``done``, ``starting``, ``stopping``, ``inactive``,
+    ``failed`` or ``unknown`` (no systemd, or an answer not understood)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) != 2:
+        return "unknown"
+    active, sub = lines
+    if active == "active":
+        return "done" if sub == "exited" else "starting" if sub in ("running", "start") \
+            else "unknown"
+    return {"activating": "starting", "reloading": "starting", "deactivating": "stopping",
+            "inactive": "inactive", "failed": "failed"}.get(active, "unknown")
+
+
+def docker_time(text: str) -> float | None:
+    """``2026-11-29T10:00:01.123456789Z`` -> epoch seconds (None when unparseable, and for
+    docker's zero time ``0001-01-01T00:00:00Z``: a container that never started)."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", text.strip())
+    if not m or m.group(1).startswith("0001-"):
+        return None
+    tz = m.group(3) or "Z"
+    stamp = m.group(1) + ("+00:00" if tz == "Z" else tz)
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 @dataclass(frozen=True)
@@ -349,6 +391,15 @@ class SystemOps:
         except (ValueError, KeyError, TypeError):
             return False, "chat completion without choices"
         return bool(choices), "answered"
+
+    def docker_up(self) -> bool:
+        """The Docker daemon answers (a missing container means something only then)."""
+        return self.run(server_version(), 30.0)[0] == 0
+
+    def unit(self, unit: str) -> str:
+        """How a systemd unit stands (``parse_unit_state``)."""
+        rc, out = self.run(unit_state(unit), 30.0)
+        return parse_unit_state(out) if rc == 0 else "unknown"
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

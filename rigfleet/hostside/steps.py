@@ -234,15 +234,32 @@ class Steps:
             " | ".join(line.strip() for line in log.strip().splitlines()[-3:])
         return Failure("boot", f"{ref.stack} {how}: {cause}", boot=boot)
 
-    def keep_log(self, ref: StackRef, directory: Path) -> str | None:
+    def keep_log(self, ref: StackRef, directory: Path, name: str = "") -> str | None:
+        """Copy the container's log to ``directory/<name>`` (``<stack>-<hash>.log``); None
+        when there is no container or its log is empty."""
         if self.ops.container(ref.container) is None:
             return None  # it never started (the failure came before)
         text = self.ops.logs(ref.container, LOG_LINES_KEPT)
         if not text.strip():
             return None
-        path = directory / f"{ref.stack}-{ref.config_hash}.log"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / (name or f"{ref.stack}-{ref.config_hash}.log")
         path.write_text(text)
         return str(path)
+
+    def recreate(self, ref: StackRef, message: str, retry_after_s: int, vram_timeout_s: float,
+                 ready_timeout_s: float) -> None:
+        """Bring the verified ``ref`` back in a fresh container, from its snapshot: the front
+        to 503 (``message``), every stack down, the cards' memory released, up, ready,
+        answering, the front routed to it. Raises ``Failure`` (the front stays at 503)."""
+        self.front.maintenance(message, retry_after_s, wait=False)
+        self.stop(known_projects(self.lay))
+        self.wait_vram(ref.gpu_memory_utilization, vram_timeout_s)
+        self.check_interrupt()
+        self.start(ref, ref.compose_file)
+        self.wait_ready(ref, ready_timeout_s)
+        self.answers(ref)
+        self.front.serve(ref)
 
     def answers(self, ref: StackRef) -> None:
         ok, detail = self.ops.chat(ref.port, ref.served_model_name)

@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from . import ledger
-from .active import mark_interrupted, prune_journals, read_active, write_active
+from .active import (
+    mark_interrupted,
+    prune_journals,
+    read_active,
+    request_reset,
+    write_active,
+)
 from .front import FrontError
 from .gate import GateResult, GateRun
 from .journal import Journal
@@ -292,6 +298,7 @@ class Transaction(Steps):
         window = self.ops.monotonic() - t_window
         self.j.event("rollback", f"{old.route_id} serves again (503 window {window:.1f}s)")
         ledger.append(self.lay, ledger.entry(kind, "rolled-back", old, **line))
+        request_reset(self.lay, plan.by, f"{kind} rolled back: {old.route_id} serves again")
         outcome.result, outcome.exit = "rolled-back", EXIT_ROLLED_BACK
         outcome.serving, outcome.window_s = old.route_id, window
         return outcome

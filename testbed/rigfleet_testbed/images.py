@@ -2,8 +2,8 @@
 
 Each image carries the hash of its build context and build arguments as a label; a rebuild
 happens only when that hash differs, which keeps a second ``testbed up`` well under a minute.
-There is no Docker Hub here: the base image is a debootstrapped Debian 13 tree imported into
-the engine.
+There is no Docker Hub here: base images are debootstrapped Debian trees (13 for everything,
+12 as well when a host runs Debian 12) imported into the engine.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import docker
 import docker.errors
@@ -58,10 +59,15 @@ def _existing_hash(client: docker.DockerClient, tag: str) -> str | None:
         return None
 
 
-def ensure_base(client: docker.DockerClient, log: Log, suite: str = "trixie") -> None:
-    """Import a debootstrapped minbase Debian tree as ``rigfleet/trixie-base``."""
-    if _existing_hash(client, layout.BASE_IMAGE) == suite:
-        return
+def ensure_base(client: docker.DockerClient, log: Log, suite: str = "trixie") -> str:
+    """Import a debootstrapped minbase Debian ``suite`` tree as ``rigfleet/<suite>-base``.
+
+    Returns the image name. Debian 12 (bookworm) hosts get theirs the same way as the Debian 13
+    ones (TESTBED-FACTS.md: debootstrap from the machine's mirror, then ``docker import``).
+    """
+    name = f"rigfleet/{suite}-base"
+    if _existing_hash(client, f"{name}:latest") == suite:
+        return f"{name}:latest"
     log(f"debootstrap {suite} (minbase) from {debian_mirror()}")
     with tempfile.TemporaryDirectory(prefix="rigfleet-rootfs-") as root:
         subprocess.run(
@@ -72,12 +78,28 @@ def ensure_base(client: docker.DockerClient, log: Log, suite: str = "trixie") ->
         assert tar.stdout is not None
         # A changes entry keeps the hash label on the imported image.
         client.api.import_image_from_stream(
-            tar.stdout, repository="rigfleet/trixie-base", tag="latest",
+            tar.stdout, repository=name, tag="latest",
             changes=[f"LABEL {HASH_LABEL}={suite}"],
         )
         if tar.wait() != 0:
             raise RuntimeError("tar of the debootstrapped tree failed")
-    log("imported rigfleet/trixie-base")
+    log(f"imported {name}")
+    return f"{name}:latest"
+
+
+class Built(NamedTuple):
+    """What :func:`build` left: the reference to run (``ref``) and whether it built."""
+
+    ref: str
+    built: bool
+
+
+def _exists(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
 
 
 def build(
@@ -87,11 +109,15 @@ def build(
     log: Log,
     buildargs: Mapping[str, str] | None = None,
     extra_files: Mapping[str, Path] | None = None,
-) -> bool:
+    pin: bool = False,
+) -> Built:
     """Build ``context`` as ``tag`` unless an image with the same inputs exists.
 
     ``extra_files`` maps names inside the context to files copied in first (CA certificates).
-    Returns True when it built.
+    With ``pin`` the image is also tagged ``<repo>:ctx-<input hash>`` and that is the ``ref``
+    returned: containers made from it keep this build even when another checkout's testbed
+    (other code, same engine) moves ``tag`` to its own build meanwhile, and switching back to
+    an input already built costs a retag, not a build.
     """
     with tempfile.TemporaryDirectory(prefix="rigfleet-ctx-") as tmp:
         ctx = Path(tmp) / "ctx"
@@ -100,19 +126,27 @@ def build(
             (ctx / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, ctx / name)
         wanted = context_hash(ctx, buildargs)
-        if _existing_hash(client, tag) == wanted:
-            return False
+        repo, _, name = tag.rpartition(":")
+        pinned = f"{repo}:ctx-{wanted}" if pin else tag
+        if pin and _exists(client, pinned):
+            if _existing_hash(client, tag) != wanted:
+                client.images.get(pinned).tag(repo, name)
+            return Built(pinned, False)
+        if not pin and _existing_hash(client, tag) == wanted:
+            return Built(tag, False)
         log(f"building {tag}")
         labels = {HASH_LABEL: wanted, layout.LABEL: "image"}
         try:
-            client.images.build(
+            image, _ = client.images.build(
                 path=str(ctx), tag=tag, buildargs=dict(buildargs or {}), labels=labels,
                 rm=True, forcerm=True, pull=False,
             )
         except docker.errors.BuildError as exc:
             tail = "".join(str(c.get("stream", c.get("error", ""))) for c in exc.build_log)
             raise RuntimeError(f"building {tag} failed:\n{tail[-3000:]}") from None
-        return True
+        if pin:
+            image.tag(repo, f"ctx-{wanted}")
+        return Built(pinned, True)
 
 
 def site_ca_files() -> dict[str, Path]:

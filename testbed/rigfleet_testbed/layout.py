@@ -38,22 +38,41 @@ REGISTRY_IP = f"{_NET}.2"
 REGISTRY_LOCAL_PORT = 15000 + _PORTS  # control side: http://127.0.0.1:15000
 
 SERVICES_CONTAINER = f"rigfleet{_SFX}-services"
-SERVICES_ALIASES = ("apt.rigfleet.test", "hub.rigfleet.test", "git.rigfleet.test")
+# download.docker.rigfleet.test stands in for download.docker.com (the Docker CE repository
+# stand-in, served from the same web root as the NVIDIA one: /linux/debian/...).
+SERVICES_ALIASES = ("apt.rigfleet.test", "hub.rigfleet.test", "git.rigfleet.test",
+                    "pypi.rigfleet.test", "download.docker.rigfleet.test")
 SERVICES_IP = f"{_NET}.3"
 HUB_LOCAL_PORT = 18080 + _PORTS  # control side: the hub and its fault switch
 APT_LOCAL_PORT = 18081 + _PORTS
+PYPI_LOCAL_PORT = 18082 + _PORTS
 GIT_LOCAL_PORT = 18090 + _PORTS
+PYPI_PORT = 3141  # in the services container (devpi's customary port)
 
 BASE_IMAGE = "rigfleet/trixie-base:latest"
 HOST_IMAGE = "testbed/rigfleet_testbed-host:latest"
 REGISTRY_IMAGE = "testbed/rigfleet_testbed-registry:latest"
 SERVICES_IMAGE = "testbed/rigfleet_testbed-services:latest"
+# The part every vllm/vllm-openai:<tag> simulator shares (images/vllm-sim); each build adds a
+# layer (images/vllm-build, rigfleet_testbed.vllm_builds).
+SIM_BASE_IMAGE = "testbed/rigfleet_testbed-vllm-sim:latest"
 SIM_IMAGE_REPO = "vllm/vllm-openai"
 
 APT_URL = "http://apt.rigfleet.test/debian"
 APT_KEY_URL = "http://apt.rigfleet.test/rigfleet-testbed.asc"
+# Shaped like https://download.docker.com/linux/{id} and its /gpg key (docs.docker.com's apt
+# instructions): the deploy fills {id} and {codename} from the host's /etc/os-release.
+DOCKER_APT_URL = "http://download.docker.rigfleet.test/linux/{id}"
+DOCKER_APT_KEY_URL = "http://download.docker.rigfleet.test/linux/{id}/gpg"
 HUB_URL = "http://hub.rigfleet.test:8080"
-GENESIS_URL = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
+# The Genesis repository under its canonical (renamed) name, the old name GitHub redirects, and
+# the real history from ../shared/upstream (when that bundle is there).
+GIT_BASE_URL = "http://git.rigfleet.test:8090"
+GENESIS_URL = f"{GIT_BASE_URL}/sndr_core_engine.git"
+GENESIS_OLD_URL = f"{GIT_BASE_URL}/genesis-vllm-patches.git"
+GENESIS_REAL_URL = f"{GIT_BASE_URL}/real/sndr_core_engine.git"
+GENESIS_BUNDLE = REPO_ROOT.parent / "shared" / "upstream" / "genesis-dev-and-v12.1.0.bundle"
+PYPI_URL = f"http://pypi.rigfleet.test:{PYPI_PORT}/simple/"
 MIRROR_URL = f"http://{REGISTRY_ALIAS}:5000"
 
 # Capabilities that systemd as PID 1 plus a nested Docker engine need (TESTBED-FACTS.md);
@@ -66,36 +85,30 @@ HOST_CAPS = (
 
 
 @dataclass(frozen=True)
-class Nightly:
-    """A vLLM nightly the registry mirror serves, and how its simulator image behaves."""
+class HostOS:
+    """A Debian release a simulated host can run: its base and host images."""
 
-    sha: str
-    version: str
-    regressions: tuple[str, ...] = ()
-    note: str = ""
-
-    @property
-    def tag(self) -> str:
-        return f"nightly-{self.sha}"
+    name: str  # what --os takes: debian13, debian12
+    codename: str  # debootstrap suite and VERSION_CODENAME
+    version_id: str
 
     @property
-    def image(self) -> str:
-        return f"{SIM_IMAGE_REPO}:{self.tag}"
+    def base_image(self) -> str:
+        return f"rigfleet/{self.codename}-base:latest"
+
+    @property
+    def host_image(self) -> str:
+        tag = "latest" if self is DEFAULT_OS else self.codename
+        return f"testbed/rigfleet_testbed-host:{tag}"
 
 
-NIGHTLIES: tuple[Nightly, ...] = (
-    Nightly("01d4d1ad375dc5854779c593eee093bcebb0cada", "0.20.2rc1.dev9+g01d4d1ad3",
-            note="Genesis v7.72.2 known-good pin"),
-    Nightly("1acd67a795ebccdf9b9db7697ae9082058301657", "0.20.2rc1.dev129+g1acd67a79",
-            ("speculators-local-path-oserror",),
-            note="post-#41434: MTP + local model path dies at boot (transformers OSError)"),
-    Nightly("3f9c2a7e5b1d4c8a9e0f6b2d7c1a5e8f9b3d6c02", "0.20.2rc1.dev212+g3f9c2a7e5",
-            note="newer, good"),
-    Nightly("b7e4d1c9a2f5e8b3d6c0a9f2e5b8d1c4a7f0e3b6", "0.20.2rc1.dev240+gb7e4d1c9a",
-            ("spec-decode-acceptance-collapse",),
-            note="newer, regressed: MTP acceptance collapses, long generations stop early"),
-)
-DEFAULT_NIGHTLY = NIGHTLIES[0]
+HOST_OSES: dict[str, HostOS] = {
+    "debian13": HostOS("debian13", "trixie", "13"),
+    "debian12": HostOS("debian12", "bookworm", "12"),
+}
+DEFAULT_OS = HOST_OSES["debian13"]
+# The non-root administrator of a host chosen with --sudo-user (key login, passwordless sudo).
+SUDO_USER = "rig"
 
 
 @dataclass(frozen=True)

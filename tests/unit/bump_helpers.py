@@ -23,8 +23,8 @@ VERSIONS = {
 }
 DIGESTS = {sha: "sha256:" + sha[:8] * 8 for sha in VERSIONS}
 GENESIS_REPO = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
-GENESIS_OLD = "1f9bfb9ecf0b0e8ac3058a712257058304cb878e"  # fixture v7.72.2
-GENESIS_NEW = "1e79e8380a450acb1af94552b8cfbedf2e7017d4"  # fixture v7.73.0
+GENESIS_OLD = "df8f409a46af1f0494043c8ae5a83ed6b779ef1b"  # fixture v7.72.2 (branch dev)
+GENESIS_NEW = "32a8eccd60f942a40faf9b79d79279df749095bc"  # fixture v7.73.0 (branch dev)
 
 
 def stack(name: str, sha: str, genesis: str | None = None) -> StackPins:

@@ -31,6 +31,7 @@ import shlex
 from dataclasses import dataclass, field
 
 import yaml
+from images_fakes import FakeEngine
 
 OS_RELEASES = {
     "ubuntu2204": (
@@ -130,7 +131,9 @@ class FakeRig:
     gpus: list[Gpu] = field(default_factory=lambda: [Gpu(0), Gpu(1)])
     driver_loaded: str | None = None  # loaded driver version
     runtimes_registered: bool = False
-    images: dict[str, str] = field(default_factory=dict)  # digest -> repo
+    # The Docker engine's images, the host's saved archives and the Docker root's free space.
+    engine: FakeEngine = field(default_factory=FakeEngine)
+    built: dict[str, dict[str, str]] = field(default_factory=dict)  # derived image -> labels
     containers: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     genesis_head: str | None = None
     genesis_origin: str | None = None
@@ -237,12 +240,13 @@ class FakeRig:
             if self.runtimes_registered:
                 runtimes["nvidia"] = {"path": "nvidia-container-runtime"}
             return True, [json.dumps(runtimes)]
-        m = re.match(r"docker image inspect --format '\{\{json \.RepoDigests\}\}' (\S+)", cmd)
+        if cmd.startswith("if command -v docker") and "rf_img()" in cmd:
+            self.engine.installed = "docker.io" in self.packages or "docker-ce" in self.packages
+            return True, self.engine.state(cmd)
+        m = re.match(r"docker image inspect --format '\{\{json \.Config\.Labels\}\}' (\S+)", cmd)
         if m:
-            digest = m.group(1).rpartition("@")[2]
-            if digest in self.images:
-                return True, [json.dumps([f"{self.images[digest]}@{digest}"])]
-            return True, []
+            labels = self.built.get(m.group(1))
+            return True, [json.dumps(labels)] if labels is not None else []
         m = re.match(
             r"docker inspect --type container --format '\{\{\.State\.Status\}\} "
             r"\{\{index \.Config\.Labels \"io\.rigfleet\.config-hash\"\}\}' (\S+)",
@@ -431,12 +435,21 @@ class FakeRig:
         if "systemctl reboot" in cmd:
             self._reboot()
             return True, []
-        m = re.match(r"docker pull --quiet (\S+)$", cmd)
+        m = re.match(r"docker build --quiet --network host -t (\S+) (\S+)$", cmd)
         if m:
-            ref = m.group(1)
-            repo, _, digest = ref.partition("@")
-            self.images[digest] = repo.rsplit(":", 1)[0]
+            # The labels the Dockerfile the deploy uploaded sets (its LABEL line).
+            dockerfile = self.files[f"{m.group(2)}/Dockerfile"].decode()
+            label_line = next(ln for ln in dockerfile.splitlines() if ln.startswith("LABEL "))
+            pairs = shlex.split(label_line[len("LABEL "):])
+            self.built[m.group(1)] = dict(p.split("=", 1) for p in pairs)
             return True, []
+        m = re.match(r"docker load -i (\S+); rc=\$\?; rm -f \S+; exit \$rc$", cmd)
+        if m and m.group(1) in self.files:  # an archive the deploy uploaded
+            out = self.engine.load_tar(self.files.pop(m.group(1)))
+            return True, out.splitlines()
+        engine = self.engine.apply(cmd)
+        if engine is not None:
+            return engine
         m = re.match(r"docker compose -p (\S+) -f (\S+) (up|down)", cmd)
         if m:
             _, path, action = m.groups()

@@ -4,7 +4,10 @@
 microseconds and tests can assert *when* things happened (fail fast, VRAM settled). Stacks
 behave as ``FakeHost.behaviour[stack]`` says: ``ok`` (ready after ``boot_s``), ``die`` (exit
 with ``log`` after ``die_after_s``), ``restart-loop`` (Docker restarts it), ``hang`` (never
-ready). Example::
+ready). A serving stack can crash (``crash``: its container exits) or lose its engine while
+the API server keeps running (``engine_dies``: ``/health`` answers 503, as vLLM does on
+EngineDeadError). ``wall()`` is the same clock in epoch seconds (docker's ``StartedAt``).
+Example::
 
     host = FakeHost()
     host.behaviour["tq3-mtp-genesis"] = ("die", BOOT_LOG)
@@ -15,7 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rigfleet.hostside.active import write_active
@@ -109,6 +113,9 @@ class FakeHost:
     calls: list[str] = field(default_factory=list)
     logs_of: dict[str, str] = field(default_factory=dict)
     created: dict[str, str] = field(default_factory=dict)
+    epoch: float = 1_795_000_000.0  # wall() at t == 0
+    dead_engines: set[str] = field(default_factory=set)
+    on_up: object = None  # callable(project) before a container is created (a kill, ...)
 
     # -- docker ---------------------------------------------------------------------------
     def image_present(self, ref: str) -> bool:
@@ -132,16 +139,20 @@ class FakeHost:
         config_hash = re.search(r"io\.rigfleet\.config-hash: (\S+)", text).group(1)
         name = re.search(r"container_name: (\S+)", text).group(1)
         self.calls.append(f"up {project} {config_hash} t={self.t:g}")
+        if callable(self.on_up):
+            self.on_up(project)
+        self.dead_engines.discard(name)
+        self.logs_of[name] = f"INFO booting {stack}\n"  # a new container: a new log
         if self._memory_used():
             # What vLLM does when the cards are still busy: dies at start.
-            self.logs_of[name] = ("ValueError: Free memory on device cuda:0 (1.00/24.00 GiB) on "
-                                  "startup is less than desired GPU memory utilization (0.92, "
-                                  "22.08 GiB).")
-            self.behaviour[stack] = ("die", self.logs_of[name])
+            busy = ("ValueError: Free memory on device cuda:0 (1.00/24.00 GiB) on startup is "
+                    "less than desired GPU memory utilization (0.92, 22.08 GiB).")
+            self.logs_of[name] += busy
+            self.behaviour[stack] = ("die", busy)
         self.containers[name] = _Running(stack, config_hash, self.t,
                                          ContainerState("running", config_hash=config_hash,
-                                                        created="2026-11-29T10:00:00Z"))
-        self.logs_of.setdefault(name, f"INFO booting {stack}\n")
+                                                        created="2026-11-29T10:00:00Z",
+                                                        started_at=self.iso(self.wall())))
         return None
 
     def down(self, file: str, project: str) -> str | None:
@@ -157,21 +168,18 @@ class FakeHost:
         if run is None:
             return None
         kind, log = self.behaviour.get(run.stack, ("ok", ""))
-        if kind in ("die", "restart-loop") and self.t - run.started >= self.die_after_s:
+        if kind in ("die", "restart-loop") and self.t - run.started >= self.die_after_s \
+                and run.state.status == "running" and not run.state.restarts:
             self.logs_of[name] = self.logs_of.get(name, "") + log
-            state = (ContainerState("exited", exit_code=1, config_hash=run.config_hash)
-                     if kind == "die" else
-                     ContainerState("running", restarts=1, config_hash=run.config_hash))
-            run.state = state
+            run.state = (replace(run.state, status="exited", exit_code=1) if kind == "die"
+                         else replace(run.state, restarts=1))
         return run
 
     def container(self, name: str) -> ContainerState | None:
         run = self._current(name)
         if run is None:
             return None
-        created = self.created.get(name, run.state.created)
-        return ContainerState(run.state.status, run.state.exit_code, run.state.restarts,
-                              run.state.oom_killed, created, run.state.config_hash)
+        return replace(run.state, created=self.created.get(name, run.state.created))
 
     def logs(self, name: str, tail: int = 300) -> str:
         return self.logs_of.get(name, "") if name in self.containers else \
@@ -196,7 +204,10 @@ class FakeHost:
                 continue
             kind, _ = self.behaviour.get(run.stack, ("ok", ""))
             current = self._current(name)
-            if kind == "ok" and current and self.t - run.started >= self.boot_s:
+            if current and current.state.running and name in self.dead_engines:
+                return False, "/health 503"
+            if kind == "ok" and current and current.state.running \
+                    and self.t - run.started >= self.boot_s:
                 return True, "ready"
             return False, "/health no answer"
         return False, "/health no answer"
@@ -210,6 +221,27 @@ class FakeHost:
 
     def monotonic(self) -> float:
         return self.t
+
+    def wall(self) -> float:
+        """The fake clock in epoch seconds."""
+        return self.epoch + self.t
+
+    @staticmethod
+    def iso(t: float) -> str:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    # -- what goes wrong while it serves ------------------------------------------------------
+    def crash(self, name: str, log: str, exit_code: int = 1, oom_killed: bool = False) -> None:
+        """The engine dies and takes its container with it (vLLM's API server exits)."""
+        run = self.containers[name]
+        run.state = replace(run.state, status="exited", exit_code=exit_code,
+                            oom_killed=oom_killed)
+        self.logs_of[name] = self.logs_of.get(name, "") + log
+        self.calls.append(f"crash {name} t={self.t:g}")
+
+    def engine_dies(self, name: str) -> None:
+        """The engine core dies; the API server keeps running and ``/health`` answers 503."""
+        self.dead_engines.add(name)
 
     def start_by_hand(self, name: str, stack: str) -> None:
         """``docker run --name <name>`` of some image: no labels, holds the cards."""
@@ -226,12 +258,14 @@ class FakeHost:
 class FakeFront:
     routes: list[str] = field(default_factory=list)
     fail_on: str | None = None
+    messages: list[str] = field(default_factory=list)  # the 503 messages, in order
 
     def serve(self, ref: StackRef, wait: bool = True) -> None:
         self._set(ref.route_id)
 
     def maintenance(self, message: str, retry_after_s: int, wait: bool = True) -> None:
         self._set("maintenance")
+        self.messages.append(message)
 
     def _set(self, route: str) -> None:
         from rigfleet.hostside.front import FrontError

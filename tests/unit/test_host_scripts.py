@@ -38,7 +38,7 @@ def hub_service(data: Path) -> Iterator[str]:
     ports_file = data / "ports.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "services", "--data", str(data), "--bind", "127.0.0.1",
-         "--apt-port", "0", "--hub-port", "0", "--git-port", "0",
+         "--apt-port", "0", "--hub-port", "0", "--git-port", "0", "--pypi-port", "0",
          "--ports-file", str(ports_file), "--log", str(data / "services.log")],
         cwd=SERVICES_DIR, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

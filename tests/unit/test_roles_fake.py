@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fake_rig import FakeRig, Gpu
+from images_fakes import FakeHub, image_id_of
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
@@ -31,6 +32,7 @@ from pyinfra.connectors.fake import FakeConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 import rigfleet.desired
+import rigfleet.images.deploy
 import roles.nvidia_driver
 import roles.preflight
 import roles.swap
@@ -99,6 +101,9 @@ def _fast(monkeypatch):
     monkeypatch.setattr(roles.nvidia_driver, "REBOOT_INTERVAL_S", 0)
     monkeypatch.setattr(roles.swap, "POLL_S", 0)
     rigfleet.desired._PINS.clear()
+    # The pinned digest is on "Docker Hub" (the default image source's preflight check).
+    monkeypatch.setattr(rigfleet.images.deploy, "REGISTRY",
+                        lambda url: FakeHub(url, {DIGEST: (image_id_of(DIGEST), 9 * 1024**3)}))
 
     def lookup(self, command: str):
         ok, lines = RIGS[self.host.data.get("fake_rig")].respond(command)

@@ -8,13 +8,10 @@ child process (``python -m rigfleet.hostside.verify``) against simulator servers
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from genesis_helpers import apply, genesis_site
 from verify_sim import GENESIS_WITHOUT_P67, INT8_MTP, TQ3_MTP, sim_server
 from vllm_sim_helpers import MTP, SimServer, make_gpu_root, make_model, make_package
 
@@ -22,7 +19,6 @@ from rigfleet.hostside.gate import GateRun, run_gate
 from rigfleet.hostside.stackctl import classify_boot_failure
 
 REPO = Path(__file__).resolve().parents[2]
-GENESIS_TREE = REPO / "testbed" / "rigfleet_testbed" / "genesis_src" / "tree"
 NO_MTP = [a for a in INT8_MTP if a not in ("--speculative-config", MTP)]
 
 
@@ -55,7 +51,9 @@ def test_kv_cache_too_small_is_named_not_the_engine_wrapper(tmp_path):
 
 
 def test_turboquant_without_genesis(tmp_path):
-    found = classify_boot_failure(failed_boot(tmp_path, TQ3_MTP))
+    # A build before hybrid TurboQuant (vllm#39931) without Genesis P4.
+    old = "nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"
+    found = classify_boot_failure(failed_boot(tmp_path, TQ3_MTP, tag=old))
     assert found.kind == "turboquant-unsupported"
 
 
@@ -78,15 +76,12 @@ def test_cuda_oom_at_boot(tmp_path):
 
 
 def test_genesis_pin_gate_strict_failure_from_apply_all(tmp_path):
-    # The real apply_all of the Genesis fixture, with an empty allowlist and a strict policy,
-    # against the simulator's vllm package: what the tq3 entrypoint prints before it exits 2.
-    site = make_package(tmp_path)
-    shutil.copytree(GENESIS_TREE / "vllm" / "_genesis", site / "vllm" / "_genesis")
-    env = {**os.environ, "PYTHONPATH": str(site), "GENESIS_VLLM_PIN_POLICY": "strict"}
-    proc = subprocess.run([sys.executable, "-m", "vllm._genesis.patches.apply_all"], env=env,
-                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    found = classify_boot_failure(proc.stdout + proc.stderr)
+    # The real apply_all of the Genesis fixture (v7.72.2, strict policy) against a simulator
+    # build it does not list: what the tq3 entrypoint prints before it exits 2.
+    site = genesis_site(tmp_path, "v7", upto=0)
+    rc, out = apply(site, "v7", {"GENESIS_VLLM_PIN_POLICY": "strict"})
+    assert rc == 2, out
+    found = classify_boot_failure(out)
     assert found.kind == "genesis-pin-gate"
     assert found.line.startswith("[Genesis pin-gate] STRICT FAIL: UNKNOWN")
 

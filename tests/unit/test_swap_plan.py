@@ -73,7 +73,9 @@ def test_plan_carries_everything_the_host_needs(ctx, tmp_path):
     assert (d.stack, d.project, d.container, d.port) == (
         "tq3-mtp-genesis", "rigfleet-tq3-mtp-genesis", "rigfleet-tq3-mtp-genesis", 8015)
     assert d.compose_file == "/opt/rigfleet/stacks/tq3-mtp-genesis/compose.yaml"
-    assert d.image_ref.endswith("@" + DIGEST) and d.gpu_memory_utilization == 0.85
+    # A Genesis stack runs its derived image; the pinned digest is its base (and recorded).
+    assert d.image_ref == f"rigfleet/tq3-mtp-genesis-runtime:{DIGEST[7:19]}-85af14d5"
+    assert d.record["digest"] == DIGEST and d.gpu_memory_utilization == 0.85
     assert d.record["genesis_commit"] == "c" * 40 and d.record["pins_serial"] == 3
     assert len(d.config_hash) == 16
     assert plan.projects == (

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rigfleet_testbed import vllm_builds
+from rigfleet_testbed.genesis_patches import TEXT_PATCHES
+
 SIM_DIR = Path(__file__).resolve().parents[2] / "testbed" / "rigfleet_testbed" / "images" / "vllm-sim"
 if str(SIM_DIR) not in sys.path:
     sys.path.insert(0, str(SIM_DIR))
@@ -59,14 +62,21 @@ def _shard(path: Path, tensors: dict[str, int]) -> None:
     path.write_bytes(struct.pack("<Q", len(blob)) + blob + b"\0" * offset)
 
 
-def make_model(base: Path, shards: int = 4) -> Path:
+def make_model(base: Path, shards: int = 4, quantized: bool = True) -> Path:
+    """A small model directory shaped like Lorbus/Qwen3.6-27B-int4-AutoRound (its config's
+    GDN head count and AutoRound INT4 quantization, which is what Marlin sees)."""
     model = base / "qwen3.6-27b-autoround-int4"
     model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps({
+    config: dict[str, Any] = {
         "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
         "text_config": {"max_position_embeddings": 262144, "mtp_num_hidden_layers": 1,
-                        "layer_types": ["linear_attention"] * 3 + ["full_attention"]},
-    }))
+                        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+                        "linear_num_value_heads": 48},
+    }
+    if quantized:
+        config["quantization_config"] = {"quant_method": "auto-round", "bits": 4,
+                                         "group_size": 128}
+    (model / "config.json").write_text(json.dumps(config))
     weight_map = {}
     for i in range(1, shards + 1):
         name = f"model-{i:05d}-of-{shards:05d}.safetensors"
@@ -77,21 +87,43 @@ def make_model(base: Path, shards: int = 4) -> Path:
     return model
 
 
-def make_package(base: Path, version: str = "0.20.2rc1.dev9+g01d4d1ad3",
-                 commit: str = "01d4d1ad375dc5854779c593eee093bcebb0cada",
-                 regressions: tuple[str, ...] = (),
+# The build a test server is unless it says otherwise: a release on which both stacks boot
+# clean (int8_per_token_head, TurboQuant on hybrid, Marlin padding) and that carries neither
+# vllm#50021 nor vllm#43559.
+DEFAULT_TAG = "v0.24.0"
+# Where each Genesis patch a test names leaves its marker (the fixture's text-patch targets;
+# rebind-only patches get one in a file of their own kind).
+_MARKER_FILES = {pid: t.target for pid, t in TEXT_PATCHES.items()}
+
+
+def make_package(base: Path, tag: str = DEFAULT_TAG, *, version: str | None = None,
+                 commit: str | None = None, regressions: tuple[str, ...] | None = None,
                  genesis_applied: list[str] | None = None) -> Path:
-    """A site dir holding a copy of the simulator package with the given build info."""
+    """A site dir holding a copy of the simulator package as the image of ``tag`` has it.
+
+    ``version``/``commit``/``regressions`` override the build info (a hypothetical build);
+    ``genesis_applied`` (ids or env-style names such as ``P67_TQ_MULTI_QUERY_KERNEL``) leaves
+    the ``[Genesis <id>`` markers Genesis' text patches would.
+    """
     site = base / "site"
     if site.exists():
         shutil.rmtree(site)
     shutil.copytree(SIM_DIR / "vllm", site / "vllm",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    (site / "vllm" / "_build_info.json").write_text(json.dumps(
-        {"version": version, "commit": commit, "regressions": list(regressions)}))
-    if genesis_applied is not None:
-        (site / "vllm" / "_genesis_applied.json").write_text(json.dumps(
-            {"applied": genesis_applied, "genesis_version": "v7.72.2"}))
+    overrides: dict[str, Any] = {}
+    if version is not None:
+        overrides["version"] = version
+    if commit is not None:
+        overrides["commit"] = commit
+    if regressions is not None:
+        overrides["regressions"] = list(regressions)
+    vllm_builds.layer_files(vllm_builds.by_tag(tag), overrides).write(site)
+    for name in genesis_applied or []:
+        pid = name.split("_", 1)[0]
+        target = site / "vllm" / _MARKER_FILES.get(pid, "v1/worker/genesis_rebinds.py")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("a", encoding="utf-8") as fh:
+            fh.write(f"# [Genesis {pid}] (left by the test, as Genesis' patch would)\n")
     return site
 
 
@@ -126,6 +158,8 @@ class SimServer:
             "NVIDIA_SIM_HARDWARE": str(gpu_root / "hardware.json"),
             "SIM_BOOT_SECONDS": "0", "SIM_RELEASE_SECONDS": "0.05",
             "SIM_TOKENS_PER_SECOND": "200000", "PYTHONDONTWRITEBYTECODE": "1",
+            # torch.compile's cache (simulated) stays inside the test's directory.
+            "VLLM_CACHE_ROOT": str(site.parent / "vllm-cache"),
         })
         full_env.update(env or {})
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "--model",

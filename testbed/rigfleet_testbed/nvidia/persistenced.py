@@ -12,6 +12,7 @@ one, and the start job fails::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pwd
 import signal
@@ -98,10 +99,8 @@ def serve(paths: sim.SimPaths, changed: list[int], pid_file: Path,
             time.sleep(0.5)
     finally:
         teardown(paths, changed)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             pid_file.unlink()
-        except FileNotFoundError:
-            pass
     return 0
 
 

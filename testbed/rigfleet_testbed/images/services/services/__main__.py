@@ -3,9 +3,10 @@
 Options for running outside the container (tests pick free ports with 0)::
 
     python3 -m services --data DIR --bind 127.0.0.1 --apt-port 0 --hub-port 0 --git-port 0 \
-        --ports-file /tmp/ports.json --log /tmp/services.log
+        --pypi-port 0 --ports-file /tmp/ports.json --log /tmp/services.log
 
-``--ports-file`` receives ``{"apt": N, "hub": N, "git": N}`` once every listener is bound.
+``--ports-file`` receives ``{"apt": N, "hub": N, "git": N, "pypi": N}`` once every listener is
+bound.
 SIGTERM/SIGINT stop the servers and exit 0 (the process is PID 1 in its container).
 """
 
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apt-port", type=int, default=80)
     parser.add_argument("--hub-port", type=int, default=8080)
     parser.add_argument("--git-port", type=int, default=8090)
+    parser.add_argument("--pypi-port", type=int, default=3141)
     parser.add_argument("--ports-file", type=Path)
     parser.add_argument("--log", type=Path, help="also append the request log to this file")
     args = parser.parse_args(argv)
@@ -42,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         apt_port=args.apt_port,
         hub_port=args.hub_port,
         git_port=args.git_port,
+        pypi_port=args.pypi_port,
         log=log,
     )
     if args.ports_file:

@@ -1,9 +1,10 @@
-"""Start and stop the three listeners in one process.
+"""Start and stop the four listeners in one process.
 
 In-process use (tests, tools)::
 
-    running = start(Path("/srv/testbed"), host="127.0.0.1", apt_port=0, hub_port=0, git_port=0)
-    print(running.ports)          # {"apt": 41234, "hub": 41235, "git": 41236}
+    running = start(Path("/srv/testbed"), host="127.0.0.1", apt_port=0, hub_port=0, git_port=0,
+                    pypi_port=0)
+    print(running.ports)          # {"apt": 41234, "hub": 41235, "git": 41236, "pypi": 41237}
     running.stop()
 """
 
@@ -17,7 +18,7 @@ from .common import RequestLog, Server
 from .faults import Faults
 from .hub import HubHandler
 from .hubstore import HubStore
-from .static import AptHandler, GitHandler, update_server_info
+from .static import AptHandler, GitHandler, PypiHandler, update_server_info
 
 
 @dataclass
@@ -46,11 +47,13 @@ def start(
     apt_port: int = 80,
     hub_port: int = 8080,
     git_port: int = 8090,
+    pypi_port: int = 3141,
     log: RequestLog | None = None,
 ) -> Running:
-    """Bind and serve ``<data>/apt``, ``<data>/hub``, ``<data>/git``; returns at once."""
+    """Bind and serve ``<data>/apt``, ``<data>/hub``, ``<data>/git``, ``<data>/pypi``; returns
+    at once."""
     log = log or RequestLog()
-    for sub in ("apt", "hub", "git"):
+    for sub in ("apt", "hub", "git", "pypi"):
         if not (data / sub).is_dir():
             # The testbed may fill a directory later (bind mount); serve 404s until then.
             log.line(f"[services] warning: {data / sub} does not exist yet")
@@ -63,8 +66,10 @@ def start(
     hub.faults = Faults()  # type: ignore[attr-defined]
     git = Server((host, git_port), GitHandler, service="git", log=log)
     git.root = data / "git"  # type: ignore[attr-defined]
+    pypi = Server((host, pypi_port), PypiHandler, service="pypi", log=log)
+    pypi.root = data / "pypi"  # type: ignore[attr-defined]
 
-    running = Running(servers={"apt": apt, "hub": hub, "git": git})
+    running = Running(servers={"apt": apt, "hub": hub, "git": git, "pypi": pypi})
     for name, srv in running.servers.items():
         thread = threading.Thread(target=srv.serve_forever, name=f"services-{name}", daemon=True)
         thread.start()

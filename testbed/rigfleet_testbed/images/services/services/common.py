@@ -10,6 +10,7 @@ test output and CI artifacts::
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import email.utils
 import os
@@ -134,12 +135,10 @@ class BaseHandler(BaseHTTPRequestHandler):
     # BaseHTTPRequestHandler calls these from send_response/send_error: route them to our log,
     # once per request, at the end (see handle_one_request).
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             self._status = int(code)
-        except (TypeError, ValueError):
-            pass
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib name)
+    def log_message(self, format: str, *args: object) -> None:
         # Only called for errors (bad request line, timeouts): the request line has no secrets.
         self.server.log.line(f"[{self.server.service}] {self.client_address[0]} " + format % args)
 
@@ -221,10 +220,8 @@ class BaseHandler(BaseHTTPRequestHandler):
                     self._sent += len(chunk)
                     self.wfile.flush()
                     self.close_connection = True
-                    try:
+                    with contextlib.suppress(OSError):
                         self.connection.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
                     return False
                 self.wfile.write(chunk)
                 self._sent += len(chunk)

@@ -86,16 +86,16 @@ class HubHandler(BaseHandler):
     def faults(self) -> Faults:
         return self.server.faults  # type: ignore[attr-defined]
 
-    def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
+    def do_GET(self) -> None:
         self._dispatch()
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._dispatch()
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._dispatch()
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._dispatch()
 
     def _dispatch(self) -> None:

@@ -1,4 +1,5 @@
-"""Static files over HTTP: the apt repository (port 80) and git's dumb protocol (port 8090).
+"""Static files over HTTP: the apt repository (port 80), git's dumb protocol (port 8090) and the
+PEP 503 package index (port 3141).
 
 The web root is a directory; ``GET /debian/dists/stable/Release`` serves
 ``<root>/debian/dists/stable/Release``. GET and HEAD, exact ``Content-Length``, ``Last-Modified``
@@ -8,10 +9,14 @@ is exactly what git's dumb protocol needs: ``GET /repo.git/info/refs?service=git
 gets the plain ``info/refs`` file with a non-smart content type, so git falls back to fetching
 ``HEAD``, ``objects/info/packs`` and pack files as static files::
 
-    git clone http://git.rigfleet.test:8090/genesis-vllm-patches.git
+    git clone http://git.rigfleet.test:8090/sndr_core_engine.git
 
 For that to work each bare repository needs ``git update-server-info`` after every change;
 :func:`update_server_info` runs it at startup for a ``*.git`` under the root that lacks it.
+A symlinked ``old-name.git -> new-name.git`` serves the same repository under both names.
+
+The package index serves ``index.html`` for a directory (``GET /simple/xxhash/``), which is all
+pip needs from a PEP 503 index.
 """
 
 from __future__ import annotations
@@ -54,16 +59,16 @@ def content_type(path: Path) -> str:
 class StaticHandler(BaseHandler):
     """Serve ``server.root`` read-only."""
 
-    def do_HEAD(self) -> None:  # noqa: N802 (stdlib naming)
+    def do_HEAD(self) -> None:
         self._serve()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._serve()
 
     def _not_allowed(self) -> None:
         self.send_bytes(405, b"method not allowed\n", "text/plain", {"Allow": "GET, HEAD"})
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815
+    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
 
     def _serve(self) -> None:
         root: Path = self.server.root  # type: ignore[attr-defined]
@@ -142,6 +147,17 @@ class AptHandler(StaticHandler):
 
 class GitHandler(StaticHandler):
     """Bare git repositories, dumb HTTP: web root ``<data>/git``."""
+
+
+class PypiHandler(StaticHandler):
+    """A PEP 503 simple index (``simple/<project>/index.html``): web root ``<data>/pypi``."""
+
+    def _listing(self, directory: Path, raw_path: str) -> None:
+        index = directory / "index.html"
+        if not index.is_file():
+            self.send_bytes(404, b"not found\n", "text/plain")
+            return
+        self.send_bytes(200, index.read_bytes(), "text/html; charset=utf-8")
 
 
 def update_server_info(git_root: Path, log: RequestLog) -> None:

@@ -2,7 +2,9 @@
 
 Flags the simulator models change behaviour; the other flags the club-3090 stacks pass are
 accepted and recorded (so a typo still fails like real vLLM: exit 2 with
-``vllm serve: error: unrecognized arguments: ...``).
+``vllm serve: error: unrecognized arguments: ...``). The ``--kv-cache-dtype`` choices are the
+build's (``kv_cache_dtypes`` in ``_build_info.json``): vLLM derives them from its ``CacheDType``
+literal, so a dtype the version lacks is argparse's "invalid choice", exit 2.
 """
 
 from __future__ import annotations
@@ -14,14 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.sim.buildinfo import BuildInfo, load_build_info
+
 # vLLM's default when neither --model nor a positional model is given.
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
-
-KV_CACHE_DTYPES = (
-    "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
-    "int8_per_token_head", "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k8v4",
-    "turboquant_k3v4_nc",
-)  # fmt: skip
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 SPEC_METHODS = ("mtp", "qwen3_next_mtp", "eagle", "eagle3", "ngram", "medusa", "draft_model",
                 "deepseek_mtp", "suffix")
@@ -50,12 +48,15 @@ class ServeConfig:
     max_num_seqs: int
     max_num_batched_tokens: int | None
     enable_prefix_caching: bool
+    async_scheduling: bool
     enable_auto_tool_choice: bool
     tool_call_parser: str | None
     reasoning_parser: str | None
     default_chat_template_kwargs: dict[str, Any]
     disable_log_stats: bool
     enforce_eager: bool
+    cudagraph_capture_sizes: list[int] | None = None
+    max_cudagraph_capture_size: int | None = None
     non_default: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -109,7 +110,9 @@ def _max_len(value: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid max model len {value!r}") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(kv_cache_dtypes: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``vllm serve`` parser of a build offering ``kv_cache_dtypes`` (default: this one's)."""
+    dtypes = tuple(kv_cache_dtypes or load_build_info().kv_cache_dtypes)
     p = argparse.ArgumentParser(
         prog="vllm serve", usage="vllm serve [model_tag] [options]", allow_abbrev=False,
         description="Launch a local OpenAI-compatible API server to serve LLM completions via "
@@ -123,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default=None)
     p.add_argument("--max-model-len", type=_max_len, default=None)
     p.add_argument("--gpu-memory-utilization", type=_util, default=0.9)
-    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument("--kv-cache-dtype", choices=dtypes, default="auto")
     p.add_argument("--speculative-config", type=_json_obj, default=None)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
@@ -135,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    # Async scheduling is on by default (club-3090's v0.27.1 composes turn it off with
+    # --no-async-scheduling against vllm#50021).
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--disable-custom-all-reduce", action="store_true")
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--language-model-only", action="store_true")
@@ -191,10 +197,12 @@ def _normalise(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ServeConfig:
-    """Parse ``vllm serve`` arguments; argparse exits with status 2 on bad input."""
+def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None,
+               build: BuildInfo | None = None) -> ServeConfig:
+    """Parse ``vllm serve`` arguments for ``build`` (default: this package's build info);
+    argparse exits with status 2 on bad input."""
     env = os.environ if environ is None else environ
-    parser = build_parser()
+    parser = build_parser((build or load_build_info()).kv_cache_dtypes)
     ns = parser.parse_args(_normalise(argv))
     defaults = vars(parser.parse_args([]))
     model = ns.model_tag or ns.model or DEFAULT_MODEL
@@ -234,11 +242,14 @@ def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> Se
         max_num_batched_tokens=ns.max_num_batched_tokens,
         # vLLM V1 turns prefix caching on by default.
         enable_prefix_caching=ns.enable_prefix_caching is not False,
+        async_scheduling=ns.async_scheduling is not False,
         enable_auto_tool_choice=ns.enable_auto_tool_choice,
         tool_call_parser=ns.tool_call_parser,
         reasoning_parser=ns.reasoning_parser,
         default_chat_template_kwargs=dict(ns.default_chat_template_kwargs or {}),
         disable_log_stats=ns.disable_log_stats,
         enforce_eager=ns.enforce_eager,
+        cudagraph_capture_sizes=list(ns.cudagraph_capture_sizes or []) or None,
+        max_cudagraph_capture_size=ns.max_cudagraph_capture_size,
         non_default=non_default,
     )

@@ -6,7 +6,9 @@ Failures come in two kinds, as in real vLLM:
   (bad model path, the speculators regression, tensor parallel size above the GPU count,
   max-model-len above the model's): a plain traceback, exit 1.
 - *engine* failures happen in the engine core process (no GPU, not enough free memory,
-  TurboQuant on a hybrid model without Genesis, broken shards, KV cache too small): vLLM logs
+  TurboQuant on a hybrid model on a build without hybrid support and without Genesis P4, an
+  INT4 Marlin layer narrower than the kernel's tile on a build that cannot pad it, broken
+  shards, KV cache too small): vLLM logs
   ``EngineCore failed to start.`` with the root cause, and the API server then dies with
   ``RuntimeError: Engine core initialization failed. See root cause above. Failed core
   proc(s): {}``; exit 1.
@@ -25,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from vllm.sim import hardware, kvcache, logs, modelfiles
+from vllm.sim import hardware, kvcache, logs, modelfiles, startup, weights
 from vllm.sim.args import ServeConfig, parse_args
 from vllm.sim.buildinfo import (
     REGRESSION_SPECULATORS_OSERROR,
@@ -33,6 +35,7 @@ from vllm.sim.buildinfo import (
     GenesisState,
     load_build_info,
     load_genesis_state,
+    marlin_pad_present,
     package_dir,
 )
 from vllm.sim.engine import Engine, EngineSettings
@@ -42,6 +45,8 @@ from vllm.sim.server import App, SimHTTPServer
 
 ENGINE_WRAPPER = ("RuntimeError: Engine core initialization failed. See root cause above. "
                   "Failed core proc(s): {}")
+# Marlin's smallest output tile (vLLM's GPTQ_MARLIN_MIN_THREAD_N).
+GPTQ_MARLIN_MIN_THREAD_N = 64
 
 
 class BootFailure(Exception):
@@ -102,6 +107,10 @@ class Boot:
         """Boot work takes time; SIGTERM during boot stops at once."""
         if seconds > 0 and self.stop.wait(seconds):
             raise KeyboardInterrupt
+
+    def clock_scale(self) -> float:
+        """Logged start-up seconds -> real ones: SIM_BOOT_SECONDS stands for a warm boot."""
+        return self.boot_seconds / startup.REAL_WARM_BOOT_SECONDS
 
     def _share(self, fraction: float) -> None:
         self._pause(self.boot_seconds * fraction)
@@ -218,7 +227,9 @@ class Boot:
                   f"served_model_name={cfg.served_model_names[0]}, "
                   f"enable_prefix_caching={cfg.enable_prefix_caching}")
         if cfg.kv_cache_dtype.startswith("turboquant"):
-            if info.hybrid and self.genesis is None:
+            # Hybrid support arrived with vllm#39931 (0.20.2rc1.dev60); before it Genesis P4
+            # text-patches the refusal away (vllm_builds.turboquant_hybrid).
+            if info.hybrid and not (self.build.turboquant_hybrid or self._has_patch("P4")):
                 raise self.engine_failure(
                     "NotImplementedError: TurboQuant KV cache is not supported for hybrid "
                     "attention models (sliding-window / linear attention layers present). "
@@ -244,8 +255,10 @@ class Boot:
             ]) from None
         card_gib = min(g.memory_total_mib for g in gpus[: cfg.tensor_parallel_size]) / 1024.0
         logs.info("gpu_model_runner.py:3346", f"Starting to load model {cfg.model}...")
+        self._check_marlin(info)
         try:
             modelfiles.check_weights(model_path)
+            weights.set_served(weights.inspect(model_path))
         except modelfiles.ModelFileError as err:
             raise self.engine_failure(f"{err.exc_type}: {err.message}", [
                 self._f("vllm/model_executor/model_loader/default_loader.py", 301,
@@ -262,6 +275,7 @@ class Boot:
         logs.info("default_loader.py:267", f"Loading weights took {load_s:.2f} seconds")
         logs.info("gpu_model_runner.py:3375", f"Model loading took {weights_gib:.4f} GiB and "
                   f"{load_s + 0.5:.6f} seconds")
+        startup.compile_model(cfg, self.build, self._pause, self.clock_scale())
         crash = os.environ.get("SIM_FAULT_CRASH_AT_BOOT")
         if crash:
             line = crash if _looks_like_exception(crash) else f"RuntimeError: {crash}"
@@ -284,13 +298,72 @@ class Boot:
         logs.info("kv_cache_utils.py:1087", f"GPU KV cache size: {plan.num_tokens:,} tokens")
         logs.info("kv_cache_utils.py:1091", f"Maximum concurrency for {max_len:,} tokens per "
                   f"request: {plan.max_concurrency:.2f}x")
+        sizes = startup.capture_sizes(cfg)
         if not cfg.enforce_eager:
+            sizes = self._p66_filter(sizes)
+        if startup.capture_graphs(cfg, self._pause, self.clock_scale(), sizes).mode != "NONE":
             self._share(0.15)
             logs.info("gpu_model_runner.py:3480", "Graph capturing finished in "
                       f"{self.boot_seconds * 0.15:.0f} secs, took 0.55 GiB")
         logs.info("core.py:218", "init engine (profile, create kv cache, warmup model) took "
                   f"{self.boot_seconds * 0.6:.2f} seconds")
         return Booted(self.alloc, plan, max_len)
+
+    def _has_patch(self, patch: str) -> bool:
+        return self.genesis is not None and self.genesis.has_patch(patch)
+
+    def _check_marlin(self, info: modelfiles.ModelInfo) -> None:
+        """INT4 Marlin needs each rank's output shard to be at least one tile wide.
+
+        Qwen3.6's GDN in_proj_ba has 2 x linear_num_value_heads outputs (96 for the 27B), so at
+        tensor-parallel-size 2 a rank holds 48 < GPTQ_MARLIN_MIN_THREAD_N. Builds before v0.21.0
+        die here unless the pad fix is in marlin.py (the vllm#40361 overlay or Genesis P87);
+        v0.21.0 boots this model, v0.24.0 pads natively (vllm_builds.marlin_sub_tile_n).
+        """
+        tp = self.cfg.tensor_parallel_size
+        if not info.marlin_int4 or not info.linear_num_value_heads or tp < 2:
+            return
+        out_features = 2 * info.linear_num_value_heads // tp
+        if out_features >= GPTQ_MARLIN_MIN_THREAD_N or self.build.marlin_sub_tile_n != \
+                "needs-pad" or marlin_pad_present(self.pkg):
+            return
+        raise self.engine_failure(
+            "ValueError: Failed to find a kernel that can implement the WNA16 linear layer. "
+            "Reasons: \n MarlinLinearKernel cannot implement due to: GPTQ_MARLIN_MIN_THREAD_N "
+            f"({GPTQ_MARLIN_MIN_THREAD_N}) > out_features ({out_features})", [
+                self._f("vllm/v1/executor/multiproc_executor.py", 596, "worker_main",
+                        "worker = WorkerProc(*args, **kwargs)"),
+                self._f("vllm/v1/worker/gpu_model_runner.py", 3350, "load_model",
+                        "self.model = model_loader.load_model("),
+                self._f("vllm/model_executor/models/qwen3_next.py", 412, "__init__",
+                        "self.in_proj_ba = ColumnParallelLinear("),
+                self._f("vllm/model_executor/layers/quantization/gptq_marlin.py", 478,
+                        "create_weights", "kernel_type = choose_mp_linear_kernel(mp_linear_"
+                        "kernel_config)"),
+                self._f("vllm/model_executor/kernels/linear/__init__.py", 101,
+                        "choose_mp_linear_kernel", "raise ValueError("),
+            ])
+
+    def _p66_filter(self, sizes: list[int]) -> list[int]:
+        """The capture sizes Genesis P66's patched sizing code keeps (upstream wiring
+        patch_66), and its log line: sizes not divisible by the spec-decode query length
+        (1 + K) are dropped. Without MTP or without P66's marker, ``sizes`` as given.
+
+        vLLM's default sizes (:func:`startup.capture_sizes`) for max-num-seqs 2 with MTP n=3
+        are [1, 2, 4, 8, 16] -> kept [4, 8, 16], removed [1, 2] (the club-3090 boot the seed
+        document quotes).
+        """
+        k = self.cfg.num_speculative_tokens
+        if not (k and self._has_patch("P66")):
+            return sizes
+        q = 1 + k
+        kept = sorted(s for s in sizes if s % q == 0)
+        removed = sorted(set(sizes) - set(kept))
+        if removed:
+            logs.info("vllm.py:1530", f"[Genesis P66] Filtered cudagraph_capture_sizes for "
+                      f"spec-decode uniform_query_len={q}: removed {len(removed)} non-divisible "
+                      f"sizes {removed}; kept {kept}.")
+        return kept
 
     # -- failure reporting -------------------------------------------------------------------
     def report(self, failure: BootFailure) -> None:
@@ -340,10 +413,11 @@ class Boot:
              "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
              "num_gpu_blocks": str(booted.plan.num_tokens // 16),
              "num_speculative_tokens": str(cfg.num_speculative_tokens)},
-            enabled=not cfg.disable_log_stats)
+            enabled=not cfg.disable_log_stats, max_model_len=booted.max_model_len)
         settings = EngineSettings.from_env()
         engine = Engine(cfg, self.build, self.genesis, booted.plan.num_tokens,
-                        booted.max_model_len, metrics, on_fatal=self.fatal.set, settings=settings)
+                        booted.max_model_len, metrics, on_fatal=self.fatal.set, settings=settings,
+                        alloc=self.alloc)
         server.app = App(cfg, engine, metrics, self.build.version, booted.max_model_len,
                          hang=settings.hang)
         port = server.server_address[1]

@@ -42,6 +42,7 @@ _BYTES_PER_TOKEN_TP2 = {
     "fp8_ds_mla": 17499,
     # int8 values plus a per-token-head scale: a little above fp8.
     "int8_per_token_head": 17976,
+    "fp8_per_token_head": 17976,
     # TurboQuant: ~3.5/4.5/6.5/4 effective bits incl. norms and codebook indices.
     "turboquant_3bit_nc": 7588,
     "turboquant_4bit_nc": 9774,

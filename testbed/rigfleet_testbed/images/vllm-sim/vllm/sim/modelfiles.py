@@ -104,6 +104,17 @@ class ModelInfo:
     max_position_embeddings: int
     hybrid: bool
     mtp_layers: int | None
+    # quantization_config: method and weight bits ("auto-round", 4), None when unquantized.
+    quant_method: str | None = None
+    quant_bits: int | None = None
+    # Gated DeltaNet value heads (Qwen3.6-27B: 48); its in_proj_ba has 2x that many outputs.
+    linear_num_value_heads: int | None = None
+
+    @property
+    def marlin_int4(self) -> bool:
+        """Weights that vLLM runs through the Marlin WNA16 kernels (AutoRound/GPTQ/AWQ INT4)."""
+        return self.quant_method in ("auto-round", "auto_round", "gptq", "awq") \
+            and self.quant_bits == 4
 
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -144,6 +155,9 @@ def load_config(path: Path) -> ModelInfo:
         max_pos = int(cfg.get("max_position_embeddings") or DEFAULT_MAX_POSITION_EMBEDDINGS)
     except (TypeError, ValueError):
         max_pos = DEFAULT_MAX_POSITION_EMBEDDINGS
+    quant = raw.get("quantization_config") or cfg.get("quantization_config")
+    quant = quant if isinstance(quant, dict) else {}
+    heads = cfg.get("linear_num_value_heads")
     return ModelInfo(
         path=path,
         architectures=tuple(str(a) for a in archs),
@@ -151,6 +165,9 @@ def load_config(path: Path) -> ModelInfo:
         max_position_embeddings=max_pos,
         hybrid=_is_hybrid(cfg),
         mtp_layers=int(mtp) if isinstance(mtp, int) else None,
+        quant_method=str(quant["quant_method"]) if quant.get("quant_method") else None,
+        quant_bits=int(quant["bits"]) if isinstance(quant.get("bits"), int) else None,
+        linear_num_value_heads=int(heads) if isinstance(heads, int) else None,
     )
 
 
@@ -186,7 +203,7 @@ def check_shard(path: Path) -> int:
             continue
         try:
             begin, end = entry["data_offsets"]
-            entry["dtype"], entry["shape"]  # noqa: B018 - presence check
+            entry["dtype"], entry["shape"]
         except (KeyError, TypeError, ValueError):
             raise _safetensors_error("InvalidHeaderDeserialization") from None
         if not (0 <= begin <= end <= data_len):

@@ -123,7 +123,7 @@ class Handler(BaseHTTPRequestHandler):
     def version_string(self) -> str:  # the "server" header, as uvicorn sends it
         return "uvicorn"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # access lines are written by _access in uvicorn's format
 
     @property
@@ -193,19 +193,19 @@ class Handler(BaseHTTPRequestHandler):
             threading.Event().wait()
 
     # -- dispatch ---------------------------------------------------------------------------
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def do_GET(self) -> None:
         self._dispatch("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._dispatch("POST")
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._dispatch("HEAD")
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         self._dispatch("PUT")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:

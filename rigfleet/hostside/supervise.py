@@ -1,0 +1,457 @@
+"""The supervisor's decisions: when the active stack's engine dies, recreate it from its
+verified snapshot, with a backoff and a limit; past the limit the front stays at 503 with the
+reason. Pure functions over records; the loop is ``rigfleet.hostside.supervisor``.
+
+Stack containers are never restarted in place (compose ``restart: "no"``): Genesis
+text-patches vLLM in the container's writable layer, so a restarted container fails to
+re-patch and a crash would become a restart loop. ``rigfleet-supervise.service`` runs::
+
+    python3 rigfleet-host.pyz supervise --front-port 8000 --ready-timeout-s 1200 \\
+        --backoff-s 10,30,90 --limit 3 --window-s 1800       # the loop (a systemd service)
+    python3 rigfleet-host.pyz supervise --reset --why "freed the cards"   # after fixing
+
+Every few seconds (``--poll-s``) it looks at the active stack's container and ``/health``.
+The engine is dead when its container is gone, exited (OOM-killed or not), was restarted in
+place, runs another config than the verified snapshot, stopped answering ``/health`` for
+``--unhealthy-s`` after it served, or never became ready within ``--ready-timeout-s``. Then:
+
+1. the front answers 503 (the window opens at once; nginx would otherwise answer 502);
+2. after the backoff (``10 s``, ``30 s``, ``90 s``: the n-th recreation within the window
+   waits the n-th value, the last one repeats), under the host lock: the dead container's log
+   is kept (``supervise/<stack>-<hash>-<time>.log``), every stack goes down, the cards'
+   memory is released, the snapshot is recreated, ready, answers, the front routes to it;
+   ledger ``supervise recreated`` ("recreated after the engine died: <reason>");
+3. when it dies again with ``--limit`` recreations already in ``--window-s``: it gives up,
+   the front stays at 503 with the reason (the container's log classified by
+   ``stackctl.classify_boot_failure``), ledger ``supervise gave-up`` ("crash loop: ... gave up
+   after N recreations in M min; run the deploy or fix the stack"); nothing more happens until
+   a reset.
+
+It does nothing while someone else holds the host lock (a swap, ``ensure``, ``adopt``: they
+own the host) or while ``rigfleet-stack.service`` starts or stops (its ``ensure`` owns the
+host at boot). The count starts again (a reset) when a new stack is promoted, when ``ensure``
+or a rolled-back swap brings the verified stack back, and on ``supervise --reset``
+(``active.request_reset``).
+
+Killed at any point it leaves nothing half done: its state (``supervise/state.json``) is
+written atomically, a recreation is counted before anything changes, the host lock of a dead
+holder is stale by the one liveness rule, and the next start finishes what was cut short:
+it reroutes a stack that came up, recreates again (counted), or writes the ledger line the
+killed one could not (``record``). The decisions are pure functions (``step``), tested with
+fakes; ``rigfleet.hostside.supervisor.Supervisor`` is the thin loop around them::
+
+    record, action = step(record, observation, Policy())
+    action.kind    # 'none', 'open-window', 'recreate', 'reroute', 'record' or 'give-up'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from .front import MAINTENANCE
+from .layout import STACK_UNIT, SUPERVISE_UNIT
+from .plan import Active
+from .records import SUPERVISE_SCHEMA, describe
+from .stackctl import ContainerState, classify_boot_failure, docker_time
+
+WHO = SUPERVISE_UNIT
+# The loop's states (``Record.state``), as the probe and ``rigfleet status`` show them.
+STATES = ("starting", "idle", "paused", "watching", "booting", "backoff", "recreating",
+          "gave-up")
+# How rigfleet-stack.service stands (stackctl.parse_unit_state) -> why that pauses us.
+PAUSING_UNIT = {
+    "starting": f"{STACK_UNIT} is starting: its ensure owns the host",
+    "stopping": f"{STACK_UNIT} is stopping: the host is going down",
+    "inactive": f"{STACK_UNIT} is stopped: the host is meant not to serve",
+}
+
+
+# --- the policy -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """When to act, how long to wait and when to give up (the unit's flags; defaults here).
+
+    + backoff_s: the wait before the 1st, 2nd, 3rd ... recreation within the window (the last
+      value repeats); counted from when the death was seen (or the last attempt failed)
+    + limit: recreations within ``window_s``; one more death and it gives up
+    + window_s: the sliding window the recreations are counted in
+    + poll_s: how often it looks
+    + unhealthy_after_s: ``/health`` failing this long, after it served, is a dead engine
+    + ready_timeout_s: a (re)started stack must be ready within this (host data
+      ``ready_timeout_s``); vram_timeout_s: the cards' memory must be released within this
+    + retry_after_s: the front's ``Retry-After`` while it answers 503
+    """
+
+    backoff_s: tuple[float, ...] = (10.0, 30.0, 90.0)
+    limit: int = 3
+    window_s: float = 1800.0
+    poll_s: float = 5.0
+    unhealthy_after_s: float = 60.0
+    ready_timeout_s: float = 1200.0
+    vram_timeout_s: float = 120.0
+    retry_after_s: int = 30
+
+    def backoff(self, done: int) -> float:
+        """The wait before the next recreation when ``done`` happened within the window."""
+        if not self.backoff_s:
+            return 0.0
+        return self.backoff_s[min(done, len(self.backoff_s) - 1)]
+
+    def argv(self) -> list[str]:
+        """The ``supervise`` flags that say this policy (``roles/swap.py`` renders them)."""
+        return ["--backoff-s", ",".join(f"{s:g}" for s in self.backoff_s),
+                "--limit", str(self.limit), "--window-s", f"{self.window_s:g}",
+                "--poll-s", f"{self.poll_s:g}", "--unhealthy-s", f"{self.unhealthy_after_s:g}",
+                "--ready-timeout-s", f"{self.ready_timeout_s:g}",
+                "--vram-timeout-s", f"{self.vram_timeout_s:g}",
+                "--retry-after-s", str(self.retry_after_s)]
+
+    def summary(self) -> dict[str, Any]:
+        return {"backoff_s": list(self.backoff_s), "limit": self.limit,
+                "window_s": self.window_s, "unhealthy_after_s": self.unhealthy_after_s,
+                "poll_s": self.poll_s}
+
+
+def parse_backoff(text: str) -> tuple[float, ...]:
+    """``"10,30,90"`` -> (10.0, 30.0, 90.0); ValueError naming the value otherwise."""
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(not math.isfinite(v) or v < 0 for v in values):
+        raise ValueError(f"{text!r} is not a list of seconds; allowed: comma-separated numbers "
+                         ">= 0, e.g. 10,30,90")
+    return values
+
+
+# --- the record -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One recreation: when (epoch seconds), why the engine was dead, how it ended.
+
+    + result: ``running`` (in progress, or the supervisor died during it), ``recreated``,
+      ``failed``, ``interrupted`` (stopped, killed)
+    + detail: the failure; journal: its journal (``rigfleet-host.pyz status --id``)
+    + noted: a ledger line accounts for it (False: a killed supervisor could not write one)
+    """
+
+    at: float
+    reason: str
+    result: str = "running"
+    detail: str = ""
+    seconds: float | None = None
+    journal: str = ""
+    kept_log: str | None = None
+    noted: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attempt:
+        seconds = data.get("seconds")
+        return cls(at=float(data.get("at") or 0.0), reason=str(data.get("reason") or ""),
+                   result=str(data.get("result") or "running"),
+                   detail=str(data.get("detail") or ""),
+                   seconds=float(seconds) if isinstance(seconds, int | float) else None,
+                   journal=str(data.get("journal") or ""),
+                   kept_log=str(data["kept_log"]) if data.get("kept_log") else None,
+                   noted=bool(data.get("noted")))
+
+
+@dataclass(frozen=True)
+class Record:
+    """``supervise/state.json``: what the supervisor sees and did (times: epoch seconds).
+
+    + state: one of ``STATES``; reason: why, one line; since: when it entered the state
+    + route_id: the active stack it watches; epoch: that stack's promotion (a new one resets)
+    + reset_token: the last reset request it honoured
+    + attempts: recreations since the last reset (those within the window count)
+    + dead_since, death, boot_failure: the engine's death being handled (None: alive)
+    + healthy_start: the ``StartedAt`` of the container last seen healthy (it served)
+    + unhealthy_since: since when ``/health`` fails after it served
+    + next_attempt_at, gave_up_at
+    """
+
+    state: str = "starting"
+    reason: str = ""
+    since: float = 0.0
+    route_id: str | None = None
+    epoch: str = ""
+    reset_token: str = ""
+    attempts: tuple[Attempt, ...] = ()
+    dead_since: float | None = None
+    death: str = ""
+    boot_failure: dict[str, str] | None = None
+    healthy_start: str = ""
+    unhealthy_since: float | None = None
+    next_attempt_at: float | None = None
+    gave_up_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["attempts"] = [asdict(a) for a in self.attempts]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Record:
+        """A record from ``state.json`` (a fresh one when it is not one)."""
+        if not isinstance(data, dict) or data.get("schema") != SUPERVISE_SCHEMA:
+            return cls()
+
+        def num(key: str) -> float | None:
+            value = data.get(key)
+            return float(value) if isinstance(value, int | float) else None
+
+        boot = data.get("boot_failure")
+        return cls(
+            state=str(data.get("state") or "starting"), reason=str(data.get("reason") or ""),
+            since=num("since") or 0.0,
+            route_id=str(data["route_id"]) if data.get("route_id") else None,
+            epoch=str(data.get("epoch") or ""), reset_token=str(data.get("reset_token") or ""),
+            attempts=tuple(Attempt.from_dict(a) for a in data.get("attempts") or ()
+                           if isinstance(a, dict)),
+            dead_since=num("dead_since"), death=str(data.get("death") or ""),
+            boot_failure={str(k): str(v) for k, v in boot.items()} if isinstance(boot, dict)
+            else None,
+            healthy_start=str(data.get("healthy_start") or ""),
+            unhealthy_since=num("unhealthy_since"), next_attempt_at=num("next_attempt_at"),
+            gave_up_at=num("gave_up_at"))
+
+    def recent(self, now: float, window_s: float) -> list[Attempt]:
+        """The attempts within the window (what the limit counts)."""
+        return [a for a in self.attempts if a.at >= now - window_s]
+
+    def unnoted(self) -> Attempt | None:
+        """The newest attempt no ledger line accounts for (its supervisor was killed)."""
+        return next((a for a in reversed(self.attempts) if not a.noted), None)
+
+    def noted(self, last: Attempt | None = None) -> Record:
+        """Every attempt accounted for by the ledger line just written; ``last`` replaces
+        (or is added as) the newest one."""
+        attempts = [replace(a, noted=True) for a in self.attempts]
+        if last is not None:
+            if attempts and attempts[-1].at == last.at:
+                attempts.pop()
+            attempts.append(replace(last, noted=True))
+        return replace(self, attempts=tuple(attempts))
+
+
+def epoch_of(active: Active) -> str:
+    """What changes when another stack (or the same one, re-verified) is promoted."""
+    return f"{active.deploy_id}|{active.since}|{active.ref.route_id}"
+
+
+def started(rec: Record, now: float) -> Record:
+    """The record as a new supervisor process takes it over: an attempt left ``running`` was
+    cut short (the supervisor was killed or stopped during it); it still counts."""
+    attempts = tuple(replace(a, result="interrupted", detail=a.detail or "the supervisor "
+                             "stopped during it (killed or restarted)")
+                     if a.result == "running" else a for a in rec.attempts)
+    if rec.state == "gave-up":
+        return replace(rec, attempts=attempts)  # it stays given up across restarts
+    return replace(rec, attempts=attempts, state="starting", since=now,
+                   reason="the supervisor (re)started")
+
+
+# --- the decisions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the loop saw, once (times: epoch seconds).
+
+    + active: the active record (None: nothing verified here); problem: it is unreadable
+    + container, healthy, health: the active stack's container and its ``/health`` answer
+    + log: the container's log tail when it is not healthy
+    + holder: a live holder of the host lock other than this process
+    + stack_unit: ``rigfleet-stack.service`` (``stackctl.parse_unit_state``)
+    + route: the front's route; reset: the reset request (``active.request_reset``)
+    """
+
+    now: float
+    active: Active | None = None
+    problem: str = ""
+    container: ContainerState | None = None
+    healthy: bool = False
+    health: str = ""
+    log: str = ""
+    holder: dict[str, Any] | None = None
+    stack_unit: str = "done"
+    route: str | None = None
+    reset: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the loop must do now, with the host lock (``none``: nothing).
+
+    + kind: ``none``, ``open-window`` (front to 503), ``recreate``, ``reroute`` (the stack is
+      up and answers; only the front is wrong), ``record`` (it serves after a recreation whose
+      supervisor was killed before its ledger line) or ``give-up``
+    """
+
+    kind: str = "none"
+    reason: str = ""
+
+
+NOTHING = Action()
+
+
+def moved(rec: Record, state: str, reason: str, now: float, **changes: Any) -> Record:
+    """``rec`` in ``state`` for ``reason`` (``since`` kept while the state stays)."""
+    since = rec.since if (state, reason) == (rec.state, rec.reason) or (
+        state == rec.state and state in ("booting", "backoff")) else now
+    return replace(rec, state=state, reason=reason, since=since, **changes)
+
+
+def _cause(how: str, log: str) -> tuple[str, dict[str, str] | None]:
+    """``how`` it died plus what its log shows (the boot-failure classifier)."""
+    boot = classify_boot_failure(log) if log.strip() else None
+    if boot is None:
+        return how, None
+    text = (f"{how}; the last error in its log: {boot.line}" if boot.kind == "unknown"
+            else f"{how}: {boot}")
+    return text, asdict(boot)
+
+
+def engine_death(rec: Record, obs: Observation, p: Policy) -> str | None:
+    """Why the active stack's engine is dead, or None (alive, or still starting)."""
+    assert obs.active is not None
+    ref, st, now = obs.active.ref, obs.container, obs.now
+    if st is None:
+        return f"its container {ref.container} is gone"
+    if st.config_hash != ref.config_hash:
+        return (f"{ref.container} runs config {st.config_hash or 'unlabelled'}, not the "
+                f"verified snapshot's {ref.config_hash}")
+    if st.status in ("exited", "dead"):
+        return (f"its container exited (exit code {st.exit_code}"
+                + (", OOM-killed" if st.oom_killed else "") + ")")
+    if st.status == "restarting" or st.restarts > 0:
+        return ("Docker restarted its container in place (Genesis' patches live in the "
+                "container's writable layer: recreate, never restart)")
+    if not st.running:
+        return f"its container is {st.status}"
+    if obs.healthy:
+        return None
+    if rec.healthy_start and rec.healthy_start == st.started_at:
+        since = rec.unhealthy_since if rec.unhealthy_since is not None else now
+        if now - since >= p.unhealthy_after_s:
+            return f"its engine stopped answering ({obs.health} for {now - since:.0f} s)"
+        return None
+    begun = docker_time(st.started_at)
+    if begun is not None and now - begun > p.ready_timeout_s:
+        return f"not ready {p.ready_timeout_s:g} s after it started ({obs.health})"
+    return None
+
+
+def _reset(rec: Record, obs: Observation) -> Record:
+    """A fresh count when another stack was promoted or someone asked for a reset."""
+    assert obs.active is not None
+    epoch = epoch_of(obs.active)
+    token = str((obs.reset or {}).get("token") or "")
+    if rec.epoch == epoch and rec.reset_token == token:
+        return rec
+    if not rec.epoch:
+        why = rec.reason  # the first look: nothing to forget
+    elif rec.epoch != epoch:
+        why = f"a new verified stack: {obs.active.ref.route_id}"
+    else:
+        why = (f"reset by {(obs.reset or {}).get('by') or 'someone'}: "
+               f"{(obs.reset or {}).get('why') or 'no reason given'}")
+    return Record(state=rec.state if not rec.epoch else "watching", reason=why, since=obs.now,
+                  route_id=obs.active.ref.route_id, epoch=epoch, reset_token=token,
+                  healthy_start=rec.healthy_start if rec.epoch == epoch else "")
+
+
+def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
+    """The record after ``obs``, and what to do now (see the module docstring)."""
+    now = obs.now
+    if obs.problem:
+        return moved(rec, "paused", obs.problem, now), NOTHING
+    if obs.active is None:
+        return moved(replace(rec, route_id=None, dead_since=None, death="", boot_failure=None,
+                              next_attempt_at=None),
+                      "idle", "nothing was ever verified on this host: nothing to watch",
+                      now), NOTHING
+    rec = _reset(rec, obs)
+    ref = obs.active.ref
+    if obs.holder is not None:
+        return moved(rec, "paused", f"{describe(obs.holder)}: they own the host",
+                      now), NOTHING
+    if obs.stack_unit in PAUSING_UNIT:
+        return moved(rec, "paused", PAUSING_UNIT[obs.stack_unit], now), NOTHING
+    if rec.state == "gave-up":
+        return rec, NOTHING  # until a reset or a new stack: no loop
+    st = obs.container
+    served = st is not None and st.running and bool(rec.healthy_start) \
+        and rec.healthy_start == st.started_at
+    if served and not obs.healthy:
+        rec = replace(rec, unhealthy_since=now if rec.unhealthy_since is None
+                      else rec.unhealthy_since)
+    else:
+        rec = replace(rec, unhealthy_since=None)
+    how = engine_death(rec, obs, p)
+    if how is None:
+        rec = replace(rec, dead_since=None, death="", boot_failure=None, next_attempt_at=None)
+        if st is not None and obs.healthy:
+            rec = replace(rec, healthy_start=st.started_at)
+            if obs.route != ref.route_id:
+                return (moved(rec, "watching", f"{ref.route_id} is up and answers", now),
+                        Action("reroute", f"the front routes to {obs.route or 'nothing'}, not "
+                               f"to {ref.route_id}, which is up and answers"))
+            rec = moved(rec, "watching", f"{ref.route_id} serves", now)
+            cut = rec.unnoted()
+            if cut is not None:
+                return rec, Action("record", cut.reason)
+            return rec, NOTHING
+        if served:
+            return moved(rec, "watching", f"{ref.route_id}: {obs.health} since "
+                          f"{_iso(rec.unhealthy_since or now)}", now), NOTHING
+        detail = obs.health or "not ready"
+        return moved(rec, "booting", f"{ref.container} is starting ({detail})", now), NOTHING
+    death, boot = _cause(how, obs.log)
+    rec = replace(rec, dead_since=now if rec.dead_since is None else rec.dead_since,
+                  death=death, boot_failure=boot)
+    recent = rec.recent(now, p.window_s)
+    if len(recent) >= p.limit:
+        first = min((a.at for a in recent), default=now)
+        reason = (f"crash loop: {ref.stack} died again ({death}); gave up after {len(recent)} "
+                  f"recreations in {max(1, math.ceil((now - first) / 60))} min; run the deploy "
+                  "or fix the stack")
+        return (moved(rec, "gave-up", reason, now, gave_up_at=now, next_attempt_at=None),
+                Action("give-up", reason))
+    assert rec.dead_since is not None
+    due = rec.dead_since + p.backoff(len(recent))
+    which = f"recreation {len(recent) + 1} of {p.limit}"
+    rec = replace(rec, next_attempt_at=due)
+    if now >= due:
+        return moved(rec, "recreating", f"{ref.stack}'s engine died ({death}); {which}",
+                      now), Action("recreate", death)
+    waiting = moved(rec, "backoff", f"{ref.stack}'s engine died ({death}); {which} at "
+                     f"{_iso(due)}", now)
+    if obs.route != MAINTENANCE:
+        return waiting, Action("open-window", f"{ref.stack}'s engine died; {which} in "
+                               f"{due - now:.0f} s")
+    return waiting, NOTHING
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+
+
+def status_line(data: dict[str, Any] | None) -> str:
+    """One line about the supervisor (``rigfleet-host.pyz status``), from ``read_supervisor``."""
+    if data is None:
+        return "never ran on this host"
+    if data.get("error"):
+        return f"unreadable: {data['error']}"
+    policy = data.get("policy") or {}
+    line = (f"{data.get('state')}: {data.get('reason')} ({data.get('recreations', 0)} of "
+            f"{policy.get('limit', '?')} recreations within {policy.get('window_s', '?')} s)")
+    return line + ("" if data.get("alive") else " [not running]")
+

@@ -1,0 +1,351 @@
+"""The supervisor's loop (``rigfleet-host.pyz supervise``, ``rigfleet-supervise.service``):
+look, ask ``supervise.step`` what to do, do it with the host lock. What it decides and why
+is in ``rigfleet.hostside.supervise``; this module only looks and acts::
+
+    sup = Supervisor(Layout(), SystemOps(key), front, Policy(),
+                     unit_state=lambda: ops.unit(STACK_UNIT), stop=stop_requested)
+    with single_instance(Layout()):
+        sup.run()                          # until SIGTERM
+
+Every action re-checks under the host lock (a swap may have started meanwhile), runs with a
+journal of its own (``swap/supervise-<time>-<pid>-<n>/``, read with ``status --id``), and
+writes the ledger line before the record that says it was written: killed in between, the
+next supervisor writes it again rather than never.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, TextIO
+
+from . import ledger
+from .active import mark_interrupted, prune_journals, read_active, snapshot_gate
+from .front import FrontError
+from .journal import Journal
+from .layout import Layout
+from .lock import HostLock, LockHeld
+from .plan import Active, PlanError
+from .records import (
+    SUPERVISE_SCHEMA,
+    boot_id,
+    live_holder,
+    pid_start_ticks,
+    read_holder,
+    read_json,
+)
+from .steps import Failure, FrontControl, Ops, Steps
+from .supervise import WHO, Action, Attempt, Observation, Policy, Record, moved, started, step
+
+KEEP_LOGS = 10
+LOG_TAIL = 400
+
+
+class AlreadyRunning(Exception):
+    """Another supervisor process runs on this host."""
+
+
+@contextlib.contextmanager
+def single_instance(lay: Layout) -> Iterator[None]:
+    """One supervisor per host: an ``flock`` the kernel drops when the process ends (so a
+    killed supervisor leaves no lock behind)."""
+    lay.supervise_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lay.supervise_dir / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AlreadyRunning(f"another supervisor runs on this host "
+                                 f"({lay.supervise_state})") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Supervisor:
+    """The loop around ``supervise.step`` (see the module docstring).
+
+    + lay, ops, front: the host (``Layout``, ``stackctl.SystemOps``, ``front.Front``; fakes
+      in tests)
+    + unit_state: how ``rigfleet-stack.service`` stands (``SystemOps.unit``)
+    + docker_up: the Docker daemon answers (``SystemOps.docker_up``): while it restarts, a
+      container it cannot show is no dead engine
+    + clock: epoch seconds (``time.time``; the fake host's clock in tests)
+    + stop: the stop request (SIGTERM); it also cuts a recreation short
+    + refresh: called before each look (re-reads the API key: a deploy may rotate it)
+    """
+
+    lay: Layout
+    ops: Ops
+    front: FrontControl
+    policy: Policy = field(default_factory=Policy)
+    unit_state: Callable[[], str] = lambda: "unknown"
+    docker_up: Callable[[], bool] = lambda: True
+    clock: Callable[[], float] = time.time
+    stop: Callable[[], bool] = lambda: False
+    refresh: Callable[[], None] = lambda: None
+    echo: TextIO | None = sys.stdout
+    pid: int = 0
+
+    def __post_init__(self) -> None:
+        self.pid = self.pid or os.getpid()
+        self.lock = HostLock(self.lay, self.pid)
+        data, _ = read_json(self.lay.supervise_state)
+        self.rec = Record.from_dict(data)
+        self._saved: dict[str, Any] | None = None
+        self._acts = 0
+
+    # -- records ------------------------------------------------------------------------------
+
+    def save(self, rec: Record) -> None:
+        """Write ``state.json`` (atomically) when it changed."""
+        self.rec = rec
+        data = {"schema": SUPERVISE_SCHEMA, **rec.to_dict(), "policy": self.policy.summary(),
+                "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id()}
+        if data == self._saved:
+            return
+        ledger.atomic_write(self.lay.supervise_state,
+                            json.dumps({**data, "updated": self.clock()}, indent=2,
+                                       sort_keys=True) + "\n")
+        self._saved = data
+
+    def say(self, message: str) -> None:
+        if self.echo is not None:
+            self.echo.write(f"supervise: {message}\n")
+            self.echo.flush()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self, ticks: int | None = None) -> int:
+        """Watch until stopped (or for ``ticks`` looks, in tests); 0 when stopped."""
+        self.save(started(self.rec, self.clock()))
+        self.say(f"watching ({self.policy.limit} recreations within "
+                 f"{self.policy.window_s:g} s, backoff {list(self.policy.backoff_s)})")
+        done = 0
+        while not self.stop() and (ticks is None or done < ticks):
+            try:
+                self.tick()
+            except Exception as e:  # a bug must not end the watch; the next look retries
+                self.say(f"internal error: {type(e).__name__}: {e}")
+            done += 1
+            self.nap(self.policy.poll_s)
+        return 0
+
+    def nap(self, seconds: float) -> None:
+        """Sleep ``seconds``, waking for a stop request."""
+        end = self.ops.monotonic() + seconds
+        while not self.stop() and self.ops.monotonic() < end:
+            self.ops.sleep(min(1.0, end - self.ops.monotonic()))
+
+    def observe(self) -> Observation:
+        self.refresh()
+        now = self.clock()
+        holder = live_holder(read_holder(self.lay.lock_dir))
+        if holder is not None and holder.get("pid") == self.pid:
+            holder = None  # ours
+        reset, _ = read_json(self.lay.supervise_reset)
+        base: dict[str, Any] = dict(now=now, holder=holder, stack_unit=self.unit_state(),
+                                    route=self.front.current(),
+                                    reset=reset if isinstance(reset, dict) else None)
+        try:
+            active = read_active(self.lay)
+        except PlanError as e:
+            return Observation(**base, problem=f"cannot tell what should serve: {e}")
+        if active is None:
+            return Observation(**base)
+        ref = active.ref
+        st = self.ops.container(ref.container)
+        if st is None and not self.docker_up():
+            return Observation(**base, active=active, problem="the Docker daemon does not "
+                               "answer (restarting?): waiting for it")
+        healthy, detail = self.ops.health(ref.port, ref.served_model_name) \
+            if st is not None and st.running else (False, "")
+        log = self.ops.logs(ref.container, LOG_TAIL) if st is not None and not healthy else ""
+        return Observation(**base, active=active, container=st, healthy=healthy,
+                           health=detail, log=log)
+
+    def tick(self) -> Action:
+        """One look (and what it calls for)."""
+        before = self.rec
+        rec, action = step(before, self.observe(), self.policy)
+        if rec.state != before.state or (rec.reason != before.reason
+                                         and rec.state != "booting"):
+            self.say(f"{rec.state}: {rec.reason}")
+        if action.kind == "none":
+            self.save(rec)
+        else:
+            self._locked(action, before)
+        return action
+
+    def _locked(self, action: Action, before: Record) -> None:
+        """Act with the host lock, if what called for it (from ``before``) still does when
+        looked at again under the lock."""
+        try:
+            note = self.lock.acquire(WHO, f"{action.kind}: {action.reason}")
+        except LockHeld as held:
+            self.say(f"not now: {held}")
+            return
+        try:
+            obs = self.observe()
+            rec, again = step(before, obs, self.policy)
+            if again.kind != action.kind or obs.active is None:
+                self.save(rec)
+                return
+            self._acts += 1
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(obs.now))
+            journal = Journal(self.lay.swaps_dir / f"supervise-{stamp}-{self.pid}-{self._acts}",
+                              echo=self.echo)
+            if note:
+                journal.event("lock", note, level="warning")
+            mark_interrupted(self.lay, journal)
+            steps = Steps(self.lay, self.ops, self.front, journal, interrupted=self.stop)
+            act = {"open-window": self._open_window, "reroute": self._reroute,
+                   "record": self._record, "give-up": self._give_up,
+                   "recreate": self._recreate}[action.kind]
+            journal.finish(act(rec, obs.active, steps))
+            prune_journals(self.lay)
+        finally:
+            self.lock.release()
+
+    # -- the actions (each with the lock held) ------------------------------------------------
+
+    def _open_window(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
+        steps.j.event("front", f"{active.ref.route_id}: {rec.reason}; the front answers 503")
+        try:
+            self.front.maintenance(f"{active.ref.stack} engine died; recreating it",
+                                   self.policy.retry_after_s, wait=False)
+        except FrontError as e:
+            steps.j.event("front", str(e), level="error")
+            return {"result": "failed", "exit": 1, "reason": str(e)}
+        self.save(rec)
+        return {"result": "window-open", "exit": 0, "reason": rec.reason}
+
+    def _reroute(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
+        ref = active.ref
+        try:
+            steps.answers(ref)
+            self.front.serve(ref)
+        except (Failure, FrontError) as e:
+            reason = getattr(e, "reason", str(e))
+            steps.j.event("reroute", reason, level="error")
+            return {"result": "failed", "exit": 1, "reason": reason}
+        cut = rec.unnoted()
+        reason = (f"rerouted: {ref.route_id} was up and answering while the front routed away"
+                  + (f" (after a recreation cut short; the engine had died: {cut.reason})"
+                     if cut else ""))
+        ledger.append(self.lay, ledger.entry("supervise", "rerouted", ref, by=WHO,
+                                             deploy_id=active.deploy_id,
+                                             gate=snapshot_gate(active), reason=reason))
+        self.save(moved(rec.noted(), "watching", f"{ref.route_id} serves", self.clock()))
+        steps.j.event("reroute", f"front routed to {ref.route_id}")
+        return {"result": "rerouted", "exit": 0, "serving": ref.route_id, "reason": reason}
+
+    def _record(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
+        """It serves, recreated by a supervisor that was killed before its ledger line."""
+        ref, cut = active.ref, rec.unnoted()
+        assert cut is not None
+        reason = (f"recreated after the engine died: {cut.reason} (the supervisor that "
+                  "recreated it was stopped before it recorded it)")
+        ledger.append(self.lay, ledger.entry(
+            "supervise", "recreated", ref, by=WHO, deploy_id=active.deploy_id,
+            gate=snapshot_gate(active), reason=reason, extra={"kept_log": cut.kept_log}))
+        done = replace(cut, result="recreated") if cut.result == "interrupted" else cut
+        self.save(rec.noted(done if cut is rec.attempts[-1] else None))
+        steps.j.event("record", reason)
+        return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
+
+    def _give_up(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
+        ref = active.ref
+        kept = steps.keep_log(ref, self.lay.supervise_dir, self._log_name(rec))
+        steps.j.event("give-up", rec.reason, level="error")
+        try:
+            self.front.maintenance(rec.reason, self.policy.retry_after_s, wait=False)
+        except FrontError as e:
+            steps.j.event("front", str(e), level="error")
+        ledger.append(self.lay, ledger.entry(
+            "supervise", "gave-up", None, attempted=ref, by=WHO, deploy_id=active.deploy_id,
+            reason=rec.reason, extra={"boot_failure": rec.boot_failure, "kept_log": kept,
+                                      "recreations": len(rec.recent(self.clock(),
+                                                                    self.policy.window_s)),
+                                      "window_s": self.policy.window_s}))
+        # Recorded after the front and the ledger: killed before, the next one gives up again.
+        self.save(rec.noted())
+        self.say(rec.reason)
+        return {"result": "gave-up", "exit": 2, "reason": rec.reason, "kept_log": kept}
+
+    def _recreate(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
+        ref, p = active.ref, self.policy
+        n = len(rec.recent(self.clock(), p.window_s)) + 1
+        kept = steps.keep_log(ref, self.lay.supervise_dir, self._log_name(rec))
+        self._prune_logs()
+        attempt = Attempt(at=self.clock(), reason=rec.death, journal=steps.j.dir.name,
+                          kept_log=kept)
+        # Counted before anything changes: killed from here on, it still counts.
+        self.save(replace(rec, attempts=(*rec.attempts, attempt)))
+        steps.j.event("recreate", f"{ref.route_id}: {rec.reason}")
+        t0 = self.ops.monotonic()
+        try:
+            steps.recreate(ref, f"{ref.stack} engine died; recreating it (attempt {n} of "
+                           f"{p.limit})", p.retry_after_s, p.vram_timeout_s, p.ready_timeout_s)
+        except (Failure, FrontError) as e:
+            return self._failed(self.rec, active, steps, attempt, n, e, kept,
+                                round(self.ops.monotonic() - t0, 1))
+        seconds = round(self.ops.monotonic() - t0, 1)
+        reason = f"recreated after the engine died: {rec.death}"
+        ledger.append(self.lay, ledger.entry(
+            "supervise", "recreated", ref, by=WHO, deploy_id=active.deploy_id,
+            gate=snapshot_gate(active), reason=reason,
+            extra={"attempt": n, "limit": p.limit, "window_s": p.window_s, "seconds": seconds,
+                   "boot_failure": rec.boot_failure, "kept_log": kept}))
+        st = self.ops.container(ref.container)
+        now = self.clock()
+        done = replace(self.rec, dead_since=None, death="", boot_failure=None,
+                       next_attempt_at=None, unhealthy_since=None,
+                       healthy_start=st.started_at if st else "")
+        self.save(moved(done.noted(replace(attempt, result="recreated", seconds=seconds)),
+                        "watching", f"{ref.route_id} serves (recreated after the engine died)",
+                        now))
+        steps.j.event("recreate", f"{ref.route_id} recreated and serving ({seconds:.1f}s)")
+        self.say(f"{ref.route_id} {reason}")
+        return {"result": "recreated", "exit": 0, "serving": ref.route_id, "reason": reason,
+                "window_s": seconds}
+
+    def _failed(self, rec: Record, active: Active, steps: Steps, attempt: Attempt, n: int,
+                e: Failure | FrontError, kept: str | None, seconds: float) -> dict[str, Any]:
+        """A recreation that failed (or was stopped): the front stays at 503; the ledger says
+        why; the next one waits the next backoff from now."""
+        ref, p = active.ref, self.policy
+        reason = e.reason if isinstance(e, Failure) else str(e)
+        phase = e.phase if isinstance(e, Failure) else "front"
+        boot = asdict(e.boot) if isinstance(e, Failure) and e.boot else None
+        result = "interrupted" if phase == "interrupted" else "failed"
+        steps.j.event("recreate", f"recreation {n} of {p.limit} {result}: {reason}",
+                      level="error")
+        ledger.append(self.lay, ledger.entry(
+            "supervise", result, None, attempted=ref, by=WHO, deploy_id=active.deploy_id,
+            reason=f"recreation {n} of {p.limit} after the engine died ({attempt.reason}) "
+                   f"{result}: {reason}",
+            extra={"phase": phase, "boot_failure": boot, "kept_log": kept}))
+        now = self.clock()
+        after = replace(rec, dead_since=now, death=reason,
+                        boot_failure=boot or rec.boot_failure)
+        self.save(moved(after.noted(replace(attempt, result=result, detail=reason,
+                                            seconds=seconds)),
+                        "backoff", f"recreation {n} of {p.limit} {result}: {reason}", now))
+        return {"result": result, "exit": 1, "reason": reason, "phase": phase}
+
+    def _log_name(self, rec: Record) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(rec.dead_since or self.clock()))
+        return f"{rec.route_id or 'stack'}-{stamp}.log".replace("/", "-")
+
+    def _prune_logs(self, keep: int = KEEP_LOGS) -> None:
+        logs = sorted(self.lay.supervise_dir.glob("*.log"), key=lambda p: p.stat().st_mtime)
+        for path in logs[:-keep] if len(logs) > keep else []:
+            path.unlink(missing_ok=True)

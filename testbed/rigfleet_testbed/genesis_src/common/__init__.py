@@ -1,0 +1,1 @@
+"""Genesis kernel: text patches and the apply loop (stdlib only)."""

@@ -1,0 +1,1 @@
+"""The patch registry (data) and the apply/skip decision."""

@@ -1,0 +1,1 @@
+"""Engines SNDR patches (this fixture: vllm)."""

@@ -1,0 +1,1 @@
+"""The vLLM engine: detection (the pin gate) and patches."""

@@ -1,0 +1,1 @@
+"""What vLLM is running: version and the Genesis allowlist."""

@@ -1,0 +1,3 @@
+"""The Genesis release (pyproject.toml carries the same number)."""
+
+__version__ = "0.0.0"  # genesis-fixture: version
