@@ -9,7 +9,6 @@ Run: ``.venv/bin/python -m pytest tests/unit/test_host_scripts.py -q``.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -29,12 +28,12 @@ ALLOWLIST = ROOT / "files" / "rigfleet-genesis-allowlist.py"
 SERVICES_DIR = ROOT / "testbed/rigfleet_testbed/images/services"
 
 
-@contextlib.contextmanager
-def hub_service(data: Path) -> Iterator[str]:
-    """The testbed's services program serving ``data`` (``hub/`` written by the caller);
-    yields the hub's URL."""
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ModelFixture]]:
+    data = tmp_path_factory.mktemp("hub")
     for sub in ("apt", "hub", "git"):
-        (data / sub).mkdir(exist_ok=True)
+        (data / sub).mkdir()
+    model = build_model_fixture(data / "hub", shard_mib=1)
     ports_file = data / "ports.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "services", "--data", str(data), "--bind", "127.0.0.1",
@@ -50,7 +49,7 @@ def hub_service(data: Path) -> Iterator[str]:
         time.sleep(0.05)
     ports = json.loads(ports_file.read_text())
     try:
-        yield f"http://127.0.0.1:{ports['hub']}"
+        yield f"http://127.0.0.1:{ports['hub']}", model
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -59,15 +58,8 @@ def hub_service(data: Path) -> Iterator[str]:
             proc.kill()
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ModelFixture]]:
-    data = tmp_path_factory.mktemp("hub")
-    model = build_model_fixture(data / "hub", shard_mib=1)
-    with hub_service(data) as url:
-        yield url, model
-
-
-def fetch(endpoint: str, model: ModelFixture, local_dir: Path, *extra: str, lock_dir: Path):
+def fetch(endpoint: str, model: ModelFixture, local_dir: Path, *extra: str, lock_dir: Path,
+          revision: str | None = None):
     env = {
         **os.environ,
         "HF_ENDPOINT": endpoint,
@@ -75,8 +67,9 @@ def fetch(endpoint: str, model: ModelFixture, local_dir: Path, *extra: str, lock
         "HF_HOME": str(local_dir.parent / "hf-home"),
     }
     return subprocess.run(
-        [sys.executable, str(FETCH), "fetch", "--repo", MODEL_REPO, "--revision", model.commit,
-         "--local-dir", str(local_dir), "--lock-dir", str(lock_dir), *extra],
+        [sys.executable, str(FETCH), "fetch", "--repo", MODEL_REPO,
+         "--revision", revision or model.commit, "--local-dir", str(local_dir),
+         "--lock-dir", str(lock_dir), *extra],
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
 
@@ -231,36 +224,23 @@ def test_adopt_leaves_what_it_cannot_vouch_for(hub, tmp_path):
     assert other.returncode == 2 and "two names in one directory" in other.stderr
 
 
-@pytest.fixture
-def hub_two_revisions(tmp_path_factory: pytest.TempPathFactory):
-    """A hub of its own whose model repository moves from one revision to another."""
-    data = tmp_path_factory.mktemp("hub2")
-    first = build_model_fixture(data / "hub", shard_mib=1)
-
-    def second() -> ModelFixture:
-        return build_model_fixture(data / "hub", shard_mib=0.5)  # a new commit, other bytes
-
-    with hub_service(data) as url:
-        yield url, first, second
-
-
-def test_a_new_revision_goes_to_its_own_directory_and_the_old_one_is_untouched(
-        hub_two_revisions, tmp_path):
-    endpoint, first, second = hub_two_revisions
+def test_a_new_revision_goes_to_its_own_directory_and_the_old_one_is_untouched(hub, tmp_path):
+    """The hub fixture's two revisions (the known-good one, and the later one ``main`` points
+    at): fetching the later one writes only its own directory."""
+    endpoint, model = hub
+    assert model.later_commit and model.later_commit != model.commit
     models, locks = tmp_path / "models", tmp_path / "locks"
-    old = models / f"qwen@{first.commit[:12]}"
-    assert fetch(endpoint, first, old, lock_dir=locks).returncode == 0
+    old = models / f"qwen@{model.commit[:12]}"
+    assert fetch(endpoint, model, old, lock_dir=locks).returncode == 0
     before = tree(old)
-    model = second()
-    assert model.commit != first.commit
-    new = models / f"qwen@{model.commit[:12]}"
-    run = fetch(endpoint, model, new, lock_dir=locks)
+    new = models / f"qwen@{model.later_commit[:12]}"
+    run = fetch(endpoint, model, new, lock_dir=locks, revision=model.later_commit)
     assert run.returncode == 0, run.stderr
     assert tree(old) == before  # what a rollback mounts: byte for byte, mtimes too
     manifest = json.loads((new / ".rigfleet-manifest.json").read_text())
-    assert manifest["revision"] == model.commit
+    assert manifest["revision"] == model.later_commit
     assert {n: m["sha256"] for n, m in manifest["files"].items()} == {
-        n: sha for n, (_, sha) in model.files.items()}
+        n: sha for n, (_, sha) in model.later_files.items()}
 
 
 def test_token_is_read_from_the_file_and_never_printed(hub, tmp_path):
