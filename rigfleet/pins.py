@@ -156,6 +156,17 @@ class StackPins:
         return f"{self.image}@{self.digest}"
 
     @property
+    def local_image(self) -> str:
+        """The name the pinned image has on a host: ``<repo>:<tag>``.
+
+        The images role stages the image under this name from whichever source has it (a
+        pull, a LAN registry, a ``docker load`` of an archive) and verifies that the name's
+        image id is the pinned one; a loaded image has no repo digest, so everything that runs
+        on the host names the image this way, never as ``<tag>@<digest>``.
+        """
+        return self.image
+
+    @property
     def repository(self) -> str:
         """The image repository without the tag (``vllm/vllm-openai``)."""
         return self.image.rsplit(":", 1)[0]

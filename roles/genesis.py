@@ -266,7 +266,7 @@ def genesis(ctx: HostContext) -> None:
         genesis_gate(
             name=f"Genesis compatibility of vLLM {staged.vllm_version}",
             stack=name,
-            image_ref=staged.image_ref,
+            image_ref=staged.local_image,
             digest=staged.digest,
             vllm_version=staged.vllm_version,
             commit=staged.genesis.commit,
