@@ -978,28 +978,9 @@ class _Checker(Problems):
             return None
         return FrontTls(cert_path, key_path, ca_path)
 
-    def pem_file(self, key: str, value: Any, label: str) -> str | None:
-        allowed = f"a readable PEM file on this (control) machine holding '-----BEGIN {label}'"
-        if not isinstance(value, str) or not value.strip():
-            self.bad(key, value, allowed)
-            return None
-        path = Path(os.path.expanduser(value)).absolute()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            self.bad(key, value, allowed, "does not exist")
-            return None
-        except (OSError, UnicodeDecodeError) as e:
-            self.bad(key, value, allowed, f"cannot be read ({getattr(e, 'strerror', None) or e})")
-            return None
-        if f"-----BEGIN {label}-----" not in text:
-            self.bad(key, value, allowed, "is not a PEM certificate")
-            return None
-        return str(path)
-
-    def tls_key_file(self, value: Any) -> str | None:
-        key = "front_tls_key_file"
-        allowed = "a PEM private key on this (control) machine, mode 0600, unencrypted"
+    def local_text(self, key: str, value: Any,
+                   allowed: str) -> tuple[Path, str, os.stat_result] | None:
+        """A UTF-8 file on this (control) machine: (absolute path, text, stat) or None."""
         if not isinstance(value, str) or not value.strip():
             self.bad(key, value, allowed)
             return None
@@ -1013,6 +994,26 @@ class _Checker(Problems):
         except (OSError, UnicodeDecodeError) as e:
             self.bad(key, value, allowed, f"cannot be read ({getattr(e, 'strerror', None) or e})")
             return None
+        return path, text, st
+
+    def pem_file(self, key: str, value: Any, label: str) -> str | None:
+        allowed = f"a readable PEM file on this (control) machine holding '-----BEGIN {label}'"
+        found = self.local_text(key, value, allowed)
+        if found is None:
+            return None
+        path, text, _ = found
+        if f"-----BEGIN {label}-----" not in text:
+            self.bad(key, value, allowed, "is not a PEM certificate")
+            return None
+        return str(path)
+
+    def tls_key_file(self, value: Any) -> str | None:
+        key = "front_tls_key_file"
+        allowed = "a PEM private key on this (control) machine, mode 0600, unencrypted"
+        found = self.local_text(key, value, allowed)
+        if found is None:
+            return None
+        path, text, st = found
         # The content is a secret: describe it, never show it.
         if st.st_mode & 0o077:
             self.bad(key, value, f"mode 0600 or stricter: chmod 600 {path}",

@@ -109,12 +109,11 @@ class Problems:
                 found = True
         elif isinstance(value, dict):
             for k, v in value.items():
-                sub = f"{key}.{k}" if key else str(k)
                 if isinstance(k, str) and has_control(k):
-                    self.bad(sub, k, _PRINTABLE, "is a key holding control characters")
+                    self.bad(key, k, _PRINTABLE, "is a key holding control characters")
                     found = True
                     continue
-                found = self.control_chars(sub, v) or found
+                found = self.control_chars(f"{key}.{k}" if key else str(k), v) or found
         elif isinstance(value, list | tuple):
             for i, item in enumerate(value):
                 found = self.control_chars(f"{key}[{i}]", item) or found

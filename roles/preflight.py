@@ -396,11 +396,14 @@ class _Summary(BaseStateCallback):
     def __init__(self) -> None:
         self.last: str | None = None
         self.done = False
+        self.failed: set[str] = set()
 
     def operation_host_error(self, state: State, host: Any, op_hash: Any,  # type: ignore[override]
                              retry_count: int = 0, max_retries: int = 0) -> None:
         refused = _REFUSED.get(state) or {}
-        if not self.done and all(h.name in refused for h in state.inventory.get_active_hosts()):
+        self.failed.add(host.name)
+        active = {h.name for h in state.inventory.get_active_hosts()}
+        if not self.done and active <= set(refused) and set(refused) <= self.failed:
             self.done = True
             log_summary(state)
 
@@ -418,8 +421,9 @@ def log_summary(state: State) -> None:
     refusals = _REFUSED.get(state) or {}
     if not refusals:
         return
+    others = len(state.activated_hosts) > len(refusals)
     logger.error(f"--> rigfleet: {len(refusals)} host(s) failed preflight (nothing changed "
-                 "on them; the others went on):")
+                 f"on them{'; the others went on' if others else ''}):")
     for _name, reason in sorted(refusals.items()):
         for i, line in enumerate(reason.splitlines()):
             logger.error(("    " if i == 0 else "      ") + line)
