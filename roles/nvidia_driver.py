@@ -58,8 +58,14 @@ from rigfleet.facts import (
 )
 from rigfleet.hostdata import check_gpus
 from roles.docker import add_apt_repo
-from roles.ops import DeployError, apt_packages, changed, check, executing, fail
-from roles.preflight import HostContext, OsInfo, secure_boot_block, secure_boot_watch
+from roles.ops import DeployError, apt_packages, changed, check, executing
+from roles.preflight import (
+    HostContext,
+    OsInfo,
+    failing_command,
+    secure_boot_block,
+    secure_boot_watch,
+)
 
 PREFERENCES_FILE = f"{apt_commands.PREFERENCES_DIR}/rigfleet-nvidia-driver"
 
@@ -204,7 +210,7 @@ def reboot_for_driver(gates: Sequence[OperationMeta], os: OsInfo | None = None):
         return
     blocked = blocked_by_secure_boot(os) if os is not None and executing() else None
     if blocked:
-        yield from fail(blocked)
+        yield failing_command(blocked)  # the steps, and no reboot
         return
     token = uuid.uuid4().hex
     yield f"mkdir -p /run/rigfleet && echo {token} > {BOOT_MARKER}"

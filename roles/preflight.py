@@ -373,20 +373,31 @@ def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
     return FactChecks(problems, waiting, adopt, notes)
 
 
+def failing_command(message: str) -> FunctionCommand:
+    """A command that fails the host with ``message`` (each line logged in red, no
+    traceback): the host stops there, the other hosts go on.
+
+    .. code:: python
+
+        yield failing_command(f"{host.name}: driver: ...; allowed: ...")
+    """
+
+    def _fail(state: Any, host: Any) -> bool:
+        for line in message.splitlines():
+            host.log_styled(line, fg="red", log_func=logger.error)
+        return False
+
+    _fail.__name__ = "rigfleet_refused"
+    return FunctionCommand(_fail, (), {})
+
+
 @operation(is_idempotent=False)
 def refused(reason: str):
     """Fail this host with ``reason``: its preflight refused it, nothing else runs on it.
 
     + reason: the refusal (host, key, value, what is allowed); never holds a secret
     """
-
-    def _refuse(state: Any, host: Any) -> bool:
-        for line in reason.splitlines():
-            host.log_styled(line, fg="red", log_func=logger.error)
-        return False
-
-    _refuse.__name__ = "rigfleet_preflight_refused"
-    yield FunctionCommand(_refuse, (), {})
+    yield failing_command(reason)
 
 
 class _Summary(BaseStateCallback):
