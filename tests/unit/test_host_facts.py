@@ -61,7 +61,14 @@ def test_a_bare_host_lists_what_waits_for_the_driver(settings) -> None:
     result = facts(settings)
     assert result.problems == []
     assert result.waiting == ["power caps against each card's range",
-                              "the GPU count (gpu_count 2)"]
+                              "the GPU count (gpu_count 2)",
+                              "each card's memory (>= 24576 MiB for stack int8)"]
+
+
+def test_card_memory_is_checked_once_the_driver_answers(settings) -> None:
+    [problem] = facts(settings, gpu=loaded(Card(0), Card(1, memory_total_mib=20480))).problems
+    assert problem.startswith("rig-a: stack: 'int8' needs 24576 MiB per card (gpus.memory_mib in ")
+    assert "but card 1 (NVIDIA GeForce RTX 3090) has 20480 MiB" in problem
 
 
 def test_caps_count_and_range_need_the_driver(settings) -> None:
