@@ -216,6 +216,127 @@ class GpuQuery(FactBase[GpuState]):
 
 
 # ---------------------------------------------------------------------------------------------
+# Platform: init, architecture, Secure Boot, where the driver came from
+
+
+@dataclass(frozen=True)
+class PlatformState:
+    """What the preflight and the driver role need to know about the machine itself.
+
+    + pid1: PID 1's name; ``systemd``: systemd booted the host
+    + arch: dpkg's architecture (``amd64``), empty when unknown
+    + secure_boot: ``enabled``, ``disabled``, ``unsupported`` (no EFI, or no Secure Boot
+      support), or ``unknown`` (no mokutil to ask)
+    + mok_cert: DKMS's signing certificate when it exists (``/var/lib/dkms/mok.pub``)
+    + mok: that certificate as the firmware knows it: ``enrolled``, ``pending`` (an
+      enrolment request waits for the console at the next boot), ``not-enrolled``, or
+      ``unknown`` (no certificate, no mokutil)
+    + run_uninstaller: NVIDIA's ``.run`` installer left its uninstaller
+    + smi, smi_owner: nvidia-smi's path and the dpkg package that owns it ("" for none)
+    """
+
+    pid1: str = ""
+    systemd: bool = False
+    arch: str = ""
+    secure_boot: str = "unknown"
+    sb_detail: str = ""
+    mok_cert: str = ""
+    mok: str = "unknown"
+    run_uninstaller: bool = False
+    smi: str = ""
+    smi_owner: str = ""
+
+    @property
+    def foreign_driver(self) -> bool:
+        """A driver no distribution package installed (NVIDIA's .run installer): its
+        uninstaller is there, or nvidia-smi exists and no dpkg package owns it."""
+        return self.run_uninstaller or bool(self.smi and not self.smi_owner)
+
+
+class Platform(FactBase[PlatformState]):
+    """Init system, architecture, Secure Boot state, DKMS's key and the driver's origin."""
+
+    @staticmethod
+    @override
+    def default() -> PlatformState:
+        return PlatformState()
+
+    @override
+    def command(self) -> str:
+        return nvidia_commands.platform_report()
+
+    @override
+    def process(self, output: list[str]) -> PlatformState:
+        values: dict[str, list[str]] = {}
+        for line in output:
+            key, sep, value = line.strip().partition("=")
+            if sep:
+                values.setdefault(key, []).append(value.strip())
+
+        def one(key: str) -> str:
+            return (values.get(key) or [""])[0]
+
+        sb_lines = values.get("sb", [])
+        return PlatformState(
+            pid1=one("pid1"),
+            systemd=one("systemd") == "yes",
+            arch=one("arch"),
+            secure_boot=_secure_boot(sb_lines, "mokutil" in values),
+            sb_detail=" ".join(sb_lines),
+            mok_cert=one("mok_cert"),
+            mok=_mok_state(" ".join(values.get("mok", [])), bool(one("mok_cert"))),
+            run_uninstaller=one("run_uninstaller") == "yes",
+            smi=one("smi"),
+            smi_owner=one("smi_owner"),
+        )
+
+
+def _secure_boot(lines: list[str], no_mokutil: bool) -> str:
+    # mokutil --sb-state prints "SecureBoot enabled" / "SecureBoot disabled" (then perhaps
+    # "SecureBoot validation is disabled in shim", "Platform is in Setup Mode"), or on
+    # stderr "EFI variables are not supported on this system" / "This system doesn't
+    # support Secure Boot".
+    text = " ".join(lines)
+    if no_mokutil and not lines:
+        return "unknown"
+    if "SecureBoot enabled" in text:
+        return "enabled"
+    if "SecureBoot disabled" in text:
+        return "disabled"
+    if "not supported" in text or "doesn't support" in text:
+        return "unsupported"
+    return "unknown"
+
+
+def _mok_state(text: str, have_cert: bool) -> str:
+    # mokutil --test-key <der>: "<der> is already enrolled", "<der> is already in the
+    # enrollment request", "<der> is not enrolled".
+    if not have_cert:
+        return "unknown"
+    if "already enrolled" in text:
+        return "enrolled"
+    if "enrollment request" in text:
+        return "pending"
+    if "not enrolled" in text:
+        return "not-enrolled"
+    return "unknown"
+
+
+class ModuleRejections(FactBase[list[str]]):
+    """This boot's log lines saying Secure Boot refused a kernel module (empty: none)."""
+
+    default = list
+
+    @override
+    def command(self) -> str:
+        return nvidia_commands.module_rejections()
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
 # Docker
 
 

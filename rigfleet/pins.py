@@ -497,6 +497,10 @@ class _Checker(Problems):
         )
         model = self.model(top.get("model"))
         stacks = self.stacks(top.get("stacks"))
+        # Host names and history records are not checked key by key below: no control
+        # characters in them either.
+        self.control_chars("hosts", top.get("hosts"))
+        self.control_chars("history", top.get("history"))
         hosts = self.hosts(top.get("hosts"))
         history = top.get("history", [])
         if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
