@@ -187,7 +187,7 @@ def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) 
     return "\n".join(lines) + "\n"
 
 
-# --- what the host helper reports ----------------------------------------------------------------
+# --- what the host helper reports -------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ class TreeReport:
         return next((p for p in self.patch_flags if p.upper() == wanted), None)
 
 
-# --- the decisions ---------------------------------------------------------------------------------
+# --- the decisions ----------------------------------------------------------------------------
 
 # How Genesis reads a switch's value (both generations): stripped, lower-cased, one of these.
 TRUTHY = frozenset({"1", "true", "yes", "on"})
@@ -366,9 +366,10 @@ def allowlist_problem(
     if report.lists(version):
         return None
     both = report.layout == "v12" or bool(report.pending)
-    on = f"on neither {KNOWN_GOOD} nor {PENDING}" if both else f"not on {KNOWN_GOOD}"
+    lists = f"{KNOWN_GOOD} nor on its {PENDING}" if both else KNOWN_GOOD
     image = f" (image {image_ref})" if image_ref else ""
-    return f"vLLM {version}{image} is {on} of Genesis {label} ({allowlist_summary(report)})"
+    return (f"vLLM {version}{image} is not on Genesis {label}'s {lists} "
+            f"({allowlist_summary(report)})")
 
 
 def switch_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
@@ -412,8 +413,8 @@ def _unknown(report: TreeReport, prefix: str, suffix: str, label: str) -> str:
     m = _PATCH_ID.match(suffix)
     pid = report.patch_id(m.group(1)) if m else None
     if pid is not None:
-        flag = report.patch_flags[pid][0]
-        why = f"its patch {pid} has env_flag {flag}" if flag else f"its patch {pid} has none"
+        flag, state, _ = report.patch_flags[pid]
+        why = f"its patch {pid} ({state}) has " + (f"env_flag {flag}" if flag else "no env_flag")
     else:
         why = (f"no env_flag or env_flag_alias in {report.registry_file} is named so"
                + (f", and it has no patch {m.group(1)}" if m else ""))

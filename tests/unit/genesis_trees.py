@@ -82,16 +82,6 @@ def guards(known: list[str], pending: list[str] | None = None) -> str:
     return text + "ALL = KNOWN_GOOD_VLLM_PINS + compute()\n"
 
 
-def registry_of(switches: list[str]) -> str:
-    """A v7 ``PATCH_REGISTRY`` with one live patch per ``GENESIS_ENABLE_`` suffix."""
-    entries = {}
-    for name in switches:
-        pid = name.split("_", 1)[0]
-        entries[pid if pid not in entries else name] = {
-            "env_flag": f"GENESIS_ENABLE_{name}", "default_on": False}
-    return f"PATCH_REGISTRY = {entries!r}\n"
-
-
 def v7_files(known: list[str], version: str = "v7.63.x", registry: str = V7_REGISTRY
              ) -> dict[str, str]:  # fmt: skip
     """A v7 tree (``vllm/_genesis``)."""
@@ -205,44 +195,3 @@ def genesis_repo(tmp: Path) -> FixtureRepo:
     _git(repo.path, "symbolic-ref", "HEAD", "refs/heads/main")
     return repo
 
-
-@dataclass(frozen=True)
-class Release:
-    sha: str
-    title: str
-    allowlist: tuple[str, ...]
-
-
-@dataclass
-class BumpRepo:
-    """Two v7 releases on ``main`` (v7.72.2, then v7.73.0 adding dev212 and dev240), whose
-    registry has every switch the built-in stack files name: the Genesis the bump tests pair
-    candidates with. ``commits`` in release order; ``repo_path`` the bare repository."""
-
-    repo_path: Path
-    commits: list[Release]
-
-
-def bump_repo(tmp: Path) -> BumpRepo:
-    from rigfleet.catalog import builtin_catalog
-
-    names = list(dict.fromkeys(n for spec in builtin_catalog().stacks.values() if spec.genesis
-                               for on, off in spec.genesis.switches.values()
-                               for n in (*on, *off)))  # fmt: skip
-    registry = registry_of(names)
-    work = tmp / "work"
-    work.mkdir(parents=True)
-    _git(work, "init", "-q", "-b", "main")
-    releases = []
-    for title, allow, date in (
-        ("release(v7.72.2): fixture", V7_KNOWN, "2026-05-05T09:30:00Z"),
-        ("release(v7.73.0): allowlist dev212 and dev240",
-         [*V7_KNOWN, "0.20.2rc1.dev212+g3f9c2a7e5", "0.20.2rc1.dev240+gb7e4d1c9a"],
-         "2026-05-12T14:00:00Z"),
-    ):  # fmt: skip
-        sha = _commit(work, v7_files(allow, registry=registry), title, date)
-        releases.append(Release(sha, title, tuple(allow)))
-    bare = tmp / "genesis-vllm-patches.git"
-    _git(tmp, "init", "-q", "--bare", str(bare))
-    _git(work, "push", "-q", str(bare), "main")
-    return BumpRepo(bare, releases)

@@ -90,16 +90,16 @@ def test_version_no_commit_lists_is_refused_naming_what_was_checked(fixture, rep
     with pytest.raises(GenesisRefused) as err:
         choose_genesis(repo, c["v7.72.2"], "0.27.1", CURRENT)
     text = str(err.value)
-    assert text.startswith(f"vLLM 0.27.1 is not on KNOWN_GOOD_VLLM_PINS of Genesis "
-                           f"{c['v7.72.2'][:12]} (v7.72.2) (vllm/_genesis/guards.py: ")
+    assert text.startswith(f"vLLM 0.27.1 is not on Genesis {c['v7.72.2'][:12]} (v7.72.2)'s "
+                           "KNOWN_GOOD_VLLM_PINS (vllm/_genesis/guards.py: ")
     assert (f"nor on any newer Genesis commit of any branch or tag (checked 3, newest first: "
             f"{c['v12.1.0'][:12]} (v12.1.0), {c['v12.0.0'][:12]} (v12.0.0), "
             f"{c['dev-tip'][:12]})") in text  # fmt: skip
     assert "refusing before any host changes" in text
     with pytest.raises(GenesisRefused, match="no newer Genesis commit exists on any branch or tag"):
         choose_genesis(repo, c["v12.1.0"], "0.27.1", CURRENT)
-    with pytest.raises(GenesisRefused, match="on neither KNOWN_GOOD_VLLM_PINS nor "
-                                             "PROMOTION_PENDING_VLLM_PINS of Genesis"):
+    with pytest.raises(GenesisRefused, match=r"\(v12.1.0\)'s KNOWN_GOOD_VLLM_PINS nor on its "
+                                             "PROMOTION_PENDING_VLLM_PINS"):
         choose_genesis(repo, c["v12.1.0"], "0.27.1", CURRENT)
 
 
@@ -129,10 +129,10 @@ def test_dry_run_infers_the_version_from_the_allowlist_entry_naming_the_commit(f
     assert infer_version(repo, pinned, dies) is None
 
 
-# --- the switch check of a chosen commit -----------------------------------------------------------
+# --- the switch check of a chosen commit --------------------------------------------------------
 
 
-def v12_spec(on: list[str], off: list[str] = (), generation: str = "v12"  # type: ignore[assignment]
+def v12_spec(on: list[str], off: tuple[str, ...] | list[str] = (), generation: str = "v12"
              ) -> StackSpec:  # fmt: skip
     spec = get_stack(STACK)
     assert spec.genesis is not None
@@ -158,7 +158,7 @@ def test_chosen_commit_is_refused_for_a_switch_it_retired(fixture, repo) -> None
                    stack=STACK)  # fmt: skip
 
 
-# --- rigfleet pins lock ----------------------------------------------------------------------------
+# --- rigfleet pins lock -------------------------------------------------------------------------
 
 
 def pins_for(commit: str, layout: str = "v7", version: str | None = None,
@@ -173,7 +173,8 @@ def pins_for(commit: str, layout: str = "v7", version: str | None = None,
 
 def test_lock_records_layout_and_version_of_the_pinned_commit(fixture, tmp_path) -> None:
     c = fixture.commits["v12.1.0"]
-    catalog = Catalog({STACK: v12_spec(["P67_TQ_MULTI_QUERY_KERNEL"], ["P64_QWEN3CODER_MTP_STREAMING"])})
+    catalog = Catalog({STACK: v12_spec(["P67_TQ_MULTI_QUERY_KERNEL"],
+                                       ["P64_QWEN3CODER_MTP_STREAMING"])})
     new, changes = lock_genesis(pins_for(c), catalog, fetch_url=fixture.url, cache_dir=tmp_path)
     assert new.stacks[STACK].genesis == GenesisPin(PINNED_URL, c, "v12", "v12.1.0")
     assert changes == [f"stacks.{STACK}.genesis.layout: v7 -> v12",
@@ -190,14 +191,16 @@ def test_lock_records_layout_and_version_of_the_pinned_commit(fixture, tmp_path)
 
 def test_lock_refuses_what_the_hosts_gate_would_refuse(fixture, tmp_path) -> None:
     c = fixture.commits["v12.1.0"]
-    catalog = Catalog({STACK: v12_spec(["P67_TQ_MULTI_QUERY_KERNEL", "PN13_CUDA_GRAPH_LAMBDA_ARITY"])})
+    catalog = Catalog({STACK: v12_spec(["P67_TQ_MULTI_QUERY_KERNEL",
+                                        "PN13_CUDA_GRAPH_LAMBDA_ARITY"])})
     with pytest.raises(GenesisRefused) as err:
         lock_genesis(pins_for(c, vllm="0.27.1"), catalog, fetch_url=fixture.url,
                      cache_dir=tmp_path)  # fmt: skip
     lines = str(err.value).splitlines()
     assert lines[0].startswith("pins.yaml: stack tq3-mtp-genesis: vLLM 0.27.1 (image "
-                               "vllm/vllm-openai:v0.21.0) is on neither KNOWN_GOOD_VLLM_PINS nor "
-                               "PROMOTION_PENDING_VLLM_PINS of Genesis v12.1.0")  # fmt: skip
+                               "vllm/vllm-openai:v0.21.0) is not on Genesis v12.1.0 "
+                               f"({c[:12]})'s KNOWN_GOOD_VLLM_PINS nor on its "
+                               "PROMOTION_PENDING_VLLM_PINS")  # fmt: skip
     assert lines[1].startswith("pins.yaml: stack tq3-mtp-genesis: "
                                "GENESIS_ENABLE_PN13_CUDA_GRAPH_LAMBDA_ARITY=1: patch PN13 is "
                                f"retired in Genesis v12.1.0 ({c[:12]})")  # fmt: skip

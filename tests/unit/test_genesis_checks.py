@@ -52,7 +52,7 @@ def r12(tmp_path_factory: pytest.TempPathFactory) -> TreeReport:
     return TreeReport.from_json(inspect(DirSource(tree)))
 
 
-def spec_with(on: list[str], off: list[str] = (), generation: str = "v12",  # type: ignore[assignment]
+def spec_with(on: list[str], off: tuple[str, ...] | list[str] = (), generation: str = "v12",
               needs: tuple[str, ...] = ()) -> StackSpec:  # fmt: skip
     """The built-in tq3 stack with the given switch set for ``generation``."""
     spec = get_stack(STACK)
@@ -62,12 +62,13 @@ def spec_with(on: list[str], off: list[str] = (), generation: str = "v12",  # ty
                                          needs=needs))  # fmt: skip
 
 
-def use(on: list[str], off: list[str] = (), host_env: dict[str, str] | None = None,  # type: ignore[assignment]
-        generation: str = "v12", needs: tuple[str, ...] = ()) -> StackUse:  # fmt: skip
+def use(on: list[str], off: tuple[str, ...] | list[str] = (),
+        host_env: dict[str, str] | None = None, generation: str = "v12",
+        needs: tuple[str, ...] = ()) -> StackUse:  # fmt: skip
     return StackUse.of(spec_with(on, off, generation, needs), generation, host_env)
 
 
-# --- switches --------------------------------------------------------------------------------------
+# --- switches ----------------------------------------------------------------------------------
 
 
 def test_retired_switch_is_refused_naming_switch_patch_and_genesis(r12: TreeReport) -> None:
@@ -98,13 +99,13 @@ def test_unknown_switches_are_refused_with_what_genesis_has(r12: TreeReport) -> 
     assert len(msgs) == 3
     assert msgs[0].startswith(
         "stack tq3-mtp-genesis: GENESIS_ENABLE_P4=1: Genesis v12.1.0 (66e37841a18f) has no such "
-        "switch (its patch P4 has env_flag GENESIS_LEGACY_P4); remove it from the stack file's "
-        "genesis.switches.v12.on")
-    assert "GENESIS_ENABLE_PN54=1: Genesis v12.1.0 (66e37841a18f) has no such switch (no " \
-           "env_flag or env_flag_alias in sndr/dispatcher/registry.py is named so, and it has " \
-           "no patch PN54)" in msgs[1]
-    assert "(its patch P67 has env_flag GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL; did you mean " \
-           "GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL?)" in msgs[2]
+        "switch (its patch P4 (legacy) has env_flag GENESIS_LEGACY_P4); remove it from the "
+        "stack file's genesis.switches.v12.on")
+    assert ("GENESIS_ENABLE_PN54=1: Genesis v12.1.0 (66e37841a18f) has no such switch (no "
+            "env_flag or env_flag_alias in sndr/dispatcher/registry.py is named so, and it has "
+            "no patch PN54)") in msgs[1]
+    assert ("(its patch P67 (experimental) has env_flag GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL; "
+            "did you mean GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL?)") in msgs[2]
 
 
 def test_explicit_offs_and_live_switches_are_harmless(r12: TreeReport) -> None:
@@ -137,8 +138,8 @@ def test_v7_reads_no_lifecycle_but_refuses_unknown_and_sndr_names(r7: TreeReport
     msgs = switch_problems(r7, u, label=V7_PIN.label)
     assert len(msgs) == 2  # the retired PN13 applies on v7: Genesis v7 never skips it
     assert msgs[0].startswith("stack tq3-mtp-genesis: GENESIS_ENABLE_P4=1: Genesis v7.72.2 "
-                              "(7b9fd3194ee6) has no such switch (its patch P4 has env_flag "
-                              "GENESIS_LEGACY_P4); remove it from the stack file's "
+                              "(7b9fd3194ee6) has no such switch (its patch P4 (legacy) has "
+                              "env_flag GENESIS_LEGACY_P4); remove it from the stack file's "
                               "genesis.switches.v7.on")  # fmt: skip
     assert msgs[1] == ("stack tq3-mtp-genesis: SNDR_ENABLE_P87=1: Genesis v7.72.2 (7b9fd3194ee6) "
                        "reads no SNDR_ENABLE_* switches; remove it from host data "
@@ -173,7 +174,7 @@ def test_needed_patch_must_exist_live_and_be_switched_on(r12: TreeReport) -> Non
     assert "needs Genesis patch P999, which Genesis v12.1.0 (66e37841a18f) does not have" in msgs[2]
 
 
-# --- allowlist, layout, version ---------------------------------------------------------------------
+# --- allowlist, layout, version ----------------------------------------------------------------
 
 
 def test_allowlist_v12_accepts_both_lists_and_names_both(r12: TreeReport) -> None:
@@ -182,8 +183,8 @@ def test_allowlist_v12_accepts_both_lists_and_names_both(r12: TreeReport) -> Non
     [msg] = pairing_problems(r12, V12_PIN, stack=STACK, vllm_version="0.27.1", use=None,
                              image_ref="vllm/vllm-openai:v0.27.1")  # fmt: skip
     assert msg == (
-        "stack tq3-mtp-genesis: vLLM 0.27.1 (image vllm/vllm-openai:v0.27.1) is on neither "
-        "KNOWN_GOOD_VLLM_PINS nor PROMOTION_PENDING_VLLM_PINS of Genesis v12.1.0 (66e37841a18f) "
+        "stack tq3-mtp-genesis: vLLM 0.27.1 (image vllm/vllm-openai:v0.27.1) is not on Genesis "
+        "v12.1.0 (66e37841a18f)'s KNOWN_GOOD_VLLM_PINS nor on its PROMOTION_PENDING_VLLM_PINS "
         "(sndr/engines/vllm/detection/guards.py: 5 + 2 entries; releases among them: 0.21.0, "
         "0.21.1rc0); refusing it (pin an image Genesis lists, or a Genesis commit that lists "
         "vLLM 0.27.1)")
@@ -191,7 +192,7 @@ def test_allowlist_v12_accepts_both_lists_and_names_both(r12: TreeReport) -> Non
 
 def test_allowlist_v7_names_its_one_list(r7: TreeReport) -> None:
     msg = allowlist_problem(r7, "0.21.0", label=V7_PIN.label)
-    assert msg == ("vLLM 0.21.0 is not on KNOWN_GOOD_VLLM_PINS of Genesis v7.72.2 (7b9fd3194ee6) "
+    assert msg == ("vLLM 0.21.0 is not on Genesis v7.72.2 (7b9fd3194ee6)'s KNOWN_GOOD_VLLM_PINS "
                    "(vllm/_genesis/guards.py: 0.20.1rc1.dev16+g7a1eb8ac2, "
                    "0.20.2rc1.dev9+g01d4d1ad3)")  # fmt: skip
     assert allowlist_problem(r7, "0.20.2rc1.dev9+g01d4d1ad3", label="x") is None
@@ -223,7 +224,7 @@ def test_unreadable_tree_is_one_problem(tmp_path: Path) -> None:
                           f"at {tmp_path}: no Genesis layout rigfleet knows")  # fmt: skip
 
 
-# --- mounting and applying --------------------------------------------------------------------------
+# --- mounting and applying ---------------------------------------------------------------------
 
 
 def test_v7_mount_and_entrypoint_are_unchanged() -> None:

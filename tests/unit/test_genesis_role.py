@@ -56,7 +56,8 @@ def test_repin_fetches_a_tag_made_after_the_first_checkout(repo, tmp_path) -> No
     _git(tmp_path, "clone", "-q", "--no-checkout", repo.url, str(work))
     _git(work, "fetch", "-q", "origin", repo.commits["pull-only"])
     _git(work, "checkout", "-q", "--detach", repo.commits["pull-only"])
-    _git(work, "commit", "-q", "--allow-empty", "-m", "release v12.1.1", date="2026-07-20T09:00:00Z")
+    _git(work, "commit", "-q", "--allow-empty", "-m", "release v12.1.1",
+         date="2026-07-20T09:00:00Z")
     new = _git(work, "rev-parse", "HEAD")
     _git(work, "tag", "v12.1.1-test")
     _git(work, "push", "-q", "origin", "v12.1.1-test")

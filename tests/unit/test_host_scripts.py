@@ -179,3 +179,26 @@ def test_genesis_inspect_runs_isolated_as_on_a_host(tmp_path, layout):
     report = json.loads(run.stdout)
     assert report["layout"] == layout and report["errors"] == []
     assert report["allowlist"]["known_good"] == (V7_KNOWN if layout == "v7" else V12_KNOWN)
+
+
+def test_genesis_inspect_reads_every_testbed_fixture_commit(tmp_path):
+    # The testbed's Genesis stands in for the real one: the host helper must read each of its
+    # commits (both layouts) as it reads the real trees, without an error.
+    from rigfleet_testbed.genesis_fixture import build_genesis_fixture
+
+    from roles.genesis import checkout_commands
+
+    fx = build_genesis_fixture(tmp_path / "git")
+    checkout = tmp_path / "genesis"
+    for commit in [*fx.commits, *fx.main_commits]:
+        for command in checkout_commands(str(fx.repo_path), commit.sha, str(checkout),
+                                         (checkout / ".git").is_dir()):  # fmt: skip
+            subprocess.run(["sh", "-c", command], check=True, capture_output=True)
+        run = subprocess.run([sys.executable, "-I", "-S", str(INSPECT), str(checkout)],
+                             capture_output=True, text=True)  # fmt: skip
+        assert run.returncode == 0, (commit.title, run.stderr)
+        report = json.loads(run.stdout)
+        assert report["layout"] == commit.layout, commit.title
+        assert tuple(report["allowlist"]["known_good"]) == tuple(commit.allowlist)
+        assert tuple(report["allowlist"]["pending"]) == tuple(commit.pending)
+        assert report["registry"]["patches"] > 0

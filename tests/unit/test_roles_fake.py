@@ -503,7 +503,7 @@ def test_genesis_stack_refused_when_vllm_is_not_on_the_allowlist(data, caplog):
     assert run.failed
     assert ("stack tq3-mtp-genesis: vLLM 0.20.2rc1.dev9+g01d4d1ad3 (image "
             "vllm/vllm-openai:nightly-") in caplog.text
-    assert "is not on KNOWN_GOOD_VLLM_PINS of Genesis cccccccccccc" in caplog.text
+    assert "is not on Genesis cccccccccccc's KNOWN_GOOD_VLLM_PINS" in caplog.text
     assert "vllm/_genesis/guards.py: 0.20.1rc1.dev16+g7a1eb8ac2)" in caplog.text
     assert rig.containers == {}
     assert run.ran("docker compose -p rigfleet-tq3-mtp-genesis") == []
@@ -511,7 +511,8 @@ def test_genesis_stack_refused_when_vllm_is_not_on_the_allowlist(data, caplog):
 
 def test_genesis_stack_refused_for_switches_the_pinned_genesis_does_not_know(data, caplog):
     rig = FakeRig("debian13")
-    switches = {n: "experimental" for n in ("P67_TQ_MULTI_QUERY_KERNEL", "P58_ASYNC_PLACEHOLDER_FIX")}
+    switches = {n: "experimental"
+                for n in ("P67_TQ_MULTI_QUERY_KERNEL", "P58_ASYNC_PLACEHOLDER_FIX")}
     rig.genesis_switches = {**switches, "P64_QWEN3CODER_MTP_STREAMING": "retired"}
     rig.genesis_layout = "v7"
     run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
