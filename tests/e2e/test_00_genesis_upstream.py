@@ -192,3 +192,14 @@ def test_v12_reads_data_outside_sndr_at_apply_time(trees: dict[str, Path], tmp_p
                              cwd=tmp_path, timeout=120)  # fmt: skip
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.stdout.strip().splitlines()[-1] == found, (site, run.stdout)
+
+
+def test_the_stack_files_switch_sets_suit_the_real_trees(reports: dict[str, TreeReport]) -> None:
+    # What the pins lock and the hosts' gate will say about the built-in stack file as it is.
+    spec = get_stack(STACK)
+    for generation, commit, version, vllm in (("v7", V7, "v7.72.2", "0.20.2rc1.dev9+g01d4d1ad3"),
+                                              ("v12", V12, "v12.1.0", "0.21.0")):  # fmt: skip
+        pin = GenesisPin(URL, commit, generation, version)
+        problems = pairing_problems(reports[generation], pin, stack=STACK, vllm_version=vllm,
+                                    use=StackUse.of(spec, generation))  # fmt: skip
+        assert problems == [], problems

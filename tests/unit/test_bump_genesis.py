@@ -204,9 +204,14 @@ def test_lock_refuses_what_the_hosts_gate_would_refuse(fixture, tmp_path) -> Non
     assert lines[1].startswith("pins.yaml: stack tq3-mtp-genesis: "
                                "GENESIS_ENABLE_PN13_CUDA_GRAPH_LAMBDA_ARITY=1: patch PN13 is "
                                f"retired in Genesis v12.1.0 ({c[:12]})")  # fmt: skip
-    # The built-in stack file has no v12 switch set yet: said as such.
+    # A stack file without the commit's generation's switch set: said as such.
+    spec = get_stack(STACK)
+    assert spec.genesis is not None
+    only_v7 = replace(spec, genesis=replace(spec.genesis, switches=MappingProxyType(
+        {"v7": spec.genesis.switches["v7"]})))  # fmt: skip
     with pytest.raises(GenesisRefused, match="genesis.switches has no v12 set"):
-        lock_genesis(pins_for(c), fetch_url=fixture.url, cache_dir=tmp_path)
+        lock_genesis(pins_for(c), Catalog({STACK: only_v7}), fetch_url=fixture.url,
+                     cache_dir=tmp_path)  # fmt: skip
     with pytest.raises(GenesisRefused, match=f"stacks.{STACK}.genesis.commit: {'e' * 40} is not "
                                              "in"):
         lock_genesis(pins_for("e" * 40), fetch_url=fixture.url, cache_dir=tmp_path)
