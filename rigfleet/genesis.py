@@ -299,6 +299,7 @@ class StackUse:
     + host_env: the names the host's ``extra_env.<stack>`` sets (for messages)
     + switches_on: the names the stack file's ``genesis.switches.<generation>.on`` sets
     + needs: the patch ids the stack cannot work without; source: the stack file
+    + file_env: the stack file's own environment (before the host's extra_env)
     """
 
     stack: str
@@ -308,6 +309,7 @@ class StackUse:
     switches_on: frozenset[str] = frozenset()
     needs: tuple[str, ...] = ()
     source: str = ""
+    file_env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, spec: StackSpec, generation: str,
@@ -324,14 +326,16 @@ class StackUse:
             )
         extra = dict(host_env or {})
         on = spec.genesis.switches[generation][0]
+        file_env = spec.environment(generation)
         return cls(
             stack=spec.name,
             generation=generation,
-            env={**spec.environment(generation), **extra},
+            env={**file_env, **extra},
             host_env=frozenset(extra),
             switches_on=frozenset(f"GENESIS_ENABLE_{s}" for s in on),
             needs=spec.genesis.needs,
             source=spec.source,
+            file_env=file_env,
         )
 
     def fix(self, name: str) -> str:
@@ -429,10 +433,15 @@ def _unknown(report: TreeReport, prefix: str, suffix: str, label: str) -> str:
 
 def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
     """Patches the stack cannot work without that Genesis ``label`` lacks, would skip as
-    retired, or that no switch set to 1 turns on."""
+    retired, or that the stack file switches on with no switch set to 1.
+
+    Only the stack file's own switches count for the last: a host's ``extra_env`` turning a
+    needed patch off is an operator's deliberate override (the testbed injects faults so, and
+    the verify-stress gate then judges the stack), not a pairing problem.
+    """
     problems = []
     allow_retired = truthy(use.env.get(ALLOW_RETIRED, ""))
-    on = {t.patch for name, value in use.env.items() if truthy(value)
+    on = {t.patch for name, value in use.file_env.items() if truthy(value)
           for p in ENABLE_PREFIXES if name.startswith(p) and p in report.switch_prefixes
           for t in report.switches.get(name[len(p):], ())}  # fmt: skip
     for need in use.needs:

@@ -172,9 +172,9 @@ def _layout_mismatch(what: str, found: str | None, pin: GenesisPin) -> str | Non
         return None
     want = LAYOUTS[pin.layout].check_file
     if found is None:
-        return (f"{host.name}: {what} lacks {want} (the {pin.layout} layout the pins say), "
+        return (f"{what} lacks {want} (the {pin.layout} layout the pins say), "
                 "and marks no other layout rigfleet knows (wrong repository?)")
-    return (f"{host.name}: {what} has the {found} layout "
+    return (f"{what} has the {found} layout "
             f"({genesis_inspect.GENERATIONS[found].check_file}), but the pins say layout "
             f"{pin.layout} for Genesis {pin.label}; fix the pins' genesis.layout (`rigfleet "
             "pins lock` records it from the tree)")
@@ -186,7 +186,7 @@ def verify_tree(pin: GenesisPin) -> str | None:
     have = state.trees.get(pin.commit)
     tree = HOST.genesis_tree(pin.commit)
     if have is None:
-        return f"{host.name}: Genesis tree {tree} is missing"
+        return f"Genesis tree {tree} is missing"
     return _layout_mismatch(f"Genesis tree {tree}", have[1], pin)
 
 
@@ -194,7 +194,7 @@ def verify_checkout(pin: GenesisPin, dest: str) -> str | None:
     """At execution time: HEAD is the pin and the files mark the pinned layout."""
     state = read_fact(GenesisHead, path=dest)
     if state.head != pin.commit:
-        return f"{host.name}: Genesis checkout {dest} is at {state.head}, pin is {pin.commit}"
+        return f"Genesis checkout {dest} is at {state.head}, pin is {pin.commit}"
     return _layout_mismatch(f"Genesis checkout {dest} at {pin.commit[:12]}", state.layout, pin)
 
 

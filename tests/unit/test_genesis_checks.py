@@ -288,3 +288,11 @@ def test_compose_mounts_the_v12_tree_read_only() -> None:
     assert svc["environment"]["GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL"] == "1"
     assert svc["environment"]["GENESIS_ENABLE_P4"] == "0"
     assert "python3 -m sndr.apply" in yaml.safe_dump(svc["entrypoint"])
+
+
+def test_a_host_turning_a_needed_patch_off_is_left_to_the_verify_gate(r12: TreeReport) -> None:
+    # The operator's override (the testbed's "P67 off" fault): no pairing problem; the stack
+    # boots and the verify-stress gate judges it.
+    u = use(["P67_TQ_MULTI_QUERY_KERNEL"], needs=("P67",),
+            host_env={"GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL": "0"})  # fmt: skip
+    assert pairing_problems(r12, V12_PIN, stack=STACK, vllm_version=None, use=u) == []
