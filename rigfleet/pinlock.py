@@ -10,8 +10,8 @@ For each stack (and each host override in ``hosts:``), from the registry's v2 AP
 
 The model's full commit comes from the hub's revision API; each Genesis pin's ``layout`` and
 ``version`` from its commit (``rigfleet.bump.genesis.lock_genesis``, which also refuses a Genesis
-stack the hosts' gate would refuse). Everything else in the file is left as written. Nothing is written unless every lookup succeeds; a tag that is gone says so and
-what to do instead::
+stack the hosts' gate would refuse). Everything else in the file is left as written. Nothing is
+written unless every lookup succeeds; a tag that is gone says so and what to do instead::
 
     rigfleet pins lock --pins pins.yaml            # Docker Hub and huggingface.co
     rigfleet pins lock --refresh                   # re-resolve every digest from its tag
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rigfleet.bump.candidate import NIGHTLY_TAG
 from rigfleet.bump.genesis import lock_genesis
-from rigfleet.pins import UNRESOLVED, GenesisPin, Pins, PinsError, StackPins, load_pins, save_pins
+from rigfleet.pins import UNRESOLVED, Pins, PinsError, StackPins, load_pins, save_pins
 from rigfleet.registry import DOCKER_HUB, Registry, RegistryError, RegistryNotFound, registry_of
 
 # vllm .buildkite/scripts/cleanup-nightly-builds.sh keeps the 14 newest nightly-* tags and
@@ -161,16 +161,3 @@ def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = Fals
     if lines:
         save_pins(new, {"action": "lock", "changes": lines})
     return lines
-
-
-def with_genesis(
-    pins: Pins, repo: str, commit: str, layout: str | None = None, version: str | None = None
-) -> Pins:
-    """``pins`` with every Genesis-using stack pointed at ``repo`` at ``commit`` (its
-    ``layout`` and ``version``; the layout stays as pinned when not given)."""
-    stacks = {
-        name: replace(s, genesis=GenesisPin(repo, commit, layout or s.genesis.layout, version))
-        if s.genesis else s
-        for name, s in pins.stacks.items()
-    }
-    return replace(pins, stacks=stacks)
