@@ -30,6 +30,7 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_host
 from typing_extensions import override
 
+from rigfleet import genesis_inspect
 from rigfleet.commands import apt as apt_commands
 from rigfleet.commands import docker as docker_commands
 from rigfleet.commands import nvidia as nvidia_commands
@@ -515,23 +516,36 @@ def _compare_listing(
 
 @dataclass(frozen=True)
 class GenesisCheckout:
-    """The Genesis checkout: HEAD commit, origin URL, and whether apply_all.py is there."""
+    """The Genesis checkout: HEAD commit, origin URL, and the layout its files mark
+    (``v7``/``v12``; None: no checkout, or a tree of no layout rigfleet knows)."""
 
     head: str | None
     origin: str | None
-    has_apply_all: bool
+    layout: str | None
 
 
-APPLY_ALL = "vllm/_genesis/patches/apply_all.py"
+def _markers_command(tree: str) -> str:
+    """Shell that prints the layout marker files present under ``tree`` (a shell word or a
+    quoted path), comma-separated, ``-`` when none."""
+    tests = " ".join(
+        f'[ -e "{tree}/{m}" ] && m="$m,{m}";' for m in genesis_inspect.MARKERS
+    )
+    return f'm=""; {tests} echo "${{m#,}}" | sed "s/^$/-/"'
+
+
+def _layout(markers: str) -> str | None:
+    present = frozenset(m for m in markers.split(",") if m and m != "-")
+    return genesis_inspect.detect_layout(present)[0]
 
 
 class GenesisHead(FactBase[GenesisCheckout]):
-    """``git rev-parse HEAD`` and the origin URL of a checkout, plus the apply_all.py check."""
+    """``git rev-parse HEAD`` and the origin URL of a checkout, plus its layout's marker files
+    (``rigfleet.genesis_inspect.MARKERS``)."""
 
     @staticmethod
     @override
     def default() -> GenesisCheckout:
-        return GenesisCheckout(None, None, False)
+        return GenesisCheckout(None, None, None)
 
     @override
     def command(self, path: str) -> str:
@@ -539,7 +553,7 @@ class GenesisHead(FactBase[GenesisCheckout]):
         return (
             f"echo head=$(git -C {p} rev-parse --verify -q HEAD 2>/dev/null); "
             f"echo origin=$(git -C {p} remote get-url origin 2>/dev/null); "
-            f"if [ -f {p}/{APPLY_ALL} ]; then echo apply_all=yes; else echo apply_all=no; fi"
+            f"t={p}; echo markers=$({_markers_command('$t')})"
         )
 
     @override
@@ -548,16 +562,17 @@ class GenesisHead(FactBase[GenesisCheckout]):
         return GenesisCheckout(
             head=values.get("head") or None,
             origin=values.get("origin") or None,
-            has_apply_all=values.get("apply_all") == "yes",
+            layout=_layout(values.get("markers", "")),
         )
 
 
 @dataclass(frozen=True)
 class GenesisTreeState:
-    """The exported Genesis trees (commit -> (mtime, has apply_all.py)) and the commits
-    the host's compose files mount (both stacks' files and the active snapshot)."""
+    """The exported Genesis trees (commit -> (mtime, the layout its files mark, None when
+    none)) and the commits the host's compose files mount (both stacks' files and the active
+    snapshot)."""
 
-    trees: dict[str, tuple[int, bool]]
+    trees: dict[str, tuple[int, str | None]]
     referenced: frozenset[str]
 
 
@@ -577,9 +592,8 @@ class GenesisTrees(FactBase[GenesisTreeState]):
         d = shlex.quote(trees_dir.rstrip("/"))
         files = " ".join(shlex.quote(f) for f in compose_files)
         command = (
-            f'for t in {d}/*/; do [ -d "$t" ] || continue; '
-            f'if [ -f "${{t}}{APPLY_ALL}" ]; then a=yes; else a=no; fi; '
-            f'echo "tree $(stat -c %Y "$t") $(basename "$t") $a"; done'
+            f'for t in {d}/*/; do [ -d "$t" ] || continue; t="${{t%/}}"; '
+            f'echo "tree $(stat -c %Y "$t") $(basename "$t") $({_markers_command("$t")})"; done'
         )
         if files:
             name = shlex.quote(trees_dir.rstrip("/").rsplit("/", 1)[-1])
@@ -591,13 +605,13 @@ class GenesisTrees(FactBase[GenesisTreeState]):
 
     @override
     def process(self, output: list[str]) -> GenesisTreeState:
-        trees: dict[str, tuple[int, bool]] = {}
+        trees: dict[str, tuple[int, str | None]] = {}
         referenced: set[str] = set()
         for line in output:
             parts = line.split()
             if len(parts) == 4 and parts[0] == "tree" and _HEX40.fullmatch(parts[2]):
                 if parts[1].isdigit():
-                    trees[parts[2]] = (int(parts[1]), parts[3] == "yes")
+                    trees[parts[2]] = (int(parts[1]), _layout(parts[3]))
             elif len(parts) == 2 and parts[0] == "ref" and _HEX40.fullmatch(parts[1]):
                 referenced.add(parts[1])
         return GenesisTreeState(trees, frozenset(referenced))

@@ -136,6 +136,10 @@ class FakeRig:
     genesis_head: str | None = None
     genesis_origin: str | None = None
     genesis_trees: dict[str, int] = field(default_factory=dict)  # exported commit -> mtime
+    genesis_layout: str = "v7"  # what the checkout's and the trees' files mark
+    # The Genesis registry the inspect helper reports: GENESIS_ENABLE_ suffix -> lifecycle
+    # (None: every switch the built-in stack files name, as live patches).
+    genesis_switches: dict[str, str] | None = None
     vllm_version: str = VLLM_VERSION
     allowlist: list[str] = field(default_factory=lambda: [VLLM_VERSION])
     venv_version: str | None = None
@@ -325,11 +329,11 @@ class FakeRig:
             return True, [
                 f"head={self.genesis_head or ''}",
                 f"origin={self.genesis_origin or ''}",
-                f"apply_all={'yes' if self.genesis_head else 'no'}",
+                f"markers={self._genesis_marker() if self.genesis_head else '-'}",
             ]
         m = re.match(r"for t in (\S+)/\*/; do", cmd)
         if m:
-            out = [f"tree {t} {c} yes" for c, t in self.genesis_trees.items()]
+            out = [f"tree {t} {c} {self._genesis_marker()}" for c, t in self.genesis_trees.items()]
             refs = sorted({r for data in self.files.values()
                            for r in re.findall(rb"genesis-trees/([0-9a-f]{40})", data)})
             return True, out + [f"ref {r.decode()}" for r in refs]
@@ -347,9 +351,41 @@ class FakeRig:
             return True, [self.boot_marker] if self.boot_marker else []
         if "import vllm; print(vllm.__version__)" in cmd:
             return True, [self.vllm_version]
-        if "rigfleet-genesis-allowlist.py" in cmd and cmd.startswith("python3"):
-            return True, [json.dumps({"known_good": self.allowlist, "pending": []})]
+        if "rigfleet-genesis-inspect.py" in cmd and cmd.startswith("python3"):
+            return True, [json.dumps(self._genesis_report())]
         return None
+
+    def _genesis_marker(self) -> str:
+        from rigfleet.genesis_inspect import GENERATIONS
+
+        return GENERATIONS[self.genesis_layout].check_file
+
+    def _genesis_report(self) -> dict:
+        """What rigfleet-genesis-inspect.py prints for the exported tree (its schema)."""
+        from rigfleet.catalog import builtin_catalog
+        from rigfleet.genesis_inspect import GENERATIONS, SCHEMA
+
+        files = GENERATIONS[self.genesis_layout]
+        switches = self.genesis_switches
+        if switches is None:
+            switches = {name: "experimental" for spec in builtin_catalog().stacks.values()
+                        if spec.genesis for on, off in spec.genesis.switches.values()
+                        for name in (*on, *off)}  # fmt: skip
+        pid = {s: re.match(r"PN?[0-9]+[A-Z]?", s).group(0) for s in switches}
+        return {
+            "schema": SCHEMA, "layout": self.genesis_layout, "markers": [files.check_file],
+            "version": None, "version_file": files.version_file, "flags": [], "errors": [],
+            "allowlist": {"file": files.allowlist_file, "known_good": self.allowlist,
+                          "pending": []},
+            "registry": {
+                "file": files.registry_file, "patches": len(switches), "lifecycles": {},
+                "switch_prefixes": list(files.switch_prefixes),
+                "retired_skipped": files.retired_skipped,
+                "switches": {s: [[pid[s], lc, "env_flag"]] for s, lc in switches.items()},
+                "patch_flags": {pid[s]: [f"GENESIS_ENABLE_{s}", lc, False]
+                                for s, lc in switches.items()},
+            },
+        }  # fmt: skip
 
     def _text(self, path: str) -> list[str]:
         return self.files[path].decode().splitlines() if path in self.files else []
@@ -513,7 +549,7 @@ class FakeRig:
                 },
             }
             return True, []
-        m = re.search(r"git clone --quiet --no-checkout (\S+) ", cmd)
+        m = re.search(r"git init --quiet \S+ && git -C \S+ remote add origin (\S+)$", cmd)
         if m:
             self.genesis_origin = m.group(1)
             return True, []

@@ -539,10 +539,39 @@ def test_genesis_stack_refused_when_vllm_is_not_on_the_allowlist(data, caplog):
     rig.allowlist = ["0.20.1rc1.dev16+g7a1eb8ac2"]
     run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
     assert run.failed
-    assert "image vLLM 0.20.2rc1.dev9+g01d4d1ad3 is not on Genesis cccccccccccc" in caplog.text
-    assert "0.20.1rc1.dev16+g7a1eb8ac2" in caplog.text
+    assert ("stack tq3-mtp-genesis: vLLM 0.20.2rc1.dev9+g01d4d1ad3 (image "
+            "vllm/vllm-openai:nightly-") in caplog.text
+    assert "is not on Genesis cccccccccccc's KNOWN_GOOD_VLLM_PINS" in caplog.text
+    assert "vllm/_genesis/guards.py: 0.20.1rc1.dev16+g7a1eb8ac2)" in caplog.text
     assert rig.containers == {}
     assert run.ran("docker compose -p rigfleet-tq3-mtp-genesis") == []
+
+
+def test_genesis_stack_refused_for_switches_the_pinned_genesis_does_not_know(data, caplog):
+    rig = FakeRig("debian13")
+    switches = {n: "experimental"
+                for n in ("P67_TQ_MULTI_QUERY_KERNEL", "P58_ASYNC_PLACEHOLDER_FIX")}
+    rig.genesis_switches = {**switches, "P64_QWEN3CODER_MTP_STREAMING": "retired"}
+    rig.genesis_layout = "v7"
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert run.failed
+    # v7 never skips retired patches: only the switches it does not know are refused.
+    assert "GENESIS_ENABLE_P64_QWEN3CODER_MTP_STREAMING" not in caplog.text
+    assert ("stack tq3-mtp-genesis: GENESIS_ENABLE_P60_GDN_NGRAM_FIX=1: Genesis cccccccccccc has "
+            "no such switch") in caplog.text
+    assert "remove it from the stack file's genesis.switches.v7.on" in caplog.text
+    assert rig.containers == {}
+    assert run.ran("docker compose -p rigfleet-tq3-mtp-genesis") == []
+
+
+def test_genesis_checkout_of_another_layout_than_pinned_is_refused(data, caplog):
+    rig = FakeRig("debian13")
+    rig.genesis_layout = "v12"  # the pinned commit's files are sndr/, the pins say v7
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert run.failed
+    assert (f"Genesis checkout /opt/rigfleet/genesis at {GENESIS_COMMIT[:12]} has the v12 layout "
+            "(sndr/apply/__main__.py), but the pins say layout v7") in caplog.text
+    assert rig.containers == {}
 
 
 def test_genesis_tree_exported_mounted_and_pruned(data):
@@ -716,7 +745,7 @@ def test_fact_commands_are_valid_sh_and_tolerate_absence(tmp_path):
         elif cls.__name__ == "WeightsManifest":
             assert not value.intact and value.revision is None
         elif cls.__name__ == "GenesisHead":
-            assert value.head is None and not value.has_apply_all
+            assert value.head is None and value.layout is None
         elif cls.__name__ in ("DockerDaemonJson", "DockerRuntimes"):
             pass  # this machine may run a Docker engine
         else:
