@@ -115,9 +115,10 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
 
     runtime = RuntimeImage.for_stack(spec, stack_pins)
     service: dict[str, Any] = {
-        # A Genesis stack runs its derived image (the pinned packages baked into the pinned
-        # image, built on the host); never pulled: only this host has it.
-        "image": runtime.ref if runtime else stack_pins.image_ref,
+        # The image as the deploy staged and verified it (a Genesis stack: its derived image,
+        # the pinned packages baked into the pinned image on the host); never pulled here: a
+        # pull could fetch something else, and a loaded archive has no registry behind it.
+        "image": runtime.ref if runtime else stack_pins.local_image,
         "container_name": spec.container_name,
         # Never restarted in place: Genesis text-patches vLLM in the container's writable
         # layer, so a restarted container fails to re-patch and one crash becomes a restart
@@ -141,8 +142,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         },
         "labels": labels,
     }
-    if runtime is not None:
-        service["pull_policy"] = "never"
+    service["pull_policy"] = "never"
     doc = _escape({"name": spec.compose_project, "services": {SERVICE: service}})
     labels = doc["services"][SERVICE]["labels"]
     labels[CONFIG_HASH_LABEL] = config_hash(doc)

@@ -8,9 +8,10 @@ For each stack (and each host override in ``hosts:``), from the registry's v2 AP
   what ``docker load`` of a saved copy reproduces. Read for the *pinned* digest, never for
   whatever the tag points at later, so a saved copy can be verified against the pin.
 
-The model's full commit comes from the hub's revision API. Everything else in the file is left
-as written. Nothing is written unless every lookup succeeds; a tag that is gone says so and
-what to do instead::
+The model's full commit comes from the hub's revision API; each Genesis pin's ``layout`` and
+``version`` from its commit (``rigfleet.bump.genesis.lock_genesis``, which also refuses a Genesis
+stack the hosts' gate would refuse). Everything else in the file is left as written. Nothing is
+written unless every lookup succeeds; a tag that is gone says so and what to do instead::
 
     rigfleet pins lock --pins pins.yaml            # Docker Hub and huggingface.co
     rigfleet pins lock --refresh                   # re-resolve every digest from its tag
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rigfleet.bump.candidate import NIGHTLY_TAG
-from rigfleet.pins import UNRESOLVED, GenesisPin, Pins, PinsError, StackPins, load_pins, save_pins
+from rigfleet.bump.genesis import lock_genesis
+from rigfleet.pins import UNRESOLVED, Pins, PinsError, StackPins, load_pins, save_pins
 from rigfleet.registry import DOCKER_HUB, Registry, RegistryError, RegistryNotFound, registry_of
 
 # vllm .buildkite/scripts/cleanup-nightly-builds.sh keeps the 14 newest nightly-* tags and
@@ -145,20 +147,17 @@ def changes(old: Pins, new: Pins) -> list[str]:
     return out
 
 
-def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False) -> list[str]:
-    """Resolve and save; returns one line per change (empty when nothing was to do)."""
+def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False,
+         genesis_url: str | None = None) -> list[str]:
+    """Resolve and save; returns one line per change (empty when nothing was to do).
+
+    + genesis_url: where this machine fetches Genesis when the pinned repository URL is not
+      reachable from it (see ``rigfleet.bump.genesis.lock_genesis``)
+    """
     pins = load_pins(path, allow_unresolved=True)
     new = resolve(pins, Registry(registry_url), hub_url, refresh=refresh)
-    lines = changes(pins, new)
+    new, genesis_lines = lock_genesis(new, fetch_url=genesis_url)
+    lines = changes(pins, new) + genesis_lines
     if lines:
         save_pins(new, {"action": "lock", "changes": lines})
     return lines
-
-
-def with_genesis(pins: Pins, repo: str, commit: str) -> Pins:
-    """``pins`` with every Genesis-using stack pointed at ``repo`` at ``commit``."""
-    stacks = {
-        name: replace(s, genesis=GenesisPin(repo, commit)) if s.genesis else s
-        for name, s in pins.stacks.items()
-    }
-    return replace(pins, stacks=stacks)

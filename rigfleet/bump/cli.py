@@ -63,6 +63,7 @@ from rigfleet.bump.genesis import (
     GenesisChoice,
     GenesisRefused,
     GenesisRepo,
+    check_switches,
     choose_genesis,
     infer_version,
     refusal,
@@ -86,10 +87,10 @@ from rigfleet.bump.version import VersionProbe, read_version, remove_image
 from rigfleet.catalog import Catalog
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
+from rigfleet.genesis import StackUse
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, load_inventory
 from rigfleet.pins import (
-    GenesisPin,
     Pins,
     PinsError,
     StackPins,
@@ -254,7 +255,7 @@ def new_stack_pins(
                         image_id=candidate.image_id,
                         vllm_version=version or p.vllm_version)  # fmt: skip
         if name in genesis and p.genesis is not None:
-            p = replace(p, genesis=GenesisPin(p.genesis.repo, genesis[name].commit))
+            p = replace(p, genesis=genesis[name].pin(p.genesis.repo))
         out[name] = p
     # Round-trip through the pins validator (tag vs version's +g<commit>, digest form, ...).
     trial = replace(pins, stacks={**pins.stacks, **out})
@@ -475,7 +476,7 @@ def _infer_version(
         checked = [repo.commit(repo.resolve(g.commit))]
         checked += [repo.commit(sha) for sha in repo.newer(checked[0].sha)]
         raise GenesisRefused(refusal(f"<any build of {commit[:9]}> (not pulled in --dry)",
-                                     checked, branch=repo.default_branch()))  # fmt: skip
+                                     checked))  # fmt: skip
     return None
 
 
@@ -505,8 +506,26 @@ def _genesis_choices(
             _log(f"[yellow]warning:[/yellow] Genesis {choice.label} does not list the vLLM "
                  f"the fleet runs now ({p.vllm_version}); a host that rolls back runs it "
                  "against the new checkout")  # fmt: skip
+        check_switches(repo, choice.pin(p.genesis.repo), _genesis_uses(inputs, name, choice),
+                       stack=name)  # fmt: skip
         out[name] = choice
     return out
+
+
+def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str, StackUse]:
+    """The stack's Genesis use per its stack file (key ``""``) and on each host whose
+    ``extra_env`` adds to it, with the chosen commit's switch set."""
+    spec = inputs.catalog.get(stack)
+    layout = choice.layout or "v7"
+    try:
+        uses = {"": StackUse.of(spec, layout)}
+        for h in inputs.hosts:
+            extra = validate_host(h.name, h.data).env_for(stack)
+            if extra:
+                uses[h.name] = StackUse.of(spec, layout, extra)
+    except ValueError as e:
+        raise GenesisRefused(f"{e}; refusing before any host changes") from None
+    return uses
 
 
 def _confirm() -> bool:

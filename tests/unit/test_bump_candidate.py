@@ -280,9 +280,6 @@ def test_unlisted_nightly_is_refused_before_any_host_changes(fleet, capsys) -> N
     assert any(c.startswith("docker image rm") for c in cmds)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the Genesis fixture now has the real history (upstream-2026.md 3.1): v7.73.0 is on dev "
-    "only and the bump walks main for newer commits (product change pending)"))
 def test_dry_run_proposes_the_newer_genesis_and_changes_nothing(fleet, capsys) -> None:
     before = fleet["pins"].read_text()
     rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{NEWER}", "--dry",

@@ -256,7 +256,7 @@ INT8_SNAPSHOT = f"""\
 name: rigfleet-int8
 services:
   vllm:
-    image: {IMAGE}@{DIGEST_INT8}
+    image: {IMAGE}
     container_name: rigfleet-int8
     restart: 'no'
     entrypoint:
@@ -336,6 +336,7 @@ services:
       io.rigfleet.vllm-version: {VERSION}
       io.rigfleet.model-revision: {REVISION}
       io.rigfleet.config-hash: HASH
+    pull_policy: never
 """
 
 

@@ -2,7 +2,9 @@
 
 - ``files/rigfleet-fetch-weights.py`` against the testbed's hub service (started locally on an
   ephemeral port, as tests/unit/test_hub.py does) with the real ``huggingface_hub`` client;
-- ``files/rigfleet-genesis-allowlist.py`` against the Genesis fixture's ``guards.py`` layout.
+- ``rigfleet/genesis_inspect.py`` (on hosts ``rigfleet-genesis-inspect.py``) isolated, as a
+  host's own ``python3`` runs it, on small trees of both Genesis layouts (the full checks are
+  in tests/unit/test_genesis_inspect.py).
 
 Run: ``.venv/bin/python -m pytest tests/unit/test_host_scripts.py -q``.
 """
@@ -24,7 +26,7 @@ from rigfleet_testbed.model_fixture import MODEL_REPO, ModelFixture, build_model
 
 ROOT = Path(__file__).resolve().parents[2]
 FETCH = ROOT / "files" / "rigfleet-fetch-weights.py"
-ALLOWLIST = ROOT / "files" / "rigfleet-genesis-allowlist.py"
+INSPECT = ROOT / "rigfleet" / "genesis_inspect.py"  # installed as rigfleet-genesis-inspect.py
 SERVICES_DIR = ROOT / "testbed/rigfleet_testbed/images/services"
 
 
@@ -263,60 +265,39 @@ def test_revision_must_be_a_full_commit(tmp_path):
     assert run.returncode == 2 and "40-hex" in run.stderr
 
 
-def test_allowlist_is_read_with_ast(tmp_path):
-    guards = tmp_path / "vllm" / "_genesis" / "guards.py"
-    guards.parent.mkdir(parents=True)
-    guards.write_text(
-        "import os\n"
-        "raise SystemExit('must not be executed')\n"
-        "KNOWN_GOOD_VLLM_PINS: tuple[str, ...] = (\n"
-        "    '0.20.1rc1.dev16+g7a1eb8ac2',  # v7.65\n"
-        "    '0.20.2rc1.dev9+g01d4d1ad3',\n"
-        ")\n"
-    )
-    run = subprocess.run(
-        [sys.executable, str(ALLOWLIST), str(tmp_path)], capture_output=True, text=True
-    )
+@pytest.mark.parametrize("layout", ["v7", "v12"])
+def test_genesis_inspect_runs_isolated_as_on_a_host(tmp_path, layout):
+    # The host runs the single file with its own python3: no rigfleet, no site-packages.
+    from genesis_trees import V7_KNOWN, V12_KNOWN, V12_PENDING, v7_files, v12_files, write_tree
+
+    files = v7_files(V7_KNOWN) if layout == "v7" else v12_files(V12_KNOWN, V12_PENDING)
+    tree = write_tree(tmp_path / "tree", files)
+    run = subprocess.run([sys.executable, "-I", "-S", str(INSPECT), str(tree)],
+                         capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout)["known_good"] == [
-        "0.20.1rc1.dev16+g7a1eb8ac2",
-        "0.20.2rc1.dev9+g01d4d1ad3",
-    ]
+    report = json.loads(run.stdout)
+    assert report["layout"] == layout and report["errors"] == []
+    assert report["allowlist"]["known_good"] == (V7_KNOWN if layout == "v7" else V12_KNOWN)
 
 
-def test_allowlist_missing_is_an_error(tmp_path):
-    run = subprocess.run(
-        [sys.executable, str(ALLOWLIST), str(tmp_path)], capture_output=True, text=True
-    )
-    assert run.returncode == 1 and "no Genesis guards file" in run.stderr
-
-
-def test_allowlist_of_each_genesis_fixture_release(tmp_path):
+def test_genesis_inspect_reads_every_testbed_fixture_commit(tmp_path):
+    # The testbed's Genesis stands in for the real one: the host helper must read each of its
+    # commits (both layouts) as it reads the real trees, without an error.
     from rigfleet_testbed.genesis_fixture import build_genesis_fixture
+
+    from roles.genesis import checkout_commands
 
     fx = build_genesis_fixture(tmp_path / "git")
     checkout = tmp_path / "genesis"
-    subprocess.run(
-        ["git", "clone", "-q", "--no-checkout", str(fx.repo_path), str(checkout)], check=True
-    )
-    for commit in fx.commits:
-        subprocess.run(
-            [
-                "git",
-                "-C",
-                str(checkout),
-                "-c",
-                "advice.detachedHead=false",
-                "checkout",
-                "-q",
-                "--force",
-                "--detach",
-                commit.sha,
-            ],
-            check=True,
-        )
-        run = subprocess.run(
-            [sys.executable, str(ALLOWLIST), str(checkout)], capture_output=True, text=True
-        )
-        assert run.returncode == 0, run.stderr
-        assert tuple(json.loads(run.stdout)["known_good"]) == tuple(commit.allowlist)
+    for commit in [*fx.commits, *fx.main_commits]:
+        for command in checkout_commands(str(fx.repo_path), commit.sha, str(checkout),
+                                         (checkout / ".git").is_dir()):  # fmt: skip
+            subprocess.run(["sh", "-c", command], check=True, capture_output=True)
+        run = subprocess.run([sys.executable, "-I", "-S", str(INSPECT), str(checkout)],
+                             capture_output=True, text=True)  # fmt: skip
+        assert run.returncode == 0, (commit.title, run.stderr)
+        report = json.loads(run.stdout)
+        assert report["layout"] == commit.layout, commit.title
+        assert tuple(report["allowlist"]["known_good"]) == tuple(commit.allowlist)
+        assert tuple(report["allowlist"]["pending"]) == tuple(commit.pending)
+        assert report["registry"]["patches"] > 0

@@ -16,9 +16,9 @@ from test_roles_fake import _fast, deploy  # noqa: F401  (the harness; _fast is 
 import rigfleet.images.deploy
 import roles.images
 from rigfleet.images.archive import archive_name
-from rigfleet.images.deploy import ImagesRefused
 from rigfleet.inventory import InventoryHost
 from roles import images, preflight
+from roles.preflight import HostRefused
 
 IMAGE = "vllm/vllm-openai:v0.27.1"
 DIGEST = "sha256:" + "d" * 64
@@ -139,9 +139,10 @@ def test_no_source_refuses_before_any_host_changes(setup) -> None:
     data = {**setup["data"], "image_sources": [
         {"kind": "hub"}, {"kind": "archive", "path": str(setup["archive"] / "gone.tar")},
         {"kind": "host-archive", "path": "/srv/images"}]}
-    with pytest.raises(ImagesRefused) as e:
+    # The preflight refuses this host alone (roles/preflight.py); the reason is the images'.
+    with pytest.raises(HostRefused) as e:
         deploy(rig, data, fn=stage)
-    lines = e.value.problems
+    lines = str(e.value).splitlines()
     assert lines[0].startswith(f"@fake/rig: image_sources: {IMAGE} (stacks int8) is not on the "
                                "host and no source can provide it")
     assert lines[1].startswith(f"@fake/rig: image_sources[0] (hub): vllm/vllm-openai@{DIGEST} is "
@@ -159,7 +160,7 @@ def test_a_full_disk_refuses_with_what_is_needed_and_free(setup) -> None:
     setup["hub"][DIGEST] = (setup["image_id"], 10 * 1024**3)
     rig = setup["rig"]
     rig.engine.free = 20 * 1024**3
-    with pytest.raises(ImagesRefused, match=r"staging needs ~32.0 GiB on /var/lib/docker "
+    with pytest.raises(HostRefused, match=r"staging needs ~32.0 GiB on /var/lib/docker "
                                             r"\(/dev/fake; .* but 20.0 GiB is free"):
         deploy(rig, setup["data"], fn=stage)
 
