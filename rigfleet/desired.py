@@ -181,6 +181,26 @@ def check_pinned(settings: HostSettings, pins: Pins) -> None:
         raise PinsError(problems)
 
 
+def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> None:
+    """Each staged Genesis stack's file must have a switch set for its pinned Genesis layout
+    (``genesis.switches.v7`` / ``.v12``): it is what the compose file's environment is."""
+    problems = []
+    for spec in staged:
+        pinned = pins.stacks.get(spec.name)
+        genesis = pinned.genesis if pinned is not None else None
+        if spec.genesis is None or genesis is None:
+            continue
+        if genesis.layout not in spec.genesis.switches:
+            problems.append(
+                f"{settings.name}: stack {spec.name}: {spec.source}: genesis.switches has no "
+                f"{genesis.layout!r} set, but {pins.path} pins Genesis {genesis.label} with "
+                f"the {genesis.layout} layout; allowed: add genesis.switches.{genesis.layout} "
+                f"to the stack file (have: {', '.join(spec.genesis.switches) or 'none'}), or "
+                "pin a Genesis commit with a layout it has")
+    if problems:
+        raise PinsError(problems)
+
+
 def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
     """The host's model from validated settings and the pins it runs (pure); raises
     ``PinsError`` when the desired stack is not pinned (``check_pinned``).
@@ -189,8 +209,9 @@ def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
     + pins: the pins file's pins for this host (``Pins.for_host(name)``)
     """
     check_pinned(settings, pins)
-    stacks = {spec.name: desired_stack(spec, settings, pins)
-              for spec in staged_stacks(settings, pins)}
+    staged = staged_stacks(settings, pins)
+    check_switch_sets(settings, pins, staged)
+    stacks = {spec.name: desired_stack(spec, settings, pins) for spec in staged}
     return DesiredHost(settings.name, settings, pins, stacks)
 
 

@@ -746,6 +746,13 @@ class _Checker(Problems):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             self.bad(key, value, allowed)
             return None
+        if parts.username is not None or parts.password is not None:
+            # Named without the credentials: this message is logged. In the URL they would
+            # reach process arguments, an image's history or a world-readable file.
+            shown = parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}").geturl()
+            self.bad(key, shown, "a URL without credentials (an index or mirror on the LAN "
+                     "that needs none)", "carries credentials (user:password@)")
+            return None
         return value
 
     def apt_repos(self, value: Any) -> dict[str, AptRepo]:

@@ -606,3 +606,18 @@ def test_gpu_count_and_memory(data: dict[str, Any]) -> None:
         f"rig-a: stack: {spec.name!r} needs 32768 MiB per card (gpus.memory_mib in "
         f"stacks/big.yaml) but card 0 ({RTX3090}) has 24576 MiB; allowed: a stack whose "
         "cards fit, or cards with enough memory"]
+
+
+@pytest.mark.parametrize("key", ["runtime_pip_index_url", "pip_index_url",
+                                 "docker_registry_mirror"])
+def test_a_url_with_credentials_is_refused_without_showing_them(
+    data: dict[str, Any], key: str
+) -> None:
+    data[key] = "https://build:s3cret-pass@pypi.lan:3141/simple/"
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    msg = str(err.value)
+    assert msg == (f"rig-a: {key}: 'https://***@pypi.lan:3141/simple/' carries credentials "
+                   "(user:password@); allowed: a URL without credentials (an index or mirror "
+                   "on the LAN that needs none)")
+    assert "s3cret" not in msg and "build" not in msg
