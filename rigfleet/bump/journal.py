@@ -262,8 +262,8 @@ class BumpJournal:
                 f"{host}: {self.describe()} was deploying this host since {since} when it "
                 "stopped; whether its swap promoted or rolled back is known only to the host; "
                 "allowed: run `rigfleet bump` again (it reads the outcome from the host and "
-                "finishes the rollout) or `rigfleet bump --abandon` (records it and stops), "
-                "or leave this host out (--limit)", host, old, new)
+                "finishes the rollout) or `rigfleet bump --abandon` (records it and stops); "
+                "until then the deploy leaves this host as it is", host, old, new)
         return old
 
     def host_view(self, host: str) -> dict[str, Any] | None:
