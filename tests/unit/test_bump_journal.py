@@ -37,7 +37,7 @@ from rigfleet.bump.rollout import (
     StillRunning,
     rollout,
 )
-from rigfleet.pins import Pins, load_pins, save_pins
+from rigfleet.pins import Pins, PinsError, load_pins, save_pins
 
 OLD_INT8, NEW_INT8 = stack("int8", GOOD).digest, stack("int8", NEWER).digest
 
@@ -471,3 +471,17 @@ def test_abandon_records_what_promoted_and_removes_the_journal(tmp_path, monkeyp
     assert saved.history[-1]["outcome"] == "partial" and saved.history[-1]["abandoned"]
     assert not journal_path(plan.pins.path).exists()
     assert bump_cli.run(cli_args(tmp_path, abandon=True)) == bump_cli.EXIT_ERROR  # none left
+
+
+def test_pins_lock_is_refused_while_a_bump_is_unfinished(tmp_path):
+    from rigfleet.pinlock import lock
+
+    plan = make_plan(tmp_path)
+    journal = journal_for(plan)
+    before = Path(plan.pins.path).read_text()
+    with pytest.raises(PinsError, match=r"bump 20261129T104000Z-4242 .* is unfinished .*"
+                                        r"rigfleet bump --yes.*rigfleet bump --abandon"):
+        lock(plan.pins.path, registry_url="http://127.0.0.1:9", hub_url="http://127.0.0.1:9")
+    assert Path(plan.pins.path).read_text() == before  # nothing looked up, nothing written
+    assert load_journal(load_pins(plan.pins.path)).state == "open"
+    assert journal.path.exists()
