@@ -201,6 +201,23 @@ def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec
         raise PinsError(problems)
 
 
+def check_image_rules(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> None:
+    """Each staged stack's pinned image must be of a kind and vLLM version its stack file's
+    ``image`` rule allows (int8: releases from 0.22.0; tq3-mtp-genesis: below 0.24.0)."""
+    problems = []
+    for spec in staged:
+        pinned = pins.stacks.get(spec.name)
+        if pinned is None:
+            continue
+        for problem in spec.image.problems(pinned.tag, pinned.vllm_version):
+            problems.append(
+                f"{settings.name}: {pins.path}: stacks.{spec.name}: image {pinned.image} "
+                f"{problem} ({spec.source}: image); allowed: an image the stack file allows "
+                f"(`rigfleet bump --latest --stack {spec.name} --dry` proposes one)")
+    if problems:
+        raise PinsError(problems)
+
+
 def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
     """The host's model from validated settings and the pins it runs (pure); raises
     ``PinsError`` when the desired stack is not pinned (``check_pinned``).
@@ -211,6 +228,7 @@ def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
     check_pinned(settings, pins)
     staged = staged_stacks(settings, pins)
     check_switch_sets(settings, pins, staged)
+    check_image_rules(settings, pins, staged)
     stacks = {spec.name: desired_stack(spec, settings, pins) for spec in staged}
     return DesiredHost(settings.name, settings, pins, stacks)
 

@@ -25,10 +25,10 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rigfleet.bump.candidate import NIGHTLY_TAG
 from rigfleet.bump.genesis import lock_genesis
 from rigfleet.pins import UNRESOLVED, Pins, PinsError, StackPins, load_pins, save_pins
 from rigfleet.registry import DOCKER_HUB, Registry, RegistryError, RegistryNotFound, registry_of
+from rigfleet.vllm_versions import NIGHTLY_TAG
 
 # vllm .buildkite/scripts/cleanup-nightly-builds.sh keeps the 14 newest nightly-* tags and
 # deletes the rest; release tags are never deleted (see docs/images.md).

@@ -298,11 +298,15 @@ def test_a_broken_journal_is_refused_naming_file_key_and_value(tmp_path):
 # --- the converge and the CLI -----------------------------------------------------------------
 
 
-def test_the_deploy_keeps_a_promoted_canary_on_the_candidate(tmp_path):
+def test_the_deploy_keeps_a_promoted_canary_on_the_candidate(tmp_path, monkeypatch):
     """``rigfleet.desired`` (what the deploy, status and the host checks build) reads the
     journal with the pins: the canary's compose file is the candidate's, the others' the old."""
     import rigfleet.desired
     from rigfleet.desired import load_desired
+
+    # The bump helpers' fleet runs nightlies on both stacks; int8's stack file allows only
+    # releases (tested in test_stack_files and test_swap_plan). The journal is what this is about.
+    monkeypatch.setattr(rigfleet.desired, "check_image_rules", lambda *args: None)
 
     plan = make_plan(tmp_path, n=3, batch=2)
     runner = KillingRunner(plan, {}, "half-1")

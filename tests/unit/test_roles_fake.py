@@ -68,7 +68,7 @@ def pins_yaml(serial: int = 1, digest: str = DIGEST) -> str:
         model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
                  local_dir: qwen3.6-27b-autoround-int4}}
         stacks:
-          int8: {{image: "{image}", digest: "{digest}", vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}}
+          int8: {{image: "vllm/vllm-openai:v0.27.1", digest: "{digest}", vllm_version: 0.27.1}}
           tq3-mtp-genesis:
             image: "{image}"
             digest: "{digest}"

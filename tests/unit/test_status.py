@@ -58,8 +58,8 @@ def write_pins(path: Path) -> None:
         "model": {"repo": "Lorbus/Qwen3.6-27B-int4-AutoRound", "revision": REVISION,
                   "local_dir": "qwen3.6-27b-autoround-int4"},
         "stacks": {
-            "int8": {"image": IMAGE, "digest": DIGEST,
-                     "vllm_version": "0.20.2rc1.dev9+g01d4d1ad3"},
+            "int8": {"image": "vllm/vllm-openai:v0.27.1", "digest": DIGEST,
+                     "vllm_version": "0.27.1"},
             "tq3-mtp-genesis": {"image": IMAGE, "digest": OTHER_DIGEST,
                                 "vllm_version": "0.20.2rc1.dev9+g01d4d1ad3",
                                 "genesis": {"repo": GENESIS.repo, "commit": GENESIS.commit}},
@@ -520,9 +520,7 @@ def test_host_checks_know_the_toolkit_packages_the_role_installs():
 
 # --- a fleet in the middle of a bump -----------------------------------------------------------
 
-NEW_SHA = "3f9c2a7e5b1d4c8a9e0f6b2d7c1a5e8f9b3d6c02"
-NEW_INT8 = StackPins("int8", f"vllm/vllm-openai:nightly-{NEW_SHA}", "sha256:" + "d" * 64,
-                     "0.20.2rc1.dev212+g3f9c2a7e5")
+NEW_INT8 = StackPins("int8", "vllm/vllm-openai:v0.28.0", "sha256:" + "d" * 64, "0.28.0")
 
 
 def unfinished_bump(tmp_path: Path, rig_a: str) -> BumpJournal:
@@ -569,8 +567,8 @@ def test_a_mid_bump_fleet_shows_who_is_on_the_candidate_and_since_when(inventory
     text = _rendered(rows, 200)
     assert "rigfleet status (mid-bump)" in text
     assert "on candidate " + rows[0].bump["since"][5:10] in text and "old pins" in text
-    assert ("mid-bump: 20261129T104000Z-4242 (int8 -> vllm/vllm-openai:nightly-"
-            f"{NEW_SHA}), started") in " ".join(text.split())
+    assert ("mid-bump: 20261129T104000Z-4242 (int8 -> vllm/vllm-openai:v0.28.0), "
+            "started") in " ".join(text.split())
     assert "`rigfleet bump` finishes it" in " ".join(text.split())
     data = json.loads(render_json(rows))
     [bump] = data["bumps"]
