@@ -163,3 +163,17 @@ def test_the_gate_says_the_same_of_the_fixture_and_the_real_tree(
     assert got == want
     if case != "needs-P4-on-v7":  # P4 is default_on in v7.72.2: needing it is sound
         assert got, case  # each variant is refused: the comparison is not vacuous
+
+
+@pytest.mark.parametrize("generation", ["v7", "v12"])
+def test_a_legacy_patch_a_stack_needs_is_applied_without_a_switch(
+        reports: dict[str, TreeReport], generation: str) -> None:
+    """P4 (env_flag GENESIS_LEGACY_P4) runs on every apply in both generations, even where v12
+    lists it retired: needing it is no pairing problem, on the fixture as on the real tree."""
+    spec = get_stack(STACK)
+    assert spec.genesis is not None
+    on, off = spec.genesis.switches[generation]
+    use = StackUse.of(with_switches(on, off, generation, needs=("P67", "P4")), generation)
+    label = pin(generation).label
+    for report in (reports[generation], real_report(generation)):
+        assert needs_problems(report, use, label=label) == []
