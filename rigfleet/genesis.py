@@ -458,8 +458,8 @@ def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str
                             f"{report.registry_file}); pin a Genesis commit that has it")
             continue
         flag, state, default_on = report.patch_flags[pid]
-        if flag.startswith(LEGACY_PREFIX):
-            continue  # a legacy patch applies on every run, in both generations, whatever its lifecycle
+        if flag and flag.startswith(LEGACY_PREFIX):
+            continue  # applied on every run, in both generations, whatever its lifecycle
         if state == "retired" and report.retired_skipped and not allow_retired:
             problems.append(f"{head}, which is retired in Genesis {label} (Genesis skips it); "
                             "pin a Genesis commit where it is live")
