@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 from conftest import INVENTORY, REPO, pyinfra, run
 
-OTHER_IMAGE = "vllm/vllm-openai:nightly-3f9c2a7e5b1d4c8a9e0f6b2d7c1a5e8f9b3d6c02"
+# Another image the mirror serves (a newer release than int8's pin).
+OTHER_IMAGE = "vllm/vllm-openai:v0.28.0"
 COMPOSE = "/opt/rigfleet/stacks/int8/compose.yaml"
 # The pinned revision's own directory, as the staged compose file mounts it (Layout.weights_dir:
 # /srv/models/<local_dir>@<revision[:12]>), read on the host.
