@@ -56,6 +56,13 @@ class HostProbe:
         return self.raw.get("route")
 
     @property
+    def supervisor(self) -> dict[str, Any] | None:
+        """The supervisor's record (``rigfleet.hostside.supervise.Record`` as a dict, plus
+        ``alive``); None on a host without one."""
+        sup = self.raw.get("supervisor")
+        return sup if isinstance(sup, dict) else None
+
+    @property
     def busy(self) -> str | None:
         """Who holds the host lock, when a live process does (a transaction is running)."""
         holder = live_holder(self.raw.get("lock"))

@@ -65,12 +65,33 @@ def cap_drift(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
     return out
 
 
+def supervisor_drift(sup: Mapping[str, Any] | None) -> list[str]:
+    """What the engine supervisor says is wrong: it is recreating a dead engine, it gave up
+    (the front answers 503 with the reason), or it is not running at all."""
+    if sup is None:
+        return []
+    if sup.get("error"):
+        return [f"supervisor record {sup['error']}"]
+    state, reason = str(sup.get("state") or ""), str(sup.get("reason") or "")
+    tries = sup.get("recreations") or len(sup.get("attempts") or ())
+    if state == "gave-up":
+        return [f"supervisor gave up: {reason or 'crash loop'} (the front answers 503; fix "
+                "the cause, then `rigfleet-host.pyz supervise --reset` or converge)"]
+    if state in ("backoff", "recreating"):
+        return [f"engine died ({sup.get('death') or reason or 'unknown'}); the supervisor is "
+                f"recreating it (attempt {tries})"]
+    if sup.get("alive") is False and state not in ("idle", "paused"):
+        return ["the engine supervisor (rigfleet-supervise.service) is not running"]
+    return []
+
+
 def find_drift(want: DesiredHost, probe: HostProbe) -> list[str]:
     """Everything on the host that differs from ``want``, one short line each (pure)."""
     drift: list[str] = []
     gpus, gpu_error = parse_gpus(probe.section("gpu"))
     drift += [gpu_error] if gpu_error else cap_drift(want.settings.power_caps_w, gpus)
     drift += _stack_drift(want, probe)
+    drift += supervisor_drift(probe.supervisor)
     if want.genesis is not None:
         head = probe.section("genesis").get("head")
         if head != want.genesis.commit:

@@ -610,3 +610,21 @@ def test_a_finished_or_stale_journal(inventory_host, tmp_path, want):
     rigfleet.desired._PINS.clear()
     row = status_of(inventory_host, tmp_path, facts_running(want))
     assert row.error is not None and "--abandon" in row.error and not row.ok
+
+
+def test_the_supervisor_says_when_the_engine_is_dying_or_given_up():
+    from rigfleet.status.drift import supervisor_drift
+
+    assert supervisor_drift(None) == []
+    assert supervisor_drift({"state": "watching", "alive": True}) == []
+    assert supervisor_drift({"state": "backoff", "alive": True, "recreations": 2,
+                             "death": "exited 137"}) == [
+        "engine died (exited 137); the supervisor is recreating it (attempt 2)"]
+    assert supervisor_drift({"state": "gave-up", "alive": True,
+                             "reason": "crash loop: 3 recreations in 1800 s"}) == [
+        "supervisor gave up: crash loop: 3 recreations in 1800 s (the front answers 503; fix "
+        "the cause, then `rigfleet-host.pyz supervise --reset` or converge)"]
+    assert supervisor_drift({"state": "watching", "alive": False}) == [
+        "the engine supervisor (rigfleet-supervise.service) is not running"]
+    assert supervisor_drift({"error": "not JSON", "alive": False}) == [
+        "supervisor record not JSON"]
