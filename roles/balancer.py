@@ -31,9 +31,9 @@ from rigfleet.balancer.haproxy import HOST_PATHS, keys_list, render_config
 from roles.ops import Secret, apt_packages, checked_file, on_change, secret_file
 from roles.preflight import BalancerContext
 
-PACKAGES = ["haproxy", "socat"]  # socat: rigfleet status reads the runtime API with it
-# Debian's tmpfiles.d entry for HAProxy's runtime directory (made again at every boot).
-RUN_DIR = "/run/haproxy"
+# socat: rigfleet status reads the runtime API with it. The package's tmpfiles.d entry makes
+# the socket's directory, /run/haproxy, at install and at every boot.
+PACKAGES = ["haproxy", "socat"]
 
 
 @deploy("Balancer (HAProxy)")
@@ -43,8 +43,6 @@ def balancer(ctx: BalancerContext) -> None:
     paths = HOST_PATHS
     plan = ctx.plan
     apt_packages(name="Install HAProxy (and socat for its runtime API)", packages=PACKAGES)
-    files.directory(name=f"Directory {RUN_DIR} (HAProxy's runtime API socket)", path=RUN_DIR,
-                    user="haproxy", group="haproxy", mode="2775")
     files.directory(name=f"Directory {paths.secret_dir} (root-only)", path=paths.secret_dir,
                     user="root", group="root", mode="0700")
     gates = [secret_file(name=f"API key list {paths.keys} (root-only)", dest=paths.keys,
@@ -63,7 +61,7 @@ def balancer(ctx: BalancerContext) -> None:
         for server in host.loop(tls_servers):
             assert server.ca_file is not None
             gates.append(files.put(name=f"CA of {server.host}'s front", src=server.ca_file,
-                                   dest=paths.ca_file(server.host), user="root", group="root",
+                                   dest=paths.ca_file(server.id), user="root", group="root",
                                    mode="0644"))
     stacks = ", ".join(f"{p.stack}: {len(p.servers)} host(s)" for p in plan.pools)
     conf = checked_file(

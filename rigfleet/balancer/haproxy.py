@@ -86,7 +86,7 @@ def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
         name=plan.name, scheme=s.scheme, port=s.port, tls=s.tls is not None, pem=paths.pem,
         keys=paths.keys, socket=paths.socket, pools=plan.pools, prefix=STACK_PREFIX,
         default_stack=plan.default_stack, default_backend=default,
-        ca_files={srv.host: paths.ca_file(srv.host) for p in plan.pools for srv in p.servers},
+        ca_files={srv.id: paths.ca_file(srv.id) for p in plan.pools for srv in p.servers},
         bufsize=s.retry_buffer_kib * 1024, maxconn=MAXCONN, stream_timeout_s=STREAM_TIMEOUT_S,
         hard_stop_s=STREAM_TIMEOUT_S + 300, fall=FALL, rise=RISE,
         ready_path=READY_PATH, route_header=ROUTE_HEADER,
@@ -107,7 +107,7 @@ class ServerState:
     """One server line of ``show stat``: a GPU host in a stack's backend."""
 
     backend: str
-    host: str
+    host: str              # the server's name (``Server.id``)
     status: str            # UP, DOWN, UP 1/2 (failing), DOWN 1/2 (recovering), MAINT, DRAIN
     check: str = ""        # last check: L7OK, L7STS, L4CON, ...
     check_code: str = ""   # HTTP status of the last check
@@ -167,7 +167,7 @@ def rotation(plan: BalancerPlan, servers: Sequence[ServerState]) -> dict[str, St
     for pool in plan.pools:
         up, out = [], []
         for srv in pool.servers:
-            state = by_backend.get((pool.backend, srv.host))
+            state = by_backend.get((pool.backend, srv.id))
             if state is None:
                 out.append((srv.host, "not in the running config"))
             elif state.in_rotation:

@@ -14,6 +14,7 @@ another stack before the balancer's config followed is out of rotation, not misr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ from rigfleet.hostdata import BalancerSettings, HostSettings
 # Clients ask a stack by path: /stacks/<stack>/v1/chat/completions (the prefix is removed
 # before the request reaches the host's front).
 STACK_PREFIX = "/stacks/"
+# What HAProxy takes in a server's name (and the balancer in a file name).
+_NOT_ID = re.compile(r"[^A-Za-z0-9._-]")
 
 
 class BalancerError(RigfleetError, ValueError):
@@ -43,12 +46,14 @@ class GpuHost:
 class Server:
     """One GPU host's front as a server of a stack's pool.
 
+    + id: the server's name in HAProxy (the inventory name, characters it refuses as ``_``)
     + address: ``host:port`` HAProxy connects to
     + verify_name: the name the front's certificate must carry (TLS fronts), else None
     + ca_file: the control-side CA the front is verified against (TLS fronts), else None
     """
 
     host: str
+    id: str
     address: str
     verify_name: str | None = None
     ca_file: str | None = None
@@ -95,6 +100,11 @@ def backend_name(stack: str) -> str:
     return f"stack_{stack}"
 
 
+def server_id(host: str) -> str:
+    """``rig-a`` -> ``rig-a``; ``@fake/rig1`` -> ``_fake_rig1`` (HAProxy's server names)."""
+    return _NOT_ID.sub("_", host)
+
+
 def split_address(address: str) -> tuple[str, int | None]:
     """``rig-a.lan:8000`` -> (``rig-a.lan``, 8000); ``[fd00::1]`` -> (``fd00::1``, None)."""
     if address.startswith("["):
@@ -131,8 +141,16 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
     by_stack: dict[str, list[Server]] = {}
     served: dict[str, str] = {}
     seen: dict[str, str] = {}
+    ids: dict[str, str] = {}
     for h in hosts:
         address, verify = front_target(h)
+        sid = server_id(h.name)
+        if sid in ids:
+            raise BalancerError(
+                f"{name}: balancers: GPU hosts {ids[sid]!r} and {h.name!r} both become server "
+                f"{sid!r} in HAProxy; allowed: inventory names that differ in letters, digits "
+                "or ._-")
+        ids[sid] = h.name
         if address in seen:
             raise BalancerError(
                 f"{name}: balancer_front_address: {h.name} and {seen[address]} are both "
@@ -141,7 +159,7 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
         seen[address] = h.name
         tls = h.settings.front_tls
         by_stack.setdefault(h.settings.stack, []).append(Server(
-            h.name, address, verify if tls else None, tls.ca_file if tls else None))
+            h.name, sid, address, verify if tls else None, tls.ca_file if tls else None))
         served[h.settings.stack] = h.settings.spec.served_model_name
     pools = tuple(Pool(stack, served[stack], tuple(servers))
                   for stack, servers in sorted(by_stack.items()))
