@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 from fake_rig import FakeRig
-from test_roles_fake import _fast, data, deploy_many  # noqa: F401  (fixtures used below)
+import test_roles_fake
+from test_roles_fake import deploy_many
 
 from rigfleet.balancer.haproxy import HOST_PATHS
 
 CONF = HOST_PATHS.config
+# The fake connector wired to the rigs (autouse) and the GPU hosts' data, as there.
+_fast = test_roles_fake._fast
+data = test_roles_fake.data
 
 
 @pytest.fixture
