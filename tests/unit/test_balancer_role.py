@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_rig import FakeRig
 import test_roles_fake
+from fake_rig import FakeRig
 from test_roles_fake import deploy_many
 
 from rigfleet.balancer.haproxy import HOST_PATHS
