@@ -72,6 +72,7 @@ class FakeFront:
     serving: bool = True        # False: the maintenance route (503 + Retry-After)
     drop: bool = False          # close chat requests without an answer
     stream_gap_s: float = 0.0   # pause between SSE chunks
+    cut_after: int | None = None  # end a stream after this many events (no [DONE])
     seen: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -124,7 +125,9 @@ class FakeFront:
                     req = {}
                 if not req.get("stream"):
                     self._send(200, json.dumps({"host": front.name, "path": self.path,
-                                                "length": len(body)}).encode(),
+                                                "length": len(body), "choices": [
+                                                    {"finish_reason": "stop", "message": {
+                                                        "content": "ok"}}]}).encode(),
                                {"Content-Type": "application/json"})
                     return
                 self.send_response(200)
@@ -135,6 +138,10 @@ class FakeFront:
                     {"delta": {"content": "x"}, "finish_reason": "stop" if i == 3 else None}]})
                     for i in range(4)] + ["[DONE]"]
                 for i, event in enumerate(events):
+                    if front.cut_after is not None and i >= front.cut_after:
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
                     if i:
                         time.sleep(front.stream_gap_s)
                     chunk = f"data: {event}\n\n".encode()
