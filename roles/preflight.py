@@ -52,7 +52,7 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback, State
 
-from rigfleet.balancer.plan import BalancerPlan, GpuHost, plan_balancer
+from rigfleet.balancer.plan import BalancerPlan, GpuHost, fleet_plan
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import hosttool
 from rigfleet.commands import nvidia as nvidia_commands
@@ -76,12 +76,9 @@ from rigfleet.hostdata import (
     check_caps_against_gpus,
     check_gpus,
     stop_on_preflight,
-    validate_balancer,
-    validate_host,
 )
 from rigfleet.hostside.records import describe
 from rigfleet.images.deploy import preflight_images
-from rigfleet.inventory import host_kind
 from rigfleet.pins import GenesisPin, Pins
 from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
@@ -585,23 +582,6 @@ def preflight_balancer(gpu_host: bool = False) -> BalancerContext:
         raise HostRefused(str(error)) from None
 
 
-def fleet_gpu_hosts(name: str, inventory: Any) -> list[GpuHost]:
-    """The inventory's GPU hosts, validated (all of them, whatever ``--limit`` says: the
-    balancer's pools do not depend on which hosts this run changes)."""
-    out = []
-    for other in inventory:
-        if not host_kind(other.groups).gpu:
-            continue
-        try:
-            settings = validate_host(other.name, other.data)
-        except HostDataError as e:
-            raise PreflightError(
-                f"{name}: balancers: GPU host {other.name}'s data does not validate, so the "
-                f"balancer cannot be built; allowed: fix it first ({e.problems[0]})") from None
-        out.append(GpuHost(other.name, settings, other.data.get("ssh_hostname")))
-    return out
-
-
 def check_keys(name: str, key: Secret, gpu: list[GpuHost]) -> None:
     """The balancer passes the client's key on: every front must take the same key."""
     differ = [g.name for g in gpu
@@ -616,15 +596,14 @@ def check_keys(name: str, key: Secret, gpu: list[GpuHost]) -> None:
 
 
 def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
-    settings = validate_balancer(name, host.data, gpu_host=gpu_host)
+    plan = fleet_plan(host, host.inventory)
+    settings = plan.settings
     os_info = read_os(name, read_fact(OsRelease))
     problems = check_init(name, read_fact(Platform))
     if problems:
         raise PreflightError("\n".join(problems))
-    gpu = fleet_gpu_hosts(name, host.inventory)
-    plan = plan_balancer(name, settings, gpu, gpu_host)
     api_key = read_secret(name, "api_key_file", settings.api_key_file)
-    check_keys(name, api_key, gpu)
+    check_keys(name, api_key, list(plan.hosts))
     tls_key = (read_tls_key(name, settings.tls.key_file, "balancer_tls_key_file")
                if settings.tls else None)
     if gpu_host:

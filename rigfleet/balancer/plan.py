@@ -15,11 +15,19 @@ another stack before the balancer's config followed is out of rotation, not misr
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from rigfleet.errors import RigfleetError
-from rigfleet.hostdata import BalancerSettings, HostSettings
+from rigfleet.hostdata import (
+    BalancerSettings,
+    HostDataError,
+    HostSettings,
+    validate_balancer,
+    validate_host,
+)
+from rigfleet.inventory import host_kind
 
 # Clients ask a stack by path: /stacks/<stack>/v1/chat/completions (the prefix is removed
 # before the request reaches the host's front).
@@ -90,6 +98,7 @@ class BalancerPlan:
     pools: tuple[Pool, ...]
     default_stack: str | None
     gpu_host: bool = False  # the balancer serves too: its maintenance takes the endpoint down
+    hosts: tuple[GpuHost, ...] = ()  # the GPU hosts the pools are made of
 
     def pool(self, stack: str) -> Pool:
         return next(p for p in self.pools if p.stack == stack)
@@ -170,4 +179,40 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
             f"{', '.join(sorted(by_stack))} (or unset: /v1/... then goes to the only stack)")
     if default is None and len(pools) == 1:
         default = pools[0].stack
-    return BalancerPlan(name, settings, pools, default, gpu_host)
+    return BalancerPlan(name, settings, pools, default, gpu_host, tuple(hosts))
+
+
+class InventoryEntry(Protocol):
+    """A host as both inventories give it: pyinfra's ``Host`` (the deploy) and
+    ``rigfleet.inventory.InventoryHost`` (status, endpoints)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def groups(self) -> Sequence[str]: ...
+
+    @property
+    def data(self) -> Any: ...
+
+
+def fleet_plan(balancer: InventoryEntry, inventory: Iterable[InventoryEntry]) -> BalancerPlan:
+    """The plan of ``balancer`` (a host of group ``balancers``) from every GPU host of the
+    inventory, all of them validated (``--limit`` does not change the pools). Raises
+    ``HostDataError`` for the balancer's own data, ``BalancerError`` naming a GPU host whose
+    data does not validate."""
+    name = balancer.name
+    gpu_host = host_kind(balancer.groups).gpu
+    settings = validate_balancer(name, balancer.data, gpu_host=gpu_host)
+    hosts = []
+    for other in inventory:
+        if not host_kind(other.groups).gpu:
+            continue
+        try:
+            checked = validate_host(other.name, other.data)
+        except HostDataError as e:
+            raise BalancerError(
+                f"{name}: balancers: GPU host {other.name}'s data does not validate, so the "
+                f"balancer cannot be built; allowed: fix it first ({e.problems[0]})") from None
+        hosts.append(GpuHost(other.name, checked, other.data.get("ssh_hostname")))
+    return plan_balancer(name, settings, hosts, gpu_host)

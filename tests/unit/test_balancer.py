@@ -262,3 +262,77 @@ def test_show_stat_says_which_hosts_are_in_rotation(tmp_path):
 def test_show_stat_output_that_is_not_csv_is_an_error():
     with pytest.raises(ValueError, match="not HAProxy 'show stat' output"):
         parse_stat_csv("Unknown command\n")
+
+
+# --- status and endpoints --------------------------------------------------------------------
+
+
+class FakeRemote:
+    def __init__(self, answer: tuple[int, str] | Exception) -> None:
+        self.answer = answer
+        self.commands: list[str] = []
+
+    def run(self, host, command, *, timeout=120, stdin=b""):
+        self.commands.append(command)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def inventory(tmp_path: Path) -> list[InventoryHost]:
+    key = key_file(tmp_path)
+    gpu = [InventoryHost(n, ("gpu_hosts",), gpu_data(key, stack=s)) for n, s in STACKS.items()]
+    lb = InventoryHost("lb1", ("balancers",), {"api_key_file": str(key),
+                                                "ssh_hostname": "127.0.0.1",
+                                                "balancer_default_stack": "int8"})
+    return [*gpu, lb]
+
+
+def test_status_shows_each_stack_of_a_balancer_and_fits_80_columns(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from rigfleet.balancer.status import balancer_rows
+    from rigfleet.ssh import HostUnreachable
+    from rigfleet.status.cli import balancer_exit
+    from rigfleet.status.render import render_balancers, render_json
+
+    hosts = inventory(tmp_path)
+    remote = FakeRemote((0, (FIXTURES / "haproxy" / "show-stat-2.6.csv").read_text()))
+    rows = balancer_rows(hosts[-1], hosts, remote)
+    assert remote.commands == ["printf 'show stat\\n' | socat -t 5 - "
+                               "UNIX-CONNECT:/run/haproxy/rigfleet.sock"]
+    assert [(r.stack, r.up, r.out, r.url) for r in rows] == [
+        ("int8", ["host1"], [("host2", "DOWN (L7STS 503)")], "http://127.0.0.1:8080"),
+        ("tq3-mtp-genesis", ["host3"], [], "http://127.0.0.1:8080")]
+    assert balancer_exit(rows) == 0
+    out = io.StringIO()
+    render_balancers(rows).print(Console(file=out, width=80, color_system=None))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "1/2" in text and "lb1 int8: host2 out of rotation: DOWN (L7STS 503)" in text
+    assert '"balancers"' in render_json([], rows)
+
+    down = balancer_rows(hosts[-1], hosts, FakeRemote(HostUnreachable("lb1: refused")))
+    assert [r.reachable for r in down] == [False, False] and balancer_exit(down) == 2
+    broken = balancer_rows(hosts[-1], hosts, FakeRemote((1, "socat: No such file")))
+    assert broken[0].error and "exited 1" in broken[0].error
+
+
+def test_endpoints_asks_each_stack_through_the_balancer(tmp_path, monkeypatch):
+    import rigfleet.endpoints as endpoints
+
+    asked = []
+
+    def chat(url, key, prompt, max_tokens=40, timeout=60, context=None):
+        asked.append((url, key))
+        return {"model": "qwen3.6-27b-autoround", "choices": [{"message": {"content": "Paris."}}]}
+
+    monkeypatch.setattr(endpoints, "chat", chat)
+    hosts = inventory(tmp_path)
+    rows = endpoints.check_balancer(hosts[-1], hosts)
+    assert [(r.url, r.status) for r in rows] == [
+        ("http://127.0.0.1:8080/stacks/int8", 200),
+        ("http://127.0.0.1:8080/stacks/tq3-mtp-genesis", 200)]
+    assert {k for _, k in asked} == {API_KEY}
