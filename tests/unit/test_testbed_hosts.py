@@ -88,8 +88,9 @@ def test_inventory_has_the_sudo_user_and_dockers_repository(tmp_path: Path) -> N
 
 
 def test_inventory_with_a_balancer_puts_lb1_in_group_balancers(tmp_path: Path) -> None:
-    from rigfleet.inventory import host_kind
     from rigfleet_testbed.layout import BalancerSlot
+
+    from rigfleet.inventory import host_kind
 
     paths = fleet.Paths(root=tmp_path)
     aptrepo.ensure_key(paths.gnupg)
