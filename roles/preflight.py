@@ -45,7 +45,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, deploy, operation
@@ -518,8 +518,18 @@ def preflight() -> HostContext:
     A problem refuses this host (``refuse``, then ``HostRefused``), or, with
     ``rigfleet_stop_on_preflight``, stops the run (``PreflightError``).
     """
+    return checked(lambda: _check_host(host.name))
+
+
+_T = TypeVar("_T")
+
+
+def checked(check: Callable[[], _T]) -> _T:
+    """Run a preflight ``check`` for the current host: a ``RigfleetError`` refuses the host
+    (``refuse``, then ``HostRefused``), or, with ``rigfleet_stop_on_preflight``, stops the
+    run (``PreflightError``)."""
     try:
-        return _check_host(host.name)
+        return check()
     except RigfleetError as error:
         if stop_on_preflight(host.data):
             raise PreflightError(f"{error}\n(rigfleet_stop_on_preflight: the whole run stops; "
@@ -572,14 +582,7 @@ def preflight_balancer(gpu_host: bool = False) -> BalancerContext:
 
     + gpu_host: the host is in ``gpu_hosts`` too (its GPU roles run first)
     """
-    try:
-        return _check_balancer(host.name, gpu_host)
-    except RigfleetError as error:
-        if stop_on_preflight(host.data):
-            raise PreflightError(f"{error}\n(rigfleet_stop_on_preflight: the whole run stops; "
-                                 "without it only this host would)") from None
-        refuse(str(error))
-        raise HostRefused(str(error)) from None
+    return checked(lambda: _check_balancer(host.name, gpu_host))
 
 
 def check_keys(name: str, key: Secret, gpu: list[GpuHost]) -> None:
