@@ -431,6 +431,12 @@ def _unknown(report: TreeReport, prefix: str, suffix: str, label: str) -> str:
     return f"Genesis {label} has no such switch ({why}{hint})"
 
 
+# A legacy patch's env_flag (``GENESIS_LEGACY_P4``) switches nothing: the default apply loop
+# runs it every time (v7 ``apply_all.py``; v12 ``sndr/apply/_per_patch_dispatch.py`` from the
+# orchestrator, past the dispatcher's lifecycle gate).
+LEGACY_PREFIX = "GENESIS_LEGACY_"
+
+
 def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
     """Patches the stack cannot work without that Genesis ``label`` lacks, would skip as
     retired, or that the stack file switches on with no switch set to 1.
@@ -452,6 +458,8 @@ def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str
                             f"{report.registry_file}); pin a Genesis commit that has it")
             continue
         flag, state, default_on = report.patch_flags[pid]
+        if flag and flag.startswith(LEGACY_PREFIX):
+            continue  # applied on every run, in both generations, whatever its lifecycle
         if state == "retired" and report.retired_skipped and not allow_retired:
             problems.append(f"{head}, which is retired in Genesis {label} (Genesis skips it); "
                             "pin a Genesis commit where it is live")

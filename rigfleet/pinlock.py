@@ -25,10 +25,10 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rigfleet.bump.candidate import NIGHTLY_TAG
 from rigfleet.bump.genesis import lock_genesis
 from rigfleet.pins import UNRESOLVED, Pins, PinsError, StackPins, load_pins, save_pins
 from rigfleet.registry import DOCKER_HUB, Registry, RegistryError, RegistryNotFound, registry_of
+from rigfleet.vllm_versions import NIGHTLY_TAG
 
 # vllm .buildkite/scripts/cleanup-nightly-builds.sh keeps the 14 newest nightly-* tags and
 # deletes the rest; release tags are never deleted (see docs/images.md).
@@ -147,6 +147,19 @@ def changes(old: Pins, new: Pins) -> list[str]:
     return out
 
 
+def refuse_during_bump(pins: Pins) -> None:
+    """An unfinished bump's journal is read with these pins; saving them would make it stale
+    (and the deploy refuse), so ``pins lock`` waits for the bump to finish or be abandoned."""
+    from rigfleet.bump.journal import load_journal
+
+    journal = load_journal(pins)
+    if journal is not None and journal.state == "open":
+        raise PinsError(
+            f"{pins.path}: bump {journal.id} (started {journal.started} by {journal.by}) is "
+            f"unfinished ({journal.path}); allowed: finish it (`rigfleet bump --yes`) or "
+            "abandon it (`rigfleet bump --abandon`), then lock the pins")
+
+
 def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False,
          genesis_url: str | None = None) -> list[str]:
     """Resolve and save; returns one line per change (empty when nothing was to do).
@@ -155,6 +168,7 @@ def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = Fals
       reachable from it (see ``rigfleet.bump.genesis.lock_genesis``)
     """
     pins = load_pins(path, allow_unresolved=True)
+    refuse_during_bump(pins)
     new = resolve(pins, Registry(registry_url), hub_url, refresh=refresh)
     new, genesis_lines = lock_genesis(new, fetch_url=genesis_url)
     lines = changes(pins, new) + genesis_lines

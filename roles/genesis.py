@@ -43,6 +43,7 @@ from rigfleet.facts import GenesisHead, GenesisTrees, TextFile, read_fact
 from rigfleet.genesis import LAYOUTS, StackUse, TreeReport, pairing_problems
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import GenesisPin
+from rigfleet.retention import stale
 from roles.ops import check, executing, fail, run_on_host
 from roles.preflight import HostContext
 
@@ -110,10 +111,9 @@ TREES_KEPT = 3
 def stale_trees(
     trees: Mapping[str, int], pinned: str, referenced: Set[str], keep: int = TREES_KEPT
 ) -> list[str]:
-    """The trees to remove: ``trees`` maps commit -> mtime; see the rule above."""
-    others = sorted((c for c in trees if c != pinned), key=lambda c: (trees[c], c), reverse=True)
-    kept = {pinned, *others[: max(keep - 1, 0)], *referenced}
-    return sorted(c for c in trees if c not in kept)
+    """The trees to remove: ``trees`` maps commit -> mtime; see the rule above (the one rule
+    for trees and model revisions: ``rigfleet.retention.stale``)."""
+    return stale(trees, pinned, referenced, keep)
 
 
 def export_command(

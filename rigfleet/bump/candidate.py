@@ -31,17 +31,10 @@ from rigfleet.registry import (
     RegistryError,
     platform_manifest,
 )
+from rigfleet.vllm_versions import NIGHTLY_TAG, RELEASE_TAG, is_release, version_key
 
-NIGHTLY_TAG = re.compile(r"nightly-(?P<sha>[0-9a-f]{40})")
-# vLLM's release tags: v0.27.1, v0.10.1.1, v0.8.5.post1; variants (v0.27.1-cu130) and release
-# candidates are not releases a fleet follows.
-RELEASE_TAG = re.compile(r"v(?P<version>\d+\.\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)")
-_VERSION = re.compile(
-    r"(?P<release>\d+(?:\.\d+)*)(?P<pre>(?:a|b|rc)\d+)?(?:\.post(?P<post>\d+))?"
-    r"(?P<dev>\.dev\d+)?(?:\+\S+)?"
-)
-
-__all__ = ["INDEX_TYPES", "Candidate", "ImageRegistry", "find_candidate", "platform_manifest"]
+__all__ = ["INDEX_TYPES", "NIGHTLY_TAG", "RELEASE_TAG", "Candidate", "ImageRegistry",
+           "find_candidate", "is_release", "platform_manifest", "version_key"]
 
 
 class LatestError(RigfleetError, ValueError):
@@ -82,27 +75,6 @@ class ImageRegistry(Registry):
 def nightly_tags(tags: Iterable[str]) -> list[str]:
     """Only the immutable per-commit nightly tags (``nightly-<40-hex>``), sorted."""
     return sorted(t for t in tags if NIGHTLY_TAG.fullmatch(t))
-
-
-def version_key(version: str) -> tuple[tuple[int, ...], int, int] | None:
-    """An order for vLLM versions: releases by number; a pre-release or dev build sorts below
-    its release, a ``.postN`` above it. None for what is not a version.
-
-    ``0.20.2rc1.dev9+g01d4d1ad3`` < ``0.20.2`` < ``0.20.2.post1`` < ``0.20.3`` < ``0.21.0``.
-    """
-    m = _VERSION.fullmatch(version.strip().removeprefix("v"))
-    if m is None:
-        return None
-    numbers = tuple(int(x) for x in m.group("release").split("."))
-    numbers += (0,) * (4 - len(numbers))
-    if m.group("pre") or m.group("dev"):
-        return numbers, -1, 0
-    return numbers, 0, int(m.group("post") or 0)
-
-
-def is_release(version: str) -> bool:
-    """``0.21.0`` is a release version; ``0.20.2rc1.dev9+g01d4d1ad3`` is not."""
-    return RELEASE_TAG.fullmatch(f"v{version}") is not None
 
 
 def release_tags(tags: Iterable[str]) -> list[str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rigfleet.bump.candidate import NIGHTLY_TAG
 from rigfleet.hostdata import HostSettings
 from rigfleet.images.archive import (
     ArchiveError,
@@ -36,6 +35,7 @@ from rigfleet.registry import (
     RegistryUnreachable,
     registry_of,
 )
+from rigfleet.vllm_versions import NIGHTLY_TAG
 
 # What upstream does to nightly tags (vllm .buildkite/scripts/cleanup-nightly-builds.sh: the 14
 # newest nightly-* tags are kept; release tags are never deleted). Whether a digest outlives its

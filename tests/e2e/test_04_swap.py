@@ -3,8 +3,8 @@ verify-stress, with rollback.
 
 Each test drives the real converge (``pyinfra <inventory> deploy.py -y --limit <host> --data
 stack=...``) and checks the host itself (front, ledger, state) over SSH. Faults come in the
-way the issue names them: ``extra_env`` (Genesis P67 off, a slow boot), a pins file pointing a
-stack at the nightly that dies at boot, a killed deploy, a second deploy at once. The fleet is
+way the issue names them: ``extra_env`` (Genesis P67 off, a slow boot), a user's stack file
+whose KV cache cannot fit (it dies at boot), a killed deploy, a second deploy at once. The fleet is
 put back on the inventory's stacks at the end, for the tests that follow.
 
     RIGFLEET_TESTBED_INSTANCE=3 RIGFLEET_KEEP_TESTBED=1 .venv/bin/python -m pytest \
@@ -22,7 +22,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -36,7 +35,6 @@ TOOL = "python3 /usr/local/lib/rigfleet/rigfleet-host.pyz"
 # inventory generated before that key existed.
 FAST = ("--data", "gate_profile=fast")
 TQ3 = "tq3-mtp-genesis"
-DYING_NIGHTLY = "1acd67a795ebccdf9b9db7697ae9082058301657"
 
 
 def pyinfra(*args: str, check: bool = True, timeout: float = 1800):
@@ -236,40 +234,53 @@ def test_tq3_without_p67_fails_the_long_needles_and_int8_is_restored(fleet):
     assert status(host)["last_swap"]["result"] == "rolled-back"
 
 
-# --- 3. a nightly that dies at boot: rollback, the boot failure named -------------------------
+# --- 3. a stack that dies at boot: rollback, the boot failure named ---------------------------
 
 
-def test_a_nightly_that_dies_at_boot_is_rolled_back_naming_the_failure(fleet, tmp_path):
-    from rigfleet_testbed import layout
+def desktop_stack(tmp_path: Path) -> tuple[Path, Path]:
+    """A user's stack file (``stacks_dir``): int8 with gpu_memory_utilization 0.60, to leave
+    room for a desktop session. At 262K context the KV cache then does not fit, so vLLM refuses
+    to start: a mistake no check before the boot can see. Returns (stacks dir, pins file that
+    pins it like int8)."""
+    import yaml
 
-    from rigfleet.pins import dump_pins, load_pins
-    from rigfleet.registry import Registry
+    from rigfleet.catalog import BUILTIN_DIR
 
+    doc = yaml.safe_load((BUILTIN_DIR / "int8.yaml").read_text())
+    doc.update(name="int8-desktop", port=8019,
+               summary="int8 with room for a desktop session on the cards")
+    doc["vllm"]["gpu_memory_utilization"] = 0.60
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / "int8-desktop.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    pins = yaml.safe_load((STATE / "pins.yaml").read_text())
+    pins["stacks"]["int8-desktop"] = dict(pins["stacks"]["int8"])
+    path = tmp_path / "pins-desktop.yaml"
+    path.write_text(yaml.safe_dump(pins, sort_keys=False))
+    return stacks, path
+
+
+def test_a_stack_that_dies_at_boot_is_rolled_back_naming_the_failure(fleet, tmp_path):
     host, key = fleet.hosts[1], fleet.api_key
     before = route_of(host, key)
     assert before.startswith("int8/")
-    pins = load_pins(STATE / "pins.yaml")
-    digest = Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}").digest(
-        "vllm/vllm-openai", f"nightly-{DYING_NIGHTLY}")
-    dying = replace(pins.stacks["int8"], image=f"vllm/vllm-openai:nightly-{DYING_NIGHTLY}",
-                    digest=digest, vllm_version="0.20.2rc1.dev129+g1acd67a79")
-    path = tmp_path / "pins-dying.yaml"
-    path.write_text(dump_pins(replace(pins, stacks={**pins.stacks, "int8": dying},
-                                      path=str(path))))
+    stacks, pins = desktop_stack(tmp_path)
     started = time.monotonic()
-    proc = swap(host, "int8", "--data", f"pins_file={path}", check=False)
+    proc = swap(host, "int8-desktop", "--data", f"stacks_dir={stacks}",
+                "--data", f"pins_file={pins}", check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "swap to int8 rolled back (boot failed)" in out, out[-3000:]
-    assert "transformers OSError" in out and "Repo id must be in the form" in out
+    assert "swap to int8-desktop rolled back (boot failed)" in out, out[-3000:]
+    assert "KV cache too small for max-model-len" in out
+    assert "estimated maximum model length is" in out  # vLLM's own advice, passed on
     assert time.monotonic() - started < 300  # failed fast, not after the ready timeout
     assert route_of(host, key) == before and chat(host, key) == 200
     line = last_ledger(host)
     assert (line["event"], line["result"]) == ("update", "rolled-back")
-    assert line["boot_failure"]["kind"] == "transformers-oserror"
-    assert line["attempted"]["digest"] == digest and line["digest"] != digest
+    assert line["boot_failure"]["kind"] == "kv-cache-too-small"
+    assert line["attempted"]["stack"] == "int8-desktop" and line["stack"] == "int8"
     rc, log = host.sh(f"cat {line['kept_log']}")
-    assert rc == 0 and "OSError: Repo id must be in the form" in log
+    assert rc == 0 and "To serve at least one request with the model's max seq len" in log
 
 
 # --- 4. the deploy's SSH connection dies mid-swap -------------------------------------------

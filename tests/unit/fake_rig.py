@@ -113,6 +113,13 @@ class Gpu:
         return ", ".join(values.get(f, "[N/A]") for f in fields)
 
 
+def weights_manifest(repo: str, revision: str, at: int = 1700000000) -> dict:
+    """A manifest as the fetcher writes it (one shard), for the fake's model directory."""
+    return {"repo": repo, "revision": revision, "at": at, "files": {
+        "model-00001-of-00004.safetensors": {"size": 1024, "sha256": "0" * 64,
+                                             "mtime": 1700000000.5}}}
+
+
 @dataclass
 class FakeRig:
     """The model of one host; see the module docstring."""
@@ -143,7 +150,8 @@ class FakeRig:
     vllm_version: str = VLLM_VERSION
     allowlist: list[str] = field(default_factory=lambda: [VLLM_VERSION])
     venv_version: str | None = None
-    manifest: dict | None = None
+    # Model directory entries: path -> the manifest of a verified revision, or a link target.
+    weights: dict[str, dict | str] = field(default_factory=dict)
     ledger: list[str] = field(default_factory=list)
     boot_marker: str | None = None
     reboots: int = 0
@@ -341,11 +349,16 @@ class FakeRig:
             return True, out + [f"ref {r.decode()}" for r in refs]
         if "import importlib.metadata as m" in cmd:
             return True, [self.venv_version] if self.venv_version else []
-        if cmd.startswith("cat ") and ".rigfleet-manifest.json" in cmd:
-            if self.manifest is None:
+        m = re.match(r"cat (\S+)/\.rigfleet-manifest\.json", cmd)
+        if m:
+            manifest = self._weights_at(m.group(1))
+            if manifest is None:
                 return True, ["", "--rigfleet-listing--"]
-            listing = [f"{n}\t{m['size']}\t{m['mtime']}" for n, m in self.manifest["files"].items()]
-            return True, [json.dumps(self.manifest), "--rigfleet-listing--", *listing]
+            listing = [f"{n}\t{f['size']}\t{f['mtime']}" for n, f in manifest["files"].items()]
+            return True, [json.dumps(manifest), "--rigfleet-listing--", *listing]
+        m = re.match(r"for e in (\S+)/(\S+) ", cmd)
+        if m:
+            return True, self._weights_listing(m.group(1), m.group(2), cmd)
         m = re.match(r"cat (\S+) 2>/dev/null \|\| true$", cmd)
         if m:
             return True, self._text(m.group(1))
@@ -356,6 +369,35 @@ class FakeRig:
         if "rigfleet-genesis-inspect.py" in cmd and cmd.startswith("python3"):
             return True, [json.dumps(self._genesis_report())]
         return None
+
+    def _weights_at(self, path: str) -> dict | None:
+        entry = self.weights.get(path)
+        if isinstance(entry, str):  # a link, relative to its directory
+            entry = self.weights.get(f"{path.rsplit('/', 1)[0]}/{entry}")
+        return entry if isinstance(entry, dict) else None
+
+    def _weights_listing(self, model_dir: str, local_dir: str, cmd: str) -> list[str]:
+        """The ``WeightsDirs`` fact: entries of ``local_dir`` and what compose files name."""
+        out = []
+        for path, entry in sorted(self.weights.items()):
+            parent, _, name = path.rpartition("/")
+            ours = (name == local_dir or name.startswith(local_dir + "@")
+                    or (name.startswith(f".{local_dir}@") and name.endswith(".partial")))
+            if parent != model_dir or not ours:
+                continue
+            if isinstance(entry, str):
+                out.append(f"link 1700000000 0 {name} {entry}")
+            else:
+                size = sum(f["size"] for f in entry["files"].values())
+                out.append(f"dir {int(entry.get('at', 1700000000))} {size} {name}")
+        if "grep -oE" in cmd:
+            files = re.findall(r"(/\S+\.yaml)", cmd.split("| grep")[0])
+            pattern = re.compile(rf"\s{re.escape(model_dir)}/({re.escape(local_dir)}"
+                                 r"(?:@[0-9a-f]{12})?):")
+            refs = {r for f in files for r in pattern.findall(
+                self.files.get(f, b"").decode())}
+            out += [f"ref {r}" for r in sorted(refs)]
+        return out
 
     def _genesis_marker(self) -> str:
         from rigfleet.genesis_inspect import GENERATIONS
@@ -556,19 +598,21 @@ class FakeRig:
         if "python3 -m venv /opt/rigfleet/hf-venv" in cmd:
             self.venv_version = re.search(r"huggingface_hub==(\S+)", cmd).group(1).strip("'")
             return True, []
-        m = re.search(r"rigfleet-fetch-weights.py fetch --repo (\S+) --revision (\S+)", cmd)
+        m = re.search(r"rigfleet-fetch-weights.py fetch --repo (\S+) --revision (\S+) "
+                      r"--local-dir (\S+) ", cmd)
         if m:
-            self.manifest = {
-                "repo": m.group(1),
-                "revision": m.group(2),
-                "files": {
-                    "model-00001-of-00004.safetensors": {
-                        "size": 1024,
-                        "sha256": "0" * 64,
-                        "mtime": 1700000000.5,
-                    }
-                },
-            }
+            self.weights[m.group(3)] = weights_manifest(m.group(1), m.group(2))
+            return True, []
+        m = re.search(r"rigfleet-fetch-weights.py adopt --repo \S+ --revision \S+ --from (\S+) "
+                      r"--to (\S+) ", cmd)
+        if m:
+            old, new = m.group(1), m.group(2)
+            self.weights[new] = self.weights.pop(old)
+            self.weights[old] = new.rsplit("/", 1)[1]
+            return True, []
+        if cmd.startswith("rm -rf -- "):
+            for path in shlex.split(cmd)[3:]:
+                self.weights.pop(path, None)
             return True, []
         m = re.search(r"git init --quiet \S+ && git -C \S+ remote add origin (\S+)$", cmd)
         if m:
@@ -617,6 +661,8 @@ class FakeRig:
 
     def _promote(self, ref: dict, gate: dict, event: str) -> None:
         self.containers = {ref["container"]: ("running", ref["config_hash"])}
+        if ref["compose_file"] in self.files:  # the snapshot of what passed (write_active)
+            self.put("/var/lib/rigfleet/active/compose.yaml", self.files[ref["compose_file"]])
         self.active_record = {"ref": ref, "gate": gate}
         self.route = f"{ref['stack']}/{ref['config_hash']}"
         state = json.loads(self.files.get("/var/lib/rigfleet/state.json") or b"{}")

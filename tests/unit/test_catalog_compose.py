@@ -317,7 +317,7 @@ services:
     ports:
     - 127.0.0.1:8011:8000
     volumes:
-    - /srv/models/qwen3.6-27b-autoround-int4:/root/.cache/huggingface/qwen3.6-27b-autoround-int4:ro
+    - /srv/models/qwen3.6-27b-autoround-int4@ffffffffffff:/root/.cache/huggingface/qwen3.6-27b-autoround-int4:ro
     - /var/cache/rigfleet/int8/torch_compile:/root/.cache/vllm/torch_compile_cache
     - /var/cache/rigfleet/int8/triton:/root/.triton/cache
     shm_size: 16gb
@@ -357,7 +357,7 @@ def test_tq3_rendering() -> None:
     assert svc["ports"] == ["127.0.0.1:8015:8000"]
     assert svc["command"] == spec.command("qwen3.6-27b-autoround-int4")
     assert svc["volumes"] == [
-        "/srv/models/qwen3.6-27b-autoround-int4:"
+        "/srv/models/qwen3.6-27b-autoround-int4@ffffffffffff:"
         "/root/.cache/huggingface/qwen3.6-27b-autoround-int4:ro",
         "/var/cache/rigfleet/tq3-mtp-genesis/torch_compile:/root/.cache/vllm/torch_compile_cache",
         "/var/cache/rigfleet/tq3-mtp-genesis/triton:/root/.triton/cache",

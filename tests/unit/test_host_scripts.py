@@ -60,7 +60,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ModelFi
             proc.kill()
 
 
-def fetch(endpoint: str, model: ModelFixture, local_dir: Path, *extra: str, lock_dir: Path):
+def fetch(endpoint: str, model: ModelFixture, local_dir: Path, *extra: str, lock_dir: Path,
+          revision: str | None = None):
     env = {
         **os.environ,
         "HF_ENDPOINT": endpoint,
@@ -68,8 +69,9 @@ def fetch(endpoint: str, model: ModelFixture, local_dir: Path, *extra: str, lock
         "HF_HOME": str(local_dir.parent / "hf-home"),
     }
     return subprocess.run(
-        [sys.executable, str(FETCH), "fetch", "--repo", MODEL_REPO, "--revision", model.commit,
-         "--local-dir", str(local_dir), "--lock-dir", str(lock_dir), *extra],
+        [sys.executable, str(FETCH), "fetch", "--repo", MODEL_REPO,
+         "--revision", revision or model.commit, "--local-dir", str(local_dir),
+         "--lock-dir", str(lock_dir), *extra],
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
 
@@ -112,8 +114,8 @@ def test_corrupted_shard_is_refetched_or_refused(hub, tmp_path):
         assert (local / shard).read_bytes() != bytes(data)
     else:
         assert f"{shard}: sha256" in run.stderr
-        manifest = json.loads((local / ".rigfleet-manifest.json").read_text())
-        assert manifest["files"][shard]["mtime"] != path.stat().st_mtime
+        assert "repaired in place" in run.stdout
+        assert not (local / ".rigfleet-manifest.json").exists()
 
 
 def test_second_concurrent_fetch_fails_fast_naming_the_holder(hub, tmp_path):
@@ -143,7 +145,104 @@ def test_disk_check_names_the_numbers(hub, tmp_path, monkeypatch):
     run = fetch(endpoint, model, tmp_path / "m", lock_dir=tmp_path / "locks")
     assert run.returncode == 4
     assert "not enough free disk" in run.stderr and "headroom" in run.stderr
-    assert not (tmp_path / "m" / ".rigfleet-manifest.json").exists()
+    # The revision's name appears only once it is verified; the partial download stays.
+    assert not (tmp_path / "m").exists() and (tmp_path / ".m.partial").is_dir()
+
+
+def tree(root: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every file under ``root``: (size, mtime_ns, content); what "never written" compares."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def adopt(model: ModelFixture, old: Path, new: Path, lock_dir: Path, revision: str | None = None):
+    return subprocess.run(
+        [sys.executable, str(FETCH), "adopt", "--repo", MODEL_REPO,
+         "--revision", revision or model.commit, "--from", str(old), "--to", str(new),
+         "--lock-dir", str(lock_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_a_revision_directory_appears_only_verified(hub, tmp_path):
+    endpoint, model = hub
+    final = tmp_path / "models" / f"qwen@{model.commit[:12]}"
+    run = fetch(endpoint, model, final, lock_dir=tmp_path / "locks")
+    assert run.returncode == 0, run.stderr
+    assert f"-> {tmp_path / 'models' / ('.' + final.name + '.partial')}" in run.stdout
+    assert sorted(p.name for p in final.parent.iterdir()) == [final.name]  # no partial left
+    manifest = json.loads((final / ".rigfleet-manifest.json").read_text())
+    assert manifest["revision"] == model.commit and set(manifest["files"]) == set(model.files)
+
+
+def test_a_directory_verified_for_another_revision_is_never_rewritten(hub, tmp_path):
+    endpoint, model = hub
+    final = tmp_path / "models" / f"qwen@{model.commit[:12]}"
+    final.mkdir(parents=True)
+    other = {"repo": MODEL_REPO, "revision": "e" * 40, "files": {"x": {"size": 1, "mtime": 0}}}
+    (final / ".rigfleet-manifest.json").write_text(json.dumps(other))
+    before = tree(final)
+    run = fetch(endpoint, model, final, lock_dir=tmp_path / "locks")
+    assert run.returncode == 1
+    assert f"holds {MODEL_REPO}@{'e' * 40}, not {MODEL_REPO}@{model.commit}" in run.stderr
+    assert "never rewritten" in run.stderr
+    assert tree(final) == before
+
+
+def test_adopting_the_old_directory_renames_it_links_it_and_downloads_nothing(hub, tmp_path):
+    endpoint, model = hub
+    models, locks = tmp_path / "models", tmp_path / "locks"
+    old = models / "qwen"  # where rigfleet kept the weights before per-revision directories
+    assert fetch(endpoint, model, old, lock_dir=locks).returncode == 0
+    files = tree(old)
+    new = models / f"qwen@{model.commit[:12]}"
+    run = adopt(model, old, new, locks)
+    assert run.returncode == 0, run.stderr
+    assert "no download" in run.stdout
+    assert new.is_dir() and not new.is_symlink() and tree(new) == files  # mtimes kept
+    assert old.is_symlink() and os.readlink(old) == new.name  # relative: survives a move
+    assert tree(old) == files  # what the old compose snapshot mounts: the same files
+    again = fetch(endpoint, model, new, lock_dir=locks)
+    assert again.returncode == 0 and "already verified" in again.stdout  # no hub, no hashing
+    assert "adopted already" in adopt(model, old, new, locks).stdout
+
+
+def test_adopt_leaves_what_it_cannot_vouch_for(hub, tmp_path):
+    _, model = hub
+    models, locks = tmp_path / "models", tmp_path / "locks"
+    old, new = models / "qwen", models / f"qwen@{model.commit[:12]}"
+    assert "nothing to adopt" in adopt(model, old, new, locks).stdout
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(b"half a download")
+    run = adopt(model, old, new, locks)
+    assert run.returncode == 0 and "never verified" in run.stdout
+    assert old.is_dir() and not old.is_symlink() and not new.exists()
+    (old / ".rigfleet-manifest.json").write_text(json.dumps(
+        {"repo": MODEL_REPO, "revision": "e" * 40, "files": {}}))
+    run = adopt(model, old, new, locks)
+    assert run.returncode == 1 and f"is for {MODEL_REPO}@{'e' * 40}" in run.stderr
+    assert old.is_dir() and not new.exists()
+    other = adopt(model, old, tmp_path / "elsewhere" / new.name, locks)
+    assert other.returncode == 2 and "two names in one directory" in other.stderr
+
+
+def test_a_new_revision_goes_to_its_own_directory_and_the_old_one_is_untouched(hub, tmp_path):
+    """The hub fixture's two revisions (the known-good one, and the later one ``main`` points
+    at): fetching the later one writes only its own directory."""
+    endpoint, model = hub
+    assert model.later_commit and model.later_commit != model.commit
+    models, locks = tmp_path / "models", tmp_path / "locks"
+    old = models / f"qwen@{model.commit[:12]}"
+    assert fetch(endpoint, model, old, lock_dir=locks).returncode == 0
+    before = tree(old)
+    new = models / f"qwen@{model.later_commit[:12]}"
+    run = fetch(endpoint, model, new, lock_dir=locks, revision=model.later_commit)
+    assert run.returncode == 0, run.stderr
+    assert tree(old) == before  # what a rollback mounts: byte for byte, mtimes too
+    manifest = json.loads((new / ".rigfleet-manifest.json").read_text())
+    assert manifest["revision"] == model.later_commit
+    assert {n: m["sha256"] for n, m in manifest["files"].items()} == {
+        n: sha for n, (_, sha) in model.later_files.items()}
 
 
 def test_token_is_read_from_the_file_and_never_printed(hub, tmp_path):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from fake_rig import FakeRig, Gpu
 from images_fakes import FakeHub, image_id_of
 from pyinfra.api import Config, Inventory, State
@@ -67,7 +68,7 @@ def pins_yaml(serial: int = 1, digest: str = DIGEST) -> str:
         model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
                  local_dir: qwen3.6-27b-autoround-int4}}
         stacks:
-          int8: {{image: "{image}", digest: "{digest}", vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}}
+          int8: {{image: "vllm/vllm-openai:v0.27.1", digest: "{digest}", vllm_version: 0.27.1}}
           tq3-mtp-genesis:
             image: "{image}"
             digest: "{digest}"
@@ -633,6 +634,121 @@ def test_weights_fetched_once_with_endpoint_and_no_token_in_argv(data, tmp_path)
     assert not any("hf_secret_token_value" in c for c in rig.commands)
     again = deploy(rig, {**data, "hf_token_file": str(token)})
     assert again.ran("rigfleet-fetch-weights.py fetch") == []
+
+
+LOCAL = "qwen3.6-27b-autoround-int4"
+OLD_DIR = f"/srv/models/{LOCAL}"  # where weights lived before per-revision directories
+REV_A_DIR = f"/srv/models/{LOCAL}@{'a' * 12}"
+REV_E_DIR = f"/srv/models/{LOCAL}@{'e' * 12}"
+ACTIVE = "/var/lib/rigfleet/active/compose.yaml"
+STAGED = "/opt/rigfleet/stacks/int8/compose.yaml"
+
+
+def mounts(rig: FakeRig, path: str) -> str:
+    """The weights directory a compose file on the fake host mounts."""
+    doc = yaml.safe_load(rig.files[path])
+    return next(v.split(":")[0] for v in doc["services"]["vllm"]["volumes"]
+                if v.endswith(f"/{LOCAL}:ro"))
+
+
+def repin(data: dict, revision: str) -> None:
+    Path(data["pins_file"]).write_text(pins_yaml().replace("a" * 40, revision))
+    rigfleet.desired._PINS.clear()
+
+
+def test_weights_go_to_the_revisions_own_directory_which_every_compose_file_mounts(data):
+    rig = converged("debian13", data)
+    [fetch] = [c for c in rig.commands if "rigfleet-fetch-weights.py fetch" in c]
+    assert f"--local-dir {REV_A_DIR} " in fetch
+    assert set(rig.weights) == {REV_A_DIR}
+    for path in (STAGED, "/opt/rigfleet/stacks/tq3-mtp-genesis/compose.yaml", ACTIVE):
+        assert mounts(rig, path) == REV_A_DIR
+    again = deploy(rig, data)
+    assert again.ran("rigfleet-fetch-weights.py fetch") == [] and again.ran("rm -rf --") == []
+
+
+def test_a_new_revision_is_fetched_beside_the_old_one_which_a_rollback_still_mounts(data):
+    rig = converged("debian13", data)
+    repin(data, "e" * 40)
+    rig.swap_failure = ("gate", "gate failed 1 check(s): needles")
+    run = deploy(rig, data)
+    assert run.failed  # the swap rolled back
+    assert run.ran(f"--local-dir {REV_E_DIR} ") and set(rig.weights) == {REV_A_DIR, REV_E_DIR}
+    assert mounts(rig, STAGED) == REV_E_DIR
+    assert mounts(rig, ACTIVE) == REV_A_DIR  # what serves again, on its own files
+    # Kept: the pinned revision, and the one the active snapshot (the rollback) names.
+    assert deploy(rig, data).ran("rm -rf --") == []
+    rig.swap_failure = None
+    assert not deploy(rig, data).failed  # promoted: the snapshot now names the new revision
+    assert mounts(rig, ACTIVE) == REV_E_DIR
+    pruned = deploy(rig, data)
+    assert pruned.ran("rm -rf --") == [f"rm -rf -- {REV_A_DIR}"]
+    assert set(rig.weights) == {REV_E_DIR}
+
+
+def legacy_host(data: dict) -> FakeRig:
+    """A host converged before per-revision directories: the weights in ``<model_dir>/
+    <local_dir>``, every compose file (staged, the active snapshot) mounting that; its running
+    container's config hash is the one those files carry."""
+    rig = converged("debian13", data)
+    rig.weights = {OLD_DIR: rig.weights.pop(REV_A_DIR)}
+    for path, body in list(rig.files.items()):
+        if path.endswith("compose.yaml"):
+            rig.files[path] = body.replace(f"{REV_A_DIR}:".encode(), f"{OLD_DIR}:".encode())
+    assert mounts(rig, ACTIVE) == OLD_DIR
+    return rig
+
+
+def test_the_old_directory_is_adopted_without_a_download_or_a_swap(data):
+    rig = legacy_host(data)
+    snapshot = rig.files[ACTIVE]
+    plan = deploy(rig, data, execute=False).plan
+    assert f"Model weights | Adopt {OLD_DIR} as its revision's directory (no download)" in plan
+    assert not any(name.startswith(("Model weights | Fetch", "Swap | Serve")) for name in plan)
+    run = deploy(rig, data)
+    assert not run.failed
+    [adopt] = run.ran("rigfleet-fetch-weights.py adopt")
+    assert f"--revision {'a' * 40} --from {OLD_DIR} --to {REV_A_DIR} " in adopt
+    assert run.ran("rigfleet-fetch-weights.py fetch") == []  # verified where it now is
+    assert run.ran("systemd-run --unit rigfleet-swap") == []  # the move alone swaps nothing
+    assert rig.weights[OLD_DIR] == f"{LOCAL}@{'a' * 12}"  # the snapshot's mount still resolves
+    assert rig.files[ACTIVE] == snapshot and mounts(rig, STAGED) == REV_A_DIR
+    # The link stays while a compose file names it, and goes once none does.
+    again = deploy(rig, data)
+    assert again.ran("rm -rf --") == [] and again.ran("fetch-weights.py adopt") == []
+    rig.files[ACTIVE] = rig.files[STAGED]  # a later swap snapshots the new file
+    assert deploy(rig, data).ran("rm -rf --") == [f"rm -rf -- {OLD_DIR}"]
+    assert set(rig.weights) == {REV_A_DIR}
+
+
+def test_old_directory_of_another_revision_is_adopted_as_that_revision(data):
+    """Upgrading and repinning in one go: the old directory is adopted as the revision it
+    holds (a rollback mounts it through the old name), the new revision fetched beside it."""
+    rig = legacy_host(data)
+    repin(data, "e" * 40)
+    rig.swap_failure = ("gate", "gate failed 1 check(s): needles")
+    run = deploy(rig, data)
+    assert run.ran(f"--from {OLD_DIR} --to {REV_A_DIR} ") and run.ran(f"--local-dir {REV_E_DIR} ")
+    assert set(rig.weights) == {OLD_DIR, REV_A_DIR, REV_E_DIR}
+    assert mounts(rig, ACTIVE) == OLD_DIR and rig.weights[OLD_DIR] == f"{LOCAL}@{'a' * 12}"
+
+
+def test_weights_disk_says_what_is_kept_and_still_needed(data):
+    """``roles.weights.weights_disk`` (for the preflight disk check) from the host's facts."""
+    import roles.weights
+    from rigfleet.weights import WeightsSpace
+
+    got: list[WeightsSpace] = []
+
+    def check() -> None:
+        got.append(roles.weights.weights_disk(roles.preflight.preflight()))
+
+    rig = legacy_host(data)  # not adopted yet: its revision is the pin, nothing to download
+    deploy(rig, data, execute=False, fn=check)
+    assert got[-1].to_download == 0 and got[-1].kept == 1024
+    repin(data, "e" * 40)  # a new revision: estimated from the one there, 10 % headroom
+    deploy(rig, data, execute=False, fn=check)
+    assert (got[-1].to_download, got[-1].estimated, got[-1].need) == (1024, True, 1024 + 102)
 
 
 def test_secrets_are_root_only_and_never_in_commands_or_plans(data):

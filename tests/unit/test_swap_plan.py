@@ -32,8 +32,7 @@ huggingface_hub: {{version: 2.4.0}}
 model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
          local_dir: qwen3.6-27b-autoround-int4}}
 stacks:
-  int8: {{image: "vllm/vllm-openai:nightly-01d4d1ad375dc5854779c593eee093bcebb0cada",
-          digest: "{DIGEST}", vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}}
+  int8: {{image: "vllm/vllm-openai:v0.27.1", digest: "{DIGEST}", vllm_version: 0.27.1}}
   tq3-mtp-genesis:
     image: "vllm/vllm-openai:nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"
     digest: "{DIGEST}"

@@ -228,7 +228,12 @@ class Boot:
                   f"enable_prefix_caching={cfg.enable_prefix_caching}")
         if cfg.kv_cache_dtype.startswith("turboquant"):
             # Hybrid support arrived with vllm#39931 (0.20.2rc1.dev60); before it Genesis P4
-            # text-patches the refusal away (vllm_builds.turboquant_hybrid).
+            # text-patches the refusal away (vllm_builds.turboquant_hybrid). P4 has no switch
+            # in either generation (env_flag GENESIS_LEGACY_P4): Genesis v7.72.2 applies it on
+            # every run (apply_patch_4_tq_hybrid in vllm/_genesis/patches/apply_all.py), and so
+            # does v12.1.0 although its registry marks it retired: the same hook in
+            # sndr/apply/_per_patch_dispatch.py runs outside the dispatcher's lifecycle gate
+            # (sndr/dispatcher/decision.py). On hybrid-capable builds it finds nothing to patch.
             if info.hybrid and not (self.build.turboquant_hybrid or self._has_patch("P4")):
                 raise self.engine_failure(
                     "NotImplementedError: TurboQuant KV cache is not supported for hybrid "
