@@ -45,11 +45,13 @@ def cmd_pins(args: argparse.Namespace) -> int:
 def cmd_endpoints(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from rigfleet.endpoints import check
-    from rigfleet.inventory import load_inventory
+    from rigfleet.endpoints import check, check_balancer
+    from rigfleet.inventory import balancers, gpu_hosts, load_inventory
     from rigfleet.tables import Table
 
-    rows = [check(host) for host in load_inventory(args.inventory)]
+    hosts = load_inventory(args.inventory)
+    rows = [check(host) for host in gpu_hosts(hosts)]
+    rows += [row for lb in balancers(hosts) for row in check_balancer(lb, hosts)]
     failed = sum(row.status != 200 for row in rows)
     if args.json:
         print(json.dumps({"hosts": [asdict(r) for r in rows], "ok": not failed}, indent=2))

@@ -4,7 +4,9 @@
 
 A front with TLS (host data ``front_tls_cert_file``) is asked over HTTPS, trusting only the
 host data's CA (``front_tls_ca_file``, else the front's own certificate), with the
-certificate's name checked against the URL's host.
+certificate's name checked against the URL's host. Each balancer (group ``balancers``) is
+asked once per stack it balances, at ``<balancer url>/stacks/<stack>/v1/...`` (its own TLS
+settings, ``balancer_tls_*``, likewise).
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import ssl
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rigfleet.balancer.plan import fleet_plan
+from rigfleet.balancer.status import balancer_url
 from rigfleet.errors import RigfleetError
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost
@@ -66,21 +71,40 @@ def chat(url: str, key: str, prompt: str, max_tokens: int = 40, timeout: float =
         return json.load(resp)
 
 
-def check(host: InventoryHost) -> EndpointCheck:
-    """Ask ``host``'s front one short question; never raises (the row says what happened)."""
+QUESTION = "What is the capital of France? One short sentence."
+
+
+def ask(name: str, url: str, key: str, context: ssl.SSLContext | None) -> EndpointCheck:
+    """One short question to ``url``; never raises (the row says what happened)."""
     started = time.monotonic()
     try:
-        settings = validate_host(host.name, host.data)
-    except RigfleetError as exc:
-        return EndpointCheck(host.name, "-", "bad data", "", str(exc).splitlines()[0][:160], 0.0)
-    url = front_url(host, settings)
-    try:
-        reply = chat(url, read_key(settings), "What is the capital of France? One short sentence.",
-                     context=front_context(settings))
+        reply = chat(url, key, QUESTION, context=context)
         text = reply["choices"][0]["message"].get("content") or ""
-        return EndpointCheck(host.name, url, 200, reply.get("model", ""), text.strip()[:80],
+        return EndpointCheck(name, url, 200, reply.get("model", ""), text.strip()[:80],
                              time.monotonic() - started)
     except urllib.error.HTTPError as exc:
-        return EndpointCheck(host.name, url, exc.code, "", exc.reason, time.monotonic() - started)
+        return EndpointCheck(name, url, exc.code, "", exc.reason, time.monotonic() - started)
     except (OSError, KeyError, ValueError) as exc:
-        return EndpointCheck(host.name, url, "down", "", str(exc)[:80], time.monotonic() - started)
+        return EndpointCheck(name, url, "down", "", str(exc)[:80], time.monotonic() - started)
+
+
+def check(host: InventoryHost) -> EndpointCheck:
+    """Ask ``host``'s front one short question; never raises (the row says what happened)."""
+    try:
+        settings = validate_host(host.name, host.data)
+        key = read_key(settings)
+    except (RigfleetError, OSError) as exc:
+        return EndpointCheck(host.name, "-", "bad data", "", str(exc).splitlines()[0][:160], 0.0)
+    return ask(host.name, front_url(host, settings), key, front_context(settings))
+
+
+def check_balancer(lb: InventoryHost, hosts: Sequence[InventoryHost]) -> list[EndpointCheck]:
+    """Ask balancer ``lb`` one short question per stack (``/stacks/<stack>``)."""
+    try:
+        plan = fleet_plan(lb, hosts)
+        key = Path(plan.settings.api_key_file).read_text().strip()
+    except (RigfleetError, OSError) as exc:
+        return [EndpointCheck(lb.name, "-", "bad data", "", str(exc).splitlines()[0][:160], 0.0)]
+    base = balancer_url(plan, lb)
+    context = plan.settings.tls.client_context() if plan.settings.tls else None
+    return [ask(lb.name, f"{base}{pool.prefix}", key, context) for pool in plan.pools]

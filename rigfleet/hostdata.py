@@ -69,6 +69,8 @@ _FINGERPRINT = re.compile(r"[0-9A-F]{40}")
 # apt suite and component names (a suite may hold placeholders and apt's $(ARCH)).
 _APT_WORD = re.compile(r"[A-Za-z0-9._/{}$()+~-]+")
 _MIN_API_KEY_CHARS = 16
+_HOST_PORT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::[0-9]{1,5})?")
+_HOST6_PORT = re.compile(r"\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?")
 _GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 
 
@@ -228,6 +230,9 @@ class HostSettings:
     # Where the host gets its pinned images, in order (rigfleet/images/sources.py).
     image_sources: tuple[ImageSource, ...] = DEFAULT_SOURCES
     front_tls: FrontTls | None = None
+    # Where a balancer reaches this host's front ("host" or "host:port"); None: the SSH
+    # address and front_port (``rigfleet.balancer.plan.front_target``).
+    balancer_front_address: str | None = None
     adopt_foreign_driver: bool = False
     stop_on_preflight: bool = False
     catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
@@ -280,6 +285,17 @@ KEY_DEFAULTS: dict[str, Any] = {
     "front_tls_cert_file": None,
     "front_tls_key_file": None,
     "front_tls_ca_file": None,
+    # A GPU host, for the balancers: where they reach its front (see balancer_* below).
+    "balancer_front_address": None,
+    # A host of group `balancers` (validate_balancer; docs/balancer.md).
+    "balancer_port": 8080,
+    "balancer_url": None,
+    "balancer_tls_cert_file": None,
+    "balancer_tls_key_file": None,
+    "balancer_tls_ca_file": None,
+    "balancer_default_stack": None,
+    "balancer_check_interval_s": 2,
+    "balancer_retry_buffer_kib": 128,
     "adopt_foreign_driver": False,
     "rigfleet_stop_on_preflight": False,
 }
@@ -334,27 +350,9 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
     """
     c = _Checker(name)
     c.typos(data)
-
-    def get(key: str) -> Any:
-        value = data.get(key, None)
-        default = KEY_DEFAULTS[key]
-        if value is None:
-            if default is _REQUIRED:
-                c.missing(key)
-            return None if default is _REQUIRED else default
-        if c.control_chars(key, value):
-            # Named above; the key's own checks see it as unset (no second message).
-            return None if default is _REQUIRED else default
-        return value
-
-    stacks_dir = c.stacks_dir(get("stacks_dir"))
-    if catalog is None:
-        try:
-            catalog = load_catalog([stacks_dir] if stacks_dir else [])
-        except CatalogError as e:
-            c.lines += [f"{name}: stacks_dir: {line}" for line in e.problems]
-            catalog = builtin_catalog()
-    c.catalog = catalog
+    get = _getter(c, data)
+    catalog = c.load_catalog(get("stacks_dir"), catalog)
+    stacks_dir = c.stacks_dir_path
     stack = c.stack(get("stack"))
     gpu_count = c.gpu_count(get("gpu_count"), stack)
     caps = c.power_caps(get("power_caps_w"), gpu_count)
@@ -381,8 +379,9 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         mirror=c.url("bump_mirror", get("bump_mirror")),
     )
     image_sources = parse_sources(c, "image_sources", get("image_sources"))
-    front_tls = c.front_tls(get("front_tls_cert_file"), get("front_tls_key_file"),
-                            get("front_tls_ca_file"))
+    front_tls = c.tls("front", get("front_tls_cert_file"), get("front_tls_key_file"),
+                      get("front_tls_ca_file"))
+    balancer_front = c.address("balancer_front_address", get("balancer_front_address"))
     if front_tls is not None and front_url and front_url.startswith("http://"):
         c.bad("front_url", front_url, "an https:// URL (or no front_url)",
               "is plain HTTP, but the front serves TLS (front_tls_cert_file is set)")
@@ -414,10 +413,116 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         bump=bump,
         image_sources=image_sources,
         front_tls=front_tls,
+        balancer_front_address=balancer_front,
         adopt_foreign_driver=adopt,
         stop_on_preflight=stop,
         catalog=catalog,
     )
+
+
+def _getter(c: _Checker, data: Mapping[str, Any] | Any) -> Any:
+    """``get(key)``: the key's value in ``data``, its default when unset (a missing required
+    key and a value holding control characters are recorded in ``c``)."""
+
+    def get(key: str) -> Any:
+        value = data.get(key, None)
+        default = KEY_DEFAULTS[key]
+        if value is None:
+            if default is _REQUIRED:
+                c.missing(key)
+            return None if default is _REQUIRED else default
+        if c.control_chars(key, value):
+            # Named above; the key's own checks see it as unset (no second message).
+            return None if default is _REQUIRED else default
+        return value
+
+    return get
+
+
+# What a balancer's health checks may be tuned to (seconds between checks) and how large a
+# request HAProxy keeps for a retry on another host (KiB; tune.bufsize).
+CHECK_INTERVAL_RANGE_S = (0.5, 30.0)
+RETRY_BUFFER_RANGE_KIB = (16, 1024)
+
+
+@dataclass(frozen=True)
+class BalancerSettings:
+    """A balancer host's validated settings (host data ``balancer_*``; docs/balancer.md).
+
+    + port: where HAProxy listens for clients (``balancer_port``, default 8080)
+    + api_key_file: the key clients must send (the fronts' key: it is passed on to them)
+    + tls: the certificate HAProxy serves (``balancer_tls_*_file``), None: plain HTTP
+    + url: how clients reach it, when not ``<scheme>://<ssh address>:<port>`` (``balancer_url``)
+    + default_stack: the stack ``/v1/...`` without ``/stacks/<stack>`` goes to
+    + check_interval_s: seconds between readiness checks of each GPU host's front
+    + retry_buffer_kib: requests up to this size are retried on another host after a 503 or
+      a connection closed without an answer (HAProxy's ``tune.bufsize``)
+    """
+
+    name: str
+    port: int
+    api_key_file: str
+    tls: FrontTls | None = None
+    url: str | None = None
+    default_stack: str | None = None
+    check_interval_s: float = 2.0
+    retry_buffer_kib: int = 128
+    site_ca_files: tuple[str, ...] = ()
+    catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+
+def validate_balancer(name: str, data: Mapping[str, Any] | Any, *, gpu_host: bool = False,
+                      catalog: Catalog | None = None) -> BalancerSettings:
+    """Check a balancer host's data (``balancer_*``, ``api_key_file``, ``site_ca_files``);
+    raises ``HostDataError`` naming host, key, value and what is allowed.
+
+    + gpu_host: the host serves too (``gpu_hosts``): its ``balancer_port`` must not be its
+      ``front_port``
+
+    .. code:: python
+
+        settings = validate_balancer("lb1", {"api_key_file": "~/.config/rigfleet/api-key"})
+        settings.port            # 8080
+    """
+    c = _Checker(name)
+    c.typos(data)
+    get = _getter(c, data)
+    catalog = c.load_catalog(get("stacks_dir"), catalog)
+    port = c.integer("balancer_port", get("balancer_port"), 1, 65535,
+                     "a TCP port 1..65535 (clients call http(s)://<balancer>:<port>)")
+    front_port = data.get("front_port", None)
+    if gpu_host and port is not None and port == front_port:
+        c.bad("balancer_port", port, f"a port other than front_port {front_port}",
+              "is this host's front_port too (the host serves and balances)")
+    api_key_file = c.secret_file("api_key_file", get("api_key_file"), _MIN_API_KEY_CHARS)
+    tls = c.tls("balancer", get("balancer_tls_cert_file"), get("balancer_tls_key_file"),
+                get("balancer_tls_ca_file"))
+    url = c.url("balancer_url", get("balancer_url"))
+    if tls is not None and url and url.startswith("http://"):
+        c.bad("balancer_url", url, "an https:// URL (or no balancer_url)",
+              "is plain HTTP, but the balancer serves TLS (balancer_tls_cert_file is set)")
+    default = get("balancer_default_stack")
+    if default is not None and (not isinstance(default, str) or default not in catalog):
+        c.bad("balancer_default_stack", default, ", ".join(catalog.names),
+              "is not a stack in the catalog")
+        default = None
+    low, high = CHECK_INTERVAL_RANGE_S
+    interval = c.number("balancer_check_interval_s", get("balancer_check_interval_s"), low,
+                        high, f"seconds between readiness checks, {low:g}..{high:g}")
+    low_k, high_k = RETRY_BUFFER_RANGE_KIB
+    buffer = c.integer("balancer_retry_buffer_kib", get("balancer_retry_buffer_kib"), low_k,
+                       high_k, f"KiB, {low_k}..{high_k} (HAProxy's buffer per direction and "
+                       "connection; a request up to this size can be retried on another host)")
+    site_ca = c.site_ca_files(get("site_ca_files"))
+    c.raise_if_any(HostDataError)
+    assert port is not None and api_key_file and interval is not None and buffer is not None
+    return BalancerSettings(name=name, port=port, api_key_file=api_key_file, tls=tls, url=url,
+                            default_stack=default, check_interval_s=float(interval),
+                            retry_buffer_kib=buffer, site_ca_files=site_ca, catalog=catalog)
 
 
 class GpuPowerLimits(Protocol):
@@ -557,6 +662,22 @@ class _Checker(Problems):
                 self.bad(
                     key, key, f"{close[0]!r}", f"is not a rigfleet key (did you mean {close[0]!r}?)"
                 )
+
+    stacks_dir_path: str | None = None
+
+    def load_catalog(self, stacks_dir: Any, catalog: Catalog | None) -> Catalog:
+        """The stacks the data may name: ``catalog`` when given, else the built-in ones plus
+        those in ``stacks_dir`` (checked; its path kept in ``stacks_dir_path``)."""
+        self.stacks_dir_path = self.stacks_dir(stacks_dir)
+        if catalog is None:
+            found = self.stacks_dir_path
+            try:
+                catalog = load_catalog([found] if found else [])
+            except CatalogError as e:
+                self.lines += [f"{self.host}: stacks_dir: {line}" for line in e.problems]
+                catalog = builtin_catalog()
+        self.catalog = catalog
+        return catalog
 
     def stacks_dir(self, value: Any) -> str | None:
         if value is None:
@@ -958,38 +1079,54 @@ class _Checker(Problems):
             return False
         return checked
 
-    def front_tls(self, cert: Any, key: Any, ca: Any) -> FrontTls | None:
-        """``front_tls_cert_file`` + ``front_tls_key_file`` (+ ``front_tls_ca_file``): PEM files
-        on this machine; the key private (0600), unencrypted and the certificate's own; the
-        certificate must verify against the CA file (itself when none is given)."""
+    def tls(self, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTls | None:
+        """``<prefix>_tls_cert_file`` + ``<prefix>_tls_key_file`` (+ ``<prefix>_tls_ca_file``):
+        PEM files on this machine; the key private (0600), unencrypted and the certificate's
+        own; the certificate must verify against the CA file (itself when none is given).
+        ``prefix``: ``front`` (nginx on a GPU host) or ``balancer`` (HAProxy)."""
+        cert_key, key_key, ca_key = (f"{prefix}_tls_{k}_file" for k in ("cert", "key", "ca"))
         if cert is None and key is None:
             if ca is not None:
-                self.bad("front_tls_ca_file", ca, "only together with front_tls_cert_file and "
-                         "front_tls_key_file", "is set but the front has no certificate")
+                self.bad(ca_key, ca, f"only together with {cert_key} and {key_key}",
+                         f"is set but the {prefix} has no certificate")
             return None
         if cert is None or key is None:
-            missing = "front_tls_key_file" if key is None else "front_tls_cert_file"
-            self.missing(missing, "both front_tls_cert_file and front_tls_key_file (PEM files "
-                         "on this machine), or neither (the front serves plain HTTP)")
+            missing = key_key if key is None else cert_key
+            self.missing(missing, f"both {cert_key} and {key_key} (PEM files on this machine), "
+                         f"or neither (the {prefix} serves plain HTTP)")
             return None
-        cert_path = self.pem_file("front_tls_cert_file", cert, "CERTIFICATE")
-        key_path = self.tls_key_file(key)
-        ca_path = cert_path if ca is None else self.pem_file("front_tls_ca_file", ca,
-                                                              "CERTIFICATE")
+        cert_path = self.pem_file(cert_key, cert, "CERTIFICATE")
+        key_path = self.tls_key_file(key, key_key)
+        ca_path = cert_path if ca is None else self.pem_file(ca_key, ca, "CERTIFICATE")
         if not (cert_path and key_path and ca_path):
             return None
-        problem = tls_pair_problem(cert_path, key_path, ca_path)
+        problem = tls_pair_problem(cert_path, key_path, ca_path, cert_key)
         if problem:
             which, what, allowed = problem
             if which == "key":
-                self.bad("front_tls_key_file", key, allowed, what)
+                self.bad(key_key, key, allowed, what)
             elif ca is not None:
-                self.bad("front_tls_ca_file", ca, allowed, what)
+                self.bad(ca_key, ca, allowed, what)
             else:
-                self.bad("front_tls_cert_file", cert, allowed + " (set front_tls_ca_file to "
-                         "the CA when the certificate is not self-signed)", what)
+                self.bad(cert_key, cert, allowed + f" (set {ca_key} to the CA when the "
+                         "certificate is not self-signed)", what)
             return None
         return FrontTls(cert_path, key_path, ca_path)
+
+    def address(self, key: str, value: Any) -> str | None:
+        """``host`` or ``host:port`` (an IPv6 address in brackets), as a server line takes it."""
+        if value is None:
+            return None
+        allowed = "a host name or address, optionally with :port, e.g. 'rig-a.lan:8000'"
+        if not isinstance(value, str) or not (_HOST_PORT.fullmatch(value)
+                                              or _HOST6_PORT.fullmatch(value)):
+            self.bad(key, value, allowed)
+            return None
+        port = value.rpartition("]")[2] if value.startswith("[") else value
+        if ":" in port and not 1 <= int(port.rpartition(":")[2]) <= 65535:
+            self.bad(key, value, allowed, "has a port outside 1..65535")
+            return None
+        return value
 
     def local_text(self, key: str, value: Any,
                    allowed: str) -> tuple[Path, str, os.stat_result] | None:
@@ -1020,8 +1157,7 @@ class _Checker(Problems):
             return None
         return str(path)
 
-    def tls_key_file(self, value: Any) -> str | None:
-        key = "front_tls_key_file"
+    def tls_key_file(self, value: Any, key: str = "front_tls_key_file") -> str | None:
         allowed = "a PEM private key on this (control) machine, mode 0600, unencrypted"
         found = self.local_text(key, value, allowed)
         if found is None:
@@ -1067,7 +1203,8 @@ def _no_password() -> str:
     raise ValueError("the key is encrypted")
 
 
-def tls_pair_problem(cert: str, key: str, ca: str) -> tuple[str, str, str] | None:
+def tls_pair_problem(cert: str, key: str, ca: str,
+                     cert_key: str = "front_tls_cert_file") -> tuple[str, str, str] | None:
     """Does ``key`` belong to ``cert``, and does ``cert`` verify against ``ca``? Checked with
     the standard library: an in-memory TLS handshake between a server holding cert + key and
     a client trusting only ``ca`` (dates included). Returns (which: "key" | "verify", what
@@ -1080,12 +1217,12 @@ def tls_pair_problem(cert: str, key: str, ca: str) -> tuple[str, str, str] | Non
         reason = getattr(e, "reason", None) or type(e).__name__
         return ("key", f"does not load with the certificate ({reason}: the key is not the "
                 "certificate's, or not a key nginx can use)",
-                "the private key that belongs to front_tls_cert_file")
+                f"the private key that belongs to {cert_key}")
     try:
         client = tls_context(ca)
     except (ssl.SSLError, OSError) as e:
         return ("verify", f"cannot be loaded as trusted certificates ({e})",
-                "PEM certificate(s) of the CA that signed front_tls_cert_file")
+                f"PEM certificate(s) of the CA that signed {cert_key}")
     client.check_hostname = False
     c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
     c = client.wrap_bio(c_in, c_out)
@@ -1101,9 +1238,11 @@ def tls_pair_problem(cert: str, key: str, ca: str) -> tuple[str, str, str] | Non
             except ssl.SSLWantReadError:
                 pass
             except ssl.SSLCertVerificationError as e:
-                return ("verify", f"does not verify the front's certificate "
+                ca_key = cert_key.replace("_cert_", "_ca_")
+                who = cert_key.partition("_tls_")[0]
+                return ("verify", f"does not verify the {who}'s certificate "
                         f"({e.verify_message})",
-                        "the CA that signed front_tls_cert_file (front_tls_ca_file), or a "
+                        f"the CA that signed {cert_key} ({ca_key}), or a "
                         "certificate that is valid now")
             except ssl.SSLError as e:
                 if name == "server":

@@ -5,6 +5,12 @@ pyinfra's CLI does the loading (group data, precedence) in a subprocess: importi
 
     hosts = load_inventory("inventory/home.py")
     hosts[0].name, hosts[0].data["power_caps_w"]
+    gpu_hosts(hosts)                 # the hosts that serve (status, bump, endpoints)
+    balancers(hosts)                 # the hosts of group ``balancers`` (HAProxy)
+
+What a host is comes from its groups (``host_kind``): a host in ``balancers`` runs the
+balancer; it is also a GPU host only when it is in ``gpu_hosts`` too. Every other host is a
+GPU host, as before balancers existed.
 """
 
 from __future__ import annotations
@@ -12,9 +18,31 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# The inventory group whose hosts run the fleet endpoint (roles/balancer.py).
+BALANCER_GROUP = "balancers"
+# The group of serving hosts; needed only for a host that is a balancer as well.
+GPU_GROUP = "gpu_hosts"
+
+
+@dataclass(frozen=True)
+class HostKind:
+    """Which roles a host gets: the GPU roles, the balancer, or both."""
+
+    gpu: bool
+    balancer: bool
+
+
+def host_kind(groups: Iterable[str]) -> HostKind:
+    """``host_kind(["balancers"])`` -> balancer only; ``["balancers", "gpu_hosts"]`` -> both;
+    anything without ``balancers`` -> a GPU host."""
+    names = set(groups)
+    balancer = BALANCER_GROUP in names
+    return HostKind(gpu=not balancer or GPU_GROUP in names, balancer=balancer)
 
 
 class InventoryError(RuntimeError):
@@ -26,6 +54,10 @@ class InventoryHost:
     name: str
     groups: tuple[str, ...]
     data: dict[str, Any]
+
+    @property
+    def kind(self) -> HostKind:
+        return host_kind(self.groups)
 
     @property
     def ssh_target(self) -> tuple[str, int, str]:
@@ -45,3 +77,13 @@ def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[Inve
     except json.JSONDecodeError:
         raise InventoryError(f"pyinfra printed no JSON for {path}: {proc.stdout[:500]}") from None
     return [InventoryHost(r["name"], tuple(r.get("groups", [])), r.get("data", {})) for r in rows]
+
+
+def gpu_hosts(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
+    """The hosts that serve (every host but a balancer-only one), in inventory order."""
+    return [h for h in hosts if h.kind.gpu]
+
+
+def balancers(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
+    """The hosts of group ``balancers``, in inventory order."""
+    return [h for h in hosts if h.kind.balancer]

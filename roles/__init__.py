@@ -16,6 +16,11 @@ Order (each role relies on the ones before it):
 12. ``swap``           the gated host-side transaction: desired stack promoted, or rolled back
 13. ``ledger``         state.json and the append-only ledger (pins the swap did not record)
 
+A host of inventory group ``balancers`` (``rigfleet.inventory.host_kind``) gets only
+``preflight_balancer``, ``base`` and ``balancer`` (HAProxy: the fleet endpoint; no NVIDIA, no
+Docker); one that is in ``gpu_hosts`` too gets every role above, then ``preflight_balancer``
+and ``balancer``.
+
 Example (``deploy.py``)::
 
     from roles import converge
@@ -30,7 +35,11 @@ from typing import Any, cast
 
 # Modules, not their role functions, are bound here: ``roles.power`` stays the module (tests
 # patch its constants), and ``roles.power.power`` is the role.
+from pyinfra import host
+
+from rigfleet.inventory import host_kind
 from roles import (
+    balancer,
     base,
     container_toolkit,
     docker,
@@ -45,7 +54,7 @@ from roles import (
     swap,
     weights,
 )
-from roles.preflight import HostContext
+from roles.preflight import BalancerContext, HostContext
 
 # pyinfra's @deploy stubs do not keep the functions' own signatures: each takes the context.
 ROLES: tuple[Callable[[HostContext], Any], ...] = cast(tuple[Callable[[HostContext], Any], ...], (
@@ -63,14 +72,28 @@ ROLES: tuple[Callable[[HostContext], Any], ...] = cast(tuple[Callable[[HostConte
     ledger.ledger,
 ))
 
-
-def converge() -> HostContext:
-    """Run every role for the current host, preflight first; returns the host's context."""
-    # pyinfra's @deploy returns what the function returns; its stubs say OperationMeta.
-    ctx = cast(HostContext, preflight.preflight())
-    for role in ROLES:
-        role(ctx)
-    return ctx
+# A balancer host's roles after its preflight (``base`` only when no GPU role ran it).
+BALANCER_ROLES: tuple[Callable[[BalancerContext], Any], ...] = cast(
+    tuple[Callable[[BalancerContext], Any], ...], (base.base, balancer.balancer))
 
 
-__all__ = ["ROLES", "HostContext", "converge"]
+def converge() -> HostContext | BalancerContext:
+    """Run the current host's roles, each kind's preflight first (see the module docstring);
+    returns its context (the GPU host's when it is both)."""
+    kind = host_kind(host.groups)
+    ctx: HostContext | None = None
+    if kind.gpu:
+        # pyinfra's @deploy returns what the function returns; its stubs say OperationMeta.
+        ctx = cast(HostContext, preflight.preflight())
+        for role in ROLES:
+            role(ctx)
+    if not kind.balancer:
+        assert ctx is not None
+        return ctx
+    lb = cast(BalancerContext, preflight.preflight_balancer(gpu_host=kind.gpu))
+    for lb_role in BALANCER_ROLES[1:] if kind.gpu else BALANCER_ROLES:
+        lb_role(lb)
+    return ctx or lb
+
+
+__all__ = ["BALANCER_ROLES", "ROLES", "BalancerContext", "HostContext", "converge"]

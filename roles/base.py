@@ -12,7 +12,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from roles.ops import apt_packages, on_change
-from roles.preflight import HostContext
+from roles.preflight import BalancerContext, HostContext
 
 # curl + gnupg fetch and dearmor repository keys; git clones Genesis; python3-venv holds
 # huggingface_hub; jq is for people debugging daemon.json and the ledger.
@@ -31,7 +31,7 @@ SITE_CA_DIR = "/usr/local/share/ca-certificates"
 
 
 @deploy("Base")
-def base(ctx: HostContext) -> None:
+def base(ctx: HostContext | BalancerContext) -> None:
     """Install the base packages, keep time with chrony, trust the site CA if one is given.
 
     Time matters here: apt rejects repository signatures from "the future" and TLS rejects

@@ -14,6 +14,10 @@
   port stays plain HTTP: the host-side tool probes the front there (``Front.probe``,
   ``rigfleet status``'s probe) and the key is still required. nginx keeps one listening
   socket per port and decides TLS per local address.
+- Readiness (``READY_PATH``, ``/rigfleet/ready``): no key, no model data; it includes the
+  same route, so it answers the maintenance route's 503 during a swap or maintenance window,
+  and otherwise the engine's ``/health`` (200), or 503 when the engine does not answer.
+  Balancers check it (``roles/balancer.py``): the host is the source of truth.
 - The distribution's default site (``/etc/nginx/sites-enabled/default``, port 80) is
   disabled: only the front listens.
 - ``nginx -t`` before a reload; reload only when the config, the key, the certificate or
@@ -34,7 +38,7 @@ from pyinfra.facts.files import Link
 from pyinfra.operations import files, systemd
 
 from rigfleet.facts import read_fact
-from rigfleet.hostside.front import render_maintenance
+from rigfleet.hostside.front import READY_PATH, render_maintenance
 from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
 from roles.ops import Secret, apt_packages, initial_file, on_change, secret_file
@@ -50,6 +54,9 @@ DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
 TLS_DIR = "/etc/nginx/rigfleet-tls"
 CERT_PATH = f"{TLS_DIR}/front.crt"
 TLS_KEY_PATH = f"{TLS_DIR}/front.key"
+# Retry-After of a readiness answer when the engine does not answer (the supervisor polls
+# every few seconds and opens the window itself).
+NOT_READY_RETRY_S = 5
 
 
 def _regex_literal(text: str) -> str:
@@ -129,6 +136,8 @@ def front(ctx: HostContext) -> None:
         tls=tls is not None,
         cert_file=CERT_PATH,
         key_file=TLS_KEY_PATH,
+        ready_path=READY_PATH,
+        not_ready_retry_s=NOT_READY_RETRY_S,
     )
     systemd.service(name="nginx enabled and running", service="nginx", running=True, enabled=True)
     on_change(

@@ -15,6 +15,9 @@ plan has to be empty, so every operation here yields commands only when somethin
   prints a diff with ``--diff``) and without an upload: pyinfra stages a sudo user's upload
   in /tmp with that user's umask, readable by others for a moment.
 - ``initial_file`` seeds a file that the host owns afterwards (the front's route).
+- ``checked_file`` installs a config only once its program accepted it (``haproxy -c``): a
+  staged copy is checked, then moved into place, so a refused config never replaces a good
+  one (``files.template`` would install first).
 
 Example::
 
@@ -303,3 +306,37 @@ def secret_file(
         yield f"chown {user}:{group} {q}"
     if current.mode == mode and (current.user, current.group) == (user, group):
         host.noop(f"{dest} is up to date (content not shown)")
+
+
+@operation()
+def checked_file(dest: str, content: str, check: str, staged: str | None = None,
+                 mode: str = "0644"):
+    """Put ``content`` at ``dest`` (root-owned) only after ``check`` accepted a staged copy.
+
+    The copy goes to ``staged`` (default ``<dest>.rigfleet-new``, same directory), ``check``
+    runs on it (``{path}`` in it is replaced by the quoted staged path), and only when it
+    passes is the copy renamed over ``dest`` (atomic); when it fails the copy is removed, the
+    host fails with the program's message and ``dest`` is untouched. Not for secrets (the copy
+    is an upload).
+
+    + dest: absolute path of the config
+    + content: the wanted text
+    + check: the validating command, e.g. ``haproxy -c -q -f {path}``
+    + staged: where the copy is checked
+    + mode: the config's mode
+    """
+    data = content.encode()
+    current = read_fact(FileDigest, path=dest)
+    if (current is not None and current.sha256 == hashlib.sha256(data).hexdigest()
+            and current.mode == mode and (current.user, current.group) == ("root", "root")):
+        host.noop(f"{dest} is up to date")
+        return
+    tmp = staged or f"{dest}.rigfleet-new"
+    q = shlex.quote(tmp)
+    yield f"install -m {mode} -o root -g root /dev/null {q}"
+    yield FileUploadCommand(io.BytesIO(data), tmp)
+    yield f"chown root:root {q} && chmod {mode} {q}"
+    yield (f"{check.format(path=q)} || {{ rf_rc=$?; rm -f {q}; "
+           f"echo {shlex.quote(f'rigfleet: {dest} not installed: the check refused it')} >&2; "
+           "exit $rf_rc; }")
+    yield f"mv -f {q} {shlex.quote(dest)}"

@@ -45,13 +45,14 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback, State
 
+from rigfleet.balancer.plan import BalancerPlan, GpuHost, fleet_plan
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import hosttool
 from rigfleet.commands import nvidia as nvidia_commands
@@ -68,6 +69,7 @@ from rigfleet.facts import (
 )
 from rigfleet.hostdata import (
     AptRepo,
+    BalancerSettings,
     HostDataError,
     HostSettings,
     SwapSettings,
@@ -182,6 +184,30 @@ class HostContext:
         )
 
 
+@dataclass(frozen=True)
+class BalancerContext:
+    """What ``roles/balancer.py`` (and ``base``) need for a host of group ``balancers``.
+
+    + plan: its pools, one per stack, from the inventory's GPU hosts
+    + api_key: the key clients send (the same as the fronts'; checked here)
+    + tls_key: the balancer's private key (host data ``balancer_tls_key_file``)
+    """
+
+    name: str
+    os: OsInfo
+    plan: BalancerPlan
+    api_key: Secret
+    tls_key: Secret | None = None
+
+    @property
+    def settings(self) -> BalancerSettings:
+        return self.plan.settings
+
+    @property
+    def site_ca_files(self) -> tuple[str, ...]:
+        return self.plan.settings.site_ca_files
+
+
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 
 # The one operation a refused host gets (under the "Preflight" deploy).
@@ -221,12 +247,12 @@ def read_secret(name: str, key: str, path: str) -> Secret:
     return Secret(value)
 
 
-def read_tls_key(name: str, path: str) -> Secret:
-    """The front's private key (validated PEM, 0600, by hostdata), never shown."""
+def read_tls_key(name: str, path: str, key: str = "front_tls_key_file") -> Secret:
+    """A TLS private key (validated PEM, 0600, by hostdata), never shown."""
     try:
         return Secret(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
-        raise PreflightError(f"{name}: front_tls_key_file: {path!r} cannot be read "
+        raise PreflightError(f"{name}: {key}: {path!r} cannot be read "
                              f"({getattr(e, 'strerror', None) or e})") from None
 
 
@@ -492,8 +518,18 @@ def preflight() -> HostContext:
     A problem refuses this host (``refuse``, then ``HostRefused``), or, with
     ``rigfleet_stop_on_preflight``, stops the run (``PreflightError``).
     """
+    return checked(lambda: _check_host(host.name))
+
+
+_T = TypeVar("_T")
+
+
+def checked(check: Callable[[], _T]) -> _T:
+    """Run a preflight ``check`` for the current host: a ``RigfleetError`` refuses the host
+    (``refuse``, then ``HostRefused``), or, with ``rigfleet_stop_on_preflight``, stops the
+    run (``PreflightError``)."""
     try:
-        return _check_host(host.name)
+        return check()
     except RigfleetError as error:
         if stop_on_preflight(host.data):
             raise PreflightError(f"{error}\n(rigfleet_stop_on_preflight: the whole run stops; "
@@ -536,3 +572,45 @@ def _check_host(name: str) -> HostContext:
     return HostContext(want=want, os=os_info, api_key=api_key, hf_token=hf_token,
                        by=deployed_by(), platform=platform, driver_adopted=facts.adopt,
                        tls_key=tls_key)
+
+
+@deploy("Preflight (balancer)")
+def preflight_balancer(gpu_host: bool = False) -> BalancerContext:
+    """Validate a balancer host: its own data (``balancer_*``), every GPU host's data (the
+    pools are made of it), the key (the fronts' own), the OS and systemd; return the
+    ``BalancerContext``. Refuses the host as ``preflight`` does (nothing changes on it).
+
+    + gpu_host: the host is in ``gpu_hosts`` too (its GPU roles run first)
+    """
+    return checked(lambda: _check_balancer(host.name, gpu_host))
+
+
+def check_keys(name: str, key: Secret, gpu: list[GpuHost]) -> None:
+    """The balancer passes the client's key on: every front must take the same key."""
+    differ = [g.name for g in gpu
+              if read_secret(g.name, "api_key_file", g.settings.api_key_file).reveal()
+              != key.reveal()]
+    if differ:
+        raise PreflightError(
+            f"{name}: api_key_file: the key it holds (not shown) is not the key of "
+            f"{', '.join(differ)}; allowed: the same key for the balancer and every GPU host "
+            "(the balancer checks the client's key and passes it on to the front), e.g. one "
+            "api_key_file in inventory/group_data/all.py")
+
+
+def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
+    plan = fleet_plan(host, host.inventory)
+    settings = plan.settings
+    os_info = read_os(name, read_fact(OsRelease))
+    problems = check_init(name, read_fact(Platform))
+    if problems:
+        raise PreflightError("\n".join(problems))
+    api_key = read_secret(name, "api_key_file", settings.api_key_file)
+    check_keys(name, api_key, list(plan.hosts))
+    tls_key = (read_tls_key(name, settings.tls.key_file, "balancer_tls_key_file")
+               if settings.tls else None)
+    if gpu_host:
+        host.log(f"{name}: this host is a GPU host and the fleet's balancer: while it is in "
+                 "maintenance (a reboot, a driver or Docker change) the fleet endpoint is down "
+                 "with it; a balancer on a small host of its own avoids that")
+    return BalancerContext(name=name, os=os_info, plan=plan, api_key=api_key, tls_key=tls_key)

@@ -1,7 +1,9 @@
 """The front's route: proxy to the verified stack, or answer 503 + ``Retry-After``.
 
 ``roles/front.py`` renders the nginx server once (listen, API key map, 401s); its
-``location /`` ends with ``include /etc/nginx/rigfleet/route.conf``. This module owns that
+``location /`` ends with ``include /etc/nginx/rigfleet/route.conf``, and so does the
+readiness location (``READY_PATH``), which follows the same route: the host itself says
+whether it is in rotation. This module owns that
 include and switches it during a transaction: write, ``nginx -t``, ``systemctl reload nginx``
 (graceful: the listening socket stays open, so clients never see "connection refused"), then
 probe the front until its ``X-Rigfleet-Route`` header shows the new route. A route that
@@ -28,6 +30,11 @@ from .records import route
 
 ROUTE_HEADER = "X-Rigfleet-Route"
 MAINTENANCE = "maintenance"
+# The front's readiness path (files/nginx-front.conf.j2), no key needed, no model data: 200
+# (with the route header naming the stack) only while this route proxies to a verified stack
+# whose engine answers /health; 503 while the route is the maintenance one (a swap or a
+# maintenance window) or the engine does not answer. Balancers check it (rigfleet.balancer).
+READY_PATH = "/rigfleet/ready"
 
 Run = Callable[[list[str], float], tuple[int, str]]
 # (method, url, headers, body, timeout) -> (status, headers, body); status 0: no answer.

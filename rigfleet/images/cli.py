@@ -81,9 +81,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _hosts(inventory: str) -> list[Any]:
-    from rigfleet.inventory import load_inventory
+    """The inventory's GPU hosts (a balancer-only host has no images)."""
+    from rigfleet.inventory import gpu_hosts, load_inventory
 
-    return load_inventory(inventory)
+    return gpu_hosts(load_inventory(inventory))
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
 """``rigfleet status --inventory inventory/home.py [--json] [--timeout 20]``.
 
-For every host, concurrently, one SSH connection runs the host probe (``rigfleet-host.pyz
+For every GPU host, concurrently, one SSH connection runs the host probe (``rigfleet-host.pyz
 probe --full``); the drift against inventory + pins is decided on this side
-(``rigfleet.status.drift``). The exit status says the worst found (``rigfleet.status.rows``).
+(``rigfleet.status.drift``). For every balancer (group ``balancers``), HAProxy's runtime API
+says which hosts of each stack are in rotation (``rigfleet.balancer.status``), in a second
+table. The exit status says the worst found (``rigfleet.status.rows``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,14 @@ from typing import Any
 
 from rich.console import Console
 
-from rigfleet.status.render import render_json, render_table
-from rigfleet.status.rows import EXIT_ERROR, exit_status, fleet_status
+from rigfleet.status.render import render_balancers, render_json, render_table
+from rigfleet.status.rows import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    exit_status,
+    fleet_status,
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,19 +43,33 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``rigfleet status``: print the fleet's rows; the exit status says the worst found."""
-    from rigfleet.inventory import InventoryError, load_inventory
+    from rigfleet.balancer.status import balancer_rows
+    from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
+    from rigfleet.ssh import SshRemote
 
     try:
         hosts = load_inventory(args.inventory)
     except InventoryError as e:
         Console(stderr=True).print(f"[red]error:[/red] {e}")
         return EXIT_ERROR
-    rows = fleet_status(hosts, timeout=args.timeout)
+    rows = fleet_status(gpu_hosts(hosts), timeout=args.timeout)
+    remote = SshRemote(connect_timeout=args.timeout)
+    lbs = [row for lb in balancers(hosts)
+           for row in balancer_rows(lb, hosts, remote, timeout=args.timeout)]
     if args.json:
-        print(render_json(rows))
+        print(render_json(rows, lbs))
     else:
-        render_table(rows, f"rigfleet status ({args.inventory})").print(Console())
-    return exit_status(rows)
+        console = Console()
+        render_table(rows, f"rigfleet status ({args.inventory})").print(console)
+        if lbs:
+            render_balancers(lbs).print(console)
+    return max(exit_status(rows), balancer_exit(lbs))
+
+
+def balancer_exit(rows: Sequence[Any]) -> int:
+    """A balancer that cannot be read, or a stack with no host in rotation, is as bad as an
+    unreachable host (2): the fleet endpoint does not serve that stack."""
+    return EXIT_OK if all(r.ok for r in rows) else EXIT_UNREACHABLE
 
 
 def main(argv: Sequence[str] | None = None) -> int:

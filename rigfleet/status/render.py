@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.text import Text
 
+from rigfleet.balancer.status import BalancerRow
 from rigfleet.status.rows import StatusRow
 from rigfleet.tables import Table
 
@@ -30,14 +31,17 @@ def _when(iso: str | None) -> str:
     return iso.replace("T", " ")[5:16] if len(iso) >= 16 and iso[10] == "T" else iso
 
 
-def render_json(rows: Sequence[StatusRow]) -> str:
-    """``--json``: ``{"hosts": [row, ...], "ok": bool, "bumps": [...]}`` with full digests and
-    commits; ``bumps`` (``bump_summaries``) only while a bump is unfinished."""
+def render_json(rows: Sequence[StatusRow], balancers: Sequence[BalancerRow] = ()) -> str:
+    """``--json``: ``{"hosts": [row, ...], "ok": bool, "bumps": [...], "balancers": [...]}``
+    with full digests and commits; ``bumps`` (``bump_summaries``) only while a bump is
+    unfinished; ``balancers`` (a row per balancer and stack) when the inventory has any."""
     out: dict[str, Any] = {"hosts": [{**asdict(r), "ok": r.ok} for r in rows],
-                           "ok": all(r.ok for r in rows)}
+                           "ok": all(r.ok for r in rows) and all(b.ok for b in balancers)}
     bumps = bump_summaries(rows)
     if bumps:
         out["bumps"] = bumps
+    if balancers:
+        out["balancers"] = [{**asdict(b), "ok": b.ok} for b in balancers]
     return json.dumps(out, indent=2)
 
 
@@ -81,6 +85,24 @@ def _bump_note(summary: Mapping[str, Any]) -> Text:
                 f"by {summary['by']}: {'; '.join(parts)}. `rigfleet bump` finishes it, "
                 f"`rigfleet bump --abandon` records it and stops (journal {summary['journal']})",
                 style="magenta")
+
+
+def render_balancers(rows: Sequence[BalancerRow], title: str = "balancers") -> Table:
+    """One line per balancer and stack: its URL, how many of the stack's hosts are in
+    rotation and which; hosts out of rotation (and why) and errors follow as notes."""
+    table = Table(title, ["balancer", "stack", "up", "in rotation", "url"],
+                  keys=("balancer", "stack"))
+    for r in rows:
+        key = f"{r.balancer} {r.stack or ''}".strip()
+        if r.error:
+            table.note(key, Text(r.error, style="red"))
+        for host, why in r.out:
+            table.note(key, Text(f"{host} out of rotation: {why}", style="yellow"))
+        total = len(r.up) + len(r.out)
+        up = (Text("-") if not r.reachable or r.error
+              else Text(f"{len(r.up)}/{total}", style="green" if r.up else "red"))
+        table.row(r.balancer, r.stack or "-", up, " ".join(r.up) or "-", r.url)
+    return table
 
 
 def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> Table:

@@ -5,6 +5,7 @@ installed (``pip install -e ./testbed``, which ``make demo`` and ``make test`` d
 commands are also the ``rigfleet-testbed`` console script::
 
     rigfleet testbed up --hosts 2
+    rigfleet testbed up --hosts 3 --balancer     # + lb1, the fleet endpoint (HAProxy)
     rigfleet testbed up --hosts 3 --os host3=debian12 --sudo-user host2 \
         --hardware host1:secure_boot=1
     rigfleet testbed mok-enroll host1     # the person at host1's console enrols the MOK
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
             oses = [hostspec.parse_os(spec) for spec in args.os]
             slots = fleet.up(fleet.UpOptions(hosts=args.hosts, hardware_overrides=overrides,
                                              oses=oses, sudo=list(args.sudo_user),
-                                             sim_speedup=args.sim_speedup), _log)
+                                             sim_speedup=args.sim_speedup,
+                                             balancer=args.balancer), _log)
             _log(f"testbed up: {len(slots)} host(s) in {time.monotonic() - started:.1f}s; "
                  f"{INVENTORY.relative_to(INVENTORY.parents[1])} written")
             _print_status(fleet.status())
@@ -95,6 +97,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                        f"rig (default {hardware.DEFAULT_SIM_SPEEDUP:g}; 1 = real-rig tok/s)")
     tb_up.add_argument("--os", action="append", default=[], metavar="HOST=OS",
                        help="a host's Debian release: debian13 (default) or debian12")
+    tb_up.add_argument("--balancer", action="store_true",
+                       help="also a balancer host lb1 (plain Debian, no GPU) in the inventory "
+                            "group 'balancers': HAProxy, the fleet endpoint")
     tb_up.add_argument("--sudo-user", action="append", default=[], metavar="HOST",
                        help="log into HOST as 'rig' with passwordless sudo instead of root")
     tb_mok = tb_sub.add_parser("mok-enroll", help="be the person at a host's console who "

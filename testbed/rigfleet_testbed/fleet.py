@@ -10,6 +10,8 @@ generated inventory and pins. The pieces (see docs/architecture.md):
   stand-in;
 - ``rigfleet-hostN``: bare Debian 13 (or 12) hosts with systemd, sshd, simulated dual-3090
   hardware and UEFI firmware (Secure Boot, MOK list), logged into as root or a sudo user;
+- ``rigfleet-lb1`` (``--balancer``): a bare Debian 13 host of the same image without GPU
+  hardware, in the inventory group ``balancers`` (the fleet endpoint, HAProxy);
 - ``.testbed-<n>/archives/<tag>.tar``: ``docker save`` copies of purged nightlies an operator
   kept.
 """
@@ -47,7 +49,7 @@ from rigfleet_testbed import (
     vllm_images,
 )
 from rigfleet_testbed.hostspec import HostSpec
-from rigfleet_testbed.layout import HostOS, HostSlot
+from rigfleet_testbed.layout import BalancerSlot, HostOS, HostSlot
 
 Log = Callable[[str], None]
 
@@ -129,6 +131,8 @@ class UpOptions:
     sudo: list[str] = field(default_factory=list)
     # The serving simulators' clock on every host (a host's override wins); 1 = real time.
     sim_speedup: float = hardware.DEFAULT_SIM_SPEEDUP
+    # A balancer host (lb1) in the inventory group `balancers`.
+    balancer: bool = False
 
 
 # -- artifacts on the control machine --------------------------------------------------------
@@ -421,6 +425,37 @@ def ensure_host(c: docker.DockerClient, spec: HostSpec, paths: Paths, image: str
     return created
 
 
+BALANCER_CONFIG_VERSION = "1"
+
+
+def ensure_balancer(c: docker.DockerClient, slot: BalancerSlot, paths: Paths,
+                    image: str) -> bool:
+    """Create (or re-create when its image changed) and start the balancer host: the host
+    image (systemd, sshd), no GPU hardware, firmware or Docker volume; True if new."""
+    wanted = hostspec.hashed({"v": BALANCER_CONFIG_VERSION, "image": c.images.get(image).id})
+    ctr = _get(c, slot.container)
+    if ctr is not None and (ctr.labels or {}).get(HOST_CONFIG_LABEL) != wanted:
+        ctr.remove(force=True)
+        ctr = None
+    created = ctr is None
+    if created:
+        ctr = _create(
+            c, slot.container, image, slot.ip, [slot.name],
+            {"22/tcp": ("127.0.0.1", slot.ssh_port),
+             f"{layout.BALANCER_PORT}/tcp": ("127.0.0.1", slot.port)},
+            labels={HOST_CONFIG_LABEL: wanted, HOST_OS_LABEL: layout.DEFAULT_OS.name},
+            cap_add=list(layout.HOST_CAPS),
+            security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+            cgroupns="host", tmpfs={"/run": "", "/run/lock": ""},
+            binds={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
+        )
+        ctr.put_archive("/root/.ssh", images.tar_of(
+            {"authorized_keys": paths.ssh_key.with_suffix(".pub").read_bytes()}))
+    if ctr.status != "running":
+        ctr.start()
+    return created
+
+
 def init_firmware(spec: HostSpec, paths: Paths) -> None:
     """A new machine's NVRAM from its profile; with mok_enrolled, a DKMS key already enrolled."""
     sb = spec.profile.get("secure_boot") or {}
@@ -462,7 +497,8 @@ def _remove_volume(c: docker.DockerClient, name: str) -> None:
         c.volumes.get(name).remove(force=True)
 
 
-def host_key(c: docker.DockerClient, slot: HostSlot, timeout: float = 90) -> str:
+def host_key(c: docker.DockerClient, slot: HostSlot | BalancerSlot,
+             timeout: float = 90) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ctr = _get(c, slot.container)
@@ -566,19 +602,24 @@ def gpg_fingerprint(gnupg_home: Path) -> str:
     return fprs[0]
 
 
-def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str) -> str:
+def _login(paths: Paths, port: int, user: str = "root") -> dict[str, Any]:
+    """SSH data of a testbed host (absolute paths: the inventory works from any directory)."""
+    return {"ssh_hostname": "127.0.0.1", "ssh_port": port, "ssh_user": user,
+            "ssh_key": str(paths.ssh_key), "ssh_known_hosts_file": str(paths.known_hosts),
+            "ssh_strict_host_key_checking": "yes"}
+
+
+def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str,
+                   balancers: list[BalancerSlot] | None = None) -> str:
     rel = str  # absolute paths: the inventory works from any working directory
     hosts = []
     for spec in specs:
         slot = spec.slot
         data: dict[str, Any] = {
-            "ssh_hostname": "127.0.0.1",
-            "ssh_port": slot.ssh_port,
-            "ssh_user": spec.ssh_user,
-            "ssh_key": rel(paths.ssh_key),
-            "ssh_known_hosts_file": rel(paths.known_hosts),
-            "ssh_strict_host_key_checking": "yes",
+            **_login(paths, slot.ssh_port, spec.ssh_user),
             "front_url": f"http://127.0.0.1:{slot.front_port}",
+            # A balancer reaches the front on the testbed network, by the host's name.
+            "balancer_front_address": f"{slot.name}:8000",
             "testbed_container": slot.container,
         }
         if spec.sudo:
@@ -631,12 +672,20 @@ def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str) -> str:
         f"canary = [{specs[0].name!r}]",
         "",
     ]
+    if balancers:
+        lbs = []
+        for b in balancers:
+            lb_data = {**_login(paths, b.ssh_port), "balancer_url": f"http://127.0.0.1:{b.port}",
+                       "testbed_container": b.container}
+            lbs.append(f"        ({b.name!r}, {pformat(lb_data, indent=4, width=96)}),")
+        lines += ["# The fleet endpoint: HAProxy on a host of its own (no GPU, no Docker).",
+                  "balancers = (", "    [", *lbs, "    ],", "    _testbed_data,", ")", ""]
     return "\n".join(lines)
 
 
-def write_known_hosts(paths: Paths, keys: dict[HostSlot, str]) -> None:
+def write_known_hosts(paths: Paths, keys: dict[HostSlot | BalancerSlot, str]) -> None:
     lines = [f"[127.0.0.1]:{slot.ssh_port} {key}" for slot, key in sorted(
-        keys.items(), key=lambda kv: kv[0].index)]
+        keys.items(), key=lambda kv: kv[0].ssh_port)]
     paths.known_hosts.write_text("\n".join(lines) + "\n")
 
 
@@ -657,7 +706,8 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
     t0 = time.monotonic()
     fixtures = build_service_data(paths, log)
     t1 = time.monotonic()
-    refs, bases = build_images(c, paths, log, {s.os for s in specs})
+    refs, bases = build_images(c, paths, log, {s.os for s in specs}
+                               | ({layout.DEFAULT_OS} if options.balancer else set()))
     docker_fpr = build_docker_repo(c, paths, bases, log)
     t2 = time.monotonic()
     ensure_network(c)
@@ -673,10 +723,22 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
         extra = f", {spec.os.name}" + (f", user {spec.ssh_user} (sudo)" if spec.sudo else "")
         log(f"starting {spec.name} (ssh 127.0.0.1:{spec.slot.ssh_port}{extra})")
         ensure_host(c, spec, paths, refs[host_kind(spec.os)])
-    keys = {spec.slot: host_key(c, spec.slot) for spec in specs}
+    lbs = [BalancerSlot(1)] if options.balancer else []
+    for lb in lbs:
+        log(f"starting {lb.name} (ssh 127.0.0.1:{lb.ssh_port}, balancer 127.0.0.1:{lb.port}, "
+            "no GPU)")
+        ensure_balancer(c, lb, paths, refs[host_kind(layout.DEFAULT_OS)])
+        meta = paths.host_meta(lb.name)
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps({"name": lb.name, "os": layout.DEFAULT_OS.name,
+                                    "codename": layout.DEFAULT_OS.codename, "ssh_user": "root",
+                                    "sudo": False, "balancer": True}, indent=1) + "\n")
+    keys: dict[HostSlot | BalancerSlot, str] = {spec.slot: host_key(c, spec.slot)
+                                                for spec in specs}
+    keys |= {lb: host_key(c, lb) for lb in lbs}
     write_known_hosts(paths, keys)
     write_pins(paths, fixtures, log)
-    options.inventory.write_text(inventory_text(specs, paths, docker_fpr))
+    options.inventory.write_text(inventory_text(specs, paths, docker_fpr, lbs))
     return [s.slot for s in specs]
 
 

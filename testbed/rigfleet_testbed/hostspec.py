@@ -45,14 +45,18 @@ class HostSpec:
 
     def config_hash(self, image_id: str) -> str:
         """Changes whenever the container must be made anew (a new machine)."""
-        body = json.dumps({"v": CONFIG_VERSION, "image": image_id, "os": self.os.name,
-                           "sudo": self.sudo, "hardware": self.profile}, sort_keys=True)
-        return hashlib.sha256(body.encode()).hexdigest()[:16]
+        return hashed({"v": CONFIG_VERSION, "image": image_id, "os": self.os.name,
+                       "sudo": self.sudo, "hardware": self.profile})
 
     def metadata(self) -> dict[str, Any]:
         """What tests read from ``.testbed/hosts/<host>/host.json``."""
         return {"name": self.name, "os": self.os.name, "codename": self.os.codename,
                 "ssh_user": self.ssh_user, "sudo": self.sudo}
+
+
+def hashed(what: dict[str, Any]) -> str:
+    """A short hash of a container's make-up (its config label)."""
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def parse_os(spec: str) -> tuple[str, HostOS]:

@@ -140,3 +140,36 @@ class HostSlot:
     @property
     def docker_volume(self) -> str:
         return f"rigfleet{_SFX}-{self.name}-docker"
+
+
+# The port HAProxy listens on inside a balancer container (host data balancer_port's default).
+BALANCER_PORT = 8080
+
+
+@dataclass(frozen=True)
+class BalancerSlot:
+    """Where balancer number ``index`` lives (``testbed up --balancer``): a plain Debian host
+    (systemd, sshd, no GPU hardware) in the inventory group ``balancers``."""
+
+    index: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"lb{self.index}"
+
+    @property
+    def container(self) -> str:
+        return f"rigfleet{_SFX}-{self.name}"
+
+    @property
+    def ip(self) -> str:
+        return f"{_NET}.{60 + self.index}"
+
+    @property
+    def ssh_port(self) -> int:
+        return 2269 + _PORTS + self.index
+
+    @property
+    def port(self) -> int:
+        """HAProxy's port published on 127.0.0.1 for the control side."""
+        return 18049 + _PORTS + self.index

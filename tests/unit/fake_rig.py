@@ -173,6 +173,8 @@ class FakeRig:
     run_installer: bool = False  # a driver from NVIDIA's .run installer (nvidia-uninstall)
     stdin_seen: list[str] = field(default_factory=list)  # what commands got on stdin
     uploads: list[str] = field(default_factory=list)  # paths written by an upload (put_file)
+    # What `haproxy -c` says of a config (None: valid), as HAProxy's own message.
+    haproxy_refuses: str | None = None
 
     # --- uploads ------------------------------------------------------------------------
 
@@ -450,6 +452,25 @@ class FakeRig:
     # --- actions ---------------------------------------------------------------------------
 
     def _actions(self, cmd: str) -> tuple[bool, list[str]] | None:
+        m = re.match(r"haproxy -c -q -f (\S+) \|\| \{ rf_rc=\$\?; rm -f (\S+);", cmd)
+        if m:  # roles.ops.checked_file: the staged copy checked, removed when refused
+            if self.haproxy_refuses is None:
+                return True, []
+            self.files.pop(m.group(2), None)
+            return False, [self.haproxy_refuses]
+        m = re.match(r"mv -f (\S+) (\S+)$", cmd)
+        if m and m.group(1) in self.files:
+            self.files[m.group(2)] = self.files.pop(m.group(1))
+            self.modes[m.group(2)] = self.modes.pop(m.group(1), "0644")
+            return True, []
+        m = re.match(r"chown root:root (\S+) && chmod (\d+) (\S+)$", cmd)
+        if m:
+            self.modes[m.group(1)] = _mode(m.group(2))
+            return True, []
+        m = re.match(r"systemctl reload-or-restart (\S+)$", cmd)
+        if m:
+            self.active.add(f"{m.group(1)}.service")
+            return True, []
         if cmd.startswith("printf '%s\\n' ") and cmd.endswith(">&2; exit 1"):
             return False, []
         m = re.search(r"^systemd-run --unit rigfleet-swap-\S+ .* swap --plan (\S+)$", cmd)

@@ -106,9 +106,13 @@ def test_endpoints_speak_tls_with_the_inventory_ca(front, certs):
 def render(tls: bool, tmp: Path) -> str:
     template = jinja2.Template(project_file("files/nginx-front.conf.j2").read_text(),
                                keep_trailing_newline=True)
+    from rigfleet.hostside.front import READY_PATH
+    from roles.front import NOT_READY_RETRY_S
+
     return template.render(front_port=8000, keys_file=str(tmp / "keys.conf"),
                            route_file=str(tmp / "route.conf"), tls=tls,
-                           cert_file=str(tmp / "front.crt"), key_file=str(tmp / "front.key"))
+                           cert_file=str(tmp / "front.crt"), key_file=str(tmp / "front.key"),
+                           ready_path=READY_PATH, not_ready_retry_s=NOT_READY_RETRY_S)
 
 
 def test_the_front_listens_tls_except_on_loopback(tmp_path):

@@ -164,13 +164,15 @@ def deploy(rig: FakeRig, data: dict, execute: bool = True, fn=deploy_py,
 
 
 def deploy_many(hosts: dict[str, tuple[FakeRig, dict]], execute: bool = True, fn=deploy_py,
-                yes: bool = False) -> dict[str, Run]:
-    """One run over several fake hosts (name -> (rig, data)), as pyinfra runs a fleet."""
+                yes: bool = False, groups: dict[str, list[str]] | None = None) -> dict[str, Run]:
+    """One run over several fake hosts (name -> (rig, data)), as pyinfra runs a fleet;
+    ``groups``: inventory groups (name -> host names), e.g. ``{"balancers": ["lb1"]}``."""
     # pyinfra copies host data values, so each rig travels as a key into RIGS.
     for rig, _ in hosts.values():
         RIGS[str(id(rig))] = rig
     inventory = Inventory(([(name, {**data, "fake_rig": str(id(rig))})
-                            for name, (rig, data) in hosts.items()], {}))
+                            for name, (rig, data) in hosts.items()], {}),
+                          **{g: (members, {}) for g, members in (groups or {}).items()})
     state = State(inventory, Config(), check_for_changes=not yes)
     connect_all(state)
     add_deploy(state, fn)

@@ -436,7 +436,8 @@ def test_add_parser_and_run_print_rows_and_return_the_exit_status(monkeypatch, c
     args = parser.parse_args(["status", "--inventory", "inv.py", "--json", "--timeout", "3"])
     assert (args.inventory, args.json, args.timeout, args.func) == (
         "inv.py", True, 3.0, status_cli.run)
-    monkeypatch.setattr("rigfleet.inventory.load_inventory", lambda path: ["h"])
+    monkeypatch.setattr("rigfleet.inventory.load_inventory",
+                        lambda path: [InventoryHost("h", ("gpu_hosts",), {})])
     monkeypatch.setattr(
         status_cli, "fleet_status", lambda hosts, timeout: [StatusRow("h", True, drift=["d"])]
     )

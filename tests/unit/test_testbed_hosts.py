@@ -85,3 +85,32 @@ def test_inventory_has_the_sudo_user_and_dockers_repository(tmp_path: Path) -> N
                       "key_fingerprint": docker_fpr}
     assert "download.docker.rigfleet.test" in layout.SERVICES_ALIASES
     assert values["canary"] == ["host1"]
+
+
+def test_inventory_with_a_balancer_puts_lb1_in_group_balancers(tmp_path: Path) -> None:
+    from rigfleet_testbed.layout import BalancerSlot
+
+    from rigfleet.inventory import host_kind
+
+    paths = fleet.Paths(root=tmp_path)
+    aptrepo.ensure_key(paths.gnupg)
+    docker_fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid)
+    specs = hostspec.host_specs(2)
+    lb = BalancerSlot(1)
+    text = fleet.inventory_text(specs, paths, docker_fpr, [lb])
+    tree = ast.parse(text)
+    groups = {t.targets[0].id: t.value for t in tree.body if isinstance(t, ast.Assign)
+              and isinstance(t.targets[0], ast.Name)}
+    lbs = dict(ast.literal_eval(groups["balancers"].elts[0]))
+    assert lbs["lb1"]["ssh_port"] == lb.ssh_port
+    assert lbs["lb1"]["balancer_url"] == f"http://127.0.0.1:{lb.port}"
+    hosts = dict(ast.literal_eval(groups["gpu_hosts"].elts[0]))
+    # The balancer reaches each front on the testbed network, by the host's name.
+    assert hosts["host2"]["balancer_front_address"] == "host2:8000"
+    assert host_kind(["balancers", "testbed"]).gpu is False
+    # Every slot's ports differ from the hosts' and the services'.
+    ports = {lb.ssh_port, lb.port} | {s.slot.ssh_port for s in specs} | {
+        s.slot.front_port for s in specs} | {layout.HUB_LOCAL_PORT, layout.APT_LOCAL_PORT,
+                                             layout.PYPI_LOCAL_PORT, layout.GIT_LOCAL_PORT}
+    assert len(ports) == 2 + 2 * len(specs) + 4
+    assert fleet.inventory_text(specs, paths, docker_fpr).count("balancers") == 0

@@ -1,0 +1,180 @@
+"""HAProxy on a balancer host: where its files are, its config rendered from a
+``BalancerPlan``, and its runtime stats read back (pure: the role and status do the I/O).
+
+    text = render_config(plan, HOST_PATHS)                 # /etc/haproxy/haproxy.cfg
+    keys_list("k3y...")                                    # the root-only key file's lines
+    servers = parse_stat_csv(out_of_show_stat)             # ``show stat`` on the socket
+    rotation(plan, servers)["int8"].up                     # ('host1', 'host2')
+
+Paths are spelled here only; ``HostPaths`` lets a test render a config that runs on this
+machine (``haproxy -c``, or a real HAProxy on loopback).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import jinja2
+
+from rigfleet.balancer.plan import STACK_PREFIX, BalancerPlan
+from rigfleet.hostside.front import READY_PATH, ROUTE_HEADER
+from rigfleet.resources import project_file
+
+TEMPLATE = "files/haproxy-balancer.cfg.j2"
+# As long as a front lets an answer stream (its proxy_read_timeout).
+STREAM_TIMEOUT_S = 3600
+MAXCONN = 512
+FALL, RISE = 2, 2
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Where the balancer's files are on its host (``HOST_PATHS``)."""
+
+    config: str = "/etc/haproxy/haproxy.cfg"
+    secret_dir: str = "/etc/haproxy/rigfleet"          # root 0700
+    ca_dir: str = "/etc/haproxy/rigfleet-ca"           # the TLS fronts' CAs (public)
+    socket: str = "/run/haproxy/rigfleet.sock"         # runtime API, root 0600
+
+    @property
+    def keys(self) -> str:
+        """Accepted ``Authorization`` values, one a line (root 0600)."""
+        return f"{self.secret_dir}/api-keys.lst"
+
+    @property
+    def pem(self) -> str:
+        """The balancer's certificate followed by its private key (root 0600)."""
+        return f"{self.secret_dir}/balancer.pem"
+
+    def ca_file(self, host: str) -> str:
+        return f"{self.ca_dir}/{host}.pem"
+
+    @property
+    def staged_config(self) -> str:
+        """Where a new config is checked (``haproxy -c``) before it is moved into place."""
+        return f"{self.config}.rigfleet-new"
+
+
+HOST_PATHS = HostPaths()
+
+
+def keys_list(key: str) -> str:
+    """The key file: the one ``Authorization`` value that is let in."""
+    return f"Bearer {key}\n"
+
+
+def check_timing(interval_s: float) -> dict[str, int]:
+    """Check timing (ms) for an interval: ``inter``, ``fastinter`` once a check failed,
+    ``check_timeout`` for an answer. A host leaves rotation at most about
+    ``interval + fastinter + timeout`` after its front stops answering ready."""
+    inter = int(round(interval_s * 1000))
+    return {"inter_ms": inter, "fastinter_ms": max(250, inter // 4),
+            "check_timeout_ms": max(500, min(inter, 3000))}
+
+
+def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
+    """``haproxy.cfg`` for ``plan`` (files/haproxy-balancer.cfg.j2)."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(project_file(TEMPLATE).parent)),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             autoescape=False)
+    s = plan.settings
+    default = plan.pool(plan.default_stack).backend if plan.default_stack else None
+    return env.get_template(TEMPLATE.rsplit("/", 1)[1]).render(
+        name=plan.name, scheme=s.scheme, port=s.port, tls=s.tls is not None, pem=paths.pem,
+        keys=paths.keys, socket=paths.socket, pools=plan.pools, prefix=STACK_PREFIX,
+        default_stack=plan.default_stack, default_backend=default,
+        ca_files={srv.id: paths.ca_file(srv.id) for p in plan.pools for srv in p.servers},
+        bufsize=s.retry_buffer_kib * 1024, maxconn=MAXCONN, stream_timeout_s=STREAM_TIMEOUT_S,
+        hard_stop_s=STREAM_TIMEOUT_S + 300, fall=FALL, rise=RISE,
+        ready_path=READY_PATH, route_header=ROUTE_HEADER,
+        **check_timing(s.check_interval_s),
+    )
+
+
+# -- runtime stats ---------------------------------------------------------------------------
+
+# ``show stat`` over the socket, on the balancer host (root: the socket is 0600).
+def show_stat_command(paths: HostPaths = HOST_PATHS) -> str:
+    """The shell command that prints ``show stat`` (CSV) from the runtime API."""
+    return f"printf 'show stat\\n' | socat -t 5 - UNIX-CONNECT:{paths.socket}"
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """One server line of ``show stat``: a GPU host in a stack's backend."""
+
+    backend: str
+    host: str              # the server's name (``Server.id``)
+    status: str            # UP, DOWN, UP 1/2 (failing), DOWN 1/2 (recovering), MAINT, DRAIN
+    check: str = ""        # last check: L7OK, L7STS, L4CON, ...
+    check_code: str = ""   # HTTP status of the last check
+    current: int = 0       # requests on it now
+    total: int = 0         # requests sent to it since start
+
+    @property
+    def in_rotation(self) -> bool:
+        """Gets new requests: UP (also "UP 1/2": failing, not out yet)."""
+        return self.status.startswith("UP")
+
+
+def parse_stat_csv(text: str) -> list[ServerState]:
+    """The server rows of ``show stat`` CSV (frontends, backends' totals left out)."""
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].startswith("# "):
+        raise ValueError(f"not HAProxy 'show stat' output: {text.strip()[:120]!r}")
+    reader = csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]])))
+    out = []
+    for row in reader:
+        if row.get("svname") in ("FRONTEND", "BACKEND", None) or row.get("type") not in ("2",):
+            continue
+        out.append(ServerState(
+            backend=row.get("pxname", ""), host=row.get("svname", ""),
+            status=row.get("status", ""), check=row.get("check_status", ""),
+            check_code=row.get("check_code", ""), current=_int(row.get("scur")),
+            total=_int(row.get("stot"))))
+    return out
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class StackRotation:
+    """Which of a stack's hosts get new requests (``up``) and which do not, and why."""
+
+    stack: str
+    up: tuple[str, ...]
+    out: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host, why)
+
+    @property
+    def total(self) -> int:
+        return len(self.up) + len(self.out)
+
+
+def rotation(plan: BalancerPlan, servers: Sequence[ServerState]) -> dict[str, StackRotation]:
+    """Per stack of ``plan``: its hosts in rotation and out (a host the running HAProxy does
+    not know yet, its config not reloaded, is out: "not in the running config")."""
+    by_backend: Mapping[tuple[str, str], ServerState] = {(s.backend, s.host): s
+                                                          for s in servers}
+    result = {}
+    for pool in plan.pools:
+        up, out = [], []
+        for srv in pool.servers:
+            state = by_backend.get((pool.backend, srv.id))
+            if state is None:
+                out.append((srv.host, "not in the running config"))
+            elif state.in_rotation:
+                up.append(srv.host)
+            else:
+                why = state.status + (f" ({state.check}" + (f" {state.check_code}"
+                                      if state.check_code else "") + ")" if state.check else "")
+                out.append((srv.host, why))
+        result[pool.stack] = StackRotation(pool.stack, tuple(up), tuple(out))
+    return result

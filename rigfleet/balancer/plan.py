@@ -1,0 +1,218 @@
+"""What a balancer makes of the inventory: one pool per stack, each holding the GPU hosts
+whose desired stack it is (pure; the role renders it, status and endpoints read it).
+
+A request is never sent to a host serving another stack: a host is only in the pool of the
+stack its inventory data names, and its health check also expects the front's readiness
+answer to name that stack (``X-Rigfleet-Route: <stack>/...``), so a host that swapped to
+another stack before the balancer's config followed is out of rotation, not misrouted::
+
+    plan = plan_balancer("lb1", balancer_settings, [GpuHost("host1", settings, "10.0.0.11")])
+    [p.stack for p in plan.pools]          # ['int8']
+    plan.default_stack                      # 'int8': the only stack, so /v1/... goes there
+    plan.pools[0].servers[0].address        # 'host1.lan:8000'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rigfleet.errors import RigfleetError
+from rigfleet.hostdata import (
+    BalancerSettings,
+    HostDataError,
+    HostSettings,
+    validate_balancer,
+    validate_host,
+)
+from rigfleet.inventory import host_kind
+
+# Clients ask a stack by path: /stacks/<stack>/v1/chat/completions (the prefix is removed
+# before the request reaches the host's front).
+STACK_PREFIX = "/stacks/"
+# What HAProxy takes in a server's name (and the balancer in a file name).
+_NOT_ID = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class BalancerError(RigfleetError, ValueError):
+    """The balancer cannot be built from this inventory; the message names host, key, value
+    and what is allowed."""
+
+
+@dataclass(frozen=True)
+class GpuHost:
+    """What the balancer needs of one GPU host: its validated data and its SSH address."""
+
+    name: str
+    settings: HostSettings
+    ssh_hostname: str | None = None
+
+
+@dataclass(frozen=True)
+class Server:
+    """One GPU host's front as a server of a stack's pool.
+
+    + id: the server's name in HAProxy (the inventory name, characters it refuses as ``_``)
+    + address: ``host:port`` HAProxy connects to
+    + verify_name: the name the front's certificate must carry (TLS fronts), else None
+    + ca_file: the control-side CA the front is verified against (TLS fronts), else None
+    """
+
+    host: str
+    id: str
+    address: str
+    verify_name: str | None = None
+    ca_file: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.ca_file is not None
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The hosts whose desired stack is ``stack`` (an HAProxy backend ``stack_<stack>``)."""
+
+    stack: str
+    served_model_name: str
+    servers: tuple[Server, ...]
+
+    @property
+    def backend(self) -> str:
+        return backend_name(self.stack)
+
+    @property
+    def prefix(self) -> str:
+        """``/stacks/<stack>``: what clients put before ``/v1/...`` to ask this stack."""
+        return f"{STACK_PREFIX}{self.stack}"
+
+
+@dataclass(frozen=True)
+class BalancerPlan:
+    """One balancer: its settings, one pool per stack (sorted), the stack of ``/v1/...``."""
+
+    name: str
+    settings: BalancerSettings
+    pools: tuple[Pool, ...]
+    default_stack: str | None
+    gpu_host: bool = False  # the balancer serves too: its maintenance takes the endpoint down
+    hosts: tuple[GpuHost, ...] = ()  # the GPU hosts the pools are made of
+
+    def pool(self, stack: str) -> Pool:
+        return next(p for p in self.pools if p.stack == stack)
+
+
+def backend_name(stack: str) -> str:
+    """HAProxy's backend of a stack (catalog names are ``[a-z0-9-]``, valid there as is)."""
+    return f"stack_{stack}"
+
+
+def server_id(host: str) -> str:
+    """``rig-a`` -> ``rig-a``; ``@fake/rig1`` -> ``_fake_rig1`` (HAProxy's server names)."""
+    return _NOT_ID.sub("_", host)
+
+
+def split_address(address: str) -> tuple[str, int | None]:
+    """``rig-a.lan:8000`` -> (``rig-a.lan``, 8000); ``[fd00::1]`` -> (``fd00::1``, None)."""
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else None
+    host, sep, port = address.partition(":")
+    return host, int(port) if sep else None
+
+
+def front_target(host: GpuHost) -> tuple[str, str]:
+    """(``host:port`` HAProxy connects to, the name in the front's certificate): host data
+    ``balancer_front_address`` (its port defaults to ``front_port``), else the SSH address
+    (``ssh_hostname``, else the inventory name) and ``front_port``."""
+    given = host.settings.balancer_front_address
+    name, port = split_address(given) if given else (host.ssh_hostname or host.name, None)
+    port = port or host.settings.front_port
+    shown = f"[{name}]" if ":" in name else name
+    return f"{shown}:{port}", name
+
+
+def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost],
+                  gpu_host: bool = False) -> BalancerPlan:
+    """The balancer ``name`` for the GPU hosts ``hosts`` (inventory order kept per pool).
+
+    The stack of unprefixed ``/v1/...``: ``balancer_default_stack`` when set (it must be some
+    host's stack), else the only stack when all hosts share one, else none (clients must use
+    ``/stacks/<stack>/v1/...``). Raises ``BalancerError`` when there is no GPU host or when
+    two hosts would be the same server.
+    """
+    if not hosts:
+        raise BalancerError(f"{name}: balancers: the inventory has no GPU host to balance; "
+                            "allowed: a balancer beside at least one GPU host (every host "
+                            "not only in group balancers, or in group gpu_hosts)")
+    by_stack: dict[str, list[Server]] = {}
+    served: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    ids: dict[str, str] = {}
+    for h in hosts:
+        address, verify = front_target(h)
+        sid = server_id(h.name)
+        if sid in ids:
+            raise BalancerError(
+                f"{name}: balancers: GPU hosts {ids[sid]!r} and {h.name!r} both become server "
+                f"{sid!r} in HAProxy; allowed: inventory names that differ in letters, digits "
+                "or ._-")
+        ids[sid] = h.name
+        if address in seen:
+            raise BalancerError(
+                f"{name}: balancer_front_address: {h.name} and {seen[address]} are both "
+                f"reached at {address!r}; allowed: one front per address (set "
+                "balancer_front_address in each host's data)")
+        seen[address] = h.name
+        tls = h.settings.front_tls
+        by_stack.setdefault(h.settings.stack, []).append(Server(
+            h.name, sid, address, verify if tls else None, tls.ca_file if tls else None))
+        served[h.settings.stack] = h.settings.spec.served_model_name
+    pools = tuple(Pool(stack, served[stack], tuple(servers))
+                  for stack, servers in sorted(by_stack.items()))
+    default = settings.default_stack
+    if default is not None and default not in by_stack:
+        raise BalancerError(
+            f"{name}: balancer_default_stack: {default!r} is no GPU host's stack; allowed: "
+            f"{', '.join(sorted(by_stack))} (or unset: /v1/... then goes to the only stack)")
+    if default is None and len(pools) == 1:
+        default = pools[0].stack
+    return BalancerPlan(name, settings, pools, default, gpu_host, tuple(hosts))
+
+
+class InventoryEntry(Protocol):
+    """A host as both inventories give it: pyinfra's ``Host`` (the deploy) and
+    ``rigfleet.inventory.InventoryHost`` (status, endpoints)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def groups(self) -> Sequence[str]: ...
+
+    @property
+    def data(self) -> Any: ...
+
+
+def fleet_plan(balancer: InventoryEntry, inventory: Iterable[InventoryEntry]) -> BalancerPlan:
+    """The plan of ``balancer`` (a host of group ``balancers``) from every GPU host of the
+    inventory, all of them validated (``--limit`` does not change the pools). Raises
+    ``HostDataError`` for the balancer's own data, ``BalancerError`` naming a GPU host whose
+    data does not validate."""
+    name = balancer.name
+    gpu_host = host_kind(balancer.groups).gpu
+    settings = validate_balancer(name, balancer.data, gpu_host=gpu_host)
+    hosts = []
+    for other in inventory:
+        if not host_kind(other.groups).gpu:
+            continue
+        try:
+            checked = validate_host(other.name, other.data)
+        except HostDataError as e:
+            raise BalancerError(
+                f"{name}: balancers: GPU host {other.name}'s data does not validate, so the "
+                f"balancer cannot be built; allowed: fix it first ({e.problems[0]})") from None
+        hosts.append(GpuHost(other.name, checked, other.data.get("ssh_hostname")))
+    return plan_balancer(name, settings, hosts, gpu_host)

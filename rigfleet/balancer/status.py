@@ -1,0 +1,70 @@
+"""Which GPU hosts each balancer has in rotation, per stack: ``rigfleet status`` and
+``rigfleet endpoints`` show it.
+
+Read from HAProxy's runtime API on the balancer (``show stat`` on its root-only socket, over
+``rigfleet.ssh``), matched against the plan the inventory makes (``fleet_plan``)::
+
+    rows = balancer_rows(lb, hosts, SshRemote())
+    [(r.stack, r.up) for r in rows]        # [('int8', ['host1', 'host2'])]
+    balancer_url(plan, lb)                 # 'http://127.0.0.1:18450'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rigfleet.balancer.haproxy import parse_stat_csv, rotation, show_stat_command
+from rigfleet.balancer.plan import BalancerPlan, fleet_plan
+from rigfleet.errors import RigfleetError
+from rigfleet.inventory import InventoryHost
+from rigfleet.ssh import HostUnreachable, Remote
+
+
+@dataclass
+class BalancerRow:
+    """One stack on one balancer (``--json`` prints these as objects)."""
+
+    balancer: str
+    url: str
+    stack: str | None
+    up: list[str] = field(default_factory=list)
+    out: list[tuple[str, str]] = field(default_factory=list)  # (host, why)
+    reachable: bool = True
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Reachable, and at least one host of the stack in rotation."""
+        return self.reachable and self.error is None and bool(self.up)
+
+
+def balancer_url(plan: BalancerPlan, host: InventoryHost) -> str:
+    """How clients reach the balancer: ``balancer_url``, else ``<scheme>://<ssh address>:
+    <balancer_port>``."""
+    s = plan.settings
+    return (s.url or f"{s.scheme}://{host.ssh_target[0]}:{s.port}").rstrip("/")
+
+
+def balancer_rows(lb: InventoryHost, hosts: Sequence[InventoryHost], remote: Remote,
+                  timeout: float = 20.0) -> list[BalancerRow]:
+    """One row per stack of ``lb``'s plan; never raises (a problem is the row's ``error``)."""
+    try:
+        plan = fleet_plan(lb, hosts)
+    except RigfleetError as e:
+        return [BalancerRow(lb.name, "-", None, reachable=False,
+                            error=f"inventory: {str(e).splitlines()[0]}")]
+    url = balancer_url(plan, lb)
+    try:
+        rc, out = remote.run(lb, show_stat_command(), timeout=timeout)
+        if rc != 0:
+            raise ValueError(f"show stat exited {rc}: {out.strip()[-200:]}")
+        servers = parse_stat_csv(out)
+    except HostUnreachable as e:
+        return [BalancerRow(lb.name, url, p.stack, reachable=False, error=str(e))
+                for p in plan.pools]
+    except ValueError as e:
+        return [BalancerRow(lb.name, url, p.stack, error=f"HAProxy's runtime API: {e}")
+                for p in plan.pools]
+    return [BalancerRow(lb.name, url, stack, list(r.up), list(r.out))
+            for stack, r in rotation(plan, servers).items()]

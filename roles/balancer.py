@@ -1,0 +1,76 @@
+"""The balancer: HAProxy from the distribution's packages, one fleet endpoint in front of the
+GPU hosts' fronts, on the hosts of inventory group ``balancers`` (docs/balancer.md).
+
+- One backend per stack holding the GPU hosts whose inventory stack it is
+  (``rigfleet.balancer.plan``); clients ask a stack as ``/stacks/<stack>/v1/...`` (plain
+  ``/v1/...`` goes to the default stack). A host is in rotation while its front's readiness
+  path (``/rigfleet/ready``) answers 200 for that stack: the host is the source of truth,
+  no control-side call takes it out.
+- The key: ``/etc/haproxy/rigfleet/api-keys.lst`` (root 0600, written by ``secret_file``),
+  read by HAProxy at start as root; the config only names the file. TLS (host data
+  ``balancer_tls_cert_file`` + ``balancer_tls_key_file``): certificate and key in one
+  root-only PEM. The CAs of TLS fronts go to ``/etc/haproxy/rigfleet-ca/<host>.pem``.
+- The config is checked (``haproxy -c``) as a staged copy and moved into place only when it
+  passes (``checked_file``); then HAProxy reloads gracefully (new workers take new
+  connections, old ones finish their streams). Nothing changes on a second run.
+
+Example::
+
+    balancer(ctx)          # ctx: roles.preflight.BalancerContext
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, systemd
+
+from rigfleet.balancer.haproxy import HOST_PATHS, keys_list, render_config
+from roles.ops import Secret, apt_packages, checked_file, on_change, secret_file
+from roles.preflight import BalancerContext
+
+# socat: rigfleet status reads the runtime API with it. The package's tmpfiles.d entry makes
+# the socket's directory, /run/haproxy, at install and at every boot.
+PACKAGES = ["haproxy", "socat"]
+
+
+@deploy("Balancer (HAProxy)")
+def balancer(ctx: BalancerContext) -> None:
+    """Install HAProxy, put the key (and certificate), install a checked config, reload
+    gracefully only when something changed."""
+    paths = HOST_PATHS
+    plan = ctx.plan
+    apt_packages(name="Install HAProxy (and socat for its runtime API)", packages=PACKAGES)
+    files.directory(name=f"Directory {paths.secret_dir} (root-only)", path=paths.secret_dir,
+                    user="root", group="root", mode="0700")
+    gates = [secret_file(name=f"API key list {paths.keys} (root-only)", dest=paths.keys,
+                         content=Secret(keys_list(ctx.api_key.reveal())))]
+    tls = ctx.settings.tls
+    if tls is not None and ctx.tls_key is not None:
+        cert = Path(tls.cert_file).read_text(encoding="utf-8")
+        gates.append(secret_file(name=f"Balancer certificate and key {paths.pem} (root-only)",
+                                 dest=paths.pem,
+                                 content=Secret(cert.rstrip("\n") + "\n"
+                                                + ctx.tls_key.reveal())))
+    tls_servers = [s for p in plan.pools for s in p.servers if s.ca_file]
+    if tls_servers:
+        files.directory(name=f"Directory {paths.ca_dir} (the TLS fronts' CAs)",
+                        path=paths.ca_dir, user="root", group="root", mode="0755")
+        for server in host.loop(tls_servers):
+            assert server.ca_file is not None
+            gates.append(files.put(name=f"CA of {server.host}'s front", src=server.ca_file,
+                                   dest=paths.ca_file(server.id), user="root", group="root",
+                                   mode="0644"))
+    stacks = ", ".join(f"{p.stack}: {len(p.servers)} host(s)" for p in plan.pools)
+    conf = checked_file(
+        name=f"HAProxy config {paths.config} ({stacks}; checked with haproxy -c first)",
+        dest=paths.config, content=render_config(plan, paths),
+        check="haproxy -c -q -f {path}", staged=paths.staged_config,
+    )
+    systemd.service(name="HAProxy enabled and running", service="haproxy", running=True,
+                    enabled=True)
+    on_change(name="Reload HAProxy gracefully (config, key or certificate changed)",
+              commands=["systemctl reload-or-restart haproxy"], gates=[conf, *gates],
+              reason="balancer unchanged")

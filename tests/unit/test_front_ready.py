@@ -1,0 +1,159 @@
+"""The front's readiness path (``/rigfleet/ready``), run by a real nginx on loopback with the
+role's template and the host tool's own route files, in front of a stand-in engine.
+
+200 with the route header while the route serves and the engine's /health is 200; the
+maintenance route's 503 + Retry-After during a window; 503 when the engine answers an error
+or is gone; never the key, never model data. Skipped when ``nginx`` is not installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import jinja2
+import pytest
+from balancer_helpers import free_port
+
+from rigfleet.hostside.front import (
+    READY_PATH,
+    ROUTE_HEADER,
+    render_maintenance,
+    render_serving,
+)
+from rigfleet.hostside.plan import StackRef
+from rigfleet.resources import project_file
+from roles.front import NOT_READY_RETRY_S, keys_conf
+
+pytestmark = pytest.mark.skipif(not shutil.which("nginx"), reason="nginx is not installed here")
+KEY = "k3y-" + "r" * 40
+
+
+class Engine:
+    """``/health`` as vLLM answers it (200, or 503 when its engine is dead), ``/v1/models``."""
+
+    def __init__(self) -> None:
+        self.health = 200
+        self.paths: list[str] = []
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                engine.paths.append(self.path)
+                code, body = ((engine.health, b"") if self.path == "/health"
+                              else (200, b'{"data": [{"id": "qwen3.6-27b-autoround"}]}'))
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.port = free_port()
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Nginx:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.port = tmp, free_port()
+        (tmp / "keys.conf").write_text(keys_conf(KEY))
+        self.route("maintenance")
+        template = jinja2.Template(project_file("files/nginx-front.conf.j2").read_text())
+        (tmp / "front.conf").write_text(template.render(
+            front_port=self.port, keys_file=str(tmp / "keys.conf"),
+            route_file=str(tmp / "route.conf"), tls=False, ready_path=READY_PATH,
+            not_ready_retry_s=NOT_READY_RETRY_S))
+        temps = " ".join(f"{k}_temp_path {tmp}/tmp;"
+                         for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        (tmp / "nginx.conf").write_text(
+            f"pid {tmp}/nginx.pid; error_log {tmp}/error.log; daemon off;\nevents {{}}\n"
+            f"http {{ access_log off; {temps} include {tmp}/front.conf; }}\n")
+        self.proc = subprocess.Popen(["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
+                                     stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while self.get(READY_PATH)[0] == 0:
+            assert time.monotonic() < deadline and self.proc.poll() is None, \
+                self.proc.stderr.read().decode() if self.proc.stderr else ""
+            time.sleep(0.05)
+
+    def route(self, what: str, engine: Engine | None = None) -> None:
+        text = (render_maintenance("swap int8 -> tq3-mtp-genesis", 45) if what == "maintenance"
+                else render_serving(StackRef("int8", "rigfleet-int8", "rigfleet-int8",
+                                             engine.port if engine else 9, "/x", "abc123",
+                                             "img", "qwen3.6-27b-autoround", 0.9)))
+        (self.tmp / "route.conf").write_text(text)
+
+    def reload(self) -> None:
+        subprocess.run(["nginx", "-c", str(self.tmp / "nginx.conf"), "-p", str(self.tmp),
+                        "-s", "reload"], check=True, capture_output=True)
+        time.sleep(0.5)
+
+    def get(self, path: str, key: str | None = None) -> tuple[int, dict[str, str], bytes]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return resp.status, dict(resp.headers.items()), resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers.items()), e.read()
+        except OSError:
+            return 0, {}, b""
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def front(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    engine = Engine()
+    nginx = Nginx(tmp_path)
+    yield nginx, engine
+    nginx.close()
+    engine.close()
+
+
+def test_ready_follows_the_route_and_the_engine_without_the_key(front):
+    nginx, engine = front
+    code, headers, body = nginx.get(READY_PATH)
+    assert code == 503 and headers["Retry-After"] == "45"        # the maintenance route
+    assert headers[ROUTE_HEADER] == "maintenance" and b"qwen" not in body
+
+    nginx.route("serving", engine)
+    nginx.reload()
+    code, headers, body = nginx.get(READY_PATH)
+    assert (code, headers[ROUTE_HEADER], body) == (200, "int8/abc123", b"")
+    assert engine.paths[-1] == "/health"                          # asked, not the client path
+    assert headers["Cache-Control"] == "no-store"
+
+    engine.health = 503                                           # the engine is dead
+    code, headers, body = nginx.get(READY_PATH)
+    assert code == 503 and headers["Retry-After"] == str(NOT_READY_RETRY_S)
+    assert ROUTE_HEADER not in headers and b"does not answer healthy" in body
+
+    engine.close()                                                # the container is gone
+    code, headers, _ = nginx.get(READY_PATH)
+    assert code == 503 and ROUTE_HEADER not in headers
+
+
+def test_everything_else_still_needs_the_key(front):
+    nginx, engine = front
+    nginx.route("serving", engine)
+    nginx.reload()
+    assert nginx.get("/v1/models")[0] == 401
+    assert nginx.get("/health")[0] == 401                         # only the ready path is open
+    code, _, body = nginx.get("/v1/models", KEY)
+    assert code == 200 and b"qwen" in body
