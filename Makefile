@@ -32,11 +32,11 @@ demo: testbed-up
 test: setup testbed-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -n 2
 	RIGFLEET_TESTBED_HOSTS=$(HOSTS) $(BIN)/python -m pytest tests/e2e -v --durations=20
 
 test-unit: setup
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -n 2
 
 lint: setup
 	$(BIN)/ruff check .

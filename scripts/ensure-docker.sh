@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Make sure a Docker engine answers on this machine, installing and starting one if needed.
-# CI machines have no systemd as PID 1, so dockerd is started by hand there (TESTBED-FACTS.md).
+# Make sure a Docker engine answers on this machine, installing and starting one if needed,
+# and that the tools the unit tests run for real are here (HAProxy's and nginx's own config
+# checks and live runs on loopback). CI machines have no systemd as PID 1, so dockerd is
+# started by hand there (TESTBED-FACTS.md).
 set -euo pipefail
 
 need_pkgs=()
@@ -11,10 +13,20 @@ command -v apt-ftparchive >/dev/null || need_pkgs+=(apt-utils)
 command -v dpkg-deb >/dev/null || need_pkgs+=(dpkg-dev)
 command -v git >/dev/null || need_pkgs+=(git)
 command -v ssh-keygen >/dev/null || need_pkgs+=(openssh-client)
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need_pkgs+=(haproxy)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_pkgs+=(nginx-light)
 if ((${#need_pkgs[@]})); then
   echo "installing: ${need_pkgs[*]}"
+  # The tests start their own HAProxy and nginx on loopback: keep the packages' services from
+  # starting (policy-rc.d, removed again afterwards when it was ours).
+  own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_pkgs[@]}"
+  if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 docker_ok() { timeout 10 docker info >/dev/null 2>&1; }

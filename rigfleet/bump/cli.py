@@ -89,7 +89,7 @@ from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
 from rigfleet.hostdata import HostSettings, validate_host
-from rigfleet.inventory import InventoryHost, load_inventory
+from rigfleet.inventory import InventoryHost, gpu_hosts, load_inventory
 from rigfleet.pins import (
     Pins,
     PinsError,
@@ -192,9 +192,9 @@ class Inputs:
 def load_fleet(inventory: str, deploy: str) -> tuple[list[InventoryHost], list[PlanHost],
                                                    str, HostSettings]:
     """Inventory hosts, their plan view, the one pins file they share, the first's settings."""
-    hosts = load_inventory(inventory)
+    hosts = gpu_hosts(load_inventory(inventory))  # a balancer-only host serves no stack
     if not hosts:
-        raise BumpError(f"{inventory}: no hosts")
+        raise BumpError(f"{inventory}: no GPU hosts")
     plan_hosts: list[PlanHost] = []
     paths: dict[str, list[str]] = {}
     first = None
