@@ -37,11 +37,24 @@ def render_json(rows: Sequence[StatusRow]) -> str:
     )
 
 
+def tok_s(throughput: dict | None) -> Text:
+    """``89/119`` (narrative/code decode tok/s of the last gate), red when its throughput
+    check failed; ``-`` without a record."""
+    if not throughput:
+        return Text("-")
+
+    def one(v: object) -> str:
+        return f"{v:.0f}" if isinstance(v, int | float) else "-"
+
+    text = f"{one(throughput.get('narrative'))}/{one(throughput.get('code'))}"
+    return Text(text, style="red" if throughput.get("result") == "fail" else "")
+
+
 def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> Table:
     """One line per host: stack (or why it cannot be read), pins (image digest / Genesis /
-    model revision, short), last gate, how much drift; the drift lines and errors follow as
-    notes."""
-    table = Table(title, ["host", "stack", "image/genesis/model", "gate", "drift"],
+    model revision, short), last gate, the last gate's decode tok/s (narrative/code), how
+    much drift; the drift lines and errors follow as notes."""
+    table = Table(title, ["host", "stack", "image/genesis/model", "gate", "tok/s", "drift"],
                   keys=("host", "stack"))
     for r in rows:
         if not r.reachable:
@@ -57,5 +70,5 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> T
                 table.note(r.host, Text(line, style="yellow"))
         pins = "/".join((_hex(r.digest, 7), _hex(r.genesis, 7), _hex(r.model_revision, 7)))
         gate = "-" if r.gate is None else f"{r.gate} {_when(r.gate_time)}".strip()
-        table.row(r.host, stack, pins if r.reachable else "-", gate, drift)
+        table.row(r.host, stack, pins if r.reachable else "-", gate, tok_s(r.throughput), drift)
     return table

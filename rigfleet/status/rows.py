@@ -17,10 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.errors import RigfleetError
 from rigfleet.hostprobe import HostProbe, run_probe
+from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.inventory import InventoryHost
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
 from rigfleet.status.drift import find_drift
@@ -43,6 +45,9 @@ class StatusRow:
     drift: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
+    # The last gate's throughput (rigfleet.hostside.records.ThroughputRecord): decode tok/s
+    # per shape, the check's result, when, and the scale it was measured under.
+    throughput: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -74,6 +79,7 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
     digest = want.current.pins.digest if want.current.pins.digest in digests else (
         digests[0] if digests else None)
     result, when = gate_summary(probe)
+    last = probe.throughput_last
     return StatusRow(
         host=want.name,
         reachable=True,
@@ -85,7 +91,15 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
         gate_time=when,
         drift=find_drift(want, probe),
         seconds=round(seconds, 2),
+        throughput=throughput_summary(last) if last else None,
     )
+
+
+def throughput_summary(record: ThroughputRecord) -> dict[str, Any]:
+    """The status row's view of the last gate's throughput record."""
+    return {"stack": record.stack, "narrative": record.decode("narrative"),
+            "code": record.decode("code"), "result": record.result, "at": record.at,
+            "scale": record.scale}
 
 
 def host_status(host: InventoryHost, timeout: float = 20.0, pins_base: Path | None = None,
