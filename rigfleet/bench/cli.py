@@ -50,7 +50,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``rigfleet bench`` (``cli.py`` calls this)."""
     p = subparsers.add_parser(
         "bench", help="decode tok/s, CV, TTFT, MTP acceptance of an endpoint or every host",
-        description=__doc__.splitlines()[0])
+        description="Decode speed of any OpenAI-compatible endpoint, or of every host of an "
+                    "inventory, beside the fleet median, the stack's reference and the host's "
+                    "history (docs/bench.md).")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="any OpenAI-compatible endpoint, e.g. http://rig-a:8000")
     where.add_argument("--inventory", help="bench every host's front (pyinfra inventory)")
@@ -118,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         except InventoryError as e:
             return _usage(str(e))
         names = [h.name for h in hosts]
+        if not names:
+            return _usage(f"{args.inventory}: no hosts")
         wanted = [*args.limit, *([args.accept_baseline] if args.accept_baseline else [])]
         unknown = [n for n in wanted if n not in names]
         if unknown:

@@ -107,7 +107,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``rigfleet doctor`` (``cli.py`` calls this)."""
     p = subparsers.add_parser(
         "doctor", help="why a host decodes slower than its baseline or the fleet: causes "
-                       "ranked, with evidence and fixes", description=__doc__.splitlines()[0])
+                       "ranked, with evidence and fixes",
+        description="Why a host decodes slower than its baseline or the fleet's median: the "
+                    "known causes ranked by likely impact, each with the evidence read from the "
+                    "host under a short load and what to change.")
     p.add_argument("--inventory", default="inventory/home.py", help="pyinfra inventory file")
     p.add_argument("--limit", action="append", default=[], metavar="HOST",
                    help="only this host (repeatable)")
@@ -178,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[red]error:[/red] {e}")
         return EXIT_ERROR
     names = [h.name for h in hosts]
+    if not names:
+        err.print(f"[red]error:[/red] {args.inventory}: no hosts")
+        return EXIT_ERROR
     unknown = [n for n in args.limit if n not in names]
     if unknown:
         err.print(f"[red]error:[/red] {args.inventory}: no host {', '.join(unknown)}; "

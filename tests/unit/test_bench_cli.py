@@ -159,3 +159,48 @@ def test_plot_draws_or_says_what_to_install(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     path, problem = plot_mod.plot(entries, tmp_path / "b.png")
     assert problem is None and path is not None and path.read_bytes()[:4] == b"\x89PNG"
+
+
+class FakeRemote:
+    """The SSH layer's ``run``: answers the probe and the host's bench, records commands."""
+
+    def __init__(self, probe: dict, bench: dict | None = None, rc: int = 0):
+        self.probe, self.bench, self.rc = probe, bench, rc
+        self.commands: list[str] = []
+
+    def run(self, host, command, *, timeout=120, stdin=b""):
+        self.commands.append(command)
+        if " bench " in command:
+            return self.rc, "bench note: x\n" + json.dumps(self.bench or {}) + "\n"
+        return 0, json.dumps(self.probe) + "\n"
+
+
+def test_inventory_targets_read_the_serving_stack_and_history_through_the_probe(tmp_path):
+    from test_swap_plan import host_data
+
+    from rigfleet.bench.fleet import accept_baseline, inventory_targets
+    from rigfleet.desired import load_desired
+    from rigfleet.inventory import InventoryHost
+
+    rec = ThroughputRecord("int8", "2026-12-01T10:00:00Z",
+                           shapes={"narrative": ShapeFigures(5000.0)})
+    probe = {"schema": "rigfleet-probe/1", "state": {"stack": "int8"},
+             "throughput": {"last": None, "count": 1, "history": [rec.to_dict()]}}
+    data = host_data(tmp_path, front_url="http://rig-a.lan:8000", throughput_scale=40)
+    host = InventoryHost("rig-a", (), data)
+    remote = FakeRemote(probe, {"stack": "int8", "accepted": {"source": "accepted"}})
+    [t] = inventory_targets([host], remote)
+    assert (t.url, t.stack.name if t.stack else None, t.scale) == (
+        "http://rig-a.lan:8000", "int8", 40.0)
+    assert t.history == (rec,) and t.api_key == "k" * 32
+    base = t.baseline()
+    assert base is not None and base.figures["narrative"] == 5000.0  # history beats reference
+    assert "probe --full" in remote.commands[0]
+    got = accept_baseline(remote, host, load_desired("rig-a", data), runs=2, warmup=1, by="al")
+    assert got["accepted"]["source"] == "accepted"
+    assert "bench --accept-baseline --scale 40 --by al --runs 2 --warmup 1 --json --quiet" in (
+        remote.commands[-1])
+    with pytest.raises(RuntimeError, match="did not record a baseline"):
+        accept_baseline(FakeRemote(probe, {}, rc=1), host, load_desired("rig-a", data), 1, 0)
+    bad = inventory_targets([InventoryHost("rig-b", (), {**data, "stack": "nope"})], remote)
+    assert bad[0].error.startswith("rig-b: stack: 'nope'")

@@ -246,3 +246,44 @@ def test_examine_judge_and_render_a_small_fleet():
     assert "rig-b: 1. PCIe link at" in text and "ruled out: power cap" in text
     assert "rig-c: nothing verified" in text
     assert Diagnosis("x", error="e").to_dict()["error"] == "e"
+
+
+def test_the_probe_s_doctor_section_end_to_end(tmp_path, monkeypatch):
+    """``probe --full --doctor`` on a host: the active stack is loaded, nvidia-smi and docker
+    (stand-ins on PATH) are read; the control side then finds the cause."""
+    import json as _json
+    import stat
+
+    from test_bench_cli import activate
+
+    from rigfleet.hostside.layout import Layout
+    from rigfleet.hostside.probe import probe
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "smi.csv").write_text(", ".join(
+        row(0, draw=230.0, limit=230.0, reasons=("sw_power_cap",))) + "\n")
+    (tmp_path / "inspect.txt").write_text(
+        _json.dumps(["--model", "m"]) + "\t" + _json.dumps([COMPILE_MOUNT]) + "\n")
+    (tmp_path / "logs.txt").write_text("\n".join(
+        [BACKEND_FLASHINFER, CACHE_DIR, HIT, DOWNGRADE, CAPTURE_PIECEWISE]) + "\n")
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\ncat '{tmp_path}/smi.csv'\n")
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\ncase \"$1\" in\n"
+        f"  inspect) cat '{tmp_path}/inspect.txt' ;;\n"
+        f"  logs) cat '{tmp_path}/logs.txt' ;;\nesac\n")
+    for f in bin_dir.iterdir():
+        f.chmod(f.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    lay = Layout(tmp_path / "root")
+    with PacedServer(Pace(step_rate=1000.0, prefill_s=0.001)) as srv:
+        activate(lay, int(srv.url.rsplit(":", 1)[1]))
+        raw = probe(lay, full=True, doctor_load_s=0.5)
+    section = raw["doctor"]
+    assert section["stack"] == "single-fp8-mtp" and section["load"]["decode_mean"] > 0
+    assert section["engine"]["graph_mode"] == "PIECEWISE" and section["gpu"]["load"]
+    ev = parse_evidence("rig-1", section)
+    assert ev.cards[0].power_limit_w == 230.0 and "sw_power_cap" in ev.cards[0].reasons
+    causes = diagnose(ev, SINGLE_EXPECT)
+    assert [c.id for c in causes if c.kind == CAUSE] == ["power-cap", "cuda-graphs"]
+    assert by_id(causes)["compile-cache"].kind == RULED_OUT  # on a volume, loaded from it

@@ -161,7 +161,9 @@ def container_facts(container: str, run: Runner = run_cmd) -> dict[str, Any]:
 def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[str, Any]],
          interval_s: float = 1.0) -> dict[str, Any]:
     """Narrative requests for about ``seconds`` (at least one), with a GPU sample before and
-    every ``interval_s`` during the load."""
+    every ``interval_s`` during the load (more often for a short load: four samples at least
+    while it runs)."""
+    interval_s = min(interval_s, max(seconds / 4, 0.05))
     idle = sample()
     bench = Bench(client, BenchSettings(runs=1, warmup=0), model=model)
     results: list[ShapeResult] = []

@@ -65,7 +65,8 @@ def throughput(ctx: Context) -> CheckResult:
     results = {name: bench.shape(BY_NAME[name]) for name in ("narrative", "code")}
     measured = {name: r.figures() for name, r in results.items()}
     code = results["code"]
-    acceptance = code.acceptance.per_position if code.acceptance else None
+    # No per-position counters (an older vLLM): unknown, not "nothing accepted".
+    acceptance = (code.acceptance.per_position or None) if code.acceptance else None
     reference = {"narrative": p.throughput_reference_narrative,
                  "code": p.throughput_reference_code}
     history = (read_throughput_history(Path(p.throughput_history_dir)
