@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +37,11 @@ from rigfleet.bench.plot import plot
 from rigfleet.bench.progress import RichProgress
 from rigfleet.hostside.bench.cli import count, positive, token_counts
 from rigfleet.hostside.bench.report import Entry, fleet_medians, report_dict, write
+from rigfleet.hostside.verify.client import CA_FILE_ENV
 from rigfleet.hostside.verify.runner import read_api_key
 from rigfleet.tables import Table
 
 DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
-CA_FILE_ENV = "RIGFLEET_CA_FILE"  # the verify client's TLS trust (as `rigfleet verify`)
 EXIT_OK, EXIT_UNMEASURED, EXIT_USAGE = 0, 1, 2
 
 
@@ -64,8 +63,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", metavar="FILE",
                    help="(--url) file holding the API key, '-' reads stdin")
     p.add_argument("--ca-file", metavar="PEM",
-                   help="trust these certificates for https:// (as rigfleet verify: "
-                        f"${CA_FILE_ENV})")
+                   help="(--url) trust these certificates for https://, as rigfleet verify "
+                        f"does (default: ${CA_FILE_ENV}, else the system's trust store; an "
+                        "inventory's TLS fronts use their host data's CA)")
     p.add_argument("--stack", help="(--url) the stack the endpoint serves: its reference "
                                    "figures and max-num-seqs")
     p.add_argument("--scale", type=positive, default=1.0,
@@ -100,12 +100,11 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.ssh import SshRemote
 
     err = Console(stderr=True, highlight=False)
-    if args.ca_file:
-        os.environ[CA_FILE_ENV] = str(Path(args.ca_file).expanduser().absolute())
     if args.url and (args.limit or args.accept_baseline):
         return _usage("--limit and --accept-baseline need --inventory (they name hosts)")
-    if args.inventory and (args.stack or args.api_key_file):
-        return _usage("--stack and --api-key-file are for --url (an inventory names them)")
+    if args.inventory and (args.stack or args.api_key_file or args.ca_file):
+        return _usage("--stack, --api-key-file and --ca-file are for --url (an inventory "
+                      "names them)")
     depths = () if args.no_depths else tuple(args.depths)
     if args.url:
         try:
@@ -113,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
             key = read_api_key(args.api_key_file) if args.api_key_file else None
         except (CatalogError, ValueError) as e:
             return _usage(str(e))
-        targets = [Target(args.url, args.url, key, spec, args.scale)]
+        ca = str(Path(args.ca_file).expanduser().absolute()) if args.ca_file else None
+        targets = [Target(args.url, args.url, key, spec, args.scale, ca_file=ca)]
     else:
         try:
             hosts = load_inventory(args.inventory)

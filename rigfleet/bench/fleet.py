@@ -55,6 +55,7 @@ class Target:
     + stack: the stack file of what it serves (None: unknown, e.g. a bare --url)
     + scale: the host's throughput_scale; history: its verified records, oldest first
     + note: why something is missing (the probe failed, ...)
+    + ca_file: the PEM certificate(s) to trust for an https:// front (as ``rigfleet verify``)
     """
 
     host: str
@@ -65,6 +66,10 @@ class Target:
     history: tuple[ThroughputRecord, ...] = ()
     note: str = ""
     error: str = ""
+    ca_file: str | None = None
+
+    def client(self) -> Client:
+        return Client(self.url, self.api_key, ca_file=self.ca_file)
 
     @property
     def reference(self) -> dict[str, float]:
@@ -82,8 +87,9 @@ class Target:
 
 def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
                       timeout: float = 60.0) -> list[Target]:
-    """A target per host: its front (``front_url``, the API key of host data), the stack it
-    serves (``state.json``, else the inventory's), its history (the host probe)."""
+    """A target per host: its front (``front_url``, else the SSH host and ``front_port``; the
+    API key of host data; a TLS front's CA), the stack it serves (``state.json``, else the
+    inventory's), its history (the host probe)."""
     out = []
     for host in hosts:
         try:
@@ -103,8 +109,9 @@ def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
             history = probe.throughput_history
         except HostUnreachable as e:
             note = f"no history: {e}"
+        tls = want.settings.front_tls
         out.append(Target(host.name, url, key, stack, want.settings.throughput_scale,
-                          history, note))
+                          history, note, ca_file=tls.ca_file if tls else None))
     return out
 
 
@@ -128,7 +135,7 @@ def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], Be
             result = Bench(Client(t.url), BenchSettings(runs=0, warmup=0)).result
             out.append(Entry(t.host, t.stack.name if t.stack else None, result, error=t.error))
             continue
-        result = Bench(Client(t.url, t.api_key), settings_for(t), progress).run()
+        result = Bench(t.client(), settings_for(t), progress).run()
         out.append(Entry(t.host, t.stack.name if t.stack else None, result, t.reference,
                          t.scale, t.baseline(), t.history, result.error))
     return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -68,7 +69,7 @@ def _conditional(rates: tuple[float, ...]) -> list[float]:
 class PacedServer:
     """A ``ThreadingHTTPServer`` on 127.0.0.1 with an ephemeral port (``url``)."""
 
-    def __init__(self, pace: Pace):
+    def __init__(self, pace: Pace, tls: ssl.SSLContext | None = None):
         self.pace = pace
         self.state = _State(per_pos=[0] * pace.k)
         self.lock = threading.Lock()
@@ -125,7 +126,11 @@ class PacedServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        scheme = "http"
+        if tls is not None:  # an https:// front (``tls``: a server context with its cert)
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def __enter__(self) -> PacedServer:

@@ -192,7 +192,7 @@ def test_inventory_targets_read_the_serving_stack_and_history_through_the_probe(
     [t] = inventory_targets([host], remote)
     assert (t.url, t.stack.name if t.stack else None, t.scale) == (
         "http://rig-a.lan:8000", "int8", 40.0)
-    assert t.history == (rec,) and t.api_key == "k" * 32
+    assert t.history == (rec,) and t.api_key == "k" * 32 and t.ca_file is None
     base = t.baseline()
     assert base is not None and base.figures["narrative"] == 5000.0  # history beats reference
     assert "probe --full" in remote.commands[0]
@@ -204,3 +204,28 @@ def test_inventory_targets_read_the_serving_stack_and_history_through_the_probe(
         accept_baseline(FakeRemote(probe, {}, rc=1), host, load_desired("rig-a", data), 1, 0)
     bad = inventory_targets([InventoryHost("rig-b", (), {**data, "stack": "nope"})], remote)
     assert bad[0].error.startswith("rig-b: stack: 'nope'")
+
+
+def test_rigfleet_bench_speaks_tls_like_verify(tmp_path, capsys, monkeypatch):
+    import shutil
+    import ssl
+    import subprocess
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed here")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(tmp_path / "f.key"), "-out", str(tmp_path / "f.crt")],
+                   check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "f.crt", tmp_path / "f.key")
+    monkeypatch.delenv("RIGFLEET_CA_FILE", raising=False)
+    with PacedServer(FAST, tls=ctx) as srv:
+        ok = bench_cli.run(_args(tmp_path, srv.url, ca_file=str(tmp_path / "f.crt"), json=True,
+                                 depths=(), runs=1, no_plot=True))
+        data = json.loads(capsys.readouterr().out)
+        refused = bench_cli.run(_args(tmp_path, srv.url, json=True, runs=1, no_plot=True))
+        failed = json.loads(capsys.readouterr().out)
+    assert ok == 0 and data["entries"][0]["bench"]["shapes"]["narrative"]["decode_mean"] > 0
+    assert refused == 1
+    assert "CERTIFICATE_VERIFY_FAILED" in failed["entries"][0]["error"]

@@ -28,7 +28,7 @@ from rigfleet_testbed.genesis_fixture import (
 from services_helpers import services
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWLIST = ROOT / "files" / "rigfleet-genesis-allowlist.py"
+INSPECT = ROOT / "rigfleet" / "genesis_inspect.py"  # the hosts' rigfleet-genesis-inspect.py
 FIXTURES = ROOT / "tests" / "fixtures" / "genesis"
 SIM_VLLM = ROOT / "testbed/rigfleet_testbed/images/vllm-sim/vllm"
 VARIANTS = ROOT / "testbed/rigfleet_testbed/images/vllm-build/variants"
@@ -52,10 +52,13 @@ def git(*args: str, cwd: Path | None = None, check: bool = True) -> str:
 
 
 def allowlist_at(checkout: Path) -> dict[str, object]:
-    proc = subprocess.run([sys.executable, str(ALLOWLIST), str(checkout)], capture_output=True,
+    """The allowlists as the deploy's host helper reads them from the checkout."""
+    proc = subprocess.run([sys.executable, str(INSPECT), str(checkout)], capture_output=True,
                           text=True, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    allow = json.loads(proc.stdout)["allowlist"]
+    return {"guards": allow["file"], "known_good": allow["known_good"],
+            "pending": allow["pending"]}
 
 
 @pytest.fixture(scope="module")
