@@ -39,7 +39,7 @@ from rigfleet.hostside.records import (
 from rigfleet.status.render import render_table, tok_s
 from rigfleet.status.rows import StatusRow
 
-FAST = Pace(step_rate=1000.0, prefill_s=0.001)
+FAST = Pace(step_rate=2000.0, prefill_s=0.001)
 
 
 def activate(lay: Layout, port: int, stack: str = "single-fp8-mtp") -> None:

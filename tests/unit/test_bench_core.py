@@ -47,7 +47,7 @@ def test_shapes_are_the_seed_s_requests():
 
 
 def test_bench_measures_decode_cv_and_acceptance_per_shape():
-    pace = Pace(step_rate=400.0)
+    pace = Pace(step_rate=800.0)
     with PacedServer(pace) as srv:
         result = Bench(Client(srv.url), BenchSettings(runs=3, warmup=1)).run()
     assert result.model == "qwen3.6-27b-autoround" and result.version == "0.27.1"
@@ -70,8 +70,8 @@ def test_bench_measures_decode_cv_and_acceptance_per_shape():
 
 
 @pytest.mark.parametrize(("pace", "why"), [
-    (Pace(step_rate=400.0, metrics=False), "no /metrics"),
-    (Pace(step_rate=400.0, spec_counters=False), "no vllm:spec_decode_num_drafts_total"),
+    (Pace(step_rate=1000.0, metrics=False), "no /metrics"),
+    (Pace(step_rate=1000.0, spec_counters=False), "no vllm:spec_decode_num_drafts_total"),
 ])
 def test_acceptance_is_unknown_not_zero_without_counters(pace, why):
     with PacedServer(pace) as srv:
@@ -103,7 +103,7 @@ def test_acceptance_between_counts_only_the_runs():
 
 
 def test_concurrency_and_depths():
-    pace = Pace(step_rate=400.0, max_model_len=20_000)
+    pace = Pace(step_rate=1000.0, max_model_len=20_000)
     with PacedServer(pace) as srv:
         result = Bench(Client(srv.url), BenchSettings(
             runs=1, warmup=0, shapes=("narrative",), concurrency=2,
@@ -120,7 +120,7 @@ def test_concurrency_and_depths():
 
 
 def test_depths_without_tokenize_count_with_completions():
-    with PacedServer(Pace(step_rate=400.0, tokenize=False)) as srv:
+    with PacedServer(Pace(step_rate=1000.0, tokenize=False)) as srv:
         result = Bench(Client(srv.url), BenchSettings(runs=1, warmup=0, shapes=(),
                                                       depths=(3000,))).run()
     [d] = result.depths

@@ -32,13 +32,14 @@ def gate(url: str, tmp: Path, *sets: str):
 
 
 def host_sets(tmp: Path, narrative: float, code: float, stack: str = "tq3-mtp-genesis",
-              scale: float = 1.0, cv_max: float = 1.0) -> list[str]:
+              scale: float = 1.0, cv_max: float = 1.0, margin: float = 0.4) -> list[str]:
     """What a swap plan carries for the stack (rigfleet.desired.stack_gate_set). The CV
-    bound is off (1.0) unless a test is about it: runs of a fraction of a second on a test
-    machine shared with other tests pick up scheduling noise (benchmarks/bench_overhead.py)."""
+    bound is off (1.0) and the margin wide (0.4) unless a test is about them: runs of a
+    fraction of a second on a test machine shared with other tests pick up scheduling noise
+    (benchmarks/bench_overhead.py); the slow cases below are far slower than that."""
     return [f"throughput_stack={stack}", f"throughput_history_dir={Layout(tmp).throughput_dir}",
             f"throughput_scale={scale:g}", f"throughput_reference_narrative={narrative:g}",
-            f"throughput_reference_code={code:g}", "throughput_margin=0.15",
+            f"throughput_reference_code={code:g}", f"throughput_margin={margin:g}",
             f"throughput_cv_max={cv_max:g}", "throughput_acceptance_floor=0.76,0.672,0.6"]
 
 
@@ -46,9 +47,9 @@ def test_first_gate_against_the_reference_then_against_the_history(tmp_path):
     lay = Layout(tmp_path)
     n, c = expected_tok_s(FAST, "narrative"), expected_tok_s(FAST, "code")
     with PacedServer(FAST) as srv:
-        # The stack file's reference is 40/39 = ~2.5x (scale 40) of what this host does:
-        # a host slow on its first gate is flagged, and its figures are not history.
-        rep, check = gate(srv.url, tmp_path, *host_sets(tmp_path, n / 40 * 1.6, c / 40 * 1.6,
+        # The stack file's reference (x scale 40) is 2.5x what this host does: a host slow
+        # on its first gate is flagged, and its figures are not history.
+        rep, check = gate(srv.url, tmp_path, *host_sets(tmp_path, n / 40 * 2.5, c / 40 * 2.5,
                                                         scale=40))
         assert check.status == "fail" and rep.exit_status() == 1
         assert {f.name for f in check.findings} == {"slow_decode"}
@@ -68,7 +69,7 @@ def test_first_gate_against_the_reference_then_against_the_history(tmp_path):
         assert check.details["baseline"]["source"]["narrative"].startswith("history")
     # The same stack on a slower image: judged against the history, not the reference (which
     # it would still pass).
-    with PacedServer(Pace(step_rate=700.0, prefill_s=0.001)) as slow:
+    with PacedServer(Pace(step_rate=400.0, prefill_s=0.001)) as slow:
         rep, check = gate(slow.url, tmp_path, *host_sets(tmp_path, n * 0.5, c * 0.5))
     assert check.status == "fail" and "history: median of 2" in check.findings[0].message
     assert len(read_throughput_history(lay.throughput_history)) == 2
