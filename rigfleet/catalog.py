@@ -72,7 +72,12 @@ _PATCH_ID = re.compile(r"P[N]?[0-9]+[A-Za-z]?")
 _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 _PINNED_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*")
 _TOP_KEYS = ("schema", "name", "summary", "port", "served_model_name", "gpus", "vllm", "env",
-             "entrypoint", "genesis", "image", "boot", "gate", "caveats")
+             "entrypoint", "genesis", "image", "boot", "gate", "caveats", "throughput")
+_THROUGHPUT_KEYS = ("reference", "margin", "cv_max", "acceptance")
+# The throughput check's defaults when a stack file's throughput section leaves them out.
+DEFAULT_MARGIN = 0.15
+DEFAULT_CV_MAX = 0.10
+DEFAULT_FLOOR_RATIO = 0.8
 IMAGE_KINDS = TAG_KINDS
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
 _CAVEAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/#-]*")
@@ -183,6 +188,45 @@ class Caveat:
 
 
 @dataclass(frozen=True)
+class ThroughputSpec:
+    """What the gate's throughput check expects of a stack (the ``throughput:`` section).
+
+    + narrative, code: reference decode tok/s of one stream on RTX 3090s in the bench's
+      shapes (None: no figure; a host's own verified history is then the only baseline)
+    + margin: how far below its baseline a host may decode (fraction, default 0.15)
+    + cv_max: the largest coefficient of variation of a shape's runs (default 0.10)
+    + acceptance: published per-position MTP acceptance (code shape); floor_ratio: the floors
+      are ``acceptance x floor_ratio`` (default 0.8: room for a healthy rig's spread)
+    """
+
+    narrative: float | None = None
+    code: float | None = None
+    margin: float = DEFAULT_MARGIN
+    cv_max: float = DEFAULT_CV_MAX
+    acceptance: tuple[float, ...] = ()
+    floor_ratio: float = DEFAULT_FLOOR_RATIO
+
+    @property
+    def reference(self) -> dict[str, float]:
+        """shape -> reference tok/s (shapes with a figure only)."""
+        return {k: v for k, v in (("narrative", self.narrative), ("code", self.code)) if v}
+
+    @property
+    def floors(self) -> tuple[float, ...]:
+        """Per-position acceptance floors (``acceptance x floor_ratio``)."""
+        return tuple(round(a * self.floor_ratio, 4) for a in self.acceptance)
+
+    def gate_set(self) -> tuple[str, ...]:
+        """The gate profile overrides that carry this section (``key=value``)."""
+        out = [f"throughput_reference_narrative={self.narrative or 0:g}",
+               f"throughput_reference_code={self.code or 0:g}",
+               f"throughput_margin={self.margin:g}", f"throughput_cv_max={self.cv_max:g}"]
+        if self.floors:
+            out.append("throughput_acceptance_floor=" + ",".join(f"{f:g}" for f in self.floors))
+        return tuple(out)
+
+
+@dataclass(frozen=True)
 class StackSpec:
     """One serving stack, validated from its stack file.
 
@@ -232,6 +276,7 @@ class StackSpec:
     boot_failures: tuple[BootSignature, ...] = ()
     gate_set: tuple[str, ...] = ()
     caveats: tuple[Caveat, ...] = ()
+    throughput: ThroughputSpec | None = None
 
     @property
     def container_name(self) -> str:
@@ -413,6 +458,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     failures = _signatures(p, "boot.failures", boot.get("failures"), with_kind=True)
     gate_set = _gate_set(p, top.get("gate"))
     caveats = _caveats(p, top.get("caveats"))
+    throughput = _throughput(p, top.get("throughput"), n)
     p.raise_if_any(CatalogError)
     assert name and summary and port and served and gpu_count and kv and tp and max_len
     assert util is not None and seqs and batched
@@ -424,6 +470,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
         env=MappingProxyType(env), entrypoint_argv=tuple(entrypoint), genesis=genesis,
         source=where, gpu_memory_mib=gpu_memory, image=image, boot_expect=tuple(expect),
         boot_failures=tuple(failures), gate_set=tuple(gate_set), caveats=tuple(caveats),
+        throughput=throughput,
     )
 
 
@@ -497,6 +544,52 @@ def _gate_set(p: Problems, value: Any) -> list[str]:
         p.add(f"gate.set: {e}")
         return []
     return sets
+
+
+def _throughput(p: Problems, value: Any, spec_tokens: int) -> ThroughputSpec | None:
+    d = p.mapping("throughput", value, _THROUGHPUT_KEYS, required=False)
+    if d is None:
+        return None
+    ref = p.mapping("throughput.reference", d.get("reference"), ("narrative", "code"),
+                    required=False) or {}
+    figures = {}
+    for shape in ("narrative", "code"):
+        if ref.get(shape) is not None:
+            figures[shape] = p.number(
+                f"throughput.reference.{shape}", ref[shape], 0.0, 100_000.0, low_open=True,
+                allowed="decode tok/s of one stream on RTX 3090s, > 0 (leave it out when "
+                        "there is no figure)")
+    margin = DEFAULT_MARGIN if d.get("margin") is None else p.number(
+        "throughput.margin", d["margin"], 0.0, 1.0, low_open=True,
+        allowed="a fraction, e.g. 0.15 (fail 15% below the baseline)")
+    cv_max = DEFAULT_CV_MAX if d.get("cv_max") is None else p.number(
+        "throughput.cv_max", d["cv_max"], 0.0, 1.0, low_open=True,
+        allowed="a fraction, e.g. 0.10 (fail above a 10% coefficient of variation)")
+    acc = p.mapping("throughput.acceptance", d.get("acceptance"), ("reference", "floor_ratio"),
+                    required=False)
+    per_pos: tuple[float, ...] = ()
+    ratio: float | None = DEFAULT_FLOOR_RATIO
+    if acc is not None:
+        raw = acc.get("reference")
+        if spec_tokens == 0:
+            p.bad("throughput.acceptance", acc, "no acceptance section for a stack without "
+                  "vllm.speculative (nothing is drafted)", "is set")
+        elif (not isinstance(raw, list) or len(raw) != spec_tokens or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) and 0 < x <= 1
+                for x in raw)):
+            p.bad("throughput.acceptance.reference", raw, f"{spec_tokens} fractions (one per "
+                  "draft position, vllm.speculative.num_speculative_tokens), e.g. "
+                  "[0.95, 0.84, 0.75]")
+        else:
+            per_pos = tuple(float(x) for x in raw)
+        if acc.get("floor_ratio") is not None:
+            ratio = p.number("throughput.acceptance.floor_ratio", acc["floor_ratio"], 0.0, 1.0,
+                             low_open=True, allowed="a fraction, e.g. 0.8 (floors = reference "
+                                                    "x 0.8)")
+    if None in figures.values() or margin is None or cv_max is None or ratio is None:
+        return None
+    return ThroughputSpec(figures.get("narrative"), figures.get("code"), margin, cv_max,
+                          per_pos, ratio)
 
 
 def _caveats(p: Problems, value: Any) -> list[Caveat]:
@@ -662,6 +755,7 @@ def get_stack(name: str) -> StackSpec:
 
 __all__ = [
     "BUILTIN_DIR", "Catalog", "CatalogError", "GenesisSpec", "KV_CACHE_DTYPES",
-    "MODEL_ROOT_IN_CONTAINER", "StackSpec", "VLLM_PORT_IN_CONTAINER", "builtin_catalog",
+    "MODEL_ROOT_IN_CONTAINER", "StackSpec", "ThroughputSpec", "VLLM_PORT_IN_CONTAINER",
+    "builtin_catalog",
     "get_stack", "load_catalog", "load_stack_file", "parse_stack", "RigfleetError",
 ]

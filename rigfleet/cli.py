@@ -10,6 +10,8 @@
     rigfleet endpoints --inventory inventory/home.py
     rigfleet status --inventory inventory/home.py [--json]
     rigfleet bump --inventory inventory/home.py [--image TAG|--latest] [--genesis C] [--dry]
+    rigfleet bench --url URL | --inventory inventory/home.py [--limit H] [--accept-baseline H]
+    rigfleet doctor --inventory inventory/home.py [--limit HOST] [--json]
 
 The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
 """
@@ -119,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     status_cli.add_parser(sub)
     bump_cli.add_parser(sub)
+
+    from rigfleet.bench import cli as bench_cli
+    from rigfleet.doctor import cli as doctor_cli
+
+    bench_cli.add_parser(sub)
+    doctor_cli.add_parser(sub)
 
     ep = sub.add_parser("endpoints", help="ask every host's front for a short answer")
     ep.add_argument("--inventory", default="inventory/home.py")

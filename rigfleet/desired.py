@@ -43,6 +43,7 @@ class DesiredStack:
     + config_hash: the file's ``io.rigfleet.config-hash``
     + tracked: the pins state.json and the ledger record while it serves (``TRACKED_KEYS``)
     + ref: what the host-side transaction gets (``rigfleet.hostside.plan.StackRef``)
+    + gate_set: the gate profile overrides the stack brings (``stack_gate_set``)
     """
 
     spec: StackSpec
@@ -52,6 +53,7 @@ class DesiredStack:
     config_hash: str
     tracked: Mapping[str, Any]
     ref: StackRef
+    gate_set: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -111,6 +113,12 @@ class DesiredHost:
         return tuple(s.spec.container_name for n, s in self.stacks.items() if n != self.stack)
 
     @property
+    def staged_pins(self) -> dict[str, StackPins]:
+        """The pins of the stacks this host stages (what the image role pulls and the disk
+        check counts): only those host data ``stacks`` and the host's GPUs allow."""
+        return {name: s.pins for name, s in self.stacks.items()}
+
+    @property
     def projects(self) -> tuple[tuple[str, str], ...]:
         """Every staged stack's (compose project, compose file), sorted by stack name."""
         return tuple((s.spec.compose_project, s.compose_file)
@@ -155,12 +163,40 @@ def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> Desire
         record=dict(tracked),
     )
     return DesiredStack(spec, pins.stacks[spec.name], doc, render_document(doc), config_hash,
-                        tracked, ref)
+                        tracked, ref, stack_gate_set(spec, settings))
+
+
+def fits(spec: StackSpec, gpu_count: int) -> bool:
+    """The stack runs on a host with ``gpu_count`` cards (its GPU count and its TP)."""
+    return max(spec.gpu_count, spec.tensor_parallel_size) <= gpu_count
 
 
 def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
-    """The stacks a host stages: every pinned stack of the catalog (in pins order)."""
-    return [settings.catalog.get(n) for n in pins.stacks if n in settings.catalog]
+    """The stacks a host stages (in pins order): the pinned stacks of the catalog that the
+    host may serve (host data ``stacks``; default: every one its GPUs can run). The image
+    role pulls, and the disk check counts, exactly these."""
+    allowed = settings.stacks
+    out = []
+    for name in pins.stacks:
+        if name not in settings.catalog or (allowed is not None and name not in allowed):
+            continue
+        spec = settings.catalog.get(name)
+        if fits(spec, settings.gpu_count):
+            out.append(spec)
+    return out
+
+
+def stack_gate_set(spec: StackSpec, settings: HostSettings) -> tuple[str, ...]:
+    """The gate profile overrides this stack brings to its host's swaps: the stack file's
+    ``gate.set``, and what the throughput check needs (whose baseline: the stack; where the
+    host keeps it; the stack file's ``throughput`` section; the host's ``throughput_scale``).
+    Host data ``gate_set`` comes after these in the plan, so it wins."""
+    out = [*spec.gate_set, f"throughput_stack={spec.name}",
+           f"throughput_history_dir={HOST.throughput_dir}",
+           f"throughput_scale={settings.throughput_scale:g}"]
+    if spec.throughput is not None:
+        out += spec.throughput.gate_set()
+    return tuple(out)
 
 
 def check_pinned(settings: HostSettings, pins: Pins) -> None:

@@ -227,6 +227,11 @@ class HostSettings:
     front_url: str | None = None
     stacks_dir: str | None = None
     bump: BumpSettings = BumpSettings()
+    # The stack files' reference tok/s (RTX 3090s) times this is what the gate expects of a
+    # host without history: other hardware, or the testbed (its sim_speedup).
+    throughput_scale: float = 1.0
+    # The stacks this host may serve and stages (None: every pinned stack its GPUs can run).
+    stacks: tuple[str, ...] | None = None
     # Where the host gets its pinned images, in order (rigfleet/images/sources.py).
     image_sources: tuple[ImageSource, ...] = DEFAULT_SOURCES
     front_tls: FrontTls | None = None
@@ -281,6 +286,8 @@ KEY_DEFAULTS: dict[str, Any] = {
     "bump_registry": None,
     "bump_genesis_url": None,
     "bump_mirror": None,
+    "throughput_scale": 1.0,
+    "stacks": None,
     "image_sources": None,
     "front_tls_cert_file": None,
     "front_tls_key_file": None,
@@ -378,6 +385,11 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         genesis_url=c.git_url("bump_genesis_url", get("bump_genesis_url")),
         mirror=c.url("bump_mirror", get("bump_mirror")),
     )
+    throughput_scale = c.number(
+        "throughput_scale", get("throughput_scale"), 0.0, 1_000_000.0, low_open=True,
+        allowed="a number > 0: this host's decode speed relative to RTX 3090s (1.0), e.g. the "
+                "testbed's sim_speedup")
+    stacks = c.stacks(get("stacks"), stack, gpu_count)
     image_sources = parse_sources(c, "image_sources", get("image_sources"))
     front_tls = c.tls("front", get("front_tls_cert_file"), get("front_tls_key_file"),
                       get("front_tls_ca_file"))
@@ -411,6 +423,8 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         front_url=front_url,
         stacks_dir=stacks_dir,
         bump=bump,
+        throughput_scale=throughput_scale or 1.0,
+        stacks=stacks,
         image_sources=image_sources,
         front_tls=front_tls,
         balancer_front_address=balancer_front,
@@ -711,6 +725,37 @@ class _Checker(Problems):
             self.bad("stack", value, ", ".join(self.catalog.names), "is not a stack in the catalog")
             return None
         return value
+
+    def stacks(self, value: Any, stack: str | None, gpu_count: int) -> tuple[str, ...] | None:
+        """``stacks``: the stacks this host may serve (and so stages); each must fit the
+        host's GPUs, and the one it serves must be among them. None: the default (every
+        pinned stack its GPUs can run)."""
+        if value is None:
+            return None
+        allowed = ("a list of stack names (" + ", ".join(self.catalog.names) + ") the host "
+                   "may serve, e.g. ['int8', 'tq3-mtp-genesis']")
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple) or not value:
+            self.bad("stacks", value, allowed)
+            return None
+        out: list[str] = []
+        for i, name in enumerate(value):
+            if not isinstance(name, str) or name not in self.catalog:
+                self.bad(f"stacks[{i}]", name, allowed, "is not a stack in the catalog")
+                continue
+            spec = self.catalog.get(name)
+            need = max(spec.tensor_parallel_size, spec.gpu_count)
+            if need > gpu_count:
+                self.bad(f"stacks[{i}]", name, f"stacks that run on {gpu_count} GPU(s)",
+                         f"needs {need} GPUs (gpu_count is {gpu_count})")
+                continue
+            if name not in out:
+                out.append(name)
+        if stack is not None and stack not in value:
+            self.bad("stacks", list(value), f"a list that includes {stack!r}",
+                     "leaves out the stack the host serves (stack)")
+        return tuple(out)
 
     def gpu_count(self, value: Any, stack: str | None) -> int:
         if not is_int(value) or not 1 <= value <= 16:

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigfleet.commands import hosttool
-from rigfleet.hostside.records import GateRecord, ReportSummary, describe, live_holder
+from rigfleet.hostside.records import (
+    GateRecord,
+    ReportSummary,
+    ThroughputRecord,
+    describe,
+    live_holder,
+)
 from rigfleet.inventory import InventoryHost
 from rigfleet.ssh import HostUnreachable, Remote
 
@@ -90,8 +96,20 @@ class HostProbe:
     def newest_report(self) -> ReportSummary | None:
         return ReportSummary.from_dict((self.raw.get("reports") or {}).get("newest"))
 
+    @property
+    def throughput_last(self) -> ThroughputRecord | None:
+        """The last gate's throughput record (``--full``)."""
+        return ThroughputRecord.from_dict(self.section("throughput").get("last"))
+
+    @property
+    def throughput_history(self) -> tuple[ThroughputRecord, ...]:
+        """The newest verified throughput records, oldest first (``--full``)."""
+        raw = self.section("throughput").get("history") or ()
+        return tuple(r for r in (ThroughputRecord.from_dict(x) for x in raw) if r is not None)
+
     def section(self, name: str) -> dict[str, Any]:
-        """A ``--full`` section (``gpu``, ``genesis``, ``manifest``, ``front``) or {}."""
+        """A ``--full`` section (``gpu``, ``genesis``, ``manifest``, ``front``,
+        ``throughput``, ``doctor``) or {}."""
         value = self.raw.get(name)
         return value if isinstance(value, dict) else {}
 
@@ -113,13 +131,15 @@ def parse_probe(text: str, where: str) -> HostProbe:
 
 def run_probe(remote: Remote, host: InventoryHost, *, full: bool = False,
               model_path: str | None = None, front_port: int | None = None,
-              timeout: float = 60) -> HostProbe:
+              timeout: float = 60, doctor_load_s: float | None = None) -> HostProbe:
     """Run the probe on ``host``; raises ``HostUnreachable``.
 
     + remote: the SSH layer (``rigfleet.ssh.SshRemote``)
     + full, model_path, front_port: as for ``rigfleet-host.pyz probe``
+    + doctor_load_s: add the doctor's evidence (``--doctor``; the timeout should cover the load)
     """
-    command = hosttool.probe(full=full, model_path=model_path, front_port=front_port)
+    command = hosttool.probe(full=full, model_path=model_path, front_port=front_port,
+                             doctor_load_s=doctor_load_s)
     rc, out = remote.run(host, command, timeout=timeout)
     if rc != 0 and "unrecognized arguments" in out:
         raise HostUnreachable(

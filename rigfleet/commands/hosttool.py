@@ -66,12 +66,13 @@ def ensure(front_port: int, who: str) -> str:
 
 
 def probe(full: bool = False, model_path: str | None = None,
-          front_port: int | None = None) -> str:
+          front_port: int | None = None, doctor_load_s: float | None = None) -> str:
     """The host probe (``rigfleet-host.pyz probe``): one JSON object; on a host without the
     tool (not deployed yet) ``BARE_PROBE``, since such a host has no records to read.
 
     + full: the sections status and the bump read (``--full``)
     + model_path, front_port: what ``--full`` checks
+    + doctor_load_s: add the doctor's evidence under a load this long (``--full --doctor``)
     """
     args = ["probe"]
     if full:
@@ -80,8 +81,16 @@ def probe(full: bool = False, model_path: str | None = None,
             args += ["--model-path", model_path]
         if front_port:
             args += ["--front-port", str(int(front_port))]
+        if doctor_load_s is not None:
+            args += ["--doctor", "--load-s", f"{float(doctor_load_s):g}"]
     return (f"if [ -f {shlex.quote(PYZ)} ]; then {tool(*args)}; "
             f"else echo {shlex.quote(BARE_PROBE)}; fi")
+
+
+def bench(*args: str) -> str:
+    """The bench on the host against its active stack (``rigfleet-host.pyz bench``), e.g.
+    ``bench("--accept-baseline", "--scale", "1", "--json")``."""
+    return tool("bench", *args)
 
 
 def record(tracked: dict, config_hash: str, by: str, deploy_id: str, host: str) -> str:

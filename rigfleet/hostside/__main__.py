@@ -11,6 +11,7 @@
     python3 rigfleet-host.pyz supervise [--front-port P ...]      # rigfleet-supervise.service
     python3 rigfleet-host.pyz supervise --reset [--why TEXT]      # after fixing a crash loop
     python3 rigfleet-host.pyz verify --url URL ...                # the verify-stress gate
+    python3 rigfleet-host.pyz bench [--accept-baseline] ...       # the bench, on this host
 
 ``swap`` is started by the deploy as a transient unit (``systemd-run --unit
 rigfleet-swap-<id> --collect``), detached from the SSH session; its exit status is 0 promoted,
@@ -200,7 +201,8 @@ def cmd_lock(args: argparse.Namespace, lay: Layout) -> int:
 
 def cmd_probe(args: argparse.Namespace, lay: Layout) -> int:
     print(json.dumps(probe(lay, full=args.full, model_path=args.model_path,
-                           front_port=args.front_port), sort_keys=True))
+                           front_port=args.front_port,
+                           doctor_load_s=args.load_s if args.doctor else None), sort_keys=True))
     return 0
 
 
@@ -294,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="add ledger, reports, GPUs, Genesis, weights and front sections")
     pr.add_argument("--model-path", help="the weights directory to check (--full)")
     pr.add_argument("--front-port", type=int, help="the front's port to ask (--full)")
+    pr.add_argument("--doctor", action="store_true",
+                    help="(--full) add the doctor's evidence: the cards under a short load "
+                         "of the active stack, its engine's log facts")
+    pr.add_argument("--load-s", type=_seconds, default=15.0,
+                    help="(--doctor) how long the load runs (default 15)")
     pr.set_defaults(func=cmd_probe)
     defaults = Policy()
     sv = sub.add_parser("supervise", help="recreate the active stack when its engine dies "
@@ -317,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--retry-after-s", type=_count, default=defaults.retry_after_s)
     sv.set_defaults(func=cmd_supervise)
     sub.add_parser("verify", add_help=False, help="the verify-stress gate (its own --help)")
+    sub.add_parser("bench", add_help=False, help="the bench against the active stack, or "
+                   "--accept-baseline (its own --help)")
     return p
 
 
@@ -327,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         from .verify.runner import main as verify_main
 
         return verify_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from .bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args, Layout(Path(args.root))) or 0)
 

@@ -20,7 +20,8 @@ Where each record lives (the schemas are in ``rigfleet.hostside.records``):
   (the host lock), ``swap/<id>/`` (one transaction's plan, journal and result), ``reports/``
   (gate reports), ``supervise/`` (the supervisor's state, reset requests, logs of engines that
   died), ``locks/`` (flock files of long host jobs), ``vllm-versions/`` (an image's vLLM
-  version, cached by digest);
+  version, cached by digest), ``throughput/`` (the gate's throughput: ``history.jsonl``, one
+  line per verified gate or accepted baseline, and ``last.json``, the last gate's figures);
 - ``/opt/rigfleet``: ``stacks/<stack>/compose.yaml`` (staged compose projects), ``genesis``
   (the Genesis checkout), ``genesis-trees/<commit>`` (immutable exports the stacks mount),
   ``hf-venv`` (huggingface_hub for the weight fetcher);
@@ -53,6 +54,10 @@ BASE_DIGEST_LABEL = "io.rigfleet.base-digest"
 ROUTE_MARK = "# rigfleet route: "
 # Written next to verified weights by the fetcher (files/rigfleet-fetch-weights.py).
 MANIFEST_NAME = ".rigfleet-manifest.json"
+# The files of a throughput directory (``Layout.throughput_dir``; the gate is given the
+# directory): the verified history and the last gate's figures.
+THROUGHPUT_HISTORY_NAME = "history.jsonl"
+THROUGHPUT_LAST_NAME = "last.json"
 # A model revision's directory: ``<local_dir>@<its first 12 hex>`` (``Layout.weights_dir``; a
 # pinned ``local_dir`` never holds an '@', rigfleet/pins.py).
 WEIGHTS_REVISION_MARK = "@"
@@ -134,6 +139,22 @@ class Layout:
     @property
     def supervise_reset(self) -> Path:
         return self.supervise_dir / "reset.json"
+
+    @property
+    def throughput_dir(self) -> Path:
+        """The throughput records (``rigfleet.hostside.records.ThroughputRecord``): the
+        baseline the gate judges a stack's decode speed against, and the last measurement."""
+        return self.state_dir / "throughput"
+
+    @property
+    def throughput_history(self) -> Path:
+        """One JSON line per verified gate (and per accepted baseline), oldest first."""
+        return self.throughput_dir / THROUGHPUT_HISTORY_NAME
+
+    @property
+    def throughput_last(self) -> Path:
+        """The last gate's throughput (passed or not): what ``rigfleet status`` shows."""
+        return self.throughput_dir / THROUGHPUT_LAST_NAME
 
     @property
     def locks_dir(self) -> Path:

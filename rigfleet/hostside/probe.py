@@ -26,8 +26,14 @@ is data)::
 
 ``--full`` adds ``ledger`` ({"tail", "count", "error"}), ``reports`` ({"files", "newest"}),
 ``gpu`` (nvidia-smi's query output), ``caps_unit_enabled``, ``genesis`` (the checkout's HEAD
-and origin), ``manifest`` (the weights checked against their manifest by size and mtime) and
-``front`` (what the front answers with and without the API key).
+and origin), ``manifest`` (the weights checked against their manifest by size and mtime),
+``front`` (what the front answers with and without the API key) and ``throughput``
+({"last": the last gate's ``ThroughputRecord`` | null, "history": the newest verified
+records, "count"}).
+
+``--doctor`` (with ``--full``) adds ``doctor``: the cards sampled idle and under a short load
+of the bench's narrative requests against the active stack, its engine's log facts, args and
+mounts (``rigfleet.hostside.bench.evidence.gather``; ``{"error"}`` when nothing is active).
 
 Readers of the records live in ``rigfleet.hostside.records``; this module only gathers.
 """
@@ -44,7 +50,16 @@ from pathlib import Path
 from typing import Any
 
 from .layout import BASE_DIGEST_LABEL, CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_LABEL, Layout
-from .records import ledger_tail, read_holder, read_json, read_supervisor, reports, route
+from .records import (
+    ledger_tail,
+    read_holder,
+    read_json,
+    read_supervisor,
+    read_throughput_history,
+    read_throughput_last,
+    reports,
+    route,
+)
 
 SCHEMA = "rigfleet-probe/1"
 # What rigfleet status compares (power caps, driver, persistence).
@@ -188,14 +203,45 @@ def genesis(lay: Layout) -> dict[str, Any] | None:
             "error": err[-300:] if rc else None}
 
 
+THROUGHPUT_HISTORY_SHOWN = 20
+
+
+def throughput(lay: Layout) -> dict[str, Any]:
+    """The last gate's throughput record and the newest verified ones (all stacks)."""
+    history = read_throughput_history(lay.throughput_history)
+    last = read_throughput_last(lay.throughput_last)
+    return {"last": last.to_dict() if last else None, "count": len(history),
+            "history": [r.to_dict() for r in history[-THROUGHPUT_HISTORY_SHOWN:]]}
+
+
+def doctor(lay: Layout, load_s: float) -> dict[str, Any]:
+    """The doctor's evidence from the active stack (see the module docstring)."""
+    from .active import read_active
+    from .bench.evidence import gather
+    from .plan import PlanError
+    from .stackctl import read_api_key
+
+    try:
+        active = read_active(lay)
+    except PlanError as e:
+        return {"error": str(e)}
+    if active is None:
+        return {"error": "nothing verified is active on this host: no stack to load"}
+    key = read_api_key(lay.api_key_file, lay.vllm_env_file) or None
+    out = gather(active.ref.container, active.ref.port, key, load_s)
+    out["stack"] = active.ref.stack
+    return out
+
+
 def probe(lay: Layout, full: bool = False, model_path: str | None = None,
-          front_port: int | None = None) -> dict[str, Any]:
+          front_port: int | None = None, doctor_load_s: float | None = None) -> dict[str, Any]:
     """Everything above, as one dict (see the module docstring).
 
     + lay: the host's layout (``Layout()`` on a host)
     + full: add the sections status and the bump read
     + model_path: the weights directory the inventory expects (``--full``)
     + front_port: the front's port (``--full``)
+    + doctor_load_s: add the doctor's evidence, under a load this long (``--full``)
     """
     state, state_error = read_json(lay.state_file)
     active, _ = read_json(lay.active_json)
@@ -225,4 +271,7 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
     out["genesis"] = genesis(lay)
     out["manifest"] = manifest(Path(model_path)) if model_path else None
     out["front"] = front(lay, front_port) if front_port else None
+    out["throughput"] = throughput(lay)
+    if doctor_load_s is not None:
+        out["doctor"] = doctor(lay, doctor_load_s)
     return out

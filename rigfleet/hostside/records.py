@@ -13,7 +13,11 @@ Records:
 - ``lock/holder.json``: who holds the host lock, with the liveness data (``holder_alive``);
 - ``reports/verify-<ts>.json``: gate reports (schema ``rigfleet-verify/1``);
 - ``supervise/state.json``: the supervisor's state (``rigfleet.hostside.supervise.Record``;
-  read with ``read_supervisor``).
+  read with ``read_supervisor``);
+- ``throughput/history.jsonl``: one ``ThroughputRecord`` per verified gate or accepted
+  baseline (the baseline the gate judges decode speed against); ``throughput/last.json``: the
+  last gate's ``ThroughputRecord``, passed or not (read with ``read_throughput_history`` and
+  ``read_throughput_last``).
 
 Example::
 
@@ -312,3 +316,138 @@ def read_supervisor(path: Path, now: float | None = None) -> dict[str, Any] | No
     recent = recent_attempts(data.get("attempts"), now,
                              float(window) if isinstance(window, int | float) else 0.0)
     return {**data, "alive": holder_alive(data), "recreations": len(recent), "now": now}
+
+
+# --- throughput -------------------------------------------------------------------------------
+
+THROUGHPUT_SCHEMA = "rigfleet-throughput/1"
+# Where a record comes from: a gate's throughput check, or ``rigfleet bench --accept-baseline``
+# (a person's "this is normal now": the baseline restarts from it).
+SOURCE_GATE, SOURCE_ACCEPTED = "gate", "accepted"
+SHAPES = ("narrative", "code")
+
+
+@dataclass(frozen=True)
+class ShapeFigures:
+    """One shape's runs, reduced: mean decode tok/s (completion tokens / (end - first token)),
+    its coefficient of variation, mean wall tok/s (completion tokens / whole request), mean
+    time to first token, and the number of runs."""
+
+    decode: float
+    cv: float | None = None
+    wall: float | None = None
+    ttft_s: float | None = None
+    runs: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"decode": self.decode, "cv": self.cv, "wall": self.wall, "ttft_s": self.ttft_s,
+                "runs": self.runs}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ShapeFigures | None:
+        if not isinstance(data, dict) or not _num(data.get("decode")):
+            return None
+        return cls(decode=float(data["decode"]), cv=_num(data.get("cv")),
+                   wall=_num(data.get("wall")), ttft_s=_num(data.get("ttft_s")),
+                   runs=int(data.get("runs") or 0))
+
+
+@dataclass(frozen=True)
+class ThroughputRecord:
+    """One throughput measurement of a stack on this host (schema ``rigfleet-throughput/1``).
+
+    + stack: the stack measured (the history is kept per stack)
+    + at: when (ISO 8601, UTC); source: ``gate`` or ``accepted``; result: the gate's verdict
+      on throughput (``pass``/``fail``; history holds only passed and accepted records)
+    + shapes: ``narrative`` / ``code`` -> ``ShapeFigures``
+    + acceptance_length, acceptance: MTP mean acceptance length and per-position acceptance
+      of the code runs; None when unknown (no /metrics, no spec-decode counters), never 0
+    + scale: the host's ``throughput_scale`` when measured
+    + baseline: what it was judged against (``{"narrative": x, "code": y, "source": ...}``)
+    + version, model, report: the server's version and model id, the gate report's path
+
+    Example::
+
+        rec = read_throughput_last(HOST.throughput_last)
+        rec.decode("narrative"), rec.acceptance        # 89.4, (0.951, 0.842, 0.751)
+    """
+
+    stack: str
+    at: str
+    source: str = SOURCE_GATE
+    result: str = "pass"
+    shapes: dict[str, ShapeFigures] = field(default_factory=dict)
+    acceptance_length: float | None = None
+    acceptance: tuple[float, ...] | None = None
+    scale: float = 1.0
+    baseline: dict[str, Any] = field(default_factory=dict)
+    version: str = ""
+    model: str = ""
+    report: str | None = None
+
+    def decode(self, shape: str) -> float | None:
+        """Mean decode tok/s of ``shape``, None when it was not measured."""
+        fig = self.shapes.get(shape)
+        return fig.decode if fig else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": THROUGHPUT_SCHEMA, "stack": self.stack, "at": self.at,
+                "source": self.source, "result": self.result,
+                "shapes": {k: v.to_dict() for k, v in self.shapes.items()},
+                "acceptance_length": self.acceptance_length,
+                "acceptance": list(self.acceptance) if self.acceptance is not None else None,
+                "scale": self.scale, "baseline": dict(self.baseline), "version": self.version,
+                "model": self.model, "report": self.report}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ThroughputRecord | None:
+        """The record in ``data``; None when ``data`` is not one."""
+        if not isinstance(data, dict) or data.get("schema") != THROUGHPUT_SCHEMA \
+                or not isinstance(data.get("stack"), str):
+            return None
+        raw = data.get("shapes")
+        shapes = {k: f for k, f in ((str(k), ShapeFigures.from_dict(v))
+                                    for k, v in (raw.items() if isinstance(raw, dict) else ()))
+                  if f is not None}
+        acc = data.get("acceptance")
+        acceptance = (tuple(float(x) for x in acc if _num(x) is not None)
+                      if isinstance(acc, list) else None)
+        base = data.get("baseline")
+        return cls(stack=str(data["stack"]), at=str(data.get("at") or ""),
+                   source=str(data.get("source") or SOURCE_GATE),
+                   result=str(data.get("result") or "pass"), shapes=shapes,
+                   acceptance_length=_num(data.get("acceptance_length")),
+                   acceptance=acceptance, scale=_num(data.get("scale")) or 1.0,
+                   baseline=dict(base) if isinstance(base, dict) else {},
+                   version=str(data.get("version") or ""), model=str(data.get("model") or ""),
+                   report=_opt_str(data.get("report")))
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value == value else None
+
+
+def read_throughput_history(path: Path, stack: str | None = None) -> list[ThroughputRecord]:
+    """The history's records oldest first (lines that are not records are skipped), only
+    ``stack``'s when given; [] when there is no history."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = ThroughputRecord.from_dict(json.loads(line)) if line.strip() else None
+        except ValueError:
+            rec = None
+        if rec is not None and (stack is None or rec.stack == stack):
+            out.append(rec)
+    return out
+
+
+def read_throughput_last(path: Path) -> ThroughputRecord | None:
+    """The last gate's throughput record; None when there is none."""
+    data, _ = read_json(path)
+    return ThroughputRecord.from_dict(data)

@@ -105,14 +105,28 @@ def render_balancers(rows: Sequence[BalancerRow], title: str = "balancers") -> T
     return table
 
 
+def tok_s(throughput: dict | None) -> Text:
+    """``89/119`` (narrative/code decode tok/s of the last gate), red when its throughput
+    check failed; ``-`` without a record."""
+    if not throughput:
+        return Text("-")
+
+    def one(v: object) -> str:
+        return f"{v:.0f}" if isinstance(v, int | float) else "-"
+
+    text = f"{one(throughput.get('narrative'))}/{one(throughput.get('code'))}"
+    return Text(text, style="red" if throughput.get("result") == "fail" else "")
+
+
 def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> Table:
     """One line per host: stack (or why it cannot be read), pins (image digest / Genesis /
-    model revision, short), last gate, how much drift; the drift lines and errors follow as
-    notes. While a ``rigfleet bump`` is unfinished the title says ``(mid-bump)``, a ``bump``
-    column says where each host stands (on the candidate since when, on the old pins, in
-    flight and what it runs) and a ``mid-bump`` note names the bump and what to do."""
+    model revision, short), last gate, the last gate's decode tok/s (narrative/code), how
+    much drift; the drift lines and errors follow as notes. While a ``rigfleet bump`` is
+    unfinished the title says ``(mid-bump)``, a ``bump`` column says where each host stands
+    (on the candidate since when, on the old pins, in flight and what it runs) and a
+    ``mid-bump`` note names the bump and what to do."""
     mid_bump = any(r.bump for r in rows)
-    columns = ["host", "stack", "image/genesis/model", "gate", "drift"]
+    columns = ["host", "stack", "image/genesis/model", "gate", "tok/s", "drift"]
     table = Table(title + (" (mid-bump)" if mid_bump else ""),
                   [*columns, "bump"] if mid_bump else columns, keys=("host", "stack"))
     for summary in bump_summaries(rows):
@@ -131,7 +145,8 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> T
                 table.note(r.host, Text(line, style="yellow"))
         pins = "/".join((_hex(r.digest, 7), _hex(r.genesis, 7), _hex(r.model_revision, 7)))
         gate = "-" if r.gate is None else f"{r.gate} {_when(r.gate_time)}".strip()
-        cells: list[Any] = [r.host, stack, pins if r.reachable else "-", gate, drift]
+        cells: list[Any] = [r.host, stack, pins if r.reachable else "-", gate,
+                            tok_s(r.throughput), drift]
         if mid_bump:
             cells.append(bump_cell(r.bump))
         table.row(*cells)

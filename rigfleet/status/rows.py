@@ -24,6 +24,7 @@ from rigfleet.desired import DesiredHost, build_desired, fleet_pins
 from rigfleet.errors import RigfleetError
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.hostprobe import HostProbe, run_probe
+from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
@@ -47,6 +48,9 @@ class StatusRow:
     drift: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
+    # The last gate's throughput (rigfleet.hostside.records.ThroughputRecord): decode tok/s
+    # per shape, the check's result, when, and the scale it was measured under.
+    throughput: dict[str, Any] | None = None
     # Where the host stands in an unfinished ``rigfleet bump`` (``BumpJournal.host_view``,
     # plus ``runs`` for a host it was deploying: what the host itself says it runs).
     bump: dict[str, Any] | None = None
@@ -81,6 +85,7 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
     digest = want.current.pins.digest if want.current.pins.digest in digests else (
         digests[0] if digests else None)
     result, when = gate_summary(probe)
+    last = probe.throughput_last
     return StatusRow(
         host=want.name,
         reachable=True,
@@ -92,7 +97,15 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
         gate_time=when,
         drift=find_drift(want, probe),
         seconds=round(seconds, 2),
+        throughput=throughput_summary(last) if last else None,
     )
+
+
+def throughput_summary(record: ThroughputRecord) -> dict[str, Any]:
+    """The status row's view of the last gate's throughput record."""
+    return {"stack": record.stack, "narrative": record.decode("narrative"),
+            "code": record.decode("code"), "result": record.result, "at": record.at,
+            "scale": record.scale}
 
 
 def desired_choices(settings: HostSettings, pins: Pins,

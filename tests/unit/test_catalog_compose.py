@@ -46,6 +46,13 @@ def make_pins(**stack_overrides: dict[str, Any]) -> Pins:
             VERSION,
             GenesisPin("https://github.com/Sandermage/genesis-vllm-patches.git", GENESIS),
         ),
+        # The seeds' other stacks, pinned like the two above (no default pins yet).
+        "tq3-nomtp": StackPins("tq3-nomtp", IMAGE, DIGEST_TQ3, VERSION),
+        "turbo": StackPins(
+            "turbo", IMAGE, DIGEST_TQ3, VERSION,
+            GenesisPin("https://github.com/Sandermage/genesis-vllm-patches.git", GENESIS),
+        ),
+        "single-fp8-mtp": StackPins("single-fp8-mtp", IMAGE, DIGEST_INT8, VERSION),
     }
     for name, changes in stack_overrides.items():
         stacks[name] = replace(stacks[name], **changes)
@@ -130,12 +137,13 @@ COMMON_ENV = {
 }
 
 
-def test_catalog_has_exactly_the_two_stacks() -> None:
-    assert sorted(STACKS) == ["int8", "tq3-mtp-genesis"]
-    assert {s.port for s in STACKS.values()} == {8011, 8015}
+def test_catalog_has_the_seeds_stacks() -> None:
+    assert sorted(STACKS) == ["int8", "single-fp8-mtp", "tq3-mtp-genesis", "tq3-nomtp", "turbo"]
+    assert {s.port for s in STACKS.values()} == {8011, 8012, 8014, 8015, 8020}
     assert get_stack("int8").container_name == "rigfleet-int8"
     assert get_stack("tq3-mtp-genesis").container_name == "rigfleet-tq3-mtp-genesis"
-    with pytest.raises(CatalogError, match=r"unknown stack 'fp8'; allowed: int8, tq3-mtp-genesis"):
+    with pytest.raises(CatalogError, match=r"unknown stack 'fp8'; allowed: int8, single-fp8-mtp, tq3-mtp-genesis, "
+                       r"tq3-nomtp, turbo"):
         get_stack("fp8")
 
 

@@ -117,7 +117,7 @@ def _world_readable(path: Path) -> str:
 
 # (key, value or a function of the secrets fixture, strings the message must contain)
 BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
-    ("stack", "fp8", ["rig-a: stack: 'fp8'", "not a stack", "int8, tq3-mtp-genesis"]),
+    ("stack", "fp8", ["rig-a: stack: 'fp8'", "not a stack", "int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"]),
     ("power_caps_w", "290", ["power_caps_w: '290'", "integer number of watts", "[290, 290]"]),
     ("power_caps_w", [290, 700], ["power_caps_w[1]: 700", "sane range", "50..600"]),
     ("power_caps_w", [290], ["power_caps_w: [290]", "has 1 cap(s) but gpu_count is 2"]),
@@ -184,7 +184,7 @@ BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
         {**APT_REPOS, "Bad_Name": APT_REPOS["cuda"]},
         ["apt_repos.Bad_Name: 'Bad_Name'", "lowercase letters"],
     ),
-    ("extra_env", {"fp8": {"A": "1"}}, ["extra_env.fp8: 'fp8'", "int8, tq3-mtp-genesis"]),
+    ("extra_env", {"fp8": {"A": "1"}}, ["extra_env.fp8: 'fp8'", "int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"]),
     ("extra_env", {"int8": {"BAD-NAME": "1"}}, ["extra_env.int8.BAD-NAME", "environment name"]),
     ("extra_env", {"int8": {"FLAG": True}}, ["extra_env.int8.FLAG: True", "'1'/'0'"]),
     ("extra_env", ["A=1"], ["extra_env: ['A=1']", "a mapping stack -> {NAME: value}"]),

@@ -118,7 +118,7 @@ def test_run_keeps_to_the_schedule_and_stops_by_itself():
 
     report = run(LoadConfig("http://127.0.0.1:1", API_KEY, rate=20, duration_s=0.5), send=send)
     assert report.sent == 10 and report.completed == 10
-    assert sent[-1] == pytest.approx(0.45, abs=0.15)
+    assert sent == sorted(sent) and sent[-1] >= 0.4  # on schedule, not all at once
     stop = threading.Event()
     threading.Timer(0.2, stop.set).start()
     stopped = run(LoadConfig("http://127.0.0.1:1", API_KEY, rate=10, duration_s=5), stop,

@@ -205,7 +205,7 @@ BAD_PINS = [
     (
         "stacks.fp8",
         {"image": "x:y", "digest": DIGEST_A, "vllm_version": "0.1"},
-        ["stacks.fp8", "'fp8'", "not a stack in the catalog", "int8, tq3-mtp-genesis"],
+        ["stacks.fp8", "'fp8'", "not a stack in the catalog", "int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"],
     ),
     ("stacks", {}, ["stacks: {}", "one entry per stack the fleet serves", "int8"]),
     (f"{TQ3}.genesis", _DELETE, [f"{TQ3}.genesis", "missing", "needs Genesis"]),

@@ -103,6 +103,20 @@ BAD: list[tuple[str, Any, list[str]]] = [
     ("gate", {"set": {"nope": 1}}, ["gate.set", "unknown key 'nope'"]),
     ("schema", "rigfleet-stack/9", ["schema: 'rigfleet-stack/9'", "'rigfleet-stack/1'"]),
     ("entrypoint", _DELETE, ["entrypoint: missing", "the container entrypoint argv"]),
+    # The throughput section (docs/bench.md).
+    ("throughput", {"reference": {"narrative": -1}},
+     ["throughput.reference.narrative: -1", "> 0"]),
+    ("throughput", {"reference": {"prose": 1}}, ["throughput.reference.prose", "unknown key"]),
+    ("throughput", {"margin": 1.5}, ["throughput.margin: 1.5", "a fraction"]),
+    ("throughput", {"cv_max": 0}, ["throughput.cv_max: 0", "a fraction"]),
+    ("throughput", {"acceptance": {"reference": [0.9, 0.8]}},
+     ["throughput.acceptance.reference", "3 fractions (one per draft position"]),
+    ("throughput", {"acceptance": {"reference": [0.9, 0.8, 1.2]}},
+     ["throughput.acceptance.reference"]),
+    ("throughput", {"acceptance": {"reference": [0.9, 0.8, 0.7], "floor_ratio": 2}},
+     ["throughput.acceptance.floor_ratio: 2"]),
+    ("throughput", {"rate": 1},
+     ["throughput.rate", "unknown key", "reference, margin, cv_max, acceptance"]),
 ]
 
 
@@ -192,7 +206,7 @@ def test_host_data_names_a_stack_from_its_own_stack_directory(tmp_path):
     settings = validate_host("rig-a", _host_data(tmp_path, stack="mine", stacks_dir=str(stacks)))
     assert settings.spec.name == "mine" and settings.catalog.get("mine").port == 8032
     with pytest.raises(HostDataError, match=r"rig-a: stack: 'mine' is not a stack in the "
-                                            r"catalog; allowed: int8, tq3-mtp-genesis"):
+                                            r"catalog; allowed: int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"):
         validate_host("rig-a", _host_data(tmp_path, stack="mine"))
 
 

@@ -380,7 +380,7 @@ def test_render_json_has_full_values_and_ok_flags(want):
     assert data["hosts"][1] == {
         "host": "rig-b", "reachable": False, "stack": None, "digest": None, "genesis": None,
         "model_revision": None, "gate": None, "gate_time": None, "drift": [], "error": "refused",
-        "seconds": 0.0, "bump": None, "ok": False,
+        "seconds": 0.0, "throughput": None, "bump": None, "ok": False,
     }  # fmt: skip
 
 

@@ -80,7 +80,12 @@ def test_plan_carries_everything_the_host_needs(ctx, tmp_path):
     assert plan.projects == (
         ("rigfleet-int8", "/opt/rigfleet/stacks/int8/compose.yaml"),
         ("rigfleet-tq3-mtp-genesis", "/opt/rigfleet/stacks/tq3-mtp-genesis/compose.yaml"))
-    assert (plan.gate_profile, plan.gate_set, plan.id) == ("fast", ("soak_sessions=2",), "D1")
+    # The stack's own gate overrides (its throughput baseline and references) first, then
+    # host data's gate_set, which wins.
+    assert (plan.gate_profile, plan.id) == ("fast", "D1")
+    assert plan.gate_set == (*ctx.current.gate_set, "soak_sessions=2")
+    assert "throughput_stack=tq3-mtp-genesis" in plan.gate_set
+    assert "throughput_reference_narrative=89.2" in plan.gate_set
     assert Plan.from_dict(json.loads(plan.dumps())) == plan
     # The hash is the compose file's own label: a changed extra_env changes it.
     other = desired(tmp_path, extra_env={"tq3-mtp-genesis": {"X": "1"}}).current.ref

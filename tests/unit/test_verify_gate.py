@@ -413,7 +413,8 @@ def test_cli_int8_mtp_passes_everything(tmp_path):
         srv.stop()
     assert proc.returncode == 0, proc.stderr
     err = proc.stderr
-    assert "[ 1/10] preflight: Preflight ..." in err and "[10/10] spec_decode: PASS" in err
+    assert "[ 1/11] preflight: Preflight ..." in err and "[10/11] spec_decode: PASS" in err
+    assert "[11/11] throughput: PASS" in err and "not judged: no stack" in err
     assert "soak: PASS" in err and "........" in err
     reports = sorted((tmp_path / "r").iterdir())
     assert [p.suffix for p in reports] == [".json", ".md"]
@@ -424,7 +425,7 @@ def test_cli_int8_mtp_passes_everything(tmp_path):
     assert {c["name"]: c["status"] for c in data["checks"]} == {
         n: "pass" for n in ("preflight", "needles", "tool_prefill", "ide_oneshot",
                             "agent_multiturn", "coding", "reasoning", "needles_deep", "soak",
-                            "spec_decode")}
+                            "spec_decode", "throughput")}
     needles = next(c for c in data["checks"] if c["name"] == "needles")["details"]["attempts"]
     assert [a["depth_tokens"] for a in needles] == [8000, 12000]
     assert all(abs(a["prompt_tokens"] - a["depth_tokens"]) <= 0.02 * a["depth_tokens"]

@@ -14,6 +14,8 @@ gate itself was misused (bad arguments). Modules:
 - ``health``    output-health detectors run on every reply
 - ``prompts``   prompt material (filler, news, tool schemas) and sizing to server tokens
 - ``checks``    preflight, the seven checks of the "7/7", soak, spec_decode
+- ``throughput`` decode tok/s against the host's baseline, CV, MTP acceptance per position
+- ``counting``  request bodies and prompt-token counting (shared with the bench)
 - ``report``    JSON (``rigfleet-verify/1``) and Markdown reports, the exit status
 - ``runner``    orders the checks, shows progress, writes reports (``__main__`` is the CLI)
 

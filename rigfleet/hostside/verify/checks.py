@@ -1,4 +1,5 @@
-"""The gate's checks: preflight, the seven checks of club-3090's "7/7", soak, spec_decode.
+"""The gate's checks: preflight, the seven checks of club-3090's "7/7", soak, spec_decode,
+throughput (in ``throughput.py``: the bench's core against the host's baseline).
 
 Each check is ``fn(ctx) -> CheckResult`` and is listed in :data:`CHECKS` in run order::
 
@@ -33,8 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..records import ThroughputRecord
 from . import metrics, prompts
+from . import throughput as throughput_check  # the bench's core, in a module of its own
 from .client import ChatResult, Client
+from .counting import TokenCounter, chat_body
 from .health import Finding, HealthLimits, scan
 from .profiles import Profile
 from .report import FAIL, PASS, SKIP, CheckResult
@@ -69,7 +73,9 @@ class Context:
     version: str = ""
     max_model_len: int | None = None
     metrics_before: list[metrics.Sample] | None = None
-    count_mode: str = "tokenize"  # -> "chat" when /tokenize is not there, "none" if neither
+    counter: TokenCounter | None = None  # /tokenize, else 1-token completions
+    # What the throughput check measured (the runner writes it to the host's records).
+    throughput_record: ThroughputRecord | None = None
     sizer: prompts.Sizer | None = None
 
     @property
@@ -90,38 +96,15 @@ class Context:
     # -- requests ------------------------------------------------------------------------------
     def body(self, messages: prompts.Messages, max_tokens: int, temperature: float,
              tools: prompts.Tools = None, tool_choice: Any = None) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "model": self.model, "messages": messages, "max_tokens": max_tokens,
-            "temperature": temperature, "chat_template_kwargs": {"enable_thinking": False},
-        }
-        if tools:
-            out["tools"] = tools
-            out["tool_choice"] = tool_choice or "auto"
-        return out
+        return chat_body(self.model, messages, max_tokens, temperature, tools, tool_choice)
 
     def count_tokens(self, messages: prompts.Messages, tools: prompts.Tools) -> int | None:
         """Prompt tokens as the server counts them (chat template included)."""
-        timeout = max(self.profile.preflight_timeout_s, 30.0)
-        if self.count_mode == "tokenize":
-            body: dict[str, Any] = {"model": self.model, "messages": messages,
-                                    "add_generation_prompt": True,
-                                    "chat_template_kwargs": {"enable_thinking": False}}
-            if tools:
-                body["tools"] = tools
-            r = self.client.request("POST", "/tokenize", body, timeout=timeout)
-            data = r.json() if r.status == 200 else None
-            if isinstance(data, dict) and isinstance(data.get("count"), int):
-                return data["count"]
-            if r.status in (401, 403, 404, 405, 501):
-                self.count_mode = "chat"  # no /tokenize here (or a front hides it)
-                self.progress.note("/tokenize unavailable; counting with 1-token completions")
-            else:
-                return None
-        if self.count_mode == "chat":
-            body = self.body(messages, 1, 0.0, tools, "none" if tools else None)
-            res = self.client.chat(body, timeout=self.profile.needle_timeout_s)
-            return res.prompt_tokens if res.ok else None
-        return None
+        if self.counter is None:
+            self.counter = TokenCounter(
+                self.client, self.model, timeout=max(self.profile.preflight_timeout_s, 30.0),
+                chat_timeout=self.profile.needle_timeout_s, note=self.progress.note)
+        return self.counter(messages, tools)
 
 
 def _result(name: str, title: str) -> CheckResult:
@@ -724,5 +707,6 @@ CHECKS: tuple[tuple[str, str, CheckFn], ...] = (
     ("needles_deep", "Deep needles (7)", needles_deep),
     ("soak", "Soak", soak),
     ("spec_decode", "Spec-decode acceptance", spec_decode),
+    (throughput_check.NAME, throughput_check.TITLE, throughput_check.throughput),
 )
 CHECK_NAMES: tuple[str, ...] = tuple(c[0] for c in CHECKS)

@@ -79,6 +79,9 @@ class ChatResult:
     status: int
     seconds: float = 0.0
     ttft: float | None = None  # streaming only: seconds to the first content/tool byte
+    # streaming only: seconds to the first generated token of any kind (content, reasoning or
+    # tool call): where decode starts (the bench's decode tok/s counts from here)
+    first_token: float | None = None
     content: str = ""
     reasoning: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
@@ -255,6 +258,8 @@ class Client:
                         reasoning.append(rpiece)
                     for tc in delta.get("tool_calls") or []:
                         _merge_tool_delta(calls, tc)
+                    if (piece or rpiece or delta.get("tool_calls")) and out.first_token is None:
+                        out.first_token = time.monotonic() - t0
                     if (piece or delta.get("tool_calls")) and out.ttft is None:
                         out.ttft = time.monotonic() - t0
                     if choice.get("finish_reason"):

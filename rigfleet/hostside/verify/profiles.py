@@ -86,6 +86,25 @@ class Profile:
     spec_probe_timeout_s: float = 120.0
     spec_settle_s: float = 3.0  # let the engine publish its last counters before scraping
 
+    # -- throughput (rigfleet.hostside.bench: the bench's narrative and code shapes) ------------
+    throughput_runs: int = 5  # measured runs per shape (mean, CV)
+    throughput_warmup: int = 3  # unmeasured rounds first (seed 004: "after 3 warmup rounds")
+    throughput_timeout_s: float = 300.0  # per request
+    # What the host's own history is kept under (the stack's name); "" = no baseline lookup,
+    # nothing judged against history, nothing recorded.
+    throughput_stack: str = ""
+    # Where the host keeps its throughput records (history.jsonl, last.json); "" = none.
+    throughput_history_dir: str = ""
+    throughput_history_n: int = 5  # the baseline: rolling median over this many verified gates
+    # The stack file's reference decode tok/s of one stream on RTX 3090s; 0 = none.
+    throughput_reference_narrative: float = 0.0
+    throughput_reference_code: float = 0.0
+    throughput_scale: float = 1.0  # host data throughput_scale: other hardware, the testbed
+    throughput_margin: float = 0.15  # fail below the baseline by more than this fraction
+    throughput_cv_max: float = 0.10  # fail when a shape's CV over its runs is above this
+    # Per-position MTP acceptance floors (code shape), e.g. 0.76,0.672,0.6; empty = none.
+    throughput_acceptance_floor: tuple[float, ...] = ()
+
     # -- output health (applied to every reply) -----------------------------------------------
     health_punct_run: int = 4  # "!!!!": a run of this many ! or ? is a flood
     health_punct_ratio: float = 0.30
@@ -139,13 +158,20 @@ FAST = Profile(
     spec_min_drafts=20,
     spec_probe_timeout_s=30.0,
     spec_settle_s=0.2,
+    throughput_warmup=1,
+    throughput_timeout_s=60.0,
 )
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (FULL, FAST)}
 
 # Keys whose value is a fraction (0..1]; everything numeric else must be > 0 unless listed.
-_FRACTIONS = {"size_tolerance", "soak_fail_rate", "health_punct_ratio", "health_lexical_min"}
-_ZERO_OK = {"spec_settle_s", "health_wait_s", "soak_warn_rate", "soak_silent_empty_min_s"}
+_FRACTIONS = {"size_tolerance", "soak_fail_rate", "health_punct_ratio", "health_lexical_min",
+              "throughput_margin", "throughput_cv_max", "throughput_acceptance_floor"}
+_ZERO_OK = {"spec_settle_s", "health_wait_s", "soak_warn_rate", "soak_silent_empty_min_s",
+            "throughput_warmup", "throughput_reference_narrative",
+            "throughput_reference_code"}
+# Free text (a stack name, a directory on the host): no control characters.
+_TEXT = {"throughput_stack", "throughput_history_dir"}
 _NOT_SETTABLE = {"name", "overrides"}
 
 
@@ -159,10 +185,14 @@ def _types() -> dict[str, Any]:
 
 def _describe(key: str) -> str:
     typ = _types()[key]
+    if key in _TEXT:
+        return "text without control characters (may be empty)"
     if typ is int:
         allowed = "an integer"
     elif typ is float:
         allowed = "a number"
+    elif typ == tuple[float, ...]:
+        allowed = "comma-separated numbers, e.g. 0.76,0.67,0.6"
     else:
         allowed = "comma-separated integers, e.g. 8000,12000"
     if key in _FRACTIONS:
@@ -177,11 +207,19 @@ def _parse_value(key: str, raw: str) -> Any:
     bad = ProfileError(f"--set {key}={raw}: invalid value {raw!r} for {key}; "
                        f"allowed: {_describe(key)}")
     text = raw.strip()
+    if key in _TEXT:
+        if any(not ch.isprintable() for ch in raw):
+            raise bad
+        return text
     try:
         if typ is int:
             value: Any = int(text.replace("_", ""))
         elif typ is float:
             value = float(text)
+        elif typ == tuple[float, ...]:
+            value = tuple(float(p) for p in text.split(",") if p.strip())
+            if not value:
+                raise ValueError(raw)
         else:
             parts = [p.strip().replace("_", "") for p in text.split(",") if p.strip()]
             value = tuple(int(p) for p in parts)

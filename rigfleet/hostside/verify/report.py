@@ -171,13 +171,16 @@ def write(report: Report, directory: Path) -> tuple[Path, Path]:
         n += 1
         stem = f"verify-{stamp}-{n}"
     paths = (directory / f"{stem}.json", directory / f"{stem}.md")
-    _atomic_write(paths[0], json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n")
-    _atomic_write(paths[1], report.markdown())
+    atomic_write(paths[0], json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n")
+    atomic_write(paths[1], report.markdown())
     return paths
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    # A reader (the promotion step) must never see half a report.
+def atomic_write(path: Path, text: str, mode: int | None = None) -> None:
+    """Replace ``path`` with ``text`` in one rename: a reader (the promotion step, a probe)
+    never sees half a file. ``mode``: the file's permissions (default: the umask's)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
+    if mode is not None:
+        os.chmod(tmp, mode)
     os.replace(tmp, path)

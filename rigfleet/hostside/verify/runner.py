@@ -16,12 +16,14 @@ From Python (tests, other host-side tools)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import NoReturn, TextIO
 
+from ..bench import history
 from . import checks, report
 from .client import Client, redact_url
 from .profiles import PROFILES, Profile, ProfileError, resolve
@@ -128,8 +130,31 @@ def run(url: str, profile: Profile, api_key: str | None = None,
     rep.finished = report.now_iso()
     rep.seconds = time.monotonic() - t0
     paths = report.write(rep, report_dir) if report_dir is not None else None
+    keep_throughput(ctx, rep, paths[0] if paths else None, progress)
     progress.footer(rep, paths)
     return rep, paths
+
+
+def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
+                    progress: ConsoleProgress) -> None:
+    """Write what the throughput check measured to the host's records: ``last.json`` always,
+    the verified history only when the whole gate passed. Nothing without
+    ``throughput_stack`` and ``throughput_history_dir`` (a gate run by hand elsewhere), and a
+    record that cannot be written is a note, not a failed gate."""
+    prof = ctx.profile
+    record = ctx.throughput_record
+    if record is None or not prof.throughput_stack or not prof.throughput_history_dir:
+        return
+    record = dataclasses.replace(record, report=str(report_json) if report_json else None)
+    directory = Path(prof.throughput_history_dir)
+    try:
+        history.write_last(directory, record)
+        if rep.exit_status() == 0:
+            history.append_history(directory, record)
+            progress.note(f"throughput recorded in {directory} (verified history of "
+                          f"{record.stack})")
+    except OSError as exc:
+        progress.note(f"cannot write the throughput record to {directory}: {exc}")
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -205,15 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
     progress = QuietProgress() if args.quiet else ConsoleProgress(sys.stderr)
     try:
-        rep, _ = run(args.url, prof, key, only, None, progress)
+        rep, _ = run(args.url, prof, key, only, args.report_dir, progress)
     except KeyboardInterrupt:
         print("verify: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    try:
-        paths = report.write(rep, args.report_dir)
     except OSError as exc:
         print(f"verify: cannot write the report to {args.report_dir}: {exc}", file=sys.stderr)
         return EXIT_REPORT
-    if not args.quiet:
-        print(f"verify: reports {paths[0]} {paths[1]}", file=sys.stderr)
     return rep.exit_status()

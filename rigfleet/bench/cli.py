@@ -1,0 +1,230 @@
+"""``rigfleet bench``: decode speed of any endpoint, or of every host of an inventory.
+
+    rigfleet bench --url URL [--api-key-file F|-] [--ca-file PEM] [--stack NAME] [--scale X]
+    rigfleet bench --inventory inventory/home.py [--limit HOST ...]
+    rigfleet bench --inventory inventory/home.py --accept-baseline HOST
+    options: [--runs 5] [--warmup 3] [--concurrency N] [--depths 16000,32000,64000 |
+              --no-depths] [--out bench-reports] [--no-plot] [--json]
+
+Per target: warm-up rounds, then streamed runs of an ~800-word essay (max_tokens 1000) and a
+commented quicksort (max_tokens 800) at temperature 0.6: decode tok/s (completion tokens /
+(end - first token)), wall tok/s, time to first token, mean and CV; MTP acceptance from
+/metrics deltas (unknown, not 0, without /metrics); a concurrency run at the stack's
+max-num-seqs; decode at context depths. Writes ``bench-<ts>.json`` / ``.md`` (and ``.png``
+with ``rigfleet[plot]``) into ``--out``. ``--accept-baseline HOST`` benches HOST's active
+stack on the host and records it as its baseline there (after a deliberate change).
+Exit status: 0 all measured, 1 something measured nothing, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from rigfleet.bench.fleet import (
+    Target,
+    accept_baseline,
+    bench_targets,
+    inventory_targets,
+    settings_for,
+)
+from rigfleet.bench.plot import plot
+from rigfleet.bench.progress import RichProgress
+from rigfleet.hostside.bench.cli import count, positive, token_counts
+from rigfleet.hostside.bench.report import Entry, fleet_medians, report_dict, write
+from rigfleet.hostside.verify.client import CA_FILE_ENV
+from rigfleet.hostside.verify.runner import read_api_key
+from rigfleet.tables import Table
+
+DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
+EXIT_OK, EXIT_UNMEASURED, EXIT_USAGE = 0, 1, 2
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``rigfleet bench`` (``cli.py`` calls this)."""
+    p = subparsers.add_parser(
+        "bench", help="decode tok/s, CV, TTFT, MTP acceptance of an endpoint or every host",
+        description="Decode speed of any OpenAI-compatible endpoint, or of every host of an "
+                    "inventory, beside the fleet median, the stack's reference and the host's "
+                    "history (docs/bench.md).")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="any OpenAI-compatible endpoint, e.g. http://rig-a:8000")
+    where.add_argument("--inventory", help="bench every host's front (pyinfra inventory)")
+    p.add_argument("--limit", action="append", default=[], metavar="HOST",
+                   help="(--inventory) only this host (repeatable)")
+    p.add_argument("--accept-baseline", metavar="HOST",
+                   help="(--inventory) bench HOST's active stack on the host and record it as "
+                        "its throughput baseline there")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="(--url) file holding the API key, '-' reads stdin")
+    p.add_argument("--ca-file", metavar="PEM",
+                   help="(--url) trust these certificates for https://, as rigfleet verify "
+                        f"does (default: ${CA_FILE_ENV}, else the system's trust store; an "
+                        "inventory's TLS fronts use their host data's CA)")
+    p.add_argument("--stack", help="(--url) the stack the endpoint serves: its reference "
+                                   "figures and max-num-seqs")
+    p.add_argument("--scale", type=positive, default=1.0,
+                   help="(--url) the endpoint's throughput_scale against RTX 3090s (1)")
+    p.add_argument("--runs", type=count, default=5, help="measured runs per shape (5)")
+    p.add_argument("--warmup", type=count, default=3, help="warm-up rounds first (3)")
+    p.add_argument("--concurrency", type=count, default=None,
+                   help="streams of the concurrency run (default: the stack's max-num-seqs)")
+    p.add_argument("--depths", type=token_counts, default=DEFAULT_DEPTHS,
+                   help="context depths in tokens (default 16000,32000,64000; those beyond "
+                        "max-model-len are skipped)")
+    p.add_argument("--no-depths", action="store_true", help="no depth runs")
+    p.add_argument("--timeout-s", type=positive, default=300.0, help="per request (300)")
+    p.add_argument("--out", type=Path, default=Path("bench-reports"),
+                   help="where the reports go (default bench-reports/)")
+    p.add_argument("--no-plot", action="store_true", help="no PNG")
+    p.add_argument("--json", action="store_true", help="print the JSON report, not a table")
+    p.set_defaults(func=run)
+    return p
+
+
+def _usage(message: str) -> int:
+    Console(stderr=True).print(f"[red]error:[/red] {message}")
+    return EXIT_USAGE
+
+
+def run(args: argparse.Namespace) -> int:
+    """``rigfleet bench`` (see the module docstring)."""
+    from rigfleet.catalog import CatalogError, builtin_catalog
+    from rigfleet.errors import RigfleetError
+    from rigfleet.inventory import InventoryError, load_inventory
+    from rigfleet.ssh import SshRemote
+
+    err = Console(stderr=True, highlight=False)
+    if args.url and (args.limit or args.accept_baseline):
+        return _usage("--limit and --accept-baseline need --inventory (they name hosts)")
+    if args.inventory and (args.stack or args.api_key_file or args.ca_file):
+        return _usage("--stack, --api-key-file and --ca-file are for --url (an inventory "
+                      "names them)")
+    depths = () if args.no_depths else tuple(args.depths)
+    if args.url:
+        try:
+            spec = builtin_catalog().get(args.stack) if args.stack else None
+            key = read_api_key(args.api_key_file) if args.api_key_file else None
+        except (CatalogError, ValueError) as e:
+            return _usage(str(e))
+        ca = str(Path(args.ca_file).expanduser().absolute()) if args.ca_file else None
+        targets = [Target(args.url, args.url, key, spec, args.scale, ca_file=ca)]
+    else:
+        try:
+            hosts = load_inventory(args.inventory)
+        except InventoryError as e:
+            return _usage(str(e))
+        names = [h.name for h in hosts]
+        if not names:
+            return _usage(f"{args.inventory}: no hosts")
+        wanted = [*args.limit, *([args.accept_baseline] if args.accept_baseline else [])]
+        unknown = [n for n in wanted if n not in names]
+        if unknown:
+            return _usage(f"{args.inventory}: no host {', '.join(unknown)}; allowed: "
+                          f"{', '.join(names)}")
+        if args.accept_baseline:
+            return _accept(args, next(h for h in hosts if h.name == args.accept_baseline), err)
+        hosts = [h for h in hosts if not args.limit or h.name in args.limit]
+        try:
+            targets = inventory_targets(hosts, SshRemote())
+        except RigfleetError as e:
+            return _usage(str(e))
+    started = _now()
+    with RichProgress(err) as progress:
+        entries = bench_targets(targets, lambda t: settings_for(
+            t, args.runs, args.warmup, args.concurrency, depths, args.timeout_s), progress)
+    paths = write(entries, args.out, started)
+    png = None
+    if not args.no_plot:
+        png, problem = plot(entries, paths[0].with_suffix(".png"))
+        if problem:
+            err.print(f"[yellow]{problem}[/yellow]")
+    if args.json:
+        print(json.dumps(report_dict(entries, started), indent=2))
+    else:
+        render(entries).print(Console())
+        err.print("reports: " + " ".join(str(p) for p in (*paths, *([png] if png else []))))
+    measured = all(any(s.figures() for s in e.result.shapes.values()) for e in entries)
+    return EXIT_OK if measured else EXIT_UNMEASURED
+
+
+def _now() -> str:
+    from rigfleet.hostside.verify.report import now_iso
+
+    return now_iso()
+
+
+def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
+    from rigfleet.desired import load_desired
+    from rigfleet.errors import RigfleetError
+    from rigfleet.ssh import SshRemote
+
+    try:
+        want = load_desired(host.name, host.data)
+        err.print(f"{host.name}: benching its active stack on the host "
+                  f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
+        data = accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
+    except (RigfleetError, RuntimeError) as e:
+        err.print(f"[red]error:[/red] {e}")
+        return EXIT_UNMEASURED
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    rec = data.get("accepted") or {}
+    shapes = rec.get("shapes") or {}
+    figs = ", ".join(f"{k} {v.get('decode'):.1f} tok/s" for k, v in shapes.items()
+                     if isinstance(v, dict) and isinstance(v.get("decode"), int | float))
+    Console().print(f"{host.name}: accepted {figs} as {data.get('stack')}'s baseline "
+                    f"({rec.get('at')}); the gate's rolling median restarts from it")
+    return EXIT_OK
+
+
+def _cell(value: float | None, fmt: str = ".1f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _ratio(value: float | None, against: float | None) -> Text:
+    if value is None or not against:
+        return Text("-")
+    r = value / against
+    return Text(f"{r:.0%}", style="red" if r < 0.85 else "green" if r >= 0.95 else "yellow")
+
+
+def render(entries: list[Entry]) -> Table:
+    """One line per target: decode tok/s per shape, CV, acceptance, and the narrative
+    figure against the reference, the fleet median and the host's baseline."""
+    fleet = fleet_medians(entries)
+    table = Table("rigfleet bench: decode tok/s", [
+        "host", "stack", "narrative", "code", "CV n/c", "acceptance", "vs ref", "vs fleet",
+        "vs base"])
+    for e in entries:
+        n, c = e.result.shapes.get("narrative"), e.result.shapes.get("code")
+        acc = c.acceptance if c else None
+        cv = (f"{_cell(n.decode_cv if n else None, '.1%')}/"
+              f"{_cell(c.decode_cv if c else None, '.1%')}")
+        base = e.baseline.figures.get("narrative") if e.baseline else None
+        nd = n.decode_mean if n else None
+        table.row(e.host, e.stack or "-", _cell(nd), _cell(c.decode_mean if c else None), cv,
+                  "/".join(f"{x:.0%}" for x in acc.per_position) if acc else "unknown",
+                  _ratio(nd, e.reference.get("narrative")),
+                  _ratio(nd, fleet.get(e.stack or "", {}).get("narrative")), _ratio(nd, base))
+        if e.error:
+            table.note(e.host, Text(e.error, style="red"))
+        if e.result.concurrency is not None:
+            cc = e.result.concurrency
+            table.note(e.host, f"{cc.streams} streams: {_cell(cc.per_stream_decode)} tok/s each, "
+                               f"{_cell(cc.aggregate_tok_s)} in all")
+        depths = [d for d in e.result.depths if d.run is not None]
+        if depths:
+            table.note(e.host, "depth: " + ", ".join(
+                f"{d.depth // 1000}K {_cell(d.run.decode_tok_s if d.run else None)}"
+                for d in depths))
+        if c is not None and c.acceptance is None and c.acceptance_note:
+            table.note(e.host, f"acceptance {c.acceptance_note}")
+    return table
+

@@ -1,0 +1,179 @@
+"""What ``rigfleet bench`` benches, and benching it.
+
+A target is one endpoint with what its figures stand beside: the stack it serves (reference
+figure, max-num-seqs), the host's ``throughput_scale`` and its verified history (read with
+the host probe over SSH)::
+
+    targets = inventory_targets(load_inventory("inventory/home.py"), SshRemote())
+    entries = bench_targets(targets, lambda t: BenchSettings(runs=5), progress)
+    accept_baseline(SshRemote(), host, want, runs=5, warmup=3, by="alice")
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rigfleet.catalog import StackSpec
+from rigfleet.commands import hosttool
+from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.endpoints import front_url, read_key
+from rigfleet.errors import RigfleetError
+from rigfleet.hostprobe import run_probe
+from rigfleet.hostside.bench.baseline import Baseline, baseline_for
+from rigfleet.hostside.bench.measure import Bench, BenchSettings, SilentProgress
+from rigfleet.hostside.bench.report import Entry
+from rigfleet.hostside.records import ThroughputRecord
+from rigfleet.hostside.verify.client import Client
+from rigfleet.inventory import InventoryHost
+from rigfleet.ssh import HostUnreachable, Remote
+
+HISTORY_N = 5  # as the gate's default throughput_history_n
+
+
+class Progress(Protocol):
+    """``rigfleet.bench.progress.RichProgress`` (or a silent stand-in)."""
+
+    def target(self, host: str) -> None: ...
+
+    def begin(self, total: int) -> None: ...
+
+    def step(self, label: str) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """One endpoint to bench.
+
+    + host: the inventory name (or the URL); url, api_key: where and how
+    + stack: the stack file of what it serves (None: unknown, e.g. a bare --url)
+    + scale: the host's throughput_scale; history: its verified records, oldest first
+    + note: why something is missing (the probe failed, ...)
+    + ca_file: the PEM certificate(s) to trust for an https:// front (as ``rigfleet verify``)
+    """
+
+    host: str
+    url: str
+    api_key: str | None = None
+    stack: StackSpec | None = None
+    scale: float = 1.0
+    history: tuple[ThroughputRecord, ...] = ()
+    note: str = ""
+    error: str = ""
+    ca_file: str | None = None
+
+    def client(self) -> Client:
+        return Client(self.url, self.api_key, ca_file=self.ca_file)
+
+    @property
+    def reference(self) -> dict[str, float]:
+        """The stack's reference figures times the scale."""
+        if self.stack is None or self.stack.throughput is None:
+            return {}
+        return {k: v * self.scale for k, v in self.stack.throughput.reference.items()}
+
+    def baseline(self) -> Baseline | None:
+        if self.stack is None:
+            return None
+        ref = self.stack.throughput.reference if self.stack.throughput else {}
+        return baseline_for(self.history, self.stack.name, ref, self.scale, HISTORY_N)
+
+
+def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
+                      timeout: float = 60.0) -> list[Target]:
+    """A target per host: its front (``front_url``, else the SSH host and ``front_port``; the
+    API key of host data; a TLS front's CA), the stack it serves (``state.json``, else the
+    inventory's), its history (the host probe)."""
+    out = []
+    for host in hosts:
+        try:
+            want = load_desired(host.name, host.data)
+            url, key = front_url(host, want.settings), read_key(want.settings)
+        except (RigfleetError, OSError) as e:
+            out.append(Target(host.name, "-", error=str(e).splitlines()[0][:300]))
+            continue
+        stack, note = want.spec, ""
+        history: tuple[ThroughputRecord, ...] = ()
+        try:
+            probe = run_probe(remote, host, full=True, model_path=want.model_path,
+                              front_port=want.settings.front_port, timeout=timeout)
+            serving = probe.state.get("stack")
+            if isinstance(serving, str) and serving in want.settings.catalog:
+                stack = want.settings.catalog.get(serving)
+            history = probe.throughput_history
+        except HostUnreachable as e:
+            note = f"no history: {e}"
+        tls = want.settings.front_tls
+        out.append(Target(host.name, url, key, stack, want.settings.throughput_scale,
+                          history, note, ca_file=tls.ca_file if tls else None))
+    return out
+
+
+class _Silent(SilentProgress):
+    def target(self, host: str) -> None:
+        pass
+
+
+def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], BenchSettings],
+                  progress: Progress | None = None) -> list[Entry]:
+    """Bench each target in turn (one at a time: the bench's client must not compete with
+    itself for this machine's CPU); a target that cannot be benched gets an entry with its
+    error."""
+    progress = progress or _Silent()
+    out = []
+    for t in targets:
+        progress.target(t.host)
+        if t.note:
+            progress.note(t.note)
+        if t.error:
+            result = Bench(Client(t.url), BenchSettings(runs=0, warmup=0)).result
+            out.append(Entry(t.host, t.stack.name if t.stack else None, result, error=t.error))
+            continue
+        result = Bench(t.client(), settings_for(t), progress).run()
+        out.append(Entry(t.host, t.stack.name if t.stack else None, result, t.reference,
+                         t.scale, t.baseline(), t.history, result.error))
+    return out
+
+
+def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None,
+                 depths: tuple[int, ...], timeout_s: float = 300.0) -> BenchSettings:
+    """The bench's settings for ``target``: the concurrency run at the stack's max-num-seqs
+    unless given (none for a one-stream stack), depths as given."""
+    if concurrency is None:
+        seqs = target.stack.max_num_seqs if target.stack else 0
+        concurrency = seqs if seqs > 1 else 0
+    return BenchSettings(runs=runs, warmup=warmup, timeout_s=timeout_s,
+                         concurrency=concurrency, depths=depths)
+
+
+def who() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs: int,
+                    warmup: int, by: str = "") -> dict[str, Any]:
+    """Bench the host's active stack on the host and record it as its baseline there
+    (``rigfleet-host.pyz bench --accept-baseline``); the host's JSON answer. Raises
+    ``HostUnreachable`` (SSH) or ``RuntimeError`` (the host's bench refused or measured
+    nothing)."""
+    command = hosttool.bench(
+        "--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}", "--by",
+        by or who(), "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet")
+    rc, out = remote.run(host, command, timeout=3600)
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                break
+            if rc == 0 and isinstance(data, dict) and data.get("accepted"):
+                return data
+            break
+    raise RuntimeError(f"{host.name}: the host's bench did not record a baseline (exit {rc}): "
+                       f"{out.strip()[-400:] or 'no output'}")

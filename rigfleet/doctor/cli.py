@@ -1,0 +1,228 @@
+"""``rigfleet doctor [--inventory inventory/home.py] [--limit HOST ...] [--load-s 15] [--json]``.
+
+For every host, concurrently, one probe (``rigfleet-host.pyz probe --full --doctor``) samples
+the cards idle and under a short load of the bench's narrative requests, and reads the
+engine's log, args and mounts and the host's throughput records. Here: the host's decode now
+against its baseline (its verified history, else the stack's reference x throughput_scale)
+and against the fleet's median for the same stack and pins; then every known cause, ranked
+by likely impact, with its evidence and what to change. Exit status: 0 no host is slow, 1 some
+host is slow, 2 some host could not be examined, 3 the inventory cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from rigfleet.catalog import DEFAULT_MARGIN, StackSpec
+from rigfleet.doctor.evidence import Evidence, parse_evidence
+from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
+from rigfleet.hostprobe import HostProbe
+from rigfleet.hostside.bench.baseline import baseline_for
+from rigfleet.tables import Table
+
+EXIT_OK, EXIT_SLOW, EXIT_UNREACHABLE, EXIT_ERROR = 0, 1, 2, 3
+HISTORY_N = 5
+
+
+@dataclass
+class Diagnosis:
+    """One host: what serves (stack, pins), the evidence, the verdict and the causes."""
+
+    host: str
+    stack: str | None = None
+    pins: tuple[str, ...] = ()
+    evidence: Evidence | None = None
+    verdict: Verdict | None = None
+    causes: list[Cause] = field(default_factory=list)
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        ev = self.evidence
+        return {"host": self.host, "stack": self.stack, "pins": list(self.pins),
+                "verdict": self.verdict.to_dict() if self.verdict else None,
+                "causes": [c.to_dict() for c in self.causes],
+                "graph_mode": ev.graph_mode if ev else None,
+                "cards": [vars(c) for c in ev.cards] if ev else [],
+                "error": self.error or None}
+
+
+def expectations(spec: StackSpec | None, probe: HostProbe) -> Expect:
+    """What the stack should do, with the code runs' acceptance of the last gate."""
+    if spec is None:
+        return Expect()
+    last = probe.throughput_last
+    thr = spec.throughput
+    return Expect(tp=spec.tensor_parallel_size, kv_cache_dtype=spec.kv_cache_dtype,
+                  floors=thr.floors if thr else (),
+                  acceptance_reference=thr.acceptance if thr else (),
+                  gate_acceptance=last.acceptance if last and last.stack == spec.name else None)
+
+
+def examine(host: str, probe: HostProbe,
+            catalog_get: Callable[[str], StackSpec | None]) -> Diagnosis:
+    """The evidence and causes of one probed host (pure; the verdict needs the fleet)."""
+    ev = parse_evidence(host, probe.section("doctor"))
+    stack = ev.stack or probe.state.get("stack")
+    spec = catalog_get(stack) if isinstance(stack, str) else None
+    state = probe.state
+    pins = tuple(str(state.get(k) or "") for k in ("digest", "genesis_commit",
+                                                   "model_revision"))
+    d = Diagnosis(host, stack if isinstance(stack, str) else None, pins, ev, error=ev.error)
+    if not ev.error:
+        d.causes = diagnose(ev, expectations(spec, probe))
+    return d
+
+
+def judge_fleet(diagnoses: Sequence[Diagnosis], probes: dict[str, HostProbe],
+                specs: dict[str, StackSpec | None], scales: dict[str, float]) -> None:
+    """Each host's verdict: against its baseline, and the median of the hosts of the same
+    stack and pins."""
+    for d in diagnoses:
+        if d.evidence is None or d.error:
+            continue
+        spec = specs.get(d.host)
+        now = d.evidence.load_decode
+        base, source = None, ""
+        margin = spec.throughput.margin if spec and spec.throughput else DEFAULT_MARGIN
+        if spec is not None:
+            ref = spec.throughput.reference if spec.throughput else {}
+            b = baseline_for(probes[d.host].throughput_history, spec.name, ref,
+                             scales.get(d.host, 1.0), HISTORY_N)
+            base, source = b.figures.get("narrative"), b.sources.get("narrative", "")
+        peers = [p.evidence.load_decode for p in diagnoses
+                 if p.evidence and p.evidence.load_decode is not None and not p.error
+                 and (p.stack, p.pins) == (d.stack, d.pins)]
+        d.verdict = verdict(now, base, source, peers, margin)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``rigfleet doctor`` (``cli.py`` calls this)."""
+    p = subparsers.add_parser(
+        "doctor", help="why a host decodes slower than its baseline or the fleet: causes "
+                       "ranked, with evidence and fixes",
+        description="Why a host decodes slower than its baseline or the fleet's median: the "
+                    "known causes ranked by likely impact, each with the evidence read from the "
+                    "host under a short load and what to change.")
+    p.add_argument("--inventory", default="inventory/home.py", help="pyinfra inventory file")
+    p.add_argument("--limit", action="append", default=[], metavar="HOST",
+                   help="only this host (repeatable)")
+    p.add_argument("--load-s", type=float, default=15.0,
+                   help="how long the load runs on each host while the cards are sampled (15)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds per host on top of the load (120)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)
+    return p
+
+
+def _pct(value: float | None, against: float | None) -> Text:
+    if value is None or not against:
+        return Text("-")
+    r = value / against
+    return Text(f"{r:.0%}", style="red" if r < 0.85 else "green")
+
+
+def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
+    """One line per host; the causes (then what was ruled out) as notes under the table."""
+    table = Table(title, ["host", "stack", "tok/s now", "vs base", "vs fleet", "graphs",
+                          "verdict", "top cause"])
+    for d in diagnoses:
+        v, ev = d.verdict, d.evidence
+        if d.error or v is None or ev is None:
+            table.row(d.host, d.stack or "-", "-", "-", "-", "-", Text("error", style="red"),
+                      "-")
+            table.note(d.host, Text(d.error or "no evidence", style="red"))
+            continue
+        top = next((c for c in d.causes if c.kind == CAUSE), None)
+        table.row(d.host, d.stack or "-", f"{v.now:.1f}" if v.now is not None else "-",
+                  _pct(v.now, v.baseline), _pct(v.now, v.fleet_median), ev.graph_mode or "?",
+                  Text("slow", style="red") if v.slow else Text("ok", style="green"),
+                  f"{top.title} (~{top.impact:.0%})" if top else "-")
+        for reason in v.reasons:
+            table.note(d.host, Text(reason, style="red"))
+        rank = 0
+        for c in d.causes:
+            if c.kind == RULED_OUT:
+                table.note(d.host, Text(f"ruled out: {c.title}: {'; '.join(c.evidence)}"
+                                        + (f" ({c.basis})" if c.basis else ""), style="dim"))
+                continue
+            rank += c.kind == CAUSE
+            head = f"{rank}. {c.title} (~{c.impact:.0%})" if c.kind == CAUSE else \
+                f"info: {c.title}"
+            text = f"{head}: {'; '.join(c.evidence)}"
+            if c.fix:
+                text += f" -> {c.fix}"
+            if c.basis:
+                text += f" [{c.basis}]"
+            table.note(d.host, Text(text, style="yellow" if c.kind == CAUSE else ""))
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    """``rigfleet doctor`` (see the module docstring)."""
+    from rigfleet.desired import load_desired
+    from rigfleet.errors import RigfleetError
+    from rigfleet.hostprobe import run_probe
+    from rigfleet.inventory import InventoryError, load_inventory
+    from rigfleet.ssh import HostUnreachable, SshRemote
+
+    err = Console(stderr=True)
+    try:
+        hosts = load_inventory(args.inventory)
+    except InventoryError as e:
+        err.print(f"[red]error:[/red] {e}")
+        return EXIT_ERROR
+    names = [h.name for h in hosts]
+    if not names:
+        err.print(f"[red]error:[/red] {args.inventory}: no hosts")
+        return EXIT_ERROR
+    unknown = [n for n in args.limit if n not in names]
+    if unknown:
+        err.print(f"[red]error:[/red] {args.inventory}: no host {', '.join(unknown)}; "
+                  f"allowed: {', '.join(names)}")
+        return EXIT_ERROR
+    hosts = [h for h in hosts if not args.limit or h.name in args.limit]
+    remote = SshRemote(connect_timeout=args.timeout)
+    probes: dict[str, HostProbe] = {}
+    specs: dict[str, StackSpec | None] = {}
+    scales: dict[str, float] = {}
+
+    def one(host: Any) -> Diagnosis:
+        try:
+            want = load_desired(host.name, host.data)
+            probe = run_probe(remote, host, full=True, model_path=want.model_path,
+                              front_port=want.settings.front_port,
+                              timeout=args.load_s + args.timeout, doctor_load_s=args.load_s)
+        except (RigfleetError, HostUnreachable) as e:
+            return Diagnosis(host.name, error=str(e).splitlines()[0][:400])
+        catalog = want.settings.catalog
+
+        def get(name: str) -> StackSpec | None:
+            return catalog.get(name) if name in catalog else None
+
+        d = examine(host.name, probe, get)
+        probes[host.name] = probe
+        specs[host.name] = get(d.stack) if d.stack else None
+        scales[host.name] = want.settings.throughput_scale
+        return d
+
+    err.print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load each ...")
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
+        diagnoses = list(pool.map(one, hosts))
+    judge_fleet(diagnoses, probes, specs, scales)
+    if args.json:
+        print(json.dumps({"hosts": [d.to_dict() for d in diagnoses]}, indent=2, default=str))
+    else:
+        render(diagnoses, f"rigfleet doctor ({args.inventory})").print(Console())
+    if any(d.error for d in diagnoses):
+        return EXIT_UNREACHABLE
+    return EXIT_SLOW if any(d.verdict and d.verdict.slow for d in diagnoses) else EXIT_OK
+

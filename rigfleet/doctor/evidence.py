@@ -1,0 +1,182 @@
+"""The doctor's evidence from the host probe's ``doctor`` section, typed (pure parsing).
+
+    ev = parse_evidence("rig-a", probe.section("doctor"))
+    ev.cards[0].power_limit_w, ev.cards[0].gen_load, ev.graph_mode, ev.load_decode
+
+nvidia-smi's CSV (``--format=csv,noheader,nounits``) says ``[N/A]`` / ``[Not Supported]`` for
+what a card cannot report (None here), ``Active`` / ``Not Active`` for a clock event reason,
+``0x...`` for the reason bitmask; the link generation and width are read under load (they drop
+at idle), the rest is summarised over the load's samples.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+_NA = {"", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]",
+       "[insufficient permissions]"}
+_REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
+            "hw_power_brake_slowdown")
+
+
+def _value(raw: str) -> str | float | bool | None:
+    text = raw.strip()
+    low = text.lower()
+    if low in _NA:
+        return None
+    if low == "active":
+        return True
+    if low == "not active":
+        return False
+    if low.startswith("0x"):
+        try:
+            return float(int(low, 16))
+        except ValueError:
+            return text
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_sample(sample: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One nvidia-smi sample (``rigfleet.hostside.bench.evidence.query_gpus``) as one dict
+    per card, keyed by field (``clocks_throttle_reasons.*`` read as ``clocks_event_reasons``);
+    [] when the query failed."""
+    if sample.get("rc") != 0:
+        return []
+    fields = [str(f).replace("clocks_throttle_reasons.", "clocks_event_reasons.")
+              for f in sample.get("fields") or []]
+    out = []
+    for row in csv.reader(io.StringIO(str(sample.get("stdout") or ""))):
+        if len(row) == len(fields):
+            out.append({f: _value(v) for f, v in zip(fields, row, strict=True)})
+    return out
+
+
+def _num(row: Mapping[str, Any], key: str) -> float | None:
+    v = row.get(key)
+    return float(v) if isinstance(v, float) else None
+
+
+def _max(values: Sequence[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return max(got) if got else None
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return sum(got) / len(got) if got else None
+
+
+@dataclass(frozen=True)
+class Card:
+    """One card: its limits, and what it did under the load (means, maxima, reasons)."""
+
+    index: int
+    name: str = ""
+    power_limit_w: float | None = None
+    power_default_w: float | None = None
+    power_max_w: float | None = None
+    power_draw_w: float | None = None  # mean under load
+    power_draw_max_w: float | None = None
+    utilization: float | None = None  # mean under load, %
+    clocks_sm: float | None = None
+    clocks_mem: float | None = None
+    clocks_max_sm: float | None = None
+    clocks_max_mem: float | None = None
+    reasons: tuple[str, ...] = ()  # clock event reasons active in any load sample
+    gen_idle: float | None = None
+    gen_load: float | None = None  # the highest generation seen under load
+    gen_max: float | None = None  # what this slot and card allow together
+    gen_gpumax: float | None = None  # what the card itself supports
+    width_load: float | None = None
+    width_max: float | None = None
+    temperature_max: float | None = None
+    pstate_load: str = ""
+    samples: int = 0
+
+
+def summarise(index: int, idle: Mapping[str, Any] | None,
+              load: Sequence[Mapping[str, Any]]) -> Card:
+    rows = list(load) or ([idle] if idle else [])
+    first = rows[0] if rows else {}
+    reasons = tuple(r for r in _REASONS if any(row.get(f"clocks_event_reasons.{r}") is True
+                                               for row in load))
+    return Card(
+        index=index, name=str(first.get("name") or ""),
+        power_limit_w=_num(first, "power.limit"), power_default_w=_num(first,
+                                                                       "power.default_limit"),
+        power_max_w=_num(first, "power.max_limit"),
+        power_draw_w=_mean([_num(r, "power.draw") for r in load]),
+        power_draw_max_w=_max([_num(r, "power.draw") for r in load]),
+        utilization=_mean([_num(r, "utilization.gpu") for r in load]),
+        clocks_sm=_mean([_num(r, "clocks.sm") for r in load]),
+        clocks_mem=_mean([_num(r, "clocks.mem") for r in load]),
+        clocks_max_sm=_num(first, "clocks.max.sm"), clocks_max_mem=_num(first, "clocks.max.mem"),
+        reasons=reasons,
+        gen_idle=_num(idle, "pcie.link.gen.current") if idle else None,
+        gen_load=_max([_num(r, "pcie.link.gen.current") for r in load]),
+        gen_max=_num(first, "pcie.link.gen.max"), gen_gpumax=_num(first, "pcie.link.gen.gpumax"),
+        width_load=_max([_num(r, "pcie.link.width.current") for r in load]),
+        width_max=_num(first, "pcie.link.width.max"),
+        temperature_max=_max([_num(r, "temperature.gpu") for r in load]),
+        pstate_load=str(load[-1].get("pstate") or "") if load else "",
+        samples=len(load))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the doctor read on one host (``error`` when it could read nothing)."""
+
+    host: str
+    stack: str | None = None
+    cards: tuple[Card, ...] = ()
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    enforce_eager: bool = False
+    args: tuple[str, ...] = ()
+    mounts: tuple[tuple[str, str], ...] = ()  # (host source, container destination)
+    load_decode: float | None = None  # narrative tok/s under the doctor's load
+    load_acceptance: tuple[float, ...] | None = None
+    load_acceptance_length: float | None = None
+    version: str = ""
+    error: str = ""
+
+    @property
+    def graph_mode(self) -> str | None:
+        """The CUDA-graph mode the engine runs in (``NONE`` under --enforce-eager)."""
+        return "NONE" if self.enforce_eager else self.engine.get("graph_mode")
+
+
+def parse_evidence(host: str, section: Mapping[str, Any]) -> Evidence:
+    """The probe's ``doctor`` section as ``Evidence``."""
+    if not section:
+        return Evidence(host, error="the probe has no doctor section (an older host-side "
+                                    "tool: run the deploy)")
+    gpu = section.get("gpu") or {}
+    idle_rows = parse_sample(gpu.get("idle") or {})
+    load_rows = [parse_sample(s) for s in gpu.get("load") or []]
+    cards = []
+    for pos, idle in enumerate(idle_rows):
+        index = int(idle.get("index") or pos) if isinstance(idle.get("index"), float) else pos
+        loaded = [rows[pos] for rows in load_rows if pos < len(rows)]
+        cards.append(summarise(index, idle, loaded))
+    load = section.get("load") or {}
+    acc = load.get("acceptance") or {}
+    per_pos = acc.get("per_position") if isinstance(acc, dict) else None
+    return Evidence(
+        host=host, stack=section.get("stack"), cards=tuple(cards),
+        engine=section.get("engine") or {}, enforce_eager=bool(section.get("enforce_eager")),
+        args=tuple(str(a) for a in section.get("args") or ()),
+        mounts=tuple((str(m.get("source")), str(m.get("destination")))
+                     for m in section.get("mounts") or () if isinstance(m, dict)),
+        load_decode=load.get("decode_mean") if isinstance(load.get("decode_mean"),
+                                                          int | float) else None,
+        load_acceptance=tuple(float(x) for x in per_pos) if isinstance(per_pos, list) else None,
+        load_acceptance_length=acc.get("length") if isinstance(acc, dict) else None,
+        version=str(section.get("version") or ""),
+        error=str(section.get("error") or ""))

@@ -1,0 +1,10 @@
+"""``python3 -m rigfleet.hostside.bench``: the bench's host-side command line (see cli)."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

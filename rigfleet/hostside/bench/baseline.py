@@ -1,0 +1,116 @@
+"""What a host's decode speed is judged against, and the judgement (pure, stdlib only).
+
+The baseline of a stack on a host is its own verified history: the median decode tok/s per
+shape over the last ``n`` verified gates, counted from the newest accepted baseline (``rigfleet
+bench --accept-baseline``: a person said "this is normal now"). A shape without history falls
+back to the stack file's reference figure times the host's ``throughput_scale``, so a host
+that is slow on its very first gate is flagged instead of being recorded as normal::
+
+    base = baseline_for(history, "tq3-mtp-genesis", {"narrative": 89.2, "code": 119.1},
+                        scale=1.0, n=5)
+    base.figures["narrative"], base.sources["narrative"]     # 89.2, 'reference 89.2 x 1'
+    findings = judge({"narrative": figs}, None, base, Limits(margin=0.15, cv_max=0.10))
+    [f.name for f in findings]                                 # ['slow_decode']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..records import SOURCE_ACCEPTED, ShapeFigures, ThroughputRecord
+from ..verify.health import Finding
+from . import stats
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Per shape: the decode tok/s the host should reach, and where that figure comes from."""
+
+    figures: Mapping[str, float] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: round(v, 3) for k, v in self.figures.items()},
+                "source": dict(self.sources)}
+
+
+def since_accepted(history: Sequence[ThroughputRecord], stack: str) -> list[ThroughputRecord]:
+    """``stack``'s records from its newest accepted baseline on (all of them without one)."""
+    recs = [r for r in history if r.stack == stack]
+    starts = [i for i, r in enumerate(recs) if r.source == SOURCE_ACCEPTED]
+    return recs[starts[-1]:] if starts else recs
+
+
+def baseline_for(history: Sequence[ThroughputRecord], stack: str,
+                 reference: Mapping[str, float], scale: float, n: int,
+                 shapes: Sequence[str] = ("narrative", "code")) -> Baseline:
+    """The baseline of ``stack`` (see the module docstring).
+
+    + history: the host's verified records (any stacks; oldest first)
+    + reference: shape -> the stack file's tok/s on RTX 3090s (0 or missing: none)
+    + scale: the host's ``throughput_scale``; n: how many verified gates the median covers
+    """
+    recent = since_accepted(history, stack)[-max(n, 1):]
+    figures: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    for shape in shapes:
+        values = [v for v in (r.decode(shape) for r in recent) if v is not None]
+        med = stats.median(values)
+        if med is not None:
+            accepted = any(r.source == SOURCE_ACCEPTED for r in recent)
+            figures[shape] = med
+            sources[shape] = (f"history: median of {len(values)} "
+                              + ("record(s) since the accepted baseline" if accepted
+                                 else "verified gate(s)"))
+        elif reference.get(shape, 0.0) > 0:
+            figures[shape] = reference[shape] * scale
+            sources[shape] = f"reference {reference[shape]:g} x {scale:g}"
+    return Baseline(figures, sources)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How far a measurement may stray: ``margin`` below the baseline (fraction), the CV of
+    a shape's runs (``cv_max``), and per-position acceptance floors of the code runs."""
+
+    margin: float = 0.15
+    cv_max: float = 0.10
+    acceptance_floor: tuple[float, ...] = ()
+
+
+def judge(measured: Mapping[str, ShapeFigures | None], acceptance: Sequence[float] | None,
+          baseline: Baseline, limits: Limits) -> list[Finding]:
+    """Findings for a measurement (empty: it passes).
+
+    + measured: shape -> its figures (None: no run of the shape measured anything)
+    + acceptance: the code runs' per-position acceptance (None: unknown, not judged)
+    """
+    out: list[Finding] = []
+    for shape, figs in measured.items():
+        if figs is None:
+            out.append(Finding("no_measurement", f"{shape}: no run measured a decode speed",
+                               shape))
+            continue
+        want = baseline.figures.get(shape)
+        if want:
+            floor = want * (1.0 - limits.margin)
+            if figs.decode < floor:
+                below = 1.0 - figs.decode / want
+                out.append(Finding(
+                    "slow_decode", f"{shape}: decode {figs.decode:.1f} tok/s is {below:.0%} "
+                    f"below the baseline {want:.1f} ({baseline.sources.get(shape)}); allowed: "
+                    f"at most {limits.margin:.0%} below ({floor:.1f} tok/s)", shape))
+        if figs.cv is not None and figs.cv > limits.cv_max:
+            out.append(Finding(
+                "unstable_decode", f"{shape}: decode CV {figs.cv:.1%} over {figs.runs} runs is "
+                f"above {limits.cv_max:.0%}", shape))
+    if acceptance is not None:
+        for i, (have, floor) in enumerate(zip(acceptance, limits.acceptance_floor,
+                                              strict=False)):
+            if have < floor:
+                out.append(Finding(
+                    "low_acceptance", f"code: MTP acceptance at draft position {i + 1} is "
+                    f"{have:.0%}, below the stack's floor {floor:.0%}", f"position {i + 1}"))
+    return out

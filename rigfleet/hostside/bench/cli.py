@@ -1,0 +1,179 @@
+"""``rigfleet-host.pyz bench`` (``python3 -m rigfleet.hostside.bench``): the bench on a host.
+
+    python3 rigfleet-host.pyz bench [--url URL --api-key-file F|-] [--runs 5] [--warmup 3]
+        [--concurrency N] [--depths 16000,32000] [--report-dir DIR] [--json]
+    python3 rigfleet-host.pyz bench --accept-baseline [--scale 40] [--by WHO] [--json]
+
+Without ``--url`` it benches the active stack on 127.0.0.1 with the host's API key. With
+``--accept-baseline`` the measurement (the gate's shapes) becomes the stack's baseline on this
+host: a record with source ``accepted`` in ``throughput/history.jsonl``, from which the gate's
+rolling median restarts (after a deliberate change: new hardware, a new cap, a new image that
+is slower on purpose). Progress goes to stderr; ``--json`` prints one JSON object on stdout.
+Exit status: 0 measured (and recorded), 1 nothing measured, 2 usage or no active stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from ..active import read_active
+from ..layout import Layout
+from ..plan import PlanError
+from ..records import SOURCE_ACCEPTED, ThroughputRecord
+from ..stackctl import read_api_key
+from ..verify.client import Client
+from ..verify.report import now_iso
+from ..verify.runner import read_api_key as read_key_file
+from . import history, report
+from .measure import Bench, BenchResult, BenchSettings
+
+EXIT_OK, EXIT_NOTHING, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+class LineProgress:
+    """One line per request on stderr: ``bench [3/16] narrative``."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet, self.total, self.done = quiet, 0, 0
+
+    def begin(self, total: int) -> None:
+        self.total = total
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if not self.quiet:
+            print(f"bench [{self.done}/{self.total}] {label}", file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            print(f"bench note: {text}", file=sys.stderr, flush=True)
+
+
+# Argument types (``rigfleet bench`` on the control side uses them too).
+def token_counts(text: str) -> tuple[int, ...]:
+    """``16000,32000`` -> (16000, 32000)."""
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        out = ()
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: comma-separated token counts "
+                                         "> 0, e.g. 16000,32000")
+    return out
+
+
+def count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: an integer >= 0")
+    return int(text)
+
+
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number > 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="rigfleet-host bench", description=__doc__.splitlines()[0])
+    p.add_argument("--root", default="/", help=argparse.SUPPRESS)
+    p.add_argument("--url", help="the server (default: the active stack on 127.0.0.1)")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="(--url) file holding the API key, '-' for stdin")
+    p.add_argument("--runs", type=count, default=5, help="measured runs per shape (5)")
+    p.add_argument("--warmup", type=count, default=3, help="warm-up rounds first (3)")
+    p.add_argument("--timeout-s", type=positive, default=300.0, help="per request (300)")
+    p.add_argument("--concurrency", type=count, default=0,
+                   help="streams of the concurrency run (the stack's max-num-seqs; 0: none)")
+    p.add_argument("--depths", type=token_counts, default=(), help="context depths, e.g. 16000,32000")
+    p.add_argument("--accept-baseline", action="store_true",
+                   help="record the measurement as the active stack's baseline on this host")
+    p.add_argument("--scale", type=positive, default=1.0,
+                   help="the host's throughput_scale, recorded with the baseline (1)")
+    p.add_argument("--by", default="", help="(--accept-baseline) who accepts it")
+    p.add_argument("--report-dir", type=Path, help="write bench-<ts>.json/.md here")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def accepted_record(stack: str, result: BenchResult, scale: float, by: str) -> ThroughputRecord:
+    """The record ``--accept-baseline`` appends: the measurement, source ``accepted``."""
+    code = result.shapes.get("code")
+    acc = code.acceptance if code else None
+    return ThroughputRecord(
+        stack=stack, at=now_iso(), source=SOURCE_ACCEPTED, result="pass",
+        shapes={k: f for k, v in result.shapes.items() if (f := v.figures()) is not None},
+        acceptance_length=acc.length if acc else None,
+        acceptance=acc.per_position if acc else None, scale=scale,
+        baseline={"source": f"accepted by {by or 'hand'}"}, version=result.version,
+        model=result.model)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    lay = Layout(Path(args.root))
+    stack = None
+    if args.url:
+        if args.accept_baseline:
+            parser.error("--accept-baseline benches the active stack; leave out --url")
+        try:
+            key = read_key_file(args.api_key_file) if args.api_key_file else None
+        except ValueError as e:
+            parser.error(str(e))
+        url = args.url
+    else:
+        try:
+            active = read_active(lay)
+        except PlanError as e:
+            parser.error(str(e))
+        if active is None:
+            parser.error("nothing verified is active on this host; give --url")
+        stack = active.ref.stack
+        url = f"http://127.0.0.1:{active.ref.port}"
+        key = read_api_key(lay.api_key_file, lay.vllm_env_file) or None
+    settings = BenchSettings(runs=args.runs, warmup=args.warmup, timeout_s=args.timeout_s,
+                             concurrency=args.concurrency, depths=args.depths)
+    started = now_iso()
+    result = Bench(Client(url, key), settings, LineProgress(args.quiet)).run()
+    measured = any(s.figures() for s in result.shapes.values())
+    record = None
+    if args.accept_baseline and measured and stack:
+        record = accepted_record(stack, result, args.scale, args.by)
+        history.append_history(lay.throughput_dir, record)
+    paths = None
+    if args.report_dir:
+        paths = report.write([report.Entry(stack or url, stack, result, scale=args.scale)],
+                             args.report_dir, started)
+    if args.json:
+        print(json.dumps({"stack": stack, "bench": result.to_dict(),
+                          "accepted": record.to_dict() if record else None,
+                          "reports": [str(p) for p in paths] if paths else None},
+                         sort_keys=True))
+    elif not args.quiet:
+        for name, s in result.shapes.items():
+            print(f"bench: {name}: decode {s.decode_mean or 0:.1f} tok/s, CV "
+                  f"{(s.decode_cv or 0):.1%}, acceptance "
+                  + ("/".join(f"{x:.0%}" for x in s.acceptance.per_position)
+                     if s.acceptance else s.acceptance_note or "unknown"), file=sys.stderr)
+        if record:
+            print(f"bench: accepted as {stack}'s baseline in {lay.throughput_history}",
+                  file=sys.stderr)
+    if result.error:
+        print(f"bench: {result.error}", file=sys.stderr)
+    return EXIT_OK if measured else EXIT_NOTHING

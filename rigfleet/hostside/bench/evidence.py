@@ -1,0 +1,216 @@
+"""What the doctor reads on a host: the cards under a short load, the engine's log and args.
+
+Run by the probe (``rigfleet-host.pyz probe --full --doctor``) on the host, stdlib only; the
+control side (``rigfleet.doctor``) decides what it means. Nothing here judges::
+
+    ev = gather(lay, active_ref, api_key, load_s=15)
+    ev["gpu"]["idle"], ev["gpu"]["load"]   # nvidia-smi CSV samples (text, header order below)
+    ev["engine"]["graph_mode"]             # 'PIECEWISE' (from the downgrade warning)
+    ev["load"]["decode_mean"]              # tok/s of the load's narrative runs
+
+The PCIe link drops to a lower generation at idle and trains up under load, and clocks and
+power say nothing at idle, so the cards are sampled while narrative requests (the bench's
+shape) run against the stack.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..verify.client import Client
+from . import shapes
+from .measure import Bench, BenchSettings, ShapeResult
+
+# What nvidia-smi is asked for (``--query-gpu``, CSV without header or units).
+GPU_FIELDS: tuple[str, ...] = (
+    "index", "name", "pstate", "utilization.gpu", "power.draw", "power.limit",
+    "power.default_limit", "power.max_limit", "clocks.sm", "clocks.mem", "clocks.max.sm",
+    "clocks.max.mem", "clocks_event_reasons.active", "clocks_event_reasons.sw_power_cap",
+    "clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
+    "clocks_event_reasons.sw_thermal_slowdown", "clocks_event_reasons.hw_power_brake_slowdown",
+    "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.gen.gpumax",
+    "pcie.link.width.current", "pcie.link.width.max", "temperature.gpu",
+)  # fmt: skip
+_INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+
+# Engine log lines that say how it runs (vLLM's own wording; seed 004 and the testbed's
+# engine print the same lines).
+_BACKEND = re.compile(r"Using ([A-Za-z0-9 ]+?) backend\.")
+_DOWNGRADE = re.compile(r"CUDAGraphMode\.(\w+) is not supported with spec-decode .*?"
+                        r"setting cudagraph_mode=(\w+)")
+_CAPTURE = re.compile(r"Capturing CUDA graphs \(([^)]*)\)")
+_CACHE_DIR = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
+_COLD = re.compile(r"Compiling a graph for dynamic shape takes ([\d.]+) s")
+_HIT = re.compile(r"Directly load the compiled graph\(s\) for dynamic shape from the cache, "
+                  r"took ([\d.]+) s")
+_COMPILE_TOTAL = re.compile(r"torch\.compile takes ([\d.]+) s in total")
+_WARNING_TOPICS = {
+    "kv_cache": re.compile(r"kv[_ -]cache[_ -]dtype|kv cache dtype|fp8_e[45]m[23]|"
+                           r"per_token_head|turboquant", re.IGNORECASE),
+    "batched_tokens": re.compile(r"max[_-]num[_-]batched[_-]tokens", re.IGNORECASE),
+}
+LOG_TAIL = 5000
+
+Runner = Callable[[list[str], float], tuple[int, str, str]]
+
+
+def run_cmd(cmd: list[str], timeout: float = 30) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr); 127 when the program is missing, 124 on a timeout."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        return p.returncode, p.stdout, p.stderr
+    except OSError as e:
+        return 127, "", str(e)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout}s"
+
+
+def query_gpus(run: Runner = run_cmd, fields: Sequence[str] = GPU_FIELDS) -> dict[str, Any]:
+    """One nvidia-smi sample: ``{"t", "fields", "rc", "stdout", "stderr"}``. A field this
+    driver does not know is dropped (older drivers spell ``clocks_event_reasons`` as
+    ``clocks_throttle_reasons``: tried before dropping)."""
+    wanted = list(fields)
+    for _ in range(len(fields)):
+        cmd = ["nvidia-smi", "--query-gpu=" + ",".join(wanted), "--format=csv,noheader,nounits"]
+        rc, out, err = run(cmd, 20)
+        m = _INVALID_FIELD.search(out + err)
+        if rc == 0 or m is None or m.group(1) not in wanted:
+            return {"t": time.time(), "fields": wanted, "rc": rc, "stdout": out,
+                    "stderr": err[-500:]}
+        bad = m.group(1)
+        alias = bad.replace("clocks_event_reasons.", "clocks_throttle_reasons.")
+        if alias != bad and alias not in wanted:
+            wanted = [alias if f == bad else f for f in wanted]
+        else:
+            wanted = [f for f in wanted if f != bad]
+    return {"t": time.time(), "fields": wanted, "rc": 1, "stdout": "",
+            "stderr": "no field left to query"}
+
+
+def engine_facts(lines: Sequence[str]) -> dict[str, Any]:
+    """What the engine's own log says: attention backend, the CUDA-graph mode it ended in
+    (and the downgrade warning), torch.compile from a cold start or its cache, warnings about
+    the KV cache dtype and max-num-batched-tokens. Each fact keeps its line as evidence."""
+    out: dict[str, Any] = {"backend": None, "graph_mode": None, "downgrade": None,
+                           "captures": [], "compile": [], "cache_dirs": [], "warnings": {}}
+    for line in lines:
+        if (m := _BACKEND.search(line)) and out["backend"] is None:
+            out["backend"] = {"name": m.group(1), "line": line.strip()}
+        if m := _DOWNGRADE.search(line):
+            out["downgrade"] = {"requested": m.group(1), "mode": m.group(2),
+                                "line": line.strip()}
+        if m := _CAPTURE.search(line):
+            out["captures"].append(m.group(1))
+        if m := _CACHE_DIR.search(line):
+            out["cache_dirs"].append(m.group(1))
+        for kind, rx in (("cold", _COLD), ("hit", _HIT), ("total", _COMPILE_TOTAL)):
+            if m := rx.search(line):
+                out["compile"].append({"kind": kind, "seconds": float(m.group(1)),
+                                       "line": line.strip()})
+        if "WARNING" in line:
+            for topic, rx in _WARNING_TOPICS.items():
+                if rx.search(line):
+                    out["warnings"].setdefault(topic, []).append(line.strip()[:400])
+    out["graph_mode"] = _graph_mode(out)
+    return out
+
+
+def _graph_mode(facts: dict[str, Any]) -> str | None:
+    if facts["downgrade"]:
+        return str(facts["downgrade"]["mode"])
+    labels = " ".join(facts["captures"])
+    if "FULL" in labels and "PIECEWISE" in labels:
+        return "FULL_AND_PIECEWISE"
+    if "FULL" in labels:
+        return "FULL"
+    if "PIECEWISE" in labels:
+        return "PIECEWISE"
+    return None
+
+
+def container_facts(container: str, run: Runner = run_cmd) -> dict[str, Any]:
+    """The engine container's arguments and mounts (``docker inspect``), and its log lines
+    (the last ``LOG_TAIL``) reduced to ``engine_facts``."""
+    out: dict[str, Any] = {"container": container}
+    rc, so, se = run(["docker", "inspect", "--type", "container", "--format",
+                      "{{json .Args}}\t{{json .Mounts}}", container], 30)
+    if rc == 0 and "\t" in so:
+        argv, _, mounts = so.strip().partition("\t")
+        try:
+            out["args"] = json.loads(argv) or []
+            out["mounts"] = [{"source": m.get("Source"), "destination": m.get("Destination")}
+                             for m in json.loads(mounts) or [] if isinstance(m, dict)]
+        except ValueError:
+            out["error"] = "docker inspect printed no JSON"
+    else:
+        out["error"] = (se or so).strip()[-300:] or f"docker inspect exited {rc}"
+    rc, so, se = run(["docker", "logs", "--tail", str(LOG_TAIL), container], 60)
+    lines = (so + "\n" + se).splitlines()
+    out["engine"] = engine_facts(lines)
+    out["log_lines"] = len(lines)
+    out["enforce_eager"] = "--enforce-eager" in (out.get("args") or [])
+    return out
+
+
+def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[str, Any]],
+         interval_s: float = 1.0) -> dict[str, Any]:
+    """Narrative requests for about ``seconds`` (at least one), with a GPU sample before and
+    every ``interval_s`` during the load (more often for a short load: four samples at least
+    while it runs)."""
+    interval_s = min(interval_s, max(seconds / 4, 0.05))
+    idle = sample()
+    bench = Bench(client, BenchSettings(runs=1, warmup=0), model=model)
+    results: list[ShapeResult] = []
+    done = threading.Event()
+
+    def work() -> None:
+        deadline = time.monotonic() + seconds
+        try:
+            while not results or time.monotonic() < deadline:
+                results.append(bench.shape(shapes.NARRATIVE))
+                if results[-1].failed:
+                    break
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, name="doctor-load", daemon=True)
+    worker.start()
+    samples = []
+    # The first sample once the first request decodes (the link trains up under load).
+    while not done.wait(interval_s):
+        samples.append(sample())
+    worker.join(5)
+    runs = [r for s in results for r in s.runs]
+    decode = [r.decode_tok_s for r in runs if r.decode_tok_s is not None]
+    accepted = [s.acceptance for s in results if s.acceptance is not None]
+    out: dict[str, Any] = {
+        "seconds": seconds, "runs": [r.to_dict() for r in runs],
+        "decode_mean": round(sum(decode) / len(decode), 3) if decode else None,
+        "acceptance": accepted[-1].to_dict() if accepted else None,
+        "acceptance_note": results[-1].acceptance_note if results else "no run",
+    }
+    return {"idle": idle, "load": samples, "load_runs": out}
+
+
+def gather(container: str, port: int, api_key: str | None, load_s: float,
+           run: Runner = run_cmd, interval_s: float = 1.0) -> dict[str, Any]:
+    """The doctor's evidence for the stack ``container`` serving on 127.0.0.1:``port``."""
+    client = Client(f"http://127.0.0.1:{port}", api_key)
+    bench = Bench(client, BenchSettings(runs=0, warmup=0))
+    out: dict[str, Any] = {"container": container, "port": port}
+    if not bench.prepare():
+        out["error"] = bench.result.error
+        out["gpu"] = {"idle": query_gpus(run), "load": []}
+    else:
+        got = load(client, bench.result.model, load_s, lambda: query_gpus(run), interval_s)
+        out["gpu"] = {"idle": got["idle"], "load": got["load"]}
+        out["load"] = got["load_runs"]
+        out["model"], out["version"] = bench.result.model, bench.result.version
+    out.update(container_facts(container, run))
+    return out

@@ -1,0 +1,456 @@
+"""The bench's measuring core: streamed requests in the bench's shapes, reduced to figures.
+
+Per run: decode tok/s = completion tokens / (end - first token), wall tok/s = completion
+tokens / the whole request, time to first token. Per shape: the mean and coefficient of
+variation over the measured runs (after unmeasured warm-up rounds), and the MTP acceptance
+length and per-position acceptance from ``/metrics``, as deltas around the shape's runs (a
+server without ``/metrics`` or without spec-decode counters gives ``None``: unknown, never 0).
+Then a concurrency run (the stack's max-num-seqs streams at once) and decode speed at a few
+context depths (prompts sized in the server's own tokens, skipped beyond max-model-len)::
+
+    bench = Bench(Client(url, key), BenchSettings(runs=5, warmup=3, concurrency=2,
+                                                  depths=(16000, 32000)))
+    result = bench.run()
+    result.shapes["code"].decode_mean, result.shapes["code"].acceptance
+    result.to_dict()                     # the JSON report's "bench" part
+
+Stdlib only: the gate's throughput check runs it on the hosts (``rigfleet.hostside.verify``),
+``rigfleet bench`` on the control side. Other traffic on the server while the bench runs
+shows up in the ``/metrics`` deltas (and slows the runs): bench a host that serves nobody else.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..records import ShapeFigures
+from ..verify import metrics, prompts
+from ..verify.client import ChatResult, Client
+from ..verify.counting import TokenCounter, chat_body
+from . import shapes, stats
+from .shapes import Shape
+
+# What a warm-up request may generate: it only has to get compilation, graph capture and the
+# caches behind it, not to be measured.
+WARMUP_MAX_TOKENS = 128
+
+
+class BenchProgress(Protocol):
+    """Told how many requests the bench will send, then once per request done."""
+
+    def begin(self, total: int) -> None: ...
+
+    def step(self, label: str) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+class SilentProgress:
+    def begin(self, total: int) -> None:
+        pass
+
+    def step(self, label: str) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How much the bench sends.
+
+    + runs: measured runs per shape; warmup: unmeasured rounds first (one request per shape)
+    + timeout_s: per request
+    + concurrency: streams of the concurrency run (the stack's max-num-seqs; 0: none)
+    + depths: context depths (prompt tokens) of the depth runs (empty: none)
+    + shapes: which of ``narrative``, ``code`` to run
+    """
+
+    runs: int = 5
+    warmup: int = 3
+    timeout_s: float = 300.0
+    concurrency: int = 0
+    depths: tuple[int, ...] = ()
+    shapes: tuple[str, ...] = (shapes.NARRATIVE_NAME, shapes.CODE_NAME)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runs": self.runs, "warmup": self.warmup, "timeout_s": self.timeout_s,
+                "concurrency": self.concurrency, "depths": list(self.depths),
+                "shapes": list(self.shapes)}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One streamed request."""
+
+    shape: str
+    status: int
+    seconds: float  # the whole request
+    first_token_s: float | None  # seconds to the first generated token
+    completion_tokens: int | None
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error and bool(self.completion_tokens)
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """completion tokens / (end - first token)."""
+        if not self.ok or self.first_token_s is None or self.seconds <= self.first_token_s:
+            return None
+        return (self.completion_tokens or 0) / (self.seconds - self.first_token_s)
+
+    @property
+    def wall_tok_s(self) -> float | None:
+        """completion tokens / the whole request."""
+        return (self.completion_tokens or 0) / self.seconds if self.ok and self.seconds else None
+
+    @classmethod
+    def of(cls, shape: str, res: ChatResult) -> RunResult:
+        error = res.error_message()[:300] if not res.ok else (
+            "" if res.completion_tokens else "the server reported no completion tokens "
+            "(no usage in the stream)")
+        return cls(shape, res.status, res.seconds, res.first_token, res.completion_tokens,
+                   res.prompt_tokens, res.finish_reason, error)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shape": self.shape, "http_status": self.status,
+                "seconds": round(self.seconds, 4), "ttft_s": _r(self.first_token_s, 4),
+                "completion_tokens": self.completion_tokens, "prompt_tokens": self.prompt_tokens,
+                "finish_reason": self.finish_reason, "decode_tok_s": _r(self.decode_tok_s, 2),
+                "wall_tok_s": _r(self.wall_tok_s, 2), "error": self.error or None}
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """MTP acceptance over some runs: mean acceptance length (1 + accepted / drafts), the
+    per-position acceptance (accepted at position i / drafts) and the draft acceptance rate."""
+
+    drafts: int
+    length: float
+    per_position: tuple[float, ...] = ()
+    rate: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"drafts": self.drafts, "length": round(self.length, 3),
+                "per_position": [round(x, 4) for x in self.per_position],
+                "rate": _r(self.rate, 4)}
+
+
+def acceptance_between(before: list[metrics.Sample] | None, after: list[metrics.Sample] | None,
+                       model: str) -> tuple[Acceptance | None, str]:
+    """(acceptance, "") from two ``/metrics`` scrapes, or (None, why it is unknown)."""
+    if before is None or after is None:
+        return None, "unknown: no /metrics"
+    d1 = metrics.total(after, metrics.SPEC_DRAFTS, model_name=model)
+    if d1 is None:
+        return None, f"unknown: no {metrics.SPEC_DRAFTS} in /metrics (MTP off, or stats off)"
+    d0 = metrics.total(before, metrics.SPEC_DRAFTS, model_name=model) or 0.0
+    drafts = d1 - d0
+    if drafts <= 0:
+        return None, "unknown: the spec-decode counters did not move during the runs"
+    a0 = metrics.total(before, metrics.SPEC_ACCEPTED, model_name=model) or 0.0
+    a1 = metrics.total(after, metrics.SPEC_ACCEPTED, model_name=model) or 0.0
+    t0 = metrics.total(before, metrics.SPEC_DRAFT_TOKENS, model_name=model) or 0.0
+    t1 = metrics.total(after, metrics.SPEC_DRAFT_TOKENS, model_name=model)
+    pp0 = metrics.by_label(before, metrics.SPEC_ACCEPTED_PER_POS, "position", model_name=model)
+    pp1 = metrics.by_label(after, metrics.SPEC_ACCEPTED_PER_POS, "position", model_name=model)
+    positions = sorted(pp1, key=lambda k: int(k) if k.isdigit() else 0)
+    per_pos = tuple((pp1[k] - pp0.get(k, 0.0)) / drafts for k in positions)
+    rate = (a1 - a0) / (t1 - t0) if t1 is not None and t1 - t0 > 0 else None
+    return Acceptance(int(drafts), 1.0 + (a1 - a0) / drafts, per_pos, rate), ""
+
+
+@dataclass
+class ShapeResult:
+    """One shape's measured runs and the acceptance around them."""
+
+    shape: str
+    runs: list[RunResult] = field(default_factory=list)
+    acceptance: Acceptance | None = None
+    acceptance_note: str = ""
+
+    @property
+    def decode(self) -> list[float]:
+        return [r.decode_tok_s for r in self.runs if r.decode_tok_s is not None]
+
+    @property
+    def decode_mean(self) -> float | None:
+        return stats.mean(self.decode)
+
+    @property
+    def decode_cv(self) -> float | None:
+        return stats.cv(self.decode)
+
+    @property
+    def wall_mean(self) -> float | None:
+        return stats.mean([r.wall_tok_s for r in self.runs if r.wall_tok_s is not None])
+
+    @property
+    def ttft_mean(self) -> float | None:
+        return stats.mean([r.first_token_s for r in self.runs
+                           if r.ok and r.first_token_s is not None])
+
+    @property
+    def failed(self) -> list[RunResult]:
+        return [r for r in self.runs if r.decode_tok_s is None]
+
+    def figures(self) -> ShapeFigures | None:
+        """The record's figures (None when no run measured a decode speed)."""
+        m = self.decode_mean
+        if m is None:
+            return None
+        return ShapeFigures(decode=round(m, 3), cv=_r(self.decode_cv, 4),
+                            wall=_r(self.wall_mean, 3), ttft_s=_r(self.ttft_mean, 4),
+                            runs=len(self.decode))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shape": self.shape, "decode_mean": _r(self.decode_mean, 2),
+                "decode_cv": _r(self.decode_cv, 4), "wall_mean": _r(self.wall_mean, 2),
+                "ttft_mean_s": _r(self.ttft_mean, 4),
+                "acceptance": self.acceptance.to_dict() if self.acceptance else None,
+                "acceptance_note": self.acceptance_note or None,
+                "runs": [r.to_dict() for r in self.runs]}
+
+
+@dataclass
+class ConcurrencyResult:
+    """``streams`` narrative requests at once: each stream's figures and the aggregate
+    (all completion tokens over the batch's wall time)."""
+
+    streams: int
+    runs: list[RunResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def per_stream_decode(self) -> float | None:
+        return stats.mean([r.decode_tok_s for r in self.runs if r.decode_tok_s is not None])
+
+    @property
+    def aggregate_tok_s(self) -> float | None:
+        tokens = sum(r.completion_tokens or 0 for r in self.runs if r.ok)
+        return tokens / self.seconds if tokens and self.seconds > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"streams": self.streams, "seconds": round(self.seconds, 3),
+                "per_stream_decode": _r(self.per_stream_decode, 2),
+                "aggregate_tok_s": _r(self.aggregate_tok_s, 2),
+                "runs": [r.to_dict() for r in self.runs]}
+
+
+@dataclass
+class DepthResult:
+    """Decode speed with ``depth`` tokens of context (or why it was not measured)."""
+
+    depth: int
+    prompt_tokens: int | None = None
+    run: RunResult | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"depth": self.depth, "prompt_tokens": self.prompt_tokens,
+                "decode_tok_s": _r(self.run.decode_tok_s, 2) if self.run else None,
+                "ttft_s": _r(self.run.first_token_s, 3) if self.run else None,
+                "run": self.run.to_dict() if self.run else None, "note": self.note or None}
+
+
+@dataclass
+class BenchResult:
+    """Everything one bench measured (``to_dict``: the JSON report's ``bench`` part)."""
+
+    url: str
+    model: str = ""
+    version: str = ""
+    max_model_len: int | None = None
+    settings: BenchSettings = field(default_factory=BenchSettings)
+    shapes: dict[str, ShapeResult] = field(default_factory=dict)
+    concurrency: ConcurrencyResult | None = None
+    depths: list[DepthResult] = field(default_factory=list)
+    seconds: float = 0.0
+    request_seconds: float = 0.0  # time spent inside requests (the rest is the bench's own)
+    notes: list[str] = field(default_factory=list)
+    error: str = ""  # the server could not be benched at all
+
+    @property
+    def overhead_s(self) -> float:
+        """Wall time outside the requests: scrapes, sizing, the bench's own work."""
+        return max(self.seconds - self.request_seconds, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "model": self.model, "version": self.version,
+                "max_model_len": self.max_model_len, "settings": self.settings.to_dict(),
+                "shapes": {k: v.to_dict() for k, v in self.shapes.items()},
+                "concurrency": self.concurrency.to_dict() if self.concurrency else None,
+                "depths": [d.to_dict() for d in self.depths],
+                "seconds": round(self.seconds, 3), "overhead_s": round(self.overhead_s, 3),
+                "notes": list(self.notes), "error": self.error or None}
+
+
+class Bench:
+    """Runs the bench against one server (see the module docstring).
+
+    + client: the server (``rigfleet.hostside.verify.client.Client``)
+    + model: the model id to ask for (default: the first of ``/v1/models``)
+    """
+
+    def __init__(self, client: Client, settings: BenchSettings,
+                 progress: BenchProgress | None = None, model: str = "",
+                 clock: Callable[[], float] = time.monotonic):
+        self.client = client
+        self.settings = settings
+        self.progress: BenchProgress = progress or SilentProgress()
+        self.clock = clock
+        self.result = BenchResult(url=client.base_url, model=model, settings=settings)
+        self._lock = threading.Lock()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def note(self, text: str) -> None:
+        self.result.notes.append(text)
+        self.progress.note(text)
+
+    def scrape(self) -> list[metrics.Sample] | None:
+        r = self.client.request("GET", "/metrics", timeout=30)
+        return metrics.parse(r.text(10_000_000)) if r.status == 200 else None
+
+    def _chat(self, messages: prompts.Messages, max_tokens: int, temperature: float,
+              label: str) -> ChatResult:
+        res = self.client.chat(chat_body(self.result.model, messages, max_tokens, temperature),
+                               timeout=self.settings.timeout_s, stream=True)
+        with self._lock:
+            self.result.request_seconds += res.seconds
+        self.progress.step(label)
+        return res
+
+    def total_requests(self) -> int:
+        s = self.settings
+        return (len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
+
+    # -- the parts -------------------------------------------------------------------------------
+
+    def prepare(self) -> bool:
+        """Learn the model, its max-model-len and the version; False (and ``error``) when the
+        server does not list a model."""
+        m = self.client.request("GET", "/v1/models", timeout=30)
+        data = m.json() if m.status == 200 else None
+        cards = data.get("data") if isinstance(data, dict) else None
+        if not cards or not isinstance(cards, list) or not isinstance(cards[0], dict):
+            why = m.error_message() if m.status != 200 else "no model listed"
+            self.result.error = f"GET /v1/models: HTTP {m.status}: {why}"
+            return False
+        if not self.result.model:
+            self.result.model = str(cards[0].get("id") or "")
+        mml = cards[0].get("max_model_len")
+        self.result.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
+        v = self.client.request("GET", "/version", timeout=30)
+        vdata = v.json() if v.status == 200 else None
+        if isinstance(vdata, dict) and vdata.get("version"):
+            self.result.version = str(vdata["version"])
+        return True
+
+    def warmup(self) -> None:
+        for _ in range(self.settings.warmup):
+            for name in self.settings.shapes:
+                shape = shapes.BY_NAME[name]
+                self._chat(shape.messages(), min(shape.max_tokens, WARMUP_MAX_TOKENS),
+                           shape.temperature, f"warm-up {name}")
+
+    def shape(self, shape: Shape) -> ShapeResult:
+        """``runs`` requests of ``shape``, one after the other, with /metrics around them."""
+        out = ShapeResult(shape.name)
+        before = self.scrape()
+        for _ in range(self.settings.runs):
+            res = self._chat(shape.messages(), shape.max_tokens, shape.temperature, shape.name)
+            out.runs.append(RunResult.of(shape.name, res))
+        after = self.scrape()
+        out.acceptance, out.acceptance_note = acceptance_between(before, after,
+                                                                 self.result.model)
+        for r in out.failed[:1]:
+            self.note(f"{shape.name}: a run measured nothing (HTTP {r.status}"
+                      + (f": {r.error}" if r.error else "") + ")")
+        return out
+
+    def concurrency(self, streams: int) -> ConcurrencyResult:
+        """``streams`` narrative requests sent at once."""
+        out = ConcurrencyResult(streams)
+        shape = shapes.NARRATIVE
+        barrier = threading.Barrier(streams)
+
+        def one(_: int) -> RunResult:
+            barrier.wait(timeout=30)
+            res = self.client.chat(chat_body(self.result.model, shape.messages(),
+                                             shape.max_tokens, shape.temperature),
+                                   timeout=self.settings.timeout_s, stream=True)
+            self.progress.step(f"{streams} streams")
+            return RunResult.of("concurrency", res)
+
+        t0 = self.clock()
+        with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="bench") as pool:
+            out.runs = list(pool.map(one, range(streams)))
+        out.seconds = self.clock() - t0
+        self.result.request_seconds += out.seconds
+        return out
+
+    def depths(self, depths: Sequence[int]) -> list[DepthResult]:
+        """One request per depth, its prompt sized to ``depth`` tokens by the server's count."""
+        counter = TokenCounter(self.client, self.result.model, timeout=60,
+                               chat_timeout=self.settings.timeout_s, note=self.note)
+        sizer = prompts.Sizer(counter)
+        out = []
+        for depth in depths:
+            row = DepthResult(depth)
+            out.append(row)
+            mml = self.result.max_model_len
+            if mml and depth + shapes.DEPTH_MAX_TOKENS > mml:
+                row.note = f"skipped: over max-model-len {mml}"
+                self.progress.step(f"depth {depth}")
+                continue
+            salt = "".join(secrets.choice(string.ascii_lowercase + string.digits)
+                           for _ in range(32))
+
+            def build(units: int, s: str = salt) -> tuple[prompts.Messages, prompts.Tools]:
+                return shapes.depth_messages(s, units), None
+
+            try:
+                sized = sizer.fit("depth", build, depth)
+            except prompts.SizingError as e:
+                row.note = f"skipped: {e}"
+                self.progress.step(f"depth {depth}")
+                continue
+            row.prompt_tokens = sized.tokens
+            res = self._chat(sized.messages, shapes.DEPTH_MAX_TOKENS, 0.6, f"depth {depth}")
+            row.run = RunResult.of("depth", res)
+            if not row.run.ok:
+                row.note = f"failed: HTTP {res.status} {row.run.error}"[:300]
+        return out
+
+    def run(self) -> BenchResult:
+        """Everything the settings ask for; never raises for a server problem."""
+        t0 = self.clock()
+        s = self.settings
+        self.progress.begin(self.total_requests())
+        if self.prepare():
+            self.warmup()
+            for name in s.shapes:
+                self.result.shapes[name] = self.shape(shapes.BY_NAME[name])
+            if s.concurrency > 0:
+                self.result.concurrency = self.concurrency(s.concurrency)
+            if s.depths:
+                self.result.depths = self.depths(s.depths)
+        self.result.seconds = self.clock() - t0
+        return self.result
+
+
+def _r(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)

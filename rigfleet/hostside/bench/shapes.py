@@ -1,0 +1,61 @@
+"""The bench's request shapes: what is asked, how long the answer may be, at what temperature.
+
+The two shapes of the reference figures (seed 004's bench: "800-word essay, max_tokens=1000,
+temp=0.6" and "quicksort with comments, max_tokens=800, temp=0.6"), so a measured figure can
+stand beside a stack file's reference; and a context-depth shape: a long salted prompt of
+filler (never a prefix-cache hit), then a short continuation::
+
+    NARRATIVE.messages()                  # [{"role": "user", "content": "Write an 800-word ..."}]
+    depth_messages("k3j...", units=120)   # ~N tokens of context, then the instruction
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..verify import prompts
+from ..verify.counting import Messages
+
+NARRATIVE_NAME, CODE_NAME = "narrative", "code"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One request shape: ``name`` (``narrative`` / ``code``), the user ``prompt``, the
+    answer budget ``max_tokens`` and the sampling ``temperature``."""
+
+    name: str
+    prompt: str
+    max_tokens: int
+    temperature: float = 0.6
+
+    def messages(self) -> Messages:
+        return [{"role": "user", "content": self.prompt}]
+
+
+NARRATIVE = Shape(
+    NARRATIVE_NAME,
+    "Write an 800-word essay about the history of lighthouses: how they were built, how "
+    "their lights were made to reach ships far out at sea, and the lives of the keepers who "
+    "tended them through storms and long winters.",
+    max_tokens=1000,
+)
+CODE = Shape(
+    CODE_NAME,
+    "Implement quicksort in Python. Comment every step: how the pivot is chosen, how the "
+    "list is partitioned around it, why the recursion ends, and what the running time is in "
+    "the best and the worst case.",
+    max_tokens=800,
+)
+SHAPES: tuple[Shape, ...] = (NARRATIVE, CODE)
+BY_NAME = {s.name: s for s in SHAPES}
+
+DEPTH_MAX_TOKENS = 256
+DEPTH_INSTRUCTION = "Continue this history of computing in about 300 words."
+
+
+def depth_messages(salt: str, units: int) -> Messages:
+    """``units`` filler paragraphs (the needle checks' haystack), then the instruction; the
+    salt makes each prompt unique, so no cached prefix stands in for the prefill."""
+    text = f"SESSION-{salt}. {prompts.filler(units)}\n\n{DEPTH_INSTRUCTION}"
+    return [{"role": "user", "content": text}]

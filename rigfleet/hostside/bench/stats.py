@@ -1,0 +1,28 @@
+"""Small statistics of run figures (stdlib only).
+
+    mean([45.1, 45.7, 44.3])      # 45.03
+    cv([45.1, 45.7, 44.3])        # 0.0156: sample standard deviation / mean
+    median([3, 1, 2])             # 2
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def cv(values: Sequence[float]) -> float | None:
+    """Coefficient of variation (sample standard deviation over the mean); None for fewer
+    than two values (one run says nothing about its spread)."""
+    if len(values) < 2:
+        return None
+    m = statistics.fmean(values)
+    return statistics.stdev(values) / m if m > 0 else None
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None

@@ -1,0 +1,122 @@
+"""The gate's throughput check: decode speed against the host's baseline, its spread, and
+MTP acceptance per draft position (the bench's core, ``rigfleet.hostside.bench``).
+
+Warm-up rounds, then ``throughput_runs`` streamed runs of each bench shape (an ~800-word
+essay at max_tokens 1000, a commented quicksort at max_tokens 800, temperature 0.6). Fails:
+
+- ``slow_decode``: a shape's mean decode tok/s more than ``throughput_margin`` below the
+  baseline: the host's verified history of ``throughput_stack`` (rolling median over
+  ``throughput_history_n`` gates), else the stack file's reference x ``throughput_scale``;
+- ``unstable_decode``: a shape's CV over its runs above ``throughput_cv_max``;
+- ``low_acceptance``: the code runs' acceptance at a draft position below its floor
+  (``throughput_acceptance_floor``);
+- ``no_measurement``: no run of a shape measured anything.
+
+Without ``throughput_stack`` and without a reference (e.g. ``rigfleet verify`` against any
+endpoint) only ``no_measurement`` is judged: the figures are reported, not compared. The
+measurement is kept in ``ctx.throughput_record``; the runner writes it to the host's records
+(``last.json`` always, ``history.jsonl`` only when the whole gate passed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..bench.baseline import Baseline, Limits, baseline_for, judge
+from ..bench.measure import Bench, BenchSettings, ShapeResult
+from ..bench.shapes import BY_NAME
+from ..layout import THROUGHPUT_HISTORY_NAME
+from ..records import ShapeFigures, ThroughputRecord, read_throughput_history
+from .health import Finding
+from .report import FAIL, PASS, CheckResult, now_iso
+
+if TYPE_CHECKING:
+    from .checks import Context
+
+NAME, TITLE = "throughput", "Throughput"
+
+
+class _Ticks:
+    """The bench's progress as the gate's dots."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def begin(self, total: int) -> None:
+        pass
+
+    def step(self, label: str) -> None:
+        self.ctx.progress.tick(".")
+
+    def note(self, text: str) -> None:
+        self.ctx.progress.note(text)
+
+
+def throughput(ctx: Context) -> CheckResult:
+    """See the module docstring."""
+    p = ctx.profile
+    out = CheckResult(NAME, TITLE)
+    bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
+                                            timeout_s=p.throughput_timeout_s),
+                  progress=_Ticks(ctx), model=ctx.model)
+    bench.result.version, bench.result.max_model_len = ctx.version, ctx.max_model_len
+    bench.warmup()
+    results = {name: bench.shape(BY_NAME[name]) for name in ("narrative", "code")}
+    measured = {name: r.figures() for name, r in results.items()}
+    code = results["code"]
+    # No per-position counters (an older vLLM): unknown, not "nothing accepted".
+    acceptance = (code.acceptance.per_position or None) if code.acceptance else None
+    reference = {"narrative": p.throughput_reference_narrative,
+                 "code": p.throughput_reference_code}
+    history = (read_throughput_history(Path(p.throughput_history_dir)
+                                       / THROUGHPUT_HISTORY_NAME, p.throughput_stack)
+               if p.throughput_stack and p.throughput_history_dir else [])
+    base = baseline_for(history, p.throughput_stack, reference, p.throughput_scale,
+                        p.throughput_history_n)
+    limits = Limits(p.throughput_margin, p.throughput_cv_max, p.throughput_acceptance_floor)
+    judged = bool(p.throughput_stack) or any(v > 0 for v in reference.values())
+    findings = judge(measured, acceptance, base, limits)
+    if not judged:
+        findings = [f for f in findings if f.name == "no_measurement"]
+    out.findings = findings
+    out.status = FAIL if findings else PASS
+    out.details = {
+        "stack": p.throughput_stack or None, "judged": judged,
+        "baseline": base.to_dict(), "history_records": len(history),
+        "limits": {"margin": limits.margin, "cv_max": limits.cv_max,
+                   "acceptance_floor": list(limits.acceptance_floor)},
+        "shapes": {k: v.to_dict() for k, v in results.items()},
+    }
+    if code.acceptance is None and limits.acceptance_floor:
+        out.details["acceptance_note"] = f"floors not checked: {code.acceptance_note}"
+    ctx.throughput_record = ThroughputRecord(
+        stack=p.throughput_stack or ctx.model, at=now_iso(), result=out.status,
+        shapes={k: v for k, v in measured.items() if v is not None},
+        acceptance_length=code.acceptance.length if code.acceptance else None,
+        acceptance=acceptance, scale=p.throughput_scale, baseline=base.to_dict(),
+        version=ctx.version, model=ctx.model)
+    out.summary = _summary(measured, base, code, findings, judged)
+    return out
+
+
+def _summary(measured: dict[str, ShapeFigures | None], base: Baseline, code: ShapeResult,
+             findings: list[Finding], judged: bool) -> str:
+    parts = []
+    for shape, figs in measured.items():
+        if figs is None:
+            parts.append(f"{shape} -")
+            continue
+        want = base.figures.get(shape)
+        vs = f" ({figs.decode / want:.0%} of {want:.1f})" if want and judged else ""
+        cv = f" CV {figs.cv:.1%}" if figs.cv is not None else ""
+        parts.append(f"{shape} {figs.decode:.1f} tok/s{vs}{cv}")
+    if code.acceptance is not None:
+        parts.append("acceptance " + "/".join(f"{x:.0%}" for x in code.acceptance.per_position)
+                     + f" (AL {code.acceptance.length:.2f})")
+    else:
+        parts.append("acceptance unknown")
+    text = "; ".join(parts)
+    if findings:
+        return "; ".join(f.message for f in findings[:2]) + f" [{text}]"
+    return text + ("" if judged else " (not judged: no stack and no reference)")

@@ -1,0 +1,231 @@
+"""The bench's commands: ``rigfleet-host.pyz bench`` (a host's active stack, an accepted
+baseline), ``rigfleet bench --url`` (reports, plot), the probe's throughput and doctor
+sections, the status column."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_fakes import Pace, PacedServer
+
+from rigfleet.bench import cli as bench_cli
+from rigfleet.bench import plot as plot_mod
+from rigfleet.bench.fleet import Target, bench_targets, settings_for
+from rigfleet.catalog import builtin_catalog
+from rigfleet.commands import hosttool
+from rigfleet.hostprobe import HostProbe
+from rigfleet.hostside.active import write_active
+from rigfleet.hostside.bench import cli as host_cli
+from rigfleet.hostside.bench.baseline import baseline_for
+from rigfleet.hostside.bench.history import append_history, write_last
+from rigfleet.hostside.layout import Layout
+from rigfleet.hostside.plan import Active, StackRef
+from rigfleet.hostside.probe import doctor, throughput
+from rigfleet.hostside.records import (
+    SOURCE_ACCEPTED,
+    ShapeFigures,
+    ThroughputRecord,
+    read_throughput_history,
+)
+from rigfleet.status.render import render_table, tok_s
+from rigfleet.status.rows import StatusRow
+
+FAST = Pace(step_rate=2000.0, prefill_s=0.001)
+
+
+def activate(lay: Layout, port: int, stack: str = "single-fp8-mtp") -> None:
+    ref = StackRef(stack, f"rigfleet-{stack}", f"rigfleet-{stack}", port,
+                   str(lay.active_compose), "0123456789abcdef", "img@sha256:" + "a" * 64,
+                   "qwen3.6-27b-autoround", 0.97)
+    write_active(lay, Active(ref, "2026-12-01T10:00:00Z", "D1", "t"), "services: {}\n")
+
+
+def test_accept_baseline_on_the_host_restarts_the_history(tmp_path, capsys):
+    lay = Layout(tmp_path)
+    old = ThroughputRecord("single-fp8-mtp", "2026-11-30T10:00:00Z",
+                           shapes={"narrative": ShapeFigures(2400.0)})
+    append_history(lay.throughput_dir, old)
+    with PacedServer(FAST) as srv:
+        activate(lay, int(srv.url.rsplit(":", 1)[1]))
+        rc = host_cli.main(["--root", str(tmp_path), "--accept-baseline", "--scale", "40",
+                            "--by", "alice@ctl", "--runs", "2", "--warmup", "0", "--json",
+                            "--quiet"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stack"] == "single-fp8-mtp" and out["accepted"]["source"] == SOURCE_ACCEPTED
+    history = read_throughput_history(lay.throughput_history)
+    assert [h.source for h in history] == ["gate", SOURCE_ACCEPTED]
+    accepted = history[-1]
+    assert accepted.scale == 40 and accepted.baseline["source"] == "accepted by alice@ctl"
+    assert accepted.acceptance is not None and len(accepted.acceptance) == 3
+    base = baseline_for(history, "single-fp8-mtp", {"narrative": 66.0}, 40.0, 5)
+    assert base.figures["narrative"] == accepted.decode("narrative")  # 2400 is forgotten
+
+
+def test_host_bench_refuses_without_an_active_stack(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        host_cli.main(["--root", str(tmp_path), "--accept-baseline"])
+    assert exc.value.code == 2
+    assert "nothing verified is active on this host" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        host_cli.main(["--url", "http://127.0.0.1:9", "--accept-baseline"])
+
+
+def test_probe_sections(tmp_path):
+    lay = Layout(tmp_path)
+    assert throughput(lay) == {"last": None, "count": 0, "history": []}
+    rec = ThroughputRecord("int8", "2026-12-01T10:00:00Z",
+                           shapes={"narrative": ShapeFigures(130.0)}, result="fail")
+    write_last(lay.throughput_dir, rec)
+    append_history(lay.throughput_dir, rec)
+    got = throughput(lay)
+    assert got["count"] == 1 and got["last"]["result"] == "fail"
+    probe = HostProbe({"throughput": got})
+    assert probe.throughput_last == rec and probe.throughput_history == (rec,)
+    assert oct(lay.throughput_last.stat().st_mode & 0o777) == "0o644"
+    assert doctor(lay, 1.0)["error"].startswith("nothing verified is active")
+    assert "--doctor --load-s 15" in hosttool.probe(full=True, doctor_load_s=15)
+    assert "--doctor" not in hosttool.probe(full=True)
+    assert hosttool.bench("--accept-baseline", "--json").endswith(
+        "rigfleet-host.pyz bench --accept-baseline --json")
+
+
+def test_status_shows_the_last_gates_tokens_per_second():
+    assert tok_s(None).plain == "-"
+    cell = tok_s({"narrative": 89.4, "code": 119.0, "result": "fail"})
+    assert cell.plain == "89/119" and cell.style == "red"
+    row = StatusRow("rig-a", True, stack="tq3-mtp-genesis",
+                    throughput={"narrative": 89.4, "code": None, "result": "pass"})
+    out = io.StringIO()
+    render_table([row]).print(Console(file=out, width=160, color_system=None))
+    assert "tok/s" in out.getvalue() and "89/-" in out.getvalue()
+
+
+def _args(tmp_path: Path, url: str, **kw) -> argparse.Namespace:
+    defaults = dict(url=url, inventory=None, limit=[], accept_baseline=None, api_key_file=None,
+                    ca_file=None, stack="tq3-mtp-genesis", scale=1.0, runs=2, warmup=0,
+                    concurrency=None, depths=(2000,), no_depths=False, timeout_s=30.0,
+                    out=tmp_path / "out", no_plot=False, json=False)
+    return argparse.Namespace(**{**defaults, **kw})
+
+
+def test_rigfleet_bench_url_writes_reports(tmp_path, capsys):
+    with PacedServer(FAST) as srv:
+        rc = bench_cli.run(_args(tmp_path, srv.url, json=True))
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    [entry] = data["entries"]
+    assert data["schema"] == "rigfleet-bench/1" and entry["stack"] == "tq3-mtp-genesis"
+    assert entry["reference"] == {"narrative": 89.2, "code": 119.1}
+    bench = entry["bench"]
+    assert bench["concurrency"]["streams"] == 2  # the stack's max-num-seqs
+    assert bench["depths"][0]["decode_tok_s"] > 0
+    assert bench["shapes"]["code"]["acceptance"]["per_position"][0] > 0.8
+    assert data["fleet"]["tq3-mtp-genesis"]["narrative"] > 0
+    files = sorted(p.suffix for p in (tmp_path / "out").iterdir())
+    assert files[:2] == [".json", ".md"]
+    md = next((tmp_path / "out").glob("*.md")).read_text()
+    assert "| narrative |" in md and "Concurrency: 2 streams" in md
+
+
+def test_rigfleet_bench_usage_errors(tmp_path):
+    assert bench_cli.run(_args(tmp_path, "http://x", limit=["rig-a"])) == 2
+    assert bench_cli.run(_args(tmp_path, "http://x", stack="nope")) == 2
+    assert bench_cli.run(_args(tmp_path, None, inventory="inv.py", stack="int8")) == 2
+
+
+def test_plot_draws_or_says_what_to_install(tmp_path, monkeypatch):
+    spec = builtin_catalog().get("int8")
+    hist = (ThroughputRecord("int8", "t", shapes={"narrative": ShapeFigures(3000.0)}),)
+    with PacedServer(FAST) as srv:
+        targets = [Target("rig-a", srv.url, None, spec, 40.0, hist),
+                   Target("rig-b", srv.url, None, spec, 40.0)]
+        entries = bench_targets(targets, lambda t: settings_for(t, 1, 0, 0, ()))
+    assert [e.host for e in entries] == ["rig-a", "rig-b"]
+    assert entries[0].reference == {"narrative": pytest.approx(130.8 * 40)}
+    monkeypatch.setattr(plot_mod, "_pyplot", lambda: None)
+    path, problem = plot_mod.plot(entries, tmp_path / "b.png")
+    assert path is None and "pip install 'rigfleet[plot]'" in (problem or "")
+    monkeypatch.undo()
+    pytest.importorskip("matplotlib")
+    path, problem = plot_mod.plot(entries, tmp_path / "b.png")
+    assert problem is None and path is not None and path.read_bytes()[:4] == b"\x89PNG"
+
+
+class FakeRemote:
+    """The SSH layer's ``run``: answers the probe and the host's bench, records commands."""
+
+    def __init__(self, probe: dict, bench: dict | None = None, rc: int = 0):
+        self.probe, self.bench, self.rc = probe, bench, rc
+        self.commands: list[str] = []
+
+    def run(self, host, command, *, timeout=120, stdin=b""):
+        self.commands.append(command)
+        if " bench " in command:
+            return self.rc, "bench note: x\n" + json.dumps(self.bench or {}) + "\n"
+        return 0, json.dumps(self.probe) + "\n"
+
+
+def test_inventory_targets_read_the_serving_stack_and_history_through_the_probe(tmp_path):
+    from test_swap_plan import host_data
+
+    from rigfleet.bench.fleet import accept_baseline, inventory_targets
+    from rigfleet.desired import load_desired
+    from rigfleet.inventory import InventoryHost
+
+    rec = ThroughputRecord("int8", "2026-12-01T10:00:00Z",
+                           shapes={"narrative": ShapeFigures(5000.0)})
+    probe = {"schema": "rigfleet-probe/1", "state": {"stack": "int8"},
+             "throughput": {"last": None, "count": 1, "history": [rec.to_dict()]}}
+    data = host_data(tmp_path, front_url="http://rig-a.lan:8000", throughput_scale=40)
+    host = InventoryHost("rig-a", (), data)
+    remote = FakeRemote(probe, {"stack": "int8", "accepted": {"source": "accepted"}})
+    [t] = inventory_targets([host], remote)
+    assert (t.url, t.stack.name if t.stack else None, t.scale) == (
+        "http://rig-a.lan:8000", "int8", 40.0)
+    assert t.history == (rec,) and t.api_key == "k" * 32 and t.ca_file is None
+    base = t.baseline()
+    assert base is not None and base.figures["narrative"] == 5000.0  # history beats reference
+    assert "probe --full" in remote.commands[0]
+    got = accept_baseline(remote, host, load_desired("rig-a", data), runs=2, warmup=1, by="al")
+    assert got["accepted"]["source"] == "accepted"
+    assert "bench --accept-baseline --scale 40 --by al --runs 2 --warmup 1 --json --quiet" in (
+        remote.commands[-1])
+    with pytest.raises(RuntimeError, match="did not record a baseline"):
+        accept_baseline(FakeRemote(probe, {}, rc=1), host, load_desired("rig-a", data), 1, 0)
+    bad = inventory_targets([InventoryHost("rig-b", (), {**data, "stack": "nope"})], remote)
+    assert bad[0].error.startswith("rig-b: stack: 'nope'")
+
+
+def test_rigfleet_bench_speaks_tls_like_verify(tmp_path, capsys, monkeypatch):
+    import shutil
+    import ssl
+    import subprocess
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed here")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(tmp_path / "f.key"), "-out", str(tmp_path / "f.crt")],
+                   check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "f.crt", tmp_path / "f.key")
+    monkeypatch.delenv("RIGFLEET_CA_FILE", raising=False)
+    with PacedServer(FAST, tls=ctx) as srv:
+        ok = bench_cli.run(_args(tmp_path, srv.url, ca_file=str(tmp_path / "f.crt"), json=True,
+                                 depths=(), runs=1, no_plot=True))
+        data = json.loads(capsys.readouterr().out)
+        refused = bench_cli.run(_args(tmp_path, srv.url, json=True, runs=1, no_plot=True))
+        failed = json.loads(capsys.readouterr().out)
+    assert ok == 0 and data["entries"][0]["bench"]["shapes"]["narrative"]["decode_mean"] > 0
+    assert refused == 1
+    assert "CERTIFICATE_VERIFY_FAILED" in failed["entries"][0]["error"]
