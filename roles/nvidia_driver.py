@@ -35,6 +35,7 @@ from pyinfra.operations import files
 
 from rigfleet.commands import apt as apt_commands
 from rigfleet.facts import DebPackage, DpkgState, GpuQuery, read_fact
+from roles import maintenance
 from roles.docker import add_apt_repo
 from roles.ops import DeployError, apt_packages, changed, check
 from roles.preflight import HostContext, OsInfo
@@ -60,6 +61,7 @@ BOOT_MARKER = "/run/rigfleet/boot-marker"
 REBOOT_DELAY_S = 10.0
 REBOOT_INTERVAL_S = 2.0
 REBOOT_TIMEOUT_S = 900.0
+REBOOT_STEP = "reboot to load the NVIDIA driver"
 
 
 def version_prefix(branch: str, version: str | None) -> str:
@@ -129,16 +131,21 @@ def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: f
 
 
 @operation(is_idempotent=False)
-def reboot_for_driver(gates: Sequence[OperationMeta]):
+def reboot_for_driver(gates: Sequence[OperationMeta], ctx: HostContext | None = None):
     """Reboot when the driver packages changed or the driver is not loaded; wait for it.
 
     + gates: the driver package operations
+    + ctx: the host's context: a serving host reboots inside its maintenance window (the
+      stack comes back through the window's close, gated; never at boot without the gate)
     """
     packages_changed = changed(gates)
     gpu = read_fact(GpuQuery)
     if gpu.loaded and not packages_changed:
         host.noop(f"driver {gpu.driver_version} loaded, packages unchanged")
         return
+    if ctx is not None:
+        # The lock outlives the reboot: the wait for it plus a step's time.
+        yield from maintenance.enter(ctx, REBOOT_STEP, REBOOT_TIMEOUT_S + maintenance.WINDOW_TTL_S)
     token = uuid.uuid4().hex
     yield f"mkdir -p /run/rigfleet && echo {token} > {BOOT_MARKER}"
     # Detached, so the SSH session ends cleanly before the machine goes down.
@@ -182,15 +189,21 @@ def nvidia_driver(ctx: HostContext) -> None:
     kernel = kernel_packages(ctx.os, branch, dpkg)
     if kernel:
         gates.append(apt_packages(name="Kernel glue for the NVIDIA module", packages=list(kernel)))
-    gates.append(
-        apt_packages(
-            name=f"Install NVIDIA driver {version or branch} (open modules), held",
-            packages=list(driver_packages(ctx.os, branch)),
-            hold=True,
-            version_prefix=version_prefix(branch, version),
-        )
+    # Disturbing on a serving host (until the reboot, a new CUDA process fails with
+    # "Driver/library version mismatch"): inside its maintenance window.
+    install_step = f"NVIDIA driver {version or branch} install"
+    install = apt_packages(
+        name=f"Install NVIDIA driver {version or branch} (open modules), held",
+        packages=list(driver_packages(ctx.os, branch)),
+        hold=True,
+        version_prefix=version_prefix(branch, version),
+        before=lambda: maintenance.enter(ctx, install_step),
     )
-    reboot_for_driver(name="Reboot to load the NVIDIA driver (only when needed)", gates=gates)
+    maintenance.plan_step(ctx, install_step, install)
+    gates.append(install)
+    reboot = reboot_for_driver(name="Reboot to load the NVIDIA driver (only when needed)",
+                               gates=gates, ctx=ctx)
+    maintenance.plan_step(ctx, REBOOT_STEP, reboot)
     check(
         name=f"Verify nvidia-smi: branch {branch}, {ctx.settings.gpu_count} GPUs",
         verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count),

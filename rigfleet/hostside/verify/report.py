@@ -18,13 +18,13 @@ JSON layout::
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_atomic
 from .health import Finding
 
 SCHEMA = "rigfleet-verify/1"
@@ -177,7 +177,5 @@ def write(report: Report, directory: Path) -> tuple[Path, Path]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    # A reader (the promotion step) must never see half a report.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    # A reader (the promotion step, rigfleet status) must never see half a report.
+    write_atomic(path, text.encode("utf-8"))
