@@ -38,7 +38,6 @@ variable to the batch size.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import shlex
 import sys
@@ -49,7 +48,7 @@ from functools import cache
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, FunctionCommand, State, deploy, operation
+from pyinfra.api import FunctionCommand, State, deploy, operation
 from pyinfra.api.operation import OperationMeta
 
 from rigfleet.commands import hosttool
@@ -244,8 +243,9 @@ def _ship(plan: Plan) -> Iterator[Any]:
     probe = read_fact(SwapProbe)
     data = bundle_bytes()
     if probe.get("bundle") != hashlib.sha256(data).hexdigest():
-        yield FileUploadCommand(io.BytesIO(data), hosttool.PYZ)
-        yield f"chmod 0755 {shlex.quote(hosttool.PYZ)}"
+        # Renamed into place: a running host tool (the supervisor) keeps reading its own
+        # zip (zipimport reads lazily), never a half-replaced one.
+        yield from hosttool.upload_atomic(data, hosttool.PYZ, mode="0755")
         yield f"systemctl try-restart {hosttool.SUPERVISE_UNIT}"
     yield f"install -d -m 0755 {shlex.quote(str(HOST.maintenance_dir))}"
     yield from hosttool.upload_atomic(plan.dumps().encode(), hosttool.window_plan_path(plan.id))

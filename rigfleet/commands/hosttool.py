@@ -83,14 +83,14 @@ def start_close(window_id: str, journal_id: str) -> str:
     )
 
 
-def upload_atomic(data: bytes, dest: str) -> Iterator[Any]:
+def upload_atomic(data: bytes, dest: str, mode: str = "0644") -> Iterator[Any]:
     """Upload ``data`` so ``dest`` is the old file or the new one, never a part: to a
-    temporary name beside it, ``sync`` (fsync) it, rename, ``sync`` the directory."""
+    temporary name beside it, ``chmod``, ``sync`` (fsync) it, rename, ``sync`` the directory."""
     tmp = f"{dest}.upload.tmp"
     yield FileUploadCommand(io.BytesIO(data), tmp)
     directory = shlex.quote(str(PurePosixPath(dest).parent))
-    yield (f"sync -- {shlex.quote(tmp)} && mv -f -- {shlex.quote(tmp)} {shlex.quote(dest)} "
-           f"&& sync -- {directory}")
+    yield (f"chmod {mode} {shlex.quote(tmp)} && sync -- {shlex.quote(tmp)} && mv -f -- "
+           f"{shlex.quote(tmp)} {shlex.quote(dest)} && sync -- {directory}")
 
 
 def status(swap_id: str, since: int) -> str:

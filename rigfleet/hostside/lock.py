@@ -106,14 +106,15 @@ class HostLock:
         self.held = False  # not this process's to release on exit
         return note
 
-    def extend_window(self, window_id: str, until: float) -> bool:
-        """Move the deadline of the window's lock (a new step gives it more time); False when
-        the lock is not that window's."""
+    def extend_window(self, window_id: str, until: float, why: str = "") -> bool:
+        """Move the deadline of the window's lock (a new step gives it more time) and say the
+        step (``why``); False when the lock is not that window's."""
         holder = self.read()
         if holder is None or holder.get("window") != window_id:
             return False
         data = {k: v for k, v in holder.items() if k != "alive"}
         data["until"] = max(float(holder.get("until") or 0), until)
+        data["why"] = why or data.get("why")
         write_json(self.path / "holder.json", data, indent=None)
         return True
 

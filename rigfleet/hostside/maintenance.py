@@ -243,7 +243,7 @@ class Maintenance(Steps):
                 steps = (*current.steps, {"what": step, "at": now})
                 until = max(current.until, now + ttl_s)
                 write_window(self.lay, replace(current, steps=steps, until=until))
-                self.lock.extend_window(plan.id, until)
+                self.lock.extend_window(plan.id, until, f"maintenance: {step}")
                 self.j.event("maintenance", f"window {plan.id} already open; step: {step}")
                 return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
                                serving=self.front.current())

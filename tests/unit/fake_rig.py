@@ -344,10 +344,12 @@ class FakeRig:
         if m:
             self._window_close(json.loads(self.files[m.group(1)]), m.group(2))
             return True, []
-        m = re.match(r"sync -- (\S+) && mv -f -- (\S+) (\S+) && sync -- \S+$", cmd)
+        m = re.match(r"chmod (\d+) (\S+) && sync -- \S+ && mv -f -- (\S+) (\S+) && sync -- \S+$",
+                     cmd)
         if m:
-            self.files[m.group(3)] = self.files.pop(m.group(2))
-            self.modes[m.group(3)] = self.modes.pop(m.group(2), "0644")
+            self.files[m.group(4)] = self.files.pop(m.group(3))
+            self.modes.pop(m.group(3), None)
+            self.modes[m.group(4)] = _mode(m.group(1))
             return True, []
         if "rigfleet-host.pyz ensure" in cmd:
             ref = self.active_record["ref"]

@@ -830,7 +830,9 @@ def test_a_docker_restart_on_a_serving_host_runs_in_its_window_and_ends_gated(da
     # Its plan went up first, atomically (upload beside it, fsync, rename).
     plan_path = run.commands[opened].split("--plan ")[1].split()[0]
     assert plan_path.startswith("/var/lib/rigfleet/maintenance/plan-maint-")
-    assert any(c.startswith("sync -- ") and plan_path in c for c in run.commands[:opened])
+    assert any(" && sync -- " in c and c.endswith(f"{plan_path} && sync -- "
+                                                  "/var/lib/rigfleet/maintenance")
+               for c in run.commands[:opened])
     plan = json.loads(rig.files[plan_path])
     assert plan["gate_profile"] == "full" and plan["id"].startswith("maint-")
     assert rig.events[-4:] == [f"window open {plan['id']}",
@@ -869,7 +871,7 @@ def test_a_driver_change_installs_and_reboots_a_serving_host_inside_its_window(d
         "systemd-run --unit rigfleet-maint-")
     assert install_step < install < reboot_step < reboot < close
     # One window: the plan is shipped once, the reboot step extends the same window.
-    assert len(run.ran("sync -- ")) == 1 and len(run.ran("maintenance open")) == 2
+    assert len(run.ran(" && sync -- ")) == 1 and len(run.ran("maintenance open")) == 2
     assert "--ttl-s 2100" in run.commands[reboot_step]
     # After the reboot the stack did not come back by itself (the window held the host);
     # the close recreated it through the gate.
@@ -934,3 +936,22 @@ def test_three_serving_hosts_refuse_in_inventory_order(data, monkeypatch):
     monkeypatch.setenv("RIGFLEET_MAINTENANCE_BATCH", "0")
     with pytest.raises(Exception, match="RIGFLEET_MAINTENANCE_BATCH: '0' is not a number"):
         roles_maintenance.batch_limit()
+
+
+def test_an_older_host_tool_is_replaced_by_a_rename_before_its_window_opens(data):
+    import subprocess
+
+    rig = converged("debian13", data)
+    older_docker(rig)
+    pyz = "/usr/local/lib/rigfleet/rigfleet-host.pyz"
+    rig.files[pyz] = b"an older rigfleet-host.pyz"
+    run = deploy(rig, data)
+    assert not run.failed
+    upload, restart, opened = order(run, f"mv -f -- {pyz}.upload.tmp {pyz}",
+                                    "systemctl try-restart rigfleet-supervise.service",
+                                    "maintenance open")
+    assert upload < restart < opened and rig.modes[pyz] == "0755"
+    assert rig.files[pyz] != b"an older rigfleet-host.pyz"
+    for command in sorted(set(run.commands)):
+        checked = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True)
+        assert checked.returncode == 0, (command, checked.stderr)
