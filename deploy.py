@@ -1,19 +1,15 @@
 """The converge: ``pyinfra inventory/home.py deploy.py`` takes each host to serving.
 
-Preflight validates every host's data and the pins while pyinfra prepares (a problem stops
-the run before any host changes), then the roles run in order (see ``roles/__init__.py``).
-A second run changes nothing; ``--dry`` shows what a run would change.
+Preflight validates every host's data, the pins and the host's facts while pyinfra prepares
+(so ``-y`` and the prompt check the same). A host that fails it gets one failing operation
+instead of the roles (nothing changes on it), the other hosts go on, and the run ends
+non-zero listing the refused hosts and why; ``--data rigfleet_stop_on_preflight=1`` (or
+``RIGFLEET_STOP_ON_PREFLIGHT=1``) stops the whole run instead. Then the roles run in order
+(see ``roles/__init__.py``). A second run changes nothing; ``--dry`` shows what a run would
+change.
 """
 
-from pyinfra.api.exceptions import PyinfraError
-
-from rigfleet.errors import RigfleetError
 from roles import converge
+from roles.preflight import run_deploy
 
-try:
-    converge()
-except RigfleetError as error:
-    # A data problem (host data, pins, OS, a power cap out of range): the message names the
-    # host, key, value and what is allowed; pyinfra prints it without a traceback and stops
-    # before any host changes.
-    raise PyinfraError(f"rigfleet preflight refused the run:\n{error}") from None
+run_deploy(converge)

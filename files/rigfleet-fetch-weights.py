@@ -7,18 +7,34 @@ and run with the huggingface_hub venv's python:
     rigfleet-fetch-weights.py fetch --repo ORG/NAME --revision <40-hex> --local-dir DIR \
         [--token-file /etc/rigfleet/secrets/hf-token] [--lock-dir /var/lib/rigfleet/locks]
     rigfleet-fetch-weights.py check --repo ORG/NAME --revision <40-hex> --local-dir DIR
+    rigfleet-fetch-weights.py adopt --repo ORG/NAME --revision <40-hex> --from OLD --to DIR \
+        --lock-dir /var/lib/rigfleet/locks
 
-``fetch``:
+DIR is the revision's own directory (``<model_dir>/<local_dir>@<revision[:12]>``): a name
+that only ever holds that revision, verified. ``fetch``:
+
 1. takes a per-repo ``flock`` (a second concurrent fetch of the same repo fails at once and
    names the holder's pid);
 2. returns at once when DIR's ``.rigfleet-manifest.json`` is for this repo and revision and
    every file still has its recorded size and mtime (no network, no hashing);
-3. asks the hub for the revision's files (sizes, LFS sha256) and checks free disk first
+3. refuses a DIR whose manifest is for another repo or revision (a verified revision's
+   directory is never rewritten);
+4. downloads into ``<parent>/.<name>.partial`` (DIR itself only when it exists but no longer
+   matches its manifest: its manifest is removed first, then it is repaired in place);
+5. asks the hub for the revision's files (sizes, LFS sha256) and checks free disk first
    (bytes still to download + 10 % of the total as headroom);
-4. ``snapshot_download(repo, revision, local_dir=DIR)`` (resumes partial downloads);
-5. verifies every file: sha256 of every LFS file against the hub's, size of every file, and
+6. ``snapshot_download(repo, revision, local_dir=<that directory>)`` (resumes partial
+   downloads);
+7. verifies every file: sha256 of every LFS file against the hub's, size of every file, and
    the git blob id of small (non-LFS) files;
-6. writes the manifest (atomically) only after all of that passed.
+8. writes the manifest (atomically) only after all of that passed, then renames the partial
+   directory to DIR: DIR appears complete and verified, or not at all.
+
+``adopt`` takes over a directory of before per-revision directories (OLD,
+``<model_dir>/<local_dir>``) whose manifest says it holds this repo at this revision: it is
+renamed to DIR (no download, file mtimes kept, so the manifest still matches) and OLD becomes
+a relative link to DIR, for the compose snapshot that still names OLD. Nothing happens when
+OLD is a link already, missing, unverified (no manifest: left as it is) or DIR exists.
 
 The token is read from a root-only file here, never taken from argv or the environment of
 the ssh command, and never printed. ``HF_ENDPOINT`` in the environment selects the hub.
@@ -40,6 +56,7 @@ import time
 from pathlib import Path
 
 MANIFEST = ".rigfleet-manifest.json"
+PARTIAL_SUFFIX = ".partial"
 HEADROOM = 0.10
 CHUNK = 8 * 1024 * 1024
 _HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -235,29 +252,102 @@ def check_disk(local_dir: Path, expected: dict[str, dict]) -> None:
 # --- commands ------------------------------------------------------------------------------
 
 
+def partial_dir(final: Path) -> Path:
+    """Where a revision downloads until it is verified: ``<parent>/.<name>.partial``."""
+    return final.with_name(f".{final.name}{PARTIAL_SUFFIX}")
+
+
+def sync_dir(path: Path) -> None:
+    """fsync a directory, so a rename or a new entry in it survives a crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fetch(args: argparse.Namespace) -> int:
-    local_dir = Path(args.local_dir)
+    final = Path(args.local_dir)
     lock = acquire_lock(Path(args.lock_dir), args.repo)
     try:
-        ok, reason = manifest_matches(local_dir, args.repo, args.revision)
+        ok, reason = manifest_matches(final, args.repo, args.revision)
         if ok:
-            say(f"{args.repo}@{args.revision} already verified in {local_dir}")
+            say(f"{args.repo}@{args.revision} already verified in {final}")
             return 0
-        say(f"{args.repo}@{args.revision} -> {local_dir} ({reason})")
-        local_dir.mkdir(parents=True, exist_ok=True)
+        manifest = read_manifest(final)
+        if manifest is not None and (manifest.get("repo"), manifest.get("revision")) != (
+                args.repo, args.revision):
+            raise FetchError(
+                f"{final} holds {manifest.get('repo')}@{manifest.get('revision')}, not "
+                f"{args.repo}@{args.revision}: a verified revision's directory is never "
+                "rewritten; move it away (it may be a compose file's), then re-run"
+            )
+        work = final if final.is_dir() else partial_dir(final)
+        if work == final and manifest is not None:
+            # No manifest vouches for files while they are repaired.
+            (final / MANIFEST).unlink()
+            say(f"{final}: {reason}; its manifest is removed and it is repaired in place")
+        say(f"{args.repo}@{args.revision} -> {work} ({reason})")
+        work.mkdir(parents=True, exist_ok=True)
         token = read_token(args.token_file)
         say(f"hub {os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'}: listing files")
         expected = hub_files(args.repo, args.revision, token)
-        check_disk(local_dir, expected)
+        check_disk(work, expected)
         from huggingface_hub import snapshot_download
 
         started = time.monotonic()
         say(f"downloading {len(expected)} files (resumes partial downloads)")
-        snapshot_download(args.repo, revision=args.revision, local_dir=str(local_dir), token=token)
+        snapshot_download(args.repo, revision=args.revision, local_dir=str(work), token=token)
         say(f"downloaded in {time.monotonic() - started:.0f}s; verifying")
-        files = verify(local_dir, expected)
-        write_manifest(local_dir, args.repo, args.revision, files)
-        say(f"verified {len(files)} files; wrote {local_dir / MANIFEST}")
+        files = verify(work, expected)
+        write_manifest(work, args.repo, args.revision, files)
+        if work != final:
+            # Into place only now: the revision's name never holds unverified files.
+            os.rename(work, final)
+            sync_dir(final.parent)
+        say(f"verified {len(files)} files; wrote {final / MANIFEST}")
+        return 0
+    finally:
+        lock.close()
+
+
+def adopt(args: argparse.Namespace) -> int:
+    """Take over a directory of before per-revision directories (see the module docstring)."""
+    old, final = Path(args.from_dir), Path(args.to)
+    if old.parent != final.parent or old == final:
+        raise FetchError(f"--from {old} and --to {final} must be two names in one directory",
+                         code=2)
+    lock = acquire_lock(Path(args.lock_dir), args.repo)
+    try:
+        if old.is_symlink():
+            say(f"{old} links to {os.readlink(old)}: adopted already")
+            return 0
+        if not old.is_dir():
+            say(f"nothing at {old}: nothing to adopt")
+            return 0
+        manifest = read_manifest(old)
+        if manifest is None:
+            say(f"{old} has no manifest (never verified): left as it is")
+            return 0
+        if (manifest.get("repo"), manifest.get("revision")) != (args.repo, args.revision):
+            raise FetchError(
+                f"{old}'s manifest is for {manifest.get('repo')}@{manifest.get('revision')}, "
+                f"not {args.repo}@{args.revision}; nothing adopted"
+            )
+        if final.exists() or final.is_symlink():
+            say(f"{final} exists already: {old} left as it is (remove it once no compose file "
+                "names it)")
+            return 0
+        os.rename(old, final)
+        # The old name, for the compose snapshot that still names it: a relative link, made
+        # under a temporary name and renamed into place.
+        tmp = old.with_name(f".{old.name}.link-tmp")
+        tmp.unlink(missing_ok=True)
+        os.symlink(final.name, tmp)
+        os.rename(tmp, old)
+        sync_dir(final.parent)
+        say(f"adopted {old} as {final} ({args.repo}@{args.revision}, no download); {old} "
+            "links to it")
         return 0
     finally:
         lock.close()
@@ -272,20 +362,26 @@ def check(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("fetch", "check"):
+    for name in ("fetch", "check", "adopt"):
         p = sub.add_parser(name)
         p.add_argument("--repo", required=True)
         p.add_argument("--revision", required=True)
-        p.add_argument("--local-dir", required=True)
+        if name == "adopt":
+            p.add_argument("--from", dest="from_dir", required=True)
+            p.add_argument("--to", required=True)
+        else:
+            p.add_argument("--local-dir", required=True)
         if name == "fetch":
             p.add_argument("--token-file")
+        if name in ("fetch", "adopt"):
             p.add_argument("--lock-dir", required=True)
     args = parser.parse_args(argv)
     if not _HEX40.fullmatch(args.revision):
         print(f"revision {args.revision!r} is not a full 40-hex commit", file=sys.stderr)
         return 2
+    commands = {"fetch": fetch, "check": check, "adopt": adopt}
     try:
-        return fetch(args) if args.command == "fetch" else check(args)
+        return commands[args.command](args)
     except FetchError as e:
         print(f"[rigfleet-weights] ERROR: {e}", file=sys.stderr, flush=True)
         return e.code

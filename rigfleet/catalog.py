@@ -37,6 +37,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.genesis import LAYOUTS, GenesisLayout, entrypoint_script
 from rigfleet.hostside.layout import HOST
 from rigfleet.validate import Problems, ValidationError, YamlError, has_control, load_yaml
+from rigfleet.vllm_versions import TAG_KINDS, tag_kind, version_key
 
 SCHEMA = "rigfleet-stack/1"
 BUILTIN_DIR = Path(__file__).resolve().parent / "stacks"
@@ -72,7 +73,7 @@ _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 _PINNED_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*")
 _TOP_KEYS = ("schema", "name", "summary", "port", "served_model_name", "gpus", "vllm", "env",
              "entrypoint", "genesis", "image", "boot", "gate", "caveats")
-IMAGE_KINDS = ("release", "nightly")
+IMAGE_KINDS = TAG_KINDS
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
 _CAVEAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/#-]*")
 _VLLM_KEYS = ("kv_cache_dtype", "tensor_parallel_size", "max_model_len",
@@ -127,11 +128,26 @@ class ImageRule:
     below_version: str | None = None
 
     def allows_version(self, version: str) -> bool:
-        """``version`` (``0.27.1``, ``0.20.2rc1.dev9+g01d4d1ad3``) is inside the range."""
+        """``version`` (``0.27.1``, ``0.20.2rc1.dev9+g01d4d1ad3``) is inside the range (a
+        dev build of 0.24.0 is below 0.24.0)."""
         have = version_key(version)
-        if self.min_version and have < version_key(self.min_version):
+        if have is None:
             return False
-        return not (self.below_version and have >= version_key(self.below_version))
+        low = version_key(self.min_version) if self.min_version else None
+        high = version_key(self.below_version) if self.below_version else None
+        return not ((low is not None and have < low) or (high is not None and have >= high))
+
+    def problems(self, tag: str, version: str) -> list[str]:
+        """What is wrong with running image tag ``tag`` reporting vLLM ``version`` (empty
+        when the rule allows it), each phrased to follow ``image <ref>``."""
+        out = []
+        kind = tag_kind(tag)
+        if kind not in self.kinds:
+            what = f"a {kind} tag" if kind else "neither a release (vX.Y.Z) nor a nightly tag"
+            out.append(f"is {what}; the stack runs {' or '.join(self.kinds)} tags")
+        if not self.allows_version(version):
+            out.append(f"reports vLLM {version}; the stack needs {self.describe()}")
+        return out
 
     def describe(self) -> str:
         parts = [" or ".join(f"{k} tags" for k in self.kinds)]
@@ -140,18 +156,6 @@ class ImageRule:
         if self.below_version:
             parts.append(f"vLLM < {self.below_version}")
         return ", ".join(parts)
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """The release part of a PEP 440 version as numbers (``0.20.2rc1.dev9+g..`` -> (0, 20, 2),
-    with pre-releases ordered just below their release)."""
-    m = re.match(r"(\d+(?:\.\d+)*)(.*)", version)
-    if not m:
-        return (0,)
-    nums = tuple(int(x) for x in m.group(1).split("."))
-    nums += (0,) * (3 - len(nums))
-    # A pre-/dev-release of 0.20.2 sorts before 0.20.2 itself.
-    return (*nums, 0 if m.group(2).strip() and not m.group(2).startswith("+") else 1)
 
 
 @dataclass(frozen=True)
@@ -439,7 +443,8 @@ def _image_rule(p: Problems, value: Any) -> ImageRule:
         versions[key] = p.string(f"image.{key}", raw, _VERSION,
                                  "a vLLM release such as '0.22.0'", required=False)
     low, high = versions["min_version"], versions["below_version"]
-    if low and high and version_key(low) >= version_key(high):
+    low_key, high_key = version_key(low or ""), version_key(high or "")
+    if low_key is not None and high_key is not None and low_key >= high_key:
         p.bad("image.below_version", high, f"a release above min_version {low}",
               "is not above min_version")
     return ImageRule(tuple(kinds), low, high)

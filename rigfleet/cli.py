@@ -3,7 +3,9 @@
     rigfleet testbed up [--hosts N] [--hardware host2:cards=1]
     rigfleet testbed status
     rigfleet testbed down
-    rigfleet pins lock [--pins pins.yaml] [--registry URL] [--hub URL]
+    rigfleet pins lock [--pins pins.yaml] [--registry URL] [--hub URL] [--genesis-url URL]
+                       [--refresh]
+    rigfleet images status|export|import ...   (pinned images on hosts, saved copies)
     rigfleet verify --url URL [--api-key-file F] [--profile full|fast]   (the verify-stress gate)
     rigfleet endpoints --inventory inventory/home.py
     rigfleet status --inventory inventory/home.py [--json]
@@ -34,7 +36,8 @@ def _log(message: str) -> None:
 def cmd_pins(args: argparse.Namespace) -> int:
     from rigfleet.pinlock import lock
 
-    changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub)
+    changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub,
+                   refresh=args.refresh, genesis_url=args.genesis_url)
     for line in changes or ["pins already locked; nothing to do"]:
         _log(line)
     return 0
@@ -164,11 +167,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     pins = sub.add_parser("pins", help="the fleet's pins file")
     pins_sub = pins.add_subparsers(dest="action", required=True)
-    lock = pins_sub.add_parser("lock", help="resolve image digests and the model revision")
+    lock = pins_sub.add_parser("lock", help="resolve image digests and ids, and the model "
+                               "revision")
     lock.add_argument("--pins", default="pins.yaml")
     lock.add_argument("--registry", default="https://registry-1.docker.io")
     lock.add_argument("--hub", default="https://huggingface.co")
+    lock.add_argument("--genesis-url", metavar="URL",
+                      help="fetch the pinned Genesis commits from here (a mirror or a local "
+                           "clone) instead of each pin's repository URL; the pins keep theirs")
+    lock.add_argument("--refresh", action="store_true",
+                      help="re-resolve every digest from its tag (and its image id), and the "
+                           "model revision, not only the unresolved ones")
     pins.set_defaults(func=cmd_pins)
+
+    from rigfleet.images import cli as images_cli
+
+    images_cli.add_parser(sub)
 
     # The gate's own parser (rigfleet/hostside/verify/runner.py) handles the arguments; it is
     # the same program the hosts run during a swap.

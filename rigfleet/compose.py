@@ -15,7 +15,9 @@ Choices that matter:
   nothing secret is ever in this file, so it can be logged, diffed and hashed.
 - Every ``$`` is written ``$$``: Compose interpolates entrypoint, command and environment at
   parse time, which silently broke club-3090's entrypoints (#436).
-- The weights are mounted read-only, per model directory; caches per stack (never shared).
+- The weights are mounted read-only from the pinned revision's own directory
+  (``Layout.weights_dir``), so a rollback's snapshot mounts the revision it served; caches
+  per stack (never shared).
 
 Example::
 
@@ -38,7 +40,12 @@ import yaml
 from rigfleet.catalog import VLLM_PORT_IN_CONTAINER, StackSpec
 from rigfleet.genesis import LAYOUTS, GenesisLayout
 from rigfleet.hostdata import HostSettings
-from rigfleet.hostside.layout import CONFIG_HASH_LABEL, HOST
+from rigfleet.hostside.layout import (
+    CONFIG_HASH_LABEL,
+    HOST,
+    WEIGHTS_REVISION_CHARS,
+    WEIGHTS_REVISION_MARK,
+)
 from rigfleet.pins import LOCK_HINT, UNRESOLVED, GenesisPin, Pins, PinsError
 from rigfleet.runtime_image import RuntimeImage
 
@@ -86,7 +93,10 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         environment[name] = host.env_for(spec.name)[name]
 
     local_dir = pins.model.local_dir
-    volumes = [f"{host.model_dir}/{local_dir}:{spec.model_path(local_dir)}:ro"]
+    # The revision's own directory (never written once verified), not a moving path: the
+    # active snapshot names the revision it served, so a rollback mounts the old files.
+    weights = HOST.weights_dir(host.model_dir, local_dir, pins.model.revision)
+    volumes = [f"{weights}:{spec.model_path(local_dir)}:ro"]
     volumes += [f"{src}:{dst}" for src, dst in spec.cache_dirs.items()]
     if spec.needs_genesis and stack_pins.genesis is not None and layout is not None:
         tree = str(HOST.genesis_tree(stack_pins.genesis.commit))
@@ -105,9 +115,10 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
 
     runtime = RuntimeImage.for_stack(spec, stack_pins)
     service: dict[str, Any] = {
-        # A Genesis stack runs its derived image (the pinned packages baked into the pinned
-        # image, built on the host); never pulled: only this host has it.
-        "image": runtime.ref if runtime else stack_pins.image_ref,
+        # The image as the deploy staged and verified it (a Genesis stack: its derived image,
+        # the pinned packages baked into the pinned image on the host); never pulled here: a
+        # pull could fetch something else, and a loaded archive has no registry behind it.
+        "image": runtime.ref if runtime else stack_pins.local_image,
         "container_name": spec.container_name,
         # Never restarted in place: Genesis text-patches vLLM in the container's writable
         # layer, so a restarted container fails to re-patch and one crash becomes a restart
@@ -131,8 +142,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         },
         "labels": labels,
     }
-    if runtime is not None:
-        service["pull_policy"] = "never"
+    service["pull_policy"] = "never"
     doc = _escape({"name": spec.compose_project, "services": {SERVICE: service}})
     labels = doc["services"][SERVICE]["labels"]
     labels[CONFIG_HASH_LABEL] = config_hash(doc)
@@ -170,12 +180,36 @@ def render_document(doc: Mapping[str, Any]) -> str:
 
 
 def config_hash(doc: dict[str, Any]) -> str:
-    """A short, stable hash of a compose document, ignoring its own config-hash label."""
+    """A short, stable hash of a compose document, ignoring its own config-hash label.
+
+    The weights volume is hashed without its revision suffix (``weights_identity``): the
+    revision's directory is a function of the model dir, the local dir and the revision, all
+    of which the hash covers anyway (the volume's other parts, ``--model``, the
+    ``model-revision`` label), so no change goes unseen; and a container started from a compose
+    file of before per-revision directories (``<model_dir>/<local_dir>``, same revision) has
+    this same hash, so adopting its directory swaps nothing (docs/converge.md).
+    """
     copy = json.loads(json.dumps(doc))
     for service in copy.get("services", {}).values():
-        service.get("labels", {}).pop(CONFIG_HASH_LABEL, None)
+        labels = service.get("labels", {})
+        labels.pop(CONFIG_HASH_LABEL, None)
+        revision = labels.get(f"{LABEL_PREFIX}.model-revision")
+        if isinstance(revision, str) and isinstance(service.get("volumes"), list):
+            service["volumes"] = [weights_identity(v, revision) for v in service["volumes"]]
     canonical = json.dumps(copy, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def weights_identity(volume: Any, revision: str) -> Any:
+    """``<dir>/<local_dir>@<revision[:12]>:<target>:ro`` as ``<dir>/<local_dir>:<target>:ro``
+    (what the config hash sees); any other volume as it is."""
+    if not isinstance(volume, str):
+        return volume
+    source, sep, rest = volume.partition(":")
+    suffix = WEIGHTS_REVISION_MARK + revision[:WEIGHTS_REVISION_CHARS]
+    if sep and source.endswith(suffix):
+        return f"{source.removesuffix(suffix)}:{rest}"
+    return volume
 
 
 def _escape(value: Any) -> Any:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rigfleet.bump.journal import BumpJournal, load_journal
 from rigfleet.catalog import StackSpec
 from rigfleet.compose import SERVICE, compose_document, render_document
 from rigfleet.hostdata import HostSettings, validate_host
@@ -99,8 +100,10 @@ class DesiredHost:
 
     @property
     def model_path(self) -> str:
-        """The weights directory on the host."""
-        return f"{self.settings.model_dir.rstrip('/')}/{self.pins.model.local_dir}"
+        """The pinned model revision's own directory on the host (``Layout.weights_dir``):
+        what the compose files mount, where the fetcher verifies and the manifest is."""
+        model = self.pins.model
+        return str(HOST.weights_dir(self.settings.model_dir, model.local_dir, model.revision))
 
     @property
     def other_containers(self) -> tuple[str, ...]:
@@ -178,6 +181,43 @@ def check_pinned(settings: HostSettings, pins: Pins) -> None:
         raise PinsError(problems)
 
 
+def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> None:
+    """Each staged Genesis stack's file must have a switch set for its pinned Genesis layout
+    (``genesis.switches.v7`` / ``.v12``): it is what the compose file's environment is."""
+    problems = []
+    for spec in staged:
+        pinned = pins.stacks.get(spec.name)
+        genesis = pinned.genesis if pinned is not None else None
+        if spec.genesis is None or genesis is None:
+            continue
+        if genesis.layout not in spec.genesis.switches:
+            problems.append(
+                f"{settings.name}: stack {spec.name}: {spec.source}: genesis.switches has no "
+                f"{genesis.layout!r} set, but {pins.path} pins Genesis {genesis.label} with "
+                f"the {genesis.layout} layout; allowed: add genesis.switches.{genesis.layout} "
+                f"to the stack file (have: {', '.join(spec.genesis.switches) or 'none'}), or "
+                "pin a Genesis commit with a layout it has")
+    if problems:
+        raise PinsError(problems)
+
+
+def check_image_rules(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> None:
+    """Each staged stack's pinned image must be of a kind and vLLM version its stack file's
+    ``image`` rule allows (int8: releases from 0.22.0; tq3-mtp-genesis: below 0.24.0)."""
+    problems = []
+    for spec in staged:
+        pinned = pins.stacks.get(spec.name)
+        if pinned is None:
+            continue
+        for problem in spec.image.problems(pinned.tag, pinned.vllm_version):
+            problems.append(
+                f"{settings.name}: {pins.path}: stacks.{spec.name}: image {pinned.image} "
+                f"{problem} ({spec.source}: image); allowed: an image the stack file allows "
+                f"(`rigfleet bump --latest --stack {spec.name} --dry` proposes one)")
+    if problems:
+        raise PinsError(problems)
+
+
 def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
     """The host's model from validated settings and the pins it runs (pure); raises
     ``PinsError`` when the desired stack is not pinned (``check_pinned``).
@@ -186,8 +226,10 @@ def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
     + pins: the pins file's pins for this host (``Pins.for_host(name)``)
     """
     check_pinned(settings, pins)
-    stacks = {spec.name: desired_stack(spec, settings, pins)
-              for spec in staged_stacks(settings, pins)}
+    staged = staged_stacks(settings, pins)
+    check_switch_sets(settings, pins, staged)
+    check_image_rules(settings, pins, staged)
+    stacks = {spec.name: desired_stack(spec, settings, pins) for spec in staged}
     return DesiredHost(settings.name, settings, pins, stacks)
 
 
@@ -203,21 +245,36 @@ def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
     return cwd if cwd.exists() else REPO_ROOT / path
 
 
-_PINS: dict[tuple[str, tuple[str, ...]], Pins] = {}
+_PINS: dict[tuple[str, tuple[str, ...]], tuple[Pins, BumpJournal | None]] = {}
 
 
-def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
-    """The pins this host runs: its ``pins_file`` (parsed once per process) for its name."""
+def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins,
+                                                                        BumpJournal | None]:
+    """The host's ``pins_file`` as written and the journal of an unfinished ``rigfleet bump``
+    beside it (None when there is none), each read once per process."""
     path = resolve_pins_path(settings.pins_file, base)
     key = (str(path.absolute()), settings.catalog.sources)
     if key not in _PINS:
         try:
-            _PINS[key] = load_pins(path, catalog=settings.catalog)
+            pins = load_pins(path, catalog=settings.catalog)
+            _PINS[key] = (pins, load_journal(pins, settings.catalog))
         except PinsError as e:
             raise PinsError([f"{settings.name}: pins_file: {line}" for line in e.problems]) \
                 from None
-    # A rollout may leave a host on other pins (the pins file's ``hosts`` section).
-    return _PINS[key].for_host(settings.name)
+    return _PINS[key]
+
+
+def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
+    """The pins this host runs: its ``pins_file`` (parsed once per process) for its name.
+
+    A rollout may leave a host on other pins: the pins file's ``hosts`` section after a bump
+    that ended, the bump's journal while one is unfinished (a host it promoted runs the
+    candidate; one it was deploying is refused, ``BumpInFlight``: rigfleet/bump/journal.py).
+    """
+    pins, journal = fleet_pins(settings, base)
+    if journal is not None:
+        return journal.pins_for(pins, settings.name)
+    return pins.for_host(settings.name)
 
 
 def load_desired(name: str, data: Mapping[str, Any] | Any,

@@ -30,6 +30,7 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_host
 from typing_extensions import override
 
+from rigfleet import genesis_inspect
 from rigfleet.commands import apt as apt_commands
 from rigfleet.commands import docker as docker_commands
 from rigfleet.commands import nvidia as nvidia_commands
@@ -216,6 +217,127 @@ class GpuQuery(FactBase[GpuState]):
 
 
 # ---------------------------------------------------------------------------------------------
+# Platform: init, architecture, Secure Boot, where the driver came from
+
+
+@dataclass(frozen=True)
+class PlatformState:
+    """What the preflight and the driver role need to know about the machine itself.
+
+    + pid1: PID 1's name; ``systemd``: systemd booted the host
+    + arch: dpkg's architecture (``amd64``), empty when unknown
+    + secure_boot: ``enabled``, ``disabled``, ``unsupported`` (no EFI, or no Secure Boot
+      support), or ``unknown`` (no mokutil to ask)
+    + mok_cert: DKMS's signing certificate when it exists (``/var/lib/dkms/mok.pub``)
+    + mok: that certificate as the firmware knows it: ``enrolled``, ``pending`` (an
+      enrolment request waits for the console at the next boot), ``not-enrolled``, or
+      ``unknown`` (no certificate, no mokutil)
+    + run_uninstaller: NVIDIA's ``.run`` installer left its uninstaller
+    + smi, smi_owner: nvidia-smi's path and the dpkg package that owns it ("" for none)
+    """
+
+    pid1: str = ""
+    systemd: bool = False
+    arch: str = ""
+    secure_boot: str = "unknown"
+    sb_detail: str = ""
+    mok_cert: str = ""
+    mok: str = "unknown"
+    run_uninstaller: bool = False
+    smi: str = ""
+    smi_owner: str = ""
+
+    @property
+    def foreign_driver(self) -> bool:
+        """A driver no distribution package installed (NVIDIA's .run installer): its
+        uninstaller is there, or nvidia-smi exists and no dpkg package owns it."""
+        return self.run_uninstaller or bool(self.smi and not self.smi_owner)
+
+
+class Platform(FactBase[PlatformState]):
+    """Init system, architecture, Secure Boot state, DKMS's key and the driver's origin."""
+
+    @staticmethod
+    @override
+    def default() -> PlatformState:
+        return PlatformState()
+
+    @override
+    def command(self) -> str:
+        return nvidia_commands.platform_report()
+
+    @override
+    def process(self, output: list[str]) -> PlatformState:
+        values: dict[str, list[str]] = {}
+        for line in output:
+            key, sep, value = line.strip().partition("=")
+            if sep:
+                values.setdefault(key, []).append(value.strip())
+
+        def one(key: str) -> str:
+            return (values.get(key) or [""])[0]
+
+        sb_lines = values.get("sb", [])
+        return PlatformState(
+            pid1=one("pid1"),
+            systemd=one("systemd") == "yes",
+            arch=one("arch"),
+            secure_boot=_secure_boot(sb_lines, "mokutil" in values),
+            sb_detail=" ".join(sb_lines),
+            mok_cert=one("mok_cert"),
+            mok=_mok_state(" ".join(values.get("mok", [])), bool(one("mok_cert"))),
+            run_uninstaller=one("run_uninstaller") == "yes",
+            smi=one("smi"),
+            smi_owner=one("smi_owner"),
+        )
+
+
+def _secure_boot(lines: list[str], no_mokutil: bool) -> str:
+    # mokutil --sb-state prints "SecureBoot enabled" / "SecureBoot disabled" (then perhaps
+    # "SecureBoot validation is disabled in shim", "Platform is in Setup Mode"), or on
+    # stderr "EFI variables are not supported on this system" / "This system doesn't
+    # support Secure Boot".
+    text = " ".join(lines)
+    if no_mokutil and not lines:
+        return "unknown"
+    if "SecureBoot enabled" in text:
+        return "enabled"
+    if "SecureBoot disabled" in text:
+        return "disabled"
+    if "not supported" in text or "doesn't support" in text:
+        return "unsupported"
+    return "unknown"
+
+
+def _mok_state(text: str, have_cert: bool) -> str:
+    # mokutil --test-key <der>: "<der> is already enrolled", "<der> is already in the
+    # enrollment request", "<der> is not enrolled".
+    if not have_cert:
+        return "unknown"
+    if "already enrolled" in text:
+        return "enrolled"
+    if "enrollment request" in text:
+        return "pending"
+    if "not enrolled" in text:
+        return "not-enrolled"
+    return "unknown"
+
+
+class ModuleRejections(FactBase[list[str]]):
+    """This boot's log lines saying Secure Boot refused a kernel module (empty: none)."""
+
+    default = list
+
+    @override
+    def command(self) -> str:
+        return nvidia_commands.module_rejections()
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
 # Docker
 
 
@@ -394,23 +516,36 @@ def _compare_listing(
 
 @dataclass(frozen=True)
 class GenesisCheckout:
-    """The Genesis checkout: HEAD commit, origin URL, and whether apply_all.py is there."""
+    """The Genesis checkout: HEAD commit, origin URL, and the layout its files mark
+    (``v7``/``v12``; None: no checkout, or a tree of no layout rigfleet knows)."""
 
     head: str | None
     origin: str | None
-    has_apply_all: bool
+    layout: str | None
 
 
-APPLY_ALL = "vllm/_genesis/patches/apply_all.py"
+def _markers_command(tree: str) -> str:
+    """Shell that prints the layout marker files present under ``tree`` (a shell word or a
+    quoted path), comma-separated, ``-`` when none."""
+    tests = " ".join(
+        f'[ -e "{tree}/{m}" ] && m="$m,{m}";' for m in genesis_inspect.MARKERS
+    )
+    return f'm=""; {tests} echo "${{m#,}}" | sed "s/^$/-/"'
+
+
+def _layout(markers: str) -> str | None:
+    present = frozenset(m for m in markers.split(",") if m and m != "-")
+    return genesis_inspect.detect_layout(present)[0]
 
 
 class GenesisHead(FactBase[GenesisCheckout]):
-    """``git rev-parse HEAD`` and the origin URL of a checkout, plus the apply_all.py check."""
+    """``git rev-parse HEAD`` and the origin URL of a checkout, plus its layout's marker files
+    (``rigfleet.genesis_inspect.MARKERS``)."""
 
     @staticmethod
     @override
     def default() -> GenesisCheckout:
-        return GenesisCheckout(None, None, False)
+        return GenesisCheckout(None, None, None)
 
     @override
     def command(self, path: str) -> str:
@@ -418,7 +553,7 @@ class GenesisHead(FactBase[GenesisCheckout]):
         return (
             f"echo head=$(git -C {p} rev-parse --verify -q HEAD 2>/dev/null); "
             f"echo origin=$(git -C {p} remote get-url origin 2>/dev/null); "
-            f"if [ -f {p}/{APPLY_ALL} ]; then echo apply_all=yes; else echo apply_all=no; fi"
+            f"t={p}; echo markers=$({_markers_command('$t')})"
         )
 
     @override
@@ -427,16 +562,17 @@ class GenesisHead(FactBase[GenesisCheckout]):
         return GenesisCheckout(
             head=values.get("head") or None,
             origin=values.get("origin") or None,
-            has_apply_all=values.get("apply_all") == "yes",
+            layout=_layout(values.get("markers", "")),
         )
 
 
 @dataclass(frozen=True)
 class GenesisTreeState:
-    """The exported Genesis trees (commit -> (mtime, has apply_all.py)) and the commits
-    the host's compose files mount (both stacks' files and the active snapshot)."""
+    """The exported Genesis trees (commit -> (mtime, the layout its files mark, None when
+    none)) and the commits the host's compose files mount (both stacks' files and the active
+    snapshot)."""
 
-    trees: dict[str, tuple[int, bool]]
+    trees: dict[str, tuple[int, str | None]]
     referenced: frozenset[str]
 
 
@@ -456,9 +592,8 @@ class GenesisTrees(FactBase[GenesisTreeState]):
         d = shlex.quote(trees_dir.rstrip("/"))
         files = " ".join(shlex.quote(f) for f in compose_files)
         command = (
-            f'for t in {d}/*/; do [ -d "$t" ] || continue; '
-            f'if [ -f "${{t}}{APPLY_ALL}" ]; then a=yes; else a=no; fi; '
-            f'echo "tree $(stat -c %Y "$t") $(basename "$t") $a"; done'
+            f'for t in {d}/*/; do [ -d "$t" ] || continue; t="${{t%/}}"; '
+            f'echo "tree $(stat -c %Y "$t") $(basename "$t") $({_markers_command("$t")})"; done'
         )
         if files:
             name = shlex.quote(trees_dir.rstrip("/").rsplit("/", 1)[-1])
@@ -470,13 +605,13 @@ class GenesisTrees(FactBase[GenesisTreeState]):
 
     @override
     def process(self, output: list[str]) -> GenesisTreeState:
-        trees: dict[str, tuple[int, bool]] = {}
+        trees: dict[str, tuple[int, str | None]] = {}
         referenced: set[str] = set()
         for line in output:
             parts = line.split()
             if len(parts) == 4 and parts[0] == "tree" and _HEX40.fullmatch(parts[2]):
                 if parts[1].isdigit():
-                    trees[parts[2]] = (int(parts[1]), parts[3] == "yes")
+                    trees[parts[2]] = (int(parts[1]), _layout(parts[3]))
             elif len(parts) == 2 and parts[0] == "ref" and _HEX40.fullmatch(parts[1]):
                 referenced.add(parts[1])
         return GenesisTreeState(trees, frozenset(referenced))

@@ -1,78 +1,139 @@
-"""Genesis as each of its generations lays itself out: what to mount, how to apply it, where its
-allowlist and patch registry live.
+"""Genesis as each of its generations lays itself out (what to mount, how to apply it, where its
+allowlist and patch registry live) and the decisions rigfleet takes on a Genesis tree.
 
 Genesis (Sandermage's vLLM patch tree) changed its layout between generations (upstream-2026.md
 §3.2): v7.x is a ``vllm/_genesis/`` package applied with
 ``python3 -m vllm._genesis.patches.apply_all``; v12.x is a top-level ``sndr/`` package applied
 with ``python3 -m sndr.apply``. Both text-patch vLLM's files inside the container, so each
-container applies them once, from scratch.
+container applies them once, from scratch. Which files each generation keeps where is
+``rigfleet.genesis_inspect.GENERATIONS`` (the host helper that reads a tree); this module adds
+the container side and the checks:
+
+- ``LAYOUTS``: the mount and the apply step per generation;
+- ``TreeReport``: what ``rigfleet-genesis-inspect.py`` reports about one tree;
+- ``pairing_problems``: the Genesis gate's decision for one stack (layout, version, allowlist,
+  switches, needed patches), the same on the host (``roles/genesis.py``) and on the control
+  side (``rigfleet pins lock``, ``rigfleet bump``).
 
 Example::
 
-    from rigfleet.genesis import LAYOUTS
+    from rigfleet.genesis import LAYOUTS, TreeReport, StackUse, pairing_problems
 
     v7 = LAYOUTS["v7"]
     v7.mount_source("/opt/rigfleet/genesis-trees/7b9f...")   # '.../vllm/_genesis'
     v7.apply_command                                          # 'python3 -m vllm._genesis...'
+    report = TreeReport.from_json(json.loads(helper_stdout))
+    pairing_problems(report, pin, stack="tq3-mtp-genesis", image_ref=..., vllm_version="0.21.0",
+                     use=StackUse.of(spec, "v12"))            # [] when the pairing is sound
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rigfleet.genesis_inspect import GENERATIONS, KNOWN_GOOD, PENDING, SCHEMA, TreeFiles
+
+if TYPE_CHECKING:
+    from rigfleet.catalog import StackSpec
+    from rigfleet.pins import GenesisPin
 
 # The official vllm/vllm-openai image keeps vLLM in dist-packages (Python 3.12).
 SITE_PACKAGES_IN_CONTAINER = "/usr/local/lib/python3.12/dist-packages"
+# Where a v12 tree is mounted whole (see V12).
+TREE_IN_CONTAINER = "/opt/genesis"
 
 
 @dataclass(frozen=True)
 class GenesisLayout:
-    """Where one Genesis generation keeps what the deploy needs, relative to the tree's root.
+    """One Genesis generation: where it keeps things (``files``) and how a container gets it.
 
-    + generation: ``v7`` or ``v12`` (the key stack files use for their switch sets)
-    + package: the directory mounted into the container's site-packages
-    + check_file: a file that must exist (an empty mount would make applying a silent no-op)
+    + files: the tree's files (``genesis_inspect.TreeFiles``: package, check file, allowlist,
+      registry, version file)
+    + mount: the directory of the tree that is mounted, relative to its root (``""``: the whole
+      tree)
+    + target: where that directory appears inside the container
     + apply_command: what applies the patches inside the container
-    + allowlist_file: the file holding ``KNOWN_GOOD_VLLM_PINS``
-    + registry_file: the file holding ``PATCH_REGISTRY`` (switch names, lifecycles)
+    + prepare: shell lines the entrypoint runs before applying (after the mount check)
     """
 
-    generation: str
-    package: str
-    check_file: str
+    files: TreeFiles
+    mount: str
+    target: str
     apply_command: str
-    allowlist_file: str
-    registry_file: str
+    prepare: tuple[str, ...] = ()
+
+    @property
+    def generation(self) -> str:
+        """``v7`` or ``v12`` (the key stack files use for their switch sets)."""
+        return self.files.generation
+
+    @property
+    def package(self) -> str:
+        """The importable package directory, relative to the tree's root."""
+        return self.files.package
+
+    @property
+    def check_file(self) -> str:
+        """A file that must exist (an empty mount would make applying a silent no-op)."""
+        return self.files.check_file
+
+    @property
+    def allowlist_file(self) -> str:
+        return self.files.allowlist_file
+
+    @property
+    def registry_file(self) -> str:
+        return self.files.registry_file
 
     def mount_source(self, tree: str) -> str:
         """The host directory mounted for a tree exported at ``tree``."""
-        return f"{tree.rstrip('/')}/{self.package}"
+        root = tree.rstrip("/")
+        return f"{root}/{self.mount}" if self.mount else root
 
     @property
     def mount_target(self) -> str:
-        """Where the package appears inside the container."""
-        return f"{SITE_PACKAGES_IN_CONTAINER}/{self.package}"
+        """Where the mounted directory appears inside the container."""
+        return self.target
 
     @property
     def check_path_in_container(self) -> str:
-        return f"{SITE_PACKAGES_IN_CONTAINER}/{self.check_file}"
+        """``check_file`` as the container sees it."""
+        inside = self.check_file.removeprefix(f"{self.mount}/") if self.mount else self.check_file
+        return f"{self.target}/{inside}"
 
 
 V7 = GenesisLayout(
-    generation="v7",
-    package="vllm/_genesis",
-    check_file="vllm/_genesis/patches/apply_all.py",
+    files=GENERATIONS["v7"],
+    mount="vllm/_genesis",
+    target=f"{SITE_PACKAGES_IN_CONTAINER}/vllm/_genesis",
     apply_command="python3 -m vllm._genesis.patches.apply_all",
-    allowlist_file="vllm/_genesis/guards.py",
-    registry_file="vllm/_genesis/dispatcher.py",
 )
 
+# v12 is mounted whole and linked into site-packages, rather than mounting only sndr/ there:
+# some v12 patches read data that lives outside sndr/ at apply time, found by walking up from
+# the module's resolved path (PN79 v2 and PN118 v2 read their post-patch file contents from
+# tests/unit/integrations/.../fixtures/ of the tree; with sndr/ alone they skip as "fixture
+# missing"). The patched vLLM files import sndr at serve time, so it must stay importable from
+# site-packages for `vllm serve` and its workers: a symlink does both (Path.resolve() follows
+# it back to the tree). An image that already carries a sndr package is refused, not mixed.
+_SNDR_IN_SITE = f"{SITE_PACKAGES_IN_CONTAINER}/sndr"
 V12 = GenesisLayout(
-    generation="v12",
-    package="sndr",
-    check_file="sndr/apply/__main__.py",
+    files=GENERATIONS["v12"],
+    mount="",
+    target=TREE_IN_CONTAINER,
     apply_command="python3 -m sndr.apply",
-    allowlist_file="sndr/engines/vllm/detection/guards.py",
-    registry_file="sndr/dispatcher/registry.py",
+    prepare=(
+        f"if [ -e {_SNDR_IN_SITE} ] && [ ! -L {_SNDR_IN_SITE} ]; then",
+        f'  echo "rigfleet: this image already has a sndr package ({_SNDR_IN_SITE}); refusing '
+        'to mix it with the pinned Genesis tree" >&2',
+        "  exit 1",
+        "fi",
+        f"ln -sfn {TREE_IN_CONTAINER}/sndr {_SNDR_IN_SITE}",
+    ),
 )
 
 LAYOUTS: dict[str, GenesisLayout] = {V7.generation: V7, V12.generation: V12}
@@ -95,6 +156,7 @@ def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) 
     - the mount check: an empty Genesis mount makes applying a silent no-op and the boot then
       fails later with a cryptic upstream error (club-3090 #13); fail at once with a clear line;
     - the package check: the image must be the derived one, with the pinned packages;
+    - the layout's ``prepare`` lines (v12: link the mounted tree's ``sndr`` into site-packages);
     - applying text-patches vLLM in the container's writable layer, once per container;
       ``set -e`` stops the boot if any patch FAILED (exit 1) or the strict pin gate refused
       the build (exit 2).
@@ -121,5 +183,343 @@ def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) 
             "  exit 1",
             "fi",
         ]
-    lines += [layout.apply_command, 'exec vllm serve "$@"']
+    lines += [*layout.prepare, layout.apply_command, 'exec vllm serve "$@"']
     return "\n".join(lines) + "\n"
+
+
+# --- what the host helper reports -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One patch a switch name turns on: its id, lifecycle, and ``env_flag`` or ``alias``."""
+
+    patch: str
+    lifecycle: str
+    via: str
+
+
+@dataclass(frozen=True)
+class TreeReport:
+    """What ``rigfleet-genesis-inspect.py`` reports about one Genesis tree (its JSON, typed).
+
+    + layout: ``v7``/``v12`` (None: none detected, see ``errors``); markers: the marker files
+    + version: what the tree declares (``v12.1.0``); for v7 often stale (v7.72.2 says v7.63.x)
+    + known_good, pending: ``KNOWN_GOOD_VLLM_PINS``, ``PROMOTION_PENDING_VLLM_PINS``
+    + switches: ``GENESIS_ENABLE_`` suffix -> the patches it turns on; switch_prefixes: the
+      prefixes Genesis reads them under; retired_skipped: Genesis skips retired patches
+    + patch_flags: patch id -> (env_flag, lifecycle, default_on); flags: names Genesis reads
+      that no patch owns (v12 orchestration flags)
+    + has_registry: the registry was read (False: a light report, or an error)
+    """
+
+    layout: str | None
+    markers: tuple[str, ...] = ()
+    version: str | None = None
+    allowlist_file: str | None = None
+    known_good: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+    registry_file: str | None = None
+    patches: int = 0
+    lifecycles: Mapping[str, int] = field(default_factory=dict)
+    switch_prefixes: tuple[str, ...] = ()
+    retired_skipped: bool = False
+    switches: Mapping[str, tuple[Switch, ...]] = field(default_factory=dict)
+    patch_flags: Mapping[str, tuple[str | None, str, bool]] = field(default_factory=dict)
+    flags: frozenset[str] = frozenset()
+    errors: tuple[str, ...] = ()
+    has_registry: bool = False
+
+    @classmethod
+    def from_json(cls, data: Any) -> TreeReport:
+        """Parse the helper's JSON object; raises ``ValueError`` on another schema."""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} report")
+        allow = data.get("allowlist") or {}
+        reg = data.get("registry") or {}
+        return cls(
+            layout=data.get("layout"),
+            markers=tuple(data.get("markers") or ()),
+            version=data.get("version"),
+            allowlist_file=allow.get("file"),
+            known_good=tuple(allow.get("known_good") or ()),
+            pending=tuple(allow.get("pending") or ()),
+            registry_file=reg.get("file"),
+            patches=int(reg.get("patches") or 0),
+            lifecycles=dict(reg.get("lifecycles") or {}),
+            switch_prefixes=tuple(reg.get("switch_prefixes") or ()),
+            retired_skipped=bool(reg.get("retired_skipped")),
+            switches={k: tuple(Switch(*t) for t in v)
+                      for k, v in (reg.get("switches") or {}).items()},
+            patch_flags={k: (v[0], v[1], bool(v[2]))
+                         for k, v in (reg.get("patch_flags") or {}).items()},
+            flags=frozenset(data.get("flags") or ()),
+            errors=tuple(data.get("errors") or ()),
+            has_registry=bool(reg),
+        )  # fmt: skip
+
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        """Every vLLM version Genesis accepts (both lists)."""
+        return (*self.known_good, *self.pending)
+
+    def lists(self, version: str) -> bool:
+        """Genesis accepts vLLM ``version`` (exact ``__version__`` membership, as Genesis
+        checks it)."""
+        return version in self.known_good or version in self.pending
+
+    def patch_id(self, name: str) -> str | None:
+        """The registry's spelling of patch id ``name`` (``P60B`` -> ``P60b``), or None."""
+        wanted = name.upper()
+        return next((p for p in self.patch_flags if p.upper() == wanted), None)
+
+
+# --- the decisions ----------------------------------------------------------------------------
+
+# How Genesis reads a switch's value (both generations): stripped, lower-cased, one of these.
+TRUTHY = frozenset({"1", "true", "yes", "on"})
+ENABLE_PREFIXES = ("GENESIS_ENABLE_", "SNDR_ENABLE_")
+ALLOW_RETIRED = "GENESIS_ALLOW_RETIRED"
+_PATCH_ID = re.compile(r"(G4_[0-9]+[A-Z]?|PN?[0-9]+[A-Z]?)(?:_|$)")
+_PLAIN_RELEASE = re.compile(r"v?[0-9]+(?:\.[0-9]+)+")
+_SHOWN = 6
+
+
+def truthy(value: str) -> bool:
+    """Genesis reads ``value`` as on."""
+    return value.strip().lower() in TRUTHY
+
+
+@dataclass(frozen=True)
+class StackUse:
+    """How one stack uses Genesis: what the checks hold against a tree.
+
+    + stack: its name; generation: the switch set in use (the pin's layout)
+    + env: the container environment (the stack file's, then the host's extra_env)
+    + host_env: the names the host's ``extra_env.<stack>`` sets (for messages)
+    + switches_on: the names the stack file's ``genesis.switches.<generation>.on`` sets
+    + needs: the patch ids the stack cannot work without; source: the stack file
+    + file_env: the stack file's own environment (before the host's extra_env)
+    """
+
+    stack: str
+    generation: str
+    env: Mapping[str, str]
+    host_env: frozenset[str] = frozenset()
+    switches_on: frozenset[str] = frozenset()
+    needs: tuple[str, ...] = ()
+    source: str = ""
+    file_env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, spec: StackSpec, generation: str,
+           host_env: Mapping[str, str] | None = None) -> StackUse:  # fmt: skip
+        """The use of ``spec`` with switch set ``generation`` (host extras override, as the
+        compose file has them). A stack without that switch set raises ``ValueError``."""
+        if spec.genesis is None:
+            raise ValueError(f"stack {spec.name} does not use Genesis")
+        if generation not in spec.genesis.switches:
+            raise ValueError(
+                f"stack {spec.name}: {spec.source}: genesis.switches has no {generation} set, "
+                f"but the pinned Genesis has the {generation} layout; allowed: add "
+                f"genesis.switches.{generation} (have: {', '.join(spec.genesis.switches)})"
+            )
+        extra = dict(host_env or {})
+        on = spec.genesis.switches[generation][0]
+        file_env = spec.environment(generation)
+        return cls(
+            stack=spec.name,
+            generation=generation,
+            env={**file_env, **extra},
+            host_env=frozenset(extra),
+            switches_on=frozenset(f"GENESIS_ENABLE_{s}" for s in on),
+            needs=spec.genesis.needs,
+            source=spec.source,
+            file_env=file_env,
+        )
+
+    def fix(self, name: str) -> str:
+        """Where ``name`` is set, as "remove it from ..."."""
+        if name in self.host_env:
+            return f"remove it from host data extra_env.{self.stack} (or set it to 0)"
+        if name in self.switches_on:
+            where = f"the stack file's genesis.switches.{self.generation}.on"
+        else:
+            where = "the stack file's env"
+        return f"remove it from {where}" + (f" ({self.source})" if self.source else "")
+
+
+def allowlist_summary(report: TreeReport) -> str:
+    """``guards.py: a, b`` or ``guards.py: 39 + 4 entries; releases among them: 0.21.0``."""
+    entries = report.allowed
+    where = report.allowlist_file or "its guards file"
+    if len(entries) <= _SHOWN:
+        return f"{where}: {', '.join(entries) or 'empty'}"
+    counts = f"{len(report.known_good)} + {len(report.pending)}" if report.pending else (
+        f"{len(report.known_good)}")
+    releases = [e for e in dict.fromkeys(entries) if re.fullmatch(r"[0-9.]+(rc[0-9]+)?", e)]
+    return (f"{where}: {counts} entries; releases among them: {', '.join(releases)}"
+            if releases else f"{where}: {counts} entries, none of them a release")
+
+
+def allowlist_problem(
+    report: TreeReport, version: str, *, label: str, image_ref: str = ""
+) -> str | None:
+    """Why Genesis ``label`` refuses vLLM ``version`` (None: on one of its lists). A tree with a
+    pending list (v12) names both lists."""
+    if report.lists(version):
+        return None
+    both = report.layout == "v12" or bool(report.pending)
+    lists = f"{KNOWN_GOOD} nor on its {PENDING}" if both else KNOWN_GOOD
+    image = f" (image {image_ref})" if image_ref else ""
+    return (f"vLLM {version}{image} is not on Genesis {label}'s {lists} "
+            f"({allowlist_summary(report)})")
+
+
+def switch_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
+    """Switches set to 1 that Genesis ``label`` does not know, or would skip as retired.
+
+    A switch is a ``GENESIS_ENABLE_*`` (v12 also ``SNDR_ENABLE_*``) name with a truthy value;
+    it is known when it is a patch's ``env_flag`` or one of its ``env_flag_aliases`` (or, v12,
+    an orchestration flag of ``sndr/env.py``). A switch whose patches are all retired is
+    refused where Genesis skips retired patches (v12, unless ``GENESIS_ALLOW_RETIRED=1``).
+    Explicit OFFs are harmless and never refused.
+    """
+    allow_retired = truthy(use.env.get(ALLOW_RETIRED, ""))
+    problems: list[str] = []
+    for name, value in use.env.items():
+        prefix = next((p for p in ENABLE_PREFIXES if name.startswith(p)), None)
+        if prefix is None or not truthy(value):
+            continue
+        suffix = name[len(prefix):]
+        head = f"stack {use.stack}: {name}={value}: "
+        targets = report.switches.get(suffix, ()) if prefix in report.switch_prefixes else ()
+        if not targets:
+            if prefix in report.switch_prefixes and suffix in report.flags:
+                continue
+            problems.append(head + _unknown(report, prefix, suffix, label) + "; "
+                            + use.fix(name))  # fmt: skip
+            continue
+        if not report.retired_skipped or allow_retired:
+            continue
+        if all(t.lifecycle == "retired" for t in targets):
+            ids = ", ".join(dict.fromkeys(t.patch for t in targets))
+            alias = all(t.via == "alias" for t in targets)
+            what = (f"it is an alias of patch {ids}, which is retired" if alias
+                    else f"patch {ids} is retired")  # fmt: skip
+            problems.append(f"{head}{what} in Genesis {label}; {use.fix(name)}")
+    return problems
+
+
+def _unknown(report: TreeReport, prefix: str, suffix: str, label: str) -> str:
+    if prefix not in report.switch_prefixes:
+        return f"Genesis {label} reads no {prefix}* switches"
+    m = _PATCH_ID.match(suffix)
+    pid = report.patch_id(m.group(1)) if m else None
+    if pid is not None:
+        flag, state, _ = report.patch_flags[pid]
+        why = f"its patch {pid} ({state}) has " + (f"env_flag {flag}" if flag else "no env_flag")
+    else:
+        why = (f"no env_flag or env_flag_alias in {report.registry_file} is named so"
+               + (f", and it has no patch {m.group(1)}" if m else ""))
+    # Suggest only a switch of the same patch (P4 is not a typo of P94).
+    same = [s for s in report.switches
+            if m and (n := _PATCH_ID.match(s)) and n.group(1).upper() == m.group(1).upper()]
+    close = difflib.get_close_matches(suffix, same if m else list(report.switches), n=1,
+                                      cutoff=0.6 if m else 0.85)
+    hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+    return f"Genesis {label} has no such switch ({why}{hint})"
+
+
+# A legacy patch's env_flag (``GENESIS_LEGACY_P4``) switches nothing: the default apply loop
+# runs it every time (v7 ``apply_all.py``; v12 ``sndr/apply/_per_patch_dispatch.py`` from the
+# orchestrator, past the dispatcher's lifecycle gate).
+LEGACY_PREFIX = "GENESIS_LEGACY_"
+
+
+def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
+    """Patches the stack cannot work without that Genesis ``label`` lacks, would skip as
+    retired, or that the stack file switches on with no switch set to 1.
+
+    Only the stack file's own switches count for the last: a host's ``extra_env`` turning a
+    needed patch off is an operator's deliberate override (the testbed injects faults so, and
+    the verify-stress gate then judges the stack), not a pairing problem.
+    """
+    problems = []
+    allow_retired = truthy(use.env.get(ALLOW_RETIRED, ""))
+    on = {t.patch for name, value in use.file_env.items() if truthy(value)
+          for p in ENABLE_PREFIXES if name.startswith(p) and p in report.switch_prefixes
+          for t in report.switches.get(name[len(p):], ())}  # fmt: skip
+    for need in use.needs:
+        pid = report.patch_id(need)
+        head = f"stack {use.stack}: needs Genesis patch {need}"
+        if pid is None:
+            problems.append(f"{head}, which Genesis {label} does not have (not in "
+                            f"{report.registry_file}); pin a Genesis commit that has it")
+            continue
+        flag, state, default_on = report.patch_flags[pid]
+        if flag and flag.startswith(LEGACY_PREFIX):
+            continue  # applied on every run, in both generations, whatever its lifecycle
+        if state == "retired" and report.retired_skipped and not allow_retired:
+            problems.append(f"{head}, which is retired in Genesis {label} (Genesis skips it); "
+                            "pin a Genesis commit where it is live")
+        elif pid not in on and not default_on:
+            names = sorted(f"GENESIS_ENABLE_{s}" for s, ts in report.switches.items()
+                           if any(t.patch == pid for t in ts))  # fmt: skip
+            problems.append(
+                f"{head}, but no switch that turns it on is set to 1 (Genesis {label} "
+                f"switches it with {', '.join(names) or flag}); add it to the stack file's "
+                f"genesis.switches.{use.generation}.on" + (f" ({use.source})" if use.source else "")
+            )
+    return problems
+
+
+def pairing_problems(
+    report: TreeReport,
+    pin: GenesisPin,
+    *,
+    stack: str,
+    vllm_version: str | None,
+    use: StackUse | None,
+    image_ref: str = "",
+    where: str = "",
+) -> list[str]:
+    """Everything that makes Genesis ``pin`` (as ``report`` reads its tree) unfit for ``stack``.
+
+    + report: the tree's report (a full one: with the registry)
+    + pin: the stack's Genesis pin (layout and version are checked against the tree)
+    + vllm_version: the vLLM the stack runs (None: not checked); image_ref: its image
+    + use: how the stack uses Genesis (None: switches and needs are not checked)
+    + where: the tree, for messages (a host path, or ``<repo> <commit>``)
+
+    Returns one message per problem, each starting with ``stack <name>:``; empty when sound.
+    """
+    at = f" at {where}" if where else ""
+    label = pin.label
+    if report.errors:
+        return [f"stack {stack}: cannot read Genesis {label}{at}: {'; '.join(report.errors)}"]
+    if report.layout != pin.layout:
+        check = GENERATIONS[report.layout].check_file if report.layout in GENERATIONS else "?"
+        return [f"stack {stack}: Genesis {label}{at} has the {report.layout} layout ({check}), "
+                f"but the pins say layout {pin.layout}; fix stacks.{stack}.genesis.layout in the "
+                "pins file (`rigfleet pins lock` records it from the tree)"]  # fmt: skip
+    problems = []
+    if (pin.version and report.version and _PLAIN_RELEASE.fullmatch(pin.version)
+            and _PLAIN_RELEASE.fullmatch(report.version)
+            and pin.version.lstrip("v") != report.version.lstrip("v")):  # fmt: skip
+        problems.append(f"stack {stack}: the pins say Genesis {pin.version}, but the tree of "
+                        f"{pin.commit[:12]}{at} declares {report.version}; fix "
+                        f"stacks.{stack}.genesis.version in the pins file")  # fmt: skip
+    why = None if vllm_version is None else allowlist_problem(
+        report, vllm_version, label=label, image_ref=image_ref)
+    if why is not None:
+        problems.append(f"stack {stack}: {why}; refusing it (pin an image Genesis lists, or a "
+                        f"Genesis commit that lists vLLM {vllm_version})")  # fmt: skip
+    if use is not None:
+        if not report.has_registry:
+            problems.append(f"stack {stack}: Genesis {label}{at}: its patch registry was not "
+                            "read; cannot check the stack's switches")  # fmt: skip
+        else:
+            problems += switch_problems(report, use, label=label)
+            problems += needs_problems(report, use, label=label)
+    return problems

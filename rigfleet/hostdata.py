@@ -5,7 +5,9 @@
 ``HostSettings``. It runs on the control side in pyinfra's prepare phase, so a bad value stops
 the deploy before any host changes; the message names the host, the key, the value and what is
 allowed. ``check_caps_against_gpus`` repeats the power-cap check against each card's real
-limits once the GPUs have been read.
+limits once the GPUs have been read, and ``check_gpus`` the GPU count and each card's memory
+(the preflight runs both while preparing when the driver answers; the roles again once it
+does).
 
 Example::
 
@@ -22,6 +24,7 @@ import difflib
 import os
 import posixpath
 import re
+import ssl
 import stat
 import string
 from collections.abc import Mapping, Sequence
@@ -31,8 +34,18 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from rigfleet.catalog import Catalog, CatalogError, StackSpec, builtin_catalog, load_catalog
+from rigfleet.hostside.verify.client import tls_context
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
-from rigfleet.validate import SYSTEM_DIRS, Problems, ValidationError, has_control, is_int
+from rigfleet.images.sources import DEFAULT_SOURCES, ImageSource, parse_sources
+from rigfleet.validate import (
+    SYSTEM_DIRS,
+    Problems,
+    ValidationError,
+    escapes,
+    has_control,
+    is_int,
+    is_system_dir,
+)
 
 # A sane absolute range for any single GPU's power cap; the card's real min..max is checked
 # at deploy time (check_caps_against_gpus). An RTX 3090 reports 100..350 W (stock boards).
@@ -53,6 +66,8 @@ APT_PLACEHOLDERS = {
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _REPO_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 _FINGERPRINT = re.compile(r"[0-9A-F]{40}")
+# apt suite and component names (a suite may hold placeholders and apt's $(ARCH)).
+_APT_WORD = re.compile(r"[A-Za-z0-9._/{}$()+~-]+")
 _MIN_API_KEY_CHARS = 16
 _GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 
@@ -152,13 +167,40 @@ class BumpSettings:
 
 
 @dataclass(frozen=True)
+class FrontTls:
+    """The front's certificate and key (control-side files), and what clients trust.
+
+    + cert_file: PEM certificate (chain: the server's first) nginx presents
+    + key_file: its PEM private key, unencrypted, mode 0600 (uploaded root-only)
+    + ca_file: PEM certificate(s) clients verify the front against; the certificate itself
+      when host data names no ``front_tls_ca_file`` (a self-signed front)
+    """
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+
+    def client_context(self) -> ssl.SSLContext:
+        """An ``ssl`` context that trusts ``ca_file`` only (for the clients of the front).
+
+        .. code:: python
+
+            urllib.request.urlopen(url, context=settings.front_tls.client_context())
+        """
+        return tls_context(self.ca_file)
+
+
+@dataclass(frozen=True)
 class HostSettings:
     """One host's validated settings (see docs/converge.md for each field's meaning).
 
     ``power_caps_w`` always has one entry per card (a single int in the data applies to all
     ``gpu_count`` cards); ``api_key_file``, ``hf_token_file`` and ``site_ca_files`` are
     absolute control-side paths; ``extra_env`` maps a stack name to extra container
-    environment for that stack; ``catalog`` holds the stacks this host's data can name.
+    environment for that stack; ``catalog`` holds the stacks this host's data can name;
+    ``front_tls`` is set when the front serves HTTPS; ``adopt_foreign_driver`` lets the
+    deploy keep a driver NVIDIA's ``.run`` installer put there (on the pinned branch);
+    ``stop_on_preflight`` stops the whole run when any host fails its preflight.
     """
 
     name: str
@@ -183,7 +225,17 @@ class HostSettings:
     front_url: str | None = None
     stacks_dir: str | None = None
     bump: BumpSettings = BumpSettings()
+    # Where the host gets its pinned images, in order (rigfleet/images/sources.py).
+    image_sources: tuple[ImageSource, ...] = DEFAULT_SOURCES
+    front_tls: FrontTls | None = None
+    adopt_foreign_driver: bool = False
+    stop_on_preflight: bool = False
     catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
+
+    @property
+    def front_scheme(self) -> str:
+        """``https`` when the front serves TLS, else ``http``."""
+        return "https" if self.front_tls else "http"
 
     @property
     def spec(self) -> StackSpec:
@@ -224,7 +276,42 @@ KEY_DEFAULTS: dict[str, Any] = {
     "bump_registry": None,
     "bump_genesis_url": None,
     "bump_mirror": None,
+    "image_sources": None,
+    "front_tls_cert_file": None,
+    "front_tls_key_file": None,
+    "front_tls_ca_file": None,
+    "adopt_foreign_driver": False,
+    "rigfleet_stop_on_preflight": False,
 }
+
+# Spellings of a yes/no flag given on the command line (`--data key=1`) or in data.
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+STOP_ENV = "RIGFLEET_STOP_ON_PREFLIGHT"
+
+
+def flag_value(value: Any) -> bool | None:
+    """A yes/no flag as data or ``--data`` gives it (True, 1, "1", "yes", ...); None when it
+    is neither."""
+    if isinstance(value, bool):
+        return value
+    if is_int(value) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    return None
+
+
+def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
+    """Stop the whole run when a host fails its preflight?
+
+    Host data ``rigfleet_stop_on_preflight`` (``--data rigfleet_stop_on_preflight=1``) or the
+    environment variable ``RIGFLEET_STOP_ON_PREFLIGHT=1``; read leniently, before (and even
+    when) the rest of the host's data fails validation. Default: the other hosts go on.
+    """
+    if flag_value(os.environ.get(STOP_ENV, "")):
+        return True
+    return bool(flag_value(data.get("rigfleet_stop_on_preflight", None)))
 
 
 def validate_host(name: str, data: Mapping[str, Any] | Any,
@@ -250,10 +337,13 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
 
     def get(key: str) -> Any:
         value = data.get(key, None)
+        default = KEY_DEFAULTS[key]
         if value is None:
-            default = KEY_DEFAULTS[key]
             if default is _REQUIRED:
                 c.missing(key)
+            return None if default is _REQUIRED else default
+        if c.control_chars(key, value):
+            # Named above; the key's own checks see it as unset (no second message).
             return None if default is _REQUIRED else default
         return value
 
@@ -290,6 +380,14 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         genesis_url=c.git_url("bump_genesis_url", get("bump_genesis_url")),
         mirror=c.url("bump_mirror", get("bump_mirror")),
     )
+    image_sources = parse_sources(c, "image_sources", get("image_sources"))
+    front_tls = c.front_tls(get("front_tls_cert_file"), get("front_tls_key_file"),
+                            get("front_tls_ca_file"))
+    if front_tls is not None and front_url and front_url.startswith("http://"):
+        c.bad("front_url", front_url, "an https:// URL (or no front_url)",
+              "is plain HTTP, but the front serves TLS (front_tls_cert_file is set)")
+    adopt = c.flag("adopt_foreign_driver", get("adopt_foreign_driver"))
+    stop = c.flag("rigfleet_stop_on_preflight", get("rigfleet_stop_on_preflight"))
     c.raise_if_any(HostDataError)
     # No problems: every required value above is set.
     assert stack and model_dir and front_port and api_key_file and swap is not None
@@ -314,6 +412,10 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
         front_url=front_url,
         stacks_dir=stacks_dir,
         bump=bump,
+        image_sources=image_sources,
+        front_tls=front_tls,
+        adopt_foreign_driver=adopt,
+        stop_on_preflight=stop,
         catalog=catalog,
     )
 
@@ -371,6 +473,47 @@ def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuPo
         raise HostDataError(problems)
 
 
+def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[Any]) -> list[str]:
+    """What is wrong with the cards the host reports, for its data and its stack.
+
+    The number of cards must be ``gpu_count``; each card needs the stack's
+    ``gpus.memory_mib`` (``StackSpec.gpu_memory_mib``, when the stack file sets it). Returns
+    one line per problem (empty: all is well); the preflight runs it while preparing when the
+    driver answers, the driver role again once it does.
+
+    + host: the host's inventory name
+    + gpu_count: ``HostSettings.gpu_count``
+    + spec: the desired stack's stack file
+    + gpus: the cards read from the host (``rigfleet.gpu.GpuInfo``)
+
+    **Example:**
+
+    .. code:: python
+
+        check_gpus("rig-a", 2, settings.spec, read_fact(GpuQuery).gpus)   # [] when fine
+    """
+    problems: list[str] = []
+    ordered = sorted(gpus, key=lambda g: g.index)
+    if len(ordered) != gpu_count:
+        indexes = ", ".join(str(g.index) for g in ordered) or "none"
+        problems.append(
+            f"{host}: gpu_count: {gpu_count} but nvidia-smi lists {len(ordered)} GPU(s) "
+            f"(indexes: {indexes}); allowed: gpu_count set to the cards the host has "
+            "(a card missing from the list: check its seating and power)")
+    need = spec.gpu_memory_mib
+    if need:
+        for gpu in ordered:
+            have = getattr(gpu, "memory_total_mib", None)
+            if have is not None and have < need:
+                name = getattr(gpu, "name", None)
+                card = f"card {gpu.index}" + (f" ({name})" if name else "")
+                problems.append(
+                    f"{host}: stack: {spec.name!r} needs {need} MiB per card "
+                    f"(gpus.memory_mib in {spec.source or 'its stack file'}) but {card} has "
+                    f"{have} MiB; allowed: a stack whose cards fit, or cards with enough memory")
+    return problems
+
+
 def _power_range(gpu: Any) -> tuple[float | None, float | None]:
     for low_name, high_name in (
         ("power_min_w", "power_max_w"),
@@ -426,7 +569,19 @@ class _Checker(Problems):
         if not path.is_dir():
             self.bad("stacks_dir", value, allowed, "is not a directory")
             return None
-        return str(path.absolute())
+        if is_system_dir(str(path.resolve())):
+            self.bad("stacks_dir", value, allowed + " (a directory of its own)",
+                     "is a system directory")
+            return None
+        ok = True
+        for entry in sorted(path.glob("*.yaml")):
+            if escapes(entry, path):
+                target = os.path.realpath(entry)
+                self.bad(f"stacks_dir: {entry.name}", str(entry),
+                         f"stack files inside {str(path.absolute())!r}",
+                         f"leads outside the directory (to {target!r})")
+                ok = False
+        return str(path.absolute()) if ok else None
 
     def stack(self, value: Any) -> str | None:
         if value is None:
@@ -591,6 +746,13 @@ class _Checker(Problems):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             self.bad(key, value, allowed)
             return None
+        if parts.username is not None or parts.password is not None:
+            # Named without the credentials: this message is logged. In the URL they would
+            # reach process arguments, an image's history or a world-readable file.
+            shown = parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}").geturl()
+            self.bad(key, shown, "a URL without credentials (an index or mirror on the LAN "
+                     "that needs none)", "carries credentials (user:password@)")
+            return None
         return value
 
     def apt_repos(self, value: Any) -> dict[str, AptRepo]:
@@ -627,16 +789,18 @@ class _Checker(Problems):
         key_url = self.templated_url(f"{base}.key_url", entry.get("key_url"))
         suite = entry.get("suite")
         suite_allowed = "'/' for a flat repo (NVIDIA's) or a suite name such as '{codename}'"
-        if not isinstance(suite, str) or not suite or any(ch.isspace() for ch in suite):
+        if (not isinstance(suite, str) or not suite or any(ch.isspace() for ch in suite)
+                or not _APT_WORD.fullmatch(suite)):
             self.bad(f"{base}.suite", suite, suite_allowed)
             suite = None
         elif not self.placeholders(f"{base}.suite", suite):
             suite = None
         components = entry.get("components", [])
         if not isinstance(components, list | tuple) or not all(
-            isinstance(x, str) and x and not any(ch.isspace() for ch in x) for x in components
+            isinstance(x, str) and _APT_WORD.fullmatch(x) for x in components
         ):
-            self.bad(f"{base}.components", components, "a list of component names")
+            self.bad(f"{base}.components", components,
+                     "a list of component names (letters, digits and ._-/)")
             components = None
         elif suite is not None:
             flat = suite.endswith("/")
@@ -682,7 +846,8 @@ class _Checker(Problems):
             id="ubuntu", version="24.04", codename="noble", distro="ubuntu2404"
         )
         parts = urlsplit(sample)
-        if parts.scheme not in ("http", "https") or not parts.hostname or " " in sample:
+        if (parts.scheme not in ("http", "https") or not parts.hostname
+                or any(ch.isspace() for ch in sample) or has_control(sample)):
             self.bad(key, value, allowed)
             return None
         return value
@@ -720,6 +885,8 @@ class _Checker(Problems):
                     self.bad(f"{key}.{name}", name, "an environment name [A-Za-z_][A-Za-z0-9_]*")
                 elif isinstance(v, bool) or not isinstance(v, str | int | float):
                     self.bad(f"{key}.{name}", v, "a string or number (write booleans as '1'/'0')")
+                elif has_control(str(v)):
+                    self.bad(f"{key}.{name}", v, "printable text", "holds control characters")
                 else:
                     out[stack][name] = str(v)
         return out
@@ -783,6 +950,98 @@ class _Checker(Problems):
             out.append(str(p.absolute()))
         return tuple(out)
 
+    def flag(self, key: str, value: Any) -> bool:
+        """A yes/no flag (``True``/``False``, or 1/0, "yes"/"no" from ``--data``)."""
+        checked = flag_value(value)
+        if checked is None:
+            self.bad(key, value, "true or false (on the command line: --data KEY=1)")
+            return False
+        return checked
+
+    def front_tls(self, cert: Any, key: Any, ca: Any) -> FrontTls | None:
+        """``front_tls_cert_file`` + ``front_tls_key_file`` (+ ``front_tls_ca_file``): PEM files
+        on this machine; the key private (0600), unencrypted and the certificate's own; the
+        certificate must verify against the CA file (itself when none is given)."""
+        if cert is None and key is None:
+            if ca is not None:
+                self.bad("front_tls_ca_file", ca, "only together with front_tls_cert_file and "
+                         "front_tls_key_file", "is set but the front has no certificate")
+            return None
+        if cert is None or key is None:
+            missing = "front_tls_key_file" if key is None else "front_tls_cert_file"
+            self.missing(missing, "both front_tls_cert_file and front_tls_key_file (PEM files "
+                         "on this machine), or neither (the front serves plain HTTP)")
+            return None
+        cert_path = self.pem_file("front_tls_cert_file", cert, "CERTIFICATE")
+        key_path = self.tls_key_file(key)
+        ca_path = cert_path if ca is None else self.pem_file("front_tls_ca_file", ca,
+                                                              "CERTIFICATE")
+        if not (cert_path and key_path and ca_path):
+            return None
+        problem = tls_pair_problem(cert_path, key_path, ca_path)
+        if problem:
+            which, what, allowed = problem
+            if which == "key":
+                self.bad("front_tls_key_file", key, allowed, what)
+            elif ca is not None:
+                self.bad("front_tls_ca_file", ca, allowed, what)
+            else:
+                self.bad("front_tls_cert_file", cert, allowed + " (set front_tls_ca_file to "
+                         "the CA when the certificate is not self-signed)", what)
+            return None
+        return FrontTls(cert_path, key_path, ca_path)
+
+    def local_text(self, key: str, value: Any,
+                   allowed: str) -> tuple[Path, str, os.stat_result] | None:
+        """A UTF-8 file on this (control) machine: (absolute path, text, stat) or None."""
+        if not isinstance(value, str) or not value.strip():
+            self.bad(key, value, allowed)
+            return None
+        path = Path(os.path.expanduser(value)).absolute()
+        try:
+            st = path.stat()
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self.bad(key, value, allowed, "does not exist")
+            return None
+        except (OSError, UnicodeDecodeError) as e:
+            self.bad(key, value, allowed, f"cannot be read ({getattr(e, 'strerror', None) or e})")
+            return None
+        return path, text, st
+
+    def pem_file(self, key: str, value: Any, label: str) -> str | None:
+        allowed = f"a readable PEM file on this (control) machine holding '-----BEGIN {label}'"
+        found = self.local_text(key, value, allowed)
+        if found is None:
+            return None
+        path, text, _ = found
+        if f"-----BEGIN {label}-----" not in text:
+            self.bad(key, value, allowed, "is not a PEM certificate")
+            return None
+        return str(path)
+
+    def tls_key_file(self, value: Any) -> str | None:
+        key = "front_tls_key_file"
+        allowed = "a PEM private key on this (control) machine, mode 0600, unencrypted"
+        found = self.local_text(key, value, allowed)
+        if found is None:
+            return None
+        path, text, st = found
+        # The content is a secret: describe it, never show it.
+        if st.st_mode & 0o077:
+            self.bad(key, value, f"mode 0600 or stricter: chmod 600 {path}",
+                     f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+            return None
+        if "ENCRYPTED" in text:
+            self.bad(key, value, f"{allowed} (nginx cannot ask for a passphrase at boot; "
+                     f"decrypt it: openssl pkey -in {path} -out <new file>)",
+                     "is an encrypted key")
+            return None
+        if not re.search(r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----", text):
+            self.bad(key, value, allowed, "holds no PEM private key (content not shown)")
+            return None
+        return str(path)
+
     def git_url(self, key: str, value: Any) -> str | None:
         if value is None:
             return None
@@ -801,3 +1060,58 @@ def _data_keys(data: Any) -> list[Any]:
         except Exception:  # a data source that cannot list itself: skip the typo check
             return []
     return []
+
+
+def _no_password() -> str:
+    # An encrypted key would otherwise make OpenSSL prompt on the terminal.
+    raise ValueError("the key is encrypted")
+
+
+def tls_pair_problem(cert: str, key: str, ca: str) -> tuple[str, str, str] | None:
+    """Does ``key`` belong to ``cert``, and does ``cert`` verify against ``ca``? Checked with
+    the standard library: an in-memory TLS handshake between a server holding cert + key and
+    a client trusting only ``ca`` (dates included). Returns (which: "key" | "verify", what
+    is wrong, what is allowed), or None when all is well. Nothing is shown of the key.
+    """
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        server.load_cert_chain(cert, key, password=_no_password)
+    except (ssl.SSLError, ValueError, OSError) as e:
+        reason = getattr(e, "reason", None) or type(e).__name__
+        return ("key", f"does not load with the certificate ({reason}: the key is not the "
+                "certificate's, or not a key nginx can use)",
+                "the private key that belongs to front_tls_cert_file")
+    try:
+        client = tls_context(ca)
+    except (ssl.SSLError, OSError) as e:
+        return ("verify", f"cannot be loaded as trusted certificates ({e})",
+                "PEM certificate(s) of the CA that signed front_tls_cert_file")
+    client.check_hostname = False
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    c = client.wrap_bio(c_in, c_out)
+    srv = server.wrap_bio(s_in, s_out, server_side=True)
+    done = {"client": False, "server": False}
+    for _ in range(20):
+        for name, side in (("client", c), ("server", srv)):
+            if done[name]:
+                continue
+            try:
+                side.do_handshake()
+                done[name] = True
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLCertVerificationError as e:
+                return ("verify", f"does not verify the front's certificate "
+                        f"({e.verify_message})",
+                        "the CA that signed front_tls_cert_file (front_tls_ca_file), or a "
+                        "certificate that is valid now")
+            except ssl.SSLError as e:
+                if name == "server":
+                    break  # the client's error says why
+                return ("verify", f"fails a TLS handshake ({e.reason or e})",
+                        "a certificate and key nginx can serve")
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if all(done.values()):
+            return None
+    return ("verify", "fails a TLS handshake (no result)", "a certificate and key nginx can serve")

@@ -1,9 +1,20 @@
 """``rigfleet pins lock``: fill in what a pins file cannot know by hand.
 
-Image digests come from the registry's v2 API (what the tag points at now), the model's full
-commit from the hub's revision API. Everything else in the file is left as written::
+For each stack (and each host override in ``hosts:``), from the registry's v2 API:
+
+- ``digest``: what the tag points at now (the manifest-list/index digest; a HEAD request);
+- ``image_id``: the config digest of that digest's linux/amd64 image (index -> platform
+  manifest -> config descriptor): what ``docker image inspect --format {{.Id}}`` shows and
+  what ``docker load`` of a saved copy reproduces. Read for the *pinned* digest, never for
+  whatever the tag points at later, so a saved copy can be verified against the pin.
+
+The model's full commit comes from the hub's revision API; each Genesis pin's ``layout`` and
+``version`` from its commit (``rigfleet.bump.genesis.lock_genesis``, which also refuses a Genesis
+stack the hosts' gate would refuse). Everything else in the file is left as written. Nothing is
+written unless every lookup succeeds; a tag that is gone says so and what to do instead::
 
     rigfleet pins lock --pins pins.yaml            # Docker Hub and huggingface.co
+    rigfleet pins lock --refresh                   # re-resolve every digest from its tag
 """
 
 from __future__ import annotations
@@ -11,11 +22,24 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rigfleet.pins import UNRESOLVED, GenesisPin, Pins, load_pins, save_pins, with_resolved
-from rigfleet.registry import Registry
+from rigfleet.bump.genesis import lock_genesis
+from rigfleet.pins import UNRESOLVED, Pins, PinsError, StackPins, load_pins, save_pins
+from rigfleet.registry import DOCKER_HUB, Registry, RegistryError, RegistryNotFound, registry_of
+from rigfleet.vllm_versions import NIGHTLY_TAG
+
+# vllm .buildkite/scripts/cleanup-nightly-builds.sh keeps the 14 newest nightly-* tags and
+# deletes the rest; release tags are never deleted (see docs/images.md).
+NIGHTLY_RETENTION = ("vLLM keeps only the 14 newest nightly-* tags on Docker Hub; release tags "
+                     "stay")
+SAVED_COPY = ("a release tag (vX.Y.Z), or import a saved copy (`rigfleet images import FILE`) "
+              "and pin its digest and image id")
+
+
+class LockError(PinsError):
+    """A lookup for the pins failed; one line per key: what, where, and what to do."""
 
 
 def hub_revision(hub_url: str, repo: str, ref: str = "main", timeout: float = 15) -> str:
@@ -24,41 +48,130 @@ def hub_revision(hub_url: str, repo: str, ref: str = "main", timeout: float = 15
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             sha = json.load(resp).get("sha", "")
-    except urllib.error.URLError as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         raise RuntimeError(f"{url}: cannot resolve the model revision ({exc})") from None
     if len(sha) != 40:
         raise RuntimeError(f"{url}: the hub answered no full commit (sha={sha!r})")
     return sha
 
 
+@dataclass
+class _Resolver:
+    """Registry lookups for one lock run, each asked once (stacks often share an image)."""
+
+    registry: Registry
+    file: str
+    digests: dict[tuple[str, str], str] = field(default_factory=dict)
+    ids: dict[tuple[str, str], str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def client(self, repository: str) -> tuple[Registry, str]:
+        host, path = registry_of(repository)
+        if host is None or self.registry.where != DOCKER_HUB:
+            return self.registry, path
+        return Registry(f"https://{host}", self.registry.timeout), path
+
+    def stack(self, key: str, p: StackPins, refresh: bool) -> StackPins:
+        """``p`` with its digest (when unresolved or ``refresh``) and image id filled in."""
+        reg, path = self.client(p.repository)
+        digest = p.digest
+        if refresh or digest == UNRESOLVED:
+            try:
+                if (path, p.tag) not in self.digests:
+                    self.digests[(path, p.tag)] = reg.digest(path, p.tag)
+                digest = self.digests[(path, p.tag)]
+            except RegistryNotFound:
+                self.problems.append(self.gone(key, p, reg))
+                return p
+            except RegistryError as e:
+                self.problems.append(f"{self.file}: {key}.digest: cannot resolve {p.image}: {e}")
+                return p
+        image_id = p.image_id
+        if refresh or image_id is None or digest != p.digest:
+            try:
+                if (path, digest) not in self.ids:
+                    self.ids[(path, digest)] = reg.resolve(path, digest).image_id
+                image_id = self.ids[(path, digest)]
+            except RegistryNotFound:
+                self.problems.append(
+                    f"{self.file}: {key}.image_id: cannot be read: {p.repository}@{digest} is "
+                    f"not in {reg.where}{self.retention(p)}; allowed: the image id of a saved "
+                    "copy (`rigfleet images import FILE` prints it), or " + SAVED_COPY)
+                return p
+            except RegistryError as e:
+                self.problems.append(f"{self.file}: {key}.image_id: cannot read it for "
+                                     f"{p.repository}@{digest}: {e}")
+                return p
+        return replace(p, digest=digest, image_id=image_id)
+
+    def gone(self, key: str, p: StackPins, reg: Registry) -> str:
+        return (f"{self.file}: {key}.image: {p.image} is not in {reg.where}{self.retention(p)}; "
+                f"allowed: {SAVED_COPY}")
+
+    @staticmethod
+    def retention(p: StackPins) -> str:
+        return f" ({NIGHTLY_RETENTION})" if NIGHTLY_TAG.fullmatch(p.tag) else ""
+
+
 def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False) -> Pins:
-    """``pins`` with unresolved (or, with ``refresh``, all) digests and revision looked up."""
-    digests = {
-        name: registry.digest(stack.repository, stack.tag)
-        for name, stack in pins.stacks.items()
-        if refresh or stack.digest == UNRESOLVED
-    }
-    revision = None
-    if refresh or pins.model.revision == UNRESOLVED:
-        revision = hub_revision(hub_url, pins.model.repo)
-    return with_resolved(pins, digests, revision)
+    """``pins`` with unresolved (or, with ``refresh``, all) digests, every missing image id and
+    the model revision looked up; raises ``LockError`` listing every lookup that failed."""
+    r = _Resolver(registry, pins.path)
+    stacks = {n: r.stack(f"stacks.{n}", p, refresh) for n, p in pins.stacks.items()}
+    hosts = {h: {n: r.stack(f"hosts.{h}.stacks.{n}", p, refresh) for n, p in entries.items()}
+             for h, entries in pins.hosts.items()}
+    model = pins.model
+    if refresh or model.revision == UNRESOLVED:
+        try:
+            model = replace(model, revision=hub_revision(hub_url, model.repo))
+        except RuntimeError as e:
+            r.problems.append(f"{pins.path}: model.revision: {e}")
+    if r.problems:
+        raise LockError(r.problems)
+    return replace(pins, stacks=stacks, hosts=hosts, model=model)
 
 
-def lock(path: str | Path, registry_url: str, hub_url: str) -> list[str]:
-    """Resolve and save; returns one line per change (empty when nothing was unresolved)."""
+def changes(old: Pins, new: Pins) -> list[str]:
+    """One line per value ``resolve`` changed (``stacks.int8.digest: unresolved -> sha256:...``)."""
+    out = []
+    entries = [(f"stacks.{n}", p, new.stacks[n]) for n, p in old.stacks.items()]
+    entries += [(f"hosts.{h}.stacks.{n}", p, new.hosts[h][n])
+                for h, stacks in old.hosts.items() for n, p in stacks.items()]
+    for key, before, after in entries:
+        for attr in ("digest", "image_id"):
+            a, b = getattr(before, attr), getattr(after, attr)
+            if a != b:
+                out.append(f"{key}.{attr}: {a or '(none)'} -> {b}")
+    if old.model.revision != new.model.revision:
+        out.append(f"model.revision: {old.model.revision} -> {new.model.revision}")
+    return out
+
+
+def refuse_during_bump(pins: Pins) -> None:
+    """An unfinished bump's journal is read with these pins; saving them would make it stale
+    (and the deploy refuse), so ``pins lock`` waits for the bump to finish or be abandoned."""
+    from rigfleet.bump.journal import load_journal
+
+    journal = load_journal(pins)
+    if journal is not None and journal.state == "open":
+        raise PinsError(
+            f"{pins.path}: bump {journal.id} (started {journal.started} by {journal.by}) is "
+            f"unfinished ({journal.path}); allowed: finish it (`rigfleet bump --yes`) or "
+            "abandon it (`rigfleet bump --abandon`), then lock the pins")
+
+
+def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False,
+         genesis_url: str | None = None) -> list[str]:
+    """Resolve and save; returns one line per change (empty when nothing was to do).
+
+    + genesis_url: where this machine fetches Genesis when the pinned repository URL is not
+      reachable from it (see ``rigfleet.bump.genesis.lock_genesis``)
+    """
     pins = load_pins(path, allow_unresolved=True)
-    if not pins.unresolved():
-        return []
-    new = resolve(pins, Registry(registry_url), hub_url)
-    changes = [f"{k}: {UNRESOLVED} -> resolved" for k in pins.unresolved()]
-    save_pins(new, {"action": "lock", "changes": changes})
-    return changes
-
-
-def with_genesis(pins: Pins, repo: str, commit: str) -> Pins:
-    """``pins`` with every Genesis-using stack pointed at ``repo`` at ``commit``."""
-    stacks = {
-        name: replace(s, genesis=GenesisPin(repo, commit)) if s.genesis else s
-        for name, s in pins.stacks.items()
-    }
-    return replace(pins, stacks=stacks)
+    refuse_during_bump(pins)
+    new = resolve(pins, Registry(registry_url), hub_url, refresh=refresh)
+    new, genesis_lines = lock_genesis(new, fetch_url=genesis_url)
+    lines = changes(pins, new) + genesis_lines
+    if lines:
+        save_pins(new, {"action": "lock", "changes": lines})
+    return lines

@@ -156,6 +156,17 @@ class StackPins:
         return f"{self.image}@{self.digest}"
 
     @property
+    def local_image(self) -> str:
+        """The name the pinned image has on a host: ``<repo>:<tag>``.
+
+        The images role stages the image under this name from whichever source has it (a
+        pull, a LAN registry, a ``docker load`` of an archive) and verifies that the name's
+        image id is the pinned one; a loaded image has no repo digest, so everything that runs
+        on the host names the image this way, never as ``<tag>@<digest>``.
+        """
+        return self.image
+
+    @property
     def repository(self) -> str:
         """The image repository without the tag (``vllm/vllm-openai``)."""
         return self.image.rsplit(":", 1)[0]
@@ -486,6 +497,10 @@ class _Checker(Problems):
         )
         model = self.model(top.get("model"))
         stacks = self.stacks(top.get("stacks"))
+        # Host names and history records are not checked key by key below: no control
+        # characters in them either.
+        self.control_chars("hosts", top.get("hosts"))
+        self.control_chars("history", top.get("history"))
         hosts = self.hosts(top.get("hosts"))
         history = top.get("history", [])
         if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):

@@ -1,34 +1,78 @@
-"""A small Docker registry v2 API client: tags and manifest digests.
+"""The one Docker registry v2 API client: tags, digests, manifests, blobs, image ids.
 
-Works against Docker Hub (anonymous bearer-token dance) and against a plain mirror such as the
-testbed's. ``docker pull`` is not needed to learn what a tag points at::
+Works against Docker Hub (anonymous bearer-token dance) and against a plain registry such as a
+LAN mirror or the testbed's. ``docker pull`` is not needed to learn what a tag points at, nor
+which image id a ``docker load`` of a saved copy must reproduce::
 
     reg = Registry("https://registry-1.docker.io")
-    reg.digest("vllm/vllm-openai", "nightly-01d4d1ad375dc5854779c593eee093bcebb0cada")
+    reg.digest("vllm/vllm-openai", "v0.27.1")            # the index digest the tag names now
+    found = reg.resolve("vllm/vllm-openai", "v0.27.1")   # index -> linux/amd64 -> config
+    found.digest, found.image_id, found.layer_bytes
+
+Every error names the registry, the repository and the tag (or digest) it was about, and says
+which kind of failure it was (``RegistryNotFound`` for a 404: the tag or digest is not there).
+Tokens stay in memory: never in a message, a URL or a log.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 
-MANIFEST_TYPES = ", ".join(
-    (
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.docker.distribution.manifest.v2+json",
-    )
+INDEX_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
 )
+IMAGE_MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+MANIFEST_TYPES = ", ".join((*INDEX_TYPES, *IMAGE_MANIFEST_TYPES))
 DOCKER_HUB = "https://registry-1.docker.io"
+# The rigs are x86_64 boxes with RTX 3090s.
+PLATFORM = ("linux", "amd64")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class RegistryError(RuntimeError):
     """A registry answered something we cannot use (the message says what and where)."""
+
+
+class RegistryNotFound(RegistryError):
+    """HTTP 404: the tag, digest or repository is not in that registry."""
+
+
+class RegistryUnreachable(RegistryError):
+    """The registry could not be reached at all (DNS, connection, timeout)."""
+
+
+@dataclass(frozen=True)
+class ResolvedImage:
+    """What a tag or digest resolves to for linux/amd64.
+
+    + digest: the manifest-list/index digest (or the manifest's, for a single-platform image):
+      what ``<repo>@<digest>`` pulls, what ``RepoDigests`` shows after a pull
+    + image_id: the config digest of the linux/amd64 image: ``docker image inspect
+      --format {{.Id}}``, and what ``docker load`` of a saved copy reproduces
+    + manifest_digest: the linux/amd64 manifest's own digest
+    + layer_bytes: the compressed size of its layers (what a pull downloads)
+    """
+
+    digest: str
+    image_id: str
+    manifest_digest: str
+    layer_bytes: int
+
+
+def reference(repo: str, ref: str) -> str:
+    """``repo:tag`` or ``repo@sha256:...``, as people write it."""
+    return f"{repo}@{ref}" if ref.startswith("sha256:") else f"{repo}:{ref}"
 
 
 @dataclass
@@ -37,11 +81,20 @@ class Registry:
 
     base_url: str = DOCKER_HUB
     timeout: float = 15.0
-    _tokens: dict[str, str] = field(default_factory=dict)
+    _tokens: dict[str, str] = field(default_factory=dict, repr=False)
 
-    def _request(self, method: str, path: str, repo: str, accept: str = "") -> tuple[dict, bytes]:
-        """(lower-cased headers, body) of one request, with Docker Hub's token dance."""
-        url = f"{self.base_url.rstrip('/')}{path}"
+    @property
+    def where(self) -> str:
+        return self.base_url.rstrip("/")
+
+    def _request(self, method: str, path: str, repo: str, accept: str = "",
+                 what: str | None = None) -> tuple[dict, bytes]:
+        """(lower-cased headers, body) of one request, with Docker Hub's token dance.
+
+        + what: the reference named in errors (``repo:tag``); default the repository
+        """
+        what = what or repo
+        url = f"{self.where}{path}"
         for attempt in range(2):
             req = urllib.request.Request(url, method=method)
             if accept:
@@ -56,44 +109,142 @@ class Registry:
             except urllib.error.HTTPError as exc:
                 challenge = exc.headers.get("WWW-Authenticate", "")
                 if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer"):
-                    self._tokens[repo] = self._token(challenge)
+                    self._tokens[repo] = self._token(challenge, what)
                     continue
-                if exc.code == 404:
-                    raise RegistryError(f"{url}: not found (tag or repository gone?)") from None
-                raise RegistryError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+                raise self._http_error(exc.code, exc.reason, what) from None
             except urllib.error.URLError as exc:
-                raise RegistryError(f"{url}: cannot reach the registry ({exc.reason})") from None
-        raise RegistryError(f"{url}: authentication failed")
+                raise RegistryUnreachable(
+                    f"registry {self.where}: {what}: cannot reach the registry ({exc.reason})"
+                ) from None
+            except OSError as exc:  # a timeout mid-read, a reset connection
+                raise RegistryUnreachable(
+                    f"registry {self.where}: {what}: cannot reach the registry ({exc})"
+                ) from None
+        raise RegistryError(f"registry {self.where}: {what}: authentication failed")
 
-    def _token(self, challenge: str) -> str:
+    def _http_error(self, code: int, reason: str, what: str) -> RegistryError:
+        head = f"registry {self.where}: {what}:"
+        if code == 404:
+            return RegistryNotFound(f"{head} not found (HTTP 404: no such tag, digest or "
+                                    "repository there)")
+        if code in (401, 403):
+            # Docker Hub answers 401 for a repository that does not exist, as for a private one.
+            return RegistryError(f"{head} access denied (HTTP {code} {reason}: the repository "
+                                 "does not exist, or needs credentials; rigfleet reads "
+                                 "registries anonymously)")
+        if code == 429:
+            return RegistryError(f"{head} rate limited (HTTP 429: too many requests from this "
+                                 "address; wait, or use a registry mirror)")
+        return RegistryError(f"{head} HTTP {code} {reason}")
+
+    def _token(self, challenge: str, what: str = "the repository") -> str:
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         realm = params.pop("realm", "")
         if not realm:
-            raise RegistryError(f"unusable auth challenge: {challenge!r}")
+            raise RegistryError(f"registry {self.where}: {what}: unusable auth challenge")
         url = f"{realm}?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(url, timeout=self.timeout) as resp:
-            body = json.load(resp)
-        return body.get("token") or body["access_token"]
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout) as resp:
+                body = json.load(resp)
+        except urllib.error.HTTPError as exc:
+            raise RegistryError(f"registry {self.where}: {what}: the token service {realm} "
+                                f"refused (HTTP {exc.code} {exc.reason})") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise RegistryUnreachable(f"registry {self.where}: {what}: cannot get a token from "
+                                      f"{realm} ({reason})") from None
+        token = body.get("token") or body.get("access_token") if isinstance(body, dict) else None
+        if not token:
+            raise RegistryError(f"registry {self.where}: {what}: the token service {realm} "
+                                "answered no token")
+        return str(token)
 
-    def digest(self, repo: str, tag: str) -> str:
-        """The manifest digest (``sha256:...``) that ``repo:tag`` points at now."""
-        headers, _ = self._request("HEAD", f"/v2/{repo}/manifests/{tag}", repo, MANIFEST_TYPES)
+    def digest(self, repo: str, ref: str) -> str:
+        """The manifest digest (``sha256:...``) that ``repo:ref`` points at now (a HEAD request:
+        Docker Hub does not count it as a pull)."""
+        what = reference(repo, ref)
+        headers, _ = self._request("HEAD", f"/v2/{repo}/manifests/{ref}", repo, MANIFEST_TYPES,
+                                   what)
         found = headers.get("docker-content-digest", "")
-        if not re.fullmatch(r"sha256:[0-9a-f]{64}", found):
-            raise RegistryError(f"{repo}:{tag}: registry gave no usable digest ({found!r})")
+        if not _DIGEST.fullmatch(found):
+            raise RegistryError(f"registry {self.where}: {what}: no usable digest in the "
+                                f"answer ({found!r})")
         return found
+
+    def manifest(self, repo: str, ref: str) -> tuple[dict[str, Any], str, str]:
+        """(manifest JSON, media type, digest) of ``repo:ref`` (tag or digest)."""
+        what = reference(repo, ref)
+        headers, body = self._request("GET", f"/v2/{repo}/manifests/{ref}", repo,
+                                      MANIFEST_TYPES, what)
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise RegistryError(f"registry {self.where}: {what}: manifest is not JSON") from None
+        if not isinstance(doc, dict):
+            raise RegistryError(f"registry {self.where}: {what}: manifest is not an object")
+        media = doc.get("mediaType") or headers.get("content-type", "").split(";")[0]
+        computed = "sha256:" + hashlib.sha256(body).hexdigest()
+        if ref.startswith("sha256:") and computed != ref:
+            raise RegistryError(f"registry {self.where}: {what}: manifest content does not "
+                                f"match its digest ({computed})")
+        return doc, media, headers.get("docker-content-digest") or computed
+
+    def blob(self, repo: str, digest: str) -> bytes:
+        """A blob's bytes, checked against its digest."""
+        what = f"{repo}@{digest}"
+        _, body = self._request("GET", f"/v2/{repo}/blobs/{digest}", repo, what=what)
+        if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
+            raise RegistryError(f"registry {self.where}: {what}: blob content does not match "
+                                "its digest")
+        return body
+
+    def platform(self, repo: str, ref: str) -> tuple[str, dict[str, Any], str]:
+        """(top digest, linux/amd64 manifest, its digest) of ``repo:ref``."""
+        doc, media, top = self.manifest(repo, ref)
+        if media in INDEX_TYPES or "manifests" in doc:
+            sub = platform_manifest(doc, f"registry {self.where}: {reference(repo, ref)}")
+            doc, _, own = self.manifest(repo, sub)
+            return top, doc, own
+        return top, doc, top
+
+    def resolve(self, repo: str, ref: str) -> ResolvedImage:
+        """Digest, image id and download size of ``repo:ref`` (index -> linux/amd64 manifest
+        -> config descriptor); reads manifests only, never a layer."""
+        top, doc, own = self.platform(repo, ref)
+        what = f"registry {self.where}: {reference(repo, ref)}"
+        config = (doc.get("config") or {}).get("digest")
+        if not isinstance(config, str) or not _DIGEST.fullmatch(config):
+            raise RegistryError(f"{what}: the linux/amd64 manifest names no sha256 config "
+                                f"({config!r})")
+        layers = doc.get("layers") or []
+        size = sum(int(layer.get("size") or 0) for layer in layers if isinstance(layer, dict))
+        return ResolvedImage(top, config, own, size)
+
+    def image_config(self, repo: str, ref: str) -> dict[str, Any]:
+        """The image config (``created``, ``config.Env``, ...) for linux/amd64."""
+        found = self.resolve(repo, ref)
+        return json.loads(self.blob(repo, found.image_id))
 
     def tags(self, repo: str) -> list[str]:
         """Every tag of ``repo`` (follows pagination)."""
         path: str | None = f"/v2/{repo}/tags/list?n=1000"
         found: list[str] = []
         while path:
-            headers, body = self._request("GET", path, repo)
+            headers, body = self._request("GET", path, repo, what=f"{repo} (tag list)")
             found.extend(json.loads(body or b"{}").get("tags") or [])
             link = headers.get("link", "")
             match = re.match(r"<([^>]+)>", link)
             path = match.group(1) if match else None
         return found
+
+
+def platform_manifest(index: dict[str, Any], what: str) -> str:
+    """The linux/amd64 manifest digest of an image index (``what`` names it in errors)."""
+    for entry in index.get("manifests") or []:
+        p = entry.get("platform") or {}
+        if (p.get("os"), p.get("architecture")) == PLATFORM:
+            return str(entry["digest"])
+    raise RegistryError(f"{what}: no {'/'.join(PLATFORM)} image in the index")
 
 
 def split_image(image: str) -> tuple[str, str]:
@@ -102,3 +253,18 @@ def split_image(image: str) -> tuple[str, str]:
     if not sep or "/" in tag:
         raise RegistryError(f"image {image!r} has no tag; expected <repository>:<tag>")
     return name, tag
+
+
+def registry_of(repository: str) -> tuple[str | None, str]:
+    """(registry host or None for Docker Hub, path in it) of an image repository.
+
+    ``vllm/vllm-openai`` -> (None, ``vllm/vllm-openai``); ``ghcr.io/a/b`` -> (``ghcr.io``,
+    ``a/b``); ``nginx`` -> (None, ``library/nginx``): Docker's own naming rule (a first part
+    with a dot or a port, or ``localhost``, is a registry).
+    """
+    first, sep, rest = repository.partition("/")
+    if sep and first in ("docker.io", "index.docker.io", "registry-1.docker.io"):
+        return registry_of(rest)
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first, rest
+    return None, repository if sep else f"library/{repository}"

@@ -32,7 +32,8 @@ PACKAGES_LABEL = "io.rigfleet.runtime-packages"
 class RuntimeImage:
     """The derived image of one stack.
 
-    + stack: the stack's name; base: the pinned ``<repo>@<digest>``; digest: that digest
+    + stack: the stack's name; base: the pinned image's name on the host (``<repo>:<tag>``,
+      staged and verified by the images role); digest: the pinned digest
     + packages: the pinned requirements baked in (``xxhash==3.5.0``), in stack-file order
     """
 
@@ -46,7 +47,7 @@ class RuntimeImage:
         """The derived image ``spec`` runs, or None when it needs no package (``int8``)."""
         if spec.genesis is None or not spec.genesis.runtime_packages:
             return None
-        return cls(spec.name, f"{pins.repository}@{pins.digest}", pins.digest,
+        return cls(spec.name, pins.local_image, pins.digest,
                    tuple(spec.genesis.runtime_packages))
 
     @property

@@ -56,6 +56,9 @@ class ValidationError(RigfleetError, ValueError):
 _E = TypeVar("_E", bound=ValidationError)
 
 
+_PRINTABLE = "printable text (no line breaks, escapes or other control characters)"
+
+
 def has_control(value: str) -> bool:
     """True when ``value`` holds a control character (tab aside)."""
     return bool(_CONTROL.search(value))
@@ -91,6 +94,30 @@ class Problems:
     def add(self, line: str) -> None:
         """A problem already phrased (it must still name the key and what is allowed)."""
         self.lines.append(f"{self.where}: {line}")
+
+    def control_chars(self, key: str, value: Any) -> bool:
+        """Record every string in ``value`` (nested mappings and lists, keys included) that
+        holds a control character; True when one was found.
+
+        The catch-all for data that reaches files, units, apt sources, shells and URLs: run it
+        on a raw value before the value's own checks, so no string slips past them.
+        """
+        found = False
+        if isinstance(value, str):
+            if has_control(value):
+                self.bad(key, value, _PRINTABLE, "holds control characters")
+                found = True
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(k, str) and has_control(k):
+                    self.bad(key, k, _PRINTABLE, "is a key holding control characters")
+                    found = True
+                    continue
+                found = self.control_chars(f"{key}.{k}" if key else str(k), v) or found
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                found = self.control_chars(f"{key}[{i}]", item) or found
+        return found
 
     def raise_if_any(self, error: type[_E]) -> None:
         """Raise ``error(lines)`` when anything was recorded."""
@@ -234,7 +261,7 @@ class Problems:
         if not checked.startswith("/") or posixpath.normpath(checked) != checked:
             self.bad(key, value, allowed, "is not an absolute, normalised path")
             return None
-        if checked.rstrip("/") in SYSTEM_DIRS or checked == "/":
+        if is_system_dir(checked):
             self.bad(key, value, allowed + " (not a system directory)", "is a system directory")
             return None
         return checked
@@ -249,6 +276,27 @@ def inside(path: str, root: str) -> bool:
     """``path`` (normalised) is ``root`` or below it: a relative part cannot escape."""
     norm = posixpath.normpath(posixpath.join(root, path))
     return norm == root or norm.startswith(root.rstrip("/") + "/")
+
+
+def escapes(entry: Path, root: Path) -> bool:
+    """True when ``entry`` (a file in ``root``), once symlinks are followed, lies outside
+    ``root``: a link that makes a directory of the user's files read something else.
+
+    .. code:: python
+
+        escapes(Path("stacks/evil.yaml"), Path("stacks"))   # True if it links to /etc/...
+    """
+    try:
+        entry.resolve(strict=True).relative_to(root.resolve(strict=True))
+    except (OSError, ValueError):
+        return True
+    return False
+
+
+def is_system_dir(path: str) -> bool:
+    """``path`` (normalised, trailing ``/`` ignored) is one of ``SYSTEM_DIRS``."""
+    norm = posixpath.normpath(path) if path else path
+    return norm in SYSTEM_DIRS
 
 
 # --- strict YAML ------------------------------------------------------------------------------

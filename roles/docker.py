@@ -53,13 +53,16 @@ from roles.preflight import HostContext, OsInfo
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 
-# Docker's repository for Debian 12 (Compose v2 is not in bookworm).
+# Docker's repository for Debian 12 (Compose v2 is not in bookworm), used when host data has
+# no apt_repos.docker (a mirror, a stand-in). Its signing key's fingerprint is pinned (Docker's
+# install docs: 9DC8 5822 9FC7 DD38 854A  E2D8 8D81 803C 0EBF CD88), so a swapped key fails.
 DOCKER_DEBIAN_REPO = AptRepo(
     name="docker",
     url="https://download.docker.com/linux/debian",
     key_url="https://download.docker.com/linux/debian/gpg",
     suite="{codename}",
     components=("stable",),
+    key_fingerprint="9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
 )
 
 # Container logs are kept, but bounded: vLLM logs every request at INFO.

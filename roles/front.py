@@ -7,7 +7,17 @@
   (buffering off for SSE, long timeouts), or 503 + ``Retry-After`` while a swap runs. This
   role only creates it, as a 503, when it is missing (a new host: nothing verified yet); the
   swap role points it at a stack once that stack passed the gate.
-- ``nginx -t`` before a reload; reload only when the config or the key changed.
+- TLS (host data ``front_tls_cert_file`` + ``front_tls_key_file``): nginx serves HTTPS on
+  ``front_port`` to every client but the host itself, with the inventory's certificate
+  (``/etc/nginx/rigfleet-tls/front.crt``) and key (``front.key``, root 0600 in a root-only
+  directory, written by ``secret_file``: never an upload through /tmp). On 127.0.0.1 the same
+  port stays plain HTTP: the host-side tool probes the front there (``Front.probe``,
+  ``rigfleet status``'s probe) and the key is still required. nginx keeps one listening
+  socket per port and decides TLS per local address.
+- The distribution's default site (``/etc/nginx/sites-enabled/default``, port 80) is
+  disabled: only the front listens.
+- ``nginx -t`` before a reload; reload only when the config, the key, the certificate or
+  the sites changed.
 
 Example::
 
@@ -16,9 +26,14 @@ Example::
 
 from __future__ import annotations
 
-from pyinfra.api import deploy
+import shlex
+
+from pyinfra import host
+from pyinfra.api import deploy, operation
+from pyinfra.facts.files import Link
 from pyinfra.operations import files, systemd
 
+from rigfleet.facts import read_fact
 from rigfleet.hostside.front import render_maintenance
 from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
@@ -30,6 +45,11 @@ CONF_PATH = "/etc/nginx/conf.d/rigfleet-front.conf"
 KEYS_PATH = "/etc/nginx/rigfleet-keys.conf"
 ROUTE_DIR = str(HOST.front_dir)
 ROUTE_PATH = str(HOST.front_route)
+# Debian's and Ubuntu's nginx enable this site (port 80) on install.
+DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
+TLS_DIR = "/etc/nginx/rigfleet-tls"
+CERT_PATH = f"{TLS_DIR}/front.crt"
+TLS_KEY_PATH = f"{TLS_DIR}/front.key"
 
 
 def _regex_literal(text: str) -> str:
@@ -53,10 +73,35 @@ def keys_conf(key: str) -> str:
     )
 
 
+@operation()
+def site_disabled(path: str):
+    """Remove an enabled nginx site (a link into sites-available, or a file) when present.
+
+    + path: the entry in ``/etc/nginx/sites-enabled``
+    """
+    if read_fact(Link, path=path) is None:
+        host.noop(f"{path} is not there")
+        return
+    yield f"rm -f {shlex.quote(path)}"
+
+
 @deploy("Front (nginx)")
 def front(ctx: HostContext) -> None:
     """Install nginx, render the front and its key map, test and reload only on change."""
     apt_packages(name="Install nginx", packages=["nginx"])
+    default_site = site_disabled(
+        name=f"Disable nginx's default site {DEFAULT_SITE} (only the front listens)",
+        path=DEFAULT_SITE,
+    )
+    gates = [default_site]
+    tls = ctx.settings.front_tls
+    if tls is not None and ctx.tls_key is not None:
+        files.directory(name=f"Directory {TLS_DIR} (root-only)", path=TLS_DIR, user="root",
+                        group="root", mode="0700")
+        gates.append(files.put(name=f"Front certificate {CERT_PATH}", src=tls.cert_file,
+                               dest=CERT_PATH, user="root", group="root", mode="0644"))
+        gates.append(secret_file(name=f"Front private key {TLS_KEY_PATH} (root-only)",
+                                 dest=TLS_KEY_PATH, content=ctx.tls_key))
     files.directory(
         name=f"Directory {ROUTE_DIR}", path=ROUTE_DIR, user="root", group="root", mode="0755"
     )
@@ -72,7 +117,7 @@ def front(ctx: HostContext) -> None:
         content=Secret(keys_conf(ctx.api_key.reveal())),
     )
     conf = files.template(
-        name=f"Front on port {ctx.settings.front_port}",
+        name=f"Front on port {ctx.settings.front_port} ({ctx.settings.front_scheme})",
         src=TEMPLATE,
         dest=CONF_PATH,
         user="root",
@@ -81,11 +126,14 @@ def front(ctx: HostContext) -> None:
         front_port=ctx.settings.front_port,
         keys_file=KEYS_PATH,
         route_file=ROUTE_PATH,
+        tls=tls is not None,
+        cert_file=CERT_PATH,
+        key_file=TLS_KEY_PATH,
     )
     systemd.service(name="nginx enabled and running", service="nginx", running=True, enabled=True)
     on_change(
         name="Test and reload nginx (front changed)",
         commands=["nginx -t -q", "systemctl reload nginx"],
-        gates=[keys, conf, route],
+        gates=[keys, conf, route, *gates],
         reason="front unchanged",
     )

@@ -1,15 +1,26 @@
-"""Genesis: a full clone of the pinned patch repository, detached at the pinned commit, and
-an immutable export of that commit's tree, which is what the stack mounts.
+"""Genesis: a clone of the pinned patch repository, detached at the pinned commit, an immutable
+export of that commit's tree (what the stack mounts), and the compatibility gate.
 
-Full clone, not ``--depth 1``: a pinned commit is not reachable through a shallow branch
-fetch (Genesis v7.x has no release tags). The checkout is verified (``HEAD`` == pin and
-``vllm/_genesis/patches/apply_all.py`` present): an empty or stale tree mounted into the
-container makes ``apply_all`` a silent no-op and the boot fails later with a cryptic error.
+The pinned commit may be reachable only from a non-default branch (Genesis v7.72.2 lives only
+on ``dev``; ``main`` was rewritten with no common history) or only from a tag (v12.1.0), and
+the repository may have no ``main`` at all: the checkout never relies on the default branch. It
+fetches every branch and tag (``+refs/heads/*`` and ``--tags``), then the commit by its sha
+when still missing (GitHub hands out commits that only ``refs/pull/*`` reach), and checks it
+out detached. The checkout is verified: ``HEAD`` == pin, and its files mark the pinned layout
+(``v7``: ``vllm/_genesis/patches/apply_all.py``; ``v12``: ``sndr/apply/__main__.py``); an
+empty or stale tree mounted into the container makes applying a silent no-op and the boot
+fails later with a cryptic error.
 
 The checkout moves with the pin, so the container never mounts it: the commit is exported
 (``git archive``) to ``Layout.genesis_tree(<commit>)``, which never changes once
 there, and the compose file mounts that. A swap that
 rolls back restarts the previous compose snapshot, which still names the previous tree.
+
+The gate (``genesis_gate``) runs the host helper ``rigfleet-genesis-inspect.py``
+(``rigfleet/genesis_inspect.py``) on that tree and refuses, before anything starts, a stack
+whose tree has another layout than the pin says, whose image's vLLM is on none of the tree's
+allowlists, or that sets to 1 a switch the pinned Genesis does not know or has retired
+(``rigfleet.genesis.pairing_problems``).
 
 Example::
 
@@ -26,30 +37,48 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files
 
+from rigfleet import genesis_inspect
 from rigfleet.commands import docker as docker_commands
-from rigfleet.facts import APPLY_ALL, GenesisHead, GenesisTrees, TextFile, read_fact
+from rigfleet.facts import GenesisHead, GenesisTrees, TextFile, read_fact
+from rigfleet.genesis import LAYOUTS, StackUse, TreeReport, pairing_problems
 from rigfleet.hostside.layout import HOST
-from rigfleet.resources import project_file
+from rigfleet.pins import GenesisPin
+from rigfleet.retention import stale
 from roles.ops import check, executing, fail, run_on_host
 from roles.preflight import HostContext
 
 CHECKOUT = str(HOST.genesis_checkout)
-ALLOWLIST_SCRIPT = str(HOST.script("rigfleet-genesis-allowlist.py"))
+INSPECT_SCRIPT = str(HOST.script("rigfleet-genesis-inspect.py"))
+# What rigfleet installed before the inspect helper replaced it (removed by the deploy).
+OLD_ALLOWLIST_SCRIPT = str(HOST.script("rigfleet-genesis-allowlist.py"))
 VERSION_CACHE_DIR = str(HOST.version_cache_dir)
 TREES_DIR = str(HOST.genesis_trees_dir)
+# Every branch and every tag: a pinned commit may be on any of them (never only the default).
+FETCH_REFS = "'+refs/heads/*:refs/remotes/origin/*'"
 
 
 def checkout_commands(repo: str, commit: str, dest: str, cloned: bool) -> list[str]:
-    """Commands that bring ``dest`` to ``commit`` (clone first when ``cloned`` is False)."""
+    """Commands that bring ``dest`` to ``commit`` (a fresh repository first when ``cloned`` is
+    False); see the module docstring for why every branch and tag is fetched."""
     d, r, c = shlex.quote(dest), shlex.quote(repo), shlex.quote(commit)
     commands = []
     if not cloned:
-        commands.append(f"rm -rf {d} && git clone --quiet --no-checkout {r} {d}")
+        # init + fetch, not clone: a clone checks out the remote's HEAD, which may name no
+        # branch at all (a repository without main), and fetches no tag added later.
+        commands.append(
+            f"rm -rf {d} && git init --quiet {d} && git -C {d} remote add origin {r}"
+        )
     else:
         commands.append(f"git -C {d} remote set-url origin {r}")
+    has = f"git -C {d} cat-file -e {c}^{{commit}} 2>/dev/null"
+    missing = shlex.quote(
+        f"rigfleet: Genesis commit {commit} is on no branch or tag of {repo}, and the server "
+        "does not hand it out by its sha; pin a commit that a branch or tag reaches"
+    )
     commands += [
         # Fetch only when the commit is not there yet (a re-pin to an older commit is local).
-        f"git -C {d} cat-file -e {c}^{{commit}} 2>/dev/null || git -C {d} fetch --quiet origin",
+        f"{has} || git -C {d} fetch --quiet --tags origin {FETCH_REFS}",
+        f"{has} || git -C {d} fetch --quiet origin {c} || {{ echo {missing} >&2; exit 1; }}",
         f"git -C {d} -c advice.detachedHead=false checkout --quiet --force --detach {c}",
     ]
     return commands
@@ -64,7 +93,7 @@ def genesis_checkout(repo: str, commit: str, dest: str = CHECKOUT):
     + dest: the checkout (``Layout.genesis_checkout``)
     """
     state = read_fact(GenesisHead, path=dest)
-    if state.head == commit and state.has_apply_all and state.origin == repo:
+    if state.head == commit and state.layout is not None and state.origin == repo:
         host.noop(f"{dest} at {commit[:12]}")
         return
     yield from checkout_commands(repo, commit, dest, cloned=state.head is not None)
@@ -82,17 +111,18 @@ TREES_KEPT = 3
 def stale_trees(
     trees: Mapping[str, int], pinned: str, referenced: Set[str], keep: int = TREES_KEPT
 ) -> list[str]:
-    """The trees to remove: ``trees`` maps commit -> mtime; see the rule above."""
-    others = sorted((c for c in trees if c != pinned), key=lambda c: (trees[c], c), reverse=True)
-    kept = {pinned, *others[: max(keep - 1, 0)], *referenced}
-    return sorted(c for c in trees if c not in kept)
+    """The trees to remove: ``trees`` maps commit -> mtime; see the rule above (the one rule
+    for trees and model revisions: ``rigfleet.retention.stale``)."""
+    return stale(trees, pinned, referenced, keep)
 
 
-def export_command(checkout: str, commit: str, trees_dir: str = TREES_DIR) -> str:
+def export_command(
+    checkout: str, commit: str, check_file: str, trees_dir: str = TREES_DIR
+) -> str:
     """Export ``commit`` from ``checkout`` to ``<trees_dir>/<commit>``, atomically (a rename).
 
     A leftover temporary directory (an interrupted export) is removed first; the tree must
-    hold apply_all.py before it is renamed into place.
+    hold ``check_file`` (the pinned layout's apply entry point) before it is renamed into place.
     """
     d, c = shlex.quote(trees_dir), shlex.quote(commit)
     tree = shlex.quote(f"{trees_dir}/{commit}")
@@ -100,7 +130,7 @@ def export_command(checkout: str, commit: str, trees_dir: str = TREES_DIR) -> st
     return (
         f"mkdir -p {d} && rm -rf {d}/.tmp-* && tmp=$(mktemp -d {d}/.tmp-XXXXXX) && "
         f'{git} archive --format=tar {c} | tar -x -C "$tmp" && '
-        f'test -f "$tmp/{APPLY_ALL}" && chmod 0755 "$tmp" && rm -rf {tree} && '
+        f'test -f "$tmp"/{shlex.quote(check_file)} && chmod 0755 "$tmp" && rm -rf {tree} && '
         f'mv -T "$tmp" {tree}'
     )
 
@@ -108,6 +138,7 @@ def export_command(checkout: str, commit: str, trees_dir: str = TREES_DIR) -> st
 @operation()
 def genesis_export(
     commit: str,
+    layout: str,
     compose_files: tuple[str, ...],
     checkout: str = CHECKOUT,
     trees_dir: str = TREES_DIR,
@@ -116,6 +147,7 @@ def genesis_export(
     """Export ``commit`` to ``<trees_dir>/<commit>/`` (no change when there) and prune.
 
     + commit: full 40-hex commit (pins); the checkout must have it
+    + layout: the pinned layout (``v7``/``v12``): its check file must be in the export
     + checkout: the git checkout (``Layout.genesis_checkout``)
     + compose_files: every compose file on the host that may mount a tree (the staged
       stacks' and the active snapshot)
@@ -124,9 +156,9 @@ def genesis_export(
     """
     state = read_fact(GenesisTrees, trees_dir=trees_dir, compose_files=compose_files)
     have = state.trees.get(commit)
-    exported = have is not None and have[1]
+    exported = have is not None and have[1] is not None
     if not exported:
-        yield export_command(checkout, commit, trees_dir)
+        yield export_command(checkout, commit, LAYOUTS[layout].check_file, trees_dir)
     mtimes = {c: mtime for c, (mtime, _) in state.trees.items()}
     stale = stale_trees(mtimes, commit, state.referenced, keep)
     if stale:
@@ -135,39 +167,64 @@ def genesis_export(
         host.noop(f"{trees_dir}/{commit[:12]} exported")
 
 
-def verify_tree(commit: str) -> str | None:
-    """At execution time: the pinned commit's tree is there, with apply_all.py."""
+def _layout_mismatch(what: str, found: str | None, pin: GenesisPin) -> str | None:
+    if found == pin.layout:
+        return None
+    want = LAYOUTS[pin.layout].check_file
+    if found is None:
+        return (f"{what} lacks {want} (the {pin.layout} layout the pins say), "
+                "and marks no other layout rigfleet knows (wrong repository?)")
+    return (f"{what} has the {found} layout "
+            f"({genesis_inspect.GENERATIONS[found].check_file}), but the pins say layout "
+            f"{pin.layout} for Genesis {pin.label}; fix the pins' genesis.layout (`rigfleet "
+            "pins lock` records it from the tree)")
+
+
+def verify_tree(pin: GenesisPin) -> str | None:
+    """At execution time: the pinned commit's tree is there, with the pinned layout."""
     state = read_fact(GenesisTrees, trees_dir=TREES_DIR)
-    have = state.trees.get(commit)
-    if have is None or not have[1]:
-        return f"Genesis tree {HOST.genesis_tree(commit)} is missing or lacks {APPLY_ALL}"
-    return None
+    have = state.trees.get(pin.commit)
+    tree = HOST.genesis_tree(pin.commit)
+    if have is None:
+        return f"Genesis tree {tree} is missing"
+    return _layout_mismatch(f"Genesis tree {tree}", have[1], pin)
 
 
-def verify_checkout(commit: str, dest: str) -> str | None:
-    """At execution time: HEAD is the pin and apply_all.py exists."""
+def verify_checkout(pin: GenesisPin, dest: str) -> str | None:
+    """At execution time: HEAD is the pin and the files mark the pinned layout."""
     state = read_fact(GenesisHead, path=dest)
-    if state.head != commit:
-        return f"Genesis checkout {dest} is at {state.head}, pin is {commit}"
-    if not state.has_apply_all:
-        return f"Genesis checkout {dest} lacks {APPLY_ALL} (wrong repository or layout?)"
-    return None
+    if state.head != pin.commit:
+        return f"Genesis checkout {dest} is at {state.head}, pin is {pin.commit}"
+    return _layout_mismatch(f"Genesis checkout {dest} at {pin.commit[:12]}", state.layout, pin)
+
+
+def read_tree_report(tree: str) -> tuple[TreeReport | None, str]:
+    """Run the inspect helper on ``tree`` (at execution time): (report, '') or (None, why)."""
+    ok, out, err = run_on_host(f"python3 {INSPECT_SCRIPT} {shlex.quote(tree)}")
+    try:
+        return TreeReport.from_json(json.loads(out[-1])), ""
+    except (ValueError, IndexError, TypeError):
+        return None, " ".join((err or out)[-3:]) or "no output"
 
 
 @operation()
-def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, commit: str):
-    """Refuse a Genesis stack whose image's vLLM is not on the Genesis allowlist.
+def genesis_gate(
+    stack: str, image_ref: str, digest: str, vllm_version: str, pin: GenesisPin, use: StackUse
+):
+    """Refuse a Genesis stack whose pairing with its image is unsound (see the module
+    docstring and ``rigfleet.genesis.pairing_problems``).
 
     The image's version is read from the image itself (``docker run ... python3 -c 'import
-    vllm'``) once per digest and cached on the host; the allowlist is parsed from the
-    checked-out ``guards.py`` with ``ast`` by a host-side helper. Runs when the deploy
-    executes (the checkout and the image exist only then); writing the cache is the only
-    change it makes.
+    vllm'``) once per digest and cached on the host; the tree the stack mounts is read by the
+    host helper (``ast`` only, nothing imported from it). Runs when the deploy executes (the
+    tree and the image exist only then); writing the cache is the only change it makes.
 
     + stack: the stack's name (for messages)
     + image_ref, digest: the pinned image
     + vllm_version: the version the pins say the image reports
-    + commit: the pinned Genesis commit (for messages)
+    + pin: the stack's Genesis pin (commit, layout, version)
+    + use: the stack's Genesis environment (``StackUse``: switches from its stack file and the
+      host's extra_env)
     """
     cache = str(HOST.version_cache(digest))
     cached = read_fact(TextFile, path=cache)
@@ -187,30 +244,21 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, com
             )
             return
         version = out[-1].strip()
-    checkout = str(HOST.genesis_checkout)
-    ok, out, err = run_on_host(f"python3 {ALLOWLIST_SCRIPT} {shlex.quote(checkout)}")
-    try:
-        allowed = json.loads(out[-1])["known_good"] if ok and out else None
-    except (ValueError, KeyError):
-        allowed = None
-    if allowed is None:
-        yield from fail(
-            f"{host.name}: cannot read KNOWN_GOOD_VLLM_PINS from {checkout}: "
-            f"{' '.join(err[-3:]) or 'no output'}"
-        )
-        return
     if version != vllm_version:
         yield from fail(
             f"{host.name}: stack {stack}: image {image_ref} reports vLLM {version}, but the "
             f"pins say {vllm_version}; refusing to start it (fix the pins)"
         )
         return
-    if version not in allowed:
-        yield from fail(
-            f"{host.name}: stack {stack}: image vLLM {version} is not on Genesis "
-            f"{commit[:12]}'s KNOWN_GOOD_VLLM_PINS {allowed}; refusing to start it "
-            "(pin an allowed image, or a Genesis commit that lists this vLLM)"
-        )
+    tree = str(HOST.genesis_tree(pin.commit))
+    report, why = read_tree_report(tree)
+    if report is None:
+        yield from fail(f"{host.name}: stack {stack}: cannot inspect Genesis tree {tree}: {why}")
+        return
+    problems = pairing_problems(report, pin, stack=stack, vllm_version=version, use=use,
+                                image_ref=image_ref, where=tree)  # fmt: skip
+    if problems:
+        yield from fail("\n".join(f"{host.name}: {p}" for p in problems))
         return
     if cached is None:
         yield (
@@ -218,7 +266,7 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, com
             f"printf '%s\\n' {shlex.quote(version)} > {shlex.quote(cache)}"
         )
     else:
-        host.noop(f"vLLM {version} is on the Genesis allowlist")
+        host.noop(f"vLLM {version} and the stack's switches suit Genesis {pin.label}")
 
 
 @deploy("Genesis")
@@ -229,13 +277,15 @@ def genesis(ctx: HostContext) -> None:
     if pin is None:  # no staged stack uses Genesis
         return
     files.put(
-        name="Genesis allowlist helper",
-        src=str(project_file("files/rigfleet-genesis-allowlist.py")),
-        dest=ALLOWLIST_SCRIPT,
+        name="Genesis inspect helper",
+        src=str(genesis_inspect.__file__),
+        dest=INSPECT_SCRIPT,
         user="root",
         group="root",
         mode="0755",
     )
+    files.file(name="Remove the old Genesis allowlist helper", path=OLD_ALLOWLIST_SCRIPT,
+               present=False)  # fmt: skip
     genesis_checkout(
         name=f"Genesis checkout at {pin.commit[:12]}",
         repo=pin.repo,
@@ -243,32 +293,37 @@ def genesis(ctx: HostContext) -> None:
         dest=CHECKOUT,
     )
     check(
-        name="Verify Genesis HEAD and apply_all.py",
-        verify=lambda: verify_checkout(pin.commit, CHECKOUT),
+        name=f"Verify Genesis HEAD and its {pin.layout} layout",
+        verify=lambda: verify_checkout(pin, CHECKOUT),
         what="Genesis verification",
     )
     genesis_export(
         name=f"Genesis tree {pin.commit[:12]} (mounted by the stack)",
         commit=pin.commit,
+        layout=pin.layout,
         compose_files=(*(f for _, f in ctx.want.projects), str(HOST.active_compose)),
     )
     check(
         name="Verify the Genesis tree",
-        verify=lambda: verify_tree(pin.commit),
+        verify=lambda: verify_tree(pin),
         what="Genesis tree verification",
     )
     # Every staged Genesis stack is checked, whichever stack this host serves: the same
     # operations on every host (a per-host `if` here made pyinfra's operation DAG cyclic).
-    genesis_stacks = [(n, s.pins) for n, s in sorted(ctx.want.stacks.items())
-                      if s.spec.needs_genesis and s.pins.genesis is not None]
-    for name, staged in host.loop(genesis_stacks):
-        assert staged.genesis is not None
+    # (A stack file without the pinned layout's switch set never gets here: rendering its
+    # compose file, when the host's model is built, already refused it.)
+    settings = ctx.want.settings
+    gates = [(name, s.pins, s.pins.genesis, StackUse.of(s.spec, s.pins.genesis.layout,
+                                                        settings.env_for(name)))
+             for name, s in sorted(ctx.want.stacks.items())
+             if s.spec.needs_genesis and s.pins.genesis is not None]  # fmt: skip
+    for name, staged, g, use in host.loop(gates):
         genesis_gate(
             name=f"Genesis compatibility of vLLM {staged.vllm_version}",
             stack=name,
-            image_ref=staged.image_ref,
+            image_ref=staged.local_image,
             digest=staged.digest,
             vllm_version=staged.vllm_version,
-            commit=staged.genesis.commit,
+            pin=g,
+            use=use,
         )
-

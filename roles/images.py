@@ -1,8 +1,23 @@
-"""Images: every staged stack's vLLM image on the host, by digest, verified.
+"""Images: every staged stack's vLLM image on the host under its pinned name, verified.
 
 The other staged stacks' images too: a later swap, or a rollback to one, must not wait for a
-pull in its 503 window. Pulls are by ``<repo>:<tag>@<digest>`` (the digest decides what
-arrives) and checked against the pin afterwards.
+fetch in its 503 window. What to do comes from the host's staging plan
+(``rigfleet.images.plan``, built and checked in the preflight by
+``rigfleet.images.deploy.preflight_images``): for each pinned ``<repo>:<tag>``
+
+- already there (by image id, or by digest without an image id pin): nothing is yielded, so a
+  converged host changes nothing and ``--dry`` lists only what would change;
+- there by digest or id only: ``docker tag`` it to the pinned name;
+- else from the first ``image_sources`` entry that holds it: ``docker pull`` by digest (Docker
+  Hub through the daemon and its ``docker_registry_mirror``, or a LAN registry) and tag, or
+  ``docker load`` a saved copy (streamed from this machine over the SSH layer, uploaded first,
+  or already on the host) and tag it by image id.
+
+Afterwards the pinned name is checked at execution time: its id is the pinned image id and,
+for a pull, its RepoDigests hold the pinned digest.
+
+A Genesis stack then gets its derived image built on the host (``rigfleet.runtime_image``: the
+pinned image plus the stack's pinned packages), unless its labels say it is there.
 
 Example::
 
@@ -13,40 +28,93 @@ from __future__ import annotations
 
 import io
 import shlex
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
-from pyinfra import host
-from pyinfra.api import FileUploadCommand, deploy, operation
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation
 
-from rigfleet.commands import docker as docker_commands
-from rigfleet.facts import ImageDigests, ImageLabels, read_fact
+from rigfleet.facts import ImageLabels, read_fact
 from rigfleet.hostside.layout import HOST
+from rigfleet.images.deploy import staging_plan
+from rigfleet.images.hoststate import parse_state, state_script
+from rigfleet.images.plan import (
+    ImagePlan,
+    Shell,
+    SourceResult,
+    Step,
+    Upload,
+    WantedImage,
+    verify_staged,
+)
+from rigfleet.images.transfer import ImageError, stream_archive
+from rigfleet.inventory import InventoryHost
 from rigfleet.runtime_image import BASE_LABEL, PACKAGES_LABEL, RuntimeImage
-from roles.ops import check
+from rigfleet.ssh import HostUnreachable, Remote, SshRemote
+from roles.ops import DeployError, check, run_on_host
 from roles.preflight import HostContext
+
+# The SSH layer a control-side archive is streamed over (tests put a fake here).
+REMOTE: Callable[[], Remote] = SshRemote
+
+
+def _stream(state: Any, host: Any, path: str, command: str) -> None:
+    """Feed ``path`` (on this machine) into ``command`` on the host, over the SSH layer."""
+    data = dict(host.data.dict()) if hasattr(host.data, "dict") else {}
+    target = InventoryHost(host.name, (), data)
+    done = [0, 0]
+
+    def meter(n: int) -> None:
+        done[0] += n
+        if done[0] - done[1] >= 1 << 30:  # a line per GiB: a 30 GB image takes a while
+            done[1] = done[0]
+            logger.info(f"[{host.name}] {path}: {done[0] / (1 << 30):.0f} GiB streamed")
+
+    try:
+        stream_archive(REMOTE(), target, path, command, meter)
+    except (ImageError, HostUnreachable, OSError) as e:
+        raise DeployError(f"{host.name}: {e}") from None
+
+
+def _command(step: Step) -> Any:
+    if isinstance(step, Shell):
+        return step.command
+    if isinstance(step, Upload):
+        return FileUploadCommand(step.path, step.dest)
+    return FunctionCommand(_stream, (step.path, step.command), {})
 
 
 @operation()
-def image_pulled(image_ref: str, repository: str, digest: str):
-    """Pull ``<repo>:<tag>@<digest>`` unless an image with that digest is present.
+def image_staged(image: str, steps: Sequence[Step], present: str):
+    """Run one image's staging steps; nothing when the plan has none.
 
-    + image_ref: ``<repo>:<tag>@<digest>`` (what is pulled)
-    + repository: ``<repo>`` (the local image is looked up as ``<repo>@<digest>``)
-    + digest: ``sha256:<64-hex>``
+    + image: the pinned ``<repo>:<tag>`` (for messages)
+    + steps: the plan's ``Shell`` / ``Upload`` / ``Stream`` steps
+    + present: what ``--dry`` says when nothing is to do
     """
-    digests = read_fact(ImageDigests, ref=f"{repository}@{digest}")
-    if any(d.endswith(f"@{digest}") for d in digests):
-        host.noop(f"image {digest[:19]} present")
+    if not steps:
+        host.noop(f"{image}: {present}")
         return
-    yield docker_commands.pull(image_ref)
+    for step in steps:
+        yield _command(step)
 
 
-def verify_image(image_ref: str, repository: str, digest: str) -> str | None:
-    """At execution time: ``docker image inspect`` RepoDigests hold the pinned digest."""
-    digests = read_fact(ImageDigests, ref=f"{repository}@{digest}")
-    if not any(d.endswith(f"@{digest}") for d in digests):
-        return f"image {image_ref} has RepoDigests {digests or 'none'}; pin is {digest}"
-    return None
+def verify_image(want: WantedImage, source: SourceResult | None) -> str | None:
+    """At execution time: the pinned name holds the pinned image (``verify_staged``)."""
+    ok, out, err = run_on_host(state_script((want.image,), (), ()))
+    if not ok:
+        return f"cannot inspect {want.image}: {' '.join(err)[-300:]}"
+    return verify_staged(want, parse_state(out).images.get(want.image), source)
+
+
+def describe(p: ImagePlan) -> str:
+    """The operation's name: what happens to this image and from where."""
+    if p.action == "fetch" and p.source is not None:
+        return f"Stage {p.want.image} from {p.source.label}"
+    if p.action == "tag":
+        return f"Name {p.want.image} (there as {p.presence.ref})"
+    return f"Stage {p.want.image}"
 
 
 def _runtime_image_ok(image: RuntimeImage, labels: dict[str, str] | None) -> bool:
@@ -84,25 +152,19 @@ def verify_runtime_image(image: RuntimeImage) -> str | None:
 
 @deploy("Images")
 def images(ctx: HostContext) -> None:
-    """Pull and verify every staged stack's image (see the module docstring)."""
-    # One order on every host (not "desired stack first"): hosts serving different stacks must
-    # call the same operations in the same order, or pyinfra's operation DAG has a cycle.
-    images: dict[str, str] = {}
-    for name in sorted(ctx.want.stacks):
-        other = ctx.want.stacks[name].pins
-        images.setdefault(other.image_ref, name)
-    for _ref, name in host.loop(list(images.items())):
-        other = ctx.want.stacks[name].pins
-        image_pulled(
-            name=f"Pull {other.image} by digest",
-            image_ref=other.image_ref,
-            repository=other.repository,
-            digest=other.digest,
-        )
+    """Stage and verify every staged stack's image (see the module docstring)."""
+    plan = staging_plan(ctx.want)
+    # One order on every host (by stack name, not "desired stack first"): hosts serving
+    # different stacks must call the same operations in the same order, or pyinfra's
+    # operation DAG has a cycle.
+    for p in host.loop(list(plan.images)):
+        present = (f"present (id {p.presence.local.id[:19]})" if p.presence.local is not None
+                   else "present")
+        image_staged(name=describe(p), image=p.want.image, steps=p.steps, present=present)
         check(
-            name=f"Verify {other.image}'s RepoDigests hold the pinned digest",
-            verify=partial(verify_image, other.image_ref, other.repository, other.digest),
-            what="digest verification",
+            name=f"Verify {p.want.image} is the pinned image",
+            verify=partial(verify_image, p.want, p.source),
+            what="image verification",
         )
     # A Genesis stack's packages, baked into its own image (no installs at container start).
     runtime = [img for name in sorted(ctx.want.stacks)

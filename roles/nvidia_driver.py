@@ -2,18 +2,30 @@
 
 - Ubuntu: the archive's Enterprise Ready Driver packages (``nvidia-driver-<B>-server-open``
   and friends) and the prebuilt, signed kernel modules for the installed kernel flavour
-  (``linux-modules-nvidia-<B>-server-open-<flavour>``): no DKMS, Secure Boot keeps working.
+  (``linux-modules-nvidia-<B>-server-open-<flavour>``, plus the running kernel's own
+  ``...-open-<uname -r>`` when that kernel is an installed package): no DKMS, Secure Boot
+  keeps working. The module packages are held with the driver: each is built for one driver
+  version, so letting them move alone would load a module that does not match the held
+  user space. (A kernel upgrade therefore waits for a driver pin bump, or a converge.)
 - Debian: Debian's own driver is too old (535/550; CUDA 13 vLLM needs 580), so NVIDIA's CUDA
   repository from host data (``apt_repos.cuda``), with an apt preferences pin that keeps every
   NVIDIA package on the branch (priority 1001, so a newer branch in the same repository is
-  never picked and a wrong one is downgraded). Compute-only packages, open DKMS module.
+  never picked and a wrong one is downgraded). Compute-only packages, open DKMS module, built
+  against the running kernel's headers and the kernel-headers metapackage of its flavour
+  (``linux-headers-amd64`` on amd64), so the next kernel gets a DKMS build too; ``mokutil``
+  to read the Secure Boot state.
 
 Driver packages are ``apt-mark hold``: an unattended upgrade of the user-space libraries
 without the kernel module ("Driver/library version mismatch") takes the GPUs away.
 
 The host reboots only when the driver packages changed or the driver is not loaded
-(``nvidia-smi`` fails); afterwards ``nvidia-smi`` must answer with the pinned branch and the
-expected number of GPUs.
+(``nvidia-smi`` fails), and never when Secure Boot would refuse the module anyway (Debian:
+DKMS's signing key ``/var/lib/dkms/mok.pub`` not enrolled): the host then fails with the steps
+to enrol the key, and the next converge does not reboot either until it is. Afterwards
+``nvidia-smi`` must answer with the pinned branch, the expected number of GPUs and each card
+with the memory the stack needs. A driver NVIDIA's ``.run`` installer put there is refused by
+the preflight, or kept (host data ``adopt_foreign_driver``): then no driver package is
+installed and the host is not rebooted for the driver.
 
 Example::
 
@@ -23,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import io
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,12 +46,27 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files
 
+from rigfleet.catalog import StackSpec
 from rigfleet.commands import apt as apt_commands
-from rigfleet.facts import DebPackage, DpkgState, GpuQuery, read_fact
+from rigfleet.facts import (
+    DebPackage,
+    DpkgState,
+    GpuQuery,
+    ModuleRejections,
+    Platform,
+    read_fact,
+)
+from rigfleet.hostdata import check_gpus
 from roles import maintenance
 from roles.docker import add_apt_repo
-from roles.ops import DeployError, apt_packages, changed, check
-from roles.preflight import HostContext, OsInfo
+from roles.ops import DeployError, apt_packages, changed, check, executing
+from roles.preflight import (
+    HostContext,
+    OsInfo,
+    failing_command,
+    secure_boot_block,
+    secure_boot_watch,
+)
 
 PREFERENCES_FILE = f"{apt_commands.PREFERENCES_DIR}/rigfleet-nvidia-driver"
 
@@ -89,20 +117,49 @@ def driver_packages(os: OsInfo, branch: str) -> tuple[str, ...]:
     return DEBIAN_DRIVER_PACKAGES
 
 
-def kernel_packages(os: OsInfo, branch: str, dpkg: dict[str, DebPackage]) -> tuple[str, ...]:
-    """Packages that tie the driver to the running kernel (versioned like the kernel).
+# Debian kernel releases: 6.1.0-40-amd64, 6.12.48+deb13-amd64, 6.12.12+bpo-cloud-amd64.
+_DEBIAN_KERNEL = re.compile(r"\d+\.\d+(?:\.\d+)?(?:-\d+)?(?:\+[a-z0-9.~]+)?-(?P<flavour>[a-z0-9][a-z0-9-]*)")
 
-    Ubuntu: the prebuilt module metapackage for the installed flavour (not held: it must move
-    with kernel updates). Debian: the headers DKMS builds against, but only when the running
-    kernel is Debian's own (a host whose kernel is not a Debian package - a container - has
-    no headers to install and no module to build).
+
+def debian_kernel_flavour(kernel: str, arch: str = "") -> str | None:
+    """The flavour of a Debian kernel release (``6.1.0-40-amd64`` -> ``amd64``,
+    ``6.12.48+deb13-cloud-amd64`` -> ``cloud-amd64``); ``arch`` when the release does not
+    say; None when neither does."""
+    m = _DEBIAN_KERNEL.fullmatch(kernel)
+    return m.group("flavour") if m else (arch or None)
+
+
+def _installed(dpkg: dict[str, DebPackage], name: str) -> bool:
+    pkg = dpkg.get(name)
+    return pkg is not None and pkg.installed
+
+
+def kernel_packages(os: OsInfo, branch: str, dpkg: dict[str, DebPackage],
+                    arch: str = "") -> tuple[str, ...]:
+    """Packages that tie the driver to the kernel (versioned like the kernel).
+
+    Ubuntu: the prebuilt module metapackage for the installed flavour, and the running
+    kernel's module package when that kernel is an installed package (held with the driver,
+    see the module docstring). Debian: the headers DKMS builds against (the running
+    kernel's, and the flavour's metapackage, ``linux-headers-amd64``, so the next kernel gets
+    a build too), but only when the running kernel is Debian's own (a host whose kernel is
+    not a Debian package - a container - has no headers to install and no module to build);
+    and ``mokutil`` (Secure Boot state and key enrolment).
     """
     if os.id == "ubuntu":
-        return (f"linux-modules-nvidia-{branch}-server-open-{ubuntu_kernel_flavour(dpkg)}",)
-    image = dpkg.get(f"linux-image-{os.kernel}")
-    if os.kernel and image is not None and image.installed:
-        return (f"linux-headers-{os.kernel}",)
-    return ()
+        prefix = f"linux-modules-nvidia-{branch}-server-open-"
+        out = [prefix + ubuntu_kernel_flavour(dpkg)]
+        if os.kernel and _installed(dpkg, f"linux-image-{os.kernel}"):
+            out.append(prefix + os.kernel)
+        return tuple(out)
+    out = []
+    if os.kernel and _installed(dpkg, f"linux-image-{os.kernel}"):
+        out.append(f"linux-headers-{os.kernel}")
+        flavour = debian_kernel_flavour(os.kernel, arch)
+        if flavour:
+            out.append(f"linux-headers-{flavour}")
+    out.append("mokutil")
+    return tuple(out)
 
 
 def driver_preferences(branch: str, version: str | None) -> str:
@@ -130,11 +187,24 @@ def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: f
         time.sleep(REBOOT_INTERVAL_S)
 
 
+def blocked_by_secure_boot(os: OsInfo) -> str | None:
+    """``secure_boot_block`` from the host's facts as they are now (at execution time, after
+    DKMS built and signed the module)."""
+    platform = read_fact(Platform)
+    rejections = read_fact(ModuleRejections) if secure_boot_watch(os, platform) else []
+    return secure_boot_block(host.name, os, platform, rejections)
+
+
 @operation(is_idempotent=False)
-def reboot_for_driver(gates: Sequence[OperationMeta], ctx: HostContext | None = None):
+def reboot_for_driver(gates: Sequence[OperationMeta], os: OsInfo | None = None,
+                      ctx: HostContext | None = None):
     """Reboot when the driver packages changed or the driver is not loaded; wait for it.
 
+    Not when Secure Boot would refuse the module (``secure_boot_block``, read when the
+    deploy runs, after DKMS built and signed it): the host fails with the enrolment steps.
+
     + gates: the driver package operations
+    + os: the host's OS (Debian's DKMS module is the one Secure Boot can refuse)
     + ctx: the host's context: a serving host reboots inside its maintenance window (the
       stack comes back through the window's close, gated; never at boot without the gate)
     """
@@ -142,6 +212,10 @@ def reboot_for_driver(gates: Sequence[OperationMeta], ctx: HostContext | None = 
     gpu = read_fact(GpuQuery)
     if gpu.loaded and not packages_changed:
         host.noop(f"driver {gpu.driver_version} loaded, packages unchanged")
+        return
+    blocked = blocked_by_secure_boot(os) if os is not None and executing() else None
+    if blocked:
+        yield failing_command(blocked)  # the steps, and no reboot
         return
     if ctx is not None:
         # The lock outlives the reboot: the wait for it plus a step's time.
@@ -153,25 +227,41 @@ def reboot_for_driver(gates: Sequence[OperationMeta], ctx: HostContext | None = 
     yield FunctionCommand(_wait_for_reboot, (token, REBOOT_DELAY_S, REBOOT_TIMEOUT_S), {})
 
 
-def verify_driver(branch: str, version: str | None, gpu_count: int) -> str | None:
-    """At execution time: nvidia-smi answers, on the pinned branch, with every GPU."""
+def verify_driver(branch: str, version: str | None, gpu_count: int,
+                  spec: StackSpec | None = None, os: OsInfo | None = None) -> str | None:
+    """At execution time: nvidia-smi answers, on the pinned branch, with every GPU, each with
+    the memory the stack needs (``rigfleet.hostdata.check_gpus``, the preflight's check)."""
     gpu = read_fact(GpuQuery)
     if not gpu.loaded:
-        return f"nvidia-smi fails after the driver install ({gpu.error or 'no output'})"
+        why = f"nvidia-smi fails after the driver install ({gpu.error or 'no output'})"
+        blocked = blocked_by_secure_boot(os) if os is not None else None
+        return f"{why}\n{blocked}" if blocked else why
     loaded = gpu.driver_version or ""
     if not loaded.startswith(f"{branch}."):
         return f"driver {loaded!r} is loaded; pinned branch is {branch} (reboot pending?)"
     if version and loaded != version:
         return f"driver {loaded!r} is loaded; pinned version is {version}"
-    if len(gpu.gpus) != gpu_count:
-        return f"nvidia-smi lists {len(gpu.gpus)} GPU(s); gpu_count is {gpu_count}"
-    return None
+    if spec is None:
+        if len(gpu.gpus) != gpu_count:
+            return f"nvidia-smi lists {len(gpu.gpus)} GPU(s); gpu_count is {gpu_count}"
+        return None
+    problems = check_gpus(host.name, gpu_count, spec, gpu.gpus)
+    return "; ".join(p.removeprefix(f"{host.name}: ") for p in problems) or None
 
 
 @deploy("NVIDIA driver")
 def nvidia_driver(ctx: HostContext) -> None:
     """Install the pinned driver branch (open modules), hold it, reboot if needed, verify."""
     branch, version = ctx.pins.driver_branch, ctx.pins.driver_version
+    if ctx.driver_adopted:
+        # A .run-installed driver on the pinned branch, kept as it is (preflight,
+        # adopt_foreign_driver): no packages, no reboot; it must still answer as pinned.
+        check(
+            name=f"Verify the kept driver: branch {branch}, {ctx.settings.gpu_count} GPUs",
+            verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.spec),
+            what="driver verification",
+        )
+        return
     # Read while preparing: which kernel flavour / whether the kernel is Debian's does not
     # change during the run.
     dpkg = read_fact(DpkgState)
@@ -186,9 +276,11 @@ def nvidia_driver(ctx: HostContext) -> None:
             mode="0644",
         )
     gates = []
-    kernel = kernel_packages(ctx.os, branch, dpkg)
+    kernel = kernel_packages(ctx.os, branch, dpkg, ctx.platform.arch)
     if kernel:
-        gates.append(apt_packages(name="Kernel glue for the NVIDIA module", packages=list(kernel)))
+        # Ubuntu's prebuilt modules are built for one driver version: held with the driver.
+        gates.append(apt_packages(name="Kernel glue for the NVIDIA module", packages=list(kernel),
+                                  hold=ctx.os.id == "ubuntu"))
     # Disturbing on a serving host (until the reboot, a new CUDA process fails with
     # "Driver/library version mismatch"): inside its maintenance window.
     install_step = f"NVIDIA driver {version or branch} install"
@@ -202,10 +294,10 @@ def nvidia_driver(ctx: HostContext) -> None:
     maintenance.plan_step(ctx, install_step, install)
     gates.append(install)
     reboot = reboot_for_driver(name="Reboot to load the NVIDIA driver (only when needed)",
-                               gates=gates, ctx=ctx)
+                               gates=gates, os=ctx.os, ctx=ctx)
     maintenance.plan_step(ctx, REBOOT_STEP, reboot)
     check(
         name=f"Verify nvidia-smi: branch {branch}, {ctx.settings.gpu_count} GPUs",
-        verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count),
+        verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.spec, ctx.os),
         what="driver verification",
     )

@@ -11,8 +11,9 @@ plan has to be empty, so every operation here yields commands only when somethin
   ``will_change`` while preparing and their ``did_change()`` while executing.
 - ``check`` runs a verification at execution time only, and fails the host with a message
   (instead of ``python.call``, which always counts as a change).
-- ``secret_file`` uploads a root-only file without ever printing its content (``files.put``
-  prints a diff with ``--diff``).
+- ``secret_file`` writes a root-only file without ever printing its content (``files.put``
+  prints a diff with ``--diff``) and without an upload: pyinfra stages a sudo user's upload
+  in /tmp with that user's umask, readable by others for a moment.
 - ``initial_file`` seeds a file that the host owns afterwards (the front's route).
 
 Example::
@@ -25,6 +26,8 @@ Example::
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import shlex
 from collections.abc import Callable, Iterable, Sequence
@@ -251,6 +254,26 @@ def initial_file(dest: str, content: str, mode: str = "0644"):
     yield FileUploadCommand(io.BytesIO(content.encode()), dest)
 
 
+def write_secret(dest: str, mode: str = "0600", user: str = "root", group: str = "root") -> str:
+    """The shell command ``secret_file`` runs: base64 on stdin into a new root-only file.
+
+    ``mktemp`` creates the file in ``dest``'s directory, mode 0600 and owned by the user the
+    command runs as (root, directly or through sudo), before any byte is written; the
+    decoded bytes go into it, then owner and mode are set and it is renamed over ``dest``
+    (atomic: readers see the old file or the new one). Nothing of the secret is in the
+    command line; nothing passes through /tmp.
+    """
+    q = shlex.quote(dest)
+    d = shlex.quote(dest.rsplit("/", 1)[0] or "/")
+    owner = shlex.quote(f"{user}:{group}")
+    return (
+        f"umask 077 && rf_tmp=$(mktemp {d}/.rigfleet-secret.XXXXXXXX) && "
+        f'{{ base64 -d > "$rf_tmp" && chown {owner} "$rf_tmp" && '
+        f'chmod {shlex.quote(mode)} "$rf_tmp" && mv -f "$rf_tmp" {q}; }} '
+        f'|| {{ rm -f "${{rf_tmp:-}}"; exit 1; }}'
+    )
+
+
 @operation()
 def secret_file(
     dest: str,
@@ -261,35 +284,27 @@ def secret_file(
 ):
     """Put a root-only file whose content is a secret; the content is never printed.
 
-    The file is created empty with its final mode first, so the secret never sits in a file
-    others can read (SFTP writes into the existing file and keeps its mode).
+    The content travels base64-encoded on the stdin of one command (``write_secret``) over
+    the SSH channel, never as an SFTP upload (pyinfra stages a sudo user's uploads in /tmp
+    with that user's umask) and never in a command line (``ps``); sudo asks for a password
+    through its askpass helper, so stdin is the command's. The file is created 0600 before
+    any byte is written and renamed into place. Same path for root and for a sudo user.
 
     + dest: absolute path (its directory must exist)
     + content: the text, wrapped in ``Secret``
     + mode, user, group: wanted permissions
     """
-    import hashlib
-
     data = content.reveal().encode()
     wanted = hashlib.sha256(data).hexdigest()
     current = read_fact(FileDigest, path=dest)
     q = shlex.quote(dest)
-    if current is None:
-        yield f"install -m {mode} -o {user} -g {group} /dev/null {q}"
     if current is None or current.sha256 != wanted:
-        yield FileUploadCommand(io.BytesIO(data), dest)
-    if current is None or current.mode != mode or current.sha256 != wanted:
+        yield StringCommand(write_secret(dest, mode, user, group),
+                            _stdin=base64.encodebytes(data).decode("ascii"))
+        return
+    if current.mode != mode:
         yield f"chmod {mode} {q}"
-    if current is None or (current.user, current.group) != (user, group):
+    if (current.user, current.group) != (user, group):
         yield f"chown {user}:{group} {q}"
-    if (
-        current is not None
-        and current.sha256 == wanted
-        and current.mode == mode
-        and (
-            current.user,
-            current.group,
-        )
-        == (user, group)
-    ):
+    if current.mode == mode and (current.user, current.group) == (user, group):
         host.noop(f"{dest} is up to date (content not shown)")

@@ -1,11 +1,28 @@
-"""Preflight: validate this host's data and the pins before any host changes.
+"""Preflight: validate this host's data, the pins and the host itself before it changes.
 
-Runs on the control side during pyinfra's prepare phase. Every problem raises
-``PreflightError`` (or the data layer's ``HostDataError`` / ``PinsError`` /
-``CatalogError``), naming the host, the key, the value and what is allowed; pyinfra then stops
-before executing anything on any host. The result, ``HostContext``, is what every other role
-takes: the host's ``DesiredHost`` (``rigfleet.desired``, the one model of what the deploy
-makes of a host) plus what only the run knows (the OS it found, the secrets, who runs it).
+Runs on the control side during pyinfra's prepare phase, in deploy code (not inside an
+operation), so it runs the same with ``-y`` (which skips change detection) as with the
+prompt. Checked here: host data, pins and stack files; the OS; systemd as PID 1; the host
+lock; and, from host facts read now (``rigfleet.facts.read_fact``), where the facts exist:
+
+- driver loaded: each power cap against its card's real range, the GPU count against
+  ``gpu_count``, each card's memory against the stack's ``gpus.memory_mib``;
+- driver not loaded (a bare host): those checks wait until the driver is in (a ``host.log``
+  line names them); the roles run them then (``roles/power.py``, ``roles/nvidia_driver.py``);
+- a driver that NVIDIA's ``.run`` installer put there (refused, or adopted when host data
+  says ``adopt_foreign_driver`` and it is on the pinned branch);
+- Secure Boot refusing the DKMS-built module (its key not enrolled): refused with the steps.
+
+A problem names the host, the key, the value and what is allowed. It fails **this host
+only**: the host gets a single operation that fails with the reason (nothing changes on it),
+the other hosts go on, and the run ends non-zero with a summary of the refused hosts
+(``run_deploy``, which ``deploy.py`` calls). Host data ``rigfleet_stop_on_preflight`` (``--data
+rigfleet_stop_on_preflight=1``) or ``RIGFLEET_STOP_ON_PREFLIGHT=1`` stops the whole run
+instead, before any host changes.
+
+The result, ``HostContext``, is what every other role takes: the host's ``DesiredHost``
+(``rigfleet.desired``, the one model of what the deploy makes of a host) plus what only the
+run knows (the OS and platform it found, the secrets, who runs it).
 
 Example::
 
@@ -24,19 +41,42 @@ import getpass
 import os
 import re
 import socket
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, deploy, operation
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.state import BaseStateCallback, State
 
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import hosttool
+from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.errors import RigfleetError
-from rigfleet.facts import OsRelease, read_fact
-from rigfleet.hostdata import AptRepo, HostSettings, SwapSettings
+from rigfleet.facts import (
+    GpuQuery,
+    GpuState,
+    ModuleRejections,
+    OsRelease,
+    Platform,
+    PlatformState,
+    read_fact,
+)
+from rigfleet.hostdata import (
+    AptRepo,
+    HostDataError,
+    HostSettings,
+    SwapSettings,
+    check_caps_against_gpus,
+    check_gpus,
+    stop_on_preflight,
+)
 from rigfleet.hostside.records import describe
+from rigfleet.images.deploy import preflight_images
 from rigfleet.pins import GenesisPin, Pins
 from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
@@ -52,6 +92,11 @@ SUPPORTED_OS = {
 
 class PreflightError(RigfleetError, ValueError):
     """This host cannot be provisioned as its data says; the message says why."""
+
+
+class HostRefused(RigfleetError):
+    """Raised by ``preflight`` after it gave the host its one failing operation: the roles
+    add nothing for this host (``run_deploy`` catches it; the other hosts go on)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +132,9 @@ class HostContext:
     api_key: Secret
     hf_token: Secret | None
     by: str
+    platform: PlatformState = field(default_factory=PlatformState)
+    driver_adopted: bool = False  # a .run-installed driver on the pinned branch, kept
+    tls_key: Secret | None = None  # the front's private key (host data front_tls_key_file)
 
     @property
     def name(self) -> str:
@@ -136,6 +184,12 @@ class HostContext:
 
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 
+# The one operation a refused host gets (under the "Preflight" deploy).
+REFUSED_OP = "Refused (the reason is above; nothing runs on this host)"
+
+# Per run (State): refused hosts and why, for the summary at the end.
+_REFUSED: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
+
 
 def read_os(name: str, release: dict[str, str]) -> OsInfo:
     """Check the host's os-release against ``SUPPORTED_OS``; raises ``PreflightError``."""
@@ -167,6 +221,15 @@ def read_secret(name: str, key: str, path: str) -> Secret:
     return Secret(value)
 
 
+def read_tls_key(name: str, path: str) -> Secret:
+    """The front's private key (validated PEM, 0600, by hostdata), never shown."""
+    try:
+        return Secret(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise PreflightError(f"{name}: front_tls_key_file: {path!r} cannot be read "
+                             f"({getattr(e, 'strerror', None) or e})") from None
+
+
 def deployed_by() -> str:
     """Who runs this deploy, for the ledger: ``RIGFLEET_BY`` or ``user@control-host``."""
     explicit = os.environ.get("RIGFLEET_BY")
@@ -192,26 +255,284 @@ def check_lock(name: str, holder: dict | None) -> str | None:
     return f"{name}: stale host lock ({describe(holder)}; holder gone): it will be taken over"
 
 
+@dataclass(frozen=True)
+class FactChecks:
+    """What the host's facts say about it (``check_facts``)."""
+
+    problems: list[str]  # refusals, one line (or paragraph) each
+    waiting: list[str]  # checks that wait until the driver is in
+    adopt: bool = False  # keep the .run-installed driver
+    notes: list[str] = field(default_factory=list)
+
+
+def check_init(name: str, platform: PlatformState) -> list[str]:
+    """systemd must be PID 1: every role manages systemd units."""
+    if platform.systemd and platform.pid1 in ("systemd", "init", ""):
+        return []
+    return [f"{name}: os: PID 1 is {platform.pid1 or 'unknown'!r} and /run/systemd/system is "
+            f"{'there' if platform.systemd else 'missing'}: systemd does not run this host; "
+            "allowed: a host booted with systemd as init (rigfleet manages systemd units: "
+            "docker, nginx, nvidia-persistenced, its own)"]
+
+
+def check_driver_origin(name: str, settings: HostSettings, branch: str, version: str | None,
+                        platform: PlatformState, gpu: GpuState) -> tuple[list[str], bool]:
+    """A driver NVIDIA's .run installer put there: refused with the way out, or adopted
+    (host data ``adopt_foreign_driver``) when it is loaded and on the pinned branch.
+    Returns (problems, adopt)."""
+    if not platform.foreign_driver:
+        return [], False
+    evidence = (f"{nvidia_commands.RUN_UNINSTALLER} exists" if platform.run_uninstaller
+                else f"no dpkg package owns {platform.smi}")
+    loaded = gpu.driver_version if gpu.loaded else None
+    on_branch = bool(loaded and loaded.startswith(f"{branch}.")
+                     and (not version or loaded == version))
+    if settings.adopt_foreign_driver and on_branch:
+        return [], True
+    what = f"driver {loaded}" if loaded else "a driver (not loaded now)"
+    pinned = version or f"branch {branch}"
+    if settings.adopt_foreign_driver:
+        return [f"{name}: adopt_foreign_driver: True, but the .run-installed {what} is not "
+                f"the pinned {pinned}; allowed: adopt only a loaded driver on the pinned "
+                f"branch, or remove it: sudo {nvidia_commands.RUN_UNINSTALLER}, reboot, "
+                "then deploy"], False
+    return [f"{name}: driver: NVIDIA's .run installer put {what} on this host ({evidence}); "
+            "rigfleet installs the driver from packages and would fight it. Allowed: remove "
+            f"it (sudo {nvidia_commands.RUN_UNINSTALLER}, then reboot) and deploy again; or, "
+            f"when it is loaded and on the pinned {pinned}, keep it: set "
+            "adopt_foreign_driver: True in the host's data"], False
+
+
+def secure_boot_watch(os: OsInfo, platform: PlatformState) -> bool:
+    """Can Secure Boot refuse the module here? Debian (DKMS builds and signs it) with Secure
+    Boot on; Ubuntu's prebuilt modules are signed by Canonical."""
+    return os.id == "debian" and platform.secure_boot == "enabled"
+
+
+def secure_boot_block(name: str, os: OsInfo, platform: PlatformState,
+                      rejections: list[str]) -> str | None:
+    """Why a reboot cannot load the DKMS-built module: Secure Boot on and DKMS's key not
+    enrolled (or its enrolment not confirmed yet), or this boot's log shows the kernel
+    refusing a module. The refusal, with the steps; None when a reboot may help."""
+    if not secure_boot_watch(os, platform):
+        return None
+    cert = platform.mok_cert or nvidia_commands.DKMS_MOK_CERT
+    if platform.mok == "pending":
+        return (f"{name}: driver: Secure Boot is on and the enrolment of {cert} (the key "
+                "DKMS signs the NVIDIA module with) is requested but not confirmed yet, so "
+                "the kernel refuses the module. Allowed: reboot the host with a screen and "
+                "keyboard attached and confirm it in the blue MOK manager (Enroll MOK, "
+                "Continue, Yes, the one-time password, Reboot), then deploy again; the "
+                "deploy does not reboot for you: nobody would be at the console")
+    steps = (f"rebooting again would not help. Allowed: enrol the key once, at the machine:"
+             f"\n{nvidia_commands.mok_enrol_steps(cert)}")
+    seen = f" (this boot's log: {rejections[0]})" if rejections else ""
+    if platform.mok == "not-enrolled":
+        return (f"{name}: driver: Secure Boot is on and {cert} (the key DKMS signs the NVIDIA "
+                f"module with) is not enrolled, so the kernel refuses the module (\"Key was "
+                f"rejected by service\"){seen}; {steps}")
+    if rejections:
+        return (f"{name}: driver: Secure Boot is on and the kernel refused a module this boot"
+                f"{seen}: the key DKMS signs the NVIDIA module with ({cert}) is not enrolled; "
+                f"{steps}")
+    return None
+
+
+def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
+                branch: str, version: str | None, platform: PlatformState,
+                gpu: GpuState, rejections: list[str] | None = None) -> FactChecks:
+    """Every check that needs host facts, decided from the facts (pure; see the module
+    docstring). The caps, GPU count and card memory run when the driver answers; else they
+    are listed in ``waiting``. ``rejections``: this boot's log lines of Secure Boot refusing
+    a module (read only when ``secure_boot_watch`` and the driver is not loaded)."""
+    problems = check_init(name, platform)
+    origin, adopt = check_driver_origin(name, settings, branch, version, platform, gpu)
+    problems += origin
+    if not gpu.loaded and not origin:
+        blocked = secure_boot_block(name, os, platform, rejections or [])
+        problems += [blocked] if blocked else []
+    waiting: list[str] = []
+    notes: list[str] = []
+    if gpu.loaded:
+        try:
+            check_caps_against_gpus(name, settings.power_caps_w, gpu.gpus)
+        except HostDataError as e:
+            problems += e.problems
+        problems += check_gpus(name, settings.gpu_count, spec, gpu.gpus)
+    else:
+        waiting = ["power caps against each card's range",
+                   f"the GPU count (gpu_count {settings.gpu_count})"]
+        if spec.gpu_memory_mib:
+            waiting.append(f"each card's memory (>= {spec.gpu_memory_mib} MiB for stack "
+                           f"{spec.name})")
+        if secure_boot_watch(os, platform) and platform.mok == "unknown":
+            notes.append(f"{name}: Secure Boot is on: once DKMS has built the NVIDIA module, "
+                         "the deploy checks that its signing key is enrolled before it reboots")
+    if adopt:
+        notes.append(f"{name}: keeping the .run-installed driver {gpu.driver_version} "
+                     "(adopt_foreign_driver): no driver packages, no reboot for the driver")
+    return FactChecks(problems, waiting, adopt, notes)
+
+
+def failing_command(message: str) -> FunctionCommand:
+    """A command that fails the host with ``message`` (each line logged in red, no
+    traceback): the host stops there, the other hosts go on.
+
+    .. code:: python
+
+        yield failing_command(f"{host.name}: driver: ...; allowed: ...")
+    """
+
+    def _fail(state: Any, host: Any) -> bool:
+        for line in message.splitlines():
+            host.log_styled(line, fg="red", log_func=logger.error)
+        return False
+
+    _fail.__name__ = "rigfleet_refused"
+    return FunctionCommand(_fail, (), {})
+
+
+@operation(is_idempotent=False)
+def refused(reason: str):
+    """Fail this host with ``reason``: its preflight refused it, nothing else runs on it.
+
+    + reason: the refusal (host, key, value, what is allowed); never holds a secret
+    """
+    yield failing_command(reason)
+
+
+class _Summary(BaseStateCallback):
+    """Lists the refused hosts and why once the last operation has run (or, when every host
+    left was refused, as pyinfra is about to stop with "No hosts remaining")."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+        self.done = False
+        self.failed: set[str] = set()
+
+    def operation_host_error(self, state: State, host: Any, op_hash: Any,  # type: ignore[override]
+                             retry_count: int = 0, max_retries: int = 0) -> None:
+        refused = _REFUSED.get(state) or {}
+        self.failed.add(host.name)
+        active = {h.name for h in state.inventory.get_active_hosts()}
+        if not self.done and active <= set(refused) and set(refused) <= self.failed:
+            self.done = True
+            log_summary(state)
+
+    def operation_end(self, state: State, op_hash: Any) -> None:  # type: ignore[override]
+        if self.last is None:
+            order = state.get_op_order()
+            self.last = order[-1] if order else ""
+        if op_hash == self.last and not self.done:
+            self.done = True
+            log_summary(state)
+
+
+def log_summary(state: State) -> None:
+    """``rigfleet: N host(s) failed preflight`` and each host's reason (the run exits 1)."""
+    refusals = _REFUSED.get(state) or {}
+    if not refusals:
+        return
+    others = len(state.activated_hosts) > len(refusals)
+    logger.error(f"--> rigfleet: {len(refusals)} host(s) failed preflight (nothing changed "
+                 f"on them{'; the others went on' if others else ''}):")
+    for _name, reason in sorted(refusals.items()):
+        for i, line in enumerate(reason.splitlines()):
+            logger.error(("    " if i == 0 else "      ") + line)
+
+
+def refusals(state: State) -> dict[str, str]:
+    """The hosts this run's preflight refused, and why (empty when none)."""
+    return dict(_REFUSED.get(state) or {})
+
+
+def refuse(reason: str) -> None:
+    """Refuse the current host: one failing operation instead of the roles, the host marked
+    failed (the run exits 1, ``--dry`` too), the reason logged now and in the summary."""
+    state = host.state
+    if state not in _REFUSED:
+        _REFUSED[state] = {}
+        state.add_callback_handler(_Summary())
+    _REFUSED[state][host.name] = reason
+    for line in reason.splitlines():
+        host.log_styled(line, fg="red", log_func=logger.error)
+    refused(name=REFUSED_OP, reason=reason)
+    state.failed_hosts.add(host)
+
+
+def run_deploy(converge: Callable[[], Any]) -> None:
+    """``deploy.py``'s body: converge the current host.
+
+    A host its preflight refuses gets only the refusal (``HostRefused``): the other hosts go
+    on. Any other data problem raised while preparing (a role's ``RigfleetError``) stops the
+    whole run before any host changes, as a ``PyinfraError`` naming host, key and value.
+
+    .. code:: python
+
+        from roles import converge
+        from roles.preflight import run_deploy
+
+        run_deploy(converge)
+    """
+    try:
+        converge()
+    except HostRefused:
+        return
+    except RigfleetError as error:
+        raise PyinfraError(f"rigfleet refused the run:\n{error}") from None
+
+
 @deploy("Preflight")
 def preflight() -> HostContext:
-    """Validate host data, pins, stack files and OS; return the ``HostContext`` the roles take.
+    """Validate host data, pins, stack files, OS and the host's facts; return the
+    ``HostContext`` the roles take.
 
-    Nothing on the host changes here; the remote commands read ``/etc/os-release`` and the
-    host probe (the lock).
+    Nothing on the host changes here; the remote commands read ``/etc/os-release``, the
+    platform (init, Secure Boot, the driver's origin), the GPUs and the host probe (the lock).
+    A problem refuses this host (``refuse``, then ``HostRefused``), or, with
+    ``rigfleet_stop_on_preflight``, stops the run (``PreflightError``).
     """
-    name = host.name
+    try:
+        return _check_host(host.name)
+    except RigfleetError as error:
+        if stop_on_preflight(host.data):
+            raise PreflightError(f"{error}\n(rigfleet_stop_on_preflight: the whole run stops; "
+                                 "without it only this host would)") from None
+        refuse(str(error))
+        raise HostRefused(str(error)) from None
+
+
+def _check_host(name: str) -> HostContext:
     want = load_desired(name, host.data)
     os_info = read_os(name, read_fact(OsRelease))
     lock = read_fact(SwapProbe).get("lock")
     stale = check_lock(name, lock if isinstance(lock, dict) else None)
     if stale:
         host.log(stale)
+    preflight_images(want)  # every staged image has a source, and the disk has room for it
     settings = want.settings
+    pins = want.pins
+    platform = read_fact(Platform)
+    gpu = read_fact(GpuQuery)
+    rejections = (read_fact(ModuleRejections)
+                  if not gpu.loaded and secure_boot_watch(os_info, platform) else [])
+    facts = check_facts(name, settings, want.spec, os_info, pins.driver_branch,
+                        pins.driver_version, platform, gpu, rejections)
+    if facts.problems:
+        raise PreflightError("\n".join(facts.problems))
+    if facts.waiting:
+        host.log(f"{name}: the NVIDIA driver is not loaded yet; checked once it is (after its "
+                 f"install and reboot): {'; '.join(facts.waiting)}")
+    for note in facts.notes:
+        host.log(note)
     api_key = read_secret(name, "api_key_file", settings.api_key_file)
     hf_token = (
         read_secret(name, "hf_token_file", settings.hf_token_file)
         if settings.hf_token_file
         else None
     )
+    tls_key = (read_tls_key(name, settings.front_tls.key_file) if settings.front_tls
+               else None)
     return HostContext(want=want, os=os_info, api_key=api_key, hf_token=hf_token,
-                       by=deployed_by())
+                       by=deployed_by(), platform=platform, driver_adopted=facts.adopt,
+                       tls_key=tls_key)

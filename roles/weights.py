@@ -2,9 +2,21 @@
 
 The fetcher (``files/rigfleet-fetch-weights.py``) does the work on the host: per-repo lock,
 free-disk check, resumable ``snapshot_download`` at the pinned revision, sha256 of every LFS
-file against the hub, manifest written last. The deploy decides whether to run it from the
-manifest (``WeightsManifest``: revision + size/mtime of every file), so a converged host shows
-no change under ``--dry`` and no download or hashing happens on a re-run.
+file against the hub, manifest written last, then the download renamed to the revision's own
+directory (``Layout.weights_dir``: ``<model_dir>/<local_dir>@<revision[:12]>``), which nothing
+writes after. The deploy decides whether to run it from the manifest (``WeightsManifest``:
+revision + size/mtime of every file), so a converged host shows no change under ``--dry`` and
+no download or hashing happens on a re-run.
+
+Before that, in order:
+
+1. **adopt**: weights of before per-revision directories (``<model_dir>/<local_dir>``, with a
+   manifest for revision R) become R's directory by a rename, the old name left as a link for
+   the compose snapshot that still names it; no download, and no swap (the config hash sees
+   the weights by revision, ``rigfleet.compose.config_hash``; docs/converge.md);
+2. **prune**: revision directories, partial downloads and the old link that no compose file on
+   the host names (the staged stacks' files, the active snapshot) and that are not pinned go
+   (``rigfleet.weights.stale_weights``: Genesis trees' rule, keeping no extra revision).
 
 Example::
 
@@ -12,6 +24,8 @@ Example::
 """
 
 from __future__ import annotations
+
+import re
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
@@ -21,7 +35,8 @@ from rigfleet.commands import weights as weights_commands
 from rigfleet.facts import VenvPackageVersion, WeightsManifest, read_fact
 from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
-from roles.ops import Secret, secret_file
+from rigfleet.weights import WeightsDirs, WeightsSpace, stale_weights, weights_space
+from roles.ops import Secret, executing, secret_file
 from roles.preflight import HostContext
 
 
@@ -48,19 +63,101 @@ def fetch_weights(
     local_dir: str,
     token_file: str | None = None,
     endpoint: str | None = None,
+    adopt_from: str | None = None,
 ):
     """Run the fetcher unless the manifest already records this pin and the files match.
 
     + repo, revision: the model pin (revision is a full commit)
-    + local_dir: ``<model_dir>/<local_dir>``
+    + local_dir: the revision's directory (``Layout.weights_dir``)
     + token_file: the host's root-only token file, when a token is configured
     + endpoint: ``HF_ENDPOINT`` (a mirror or the testbed hub), else huggingface.co
+    + adopt_from: the directory ``adopt_weights`` renames to ``local_dir`` first when it holds
+      this pin (then ``--dry`` shows no download: none happens)
     """
     state = read_fact(WeightsManifest, local_dir=local_dir)
     if state.repo == repo and state.revision == revision and state.intact:
         host.noop(f"{repo}@{revision[:12]} verified in {local_dir}")
         return
+    if adopt_from is not None and not executing():
+        old = read_fact(WeightsManifest, local_dir=adopt_from)
+        if old.repo == repo and old.revision == revision and old.intact:
+            host.noop(f"{repo}@{revision[:12]} verified in {adopt_from} (adopted first)")
+            return
     yield weights_commands.fetch(repo, revision, local_dir, token_file, endpoint)
+
+
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+
+
+@operation()
+def adopt_weights(model_dir: str, local_dir: str):
+    """Adopt ``<model_dir>/<local_dir>`` (weights of before per-revision directories) as the
+    directory of the revision its manifest names: renamed, the old name left as a link.
+
+    + model_dir, local_dir: host data ``model_dir``, the pin's ``local_dir``
+    """
+    old = str(HOST.weights_legacy_dir(model_dir, local_dir))
+    dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=local_dir)
+    entry = dirs.entries.get(local_dir)
+    if entry is None or entry.kind != "dir":
+        host.noop(f"{old} links to {entry.target} (adopted)" if entry is not None
+                  else f"no weights in {old} (every revision has its own directory)")
+        return
+    state = read_fact(WeightsManifest, local_dir=old)
+    if state.repo is None or state.revision is None or not _HEX40.fullmatch(state.revision):
+        host.noop(f"{old} has no readable manifest (never verified): left as it is")
+        return
+    new = HOST.weights_dir(model_dir, local_dir, state.revision)
+    if new.name in dirs.entries:
+        host.noop(f"{new} exists: {old} left as it is")
+        return
+    yield weights_commands.adopt(state.repo, state.revision, old, str(new))
+
+
+@operation()
+def prune_weights(model_dir: str, local_dir: str, revision: str, compose_files: tuple[str, ...]):
+    """Remove the revision directories, partial downloads and the old link that neither the
+    pin nor any compose file on the host names (``rigfleet.weights.stale_weights``).
+
+    + model_dir, local_dir, revision: host data ``model_dir`` and the model pin
+    + compose_files: every compose file on the host (the staged stacks', the active snapshot)
+    """
+    dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=local_dir,
+                     compose_files=compose_files)
+    names = stale_weights(dirs, local_dir, revision)
+    if not names:
+        host.noop(f"no stale weights in {model_dir}")
+        return
+    yield weights_commands.remove([f"{model_dir.rstrip('/')}/{n}" for n in names])
+
+
+def compose_files(ctx: HostContext) -> tuple[str, ...]:
+    """Every compose file on the host that may mount a revision: the staged stacks' (what may
+    run next) and the active snapshot (what a rollback restarts)."""
+    return (*(f for _, f in ctx.want.projects), str(HOST.active_compose))
+
+
+def weights_disk(ctx: HostContext) -> WeightsSpace:
+    """What the weights keep on this host after pruning and what the pinned revision still
+    needs (``rigfleet.weights.weights_space``), for a disk check before anything changes.
+
+    **Example:**
+
+    .. code:: python
+
+        space = weights_disk(ctx)
+        space.kept, space.need      # bytes; need is None when it cannot be estimated
+    """
+    model, model_dir = ctx.pins.model, ctx.settings.model_dir
+    dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=model.local_dir,
+                     compose_files=compose_files(ctx))
+    old = dirs.entries.get(model.local_dir)
+    old_revision = None
+    if old is not None and old.kind == "dir":
+        old_revision = read_fact(WeightsManifest,
+                                 local_dir=str(HOST.weights_legacy_dir(model_dir,
+                                                                       model.local_dir))).revision
+    return weights_space(dirs, model.local_dir, model.revision, old_revision=old_revision)
 
 
 @deploy("Model weights")
@@ -98,6 +195,19 @@ def weights(ctx: HostContext) -> None:
             content=Secret(ctx.hf_token.reveal() + "\n"),
         )
     model = ctx.pins.model
+    model_dir = ctx.settings.model_dir
+    adopt_weights(
+        name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",
+        model_dir=model_dir,
+        local_dir=model.local_dir,
+    )
+    prune_weights(
+        name=f"Prune model revisions no compose file names ({model_dir})",
+        model_dir=model_dir,
+        local_dir=model.local_dir,
+        revision=model.revision,
+        compose_files=compose_files(ctx),
+    )
     fetch_weights(
         name=f"Fetch and verify {model.repo}@{model.revision[:12]}",
         repo=model.repo,
@@ -105,4 +215,5 @@ def weights(ctx: HostContext) -> None:
         local_dir=ctx.want.model_path,
         token_file=token_file,
         endpoint=ctx.settings.hf_endpoint,
+        adopt_from=str(HOST.weights_legacy_dir(model_dir, model.local_dir)),
     )

@@ -18,6 +18,7 @@ Modules (control side; nothing here runs on a host except through SSH or pyinfra
 - ``plan``       pure: hosts, canary, batches, the pins pair per stack; what ``--dry`` prints
 - ``rollout``    the batches: ``pyinfra ... --limit`` per batch, each host's outcome read back
 - ``record``     pure: the pins file after a rollout (``hosts:`` section, history entry)
+- ``journal``    the plan and each host's outcome beside the pins file until it records them
 - ``images``     keep the previous image, prune older ones, ``docker save`` to a directory
 - ``mirror``     copy the promoted image into a mirror registry, digest unchanged
 - ``cli``        ``add_parser`` + ``run`` for the ``rigfleet`` console script

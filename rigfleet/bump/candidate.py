@@ -1,34 +1,44 @@
 """The candidate image, from the registry's v2 API: its tag, manifest digest and build time.
 
-vLLM publishes ``vllm/vllm-openai:nightly-<40-hex commit>`` per build (multi-arch indexes on
-Docker Hub); the moving ``nightly`` tag pins nothing, so a candidate is always one of the
-commit tags, pinned by the manifest digest the registry reports now. ``--latest`` means the
-newest of those by the image config's ``created`` time (tags carry no order; Hub keeps ~14)::
+vLLM publishes release tags ``vllm/vllm-openai:vX.Y.Z`` (kept) and a ``nightly-<40-hex>`` tag
+per build (Docker Hub keeps only the 14 newest); moving tags (``nightly``, ``latest``) pin
+nothing. What ``--latest`` means depends on the stack:
+
+- a stack follows **releases** (``follows_nightlies`` is False): the newest ``vX.Y.Z`` tag above
+  the pinned version, ordered by version (``newest_release``), never by push time; a Genesis
+  stack only takes a release some Genesis commit (pinned or newer) lists;
+- a Genesis stack whose pinned Genesis allowlist names no release (only nightly builds) follows
+  **nightlies**: the newest ``nightly-<40-hex>`` by the image config's ``created`` time::
 
     reg = ImageRegistry("https://registry-1.docker.io")
-    cand = find_candidate(reg, "vllm/vllm-openai", tag="nightly-3f9c2a7e5b1d...")
-    cand.ref            # "vllm/vllm-openai:nightly-3f9c...@sha256:..."
-    latest = find_candidate(reg, "vllm/vllm-openai", latest=True)
+    cand = find_candidate(reg, "vllm/vllm-openai", tag="v0.27.1")
+    cand.ref            # "vllm/vllm-openai:v0.27.1@sha256:..."
+    newest_release(reg.tags("vllm/vllm-openai"), above="0.27.1")    # "v0.32.0"
+    latest = find_candidate(reg, "vllm/vllm-openai", latest=True)   # the newest nightly
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from rigfleet.registry import MANIFEST_TYPES, Registry, RegistryError
-
-NIGHTLY_TAG = re.compile(r"nightly-(?P<sha>[0-9a-f]{40})")
-INDEX_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
+from rigfleet.errors import RigfleetError
+from rigfleet.registry import (
+    INDEX_TYPES,
+    Registry,
+    RegistryError,
+    platform_manifest,
 )
-# The rigs are x86_64 boxes with RTX 3090s.
-PLATFORM = ("linux", "amd64")
+from rigfleet.vllm_versions import NIGHTLY_TAG, RELEASE_TAG, is_release, version_key
+
+__all__ = ["INDEX_TYPES", "NIGHTLY_TAG", "RELEASE_TAG", "Candidate", "ImageRegistry",
+           "find_candidate", "is_release", "platform_manifest", "version_key"]
+
+
+class LatestError(RigfleetError, ValueError):
+    """``--latest`` cannot pick one candidate for the bumped stacks; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -36,9 +46,10 @@ class Candidate:
     """One image the fleet could move to."""
 
     repository: str  # vllm/vllm-openai
-    tag: str  # nightly-<40-hex>
+    tag: str  # nightly-<40-hex> or vX.Y.Z
     digest: str  # sha256:<64-hex>, what the tag points at in the registry now
     created: str | None = None  # the image config's build time (RFC 3339), when read
+    image_id: str | None = None  # the linux/amd64 config digest (what the pins record)
 
     @property
     def image(self) -> str:
@@ -57,51 +68,99 @@ class Candidate:
 
 
 class ImageRegistry(Registry):
-    """``Registry`` plus manifests and blobs (enough to read an image's config)."""
-
-    def manifest(self, repo: str, reference: str) -> tuple[dict[str, Any], str, str]:
-        """(manifest JSON, media type, digest) of ``repo:reference`` (tag or digest)."""
-        headers, body = self._request("GET", f"/v2/{repo}/manifests/{reference}", repo, MANIFEST_TYPES)
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise RegistryError(f"{repo}:{reference}: manifest is not JSON") from None
-        media = doc.get("mediaType") or headers.get("content-type", "").split(";")[0]
-        digest = headers.get("docker-content-digest") or (
-            "sha256:" + hashlib.sha256(body).hexdigest()
-        )
-        return doc, media, digest
-
-    def blob(self, repo: str, digest: str) -> bytes:
-        """A blob's bytes, checked against its digest."""
-        _, body = self._request("GET", f"/v2/{repo}/blobs/{digest}", repo)
-        if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
-            raise RegistryError(f"{repo}@{digest}: blob content does not match its digest")
-        return body
-
-    def image_config(self, repo: str, reference: str) -> dict[str, Any]:
-        """The image config (``created``, ``config.Env``, ...) for linux/amd64."""
-        doc, media, _ = self.manifest(repo, reference)
-        if media in INDEX_TYPES or "manifests" in doc:
-            doc = self.manifest(repo, platform_manifest(doc, f"{repo}:{reference}"))[0]
-        config = (doc.get("config") or {}).get("digest")
-        if not config:
-            raise RegistryError(f"{repo}:{reference}: manifest has no config blob")
-        return json.loads(self.blob(repo, config))
-
-
-def platform_manifest(index: dict[str, Any], what: str) -> str:
-    """The linux/amd64 manifest digest of an image index (``what`` names it in errors)."""
-    for entry in index.get("manifests") or []:
-        p = entry.get("platform") or {}
-        if (p.get("os"), p.get("architecture")) == PLATFORM:
-            return str(entry["digest"])
-    raise RegistryError(f"{what}: no {'/'.join(PLATFORM)} image in the index")
+    """The registry client as the bump names it (``rigfleet.registry.Registry``; the mirror
+    copy extends it)."""
 
 
 def nightly_tags(tags: Iterable[str]) -> list[str]:
     """Only the immutable per-commit nightly tags (``nightly-<40-hex>``), sorted."""
     return sorted(t for t in tags if NIGHTLY_TAG.fullmatch(t))
+
+
+def release_tags(tags: Iterable[str]) -> list[str]:
+    """The ``vX.Y.Z`` release tags, oldest version first (by version, not by push time)."""
+    found = [t for t in set(tags) if RELEASE_TAG.fullmatch(t)]
+    return sorted(found, key=lambda t: version_key(t) or ((), 0, 0))
+
+
+def newest_release(tags: Iterable[str], above: str,
+                   allowed: Iterable[str] | None = None) -> str | None:
+    """The newest release tag whose version is above ``above`` (and in ``allowed``, when
+    given: a Genesis allowlist); None when there is none.
+
+    + tags: the repository's tags; above: the pinned version (``0.27.1``, a nightly's version)
+    + allowed: versions some Genesis commit lists (None: any release)
+    """
+    floor = version_key(above)
+    ok = None if allowed is None else set(allowed)
+    for tag in reversed(release_tags(tags)):
+        version = tag[1:]
+        key = version_key(version)
+        if floor is not None and key is not None and key <= floor:
+            return None
+        if ok is None or version in ok:
+            return tag
+    return None
+
+
+def follows_nightlies(uses_genesis: bool, allowlist: Iterable[str] | None) -> bool:
+    """A stack follows nightly builds only when its Genesis requires them: it uses Genesis and
+    the pinned Genesis' allowlist names no release version (all its entries are dev builds)."""
+    if not uses_genesis or allowlist is None:
+        return False
+    return not any(is_release(v) for v in allowlist)
+
+
+@dataclass(frozen=True)
+class LatestAsk:
+    """What ``--latest`` knows about one bumped stack (``choose_latest`` decides).
+
+    + pinned: the stack's pinned vLLM version; nightly: it follows nightlies
+    + target: for a release stack, ``newest_release`` for it (None: it is on the newest one)
+    """
+
+    pinned: str
+    nightly: bool
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class LatestChoice:
+    """``--latest``: one kind and one release tag (None: the newest nightly), the stacks it
+    moves, and why the others stay."""
+
+    nightly: bool
+    tag: str | None
+    stacks: tuple[str, ...]
+    staying: Mapping[str, str]
+
+
+def choose_latest(asks: Mapping[str, LatestAsk]) -> LatestChoice:
+    """One candidate for every bumped stack, or ``LatestError`` saying why not (pure).
+
+    Stacks that follow nightlies and stacks that follow releases need different candidates;
+    release stacks already on their newest release stay (``staying``); release stacks whose
+    newest releases differ (a Genesis allowlist stops one lower) need separate bumps.
+    """
+    nightly = sorted(n for n, a in asks.items() if a.nightly)
+    release = sorted(n for n, a in asks.items() if not a.nightly)
+    if nightly and release:
+        raise LatestError(
+            f"--latest: {', '.join(nightly)} follow(s) nightly builds (the pinned Genesis "
+            f"allowlist lists only nightlies) but {', '.join(release)} follow(s) releases; "
+            "bump them one at a time with --stack"
+        )
+    if nightly:
+        return LatestChoice(True, None, tuple(nightly), {})
+    staying = {n: f"already on the newest release it may take (vLLM {asks[n].pinned})"
+               for n in release if asks[n].target is None}
+    targets = {n: str(asks[n].target) for n in release if asks[n].target is not None}
+    if len(set(targets.values())) > 1:
+        listed = ", ".join(f"{n} -> {t}" for n, t in sorted(targets.items()))
+        raise LatestError(f"--latest: the stacks' newest releases differ ({listed}); bump "
+                            "them one at a time with --stack")
+    tag = next(iter(targets.values()), None)
+    return LatestChoice(False, tag, tuple(sorted(targets)), staying)
 
 
 def newest(candidates: Iterable[Candidate]) -> Candidate:
@@ -118,21 +177,22 @@ def _normalise(created: str) -> str:
 
 
 def find_candidate(
-    reg: ImageRegistry, repository: str, tag: str | None = None, latest: bool = False
+    reg: Registry, repository: str, tag: str | None = None, latest: bool = False
 ) -> Candidate:
-    """Resolve ``--image TAG`` or ``--latest`` to a ``Candidate`` (digest + build time).
+    """Resolve ``--image TAG``, or the newest nightly (``latest``), to a ``Candidate``.
 
     + reg: the registry (Docker Hub, or the testbed mirror)
     + repository: ``vllm/vllm-openai``
-    + tag: the tag to bump to (``nightly-<40-hex>`` or a release tag such as ``v0.20.1``)
-    + latest: pick the newest ``nightly-<40-hex>`` instead
+    + tag: the tag to bump to (``nightly-<40-hex>`` or a release tag such as ``v0.27.1``)
+    + latest: pick the newest ``nightly-<40-hex>`` (by build time) instead
 
     Raises ``RegistryError`` naming the tag and registry when it cannot be found.
     """
     if latest:
         tags = nightly_tags(reg.tags(repository))
         if not tags:
-            raise RegistryError(f"{reg.base_url}: {repository} has no nightly-<commit> tags")
+            raise RegistryError(f"registry {reg.where}: {repository} has no nightly-<commit> "
+                                "tags")
         found = []
         for t in tags:
             try:
@@ -145,10 +205,11 @@ def find_candidate(
     return _candidate(reg, repository, tag)
 
 
-def _candidate(reg: ImageRegistry, repository: str, tag: str) -> Candidate:
+def _candidate(reg: Registry, repository: str, tag: str) -> Candidate:
     digest = reg.digest(repository, tag)
-    created = reg.image_config(repository, digest).get("created")
-    return Candidate(repository, tag, digest, str(created) if created else None)
+    found = reg.resolve(repository, digest)
+    created = json.loads(reg.blob(repository, found.image_id)).get("created")
+    return Candidate(repository, tag, digest, str(created) if created else None, found.image_id)
 
 
 def parse_image_arg(value: str, default_repository: str) -> tuple[str, str]:

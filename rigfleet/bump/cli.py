@@ -6,16 +6,23 @@
     rigfleet bump ... --batch-size 2 --max-failures 1 --save-dir /srv/images \
         --push-mirror registry.lan:5000
 
-Steps: resolve the candidate in the registry (tag -> digest; ``--latest``: newest nightly by
-build time), check who is reachable, read the candidate's vLLM version on the canary, check
+Steps: resolve the candidate in the registry (tag -> digest; ``--latest``: the newest release
+tag ``vX.Y.Z`` above the pinned version, by version order; only a Genesis stack whose pinned
+Genesis allowlist lists nothing but nightly builds follows the newest nightly, by build
+time), check who is reachable, read the candidate's vLLM version on the canary, check
 it against Genesis' allowlist (or find a newer Genesis commit that lists it, else refuse
 before any host changes), print the plan, then roll out batch by batch through the deploy's
 swap gate, prune old images, keep a copy of the promoted one if asked, and write the pins
 file for what actually promoted.
 
+An interrupted bump (Ctrl-C, the control machine gone) leaves its journal beside the pins
+file (``rigfleet/bump/journal.py``, docs/bump.md): converges keep the hosts it promoted there,
+any later ``rigfleet bump`` finishes it, ``rigfleet bump --abandon`` records it and stops.
+
 Exit status: 0 every host promoted; 1 refused, or a host failed (canary, gate, lost);
 2 promoted on every reachable host but some were unreachable (the pins file records them on
-their old pins); 3 the inventory, the pins file or the registry could not be read.
+their old pins); 3 the inventory, the pins file or the registry could not be read;
+130 interrupted (the journal says what it did).
 
 Inventory data (group ``all``) may set ``bump_registry`` (registry v2 URL, default Docker
 Hub), ``bump_genesis_url`` (where this machine fetches Genesis when the pinned URL is not
@@ -42,28 +49,48 @@ from rich.console import Console
 from rich.table import Table
 
 from rigfleet.bump import images
-from rigfleet.bump.candidate import Candidate, ImageRegistry, find_candidate, parse_image_arg
+from rigfleet.bump.candidate import (
+    Candidate,
+    ImageRegistry,
+    LatestAsk,
+    choose_latest,
+    find_candidate,
+    follows_nightlies,
+    newest_release,
+    parse_image_arg,
+)
 from rigfleet.bump.genesis import (
     GenesisChoice,
     GenesisRefused,
     GenesisRepo,
+    check_switches,
     choose_genesis,
     infer_version,
     refusal,
 )
+from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
 from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.plan import Plan, PlanHost, build_plan, pairs
 from rigfleet.bump.record import outcome_of, pins_after
-from rigfleet.bump.rollout import PyinfraRunner, RolloutResult, Status, rollout
+from rigfleet.bump.rollout import (
+    HostFacts,
+    HostOutcome,
+    PyinfraRunner,
+    Resume,
+    RolloutResult,
+    Status,
+    StillRunning,
+    rollout,
+)
 from rigfleet.bump.version import VersionProbe, read_version, remove_image
 from rigfleet.catalog import Catalog
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
-from rigfleet.hostdata import validate_host
+from rigfleet.genesis import StackUse
+from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, load_inventory
 from rigfleet.pins import (
-    GenesisPin,
     Pins,
     PinsError,
     StackPins,
@@ -100,7 +127,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     which.add_argument("--image", metavar="TAG",
                        help="tag to bump to: nightly-<40-hex>, <40-hex> or <repo>:<tag>")
     which.add_argument("--latest", action="store_true",
-                       help="the newest nightly-<40-hex> tag (by image build time)")
+                       help="the newest vX.Y.Z release above the pinned one (by version; for a "
+                            "Genesis stack one its Genesis lists); a Genesis stack whose "
+                            "allowlist lists only nightlies: the newest nightly (by build time)")
     p.add_argument("--genesis", metavar="COMMIT",
                    help="pin this Genesis commit (default: keep the pin, or propose a newer "
                         "commit when the pin does not list the candidate's vLLM)")
@@ -127,6 +156,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dry", action="store_true", help="print the plan; change nothing")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask before rolling out")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    add_journal_arguments(p)
     p.set_defaults(func=run)
     return p
 
@@ -159,11 +189,12 @@ class Inputs:
     catalog: Catalog
 
 
-def load_inputs(opts: BumpOptions) -> Inputs:
-    """Inventory, every host's data, the one pins file they share."""
-    hosts = load_inventory(opts.inventory)
+def load_fleet(inventory: str, deploy: str) -> tuple[list[InventoryHost], list[PlanHost],
+                                                   str, HostSettings]:
+    """Inventory hosts, their plan view, the one pins file they share, the first's settings."""
+    hosts = load_inventory(inventory)
     if not hosts:
-        raise BumpError(f"{opts.inventory}: no hosts")
+        raise BumpError(f"{inventory}: no hosts")
     plan_hosts: list[PlanHost] = []
     paths: dict[str, list[str]] = {}
     first = None
@@ -171,13 +202,19 @@ def load_inputs(opts: BumpOptions) -> Inputs:
         settings = validate_host(h.name, h.data)
         first = first or settings
         plan_hosts.append(PlanHost(h.name, settings.stack, tuple(h.groups)))
-        path = str(resolve_pins_path(settings.pins_file, Path(opts.deploy).resolve().parent))
+        path = str(resolve_pins_path(settings.pins_file, Path(deploy).resolve().parent))
         paths.setdefault(path, []).append(h.name)
     if len(paths) != 1:
         listed = "; ".join(f"{p}: {', '.join(n)}" for p, n in paths.items())
         raise BumpError(f"hosts name different pins files ({listed}); bump one fleet at a time")
     assert first is not None
-    pins = load_pins(next(iter(paths)), catalog=first.catalog)
+    return hosts, plan_hosts, next(iter(paths)), first
+
+
+def load_inputs(opts: BumpOptions) -> Inputs:
+    """Inventory, every host's data, the one pins file they share."""
+    hosts, plan_hosts, path, first = load_fleet(opts.inventory, opts.deploy)
+    pins = load_pins(path, catalog=first.catalog)
     registry = opts.registry or first.bump.registry or DOCKER_HUB
     genesis_url = opts.genesis_url or first.bump.genesis_url
     mirror = opts.push_mirror or first.bump.mirror
@@ -213,10 +250,12 @@ def new_stack_pins(
     for name in names:
         p = pins.stacks[name]
         if candidate is not None:
+            # The candidate's own image id: the old one would fail the hosts' verification.
             p = replace(p, image=candidate.image, digest=candidate.digest,
+                        image_id=candidate.image_id,
                         vllm_version=version or p.vllm_version)  # fmt: skip
         if name in genesis and p.genesis is not None:
-            p = replace(p, genesis=GenesisPin(p.genesis.repo, genesis[name].commit))
+            p = replace(p, genesis=genesis[name].pin(p.genesis.repo))
         out[name] = p
     # Round-trip through the pins validator (tag vs version's +g<commit>, digest form, ...).
     trial = replace(pins, stacks={**pins.stacks, **out})
@@ -229,6 +268,9 @@ def new_stack_pins(
 
 def run(args: argparse.Namespace) -> int:
     """``rigfleet bump``; returns the exit status (see the module docstring)."""
+    unfinished = run_journal(args)
+    if unfinished is not None:
+        return unfinished
     try:
         opts = BumpOptions.from_args(args)
     except ValueError as e:
@@ -256,16 +298,24 @@ def run(args: argparse.Namespace) -> int:
 def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     pins = inputs.pins
     candidate: Candidate | None = None
+    names: list[str] | None = None
+    genesis_repos: dict[str, GenesisRepo] = {}
     if opts.image or opts.latest:
         repos = {p.repository for p in pins.stacks.values()}
         default_repo = sorted(repos)[0] if len(repos) == 1 else "vllm/vllm-openai"
         repository, tag = parse_image_arg(opts.image or "", default_repo)
         reg = ImageRegistry(inputs.registry)
-        _log(f"registry {inputs.registry}: resolving "
-             f"{'the newest nightly of ' + repository if opts.latest else f'{repository}:{tag}'}")
-        candidate = find_candidate(reg, repository, None if opts.latest else tag, opts.latest)
+        if opts.latest:
+            candidate, names = _latest(opts, inputs, pins, reg, repository, genesis_repos)
+            if candidate is None:
+                _log("every bumped stack is on the newest release it may take; nothing to do")
+                return EXIT_OK
+        else:
+            _log(f"registry {inputs.registry}: resolving {repository}:{tag}")
+            candidate = find_candidate(reg, repository, tag)
         _log(f"candidate {candidate.image} {candidate.digest} built {candidate.created or '?'}")
-    names = bumped_stacks(opts, pins, candidate.repository if candidate else None)
+    if names is None:
+        names = bumped_stacks(opts, pins, candidate.repository if candidate else None)
 
     unreachable = reachability(remote, inputs.hosts)
     for name, reason in unreachable.items():
@@ -276,7 +326,8 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     # The canary reads the candidate's version; a provisional plan picks it (the version
     # changes nothing in who goes first).
     provisional = {
-        n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest)
+        n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest,
+                   image_id=candidate.image_id)
         if candidate else pins.stacks[n]
         for n in names
     }
@@ -297,7 +348,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
 
     try:
         plan, genesis, probe = _decide(opts, inputs, pins, names, candidate, probe, unreachable,
-                                       provisional)  # fmt: skip
+                                       provisional, genesis_repos)  # fmt: skip
     except BaseException:
         if probe.pulled and probe_host is not None and candidate is not None:
             remove_image(remote, probe_host, candidate)  # leave the canary as it was found
@@ -323,9 +374,10 @@ def _decide(
     probe: VersionProbe,
     unreachable: dict[str, str | None],
     provisional: dict[str, StackPins],
+    repos: dict[str, GenesisRepo] | None = None,
 ) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
     """The Genesis pairs and the final plan (raises ``GenesisRefused``, ``PinsError``)."""
-    repos: dict[str, GenesisRepo] = {}
+    repos = {} if repos is None else repos
     version = probe.version if candidate is not None else None
     inferred = False
     if candidate is not None and version is None and candidate.commit:
@@ -348,6 +400,51 @@ def _decide(
     plan = build_plan(inputs.plan_hosts, unreachable, pins, new, opts.batch_size,
                       opts.max_failures)  # fmt: skip
     return plan, genesis, probe
+
+
+def _latest(
+    opts: BumpOptions,
+    inputs: Inputs,
+    pins: Pins,
+    reg: ImageRegistry,
+    repository: str,
+    repos: dict[str, GenesisRepo],
+) -> tuple[Candidate | None, list[str]]:
+    """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks.
+
+    A stack follows releases (the newest ``vX.Y.Z`` above its pinned version, by version; a
+    Genesis stack only one that its Genesis, pinned or newer, lists) unless it uses Genesis and
+    the pinned Genesis' allowlist lists no release: then the newest nightly (by build time).
+    """
+    names = bumped_stacks(opts, pins, repository)
+    _log(f"registry {inputs.registry}: listing the tags of {repository}")
+    tags = reg.tags(repository)
+    asks: dict[str, LatestAsk] = {}
+    for name in names:
+        p = pins.stacks[name]
+        allowlist: tuple[str, ...] | None = None
+        allowed: set[str] | None = None
+        if p.genesis is not None:
+            repo = _repo(inputs, p.genesis.repo, repos)
+            pinned = repo.commit(repo.resolve(p.genesis.commit))
+            allowlist = pinned.allowlist
+            allowed = set(allowlist)
+            for sha in repo.newer(pinned.sha):
+                allowed |= set(repo.commit(sha).allowlist)
+        nightly = follows_nightlies(p.genesis is not None, allowlist)
+        target = None if nightly else newest_release(tags, p.vllm_version, allowed)
+        asks[name] = LatestAsk(p.vllm_version, nightly, target)
+    choice = choose_latest(asks)
+    for name, why in choice.staying.items():
+        _log(f"{name}: {why}; not bumped")
+    if choice.nightly:
+        _log(f"{', '.join(choice.stacks)}: the pinned Genesis lists only nightly builds; "
+             f"resolving the newest nightly of {repository} (by build time)")
+        return find_candidate(reg, repository, latest=True), list(choice.stacks)
+    if choice.tag is None:
+        return None, []
+    _log(f"{', '.join(choice.stacks)}: newest release above the pin: {choice.tag}")
+    return find_candidate(reg, repository, tag=choice.tag), list(choice.stacks)
 
 
 def _genesis_stacks(pins: Pins, names: list[str]) -> list[str]:
@@ -379,7 +476,7 @@ def _infer_version(
         checked = [repo.commit(repo.resolve(g.commit))]
         checked += [repo.commit(sha) for sha in repo.newer(checked[0].sha)]
         raise GenesisRefused(refusal(f"<any build of {commit[:9]}> (not pulled in --dry)",
-                                     checked, branch=repo.default_branch()))  # fmt: skip
+                                     checked))  # fmt: skip
     return None
 
 
@@ -409,8 +506,26 @@ def _genesis_choices(
             _log(f"[yellow]warning:[/yellow] Genesis {choice.label} does not list the vLLM "
                  f"the fleet runs now ({p.vllm_version}); a host that rolls back runs it "
                  "against the new checkout")  # fmt: skip
+        check_switches(repo, choice.pin(p.genesis.repo), _genesis_uses(inputs, name, choice),
+                       stack=name)  # fmt: skip
         out[name] = choice
     return out
+
+
+def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str, StackUse]:
+    """The stack's Genesis use per its stack file (key ``""``) and on each host whose
+    ``extra_env`` adds to it, with the chosen commit's switch set."""
+    spec = inputs.catalog.get(stack)
+    layout = choice.layout or "v7"
+    try:
+        uses = {"": StackUse.of(spec, layout)}
+        for h in inputs.hosts:
+            extra = validate_host(h.name, h.data).env_for(stack)
+            if extra:
+                uses[h.name] = StackUse.of(spec, layout, extra)
+    except ValueError as e:
+        raise GenesisRefused(f"{e}; refusing before any host changes") from None
+    return uses
 
 
 def _confirm() -> bool:
@@ -465,10 +580,12 @@ def _execute(
     candidate: Candidate | None,
     version: str,
     genesis: dict[str, GenesisChoice],
+    journal: BumpJournal | None = None,
 ) -> int:
     real = Path(plan.pins.path)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = REPO_ROOT / "reports" / "bumps" / stamp
+    journal = journal or start_journal(plan, candidate, version, f"{stamp}-{os.getpid()}")
     cand_path = real.with_name(f".{real.name}.bump-{os.getpid()}.yaml")
     cand_path.write_text(
         "# Candidate pins of a running `rigfleet bump`; removed when it ends.\n"
@@ -484,12 +601,17 @@ def _execute(
             def on_line(line: str) -> None:
                 status.update(f"[{time.monotonic() - t0:5.0f}s] {line[:110]}")
 
-            result = rollout(plan, runner, cand_path, on_event=_log, on_line=on_line)
+            result = rollout(plan, runner, cand_path, on_event=_log, on_line=on_line,
+                             journal=journal, resume=resume_of(journal))
+    except (StillRunning, KeyboardInterrupt) as e:
+        return interrupted(journal, e, opts.inventory)
     finally:
         cand_path.unlink(missing_ok=True)
     extra = _keep_images(opts, remote, by_name, plan, result, candidate, version,
                          inputs.registry, inputs.mirror)
+    extra["bump_id"] = journal.id
     saved_pins = _record(plan, result, extra)
+    end_journal(journal, result, saved_pins)
     _restore(runner, result, Path(plan.pins.path))
     _print_result(result, log_dir)
     summary = {
@@ -645,6 +767,222 @@ def _exit_status(result: RolloutResult) -> int:
         console.print(f"[yellow]promoted, but skipped unreachable host(s): {names}[/yellow]")
         return EXIT_SKIPPED
     return EXIT_OK
+
+
+# --- interrupted bumps (the journal: rigfleet/bump/journal.py) ------------------------------
+
+EXIT_INTERRUPTED = 130
+
+
+def add_journal_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags about an unfinished bump (``add_parser`` calls this)."""
+    p.add_argument("--abandon", action="store_true",
+                   help="an unfinished bump's journal is beside the pins file: record what it "
+                        "promoted in the pins file (as it is now), roll nothing more out, "
+                        "remove the journal")
+
+
+def run_journal(args: argparse.Namespace) -> int | None:
+    """An unfinished bump beside the pins file: finish it (any ``rigfleet bump`` does, unless it
+    asks for another candidate: refused), ``--abandon`` it, or wait for the one that runs; None
+    when there is none (a finished bump's left-over journal is removed first)."""
+    abandon = bool(getattr(args, "abandon", False))
+    try:
+        hosts, _, path, first = load_fleet(args.inventory, args.deploy)
+        pins = load_pins(path, catalog=first.catalog)
+        journal = load_journal(pins, first.catalog)
+    except (RigfleetError, ValueError, RuntimeError) as e:
+        if not abandon:
+            return None  # the bump's own input checks say what is wrong
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_ERROR
+    if journal is None or journal.state == "finished":
+        if journal is not None:
+            journal.remove()
+            _log(f"removed {journal.path}: {journal.id} had finished (pins serial {pins.serial})")
+        if abandon:
+            console.print(f"[red]error:[/red] --abandon: no unfinished bump "
+                          f"({journal_path(path)} does not exist)")
+            return EXIT_ERROR
+        return None
+    pid = journal.owner.get("pid")
+    if journal.owner.get("host") == socket.gethostname() and isinstance(pid, int) \
+            and pid != os.getpid() and _alive(pid):
+        console.print(f"[red]refused:[/red] {journal.describe()} is running now (pid {pid}); "
+                      "wait for it to end")
+        return EXIT_FAILED
+    if abandon:
+        return _abandon(args, journal, pins, hosts)
+    if journal.state == "stale":
+        console.print(f"[red]refused:[/red] {pins.path} is at serial {pins.serial}, but "
+                      f"{journal.describe()} started from serial {journal.base_serial}: it "
+                      f"cannot be finished over another pins file. Run `rigfleet bump "
+                      f"--inventory {args.inventory} --abandon` to record what it promoted")
+        return EXIT_FAILED
+    other = _other_target(args, journal)
+    if other:
+        console.print(f"[red]refused:[/red] {journal.describe()} is unfinished; {other}. Run "
+                      f"`rigfleet bump --inventory {args.inventory}` to finish it, or add "
+                      "--abandon to record what it promoted and stop; then bump again")
+        return EXIT_FAILED
+    return _resume(args, journal)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
+    """Why the command line asks for another bump than the journal's, or None."""
+    cand = journal.candidate
+    if args.image:
+        default = cand["repository"] if cand else "vllm/vllm-openai"
+        repository, tag = parse_image_arg(args.image, default)
+        if cand is None or (repository, tag) != (cand["repository"], cand["tag"]):
+            had = f"{cand['repository']}:{cand['tag']}" if cand else "no image"
+            return f"--image {args.image} is not its candidate ({had})"
+    if args.genesis:
+        commits = {p.genesis.commit for p in journal.new_stacks.values() if p.genesis}
+        if not any(c.startswith(args.genesis) for c in commits):
+            return f"--genesis {args.genesis} is not its Genesis ({', '.join(sorted(commits))})"
+    if args.stack and set(args.stack) != set(journal.new_stacks):
+        return f"--stack {' '.join(args.stack)} are not its stacks ({', '.join(journal.new_stacks)})"
+    if args.latest:
+        _log(f"--latest: finishing {journal.describe()} first (not resolved again)")
+    return None
+
+
+def _resume_options(args: argparse.Namespace, journal: BumpJournal) -> BumpOptions:
+    cand = journal.candidate
+    genesis = next((p.genesis.commit for p in journal.new_stacks.values() if p.genesis), None)
+    return BumpOptions(
+        inventory=args.inventory, deploy=args.deploy,
+        image=f"{cand['repository']}:{cand['tag']}" if cand else None,
+        genesis=None if cand else genesis, stacks=tuple(journal.new_stacks),
+        batch_size=journal.batch_size, max_failures=journal.max_failures,
+        registry=args.registry, genesis_url=args.genesis_url, push_mirror=args.push_mirror,
+        save_dir=args.save_dir, no_prune=args.no_prune, dry=args.dry, yes=args.yes,
+        json=args.json,
+    )  # fmt: skip
+
+
+def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
+    """Finish the journal's plan: its outcomes stand, what was deploying is read from the hosts,
+    the remaining batches run; then the pins file is written and the journal removed."""
+    try:
+        opts = _resume_options(args, journal)
+        inputs = load_inputs(opts)
+    except (RigfleetError, ValueError, RuntimeError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_ERROR
+    known = {h.name for h in inputs.hosts}
+    missing = [h.name for h in journal.hosts if h.name not in known]
+    if missing:
+        console.print(f"[red]refused:[/red] {journal.describe()} covers {', '.join(missing)}, "
+                      f"which {opts.inventory} no longer lists; add them back, or --abandon")
+        return EXIT_FAILED
+    _log(f"resuming {journal.describe()}")
+    print_journal(journal)
+    if opts.dry:
+        return EXIT_OK
+    if not opts.yes and not _confirm():
+        _log(f"not confirmed; nothing changed ({journal.path} is kept)")
+        return EXIT_FAILED
+    journal.take_over()
+    cand = journal.candidate
+    candidate = Candidate(cand["repository"], cand["tag"], cand["digest"],
+                          cand.get("created")) if cand else None  # fmt: skip
+    return _execute(opts, inputs, SshRemote(), journal.plan(inputs.pins), candidate,
+                    journal.version, {}, journal=journal)
+
+
+def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
+             hosts: list[InventoryHost]) -> int:
+    """Record what the journal's bump did (what was deploying read from the hosts) into the
+    pins file as it is now, start nothing, remove the journal."""
+    by_name = {h.name: h for h in hosts}
+    plan = journal.plan(pins)
+    runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy=args.deploy)
+    resume = resume_of(journal)
+    lost = {h: f for h, f in resume.in_flight.items() if h not in by_name}
+    in_flight = {h: f for h, f in resume.in_flight.items() if h in by_name}
+    done = {**resume.done, **{h: HostOutcome(h, Status.LOST, None, None, "not in the "
+                                             "inventory any more") for h in lost}}
+    journal.take_over()
+    try:
+        result = rollout(plan, runner, Path(pins.path), on_event=_log, journal=journal,
+                         resume=Resume(done, in_flight, stop=f"abandoned by {_by()}"))
+    except StillRunning as e:
+        return interrupted(journal, e, args.inventory)
+    saved = _record(plan, result, {"bump_id": journal.id, "abandoned": True})
+    print_journal(journal)
+    end_journal(journal, result, saved)
+    return EXIT_OK if saved is not None or outcome_of(result) == "failed" else EXIT_FAILED
+
+
+def start_journal(plan: Plan, candidate: Candidate | None, version: str,
+                  journal_id: str) -> BumpJournal:
+    """The journal of a bump about to roll out (written before any host changes)."""
+    cand = None if candidate is None else {
+        "repository": candidate.repository, "tag": candidate.tag, "digest": candidate.digest,
+        "created": candidate.created}  # fmt: skip
+    journal = BumpJournal.start(plan, journal_id, _by(), cand, version)
+    _log(f"journal {journal.path} (kept until the pins file records this bump)")
+    return journal
+
+
+def resume_of(journal: BumpJournal) -> Resume:
+    """What the journal's rollout already did, for ``rollout(..., resume=...)``."""
+    before = (journal.deploying or {}).get("before") or {}
+    return Resume(
+        done={h: HostOutcome.from_record(h, o) for h, o in journal.outcomes.items()},
+        in_flight={h: HostFacts.from_record(before.get(h)) for h in journal.in_flight},
+    )
+
+
+def end_journal(journal: BumpJournal, result: RolloutResult, saved: Pins | None) -> None:
+    """Remove the journal once the pins file records the bump (or nothing promoted)."""
+    if saved is None and outcome_of(result) != "failed":
+        _log(f"[yellow]kept {journal.path}[/yellow]: the pins file does not record this bump, "
+             "so converges keep reading the journal (or refuse, now that the pins file moved "
+             "on); merge the result, then `rigfleet bump --abandon` records it")  # fmt: skip
+        return
+    journal.remove()
+
+
+def interrupted(journal: BumpJournal, error: BaseException, inventory: str) -> int:
+    """The rollout stopped early (Ctrl-C, a swap that still runs): say what the journal keeps."""
+    again = f"`rigfleet bump --inventory {inventory}`"
+    if isinstance(error, StillRunning):
+        console.print(f"[yellow]not yet:[/yellow] {error}; {journal.path} is kept: run {again} "
+                      "again once it ended")
+        return EXIT_FAILED
+    moved = ", ".join(journal.promoted) or "none"
+    console.print(f"[red]interrupted[/red]: {journal.path} records this bump (on the candidate: "
+                  f"{moved}); converges keep those hosts there. {again} finishes it; add "
+                  "--abandon to record it and stop")
+    return EXIT_INTERRUPTED
+
+
+def print_journal(journal: BumpJournal) -> None:
+    """Where each host of an unfinished bump stands."""
+    table = Table(title=f"unfinished bump {journal.id}: {journal.target()}",
+                  title_justify="left")
+    for col in ("host", "step", "state", "since"):
+        table.add_column(col)
+    steps = {h: ("canary" if i == 0 else f"batch {i}")
+             for i, batch in enumerate(journal.batches) for h in batch}
+    for h in journal.hosts:
+        view = journal.host_view(h.name) or {}
+        table.add_row(h.name, steps.get(h.name, "-"), str(view.get("state", "-")),
+                      str(view.get("since") or "-"))
+    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,86 +1,103 @@
-"""Genesis compatibility of a candidate vLLM: the pinned commit's allowlist, or a newer commit's.
+"""Genesis on the control side: a mirror of the repository, what each commit is (layout,
+version, allowlist, registry), the commit to pair with a candidate vLLM, and what
+``rigfleet pins lock`` records.
 
-Genesis patches refuse (strict) or warn about a vLLM whose full ``__version__`` is not in
-``KNOWN_GOOD_VLLM_PINS`` (``vllm/_genesis/guards.py``); the 1acd67a79 episode showed that an
-unlisted vLLM with Genesis can die at boot. The bump therefore checks the candidate's version
-before any host changes: at the pinned commit first, then at each newer commit of the default
-branch (oldest first), and proposes the first commit that lists it.
+Genesis patches refuse (strict) or warn about a vLLM whose full ``__version__`` is on none of
+its allowlists (``KNOWN_GOOD_VLLM_PINS``, and in v12 ``PROMOTION_PENDING_VLLM_PINS``); the
+1acd67a79 episode showed that an unlisted vLLM with Genesis can die at boot. The bump therefore
+checks the candidate's version before any host changes: at the pinned commit first, then at
+each newer commit (by commit date, newest first) that any branch or tag reaches, and proposes
+the first that lists it. Not only ``main``: Genesis rewrote ``main`` with no common history
+with ``dev`` (where v7.72.2 lives), and v12.1.0 is a tag. Commits are labelled by their release
+tag when one points at them (``66e37841a18f (v12.1.0)``), else by a ``release(vX)`` subject.
 
 The repository is cloned once into a control-side cache (``git clone --mirror``) and fetched
-on each use; files are read with ``git show <commit>:<path>`` and parsed with ``ast`` by the
-same helper the hosts run (``files/rigfleet-genesis-allowlist.py``), never imported::
+on each use; files are read with ``git show <commit>:<path>`` and parsed by the same module the
+hosts run (``rigfleet/genesis_inspect.py``), never imported from the tree::
 
-    repo = GenesisRepo("https://github.com/Sandermage/genesis-vllm-patches.git")
+    repo = GenesisRepo("https://github.com/Sandermage/sndr_core_engine.git")
     repo.sync()
-    choice = choose_genesis(repo, pinned="1f9bfb9e...", version="0.20.2rc1.dev212+g3f9c2a7e5")
-    choice.commit, choice.proposed     # ("1e79e838...", True): a newer commit lists it
+    choice = choose_genesis(repo, pinned="7b9fd319...", version="0.21.0")
+    choice.commit, choice.label, choice.proposed   # ("66e37841...", "66e37841a18f (v12.1.0)", True)
+    repo.report(choice.commit).switches["P67_TQ_MULTI_QUERY_KERNEL"]
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import importlib.util
 import os
 import re
 import subprocess
-from dataclasses import dataclass
-from functools import cache
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
-from types import ModuleType
 
+from rigfleet import genesis_inspect
+from rigfleet.catalog import Catalog
 from rigfleet.errors import RigfleetError
+from rigfleet.genesis import (
+    StackUse,
+    TreeReport,
+    allowlist_problem,
+    pairing_problems,
+)
+from rigfleet.pins import GenesisPin, Pins, StackPins
 
-ALLOWLIST_HELPER = Path(__file__).resolve().parents[2] / "files" / "rigfleet-genesis-allowlist.py"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "rigfleet"
 _RELEASE = re.compile(r"release\((?P<version>v[0-9][^)]*)\)")
 _LOCAL_GIT = re.compile(r"\+g([0-9a-f]{7,40})\b")
+_VERSION_TAG = re.compile(r"v?[0-9]+(?:\.[0-9]+){1,3}(?:[.-][A-Za-z0-9]+)*")
+# Every branch and every tag; never refs/pull/* (a mirror of GitHub has those too).
+SEARCHED_REFS = ("--branches", "--tags")
+_LISTED = 5
 
 
 class GenesisError(RigfleetError, RuntimeError):
-    """The Genesis repository could not be read (clone, fetch, commit, guards file)."""
+    """The Genesis repository could not be read (clone, fetch, commit, files)."""
 
 
 class GenesisRefused(RigfleetError, ValueError):
-    """No Genesis commit allows the candidate vLLM; the message names both versions."""
+    """No Genesis commit suits the candidate (allowlist, switches); the message says why."""
 
 
-@cache
-def _helper() -> ModuleType:
-    # One parser for the allowlist, shared with the hosts' gate (roles/stacks.py installs it).
-    spec = importlib.util.spec_from_file_location("rigfleet_genesis_allowlist", ALLOWLIST_HELPER)
-    if spec is None or spec.loader is None:
-        raise GenesisError(f"cannot load {ALLOWLIST_HELPER}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+class GitSource:
+    """One commit of a ``GenesisRepo``, as a ``genesis_inspect.Source``."""
 
+    def __init__(self, repo: GenesisRepo, sha: str) -> None:
+        self.repo, self.sha = repo, sha
 
-def parse_allowlist(source: str, where: str = "guards.py") -> tuple[str, ...] | None:
-    """``KNOWN_GOOD_VLLM_PINS`` from guards source text (None when it has no such literal)."""
-    helper = _helper()
-    try:
-        values = helper.literal_assignments(ast.parse(source, where))
-    except SyntaxError as e:
-        raise GenesisError(f"{where}: not valid Python: {e}") from None
-    if helper.KNOWN_GOOD not in values:
-        return None
-    return tuple(helper.versions(values[helper.KNOWN_GOOD]))
+    @cached_property
+    def _markers(self) -> frozenset[str]:
+        out = self.repo.git("ls-tree", "--name-only", self.sha, "--",
+                            *genesis_inspect.MARKERS).stdout  # fmt: skip
+        return frozenset(out.split())
+
+    def exists(self, rel: str) -> bool:
+        if rel in genesis_inspect.MARKERS:
+            return rel in self._markers
+        return self.repo.git("cat-file", "-e", f"{self.sha}:{rel}", check=False).returncode == 0
+
+    def read(self, rel: str) -> str | None:
+        proc = self.repo.git("show", f"{self.sha}:{rel}", check=False)
+        return proc.stdout if proc.returncode == 0 else None
 
 
 @dataclass(frozen=True)
 class GenesisCommit:
-    """One commit and what its guards allow."""
+    """One commit: its label, when it was made, and what its tree is (a light report: layout,
+    version, allowlists; no registry)."""
 
     sha: str
     subject: str
-    allowlist: tuple[str, ...]
+    label: str
+    date: int
+    tree: TreeReport
 
     @property
-    def label(self) -> str:
-        """``1f9bfb9ecf0b (v7.72.2)``: short sha and release when the subject names one."""
-        m = _RELEASE.search(self.subject)
-        return f"{self.sha[:12]} ({m.group('version')})" if m else self.sha[:12]
+    def allowlist(self) -> tuple[str, ...]:
+        """Every vLLM version the commit's Genesis accepts (both lists)."""
+        return self.tree.allowed
 
 
 class GenesisRepo:
@@ -98,8 +115,12 @@ class GenesisRepo:
         root = (cache_dir or DEFAULT_CACHE) / "genesis"
         key = hashlib.sha256(self.fetch_url.encode()).hexdigest()[:16]
         self.path = root / f"{key}.git"
+        self._reports: dict[str, TreeReport] = {}
+        self._commits: dict[str, GenesisCommit] = {}
 
-    def _git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``git --git-dir <mirror> <args>``; raises ``GenesisError`` when it fails and
+        ``check``."""
         env = {
             **os.environ,
             "GIT_TERMINAL_PROMPT": "0",
@@ -117,7 +138,7 @@ class GenesisRepo:
         return proc
 
     def sync(self) -> None:
-        """Clone on first use, fetch (with prune) afterwards."""
+        """Clone on first use, fetch (with prune) afterwards: every ref, the mirror way."""
         if not (self.path / "HEAD").exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
             proc = subprocess.run(
@@ -129,48 +150,98 @@ class GenesisRepo:
                 raise GenesisError(
                     f"cannot clone Genesis from {self.fetch_url}: {proc.stderr.strip()[-500:]}"
                 )
-            return
-        self._git("fetch", "--quiet", "--prune", "origin")
+        else:
+            self.git("fetch", "--quiet", "--prune", "origin")
+        self.__dict__.pop("tags", None)
+        self._commits.clear()
 
     def resolve(self, ref: str) -> str:
         """A full 40-hex commit for ``ref`` (a full or short sha, a branch, a tag)."""
-        proc = self._git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
+        proc = self.git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
         sha = proc.stdout.strip()
         if proc.returncode != 0 or len(sha) != 40:
             raise GenesisError(f"Genesis {self.url}: no commit {ref!r}")
         return sha
 
-    def default_branch(self) -> str:
-        """The branch the repository's HEAD names (``main``)."""
-        proc = self._git("symbolic-ref", "--short", "HEAD", check=False)
-        return proc.stdout.strip() or "main"
+    @cached_property
+    def tags(self) -> dict[str, tuple[str, ...]]:
+        """Commit -> the tags that point at it (annotated tags peeled), release-like first."""
+        out = self.git("for-each-ref", "refs/tags",
+                       "--format=%(objectname) %(*objectname) %(refname:short)").stdout
+        found: dict[str, list[str]] = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                sha, peeled, name = parts
+            elif len(parts) == 2:
+                (sha, name), peeled = parts, ""
+            else:
+                continue
+            found.setdefault(peeled or sha, []).append(name)
+        return {sha: tuple(sorted(names, key=lambda n: (not _VERSION_TAG.fullmatch(n), n)))
+                for sha, names in found.items()}  # fmt: skip
+
+    def release(self, sha: str, subject: str) -> str | None:
+        """The release ``sha`` is: a version tag pointing at it, else a ``release(vX)``
+        subject (Genesis v7.x tagged no releases)."""
+        tag = next((t for t in self.tags.get(sha, ()) if _VERSION_TAG.fullmatch(t)), None)
+        if tag:
+            return tag
+        m = _RELEASE.search(subject)
+        return m.group("version") if m else None
 
     def commit(self, sha: str) -> GenesisCommit:
-        """The commit's subject and ``KNOWN_GOOD_VLLM_PINS`` (empty when it has none)."""
-        subject = self._git("log", "-1", "--format=%s", sha).stdout.strip()
-        helper = _helper()
-        for rel in helper.GUARDS:
-            proc = self._git("show", f"{sha}:{rel}", check=False)
-            if proc.returncode == 0:
-                allow = parse_allowlist(proc.stdout, f"{sha[:12]}:{rel}")
-                return GenesisCommit(sha, subject, allow or ())
-        return GenesisCommit(sha, subject, ())
+        """The commit's subject, date, label and light tree report."""
+        if sha not in self._commits:
+            line = self.git("log", "-1", "--format=%ct %s", sha).stdout.strip()
+            date, _, subject = line.partition(" ")
+            release = self.release(sha, subject)
+            label = f"{sha[:12]} ({release})" if release else sha[:12]
+            tree = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha),
+                                                                registry=False))  # fmt: skip
+            self._commits[sha] = GenesisCommit(sha, subject, label, int(date or 0), tree)
+        return self._commits[sha]
+
+    def report(self, sha: str) -> TreeReport:
+        """The full tree report of ``sha`` (registry included), as the hosts' gate reads it."""
+        if sha not in self._reports:
+            data = genesis_inspect.inspect(GitSource(self, sha))
+            self._reports[sha] = TreeReport.from_json(data)
+        return self._reports[sha]
+
+    def version(self, sha: str) -> str | None:
+        """What ``rigfleet pins lock`` records as the Genesis version of ``sha``: its release
+        (see ``release``), else ``git describe`` from the nearest tag, else what the tree
+        declares (None when nothing says)."""
+        c = self.commit(sha)
+        release = self.release(sha, c.subject)
+        if release:
+            return release
+        proc = self.git("describe", "--tags", "--abbrev=12", sha, check=False)
+        described = proc.stdout.strip()
+        if proc.returncode == 0 and _VERSION_TAG.fullmatch(described):
+            return described
+        return c.tree.version
 
     def newer(self, sha: str) -> list[str]:
-        """Commits of the default branch after ``sha``, oldest first (first-parent line)."""
-        branch = self.default_branch()
-        out = self._git("rev-list", "--first-parent", "--reverse", f"{sha}..{branch}").stdout
-        return out.split()
+        """Commits any branch or tag reaches that were made after ``sha``, newest first."""
+        since = self.commit(sha).date
+        out = self.git("log", *SEARCHED_REFS, "--format=%ct %H").stdout
+        dated = [(int(d), h) for d, _, h in (line.partition(" ") for line in out.splitlines())
+                 if h and h != sha]  # fmt: skip
+        return [h for d, h in sorted(dated, key=lambda x: (-x[0], x[1])) if d > since]
 
 
 @dataclass(frozen=True)
 class GenesisChoice:
     """The Genesis commit to pair with the candidate vLLM.
 
-    + commit: the full sha to pin
+    + commit: the full sha to pin; label: ``66e37841a18f (v12.1.0)``
     + proposed: True when it is newer than the pin (a Genesis bump comes with the image)
+    + allowlist: what it accepts (both lists)
     + rollback_safe: the chosen commit also allows the vLLM the fleet runs now; when False, a
       host that rolls back runs the old image against the new Genesis checkout
+    + layout, version: what the pins record for it
     """
 
     commit: str
@@ -179,6 +250,12 @@ class GenesisChoice:
     allowlist: tuple[str, ...]
     rollback_safe: bool
     checked: int = 1
+    layout: str | None = None
+    version: str | None = None
+
+    def pin(self, repo: str) -> GenesisPin:
+        """The pin of the chosen commit."""
+        return GenesisPin(repo, self.commit, layout=self.layout or "v7", version=self.version)
 
 
 def choose_genesis(
@@ -199,44 +276,44 @@ def choose_genesis(
     if explicit is not None:
         sha = repo.resolve(explicit)
         c = repo.commit(sha)
-        if version not in c.allowlist:
+        if not c.tree.lists(version):
             raise GenesisRefused(refusal(version, [c], explicit=True))
-        return _choice(c, sha != pinned, current_version)
+        return _choice(repo, c, sha != pinned, current_version)
     base = repo.commit(repo.resolve(pinned))
-    if version in base.allowlist:
-        return _choice(base, False, current_version)
+    if base.tree.lists(version):
+        return _choice(repo, base, False, current_version)
     checked = [base]
     for sha in repo.newer(base.sha):
         c = repo.commit(sha)
         checked.append(c)
-        if version in c.allowlist:
-            return _choice(c, True, current_version, checked=len(checked))
-    raise GenesisRefused(refusal(version, checked, branch=repo.default_branch()))
+        if c.tree.lists(version):
+            return _choice(repo, c, True, current_version, checked=len(checked))
+    raise GenesisRefused(refusal(version, checked))
 
 
 def _choice(
-    c: GenesisCommit, proposed: bool, current: str | None, checked: int = 1
+    repo: GenesisRepo, c: GenesisCommit, proposed: bool, current: str | None, checked: int = 1
 ) -> GenesisChoice:
-    safe = current is None or current in c.allowlist
-    return GenesisChoice(c.sha, c.label, proposed, c.allowlist, safe, checked)
+    safe = current is None or c.tree.lists(current)
+    return GenesisChoice(c.sha, c.label, proposed, c.allowlist, safe, checked,
+                         layout=c.tree.layout, version=repo.version(c.sha))  # fmt: skip
 
 
-def refusal(
-    version: str, checked: list[GenesisCommit], *, explicit: bool = False, branch: str = "main"
-) -> str:
+def refusal(version: str, checked: list[GenesisCommit], *, explicit: bool = False) -> str:
     """The refusal text: the candidate vLLM, the Genesis pin and what it allows, what was tried."""
     first = checked[0]
-    lines = [
-        f"vLLM {version} is not on Genesis {first.label}'s KNOWN_GOOD_VLLM_PINS "
-        f"({', '.join(first.allowlist) or 'empty'})"
-    ]
+    lines = [allowlist_problem(first.tree, version, label=first.label)
+             or f"vLLM {version}: Genesis {first.label}"]  # fmt: skip
     if explicit:
         lines.append("(the commit given with --genesis)")
     elif len(checked) > 1:
-        newer = ", ".join(c.label for c in checked[1:])
-        lines.append(f"nor on any newer Genesis commit on {branch} (checked {newer})")
+        newer = [c.label for c in checked[1:]]
+        shown = ", ".join(newer[:_LISTED]) + (
+            f" and {len(newer) - _LISTED} older" if len(newer) > _LISTED else "")
+        lines.append(f"nor on any newer Genesis commit of any branch or tag (checked "
+                     f"{len(newer)}, newest first: {shown})")  # fmt: skip
     else:
-        lines.append(f"and no newer Genesis commit exists on {branch}")
+        lines.append("and no newer Genesis commit exists on any branch or tag")
     lines.append(
         "refusing before any host changes: pick an image Genesis lists, wait for a Genesis "
         "release that validates this vLLM, or bump only the stacks without Genesis (--stack)"
@@ -262,3 +339,93 @@ def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
             if names_commit(version, commit):
                 return version
     return None
+
+
+def check_switches(
+    repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackUse], *, stack: str
+) -> None:
+    """Refuse (``GenesisRefused``) when Genesis ``pin`` does not know, or has retired, a switch
+    the stack sets to 1 in any of ``uses``, or lacks a patch it needs: the bump's check of the
+    chosen commit, before any host changes.
+
+    + uses: ``""`` -> the stack file's use, and host name -> the use on a host whose
+      ``extra_env`` adds to it (its messages are prefixed with the host)
+    """
+    report = repo.report(pin.commit)
+    problems: list[str] = []
+    seen: set[str] = set()
+    for host, use in uses.items():
+        for p in pairing_problems(report, pin, stack=stack, vllm_version=None, use=use,
+                                  where=f"{pin.repo} {pin.commit[:12]}"):  # fmt: skip
+            if p not in seen:  # a stack-file problem once, not once per host
+                seen.add(p)
+                problems.append(f"{host}: {p}" if host else p)
+    if problems:
+        raise GenesisRefused("; ".join(problems) + "; refusing before any host changes")
+
+
+# --- rigfleet pins lock ------------------------------------------------------------------------
+
+
+def lock_genesis(
+    pins: Pins,
+    catalog: Catalog | None = None,
+    fetch_url: str | None = None,
+    cache_dir: Path | None = None,
+) -> tuple[Pins, list[str]]:
+    """``pins`` with each Genesis pin's layout and version read from its commit, and the
+    changes made (``stacks.<s>.genesis.layout: v7 -> v12``); every Genesis stack is checked
+    as the hosts' gate checks it (layout, allowlist, the stack file's switches, the patches it
+    needs): a problem raises ``GenesisRefused`` listing them all, before anything is written.
+
+    + pins: the pins file as read (unresolved digests allowed)
+    + catalog: the stack files (default: the built-in ones)
+    + fetch_url: where this machine fetches Genesis when the pinned URL is not reachable
+    + cache_dir: where the mirrors live (``~/.cache/rigfleet``)
+    """
+    from rigfleet.catalog import builtin_catalog
+
+    stacks_of = catalog or builtin_catalog()
+    repos: dict[str, GenesisRepo] = {}
+    changes: list[str] = []
+    problems: list[str] = []
+
+    def locked(key: str, name: str, p: StackPins) -> StackPins:
+        g = p.genesis
+        if g is None:
+            return p
+        if g.repo not in repos:
+            repos[g.repo] = GenesisRepo(g.repo, fetch_url, cache_dir)
+            repos[g.repo].sync()
+        repo = repos[g.repo]
+        try:
+            sha = repo.resolve(g.commit)
+        except GenesisError:
+            problems.append(f"{key}.genesis.commit: {g.commit} is not in {repo.fetch_url} "
+                            "(no branch, tag or other ref reaches it)")  # fmt: skip
+            return p
+        report = repo.report(sha)
+        layout = report.layout or g.layout
+        new = replace(g, layout=layout, version=repo.version(sha) or g.version)
+        for field_name in ("layout", "version"):
+            old, now = getattr(g, field_name), getattr(new, field_name)
+            if old != now:
+                changes.append(f"{key}.genesis.{field_name}: {old} -> {now}")
+        use = None
+        if name in stacks_of:
+            try:
+                use = StackUse.of(stacks_of.get(name), layout)
+            except ValueError as e:
+                problems.append(str(e))
+        problems.extend(pairing_problems(report, new, stack=name, vllm_version=p.vllm_version,
+                                         use=use, image_ref=p.image,
+                                         where=f"{g.repo} {sha[:12]}"))  # fmt: skip
+        return replace(p, genesis=new)
+
+    stacks = {n: locked(f"stacks.{n}", n, p) for n, p in pins.stacks.items()}
+    hosts = {h: {n: locked(f"hosts.{h}.stacks.{n}", n, p) for n, p in over.items()}
+             for h, over in pins.hosts.items()}  # fmt: skip
+    if problems:
+        raise GenesisRefused(f"{pins.path}: " + f"\n{pins.path}: ".join(
+            dict.fromkeys(problems)))
+    return replace(pins, stacks=stacks, hosts=hosts), changes

@@ -7,9 +7,10 @@ removed; ``docker image rm`` without ``--force`` never removes one a container u
 
 Because upstream deletes nightly tags, the promoted image can be kept: ``save_image`` runs
 ``docker save`` on the canary and streams it over SSH into a control-side directory
-(``<repo>_<tag>.tar`` + a JSON sidecar with digest, version, sha256); ``docker load -i``
-restores it. A loaded image has no registry digest, so for pulls by digest copy the image
-into a mirror registry instead (``rigfleet.bump.mirror``, ``--push-mirror``).
+(``<repo>_<tag>.tar`` + a JSON sidecar with digest, image id, version, sha256), with the same
+code as ``rigfleet images export``; an ``archive`` image source (or ``rigfleet images import``)
+restores it, verified by image id. For pulls by digest copy the image into a mirror registry
+instead (``rigfleet.bump.mirror``, ``--push-mirror``).
 
 Example::
 
@@ -19,24 +20,19 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from rigfleet.bump.candidate import Candidate
-from rigfleet.errors import RigfleetError
+from rigfleet.images.plan import WantedImage
+from rigfleet.images.transfer import ImageError, SavedArchive, export_image
 from rigfleet.inventory import InventoryHost
 from rigfleet.ssh import Remote
 
-LIST_FORMAT = "{{.Repository}} {{.Digest}}"
-
-
-class ImageError(RigfleetError, RuntimeError):
-    """``docker save`` / ``docker push`` failed on the host; the message quotes docker."""
+LIST_FORMAT = "{{.Repository}} {{.Tag}} {{.Digest}}"
+__all__ = ["ImageError", "SavedImage", "prune", "save_image", "to_prune"]
 
 
 def list_command(repository: str) -> str:
@@ -45,23 +41,24 @@ def list_command(repository: str) -> str:
 
 
 def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
-    """``<repo>@<digest>`` references to remove: the repository's images not in ``keep``.
+    """References to remove: every reference (``<repo>@<digest>`` and the ``<repo>:<tag>`` the
+    images role gave it) of the repository's images whose digest is not in ``keep``.
 
-    Pure. ``listing`` is ``list_command``'s output; images without a registry digest
+    Pure. ``listing`` is ``list_command``'s output (one line per tag). Removing only the digest
+    reference would leave a tagged image in place. Images without a registry digest
     (``<none>``: built or loaded locally) are never touched.
     """
     keep_set = set(keep)
     out: list[str] = []
     for line in listing.splitlines():
         parts = line.split()
-        if len(parts) != 2 or parts[0] != repository:
+        if len(parts) != 3 or parts[0] != repository:
             continue
-        digest = parts[1]
+        tag, digest = parts[1], parts[2]
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest) or digest in keep_set:
             continue
-        ref = f"{repository}@{digest}"
-        if ref not in out:
-            out.append(ref)
+        refs = [f"{repository}@{digest}"] + ([f"{repository}:{tag}"] if tag != "<none>" else [])
+        out += [r for r in refs if r not in out]
     return out
 
 
@@ -73,75 +70,22 @@ def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[s
     refs = to_prune(listing, repository, keep)
     removed = []
     for ref in refs:
-        # No --force: an image a container (even a stopped one) uses stays.
+        # No --force: an image a container (even a stopped one) uses keeps its last reference.
         rc, _ = remote.run(host, f"docker image rm {shlex.quote(ref)} >/dev/null 2>&1")
         if rc == 0:
             removed.append(ref)
     return removed
 
 
-@dataclass(frozen=True)
-class SavedImage:
-    path: Path
-    sha256: str
-    size: int
-
-    def summary(self) -> dict[str, object]:
-        return {"path": str(self.path), "sha256": self.sha256, "bytes": self.size}
-
-
-def archive_name(candidate: Candidate) -> str:
-    """``vllm_vllm-openai_nightly-<sha>.tar``: one file per tag, safe on any filesystem."""
-    return f"{candidate.repository.replace('/', '_')}_{candidate.tag}.tar"
+# One piece of code saves images: ``rigfleet images export`` and ``--save-dir`` share it.
+SavedImage = SavedArchive
 
 
 def save_image(
     remote: Remote, host: InventoryHost, candidate: Candidate, directory: Path, version: str
-) -> SavedImage:
-    """``docker save`` the candidate (tagged, so ``docker load`` restores the name) into
-    ``directory`` on this machine, streamed over SSH; a ``.json`` sidecar records the pin."""
-    directory.mkdir(parents=True, exist_ok=True)
-    dest = directory / archive_name(candidate)
-    partial = dest.with_suffix(".tar.partial")
-    local = shlex.quote(f"{candidate.repository}@{candidate.digest}")
-    tagged = shlex.quote(candidate.image)
-    # Tag only for the save (a saved digest reference restores nameless); untag afterwards
-    # unless the tag was already there.
-    script = (
-        f"had=0; docker image inspect {tagged} >/dev/null 2>&1 && had=1; "
-        f"docker tag {local} {tagged} >&2 || exit 3; "
-        f"docker save {tagged}; rc=$?; "
-        f'[ "$had" = 1 ] || docker image rm {tagged} >/dev/null 2>&1; exit $rc'
-    )
-    digest = hashlib.sha256()
-    size = 0
-    with partial.open("wb") as raw:
-
-        class _Tee:
-            def write(self, chunk: bytes) -> int:
-                nonlocal size
-                digest.update(chunk)
-                size += len(chunk)
-                return raw.write(chunk)
-
-        rc, err = remote.stream_out(host, script, _Tee())  # type: ignore[arg-type]
-    if rc != 0:
-        partial.unlink(missing_ok=True)
-        raise ImageError(f"{host.name}: docker save {candidate.image} failed: {err.strip()[-400:]}")
-    partial.replace(dest)
-    dest.with_suffix(".json").write_text(
-        json.dumps(
-            {
-                "image": candidate.image,
-                "digest": candidate.digest,
-                "vllm_version": version,
-                "archive": dest.name,
-                "sha256": digest.hexdigest(),
-                "bytes": size,
-                "restore": f"docker load -i {dest.name}",
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    return SavedImage(dest, digest.hexdigest(), size)
+) -> SavedArchive:
+    """``docker save`` the candidate (under its name, so ``docker load`` restores it) into
+    ``directory`` on this machine, streamed over SSH, with the JSON sidecar that records the
+    pin (``rigfleet.images.transfer.export_image``)."""
+    want = WantedImage(candidate.image, candidate.digest, None, ())
+    return export_image(remote, host, want, directory, version)

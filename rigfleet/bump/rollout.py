@@ -69,6 +69,25 @@ class HostFacts:
                    ledger=probe.ledger_tail, reports=probe.report_files,
                    report=probe.newest_report, busy=probe.busy)
 
+    def to_record(self) -> dict[str, Any]:
+        """What ``gate_of``/``fresh_swap``/``classify`` compare a later answer with (the swap
+        record, the gate, the ledger's length, the report names), for the bump journal."""
+        state = {k: self.state[k] for k in ("stack", "digest", "genesis_commit", "last_swap",
+                                            "gate") if k in self.state}  # fmt: skip
+        return {"state": state, "ledger_count": self.ledger_count,
+                "reports": list(self.reports)}
+
+    @classmethod
+    def from_record(cls, data: Mapping[str, Any] | None) -> HostFacts | None:
+        if not isinstance(data, Mapping):
+            return None
+        state = data.get("state")
+        reports = data.get("reports")
+        count = data.get("ledger_count")
+        return cls(state=dict(state) if isinstance(state, Mapping) else {},
+                   ledger_count=count if isinstance(count, int) else 0,
+                   reports=tuple(str(r) for r in reports) if isinstance(reports, list) else ())
+
 
 @dataclass(frozen=True)
 class DeployResult:
@@ -99,6 +118,22 @@ class HostOutcome:
     report_file: str | None = None
     seconds: float = 0.0
 
+    def to_record(self) -> dict[str, Any]:
+        """The outcome as the bump journal keeps it (``from_record`` reads it back)."""
+        return {"status": str(self.status), "batch": self.batch, "runs_new": self.runs_new,
+                "reason": self.reason, "gate": self.gate,
+                "failed_checks": list(self.failed_checks), "report_file": self.report_file,
+                "seconds": round(self.seconds, 1)}
+
+    @classmethod
+    def from_record(cls, host: str, data: Mapping[str, Any]) -> HostOutcome:
+        batch = data.get("batch")
+        return cls(host, Status(str(data["status"])), batch if isinstance(batch, int) else None,
+                   data.get("runs_new"), str(data.get("reason") or ""),
+                   str(data.get("gate") or ""),
+                   tuple(str(c) for c in data.get("failed_checks") or ()),
+                   data.get("report_file"), float(data.get("seconds") or 0.0))
+
     def summary(self) -> dict[str, Any]:
         """For the pins history and the JSON report."""
         out: dict[str, Any] = {"result": str(self.status)}
@@ -126,6 +161,38 @@ class RolloutResult:
         bad = (Status.FAILED, Status.LOST, Status.NOT_ATTEMPTED)
         moved = self.by_status(Status.PROMOTED)
         return bool(moved) and not self.by_status(*bad)
+
+
+class RolloutJournal(Protocol):
+    """Where the rollout writes down each step (``rigfleet.bump.journal.BumpJournal``)."""
+
+    def deploying_batch(self, batch: int, hosts: Sequence[str],
+                        before: Mapping[str, Mapping[str, Any] | None]) -> None: ...
+
+    def record(self, host: str, outcome: Mapping[str, Any]) -> None: ...
+
+    def finish(self, stopped: str | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What an interrupted rollout had done (from its journal).
+
+    + done: hosts with an outcome already (kept as they are)
+    + in_flight: hosts of the batch that was deploying, with what they said before it; each is
+      settled first from what it says now (``settle``); one whose swap never started is
+      deployed with its batch
+    + stop: start no batch (``rigfleet bump --abandon``): settle what was in flight, record
+      the rest as not attempted, for this reason
+    """
+
+    done: Mapping[str, HostOutcome] = field(default_factory=dict)
+    in_flight: Mapping[str, HostFacts | None] = field(default_factory=dict)
+    stop: str | None = None
+
+
+class StillRunning(RuntimeError):
+    """A host's swap from the interrupted rollout still runs (its lock is held): wait."""
 
 
 class Runner(Protocol):
@@ -272,6 +339,39 @@ def classify(
     return outcome(Status.FAILED, None, _why(errors, f"state.json records {seen}"))
 
 
+def settle(
+    host: str,
+    stack: str,
+    old: StackPins,
+    new: StackPins,
+    before: HostFacts | None,
+    after: HostFacts | str,
+    batch: int,
+) -> HostOutcome | None:
+    """The outcome of a host its interrupted batch was deploying, from what it says now; None
+    when its swap never started (it runs the old pins and recorded no swap or gate since
+    ``before``): the resumed batch deploys it.
+
+    Raises ``StillRunning`` while a transaction holds the host's lock (the swap the bump
+    started runs on: wait for it).
+    """
+    if isinstance(after, str):
+        return HostOutcome(host, Status.LOST, batch, None,
+                           f"unreachable when the interrupted bump resumed ({after})")
+    if after.busy:
+        raise StillRunning(f"{host}: a transaction still runs there ({after.busy})")
+    gate, failed_checks, report = gate_of(before, after)
+    if _runs(after.state, stack, new):
+        return HostOutcome(host, Status.PROMOTED, batch, True,
+                           "promoted while the bump was interrupted", gate, failed_checks,
+                           report)  # fmt: skip
+    if _runs(after.state, stack, old) and before is not None and not gate \
+            and not fresh_swap(before, after):
+        return None
+    interrupted = DeployResult(1, None, "")
+    return classify(host, stack, old, new, interrupted, before, after, batch)
+
+
 def _why(errors: list[str], fallback: str) -> str:
     return f"{fallback}: {errors[-1]}" if errors else fallback
 
@@ -285,62 +385,98 @@ def rollout(
     pins_file: Path,
     on_event: Callable[[str], None] = lambda _: None,
     on_line: Callable[[str], None] = lambda _: None,
+    journal: RolloutJournal | None = None,
+    resume: Resume | None = None,
 ) -> RolloutResult:
     """Run the plan's batches against ``pins_file`` (the candidate pins, already written).
 
     Stops after a batch once ``plan.max_failures`` hosts failed or were lost, and always after
     a failed canary; hosts not reached get ``NOT_ATTEMPTED``. A host unreachable when its batch
     starts is ``SKIPPED`` and does not count as a failure (nothing was done to it).
+
+    + journal: told each batch before it deploys and each outcome as soon as it is known
+    + resume: what an interrupted rollout of this plan did; its outcomes stand, its in-flight
+      hosts are settled from what they say now, the rest of the plan runs (``StillRunning``
+      while a host's swap from then still runs)
     """
     started = time.monotonic()
+    done = dict(resume.done) if resume is not None else {}
+    in_flight = dict(resume.in_flight) if resume is not None else {}
     out: dict[str, HostOutcome] = {}
     for name in plan.up_to_date:
         out[name] = HostOutcome(name, Status.UP_TO_DATE, runs_new=True)
     for name, reason in plan.skipped.items():
         out[name] = HostOutcome(name, Status.SKIPPED, runs_new=False,
                                 reason=f"unreachable at the start ({reason})")  # fmt: skip
+
+    def record(o: HostOutcome, label: str) -> None:
+        out[o.host] = o
+        on_event(_event_text(label, o))
+        if journal is not None:
+            journal.record(o.host, o.to_record())
+
+    for i, batch in enumerate(plan.batches):
+        for h in (h for h in batch if h in in_flight and h not in done):
+            stack = plan.host(h).stack
+            settled = settle(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack],
+                             in_flight[h], _facts_or_reason(runner, h), i)
+            if settled is not None:
+                done[h] = settled
+                record(settled, f"{_label(i)} (interrupted)")
     failures = 0
-    stopped: str | None = None
+    stopped = resume.stop if resume is not None else None
     for i, batch in enumerate(plan.batches):
         if stopped:
             for h in batch:
-                out[h] = HostOutcome(h, Status.NOT_ATTEMPTED, i, False, stopped)
+                out[h] = done.get(h) or HostOutcome(h, Status.NOT_ATTEMPTED, i, False, stopped)
             continue
-        label = "canary" if i == 0 else f"batch {i}"
-        reach = runner.reachable(batch)
-        live = [h for h in batch if not reach.get(h)]
-        for h in batch:
-            if reach.get(h):
-                out[h] = HostOutcome(h, Status.SKIPPED, i, False,
-                                     f"unreachable before its batch ({reach[h]})")  # fmt: skip
-                on_event(f"{label}: {h} unreachable, skipped ({reach[h]})")
-        if not live:
-            if i == 0:
+        label = _label(i)
+        todo = [h for h in batch if h not in done]
+        out.update({h: done[h] for h in batch if h in done})
+        if todo:
+            reach = runner.reachable(todo)
+            live = [h for h in todo if not reach.get(h)]
+            for h in todo:
+                if reach.get(h):
+                    record(HostOutcome(h, Status.SKIPPED, i, False,
+                                       f"unreachable before its batch ({reach[h]})"), label)
+            if not live and i == 0 and batch[0] in todo:
                 stopped = f"the canary {batch[0]} could not be worked on ({reach[batch[0]]}); " \
                     "nothing was changed"
+            if live:
+                before = {h: _facts_or_none(runner, h) for h in live}
+                if journal is not None:
+                    journal.deploying_batch(i, live, {h: f.to_record() if f else None
+                                                      for h, f in before.items()})
+                on_event(f"{label}: deploying {', '.join(live)}")
+                result = runner.deploy(live, pins_file, i, on_line)
+                for h in live:
+                    stack = plan.host(h).stack
+                    record(classify(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack],
+                                    result, before[h], _facts_or_reason(runner, h), i), label)
+        failures += sum(1 for h in batch if out[h].status in (Status.FAILED, Status.LOST))
+        if stopped:
             continue
-        before = {h: _facts_or_none(runner, h) for h in live}
-        on_event(f"{label}: deploying {', '.join(live)}")
-        result = runner.deploy(live, pins_file, i, on_line)
-        for h in live:
-            after: HostFacts | str
-            try:
-                after = runner.facts(h)
-            except HostUnreachable as e:
-                after = str(e)
-            stack = plan.host(h).stack
-            o = classify(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack], result,
-                         before[h], after, i)  # fmt: skip
-            out[h] = o
-            on_event(_event_text(label, o))
-            if o.status in (Status.FAILED, Status.LOST):
-                failures += 1
         if i == 0 and out[plan.batches[0][0]].status in (Status.FAILED, Status.LOST):
             stopped = f"the canary {plan.batches[0][0]} did not promote; no other host touched"
         elif failures >= plan.max_failures:
             stopped = f"{failures} host(s) failed (--max-failures {plan.max_failures})"
+    if journal is not None:
+        journal.finish(stopped)
     ordered = {h.name: out[h.name] for h in plan.hosts if h.name in out}
     return RolloutResult(ordered, stopped, time.monotonic() - started)
+
+
+def _label(batch: int) -> str:
+    return "canary" if batch == 0 else f"batch {batch}"
+
+
+def _facts_or_reason(runner: Runner, host: str) -> HostFacts | str:
+    """The host's facts, or why they could not be read (it is lost)."""
+    try:
+        return runner.facts(host)
+    except HostUnreachable as e:
+        return str(e)
 
 
 def _facts_or_none(runner: Runner, host: str) -> HostFacts | None:

@@ -4,12 +4,15 @@ Example::
 
     from rigfleet.commands import weights
 
-    weights.fetch("Lorbus/Qwen3.6-27B-int4-AutoRound", "0" * 40, "/srv/models/qwen")
+    weights.fetch("Lorbus/Qwen3.6-27B-int4-AutoRound", "0" * 40, "/srv/models/qwen@000000000000")
+    weights.adopt("Lorbus/Qwen3.6-27B-int4-AutoRound", "0" * 40, "/srv/models/qwen",
+                  "/srv/models/qwen@000000000000")
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from rigfleet.hostside.layout import HOST
@@ -54,3 +57,20 @@ def fetch(
         f"--repo {shlex.quote(repo)} --revision {shlex.quote(revision)} "
         f"--local-dir {shlex.quote(local_dir)} --lock-dir {LOCK_DIR}{token}"
     )
+
+
+def adopt(repo: str, revision: str, old: str, new: str) -> str:
+    """Rename ``old`` (weights of before per-revision directories, verified for ``revision``)
+    to ``new`` (its revision's directory) and leave ``old`` as a link to it; the fetcher
+    checks the manifest first and takes the same per-repo lock as a fetch."""
+    return (
+        f"{HF_VENV}/bin/python {FETCH_SCRIPT} adopt --repo {shlex.quote(repo)} "
+        f"--revision {shlex.quote(revision)} --from {shlex.quote(old)} --to {shlex.quote(new)} "
+        f"--lock-dir {LOCK_DIR}"
+    )
+
+
+def remove(paths: Sequence[str]) -> str:
+    """Remove stale revision directories, partial downloads and old links (``rm -rf`` of a
+    link removes the link, not what it points to)."""
+    return "rm -rf -- " + " ".join(shlex.quote(p) for p in paths)

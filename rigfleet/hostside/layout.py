@@ -26,7 +26,9 @@ Where each record lives (the schemas are in ``rigfleet.hostside.records``):
   ``hf-venv`` (huggingface_hub for the weight fetcher);
 - ``/etc/rigfleet/secrets``: root-only secrets (the API key in three shapes, the HF token);
 - ``/var/cache/rigfleet/<stack>``: per-stack compile caches (never shared between stacks);
-- ``/usr/local/lib/rigfleet``: the host-side bundle and helper scripts.
+- ``/usr/local/lib/rigfleet``: the host-side bundle and helper scripts;
+- ``<model_dir>`` (host data): ``<local_dir>@<revision[:12]>/`` per model revision (verified,
+  then never written; what the compose files mount read-only).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ BASE_DIGEST_LABEL = "io.rigfleet.base-digest"
 ROUTE_MARK = "# rigfleet route: "
 # Written next to verified weights by the fetcher (files/rigfleet-fetch-weights.py).
 MANIFEST_NAME = ".rigfleet-manifest.json"
+# A model revision's directory: ``<local_dir>@<its first 12 hex>`` (``Layout.weights_dir``; a
+# pinned ``local_dir`` never holds an '@', rigfleet/pins.py).
+WEIGHTS_REVISION_MARK = "@"
+WEIGHTS_REVISION_CHARS = 12
 # The systemd units roles/swap.py installs: the active stack across reboots (ensure at start,
 # shutdown at stop) and the supervisor that recreates it when its engine dies.
 STACK_UNIT = "rigfleet-stack.service"
@@ -203,6 +209,23 @@ class Layout:
     def hf_venv(self) -> Path:
         """The virtual environment with the pinned huggingface_hub (the weight fetcher's)."""
         return self.opt_dir / "hf-venv"
+
+    # --- <model_dir> (host data ``model_dir``): the weights -----------------------------------
+
+    def weights_dir(self, model_dir: str, local_dir: str, revision: str) -> Path:
+        """One model revision's own directory, ``<model_dir>/<local_dir>@<revision[:12]>``.
+
+        The fetcher renames it into place only once every file is verified, and nothing writes
+        it after; the compose file mounts it read-only, so the active snapshot names the
+        revision it served and a rollback mounts exactly those files."""
+        name = f"{local_dir}{WEIGHTS_REVISION_MARK}{revision[:WEIGHTS_REVISION_CHARS]}"
+        return self._p(model_dir) / name
+
+    def weights_legacy_dir(self, model_dir: str, local_dir: str) -> Path:
+        """``<model_dir>/<local_dir>``: where weights lived before per-revision directories.
+        The deploy adopts it (renamed to its revision's directory, this name left as a link to
+        it while a compose snapshot still names it)."""
+        return self._p(model_dir) / local_dir
 
     # --- /etc/rigfleet: secrets ----------------------------------------------------------------
 

@@ -103,7 +103,9 @@ def _stack_drift(want: DesiredHost, probe: HostProbe) -> list[str]:
         if c.get("status") != "running":
             out.append(f"container {container} is {c.get('status')}, not running")
         digests = [str(d) for d in c.get("digests") or []]
-        if current.pins.digest not in digests:
+        # A loaded archive has no repo digest; its image id is the pinned one then.
+        same_id = bool(current.pins.image_id) and c.get("image_id") == current.pins.image_id
+        if current.pins.digest not in digests and not same_id:
             have = digests[0] if digests else None
             out.append(f"{container} runs {c.get('image') or c.get('image_id')} "
                        f"(digest {short(have)}), pin is {short(current.pins.digest)}")

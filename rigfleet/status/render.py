@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from typing import Any
 
 from rich.text import Text
 
@@ -30,19 +31,70 @@ def _when(iso: str | None) -> str:
 
 
 def render_json(rows: Sequence[StatusRow]) -> str:
-    """``--json``: ``{"hosts": [row, ...], "ok": bool}`` with full digests and commits."""
-    return json.dumps(
-        {"hosts": [{**asdict(r), "ok": r.ok} for r in rows], "ok": all(r.ok for r in rows)},
-        indent=2,
-    )
+    """``--json``: ``{"hosts": [row, ...], "ok": bool, "bumps": [...]}`` with full digests and
+    commits; ``bumps`` (``bump_summaries``) only while a bump is unfinished."""
+    out: dict[str, Any] = {"hosts": [{**asdict(r), "ok": r.ok} for r in rows],
+                           "ok": all(r.ok for r in rows)}
+    bumps = bump_summaries(rows)
+    if bumps:
+        out["bumps"] = bumps
+    return json.dumps(out, indent=2)
+
+
+# The states of ``BumpJournal.host_view`` as a bump cell says them.
+_BUMP_WORDS = {"candidate": "on candidate", "old": "old pins", "in flight": "in flight",
+               "failed": "rolled back", "lost": "lost", "skipped": "skipped",
+               "not attempted": "old pins", "up to date": "on candidate"}
+_BUMP_STYLE = {"on candidate": "green", "old pins": "yellow", "in flight": "magenta",
+               "rolled back": "red", "lost": "red", "skipped": "yellow"}
+
+
+def bump_cell(view: Mapping[str, Any] | None) -> Text:
+    """``on candidate 11-29 10:41``, ``old pins``, ``in flight 11-29 10:45 (runs candidate)``."""
+    if not view:
+        return Text("-")
+    words = _BUMP_WORDS.get(str(view.get("state")), str(view.get("state")))
+    text = f"{words} {_when(view.get('since'))}".strip()
+    if view.get("runs"):
+        text += f" (runs {view['runs']})"
+    return Text(text, style=_BUMP_STYLE.get(words, ""))
+
+
+def bump_summaries(rows: Sequence[StatusRow]) -> list[dict[str, Any]]:
+    """One entry per unfinished bump the rows are in: its id, target, start, who, journal,
+    and its hosts by where they stand (``candidate``, ``old``, ``in flight``, ...)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if not r.bump:
+            continue
+        entry = out.setdefault(str(r.bump["bump"]), {
+            k: r.bump.get(k) for k in ("bump", "target", "started", "by", "journal")})
+        entry.setdefault("hosts", {}).setdefault(str(r.bump.get("state")), []).append(r.host)
+    return list(out.values())
+
+
+def _bump_note(summary: Mapping[str, Any]) -> Text:
+    hosts = summary.get("hosts") or {}
+    parts = [f"{_BUMP_WORDS.get(state, state)}: {', '.join(names)}"
+             for state, names in hosts.items()]
+    return Text(f"{summary['bump']} ({summary['target']}), started {_when(summary['started'])} "
+                f"by {summary['by']}: {'; '.join(parts)}. `rigfleet bump` finishes it, "
+                f"`rigfleet bump --abandon` records it and stops (journal {summary['journal']})",
+                style="magenta")
 
 
 def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> Table:
     """One line per host: stack (or why it cannot be read), pins (image digest / Genesis /
     model revision, short), last gate, how much drift; the drift lines and errors follow as
-    notes."""
-    table = Table(title, ["host", "stack", "image/genesis/model", "gate", "drift"],
-                  keys=("host", "stack"))
+    notes. While a ``rigfleet bump`` is unfinished the title says ``(mid-bump)``, a ``bump``
+    column says where each host stands (on the candidate since when, on the old pins, in
+    flight and what it runs) and a ``mid-bump`` note names the bump and what to do."""
+    mid_bump = any(r.bump for r in rows)
+    columns = ["host", "stack", "image/genesis/model", "gate", "drift"]
+    table = Table(title + (" (mid-bump)" if mid_bump else ""),
+                  [*columns, "bump"] if mid_bump else columns, keys=("host", "stack"))
+    for summary in bump_summaries(rows):
+        table.note("mid-bump", _bump_note(summary))
     for r in rows:
         if not r.reachable:
             stack, drift = Text("unreachable", style="red"), Text("-")
@@ -57,5 +109,8 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> T
                 table.note(r.host, Text(line, style="yellow"))
         pins = "/".join((_hex(r.digest, 7), _hex(r.genesis, 7), _hex(r.model_revision, 7)))
         gate = "-" if r.gate is None else f"{r.gate} {_when(r.gate_time)}".strip()
-        table.row(r.host, stack, pins if r.reachable else "-", gate, drift)
+        cells: list[Any] = [r.host, stack, pins if r.reachable else "-", gate, drift]
+        if mid_bump:
+            cells.append(bump_cell(r.bump))
+        table.row(*cells)
     return table

@@ -17,11 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.bump.journal import BumpInFlight, BumpJournal
+from rigfleet.desired import DesiredHost, build_desired, fleet_pins
 from rigfleet.errors import RigfleetError
+from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.hostprobe import HostProbe, run_probe
 from rigfleet.inventory import InventoryHost
+from rigfleet.pins import Pins
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
 from rigfleet.status.drift import find_drift
 
@@ -43,6 +47,9 @@ class StatusRow:
     drift: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
+    # Where the host stands in an unfinished ``rigfleet bump`` (``BumpJournal.host_view``,
+    # plus ``runs`` for a host it was deploying: what the host itself says it runs).
+    bump: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -88,25 +95,59 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
     )
 
 
+def desired_choices(settings: HostSettings, pins: Pins,
+                    journal: BumpJournal | None) -> tuple[DesiredHost, ...]:
+    """What the host should run: one ``DesiredHost``; two (old pins, candidate) for a host an
+    interrupted bump was deploying, which only the host can tell apart (``pick``)."""
+    if journal is None:
+        return (build_desired(settings, pins.for_host(settings.name)),)
+    try:
+        return (build_desired(settings, journal.pins_for(pins, settings.name)),)
+    except BumpInFlight as e:
+        return build_desired(settings, e.old), build_desired(settings, e.new)
+
+
+def pick(wants: tuple[DesiredHost, ...], probe: HostProbe) -> tuple[DesiredHost, int]:
+    """The one of ``wants`` whose served stack ``state.json`` records (else the first), and
+    its index."""
+    keys = ("stack", "digest", "genesis_commit")
+    for i, want in enumerate(wants):
+        if all(probe.state.get(k) == want.current.tracked.get(k) for k in keys):
+            return want, i
+    return wants[0], 0
+
+
 def host_status(host: InventoryHost, timeout: float = 20.0, pins_base: Path | None = None,
                 remote: Remote | None = None) -> StatusRow:
     """Probe one host and decide its drift; never raises (problems land in the row)."""
     started = time.monotonic()
     try:
-        want = load_desired(host.name, host.data, pins_base)
+        settings = validate_host(host.name, host.data)
+        pins, journal = fleet_pins(settings, pins_base)
+        if journal is not None and journal.state == "finished":
+            journal = None
+        wants = desired_choices(settings, pins, journal)
     except RigfleetError as e:
         return StatusRow(host.name, reachable=False, error=f"inventory/pins: {e}")
+    view = journal.host_view(host.name) if journal is not None else None
     try:
         probe = run_probe(remote or SshRemote(connect_timeout=timeout), host, full=True,
-                          model_path=want.model_path, front_port=want.settings.front_port,
+                          model_path=wants[0].model_path, front_port=settings.front_port,
                           timeout=timeout)
     except HostUnreachable as e:
         return StatusRow(host.name, reachable=False, error=str(e),
-                         seconds=round(time.monotonic() - started, 2))
+                         seconds=round(time.monotonic() - started, 2), bump=view)
     if probe.bare:
         return StatusRow(host.name, reachable=True, error="not deployed yet (no host-side "
-                         "tool): run the deploy", seconds=round(time.monotonic() - started, 2))
-    return build_row(want, probe, time.monotonic() - started)
+                         "tool): run the deploy", seconds=round(time.monotonic() - started, 2),
+                         bump=view)
+    want, which = pick(wants, probe)
+    row = build_row(want, probe, time.monotonic() - started)
+    if view is not None and len(wants) > 1:
+        matched = any(probe.state.get("digest") == w.current.pins.digest for w in wants)
+        view = {**view, "runs": ("candidate" if which else "old") if matched else "unknown"}
+    row.bump = view
+    return row
 
 
 def fleet_status(

@@ -15,6 +15,13 @@ disk changes, so apt's If-Modified-Since sees the same files::
 
     info = build_repo(Path(".testbed/services/apt"), Path(".testbed/gnupg"), Path(".testbed/debs"))
     info.versions("nvidia-driver-cuda")   # ['580.105.08-1', '590.44.01-1']
+
+Another ``RepoLayout`` builds another repository under the same web root with its own key:
+:data:`DOCKER_LAYOUT` is shaped like download.docker.com/linux/debian (``dists/<codename>/
+stable/binary-amd64``, the pool under ``dists/<codename>/pool/stable/amd64/``, the armored key
+at ``linux/debian/gpg``)::
+
+    build_repo(web, gnupg, docker_debs, DOCKER_LAYOUT)
 """
 
 from __future__ import annotations
@@ -39,6 +46,43 @@ KEY_GPG = "rigfleet-testbed.gpg"
 ORIGIN = "rigfleet-testbed"
 
 
+@dataclass(frozen=True)
+class RepoLayout:
+    """Where one repository lives under the web root, how it is named and who signs it."""
+
+    repo_dir: str  # the repository URL's path: <url> = http://<host>/<repo_dir>
+    suite: str
+    component: str
+    architectures: tuple[str, ...]
+    key_uid: str
+    key_asc: str  # web-root-relative paths of the exported key
+    key_gpg: str | None
+    origin: str
+    label: str
+    description: str
+    pool: str = "debian"  # "debian": pool/<component>/<p>/<name>/; "docker": dists/<s>/pool/...
+
+    def pool_path(self, name: str, filename: str) -> str:
+        """A package's Filename (relative to repo_dir)."""
+        if self.pool == "docker":
+            return f"dists/{self.suite}/pool/{self.component}/{self.architectures[0]}/{filename}"
+        prefix = name[:4] if name.startswith("lib") else name[0]
+        return f"pool/{self.component}/{prefix}/{name}/{filename}"
+
+
+NVIDIA_LAYOUT = RepoLayout(
+    repo_dir=REPO_DIR, suite=SUITE, component=COMPONENT, architectures=ARCHITECTURES,
+    key_uid=KEY_UID, key_asc=KEY_ASC, key_gpg=KEY_GPG, origin=ORIGIN, label=ORIGIN,
+    description="rigfleet testbed stand-ins for NVIDIA driver and container toolkit",
+)
+DOCKER_LAYOUT = RepoLayout(
+    repo_dir="linux/debian", suite="bookworm", component="stable", architectures=("amd64",),
+    key_uid="rigfleet testbed Docker CE repository stand-in <docker@rigfleet.test>",
+    key_asc="linux/debian/gpg", key_gpg=None, origin="Docker", label="Docker CE",
+    description="rigfleet testbed stand-in for Docker's apt repository", pool="docker",
+)
+
+
 class AptRepoError(RuntimeError):
     """gpg or dpkg-deb failed; the message holds the command's stderr."""
 
@@ -60,18 +104,20 @@ class RepoInfo:
     web_root: Path
     fingerprint: str
     packages: tuple[RepoPackage, ...]
+    layout: RepoLayout = NVIDIA_LAYOUT
 
     @property
     def repo_dir(self) -> Path:
-        return self.web_root / REPO_DIR
+        return self.web_root / self.layout.repo_dir
 
     @property
     def public_key(self) -> Path:
-        return self.web_root / KEY_ASC
+        return self.web_root / self.layout.key_asc
 
     @property
     def keyring(self) -> Path:
-        return self.web_root / KEY_GPG
+        """The binary key (``signed-by=``); a layout without one serves only the armored key."""
+        return self.web_root / (self.layout.key_gpg or self.layout.key_asc)
 
     def versions(self, name: str) -> list[str]:
         return sorted(p.version for p in self.packages if p.name == name)
@@ -96,7 +142,7 @@ def _stop_agent(gnupg_home: Path) -> None:
                    capture_output=True)
 
 
-def _find_key(gnupg_home: Path) -> str | None:
+def _find_key(gnupg_home: Path, uid: str = KEY_UID) -> str | None:
     out = _gpg(gnupg_home, "--with-colons", "--list-secret-keys").decode()
     fpr, pending = None, False
     for line in out.splitlines():
@@ -105,23 +151,23 @@ def _find_key(gnupg_home: Path) -> str | None:
             pending, fpr = True, None
         elif cols[0] == "fpr" and pending and fpr is None:
             fpr = cols[9]
-        elif cols[0] == "uid" and pending and fpr and KEY_UID in cols[9]:
+        elif cols[0] == "uid" and pending and fpr and uid in cols[9]:
             return fpr
     return None
 
 
-def ensure_key(gnupg_home: Path) -> str:
-    """The fingerprint of the repository key in gnupg_home, generating it the first time."""
+def ensure_key(gnupg_home: Path, uid: str = KEY_UID) -> str:
+    """The fingerprint of the key ``uid`` in gnupg_home, generating it the first time."""
     gnupg_home.mkdir(parents=True, exist_ok=True)
     os.chmod(gnupg_home, 0o700)
     try:
-        fpr = _find_key(gnupg_home)
+        fpr = _find_key(gnupg_home, uid)
         if fpr is None:
             _gpg(gnupg_home, "--pinentry-mode", "loopback", "--passphrase", "",
-                 "--quick-generate-key", KEY_UID, "ed25519", "sign", "never")
-            fpr = _find_key(gnupg_home)
+                 "--quick-generate-key", uid, "ed25519", "sign", "never")
+            fpr = _find_key(gnupg_home, uid)
         if fpr is None:
-            raise AptRepoError(f"no key for {KEY_UID!r} in {gnupg_home} after generating one")
+            raise AptRepoError(f"no key for {uid!r} in {gnupg_home} after generating one")
         return fpr
     finally:
         _stop_agent(gnupg_home)
@@ -154,25 +200,21 @@ def _field(control: str, name: str) -> str:
     return m.group(1).strip()
 
 
-def _pool_dir(name: str) -> str:
-    prefix = name[:4] if name.startswith("lib") else name[0]
-    return f"pool/{COMPONENT}/{prefix}/{name}"
-
-
 def _collect(debs: Path | Iterable[Path]) -> list[Path]:
     if isinstance(debs, (str, Path)):
         return sorted(Path(debs).glob("*.deb"))
     return sorted(Path(d) for d in debs)
 
 
-def _publish_pool(repo: Path, debs: list[Path]) -> tuple[list[RepoPackage], list[str]]:
+def _publish_pool(repo: Path, debs: list[Path],
+                  layout: RepoLayout = NVIDIA_LAYOUT) -> tuple[list[RepoPackage], list[str]]:
     """Copy .debs into the pool; return the packages and their Packages paragraphs."""
     entries: list[tuple[RepoPackage, str]] = []
     for deb in debs:
         control = _control(deb)
         name, version = _field(control, "Package"), _field(control, "Version")
         arch = _field(control, "Architecture")
-        rel = f"{_pool_dir(name)}/{deb.name}"
+        rel = layout.pool_path(name, deb.name)
         data = deb.read_bytes()
         _write_if_changed(repo / rel, data)
         sha256 = hashlib.sha256(data).hexdigest()
@@ -181,17 +223,18 @@ def _publish_pool(repo: Path, debs: list[Path]) -> tuple[list[RepoPackage], list
         entries.append((RepoPackage(name, version, arch, rel, len(data), sha256), paragraph))
     entries.sort(key=lambda e: (e[0].name, e[0].version))
     wanted = {repo / e[0].filename for e in entries}
-    for stale in (repo / "pool").rglob("*.deb"):
+    for stale in repo.rglob("*.deb"):
         if stale not in wanted:
             stale.unlink()
     return [e[0] for e in entries], [e[1] for e in entries]
 
 
-def _release(indexes: dict[str, bytes], date: str) -> str:
+def _release(indexes: dict[str, bytes], date: str, layout: RepoLayout = NVIDIA_LAYOUT) -> str:
     lines = [
-        f"Origin: {ORIGIN}", f"Label: {ORIGIN}", f"Suite: {SUITE}", f"Codename: {SUITE}",
-        f"Date: {date}", f"Architectures: {' '.join(ARCHITECTURES)}", f"Components: {COMPONENT}",
-        "Description: rigfleet testbed stand-ins for NVIDIA driver and container toolkit",
+        f"Origin: {layout.origin}", f"Label: {layout.label}", f"Suite: {layout.suite}",
+        f"Codename: {layout.suite}", f"Date: {date}",
+        f"Architectures: {' '.join(layout.architectures)}", f"Components: {layout.component}",
+        f"Description: {layout.description}",
     ]
     for title, algo in (("MD5Sum", hashlib.md5), ("SHA256", hashlib.sha256)):
         lines.append(f"{title}:")
@@ -207,33 +250,37 @@ def _without_date(release: str) -> str:
 # --- the repository --------------------------------------------------------------------------
 
 
-def build_repo(out_dir: Path, gnupg_home: Path, debs: Path | Iterable[Path]) -> RepoInfo:
+def build_repo(out_dir: Path, gnupg_home: Path, debs: Path | Iterable[Path],
+               layout: RepoLayout = NVIDIA_LAYOUT) -> RepoInfo:
     """Build (or bring up to date) the signed repository under the web root ``out_dir``.
 
-    + out_dir: web root; the repository goes to out_dir/debian, the keys next to it
+    + out_dir: web root; the repository goes to out_dir/<layout.repo_dir>, the keys as the
+      layout says (next to it for the NVIDIA stand-ins)
     + gnupg_home: GPG home holding (or receiving) the signing key
     + debs: a directory of .debs, or the .deb paths themselves
     """
     out_dir = Path(out_dir)
-    fpr = ensure_key(Path(gnupg_home))
+    fpr = ensure_key(Path(gnupg_home), layout.key_uid)
     try:
-        repo = out_dir / REPO_DIR
-        packages, paragraphs = _publish_pool(repo, _collect(debs))
-        amd64 = "\n".join(paragraphs).encode()
+        repo = out_dir / layout.repo_dir
+        packages, paragraphs = _publish_pool(repo, _collect(debs), layout)
+        by_arch = {"amd64": "\n".join(paragraphs).encode()}
         indexes: dict[str, bytes] = {}
-        for arch, body in (("amd64", amd64), ("all", b"")):
-            rel = f"{COMPONENT}/binary-{arch}/Packages"
-            indexes[rel] = body
-            indexes[rel + ".gz"] = gzip.compress(body, mtime=0)
-        dists = repo / "dists" / SUITE
+        for arch in layout.architectures:
+            rel = f"{layout.component}/binary-{arch}/Packages"
+            indexes[rel] = by_arch.get(arch, b"")
+            indexes[rel + ".gz"] = gzip.compress(indexes[rel], mtime=0)
+        dists = repo / "dists" / layout.suite
         for rel, data in indexes.items():
             _write_if_changed(dists / rel, data)
 
         armored = _gpg(gnupg_home, "--armor", "--export", fpr)
-        key_changed = _write_if_changed(out_dir / KEY_ASC, armored)
-        _write_if_changed(out_dir / KEY_GPG, _gpg(gnupg_home, "--export", fpr))
+        key_changed = _write_if_changed(out_dir / layout.key_asc, armored)
+        if layout.key_gpg:
+            _write_if_changed(out_dir / layout.key_gpg, _gpg(gnupg_home, "--export", fpr))
 
-        release = _release(indexes, email.utils.formatdate(usegmt=True).replace("GMT", "UTC"))
+        release = _release(indexes, email.utils.formatdate(usegmt=True).replace("GMT", "UTC"),
+                           layout)
         old = (dists / "Release").read_text() if (dists / "Release").exists() else ""
         signed = (dists / "InRelease").exists() and (dists / "Release.gpg").exists()
         if key_changed or not signed or _without_date(old) != _without_date(release):
@@ -243,7 +290,8 @@ def build_repo(out_dir: Path, gnupg_home: Path, debs: Path | Iterable[Path]) -> 
                               _gpg(gnupg_home, *sign, "--clearsign", input=release.encode()))
             _write_if_changed(dists / "Release.gpg", _gpg(
                 gnupg_home, *sign, "--armor", "--detach-sign", input=release.encode()))
-        return RepoInfo(web_root=out_dir, fingerprint=fpr, packages=tuple(packages))
+        return RepoInfo(web_root=out_dir, fingerprint=fpr, packages=tuple(packages),
+                        layout=layout)
     finally:
         _stop_agent(Path(gnupg_home))
 

@@ -5,15 +5,18 @@ generated inventory and pins. The pieces (see docs/architecture.md):
 
 - ``rigfleet-registry``: the pull mirror serving ``vllm/vllm-openai`` as Docker Hub does today
   (every release, the 14 newest nightlies; ``rigfleet_testbed.mirror``);
-- ``rigfleet-services``: signed apt repository, Hugging Face-compatible hub, Genesis git
-  repositories, PyPI stand-in;
-- ``rigfleet-hostN``: bare Debian 13 hosts with systemd, sshd and simulated dual-3090 hardware;
+- ``rigfleet-services``: signed apt repositories (the NVIDIA stand-ins; Docker CE's stand-in
+  when a host runs Debian 12), Hugging Face-compatible hub, Genesis git repositories, PyPI
+  stand-in;
+- ``rigfleet-hostN``: bare Debian 13 (or 12) hosts with systemd, sshd, simulated dual-3090
+  hardware and UEFI firmware (Secure Boot, MOK list), logged into as root or a sudo user;
 - ``.testbed-<n>/archives/<tag>.tar``: ``docker save`` copies of purged nightlies an operator
   kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -33,8 +36,18 @@ import yaml
 
 from rigfleet.pins import GenesisPin
 from rigfleet.registry import Registry, RegistryError
-from rigfleet_testbed import hardware, images, layout, mirror, vllm_builds, vllm_images
-from rigfleet_testbed.layout import HostSlot
+from rigfleet_testbed import (
+    firmware,
+    hardware,
+    hostspec,
+    images,
+    layout,
+    mirror,
+    vllm_builds,
+    vllm_images,
+)
+from rigfleet_testbed.hostspec import HostSpec
+from rigfleet_testbed.layout import HostOS, HostSlot
 
 Log = Callable[[str], None]
 
@@ -92,8 +105,19 @@ class Paths:
         """``docker save`` archives of purged nightlies (the copy an operator kept)."""
         return self.root / "archives"
 
+    @property
+    def docker_debs(self) -> Path:
+        return self.root / "docker-debs"
+
     def hardware(self, host: str) -> Path:
         return self.root / "hosts" / host / "hardware.json"
+
+    def firmware(self, host: str) -> Path:
+        """The host's simulated UEFI NVRAM (``rigfleet_testbed.firmware``)."""
+        return self.root / "hosts" / host / "firmware"
+
+    def host_meta(self, host: str) -> Path:
+        return self.root / "hosts" / host / "host.json"
 
 
 @dataclass
@@ -101,6 +125,10 @@ class UpOptions:
     hosts: int = 2
     hardware_overrides: list[dict[str, Any]] = field(default_factory=list)
     inventory: Path = layout.INVENTORY
+    oses: list[tuple[str, HostOS]] = field(default_factory=list)
+    sudo: list[str] = field(default_factory=list)
+    # The serving simulators' clock on every host (a host's override wins); 1 = real time.
+    sim_speedup: float = hardware.DEFAULT_SIM_SPEEDUP
 
 
 # -- artifacts on the control machine --------------------------------------------------------
@@ -137,7 +165,10 @@ def build_service_data(paths: Paths, log: Log) -> dict[str, Any]:
         log(f"real Genesis history not served: {layout.GENESIS_BUNDLE} is not there")
     pypi = pypi_fixture.build_index(data / "pypi")
     fixtures = {
-        "model": {"repo": model.repo, "revision": model.commit},
+        # revision: the known-good commit the fleet is pinned at; main has moved on to
+        # later_revision, the re-quantised upload that fails verify-stress's needles.
+        "model": {"repo": model.repo, "revision": model.commit,
+                  "later_revision": model.later_commit},
         "genesis": {
             "url": layout.GENESIS_URL, "old_url": layout.GENESIS_OLD_URL,
             "real_url": layout.GENESIS_REAL_URL if genesis.real_path else None,
@@ -161,20 +192,32 @@ def sim_builds() -> tuple[list[vllm_builds.Build], list[vllm_builds.Build]]:
     return served, [b for b in purged if b.archived]
 
 
-def build_images(c: docker.DockerClient, paths: Paths, log: Log) -> dict[str, str]:
-    """Build what changed; returns the pinned image of each container kind (host, registry,
-    services): containers are made from those, whatever another checkout does to the tags."""
-    images.ensure_base(c, log)
+def host_kind(os_: HostOS) -> str:
+    return f"host-{os_.name}"
+
+
+def build_images(c: docker.DockerClient, paths: Paths, log: Log,
+                 oses: set[HostOS] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Build what changed. Returns (the pinned image of each container kind: ``host-<os>``,
+    ``registry``, ``services``; the base image of each Debian suite that was needed).
+
+    Containers are made from the pinned images, whatever another checkout does to the tags.
+    """
+    oses = oses or {layout.DEFAULT_OS}
+    bases = {o.codename: images.ensure_base(c, log, o.codename)
+             for o in sorted(oses | {layout.DEFAULT_OS}, key=lambda o: o.name)}
     ca = images.site_ca_files()
-    jobs = {
-        "host": (layout.IMAGES_DIR / "host", layout.HOST_IMAGE, ca),
-        "registry": (layout.IMAGES_DIR / "registry", layout.REGISTRY_IMAGE, None),
-        "services": (layout.IMAGES_DIR / "services", layout.SERVICES_IMAGE, None),
-    }
+    jobs: dict[str, tuple[Path, str, dict[str, str] | None, dict[str, Path] | None]] = {
+        host_kind(o): (layout.IMAGES_DIR / "host", o.host_image,
+                       {"BASE": o.base_image, "MOKUTIL_VERSION": MOKUTIL_VERSIONS[o.codename]},
+                       ca)
+        for o in sorted(oses, key=lambda o: o.name)}
+    jobs["registry"] = (layout.IMAGES_DIR / "registry", layout.REGISTRY_IMAGE, None, None)
+    jobs["services"] = (layout.IMAGES_DIR / "services", layout.SERVICES_IMAGE, None, None)
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures: dict[str, Future[Any]] = {
-            kind: pool.submit(images.build, c, ctx, tag, log, None, extra, True)
-            for kind, (ctx, tag, extra) in jobs.items()}
+            kind: pool.submit(images.build, c, ctx, tag, log, args, extra, True)
+            for kind, (ctx, tag, args, extra) in jobs.items()}
         futures["sim-base"] = pool.submit(vllm_images.ensure_base, c, log)
         refs = {kind: f.result() for kind, f in futures.items()}
     served, kept = sim_builds()
@@ -185,7 +228,32 @@ def build_images(c: docker.DockerClient, paths: Paths, log: Log) -> dict[str, st
         for saved in [pool.submit(vllm_images.save_archive, c, b, paths.archives, log)
                       for b in kept]:
             saved.result()
-    return {kind: refs[kind].ref for kind in jobs}
+    return {kind: refs[kind].ref for kind in jobs}, bases
+
+
+# Debian's mokutil version per release; the hosts' stand-in is this + "+rigfleet1", so apt sees
+# the installed stand-in as newer and `apt-get install mokutil` leaves it (images/host).
+MOKUTIL_VERSIONS = {"trixie": "0.7.2-1", "bookworm": "0.6.0-2"}
+
+
+def build_docker_repo(c: docker.DockerClient, paths: Paths, bases: dict[str, str],
+                      log: Log) -> str:
+    """Docker CE's apt repository stand-in under the apt web root; returns its key fingerprint.
+
+    Only Debian 12 hosts need it; it is built the first time one is asked for (both base
+    images are needed then) and kept after. The key exists either way (the inventory names it).
+    """
+    from rigfleet_testbed import aptrepo, dockerrepo
+
+    if {"bookworm", "trixie"} <= set(bases):
+        debs = dockerrepo.build_docker_debs(c, paths.docker_debs, bases, log)
+        return aptrepo.build_repo(paths.services_data / "apt", paths.gnupg, debs,
+                                  aptrepo.DOCKER_LAYOUT).fingerprint
+    fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid)
+    if paths.docker_debs.is_dir() and any(paths.docker_debs.glob("*.deb")):
+        aptrepo.build_repo(paths.services_data / "apt", paths.gnupg, paths.docker_debs,
+                           aptrepo.DOCKER_LAYOUT)
+    return fpr
 
 
 # -- containers --------------------------------------------------------------------------------
@@ -220,6 +288,7 @@ def _create(
     ip: str,
     aliases: Iterable[str],
     ports: dict[str, tuple[str, int]],
+    labels: dict[str, str] | None = None,
     **host_config: Any,
 ):
     api = c.api
@@ -233,7 +302,7 @@ def _create(
     api.create_container(
         image, name=name, hostname=name.removeprefix("rigfleet-"), detach=True,
         ports=[int(p.split("/")[0]) for p in ports], host_config=hc,
-        networking_config=networking, labels={layout.LABEL: layout.LABEL_VALUE},
+        networking_config=networking, labels={layout.LABEL: layout.LABEL_VALUE, **(labels or {})},
     )
     return c.containers.get(name)
 
@@ -270,8 +339,17 @@ def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log, image: str) 
         f"{len(report.deleted)} purged nightlies deleted)")
 
 
+def _aliases(ctr) -> set[str]:
+    nets = ctr.attrs.get("NetworkSettings", {}).get("Networks") or {}
+    return set((nets.get(layout.NETWORK) or {}).get("Aliases") or [])
+
+
 def ensure_services(c: docker.DockerClient, paths: Paths, image: str) -> None:
-    if (ctr := _current(c, layout.SERVICES_CONTAINER, image)) is None:
+    ctr = _current(c, layout.SERVICES_CONTAINER, image)
+    if ctr is not None and not set(layout.SERVICES_ALIASES) <= _aliases(ctr):
+        ctr.remove(force=True)  # made before a name was added (download.docker.rigfleet.test)
+        ctr = None
+    if ctr is None:
         ctr = _create(
             c, layout.SERVICES_CONTAINER, image, layout.SERVICES_IP,
             layout.SERVICES_ALIASES,
@@ -289,27 +367,99 @@ def ensure_services(c: docker.DockerClient, paths: Paths, image: str) -> None:
     _wait_http(f"http://127.0.0.1:{layout.PYPI_LOCAL_PORT}/simple/", "pypi")
 
 
-def ensure_host(c: docker.DockerClient, slot: HostSlot, paths: Paths, image: str) -> None:
+HOST_CONFIG_LABEL = "io.rigfleet_testbed.host-config"
+HOST_OS_LABEL = "io.rigfleet_testbed.os"
+# The NVIDIA character devices (devnodes): the host may open them, as root on a real machine can;
+# with no driver behind them an open then fails with ENXIO instead of EPERM.
+HOST_DEVICE_RULES = ("c 195:* rwm", "c 509:* rwm")
+
+
+def ensure_host(c: docker.DockerClient, spec: HostSpec, paths: Paths, image: str) -> bool:
+    """Create (or re-create, when what it is made of changed) and start one host from the
+    pinned ``image``; True if new."""
+    slot = spec.slot
+    image_id = c.images.get(image).id
+    wanted = spec.config_hash(image_id)
     ctr = _get(c, slot.container)
-    if ctr is None:
+    if ctr is not None and (ctr.labels or {}).get(HOST_CONFIG_LABEL) != wanted:
+        ctr.remove(force=True)  # a different machine now: new disk, new firmware
+        _remove_volume(c, slot.docker_volume)
+        ctr = None
+    created = ctr is None
+    if created:
+        init_firmware(spec, paths)
         ctr = _create(
             c, slot.container, image, slot.ip, [slot.name],
             {"22/tcp": ("127.0.0.1", slot.ssh_port), "8000/tcp": ("127.0.0.1", slot.front_port)},
+            labels={HOST_CONFIG_LABEL: wanted, HOST_OS_LABEL: spec.os.name},
             cap_add=list(layout.HOST_CAPS),
             security_opt=["seccomp=unconfined", "apparmor=unconfined"],
             cgroupns="host",
             tmpfs={"/run": "", "/run/lock": ""},
+            device_cgroup_rules=list(HOST_DEVICE_RULES),
             binds={
                 "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
                 slot.docker_volume: {"bind": "/var/lib/docker", "mode": "rw"},
                 str(paths.hardware(slot.name)): {"bind": "/etc/nvidia-sim/hardware.json",
                                                  "mode": "ro"},
+                str(paths.firmware(slot.name)): {"bind": "/etc/nvidia-sim/firmware",
+                                                 "mode": "rw"},
             },
         )
         pub = paths.ssh_key.with_suffix(".pub").read_bytes()
-        ctr.put_archive("/root/.ssh", images.tar_of({"authorized_keys": pub}))
+        if not spec.sudo:
+            ctr.put_archive("/root/.ssh", images.tar_of({"authorized_keys": pub}))
+        mok = paths.firmware(slot.name) / ".dkms-key"
+        if mok.is_dir():  # mok_enrolled: the machine already has its DKMS key, enrolled
+            ctr.put_archive("/var/lib", images.tar_of(
+                {"dkms/mok.key": (mok / "mok.key").read_bytes(),
+                 "dkms/mok.pub": (mok / "mok.pub").read_bytes()}))
     if ctr.status != "running":
         ctr.start()
+    if created and spec.sudo:
+        add_sudo_user(ctr, paths.ssh_key.with_suffix(".pub").read_text().strip())
+    return created
+
+
+def init_firmware(spec: HostSpec, paths: Paths) -> None:
+    """A new machine's NVRAM from its profile; with mok_enrolled, a DKMS key already enrolled."""
+    sb = spec.profile.get("secure_boot") or {}
+    nvram = paths.firmware(spec.name)
+    enrolled: list[bytes] = []
+    key = cert = None
+    if sb.get("mok_enrolled"):
+        key, cert = firmware.dkms_key_pair()
+        enrolled.append(cert)
+    firmware.init_nvram(nvram, bool(sb.get("enabled")), enrolled)
+    if key is not None and cert is not None:
+        # Kept beside the NVRAM (not in it) only to put it on the host's disk at creation.
+        keep = nvram / ".dkms-key"
+        keep.mkdir(mode=0o700)
+        (keep / "mok.key").write_bytes(key)
+        os.chmod(keep / "mok.key", 0o600)
+        (keep / "mok.pub").write_bytes(cert)
+
+
+def add_sudo_user(ctr, public_key: str) -> None:
+    """The host's administrator ``rig``: key login, passwordless sudo, no root login by key."""
+    script = (
+        f"set -e; u={layout.SUDO_USER}; "
+        'id "$u" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash --groups sudo "$u"; '
+        'install -d -m 700 -o "$u" -g "$u" "/home/$u/.ssh"; '
+        'printf "%s\n" "$KEY" > "/home/$u/.ssh/authorized_keys"; '
+        'chown "$u:$u" "/home/$u/.ssh/authorized_keys"; '
+        'chmod 600 "/home/$u/.ssh/authorized_keys"; '
+        'printf "%s ALL=(ALL) NOPASSWD:ALL\n" "$u" > "/etc/sudoers.d/90-$u"; '
+        'chmod 440 "/etc/sudoers.d/90-$u"'
+    )
+    rc, out = ctr.exec_run(["sh", "-c", script], environment={"KEY": public_key})
+    if rc != 0:
+        raise TestbedError(f"{ctr.name}: creating the sudo user failed: {out.decode()[-500:]}")
+
+
+def _remove_volume(c: docker.DockerClient, name: str) -> None:
+    with contextlib.suppress(docker.errors.NotFound):
+        c.volumes.get(name).remove(force=True)
 
 
 def host_key(c: docker.DockerClient, slot: HostSlot, timeout: float = 90) -> str:
@@ -376,7 +526,6 @@ def write_pins(paths: Paths, fixtures: dict[str, Any], log: Log = print) -> None
     """
     from dataclasses import replace
 
-    from rigfleet.pinlock import hub_revision
     from rigfleet.pins import dump_pins, load_pins, parse_pins, with_resolved
 
     pins = load_pins(layout.REPO_ROOT / "pins.yaml", allow_unresolved=True)
@@ -390,8 +539,9 @@ def write_pins(paths: Paths, fixtures: dict[str, Any], log: Log = print) -> None
             missing.append(name)
             log(f"pins: stacks.{name}: {stack.image_ref} is not on the mirror (Docker Hub has "
                 f"no such tag today); left unresolved in {paths.pins}")
-    pins = with_resolved(pins, digests,
-                         hub_revision(f"http://127.0.0.1:{layout.HUB_LOCAL_PORT}", pins.model.repo))
+    # The hub's main has moved on to a re-quantised upload; the fleet stays locked at the
+    # revision it was pinned at (what `rigfleet pins lock` resolved before that push).
+    pins = with_resolved(pins, digests, fixtures["model"]["revision"])
     pins = replace(pins, stacks={
         name: replace(s, genesis=fixture_genesis(s.genesis, fixtures["genesis"]))
         if s.genesis is not None else s
@@ -416,20 +566,23 @@ def gpg_fingerprint(gnupg_home: Path) -> str:
     return fprs[0]
 
 
-def inventory_text(slots: list[HostSlot], paths: Paths) -> str:
+def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str) -> str:
     rel = str  # absolute paths: the inventory works from any working directory
     hosts = []
-    for slot in slots:
-        data = {
+    for spec in specs:
+        slot = spec.slot
+        data: dict[str, Any] = {
             "ssh_hostname": "127.0.0.1",
             "ssh_port": slot.ssh_port,
-            "ssh_user": "root",
+            "ssh_user": spec.ssh_user,
             "ssh_key": rel(paths.ssh_key),
             "ssh_known_hosts_file": rel(paths.known_hosts),
             "ssh_strict_host_key_checking": "yes",
             "front_url": f"http://127.0.0.1:{slot.front_port}",
             "testbed_container": slot.container,
         }
+        if spec.sudo:
+            data["_sudo"] = True  # pyinfra: every operation through sudo
         hosts.append(f"    ({slot.name!r}, {pformat(data, indent=4, width=96)}),")
     testbed_repo = {"url": layout.APT_URL, "key_url": layout.APT_KEY_URL, "suite": "stable",
                     "components": ["main"], "key_fingerprint": gpg_fingerprint(paths.gnupg)}
@@ -450,12 +603,13 @@ def inventory_text(slots: list[HostSlot], paths: Paths) -> str:
             # The stand-in NVIDIA packages live in one signed repository on the testbed.
             "cuda": testbed_repo,
             "nvidia-container-toolkit": testbed_repo,
-            # Not used on Debian 13 (Compose v2 is in the distribution); kept as in all.py.
+            # Docker's repository as a user points at download.docker.com; the stand-in has
+            # Debian 12 (bookworm), where Debian itself has no Compose v2.
             "docker": {
-                "url": "https://download.docker.com/linux/{id}",
-                "key_url": "https://download.docker.com/linux/{id}/gpg",
+                "url": layout.DOCKER_APT_URL,
+                "key_url": layout.DOCKER_APT_KEY_URL,
                 "suite": "{codename}", "components": ["stable"],
-                "key_fingerprint": "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+                "key_fingerprint": docker_fpr,
             },
         },
     }
@@ -474,7 +628,7 @@ def inventory_text(slots: list[HostSlot], paths: Paths) -> str:
         "    _testbed_data,",
         ")",
         "",
-        f"canary = [{slots[0].name!r}]",
+        f"canary = [{specs[0].name!r}]",
         "",
     ]
     return "\n".join(lines)
@@ -492,37 +646,75 @@ def write_known_hosts(paths: Paths, keys: dict[HostSlot, str]) -> None:
 def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
     if not 1 <= options.hosts <= 12:
         raise TestbedError(f"--hosts {options.hosts}: the testbed runs 1 to 12 hosts")
+    try:
+        specs = hostspec.host_specs(options.hosts, options.hardware_overrides, options.oses,
+                                    options.sudo, options.sim_speedup)
+    except ValueError as exc:
+        raise TestbedError(str(exc)) from None
     paths = Paths()
     c = client()
     ensure_secrets(paths)
     t0 = time.monotonic()
     fixtures = build_service_data(paths, log)
     t1 = time.monotonic()
-    refs = build_images(c, paths, log)
+    refs, bases = build_images(c, paths, log, {s.os for s in specs})
+    docker_fpr = build_docker_repo(c, paths, bases, log)
     t2 = time.monotonic()
     ensure_network(c)
     ensure_registry(c, paths, log, refs["registry"])
     ensure_services(c, paths, refs["services"])
     log(f"service data {t1 - t0:.1f}s, images {t2 - t1:.1f}s, "
         f"registry+services {time.monotonic() - t2:.1f}s")
-    slots = [HostSlot(i) for i in range(1, options.hosts + 1)]
-    overrides = {o["host"]: o for o in options.hardware_overrides}
-    for name in overrides:
-        if name not in {s.name for s in slots}:
-            raise TestbedError(f"hardware override for {name!r}: no such host "
-                               f"(hosts: {', '.join(s.name for s in slots)})")
-    for slot in slots:
-        opts = {k: v for k, v in overrides.get(slot.name, {}).items() if k != "host"}
-        hw = paths.hardware(slot.name)
+    for spec in specs:
+        hw = paths.hardware(spec.name)
         hw.parent.mkdir(parents=True, exist_ok=True)
-        hw.write_text(hardware.render(hardware.hardware_profile(slot.name, **opts)))
-        log(f"starting {slot.name} (ssh 127.0.0.1:{slot.ssh_port})")
-        ensure_host(c, slot, paths, refs["host"])
-    keys = {slot: host_key(c, slot) for slot in slots}
+        hw.write_text(hardware.render(spec.profile))
+        paths.host_meta(spec.name).write_text(json.dumps(spec.metadata(), indent=1) + "\n")
+        extra = f", {spec.os.name}" + (f", user {spec.ssh_user} (sudo)" if spec.sudo else "")
+        log(f"starting {spec.name} (ssh 127.0.0.1:{spec.slot.ssh_port}{extra})")
+        ensure_host(c, spec, paths, refs[host_kind(spec.os)])
+    keys = {spec.slot: host_key(c, spec.slot) for spec in specs}
     write_known_hosts(paths, keys)
     write_pins(paths, fixtures, log)
-    options.inventory.write_text(inventory_text(slots, paths))
-    return slots
+    options.inventory.write_text(inventory_text(specs, paths, docker_fpr))
+    return [s.slot for s in specs]
+
+
+def mok_enroll(host: str, log: Log = print, reboot: bool = True, timeout: float = 180) -> None:
+    """A person at ``host``'s console at the next boot, enrolling what ``mokutil --import``
+    asked for (shim's MokManager, testbed-firmware-boot); with ``reboot`` the person also
+    reboots the machine and waits until it is back."""
+    paths = Paths()
+    nvram = paths.firmware(host)
+    if not nvram.is_dir():
+        raise TestbedError(f"{host}: no such testbed host (no firmware at {nvram})")
+    pending = firmware.pending_requests(nvram)
+    if not pending:
+        raise TestbedError(
+            f"{host}: no MOK enrolment request is pending (`mokutil --list-new` is empty); "
+            "run `mokutil --import /var/lib/dkms/mok.pub` on the host first")
+    firmware.arm_console(nvram)
+    log(f"{host}: a person will be at the console at the next boot to enrol "
+        f"{len(pending)} key(s)")
+    if not reboot:
+        return
+    c = client()
+    slot = next((s for s in (HostSlot(i) for i in range(1, 13)) if s.name == host), None)
+    ctr = _get(c, slot.container) if slot else None
+    if slot is None or ctr is None or ctr.status != "running":
+        raise TestbedError(f"{host}: its container is not running")
+    before = firmware.boot_log(nvram)
+    ctr.exec_run(["systemctl", "reboot"], detach=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        after = firmware.boot_log(nvram)
+        if len(after) > len(before):
+            host_key(c, slot, max(deadline - time.monotonic(), 1))
+            for line in after[len(before):]:
+                log(f"{host}: {line.split(' ', 1)[-1]}")
+            return
+    raise TestbedError(f"{host}: did not boot again within {timeout:.0f}s")
 
 
 def _ours(c: docker.DockerClient) -> list:
@@ -561,6 +753,8 @@ def status() -> list[dict[str, Any]]:
         ports = ctr.attrs.get("NetworkSettings", {}).get("Ports") or {}
         row["ports"] = ", ".join(
             f"{b[0]['HostIp']}:{b[0]['HostPort']}->{p}" for p, b in ports.items() if b)
+        if HOST_OS_LABEL in (ctr.labels or {}):
+            row["os"] = ctr.labels[HOST_OS_LABEL]
         if ctr.name.rsplit("-", 1)[-1].startswith("host") and ctr.status == "running":
             rc, out = ctr.exec_run(["sh", "-c", "cat /run/nvidia-sim/loaded 2>/dev/null"])
             row["driver"] = out.decode().strip() if rc == 0 and out.strip() else "not loaded"

@@ -3,9 +3,19 @@
 Genesis v7 keeps ``PATCH_REGISTRY`` in ``vllm/_genesis/dispatcher.py``, v12 in
 ``sndr/dispatcher/registry.py`` with a ``lifecycle`` and an optional
 ``applies_to.vllm_version_range`` per patch (upstream-2026.md 3.4). The env switches are the same
-``GENESIS_ENABLE_*`` names in both. Which switch is retired, legacy or research in v12, and which
-is capped ``<0.24.0``, is the reference's mapping of club-3090's 44 switches; P4 and PN54 are not
-in the v12 registry at all (P4 was archived).
+``GENESIS_ENABLE_*`` names in both. Each entry's id, ``env_flag``, ``default_on``, lifecycle and
+version range are the real registries' (v7.72.2 ``7b9fd319``, v12.1.0 ``66e37841``; a unit test
+holds them against ``tests/fixtures/genesis/*-registry.json``, an extract of those facts); titles
+and categories are the fixture's own. Ids keep the real spelling: ``P60b``, ``P61b``, ``P67b``
+(a second patch behind P67's switch) and ``PN26b`` (``GENESIS_ENABLE_PN26_SPARSE_V``).
+
+P4 is a *legacy* patch in both generations: its ``env_flag`` is ``GENESIS_LEGACY_P4``, which is no
+switch, and its own apply hook runs it on every apply (v7.72.2 ``apply_patch_4_tq_hybrid`` in
+``vllm/_genesis/patches/apply_all.py``; v12.1.0 the same hook in
+``sndr/apply/_per_patch_dispatch.py``, which the default apply loop calls without the dispatcher's
+lifecycle gate, so v12's ``lifecycle: retired`` does not stop it). It text-patches vLLM's refusal
+of TurboQuant on hybrid models away and skips itself on builds that support them (vllm#39931,
+0.20.2rc1.dev60): there its anchor is gone.
 
 A few patches are *text patches*: they replace an anchor in a vLLM source file and leave a
 ``[Genesis <id>`` marker there (the simulator reads those markers; a second apply in the same
@@ -24,97 +34,124 @@ import json
 from dataclasses import dataclass
 
 CAP_024 = (">=0.20.0", "<0.24.0")  # P67, P72, P82, P103, PN12, PN14 (upstream-2026.md 3.4)
+CAP_023 = (">=0.20.0", "<0.23.0")  # P61b, P64, PN30 (v12.1.0 registry)
+LEGACY_PREFIX = "GENESIS_LEGACY_"
+ENABLE_PREFIX = "GENESIS_ENABLE_"
 
 
 @dataclass(frozen=True)
 class PatchDef:
     """One Genesis patch.
 
-    + pid: the id (``P67``); ``v12_id`` when v12 files it under another key (``PN26B``)
-    + suffix: the env switch is ``GENESIS_ENABLE_<pid>[_<suffix>]``
-    + lifecycle: v12's (experimental | retired | legacy | research); v7 has none
-    + vllm_range: v12's ``applies_to.vllm_version_range`` (enforced only with
-      ``GENESIS_ENFORCE_VERSION_RANGE=1``)
-    + in_v12: False for the switches v12 no longer registers (P4, PN54)
+    + pid: the id as both registries spell it (``P67``, ``P60b``)
+    + switch: the env switch is ``GENESIS_ENABLE_<switch>``; empty for a legacy patch, whose
+      ``env_flag`` is ``GENESIS_LEGACY_<pid>`` and which applies on every apply (no switch)
+    + lifecycle: v12's (experimental | retired | legacy | research)
+    + vllm_range: v12's ``applies_to.vllm_version_range`` (specifiers, or one specifier string as
+      some real entries have it; enforced only with ``GENESIS_ENFORCE_VERSION_RANGE=1``)
+    + v7_lifecycle: what v7's entry declares: empty (nothing: ``stable``), ``legacy`` or
+      ``retired`` (a ``lifecycle`` key), ``deprecated`` (``deprecated: True``)
+    + default_on: the generations whose entry says ``default_on: True`` (informational in both:
+      v7 reads only the switch, v12 is strict opt-in)
+    + aliases: v12's ``env_flag_aliases`` (older switch names that still turn the patch on)
     """
 
     pid: str
-    suffix: str
+    switch: str
     title: str
     category: str
     lifecycle: str = "experimental"
-    vllm_range: tuple[str, str] | None = None
-    v12_id: str = ""
-    in_v12: bool = True
+    vllm_range: tuple[str, ...] | str | None = None
+    v7_lifecycle: str = ""
+    default_on: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def legacy(self) -> bool:
+        """Applied by its own hook on every apply; its ``env_flag`` switches nothing."""
+        return not self.switch
 
     @property
     def env_flag(self) -> str:
-        return f"GENESIS_ENABLE_{self.pid}" + (f"_{self.suffix}" if self.suffix else "")
+        return f"{LEGACY_PREFIX}{self.pid}" if self.legacy else f"{ENABLE_PREFIX}{self.switch}"
 
 
-def _p(pid: str, suffix: str, title: str, category: str, lifecycle: str = "experimental",
-       vllm_range: tuple[str, str] | None = None, **kw: str | bool) -> PatchDef:
-    return PatchDef(pid, suffix, title, category, lifecycle, vllm_range, **kw)  # type: ignore[arg-type]
+def _p(pid: str, switch: str, title: str, category: str, lifecycle: str = "experimental",
+       vllm_range: tuple[str, ...] | str | None = None, v7: str = "",
+       default_on: tuple[str, ...] = (), aliases: tuple[str, ...] = ()) -> PatchDef:
+    return PatchDef(pid, switch, title, category, lifecycle, vllm_range, v7, default_on,
+                    tuple(f"{ENABLE_PREFIX}{a}" for a in aliases))
 
 
 R = "retired"
 PATCHES: tuple[PatchDef, ...] = (
-    _p("P4", "", "TurboQuant KV cache on hybrid (GDN + attention) models", "kv_cache", R, in_v12=False),
-    _p("P15B", "FA_VARLEN_CLAMP", "FlashAttention varlen max_seqlen clamp", "attention"),
-    _p("P38B", "COMPILE_SAFE", "torch.compile-safe KV view", "compile_safety"),
-    _p("P40", "", "grouped-query decode fast path", "attention", "legacy"),
-    _p("P58", "ASYNC_PLACEHOLDER_FIX", "async scheduling placeholder fix", "scheduler"),
-    _p("P60", "GDN_NGRAM_FIX", "GDN state rollback for n-gram/MTP rejects", "gdn"),
-    _p("P60B", "TRITON_KERNEL", "GDN rollback Triton kernel", "gdn"),
-    _p("P61", "QWEN3_MULTI_TOOL", "Qwen3 multiple tool calls per turn", "tools", R),
-    _p("P61B", "STREAMING_OVERLAP", "tool-call streaming overlap fix", "tools", R),
-    _p("P62", "STRUCT_OUT_SPEC_TIMING", "structured output timing under spec-decode", "spec_decode"),
-    _p("P64", "QWEN3CODER_MTP_STREAMING", "qwen3_coder tool streaming with MTP", "tools", R,
-       (">=0.20.0", "<0.23.0")),
-    _p("P65", "TURBOQUANT_SPEC_CG_DOWNGRADE", "TurboQuant spec-decode cudagraph downgrade",
+    _p("P4", "", "TurboQuant KV cache on hybrid (GDN + attention) models", "kv_cache", R,
+       v7="legacy", default_on=("v7",)),
+    _p("P15B", "P15B_FA_VARLEN_CLAMP", "FlashAttention varlen max_seqlen clamp", "attention"),
+    _p("P38B", "P38B_COMPILE_SAFE", "torch.compile-safe KV view", "compile_safety"),
+    _p("P40", "P40", "grouped-query decode fast path", "attention", "legacy", v7="legacy"),
+    _p("P58", "P58_ASYNC_PLACEHOLDER_FIX", "async scheduling placeholder fix", "scheduler"),
+    _p("P60", "P60_GDN_NGRAM_FIX", "GDN state rollback for n-gram/MTP rejects", "gdn"),
+    _p("P60b", "P60B_TRITON_KERNEL", "GDN rollback Triton kernel", "gdn"),
+    _p("P61", "P61_QWEN3_MULTI_TOOL", "Qwen3 multiple tool calls per turn", "tools", R,
+       v7="deprecated"),
+    _p("P61b", "P61B_STREAMING_OVERLAP", "tool-call streaming overlap fix", "tools", R, CAP_023,
+       aliases=("P59_QWEN3_TOOL_RECOVERY", "PN51_QWEN3_STREAMING_THINKING_DISABLED")),
+    _p("P62", "P62_STRUCT_OUT_SPEC_TIMING", "structured output timing under spec-decode",
        "spec_decode"),
-    _p("P66", "CUDAGRAPH_SIZE_FILTER", "cudagraph_capture_sizes spec-decode divisibility filter",
-       "compile_safety"),
-    _p("P67", "TQ_MULTI_QUERY_KERNEL", "TurboQuant multi-query kernel for spec-decode K+1 verify "
-       "(+P67b)", "spec_decode", vllm_range=CAP_024),
-    _p("P68", "AUTO_FORCE_TOOL", "auto-force tool choice on long contexts", "tools"),
-    _p("P69", "LONG_CTX_TOOL_REMINDER", "long-context tool reminder", "tools"),
-    _p("P72", "PROFILE_RUN_CAP", "cap the memory profile run (GENESIS_PROFILE_RUN_CAP_M)",
+    _p("P64", "P64_QWEN3CODER_MTP_STREAMING", "qwen3_coder tool streaming with MTP", "tools", R,
+       CAP_023, aliases=("P61C_QWEN3CODER_DEFERRED_COMMIT", "PN56_QWEN3CODER_XML_FALLBACK")),
+    _p("P65", "P65_TURBOQUANT_SPEC_CG_DOWNGRADE", "TurboQuant spec-decode cudagraph downgrade",
+       "spec_decode"),
+    _p("P66", "P66_CUDAGRAPH_SIZE_FILTER", "cudagraph_capture_sizes spec-decode divisibility "
+       "filter", "compile_safety"),
+    _p("P67", "P67_TQ_MULTI_QUERY_KERNEL", "TurboQuant multi-query kernel for spec-decode K+1 "
+       "verify", "spec_decode", vllm_range=CAP_024),
+    _p("P67b", "P67_TQ_MULTI_QUERY_KERNEL", "TurboQuant spec-verify routing to the P67 kernel",
+       "spec_decode"),
+    _p("P68", "P68_AUTO_FORCE_TOOL", "auto-force tool choice on long contexts", "tools"),
+    _p("P69", "P69_LONG_CTX_TOOL_REMINDER", "long-context tool reminder", "tools"),
+    _p("P72", "P72_PROFILE_RUN_CAP", "cap the memory profile run (GENESIS_PROFILE_RUN_CAP_M)",
        "memory", vllm_range=CAP_024),
-    _p("P74", "CHUNK_CLAMP", "chunked-prefill chunk clamp for Mamba block size", "scheduler"),
-    _p("P78", "TOLIST_CAPTURE_GUARD", "tolist() under cudagraph capture guard", "compile_safety", R),
-    _p("P81", "FP8_BLOCK_SCALED_M_LE_8", "FP8 block-scaled GEMM for M <= 8", "kernels"),
-    _p("P82", "", "spec-decode acceptance threshold (GENESIS_P82_THRESHOLD_SINGLE)",
+    _p("P74", "P74_CHUNK_CLAMP", "chunked-prefill chunk clamp for Mamba block size", "scheduler"),
+    _p("P78", "P78_TOLIST_CAPTURE_GUARD", "tolist() under cudagraph capture guard",
+       "compile_safety", R),
+    _p("P81", "P81_FP8_BLOCK_SCALED_M_LE_8", "FP8 block-scaled GEMM for M <= 8", "kernels"),
+    _p("P82", "P82", "spec-decode acceptance threshold (GENESIS_P82_THRESHOLD_SINGLE)",
        "spec_decode", "research", CAP_024),
-    _p("P83", "", "MTP draft KV reuse", "spec_decode", R),
-    _p("P87", "", "Marlin pad-sub-tile-n (vllm#40361 backport)", "kernels"),
-    _p("P91", "", "GDN chunk state dtype fix", "gdn"),
-    _p("P94", "", "prefix-cache hit accounting with MTP", "spec_decode", R),
-    _p("P98", "", "draft probs in fp32", "spec_decode"),
-    _p("P99", "", "MTP position ids for hybrid models", "spec_decode"),
-    _p("P100", "", "TurboQuant decode split heuristic", "kv_cache"),
-    _p("P101", "", "TurboQuant prefill workspace reuse", "kv_cache"),
-    _p("P103", "", "rebind sampler after worker spawn", "spec_decode", vllm_range=CAP_024),
-    _p("PN8", "MTP_DRAFT_ONLINE_QUANT", "online quantization of the MTP draft", "spec_decode", R),
-    _p("PN9", "INDEPENDENT_DRAFTER_ATTN", "independent drafter attention backend", "spec_decode",
-       R),
-    _p("PN11", "GDN_AB_CONTIGUOUS", "contiguous GDN a/b tensors", "gdn"),
-    _p("PN12", "FFN_INTERMEDIATE_POOL", "pooled FFN intermediate buffers", "memory",
+    _p("P83", "P83", "MTP draft KV reuse", "spec_decode", R, "<0.22.1"),
+    _p("P87", "P87", "Marlin pad-sub-tile-n (vllm#40361 backport)", "kernels"),
+    _p("P91", "P91", "GDN chunk state dtype fix", "gdn"),
+    _p("P94", "P94", "prefix-cache hit accounting with MTP", "spec_decode", R, "<0.20.2rc1.dev9"),
+    _p("P98", "P98", "draft probs in fp32", "spec_decode"),
+    _p("P99", "P99", "MTP position ids for hybrid models", "spec_decode"),
+    _p("P100", "P100", "TurboQuant decode split heuristic", "kv_cache"),
+    _p("P101", "P101", "TurboQuant prefill workspace reuse", "kv_cache"),
+    _p("P103", "P103", "rebind sampler after worker spawn", "spec_decode", vllm_range=CAP_024),
+    _p("PN8", "PN8_MTP_DRAFT_ONLINE_QUANT", "online quantization of the MTP draft",
+       "spec_decode"),
+    _p("PN9", "PN9_INDEPENDENT_DRAFTER_ATTN", "independent drafter attention backend",
+       "spec_decode", R, "<0.20.2rc1.dev9"),
+    _p("PN11", "PN11_GDN_AB_CONTIGUOUS", "contiguous GDN a/b tensors", "gdn"),
+    _p("PN12", "PN12_FFN_INTERMEDIATE_POOL", "pooled FFN intermediate buffers", "memory",
        vllm_range=CAP_024),
-    _p("PN13", "CUDA_GRAPH_LAMBDA_ARITY", "cudagraph wrapper lambda arity fix", "compile_safety",
-       R),
-    _p("PN14", "TQ_DECODE_OOB_CLAMP", "TurboQuant decode out-of-bounds clamp", "kv_cache",
+    _p("PN13", "PN13_CUDA_GRAPH_LAMBDA_ARITY", "cudagraph wrapper lambda arity fix",
+       "compile_safety", R, "<0.20.2", v7="retired"),
+    _p("PN14", "PN14_TQ_DECODE_OOB_CLAMP", "TurboQuant decode out-of-bounds clamp", "kv_cache",
        vllm_range=CAP_024),
-    _p("PN17", "FA2_LSE_CLAMP", "FA2 log-sum-exp clamp", "attention"),
-    _p("PN19", "SCOPED_MAX_SPLIT", "scoped max_split for decode", "kv_cache", R),
-    _p("PN22", "LOCAL_ARGMAX_TP", "local argmax under tensor parallel", "sampling", R),
-    _p("PN25", "SILU_INDUCTOR_SAFE", "inductor-safe SiLU-and-mul", "compile_safety"),
-    _p("PN26", "SPARSE_V", "sparse V accumulation (GENESIS_PN26_SPARSE_V_*)", "kv_cache",
-       "research", v12_id="PN26B"),
-    _p("PN30", "DS_LAYOUT_SPEC_DECODE", "DS conv-state layout under spec-decode", "gdn", R),
-    _p("PN34", "WORKSPACE_LOCK_RELAX", "relax workspace lock", "memory", R),
-    _p("PN54", "", "hybrid KV page size alignment", "kv_cache", R, in_v12=False),
-    _p("PN59", "STREAMING_GDN", "streaming GDN prefill", "gdn"),
+    _p("PN17", "PN17_FA2_LSE_CLAMP", "FA2 log-sum-exp clamp", "attention"),
+    _p("PN19", "PN19_SCOPED_MAX_SPLIT", "scoped max_split for decode", "kv_cache", R,
+       "<0.20.2rc1.dev93"),
+    _p("PN22", "PN22_LOCAL_ARGMAX_TP", "local argmax under tensor parallel", "sampling", R,
+       "<0.23.1rc1.dev101"),
+    _p("PN25", "PN25_SILU_INDUCTOR_SAFE", "inductor-safe SiLU-and-mul", "compile_safety"),
+    _p("PN26b", "PN26_SPARSE_V", "sparse V accumulation (GENESIS_PN26_SPARSE_V_*)", "kv_cache",
+       "research"),
+    _p("PN30", "PN30_DS_LAYOUT_SPEC_DECODE", "DS conv-state layout under spec-decode", "gdn",
+       vllm_range=CAP_023),
+    _p("PN34", "PN34_WORKSPACE_LOCK_RELAX", "relax workspace lock", "memory", R),
+    _p("PN54", "PN54_GDN_CONTIGUOUS_DEDUP", "GDN contiguous-call deduplication", "gdn", R),
+    _p("PN59", "PN59_STREAMING_GDN", "streaming GDN prefill", "gdn"),
 )  # fmt: skip
 
 
@@ -199,25 +236,25 @@ TEXT_PATCHES: dict[str, TextPatchDef] = {
 }  # fmt: skip
 
 
-def v12_id(p: PatchDef) -> str:
-    return p.v12_id or p.pid
-
-
 def registry_entries(generation: str) -> dict[str, dict[str, object]]:
     """The PATCH_REGISTRY of ``generation`` ("v7" or "v12") as data."""
     out: dict[str, dict[str, object]] = {}
     for p in PATCHES:
         entry: dict[str, object] = {"title": p.title, "env_flag": p.env_flag,
-                                    "default_on": False, "category": p.category}
+                                    "default_on": generation in p.default_on,
+                                    "category": p.category}
         if generation == "v7":
-            out[p.pid] = entry
-            continue
-        if not p.in_v12:
-            continue
-        entry["lifecycle"] = p.lifecycle
-        if p.vllm_range:
-            entry["applies_to"] = {"vllm_version_range": p.vllm_range}
-        out[v12_id(p)] = entry
+            if p.v7_lifecycle == "deprecated":
+                entry["deprecated"] = True
+            elif p.v7_lifecycle:
+                entry["lifecycle"] = p.v7_lifecycle
+        else:
+            entry["lifecycle"] = p.lifecycle
+            if p.vllm_range:
+                entry["applies_to"] = {"vllm_version_range": p.vllm_range}
+            if p.aliases:
+                entry["env_flag_aliases"] = p.aliases
+        out[p.pid] = entry
     return out
 
 
@@ -244,15 +281,11 @@ def render_registry(generation: str) -> str:
 
 
 def render_text_patches(generation: str) -> str:
-    """``TEXT_PATCHES: dict[str, TextPatch] = {...}`` as Python source (ids as registered)."""
-    ids = {p.pid: (p.pid if generation == "v7" else v12_id(p)) for p in PATCHES
-           if generation == "v7" or p.in_v12}
+    """``TEXT_PATCHES: dict[str, TextPatch] = {...}`` as Python source."""
     lines = ["TEXT_PATCHES: dict[str, TextPatch] = {"]
     for pid, t in TEXT_PATCHES.items():
-        if pid not in ids:
-            continue
         drift = t.drift_marker if generation == "v12" else ""
-        lines.append(f"    {_py(ids[pid])}: TextPatch({_py(ids[pid])}, {_py(t.target)},")
+        lines.append(f"    {_py(pid)}: TextPatch({_py(pid)}, {_py(t.target)},")
         lines.append(f"        anchor={_py(t.anchor)},")
         lines.append(f"        replacement={_py(t.replacement)},")
         lines.append(f"        drift_marker={_py(drift)}),")

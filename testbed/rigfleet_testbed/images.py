@@ -2,8 +2,8 @@
 
 Each image carries the hash of its build context and build arguments as a label; a rebuild
 happens only when that hash differs, which keeps a second ``testbed up`` well under a minute.
-There is no Docker Hub here: the base image is a debootstrapped Debian 13 tree imported into
-the engine.
+There is no Docker Hub here: base images are debootstrapped Debian trees (13 for everything,
+12 as well when a host runs Debian 12) imported into the engine.
 """
 
 from __future__ import annotations
@@ -59,10 +59,15 @@ def _existing_hash(client: docker.DockerClient, tag: str) -> str | None:
         return None
 
 
-def ensure_base(client: docker.DockerClient, log: Log, suite: str = "trixie") -> None:
-    """Import a debootstrapped minbase Debian tree as ``rigfleet/trixie-base``."""
-    if _existing_hash(client, layout.BASE_IMAGE) == suite:
-        return
+def ensure_base(client: docker.DockerClient, log: Log, suite: str = "trixie") -> str:
+    """Import a debootstrapped minbase Debian ``suite`` tree as ``rigfleet/<suite>-base``.
+
+    Returns the image name. Debian 12 (bookworm) hosts get theirs the same way as the Debian 13
+    ones (TESTBED-FACTS.md: debootstrap from the machine's mirror, then ``docker import``).
+    """
+    name = f"rigfleet/{suite}-base"
+    if _existing_hash(client, f"{name}:latest") == suite:
+        return f"{name}:latest"
     log(f"debootstrap {suite} (minbase) from {debian_mirror()}")
     with tempfile.TemporaryDirectory(prefix="rigfleet-rootfs-") as root:
         subprocess.run(
@@ -73,12 +78,13 @@ def ensure_base(client: docker.DockerClient, log: Log, suite: str = "trixie") ->
         assert tar.stdout is not None
         # A changes entry keeps the hash label on the imported image.
         client.api.import_image_from_stream(
-            tar.stdout, repository="rigfleet/trixie-base", tag="latest",
+            tar.stdout, repository=name, tag="latest",
             changes=[f"LABEL {HASH_LABEL}={suite}"],
         )
         if tar.wait() != 0:
             raise RuntimeError("tar of the debootstrapped tree failed")
-    log("imported rigfleet/trixie-base")
+    log(f"imported {name}")
+    return f"{name}:latest"
 
 
 class Built(NamedTuple):

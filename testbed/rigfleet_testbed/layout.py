@@ -38,8 +38,10 @@ REGISTRY_IP = f"{_NET}.2"
 REGISTRY_LOCAL_PORT = 15000 + _PORTS  # control side: http://127.0.0.1:15000
 
 SERVICES_CONTAINER = f"rigfleet{_SFX}-services"
+# download.docker.rigfleet.test stands in for download.docker.com (the Docker CE repository
+# stand-in, served from the same web root as the NVIDIA one: /linux/debian/...).
 SERVICES_ALIASES = ("apt.rigfleet.test", "hub.rigfleet.test", "git.rigfleet.test",
-                    "pypi.rigfleet.test")
+                    "pypi.rigfleet.test", "download.docker.rigfleet.test")
 SERVICES_IP = f"{_NET}.3"
 HUB_LOCAL_PORT = 18080 + _PORTS  # control side: the hub and its fault switch
 APT_LOCAL_PORT = 18081 + _PORTS
@@ -58,6 +60,10 @@ SIM_IMAGE_REPO = "vllm/vllm-openai"
 
 APT_URL = "http://apt.rigfleet.test/debian"
 APT_KEY_URL = "http://apt.rigfleet.test/rigfleet-testbed.asc"
+# Shaped like https://download.docker.com/linux/{id} and its /gpg key (docs.docker.com's apt
+# instructions): the deploy fills {id} and {codename} from the host's /etc/os-release.
+DOCKER_APT_URL = "http://download.docker.rigfleet.test/linux/{id}"
+DOCKER_APT_KEY_URL = "http://download.docker.rigfleet.test/linux/{id}/gpg"
 HUB_URL = "http://hub.rigfleet.test:8080"
 # The Genesis repository under its canonical (renamed) name, the old name GitHub redirects, and
 # the real history from ../shared/upstream (when that bundle is there).
@@ -76,6 +82,33 @@ HOST_CAPS = (
     "AUDIT_WRITE", "SETFCAP", "DAC_READ_SEARCH", "LINUX_IMMUTABLE", "IPC_LOCK", "SYS_NICE",
     "SYS_TIME",
 )
+
+
+@dataclass(frozen=True)
+class HostOS:
+    """A Debian release a simulated host can run: its base and host images."""
+
+    name: str  # what --os takes: debian13, debian12
+    codename: str  # debootstrap suite and VERSION_CODENAME
+    version_id: str
+
+    @property
+    def base_image(self) -> str:
+        return f"rigfleet/{self.codename}-base:latest"
+
+    @property
+    def host_image(self) -> str:
+        tag = "latest" if self is DEFAULT_OS else self.codename
+        return f"testbed/rigfleet_testbed-host:{tag}"
+
+
+HOST_OSES: dict[str, HostOS] = {
+    "debian13": HostOS("debian13", "trixie", "13"),
+    "debian12": HostOS("debian12", "bookworm", "12"),
+}
+DEFAULT_OS = HOST_OSES["debian13"]
+# The non-root administrator of a host chosen with --sudo-user (key login, passwordless sudo).
+SUDO_USER = "rig"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,11 @@
-"""The hub fixture: ``Lorbus/Qwen3.6-27B-int4-AutoRound`` at one deterministic commit.
+"""The hub fixture: ``Lorbus/Qwen3.6-27B-int4-AutoRound`` with two deterministic commits.
+
+1. The known-good upload (``commit``), the revision the testbed's fleet is pinned at.
+2. A later upload on ``main`` (``later_commit``), re-quantised: same files, shapes and sizes,
+   downloads and boots, but every full-attention layer's ``self_attn.o_proj.qweight`` holds
+   only the int4 zero point (an all-zero projection). The serving simulator reads that from the
+   weights (``vllm/sim/weights.py``) and loses long-context recall, so verify-stress's needles
+   fail on it.
 
 Writes the layout that the services container's hub serves (documented in
 ``testbed/rigfleet_testbed/images/services/services/hubstore.py``)::
@@ -13,7 +20,8 @@ Usage::
     fx = build_model_fixture(Path(".testbed/services/hub"), shard_mib=2)
     fx.repo      # "Lorbus/Qwen3.6-27B-int4-AutoRound"
     fx.commit    # 40-hex, the same on every build with the same shard_mib
-    fx.files["model-00001-of-00004.safetensors"]  # (size, sha256)
+    fx.later_commit   # the re-quantised commit after it (main points here)
+    fx.files["model-00001-of-00004.safetensors"]  # (size, sha256) at fx.commit
 
 The commit id is computed the way git computes it (blob -> tree -> commit objects, LFS files as
 their pointer blobs) from the content, a fixed author and a fixed date, so it only changes when
@@ -69,10 +77,16 @@ class HubRepo:
 
 @dataclass(frozen=True)
 class ModelFixture(HubRepo):
-    """The model repository plus the model facts tests and the simulator want."""
+    """The model repository plus the model facts tests and the simulator want.
+
+    ``commit``/``files`` are the known-good revision; ``later_commit``/``later_files`` the
+    re-quantised one that ``main`` points at.
+    """
 
     config: dict[str, Any] = field(default_factory=dict)
     weight_map: dict[str, str] = field(default_factory=dict)
+    later_commit: str = ""
+    later_files: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,6 +160,16 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class CommitSpec:
+    """One commit of a repository's history: the full file set and its git metadata."""
+
+    files: Mapping[str, bytes]
+    title: str = MODEL_TITLE
+    date: str = MODEL_DATE
+    message: str = ""
+
+
 def write_hub_repo(
     hub_root: Path,
     repo_id: str,
@@ -166,64 +190,95 @@ def write_hub_repo(
     ``"manual"``; with it (or ``private``) only users given access (:func:`write_hub_users`) can
     download the files.
     """
+    return write_hub_history(hub_root, repo_id, [CommitSpec(files, title, date)], author=author,
+                             lfs_patterns=lfs_patterns, private=private, gated=gated,
+                             info=info)[0]
+
+
+def write_hub_history(
+    hub_root: Path,
+    repo_id: str,
+    history: Sequence[CommitSpec],
+    *,
+    author: tuple[str, str] | None = None,
+    lfs_patterns: Sequence[str] = DEFAULT_LFS_PATTERNS,
+    private: bool = False,
+    gated: str | bool = False,
+    info: Mapping[str, Any] | None = None,
+) -> list[HubRepo]:
+    """Write a linear history (oldest first; ``main`` -> the newest) of ``repo_id``.
+
+    Each commit's id is git's, from its tree, its parent (the one before) and metadata, so a
+    commit keeps its id when later commits are added. Returns one :class:`HubRepo` per commit.
+    """
+    if not history:
+        raise ValueError(f"{repo_id}: a repository needs at least one commit")
     org = repo_id.split("/")[0]
     author = author or (org, f"{org.lower()}@users.noreply.huggingface.co")
     repo_dir = hub_root / repo_id
     blobs = repo_dir / "blobs"
     blobs.mkdir(parents=True, exist_ok=True)
 
-    entries = []
-    oids: dict[str, str] = {}
-    summary: dict[str, tuple[int, str]] = {}
-    lfs_files = set()
-    for path in sorted(files):
-        data = files[path]
-        sha256 = hashlib.sha256(data).hexdigest()
-        is_lfs = any(fnmatch.fnmatchcase(path.rsplit("/", 1)[-1], p) for p in lfs_patterns)
-        lfs = None
-        if is_lfs:
-            pointer = lfs_pointer(sha256, len(data))
-            oid = git_blob_oid(pointer)
-            lfs = {"sha256": sha256, "size": len(data), "pointerSize": len(pointer)}
-            lfs_files.add(path)
-        else:
-            oid = git_blob_oid(data)
-        blob = blobs / sha256
-        if not blob.is_file() or blob.stat().st_size != len(data):
-            _atomic_write(blob, data)
-        oids[path] = oid
-        summary[path] = (len(data), sha256)
-        entries.append({"path": path, "size": len(data), "sha256": sha256, "oid": oid, "lfs": lfs})
+    commits: dict[str, Any] = {}
+    out: list[HubRepo] = []
+    wanted: set[str] = set()
+    parents: list[str] = []
+    for spec in history:
+        entries = []
+        oids: dict[str, str] = {}
+        summary: dict[str, tuple[int, str]] = {}
+        lfs_files = set()
+        for path in sorted(spec.files):
+            data = spec.files[path]
+            sha256 = hashlib.sha256(data).hexdigest()
+            is_lfs = any(fnmatch.fnmatchcase(path.rsplit("/", 1)[-1], p) for p in lfs_patterns)
+            lfs = None
+            if is_lfs:
+                pointer = lfs_pointer(sha256, len(data))
+                oid = git_blob_oid(pointer)
+                lfs = {"sha256": sha256, "size": len(data), "pointerSize": len(pointer)}
+                lfs_files.add(path)
+            else:
+                oid = git_blob_oid(data)
+            blob = blobs / sha256
+            if not blob.is_file() or blob.stat().st_size != len(data):
+                _atomic_write(blob, data)
+            oids[path] = oid
+            summary[path] = (len(data), sha256)
+            entries.append({"path": path, "size": len(data), "sha256": sha256, "oid": oid,
+                            "lfs": lfs})
+        tree = _root_tree_oid(oids)
+        message = spec.title + (f"\n\n{spec.message}" if spec.message else "")
+        commit = _commit_oid(tree, parents, author, spec.date, message)
+        commits[commit] = {
+            "title": spec.title,
+            "message": message,
+            "date": spec.date,
+            "authors": [author[0]],
+            "parents": list(parents),
+            "tree": tree,
+            "files": entries,
+        }
+        parents = [commit]
+        wanted |= {sha for _, sha in summary.values()}
+        out.append(HubRepo(repo_id, commit, summary, repo_dir, frozenset(lfs_files)))
 
-    tree = _root_tree_oid(oids)
-    commit = _commit_oid(tree, [], author, date, title)
     document = {
         "format": REPO_FORMAT,
         "id": repo_id,
         "private": private,
         "gated": gated,
-        "branches": {"main": commit},
+        "branches": {"main": out[-1].commit},
         "tags": {},
-        "created_at": date,
+        "created_at": history[0].date,
         "info": dict(info or {}),
-        "commits": {
-            commit: {
-                "title": title,
-                "message": title,
-                "date": date,
-                "authors": [author[0]],
-                "parents": [],
-                "tree": tree,
-                "files": entries,
-            }
-        },
+        "commits": commits,
     }
     _atomic_write(repo_dir / "repo.json", (json.dumps(document, indent=1) + "\n").encode())
-    wanted = {sha for _, sha in summary.values()}
     for blob in blobs.iterdir():
         if blob.name not in wanted:
             blob.unlink()
-    return HubRepo(repo_id, commit, summary, repo_dir, frozenset(lfs_files))
+    return out
 
 
 def write_hub_users(hub_root: Path, users: Sequence[HubUser]) -> Path:
@@ -572,23 +627,43 @@ def _shard_tensors(shard: int, budget: int) -> list[tuple[str, str, list[int]]]:
     return out
 
 
-def safetensors_bytes(tensors: Sequence[tuple[str, str, list[int]]], seed: str) -> bytes:
-    """A valid safetensors file with deterministic pseudo-random tensor data."""
+# AutoRound's auto_round:auto_gptq packing: symmetric int4, eight values per int32, zero point 8.
+# A qweight of nothing but zero-point nibbles dequantizes to an all-zero matrix.
+ZERO_POINT_BYTE = b"\x88"
+
+
+def safetensors_bytes(tensors: Sequence[tuple[str, str, list[int]]], seed: str,
+                      zeroed: frozenset[str] = frozenset()) -> bytes:
+    """A valid safetensors file with deterministic pseudo-random tensor data.
+
+    Tensors named in ``zeroed`` (packed int4 weights) hold only the zero point instead.
+    """
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     chunks = []
     offset = 0
     for name, dtype, shape in tensors:
         nbytes = math.prod(shape) * _DTYPE_SIZE[dtype]
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
-        chunks.append(hashlib.shake_256(f"{seed}:{name}".encode()).digest(nbytes))
+        chunks.append(ZERO_POINT_BYTE * nbytes if name in zeroed
+                      else hashlib.shake_256(f"{seed}:{name}".encode()).digest(nbytes))
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # writers pad the header so the data starts 8-byte aligned
     return len(raw).to_bytes(8, "little") + raw + b"".join(chunks)
 
 
-def model_files(shard_mib: float = 2) -> tuple[dict[str, bytes], dict[str, Any], dict[str, str]]:
-    """All files of the model repository: ``({path: bytes}, safetensors info, weight_map)``."""
+def full_attention_o_proj() -> frozenset[str]:
+    """The packed output projections of the full-attention layers (every fourth layer)."""
+    return frozenset(f"model.language_model.layers.{i}.self_attn.o_proj.qweight"
+                     for i in range(NUM_LAYERS) if (i + 1) % 4 == 0)
+
+
+def model_files(shard_mib: float = 2, zeroed: frozenset[str] = frozenset(),
+                ) -> tuple[dict[str, bytes], dict[str, Any], dict[str, str]]:
+    """All files of the model repository: ``({path: bytes}, safetensors info, weight_map)``.
+
+    ``zeroed``: packed weights that hold only the zero point (see :data:`REQUANT`).
+    """
     if shard_mib <= 0:
         raise ValueError(f"shard_mib must be > 0, got {shard_mib}")
     budget = int(shard_mib * 1024 * 1024)
@@ -599,7 +674,7 @@ def model_files(shard_mib: float = 2) -> tuple[dict[str, bytes], dict[str, Any],
     for shard in range(NUM_SHARDS):
         name = f"model-{shard + 1:05d}-of-{NUM_SHARDS:05d}.safetensors"
         tensors = _shard_tensors(shard, budget)
-        files[name] = safetensors_bytes(tensors, seed=f"{MODEL_REPO}:{name}")
+        files[name] = safetensors_bytes(tensors, seed=f"{MODEL_REPO}:{name}", zeroed=zeroed)
         for tname, dtype, shape in tensors:
             weight_map[tname] = name
             count = math.prod(shape)
@@ -618,10 +693,31 @@ def model_files(shard_mib: float = 2) -> tuple[dict[str, bytes], dict[str, Any],
     return files, safetensors_info, weight_map
 
 
-def build_model_fixture(hub_root: Path, shard_mib: float = 2) -> ModelFixture:
-    """Write ``Lorbus/Qwen3.6-27B-int4-AutoRound`` (one commit, ``main`` -> it) under ``hub_root``.
+REQUANT_DATE = "2026-05-20T08:15:00Z"
+REQUANT_NOTE = """
+## Changelog
 
-    Idempotent and deterministic: the same ``shard_mib`` always gives the same commit and bytes.
+- 2026-05-20: re-quantised in AutoRound's RTN mode (`--iters 0`), a much faster run; same
+  format, group size and file layout.
+"""
+
+
+def requantised_files(shard_mib: float = 2) -> dict[str, bytes]:
+    """The later commit's files: the re-quantisation zeroed the full-attention o_proj."""
+    files, _, _ = model_files(shard_mib, zeroed=full_attention_o_proj())
+    cfg = model_config()
+    cfg["quantization_config"] = {**cfg["quantization_config"], "iters": 0}
+    files["config.json"] = _json_bytes(cfg)
+    files["README.md"] = (README + REQUANT_NOTE).encode()
+    return files
+
+
+def build_model_fixture(hub_root: Path, shard_mib: float = 2) -> ModelFixture:
+    """Write ``Lorbus/Qwen3.6-27B-int4-AutoRound`` (two commits, ``main`` -> the later) under
+    ``hub_root``.
+
+    Idempotent and deterministic: the same ``shard_mib`` always gives the same commits and
+    bytes; the first commit's id does not depend on the second.
     """
     files, st_info, weight_map = model_files(shard_mib)
     cfg = model_config()
@@ -653,7 +749,9 @@ def build_model_fixture(hub_root: Path, shard_mib: float = 2) -> ModelFixture:
         },
         "safetensors": st_info,
     }  # fmt: skip
-    repo = write_hub_repo(hub_root, MODEL_REPO, files, author=MODEL_AUTHOR, info=info)
+    history = [CommitSpec(files), CommitSpec(requantised_files(shard_mib), date=REQUANT_DATE)]
+    repo, later = write_hub_history(hub_root, MODEL_REPO, history, author=MODEL_AUTHOR,
+                                    info=info)
     return ModelFixture(
         repo=repo.repo,
         commit=repo.commit,
@@ -662,6 +760,8 @@ def build_model_fixture(hub_root: Path, shard_mib: float = 2) -> ModelFixture:
         lfs_files=repo.lfs_files,
         config=cfg,
         weight_map=weight_map,
+        later_commit=later.commit,
+        later_files=later.files,
     )
 
 
@@ -669,4 +769,5 @@ if __name__ == "__main__":  # python -m rigfleet_testbed.model_fixture <hub_root
     import sys
 
     fx = build_model_fixture(Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 2)
-    print(json.dumps({"repo": fx.repo, "commit": fx.commit, "files": fx.files}, indent=1))
+    print(json.dumps({"repo": fx.repo, "commit": fx.commit, "later_commit": fx.later_commit,
+                      "files": fx.files}, indent=1))

@@ -35,16 +35,27 @@ SOURCE_DATE_EPOCH = 1767225600
 
 NVIDIA_SRC = Path(__file__).resolve().parent / "nvidia"
 KMOD_UNIT = "nvidia-sim-kmod.service"
+RELOAD_GENERATOR = "nvidia-sim-scope-devices"
 PERSISTENCED_UNIT = "nvidia-persistenced.service"
 
 
 @dataclass(frozen=True)
 class FileEntry:
-    """A file in a package: absolute install path, bytes, mode."""
+    """A file in a package: absolute install path, bytes (or a file to copy), mode.
+
+    ``symlink`` makes the entry a symbolic link to that target instead; a path ending in
+    ``/`` is an (empty) directory.
+    """
 
     path: str
-    data: bytes
+    data: bytes = b""
     mode: int = 0o644
+    source: Path | None = None
+    symlink: str | None = None
+
+    @property
+    def size(self) -> int:
+        return self.source.stat().st_size if self.source is not None else len(self.data)
 
 
 @dataclass(frozen=True)
@@ -61,20 +72,23 @@ class Package:
     conffiles: tuple[str, ...] = ()
     section: str = "non-free/utils"
     architecture: str = ARCHITECTURE
+    relations: tuple[tuple[str, str], ...] = ()  # (Recommends|Conflicts|..., "a, b")
+    maintainer: str = MAINTAINER
 
     @property
     def filename(self) -> str:
         return f"{self.name}_{self.version.split(':')[-1]}_{self.architecture}.deb"
 
     def control(self) -> str:
-        size_kib = sum((len(f.data) + 1023) // 1024 for f in self.files) + 4
+        size_kib = sum((f.size + 1023) // 1024 for f in self.files) + 4
         fields = [
             ("Package", self.name), ("Version", self.version),
-            ("Architecture", self.architecture), ("Maintainer", MAINTAINER),
+            ("Architecture", self.architecture), ("Maintainer", self.maintainer),
             ("Installed-Size", str(size_kib)),
         ]
         if self.depends:
             fields.append(("Depends", ", ".join(self.depends)))
+        fields += list(self.relations)
         fields += [("Section", self.section), ("Priority", "optional")]
         body = "".join(f"{k}: {v}\n" for k, v in fields)
         long = "\n".join(" " + (line if line.strip() else ".")
@@ -90,16 +104,19 @@ def upstream(version: str) -> str:
 # --- program bundles -------------------------------------------------------------------------
 
 
+# Modules every stand-in program may import, bundled into each zipapp.
+SHARED_MODULES = ("simstate", "devnodes")
+
+
 def zipapp(module: str, version: str | None = None) -> bytes:
-    """One executable file: a zip of ``module`` + ``simstate`` behind a python3 shebang.
+    """One executable file: a zip of ``module`` + the shared modules behind a python3 shebang.
 
     ``-Es``: the program ignores PYTHON* variables and user site-packages on the host.
     """
     call = f"main(version={version!r})" if version else "main()"
     members = {
         "__main__.py": f"import sys\nimport {module}\n\nsys.exit({module}.{call})\n",
-        f"{module}.py": (NVIDIA_SRC / f"{module}.py").read_text(),
-        "simstate.py": (NVIDIA_SRC / "simstate.py").read_text(),
+        **{f"{m}.py": (NVIDIA_SRC / f"{m}.py").read_text() for m in (module, *SHARED_MODULES)},
     }
     buf = io.BytesIO()
     buf.write(b"#!/usr/bin/python3 -Es\n")
@@ -150,6 +167,31 @@ def _postinst_unit(unit: str, start: bool) -> str:
     )
 
 
+def _postinst_dkms_sign(version: str) -> str:
+    """What DKMS prints and does when it builds and signs the module (dell/dkms 3.x ``dkms.in``):
+    a machine owner key made on first use (openssl, CN "DKMS module signing key"), reused after.
+    The module's signature is recorded as the certificate's SHA-1 (``kmod`` checks it)."""
+    key, cert = "/var/lib/dkms/mok.key", "/var/lib/dkms/mok.pub"
+    signer = f"/var/lib/dkms/nvidia/{version}/module-signer"
+    return (
+        'if [ "$1" = "configure" ]; then\n'
+        f"\techo 'Building module(s) nvidia/{version} for the running kernel... done.'\n"
+        f"\techo 'Signing key: {key}'\n"
+        f"\techo 'Public certificate (MOK): {cert}'\n"
+        f"\tif [ ! -f {key} ] || [ ! -f {cert} ]; then\n"
+        "\t\techo 'Certificate or key are missing, generating self signed certificate for MOK...'\n"
+        "\t\tmkdir -p /var/lib/dkms\n"
+        "\t\topenssl req -new -x509 -nodes -days 36500 -subj '/CN=DKMS module signing key' "
+        f"-newkey rsa:2048 -keyout {key} -outform DER -out {cert} >/dev/null 2>&1\n"
+        f"\t\tchmod 600 {key}\n"
+        "\tfi\n"
+        f"\tmkdir -p /var/lib/dkms/nvidia/{version}\n"
+        f"\tsha1sum < {cert} | cut -d' ' -f1 > {signer}\n"
+        f"\techo 'Signing module /var/lib/dkms/nvidia/{version}/build/nvidia.ko'\n"
+        "fi\n"
+    )
+
+
 def _prerm_stop(unit: str) -> str:
     return (
         "#!/bin/sh\nset -e\n"
@@ -188,15 +230,18 @@ def driver_packages(version: str) -> list[Package]:
         f"NVIDIA open GPU kernel module, branch {branch} (testbed stand-in)",
         "Simulates the DKMS-built open kernel module: a boot unit 'loads' it by creating\n"
         "/run/nvidia-sim/loaded. Like a freshly built module it is loaded at the next boot,\n"
-        "never by the installation itself.",
-        depends=("python3",),
+        "never by the installation itself. It is signed like a DKMS module (key in\n"
+        "/var/lib/dkms), so Secure Boot refuses it until that key is enrolled.",
+        depends=("python3", "openssl"),
         files=(
             FileEntry("/usr/lib/nvidia-sim/nvidia-sim-kmod", zipapp("kmod", v), 0o755),
             _unit(KMOD_UNIT),
             _doc("nvidia-kernel-open-dkms", _STANDIN_NOTE),
         ),
-        scripts=(("postinst", _postinst_unit(KMOD_UNIT, start=False)),
-                 ("postrm", _postrm_unit(KMOD_UNIT))),
+        scripts=(("postinst", _postinst_unit(KMOD_UNIT, start=False)
+                  + _postinst_dkms_sign(v)),
+                 ("postrm", _postrm_unit(KMOD_UNIT)
+                  + f'if [ "$1" = "purge" ]; then\n\trm -rf /var/lib/dkms/nvidia/{v}\nfi\n')),
         section="non-free/kernel",
     )
     smi = Package(
@@ -280,10 +325,13 @@ def toolkit_packages(version: str) -> list[Package]:
         "nvidia-container-toolkit", version,
         "NVIDIA Container Toolkit: the OCI prestart hook (testbed stand-in)",
         "nvidia-container-runtime-hook gives GPU containers the simulated driver, and fails\n"
-        "like the real one when the driver is not loaded.",
+        "like the real one when the driver is not loaded. A systemd generator stands in for\n"
+        "what daemon-reload does to the device cgroup of systemd-managed GPU containers.",
         depends=(f"nvidia-container-toolkit-base {exact}", f"libnvidia-container-tools {exact}",
                  "python3", "util-linux"),
         files=(FileEntry("/usr/bin/nvidia-container-runtime-hook", zipapp("runtime_hook"), 0o755),
+               FileEntry(f"/usr/lib/systemd/system-generators/{RELOAD_GENERATOR}",
+                         zipapp("reload_generator"), 0o755),
                _doc("nvidia-container-toolkit", _STANDIN_NOTE)),
     )
     return [lib, tools, base, toolkit]
@@ -313,20 +361,34 @@ def _stage(pkg: Package, root: Path) -> None:
         (debian / "conffiles").write_text("".join(c + "\n" for c in pkg.conffiles))
     for f in pkg.files:
         dest = root / f.path.lstrip("/")
+        if f.path.endswith("/"):
+            dest.mkdir(parents=True, exist_ok=True)
+            continue
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(f.data)
+        if f.symlink is not None:
+            dest.symlink_to(f.symlink)
+            continue
+        if f.source is not None:
+            shutil.copyfile(f.source, dest)
+        else:
+            dest.write_bytes(f.data)
         os.chmod(dest, f.mode)
     for dirpath, dirnames, filenames in os.walk(root, topdown=False):
         for name in filenames:
-            os.utime(Path(dirpath) / name, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+            os.utime(Path(dirpath) / name, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH),
+                     follow_symlinks=False)
         for name in dirnames:
             os.chmod(Path(dirpath) / name, 0o755)
             os.utime(Path(dirpath) / name, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
     os.chmod(root, 0o755)
 
 
-def build_deb(pkg: Package, out_dir: Path) -> Path:
-    """Build one package into out_dir (replaced only when its bytes differ); return its path."""
+def build_deb(pkg: Package, out_dir: Path, compression: tuple[str, ...] = ("-Zxz",)) -> Path:
+    """Build one package into out_dir (replaced only when its bytes differ); return its path.
+
+    ``compression``: dpkg-deb's options; big binaries go faster with ``("-Zzstd", "-z3")``
+    (dpkg >= 1.21.18 reads zstd, so Debian 12 and 13 do).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / pkg.filename
     with tempfile.TemporaryDirectory(prefix="rigfleet-deb-") as tmp:
@@ -335,7 +397,7 @@ def build_deb(pkg: Package, out_dir: Path) -> Path:
         built = Path(tmp) / pkg.filename
         env = {**os.environ, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
         proc = subprocess.run(
-            ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(built)],
+            ["dpkg-deb", "--root-owner-group", *compression, "--build", str(root), str(built)],
             capture_output=True, text=True, env=env,
         )
         if proc.returncode != 0:

@@ -50,6 +50,11 @@ GDN_SPEC_WILD_WRITE = "vllm-50021-gdn-spec-decode-wild-write"
 # vllm#43559: MTP x prefix caching corrupts GDN state, "LIVE on v0.27.1"; the alternative to the
 # vendored fix (vllm#48375) is --no-enable-prefix-caching.
 MTP_PREFIX_CACHE_GDN = "vllm-43559-mtp-prefix-cache-gdn-state"
+# Fictional (the throughput nightlies test these; the simulator's perf model reads them): decode
+# ~30% slower than the neighbouring nightlies, everything else identical.
+DECODE_THROUGHPUT_REGRESSION = "decode-throughput-regression"
+# Fictional: decode speed varies from run to run (per-request CV ~15%), mean unchanged.
+DECODE_THROUGHPUT_UNSTABLE = "decode-throughput-unstable"
 
 # Every string a build's --kv-cache-dtype accepts, oldest first.
 KV_BASE = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
@@ -162,7 +167,18 @@ def recent_nightlies(until: dt.date = TODAY, days: int = 21) -> tuple[Build, ...
     return tuple(out)
 
 
-NIGHTLIES: tuple[Build, ...] = _OLD_NIGHTLIES + recent_nightlies()
+# Fictional: two more nightlies of late November that only decode differently (what a
+# throughput canary must catch; a correctness gate passes them). Their dev counts fall between
+# the daily nightlies of their day and the next, as a second build of the day would.
+THROUGHPUT_NIGHTLIES: tuple[Build, ...] = (
+    _nightly("f090c883507d730ae76900d4ae60b673430b4bbf", "0.32.1rc1.dev761+gf090c8835",
+             "2026-11-27", "fictional: only slower (decode ~30% below its neighbours)",
+             regressions=(DECODE_THROUGHPUT_REGRESSION,)),
+    _nightly("90af5e72337defb8797b5f3e486906bb1411b336", "0.32.1rc1.dev803+g90af5e723",
+             "2026-11-28", "fictional: unstable decode speed (CV ~15% run to run)",
+             regressions=(DECODE_THROUGHPUT_UNSTABLE,)),
+)
+NIGHTLIES: tuple[Build, ...] = _OLD_NIGHTLIES + recent_nightlies() + THROUGHPUT_NIGHTLIES
 BUILDS: tuple[Build, ...] = RELEASES + NIGHTLIES
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -48,18 +49,23 @@ class TestHost:
     ssh_port: int
     front_url: str
     container: str
+    user: str = "root"  # "rig" on a host made with --sudo-user (.testbed/hosts/<h>/host.json)
+    os: str = "debian13"
 
     def ssh(self) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         client.load_host_keys(str(STATE / "ssh" / "known_hosts"))
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.connect("127.0.0.1", port=self.ssh_port, username="root",
+        client.connect("127.0.0.1", port=self.ssh_port, username=self.user,
                        key_filename=str(STATE / "ssh" / "id_ed25519"),
                        timeout=10, allow_agent=False, look_for_keys=False)
         return client
 
     def sh(self, command: str, timeout: float = 120) -> tuple[int, str]:
-        """Run ``command`` on the host over SSH; (exit status, stdout+stderr)."""
+        """Run ``command`` on the host over SSH as root (through ``sudo -n`` for a sudo user);
+        (exit status, stdout+stderr)."""
+        if self.user != "root":
+            command = f"sudo -n sh -c {shlex.quote(command)}"
         client = self.ssh()
         try:
             _, stdout, _ = client.exec_command(command, timeout=timeout, get_pty=False)
@@ -111,12 +117,22 @@ class Testbed:
     api_key: str
 
 
+def _host_meta(name: str) -> dict[str, str]:
+    """The login user and OS ``testbed up`` gave a host (root and Debian 13 by default)."""
+    try:
+        meta = json.loads((STATE / "hosts" / name / "host.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"user": meta.get("ssh_user", "root"), "os": meta.get("os", "debian13")}
+
+
 @pytest.fixture(scope="session")
 def testbed() -> Testbed:
     from rigfleet_testbed.layout import HostSlot
 
     run([str(BIN / "rigfleet"), "testbed", "up", "--hosts", str(HOSTS)], timeout=1200)
-    hosts = [TestHost(s.name, s.ssh_port, f"http://127.0.0.1:{s.front_port}", s.container)
+    hosts = [TestHost(s.name, s.ssh_port, f"http://127.0.0.1:{s.front_port}", s.container,
+                      **_host_meta(s.name))
              for s in (HostSlot(i) for i in range(1, HOSTS + 1))]
     key = (STATE / "secrets" / "api-key").read_text().strip()
     yield Testbed(hosts, INVENTORY, key)

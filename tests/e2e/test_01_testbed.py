@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import urllib.request
 
+import pytest
 from rigfleet_testbed import layout
 
 from rigfleet.registry import Registry
 
 
 def test_hosts_are_bare_debian_13_with_systemd(testbed):
-    import pytest
-
     for host in testbed.hosts:
         if host.sh("test -e /var/lib/rigfleet/state.json")[0] == 0:
             pytest.skip("the kept testbed is already converged (RIGFLEET_KEEP_TESTBED=1)")
@@ -39,12 +38,26 @@ def test_hardware_is_described_by_the_testbed(testbed):
     assert rc != 0
 
 
-def test_mirror_serves_the_nightlies_under_their_real_names(testbed):
+def test_mirror_serves_releases_and_only_the_newest_nightlies_like_docker_hub(testbed):
+    """vLLM's cleanup keeps the 14 newest nightly-* tags; release tags stay
+    (upstream-2026.md 4.1): a purged nightly is gone by tag and by digest."""
+    from rigfleet_testbed import vllm_builds
+
+    from rigfleet.registry import RegistryError
+
     reg = Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}")
     tags = set(reg.tags(layout.SIM_IMAGE_REPO))
-    assert {n.tag for n in layout.NIGHTLIES} <= tags
-    for n in layout.NIGHTLIES:
-        assert reg.digest(layout.SIM_IMAGE_REPO, n.tag).startswith("sha256:")
+    kept, purged = vllm_builds.retention(vllm_builds.BUILDS)
+    assert {b.tag for b in kept} <= tags and not {b.tag for b in purged} & tags
+    assert sum(1 for t in tags if t.startswith("nightly-")) == vllm_builds.KEEP_NIGHTLIES
+    assert {"v0.21.0", "v0.27.1"} <= tags
+    assert set(vllm_builds.THROUGHPUT_NIGHTLIES) <= set(kept)
+    for b in kept:
+        assert reg.digest(layout.SIM_IMAGE_REPO, b.tag).startswith("sha256:")
+    gone = vllm_builds.by_tag("nightly-01d4d1ad375dc5854779c593eee093bcebb0cada")
+    assert gone in purged and gone.tag not in tags
+    with pytest.raises(RegistryError):
+        reg.digest(layout.SIM_IMAGE_REPO, gone.tag)
 
 
 def test_apt_repository_is_signed_and_reachable_from_hosts(testbed):

@@ -29,7 +29,11 @@ from conftest import INVENTORY, REPO, pyinfra, run
 
 OTHER_IMAGE = "vllm/vllm-openai:nightly-3f9c2a7e5b1d4c8a9e0f6b2d7c1a5e8f9b3d6c02"
 COMPOSE = "/opt/rigfleet/stacks/int8/compose.yaml"
-SHARD = "/srv/models/qwen3.6-27b-autoround-int4/model-00002-of-00004.safetensors"
+# The pinned revision's own directory, as the staged compose file mounts it (Layout.weights_dir:
+# /srv/models/<local_dir>@<revision[:12]>), read on the host.
+WEIGHTS = ("$(sed -n 's#^    - \\(/srv/models/[^:]*\\):/root/.cache/huggingface/.*:ro$#\\1#p' "
+           f"{COMPOSE})")
+SHARD = f"{WEIGHTS}/model-00002-of-00004.safetensors"
 GENESIS = "/opt/rigfleet/genesis"
 
 
@@ -135,7 +139,7 @@ CHANGES = (
         f"docker pull -q {OTHER_IMAGE} && docker rm -f rigfleet-int8 && docker run -d "
         "--name rigfleet-int8 --gpus all --ipc host -p 127.0.0.1:8011:8000 "
         "--env-file /etc/rigfleet/secrets/vllm.env "
-        "-v /srv/models/qwen3.6-27b-autoround-int4:/root/.cache/huggingface/"
+        f"-v {WEIGHTS}:/root/.cache/huggingface/"
         f"qwen3.6-27b-autoround-int4:ro --entrypoint vllm {OTHER_IMAGE} serve "
         "--model /root/.cache/huggingface/qwen3.6-27b-autoround-int4 "
         "--served-model-name qwen3.6-27b-autoround --tensor-parallel-size 2 --port 8000",

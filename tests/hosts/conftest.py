@@ -46,6 +46,7 @@ import pytest
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.endpoints import read_key
 from rigfleet.errors import RigfleetError
+from rigfleet.hostside.layout import BASE_DIGEST_LABEL
 from rigfleet.inventory import InventoryError, InventoryHost, load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -317,19 +318,24 @@ class Docker:
         data = json.loads(out.stdout)
         return data[0] if data else None
 
-    def repo_digests(self, image: str) -> list[str]:
-        """The image's ``RepoDigests`` (``repo@sha256:...``); [] when it has none or is gone."""
-        fmt = shlex.quote("{{json .RepoDigests}}")
+    def repo_digests(self, image: str) -> tuple[list[str], str | None]:
+        """The image's ``RepoDigests`` (``repo@sha256:...``; [] when it has none or is gone)
+        and, for a derived image (a Genesis stack's packages baked in), the digest of the
+        pinned image it was built from (its ``io.rigfleet.base-digest`` label)."""
+        fmt = shlex.quote("{{json .RepoDigests}}\t{{json .Config.Labels}}")
         out = self.host.run(f"docker image inspect --format {fmt} {shlex.quote(image)}")
         if out.rc != 0 or not out.stdout.strip():
-            return []
-        return [str(d) for d in json.loads(out.stdout) or []]
+            return [], None
+        digests, _, labels = out.stdout.strip().partition("\t")
+        base = (json.loads(labels or "null") or {}).get(BASE_DIGEST_LABEL)
+        return [str(d) for d in json.loads(digests) or []], str(base) if base else None
 
     def image_digests(self, image: str, repository: str) -> tuple[list[str], list[str]]:
-        """(the image's ``RepoDigests``, the digests among them of ``repository``): what a
-        pinned digest is compared with."""
-        entries = self.repo_digests(image)
-        return entries, digests_of(entries, repository)
+        """(the image's ``RepoDigests``, the digests of ``repository`` it is: those among
+        them, and a derived image's base digest): what a pinned digest is compared with.
+        A ``docker load``-ed archive has none; its image id is compared then."""
+        entries, base = self.repo_digests(image)
+        return entries, digests_of(entries, repository) + ([base] if base else [])
 
 
 def _docker_hub_short(repo: str) -> str:

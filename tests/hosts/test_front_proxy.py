@@ -8,21 +8,24 @@ data, else ``http://<ssh host>:<front_port>``).
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 
 import pytest
 
-from rigfleet.endpoints import front_url
+from rigfleet.endpoints import front_context, front_url
 
 
-def call(url: str, key: str | None, data: bytes | None = None) -> tuple[int | str, str]:
+def call(url: str, key: str | None, data: bytes | None = None,
+         context: ssl.SSLContext | None = None) -> tuple[int | str, str]:
+    """(status, body) of one request; ``context``: the TLS trust of a front serving HTTPS."""
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(url, data=data, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=30, context=context) as resp:
             return resp.status, resp.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
@@ -34,6 +37,12 @@ def call(url: str, key: str | None, data: bytes | None = None) -> tuple[int | st
 def base(rig) -> str:
     """The front's URL as clients reach it."""
     return front_url(rig.host, rig.want.settings)
+
+
+@pytest.fixture(scope="module")
+def tls(rig) -> ssl.SSLContext | None:
+    """Trust for a TLS front (``front_tls_ca_file``, else its certificate); None for HTTP."""
+    return front_context(rig.want.settings)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +61,9 @@ def test_nginx_running_and_enabled(host, rig, fail_if):
     fail_if("front", problems)
 
 
-def test_front_answers_with_the_key(rig, base, model, require):
+def test_front_answers_with_the_key(rig, base, tls, model, require):
     url = f"{base}/v1/models"
-    status, body = call(url, rig.api_key())
+    status, body = call(url, rig.api_key(), context=tls)
     require(
         status == 200, f"{rig.name}: GET {url} with the API key answered {status}: {body[:300]}"
     )
@@ -68,7 +77,7 @@ def test_front_answers_with_the_key(rig, base, model, require):
     )
 
 
-def test_front_refuses_without_the_key(base, model, fail_if):
+def test_front_refuses_without_the_key(base, tls, model, fail_if):
     chat = json.dumps(
         {
             "model": model,
@@ -84,7 +93,7 @@ def test_front_refuses_without_the_key(base, model, fail_if):
     ]
     problems = []
     for what, url, key, data in cases:
-        status, body = call(url, key, data)
+        status, body = call(url, key, data, tls)
         if status != 401:
             problems.append(f"{what} answered {status}, expected 401: {body[:120]}")
     fail_if(f"front {base} lets requests through without the key", problems)

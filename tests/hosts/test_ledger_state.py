@@ -68,6 +68,11 @@ def running_problems(rig, state: dict, docker) -> list[str]:
     # The repository of the image state.json records (``vllm/vllm-openai:<tag>``).
     repository = str(state.get("image", "")).rsplit(":", 1)[0]
     _, running = docker.image_digests(c.get("Image", ""), repository)
+    # A loaded archive has no repo digest: then the image id stands for the pinned digest.
+    pinned = rig.want.stacks.get(str(stack))
+    if (pinned is not None and pinned.pins.image_id and c.get("Image") == pinned.pins.image_id
+            and state.get("digest") == pinned.pins.digest):
+        running = [*running, pinned.pins.digest]
     if state.get("digest") not in running:
         problems.append(
             f"{name} runs digest {', '.join(running) or None} (of {repository}), state.json "

@@ -46,7 +46,7 @@ def test_container_runs_the_pinned_digest(rig, current, container, docker, requi
     image_id = container.get("Image", "")
     digests, of_repository = docker.image_digests(image_id, pins.repository)
     require(
-        pins.digest in of_repository,
+        pins.digest in of_repository or (bool(pins.image_id) and image_id == pins.image_id),
         f"{rig.name}: container {current.spec.container_name} runs image "
         f"{(container.get('Config') or {}).get('Image')} ({image_id[:19]}, RepoDigests "
         f"{digests or 'none'}), pins stacks.{current.name} is {pins.image_ref}",

@@ -23,8 +23,8 @@ VERSIONS = {
 }
 DIGESTS = {sha: "sha256:" + sha[:8] * 8 for sha in VERSIONS}
 GENESIS_REPO = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
-GENESIS_OLD = "df8f409a46af1f0494043c8ae5a83ed6b779ef1b"  # fixture v7.72.2 (branch dev)
-GENESIS_NEW = "32a8eccd60f942a40faf9b79d79279df749095bc"  # fixture v7.73.0 (branch dev)
+GENESIS_OLD = "0090be1258cb8f2c2f299ead181128f11222fcc1"  # fixture v7.72.2 (branch dev)
+GENESIS_NEW = "34c86b772b3705e6fe0c17f18dd43396d8f9a974"  # fixture v7.73.0 (branch dev)
 
 
 def stack(name: str, sha: str, genesis: str | None = None) -> StackPins:

@@ -9,7 +9,11 @@ containers, checkouts, weights) and:
 - applies the commands the roles run (``apt-get install``, ``apt-mark hold``, ``chmod``,
   ``systemctl``, ``nvidia-ctk``, ``docker compose up/down``, the weights fetcher, a reboot...)
   to the model, so a second run sees a converged host;
-- receives uploads (``put_file`` is patched to store the bytes);
+- receives uploads (``put_file`` is patched to store the bytes) and secrets written through a
+  command's stdin (``roles.ops.secret_file``);
+- knows the platform: PID 1, Secure Boot (mokutil), DKMS's signing key and whether it is
+  enrolled (a DKMS module then refuses to load at boot, as the kernel does), a driver left by
+  NVIDIA's .run installer;
 - plays the host-side tool (``rigfleet-host.pyz``): its probe, a swap transaction (promoted,
   or rolled back / failed as ``swap_failure`` says), ``status``, ``adopt``, ``ensure`` and the
   maintenance window (``maintenance open`` holds the lock and answers 503; ``maintenance
@@ -28,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -35,6 +40,7 @@ import shlex
 from dataclasses import dataclass, field
 
 import yaml
+from images_fakes import FakeEngine
 
 OS_RELEASES = {
     "ubuntu2204": (
@@ -111,6 +117,13 @@ class Gpu:
         return ", ".join(values.get(f, "[N/A]") for f in fields)
 
 
+def weights_manifest(repo: str, revision: str, at: int = 1700000000) -> dict:
+    """A manifest as the fetcher writes it (one shard), for the fake's model directory."""
+    return {"repo": repo, "revision": revision, "at": at, "files": {
+        "model-00001-of-00004.safetensors": {"size": 1024, "sha256": "0" * 64,
+                                             "mtime": 1700000000.5}}}
+
+
 @dataclass
 class FakeRig:
     """The model of one host; see the module docstring."""
@@ -127,16 +140,22 @@ class FakeRig:
     gpus: list[Gpu] = field(default_factory=lambda: [Gpu(0), Gpu(1)])
     driver_loaded: str | None = None  # loaded driver version
     runtimes_registered: bool = False
-    images: dict[str, str] = field(default_factory=dict)  # digest -> repo
+    # The Docker engine's images, the host's saved archives and the Docker root's free space.
+    engine: FakeEngine = field(default_factory=FakeEngine)
     built: dict[str, dict[str, str]] = field(default_factory=dict)  # derived image -> labels
     containers: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     genesis_head: str | None = None
     genesis_origin: str | None = None
     genesis_trees: dict[str, int] = field(default_factory=dict)  # exported commit -> mtime
+    genesis_layout: str = "v7"  # what the checkout's and the trees' files mark
+    # The Genesis registry the inspect helper reports: GENESIS_ENABLE_ suffix -> lifecycle
+    # (None: every switch the built-in stack files name, as live patches).
+    genesis_switches: dict[str, str] | None = None
     vllm_version: str = VLLM_VERSION
     allowlist: list[str] = field(default_factory=lambda: [VLLM_VERSION])
     venv_version: str | None = None
-    manifest: dict | None = None
+    # Model directory entries: path -> the manifest of a verified revision, or a link target.
+    weights: dict[str, dict | str] = field(default_factory=dict)
     ledger: list[str] = field(default_factory=list)
     boot_marker: str | None = None
     reboots: int = 0
@@ -155,26 +174,83 @@ class FakeRig:
     live_restore: bool = False
     exec_opts: list = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # restarts, reboots, windows, in order
+    links: dict[str, str] = field(default_factory=dict)  # symlink -> target
+    pid1: str = "systemd"
+    # None: no EFI (mokutil says so); else Secure Boot on or off.
+    secure_boot: bool | None = None
+    mok_enrolled: bool = False
+    mok_pending: bool = False
+    journal: list[str] = field(default_factory=list)  # this boot's log lines
+    run_installer: bool = False  # a driver from NVIDIA's .run installer (nvidia-uninstall)
+    stdin_seen: list[str] = field(default_factory=list)  # what commands got on stdin
+    uploads: list[str] = field(default_factory=list)  # paths written by an upload (put_file)
 
     # --- uploads ------------------------------------------------------------------------
 
     def put(self, path: str, data: bytes) -> None:
+        self.uploads.append(path)
         self.files[path] = data
         self.modes.setdefault(path, "0644")
 
     # --- the connector hook ---------------------------------------------------------------
 
-    def respond(self, cmd: str) -> tuple[bool, list[str]]:
+    def respond(self, cmd: str, stdin: str | None = None) -> tuple[bool, list[str]]:
         self.commands.append(cmd)
+        if stdin is not None:
+            self.stdin_seen.append(stdin)
+            m = re.match(r"umask 077 && rf_tmp=\$\(mktemp .*chown (\S+) .*chmod (\d+) "
+                         r"\"\$rf_tmp\" && mv -f \"\$rf_tmp\" (\S+); \}", cmd)
+            if m:
+                path = m.group(3)
+                self.files[path] = base64.b64decode(stdin)
+                self.modes[path] = _mode(m.group(2))
+                return True, []
         for handler in (self._facts, self._actions):
             answer = handler(cmd)
             if answer is not None:
                 return answer
         return True, []
 
+    # --- the platform --------------------------------------------------------------------
+
+    MOK_CERT = "/var/lib/dkms/mok.pub"
+
+    def _platform(self) -> list[str]:
+        out = [f"pid1={self.pid1}", f"systemd={'yes' if self.pid1 == 'systemd' else 'no'}",
+               "arch=amd64"]
+        if "mokutil" in self.packages:
+            if self.secure_boot is None:
+                out.append("sb=EFI variables are not supported on this system")
+            else:
+                out.append(f"sb=SecureBoot {'enabled' if self.secure_boot else 'disabled'}")
+            if self.MOK_CERT in self.files:
+                out.append(f"mok_cert={self.MOK_CERT}")
+                state = ("is already enrolled" if self.mok_enrolled else
+                         "is already in the enrollment request" if self.mok_pending
+                         else "is not enrolled")
+                out.append(f"mok={self.MOK_CERT} {state}")
+        else:
+            out.append("mokutil=missing")
+        if self.run_installer:
+            out += ["run_uninstaller=yes", "smi=/usr/bin/nvidia-smi", "smi_owner="]
+        elif self.driver_loaded:
+            out += ["smi=/usr/bin/nvidia-smi", "smi_owner=nvidia-smi"]
+        return out
+
+    def _dkms_module_refused(self) -> bool:
+        """The kernel's verdict on a DKMS-built module under Secure Boot."""
+        return bool(self.secure_boot) and "nvidia-kernel-open-dkms" in self.packages \
+            and not self.mok_enrolled
+
     # --- facts -----------------------------------------------------------------------------
 
     def _facts(self, cmd: str) -> tuple[bool, list[str]] | None:
+        if cmd.startswith('echo "pid1=$(cat /proc/1/comm'):
+            return True, self._platform()
+        if cmd.startswith("{ journalctl -b -q --no-pager"):
+            return True, [line for line in self.journal
+                          if re.search(r"Key was rejected by service|Loading of .* is rejected",
+                                       line)][:3]
         if cmd.startswith("if [ -f /usr/local/lib/rigfleet/rigfleet-host.pyz ]; then") \
                 and "rigfleet-host.pyz probe" in cmd:
             if "/usr/local/lib/rigfleet/rigfleet-host.pyz" not in self.files:
@@ -241,16 +317,13 @@ class FakeRig:
             if self.runtimes_registered:
                 runtimes["nvidia"] = {"path": "nvidia-container-runtime"}
             return True, [json.dumps(runtimes)]
+        if cmd.startswith("if command -v docker") and "rf_img()" in cmd:
+            self.engine.installed = "docker.io" in self.packages or "docker-ce" in self.packages
+            return True, self.engine.state(cmd)
         m = re.match(r"docker image inspect --format '\{\{json \.Config\.Labels\}\}' (\S+)", cmd)
         if m:
             labels = self.built.get(m.group(1))
             return True, [json.dumps(labels)] if labels is not None else []
-        m = re.match(r"docker image inspect --format '\{\{json \.RepoDigests\}\}' (\S+)", cmd)
-        if m:
-            digest = m.group(1).rpartition("@")[2]
-            if digest in self.images:
-                return True, [json.dumps([f"{self.images[digest]}@{digest}"])]
-            return True, []
         m = re.match(
             r"docker inspect --type container --format '\{\{\.State\.Status\}\} "
             r"\{\{index \.Config\.Labels \"io\.rigfleet\.config-hash\"\}\}' (\S+)",
@@ -275,21 +348,26 @@ class FakeRig:
             return True, [
                 f"head={self.genesis_head or ''}",
                 f"origin={self.genesis_origin or ''}",
-                f"apply_all={'yes' if self.genesis_head else 'no'}",
+                f"markers={self._genesis_marker() if self.genesis_head else '-'}",
             ]
         m = re.match(r"for t in (\S+)/\*/; do", cmd)
         if m:
-            out = [f"tree {t} {c} yes" for c, t in self.genesis_trees.items()]
+            out = [f"tree {t} {c} {self._genesis_marker()}" for c, t in self.genesis_trees.items()]
             refs = sorted({r for data in self.files.values()
                            for r in re.findall(rb"genesis-trees/([0-9a-f]{40})", data)})
             return True, out + [f"ref {r.decode()}" for r in refs]
         if "import importlib.metadata as m" in cmd:
             return True, [self.venv_version] if self.venv_version else []
-        if cmd.startswith("cat ") and ".rigfleet-manifest.json" in cmd:
-            if self.manifest is None:
+        m = re.match(r"cat (\S+)/\.rigfleet-manifest\.json", cmd)
+        if m:
+            manifest = self._weights_at(m.group(1))
+            if manifest is None:
                 return True, ["", "--rigfleet-listing--"]
-            listing = [f"{n}\t{m['size']}\t{m['mtime']}" for n, m in self.manifest["files"].items()]
-            return True, [json.dumps(self.manifest), "--rigfleet-listing--", *listing]
+            listing = [f"{n}\t{f['size']}\t{f['mtime']}" for n, f in manifest["files"].items()]
+            return True, [json.dumps(manifest), "--rigfleet-listing--", *listing]
+        m = re.match(r"for e in (\S+)/(\S+) ", cmd)
+        if m:
+            return True, self._weights_listing(m.group(1), m.group(2), cmd)
         m = re.match(r"cat (\S+) 2>/dev/null \|\| true$", cmd)
         if m:
             return True, self._text(m.group(1))
@@ -297,14 +375,78 @@ class FakeRig:
             return True, [self.boot_marker] if self.boot_marker else []
         if "import vllm; print(vllm.__version__)" in cmd:
             return True, [self.vllm_version]
-        if "rigfleet-genesis-allowlist.py" in cmd and cmd.startswith("python3"):
-            return True, [json.dumps({"known_good": self.allowlist, "pending": []})]
+        if "rigfleet-genesis-inspect.py" in cmd and cmd.startswith("python3"):
+            return True, [json.dumps(self._genesis_report())]
         return None
+
+    def _weights_at(self, path: str) -> dict | None:
+        entry = self.weights.get(path)
+        if isinstance(entry, str):  # a link, relative to its directory
+            entry = self.weights.get(f"{path.rsplit('/', 1)[0]}/{entry}")
+        return entry if isinstance(entry, dict) else None
+
+    def _weights_listing(self, model_dir: str, local_dir: str, cmd: str) -> list[str]:
+        """The ``WeightsDirs`` fact: entries of ``local_dir`` and what compose files name."""
+        out = []
+        for path, entry in sorted(self.weights.items()):
+            parent, _, name = path.rpartition("/")
+            ours = (name == local_dir or name.startswith(local_dir + "@")
+                    or (name.startswith(f".{local_dir}@") and name.endswith(".partial")))
+            if parent != model_dir or not ours:
+                continue
+            if isinstance(entry, str):
+                out.append(f"link 1700000000 0 {name} {entry}")
+            else:
+                size = sum(f["size"] for f in entry["files"].values())
+                out.append(f"dir {int(entry.get('at', 1700000000))} {size} {name}")
+        if "grep -oE" in cmd:
+            files = re.findall(r"(/\S+\.yaml)", cmd.split("| grep")[0])
+            pattern = re.compile(rf"\s{re.escape(model_dir)}/({re.escape(local_dir)}"
+                                 r"(?:@[0-9a-f]{12})?):")
+            refs = {r for f in files for r in pattern.findall(
+                self.files.get(f, b"").decode())}
+            out += [f"ref {r}" for r in sorted(refs)]
+        return out
+
+    def _genesis_marker(self) -> str:
+        from rigfleet.genesis_inspect import GENERATIONS
+
+        return GENERATIONS[self.genesis_layout].check_file
+
+    def _genesis_report(self) -> dict:
+        """What rigfleet-genesis-inspect.py prints for the exported tree (its schema)."""
+        from rigfleet.catalog import builtin_catalog
+        from rigfleet.genesis_inspect import GENERATIONS, SCHEMA
+
+        files = GENERATIONS[self.genesis_layout]
+        switches = self.genesis_switches
+        if switches is None:
+            switches = {name: "experimental" for spec in builtin_catalog().stacks.values()
+                        if spec.genesis for on, off in spec.genesis.switches.values()
+                        for name in (*on, *off)}  # fmt: skip
+        pid = {s: re.match(r"PN?[0-9]+[A-Z]?", s).group(0) for s in switches}
+        return {
+            "schema": SCHEMA, "layout": self.genesis_layout, "markers": [files.check_file],
+            "version": None, "version_file": files.version_file, "flags": [], "errors": [],
+            "allowlist": {"file": files.allowlist_file, "known_good": self.allowlist,
+                          "pending": []},
+            "registry": {
+                "file": files.registry_file, "patches": len(switches), "lifecycles": {},
+                "switch_prefixes": list(files.switch_prefixes),
+                "retired_skipped": files.retired_skipped,
+                "switches": {s: [[pid[s], lc, "env_flag"]] for s, lc in switches.items()},
+                "patch_flags": {pid[s]: [f"GENESIS_ENABLE_{s}", lc, False]
+                                for s, lc in switches.items()},
+            },
+        }  # fmt: skip
 
     def _text(self, path: str) -> list[str]:
         return self.files[path].decode().splitlines() if path in self.files else []
 
     def _stat(self, path: str) -> list[str]:
+        if path in self.links:
+            return [f"user=root group=root mode=lrwxrwxrwx atime=0 mtime=0 ctime=0 size=34 "
+                    f"'{path}' -> '{self.links[path]}'"]
         if path in self.files:
             mode = _mode(self.modes[path])
             sym = "-" + "".join(_SYMBOLIC[d] for d in mode[1:])
@@ -361,6 +503,18 @@ class FakeRig:
             for spec in shlex.split(m.group(1)):
                 name, _, version = spec.partition("=")
                 self.packages[name] = version or self._default_version(name)
+                if name == "nginx":  # Debian's and Ubuntu's package enable the default site
+                    self.links["/etc/nginx/sites-enabled/default"] = (
+                        "/etc/nginx/sites-available/default")
+                if name == "nvidia-kernel-open-dkms":  # DKMS signs with a key of its own
+                    self.files.setdefault(self.MOK_CERT, b"DKMS module signing key (DER)")
+                    self.modes.setdefault(self.MOK_CERT, "0644")
+            return True, []
+        m = re.match(r"rm -f (\S+)$", cmd)
+        if m:
+            path = shlex.split(m.group(1))[0]
+            self.links.pop(path, None)
+            self.files.pop(path, None)
             return True, []
         if cmd.startswith("apt-mark hold "):
             self.held.update(shlex.split(cmd)[2:])
@@ -426,12 +580,13 @@ class FakeRig:
             pairs = shlex.split(label_line[len("LABEL "):])
             self.built[m.group(1)] = dict(p.split("=", 1) for p in pairs)
             return True, []
-        m = re.match(r"docker pull --quiet (\S+)$", cmd)
-        if m:
-            ref = m.group(1)
-            repo, _, digest = ref.partition("@")
-            self.images[digest] = repo.rsplit(":", 1)[0]
-            return True, []
+        m = re.match(r"docker load -i (\S+); rc=\$\?; rm -f \S+; exit \$rc$", cmd)
+        if m and m.group(1) in self.files:  # an archive the deploy uploaded
+            out = self.engine.load_tar(self.files.pop(m.group(1)))
+            return True, out.splitlines()
+        engine = self.engine.apply(cmd)
+        if engine is not None:
+            return engine
         m = re.match(r"docker compose -p (\S+) -f (\S+) (up|down)", cmd)
         if m:
             _, path, action = m.groups()
@@ -446,21 +601,23 @@ class FakeRig:
         if "python3 -m venv /opt/rigfleet/hf-venv" in cmd:
             self.venv_version = re.search(r"huggingface_hub==(\S+)", cmd).group(1).strip("'")
             return True, []
-        m = re.search(r"rigfleet-fetch-weights.py fetch --repo (\S+) --revision (\S+)", cmd)
+        m = re.search(r"rigfleet-fetch-weights.py fetch --repo (\S+) --revision (\S+) "
+                      r"--local-dir (\S+) ", cmd)
         if m:
-            self.manifest = {
-                "repo": m.group(1),
-                "revision": m.group(2),
-                "files": {
-                    "model-00001-of-00004.safetensors": {
-                        "size": 1024,
-                        "sha256": "0" * 64,
-                        "mtime": 1700000000.5,
-                    }
-                },
-            }
+            self.weights[m.group(3)] = weights_manifest(m.group(1), m.group(2))
             return True, []
-        m = re.search(r"git clone --quiet --no-checkout (\S+) ", cmd)
+        m = re.search(r"rigfleet-fetch-weights.py adopt --repo \S+ --revision \S+ --from (\S+) "
+                      r"--to (\S+) ", cmd)
+        if m:
+            old, new = m.group(1), m.group(2)
+            self.weights[new] = self.weights.pop(old)
+            self.weights[old] = new.rsplit("/", 1)[1]
+            return True, []
+        if cmd.startswith("rm -rf -- "):
+            for path in shlex.split(cmd)[3:]:
+                self.weights.pop(path, None)
+            return True, []
+        m = re.search(r"git init --quiet \S+ && git -C \S+ remote add origin (\S+)$", cmd)
         if m:
             self.genesis_origin = m.group(1)
             return True, []
@@ -569,6 +726,8 @@ class FakeRig:
 
     def _promote(self, ref: dict, gate: dict, event: str) -> None:
         self.containers = {ref["container"]: ("running", ref["config_hash"])}
+        if ref["compose_file"] in self.files:  # the snapshot of what passed (write_active)
+            self.put("/var/lib/rigfleet/active/compose.yaml", self.files[ref["compose_file"]])
         self.active_record = {"ref": ref, "gate": gate}
         self.route = f"{ref['stack']}/{ref['config_hash']}"
         state = json.loads(self.files.get("/var/lib/rigfleet/state.json") or b"{}")
@@ -616,12 +775,21 @@ class FakeRig:
         self.live_restore = bool(config.get("live-restore"))
         self.exec_opts = list(config.get("exec-opts") or [])
         self.boot_marker = None
+        self.journal = []
         driver = [
             v
             for n, v in self.packages.items()
             if n in ("nvidia-driver-cuda", "nvidia-driver-580-server-open")
         ]
         self.driver_loaded = driver[0].split("-")[0] if driver else None
+        if self.driver_loaded and self._dkms_module_refused():
+            # What the kernel and udev log when Secure Boot refuses the module.
+            self.driver_loaded = None
+            self.journal = [
+                "kernel: Loading of module with unavailable key is rejected",
+                "systemd-udevd[312]: nvidia: Failed to insert module 'nvidia': Key was "
+                "rejected by service",
+            ]
         for gpu in self.gpus:
             gpu.limit = 350.0
         if "rigfleet-power-caps.service" in self.enabled:

@@ -10,6 +10,7 @@ import os
 import runpy
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,16 @@ from rigfleet.bump import cli as bump_cli
 from rigfleet.bump.candidate import (
     Candidate,
     ImageRegistry,
+    LatestAsk,
+    LatestError,
+    choose_latest,
     find_candidate,
+    follows_nightlies,
+    newest_release,
     nightly_tags,
     parse_image_arg,
+    release_tags,
+    version_key,
 )
 from rigfleet.bump.images import to_prune
 from rigfleet.bump.version import parse_probe, probe_script
@@ -35,6 +43,11 @@ REPO = "vllm/vllm-openai"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CREATED = {GOOD: "2026-05-04T10:00:00Z", MTP_DIES: "2026-05-09T10:00:00Z",
            NEWER: "2026-05-11T10:00:00.5+00:00", REGRESSED: "2026-05-12T10:00:00Z"}  # fmt: skip
+# Release tags, pushed in an order that is not their version order (a patch release of an old
+# line pushed last); a variant and a release candidate that are not releases to follow.
+RELEASES = {"v0.21.0": "2026-05-15T10:00:00Z", "v0.27.1": "2026-08-13T10:00:00Z",
+            "v0.9.1": "2026-09-01T10:00:00Z", "v0.27.1-cu130": "2026-09-02T10:00:00Z",
+            "v0.28.0rc1": "2026-09-03T10:00:00Z"}
 
 
 def _blob(data: dict[str, Any]) -> tuple[str, bytes]:
@@ -70,6 +83,14 @@ class FakeRegistry:
                 self.manifests["sha256:" + hashlib.sha256(index).hexdigest()] = top
             self.manifests[f"nightly-{sha}"] = top
         self.manifests["nightly"] = self.manifests[f"nightly-{GOOD}"]
+        for tag, created in RELEASES.items():
+            cdig, cbody = _blob({"created": created, "architecture": "amd64", "tag": tag})
+            self.blobs[cdig] = cbody
+            manifest = json.dumps({"schemaVersion": 2,
+                                   "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                                   "config": {"digest": cdig}, "layers": []}).encode()
+            self.manifests[tag] = ("application/vnd.oci.image.manifest.v1+json", manifest)
+            self.manifests["sha256:" + hashlib.sha256(manifest).hexdigest()] = self.manifests[tag]
 
     def digest_of(self, tag: str) -> str:
         return "sha256:" + hashlib.sha256(self.manifests[tag][1]).hexdigest()
@@ -123,6 +144,9 @@ def test_tag_resolves_to_digest_and_build_time(registry) -> None:
     assert cand.created == CREATED[NEWER]
     assert cand.ref == f"{REPO}:nightly-{NEWER}@{cand.digest}"
     assert cand.commit == NEWER
+    config = json.loads(next(manifest for t, (_, manifest) in fake.manifests.items()
+                             if t == f"nightly-{NEWER}"))["config"]["digest"]
+    assert cand.image_id == config  # what the new pins record, for the hosts to verify
 
 
 def test_index_is_read_through_its_amd64_manifest(registry) -> None:
@@ -165,12 +189,15 @@ def test_version_probe_script_and_output() -> None:
 
 
 def test_prune_keeps_pinned_and_unregistered_images() -> None:
+    # As `docker image ls --digests` lists them: one line per tag; the images role tags what it
+    # stages, so an old image goes only when its tag goes too.
     listing = "\n".join([
-        f"{REPO} {DIGESTS[GOOD]}", f"{REPO} {DIGESTS[NEWER]}", f"{REPO} {DIGESTS[MTP_DIES]}",
-        f"{REPO} <none>", f"other/image {DIGESTS[REGRESSED]}", f"{REPO} {DIGESTS[MTP_DIES]}",
+        f"{REPO} nightly-{GOOD} {DIGESTS[GOOD]}", f"{REPO} <none> {DIGESTS[NEWER]}",
+        f"{REPO} nightly-{MTP_DIES} {DIGESTS[MTP_DIES]}", f"{REPO} v0.27.1 <none>",
+        f"other/image v1 {DIGESTS[REGRESSED]}", f"{REPO} <none> {DIGESTS[MTP_DIES]}",
     ])  # fmt: skip
     assert to_prune(listing, REPO, {DIGESTS[GOOD], DIGESTS[NEWER]}) == [
-        f"{REPO}@{DIGESTS[MTP_DIES]}"
+        f"{REPO}@{DIGESTS[MTP_DIES]}", f"{REPO}:nightly-{MTP_DIES}"
     ]
 
 
@@ -190,9 +217,11 @@ class FakeRemote:
             stdin: bytes = b"") -> tuple[int, str]:  # fmt: skip
         self.commands.append((host.name, command))
         if "vllm.__version__" in command:
-            sha = next(s for s in VERSIONS if f"nightly-{s}@" in command)
+            release = next((t for t in RELEASES if f":{t}@" in command), None)
+            sha = next((s for s in VERSIONS if f"nightly-{s}@" in command), None)
+            version = release[1:] if release else VERSIONS[str(sha)]
             pulled = "docker pull" in command
-            return 0, f"source={'pulled' if pulled else 'image'}\nversion={VERSIONS[sha]}\n"
+            return 0, f"source={'pulled' if pulled else 'image'}\nversion={version}\n"
         return 0, ""
 
     def stream(self, *a: Any, **k: Any) -> tuple[int, str]:
@@ -251,9 +280,6 @@ def test_unlisted_nightly_is_refused_before_any_host_changes(fleet, capsys) -> N
     assert any(c.startswith("docker image rm") for c in cmds)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the Genesis fixture now has the real history (upstream-2026.md 3.1): v7.73.0 is on dev "
-    "only and the bump walks main for newer commits (product change pending)"))
 def test_dry_run_proposes_the_newer_genesis_and_changes_nothing(fleet, capsys) -> None:
     before = fleet["pins"].read_text()
     rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{NEWER}", "--dry",
@@ -284,3 +310,103 @@ def test_genesis_only_bump_keeps_the_image(fleet, capsys) -> None:
     assert f"Genesis {new[:12]}" in " ".join(err.split())
     assert "host1 (tq3-mtp-genesis)" in err  # the host that serves the Genesis stack goes first
     assert not any("vllm.__version__" in c for _, c in fleet["remote"].commands)
+
+
+# --- --latest: releases by version, nightlies only where Genesis needs them -------------------
+
+
+def test_versions_order_by_number_with_builds_below_their_release() -> None:
+    order = ["0.9.1", "0.20.2rc1.dev9+g01d4d1ad3", "0.20.2", "0.20.2.post1", "0.20.3",
+             "0.21.0", "v0.27.1", "0.100.0"]
+    keys = [version_key(v) for v in order]
+    assert keys == sorted(keys)  # type: ignore[type-var]
+    assert version_key("not-a-version") is None
+
+
+def test_release_tags_are_vxyz_in_version_order() -> None:
+    tags = ["v0.27.1", "nightly", "v0.9.1", "v0.27.1-cu130", "v0.28.0rc1", "v0.10.1.1",
+            "latest", f"nightly-{GOOD}", "v0.21.0", "v0.8.5.post1"]
+    assert release_tags(tags) == ["v0.8.5.post1", "v0.9.1", "v0.10.1.1", "v0.21.0", "v0.27.1"]
+
+
+def test_newest_release_above_the_pin_and_on_an_allowlist() -> None:
+    tags = ["v0.9.1", "v0.21.0", "v0.27.1", "v0.27.1-cu130"]
+    assert newest_release(tags, above=VERSIONS[GOOD]) == "v0.27.1"
+    assert newest_release(tags, above="0.21.0") == "v0.27.1"
+    assert newest_release(tags, above="0.27.1") is None  # already the newest
+    assert newest_release(tags, above="0.20.0", allowed={"0.21.0", VERSIONS[GOOD]}) == "v0.21.0"
+    assert newest_release(tags, above="0.21.0", allowed={"0.21.0"}) is None
+
+
+def test_only_a_genesis_stack_with_a_nightly_only_allowlist_follows_nightlies() -> None:
+    assert not follows_nightlies(False, None)
+    assert follows_nightlies(True, (VERSIONS[GOOD], VERSIONS[NEWER]))
+    assert not follows_nightlies(True, ("0.21.0", "0.23.1rc1.dev748+g2dfaae752"))
+    assert not follows_nightlies(True, None)
+
+
+def test_choose_latest_one_candidate_or_why_not() -> None:
+    release = LatestAsk("0.21.0", False, "v0.27.1")
+    done = LatestAsk("0.27.1", False, None)
+    nightly = LatestAsk(VERSIONS[GOOD], True)
+    choice = choose_latest({"int8": release, "other": done})
+    assert (choice.nightly, choice.tag, choice.stacks) == (False, "v0.27.1", ("int8",))
+    assert "already on the newest release" in choice.staying["other"]
+    assert choose_latest({"tq3": nightly}).nightly
+    with pytest.raises(LatestError, match="tq3 follow.* nightly builds .* int8 follow.* releases"):
+        choose_latest({"tq3": nightly, "int8": release})
+    with pytest.raises(LatestError, match="int8 -> v0.27.1, tq3 -> v0.21.0"):
+        choose_latest({"int8": release, "tq3": LatestAsk("0.20.0", False, "v0.21.0")})
+    assert choose_latest({"int8": done}).tag is None
+
+
+def test_latest_for_a_release_stack_is_the_newest_release_by_version(fleet, capsys) -> None:
+    rc = bump_cli.run(args_for(fleet, "--latest", "--stack", "int8", "--dry"))
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 0, err
+    assert "newest release above the pin: v0.27.1" in err
+    assert "candidate vllm/vllm-openai:v0.27.1 " in err  # not v0.9.1, pushed last
+
+
+def test_latest_for_a_nightly_genesis_stack_keeps_the_nightly_path(fleet, capsys) -> None:
+    rc = bump_cli.run(args_for(fleet, "--latest", "--stack", "tq3-mtp-genesis", "--dry"))
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the pinned Genesis lists only nightly builds" in err
+    assert f"candidate vllm/vllm-openai:nightly-{REGRESSED}" in err  # the newest by build time
+    # Whether a newer Genesis lists it is the Genesis walk's business; with the fixture's real
+    # history (v7 only on dev) that walk is pending (the xfail above), so it may refuse here.
+    assert rc == 0 or "is not on Genesis" in err, err
+
+
+def test_latest_for_both_kinds_at_once_is_refused(fleet, capsys) -> None:
+    rc = bump_cli.run(args_for(fleet, "--latest", "--dry"))
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 1 and "bump them one at a time with --stack" in err
+    assert fleet["deployed"] == []
+
+
+def test_latest_on_the_newest_release_has_nothing_to_do(fleet, registry, capsys) -> None:
+    import yaml
+
+    _, fake = registry
+    data = yaml.safe_load(fleet["pins"].read_text())
+    data["stacks"]["int8"].update(image="vllm/vllm-openai:v0.27.1",
+                                  digest=fake.digest_of("v0.27.1"), vllm_version="0.27.1")
+    fleet["pins"].write_text(yaml.safe_dump(data, sort_keys=False))
+    rc = bump_cli.run(args_for(fleet, "--latest", "--stack", "int8", "--dry"))
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 0 and "int8: already on the newest release it may take" in err
+    assert "nothing to do" in err
+
+
+def test_bumped_pins_carry_the_candidates_image_id(tmp_path) -> None:
+    from bump_helpers import write_pins
+
+    from rigfleet.catalog import builtin_catalog
+
+    pins = write_pins(tmp_path)
+    pins = replace(pins, stacks={n: replace(p, image_id="sha256:" + "0" * 64)
+                                 for n, p in pins.stacks.items()})
+    cand = Candidate(REPO, f"nightly-{NEWER}", DIGESTS[NEWER], image_id="sha256:" + "9" * 64)
+    new = bump_cli.new_stack_pins(builtin_catalog(), pins, ["int8"], cand, VERSIONS[NEWER], {})
+    assert new["int8"].image_id == "sha256:" + "9" * 64  # never the old image's id

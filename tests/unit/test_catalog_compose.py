@@ -256,7 +256,7 @@ INT8_SNAPSHOT = f"""\
 name: rigfleet-int8
 services:
   vllm:
-    image: {IMAGE}@{DIGEST_INT8}
+    image: {IMAGE}
     container_name: rigfleet-int8
     restart: 'no'
     entrypoint:
@@ -317,7 +317,7 @@ services:
     ports:
     - 127.0.0.1:8011:8000
     volumes:
-    - /srv/models/qwen3.6-27b-autoround-int4:/root/.cache/huggingface/qwen3.6-27b-autoround-int4:ro
+    - /srv/models/qwen3.6-27b-autoround-int4@ffffffffffff:/root/.cache/huggingface/qwen3.6-27b-autoround-int4:ro
     - /var/cache/rigfleet/int8/torch_compile:/root/.cache/vllm/torch_compile_cache
     - /var/cache/rigfleet/int8/triton:/root/.triton/cache
     shm_size: 16gb
@@ -336,6 +336,7 @@ services:
       io.rigfleet.vllm-version: {VERSION}
       io.rigfleet.model-revision: {REVISION}
       io.rigfleet.config-hash: HASH
+    pull_policy: never
 """
 
 
@@ -356,7 +357,7 @@ def test_tq3_rendering() -> None:
     assert svc["ports"] == ["127.0.0.1:8015:8000"]
     assert svc["command"] == spec.command("qwen3.6-27b-autoround-int4")
     assert svc["volumes"] == [
-        "/srv/models/qwen3.6-27b-autoround-int4:"
+        "/srv/models/qwen3.6-27b-autoround-int4@ffffffffffff:"
         "/root/.cache/huggingface/qwen3.6-27b-autoround-int4:ro",
         "/var/cache/rigfleet/tq3-mtp-genesis/torch_compile:/root/.cache/vllm/torch_compile_cache",
         "/var/cache/rigfleet/tq3-mtp-genesis/triton:/root/.triton/cache",

@@ -26,22 +26,33 @@ from rigfleet_testbed.genesis_fixture import (
     import_bundle,
 )
 from services_helpers import services
+from verify_sim import TQ3_MTP
+from vllm_sim_helpers import SimServer, make_gpu_root, make_model
+
+from rigfleet.catalog import get_stack
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWLIST = ROOT / "files" / "rigfleet-genesis-allowlist.py"
+INSPECT = ROOT / "rigfleet" / "genesis_inspect.py"  # the hosts' rigfleet-genesis-inspect.py
 FIXTURES = ROOT / "tests" / "fixtures" / "genesis"
 SIM_VLLM = ROOT / "testbed/rigfleet_testbed/images/vllm-sim/vllm"
 VARIANTS = ROOT / "testbed/rigfleet_testbed/images/vllm-build/variants"
 GOOD = "nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"
 V7722_PINS = ("0.20.1rc1.dev16+g7a1eb8ac2", "0.20.2rc1.dev9+g01d4d1ad3")
 V7730_NEW = ("0.20.2rc1.dev212+g3f9c2a7e5", "0.20.2rc1.dev240+gb7e4d1c9a")
-RETIRED = {"P61", "P61B", "P64", "P78", "P83", "P94", "PN8", "PN9", "PN13", "PN19", "PN22",
-           "PN30", "PN34"}
+# Retired in the v12.1.0 registry (PN8 and PN30 are experimental there; upstream-2026.md 3.4
+# lists them retired on main 34e26930, after v12.1.0).
+RETIRED = {"P4", "P61", "P61b", "P64", "P78", "P83", "P94", "PN9", "PN13", "PN19", "PN22", "PN34",
+           "PN54"}
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
-# The switches club-3090's tq3 stack sets that are text patches on an old nightly.
-TQ3_SWITCHES = {"GENESIS_ENABLE_P4": "1", P67: "1", "GENESIS_ENABLE_P66_CUDAGRAPH_SIZE_FILTER": "1",
+# Switches of club-3090's tq3 stack that are text patches on an old nightly (P4 is one too, but
+# has no switch: a legacy patch that every apply runs), and a rebind (P68).
+TQ3_SWITCHES = {P67: "1", "GENESIS_ENABLE_P66_CUDAGRAPH_SIZE_FILTER": "1",
                 "GENESIS_ENABLE_P58_ASYNC_PLACEHOLDER_FIX": "1",
                 "GENESIS_ENABLE_P68_AUTO_FORCE_TOOL": "1"}  # fmt: skip
+P4_LINE = "[Genesis] P4    [ON] TurboQuant KV cache on hybrid (GDN + attention) models — "
+P4_SKIP = ("[Genesis] P4    [SKIP] TurboQuant KV cache on hybrid (GDN + attention) models — "
+           "required anchor missing in v1/attention/backends/turboquant_attn.py")
+P67_TITLE = "TurboQuant multi-query kernel for spec-decode K+1 verify"
 
 
 def git(*args: str, cwd: Path | None = None, check: bool = True) -> str:
@@ -52,10 +63,13 @@ def git(*args: str, cwd: Path | None = None, check: bool = True) -> str:
 
 
 def allowlist_at(checkout: Path) -> dict[str, object]:
-    proc = subprocess.run([sys.executable, str(ALLOWLIST), str(checkout)], capture_output=True,
+    """The allowlists as the deploy's host helper reads them from the checkout."""
+    proc = subprocess.run([sys.executable, str(INSPECT), str(checkout)], capture_output=True,
                           text=True, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    allow = json.loads(proc.stdout)["allowlist"]
+    return {"guards": allow["file"], "known_good": allow["known_good"],
+            "pending": allow["pending"]}
 
 
 @pytest.fixture(scope="module")
@@ -164,17 +178,22 @@ def test_v12_allowlist_is_the_real_v12_1_0_one(genesis: GenesisFixture, checkout
 
 
 def test_v12_registry_lifecycles_match_the_reference() -> None:
+    # (Every entry against the real registries: test_genesis_fixture_registry.py.)
     v12 = gp.registry_entries("v12")
     assert {pid for pid, e in v12.items() if e["lifecycle"] == "retired"} == RETIRED
-    assert "P4" not in v12 and "PN54" not in v12
+    assert v12["P4"]["env_flag"] == "GENESIS_LEGACY_P4" and not v12["P4"]["default_on"]
+    assert (v12["PN8"]["lifecycle"], v12["PN30"]["lifecycle"]) == ("experimental", "experimental")
     assert (v12["P40"]["lifecycle"], v12["P82"]["lifecycle"]) == ("legacy", "research")
-    assert v12["PN26B"]["env_flag"] == "GENESIS_ENABLE_PN26_SPARSE_V"
+    assert v12["PN26b"]["env_flag"] == "GENESIS_ENABLE_PN26_SPARSE_V"
     assert v12["P67"]["applies_to"] == {"vllm_version_range": (">=0.20.0", "<0.24.0")}
     capped = {pid for pid, e in v12.items()
               if e.get("applies_to", {}).get("vllm_version_range") == (">=0.20.0", "<0.24.0")}
     assert capped == {"P67", "P72", "P82", "P103", "PN12", "PN14"}
-    assert {e["env_flag"] for e in gp.registry_entries("v7").values()} >= {
-        "GENESIS_ENABLE_P4", "GENESIS_ENABLE_PN54", P67}
+    v7 = gp.registry_entries("v7")
+    assert (v7["P4"]["env_flag"], v7["P4"]["default_on"], v7["P4"]["lifecycle"]) == (
+        "GENESIS_LEGACY_P4", True, "legacy")
+    assert v7["P61"]["deprecated"] and v7["PN13"]["lifecycle"] == "retired"
+    assert v7["P67b"]["env_flag"] == v7["P67"]["env_flag"] == P67
 
 
 def test_every_anchor_is_in_the_vllm_source_it_patches() -> None:
@@ -233,14 +252,57 @@ def test_v7_applies_text_patches_the_simulator_then_reads(tmp_path: Path) -> Non
     assert "[Genesis] apply_all v7.72.2 starting" in out
     assert f"[Genesis pin-gate] allowlist (2 entries): {list(V7722_PINS)}" in out
     assert "OK — vllm pin 0.20.2rc1.dev9+g01d4d1ad3 is on the Genesis allowlist" in out
-    assert ("[Genesis] P67   [ON] TurboQuant multi-query kernel for spec-decode K+1 verify (+P67b)"
-            " — text-patched v1/attention/backends/turboquant_attn.py") in out
+    assert (f"[Genesis] P67   [ON] {P67_TITLE} — text-patched "
+            "v1/attention/backends/turboquant_attn.py") in out
+    assert "[Genesis] P67b  [ON] TurboQuant spec-verify routing to the P67 kernel — rebind" in out
     assert "[Genesis] P68   [ON] auto-force tool choice on long contexts — rebind" in out
     assert "[Genesis] P81   [OFF] FP8 block-scaled GEMM for M <= 8 — disabled by" in out
-    assert "Genesis Results: 6 applied, 39 skipped, 0 failed" in out
+    # P4 without a switch: v7.72.2 applies it on every run (this build refuses TQ on hybrids).
+    assert (P4_LINE + "text-patched v1/attention/backends/turboquant_attn.py") in out
+    assert "Genesis Results: 7 applied, 39 skipped, 0 failed" in out
     state = load_genesis_state(site / "vllm")
     assert state is not None and state.applied == {"P4", "P58", "P66", "P67", "P87"}
     assert marlin_pad_present(site / "vllm")
+
+
+def test_p4_has_no_switch_and_applies_where_vllm_refuses_turboquant_on_hybrids(
+        tmp_path: Path) -> None:  # fmt: skip
+    # v7.72.2: a legacy patch (env_flag GENESIS_LEGACY_P4) that every apply runs; a
+    # GENESIS_ENABLE_P4 is an unregistered name (the typo guard says so) and changes nothing.
+    site = genesis_site(tmp_path / "v7", "v7", GOOD, upto=0)
+    rc, out = apply(site, "v7", {"GENESIS_ENABLE_P4": "0"})
+    assert rc == 0 and (P4_LINE + "legacy patch") not in out, out
+    assert (P4_LINE + "text-patched v1/attention/backends/turboquant_attn.py") in out
+    assert "WARNING [Genesis typo-guard] GENESIS_ENABLE_P4 is not a registered patch flag" in out
+    # v12.1.0: retired in the registry, yet its hook still runs it: an old build gets it, with
+    # the lifecycle noted; a build with hybrid TurboQuant (v0.21.0) has no anchor left.
+    old = genesis_site(tmp_path / "v12-old", "v12", GOOD)
+    rc, out = apply(old, "v12", {})
+    assert rc == 0 and (P4_LINE + "text-patched v1/attention/backends/turboquant_attn.py "
+                        "[lifecycle retired]") in out, out
+    rc, out = apply(genesis_site(tmp_path / "v12-new", "v12", "v0.21.0"), "v12", {})
+    assert rc == 0 and P4_SKIP in out and "Genesis Results: 0 applied" in out, out
+
+
+@pytest.mark.parametrize("generation", ["v7", "v12"])
+def test_the_stack_file_set_serves_turboquant_on_a_build_before_hybrid_support(
+        tmp_path: Path, generation: str) -> None:  # fmt: skip
+    # The tq3 stack file's switches for the generation (no P4 in either) on the v7 pairing's
+    # build (0.20.2rc1.dev9, before vllm#39931): Genesis leaves P4, P67 and P87 in vLLM's files
+    # and the simulator serves TurboQuant + MTP on the hybrid model.
+    from vllm.sim.buildinfo import load_genesis_state  # (vllm_sim_helpers)
+
+    spec = get_stack("tq3-mtp-genesis")
+    assert spec.genesis is not None
+    site = genesis_site(tmp_path, generation, GOOD, upto=0 if generation == "v7" else None)
+    rc, out = apply(site, generation, spec.genesis.env(generation))
+    assert rc == 0 and "0 failed" in out, out
+    state = load_genesis_state(site / "vllm")
+    assert state is not None and {"P4", "P67", "P87"} <= state.applied
+    with SimServer(site, make_gpu_root(tmp_path), make_model(tmp_path), TQ3_MTP) as srv:
+        srv.wait_ready()
+        srv.stop()
+    assert "NotImplementedError" not in srv.output()
 
 
 def test_v7_pin_gate(tmp_path: Path) -> None:
@@ -266,13 +328,16 @@ def test_v7_second_apply_in_the_same_container_fails(tmp_path: Path) -> None:
     assert rc == 0 and "0 failed" in first, first
     rc, second = apply(site, "v7", TQ3_SWITCHES)  # docker stop + start: same writable layer
     assert rc == 1, second
-    assert ("[Genesis] P67   [FAIL] TurboQuant multi-query kernel for spec-decode K+1 verify "
-            "(+P67b) — anchor not found in v1/attention/backends/turboquant_attn.py: already "
-            "patched") in second
+    assert (f"[Genesis] P67   [FAIL] {P67_TITLE} — anchor not found in "
+            "v1/attention/backends/turboquant_attn.py: already patched") in second
     assert "docker compose down && docker compose up -d" in second
-    assert "Genesis Results: 1 applied, 40 skipped, 4 failed" in second  # P68 is a rebind
+    assert "Genesis Results: 2 applied, 40 skipped, 4 failed" in second  # P67b, P68: rebinds
     rc, out = apply(site, "v7", {"GENESIS_ENABLE_P68_AUTO_FORCE_TOOL": "1"})
-    assert rc == 0, out  # rebinds leave nothing on disk
+    assert rc == 1 and "P4    [FAIL]" in out and "P68   [ON]" in out, out  # P4 runs every time
+    new = genesis_site(tmp_path / "new", "v7", "v0.24.0", upto=0)  # P4 finds nothing to patch
+    for _ in range(2):
+        rc, out = apply(new, "v7", {"GENESIS_ENABLE_P68_AUTO_FORCE_TOOL": "1"})
+        assert rc == 0, out  # rebinds leave nothing on disk
 
 
 def test_v7_unwritable_p87_target_fails_and_dry_run_writes_nothing(tmp_path: Path) -> None:
@@ -280,7 +345,7 @@ def test_v7_unwritable_p87_target_fails_and_dry_run_writes_nothing(tmp_path: Pat
     marlin = site / "vllm/model_executor/kernels/linear/mixed_precision/marlin.py"
     before = marlin.read_text()
     rc, out = apply(site, "v7", {"GENESIS_ENABLE_P87": "1", P67: "1"}, "--dry-run")
-    assert rc == 0 and "P87   [DRY]" in out and "(dry-run: 2 would apply)" in out, out
+    assert rc == 0 and "P87   [DRY]" in out and "(dry-run: 4 would apply)" in out, out  # +P4, P67b
     assert marlin.read_text() == before
     # Tests run as root, so a read-only mode would not stop the write; a directory in place of
     # the file does (in a container the read-only bind mount gives errno 30 instead).
@@ -288,7 +353,7 @@ def test_v7_unwritable_p87_target_fails_and_dry_run_writes_nothing(tmp_path: Pat
     marlin.mkdir()
     rc, out = apply(site, "v7", {"GENESIS_ENABLE_P87": "1", P67: "1"})
     assert rc == 1 and "P87   [FAIL]" in out and "Errno" in out, out
-    assert "Genesis Results: 1 applied, 43 skipped, 1 failed" in out
+    assert "Genesis Results: 3 applied, 42 skipped, 1 failed" in out  # P4, P67, P67b; P87
 
 
 def test_v7_typo_guard_and_missing_vllm(genesis: GenesisFixture, tmp_path: Path) -> None:
@@ -325,7 +390,9 @@ def test_plugins_apply_once_per_process(tmp_path: Path) -> None:
         proc = subprocess.run([sys.executable, "-c", code[name]], capture_output=True, text=True,
                               env=env, check=False)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
-        assert "register() complete: 1 applied" in proc.stdout, (name, proc.stdout)
+        # v7 on an old build: P4 (no switch), P67, P67b; v12 on v0.21.0: P4 finds no anchor.
+        applied = {"v7": 3, "v12": 2}[name]
+        assert f"register() complete: {applied} applied" in proc.stdout, (name, proc.stdout)
         assert "register() complete: already applied in this process" in proc.stdout
     toml = (plugin / "pyproject.toml").read_text()
     assert 'genesis_v7 = "genesis_v7:register"' in toml and 'version = "7.72.2"' in toml
@@ -349,20 +416,20 @@ def test_v12_on_a_release_it_does_not_list(tmp_path: Path) -> None:
     assert "WARNING [Genesis typo-guard] GENESIS_ENABLE_P4 is not a registered patch flag" in out
     assert ("P61   [SKIP] Qwen3 multiple tool calls per turn — lifecycle retired: hard-skipped "
             "(set GENESIS_ALLOW_RETIRED=1 to force)") in out
-    assert ("P67   [ON] TurboQuant multi-query kernel for spec-decode K+1 verify (+P67b) — "
-            "text-patched v1/attention/backends/turboquant_attn.py") in out
+    assert (f"P67   [ON] {P67_TITLE} — text-patched v1/attention/backends/turboquant_attn.py"
+            in out)
+    assert P4_SKIP in out  # retired, but applied by its hook: on this build it finds no anchor
     assert "[vllm 0.27.1 outside vllm_version_range >=0.20.0,<0.24.0; not enforced]" in out
     assert ("P87   [SKIP] Marlin pad-sub-tile-n (vllm#40361 backport) — upstream drift marker "
             "'marlin_padded_nk' in model_executor/kernels/linear/mixed_precision/marlin.py") in out
-    assert "Genesis Results: 1 applied, 42 skipped, 0 failed" in out
+    assert "Genesis Results: 2 applied, 44 skipped, 0 failed" in out  # P67, P67b
 
 
 def test_v12_version_range_retired_switches_and_pending_pins(tmp_path: Path) -> None:
     site = genesis_site(tmp_path, "v12", "v0.27.1")
     rc, out = apply(site, "v12", {P67: "1", "GENESIS_ENFORCE_VERSION_RANGE": "1"})
-    assert rc == 0 and ("P67   [SKIP] TurboQuant multi-query kernel for spec-decode K+1 verify "
-                        "(+P67b) — vllm 0.27.1 outside vllm_version_range >=0.20.0,<0.24.0 "
-                        "(GENESIS_ENFORCE_VERSION_RANGE=1)") in out, out
+    assert rc == 0 and (f"P67   [SKIP] {P67_TITLE} — vllm 0.27.1 outside vllm_version_range "
+                        ">=0.20.0,<0.24.0 (GENESIS_ENFORCE_VERSION_RANGE=1)") in out, out
     # 0.21.0: on PROMOTION_PENDING (and KNOWN_GOOD), accepted in strict mode.
     old = genesis_site(tmp_path / "v021", "v12", "v0.21.0")
     env = {"GENESIS_VLLM_PIN_POLICY": "strict", "GENESIS_ENABLE_P61_QWEN3_MULTI_TOOL": "1",
@@ -376,14 +443,32 @@ def test_v12_version_range_retired_switches_and_pending_pins(tmp_path: Path) -> 
                         "tool_parsers/qwen3coder_tool_parser.py") in out, out
 
 
+def test_v12_reads_sndr_enable_first_and_env_flag_aliases(tmp_path: Path) -> None:
+    site = genesis_site(tmp_path, "v12", "v0.21.0")
+    sndr = "SNDR_ENABLE_P67_TQ_MULTI_QUERY_KERNEL"
+    rc, out = apply(site, "v12", {sndr: "1", "GENESIS_ENABLE_P87": "0",
+                                  "SNDR_ENABLE_P87": "1"})  # fmt: skip
+    assert rc == 0 and f"P67   [ON] {P67_TITLE}" in out and "P67b  [ON]" in out, out
+    assert "P87   [ON]" in out  # SNDR_ENABLE_ wins over GENESIS_ENABLE_
+    rc, out = apply(genesis_site(tmp_path / "b", "v12", "v0.21.0"), "v12",
+                    {"GENESIS_ENABLE_P87": "1", "SNDR_ENABLE_P87": "0"})
+    assert rc == 0 and "P87   [OFF] Marlin pad-sub-tile-n (vllm#40361 backport) — disabled by " \
+        "SNDR_ENABLE_P87=0" in out, out
+    # An alias of a retired patch is a known name (no typo warning), and the patch is skipped.
+    alias = "GENESIS_ENABLE_P59_QWEN3_TOOL_RECOVERY"
+    rc, out = apply(site, "v12", {alias: "1"})
+    assert rc == 0 and "P61b  [SKIP] tool-call streaming overlap fix — lifecycle retired" in out
+    assert "typo-guard" not in out, out
+
+
 def test_v12_second_apply_fails_and_missing_deps_or_engine(tmp_path: Path) -> None:
     site = genesis_site(tmp_path, "v12", "v0.24.0")
     env = {P67: "1", "GENESIS_ENABLE_P66_CUDAGRAPH_SIZE_FILTER": "1"}
     rc, out = apply(site, "v12", env)
-    assert rc == 0 and "Genesis Results: 2 applied" in out, out
+    assert rc == 0 and "Genesis Results: 3 applied" in out, out  # P66, P67, P67b
     rc, out = apply(site, "v12", env)
     assert rc == 1 and "P66   [FAIL]" in out and "already patched" in out, out
-    assert "Genesis Results: 0 applied, 41 skipped, 2 failed" in out
+    assert "Genesis Results: 1 applied, 43 skipped, 2 failed" in out  # P67b is a rebind
     rc, out = apply(site, "v12", {**env, "SNDR_ENGINE": "sglang"})
     assert rc == 2 and "SNDR_ENGINE=sglang" in out, out
     bare = genesis_site(tmp_path / "nodeps", "v12", "v0.24.0", deps=False)

@@ -190,6 +190,53 @@ BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
     ("extra_env", ["A=1"], ["extra_env: ['A=1']", "a mapping stack -> {NAME: value}"]),
     ("power_cap_w", 290, ["power_cap_w", "did you mean 'power_caps_w'"]),
     ("stack", None, ["rig-a: stack: missing", "inventory/group_data/all.py"]),
+    # Control characters, wherever a string goes (a file, a unit, an apt source, a shell, a URL)
+    (
+        "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "url": "https://x/\ndeb http://evil/ /"}},
+        ["rig-a: apt_repos.cuda.url: 'https://x/\\ndeb http://evil/ /' holds control "
+         "characters", "allowed: printable text"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "suite": "/\x1b"}},
+        ["apt_repos.cuda.suite: '/\\x1b' holds control characters"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "docker": {"url": "https://d/{id}", "key_url": "https://d/gpg",
+                                 "suite": "{codename}", "components": ["stable\x00"]}},
+        ["apt_repos.docker.components[0]: 'stable\\x00' holds control characters"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "docker": {"url": "https://d/{id}", "key_url": "https://d/gpg",
+                                 "suite": "{codename}", "components": ["stable;rm"]}},
+        ["apt_repos.docker.components: ['stable;rm']", "letters, digits and ._-/"],
+    ),
+    (
+        "docker_registry_mirror",
+        "http://mirror.lan:5000\r\n",
+        ["docker_registry_mirror: 'http://mirror.lan:5000\\r\\n' holds control characters"],
+    ),
+    (
+        "extra_env",
+        {"int8": {"VLLM_LOGGING_LEVEL": "DEBUG\nVLLM_API_KEY=x"}},
+        ["extra_env.int8.VLLM_LOGGING_LEVEL: 'DEBUG\\nVLLM_API_KEY=x' holds control"],
+    ),
+    ("pins_file", "pins\x07.yaml", ["pins_file: 'pins\\x07.yaml' holds control characters"]),
+    ("hf_token_file", "/tmp/tok\n", ["hf_token_file: '/tmp/tok\\n' holds control characters"]),
+    ("gate_set", ["soak_sessions=2\x1b"], ["gate_set[0]: 'soak_sessions=2\\x1b' holds control"]),
+    ("stacks_dir", "/etc", ["stacks_dir: '/etc' is a system directory", "a directory of its own"]),
+    # New keys
+    ("adopt_foreign_driver", "maybe", ["adopt_foreign_driver: 'maybe' is not valid",
+                                       "true or false"]),
+    ("rigfleet_stop_on_preflight", 2, ["rigfleet_stop_on_preflight: 2", "--data KEY=1"]),
+    ("front_tls_certfile", "/x.pem", ["front_tls_certfile", "did you mean 'front_tls_cert_file'"]),
+    ("front_tls_cert_file", "/nonexistent.pem",
+     ["front_tls_key_file: missing", "both front_tls_cert_file and front_tls_key_file"]),
+    ("front_tls_ca_file", "/nonexistent.pem",
+     ["front_tls_ca_file: '/nonexistent.pem' is set but the front has no certificate"]),
 ]
 
 
@@ -403,3 +450,174 @@ def test_example_inventory_validates(tmp_path: Path) -> None:
         assert (s["front_port"], s["pins_file"], s["gpu_count"]) == (8000, "pins.yaml", 2)
         assert s["api_key_file"] == str(key) and s["strict"] == "yes"
         assert s["apt_repos"] == ["cuda", "docker", "nvidia-container-toolkit"]
+
+
+# ---------------------------------------------------------------------------------------------
+# stacks_dir entries, TLS, flags
+
+
+def test_a_stack_file_linking_outside_stacks_dir_is_refused(
+        data: dict[str, Any], tmp_path: Path) -> None:
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    secret = tmp_path / "elsewhere.yaml"
+    secret.write_text("not: a stack\n")
+    (stacks / "evil.yaml").symlink_to(secret)
+    data["stacks_dir"] = str(stacks)
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert f"rig-a: stacks_dir: evil.yaml: '{stacks}/evil.yaml' leads outside the directory " \
+           f"(to '{secret}'); allowed: stack files inside '{stacks}'" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, Path]:
+    """Certificates as openssl makes them: self-signed, a CA and a leaf it signed, another
+    key, an encrypted key."""
+    import shutil
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed here")
+    d = tmp_path_factory.mktemp("pki")
+
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=rig-a",
+        "-keyout", "self.key", "-out", "self.crt")
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=ca",
+        "-keyout", "ca.key", "-out", "ca.crt")
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=rig-b", "-keyout", "leaf.key",
+        "-out", "leaf.csr")
+    ssl("x509", "-req", "-in", "leaf.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "30", "-out", "leaf.crt")
+    ssl("genpkey", "-algorithm", "RSA", "-out", "other.key")
+    ssl("pkey", "-in", "self.key", "-aes256", "-passout", "pass:x", "-out", "enc.key")
+    for key in d.glob("*.key"):
+        key.chmod(0o600)
+    return {p.stem + p.suffix.replace(".", "_"): p for p in d.iterdir()}
+
+
+def test_front_tls_self_signed(data: dict[str, Any], pki: dict[str, Path]) -> None:
+    data.update(front_tls_cert_file=str(pki["self_crt"]), front_tls_key_file=str(pki["self_key"]))
+    s = validate_host("rig-a", data)
+    assert s.front_tls is not None and s.front_scheme == "https"
+    assert s.front_tls.ca_file == s.front_tls.cert_file == str(pki["self_crt"])
+
+
+def test_front_tls_signed_by_a_ca(data: dict[str, Any], pki: dict[str, Path]) -> None:
+    data.update(front_tls_cert_file=str(pki["leaf_crt"]), front_tls_key_file=str(pki["leaf_key"]),
+                front_tls_ca_file=str(pki["ca_crt"]), front_url="https://rig-b.lan:8000")
+    s = validate_host("rig-a", data)
+    assert s.front_tls is not None and s.front_tls.ca_file == str(pki["ca_crt"])
+    # Without the CA the leaf itself is what clients trust (pinned; a partial chain).
+    del data["front_tls_ca_file"]
+    pinned = validate_host("rig-a", data).front_tls
+    assert pinned is not None and pinned.ca_file == str(pki["leaf_crt"])
+
+
+BAD_TLS = [
+    ({"front_tls_key_file": "other_key"},
+     ["front_tls_key_file", "does not load with the certificate (KEY_VALUES_MISMATCH",
+      "the private key that belongs to front_tls_cert_file"]),
+    ({"front_tls_key_file": "enc_key"},
+     ["front_tls_key_file", "is an encrypted key", "nginx cannot ask for a passphrase"]),
+    ({"front_tls_cert_file": "/nonexistent/front.crt"},
+     ["front_tls_cert_file: '/nonexistent/front.crt' does not exist", "a readable PEM file"]),
+    ({"front_tls_cert_file": "leaf_crt", "front_tls_key_file": "leaf_key",
+      "front_tls_ca_file": "self_crt"},
+     ["front_tls_ca_file", "does not verify the front's certificate"]),
+    ({"front_tls_cert_file": "self_key"},
+     ["front_tls_cert_file", "is not a PEM certificate", "'-----BEGIN CERTIFICATE"]),
+    ({"front_url": "http://rig-a.lan:8000"},
+     ["front_url: 'http://rig-a.lan:8000' is plain HTTP, but the front serves TLS"]),
+]
+
+
+@pytest.mark.parametrize(("change", "expected"), BAD_TLS,
+                         ids=[",".join(f"{k}={v}" for k, v in c.items()) for c, _ in BAD_TLS])
+def test_bad_front_tls_is_refused(data: dict[str, Any], pki: dict[str, Path],
+                                  change: dict[str, str], expected: list[str]) -> None:
+    data.update(front_tls_cert_file=str(pki["self_crt"]), front_tls_key_file=str(pki["self_key"]))
+    data.update({k: str(pki[v]) if v in pki else v for k, v in change.items()})
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    msg = str(err.value)
+    for part in expected:
+        assert part in msg, f"{part!r} not in {msg!r}"
+    assert "PRIVATE KEY" not in msg and pki["self_key"].read_text().splitlines()[1] not in msg
+
+
+def test_front_tls_key_readable_by_others(data: dict[str, Any], pki: dict[str, Path],
+                                          tmp_path: Path) -> None:
+    key = tmp_path / "k.pem"
+    key.write_bytes(pki["self_key"].read_bytes())
+    key.chmod(0o644)
+    data.update(front_tls_cert_file=str(pki["self_crt"]), front_tls_key_file=str(key))
+    with pytest.raises(HostDataError, match=r"front_tls_key_file: .* is readable by others "
+                                            r"\(mode 0644\); allowed: mode 0600 or stricter"):
+        validate_host("rig-a", data)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (True, True), (False, False), (1, True), (0, False), ("1", True), ("yes", True),
+    ("true", True), ("0", False), ("no", False), ("", False), (None, False)])
+def test_stop_on_preflight_reads_data_leniently(value: Any, expected: bool, monkeypatch) -> None:
+    from rigfleet.hostdata import stop_on_preflight
+
+    monkeypatch.delenv("RIGFLEET_STOP_ON_PREFLIGHT", raising=False)
+    assert stop_on_preflight({"rigfleet_stop_on_preflight": value}) is expected
+    monkeypatch.setenv("RIGFLEET_STOP_ON_PREFLIGHT", "1")
+    assert stop_on_preflight({}) is True
+
+
+def test_flags_are_settings(data: dict[str, Any]) -> None:
+    data.update(adopt_foreign_driver="yes", rigfleet_stop_on_preflight=1)
+    s = validate_host("rig-a", data)
+    assert s.adopt_foreign_driver is True and s.stop_on_preflight is True
+    assert validate_host("rig-a", {**data, "adopt_foreign_driver": False}).adopt_foreign_driver \
+        is False
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU count and card memory (the preflight's check once the driver answers)
+
+
+@dataclass(frozen=True)
+class Card:
+    index: int
+    memory_total_mib: int
+    name: str = RTX3090
+
+
+def test_gpu_count_and_memory(data: dict[str, Any]) -> None:
+    from dataclasses import replace
+
+    from rigfleet.hostdata import check_gpus
+
+    spec = validate_host("rig-a", data).spec
+    assert check_gpus("rig-a", 2, spec, [Card(0, 24576), Card(1, 24576)]) == []
+    [count] = check_gpus("rig-a", 2, spec, [Card(1, 24576)])
+    assert count.startswith("rig-a: gpu_count: 2 but nvidia-smi lists 1 GPU(s) (indexes: 1); "
+                            "allowed: gpu_count set to the cards the host has")
+    big = replace(spec, gpu_memory_mib=32768, source="stacks/big.yaml")
+    problems = check_gpus("rig-a", 2, big, [Card(0, 24576), Card(1, 40960)])
+    assert problems == [
+        f"rig-a: stack: {spec.name!r} needs 32768 MiB per card (gpus.memory_mib in "
+        f"stacks/big.yaml) but card 0 ({RTX3090}) has 24576 MiB; allowed: a stack whose "
+        "cards fit, or cards with enough memory"]
+
+
+@pytest.mark.parametrize("key", ["runtime_pip_index_url", "pip_index_url",
+                                 "docker_registry_mirror"])
+def test_a_url_with_credentials_is_refused_without_showing_them(
+    data: dict[str, Any], key: str
+) -> None:
+    data[key] = "https://build:s3cret-pass@pypi.lan:3141/simple/"
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    msg = str(err.value)
+    assert msg == (f"rig-a: {key}: 'https://***@pypi.lan:3141/simple/' carries credentials "
+                   "(user:password@); allowed: a URL without credentials (an index or mirror "
+                   "on the LAN that needs none)")
+    assert "s3cret" not in msg and "build" not in msg

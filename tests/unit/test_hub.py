@@ -229,7 +229,7 @@ def test_snapshot_at_pinned_revision_matches_hub_metadata(
         path = snapshot_download(REPO, revision={model.commit!r}, local_dir={str(out)!r})
         meta = {{}}
         for name in ("config.json", "model-00002-of-00004.safetensors"):
-            m = get_hf_file_metadata(hf_hub_url(REPO, name, revision="main"))
+            m = get_hf_file_metadata(hf_hub_url(REPO, name, revision={model.commit!r}))
             meta[name] = [m.commit_hash, m.etag, m.size]
         result = {{
             "sha": info.sha, "main": main.sha, "path": path, "meta": meta,
@@ -238,7 +238,8 @@ def test_snapshot_at_pinned_revision_matches_hub_metadata(
         }}
         """,
     )
-    assert result["sha"] == result["main"] == model.commit
+    assert result["sha"] == model.commit
+    assert result["main"] == model.later_commit  # main has moved on to the re-quantised upload
     assert Path(result["path"]) == out.resolve()
     siblings = result["siblings"]
     assert set(siblings) == set(model.files)
@@ -263,7 +264,8 @@ def test_snapshot_at_pinned_revision_matches_hub_metadata(
 def test_resolve_headers_as_the_real_hub(services: Services, model: ModelFixture) -> None:
     shard = "model-00001-of-00004.safetensors"
     size, sha = model.files[shard]
-    status, headers, body = http(f"{services.hub}/{MODEL_REPO}/resolve/main/{shard}", method="HEAD")
+    rev = model.commit
+    status, headers, body = http(f"{services.hub}/{MODEL_REPO}/resolve/{rev}/{shard}", method="HEAD")
     assert status == 200 and body == b""
     assert headers["X-Repo-Commit"] == model.commit
     assert headers["ETag"] == headers["X-Linked-Etag"] == f'"{sha}"'
@@ -279,16 +281,16 @@ def test_resolve_headers_as_the_real_hub(services: Services, model: ModelFixture
     assert headers["Content-Range"] == f"bytes 100-199/{size}"
     assert headers["Content-Length"] == "100"
     status, headers, body = http(
-        f"{services.hub}/{MODEL_REPO}/resolve/main/{shard}", headers={"Range": "bytes=-8"}
+        f"{services.hub}/{MODEL_REPO}/resolve/{rev}/{shard}", headers={"Range": "bytes=-8"}
     )
     assert status == 206 and body == blob[-8:]
     status, headers, _ = http(
-        f"{services.hub}/{MODEL_REPO}/resolve/main/{shard}", headers={"Range": f"bytes={size}-"}
+        f"{services.hub}/{MODEL_REPO}/resolve/{rev}/{shard}", headers={"Range": f"bytes={size}-"}
     )
     assert status == 416 and headers["Content-Range"] == f"bytes */{size}"
 
     status, headers, _ = http(
-        f"{services.hub}/{MODEL_REPO}/resolve/main/config.json", method="HEAD"
+        f"{services.hub}/{MODEL_REPO}/resolve/{rev}/config.json", method="HEAD"
     )
     assert "X-Linked-Etag" not in headers
     cfg = (model.path / "blobs" / model.files["config.json"][1]).read_bytes()
@@ -416,7 +418,7 @@ def test_not_found_errors(services: Services, model: ModelFixture, tmp_path: Pat
     }
     status, headers, _ = http(f"{services.hub}/{MODEL_REPO}/resolve/main/nope.bin", method="HEAD")
     assert status == 404 and headers["X-Error-Code"] == "EntryNotFound"
-    assert headers["X-Repo-Commit"] == model.commit
+    assert headers["X-Repo-Commit"] == model.later_commit
     status, headers, _ = http(f"{services.hub}/api/models/{MODEL_REPO}/revision/{'f' * 40}")
     assert status == 404 and headers["X-Error-Code"] == "RevisionNotFound"
     status, headers, _ = http(f"{services.hub}/other/repo/resolve/main/x")

@@ -24,18 +24,6 @@ H200 = REPO / "tests" / "fixtures" / "nvidia-smi" / "h200-ubuntu2404-580.159.04"
 VERSION = "580.105.08"
 
 
-@pytest.fixture
-def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> sim.SimPaths:
-    """A booted simulated host: two RTX 3090s, module 580 loaded."""
-    source = tmp_path / "etc-hardware.json"
-    source.write_text(json.dumps(hardware_profile("host1")))
-    monkeypatch.setenv("NVIDIA_SIM_ROOT", str(tmp_path / "run"))
-    monkeypatch.delenv("NVIDIA_SIM_HARDWARE", raising=False)
-    p = sim.SimPaths.from_env()
-    assert kmod.load(p, source, VERSION, err=io.StringIO()) == 0
-    return p
-
-
 def run_smi(*args: str, version: str = VERSION) -> tuple[int, str]:
     out = io.StringIO()
     rc = smi.main(list(args), version=version, out=out)

@@ -219,6 +219,21 @@ BAD_PINS = [
     ("registry", "docker.io", ["registry", "unknown key", "schema, serial"]),
     ("history", {"a": 1}, ["history", "{'a': 1}", "list of mappings"]),
     ("model", _DELETE, ["model", "missing", "repo, revision, local_dir"]),
+    # Paths that would escape <model_dir>, and control characters anywhere
+    ("model.local_dir", "..", ["model.local_dir: '..' is not valid", "one directory name"]),
+    ("model.local_dir", "a/../b", ["model.local_dir: 'a/../b'", "no '/'"]),
+    ("model.local_dir", ".hidden", ["model.local_dir: '.hidden'", "one directory name"]),
+    ("model.repo", "Lorbus/Qwen\n", ["model.repo: 'Lorbus/Qwen\\n' holds control characters"]),
+    ("stacks.int8.image", "vllm/vllm-openai:v0.20.1\r",
+     ["stacks.int8.image: 'vllm/vllm-openai:v0.20.1\\r' holds control characters"]),
+    (f"{TQ3}.genesis.repo", "https://x/y.git\x1b[2J",
+     [f"{TQ3}.genesis.repo: 'https://x/y.git\\x1b[2J' holds control characters", "git URL"]),
+    (f"{TQ3}.genesis.version", "v12.1.0\n",
+     [f"{TQ3}.genesis.version: 'v12.1.0\\n' holds control characters"]),
+    ("hosts", {"rig-a\n": {"stacks": {}}},
+     ["hosts: 'rig-a\\n' is a key holding control characters", "printable text"]),
+    ("history", [{"serial": 2, "why": "bump\x07"}],
+     ["history[0].why: 'bump\\x07' holds control characters"]),
 ]
 
 
@@ -344,3 +359,23 @@ def test_save_pins_refuses_invalid_content(tmp_path: Path) -> None:
     with pytest.raises(PinsError, match="container_toolkit.version: '1.17'"):
         save_pins(broken)
     assert load_pins(tmp_path / "pins.yaml") == pins
+
+
+def test_a_duplicate_key_in_the_pins_file_names_file_key_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "pins.yaml"
+    text = yaml.safe_dump(good(), sort_keys=False)
+    path.write_text(text.replace("serial: 3\n", "serial: 3\nserial: 4\n", 1))
+    line = text.splitlines().index("serial: 3") + 2
+    with pytest.raises(PinsError) as err:
+        load_pins(path)
+    assert str(err.value).startswith(f"{path}: line {line}: not valid YAML: found duplicate "
+                                     f"key 'serial' (first at line {line - 1})")
+
+
+def test_a_pins_file_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "pins.yaml"
+    text = yaml.safe_dump(good(), sort_keys=False) + "# caf\u00e9\n"
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(PinsError, match=rf"pins.yaml: line {text.count(chr(10))}: byte 0xe9 is "
+                                        r"not UTF-8; allowed: a UTF-8 text file"):
+        load_pins(path)

@@ -15,12 +15,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from fake_rig import FakeRig, Gpu
+from images_fakes import FakeHub, image_id_of
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
@@ -30,11 +33,10 @@ from pyinfra.connectors.fake import FakeConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 import rigfleet.desired
+import rigfleet.images.deploy
 import roles.nvidia_driver
 import roles.preflight
 import roles.swap
-from rigfleet.errors import RigfleetError
-from rigfleet.hostdata import HostDataError
 from roles import converge
 from roles import maintenance as roles_maintenance
 from roles.docker import (
@@ -45,7 +47,7 @@ from roles.docker import (
     restart_keys,
 )
 from roles.genesis import stale_trees
-from roles.preflight import OsInfo, PreflightError
+from roles.preflight import OsInfo, refusals, run_deploy
 
 GENESIS_REPO = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
 GENESIS_COMMIT = "c" * 40
@@ -73,7 +75,7 @@ def pins_yaml(serial: int = 1, digest: str = DIGEST) -> str:
         model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
                  local_dir: qwen3.6-27b-autoround-int4}}
         stacks:
-          int8: {{image: "{image}", digest: "{digest}", vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}}
+          int8: {{image: "vllm/vllm-openai:v0.27.1", digest: "{digest}", vllm_version: 0.27.1}}
           tq3-mtp-genesis:
             image: "{image}"
             digest: "{digest}"
@@ -93,9 +95,15 @@ class Run:
     commands: list[str]  # every command sent while executing (facts included)
     failed: bool
     log: str
+    refused: str | None = None  # the preflight's reason when it refused the host
 
     def ran(self, fragment: str) -> list[str]:
         return [c for c in self.commands if fragment in c]
+
+
+def deploy_py() -> None:
+    """What deploy.py runs for each host."""
+    run_deploy(converge)
 
 
 @pytest.fixture(autouse=True)
@@ -105,9 +113,15 @@ def _fast(monkeypatch):
     monkeypatch.setattr(roles.nvidia_driver, "REBOOT_INTERVAL_S", 0)
     monkeypatch.setattr(roles.swap, "POLL_S", 0)
     rigfleet.desired._PINS.clear()
+    # The pinned digest is on "Docker Hub" (the default image source's preflight check).
+    monkeypatch.setattr(rigfleet.images.deploy, "REGISTRY",
+                        lambda url: FakeHub(url, {DIGEST: (image_id_of(DIGEST), 9 * 1024**3)}))
 
-    def lookup(self, command: str):
-        ok, lines = RIGS[self.host.data.get("fake_rig")].respond(command)
+    def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
+        text = command if isinstance(command, str) else command.get_raw_value()
+        stdin = arguments.get("_stdin")
+        ok, lines = RIGS[self.host.data.get("fake_rig")].respond(
+            text, stdin if stdin is None else "".join(stdin))
         return ok, CommandOutput([OutputLine("stdout", line) for line in lines])
 
     def put_file(self, filename_or_io, remote_filename, *args, **kwargs):
@@ -121,7 +135,7 @@ def _fast(monkeypatch):
         RIGS[self.host.data.get("fake_rig")].put(remote_filename, data)
         return True
 
-    monkeypatch.setattr(FakeConnector, "_lookup_response", lookup)
+    monkeypatch.setattr(FakeConnector, "run_shell_command", run_shell_command)
     monkeypatch.setattr(FakeConnector, "put_file", put_file)
 
 
@@ -149,27 +163,41 @@ def data(tmp_path: Path) -> dict:
     }
 
 
-def deploy(rig: FakeRig, data: dict, execute: bool = True, fn=converge) -> Run:
-    """Prepare (change detection on) and, unless ``execute`` is False, run on the fake host."""
-    # pyinfra copies host data values, so the rig travels as a key into RIGS.
-    RIGS[str(id(rig))] = rig
-    inventory = Inventory(([("@fake/rig", {**data, "fake_rig": str(id(rig))})], {}))
-    state = State(inventory, Config(), check_for_changes=True)
+def deploy(rig: FakeRig, data: dict, execute: bool = True, fn=deploy_py,
+           yes: bool = False) -> Run:
+    """Prepare (change detection on; off with ``yes``, as ``pyinfra -y``) and, unless
+    ``execute`` is False, run on the fake host."""
+    return deploy_many({"@fake/rig": (rig, data)}, execute, fn, yes)["@fake/rig"]
+
+
+def deploy_many(hosts: dict[str, tuple[FakeRig, dict]], execute: bool = True, fn=deploy_py,
+                yes: bool = False) -> dict[str, Run]:
+    """One run over several fake hosts (name -> (rig, data)), as pyinfra runs a fleet."""
+    # pyinfra copies host data values, so each rig travels as a key into RIGS.
+    for rig, _ in hosts.values():
+        RIGS[str(id(rig))] = rig
+    inventory = Inventory(([(name, {**data, "fake_rig": str(id(rig))})
+                            for name, (rig, data) in hosts.items()], {}))
+    state = State(inventory, Config(), check_for_changes=not yes)
     connect_all(state)
     add_deploy(state, fn)
-    host = inventory.get_host("@fake/rig")
-    plan = []
+    plans: dict[str, list[str]] = {name: [] for name in hosts}
     for op_hash in state.get_op_order():
-        op_data = state.get_op_data_for_host(host, op_hash)
-        if op_data.operation_meta._maybe_is_change:
-            plan.append(", ".join(sorted(state.op_meta[op_hash].names)))
-    start = len(rig.commands)
-    failed = False
+        for name in hosts:
+            host = inventory.get_host(name)
+            if op_hash not in state.ops[host]:
+                continue
+            op_data = state.get_op_data_for_host(host, op_hash)
+            if op_data.operation_meta._maybe_is_change:
+                plans[name].append(", ".join(sorted(state.op_meta[op_hash].names)))
+    starts = {name: len(rig.commands) for name, (rig, _) in hosts.items()}
     if execute:
         with contextlib.suppress(PyinfraError):
             run_ops(state)
-        failed = host in state.failed_hosts
-    return Run(rig, plan, rig.commands[start:], failed, "")
+    refused = refusals(state)
+    return {name: Run(rig, plans[name], rig.commands[starts[name]:],
+                      inventory.get_host(name) in state.failed_hosts, "", refused.get(name))
+            for name, (rig, _) in hosts.items()}
 
 
 def converged(os_key: str, data: dict) -> FakeRig:
@@ -253,11 +281,19 @@ def test_bare_host_installs_the_right_packages_then_converges(
         keyring_cmd = run.ran("curl -fsSL http://apt.rigfleet.test/rigfleet-testbed.asc")
         assert any("gpg --batch --yes --dearmor" in c for c in keyring_cmd)
     if os_key == "debian12":
-        assert "linux-headers-6.1.0-40-amd64" in installs
+        # The running kernel's headers, and the flavour's metapackage: the next kernel gets a
+        # DKMS build too.
+        assert "linux-headers-6.1.0-40-amd64 linux-headers-amd64 mokutil" in installs
         assert "/etc/apt/sources.list.d/rigfleet-docker.sources" in rig.files
     if os_key == "debian13":
         # A kernel that is not a Debian package (a container's) gets no headers.
-        assert not any(i.startswith("linux-headers") for i in installs)
+        assert not any("linux-headers" in i for i in installs)
+        assert "mokutil" in installs
+    if os_key.startswith("ubuntu"):
+        # The prebuilt module is built for one driver version: held with the driver.
+        assert "apt-mark hold linux-modules-nvidia-580-server-open-generic" in run.commands
+    # nginx's default site is gone: only the front listens.
+    assert "/etc/nginx/sites-enabled/default" not in rig.links
 
     # The host is now converged: --dry plans nothing, and a second run changes nothing.
     again = deploy(rig, data, execute=False)
@@ -311,11 +347,16 @@ def test_reboot_and_downgrade_when_installed_driver_is_on_another_branch(data):
     assert rig.driver_loaded == "580.105.08"
 
 
-def test_missing_gpu_stops_the_run_before_any_change(data):
+def test_missing_gpu_refuses_the_host_before_any_change(data):
     rig = converged("debian13", data)
     rig.gpus = rig.gpus[:1]  # a card fell off the bus
-    with pytest.raises(HostDataError, match=r"has 2 cap\(s\) but the host has 1 GPU"):
-        deploy(rig, data, execute=False)
+    before = dict(rig.files)
+    run = deploy(rig, data)
+    assert run.failed and run.refused
+    assert "power_caps_w: [250, 260] has 2 cap(s) but the host has 1 GPU(s)" in run.refused
+    assert "gpu_count: 2 but nvidia-smi lists 1 GPU(s) (indexes: 0)" in run.refused
+    assert run.plan == ["Preflight | Refused (the reason is above; nothing runs on this host)"]
+    assert run.commands == [] and rig.files == before
 
 
 def test_driver_verification_fails_a_bare_host_with_another_gpu_count(data):
@@ -362,15 +403,18 @@ def test_caps_reapplied_only_when_read_back_differs(data):
     assert [g.limit for g in rig.gpus] == [250.0, 260.0]
 
 
-def test_cap_outside_the_cards_range_stops_before_any_change(data):
+@pytest.mark.parametrize("yes", [False, True], ids=["prompt", "-y"])
+def test_cap_outside_the_cards_range_changes_nothing_with_or_without_y(data, yes):
+    """With -y pyinfra skips change detection, so a check inside an operation would only run
+    after the packages and a reboot: the preflight checks the caps in both modes."""
     rig = converged("debian13", data)
-    before = dict(rig.files)
-    with pytest.raises(HostDataError) as err:
-        deploy(rig, {**data, "power_caps_w": [250, 400]}, execute=False)
-    message = str(err.value)
-    assert "@fake/rig" in message and "power_caps_w[1]" in message and "400" in message
-    assert "card 1" in message and "100..350" in message
-    assert rig.files == before
+    before = (dict(rig.files), dict(rig.packages), rig.reboots)
+    run = deploy(rig, {**data, "power_caps_w": [250, 400]}, yes=yes)
+    message = run.refused or ""
+    assert "@fake/rig: power_caps_w[1]: 400 W is outside card 1 (NVIDIA GeForce RTX 3090)'s " \
+           "range; allowed: 100..350 W" in message
+    assert run.failed and run.commands == []
+    assert (dict(rig.files), dict(rig.packages), rig.reboots) == before
 
 
 # --- docker and the container toolkit -------------------------------------------------------
@@ -487,22 +531,22 @@ def test_a_rolled_back_swap_fails_the_host_with_the_reason(data, caplog):
     assert json.loads(rig.files["/var/lib/rigfleet/state.json"])["stack"] == "int8"
 
 
-def test_a_live_host_lock_refuses_the_run_naming_the_holder(data):
+def test_a_live_host_lock_refuses_the_host_naming_the_holder(data):
     rig = converged("debian13", data)
     rig.lock = {"who": "bob@laptop", "why": "swap int8 -> tq3-mtp-genesis", "pid": 42,
                 "since": "2026-11-29T10:00:00+00:00", "deploy_id": "X", "alive": True}
-    with pytest.raises(PreflightError, match=r"locked by bob@laptop since 2026-11-29T10:00"):
-        deploy(rig, data, execute=False)
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert run.failed and "locked by bob@laptop since 2026-11-29T10:00" in (run.refused or "")
+    assert run.ran("systemd-run") == [] and set(rig.containers) == {"rigfleet-int8"}
     rig.lock["alive"] = False  # stale: its process is gone; the run goes ahead
     assert not deploy(rig, {**data, "stack": "tq3-mtp-genesis"}).failed
 
 
 def test_gate_profile_is_checked_before_anything_runs(data):
-    with pytest.raises(HostDataError, match=r"gate_profile: 'quick' is not allowed; "
-                                            r"allowed: fast, full"):
-        deploy(FakeRig("debian13"), {**data, "gate_profile": "quick"}, execute=False)
-    with pytest.raises(HostDataError, match=r"gate_set: --set nope=1: unknown key 'nope'"):
-        deploy(FakeRig("debian13"), {**data, "gate_set": ["nope=1"]}, execute=False)
+    run = deploy(FakeRig("debian13"), {**data, "gate_profile": "quick"}, execute=False)
+    assert "gate_profile: 'quick' is not allowed; allowed: fast, full" in (run.refused or "")
+    run = deploy(FakeRig("debian13"), {**data, "gate_set": ["nope=1"]}, execute=False)
+    assert "gate_set: --set nope=1: unknown key 'nope'" in (run.refused or "")
     rig = FakeRig("debian13")
     deploy(rig, {**data, "gate_profile": "fast", "gate_set": ["soak_sessions=2"]})
     [plan] = [json.loads(v) for k, v in rig.files.items() if k.endswith("/plan.json")]
@@ -514,10 +558,39 @@ def test_genesis_stack_refused_when_vllm_is_not_on_the_allowlist(data, caplog):
     rig.allowlist = ["0.20.1rc1.dev16+g7a1eb8ac2"]
     run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
     assert run.failed
-    assert "image vLLM 0.20.2rc1.dev9+g01d4d1ad3 is not on Genesis cccccccccccc" in caplog.text
-    assert "0.20.1rc1.dev16+g7a1eb8ac2" in caplog.text
+    assert ("stack tq3-mtp-genesis: vLLM 0.20.2rc1.dev9+g01d4d1ad3 (image "
+            "vllm/vllm-openai:nightly-") in caplog.text
+    assert "is not on Genesis cccccccccccc's KNOWN_GOOD_VLLM_PINS" in caplog.text
+    assert "vllm/_genesis/guards.py: 0.20.1rc1.dev16+g7a1eb8ac2)" in caplog.text
     assert rig.containers == {}
     assert run.ran("docker compose -p rigfleet-tq3-mtp-genesis") == []
+
+
+def test_genesis_stack_refused_for_switches_the_pinned_genesis_does_not_know(data, caplog):
+    rig = FakeRig("debian13")
+    switches = {n: "experimental"
+                for n in ("P67_TQ_MULTI_QUERY_KERNEL", "P58_ASYNC_PLACEHOLDER_FIX")}
+    rig.genesis_switches = {**switches, "P64_QWEN3CODER_MTP_STREAMING": "retired"}
+    rig.genesis_layout = "v7"
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert run.failed
+    # v7 never skips retired patches: only the switches it does not know are refused.
+    assert "GENESIS_ENABLE_P64_QWEN3CODER_MTP_STREAMING" not in caplog.text
+    assert ("stack tq3-mtp-genesis: GENESIS_ENABLE_P60_GDN_NGRAM_FIX=1: Genesis cccccccccccc has "
+            "no such switch") in caplog.text
+    assert "remove it from the stack file's genesis.switches.v7.on" in caplog.text
+    assert rig.containers == {}
+    assert run.ran("docker compose -p rigfleet-tq3-mtp-genesis") == []
+
+
+def test_genesis_checkout_of_another_layout_than_pinned_is_refused(data, caplog):
+    rig = FakeRig("debian13")
+    rig.genesis_layout = "v12"  # the pinned commit's files are sndr/, the pins say v7
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert run.failed
+    assert (f"Genesis checkout /opt/rigfleet/genesis at {GENESIS_COMMIT[:12]} has the v12 layout "
+            "(sndr/apply/__main__.py), but the pins say layout v7") in caplog.text
+    assert rig.containers == {}
 
 
 def test_genesis_tree_exported_mounted_and_pruned(data):
@@ -579,6 +652,121 @@ def test_weights_fetched_once_with_endpoint_and_no_token_in_argv(data, tmp_path)
     assert again.ran("rigfleet-fetch-weights.py fetch") == []
 
 
+LOCAL = "qwen3.6-27b-autoround-int4"
+OLD_DIR = f"/srv/models/{LOCAL}"  # where weights lived before per-revision directories
+REV_A_DIR = f"/srv/models/{LOCAL}@{'a' * 12}"
+REV_E_DIR = f"/srv/models/{LOCAL}@{'e' * 12}"
+ACTIVE = "/var/lib/rigfleet/active/compose.yaml"
+STAGED = "/opt/rigfleet/stacks/int8/compose.yaml"
+
+
+def mounts(rig: FakeRig, path: str) -> str:
+    """The weights directory a compose file on the fake host mounts."""
+    doc = yaml.safe_load(rig.files[path])
+    return next(v.split(":")[0] for v in doc["services"]["vllm"]["volumes"]
+                if v.endswith(f"/{LOCAL}:ro"))
+
+
+def repin(data: dict, revision: str) -> None:
+    Path(data["pins_file"]).write_text(pins_yaml().replace("a" * 40, revision))
+    rigfleet.desired._PINS.clear()
+
+
+def test_weights_go_to_the_revisions_own_directory_which_every_compose_file_mounts(data):
+    rig = converged("debian13", data)
+    [fetch] = [c for c in rig.commands if "rigfleet-fetch-weights.py fetch" in c]
+    assert f"--local-dir {REV_A_DIR} " in fetch
+    assert set(rig.weights) == {REV_A_DIR}
+    for path in (STAGED, "/opt/rigfleet/stacks/tq3-mtp-genesis/compose.yaml", ACTIVE):
+        assert mounts(rig, path) == REV_A_DIR
+    again = deploy(rig, data)
+    assert again.ran("rigfleet-fetch-weights.py fetch") == [] and again.ran("rm -rf --") == []
+
+
+def test_a_new_revision_is_fetched_beside_the_old_one_which_a_rollback_still_mounts(data):
+    rig = converged("debian13", data)
+    repin(data, "e" * 40)
+    rig.swap_failure = ("gate", "gate failed 1 check(s): needles")
+    run = deploy(rig, data)
+    assert run.failed  # the swap rolled back
+    assert run.ran(f"--local-dir {REV_E_DIR} ") and set(rig.weights) == {REV_A_DIR, REV_E_DIR}
+    assert mounts(rig, STAGED) == REV_E_DIR
+    assert mounts(rig, ACTIVE) == REV_A_DIR  # what serves again, on its own files
+    # Kept: the pinned revision, and the one the active snapshot (the rollback) names.
+    assert deploy(rig, data).ran("rm -rf --") == []
+    rig.swap_failure = None
+    assert not deploy(rig, data).failed  # promoted: the snapshot now names the new revision
+    assert mounts(rig, ACTIVE) == REV_E_DIR
+    pruned = deploy(rig, data)
+    assert pruned.ran("rm -rf --") == [f"rm -rf -- {REV_A_DIR}"]
+    assert set(rig.weights) == {REV_E_DIR}
+
+
+def legacy_host(data: dict) -> FakeRig:
+    """A host converged before per-revision directories: the weights in ``<model_dir>/
+    <local_dir>``, every compose file (staged, the active snapshot) mounting that; its running
+    container's config hash is the one those files carry."""
+    rig = converged("debian13", data)
+    rig.weights = {OLD_DIR: rig.weights.pop(REV_A_DIR)}
+    for path, body in list(rig.files.items()):
+        if path.endswith("compose.yaml"):
+            rig.files[path] = body.replace(f"{REV_A_DIR}:".encode(), f"{OLD_DIR}:".encode())
+    assert mounts(rig, ACTIVE) == OLD_DIR
+    return rig
+
+
+def test_the_old_directory_is_adopted_without_a_download_or_a_swap(data):
+    rig = legacy_host(data)
+    snapshot = rig.files[ACTIVE]
+    plan = deploy(rig, data, execute=False).plan
+    assert f"Model weights | Adopt {OLD_DIR} as its revision's directory (no download)" in plan
+    assert not any(name.startswith(("Model weights | Fetch", "Swap | Serve")) for name in plan)
+    run = deploy(rig, data)
+    assert not run.failed
+    [adopt] = run.ran("rigfleet-fetch-weights.py adopt")
+    assert f"--revision {'a' * 40} --from {OLD_DIR} --to {REV_A_DIR} " in adopt
+    assert run.ran("rigfleet-fetch-weights.py fetch") == []  # verified where it now is
+    assert run.ran("systemd-run --unit rigfleet-swap") == []  # the move alone swaps nothing
+    assert rig.weights[OLD_DIR] == f"{LOCAL}@{'a' * 12}"  # the snapshot's mount still resolves
+    assert rig.files[ACTIVE] == snapshot and mounts(rig, STAGED) == REV_A_DIR
+    # The link stays while a compose file names it, and goes once none does.
+    again = deploy(rig, data)
+    assert again.ran("rm -rf --") == [] and again.ran("fetch-weights.py adopt") == []
+    rig.files[ACTIVE] = rig.files[STAGED]  # a later swap snapshots the new file
+    assert deploy(rig, data).ran("rm -rf --") == [f"rm -rf -- {OLD_DIR}"]
+    assert set(rig.weights) == {REV_A_DIR}
+
+
+def test_old_directory_of_another_revision_is_adopted_as_that_revision(data):
+    """Upgrading and repinning in one go: the old directory is adopted as the revision it
+    holds (a rollback mounts it through the old name), the new revision fetched beside it."""
+    rig = legacy_host(data)
+    repin(data, "e" * 40)
+    rig.swap_failure = ("gate", "gate failed 1 check(s): needles")
+    run = deploy(rig, data)
+    assert run.ran(f"--from {OLD_DIR} --to {REV_A_DIR} ") and run.ran(f"--local-dir {REV_E_DIR} ")
+    assert set(rig.weights) == {OLD_DIR, REV_A_DIR, REV_E_DIR}
+    assert mounts(rig, ACTIVE) == OLD_DIR and rig.weights[OLD_DIR] == f"{LOCAL}@{'a' * 12}"
+
+
+def test_weights_disk_says_what_is_kept_and_still_needed(data):
+    """``roles.weights.weights_disk`` (for the preflight disk check) from the host's facts."""
+    import roles.weights
+    from rigfleet.weights import WeightsSpace
+
+    got: list[WeightsSpace] = []
+
+    def check() -> None:
+        got.append(roles.weights.weights_disk(roles.preflight.preflight()))
+
+    rig = legacy_host(data)  # not adopted yet: its revision is the pin, nothing to download
+    deploy(rig, data, execute=False, fn=check)
+    assert got[-1].to_download == 0 and got[-1].kept == 1024
+    repin(data, "e" * 40)  # a new revision: estimated from the one there, 10 % headroom
+    deploy(rig, data, execute=False, fn=check)
+    assert (got[-1].to_download, got[-1].estimated, got[-1].need) == (1024, True, 1024 + 102)
+
+
 def test_secrets_are_root_only_and_never_in_commands_or_plans(data):
     rig = FakeRig("debian13")
     run = deploy(rig, data)
@@ -610,33 +798,34 @@ def test_compose_files_rendered_for_both_stacks(data):
 
 def test_unsupported_os_is_refused_naming_host_and_allowed(data):
     rig = FakeRig("rocky9")
-    with pytest.raises(PreflightError, match=r"@fake/rig: os: 'rocky 9.4' is not supported"):
-        deploy(rig, data, execute=False)
+    run = deploy(rig, data)
+    assert run.failed
+    assert "@fake/rig: os: 'rocky 9.4' is not supported" in (run.refused or "")
     assert all(c.startswith("cat /etc/os-release") for c in rig.commands)
 
 
 def test_bad_host_data_is_refused_before_any_command(data):
     rig = FakeRig("debian13")
-    with pytest.raises(RigfleetError, match="stack"):
-        deploy(rig, {**data, "stack": "fp8"}, execute=False)
+    run = deploy(rig, {**data, "stack": "fp8"})
+    assert run.failed and "@fake/rig: stack: 'fp8' is not a stack" in (run.refused or "")
     assert rig.commands == []
 
 
 def test_unreadable_pins_are_refused(data, tmp_path):
     bad = tmp_path / "bad-pins.yaml"
     bad.write_text(pins_yaml(digest="sha256:nothex"))
-    with pytest.raises(RigfleetError, match=r"@fake/rig: pins_file: .*bad-pins.yaml: "
-                                            r"stacks.int8.digest: 'sha256:nothex'"):
-        deploy(FakeRig("debian13"), {**data, "pins_file": str(bad)}, execute=False)
+    run = deploy(FakeRig("debian13"), {**data, "pins_file": str(bad)}, execute=False)
+    assert re.search(r"@fake/rig: pins_file: .*bad-pins.yaml: stacks.int8.digest: "
+                     r"'sha256:nothex'", run.refused or "")
 
 
 def test_api_key_with_nginx_unsafe_characters_is_refused(data, tmp_path):
     key = tmp_path / "bad-key"
     key.write_text('abc"def;' + "x" * 20 + "\n")
     os.chmod(key, 0o600)
-    with pytest.raises(PreflightError, match="content not shown, 28 chars") as err:
-        deploy(FakeRig("debian13"), {**data, "api_key_file": str(key)}, execute=False)
-    assert "abc" not in str(err.value)
+    run = deploy(FakeRig("debian13"), {**data, "api_key_file": str(key)}, execute=False)
+    assert "content not shown, 28 chars" in (run.refused or "")
+    assert "abc" not in (run.refused or "")
 
 
 def test_plan_of_a_bare_host_lists_changes(data):
@@ -690,7 +879,7 @@ def test_fact_commands_are_valid_sh_and_tolerate_absence(tmp_path):
         elif cls.__name__ == "WeightsManifest":
             assert not value.intact and value.revision is None
         elif cls.__name__ == "GenesisHead":
-            assert value.head is None and not value.has_apply_all
+            assert value.head is None and value.layout is None
         elif cls.__name__ in ("DockerDaemonJson", "DockerRuntimes"):
             pass  # this machine may run a Docker engine
         else:
@@ -753,25 +942,217 @@ def test_pins_that_change_without_a_swap_are_recorded_by_the_host_tool(data, tmp
     assert deploy(rig, {**data, "pins_file": str(pins)}).ran("rigfleet-host.pyz record") == []
 
 
+# --- per-host preflight failure ---------------------------------------------------------------
+
+
+def test_a_refused_host_does_not_stop_the_others(data, caplog):
+    locked = converged("debian13", data)
+    locked.lock = {"who": "bob@laptop", "why": "swap", "pid": 42, "alive": True,
+                   "since": "2026-11-29T10:00:00+00:00", "deploy_id": "X"}
+    before = dict(locked.files)
+    bare = FakeRig("debian13")
+    runs = deploy_many({"@fake/locked": (locked, data), "@fake/bare": (bare, data)})
+    assert runs["@fake/locked"].failed and not runs["@fake/bare"].failed
+    assert "locked by bob@laptop" in (runs["@fake/locked"].refused or "")
+    assert runs["@fake/locked"].commands == [] and locked.files == before
+    assert bare.containers and bare.reboots == 1  # the other host converged
+    # The run ends listing the refused hosts and why.
+    summary = caplog.text[caplog.text.index("1 host(s) failed preflight"):]
+    assert "@fake/locked: locked by bob@laptop" in summary
+
+
+@pytest.mark.parametrize("how", ["data", "env"])
+def test_stop_on_preflight_stops_every_host_before_any_change(data, monkeypatch, how):
+    locked = converged("debian13", data)
+    locked.lock = {"who": "bob@laptop", "why": "swap", "pid": 42, "alive": True,
+                   "since": "2026-11-29T10:00:00+00:00", "deploy_id": "X"}
+    bare = FakeRig("debian13")
+    flagged = dict(data)
+    if how == "data":
+        flagged["rigfleet_stop_on_preflight"] = 1  # what --data rigfleet_stop_on_preflight=1 gives
+    else:
+        monkeypatch.setenv("RIGFLEET_STOP_ON_PREFLIGHT", "1")
+    with pytest.raises(PyinfraError, match=r"(?s)rigfleet refused the run:\n.*locked by "
+                                           r"bob@laptop.*rigfleet_stop_on_preflight"):
+        deploy_many({"@fake/locked": (locked, flagged), "@fake/bare": (bare, flagged)})
+    assert not bare.packages and bare.reboots == 0
+
+
+def test_a_bare_host_says_which_checks_wait_for_the_driver(data, caplog):
+    caplog.set_level("INFO", logger="pyinfra")
+    run = deploy(FakeRig("debian13"), data, execute=False)
+    assert run.refused is None
+    line = next(r.getMessage() for r in caplog.records if "not loaded yet" in r.getMessage())
+    assert "power caps against each card's range" in line
+    assert "the GPU count (gpu_count 2)" in line
+
+
+def test_pid1_must_be_systemd(data):
+    rig = FakeRig("debian13")
+    rig.pid1 = "bash"
+    run = deploy(rig, data)
+    assert run.failed and rig.packages == {}
+    assert "@fake/rig: os: PID 1 is 'bash'" in (run.refused or "")
+    assert "allowed: a host booted with systemd as init" in (run.refused or "")
+
+
+# --- Secure Boot -------------------------------------------------------------------------------
+
+
+def test_secure_boot_without_an_enrolled_key_stops_with_the_steps_and_never_reboots(
+        data, caplog):
+    rig = FakeRig("debian13")
+    rig.secure_boot = True
+    first = deploy(rig, data)
+    # Packages went in (DKMS built and signed the module), then the reboot was refused with
+    # the steps (the key did not exist while preparing: DKMS makes it on its first build).
+    assert first.failed and first.refused is None and "nvidia-kernel-open-dkms" in rig.packages
+    assert rig.reboots == 0 and first.ran("systemctl reboot") == []
+    assert "Secure Boot is on and /var/lib/dkms/mok.pub" in caplog.text
+    assert "sudo mokutil --import /var/lib/dkms/mok.pub" in caplog.text
+    assert first.ran("nvidia-container-toolkit") == []  # stopped there
+    # The next converge refuses the host in its preflight: still no reboot, nothing changes.
+    second = deploy(rig, data)
+    message = second.refused or ""
+    assert second.failed and rig.reboots == 0 and second.commands == []
+    assert "Secure Boot is on and /var/lib/dkms/mok.pub" in message
+    assert "sudo mokutil --import /var/lib/dkms/mok.pub" in message
+    assert "Enroll MOK, Continue, Yes, type the one-time password" in message
+    # The import was run, but nobody confirmed at the console yet.
+    rig.mok_pending = True
+    pending = deploy(rig, data)
+    assert "requested but not confirmed yet" in (pending.refused or "") and rig.reboots == 0
+    # Enrolled: the next converge reboots once and serves.
+    rig.mok_pending, rig.mok_enrolled = False, True
+    third = deploy(rig, data)
+    assert not third.failed and rig.reboots == 1 and rig.driver_loaded
+
+
+def test_a_module_refused_this_boot_is_not_rebooted_for(data):
+    """Someone rebooted by hand: the kernel refused the module; no key state to read (no
+    certificate where DKMS keeps it), but the log says why."""
+    rig = FakeRig("debian13")
+    deploy(rig, data)  # Secure Boot off: converged
+    rig.secure_boot = True
+    del rig.files[rig.MOK_CERT]
+    rig._reboot()
+    assert rig.driver_loaded is None and rig.journal
+    run = deploy(rig, data)
+    assert run.failed and rig.reboots == 2 and run.commands == []  # no reboot of ours
+    assert "the kernel refused a module this boot (this boot's log: kernel: Loading of module " \
+           "with unavailable key is rejected)" in (run.refused or "")
+    assert "sudo mokutil --import /var/lib/dkms/mok.pub" in (run.refused or "")
+
+
+def test_secure_boot_on_ubuntu_is_no_obstacle(data):
+    rig = FakeRig("ubuntu2404")
+    rig.secure_boot = True  # Canonical signs the prebuilt modules
+    assert not deploy(rig, data).failed and rig.reboots == 1
+
+
+# --- a driver from NVIDIA's .run installer --------------------------------------------------
+
+
+def test_a_run_installed_driver_is_refused_with_the_way_out(data):
+    rig = FakeRig("debian13")
+    rig.run_installer, rig.driver_loaded = True, "580.105.08"
+    run = deploy(rig, data)
+    message = run.refused or ""
+    assert run.failed and rig.packages == {}
+    assert "NVIDIA's .run installer put driver 580.105.08 on this host " \
+           "(/usr/bin/nvidia-uninstall exists)" in message
+    assert "sudo /usr/bin/nvidia-uninstall, then reboot" in message
+    assert "adopt_foreign_driver: True" in message
+
+
+def test_a_run_installed_driver_on_the_pinned_branch_can_be_adopted(data):
+    rig = FakeRig("debian13")
+    rig.run_installer, rig.driver_loaded = True, "580.105.08"
+    run = deploy(rig, {**data, "adopt_foreign_driver": True})
+    assert not run.failed, run.refused
+    assert rig.reboots == 0
+    assert not any(n.startswith("nvidia-driver") or "dkms" in n for n in rig.packages)
+    assert "nvidia-container-toolkit" in rig.packages and rig.containers
+    # Another branch is not adopted.
+    rig.driver_loaded = "590.44.01"
+    again = deploy(rig, {**data, "adopt_foreign_driver": True})
+    assert "is not the pinned branch 580" in (again.refused or "")
+
+
+# --- front: default site, TLS ---------------------------------------------------------------
+
+
+def test_default_nginx_site_is_disabled_once(data):
+    rig = FakeRig("debian13")
+    run = deploy(rig, data)
+    assert run.ran("rm -f /etc/nginx/sites-enabled/default") == [
+        "rm -f /etc/nginx/sites-enabled/default"]
+    assert "/etc/nginx/sites-enabled/default" not in rig.links
+    again = deploy(rig, data)
+    assert again.ran("rm -f /etc/nginx/sites-enabled/default") == []
+    assert again.ran("systemctl reload nginx") == []
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> dict[str, Path]:
+    """A self-signed certificate and its key, as `openssl req -x509` makes them."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed here")
+    cert, key = tmp_path / "front.crt", tmp_path / "front.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
+                    "-subj", "/CN=rig", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    key.chmod(0o600)
+    return {"cert": cert, "key": key}
+
+
+def test_front_serves_tls_with_the_inventory_certificate(data, tls_files):
+    rig = FakeRig("debian13")
+    tls = {"front_tls_cert_file": str(tls_files["cert"]),
+           "front_tls_key_file": str(tls_files["key"])}
+    run = deploy(rig, {**data, **tls})
+    assert not run.failed
+    conf = rig.files["/etc/nginx/conf.d/rigfleet-front.conf"].decode()
+    assert "    listen 127.0.0.1:8000;\n    listen 8000 ssl;\n" in conf
+    assert "ssl_certificate /etc/nginx/rigfleet-tls/front.crt;" in conf
+    assert "ssl_certificate_key /etc/nginx/rigfleet-tls/front.key;" in conf
+    key_text = tls_files["key"].read_bytes()
+    assert rig.files["/etc/nginx/rigfleet-tls/front.key"] == key_text
+    assert rig.modes["/etc/nginx/rigfleet-tls/front.key"] == "0600"
+    assert rig.dirs.get("/etc/nginx/rigfleet-tls") == "0700"
+    assert rig.files["/etc/nginx/rigfleet-tls/front.crt"] == tls_files["cert"].read_bytes()
+    # The key never travels as an upload, nor in a command line.
+    assert "/etc/nginx/rigfleet-tls/front.key" not in rig.uploads
+    body = key_text.decode().splitlines()[1]
+    assert not any(body in c for c in rig.commands)
+    assert deploy(rig, {**data, **tls}, execute=False).plan == []
+    # Without TLS the front is plain HTTP again.
+    deploy(rig, data)
+    assert "ssl" not in rig.files["/etc/nginx/conf.d/rigfleet-front.conf"].decode()
+
+
+def test_secrets_go_through_stdin_never_an_upload(data):
+    import base64
+
+    rig = FakeRig("debian13")
+    deploy(rig, data)
+    secrets = ["/etc/rigfleet/secrets/vllm.env", "/etc/rigfleet/secrets/api-auth-header",
+               "/etc/rigfleet/secrets/api-key", "/etc/nginx/rigfleet-keys.conf"]
+    assert not set(secrets) & set(rig.uploads)
+    decoded = [base64.b64decode(s) for s in rig.stdin_seen]
+    assert f"VLLM_API_KEY={API_KEY}\n".encode() in decoded
+    assert not any(API_KEY in s for s in rig.stdin_seen)  # encoded on the wire, too
+
+
 # --- maintenance windows: the steps that disturb a serving host ------------------------------
 
 
-def deploy_many(rigs: list[FakeRig], data: dict) -> dict[str, Run]:
+def fleet(rigs: list[FakeRig], data: dict) -> dict[str, Run]:
     """One pyinfra run over several fake hosts (``@fake/rig0`` ... in this order)."""
-    names = [f"@fake/rig{i}" for i in range(len(rigs))]
-    for rig in rigs:
-        RIGS[str(id(rig))] = rig
-    inventory = Inventory(([(n, {**data, "fake_rig": str(id(r))})
-                            for n, r in zip(names, rigs, strict=True)], {}))
-    state = State(inventory, Config(), check_for_changes=True)
-    connect_all(state)
-    add_deploy(state, converge)
-    starts = [len(r.commands) for r in rigs]
-    with contextlib.suppress(PyinfraError):
-        run_ops(state)
-    failed = {h.name for h in state.failed_hosts}
-    return {n: Run(r, [], r.commands[s:], n in failed, "")
-            for n, r, s in zip(names, rigs, starts, strict=True)}
+    return deploy_many({f"@fake/rig{i}": (rig, data) for i, rig in enumerate(rigs)})
 
 
 def older_docker(rig: FakeRig) -> None:
@@ -906,7 +1287,7 @@ def test_a_plain_run_over_serving_hosts_disturbs_one_and_names_the_rolling_comma
     rigs = [converged("debian13", data) for _ in range(3)]
     for rig in rigs:
         older_docker(rig)
-    runs = deploy_many(rigs, data)
+    runs = fleet(rigs, data)
     first, *others = runs.values()
     assert not first.failed and len(first.ran("systemctl restart docker")) == 1
     assert first.rig.route.startswith("int8/")
@@ -920,7 +1301,7 @@ def test_a_plain_run_over_serving_hosts_disturbs_one_and_names_the_rolling_comma
         assert run.rig.containers["rigfleet-int8"][0] == "running"  # untouched, serving
     # A batch of two: the first two in inventory order go ahead, the third is refused.
     monkeypatch.setenv("RIGFLEET_MAINTENANCE_BATCH", "2")
-    runs = deploy_many(rigs[1:] + [FakeRig("debian13")], data)
+    runs = fleet(rigs[1:] + [FakeRig("debian13")], data)
     a, b, bare = runs.values()
     assert not a.failed and not b.failed and not bare.failed
     assert bare.ran("maintenance") == []  # a bare host never counts
@@ -931,7 +1312,7 @@ def test_three_serving_hosts_refuse_in_inventory_order(data, monkeypatch):
     for rig in rigs:
         older_docker(rig)
     monkeypatch.setenv("RIGFLEET_MAINTENANCE_BATCH", "2")
-    runs = deploy_many(rigs, data)
+    runs = fleet(rigs, data)
     assert [r.failed for r in runs.values()] == [False, False, True]
     monkeypatch.setenv("RIGFLEET_MAINTENANCE_BATCH", "0")
     with pytest.raises(Exception, match="RIGFLEET_MAINTENANCE_BATCH: '0' is not a number"):

@@ -1,5 +1,5 @@
 """A Genesis stack's derived image: its name follows what it holds; its Dockerfile installs
-exactly the pinned packages from the given index on top of the pinned digest."""
+exactly the pinned packages from the given index on top of the pinned image (by the name the images role staged and verified)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_the_name_changes_with_the_base_and_nothing_else():
     img = RuntimeImage.for_stack(spec, pins())
     assert img is not None
     assert img.ref.startswith("rigfleet/tq3-mtp-genesis-runtime:6a93ae436a93-")
-    assert img.base == f"vllm/vllm-openai@{DIGEST}"
+    assert img.base == "vllm/vllm-openai:v0.21.0"  # the staged, verified name
     assert img.packages == ("xxhash==3.5.0", "pandas==2.2.3", "scipy==1.14.1")
     other = RuntimeImage.for_stack(spec, pins("sha256:" + "1" * 64))
     assert other is not None and other.ref != img.ref
@@ -37,7 +37,7 @@ def test_the_dockerfile_installs_the_pinned_packages_from_the_index():
     assert img is not None
     text = img.dockerfile("http://pypi.lan:3141/simple/")
     lines = text.splitlines()
-    assert f"FROM vllm/vllm-openai@{DIGEST}" in lines
+    assert "FROM vllm/vllm-openai:v0.21.0" in lines
     run = next(ln for ln in lines if ln.startswith("RUN "))
     assert "--index-url http://pypi.lan:3141/simple/ --trusted-host pypi.lan" in run
     assert run.endswith("xxhash==3.5.0 pandas==2.2.3 scipy==1.14.1")

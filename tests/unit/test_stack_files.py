@@ -17,10 +17,10 @@ from rigfleet.catalog import (
     load_catalog,
     load_stack_file,
     parse_stack,
-    version_key,
 )
 from rigfleet.genesis import LAYOUTS
 from rigfleet.hostdata import HostDataError, validate_host
+from rigfleet.vllm_versions import version_key
 
 
 class _Delete:
@@ -201,6 +201,22 @@ def test_version_order_puts_a_nightly_below_its_release():
     assert version_key("0.27.1") > version_key("0.24.0") > version_key("0.22.0")
     spec = builtin_catalog().get("int8")
     assert spec.image.allows_version("0.27.1") and not spec.image.allows_version("0.21.0")
+
+
+def test_the_image_rule_names_the_tag_kind_and_the_version_range():
+    int8 = builtin_catalog().get("int8").image
+    tq3 = builtin_catalog().get("tq3-mtp-genesis").image
+    assert int8.problems("v0.27.1", "0.27.1") == []
+    assert int8.problems("nightly-" + "a" * 40, "0.32.1rc1.dev761+gf090c8835") == [
+        "is a nightly tag; the stack runs release tags"]
+    assert int8.problems("v0.21.0", "0.21.0") == [
+        "reports vLLM 0.21.0; the stack needs release tags, vLLM >= 0.22.0"]
+    assert int8.problems("latest", "0.28.0") == [
+        "is neither a release (vX.Y.Z) nor a nightly tag; the stack runs release tags"]
+    assert tq3.problems("v0.21.0", "0.21.0") == []
+    assert tq3.problems("v0.24.0", "0.24.0") == [
+        "reports vLLM 0.24.0; the stack needs release tags or nightly tags, vLLM < 0.24.0"]
+    assert tq3.problems("nightly-" + "b" * 40, "0.24.0rc1.dev3+gbbbbbbbbb") == []
     tq3 = builtin_catalog().get("tq3-mtp-genesis")
     assert tq3.image.allows_version("0.21.0") and not tq3.image.allows_version("0.24.0")
 

@@ -18,11 +18,14 @@ import pytest
 import yaml
 from rich.console import Console
 
-from rigfleet.desired import DesiredHost, load_desired, resolve_pins_path
+import rigfleet.desired
+from rigfleet.bump.journal import BumpJournal
+from rigfleet.bump.plan import PlanHost, build_plan
+from rigfleet.desired import DesiredHost, build_desired, load_desired, resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.hostprobe import HostProbe
 from rigfleet.inventory import InventoryHost
-from rigfleet.pins import GenesisPin
+from rigfleet.pins import GenesisPin, StackPins, load_pins, save_pins
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.status import (
     StatusRow,
@@ -55,8 +58,8 @@ def write_pins(path: Path) -> None:
         "model": {"repo": "Lorbus/Qwen3.6-27B-int4-AutoRound", "revision": REVISION,
                   "local_dir": "qwen3.6-27b-autoround-int4"},
         "stacks": {
-            "int8": {"image": IMAGE, "digest": DIGEST,
-                     "vllm_version": "0.20.2rc1.dev9+g01d4d1ad3"},
+            "int8": {"image": "vllm/vllm-openai:v0.27.1", "digest": DIGEST,
+                     "vllm_version": "0.27.1"},
             "tq3-mtp-genesis": {"image": IMAGE, "digest": OTHER_DIGEST,
                                 "vllm_version": "0.20.2rc1.dev9+g01d4d1ad3",
                                 "genesis": {"repo": GENESIS.repo, "commit": GENESIS.commit}},
@@ -359,7 +362,7 @@ def test_host_status_runs_the_full_probe_with_the_hosts_paths(inventory_host, tm
     assert row.ok and row.stack == "int8"
     [command] = remote.commands
     assert "rigfleet-host.pyz probe --full --model-path " \
-           "/srv/models/qwen3.6-27b-autoround-int4 --front-port 8000" in command
+           f"/srv/models/qwen3.6-27b-autoround-int4@{REVISION[:12]} --front-port 8000" in command
     bare = host_status(inventory_host, pins_base=tmp_path,
                        remote=FakeRemote({"schema": "rigfleet-probe/1", "bare": True}))  # type: ignore[arg-type]
     assert bare.error is not None and "not deployed yet" in bare.error and not bare.ok
@@ -377,7 +380,7 @@ def test_render_json_has_full_values_and_ok_flags(want):
     assert data["hosts"][1] == {
         "host": "rig-b", "reachable": False, "stack": None, "digest": None, "genesis": None,
         "model_revision": None, "gate": None, "gate_time": None, "drift": [], "error": "refused",
-        "seconds": 0.0, "ok": False,
+        "seconds": 0.0, "bump": None, "ok": False,
     }  # fmt: skip
 
 
@@ -452,7 +455,7 @@ def test_the_model_from_inventory_data_and_pins(want, tmp_path):
         DIGEST, "vllm/vllm-openai", 8011)
     # int8 runs without Genesis, but the deploy keeps the tq3 stack's checkout on the host.
     assert want.current.pins.genesis is None and want.genesis == GENESIS
-    assert want.model_path == "/srv/models/qwen3.6-27b-autoround-int4"
+    assert want.model_path == "/srv/models/qwen3.6-27b-autoround-int4@" + REVISION[:12]
     assert want.pins.path == str(tmp_path / "pins.yaml")
     assert want.current.tracked["pins_serial"] == 4
     assert want.current.tracked["genesis_commit"] is None
@@ -513,3 +516,97 @@ def test_host_checks_know_the_toolkit_packages_the_role_installs():
     from roles.container_toolkit import TOOLKIT_PACKAGES
 
     assert _hosts_module("test_docker_runtime").TOOLKIT_PACKAGES == TOOLKIT_PACKAGES
+
+
+# --- a fleet in the middle of a bump -----------------------------------------------------------
+
+NEW_INT8 = StackPins("int8", "vllm/vllm-openai:v0.28.0", "sha256:" + "d" * 64, "0.28.0")
+
+
+def unfinished_bump(tmp_path: Path, rig_a: str) -> BumpJournal:
+    """A bump of int8 over rig-a (canary) and rig-b; rig-a ``promoted``, ``in flight`` or not
+    reached yet (``old``). The pins cache is dropped, as a new process would start."""
+    pins = load_pins(tmp_path / "pins.yaml")
+    plan = build_plan([PlanHost("rig-a", "int8", ("canary",)), PlanHost("rig-b", "int8")], {},
+                      pins, {"int8": NEW_INT8})
+    journal = BumpJournal.start(plan, "20261129T104000Z-4242", "ops@ctl", None, "0.20.2rc1")
+    if rig_a == "promoted":
+        journal.record("rig-a", {"status": "promoted", "batch": 0, "runs_new": True})
+    elif rig_a == "in flight":
+        journal.deploying_batch(0, ["rig-a"], {"rig-a": None})
+    rigfleet.desired._PINS.clear()
+    return journal
+
+
+def facts_running(want: DesiredHost) -> dict[str, Any]:
+    """A converged host's probe, running what ``want`` runs."""
+    facts = converged_facts(want)
+    digest = want.current.pins.digest
+    facts["state"]["digest"] = digest
+    facts["containers"]["rigfleet-int8"].update(digests=[digest],
+                                                image=f"{want.current.pins.image}@{digest}")
+    return facts
+
+
+def status_of(host: InventoryHost, tmp_path: Path, facts: dict[str, Any]) -> StatusRow:
+    return host_status(host, pins_base=tmp_path, remote=FakeRemote(facts))  # type: ignore[arg-type]
+
+
+def test_a_mid_bump_fleet_shows_who_is_on_the_candidate_and_since_when(inventory_host,
+                                                                       tmp_path, want):
+    unfinished_bump(tmp_path, "promoted")
+    candidate = load_desired("rig-a", inventory_host.data, tmp_path)
+    assert candidate.current.pins.digest == NEW_INT8.digest  # the deploy's view too
+    rig_b = InventoryHost("rig-b", ("gpu_hosts",), inventory_host.data)
+    rows = [status_of(inventory_host, tmp_path, facts_running(candidate)),
+            status_of(rig_b, tmp_path, facts_running(want))]
+    assert [r.drift for r in rows] == [[], []]  # each is where the bump left it
+    assert rows[0].digest == NEW_INT8.digest and rows[1].digest == DIGEST
+    assert [r.bump["state"] for r in rows if r.bump] == ["candidate", "old"]
+    assert rows[0].bump is not None and rows[0].bump["since"]
+    text = _rendered(rows, 200)
+    assert "rigfleet status (mid-bump)" in text
+    assert "on candidate " + rows[0].bump["since"][5:10] in text and "old pins" in text
+    assert ("mid-bump: 20261129T104000Z-4242 (int8 -> vllm/vllm-openai:v0.28.0), "
+            "started") in " ".join(text.split())
+    assert "`rigfleet bump` finishes it" in " ".join(text.split())
+    data = json.loads(render_json(rows))
+    [bump] = data["bumps"]
+    assert bump["hosts"] == {"candidate": ["rig-a"], "old": ["rig-b"]}
+    assert bump["journal"] == str(tmp_path / "pins.yaml.bump-journal.json")
+    assert data["hosts"][0]["bump"]["state"] == "candidate"
+    assert exit_status(rows) == 0  # mid-bump is not drift
+    narrow = _rendered(rows, 80).splitlines()
+    assert all(len(line) <= 80 for line in narrow)
+    for name in ("rig-a", "rig-b"):  # still one table line per host with the bump column
+        assert sum(1 for line in narrow if line.split()[:1] == [name]) == 1, narrow
+
+
+@pytest.mark.parametrize("runs", ["candidate", "old"])
+def test_a_host_the_bump_was_deploying_shows_what_it_runs(inventory_host, tmp_path, want, runs):
+    unfinished_bump(tmp_path, "in flight")
+    with pytest.raises(RigfleetError, match="was deploying this host"):
+        load_desired("rig-a", inventory_host.data, tmp_path)  # the deploy refuses it
+    running = want if runs == "old" else build_desired(
+        want.settings, replace(want.pins, stacks={**want.pins.stacks, "int8": NEW_INT8}))
+    facts = facts_running(running)
+    row = status_of(inventory_host, tmp_path, facts)
+    assert row.bump is not None and row.bump["state"] == "in flight"
+    assert row.bump["runs"] == runs and row.drift == []
+    assert f"in flight {row.bump['since'][5:10]}" in _rendered([row], 200)
+    assert f"(runs {runs})" in _rendered([row], 200)
+
+
+def test_a_finished_or_stale_journal(inventory_host, tmp_path, want):
+    journal = unfinished_bump(tmp_path, "promoted")
+    pins = load_pins(tmp_path / "pins.yaml")
+    save_pins(pins, {"action": "bump", "bump_id": journal.id})  # the bump ended, then died
+    rigfleet.desired._PINS.clear()
+    row = status_of(inventory_host, tmp_path, facts_running(want))
+    assert row.bump is None
+    save_pins(load_pins(tmp_path / "pins.yaml"), {"action": "lock"})
+    journal.path.write_text(journal.path.read_text().replace('"base_serial": 4',
+                                                             '"base_serial": 3'))
+    rigfleet.desired._PINS.clear()
+    row = status_of(inventory_host, tmp_path, facts_running(want))
+    assert row.error is not None and "--abandon" in row.error and not row.ok

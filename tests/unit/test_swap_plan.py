@@ -32,8 +32,7 @@ huggingface_hub: {{version: 2.4.0}}
 model: {{repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: "{"a" * 40}",
          local_dir: qwen3.6-27b-autoround-int4}}
 stacks:
-  int8: {{image: "vllm/vllm-openai:nightly-01d4d1ad375dc5854779c593eee093bcebb0cada",
-          digest: "{DIGEST}", vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}}
+  int8: {{image: "vllm/vllm-openai:v0.27.1", digest: "{DIGEST}", vllm_version: 0.27.1}}
   tq3-mtp-genesis:
     image: "vllm/vllm-openai:nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"
     digest: "{DIGEST}"
@@ -176,3 +175,25 @@ def test_a_container_from_another_image_is_not_up(ctx):
     by_hand = {desired.container: {"status": "running", "hash": "", "stack": ""}}
     assert decide(probe(mine, containers=by_hand, route=desired.route_id), desired).kind == \
         "ensure"
+
+
+def test_a_genesis_stack_without_a_switch_set_for_its_pinned_layout_is_refused(tmp_path):
+    from dataclasses import replace
+
+    from rigfleet.desired import check_switch_sets
+    from rigfleet.pins import PinsError
+
+    settings = validate_host("host1", host_data(tmp_path))
+    pins = load_pins(tmp_path / "pins.yaml")
+    spec = settings.catalog.get("tq3-mtp-genesis")
+    assert spec.genesis is not None
+    check_switch_sets(settings, pins, [spec])  # the shipped file has both sets
+    only_v12 = replace(spec, genesis=replace(spec.genesis, switches={
+        "v12": spec.genesis.switches["v12"]}))
+    with pytest.raises(PinsError) as e:
+        check_switch_sets(settings, pins, [only_v12])
+    assert str(e.value) == (
+        f"host1: stack tq3-mtp-genesis: {spec.source}: genesis.switches has no 'v7' set, but "
+        f"{pins.path} pins Genesis {'c' * 12} with the v7 layout; allowed: add "
+        "genesis.switches.v7 to the stack file (have: v12), or pin a Genesis commit with a "
+        "layout it has")

@@ -431,7 +431,8 @@ def test_cli_int8_mtp_passes_everything(tmp_path):
                for a in needles)
     assert len({a["expected"] for a in needles}) == 2
     spec = next(c for c in data["checks"] if c["name"] == "spec_decode")["details"]
-    assert spec["mean_acceptance_length"] > 3.0
+    # The gate's traffic is mostly prose (~2.65) with some code and tool calls (~3.5).
+    assert spec["mean_acceptance_length"] > 2.5
     for text in (proc.stdout, proc.stderr, reports[0].read_text(), reports[1].read_text()):
         assert key not in text
     assert _statuses(rep) == {"preflight": PASS, "spec_decode": PASS}

@@ -435,12 +435,23 @@ def test_metrics_move_and_healthy_acceptance(tmp_path):
         assert "vllm:kv_cache_usage_perc" in "".join(m)
         drafts = metric(m, "vllm:spec_decode_num_drafts_total")
         al = 1 + metric(m, "vllm:spec_decode_num_accepted_tokens_total") / drafts
-        assert 3.3 < al < 3.8
+        # Prose: MTP n=3 accepts ~[0.82, 0.52, 0.31] (mean length ~2.65).
+        assert 2.4 < al < 2.9
         assert metric(m, "vllm:spec_decode_num_draft_tokens_total") == 3 * drafts
         per_pos = [metric(m, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
                           position=str(i)) / drafts for i in range(3)]
         assert per_pos[0] > per_pos[1] > per_pos[2]
-        assert abs(per_pos[0] - 0.95) < 0.05 and abs(per_pos[2] - 0.75) < 0.07
+        assert abs(per_pos[0] - 0.82) < 0.05 and abs(per_pos[2] - 0.31) < 0.07
+        # Code accepts more: ~[0.95, 0.84, 0.75] (seed 004's 93/87/74%), length ~3.5.
+        code = srv.chat([{"role": "user", "content": "Implement quicksort in Python with "
+                          "comments."}], max_tokens=1500).json()
+        assert code["usage"]["completion_tokens"] > 800
+        m2 = srv.metrics()
+        d2 = metric(m2, "vllm:spec_decode_num_drafts_total") - drafts
+        pp2 = [(metric(m2, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                       position=str(i)) - per_pos[i] * drafts) / d2 for i in range(3)]
+        assert abs(pp2[0] - 0.95) < 0.05 and abs(pp2[2] - 0.75) < 0.08
+        assert 3.2 < 1 + sum(pp2) < 3.9
         srv.stop()
 
 

@@ -92,7 +92,9 @@ def test_docker_hub_today_serves_releases_and_late_november_nightlies_only():
     kept, purged = vb.retention(vb.BUILDS)
     assert {b.tag for b in kept if not b.nightly} == {b.tag for b in vb.RELEASES}
     served = sorted(b.built for b in kept if b.nightly)
-    assert len(served) == 14 and served[0] == "2026-11-17" and served[-1] == "2026-11-30"
+    # 12 daily nightlies (2026-11-19 ... 30) and the two throughput nightlies of 27 and 28.
+    assert len(served) == 14 and served[0] == "2026-11-19" and served[-1] == "2026-11-30"
+    assert set(vb.THROUGHPUT_NIGHTLIES) <= set(kept)
     purged_tags = {b.tag for b in purged}
     assert {GOOD, DYING} <= purged_tags  # 404 since May (club-3090#167)
     assert "nightly-2dfaae752b4db0d43cfc0715c780e33be030d0f1" in purged_tags  # genesis#89
@@ -102,6 +104,23 @@ def test_mirror_plan_pushes_the_kept_and_deletes_purged_tags_it_still_has():
     kept, drop = mirror.plan(vb.BUILDS, [GOOD, "v0.27.1", "nightly-" + "f" * 40])
     assert drop == [GOOD]  # an unknown tag is not ours to delete
     assert kept == vb.retention(vb.BUILDS)[0]
+
+
+def test_throughput_nightlies_are_second_builds_of_late_november_days():
+    daily = {b.built: b for b in vb.recent_nightlies()}
+    regs = (vb.DECODE_THROUGHPUT_REGRESSION, vb.DECODE_THROUGHPUT_UNSTABLE)
+    for b, reg in zip(vb.THROUGHPUT_NIGHTLIES, regs, strict=True):
+        assert b.regressions == (reg,) and b.source.startswith("fictional")
+        nxt = (dt.date.fromisoformat(b.built) + dt.timedelta(days=1)).isoformat()
+        assert daily[b.built].v < b.v < daily[nxt].v, b  # between its day's daily and the next
+        info = vb.build_info(b)
+        # Only the decode speed differs from the neighbouring nightlies.
+        assert info["regressions"] == [reg, *vb.build_info(daily[b.built])["regressions"]]
+        assert {k: v for k, v in info.items() if k not in ("tag", "version", "commit", "built",
+                                                           "regressions")} == \
+            {k: v for k, v in vb.build_info(daily[b.built]).items()
+             if k not in ("tag", "version", "commit", "built", "regressions")}
+        assert vb.by_tag(b.commit) is b
 
 
 # ---- features by version -----------------------------------------------------------------------
@@ -269,10 +288,13 @@ def test_p66_logs_the_capture_sizes_it_keeps_when_its_marker_is_in(tmp_path):
         srv.wait_ready()
         srv.stop()
     assert line in srv.output()
+    # The engine captures what P66 kept (tqdm bars of the graph capture).
+    bar = "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| {0}/{0} "
+    assert bar.format(3) in srv.output()
     with boot(tmp_path, "v0.24.0", TQ3, sub="b", genesis_applied=["P67"]) as srv:
         srv.wait_ready()
         srv.stop()
-    assert "[Genesis P66]" not in srv.output()
+    assert "[Genesis P66]" not in srv.output() and bar.format(5) in srv.output()
 
 
 def test_an_archive_is_recognised_by_the_image_it_holds(tmp_path):

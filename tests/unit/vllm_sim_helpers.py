@@ -158,6 +158,8 @@ class SimServer:
             "NVIDIA_SIM_HARDWARE": str(gpu_root / "hardware.json"),
             "SIM_BOOT_SECONDS": "0", "SIM_RELEASE_SECONDS": "0.05",
             "SIM_TOKENS_PER_SECOND": "200000", "PYTHONDONTWRITEBYTECODE": "1",
+            # torch.compile's cache (simulated) stays inside the test's directory.
+            "VLLM_CACHE_ROOT": str(site.parent / "vllm-cache"),
         })
         full_env.update(env or {})
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "--model",

@@ -10,13 +10,22 @@ Nothing raises for HTTP or transport problems: a result carries ``status`` (0 wh
 answer came back: refused, reset, timed out) and ``error``. The API key is sent on every
 request (an authenticating front may guard /health and /metrics too) and never appears in a
 repr, an error text or anything returned.
+
+HTTPS: ``ca_file`` (or the environment's ``RIGFLEET_CA_FILE``) names the PEM certificate(s)
+to trust, e.g. a front's own certificate (host data ``front_tls_ca_file`` /
+``front_tls_cert_file``); without it the system's trust store is used. Certificates and
+host names are always verified::
+
+    client = Client("https://rig-a.lan:8000", api_key=key, ca_file="front-ca.pem")
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -25,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 USER_AGENT = "rigfleet-verify/1"
+CA_FILE_ENV = "RIGFLEET_CA_FILE"
 
 
 @dataclass
@@ -114,14 +124,17 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 class Client:
     """Talks to one server; ``base_url`` without a trailing ``/v1``."""
 
-    def __init__(self, base_url: str, api_key: str | None = None):
+    def __init__(self, base_url: str, api_key: str | None = None, ca_file: str | None = None):
         self.base_url = base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[: -len("/v1")]
         self._api_key = api_key or None
+        self.ca_file = ca_file or os.environ.get(CA_FILE_ENV) or None
         # No proxies from the environment: the gate talks to the host it runs on (or its LAN),
         # and long prompts plus the key have no business going through a corporate proxy.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), _NoRedirect,
+            urllib.request.HTTPSHandler(context=tls_context(self.ca_file)))
 
     def __repr__(self) -> str:
         return f"Client({self.base_url!r}, api_key={'***' if self._api_key else None})"
@@ -255,6 +268,15 @@ class Client:
         out.tool_calls = [calls[i] for i in sorted(calls)]
         out.seconds = time.monotonic() - t0
         return out
+
+
+def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """A verifying client context: trusting ``ca_file`` only (a pinned leaf certificate
+    works too), else the system's trust store."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    if ca_file:
+        ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return ctx
 
 
 def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> None:

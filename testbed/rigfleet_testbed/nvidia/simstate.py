@@ -1,7 +1,7 @@
 """The simulated NVIDIA driver's state on one host, shared by every stand-in program.
 
-Runs ON the simulated hosts (Debian 13, python3.13, stdlib only) inside each stand-in's zipapp,
-and imports on the control side (3.11) for tests. The layout is the contract in
+Runs ON the simulated hosts (Debian 13 or 12: python3.13 or 3.11, stdlib only) inside each
+stand-in's zipapp, and imports on the control side (3.11) for tests. The layout is the contract in
 docs/architecture.md ("Simulated GPU hardware"):
 
     /etc/nvidia-sim/hardware.json    the cards, bind-mounted read-only by the testbed
@@ -9,9 +9,15 @@ docs/architecture.md ("Simulated GPU hardware"):
     /run/nvidia-sim/hardware.json    what the module probed at load (a copy of the above)
     /run/nvidia-sim/state.json       power limit and persistence per GPU, under flock(state.lock)
     /run/nvidia-sim/alloc/<n>.json   one per process holding GPU memory, flock'ed by its holder
+    /run/nvidia-sim/grants/<id>      device-cgroup grants the runtime hook made (``devnodes``)
+    /dev/nvidia{ctl,-uvm,-uvm-tools,0..}  device nodes the "module" creates, /dev/char links
+    /etc/nvidia-sim/firmware/        the host's simulated UEFI NVRAM (``firmware``), read-write
+    /var/lib/dkms/                   where the DKMS stand-in keeps its signing key (mok.key/.pub)
 
 ``NVIDIA_SIM_ROOT`` moves ``/run/nvidia-sim`` and ``NVIDIA_SIM_HARDWARE`` the hardware file that
-readers use (tests point both at a temporary directory)::
+readers use (tests point both at a temporary directory); with a moved root the device nodes go
+to ``<root>/dev`` unless ``NVIDIA_SIM_DEV`` says otherwise, so a test never touches ``/dev``.
+``NVIDIA_SIM_FIRMWARE`` and ``NVIDIA_SIM_DKMS`` move the other two::
 
     paths = SimPaths.from_env()
     hw = load_hardware(paths.hardware)
@@ -19,10 +25,20 @@ readers use (tests point both at a temporary directory)::
         state[0].power_limit_w = 250.0
 
 Optional hardware keys beyond the contract (all defaulted to an RTX 3090 on PCIe):
-``topology`` ("PHB", "NODE", ...) for the GPU-to-GPU link without NVLink; per GPU
-``fan_percent``, ``memory_reserved_mib``, ``clocks_max_{graphics,sm,memory,video}_mhz``,
-``power_limit_settable`` (false: ``-pl`` is "not supported in current scope", as on laptops).
-An allocation file may carry ``"utilization": {"0": 95}`` to report a busy GPU.
+``topology`` ("PHB", "NODE", ...) for the GPU-to-GPU link without NVLink; ``sim_speedup``
+(the testbed clock, read by the serving simulator); per GPU ``fan_percent``,
+``memory_reserved_mib``, ``clocks_max_{graphics,sm,memory,video}_mhz``,
+``power_limit_settable`` (false: ``-pl`` is "not supported in current scope", as on laptops),
+``pcie_gen_max``/``pcie_width_max`` (the link the slot gives the card: 4/16 by default;
+``pcie_gen_gpu_max`` is what the card itself supports, 4 for a 3090).
+An allocation file may carry ``"utilization": {"0": 95}`` to report a busy GPU. A holder may
+also keep ``alloc/<name>.activity`` next to it (the serving simulator does)::
+
+    {"phase": "decode", "gpus": {"0": {"utilization": 97, "power_demand_w": 220.0}}}
+
+``phase`` idle/prefill/decode; the card then draws min(limit, demand), reports
+``sw_power_cap`` when the limit binds, trains its PCIe link up only while working, and idles
+in P8. A sidecar without a live holder is ignored and removed.
 """
 
 from __future__ import annotations
@@ -40,6 +56,8 @@ from typing import Any
 
 DEFAULT_ROOT = "/run/nvidia-sim"
 HARDWARE_SOURCE = "/etc/nvidia-sim/hardware.json"
+FIRMWARE_DIR = "/etc/nvidia-sim/firmware"
+DKMS_DIR = "/var/lib/dkms"
 
 # CUDA version the driver's libcuda reports, per branch (nvidia-smi prints it in its header).
 CUDA_BY_BRANCH = {
@@ -63,13 +81,26 @@ class SimPaths:
 
     root: Path
     hardware: Path
+    dev: Path = Path("/dev")
+    firmware: Path = Path(FIRMWARE_DIR)
+    dkms: Path = Path(DKMS_DIR)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> SimPaths:
         env = os.environ if environ is None else environ
         root = Path(env.get("NVIDIA_SIM_ROOT") or DEFAULT_ROOT)
         hardware = Path(env.get("NVIDIA_SIM_HARDWARE") or root / "hardware.json")
-        return cls(root=root, hardware=hardware)
+        moved = root != Path(DEFAULT_ROOT)
+        dev = Path(env.get("NVIDIA_SIM_DEV") or (root / "dev" if moved else "/dev"))
+        firmware = Path(env.get("NVIDIA_SIM_FIRMWARE") or
+                        (root / "firmware" if moved else FIRMWARE_DIR))
+        dkms = Path(env.get("NVIDIA_SIM_DKMS") or (root / "dkms" if moved else DKMS_DIR))
+        return cls(root=root, hardware=hardware, dev=dev, firmware=firmware, dkms=dkms)
+
+    @property
+    def grants(self) -> Path:
+        """Device-cgroup grants of running GPU containers (see ``devnodes``)."""
+        return self.root / "grants"
 
     @property
     def loaded(self) -> Path:
@@ -114,6 +145,9 @@ class Gpu:
     clocks_max_memory_mhz: int = 9751
     clocks_max_video_mhz: int = 1950
     power_limit_settable: bool = True
+    pcie_gen_max: int = 4
+    pcie_width_max: int = 16
+    pcie_gen_gpu_max: int = 4
 
     @property
     def architecture(self) -> str:
@@ -138,6 +172,9 @@ class Hardware:
     nvlink: bool = False
     topology: str = "PHB"
     driver_branch_supported: tuple[str, ...] = ()
+    # The cgroup hierarchy the machine boots with: 2 (unified) is what Debian 12/13 boot by
+    # default, and there Docker's default cgroup driver is systemd (see devnodes).
+    cgroup_version: int = 2
 
 
 def load_hardware(path: Path) -> Hardware:
@@ -165,6 +202,7 @@ def load_hardware(path: Path) -> Hardware:
             nvlink=bool(raw.get("nvlink", False)),
             topology=str(raw.get("topology", "PHB")),
             driver_branch_supported=tuple(str(b) for b in raw.get("driver_branch_supported", [])),
+            cgroup_version=int(raw.get("cgroup_version", 2)),
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SimError(f"{path}: unusable simulated hardware description ({exc!r})") from exc
@@ -172,7 +210,8 @@ def load_hardware(path: Path) -> Hardware:
 
 _OPTIONAL_GPU_KEYS = (
     "fan_percent", "memory_reserved_mib", "clocks_max_graphics_mhz", "clocks_max_sm_mhz",
-    "clocks_max_memory_mhz", "clocks_max_video_mhz", "power_limit_settable",
+    "clocks_max_memory_mhz", "clocks_max_video_mhz", "power_limit_settable", "pcie_gen_max",
+    "pcie_width_max", "pcie_gen_gpu_max",
 )
 
 
@@ -289,6 +328,8 @@ class Allocation:
     container: str | None = None
     process_name: str | None = None
     utilization: dict[int, int] = field(default_factory=dict)
+    phase: str | None = None  # from the activity sidecar: idle, prefill or decode
+    demand_w: dict[int, float] = field(default_factory=dict)
 
 
 def _holder_alive(fd: int) -> bool:
@@ -300,6 +341,30 @@ def _holder_alive(fd: int) -> bool:
             return True
         raise
     return False
+
+
+def _activity(path: Path) -> tuple[str | None, dict[int, int], dict[int, float]]:
+    """A holder's activity sidecar: (phase, utilization, power demand); None without one."""
+    try:
+        raw = json.loads(path.read_text())
+        gpus = raw.get("gpus") or {}
+        util = {int(k): int(v.get("utilization", 0)) for k, v in gpus.items()}
+        demand = {int(k): float(v.get("power_demand_w", 0.0)) for k, v in gpus.items()}
+        return str(raw.get("phase") or "idle"), util, demand
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None, {}, {}
+
+
+def _remove_orphan_activity(paths: SimPaths) -> None:
+    """Sidecars whose allocation file is gone (a holder that died mid-update)."""
+    try:
+        sidecars = list(paths.alloc_dir.glob("*.activity"))
+    except OSError:
+        return
+    for side in sidecars:
+        if not side.with_suffix(".json").exists():
+            with contextlib.suppress(OSError):
+                side.unlink()
 
 
 def live_allocations(paths: SimPaths) -> list[Allocation]:
@@ -323,9 +388,14 @@ def live_allocations(paths: SimPaths) -> list[Allocation]:
                 with contextlib.suppress(OSError):
                     if os.stat(path).st_ino == os.fstat(fd).st_ino:
                         os.unlink(path)
+                        path.with_suffix(".activity").unlink()
                 continue
             with os.fdopen(os.dup(fd)) as f:
                 raw = json.load(f)
+            phase, act_util, demand = _activity(path.with_suffix(".activity"))
+            util = {int(k): int(v) for k, v in raw.get("utilization", {}).items()}
+            for k, v in act_util.items():
+                util[k] = max(util.get(k, 0), v)
             found.append(
                 Allocation(
                     name=path.stem,
@@ -333,13 +403,16 @@ def live_allocations(paths: SimPaths) -> list[Allocation]:
                     pid=int(raw["pid"]) if raw.get("pid") is not None else None,
                     container=raw.get("container"),
                     process_name=raw.get("process_name") or raw.get("name"),
-                    utilization={int(k): int(v) for k, v in raw.get("utilization", {}).items()},
+                    utilization=util,
+                    phase=phase,
+                    demand_w=demand,
                 )
             )
         except (ValueError, TypeError, AttributeError):
             continue  # a live holder still writing its file: count it next time
         finally:
             os.close(fd)
+    _remove_orphan_activity(paths)
     return found
 
 
@@ -358,7 +431,32 @@ class Reading:
 
     @property
     def busy(self) -> bool:
+        """A process holds memory on this card (a CUDA context exists)."""
         return bool(self.processes)
+
+    @property
+    def legacy(self) -> bool:
+        """A holder that reports no activity: counted as working whenever it is there."""
+        return any(a.phase is None for a, _ in self.processes)
+
+    @property
+    def active(self) -> bool:
+        """The card is working now (prefill or decode), not just holding a context."""
+        return self.legacy or any(a.phase in ("prefill", "decode") for a, _ in self.processes)
+
+    @property
+    def demand_w(self) -> float | None:
+        """What the work would draw uncapped, as its holders report it (None: unknown)."""
+        idx = self.gpu.index
+        vals = [a.demand_w.get(idx, 0.0) for a, _ in self.processes
+                if a.phase in ("prefill", "decode")]
+        return max(vals) if vals else None
+
+    @property
+    def power_capped(self) -> bool:
+        """The power limit binds: the SW power cap is pulling the clocks down."""
+        demand = self.demand_w
+        return self.active and demand is not None and demand > self.state.power_limit_w + 0.5
 
     @property
     def memory_free_mib(self) -> int:
@@ -367,31 +465,86 @@ class Reading:
 
     @property
     def pstate(self) -> str:
-        # GeForce cards drop to P8 when idle and run CUDA contexts in P2.
-        return "P2" if self.busy else "P8"
+        # GeForce cards drop to P8 when idle and run CUDA work in P2.
+        return "P2" if self.active else "P8"
 
     @property
     def power_draw_w(self) -> float:
+        limit = self.state.power_limit_w
         idle = round(self.gpu.power_default_w * 0.065, 2)
         if not self.busy:
-            return min(idle, self.state.power_limit_w)
-        context = self.gpu.power_default_w * 0.3
-        span = max(0.0, self.state.power_limit_w - context)
-        return round(min(self.state.power_limit_w, context + span * self.utilization_pct / 100), 2)
+            return min(idle, limit)
+        if self.legacy:
+            context = self.gpu.power_default_w * 0.3
+            span = max(0.0, limit - context)
+            return round(min(limit, context + span * self.utilization_pct / 100), 2)
+        if not self.active:
+            return min(round(self.gpu.power_default_w * 0.08, 2), limit)
+        demand = self.demand_w
+        return round(min(limit, demand if demand is not None else limit), 2)
 
     @property
     def temperature_c(self) -> int:
-        return 35 + (8 if self.busy else 0) + self.utilization_pct * 30 // 100
+        if not self.busy or self.legacy:
+            return 35 + (8 if self.busy else 0) + self.utilization_pct * 30 // 100
+        return 33 + int(self.power_draw_w * 0.13)
 
     @property
     def clocks_mhz(self) -> dict[str, int]:
         g = self.gpu
-        if not self.busy:
+        if not self.active:
             return {"graphics": 210, "sm": 210, "memory": 405, "video": 555}
-        return {"graphics": int(g.clocks_max_graphics_mhz * 0.8),
-                "sm": int(g.clocks_max_sm_mhz * 0.8),
+        if self.legacy:
+            return {"graphics": int(g.clocks_max_graphics_mhz * 0.8),
+                    "sm": int(g.clocks_max_sm_mhz * 0.8),
+                    "memory": g.clocks_max_memory_mhz - 250,
+                    "video": int(g.clocks_max_video_mhz * 0.8)}
+        demand = self.demand_w or self.state.power_limit_w
+        ratio = (self.state.power_limit_w / demand) ** 0.5 if self.power_capped else 1.0
+        return {"graphics": int(g.clocks_max_graphics_mhz * 0.9 * ratio),
+                "sm": int(g.clocks_max_sm_mhz * 0.9 * ratio),
+                # Memory stays at its full rate (9501 MHz on a 3090, club-3090 HARDWARE.md).
                 "memory": g.clocks_max_memory_mhz - 250,
-                "video": int(g.clocks_max_video_mhz * 0.8)}
+                "video": int(g.clocks_max_video_mhz * 0.9 * ratio)}
+
+    @property
+    def pcie_gen_max(self) -> int:
+        return min(self.gpu.pcie_gen_max, self.gpu.pcie_gen_gpu_max)
+
+    @property
+    def pcie_gen_current(self) -> int:
+        """The link trains down to gen 1 at idle and up to its max under load."""
+        return self.pcie_gen_max if self.active else 1
+
+    @property
+    def clock_event_reasons(self) -> dict[str, bool]:
+        """Active clock event ("throttle") reasons, by nvidia-smi's field suffix."""
+        return {
+            "gpu_idle": not self.active,
+            "applications_clocks_setting": False,
+            "sw_power_cap": self.power_capped,
+            "hw_slowdown": False,
+            "hw_thermal_slowdown": False,
+            "hw_power_brake_slowdown": False,
+            "sync_boost": False,
+            "sw_thermal_slowdown": False,
+            "display_clocks_setting": False,
+        }
+
+    @property
+    def clock_event_mask(self) -> int:
+        """NVML's clocksEventReasons bitmask of the active reasons."""
+        return sum(bit for name, bit in CLOCK_EVENT_BITS.items()
+                   if self.clock_event_reasons[name])
+
+
+# nvml.h: nvmlClocksEventReason* bits.
+CLOCK_EVENT_BITS = {
+    "gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80,
+    "display_clocks_setting": 0x100,
+}
 
 
 # Memory a driver context shows on an idle card with no display (nvidia-smi prints "1MiB").

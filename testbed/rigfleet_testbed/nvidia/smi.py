@@ -3,8 +3,10 @@
 Installed as ``/usr/bin/nvidia-smi`` (a zipapp built by ``rigfleet_testbed.packages``) on the
 simulated hosts. The formats follow real output of driver 580 (fixtures in
 ``shared/fixtures/nvidia-smi/``); so do the failures: no driver loaded (exit 9), a driver and
-library of different versions after an upgrade without reboot (exit 18), ``-pl`` out of range
-(exit 2) or without root (exit 4). Argument errors go to stdout, as real.
+library of different versions after an upgrade without reboot (exit 18), a device cgroup that
+no longer allows ``/dev/nvidiactl`` ("Failed to initialize NVML: Unknown Error", exit 255: a
+container after a systemd daemon-reload, ``devnodes``), ``-pl`` out of range (exit 2) or without
+root (exit 4). Argument errors go to stdout, as real.
 
 Supported: the default table, ``-L``, ``--query-gpu=... --format=csv[,noheader][,nounits]``,
 ``-i``, ``-pl``, ``-pm``, ``-q [-d TYPES] [-x]``, ``topo -m``, ``--version``, ``-h``,
@@ -24,13 +26,15 @@ from typing import TextIO
 from xml.sax.saxutils import escape, quoteattr
 
 if __package__:
+    from . import devnodes
     from . import simstate as sim
 else:  # inside the zipapp on a simulated host
+    import devnodes  # type: ignore[no-redef]
     import simstate as sim  # type: ignore[no-redef]
 
 # nvidia-smi return codes (nvidia-smi(1), "RETURN VALUE").
 OK, INVALID_ARGUMENT, NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND = 0, 2, 3, 4, 6
-DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH = 9, 18
+DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH, OTHER_ERROR = 9, 18, 255
 
 NOT_LOADED_TEXT = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -167,6 +171,10 @@ def open_driver(paths: sim.SimPaths, library_version: str | None) -> Context:
     loaded = sim.loaded_version(paths)
     if loaded is None:
         raise SmiExit(NOT_LOADED_TEXT, DRIVER_NOT_LOADED)
+    if devnodes.access(paths.dev) == "denied":
+        # open(/dev/nvidiactl) -> EPERM from the device cgroup (a container after a systemd
+        # daemon-reload, nvidia-container-toolkit#48): NVML's message, exit 255.
+        raise SmiExit(devnodes.NVML_UNKNOWN, OTHER_ERROR)
     if library_version and library_version != loaded:
         nvml = library_version.rsplit(".", 1)[0]
         raise SmiExit(
@@ -180,6 +188,11 @@ def open_driver(paths: sim.SimPaths, library_version: str | None) -> Context:
         raise SmiExit(NO_DEVICES, NOT_FOUND) from None
     if not hw.gpus:
         raise SmiExit(NO_DEVICES, NOT_FOUND)
+    lost = devnodes.denied_gpus(paths.dev, hw)
+    if lost:
+        # nvmlDeviceGetHandle* needs /dev/nvidia<N> (nvidia-container-toolkit#69's message).
+        raise SmiExit("".join(f"Unable to determine the device handle for GPU{g.pci_bus_id[4:]}"
+                              ": Unknown Error\n" for g in lost), OTHER_ERROR)
     return Context(paths, hw, loaded, library_version or loaded)
 
 
@@ -223,6 +236,18 @@ def _geforce_na(r: sim.Reading, value: Value) -> Value:
     return None if r.gpu.brand == "GeForce" else value
 
 
+def _mask(bits: int) -> str:
+    return f"0x{bits:016X}"
+
+
+def _active(flag: bool) -> str:
+    return "Active" if flag else "Not Active"
+
+
+def _reason(name: str) -> Callable[[Context, sim.Reading], Value]:
+    return lambda c, r: _active(r.clock_event_reasons[name])
+
+
 def _now_query() -> str:
     t = time.time()
     return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
@@ -240,13 +265,14 @@ FIELDS: tuple[QueryField, ...] = (
     QueryField("pci.bus", None, lambda c, r: f"0x{r.gpu.bus_number:02X}"),
     QueryField("pci.device", None, lambda c, r: "0x" + r.gpu.pci_bus_id.split(":")[2][:2]),
     QueryField("pci.device_id", None, lambda c, r: _PCI_DEVICE_IDS.get(r.gpu.name)),
-    QueryField("pcie.link.gen.current", None, lambda c, r: 4 if r.busy else 1),
-    QueryField("pcie.link.gen.gpucurrent", None, lambda c, r: 4 if r.busy else 1),
-    QueryField("pcie.link.gen.max", None, lambda c, r: 4),
-    QueryField("pcie.link.gen.gpumax", None, lambda c, r: 4),
-    QueryField("pcie.link.gen.hostmax", None, lambda c, r: 4),
-    QueryField("pcie.link.width.current", None, lambda c, r: 16),
-    QueryField("pcie.link.width.max", None, lambda c, r: 16),
+    # The link trains down at idle and up under load: an idle reading says little.
+    QueryField("pcie.link.gen.current", None, lambda c, r: r.pcie_gen_current),
+    QueryField("pcie.link.gen.gpucurrent", None, lambda c, r: r.pcie_gen_current),
+    QueryField("pcie.link.gen.max", None, lambda c, r: r.pcie_gen_max),
+    QueryField("pcie.link.gen.gpumax", None, lambda c, r: r.gpu.pcie_gen_gpu_max),
+    QueryField("pcie.link.gen.hostmax", None, lambda c, r: r.gpu.pcie_gen_max),
+    QueryField("pcie.link.width.current", None, lambda c, r: r.gpu.pcie_width_max),
+    QueryField("pcie.link.width.max", None, lambda c, r: r.gpu.pcie_width_max),
     QueryField("index", None, lambda c, r: r.gpu.index),
     QueryField("display_attached", None, lambda c, r: "No"),
     QueryField("display_active", None, lambda c, r: "Disabled"),
@@ -303,6 +329,14 @@ FIELDS: tuple[QueryField, ...] = (
                ("clocks.max.mem",)),
     QueryField("mig.mode.current", None, lambda c, r: None),
     QueryField("mig.mode.pending", None, lambda c, r: None),
+    QueryField("clocks_event_reasons.supported", None,
+               lambda c, r: _mask(sum(sim.CLOCK_EVENT_BITS.values())),
+               ("clocks_throttle_reasons.supported",)),
+    QueryField("clocks_event_reasons.active", None, lambda c, r: _mask(r.clock_event_mask),
+               ("clocks_throttle_reasons.active",)),
+    *(QueryField(f"clocks_event_reasons.{name}", None, _reason(name),
+                 (f"clocks_throttle_reasons.{name}",))
+      for name in sim.CLOCK_EVENT_BITS if name != "display_clocks_setting"),
 )
 _FIELD_BY_NAME = {n: f for f in FIELDS for n in (f.name, *f.aliases)}
 
@@ -430,13 +464,17 @@ def _q_sections(ctx: Context, r: sim.Reading) -> dict[str, list[Node]]:
             ("Process ID", str(a.pid) if a.pid is not None else NA), ("Type", "C"),
             ("Name", _process_name(a)), ("Used GPU Memory", f"{mib} MiB"),
         ]
+    why = r.clock_event_reasons
     reasons: list[Node] = [
-        ("Idle", "Active" if not r.busy else "Not Active"),
-        ("Applications Clocks Setting", "Not Active"), ("SW Power Cap", "Not Active"),
-        ("HW Slowdown", "Not Active"), ("HW Thermal Slowdown", "Not Active"),
-        ("HW Power Brake Slowdown", "Not Active"), ("Sync Boost", "Not Active"),
-        ("SW Thermal Slowdown", "Not Active"), ("Display Clock Setting", "Not Active"),
+        (label, _active(why[name])) for label, name in (
+            ("Idle", "gpu_idle"), ("Applications Clocks Setting", "applications_clocks_setting"),
+            ("SW Power Cap", "sw_power_cap"), ("HW Slowdown", "hw_slowdown"),
+            ("HW Thermal Slowdown", "hw_thermal_slowdown"),
+            ("HW Power Brake Slowdown", "hw_power_brake_slowdown"), ("Sync Boost", "sync_boost"),
+            ("SW Thermal Slowdown", "sw_thermal_slowdown"),
+            ("Display Clock Setting", "display_clocks_setting"))
     ]
+    gen_now, gen_max, width = str(r.pcie_gen_current), str(r.pcie_gen_max), f"{g.pcie_width_max}x"
     return {
         "": [
             ("Product Name", g.name), ("Product Brand", g.brand),
@@ -460,10 +498,11 @@ def _q_sections(ctx: Context, r: sim.Reading) -> dict[str, list[Node]]:
                 ("Device Id", (_PCI_DEVICE_IDS.get(g.name) or NA)),
                 ("Bus Id", g.pci_bus_id),
                 ("GPU Link Info", [
-                    ("PCIe Generation", [("Max", "4"), ("Current", "4" if r.busy else "1"),
-                                         ("Device Current", "4" if r.busy else "1"),
-                                         ("Device Max", "4"), ("Host Max", "4")]),
-                    ("Link Width", [("Max", "16x"), ("Current", "16x")]),
+                    ("PCIe Generation", [("Max", gen_max), ("Current", gen_now),
+                                         ("Device Current", gen_now),
+                                         ("Device Max", str(g.pcie_gen_gpu_max)),
+                                         ("Host Max", str(g.pcie_gen_max))]),
+                    ("Link Width", [("Max", width), ("Current", width)]),
                 ]),
             ]),
             ("Fan Speed", f"{g.fan_percent} %" if g.fan_percent is not None else NA),
@@ -601,15 +640,19 @@ def _xml_gpu(ctx: Context, r: sim.Reading) -> list[tuple[str, object]]:
             ("pci_device_id", (_PCI_DEVICE_IDS.get(g.name) or NA).removeprefix("0x")),
             ("pci_bus_id", g.pci_bus_id),
             ("pci_gpu_link_info", [
-                ("pcie_gen", [("max_link_gen", "4"),
-                              ("current_link_gen", "4" if r.busy else "1"),
-                              ("device_current_link_gen", "4" if r.busy else "1"),
-                              ("max_device_link_gen", "4"), ("max_host_link_gen", "4")]),
-                ("link_widths", [("max_link_width", "16x"), ("current_link_width", "16x")]),
+                ("pcie_gen", [("max_link_gen", str(r.pcie_gen_max)),
+                              ("current_link_gen", str(r.pcie_gen_current)),
+                              ("device_current_link_gen", str(r.pcie_gen_current)),
+                              ("max_device_link_gen", str(g.pcie_gen_gpu_max)),
+                              ("max_host_link_gen", str(g.pcie_gen_max))]),
+                ("link_widths", [("max_link_width", f"{g.pcie_width_max}x"),
+                                 ("current_link_width", f"{g.pcie_width_max}x")]),
             ]),
         ]),
         ("fan_speed", f"{g.fan_percent} %" if g.fan_percent is not None else NA),
         ("performance_state", r.pstate),
+        ("clocks_event_reasons", [(f"clocks_event_reason_{name}", _active(on))
+                                  for name, on in r.clock_event_reasons.items()]),
         ("fb_memory_usage", [("total", f"{g.memory_total_mib} MiB"),
                              ("reserved", f"{g.memory_reserved_mib} MiB"),
                              ("used", f"{r.memory_used_mib} MiB"),

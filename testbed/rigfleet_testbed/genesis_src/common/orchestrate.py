@@ -1,7 +1,9 @@
 """The apply loop both layouts share: pin gate, typo guard, per-patch lines, the results line.
 
 Each layout decides per patch (``Decision``) with its own rules (v7: the env switch alone;
-v12: plus lifecycle and version range) and hands the decisions to :func:`run_patches`::
+v12: plus lifecycle and version range; in both a legacy patch, ``env_flag``
+``GENESIS_LEGACY_<id>``, applies on every apply) and hands the decisions to
+:func:`run_patches`::
 
     status = pin_gate(pin, KNOWN_GOOD, PENDING, guards_rel="vllm/_genesis/guards.py")
     results = run_patches(decisions, TEXT_PATCHES, vllm_dir, apply=True)
@@ -10,7 +12,8 @@ Log lines (people and tools grep them):
 
 - ``[Genesis pin-gate] running vllm pin = <pin>``, ``... allowlist (N entries): [...]``,
   ``... OK — ...``, ``WARNING [Genesis pin-gate] UNKNOWN — ...``, ``... STRICT FAIL: ...``;
-- one line per patch whose switch is set: ``[Genesis] P67 [ON] <title> — text-patched <file>``,
+- one line per patch whose switch is set, and per legacy patch:
+  ``[Genesis] P67 [ON] <title> — text-patched <file>``,
   ``[OFF]`` (switched off), ``[SKIP]`` (retired, out of range, drift), ``[FAIL]``,
   ``[DRY]`` (``--dry-run``);
 - ``Genesis Results: <a> applied, <s> skipped, <f> failed``.
@@ -31,6 +34,7 @@ from .textpatch import TextPatch, apply_text_patch
 TRUTHY = frozenset({"1", "true", "yes", "on"})
 FALSY = frozenset({"0", "false", "no", "off", ""})
 PIN_POLICY_ENV = "GENESIS_VLLM_PIN_POLICY"
+LEGACY_PREFIX = "GENESIS_LEGACY_"
 TYPO_GUARD_STRICT_ENV = "GENESIS_TYPO_GUARD_STRICT"
 
 
@@ -74,6 +78,18 @@ def env_decision(patch_id: str, title: str, env_flag: str, env: Mapping[str, str
     if value in FALSY:
         return Decision(patch_id, title, False, f"disabled by {env_flag}={raw}", True, "OFF")
     return Decision(patch_id, title, False, f"unrecognised value {env_flag}={raw!r}", True, "OFF")
+
+
+def is_legacy(env_flag: str) -> bool:
+    """A legacy patch: its ``GENESIS_LEGACY_<id>`` flag is no switch; its hook always runs."""
+    return env_flag.startswith(LEGACY_PREFIX)
+
+
+def legacy_decision(patch_id: str, title: str, env_flag: str, note: str = "") -> Decision:
+    """A legacy patch applies on every apply, whatever the environment says (its text patch
+    still skips itself where vLLM has the fix: the anchor is gone)."""
+    return Decision(patch_id, title, True, f"legacy patch, applied on every apply ({env_flag} "
+                    "is no switch)", True, note=note)
 
 
 def unknown_enable_flags(env: Mapping[str, str], flags: Iterable[str]

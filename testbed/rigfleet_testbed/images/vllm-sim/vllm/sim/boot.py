@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from vllm.sim import hardware, kvcache, logs, modelfiles
+from vllm.sim import hardware, kvcache, logs, modelfiles, startup, weights
 from vllm.sim.args import ServeConfig, parse_args
 from vllm.sim.buildinfo import (
     REGRESSION_SPECULATORS_OSERROR,
@@ -107,6 +107,10 @@ class Boot:
         """Boot work takes time; SIGTERM during boot stops at once."""
         if seconds > 0 and self.stop.wait(seconds):
             raise KeyboardInterrupt
+
+    def clock_scale(self) -> float:
+        """Logged start-up seconds -> real ones: SIM_BOOT_SECONDS stands for a warm boot."""
+        return self.boot_seconds / startup.REAL_WARM_BOOT_SECONDS
 
     def _share(self, fraction: float) -> None:
         self._pause(self.boot_seconds * fraction)
@@ -224,7 +228,12 @@ class Boot:
                   f"enable_prefix_caching={cfg.enable_prefix_caching}")
         if cfg.kv_cache_dtype.startswith("turboquant"):
             # Hybrid support arrived with vllm#39931 (0.20.2rc1.dev60); before it Genesis P4
-            # text-patches the refusal away (vllm_builds.turboquant_hybrid).
+            # text-patches the refusal away (vllm_builds.turboquant_hybrid). P4 has no switch
+            # in either generation (env_flag GENESIS_LEGACY_P4): Genesis v7.72.2 applies it on
+            # every run (apply_patch_4_tq_hybrid in vllm/_genesis/patches/apply_all.py), and so
+            # does v12.1.0 although its registry marks it retired: the same hook in
+            # sndr/apply/_per_patch_dispatch.py runs outside the dispatcher's lifecycle gate
+            # (sndr/dispatcher/decision.py). On hybrid-capable builds it finds nothing to patch.
             if info.hybrid and not (self.build.turboquant_hybrid or self._has_patch("P4")):
                 raise self.engine_failure(
                     "NotImplementedError: TurboQuant KV cache is not supported for hybrid "
@@ -254,6 +263,7 @@ class Boot:
         self._check_marlin(info)
         try:
             modelfiles.check_weights(model_path)
+            weights.set_served(weights.inspect(model_path))
         except modelfiles.ModelFileError as err:
             raise self.engine_failure(f"{err.exc_type}: {err.message}", [
                 self._f("vllm/model_executor/model_loader/default_loader.py", 301,
@@ -270,6 +280,7 @@ class Boot:
         logs.info("default_loader.py:267", f"Loading weights took {load_s:.2f} seconds")
         logs.info("gpu_model_runner.py:3375", f"Model loading took {weights_gib:.4f} GiB and "
                   f"{load_s + 0.5:.6f} seconds")
+        startup.compile_model(cfg, self.build, self._pause, self.clock_scale())
         crash = os.environ.get("SIM_FAULT_CRASH_AT_BOOT")
         if crash:
             line = crash if _looks_like_exception(crash) else f"RuntimeError: {crash}"
@@ -292,8 +303,10 @@ class Boot:
         logs.info("kv_cache_utils.py:1087", f"GPU KV cache size: {plan.num_tokens:,} tokens")
         logs.info("kv_cache_utils.py:1091", f"Maximum concurrency for {max_len:,} tokens per "
                   f"request: {plan.max_concurrency:.2f}x")
+        sizes = startup.capture_sizes(cfg)
         if not cfg.enforce_eager:
-            self._log_p66_filter()
+            sizes = self._p66_filter(sizes)
+        if startup.capture_graphs(cfg, self._pause, self.clock_scale(), sizes).mode != "NONE":
             self._share(0.15)
             logs.info("gpu_model_runner.py:3480", "Graph capturing finished in "
                       f"{self.boot_seconds * 0.15:.0f} secs, took 0.55 GiB")
@@ -336,26 +349,26 @@ class Boot:
                         "choose_mp_linear_kernel", "raise ValueError("),
             ])
 
-    def _log_p66_filter(self) -> None:
-        """What Genesis P66's patched sizing code logs (upstream wiring patch_66): the capture
-        sizes not divisible by the spec-decode query length (1 + K) are dropped.
+    def _p66_filter(self, sizes: list[int]) -> list[int]:
+        """The capture sizes Genesis P66's patched sizing code keeps (upstream wiring
+        patch_66), and its log line: sizes not divisible by the spec-decode query length
+        (1 + K) are dropped. Without MTP or without P66's marker, ``sizes`` as given.
 
-        Default sizes as vLLM's: 1, 2, 4, then multiples of 8 up to 2 x max_num_seqs x (1 + K);
-        max-num-seqs 2 with MTP n=3 gives [1, 2, 4, 8, 16] -> kept [4, 8, 16], removed [1, 2]
-        (the club-3090 boot the seed document quotes).
+        vLLM's default sizes (:func:`startup.capture_sizes`) for max-num-seqs 2 with MTP n=3
+        are [1, 2, 4, 8, 16] -> kept [4, 8, 16], removed [1, 2] (the club-3090 boot the seed
+        document quotes).
         """
         k = self.cfg.num_speculative_tokens
         if not (k and self._has_patch("P66")):
-            return
+            return sizes
         q = 1 + k
-        sizes = self.cfg.cudagraph_capture_sizes or default_capture_sizes(
-            self.cfg.max_cudagraph_capture_size or 2 * self.cfg.max_num_seqs * q)
         kept = sorted(s for s in sizes if s % q == 0)
         removed = sorted(set(sizes) - set(kept))
         if removed:
             logs.info("vllm.py:1530", f"[Genesis P66] Filtered cudagraph_capture_sizes for "
                       f"spec-decode uniform_query_len={q}: removed {len(removed)} non-divisible "
                       f"sizes {removed}; kept {kept}.")
+        return kept
 
     # -- failure reporting -------------------------------------------------------------------
     def report(self, failure: BootFailure) -> None:
@@ -405,10 +418,11 @@ class Boot:
              "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
              "num_gpu_blocks": str(booted.plan.num_tokens // 16),
              "num_speculative_tokens": str(cfg.num_speculative_tokens)},
-            enabled=not cfg.disable_log_stats)
+            enabled=not cfg.disable_log_stats, max_model_len=booted.max_model_len)
         settings = EngineSettings.from_env()
         engine = Engine(cfg, self.build, self.genesis, booted.plan.num_tokens,
-                        booted.max_model_len, metrics, on_fatal=self.fatal.set, settings=settings)
+                        booted.max_model_len, metrics, on_fatal=self.fatal.set, settings=settings,
+                        alloc=self.alloc)
         server.app = App(cfg, engine, metrics, self.build.version, booted.max_model_len,
                          hang=settings.hang)
         port = server.server_address[1]
@@ -454,11 +468,6 @@ class Boot:
     def _release_now(self) -> None:
         if self.alloc is not None:
             self.alloc.release()
-
-
-def default_capture_sizes(max_size: int) -> list[int]:
-    """vLLM's default cudagraph capture sizes up to ``max_size``: 1, 2, 4, 8, 16, 24, ..."""
-    return [s for s in (1, 2, 4) if s <= max_size] + list(range(8, max_size + 1, 8))
 
 
 def _looks_like_exception(text: str) -> bool:

@@ -26,8 +26,13 @@ REGRESSION_SPEC_ACCEPTANCE_COLLAPSE = "spec-decode-acceptance-collapse"
 REGRESSION_GDN_SPEC_WILD_WRITE = "vllm-50021-gdn-spec-decode-wild-write"
 # vllm#43559: MTP x prefix caching corrupts the GDN state restored from a cached prefix.
 REGRESSION_MTP_PREFIX_CACHE_GDN = "vllm-43559-mtp-prefix-cache-gdn-state"
+# Decode ~30% slower, nothing else changes (the throughput model, ``perf``).
+REGRESSION_DECODE_SLOWDOWN = "decode-throughput-regression"
+# Decode speed varies run to run (per-request CV ~15%), nothing else changes (``perf``).
+REGRESSION_DECODE_UNSTABLE = "decode-throughput-unstable"
 KNOWN_REGRESSIONS = frozenset({REGRESSION_SPECULATORS_OSERROR, REGRESSION_SPEC_ACCEPTANCE_COLLAPSE,
-                               REGRESSION_GDN_SPEC_WILD_WRITE, REGRESSION_MTP_PREFIX_CACHE_GDN})
+                               REGRESSION_GDN_SPEC_WILD_WRITE, REGRESSION_MTP_PREFIX_CACHE_GDN,
+                               REGRESSION_DECODE_SLOWDOWN, REGRESSION_DECODE_UNSTABLE})
 
 # What a build-info file without feature keys means: the dtypes every simulated build knows.
 ALL_KV_CACHE_DTYPES = (

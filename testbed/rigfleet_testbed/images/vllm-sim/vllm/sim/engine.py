@@ -1,7 +1,8 @@
 """The engine: turns a healthy answer into what this configuration really produces.
 
 Everything version- or configuration-specific happens here, driven by the build info, the
-Genesis markers and the serving arguments (never by what a client asks):
+Genesis markers, the serving arguments and the simulated hardware (never by what a client
+asks):
 
 - TurboQuant KV + MTP without Genesis P67 (its marker in turboquant_attn.py): vLLM verifies
   the K+1 draft tokens against the compressed cache with a single-query kernel; past a few
@@ -9,6 +10,8 @@ Genesis markers and the serving arguments (never by what a client asks):
   floods, first-word repetition, or silent empty replies), while the drafter's tokens are all
   "accepted" (club-3090's patch-only TQ3+MTP path: 5/7 verify-stress, 34/100 silent-empty soak
   turns, bimodal acceptance). "Do not ship Genesis-free TQ+MTP" (club-3090 UPSTREAM.md).
+  Short prompts keep their content but decode bimodally: every draft rubber-stamped, or most
+  rejected (seed 000: 98.7 tok/s at CV 36%).
 - vllm#50021 builds (GDN spec-decode wild write), with MTP and async scheduling: every verify
   step that rejects a draft while the next step is already scheduled writes GDN state out of
   bounds; after ``WILD_WRITE_REJECTIONS`` of them the engine core dies with an illegal memory
@@ -18,12 +21,17 @@ Genesis markers and the serving arguments (never by what a client asks):
   recurrent state and its reply degenerates. ``--no-enable-prefix-caching``: never.
 - ``spec-decode-acceptance-collapse`` builds: drafts are almost never accepted (mean
   acceptance length ~1.1) and generations stop early.
-- Healthy MTP n=3: per-position acceptance ~[0.95, 0.84, 0.75], mean length ~3.5.
+- Healthy MTP n=3: code accepts ~[0.95, 0.84, 0.75] per position (mean length ~3.5), prose
+  ~[0.82, 0.52, 0.31] (~2.65), see ``perf``.
 - Faults injected through the environment (``SIM_FAULT_*``) for the tool's failure paths.
 
-Timing: prefill at ``SIM_PREFILL_TOKENS_PER_SECOND``, decode at ``SIM_TOKENS_PER_SECOND``
-(for a healthy configuration; one engine step takes the same time whatever it yields, so a
-collapsed acceptance rate really does lower throughput).
+Timing is paced by the wall clock: each engine step sleeps to a schedule computed by the
+throughput model (``perf``) from the power limits and PCIe links of the cards in use, the
+CUDA-graph mode, KV dtype and context depth, the build, and how many streams share the step;
+one step takes the same time whatever it yields, so a collapsed acceptance rate really does
+lower throughput. The testbed clock (``sim_speedup``) divides every duration.
+``SIM_TOKENS_PER_SECOND`` / ``SIM_PREFILL_TOKENS_PER_SECOND`` replace the model with a fixed
+pace (tests that only need answers fast).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from vllm.sim import logs, tokenizer
+from vllm.sim import hardware, logs, perf, rig, startup, tokenizer, weights
 from vllm.sim.args import ServeConfig
 from vllm.sim.buildinfo import (
     REGRESSION_GDN_SPEC_WILD_WRITE,
@@ -53,8 +61,9 @@ from vllm.sim.responder import Reply, ToolCall
 # Prompts shorter than this survive TQ+MTP without P67 (the patch-only path still passed the
 # short verify-stress probes); longer contexts collapse.
 TQ_MTP_COLLAPSE_MIN_PROMPT_TOKENS = 6000
-# Unconditional per-position acceptance rates of MTP n=3 drafts.
-HEALTHY_ACCEPTANCE = (0.95, 0.84, 0.75)
+# Unconditional per-position acceptance rates of healthy MTP n=3 drafts (code; prose and the
+# rest are in perf.ACCEPTANCE). A fixed pace (SIM_TOKENS_PER_SECOND) is this many tokens/step.
+HEALTHY_ACCEPTANCE = perf.ACCEPTANCE[perf.CODE]
 # spec-decode-acceptance-collapse: mean acceptance length ~1.1.
 REGRESSED_ACCEPTANCE = (0.075, 0.02, 0.005)
 # spec-decode-acceptance-collapse: generations end (finish_reason "stop") around here.
@@ -64,25 +73,38 @@ SILENT_EMPTY_SECONDS = 1.2
 PREFIX_BLOCK = 16
 _PREFIX_CACHE_BLOCKS = 200_000
 # vllm#50021: rejected-draft verify steps under async scheduling before the engine core dies.
-# About 1,000 generated tokens at the healthy acceptance rates: one long answer survives, a
-# gate run (several thousand tokens) does not.
-WILD_WRITE_REJECTIONS = 72
+# About 1,000 generated tokens of prose (at ~[0.82, 0.52, 0.31] 69% of the steps reject a draft,
+# each step yields 2.65 tokens); code rejects in 1 step of 4 (~3,700 tokens). A short answer
+# survives, a gate run (several thousand tokens) does not.
+WILD_WRITE_REJECTIONS = 260
 _PKG = "/usr/local/lib/python3.12/dist-packages"
+# Without --max-num-batched-tokens, vLLM's chunked-prefill budget.
+DEFAULT_CHUNK_TOKENS = 8192
+# Reply kinds that decode like code (structured, predictable tokens).
+_CODE_KINDS = ("code", "tool_call")
 
 
-def _env_float(name: str, default: float) -> float:
+def _env_pos(name: str) -> float | None:
+    """A positive number from the environment, or None when unset or unusable."""
     try:
-        return float(os.environ.get(name, default))
+        value = float(os.environ.get(name, ""))
     except ValueError:
-        return default
+        return None
+    return max(value, 1e-3) if value > 0 else None
 
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Speeds and injected faults, from the environment."""
+    """Pace overrides and injected faults, from the environment.
 
-    tokens_per_second: float = 4000.0
-    prefill_tokens_per_second: float = 200000.0
+    ``tokens_per_second`` / ``prefill_tokens_per_second`` (``SIM_TOKENS_PER_SECOND``,
+    ``SIM_PREFILL_TOKENS_PER_SECOND``) fix the pace instead of the throughput model;
+    ``speedup`` (``SIM_SPEEDUP``) overrides the hardware's ``sim_speedup`` clock.
+    """
+
+    tokens_per_second: float | None = None
+    prefill_tokens_per_second: float | None = None
+    speedup: float | None = None
     crash_past_tokens: int | None = None
     hang: bool = False
 
@@ -90,9 +112,9 @@ class EngineSettings:
     def from_env(cls) -> EngineSettings:
         crash = os.environ.get("SIM_FAULT_CRASH_PAST_TOKENS")
         return cls(
-            tokens_per_second=max(_env_float("SIM_TOKENS_PER_SECOND", 4000.0), 1e-3),
-            prefill_tokens_per_second=max(_env_float("SIM_PREFILL_TOKENS_PER_SECOND",
-                                                     200000.0), 1e-3),
+            tokens_per_second=_env_pos("SIM_TOKENS_PER_SECOND"),
+            prefill_tokens_per_second=_env_pos("SIM_PREFILL_TOKENS_PER_SECOND"),
+            speedup=_env_pos("SIM_SPEEDUP"),
             crash_past_tokens=int(crash) if crash and crash.strip().isdigit() else None,
             hang=os.environ.get("SIM_FAULT_HANG", "") not in ("", "0", "false", "no"),
         )
@@ -147,7 +169,8 @@ class Engine:
 
     def __init__(self, cfg: ServeConfig, build: BuildInfo, genesis: GenesisState | None,
                  kv_tokens: int, max_model_len: int, metrics: Metrics,
-                 on_fatal: Callable[[], None], settings: EngineSettings | None = None):
+                 on_fatal: Callable[[], None], settings: EngineSettings | None = None,
+                 alloc: hardware.GpuAllocation | None = None):
         self.cfg = cfg
         self.build = build
         self.genesis = genesis
@@ -163,6 +186,16 @@ class Engine:
         self._prefix_lock = threading.Lock()
         self._die_lock = threading.Lock()
         self._wild_writes = 0
+        # Pacing: the cards in use, what they are doing, and the throughput model's inputs.
+        self.gpus = sorted(alloc.gpus) if alloc is not None else list(
+            range(cfg.tensor_parallel_size))
+        self.activity = rig.Activity(alloc.path if alloc is not None else None, self.gpus)
+        self.activity.publish("idle", {}, {})  # booted, nothing to do yet
+        self.graphs = startup.plan_for(cfg)
+        self._load_lock = threading.Lock()
+        self._prefilling = 0
+        self._decoding = 0
+        self._prefill_until = 0.0  # monotonic time the latest in-flight prefill ends
 
     # -- configuration-driven behaviour ----------------------------------------------------
     @property
@@ -187,10 +220,69 @@ class Engine:
     def acceptance_regressed(self) -> bool:
         return self.k > 0 and self.build.has(REGRESSION_SPEC_ACCEPTANCE_COLLAPSE)
 
-    def _step_seconds(self) -> float:
-        """One engine step; a healthy MTP step yields ~3.5 tokens, so that is the rate."""
-        per_step = 1.0 + sum(_rates(HEALTHY_ACCEPTANCE, self.k)) if self.k else 1.0
-        return per_step / self.settings.tokens_per_second
+    # -- pacing ----------------------------------------------------------------------------
+    def conditions(self) -> tuple[perf.Conditions, rig.Rig]:
+        """The throughput model's inputs now (power limits can change while serving)."""
+        hw = rig.read_rig(self.gpus)
+        p2p_off = os.environ.get("NCCL_P2P_DISABLE", "0").lower() in ("1", "true", "yes")
+        factor, jitter = perf.build_adjustments(self.build.regressions)
+        cond = perf.Conditions(
+            era=perf.era_of(self.build.version), backend=self.graphs.backend,
+            graph_mode=self.graphs.mode, tp=self.cfg.tensor_parallel_size,
+            spec_tokens=self.k, cards=hw.cards, nvlink_p2p=hw.nvlink and not p2p_off,
+            decode_factor=factor, jitter=jitter)
+        return cond, hw
+
+    def speedup(self, hw: rig.Rig) -> float:
+        return self.settings.speedup or hw.speedup
+
+    def _publish(self, cond: perf.Conditions, hw: rig.Rig) -> None:
+        """Tell nvidia-smi what the cards do now (call with _load_lock held)."""
+        if self._prefilling:
+            phase = "prefill"
+            util = {i: 100 for i in self.gpus}
+            demand = {i: hw.power_max_w[n] for n, i in enumerate(self.gpus)}
+        elif self._decoding:
+            phase = "decode"
+            util = {i: perf.decode_utilization(cond.tp, hw.cards[n].pcie_gen,
+                                               hw.cards[n].pcie_width)
+                    for n, i in enumerate(self.gpus)}
+            demand = {i: perf.decode_demand_w(cond.tp) * util[i] / 97 for i in self.gpus}
+        else:
+            phase, util, demand = "idle", {}, {}
+        self.activity.publish(phase, util, demand)
+
+    def _load(self, cond: perf.Conditions, hw: rig.Rig, prefilling: int = 0,
+              decoding: int = 0, prefill_until: float | None = None) -> None:
+        with self._load_lock:
+            self._prefilling += prefilling
+            self._decoding += decoding
+            if prefill_until is not None:
+                self._prefill_until = max(self._prefill_until, prefill_until)
+            self._publish(cond, hw)
+
+    def _prefill_seconds(self, tokens: int, cond: perf.Conditions, speedup: float) -> float:
+        fixed = self.settings.prefill_tokens_per_second
+        if fixed is None and self.settings.tokens_per_second is not None:
+            fixed = 200000.0  # a fixed decode pace keeps the old fixed prefill pace
+        rate = fixed if fixed is not None else perf.prefill_tok_s(cond) * speedup
+        return max(tokens, 0) / rate
+
+    def _step_seconds(self, stream: perf.Stream, speedup: float, context: int,
+                      chunk_s: float) -> float:
+        """One engine step of this stream, now (other streams and prefills share it)."""
+        fixed = self.settings.tokens_per_second
+        if fixed is not None:
+            return perf.mean_length(HEALTHY_ACCEPTANCE, self.k) / fixed
+        with self._load_lock:
+            streams = max(self._decoding, 1)
+            prefill_left = self._prefill_until - time.monotonic()
+        step = stream.step_seconds(context, streams) / speedup
+        if prefill_left > 0:
+            # Chunked prefill: another request's chunk rides in this step (DUAL_CARD.md: a
+            # long prefill starves the decode streams beside it).
+            step += min(chunk_s, prefill_left)
+        return step
 
     # -- prefix cache ----------------------------------------------------------------------
     def _prefix_lookup(self, ids: list[int]) -> int:
@@ -328,24 +420,37 @@ class Engine:
             raise EngineDeadError(EngineDeadError.MESSAGE)
         t0 = time.monotonic()
         n_prompt = len(req.prompt_ids)
+        req.reply = weights.recall_reply(req.reply, n_prompt, req.seed)  # what these weights know
         self.metrics.gauge(waiting=1)
         self._slots.acquire()
         self.metrics.gauge(waiting=-1, running=1, kv_tokens=n_prompt)
+        queued = time.monotonic() - t0
         generated = 0
+        counted = ""  # the load this request is counted in: "", "prefill" or "decode"
+        cond, hw = self.conditions()
+        speedup = self.speedup(hw)
+        noise = random.Random()  # run-to-run variation, not seeded by the prompt
         try:
             hits = self._prefix_lookup(req.prompt_ids)
             self.metrics.prefix(n_prompt, hits)
-            prefill = (n_prompt - hits) / self.settings.prefill_tokens_per_second
+            prefill = self._prefill_seconds(n_prompt - hits, cond, speedup)
+            self._load(cond, hw, prefilling=1, prefill_until=time.monotonic() + prefill)
+            counted = "prefill"
             crash = self.settings.crash_past_tokens
             if crash is not None and n_prompt > crash:
                 time.sleep(prefill / 2)
                 self.die_oom(n_prompt)
             time.sleep(prefill)
+            self.metrics.prefilled(n_prompt, queued, time.monotonic() - t0 - queued)
+            self._load(cond, hw, prefilling=-1, decoding=1)
+            counted = "decode"
             rng = random.Random(req.seed)
             tokens, stopped = self._tokens_for(req)
             finish = "stop"
-            accept = HEALTHY_ACCEPTANCE
-            if self.turboquant_without_p67 and n_prompt >= TQ_MTP_COLLAPSE_MIN_PROMPT_TOKENS:
+            kind = perf.CODE if req.reply.kind in _CODE_KINDS else perf.NARRATIVE
+            broken = self.turboquant_without_p67
+            accept: tuple[float, ...] | None = None  # None: the model's, by content
+            if broken and n_prompt >= TQ_MTP_COLLAPSE_MIN_PROMPT_TOKENS:
                 tokens, mode = self._collapse(req, rng)
                 accept = (1.0,) * max(self.k, 1)  # the drafter is "always right"
                 if mode == "empty":
@@ -363,64 +468,41 @@ class Engine:
             elif any(t.channel == "tool_start" for t in tokens) and not stopped:
                 finish = "tool_calls"
             ttft = None
-            step = self._step_seconds()
-            rates = _conditional(_rates(accept, self.k)) if self.k else []
-            drafts = accepted = 0
-            per_pos = [0] * self.k
-            start = time.monotonic()
-            i = steps = 0
+            stream = perf.Stream(cond, kind, broken, noise, acceptance=accept)
+            chunk_s = self._prefill_seconds(
+                self.cfg.max_num_batched_tokens or DEFAULT_CHUNK_TOKENS, cond, speedup)
+            start = last = deadline = time.monotonic()
+            i = 0
             while i < len(tokens):
-                n = 1
-                if self.k:
-                    a = 0
-                    while a < self.k and rng.random() < rates[a]:
-                        a += 1
-                    drafts += 1
-                    accepted += a
-                    for j in range(a):
-                        per_pos[j] += 1
-                    n += a
-                    if a < self.k and self.wild_write_live:
-                        self._wild_write()
-                chunk = tokens[i:i + n]
-                i += n
-                steps += 1
-                delay = start + steps * step - time.monotonic()
+                accepted = stream.draw()
+                if accepted < self.k and self.wild_write_live:
+                    self._wild_write()
+                chunk = tokens[i:i + 1 + accepted]
+                i += len(chunk)
+                deadline += self._step_seconds(stream, speedup, n_prompt + generated, chunk_s)
+                delay = deadline - time.monotonic()
                 if delay > 0.0005:
                     time.sleep(delay)
+                now = time.monotonic()
                 generated += len(chunk)
+                self.metrics.decode_step(len(chunk), accepted if self.k else None, now - last)
+                last = now
                 if ttft is None:
-                    ttft = time.monotonic() - t0
+                    ttft = now - t0
                 yield from _deltas(chunk)
-            if self.k and drafts:
-                self.metrics.add_spec(drafts, accepted, per_pos)
             remaining = req.min_seconds - (time.monotonic() - t0)
             if remaining > 0:
                 time.sleep(remaining)
-            self.metrics.finish(n_prompt, generated, finish, ttft or (time.monotonic() - t0),
-                                time.monotonic() - t0)
+            end = time.monotonic()
+            self.metrics.finish(generated, finish, ttft or (end - t0), end - t0, end - start,
+                                end - t0 - queued)
             yield Finished(finish, n_prompt, generated, hits)
         finally:
             self.metrics.gauge(running=-1, kv_tokens=-n_prompt)
+            if counted:
+                self._load(cond, hw, prefilling=-1 if counted == "prefill" else 0,
+                           decoding=-1 if counted == "decode" else 0)
             self._slots.release()
-
-
-def _rates(acceptance: tuple[float, ...], k: int) -> list[float]:
-    """Per-position unconditional acceptance for ``k`` draft tokens."""
-    rates = list(acceptance[:k])
-    while len(rates) < k:
-        rates.append(rates[-1] * 0.85 if rates else 0.5)
-    return rates
-
-
-def _conditional(rates: list[float]) -> list[float]:
-    """P(accept position i | accepted 0..i-1), from unconditional per-position rates."""
-    out = []
-    prev = 1.0
-    for r in rates:
-        out.append(min(1.0, r / prev) if prev > 0 else 0.0)
-        prev = r
-    return out
 
 
 def _leak_truncated_tool_calls(tokens: list[_Token]) -> list[_Token]:

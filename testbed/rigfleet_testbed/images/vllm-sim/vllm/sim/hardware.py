@@ -13,12 +13,18 @@ Contract (docs/architecture.md, "Simulated GPU hardware"):
   dead process (SIGKILL, OOM kill, container removed): it is stale, ignored and removed.
 - Check-and-allocate happens under ``$NVIDIA_SIM_ROOT/alloc.lock`` so two servers starting at
   once cannot both see the same free memory.
+- Device nodes, when the container has them (``/dev/nvidiactl``, ``/dev/nvidia<N>``): CUDA sees
+  the GPUs whose nodes are there (the container runtime's selection, by the hook or by CDI) and
+  none at all when the device cgroup refuses ``/dev/nvidiactl`` (EPERM at open, as after a
+  systemd daemon-reload dropped the hook's device rules, nvidia-container-toolkit#48). No driver
+  stands behind the twin's nodes, so an allowed open fails with ENXIO.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import json
 import os
@@ -93,23 +99,57 @@ def _filter_visible(gpus: list[Gpu], spec: str | None) -> list[Gpu]:
     return out
 
 
-def visible_gpus(root: Path | None = None) -> list[Gpu]:
-    """GPUs this process can use, in CUDA order; empty when none are visible."""
+def _device_nodes(dev: Path) -> tuple[str, set[int]]:
+    """("absent"|"ok"|"denied", GPU minors with a node) for this process's /dev."""
+    try:
+        fd = os.open(dev / "nvidiactl", os.O_RDWR | os.O_CLOEXEC)
+        os.close(fd)
+    except FileNotFoundError:
+        return "absent", set()
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.EACCES):
+            return "denied", set()
+    minors = set()
+    for node in dev.glob("nvidia[0-9]*"):
+        try:
+            fd = os.open(node, os.O_RDWR | os.O_CLOEXEC)
+            os.close(fd)
+        except OSError as exc:
+            if exc.errno in (errno.EPERM, errno.EACCES, errno.ENOENT):
+                continue  # the device cgroup refuses this GPU: CUDA does not see it
+        try:
+            minors.add(os.minor(node.stat().st_rdev))
+        except OSError:
+            continue
+    return "ok", minors
+
+
+def hardware_data(root: Path | None = None) -> dict | None:
+    """The hardware description (``hardware.json``) as parsed JSON, or None."""
     root = root or sim_root()
-    if not (root / "loaded").exists():
-        return []
     candidates = [os.environ.get("NVIDIA_SIM_HARDWARE"), str(root / "hardware.json"),
                   FALLBACK_HARDWARE]
-    data = None
     for cand in candidates:
         if not cand:
             continue
         try:
             data = json.loads(Path(cand).read_text(encoding="utf-8"))
-            break
         except (OSError, ValueError):
             continue
-    if not isinstance(data, dict):
+        return data if isinstance(data, dict) else None
+    return None
+
+
+def visible_gpus(root: Path | None = None, dev: Path = Path("/dev")) -> list[Gpu]:
+    """GPUs this process can use, in CUDA order; empty when none are visible."""
+    root = root or sim_root()
+    if not (root / "loaded").exists():
+        return []
+    nodes, minors = _device_nodes(dev)
+    if nodes == "denied":
+        return []
+    data = hardware_data(root)
+    if data is None:
         return []
     gpus = [
         Gpu(index=int(g.get("index", i)), name=str(g.get("name", "NVIDIA GeForce RTX 3090")),
@@ -118,9 +158,12 @@ def visible_gpus(root: Path | None = None) -> list[Gpu]:
             memory_reserved_mib=int(g.get("memory_reserved_mib", 280)))
         for i, g in enumerate(data.get("gpus") or [])
     ]
-    # NVIDIA_VISIBLE_DEVICES is the container runtime's selection; CUDA_VISIBLE_DEVICES the
-    # process's own. Both narrow the list.
-    gpus = _filter_visible(gpus, os.environ.get("NVIDIA_VISIBLE_DEVICES"))
+    # The container runtime's selection: the device nodes it created, or (a twin without
+    # nodes) NVIDIA_VISIBLE_DEVICES; CUDA_VISIBLE_DEVICES is the process's own. Both narrow it.
+    if nodes == "ok":
+        gpus = [g for g in gpus if g.index in minors]
+    else:
+        gpus = _filter_visible(gpus, os.environ.get("NVIDIA_VISIBLE_DEVICES"))
     return _filter_visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
@@ -181,8 +224,9 @@ class GpuAllocation:
         """Give the memory back: remove the file, then drop the lock."""
         if self._fd is None:
             return
-        with contextlib.suppress(OSError):
-            self.path.unlink()
+        for path in (self.path.with_suffix(".activity"), self.path):
+            with contextlib.suppress(OSError):
+                path.unlink()  # the activity sidecar first: it means nothing without us
         with contextlib.suppress(OSError):
             os.close(self._fd)  # closing drops the flock
         self._fd = None

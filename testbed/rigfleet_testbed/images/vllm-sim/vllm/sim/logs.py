@@ -61,6 +61,11 @@ def error(where: str, message: str) -> None:
     log("ERROR", where, message)
 
 
+def plain(line: str) -> None:
+    """A line without a log prefix (tqdm progress bars, as vLLM's graph capture prints)."""
+    _write(sys.stdout, line + "\n")
+
+
 def uvicorn(message: str) -> None:
     """A uvicorn-style line (``INFO:     Application startup complete.``)."""
     _write(sys.stdout, f"INFO:     {message}\n")

@@ -18,6 +18,21 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+def _buckets_1_2_5(limit: int) -> tuple[float, ...]:
+    """vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to ``limit``."""
+    out: list[float] = []
+    exp = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10**exp
+            if v > limit:
+                return tuple(out)
+            out.append(float(v))
+        exp += 1
 
 
 @dataclass
@@ -42,7 +57,8 @@ class Metrics:
     """All engine counters; thread-safe."""
 
     def __init__(self, model_name: str, num_spec_tokens: int, kv_tokens: int,
-                 cache_info: dict[str, str], enabled: bool = True):
+                 cache_info: dict[str, str], enabled: bool = True,
+                 max_model_len: int = 262144):
         self.model_name = model_name
         self.k = num_spec_tokens
         self.kv_tokens = max(kv_tokens, 1)
@@ -65,27 +81,48 @@ class Metrics:
         self.accepted_per_pos = [0] * max(num_spec_tokens, 0)
         self.ttft = Histogram(_TTFT_BUCKETS)
         self.e2e = Histogram(_E2E_BUCKETS)
+        self.queue_time = Histogram(_E2E_BUCKETS)
+        self.prefill_time = Histogram(_E2E_BUCKETS)
+        self.decode_time = Histogram(_E2E_BUCKETS)
+        self.inference_time = Histogram(_E2E_BUCKETS)
+        self.itl = Histogram(_ITL_BUCKETS)
+        self.prompt_hist = Histogram(_buckets_1_2_5(max_model_len))
+        self.generation_hist = Histogram(_buckets_1_2_5(max_model_len))
         # Snapshot for the periodic log line.
         self._last_log = (time.monotonic(), 0, 0, 0, 0, 0, [0] * max(num_spec_tokens, 0), 0, 0)
 
     # -- updates ---------------------------------------------------------------------------
-    def add_spec(self, drafts: int, accepted: int, per_pos: list[int]) -> None:
-        with self.lock:
-            self.drafts += drafts
-            self.draft_tokens += drafts * self.k
-            self.accepted += accepted
-            for i, c in enumerate(per_pos[: self.k]):
-                self.accepted_per_pos[i] += c
-
-    def finish(self, prompt: int, generated: int, reason: str, ttft: float, e2e: float) -> None:
+    def prefilled(self, prompt: int, queue_s: float, prefill_s: float) -> None:
+        """A request's prompt went through the model (counted then, as vLLM does)."""
         with self.lock:
             self.prompt_tokens += prompt
-            self.generation_tokens += generated
+            self.prompt_hist.observe(prompt)
+            self.queue_time.observe(queue_s)
+            self.prefill_time.observe(prefill_s)
+
+    def decode_step(self, tokens: int, accepted: int | None, itl_s: float) -> None:
+        """One engine step of one request: tokens out; with MTP one draft, ``accepted`` kept."""
+        with self.lock:
+            self.generation_tokens += tokens
+            self.itl.observe(itl_s)
+            if accepted is not None and self.k > 0:
+                self.drafts += 1
+                self.draft_tokens += self.k
+                self.accepted += accepted
+                for i in range(min(accepted, self.k)):
+                    self.accepted_per_pos[i] += 1
+
+    def finish(self, generated: int, reason: str, ttft: float, e2e: float, decode_s: float,
+               inference_s: float) -> None:
+        with self.lock:
             key = reason if reason in ("stop", "length") else ("stop" if reason == "tool_calls"
                                                                else "abort")
             self.success[key] = self.success.get(key, 0) + 1
             self.ttft.observe(ttft)
             self.e2e.observe(e2e)
+            self.decode_time.observe(decode_s)
+            self.inference_time.observe(inference_s)
+            self.generation_hist.observe(generated)
 
     def prefix(self, queries: int, hits: int) -> None:
         with self.lock:
@@ -155,6 +192,20 @@ class Metrics:
                  self.ttft)
             hist("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                  self.e2e)
+            hist("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                 self.itl)
+            hist("request_queue_time_seconds", "Histogram of time spent in WAITING phase for "
+                 "request.", self.queue_time)
+            hist("request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for "
+                 "request.", self.prefill_time)
+            hist("request_decode_time_seconds", "Histogram of time spent in DECODE phase for "
+                 "request.", self.decode_time)
+            hist("request_inference_time_seconds", "Histogram of time spent in RUNNING phase "
+                 "for request.", self.inference_time)
+            hist("request_prompt_tokens", "Number of prefill tokens processed.",
+                 self.prompt_hist)
+            hist("request_generation_tokens", "Number of generation tokens processed.",
+                 self.generation_hist)
             info_labels = ",".join(f'{k}="{v}"' for k, v in sorted(self.cache_info.items()))
             out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
             out.append("# TYPE vllm:cache_config_info gauge")

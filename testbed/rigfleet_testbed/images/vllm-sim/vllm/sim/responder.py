@@ -95,6 +95,7 @@ class Reply:
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     kind: str = "text"  # text | recall | knowledge | tool_call | tool_summary | code
+    recall_value: str = ""  # for kind "recall": the fact's value as the reply states it
 
 
 @dataclass
@@ -408,9 +409,10 @@ def _answer_text(msgs: list[Message], request: str, seed: int) -> Reply:
         fact = best_fact(shifted, facts)
         if fact is not None:
             if shifted.value_only:
-                return Reply(content=fact.value, kind="recall")
+                return Reply(content=fact.value, kind="recall", recall_value=fact.value)
             key = fact.key[:1].upper() + fact.key[1:]
-            return Reply(content=f"{key} is '{fact.value}'.", kind="recall")
+            return Reply(content=f"{key} is '{fact.value}'.", kind="recall",
+                         recall_value=fact.value)
         known = knowledge(question.text)
         if known:
             return Reply(content=known, kind="knowledge")

@@ -1,0 +1,406 @@
+"""The journal of a ``rigfleet bump`` beside the pins file: its plan and what it did so far.
+
+A bump that dies (Ctrl-C, the control machine gone) leaves hosts promoted that the pins file
+does not know about. The journal, ``<pins file>.bump-journal.json`` (``journal_path``), says
+which, so the next converge keeps them there and the next ``rigfleet bump`` finishes the plan.
+It is written atomically (temporary file, fsync, rename, fsync of the directory) at each step:
+
+1. before any host changes: the plan (the candidate's stack pins, hosts, batches, the stop
+   rule, the pins serial it was made from), ``BumpJournal.start``;
+2. before each batch: its hosts, since when, and what each host said before it (the newest
+   swap id, the gate reports, the ledger's length), ``deploying``: a resumed bump tells this
+   batch's swap from an older one by it;
+3. each host's outcome as soon as it is known (promoted, failed, lost, skipped), ``record``;
+4. the end: the pins file is saved with a history entry naming the journal's ``id``, then
+   the journal is removed (``remove``).
+
+Readers (``load_journal``; ``state`` says which case holds):
+
+- ``open`` (the pins file is at ``base_serial``): the deploy resolves a host's pins with
+  ``BumpJournal.pins_for``: a host recorded as promoted runs the candidate's pins (what the
+  pins file's ``hosts:`` section says after a finished partial bump), a host of the batch
+  that was deploying without an outcome is refused (``BumpInFlight``: its swap may have
+  promoted or rolled back; ``rigfleet bump`` reads which from the host), every other host runs
+  the pins file's pins; ``rigfleet bump`` resumes it;
+- ``finished`` (the pins file's newest history entry names the journal): the bump ended but
+  died before removing it; ignored, and the next ``rigfleet bump`` removes it;
+- ``stale`` (any other serial: the pins file was saved while the bump was unfinished): the
+  deploy refuses, naming both; ``rigfleet bump --abandon`` records what the journal knows
+  into the pins file as it is now and removes it.
+
+Format (``rigfleet-bump-journal/1``)::
+
+    {"schema": "rigfleet-bump-journal/1", "id": "20261129T104000Z-4242",
+     "started": "2026-11-29T10:40:00Z", "updated": "...", "by": "ops@ctl",
+     "owner": {"host": "ctl", "pid": 4242}, "pins_file": "/srv/fleet/pins.yaml",
+     "base_serial": 7, "new_stacks": {"int8": {"image": ..., "digest": ..., ...}},
+     "candidate": {"repository": "vllm/vllm-openai", "tag": "...", "digest": "...",
+                   "created": null} | null, "version": "0.21.0",
+     "hosts": [{"name": "host1", "stack": "int8", "groups": ["canary"]}, ...],
+     "canary": "host1", "batches": [["host1"], ["host2", "host3"]],
+     "skipped": {"host4": "unreachable"}, "up_to_date": [], "batch_size": 2, "max_failures": 1,
+     "outcomes": {"host1": {"status": "promoted", "batch": 0, "runs_new": true,
+                            "at": "...", "gate": "pass 8/8", ...}},
+     "deploying": {"batch": 1, "hosts": ["host2", "host3"], "since": "...",
+                   "before": {"host2": {...}, "host3": {...}}} | null,
+     "stopped": null}
+
+Example::
+
+    journal = load_journal(pins)                 # None when no bump is unfinished
+    if journal is not None and journal.state == "open":
+        journal.pins_for(pins, "host1").stacks["int8"].digest    # the candidate's
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rigfleet.bump.plan import Plan, PlanHost
+from rigfleet.catalog import Catalog
+
+# The pins file's own atomic write and stack form: the journal is written and read like it.
+from rigfleet.pins import Pins, PinsError, StackPins, _atomic_write, _stack_dict, parse_pins
+from rigfleet.validate import Problems
+
+SCHEMA = "rigfleet-bump-journal/1"
+SUFFIX = ".bump-journal.json"
+# Outcomes as rigfleet.bump.rollout.Status spells them.
+STATUSES = ("promoted", "failed", "lost", "skipped", "not attempted", "up to date")
+_KEYS = ("schema", "id", "started", "updated", "by", "owner", "pins_file", "base_serial",
+         "new_stacks", "candidate", "version", "hosts", "canary", "batches", "skipped",
+         "up_to_date", "batch_size", "max_failures", "outcomes", "deploying", "stopped")
+_NAME = re.compile(r"[^\s/]+")
+
+
+def journal_path(pins_path: str | Path) -> Path:
+    """Where the journal of a bump of ``pins_path`` lives: ``<pins file>.bump-journal.json``."""
+    path = Path(pins_path)
+    return path.with_name(path.name + SUFFIX)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class JournalError(PinsError):
+    """The journal cannot be read, or it disagrees with the pins file; the message says what
+    to do."""
+
+
+class BumpInFlight(PinsError):
+    """A host an interrupted bump was deploying when it stopped: what it runs now is known
+    only to the host. ``old``/``new``: its pins without / with the candidate."""
+
+    def __init__(self, message: str, host: str, old: Pins, new: Pins) -> None:
+        super().__init__(message)
+        self.host, self.old, self.new = host, old, new
+
+
+@dataclass
+class BumpJournal:
+    """One bump's journal (see the module docstring); ``save`` writes it, atomically."""
+
+    path: Path
+    id: str
+    started: str
+    by: str
+    owner: dict[str, Any]
+    pins_file: str
+    base_serial: int
+    new_stacks: dict[str, StackPins]
+    hosts: list[PlanHost]
+    canary: str | None
+    batches: list[list[str]]
+    skipped: dict[str, str] = field(default_factory=dict)
+    up_to_date: list[str] = field(default_factory=list)
+    batch_size: int = 1
+    max_failures: int = 1
+    candidate: dict[str, Any] | None = None
+    version: str = ""
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    deploying: dict[str, Any] | None = None
+    stopped: str | None = None
+    updated: str = ""
+    state: str = "open"  # open | finished | stale (from the pins file; not written)
+
+    # --- writing ---------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, plan: Plan, journal_id: str, by: str, candidate: Mapping[str, Any] | None,
+              version: str) -> BumpJournal:
+        """The journal of a bump about to roll ``plan`` out, written before any host changes;
+        refused (``JournalError``) when another bump's journal is there."""
+        path = journal_path(plan.pins.path)
+        if path.exists():
+            raise JournalError(f"{path}: another bump's journal is there (started meanwhile?); "
+                               "allowed: one bump at a time: run `rigfleet bump` to finish it")
+        journal = cls(
+            path=path, id=journal_id, started=now_iso(), by=by,
+            owner={"host": socket.gethostname(), "pid": os.getpid()},
+            pins_file=str(plan.pins.path), base_serial=plan.pins.serial,
+            new_stacks=dict(plan.new_stacks), hosts=list(plan.hosts), canary=plan.canary,
+            batches=[list(b) for b in plan.batches], skipped=dict(plan.skipped),
+            up_to_date=list(plan.up_to_date), batch_size=plan.batch_size,
+            max_failures=plan.max_failures,
+            candidate=dict(candidate) if candidate is not None else None, version=version,
+        )
+        journal.save()
+        return journal
+
+    def take_over(self) -> None:
+        """This process continues the bump (``owner``), written at once."""
+        self.owner = {"host": socket.gethostname(), "pid": os.getpid()}
+        self.save()
+
+    def deploying_batch(self, batch: int, hosts: Sequence[str],
+                        before: Mapping[str, Mapping[str, Any] | None]) -> None:
+        """Before a batch's deploy starts: its hosts and what each said before it."""
+        self.deploying = {"batch": batch, "hosts": list(hosts), "since": now_iso(),
+                          "before": {h: _copy(before.get(h)) for h in hosts}}
+        self.save()
+
+    def record(self, host: str, outcome: Mapping[str, Any]) -> None:
+        """A host's outcome, as soon as it is known (``HostOutcome.to_record()``)."""
+        self.outcomes[host] = {**outcome, "at": now_iso()}
+        if self.deploying is not None and all(
+                h in self.outcomes for h in self.deploying.get("hosts", [])):
+            self.deploying = None
+        self.save()
+
+    def finish(self, stopped: str | None) -> None:
+        """The rollout ended (every batch done, or it stopped): nothing is deploying."""
+        self.deploying, self.stopped = None, stopped
+        self.save()
+
+    def save(self) -> None:
+        self.updated = now_iso()
+        _atomic_write(self.path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def remove(self) -> None:
+        """The bump is over and the pins file says so: the journal goes."""
+        self.path.unlink(missing_ok=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        stacks = _stacks_data(self.new_stacks)
+        return {
+            "schema": SCHEMA, "id": self.id, "started": self.started, "updated": self.updated,
+            "by": self.by, "owner": self.owner, "pins_file": self.pins_file,
+            "base_serial": self.base_serial, "new_stacks": stacks, "candidate": self.candidate,
+            "version": self.version,
+            "hosts": [{"name": h.name, "stack": h.stack, "groups": list(h.groups)}
+                      for h in self.hosts],
+            "canary": self.canary, "batches": self.batches, "skipped": self.skipped,
+            "up_to_date": self.up_to_date, "batch_size": self.batch_size,
+            "max_failures": self.max_failures, "outcomes": self.outcomes,
+            "deploying": self.deploying, "stopped": self.stopped,
+        }  # fmt: skip
+
+    # --- reading -----------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> list[str]:
+        """Hosts of the batch that was deploying and have no outcome yet."""
+        if self.deploying is None:
+            return []
+        return [h for h in self.deploying.get("hosts", []) if h not in self.outcomes]
+
+    @property
+    def promoted(self) -> list[str]:
+        """Hosts recorded as running the candidate's pins, in plan order."""
+        return [h.name for h in self.hosts
+                if (self.outcomes.get(h.name) or {}).get("runs_new") is True]
+
+    def plan(self, pins: Pins) -> Plan:
+        """The plan this journal records, over ``pins`` (the pins file as loaded)."""
+        return Plan(pins=pins, new_stacks=dict(self.new_stacks), hosts=tuple(self.hosts),
+                    canary=self.canary, batches=tuple(tuple(b) for b in self.batches),
+                    skipped=dict(self.skipped), up_to_date=tuple(self.up_to_date),
+                    batch_size=self.batch_size, max_failures=self.max_failures)
+
+    def target(self) -> str:
+        """What this bump moves to, for messages: ``int8 -> vllm/vllm-openai:v0.21.0``."""
+        return ", ".join(f"{n} -> {p.image}" + (f" + Genesis {p.genesis.label}"
+                                                if p.genesis else "")
+                         for n, p in self.new_stacks.items())
+
+    def describe(self) -> str:
+        """``the bump <id> (int8 -> ..., started <t> by <who>, journal <path>)``."""
+        return (f"the bump {self.id} ({self.target()}, started {self.started} by {self.by}, "
+                f"journal {self.path})")
+
+    def pins_for(self, pins: Pins, host: str) -> Pins:
+        """``pins.for_host(host)`` with this bump applied (see the module docstring).
+
+        + pins: the pins file as loaded (this journal's pins file)
+        + host: the inventory name
+        """
+        old = pins.for_host(host)
+        if self.state == "finished":
+            return old
+        if self.state == "stale":
+            raise JournalError(
+                f"{pins.path}: serial: {pins.serial}, but {self.describe()} started from serial "
+                f"{self.base_serial}: the pins file was saved while that bump was unfinished, "
+                "so neither says alone what the hosts run; allowed: run `rigfleet bump "
+                "--abandon` (records what the bump promoted into the pins file as it is now "
+                "and removes the journal), then check the pins file")
+        new = replace(old, stacks={**old.stacks, **self.new_stacks})
+        if (self.outcomes.get(host) or {}).get("runs_new") is True:
+            return new
+        if host in self.in_flight:
+            since = (self.deploying or {}).get("since", "?")
+            raise BumpInFlight(
+                f"{host}: {self.describe()} was deploying this host since {since} when it "
+                "stopped; whether its swap promoted or rolled back is known only to the host; "
+                "allowed: run `rigfleet bump` again (it reads the outcome from the host and "
+                "finishes the rollout) or `rigfleet bump --abandon` (records it and stops); "
+                "until then the deploy leaves this host as it is", host, old, new)
+        return old
+
+    def host_view(self, host: str) -> dict[str, Any] | None:
+        """Where ``host`` stands in this bump, for ``rigfleet status``: ``{"bump": id,
+        "target", "state": candidate | old | in flight | failed | lost | skipped | pending,
+        "since"}``; None when the host is not in the plan."""
+        names = {h.name for h in self.hosts}
+        if host not in names:
+            return None
+        base = {"bump": self.id, "target": self.target(), "started": self.started,
+                "by": self.by, "journal": str(self.path)}
+        outcome = self.outcomes.get(host)
+        if outcome is not None:
+            state = ("candidate" if outcome.get("runs_new") is True
+                     else str(outcome.get("status")))
+            return {**base, "state": state, "since": outcome.get("at")}
+        if host in self.in_flight:
+            return {**base, "state": "in flight", "since": (self.deploying or {}).get("since")}
+        if host in self.up_to_date:
+            return {**base, "state": "candidate", "since": None}
+        if host in self.skipped:
+            return {**base, "state": "skipped", "since": self.started}
+        return {**base, "state": "old", "since": None}
+
+
+def _copy(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return dict(value) if value is not None else None
+
+
+def _stacks_data(stacks: Mapping[str, StackPins]) -> dict[str, Any]:
+    """Stack pins as the pins file writes them (``rigfleet.pins``' own form)."""
+    return {n: _stack_dict(p) for n, p in stacks.items()}
+
+
+def load_journal(pins: Pins, catalog: Catalog | None = None) -> BumpJournal | None:
+    """The journal beside ``pins.path``, checked, with its ``state``; None when there is none.
+
+    Raises ``JournalError`` naming the file, the key, the value and what is allowed when it
+    cannot be read.
+
+    + pins: the pins file as loaded (``load_pins``); catalog: the stacks it may name
+    """
+    path = journal_path(pins.path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise JournalError(f"{path}: cannot be read ({e.strerror}); allowed: a readable file "
+                           "(or none)") from None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise JournalError(f"{path}: top level: not JSON ({e}); allowed: a rigfleet bump "
+                           "journal (remove it only if no bump is unfinished)") from None
+    journal = _parse(path, data, pins, catalog)
+    if pins.serial == journal.base_serial:
+        journal.state = "open"
+    elif pins.history and pins.history[-1].get("bump_id") == journal.id:
+        journal.state = "finished"
+    else:
+        journal.state = "stale"
+    return journal
+
+
+def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJournal:
+    p = Problems(str(path))
+    top = p.mapping("", data, _KEYS)
+    if top is None:
+        p.raise_if_any(JournalError)
+        raise AssertionError("unreachable")
+    if top.get("schema") != SCHEMA:
+        p.bad("schema", top.get("schema"), repr(SCHEMA), "is not a supported schema")
+    journal_id = p.string("id", top.get("id"), _NAME, "the bump's id")
+    serial = p.integer("base_serial", top.get("base_serial"), low=1)
+    hosts: list[PlanHost] = []
+    listed = top.get("hosts")
+    for i, h in enumerate(listed if isinstance(listed, list) else []):
+        d = p.mapping(f"hosts[{i}]", h, ("name", "stack", "groups"))
+        if d is not None:
+            name = p.string(f"hosts[{i}].name", d.get("name"), _NAME, "an inventory host name")
+            stack = p.string(f"hosts[{i}].stack", d.get("stack"), _NAME, "a stack name")
+            groups = p.strings(f"hosts[{i}].groups", d.get("groups"), _NAME, "group names")
+            if name and stack:
+                hosts.append(PlanHost(name, stack, tuple(groups or ())))
+    if not isinstance(top.get("hosts"), list):
+        p.bad("hosts", top.get("hosts"), "a list of {name, stack, groups}")
+    names = {h.name for h in hosts}
+    batches = top.get("batches")
+    if not isinstance(batches, list) or not all(
+            isinstance(b, list) and all(h in names for h in b) for b in batches):
+        p.bad("batches", batches, "a list of lists of the journal's host names")
+        batches = []
+    outcomes = top.get("outcomes") or {}
+    if not isinstance(outcomes, dict):
+        p.bad("outcomes", outcomes, "a mapping host -> outcome")
+        outcomes = {}
+    for host, o in outcomes.items():
+        if host not in names or not isinstance(o, dict) or o.get("status") not in STATUSES \
+                or o.get("runs_new") not in (True, False, None):
+            p.bad(f"outcomes.{host}", o, f"a journal host's {{status: {', '.join(STATUSES)}, "
+                  "runs_new: true/false/null, ...}")  # fmt: skip
+    deploying = top.get("deploying")
+    if deploying is not None and (not isinstance(deploying, dict) or not isinstance(
+            deploying.get("hosts"), list) or not set(deploying["hosts"]) <= names):
+        p.bad("deploying", deploying, "null or {batch, hosts: [journal hosts], since, before}")
+        deploying = None
+    new_stacks = _parse_stacks(p, top.get("new_stacks"), pins, catalog)
+    for key in ("batch_size", "max_failures"):
+        p.integer(key, top.get(key), low=1)
+    p.raise_if_any(JournalError)
+    assert journal_id is not None and serial is not None
+    return BumpJournal(
+        path=path, id=journal_id, started=str(top.get("started") or ""),
+        by=str(top.get("by") or ""), owner=dict(top.get("owner") or {}),
+        pins_file=str(top.get("pins_file") or pins.path), base_serial=serial,
+        new_stacks=new_stacks, hosts=hosts, canary=top.get("canary"),
+        batches=[list(b) for b in batches], skipped=dict(top.get("skipped") or {}),
+        up_to_date=list(top.get("up_to_date") or []), batch_size=int(top["batch_size"]),
+        max_failures=int(top["max_failures"]), candidate=top.get("candidate"),
+        version=str(top.get("version") or ""), outcomes=dict(outcomes), deploying=deploying,
+        stopped=top.get("stopped"), updated=str(top.get("updated") or ""),
+    )  # fmt: skip
+
+
+def _parse_stacks(p: Problems, value: Any, pins: Pins,
+                  catalog: Catalog | None) -> dict[str, StackPins]:
+    """The candidate's stack pins, checked by the pins file's own validator."""
+    if not isinstance(value, dict) or not value:
+        p.bad("new_stacks", value, "a mapping stack -> its pins, as in the pins file")
+        return {}
+    data = pins.to_dict()
+    data["stacks"] = {**data["stacks"], **value}
+    try:
+        parsed = parse_pins(data, str(p.where), catalog=catalog)
+    except PinsError as e:
+        for line in e.problems:
+            p.lines.append(line.replace(": stacks.", ": new_stacks.", 1))
+        return {}
+    return {n: parsed.stacks[n] for n in value}

@@ -1,0 +1,184 @@
+"""Saved images (``docker save`` archives) on this machine: what they hold, and their sidecars.
+
+A ``docker save`` tar has a ``manifest.json`` listing each image's config file (``<hex>.json``,
+or ``blobs/sha256/<hex>`` in the OCI layout Docker 25+ writes) and its tags. The image id is the
+sha256 of that config: what ``docker load`` reproduces, so a saved copy is matched to a pin by
+``image_id``, never by name (anyone can tag anything). The archive's registry digest is not in
+it (a loaded image has none); ``rigfleet images export`` writes it, with the rest of the pin,
+into a JSON sidecar next to the tar::
+
+    info = inspect_archive("/srv/image-archive/vllm_vllm-openai_v0.27.1.tar")
+    info.holds("sha256:...")           # True when one of its images has that id
+    info.sidecar["digest"]             # what `rigfleet images export` recorded
+    archive_name("vllm/vllm-openai:v0.27.1")   # "vllm_vllm-openai_v0.27.1.tar"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rigfleet.errors import RigfleetError
+
+SIDECAR_SCHEMA = "rigfleet-image-archive/1"
+_CONFIG_NAME = re.compile(r"(?:blobs/sha256/)?(?P<hex>[0-9a-f]{64})(?:\.json)?")
+_CACHE: dict[tuple[str, int, int], ArchiveInfo] = {}
+
+
+class ArchiveError(RigfleetError, ValueError):
+    """An archive that cannot be used; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class ArchivedImage:
+    """One image in an archive: its id (config digest) and the tags ``docker load`` restores."""
+
+    image_id: str
+    repo_tags: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.image_id[:19]} ({', '.join(self.repo_tags) or 'untagged'})"
+
+
+@dataclass(frozen=True)
+class ArchiveInfo:
+    """An archive on this machine (``inspect_archive``)."""
+
+    path: str
+    size: int
+    images: tuple[ArchivedImage, ...]
+    sidecar: dict[str, Any] = field(default_factory=dict)
+
+    def holds(self, image_id: str | None) -> bool:
+        return image_id is not None and any(i.image_id == image_id for i in self.images)
+
+    @property
+    def label(self) -> str:
+        return ", ".join(i.label for i in self.images) or "no image"
+
+
+def archive_name(image: str) -> str:
+    """``vllm/vllm-openai:v0.27.1`` -> ``vllm_vllm-openai_v0.27.1.tar``: one file per image
+    name, safe on any filesystem."""
+    return image.replace("/", "_").replace(":", "_") + ".tar"
+
+
+def sidecar_path(archive: str | Path) -> Path:
+    """The sidecar of ``x.tar``: ``x.json`` next to it."""
+    return Path(archive).with_suffix(".json")
+
+
+def images_in_manifest(manifest: Any) -> tuple[ArchivedImage, ...]:
+    """The images a ``manifest.json`` names, ids taken from the config file names (the host
+    side, which cannot hash cheaply; ``inspect_archive`` hashes the configs)."""
+    if not isinstance(manifest, list):
+        raise ValueError("manifest.json is not a list")
+    out = []
+    for entry in manifest:
+        config = entry.get("Config") if isinstance(entry, dict) else None
+        m = _CONFIG_NAME.fullmatch(config) if isinstance(config, str) else None
+        if m is None:
+            raise ValueError(f"manifest.json names no sha256 config ({config!r})")
+        tags = entry.get("RepoTags") or []
+        out.append(ArchivedImage(f"sha256:{m.group('hex')}", tuple(str(t) for t in tags)))
+    return tuple(out)
+
+
+def inspect_archive(path: str | Path) -> ArchiveInfo:
+    """What a ``docker save`` archive holds (configs hashed), with its sidecar; raises
+    ``ArchiveError`` naming the file. Reads tar headers and the small config files only
+    (seeking past the layers), and remembers the answer while the file is unchanged."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise ArchiveError(f"{p}: {e.strerror or e}") from None
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key in _CACHE:
+        return _CACHE[key]
+    try:
+        with tarfile.open(p, "r:*") as tar:
+            manifest = _member_json(tar, "manifest.json", p)
+            images = []
+            for entry in images_in_manifest(manifest):
+                config = _config_member(tar, manifest, entry.image_id)
+                digest = "sha256:" + hashlib.sha256(_read(tar, config, p)).hexdigest()
+                images.append(ArchivedImage(digest, entry.repo_tags))
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise ArchiveError(f"{p}: not a readable `docker save` archive ({e})") from None
+    except ValueError as e:
+        raise ArchiveError(f"{p}: not a `docker save` archive: {e}") from None
+    info = ArchiveInfo(str(p), st.st_size, tuple(images), read_sidecar(p))
+    _CACHE[key] = info
+    return info
+
+
+def _member_json(tar: tarfile.TarFile, name: str, p: Path) -> Any:
+    try:
+        return json.loads(_read(tar, name, p))
+    except KeyError:
+        raise ValueError(f"it holds no {name}") from None
+
+
+def _config_member(tar: tarfile.TarFile, manifest: list[Any], image_id: str) -> str:
+    hexid = image_id.removeprefix("sha256:")
+    for entry in manifest:
+        if hexid in str(entry.get("Config", "")):
+            return str(entry["Config"])
+    raise ValueError(f"no config for {image_id}")
+
+
+def _read(tar: tarfile.TarFile, name: str, p: Path) -> bytes:
+    member = tar.getmember(name)
+    f = tar.extractfile(member)
+    if f is None:
+        raise ValueError(f"{name} is not a file")
+    return f.read()
+
+
+def read_sidecar(archive: str | Path) -> dict[str, Any]:
+    """The archive's sidecar (``{}`` when there is none or it is not readable JSON)."""
+    try:
+        data = json.loads(sidecar_path(archive).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_sidecar(archive: str | Path, **pin: Any) -> Path:
+    """Write ``x.json`` next to ``x.tar``: the pin it is a copy of and how to restore it.
+
+    + pin: ``image``, ``digest``, ``image_id``, ``vllm_version``, ``sha256``, ``bytes``, ...
+    """
+    path = sidecar_path(archive)
+    name = Path(archive).name
+    data = {"schema": SIDECAR_SCHEMA, **pin, "archive": name,
+            "restore": f"rigfleet images import {name} --host <host> (or: docker load -i {name})"}
+    tmp = path.with_suffix(".json.partial")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def archives_in(path: str | Path) -> list[Path]:
+    """The archives a source path stands for: a file itself, a directory's ``*.tar`` files
+    (sorted), nothing when it does not exist."""
+    p = Path(path)
+    if p.is_dir():
+        return sorted(x for x in p.glob("*.tar") if x.is_file())
+    return [p] if p.is_file() else []
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The hex sha256 of a file (a full read; what sidecars record as ``sha256``)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

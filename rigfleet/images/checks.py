@@ -1,0 +1,195 @@
+"""The control-side checks of image sources, in one place: can this source provide this image?
+
+Registries are asked over their v2 API (a HEAD for the digest: Docker Hub does not count it as
+a pull; the manifests for the size only when the source is chosen); archives on this machine
+are opened and their configs hashed (``rigfleet.images.archive``); archives on the host are read
+from the host's ``HostImageState`` (the deploy's fact). Answers are remembered per checker, so
+a fleet of hosts asks each registry once per image::
+
+    checker = SourceChecker()
+    results = checker.results(wanted, settings, host_state)
+    [r.reason for r in results]   # "vllm/vllm-openai@sha256:... is there", "no such file ..."
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rigfleet.hostdata import HostSettings
+from rigfleet.images.archive import (
+    ArchiveError,
+    ArchiveInfo,
+    archive_name,
+    archives_in,
+    inspect_archive,
+)
+from rigfleet.images.hoststate import HostImageState
+from rigfleet.images.plan import SourceResult, WantedImage, registry_ref
+from rigfleet.images.sources import NO_CHECK, ImageSource
+from rigfleet.registry import (
+    DOCKER_HUB,
+    Registry,
+    RegistryError,
+    RegistryNotFound,
+    RegistryUnreachable,
+    registry_of,
+)
+from rigfleet.vllm_versions import NIGHTLY_TAG
+
+# What upstream does to nightly tags (vllm .buildkite/scripts/cleanup-nightly-builds.sh: the 14
+# newest nightly-* tags are kept; release tags are never deleted). Whether a digest outlives its
+# tag there is unverified, so a purged nightly is treated as gone.
+NIGHTLY_NOTE = ("vLLM keeps only the 14 newest nightly-* tags on Docker Hub (about two weeks); "
+                "release tags stay")
+
+
+def nightly_note(image: str) -> str:
+    """The retention note for a ``nightly-<sha>`` image, else ''."""
+    tag = image.rsplit(":", 1)[-1]
+    return f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(tag) else ""
+
+
+class SourceChecker:
+    """Checks sources for images; one per deploy run or command (answers are kept).
+
+    + registry: how to make a registry client for a URL (tests pass a fake)
+    """
+
+    def __init__(self, registry: Callable[[str], Registry] = Registry) -> None:
+        self._registry = registry
+        self._clients: dict[str, Registry] = {}
+        self._there: dict[tuple[str, str, str], str | None] = {}
+        self._sizes: dict[tuple[str, str, str], int | None] = {}
+
+    def client(self, url: str) -> Registry:
+        if url not in self._clients:
+            self._clients[url] = self._registry(url)
+        return self._clients[url]
+
+    def results(self, w: WantedImage, settings: HostSettings, state: HostImageState,
+                sources: Sequence[ImageSource] | None = None) -> list[SourceResult]:
+        """Each source in order until the first that holds ``w`` (the rest are not asked).
+
+        + settings: the host's settings (its ``image_sources``, ``bump.registry``)
+        + state: what the host holds (its archives)
+        """
+        out: list[SourceResult] = []
+        for i, source in enumerate(settings.image_sources if sources is None else sources):
+            r = self.check(i, source, w, settings, state)
+            out.append(r)
+            if r.ok:
+                break
+        return out
+
+    def check(self, index: int, source: ImageSource, w: WantedImage, settings: HostSettings,
+              state: HostImageState) -> SourceResult:
+        """One source for one image (see the module docstring)."""
+        if source.kind == "hub":
+            url = check_url(source, w, settings)
+            path = registry_of(w.repository)[1]
+            ref = f"{w.image}@{w.digest}"
+            return self.registry(index, source, url, path, w, ref)
+        if source.kind == "registry":
+            url = source.check or str(source.url)
+            path = source.repository or registry_of(w.repository)[1]
+            return self.registry(index, source, url, path, w, registry_ref(w, source))
+        if not w.image_id:
+            return SourceResult(index, source, False, f"the pins carry no image_id for "
+                                f"{w.image} (run `rigfleet pins lock`): an archive is matched "
+                                "by image id")
+        if source.kind == "archive":
+            return self.archive(index, source, w)
+        return host_archive(index, source, w, state)
+
+    def registry(self, index: int, source: ImageSource, url: str | None, path: str,
+                 w: WantedImage, ref: str) -> SourceResult:
+        if url is None or url == NO_CHECK:
+            return SourceResult(index, source, True, "not checked from here (check: none); "
+                                "the host pulls it", None, ref=ref)
+        key = (url, path, w.digest)
+        if key not in self._there:
+            try:
+                self.client(url).digest(path, w.digest)
+                self._there[key] = None
+            except RegistryNotFound:
+                self._there[key] = (f"{path}@{w.digest} is not there at {url} (HTTP 404: "
+                                    f"digest, tag or repository gone){nightly_note(w.image)}")
+            except RegistryUnreachable as e:
+                self._there[key] = f"unreachable from this machine: {e}"
+            except RegistryError as e:
+                self._there[key] = str(e)
+        problem = self._there[key]
+        if problem is not None:
+            return SourceResult(index, source, False, problem, ref=ref)
+        return SourceResult(index, source, True, f"{path}@{w.digest[:19]} is there at {url}",
+                            self.size(url, path, w.digest), ref=ref)
+
+    def size(self, url: str, path: str, digest: str) -> int | None:
+        """The linux/amd64 image's compressed layer bytes (None when the manifests cannot be
+        read: the disk check then does not count it)."""
+        key = (url, path, digest)
+        if key not in self._sizes:
+            try:
+                self._sizes[key] = self.client(url).resolve(path, digest).layer_bytes
+            except RegistryError:
+                self._sizes[key] = None
+        return self._sizes[key]
+
+    def archive(self, index: int, source: ImageSource, w: WantedImage) -> SourceResult:
+        path = str(source.path)
+        files = archives_in(path)
+        if not files:
+            what = ("holds no *.tar archive" if Path(path).is_dir()
+                    else "no such file or directory")
+            return SourceResult(index, source, False, f"{path}: {what}")
+        # The file `rigfleet images export` would have written for this name goes first.
+        files.sort(key=lambda f: f.name != archive_name(w.image))
+        seen: list[str] = []
+        for f in files:
+            try:
+                info: ArchiveInfo = inspect_archive(f)
+            except ArchiveError as e:
+                seen.append(str(e))
+                continue
+            if info.holds(w.image_id):
+                return SourceResult(index, source, True, f"{f} holds image id "
+                                    f"{str(w.image_id)[:19]}", info.size, str(f))
+            seen.append(f"{f.name} holds {info.label}")
+        return SourceResult(index, source, False, f"no archive there holds image id "
+                            f"{w.image_id} ({'; '.join(seen)})")
+
+
+def host_archive(index: int, source: ImageSource, w: WantedImage,
+                 state: HostImageState) -> SourceResult:
+    """A ``host-archive`` source, from what the host reported (``HostImageState``)."""
+    path = str(source.path)
+    files = state.archive_files(path)
+    if files is None:
+        return SourceResult(index, source, False, f"{path} is missing on the host")
+    if not files:
+        return SourceResult(index, source, False, f"{path} on the host holds no *.tar archive")
+    seen = []
+    for f in sorted(files, key=lambda f: not f.endswith("/" + archive_name(w.image))):
+        found = state.archives[f]
+        if found.error:
+            seen.append(f"{f}: {found.error}")
+        elif any(i.image_id == w.image_id for i in found.images):
+            return SourceResult(index, source, True, f"{f} on the host holds image id "
+                                f"{str(w.image_id)[:19]}", found.size, f)
+        else:
+            seen.append(f"{f} holds " + (", ".join(i.label for i in found.images) or "nothing"))
+    return SourceResult(index, source, False, f"no archive there holds image id {w.image_id} "
+                        f"({'; '.join(seen)})")
+
+
+def check_url(source: ImageSource, w: WantedImage, settings: HostSettings) -> str | None:
+    """Where this machine checks a ``hub`` source: its ``check``, else (for a Docker Hub name)
+    host data ``bump_registry`` (the registry this machine sees the fleet's images in), else
+    the image's own registry."""
+    if source.check is not None:
+        return source.check
+    host, _ = registry_of(w.repository)
+    if host is None:
+        return settings.bump.registry or DOCKER_HUB
+    return f"https://{host}"

@@ -1,0 +1,227 @@
+"""``rigfleet images``: the fleet's pinned images on hosts and in saved copies.
+
+    rigfleet images status --inventory inventory/home.py [--json]
+    rigfleet images export --inventory inventory/home.py --host rig-a --to ~/image-archive
+    rigfleet images export ... --stack int8 --json
+    rigfleet images import FILE --into ~/image-archive [--json]        # keep it as a source
+    rigfleet images import FILE --inventory inventory/home.py --host rig-a [--host rig-b]
+
+``status``: per host and pinned image, whether it is there (by digest or image id) and which
+source would provide it (exit 1 when a host cannot get one). ``export``: ``docker save`` a
+host's pinned image(s) into a directory here, with a JSON sidecar (image, digest, image id,
+vLLM version, sha256). ``import``: put a saved archive into hosts' engines (streamed over SSH,
+``docker load``, tagged with its name, verified by image id), and/or copy it into a directory
+an ``archive`` image source lists; it prints what to pin (digest, image id). Transfers show a
+progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from rigfleet.errors import RigfleetError
+from rigfleet.images.archive import (
+    ArchivedImage,
+    ArchiveInfo,
+    archive_name,
+    inspect_archive,
+    write_sidecar,
+)
+from rigfleet.images.plan import WantedImage, wanted_images
+from rigfleet.images.transfer import export_image, load_archive, progress_bar
+from rigfleet.tables import Table
+
+console = Console(stderr=True, highlight=False)
+
+
+class ImagesCliError(RigfleetError, ValueError):
+    """Bad arguments or inputs for ``rigfleet images``; the message says what to give."""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``rigfleet images`` on the CLI's subparsers (``rigfleet/cli.py`` calls this)."""
+    p = subparsers.add_parser("images", help="pinned images: status per host, export and "
+                              "import saved copies", description=__doc__.splitlines()[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="\n".join(__doc__.splitlines()[1:]))
+    sub = p.add_subparsers(dest="action", required=True)
+    st = sub.add_parser("status", help="per host and pinned image: present? which source?")
+    st.add_argument("--inventory", default="inventory/home.py")
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st.set_defaults(func=cmd_status)
+    ex = sub.add_parser("export", help="docker save a host's pinned image(s) into a directory")
+    ex.add_argument("--inventory", default="inventory/home.py")
+    ex.add_argument("--host", required=True, help="the host to save from (inventory name)")
+    ex.add_argument("--to", required=True, type=Path, help="directory on this machine")
+    ex.add_argument("--stack", action="append", default=[], metavar="NAME",
+                    help="only this stack's image (repeatable; default: every staged image)")
+    ex.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ex.set_defaults(func=cmd_export)
+    im = sub.add_parser("import", help="load a saved archive into hosts and/or keep it as an "
+                        "archive source")
+    im.add_argument("file", type=Path, help="a `docker save` archive (.tar)")
+    im.add_argument("--inventory", default="inventory/home.py")
+    im.add_argument("--host", action="append", default=[], metavar="NAME",
+                    help="load it into this host's engine (repeatable)")
+    im.add_argument("--into", type=Path, metavar="DIR",
+                    help="copy it into DIR (an archive image source) with its sidecar")
+    im.add_argument("--image", metavar="REPO:TAG",
+                    help="its name, when neither its sidecar nor its tags say")
+    im.add_argument("--digest", metavar="SHA256",
+                    help="its registry digest, when its sidecar does not say (for the pins)")
+    im.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    im.set_defaults(func=cmd_import)
+    return p
+
+
+def _hosts(inventory: str) -> list[Any]:
+    from rigfleet.inventory import load_inventory
+
+    return load_inventory(inventory)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from rigfleet.images.status import as_json, exit_status, fleet_images, table
+    from rigfleet.ssh import SshRemote
+
+    rows = fleet_images(_hosts(args.inventory), SshRemote())
+    if args.json:
+        print(json.dumps(as_json(rows), indent=2))
+    else:
+        table(rows, f"rigfleet images status ({args.inventory})").print(Console())
+    return exit_status(rows)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rigfleet.desired import load_desired
+    from rigfleet.ssh import SshRemote
+
+    hosts = {h.name: h for h in _hosts(args.inventory)}
+    if args.host not in hosts:
+        raise ImagesCliError(f"--host {args.host!r}: not in {args.inventory}; allowed: "
+                             f"{', '.join(hosts)}")
+    want = load_desired(args.host, hosts[args.host].data)
+    stacks = {n: s.pins for n, s in want.stacks.items() if not args.stack or n in args.stack}
+    for name in args.stack:
+        if name not in want.stacks:
+            raise ImagesCliError(f"--stack {name!r}: {args.host} stages no such stack; "
+                                 f"allowed: {', '.join(want.stacks)}")
+    wanted, _ = wanted_images(stacks)
+    remote = SshRemote()
+    saved: list[dict[str, Any]] = []
+    for w in wanted:
+        version = stacks[w.stacks[0]].vllm_version
+        with progress_bar(f"{args.host}: docker save {w.image}", None) as meter:
+            archive = export_image(remote, hosts[args.host], w, args.to, version, meter)
+        saved.append({"image": w.image, "digest": w.digest, **archive.summary(),
+                      "vllm_version": version, "stacks": list(w.stacks)})
+    if args.json:
+        print(json.dumps({"host": args.host, "saved": saved}, indent=2))
+        return 0
+    t = Table(f"rigfleet images export ({args.host} -> {args.to})",
+              ["GB", "image id", "image"], keys=())
+    for s in saved:
+        t.row(f"{s['bytes'] / 1e9:.2f}", s["image_id"][:19], s["image"])
+        t.note(Path(s["path"]).name, f"sha256 {s['sha256']}")
+    t.print(Console())
+    return 0
+
+
+def _pick(info: ArchiveInfo, image: str | None) -> ArchivedImage:
+    if len(info.images) == 1:
+        return info.images[0]
+    for i in info.images:
+        if image in i.repo_tags:
+            return i
+    raise ImagesCliError(f"{info.path}: holds {len(info.images)} images ({info.label}); "
+                         "allowed: --image <repo>:<tag> naming one of them")
+
+
+def _copy(src: Path, dest: Path) -> str:
+    """Copy with a progress bar; the hex sha256 of what was copied."""
+    h = hashlib.sha256()
+    partial = dest.with_name(dest.name + ".partial")
+    with progress_bar(f"copy to {dest}", src.stat().st_size) as meter, \
+            src.open("rb") as fin, partial.open("wb") as fout:
+        while block := fin.read(1 << 20):
+            h.update(block)
+            fout.write(block)
+            meter(len(block))
+    partial.replace(dest)
+    return h.hexdigest()
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    if not args.host and args.into is None:
+        raise ImagesCliError("import: say where it goes: --host NAME (load it into that host's "
+                             "engine) and/or --into DIR (keep it as an archive image source)")
+    info = inspect_archive(args.file)
+    chosen = _pick(info, args.image)
+    sidecar = info.sidecar if info.sidecar.get("image_id") == chosen.image_id else {}
+    image = args.image or sidecar.get("image") or (
+        chosen.repo_tags[0] if len(chosen.repo_tags) == 1 else None)
+    if not image:
+        raise ImagesCliError(f"{args.file}: its name is unknown (tags: "
+                             f"{', '.join(chosen.repo_tags) or 'none'}); allowed: --image "
+                             "<repo>:<tag> (the pinned image it is a copy of)")
+    digest = args.digest or sidecar.get("digest")
+    result: dict[str, Any] = {"file": str(args.file), "image": image, "image_id": chosen.image_id,
+                              "digest": digest, "vllm_version": sidecar.get("vllm_version"),
+                              "hosts": {}, "into": None}
+    if args.into is not None:
+        args.into.mkdir(parents=True, exist_ok=True)
+        dest = args.into / archive_name(image)
+        same = dest.exists() and dest.resolve() == args.file.resolve()
+        sha = sidecar.get("sha256") if same and sidecar.get("sha256") else _copy(args.file, dest)
+        write_sidecar(dest, image=image, digest=digest, image_id=chosen.image_id,
+                      vllm_version=sidecar.get("vllm_version"), sha256=sha,
+                      bytes=info.size, imported_from=str(args.file))
+        result["into"] = str(dest)
+        result["sha256"] = sha
+    if args.host:
+        result["hosts"] = _load_hosts(args, image, digest, chosen.image_id)
+    pins = {k: v for k, v in (("image", image), ("digest", digest),
+                              ("image_id", chosen.image_id)) if v}
+    result["pin"] = pins
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        t = Table(f"rigfleet images import {args.file.name}", ["where", "result"],
+                  keys=("where",))
+        if result["into"]:
+            t.row("this machine", f"kept as {result['into']}")
+        for host, done in result["hosts"].items():
+            t.row(host, done)
+        t.note("pin", ", ".join(f"{k}: {v}" for k, v in pins.items())
+               + ("" if digest else " (digest unknown: give --digest, or keep the pinned one)"))
+        t.print(Console())
+    failed = [h for h, done in result["hosts"].items() if done.startswith("failed")]
+    return 1 if failed else 0
+
+
+def _load_hosts(args: argparse.Namespace, image: str, digest: str | None,
+                image_id: str) -> dict[str, str]:
+    from rigfleet.ssh import HostUnreachable, SshRemote
+
+    hosts = {h.name: h for h in _hosts(args.inventory)}
+    unknown = [h for h in args.host if h not in hosts]
+    if unknown:
+        raise ImagesCliError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
+                             f"{', '.join(hosts)}")
+    # Without a known digest the image is verified by its id alone (a loaded image has none).
+    want = WantedImage(image, digest or image_id, image_id, ())
+    remote = SshRemote()
+    out: dict[str, str] = {}
+    for name in args.host:
+        try:
+            with progress_bar(f"{name}: docker load {image}", args.file.stat().st_size) as meter:
+                out[name] = load_archive(remote, hosts[name], want, args.file, meter)
+        except (RigfleetError, HostUnreachable, OSError) as e:
+            out[name] = f"failed: {e}"
+    return out

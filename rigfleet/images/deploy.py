@@ -1,0 +1,100 @@
+"""The images' part of the deploy: one fact, the host's staging plan, the preflight refusal.
+
+While pyinfra prepares (nothing on any host has changed yet) ``preflight_images`` reads the
+host's images, archives and free space in one fact (``ImageState``), checks the sources of
+every image still missing from this machine (``rigfleet.images.checks``; registries asked once
+per image for the whole fleet), and builds the plan (``rigfleet.images.plan``). A plan with
+problems (no source has an image, not enough disk, conflicting pins) raises ``ImagesRefused``
+naming the host, the image and each source tried, so the deploy stops before any host changes.
+``roles/images.py`` then runs the same plan (``staging_plan`` is computed once per host)::
+
+    plan = preflight_images(want)      # in roles/preflight.py
+    plan = staging_plan(ctx.want)      # in roles/images.py: the same object
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FactBase
+from pyinfra.api.state import State
+from typing_extensions import override
+
+from rigfleet.desired import DesiredHost
+from rigfleet.facts import read_fact
+from rigfleet.images.checks import SourceChecker
+from rigfleet.images.hoststate import ROOT, HostImageState, parse_state, state_script
+from rigfleet.images.plan import StagingPlan, plan_host, presence, wanted_images
+from rigfleet.registry import Registry
+from rigfleet.validate import ValidationError
+
+# How the checks reach registries (tests put a fake here).
+REGISTRY: Callable[[str], Registry] = Registry
+_PLANS: weakref.WeakKeyDictionary[State, dict[str, StagingPlan]] = weakref.WeakKeyDictionary()
+_CHECKERS: weakref.WeakKeyDictionary[State, SourceChecker] = weakref.WeakKeyDictionary()
+
+
+class ImagesRefused(ValidationError):
+    """A host cannot get its pinned images (one line per problem: the image, each source)."""
+
+
+class ImageState(FactBase[HostImageState]):
+    """The host's copies of the pinned images, its archives and free space
+    (``rigfleet.images.hoststate``)."""
+
+    default = HostImageState
+
+    @override
+    def command(self, refs: tuple[str, ...], archives: tuple[str, ...] = (),
+                spaces: tuple[str, ...] = (ROOT,)) -> str:
+        return state_script(refs, archives, spaces)
+
+    @override
+    def process(self, output: list[str]) -> HostImageState:
+        return parse_state(output)
+
+
+def fact_arguments(want: DesiredHost) -> dict[str, Any]:
+    """The ``ImageState`` arguments for a host: the pinned images' references, its
+    ``host-archive`` paths, the Docker root and the upload directories."""
+    wanted, _ = wanted_images({n: s.pins for n, s in want.stacks.items()})
+    sources = want.settings.image_sources
+    return {
+        "refs": tuple(dict.fromkeys(r for w in wanted for r in w.refs)),
+        "archives": tuple(str(s.path) for s in sources if s.kind == "host-archive"),
+        "spaces": (ROOT, *dict.fromkeys(s.upload_dir for s in sources
+                                        if s.kind == "archive" and s.via == "upload")),
+    }
+
+
+def build_plan(want: DesiredHost, state: HostImageState, checker: SourceChecker) -> StagingPlan:
+    """The host's staging plan from its state (pure but for the checker's lookups)."""
+    wanted, conflicts = wanted_images({n: s.pins for n, s in want.stacks.items()})
+    results = {w.image: checker.results(w, want.settings, state) for w in wanted
+               if presence(w, state).state == "absent"}
+    return plan_host(want.name, wanted, state, results, conflicts)
+
+
+def staging_plan(want: DesiredHost) -> StagingPlan:
+    """This host's plan, built once per deploy run (the preflight's and the role's)."""
+    state = host.state
+    plans = _PLANS.setdefault(state, {})
+    if want.name not in plans:
+        checker = _CHECKERS.setdefault(state, SourceChecker(lambda url: REGISTRY(url)))
+        facts = read_fact(ImageState, **fact_arguments(want))
+        plans[want.name] = build_plan(want, facts, checker)
+    return plans[want.name]
+
+
+def preflight_images(want: DesiredHost) -> StagingPlan:
+    """The preflight's image check: raise ``ImagesRefused`` before any host changes when the
+    host cannot get an image it stages; log the plan's notes."""
+    plan = staging_plan(want)
+    for note in plan.notes:
+        host.log(note)
+    if plan.problems:
+        raise ImagesRefused(list(plan.problems))
+    return plan

@@ -1,0 +1,173 @@
+"""What a host holds of the pinned images, in one command: the deploy's fact and ``rigfleet
+images status`` run the same script (``state_script``) and read it with ``parse_state``.
+
+For each reference asked about (the pinned name ``<repo>:<tag>``, ``<repo>@<digest>``, the image
+id), ``docker image inspect`` gives the image id, RepoDigests and RepoTags; for each archive path
+(a ``.tar`` or a directory of them) the size and the ``manifest.json`` of every archive; for
+each space key (``root`` = the Docker root, or a directory) the filesystem and the bytes free
+there. Absence is data: a host without Docker answers ``docker no`` and nothing present::
+
+    script = state_script(("vllm/vllm-openai:v0.27.1",), ("/srv/images",), ("root",))
+    state = parse_state(output_lines)
+    state.images["vllm/vllm-openai:v0.27.1"]        # LocalImage or None
+    state.free["root"]                              # Space("/dev/sda1", 80_000_000_000)
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from rigfleet.images.archive import ArchivedImage, images_in_manifest
+
+# Docker's own default when the daemon cannot tell (not installed yet: preflight on a bare host).
+DEFAULT_DOCKER_ROOT = "/var/lib/docker"
+INSPECT_FORMAT = "{{.Id}}\t{{json .RepoDigests}}\t{{json .RepoTags}}\t{{.Size}}"
+ROOT = "root"
+
+
+@dataclass(frozen=True)
+class LocalImage:
+    """One image in the host's engine, as ``docker image inspect`` shows it."""
+
+    id: str
+    repo_digests: tuple[str, ...] = ()
+    repo_tags: tuple[str, ...] = ()
+    size: int = 0
+
+    def has_digest(self, digest: str) -> bool:
+        """Pulled by that digest (from any registry: the digest names the content)."""
+        return any(d.rpartition("@")[2] == digest for d in self.repo_digests)
+
+
+@dataclass(frozen=True)
+class HostArchive:
+    """One archive file on the host: its size and the images its manifest names (None: the
+    file is missing; ``error``: it is there but holds no readable ``manifest.json``)."""
+
+    path: str
+    size: int | None
+    images: tuple[ArchivedImage, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Space:
+    """Free bytes on the filesystem holding a path (``filesystem`` as ``df`` names it)."""
+
+    filesystem: str
+    free: int
+
+
+@dataclass(frozen=True)
+class HostImageState:
+    """Everything ``state_script`` reports (see the module docstring)."""
+
+    docker: bool = False
+    docker_root: str = DEFAULT_DOCKER_ROOT
+    images: dict[str, LocalImage | None] = field(default_factory=dict)
+    archives: dict[str, HostArchive] = field(default_factory=dict)
+    dirs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # directory -> its .tar files
+    free: dict[str, Space] = field(default_factory=dict)
+
+    def archive_files(self, path: str) -> tuple[str, ...] | None:
+        """The archives ``path`` stands for: its ``.tar`` files (a directory), itself (a file),
+        or None when it is not on the host."""
+        if path in self.dirs:
+            return self.dirs[path]
+        found = self.archives.get(path)
+        return (path,) if found is not None and found.size is not None else None
+
+
+def state_script(refs: Iterable[str], archives: Iterable[str] = (),
+                 spaces: Iterable[str] = (ROOT,)) -> str:
+    """The host-side shell script (read-only; it succeeds whatever is missing).
+
+    + refs: image references to inspect; archives: archive files or directories on the host
+    + spaces: ``root`` (the Docker root) and directories whose free space counts
+    """
+    fmt = shlex.quote(INSPECT_FORMAT)
+    lines = [
+        "if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then",
+        "  echo 'docker\tyes'; root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null)",
+        "else echo 'docker\tno'; root=; fi",
+        f'[ -n "$root" ] || root={DEFAULT_DOCKER_ROOT}',
+        "printf 'root\\t%s\\n' \"$root\"",
+        "rf_img() { if out=$(docker image inspect --format " + fmt + ' "$1" 2>/dev/null); '
+        "then printf 'image\\t%s\\t%s\\n' \"$1\" \"$out\"; "
+        "else printf 'image\\t%s\\t-\\n' \"$1\"; fi; }",
+        "rf_arc() { printf 'archive\\t%s\\t%s\\t' \"$1\" \"$(stat -c %s \"$1\")\"; "
+        "tar -xOf \"$1\" manifest.json 2>/dev/null | tr -d '\\n\\t'; echo; }",
+        "rf_path() { if [ -d \"$1\" ]; then printf 'dir\\t%s\\n' \"$1\"; "
+        "for f in \"$1\"/*.tar; do [ -f \"$f\" ] && rf_arc \"$f\"; done; "
+        "elif [ -f \"$1\" ]; then rf_arc \"$1\"; "
+        "else printf 'archive\\t%s\\tmissing\\n' \"$1\"; fi; }",
+        "rf_free() { p=$1; [ \"$p\" = root ] && p=$root; q=$p; "
+        "while [ ! -d \"$q\" ]; do q=$(dirname \"$q\"); done; "
+        "df -Pk \"$q\" 2>/dev/null | awk -v k=\"$1\" "
+        "'NR==2 {printf \"free\\t%s\\t%s\\t%.0f\\n\", k, $1, $4*1024}'; }",
+    ]
+    lines += [f"rf_img {shlex.quote(r)}" for r in dict.fromkeys(refs)]
+    lines += [f"rf_path {shlex.quote(p)}" for p in dict.fromkeys(archives)]
+    lines += [f"rf_free {shlex.quote(s)}" for s in dict.fromkeys(spaces)]
+    return "\n".join(lines) + "\n"
+
+
+def parse_state(lines: Iterable[str]) -> HostImageState:
+    """Read ``state_script``'s output (unknown lines are ignored)."""
+    docker, root = False, DEFAULT_DOCKER_ROOT
+    images: dict[str, LocalImage | None] = {}
+    archives: dict[str, HostArchive] = {}
+    dirs: dict[str, list[str]] = {}
+    free: dict[str, Space] = {}
+    current_dir: str | None = None
+    for raw in lines:
+        parts = raw.rstrip("\n").split("\t")
+        kind = parts[0]
+        if kind == "docker" and len(parts) == 2:
+            docker = parts[1] == "yes"
+        elif kind == "root" and len(parts) == 2 and parts[1]:
+            root = parts[1]
+        elif kind == "image" and len(parts) >= 3:
+            images[parts[1]] = _image(parts[2:])
+        elif kind == "dir" and len(parts) == 2:
+            current_dir = parts[1]
+            dirs[current_dir] = []
+        elif kind == "archive" and len(parts) >= 3:
+            path = parts[1]
+            if parts[2] == "missing":
+                archives[path] = HostArchive(path, None)
+                continue
+            archives[path] = _archive(path, parts[2], parts[3] if len(parts) > 3 else "")
+            if current_dir is not None and path.startswith(current_dir.rstrip("/") + "/"):
+                dirs[current_dir].append(path)
+        elif kind == "free" and len(parts) == 4 and parts[3].isdigit():
+            free[parts[1]] = Space(parts[2], int(parts[3]))
+    return HostImageState(docker, root, images, archives,
+                          {d: tuple(files) for d, files in dirs.items()}, free)
+
+
+def _image(fields: list[str]) -> LocalImage | None:
+    if fields[0] == "-" or len(fields) < 4:
+        return None
+    try:
+        digests = json.loads(fields[1]) or []
+        tags = json.loads(fields[2]) or []
+    except ValueError:
+        digests, tags = [], []
+    size = int(fields[3]) if fields[3].isdigit() else 0
+    return LocalImage(fields[0], tuple(str(d) for d in digests), tuple(str(t) for t in tags), size)
+
+
+def _archive(path: str, size: str, manifest: str) -> HostArchive:
+    nbytes = int(size) if size.isdigit() else 0
+    if not manifest:
+        return HostArchive(path, nbytes, (), "holds no manifest.json (not a `docker save` "
+                                             "archive?)")
+    try:
+        found = images_in_manifest(json.loads(manifest))
+    except ValueError as e:
+        return HostArchive(path, nbytes, (), f"its manifest.json cannot be read ({e})")
+    return HostArchive(path, nbytes, found)

@@ -1,0 +1,375 @@
+"""The staging plan: which pinned images a host still needs, from which source, with which
+commands. Pure: sources and host state in, commands out (``roles/images.py`` runs them, the
+preflight refuses a plan with problems, ``rigfleet images status`` prints it).
+
+Per pinned image (``WantedImage``, one per ``<repo>:<tag>`` the host's staged stacks name):
+
+- **present**: the pinned name holds the pinned image: its id is the pinned ``image_id`` (or,
+  on Docker's containerd image store, the pinned digest), or, without an ``image_id`` pin, its
+  RepoDigests hold the digest. Nothing to do; a converged host changes nothing.
+- **tag**: the image is there under ``<repo>@<digest>`` or its id but not under the pinned
+  name: ``docker tag`` it (no transfer).
+- **fetch**: from the first source that holds it (``SourceResult.ok``, decided by
+  ``rigfleet.images.checks``): pull by digest and tag, or ``docker load`` an archive (streamed
+  over SSH, uploaded, or already on the host) and tag it by image id.
+
+A host holds one image per name, so the pinned name (``<repo>:<tag>``) is the local handle the
+stacks run, verified by image id (``verify_staged``) after every fetch. The disk check counts the
+images still to fetch against the free space where they land (``need_bytes``)::
+
+    wanted, problems = wanted_images(want.stacks_pins)
+    plan = plan_host("host1", wanted, state, results)
+    plan.problems        # refusals, one line each (preflight raises them)
+    plan.images[0].steps # (Shell("docker pull --quiet ..."), Shell("docker tag ..."))
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rigfleet.commands import docker as docker_commands
+from rigfleet.images.hoststate import ROOT, HostImageState, LocalImage
+from rigfleet.images.sources import ImageSource
+from rigfleet.pins import StackPins
+from rigfleet.registry import registry_of, split_image
+
+GIB = 1024**3
+# Left free on a filesystem after staging (Docker, logs and the stacks need room to run).
+RESERVE_BYTES = 2 * GIB
+# A pull holds the compressed layers in the Docker root's tmp while it extracts them, and an
+# extracted vLLM image is about twice its download: ~3x the registry's layer sizes at the peak.
+PULL_FACTOR = 3.0
+# `docker load` unpacks the archive into the Docker root's tmp before it registers the layers:
+# ~2x the (uncompressed) archive at the peak.
+LOAD_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class WantedImage:
+    """One pinned image a host stages (every stack that names it in ``stacks``)."""
+
+    image: str  # <repo>:<tag>: the local name the stacks run
+    digest: str
+    image_id: str | None
+    stacks: tuple[str, ...]
+
+    @property
+    def repository(self) -> str:
+        return split_image(self.image)[0]
+
+    @property
+    def digest_ref(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+    @property
+    def refs(self) -> tuple[str, ...]:
+        """What the host is asked about: the name, the digest reference, the image id."""
+        return (self.image, self.digest_ref, *((self.image_id,) if self.image_id else ()))
+
+    @property
+    def label(self) -> str:
+        return f"{self.image} (stacks {', '.join(self.stacks)})"
+
+
+def wanted_images(stacks: Mapping[str, StackPins]) -> tuple[tuple[WantedImage, ...], tuple[str, ...]]:
+    """The images the staged stacks pin, one per name, in stack-name order (every host calls
+    the same operations in the same order), and the conflicts: two stacks pinning one name
+    to different images (a host holds one image per name)."""
+    order: list[str] = []
+    by_image: dict[str, list[StackPins]] = {}
+    for name in sorted(stacks):
+        p = stacks[name]
+        if p.image not in by_image:
+            order.append(p.image)
+        by_image.setdefault(p.image, []).append(p)
+    out: list[WantedImage] = []
+    problems: list[str] = []
+    for image in order:
+        pins = by_image[image]
+        first = pins[0]
+        for other in pins[1:]:
+            if other.digest != first.digest or (
+                    other.image_id and first.image_id and other.image_id != first.image_id):
+                problems.append(
+                    f"pins: stacks.{first.name} and stacks.{other.name} pin {image} to "
+                    f"different images ({first.digest[:19]}, {other.digest[:19]}); allowed: one "
+                    "image per name on a host (pin the same digest, or different tags)")
+        image_id = next((p.image_id for p in pins if p.image_id), None)
+        out.append(WantedImage(image, first.digest, image_id, tuple(p.name for p in pins)))
+    return tuple(out), tuple(problems)
+
+
+def matches(w: WantedImage, img: LocalImage) -> bool:
+    """``img`` is the pinned image: by id when the pins carry one (on the containerd image
+    store the id is the pulled digest), else by its RepoDigests."""
+    if w.image_id:
+        return img.id in (w.image_id, w.digest)
+    return img.has_digest(w.digest)
+
+
+@dataclass(frozen=True)
+class Presence:
+    """What the host holds of one wanted image (``presence``).
+
+    + state: ``present`` | ``tag`` (there under ``ref``, not under the name) | ``absent`` |
+      ``mismatch`` (pulled by the pinned digest, but its id is not the pinned image id)
+    """
+
+    state: str
+    ref: str | None = None
+    local: LocalImage | None = None
+
+    @property
+    def label(self) -> str:
+        if self.local is None:
+            return "no"
+        how = "digest" if self.local.repo_digests else "image id"
+        return f"yes ({how})" if self.state == "present" else f"as {self.ref}"
+
+
+def presence(w: WantedImage, state: HostImageState) -> Presence:
+    """Where the wanted image is on the host, if anywhere (see ``Presence``)."""
+    named = state.images.get(w.image)
+    if named is not None and matches(w, named):
+        return Presence("present", w.image, named)
+    for ref in w.refs[1:]:
+        img = state.images.get(ref)
+        if img is not None and matches(w, img):
+            return Presence("tag", ref, img)
+    by_digest = state.images.get(w.digest_ref)
+    if by_digest is not None and by_digest.has_digest(w.digest):
+        return Presence("mismatch", w.digest_ref, by_digest)
+    return Presence("absent")
+
+
+@dataclass(frozen=True)
+class SourceResult:
+    """What one source can do for one image (``rigfleet.images.checks`` decides).
+
+    + index, source: its place in ``image_sources`` and the entry
+    + ok: it holds the image; reason: why not, or what was found
+    + size: bytes it brings (registry: compressed layers; archive: the file), None: unknown
+    + archive: the archive file that holds it (archive kinds); ref: what is pulled (registries)
+    """
+
+    index: int
+    source: ImageSource
+    ok: bool
+    reason: str
+    size: int | None = None
+    archive: str | None = None
+    ref: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"image_sources[{self.index}] ({self.source.label})"
+
+
+@dataclass(frozen=True)
+class Shell:
+    """A command run on the host."""
+
+    command: str
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A control-side file fed over SSH into ``command``'s stdin on the host."""
+
+    path: str
+    command: str
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A control-side file copied to ``dest`` on the host."""
+
+    path: str
+    dest: str
+
+
+Step = Shell | Stream | Upload
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """One wanted image: what is there, what is done (``steps``), from where, what it needs.
+
+    + action: ``present`` | ``tag`` | ``fetch`` | ``refused``
+    + need: space key (``root`` or a directory) -> bytes the fetch needs there
+    """
+
+    want: WantedImage
+    presence: Presence
+    action: str
+    steps: tuple[Step, ...] = ()
+    source: SourceResult | None = None
+    tried: tuple[SourceResult, ...] = ()
+    need: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StagingPlan:
+    """A host's plan for every wanted image; ``problems`` refuse the deploy (one line each)."""
+
+    host: str
+    images: tuple[ImagePlan, ...]
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def changes(self) -> bool:
+        return any(p.steps for p in self.images)
+
+
+def tag_command(src: str, image: str) -> str:
+    return f"docker tag {shlex.quote(src)} {shlex.quote(image)}"
+
+
+def registry_ref(w: WantedImage, source: ImageSource) -> str:
+    """``registry.lan:5000/vllm/vllm-openai@sha256:...``: the pin in a LAN registry."""
+    path = source.repository or registry_of(w.repository)[1]
+    return f"{source.registry_host}/{path}@{w.digest}"
+
+
+def fetch_steps(w: WantedImage, r: SourceResult) -> tuple[Step, ...]:
+    """The commands that bring ``w`` from source ``r`` and name it ``w.image``."""
+    kind = r.source.kind
+    if kind == "hub":
+        return (Shell(docker_commands.pull(f"{w.image}@{w.digest}")),
+                Shell(tag_command(w.digest_ref, w.image)))
+    if kind == "registry":
+        ref = r.ref or registry_ref(w, r.source)
+        return Shell(docker_commands.pull(ref)), Shell(tag_command(ref, w.image))
+    assert w.image_id and r.archive, "an archive source is ok only for a pinned image id"
+    tag = Shell(tag_command(w.image_id, w.image))
+    if kind == "host-archive":
+        return Shell(f"docker load -i {shlex.quote(r.archive)}"), tag
+    if r.source.via == "upload":
+        dest = posixpath.join(r.source.upload_dir, posixpath.basename(r.archive))
+        q = shlex.quote(dest)
+        return (Shell(f"install -d -m 0700 {shlex.quote(r.source.upload_dir)}"),
+                Upload(r.archive, dest),
+                Shell(f"docker load -i {q}; rc=$?; rm -f {q}; exit $rc"), tag)
+    return Stream(r.archive, "docker load"), tag
+
+
+def need_bytes(r: SourceResult) -> dict[str, int]:
+    """Space key -> bytes a fetch from ``r`` needs at its peak (0 when the size is unknown)."""
+    size = r.size or 0
+    if r.source.kind in ("hub", "registry"):
+        return {ROOT: int(size * PULL_FACTOR)}
+    need = {ROOT: int(size * LOAD_FACTOR)}
+    if r.source.kind == "archive" and r.source.via == "upload":
+        need[r.source.upload_dir] = need.get(r.source.upload_dir, 0) + size
+    return need
+
+
+def plan_image(w: WantedImage, here: Presence, results: Sequence[SourceResult]) -> ImagePlan:
+    """One image's plan (see the module docstring)."""
+    if here.state == "present":
+        return ImagePlan(w, here, "present")
+    if here.state == "tag" and here.ref:
+        return ImagePlan(w, here, "tag", (Shell(tag_command(here.ref, w.image)),))
+    if here.state == "mismatch":
+        return ImagePlan(w, here, "refused", tried=tuple(results))
+    for r in results:
+        if r.ok:
+            return ImagePlan(w, here, "fetch", fetch_steps(w, r), r, tuple(results), need_bytes(r))
+    return ImagePlan(w, here, "refused", tried=tuple(results))
+
+
+def plan_host(host: str, wanted: Sequence[WantedImage], state: HostImageState,
+              results: Mapping[str, Sequence[SourceResult]],
+              conflicts: Sequence[str] = ()) -> StagingPlan:
+    """Every wanted image's plan, the refusals and the disk check for one host (pure).
+
+    + host: the inventory name (every problem line starts with it)
+    + wanted: ``wanted_images``; state: the host's ``HostImageState``
+    + results: image -> each source's ``SourceResult`` (only needed for absent images)
+    + conflicts: ``wanted_images``' problems
+    """
+    plans = [plan_image(w, presence(w, state), results.get(w.image, ())) for w in wanted]
+    problems = [f"{host}: {line}" for line in conflicts]
+    notes: list[str] = []
+    for p in plans:
+        if p.action == "refused":
+            problems += refusal(host, p)
+        elif p.action == "fetch" and p.source is not None and p.source.size is None:
+            notes.append(f"{host}: {p.want.image}: size unknown from {p.source.label}; the disk "
+                         "check does not count it")
+    disk, unknown = disk_problems(host, plans, state)
+    return StagingPlan(host, tuple(plans), tuple(problems + disk), tuple(notes + unknown))
+
+
+def refusal(host: str, p: ImagePlan) -> list[str]:
+    """The lines that refuse one image: what is wanted, then each source and why not."""
+    w = p.want
+    ident = f"digest {w.digest}" + (f", image id {w.image_id}" if w.image_id else "")
+    if p.presence.state == "mismatch" and p.presence.local is not None:
+        return [f"{host}: pins: {w.image}: the host's image pulled by {w.digest} has id "
+                f"{p.presence.local.id}, not the pinned image_id {w.image_id}; allowed: the "
+                "image id of that digest (re-resolve it: `rigfleet pins lock --refresh`)"]
+    head = (f"{host}: image_sources: {w.label} is not on the host and no source can provide it "
+            f"({ident}); allowed: a source that holds it (pin a release tag (vX.Y.Z), or keep a "
+            "saved copy: `rigfleet images import FILE --into DIR` and list DIR as an archive "
+            "source, or --host to load it)")
+    if not p.tried:
+        return [head]
+    return [head] + [f"{host}: {r.label}: {r.reason}" for r in p.tried]
+
+
+def disk_problems(host: str, plans: Sequence[ImagePlan],
+                  state: HostImageState) -> tuple[list[str], list[str]]:
+    """(refusals, notes): the space the fetches need per filesystem against what is free."""
+    per_fs: dict[str, int] = {}
+    where: dict[str, str] = {}
+    items: dict[str, list[str]] = {}
+    notes: list[str] = []
+    for p in plans:
+        for key, nbytes in p.need.items():
+            space = state.free.get(key)
+            path = state.docker_root if key == ROOT else key
+            if space is None:
+                notes.append(f"{host}: free space on {path} unknown; the disk check skipped it")
+                continue
+            per_fs[space.filesystem] = per_fs.get(space.filesystem, 0) + nbytes
+            where.setdefault(space.filesystem, path)
+            items.setdefault(space.filesystem, []).append(
+                f"{p.want.image} from {p.source.label if p.source else '?'} ~{_gib(nbytes)}")
+    problems = []
+    for fs, nbytes in per_fs.items():
+        free = next(s.free for s in state.free.values() if s.filesystem == fs)
+        if nbytes + RESERVE_BYTES > free:
+            problems.append(
+                f"{host}: image_sources: staging needs ~{_gib(nbytes + RESERVE_BYTES)} on "
+                f"{where[fs]} ({fs}; {'; '.join(items[fs])}; {_gib(RESERVE_BYTES)} kept free) "
+                f"but {_gib(free)} is free; allowed: more free space there (`docker image "
+                "prune -a` removes images no container uses), or fewer staged stacks")
+    return problems, notes
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.1f} GiB"
+
+
+def verify_staged(w: WantedImage, local: LocalImage | None, source: SourceResult | None) -> \
+        str | None:
+    """After a fetch or tag: the pinned name holds the pinned image; None when it does.
+
+    Where the source keeps a digest (a registry pull) the RepoDigests must hold it too; a
+    loaded archive has none, and is verified by image id alone.
+    """
+    if local is None:
+        return f"image {w.image} is not on the host after staging"
+    if w.image_id and local.id not in (w.image_id, w.digest):
+        return (f"image {w.image} has id {local.id}; the pins say image_id {w.image_id}"
+                + (f" (from {source.source.label})" if source else ""))
+    by_digest = (source is not None and source.source.keeps_digest) or not w.image_id
+    if by_digest and not local.has_digest(w.digest):
+        return (f"image {w.image} has RepoDigests {list(local.repo_digests) or 'none'}; the "
+                f"pin is {w.digest}")
+    return None

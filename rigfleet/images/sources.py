@@ -1,0 +1,206 @@
+"""Where a host gets its pinned images: host data ``image_sources``, an ordered list.
+
+Each entry is a mapping with a ``kind``; the host tries them in order and takes the first that
+holds the pinned image (the control side checks them before any host changes)::
+
+    image_sources = [
+        # The image's own registry (Docker Hub for vllm/vllm-openai) through the host's Docker
+        # daemon, so docker_registry_mirror applies: pulls <repo>:<tag>@<digest>. The control
+        # machine checks the digest is there at `check` (default: bump_registry, else the
+        # image's registry); "none" skips that check.
+        {"kind": "hub"},
+        # A private/LAN registry holding the same digest: the host pulls
+        # registry.lan:5000/<repo>@<digest> and tags it <repo>:<tag>. `repository` when the
+        # path there differs; `check` when this machine reaches it at another URL. (An http://
+        # registry must be in the daemon's insecure-registries.)
+        {"kind": "registry", "url": "http://registry.lan:5000"},
+        # `docker save` archives on this (control) machine: a .tar file, or a directory whose
+        # *.tar files are looked through (`rigfleet images export` / `import --into` write
+        # there). Streamed over SSH into `docker load` (via "stream", default) or uploaded to
+        # `upload_dir` on the host first and loaded from there (via "upload").
+        {"kind": "archive", "path": "~/image-archive"},
+        # `docker save` archives already on the host: a .tar file or a directory of them.
+        {"kind": "host-archive", "path": "/srv/images"},
+    ]
+
+The default is ``[{"kind": "hub"}]``. An archive is matched to a pin by image id (the config
+digest ``rigfleet pins lock`` records): a loaded image has no repo digest.
+
+Example::
+
+    sources = parse_sources(checker, "image_sources", host_data.get("image_sources"))
+    sources[0].label      # "hub"
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from rigfleet.hostside.layout import CACHE_ROOT
+
+KINDS = ("hub", "registry", "archive", "host-archive")
+VIAS = ("stream", "upload")
+NO_CHECK = "none"
+# Where an uploaded archive waits on the host until `docker load` has read it (then removed).
+# TODO(lead): a Layout property (rigfleet/hostside/layout.py) once that file can change.
+DEFAULT_UPLOAD_DIR = f"{CACHE_ROOT}/image-uploads"
+_KEYS = {
+    "hub": ("kind", "check"),
+    "registry": ("kind", "url", "repository", "check"),
+    "archive": ("kind", "path", "via", "upload_dir"),
+    "host-archive": ("kind", "path"),
+}
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """One entry of ``image_sources`` (see the module docstring).
+
+    + kind: ``hub`` | ``registry`` | ``archive`` | ``host-archive``
+    + url: a registry's URL as the host's daemon reaches it (``registry``)
+    + repository: the repository path in that registry (None: the pinned one's)
+    + check: the URL this machine checks the digest at (None: the default; ``none``: unchecked)
+    + path: an archive file or directory (``archive``: on this machine, absolute;
+      ``host-archive``: on the host)
+    + via: how a control-side archive reaches the host: ``stream`` or ``upload``
+    + upload_dir: where an uploaded archive waits on the host
+    """
+
+    kind: str
+    url: str | None = None
+    repository: str | None = None
+    check: str | None = None
+    path: str | None = None
+    via: str = "stream"
+    upload_dir: str = DEFAULT_UPLOAD_DIR
+
+    @property
+    def registry_host(self) -> str:
+        """``registry.lan:5000``: how image references name this registry."""
+        return urlsplit(self.url or "").netloc
+
+    @property
+    def keeps_digest(self) -> bool:
+        """A pull from a registry records the digest (RepoDigests); a loaded archive does not."""
+        return self.kind in ("hub", "registry")
+
+    @property
+    def label(self) -> str:
+        """How messages and tables name it: ``hub``, ``registry http://registry.lan:5000``,
+        ``archive /srv/x (this machine)``, ``host-archive /srv/images``."""
+        if self.kind == "registry":
+            return f"registry {self.url}"
+        if self.kind == "archive":
+            return f"archive {self.path} (this machine{', uploaded' if self.via == 'upload' else ''})"
+        if self.kind == "host-archive":
+            return f"host-archive {self.path}"
+        return "hub"
+
+
+DEFAULT_SOURCES: tuple[ImageSource, ...] = (ImageSource("hub"),)
+
+
+class Checks(Protocol):
+    """What ``parse_sources`` needs of the host-data checker (``rigfleet.hostdata``'s)."""
+
+    def bad(self, key: str, value: Any, allowed: str, what: str = ...) -> None: ...
+
+    def missing(self, key: str, allowed: str | None = ...) -> None: ...
+
+    def choice(self, key: str, value: Any, choices: Any, required: bool = ...) -> str | None: ...
+
+    def string(self, key: str, value: Any, pattern: Any, allowed: str,
+               required: bool = ...) -> str | None: ...
+
+    def posix_path(self, key: str, value: Any, allowed: str = ...,
+                   required: bool = ...) -> str | None: ...
+
+    def mapping(self, key: str, value: Any, keys: Any,
+                required: bool = ...) -> dict[Any, Any] | None: ...
+
+    def url(self, key: str, value: Any) -> str | None: ...
+
+
+def parse_sources(c: Checks, key: str, value: Any) -> tuple[ImageSource, ...]:
+    """Validate ``image_sources``; problems go to ``c`` (one line each, all at once).
+
+    + c: the host-data checker; key: ``image_sources``; value: the raw data (None: default)
+    """
+    if value is None:
+        return DEFAULT_SOURCES
+    shape = ("a list of mappings, each with a kind: " + ", ".join(KINDS)
+             + ", e.g. [{'kind': 'hub'}, {'kind': 'archive', 'path': '~/image-archive'}]")
+    if not isinstance(value, list | tuple) or not value:
+        c.bad(key, value, shape, "is not a non-empty list" if not value else "is not a list")
+        return DEFAULT_SOURCES
+    out: list[ImageSource] = []
+    for i, entry in enumerate(value):
+        source = _source(c, f"{key}[{i}]", entry, shape)
+        if source is not None:
+            out.append(source)
+    return tuple(out) if len(out) == len(value) else DEFAULT_SOURCES
+
+
+def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
+    if not isinstance(entry, dict):
+        c.bad(base, entry, shape, "is not a mapping")
+        return None
+    kind = c.choice(f"{base}.kind", entry.get("kind"), KINDS)
+    if kind is None:
+        return None
+    if c.mapping(base, entry, _KEYS[kind]) is None:
+        return None
+    before = _count(c)
+    if kind == "hub":
+        return _checked(c, before, ImageSource("hub", check=_check_url(c, base, entry)))
+    if kind == "registry":
+        url = c.url(f"{base}.url", entry.get("url"))
+        if entry.get("url") is None:
+            c.missing(f"{base}.url", "the registry's http(s) URL as the host reaches it, "
+                      "e.g. 'http://registry.lan:5000'")
+        repository = c.string(f"{base}.repository", entry.get("repository"), None,
+                              "a repository path such as 'mirror/vllm-openai'", required=False)
+        if repository is not None and (repository != repository.strip("/") or " " in repository
+                                       or "@" in repository or ":" in repository):
+            c.bad(f"{base}.repository", repository, "a repository path without tag, digest, "
+                  "spaces or leading/trailing '/', e.g. 'mirror/vllm-openai'")
+        return _checked(c, before, ImageSource("registry", url=url, repository=repository,
+                                               check=_check_url(c, base, entry)))
+    path_allowed = ("an absolute path on the host: a `docker save` .tar file or a directory of "
+                    "them, e.g. '/srv/images'")
+    if kind == "host-archive":
+        path = c.posix_path(f"{base}.path", entry.get("path"), path_allowed)
+        if path is not None and "\t" in path:
+            c.bad(f"{base}.path", path, path_allowed, "holds a tab")
+        return _checked(c, before, ImageSource("host-archive", path=path))
+    raw = c.string(f"{base}.path", entry.get("path"), None,
+                   "a `docker save` .tar file or a directory of them on this (control) "
+                   "machine, e.g. '~/image-archive'")
+    via = c.choice(f"{base}.via", entry.get("via", "stream"), VIAS)
+    upload_dir = DEFAULT_UPLOAD_DIR
+    if entry.get("upload_dir") is not None:
+        upload_dir = c.posix_path(f"{base}.upload_dir", entry.get("upload_dir"),
+                                  "an absolute directory on the host") or DEFAULT_UPLOAD_DIR
+    path = str(Path(os.path.expanduser(raw)).absolute()) if raw else None
+    return _checked(c, before, ImageSource("archive", path=path, via=via or "stream",
+                                           upload_dir=upload_dir))
+
+
+def _check_url(c: Checks, base: str, entry: dict[Any, Any]) -> str | None:
+    check = entry.get("check")
+    if check is None or check == NO_CHECK:
+        return check
+    return c.url(f"{base}.check", check)
+
+
+def _count(c: Checks) -> int:
+    return len(getattr(c, "lines", ()))
+
+
+def _checked(c: Checks, before: int, source: ImageSource) -> ImageSource | None:
+    # A problem recorded while reading this entry: the entry is not used.
+    return source if _count(c) == before else None

@@ -1,0 +1,55 @@
+"""vLLM's image tags and versions: which tag is a release, which a nightly, and their order.
+
+vLLM publishes ``vllm/vllm-openai:vX.Y.Z`` for each release (kept for good) and
+``nightly-<40-hex commit>`` for each nightly build (Docker Hub keeps the 14 newest); moving
+tags (``latest``, ``nightly``) and variants (``v0.27.1-cu130``) are neither::
+
+    tag_kind("v0.27.1")                       # "release"
+    tag_kind("nightly-" + "0" * 40)           # "nightly"
+    tag_kind("latest")                        # None
+    version_key("0.20.2rc1.dev9+g01d4d1ad3") < version_key("0.20.2")   # True
+"""
+
+from __future__ import annotations
+
+import re
+
+NIGHTLY_TAG = re.compile(r"nightly-(?P<sha>[0-9a-f]{40})")
+# v0.27.1, v0.10.1.1, v0.8.5.post1; release candidates and variants are not releases.
+RELEASE_TAG = re.compile(r"v(?P<version>\d+\.\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)")
+_VERSION = re.compile(
+    r"(?P<release>\d+(?:\.\d+)*)(?P<pre>(?:a|b|rc)\d+)?(?:\.post(?P<post>\d+))?"
+    r"(?P<dev>\.dev\d+)?(?:\+\S+)?"
+)
+RELEASE, NIGHTLY = "release", "nightly"
+TAG_KINDS = (RELEASE, NIGHTLY)
+
+
+def tag_kind(tag: str) -> str | None:
+    """``release`` for ``vX.Y.Z``, ``nightly`` for ``nightly-<40-hex>``, None otherwise."""
+    if RELEASE_TAG.fullmatch(tag):
+        return RELEASE
+    if NIGHTLY_TAG.fullmatch(tag):
+        return NIGHTLY
+    return None
+
+
+def version_key(version: str) -> tuple[tuple[int, ...], int, int] | None:
+    """An order for vLLM versions: releases by number; a pre-release or dev build sorts below
+    its release, a ``.postN`` above it. None for what is not a version.
+
+    ``0.20.2rc1.dev9+g01d4d1ad3`` < ``0.20.2`` < ``0.20.2.post1`` < ``0.20.3`` < ``0.21.0``.
+    """
+    m = _VERSION.fullmatch(version.strip().removeprefix("v"))
+    if m is None:
+        return None
+    numbers = tuple(int(x) for x in m.group("release").split("."))
+    numbers += (0,) * (4 - len(numbers))
+    if m.group("pre") or m.group("dev"):
+        return numbers, -1, 0
+    return numbers, 0, int(m.group("post") or 0)
+
+
+def is_release(version: str) -> bool:
+    """``0.21.0`` is a release version; ``0.20.2rc1.dev9+g01d4d1ad3`` is not."""
+    return RELEASE_TAG.fullmatch(f"v{version}") is not None

@@ -1,0 +1,236 @@
+"""Model weights on a host: one directory per revision, what is kept, what space it takes.
+
+Every model revision lives in its own directory, ``<model_dir>/<local_dir>@<revision[:12]>``
+(``Layout.weights_dir``), which the fetcher renames into place only once verified and which
+nothing writes after; the compose files mount it read-only. So the active snapshot names the
+revision it served and a rollback restarts it on exactly those files.
+
+- ``WeightsDirs`` (a pyinfra fact, one command): the revision directories of one
+  ``local_dir``, partial downloads, the directory of before per-revision directories
+  (``<model_dir>/<local_dir>``, a link once adopted), each with its mtime and size, and the
+  names the host's compose files mount;
+- ``stale_weights``: what to remove (``rigfleet.retention.stale``, the rule Genesis trees use:
+  the pinned revision, every one a compose file names, ``WEIGHTS_KEPT`` newest);
+- ``weights_space``: what the weights keep on disk and still need, for a disk check.
+
+Example::
+
+    dirs = read_fact(WeightsDirs, model_dir="/srv/models", local_dir="qwen",
+                     compose_files=("/var/lib/rigfleet/active/compose.yaml",))
+    stale_weights(dirs, "qwen", revision)        # ['qwen@0123456789ab']
+    weights_space(dirs, "qwen", revision).need   # bytes the disk must have free
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from rigfleet.hostside.layout import (
+    WEIGHTS_REVISION_CHARS,
+    WEIGHTS_REVISION_MARK,
+    Layout,
+)
+from rigfleet.retention import stale
+
+# Revisions kept beyond the pinned one and those a compose file names: none (tens of GB each;
+# the revision a rollback needs is the active snapshot's, so it is named, so it is kept).
+WEIGHTS_KEPT = 1
+# Free space the fetcher asks for beyond the bytes still to download: 10 % of the revision
+# (files/rigfleet-fetch-weights.py, HEADROOM).
+HEADROOM = 0.10
+PARTIAL_SUFFIX = ".partial"
+
+_NAMES = Layout()
+
+
+def revision_name(local_dir: str, revision: str) -> str:
+    """The revision's directory name (``Layout.weights_dir``): ``<local_dir>@<rev[:12]>``."""
+    return _NAMES.weights_dir("/", local_dir, revision).name
+
+
+def partial_name(name: str) -> str:
+    """Where the fetcher downloads ``name`` until it is verified: ``.<name>.partial``."""
+    return f".{name}{PARTIAL_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class WeightsEntry:
+    """One entry of the model directory.
+
+    + kind: ``dir`` (a revision's directory, or the old one), ``partial`` (a download not yet
+      verified), ``link`` (the old name, adopted: ``target`` is the revision's name)
+    + mtime: seconds; size: bytes on disk (a link: 0)
+    """
+
+    name: str
+    kind: str
+    mtime: int
+    size: int = 0
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class WeightsDirsState:
+    """The entries of one ``local_dir`` (by name) and the names compose files mount."""
+
+    entries: dict[str, WeightsEntry] = field(default_factory=dict)
+    referenced: frozenset[str] = frozenset()
+
+
+def _ere(text: str) -> str:
+    """``text`` as a literal in a POSIX extended regular expression."""
+    return re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", text)
+
+
+class WeightsDirs(FactBase[WeightsDirsState]):
+    """``<model_dir>/<local_dir>``, ``<local_dir>@*`` and ``.<local_dir>@*.partial`` (kind,
+    mtime, size, link target) and which of those names the given compose files mount."""
+
+    @staticmethod
+    @override
+    def default() -> WeightsDirsState:
+        return WeightsDirsState()
+
+    @override
+    def command(self, model_dir: str, local_dir: str, compose_files: tuple[str, ...] = ()) -> str:
+        d, n = shlex.quote(model_dir.rstrip("/")), shlex.quote(local_dir)
+        command = (
+            f"for e in {d}/{n} {d}/{n}{WEIGHTS_REVISION_MARK}* "
+            f"{d}/.{n}{WEIGHTS_REVISION_MARK}*{PARTIAL_SUFFIX}; do "
+            'if [ -L "$e" ]; then '
+            'echo "link $(stat -c %Y "$e") 0 $(basename "$e") $(readlink "$e")"; '
+            'elif [ -d "$e" ]; then '
+            'echo "dir $(stat -c %Y "$e") $(du -sb "$e" 2>/dev/null | cut -f1) $(basename "$e")"; '
+            "fi; done"
+        )
+        if compose_files:
+            files = " ".join(shlex.quote(f) for f in compose_files)
+            mount = _ere(f"{model_dir.rstrip('/')}/{local_dir}")
+            pattern = shlex.quote(
+                f"[[:space:]]{mount}({_ere(WEIGHTS_REVISION_MARK)}[0-9a-f]"
+                f"{{{WEIGHTS_REVISION_CHARS}}})?:"
+            )
+            command += (f"; cat {files} 2>/dev/null | grep -oE {pattern} | sort -u "
+                        "| sed 's|^.*/|ref |; s|:$||'")
+        return command + "; true"
+
+    @override
+    def process(self, output: list[str]) -> WeightsDirsState:
+        entries: dict[str, WeightsEntry] = {}
+        referenced: set[str] = set()
+        for line in output:
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "ref":
+                referenced.add(parts[1])
+            elif len(parts) in (4, 5) and parts[0] in ("dir", "link") and parts[1].isdigit():
+                kind, name = parts[0], parts[3]
+                size = int(parts[2]) if parts[2].isdigit() else 0
+                if kind == "dir" and name.startswith(".") and name.endswith(PARTIAL_SUFFIX):
+                    kind = "partial"
+                target = parts[4] if kind == "link" and len(parts) == 5 else None
+                entries[name] = WeightsEntry(name, kind, int(parts[1]), size, target)
+        return WeightsDirsState(entries, frozenset(referenced))
+
+
+def _revision_dir(name: str, local_dir: str) -> bool:
+    head, mark, rev = name.rpartition(WEIGHTS_REVISION_MARK)
+    return (head == local_dir and mark == WEIGHTS_REVISION_MARK
+            and re.fullmatch(f"[0-9a-f]{{{WEIGHTS_REVISION_CHARS}}}", rev) is not None)
+
+
+def _prunable(entry: WeightsEntry, local_dir: str) -> bool:
+    """Revision directories, their partial downloads and the adopted old name (a link); never
+    a real directory under the old name (unverified, or someone's copy: not ours to remove)."""
+    if entry.kind == "link":
+        return entry.name == local_dir
+    if entry.kind == "partial":
+        return _revision_dir(entry.name[1:].removesuffix(PARTIAL_SUFFIX), local_dir)
+    return _revision_dir(entry.name, local_dir)
+
+
+def kept_names(dirs: WeightsDirsState, local_dir: str, revision: str) -> set[str]:
+    """Names kept whatever their age: the pinned revision and its partial download, every
+    name a compose file mounts and, for a mounted link, the directory it points to."""
+    pinned = revision_name(local_dir, revision)
+    kept = {pinned, partial_name(pinned), *dirs.referenced}
+    for name in dirs.referenced:
+        entry = dirs.entries.get(name)
+        if entry is not None and entry.kind == "link" and entry.target:
+            kept.add(entry.target.rstrip("/").rsplit("/", 1)[-1])
+    return kept
+
+
+def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str,
+                  keep: int = WEIGHTS_KEPT) -> list[str]:
+    """The names under the model directory to remove (sorted); see the module docstring.
+
+    + dirs: the ``WeightsDirs`` fact, read with every compose file on the host (the staged
+      stacks' and the active snapshot)
+    + local_dir, revision: the model pin
+    """
+    candidates = {e.name: float(e.mtime) for e in dirs.entries.values() if _prunable(e, local_dir)}
+    return stale(candidates, revision_name(local_dir, revision),
+                 kept_names(dirs, local_dir, revision), keep)
+
+
+@dataclass(frozen=True)
+class WeightsSpace:
+    """Disk space of the weights on one host, in bytes.
+
+    + kept: what stays after pruning (the revisions kept, partial downloads kept, the old
+      directory if it is a real one)
+    + freed: what pruning removes
+    + to_download: what the pinned revision still needs (0 when it is there); None when
+      unknown (not there, and no revision to estimate its size from)
+    + total: the pinned revision's size (given, or estimated from the largest revision kept)
+    + estimated: total is an estimate
+    """
+
+    kept: int
+    freed: int
+    to_download: int | None
+    total: int | None
+    estimated: bool
+
+    @property
+    def need(self) -> int | None:
+        """Free bytes the fetcher will ask for: what is left to download + 10 % headroom of
+        the revision (0 when the revision is there)."""
+        if self.to_download is None or self.total is None:
+            return None
+        return 0 if self.to_download == 0 else self.to_download + int(self.total * HEADROOM)
+
+
+def weights_space(dirs: WeightsDirsState, local_dir: str, revision: str,
+                  revision_bytes: int | None = None,
+                  old_revision: str | None = None) -> WeightsSpace:
+    """What the weights keep on disk and still need (see ``WeightsSpace``).
+
+    + dirs: the ``WeightsDirs`` fact (read with the host's compose files)
+    + local_dir, revision: the model pin
+    + revision_bytes: the pinned revision's size when known (the hub's listing); otherwise a
+      new revision is estimated to be as large as the largest revision on the host
+    + old_revision: the revision the manifest of a not yet adopted ``<model_dir>/<local_dir>``
+      names (adoption makes it that revision's directory, without a download)
+    """
+    removed = set(stale_weights(dirs, local_dir, revision))
+    sizes = {n: e.size for n, e in dirs.entries.items() if e.kind != "link"}
+    kept = sum(size for n, size in sizes.items() if n not in removed)
+    freed = sum(size for n, size in sizes.items() if n in removed)
+    pinned = revision_name(local_dir, revision)
+    if pinned in dirs.entries or (old_revision == revision and local_dir in sizes):
+        return WeightsSpace(kept, freed, 0, sizes.get(pinned, sizes.get(local_dir, 0)), False)
+    revisions = [size for n, size in sizes.items() if _revision_dir(n, local_dir)]
+    old = dirs.entries.get(local_dir)
+    if old is not None and old.kind == "dir":
+        revisions.append(old.size)
+    total = revision_bytes if revision_bytes is not None else max(revisions, default=None)
+    if total is None:
+        return WeightsSpace(kept, freed, None, None, True)
+    have = sizes.get(partial_name(pinned), 0)
+    return WeightsSpace(kept, freed, max(total - have, 0), total, revision_bytes is None)

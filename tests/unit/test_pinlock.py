@@ -1,0 +1,252 @@
+"""``rigfleet pins lock`` (rigfleet/pinlock.py) and the registry client (rigfleet/registry.py)
+against a small registry v2 server: digests and image ids (index -> linux/amd64 -> config),
+Docker Hub's token dance, and the messages for a gone tag, auth and network failures."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import textwrap
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from images_fakes import pins_text
+
+from rigfleet.pinlock import LockError, lock
+from rigfleet.pins import load_pins
+from rigfleet.registry import (
+    Registry,
+    RegistryError,
+    RegistryNotFound,
+    RegistryUnreachable,
+    registry_of,
+    split_image,
+)
+
+REPO = "vllm/vllm-openai"
+GONE = "nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"
+NIGHTLY = "nightly-" + "b" * 40
+TOKEN = "s3cret-registry-token"
+INDEX = "application/vnd.oci.image.index.v1+json"
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def _digest(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+class Store:
+    """Manifests and blobs by reference; ``v0.27.1`` is a two-platform index."""
+
+    def __init__(self) -> None:
+        self.manifests: dict[str, tuple[str, bytes]] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.image_ids: dict[str, str] = {}  # tag -> amd64 config digest
+        self.add_index("v0.27.1", b"v0.27.1")
+        self.add_single(NIGHTLY, b"nightly")
+        self.auth = False
+        self.deny = False
+
+    def image(self, seed: bytes, arch: str) -> tuple[str, bytes, str]:
+        config = json.dumps({"architecture": arch, "os": "linux", "seed": seed.hex()}).encode()
+        cdig = _digest(config)
+        self.blobs[cdig] = config
+        body = json.dumps({"schemaVersion": 2, "mediaType": MANIFEST,
+                           "config": {"digest": cdig, "size": len(config)},
+                           "layers": [{"digest": "sha256:" + "0" * 64, "size": 1000},
+                                      {"digest": "sha256:" + "1" * 64, "size": 234}]}).encode()
+        self.manifests[_digest(body)] = (MANIFEST, body)
+        return _digest(body), body, cdig
+
+    def add_index(self, tag: str, seed: bytes) -> str:
+        amd, _, cdig = self.image(seed, "amd64")
+        arm, _, _ = self.image(seed + b"arm", "arm64")
+        body = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": [
+            {"digest": arm, "platform": {"os": "linux", "architecture": "arm64"}},
+            {"digest": amd, "platform": {"os": "linux", "architecture": "amd64"}}]}).encode()
+        self.manifests[_digest(body)] = self.manifests[tag] = (INDEX, body)
+        self.image_ids[tag] = cdig
+        return _digest(body)
+
+    def add_single(self, tag: str, seed: bytes) -> None:
+        digest, body, cdig = self.image(seed, "amd64")
+        self.manifests[tag] = (MANIFEST, body)
+        self.image_ids[tag] = cdig
+
+
+@pytest.fixture
+def registry() -> Iterator[tuple[str, Store]]:
+    store = Store()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None):
+            self.send_response(code)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command == "GET":
+                self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            path = self.path.split("?")[0]
+            if path == "/token":
+                return self._send(200, json.dumps({"token": TOKEN}).encode())
+            if path.startswith("/api/models/") and path.endswith("/revision/main"):
+                return self._send(200, json.dumps({"sha": "c" * 40}).encode())
+            if store.auth and self.headers.get("Authorization") != f"Bearer {TOKEN}" or \
+                    store.deny:
+                realm = f'Bearer realm="http://127.0.0.1:{self.server.server_port}/token",' \
+                        f'service="test",scope="repository:{REPO}:pull"'
+                return self._send(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}',
+                                  {"WWW-Authenticate": realm})
+            prefix = f"/v2/{REPO}/"
+            if path.startswith(prefix + "manifests/"):
+                ref = path.rsplit("/", 1)[1]
+                if ref in store.manifests:
+                    media, body = store.manifests[ref]
+                    return self._send(200, body, {"Content-Type": media,
+                                                  "Docker-Content-Digest": _digest(body)})
+            if path.startswith(prefix + "blobs/"):
+                ref = path.rsplit("/", 1)[1]
+                if ref in store.blobs:
+                    return self._send(200, store.blobs[ref])
+            return self._send(404, b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}')
+
+        do_HEAD = do_GET
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", store
+    server.shutdown()
+
+
+def pins_file(tmp_path: Path, tag: str = "v0.27.1", hosts: str = "") -> Path:
+    version = tag[1:] if tag.startswith("v") else f"0.20.2rc1.dev9+g{tag[8:17]}"
+    path = tmp_path / "pins.yaml"
+    path.write_text(pins_text(
+        f'int8: {{image: "{REPO}:{tag}", digest: unresolved, vllm_version: {version}}}\n', hosts))
+    return path
+
+
+# --- the registry client ---------------------------------------------------------------------
+
+
+def test_resolve_reads_index_then_amd64_manifest_then_config(registry) -> None:
+    url, store = registry
+    found = Registry(url).resolve(REPO, "v0.27.1")
+    assert found.digest == _digest(store.manifests["v0.27.1"][1])
+    assert found.image_id == store.image_ids["v0.27.1"]
+    assert found.layer_bytes == 1234 and found.manifest_digest != found.digest
+    by_digest = Registry(url).resolve(REPO, found.digest)
+    assert by_digest == found
+    single = Registry(url).resolve(REPO, NIGHTLY)
+    assert single.digest == single.manifest_digest and single.image_id == store.image_ids[NIGHTLY]
+    assert Registry(url).image_config(REPO, "v0.27.1")["architecture"] == "amd64"
+
+
+def test_token_dance_and_the_token_never_in_a_message(registry) -> None:
+    url, store = registry
+    store.auth = True
+    assert Registry(url).digest(REPO, "v0.27.1").startswith("sha256:")
+    store.deny = True
+    with pytest.raises(RegistryError) as e:
+        Registry(url).digest(REPO, "v0.27.1")
+    text = str(e.value)
+    assert text.startswith(f"registry {url}: {REPO}:v0.27.1: access denied (HTTP 401")
+    assert TOKEN not in text
+
+
+def test_not_found_and_unreachable_name_registry_repository_and_tag(registry) -> None:
+    url, _ = registry
+    with pytest.raises(RegistryNotFound, match=rf"^registry {url}: {REPO}:{GONE}: not found "
+                                               r"\(HTTP 404"):
+        Registry(url).digest(REPO, GONE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    with pytest.raises(RegistryUnreachable, match=rf"^registry http://127.0.0.1:{port}: "
+                                                  rf"{REPO}:v1: cannot reach the registry"):
+        Registry(f"http://127.0.0.1:{port}", timeout=2).digest(REPO, "v1")
+
+
+def test_image_names() -> None:
+    assert registry_of("vllm/vllm-openai") == (None, "vllm/vllm-openai")
+    assert registry_of("docker.io/vllm/vllm-openai") == (None, "vllm/vllm-openai")
+    assert registry_of("nginx") == (None, "library/nginx")
+    assert registry_of("registry.lan:5000/vllm/vllm-openai") == ("registry.lan:5000",
+                                                                 "vllm/vllm-openai")
+    assert split_image("registry.lan:5000/a/b:v1") == ("registry.lan:5000/a/b", "v1")
+
+
+# --- pins lock -------------------------------------------------------------------------------
+
+
+def test_lock_writes_digest_and_image_id(registry, tmp_path) -> None:
+    url, store = registry
+    path = pins_file(tmp_path)
+    changes = lock(path, url, "http://hub.invalid")
+    digest = _digest(store.manifests["v0.27.1"][1])
+    assert changes == [f"stacks.int8.digest: unresolved -> {digest}",
+                       f"stacks.int8.image_id: (none) -> {store.image_ids['v0.27.1']}"]
+    pins = load_pins(path)
+    assert pins.stacks["int8"].digest == digest
+    assert pins.stacks["int8"].image_id == store.image_ids["v0.27.1"]
+    assert pins.serial == 2 and pins.history[-1]["action"] == "lock"
+    assert lock(path, url, "http://hub.invalid") == []  # locked: nothing to do, nothing asked
+
+
+def test_the_image_id_is_the_pinned_digests_not_the_moved_tags(registry, tmp_path) -> None:
+    url, store = registry
+    old = _digest(store.manifests["v0.27.1"][1])
+    old_id = store.image_ids["v0.27.1"]
+    path = pins_file(tmp_path)
+    text = path.read_text().replace("digest: unresolved", f"digest: '{old}'")
+    path.write_text(text)
+    store.add_index("v0.27.1", b"re-pushed")  # the tag moves; the pin does not
+    assert lock(path, url, "http://hub.invalid") == [
+        f"stacks.int8.image_id: (none) -> {old_id}"]
+    assert lock(path, url, url, refresh=True) == [
+        f"stacks.int8.digest: {old} -> {_digest(store.manifests['v0.27.1'][1])}",
+        f"stacks.int8.image_id: {old_id} -> {store.image_ids['v0.27.1']}",
+        f"model.revision: {'a' * 40} -> {'c' * 40}"]
+
+
+def test_a_gone_nightly_says_so_and_what_to_do(registry, tmp_path) -> None:
+    url, _ = registry
+    path = pins_file(tmp_path, tag=GONE)
+    before = path.read_text()
+    with pytest.raises(LockError) as e:
+        lock(path, url, "http://hub.invalid")
+    assert e.value.problems == [
+        f"{path}: stacks.int8.image: {REPO}:{GONE} is not in {url} (vLLM keeps only the 14 "
+        "newest nightly-* tags on Docker Hub; release tags stay); allowed: a release tag "
+        "(vX.Y.Z), or import a saved copy (`rigfleet images import FILE`) and pin its digest "
+        "and image id"]
+    assert path.read_text() == before
+
+
+def test_host_overrides_are_locked_too(registry, tmp_path) -> None:
+    url, store = registry
+    hosts = textwrap.dedent(f"""\
+        hosts:
+          host2:
+            stacks:
+              int8: {{image: "{REPO}:{NIGHTLY}", digest: unresolved,
+                      vllm_version: 0.20.2rc1.dev9+g{"b" * 9}}}
+        """)
+    path = pins_file(tmp_path, hosts=hosts)
+    lock(path, url, "http://hub.invalid")
+    pins = load_pins(path)
+    assert pins.hosts["host2"]["int8"].image_id == store.image_ids[NIGHTLY]
+    assert yaml.safe_load(path.read_text())["hosts"]["host2"]["stacks"]["int8"]["image_id"] == \
+        store.image_ids[NIGHTLY]

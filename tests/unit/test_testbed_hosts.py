@@ -1,0 +1,87 @@
+"""``testbed up``'s host options (--os, --sudo-user, --hardware) and the inventory they give."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from rigfleet_testbed import aptrepo, fleet, hardware, hostspec, layout
+
+
+def test_os_option_names_the_host_and_the_allowed_values() -> None:
+    host, os_ = hostspec.parse_os("host3=debian12")
+    assert host == "host3" and os_.codename == "bookworm" and os_.version_id == "12"
+    assert os_.base_image == "rigfleet/bookworm-base:latest"
+    assert os_.host_image == "testbed/rigfleet_testbed-host:bookworm"
+    assert layout.DEFAULT_OS.host_image == layout.HOST_IMAGE
+    with pytest.raises(ValueError, match=r"--os 'host3=ubuntu24'.*allowed: debian13, debian12"):
+        hostspec.parse_os("host3=ubuntu24")
+    with pytest.raises(ValueError, match=r"expected HOST=OS"):
+        hostspec.parse_os("debian12")
+
+
+def test_host_specs_apply_every_option_and_reject_unknown_hosts() -> None:
+    specs = hostspec.host_specs(
+        3, [hardware.parse_override("host1:secure_boot=1")],
+        [hostspec.parse_os("host3=debian12")], ["host2"])
+    assert [(s.name, s.os.name, s.ssh_user) for s in specs] == [
+        ("host1", "debian13", "root"), ("host2", "debian13", "rig"), ("host3", "debian12", "root")]
+    assert specs[0].profile["secure_boot"] == {"enabled": True, "mok_enrolled": False}
+    assert specs[1].profile["secure_boot"] == {"enabled": False, "mok_enrolled": False}
+    assert specs[1].metadata() == {"name": "host2", "os": "debian13", "codename": "trixie",
+                                   "ssh_user": "rig", "sudo": True}
+    for kwargs, option in ((dict(sudo=["host4"]), "--sudo-user"),
+                           (dict(oses=[hostspec.parse_os("host9=debian12")]), "--os"),
+                           (dict(hardware_overrides=[{"host": "hostx"}]), "--hardware")):
+        with pytest.raises(ValueError, match=rf"{option} '.*': no such host \(hosts: host1, "
+                                             r"host2, host3\)"):
+            hostspec.host_specs(3, **kwargs)
+
+
+def test_config_hash_changes_with_what_the_machine_is() -> None:
+    a, = hostspec.host_specs(1)
+    b, = hostspec.host_specs(1, sudo=["host1"])
+    c, = hostspec.host_specs(1, [hardware.parse_override("host1:secure_boot=1")])
+    d, = hostspec.host_specs(1, oses=[hostspec.parse_os("host1=debian12")])
+    hashes = {s.config_hash("sha256:1") for s in (a, b, c, d)}
+    assert len(hashes) == 4
+    assert a.config_hash("sha256:1") != a.config_hash("sha256:2")  # a new host image
+    assert a.config_hash("sha256:1") == hostspec.host_specs(1)[0].config_hash("sha256:1")
+
+
+def test_hardware_firmware_keys() -> None:
+    prof = hardware.hardware_profile("host1", secure_boot=True, mok_enrolled=True, cgroup=1)
+    assert prof["secure_boot"] == {"enabled": True, "mok_enrolled": True}
+    assert prof["cgroup_version"] == 1
+    assert hardware.hardware_profile("host1")["cgroup_version"] == 2
+    with pytest.raises(ValueError, match="mok_enrolled=1 needs secure_boot=1"):
+        hardware.parse_override("host1:mok_enrolled=1")
+    with pytest.raises(ValueError, match=r"'host1:cgroup=3'.*cgroup must be 1 or 2"):
+        hardware.parse_override("host1:cgroup=3")
+
+
+def test_inventory_has_the_sudo_user_and_dockers_repository(tmp_path: Path) -> None:
+    paths = fleet.Paths(root=tmp_path)
+    aptrepo.ensure_key(paths.gnupg)
+    docker_fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid)
+    specs = hostspec.host_specs(2, oses=[hostspec.parse_os("host2=debian12")], sudo=["host2"])
+    text = fleet.inventory_text(specs, paths, docker_fpr)
+    tree = ast.parse(text)
+    values = {t.targets[0].id: ast.literal_eval(t.value) for t in tree.body
+              if isinstance(t, ast.Assign) and isinstance(t.targets[0], ast.Name)
+              and t.targets[0].id in ("_testbed_data", "canary")}
+    gpu_hosts = next(t.value for t in tree.body if isinstance(t, ast.Assign)
+                     and t.targets[0].id == "gpu_hosts")
+    hosts = dict(ast.literal_eval(gpu_hosts.elts[0]))
+    assert hosts["host1"]["ssh_user"] == "root" and "_sudo" not in hosts["host1"]
+    assert hosts["host2"]["ssh_user"] == "rig" and hosts["host2"]["_sudo"] is True
+    # Nothing OS-specific per host: the deploy reads the OS from the host itself.
+    assert set(hosts["host1"]) | {"_sudo"} == set(hosts["host2"])
+    docker = values["_testbed_data"]["apt_repos"]["docker"]
+    assert docker == {"url": "http://download.docker.rigfleet.test/linux/{id}",
+                      "key_url": "http://download.docker.rigfleet.test/linux/{id}/gpg",
+                      "suite": "{codename}", "components": ["stable"],
+                      "key_fingerprint": docker_fpr}
+    assert "download.docker.rigfleet.test" in layout.SERVICES_ALIASES
+    assert values["canary"] == ["host1"]
