@@ -12,6 +12,7 @@
     rigfleet bump --inventory inventory/home.py [--image TAG|--latest] [--genesis C] [--dry]
     rigfleet bench --url URL | --inventory inventory/home.py [--limit H] [--accept-baseline H]
     rigfleet doctor --inventory inventory/home.py [--limit HOST] [--json]
+    rigfleet roll --inventory inventory/home.py [--batch N] [--max-failures K] [--dry]
 
 The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
 """
@@ -64,6 +65,82 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
         table.row(row.host, row.url, row.status, row.model, row.answer, f"{row.seconds:.2f}")
     table.print(Console())
     return 1 if failed else 0
+
+
+def cmd_roll(args: argparse.Namespace) -> int:
+    """``rigfleet roll``: the converge, one serving host (or ``--batch``) at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from rich.text import Text
+
+    from rigfleet.bump.rollout import PyinfraRunner
+    from rigfleet.inventory import load_inventory
+    from rigfleet.resources import PROJECT_ROOT
+    from rigfleet.roll import BATCH_ENV, PyinfraRoller, RollStatus, plan_batches, probe_or_why, roll
+    from rigfleet.ssh import SshRemote
+    from rigfleet.tables import Table
+
+    if args.batch < 1 or args.max_failures < 1:
+        raise ValueError(f"--batch {args.batch} / --max-failures {args.max_failures}: allowed: "
+                         "integers >= 1")
+    hosts = load_inventory(args.inventory)
+    names = [h.name for h in hosts]
+    unknown = sorted(set(args.limit) - set(names))
+    if unknown:
+        raise ValueError(f"--limit: {', '.join(unknown)} not in {args.inventory}; allowed: "
+                         f"{', '.join(names)}")
+    if args.limit:
+        names = [n for n in names if n in args.limit]
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    log_dir = PROJECT_ROOT / "reports" / "rolls" / stamp
+    runner = PyinfraRunner(args.inventory, {h.name: h for h in hosts}, SshRemote(),
+                           deploy=args.deploy, cwd=Path(args.deploy).resolve().parent,
+                           log_dir=log_dir, env={BATCH_ENV: str(args.batch)})
+    roller = PyinfraRoller(runner)
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
+        probes = dict(zip(names, pool.map(lambda n: probe_or_why(roller, n), names),
+                          strict=True))
+    plan = plan_batches(names, probes, args.batch)
+    if args.dry or not args.json:
+        for i, batch in enumerate(plan.batches):
+            _log(f"{plan.label(i)}: {', '.join(batch)}")
+        for name, why in plan.skipped.items():
+            _log(f"skipped: {name}: {why}")
+    if args.dry:
+        if args.json:
+            print(json.dumps({"batches": [list(b) for b in plan.batches],
+                              "serving": sorted(plan.serving), "skipped": dict(plan.skipped)},
+                             indent=2))
+        return 0
+    with console.status("rolling") as status:
+        t0 = time.monotonic()
+
+        def on_line(line: str) -> None:
+            status.update(f"[{time.monotonic() - t0:5.0f}s] {line[:110]}")
+
+        result = roll(plan, roller, args.max_failures, on_event=_log, on_line=on_line,
+                      order=names)
+    if args.json:
+        print(json.dumps({"ok": result.ok, "stopped": result.stopped,
+                          "seconds": round(result.seconds, 1), "logs": str(log_dir),
+                          "hosts": [h.to_dict() for h in result.hosts.values()]}, indent=2))
+        return 0 if result.ok else 1
+    style = {RollStatus.CONVERGED: "green", RollStatus.MAINTAINED: "green",
+             RollStatus.FAILED: "red", RollStatus.LOST: "red"}
+    table = Table(f"rigfleet roll: {len(result.hosts)} host(s) in {result.seconds:.0f}s",
+                  ["host", "batch", "result", "serving", "gate", "s"])
+    for h in result.hosts.values():
+        table.row(h.host, h.batch or "", Text(str(h.status), style=style.get(h.status, "")),
+                  h.serving or "", h.gate, f"{h.seconds:.0f}")
+        if h.reason and h.status is not RollStatus.MAINTAINED:
+            table.note(h.host, h.reason)
+    table.print(Console())
+    if result.stopped:
+        console.print(f"[red]stopped:[/red] {result.stopped}")
+    console.print(f"[dim]pyinfra logs: {log_dir}[/dim]")
+    return 0 if result.ok else 1
 
 
 def _add_testbed(sub: Any) -> None:
@@ -127,6 +204,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_cli.add_parser(sub)
     doctor_cli.add_parser(sub)
+
+    from rigfleet.resources import PROJECT_ROOT
+
+    ro = sub.add_parser("roll", help="converge the fleet with serving hosts disturbed one at "
+                        "a time (driver changes, Docker restarts: docs/maintenance.md)")
+    ro.add_argument("--inventory", default="inventory/home.py")
+    ro.add_argument("--batch", type=int, default=1,
+                    help="serving hosts per pyinfra run (default 1; bare hosts go first, "
+                         "together)")
+    ro.add_argument("--max-failures", type=int, default=1,
+                    help="stop after this many failed hosts (default 1)")
+    ro.add_argument("--limit", action="append", default=[], metavar="HOST",
+                    help="only these hosts (repeatable)")
+    ro.add_argument("--deploy", default=str(PROJECT_ROOT / "deploy.py"),
+                    help="the deploy file (default: this checkout's deploy.py)")
+    ro.add_argument("--dry", action="store_true", help="print the batches; run nothing")
+    ro.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    ro.set_defaults(func=cmd_roll)
 
     ep = sub.add_parser("endpoints", help="ask every host's front for a short answer")
     ep.add_argument("--inventory", default="inventory/home.py")

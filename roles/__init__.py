@@ -7,6 +7,8 @@ Order (each role relies on the ones before it):
 3. ``docker``           Docker Engine + Compose v2, daemon.json merged
 4. ``nvidia_driver``    pinned driver branch (open modules), held, reboot if needed, verified
 5. ``container_toolkit`` pinned toolkit, Docker's nvidia runtime, verified
+   ``maintenance``      close the maintenance window the steps above opened on a serving host
+                        (recreate the verified stack, gate, route); nothing on a bare host
 6. ``power``            nvidia-persistenced, power-caps unit, caps applied and read back
 7. ``weights``          huggingface_hub venv, fetcher, verified weights
 8. ``images``           every staged stack's image by digest, verified
@@ -47,6 +49,7 @@ from roles import (
     genesis,
     images,
     ledger,
+    maintenance,
     nvidia_driver,
     power,
     preflight,
@@ -62,6 +65,7 @@ ROLES: tuple[Callable[[HostContext], Any], ...] = cast(tuple[Callable[[HostConte
     docker.docker,
     nvidia_driver.nvidia_driver,
     container_toolkit.container_toolkit,
+    maintenance.maintenance,
     power.power,
     weights.weights,
     images.images,

@@ -12,6 +12,7 @@ from pyinfra.api import deploy, operation
 
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.facts import DockerDaemonJson, DockerRuntimes, read_fact
+from roles import maintenance
 from roles.docker import add_apt_repo
 from roles.ops import apt_packages, check, fail, on_change
 from roles.preflight import HostContext
@@ -66,9 +67,14 @@ def container_toolkit(ctx: HostContext) -> None:
         hold=True,
     )
     runtime = nvidia_runtime(name="Register the nvidia runtime with Docker")
+    # nvidia-ctk adds only "runtimes", which dockerd reloads (roles.docker.RELOADABLE): on a
+    # serving host a reload, so its stack is not disturbed. A bare host restarts, as a first
+    # converge always did (nothing runs there; dockerd then reads the whole file at start).
+    serving = bool(maintenance.serves(ctx))
+    action = "reload" if serving else "restart"
     on_change(
-        name="Restart Docker (nvidia runtime added)",
-        commands=["systemctl restart docker"],
+        name=f"{action.capitalize()} Docker (nvidia runtime added)",
+        commands=[f"systemctl {action} docker"],
         gates=[runtime],
         reason="runtime already registered",
     )

@@ -1,5 +1,23 @@
 """Docker Engine + Compose v2, and ``/etc/docker/daemon.json`` merged (never overwritten).
 
+What rigfleet owns in daemon.json (``daemon_settings``) keeps the serving stack up across what
+would otherwise take it away:
+
+- ``live-restore: true``: containers keep running while dockerd restarts (a package upgrade,
+  a crash); Docker reloads this key without a restart (``systemctl reload docker``).
+- ``exec-opts: ["native.cgroupdriver=cgroupfs"]``: systemd does not own the containers'
+  cgroups, so a ``systemctl daemon-reload`` (any package's postinst runs one) cannot rewrite
+  their device rules and take the GPUs the runtime hook gave them
+  (NVIDIA/nvidia-container-toolkit#48: "Failed to initialize NVML: Unknown Error"; NVIDIA's
+  documented workaround for Docker). It applies to containers created after the restart, so
+  on a serving host it is switched on in a maintenance window whose close recreates the
+  stack (``roles.maintenance``).
+
+A change Docker reloads (``RELOADABLE``: live-restore, registry mirrors, runtimes...) is
+applied with ``systemctl reload docker`` (SIGHUP; running containers untouched); any other
+key needs ``systemctl restart docker``, which disturbs a serving host and so runs in its
+maintenance window.
+
 Package source per OS (chosen so every host gets Compose v2 as ``docker compose``):
 
 - Debian 13: Debian's own ``docker.io docker-cli docker-compose`` (Docker 26, Compose v2 as
@@ -28,6 +46,8 @@ from pyinfra.operations import files, systemd
 from rigfleet.commands import apt as apt_commands
 from rigfleet.facts import DockerDaemonJson, read_fact
 from rigfleet.hostdata import AptRepo
+from roles import maintenance
+from roles.maintenance import disturbing
 from roles.ops import apt_keyring, apt_packages, fail, on_change
 from roles.preflight import HostContext, OsInfo
 
@@ -47,6 +67,17 @@ DOCKER_DEBIAN_REPO = AptRepo(
 
 # Container logs are kept, but bounded: vLLM logs every request at INFO.
 LOG_OPTS = {"max-size": "100m", "max-file": "5"}
+# NVIDIA/nvidia-container-toolkit#48: containers in cgroupfs cgroups keep their GPUs across a
+# systemctl daemon-reload (the systemd driver's scopes get their DeviceAllow= re-applied).
+CGROUP_DRIVER_OPT = "native.cgroupdriver=cgroupfs"
+# What dockerd applies on SIGHUP (moby daemon/reload.go: runtimes, debug, labels, the
+# download/upload limits, shutdown timeout, insecure registries, registry mirrors, live
+# restore); every other key is read at start only.
+RELOADABLE = frozenset({
+    "debug", "labels", "live-restore", "max-concurrent-downloads", "max-concurrent-uploads",
+    "max-download-attempts", "shutdown-timeout", "insecure-registries", "registry-mirrors",
+    "runtimes", "default-runtime",
+})
 
 
 def docker_packages(os: OsInfo) -> tuple[str, ...]:
@@ -71,14 +102,16 @@ def docker_repo(os: OsInfo, configured: AptRepo | None = None) -> AptRepo | None
 
 def daemon_settings(registry_mirror: str | None) -> dict[str, Any]:
     """The keys rigfleet owns in daemon.json; everything else in the file is left alone."""
-    settings: dict[str, Any] = {"log-driver": "json-file", "log-opts": dict(LOG_OPTS)}
+    settings: dict[str, Any] = {"log-driver": "json-file", "log-opts": dict(LOG_OPTS),
+                                "live-restore": True, "exec-opts": [CGROUP_DRIVER_OPT]}
     if registry_mirror:
         settings["registry-mirrors"] = [registry_mirror]
     return settings
 
 
 def merge_daemon_config(current: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    """``current`` with ``settings`` applied: ``log-opts`` merged key by key, other keys set.
+    """``current`` with ``settings`` applied: ``log-opts`` merged key by key, ``exec-opts``
+    option by option (rigfleet's cgroup driver replaces any other), other keys set.
 
     Keys rigfleet does not own (``runtimes`` from nvidia-ctk, a user's ``data-root``) stay.
     ``registry-mirrors`` is left as it is when no mirror is configured.
@@ -87,9 +120,23 @@ def merge_daemon_config(current: dict[str, Any], settings: dict[str, Any]) -> di
     for key, value in settings.items():
         if key == "log-opts" and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}
+        elif key == "exec-opts" and isinstance(merged.get(key), list):
+            ours = {str(v).partition("=")[0].strip() for v in value}
+            kept = [o for o in merged[key] if str(o).partition("=")[0].strip() not in ours]
+            merged[key] = kept + list(value)
         else:
             merged[key] = value
     return merged
+
+
+def changed_keys(current: dict[str, Any], merged: dict[str, Any]) -> list[str]:
+    """The daemon.json keys whose value the merge changes (added, changed or removed)."""
+    return sorted(k for k in set(current) | set(merged) if current.get(k) != merged.get(k))
+
+
+def restart_keys(keys: list[str]) -> list[str]:
+    """Of ``keys``, those dockerd reads only at start (a restart is needed for them)."""
+    return [k for k in keys if k not in RELOADABLE]
 
 
 @operation()
@@ -141,23 +188,59 @@ def add_apt_repo(name: str, repo: AptRepo) -> list:
     return [key_op, sources_op]
 
 
+def reload_detaches_gpus(ctx: HostContext) -> bool:
+    """(Preparing) would a ``systemctl daemon-reload`` later in this run take the serving
+    container's GPUs (NVIDIA/nvidia-container-toolkit#48)? Only while the cgroupfs driver is
+    not in effect for it: daemon.json lacks it and this run does not restart Docker with it
+    (that restart's window recreates the stack under the new driver)."""
+    if not maintenance.serves(ctx):
+        return False
+    current = read_fact(DockerDaemonJson)
+    opts = current.config.get("exec-opts") if not current.error else None
+    if isinstance(opts, list) and CGROUP_DRIVER_OPT in opts:
+        return False
+    return not any(s.startswith("Docker restart") for s in maintenance.steps_planned(ctx.name))
+
+
+def daemon_change(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(Preparing) the daemon.json keys the merge changes, and those that need a restart."""
+    current = read_fact(DockerDaemonJson)
+    if current.error:
+        return [], []  # daemon_json fails the host with the message
+    keys = changed_keys(current.config, merge_daemon_config(current.config, settings))
+    return keys, restart_keys(keys)
+
+
 @deploy("Docker")
 def docker(ctx: HostContext) -> None:
-    """Install Docker Engine + Compose v2, merge daemon.json, restart only when it changed."""
+    """Install Docker Engine + Compose v2, merge daemon.json; reload Docker when only keys it
+    reloads changed, restart it (in the maintenance window of a serving host) otherwise."""
     repo = docker_repo(ctx.os, ctx.settings.apt_repos.get("docker"))
     if repo is not None:
         add_apt_repo("Docker", repo)
     apt_packages(
         name="Install Docker Engine and Compose v2", packages=list(docker_packages(ctx.os))
     )
+    settings = daemon_settings(ctx.settings.docker_registry_mirror)
+    keys, restart = daemon_change(settings)
     daemon = daemon_json(
-        name=f"Merge {DAEMON_JSON} (log rotation, registry mirror)",
-        settings=daemon_settings(ctx.settings.docker_registry_mirror),
+        name=f"Merge {DAEMON_JSON} (log rotation, registry mirror, live-restore, cgroupfs)",
+        settings=settings,
     )
     systemd.service(name="Docker enabled and running", service="docker", running=True, enabled=True)
-    on_change(
-        name="Restart Docker (daemon.json changed)",
+    what = f"Docker restart (daemon.json: {', '.join(restart)})"
+    maintenance.plan_step(ctx, what, bool(restart))
+    disturbing(
+        name="Restart Docker (daemon.json changed keys it reads only at start)",
+        ctx=ctx,
         commands=["systemctl restart docker"],
-        gates=[daemon],
-        reason="daemon.json unchanged",
+        what=what,
+        force=bool(restart),
+        reason="daemon.json: nothing that needs a restart",
+    )
+    on_change(
+        name="Reload Docker (daemon.json changed keys it reloads)",
+        commands=["systemctl reload docker"],
+        gates=[daemon] if keys and not restart else [],
+        reason="daemon.json: nothing to reload",
     )

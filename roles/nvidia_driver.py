@@ -57,6 +57,7 @@ from rigfleet.facts import (
     read_fact,
 )
 from rigfleet.hostdata import check_gpus
+from roles import maintenance
 from roles.docker import add_apt_repo
 from roles.ops import DeployError, apt_packages, changed, check, executing
 from roles.preflight import (
@@ -88,6 +89,7 @@ BOOT_MARKER = "/run/rigfleet/boot-marker"
 REBOOT_DELAY_S = 10.0
 REBOOT_INTERVAL_S = 2.0
 REBOOT_TIMEOUT_S = 900.0
+REBOOT_STEP = "reboot to load the NVIDIA driver"
 
 
 def version_prefix(branch: str, version: str | None) -> str:
@@ -194,7 +196,8 @@ def blocked_by_secure_boot(os: OsInfo) -> str | None:
 
 
 @operation(is_idempotent=False)
-def reboot_for_driver(gates: Sequence[OperationMeta], os: OsInfo | None = None):
+def reboot_for_driver(gates: Sequence[OperationMeta], os: OsInfo | None = None,
+                      ctx: HostContext | None = None):
     """Reboot when the driver packages changed or the driver is not loaded; wait for it.
 
     Not when Secure Boot would refuse the module (``secure_boot_block``, read when the
@@ -202,6 +205,8 @@ def reboot_for_driver(gates: Sequence[OperationMeta], os: OsInfo | None = None):
 
     + gates: the driver package operations
     + os: the host's OS (Debian's DKMS module is the one Secure Boot can refuse)
+    + ctx: the host's context: a serving host reboots inside its maintenance window (the
+      stack comes back through the window's close, gated; never at boot without the gate)
     """
     packages_changed = changed(gates)
     gpu = read_fact(GpuQuery)
@@ -212,6 +217,9 @@ def reboot_for_driver(gates: Sequence[OperationMeta], os: OsInfo | None = None):
     if blocked:
         yield failing_command(blocked)  # the steps, and no reboot
         return
+    if ctx is not None:
+        # The lock outlives the reboot: the wait for it plus a step's time.
+        yield from maintenance.enter(ctx, REBOOT_STEP, REBOOT_TIMEOUT_S + maintenance.WINDOW_TTL_S)
     token = uuid.uuid4().hex
     yield f"mkdir -p /run/rigfleet && echo {token} > {BOOT_MARKER}"
     # Detached, so the SSH session ends cleanly before the machine goes down.
@@ -273,16 +281,21 @@ def nvidia_driver(ctx: HostContext) -> None:
         # Ubuntu's prebuilt modules are built for one driver version: held with the driver.
         gates.append(apt_packages(name="Kernel glue for the NVIDIA module", packages=list(kernel),
                                   hold=ctx.os.id == "ubuntu"))
-    gates.append(
-        apt_packages(
-            name=f"Install NVIDIA driver {version or branch} (open modules), held",
-            packages=list(driver_packages(ctx.os, branch)),
-            hold=True,
-            version_prefix=version_prefix(branch, version),
-        )
+    # Disturbing on a serving host (until the reboot, a new CUDA process fails with
+    # "Driver/library version mismatch"): inside its maintenance window.
+    install_step = f"NVIDIA driver {version or branch} install"
+    install = apt_packages(
+        name=f"Install NVIDIA driver {version or branch} (open modules), held",
+        packages=list(driver_packages(ctx.os, branch)),
+        hold=True,
+        version_prefix=version_prefix(branch, version),
+        before=lambda: maintenance.enter(ctx, install_step),
     )
-    reboot_for_driver(name="Reboot to load the NVIDIA driver (only when needed)", gates=gates,
-                      os=ctx.os)
+    maintenance.plan_step(ctx, install_step, install)
+    gates.append(install)
+    reboot = reboot_for_driver(name="Reboot to load the NVIDIA driver (only when needed)",
+                               gates=gates, os=ctx.os, ctx=ctx)
+    maintenance.plan_step(ctx, REBOOT_STEP, reboot)
     check(
         name=f"Verify nvidia-smi: branch {branch}, {ctx.settings.gpu_count} GPUs",
         verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.spec, ctx.os),

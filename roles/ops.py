@@ -33,7 +33,7 @@ import base64
 import hashlib
 import io
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pyinfra import host
@@ -173,6 +173,7 @@ def apt_packages(
     packages: Sequence[str],
     hold: bool = False,
     version_prefix: str | None = None,
+    before: Callable[[], Iterable[Any]] | None = None,
 ):
     """Install missing packages (after ``apt-get update``), optionally ``apt-mark hold`` them.
 
@@ -180,6 +181,8 @@ def apt_packages(
     + hold: hold every listed package (unattended upgrades leave them alone)
     + version_prefix: installed versions must start with this (a driver branch, ``"580."``);
       apt preferences make apt pick the right one, this op notices a wrong one
+    + before: commands to run first, only when something is installed (the maintenance
+      window of a step that disturbs a serving host: ``roles.maintenance.enter``)
 
     **Example:**
 
@@ -204,6 +207,8 @@ def apt_packages(
             install.append(spec)
             replace = True
     if install:
+        if before is not None:
+            yield from before()
         yield apt_commands.update()
         yield apt_commands.install(install, allow_downgrades=replace or hold)
     if hold:

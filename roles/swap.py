@@ -35,6 +35,7 @@ import io
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ from rigfleet.hostside.supervise import Policy
 from rigfleet.resources import project_file
 from rigfleet.swapfacts import SwapProbe, UnitActive
 from rigfleet.swapplan import build_plan, decide
+from roles import maintenance
+from roles.docker import reload_detaches_gpus
+from roles.maintenance import disturbing
 from roles.ops import DeployError, connector_kwargs, executing, fail, on_change, run_on_host
 from roles.preflight import HostContext
 
@@ -111,20 +115,32 @@ def outcome_message(name: str, result: dict[str, Any], reports: list[Path]) -> s
             f"serves).{tail}")
 
 
-def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str]) -> None:
-    """At execution time: poll the transaction's journal until it ends, printing progress;
-    put the reason in ``box["error"]`` unless it promoted (the operation then fails the host
-    with it, without a Python traceback)."""
+Describe = Callable[[str, dict[str, Any], list[Path]], str]
+
+
+def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
+           describe: Describe = outcome_message, label: str = "swap",
+           unit: str | None = None) -> None:
+    """At execution time: poll a host job's journal (a swap transaction, a maintenance
+    window's close) until it ends, printing progress; put the reason in ``box["error"]``
+    unless it succeeded (exit 0; the operation then fails the host with it, without a Python
+    traceback).
+
+    + describe: the failure message from its result (``outcome_message`` for swaps)
+    + label: the prefix of its progress lines; unit: its systemd unit (for the messages)
+    """
     try:
-        _follow(swap_id, timeout_s, reports)
+        _follow(swap_id, timeout_s, reports, describe, label,
+                unit or hosttool.unit_name(swap_id))
     except DeployError as e:
         box["error"] = str(e)
 
 
-def _follow(swap_id: str, timeout_s: float, reports: str) -> None:
+def _follow(swap_id: str, timeout_s: float, reports: str, describe: Describe,
+            label: str, unit: str) -> None:
     t0 = time.monotonic()
     since, misses, data = 0, 0, None
-    where = f"{hosttool.tool('status', '--id', swap_id)} or {hosttool.journal_unit(swap_id)}"
+    where = f"{hosttool.tool('status', '--id', swap_id)} or journalctl -u {unit}"
     while True:
         try:
             ok, out, err = run_on_host(hosttool.status(swap_id, since))
@@ -135,30 +151,30 @@ def _follow(swap_id: str, timeout_s: float, reports: str) -> None:
         if data is None:
             misses += 1
             if misses >= MAX_MISSES:
-                raise DeployError(f"{host.name}: lost contact while following swap {swap_id} "
+                raise DeployError(f"{host.name}: lost contact while following {label} {swap_id} "
                                   f"({problem}); the transaction continues on the host: {where}")
         else:
             misses = 0
             for event in data.get("events") or []:
-                host.log(f"swap {event.get('phase')}: {event.get('message')}")
+                host.log(f"{label} {event.get('phase')}: {event.get('message')}")
             since = int(data.get("next", since))
             if data.get("state") == "done":
                 break
             if data.get("state") == "died":
-                raise DeployError(f"{host.name}: swap {swap_id} ended without a result "
+                raise DeployError(f"{host.name}: {label} {swap_id} ended without a result "
                                   f"(killed?); see {where}")
         if time.monotonic() - t0 > timeout_s:
-            raise DeployError(f"{host.name}: swap {swap_id} still running after {timeout_s:g}s;"
-                              f" it continues on the host: {where}")
+            raise DeployError(f"{host.name}: {label} {swap_id} still running after "
+                              f"{timeout_s:g}s; it continues on the host: {where}")
         time.sleep(POLL_S)
     assert data is not None
     result = data.get("result") or {}
     copied = fetch_reports(result, Path(reports) / host.name)
     if copied:
-        host.log(f"swap: gate report copied to {', '.join(str(p) for p in copied)}")
+        host.log(f"{label}: gate report copied to {', '.join(str(p) for p in copied)}")
     if result.get("exit") != 0:
-        raise DeployError(outcome_message(host.name, result, copied))
-    host.log(f"swap: {result.get('result')}: {result.get('serving')} serves "
+        raise DeployError(describe(host.name, result, copied))
+    host.log(f"{label}: {result.get('result')}: {result.get('serving')} serves "
              f"(503 window {result.get('window_s') or 0:.1f}s)")
 
 
@@ -244,12 +260,23 @@ def swap(ctx: HostContext) -> None:
         SUPERVISE_TEMPLATE, SUPERVISE_PATH, ctx, stack_unit=hosttool.STACK_UNIT,
         flags=" ".join(policy.argv()), backoff=", ".join(f"{s:g}" for s in policy.backoff_s),
         limit=policy.limit, window_s=f"{policy.window_s:g}")
-    on_change(
+    # A daemon-reload takes the GPUs of a container whose cgroup systemd owns
+    # (NVIDIA/nvidia-container-toolkit#48): in a maintenance window while that could happen.
+    detaches = reload_detaches_gpus(ctx)
+    reload_step = "systemd daemon-reload (the serving container could lose its GPUs)"
+    maintenance.plan_step(ctx, reload_step, detaches and (unit.will_change
+                                                          or supervise_unit.will_change))
+    disturbing(
         name="systemd daemon-reload (a rigfleet unit changed)",
+        ctx=ctx,
         commands=["systemctl daemon-reload"],
+        what=reload_step,
         gates=[unit, supervise_unit],
         reason="units unchanged",
+        window=detaches,
     )
+    if detaches:
+        maintenance.close_pending(ctx)
     for name, what in ((hosttool.STACK_UNIT, "at boot"),
                        (hosttool.SUPERVISE_UNIT, "with the stack unit")):
         systemd.service(name=f"{name} enabled {what}", service=name, enabled=True)

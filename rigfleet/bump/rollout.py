@@ -18,6 +18,7 @@ tests drive them with a fake one.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -204,7 +205,7 @@ class Runner(Protocol):
     def deploy(
         self,
         hosts: Sequence[str],
-        pins_file: Path,
+        pins_file: Path | None,
         batch: int | str,
         on_line: Callable[[str], None],
     ) -> DeployResult: ...
@@ -510,12 +511,14 @@ def pyinfra_json(stdout: str) -> dict[str, Any] | None:
 
 
 def pyinfra_command(
-    inventory: str, deploy: str, hosts: Sequence[str], pins_file: Path
+    inventory: str, deploy: str, hosts: Sequence[str], pins_file: Path | None
 ) -> list[str]:
-    """The batch's command line (``--limit`` once per host: names, never group patterns)."""
+    """The batch's command line (``--limit`` once per host: names, never group patterns);
+    ``pins_file`` None: the inventory's own."""
     exe = Path(sys.executable).with_name("pyinfra")
-    cmd = [str(exe) if exe.exists() else "pyinfra", inventory, deploy, "-y", "--json",
-           "--data", f"pins_file={pins_file}"]  # fmt: skip
+    cmd = [str(exe) if exe.exists() else "pyinfra", inventory, deploy, "-y", "--json"]
+    if pins_file is not None:
+        cmd += ["--data", f"pins_file={pins_file}"]
     for h in hosts:
         cmd += ["--limit", h]
     return cmd
@@ -529,6 +532,8 @@ class PyinfraRunner:
     + remote: ``SshRemote()``
     + deploy: the deploy file (``deploy.py``), run with ``cwd`` as the working directory
     + log_dir: each batch's pyinfra output goes to ``batch-<n>.log`` there
+    + env: variables added to pyinfra's environment (``rigfleet roll``: the batch size
+      ``RIGFLEET_MAINTENANCE_BATCH``)
     """
 
     def __init__(
@@ -540,6 +545,7 @@ class PyinfraRunner:
         cwd: Path | None = None,
         log_dir: Path | None = None,
         timeout: float = 4 * 3600,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.inventory = inventory
         self.hosts = dict(hosts)
@@ -548,6 +554,7 @@ class PyinfraRunner:
         self.cwd = cwd
         self.log_dir = log_dir
         self.timeout = timeout
+        self.env = dict(env or {})
 
     def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
         """None for a host the deploy can work on now; else why not: SSH fails, or a live
@@ -571,7 +578,7 @@ class PyinfraRunner:
     def deploy(
         self,
         hosts: Sequence[str],
-        pins_file: Path,
+        pins_file: Path | None,
         batch: int | str,
         on_line: Callable[[str], None],
     ) -> DeployResult:
@@ -583,7 +590,8 @@ class PyinfraRunner:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_file = (self.log_dir / f"batch-{batch}.log").open("w")
             log_file.write("$ " + " ".join(cmd) + "\n")
-        proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE,
+        env = {**os.environ, **self.env} if self.env else None
+        proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE, env=env,
                                 stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
         assert proc.stdout is not None and proc.stderr is not None
         stdout: list[str] = []

@@ -10,8 +10,14 @@ Example::
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from typing import Any
+
+from pyinfra.api import FileUploadCommand
 
 from rigfleet.hostside.layout import BUNDLE_PATH, HOST
 from rigfleet.hostside.layout import STACK_UNIT as STACK_UNIT  # the units roles/swap.py installs
@@ -49,6 +55,42 @@ def start_swap(swap_id: str) -> str:
         "--setenv=PYTHONUNBUFFERED=1 "
         + tool("swap", "--plan", plan_path(swap_id))
     )
+
+
+def close_unit(window_id: str) -> str:
+    return f"rigfleet-maint-{window_id}"
+
+
+def window_plan_path(window_id: str) -> str:
+    return str(HOST.window_plan(window_id))
+
+
+def maintenance_open(window_id: str, step: str, ttl_s: float) -> str:
+    """Open (or extend with ``step``) the maintenance window of the uploaded plan."""
+    return tool("maintenance", "open", "--plan", window_plan_path(window_id), "--step", step,
+                "--ttl-s", f"{ttl_s:g}")
+
+
+def start_close(window_id: str, journal_id: str) -> str:
+    """Close the window as a transient unit (recreate + gate can take long; a dropped SSH
+    connection must not stop it), its progress in the journal ``journal_id``."""
+    return (
+        f"systemd-run --unit {shlex.quote(close_unit(window_id))} --collect --quiet "
+        "--property=KillMode=mixed --property=TimeoutStopSec=900 "
+        "--setenv=PYTHONUNBUFFERED=1 "
+        + tool("maintenance", "close", "--plan", window_plan_path(window_id),
+               "--journal-id", journal_id)
+    )
+
+
+def upload_atomic(data: bytes, dest: str, mode: str = "0644") -> Iterator[Any]:
+    """Upload ``data`` so ``dest`` is the old file or the new one, never a part: to a
+    temporary name beside it, ``chmod``, ``sync`` (fsync) it, rename, ``sync`` the directory."""
+    tmp = f"{dest}.upload.tmp"
+    yield FileUploadCommand(io.BytesIO(data), tmp)
+    directory = shlex.quote(str(PurePosixPath(dest).parent))
+    yield (f"chmod {mode} {shlex.quote(tmp)} && sync -- {shlex.quote(tmp)} && mv -f -- "
+           f"{shlex.quote(tmp)} {shlex.quote(dest)} && sync -- {directory}")
 
 
 def status(swap_id: str, since: int) -> str:

@@ -10,6 +10,9 @@
     python3 rigfleet-host.pyz probe [--full ...]                  # the host's state as JSON
     python3 rigfleet-host.pyz supervise [--front-port P ...]      # rigfleet-supervise.service
     python3 rigfleet-host.pyz supervise --reset [--why TEXT]      # after fixing a crash loop
+    python3 rigfleet-host.pyz maintenance open --plan F --step T  # before a disturbing step
+    python3 rigfleet-host.pyz maintenance close [--plan F]        # recreate + gate + route
+    python3 rigfleet-host.pyz maintenance status [--json]         # the window, if any
     python3 rigfleet-host.pyz verify --url URL ...                # the verify-stress gate
     python3 rigfleet-host.pyz bench [--accept-baseline] ...       # the bench, on this host
 
@@ -40,11 +43,12 @@ from .gate import GateRun, run_gate
 from .journal import Journal
 from .layout import STACK_UNIT, Layout
 from .lock import LockHeld, describe
+from .maintenance import DEFAULT_TTL_S, Maintenance, plan_of, window_status
 from .plan import Plan, PlanError
 from .probe import probe
 from .records import read_holder, read_supervisor
 from .stackctl import SystemOps, http_request, read_api_key, run_cmd
-from .steps import EXIT_BAD_PLAN, EXIT_LOCKED
+from .steps import EXIT_BAD_PLAN, EXIT_LOCKED, GateFn
 from .supervise import Policy, parse_backoff
 from .supervise import status_line as supervise_line
 from .supervisor import AlreadyRunning, Supervisor, single_instance
@@ -78,6 +82,16 @@ def _bundle() -> Path | None:
     return path if path.suffix == ".pyz" and path.is_file() else None
 
 
+def _gate_fn() -> GateFn:
+    """The verify-stress gate as a child of this bundle."""
+    bundle = _bundle()
+
+    def gate(run: GateRun, on_line: Any, should_stop: Any) -> Any:
+        return run_gate(run, on_line, bundle=bundle, should_stop=should_stop)
+
+    return gate
+
+
 def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
     try:
         plan = Plan.load(Path(args.plan))
@@ -86,13 +100,46 @@ def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
         return EXIT_BAD_PLAN
     stop = _Stop()
     ops, front = _parts(lay, plan.front_port)
-    bundle = _bundle()
-
-    def gate(run: GateRun, on_line: Any, should_stop: Any) -> Any:
-        return run_gate(run, on_line, bundle=bundle, should_stop=should_stop)
-
     journal = Journal(lay.swap_dir(plan.id))
-    outcome = Transaction(plan, lay, ops, front, gate, journal, interrupted=stop).run()
+    outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=stop).run()
+    return outcome.exit
+
+
+def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
+    """``maintenance open|close|status`` (``rigfleet.hostside.maintenance``)."""
+    window, status, why = window_status(lay)
+    if args.action == "status":
+        data = {"status": status, "why": why, "window": window.to_dict() if window else None}
+        print(json.dumps(data, sort_keys=True) if args.json else f"maintenance: {status}"
+              + (f": {why}" if why else ""))
+        return 0
+    plan = None
+    if args.plan:
+        try:
+            plan = Plan.load(Path(args.plan))
+        except PlanError as e:
+            print(f"rigfleet-host maintenance: {e}", file=sys.stderr)
+            return EXIT_BAD_PLAN
+    plan = plan_of(window, plan, lay) if args.action == "close" else plan
+    if plan is None:
+        print("rigfleet-host maintenance: " + ("--plan is required to open a window" if
+              args.action == "open" else f"no plan to close with ({status}: {why or 'none'});"
+              " pass --plan with the deploy's plan file"), file=sys.stderr)
+        return EXIT_BAD_PLAN
+    ops, front = _parts(lay, plan.front_port)
+    if args.action == "open":
+        journal = Journal(lay.maintenance_dir / "journal" / plan.id, echo=sys.stdout)
+        outcome = Maintenance(lay, ops, front, journal, plan).open(args.step, args.ttl_s)
+    else:
+        stop = _Stop()
+        name = args.journal_id or f"close-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}" \
+            f"-{os.getpid()}"
+        journal = Journal(lay.swap_dir(name), echo=sys.stdout)
+        outcome = Maintenance(lay, ops, front, journal, plan, gate=_gate_fn(),
+                              interrupted=stop).close()
+    journal.finish(outcome.to_dict())
+    print(f"rigfleet-host maintenance {args.action}: {outcome.result}: "
+          f"{outcome.reason or outcome.serving}", file=sys.stderr if outcome.exit else sys.stdout)
     return outcome.exit
 
 
@@ -119,7 +166,8 @@ def _journal(lay: Layout, what: str) -> Journal:
 def cmd_ensure(args: argparse.Namespace, lay: Layout) -> int:
     ops, front = _parts(lay, args.front_port)
     journal = _journal(lay, "ensure")
-    outcome = Ensure(lay, ops, front, journal, who=args.who, why=args.why).run()
+    outcome = Ensure(lay, ops, front, journal, who=args.who, why=args.why,
+                     gate=_gate_fn()).run()
     journal.finish(outcome.to_dict())
     print(f"rigfleet-host ensure: {outcome.result}: {outcome.reason or outcome.serving}",
           file=sys.stderr if outcome.exit else sys.stdout)
@@ -154,11 +202,14 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
         problem = ""
     state = ledger.read_state(lay)
     supervisor = read_supervisor(lay.supervise_state)
+    window, window_state, window_why = window_status(lay)
     summary = {
         "lock": holder, "active": active.to_dict() if active else None,
         "route": Front(lay, 0, run_cmd, http_request).current(),
         "gate": state.get("gate"), "last_swap": state.get("last_swap"),
         "ledger": ledger.tail(lay, 5), "problem": problem or None, "supervisor": supervisor,
+        "maintenance": {"status": window_state, "why": window_why,
+                        "window": window.to_dict() if window else None},
     }
     if args.json:
         print(json.dumps(summary, sort_keys=True))
@@ -171,6 +222,9 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
     print(f"gate:    {json.dumps(summary['gate'])}")
     print(f"last:    {json.dumps(summary['last_swap'])}")
     print(f"watch:   {supervise_line(supervisor)}")
+    print(f"maint:   {window_state}" + (f": {window_why}" if window_why else ""))
+    if problem:
+        print(f"problem: {problem}")
     for line in ledger.tail(lay, 5):
         print(f"ledger:  {line.get('time')} {line.get('event')} {line.get('result')} "
               f"{line.get('stack')} gate={(line.get('gate') or {}).get('result')}"
@@ -224,7 +278,8 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
         ops.api_key = front.api_key = read_api_key(lay.api_key_file, lay.vllm_env_file)
 
     supervisor = Supervisor(lay, ops, front, policy, unit_state=lambda: ops.unit(STACK_UNIT),
-                            docker_up=ops.docker_up, stop=stop, refresh=refresh)
+                            docker_up=ops.docker_up, stop=stop, refresh=refresh,
+                            gate=_gate_fn())
     try:
         with single_instance(lay):
             return supervisor.run()
@@ -323,6 +378,17 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--vram-timeout-s", type=_seconds, default=defaults.vram_timeout_s)
     sv.add_argument("--retry-after-s", type=_count, default=defaults.retry_after_s)
     sv.set_defaults(func=cmd_supervise)
+    mt = sub.add_parser("maintenance", help="the maintenance window around disturbing steps "
+                        "(driver, Docker restart, daemon-reload)")
+    mt.add_argument("action", choices=("open", "close", "status"))
+    mt.add_argument("--plan", help="the deploy's plan (gate profile, time limits, who)")
+    mt.add_argument("--step", default="maintenance", help="(open) the disturbing step")
+    mt.add_argument("--ttl-s", type=_seconds, default=DEFAULT_TTL_S,
+                    help="(open) the window's lock lives this long after this step at most "
+                    "(default 1200)")
+    mt.add_argument("--journal-id", help="(close) the journal's id (status --id)")
+    mt.add_argument("--json", action="store_true", help="(status) as JSON")
+    mt.set_defaults(func=cmd_maintenance)
     sub.add_parser("verify", add_help=False, help="the verify-stress gate (its own --help)")
     sub.add_parser("bench", add_help=False, help="the bench against the active stack, or "
                    "--accept-baseline (its own --help)")

@@ -1,10 +1,29 @@
 """The active record: what passed the gate on this host, and how records stay consistent.
 
 ``active.json`` + the compose snapshot (``Layout.active_dir``) say what serves (or served
-last); ``record_pins`` records pins that changed without a swap; ``mark_interrupted`` gives a
-transaction that died without a result its result and ledger line; ``prune_journals`` keeps
-the transaction journals bounded; ``request_reset`` tells the supervisor that someone else
-brought the verified stack back (its count of recreations starts again).
+last). They are one record: the snapshot is written first, under a name of its own
+(``compose-<config hash>.yaml``), then ``active.json`` naming it (one rename is the commit),
+then the ``compose.yaml`` link for people; so a crash at any point leaves a record whose
+snapshot is the one it names. ``load_active`` reads it and, with ``repair`` (callers that
+hold the host lock), rebuilds a damaged one from the ledger and the transactions' journals
+(``recover_active``); ``record_pins`` records pins that changed without a swap;
+``mark_interrupted`` gives a transaction that died without a result its result and ledger
+line; ``prune_journals`` keeps the transaction journals bounded; ``request_reset`` tells the
+supervisor that someone else brought the verified stack back (its count of recreations starts
+again).
+
+Recovery rules (a damaged ``active.json``: empty, truncated, not JSON, not a record):
+
+1. the newest ledger line that wrote ``active.json`` (``result`` promoted, adopted, recorded,
+   recovered, closed) names the stack and its config hash; its ``ref`` is the whole record
+   (older lines: the ``plan.json`` of its transaction, ``swap/<deploy id>/``);
+2. the compose text must have that config hash: the snapshot ``compose-<hash>.yaml``, the
+   link ``compose.yaml``, the transaction's own copy ``swap/<deploy id>/compose.yaml``, or the
+   staged ``/opt/rigfleet/stacks/<stack>/compose.yaml`` (the same content when the hash is);
+3. found: the damaged file is kept as ``active.json.damaged-<time>``, the record is written
+   again and the ledger says ``recover recovered``; not found: ``ActiveDamaged`` says exactly
+   what is missing and what to do (run the deploy: it activates the inventory's stack through
+   the gate; the front answers 503 until then).
 """
 
 from __future__ import annotations
@@ -13,27 +32,177 @@ import json
 import os
 import secrets
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from . import ledger
+from .atomic import fsync_dir, move_aside, write_atomic, write_json
 from .journal import Journal
 from .layout import Layout
 from .lock import HostLock
-from .plan import Active, Plan, PlanError, StackRef
+from .plan import Active, Plan, PlanError, StackRef, compose_hash
+from .records import ledger_tail
 from .steps import EXIT_FAILED
 
 KEEP_JOURNALS = 50
+# Ledger results whose line wrote active.json (its "ref" is the record).
+WROTE_ACTIVE = ("promoted", "adopted", "recorded", "recovered", "closed")
+
+
+class ActiveDamaged(PlanError):
+    """``active.json`` cannot be read (and, with repair, could not be rebuilt); the message
+    says what is wrong and what to do."""
+
+
+def parse_active(lay: Layout) -> tuple[Active | None, str]:
+    """(record, "") or (None, why it is damaged); (None, "") when there is none."""
+    try:
+        text = lay.active_json.read_text()
+    except FileNotFoundError:
+        return None, ""
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror})"
+    if not text.strip():
+        return None, "is empty"
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        return None, f"is not JSON ({e}; truncated?)"
+    try:
+        return Active.from_dict(data), ""
+    except PlanError as e:
+        return None, f"is not an active record ({e})"
 
 
 def read_active(lay: Layout) -> Active | None:
-    """``active.json`` (None when nothing was ever verified on this host)."""
-    try:
-        data = json.loads(lay.active_json.read_text())
-    except FileNotFoundError:
+    """``active.json`` (None when nothing was ever verified on this host); a damaged one
+    raises ``ActiveDamaged`` (read-only: ``load_active(repair=True)`` rebuilds it)."""
+    return load_active(lay)
+
+
+def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | None:
+    """The active record; None when nothing was ever verified here.
+
+    + repair: (the caller holds the host lock) rebuild a damaged record (see the module
+      docstring), and move a record of the older layout (its snapshot ``compose.yaml`` a
+      plain file) to named snapshots
+    + by: who repairs (the ledger line's ``by``)
+
+    Raises ``ActiveDamaged`` when the record is damaged and not (or cannot be) rebuilt.
+    """
+    active, problem = parse_active(lay)
+    if active is not None:
+        snap = Path(active.ref.compose_file)
+        try:
+            ok = compose_hash(snap.read_text()) == active.ref.config_hash
+        except OSError:
+            ok = False
+        if ok:
+            if repair and snap == lay.active_compose and not snap.is_symlink():
+                return write_active(lay, active, snap.read_text())  # the older layout
+            return active
+        problem = (f"names the snapshot {snap}, which is missing or not config "
+                   f"{active.ref.config_hash}")
+        text = _compose_for(lay, active.ref, active.deploy_id) if repair else None
+        if text is not None:
+            written = write_active(lay, active, text)
+            ledger.append(lay, ledger.entry(
+                "recover", "recovered", written.ref, by=by, deploy_id=active.deploy_id,
+                gate=active.gate, active=True,
+                reason=f"{lay.active_json} {problem}; the snapshot was written again from a "
+                       "compose file with the same config hash"))
+            return written
+    elif not problem:
         return None
-    except (OSError, ValueError) as e:
-        raise PlanError(f"{lay.active_json}: unreadable ({e})") from None
-    return Active.from_dict(data)
+    where = f"{lay.active_json} {problem}"
+    if not repair:
+        raise ActiveDamaged(f"{where}; the next ensure, swap or deploy rebuilds it from the "
+                            "ledger")
+    rebuilt, missing = recover_active(lay)
+    if rebuilt is None:
+        raise ActiveDamaged(f"{where}, and it cannot be rebuilt ({missing}): run the deploy "
+                            "(it activates the inventory's stack through the gate); the front "
+                            "answers 503 until then")
+    aside = move_aside(lay.active_json)
+    active, text = rebuilt
+    active = write_active(lay, active, text)
+    ledger.append(lay, ledger.entry(
+        "recover", "recovered", active.ref, by=by, deploy_id=active.deploy_id,
+        gate=active.gate, active=True,
+        reason=f"{where}; rebuilt from the ledger" + (f" (damaged file kept: {aside})"
+                                                      if aside else "")))
+    return active
+
+
+def _line_ref(lay: Layout, line: dict[str, Any]) -> StackRef | None:
+    """The record a ledger line wrote: its ``ref``, else its transaction's plan."""
+    try:
+        if isinstance(line.get("ref"), dict):
+            return StackRef.from_dict(line["ref"], "ledger.ref")
+        deploy_id = str(line.get("deploy_id") or "")
+        if deploy_id and "/" not in deploy_id:
+            return Plan.load(lay.plan_file(deploy_id)).desired
+    except PlanError:
+        return None
+    return None
+
+
+def _compose_for(lay: Layout, ref: StackRef, deploy_id: str) -> str | None:
+    """Compose text with ``ref``'s config hash, from the places rule 2 lists."""
+    places = [lay.active_snapshot(ref.config_hash), lay.active_compose,
+              Path(ref.compose_file), lay.compose_file(ref.stack)]
+    if deploy_id and "/" not in deploy_id:
+        places.insert(2, lay.swap_dir(deploy_id) / "compose.yaml")
+    for place in places:
+        try:
+            text = place.read_text()
+        except OSError:
+            continue
+        if compose_hash(text) == ref.config_hash:
+            return text
+    return None
+
+
+def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
+    """((record, compose text), "") rebuilt from the ledger and the journals, or (None,
+    what is missing). Reads only."""
+    lines, _, problem = ledger_lines(lay)
+    if not lines:
+        return None, f"the ledger {lay.ledger_file} has no usable line ({problem or 'empty'})"
+    last = lines[-1]
+    for line in reversed(lines):
+        if line.get("result") not in WROTE_ACTIVE or not line.get("stack"):
+            continue
+        ref = _line_ref(lay, line)
+        if ref is None or ref.config_hash != line.get("config_hash"):
+            continue
+        deploy_id = str(line.get("deploy_id") or "")
+        text = _compose_for(lay, ref, deploy_id)
+        if text is None:
+            return None, (f"no compose file with config {ref.config_hash} of {ref.stack} is "
+                          f"left ({lay.active_dir}, {lay.swaps_dir}/{deploy_id}, "
+                          f"{lay.compose_file(ref.stack)})")
+        record = dict(ref.record)
+        if last.get("stack") == ref.stack and last.get("config_hash") == ref.config_hash:
+            # Pins recorded after it (driver, toolkit) are on the last line.
+            record.update({k: last.get(k) for k in ledger.TRACKED_KEYS if k in last})
+        ref = replace(ref, compose_file=str(lay.active_snapshot(ref.config_hash)), record=record)
+        gate = line.get("gate") if isinstance(line.get("gate"), dict) else {}
+        return (Active(ref, str(line.get("time") or ""), deploy_id, str(line.get("by") or ""),
+                       dict(gate or {})), text), ""
+    return None, (f"no line of {lay.ledger_file} records a verified stack (promoted, adopted "
+                  "or recorded) that its transaction's files still describe")
+
+
+def ledger_lines(lay: Layout) -> tuple[list[dict[str, Any]], int, str | None]:
+    """Every parseable ledger line, oldest first (``records.ledger_tail`` of all of them)."""
+    return ledger_tail(lay.ledger_file, n=10**9)
+
+
+def snapshot_ref(lay: Layout, ref: StackRef) -> StackRef:
+    """``ref`` as recorded in ``active.json``: its compose file is the named snapshot."""
+    return replace(ref, compose_file=str(lay.active_snapshot(ref.config_hash)))
 
 
 def snapshot_gate(active: Active) -> dict[str, Any]:
@@ -42,15 +211,56 @@ def snapshot_gate(active: Active) -> dict[str, Any]:
     return {**active.gate, "note": f"verified at promotion {active.since}"}
 
 
-def write_active(lay: Layout, active: Active, compose_text: str) -> None:
-    """Snapshot the verified compose file and record it as active (both atomic)."""
-    lay.active_dir.mkdir(parents=True, exist_ok=True)
-    tmp = lay.active_compose.with_name(".compose.yaml.tmp")
-    tmp.write_text(compose_text)
-    tmp.replace(lay.active_compose)
-    tmp = lay.active_json.with_name(".active.json.tmp")
-    tmp.write_text(json.dumps(active.to_dict(), indent=2, sort_keys=True) + "\n")
-    tmp.replace(lay.active_json)
+def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
+    """Record ``active`` as the verified stack with ``compose_text`` as its snapshot; returns
+    the record as written (its ``compose_file`` is the named snapshot).
+
+    Order (each step atomic and on disk before the next): the snapshot
+    ``compose-<hash>.yaml``, then ``active.json`` naming it (the commit), then the
+    ``compose.yaml`` link. Older snapshots stay until ``prune_snapshots`` (a front switch that
+    fails puts the previous record back, and its snapshot must still be there).
+    """
+    found = compose_hash(compose_text)
+    if found != active.ref.config_hash:
+        raise PlanError(f"the snapshot of {active.ref.route_id} has config hash {found}")
+    snap = lay.active_snapshot(active.ref.config_hash)
+    try:
+        same = snap.read_text() == compose_text
+    except OSError:
+        same = False
+    if not same:
+        write_atomic(snap, compose_text)
+    record = replace(active, ref=snapshot_ref(lay, active.ref))
+    write_json(lay.active_json, record.to_dict())
+    link = lay.active_compose
+    if not (link.is_symlink() and os.readlink(link) == snap.name):
+        tmp = link.with_name(f".{link.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+        os.symlink(snap.name, tmp)
+        os.replace(tmp, link)
+        fsync_dir(link.parent)
+    return record
+
+
+def prune_snapshots(lay: Layout, keep_s: float = 60.0) -> list[str]:
+    """Remove snapshots the active record does not name, and temporary files older than
+    ``keep_s`` (left by a killed writer); returns the names removed."""
+    active, _ = parse_active(lay)
+    named = Path(active.ref.compose_file).name if active else None
+    removed = []
+    for path in sorted(lay.active_dir.glob("compose-*.yaml")) if lay.active_dir.is_dir() \
+            else []:
+        if path.name != named:
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    for path in sorted(lay.active_dir.glob(".*.tmp")) if lay.active_dir.is_dir() else []:
+        try:
+            old = time.time() - path.lstat().st_mtime > keep_s
+        except OSError:
+            continue
+        if old:
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
 
 
 def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
@@ -97,14 +307,14 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[s
         found.append(directory.name)
         reason = "the transaction's process ended without a result (killed or rebooted)"
         result = {"result": "interrupted", "exit": EXIT_FAILED, "reason": reason}
-        (directory / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json(directory / "result.json", result)
         try:
             plan = Plan.load(directory / "plan.json")
             tried, by = plan.desired, plan.by
         except PlanError:
             tried, by = None, ""
         try:
-            active = read_active(lay)
+            active = load_active(lay)
         except PlanError:
             active = None
         # What serves next is the active (verified) stack: Ensure brings it back.
@@ -125,7 +335,7 @@ def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str 
     lock = HostLock(lay)
     lock.acquire(by or "unknown", "record pins", deploy_id)
     try:
-        active = read_active(lay)
+        active = load_active(lay, repair=True, by=by)
         if active is None or active.ref.config_hash != config_hash \
                 or active.ref.stack != tracked.get("stack"):
             raise PlanError(f"the active stack is {active.ref.route_id if active else 'none'}, "
@@ -136,11 +346,12 @@ def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str 
             return "unchanged"
         previous = {k: state.get(k) for k in tracked}
         ref = StackRef(**{**active.ref.to_dict(), "record": {**active.ref.record, **tracked}})
-        write_active(lay, Active(ref, active.since, active.deploy_id, active.by, active.gate),
-                     lay.active_compose.read_text())
+        written = write_active(lay, Active(ref, active.since, active.deploy_id, active.by,
+                                           active.gate),
+                               Path(active.ref.compose_file).read_text())
         ledger.update_state(lay, **tracked, since=ledger.now_iso(), by=by)
-        ledger.append(lay, ledger.entry("pins", "recorded", ref, host=host, by=by,
-                                        deploy_id=deploy_id, gate=active.gate,
+        ledger.append(lay, ledger.entry("pins", "recorded", written.ref, host=host, by=by,
+                                        deploy_id=deploy_id, gate=active.gate, active=True,
                                         extra={"previous": previous}))
         return "recorded"
     finally:

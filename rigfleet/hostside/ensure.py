@@ -1,5 +1,11 @@
 """Keep the verified stack serving without a gate: ``Ensure`` (boot, reroute), ``adopt`` (a
 stack that served before swaps were recorded) and ``shutdown`` (before the machine goes down).
+
+A maintenance window changes that (``rigfleet.hostside.maintenance``): while one is open (a
+driver change rebooted the host in its middle), ``Ensure`` leaves the front at 503 and the
+stack down (``deferred``): the window's close brings it back through the gate. A window left
+abandoned or failed is closed here, gate included, when a gate is at hand (the boot-time
+``ensure`` of the host tool has one), else the front stays at 503 with what to do.
 """
 
 from __future__ import annotations
@@ -8,12 +14,21 @@ import os
 from pathlib import Path
 
 from . import ledger
-from .active import mark_interrupted, read_active, request_reset, snapshot_gate, write_active
+from .active import (
+    ActiveDamaged,
+    load_active,
+    mark_interrupted,
+    request_reset,
+    snapshot_gate,
+    snapshot_ref,
+    write_active,
+)
 from .front import FrontError
 from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
-from .plan import Active, Plan, StackRef, compose_hash
+from .maintenance import Maintenance, Window, plan_of, window_status
+from .plan import Active, Plan, compose_hash
 from .records import pid_start_ticks
 from .stackctl import docker_time
 from .steps import (
@@ -22,6 +37,7 @@ from .steps import (
     EXIT_PROMOTED,
     Failure,
     FrontControl,
+    GateFn,
     Ops,
     Outcome,
     Steps,
@@ -53,7 +69,7 @@ class Ensure(Steps):
     def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
                  who: str, why: str, retry_after_s: int = 30, ready_timeout_s: float = 1200.0,
                  vram_timeout_s: float = 120.0, booted_at: float | None = None,
-                 lock: HostLock | None = None) -> None:
+                 lock: HostLock | None = None, gate: GateFn | None = None) -> None:
         super().__init__(lay, ops, front, journal)
         self.who, self.why = who, why
         self.retry_after_s = retry_after_s
@@ -61,11 +77,14 @@ class Ensure(Steps):
         self.vram_timeout_s = vram_timeout_s
         self.booted_at = boot_time() if booted_at is None else booted_at
         self.lock = lock or HostLock(lay)
+        self.gate = gate
 
     def run(self) -> Outcome:
         try:
             note = self.lock.acquire(self.who, self.why)
         except LockHeld as held:
+            if held.holder.get("window"):
+                return self._deferred(held)
             self.j.event("lock", str(held), level="error")
             return Outcome("locked", EXIT_LOCKED, "ensure", reason=str(held), phase="lock")
         try:
@@ -73,18 +92,44 @@ class Ensure(Steps):
                 self.j.event("lock", note, level="warning")
             mark_interrupted(self.lay, self.j)
             return self._run()
-        except (Failure, FrontError) as f:
+        except (Failure, FrontError, ActiveDamaged) as f:
             reason = f.reason if isinstance(f, Failure) else str(f)
             self.j.event("ensure", reason, level="error")
+            if isinstance(f, ActiveDamaged):
+                # Never a silent 503: the front's message says it too.
+                try:
+                    self.front.maintenance("the active record is damaged; run the deploy",
+                                           self.retry_after_s, wait=False)
+                except FrontError as e:
+                    self.j.event("front", str(e), level="warning")
             ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
                                                  reason=reason))
-            return Outcome("failed", EXIT_FAILED, "ensure", reason=reason,
-                           phase=getattr(f, "phase", "front"), serving=self.front.current())
+            phase = f.phase if isinstance(f, Failure) else \
+                "active" if isinstance(f, ActiveDamaged) else "front"
+            return Outcome("failed", EXIT_FAILED, "ensure", reason=reason, phase=phase,
+                           serving=self.front.current())
         finally:
             self.lock.release()
 
+    def _deferred(self, held: LockHeld) -> Outcome:
+        """A maintenance window holds the host (a driver change rebooted it): leave the stack
+        down and the front at 503; the window's close brings the stack back, gated."""
+        why = str(held.holder.get("why") or "maintenance")
+        try:
+            self.front.maintenance(f"{why}; the stack comes back through the gate",
+                                   self.retry_after_s, wait=False)
+        except FrontError as e:
+            self.j.event("front", str(e), level="warning")
+        reason = f"deferred: {held}"
+        self.j.event("ensure", reason)
+        return Outcome("deferred", EXIT_PROMOTED, "ensure", reason=reason,
+                       serving=self.front.current())
+
     def _run(self) -> Outcome:
-        active = read_active(self.lay)
+        win, status, why = window_status(self.lay)
+        if status in ("abandoned", "failed", "damaged"):
+            return self._close_window(win, why)
+        active = load_active(self.lay, repair=True, by=self.who)
         if active is None:
             self.front.maintenance("no verified stack on this host yet", self.retry_after_s,
                                    wait=False)
@@ -133,6 +178,22 @@ class Ensure(Steps):
                        window_s=window)
 
 
+    def _close_window(self, window: Window | None, why: str) -> Outcome:
+        """A window nobody closed, or one that failed: close it (recreate + gate) when the
+        gate is at hand, else keep the front at 503 saying what to do."""
+        plan = plan_of(window, None, self.lay)
+        if plan is None or self.gate is None:
+            reason = (f"{why}: the stack needs the gate before it serves again; run "
+                      "`rigfleet-host.pyz maintenance close` or the deploy")
+            self.front.maintenance(reason, self.retry_after_s, wait=False)
+            self.j.event("ensure", reason, level="error")
+            return Outcome("failed", EXIT_FAILED, "ensure", reason=reason, phase="maintenance",
+                           serving=self.front.current())
+        self.j.event("ensure", f"{why}: closing it (recreate + gate)")
+        return Maintenance(self.lay, self.ops, self.front, self.j, plan, gate=self.gate,
+                           lock=self.lock).close()
+
+
 def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journal) -> Outcome:
     """Record a stack that already serves (a host converged before swaps were recorded): its
     running container must carry the plan's config hash and answer; nothing restarts."""
@@ -152,12 +213,12 @@ def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journ
         text = Path(new.compose_file).read_text()
         if compose_hash(text) != new.config_hash:
             raise Failure("adopt", f"{new.compose_file} is not the running configuration")
-        snapshot = StackRef(**{**new.to_dict(), "compose_file": str(lay.active_compose)})
         gate = {"result": "not-run", "note": "adopted: it served before rigfleet recorded swaps"}
-        write_active(lay, Active(snapshot, ledger.now_iso(), plan.id, plan.by, gate), text)
+        snapshot = write_active(lay, Active(snapshot_ref(lay, new), ledger.now_iso(), plan.id,
+                                            plan.by, gate), text).ref
         front.serve(snapshot)
         ledger.append(lay, ledger.entry("adopt", "adopted", snapshot, host=plan.host,
-                                        by=plan.by, deploy_id=plan.id, gate=gate))
+                                        by=plan.by, deploy_id=plan.id, gate=gate, active=True))
         ledger.update_state(lay, **ledger.stack_fields(snapshot), since=ledger.now_iso(),
                             by=plan.by, deploy_id=plan.id, gate=gate)
         journal.event("adopt", f"{new.route_id} recorded as active; the front routes to it")

@@ -17,13 +17,13 @@ probe the front until its ``X-Rigfleet-Route`` header shows the new route. A rou
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .atomic import write_atomic
 from .layout import ROUTE_MARK, Layout
 from .plan import StackRef
 from .records import route
@@ -160,11 +160,7 @@ class Front:
             self.sleep(0.2)
 
     def _write(self, text: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, text, 0o644)
 
     def _restore(self, old: str | None) -> None:
         if old is None:

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from .atomic import append_line, write_json
 from .records import boot_id, holder_alive, pid_start_ticks
 
 # Without any event for this long after the plan was written, the transaction never started.
@@ -55,8 +56,8 @@ class Journal:
         item = {"seq": self.seq, "time": datetime.now(UTC).isoformat(timespec="seconds"),
                 "elapsed": round(self.clock() - self.t0, 2), "phase": phase, "level": level,
                 "message": message, **data}
-        with open(self.dir / "events.jsonl", "a") as f:
-            f.write(json.dumps(item, sort_keys=True) + "\n")
+        # One write per event (O_APPEND): a kill can only cut the last line, which read skips.
+        append_line(self.dir / "events.jsonl", json.dumps(item, sort_keys=True), sync=False)
         if self.echo is not None:
             self.echo.write(f"[{item['elapsed']:8.2f}s] {phase}: {message}\n")
             self.echo.flush()
@@ -94,9 +95,7 @@ class Journal:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_json(path, data)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -19,9 +19,10 @@ Where each record lives (the schemas are in ``rigfleet.hostside.records``):
   line per change), ``active/`` (the snapshot of the verified stack), ``lock/holder.json``
   (the host lock), ``swap/<id>/`` (one transaction's plan, journal and result), ``reports/``
   (gate reports), ``supervise/`` (the supervisor's state, reset requests, logs of engines that
-  died), ``locks/`` (flock files of long host jobs), ``vllm-versions/`` (an image's vLLM
-  version, cached by digest), ``throughput/`` (the gate's throughput: ``history.jsonl``, one
-  line per verified gate or accepted baseline, and ``last.json``, the last gate's figures);
+  died), ``maintenance/`` (the maintenance window), ``locks/`` (flock files of long host
+  jobs), ``vllm-versions/`` (an image's vLLM version, cached by digest), ``throughput/`` (the
+  gate's throughput: ``history.jsonl``, one line per verified gate or accepted baseline, and
+  ``last.json``, the last gate's figures);
 - ``/opt/rigfleet``: ``stacks/<stack>/compose.yaml`` (staged compose projects), ``genesis``
   (the Genesis checkout), ``genesis-trees/<commit>`` (immutable exports the stacks mount),
   ``hf-venv`` (huggingface_hub for the weight fetcher);
@@ -108,7 +109,14 @@ class Layout:
 
     @property
     def active_compose(self) -> Path:
+        """A link to the verified snapshot ``active.json`` names (for people and units); the
+        record's own ``ref.compose_file`` is the truth (``active_snapshot``)."""
         return self.active_dir / "compose.yaml"
+
+    def active_snapshot(self, config_hash: str) -> Path:
+        """The snapshot of one verified config, named by its hash: written before
+        ``active.json`` names it, so the pair changes with one rename (``active.write_active``)."""
+        return self.active_dir / f"compose-{config_hash}.yaml"
 
     @property
     def swaps_dir(self) -> Path:
@@ -155,6 +163,20 @@ class Layout:
     def throughput_last(self) -> Path:
         """The last gate's throughput (passed or not): what ``rigfleet status`` shows."""
         return self.throughput_dir / THROUGHPUT_LAST_NAME
+
+    @property
+    def maintenance_dir(self) -> Path:
+        """The maintenance window (``window.json``) and the plans deploys hand it."""
+        return self.state_dir / "maintenance"
+
+    @property
+    def window_file(self) -> Path:
+        """The current (or last) maintenance window (``rigfleet.hostside.maintenance``)."""
+        return self.maintenance_dir / "window.json"
+
+    def window_plan(self, window_id: str) -> Path:
+        """The plan a deploy uploads for its window (gate profile, time limits, who)."""
+        return self.maintenance_dir / f"plan-{window_id}.json"
 
     @property
     def locks_dir(self) -> Path:

@@ -25,14 +25,14 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .atomic import append_line, move_aside, write_atomic
 from .layout import Layout
 from .plan import StackRef
-from .records import TRACKED_KEYS, ledger_tail
+from .records import TRACKED_KEYS, ledger_tail, read_json
 from .records import read_state as _read_state_file
 
 
@@ -41,14 +41,9 @@ def now_iso() -> str:
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``path`` so a reader (or a crash) sees the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``path`` so a reader (or a crash) sees the old file or the new one, never half
+    (``rigfleet.hostside.atomic.write_atomic``: temp file, fsync, rename, fsync the dir)."""
+    write_atomic(path, text, mode)
 
 
 def read_state(lay: Layout) -> dict[str, Any]:
@@ -60,9 +55,35 @@ def write_state(lay: Layout, state: dict[str, Any]) -> None:
     atomic_write(lay.state_file, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
+def rebuilt_state(lay: Layout) -> dict[str, Any]:
+    """What ``state.json`` says, rebuilt from the ledger when the file is damaged: its last
+    line's stack keys are what serves (the ledger's rule), its gate the active stack's."""
+    lines = tail(lay, 1)
+    if not lines:
+        return {}
+    last = lines[-1]
+    keep = (*TRACKED_KEYS, "config_hash")
+    rebuilt: dict[str, Any] = {k: last.get(k) for k in keep}
+    if last.get("stack"):
+        rebuilt["gate"] = last.get("gate")
+    rebuilt.update(since=last.get("time"), by=last.get("by"), deploy_id=last.get("deploy_id"),
+                   rebuilt_from=f"{lay.ledger_file} (state.json was damaged)")
+    return rebuilt
+
+
 def update_state(lay: Layout, **changes: Any) -> dict[str, Any]:
-    """Merge ``changes`` into ``state.json`` (other keys kept); returns the new state."""
-    state = {**read_state(lay), **changes}
+    """Merge ``changes`` into ``state.json`` (other keys kept); returns the new state. A
+    damaged ``state.json`` (empty, truncated, not an object) is kept aside and rebuilt from
+    the ledger first (``rebuilt_state``), so no key is lost silently."""
+    data, err = read_json(lay.state_file)
+    if err == "missing":
+        base: dict[str, Any] = {}
+    elif isinstance(data, dict):
+        base = data
+    else:
+        move_aside(lay.state_file)
+        base = rebuilt_state(lay)
+    state = {**base, **changes}
     write_state(lay, state)
     return state
 
@@ -79,7 +100,7 @@ def entry(event: str, result: str, serving: StackRef | None, *,
           attempted: StackRef | None = None, host: str = "", by: str = "",
           deploy_id: str = "", gate: dict[str, Any] | None = None,
           previous: StackRef | None = None, reason: str = "",
-          extra: dict[str, Any] | None = None) -> dict[str, Any]:
+          extra: dict[str, Any] | None = None, active: bool = False) -> dict[str, Any]:
     """One ledger line (see the module docstring).
 
     + event: ``activate``, ``swap``, ``update`` (same stack, new pins), ``adopt``, ``ensure``
@@ -89,6 +110,9 @@ def entry(event: str, result: str, serving: StackRef | None, *,
     + serving: what serves after the event (None: nothing verified serves)
     + attempted: the stack a transaction tried (a rolled-back or failed one)
     + gate: ``GateResult.record()``; previous: what served before
+    + active: this event wrote ``active.json`` (a promotion, an adoption, pins recorded): the
+      line carries the whole record as ``ref``, so a damaged ``active.json`` is rebuilt from
+      the ledger (``rigfleet.hostside.active.recover_active``)
     """
     line: dict[str, Any] = {"time": now_iso(), "event": event, "result": result, "host": host,
                             "by": by, "deploy_id": deploy_id, **stack_fields(serving)}
@@ -101,19 +125,14 @@ def entry(event: str, result: str, serving: StackRef | None, *,
         line["reason"] = reason
     if extra:
         line.update(extra)
+    if active and serving is not None:
+        line["ref"] = serving.to_dict()
     return line
 
 
 def append(lay: Layout, line: dict[str, Any]) -> None:
     """Append one line (O_APPEND, fsync): concurrent writers never interleave a line."""
-    lay.ledger_file.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(line, sort_keys=True) + "\n").encode()
-    fd = os.open(lay.ledger_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    append_line(lay.ledger_file, json.dumps(line, sort_keys=True))
 
 
 def tail(lay: Layout, n: int = 10) -> list[dict[str, Any]]:

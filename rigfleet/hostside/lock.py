@@ -1,7 +1,9 @@
-"""The host lock: one transaction (swap, adopt, boot-time ensure) at a time, and who has it.
+"""The host lock: one transaction (swap, adopt, boot-time ensure, a maintenance window) at a
+time, and who has it.
 
-Taking the lock is ``mkdir`` of ``Layout.lock_dir`` (atomic), then writing ``holder.json``
-inside: who (``user@control-host``), why, since, the deploy id, and the holder's pid with its
+Taking the lock is one ``rename`` of a directory that already holds ``holder.json`` onto
+``Layout.lock_dir`` (atomic, and refused while a lock is there), so a lock never exists
+without its holder, even when the taker is killed midway: who (``user@control-host``), why, since, the deploy id, and the holder's pid with its
 start time and the boot id, so a lock whose process is gone (killed, rebooted) is *stale* and
 is taken over, with a message, instead of blocking the host forever::
 
@@ -13,13 +15,19 @@ is taken over, with a message, instead of blocking the host forever::
         print(held)          # "locked by alice@laptop since ... (pid 812 ...): swap ..."
     ...
     lock.release()
+
+A maintenance window (``rigfleet.hostside.maintenance``) holds the lock across several SSH
+commands and a reboot, so its holder is not a process: ``acquire_window`` writes a holder that
+is alive until the window's deadline, and the process that closes the window takes it back
+(``adopt_window``) as an ordinary process holder.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import errno
 import os
+import secrets
 import socket
 import time
 from dataclasses import dataclass
@@ -27,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .atomic import fsync_dir, write_json
 from .layout import Layout
 from .records import boot_id, describe, pid_start_ticks, read_holder
 
@@ -64,29 +73,98 @@ class HostLock:
         """The current holder (with ``alive``), or None."""
         return read_holder(self.path)
 
-    def acquire(self, who: str, why: str, deploy_id: str = "") -> str | None:
+    def acquire(self, who: str, why: str, deploy_id: str = "",
+                window: tuple[str, float] | None = None) -> str | None:
         """Take the lock; returns a takeover note when a stale lock was replaced.
 
-        Raises ``LockHeld`` when a live process holds it.
+        + window: (window id, deadline in epoch seconds): the holder is that maintenance
+          window, alive until the deadline, not this process (``acquire_window``)
+
+        Raises ``LockHeld`` when a live holder has it.
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         note = None
         for _ in range(5):
-            try:
-                os.mkdir(self.path, 0o755)
-            except FileExistsError:
+            if not self._place(who, why, deploy_id, window):
                 holder = self.read()
                 if holder is None:
                     continue  # released meanwhile: try again
                 if holder.get("alive"):
                     raise LockHeld(holder) from None
-                note = f"took over a stale lock ({describe(holder)}; holder gone)"
+                gone = "deadline passed" if holder.get("window") else "holder gone"
+                note = f"took over a stale lock ({describe(holder)}; {gone})"
                 self._break_stale()
                 continue
-            self._write_holder(who, why, deploy_id)
             self.held = True
             return note
         raise LockHeld(self.read() or {"who": "unknown", "why": "lock keeps changing"})
+
+    def acquire_window(self, who: str, why: str, window_id: str, until: float) -> str | None:
+        """Take the lock for a maintenance window (see the module docstring); the lock is
+        held after this process exits, until ``adopt_window`` + ``release`` or the deadline."""
+        note = self.acquire(who, why, window_id, window=(window_id, until))
+        self.held = False  # not this process's to release on exit
+        return note
+
+    def extend_window(self, window_id: str, until: float, why: str = "") -> bool:
+        """Move the deadline of the window's lock (a new step gives it more time) and say the
+        step (``why``); False when the lock is not that window's."""
+        holder = self.read()
+        if holder is None or holder.get("window") != window_id:
+            return False
+        data = {k: v for k, v in holder.items() if k != "alive"}
+        data["until"] = max(float(holder.get("until") or 0), until)
+        data["why"] = why or data.get("why")
+        write_json(self.path / "holder.json", data, indent=None)
+        return True
+
+    def adopt_window(self, window_id: str, why: str) -> bool:
+        """Take over the lock from the window ``window_id`` (alive or past its deadline, as
+        long as nobody else took it meanwhile) as this process; True when done. Then
+        ``release`` frees it."""
+        holder = self.read()
+        if holder is None or holder.get("window") != window_id:
+            return False
+        self._write_holder(str(holder.get("who") or "unknown"), why,
+                           str(holder.get("deploy_id") or window_id), None)
+        self.held = True
+        return True
+
+    def _place(self, who: str, why: str, deploy_id: str,
+               window: tuple[str, float] | None) -> bool:
+        """The holder written into a fresh directory, renamed onto the lock; False when a
+        lock is there (its holder is then read)."""
+        if self.path.exists():
+            return False  # (an empty one: an older tool between its mkdir and holder.json)
+        self._sweep()
+        tmp = self.path.with_name(f".lock.{self.pid}.{secrets.token_hex(4)}")
+        os.mkdir(tmp, 0o755)
+        try:
+            self._write_holder(who, why, deploy_id, window, directory=tmp)
+            try:
+                os.rename(tmp, self.path)
+            except OSError as e:
+                if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
+                    return False
+                raise
+        finally:
+            if tmp.exists():
+                for child in tmp.iterdir():
+                    child.unlink(missing_ok=True)
+                tmp.rmdir()
+        fsync_dir(self.path.parent)
+        return True
+
+    def _sweep(self, older_s: float = 60.0) -> None:
+        """Remove directories a killed taker left before its rename."""
+        for path in self.path.parent.glob(".lock.*"):
+            try:
+                if time.time() - path.stat().st_mtime > older_s:
+                    for child in path.iterdir():
+                        child.unlink(missing_ok=True)
+                    path.rmdir()
+            except OSError:
+                continue
 
     def _break_stale(self) -> None:
         # Rename first: of two processes breaking the same stale lock only one rename wins,
@@ -100,22 +178,23 @@ class HostLock:
             child.unlink(missing_ok=True)
         aside.rmdir()
 
-    def _write_holder(self, who: str, why: str, deploy_id: str) -> None:
-        holder = {
+    def _write_holder(self, who: str, why: str, deploy_id: str,
+                      window: tuple[str, float] | None, directory: Path | None = None) -> None:
+        holder: dict[str, Any] = {
             "who": who, "why": why, "since": now_iso(), "deploy_id": deploy_id,
             "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id(),
             "host": socket.gethostname(),
         }
-        tmp = self.path / f".holder.{self.pid}.tmp"
-        tmp.write_text(json.dumps(holder, sort_keys=True) + "\n")
-        os.replace(tmp, self.path / "holder.json")
+        if window is not None:
+            holder.update(window=window[0], until=window[1])
+        write_json((directory or self.path) / "holder.json", holder, indent=None)
 
     def release(self) -> None:
         """Drop the lock if this process holds it (never someone else's)."""
         if not self.held:
             return
         holder = self.read()
-        if holder is not None and holder.get("pid") == self.pid:
+        if holder is not None and holder.get("pid") == self.pid and not holder.get("window"):
             (self.path / "holder.json").unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 self.path.rmdir()

@@ -23,6 +23,10 @@ is data)::
                            "window_s", "backoff_s", ...}, "attempts": [...], "death",
                            "boot_failure", "next_attempt_at", "gave_up_at", "since", "now",
                            ...}}   (``rigfleet.hostside.supervise.Record``; times: epoch s)
+     "active_error": null | "<why active.json is damaged>",
+     "maintenance": {"status": "none" | "held" | "abandoned" | "failed" | "damaged",
+                     "why": "...", "window": null | {...window.json...}}
+                    (``rigfleet.hostside.maintenance.window_status``)
 
 ``--full`` adds ``ledger`` ({"tail", "count", "error"}), ``reports`` ({"files", "newest"}),
 ``gpu`` (nvidia-smi's query output), ``caps_unit_enabled``, ``genesis`` (the checkout's HEAD
@@ -49,7 +53,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .active import parse_active
 from .layout import BASE_DIGEST_LABEL, CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_LABEL, Layout
+from .maintenance import window_status
 from .records import (
     ledger_tail,
     read_holder,
@@ -245,6 +251,8 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
     """
     state, state_error = read_json(lay.state_file)
     active, _ = read_json(lay.active_json)
+    _, active_error = parse_active(lay)
+    window, window_state, window_why = window_status(lay)
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "active": active,
@@ -256,6 +264,9 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
         "route": route(lay.front_route),
         "bundle": file_sha256(lay.bundle),
         "supervisor": read_supervisor(lay.supervise_state),
+        "active_error": active_error or None,
+        "maintenance": {"status": window_state, "why": window_why,
+                        "window": window.to_dict() if window else None},
     }
     if not full:
         return out

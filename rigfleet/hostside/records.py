@@ -10,7 +10,11 @@ Records:
   ``GateRecord``), ``last_swap`` (the last transaction's summary), other keys kept;
 - ``ledger.jsonl``: one JSON object per change (``rigfleet.hostside.ledger.entry``);
 - ``active/active.json``: ``rigfleet.hostside.plan.Active``;
-- ``lock/holder.json``: who holds the host lock, with the liveness data (``holder_alive``);
+- ``lock/holder.json``: who holds the host lock, with the liveness data (``holder_alive``): a
+  process (pid, its start time, the boot) or a maintenance window (open until a deadline,
+  across the reboot a driver change needs);
+- ``maintenance/window.json``: the maintenance window (``rigfleet.hostside.maintenance``;
+  read with ``read_window``);
 - ``reports/verify-<ts>.json``: gate reports (schema ``rigfleet-verify/1``);
 - ``supervise/state.json``: the supervisor's state (``rigfleet.hostside.supervise.Record``;
   read with ``read_supervisor``);
@@ -125,8 +129,15 @@ def pid_start_ticks(pid: int) -> int | None:
         return None
 
 
-def holder_alive(holder: dict[str, Any]) -> bool:
-    """True while the process that took the lock still runs (same boot, same pid start)."""
+def holder_alive(holder: dict[str, Any], now: float | None = None) -> bool:
+    """True while the lock's holder lives: the process that took it still runs (same boot,
+    same pid start), or, for a maintenance window (``"window"``: its id), until the window's
+    deadline (``"until"``, epoch seconds; it outlives the reboot of a driver change). A window
+    whose deadline passed was abandoned (its deploy died): its lock is stale like a dead
+    process's, and whoever takes it over closes the window (recreate + gate)."""
+    if holder.get("window"):
+        until = holder.get("until")
+        return isinstance(until, int | float) and (time.time() if now is None else now) < until
     if holder.get("boot_id") and holder.get("boot_id") != boot_id():
         return False
     pid = holder.get("pid")
@@ -160,15 +171,49 @@ def read_holder(lock_dir: Path) -> dict[str, Any] | None:
 
 def describe(holder: dict[str, Any]) -> str:
     """One line about a holder, for refusals and takeovers."""
-    where = f"pid {holder.get('pid')}" + (f" on {holder['host']}" if holder.get("host") else "")
-    deploy = f", deploy {holder['deploy_id']}" if holder.get("deploy_id") else ""
-    return (f"locked by {holder.get('who') or 'unknown'} since {holder.get('since') or '?'} "
+    if holder.get("window"):
+        until = holder.get("until")
+        stamp = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+                 if isinstance(until, int | float) else "?")
+        where = f"maintenance window {holder['window']}, open until {stamp}"
+    else:
+        where = f"pid {holder.get('pid')}"
+    where += f" on {holder['host']}" if holder.get("host") else ""
+    deploy = f", deploy {holder['deploy_id']}" if holder.get("deploy_id") and \
+        holder.get("deploy_id") != holder.get("window") else ""
+    line = (f"locked by {holder.get('who') or 'unknown'} since {holder.get('since') or '?'} "
             f"({where}{deploy}): {holder.get('why') or 'no reason given'}")
+    if holder.get("window"):
+        line += ("; the window closes by itself after its deadline (the stack recreated and "
+                 "gated), or at once with: rigfleet-host.pyz maintenance close")
+    return line
 
 
 def live_holder(holder: Any) -> dict[str, Any] | None:
     """``holder`` when a live process holds the lock, else None (free, or stale)."""
     return holder if isinstance(holder, dict) and holder.get("alive") else None
+
+
+# --- the maintenance window -------------------------------------------------------------------
+
+MAINTENANCE_SCHEMA = "rigfleet-maintenance/1"
+# A window's states: open (the serving path may be disturbed; the front answers 503), closed
+# (the stack was recreated and passed the gate), failed (it did not: nothing serves).
+WINDOW_STATES = ("open", "closed", "failed")
+
+
+def read_window(path: Path) -> dict[str, Any] | None:
+    """``maintenance/window.json`` (None when no window was ever opened here); a damaged one
+    is ``{"state": "damaged", "error": ...}``: readers treat it as a failed window (nothing is
+    known to serve; the next deploy or ``maintenance close`` closes it again)."""
+    data, err = read_json(path)
+    if err == "missing":
+        return None
+    if not isinstance(data, dict) or data.get("schema") != MAINTENANCE_SCHEMA \
+            or data.get("state") not in WINDOW_STATES:
+        what = err or f"not a {MAINTENANCE_SCHEMA} record"
+        return {"state": "damaged", "error": f"{path}: {what}"}
+    return data
 
 
 # --- gate results -----------------------------------------------------------------------------

@@ -102,6 +102,14 @@ class Outcome:
         return asdict(self)
 
 
+def gate_reason(gate: GateResult) -> str:
+    """One line about a gate that did not pass (the details stay in its report)."""
+    if gate.result == "error":
+        return f"the gate could not decide: {gate.summary}"
+    return (f"gate failed {len(gate.failed_checks)} check(s): "
+            f"{', '.join(gate.failed_checks)}; report {gate.report_json}")
+
+
 def project_of(compose_text: str) -> str | None:
     """The compose project's ``name:``."""
     m = _PROJECT_NAME.search(compose_text)
@@ -260,6 +268,26 @@ class Steps:
         self.wait_ready(ref, ready_timeout_s)
         self.answers(ref)
         self.front.serve(ref)
+
+    def verify(self, ref: StackRef, gate_fn: GateFn, profile: str, sets: tuple[str, ...],
+               timeout_s: float) -> GateResult:
+        """Run the verify-stress gate against ``ref`` on loopback; its progress lines become
+        events. A stop request stops it (the result is then ``error``)."""
+        self.check_interrupt()
+        self.j.event("gate", f"verify-stress gate, profile {profile}, against {ref.stack} on "
+                     f"127.0.0.1:{ref.port}")
+        run = GateRun(url=f"http://127.0.0.1:{ref.port}", key_file=self.lay.api_key_file,
+                      profile=profile, report_dir=self.lay.reports_dir, sets=sets,
+                      timeout_s=timeout_s)
+
+        def on_line(line: str) -> None:
+            if line.strip() and set(line.strip()) - set(".0123456789 "):
+                self.j.event("gate", line.strip())
+
+        result = gate_fn(run, on_line, self.interrupted)
+        self.j.event("gate", f"{result.result}: {result.summary}; report {result.report_json}",
+                     level="info" if result.passed else "error")
+        return result
 
     def answers(self, ref: StackRef) -> None:
         ok, detail = self.ops.chat(ref.port, ref.served_model_name)

@@ -271,11 +271,19 @@ class Observation:
     + holder: a live holder of the host lock other than this process
     + stack_unit: ``rigfleet-stack.service`` (``stackctl.parse_unit_state``)
     + route: the front's route; reset: the reset request (``active.request_reset``)
+    + damaged: ``problem`` is a damaged active record (the loop repairs it with the lock)
+    + window, window_why: the maintenance window's status (``maintenance.window_status``:
+      ``none``, ``held``, ``abandoned``, ``failed``, ``damaged``) and why
+    + can_close: this supervisor can close an abandoned window (it has the gate)
     """
 
     now: float
     active: Active | None = None
     problem: str = ""
+    damaged: bool = False
+    window: str = "none"
+    window_why: str = ""
+    can_close: bool = False
     container: ContainerState | None = None
     healthy: bool = False
     health: str = ""
@@ -292,7 +300,9 @@ class Action:
 
     + kind: ``none``, ``open-window`` (front to 503), ``recreate``, ``reroute`` (the stack is
       up and answers; only the front is wrong), ``record`` (it serves after a recreation whose
-      supervisor was killed before its ledger line) or ``give-up``
+      supervisor was killed before its ledger line), ``give-up``, ``repair`` (rebuild a
+      damaged active record from the ledger) or ``close-window`` (close an abandoned
+      maintenance window: recreate + gate)
     """
 
     kind: str = "none"
@@ -372,7 +382,9 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
     """The record after ``obs``, and what to do now (see the module docstring)."""
     now = obs.now
     if obs.problem:
-        return moved(rec, "paused", obs.problem, now), NOTHING
+        return (moved(rec, "paused", obs.problem, now),
+                Action("repair", obs.problem) if obs.damaged and obs.holder is None
+                else NOTHING)
     if obs.active is None:
         return moved(replace(rec, route_id=None, dead_since=None, death="", boot_failure=None,
                               next_attempt_at=None),
@@ -385,6 +397,16 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
                       now), NOTHING
     if obs.stack_unit in PAUSING_UNIT:
         return moved(rec, "paused", PAUSING_UNIT[obs.stack_unit], now), NOTHING
+    if obs.window in ("failed", "damaged"):
+        # Its stack did not pass the gate after the maintenance: never recreated without it.
+        return moved(rec, "paused", f"out of service: {obs.window_why}; run the deploy or "
+                     "`rigfleet-host.pyz maintenance close`", now), NOTHING
+    if obs.window == "abandoned":
+        if obs.can_close:
+            return (moved(rec, "paused", f"closing: {obs.window_why}", now),
+                    Action("close-window", obs.window_why))
+        return moved(rec, "paused", f"{obs.window_why}; run the deploy or "
+                     "`rigfleet-host.pyz maintenance close`", now), NOTHING
     if rec.state == "gave-up":
         return rec, NOTHING  # until a reset or a new stack: no loop
     st = obs.container

@@ -26,11 +26,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TextIO
 
 from . import ledger
-from .active import mark_interrupted, prune_journals, read_active, snapshot_gate
+from .active import ActiveDamaged, load_active, mark_interrupted, prune_journals, snapshot_gate
 from .front import FrontError
 from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
+from .maintenance import Maintenance, plan_of, window_status
 from .plan import Active, PlanError
 from .records import (
     SUPERVISE_SCHEMA,
@@ -40,7 +41,7 @@ from .records import (
     read_holder,
     read_json,
 )
-from .steps import Failure, FrontControl, Ops, Steps
+from .steps import Failure, FrontControl, GateFn, Ops, Steps
 from .supervise import WHO, Action, Attempt, Observation, Policy, Record, moved, started, step
 
 KEEP_LOGS = 10
@@ -80,6 +81,8 @@ class Supervisor:
     + clock: epoch seconds (``time.time``; the fake host's clock in tests)
     + stop: the stop request (SIGTERM); it also cuts a recreation short
     + refresh: called before each look (re-reads the API key: a deploy may rotate it)
+    + gate: the verify-stress gate: with it, an abandoned maintenance window is closed here
+      (recreate + gate); without, the supervisor waits for the deploy
     """
 
     lay: Layout
@@ -91,6 +94,7 @@ class Supervisor:
     clock: Callable[[], float] = time.time
     stop: Callable[[], bool] = lambda: False
     refresh: Callable[[], None] = lambda: None
+    gate: GateFn | None = None
     echo: TextIO | None = sys.stdout
     pid: int = 0
 
@@ -148,16 +152,20 @@ class Supervisor:
         self.refresh()
         now = self.clock()
         holder = live_holder(read_holder(self.lay.lock_dir))
-        if holder is not None and holder.get("pid") == self.pid:
-            holder = None  # ours
+        if holder is not None and holder.get("pid") == self.pid and not holder.get("window"):
+            holder = None  # ours (a window's holder is nobody's process)
         reset, _ = read_json(self.lay.supervise_reset)
+        _, window, window_why = window_status(self.lay, now)
         base: dict[str, Any] = dict(now=now, holder=holder, stack_unit=self.unit_state(),
                                     route=self.front.current(),
-                                    reset=reset if isinstance(reset, dict) else None)
+                                    reset=reset if isinstance(reset, dict) else None,
+                                    window=window, window_why=window_why,
+                                    can_close=self.gate is not None)
         try:
-            active = read_active(self.lay)
+            active = load_active(self.lay)
         except PlanError as e:
-            return Observation(**base, problem=f"cannot tell what should serve: {e}")
+            return Observation(**base, problem=f"cannot tell what should serve: {e}",
+                               damaged=isinstance(e, ActiveDamaged))
         if active is None:
             return Observation(**base)
         ref = active.ref
@@ -195,6 +203,9 @@ class Supervisor:
         try:
             obs = self.observe()
             rec, again = step(before, obs, self.policy)
+            if again.kind == action.kind == "repair":
+                self._repair(rec)
+                return
             if again.kind != action.kind or obs.active is None:
                 self.save(rec)
                 return
@@ -208,13 +219,39 @@ class Supervisor:
             steps = Steps(self.lay, self.ops, self.front, journal, interrupted=self.stop)
             act = {"open-window": self._open_window, "reroute": self._reroute,
                    "record": self._record, "give-up": self._give_up,
-                   "recreate": self._recreate}[action.kind]
+                   "recreate": self._recreate, "close-window": self._close_window}[action.kind]
             journal.finish(act(rec, obs.active, steps))
             prune_journals(self.lay)
         finally:
             self.lock.release()
 
     # -- the actions (each with the lock held) ------------------------------------------------
+
+    def _repair(self, rec: Record) -> None:
+        """Rebuild a damaged active record (the ledger and the journals: ``load_active``)."""
+        try:
+            active = load_active(self.lay, repair=True, by=WHO)
+        except PlanError as e:
+            self.save(moved(rec, "paused", f"cannot tell what should serve: {e}", self.clock()))
+            return
+        self.say(f"rebuilt the active record: {active.ref.route_id if active else 'nothing'}")
+        self.save(rec)
+
+    def _close_window(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
+        """An abandoned maintenance window: recreate the stack and run the gate (the window's
+        own plan: gate profile, time limits), or leave the host at 503 with the reason."""
+        window, _, why = window_status(self.lay)
+        plan = plan_of(window, None, self.lay)
+        if plan is None:
+            steps.j.event("maintenance", f"{why}: its plan is unreadable; waiting for the "
+                          "deploy", level="error")
+            return {"result": "failed", "exit": 1, "reason": why}
+        outcome = Maintenance(self.lay, self.ops, self.front, steps.j, plan, gate=self.gate,
+                              lock=self.lock, interrupted=self.stop).close()
+        self.save(moved(rec, "watching" if outcome.exit == 0 else "paused",
+                        outcome.reason or f"{outcome.serving} serves", self.clock()))
+        self.say(f"maintenance window: {outcome.result}: {outcome.reason or outcome.serving}")
+        return outcome.to_dict()
 
     def _open_window(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
         steps.j.event("front", f"{active.ref.route_id}: {rec.reason}; the front answers 503")

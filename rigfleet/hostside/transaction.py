@@ -35,17 +35,22 @@ from typing import Any
 
 from . import ledger
 from .active import (
+    ActiveDamaged,
+    load_active,
     mark_interrupted,
     prune_journals,
-    read_active,
+    prune_snapshots,
     request_reset,
+    snapshot_ref,
     write_active,
 )
+from .atomic import fsync_dir, move_aside, write_atomic
 from .front import FrontError
-from .gate import GateResult, GateRun
+from .gate import GateResult
 from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
+from .maintenance import supersede, window_status
 from .plan import Active, Plan, StackRef, compose_hash
 from .steps import (
     EXIT_BAD_PLAN,
@@ -59,6 +64,7 @@ from .steps import (
     Ops,
     Outcome,
     Steps,
+    gate_reason,
 )
 
 __all__ = ["EXIT_BAD_PLAN", "Transaction"]
@@ -76,6 +82,7 @@ class Transaction(Steps):
         self.lock = lock or HostLock(lay)
         self.dir = lay.swap_dir(plan.id)
         self.timings: dict[str, float] = {}
+        self.rollback_to: StackRef | None = None
 
     # -- entry --------------------------------------------------------------------------------
 
@@ -119,9 +126,23 @@ class Transaction(Steps):
 
     def _run(self) -> Outcome:
         plan, new = self.plan, self.plan.desired
-        active = read_active(self.lay)
+        try:
+            active = load_active(self.lay, repair=True, by=plan.by)
+        except ActiveDamaged as e:
+            # Nothing verified can be named: this transaction activates the desired stack
+            # through the gate (what the damaged record's message tells a person to do).
+            kept = move_aside(self.lay.active_json)
+            self.j.event("plan", f"{e}; kept as {kept}; activating {new.route_id} instead",
+                         level="warning")
+            active = None
         old = active.ref if active else None
         kind = "activate" if old is None else "swap" if old.stack != new.stack else "update"
+        _, status, why = window_status(self.lay)
+        # After a maintenance that left nothing verified, the old stack is no way back.
+        self.rollback_to = old if status not in ("failed", "abandoned", "damaged") else None
+        if old is not None and self.rollback_to is None:
+            self.j.event("plan", f"{why}: {old.route_id} is not verified since; a failure "
+                         "leaves the front at 503", level="warning")
         self.j.event("plan", f"{kind}: {old.route_id if old else 'nothing'} -> {new.route_id}")
         try:
             staged = self._stage(new, old)
@@ -157,10 +178,10 @@ class Transaction(Steps):
                 raise Failure("gate", self._gate_reason(gate), gate=gate)
             self._promote(new, staged, gate, old, kind)
         except Failure as f:
-            return self._rollback(kind, old, new, staged, f, t_window)
+            return self._rollback(kind, self.rollback_to, new, staged, f, t_window)
         except Exception as e:  # a bug inside the window: still go back to what served
             failure = Failure("internal", f"internal error: {type(e).__name__}: {e}")
-            return self._rollback(kind, old, new, staged, failure, t_window)
+            return self._rollback(kind, self.rollback_to, new, staged, failure, t_window)
         window = self.ops.monotonic() - t_window
         self.timings["window_s"] = window
         self.j.event("promote", f"{new.route_id} serves (503 window {window:.1f}s)")
@@ -181,13 +202,13 @@ class Transaction(Steps):
             raise Failure("stage", f"{new.compose_file} has config hash {found}, the plan "
                           f"expects {new.config_hash} (did another deploy render it since?)")
         staged = self.dir / "compose.yaml"
-        staged.write_text(text)
+        write_atomic(staged, text)  # the exact promoted text: a damaged record is rebuilt from it
         err = self.ops.compose_check(str(staged), new.project)
         if err:
             raise Failure("stage", f"docker compose config refuses {new.compose_file}: {err}")
         if not self.ops.image_present(new.image_ref):
             raise Failure("stage", f"image {new.image_ref} is not on the host (not staged)")
-        if old is not None:
+        if old is not None and self.rollback_to is not None:
             if not Path(old.compose_file).exists():
                 raise Failure("stage", f"the active stack's snapshot {old.compose_file} is "
                               "missing: a failed swap could not roll back")
@@ -204,58 +225,44 @@ class Transaction(Steps):
         return projects
 
     def _gate(self, new: StackRef) -> GateResult:
-        self.check_interrupt()
         plan = self.plan
-        self.j.event("gate", f"verify-stress gate, profile {plan.gate_profile}, against "
-                     f"{new.stack} on 127.0.0.1:{new.port}")
-        run = GateRun(url=f"http://127.0.0.1:{new.port}", key_file=self.lay.api_key_file,
-                      profile=plan.gate_profile, report_dir=self.lay.reports_dir,
-                      sets=plan.gate_set, timeout_s=plan.gate_timeout_s)
-
-        def on_line(line: str) -> None:
-            if line.strip() and set(line.strip()) - set(".0123456789 "):
-                self.j.event("gate", line.strip())
-
         t = self.ops.monotonic()
-        result = self.gate_fn(run, on_line, self.interrupted)
+        result = self.verify(new, self.gate_fn, plan.gate_profile, plan.gate_set,
+                             plan.gate_timeout_s)
         self.timings["gate_s"] = self.ops.monotonic() - t
-        self.j.event("gate", f"{result.result}: {result.summary}; report {result.report_json}",
-                     level="info" if result.passed else "error")
         return result
 
     @staticmethod
     def _gate_reason(gate: GateResult) -> str:
-        if gate.result == "error":
-            return f"the gate could not decide: {gate.summary}"
-        # The per-check details stay in the report and the ledger's gate record.
-        return (f"gate failed {len(gate.failed_checks)} check(s): "
-                f"{', '.join(gate.failed_checks)}; report {gate.report_json}")
+        return gate_reason(gate)
 
     def _promote(self, new: StackRef, staged: str, gate: GateResult, old: StackRef | None,
                  kind: str) -> None:
         plan = self.plan
-        snapshot = StackRef(**{**new.to_dict(), "compose_file": str(self.lay.active_compose)})
-        previous = (self.lay.active_json.read_text(), self.lay.active_compose.read_text()) \
-            if old is not None and self.lay.active_json.exists() else None
+        previous = load_active(self.lay) if old is not None else None
         # Record first, then switch: a crash between the two leaves "active" pointing at the
-        # running, verified stack, and the boot-time ensure routes the front to it.
-        write_active(self.lay, Active(snapshot, ledger.now_iso(), plan.id, plan.by,
-                                      gate.record()), Path(staged).read_text())
+        # running, verified stack, and the boot-time ensure routes the front to it. The
+        # record is one commit (``write_active``: named snapshot, then active.json).
+        snapshot = write_active(self.lay, Active(snapshot_ref(self.lay, new), ledger.now_iso(),
+                                                 plan.id, plan.by, gate.record()),
+                                Path(staged).read_text()).ref
         try:
             self.front.serve(snapshot)
         except FrontError as e:
             if previous is not None:
-                self.lay.active_json.write_text(previous[0])
-                self.lay.active_compose.write_text(previous[1])
+                write_active(self.lay, previous, Path(previous.ref.compose_file).read_text())
             else:
                 self.lay.active_json.unlink(missing_ok=True)
+                fsync_dir(self.lay.active_dir)
             raise Failure("front", f"the front could not be switched to {new.stack}: {e}",
                           gate=gate) from None
         ledger.append(self.lay, ledger.entry(
             kind, "promoted", snapshot, host=plan.host, by=plan.by, deploy_id=plan.id,
-            gate=gate.record(), previous=old))
+            gate=gate.record(), previous=old, active=True))
         ledger.update_state(self.lay, **ledger.stack_fields(snapshot), since=ledger.now_iso(),
                             by=plan.by, deploy_id=plan.id, gate=gate.record())
+        supersede(self.lay, plan.by, f"{kind} {plan.id} promoted {snapshot.route_id}")
+        prune_snapshots(self.lay)
 
     def _rollback(self, kind: str, old: StackRef | None, new: StackRef, staged: str,
                   failure: Failure, t_window: float) -> Outcome:

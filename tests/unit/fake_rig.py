@@ -15,7 +15,11 @@ containers, checkouts, weights) and:
   enrolled (a DKMS module then refuses to load at boot, as the kernel does), a driver left by
   NVIDIA's .run installer;
 - plays the host-side tool (``rigfleet-host.pyz``): its probe, a swap transaction (promoted,
-  or rolled back / failed as ``swap_failure`` says), ``status``, ``adopt`` and ``ensure``.
+  or rolled back / failed as ``swap_failure`` says), ``status``, ``adopt``, ``ensure`` and the
+  maintenance window (``maintenance open`` holds the lock and answers 503; ``maintenance
+  close`` recreates the active stack and gates it, or fails as ``close_failure`` says);
+- plays dockerd's configuration: ``systemctl restart docker`` stops the running containers
+  unless ``live-restore`` was in effect, ``reload`` applies the reloadable keys.
 
 It knows our command shapes, nothing more: it is a test double, not an emulator.
 
@@ -163,6 +167,13 @@ class FakeRig:
     swaps: dict[str, dict] = field(default_factory=dict)
     # None: a swap promotes; else (phase, reason) of a failure: it rolls back (or fails).
     swap_failure: tuple[str, str] | None = None
+    # The maintenance window (window.json as the host tool keeps it) and how its close ends.
+    window: dict | None = None
+    close_failure: tuple[str, str] | None = None
+    # What the running dockerd read: live-restore in effect, the exec-opts it started with.
+    live_restore: bool = False
+    exec_opts: list = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # restarts, reboots, windows, in order
     links: dict[str, str] = field(default_factory=dict)  # symlink -> target
     pid1: str = "systemd"
     # None: no EFI (mokutil says so); else Secure Boot on or off.
@@ -488,6 +499,21 @@ class FakeRig:
             self.put("/var/lib/rigfleet/state.json", json.dumps({**state, **tracked}).encode())
             self.ledger.append(json.dumps({"event": "pins", **tracked}))
             return True, []
+        m = re.search(r"rigfleet-host.pyz maintenance open --plan (\S+) --step (.+) --ttl-s", cmd)
+        if m:
+            return self._window_open(json.loads(self.files[m.group(1)]), shlex.split(m.group(2))[0])
+        m = re.search(r"^systemd-run --unit rigfleet-maint-\S+ .* maintenance close --plan (\S+) "
+                      r"--journal-id (\S+)$", cmd)
+        if m:
+            self._window_close(json.loads(self.files[m.group(1)]), m.group(2))
+            return True, []
+        m = re.match(r"chmod (\d+) (\S+) && sync -- \S+ && mv -f -- (\S+) (\S+) && sync -- \S+$",
+                     cmd)
+        if m:
+            self.files[m.group(4)] = self.files.pop(m.group(3))
+            self.modes.pop(m.group(3), None)
+            self.modes[m.group(4)] = _mode(m.group(1))
+            return True, []
         if "rigfleet-host.pyz ensure" in cmd:
             ref = self.active_record["ref"]
             self.containers = {ref["container"]: ("running", ref["config_hash"])}
@@ -548,10 +574,8 @@ class FakeRig:
                 self.active.add(unit)
             if unit == "rigfleet-power-caps.service" and action in ("start", "restart"):
                 self._apply_power_unit()
-            if unit == "docker.service" and action == "restart":
-                self.runtimes_registered = "nvidia" in json.loads(
-                    self.files.get("/etc/docker/daemon.json", b"{}") or b"{}"
-                ).get("runtimes", {})
+            if unit == "docker.service" and action in ("restart", "reload"):
+                self._dockerd(action)
             return True, []
         if cmd.startswith("nvidia-ctk runtime configure"):
             config = json.loads(self.files.get("/etc/docker/daemon.json", b"{}") or b"{}")
@@ -650,6 +674,12 @@ class FakeRig:
 
     def _probe(self) -> dict:
         state = self.files.get("/var/lib/rigfleet/state.json")
+        bundle = self.files.get("/usr/local/lib/rigfleet/rigfleet-host.pyz")
+        status = "none"
+        if self.window is not None and self.window["state"] == "failed":
+            status = "failed"
+        elif self.window is not None and self.window["state"] == "open":
+            status = "held" if self.lock and self.lock.get("window") else "abandoned"
         return {
             "active": self.active_record,
             "state": json.loads(state) if state else None,
@@ -657,7 +687,63 @@ class FakeRig:
             "containers": {n: {"status": st, "hash": h, "stack": n.removeprefix("rigfleet-")}
                            for n, (st, h) in self.containers.items()},
             "route": self.route,
+            "bundle": _sha(bundle) if bundle else None,
+            "maintenance": {"status": status, "why": (self.window or {}).get("reason", ""),
+                            "window": self.window},
         }
+
+    # --- dockerd and the maintenance window -------------------------------------------------
+
+    def _dockerd(self, action: str) -> None:
+        """What dockerd does with daemon.json at a restart (everything) or a reload (the
+        reloadable keys: runtimes, live-restore; docs.docker.com live-restore, moby reload.go)."""
+        config = json.loads(self.files.get("/etc/docker/daemon.json", b"{}") or b"{}")
+        if action == "restart":
+            self.events.append("docker restart")
+            if not self.live_restore:  # the old daemon stops its containers on the way down
+                self.containers = {n: ("exited", h) for n, (_, h) in self.containers.items()}
+            self.exec_opts = list(config.get("exec-opts") or [])
+        self.live_restore = bool(config.get("live-restore"))
+        self.runtimes_registered = "nvidia" in config.get("runtimes", {})
+
+    def _window_open(self, plan: dict, step: str) -> tuple[bool, list[str]]:
+        if self.lock and self.lock.get("alive") and self.lock.get("window") != plan["id"]:
+            return False, [f"locked by {self.lock.get('who')}"]
+        if self.window is None or self.window["state"] != "open" \
+                or self.window["id"] != plan["id"]:
+            self.window = {"id": plan["id"], "state": "open", "steps": [], "reason": ""}
+            self.events.append(f"window open {plan['id']}")
+        self.window["steps"].append(step)
+        self.lock = {"who": plan["by"], "why": f"maintenance: {step}", "window": plan["id"],
+                     "alive": True, "pid": 1, "since": "now"}
+        self.route = "maintenance"
+        self.events.append(f"step {step}")
+        return True, []
+
+    def _window_close(self, plan: dict, journal: str) -> None:
+        """Recreate the active stack and gate it (or fail as ``close_failure`` says)."""
+        ref = (self.active_record or {})["ref"]
+        self.events.append(f"window close {journal}")
+        self.lock = None
+        events = [{"phase": "maintenance", "message": "closing"}]
+        if self.close_failure is None:
+            self.containers = {ref["container"]: ("running", ref["config_hash"])}
+            self.route = f"{ref['stack']}/{ref['config_hash']}"
+            self.window = {**(self.window or {"id": plan["id"]}), "state": "closed"}
+            self.ledger.append(json.dumps({"event": "maintenance", "result": "closed",
+                                           **ref["record"], "gate": {"result": "pass"}}))
+            result = {"result": "closed", "exit": 0, "stack": ref["stack"],
+                      "serving": self.route, "gate": {"result": "pass"}}
+        else:
+            phase, reason = self.close_failure
+            self.containers = {}
+            self.route = "maintenance"
+            self.window = {**(self.window or {"id": plan["id"]}), "state": "failed",
+                           "reason": reason}
+            result = {"result": "failed", "exit": 2, "stack": ref["stack"], "phase": phase,
+                      "reason": f"maintenance failed ({phase}): {reason}",
+                      "serving": "maintenance"}
+        self.swaps[journal] = {"events": events, "result": result}
 
     def _promote(self, ref: dict, gate: dict, event: str) -> None:
         self.containers = {ref["container"]: ("running", ref["config_hash"])}
@@ -703,6 +789,12 @@ class FakeRig:
 
     def _reboot(self) -> None:
         self.reboots += 1
+        self.events.append("reboot")
+        # A reboot stops every container; dockerd starts with daemon.json as it is.
+        self.containers = {n: ("exited", h) for n, (_, h) in self.containers.items()}
+        config = json.loads(self.files.get("/etc/docker/daemon.json", b"{}") or b"{}")
+        self.live_restore = bool(config.get("live-restore"))
+        self.exec_opts = list(config.get("exec-opts") or [])
         self.boot_marker = None
         self.journal = []
         driver = [

@@ -68,10 +68,21 @@ def make_ref(lay: Layout, stack: str, config_hash: str, write: bool = True) -> S
 
 def make_active(lay: Layout, ref: StackRef) -> StackRef:
     """Record ``ref`` as the active (verified) stack; returns its snapshot ref."""
-    snap = StackRef(**{**ref.to_dict(), "compose_file": str(lay.active_compose)})
-    write_active(lay, Active(snap, "2026-11-29T10:00:00+00:00", "old-deploy", "alice@ctl",
-                             {"result": "pass"}), compose_text(ref.stack, ref.config_hash))
-    return snap
+    return write_active(lay, Active(ref, "2026-11-29T10:00:00+00:00", "old-deploy",
+                                    "alice@ctl", {"result": "pass"}),
+                        compose_text(ref.stack, ref.config_hash)).ref
+
+
+def serving(lay: Layout, stack: str = "int8",
+            config_hash: str = "1111aaaa2222bbbb") -> tuple[FakeHost, FakeFront, StackRef]:
+    """``stack`` verified, running since t=0 and routed on a fake host; the clock at t=10."""
+    host, front = FakeHost(), FakeFront()
+    ref = make_active(lay, make_ref(lay, stack, config_hash))
+    host.up(ref.compose_file, ref.project)
+    host.t += 10
+    front.serve(ref)
+    host.calls.clear()
+    return host, front, ref
 
 
 def make_plan(lay: Layout, desired: StackRef, plan_id: str = "20261129T100000Z-abcdef",

@@ -46,7 +46,10 @@ def activate(lay: Layout, port: int, stack: str = "single-fp8-mtp") -> None:
     ref = StackRef(stack, f"rigfleet-{stack}", f"rigfleet-{stack}", port,
                    str(lay.active_compose), "0123456789abcdef", "img@sha256:" + "a" * 64,
                    "qwen3.6-27b-autoround", 0.97)
-    write_active(lay, Active(ref, "2026-12-01T10:00:00Z", "D1", "t"), "services: {}\n")
+    # The snapshot carries the config hash the record names (write_active checks it).
+    compose = ("services:\n  vllm:\n    labels:\n"
+               f"      io.rigfleet.config-hash: {ref.config_hash}\n")
+    write_active(lay, Active(ref, "2026-12-01T10:00:00Z", "D1", "t"), compose)
 
 
 def test_accept_baseline_on_the_host_restarts_the_history(tmp_path, capsys):

@@ -38,7 +38,14 @@ import roles.nvidia_driver
 import roles.preflight
 import roles.swap
 from roles import converge
-from roles.docker import daemon_settings, docker_packages, merge_daemon_config
+from roles import maintenance as roles_maintenance
+from roles.docker import (
+    changed_keys,
+    daemon_settings,
+    docker_packages,
+    merge_daemon_config,
+    restart_keys,
+)
 from roles.genesis import stale_trees
 from roles.preflight import OsInfo, refusals, run_deploy
 
@@ -420,6 +427,7 @@ def test_daemon_json_is_merged_not_overwritten():
         "data-root": "/data/docker",
         "log-opts": {"labels": "x"},
         "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}},
+        "exec-opts": ["native.cgroupdriver=systemd", "isolation=default"],
     }
     merged = merge_daemon_config(current, daemon_settings("http://mirror:5000"))
     assert merged == {
@@ -428,8 +436,15 @@ def test_daemon_json_is_merged_not_overwritten():
         "log-driver": "json-file",
         "log-opts": {"labels": "x", "max-size": "100m", "max-file": "5"},
         "registry-mirrors": ["http://mirror:5000"],
+        "live-restore": True,
+        # A user's other exec-opts stay; the cgroup driver is rigfleet's (#48).
+        "exec-opts": ["isolation=default", "native.cgroupdriver=cgroupfs"],
     }
     assert merge_daemon_config(merged, daemon_settings(None)) == merged
+    keys = changed_keys(current, merged)
+    assert keys == ["exec-opts", "live-restore", "log-driver", "log-opts", "registry-mirrors"]
+    assert restart_keys(keys) == ["exec-opts", "log-driver", "log-opts"]
+    assert restart_keys(["live-restore", "registry-mirrors", "runtimes"]) == []
 
 
 def test_nvidia_ctk_runs_only_when_the_runtime_is_missing(data):
@@ -445,7 +460,10 @@ def test_nvidia_ctk_runs_only_when_the_runtime_is_missing(data):
     rig.files["/etc/docker/daemon.json"] = json.dumps(daemon).encode()
     run = deploy(rig, data)
     assert len(run.ran("nvidia-ctk runtime configure --runtime=docker")) == 1
-    assert len(run.ran("systemctl restart docker")) == 1
+    # "runtimes" is a key dockerd reloads: a reload, the serving stack untouched.
+    assert run.ran("systemctl restart docker") == []
+    assert len(run.ran("systemctl reload docker")) == 1 and rig.runtimes_registered
+    assert run.ran("maintenance open") == [] and rig.containers["rigfleet-int8"][0] == "running"
 
 
 def test_invalid_daemon_json_fails_the_host_with_a_message(data):
@@ -1130,3 +1148,194 @@ def test_secrets_go_through_stdin_never_an_upload(data):
     decoded = [base64.b64decode(s) for s in rig.stdin_seen]
     assert f"VLLM_API_KEY={API_KEY}\n".encode() in decoded
     assert not any(API_KEY in s for s in rig.stdin_seen)  # encoded on the wire, too
+
+
+# --- maintenance windows: the steps that disturb a serving host ------------------------------
+
+
+def fleet(rigs: list[FakeRig], data: dict) -> dict[str, Run]:
+    """One pyinfra run over several fake hosts (``@fake/rig0`` ... in this order)."""
+    return deploy_many({f"@fake/rig{i}": (rig, data) for i, rig in enumerate(rigs)})
+
+
+def older_docker(rig: FakeRig) -> None:
+    """The host as an older rigfleet left it: no live-restore, no cgroupfs driver (#48)."""
+    daemon = json.loads(rig.files["/etc/docker/daemon.json"])
+    daemon.pop("live-restore")
+    daemon.pop("exec-opts")
+    rig.files["/etc/docker/daemon.json"] = json.dumps(daemon).encode()
+    rig.live_restore, rig.exec_opts = False, []
+
+
+def order(run: Run, *fragments: str) -> list[int]:
+    """Where each fragment's first command is in the run (to assert the order of steps)."""
+    return [next(i for i, c in enumerate(run.commands) if f in c) for f in fragments]
+
+
+def test_a_converged_serving_host_opens_no_window_and_restarts_nothing(data):
+    rig = converged("debian13", data)
+    events = list(rig.events)
+    run = deploy(rig, data)
+    assert not run.failed
+    for what in ("maintenance", "systemctl restart docker", "systemctl reload docker",
+                 "daemon-reload", "systemctl reboot"):
+        assert run.ran(what) == [], what
+    assert rig.events == events and rig.lock is None
+    assert deploy(rig, data, execute=False).plan == []
+
+
+def test_a_bare_host_converges_without_a_window(data):
+    rig = FakeRig("debian13")
+    run = deploy(rig, data)
+    assert not run.failed
+    assert run.ran("maintenance") == []  # nothing served: nothing to protect
+    # As a first converge always did: after daemon.json, after the nvidia runtime.
+    assert len(run.ran("systemctl restart docker")) == 2 and rig.reboots == 1
+    daemon = json.loads(rig.files["/etc/docker/daemon.json"])
+    assert daemon["live-restore"] is True
+    assert daemon["exec-opts"] == ["native.cgroupdriver=cgroupfs"]
+    assert rig.live_restore and rig.exec_opts == ["native.cgroupdriver=cgroupfs"]
+
+
+def test_a_docker_restart_on_a_serving_host_runs_in_its_window_and_ends_gated(data):
+    rig = converged("debian13", data)
+    route = rig.route
+    older_docker(rig)
+    dry = deploy(rig, data, execute=False)
+    assert "Docker | Restart Docker (daemon.json changed keys it reads only at start)" in dry.plan
+    assert any(n.startswith("Maintenance window | Close the maintenance window") for n in dry.plan)
+    run = deploy(rig, data)
+    assert not run.failed, run.commands[-3:]
+    # The window opens before the restart; its close (recreate + gate) comes after.
+    opened, restart, close = order(run, "maintenance open", "systemctl restart docker",
+                                   "systemd-run --unit rigfleet-maint-")
+    assert opened < restart < close
+    assert "--step 'Docker restart (daemon.json: exec-opts)'" in run.commands[opened]
+    # Its plan went up first, atomically (upload beside it, fsync, rename).
+    plan_path = run.commands[opened].split("--plan ")[1].split()[0]
+    assert plan_path.startswith("/var/lib/rigfleet/maintenance/plan-maint-")
+    assert any(" && sync -- " in c and c.endswith(f"{plan_path} && sync -- "
+                                                  "/var/lib/rigfleet/maintenance")
+               for c in run.commands[:opened])
+    plan = json.loads(rig.files[plan_path])
+    assert plan["gate_profile"] == "full" and plan["id"].startswith("maint-")
+    assert rig.events[-4:] == [f"window open {plan['id']}",
+                               "step Docker restart (daemon.json: exec-opts)", "docker restart",
+                               f"window close close-{plan['id'].removeprefix('maint-')}-1"]
+    # Without live-restore the restart stopped the stack; the close brought it back, gated.
+    assert rig.route == route and rig.containers["rigfleet-int8"][0] == "running"
+    last = json.loads(rig.ledger[-1])
+    assert (last["event"], last["result"], last["gate"]) == ("maintenance", "closed",
+                                                             {"result": "pass"})
+    assert rig.window["state"] == "closed" and rig.lock is None
+    assert rig.live_restore and rig.exec_opts == ["native.cgroupdriver=cgroupfs"]
+    # Converged now: the next run touches nothing.
+    again = deploy(rig, data)
+    assert again.ran("maintenance") == [] and again.ran("systemctl restart docker") == []
+
+
+def test_a_change_docker_reloads_needs_no_window(data):
+    rig = converged("debian13", data)
+    run = deploy(rig, {**data, "docker_registry_mirror": "http://mirror.lan:5000"})
+    assert not run.failed
+    assert len(run.ran("systemctl reload docker")) == 1
+    assert run.ran("systemctl restart docker") == [] and run.ran("maintenance") == []
+    assert rig.containers["rigfleet-int8"][0] == "running"
+
+
+def test_a_driver_change_installs_and_reboots_a_serving_host_inside_its_window(data):
+    rig = converged("debian13", data)
+    rig.packages["nvidia-driver-cuda"] = "590.44.01-1"
+    rig.driver_loaded = "590.44.01"
+    run = deploy(rig, data)
+    assert not run.failed, run.commands[-3:]
+    install_step, install, reboot_step, reboot, close = order(
+        run, "--step 'NVIDIA driver 580 install'", " install nvidia-driver-cuda",
+        "--step 'reboot to load the NVIDIA driver'", "systemctl reboot",
+        "systemd-run --unit rigfleet-maint-")
+    assert install_step < install < reboot_step < reboot < close
+    # One window: the plan is shipped once, the reboot step extends the same window.
+    assert len(run.ran(" && sync -- ")) == 1 and len(run.ran("maintenance open")) == 2
+    assert "--ttl-s 2100" in run.commands[reboot_step]
+    # After the reboot the stack did not come back by itself (the window held the host);
+    # the close recreated it through the gate.
+    assert rig.events.index("reboot") < max(i for i, e in enumerate(rig.events)
+                                            if e.startswith("window close"))
+    assert rig.containers["rigfleet-int8"][0] == "running" and rig.route.startswith("int8/")
+    assert rig.driver_loaded == "580.105.08"
+
+
+def test_a_close_that_fails_the_gate_fails_the_host_with_the_reason(data):
+    rig = converged("debian13", data)
+    older_docker(rig)
+    rig.close_failure = ("gate", "gate failed 1 check(s): needles")
+    run = deploy(rig, data)
+    assert run.failed
+    message = " ".join(run.ran("printf '%s\\n' "))
+    assert "after maintenance the host is not serving: maintenance failed (gate): gate " \
+           "failed 1 check(s): needles" in message
+    assert "The front answers 503" in message and "maintenance close" in message
+    assert rig.route == "maintenance" and rig.window["state"] == "failed"
+    assert run.ran("systemd-run --unit rigfleet-swap-") == []  # nothing after it ran
+    # The next run closes the failed window again (recreate + gate) before anything else.
+    rig.close_failure = None
+    again = deploy(rig, data)
+    assert not again.failed and len(again.ran("systemd-run --unit rigfleet-maint-")) == 1
+    assert again.ran("systemctl restart docker") == []
+    assert rig.route.startswith("int8/") and rig.window["state"] == "closed"
+
+
+def test_a_plain_run_over_serving_hosts_disturbs_one_and_names_the_rolling_command(
+        data, monkeypatch):
+    rigs = [converged("debian13", data) for _ in range(3)]
+    for rig in rigs:
+        older_docker(rig)
+    runs = fleet(rigs, data)
+    first, *others = runs.values()
+    assert not first.failed and len(first.ran("systemctl restart docker")) == 1
+    assert first.rig.route.startswith("int8/")
+    for run in others:
+        assert run.failed
+        assert run.ran("systemctl restart docker") == [] and run.ran("maintenance open") == []
+        [refusal] = run.ran("printf '%s\\n' ")
+        assert "this run already disturbs @fake/rig0 (at most 1 serving host(s) at a time; " \
+               "RIGFLEET_MAINTENANCE_BATCH=1)" in refusal
+        assert "rigfleet roll --inventory" in refusal and "Nothing was disturbed" in refusal
+        assert run.rig.containers["rigfleet-int8"][0] == "running"  # untouched, serving
+    # A batch of two: the first two in inventory order go ahead, the third is refused.
+    monkeypatch.setenv("RIGFLEET_MAINTENANCE_BATCH", "2")
+    runs = fleet(rigs[1:] + [FakeRig("debian13")], data)
+    a, b, bare = runs.values()
+    assert not a.failed and not b.failed and not bare.failed
+    assert bare.ran("maintenance") == []  # a bare host never counts
+
+
+def test_three_serving_hosts_refuse_in_inventory_order(data, monkeypatch):
+    rigs = [converged("debian13", data) for _ in range(3)]
+    for rig in rigs:
+        older_docker(rig)
+    monkeypatch.setenv("RIGFLEET_MAINTENANCE_BATCH", "2")
+    runs = fleet(rigs, data)
+    assert [r.failed for r in runs.values()] == [False, False, True]
+    monkeypatch.setenv("RIGFLEET_MAINTENANCE_BATCH", "0")
+    with pytest.raises(Exception, match="RIGFLEET_MAINTENANCE_BATCH: '0' is not a number"):
+        roles_maintenance.batch_limit()
+
+
+def test_an_older_host_tool_is_replaced_by_a_rename_before_its_window_opens(data):
+    import subprocess
+
+    rig = converged("debian13", data)
+    older_docker(rig)
+    pyz = "/usr/local/lib/rigfleet/rigfleet-host.pyz"
+    rig.files[pyz] = b"an older rigfleet-host.pyz"
+    run = deploy(rig, data)
+    assert not run.failed
+    upload, restart, opened = order(run, f"mv -f -- {pyz}.upload.tmp {pyz}",
+                                    "systemctl try-restart rigfleet-supervise.service",
+                                    "maintenance open")
+    assert upload < restart < opened and rig.modes[pyz] == "0755"
+    assert rig.files[pyz] != b"an older rigfleet-host.pyz"
+    for command in sorted(set(run.commands)):
+        checked = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True)
+        assert checked.returncode == 0, (command, checked.stderr)

@@ -96,8 +96,12 @@ def test_swap_stops_old_waits_for_memory_starts_new_gates_and_promotes(lay):
     # Active record: a snapshot of exactly what passed.
     active = read_active(lay)
     assert active.ref.stack == "tq3-mtp-genesis" and active.deploy_id == plan.id
-    assert active.ref.compose_file == str(lay.active_compose)
+    # The snapshot is named by its config hash (written before active.json names it); the
+    # compose.yaml link points at it.
+    assert active.ref.compose_file == str(lay.active_snapshot("3333cccc4444dddd"))
     assert lay.active_compose.read_text() == compose_text("tq3-mtp-genesis", "3333cccc4444dddd")
+    assert sorted(p.name for p in lay.active_dir.iterdir()) == [
+        "active.json", "compose-3333cccc4444dddd.yaml", "compose.yaml"]  # the old one pruned
     assert active.gate["result"] == "pass"
     # Ledger and state.
     [line] = ledger_lines(lay)

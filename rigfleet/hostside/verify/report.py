@@ -18,13 +18,13 @@ JSON layout::
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_atomic
 from .health import Finding
 
 SCHEMA = "rigfleet-verify/1"
@@ -176,11 +176,7 @@ def write(report: Report, directory: Path) -> tuple[Path, Path]:
     return paths
 
 
-def atomic_write(path: Path, text: str, mode: int | None = None) -> None:
-    """Replace ``path`` with ``text`` in one rename: a reader (the promotion step, a probe)
-    never sees half a file. ``mode``: the file's permissions (default: the umask's)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, path)
+def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``text`` (``rigfleet.hostside.atomic.write_atomic``): a reader
+    (the promotion step, rigfleet status) never sees half a report, a crash never leaves one."""
+    write_atomic(path, text, mode)

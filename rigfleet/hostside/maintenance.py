@@ -1,0 +1,434 @@
+"""Host maintenance as a transaction: anything that disturbs the serving path (a driver
+install and its reboot, a Docker restart, a ``daemon-reload`` that could detach GPUs) runs
+inside a *maintenance window*::
+
+    open:  the host lock (held by the window, across SSH commands and the reboot), the
+           window's record, the drain hook, the front to 503 + Retry-After
+    work:  the disturbing steps (the deploy runs them; each adds itself to the window)
+    close: the verified stack recreated from its snapshot, ready, answering, the
+           verify-stress gate, the front routed to it, the undrain hook; or, when any of it
+           fails, the front stays at 503 with the reason, the stack is stopped (it did not
+           pass), and the ledger says ``maintenance failed`` with the reason
+
+On a host that serves nothing yet (no verified stack) there is nothing to protect: the deploy
+opens no window there. The deploy drives it with the host tool::
+
+    python3 rigfleet-host.pyz maintenance open --plan /var/lib/rigfleet/maintenance/plan-<id>.json \\
+        --step "Docker restart (daemon.json changed)"        # idempotent: adds the step
+    python3 rigfleet-host.pyz maintenance close --plan ... --journal-id close-<deploy id>
+    python3 rigfleet-host.pyz maintenance status [--json]
+
+and the same class serves host-side callers (and the zero-drop issue's drains and balancer)::
+
+    window = Maintenance(lay, ops, front, journal, plan, gate=run_gate_fn, drain=balancer)
+    window.open("driver 580 -> 590")      # Outcome: open (exit 0), locked (3), refused (1)
+    ...                                   # the disturbing work
+    window.close()                        # Outcome: closed (0, serving), failed (2, 503), locked
+
+The window's lock is alive until its deadline (each step moves it to ``--ttl-s`` from then,
+default 20 minutes), across the reboot of a driver change; ``rigfleet-stack.service``'s boot-time ``ensure`` and the supervisor
+leave the host alone meanwhile (the front stays at 503; nothing comes back without the gate).
+A window whose deadline passed, or whose closing process was killed, is *abandoned*: the
+next one to take the host lock (the next deploy, ``ensure``, the supervisor) closes it, gate
+included. A *failed* window (the gate or the recreation failed) keeps the host out of
+service: the supervisor does not recreate its stack, the boot-time ensure and the next
+deploy close it again (recreate + gate), ``maintenance close`` does so by hand.
+
+Records (``records.read_window``; every write atomic): ``maintenance/window.json`` (schema
+``rigfleet-maintenance/1``: id, state ``open|closed|failed``, by, host, steps, opened_at, until,
+plan, serving_before, reason, gate, closed_at), ledger lines ``event: "maintenance"`` with
+``result`` ``opened`` (nothing serves: top-level stack keys null; ``previous`` what served),
+``closed`` (what serves, its new gate, ``ref``), ``failed`` (``attempted``, ``reason``,
+``phase``, ``boot_failure``, ``kept_log``) and ``abandoned``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import ledger
+from . import steps as st
+from .active import (
+    ActiveDamaged,
+    load_active,
+    prune_snapshots,
+    request_reset,
+    write_active,
+)
+from .atomic import write_json
+from .front import MAINTENANCE, FrontError
+from .journal import Journal
+from .layout import Layout
+from .lock import HostLock, LockHeld
+from .plan import Active, Plan, PlanError
+from .records import MAINTENANCE_SCHEMA, live_holder, read_holder, read_window
+from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, gate_reason, known_projects
+
+# Each step gives the window's lock this long (from the step) at most: a deploy that dies
+# mid-window leaves it abandoned that long after its last step, then it is closed (gate).
+DEFAULT_TTL_S = 1200.0
+KIND = "maintenance"
+
+
+class Drain(Protocol):
+    """The seam for draining: called with the window before the front goes to 503 (stop
+    sending new requests, wait for the running ones, take the host out of a balancer) and
+    after the close routed the front back (put it back). ``NO_DRAIN`` does nothing."""
+
+    def before(self, window: Window) -> None: ...
+    def after(self, window: Window) -> None: ...
+
+
+class _NoDrain:
+    def before(self, window: Window) -> None:
+        return None
+
+    def after(self, window: Window) -> None:
+        return None
+
+
+NO_DRAIN: Drain = _NoDrain()
+
+
+@dataclass(frozen=True)
+class Window:
+    """``maintenance/window.json`` (see the module docstring; times: epoch seconds)."""
+
+    id: str
+    state: str = "open"
+    by: str = ""
+    host: str = ""
+    opened_at: float = 0.0
+    until: float = 0.0
+    steps: tuple[dict[str, Any], ...] = ()
+    plan: dict[str, Any] = field(default_factory=dict)
+    serving_before: str | None = None
+    reason: str = ""
+    gate: dict[str, Any] | None = None
+    closed_at: float | None = None
+
+    @property
+    def why(self) -> str:
+        """The steps, one line (``Docker restart (daemon.json changed); reboot ...``)."""
+        return "; ".join(str(s.get("what")) for s in self.steps) or "maintenance"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["steps"] = [dict(s) for s in self.steps]
+        data["schema"] = MAINTENANCE_SCHEMA
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Window:
+        def num(key: str) -> float | None:
+            value = data.get(key)
+            return float(value) if isinstance(value, int | float) else None
+
+        return cls(id=str(data.get("id") or ""), state=str(data.get("state") or "open"),
+                   by=str(data.get("by") or ""), host=str(data.get("host") or ""),
+                   opened_at=num("opened_at") or 0.0, until=num("until") or 0.0,
+                   steps=tuple(dict(s) for s in data.get("steps") or () if isinstance(s, dict)),
+                   plan=dict(data.get("plan") or {}),
+                   serving_before=str(data["serving_before"]) if data.get("serving_before")
+                   else None, reason=str(data.get("reason") or ""),
+                   gate=dict(data["gate"]) if isinstance(data.get("gate"), dict) else None,
+                   closed_at=num("closed_at"))
+
+
+def window_status(lay: Layout, now: float | None = None) -> tuple[Window | None, str, str]:
+    """(the window, its status, why) where status is:
+
+    - ``none``: no window, or the last one closed;
+    - ``held``: open, and its lock is alive (a deploy is working on the host);
+    - ``abandoned``: open, but nobody holds it (its deadline passed, its closer was killed):
+      the next holder of the host lock closes it;
+    - ``failed``: it ended without a verified stack serving (``why``: the reason);
+    - ``damaged``: ``window.json`` cannot be read (treated as failed: close it again).
+    """
+    data = read_window(lay.window_file)
+    if data is None:
+        return None, "none", ""
+    if data.get("state") == "damaged":
+        return None, "damaged", str(data.get("error"))
+    window = Window.from_dict(data)
+    if window.state == "closed":
+        return window, "none", window.reason
+    if window.state == "failed":
+        return window, "failed", window.reason or "the maintenance window failed"
+    holder = live_holder(read_holder(lay.lock_dir))
+    if holder is not None and holder.get("window") == window.id:
+        return window, "held", window.why
+    if holder is not None and holder.get("deploy_id") == window.id:
+        return window, "held", f"{window.why} (closing)"
+    return window, "abandoned", (f"maintenance window {window.id} ({window.why}) was opened by "
+                                 f"{window.by or 'someone'} and never closed")
+
+
+def out_of_service(lay: Layout) -> str:
+    """Why this host must not serve its stack without a gate first ("" when it may): a
+    maintenance window that failed, is damaged, or was abandoned. What to do is part of it."""
+    window, status, why = window_status(lay)
+    if status in ("failed", "damaged"):
+        return (f"the last maintenance left nothing verified serving ({why}); fix the cause, "
+                "then run the deploy, or `rigfleet-host.pyz maintenance close` to recreate "
+                "the stack and run the gate again")
+    if status == "abandoned":
+        return f"{why}; the next deploy or `rigfleet-host.pyz maintenance close` closes it"
+    return ""
+
+
+def write_window(lay: Layout, window: Window) -> None:
+    write_json(lay.window_file, window.to_dict())
+
+
+def plan_of(window: Window | None, fallback: Plan | None,
+            lay: Layout | None = None) -> Plan | None:
+    """The plan a close runs with: the caller's, else the one the window was opened with,
+    else (a damaged window record) the newest plan a deploy uploaded for a window."""
+    if fallback is not None:
+        return fallback
+    if window is not None and window.plan:
+        try:
+            return Plan.from_dict(window.plan)
+        except PlanError:
+            pass
+    if lay is None or not lay.maintenance_dir.is_dir():
+        return None
+    for path in sorted(lay.maintenance_dir.glob("plan-*.json"),
+                       key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            return Plan.load(path)
+        except PlanError:
+            continue
+    return None
+
+
+class Maintenance(Steps):
+    """One maintenance window on this host (see the module docstring).
+
+    + plan: the deploy's plan (``id`` is the window's id; gate profile, ``gate_set``, time
+      limits, ``retry_after_s``, who); the desired stack in it is not used: the window brings
+      back the *active* (verified) stack
+    + gate: the verify-stress gate (``gate.run_gate``; fakes in tests); None: close refuses
+    + drain: the drain seam (``Drain``)
+    + lock: the host lock (a caller that already holds it passes it)
+    """
+
+    def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
+                 plan: Plan, gate: GateFn | None = None, drain: Drain = NO_DRAIN,
+                 clock: Callable[[], float] = time.time, lock: HostLock | None = None,
+                 interrupted: Callable[[], bool] = lambda: False) -> None:
+        super().__init__(lay, ops, front, journal, interrupted)
+        self.plan = plan
+        self.gate_fn = gate
+        self.drain = drain
+        self.clock = clock
+        self.lock = lock or HostLock(lay)
+
+    # -- open ---------------------------------------------------------------------------------
+
+    def open(self, step: str, ttl_s: float = DEFAULT_TTL_S) -> Outcome:
+        """Open the window (or add ``step`` to this plan's open window)."""
+        plan, now = self.plan, self.clock()
+        current, status, _ = window_status(self.lay, now)
+        try:
+            note = self.lock.acquire_window(plan.by, f"maintenance: {step}", plan.id, now + ttl_s)
+        except LockHeld as held:
+            if held.holder.get("window") == plan.id and current is not None \
+                    and current.id == plan.id and current.state == "open":
+                steps = (*current.steps, {"what": step, "at": now})
+                until = max(current.until, now + ttl_s)
+                write_window(self.lay, replace(current, steps=steps, until=until))
+                self.lock.extend_window(plan.id, until, f"maintenance: {step}")
+                self.j.event("maintenance", f"window {plan.id} already open; step: {step}")
+                return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
+                               serving=self.front.current())
+            reason = f"{plan.host or 'host'}: {held}"
+            self.j.event("maintenance", reason, level="error")
+            return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
+        if note:
+            self.j.event("lock", note, level="warning")
+        if current is not None and status == "abandoned":
+            ledger.append(self.lay, ledger.entry(
+                KIND, "abandoned", None, host=plan.host, by=plan.by, deploy_id=current.id,
+                reason=f"window {current.id} ({current.why}) was never closed; window "
+                       f"{plan.id} takes over (its close recreates the stack and runs the gate)"))
+        try:
+            active = load_active(self.lay, repair=True, by=plan.by)
+        except ActiveDamaged as e:
+            active = None
+            self.j.event("maintenance", str(e), level="warning")
+        serving = self.front.current()
+        window = Window(plan.id, "open", plan.by, plan.host, now, now + ttl_s,
+                        ({"what": step, "at": now},), plan.to_dict(),
+                        serving if serving != MAINTENANCE else
+                        (current.serving_before if current is not None else None))
+        write_window(self.lay, window)
+        try:
+            self.drain.before(window)
+            self.front.maintenance(f"maintenance: {step}", plan.retry_after_s)
+        except FrontError as e:
+            # Nothing was disturbed yet: give the host back as it was.
+            write_window(self.lay, replace(window, state="closed", closed_at=self.clock(),
+                                           reason=f"not opened: the front refused 503: {e}"))
+            if self.lock.adopt_window(plan.id, "giving back a window that did not open"):
+                self.lock.release()
+            return Outcome("refused", st.EXIT_ROLLED_BACK, KIND, reason=f"the front could not be "
+                           f"switched to 503 ({e}): nothing was disturbed", phase="front",
+                           serving=self.front.current())
+        ledger.append(self.lay, ledger.entry(
+            KIND, "opened", None, host=plan.host, by=plan.by, deploy_id=plan.id,
+            previous=active.ref if active else None, reason=step))
+        self.j.event("maintenance", f"window {plan.id} open until "
+                     f"{time.strftime('%H:%M:%SZ', time.gmtime(now + ttl_s))}: the front "
+                     f"answers 503 + Retry-After {plan.retry_after_s}s; step: {step}")
+        return Outcome("open", st.EXIT_PROMOTED, KIND, active.ref.stack if active else "",
+                       serving=MAINTENANCE)
+
+    # -- close --------------------------------------------------------------------------------
+
+    def close(self) -> Outcome:
+        """Recreate the verified stack, gate it, route the front to it (see the module
+        docstring). Closes this plan's window, an abandoned or failed one, or (nothing to
+        close) says so."""
+        plan = self.plan
+        window, status, why = window_status(self.lay, self.clock())
+        if status == "none" and not self.lock.held:
+            self.j.event("maintenance", "no maintenance window to close")
+            return Outcome("noop", st.EXIT_PROMOTED, KIND, reason="no maintenance window to close",
+                           serving=self.front.current())
+        ours = not self.lock.held  # a caller that holds the lock keeps it
+        if ours:
+            wid = window.id if window is not None else ""
+            if not (wid and self.lock.adopt_window(wid, f"closing maintenance window {wid}")):
+                try:
+                    note = self.lock.acquire(plan.by, f"closing maintenance window {wid}",
+                                             wid or plan.id)
+                except LockHeld as held:
+                    reason = f"{plan.host or 'host'}: {held}"
+                    self.j.event("lock", reason, level="error")
+                    return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
+                if note:
+                    self.j.event("lock", note, level="warning")
+        try:
+            self.j.event("maintenance", f"closing: {why or 'maintenance'}")
+            return self._close(window)
+        except Exception as e:  # a bug must still end with a result, 503 and a ledger line
+            return self._failed(window, None, Failure("internal",
+                                                      f"internal error: {type(e).__name__}: {e}"))
+        finally:
+            if ours:
+                self.lock.release()
+
+    def _close(self, window: Window | None) -> Outcome:
+        plan = self.plan
+        t0 = self.ops.monotonic()
+        try:
+            active = load_active(self.lay, repair=True, by=plan.by)
+        except ActiveDamaged as e:
+            return self._failed(window, None, Failure("active", str(e)))
+        if active is None:
+            self._finish(window, "closed", "nothing verified on this host: nothing to bring "
+                         "back; the front answers 503 until a deploy activates a stack")
+            self.front.maintenance("no verified stack on this host yet", plan.retry_after_s,
+                                   wait=False)
+            return Outcome("closed", st.EXIT_PROMOTED, KIND, reason="nothing verified here",
+                           serving=MAINTENANCE)
+        ref = active.ref
+        if self.gate_fn is None:
+            return self._failed(window, active, Failure(
+                "gate", "the window cannot be closed without the gate (none available here)"))
+        try:
+            self.front.maintenance(f"maintenance: recreating {ref.stack}", plan.retry_after_s,
+                                   wait=False)
+            self.stop(known_projects(self.lay))
+            self.wait_vram(ref.gpu_memory_utilization, plan.vram_timeout_s)
+            self.check_interrupt()
+            self.start(ref, ref.compose_file)
+            self.wait_ready(ref, plan.ready_timeout_s)
+            self.answers(ref)
+            gate = self.verify(ref, self.gate_fn, plan.gate_profile, plan.gate_set,
+                               plan.gate_timeout_s)
+            if not gate.passed:
+                raise Failure("gate", gate_reason(gate), gate=gate)
+            written = write_active(self.lay, replace(active, gate=gate.record()),
+                                   Path(ref.compose_file).read_text())
+            self.front.serve(written.ref)
+        except (Failure, FrontError) as f:
+            failure = f if isinstance(f, Failure) else Failure("front", str(f))
+            return self._failed(window, active, failure)
+        seconds = self.ops.monotonic() - t0
+        steps = window.why if window is not None else "maintenance"
+        ledger.append(self.lay, ledger.entry(
+            KIND, "closed", written.ref, host=plan.host, by=plan.by,
+            deploy_id=window.id if window else plan.id, gate=gate.record(), active=True,
+            reason=f"recreated and verified after: {steps}"))
+        ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
+        request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
+        prune_snapshots(self.lay)
+        closed = self._finish(window, "closed", f"{written.ref.route_id} recreated and passed "
+                              "the gate", gate=gate.record())
+        if closed is not None:
+            self.drain.after(closed)
+        self.j.event("maintenance", f"{written.ref.route_id} serves again (recreated, gate "
+                     f"passed, {seconds:.1f}s)")
+        opened = window.opened_at if window is not None else self.clock()
+        return Outcome("closed", st.EXIT_PROMOTED, KIND, ref.stack, serving=written.ref.route_id,
+                       gate=gate.record(), window_s=round(self.clock() - opened, 1))
+
+    def _failed(self, window: Window | None, active: Active | None,
+                failure: Failure) -> Outcome:
+        """Nothing verified serves: the stack down (it did not pass), 503 with the reason,
+        the window failed, a ledger line."""
+        plan = self.plan
+        ref = active.ref if active else None
+        self.interrupted = lambda: False  # the way to 503 must not be cut short
+        kept = self.keep_log(ref, self.lay.maintenance_dir) if ref else None
+        try:
+            if ref is not None:
+                self.stop(known_projects(self.lay))
+        except Failure as f:
+            self.j.event("maintenance", f.reason, level="warning")
+        reason = f"maintenance failed ({failure.phase}): {failure.reason}"
+        try:
+            self.front.maintenance(f"not serving: {failure.reason}", plan.retry_after_s,
+                                   wait=False)
+        except FrontError as e:
+            self.j.event("front", str(e), level="error")
+        gate = failure.gate.record() if failure.gate else None
+        boot = asdict(failure.boot) if failure.boot else None
+        ledger.append(self.lay, ledger.entry(
+            KIND, "failed", None, attempted=ref, host=plan.host, by=plan.by,
+            deploy_id=window.id if window else plan.id, gate=gate, reason=reason,
+            extra={"phase": failure.phase, "boot_failure": boot, "kept_log": kept}))
+        self._finish(window, "failed", reason, gate=gate)
+        self.j.event("maintenance", reason, level="error")
+        return Outcome("failed", st.EXIT_FAILED, KIND, ref.stack if ref else "", reason,
+                       failure.phase, serving=MAINTENANCE, gate=gate, boot_failure=boot,
+                       kept_log=kept)
+
+    def _finish(self, window: Window | None, state: str, reason: str,
+                gate: dict[str, Any] | None = None) -> Window | None:
+        plan = self.plan
+        done = replace(window or Window(plan.id, by=plan.by, host=plan.host,
+                                        opened_at=self.clock(), plan=plan.to_dict()),
+                       state=state, reason=reason, gate=gate, closed_at=self.clock())
+        write_window(self.lay, done)
+        return done
+
+
+def supersede(lay: Layout, by: str, why: str) -> None:
+    """A swap promoted a stack through its own gate: a failed or abandoned window is over
+    (the host serves a verified stack again)."""
+    window, status, _ = window_status(lay)
+    if window is not None and status in ("failed", "abandoned"):
+        write_window(lay, replace(window, state="closed", closed_at=time.time(),
+                                  reason=f"superseded: {why} (by {by})"))
+
+
+__all__ = ["DEFAULT_TTL_S", "NO_DRAIN", "Drain", "Maintenance", "Window",
+           "out_of_service", "plan_of", "supersede", "window_status"]

@@ -1,0 +1,362 @@
+"""Maintenance windows, the deploy's side: the steps that disturb a serving host run inside one
+(``rigfleet.hostside.maintenance``), one serving host at a time.
+
+A step *disturbs* the serving path when it takes the GPUs or the engine away from a running
+stack: the driver packages (between their install and the reboot, a new CUDA process fails
+with "Driver/library version mismatch"), the reboot, ``systemctl restart docker`` (a
+daemon.json key Docker cannot reload; without live-restore it stops every container), and a
+``daemon-reload`` while the serving container could lose its GPUs to it
+(NVIDIA/nvidia-container-toolkit#48). On a host that serves (it has a verified stack), the
+role that owns such a step wraps it::
+
+    op = apt_packages(name="Install NVIDIA driver ...", packages=[...],
+                      before=lambda: maintenance.enter("NVIDIA driver 580 install"))
+    maintenance.plan_step("NVIDIA driver 580 install", op)        # prepare time
+    disturbing(name="Restart Docker", commands=["systemctl restart docker"],
+               what="Docker restart (daemon.json: exec-opts)", force=True)
+    ...
+    maintenance.maintenance(ctx)     # the role after the last of them: close the window
+
+``enter`` (inside the disturbing operation, at execution): the first time on a host it
+uploads the window's plan (and the host tool, when the host's is older: its supervisor is
+restarted with it, which never touches the stack) and opens the window; then every step
+says ``maintenance open --step ...`` (idempotent: the step is added). The close (the
+``maintenance`` role) recreates the verified stack, runs the gate and routes the front to it,
+or fails the host with the reason. A bare host (nothing verified yet) gets none of this: its
+steps run as they always did.
+
+**Several serving hosts in one plain pyinfra run.** pyinfra runs each operation on all hosts
+at once, and a window spans many operations (a lock across operations would deadlock the
+run), so the limit is an admission: at the first disturbing step the run executes, the
+serving hosts that need one are taken in inventory order, at most ``RIGFLEET_MAINTENANCE_BATCH``
+(default 1) of them go ahead, and each of the others fails at its first disturbing step with
+a message that names the rolling command (``rigfleet roll``) and ``--limit``. Nothing on a
+refused host was disturbed. ``rigfleet roll`` runs pyinfra per host (or batch) and sets the
+variable to the batch size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import sys
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, State, deploy, operation
+from pyinfra.api.operation import OperationMeta
+
+from rigfleet.commands import hosttool
+from rigfleet.facts import read_fact
+from rigfleet.hostbundle import build_bundle
+from rigfleet.hostside.layout import HOST
+from rigfleet.hostside.plan import Plan
+from rigfleet.roll import BATCH_ENV
+from rigfleet.swapfacts import SwapProbe
+from rigfleet.swapplan import DEPLOY_ID, build_plan
+from roles.ops import changed, executing
+from roles.preflight import HostContext
+
+# How long a window's lock lives after each step at most (the next step or the close moves
+# it on; the close holds the lock as a process). A deploy that dies mid-window leaves the
+# window abandoned this long after its last step; then the supervisor closes it (gate).
+WINDOW_TTL_S = 1200.0
+# Window states on the host that the next deploy closes (recreate + gate).
+UNFINISHED = ("abandoned", "failed", "damaged")
+
+
+@cache
+def bundle_bytes() -> bytes:
+    """The host tool as the deploy ships it (built once per run)."""
+    return build_bundle()
+
+
+def window_id(deploy_id: str = DEPLOY_ID) -> str:
+    """This run's window id (also its plan's id): ``maint-<deploy id>``."""
+    return f"maint-{deploy_id}"
+
+
+def batch_limit() -> int:
+    """How many serving hosts one run may disturb at once (``RIGFLEET_MAINTENANCE_BATCH``)."""
+    raw = os.environ.get(BATCH_ENV, "1").strip()
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{BATCH_ENV}: {raw!r} is not a number of hosts; allowed: an integer "
+                         ">= 1 (the serving hosts one run may disturb at once)")
+    return int(raw)
+
+
+@dataclass
+class _Book:
+    """One run's maintenance bookkeeping (per pyinfra ``State``).
+
+    + steps: host -> the disturbing steps it takes (noted while preparing)
+    + serving: host -> the route it serves (hosts with a verified stack)
+    + covered: host -> how many of its steps a close operation already covers (preparing)
+    + decided: host -> None (may go ahead) or the refusal (execution, all at once)
+    + open_now: hosts whose window this run opened and has not closed yet (execution)
+    + shipped: hosts that got the window's plan (and the host tool) this run
+    + closes: host -> closes started this run (each has its own journal)
+    + plans: host -> the window's plan
+    + old: hosts whose earlier, unfinished window a close operation already covers
+    """
+
+    steps: dict[str, list[str]] = field(default_factory=dict)
+    serving: dict[str, str] = field(default_factory=dict)
+    covered: dict[str, int] = field(default_factory=dict)
+    decided: dict[str, str | None] = field(default_factory=dict)
+    open_now: set[str] = field(default_factory=set)
+    shipped: set[str] = field(default_factory=set)
+    closes: dict[str, int] = field(default_factory=dict)
+    plans: dict[str, Plan] = field(default_factory=dict)
+    old: set[str] = field(default_factory=set)
+
+
+_BOOKS: weakref.WeakKeyDictionary[State, _Book] = weakref.WeakKeyDictionary()
+
+
+def book() -> _Book:
+    return _BOOKS.setdefault(host.state, _Book())
+
+
+def serving_route(probe: dict[str, Any]) -> str | None:
+    """The verified stack this host serves (or should serve): None on a bare host."""
+    ref = (probe.get("active") or {}).get("ref") if isinstance(probe.get("active"), dict) \
+        else None
+    if not isinstance(ref, dict) or not ref.get("stack"):
+        return None
+    return f"{ref.get('stack')}/{ref.get('config_hash')}"
+
+
+def unfinished(probe: dict[str, Any]) -> str:
+    """Why the host has a window left to close (abandoned, failed, damaged), or ""."""
+    raw = probe.get("maintenance")
+    m: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    status = str(m.get("status") or "none")
+    return f"{status}: {m.get('why') or 'maintenance window'}" if status in UNFINISHED else ""
+
+
+def window_plan(ctx: HostContext) -> Plan:
+    """The plan the window is opened and closed with (this host's gate profile, limits)."""
+    return build_plan(ctx.want, ctx.by, why="maintenance", deploy_id=window_id())
+
+
+def serves(ctx: HostContext) -> str | None:
+    """(Preparing) the route of the verified stack of this host, noting the host as serving."""
+    route = serving_route(read_fact(SwapProbe))
+    if route:
+        b = book()
+        b.serving[ctx.name] = route
+        b.plans.setdefault(ctx.name, window_plan(ctx))
+    return route
+
+
+def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool) -> bool:
+    """(Preparing) note that ``what`` disturbs this host when ``will`` (an operation that will
+    change, or a flag) and the host serves; returns whether it was noted."""
+    changes = will if isinstance(will, bool) else will.will_change
+    if not changes or not serves(ctx):
+        return False
+    book().steps.setdefault(ctx.name, []).append(what)
+    return True
+
+
+def steps_planned(name: str) -> list[str]:
+    """Every disturbing step noted for this host in this run."""
+    return list(book().steps.get(name, []))
+
+
+def steps_pending(name: str) -> list[str]:
+    b = book()
+    return b.steps.get(name, [])[b.covered.get(name, 0):]
+
+
+def _inventory_arg() -> str:
+    """The inventory as the person typed it (pyinfra's first argument), for messages."""
+    if len(sys.argv) > 1 and os.path.basename(sys.argv[0]).startswith("pyinfra"):
+        return sys.argv[1]
+    return "<inventory>"
+
+
+def _decide_all(state: State) -> None:
+    """Admit serving hosts that need a window, in inventory order, up to the batch limit."""
+    b = book()
+    limit = batch_limit()
+    failed = {h.name for h in state.failed_hosts}
+    order = [h.name for h in state.inventory if h.name in b.steps and h.name not in b.decided]
+    admitted = [h for h, d in b.decided.items() if d is None]
+    for name in order:
+        if name not in failed and len(admitted) < limit:
+            b.decided[name] = None
+            admitted.append(name)
+    for name in order:
+        if name in b.decided:
+            continue
+        others = ", ".join(admitted) or "other hosts"
+        b.decided[name] = (
+            f"{name}: serves {b.serving.get(name)} and needs {'; '.join(b.steps[name])}, "
+            f"which disturb(s) its serving path; this run already disturbs {others} (at most "
+            f"{limit} serving host(s) at a time; {BATCH_ENV}={limit}). Nothing was disturbed "
+            f"here. Roll the fleet one host at a time: rigfleet roll --inventory "
+            f"{_inventory_arg()} (or run this deploy with --limit {name})")
+
+
+def refusal(name: str) -> str | None:
+    """(Executing) None when this host may open its window now, else why not."""
+    b = book()
+    if name not in b.decided:
+        _decide_all(host.state)
+    return b.decided.get(name)
+
+
+def enter(ctx: HostContext, what: str, ttl_s: float = WINDOW_TTL_S) -> Iterator[Any]:
+    """(Inside a disturbing operation, before its commands) open or extend this host's
+    window; a refused host fails here (see the module docstring). Nothing on a bare host.
+    While preparing it yields nothing (the operation's own commands are the change)."""
+    if not executing():
+        return
+    name = ctx.name
+    b = book()
+    if name not in b.serving and not serves(ctx):
+        return  # a bare host: nothing to protect
+    if name not in b.steps:  # a step the prepare phase did not foresee: count it now
+        b.steps[name] = [what]
+    why = refusal(name)
+    if why is not None:
+        yield hosttool.report_failure(why)  # fails this host, the message on its stderr
+        return
+    plan = b.plans[name]
+    if name not in b.shipped:
+        yield from _ship(plan)
+        b.shipped.add(name)
+    b.open_now.add(name)
+    yield hosttool.maintenance_open(plan.id, what, ttl_s)
+
+
+def _ship(plan: Plan) -> Iterator[Any]:
+    """The window's plan, and the host tool when the host's is not this deploy's (the window
+    commands are new in it; its supervisor restarts with it, never touching the stack)."""
+    probe = read_fact(SwapProbe)
+    data = bundle_bytes()
+    if probe.get("bundle") != hashlib.sha256(data).hexdigest():
+        # Renamed into place: a running host tool (the supervisor) keeps reading its own
+        # zip (zipimport reads lazily), never a half-replaced one.
+        yield from hosttool.upload_atomic(data, hosttool.PYZ, mode="0755")
+        yield f"systemctl try-restart {hosttool.SUPERVISE_UNIT}"
+    yield f"install -d -m 0755 {shlex.quote(str(HOST.maintenance_dir))}"
+    yield from hosttool.upload_atomic(plan.dumps().encode(), hosttool.window_plan_path(plan.id))
+
+
+@operation(is_idempotent=False)
+def disturbing(ctx: HostContext, commands: Sequence[str], what: str,
+               gates: Sequence[OperationMeta] = (), force: bool = False,
+               reason: str = "nothing it depends on changed", window: bool = True):
+    """Run ``commands`` (a step that disturbs a serving host) when ``force`` or one of
+    ``gates`` changed; on a serving host inside its maintenance window.
+
+    + ctx: the host's context; what: the step, for the window and the ledger
+    + commands: shell commands, in order
+    + gates, force: when to run them (``force``: decided while preparing)
+    + reason: what ``--dry`` says when nothing runs
+    + window: False when, on this host, the step turned out not to disturb (then it runs
+      as it is)
+    """
+    if not (force or changed(gates)):
+        host.noop(reason)
+        return
+    if window:
+        yield from enter(ctx, what)
+    yield from commands
+
+
+def close_plan(ctx: HostContext) -> tuple[int, str]:
+    """(Preparing) how many of this host's steps the next close covers, and the unfinished
+    window left by an earlier run (its reason); marks them covered."""
+    b = book()
+    pending = len(steps_pending(ctx.name))
+    b.covered[ctx.name] = len(b.steps.get(ctx.name, []))
+    left = "" if ctx.name in b.old else unfinished(read_fact(SwapProbe))
+    if left:
+        b.old.add(ctx.name)
+        b.plans.setdefault(ctx.name, window_plan(ctx))
+    return pending, left
+
+
+def close_message(name: str, result: dict[str, Any], reports: list[Any]) -> str:
+    """One message for a close that did not end serving (the deploy fails the host with it)."""
+    reason = str(result.get("reason") or "no reason recorded").rstrip(".")
+    tail = ""
+    md = next((str(p) for p in reports if str(p).endswith(".md")), None)
+    if md:
+        tail += f" Gate report: {md}."
+    if result.get("boot_failure"):
+        tail += f" Boot failure: {result['boot_failure'].get('title')}."
+    if result.get("kept_log"):
+        tail += f" The stack's log is kept on the host: {result['kept_log']}."
+    if result.get("result") == "locked":
+        return f"{name}: the maintenance window could not be closed: {reason}"
+    return (f"{name}: after maintenance the host is not serving: {reason}. The front answers "
+            f"503 with Retry-After.{tail} Fix the cause and run the deploy again (it closes "
+            f"the window again: recreate + gate), or on the host: "
+            f"{hosttool.tool('maintenance', 'close')}")
+
+
+@operation(is_idempotent=False)
+def close_window(plan: Plan, pending: int, left: str, follow_timeout_s: float, reports: str):
+    """Close this host's maintenance window: the verified stack recreated, gated, routed.
+
+    + plan: the window's plan; pending: steps of this run it covers; left: an unfinished
+      window of an earlier run (abandoned, failed, damaged) to close too
+    + follow_timeout_s, reports: as the swap's (the close runs detached on the host)
+    """
+    from roles.swap import follow  # the swap's follower: one way to follow a host job
+
+    b = book()
+    ours = host.name in b.open_now if executing() else pending > 0
+    if not ours and not left:
+        host.noop("no maintenance window to close")
+        return
+    n = b.closes.get(host.name, 0) + 1
+    if executing():
+        b.closes[host.name] = n
+        b.open_now.discard(host.name)
+    journal = f"close-{DEPLOY_ID}-{n}"
+    if left:  # an earlier run's window: the plan is this run's (gate profile, limits)
+        yield f"install -d -m 0755 {shlex.quote(str(HOST.maintenance_dir))}"
+        yield from hosttool.upload_atomic(plan.dumps().encode(),
+                                          hosttool.window_plan_path(plan.id))
+    yield hosttool.start_close(plan.id, journal)
+    box: dict[str, str] = {}
+    yield FunctionCommand(follow, (journal, follow_timeout_s, reports, box),
+                          {"describe": close_message, "label": "maintenance",
+                           "unit": hosttool.close_unit(plan.id)})
+    if box.get("error"):
+        yield hosttool.report_failure(box["error"])
+
+
+@deploy("Maintenance window")
+def maintenance(ctx: HostContext) -> None:
+    """Close the maintenance window the disturbing steps before opened (nothing when none
+    did): the verified stack recreated, the gate, the front routed; or the host failed with
+    the reason. Also closes a window an earlier run left abandoned or failed."""
+    close_pending(ctx)
+
+
+def close_pending(ctx: HostContext) -> None:
+    """The close operation for the steps noted so far (see ``maintenance``)."""
+    from roles.swap import reports_root
+
+    pending, left = close_plan(ctx)
+    plan = book().plans.get(ctx.name) or window_plan(ctx)
+    what = f"{pending} step(s) of this run" if pending else ""
+    if left:
+        what = f"{what}; " if what else ""
+        what += f"an earlier window ({left})"
+    close_window(name="Close the maintenance window (recreate the verified stack, gate, "
+                 "route)" + (f": {what}" if what else ""),
+                 plan=plan, pending=pending, left=left,
+                 follow_timeout_s=ctx.swap.follow_timeout_s, reports=str(reports_root()))

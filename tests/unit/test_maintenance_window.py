@@ -1,0 +1,297 @@
+"""The maintenance window on the host: open (lock, record, drain, 503), close (recreate, gate,
+route), or fail with the reason; what the boot-time ensure, the supervisor and a swap do
+while one is open, abandoned or failed.
+
+The real ``rigfleet.hostside`` code runs against a temporary root and the fakes of
+``tests/unit/swap_fakes.py`` (docker, nvidia-smi, HTTP, the front and the gate).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from swap_fakes import FakeFront, FakeGate, FakeHost, ledger_lines, make_plan, make_ref, serving
+
+from rigfleet.hostside.__main__ import main
+from rigfleet.hostside.active import read_active
+from rigfleet.hostside.ensure import Ensure
+from rigfleet.hostside.journal import Journal
+from rigfleet.hostside.layout import Layout
+from rigfleet.hostside.lock import HostLock
+from rigfleet.hostside.maintenance import Maintenance, Window, window_status
+from rigfleet.hostside.plan import Plan
+from rigfleet.hostside.records import holder_alive, read_holder
+from rigfleet.hostside.supervise import Policy
+from rigfleet.hostside.supervisor import Supervisor
+from rigfleet.hostside.transaction import Transaction
+
+HASH = "1111aaaa2222bbbb"
+ROUTE = f"int8/{HASH}"
+
+
+@pytest.fixture
+def lay(tmp_path) -> Layout:
+    return Layout(tmp_path)
+
+
+def window_plan(lay: Layout, plan_id: str = "maint-20261201T100000Z-aaaaaa", **kw: Any) -> Plan:
+    return make_plan(lay, make_ref(lay, "int8", HASH), plan_id=plan_id, gate_profile="fast",
+                     **kw)
+
+
+def maint(lay: Layout, host: FakeHost, front: FakeFront, plan: Plan, gate: Any = None,
+          **kw: Any) -> Maintenance:
+    return Maintenance(lay, host, front, Journal(lay.swap_dir(f"j-{time.monotonic_ns()}"),
+                                                 echo=None), plan, gate=gate, **kw)
+
+
+def supervisor(lay: Layout, host: FakeHost, front: FakeFront, **kw: Any) -> Supervisor:
+    return Supervisor(lay, host, front, Policy(), unit_state=lambda: "done", clock=host.wall,
+                      echo=None, **kw)
+
+
+def events(lay: Layout) -> list[tuple[str, str]]:
+    return [(x["event"], x["result"]) for x in ledger_lines(lay)]
+
+
+# --- open ---------------------------------------------------------------------------------------
+
+
+def test_open_takes_the_lock_as_the_window_and_answers_503(lay):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    out = maint(lay, host, front, plan).open("Docker restart (daemon.json: exec-opts)")
+    assert (out.result, out.exit, out.serving) == ("open", 0, "maintenance")
+    holder = read_holder(lay.lock_dir)
+    # The window holds the lock, not a process: alive until its deadline, whatever the pid.
+    assert holder["window"] == plan.id and holder["alive"] and holder["until"] > time.time()
+    assert front.current() == "maintenance"
+    assert front.messages[-1] == "maintenance: Docker restart (daemon.json: exec-opts)"
+    window, status, why = window_status(lay)
+    assert status == "held" and window.state == "open" and window.serving_before == ROUTE
+    line = ledger_lines(lay)[-1]
+    assert (line["event"], line["result"], line["stack"]) == ("maintenance", "opened", None)
+    assert line["previous"]["stack"] == "int8" and host.calls == []  # nothing else touched
+    # The next step joins the same window and moves its deadline on.
+    again = maint(lay, host, front, plan).open("reboot to load the NVIDIA driver", ttl_s=2100)
+    assert again.exit == 0 and again.reason.startswith("already open")
+    window, _, why = window_status(lay)
+    assert [s["what"] for s in window.steps] == ["Docker restart (daemon.json: exec-opts)",
+                                                 "reboot to load the NVIDIA driver"]
+    assert read_holder(lay.lock_dir)["until"] > holder["until"]
+    # Another deploy's window (or swap) is refused while this one is open.
+    other = maint(lay, host, front, window_plan(lay, "maint-other")).open("x")
+    assert other.result == "locked" and other.exit == 3
+    assert "maintenance window maint-20261201T100000Z-aaaaaa, open until" in other.reason
+
+
+def test_a_window_lock_outlives_its_process_and_the_boot_until_its_deadline():
+    holder = {"window": "maint-x", "until": 2_000.0, "pid": 999_999, "boot_id": "other-boot"}
+    assert holder_alive(holder, now=1_999.0)
+    assert not holder_alive(holder, now=2_000.5)
+    assert not holder_alive({"pid": 999_999, "boot_id": "other-boot"}, now=0)
+
+
+def test_a_front_that_refuses_503_gives_the_host_back_undisturbed(lay):
+    host, front, ref = serving(lay)
+    front.fail_on = "maintenance"
+    out = maint(lay, host, front, window_plan(lay)).open("Docker restart")
+    assert out.result == "refused" and "nothing was disturbed" in out.reason
+    assert read_holder(lay.lock_dir) is None and front.current() == ROUTE
+    assert window_status(lay)[1] == "none"
+
+
+class Balancer:
+    """The drain seam: what a balancer (the zero-drop issue) would be told, in order."""
+
+    def __init__(self, front: FakeFront) -> None:
+        self.front, self.calls = front, []
+
+    def before(self, window: Window) -> None:
+        self.calls.append(("before", window.id, self.front.current()))
+
+    def after(self, window: Window) -> None:
+        self.calls.append(("after", window.state, self.front.current()))
+
+
+def test_the_drain_hook_runs_before_the_503_and_after_the_route_is_back(lay):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    drain = Balancer(front)
+    maint(lay, host, front, plan, drain=drain).open("Docker restart")
+    maint(lay, host, front, plan, gate=FakeGate(), drain=drain).close()
+    assert drain.calls == [("before", plan.id, ROUTE), ("after", "closed", ROUTE)]
+
+
+# --- close --------------------------------------------------------------------------------------
+
+
+def test_close_recreates_gates_and_routes_then_frees_the_lock(lay):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    maint(lay, host, front, plan).open("Docker restart (daemon.json: exec-opts)")
+    host.containers.clear()  # the restart stopped it (no live-restore yet)
+    gate = FakeGate()
+    out = maint(lay, host, front, plan, gate=gate).close()
+    assert (out.result, out.exit, out.serving) == ("closed", 0, ROUTE)
+    assert [c.split(" t=")[0] for c in host.calls if c.startswith(("up", "down"))] == [
+        "down rigfleet-int8", "up rigfleet-int8 1111aaaa2222bbbb"]
+    [run] = gate.runs
+    assert run.profile == "fast" and run.url == "http://127.0.0.1:8011"
+    assert front.routes[-2:] == ["maintenance", ROUTE] and read_holder(lay.lock_dir) is None
+    window, status, _ = window_status(lay)
+    assert status == "none" and window.state == "closed" and window.gate["result"] == "pass"
+    line = ledger_lines(lay)[-1]
+    assert (line["event"], line["result"], line["stack"]) == ("maintenance", "closed", "int8")
+    assert line["ref"]["config_hash"] == HASH and line["gate"]["result"] == "pass"
+    state = json.loads(lay.state_file.read_text())
+    assert state["gate"]["result"] == "pass" and state["stack"] == "int8"
+    assert read_active(lay).gate["result"] == "pass"
+    assert json.loads(lay.supervise_reset.read_text())["why"].startswith("maintenance closed")
+
+
+def test_a_close_whose_gate_fails_keeps_503_stops_the_stack_and_says_why(lay):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    maint(lay, host, front, plan).open("NVIDIA driver 590 install")
+    out = maint(lay, host, front, plan, gate=FakeGate(failed=("needles",))).close()
+    assert (out.result, out.exit, out.serving) == ("failed", 2, "maintenance")
+    assert out.reason.startswith("maintenance failed (gate): gate failed 1 check(s): needles")
+    assert host.running_now() == {}  # it did not pass: nothing may route to it
+    assert front.current() == "maintenance" and front.messages[-1].startswith("not serving:")
+    assert window_status(lay)[1] == "failed" and read_holder(lay.lock_dir) is None
+    line = ledger_lines(lay)[-1]
+    assert (line["event"], line["result"], line["stack"]) == ("maintenance", "failed", None)
+    assert line["attempted"]["stack"] == "int8" and line["gate"]["failed_checks"] == ["needles"]
+    # The supervisor never brings a stack back that failed its gate after a maintenance.
+    sup = supervisor(lay, host, front, gate=FakeGate())
+    for _ in range(30):
+        sup.tick()
+        sup.nap(5)
+    assert host.running_now() == {} and sup.rec.state == "paused"
+    assert "out of service" in sup.rec.reason and "maintenance close" in sup.rec.reason
+    # The boot-time ensure (a person rebooted after fixing it) closes it again, gated.
+    out = Ensure(lay, host, front, Journal(lay.swap_dir("ensure-1"), echo=None), who="boot",
+                 why="boot", booted_at=0.0, gate=FakeGate()).run()
+    assert (out.result, out.serving) == ("closed", ROUTE) and window_status(lay)[1] == "none"
+
+
+def test_while_a_window_holds_the_host_ensure_and_the_supervisor_leave_it_alone(lay):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    maint(lay, host, front, plan).open("reboot to load the NVIDIA driver")
+    host.containers.clear()  # the reboot: the stack is gone
+    out = Ensure(lay, host, front, Journal(lay.swap_dir("ensure-boot"), echo=None),
+                 who="rigfleet-stack.service", why="boot", booted_at=0.0,
+                 gate=FakeGate()).run()
+    assert (out.result, out.exit) == ("deferred", 0) and "maintenance window" in out.reason
+    assert host.running_now() == {} and front.current() == "maintenance"
+    sup = supervisor(lay, host, front, gate=FakeGate())
+    for _ in range(30):
+        sup.tick()
+        sup.nap(5)
+    assert [c for c in host.calls if c.startswith("up")] == []
+    assert sup.rec.state == "paused" and "maintenance window" in sup.rec.reason
+    # A swap is refused too, naming the window.
+    swap = Transaction(make_plan(lay, make_ref(lay, "tq3-mtp-genesis", "3333cccc4444dddd")),
+                       lay, host, front, FakeGate(), Journal(lay.swap_dir("s1"), echo=None)).run()
+    assert swap.result == "locked" and "maintenance window" in swap.reason
+
+
+def test_an_abandoned_window_is_closed_by_the_supervisor_with_the_gate(lay):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    past = time.time() - 3 * 3600
+    maint(lay, host, front, plan, clock=lambda: past).open("Docker restart")  # deadline gone
+    host.containers.clear()
+    assert window_status(lay)[1] == "abandoned"
+    gate = FakeGate()
+    sup = supervisor(lay, host, front, gate=gate)
+    for _ in range(10):
+        sup.tick()
+        if front.current() == ROUTE:
+            break
+        sup.nap(5)
+    assert front.current() == ROUTE and host.running_now() == {"rigfleet-int8": HASH}
+    assert len(gate.runs) == 1 and gate.runs[0].profile == "fast"  # the window's own plan
+    assert window_status(lay)[1] == "none" and read_holder(lay.lock_dir) is None
+    assert events(lay)[-1] == ("maintenance", "closed")
+
+
+def test_a_close_killed_midway_leaves_an_abandoned_window_the_next_holder_closes(lay):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    maint(lay, host, front, plan).open("Docker restart")
+
+    class Killed(BaseException):
+        pass
+
+    def die(run: Any) -> None:
+        raise Killed("SIGKILL during the close's gate")
+
+    closer = maint(lay, host, front, plan, gate=FakeGate(on_run=die),
+                   lock=HostLock(lay, pid=_gone_pid()))
+    closer.lock.release = lambda: None  # type: ignore[method-assign]  # killed: no finally
+    with pytest.raises(Killed):
+        closer.close()
+    # Its lock is a dead process's now: stale. The window record still says open.
+    assert not read_holder(lay.lock_dir)["alive"] and window_status(lay)[1] == "abandoned"
+    out = Ensure(lay, host, front, Journal(lay.swap_dir("ensure-2"), echo=None), who="boot",
+                 why="boot", booted_at=0.0, gate=FakeGate()).run()
+    assert (out.result, out.serving) == ("closed", ROUTE)
+    assert host.running_now() == {"rigfleet-int8": HASH} and front.current() == ROUTE
+
+
+def test_a_swap_that_promotes_supersedes_a_failed_window_and_one_that_fails_has_no_way_back(
+        lay):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    maint(lay, host, front, plan).open("NVIDIA driver 590 install")
+    maint(lay, host, front, plan, gate=FakeGate(failed=("soak",))).close()
+    swap_plan = make_plan(lay, make_ref(lay, "tq3-mtp-genesis", "3333cccc4444dddd"),
+                          plan_id="20261201T110000Z-bbbbbb")
+    failed = Transaction(swap_plan, lay, host, front, FakeGate(failed=("needles",)),
+                         Journal(lay.swap_dir(swap_plan.id), echo=None)).run()
+    # The old stack failed its gate after the maintenance: it is no way back.
+    assert (failed.result, failed.serving) == ("failed", "maintenance")
+    assert host.running_now() == {}
+    swap_plan = make_plan(lay, make_ref(lay, "tq3-mtp-genesis", "3333cccc4444dddd"),
+                          plan_id="20261201T120000Z-cccccc")
+    ok = Transaction(swap_plan, lay, host, front, FakeGate(),
+                     Journal(lay.swap_dir(swap_plan.id), echo=None)).run()
+    assert ok.result == "promoted"
+    window, status, _ = window_status(lay)
+    assert status == "none" and window.reason.startswith("superseded:")
+
+
+def test_the_cli_opens_reports_and_closes(lay, monkeypatch, capsys):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    lay.maintenance_dir.mkdir(parents=True, exist_ok=True)
+    lay.window_plan(plan.id).write_text(plan.dumps())
+    import rigfleet.hostside.__main__ as cli
+
+    monkeypatch.setattr(cli, "_parts", lambda lay_, port: (host, front))
+    monkeypatch.setattr(cli, "_gate_fn", lambda: FakeGate())
+    root = ["--root", str(lay.root)]
+    assert main([*root, "maintenance", "open", "--plan", str(lay.window_plan(plan.id)),
+                 "--step", "Docker restart"]) == 0
+    assert main([*root, "maintenance", "status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert status["status"] == "held" and status["window"]["steps"][0]["what"] == "Docker restart"
+    assert main([*root, "maintenance", "close", "--journal-id", "close-x-1"]) == 0
+    done = Journal.read(lay.swap_dir("close-x-1"))
+    assert done["state"] == "done" and done["result"]["result"] == "closed"
+    assert front.current() == ROUTE
+
+
+def _gone_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(proc.stdout)
