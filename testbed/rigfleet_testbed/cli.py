@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
             slots = fleet.up(fleet.UpOptions(hosts=args.hosts, hardware_overrides=overrides,
                                              oses=oses, sudo=list(args.sudo_user),
                                              sim_speedup=args.sim_speedup,
-                                             balancer=args.balancer), _log)
+                                             balancer=args.balancer,
+                                             tls=list(args.tls)), _log)
             _log(f"testbed up: {len(slots)} host(s) in {time.monotonic() - started:.1f}s; "
                  f"{INVENTORY.relative_to(INVENTORY.parents[1])} written")
             _print_status(fleet.status())
@@ -97,6 +98,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                        f"rig (default {hardware.DEFAULT_SIM_SPEEDUP:g}; 1 = real-rig tok/s)")
     tb_up.add_argument("--os", action="append", default=[], metavar="HOST=OS",
                        help="a host's Debian release: debian13 (default) or debian12")
+    tb_up.add_argument("--tls", action="append", default=[], metavar="HOST",
+                       help="HOST's front serves TLS with a certificate from the testbed's CA "
+                            "(the inventory names the files, front_tls_*)")
     tb_up.add_argument("--balancer", action="store_true",
                        help="also a balancer host lb1 (plain Debian, no GPU) in the inventory "
                             "group 'balancers': HAProxy, the fleet endpoint")

@@ -95,6 +95,11 @@ class Paths:
         return self.root / "secrets" / "api-key"
 
     @property
+    def tls(self) -> Path:
+        """The testbed's CA (``ca.pem``) and each TLS host's ``<host>.pem`` / ``.key``."""
+        return self.root / "secrets" / "tls"
+
+    @property
     def pins(self) -> Path:
         return self.root / "pins.yaml"
 
@@ -133,6 +138,9 @@ class UpOptions:
     sim_speedup: float = hardware.DEFAULT_SIM_SPEEDUP
     # A balancer host (lb1) in the inventory group `balancers`.
     balancer: bool = False
+    # Hosts whose front serves TLS: the testbed's CA signs a certificate for each, and the
+    # inventory names the files (front_tls_*) as a user's would.
+    tls: list[str] = field(default_factory=list)
 
 
 # -- artifacts on the control machine --------------------------------------------------------
@@ -150,6 +158,40 @@ def ensure_secrets(paths: Paths) -> None:
         fd = os.open(paths.api_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f"rf-{secrets.token_urlsafe(24)}\n")
+
+
+def ensure_tls(paths: Paths, host: str) -> dict[str, str]:
+    """A certificate for ``host``'s front, signed by the testbed's own CA (made once): valid
+    for the names the control side and a balancer use (127.0.0.1, ``host``). Returns the host
+    data a user writes for it (``front_tls_*``)."""
+    d = paths.tls
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ca, ca_key = d / "ca.pem", d / "ca.key"
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    old = os.umask(0o077)  # keys are born 0600
+    try:
+        if not ca.exists():
+            openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+                    "-subj", "/CN=rigfleet testbed CA", "-keyout", str(ca_key), "-out", str(ca))
+        cert, key = d / f"{host}.pem", d / f"{host}.key"
+        if not cert.exists():
+            csr, ext = d / f"{host}.csr", d / f"{host}.ext"
+            ext.write_text(f"subjectAltName=IP:127.0.0.1,DNS:{host}\n"
+                           "extendedKeyUsage=serverAuth\n")
+            openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}",
+                    "-keyout", str(key), "-out", str(csr))
+            openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+                    "-CAcreateserial", "-days", "825", "-extfile", str(ext), "-out", str(cert))
+            csr.unlink()
+            ext.unlink()
+    finally:
+        os.umask(old)
+    os.chmod(cert, 0o644)
+    return {"front_tls_cert_file": str(cert), "front_tls_key_file": str(key),
+            "front_tls_ca_file": str(ca)}
 
 
 def build_service_data(paths: Paths, log: Log) -> dict[str, Any]:
@@ -609,19 +651,31 @@ def _login(paths: Paths, port: int, user: str = "root") -> dict[str, Any]:
             "ssh_strict_host_key_checking": "yes"}
 
 
+# A one-card rig's stack and cap (the second seed's setup: TP=1 fp8 KV + MTP at 330 W).
+SINGLE_CARD_DATA = {"stack": "single-fp8-mtp", "gpu_count": 1, "power_caps_w": 330}
+
+
 def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str,
-                   balancers: list[BalancerSlot] | None = None) -> str:
+                   balancers: list[BalancerSlot] | None = None,
+                   tls: dict[str, dict[str, str]] | None = None) -> str:
     rel = str  # absolute paths: the inventory works from any working directory
     hosts = []
     for spec in specs:
         slot = spec.slot
+        scheme = "https" if spec.name in (tls or {}) else "http"
         data: dict[str, Any] = {
             **_login(paths, slot.ssh_port, spec.ssh_user),
-            "front_url": f"http://127.0.0.1:{slot.front_port}",
+            "front_url": f"{scheme}://127.0.0.1:{slot.front_port}",
             # A balancer reaches the front on the testbed network, by the host's name.
             "balancer_front_address": f"{slot.name}:8000",
             "testbed_container": slot.container,
+            # The stack files' tok/s references are a real rig's; the simulators run
+            # sim_speedup times faster, so the gate judges them against references x that.
+            "throughput_scale": float(spec.profile.get("sim_speedup") or 1.0),
+            **(tls or {}).get(spec.name, {}),
         }
+        if len(spec.profile.get("gpus") or ()) == 1:
+            data.update(SINGLE_CARD_DATA)
         if spec.sudo:
             data["_sudo"] = True  # pyinfra: every operation through sudo
         hosts.append(f"    ({slot.name!r}, {pformat(data, indent=4, width=96)}),")
@@ -738,7 +792,11 @@ def up(options: UpOptions, log: Log = print) -> list[HostSlot]:
     keys |= {lb: host_key(c, lb) for lb in lbs}
     write_known_hosts(paths, keys)
     write_pins(paths, fixtures, log)
-    options.inventory.write_text(inventory_text(specs, paths, docker_fpr, lbs))
+    unknown = sorted(set(options.tls) - {s.name for s in specs})
+    if unknown:
+        raise TestbedError(f"--tls {', '.join(unknown)}: no such host")
+    tls = {h: ensure_tls(paths, h) for h in options.tls}
+    options.inventory.write_text(inventory_text(specs, paths, docker_fpr, lbs, tls))
     return [s.slot for s in specs]
 
 

@@ -119,8 +119,16 @@ def test_repository_pins_file_is_valid_but_needs_lock() -> None:
     assert tq3.genesis.repo == "https://github.com/Sandermage/sndr_core_engine.git"
     assert pins.driver_branch == "580" and pins.toolkit_version == "1.17.8-1"
     assert sorted(pins.unresolved()) == sorted(
-        ["stacks.int8.digest", "stacks.tq3-mtp-genesis.digest", "model.revision"]
+        ["model.revision", *(f"stacks.{s}.digest" for s in (
+            "int8", "tq3-mtp-genesis", "tq3-nomtp", "turbo", "single-fp8-mtp"))]
     )
+    # Every stack the catalog ships is pinned, on an image its stack file allows.
+    from rigfleet.catalog import builtin_catalog
+
+    catalog = builtin_catalog()
+    assert set(pins.stacks) == set(catalog.names)
+    for name, stack in pins.stacks.items():
+        assert catalog.get(name).image.problems(stack.tag, stack.vllm_version) == [], name
 
 
 def _set(data: dict, dotted: str, value: Any) -> None:
