@@ -1,7 +1,18 @@
 """The simulated fleet for end-to-end tests.
 
-One 2-host testbed per test session: brought up at the start (``rigfleet testbed up``) and taken
-down at the end. ``RIGFLEET_KEEP_TESTBED=1`` keeps it (and reuses a running one) while iterating.
+One testbed per test session, brought up at the start (``rigfleet testbed up``) and taken down
+at the end (``RIGFLEET_KEEP_TESTBED=1`` keeps it, and reuses a running one, while iterating):
+
+- ``testbed.fleet``: ``RIGFLEET_TESTBED_HOSTS`` (default 3) dual-3090 Debian 13 hosts logged
+  into as root, all on int8 (the inventory's default stack): the bump's, swap's and balancer's
+  fleet;
+- ``testbed.single`` (unless ``RIGFLEET_TESTBED_EXTRAS=0``): one more host, Debian 12 with the
+  Docker CE repository stand-in, administered by a sudo user, one card (the single-card stack
+  at 330 W), its front serving TLS with a certificate of the testbed's CA;
+- ``testbed.balancer``: lb1, HAProxy in the inventory group ``balancers`` (with the extras);
+- ``testbed.hosts``: every GPU host (the fleet, then the single-card host).
+
+Every host is in ``inventory/testbed.py``; a fleet-wide converge converges them all.
 """
 
 from __future__ import annotations
@@ -9,10 +20,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import ssl
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
@@ -25,7 +38,9 @@ from rigfleet_testbed import layout  # noqa: E402
 INVENTORY = layout.INVENTORY
 STATE = layout.STATE_DIR
 KEEP = os.environ.get("RIGFLEET_KEEP_TESTBED") == "1"
-HOSTS = int(os.environ.get("RIGFLEET_TESTBED_HOSTS", "2"))
+HOSTS = int(os.environ.get("RIGFLEET_TESTBED_HOSTS", "3"))  # the dual-3090 fleet
+EXTRAS = os.environ.get("RIGFLEET_TESTBED_EXTRAS", "1") != "0"
+SINGLE_STACK = "single-fp8-mtp"
 
 
 def run(cmd: list[str], timeout: float = 1800, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -51,6 +66,17 @@ class TestHost:
     container: str
     user: str = "root"  # "rig" on a host made with --sudo-user (.testbed/hosts/<h>/host.json)
     os: str = "debian13"
+    stack: str = "int8"  # what the inventory has it serve
+    ca_file: str | None = None  # its front serves TLS with a certificate of this CA
+
+    @property
+    def container_of_stack(self) -> str:
+        return f"rigfleet-{self.stack}"
+
+    def urlopen(self, req: urllib.request.Request | str, timeout: float = 30):
+        """``urllib.request.urlopen`` trusting this host's CA when its front serves TLS."""
+        context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+        return urllib.request.urlopen(req, timeout=timeout, context=context)
 
     def ssh(self) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
@@ -112,9 +138,12 @@ class TestHost:
 
 @dataclass(frozen=True)
 class Testbed:
-    hosts: list[TestHost]
+    hosts: list[TestHost]  # every GPU host: the fleet, then the single-card host
     inventory: Path
     api_key: str
+    fleet: list[TestHost] = field(default_factory=list)  # the dual hosts, on int8
+    single: TestHost | None = None
+    balancer: TestHost | None = None
 
 
 def _host_meta(name: str) -> dict[str, str]:
@@ -126,16 +155,35 @@ def _host_meta(name: str) -> dict[str, str]:
     return {"user": meta.get("ssh_user", "root"), "os": meta.get("os", "debian13")}
 
 
+def up_args() -> list[str]:
+    """``rigfleet testbed up`` arguments of the session's layout (see the module docstring)."""
+    args = ["--hosts", str(HOSTS + (1 if EXTRAS else 0))]
+    if EXTRAS:
+        single = f"host{HOSTS + 1}"
+        args += ["--os", f"{single}=debian12", "--sudo-user", single,
+                 "--hardware", f"{single}:cards=1", "--tls", single, "--balancer"]
+    return args
+
+
 @pytest.fixture(scope="session")
 def testbed() -> Testbed:
-    from rigfleet_testbed.layout import HostSlot
+    from rigfleet_testbed.layout import BalancerSlot, HostSlot
 
-    run([str(BIN / "rigfleet"), "testbed", "up", "--hosts", str(HOSTS)], timeout=1200)
-    hosts = [TestHost(s.name, s.ssh_port, f"http://127.0.0.1:{s.front_port}", s.container,
+    run([str(BIN / "rigfleet"), "testbed", "up", *up_args()], timeout=1500)
+    fleet = [TestHost(s.name, s.ssh_port, f"http://127.0.0.1:{s.front_port}", s.container,
                       **_host_meta(s.name))
              for s in (HostSlot(i) for i in range(1, HOSTS + 1))]
+    single = balancer = None
+    if EXTRAS:
+        s = HostSlot(HOSTS + 1)
+        single = TestHost(s.name, s.ssh_port, f"https://127.0.0.1:{s.front_port}", s.container,
+                          **_host_meta(s.name), stack=SINGLE_STACK,
+                          ca_file=str(STATE / "secrets" / "tls" / "ca.pem"))
+        b = BalancerSlot(1)
+        balancer = TestHost(b.name, b.ssh_port, f"http://127.0.0.1:{b.port}", b.container,
+                            stack="")
     key = (STATE / "secrets" / "api-key").read_text().strip()
-    yield Testbed(hosts, INVENTORY, key)
+    yield Testbed(fleet + ([single] if single else []), INVENTORY, key, fleet, single, balancer)
     if not KEEP:
         run([str(BIN / "rigfleet"), "testbed", "down"], timeout=600, check=False)
 

@@ -11,34 +11,36 @@ import urllib.request
 from conftest import dry_plan, pyinfra
 
 
-def post_chat(url: str, key: str | None, prompt: str = "What is the capital of France?"):
+def post_chat(host, key: str | None, prompt: str = "What is the capital of France?"):
     body = json.dumps({"model": "qwen3.6-27b-autoround", "max_tokens": 30,
                        "messages": [{"role": "user", "content": prompt}]}).encode()
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers=headers)
+    req = urllib.request.Request(f"{host.front_url}/v1/chat/completions", data=body,
+                                 headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with host.urlopen(req, timeout=60) as resp:
             return resp.status, json.load(resp)
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
 
 
 def container_started_at(host) -> str:
-    rc, out = host.sh("docker inspect -f '{{.State.StartedAt}}' rigfleet-int8")
+    rc, out = host.sh(f"docker inspect -f '{{{{.State.StartedAt}}}}' {host.container_of_stack}")
     assert rc == 0, out
     return out.strip()
 
 
 def test_every_host_serves_through_the_front_with_the_key(testbed, converged):
+    """Every host, the Debian 12 single-card sudo host with its TLS front included."""
     for host in testbed.hosts:
-        status, reply = post_chat(host.front_url, testbed.api_key)
-        assert status == 200, reply
+        status, reply = post_chat(host, testbed.api_key)
+        assert status == 200, (host.name, reply)
         assert "Paris" in reply["choices"][0]["message"]["content"]
-        status, _ = post_chat(host.front_url, None)
+        status, _ = post_chat(host, None)
         assert status == 401
-        status, _ = post_chat(host.front_url, "wrong-key")
+        status, _ = post_chat(host, "wrong-key")
         assert status == 401
 
 
@@ -58,7 +60,7 @@ def test_reboot_brings_back_caps_driver_stack_and_front(testbed, converged):
     host.reboot()
     deadline = time.monotonic() + 240
     while True:
-        status, reply = post_chat(host.front_url, testbed.api_key)
+        status, reply = post_chat(host, testbed.api_key)
         if status == 200 or time.monotonic() > deadline:
             break
         time.sleep(2)

@@ -22,7 +22,8 @@ ONE_BAD_INVENTORY = INVENTORY.with_name(INVENTORY.stem + "-onebad.py")
 
 
 def deploy(*data: str, inventory: Path = INVENTORY, env: dict[str, str] | None = None):
-    args = [PYINFRA, str(inventory), "deploy.py", "-y"]
+    """The GPU hosts' converge (the balancer's data are another matter) with ``data``."""
+    args = [PYINFRA, str(inventory), "deploy.py", "-y", "--limit", "gpu_hosts"]
     for item in data:
         args += ["--data", item]
     return run(args, check=False, timeout=900, env={**os.environ, **(env or {})})
@@ -110,7 +111,7 @@ gpu_hosts = ([(n, {{**d, "power_caps_w": [250, 400]}} if n == {bad_host!r} else 
 
 
 def test_one_bad_host_is_refused_alone_and_the_flag_stops_them_all(testbed):
-    bad = testbed.hosts[-1]
+    bad = testbed.fleet[-1]
     write_one_bad_inventory(bad.name)
     try:
         before = host_state(bad)

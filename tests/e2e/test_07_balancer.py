@@ -8,9 +8,8 @@ nothing on a second converge, and when one host's engine is killed that host lea
 within the check interval while the load generator's requests keep succeeding, then comes
 back once the supervisor has recreated the engine.
 
-Needs at least two GPU hosts (CI runs three) and lb1: the session's testbed is brought up
-again with ``--balancer`` when its inventory has no ``balancers`` group (MERGE NOTE for the
-lead: pass ``--balancer`` in conftest.py's ``testbed`` fixture instead, so ``up`` runs once).
+Needs at least two GPU hosts on one stack (CI runs three) and lb1 (the session's testbed has
+it unless ``RIGFLEET_TESTBED_EXTRAS=0``).
 
     RIGFLEET_TESTBED_INSTANCE=4 RIGFLEET_TESTBED_HOSTS=2 RIGFLEET_KEEP_TESTBED=1 \\
         .venv/bin/python -m pytest tests/e2e/test_07_balancer.py -v
@@ -48,16 +47,12 @@ def converge_balancer(*args: str, check: bool = True):
 
 @pytest.fixture(scope="module")
 def lb(testbed, converged) -> TestHost:
-    from rigfleet_testbed.layout import BalancerSlot
-
-    if "balancers = (" not in INVENTORY.read_text():
-        run([str(BIN / "rigfleet"), "testbed", "up", "--hosts", str(HOSTS), "--balancer"],
-            timeout=1200)
-    slot = BalancerSlot(1)
+    if testbed.balancer is None:
+        pytest.skip("the session's testbed has no balancer (RIGFLEET_TESTBED_EXTRAS=0)")
     started = time.monotonic()
     converge_balancer()
     print(f"balancer converge took {time.monotonic() - started:.1f}s")
-    return TestHost(slot.name, slot.ssh_port, f"http://127.0.0.1:{slot.port}", slot.container)
+    return testbed.balancer
 
 
 def ask(url: str, key: str | None, path: str = "/v1/chat/completions") -> tuple[int, dict, bytes]:
@@ -102,7 +97,7 @@ def test_balancer_converges_with_a_checked_config_and_a_root_only_key(lb, testbe
     rc, out = lb.sh("command -v docker nvidia-smi; dpkg -l haproxy | tail -n 1")
     assert "docker" not in out and "nvidia-smi" not in out and out.strip().startswith("ii")
     wait_for("every host in rotation", lambda: in_rotation(lb).get("stack_int8", set())
-             == {h.name for h in testbed.hosts}, 30)
+             == {h.name for h in testbed.fleet}, 30)
 
 
 def test_refuses_without_the_key_and_serves_each_stack_with_it(lb, testbed):
@@ -131,12 +126,12 @@ def test_status_shows_the_hosts_in_rotation(lb, testbed):
                check=False, timeout=180)
     rows = json.loads(proc.stdout)["balancers"]
     assert [(r["balancer"], r["stack"], sorted(r["up"])) for r in rows] == [
-        ("lb1", "int8", sorted(h.name for h in testbed.hosts))]
+        ("lb1", "int8", sorted(h.name for h in testbed.fleet))]
     assert rows[0]["url"] == lb.front_url
 
 
 def test_a_killed_engine_leaves_rotation_and_traffic_keeps_succeeding(lb, testbed):
-    victim = testbed.hosts[-1]
+    victim = testbed.fleet[-1]
     cfg = loadgen.LoadConfig(lb.front_url, testbed.api_key, rate=2.0, duration_s=120,
                              kinds=("stream-short", "plain-short"), max_tokens=16,
                              timeout_s=60)
