@@ -86,8 +86,9 @@ def test_bad_pins_are_refused_before_any_change(testbed, tmp_path):
 def test_a_pinned_image_the_stack_file_does_not_allow_is_refused(testbed, tmp_path):
     """int8 runs releases from 0.22.0 (its stack file's image rule): a nightly is refused."""
     pins = yaml.safe_load((STATE / "pins.yaml").read_text())
-    pins["stacks"]["int8"].update(image="vllm/vllm-openai:nightly-" + "0" * 40,
-                                  vllm_version="0.32.1rc1.dev761+gf090c8835")
+    pins["stacks"]["int8"].update(
+        image="vllm/vllm-openai:nightly-f090c883507d730ae76900d4ae60b673430b4bbf",
+        vllm_version="0.32.1rc1.dev761+gf090c8835")
     bad = tmp_path / "pins.yaml"
     bad.write_text(yaml.safe_dump(pins))
     proc = deploy(f"pins_file={bad}")

@@ -276,7 +276,7 @@ def test_a_stack_that_dies_at_boot_is_rolled_back_naming_the_failure(fleet, tmp_
     assert time.monotonic() - started < 300  # failed fast, not after the ready timeout
     assert route_of(host, key) == before and chat(host, key) == 200
     line = last_ledger(host)
-    assert (line["event"], line["result"]) == ("update", "rolled-back")
+    assert (line["event"], line["result"]) == ("swap", "rolled-back")
     assert line["boot_failure"]["kind"] == "kv-cache-too-small"
     assert line["attempted"]["stack"] == "int8-desktop" and line["stack"] == "int8"
     rc, log = host.sh(f"cat {line['kept_log']}")
