@@ -89,13 +89,18 @@ def converge() -> HostContext | BalancerContext:
     if kind.gpu:
         # pyinfra's @deploy returns what the function returns; its stubs say OperationMeta.
         ctx = cast(HostContext, preflight.preflight())
-        for role in ROLES:
+        # host.loop: pyinfra names an operation by the line numbers of its call stack alone
+        # (no file names), so two roles calling an operation at the same line would be one
+        # operation to it, and a host that skips one role's operation (no Genesis stack on a
+        # one-card host) would order the fleet's operations in a cycle. The loop position
+        # tells the roles apart.
+        for role in host.loop(ROLES):
             role(ctx)
     if not kind.balancer:
         assert ctx is not None
         return ctx
     lb = cast(BalancerContext, preflight.preflight_balancer(gpu_host=kind.gpu))
-    for lb_role in BALANCER_ROLES[1:] if kind.gpu else BALANCER_ROLES:
+    for lb_role in host.loop(BALANCER_ROLES[1:] if kind.gpu else BALANCER_ROLES):
         lb_role(lb)
     return ctx or lb
 
