@@ -142,15 +142,16 @@ class ImageRule:
         high = version_key(self.below_version) if self.below_version else None
         return not ((low is not None and have < low) or (high is not None and have >= high))
 
-    def problems(self, tag: str, version: str) -> list[str]:
+    def problems(self, tag: str, version: str | None) -> list[str]:
         """What is wrong with running image tag ``tag`` reporting vLLM ``version`` (empty
-        when the rule allows it), each phrased to follow ``image <ref>``."""
+        when the rule allows it; ``version`` None: the tag alone is judged), each phrased to
+        follow ``image <ref>``."""
         out = []
         kind = tag_kind(tag)
         if kind not in self.kinds:
             what = f"a {kind} tag" if kind else "neither a release (vX.Y.Z) nor a nightly tag"
             out.append(f"is {what}; the stack runs {' or '.join(self.kinds)} tags")
-        if not self.allows_version(version):
+        if version is not None and not self.allows_version(version):
             out.append(f"reports vLLM {version}; the stack needs {self.describe()}")
         return out
 

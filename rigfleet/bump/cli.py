@@ -316,6 +316,8 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         _log(f"candidate {candidate.image} {candidate.digest} built {candidate.created or '?'}")
     if names is None:
         names = bumped_stacks(opts, pins, candidate.repository if candidate else None)
+    if candidate is not None:
+        refuse_image_rules(inputs.catalog, names, candidate, None)  # before anything is pulled
 
     unreachable = reachability(remote, inputs.hosts)
     for name, reason in unreachable.items():
@@ -365,6 +367,17 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     return _execute(opts, inputs, remote, plan, candidate, probe.version or "", genesis)
 
 
+def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
+                       version: str | None) -> None:
+    """Refuse a candidate a bumped stack's stack file does not allow (its ``image`` rule: tag
+    kind, vLLM version range), before any host changes; ``version`` None: the tag alone."""
+    problems = [f"stacks.{n}: {candidate.image} {p} ({catalog.get(n).source}: image)"
+                for n in names for p in catalog.get(n).image.problems(candidate.tag, version)]
+    if problems:
+        raise BumpError("\n".join(problems) + "\nnothing changed; allowed: an image every "
+                        "bumped stack's file allows (`--stack` picks the stacks)")
+
+
 def _decide(
     opts: BumpOptions,
     inputs: Inputs,
@@ -388,6 +401,8 @@ def _decide(
         if version is not None:
             _log(f"candidate vLLM {version} (from the Genesis allowlist entry naming its "
                  "commit; read from the image when the bump runs)")  # fmt: skip
+    if candidate is not None:
+        refuse_image_rules(inputs.catalog, names, candidate, version)
     genesis = _genesis_choices(opts, inputs, pins, names, version, candidate, repos)
     if candidate is None:
         version = pins.stacks[names[0]].vllm_version

@@ -269,7 +269,9 @@ def args_for(fleet: dict[str, Any], *extra: str) -> argparse.Namespace:
 
 def test_unlisted_nightly_is_refused_before_any_host_changes(fleet, capsys) -> None:
     before = fleet["pins"].read_text()
-    rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{MTP_DIES}", "--yes"))
+    # Only the Genesis stack takes nightlies (int8's stack file allows releases only).
+    rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{MTP_DIES}", "--stack",
+                               "tq3-mtp-genesis", "--yes"))  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 1
     assert "vLLM 0.20.2rc1.dev129+g1acd67a79" in err and "(v7.72.2)" in err
@@ -282,8 +284,8 @@ def test_unlisted_nightly_is_refused_before_any_host_changes(fleet, capsys) -> N
 
 def test_dry_run_proposes_the_newer_genesis_and_changes_nothing(fleet, capsys) -> None:
     before = fleet["pins"].read_text()
-    rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{NEWER}", "--dry",
-                               "--batch-size", "2"))  # fmt: skip
+    rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{NEWER}", "--dry", "--stack",
+                               "tq3-mtp-genesis", "--batch-size", "2"))  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 0, err
     new_genesis = fleet["fixture"].commits[1].sha
@@ -295,10 +297,14 @@ def test_dry_run_proposes_the_newer_genesis_and_changes_nothing(fleet, capsys) -
 
 
 def test_stack_selection_limits_the_bump(fleet, capsys) -> None:
-    # int8 alone does not need Genesis: no refusal for the unlisted nightly.
+    # int8 alone: its own image rule refuses a nightly (no Genesis check is reached), and no
+    # host is asked anything.
     rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{MTP_DIES}", "--stack", "int8",
                                "--dry"))  # fmt: skip
-    assert rc == 0, capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 1
+    assert f"stacks.int8: vllm/vllm-openai:nightly-{MTP_DIES} is a nightly tag" in err
+    assert "Genesis" not in err and fleet["remote"].commands == []
     assert GENESIS_OLD  # (fixture commit constant kept in bump_helpers for e2e use)
 
 
@@ -410,3 +416,23 @@ def test_bumped_pins_carry_the_candidates_image_id(tmp_path) -> None:
     cand = Candidate(REPO, f"nightly-{NEWER}", DIGESTS[NEWER], image_id="sha256:" + "9" * 64)
     new = bump_cli.new_stack_pins(builtin_catalog(), pins, ["int8"], cand, VERSIONS[NEWER], {})
     assert new["int8"].image_id == "sha256:" + "9" * 64  # never the old image's id
+
+
+def test_a_candidate_a_stack_file_does_not_allow_is_refused_before_anything():
+    from rigfleet.bump.cli import BumpError, refuse_image_rules
+    from rigfleet.catalog import builtin_catalog
+
+    catalog = builtin_catalog()
+    nightly = Candidate("vllm/vllm-openai", "nightly-" + "f" * 40, "sha256:" + "1" * 64)
+    with pytest.raises(BumpError) as e:
+        refuse_image_rules(catalog, ["int8"], nightly, None)  # the tag alone: before a pull
+    assert str(e.value).startswith(
+        f"stacks.int8: vllm/vllm-openai:nightly-{'f' * 40} is a nightly tag; the stack runs "
+        "release tags (")
+    assert "nothing changed" in str(e.value)
+    release = Candidate("vllm/vllm-openai", "v0.24.0", "sha256:" + "2" * 64)
+    refuse_image_rules(catalog, ["tq3-mtp-genesis"], release, None)  # the tag kind is fine
+    with pytest.raises(BumpError, match=r"stacks.tq3-mtp-genesis: vllm/vllm-openai:v0.24.0 "
+                                        r"reports vLLM 0.24.0; the stack needs .*< 0.24.0"):
+        refuse_image_rules(catalog, ["tq3-mtp-genesis"], release, "0.24.0")
+    refuse_image_rules(catalog, ["int8"], release, "0.24.0")
