@@ -82,6 +82,11 @@ class Paths:
     def known_hosts(self) -> Path:
         return self.root / "ssh" / "known_hosts"
 
+    def owner(self) -> str:
+        """Who a container was made for: this state directory and its SSH key (made first)."""
+        pub = self.ssh_key.with_suffix(".pub").read_bytes()
+        return hostspec.hashed({"state": str(self.root.resolve()), "key": pub.decode()})
+
     @property
     def services_data(self) -> Path:
         return self.root / "services"
@@ -353,24 +358,30 @@ def _create(
     return c.containers.get(name)
 
 
-def _current(c: docker.DockerClient, name: str, image: str):
-    """The container ``name``, or None when it is missing or runs another build than
-    ``image`` (then it is removed: the registry and services keep their data in bind mounts)."""
+OWNER_LABEL = "io.rigfleet_testbed.owner"
+
+
+def _current(c: docker.DockerClient, name: str, image: str, paths: Paths):
+    """The container ``name``, or None when it is missing, runs another build than ``image``
+    or was made for another state directory (then it is removed: the registry and services keep
+    their data in bind mounts, of the state directory they were made for)."""
     ctr = _get(c, name)
-    if ctr is not None and ctr.image.id != c.images.get(image).id:
+    if ctr is not None and (ctr.image.id != c.images.get(image).id
+                            or (ctr.labels or {}).get(OWNER_LABEL) != paths.owner()):
         ctr.remove(force=True)
         return None
     return ctr
 
 
 def ensure_registry(c: docker.DockerClient, paths: Paths, log: Log, image: str) -> None:
-    if (ctr := _current(c, layout.REGISTRY_CONTAINER, image)) is None:
+    if (ctr := _current(c, layout.REGISTRY_CONTAINER, image, paths)) is None:
         ctr = _create(
             c, layout.REGISTRY_CONTAINER, image, layout.REGISTRY_IP,
             [layout.REGISTRY_ALIAS], {"5000/tcp": ("127.0.0.1", layout.REGISTRY_LOCAL_PORT)},
             # A directory, not a volume: pushed images survive `down`, so a second `up` is quick.
             binds={str(paths.root / "registry"): {"bind": "/var/lib/docker-registry",
                                                    "mode": "rw"}},
+            labels={OWNER_LABEL: paths.owner()},
         )
     if ctr.status != "running":
         ctr.start()
@@ -391,7 +402,7 @@ def _aliases(ctr) -> set[str]:
 
 
 def ensure_services(c: docker.DockerClient, paths: Paths, image: str) -> None:
-    ctr = _current(c, layout.SERVICES_CONTAINER, image)
+    ctr = _current(c, layout.SERVICES_CONTAINER, image, paths)
     if ctr is not None and not set(layout.SERVICES_ALIASES) <= _aliases(ctr):
         ctr.remove(force=True)  # made before a name was added (download.docker.rigfleet.test)
         ctr = None
@@ -404,6 +415,7 @@ def ensure_services(c: docker.DockerClient, paths: Paths, image: str) -> None:
              "8090/tcp": ("127.0.0.1", layout.GIT_LOCAL_PORT),
              f"{layout.PYPI_PORT}/tcp": ("127.0.0.1", layout.PYPI_LOCAL_PORT)},
             binds={str(paths.services_data): {"bind": "/srv/testbed", "mode": "ro"}},
+            labels={OWNER_LABEL: paths.owner()},
         )
     if ctr.status != "running":
         ctr.start()
@@ -425,7 +437,7 @@ def ensure_host(c: docker.DockerClient, spec: HostSpec, paths: Paths, image: str
     pinned ``image``; True if new."""
     slot = spec.slot
     image_id = c.images.get(image).id
-    wanted = spec.config_hash(image_id)
+    wanted = spec.config_hash(image_id, paths.owner())
     ctr = _get(c, slot.container)
     if ctr is not None and (ctr.labels or {}).get(HOST_CONFIG_LABEL) != wanted:
         ctr.remove(force=True)  # a different machine now: new disk, new firmware
@@ -474,7 +486,8 @@ def ensure_balancer(c: docker.DockerClient, slot: BalancerSlot, paths: Paths,
                     image: str) -> bool:
     """Create (or re-create when its image changed) and start the balancer host: the host
     image (systemd, sshd), no GPU hardware, firmware or Docker volume; True if new."""
-    wanted = hostspec.hashed({"v": BALANCER_CONFIG_VERSION, "image": c.images.get(image).id})
+    wanted = hostspec.hashed({"v": BALANCER_CONFIG_VERSION, "image": c.images.get(image).id,
+                              "owner": paths.owner()})
     ctr = _get(c, slot.container)
     if ctr is not None and (ctr.labels or {}).get(HOST_CONFIG_LABEL) != wanted:
         ctr.remove(force=True)

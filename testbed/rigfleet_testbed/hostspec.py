@@ -43,10 +43,13 @@ class HostSpec:
     def ssh_user(self) -> str:
         return layout.SUDO_USER if self.sudo else "root"
 
-    def config_hash(self, image_id: str) -> str:
-        """Changes whenever the container must be made anew (a new machine)."""
+    def config_hash(self, image_id: str, owner: str) -> str:
+        """Changes whenever the container must be made anew (a new machine). ``owner`` names
+        the control side it was made for (state directory and SSH key): a container left by
+        another checkout, or from before the state directory was wiped, is a different
+        machine, not one to log into with a key it never got."""
         return hashed({"v": CONFIG_VERSION, "image": image_id, "os": self.os.name,
-                       "sudo": self.sudo, "hardware": self.profile})
+                       "sudo": self.sudo, "hardware": self.profile, "owner": owner})
 
     def metadata(self) -> dict[str, Any]:
         """What tests read from ``.testbed/hosts/<host>/host.json``."""

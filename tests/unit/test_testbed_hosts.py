@@ -44,10 +44,24 @@ def test_config_hash_changes_with_what_the_machine_is() -> None:
     b, = hostspec.host_specs(1, sudo=["host1"])
     c, = hostspec.host_specs(1, [hardware.parse_override("host1:secure_boot=1")])
     d, = hostspec.host_specs(1, oses=[hostspec.parse_os("host1=debian12")])
-    hashes = {s.config_hash("sha256:1") for s in (a, b, c, d)}
+    hashes = {s.config_hash("sha256:1", "me") for s in (a, b, c, d)}
     assert len(hashes) == 4
-    assert a.config_hash("sha256:1") != a.config_hash("sha256:2")  # a new host image
-    assert a.config_hash("sha256:1") == hostspec.host_specs(1)[0].config_hash("sha256:1")
+    assert a.config_hash("sha256:1", "me") != a.config_hash("sha256:2", "me")  # new host image
+    assert a.config_hash("sha256:1", "me") == hostspec.host_specs(1)[0].config_hash("sha256:1", "me")
+    # Made for another state directory or SSH key: a machine our key was never put on.
+    assert a.config_hash("sha256:1", "me") != a.config_hash("sha256:1", "another checkout")
+
+
+def test_the_owner_names_the_state_directory_and_its_key(tmp_path) -> None:
+    from rigfleet_testbed.fleet import Paths
+
+    owners = []
+    for state, key in (("a", "k1"), ("a", "k2"), ("b", "k1")):
+        paths = Paths(tmp_path / state)
+        paths.ssh_key.parent.mkdir(parents=True, exist_ok=True)
+        paths.ssh_key.with_suffix(".pub").write_text(f"ssh-ed25519 {key}\n")
+        owners.append(paths.owner())
+    assert len(set(owners)) == 3
 
 
 def test_hardware_firmware_keys() -> None:
