@@ -113,6 +113,10 @@ class BumpError(RigfleetError, RuntimeError):
     """The bump cannot start (inputs); the message says what to fix."""
 
 
+class ImageRefused(RigfleetError, ValueError):
+    """A bumped stack's stack file does not allow the candidate; the message names the rule."""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``rigfleet bump`` on the CLI's subparsers (``rigfleet/cli.py`` calls this)."""
     p = subparsers.add_parser(
@@ -284,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     remote = SshRemote()
     try:
         return _bump(opts, inputs, remote)
-    except GenesisRefused as e:
+    except (GenesisRefused, ImageRefused) as e:
         console.print(f"[red]refused:[/red] {e}")
         return EXIT_FAILED
     except RegistryError as e:
@@ -374,7 +378,7 @@ def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
     problems = [f"stacks.{n}: {candidate.image} {p} ({catalog.get(n).source}: image)"
                 for n in names for p in catalog.get(n).image.problems(candidate.tag, version)]
     if problems:
-        raise BumpError("\n".join(problems) + "\nnothing changed; allowed: an image every "
+        raise ImageRefused("\n".join(problems) + "\nnothing changed; allowed: an image every "
                         "bumped stack's file allows (`--stack` picks the stacks)")
 
 

@@ -302,7 +302,7 @@ def test_stack_selection_limits_the_bump(fleet, capsys) -> None:
     rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{MTP_DIES}", "--stack", "int8",
                                "--dry"))  # fmt: skip
     err = " ".join(capsys.readouterr().err.split())
-    assert rc == 1
+    assert rc == 1 and "refused:" in err
     assert f"stacks.int8: vllm/vllm-openai:nightly-{MTP_DIES} is a nightly tag" in err
     assert "Genesis" not in err and fleet["remote"].commands == []
     assert GENESIS_OLD  # (fixture commit constant kept in bump_helpers for e2e use)
@@ -419,12 +419,12 @@ def test_bumped_pins_carry_the_candidates_image_id(tmp_path) -> None:
 
 
 def test_a_candidate_a_stack_file_does_not_allow_is_refused_before_anything():
-    from rigfleet.bump.cli import BumpError, refuse_image_rules
+    from rigfleet.bump.cli import ImageRefused, refuse_image_rules
     from rigfleet.catalog import builtin_catalog
 
     catalog = builtin_catalog()
     nightly = Candidate("vllm/vllm-openai", "nightly-" + "f" * 40, "sha256:" + "1" * 64)
-    with pytest.raises(BumpError) as e:
+    with pytest.raises(ImageRefused) as e:
         refuse_image_rules(catalog, ["int8"], nightly, None)  # the tag alone: before a pull
     assert str(e.value).startswith(
         f"stacks.int8: vllm/vllm-openai:nightly-{'f' * 40} is a nightly tag; the stack runs "
@@ -432,7 +432,7 @@ def test_a_candidate_a_stack_file_does_not_allow_is_refused_before_anything():
     assert "nothing changed" in str(e.value)
     release = Candidate("vllm/vllm-openai", "v0.24.0", "sha256:" + "2" * 64)
     refuse_image_rules(catalog, ["tq3-mtp-genesis"], release, None)  # the tag kind is fine
-    with pytest.raises(BumpError, match=r"stacks.tq3-mtp-genesis: vllm/vllm-openai:v0.24.0 "
+    with pytest.raises(ImageRefused, match=r"stacks.tq3-mtp-genesis: vllm/vllm-openai:v0.24.0 "
                                         r"reports vLLM 0.24.0; the stack needs .*< 0.24.0"):
         refuse_image_rules(catalog, ["tq3-mtp-genesis"], release, "0.24.0")
     refuse_image_rules(catalog, ["int8"], release, "0.24.0")
