@@ -1,23 +1,24 @@
-"""Issue 5 on a 3-host simulated fleet: ``rigfleet bump`` rolls nightlies out canary first.
+"""``rigfleet bump`` on the session fleet: release tags by version order, canary first.
 
-host1 serves tq3-mtp-genesis (the canary: the Genesis stack is where MTP regressions show),
-host2 and host3 serve int8. The tests run in order on one fleet, each from where the previous
-one left it:
+host1..host3 serve int8 on the default pins (host1 is the inventory's canary); host4 (when the
+session has it) serves the single-card stack, which a ``--stack int8`` bump leaves alone. The
+tests run in order on one fleet, each from where the previous one left it:
 
-1. ``--dry`` prints the plan and changes nothing;
-2. a nightly no Genesis commit lists is refused before any host changes, naming both versions;
-3. the regressed nightly: the canary fails its gate and rolls back, the others are never
-   touched, the pins file is unchanged, the exit status is non-zero naming the failed checks;
-4. the good newer nightly: canary, then a batch of two, promoted; Genesis v7.73.0 proposed;
-   pins file + history updated; the image saved to a directory and copied to the mirror;
-5. a host stopped during its batch: the other host of the batch finishes, the report names
-   the lost host, the pins file says what each host runs; a second bump while it is down
-   reports it unreachable and skips it; once it is back, a third bump finishes the job.
+1. ``--latest --dry`` proposes the newest release above the pin (v0.28.0, by version order)
+   and changes nothing;
+2. images the int8 stack file does not allow (a nightly; a release below v0.22.0, which has no
+   INT8 per-token-head KV) are refused before any host changes;
+3. the bump to v0.28.0 is killed (its whole process group, as when the control machine dies)
+   as soon as the canary promoted: a converge keeps host1 on the candidate (the bump journal)
+   and the others on the pins file; the next ``rigfleet bump`` resumes the plan, and host3 is
+   stopped while its swap holds the lock: host2 promotes, host3 is reported lost, the pins file
+   records what each host runs; a bump while host3 is down reports it unreachable; once it is
+   back, a bump finishes the job, saves the image to a directory and copies it to a mirror.
 
 The bump works on its own copy of the pins file (inventory data ``pins_file``), so the fleet
-goes back to the testbed's pins at the end (one converge) for the tests that follow.
+goes back to the default pins at the end (one converge) for the modules that follow.
 
-    RIGFLEET_TESTBED_INSTANCE=4 RIGFLEET_TESTBED_HOSTS=3 RIGFLEET_KEEP_TESTBED=1 \
+    RIGFLEET_TESTBED_HOSTS=3 RIGFLEET_TESTBED_EXTRAS=0 RIGFLEET_KEEP_TESTBED=1 \
         .venv/bin/python -m pytest tests/e2e/test_05_bump.py -x -v
 """
 
@@ -25,40 +26,45 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import HOSTS, INVENTORY, STATE, run
+from conftest import HOSTS, INVENTORY, REPO, STATE, run
 from rigfleet_testbed import layout
 
+from rigfleet.bump.journal import journal_path
 from rigfleet.pins import load_pins
 
 if HOSTS < 3:
     pytest.skip("the bump tests need 3 hosts: RIGFLEET_TESTBED_HOSTS=3", allow_module_level=True)
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
-RIGFLEET = str(Path(sys.executable).with_name("rigfleet"))
-TQ3 = "tq3-mtp-genesis"
-GOOD = "01d4d1ad375dc5854779c593eee093bcebb0cada"
-DIES = "1acd67a795ebccdf9b9db7697ae9082058301657"
-NEWER = "3f9c2a7e5b1d4c8a9e0f6b2d7c1a5e8f9b3d6c02"
-REGRESSED = "b7e4d1c9a2f5e8b3d6c0a9f2e5b8d1c4a7f0e3b6"
+NEWEST = "v0.28.0"  # the newest release the twin's mirror serves (Docker Hub's today)
+NIGHTLY = "nightly-f090c883507d730ae76900d4ae60b673430b4bbf"  # served: among the 14 newest
+TOO_OLD = "v0.20.0"  # no int8_per_token_head before v0.22.0
 BUMP_INVENTORY = INVENTORY.with_name(INVENTORY.stem + "-bump.py")
 BUMP_PINS = STATE / "bump-pins.yaml"
+JOURNAL = journal_path(BUMP_PINS)
 REGISTRY = f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}"
+BUMP = [sys.executable, "-m", "rigfleet.bump.cli", "--inventory", str(BUMP_INVENTORY)]
+TO_NEWEST = ["--image", NEWEST, "--stack", "int8", "--batch-size", "2", "--yes"]
 
 
-def bump(*args: str, check: bool = False, timeout: float = 1800) -> subprocess.CompletedProcess:
-    """``rigfleet bump`` (through the module, so it runs before cli.py wires it in)."""
-    cmd = [sys.executable, "-m", "rigfleet.bump.cli", "--inventory", str(BUMP_INVENTORY), *args]
-    proc = run(cmd, check=False, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+def bump(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """``rigfleet bump --inventory <the bump inventory> ARGS``; stderr printed."""
+    proc = run([*BUMP, *args], check=False, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
     print(proc.stderr[-6000:])
-    if check and proc.returncode != 0:
-        raise AssertionError(f"bump exited {proc.returncode}:\n{proc.stderr[-4000:]}")
     return proc
+
+
+def said(proc: subprocess.CompletedProcess) -> str:
+    """stderr with the terminal's line wrapping undone."""
+    return " ".join(proc.stderr.split())
 
 
 def state(host) -> dict:
@@ -73,30 +79,21 @@ def ledger_lines(host) -> int:
     return int(out.strip())
 
 
-def genesis_head(host) -> str:
-    rc, out = host.sh("git -C /opt/rigfleet/genesis rev-parse HEAD")
-    assert rc == 0, out
-    return out.strip()
-
-
-def has_image(host, digest: str) -> bool:
-    return host.sh(f"docker image inspect vllm/vllm-openai@{digest} >/dev/null 2>&1")[0] == 0
-
-
 def images(host) -> str:
     rc, out = host.sh("docker image ls --digests --format '{{.Digest}}' vllm/vllm-openai | sort")
     assert rc == 0, out
     return out
 
 
-def fixture_commits() -> list[str]:
-    data = json.loads((STATE / "fixtures.json").read_text())
-    return [c["sha"] for c in data["genesis"]["commits"]]
+def digest_of(tag: str) -> str:
+    from rigfleet.registry import Registry
+
+    return Registry(REGISTRY).digest("vllm/vllm-openai", tag)
 
 
 def write_bump_inventory() -> None:
-    """The testbed inventory with host1 on the Genesis stack, its own pins file, and where
-    this machine reaches the testbed's registry and Genesis repository."""
+    """The testbed inventory with its own pins file, host1 as the canary, and where this
+    machine reaches the testbed's registry and Genesis repository."""
     BUMP_INVENTORY.write_text(f'''"""Testbed {layout.INSTANCE} for tests/e2e/test_05_bump.py."""
 import runpy
 
@@ -104,9 +101,15 @@ _tb = runpy.run_path({str(INVENTORY)!r})
 _hosts, _data = _tb["gpu_hosts"]
 _data = {{**_data, "pins_file": {str(BUMP_PINS)!r}, "bump_registry": {REGISTRY!r},
          "bump_genesis_url": "http://127.0.0.1:{layout.GIT_LOCAL_PORT}/genesis-vllm-patches.git"}}
-gpu_hosts = ([(n, {{**d, "stack": {TQ3!r}}} if n == "host1" else d) for n, d in _hosts], _data)
+gpu_hosts = (_hosts, _data)
+balancers = _tb.get("balancers", ([], {{}}))
 canary = ["host1"]
 ''')
+
+
+def running(host) -> bool:
+    return subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", host.container],
+                          capture_output=True, text=True).stdout.strip() == "true"  # fmt: skip
 
 
 def start_host(host, key: str) -> None:
@@ -119,152 +122,118 @@ def start_host(host, key: str) -> None:
 def wait_idle(host, key: str, timeout: float = 300) -> None:
     """No transaction holds the host's lock and the front answers with the key."""
     deadline = time.monotonic() + timeout
-    probe = (f"test ! -d /var/lib/rigfleet/lock && curl -s -o /dev/null -w '%{{http_code}}' "
-             f"-H 'Authorization: Bearer {key}' http://127.0.0.1:8000/v1/models")  # fmt: skip
     while time.monotonic() < deadline:
         try:
-            rc, out = host.sh(probe, timeout=20)
-        except Exception:  # SSH not back yet
-            rc, out = 1, ""
-        if rc == 0 and out.strip() == "200":
-            return
+            busy = host.sh("test -d /var/lib/rigfleet/lock", timeout=20)[0] == 0
+            req = urllib.request.Request(f"{host.front_url}/v1/models",
+                                         headers={"Authorization": f"Bearer {key}"})
+            if not busy and host.urlopen(req, timeout=10).status == 200:
+                return
+        except Exception:  # SSH or the front not back yet
+            pass
         time.sleep(2)
     raise AssertionError(f"{host.name} did not come back serving within {timeout:g}s")
 
 
 @pytest.fixture(scope="module")
-def fleet(testbed):
-    """host1 on tq3-mtp-genesis, all on the testbed's pins (a copy the bump may change)."""
+def fleet(converged, testbed):
+    """The converged fleet, on a copy of the default pins that the bump may change."""
     BUMP_PINS.write_text((STATE / "pins.yaml").read_text())
+    JOURNAL.unlink(missing_ok=True)
     write_bump_inventory()
-    run([PYINFRA, str(BUMP_INVENTORY), "deploy.py", "-y"], timeout=1800)
     yield testbed
     for host in testbed.hosts:  # a host stopped by a failed test
-        if subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", host.container],
-                          capture_output=True, text=True).stdout.strip() != "true":  # fmt: skip
+        if not running(host):
             start_host(host, testbed.api_key)
         wait_idle(host, testbed.api_key)
     run([PYINFRA, str(INVENTORY), "deploy.py", "-y"], timeout=1800, check=False)
-    BUMP_INVENTORY.unlink(missing_ok=True)
-    BUMP_PINS.unlink(missing_ok=True)
+    for f in (BUMP_INVENTORY, BUMP_PINS, JOURNAL):
+        f.unlink(missing_ok=True)
 
 
-# --- 1. --dry ----------------------------------------------------------------------------------
+def untouched(fleet):
+    """What a refused bump must leave as it is: the pins file, each host's state, ledger and
+    the canary's images."""
+    return (BUMP_PINS.read_text(), [state(h) for h in fleet.hosts],
+            [ledger_lines(h) for h in fleet.hosts], images(fleet.hosts[0]))
 
 
-def test_dry_run_prints_the_plan_and_changes_nothing(fleet):
-    before_pins = BUMP_PINS.read_text()
-    before = [ledger_lines(h) for h in fleet.hosts]
-    pulled = images(fleet.hosts[0])
-    proc = bump("--image", f"nightly-{NEWER}", "--batch-size", "2", "--dry")
-    assert proc.returncode == 0
-    err = proc.stderr
-    assert "canary" in err and "host1 (tq3-mtp-genesis)" in err
+# --- 1. --latest --dry ----------------------------------------------------------------------
+
+
+def test_latest_dry_proposes_the_newest_release_by_version_and_changes_nothing(fleet):
+    before = untouched(fleet)
+    proc = bump("--latest", "--stack", "int8", "--batch-size", "2", "--dry")
+    assert proc.returncode == 0, proc.stderr
+    err = said(proc)
+    assert f"vllm/vllm-openai:{NEWEST}" in err and "0.28.0" in err
+    assert "canary" in err and "host1 (int8)" in err
     assert "host2 (int8), host3 (int8)" in err  # one batch of two
-    assert "(v7.73.0)" in err  # the Genesis pair it would propose
-    assert "0.20.2rc1.dev212+g3f9c2a7e5" in err
-    assert BUMP_PINS.read_text() == before_pins
-    assert [ledger_lines(h) for h in fleet.hosts] == before
-    assert images(fleet.hosts[0]) == pulled  # --dry pulls nothing
+    assert untouched(fleet) == before  # nothing pulled, written or swapped
+    assert not JOURNAL.exists()
 
 
-def _digest(sha: str) -> str:
-    from rigfleet.registry import Registry
-
-    return Registry(REGISTRY).digest("vllm/vllm-openai", f"nightly-{sha}")
+# --- 2. images the stack file does not allow -----------------------------------------------
 
 
-# --- 2. not on any Genesis allowlist -----------------------------------------------------------
+@pytest.mark.parametrize("tag, named", [
+    (NIGHTLY, "release"),  # int8 takes release tags only
+    (TOO_OLD, "0.22.0"),  # and none below v0.22.0
+])
+def test_an_image_the_stack_file_does_not_allow_is_refused_before_any_host_changes(
+        fleet, tag, named):
+    before = untouched(fleet)
+    proc = bump("--image", tag, "--stack", "int8", "--yes")
+    assert proc.returncode != 0
+    err = said(proc)
+    assert "refused" in err and "int8" in err and tag.split("-")[-1][:12] in err, err
+    assert named in err, err
+    assert untouched(fleet) == before
+    assert not JOURNAL.exists()
 
 
-def test_nightly_genesis_does_not_list_is_refused_before_any_host_changes(fleet):
-    before_pins = BUMP_PINS.read_text()
-    before = [state(h) for h in fleet.hosts]
-    lines = [ledger_lines(h) for h in fleet.hosts]
-    pulled = images(fleet.hosts[0])
-    proc = bump("--image", f"nightly-{DIES}", "--yes")
-    assert proc.returncode == 1
-    err = " ".join(proc.stderr.split())
-    assert "refused" in err
-    assert "vLLM 0.20.2rc1.dev129+g1acd67a79 is not on Genesis" in err  # the candidate
-    assert "(v7.72.2)" in err and "(v7.73.0)" in err  # the pin, and what else was checked
-    assert BUMP_PINS.read_text() == before_pins
-    assert [state(h) for h in fleet.hosts] == before
-    assert [ledger_lines(h) for h in fleet.hosts] == lines
-    # The canary pulled the candidate to read its version; the refusal removed it again.
-    assert images(fleet.hosts[0]) == pulled
+# --- 3. killed after the canary, resumed, a host lost, finished -----------------------------
 
 
-# --- 3. the regressed nightly ------------------------------------------------------------------
-
-
-def test_regressed_nightly_fails_the_canary_gate_and_nobody_else_moves(fleet):
+def test_a_bump_killed_after_the_canary_promoted_is_kept_by_the_converge(fleet):
+    host1, host2, host3 = fleet.fleet[:3]
     old = load_pins(BUMP_PINS)
-    host1, host2, host3 = fleet.hosts
-    others = [(ledger_lines(h), state(h)) for h in (host2, host3)]
-    proc = bump("--image", f"nightly-{REGRESSED}", "--batch-size", "2", "--yes")
-    assert proc.returncode == 1
-    err = " ".join(proc.stderr.split())
-    assert "host1 failed (failed checks:" in err and "spec_decode" in err
-    assert "the canary host1 did not promote; no other host touched" in err
-    # The pins file is untouched; host1 serves the old pins again; the others never moved.
-    assert load_pins(BUMP_PINS) == old
+    others = [(ledger_lines(h), state(h)["digest"]) for h in (host2, host3)]
+    proc = subprocess.Popen([*BUMP, *TO_NEWEST], cwd=REPO, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "COLUMNS": "200"},
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 900
+    promoted = False
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            outcomes = json.loads(JOURNAL.read_text()).get("outcomes", {})
+        except (FileNotFoundError, ValueError):
+            outcomes = {}
+        if outcomes.get("host1", {}).get("status") == "promoted":
+            os.killpg(proc.pid, signal.SIGKILL)  # the bump and its pyinfra run, at once
+            promoted = True
+            break
+        time.sleep(0.1)
+    proc.wait(timeout=60)
+    print(proc.stderr.read()[-4000:] if proc.stderr else "")
+    assert promoted, "the canary never promoted"
+    new = digest_of(NEWEST)
+    assert JOURNAL.exists() and load_pins(BUMP_PINS) == old  # unfinished: pins not written
+    assert state(host1)["digest"] == new
+
+    converge = run([PYINFRA, str(BUMP_INVENTORY), "deploy.py", "-y", "--limit", "host1",
+                    "--limit", "host2", "--limit", "host3"], timeout=1800)  # fmt: skip
+    assert converge.returncode == 0
     s1 = state(host1)
-    assert s1["stack"] == TQ3 and s1["digest"] == old.stacks[TQ3].digest
-    assert s1["last_swap"]["result"] == "rolled-back"
-    assert "spec_decode" in s1["last_swap"]["gate"]["failed_checks"]
-    assert [(ledger_lines(h), state(h)) for h in (host2, host3)] == others
-    # The re-converge put host1's Genesis checkout back on the pin, and its image is gone.
-    assert genesis_head(host1) == old.stacks[TQ3].genesis.commit
-    assert not has_image(host1, _digest(REGRESSED))
+    assert s1["digest"] == new and s1["last_swap"]["result"] == "promoted"
+    assert [(ledger_lines(h), state(h)["digest"]) for h in (host2, host3)] == others
 
 
-# --- 4. the good newer nightly ------------------------------------------------------------------
-
-
-def test_good_nightly_promotes_canary_then_the_rest_and_records_it(fleet, tmp_path):
+def test_the_next_bump_resumes_it_and_reports_a_host_lost_in_its_batch(fleet):
+    host1, host2, host3 = fleet.fleet[:3]
     old = load_pins(BUMP_PINS)
-    v7730 = fixture_commits()[1]
-    proc = bump("--image", f"nightly-{NEWER}", "--batch-size", "2", "--yes",
-                "--save-dir", str(tmp_path), "--push-mirror", REGISTRY, "--json")  # fmt: skip
-    assert proc.returncode == 0
-    summary = json.loads(proc.stdout)
-    assert summary["outcome"] == "promoted"
-    assert {h: r["result"] for h, r in summary["hosts"].items()} == {
-        "host1": "promoted", "host2": "promoted", "host3": "promoted"}  # fmt: skip
-    err = proc.stderr
-    assert err.index("canary: host1 promoted") < err.index("batch 1: deploying host2, host3")
-    new = load_pins(BUMP_PINS)
-    assert new.serial == old.serial + 1 and new.hosts == {}
-    digest = _digest(NEWER)
-    assert {s.digest for s in new.stacks.values()} == {digest}
-    assert new.stacks[TQ3].vllm_version == "0.20.2rc1.dev212+g3f9c2a7e5"
-    assert new.stacks[TQ3].genesis.commit == v7730  # proposed: v7.72.2 does not list it
-    entry = new.history[-1]
-    assert entry["action"] == "bump" and entry["outcome"] == "promoted"
-    assert entry["old"][TQ3]["digest"] == old.stacks[TQ3].digest
-    assert entry["new"][TQ3]["genesis"] == v7730
-    assert all(entry["hosts"][h]["gate"].startswith("pass") for h in ("host1", "host2", "host3"))
-    for host in fleet.hosts:
-        s = state(host)
-        assert s["digest"] == digest and s["last_swap"]["result"] == "promoted"
-        assert has_image(host, old.stacks["int8"].digest)  # the previous image, for rollback
-    # Kept reproducible: a docker-save archive here, the same digest in the mirror.
-    archive = tmp_path / f"vllm_vllm-openai_nightly-{NEWER}.tar"
-    assert archive.stat().st_size > 0
-    assert json.loads(archive.with_suffix(".json").read_text())["digest"] == digest
-    assert entry["mirror"]["digest"] == digest
-
-
-# --- 5. a host lost mid-rollout -----------------------------------------------------------------
-
-
-def test_host_stopped_during_its_batch_is_reported_and_the_batch_finishes(fleet):
-    host1, host2, host3 = fleet.hosts
-    before = load_pins(BUMP_PINS)
-    cmd = [sys.executable, "-m", "rigfleet.bump.cli", "--inventory", str(BUMP_INVENTORY),
-           "--image", f"nightly-{GOOD}", "--batch-size", "2", "--yes"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], text=True,
+    proc = subprocess.Popen([*BUMP, "--yes"], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "COLUMNS": "200"})  # fmt: skip
     # Stop host3 once its swap holds the host lock (the old stack is going down).
@@ -278,34 +247,52 @@ def test_host_stopped_during_its_batch_is_reported_and_the_batch_finishes(fleet)
             stopped = True
             break
         time.sleep(0.5)
-    out, err = proc.communicate(timeout=1800)
+    _, err = proc.communicate(timeout=1800)
     print(err[-6000:])
     assert stopped, "host3's swap never took the lock"
     assert proc.returncode == 1
     text = " ".join(err.split())
+    assert "resuming" in text
     assert "batch 1: host2 promoted" in text
     assert "host3 lost" in text and "bump failed: host3 lost" in text
     # Partial: the fleet's pins stay; host1 and host2 are recorded on what they now run.
     after = load_pins(BUMP_PINS)
-    good = _digest(GOOD)
-    assert after.stacks == before.stacks
+    new = digest_of(NEWEST)
+    assert after.stacks == old.stacks
     assert set(after.hosts) == {"host1", "host2"}
-    assert after.for_host("host2").stacks["int8"].digest == good
+    assert after.for_host("host1").stacks["int8"].digest == new
+    assert after.for_host("host2").stacks["int8"].digest == new
     assert after.history[-1]["outcome"] == "partial"
     assert after.history[-1]["hosts"]["host3"]["result"] == "lost"
-    assert state(host2)["digest"] == good
+    assert state(host2)["digest"] == new
+    assert not JOURNAL.exists()
 
     # While host3 is down, a bump reports it unreachable and skips it (nothing else to do).
-    proc = bump("--image", f"nightly-{GOOD}", "--yes")
+    proc = bump(*TO_NEWEST)
     assert proc.returncode == 2
-    assert "host3 is unreachable" in proc.stderr
+    assert "host3 is unreachable" in said(proc)
 
-    # Back up: it serves what it served before (boot-time recreation); a bump finishes it.
-    start_host(host3, fleet.api_key)
-    proc = bump("--image", f"nightly-{GOOD}", "--yes")
+
+def test_once_the_lost_host_is_back_a_bump_finishes_and_keeps_the_image(fleet, tmp_path):
+    host3 = fleet.fleet[2]
+    start_host(host3, fleet.api_key)  # it serves what it served before (boot-time recreation)
+    proc = bump(*TO_NEWEST, "--save-dir", str(tmp_path), "--push-mirror", REGISTRY, "--json")
     assert proc.returncode == 0
-    assert "canary: host3 promoted" in " ".join(proc.stderr.split())
+    assert "canary: host3 promoted" in said(proc)
+    new = digest_of(NEWEST)
     final = load_pins(BUMP_PINS)
-    assert final.hosts == {} and final.stacks["int8"].digest == good
-    assert final.history[-1]["outcome"] == "promoted"
-    assert state(host3)["digest"] == good
+    assert final.hosts == {} and final.stacks["int8"].digest == new
+    assert final.stacks["int8"].image == f"vllm/vllm-openai:{NEWEST}"
+    assert final.stacks["int8"].vllm_version == "0.28.0"
+    entry = final.history[-1]
+    assert entry["action"] == "bump" and entry["outcome"] == "promoted"
+    for host in fleet.fleet[:3]:
+        s = state(host)
+        assert s["digest"] == new and s["last_swap"]["result"] == "promoted", host.name
+    # Kept reproducible: a docker-save archive here, the same digest in the mirror.
+    archive = tmp_path / f"vllm_vllm-openai_{NEWEST}.tar"
+    assert archive.stat().st_size > 0
+    assert json.loads(archive.with_suffix(".json").read_text())["digest"] == new
+    assert entry["mirror"]["digest"] == new
+    summary = json.loads(proc.stdout)
+    assert summary["outcome"] == "promoted"

@@ -225,12 +225,12 @@ class Engine:
         """The throughput model's inputs now (power limits can change while serving)."""
         hw = rig.read_rig(self.gpus)
         p2p_off = os.environ.get("NCCL_P2P_DISABLE", "0").lower() in ("1", "true", "yes")
-        factor, jitter = perf.build_adjustments(self.build.regressions)
+        factor, swing = perf.build_adjustments(self.build.regressions)
         cond = perf.Conditions(
             era=perf.era_of(self.build.version), backend=self.graphs.backend,
             graph_mode=self.graphs.mode, tp=self.cfg.tensor_parallel_size,
             spec_tokens=self.k, cards=hw.cards, nvlink_p2p=hw.nvlink and not p2p_off,
-            decode_factor=factor, jitter=jitter)
+            decode_factor=factor, swing=swing)
         return cond, hw
 
     def speedup(self, hw: rig.Rig) -> float:

@@ -73,7 +73,10 @@ How each factor is set (cited, or marked as our assumption):
   against a corrupted cache (prose length 1.75, code 2.15): seed 000's 98.7 (CV 36%) /
   104.5 (CV 27%).
 - Builds: ``decode-throughput-regression`` decodes at 0.70x, ``decode-throughput-unstable``
-  adds a 15% per-request jitter (CV > 10%); nothing else changes.
+  is bimodal from one request to the next (like the bimodal TQ3 + MTP above, but alternating:
+  1.45x then 0.55x of its neighbours' speed, CV ~45-55% over any 5 runs; a twin on a shared
+  CPU shows up to ~20% CV from the machine alone, so an instability must stand well above
+  that to be told from it); nothing else changes.
 - Prefill (time to first token): 2200 tok/s on two cards, 1200 on one, at 350 W on x16 gen4
   (our assumption; no reference figure); compute-bound, so the single-card power curve
   applies at any TP, with the PCIe prefill share above.
@@ -81,6 +84,7 @@ How each factor is set (cited, or marked as our assumption):
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import re
@@ -195,7 +199,7 @@ STREAM_STEP_COST = 0.3
 PREFILL_REF_TOK_S = {1: 1200.0, 2: 2200.0}
 PREFILL_REF_CAP_W = 350.0
 HEALTHY_JITTER = 0.012
-UNSTABLE_JITTER = 0.15
+UNSTABLE_SWING = 0.45  # decode-throughput-unstable: requests alternate 1 + swing, 1 - swing
 SLOW_BUILD_FACTOR = 0.70
 
 
@@ -356,6 +360,7 @@ class Conditions:
     nvlink_p2p: bool = False
     decode_factor: float = 1.0
     jitter: float = HEALTHY_JITTER
+    swing: float = 0.0  # > 0: successive requests alternate (1 + swing)x, (1 - swing)x
 
     @property
     def used(self) -> tuple[Card, ...]:
@@ -406,11 +411,11 @@ def prefill_tok_s(c: Conditions) -> float:
 
 
 def build_adjustments(regressions: Iterable[str]) -> tuple[float, float]:
-    """(decode speed factor, per-request jitter) of a build with these regressions."""
+    """(decode speed factor, alternating swing) of a build with these regressions."""
     regs = set(regressions)
     factor = SLOW_BUILD_FACTOR if REGRESSION_DECODE_SLOWDOWN in regs else 1.0
-    jitter = UNSTABLE_JITTER if REGRESSION_DECODE_UNSTABLE in regs else HEALTHY_JITTER
-    return factor, jitter
+    swing = UNSTABLE_SWING if REGRESSION_DECODE_UNSTABLE in regs else 0.0
+    return factor, swing
 
 
 class Stream:
@@ -423,6 +428,8 @@ class Stream:
         s.draw(), s.step_seconds(context_tokens=500, streams=1)
     """
 
+    _requests = itertools.count()  # the server's request order (a swinging build alternates)
+
     def __init__(self, cond: Conditions, kind: str, broken_verify: bool, rng: random.Random,
                  acceptance: Sequence[float] | None = None):
         self.cond = cond
@@ -432,6 +439,8 @@ class Stream:
             request_acceptance(kind, k, broken_verify, rng))
         self._conditional = conditional(self.acceptance) if k else []
         self.jitter = request_jitter(cond.jitter, rng)
+        if cond.swing > 0:
+            self.jitter *= 1.0 + cond.swing * (1 if next(Stream._requests) % 2 == 0 else -1)
 
     def draw(self) -> int:
         """Drafts accepted in the next step (0 without MTP)."""
