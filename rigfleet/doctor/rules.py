@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rigfleet.doctor.evidence import Card, Evidence
+from rigfleet.hostside.layout import CACHE_ROOT
 
 CAUSE, INFO, RULED_OUT = "cause", "info", "ruled-out"
 
@@ -275,7 +276,7 @@ def compile_cache(ev: Evidence, exp: Expect) -> Cause | None:
                      "boot time only, not warm decode")
     return Cause("compile-cache", f"the compile cache does not survive a restart ({seconds:.0f} "
                  "s cold at every start)", INFO, 0.0, evidence,
-                 "mount the compile cache (the stacks' cache_dirs: /var/cache/rigfleet/<stack>)",
+                 f"mount the compile cache (the stacks' cache_dirs: {CACHE_ROOT}/<stack>)",
                  "boot time only, not warm decode")
 
 
