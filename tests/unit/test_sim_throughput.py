@@ -448,6 +448,27 @@ def timed(srv: SimServer, content: str, max_tokens: int) -> tuple[float, float, 
     return first, time.monotonic() - t0, usage
 
 
+def content_events(srv: SimServer, content: str, max_tokens: int) -> tuple[int, int]:
+    """(stream events carrying content, completion tokens) of one streamed answer."""
+    events = srv.stream_chat([{"role": "user", "content": content}], max_tokens=max_tokens,
+                             stream_options={"include_usage": True})
+    n = sum(1 for e in events[:-2] if e["choices"] and e["choices"][0]["delta"].get("content"))
+    return n, events[-2]["usage"]["completion_tokens"]
+
+
+def test_a_consumer_behind_the_pace_gets_the_due_tokens_merged(tmp_path):
+    # At 5x a step lasts ~3 ms: one event per step (MTP: ~3.5 tokens each). At 2000x a step
+    # lasts ~8 us, far less than writing an event takes: the server is always behind, and
+    # what is due goes out together (vLLM's output collector merges what a slow consumer has
+    # not taken), so the answer keeps the modelled pace instead of the machine's.
+    with paced(tmp_path, [*DUAL_INT8, *MITIGATED], 5.0) as srv:
+        slow_events, n = content_events(srv, ESSAY, 300)
+    assert n == 300 and slow_events > 300 / 4.5 * 0.8
+    with paced(tmp_path, [*DUAL_INT8, *MITIGATED], 2000.0, sub="fast") as srv:
+        fast_events, n = content_events(srv, ESSAY, 300)
+    assert n == 300 and fast_events < slow_events / 4
+
+
 @pytest.mark.parametrize("tag,factor", [(RELEASE, 1.0), (SLOW, 0.70)])
 def test_decode_is_paced_at_the_modelled_speed(tmp_path, tag, factor):
     speedup = 5.0

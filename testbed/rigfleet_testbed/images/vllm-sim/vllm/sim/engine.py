@@ -473,6 +473,9 @@ class Engine:
                 self.cfg.max_num_batched_tokens or DEFAULT_CHUNK_TOKENS, cond, speedup)
             start = last = deadline = time.monotonic()
             i = 0
+            pending: list[_Token] = []
+            # The modelled pace only (a fixed SIM_TOKENS_PER_SECOND pace streams every step).
+            merge_late = self.settings.tokens_per_second is None
             while i < len(tokens):
                 accepted = stream.draw()
                 if accepted < self.k and self.wild_write_live:
@@ -480,16 +483,24 @@ class Engine:
                 chunk = tokens[i:i + 1 + accepted]
                 i += len(chunk)
                 deadline += self._step_seconds(stream, speedup, n_prompt + generated, chunk_s)
+                generated += len(chunk)
+                pending += chunk
                 delay = deadline - time.monotonic()
                 if delay > 0.0005:
                     time.sleep(delay)
                 now = time.monotonic()
-                generated += len(chunk)
-                self.metrics.decode_step(len(chunk), accepted if self.k else None, now - last)
-                last = now
+                self.metrics.decode_step(len(chunk), accepted if self.k else None,
+                                         max(now, deadline) - last)
+                last = max(now, deadline)
+                if delay <= 0.0 and i < len(tokens) and merge_late:
+                    # Behind the engine's pace (this machine's CPU is busy): the next step's
+                    # tokens are due too, so they go out together, as vLLM's output collector
+                    # merges the deltas a slow consumer has not taken yet.
+                    continue
                 if ttft is None:
                     ttft = now - t0
-                yield from _deltas(chunk)
+                yield from _deltas(pending)
+                pending = []
             remaining = req.min_seconds - (time.monotonic() - t0)
             if remaining > 0:
                 time.sleep(remaining)
