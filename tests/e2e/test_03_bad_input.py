@@ -44,9 +44,9 @@ def host_state(host) -> str:
 @pytest.mark.parametrize(
     ("data", "named"),
     [
-        (["stack=int9"], ["stack: 'int9'", "int8, tq3-mtp-genesis"]),
+        (["stack=int9"], ["stack: 'int9'", "allowed: int8, single-fp8-mtp, tq3-mtp-genesis"]),
         (["power_caps_w=[250, 999]"], ["power_caps_w", "999"]),
-        (["power_caps_w=[250]"], ["power_caps_w"]),
+        (["power_caps_w=[250, 250, 250]"], ["power_caps_w"]),  # no host has three cards
         (["front_port=8011"], ["front_port", "8011"]),
         (["model_dir=relative/models"], ["model_dir", "relative/models"]),
         (["runtime_pip_index_url=http://u:hunter2@pypi.lan/simple/"],
@@ -84,11 +84,13 @@ def test_bad_pins_are_refused_before_any_change(testbed, tmp_path):
 
 
 def test_a_pinned_image_the_stack_file_does_not_allow_is_refused(testbed, tmp_path):
-    """int8 runs releases from 0.22.0 (its stack file's image rule): a nightly is refused."""
+    """int8 and single-fp8-mtp run releases (their stack files' image rules): a nightly is
+    refused on every host that stages either."""
     pins = yaml.safe_load((STATE / "pins.yaml").read_text())
-    pins["stacks"]["int8"].update(
-        image="vllm/vllm-openai:nightly-f090c883507d730ae76900d4ae60b673430b4bbf",
-        vllm_version="0.32.1rc1.dev761+gf090c8835")
+    for stack in ("int8", "single-fp8-mtp"):
+        pins["stacks"][stack].update(
+            image="vllm/vllm-openai:nightly-f090c883507d730ae76900d4ae60b673430b4bbf",
+            vllm_version="0.32.1rc1.dev761+gf090c8835")
     bad = tmp_path / "pins.yaml"
     bad.write_text(yaml.safe_dump(pins))
     proc = deploy(f"pins_file={bad}")
