@@ -175,8 +175,9 @@ def test_noise_healthy_unstable_and_broken_verify():
     assert within(sum(healthy) / len(healthy), 89.2, 0.03)
     factor, swing = perf.build_adjustments({"decode-throughput-unstable"})
     unstable = _runs(dual(swing=swing, decode_factor=factor), "narrative", 1000, 60)
-    # Alternating: any 5 successive runs (the gate's) stand far above a shared CPU's noise.
-    assert all(perf.cv(unstable[i:i + 5]) > 0.38 for i in range(len(unstable) - 4))
+    # Alternating: any 5 successive runs (the gate's; population CV here, the gate's sample
+    # CV is 12% higher) stand far above a shared CPU's noise.
+    assert all(perf.cv(unstable[i:i + 5]) > 0.55 for i in range(len(unstable) - 4))
     assert within(sum(unstable) / len(unstable), sum(healthy) / len(healthy), 0.10)
     factor, swing = perf.build_adjustments({"decode-throughput-regression"})
     slow = _runs(dual(swing=swing, decode_factor=factor), "narrative", 1000, 60)
