@@ -251,5 +251,27 @@ class Drainer:
             front=start_front, cut=cut)
 
 
-__all__ = ["DEFAULT_DRAIN_TIMEOUT_S", "DRAIN_POLL_S", "DrainReport", "Drainer", "EngineLoad",
-           "draining_workers", "parse_load"]
+def drain_note(result: dict[str, Any]) -> str:
+    """What a swap's or window's result (``drain``, ``retry_after_s``) says about its drain,
+    for the deploy's log; "" when it has neither::
+
+        drain_note({"drain": {"result": "idle", "seconds": 0.5, "timeout_s": 600},
+                    "retry_after_s": 21})   # "; drain: nothing in flight (0.5s); ..."
+    """
+    parts = []
+    data = result.get("drain")
+    if isinstance(data, dict):
+        try:
+            report = DrainReport(**{k: data[k] for k in DRAIN_KEYS if k in data})
+            parts.append(f"drain: {report.line()}")
+        except TypeError:
+            parts.append(f"drain: {data.get('result')}")
+    if result.get("retry_after_s") is not None:
+        parts.append(f"Retry-After {result['retry_after_s']}s")
+    return "".join(f"; {p}" for p in parts)
+
+
+DRAIN_KEYS = ("result", "seconds", "timeout_s", "running", "waiting", "front", "cut")
+
+__all__ = ["DEFAULT_DRAIN_TIMEOUT_S", "DRAIN_KEYS", "DRAIN_POLL_S", "DrainReport", "Drainer",
+           "EngineLoad", "drain_note", "draining_workers", "parse_load"]

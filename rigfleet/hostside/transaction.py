@@ -224,8 +224,14 @@ class Transaction(Steps):
         return outcome
 
     def _extra(self) -> dict[str, Any]:
-        """What every ledger line of this transaction adds: the drain."""
-        return {"drain": self.drained.to_dict()} if self.drained is not None else {}
+        """What every ledger line of this transaction adds once its window opened: the drain
+        and the Retry-After the front said."""
+        extra: dict[str, Any] = {}
+        if self.drained is not None:
+            extra["drain"] = self.drained.to_dict()
+        if self.retry_after_s is not None:
+            extra["retry_after_s"] = self.retry_after_s
+        return extra
 
     def _undrain(self, kind: str, old: StackRef, new: StackRef) -> Outcome:
         """Stopped while draining: nothing was stopped yet, the old stack serves again."""

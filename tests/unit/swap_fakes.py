@@ -310,6 +310,7 @@ class FakeFront:
     routes: list[str] = field(default_factory=list)
     fail_on: str | None = None
     messages: list[str] = field(default_factory=list)  # the 503 messages, in order
+    retry_after: list[int] = field(default_factory=list)  # their Retry-After, in order
 
     def serve(self, ref: StackRef, wait: bool = True) -> None:
         self._set(ref.route_id)
@@ -317,6 +318,7 @@ class FakeFront:
     def maintenance(self, message: str, retry_after_s: int, wait: bool = True) -> None:
         self._set("maintenance")
         self.messages.append(message)
+        self.retry_after.append(retry_after_s)
 
     def _set(self, route: str) -> None:
         from rigfleet.hostside.front import FrontError
