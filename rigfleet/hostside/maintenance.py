@@ -297,14 +297,18 @@ class Maintenance(Steps):
                                         plan.retry_after_s)
             with contextlib.suppress(FrontError):
                 self.front.maintenance(f"maintenance: {step}", rest.seconds, wait=False)
-        window = replace(window, drain=drained.to_dict() if drained else None)
+        # The window's deadline counts from here: a long drain must not make it abandoned.
+        until = max(window.until, self.clock() + ttl_s)
+        window = replace(window, drain=drained.to_dict() if drained else None, until=until)
         write_window(self.lay, window)
+        if until > now + ttl_s:
+            self.lock.extend_window(plan.id, until, f"maintenance: {step}")
         ledger.append(self.lay, ledger.entry(
             KIND, "opened", None, host=plan.host, by=plan.by, deploy_id=plan.id,
             previous=active.ref if active else None, reason=step,
             extra={"drain": drained.to_dict()} if drained else None))
         self.j.event("maintenance", f"window {plan.id} open until "
-                     f"{time.strftime('%H:%M:%SZ', time.gmtime(now + ttl_s))}: the front "
+                     f"{time.strftime('%H:%M:%SZ', time.gmtime(until))}: the front "
                      f"answers 503 + Retry-After {estimate.seconds}s; step: {step}")
         return Outcome("open", st.EXIT_PROMOTED, KIND, active.ref.stack if active else "",
                        serving=MAINTENANCE, drain=drained.to_dict() if drained else None,
