@@ -68,7 +68,7 @@ from .lock import HostLock, LockHeld
 from .plan import Active, Plan, PlanError
 from .records import MAINTENANCE_SCHEMA, live_holder, read_holder, read_window
 from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, gate_reason, known_projects
-from .timings import maintenance_estimate, read_timings, record_maintenance
+from .timings import maintenance_estimate, read_timings, record_drain, record_maintenance
 
 # Each step gives the window's lock this long (from the step) at most: a deploy that dies
 # mid-window leaves it abandoned that long after its last step, then it is closed (gate).
@@ -292,6 +292,7 @@ class Maintenance(Steps):
                      f"{estimate.seconds}s ({estimate.basis})")
         # What the front accepted before the 503 finishes on the stack before any step runs.
         drained = self.drain_requests(ref, plan.drain_timeout_for(ref.stack if ref else None))
+        record_drain(self.lay, drained)
         if drained is not None and drained.waited_for_requests:
             rest = maintenance_estimate(times, ref.stack if ref else None, False,
                                         plan.retry_after_s)

@@ -18,6 +18,7 @@ for it) and the estimate's ``basis`` says so::
 
     t = read_timings(lay)
     swap_estimate(t, "int8", busy=True, fallback_s=30)    # Estimate(24, "boot 4.1 s + ...")
+    record_drain(lay, report)   # right after the drain
     record_swap(lay, "int8", boot_s=4.1, gate_s=12.0, window_s=25.0, drain=report)
 
 Stdlib only: it ships inside the host-side bundle.
@@ -157,6 +158,13 @@ def _update(lay: Layout, stacks: dict[str, StackTimes], **figures: float | None)
     write_json(lay.timings_file, replace(t, stacks={**t.stacks, **stacks}, **kept).to_dict())
 
 
+def record_drain(lay: Layout, drain: DrainReport | None) -> None:
+    """Right after a drain that waited for requests (whatever the swap's outcome then): its
+    time is what the next window's Retry-After adds while requests are in flight."""
+    if drain is not None and drain.waited_for_requests:
+        _update(lay, stacks={}, drain_s=drain.seconds)
+
+
 def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s: float,
                 drain: DrainReport | None, now: float | None = None) -> None:
     """After a promoted swap: ``stack``'s boot and gate, the swap's own overhead, the drain."""
@@ -177,4 +185,4 @@ def record_maintenance(lay: Layout, stack: str, boot_s: float, gate_s: float,
 
 
 __all__ = ["DEFAULT_OVERHEAD_S", "Estimate", "Timings", "maintenance_estimate",
-           "read_timings", "record_maintenance", "record_swap", "swap_estimate"]
+           "read_timings", "record_drain", "record_maintenance", "record_swap", "swap_estimate"]

@@ -70,7 +70,7 @@ from .steps import (
     Steps,
     gate_reason,
 )
-from .timings import read_timings, record_swap, swap_estimate
+from .timings import read_timings, record_drain, record_swap, swap_estimate
 
 __all__ = ["EXIT_BAD_PLAN", "Transaction"]
 
@@ -178,6 +178,7 @@ class Transaction(Steps):
                                   stoppable=True)
         if self.drained is not None:
             self.timings["drain_s"] = self.drained.seconds
+            record_drain(self.lay, self.drained)
             if self.drained.result == "interrupted" and old is not None:
                 return self._undrain(kind, old, new)
             if self.drained.waited_for_requests:

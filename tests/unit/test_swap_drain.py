@@ -299,6 +299,16 @@ def test_retry_after_comes_from_this_hosts_last_window(lay):
     assert expected != 30 and abs(expected - tx.timings["window_s"]) <= 1.5
 
 
+def test_a_drain_is_measured_even_when_the_swap_then_fails(lay):
+    host, front, tx = _swap(lay)
+    host.behaviour["tq3-mtp-genesis"] = ("die", "CUDA out of memory")
+    host.hold("rigfleet-int8", 12.0)
+    out = tx.run()
+    assert out.result == "rolled-back" and out.drain["result"] == "drained"
+    assert read_timings(lay).drain_s == out.drain["seconds"]
+    assert ledger_lines(lay)[-1]["drain"] == out.drain
+
+
 def test_a_stop_request_while_draining_gives_the_old_stack_back(lay):
     host, front, tx = _swap(lay)
     host.hold("rigfleet-int8", 100.0)
