@@ -32,9 +32,12 @@ PYINFRA = "pyinfra"
 # clock (sim_speedup 40: about 4,000 tokens/s per stream), short enough for CI.
 COUNT_TO = 6000
 MARK_ENV = {"RIGFLEET_E2E_DRAIN": "1"}  # read by nothing: a new config hash, the same stack
-# The fast gate; its throughput check's run-to-run spread limit relaxed: on the shared 2-core
-# CI machine the other modules' load makes the spread, and this module tests the drain.
-GATE = ("--data", "gate_profile=fast", "--data", "gate_set=throughput_cv_max=0.5")
+# The fast gate, its throughput figures reported but not judged (no stack, no reference:
+# rigfleet.hostside.verify.throughput) and not recorded as the host's baseline: on the shared
+# 2-core CI machine the load of everything else makes their spread, and this module tests the
+# drain, not the decode speed (test_09 does).
+GATE = ("--data", "gate_profile=fast", "--data", "gate_set=" + json.dumps(
+    ["throughput_stack=", "throughput_reference_narrative=0", "throughput_reference_code=0"]))
 
 
 def deploy(host, *args: str):
@@ -216,7 +219,11 @@ def test_a_swap_drains_streams_then_refuses_with_the_measured_window(testbed, ho
     line = next(x for x in reversed(ledger_tail(host)) if x.get("result") == "promoted")
     drain = line["drain"]
     assert drain["result"] == "drained" and drain["cut"] == 0, drain
-    assert drain["running"] == spec.max_num_seqs and drain["waiting"] >= 1, drain
+    # What the engine held at the drain's first reading: every slot busy, and mostly the one
+    # waiting too (its client may have been between two streams: one that ended while the
+    # front switched got a 503, so it did not queue again).
+    assert drain["running"] == spec.max_num_seqs, drain
+    assert len(during) >= drain["running"] + drain["waiting"], (during, drain)
     assert 0 < drain["seconds"] < window
     assert line["retry_after_s"] == retry_after  # what the first 503 said
     # Once the drain is over the 503 says the rest: boot + gate + the swap's own, as measured.
@@ -224,7 +231,8 @@ def test_a_swap_drains_streams_then_refuses_with_the_measured_window(testbed, ho
     assert near(rest, back - t), (rest, back - t)
     assert "none cut" in proc.stdout + proc.stderr  # the deploy's log says the drain
     print(f"swap deploy {took:.1f}s; 503 window {window:.1f}s; drain {drain['seconds']}s; "
-          f"Retry-After {retry_after}s at the start, {rest}s after the drain")
+          f"Retry-After {retry_after}s at the start, {rest}s after the drain; in flight "
+          f"{drain['running']} running + {drain['waiting']} waiting")
 
     # Back to the inventory's settings: no load now, Retry-After from the window just measured.
     probe = Probe(host, testbed.api_key)
