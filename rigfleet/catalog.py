@@ -35,6 +35,7 @@ from typing import Any
 
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import LAYOUTS, GenesisLayout, entrypoint_script
+from rigfleet.hostside.drain import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.hostside.layout import HOST
 from rigfleet.validate import Problems, ValidationError, YamlError, has_control, load_yaml
 from rigfleet.vllm_versions import TAG_KINDS, tag_kind, version_key
@@ -72,12 +73,18 @@ _PATCH_ID = re.compile(r"P[N]?[0-9]+[A-Za-z]?")
 _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 _PINNED_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*")
 _TOP_KEYS = ("schema", "name", "summary", "port", "served_model_name", "gpus", "vllm", "env",
-             "entrypoint", "genesis", "image", "boot", "gate", "caveats", "throughput")
+             "entrypoint", "genesis", "image", "boot", "gate", "caveats", "throughput", "drain")
 _THROUGHPUT_KEYS = ("reference", "margin", "cv_max", "acceptance")
 # The throughput check's defaults when a stack file's throughput section leaves them out.
 DEFAULT_MARGIN = 0.15
 DEFAULT_CV_MAX = 0.10
 DEFAULT_FLOOR_RATIO = 0.8
+# How long a swap or a maintenance window lets accepted requests finish before it stops the
+# stack (stack file ``drain.timeout_s``; host data ``drain_timeout_s`` overrides it):
+# DEFAULT_DRAIN_TIMEOUT_S, sized for long answers: club-3090#594 measures int8 decode at 130.8
+# tok/s warm and 50.7 tok/s at 35K tokens of context, so a 16K-token answer deep in a long
+# conversation takes about 320 s; ten minutes leave room for about 30K tokens at that pace.
+MAX_DRAIN_TIMEOUT_S = 7200.0
 IMAGE_KINDS = TAG_KINDS
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
 _CAVEAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/#-]*")
@@ -278,6 +285,7 @@ class StackSpec:
     gate_set: tuple[str, ...] = ()
     caveats: tuple[Caveat, ...] = ()
     throughput: ThroughputSpec | None = None
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
     @property
     def container_name(self) -> str:
@@ -460,6 +468,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     gate_set = _gate_set(p, top.get("gate"))
     caveats = _caveats(p, top.get("caveats"))
     throughput = _throughput(p, top.get("throughput"), n)
+    drain = _drain_timeout(p, top.get("drain"))
     p.raise_if_any(CatalogError)
     assert name and summary and port and served and gpu_count and kv and tp and max_len
     assert util is not None and seqs and batched
@@ -471,8 +480,20 @@ def parse_stack(data: Any, where: str) -> StackSpec:
         env=MappingProxyType(env), entrypoint_argv=tuple(entrypoint), genesis=genesis,
         source=where, gpu_memory_mib=gpu_memory, image=image, boot_expect=tuple(expect),
         boot_failures=tuple(failures), gate_set=tuple(gate_set), caveats=tuple(caveats),
-        throughput=throughput,
+        throughput=throughput, drain_timeout_s=drain,
     )
+
+
+def _drain_timeout(p: Problems, value: Any) -> float:
+    """``drain: {timeout_s: N}``: seconds accepted requests may take to finish when a window
+    opens (0: stop at once, cutting what runs); ``DEFAULT_DRAIN_TIMEOUT_S`` when left out."""
+    d = p.mapping("drain", value, ("timeout_s",), required=False)
+    if d is None:
+        return DEFAULT_DRAIN_TIMEOUT_S
+    seconds = p.number("drain.timeout_s", d.get("timeout_s"), 0.0, MAX_DRAIN_TIMEOUT_S,
+                       f"seconds in [0, {MAX_DRAIN_TIMEOUT_S:g}] that accepted requests may "
+                       "take to finish before the stack stops (0: at once)")
+    return float(seconds) if seconds is not None else DEFAULT_DRAIN_TIMEOUT_S
 
 
 def _image_rule(p: Problems, value: Any) -> ImageRule:

@@ -33,7 +33,14 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from rigfleet.catalog import Catalog, CatalogError, StackSpec, builtin_catalog, load_catalog
+from rigfleet.catalog import (
+    MAX_DRAIN_TIMEOUT_S,
+    Catalog,
+    CatalogError,
+    StackSpec,
+    builtin_catalog,
+    load_catalog,
+)
 from rigfleet.hostside.verify.client import tls_context
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
 from rigfleet.images.sources import DEFAULT_SOURCES, ImageSource, parse_sources
@@ -152,6 +159,8 @@ class SwapSettings:
     vram_timeout_s: float = 120.0
     gate_timeout_s: float = 7200.0
     retry_after_s: int = 30
+    # Host data ``drain_timeout_s``: overrides every stack file's ``drain.timeout_s`` here.
+    drain_timeout_s: float | None = None
 
     @property
     def follow_timeout_s(self) -> float:
@@ -280,6 +289,7 @@ KEY_DEFAULTS: dict[str, Any] = {
     "gate_set": (),
     "ready_timeout_s": None,
     "gate_timeout_s": None,
+    "drain_timeout_s": None,
     "site_ca_files": None,
     "front_url": None,
     "stacks_dir": None,
@@ -1060,7 +1070,8 @@ class _Checker(Problems):
 
     def swap(self, get: Any) -> SwapSettings | None:
         """``gate_profile`` (``full``: real rigs, default; ``fast``: the testbed), ``gate_set``
-        (``key=value`` overrides of the profile), ``ready_timeout_s``, ``gate_timeout_s``."""
+        (``key=value`` overrides of the profile), ``ready_timeout_s``, ``gate_timeout_s``,
+        ``drain_timeout_s`` (0 allowed: stop at once)."""
         profile = self.choice("gate_profile", get("gate_profile"), sorted(PROFILES))
         sets = get("gate_set")
         if isinstance(sets, str):
@@ -1083,6 +1094,13 @@ class _Checker(Problems):
             checked = self.number(key, value, 0.0, None, "seconds > 0", low_open=True)
             if checked is not None:
                 timeouts[key] = checked
+        drain = get("drain_timeout_s")
+        if drain is not None:
+            checked = self.number("drain_timeout_s", drain, 0.0, MAX_DRAIN_TIMEOUT_S,
+                                  f"seconds in [0, {MAX_DRAIN_TIMEOUT_S:g}] that accepted "
+                                  "requests may take to finish before a stack stops")
+            if checked is not None:
+                timeouts["drain_timeout_s"] = checked
         if profile is None:
             return None
         defaults = SwapSettings()
@@ -1090,6 +1108,7 @@ class _Checker(Problems):
             gate_profile=profile, gate_set=tuple(sets),
             ready_timeout_s=timeouts.get("ready_timeout_s", defaults.ready_timeout_s),
             gate_timeout_s=timeouts.get("gate_timeout_s", defaults.gate_timeout_s),
+            drain_timeout_s=timeouts.get("drain_timeout_s"),
         )
 
     def site_ca_files(self, value: Any) -> tuple[str, ...]:

@@ -53,7 +53,20 @@ def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID)
         vram_timeout_s=swap.vram_timeout_s,
         gate_timeout_s=swap.gate_timeout_s,
         retry_after_s=swap.retry_after_s,
+        # Host data drain_timeout_s wins over every stack file's drain.timeout_s.
+        drain_timeout_s=drain_timeout(want, want.stack),
+        drain_timeouts={name: drain_timeout(want, name) for name in want.stacks},
     )
+
+
+def drain_timeout(want: DesiredHost, stack: str) -> float:
+    """How long ``stack``'s accepted requests may take to finish on this host: host data
+    ``drain_timeout_s``, else the stack file's ``drain.timeout_s`` (default 600 s)."""
+    override = want.settings.swap.drain_timeout_s
+    if override is not None:
+        return override
+    return want.stacks[stack].spec.drain_timeout_s if stack in want.stacks else \
+        want.spec.drain_timeout_s
 
 
 @dataclass(frozen=True)

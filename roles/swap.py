@@ -47,6 +47,7 @@ from pyinfra.operations import files, systemd
 from rigfleet.commands import hosttool
 from rigfleet.facts import read_fact
 from rigfleet.hostbundle import build_bundle
+from rigfleet.hostside.drain import drain_note
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import Plan
 from rigfleet.hostside.records import describe, live_holder
@@ -102,6 +103,8 @@ def outcome_message(name: str, result: dict[str, Any], reports: list[Path]) -> s
         tail += f" Boot failure: {result['boot_failure'].get('title')}."
     if result.get("kept_log"):
         tail += f" {stack}'s log is kept on the host: {result['kept_log']}."
+    if (result.get("drain") or {}).get("cut"):
+        tail += f" {drain_note(result).lstrip('; ')}."
     what = result.get("result")
     if what == "rolled-back":
         return (f"{name}: swap to {stack} rolled back ({result.get('phase')} failed): "
@@ -175,7 +178,7 @@ def _follow(swap_id: str, timeout_s: float, reports: str, describe: Describe,
     if result.get("exit") != 0:
         raise DeployError(describe(host.name, result, copied))
     host.log(f"{label}: {result.get('result')}: {result.get('serving')} serves "
-             f"(503 window {result.get('window_s') or 0:.1f}s)")
+             f"(503 window {result.get('window_s') or 0:.1f}s{drain_note(result)})")
 
 
 @operation(is_idempotent=False)
@@ -284,7 +287,9 @@ def swap(ctx: HostContext) -> None:
     serve_desired(
         name=f"Serve {plan.desired.route_id} (gated swap; rollback on failure)",
         plan=plan,
-        follow_timeout_s=ctx.swap.follow_timeout_s,
+        # The drain comes first: as long as the longest drain timeout it may wait.
+        follow_timeout_s=ctx.swap.follow_timeout_s + max([plan.drain_timeout_s,
+                                                          *plan.drain_timeouts.values()]),
         reports=str(reports_root()),
     )
     # Active (exited) from now on, so its stop command runs at shutdown; starting it when the

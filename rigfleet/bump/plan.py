@@ -12,7 +12,11 @@ found, the pins as they are and the new pins of the bumped stacks; ``render_plan
   run proves nothing); else the first host of the rollout;
 - then the other hosts in inventory order, ``batch_size`` at a time;
 - the rollout stops after a batch once ``max_failures`` hosts failed, and always after a
-  failed canary.
+  failed canary;
+- a batch never swaps every reachable host that serves a stack at once, so at least one host
+  per stack keeps serving (behind a balancer, it takes the requests while the others swap):
+  a ``batch_size`` that would is refused, naming the largest that does not
+  (``serving_cap``); a stack served by one host only goes on with its 503 window.
 
 Example::
 
@@ -140,11 +144,15 @@ def build_plan(
             moving.append(h)
 
     canary = _canary(moving, pins, new, notes)
-    batches: list[tuple[str, ...]] = []
-    if canary is not None:
-        batches.append((canary.name,))
-        rest = [h.name for h in moving if h.name != canary.name]
-        batches += [tuple(rest[i : i + batch_size]) for i in range(0, len(rest), batch_size)]
+    batches = _batches(canary, moving, batch_size)
+    problem = serving_cap(hosts, skipped, pins, new, batches)
+    if problem is not None:
+        allowed = next((b for b in range(batch_size - 1, 0, -1)
+                        if serving_cap(hosts, skipped, pins, new,
+                                       _batches(canary, moving, b)) is None), 1)
+        raise ValueError(f"--batch-size {batch_size}: {problem}; at least one host per stack "
+                         f"keeps serving while the others swap. Allowed: --batch-size "
+                         f"{allowed} or less")
     for name, reason in skipped.items():
         if CANARY_GROUP in next(h for h in hosts if h.name == name).groups:
             notes.append(f"inventory canary {name} is unreachable ({reason})")
@@ -160,6 +168,50 @@ def build_plan(
         max_failures=max_failures,
         notes=tuple(notes),
     )
+
+
+def _batches(canary: PlanHost | None, moving: list[PlanHost], batch_size: int
+             ) -> list[tuple[str, ...]]:
+    """The canary alone, then the other moving hosts ``batch_size`` at a time."""
+    if canary is None:
+        return []
+    rest = [h.name for h in moving if h.name != canary.name]
+    return [(canary.name,)] + [tuple(rest[i : i + batch_size])
+                               for i in range(0, len(rest), batch_size)]
+
+
+def serving_cap(
+    hosts: Sequence[PlanHost],
+    skipped: Mapping[str, str],
+    pins: Pins,
+    new: Mapping[str, StackPins],
+    batches: Sequence[Sequence[str]],
+) -> str | None:
+    """Why ``batches`` would leave a stack with no host serving it, or None.
+
+    A host of a batch is out of rotation during its swap when it serves a bumped stack
+    (``exercises``); a stack served by two or more reachable hosts must keep one of them
+    serving through every batch. One served by a single host cannot: it goes on with its 503
+    window (nothing to route to anyway).
+    """
+    by_name = {h.name: h for h in hosts}
+    serving: dict[str, list[str]] = {}
+    for h in hosts:
+        if h.name not in skipped:
+            serving.setdefault(h.stack, []).append(h.name)
+    for i, batch in enumerate(batches):
+        swapping: dict[str, list[str]] = {}
+        for name in batch:
+            h = by_name[name]
+            if exercises(h, pins.for_host(name).stacks, new):
+                swapping.setdefault(h.stack, []).append(name)
+        for stack, names in swapping.items():
+            every = serving.get(stack, [])
+            if len(every) >= 2 and set(every) <= set(names):
+                label = "the canary" if i == 0 else f"batch {i}"
+                return (f"{label} ({', '.join(batch)}) would swap every host serving {stack} "
+                        f"({', '.join(every)}) at once: none would be left to serve it")
+    return None
 
 
 def _canary(

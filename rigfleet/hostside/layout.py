@@ -22,7 +22,8 @@ Where each record lives (the schemas are in ``rigfleet.hostside.records``):
   died), ``maintenance/`` (the maintenance window), ``locks/`` (flock files of long host
   jobs), ``vllm-versions/`` (an image's vLLM version, cached by digest), ``throughput/`` (the
   gate's throughput: ``history.jsonl``, one line per verified gate or accepted baseline, and
-  ``last.json``, the last gate's figures);
+  ``last.json``, the last gate's figures), ``timings.json`` (measured window times: what
+  Retry-After says);
 - ``/opt/rigfleet``: ``stacks/<stack>/compose.yaml`` (staged compose projects), ``genesis``
   (the Genesis checkout), ``genesis-trees/<commit>`` (immutable exports the stacks mount),
   ``hf-venv`` (huggingface_hub for the weight fetcher);
@@ -163,6 +164,12 @@ class Layout:
     def throughput_last(self) -> Path:
         """The last gate's throughput (passed or not): what ``rigfleet status`` shows."""
         return self.throughput_dir / THROUGHPUT_LAST_NAME
+
+    @property
+    def timings_file(self) -> Path:
+        """This host's measured window times (boot, gate, overhead, drain): what Retry-After
+        says during a window (``rigfleet.hostside.timings``)."""
+        return self.state_dir / "timings.json"
 
     @property
     def maintenance_dir(self) -> Path:

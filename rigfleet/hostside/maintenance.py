@@ -44,6 +44,7 @@ plan, serving_before, reason, gate, closed_at), ledger lines ``event: "maintenan
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -67,6 +68,7 @@ from .lock import HostLock, LockHeld
 from .plan import Active, Plan, PlanError
 from .records import MAINTENANCE_SCHEMA, live_holder, read_holder, read_window
 from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, gate_reason, known_projects
+from .timings import maintenance_estimate, read_timings, record_drain, record_maintenance
 
 # Each step gives the window's lock this long (from the step) at most: a deploy that dies
 # mid-window leaves it abandoned that long after its last step, then it is closed (gate).
@@ -110,6 +112,7 @@ class Window:
     reason: str = ""
     gate: dict[str, Any] | None = None
     closed_at: float | None = None
+    drain: dict[str, Any] | None = None  # how the requests in flight at the open ended
 
     @property
     def why(self) -> str:
@@ -136,7 +139,8 @@ class Window:
                    serving_before=str(data["serving_before"]) if data.get("serving_before")
                    else None, reason=str(data.get("reason") or ""),
                    gate=dict(data["gate"]) if isinstance(data.get("gate"), dict) else None,
-                   closed_at=num("closed_at"))
+                   closed_at=num("closed_at"),
+                   drain=dict(data["drain"]) if isinstance(data.get("drain"), dict) else None)
 
 
 def window_status(lay: Layout, now: float | None = None) -> tuple[Window | None, str, str]:
@@ -268,9 +272,13 @@ class Maintenance(Steps):
                         serving if serving != MAINTENANCE else
                         (current.serving_before if current is not None else None))
         write_window(self.lay, window)
+        ref = active.ref if active else None
+        times = read_timings(self.lay)
+        estimate = maintenance_estimate(times, ref.stack if ref else None,
+                                        self.holds_requests(ref), plan.retry_after_s)
         try:
             self.drain.before(window)
-            self.front.maintenance(f"maintenance: {step}", plan.retry_after_s)
+            self.front.maintenance(f"maintenance: {step}", estimate.seconds)
         except FrontError as e:
             # Nothing was disturbed yet: give the host back as it was.
             write_window(self.lay, replace(window, state="closed", closed_at=self.clock(),
@@ -280,14 +288,33 @@ class Maintenance(Steps):
             return Outcome("refused", st.EXIT_ROLLED_BACK, KIND, reason=f"the front could not be "
                            f"switched to 503 ({e}): nothing was disturbed", phase="front",
                            serving=self.front.current())
+        self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
+                     f"{estimate.seconds}s ({estimate.basis})")
+        # What the front accepted before the 503 finishes on the stack before any step runs.
+        drained = self.drain_requests(ref, plan.drain_timeout_for(ref.stack if ref else None))
+        record_drain(self.lay, drained)
+        if drained is not None and drained.waited_for_requests:
+            rest = maintenance_estimate(times, ref.stack if ref else None, False,
+                                        plan.retry_after_s)
+            with contextlib.suppress(FrontError):
+                self.front.maintenance(f"maintenance: {step}", rest.seconds, wait=False)
+        # The window's deadline counts from here: a long drain must not make it abandoned.
+        until = max(window.until, self.clock() + ttl_s)
+        window = replace(window, drain=drained.to_dict() if drained else None, until=until)
+        write_window(self.lay, window)
+        if until > now + ttl_s:
+            self.lock.extend_window(plan.id, until, f"maintenance: {step}")
         ledger.append(self.lay, ledger.entry(
             KIND, "opened", None, host=plan.host, by=plan.by, deploy_id=plan.id,
-            previous=active.ref if active else None, reason=step))
+            previous=active.ref if active else None, reason=step,
+            extra={"drain": drained.to_dict()} if drained else None))
         self.j.event("maintenance", f"window {plan.id} open until "
-                     f"{time.strftime('%H:%M:%SZ', time.gmtime(now + ttl_s))}: the front "
-                     f"answers 503 + Retry-After {plan.retry_after_s}s; step: {step}")
+                     f"{time.strftime('%H:%M:%SZ', time.gmtime(until))}: the front "
+                     f"answers 503 + Retry-After {estimate.seconds}s; step: {step}")
         return Outcome("open", st.EXIT_PROMOTED, KIND, active.ref.stack if active else "",
-                       serving=MAINTENANCE)
+                       serving=MAINTENANCE, drain=drained.to_dict() if drained else None,
+                       retry_after_s=estimate.seconds)
+
 
     # -- close --------------------------------------------------------------------------------
 
@@ -342,17 +369,26 @@ class Maintenance(Steps):
         if self.gate_fn is None:
             return self._failed(window, active, Failure(
                 "gate", "the window cannot be closed without the gate (none available here)"))
+        recreate = maintenance_estimate(read_timings(self.lay), ref.stack, False,
+                                        plan.retry_after_s, steps=False)
+        steps_s = (self.clock() - window.opened_at - float((window.drain or {}).get("seconds")
+                                                           or 0.0)) \
+            if window is not None and window.opened_at else None
         try:
-            self.front.maintenance(f"maintenance: recreating {ref.stack}", plan.retry_after_s,
+            self.front.maintenance(f"maintenance: recreating {ref.stack}", recreate.seconds,
                                    wait=False)
             self.stop(known_projects(self.lay))
             self.wait_vram(ref.gpu_memory_utilization, plan.vram_timeout_s)
             self.check_interrupt()
+            t_boot = self.ops.monotonic()
             self.start(ref, ref.compose_file)
             self.wait_ready(ref, plan.ready_timeout_s)
+            boot_s = self.ops.monotonic() - t_boot
             self.answers(ref)
+            t_gate = self.ops.monotonic()
             gate = self.verify(ref, self.gate_fn, plan.gate_profile, plan.gate_set,
                                plan.gate_timeout_s)
+            gate_s = self.ops.monotonic() - t_gate
             if not gate.passed:
                 raise Failure("gate", gate_reason(gate), gate=gate)
             written = write_active(self.lay, replace(active, gate=gate.record()),
@@ -368,6 +404,8 @@ class Maintenance(Steps):
             deploy_id=window.id if window else plan.id, gate=gate.record(), active=True,
             reason=f"recreated and verified after: {steps}"))
         ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
+        record_maintenance(self.lay, ref.stack, boot_s, gate_s,
+                           max(0.0, steps_s) if steps_s is not None else None, None)
         request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
         prune_snapshots(self.lay)
         closed = self._finish(window, "closed", f"{written.ref.route_id} recreated and passed "

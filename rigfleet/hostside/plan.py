@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .drain import DEFAULT_DRAIN_TIMEOUT_S
+
 SCHEMA = "rigfleet-swap-plan/1"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}")
 _HASH_LINE = re.compile(r"io\.rigfleet\.config-hash['\"]?:\s*['\"]?([0-9a-f]{8,64})")
@@ -101,7 +103,10 @@ class Plan:
     + front_port: where the front listens (the transaction probes it after each switch)
     + gate_profile, gate_set: ``--profile`` and ``--set`` of the verify gate
     + ready_timeout_s, vram_timeout_s, gate_timeout_s: how long each wait may take
-    + retry_after_s: the front's ``Retry-After`` during the window
+    + retry_after_s: the front's ``Retry-After`` during the window when this host has no
+      measured window yet (``rigfleet.hostside.timings`` estimates it from its records)
+    + drain_timeout_s, drain_timeouts: how long requests the front accepted may take to
+      finish before a stack stops (``drain_timeout_for``: per stack, else the default)
     """
 
     id: str
@@ -117,6 +122,12 @@ class Plan:
     vram_timeout_s: float = 120.0
     gate_timeout_s: float = 7200.0
     retry_after_s: int = 30
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    drain_timeouts: dict[str, float] = field(default_factory=dict)
+
+    def drain_timeout_for(self, stack: str | None) -> float:
+        """The drain timeout of ``stack`` (the one that serves when the window opens)."""
+        return self.drain_timeouts.get(stack or "", self.drain_timeout_s)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -148,6 +159,9 @@ class Plan:
                 vram_timeout_s=float(data.get("vram_timeout_s", 120.0)),
                 gate_timeout_s=float(data.get("gate_timeout_s", 7200.0)),
                 retry_after_s=int(data.get("retry_after_s", 30)),
+                drain_timeout_s=float(data.get("drain_timeout_s", DEFAULT_DRAIN_TIMEOUT_S)),
+                drain_timeouts={str(k): float(v) for k, v in
+                                dict(data.get("drain_timeouts") or {}).items()},
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, PlanError):

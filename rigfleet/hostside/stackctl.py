@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from .drain import draining_workers
 from .layout import CONFIG_HASH_LABEL
 
 # --- commands ----------------------------------------------------------------------------------
@@ -391,6 +392,17 @@ class SystemOps:
         except (ValueError, KeyError, TypeError):
             return False, "chat completion without choices"
         return bool(choices), "answered"
+
+    def metrics(self, port: int) -> str | None:
+        """The engine's ``/metrics`` text on loopback (vLLM serves it without the key); None
+        when it does not answer 200."""
+        status, _, body = self.http("GET", f"http://127.0.0.1:{int(port)}/metrics", {}, None,
+                                    5.0)
+        return body.decode("utf-8", "replace") if status == 200 else None
+
+    def front_draining(self) -> int | None:
+        """nginx workers of an earlier configuration still serving what they accepted."""
+        return draining_workers()
 
     def docker_up(self) -> bool:
         """The Docker daemon answers (a missing container means something only then)."""

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from .drain import DRAIN_POLL_S, Drainer, DrainReport, parse_load
 from .gate import GateResult, GateRun
 from .journal import Journal
 from .layout import Layout
@@ -50,6 +51,8 @@ class Ops(Protocol):
     def gpus(self) -> list[GpuMemory]: ...
     def health(self, port: int, served: str) -> tuple[bool, str]: ...
     def chat(self, port: int, served: str) -> tuple[bool, str]: ...
+    def metrics(self, port: int) -> str | None: ...
+    def front_draining(self) -> int | None: ...
     def sleep(self, seconds: float) -> None: ...
     def monotonic(self) -> float: ...
 
@@ -97,6 +100,8 @@ class Outcome:
     kept_log: str | None = None
     window_s: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    drain: dict[str, Any] | None = None  # DrainReport.to_dict(): the requests it let finish
+    retry_after_s: int | None = None  # what the front's 503 said when the window opened
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,6 +172,41 @@ class Steps:
                 err = self.ops.remove(name)
                 if err:
                     raise Failure("stop", f"docker rm {name} failed: {err}")
+
+    def holds_requests(self, ref: StackRef | None) -> bool:
+        """``ref`` (the stack that serves) holds requests now: its drain will take a while."""
+        if ref is None:
+            return False
+        load = parse_load(self.ops.metrics(ref.port))
+        return bool(load is not None and load.busy) or bool(self.ops.front_draining())
+
+    def drain_requests(self, ref: StackRef | None, timeout_s: float,
+              stoppable: bool = False) -> DrainReport | None:
+        """Wait until the requests the front accepted before its 503 have finished on
+        ``ref`` (the stack that served), at most ``timeout_s`` (``rigfleet.hostside.drain``);
+        None when nothing served. ``stoppable``: a stop request ends it (``interrupted``)."""
+        if ref is None:
+            return None
+        d = Drainer(timeout_s)
+        t0 = last_note = self.ops.monotonic()
+        while True:
+            now = self.ops.monotonic()
+            if stoppable and self.interrupted():
+                d.interrupt(now)
+                break
+            if d.observe(now, parse_load(self.ops.metrics(ref.port)), self.ops.front_draining()):
+                break
+            if now - last_note > PROGRESS_EVERY_S:
+                load, front = d.latest
+                self.j.event("drain", f"waiting for {load.busy if load else '?'} request(s) "
+                             f"on {ref.stack}" + (f", {front} front worker(s)" if front else "")
+                             + f" ({now - t0:.0f}s of {timeout_s:g}s)")
+                last_note = now
+            self.ops.sleep(DRAIN_POLL_S)
+        report = d.report()
+        self.j.event("drain", f"{ref.stack}: {report.line()}",
+                     level="warning" if report.cut or report.result == "unknown" else "info")
+        return report
 
     def wait_vram(self, utilization: float, timeout_s: float) -> float:
         """Until every card has ``utilization`` x total free, twice in a row (settled)."""

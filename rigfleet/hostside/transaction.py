@@ -5,7 +5,9 @@ host (a transient systemd unit, not a child of the SSH session) so it completes 
 even when the deploy's connection drops::
 
     lock -> stage checks (nothing changes yet; a refusal leaves the old stack serving)
-         -> front: 503 + Retry-After
+         -> front: 503 + Retry-After (this host's measured window: ``timings``)
+         -> drain: what the front accepted before finishes on the old stack, up to its
+            drain timeout (``drain``; past it, what still runs is cut and counted)
          -> every stack down -> wait until nvidia-smi shows the cards' memory released
          -> new stack up (recreated) -> ready? (fail fast when it dies; name the boot failure)
          -> gate (verify-stress) -> promote: active snapshot, front -> new, ledger
@@ -28,6 +30,7 @@ and a gate function, so the decisions are tested with fakes (tests/unit/test_swa
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -45,6 +48,7 @@ from .active import (
     write_active,
 )
 from .atomic import fsync_dir, move_aside, write_atomic
+from .drain import DrainReport
 from .front import FrontError
 from .gate import GateResult
 from .journal import Journal
@@ -66,6 +70,7 @@ from .steps import (
     Steps,
     gate_reason,
 )
+from .timings import read_timings, record_drain, record_swap, swap_estimate
 
 __all__ = ["EXIT_BAD_PLAN", "Transaction"]
 
@@ -83,6 +88,8 @@ class Transaction(Steps):
         self.dir = lay.swap_dir(plan.id)
         self.timings: dict[str, float] = {}
         self.rollback_to: StackRef | None = None
+        self.drained: DrainReport | None = None
+        self.retry_after_s: int | None = None
 
     # -- entry --------------------------------------------------------------------------------
 
@@ -119,7 +126,8 @@ class Transaction(Steps):
             "id": plan.id, "kind": outcome.kind, "result": outcome.result,
             "reason": outcome.reason, "at": ledger.now_iso(), "stack": plan.desired.stack,
             "serving": outcome.serving, "gate": outcome.gate,
-            "boot_failure": outcome.boot_failure})
+            "boot_failure": outcome.boot_failure, "drain": outcome.drain,
+            "retry_after_s": outcome.retry_after_s})
         return outcome
 
     # -- the story ----------------------------------------------------------------------------
@@ -151,16 +159,33 @@ class Transaction(Steps):
             return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,
                            f"refused before any change: {f.reason}", f.phase,
                            serving=self.front.current())
+        times = read_timings(self.lay)
+        busy = self.holds_requests(old)
+        estimate = swap_estimate(times, new.stack, busy, plan.retry_after_s)
+        message = f"{kind} {old.stack if old else 'nothing'} -> {new.stack} in progress"
         t_window = self.ops.monotonic()
         try:
-            self.front.maintenance(
-                f"{kind} {old.stack if old else 'nothing'} -> {new.stack} in progress",
-                plan.retry_after_s)
+            self.front.maintenance(message, estimate.seconds)
         except FrontError as e:
             return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,
                            f"refused before any change: {e}", "front",
                            serving=self.front.current())
-        self.j.event("front", f"maintenance: 503 + Retry-After {plan.retry_after_s}s")
+        self.retry_after_s = estimate.seconds
+        self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
+                     f"{estimate.seconds}s ({estimate.basis})")
+        # What the front accepted before the 503 finishes on the old stack first.
+        self.drained = self.drain_requests(old, plan.drain_timeout_for(old.stack if old else None),
+                                  stoppable=True)
+        if self.drained is not None:
+            self.timings["drain_s"] = self.drained.seconds
+            record_drain(self.lay, self.drained)
+            if self.drained.result == "interrupted" and old is not None:
+                return self._undrain(kind, old, new)
+            if self.drained.waited_for_requests:
+                # Clients refused from now on are told the rest: boot, gate, the swap's own.
+                rest = swap_estimate(times, new.stack, False, plan.retry_after_s)
+                with contextlib.suppress(FrontError):
+                    self.front.maintenance(message, rest.seconds, wait=False)
         gate: GateResult | None = None
         try:
             t = self.ops.monotonic()
@@ -185,9 +210,40 @@ class Transaction(Steps):
         window = self.ops.monotonic() - t_window
         self.timings["window_s"] = window
         self.j.event("promote", f"{new.route_id} serves (503 window {window:.1f}s)")
-        return Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
-                       serving=new.route_id, gate=gate.record() if gate else None,
-                       window_s=window)
+        record_swap(self.lay, new.stack, self.timings.get("up_s", 0.0)
+                    + self.timings.get("ready_s", 0.0), self.timings.get("gate_s", 0.0), window,
+                    self.drained)
+        return self._outcome(Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
+                                     serving=new.route_id, gate=gate.record() if gate else None,
+                                     window_s=window))
+
+
+    def _outcome(self, outcome: Outcome) -> Outcome:
+        """``outcome`` with the window's drain and Retry-After."""
+        outcome.drain = self.drained.to_dict() if self.drained is not None else None
+        outcome.retry_after_s = self.retry_after_s
+        return outcome
+
+    def _extra(self) -> dict[str, Any]:
+        """What every ledger line of this transaction adds once its window opened: the drain
+        and the Retry-After the front said."""
+        extra: dict[str, Any] = {}
+        if self.drained is not None:
+            extra["drain"] = self.drained.to_dict()
+        if self.retry_after_s is not None:
+            extra["retry_after_s"] = self.retry_after_s
+        return extra
+
+    def _undrain(self, kind: str, old: StackRef, new: StackRef) -> Outcome:
+        """Stopped while draining: nothing was stopped yet, the old stack serves again."""
+        reason = "asked to stop while draining: nothing was stopped"
+        try:
+            self.front.serve(old)
+        except FrontError as e:
+            reason += f"; the front could not be routed back to {old.route_id}: {e}"
+        self.j.event("drain", f"{reason}; {old.route_id} serves again", level="warning")
+        return self._outcome(Outcome("refused", EXIT_ROLLED_BACK, kind, new.stack, reason,
+                                     "drain", serving=self.front.current()))
 
     def _stage(self, new: StackRef, old: StackRef | None) -> str:
         """Checks that change nothing: the staged compose file is the one the deploy rendered
@@ -258,7 +314,7 @@ class Transaction(Steps):
                           gate=gate) from None
         ledger.append(self.lay, ledger.entry(
             kind, "promoted", snapshot, host=plan.host, by=plan.by, deploy_id=plan.id,
-            gate=gate.record(), previous=old, active=True))
+            gate=gate.record(), previous=old, active=True, extra=self._extra()))
         ledger.update_state(self.lay, **ledger.stack_fields(snapshot), since=ledger.now_iso(),
                             by=plan.by, deploy_id=plan.id, gate=gate.record())
         supersede(self.lay, plan.by, f"{kind} {plan.id} promoted {snapshot.route_id}")
@@ -278,9 +334,11 @@ class Transaction(Steps):
         line: dict[str, Any] = dict(
             attempted=new, host=plan.host, by=plan.by, deploy_id=plan.id, gate=gate,
             reason=failure.reason,
-            extra={"phase": failure.phase, "boot_failure": boot, "kept_log": kept})
-        outcome = Outcome("failed", EXIT_FAILED, kind, new.stack, failure.reason, failure.phase,
-                          gate=gate, boot_failure=boot, kept_log=kept)
+            extra={"phase": failure.phase, "boot_failure": boot, "kept_log": kept,
+                   **self._extra()})
+        outcome = self._outcome(Outcome("failed", EXIT_FAILED, kind, new.stack, failure.reason,
+                                        failure.phase, gate=gate, boot_failure=boot,
+                                        kept_log=kept))
         try:
             self.interrupted = lambda: False  # a stop request must not stop the way back
             self.stop([(new.project, staged)])

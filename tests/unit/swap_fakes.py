@@ -127,6 +127,14 @@ class FakeHost:
     epoch: float = 1_795_000_000.0  # wall() at t == 0
     dead_engines: set[str] = field(default_factory=set)
     on_up: object = None  # callable(project) before a container is created (a kill, ...)
+    # Requests the engine holds: container -> [(start, end)] on the fake clock; /metrics shows
+    # them (max_seqs running, the rest waiting), the front's old workers hold them too.
+    requests: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    max_seqs: int = 2
+    front_readable: bool = True
+    metrics_served: bool = True
+    stale_running: int = 0  # gauges stuck after aborted requests (vllm#29928)
+    cut: list[str] = field(default_factory=list)  # "<container> t=<t>" per request cut
 
     # -- docker ---------------------------------------------------------------------------
     def image_present(self, ref: str) -> bool:
@@ -169,6 +177,9 @@ class FakeHost:
     def down(self, file: str, project: str) -> str | None:
         self.calls.append(f"down {project} t={self.t:g}")
         name = project  # container names equal project names in rigfleet
+        if name in self.containers:
+            self.cut += [f"{name} t={self.t:g}" for _ in self._in_flight(name)]
+            self.requests.pop(name, None)
         if name in self.containers and not self.containers[name].stray:
             del self.containers[name]
             self.freed_at = self.t + self.release_s
@@ -226,6 +237,35 @@ class FakeHost:
     def chat(self, port: int, served: str) -> tuple[bool, str]:
         return self.health(port, served)
 
+    def hold(self, name: str, *seconds: float) -> None:
+        """Requests on ``name`` from now, each lasting ``seconds`` (streams, long answers)."""
+        self.requests.setdefault(name, []).extend((self.t, self.t + s) for s in seconds)
+
+    def _in_flight(self, name: str) -> list[tuple[float, float]]:
+        return [(a, b) for a, b in self.requests.get(name, []) if b > self.t]
+
+    def metrics(self, port: int) -> str | None:
+        for name, run in self.containers.items():
+            if PORTS[run.stack] != port or not self.metrics_served:
+                continue
+            if not run.state.running or name in self.dead_engines:
+                return None
+            busy = len(self._in_flight(name))
+            running = min(busy, self.max_seqs) or self.stale_running
+            tokens = sum(40 * (min(self.t, b) - a) for a, b in self.requests.get(name, []))
+            return ("# TYPE vllm:num_requests_running gauge\n"
+                    f'vllm:num_requests_running{{model_name="m",engine="0"}} {float(running)}\n'
+                    f'vllm:num_requests_waiting{{model_name="m",engine="0"}} '
+                    f"{float(max(0, busy - self.max_seqs))}\n"
+                    f'vllm:generation_tokens_total{{model_name="m",engine="0"}} {tokens}\n')
+        return None
+
+    def front_draining(self) -> int | None:
+        """The front's old worker holds what is in flight (one worker for all of it)."""
+        if not self.front_readable:
+            return None
+        return 1 if any(self._in_flight(n) for n in self.containers) else 0
+
     # -- clock ----------------------------------------------------------------------------
     def sleep(self, seconds: float) -> None:
         self.t += seconds
@@ -270,6 +310,7 @@ class FakeFront:
     routes: list[str] = field(default_factory=list)
     fail_on: str | None = None
     messages: list[str] = field(default_factory=list)  # the 503 messages, in order
+    retry_after: list[int] = field(default_factory=list)  # their Retry-After, in order
 
     def serve(self, ref: StackRef, wait: bool = True) -> None:
         self._set(ref.route_id)
@@ -277,6 +318,7 @@ class FakeFront:
     def maintenance(self, message: str, retry_after_s: int, wait: bool = True) -> None:
         self._set("maintenance")
         self.messages.append(message)
+        self.retry_after.append(retry_after_s)
 
     def _set(self, route: str) -> None:
         from rigfleet.hostside.front import FrontError

@@ -143,3 +143,45 @@ def test_hosts_section_is_validated_like_stacks(tmp_path: Path) -> None:
     assert "hosts.host3.stacks.fp8" in text and "not a stack in the catalog" in text
     assert "hosts.host4.stacks.tq3-mtp-genesis.genesis: missing" in text
     assert "hosts.host5.stack" in text and "unknown key" in text
+
+
+# --- the batch cap: at least one host per stack keeps serving --------------------------------
+
+
+def test_a_batch_that_swaps_every_host_of_a_stack_is_refused(tmp_path: Path) -> None:
+    pins = write_pins(tmp_path)
+    fleet = hosts("int8", "tq3-mtp-genesis", "tq3-mtp-genesis", "int8")
+    with pytest.raises(ValueError) as e:
+        build_plan(fleet, {}, pins, bumped(pins, NEWER), batch_size=2)
+    assert str(e.value) == (
+        "--batch-size 2: batch 1 (host2, host3) would swap every host serving tq3-mtp-genesis "
+        "(host2, host3) at once: none would be left to serve it; at least one host per stack "
+        "keeps serving while the others swap. Allowed: --batch-size 1 or less")
+    # The largest size that keeps one host of each stack serving is named: 3 hosts of int8
+    # behind the canary go two at a time, never all three.
+    fleet = hosts("tq3-mtp-genesis", "int8", "int8", "int8", "tq3-mtp-genesis")
+    with pytest.raises(ValueError, match=r"--batch-size 3: batch 1 \(host2, host3, host4\) "
+                       r".*int8 \(host2, host3, host4\).*Allowed: --batch-size 2 or less"):
+        build_plan(fleet, {}, pins, bumped(pins, NEWER), batch_size=3)
+    plan = build_plan(fleet, {}, pins, bumped(pins, NEWER), batch_size=2)
+    assert plan.batches == (("host1",), ("host2", "host3"), ("host4", "host5"))
+
+
+def test_the_cap_counts_reachable_hosts_that_swap(tmp_path: Path) -> None:
+    pins = write_pins(tmp_path)
+    # host4 (tq3) is unreachable: host2 and host3 are all that serve tq3 now.
+    fleet = hosts("int8", "tq3-mtp-genesis", "tq3-mtp-genesis", "tq3-mtp-genesis")
+    with pytest.raises(ValueError, match=r"every host serving tq3-mtp-genesis \(host2, host3\)"):
+        build_plan(fleet, {"host4": "connection refused"}, pins, bumped(pins, NEWER),
+                   batch_size=2)
+    # Only int8 is bumped: the tq3 hosts re-render compose files but keep serving.
+    plan = build_plan(fleet[:3], {}, pins, bumped(pins, NEWER, ("int8",)), batch_size=2)
+    assert plan.batches == (("host1",), ("host2", "host3"))
+
+
+def test_a_stack_served_by_one_host_goes_on_with_its_503_window(tmp_path: Path) -> None:
+    pins = write_pins(tmp_path)
+    plan = build_plan(hosts("int8", "tq3-mtp-genesis"), {}, pins, bumped(pins, NEWER),
+                      batch_size=5)
+    assert plan.batches == (("host1",), ("host2",))
+    assert build_plan(hosts("int8"), {}, pins, bumped(pins, NEWER)).batches == (("host1",),)

@@ -115,7 +115,9 @@ class FakeRunner:
 def make_plan(tmp_path: Path, n: int = 3, batch: int = 1, max_failures: int = 1,
               sha: str = NEWER, unreachable: dict | None = None) -> Plan:  # fmt: skip
     pins = write_pins(tmp_path)
-    stacks = ["tq3-mtp-genesis"] + ["int8"] * (n - 1)
+    # host1 (the canary) also serves int8: a batch after it never swaps every int8 host at
+    # once (the batch cap, rigfleet.bump.plan.serving_cap).
+    stacks = ["int8"] * n
     return build_plan(hosts(*stacks), unreachable or {}, pins,
                       bumped(pins, sha, genesis=GENESIS_NEW), batch, max_failures)  # fmt: skip
 

@@ -202,3 +202,16 @@ def test_a_genesis_stack_without_a_switch_set_for_its_pinned_layout_is_refused(t
         f"{pins.path} pins Genesis {'c' * 12} with the v7 layout; allowed: add "
         "genesis.switches.v7 to the stack file (have: v12), or pin a Genesis commit with a "
         "layout it has")
+
+
+def test_the_plan_carries_each_stacks_drain_timeout_and_host_data_overrides_them(tmp_path):
+    plan = build_plan(desired(tmp_path), "alice@ctl", why="serve tq3", deploy_id="D1")
+    assert plan.drain_timeout_s == 600.0
+    assert plan.drain_timeouts == {"int8": 600.0, "tq3-mtp-genesis": 600.0}
+    assert plan.drain_timeout_for("int8") == 600.0 and plan.drain_timeout_for(None) == 600.0
+    plan = build_plan(desired(tmp_path, drain_timeout_s=0), "alice@ctl", why="x",
+                      deploy_id="D2")
+    assert plan.drain_timeout_s == 0.0 and set(plan.drain_timeouts.values()) == {0.0}
+    assert Plan.from_dict(json.loads(plan.dumps())) == plan
+    with pytest.raises(Exception, match=r"host1.*drain_timeout_s.*9000.*seconds in \[0, 7200\]"):
+        desired(tmp_path, drain_timeout_s=9000)

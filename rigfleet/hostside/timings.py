@@ -1,0 +1,188 @@
+"""How long this host's windows take, measured: what ``Retry-After`` says while one is open.
+
+A window's 503 tells clients when to come back. Rather than a fixed 30 s, it says what this
+host measured last time (``timings.json``, written after each promoted swap and each closed
+maintenance window)::
+
+    {"schema": "rigfleet-timings/1",
+     "stacks": {"int8": {"boot_s": 4.1, "gate_s": 12.0, "at": 1795000000.0}},
+     "overhead_s": 3.6,    # the last swap's window minus its drain, boot and gate
+     "drain_s": 4.2,       # the last drain that had requests to wait for
+     "steps_s": 85.0}      # the last maintenance window's own steps (open to close)
+
+A swap to stack S is expected to take drain (when requests are in flight) + overhead +
+boot(S) + gate(S); a maintenance window drain + steps + overhead + boot + gate of the stack it
+recreates. A stack never measured here borrows the newest measured one's boot and gate; a host
+that never measured a window says the plan's ``retry_after_s`` (30 s; host data has no key
+for it) and the estimate's ``basis`` says so::
+
+    t = read_timings(lay)
+    swap_estimate(t, "int8", busy=True, fallback_s=30)    # Estimate(24, "boot 4.1 s + ...")
+    record_drain(lay, report)   # right after the drain
+    record_swap(lay, "int8", boot_s=4.1, gate_s=12.0, window_s=25.0, drain=report)
+
+Stdlib only: it ships inside the host-side bundle.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .atomic import write_json
+from .drain import DrainReport
+from .layout import Layout
+from .records import read_json
+
+SCHEMA = "rigfleet-timings/1"
+# The swap's own cost when none was measured yet: stopping the old stack, the cards' memory
+# released, the front switches (docs/swap.md: about 3.5 s on the testbed).
+DEFAULT_OVERHEAD_S = 5.0
+
+
+@dataclass(frozen=True)
+class StackTimes:
+    boot_s: float
+    gate_s: float
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Timings:
+    """``timings.json`` (see the module docstring); every figure optional."""
+
+    stacks: dict[str, StackTimes] = field(default_factory=dict)
+    overhead_s: float | None = None
+    drain_s: float | None = None
+    steps_s: float | None = None
+
+    def stack(self, name: str) -> tuple[str, StackTimes] | None:
+        """``name``'s measured times, else the newest measured stack's, else None."""
+        if name in self.stacks:
+            return name, self.stacks[name]
+        if not self.stacks:
+            return None
+        other = max(self.stacks, key=lambda s: self.stacks[s].at)
+        return other, self.stacks[other]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA,
+                "stacks": {k: {"boot_s": round(v.boot_s, 2), "gate_s": round(v.gate_s, 2),
+                               "at": v.at} for k, v in sorted(self.stacks.items())},
+                "overhead_s": _round(self.overhead_s), "drain_s": _round(self.drain_s),
+                "steps_s": _round(self.steps_s)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Timings:
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            return cls()
+        stacks = {}
+        for name, v in (data.get("stacks") or {}).items():
+            boot, gate = _num((v or {}).get("boot_s")), _num((v or {}).get("gate_s"))
+            if boot is not None and gate is not None:
+                stacks[str(name)] = StackTimes(boot, gate, _num(v.get("at")) or 0.0)
+        return cls(stacks, _num(data.get("overhead_s")), _num(data.get("drain_s")),
+                   _num(data.get("steps_s")))
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value) if value >= 0 else None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def read_timings(lay: Layout) -> Timings:
+    """This host's record; an empty one when it is missing or damaged (an estimate only)."""
+    data, _ = read_json(lay.timings_file)
+    return Timings.from_dict(data)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """``seconds`` for Retry-After (>= 1) and what it was made of, for the journal."""
+
+    seconds: int
+    basis: str
+
+
+def _parts(t: Timings, stack: str, busy: bool, extra: list[tuple[str, float]]
+           ) -> list[tuple[str, float]] | None:
+    found = t.stack(stack)
+    if found is None:
+        return None
+    name, times = found
+    of = "" if name == stack else f" (of {name}: {stack} not measured here)"
+    parts = [(f"boot{of}", times.boot_s), ("gate", times.gate_s),
+             ("overhead" if t.overhead_s is not None else "overhead (default)",
+              t.overhead_s if t.overhead_s is not None else DEFAULT_OVERHEAD_S)]
+    if busy and t.drain_s:
+        parts.insert(0, ("drain (last measured)", t.drain_s))
+    return extra + parts
+
+
+def _estimate(parts: list[tuple[str, float]] | None, fallback_s: int) -> Estimate:
+    if parts is None:
+        return Estimate(max(1, int(fallback_s)), f"{int(fallback_s)} s: no window measured on "
+                        "this host yet (the plan's retry_after_s)")
+    total = sum(v for _, v in parts)
+    basis = " + ".join(f"{k} {v:.1f}s" for k, v in parts if v > 0 or k.startswith("boot"))
+    return Estimate(max(1, math.ceil(total)), f"{basis}, measured on this host")
+
+
+def swap_estimate(t: Timings, stack: str, busy: bool, fallback_s: int) -> Estimate:
+    """How long a swap to ``stack`` keeps the front at 503 (``busy``: requests in flight,
+    the drain comes first)."""
+    return _estimate(_parts(t, stack, busy, []), fallback_s)
+
+
+def maintenance_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
+                         steps: bool = True) -> Estimate:
+    """How long a maintenance window keeps the front at 503: its steps (``steps``: the last
+    window's, measured) and the recreation of ``stack`` (boot + gate + overhead)."""
+    extra = [("steps (last window)", t.steps_s)] if steps and t.steps_s else []
+    if stack is None:
+        return _estimate(None, fallback_s)
+    return _estimate(_parts(t, stack, busy, extra), fallback_s)
+
+
+def _update(lay: Layout, stacks: dict[str, StackTimes], **figures: float | None) -> None:
+    """Merge new figures into the record (None: keep what it says)."""
+    t = read_timings(lay)
+    kept = {k: v for k, v in figures.items() if v is not None}
+    write_json(lay.timings_file, replace(t, stacks={**t.stacks, **stacks}, **kept).to_dict())
+
+
+def record_drain(lay: Layout, drain: DrainReport | None) -> None:
+    """Right after a drain that waited for requests (whatever the swap's outcome then): its
+    time is what the next window's Retry-After adds while requests are in flight."""
+    if drain is not None and drain.waited_for_requests:
+        _update(lay, stacks={}, drain_s=drain.seconds)
+
+
+def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s: float,
+                drain: DrainReport | None, now: float | None = None) -> None:
+    """After a promoted swap: ``stack``'s boot and gate, the swap's own overhead, the drain."""
+    drained = drain.seconds if drain is not None else 0.0
+    overhead = max(0.0, window_s - drained - boot_s - gate_s)
+    _update(lay, stacks={stack: StackTimes(boot_s, gate_s, time.time() if now is None else now)},
+            overhead_s=overhead, drain_s=drain.seconds if drain is not None
+            and drain.waited_for_requests else None)
+
+
+def record_maintenance(lay: Layout, stack: str, boot_s: float, gate_s: float,
+                       steps_s: float | None, drain: DrainReport | None,
+                       now: float | None = None) -> None:
+    """After a closed maintenance window: the recreated stack's boot and gate, the steps."""
+    _update(lay, stacks={stack: StackTimes(boot_s, gate_s, time.time() if now is None else now)},
+            steps_s=steps_s, drain_s=drain.seconds if drain is not None
+            and drain.waited_for_requests else None)
+
+
+__all__ = ["DEFAULT_OVERHEAD_S", "Estimate", "Timings", "maintenance_estimate",
+           "read_timings", "record_drain", "record_maintenance", "record_swap", "swap_estimate"]
