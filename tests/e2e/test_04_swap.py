@@ -67,7 +67,7 @@ def front(host, key: str, path: str = "/v1/models") -> tuple[int, dict[str, str]
     req = urllib.request.Request(f"{host.front_url}{path}",
                                  headers={"Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with host.urlopen(req, timeout=10) as resp:
             return resp.status, dict(resp.headers.items())
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers.items())
@@ -83,7 +83,7 @@ def chat(host, key: str) -> int:
     req = urllib.request.Request(f"{host.front_url}/v1/chat/completions", data=body.encode(),
                                  headers={"Authorization": f"Bearer {key}",
                                           "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
+    with host.urlopen(req, timeout=30) as resp:
         return resp.status
 
 
