@@ -452,3 +452,23 @@ def test_killed_between_any_two_writes_of_a_swap_the_host_ends_serving_a_verifie
             any(x["event"] == "interrupted" for x in ledger_lines(lay))
     else:
         assert done["state"] == "died" and host.calls.count("up") == 0
+
+
+def test_a_line_appended_after_a_torn_one_is_a_line_of_its_own(tmp_path: Path) -> None:
+    """A crash cut the ledger's last line (no newline): the next append must not glue onto
+    it, or the good line is unreadable too (tests/e2e/test_08_faults.py met it)."""
+    path = tmp_path / "ledger.jsonl"
+    atomic.append_line(path, json.dumps({"n": 1}))
+    with path.open("a") as f:
+        f.write('{"event": "swap", "resu')  # torn
+    atomic.append_line(path, json.dumps({"n": 2}))
+    atomic.append_line(path, json.dumps({"n": 3}))
+    lines = path.read_text().splitlines()
+    assert lines == ['{"n": 1}', '{"event": "swap", "resu', '{"n": 2}', '{"n": 3}']
+    assert [x.get("n") for x in ledger_tail_of(path)] == [1, 2, 3]
+
+
+def ledger_tail_of(path: Path) -> list[dict[str, Any]]:
+    from rigfleet.hostside.records import ledger_tail
+
+    return ledger_tail(path, 10)[0]
