@@ -63,6 +63,8 @@ def parse_active(lay: Layout) -> tuple[Active | None, str]:
         return None, ""
     except OSError as e:
         return None, f"cannot be read ({e.strerror})"
+    except UnicodeDecodeError as e:  # garbage: not even text
+        return None, f"is not UTF-8 text ({e.reason} at byte {e.start})"
     if not text.strip():
         return None, "is empty"
     try:

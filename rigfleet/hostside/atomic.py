@@ -77,11 +77,15 @@ def write_json(path: Path, data: Any, mode: int = 0o644, indent: int | None = 2)
 def append_line(path: Path, line: str, sync: bool = True) -> None:
     """Append one line in a single ``write`` (``O_APPEND``: concurrent writers never
     interleave a line; a torn write can only cut the last one), ``fsync`` unless ``sync`` is
-    False (progress logs)."""
+    False (progress logs). After a torn last line (no newline at the end) the line starts on
+    a line of its own: glued to the torn one, it would be unreadable too."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (line.rstrip("\n") + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data  # two writers doing so leave a blank line: readers skip it
         os.write(fd, data)
         if sync:
             os.fsync(fd)

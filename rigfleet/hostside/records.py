@@ -75,7 +75,7 @@ def read_state(path: Path) -> dict[str, Any]:
 def ledger_tail(path: Path, n: int = 10) -> tuple[list[dict[str, Any]], int, str | None]:
     """(the last ``n`` parseable lines oldest first, the number of lines, problem or None)."""
     try:
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except FileNotFoundError:
         return [], 0, "missing"
     except OSError as e:

@@ -78,21 +78,28 @@ def test_access_reports_the_kernels_answer(tmp_path: Path, monkeypatch) -> None:
 
 
 def fake_dockerd(tmp_path: Path, cmdline: list[str], config: dict | None,
-                 config_after_start: bool = False) -> tuple[Path, list[str]]:
+                 config_after_start: float | None = None, pid: int = 4242,
+                 ) -> tuple[Path, list[str]]:
+    """A /proc with one dockerd that started 500.37 s after boot, 1000.5 s ago; its config
+    file written ``config_after_start`` seconds after it started (default: 400 s before)."""
     proc = tmp_path / "proc"
-    (proc / "4242").mkdir(parents=True, exist_ok=True)
-    (proc / "4242" / "cmdline").write_bytes("\0".join(cmdline).encode() + b"\0")
-    btime = int(time.time()) - 1000
-    start_ticks = 500 * os.sysconf("SC_CLK_TCK")  # started 500 s after boot
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / str(pid) / "cmdline").write_bytes("\0".join(cmdline).encode() + b"\0")
+    tck = os.sysconf("SC_CLK_TCK")
+    start_ticks = 50037 * tck // 100  # started 500.37 s after boot
     fields = ["S"] + ["0"] * 18 + [str(start_ticks)] + ["0"] * 10
-    (proc / "4242" / "stat").write_text(f"4242 (dockerd) {' '.join(fields)}\n")
-    (proc / "stat").write_text(f"cpu 0 0 0 0\nbtime {btime}\n")
+    (proc / str(pid) / "stat").write_text(f"{pid} (dockerd) {' '.join(fields)}\n")
+    now = time.time()
+    boot = int(now) - 1501 + 0.87  # not a whole second: btime says int(boot), 0.87 s early
+    (proc / "uptime").write_text(f"{now - boot:.2f} 1234.56\n")
+    (proc / "stat").write_text(f"cpu 0 0 0 0\nbtime {int(boot)}\n")
     pid_file = tmp_path / "docker.pid"
-    pid_file.write_text("4242\n")
+    pid_file.write_text(f"{pid}\n")
     cfg = tmp_path / "daemon.json"
     if config is not None:
         cfg.write_text(json.dumps(config))
-        when = btime + (900 if config_after_start else 100)
+        when = boot + start_ticks / tck + (-400 if config_after_start is None
+                                           else config_after_start)
         os.utime(cfg, (when, when))
     return proc, [str(pid_file)]
 
@@ -104,7 +111,7 @@ def test_cgroup_driver_from_daemon_json_flags_and_start_time(tmp_path: Path) -> 
     assert devnodes.dockerd_cgroup_driver(proc, pids) == "cgroupfs"
     # Written after dockerd started: exec-opts are read only at start, not in effect yet.
     proc, pids = fake_dockerd(tmp_path, cmd, {"exec-opts": ["native.cgroupdriver=cgroupfs"]},
-                              config_after_start=True)
+                              config_after_start=0.3)
     assert devnodes.dockerd_cgroup_driver(proc, pids) is None
     proc, pids = fake_dockerd(tmp_path, cmd + ["--exec-opt", "native.cgroupdriver=systemd"],
                               {"exec-opts": []})
@@ -112,6 +119,49 @@ def test_cgroup_driver_from_daemon_json_flags_and_start_time(tmp_path: Path) -> 
     proc, pids = fake_dockerd(tmp_path, cmd, {"registry-mirrors": []})
     assert devnodes.dockerd_cgroup_driver(proc, pids) is None
     assert devnodes.dockerd_cgroup_driver(proc, [str(tmp_path / "missing.pid")]) is None
+
+
+def test_a_config_written_in_the_second_dockerd_started_is_in_effect(tmp_path: Path) -> None:
+    """pmaint's finding: with btime (whole seconds) dockerd seemed to start up to a second
+    early, so a daemon.json written 50 ms before the restart looked newer than dockerd."""
+    cfg = str(tmp_path / "daemon.json")
+    cmd = ["/usr/bin/dockerd", f"--config-file={cfg}"]
+    proc, pids = fake_dockerd(tmp_path, cmd, {"exec-opts": ["native.cgroupdriver=cgroupfs"]},
+                              config_after_start=-0.05)
+    assert devnodes.dockerd_cgroup_driver(proc, pids) == "cgroupfs"
+
+
+def test_dockerd_keeps_the_exec_opts_it_started_with(tmp_path: Path) -> None:
+    """The first look records what dockerd read; a file changed afterwards (a reload, the
+    toolkit's runtime configure, a person) does not change the running dockerd's driver."""
+    cfg = tmp_path / "daemon.json"
+    cmd = ["/usr/bin/dockerd", f"--config-file={cfg}"]
+    proc, pids = fake_dockerd(tmp_path, cmd, {"exec-opts": ["native.cgroupdriver=cgroupfs"]})
+    snapshots = tmp_path / "run" / "dockerd"
+    (tmp_path / "run").mkdir()
+    assert devnodes.dockerd_cgroup_driver(proc, pids, snapshots) == "cgroupfs"
+    record = json.loads(next(snapshots.glob("4242-*.json")).read_text())
+    assert record["exec-opts"] == ["native.cgroupdriver=cgroupfs"]
+    cfg.write_text(json.dumps({"exec-opts": []}))  # now, long after dockerd started
+    assert devnodes.dockerd_cgroup_driver(proc, pids) is None  # no record: not in effect
+    assert devnodes.dockerd_cgroup_driver(proc, pids, snapshots) == "cgroupfs"
+    # Another dockerd (a restart: another pid or start time) reads the file anew.
+    proc, pids = fake_dockerd(tmp_path, cmd, {"exec-opts": []}, pid=4343)
+    assert devnodes.dockerd_cgroup_driver(proc, pids, snapshots) is None
+
+
+def test_ctk_runtime_configure_records_the_running_dockerds_config_first(
+        paths: sim.SimPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "daemon.json"
+    proc, pids = fake_dockerd(tmp_path, ["/usr/bin/dockerd", f"--config-file={cfg}"],
+                              {"exec-opts": ["native.cgroupdriver=cgroupfs"]})
+    real = devnodes.dockerd_cgroup_driver
+    monkeypatch.setattr(devnodes, "dockerd_cgroup_driver",
+                        lambda *a, snapshots=None, **k: real(proc, pids, snapshots))
+    assert ctk.main(["runtime", "configure", "--runtime=docker", f"--config={cfg}"],
+                    out=io.StringIO(), err=io.StringIO()) == 0
+    assert "nvidia" in json.loads(cfg.read_text())["runtimes"]  # written after dockerd started
+    assert devnodes.dockerd_cgroup_driver(snapshots=paths.dockerd) == "cgroupfs"
 
 
 def test_systemd_manages_by_default_on_cgroup_v2_only() -> None:

@@ -493,6 +493,20 @@ def test_converged_host_starts_no_transaction(data):
     assert rig.containers["rigfleet-int8"] == ("running", label)
 
 
+def test_the_stack_unit_starts_only_after_the_swap(data):
+    """Its ``ensure`` takes the host lock: started before the swap (pyinfra's ``running``
+    default, on a host whose first activation failed), it made the swap's probe refuse the
+    host as "locked by rigfleet-stack.service" (tests/e2e/test_08_faults.py met it)."""
+    rig = FakeRig("debian13")
+    run = deploy(rig, data)
+    assert not run.failed
+    swap = next(i for i, c in enumerate(run.commands) if "systemd-run --unit rigfleet-swap-" in c)
+    starts = [i for i, c in enumerate(run.commands)
+              if re.search(r"systemctl (re)?start rigfleet-stack", c)]
+    assert starts and min(starts) > swap, [run.commands[i] for i in starts]
+    assert "rigfleet-stack.service" in rig.enabled
+
+
 def test_switching_stack_runs_the_gated_transaction_and_records_it(data):
     rig = converged("debian13", data)
     assert len(rig.ledger) == 1

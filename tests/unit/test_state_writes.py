@@ -264,6 +264,9 @@ DAMAGE = {
     "empty": b"",
     "truncated": None,  # the first 40 bytes of the real record
     "garbage": b"\x00\x00\x00\x00\x00\x00",
+    # Random bytes are rarely UTF-8 (tests/e2e/test_08_faults.py: the supervisor's every
+    # look died with UnicodeDecodeError instead of rebuilding the record).
+    "not text": b"\x8f\xafQ\xff\x00\xc3(",
     "not an object": b"[]\n",
     "not a record": b'{"schema": "rigfleet-active/1", "ref": {"stack": "int8"}}\n',
 }
@@ -452,3 +455,32 @@ def test_killed_between_any_two_writes_of_a_swap_the_host_ends_serving_a_verifie
             any(x["event"] == "interrupted" for x in ledger_lines(lay))
     else:
         assert done["state"] == "died" and host.calls.count("up") == 0
+
+
+def test_a_line_appended_after_a_torn_one_is_a_line_of_its_own(tmp_path: Path) -> None:
+    """A crash cut the ledger's last line (no newline): the next append must not glue onto
+    it, or the good line is unreadable too (tests/e2e/test_08_faults.py met it)."""
+    path = tmp_path / "ledger.jsonl"
+    atomic.append_line(path, json.dumps({"n": 1}))
+    with path.open("a") as f:
+        f.write('{"event": "swap", "resu')  # torn
+    atomic.append_line(path, json.dumps({"n": 2}))
+    atomic.append_line(path, json.dumps({"n": 3}))
+    lines = path.read_text().splitlines()
+    assert lines == ['{"n": 1}', '{"event": "swap", "resu', '{"n": 2}', '{"n": 3}']
+    assert [x.get("n") for x in ledger_tail_of(path)] == [1, 2, 3]
+
+
+def ledger_tail_of(path: Path) -> list[dict[str, Any]]:
+    from rigfleet.hostside.records import ledger_tail
+
+    return ledger_tail(path, 10)[0]
+
+
+def test_a_ledger_with_bytes_that_are_not_text_is_read_line_by_line(tmp_path: Path) -> None:
+    from rigfleet.hostside.records import ledger_tail
+
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b'{"n": 1}\n\x8f\xaf\xff garbage\n{"n": 2}\n')
+    lines, count, problem = ledger_tail(path)
+    assert [x["n"] for x in lines] == [1, 2] and count == 3 and problem

@@ -114,6 +114,8 @@ def configure_docker(path: Path, log: Logger, *, set_as_default: bool = False,
     if dry_run:
         out.write(rendered + "\n")
         return
+    # The twin's record of what the running dockerd read at start (its exec-opts stay).
+    devnodes.remember_dockerd_config(sim.SimPaths.from_env())
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

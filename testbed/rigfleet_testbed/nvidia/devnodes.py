@@ -34,12 +34,14 @@ The systemd side (re-applying ``DeviceAllow=`` at daemon-reload) is :mod:`reload
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import stat
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -156,15 +158,23 @@ def _dockerd_pid(pid_files: Sequence[str]) -> int | None:
     return None
 
 
-def _start_time(proc: Path, pid: int) -> float | None:
-    """Wall-clock start of a process: /proc/<pid>/stat field 22 (ticks after boot) + btime."""
+def _start_ticks(proc: Path, pid: int) -> int | None:
+    """When a process started, in clock ticks after boot: /proc/<pid>/stat field 22."""
     try:
-        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-        btime = next(int(line.split()[1]) for line in (proc / "stat").read_text().splitlines()
-                     if line.startswith("btime "))
-        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        return int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
         return None
+
+
+def _start_time(proc: Path, ticks: int) -> float | None:
+    """Wall-clock time of ``ticks`` after boot, to 10 ms: now minus /proc/uptime (seconds since
+    boot, two decimals) plus the ticks. (/proc/stat's btime is whole seconds: a daemon.json
+    written in the second dockerd restarted would look newer than dockerd.)"""
+    try:
+        uptime = float((proc / "uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _driver_opt(opts: Iterable[str]) -> str | None:
@@ -177,12 +187,16 @@ def _driver_opt(opts: Iterable[str]) -> str | None:
 
 
 def dockerd_cgroup_driver(proc: Path = Path("/proc"),
-                          pid_files: Sequence[str] = DOCKER_PID_FILES) -> str | None:
+                          pid_files: Sequence[str] = DOCKER_PID_FILES,
+                          snapshots: Path | None = None) -> str | None:
     """The cgroup driver the running dockerd was told to use, or None (its default, or no dockerd).
 
     From its command line (``--exec-opt native.cgroupdriver=...``) or the config file it read
     at start (``--config-file``, default /etc/docker/daemon.json, key ``exec-opts``). exec-opts
-    are read only at start: a file changed after dockerd started is not in effect yet.
+    are read only at start (a reload does not apply them): the first look at a dockerd whose
+    file is older than the process records what the file said in ``snapshots``
+    (``<pid>-<start ticks>.json``), and later looks use that record whatever the file says
+    now; a file changed after dockerd started, with no record, is not in effect (None).
     """
     pid = _dockerd_pid(pid_files)
     if pid is None:
@@ -206,15 +220,35 @@ def dockerd_cgroup_driver(proc: Path = Path("/proc"),
                     config = value
     if (flag := _driver_opt(flags)) is not None:
         return flag
+    ticks = _start_ticks(proc, pid)
+    record = snapshots / f"{pid}-{ticks}.json" if snapshots is not None and ticks else None
+    if record is not None:
+        try:
+            return _driver_opt(json.loads(record.read_text())["exec-opts"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # no record yet (or a torn one): read the file
+    started = _start_time(proc, ticks) if ticks is not None else None
     path = Path(config)
-    started = _start_time(proc, pid)
     try:
-        if started is not None and path.stat().st_mtime > started:
+        if path.exists() and (started is None or path.stat().st_mtime > started):
             return None
-        opts = json.loads(path.read_text() or "{}").get("exec-opts") or []
+        opts = (json.loads(path.read_text() or "{}").get("exec-opts") or []
+                if path.exists() else [])
     except (OSError, ValueError, AttributeError):
         return None
-    return _driver_opt(opts) if isinstance(opts, list) else None
+    if not isinstance(opts, list):
+        return None
+    if record is not None and record.parent.parent.is_dir():  # a simulated host's /run/nvidia-sim
+        with contextlib.suppress(OSError):  # best effort: the next look records it
+            _write_json(record, {"pid": pid, "start_ticks": ticks, "config": config,
+                                 "exec-opts": [str(o) for o in opts]})
+    return _driver_opt(opts)
+
+
+def remember_dockerd_config(paths: sim.SimPaths) -> None:
+    """Record the running dockerd's exec-opts before its config file changes (see
+    :func:`dockerd_cgroup_driver`); ``nvidia-ctk runtime configure`` calls it before it writes."""
+    dockerd_cgroup_driver(snapshots=paths.dockerd)
 
 
 def systemd_managed(hw: sim.Hardware, driver: str | None) -> bool:
@@ -311,13 +345,17 @@ def grant_path(paths: sim.SimPaths, container: str) -> Path:
     return paths.grants / f"{safe}.json"
 
 
-def write_grant(paths: sim.SimPaths, grant: Grant) -> Path:
-    paths.grants.mkdir(parents=True, exist_ok=True)
-    target = grant_path(paths, grant.container)
+def _write_json(target: Path, data: Any) -> Path:
+    """Write a record whole (temp file, rename): readers never see half of one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(json.dumps(asdict(grant), indent=1) + "\n")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, target)
     return target
+
+
+def write_grant(paths: sim.SimPaths, grant: Grant) -> Path:
+    return _write_json(grant_path(paths, grant.container), asdict(grant))
 
 
 def read_grants(paths: sim.SimPaths) -> list[tuple[Path, Grant]]:

@@ -103,6 +103,11 @@ class SimPaths:
         return self.root / "grants"
 
     @property
+    def dockerd(self) -> Path:
+        """What each running dockerd read at start (see ``devnodes.dockerd_cgroup_driver``)."""
+        return self.root / "dockerd"
+
+    @property
     def loaded(self) -> Path:
         return self.root / "loaded"
 
