@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import posixpath
 import re
@@ -34,6 +35,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from rigfleet.catalog import Catalog, CatalogError, StackSpec, builtin_catalog, load_catalog
+from rigfleet.hostside.supervise import Policy, parse_backoff
 from rigfleet.hostside.verify.client import tls_context
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
 from rigfleet.images.sources import DEFAULT_SOURCES, ImageSource, parse_sources
@@ -152,6 +154,12 @@ class SwapSettings:
     vram_timeout_s: float = 120.0
     gate_timeout_s: float = 7200.0
     retry_after_s: int = 30
+    # The supervisor's policy (rigfleet.hostside.supervise.Policy; defaults there): the wait
+    # before the 1st, 2nd, ... recreation, how many recreations within the window before it
+    # gives up, and the window.
+    supervise_backoff_s: tuple[float, ...] = Policy.backoff_s
+    supervise_limit: int = Policy.limit
+    supervise_window_s: float = Policy.window_s
 
     @property
     def follow_timeout_s(self) -> float:
@@ -280,6 +288,10 @@ KEY_DEFAULTS: dict[str, Any] = {
     "gate_set": (),
     "ready_timeout_s": None,
     "gate_timeout_s": None,
+    # The supervisor's policy (docs/swap.md, "When the engine dies"); None: Policy's defaults.
+    "supervise_backoff_s": None,
+    "supervise_limit": None,
+    "supervise_window_s": None,
     "site_ca_files": None,
     "front_url": None,
     "stacks_dir": None,
@@ -1083,6 +1095,17 @@ class _Checker(Problems):
             checked = self.number(key, value, 0.0, None, "seconds > 0", low_open=True)
             if checked is not None:
                 timeouts[key] = checked
+        backoff = self.backoff("supervise_backoff_s", get("supervise_backoff_s"))
+        limit_value = get("supervise_limit")
+        limit = None if limit_value is None else self.integer(
+            "supervise_limit", limit_value, 1, 100,
+            "an integer 1..100: recreations within supervise_window_s before the supervisor "
+            "gives up")
+        window_value = get("supervise_window_s")
+        window = None if window_value is None else self.number(
+            "supervise_window_s", window_value, 0.0, None,
+            "seconds > 0: the sliding window supervise_limit counts recreations in",
+            low_open=True)
         if profile is None:
             return None
         defaults = SwapSettings()
@@ -1090,7 +1113,30 @@ class _Checker(Problems):
             gate_profile=profile, gate_set=tuple(sets),
             ready_timeout_s=timeouts.get("ready_timeout_s", defaults.ready_timeout_s),
             gate_timeout_s=timeouts.get("gate_timeout_s", defaults.gate_timeout_s),
+            supervise_backoff_s=backoff or defaults.supervise_backoff_s,
+            supervise_limit=limit or defaults.supervise_limit,
+            supervise_window_s=window or defaults.supervise_window_s,
         )
+
+    def backoff(self, key: str, value: Any) -> tuple[float, ...] | None:
+        """A list of seconds >= 0 (``[10, 30, 90]``; ``--data`` may give ``10,30,90``); None
+        when unset or bad (bad is recorded)."""
+        if value is None:
+            return None
+        allowed = ("a non-empty list of seconds >= 0, e.g. [10, 30, 90] (the wait before the "
+                   "1st, 2nd, ... recreation; the last one repeats)")
+        if isinstance(value, str):
+            try:
+                return parse_backoff(value)
+            except ValueError:
+                self.bad(key, value, allowed)
+                return None
+        if not isinstance(value, list | tuple) or not value or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                and v >= 0 for v in value):
+            self.bad(key, value, allowed)
+            return None
+        return tuple(float(v) for v in value)
 
     def site_ca_files(self, value: Any) -> tuple[str, ...]:
         """Control-side PEM certificate files the host should trust (optional)."""
