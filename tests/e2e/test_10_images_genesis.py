@@ -229,14 +229,14 @@ def fleet(testbed, converged):
     TEN_ARCHIVES.mkdir()
     write_copies(f.image_id)
     for host in (f.a, f.b):
-        forget_nightly(host)
+        forget_copies(host)
     yield f
     for host in (f.a, f.b):
         undo_faults(host)
     if not f.restored:
         deploy(INVENTORY, f.a, f.b)
     for host in (f.a, f.b):
-        forget_nightly(host)
+        forget_copies(host)
     for path in (TEN_INVENTORY, TEN_PINS, LOCK_PINS):
         path.unlink(missing_ok=True)
     shutil.rmtree(TEN_STACKS, ignore_errors=True)
@@ -396,11 +396,13 @@ def undo_faults(host) -> None:
             "[ -e \"$f\" ] && mv \"$f\" \"${f%.e2e-aside}\"; done; true")
 
 
-def forget_nightly(host) -> None:
-    """The nightly and the images derived from it off the host (an earlier run's, or this
-    one's at the end): the converge back leaves a staged image in place."""
+def forget_copies(host) -> None:
+    """The nightly, the images derived from it and the user stack's directory off the host (an
+    earlier run's, or this one's at the end): the converge back leaves staged images and the
+    directories of stacks it no longer lists in place."""
     host.sh(f"ids=$(docker image ls -q --filter label=io.rigfleet.base-digest={PURGED_DIGEST}); "
-            f"docker image rm -f $ids {NIGHTLY} >/dev/null 2>&1; true")
+            f"docker image rm -f $ids {NIGHTLY} >/dev/null 2>&1; "
+            f"rm -rf /opt/rigfleet/stacks/{NOP87}; true")
 
 
 def kill_engine(host, container: str) -> str:
