@@ -46,6 +46,7 @@ import pytest
 import yaml
 from conftest import INVENTORY, STATE, run
 from rigfleet_testbed import layout
+from test_04_swap import chat  # one chat completion through the front: its status
 
 from rigfleet.catalog import BUILTIN_DIR
 from rigfleet.hostside.front import ROUTE_HEADER
@@ -127,16 +128,6 @@ def front(host, key: str, path: str = "/v1/models") -> tuple[int, dict[str, str]
             return resp.status, dict(resp.headers.items()), resp.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers.items()), e.read().decode(errors="replace")
-
-
-def chat(host, key: str) -> int:
-    body = json.dumps({"model": "qwen3.6-27b-autoround", "max_tokens": 16,
-                       "messages": [{"role": "user", "content": "Capital of France?"}]})
-    req = urllib.request.Request(f"{host.front_url}/v1/chat/completions", data=body.encode(),
-                                 headers={"Authorization": f"Bearer {key}",
-                                          "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return resp.status
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
