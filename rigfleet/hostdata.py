@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import posixpath
 import re
@@ -41,6 +42,7 @@ from rigfleet.catalog import (
     builtin_catalog,
     load_catalog,
 )
+from rigfleet.hostside.supervise import Policy, parse_backoff
 from rigfleet.hostside.verify.client import tls_context
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
 from rigfleet.images.sources import DEFAULT_SOURCES, ImageSource, parse_sources
@@ -161,6 +163,12 @@ class SwapSettings:
     retry_after_s: int = 30
     # Host data ``drain_timeout_s``: overrides every stack file's ``drain.timeout_s`` here.
     drain_timeout_s: float | None = None
+    # The supervisor's policy (rigfleet.hostside.supervise.Policy; defaults there): the wait
+    # before the 1st, 2nd, ... recreation, how many recreations within the window before it
+    # gives up, and the window.
+    supervise_backoff_s: tuple[float, ...] = Policy.backoff_s
+    supervise_limit: int = Policy.limit
+    supervise_window_s: float = Policy.window_s
 
     @property
     def follow_timeout_s(self) -> float:
@@ -290,6 +298,10 @@ KEY_DEFAULTS: dict[str, Any] = {
     "ready_timeout_s": None,
     "gate_timeout_s": None,
     "drain_timeout_s": None,
+    # The supervisor's policy (docs/swap.md, "When the engine dies"); None: Policy's defaults.
+    "supervise_backoff_s": None,
+    "supervise_limit": None,
+    "supervise_window_s": None,
     "site_ca_files": None,
     "front_url": None,
     "stacks_dir": None,
@@ -1101,6 +1113,17 @@ class _Checker(Problems):
                                   "requests may take to finish before a stack stops")
             if checked is not None:
                 timeouts["drain_timeout_s"] = checked
+        backoff = self.backoff("supervise_backoff_s", get("supervise_backoff_s"))
+        limit_value = get("supervise_limit")
+        limit = None if limit_value is None else self.integer(
+            "supervise_limit", limit_value, 1, 100,
+            "an integer 1..100: recreations within supervise_window_s before the supervisor "
+            "gives up")
+        window_value = get("supervise_window_s")
+        window = None if window_value is None else self.number(
+            "supervise_window_s", window_value, 0.0, None,
+            "seconds > 0: the sliding window supervise_limit counts recreations in",
+            low_open=True)
         if profile is None:
             return None
         defaults = SwapSettings()
@@ -1109,7 +1132,30 @@ class _Checker(Problems):
             ready_timeout_s=timeouts.get("ready_timeout_s", defaults.ready_timeout_s),
             gate_timeout_s=timeouts.get("gate_timeout_s", defaults.gate_timeout_s),
             drain_timeout_s=timeouts.get("drain_timeout_s"),
+            supervise_backoff_s=backoff or defaults.supervise_backoff_s,
+            supervise_limit=limit or defaults.supervise_limit,
+            supervise_window_s=window or defaults.supervise_window_s,
         )
+
+    def backoff(self, key: str, value: Any) -> tuple[float, ...] | None:
+        """A list of seconds >= 0 (``[10, 30, 90]``; ``--data`` may give ``10,30,90``); None
+        when unset or bad (bad is recorded)."""
+        if value is None:
+            return None
+        allowed = ("a non-empty list of seconds >= 0, e.g. [10, 30, 90] (the wait before the "
+                   "1st, 2nd, ... recreation; the last one repeats)")
+        if isinstance(value, str):
+            try:
+                return parse_backoff(value)
+            except ValueError:
+                self.bad(key, value, allowed)
+                return None
+        if not isinstance(value, list | tuple) or not value or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                and v >= 0 for v in value):
+            self.bad(key, value, allowed)
+            return None
+        return tuple(float(v) for v in value)
 
     def site_ca_files(self, value: Any) -> tuple[str, ...]:
         """Control-side PEM certificate files the host should trust (optional)."""

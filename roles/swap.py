@@ -228,10 +228,14 @@ def unit_started(unit: str):
 
 def supervise_policy(ctx: HostContext) -> Policy:
     """The supervisor's policy for this host: the defaults of ``rigfleet.hostside.supervise``
-    with this host's time limits (``ready_timeout_s``, ``vram_timeout_s``, ``retry_after_s``)."""
+    with this host's time limits (``ready_timeout_s``, ``vram_timeout_s``, ``retry_after_s``)
+    and its backoff, limit and window (``supervise_backoff_s``, ``supervise_limit``,
+    ``supervise_window_s``)."""
     swap = ctx.settings.swap
     return replace(Policy(), ready_timeout_s=swap.ready_timeout_s,
-                   vram_timeout_s=swap.vram_timeout_s, retry_after_s=swap.retry_after_s)
+                   vram_timeout_s=swap.vram_timeout_s, retry_after_s=swap.retry_after_s,
+                   backoff_s=swap.supervise_backoff_s, limit=swap.supervise_limit,
+                   window_s=swap.supervise_window_s)
 
 
 def unit_file(name: str, src: str, dest: str, ctx: HostContext, **variables: Any) -> Any:

@@ -224,6 +224,12 @@ BOOT_FAILURES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
                                         r"failed.*")),
     ("genesis-missing", "the Genesis patches are missing from the container",
      re.compile(r".*Genesis patches missing.*")),
+    # vLLM's own reason line after "Failed to find a kernel that can implement the WNA16
+    # linear layer. Reasons:" (reference/upstream-2026.md: TP=2 on AutoRound INT4 before
+    # v0.21.0 without the pad-sub-tile-n fix; the stack files' boot.failures say the same).
+    ("marlin-min-thread-n", "the Marlin pad-sub-tile-n fix is missing (TP=2 on AutoRound INT4 "
+     "needs it on images before v0.21.0)",
+     re.compile(r".*GPTQ_MARLIN_MIN_THREAD_N \(\d+\) > out_features.*")),
     ("transformers-oserror", "transformers OSError: the local model path was taken for a Hub "
      "repo id (speculators probe regression of this nightly)",
      re.compile(r"OSError: Repo id must be in the form.*")),
@@ -263,7 +269,7 @@ def classify_boot_failure(log: str) -> BootFailure | None:
 def _strip_prefix(line: str) -> str:
     # "ERROR 11-29 10:00:00 [core.py:843] ValueError: ..." -> "ValueError: ..."
     return re.sub(r"^(?:ERROR|WARNING|INFO) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] ", "",
-                  line.strip())[:400]
+                  line.strip()).strip()[:400]
 
 
 # --- running them ------------------------------------------------------------------------------

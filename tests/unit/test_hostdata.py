@@ -20,6 +20,7 @@ from rigfleet.hostdata import (
     nvidia_distro,
     validate_host,
 )
+from rigfleet.hostside.supervise import Policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "k" * 64
@@ -96,6 +97,16 @@ def test_defaults_and_single_cap(data: dict[str, Any]) -> None:
     assert s.power_caps_w == (250, 250)
     assert s.pins_file == "pins.yaml" and s.gpu_count == 2
     assert s.hf_token_file is None and s.pip_index_url is None and s.extra_env == {}
+    assert (s.swap.supervise_backoff_s, s.swap.supervise_limit, s.swap.supervise_window_s) \
+        == (Policy.backoff_s, Policy.limit, Policy.window_s)
+
+
+@pytest.mark.parametrize("backoff", [[1, 2.5], "1,2.5", (1, 2.5)])
+def test_the_supervisors_policy_from_host_data(data: dict[str, Any], backoff: Any) -> None:
+    data.update(supervise_backoff_s=backoff, supervise_limit=2, supervise_window_s=600)
+    s = validate_host("rig-a", data)
+    assert (s.swap.supervise_backoff_s, s.swap.supervise_limit, s.swap.supervise_window_s) \
+        == ((1.0, 2.5), 2, 600.0)
 
 
 def test_works_with_pyinfra_host_data(data: dict[str, Any]) -> None:
@@ -237,6 +248,16 @@ BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
      ["front_tls_key_file: missing", "both front_tls_cert_file and front_tls_key_file"]),
     ("front_tls_ca_file", "/nonexistent.pem",
      ["front_tls_ca_file: '/nonexistent.pem' is set but the front has no certificate"]),
+    # The supervisor's policy
+    ("supervise_backoff_s", [], ["supervise_backoff_s: [] is not valid",
+                                 "a non-empty list of seconds >= 0, e.g. [10, 30, 90]"]),
+    ("supervise_backoff_s", [10, -1], ["supervise_backoff_s: [10, -1]", "seconds >= 0"]),
+    ("supervise_backoff_s", "10,soon", ["supervise_backoff_s: '10,soon'", "seconds >= 0"]),
+    ("supervise_backoff_s", [1, True], ["supervise_backoff_s: [1, True]", "seconds >= 0"]),
+    ("supervise_limit", 0, ["supervise_limit: 0 is not valid", "an integer 1..100"]),
+    ("supervise_limit", 2.5, ["supervise_limit: 2.5", "an integer 1..100"]),
+    ("supervise_window_s", 0, ["supervise_window_s: 0 is not valid", "seconds > 0"]),
+    ("supervise_windows_s", 60, ["supervise_windows_s", "did you mean 'supervise_window_s'"]),
 ]
 
 

@@ -50,6 +50,18 @@ def test_kv_cache_too_small_is_named_not_the_engine_wrapper(tmp_path):
     assert not found.line.startswith("ERROR")
 
 
+def test_the_missing_marlin_fix_is_named_not_the_kernel_selection_line(tmp_path):
+    # TP=2 on AutoRound INT4, a build before v0.21.0 without the pad fix (the simulator's
+    # vllm_builds rule): vLLM's reason is the line after "... WNA16 linear layer. Reasons:".
+    i = NO_MTP.index("--kv-cache-dtype")
+    args = [*NO_MTP[:i], *NO_MTP[i + 2:], "--kv-cache-dtype", "fp8_e5m2"]
+    log = failed_boot(tmp_path, args, tag="v0.20.0")
+    found = classify_boot_failure(log)
+    assert found.kind == "marlin-min-thread-n", found
+    assert found.line == ("MarlinLinearKernel cannot implement due to: GPTQ_MARLIN_MIN_THREAD_N "
+                          "(64) > out_features (48)")
+
+
 def test_turboquant_without_genesis(tmp_path):
     # A build before hybrid TurboQuant (vllm#39931) without Genesis P4.
     old = "nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"

@@ -53,3 +53,14 @@ def test_the_supervisor_is_installed_enabled_started_and_restarted_only_on_chang
     third = deploy(rig, {**data, "ready_timeout_s": 600})
     assert not third.failed and len(third.ran(RESTART)) == 1
     assert third.ran("compose") == [] or all(" up " not in c for c in third.ran("compose"))
+
+
+def test_the_supervisors_backoff_limit_and_window_come_from_host_data(data):
+    rig = FakeRig("debian13")
+    run = deploy(rig, {**data, "supervise_backoff_s": [1, 2], "supervise_limit": 2,
+                       "supervise_window_s": 300})
+    assert not run.failed, rig.commands[-5:]
+    [exec_start] = [line for line in rig.files[UNIT].decode().splitlines()
+                    if line.startswith("ExecStart=")]
+    args = build_parser().parse_args(shlex.split(exec_start.removeprefix("ExecStart="))[2:])
+    assert (args.backoff_s, args.limit, args.window_s) == ((1.0, 2.0), 2, 300.0)
