@@ -409,6 +409,11 @@ def test_doctor_names_a_single_cards_minimum_cap_first_with_the_figures(testbed,
     assert top["title"].startswith(f"power cap {minimum:.0f} W binds"), top
     assert f"cap {minimum:.0f} W, drawing up to" in top["evidence"][0], top
     assert top["impact"] > 0.3 and "raise power_caps_w" in top["fix"], top
+    # The one-card stack's fp8 KV (FlashInfer) falls back to PIECEWISE graphs with MTP: named
+    # by the engine's own log line, not by a guess from the captures.
+    (graphs,) = [c for c in causes(d) if c["id"] == "cuda-graphs"]
+    assert graphs["title"] == "CUDA graphs downgraded to PIECEWISE", graphs
+    assert graphs["evidence"][0].startswith("WARNING ") and "PIECEWISE" in graphs["evidence"][0]
 
 
 # --- 4. the seeds' other dual-card stacks ---------------------------------------------------------
