@@ -58,6 +58,32 @@ def run(cmd: list[str], timeout: float = 1800, check: bool = True, **kw) -> subp
     return proc
 
 
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
+    """``predicate()``'s first truthy value within ``timeout`` seconds, else an assertion
+    naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_state(host) -> dict:
+    """The host's ``/var/lib/rigfleet/state.json`` (what serves, its pins, the last swap)."""
+    rc, out = host.sh("cat /var/lib/rigfleet/state.json")
+    assert rc == 0, out
+    return json.loads(out)
+
+
+def last_ledger(host) -> dict:
+    """The newest line of the host's ledger."""
+    rc, out = host.sh("tail -n 1 /var/lib/rigfleet/ledger.jsonl")
+    assert rc == 0, out
+    return json.loads(out)
+
+
 @dataclass(frozen=True)
 class TestHost:
     name: str

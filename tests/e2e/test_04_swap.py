@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import INVENTORY, REPO, STATE, run
+from conftest import INVENTORY, REPO, STATE, last_ledger, run, wait_for
 
 from rigfleet.hostside.front import ROUTE_HEADER
 
@@ -53,12 +53,6 @@ def swap(host, stack: str, *args: str, check: bool = True):
 
 def status(host) -> dict:
     rc, out = host.sh(f"{TOOL} status --json")
-    assert rc == 0, out
-    return json.loads(out)
-
-
-def last_ledger(host) -> dict:
-    rc, out = host.sh("tail -n 1 /var/lib/rigfleet/ledger.jsonl")
     assert rc == 0, out
     return json.loads(out)
 
@@ -151,16 +145,6 @@ def fleet(testbed):
 def newest_swap_dir(host) -> str:
     rc, out = host.sh("ls -1td /var/lib/rigfleet/swap/2* 2>/dev/null | head -n 1")
     return out.strip()
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 # --- 1. int8 -> tq3-mtp-genesis -> int8, through the gate, probed -----------------------------

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HOSTS, INVENTORY, REPO, STATE, run
+from conftest import read_state as state
 from rigfleet_testbed import layout
 
 from rigfleet.bump.journal import journal_path
@@ -65,12 +66,6 @@ def bump(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
 def said(proc: subprocess.CompletedProcess) -> str:
     """stderr with the terminal's line wrapping undone."""
     return " ".join(proc.stderr.split())
-
-
-def state(host) -> dict:
-    rc, out = host.sh("cat /var/lib/rigfleet/state.json")
-    assert rc == 0, out
-    return json.loads(out)
 
 
 def ledger_lines(host) -> int:

@@ -37,7 +37,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import INVENTORY, REPO, STATE, run
+from conftest import INVENTORY, REPO, STATE, last_ledger, run
+from conftest import read_state as state
 from rigfleet_testbed import layout
 from rigfleet_testbed.fleet import TESTBED_CV_MAX
 
@@ -64,18 +65,6 @@ def rigfleet(*args: str, check: bool = False, timeout: float = 600):
 def deploy(inventory: Path, host, *args: str, check: bool = True):
     return run([PYINFRA, str(inventory), "deploy.py", "-y", "--limit", host.name, *args],
                check=check, timeout=900)
-
-
-def last_ledger(host) -> dict:
-    rc, out = host.sh("tail -n 1 /var/lib/rigfleet/ledger.jsonl")
-    assert rc == 0, out
-    return json.loads(out)
-
-
-def state(host) -> dict:
-    rc, out = host.sh("cat /var/lib/rigfleet/state.json")
-    assert rc == 0, out
-    return json.loads(out)
 
 
 def gate_report(host, line: dict) -> str:

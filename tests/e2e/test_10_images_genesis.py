@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import INVENTORY, STATE, run
+from conftest import INVENTORY, STATE, run, wait_for
 from rigfleet_testbed import layout
 from test_04_swap import chat  # one chat completion through the front: its status
 
@@ -78,10 +78,6 @@ PURGED_DIGEST = "sha256:" + hashlib.sha256(f"{NIGHTLY} (purged)".encode()).hexdi
 NOISY_CV = "throughput_cv_max=0.5"
 # The supervisor's policy on host B: a real rig's 10/30/90 s, 3 in 30 min is too slow here.
 POLICY = {"supervise_backoff_s": [1], "supervise_limit": 2, "supervise_window_s": 600}
-
-if not ARCHIVE.exists():
-    pytest.skip(f"{ARCHIVE} is missing (`rigfleet testbed up` writes it)", allow_module_level=True)
-
 
 # --- helpers -----------------------------------------------------------------------------------
 
@@ -128,16 +124,6 @@ def front(host, key: str, path: str = "/v1/models") -> tuple[int, dict[str, str]
             return resp.status, dict(resp.headers.items()), resp.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers.items()), e.read().decode(errors="replace")
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def inspect(host, ref: str) -> dict:
@@ -215,6 +201,8 @@ class Fleet:
 def fleet(testbed, converged):
     if len(testbed.fleet) < 2:
         pytest.skip("needs two fleet hosts: RIGFLEET_TESTBED_HOSTS=2 or more")
+    # `rigfleet testbed up` (the session's first step, after collection) keeps this copy.
+    assert ARCHIVE.exists(), f"{ARCHIVE} is missing: `rigfleet testbed up` should have kept it"
     f = Fleet(testbed)
     shutil.rmtree(TEN_ARCHIVES, ignore_errors=True)
     TEN_ARCHIVES.mkdir()
