@@ -97,10 +97,10 @@ def test_suite_and_status_pass_on_the_converged_fleet(testbed, converged, tmp_pa
     )
     rc, rows = run_status()
     assert rc == 0, f"rigfleet status exit {rc} on a converged fleet: {rows}"
-    for name in host_names(testbed):
-        row = rows[name]
-        assert row["reachable"] and row["drift"] == [], f"{name}: {row}"
-        assert row["stack"] == "int8" and row["digest"], row
+    for host in testbed.hosts:
+        row = rows[host.name]
+        assert row["reachable"] and row["drift"] == [], f"{host.name}: {row}"
+        assert row["stack"] == host.stack and row["digest"], row
 
 
 # --- manual changes ----------------------------------------------------------------------------

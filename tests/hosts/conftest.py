@@ -1,4 +1,4 @@
-"""Host checks: is every host of a pyinfra inventory still what the deploy made it?
+"""Host checks: is every GPU host of a pyinfra inventory still what the deploy made it?
 
     pytest tests/hosts --inventory inventory/home.py           # every host, one after another
     pytest tests/hosts --inventory inventory/home.py -n auto   # hosts in parallel (xdist)
@@ -47,7 +47,7 @@ from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.endpoints import read_key
 from rigfleet.errors import RigfleetError
 from rigfleet.hostside.layout import BASE_DIGEST_LABEL
-from rigfleet.inventory import InventoryError, InventoryHost, load_inventory
+from rigfleet.inventory import InventoryError, InventoryHost, gpu_hosts, load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -144,8 +144,9 @@ def testinfra_spec(host: InventoryHost, ssh_config: str) -> str:
 
 
 def build_bridge(inventory: str) -> Bridge:
-    """Read the inventory (pyinfra, in a subprocess) and write the ssh_config."""
-    hosts = load_inventory(inventory)
+    """Read the inventory (pyinfra, in a subprocess) and write the ssh_config: its GPU hosts
+    (a balancer-only host serves no stack; test_07 and ``rigfleet status`` check it)."""
+    hosts = gpu_hosts(load_inventory(inventory))
     bad = [h.name for h in hosts if h.name.startswith("@") or not _NAME.fullmatch(h.name)]
     if bad:
         raise pytest.UsageError(
