@@ -11,7 +11,7 @@ DEMO_HOSTS ?= 2
 $(BIN)/rigfleet: pyproject.toml testbed/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]' -e ./testbed
+	$(BIN)/pip install -q -e '.[test,plot]' -e ./testbed
 	touch $@
 
 setup: $(BIN)/rigfleet
