@@ -104,12 +104,17 @@ def test_refuses_without_the_key_and_serves_each_stack_with_it(lb, testbed):
     code, headers, _ = ask(lb.front_url, None)
     assert code == 401 and headers.get("www-authenticate") == 'Bearer realm="rigfleet"'
     assert ask(lb.front_url, "wrong-key-0123456789abcdef")[0] == 401
+    # The session's hosts serve two stacks (the fleet int8, the one-card host its own): the
+    # plain path is not guessed, it names each stack's path.
     code, headers, body = ask(lb.front_url, testbed.api_key)
+    assert code == 404 and b"/stacks/int8/v1/" in body and b"/stacks/single-fp8-mtp/v1/" in body
+    code, headers, body = ask(lb.front_url, testbed.api_key, "/stacks/int8/v1/chat/completions")
     assert code == 200, body
     assert json.loads(body)["choices"][0]["message"]["content"]
-    # The answer came from a host serving int8 (the front's route header passes through).
-    code, headers, body = ask(lb.front_url, testbed.api_key, "/stacks/int8/v1/models")
-    assert code == 200 and headers[ROUTE_HEADER.lower()].startswith("int8/"), body
+    # Each answer came from a host serving that stack (the front's route header passes).
+    for stack in ("int8", "single-fp8-mtp"):
+        code, headers, body = ask(lb.front_url, testbed.api_key, f"/stacks/{stack}/v1/models")
+        assert code == 200 and headers[ROUTE_HEADER.lower()].startswith(f"{stack}/"), body
     code, _, body = ask(lb.front_url, testbed.api_key, "/stacks/tq3-mtp-genesis/v1/models")
     assert code == 404 and b"/stacks/int8/v1/" in body  # no host serves it: never elsewhere
 
@@ -125,8 +130,9 @@ def test_status_shows_the_hosts_in_rotation(lb, testbed):
     proc = run([str(BIN / "rigfleet"), "status", "--inventory", str(INVENTORY), "--json"],
                check=False, timeout=180)
     rows = json.loads(proc.stdout)["balancers"]
-    assert [(r["balancer"], r["stack"], sorted(r["up"])) for r in rows] == [
-        ("lb1", "int8", sorted(h.name for h in testbed.fleet))]
+    assert sorted((r["balancer"], r["stack"], sorted(r["up"])) for r in rows) == [
+        ("lb1", "int8", sorted(h.name for h in testbed.fleet)),
+        ("lb1", "single-fp8-mtp", [testbed.single.name])]
     assert rows[0]["url"] == lb.front_url
 
 
@@ -134,7 +140,7 @@ def test_a_killed_engine_leaves_rotation_and_traffic_keeps_succeeding(lb, testbe
     victim = testbed.fleet[-1]
     cfg = loadgen.LoadConfig(lb.front_url, testbed.api_key, rate=2.0, duration_s=120,
                              kinds=("stream-short", "plain-short"), max_tokens=16,
-                             timeout_s=60)
+                             timeout_s=60, path="/stacks/int8/v1/chat/completions")
     stop = threading.Event()
     result: dict[str, loadgen.Report] = {}
     load = threading.Thread(target=lambda: result.setdefault("r", loadgen.run(cfg, stop)))
