@@ -284,13 +284,15 @@ def swap(ctx: HostContext) -> None:
     )
     if detaches:
         maintenance.close_pending(ctx)
-    # Enabled only (pyinfra's ``running`` defaults to True): started here, the stack unit's
-    # ``ensure`` would hold the host lock just as the swap below probes it ("locked by
-    # rigfleet-stack.service") on a host whose unit is not active (a failed first activation).
-    for name, what, running in ((hosttool.STACK_UNIT, "at boot", None),
-                                (hosttool.SUPERVISE_UNIT, "with the stack unit", True)):
+    # Enabled only (pyinfra's ``running`` defaults to True), both started after the swap:
+    # started here, the stack unit's ``ensure`` would hold the host lock just as the swap below
+    # probes it ("locked by rigfleet-stack.service") on a host whose unit is not active (a
+    # failed first activation), and a supervisor someone stopped would find the container they
+    # replaced by hand, take the lock to recreate it, and refuse the swap that repairs it.
+    for name, what in ((hosttool.STACK_UNIT, "at boot"),
+                       (hosttool.SUPERVISE_UNIT, "with the stack unit")):
         systemd.service(name=f"{name} enabled {what}", service=name, enabled=True,
-                        running=running)
+                        running=None)
     plan = build_plan(ctx.want, ctx.by, why=f"serve {ctx.stack}")
     serve_desired(
         name=f"Serve {plan.desired.route_id} (gated swap; rollback on failure)",

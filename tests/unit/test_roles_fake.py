@@ -493,18 +493,20 @@ def test_converged_host_starts_no_transaction(data):
     assert rig.containers["rigfleet-int8"] == ("running", label)
 
 
-def test_the_stack_unit_starts_only_after_the_swap(data):
-    """Its ``ensure`` takes the host lock: started before the swap (pyinfra's ``running``
-    default, on a host whose first activation failed), it made the swap's probe refuse the
-    host as "locked by rigfleet-stack.service" (tests/e2e/test_08_faults.py met it)."""
+@pytest.mark.parametrize("unit", ["rigfleet-stack", "rigfleet-supervise"])
+def test_the_stack_and_supervisor_units_start_only_after_the_swap(data, unit):
+    """Both take the host lock: started before the swap (pyinfra's ``running`` default), the
+    stack unit's ``ensure`` (a host whose first activation failed) or a supervisor a person
+    had stopped (it finds their hand-made container and recreates it) made the swap's probe
+    refuse the host as "locked by ..." (tests/e2e/test_08_faults.py and test_06 met them)."""
     rig = FakeRig("debian13")
     run = deploy(rig, data)
     assert not run.failed
     swap = next(i for i, c in enumerate(run.commands) if "systemd-run --unit rigfleet-swap-" in c)
     starts = [i for i, c in enumerate(run.commands)
-              if re.search(r"systemctl (re)?start rigfleet-stack", c)]
+              if re.search(rf"systemctl (re)?start {unit}", c)]
     assert starts and min(starts) > swap, [run.commands[i] for i in starts]
-    assert "rigfleet-stack.service" in rig.enabled
+    assert f"{unit}.service" in rig.enabled
 
 
 def test_switching_stack_runs_the_gated_transaction_and_records_it(data):
