@@ -77,11 +77,28 @@ def read_state(host) -> dict:
     return json.loads(out)
 
 
-def last_ledger(host) -> dict:
-    """The newest line of the host's ledger."""
-    rc, out = host.sh("tail -n 1 /var/lib/rigfleet/ledger.jsonl")
+def ledger(host) -> list[dict]:
+    """Every record of the host's ledger, oldest first. A line that is not JSON (a torn append:
+    test_08 leaves one on host2, as a host that went down mid-write does) is skipped, as
+    rigfleet's own reader skips it."""
+    rc, out = host.sh("cat /var/lib/rigfleet/ledger.jsonl")
     assert rc == 0, out
-    return json.loads(out)
+    records = []
+    for line in out.splitlines():
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            records.append(data)
+    return records
+
+
+def last_ledger(host) -> dict:
+    """The newest readable record of the host's ledger."""
+    records = ledger(host)
+    assert records, f"{host.name}: the ledger has no readable record"
+    return records[-1]
 
 
 @dataclass(frozen=True)

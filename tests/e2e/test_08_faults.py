@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import INVENTORY, REPO, STATE
+from conftest import INVENTORY, REPO, STATE, ledger
 from test_04_swap import (
     FAST,
     PYINFRA,
@@ -98,17 +98,6 @@ def gpus_in_container(host) -> tuple[int, str]:
 def container_identity(host) -> str:
     return sh_ok(host, "docker inspect -f '{{.Id}} {{.State.StartedAt}} {{.RestartCount}}' "
                  f"{host.container_of_stack}").strip()
-
-
-def ledger_lines(host) -> list[dict]:
-    out = sh_ok(host, f"cat {LEDGER}")
-    lines = []
-    for line in out.splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            continue
-    return lines
 
 
 # --- 1. daemon-reload and a Docker restart while serving -------------------------------------
@@ -176,11 +165,11 @@ def test_damaged_active_record_is_rebuilt_from_the_ledger_while_serving(fleet):
     probe = FrontProbe(host, key)
     probe.start()
     for kind, damage in DAMAGE.items():
-        before = len(ledger_lines(host))
+        before = len(ledger(host))
         sh_ok(host, f"cp {ACTIVE} {ACTIVE}.good && "
               + damage.format(f=ACTIVE) + f" && rm -f {ACTIVE}.good")
         # The supervisor (a reader holding the host lock) rebuilds it from the ledger.
-        line = wait_for(lambda n=before: next((ln for ln in ledger_lines(host)[n:]
+        line = wait_for(lambda n=before: next((ln for ln in ledger(host)[n:]
                                                if ln.get("result") == "recovered"), None),
                         60, f"{host.name}: the {kind} active.json to be recovered")
         assert line["event"] == "recover" and line["config_hash"] == good["ref"]["config_hash"]
@@ -270,7 +259,7 @@ def test_the_host_tool_killed_mid_swap_leaves_the_verified_stack_serving(fleet, 
     # The killed transaction got its result and its ledger line (mark_interrupted).
     result = json.loads(sh_ok(host, f"cat {swap_dir}/result.json"))
     assert result["result"] == "interrupted", result
-    lines = ledger_lines(host)
+    lines = ledger(host)
     [line] = [ln for ln in lines if ln.get("deploy_id") == Path(swap_dir).name
               and ln.get("result") == "interrupted"]
     assert line["config_hash"] == before_route.split("/")[1], line

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import INVENTORY, STATE, run, wait_for
+from conftest import INVENTORY, STATE, ledger, run, wait_for
 from rigfleet_testbed import layout
 from test_04_swap import chat  # one chat completion through the front: its status
 
@@ -93,11 +93,6 @@ def sh(host, command: str, timeout: float = 120) -> str:
     rc, out = host.sh(command, timeout=timeout)
     assert rc == 0, f"{host.name}: {command}: exit {rc}: {out[-2000:]}"
     return out
-
-
-def ledger(host) -> list[dict]:
-    return [json.loads(line) for line in sh(host, "cat /var/lib/rigfleet/ledger.jsonl")
-            .splitlines() if line.strip()]
 
 
 def snapshot(host) -> dict[str, str]:

@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
-from conftest import INVENTORY, run
+from conftest import INVENTORY, ledger, run
 
 from rigfleet.catalog import builtin_catalog
 from rigfleet.hostside.drain import parse_load
@@ -154,9 +154,7 @@ class Probe(threading.Thread):
 
 
 def ledger_tail(host, n: int = 5) -> list[dict]:
-    rc, out = host.sh(f"tail -n {n} /var/lib/rigfleet/ledger.jsonl")
-    assert rc == 0, out
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
+    return ledger(host)[-n:]
 
 
 def near(retry_after: int, window: float) -> bool:
