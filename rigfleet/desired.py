@@ -161,6 +161,8 @@ def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> Desire
         served_model_name=spec.served_model_name,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         record=dict(tracked),
+        boot_expect=tuple((b.pattern, b.title) for b in spec.boot_expect),
+        boot_failures=tuple((b.kind, b.pattern, b.title, b.hint) for b in spec.boot_failures),
     )
     return DesiredStack(spec, pins.stacks[spec.name], doc, render_document(doc), config_hash,
                         tracked, ref, stack_gate_set(spec, settings))

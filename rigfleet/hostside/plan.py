@@ -45,6 +45,10 @@ class StackRef:
     + served_model_name: what ``/v1/models`` must list
     + gpu_memory_utilization: the fraction of each card vLLM asks for at start
     + record: the pins the ledger tracks (image, digest, vllm_version, genesis_commit, ...)
+    + boot_expect: the stack file's ``boot.expect`` as (pattern, title): lines its log must
+      show before the stack counts as booted (``stackctl.missing_boot_lines``)
+    + boot_failures: its ``boot.failures`` as (kind, pattern, title, hint): why a boot died,
+      looked for before the built-in signatures (``stackctl.classify_boot_failure``)
     """
 
     stack: str
@@ -57,6 +61,8 @@ class StackRef:
     served_model_name: str
     gpu_memory_utilization: float
     record: dict[str, Any] = field(default_factory=dict)
+    boot_expect: tuple[tuple[str, str], ...] = ()
+    boot_failures: tuple[tuple[str, str, str, str], ...] = ()
 
     @property
     def route_id(self) -> str:
@@ -79,6 +85,9 @@ class StackRef:
                 served_model_name=str(data["served_model_name"]),
                 gpu_memory_utilization=float(data["gpu_memory_utilization"]),
                 record=dict(data.get("record") or {}),
+                boot_expect=tuple((str(p), str(t)) for p, t in data.get("boot_expect") or ()),
+                boot_failures=tuple((str(k), str(p), str(t), str(h))
+                                    for k, p, t, h in data.get("boot_failures") or ()),
             )
         except KeyError as e:
             raise PlanError(f"{where}.{e.args[0]}: missing") from None

@@ -19,7 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -203,19 +203,26 @@ def vram_free_enough(cards: list[GpuMemory], utilization: float) -> tuple[bool, 
 
 @dataclass(frozen=True)
 class BootFailure:
-    """A known reason a serving container died while booting (from its log)."""
+    """A known reason a serving container died while booting (from its log).
+
+    + hint: what to change (from the stack file's ``boot.failures``; built-ins have none)
+    """
 
     kind: str
     title: str
     line: str
+    hint: str = ""
 
     def __str__(self) -> str:
-        return f"{self.title}: {self.line}" if self.line else self.title
+        text = f"{self.title}: {self.line}" if self.line else self.title
+        return f"{text} (what to do: {self.hint})" if self.hint else text
 
 
-# Most specific first; the first pattern found anywhere in the log wins. The root cause comes
-# before vLLM's wrapper ("Engine core initialization failed. See root cause above"), so the
-# wrapper is never what we report.
+# Failures any stack can meet, most specific first; a stack file's own ``boot.failures`` (the
+# model's and image's, e.g. the Marlin pad-sub-tile-n fix) are looked for before these. The
+# first pattern found anywhere in the log wins. The root cause comes before vLLM's wrapper
+# ("Engine core initialization failed. See root cause above"), so the wrapper is never what
+# we report.
 BOOT_FAILURES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     ("genesis-pin-gate", "Genesis pin-gate strict failure (this vLLM build is not on Genesis' "
      "KNOWN_GOOD_VLLM_PINS)", re.compile(r"\[Genesis pin-gate\] STRICT FAIL.*")),
@@ -224,12 +231,6 @@ BOOT_FAILURES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
                                         r"failed.*")),
     ("genesis-missing", "the Genesis patches are missing from the container",
      re.compile(r".*Genesis patches missing.*")),
-    # vLLM's own reason line after "Failed to find a kernel that can implement the WNA16
-    # linear layer. Reasons:" (reference/upstream-2026.md: TP=2 on AutoRound INT4 before
-    # v0.21.0 without the pad-sub-tile-n fix; the stack files' boot.failures say the same).
-    ("marlin-min-thread-n", "the Marlin pad-sub-tile-n fix is missing (TP=2 on AutoRound INT4 "
-     "needs it on images before v0.21.0)",
-     re.compile(r".*GPTQ_MARLIN_MIN_THREAD_N \(\d+\) > out_features.*")),
     ("transformers-oserror", "transformers OSError: the local model path was taken for a Hub "
      "repo id (speculators probe regression of this nightly)",
      re.compile(r"OSError: Repo id must be in the form.*")),
@@ -248,13 +249,34 @@ _LAST_EXCEPTION = re.compile(r"^(?:ERROR .*\] )?([A-Za-z_][\w.]*(?:Error|Excepti
 _WRAPPER = "Engine core initialization failed"
 
 
-def classify_boot_failure(log: str) -> BootFailure | None:
+def _compiled(pattern: str) -> re.Pattern[str] | None:
+    # The validator compiled every stack file pattern; a plan written by hand may not be.
+    try:
+        return re.compile(pattern)
+    except re.error:
+        return None
+
+
+def classify_boot_failure(log: str, known: Sequence[tuple[str, str, str, str]] = ()
+                          ) -> BootFailure | None:
     """The known boot failure in a container's log, else its last exception line, else None.
 
     + log: ``docker logs`` output (stdout and stderr together)
+    + known: the stack's ``boot.failures`` as (kind, pattern, title, hint)
+      (``StackRef.boot_failures``), looked for first
+
+    ::
+
+        classify_boot_failure(log, ref.boot_failures)   # BootFailure('marlin-min-thread-n', ...)
     """
-    for kind, title, pattern in BOOT_FAILURES:
-        m = pattern.search(log)
+    for kind, pattern, title, hint in known:
+        rx = _compiled(pattern)
+        m = rx.search(log) if rx else None
+        if m:
+            line = next((ln for ln in log.splitlines() if rx and rx.search(ln)), m.group(0))
+            return BootFailure(kind, title, _strip_prefix(line), hint)
+    for kind, title, builtin in BOOT_FAILURES:
+        m = builtin.search(log)
         if m:
             return BootFailure(kind, title, _strip_prefix(m.group(0)))
     last = None
@@ -264,6 +286,24 @@ def classify_boot_failure(log: str) -> BootFailure | None:
             last = line.strip()
     return BootFailure("unknown", "the container died while booting", _strip_prefix(last)) \
         if last else None
+
+
+def missing_boot_lines(log: str, expect: Sequence[tuple[str, str]]) -> list[str]:
+    """The titles of the stack file's ``boot.expect`` lines that ``log`` lacks.
+
+    + expect: (pattern, title) pairs (``StackRef.boot_expect``)
+
+    ::
+
+        missing_boot_lines(log, ref.boot_expect)
+        # ['Genesis P67 (TurboQuant multi-query verify kernel) applied']
+    """
+    missing = []
+    for pattern, title in expect:
+        rx = _compiled(pattern)
+        if rx is None or not rx.search(log):
+            missing.append(title)
+    return missing
 
 
 def _strip_prefix(line: str) -> str:

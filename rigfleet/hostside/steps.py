@@ -25,6 +25,7 @@ from .stackctl import (
     ContainerState,
     GpuMemory,
     classify_boot_failure,
+    missing_boot_lines,
     vram_free_enough,
 )
 
@@ -237,7 +238,7 @@ class Steps:
         self.j.event("start", f"docker compose up {ref.project} (recreated) from {compose_file}")
         err = self.ops.up(compose_file, ref.project)
         if err:
-            boot = classify_boot_failure(err)
+            boot = classify_boot_failure(err, ref.boot_failures)
             raise Failure("start", f"docker compose up {ref.project} failed: {err}", boot=boot)
 
     def wait_ready(self, ref: StackRef, timeout_s: float) -> float:
@@ -257,10 +258,12 @@ class Steps:
             ok, detail = self.ops.health(ref.port, ref.served_model_name)
             now = self.ops.monotonic()
             if ok:
+                self.check_boot_lines(ref)
                 self.j.event("ready", f"{ref.stack} ready after {now - t0:.1f}s")
                 return now - t0
             if now - t0 > timeout_s:
-                boot = classify_boot_failure(self.ops.logs(ref.container, 400))
+                boot = classify_boot_failure(self.ops.logs(ref.container, 400),
+                                             ref.boot_failures)
                 raise Failure("ready", f"{ref.stack} not ready after {timeout_s:g}s ({detail})"
                               + (f"; its log shows {boot}" if boot else ""), boot=boot)
             if now - last_note > PROGRESS_EVERY_S:
@@ -268,9 +271,25 @@ class Steps:
                 last_note = now
             self.ops.sleep(READY_POLL_S)
 
+    def check_boot_lines(self, ref: StackRef) -> None:
+        """The stack answers: its boot log must also show each of its stack file's
+        ``boot.expect`` lines (P67 ``[ON]``: without it TQ3 + MTP serves wrong answers)."""
+        if not ref.boot_expect:
+            return
+        missing = missing_boot_lines(self.ops.logs(ref.container, LOG_LINES_KEPT),
+                                     ref.boot_expect)
+        if missing:
+            boot = BootFailure("boot-line-missing", "its stack file's boot.expect line(s) "
+                               "missing from the boot log", "; ".join(missing),
+                               "see what the stack's Genesis switches and image apply; the "
+                               "kept log shows what it printed")
+            raise Failure("boot", f"{ref.stack} answers, but {boot}", boot=boot)
+        self.j.event("ready", f"{ref.stack}: boot log shows "
+                     + "; ".join(title for _, title in ref.boot_expect))
+
     def _died(self, ref: StackRef, st: ContainerState | None) -> Failure:
         log = self.ops.logs(ref.container, 400)
-        boot = classify_boot_failure(log)
+        boot = classify_boot_failure(log, ref.boot_failures)
         if st is None:
             how = "disappeared while booting"
         elif st.status in ("exited", "dead"):

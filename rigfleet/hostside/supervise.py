@@ -319,9 +319,11 @@ def moved(rec: Record, state: str, reason: str, now: float, **changes: Any) -> R
     return replace(rec, state=state, reason=reason, since=since, **changes)
 
 
-def _cause(how: str, log: str) -> tuple[str, dict[str, str] | None]:
-    """``how`` it died plus what its log shows (the boot-failure classifier)."""
-    boot = classify_boot_failure(log) if log.strip() else None
+def _cause(how: str, log: str, known: tuple[tuple[str, str, str, str], ...] = ()
+           ) -> tuple[str, dict[str, str] | None]:
+    """``how`` it died plus what its log shows (the boot-failure classifier; ``known``: the
+    stack's own ``boot.failures``)."""
+    boot = classify_boot_failure(log, known) if log.strip() else None
     if boot is None:
         return how, None
     text = (f"{how}; the last error in its log: {boot.line}" if boot.kind == "unknown"
@@ -436,7 +438,7 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
                           f"{_iso(rec.unhealthy_since or now)}", now), NOTHING
         detail = obs.health or "not ready"
         return moved(rec, "booting", f"{ref.container} is starting ({detail})", now), NOTHING
-    death, boot = _cause(how, obs.log)
+    death, boot = _cause(how, obs.log, ref.boot_failures)
     rec = replace(rec, dead_since=now if rec.dead_since is None else rec.dead_since,
                   death=death, boot_failure=boot)
     recent = rec.recent(now, p.window_s)

@@ -195,22 +195,61 @@ def test_swap_to_tq3_and_back_passes_the_gate_and_the_front_never_refuses(fleet)
     assert last_ledger(host)["stack"] == "int8"
 
 
-# --- 2. tq3 with Genesis P67 off: the long needles fail, int8 comes back ----------------------
+# --- 2. tq3 with Genesis P67 off: its boot line is missing; unchecked, the needles fail -------
 
 
-def test_tq3_without_p67_fails_the_long_needles_and_int8_is_restored(fleet):
+def unchecked_tq3(tmp_path: Path) -> tuple[Path, Path]:
+    """A user's copy of tq3-mtp-genesis without ``boot.expect`` (``stacks_dir``), pinned like
+    it. Returns (stacks dir, pins file)."""
+    import yaml
+
+    from rigfleet.catalog import BUILTIN_DIR
+
+    doc = yaml.safe_load((BUILTIN_DIR / f"{TQ3}.yaml").read_text())
+    doc.update(name=UNCHECKED, port=8018, summary="tq3-mtp-genesis without boot.expect")
+    del doc["boot"]["expect"]
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / f"{UNCHECKED}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    pins = yaml.safe_load((STATE / "pins.yaml").read_text())
+    pins["stacks"][UNCHECKED] = dict(pins["stacks"][TQ3])
+    path = tmp_path / "pins-unchecked.yaml"
+    path.write_text(yaml.safe_dump(pins, sort_keys=False))
+    return stacks, path
+
+
+UNCHECKED = "tq3-unchecked"
+P67_OFF = {"GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL": "0"}
+
+
+def test_tq3_without_p67_fails_at_boot_or_the_long_needles_and_int8_is_restored(fleet, tmp_path):
     host, key = fleet.hosts[0], fleet.api_key
     before = route_of(host, key)
-    proc = swap(host, TQ3, *extra_env(tq3_mtp_genesis={
-        "GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL": "0"}), check=False)
+    # The shipped stack file expects P67's [ON] line: the boot fails as soon as it answers.
+    proc = swap(host, TQ3, *extra_env(tq3_mtp_genesis=P67_OFF), check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert f"swap to {TQ3} rolled back (gate failed)" in out, out[-3000:]
-    assert "needles" in out and "needles_deep" in out
+    assert f"swap to {TQ3} rolled back (boot failed)" in out, out[-3000:]
+    assert "boot.expect line(s) missing from the boot log: Genesis P67" in out
     assert route_of(host, key) == before and chat(host, key) == 200
     line = last_ledger(host)
     assert (line["result"], line["stack"], line["attempted"]["stack"]) == (
         "rolled-back", "int8", TQ3)
+    assert line["boot_failure"]["kind"] == "boot-line-missing"
+    assert "gate" not in line or not line["gate"].get("failed_checks")
+
+    # A copy without boot.expect boots; the gate's long needles catch what P67 is for.
+    stacks, pins = unchecked_tq3(tmp_path)
+    proc = swap(host, UNCHECKED, *extra_env(tq3_unchecked=P67_OFF), "--data",
+                f"stacks_dir={stacks}", "--data", f"pins_file={pins}", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"swap to {UNCHECKED} rolled back (gate failed)" in out, out[-3000:]
+    assert "needles" in out and "needles_deep" in out
+    assert route_of(host, key) == before and chat(host, key) == 200
+    line = last_ledger(host)
+    assert (line["result"], line["stack"], line["attempted"]["stack"]) == (
+        "rolled-back", "int8", UNCHECKED)
     assert {"needles", "needles_deep"} <= set(line["gate"]["failed_checks"])
     report = REPO / "reports" / host.name / Path(line["gate"]["report_md"]).name
     text = report.read_text()

@@ -162,6 +162,9 @@ class FakeHost:
             self.on_up(project)
         self.dead_engines.discard(name)
         self.logs_of[name] = f"INFO booting {stack}\n"  # a new container: a new log
+        kind, log = self.behaviour.get(stack, ("ok", ""))
+        if kind == "ok":
+            self.logs_of[name] += log  # what a healthy boot prints
         if self._memory_used():
             # What vLLM does when the cards are still busy: dies at start.
             busy = ("ValueError: Free memory on device cuda:0 (1.00/24.00 GiB) on startup is "

@@ -30,6 +30,7 @@ from verify_sim import TQ3_MTP
 from vllm_sim_helpers import SimServer, make_gpu_root, make_model
 
 from rigfleet.catalog import get_stack
+from rigfleet.hostside.stackctl import missing_boot_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 INSPECT = ROOT / "rigfleet" / "genesis_inspect.py"  # the hosts' rigfleet-genesis-inspect.py
@@ -303,6 +304,17 @@ def test_the_stack_file_set_serves_turboquant_on_a_build_before_hybrid_support(
         srv.wait_ready()
         srv.stop()
     assert "NotImplementedError" not in srv.output()
+    # The stack file's boot.expect lines are in what the container prints (the entrypoint's
+    # apply, then vLLM); with P67 switched off, its line is the one missing.
+    expect = [(b.pattern, b.title) for b in spec.boot_expect]
+    assert len(expect) == 2
+    assert missing_boot_lines(out + srv.output(), expect) == []
+    env = {k: ("0" if "P67" in k else v) for k, v in spec.genesis.env(generation).items()}
+    bare = genesis_site(tmp_path / "no-p67", generation, GOOD,
+                        upto=0 if generation == "v7" else None)
+    rc, out = apply(bare, generation, env)
+    assert rc == 0 and "P67" not in load_genesis_state(bare / "vllm").applied, out
+    assert missing_boot_lines(out + srv.output(), expect) == [spec.boot_expect[0].title]
 
 
 def test_v7_pin_gate(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from genesis_helpers import apply, genesis_site
 from verify_sim import GENESIS_WITHOUT_P67, INT8_MTP, TQ3_MTP, sim_server
 from vllm_sim_helpers import MTP, SimServer, make_gpu_root, make_model, make_package
 
+from rigfleet.catalog import get_stack
 from rigfleet.hostside.gate import GateRun, run_gate
 from rigfleet.hostside.stackctl import classify_boot_failure
 
@@ -56,10 +57,16 @@ def test_the_missing_marlin_fix_is_named_not_the_kernel_selection_line(tmp_path)
     i = NO_MTP.index("--kv-cache-dtype")
     args = [*NO_MTP[:i], *NO_MTP[i + 2:], "--kv-cache-dtype", "fp8_e5m2"]
     log = failed_boot(tmp_path, args, tag="v0.20.0")
-    found = classify_boot_failure(log)
+    # The signature is the model's and the image's, so the stack file carries it (boot.failures)
+    spec = get_stack("tq3-mtp-genesis")
+    found = classify_boot_failure(log, [(b.kind, b.pattern, b.title, b.hint)
+                                        for b in spec.boot_failures])
     assert found.kind == "marlin-min-thread-n", found
     assert found.line == ("MarlinLinearKernel cannot implement due to: GPTQ_MARLIN_MIN_THREAD_N "
                           "(64) > out_features (48)")
+    assert "pin vllm/vllm-openai:v0.21.0 or newer" in str(found)
+    # Without it, the reason line is still what is reported (the last exception line).
+    assert classify_boot_failure(log).kind == "unknown"
 
 
 def test_turboquant_without_genesis(tmp_path):

@@ -28,6 +28,7 @@ from swap_fakes import (
     make_ref,
 )
 
+from rigfleet.catalog import get_stack
 from rigfleet.hostside import ledger
 from rigfleet.hostside.active import read_active
 from rigfleet.hostside.ensure import Ensure, adopt
@@ -168,6 +169,54 @@ def test_a_stack_that_dies_at_boot_fails_fast_naming_the_boot_failure(lay):
     assert host.t < 60  # fast: no 1200 s wait
     assert "OSError: Repo id" in Path(out.kept_log).read_text()
     assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
+
+
+TQ3_EXPECT = tuple((b.pattern, b.title) for b in get_stack("tq3-mtp-genesis").boot_expect)
+GENESIS_BOOT = ("[Genesis] P66   [ON] cudagraph capture-size filter\n"
+                "[Genesis] P67   [ON] TurboQuant multi-query verify kernel\n"
+                "INFO [vllm.py:1530] [Genesis P66] Filtered cudagraph_capture_sizes for MTP K=3: "
+                "[1, 2, 4, 8] -> [4, 8]\n")
+
+
+def test_a_stack_that_answers_without_its_expected_boot_lines_is_rolled_back(lay):
+    host, front, old, plan = setup_swap(lay)
+    plan = replace(plan, desired=replace(plan.desired, boot_expect=TQ3_EXPECT))
+    (lay.swap_dir(plan.id) / "plan.json").write_text(plan.dumps())
+    host.behaviour["tq3-mtp-genesis"] = ("ok", GENESIS_BOOT.replace("P67   [ON]", "P67   [OFF]"))
+    gate = FakeGate()
+    out = run(lay, host, front, plan, gate)
+    assert (out.result, out.phase) == ("rolled-back", "boot")
+    assert out.boot_failure["kind"] == "boot-line-missing"
+    assert out.boot_failure["line"] == "Genesis P67 (TurboQuant multi-query verify kernel) applied"
+    assert "tq3-mtp-genesis answers, but its stack file's boot.expect line(s) missing" \
+        in out.reason
+    assert gate.runs == []  # never gated
+    assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
+    # The same stack printing both lines passes on to the gate and is promoted.
+    host.behaviour["tq3-mtp-genesis"] = ("ok", GENESIS_BOOT)
+    again = replace(plan, id="20261129T110000Z-abcdef")
+    lay.swap_dir(again.id).mkdir(parents=True)
+    (lay.swap_dir(again.id) / "plan.json").write_text(again.dumps())
+    out = run(lay, host, front, again, gate)
+    assert out.result == "promoted", out.reason
+    assert read_active(lay).ref.boot_expect == TQ3_EXPECT  # the supervisor checks them too
+
+
+def test_the_stack_files_failure_signature_comes_first_with_its_hint(lay):
+    host, front, old, plan = setup_swap(lay)
+    failures = tuple((b.kind, b.pattern, b.title, b.hint)
+                     for b in get_stack("tq3-mtp-genesis").boot_failures)
+    plan = replace(plan, desired=replace(plan.desired, boot_failures=failures))
+    (lay.swap_dir(plan.id) / "plan.json").write_text(plan.dumps())
+    host.behaviour["tq3-mtp-genesis"] = (
+        "die", "ERROR 11-29 10:00:00 [core.py:843] ValueError: Failed to find a kernel that can "
+        "implement the WNA16 linear layer. Reasons: \nMarlinLinearKernel cannot implement due "
+        "to: GPTQ_MARLIN_MIN_THREAD_N (64) > out_features (48)\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n")
+    out = run(lay, host, front, plan)
+    assert out.phase == "boot" and out.boot_failure["kind"] == "marlin-min-thread-n"
+    assert out.boot_failure["line"].startswith("MarlinLinearKernel cannot implement")
+    assert "what to do: keep P87 in genesis.switches" in out.reason
 
 
 def test_a_restart_loop_is_a_boot_failure_too(lay):
