@@ -34,7 +34,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -42,8 +44,10 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation
+from pyinfra.api.state import State
 from pyinfra.operations import files, systemd
 
+from rigfleet.balancer.plan import SwapBatch, converge_batch
 from rigfleet.commands import hosttool
 from rigfleet.facts import read_fact
 from rigfleet.hostbundle import build_bundle
@@ -181,13 +185,46 @@ def _follow(swap_id: str, timeout_s: float, reports: str, describe: Describe,
              f"(503 window {result.get('window_s') or 0:.1f}s{drain_note(result)})")
 
 
+# Per run (State): the swap slots of a converge behind a balancer (``converge_batch``).
+_SLOTS: weakref.WeakKeyDictionary[State, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
+SLOT_NOTE_S = 30.0
+
+
+def start_and_follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
+                     batch: SwapBatch | None) -> None:
+    """At execution time: take a swap slot when ``batch`` caps the run (waiting, with a line
+    every 30 s, while as many hosts swap elsewhere), start the transaction, follow it, and
+    give the slot back however it ended (a failed start included)."""
+    slots = None
+    if batch is not None and batch.size:
+        # pyinfra's CLI runs hosts as gevent greenlets (threading is patched to match).
+        slots = _SLOTS.setdefault(host.state, threading.BoundedSemaphore(batch.size))
+        t0 = time.monotonic()
+        while not slots.acquire(timeout=SLOT_NOTE_S):
+            host.log(f"swap waits for a slot: {batch.why} "
+                     f"({time.monotonic() - t0:.0f}s so far)")
+        host.log(f"swap slot taken ({batch.why})")
+    try:
+        ok, _, err = run_on_host(hosttool.start_swap(swap_id))
+        if not ok:
+            box["error"] = (f"{host.name}: the swap transaction did not start: "
+                            f"{' '.join(err[-3:]) or 'no output'}")
+            return
+        follow(swap_id, timeout_s, reports, box)
+    finally:
+        if slots is not None:
+            slots.release()
+
+
 @operation(is_idempotent=False)
-def serve_desired(plan: Plan, follow_timeout_s: float, reports: str):
+def serve_desired(plan: Plan, follow_timeout_s: float, reports: str,
+                  batch: SwapBatch | None = None):
     """Run what ``decide`` says (nothing, the gated transaction, ensure or adopt).
 
     + plan: the transaction's plan (``rigfleet.swapplan.build_plan``)
     + follow_timeout_s: how long to follow the transaction (it continues on the host)
     + reports: the control-side directory for gate reports (``<reports>/<host>/``)
+    + batch: the run's cap on serving hosts swapping at once (``converge_batch``)
     """
     probe = read_fact(SwapProbe)
     decision = decide(probe, plan.desired)
@@ -206,9 +243,12 @@ def serve_desired(plan: Plan, follow_timeout_s: float, reports: str):
     elif decision.kind == "ensure":
         yield hosttool.ensure(plan.front_port, plan.by)
     else:
-        yield hosttool.start_swap(plan.id)
         box: dict[str, str] = {}
-        yield FunctionCommand(follow, (plan.id, follow_timeout_s, reports, box), {})
+        # A serving host leaving rotation (swap, update) takes one of the run's slots; a host
+        # that serves nothing yet (activate) is not in rotation, so it needs none.
+        leaves = decision.kind in ("swap", "update") and batch is not None and bool(batch.size)
+        yield FunctionCommand(start_and_follow, (plan.id, follow_timeout_s, reports, box,
+                                                 batch if leaves else None), {})
         if box.get("error"):  # the generator resumes after the follow ran
             yield hosttool.report_failure(box["error"])
 
@@ -294,9 +334,14 @@ def swap(ctx: HostContext) -> None:
         systemd.service(name=f"{name} enabled {what}", service=name, enabled=True,
                         running=None)
     plan = build_plan(ctx.want, ctx.by, why=f"serve {ctx.stack}")
+    # Behind a balancer, at most ``batch.size`` serving hosts swap at once, so that every
+    # stack with two or more hosts keeps one serving: the fleet endpoint never goes dark.
+    batch = converge_batch(host.inventory)
     serve_desired(
-        name=f"Serve {plan.desired.route_id} (gated swap; rollback on failure)",
+        name=f"Serve {plan.desired.route_id} (gated swap; rollback on failure"
+             + (f"; {batch.why}" if batch.size else "") + ")",
         plan=plan,
+        batch=batch,
         # The drain comes first: as long as the longest drain timeout it may wait.
         follow_timeout_s=ctx.swap.follow_timeout_s + max([plan.drain_timeout_s,
                                                           *plan.drain_timeouts.values()]),

@@ -216,3 +216,44 @@ def fleet_plan(balancer: InventoryEntry, inventory: Iterable[InventoryEntry]) ->
                 f"balancer cannot be built; allowed: fix it first ({e.problems[0]})") from None
         hosts.append(GpuHost(other.name, checked, other.data.get("ssh_hostname")))
     return plan_balancer(name, settings, hosts, gpu_host)
+
+
+@dataclass(frozen=True)
+class SwapBatch:
+    """How many GPU hosts a converge may swap at once (``size`` None: no cap) and why."""
+
+    size: int | None
+    why: str
+
+
+def swap_batch(plan: BalancerPlan | None) -> SwapBatch:
+    """The converge's batch cap: behind a balancer, at least one host of every stack that has
+    two or more keeps serving while the others swap; without one (each host its own endpoint)
+    or with one host per stack (its 503 window either way), no cap::
+
+        swap_batch(plan).size      # 2 for three int8 hosts behind lb1; None without lb1
+    """
+    if plan is None:
+        return SwapBatch(None, "no balancer in the inventory: each host is its own endpoint")
+    shared = [p for p in plan.pools if len(p.servers) >= 2]
+    if not shared:
+        return SwapBatch(None, f"each stack behind {plan.name} has one host (its 503 window "
+                         "either way)")
+    tight = min(shared, key=lambda p: len(p.servers))
+    size = len(tight.servers) - 1
+    return SwapBatch(size, f"{size} host(s) at a time, so that one {tight.stack} host keeps "
+                     f"serving behind {plan.name}")
+
+
+def converge_batch(inventory: Iterable[InventoryEntry]) -> SwapBatch:
+    """``swap_batch`` of the inventory's first balancer (they all front the same GPU hosts).
+    A balancer whose plan cannot be built (its own preflight refuses it, naming why) caps the
+    converge at one host at a time."""
+    entries = list(inventory)
+    balancer = next((e for e in entries if host_kind(e.groups).balancer), None)
+    if balancer is None:
+        return swap_batch(None)
+    try:
+        return swap_batch(fleet_plan(balancer, entries))
+    except (BalancerError, HostDataError):
+        return SwapBatch(1, f"one host at a time ({balancer.name}'s data does not validate)")

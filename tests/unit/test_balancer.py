@@ -336,3 +336,29 @@ def test_endpoints_asks_each_stack_through_the_balancer(tmp_path, monkeypatch):
         ("http://127.0.0.1:8080/stacks/int8", 200),
         ("http://127.0.0.1:8080/stacks/tq3-mtp-genesis", 200)]
     assert {k for _, k in asked} == {API_KEY}
+
+
+# --- the converge's batch cap ------------------------------------------------------------------
+
+
+def test_behind_a_balancer_the_converge_keeps_a_host_of_every_shared_stack_serving(tmp_path):
+    from rigfleet.balancer.plan import converge_batch, swap_batch
+
+    assert swap_batch(None).size is None
+    three = make_plan(tmp_path, {"host1": "int8", "host2": "int8", "host3": "int8",
+                                 "host4": "tq3-mtp-genesis"})
+    batch = swap_batch(three)
+    assert batch.size == 2 and "at a time, so that one int8 host keeps serving behind lb1" in batch.why
+    mixed = make_plan(tmp_path, {"a": "int8", "b": "tq3-mtp-genesis", "c": "int8",
+                                 "d": "tq3-mtp-genesis", "e": "int8"})
+    assert swap_batch(mixed).size == 1  # two tq3 hosts: one at a time
+    alone = make_plan(tmp_path, {"a": "int8", "b": "tq3-mtp-genesis"})
+    assert swap_batch(alone).size is None and "one host" in swap_batch(alone).why
+    # From the inventory, as the deploy sees it: no balancer, no cap; one, the cap of its pools.
+    hosts = inventory(tmp_path)
+    assert converge_batch([h for h in hosts if h.name != "lb1"]).size is None
+    assert converge_batch(hosts).size == 1  # STACKS: two int8 hosts, one tq3 host
+    # A GPU host whose data does not validate: one host at a time, saying why.
+    broken = [InventoryHost("bad", ("gpu_hosts",), {"stack": "int8"}), *hosts]
+    assert converge_batch(broken).size == 1
+    assert "lb1's data does not validate" in converge_batch(broken).why
