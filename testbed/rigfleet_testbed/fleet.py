@@ -310,11 +310,21 @@ def build_docker_repo(c: docker.DockerClient, paths: Paths, bases: dict[str, str
 # -- containers --------------------------------------------------------------------------------
 
 
-def _get(c: docker.DockerClient, name: str):
-    try:
-        return c.containers.get(name)
-    except docker.errors.NotFound:
-        return None
+def _get(c: docker.DockerClient, name: str, wait_s: float = 120.0):
+    """The container ``name``, or None; one Docker is still removing (a ``down`` just before)
+    counts as gone once it is: it cannot be started again."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            ctr = c.containers.get(name)
+        except docker.errors.NotFound:
+            return None
+        if ctr.status != "removing":
+            return ctr
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: Docker is still removing it after {wait_s:g}s; "
+                               "try again once `docker ps -a` no longer lists it")
+        time.sleep(1.0)
 
 
 def _network(c: docker.DockerClient):
