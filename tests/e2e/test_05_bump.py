@@ -13,10 +13,14 @@ tests run in order on one fleet, each from where the previous one left it:
    and the others on the pins file; the next ``rigfleet bump`` resumes the plan, and host3 is
    stopped while its swap holds the lock: host2 promotes, host3 is reported lost, the pins file
    records what each host runs; a bump while host3 is down reports it unreachable; once it is
-   back, a bump finishes the job, saves the image to a directory and copies it to a mirror.
+   back, a bump finishes the job, saves the image to a directory and copies it to a mirror;
+4. behind lb1 (with the extras), a plain converge takes the three back to the default pins
+   under load: two hosts swap at a time, one int8 host stays in rotation, nothing fails or is
+   cut.
 
 The bump works on its own copy of the pins file (inventory data ``pins_file``), so the fleet
-goes back to the default pins at the end (one converge) for the modules that follow.
+goes back to the default pins at the end (test 4, else the fixture's converge) for the modules
+that follow.
 
     RIGFLEET_TESTBED_HOSTS=3 RIGFLEET_TESTBED_EXTRAS=0 RIGFLEET_KEEP_TESTBED=1 \
         .venv/bin/python -m pytest tests/e2e/test_05_bump.py -x -v
@@ -24,11 +28,13 @@ goes back to the default pins at the end (one converge) for the modules that fol
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -291,3 +297,60 @@ def test_once_the_lost_host_is_back_a_bump_finishes_and_keeps_the_image(fleet, t
     assert entry["mirror"]["digest"] == new
     summary = json.loads(proc.stdout)
     assert summary["outcome"] == "promoted"
+
+
+# --- 6. behind the balancer: the converge back swaps host by host under load -------------------
+
+
+def test_behind_the_balancer_the_converge_back_keeps_an_int8_host_serving_and_drops_nothing(
+        fleet):
+    """All three on the bumped release, back to the default pins by a plain converge while
+    the load generator asks lb1 for int8 at 1 request/s (streaming and not, short and long):
+    two hosts swap at a time, one int8 host is in rotation at every check, no request fails
+    and no stream is cut."""
+    lb = fleet.balancer
+    if lb is None:
+        pytest.skip("the session's testbed has no balancer (RIGFLEET_TESTBED_EXTRAS=0)")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import loadgen
+    from test_07_balancer import in_rotation
+
+    hosts = fleet.fleet[:3]
+    default = load_pins(STATE / "pins.yaml").stacks["int8"]
+    assert all(state(h)["digest"] != default.digest for h in hosts)  # test 5 bumped them
+    cfg = loadgen.LoadConfig(lb.front_url, fleet.api_key, rate=1.0, duration_s=600,
+                             max_tokens=32, timeout_s=120,
+                             path="/stacks/int8/v1/chat/completions")
+    stop, result, fewest = threading.Event(), {}, [len(hosts)]
+
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):  # an SSH hiccup is no sample
+                fewest[0] = min(fewest[0], len(in_rotation(lb).get("stack_int8", set())))
+            stop.wait(0.5)
+
+    threads = [threading.Thread(target=lambda: result.setdefault("r", loadgen.run(cfg, stop))),
+               threading.Thread(target=watch)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(3)
+        proc = run([PYINFRA, str(INVENTORY), "deploy.py", "-y"], timeout=1800, check=False)
+        time.sleep(3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=150)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, out[-4000:]
+    report = result["r"]
+    print("\n".join(report.lines()))
+    assert out.count("swap slot taken (2 host(s) at a time, so that one int8 host keeps "
+                     "serving behind lb1)") == 3, out[-4000:]
+    assert fewest[0] >= 1, fewest
+    assert report.sent >= 30 and report.answered == report.sent
+    assert report.failed == {}, report.failed
+    assert report.cut == 0, report.cut_reasons
+    for host in hosts:
+        s = state(host)
+        assert s["digest"] == default.digest and s["last_swap"]["result"] == "promoted", host.name
