@@ -4,9 +4,9 @@
     RIGFLEET_TESTBED_INSTANCE=4 python benchmarks/bump_rollout.py --hosts 1 2 --batch 2
 
 Needs a testbed with at least as many hosts as asked (``rigfleet testbed up --hosts 3``); it
-converges it first. Each run bumps the first N hosts between two good nightlies (01d4d1ad ->
-3f9c2a7e5, then back, with Genesis back on the testbed's pin), so every run is a real swap and
-gate on every host, both directions are timed, and the fleet ends where it started. The bumps
+converges it first. Each run bumps int8 on the first N hosts between two releases (the pinned
+v0.27.1 -> v0.28.0, then back), so every run is a real swap and gate on every host, both
+directions are timed, and the fleet ends where it started. The bumps
 work on a scratch pins file and scratch inventories (git-ignored); the testbed's own pins are
 not touched.
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-GOOD = "01d4d1ad375dc5854779c593eee093bcebb0cada"
-NEWER = "3f9c2a7e5b1d4c8a9e0f6b2d7c1a5e8f9b3d6c02"
+GOOD = "v0.27.1"  # the int8 stack's pin
+NEWER = "v0.28.0"  # the newest release the twin's mirror serves
 
 
 def paths(instance: int) -> tuple[Path, Path, Path]:
@@ -54,7 +54,7 @@ canary = ["host1"]
 
 def bump(bench: Path, image: str, batch: int, env: dict[str, str], *extra: str) -> dict:
     cmd = [str(BIN / "python"), "-m", "rigfleet.bump.cli", "--inventory", str(bench),
-           "--image", f"nightly-{image}", "--batch-size", str(batch), "--yes", "--json",
+           "--image", image, "--stack", "int8", "--batch-size", str(batch), "--yes", "--json",
            *extra]  # fmt: skip
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
@@ -83,7 +83,6 @@ def main() -> None:
                    check=True, capture_output=True)  # fmt: skip
     main_pins = (state / "pins.yaml").read_text()
     scratch = state / "bench-pins.yaml"
-    genesis = json.loads((state / "fixtures.json").read_text())["genesis"]["commits"][0]["sha"]
     rows = []
     try:
         for hosts in args.hosts:
@@ -91,7 +90,7 @@ def main() -> None:
                 write_inventory(inventory, bench, scratch, hosts, args.instance)
                 scratch.write_text(main_pins)  # every host of this run is on GOOD
                 there = bump(bench, NEWER, batch, env)
-                back = bump(bench, GOOD, batch, env, "--genesis", genesis)
+                back = bump(bench, GOOD, batch, env)
                 rows.append((hosts, batch, there, back))
                 print(f"{hosts} host(s), batch {batch}: {there['outcome']} in "
                       f"{there['seconds']:.1f} s, back {back['outcome']} in "
@@ -105,8 +104,8 @@ def main() -> None:
     print()
     print(f"rigfleet bump rollout times, testbed {args.instance} "
           "(per host: pyinfra converge + swap + verify-stress gate)")  # fmt: skip
-    print(f"{'hosts':>5} {'batch':>5} {'batches':>7}  {'to 3f9c2a7e5 s':>14} "
-          f"{'back to 01d4d1ad s':>18} {'mean s':>7} {'total (cmd) s':>13}")  # fmt: skip
+    print(f"{'hosts':>5} {'batch':>5} {'batches':>7}  {'to v0.28.0 s':>14} "
+          f"{'back to v0.27.1 s':>18} {'mean s':>7} {'total (cmd) s':>13}")  # fmt: skip
     for hosts, batch, there, back in rows:
         batches = 1 + -(-(hosts - 1) // batch)
         mean = (there["seconds"] + back["seconds"]) / 2
