@@ -133,7 +133,7 @@ def _answers(host, key: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def fleet(testbed):
+def fleet(testbed, converged):
     """Every host converged on the inventory's stacks; put back there afterwards."""
     for host in testbed.hosts:
         settle(host, testbed.api_key)
