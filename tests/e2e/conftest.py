@@ -30,6 +30,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from tmp_watch import TmpWatch
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -247,8 +248,35 @@ def dry_plan() -> list[dict]:
 
 @pytest.fixture(scope="session")
 def converged(testbed):
-    """The testbed converged once per session (bare hosts to serving)."""
+    """The testbed converged once per session (bare hosts to serving). On the sudo host
+    (host4, with the extras) inotify watches /tmp the whole time (``TMP_WATCH``; test_02 reads
+    it), with a canary file first that it must catch."""
     started = time.monotonic()
-    proc = pyinfra("-y")
+    sudo = next((h for h in testbed.hosts if h.user != "root"), None)
+    if sudo is None:
+        proc = pyinfra("-y")
+    else:
+        with TmpWatch(sudo.container, watched_secrets(testbed.api_key)) as watch:
+            rc, out = sudo.sh(f"printf '%s' {CANARY_SECRET} > {CANARY} && chmod 644 {CANARY}")
+            assert rc == 0, out
+            proc = pyinfra("-y")
+        sudo.sh(f"rm -f {CANARY}")
+        TMP_WATCH[sudo.name] = watch
     print(f"converge took {time.monotonic() - started:.1f}s")
     return proc
+
+
+# What the session's converge wrote to the sudo host's /tmp (``converged``).
+TMP_WATCH: dict[str, TmpWatch] = {}
+CANARY = "/tmp/rigfleet-e2e-watch-canary"
+CANARY_SECRET = "canary-0123456789abcdef0123456789abcdef"  # not a secret of the deploy
+
+
+def watched_secrets(api_key: str) -> list[bytes]:
+    """The fleet's API key, a line of each TLS private key the inventory names, and the
+    watch's own canary."""
+    needles = [api_key.encode(), CANARY_SECRET.encode()]
+    for key in sorted((STATE / "secrets" / "tls").glob("host*.key")):
+        body = [ln for ln in key.read_text().splitlines() if ln and not ln.startswith("-----")]
+        needles += [body[len(body) // 2].encode()] if body else []
+    return needles

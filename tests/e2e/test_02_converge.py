@@ -8,7 +8,8 @@ import time
 import urllib.error
 import urllib.request
 
-from conftest import dry_plan, pyinfra
+import pytest
+from conftest import CANARY, TMP_WATCH, dry_plan, pyinfra
 
 
 def post_chat(host, key: str | None, prompt: str = "What is the capital of France?"):
@@ -45,6 +46,22 @@ def test_every_host_serves_through_the_front_with_the_key(testbed, converged):
         assert status == 401
         status, _ = post_chat(host, "wrong-key")
         assert status == 401
+
+
+def test_the_sudo_hosts_converge_left_no_secret_in_tmp_that_others_could_read(testbed,
+                                                                             converged):
+    """inotify on host4's /tmp from bare to serving (``conftest.converged``): what pyinfra
+    and rigfleet put there never holds the API key or the TLS private key readably; the
+    watch's own canary (a fake secret, mode 644) shows it would have seen one."""
+    sudo = next((h for h in testbed.hosts if h.user != "root"), None)
+    if sudo is None:
+        pytest.skip("needs the sudo-user host (RIGFLEET_TESTBED_EXTRAS=1)")
+    watch = TMP_WATCH[sudo.name]
+    assert (CANARY, "0o644") in watch.leaks, watch.seen[:5]
+    files = {s.path for s in watch.seen} - {CANARY}
+    print(f"{sudo.name}: {len(files)} file(s) in /tmp during the converge: {sorted(files)[:20]}")
+    assert files, "the converge of a sudo host put nothing in /tmp: the watch saw nothing"
+    assert [leak for leak in watch.leaks if leak[0] != CANARY] == []
 
 
 def test_second_run_changes_nothing_and_keeps_the_container(testbed, converged):
