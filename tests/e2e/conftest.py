@@ -17,12 +17,14 @@ Every host is in ``inventory/testbed.py``; a fleet-wide converge converges them 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -35,6 +37,11 @@ from tmp_watch import TmpWatch
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 from rigfleet_testbed import layout  # noqa: E402
+
+from rigfleet.balancer.haproxy import parse_stat_csv, show_stat_command  # noqa: E402
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import loadgen  # noqa: E402
 
 INVENTORY = layout.INVENTORY
 STATE = layout.STATE_DIR
@@ -280,3 +287,45 @@ def watched_secrets(api_key: str) -> list[bytes]:
         body = [ln for ln in key.read_text().splitlines() if ln and not ln.startswith("-----")]
         needles += [body[len(body) // 2].encode()] if body else []
     return needles
+
+
+# --- the fleet endpoint under load (test_05, test_07, test_10) ---------------------------------
+
+
+def in_rotation(lb: TestHost) -> dict[str, set[str]]:
+    rc, out = lb.sh(show_stat_command())
+    assert rc == 0, out
+    rows = parse_stat_csv(out)
+    return {b: {s.host for s in rows if s.backend == b and s.in_rotation}
+            for b in {s.backend for s in rows}}
+
+
+def under_load(lb, key: str, action) -> tuple[loadgen.Report, int]:
+    """Run ``action()`` while the load generator asks lb1 for int8 at 1 request/s (streaming
+    and not, short and long prompts); (its report, the fewest int8 hosts in rotation seen at
+    any check, every 0.5 s)."""
+    cfg = loadgen.LoadConfig(lb.front_url, key, rate=1.0, duration_s=600, max_tokens=32,
+                             timeout_s=120, path="/stacks/int8/v1/chat/completions")
+    stop, result, fewest = threading.Event(), {}, [99]
+
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):  # an SSH hiccup is no sample
+                fewest[0] = min(fewest[0], len(in_rotation(lb).get("stack_int8", set())))
+            stop.wait(0.5)
+
+    threads = [threading.Thread(target=lambda: result.setdefault("r", loadgen.run(cfg, stop))),
+               threading.Thread(target=watch)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(3)
+        action()
+        time.sleep(3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=150)
+    report = result["r"]
+    print("\n".join(report.lines()))
+    return report, fewest[0]

@@ -14,9 +14,8 @@ tests run in order on one fleet, each from where the previous one left it:
    stopped while its swap holds the lock: host2 promotes, host3 is reported lost, the pins file
    records what each host runs; a bump while host3 is down reports it unreachable; once it is
    back, a bump finishes the job, saves the image to a directory and copies it to a mirror;
-4. behind lb1 (with the extras), a plain converge takes the three back to the default pins
-   under load: two hosts swap at a time, one int8 host stays in rotation, nothing fails or is
-   cut.
+4. behind lb1 (with the extras), a bump takes all three back to the pinned release under
+   load (canary, then two at once): an int8 host stays in rotation, nothing fails or is cut.
 
 The bump works on its own copy of the pins file (inventory data ``pins_file``), so the fleet
 goes back to the default pins at the end (test 4, else the fixture's converge) for the modules
@@ -28,19 +27,17 @@ that follow.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import HOSTS, INVENTORY, REPO, STATE, run
+from conftest import HOSTS, INVENTORY, REPO, STATE, run, under_load
 from conftest import read_state as state
 from rigfleet_testbed import layout
 
@@ -299,55 +296,28 @@ def test_once_the_lost_host_is_back_a_bump_finishes_and_keeps_the_image(fleet, t
     assert summary["outcome"] == "promoted"
 
 
-# --- 6. behind the balancer: the converge back swaps host by host under load -------------------
+# --- 6. behind the balancer: a bump across all three under load ---------------------------------
 
 
-def test_behind_the_balancer_the_converge_back_keeps_an_int8_host_serving_and_drops_nothing(
-        fleet):
-    """All three on the bumped release, back to the default pins by a plain converge while
-    the load generator asks lb1 for int8 at 1 request/s (streaming and not, short and long):
-    two hosts swap at a time, one int8 host is in rotation at every check, no request fails
-    and no stream is cut."""
+def test_behind_the_balancer_a_bump_across_all_three_fails_and_cuts_nothing(fleet):
+    """All three on v0.28.0 (test 5), bumped back to the pinned release while the load asks
+    lb1: the canary, then the other two at once (batch 2: one int8 host keeps serving); an
+    int8 host is in rotation at every check, no request fails and no stream is cut. The
+    fleet ends on the default pins (the fixture's converge then changes nothing)."""
     lb = fleet.balancer
     if lb is None:
         pytest.skip("the session's testbed has no balancer (RIGFLEET_TESTBED_EXTRAS=0)")
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import loadgen
-    from test_07_balancer import in_rotation
-
     hosts = fleet.fleet[:3]
     default = load_pins(STATE / "pins.yaml").stacks["int8"]
+    back = default.image.rpartition(":")[2]
     assert all(state(h)["digest"] != default.digest for h in hosts)  # test 5 bumped them
-    cfg = loadgen.LoadConfig(lb.front_url, fleet.api_key, rate=1.0, duration_s=600,
-                             max_tokens=32, timeout_s=120,
-                             path="/stacks/int8/v1/chat/completions")
-    stop, result, fewest = threading.Event(), {}, [len(hosts)]
-
-    def watch() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(Exception):  # an SSH hiccup is no sample
-                fewest[0] = min(fewest[0], len(in_rotation(lb).get("stack_int8", set())))
-            stop.wait(0.5)
-
-    threads = [threading.Thread(target=lambda: result.setdefault("r", loadgen.run(cfg, stop))),
-               threading.Thread(target=watch)]
-    for t in threads:
-        t.start()
-    try:
-        time.sleep(3)
-        proc = run([PYINFRA, str(INVENTORY), "deploy.py", "-y"], timeout=1800, check=False)
-        time.sleep(3)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=150)
-    out = " ".join((proc.stdout + proc.stderr).split())
-    assert proc.returncode == 0, out[-4000:]
-    report = result["r"]
-    print("\n".join(report.lines()))
-    assert out.count("swap slot taken (2 host(s) at a time, so that one int8 host keeps "
-                     "serving behind lb1)") == 3, out[-4000:]
-    assert fewest[0] >= 1, fewest
+    box = {}
+    report, fewest = under_load(lb, fleet.api_key, lambda: box.setdefault("p", bump(
+        "--image", back, "--stack", "int8", "--batch-size", "2", "--yes")))
+    proc = box["p"]
+    assert proc.returncode == 0, said(proc)[-4000:]
+    assert "canary: host1 promoted" in said(proc)
+    assert fewest >= 1, fewest
     assert report.sent >= 30 and report.answered == report.sent
     assert report.failed == {}, report.failed
     assert report.cut == 0, report.cut_reasons

@@ -18,20 +18,17 @@ it unless ``RIGFLEET_TESTBED_EXTRAS=0``).
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
-import pytest
-from conftest import BIN, HOSTS, INVENTORY, REPO, TestHost, run
-
-from rigfleet.balancer.haproxy import HOST_PATHS, parse_stat_csv, show_stat_command
-from rigfleet.hostside.front import ROUTE_HEADER
-
-sys.path.insert(0, str(REPO / "benchmarks"))
 import loadgen
+import pytest
+from conftest import BIN, HOSTS, INVENTORY, TestHost, in_rotation, run
+
+from rigfleet.balancer.haproxy import HOST_PATHS
+from rigfleet.hostside.front import ROUTE_HEADER
 
 PYINFRA = str(BIN / "pyinfra")
 ENGINE = "rigfleet-int8"  # the int8 stack's container (catalog: container_name)
@@ -68,14 +65,6 @@ def ask(url: str, key: str | None, path: str = "/v1/chat/completions") -> tuple[
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
-
-
-def in_rotation(lb: TestHost) -> dict[str, set[str]]:
-    rc, out = lb.sh(show_stat_command())
-    assert rc == 0, out
-    rows = parse_stat_csv(out)
-    return {b: {s.host for s in rows if s.backend == b and s.in_rotation}
-            for b in {s.backend for s in rows}}
 
 
 def wait_for(what: str, ok, timeout: float, step: float = 0.25) -> float:

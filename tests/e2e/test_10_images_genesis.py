@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import INVENTORY, STATE, ledger, run, wait_for
+from conftest import INVENTORY, STATE, ledger, run, under_load, wait_for
 from rigfleet_testbed import layout
 from test_04_swap import chat  # one chat completion through the front: its status
 
@@ -184,7 +184,7 @@ class Fleet:
     """Hosts A and B, the API key, and the outcome of each step's converge."""
 
     def __init__(self, testbed) -> None:
-        self.a, self.b = testbed.fleet[0], testbed.fleet[1]
+        self.testbed, self.a, self.b = testbed, testbed.fleet[0], testbed.fleet[1]
         self.key = testbed.api_key
         self.image_id = inspect_archive(ARCHIVE).images[0].image_id
         self.restored = False
@@ -446,10 +446,26 @@ def test_the_supervisor_recreates_a_killed_engine_offline_and_gives_up_on_a_cras
 
 
 def test_the_fleet_converges_back_on_its_inventory_stacks_and_default_pins(served):
+    """Behind lb1 (with the extras) under the load generator: while A and B come back to
+    int8 (both at once: the converge's cap for three int8 hosts is two), the third int8 host
+    serves every request; none fails, none is cut."""
     f = served
-    proc = deploy(INVENTORY, f.a, f.b)
+    # A third int8 host to serve meanwhile (A and B serve other stacks until now).
+    lb = f.testbed.balancer if len(f.testbed.fleet) >= 3 else None
+    box: dict = {}
+    if lb is None:
+        box["p"] = deploy(INVENTORY, f.a, f.b)
+    else:
+        report, fewest = under_load(lb, f.key, lambda: box.setdefault(
+            "p", deploy(INVENTORY, f.a, f.b)))
+    proc = box["p"]
     f.restored = True
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    if lb is not None:
+        assert fewest >= 1, fewest
+        assert report.sent >= 10 and report.answered == report.sent
+        assert report.failed == {}, report.failed
+        assert report.cut == 0, report.cut_reasons
     pins = yaml.safe_load((STATE / "pins.yaml").read_text())["stacks"]["int8"]
     for host in (f.a, f.b):
         state = json.loads(sh(host, "cat /var/lib/rigfleet/state.json"))
