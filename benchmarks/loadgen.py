@@ -375,6 +375,25 @@ def run(cfg: LoadConfig, stop: threading.Event | None = None,
     return tally.report(time.monotonic() - started)
 
 
+def during(cfg: LoadConfig, action: Callable[[], object], settle_s: float = 3.0) -> Report:
+    """The load on while ``action()`` runs (``settle_s`` before and after), then stopped; its
+    report::
+
+        report = during(LoadConfig(url, key, duration_s=600), lambda: deploy())
+    """
+    stop, box = threading.Event(), {}
+    load = threading.Thread(target=lambda: box.setdefault("r", run(cfg, stop)))
+    load.start()
+    try:
+        time.sleep(settle_s)
+        action()
+        time.sleep(settle_s)
+    finally:
+        stop.set()
+        load.join(timeout=cfg.timeout_s + 30)
+    return box["r"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="loadgen", description=__doc__.splitlines()[0])
     p.add_argument("--url", required=True, help="the endpoint, e.g. http://127.0.0.1:18450 "

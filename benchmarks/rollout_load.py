@@ -27,7 +27,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,40 +40,18 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import loadgen  # noqa: E402
 from rigfleet_testbed import layout  # noqa: E402
 from rigfleet_testbed.layout import HostSlot  # noqa: E402
+from swap_window import last_result  # noqa: E402
 
 BIN = Path(sys.executable).parent
 NEWER = "v0.28.0"
 MARK = {"int8": {"RIGFLEET_BENCH_ROLL": "1"}}  # read by nothing: a new config hash, same stack
 
 
-def ssh(slot: HostSlot, command: str) -> str:
-    state = layout.STATE_DIR / "ssh"
-    return subprocess.run(
-        ["ssh", "-q", "-i", str(state / "id_ed25519"), "-o",
-         f"UserKnownHostsFile={state / 'known_hosts'}", "-p", str(slot.ssh_port),
-         "root@127.0.0.1", command], capture_output=True, text=True, check=True).stdout
-
-
-def last_result(slot: HostSlot) -> dict[str, Any]:
-    out = ssh(slot, "cat \"$(ls -1td /var/lib/rigfleet/swap/2* | head -n 1)/result.json\"")
-    return json.loads(out)
-
-
 def under_load(url: str, key: str, rate: float, path: str, action) -> loadgen.Report:
     """Run ``action()`` while the load generator asks ``url``; its report."""
     cfg = loadgen.LoadConfig(url, key, rate=rate, duration_s=loadgen.MAX_DURATION_S,
                              max_tokens=32, timeout_s=120, path=path).checked()
-    stop, box = threading.Event(), {}
-    load = threading.Thread(target=lambda: box.setdefault("r", loadgen.run(cfg, stop)))
-    load.start()
-    try:
-        time.sleep(3)
-        action()
-        time.sleep(3)
-    finally:
-        stop.set()
-        load.join(timeout=180)
-    return box["r"]
+    return loadgen.during(cfg, action)
 
 
 def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:

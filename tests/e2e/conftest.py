@@ -306,7 +306,7 @@ def under_load(lb, key: str, action) -> tuple[loadgen.Report, int]:
     any check, every 0.5 s)."""
     cfg = loadgen.LoadConfig(lb.front_url, key, rate=1.0, duration_s=600, max_tokens=32,
                              timeout_s=120, path="/stacks/int8/v1/chat/completions")
-    stop, result, fewest = threading.Event(), {}, [99]
+    stop, fewest = threading.Event(), [99]
 
     def watch() -> None:
         while not stop.is_set():
@@ -314,18 +314,12 @@ def under_load(lb, key: str, action) -> tuple[loadgen.Report, int]:
                 fewest[0] = min(fewest[0], len(in_rotation(lb).get("stack_int8", set())))
             stop.wait(0.5)
 
-    threads = [threading.Thread(target=lambda: result.setdefault("r", loadgen.run(cfg, stop))),
-               threading.Thread(target=watch)]
-    for t in threads:
-        t.start()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     try:
-        time.sleep(3)
-        action()
-        time.sleep(3)
+        report = loadgen.during(cfg, action)
     finally:
         stop.set()
-        for t in threads:
-            t.join(timeout=150)
-    report = result["r"]
+        watcher.join(timeout=30)
     print("\n".join(report.lines()))
     return report, fewest[0]
