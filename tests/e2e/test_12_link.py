@@ -1,10 +1,10 @@
 """A card moved to a slot wired x4 gen3: the doctor names the PCIe link, with the figures.
 
 The last module of the session (it leaves the host slower than its history until the next
-reboot). The slot is a physical fact of the host: the testbed keeps it in the host's
-``/etc/nvidia-sim/hardware.json``, which the simulated driver loads at boot, as a real card's
-link is trained at power-on. So the test does what a person does when moving a card: change
-the slot, reboot. The stack comes back at boot (recreated from its verified snapshot); the
+reboot). The slot is a physical fact of the host, outside it: the testbed keeps it in
+``.testbed/hosts/<host>/hardware.json`` (mounted read-only as ``/etc/nvidia-sim/hardware.json``),
+which the simulated driver loads at boot, as a real card's link is trained at power-on. So the
+test does what a person does when moving a card: change the slot, reboot. The stack comes back at boot (recreated from its verified snapshot); the
 serving simulator then decodes at the pace the link allows (TP=2's all-reduce crosses it),
 and ``rigfleet doctor`` reads the link under load.
 """
@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import urllib.error
+from pathlib import Path
 
-from conftest import BIN, INVENTORY, run, wait_for
+from conftest import BIN, INVENTORY, STATE, run, wait_for
 from test_04_swap import chat
 
-HARDWARE = "/etc/nvidia-sim/hardware.json"
 SLOW_CARD = 1
 
 
@@ -30,18 +29,22 @@ def serves(host, key: str) -> bool:
         return False
 
 
+def rewrite(path: Path, text: str) -> None:
+    """In place (the same inode: the host's bind mount of the file follows it)."""
+    with path.open("r+") as f:
+        f.seek(0)
+        f.write(text)
+        f.truncate()
+
+
 def test_a_card_in_an_x4_gen3_slot_is_named_by_the_doctor_as_the_link(testbed, converged):
     host = testbed.fleet[-1]
-    rc, text = host.sh(f"cat {HARDWARE}")
-    assert rc == 0, text
-    hardware = json.loads(text)
-    moved = json.loads(text)
-    card = moved["gpus"][SLOW_CARD]
-    card.update(pcie_gen_max=3, pcie_width_max=4)
+    hardware = STATE / "hosts" / host.name / "hardware.json"
+    before = hardware.read_text()
+    moved = json.loads(before)
+    moved["gpus"][SLOW_CARD].update(pcie_gen_max=3, pcie_width_max=4)
     try:
-        rc, out = host.sh(f"cp -p {HARDWARE} {HARDWARE}.before && printf '%s' "
-                          f"{shlex.quote(json.dumps(moved, indent=2))} > {HARDWARE}")
-        assert rc == 0, out
+        rewrite(hardware, json.dumps(moved, indent=2))
         host.reboot()
         wait_for(lambda: serves(host, testbed.api_key), 240,
                  f"{host.name}: its stack back at boot")
@@ -52,8 +55,8 @@ def test_a_card_in_an_x4_gen3_slot_is_named_by_the_doctor_as_the_link(testbed, c
                     host.name, "--load-s", "10", "--json"], check=False, timeout=600,
                    env={**os.environ, "COLUMNS": "200"})
     finally:
-        # The slot as it was for the next boot (the session's testbed is torn down after this).
-        host.sh(f"printf '%s' {shlex.quote(json.dumps(hardware, indent=2))} > {HARDWARE}")
+        # The slot as it was, for the next boot (the session's testbed is torn down after this).
+        rewrite(hardware, before)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     (d,) = json.loads(proc.stdout)["hosts"]
     assert d["error"] is None, d
