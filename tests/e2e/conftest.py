@@ -111,6 +111,8 @@ def last_ledger(host) -> dict:
 
 @dataclass(frozen=True)
 class TestHost:
+    __test__ = False  # a host, not a test class (pytest collects Test* names)
+
     name: str
     ssh_port: int
     front_url: str
