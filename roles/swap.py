@@ -185,7 +185,9 @@ def _follow(swap_id: str, timeout_s: float, reports: str, describe: Describe,
              f"(503 window {result.get('window_s') or 0:.1f}s{drain_note(result)})")
 
 
-# Per run (State): the swap slots of a converge behind a balancer (``converge_batch``).
+# Per run (State): the converge's cap, worked out once from the whole inventory
+# (``converge_batch`` validates every GPU host's data), and its swap slots.
+_BATCH: weakref.WeakKeyDictionary[State, SwapBatch] = weakref.WeakKeyDictionary()
 _SLOTS: weakref.WeakKeyDictionary[State, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
 SLOT_NOTE_S = 30.0
 
@@ -246,7 +248,7 @@ def serve_desired(plan: Plan, follow_timeout_s: float, reports: str,
         box: dict[str, str] = {}
         # A serving host leaving rotation (swap, update) takes one of the run's slots; a host
         # that serves nothing yet (activate) is not in rotation, so it needs none.
-        leaves = decision.kind in ("swap", "update") and batch is not None and bool(batch.size)
+        leaves = decision.kind in ("swap", "update")
         yield FunctionCommand(start_and_follow, (plan.id, follow_timeout_s, reports, box,
                                                  batch if leaves else None), {})
         if box.get("error"):  # the generator resumes after the follow ran
@@ -336,7 +338,9 @@ def swap(ctx: HostContext) -> None:
     plan = build_plan(ctx.want, ctx.by, why=f"serve {ctx.stack}")
     # Behind a balancer, at most ``batch.size`` serving hosts swap at once, so that every
     # stack with two or more hosts keeps one serving: the fleet endpoint never goes dark.
-    batch = converge_batch(host.inventory)
+    if host.state not in _BATCH:
+        _BATCH[host.state] = converge_batch(host.inventory)
+    batch = _BATCH[host.state]
     serve_desired(
         name=f"Serve {plan.desired.route_id} (gated swap; rollback on failure"
              + (f"; {batch.why}" if batch.size else "") + ")",

@@ -272,8 +272,10 @@ def classify_boot_failure(log: str, known: Sequence[tuple[str, str, str, str]] =
     for kind, pattern, title, hint in known:
         rx = _compiled(pattern)
         m = rx.search(log) if rx else None
-        if m:
-            line = next((ln for ln in log.splitlines() if rx and rx.search(ln)), m.group(0))
+        if m:  # reported as the whole line(s) the match is on
+            start = log.rfind("\n", 0, m.start()) + 1
+            end = log.find("\n", m.end())
+            line = log[start:end if end >= 0 else len(log)]
             return BootFailure(kind, title, _strip_prefix(line), hint)
     for kind, title, builtin in BOOT_FAILURES:
         m = builtin.search(log)
