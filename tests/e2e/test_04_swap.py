@@ -115,7 +115,7 @@ def settle(host, key: str) -> None:
                " do systemctl show -p ExecStart \"$s\"; done | grep -q 'systemctl reboot'")
     wait_for(lambda: _quiet_sh(host, pending) != 0, 150, f"{host.name}'s pending reboot")
     host.wait_ssh(240)
-    wait_for(lambda: _answers(host, key), 240, f"{host.name}'s front to answer")
+    wait_for(lambda: front_answers(host, key), 240, f"{host.name}'s front to answer")
 
 
 def _quiet_sh(host, command: str) -> int:
@@ -125,7 +125,8 @@ def _quiet_sh(host, command: str) -> int:
         return -1
 
 
-def _answers(host, key: str) -> bool:
+def front_answers(host, key: str) -> bool:
+    """The front answers 200 with the key (False while it refuses, resets or is not up)."""
     try:
         return front(host, key)[0] == 200
     except OSError:

@@ -18,7 +18,6 @@ it unless ``RIGFLEET_TESTBED_EXTRAS=0``).
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -130,12 +129,8 @@ def test_a_killed_engine_leaves_rotation_and_traffic_keeps_succeeding(lb, testbe
     cfg = loadgen.LoadConfig(lb.front_url, testbed.api_key, rate=2.0, duration_s=120,
                              kinds=("stream-short", "plain-short"), max_tokens=16,
                              timeout_s=60, path="/stacks/int8/v1/chat/completions")
-    stop = threading.Event()
-    result: dict[str, loadgen.Report] = {}
-    load = threading.Thread(target=lambda: result.setdefault("r", loadgen.run(cfg, stop)))
-    load.start()
-    try:
-        time.sleep(3)
+
+    def kill_and_wait_back() -> None:
         rc, out = victim.sh(f"docker kill {ENGINE}")
         assert rc == 0, out
         killed = time.monotonic()
@@ -147,11 +142,8 @@ def test_a_killed_engine_leaves_rotation_and_traffic_keeps_succeeding(lb, testbe
         # The supervisor recreates the engine; the host is back once it answers ready.
         wait_for(f"{victim.name} back in rotation",
                  lambda: victim.name in in_rotation(lb)["stack_int8"], 150, step=1)
-        time.sleep(3)
-    finally:
-        stop.set()
-        load.join(timeout=90)
-    report = result["r"]
+
+    report = loadgen.during(cfg, kill_and_wait_back)
     print("\n".join(report.lines()))
     assert report.sent >= 10 and report.answered == report.sent
     assert report.failed == {}, report.failed

@@ -13,20 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
 from pathlib import Path
 
 from conftest import BIN, INVENTORY, STATE, run, wait_for
-from test_04_swap import chat
+from test_04_swap import front_answers
 
 SLOW_CARD = 1
-
-
-def serves(host, key: str) -> bool:
-    try:
-        return chat(host, key) == 200
-    except (OSError, urllib.error.HTTPError):  # still booting: refused, reset or 503
-        return False
 
 
 def rewrite(path: Path, text: str) -> None:
@@ -46,7 +38,7 @@ def test_a_card_in_an_x4_gen3_slot_is_named_by_the_doctor_as_the_link(testbed, c
     try:
         rewrite(hardware, json.dumps(moved, indent=2))
         host.reboot()
-        wait_for(lambda: serves(host, testbed.api_key), 240,
+        wait_for(lambda: front_answers(host, testbed.api_key), 240,
                  f"{host.name}: its stack back at boot")
         rc, out = host.sh("nvidia-smi --query-gpu=index,pcie.link.width.max "
                           "--format=csv,noheader")
