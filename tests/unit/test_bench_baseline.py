@@ -47,6 +47,34 @@ def test_history_median_over_the_last_n_of_the_same_stack():
     assert "median of 3 verified gate(s)" in base.sources["narrative"]
 
 
+
+def test_one_or_two_gates_are_not_yet_a_baseline():
+    # A busy machine's first gate (6048.5) must not make the next one (4966.7, 18% below it
+    # and 5% below the reference) fail: until three gates the reference is the baseline.
+    ref = {"narrative": 130.8}
+    for n_gates in (1, 2):
+        history = [rec("int8", 6048.5, 7000.0)] * n_gates
+        base = baseline_for(history, "int8", ref, 40.0, 5)
+        assert base.figures == {"narrative": pytest.approx(5232.0)}  # no code reference
+        assert base.sources == {"narrative": "reference 130.8 x 40"}
+        assert judge({"narrative": figs(4966.7)}, None, base, Limits()) == []
+    base = baseline_for([rec("int8", 6048.5, 7000.0)] * 3, "int8", ref, 40.0, 5)
+    assert base.figures == {"narrative": 6048.5, "code": 7000.0}
+    assert base.sources["code"] == "history: median of 3 verified gate(s)"
+    # min_records above n is capped at n; min_records=1 is the old rule
+    assert baseline_for([rec("int8", 100.0)] * 2, "int8", ref, 1.0, 2,
+                        min_records=9).figures == {"narrative": 100.0}
+    assert baseline_for([rec("int8", 100.0)], "int8", ref, 1.0, 5,
+                        min_records=1).figures == {"narrative": 100.0}
+
+
+def test_an_accepted_baseline_counts_at_once():
+    history = [rec("single-fp8-mtp", 60.0), rec("single-fp8-mtp", 44.0, 55.0,
+                                                 source=SOURCE_ACCEPTED)]
+    base = baseline_for(history, "single-fp8-mtp", SEED_004_REF, 1.0, 5)
+    assert base.figures == {"narrative": 44.0, "code": 55.0}
+    assert "since the accepted baseline" in base.sources["code"]
+
 def test_an_accepted_baseline_restarts_the_history():
     history = [rec("single-fp8-mtp", 60.0), rec("single-fp8-mtp", 62.0),
                rec("single-fp8-mtp", 44.0, 55.0, source=SOURCE_ACCEPTED),

@@ -188,16 +188,16 @@ def test_inventory_targets_read_the_serving_stack_and_history_through_the_probe(
     rec = ThroughputRecord("int8", "2026-12-01T10:00:00Z",
                            shapes={"narrative": ShapeFigures(5000.0)})
     probe = {"schema": "rigfleet-probe/1", "state": {"stack": "int8"},
-             "throughput": {"last": None, "count": 1, "history": [rec.to_dict()]}}
+             "throughput": {"last": None, "count": 3, "history": [rec.to_dict()] * 3}}
     data = host_data(tmp_path, front_url="http://rig-a.lan:8000", throughput_scale=40)
     host = InventoryHost("rig-a", (), data)
     remote = FakeRemote(probe, {"stack": "int8", "accepted": {"source": "accepted"}})
     [t] = inventory_targets([host], remote)
     assert (t.url, t.stack.name if t.stack else None, t.scale) == (
         "http://rig-a.lan:8000", "int8", 40.0)
-    assert t.history == (rec,) and t.api_key == "k" * 32 and t.ca_file is None
+    assert t.history == (rec,) * 3 and t.api_key == "k" * 32 and t.ca_file is None
     base = t.baseline()
-    assert base is not None and base.figures["narrative"] == 5000.0  # history beats reference
+    assert base is not None and base.figures["narrative"] == 5000.0  # 3 gates: history beats reference
     assert "probe --full" in remote.commands[0]
     got = accept_baseline(remote, host, load_desired("rig-a", data), runs=2, warmup=1, by="al")
     assert got["accepted"]["source"] == "accepted"

@@ -58,21 +58,24 @@ def test_first_gate_against_the_reference_then_against_the_history(tmp_path):
         last = read_throughput_last(lay.throughput_last)
         assert last is not None and last.result == "fail" and last.stack == "tq3-mtp-genesis"
         assert last.scale == 40 and last.report and last.report.endswith(".json")
-        # A healthy host: the reference matches, the gate passes and the figures are history.
-        for _ in range(2):
+        # A healthy host: the reference matches, the gate passes and the figures are history;
+        # the history is the baseline once it holds three gates.
+        for i in range(3):
             rep, check = gate(srv.url, tmp_path, *host_sets(tmp_path, n, c))
             assert check.status == "pass", check.summary
+            # before three gates: the reference (0, 1 and 2 records of history)
+            assert check.details["baseline"]["source"]["narrative"].startswith(
+                "reference"), (i, check.details["baseline"])
         history = read_throughput_history(lay.throughput_history, "tq3-mtp-genesis")
-        assert len(history) == 2 and history[0].source == "gate"
+        assert len(history) == 3 and history[0].source == "gate"
         assert history[0].decode("narrative") == pytest.approx(n, rel=0.08)
         assert history[0].acceptance == pytest.approx((0.95, 0.84, 0.75), abs=0.08)
-        assert check.details["baseline"]["source"]["narrative"].startswith("history")
     # The same stack on a slower image: judged against the history, not the reference (which
     # it would still pass).
     with PacedServer(Pace(step_rate=400.0, prefill_s=0.001)) as slow:
         rep, check = gate(slow.url, tmp_path, *host_sets(tmp_path, n * 0.5, c * 0.5))
-    assert check.status == "fail" and "history: median of 2" in check.findings[0].message
-    assert len(read_throughput_history(lay.throughput_history)) == 2
+    assert check.status == "fail" and "history: median of 3" in check.findings[0].message
+    assert len(read_throughput_history(lay.throughput_history)) == 3
 
 
 def test_unstable_decode_and_low_acceptance_fail(tmp_path):

@@ -2,9 +2,12 @@
 
 The baseline of a stack on a host is its own verified history: the median decode tok/s per
 shape over the last ``n`` verified gates, counted from the newest accepted baseline (``rigfleet
-bench --accept-baseline``: a person said "this is normal now"). A shape without history falls
-back to the stack file's reference figure times the host's ``throughput_scale``, so a host
-that is slow on its very first gate is flagged instead of being recorded as normal::
+bench --accept-baseline``: a person said "this is normal now"). The history counts once it
+holds ``min_records`` (3) figures of the shape, or an accepted baseline: one gate's figure is
+one noisy sample (a busy machine, a warm card), and a median of one would make the next gate
+fail on the noise of the first. Until then the stack file's reference figure times the host's
+``throughput_scale`` is the baseline, so a host that is slow on its very first gate is flagged
+instead of being recorded as normal; a shape with neither is not judged yet::
 
     base = baseline_for(history, "tq3-mtp-genesis", {"narrative": 89.2, "code": 119.1},
                         scale=1.0, n=5)
@@ -43,23 +46,30 @@ def since_accepted(history: Sequence[ThroughputRecord], stack: str) -> list[Thro
     return recs[starts[-1]:] if starts else recs
 
 
+MIN_RECORDS = 3  # verified gates before a host's own history is its baseline
+
+
 def baseline_for(history: Sequence[ThroughputRecord], stack: str,
                  reference: Mapping[str, float], scale: float, n: int,
-                 shapes: Sequence[str] = ("narrative", "code")) -> Baseline:
+                 shapes: Sequence[str] = ("narrative", "code"),
+                 min_records: int = MIN_RECORDS) -> Baseline:
     """The baseline of ``stack`` (see the module docstring).
 
     + history: the host's verified records (any stacks; oldest first)
     + reference: shape -> the stack file's tok/s on RTX 3090s (0 or missing: none)
     + scale: the host's ``throughput_scale``; n: how many verified gates the median covers
+    + min_records: how many figures of a shape the history needs before it counts (an
+      accepted baseline counts at once)
     """
     recent = since_accepted(history, stack)[-max(n, 1):]
+    accepted = any(r.source == SOURCE_ACCEPTED for r in recent)
+    enough = min(max(min_records, 1), max(n, 1))
     figures: dict[str, float] = {}
     sources: dict[str, str] = {}
     for shape in shapes:
         values = [v for v in (r.decode(shape) for r in recent) if v is not None]
-        med = stats.median(values)
+        med = stats.median(values) if accepted or len(values) >= enough else None
         if med is not None:
-            accepted = any(r.source == SOURCE_ACCEPTED for r in recent)
             figures[shape] = med
             sources[shape] = (f"history: median of {len(values)} "
                               + ("record(s) since the accepted baseline" if accepted

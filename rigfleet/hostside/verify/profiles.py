@@ -96,6 +96,8 @@ class Profile:
     # Where the host keeps its throughput records (history.jsonl, last.json); "" = none.
     throughput_history_dir: str = ""
     throughput_history_n: int = 5  # the baseline: rolling median over this many verified gates
+    # ... once it holds this many (an accepted baseline counts at once); the reference before
+    throughput_history_min: int = 3
     # The stack file's reference decode tok/s of one stream on RTX 3090s; 0 = none.
     throughput_reference_narrative: float = 0.0
     throughput_reference_code: float = 0.0

@@ -6,7 +6,8 @@ essay at max_tokens 1000, a commented quicksort at max_tokens 800, temperature 0
 
 - ``slow_decode``: a shape's mean decode tok/s more than ``throughput_margin`` below the
   baseline: the host's verified history of ``throughput_stack`` (rolling median over
-  ``throughput_history_n`` gates), else the stack file's reference x ``throughput_scale``;
+  ``throughput_history_n`` gates, once it holds ``throughput_history_min`` of them or an
+  accepted baseline), else the stack file's reference x ``throughput_scale``;
 - ``unstable_decode``: a shape's CV over its runs above ``throughput_cv_max``;
 - ``low_acceptance``: the code runs' acceptance at a draft position below its floor
   (``throughput_acceptance_floor``);
@@ -73,7 +74,7 @@ def throughput(ctx: Context) -> CheckResult:
                                        / THROUGHPUT_HISTORY_NAME, p.throughput_stack)
                if p.throughput_stack and p.throughput_history_dir else [])
     base = baseline_for(history, p.throughput_stack, reference, p.throughput_scale,
-                        p.throughput_history_n)
+                        p.throughput_history_n, min_records=p.throughput_history_min)
     limits = Limits(p.throughput_margin, p.throughput_cv_max, p.throughput_acceptance_floor)
     judged = bool(p.throughput_stack) or any(v > 0 for v in reference.values())
     findings = judge(measured, acceptance, base, limits)
