@@ -32,6 +32,9 @@ from .stackctl import (
 EXIT_PROMOTED, EXIT_ROLLED_BACK, EXIT_FAILED, EXIT_LOCKED, EXIT_BAD_PLAN = 0, 1, 2, 3, 4
 READY_POLL_S = 1.0
 VRAM_POLL_S = 0.5
+# nvidia-smi failing this long in a row while waiting for GPU memory: the driver is not there
+# (a module Secure Boot refused, a driver/library mismatch), and no stack can start until it is.
+DRIVER_GRACE_S = 10.0
 PROGRESS_EVERY_S = 15.0
 LOG_LINES_KEPT = 2000
 _PROJECT_NAME = re.compile(r"^name:\s*['\"]?([A-Za-z0-9][A-Za-z0-9_.-]*)", re.M)
@@ -210,17 +213,27 @@ class Steps:
         return report
 
     def wait_vram(self, utilization: float, timeout_s: float) -> float:
-        """Until every card has ``utilization`` x total free, twice in a row (settled)."""
+        """Until every card has ``utilization`` x total free, twice in a row (settled). Fails
+        at ``timeout_s``, or sooner when nvidia-smi itself keeps failing (``DRIVER_GRACE_S``):
+        no GPU memory will come free without a driver."""
         t0 = self.ops.monotonic()
         good, detail, last_note = 0, "", t0
+        failing_since: float | None = None
         while True:
             self.check_interrupt()
             try:
                 ok, detail = vram_free_enough(self.ops.gpus(), utilization)
+                failing_since = None
             except ValueError as e:
                 ok, detail = False, str(e)
+                failing_since = self.ops.monotonic() if failing_since is None else failing_since
             good = good + 1 if ok else 0
             now = self.ops.monotonic()
+            if failing_since is not None and now - failing_since >= DRIVER_GRACE_S:
+                raise Failure("driver", f"the NVIDIA driver does not answer ({detail}) for "
+                              f"{now - failing_since:.0f}s: no stack can start without it. "
+                              "`nvidia-smi` on the host shows the error; a deploy names the "
+                              "cause and the fix (e.g. a module Secure Boot refused)")
             if good >= 2:
                 self.j.event("vram", f"GPU memory released ({detail}) after {now - t0:.1f}s")
                 return now - t0

@@ -1,10 +1,12 @@
 """Issue 6 on the simulated fleet: the host checks (``tests/hosts``) and ``rigfleet status``.
 
-On the converged fleet the suite passes for every host and status finds no drift. Then each
-manual change on host1 (a power cap set by hand, the serving container replaced by another
-image, a weights shard modified, Genesis moved to another commit) makes the suite fail on host1
-alone with a message saying what differs, status shows the drift on host1 alone, the deploy
-repairs it, and the suite passes again.
+On the converged fleet the suite passes for every host and status finds no drift. Then manual
+changes (a power cap set by hand, the serving container replaced by another image, a weights
+shard modified, Genesis moved to another commit), one per int8 host and as many at once as
+there are such hosts: the suite fails on the changed hosts alone, each with a message saying
+what differs on it, status shows each host's drift on that host alone, one deploy of those
+hosts repairs them, and the suite passes again. (Three at a time: each suite run checks the
+whole fleet, so a round costs about what one change did.)
 
 Changes the deploy cannot repair yet are marked ``known_gap`` (the reason names the role): the
 test still checks detection, shows that the deploy leaves the host broken, restores the host
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import INVENTORY, REPO, pyinfra, run
+from conftest import HOSTS, INVENTORY, REPO, pyinfra, run
 
 # The engine supervisor puts the verified snapshot back within seconds when the container is
 # not it (tests/e2e/test_08_faults.py); a person experimenting by hand stops it first, so the
@@ -108,7 +110,7 @@ def test_suite_and_status_pass_on_the_converged_fleet(testbed, converged, tmp_pa
 
 @dataclass(frozen=True)
 class ManualChange:
-    """A change made by hand on host1, and what the checks must say about it.
+    """A change made by hand on one host, and what the checks must say about it.
 
     ``suite_says``/``status_says`` are format strings over ``facts`` (expected cap, pins,
     the other Genesis commit); ``cleanup`` is what a person does when the deploy cannot
@@ -179,84 +181,104 @@ CHANGES = (
 
 @pytest.fixture(scope="module")
 def facts(testbed, converged):
-    """Values the messages must quote: host1's expected cap, its pins, another Genesis commit."""
+    """Per int8 host, the values the messages must quote: its expected cap, its pins, another
+    Genesis commit."""
     from rigfleet.desired import load_desired
     from rigfleet.inventory import load_inventory
 
-    host1 = next(h for h in load_inventory(INVENTORY) if h.name == testbed.hosts[0].name)
-    want = load_desired(host1.name, host1.data, REPO)
-    assert want.genesis is not None, "the testbed pins Genesis for the tq3 stack"
-    rc, out = testbed.hosts[0].sh(f"git -C {GENESIS} rev-list --all")
-    assert rc == 0, out
-    others = [c for c in out.split() if c != want.genesis.commit]
-    assert others, f"the Genesis fixture has one commit only: {out}"
-    return {
-        "cap0": want.settings.power_caps_w[0],
-        "image": want.current.pins.image,
-        "digest": want.current.pins.digest,
-        "genesis": want.genesis.commit,
-        "other_genesis": others[0],
-    }
+    inventory = {h.name: h for h in load_inventory(INVENTORY)}
+    out = {}
+    for host in testbed.fleet:
+        want = load_desired(host.name, inventory[host.name].data, REPO)
+        assert want.genesis is not None, "the testbed pins Genesis for the tq3 stack"
+        rc, revs = host.sh(f"git -C {GENESIS} rev-list --all")
+        assert rc == 0, revs
+        others = [c for c in revs.split() if c != want.genesis.commit]
+        assert others, f"the Genesis fixture has one commit only: {revs}"
+        out[host.name] = {
+            "cap0": want.settings.power_caps_w[0],
+            "image": want.current.pins.image,
+            "digest": want.current.pins.digest,
+            "genesis": want.genesis.commit,
+            "other_genesis": others[0],
+        }
+    return out
 
 
-@pytest.mark.parametrize("change", CHANGES, ids=[c.id for c in CHANGES])
-def test_manual_change_is_found_on_that_host_alone_and_repaired(
+# One change per int8 host at a time, in CHANGES' order.
+PER_ROUND = max(1, min(HOSTS, 3))
+ROUNDS = [CHANGES[i:i + PER_ROUND] for i in range(0, len(CHANGES), PER_ROUND)]
+
+
+@pytest.mark.parametrize("changes", ROUNDS, ids=["+".join(c.id for c in r) for r in ROUNDS])
+def test_manual_changes_are_found_on_their_hosts_alone_and_repaired(
     testbed,
     converged,
     facts,
     tmp_path,
-    change: ManualChange,
+    changes: tuple[ManualChange, ...],
 ):
     names = host_names(testbed)
-    host1 = testbed.hosts[0]
-    rc, out = host1.sh(change.command.format(**facts), timeout=300)
-    assert rc == 0, f"could not make the change on {host1.name}: {out}"
+    placed = list(zip(testbed.fleet, changes, strict=False))
+    assert len(placed) == len(changes), f"{len(changes)} changes, {len(testbed.fleet)} hosts"
+    for host, change in placed:
+        rc, out = host.sh(change.command.format(**facts[host.name]), timeout=300)
+        assert rc == 0, f"could not make {change.id} on {host.name}: {out}"
+    changed = {host.name for host, _ in placed}
+    gaps = [(host, change) for host, change in placed if change.known_gap is not None]
+    limits = [arg for host, _ in placed for arg in ("--limit", host.name)]
     repaired = False
     try:
-        # The suite fails on host1 alone, and says what differs.
+        # The suite fails on the changed hosts alone, each saying what differs on it.
         result = run_suite(names, tmp_path)
-        assert result.rc != 0, f"host checks pass after {change.id}:\n{result.output}"
-        assert result.hosts_failing() == {host1.name}, (
-            f"{change.id} on {host1.name}: failures on {sorted(result.hosts_failing())}:\n"
+        assert result.rc != 0, f"host checks pass after {changes}:\n{result.output}"
+        assert result.hosts_failing() == changed, (
+            f"changes on {sorted(changed)}: failures on {sorted(result.hosts_failing())}:\n"
             f"{result.failures}"
         )
-        for wanted in change.suite_says:
-            assert wanted.format(**facts) in result.text(host1.name), (
-                f"{change.id}: no failure says {wanted.format(**facts)!r}:\n"
-                f"{result.text(host1.name)}"
-            )
+        for host, change in placed:
+            for wanted in change.suite_says:
+                wanted = wanted.format(**facts[host.name])
+                assert wanted in result.text(host.name), (
+                    f"{change.id} on {host.name}: no failure says {wanted!r}:\n"
+                    f"{result.text(host.name)}"
+                )
 
-        # Status shows the drift on host1 alone.
+        # Status shows each drift on its host alone.
         rc, rows = run_status()
-        assert rc == 1, f"rigfleet status exit {rc} after {change.id}: {rows}"
-        drift = rows[host1.name]["drift"]
-        assert any(change.status_says.format(**facts) in line for line in drift), (
-            f"{change.id}: status drift {drift} lacks {change.status_says.format(**facts)!r}"
-        )
-        assert all(rows[n]["drift"] == [] for n in names if n != host1.name), rows
+        assert rc == 1, f"rigfleet status exit {rc} after {[c.id for c in changes]}: {rows}"
+        for host, change in placed:
+            drift = rows[host.name]["drift"]
+            says = change.status_says.format(**facts[host.name])
+            assert any(says in line for line in drift), (
+                f"{change.id} on {host.name}: status drift {drift} lacks {says!r}")
+        assert all(rows[n]["drift"] == [] for n in names if n not in changed), rows
 
-        # The deploy of that host repairs it (or, for a known gap, does not: then a person
+        # One deploy of those hosts repairs them (for a known gap it does not: then a person
         # does); the others have no drift (above), and the suite checks them all again after.
-        pyinfra("-y", "--limit", host1.name, check=change.known_gap is None)
+        pyinfra("-y", *limits, check=not gaps)
         after = run_suite(names, tmp_path)
-        if change.known_gap is not None:
-            assert after.rc != 0, (
-                f"{change.id}: the deploy now repairs this; remove its known_gap "
-                f"({change.known_gap})"
-            )
-            host1.sh(change.cleanup or "true")
-            pyinfra("-y", "--limit", host1.name)
+        if gaps:
+            still = after.hosts_failing()
+            for host, change in gaps:
+                assert host.name in still, (
+                    f"{change.id}: the deploy now repairs this; remove its known_gap "
+                    f"({change.known_gap})")
+                host.sh(change.cleanup or "true")
+            pyinfra("-y", *limits)
             after = run_suite(names, tmp_path)
         assert after.rc == 0 and not after.hosts_failing(), (
-            f"{change.id}: host checks still fail after the deploy:\n{after.failures}"
+            f"host checks still fail after the deploy:\n{after.failures}"
         )
         rc, rows = run_status()
         assert rc == 0, f"rigfleet status exit {rc} after the repair: {rows}"
         repaired = True
     finally:
         if not repaired:
-            # Leave a converged fleet for the next change whatever went wrong here.
-            host1.sh(change.cleanup or "true")
+            # Leave a converged fleet for the next round whatever went wrong here.
+            for host, change in placed:
+                host.sh(change.cleanup or "true")
             pyinfra("-y", check=False)
-    if change.known_gap is not None:
-        pytest.xfail(f"deploy does not repair {change.id}: {change.known_gap}")
+    if gaps:
+        pytest.xfail("deploy does not repair " + ", ".join(
+            f"{c.id}: {c.known_gap}" for _, c in gaps))

@@ -121,6 +121,7 @@ class FakeHost:
     containers: dict[str, _Running] = field(default_factory=dict)
     freed_at: float = -1.0  # when the last stopped stack's memory is released
     never_release: bool = False
+    driver_down: bool = False  # nvidia-smi cannot talk to the driver (no module loaded)
     calls: list[str] = field(default_factory=list)
     logs_of: dict[str, str] = field(default_factory=dict)
     created: dict[str, str] = field(default_factory=dict)
@@ -219,6 +220,9 @@ class FakeHost:
 
     def gpus(self) -> list[GpuMemory]:
         self.calls.append(f"gpus t={self.t:g}")
+        if self.driver_down:
+            raise ValueError("nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it "
+                             "couldn't communicate with the NVIDIA driver")
         used = 22611 if self._memory_used() else 1
         return [GpuMemory(0, used, TOTAL_MIB), GpuMemory(1, used, TOTAL_MIB)]
 

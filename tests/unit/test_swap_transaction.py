@@ -269,6 +269,17 @@ def test_memory_never_released_fails_and_the_front_stays_at_503(lay):
     assert not any(c.startswith("up rigfleet-tq3") for c in host.calls)
 
 
+def test_no_driver_fails_in_seconds_not_at_the_memory_timeout(lay):
+    # A module Secure Boot refused at boot: nvidia-smi fails. Waiting the 120 s for memory
+    # would only hold the host lock (a deploy that would say why is refused meanwhile).
+    host, front, old, plan = setup_swap(lay, vram_timeout_s=120.0)
+    host.driver_down = True
+    out = run(lay, host, front, plan)
+    assert out.exit == EXIT_FAILED and "the NVIDIA driver does not answer" in out.reason
+    assert "couldn't communicate with the NVIDIA driver" in out.reason
+    assert host.t < 60, host.t  # two tries (the stack, then its rollback) of ~10 s each
+    assert front.current() == "maintenance"
+
 def test_a_stop_request_during_the_gate_rolls_back(lay):
     host, front, old, plan = setup_swap(lay)
     flag = {"stop": False}
