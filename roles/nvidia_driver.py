@@ -195,10 +195,22 @@ def blocked_by_secure_boot(os: OsInfo) -> str | None:
     return secure_boot_block(host.name, os, platform, rejections)
 
 
+def loaded_as_pinned(loaded: str | None, branch: str | None, version: str | None) -> bool:
+    """Is the loaded driver ``loaded`` (e.g. ``580.105.08``) the pinned branch (and version)?"""
+    if not loaded:
+        return False
+    if version:
+        return loaded == version
+    return not branch or loaded.startswith(f"{branch}.")
+
+
 @operation(is_idempotent=False)
 def reboot_for_driver(gates: Sequence[OperationMeta], os: OsInfo | None = None,
-                      ctx: HostContext | None = None):
-    """Reboot when the driver packages changed or the driver is not loaded; wait for it.
+                      ctx: HostContext | None = None, branch: str | None = None,
+                      version: str | None = None):
+    """Reboot when the driver packages changed, the driver is not loaded, or the loaded one is
+    not the pinned branch (a change whose reboot never came: the run was cut after the
+    install); wait for it.
 
     Not when Secure Boot would refuse the module (``secure_boot_block``, read when the
     deploy runs, after DKMS built and signed it): the host fails with the enrolment steps.
@@ -207,10 +219,12 @@ def reboot_for_driver(gates: Sequence[OperationMeta], os: OsInfo | None = None,
     + os: the host's OS (Debian's DKMS module is the one Secure Boot can refuse)
     + ctx: the host's context: a serving host reboots inside its maintenance window (the
       stack comes back through the window's close, gated; never at boot without the gate)
+    + branch, version: the pins' driver (None: any loaded driver will do)
     """
     packages_changed = changed(gates)
     gpu = read_fact(GpuQuery)
-    if gpu.loaded and not packages_changed:
+    if gpu.loaded and not packages_changed and (
+            branch is None or loaded_as_pinned(gpu.driver_version, branch, version)):
         host.noop(f"driver {gpu.driver_version} loaded, packages unchanged")
         return
     blocked = blocked_by_secure_boot(os) if os is not None and executing() else None
@@ -294,7 +308,7 @@ def nvidia_driver(ctx: HostContext) -> None:
     maintenance.plan_step(ctx, install_step, install)
     gates.append(install)
     reboot = reboot_for_driver(name="Reboot to load the NVIDIA driver (only when needed)",
-                               gates=gates, os=ctx.os, ctx=ctx)
+                               gates=gates, os=ctx.os, ctx=ctx, branch=branch, version=version)
     maintenance.plan_step(ctx, REBOOT_STEP, reboot)
     check(
         name=f"Verify nvidia-smi: branch {branch}, {ctx.settings.gpu_count} GPUs",

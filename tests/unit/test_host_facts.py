@@ -173,6 +173,22 @@ def test_platform_and_rejection_commands_run_in_sh_and_tolerate_absence() -> Non
     assert out.startswith("pid1=") and "\nsystemd=" in out and "\narch=" in out
 
 
+@pytest.mark.parametrize(("pid1_after_s", "since"), [(3, ""), (7200, "1796150000")])
+def test_this_boot_of_a_container_host_starts_with_its_pid_1(tmp_path, pid1_after_s, since):
+    # A machine: PID 1 starts seconds after the kernel, `journalctl -b` is this boot. A
+    # container host restarted two hours after the kernel booted: its boot starts then.
+    from rigfleet.commands.nvidia import SYSTEM_START
+
+    hz = int(subprocess.run(["getconf", "CLK_TCK"], capture_output=True, text=True).stdout)
+    (tmp_path / "stat").write_text("cpu  1 2 3\nbtime 1796142800\nprocesses 9\n")
+    fields = ["1", "(systemd)", "S"] + ["0"] * 18 + [str(pid1_after_s * hz), "0"]
+    (tmp_path / "pid1").write_text(" ".join(fields) + "\n")
+    cmd = SYSTEM_START.replace("/proc/stat", str(tmp_path / "stat")).replace(
+        "/proc/1/stat", str(tmp_path / "pid1"))
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, since), out.stderr
+    assert "${since:+--since @$since}" in ModuleRejections().command()
+
 # --- kernel packages ---------------------------------------------------------------------------
 
 

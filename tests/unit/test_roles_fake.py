@@ -337,6 +337,17 @@ def test_reboot_when_driver_not_loaded_even_if_packages_are_in_place(data):
     assert rig.driver_loaded == "580.105.08"
 
 
+def test_reboot_when_the_packages_are_pinned_but_another_branch_is_still_loaded(data):
+    # A driver change whose reboot never happened (the host refused it for Secure Boot, or
+    # the run was cut after the install): the packages are right, the loaded module is not.
+    rig = converged("debian13", data)
+    rig.driver_loaded = "590.44.01"
+    run = deploy(rig, data)
+    assert not run.failed, run.error
+    assert run.ran(" install nvidia-driver-cuda") == []
+    assert len(run.ran("systemctl reboot")) == 1 and rig.reboots == 2
+    assert rig.driver_loaded == "580.105.08"
+
 def test_reboot_and_downgrade_when_installed_driver_is_on_another_branch(data):
     rig = converged("debian13", data)
     rig.packages["nvidia-driver-cuda"] = "590.44.01-1"
