@@ -157,7 +157,7 @@ CHANGES = (
     ),
     ManualChange(
         "container-recreated-from-another-image",
-        f"{NO_SUPERVISOR}printf 'services:\\n  vllm:\\n    image: {OTHER_IMAGE}\\n' > /root/other-image.yaml "
+        f"{NO_SUPERVISOR}docker pull -q {OTHER_IMAGE} && printf 'services:\\n  vllm:\\n    image: {OTHER_IMAGE}\\n' > /root/other-image.yaml "
         f"&& docker compose -p rigfleet-int8 -f {COMPOSE} -f /root/other-image.yaml up -d",
         (f"container rigfleet-int8 runs image {OTHER_IMAGE}",),
         f"rigfleet-int8 runs {OTHER_IMAGE}",
