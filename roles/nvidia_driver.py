@@ -64,6 +64,7 @@ from roles.preflight import (
     HostContext,
     OsInfo,
     failing_command,
+    loaded_as_pinned,
     secure_boot_block,
     secure_boot_watch,
 )
@@ -193,15 +194,6 @@ def blocked_by_secure_boot(os: OsInfo) -> str | None:
     platform = read_fact(Platform)
     rejections = read_fact(ModuleRejections) if secure_boot_watch(os, platform) else []
     return secure_boot_block(host.name, os, platform, rejections)
-
-
-def loaded_as_pinned(loaded: str | None, branch: str | None, version: str | None) -> bool:
-    """Is the loaded driver ``loaded`` (e.g. ``580.105.08``) the pinned branch (and version)?"""
-    if not loaded:
-        return False
-    if version:
-        return loaded == version
-    return not branch or loaded.startswith(f"{branch}.")
 
 
 @operation(is_idempotent=False)

@@ -301,6 +301,12 @@ def check_init(name: str, platform: PlatformState) -> list[str]:
             "docker, nginx, nvidia-persistenced, its own)"]
 
 
+def loaded_as_pinned(loaded: str | None, branch: str, version: str | None) -> bool:
+    """Is the loaded driver ``loaded`` (e.g. ``580.105.08``; None: none) on the pinned branch,
+    and the pinned version when there is one?"""
+    return bool(loaded and loaded.startswith(f"{branch}.") and (not version or loaded == version))
+
+
 def check_driver_origin(name: str, settings: HostSettings, branch: str, version: str | None,
                         platform: PlatformState, gpu: GpuState) -> tuple[list[str], bool]:
     """A driver NVIDIA's .run installer put there: refused with the way out, or adopted
@@ -311,9 +317,7 @@ def check_driver_origin(name: str, settings: HostSettings, branch: str, version:
     evidence = (f"{nvidia_commands.RUN_UNINSTALLER} exists" if platform.run_uninstaller
                 else f"no dpkg package owns {platform.smi}")
     loaded = gpu.driver_version if gpu.loaded else None
-    on_branch = bool(loaded and loaded.startswith(f"{branch}.")
-                     and (not version or loaded == version))
-    if settings.adopt_foreign_driver and on_branch:
+    if settings.adopt_foreign_driver and loaded_as_pinned(loaded, branch, version):
         return [], True
     what = f"driver {loaded}" if loaded else "a driver (not loaded now)"
     pinned = version or f"branch {branch}"
