@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import posixpath
 import re
 from collections.abc import Iterable
@@ -29,7 +30,14 @@ from typing import Any, TypeVar
 import yaml
 
 from rigfleet.errors import RigfleetError
-from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
+from rigfleet.hostside.layout import (
+    CACHE_ROOT,
+    ETC_ROOT,
+    HOST,
+    LIB_ROOT,
+    OPT_ROOT,
+    STATE_ROOT,
+)
 
 # Control characters (C0 and C1 but tab) end up as line breaks or escapes in files, units, apt
 # sources, shells and URLs; nothing a person means to write there holds them.
@@ -43,6 +51,27 @@ SYSTEM_DIRS = frozenset({
     "/usr/share", "/var", "/var/lib", "/var/log", "/var/cache", "/var/tmp", "/var/run",
     "/var/lib/docker", ETC_ROOT, STATE_ROOT, OPT_ROOT, CACHE_ROOT, LIB_ROOT,
 })  # fmt: skip
+
+
+# Environment names that look like a secret's: a secret reaches a host as a root-only file,
+# never in an environment that a compose file (0644) or a process listing shows.
+SECRET_NAMES = ("*_KEY", "*_TOKEN", "*_SECRET", "*PASSWORD*")
+SECRET_NAME_ALLOWED = (
+    f"a name that does not look like a secret's ({', '.join(SECRET_NAMES)}); secrets reach "
+    f"hosts only as root-only files in {HOST.secrets_dir}: the API key from host data "
+    f"api_key_file (the stacks read VLLM_API_KEY from {HOST.vllm_env_file}), a Hugging Face "
+    f"token from host data hf_token_file ({HOST.hf_token_file})")
+
+
+def secret_like(name: str) -> bool:
+    """Does an environment name look like a secret's (``SECRET_NAMES``, any case)?
+
+    .. code:: python
+
+        secret_like("VLLM_API_KEY"), secret_like("hf_token")    # True, True
+        secret_like("SIM_TOKENS_PER_SECOND")                     # False
+    """
+    return any(fnmatch.fnmatchcase(name.upper(), pattern) for pattern in SECRET_NAMES)
 
 
 class ValidationError(RigfleetError, ValueError):
@@ -88,8 +117,14 @@ class Problems:
         self.lines.append(f"{self.where}: {key or 'top level'}: {shown(value)} {what}; "
                           f"allowed: {allowed}")
 
-    def missing(self, key: str, allowed: str) -> None:
-        self.lines.append(f"{self.where}: {key}: missing; allowed: {allowed}")
+    # What a ``missing`` without ``allowed`` says (host data: where to set the key).
+    unset = "set it"
+
+    def missing(self, key: str, allowed: str | None = None) -> None:
+        """``where: key: missing; allowed: allowed`` (no ``allowed``: ``where: key: missing;
+        <unset>``)."""
+        self.lines.append(f"{self.where}: {key}: missing; "
+                          + (f"allowed: {allowed}" if allowed else self.unset))
 
     def add(self, line: str) -> None:
         """A problem already phrased (it must still name the key and what is allowed)."""

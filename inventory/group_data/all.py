@@ -2,7 +2,7 @@
 
 pyinfra loads this file as the data of group ``all`` (module-level names; imports and names
 starting with ``__`` are left out). ``rigfleet/hostdata.py`` validates the merged result per
-host; see docs/converge.md for the meaning of each key.
+host; docs/hostdata.md describes every key.
 """
 
 # The stack a host serves unless its own data names another (rigfleet/catalog.py).

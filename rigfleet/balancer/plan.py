@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rigfleet.errors import RigfleetError
+from rigfleet.hostchecks import host_name_or_ip
 from rigfleet.hostdata import (
     BalancerSettings,
     HostDataError,
@@ -147,12 +148,20 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
         raise BalancerError(f"{name}: balancers: the inventory has no GPU host to balance; "
                             "allowed: a balancer beside at least one GPU host (every host "
                             "not only in group balancers, or in group gpu_hosts)")
+    check_hops(name, settings, hosts)
     by_stack: dict[str, list[Server]] = {}
     served: dict[str, str] = {}
     seen: dict[str, str] = {}
     ids: dict[str, str] = {}
     for h in hosts:
         address, verify = front_target(h)
+        if not host_name_or_ip(verify):
+            key = ("balancer_front_address" if h.settings.balancer_front_address
+                   else "ssh_hostname" if h.ssh_hostname else "inventory name")
+            raise BalancerError(
+                f"{name}: {key}: {verify!r} (GPU host {h.name}) is not a host name or "
+                "address, and haproxy.cfg would name it as one; allowed: ssh_hostname or "
+                f"balancer_front_address in {h.name}'s data set to a host name or IP address")
         sid = server_id(h.name)
         if sid in ids:
             raise BalancerError(
@@ -180,6 +189,21 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
     if default is None and len(pools) == 1:
         default = pools[0].stack
     return BalancerPlan(name, settings, pools, default, gpu_host, tuple(hosts))
+
+
+def check_hops(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost]) -> None:
+    """An HTTPS balancer passes the client's API key on to each front: refused in front of a
+    plain-HTTP front unless host data ``balancer_plain_fronts`` says the LAN is trusted."""
+    plain = [h.name for h in hosts if h.settings.front_tls is None]
+    if settings.tls is None or not plain or settings.plain_fronts:
+        return
+    raise BalancerError(
+        f"{name}: balancer_plain_fronts: False, but {name} serves HTTPS "
+        f"(balancer_tls_cert_file) in front of GPU host(s) {', '.join(plain)} serving plain "
+        f"HTTP: the API key clients send would cross the LAN in clear from {name} to them; "
+        "allowed: TLS on those fronts (front_tls_cert_file and front_tls_key_file in their "
+        f"data), or balancer_plain_fronts: True in {name}'s data (the LAN between them is "
+        "trusted, on purpose)")
 
 
 class InventoryEntry(Protocol):

@@ -20,6 +20,12 @@ from typing import Any
 from .drain import DEFAULT_DRAIN_TIMEOUT_S
 
 SCHEMA = "rigfleet-swap-plan/1"
+# A transaction's time limits when nothing else is said: the plan's defaults, and host data's
+# (``rigfleet.hostdata`` takes them from here).
+READY_TIMEOUT_S = 1200.0
+VRAM_TIMEOUT_S = 120.0
+GATE_TIMEOUT_S = 7200.0
+RETRY_AFTER_S = 30
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}")
 _HASH_LINE = re.compile(r"io\.rigfleet\.config-hash['\"]?:\s*['\"]?([0-9a-f]{8,64})")
 
@@ -127,10 +133,10 @@ class Plan:
     front_port: int = 8000
     gate_profile: str = "full"
     gate_set: tuple[str, ...] = ()
-    ready_timeout_s: float = 1200.0
-    vram_timeout_s: float = 120.0
-    gate_timeout_s: float = 7200.0
-    retry_after_s: int = 30
+    ready_timeout_s: float = READY_TIMEOUT_S
+    vram_timeout_s: float = VRAM_TIMEOUT_S
+    gate_timeout_s: float = GATE_TIMEOUT_S
+    retry_after_s: int = RETRY_AFTER_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     drain_timeouts: dict[str, float] = field(default_factory=dict)
 
@@ -164,10 +170,10 @@ class Plan:
                 front_port=int(data.get("front_port", 8000)),
                 gate_profile=str(data.get("gate_profile") or "full"),
                 gate_set=tuple(str(s) for s in data.get("gate_set") or ()),
-                ready_timeout_s=float(data.get("ready_timeout_s", 1200.0)),
-                vram_timeout_s=float(data.get("vram_timeout_s", 120.0)),
-                gate_timeout_s=float(data.get("gate_timeout_s", 7200.0)),
-                retry_after_s=int(data.get("retry_after_s", 30)),
+                ready_timeout_s=float(data.get("ready_timeout_s", READY_TIMEOUT_S)),
+                vram_timeout_s=float(data.get("vram_timeout_s", VRAM_TIMEOUT_S)),
+                gate_timeout_s=float(data.get("gate_timeout_s", GATE_TIMEOUT_S)),
+                retry_after_s=int(data.get("retry_after_s", RETRY_AFTER_S)),
                 drain_timeout_s=float(data.get("drain_timeout_s", DEFAULT_DRAIN_TIMEOUT_S)),
                 drain_timeouts={str(k): float(v) for k, v in
                                 dict(data.get("drain_timeouts") or {}).items()},

@@ -233,7 +233,8 @@ def test_haproxy_accepts_the_config(tmp_path, tls):
     if tls:
         crt, key = tls_files(tmp_path, "lb1")
         Path(paths.pem).write_text(crt.read_text() + key.read_text())
-        extra = {"balancer_tls_cert_file": str(crt), "balancer_tls_key_file": str(key)}
+        extra = {"balancer_tls_cert_file": str(crt), "balancer_tls_key_file": str(key),
+                 "balancer_plain_fronts": True}
     plan = make_plan(tmp_path, STACKS, {n: f"127.0.0.{i + 1}" for i, n in enumerate(STACKS)},
                      **extra)
     Path(paths.config).write_text(render_config(plan, paths))

@@ -13,13 +13,8 @@ from typing import Any
 
 import pytest
 
-from rigfleet.hostdata import (
-    AptRepo,
-    HostDataError,
-    check_caps_against_gpus,
-    nvidia_distro,
-    validate_host,
-)
+from rigfleet.aptrepos import AptRepo, nvidia_distro
+from rigfleet.hostdata import HostDataError, check_caps_against_gpus, validate_host
 from rigfleet.hostside.supervise import Policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

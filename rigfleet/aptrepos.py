@@ -1,0 +1,185 @@
+"""The apt repositories host data names (``apt_repos``): their type and their check.
+
+The deploy installs the NVIDIA driver, the container toolkit and Docker from these, each
+``signed-by`` its own keyring. URLs and suites may hold placeholders filled per host from
+``/etc/os-release`` (``AptRepo.expand``)::
+
+    repo = settings.apt_repos["cuda"].expand(os_id="ubuntu", version_id="24.04",
+                                             codename="noble")
+    repo.source_line("/etc/apt/keyrings/cuda.gpg")
+    # 'deb [signed-by=/etc/apt/keyrings/cuda.gpg] https://.../ubuntu2404/x86_64/ /'
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from rigfleet.validate import Problems, has_control
+
+# The deploy installs the NVIDIA driver and the container toolkit from these apt repos.
+REQUIRED_APT_REPOS = ("cuda", "nvidia-container-toolkit")
+
+# Placeholders an apt repo URL/key URL/suite may use; the deploy fills them from the host's
+# /etc/os-release. `$(ARCH)` (apt's own variable) is left for apt.
+APT_PLACEHOLDERS = {
+    "id": "os-release ID: ubuntu, debian",
+    "version": "os-release VERSION_ID: 24.04, 12",
+    "codename": "os-release VERSION_CODENAME: noble, bookworm",
+    "distro": "NVIDIA's repo name: ubuntu2404, debian12",
+}
+_REPO_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
+_FINGERPRINT = re.compile(r"[0-9A-F]{40}")
+# apt suite and component names (a suite may hold placeholders and apt's $(ARCH)).
+_APT_WORD = re.compile(r"[A-Za-z0-9._/{}$()+~-]+")
+_ENTRY_KEYS = ("url", "key_url", "suite", "components", "key_fingerprint")
+
+
+@dataclass(frozen=True)
+class AptRepo:
+    """One apt repository the deploy adds.
+
+    + name: short name, used for file names (``/etc/apt/sources.list.d/<name>.list``)
+    + url, key_url: the repository and its ASCII-armored signing key (placeholders allowed)
+    + suite: ``/`` for a flat repository (NVIDIA's), else a suite such as ``{codename}``
+    + components: empty for a flat repository, else e.g. ``("stable",)``
+    + key_fingerprint: optional 40-hex fingerprint the downloaded key must have
+    """
+
+    name: str
+    url: str
+    key_url: str
+    suite: str
+    components: tuple[str, ...] = ()
+    key_fingerprint: str | None = None
+
+    @property
+    def flat(self) -> bool:
+        """A flat repository (``deb URL /``) has no components."""
+        return self.suite.endswith("/")
+
+    def expand(self, *, os_id: str, version_id: str, codename: str) -> AptRepo:
+        """Fill the placeholders for one host's OS (``ID``, ``VERSION_ID``,
+        ``VERSION_CODENAME`` of its os-release; pure)."""
+        values = {"id": os_id, "version": version_id, "codename": codename,
+                  "distro": nvidia_distro(os_id, version_id)}
+        return replace(self, url=self.url.format(**values),
+                       key_url=self.key_url.format(**values), suite=self.suite.format(**values))
+
+    def source_line(self, keyring: str) -> str:
+        """The one-line apt source for this repo, trusting only ``keyring``."""
+        parts = ["deb", f"[signed-by={keyring}]", self.url, self.suite, *self.components]
+        return " ".join(parts)
+
+
+def nvidia_distro(os_id: str, version_id: str) -> str:
+    """NVIDIA's repository name for an OS: ``ubuntu`` ``24.04`` -> ``ubuntu2404``."""
+    return f"{os_id}{version_id.replace('.', '')}"
+
+
+def check_apt_repos(p: Problems, key: str, value: Any) -> dict[str, AptRepo]:
+    """Host data ``apt_repos`` (a mapping name -> entry) as ``AptRepo`` values; every problem
+    is recorded in ``p`` (``missing`` for the required repos absent)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        p.bad(key, value, "a mapping name -> {url, key_url, suite, components}")
+        return {}
+    out: dict[str, AptRepo] = {}
+    for name, entry in value.items():
+        repo = _apt_repo(p, f"{key}.{name}", name, entry)
+        if repo is not None:
+            out[name] = repo
+    for name in REQUIRED_APT_REPOS:
+        if name not in value:
+            p.missing(f"{key}.{name}")
+    return out
+
+
+def _apt_repo(p: Problems, base: str, name: Any, entry: Any) -> AptRepo | None:
+    if not isinstance(name, str) or not _REPO_NAME.fullmatch(name):
+        p.bad(base, name, "lowercase letters, digits and '-' (used in file names)")
+        return None
+    if not isinstance(entry, Mapping):
+        p.bad(base, entry, f"a mapping with keys {', '.join(_ENTRY_KEYS)}")
+        return None
+    ok = True
+    for k in entry:
+        if k not in _ENTRY_KEYS:
+            p.bad(f"{base}.{k}", k, ", ".join(_ENTRY_KEYS), "is an unknown key")
+            ok = False
+    url = _templated_url(p, f"{base}.url", entry.get("url"))
+    key_url = _templated_url(p, f"{base}.key_url", entry.get("key_url"))
+    suite = entry.get("suite")
+    if (not isinstance(suite, str) or not suite or any(ch.isspace() for ch in suite)
+            or not _APT_WORD.fullmatch(suite)):
+        p.bad(f"{base}.suite", suite,
+              "'/' for a flat repo (NVIDIA's) or a suite name such as '{codename}'")
+        suite = None
+    elif not _placeholders(p, f"{base}.suite", suite):
+        suite = None
+    components = entry.get("components", [])
+    if not isinstance(components, list | tuple) or not all(
+            isinstance(x, str) and _APT_WORD.fullmatch(x) for x in components):
+        p.bad(f"{base}.components", components,
+              "a list of component names (letters, digits and ._-/)")
+        components = None
+    elif suite is not None:
+        flat = suite.endswith("/")
+        if flat and components:
+            p.bad(f"{base}.components", components, "[] with a flat suite ending in '/'",
+                  f"is not empty, but suite {suite!r} is a flat repository")
+            components = None
+        elif not flat and not components:
+            p.bad(f"{base}.components", components, "at least one, e.g. ['main']",
+                  f"is empty, but suite {suite!r} is not flat")
+            components = None
+    fingerprint = entry.get("key_fingerprint")
+    if fingerprint is not None:
+        normal = fingerprint.replace(" ", "").upper() if isinstance(fingerprint, str) else ""
+        if not _FINGERPRINT.fullmatch(normal):
+            p.bad(f"{base}.key_fingerprint", fingerprint, "40 hex digits (spaces ok)")
+            ok = False
+        fingerprint = normal
+    if ok and url and key_url and suite and components is not None:
+        return AptRepo(name, url, key_url, suite, tuple(components), fingerprint or None)
+    return None
+
+
+def _templated_url(p: Problems, key: str, value: Any) -> str | None:
+    allowed = "an http(s) URL; it may use the placeholders below and apt's $(ARCH)"
+    if value is None:
+        p.missing(key)
+        return None
+    if not isinstance(value, str):
+        p.bad(key, value, allowed)
+        return None
+    if not _placeholders(p, key, value):
+        return None
+    # Check the URL as it will be once the placeholders are filled for some host.
+    sample = value.replace("$(ARCH)", "amd64").format(
+        id="ubuntu", version="24.04", codename="noble", distro="ubuntu2404")
+    parts = urlsplit(sample)
+    if (parts.scheme not in ("http", "https") or not parts.hostname
+            or any(ch.isspace() for ch in sample) or has_control(sample)):
+        p.bad(key, value, allowed)
+        return None
+    return value
+
+
+def _placeholders(p: Problems, key: str, value: str) -> bool:
+    allowed = ", ".join(f"{{{k}}} ({v})" for k, v in APT_PLACEHOLDERS.items())
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+    except ValueError:
+        p.bad(key, value, f"placeholders {allowed}", "has unbalanced braces")
+        return False
+    unknown = [f for f in fields if f not in APT_PLACEHOLDERS]
+    if unknown:
+        p.bad(key, value, f"placeholders {allowed}", f"uses unknown {{{unknown[0]}}}")
+        return False
+    return True

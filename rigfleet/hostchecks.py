@@ -1,0 +1,553 @@
+"""The checks of host-data values, and ``Key``, the row of the host-data table.
+
+``rigfleet.hostdata.KEYS`` names, for every key, one check from here: ``HostChecker``'s methods
+take the key and its raw value (the default when unset) and return the checked value, or record
+a problem (``<host>: <key>: <value> ...; allowed: ...``) and return None. ``check_keys`` runs
+them in the table's order, so a key's check may read the keys before it (``values``)::
+
+    c = HostChecker("rig-a", catalog=None)
+    values = c.check_keys(host.data, "gpu", KEYS)   # {"stack": "int8", ...}
+    c.raise_if_any(HostDataError)
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import math
+import os
+import posixpath
+import re
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from rigfleet.aptrepos import AptRepo, check_apt_repos
+from rigfleet.catalog import Catalog, CatalogError, builtin_catalog, load_catalog
+from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
+from rigfleet.hostside.supervise import parse_backoff
+from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
+from rigfleet.images.sources import ImageSource, parse_sources
+from rigfleet.validate import (
+    SECRET_NAME_ALLOWED,
+    SYSTEM_DIRS,
+    Problems,
+    escapes,
+    has_control,
+    is_int,
+    is_system_dir,
+    secret_like,
+)
+
+# A sane absolute range for any single GPU's power cap; the card's real min..max is checked
+# at deploy time (check_caps_against_gpus). An RTX 3090 reports 100..350 W (stock boards).
+POWER_CAP_RANGE_W = (50, 600)
+MIN_API_KEY_CHARS = 16
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HOST_PORT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::[0-9]{1,5})?")
+_HOST6_PORT = re.compile(r"\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?")
+_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
+_GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
+URL_ALLOWED = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"
+# model_dir is root's (0755) and pruned by the deploy: never a home, nor inside a directory
+# that belongs to the system (virtual, volatile or the OS's own) or to rigfleet.
+_HOMES = ("/home", "/var/home")
+_RIGFLEET_TREES = (ETC_ROOT, STATE_ROOT, OPT_ROOT, CACHE_ROOT, LIB_ROOT)
+_NOT_INSIDE = _RIGFLEET_TREES + (
+    "/proc", "/sys", "/dev", "/run", "/var/run", "/tmp", "/var/tmp", "/boot", "/etc", "/bin",
+    "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/bin", "/usr/sbin", "/usr/lib",
+    "/usr/libexec", "/usr/include", "/usr/share", "/usr/src", "/var/log", "/var/cache",
+    "/var/spool", "/var/lib/apt", "/var/lib/dpkg", "/var/lib/systemd", "/var/lib/docker",
+    "/var/lib/containerd",
+)  # fmt: skip
+# Spellings of a yes/no flag given on the command line (`--data key=1`) or in data.
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+REQUIRED: Any = object()  # a key's default when it has none: the host's data must set it
+Check = Callable[["HostChecker", "Key", Any], Any]
+
+
+@dataclass(frozen=True)
+class Key:
+    """One host-data key: its check, its default and what docs/hostdata.md says of it.
+
+    + check: ``check(checker, key, value)`` returns the checked value (None when a problem
+      was recorded); ``value`` is the default when the data leaves the key unset
+    + allowed: what the key takes (the docs; the check's message when it is fixed)
+    + doc: the sentence users read
+    + on: ``gpu`` (GPU hosts), ``balancer`` (group ``balancers``) or ``any``
+    + group: the section of docs/hostdata.md
+    + shown_default: the default as the docs say it, when the value alone does not
+    """
+
+    name: str
+    check: Check
+    default: Any
+    allowed: str
+    doc: str
+    on: str = "gpu"
+    group: str = "Serving"
+    shown_default: str | None = None
+
+
+class HostChecker(Problems):
+    """One host's checks: ``values`` holds each key checked so far (a key's check may read
+    the keys before it in ``KEYS``)."""
+
+    unset = "set it in inventory/group_data/all.py (fleet default) or in the host's data"
+
+    def __init__(self, host: str, catalog: Catalog | None) -> None:
+        super().__init__(host)
+        self.given = catalog
+        self.catalog = catalog or builtin_catalog()
+        self.values: dict[str, Any] = {}
+
+    def check_keys(self, data: Mapping[str, Any] | Any, on: str,
+                   keys: Mapping[str, Key]) -> dict[str, Any]:
+        """Check every key of ``keys`` for hosts ``on`` (``gpu``, ``balancer``) in order."""
+        self.typos(data, keys)
+        for key in keys.values():
+            if key.on not in (on, "any"):
+                continue
+            value = data.get(key.name, None)
+            if value is None and key.default is REQUIRED:
+                self.missing(key.name)
+            elif value is not None and self.control_chars(key.name, value):
+                value = None  # named; the key's own check sees it unset (no second message)
+            if value is None:
+                value = None if key.default is REQUIRED else key.default
+            self.values[key.name] = key.check(self, key, value)
+        return self.values
+
+    def typos(self, data: Any, keys: Mapping[str, Key]) -> None:
+        # pyinfra data is open-ended (ssh_*, other roles' keys), so unknown keys are fine;
+        # a key that is *almost* one of ours is a typo that would silently use a default.
+        # Flagged even when the right key is also set: a host's typo would otherwise lose
+        # silently to the fleet default from group_data/all.py.
+        for key in data_keys(data):
+            if key in keys or not isinstance(key, str) or key.startswith("ssh_"):
+                continue
+            close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.85)
+            if close:
+                self.bad(key, key, f"{close[0]!r}",
+                         f"is not a rigfleet key (did you mean {close[0]!r}?)")
+
+    # --- checks of one value (``Key.check``) -----------------------------------------------
+
+    def as_is(self, key: Key, value: Any) -> Any:
+        """No check of its own (the control characters aside): others use it together."""
+        return value
+
+    def stacks_dir(self, key: Key, value: Any) -> str | None:
+        """Also loads the catalog the later keys are checked against (unless one was given)."""
+        path = self.stacks_dir_path(key, value)
+        if self.given is None:
+            try:
+                self.catalog = load_catalog([path] if path else [])
+            except CatalogError as e:
+                self.lines += [f"{self.where}: stacks_dir: {line}" for line in e.problems]
+        return path
+
+    def stacks_dir_path(self, key: Key, value: Any) -> str | None:
+        if value is None:
+            return None
+        checked = self.string(key.name, value, None, key.allowed)
+        if checked is None:
+            return None
+        path = Path(os.path.expanduser(checked))
+        if not path.is_dir():
+            self.bad(key.name, value, key.allowed, "is not a directory")
+            return None
+        if is_system_dir(str(path.resolve())):
+            self.bad(key.name, value, key.allowed + " (a directory of its own)",
+                     "is a system directory")
+            return None
+        ok = True
+        for entry in sorted(path.glob("*.yaml")):
+            if escapes(entry, path):
+                self.bad(f"stacks_dir: {entry.name}", str(entry),
+                         f"stack files inside {str(path.absolute())!r}",
+                         f"leads outside the directory (to {os.path.realpath(entry)!r})")
+                ok = False
+        return str(path.absolute()) if ok else None
+
+    def stack(self, key: Key, value: Any) -> str | None:
+        if value is not None and (not isinstance(value, str) or value not in self.catalog):
+            self.bad(key.name, value, ", ".join(self.catalog.names),
+                     "is not a stack in the catalog")
+            return None
+        return value
+
+    def _needs(self, stack: str) -> int:
+        spec = self.catalog.get(stack)
+        return max(spec.tensor_parallel_size, spec.gpu_count)
+
+    def gpu_count(self, key: Key, value: Any) -> int:
+        if not is_int(value) or not 1 <= value <= 16:
+            self.bad(key.name, value, key.allowed)
+            return 2
+        stack = self.values.get("stack")
+        if stack is not None and value < self._needs(stack):
+            spec = self.catalog.get(stack)
+            self.bad(key.name, value, f"at least {self._needs(stack)}",
+                     f"is too few for stack {stack} (tensor-parallel-size "
+                     f"{spec.tensor_parallel_size}, {spec.gpu_count} GPU(s))")
+        return int(value)
+
+    def power_caps(self, key: Key, value: Any) -> tuple[int, ...]:
+        low, high = POWER_CAP_RANGE_W
+        count = self.values["gpu_count"]
+        allowed = (f"an integer number of watts ({low}..{high}; the card's own range is "
+                   f"checked at deploy time) or a list of {count}, one per card, e.g. [290, 290]")
+        if value is None:
+            return ()
+        if is_int(value):
+            caps = [value] * count
+        elif isinstance(value, list | tuple) and len(value) == count:
+            caps = list(value)
+        else:
+            what = (f"has {len(value)} cap(s) but gpu_count is {count}"
+                    if isinstance(value, list | tuple) else "is not valid")
+            self.bad(key.name, value, allowed, what)
+            return ()
+        ok = True
+        for i, cap in enumerate(caps):
+            name = key.name if is_int(value) else f"{key.name}[{i}]"
+            if not is_int(cap):
+                self.bad(name, cap, allowed, "is not a whole number of watts")
+                ok = False
+            elif not low <= cap <= high:
+                self.bad(name, cap, allowed, "W is outside any GPU's sane range")
+                ok = False
+        return tuple(caps) if ok else ()
+
+    def model_dir(self, key: Key, value: Any) -> str | None:
+        own = " (a directory of its own: not a home, not inside a system or rigfleet directory)"
+        if value is None:
+            return None
+        if (not isinstance(value, str) or not value.startswith("/") or value == "/"
+                or posixpath.normpath(value) != value):
+            self.bad(key.name, value, key.allowed)
+        elif ":" in value or "," in value:
+            # Compose's short volume syntax splits on ':'.
+            self.bad(key.name, value, key.allowed + " without ':' or ','")
+        elif has_control(value):
+            self.bad(key.name, value, key.allowed, "holds control characters")
+        elif value in SYSTEM_DIRS or value in _NOT_INSIDE:
+            # The deploy creates the directory and sets its owner and mode.
+            self.bad(key.name, value, key.allowed + " (a directory of its own, not a system "
+                     "directory)", "is a system directory")
+        elif posixpath.dirname(value) in _HOMES:
+            self.bad(key.name, value, key.allowed + own, "is a home directory (the deploy "
+                     "would make it root's, mode 0755)")
+        elif tree := next((t for t in _NOT_INSIDE if value.startswith(t + "/")), None):
+            whose = "rigfleet's own" if tree in _RIGFLEET_TREES else "system directory"
+            self.bad(key.name, value, key.allowed + own, f"is inside {whose} {tree}")
+        elif held := next((d for d in sorted(SYSTEM_DIRS) + list(_NOT_INSIDE)
+                           if d.startswith(value + "/")), None):
+            self.bad(key.name, value, key.allowed + own, f"holds system directory {held}")
+        else:
+            return value
+        return None
+
+    def front_port(self, key: Key, value: Any) -> int | None:
+        taken = self.catalog.ports()
+        allowed = "a TCP port 1..65535 other than the stacks' loopback ports " + ", ".join(
+            f"{p} ({n})" for p, n in taken.items())
+        if value is None:
+            return None
+        if not is_int(value) or not 1 <= value <= 65535:
+            self.bad(key.name, value, allowed)
+        elif value in taken:
+            self.bad(key.name, value, allowed, f"is stack {taken[value]}'s loopback port")
+        else:
+            return int(value)
+        return None
+
+    def secret_file(self, key: Key, value: Any) -> str | None:
+        if value is None:
+            return None
+        name = key.name
+        if not isinstance(value, str) or not value.strip():
+            self.bad(name, value, "a path on this (control) machine")
+            return None
+        path = Path(os.path.expanduser(value)).absolute()
+        make = (f"umask 077; mkdir -p {path.parent}; "
+                + ("openssl rand -hex 32" if name == "api_key_file" else 'printf %s "$TOKEN"')
+                + f" > {path}")
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            self.bad(name, value, f"an existing file; create it: {make}", "does not exist")
+            return None
+        except OSError as e:
+            self.bad(name, value, "a readable file", f"cannot be read ({e.strerror})")
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            self.bad(name, value, "a regular file", "is not a regular file")
+            return None
+        if st.st_mode & 0o077:
+            self.bad(name, value, f"mode 0600 or stricter: chmod 600 {path}",
+                     f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+            return None
+        try:
+            secret = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            self.bad(name, value, "a readable UTF-8 file", f"cannot be read ({e})")
+            return None
+        # The content is a secret: describe it, never show it.
+        least = MIN_API_KEY_CHARS if name == "api_key_file" else 1
+        if not secret:
+            self.bad(name, value, f"a file holding the secret; create it: {make}", "is empty")
+        elif any(ch.isspace() for ch in secret) or not secret.isprintable():
+            self.bad(name, value, "one line, printable, no spaces (it becomes NAME=value in "
+                     "an env file)", "holds whitespace or control characters")
+        elif len(secret) < least:
+            self.bad(name, value, f"at least {least} characters: {make}",
+                     f"holds only {len(secret)} characters")
+        else:
+            return str(path)
+        return None
+
+    def http_url(self, key: Key, value: Any) -> str | None:
+        return self.url(key.name, value)
+
+    def url(self, key: str, value: Any) -> str | None:
+        """An http(s) URL without credentials (also ``image_sources``' registry URLs)."""
+        if value is None:
+            return None
+        if not isinstance(value, str) or any(ch.isspace() for ch in value) or has_control(value):
+            self.bad(key, value, URL_ALLOWED)
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            self.bad(key, value, URL_ALLOWED)
+            return None
+        if parts.username is not None or parts.password is not None:
+            # Named without the credentials: this message is logged. In the URL they would
+            # reach process arguments, an image's history or a world-readable file.
+            shown = parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}").geturl()
+            self.bad(key, shown, "a URL without credentials (an index or mirror on the "
+                     "LAN that needs none)", "carries credentials (user:password@)")
+            return None
+        return value
+
+    def git_url(self, key: Key, value: Any) -> str | None:
+        return None if value is None else self.string(key.name, value, _GIT_URL, key.allowed)
+
+    def apt_repos(self, key: Key, value: Any) -> dict[str, AptRepo]:
+        return check_apt_repos(self, key.name, value)
+
+    def image_sources(self, key: Key, value: Any) -> tuple[ImageSource, ...]:
+        return parse_sources(self, key.name, value)
+
+    def extra_env(self, key: Key, value: Any) -> dict[str, dict[str, str]]:
+        if not isinstance(value, Mapping):
+            self.bad(key.name, value, key.allowed)
+            return {}
+        out: dict[str, dict[str, str]] = {}
+        for stack, env in value.items():
+            base = f"{key.name}.{stack}"
+            if stack not in self.catalog:
+                self.bad(base, stack, ", ".join(self.catalog.names),
+                         "is not a stack in the catalog")
+                continue
+            if not isinstance(env, Mapping):
+                self.bad(base, env, key.allowed)
+                continue
+            out[stack] = {}
+            for name, v in env.items():
+                if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+                    self.bad(f"{base}.{name}", name, "an environment name [A-Za-z_][A-Za-z0-9_]*")
+                elif secret_like(name):
+                    # The name is shown, never the value.
+                    self.bad(f"{base}.{name}", name, SECRET_NAME_ALLOWED, "looks like a "
+                             "secret's name (extra_env is written to the stack's compose file, "
+                             "which every user of the host can read)")
+                elif isinstance(v, bool) or not isinstance(v, str | int | float):
+                    self.bad(f"{base}.{name}", v, "a string or number (write booleans as '1'/'0')")
+                elif has_control(str(v)):
+                    self.bad(f"{base}.{name}", v, "printable text", "holds control characters")
+                else:
+                    out[stack][name] = str(v)
+        return out
+
+    def text(self, key: Key, value: Any) -> str | None:
+        """A non-empty string (a path on this machine)."""
+        if not isinstance(value, str) or not value.strip():
+            self.bad(key.name, value, key.allowed)
+            return None
+        return value
+
+    def gate_profile(self, key: Key, value: Any) -> str | None:
+        return self.choice(key.name, value, sorted(PROFILES))
+
+    def gate_set(self, key: Key, value: Any) -> tuple[str, ...]:
+        sets = [value] if isinstance(value, str) else value
+        if not isinstance(sets, list | tuple) or not all(isinstance(x, str) for x in sets):
+            self.bad(key.name, sets, key.allowed)
+            return ()
+        profile = self.values.get("gate_profile")
+        if profile is not None:
+            try:
+                resolve(profile, list(sets))
+            except ProfileError as e:
+                self.add(f"{key.name}: {e}")
+        return tuple(sets)
+
+    def backoff(self, key: Key, value: Any) -> tuple[float, ...] | None:
+        """A list of seconds >= 0 (``[10, 30, 90]``; ``--data`` may give ``10,30,90``)."""
+        if isinstance(value, str):
+            try:
+                return parse_backoff(value)
+            except ValueError:
+                pass
+        elif isinstance(value, list | tuple) and value and all(
+                is_number(v) and math.isfinite(v) and v >= 0 for v in value):
+            return tuple(float(v) for v in value)
+        self.bad(key.name, value, key.allowed)
+        return None
+
+    def site_ca_files(self, key: Key, value: Any) -> tuple[str, ...]:
+        """Control-side PEM certificate files the host should trust (optional)."""
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            self.bad(key.name, value, "a list of PEM file paths")
+            return ()
+        out = []
+        for i, path in enumerate(value):
+            p = Path(os.path.expanduser(str(path)))
+            try:
+                text = p.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                text = ""
+            if "-----BEGIN CERTIFICATE-----" not in text:
+                self.bad(f"{key.name}[{i}]", str(path),
+                         "a file holding '-----BEGIN CERTIFICATE-----'",
+                         "is not a readable PEM certificate")
+                continue
+            out.append(str(p.absolute()))
+        return tuple(out)
+
+    def stacks(self, key: Key, value: Any) -> tuple[str, ...] | None:
+        """Each must fit the host's GPUs, and the one it serves must be among them."""
+        if value is None:
+            return None
+        allowed = ("a list of stack names (" + ", ".join(self.catalog.names) + ") the host "
+                   "may serve, e.g. ['int8', 'tq3-mtp-genesis']")
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, list | tuple) or not value:
+            self.bad(key.name, value, allowed)
+            return None
+        out: list[str] = []
+        count, stack = self.values["gpu_count"], self.values.get("stack")
+        for i, name in enumerate(value):
+            if not isinstance(name, str) or name not in self.catalog:
+                self.bad(f"stacks[{i}]", name, allowed, "is not a stack in the catalog")
+            elif self._needs(name) > count:
+                self.bad(f"stacks[{i}]", name, f"stacks that run on {count} GPU(s)",
+                         f"needs {self._needs(name)} GPUs (gpu_count is {count})")
+            elif name not in out:
+                out.append(name)
+        if stack is not None and stack not in value:
+            self.bad(key.name, list(value), f"a list that includes {stack!r}",
+                     "leaves out the stack the host serves (stack)")
+        return tuple(out)
+
+    def address(self, key: Key, value: Any) -> str | None:
+        """``host`` or ``host:port`` (an IPv6 address in brackets), as a server line takes it."""
+        if value is None:
+            return None
+        if not isinstance(value, str) or not (_HOST_PORT.fullmatch(value)
+                                              or _HOST6_PORT.fullmatch(value)):
+            self.bad(key.name, value, key.allowed)
+            return None
+        port = value.rpartition("]")[2] if value.startswith("[") else value
+        if ":" in port and not 1 <= int(port.rpartition(":")[2]) <= 65535:
+            self.bad(key.name, value, key.allowed, "has a port outside 1..65535")
+            return None
+        return value
+
+    def host_name(self, key: Key, value: Any) -> str | None:
+        if value is None or host_name_or_ip(value):
+            return value
+        self.bad(key.name, value, key.allowed)
+        return None
+
+    def flag(self, key: Key, value: Any) -> bool:
+        """A yes/no flag (``True``/``False``, or 1/0, "yes"/"no" from ``--data``)."""
+        checked = flag_value(value)
+        if checked is None:
+            self.bad(key.name, value, key.allowed)
+        return bool(checked)
+
+    def default_stack(self, key: Key, value: Any) -> str | None:
+        if value is not None and (not isinstance(value, str) or value not in self.catalog):
+            self.bad(key.name, value, ", ".join(self.catalog.names),
+                     "is not a stack in the catalog")
+            return None
+        return value
+
+
+def number_check(low: float | None, high: float | None, *, integer: bool = False,
+            low_open: bool = False) -> Check:
+    """A ``Key.check``: a number (an integer) within ``low..high`` (``(low`` when open)."""
+
+    def check(c: HostChecker, key: Key, value: Any) -> Any:
+        if value is None:
+            return None
+        if integer:
+            return c.integer(key.name, value, None if low is None else int(low),
+                             None if high is None else int(high), key.allowed)
+        return c.number(key.name, value, low, high, key.allowed, low_open=low_open)
+
+    return check
+
+
+def is_number(value: Any) -> bool:
+    """An ``int`` or ``float`` that is not a ``bool``."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def host_name_or_ip(value: Any) -> bool:
+    """A host name (letters, digits, ``.-_``) or an IP address: what may stand in a config
+    file's server line, never spaces, line breaks or other syntax."""
+    if not isinstance(value, str):
+        return False
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        return bool(_HOST_NAME.fullmatch(value))
+
+
+def flag_value(value: Any) -> bool | None:
+    """A yes/no flag as data or ``--data`` gives it (True, 1, "1", "yes", ...); None when it
+    is neither."""
+    if isinstance(value, bool):
+        return value
+    if is_int(value) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    return None
+
+
+def data_keys(data: Any) -> list[Any]:
+    # pyinfra's HostData is not a Mapping but has .dict(); tests pass plain dicts.
+    if isinstance(data, Mapping):
+        return list(data.keys())
+    as_dict = getattr(data, "dict", None)
+    if callable(as_dict):
+        try:
+            return list(as_dict().keys())
+        except Exception:  # a data source that cannot list itself: skip the typo check
+            return []
+    return []

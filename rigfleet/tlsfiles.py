@@ -1,0 +1,185 @@
+"""TLS certificate and key files named in host data, checked on the control machine.
+
+The front (nginx, ``front_tls_*``) and the balancer (HAProxy, ``balancer_tls_*``) each take a
+certificate, its private key and optionally the CA clients trust. ``check_tls`` checks the
+three (PEM, the key private, unencrypted and the certificate's own, the certificate verifying
+against the CA, dates included) without ever showing the key, and records every problem in the
+host's ``Problems``::
+
+    tls = check_tls(problems, "front", cert, key, ca)   # FrontTls, or None (plain HTTP / bad)
+    urllib.request.urlopen(url, context=tls.client_context())
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import ssl
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rigfleet.hostside.verify.client import tls_context
+from rigfleet.validate import Problems
+
+
+@dataclass(frozen=True)
+class FrontTls:
+    """The certificate and key (control-side files) a front or balancer serves, and what its
+    clients trust: ``ca_file`` is the certificate itself when no CA file is named (a
+    self-signed certificate)."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+
+    def client_context(self) -> ssl.SSLContext:
+        """An ``ssl`` context that trusts ``ca_file`` only (for the clients of the front)."""
+        return tls_context(self.ca_file)
+
+
+def check_tls(p: Problems, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTls | None:
+    """``<prefix>_tls_cert_file`` + ``<prefix>_tls_key_file`` (+ ``<prefix>_tls_ca_file``);
+    None when neither is set (plain HTTP) or when a problem was recorded in ``p``.
+
+    + prefix: ``front`` (nginx on a GPU host) or ``balancer`` (HAProxy)
+    """
+    cert_key, key_key, ca_key = (f"{prefix}_tls_{k}_file" for k in ("cert", "key", "ca"))
+    if cert is None and key is None:
+        if ca is not None:
+            p.bad(ca_key, ca, f"only together with {cert_key} and {key_key}",
+                  f"is set but the {prefix} has no certificate")
+        return None
+    if cert is None or key is None:
+        missing = key_key if key is None else cert_key
+        p.missing(missing, f"both {cert_key} and {key_key} (PEM files on this machine), "
+                  f"or neither (the {prefix} serves plain HTTP)")
+        return None
+    cert_path = _pem_file(p, cert_key, cert, "CERTIFICATE")
+    key_path = _key_file(p, key_key, key)
+    ca_path = cert_path if ca is None else _pem_file(p, ca_key, ca, "CERTIFICATE")
+    if not (cert_path and key_path and ca_path):
+        return None
+    problem = tls_pair_problem(cert_path, key_path, ca_path, cert_key)
+    if problem:
+        which, what, allowed = problem
+        if which == "key":
+            p.bad(key_key, key, allowed, what)
+        elif ca is not None:
+            p.bad(ca_key, ca, allowed, what)
+        else:
+            p.bad(cert_key, cert, allowed + f" (set {ca_key} to the CA when the "
+                  "certificate is not self-signed)", what)
+        return None
+    return FrontTls(cert_path, key_path, ca_path)
+
+
+def _local_text(p: Problems, key: str, value: Any,
+                allowed: str) -> tuple[Path, str, os.stat_result] | None:
+    """A UTF-8 file on this (control) machine: (absolute path, text, stat) or None."""
+    if not isinstance(value, str) or not value.strip():
+        p.bad(key, value, allowed)
+        return None
+    path = Path(os.path.expanduser(value)).absolute()
+    try:
+        st = path.stat()
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        p.bad(key, value, allowed, "does not exist")
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        p.bad(key, value, allowed, f"cannot be read ({getattr(e, 'strerror', None) or e})")
+        return None
+    return path, text, st
+
+
+def _pem_file(p: Problems, key: str, value: Any, label: str) -> str | None:
+    allowed = f"a readable PEM file on this (control) machine holding '-----BEGIN {label}'"
+    found = _local_text(p, key, value, allowed)
+    if found is None:
+        return None
+    path, text, _ = found
+    if f"-----BEGIN {label}-----" not in text:
+        p.bad(key, value, allowed, "is not a PEM certificate")
+        return None
+    return str(path)
+
+
+def _key_file(p: Problems, key: str, value: Any) -> str | None:
+    allowed = "a PEM private key on this (control) machine, mode 0600, unencrypted"
+    found = _local_text(p, key, value, allowed)
+    if found is None:
+        return None
+    path, text, st = found
+    # The content is a secret: describe it, never show it.
+    if st.st_mode & 0o077:
+        p.bad(key, value, f"mode 0600 or stricter: chmod 600 {path}",
+              f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+        return None
+    if "ENCRYPTED" in text:
+        p.bad(key, value, f"{allowed} (nginx cannot ask for a passphrase at boot; "
+              f"decrypt it: openssl pkey -in {path} -out <new file>)", "is an encrypted key")
+        return None
+    if not re.search(r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----", text):
+        p.bad(key, value, allowed, "holds no PEM private key (content not shown)")
+        return None
+    return str(path)
+
+
+def _no_password() -> str:
+    # An encrypted key would otherwise make OpenSSL prompt on the terminal.
+    raise ValueError("the key is encrypted")
+
+
+def tls_pair_problem(cert: str, key: str, ca: str,
+                     cert_key: str = "front_tls_cert_file") -> tuple[str, str, str] | None:
+    """Does ``key`` belong to ``cert``, and does ``cert`` verify against ``ca``? Checked with
+    the standard library: an in-memory TLS handshake between a server holding cert + key and
+    a client trusting only ``ca`` (dates included). Returns (which: "key" | "verify", what
+    is wrong, what is allowed), or None when all is well. Nothing is shown of the key.
+    """
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        server.load_cert_chain(cert, key, password=_no_password)
+    except (ssl.SSLError, ValueError, OSError) as e:
+        reason = getattr(e, "reason", None) or type(e).__name__
+        return ("key", f"does not load with the certificate ({reason}: the key is not the "
+                "certificate's, or not a key nginx can use)",
+                f"the private key that belongs to {cert_key}")
+    try:
+        client = tls_context(ca)
+    except (ssl.SSLError, OSError) as e:
+        return ("verify", f"cannot be loaded as trusted certificates ({e})",
+                f"PEM certificate(s) of the CA that signed {cert_key}")
+    client.check_hostname = False
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    c = client.wrap_bio(c_in, c_out)
+    srv = server.wrap_bio(s_in, s_out, server_side=True)
+    done = {"client": False, "server": False}
+    for _ in range(20):
+        for name, side in (("client", c), ("server", srv)):
+            if done[name]:
+                continue
+            try:
+                side.do_handshake()
+                done[name] = True
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLCertVerificationError as e:
+                ca_key = cert_key.replace("_cert_", "_ca_")
+                who = cert_key.partition("_tls_")[0]
+                return ("verify", f"does not verify the {who}'s certificate "
+                        f"({e.verify_message})",
+                        f"the CA that signed {cert_key} ({ca_key}), or a "
+                        "certificate that is valid now")
+            except ssl.SSLError as e:
+                if name == "server":
+                    break  # the client's error says why
+                return ("verify", f"fails a TLS handshake ({e.reason or e})",
+                        "a certificate and key nginx can serve")
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if all(done.values()):
+            return None
+    return ("verify", "fails a TLS handshake (no result)", "a certificate and key nginx can serve")
