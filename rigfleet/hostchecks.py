@@ -176,6 +176,7 @@ class HostChecker(Problems):
         return str(path.absolute()) if ok else None
 
     def stack(self, key: Key, value: Any) -> str | None:
+        """A stack of the catalog (``stack``, ``balancer_default_stack``)."""
         if value is not None and (not isinstance(value, str) or value not in self.catalog):
             self.bad(key.name, value, ", ".join(self.catalog.names),
                      "is not a stack in the catalog")
@@ -488,16 +489,10 @@ class HostChecker(Problems):
             self.bad(key.name, value, key.allowed)
         return bool(checked)
 
-    def default_stack(self, key: Key, value: Any) -> str | None:
-        if value is not None and (not isinstance(value, str) or value not in self.catalog):
-            self.bad(key.name, value, ", ".join(self.catalog.names),
-                     "is not a stack in the catalog")
-            return None
-        return value
 
 
 def number_check(low: float | None, high: float | None, *, integer: bool = False,
-            low_open: bool = False) -> Check:
+                 low_open: bool = False) -> Check:
     """A ``Key.check``: a number (an integer) within ``low..high`` (``(low`` when open)."""
 
     def check(c: HostChecker, key: Key, value: Any) -> Any:

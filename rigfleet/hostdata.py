@@ -185,7 +185,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("balancer_plain_fronts", _C.flag, False, _FLAG, "an HTTPS balancer may pass requests "
         "(and the API key) on to plain-HTTP fronts: the LAN between them is trusted, on "
         "purpose", on="balancer", group="Balancer"),
-    Key("balancer_default_stack", _C.default_stack, None, "a stack some GPU host serves",
+    Key("balancer_default_stack", _C.stack, None, "a stack some GPU host serves",
         "where plain /v1/... goes", on="balancer", group="Balancer",
         shown_default="the only stack, if one"),
     Key("balancer_check_interval_s", number_check(*CHECK_INTERVAL_RANGE_S), 2, "seconds between "
