@@ -39,6 +39,7 @@ from rigfleet.hostchecks import (
     flag_value,
     number_check,
 )
+from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import GATE_TIMEOUT_S, READY_TIMEOUT_S, RETRY_AFTER_S, VRAM_TIMEOUT_S
 from rigfleet.hostside.supervise import Policy
 from rigfleet.hostside.verify.profiles import PROFILES
@@ -50,6 +51,7 @@ from rigfleet.validate import ValidationError
 # retry on another host (tune.bufsize).
 CHECK_INTERVAL_RANGE_S = (0.5, 30.0)
 RETRY_BUFFER_RANGE_KIB = (16, 1024)
+_URL = URL_ALLOWED
 _FLAG = "true or false (on the command line: --data KEY=1)"
 _SECRET = "a file on this (control) machine, mode 0600, one line"
 _TLS = "a PEM file on this (control) machine"
@@ -81,19 +83,19 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "loopback ports", "where the authenticating front (nginx) listens"),
     Key("api_key_file", _C.secret_file, REQUIRED, _SECRET + f", at least {MIN_API_KEY_CHARS} "
         "characters", "the API key clients send (the front's and the balancer's); it reaches "
-        "hosts as root-only files in /etc/rigfleet/secrets", on="any", group="Secrets"),
+        f"hosts as root-only files in {HOST.secrets_dir}", on="any", group="Secrets"),
     Key("hf_token_file", _C.secret_file, None, _SECRET, "a Hugging Face token for the weights' "
-        "download (/etc/rigfleet/secrets/hf-token on the host)", group="Secrets"),
-    Key("docker_registry_mirror", _C.http_url, None, URL_ALLOWED, "a Docker Hub pull-through cache for "
+        f"download ({HOST.hf_token_file} on the host)", group="Secrets"),
+    Key("docker_registry_mirror", _C.http_url, None, _URL, "a Docker Hub pull-through cache for "
         "the host's dockerd", group="Sources"),
-    Key("pip_index_url", _C.http_url, None, URL_ALLOWED, "the Python package index hosts install from "
+    Key("pip_index_url", _C.http_url, None, _URL, "the Python package index hosts install from "
         "(huggingface_hub, the Genesis entrypoint)", group="Sources"),
-    Key("runtime_pip_index_url", _C.http_url, None, URL_ALLOWED, "where a Genesis stack's pinned runtime "
+    Key("runtime_pip_index_url", _C.http_url, None, _URL, "where a Genesis stack's pinned runtime "
         "packages are installed from when its image is built", group="Sources",
         shown_default="pip_index_url, else PyPI"),
-    Key("hf_endpoint", _C.http_url, None, URL_ALLOWED, "a Hugging Face hub (mirror) the weights come "
+    Key("hf_endpoint", _C.http_url, None, _URL, "a Hugging Face hub (mirror) the weights come "
         "from (HF_ENDPOINT)", group="Sources", shown_default="huggingface.co"),
-    Key("front_url", _C.http_url, None, URL_ALLOWED, "how clients reach the front (rigfleet endpoints, "
+    Key("front_url", _C.http_url, None, _URL, "how clients reach the front (rigfleet endpoints, "
         "bench); https:// when the front serves TLS",
         shown_default="<scheme>://<ssh address>:<front_port>"),
     Key("apt_repos", _C.apt_repos, REQUIRED, "a mapping name -> {url, key_url, suite, "
@@ -132,12 +134,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("site_ca_files", _C.site_ca_files, None, "a list of PEM certificate files on this "
         "(control) machine", "CAs the host trusts besides the system's (a LAN mirror's)",
         on="any", group="Sources", shown_default="[]"),
-    Key("bump_registry", _C.http_url, None, URL_ALLOWED, "the registry v2 rigfleet bump looks for "
+    Key("bump_registry", _C.http_url, None, _URL, "the registry v2 rigfleet bump looks for "
         "candidates in", group="Bump", shown_default="Docker Hub"),
     Key("bump_genesis_url", _C.git_url, None, "a git URL (https://, http://, ssh://, "
         "git://, file:// or user@host:path)", "where this machine fetches Genesis when the "
         "pinned URL is not reachable from it", group="Bump"),
-    Key("bump_mirror", _C.http_url, None, URL_ALLOWED, "the registry rigfleet bump --push-mirror "
+    Key("bump_mirror", _C.http_url, None, _URL, "the registry rigfleet bump --push-mirror "
         "pushes to", group="Bump"),
     Key("throughput_scale", number_check(0.0, 1_000_000.0, low_open=True), 1.0, "a number > 0: "
         "this host's decode speed relative to RTX 3090s (1.0), e.g. the testbed's "
@@ -171,7 +173,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("balancer_port", number_check(1, 65535, integer=True), 8080, "a TCP port 1..65535 "
         "(clients call http(s)://<balancer>:<port>)", "HAProxy's port (not the host's "
         "front_port when it serves too)", on="balancer", group="Balancer"),
-    Key("balancer_url", _C.http_url, None, URL_ALLOWED, "how clients and rigfleet status/endpoints reach "
+    Key("balancer_url", _C.http_url, None, _URL, "how clients and rigfleet status/endpoints reach "
         "the balancer", on="balancer", group="Balancer",
         shown_default="<scheme>://<ssh address>:<balancer_port>"),
     Key("balancer_tls_cert_file", _C.as_is, None, _TLS + ", the certificate", "the balancer "
