@@ -78,13 +78,15 @@ def test_a_config_haproxy_refuses_leaves_the_running_one(data, lb_data):
 
 def test_a_host_in_both_groups_gets_every_role(data):
     rig = FakeRig("debian13")
-    run = deploy_many({"@fake/rig1": (rig, {**data, "balancer_port": 8080})},
+    run = deploy_many({"@fake/rig1": (rig, {**data, "balancer_port": 8080,
+                                            "ssh_hostname": "10.0.0.11"})},
                       groups={"gpu_hosts": ["@fake/rig1"],
                               "balancers": ["@fake/rig1"]})["@fake/rig1"]
     assert not run.failed, run.commands[-5:]
     assert run.ran("docker") and run.ran("haproxy -c")
-    # No ssh_hostname: the inventory name (here @fake's) is the address.
-    assert "server _fake_rig1 @fake/rig1:8000 check" in rig.files[CONF].decode()
+    # The SSH address is the front's (an inventory name that is no host name, such as
+    # @fake's, is refused: tests/unit/test_hostdata_rules.py).
+    assert "server _fake_rig1 10.0.0.11:8000 check" in rig.files[CONF].decode()
 
 
 def test_a_balancer_whose_key_is_not_the_fronts_is_refused(data, lb_data, tmp_path: Path):
