@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rigfleet.hostside.drain import DEFAULT_DRAIN_TIMEOUT_S
+from rigfleet.vllm_versions import TAG_KINDS as IMAGE_KINDS
 
 SCHEMA = "rigfleet-stack/1"
 # vLLM's ``CacheDType`` literal (vllm/config/cache.py, upstream-2026.md §4.3): the union over
@@ -26,7 +27,6 @@ KV_CACHE_DTYPES = (
     "nvfp4", "nvfp4_4over6",
 )  # fmt: skip
 SPECULATIVE_METHODS = ("mtp", "ngram", "eagle", "eagle3", "draft_model")
-IMAGE_KINDS = ("release", "nightly")
 DEFAULT_MARGIN = 0.15
 DEFAULT_CV_MAX = 0.10
 DEFAULT_FLOOR_RATIO = 0.8
