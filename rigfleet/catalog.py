@@ -33,14 +33,25 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from rigfleet.catalog_genesis import GenesisSpec, PatchDecision, parse_genesis
+from rigfleet.catalog_keys import (
+    DEFAULT_CV_MAX,
+    DEFAULT_FLOOR_RATIO,
+    DEFAULT_MARGIN,
+    KV_CACHE_DTYPES,
+    MAX_DRAIN_TIMEOUT_S,
+    SCHEMA,
+    SPECULATIVE_METHODS,
+    allowed,
+    keys_of,
+)
 from rigfleet.errors import RigfleetError
-from rigfleet.genesis import LAYOUTS, GenesisLayout, entrypoint_script
+from rigfleet.genesis import GenesisLayout, entrypoint_script
 from rigfleet.hostside.drain import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.hostside.layout import HOST
 from rigfleet.validate import Problems, ValidationError, YamlError, has_control, load_yaml
 from rigfleet.vllm_versions import TAG_KINDS, tag_kind, version_key
 
-SCHEMA = "rigfleet-stack/1"
 BUILTIN_DIR = Path(__file__).resolve().parent / "stacks"
 
 # Paths inside the official vllm/vllm-openai image.
@@ -49,15 +60,6 @@ VLLM_PORT_IN_CONTAINER = 8000
 TORCH_COMPILE_CACHE_IN_CONTAINER = "/root/.cache/vllm/torch_compile_cache"
 TRITON_CACHE_IN_CONTAINER = "/root/.triton/cache"
 
-# vLLM's ``CacheDType`` literal (vllm/config/cache.py, upstream-2026.md §4.3): the union over
-# the releases we know; which image has which is the image's business (it refuses at boot).
-KV_CACHE_DTYPES = (
-    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
-    "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
-    "turboquant_3bit_nc", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
-    "nvfp4", "nvfp4_4over6",
-)  # fmt: skip
-SPECULATIVE_METHODS = ("mtp", "ngram", "eagle", "eagle3", "draft_model")
 # Flags the stack file sets through its own keys; listing them in ``vllm.args`` too would
 # pass them twice.
 MANAGED_FLAGS = (
@@ -68,60 +70,19 @@ MANAGED_FLAGS = (
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SWITCH = re.compile(r"[A-Z0-9][A-Z0-9_]*")
-_PATCH_ID = re.compile(r"P[N]?[0-9]+[A-Za-z]?")
 _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
-_PINNED_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*")
-_TOP_KEYS = ("schema", "name", "summary", "port", "served_model_name", "gpus", "vllm", "env",
-             "entrypoint", "genesis", "image", "boot", "gate", "caveats", "throughput", "drain")
-_THROUGHPUT_KEYS = ("reference", "margin", "cv_max", "acceptance")
-# The throughput check's defaults when a stack file's throughput section leaves them out.
-DEFAULT_MARGIN = 0.15
-DEFAULT_CV_MAX = 0.10
-DEFAULT_FLOOR_RATIO = 0.8
 # How long a swap or a maintenance window lets accepted requests finish before it stops the
 # stack (stack file ``drain.timeout_s``; host data ``drain_timeout_s`` overrides it):
 # DEFAULT_DRAIN_TIMEOUT_S, sized for long answers: club-3090#594 measures int8 decode at 130.8
 # tok/s warm and 50.7 tok/s at 35K tokens of context, so a 16K-token answer deep in a long
 # conversation takes about 320 s; ten minutes leave room for about 30K tokens at that pace.
-MAX_DRAIN_TIMEOUT_S = 7200.0
 IMAGE_KINDS = TAG_KINDS
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
 _CAVEAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/#-]*")
-_VLLM_KEYS = ("kv_cache_dtype", "tensor_parallel_size", "max_model_len",
-              "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "speculative",
-              "args")
 
 
 class CatalogError(ValidationError):
     """A stack file that does not validate, or an unknown stack name."""
-
-
-@dataclass(frozen=True)
-class GenesisSpec:
-    """What a stack needs of Genesis.
-
-    + needs: patch ids the stack cannot work without (``P67``)
-    + switches: generation -> (switches set to 1, switches set to 0), ``GENESIS_ENABLE_``
-      suffixes, in file order
-    + params: other ``GENESIS_*`` variables
-    + runtime_packages: pinned requirements (``xxhash==3.5.0``) the apply step imports that
-      the vLLM image lacks; baked into a derived local image at deploy time
-    """
-
-    needs: tuple[str, ...]
-    switches: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]
-    params: Mapping[str, str]
-    runtime_packages: tuple[str, ...] = ()
-
-    def env(self, generation: str) -> dict[str, str]:
-        """The ``GENESIS_*`` environment for ``generation`` (switches on, off, then params)."""
-        on, off = self.switches[generation]
-        return {
-            **{f"GENESIS_ENABLE_{s}": "1" for s in on},
-            **{f"GENESIS_ENABLE_{s}": "0" for s in off},
-            **self.params,
-        }
 
 
 @dataclass(frozen=True)
@@ -407,42 +368,41 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     + where: the file (named in every message); its stem must be the stack's name
     """
     p = Problems(where)
-    top = p.mapping("", data, _TOP_KEYS)
+    top = p.mapping("", data, keys_of(""))
     if top is None:
         p.raise_if_any(CatalogError)
         raise CatalogError(f"{where}: top level: empty; allowed: a stack file (docs/stacks.md)")
     if top.get("schema") != SCHEMA:
         p.bad("schema", top.get("schema"), repr(SCHEMA), "is not a supported schema")
-    name = p.string("name", top.get("name"), _NAME,
-                    "lowercase letters, digits and '-' (used in paths and container names)")
+    name = p.string("name", top.get("name"), _NAME, allowed("name"))
     stem = Path(where).stem
     if name is not None and stem not in (name, ""):
         p.bad("name", name, repr(stem), "differs from the file's name")
-    summary = p.string("summary", top.get("summary"), None, "one line for people")
-    port = p.integer("port", top.get("port"), 1024, 65535,
-                     "the host loopback port the front proxies to, 1024..65535")
+    summary = p.string("summary", top.get("summary"), None, allowed("summary"))
+    port = p.integer("port", top.get("port"), 1024, 65535, allowed("port"))
     served = p.string("served_model_name", top.get("served_model_name"), _SERVED,
-                      "the model id clients ask for, e.g. 'qwen3.6-27b-autoround'")
-    gpus = p.mapping("gpus", top.get("gpus"), ("count", "memory_mib"))
-    gpu_count = p.integer("gpus.count", (gpus or {}).get("count"), 1, 16,
-                          "the number of cards the stack needs, 1..16")
+                      allowed("served_model_name"))
+    gpus = p.mapping("gpus", top.get("gpus"), keys_of("gpus"))
+    gpu_count = p.integer("gpus.count", (gpus or {}).get("count"), 1, 16, allowed("gpus.count"))
     gpu_memory = p.integer("gpus.memory_mib", (gpus or {}).get("memory_mib"), 1024, 1_000_000,
-                           "the memory each card needs, in MiB (e.g. 24576 for a 3090)",
-                           required=False)
-    v = p.mapping("vllm", top.get("vllm"), _VLLM_KEYS) or {}
+                           allowed("gpus.memory_mib"), required=False)
+    v = p.mapping("vllm", top.get("vllm"), keys_of("vllm")) or {}
     kv = p.choice("vllm.kv_cache_dtype", v.get("kv_cache_dtype"), KV_CACHE_DTYPES)
-    tp = p.integer("vllm.tensor_parallel_size", v.get("tensor_parallel_size"), 1, 16)
+    tp = p.integer("vllm.tensor_parallel_size", v.get("tensor_parallel_size"), 1, 16,
+                   allowed("vllm.tensor_parallel_size"))
     if tp is not None and gpu_count is not None and tp > gpu_count:
         p.bad("vllm.tensor_parallel_size", tp, f"at most gpus.count ({gpu_count})",
               "is larger than the stack's GPU count")
-    max_len = p.integer("vllm.max_model_len", v.get("max_model_len"), 1024, 10_000_000)
+    max_len = p.integer("vllm.max_model_len", v.get("max_model_len"), 1024, 10_000_000,
+                        allowed("vllm.max_model_len"))
     util = p.number("vllm.gpu_memory_utilization", v.get("gpu_memory_utilization"), 0.0, 1.0,
-                    low_open=True)
-    seqs = p.integer("vllm.max_num_seqs", v.get("max_num_seqs"), 1, 1024)
+                    allowed("vllm.gpu_memory_utilization"), low_open=True)
+    seqs = p.integer("vllm.max_num_seqs", v.get("max_num_seqs"), 1, 1024,
+                     allowed("vllm.max_num_seqs"))
     batched = p.integer("vllm.max_num_batched_tokens", v.get("max_num_batched_tokens"),
-                        1, 1_000_000)
+                        1, 1_000_000, allowed("vllm.max_num_batched_tokens"))
     method, n = _speculative(p, v.get("speculative"))
-    args = p.strings("vllm.args", v.get("args"), None, "vllm serve arguments (strings)") or []
+    args = p.strings("vllm.args", v.get("args"), None, allowed("vllm.args")) or []
     for i, arg in enumerate(args):
         flag = arg.split("=", 1)[0]
         if flag in MANAGED_FLAGS:
@@ -457,12 +417,12 @@ def parse_stack(data: Any, where: str) -> StackSpec:
             p.bad("entrypoint", entry, "no entrypoint key for a Genesis stack (the deploy "
                   "builds the one the pinned Genesis needs)", "is set")
     else:
-        entrypoint = p.strings("entrypoint", entry, None, "the container entrypoint argv",
+        entrypoint = p.strings("entrypoint", entry, None, allowed("entrypoint"),
                                required=True) or []
         if entry is not None and not entrypoint:
             p.bad("entrypoint", entry, "a non-empty argv such as [vllm, serve]", "is empty")
     image = _image_rule(p, top.get("image"))
-    boot = p.mapping("boot", top.get("boot"), ("expect", "failures"), required=False) or {}
+    boot = p.mapping("boot", top.get("boot"), keys_of("boot"), required=False) or {}
     expect = _signatures(p, "boot.expect", boot.get("expect"), with_kind=False)
     failures = _signatures(p, "boot.failures", boot.get("failures"), with_kind=True)
     gate_set = _gate_set(p, top.get("gate"))
@@ -487,30 +447,29 @@ def parse_stack(data: Any, where: str) -> StackSpec:
 def _drain_timeout(p: Problems, value: Any) -> float:
     """``drain: {timeout_s: N}``: seconds accepted requests may take to finish when a window
     opens (0: stop at once, cutting what runs); ``DEFAULT_DRAIN_TIMEOUT_S`` when left out."""
-    d = p.mapping("drain", value, ("timeout_s",), required=False)
+    d = p.mapping("drain", value, keys_of("drain"), required=False)
     if d is None:
         return DEFAULT_DRAIN_TIMEOUT_S
     seconds = p.number("drain.timeout_s", d.get("timeout_s"), 0.0, MAX_DRAIN_TIMEOUT_S,
-                       f"seconds in [0, {MAX_DRAIN_TIMEOUT_S:g}] that accepted requests may "
-                       "take to finish before the stack stops (0: at once)")
+                       allowed("drain.timeout_s"))
     return float(seconds) if seconds is not None else DEFAULT_DRAIN_TIMEOUT_S
 
 
 def _image_rule(p: Problems, value: Any) -> ImageRule:
-    d = p.mapping("image", value, ("kinds", "min_version", "below_version"), required=False)
+    d = p.mapping("image", value, keys_of("image"), required=False)
     if d is None:
         return ImageRule()
     kinds = d.get("kinds", ["release"])
     if not isinstance(kinds, list) or not kinds or not all(k in IMAGE_KINDS for k in kinds):
-        p.bad("image.kinds", kinds, f"a non-empty list of {', '.join(IMAGE_KINDS)}")
+        p.bad("image.kinds", kinds, allowed("image.kinds"))
         kinds = ["release"]
     versions = {}
     for key in ("min_version", "below_version"):
         raw = d.get(key)
         if isinstance(raw, int | float) and not isinstance(raw, bool):
             raw = str(raw)  # `min_version: 0.22` unquoted
-        versions[key] = p.string(f"image.{key}", raw, _VERSION,
-                                 "a vLLM release such as '0.22.0'", required=False)
+        versions[key] = p.string(f"image.{key}", raw, _VERSION, allowed(f"image.{key}"),
+                                 required=False)
     low, high = versions["min_version"], versions["below_version"]
     low_key, high_key = version_key(low or ""), version_key(high or "")
     if low_key is not None and high_key is not None and low_key >= high_key:
@@ -523,14 +482,14 @@ def _signatures(p: Problems, key: str, value: Any, *, with_kind: bool) -> list[B
     if value is None:
         return []
     if not isinstance(value, list):
-        p.bad(key, value, "a list of {pattern, title, hint}")
+        p.bad(key, value, allowed(key))
         return []
-    keys = ("kind", "pattern", "title", "hint") if with_kind else ("pattern", "title", "hint")
+    item = f"{key}[]"
     out = []
     for i, entry in enumerate(value):
-        d = p.mapping(f"{key}[{i}]", entry, keys) or {}
+        d = p.mapping(f"{key}[{i}]", entry, keys_of(item)) or {}
         pattern = p.string(f"{key}[{i}].pattern", d.get("pattern"), None,
-                           "a regular expression matched against the container's log")
+                           allowed(f"{item}.pattern"))
         if pattern is not None:
             try:
                 re.compile(pattern)
@@ -538,11 +497,11 @@ def _signatures(p: Problems, key: str, value: Any, *, with_kind: bool) -> list[B
                 p.bad(f"{key}[{i}].pattern", pattern, "a valid regular expression",
                       f"does not compile ({e})")
                 pattern = None
-        title = p.string(f"{key}[{i}].title", d.get("title"), None, "one line for people")
-        hint = p.string(f"{key}[{i}].hint", d.get("hint"), None, "what to change",
+        title = p.string(f"{key}[{i}].title", d.get("title"), None, allowed(f"{item}.title"))
+        hint = p.string(f"{key}[{i}].hint", d.get("hint"), None, allowed(f"{item}.hint"),
                         required=False) or ""
-        kind = p.string(f"{key}[{i}].kind", d.get("kind"), _NAME, "a short id such as "
-                        "'marlin-min-thread-n'", required=with_kind) if with_kind else "expect"
+        kind = p.string(f"{key}[{i}].kind", d.get("kind"), _NAME, allowed(f"{item}.kind"),
+                        required=with_kind) if with_kind else "expect"
         if pattern and title and kind:
             out.append(BootSignature(kind, pattern, title, hint))
     return out
@@ -551,13 +510,12 @@ def _signatures(p: Problems, key: str, value: Any, *, with_kind: bool) -> list[B
 def _gate_set(p: Problems, value: Any) -> list[str]:
     from rigfleet.hostside.verify.profiles import ProfileError, resolve
 
-    d = p.mapping("gate", value, ("set",), required=False)
+    d = p.mapping("gate", value, keys_of("gate"), required=False)
     if d is None:
         return []
     raw = d.get("set") or {}
     if not isinstance(raw, dict):
-        p.bad("gate.set", raw, "a mapping of gate profile keys to values, e.g. "
-              "{spec_min_acceptance_length: 2.5}")
+        p.bad("gate.set", raw, allowed("gate.set"))
         return []
     sets = [f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in raw.items()]
     try:
@@ -569,26 +527,25 @@ def _gate_set(p: Problems, value: Any) -> list[str]:
 
 
 def _throughput(p: Problems, value: Any, spec_tokens: int) -> ThroughputSpec | None:
-    d = p.mapping("throughput", value, _THROUGHPUT_KEYS, required=False)
+    d = p.mapping("throughput", value, keys_of("throughput"), required=False)
     if d is None:
         return None
-    ref = p.mapping("throughput.reference", d.get("reference"), ("narrative", "code"),
+    ref = p.mapping("throughput.reference", d.get("reference"), keys_of("throughput.reference"),
                     required=False) or {}
     figures = {}
     for shape in ("narrative", "code"):
         if ref.get(shape) is not None:
             figures[shape] = p.number(
                 f"throughput.reference.{shape}", ref[shape], 0.0, 100_000.0, low_open=True,
-                allowed="decode tok/s of one stream on RTX 3090s, > 0 (leave it out when "
-                        "there is no figure)")
+                allowed=allowed(f"throughput.reference.{shape}"))
     margin = DEFAULT_MARGIN if d.get("margin") is None else p.number(
         "throughput.margin", d["margin"], 0.0, 1.0, low_open=True,
-        allowed="a fraction, e.g. 0.15 (fail 15% below the baseline)")
+        allowed=allowed("throughput.margin"))
     cv_max = DEFAULT_CV_MAX if d.get("cv_max") is None else p.number(
         "throughput.cv_max", d["cv_max"], 0.0, 1.0, low_open=True,
-        allowed="a fraction, e.g. 0.10 (fail above a 10% coefficient of variation)")
-    acc = p.mapping("throughput.acceptance", d.get("acceptance"), ("reference", "floor_ratio"),
-                    required=False)
+        allowed=allowed("throughput.cv_max"))
+    acc = p.mapping("throughput.acceptance", d.get("acceptance"),
+                    keys_of("throughput.acceptance"), required=False)
     per_pos: tuple[float, ...] = ()
     ratio: float | None = DEFAULT_FLOOR_RATIO
     if acc is not None:
@@ -606,8 +563,7 @@ def _throughput(p: Problems, value: Any, spec_tokens: int) -> ThroughputSpec | N
             per_pos = tuple(float(x) for x in raw)
         if acc.get("floor_ratio") is not None:
             ratio = p.number("throughput.acceptance.floor_ratio", acc["floor_ratio"], 0.0, 1.0,
-                             low_open=True, allowed="a fraction, e.g. 0.8 (floors = reference "
-                                                    "x 0.8)")
+                             low_open=True, allowed=allowed("throughput.acceptance.floor_ratio"))
     if None in figures.values() or margin is None or cv_max is None or ratio is None:
         return None
     return ThroughputSpec(figures.get("narrative"), figures.get("code"), margin, cv_max,
@@ -618,16 +574,16 @@ def _caveats(p: Problems, value: Any) -> list[Caveat]:
     if value is None:
         return []
     if not isinstance(value, list):
-        p.bad("caveats", value, "a list of {id, summary, handled_by}")
+        p.bad("caveats", value, allowed("caveats"))
         return []
     out = []
     for i, entry in enumerate(value):
-        d = p.mapping(f"caveats[{i}]", entry, ("id", "summary", "handled_by")) or {}
-        cid = p.string(f"caveats[{i}].id", d.get("id"), _CAVEAT_ID,
-                       "an issue id such as 'vllm#50021'")
-        summary = p.string(f"caveats[{i}].summary", d.get("summary"), None, "one line")
+        d = p.mapping(f"caveats[{i}]", entry, keys_of("caveats[]")) or {}
+        cid = p.string(f"caveats[{i}].id", d.get("id"), _CAVEAT_ID, allowed("caveats[].id"))
+        summary = p.string(f"caveats[{i}].summary", d.get("summary"), None,
+                           allowed("caveats[].summary"))
         handled = p.string(f"caveats[{i}].handled_by", d.get("handled_by"), None,
-                           "what in this file handles it", required=False) or ""
+                           allowed("caveats[].handled_by"), required=False) or ""
         if cid and summary:
             out.append(Caveat(cid, summary, handled))
     return out
@@ -636,23 +592,38 @@ def _caveats(p: Problems, value: Any) -> list[Caveat]:
 def _speculative(p: Problems, value: Any) -> tuple[str | None, int]:
     if value is None:
         return None, 0
-    d = p.mapping("vllm.speculative", value, ("method", "num_speculative_tokens")) or {}
+    d = p.mapping("vllm.speculative", value, keys_of("vllm.speculative")) or {}
     method = p.choice("vllm.speculative.method", d.get("method"), SPECULATIVE_METHODS)
     n = p.integer("vllm.speculative.num_speculative_tokens", d.get("num_speculative_tokens"),
-                  1, 16)
+                  1, 16, allowed("vllm.speculative.num_speculative_tokens"))
     return method, n or 0
+
+
+def secret_like(name: str) -> bool:
+    """``name`` looks like a secret's (``*_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*PASSWORD*``,
+    any case): such a value must not sit in a stack file, the compose file or ``docker
+    inspect``. (Same rule as host data's ``extra_env``.)"""
+    upper = name.upper()
+    return upper.endswith(("_KEY", "_TOKEN", "_SECRET")) or "PASSWORD" in upper
+
+
+_SECRET_FILES = (f"secrets reach hosts as files under {HOST.secrets_dir} (the API key from host "
+                 "data api_key_file, the HF token from hf_token_file), never through env")
 
 
 def _env(p: Problems, key: str, value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        p.bad(key, value, "a mapping NAME -> value")
+        p.bad(key, value, allowed("env"))
         return {}
     out: dict[str, str] = {}
     for name, v in value.items():
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
             p.bad(f"{key}.{name}", name, "an environment name [A-Za-z_][A-Za-z0-9_]*")
+        elif secret_like(name):
+            p.bad(f"{key}.{name}", name, f"a name that does not look like a secret's; "
+                  f"{_SECRET_FILES}", "looks like a secret's name")
         elif isinstance(v, bool) or not isinstance(v, str | int | float):
             p.bad(f"{key}.{name}", v, "a string or number (write booleans as '1'/'0')")
         elif has_control(str(v)):
@@ -664,40 +635,7 @@ def _env(p: Problems, key: str, value: Any) -> dict[str, str]:
 
 
 def _genesis(p: Problems, value: Any) -> GenesisSpec | None:
-    if value is None:
-        return None
-    d = p.mapping("genesis", value, ("needs", "switches", "params", "runtime_packages")) or {}
-    needs = p.strings("genesis.needs", d.get("needs"), _PATCH_ID,
-                      "Genesis patch ids such as P67") or []
-    switches: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
-    raw = d.get("switches")
-    if not isinstance(raw, dict) or not raw:
-        p.bad("genesis.switches", raw, "a mapping generation -> {on: [...], off: [...]} with "
-              f"generations {', '.join(LAYOUTS)}")
-    else:
-        for gen, sets in raw.items():
-            key = f"genesis.switches.{gen}"
-            if gen not in LAYOUTS:
-                p.bad(key, gen, ", ".join(LAYOUTS), "is not a Genesis generation rigfleet knows")
-                continue
-            s = p.mapping(key, sets, ("on", "off")) or {}
-            allowed = "GENESIS_ENABLE_<name> suffixes (A-Z, 0-9, _)"
-            on = p.strings(f"{key}.on", s.get("on"), _SWITCH, allowed) or []
-            off = p.strings(f"{key}.off", s.get("off"), _SWITCH, allowed) or []
-            both = sorted(set(on) & set(off))
-            if both:
-                p.bad(f"{key}.off", both, "each switch either on or off", "is also on")
-            switches[str(gen)] = (tuple(on), tuple(off))
-    params = _env(p, "genesis.params", d.get("params"))
-    for name in params:
-        if not name.startswith("GENESIS_") or name.startswith("GENESIS_ENABLE_"):
-            p.bad(f"genesis.params.{name}", name, "GENESIS_* parameters other than "
-                  "GENESIS_ENABLE_* (switches go under genesis.switches)")
-    packages = p.strings("genesis.runtime_packages", d.get("runtime_packages"),
-                         _PINNED_REQUIREMENT, "pinned requirements name==version "
-                         "(e.g. xxhash==3.5.0): what is baked into the stack's image") or []
-    return GenesisSpec(tuple(needs), MappingProxyType(switches), MappingProxyType(params),
-                       tuple(packages))
+    return parse_genesis(p, value, _env)
 
 
 def load_stack_file(path: str | Path) -> StackSpec:
@@ -776,7 +714,7 @@ def get_stack(name: str) -> StackSpec:
 
 
 __all__ = [
-    "BUILTIN_DIR", "Catalog", "CatalogError", "GenesisSpec", "KV_CACHE_DTYPES",
+    "BUILTIN_DIR", "Catalog", "CatalogError", "GenesisSpec", "PatchDecision", "KV_CACHE_DTYPES",
     "MODEL_ROOT_IN_CONTAINER", "StackSpec", "ThroughputSpec", "VLLM_PORT_IN_CONTAINER",
     "builtin_catalog",
     "get_stack", "load_catalog", "load_stack_file", "parse_stack", "RigfleetError",

@@ -256,20 +256,31 @@ def switch_suffix(flag: str, files: TreeFiles) -> str | None:
     return flag if files.strips_prefix else None
 
 
+def registry_literal(text: str, where: str) -> dict[str, dict[str, Any]]:
+    """The ``PATCH_REGISTRY`` literal of a registry file: patch id -> its entry, as written.
+
+    Raises ``InspectError`` when there is no ``PATCH_REGISTRY`` dict literal or an entry is not
+    a dict.
+    """
+    registry = literal_assignments(_parse(text, where)).get(REGISTRY)
+    if not isinstance(registry, dict):
+        raise InspectError(f"{where}: no literal {REGISTRY} dict")
+    for pid, meta in registry.items():
+        if not isinstance(pid, str) or not isinstance(meta, dict):
+            raise InspectError(f"{where}: {REGISTRY}[{pid!r}] is not a patch entry (a dict)")
+    return registry
+
+
 def parse_registry(text: str, where: str, files: TreeFiles) -> dict[str, Any]:
     """The registry report of a ``PATCH_REGISTRY`` file (see the module docstring).
 
     Raises ``InspectError`` when there is no ``PATCH_REGISTRY`` dict literal.
     """
-    registry = literal_assignments(_parse(text, where)).get(REGISTRY)
-    if not isinstance(registry, dict):
-        raise InspectError(f"{where}: no literal {REGISTRY} dict")
+    registry = registry_literal(text, where)
     switches: dict[str, list[list[str]]] = {}
     patches: dict[str, list[Any]] = {}
     lifecycles: dict[str, int] = {}
     for pid, meta in registry.items():
-        if not isinstance(pid, str) or not isinstance(meta, dict):
-            raise InspectError(f"{where}: {REGISTRY}[{pid!r}] is not a patch entry (a dict)")
         state = lifecycle(meta)
         lifecycles[state] = lifecycles.get(state, 0) + 1
         flag = meta.get("env_flag")

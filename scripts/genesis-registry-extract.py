@@ -2,7 +2,8 @@
 """Write the extract of a real Genesis registry that the fixture's unit test compares against.
 
 ``tests/fixtures/genesis/<release>-registry.json`` holds facts only (ids, flag names,
-lifecycles, ``default_on``, v12's ``applies_to.vllm_version_range``), read from a real tree with
+lifecycles, ``default_on``, categories, ``applies_to``'s conditions and v12's
+``applies_to.vllm_version_range``), read from a real tree with
 ``rigfleet/genesis_inspect.py``: every patch the testbed's Genesis fixture models
 (``rigfleet_testbed.genesis_patches``), every patch the built-in stack files switch or need, and
 every switch name of those patches or of the stack files (``[]`` where the tree has none). Run
@@ -55,7 +56,13 @@ def extract(tree: Path, release: str, commit: str) -> dict[str, Any]:
     for pid in sorted(ids, key=_order):
         flag, lifecycle, default_on = reg["patch_flags"][pid]
         entry: dict[str, Any] = {"env_flag": flag, "lifecycle": lifecycle,
-                                 "default_on": default_on}
+                                 "default_on": default_on,
+                                 "category": entries[pid].get("category")}
+        conditions = {k: list(v) if isinstance(v, tuple) else v
+                      for k, v in (entries[pid].get("applies_to") or {}).items()
+                      if k != "vllm_version_range"}
+        if conditions:
+            entry["conditions"] = conditions
         if layout == "v12":
             r = (entries[pid].get("applies_to") or {}).get("vllm_version_range")
             entry["vllm_version_range"] = list(r) if isinstance(r, tuple) else r
@@ -67,7 +74,8 @@ def extract(tree: Path, release: str, commit: str) -> dict[str, Any]:
         "source": f"Genesis {release} (commit {commit}), {reg['file']} PATCH_REGISTRY, from "
                   "../shared/upstream/genesis-dev-and-v12.1.0.bundle, written by "
                   "scripts/genesis-registry-extract.py: patch_flags and switches as "
-                  "rigfleet/genesis_inspect.py reports them"
+                  "rigfleet/genesis_inspect.py reports them, category and applies_to's other conditions "
+                  "(conditions) from the literal"
                   + (", applies_to.vllm_version_range from the literal" if layout == "v12" else "")
                   + ". Patches: those the testbed's Genesis fixture models, the stack files' "
                   "needs and every patch a stack file's switch names; switches: every switch of "

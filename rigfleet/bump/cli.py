@@ -526,7 +526,7 @@ def _genesis_choices(
                  f"the fleet runs now ({p.vllm_version}); a host that rolls back runs it "
                  "against the new checkout")  # fmt: skip
         check_switches(repo, choice.pin(p.genesis.repo), _genesis_uses(inputs, name, choice),
-                       stack=name)  # fmt: skip
+                       stack=name, spec=inputs.catalog.get(name), vllm_version=want)  # fmt: skip
         out[name] = choice
     return out
 

@@ -34,7 +34,7 @@ from functools import cached_property
 from pathlib import Path
 
 from rigfleet import genesis_inspect
-from rigfleet.catalog import Catalog
+from rigfleet.catalog import Catalog, StackSpec
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import (
     StackUse,
@@ -42,6 +42,7 @@ from rigfleet.genesis import (
     allowlist_problem,
     pairing_problems,
 )
+from rigfleet.genesis_decisions import PatchEntry, decision_problems, read_entries
 from rigfleet.pins import GenesisPin, Pins, StackPins
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "rigfleet"
@@ -209,6 +210,18 @@ class GenesisRepo:
             self._reports[sha] = TreeReport.from_json(data)
         return self._reports[sha]
 
+    def entries(self, sha: str) -> list[PatchEntry]:
+        """The registry entries of ``sha`` (category, lifecycle, applies_to), for the
+        correctness-patch rule; empty when the tree has no layout rigfleet knows (the pairing
+        check says why)."""
+        layout = self.report(sha).layout
+        if layout is None:
+            return []
+        try:
+            return read_entries(GitSource(self, sha), layout)
+        except genesis_inspect.InspectError as e:
+            raise GenesisError(f"Genesis {self.url} {sha[:12]}: {e}") from None
+
     def version(self, sha: str) -> str | None:
         """What ``rigfleet pins lock`` records as the Genesis version of ``sha``: its release
         (see ``release``), else ``git describe`` from the nearest tag, else what the tree
@@ -342,7 +355,8 @@ def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
 
 
 def check_switches(
-    repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackUse], *, stack: str
+    repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackUse], *, stack: str,
+    spec: StackSpec | None = None, vllm_version: str | None = None,
 ) -> None:
     """Refuse (``GenesisRefused``) when Genesis ``pin`` does not know, or has retired, a switch
     the stack sets to 1 in any of ``uses``, or lacks a patch it needs: the bump's check of the
@@ -350,6 +364,9 @@ def check_switches(
 
     + uses: ``""`` -> the stack file's use, and host name -> the use on a host whose
       ``extra_env`` adds to it (its messages are prefixed with the host)
+    + spec, vllm_version: the stack file and the candidate's vLLM: every Genesis correctness
+      patch that concerns them must be decided (``rigfleet.genesis_decisions``), so a bump that
+      moves vLLM or Genesis asks again for what came into scope
     """
     report = repo.report(pin.commit)
     problems: list[str] = []
@@ -360,6 +377,9 @@ def check_switches(
             if p not in seen:  # a stack-file problem once, not once per host
                 seen.add(p)
                 problems.append(f"{host}: {p}" if host else p)
+    if spec is not None:
+        problems += decision_problems(spec, repo.entries(pin.commit), vllm_version,
+                                      label=pin.label, generation=pin.layout)
     if problems:
         raise GenesisRefused("; ".join(problems) + "; refusing before any host changes")
 
@@ -420,6 +440,10 @@ def lock_genesis(
         problems.extend(pairing_problems(report, new, stack=name, vllm_version=p.vllm_version,
                                          use=use, image_ref=p.image,
                                          where=f"{g.repo} {sha[:12]}"))  # fmt: skip
+        if name in stacks_of and report.layout is not None:
+            problems.extend(decision_problems(stacks_of.get(name), repo.entries(sha),
+                                              p.vllm_version, label=new.label,
+                                              generation=report.layout))  # fmt: skip
         return replace(p, genesis=new)
 
     stacks = {n: locked(f"stacks.{n}", n, p) for n, p in pins.stacks.items()}

@@ -5,8 +5,8 @@ Genesis v7 keeps ``PATCH_REGISTRY`` in ``vllm/_genesis/dispatcher.py``, v12 in
 ``applies_to.vllm_version_range`` per patch (upstream-2026.md 3.4). The env switches are the same
 ``GENESIS_ENABLE_*`` names in both. Each entry's id, ``env_flag``, ``default_on``, lifecycle and
 version range are the real registries' (v7.72.2 ``7b9fd319``, v12.1.0 ``66e37841``; a unit test
-holds them against ``tests/fixtures/genesis/*-registry.json``, an extract of those facts); titles
-and categories are the fixture's own. Ids keep the real spelling: ``P60b``, ``P61b``, ``P67b``
+holds them against ``tests/fixtures/genesis/*-registry.json``, an extract of those facts); categories
+and applies_to conditions are the real ones too; titles are the fixture's own. Ids keep the real spelling: ``P60b``, ``P61b``, ``P67b``
 (a second patch behind P67's switch) and ``PN26b`` (``GENESIS_ENABLE_PN26_SPARSE_V``).
 
 P4 is a *legacy* patch in both generations: its ``env_flag`` is ``GENESIS_LEGACY_P4``, which is no
@@ -87,73 +87,111 @@ R = "retired"
 PATCHES: tuple[PatchDef, ...] = (
     _p("P4", "", "TurboQuant KV cache on hybrid (GDN + attention) models", "kv_cache", R,
        v7="legacy", default_on=("v7",)),
-    _p("P15B", "P15B_FA_VARLEN_CLAMP", "FlashAttention varlen max_seqlen clamp", "attention"),
-    _p("P38B", "P38B_COMPILE_SAFE", "torch.compile-safe KV view", "compile_safety"),
-    _p("P40", "P40", "grouped-query decode fast path", "attention", "legacy", v7="legacy"),
-    _p("P58", "P58_ASYNC_PLACEHOLDER_FIX", "async scheduling placeholder fix", "scheduler"),
-    _p("P60", "P60_GDN_NGRAM_FIX", "GDN state rollback for n-gram/MTP rejects", "gdn"),
-    _p("P60b", "P60B_TRITON_KERNEL", "GDN rollback Triton kernel", "gdn"),
-    _p("P61", "P61_QWEN3_MULTI_TOOL", "Qwen3 multiple tool calls per turn", "tools", R,
+    _p("P15B", "P15B_FA_VARLEN_CLAMP", "FlashAttention varlen max_seqlen clamp", "perf_hotfix"),
+    _p("P38B", "P38B_COMPILE_SAFE", "torch.compile-safe KV view", "perf_hotfix"),
+    _p("P40", "P40", "grouped-query decode fast path", "kernel_perf", "legacy", v7="legacy"),
+    _p("P58", "P58_ASYNC_PLACEHOLDER_FIX", "async scheduling placeholder fix", "spec_decode"),
+    _p("P60", "P60_GDN_NGRAM_FIX", "GDN state rollback for n-gram/MTP rejects", "spec_decode"),
+    _p("P60b", "P60B_TRITON_KERNEL", "GDN rollback Triton kernel", "spec_decode"),
+    _p("P61", "P61_QWEN3_MULTI_TOOL", "Qwen3 multiple tool calls per turn", "structured_output", R,
        v7="deprecated"),
-    _p("P61b", "P61B_STREAMING_OVERLAP", "tool-call streaming overlap fix", "tools", R, CAP_023,
+    _p("P61b", "P61B_STREAMING_OVERLAP", "tool-call streaming overlap fix", "structured_output", R, CAP_023,
        aliases=("P59_QWEN3_TOOL_RECOVERY", "PN51_QWEN3_STREAMING_THINKING_DISABLED")),
     _p("P62", "P62_STRUCT_OUT_SPEC_TIMING", "structured output timing under spec-decode",
-       "spec_decode"),
-    _p("P64", "P64_QWEN3CODER_MTP_STREAMING", "qwen3_coder tool streaming with MTP", "tools", R,
+       "structured_output"),
+    _p("P64", "P64_QWEN3CODER_MTP_STREAMING", "qwen3_coder tool streaming with MTP", "structured_output", R,
        CAP_023, aliases=("P61C_QWEN3CODER_DEFERRED_COMMIT", "PN56_QWEN3CODER_XML_FALLBACK")),
     _p("P65", "P65_TURBOQUANT_SPEC_CG_DOWNGRADE", "TurboQuant spec-decode cudagraph downgrade",
        "spec_decode"),
     _p("P66", "P66_CUDAGRAPH_SIZE_FILTER", "cudagraph_capture_sizes spec-decode divisibility "
-       "filter", "compile_safety"),
+       "filter", "spec_decode"),
     _p("P67", "P67_TQ_MULTI_QUERY_KERNEL", "TurboQuant multi-query kernel for spec-decode K+1 "
        "verify", "spec_decode", vllm_range=CAP_024),
     _p("P67b", "P67_TQ_MULTI_QUERY_KERNEL", "TurboQuant spec-verify routing to the P67 kernel",
        "spec_decode"),
-    _p("P68", "P68_AUTO_FORCE_TOOL", "auto-force tool choice on long contexts", "tools"),
-    _p("P69", "P69_LONG_CTX_TOOL_REMINDER", "long-context tool reminder", "tools"),
+    _p("P68", "P68_AUTO_FORCE_TOOL", "auto-force tool choice on long contexts", "structured_output"),
+    _p("P69", "P69_LONG_CTX_TOOL_REMINDER", "long-context tool reminder", "structured_output"),
     _p("P72", "P72_PROFILE_RUN_CAP", "cap the memory profile run (GENESIS_PROFILE_RUN_CAP_M)",
-       "memory", vllm_range=CAP_024),
-    _p("P74", "P74_CHUNK_CLAMP", "chunked-prefill chunk clamp for Mamba block size", "scheduler"),
+       "compile_safety", vllm_range=CAP_024),
+    _p("P74", "P74_CHUNK_CLAMP", "chunked-prefill chunk clamp for Mamba block size", "compile_safety"),
     _p("P78", "P78_TOLIST_CAPTURE_GUARD", "tolist() under cudagraph capture guard",
        "compile_safety", R),
-    _p("P81", "P81_FP8_BLOCK_SCALED_M_LE_8", "FP8 block-scaled GEMM for M <= 8", "kernels"),
+    _p("P81", "P81_FP8_BLOCK_SCALED_M_LE_8", "FP8 block-scaled GEMM for M <= 8", "kernel_perf"),
     _p("P82", "P82", "spec-decode acceptance threshold (GENESIS_P82_THRESHOLD_SINGLE)",
        "spec_decode", "research", CAP_024),
     _p("P83", "P83", "MTP draft KV reuse", "spec_decode", R, "<0.22.1"),
-    _p("P87", "P87", "Marlin pad-sub-tile-n (vllm#40361 backport)", "kernels"),
-    _p("P91", "P91", "GDN chunk state dtype fix", "gdn"),
+    _p("P87", "P87", "Marlin pad-sub-tile-n (vllm#40361 backport)", "kernel"),
+    _p("P91", "P91", "GDN chunk state dtype fix", "quantization"),
     _p("P94", "P94", "prefix-cache hit accounting with MTP", "spec_decode", R, "<0.20.2rc1.dev9"),
-    _p("P98", "P98", "draft probs in fp32", "spec_decode"),
-    _p("P99", "P99", "MTP position ids for hybrid models", "spec_decode"),
-    _p("P100", "P100", "TurboQuant decode split heuristic", "kv_cache"),
-    _p("P101", "P101", "TurboQuant prefill workspace reuse", "kv_cache"),
-    _p("P103", "P103", "rebind sampler after worker spawn", "spec_decode", vllm_range=CAP_024),
+    _p("P98", "P98", "draft probs in fp32", "perf_hotfix"),
+    _p("P99", "P99", "MTP position ids for hybrid models", "perf_hotfix"),
+    _p("P100", "P100", "TurboQuant decode split heuristic", "perf_hotfix"),
+    _p("P101", "P101", "TurboQuant prefill workspace reuse", "perf_hotfix"),
+    _p("P103", "P103", "rebind sampler after worker spawn", "memory_hotfix", vllm_range=CAP_024),
     _p("PN8", "PN8_MTP_DRAFT_ONLINE_QUANT", "online quantization of the MTP draft",
        "spec_decode"),
     _p("PN9", "PN9_INDEPENDENT_DRAFTER_ATTN", "independent drafter attention backend",
        "spec_decode", R, "<0.20.2rc1.dev9"),
-    _p("PN11", "PN11_GDN_AB_CONTIGUOUS", "contiguous GDN a/b tensors", "gdn"),
-    _p("PN12", "PN12_FFN_INTERMEDIATE_POOL", "pooled FFN intermediate buffers", "memory",
+    _p("PN11", "PN11_GDN_AB_CONTIGUOUS", "contiguous GDN a/b tensors", "model_correctness"),
+    _p("PN12", "PN12_FFN_INTERMEDIATE_POOL", "pooled FFN intermediate buffers", "memory_savings",
        vllm_range=CAP_024),
     _p("PN13", "PN13_CUDA_GRAPH_LAMBDA_ARITY", "cudagraph wrapper lambda arity fix",
        "compile_safety", R, "<0.20.2", v7="retired"),
-    _p("PN14", "PN14_TQ_DECODE_OOB_CLAMP", "TurboQuant decode out-of-bounds clamp", "kv_cache",
+    _p("PN14", "PN14_TQ_DECODE_OOB_CLAMP", "TurboQuant decode out-of-bounds clamp", "kernel_safety",
        vllm_range=CAP_024),
-    _p("PN17", "PN17_FA2_LSE_CLAMP", "FA2 log-sum-exp clamp", "attention"),
-    _p("PN19", "PN19_SCOPED_MAX_SPLIT", "scoped max_split for decode", "kv_cache", R,
+    _p("PN17", "PN17_FA2_LSE_CLAMP", "FA2 log-sum-exp clamp", "memory_savings"),
+    _p("PN19", "PN19_SCOPED_MAX_SPLIT", "scoped max_split for decode", "memory_savings", R,
        "<0.20.2rc1.dev93"),
-    _p("PN22", "PN22_LOCAL_ARGMAX_TP", "local argmax under tensor parallel", "sampling", R,
+    _p("PN22", "PN22_LOCAL_ARGMAX_TP", "local argmax under tensor parallel", "spec_decode", R,
        "<0.23.1rc1.dev101"),
-    _p("PN25", "PN25_SILU_INDUCTOR_SAFE", "inductor-safe SiLU-and-mul", "compile_safety"),
-    _p("PN26b", "PN26_SPARSE_V", "sparse V accumulation (GENESIS_PN26_SPARSE_V_*)", "kv_cache",
+    _p("PN25", "PN25_SILU_INDUCTOR_SAFE", "inductor-safe SiLU-and-mul", "memory_savings"),
+    _p("PN26b", "PN26_SPARSE_V", "sparse V accumulation (GENESIS_PN26_SPARSE_V_*)", "perf_hotfix",
        "research"),
-    _p("PN30", "PN30_DS_LAYOUT_SPEC_DECODE", "DS conv-state layout under spec-decode", "gdn",
+    _p("PN30", "PN30_DS_LAYOUT_SPEC_DECODE", "DS conv-state layout under spec-decode", "model_correctness",
        vllm_range=CAP_023),
-    _p("PN34", "PN34_WORKSPACE_LOCK_RELAX", "relax workspace lock", "memory", R),
-    _p("PN54", "PN54_GDN_CONTIGUOUS_DEDUP", "GDN contiguous-call deduplication", "gdn", R),
-    _p("PN59", "PN59_STREAMING_GDN", "streaming GDN prefill", "gdn"),
+    _p("PN34", "PN34_WORKSPACE_LOCK_RELAX", "relax workspace lock", "perf_hotfix", R),
+    _p("PN54", "PN54_GDN_CONTIGUOUS_DEDUP", "GDN contiguous-call deduplication", "perf_hotfix", R),
+    _p("PN59", "PN59_STREAMING_GDN", "streaming GDN prefill", "hybrid"),
 )  # fmt: skip
 
+
+# applies_to's conditions besides the version range, as the real registries have them (v12;
+# V7_CONDITIONS where v7.72.2's differ). rigfleet reads them to tell which correctness patches
+# concern a stack (rigfleet/genesis_decisions.py); the fixture's apply loop does not.
+CONDITIONS: dict[str, dict[str, object]] = {
+    "P60": {"is_hybrid": [True]},
+    "P60b": {"is_hybrid": [True]},
+    "P61": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_6', 'qwen3_moe', 'qwen3_next']},
+    "P61b": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_6', 'qwen3_moe', 'qwen3_next']},
+    "P62": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_6', 'qwen3_moe', 'qwen3_next']},
+    "P64": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_6', 'qwen3_moe', 'qwen3_next']},
+    "P65": {"is_turboquant": [True]},
+    "P67": {"is_turboquant": [True]},
+    "P67b": {"is_turboquant": [True]},
+    "P68": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_6', 'qwen3_moe', 'qwen3_next']},
+    "P69": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_6', 'qwen3_moe', 'qwen3_next']},
+    "P74": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_6', 'qwen3_moe', 'qwen3_next']},
+    "P78": {"is_turboquant": [True], "quant_format": ['fp8', 'compressed_tensors']},
+    "P81": {"quant_format": ['fp8']},
+    "P83": {"is_hybrid": [True]},
+    "P87": {"quant_format": ['int8_w8a16', 'int4_w4a16', 'autoround_int8', 'autoround_int4', 'gptq_int4', 'awq_int4', 'compressed_tensors']},
+    "P91": {"quant_format": ['autoround_int8', 'autoround_int4', 'gptq_int4', 'int8_w8a16', 'int4_w4a16', 'compressed_tensors']},
+    "P98": {"kv_cache_dtype": ['turboquant_k8v4', 'turboquant_4bit_nc', 'turboquant_k3v4_nc', 'turboquant_3bit_nc']},
+    "P101": {"kv_cache_dtype": ['turboquant_k8v4', 'turboquant_4bit_nc', 'turboquant_k3v4_nc', 'turboquant_3bit_nc']},
+    "P103": {"model_arch": ['Qwen3MoeForCausalLM', 'Qwen3_5ForConditionalGeneration', 'Qwen3_5MoeForConditionalGeneration', 'Qwen3_5MoeForCausalLM', 'Qwen3_6MoeForConditionalGeneration', 'Qwen3_6MoeForCausalLM', 'Qwen3NextForCausalLM', '*']},
+    "PN14": {"is_turboquant": [True]},
+    "PN54": {"model_class": ['qwen3_5', 'qwen3_6']},
+    "PN59": {"model_class": ['qwen3_5', 'qwen3_6']},
+}  # fmt: skip
+V7_CONDITIONS: dict[str, dict[str, object]] = {
+    "P61": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_moe', 'qwen3_next']},
+    "P61b": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_moe', 'qwen3_next']},
+    "P64": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_moe', 'qwen3_next']},
+    "P68": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_moe', 'qwen3_next']},
+    "P69": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_moe', 'qwen3_next']},
+    "P74": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_moe', 'qwen3_next']},
+    "P103": {"model_arch": ['Qwen3MoeForCausalLM', 'Qwen3_5ForConditionalGeneration', 'Qwen3NextForCausalLM']},
+}  # fmt: skip
 
 @dataclass(frozen=True)
 class TextPatchDef:
@@ -243,15 +281,22 @@ def registry_entries(generation: str) -> dict[str, dict[str, object]]:
         entry: dict[str, object] = {"title": p.title, "env_flag": p.env_flag,
                                     "default_on": generation in p.default_on,
                                     "category": p.category}
+        conditions = (V7_CONDITIONS.get(p.pid, CONDITIONS.get(p.pid, {})) if generation == "v7"
+                      else CONDITIONS.get(p.pid, {}))
         if generation == "v7":
             if p.v7_lifecycle == "deprecated":
                 entry["deprecated"] = True
             elif p.v7_lifecycle:
                 entry["lifecycle"] = p.v7_lifecycle
+            if conditions:
+                entry["applies_to"] = dict(conditions)
         else:
             entry["lifecycle"] = p.lifecycle
-            if p.vllm_range:
-                entry["applies_to"] = {"vllm_version_range": p.vllm_range}
+            if conditions or p.vllm_range:
+                applies: dict[str, object] = dict(conditions)
+                if p.vllm_range:
+                    applies["vllm_version_range"] = p.vllm_range
+                entry["applies_to"] = applies
             if p.aliases:
                 entry["env_flag_aliases"] = p.aliases
         out[p.pid] = entry

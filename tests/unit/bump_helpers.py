@@ -23,8 +23,8 @@ VERSIONS = {
 }
 DIGESTS = {sha: "sha256:" + sha[:8] * 8 for sha in VERSIONS}
 GENESIS_REPO = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
-GENESIS_OLD = "0090be1258cb8f2c2f299ead181128f11222fcc1"  # fixture v7.72.2 (branch dev)
-GENESIS_NEW = "34c86b772b3705e6fe0c17f18dd43396d8f9a974"  # fixture v7.73.0 (branch dev)
+GENESIS_OLD = "0c501e6147bd853ff35c579f986a3dd73d5f48b1"  # fixture v7.72.2 (branch dev)
+GENESIS_NEW = "3d54a4435928ec2249bd544f9906a233862719ee"  # fixture v7.73.0 (branch dev)
 
 
 def stack(name: str, sha: str, genesis: str | None = None) -> StackPins:

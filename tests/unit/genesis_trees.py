@@ -63,6 +63,10 @@ PATCH_REGISTRY: dict[str, dict[str, Any]] = {
               "lifecycle": "research"},
     "PN282": {"env_flag": "SNDR_ENABLE_SPEC_DECODE_ACCEPTANCE_METRIC", "default_on": False,
               "lifecycle": "stable"},
+    "PN346": {"title": "Mamba/GDN cache hit boundary fix for MTP + prefix caching",
+              "env_flag": "GENESIS_ENABLE_PN346", "default_on": True, "category": "correctness",
+              "lifecycle": "experimental",
+              "applies_to": {"vllm_version_range": (">=0.21.0", "<0.24.0")}},
 }
 '''
 

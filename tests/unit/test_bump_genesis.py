@@ -215,3 +215,35 @@ def test_lock_refuses_what_the_hosts_gate_would_refuse(fixture, tmp_path) -> Non
     with pytest.raises(GenesisRefused, match=f"stacks.{STACK}.genesis.commit: {'e' * 40} is not "
                                              "in"):
         lock_genesis(pins_for("e" * 40), fetch_url=fixture.url, cache_dir=tmp_path)
+
+
+def undecided(spec: StackSpec) -> StackSpec:
+    assert spec.genesis is not None
+    decisions = {k: v for k, v in spec.genesis.decisions.items() if k != "PN346"}
+    return replace(spec, genesis=replace(spec.genesis, decisions=MappingProxyType(decisions)))
+
+
+def test_lock_and_the_bump_refuse_an_undecided_correctness_patch(fixture, repo,
+                                                                  tmp_path) -> None:
+    c = fixture.commits["v12.1.0"]
+    spec = undecided(v12_spec(["P67_TQ_MULTI_QUERY_KERNEL"]))
+    with pytest.raises(GenesisRefused) as err:
+        lock_genesis(pins_for(c), Catalog({STACK: spec}), fetch_url=fixture.url,
+                     cache_dir=tmp_path)  # fmt: skip
+    text = str(err.value)
+    assert text.startswith(f"pins.yaml: {spec.source}: genesis.decisions.PN346: missing; "
+                           f"Genesis v12.1.0 ({c[:12]}) patch PN346 ('Mamba/GDN cache hit "
+                           "boundary fix for MTP + prefix caching'; correctness, "
+                           "vllm_version_range >=0.21.0,<0.24.0")  # fmt: skip
+    # The bump's plan: the candidate's vLLM decides what is in scope.
+    pin = GenesisPin(PINNED_URL, c, "v12", "v12.1.0")
+    uses = {"": StackUse.of(spec, "v12")}
+    with pytest.raises(GenesisRefused, match="genesis.decisions.PN346: missing.*vLLM 0.23.1"):
+        check_switches(repo, pin, uses, stack=STACK, spec=spec, vllm_version="0.23.1")
+    check_switches(repo, pin, uses, stack=STACK, spec=spec, vllm_version="0.24.0")  # out of range
+    # The shipped file decides it: both pass.
+    decided = v12_spec(["P67_TQ_MULTI_QUERY_KERNEL"])
+    check_switches(repo, pin, {"": StackUse.of(decided, "v12")}, stack=STACK, spec=decided,
+                   vllm_version="0.23.1")  # fmt: skip
+    lock_genesis(pins_for(c), Catalog({STACK: decided}), fetch_url=fixture.url,
+                 cache_dir=tmp_path)  # fmt: skip

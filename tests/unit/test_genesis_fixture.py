@@ -186,7 +186,8 @@ def test_v12_registry_lifecycles_match_the_reference() -> None:
     assert (v12["PN8"]["lifecycle"], v12["PN30"]["lifecycle"]) == ("experimental", "experimental")
     assert (v12["P40"]["lifecycle"], v12["P82"]["lifecycle"]) == ("legacy", "research")
     assert v12["PN26b"]["env_flag"] == "GENESIS_ENABLE_PN26_SPARSE_V"
-    assert v12["P67"]["applies_to"] == {"vllm_version_range": (">=0.20.0", "<0.24.0")}
+    assert v12["P67"]["applies_to"] == {"is_turboquant": [True],
+                                        "vllm_version_range": (">=0.20.0", "<0.24.0")}
     capped = {pid for pid, e in v12.items()
               if e.get("applies_to", {}).get("vllm_version_range") == (">=0.20.0", "<0.24.0")}
     assert capped == {"P67", "P72", "P82", "P103", "PN12", "PN14"}

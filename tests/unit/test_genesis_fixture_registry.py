@@ -32,6 +32,13 @@ from rigfleet.genesis import (
     pairing_problems,
     switch_problems,
 )
+from rigfleet.genesis_decisions import (
+    PatchEntry,
+    decision_problems,
+    in_scope,
+    read_entries,
+    stack_profile,
+)
 from rigfleet.genesis_inspect import GENERATIONS, DirSource, inspect
 from rigfleet.pins import GenesisPin
 
@@ -101,6 +108,15 @@ def test_every_patch_and_switch_is_the_real_ones(reports: dict[str, TreeReport],
     for name, targets in f["switches"].items():
         assert r.switches.get(name, ()) == tuple(Switch(*t) for t in targets), name
     assert set(r.switches) <= set(f["switches"])  # no switch the real tree lacks
+    # Each patch's category and applies_to conditions (what the correctness-patch rule reads).
+    entries = gp.registry_entries(generation)
+    assert {pid: e["category"] for pid, e in entries.items()} == {
+        pid: e["category"] for pid, e in f["patches"].items()}
+    conditions = {pid: {k: list(v) if isinstance(v, tuple) else v
+                        for k, v in (e.get("applies_to") or {}).items()  # type: ignore[attr-defined]
+                        if k != "vllm_version_range"} for pid, e in entries.items()}
+    assert {pid: c for pid, c in conditions.items() if c} == {
+        pid: e["conditions"] for pid, e in f["patches"].items() if "conditions" in e}
     if generation == "v12":
         ranges = {pid: (e.get("applies_to") or {}).get("vllm_version_range")
                   for pid, e in gp.registry_entries("v12").items()}
@@ -177,3 +193,33 @@ def test_a_legacy_patch_a_stack_needs_is_applied_without_a_switch(
     label = pin(generation).label
     for report in (reports[generation], real_report(generation)):
         assert needs_problems(report, use, label=label) == []
+
+
+def real_entries(generation: str) -> list[PatchEntry]:
+    """The extract's patches as the correctness-patch rule reads them (titles aside)."""
+    out = []
+    for pid, e in facts(generation)["patches"].items():
+        applies = dict(e.get("conditions") or {})
+        if e.get("vllm_version_range") is not None:
+            applies["vllm_version_range"] = e["vllm_version_range"]
+        switches = tuple(s for s, ts in facts(generation)["switches"].items()
+                         if any(t[0] == pid for t in ts))
+        out.append(PatchEntry(pid, "", e["category"], e["lifecycle"], e["default_on"], applies,
+                              switches))
+    return out
+
+
+@pytest.mark.parametrize("generation", ["v7", "v12"])
+def test_the_fixture_asks_for_the_same_correctness_decisions_as_the_real_tree(
+        tmp_path: Path, generation: str) -> None:  # fmt: skip
+    tree = render(generation, tmp_path, RELEASES[generation][1])
+    fixture = read_entries(DirSource(tree), generation)
+    spec = get_stack(STACK)
+    profile = stack_profile(spec)
+    got = {e.pid for e in fixture if in_scope(e, profile, VLLM[generation])}
+    want = {e.pid for e in real_entries(generation) if in_scope(e, profile, VLLM[generation])}
+    assert got == want and {"PN11", "PN30"} <= got  # not vacuous: two correctness patches
+    assert decision_problems(spec, fixture, VLLM[generation], label=generation,
+                             generation=generation) == []
+    assert decision_problems(spec, real_entries(generation), VLLM[generation],
+                             label=generation, generation=generation) == []

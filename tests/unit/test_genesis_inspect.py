@@ -94,8 +94,8 @@ def test_v12_tree_report(v12: Path) -> None:
     assert report["allowlist"]["known_good"] == V12_KNOWN
     assert report["allowlist"]["pending"] == V12_PENDING
     reg = report["registry"]
-    assert reg["patches"] == 10
-    assert reg["lifecycles"] == {"experimental": 5, "legacy": 1, "research": 1, "retired": 2,
+    assert reg["patches"] == 11
+    assert reg["lifecycles"] == {"experimental": 6, "legacy": 1, "research": 1, "retired": 2,
                                  "stable": 1}  # fmt: skip
     assert reg["switch_prefixes"] == ["GENESIS_ENABLE_", "SNDR_ENABLE_"]
     assert reg["retired_skipped"] is True
