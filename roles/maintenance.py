@@ -288,7 +288,7 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
     the step to it; a refused host fails here (see the module docstring). Before the window
     opens: the readiness check (``maintenance ready``: package manager, disk; a failure
     leaves the host serving), then ``inputs`` (commands that bring the step's inputs onto the
-    host: ``apt-get install --download-only``), then the open. On a bare host only ``inputs``.
+    host: ``apt-get install --download-only``), then the open. On a bare host nothing.
     ``reboot_grace_s``: the step reboots the host (see ``back_from_reboot``). While preparing
     it yields nothing (the operation's own commands are the change)."""
     if not executing():
@@ -296,7 +296,6 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
     name = ctx.name
     b = book()
     if name not in b.serving and not serves(ctx):
-        yield from inputs
         return  # a bare host: nothing to protect
     if name not in b.steps:  # a step the prepare phase did not foresee: count it now
         b.steps[name] = [what]

@@ -184,7 +184,8 @@ def apt_packages(
     + before: only when something is installed: called with the commands that bring the
       packages onto the host (``apt-get update``, ``install --download-only``), it yields the
       commands to run first, those included (the maintenance window of a step that disturbs
-      a serving host opens after the download: ``roles.maintenance.enter``)
+      a serving host opens after the download: ``roles.maintenance.enter``); when it yields
+      nothing (a bare host), ``apt-get update`` runs as usual
 
     **Example:**
 
@@ -210,10 +211,13 @@ def apt_packages(
             replace = True
     if install:
         flags = {"allow_downgrades": replace or hold}
+        fetched = False
         if before is not None:
-            yield from before([apt_commands.update(),
-                               apt_commands.install(install, download_only=True, **flags)])
-        else:
+            for command in before([apt_commands.update(),
+                                   apt_commands.install(install, download_only=True, **flags)]):
+                fetched = True
+                yield command
+        if not fetched:
             yield apt_commands.update()
         yield apt_commands.install(install, **flags)
     if hold:
