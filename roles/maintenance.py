@@ -1,38 +1,28 @@
-"""Maintenance windows, the deploy's side: the steps that disturb a serving host run inside one
-(``rigfleet.hostside.maintenance``), one serving host at a time.
-
-A step *disturbs* the serving path when it takes the GPUs or the engine away from a running
-stack: the driver packages (between their install and the reboot, a new CUDA process fails
-with "Driver/library version mismatch"), the reboot, ``systemctl restart docker`` (a
-daemon.json key Docker cannot reload; without live-restore it stops every container), and a
-``daemon-reload`` while the serving container could lose its GPUs to it
-(NVIDIA/nvidia-container-toolkit#48). On a host that serves (it has a verified stack), the
-role that owns such a step wraps it::
+"""Maintenance windows, the deploy's side: the steps that disturb a serving host (the driver
+packages and their reboot, ``systemctl restart docker``, a ``daemon-reload`` that could detach
+the GPUs: NVIDIA/nvidia-container-toolkit#48) run inside one (``rigfleet.hostside.maintenance``,
+docs/maintenance.md), one serving host at a time. The role that owns such a step wraps it::
 
     op = apt_packages(name="Install NVIDIA driver ...", packages=[...],
-                      before=lambda inputs: maintenance.enter(ctx, "NVIDIA driver 580 install", inputs))
-    maintenance.plan_step("NVIDIA driver 580 install", op)        # prepare time
+                      before=lambda inputs: maintenance.enter(ctx, "NVIDIA driver 580 install",
+                                                              inputs))
+    maintenance.plan_step(ctx, "NVIDIA driver 580 install", op)   # prepare time
     disturbing(name="Restart Docker", commands=["systemctl restart docker"],
                what="Docker restart (daemon.json: exec-opts)", force=True)
-    ...
     maintenance.maintenance(ctx)     # the role after the last of them: close the window
 
-``enter`` (inside the disturbing operation, at execution): the first time on a host it
-uploads the window's plan (and the host tool, when the host's is older: its supervisor is
-restarted with it, which never touches the stack) and opens the window; then every step
-says ``maintenance open --step ...`` (idempotent: the step is added). The close (the
-``maintenance`` role) recreates the verified stack, runs the gate and routes the front to it,
-or fails the host with the reason. A bare host (nothing verified yet) gets none of this: its
-steps run as they always did.
+``enter`` (at execution): the first time on a host it uploads the window's plan (and the host
+tool when the host's is older), checks the work can start (``maintenance ready``), brings the
+step's inputs onto the host, and opens the window, held by this deploy's SSH session; every
+later step adds itself. A failure inside the window closes it at once (``_CloseOnFailure``).
+The close (the ``maintenance`` role) recreates the verified stack, gates it and routes the
+front, or fails the host with the reason. A bare host (nothing verified) gets none of this.
 
-**Several serving hosts in one plain pyinfra run.** pyinfra runs each operation on all hosts
-at once, and a window spans many operations (a lock across operations would deadlock the
-run), so the limit is an admission: at the first disturbing step the run executes, the
-serving hosts that need one are taken in inventory order, at most ``RIGFLEET_MAINTENANCE_BATCH``
-(default 1) of them go ahead, and each of the others fails at its first disturbing step with
-a message that names the rolling command (``rigfleet roll``) and ``--limit``. Nothing on a
-refused host was disturbed. ``rigfleet roll`` runs pyinfra per host (or batch) and sets the
-variable to the batch size.
+**Several serving hosts in one plain pyinfra run.** A window spans many operations (a lock
+across operations would deadlock the run), so the limit is an admission: at the first
+disturbing step, the serving hosts that need one are taken in inventory order, at most
+``RIGFLEET_MAINTENANCE_BATCH`` (default 1) go ahead, the others fail at their first disturbing
+step (nothing disturbed) with a message naming ``rigfleet roll`` and ``--limit``.
 """
 
 from __future__ import annotations
@@ -72,6 +62,9 @@ from roles.preflight import HostContext
 # (``_CloseOnFailure``). Across a reboot it is held this long after the boot for the deploy
 # to come back (the reboot wait plus a margin).
 REBOOT_GRACE_MARGIN_S = 300.0
+# How long the readiness check before a window waits for apt's and dpkg's locks (seconds).
+LOCK_WAIT_ENV = "RIGFLEET_APT_LOCK_WAIT_S"
+LOCK_WAIT_S = 120
 # Window states on the host that the next deploy closes (recreate + gate).
 UNFINISHED = ("abandoned", "failed", "damaged")
 
@@ -85,6 +78,16 @@ def bundle_bytes() -> bytes:
 def window_id(deploy_id: str = DEPLOY_ID) -> str:
     """This run's window id (also its plan's id): ``maint-<deploy id>``."""
     return f"maint-{deploy_id}"
+
+
+def lock_wait_s() -> int:
+    """How long a window's readiness check waits for the package manager's locks
+    (``RIGFLEET_APT_LOCK_WAIT_S``, default 120: unattended-upgrades may need longer)."""
+    raw = os.environ.get(LOCK_WAIT_ENV, str(LOCK_WAIT_S)).strip()
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{LOCK_WAIT_ENV}: {raw!r} is not a number of seconds; allowed: an "
+                         "integer >= 1 (how long to wait for apt's and dpkg's locks)")
+    return int(raw)
 
 
 def batch_limit() -> int:
@@ -224,6 +227,7 @@ def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool) -> bool:
     changes = will if isinstance(will, bool) else will.will_change
     if not changes or not serves(ctx):
         return False
+    lock_wait_s()  # a bad value stops the run while preparing, before anything changes
     book().steps.setdefault(ctx.name, []).append(what)
     return True
 
@@ -309,7 +313,7 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
         b.shipped.add(name)
     if name not in b.ready or inputs:
         b.ready.add(name)
-        yield hosttool.maintenance_ready(packages=name in b.apt or bool(inputs))
+        yield hosttool.maintenance_ready(name in b.apt or bool(inputs), lock_wait_s())
     yield from inputs
     b.open_now.add(name)
     yield hosttool.maintenance_open(plan.id, what, reboot_grace_s)

@@ -73,10 +73,13 @@ def maintenance_open(window_id: str, step: str, reboot_grace_s: float | None = N
                 *grace)
 
 
-def maintenance_ready(packages: bool) -> str:
-    """Before a window opens: the package manager usable (bounded wait for its locks, an
-    interrupted dpkg repaired) and room on disk; fails (nothing disturbed) when not."""
-    return tool("maintenance", "ready", *(("--packages",) if packages else ()))
+def maintenance_ready(packages: bool, lock_wait_s: int = 120) -> str:
+    """Before a window opens: the package manager usable (``lock_wait_s`` at most for its
+    locks, an interrupted dpkg repaired) and room on disk; fails (nothing disturbed) when
+    not."""
+    if not packages:
+        return tool("maintenance", "ready")
+    return tool("maintenance", "ready", "--packages", "--lock-wait-s", str(lock_wait_s))
 
 
 def maintenance_hold(window_id: str) -> str:

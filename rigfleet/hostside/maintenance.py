@@ -1,48 +1,30 @@
-"""Host maintenance as a transaction: anything that disturbs the serving path (a driver
-install and its reboot, a Docker restart, a ``daemon-reload`` that could detach GPUs) runs
-inside a *maintenance window*::
+"""Host maintenance as a transaction: what disturbs the serving path (a driver install and
+its reboot, a Docker restart, a ``daemon-reload`` that could detach GPUs) runs inside a
+*maintenance window* (docs/maintenance.md)::
 
-    open:  the host lock (held by the window, across SSH commands and the reboot), the
-           window's record, the drain hook, the front to 503 + Retry-After
+    ready: the package manager usable, disk room (``pkgready``; the deploy, before opening)
+    open:  the host lock held by the window, its record, the drain hook, the front to 503
     work:  the disturbing steps (the deploy runs them; each adds itself to the window)
-    close: the verified stack recreated from its snapshot, ready, answering, the
-           verify-stress gate, the front routed to it, the undrain hook; or, when any of it
-           fails, the front stays at 503 with the reason, the stack is stopped (it did not
-           pass), and the ledger says ``maintenance failed`` with the reason
-
-On a host that serves nothing yet (no verified stack) there is nothing to protect: the deploy
-opens no window there. The deploy drives it with the host tool::
-
-    python3 rigfleet-host.pyz maintenance open --plan /var/lib/rigfleet/maintenance/plan-<id>.json \\
-        --step "Docker restart (daemon.json changed)"        # idempotent: adds the step
-    python3 rigfleet-host.pyz maintenance close --plan ... --journal-id close-<deploy id>
-    python3 rigfleet-host.pyz maintenance status [--json]
-
-and the same class serves host-side callers (and the zero-drop issue's drains and balancer)::
+    close: the verified stack recreated from its snapshot, ready, answering, the gate, the
+           front routed to it, the undrain hook; or, when any of it fails, the stack stopped,
+           the front at 503 with the reason, ledger ``maintenance failed``
 
     window = Maintenance(lay, ops, front, journal, plan, gate=run_gate_fn, drain=balancer)
     window.open("driver 580 -> 590")      # Outcome: open (exit 0), locked (3), refused (1)
-    ...                                   # the disturbing work
-    window.close()                        # Outcome: closed (0, serving), failed (2, 503), locked
+    window.hold()                         # the deploy back after the reboot
+    window.close(own=True)                # Outcome: closed (0, serving), failed (2), locked
 
-The window's lock is held by the process every step runs in (the deploy's SSH session,
-``lock.session_anchor``) while it lives, and across the reboot of a driver change by a grace
-on the boot-time clock (``--reboot-grace-s``) until the deploy is back (``maintenance hold``);
-no wall clock decides. ``rigfleet-stack.service``'s boot-time ``ensure`` and the supervisor
-leave the host alone meanwhile (the front stays at 503; nothing comes back without the gate).
-A window whose holder is gone (the deploy ended or died inside it, its closing process was
-killed) is *abandoned*: the supervisor closes it within a poll (recreate + gate), or the next
-one to take the host lock (the next deploy, ``ensure``). ``close`` refuses a window whose
-holder lives, unless the caller is the deploy that holds it (``--own``) or ``--force``. A *failed* window (the gate or the recreation failed) keeps the host out of
-service: the supervisor does not recreate its stack, the boot-time ensure and the next
-deploy close it again (recreate + gate), ``maintenance close`` does so by hand.
+The window's lock is held by the process the steps run in (the deploy's SSH session,
+``lock.session_anchor``) while it lives, across a reboot by a grace on the boot-time clock;
+no wall clock decides. Meanwhile the boot-time ``ensure`` and the supervisor leave the host
+alone (503; nothing comes back without the gate). A window whose holder is gone is
+*abandoned*: the supervisor closes it within a poll, or the next taker of the host lock. A
+*failed* window keeps the host out of service until a deploy or ``maintenance close`` closes
+it again. ``close`` refuses a live holder unless ``own`` (the deploy's own) or ``force``.
 
 Records (``records.read_window``; every write atomic): ``maintenance/window.json`` (schema
-``rigfleet-maintenance/1``: id, state ``open|closed|failed``, by, host, steps, opened_at, until,
-plan, serving_before, reason, gate, closed_at), ledger lines ``event: "maintenance"`` with
-``result`` ``opened`` (nothing serves: top-level stack keys null; ``previous`` what served),
-``closed`` (what serves, its new gate, ``ref``), ``failed`` (``attempted``, ``reason``,
-``phase``, ``boot_failure``, ``kept_log``) and ``abandoned``.
+``rigfleet-maintenance/1``), ledger lines ``event: "maintenance"`` with ``result`` ``opened``,
+``closed``, ``failed`` and ``abandoned``.
 """
 
 from __future__ import annotations
