@@ -1,7 +1,8 @@
 """Maintenance windows under a slow step, a busy package manager and a step that fails
 (issue 19), each on its own host, with a driver branch change as the window's work.
 
-1. host1: dpkg runs two minutes longer than usual (an apt ``DPkg::Pre-Invoke`` hook that
+1. host1 (its deploy runs in the background while host2's faults run): dpkg runs two
+   minutes longer than usual (an apt ``DPkg::Pre-Invoke`` hook that
    sleeps, as a slow DKMS build or mirror does): the window is held the whole time (it is held
    by the deploy's SSH session, not by a guess of its duration: no estimate can run out) and
    closes once, cleanly, through the gate.
@@ -90,7 +91,12 @@ _hosts, _data = _tb["gpu_hosts"]
 gpu_hosts = (_hosts, {{**_data, "pins_file": {str(PINS)!r}}})
 balancers = _tb.get("balancers", ([], {{}}))
 ''')
-    yield testbed, other
+    slow = SlowDeploy(hosts[0], testbed.api_key)
+    slow.start()
+    try:
+        yield testbed, other, slow
+    finally:
+        slow.join(1800)
     for h in hosts:
         h.sh(f"rm -f {HOOK}; systemctl stop {HOLDER_UNIT} 2>/dev/null || true")
     for f in (WINDOWS_INVENTORY, PINS):
@@ -122,34 +128,35 @@ class StatusWatch(threading.Thread):
         return self
 
 
-def test_a_step_far_longer_than_usual_keeps_its_window_and_it_closes_once(fleet):
-    testbed, other = fleet
-    host, key = testbed.fleet[0], testbed.api_key
-    since = len(ledger(host))
-    put_hook(host, 'DPkg::Pre-Invoke {"if [ ! -e /run/rigfleet-e2e-slowed ]; then touch '
-                   f'/run/rigfleet-e2e-slowed; sleep {SLOW_S}; fi";}};')
-    watch, probe = StatusWatch(host), FrontProbe(host, key)
-    watch.start()
-    probe.start()
-    try:
-        proc = deploy(host)
-    finally:
-        seen, answers = watch.stop().seen, probe.stop().seen
-        host.sh(f"rm -f {HOOK}")
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert branch_of(host) == other
-    held = [t for t, s in seen if s == "held"]
-    assert held and held[-1] - held[0] >= SLOW_S, seen
-    assert "abandoned" not in {s for _, s in seen}, seen
-    lines = maintenance_lines(host, since)
-    assert [x["result"] for x in lines] == ["opened", "closed"], lines
-    assert lines[-1]["gate"]["result"] == "pass" and "install" in lines[-1]["reason"], lines
-    assert answers[0][1] == 200 and answers[-1][1] == 200 and front_answers(host, key)
-    assert any(a[1] == 503 for a in answers)
+class SlowDeploy(threading.Thread):
+    """host1's deploy with dpkg slowed by ``SLOW_S`` (once), watched (window status, front)."""
+
+    def __init__(self, host, key: str) -> None:
+        super().__init__(daemon=True)
+        self.host, self.key = host, key
+        self.proc, self.error = None, None
+        self.seen: list[tuple[float, str]] = []
+        self.answers: list[tuple] = []
+        self.since = len(ledger(host))
+
+    def run(self) -> None:
+        host = self.host
+        put_hook(host, 'DPkg::Pre-Invoke {"if [ ! -e /run/rigfleet-e2e-slowed ]; then touch '
+                       f'/run/rigfleet-e2e-slowed; sleep {SLOW_S}; fi";}};')
+        watch, probe = StatusWatch(host), FrontProbe(host, self.key)
+        watch.start()
+        probe.start()
+        try:
+            self.proc = deploy(host)
+        except Exception as e:
+            self.error = e
+        finally:
+            self.seen, self.answers = watch.stop().seen, probe.stop().seen
+            host.sh(f"rm -f {HOOK}")
 
 
 def test_a_held_dpkg_lock_keeps_the_host_serving_and_the_deploy_names_its_holder(fleet):
-    testbed, other = fleet
+    testbed, other, _ = fleet
     host, key = testbed.fleet[1], testbed.api_key
     before = branch_of(host)
     since = len(ledger(host))
@@ -171,14 +178,15 @@ def test_a_held_dpkg_lock_keeps_the_host_serving_and_the_deploy_names_its_holder
     assert proc.returncode != 0, said[-3000:]
     assert f"/var/lib/dpkg/lock-frontend is held by pid {pid} (python3 -c import fcntl" in said, \
         said[-3000:]
-    assert "still after 20 s" in said and "Nothing was disturbed" in said, said[-3000:]
+    assert re.search(r"still after 2\d s", said) and "Nothing was disturbed" in said, \
+        said[-3000:]
     assert maintenance_lines(host, since) == [] and branch_of(host) == before
     assert answers and {a[1] for a in answers} == {200}, {str(a[1]) for a in answers}
     print(f"refused after {took:.0f}s; {len(answers)} front answers, all 200")
 
 
 def test_a_deploy_failing_inside_its_window_closes_it_at_once(fleet):
-    testbed, other = fleet
+    testbed, other, _ = fleet
     host, key = testbed.fleet[1], testbed.api_key
     before = branch_of(host)
     since = len(ledger(host))
@@ -204,3 +212,21 @@ def test_a_deploy_failing_inside_its_window_closes_it_at_once(fleet):
     bad = [a[0] for a in answers if a[1] != 200]
     assert bad and answers[-1][1] == 200
     print(f"out of service {bad[-1] - bad[0]:.0f}s (one recreation and gate)")
+
+
+def test_a_step_far_longer_than_usual_keeps_its_window_and_it_closes_once(fleet):
+    testbed, other, slow = fleet
+    host, key = testbed.fleet[0], testbed.api_key
+    slow.join(1800)
+    proc, seen, answers, since = slow.proc, slow.seen, slow.answers, slow.since
+    assert slow.error is None and proc is not None, slow.error
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert branch_of(host) == other
+    held = [t for t, s in seen if s == "held"]
+    assert held and held[-1] - held[0] >= SLOW_S, seen
+    assert "abandoned" not in {s for _, s in seen}, seen
+    lines = maintenance_lines(host, since)
+    assert [x["result"] for x in lines] == ["opened", "closed"], lines
+    assert lines[-1]["gate"]["result"] == "pass" and "install" in lines[-1]["reason"], lines
+    assert answers[0][1] == 200 and answers[-1][1] == 200 and front_answers(host, key)
+    assert any(a[1] == 503 for a in answers)
