@@ -1,38 +1,28 @@
-"""Maintenance windows, the deploy's side: the steps that disturb a serving host run inside one
-(``rigfleet.hostside.maintenance``), one serving host at a time.
-
-A step *disturbs* the serving path when it takes the GPUs or the engine away from a running
-stack: the driver packages (between their install and the reboot, a new CUDA process fails
-with "Driver/library version mismatch"), the reboot, ``systemctl restart docker`` (a
-daemon.json key Docker cannot reload; without live-restore it stops every container), and a
-``daemon-reload`` while the serving container could lose its GPUs to it
-(NVIDIA/nvidia-container-toolkit#48). On a host that serves (it has a verified stack), the
-role that owns such a step wraps it::
+"""Maintenance windows, the deploy's side: the steps that disturb a serving host (the driver
+packages and their reboot, ``systemctl restart docker``, a ``daemon-reload`` that could detach
+the GPUs: NVIDIA/nvidia-container-toolkit#48) run inside one (``rigfleet.hostside.maintenance``,
+docs/maintenance.md), one serving host at a time. The role that owns such a step wraps it::
 
     op = apt_packages(name="Install NVIDIA driver ...", packages=[...],
-                      before=lambda: maintenance.enter("NVIDIA driver 580 install"))
-    maintenance.plan_step("NVIDIA driver 580 install", op)        # prepare time
+                      before=lambda inputs: maintenance.enter(ctx, "NVIDIA driver 580 install",
+                                                              inputs))
+    maintenance.plan_step(ctx, "NVIDIA driver 580 install", op)   # prepare time
     disturbing(name="Restart Docker", commands=["systemctl restart docker"],
                what="Docker restart (daemon.json: exec-opts)", force=True)
-    ...
     maintenance.maintenance(ctx)     # the role after the last of them: close the window
 
-``enter`` (inside the disturbing operation, at execution): the first time on a host it
-uploads the window's plan (and the host tool, when the host's is older: its supervisor is
-restarted with it, which never touches the stack) and opens the window; then every step
-says ``maintenance open --step ...`` (idempotent: the step is added). The close (the
-``maintenance`` role) recreates the verified stack, runs the gate and routes the front to it,
-or fails the host with the reason. A bare host (nothing verified yet) gets none of this: its
-steps run as they always did.
+``enter`` (at execution): the first time on a host it uploads the window's plan (and the host
+tool when the host's is older), checks the work can start (``maintenance ready``), brings the
+step's inputs onto the host, and opens the window, held by this deploy's SSH session; every
+later step adds itself. A failure inside the window closes it at once (``_CloseOnFailure``).
+The close (the ``maintenance`` role) recreates the verified stack, gates it and routes the
+front, or fails the host with the reason. A bare host (nothing verified) gets none of this.
 
-**Several serving hosts in one plain pyinfra run.** pyinfra runs each operation on all hosts
-at once, and a window spans many operations (a lock across operations would deadlock the
-run), so the limit is an admission: at the first disturbing step the run executes, the
-serving hosts that need one are taken in inventory order, at most ``RIGFLEET_MAINTENANCE_BATCH``
-(default 1) of them go ahead, and each of the others fails at its first disturbing step with
-a message that names the rolling command (``rigfleet roll``) and ``--limit``. Nothing on a
-refused host was disturbed. ``rigfleet roll`` runs pyinfra per host (or batch) and sets the
-variable to the batch size.
+**Several serving hosts in one plain pyinfra run.** A window spans many operations (a lock
+across operations would deadlock the run), so the limit is an admission: at the first
+disturbing step, the serving hosts that need one are taken in inventory order, at most
+``RIGFLEET_MAINTENANCE_BATCH`` (default 1) go ahead, the others fail at their first disturbing
+step (nothing disturbed) with a message naming ``rigfleet roll`` and ``--limit``.
 """
 
 from __future__ import annotations
@@ -48,8 +38,12 @@ from functools import cache
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import FunctionCommand, State, deploy, operation
+from pyinfra.api import FunctionCommand, State, StringCommand, deploy, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api.host import Host
 from pyinfra.api.operation import OperationMeta
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_host
 
 from rigfleet.commands import hosttool
 from rigfleet.facts import read_fact
@@ -62,10 +56,15 @@ from rigfleet.swapplan import DEPLOY_ID, build_plan
 from roles.ops import changed, executing
 from roles.preflight import HostContext
 
-# How long a window's lock lives after each step at most (the next step or the close moves
-# it on; the close holds the lock as a process). A deploy that dies mid-window leaves the
-# window abandoned this long after its last step; then the supervisor closes it (gate).
-WINDOW_TTL_S = 1200.0
+# A window's lock is held by the deploy's SSH session on the host (every step runs in it): a
+# deploy that ends or dies inside it leaves it abandoned at once, and the host's supervisor
+# closes it (recreate + gate). A deploy that fails inside its window closes it itself at once
+# (``_CloseOnFailure``). Across a reboot it is held this long after the boot for the deploy
+# to come back (the reboot wait plus a margin).
+REBOOT_GRACE_MARGIN_S = 300.0
+# How long the readiness check before a window waits for apt's and dpkg's locks (seconds).
+LOCK_WAIT_ENV = "RIGFLEET_APT_LOCK_WAIT_S"
+LOCK_WAIT_S = 120
 # Window states on the host that the next deploy closes (recreate + gate).
 UNFINISHED = ("abandoned", "failed", "damaged")
 
@@ -79,6 +78,16 @@ def bundle_bytes() -> bytes:
 def window_id(deploy_id: str = DEPLOY_ID) -> str:
     """This run's window id (also its plan's id): ``maint-<deploy id>``."""
     return f"maint-{deploy_id}"
+
+
+def lock_wait_s() -> int:
+    """How long a window's readiness check waits for the package manager's locks
+    (``RIGFLEET_APT_LOCK_WAIT_S``, default 120: unattended-upgrades may need longer)."""
+    raw = os.environ.get(LOCK_WAIT_ENV, str(LOCK_WAIT_S)).strip()
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{LOCK_WAIT_ENV}: {raw!r} is not a number of seconds; allowed: an "
+                         "integer >= 1 (how long to wait for apt's and dpkg's locks)")
+    return int(raw)
 
 
 def batch_limit() -> int:
@@ -103,6 +112,8 @@ class _Book:
     + closes: host -> closes started this run (each has its own journal)
     + plans: host -> the window's plan
     + old: hosts whose earlier, unfinished window a close operation already covers
+    + apt: hosts with a step that uses apt (the window's readiness check waits for its locks)
+    + ready: hosts whose readiness was checked this run
     """
 
     steps: dict[str, list[str]] = field(default_factory=dict)
@@ -114,13 +125,67 @@ class _Book:
     closes: dict[str, int] = field(default_factory=dict)
     plans: dict[str, Plan] = field(default_factory=dict)
     old: set[str] = field(default_factory=set)
+    apt: set[str] = field(default_factory=set)
+    ready: set[str] = field(default_factory=set)
+    follow_s: dict[str, float] = field(default_factory=dict)
 
 
 _BOOKS: weakref.WeakKeyDictionary[State, _Book] = weakref.WeakKeyDictionary()
 
 
 def book() -> _Book:
-    return _BOOKS.setdefault(host.state, _Book())
+    state = host.state
+    found = _BOOKS.get(state)
+    if found is None:
+        found = _BOOKS[state] = _Book()
+        state.add_callback_handler(_CloseOnFailure())
+    return found
+
+
+class _CloseOnFailure(BaseStateCallback):
+    """A deploy that fails inside a host's window closes it at once (recreate + gate; or a
+    failed window with the reason, the front saying so), instead of leaving it open."""
+
+    @staticmethod
+    def operation_host_error(state: State, host: Host, op_hash: Any, retry_count: int = 0,
+                             max_retries: int = 0) -> None:
+        b = _BOOKS.get(state)
+        if b is None or host.name not in b.open_now:
+            return
+        b.open_now.discard(host.name)
+        names = ", ".join(state.get_op_meta(op_hash).names) or "an operation"
+        try:
+            _close_now(state, host, b, op_hash, f"the deploy failed inside it at: {names}")
+        except Exception as e:  # the host's own supervisor closes it once the deploy is gone
+            host.log_styled(f"maintenance: could not close the window now ({e}); the host "
+                            "closes it when this deploy ends", fg="red")
+
+
+def _close_now(state: State, host: Host, b: _Book, op_hash: Any, cause: str) -> None:
+    from roles.swap import follow, reports_root
+
+    kwargs = state.get_op_data_for_host(host, op_hash).global_arguments
+    connector = {k: v for k, v in kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    plan = b.plans[host.name]
+    n = b.closes.get(host.name, 0) + 1
+    b.closes[host.name] = n
+    journal = f"close-{DEPLOY_ID}-{n}"
+    host.log_styled(f"maintenance: {cause}; closing the window now", fg="yellow")
+    ok, out = host.run_shell_command(
+        StringCommand(hosttool.start_close(plan.id, journal, cause=cause)), **connector)
+    if not ok:
+        raise RuntimeError(" ".join(out.stderr_lines[-2:]) or "systemd-run failed")
+    box: dict[str, str] = {}
+    with ctx_host.use(host):
+        host.current_op_global_arguments = kwargs
+        try:
+            follow(journal, b.follow_s.get(host.name, 1800.0), str(reports_root()), box,
+                   describe=close_message, label="maintenance",
+                   unit=hosttool.close_unit(plan.id))
+        finally:
+            host.current_op_global_arguments = None
+    host.log_styled(f"maintenance: {box.get('error') or 'window closed: the stack serves'}",
+                    fg="red" if box.get("error") else "green")
 
 
 def serving_route(probe: dict[str, Any]) -> str | None:
@@ -152,6 +217,7 @@ def serves(ctx: HostContext) -> str | None:
         b = book()
         b.serving[ctx.name] = route
         b.plans.setdefault(ctx.name, window_plan(ctx))
+        b.follow_s[ctx.name] = ctx.swap.follow_timeout_s
     return route
 
 
@@ -161,6 +227,7 @@ def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool) -> bool:
     changes = will if isinstance(will, bool) else will.will_change
     if not changes or not serves(ctx):
         return False
+    lock_wait_s()  # a bad value stops the run while preparing, before anything changes
     book().steps.setdefault(ctx.name, []).append(what)
     return True
 
@@ -213,10 +280,21 @@ def refusal(name: str) -> str | None:
     return b.decided.get(name)
 
 
-def enter(ctx: HostContext, what: str, ttl_s: float = WINDOW_TTL_S) -> Iterator[Any]:
-    """(Inside a disturbing operation, before its commands) open or extend this host's
-    window; a refused host fails here (see the module docstring). Nothing on a bare host.
-    While preparing it yields nothing (the operation's own commands are the change)."""
+def uses_apt(ctx: HostContext) -> None:
+    """(Preparing) this host has a step that uses apt: the window's readiness check waits for
+    apt's and dpkg's locks and repairs an interrupted dpkg before the window opens."""
+    book().apt.add(ctx.name)
+
+
+def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
+          reboot_grace_s: float | None = None) -> Iterator[Any]:
+    """(Inside a disturbing operation, before its commands) open this host's window, or add
+    the step to it; a refused host fails here (see the module docstring). Before the window
+    opens: the readiness check (``maintenance ready``: package manager, disk; a failure
+    leaves the host serving), then ``inputs`` (commands that bring the step's inputs onto the
+    host: ``apt-get install --download-only``), then the open. On a bare host nothing.
+    ``reboot_grace_s``: the step reboots the host (see ``back_from_reboot``). While preparing
+    it yields nothing (the operation's own commands are the change)."""
     if not executing():
         return
     name = ctx.name
@@ -233,8 +311,19 @@ def enter(ctx: HostContext, what: str, ttl_s: float = WINDOW_TTL_S) -> Iterator[
     if name not in b.shipped:
         yield from _ship(plan)
         b.shipped.add(name)
+    if name not in b.ready or inputs:
+        b.ready.add(name)
+        yield hosttool.maintenance_ready(name in b.apt or bool(inputs), lock_wait_s())
+    yield from inputs
     b.open_now.add(name)
-    yield hosttool.maintenance_open(plan.id, what, ttl_s)
+    yield hosttool.maintenance_open(plan.id, what, reboot_grace_s)
+
+
+def back_from_reboot(ctx: HostContext) -> Iterator[Any]:
+    """(After the reboot a window step asked for) the window held by the deploy's new SSH
+    session; fails the host when the window is not open any more."""
+    if executing() and ctx.name in book().open_now:
+        yield hosttool.maintenance_hold(book().plans[ctx.name].id)
 
 
 def _ship(plan: Plan) -> Iterator[Any]:

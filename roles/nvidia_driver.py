@@ -224,13 +224,17 @@ def reboot_for_driver(gates: Sequence[OperationMeta], os: OsInfo | None = None,
         yield failing_command(blocked)  # the steps, and no reboot
         return
     if ctx is not None:
-        # The lock outlives the reboot: the wait for it plus a step's time.
-        yield from maintenance.enter(ctx, REBOOT_STEP, REBOOT_TIMEOUT_S + maintenance.WINDOW_TTL_S)
+        # The window is held across the reboot: the wait for it plus a margin, then by the
+        # deploy's new SSH session (``back_from_reboot``).
+        yield from maintenance.enter(ctx, REBOOT_STEP, reboot_grace_s=REBOOT_TIMEOUT_S
+                                     + maintenance.REBOOT_GRACE_MARGIN_S)
     token = uuid.uuid4().hex
     yield f"mkdir -p /run/rigfleet && echo {token} > {BOOT_MARKER}"
     # Detached, so the SSH session ends cleanly before the machine goes down.
     yield "( sleep 2 && (systemctl reboot || reboot) ) </dev/null >/dev/null 2>&1 &"
     yield FunctionCommand(_wait_for_reboot, (token, REBOOT_DELAY_S, REBOOT_TIMEOUT_S), {})
+    if ctx is not None:
+        yield from maintenance.back_from_reboot(ctx)
 
 
 def verify_driver(branch: str, version: str | None, gpu_count: int,
@@ -295,9 +299,10 @@ def nvidia_driver(ctx: HostContext) -> None:
         packages=list(driver_packages(ctx.os, branch)),
         hold=True,
         version_prefix=version_prefix(branch, version),
-        before=lambda: maintenance.enter(ctx, install_step),
+        before=lambda inputs: maintenance.enter(ctx, install_step, inputs),
     )
-    maintenance.plan_step(ctx, install_step, install)
+    if maintenance.plan_step(ctx, install_step, install):
+        maintenance.uses_apt(ctx)
     gates.append(install)
     reboot = reboot_for_driver(name="Reboot to load the NVIDIA driver (only when needed)",
                                gates=gates, os=ctx.os, ctx=ctx, branch=branch, version=version)

@@ -173,7 +173,7 @@ def apt_packages(
     packages: Sequence[str],
     hold: bool = False,
     version_prefix: str | None = None,
-    before: Callable[[], Iterable[Any]] | None = None,
+    before: Callable[[Sequence[str]], Iterable[Any]] | None = None,
 ):
     """Install missing packages (after ``apt-get update``), optionally ``apt-mark hold`` them.
 
@@ -181,8 +181,11 @@ def apt_packages(
     + hold: hold every listed package (unattended upgrades leave them alone)
     + version_prefix: installed versions must start with this (a driver branch, ``"580."``);
       apt preferences make apt pick the right one, this op notices a wrong one
-    + before: commands to run first, only when something is installed (the maintenance
-      window of a step that disturbs a serving host: ``roles.maintenance.enter``)
+    + before: only when something is installed: called with the commands that bring the
+      packages onto the host (``apt-get update``, ``install --download-only``), it yields the
+      commands to run first, those included (the maintenance window of a step that disturbs
+      a serving host opens after the download: ``roles.maintenance.enter``); when it yields
+      nothing (a bare host), ``apt-get update`` runs as usual
 
     **Example:**
 
@@ -207,10 +210,16 @@ def apt_packages(
             install.append(spec)
             replace = True
     if install:
+        flags = {"allow_downgrades": replace or hold}
+        fetched = False
         if before is not None:
-            yield from before()
-        yield apt_commands.update()
-        yield apt_commands.install(install, allow_downgrades=replace or hold)
+            for command in before([apt_commands.update(),
+                                   apt_commands.install(install, download_only=True, **flags)]):
+                fetched = True
+                yield command
+        if not fetched:
+            yield apt_commands.update()
+        yield apt_commands.install(install, **flags)
     if hold:
         installing = {s.partition("=")[0] for s in install}
         unheld = [n for n in names if n in installing or not dpkg[n].held]

@@ -20,9 +20,13 @@ KEYRING_DIR = "/etc/apt/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"
 PREFERENCES_DIR = "/etc/apt/preferences.d"
 
+# How long apt waits for dpkg's lock another program holds (unattended-upgrades, a person's
+# apt) before it fails, instead of failing at once.
+LOCK_TIMEOUT_S = 120
 # Non-interactive, keep local config files on upgrade (a prompt would hang an SSH session).
 _APT_GET = (
     "DEBIAN_FRONTEND=noninteractive apt-get -y -q "
+    f"-o DPkg::Lock::Timeout={LOCK_TIMEOUT_S} "
     "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
 )
 
@@ -129,12 +133,16 @@ def update() -> str:
     return f"{_APT_GET} update"
 
 
-def install(specs: Sequence[str], allow_downgrades: bool = False) -> str:
+def install(specs: Sequence[str], allow_downgrades: bool = False,
+            download_only: bool = False) -> str:
     """``apt-get install`` of ``name`` / ``name=version`` specs.
 
     + allow_downgrades: also allow changing held packages (a pin bump of a held driver)
+    + download_only: only fetch them into apt's cache (the inputs of a maintenance step,
+      before its window opens)
     """
     flags = " --allow-downgrades --allow-change-held-packages" if allow_downgrades else ""
+    flags += " --download-only" if download_only else ""
     return f"{_APT_GET}{flags} install " + " ".join(shlex.quote(s) for s in specs)
 
 

@@ -65,21 +65,38 @@ def window_plan_path(window_id: str) -> str:
     return str(HOST.window_plan(window_id))
 
 
-def maintenance_open(window_id: str, step: str, ttl_s: float) -> str:
-    """Open (or extend with ``step``) the maintenance window of the uploaded plan."""
+def maintenance_open(window_id: str, step: str, reboot_grace_s: float | None = None) -> str:
+    """Open (or add ``step`` to) the maintenance window of the uploaded plan, held by this SSH
+    session; ``reboot_grace_s``: the step reboots the host (held across it that long)."""
+    grace = ("--reboot-grace-s", f"{reboot_grace_s:g}") if reboot_grace_s is not None else ()
     return tool("maintenance", "open", "--plan", window_plan_path(window_id), "--step", step,
-                "--ttl-s", f"{ttl_s:g}")
+                *grace)
 
 
-def start_close(window_id: str, journal_id: str) -> str:
-    """Close the window as a transient unit (recreate + gate can take long; a dropped SSH
-    connection must not stop it), its progress in the journal ``journal_id``."""
+def maintenance_ready(packages: bool, lock_wait_s: int = 120) -> str:
+    """Before a window opens: the package manager usable (``lock_wait_s`` at most for its
+    locks, an interrupted dpkg repaired) and room on disk; fails (nothing disturbed) when
+    not."""
+    if not packages:
+        return tool("maintenance", "ready")
+    return tool("maintenance", "ready", "--packages", "--lock-wait-s", str(lock_wait_s))
+
+
+def maintenance_hold(window_id: str) -> str:
+    """Back from the reboot: the window held by this (new) SSH session."""
+    return tool("maintenance", "hold", "--plan", window_plan_path(window_id))
+
+
+def start_close(window_id: str, journal_id: str, cause: str = "") -> str:
+    """Close the deploy's own window (``--own``: its lock is this deploy's) as a transient unit
+    (recreate + gate can take long; a dropped SSH connection must not stop it), its progress
+    in the journal ``journal_id``; ``cause``: why now (a step failed), for the ledger."""
     return (
         f"systemd-run --unit {shlex.quote(close_unit(window_id))} --collect --quiet "
         "--property=KillMode=mixed --property=TimeoutStopSec=900 "
         "--setenv=PYTHONUNBUFFERED=1 "
         + tool("maintenance", "close", "--plan", window_plan_path(window_id),
-               "--journal-id", journal_id)
+               "--journal-id", journal_id, "--own", *(("--cause", cause) if cause else ()))
     )
 
 

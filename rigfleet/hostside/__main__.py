@@ -10,8 +10,10 @@
     python3 rigfleet-host.pyz probe [--full ...]                  # the host's state as JSON
     python3 rigfleet-host.pyz supervise [--front-port P ...]      # rigfleet-supervise.service
     python3 rigfleet-host.pyz supervise --reset [--why TEXT]      # after fixing a crash loop
+    python3 rigfleet-host.pyz maintenance ready [--packages]      # can a window's work start?
     python3 rigfleet-host.pyz maintenance open --plan F --step T  # before a disturbing step
-    python3 rigfleet-host.pyz maintenance close [--plan F]        # recreate + gate + route
+    python3 rigfleet-host.pyz maintenance hold --plan F           # the deploy back after a reboot
+    python3 rigfleet-host.pyz maintenance close [--plan F] [--force]  # recreate + gate + route
     python3 rigfleet-host.pyz maintenance status [--json]         # the window, if any
     python3 rigfleet-host.pyz verify --url URL ...                # the verify-stress gate
     python3 rigfleet-host.pyz bench [--accept-baseline] ...       # the bench, on this host
@@ -42,8 +44,9 @@ from .front import Front
 from .gate import GateRun, run_gate
 from .journal import Journal
 from .layout import STACK_UNIT, Layout
-from .lock import LockHeld, describe
-from .maintenance import DEFAULT_TTL_S, Maintenance, plan_of, window_status
+from .lock import LockHeld, WindowHold, describe
+from .maintenance import Maintenance, plan_of, window_status
+from .pkgready import NotReady, Readiness
 from .plan import Plan, PlanError
 from .probe import probe
 from .records import read_holder, read_supervisor
@@ -114,6 +117,8 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
               + (f": {why}" if why else ""))
         return 0
     plan = None
+    if args.action == "ready":
+        return _ready(args, lay)
     if args.plan:
         try:
             plan = Plan.load(Path(args.plan))
@@ -122,25 +127,60 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
             return EXIT_BAD_PLAN
     plan = plan_of(window, plan, lay) if args.action == "close" else plan
     if plan is None:
-        print("rigfleet-host maintenance: " + ("--plan is required to open a window" if
-              args.action == "open" else f"no plan to close with ({status}: {why or 'none'});"
-              " pass --plan with the deploy's plan file"), file=sys.stderr)
+        print("rigfleet-host maintenance: " + (f"--plan is required to {args.action} a window"
+              if args.action != "close" else f"no plan to close with ({status}: "
+              f"{why or 'none'}); pass --plan with the deploy's plan file"), file=sys.stderr)
         return EXIT_BAD_PLAN
+    if args.action == "close" and status == "held" and args.force and not args.own \
+            and not _confirm_takeover(lay):
+        return EXIT_LOCKED
     ops, front = _parts(lay, plan.front_port)
-    if args.action == "open":
+    if args.action in ("open", "hold"):
         journal = Journal(lay.maintenance_dir / "journal" / plan.id, echo=sys.stdout)
-        outcome = Maintenance(lay, ops, front, journal, plan).open(args.step, args.ttl_s)
+        window_ = Maintenance(lay, ops, front, journal, plan)
+        hold = WindowHold.here(plan.id, args.reboot_grace_s)
+        outcome = window_.open(args.step, hold) if args.action == "open" else window_.hold(hold)
     else:
         stop = _Stop()
         name = args.journal_id or f"close-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}" \
             f"-{os.getpid()}"
         journal = Journal(lay.swap_dir(name), echo=sys.stdout)
         outcome = Maintenance(lay, ops, front, journal, plan, gate=_gate_fn(),
-                              interrupted=stop).close()
+                              interrupted=stop).close(own=args.own, force=args.force,
+                                                      cause=args.cause or "")
     journal.finish(outcome.to_dict())
     print(f"rigfleet-host maintenance {args.action}: {outcome.result}: "
           f"{outcome.reason or outcome.serving}", file=sys.stderr if outcome.exit else sys.stdout)
     return outcome.exit
+
+
+def _ready(args: argparse.Namespace, lay: Layout) -> int:
+    """``maintenance ready``: can the window's work start (``pkgready``)? Exit 1 when not:
+    nothing was disturbed."""
+    who = socket.gethostname()
+    try:
+        done = Readiness(root=lay.root, say=lambda line: print(f"{who}: {line}", flush=True)) \
+            .check(args.packages, args.lock_wait_s, args.min_free_mib)
+    except NotReady as e:
+        print(f"{who}: not opening the maintenance window: {e}. Nothing was disturbed: the "
+              "stack still serves.", file=sys.stderr)
+        return 1
+    print(f"{who}: ready for maintenance" + (f" ({'; '.join(done)})" if done else ""))
+    return 0
+
+
+def _confirm_takeover(lay: Layout) -> bool:
+    """``maintenance close --force`` on a window whose holder lives: name the holder; at a
+    terminal ask, elsewhere ``--force`` is the answer."""
+    holder = read_holder(lay.lock_dir) or {}
+    print(f"rigfleet-host maintenance close --force: {describe(holder)}", file=sys.stderr)
+    if not sys.stdin.isatty():
+        return True
+    answer = input("Take the window from this live holder (its deploy will fail)? [y/N] ")
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("rigfleet-host maintenance close: not taken; nothing changed", file=sys.stderr)
+    return False
 
 
 def cmd_adopt(args: argparse.Namespace, lay: Layout) -> int:
@@ -380,13 +420,26 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_supervise)
     mt = sub.add_parser("maintenance", help="the maintenance window around disturbing steps "
                         "(driver, Docker restart, daemon-reload)")
-    mt.add_argument("action", choices=("open", "close", "status"))
+    mt.add_argument("action", choices=("ready", "open", "hold", "close", "status"))
+    mt.add_argument("--packages", action="store_true",
+                    help="(ready) the steps use apt: wait for its locks, repair dpkg")
+    mt.add_argument("--lock-wait-s", type=_seconds, default=120.0,
+                    help="(ready) how long to wait for apt's and dpkg's locks (default 120)")
+    mt.add_argument("--min-free-mib", type=_count, default=1024,
+                    help="(ready) free space the steps need (default 1024 MiB)")
     mt.add_argument("--plan", help="the deploy's plan (gate profile, time limits, who)")
     mt.add_argument("--step", default="maintenance", help="(open) the disturbing step")
-    mt.add_argument("--ttl-s", type=_seconds, default=DEFAULT_TTL_S,
-                    help="(open) the window's lock lives this long after this step at most "
-                    "(default 1200)")
+    mt.add_argument("--reboot-grace-s", type=_seconds, default=None,
+                    help="(open) the step reboots the host: the window stays held this long "
+                    "after the reboot request and after the next boot (boot-time clock) until "
+                    "the deploy is back (`maintenance hold`)")
     mt.add_argument("--journal-id", help="(close) the journal's id (status --id)")
+    mt.add_argument("--own", action="store_true",
+                    help="(close) the caller is the deploy that holds the plan's window")
+    mt.add_argument("--force", action="store_true",
+                    help="(close) take the window from a holder that lives (names it; asks at "
+                    "a terminal); without it such a window is refused")
+    mt.add_argument("--cause", help="(close) why it is closed now, for the ledger")
     mt.add_argument("--json", action="store_true", help="(status) as JSON")
     mt.set_defaults(func=cmd_maintenance)
     sub.add_parser("verify", add_help=False, help="the verify-stress gate (its own --help)")

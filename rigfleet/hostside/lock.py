@@ -17,9 +17,11 @@ is taken over, with a message, instead of blocking the host forever::
     lock.release()
 
 A maintenance window (``rigfleet.hostside.maintenance``) holds the lock across several SSH
-commands and a reboot, so its holder is not a process: ``acquire_window`` writes a holder that
-is alive until the window's deadline, and the process that closes the window takes it back
-(``adopt_window``) as an ordinary process holder.
+commands and a reboot: ``acquire_window`` records as its holder the process every step runs in
+(``session_anchor``: the deploy's SSH session), alive while that connection lives, and before a
+reboot a grace on the boot-time clock (``records.reboot_hold``). The process that closes the
+window takes it back (``adopt_window``) as an ordinary process holder: from a holder that is
+gone, or from a live one only when told (the deploy's own close, ``--force``).
 """
 
 from __future__ import annotations
@@ -37,9 +39,65 @@ from typing import Any
 
 from .atomic import fsync_dir, write_json
 from .layout import Layout
-from .records import boot_id, describe, pid_start_ticks, read_holder
+from .records import BOOT_CLOCK, BootClock, boot_id, describe, pid_start_ticks, read_holder
 
-__all__ = ["HostLock", "LockHeld", "describe"]
+__all__ = ["HostLock", "LockHeld", "WindowHold", "describe", "session_anchor"]
+
+# Per-connection sshd processes (OpenSSH before 9.8, and its sshd-session since).
+_SSH_SESSION = ("sshd", "sshd-session")
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(command name, parent pid) of ``pid`` from ``/proc/<pid>/stat``."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name = text[text.find("(") + 1:text.rfind(")")]
+    fields = text.rpartition(")")[2].split()
+    try:
+        return name, int(fields[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def session_anchor(pid: int = 0) -> tuple[int, str]:
+    """The process a window opened from ``pid`` (0: this one) is held by: the nearest sshd
+    ancestor, the deploy's SSH connection (every command of the deploy runs in it, so it lives
+    while the deploy does; pyinfra closes it when the deploy ends or dies), else the parent
+    (a shell a person runs the steps from). (pid, what)."""
+    pid = pid or os.getpid()
+    first = _stat(pid)
+    parent = first[1] if first else os.getppid()
+    cur = parent
+    for _ in range(64):
+        info = _stat(cur)
+        if info is None or cur <= 1:
+            break
+        if info[0] in _SSH_SESSION:
+            return cur, "the deploy's SSH session"
+        cur = info[1]
+    return parent, "the shell that opened it"
+
+
+@dataclass(frozen=True)
+class WindowHold:
+    """What holds a maintenance window's lock: the window's id, the anchor process (pid, what)
+    and, before a reboot, ``reboot``: ``{"boot", "at", "grace_s"}`` (``records.reboot_hold``)."""
+
+    window: str
+    pid: int
+    what: str
+    reboot: dict[str, Any] | None = None
+
+    @classmethod
+    def here(cls, window: str, reboot_grace_s: float | None = None,
+             clock: BootClock = BOOT_CLOCK) -> WindowHold:
+        """Held by this process's SSH session (``session_anchor``)."""
+        pid, what = session_anchor()
+        reboot = None if reboot_grace_s is None else {
+            "boot": clock.boot(), "at": round(clock.uptime(), 1), "grace_s": reboot_grace_s}
+        return cls(window, pid, what, reboot)
 
 
 class LockHeld(Exception):
@@ -74,11 +132,11 @@ class HostLock:
         return read_holder(self.path)
 
     def acquire(self, who: str, why: str, deploy_id: str = "",
-                window: tuple[str, float] | None = None) -> str | None:
+                window: WindowHold | None = None) -> str | None:
         """Take the lock; returns a takeover note when a stale lock was replaced.
 
-        + window: (window id, deadline in epoch seconds): the holder is that maintenance
-          window, alive until the deadline, not this process (``acquire_window``)
+        + window: the holder is that maintenance window, alive while its anchor process lives
+          (``acquire_window``), not this process
 
         Raises ``LockHeld`` when a live holder has it.
         """
@@ -91,7 +149,8 @@ class HostLock:
                     continue  # released meanwhile: try again
                 if holder.get("alive"):
                     raise LockHeld(holder) from None
-                gone = "deadline passed" if holder.get("window") else "holder gone"
+                gone = "deadline passed" if holder.get("window") and \
+                    not holder.get("anchor") else "holder gone"
                 note = f"took over a stale lock ({describe(holder)}; {gone})"
                 self._break_stale()
                 continue
@@ -99,39 +158,52 @@ class HostLock:
             return note
         raise LockHeld(self.read() or {"who": "unknown", "why": "lock keeps changing"})
 
-    def acquire_window(self, who: str, why: str, window_id: str, until: float) -> str | None:
+    def acquire_window(self, who: str, why: str, hold: WindowHold) -> str | None:
         """Take the lock for a maintenance window (see the module docstring); the lock is
-        held after this process exits, until ``adopt_window`` + ``release`` or the deadline."""
-        note = self.acquire(who, why, window_id, window=(window_id, until))
+        held after this process exits, while ``hold``'s process lives, until ``adopt_window``
+        + ``release``."""
+        note = self.acquire(who, why, hold.window, window=hold)
         self.held = False  # not this process's to release on exit
         return note
 
-    def extend_window(self, window_id: str, until: float, why: str = "") -> bool:
-        """Move the deadline of the window's lock (a new step gives it more time) and say the
-        step (``why``); False when the lock is not that window's."""
+    def hold_window(self, hold: WindowHold, why: str = "") -> bool:
+        """The window's lock held by ``hold`` from now on (a step from a new connection, the
+        grace of a reboot, or none once the deploy is back) and the step said (``why``);
+        False when the lock is not that window's."""
         holder = self.read()
-        if holder is None or holder.get("window") != window_id:
+        if holder is None or holder.get("window") != hold.window:
             return False
-        data = {k: v for k, v in holder.items() if k != "alive"}
-        data["until"] = max(float(holder.get("until") or 0), until)
+        data = {k: v for k, v in holder.items() if k not in ("alive", "until", "reboot")}
+        data.update(self._anchor(hold))
         data["why"] = why or data.get("why")
         write_json(self.path / "holder.json", data, indent=None)
         return True
 
-    def adopt_window(self, window_id: str, why: str) -> bool:
-        """Take over the lock from the window ``window_id`` (alive or past its deadline, as
-        long as nobody else took it meanwhile) as this process; True when done. Then
-        ``release`` frees it."""
+    def adopt_window(self, window_id: str, why: str, take_live: bool = False) -> bool:
+        """Take over the lock from the window ``window_id`` as this process, when its holder
+        is gone (or, ``take_live``, even while it lives: the deploy's own close, ``--force``);
+        True when done, False when the lock is not that window's. Then ``release`` frees it.
+
+        Raises ``LockHeld`` when the window's holder lives and ``take_live`` is False."""
         holder = self.read()
         if holder is None or holder.get("window") != window_id:
             return False
+        if holder.get("alive") and not take_live:
+            raise LockHeld(holder)
         self._write_holder(str(holder.get("who") or "unknown"), why,
                            str(holder.get("deploy_id") or window_id), None)
         self.held = True
         return True
 
-    def _place(self, who: str, why: str, deploy_id: str,
-               window: tuple[str, float] | None) -> bool:
+    @staticmethod
+    def _anchor(hold: WindowHold) -> dict[str, Any]:
+        data: dict[str, Any] = {"window": hold.window, "anchor": hold.what, "pid": hold.pid,
+                                "pid_start": pid_start_ticks(hold.pid), "boot_id": boot_id()}
+        if hold.reboot is not None:
+            data["reboot"] = dict(hold.reboot)
+        return data
+
+    def _place(self, who: str, why: str, deploy_id: str, window: WindowHold | None) -> bool:
         """The holder written into a fresh directory, renamed onto the lock; False when a
         lock is there (its holder is then read)."""
         if self.path.exists():
@@ -179,14 +251,14 @@ class HostLock:
         aside.rmdir()
 
     def _write_holder(self, who: str, why: str, deploy_id: str,
-                      window: tuple[str, float] | None, directory: Path | None = None) -> None:
+                      window: WindowHold | None, directory: Path | None = None) -> None:
         holder: dict[str, Any] = {
             "who": who, "why": why, "since": now_iso(), "deploy_id": deploy_id,
             "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id(),
             "host": socket.gethostname(),
         }
         if window is not None:
-            holder.update(window=window[0], until=window[1])
+            holder.update(self._anchor(window))
         write_json((directory or self.path) / "holder.json", holder, indent=None)
 
     def release(self) -> None:

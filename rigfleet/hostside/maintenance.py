@@ -1,45 +1,30 @@
-"""Host maintenance as a transaction: anything that disturbs the serving path (a driver
-install and its reboot, a Docker restart, a ``daemon-reload`` that could detach GPUs) runs
-inside a *maintenance window*::
+"""Host maintenance as a transaction: what disturbs the serving path (a driver install and
+its reboot, a Docker restart, a ``daemon-reload`` that could detach GPUs) runs inside a
+*maintenance window* (docs/maintenance.md)::
 
-    open:  the host lock (held by the window, across SSH commands and the reboot), the
-           window's record, the drain hook, the front to 503 + Retry-After
+    ready: the package manager usable, disk room (``pkgready``; the deploy, before opening)
+    open:  the host lock held by the window, its record, the drain hook, the front to 503
     work:  the disturbing steps (the deploy runs them; each adds itself to the window)
-    close: the verified stack recreated from its snapshot, ready, answering, the
-           verify-stress gate, the front routed to it, the undrain hook; or, when any of it
-           fails, the front stays at 503 with the reason, the stack is stopped (it did not
-           pass), and the ledger says ``maintenance failed`` with the reason
-
-On a host that serves nothing yet (no verified stack) there is nothing to protect: the deploy
-opens no window there. The deploy drives it with the host tool::
-
-    python3 rigfleet-host.pyz maintenance open --plan /var/lib/rigfleet/maintenance/plan-<id>.json \\
-        --step "Docker restart (daemon.json changed)"        # idempotent: adds the step
-    python3 rigfleet-host.pyz maintenance close --plan ... --journal-id close-<deploy id>
-    python3 rigfleet-host.pyz maintenance status [--json]
-
-and the same class serves host-side callers (and the zero-drop issue's drains and balancer)::
+    close: the verified stack recreated from its snapshot, ready, answering, the gate, the
+           front routed to it, the undrain hook; or, when any of it fails, the stack stopped,
+           the front at 503 with the reason, ledger ``maintenance failed``
 
     window = Maintenance(lay, ops, front, journal, plan, gate=run_gate_fn, drain=balancer)
     window.open("driver 580 -> 590")      # Outcome: open (exit 0), locked (3), refused (1)
-    ...                                   # the disturbing work
-    window.close()                        # Outcome: closed (0, serving), failed (2, 503), locked
+    window.hold()                         # the deploy back after the reboot
+    window.close(own=True)                # Outcome: closed (0, serving), failed (2), locked
 
-The window's lock is alive until its deadline (each step moves it to ``--ttl-s`` from then,
-default 20 minutes), across the reboot of a driver change; ``rigfleet-stack.service``'s boot-time ``ensure`` and the supervisor
-leave the host alone meanwhile (the front stays at 503; nothing comes back without the gate).
-A window whose deadline passed, or whose closing process was killed, is *abandoned*: the
-next one to take the host lock (the next deploy, ``ensure``, the supervisor) closes it, gate
-included. A *failed* window (the gate or the recreation failed) keeps the host out of
-service: the supervisor does not recreate its stack, the boot-time ensure and the next
-deploy close it again (recreate + gate), ``maintenance close`` does so by hand.
+The window's lock is held by the process the steps run in (the deploy's SSH session,
+``lock.session_anchor``) while it lives, across a reboot by a grace on the boot-time clock;
+no wall clock decides. Meanwhile the boot-time ``ensure`` and the supervisor leave the host
+alone (503; nothing comes back without the gate). A window whose holder is gone is
+*abandoned*: the supervisor closes it within a poll, or the next taker of the host lock. A
+*failed* window keeps the host out of service until a deploy or ``maintenance close`` closes
+it again. ``close`` refuses a live holder unless ``own`` (the deploy's own) or ``force``.
 
 Records (``records.read_window``; every write atomic): ``maintenance/window.json`` (schema
-``rigfleet-maintenance/1``: id, state ``open|closed|failed``, by, host, steps, opened_at, until,
-plan, serving_before, reason, gate, closed_at), ledger lines ``event: "maintenance"`` with
-``result`` ``opened`` (nothing serves: top-level stack keys null; ``previous`` what served),
-``closed`` (what serves, its new gate, ``ref``), ``failed`` (``attempted``, ``reason``,
-``phase``, ``boot_failure``, ``kept_log``) and ``abandoned``.
+``rigfleet-maintenance/1``), ledger lines ``event: "maintenance"`` with ``result`` ``opened``,
+``closed``, ``failed`` and ``abandoned``.
 """
 
 from __future__ import annotations
@@ -64,15 +49,12 @@ from .atomic import write_json
 from .front import MAINTENANCE, FrontError
 from .journal import Journal
 from .layout import Layout
-from .lock import HostLock, LockHeld
+from .lock import HostLock, LockHeld, WindowHold
 from .plan import Active, Plan, PlanError
 from .records import MAINTENANCE_SCHEMA, live_holder, read_holder, read_window
 from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, gate_reason, known_projects
 from .timings import maintenance_estimate, read_timings, record_drain, record_maintenance
 
-# Each step gives the window's lock this long (from the step) at most: a deploy that dies
-# mid-window leaves it abandoned that long after its last step, then it is closed (gate).
-DEFAULT_TTL_S = 1200.0
 KIND = "maintenance"
 
 
@@ -232,23 +214,29 @@ class Maintenance(Steps):
         self.drain = drain
         self.clock = clock
         self.lock = lock or HostLock(lay)
+        self.cause = ""
 
     # -- open ---------------------------------------------------------------------------------
 
-    def open(self, step: str, ttl_s: float = DEFAULT_TTL_S) -> Outcome:
-        """Open the window (or add ``step`` to this plan's open window)."""
+    def open(self, step: str, hold: WindowHold | None = None) -> Outcome:
+        """Open the window (or add ``step`` to this plan's open window).
+
+        + hold: what holds its lock (default: this process's SSH session, no reboot grace)
+        """
         plan, now = self.plan, self.clock()
+        hold = hold or WindowHold.here(plan.id)
         current, status, _ = window_status(self.lay, now)
         try:
-            note = self.lock.acquire_window(plan.by, f"maintenance: {step}", plan.id, now + ttl_s)
+            note = self.lock.acquire_window(plan.by, f"maintenance: {step}", hold)
         except LockHeld as held:
             if held.holder.get("window") == plan.id and current is not None \
                     and current.id == plan.id and current.state == "open":
                 steps = (*current.steps, {"what": step, "at": now})
-                until = max(current.until, now + ttl_s)
-                write_window(self.lay, replace(current, steps=steps, until=until))
-                self.lock.extend_window(plan.id, until, f"maintenance: {step}")
-                self.j.event("maintenance", f"window {plan.id} already open; step: {step}")
+                write_window(self.lay, replace(current, steps=steps))
+                self.lock.hold_window(hold, f"maintenance: {step}")
+                self.j.event("maintenance", f"window {plan.id} already open; step: {step}; "
+                             f"held by pid {hold.pid} ({hold.what})"
+                             + (" and across the reboot" if hold.reboot else ""))
                 return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
                                serving=self.front.current())
             reason = f"{plan.host or 'host'}: {held}"
@@ -256,6 +244,14 @@ class Maintenance(Steps):
             return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
         if note:
             self.j.event("lock", note, level="warning")
+        if current is not None and current.id == plan.id and current.state == "open":
+            # This deploy's own window, its holder gone meanwhile (a new connection): go on.
+            steps = (*current.steps, {"what": step, "at": now})
+            write_window(self.lay, replace(current, steps=steps))
+            self.j.event("maintenance", f"window {plan.id} held again by pid {hold.pid} "
+                         f"({hold.what}); step: {step}")
+            return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
+                           serving=self.front.current())
         if current is not None and status == "abandoned":
             ledger.append(self.lay, ledger.entry(
                 KIND, "abandoned", None, host=plan.host, by=plan.by, deploy_id=current.id,
@@ -267,7 +263,7 @@ class Maintenance(Steps):
             active = None
             self.j.event("maintenance", str(e), level="warning")
         serving = self.front.current()
-        window = Window(plan.id, "open", plan.by, plan.host, now, now + ttl_s,
+        window = Window(plan.id, "open", plan.by, plan.host, now, 0.0,
                         ({"what": step, "at": now},), plan.to_dict(),
                         serving if serving != MAINTENANCE else
                         (current.serving_before if current is not None else None))
@@ -283,7 +279,8 @@ class Maintenance(Steps):
             # Nothing was disturbed yet: give the host back as it was.
             write_window(self.lay, replace(window, state="closed", closed_at=self.clock(),
                                            reason=f"not opened: the front refused 503: {e}"))
-            if self.lock.adopt_window(plan.id, "giving back a window that did not open"):
+            if self.lock.adopt_window(plan.id, "giving back a window that did not open",
+                                      take_live=True):
                 self.lock.release()
             return Outcome("refused", st.EXIT_ROLLED_BACK, KIND, reason=f"the front could not be "
                            f"switched to 503 ({e}): nothing was disturbed", phase="front",
@@ -298,40 +295,79 @@ class Maintenance(Steps):
                                         plan.retry_after_s)
             with contextlib.suppress(FrontError):
                 self.front.maintenance(f"maintenance: {step}", rest.seconds, wait=False)
-        # The window's deadline counts from here: a long drain must not make it abandoned.
-        until = max(window.until, self.clock() + ttl_s)
-        window = replace(window, drain=drained.to_dict() if drained else None, until=until)
+        window = replace(window, drain=drained.to_dict() if drained else None)
         write_window(self.lay, window)
-        if until > now + ttl_s:
-            self.lock.extend_window(plan.id, until, f"maintenance: {step}")
         ledger.append(self.lay, ledger.entry(
             KIND, "opened", None, host=plan.host, by=plan.by, deploy_id=plan.id,
             previous=active.ref if active else None, reason=step,
             extra={"drain": drained.to_dict()} if drained else None))
-        self.j.event("maintenance", f"window {plan.id} open until "
-                     f"{time.strftime('%H:%M:%SZ', time.gmtime(until))}: the front "
-                     f"answers 503 + Retry-After {estimate.seconds}s; step: {step}")
+        self.j.event("maintenance", f"window {plan.id} open while pid {hold.pid} "
+                     f"({hold.what}) lives: the front answers 503 + Retry-After "
+                     f"{estimate.seconds}s; step: {step}")
         return Outcome("open", st.EXIT_PROMOTED, KIND, active.ref.stack if active else "",
                        serving=MAINTENANCE, drain=drained.to_dict() if drained else None,
                        retry_after_s=estimate.seconds)
 
 
+    def hold(self, hold: WindowHold | None = None) -> Outcome:
+        """The deploy is back after its reboot: this plan's open window held by its new
+        session (no reboot grace any more). Exit 3 when the window is not this plan's, or
+        was closed meanwhile (its grace ran out: the host closed it)."""
+        plan = self.plan
+        hold = hold or WindowHold.here(plan.id)
+        window, status, why = window_status(self.lay, self.clock())
+        if window is None or window.id != plan.id or window.state != "open":
+            reason = (f"{plan.host or 'host'}: maintenance window {plan.id} is not open here "
+                      f"any more ({status}{': ' + why if why else ''})")
+            self.j.event("maintenance", reason, level="error")
+            return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
+        if not self.lock.hold_window(hold, "maintenance: back from the reboot"):
+            try:
+                self.lock.acquire_window(plan.by, "maintenance: back from the reboot", hold)
+            except LockHeld as held:
+                reason = f"{plan.host or 'host'}: {held}"
+                self.j.event("maintenance", reason, level="error")
+                return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
+        self.j.event("maintenance", f"window {plan.id} held by pid {hold.pid} ({hold.what})")
+        return Outcome("open", st.EXIT_PROMOTED, KIND, reason="held",
+                       serving=self.front.current())
+
     # -- close --------------------------------------------------------------------------------
 
-    def close(self) -> Outcome:
+    def close(self, own: bool = False, force: bool = False, cause: str = "") -> Outcome:
         """Recreate the verified stack, gate it, route the front to it (see the module
         docstring). Closes this plan's window, an abandoned or failed one, or (nothing to
-        close) says so."""
+        close) says so.
+
+        + own: the caller is the deploy that holds this plan's window (it may take its lock)
+        + force: take the window's lock from a holder that lives (a person said so)
+        + cause: why it is closed now (a deploy that failed inside it), for the ledger
+        """
         plan = self.plan
         window, status, why = window_status(self.lay, self.clock())
         if status == "none" and not self.lock.held:
             self.j.event("maintenance", "no maintenance window to close")
             return Outcome("noop", st.EXIT_PROMOTED, KIND, reason="no maintenance window to close",
                            serving=self.front.current())
+        self.cause = cause
+        if cause:
+            self.j.event("maintenance", f"closing at once: {cause}", level="warning")
         ours = not self.lock.held  # a caller that holds the lock keeps it
         if ours:
             wid = window.id if window is not None else ""
-            if not (wid and self.lock.adopt_window(wid, f"closing maintenance window {wid}")):
+            take_live = force or (own and wid == plan.id)
+            try:
+                adopted = bool(wid) and self.lock.adopt_window(
+                    wid, f"closing maintenance window {wid}", take_live=take_live)
+            except LockHeld as held:
+                reason = (f"{plan.host or 'host'}: {held}; refusing to take it from a holder "
+                          "that lives (`maintenance close --force` does, naming it)")
+                self.j.event("lock", reason, level="error")
+                return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
+            if adopted and status == "held" and force and not own:
+                self.j.event("lock", f"took window {wid} from a live holder (--force)",
+                             level="warning")
+            if not adopted:
                 try:
                     note = self.lock.acquire(plan.by, f"closing maintenance window {wid}",
                                              wid or plan.id)
@@ -402,7 +438,8 @@ class Maintenance(Steps):
         ledger.append(self.lay, ledger.entry(
             KIND, "closed", written.ref, host=plan.host, by=plan.by,
             deploy_id=window.id if window else plan.id, gate=gate.record(), active=True,
-            reason=f"recreated and verified after: {steps}"))
+            reason=f"recreated and verified after: {steps}"
+                   + (f" ({self.cause})" if self.cause else "")))
         ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
         record_maintenance(self.lay, ref.stack, boot_s, gate_s,
                            max(0.0, steps_s) if steps_s is not None else None, None)
@@ -431,7 +468,8 @@ class Maintenance(Steps):
                 self.stop(known_projects(self.lay))
         except Failure as f:
             self.j.event("maintenance", f.reason, level="warning")
-        reason = f"maintenance failed ({failure.phase}): {failure.reason}"
+        reason = f"maintenance failed ({failure.phase}): {failure.reason}" \
+            + (f" (closed because {self.cause})" if self.cause else "")
         try:
             self.front.maintenance(f"not serving: {failure.reason}", plan.retry_after_s,
                                    wait=False)
@@ -468,5 +506,5 @@ def supersede(lay: Layout, by: str, why: str) -> None:
                                   reason=f"superseded: {why} (by {by})"))
 
 
-__all__ = ["DEFAULT_TTL_S", "NO_DRAIN", "Drain", "Maintenance", "Window",
+__all__ = ["NO_DRAIN", "Drain", "Maintenance", "Window",
            "out_of_service", "plan_of", "supersede", "window_status"]

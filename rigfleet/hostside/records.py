@@ -11,8 +11,8 @@ Records:
 - ``ledger.jsonl``: one JSON object per change (``rigfleet.hostside.ledger.entry``);
 - ``active/active.json``: ``rigfleet.hostside.plan.Active``;
 - ``lock/holder.json``: who holds the host lock, with the liveness data (``holder_alive``): a
-  process (pid, its start time, the boot) or a maintenance window (open until a deadline,
-  across the reboot a driver change needs);
+  process (pid, its start time, the boot), also for a maintenance window (the deploy's SSH
+  session; across the reboot a driver change needs, a grace on the boot-time clock);
 - ``maintenance/window.json``: the maintenance window (``rigfleet.hostside.maintenance``;
   read with ``read_window``);
 - ``reports/verify-<ts>.json``: gate reports (schema ``rigfleet-verify/1``);
@@ -129,15 +129,27 @@ def pid_start_ticks(pid: int) -> int | None:
         return None
 
 
-def holder_alive(holder: dict[str, Any], now: float | None = None) -> bool:
-    """True while the lock's holder lives: the process that took it still runs (same boot,
-    same pid start), or, for a maintenance window (``"window"``: its id), until the window's
-    deadline (``"until"``, epoch seconds; it outlives the reboot of a driver change). A window
-    whose deadline passed was abandoned (its deploy died): its lock is stale like a dead
-    process's, and whoever takes it over closes the window (recreate + gate)."""
-    if holder.get("window"):
-        until = holder.get("until")
-        return isinstance(until, int | float) and (time.time() if now is None else now) < until
+class BootClock:
+    """Time no wall-clock step moves: which boot this is, and seconds on the kernel's boot-time
+    clock (``CLOCK_BOOTTIME``). A container host restarted keeps the kernel's boot id, so a
+    boot is the boot id *and* PID 1's start. Tests pass their own."""
+
+    def boot(self) -> str:
+        return f"{boot_id()}/{pid_start_ticks(1)}"
+
+    def uptime(self) -> float:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+    def since_boot(self) -> float:
+        """Seconds since this boot's PID 1 started."""
+        return self.uptime() - (pid_start_ticks(1) or 0) / os.sysconf("SC_CLK_TCK")
+
+
+BOOT_CLOCK = BootClock()
+
+
+def process_alive(holder: dict[str, Any]) -> bool:
+    """The recorded process (``pid``, ``pid_start``, ``boot_id``) still runs."""
     if holder.get("boot_id") and holder.get("boot_id") != boot_id():
         return False
     pid = holder.get("pid")
@@ -147,6 +159,37 @@ def holder_alive(holder: dict[str, Any], now: float | None = None) -> bool:
     if start is None:
         return False
     return holder.get("pid_start") in (None, start)
+
+
+def reboot_hold(reboot: Any, clock: BootClock = BOOT_CLOCK) -> bool:
+    """A window's hold across its reboot (``{"boot", "at", "grace_s"}``, written before the
+    reboot): in the boot that asked for it, ``grace_s`` from ``at`` (boot-time clock); in a
+    later boot, ``grace_s`` from that boot's start (the deploy reconnects meanwhile)."""
+    if not isinstance(reboot, dict):
+        return False
+    grace, at = reboot.get("grace_s"), reboot.get("at")
+    if not isinstance(grace, int | float) or not isinstance(at, int | float):
+        return False
+    if reboot.get("boot") == clock.boot():
+        return clock.uptime() - at < grace
+    return clock.since_boot() < grace
+
+
+def holder_alive(holder: dict[str, Any], now: float | None = None,
+                 clock: BootClock = BOOT_CLOCK) -> bool:
+    """True while the lock's holder lives: the process that took it still runs (same boot,
+    same pid start). A maintenance window (``"window"``: its id) is held by a process too
+    (``anchor``: the deploy's SSH session, in which every step runs), and across the reboot
+    of a driver change by ``reboot`` (``reboot_hold``); no wall clock is read, so a clock
+    stepped forwards or backwards abandons nothing. A window written by an older host tool
+    (no ``anchor``) lives until its deadline (``until``, epoch seconds). A window whose
+    holder is gone was abandoned: whoever takes the lock then closes it (recreate + gate)."""
+    if holder.get("window") and not holder.get("anchor"):
+        until = holder.get("until")
+        return isinstance(until, int | float) and (time.time() if now is None else now) < until
+    if process_alive(holder):
+        return True
+    return bool(holder.get("window")) and reboot_hold(holder.get("reboot"), clock)
 
 
 def read_holder(lock_dir: Path) -> dict[str, Any] | None:
@@ -170,8 +213,14 @@ def read_holder(lock_dir: Path) -> dict[str, Any] | None:
 
 
 def describe(holder: dict[str, Any]) -> str:
-    """One line about a holder, for refusals and takeovers."""
-    if holder.get("window"):
+    """One line about a holder, for refusals and takeovers (never suggesting to take a lock
+    from a holder that lives)."""
+    if holder.get("window") and holder.get("anchor"):
+        where = (f"maintenance window {holder['window']}, held while pid {holder.get('pid')} "
+                 f"({holder.get('anchor')}) lives")
+        if isinstance(holder.get("reboot"), dict):
+            where += ", and across its reboot"
+    elif holder.get("window"):
         until = holder.get("until")
         stamp = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
                  if isinstance(until, int | float) else "?")
@@ -183,9 +232,9 @@ def describe(holder: dict[str, Any]) -> str:
         holder.get("deploy_id") != holder.get("window") else ""
     line = (f"locked by {holder.get('who') or 'unknown'} since {holder.get('since') or '?'} "
             f"({where}{deploy}): {holder.get('why') or 'no reason given'}")
-    if holder.get("window"):
-        line += ("; the window closes by itself after its deadline (the stack recreated and "
-                 "gated), or at once with: rigfleet-host.pyz maintenance close")
+    if holder.get("window") and holder.get("alive", True):
+        line += ("; the deploy that holds it closes it (stack recreated and gated); if that "
+                 "deploy is gone, the host closes it by itself")
     return line
 
 

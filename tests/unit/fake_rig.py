@@ -182,6 +182,8 @@ class FakeRig:
     mok_pending: bool = False
     journal: list[str] = field(default_factory=list)  # this boot's log lines
     run_installer: bool = False  # a driver from NVIDIA's .run installer (nvidia-uninstall)
+    pkg_busy: str = ""  # ``maintenance ready`` fails with this (a held dpkg lock, a full disk)
+    apt_failure: str = ""  # ``apt-get install`` (not a download) fails with this
     stdin_seen: list[str] = field(default_factory=list)  # what commands got on stdin
     uploads: list[str] = field(default_factory=list)  # paths written by an upload (put_file)
     # What `haproxy -c` says of a config (None: valid), as HAProxy's own message.
@@ -500,11 +502,20 @@ class FakeRig:
             self.put("/var/lib/rigfleet/state.json", json.dumps({**state, **tracked}).encode())
             self.ledger.append(json.dumps({"event": "pins", **tracked}))
             return True, []
-        m = re.search(r"rigfleet-host.pyz maintenance open --plan (\S+) --step (.+) --ttl-s", cmd)
+        if "rigfleet-host.pyz maintenance ready" in cmd:
+            self.events.append("window ready" + (" (packages)" if "--packages" in cmd else ""))
+            if self.pkg_busy:
+                return False, [f"not opening the maintenance window: {self.pkg_busy}"]
+            return True, []
+        m = re.search(r"rigfleet-host.pyz maintenance open --plan (\S+) --step (.+?)"
+                      r"(?: --reboot-grace-s (\S+))?$", cmd)
         if m:
             return self._window_open(json.loads(self.files[m.group(1)]), shlex.split(m.group(2))[0])
+        if "rigfleet-host.pyz maintenance hold" in cmd:
+            self.events.append("window hold")
+            return True, []
         m = re.search(r"^systemd-run --unit rigfleet-maint-\S+ .* maintenance close --plan (\S+) "
-                      r"--journal-id (\S+)$", cmd)
+                      r"--journal-id (\S+) --own(?: --cause (.+))?$", cmd)
         if m:
             self._window_close(json.loads(self.files[m.group(1)]), m.group(2))
             return True, []
@@ -521,6 +532,11 @@ class FakeRig:
             self.route = f"{ref['stack']}/{ref['config_hash']}"
             return True, []
         m = re.search(r"apt-get .* install (.+)$", cmd)
+        if m and " --download-only " in cmd:
+            self.events.append(f"download {m.group(1)}")
+            return True, []
+        if m and self.apt_failure:
+            return False, [self.apt_failure]
         if m:
             for spec in shlex.split(m.group(1)):
                 name, _, version = spec.partition("=")

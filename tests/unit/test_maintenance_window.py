@@ -9,6 +9,7 @@ The real ``rigfleet.hostside`` code runs against a temporary root and the fakes 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -20,10 +21,10 @@ from rigfleet.hostside.active import read_active
 from rigfleet.hostside.ensure import Ensure
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
-from rigfleet.hostside.lock import HostLock
+from rigfleet.hostside.lock import HostLock, WindowHold, session_anchor
 from rigfleet.hostside.maintenance import Maintenance, Window, window_status
 from rigfleet.hostside.plan import Plan
-from rigfleet.hostside.records import holder_alive, read_holder
+from rigfleet.hostside.records import BootClock, boot_id, holder_alive, pid_start_ticks, read_holder
 from rigfleet.hostside.supervise import Policy
 from rigfleet.hostside.supervisor import Supervisor
 from rigfleet.hostside.transaction import Transaction
@@ -66,8 +67,10 @@ def test_open_takes_the_lock_as_the_window_and_answers_503(lay):
     out = maint(lay, host, front, plan).open("Docker restart (daemon.json: exec-opts)")
     assert (out.result, out.exit, out.serving) == ("open", 0, "maintenance")
     holder = read_holder(lay.lock_dir)
-    # The window holds the lock, not a process: alive until its deadline, whatever the pid.
-    assert holder["window"] == plan.id and holder["alive"] and holder["until"] > time.time()
+    # The window holds the lock, alive while the process the steps run in (the deploy's SSH
+    # session; here pytest's parent) lives; no deadline.
+    assert holder["window"] == plan.id and holder["alive"] and "until" not in holder
+    assert holder["pid"] == session_anchor()[0] != os.getpid()
     assert front.current() == "maintenance"
     assert front.messages[-1] == "maintenance: Docker restart (daemon.json: exec-opts)"
     window, status, why = window_status(lay)
@@ -75,20 +78,79 @@ def test_open_takes_the_lock_as_the_window_and_answers_503(lay):
     line = ledger_lines(lay)[-1]
     assert (line["event"], line["result"], line["stack"]) == ("maintenance", "opened", None)
     assert line["previous"]["stack"] == "int8" and host.calls == []  # nothing else touched
-    # The next step joins the same window and moves its deadline on.
-    again = maint(lay, host, front, plan).open("reboot to load the NVIDIA driver", ttl_s=2100)
+    # The next step joins the same window (held across its reboot from now on).
+    again = maint(lay, host, front, plan).open("reboot to load the NVIDIA driver",
+                                               WindowHold.here(plan.id, reboot_grace_s=1200))
     assert again.exit == 0 and again.reason.startswith("already open")
     window, _, why = window_status(lay)
     assert [s["what"] for s in window.steps] == ["Docker restart (daemon.json: exec-opts)",
                                                  "reboot to load the NVIDIA driver"]
-    assert read_holder(lay.lock_dir)["until"] > holder["until"]
-    # Another deploy's window (or swap) is refused while this one is open.
+    assert read_holder(lay.lock_dir)["reboot"]["grace_s"] == 1200
+    # Another deploy's window (or swap) is refused while this one is open, and the message
+    # does not suggest taking it over.
     other = maint(lay, host, front, window_plan(lay, "maint-other")).open("x")
     assert other.result == "locked" and other.exit == 3
-    assert "maintenance window maint-20261201T100000Z-aaaaaa, open until" in other.reason
+    assert "maintenance window maint-20261201T100000Z-aaaaaa, held while pid" in other.reason
+    assert "maintenance close" not in other.reason
 
 
-def test_a_window_lock_outlives_its_process_and_the_boot_until_its_deadline():
+class Clock(BootClock):
+    """A boot-time clock the test moves (and a boot it replaces)."""
+
+    def __init__(self) -> None:
+        self.boot_key, self.up, self.started = "boot-1", 5_000.0, 0.0
+
+    def boot(self) -> str:
+        return self.boot_key
+
+    def uptime(self) -> float:
+        return self.up
+
+    def since_boot(self) -> float:
+        return self.up - self.started
+
+    def reboot(self, gap_s: float) -> None:
+        self.boot_key, self.started = self.boot_key + "+", self.up + gap_s
+        self.up = self.started + 1.0
+
+
+def test_a_window_is_held_while_its_process_lives_whatever_the_wall_clock_says():
+    me = os.getpid()
+    holder = {"window": "maint-x", "anchor": "the deploy's SSH session", "pid": me,
+              "pid_start": pid_start_ticks(me), "boot_id": boot_id()}
+    # A step of any length, and wall clocks stepped by years either way: held.
+    for now in (0.0, time.time() - 10 * 365 * 86400, time.time() + 10 * 365 * 86400):
+        assert holder_alive(holder, now=now)
+    # Its process gone (the deploy ended or died): abandoned at once, whatever the clock.
+    gone = {**holder, "pid": _gone_pid(), "pid_start": 1}
+    assert not holder_alive(gone, now=0.0) and not holder_alive(gone)
+
+
+def test_across_its_reboot_a_window_is_held_by_a_grace_on_the_boot_time_clock():
+    clock = Clock()
+    hold = {"boot": "boot-1", "at": clock.up, "grace_s": 1200.0}
+    holder = {"window": "maint-x", "anchor": "the deploy's SSH session", "pid": _gone_pid(),
+              "pid_start": 1, "reboot": hold}
+    # Before the machine goes down (sshd already killed): held for the grace from the request.
+    clock.up += 600
+    assert holder_alive(holder, clock=clock)
+    # The next boot, 3 minutes later; the wall clock jumps by a year (an RTC reset): held for
+    # the grace from the boot's start, on the boot-time clock only.
+    clock.reboot(180.0)
+    for now in (0.0, time.time() + 365 * 86400):
+        assert holder_alive(holder, now=now, clock=clock)
+    clock.up += 1100
+    assert holder_alive(holder, clock=clock)
+    clock.up += 200  # the deploy never came back: abandoned (the supervisor closes it)
+    assert not holder_alive(holder, clock=clock)
+    # A reboot that never came: the grace from the request ends it in the same boot.
+    same = Clock()
+    stuck = {**holder, "reboot": {"boot": "boot-1", "at": same.up, "grace_s": 1200.0}}
+    same.up += 1201
+    assert not holder_alive(stuck, clock=same)
+
+
+def test_an_older_tools_window_still_lives_until_its_deadline():
     holder = {"window": "maint-x", "until": 2_000.0, "pid": 999_999, "boot_id": "other-boot"}
     assert holder_alive(holder, now=1_999.0)
     assert not holder_alive(holder, now=2_000.5)
@@ -122,7 +184,7 @@ def test_the_drain_hook_runs_before_the_503_and_after_the_route_is_back(lay):
     plan = window_plan(lay)
     drain = Balancer(front)
     maint(lay, host, front, plan, drain=drain).open("Docker restart")
-    maint(lay, host, front, plan, gate=FakeGate(), drain=drain).close()
+    maint(lay, host, front, plan, gate=FakeGate(), drain=drain).close(own=True)
     assert drain.calls == [("before", plan.id, ROUTE), ("after", "closed", ROUTE)]
 
 
@@ -135,7 +197,7 @@ def test_close_recreates_gates_and_routes_then_frees_the_lock(lay):
     maint(lay, host, front, plan).open("Docker restart (daemon.json: exec-opts)")
     host.containers.clear()  # the restart stopped it (no live-restore yet)
     gate = FakeGate()
-    out = maint(lay, host, front, plan, gate=gate).close()
+    out = maint(lay, host, front, plan, gate=gate).close(own=True)
     assert (out.result, out.exit, out.serving) == ("closed", 0, ROUTE)
     assert [c.split(" t=")[0] for c in host.calls if c.startswith(("up", "down"))] == [
         "down rigfleet-int8", "up rigfleet-int8 1111aaaa2222bbbb"]
@@ -157,7 +219,7 @@ def test_a_close_whose_gate_fails_keeps_503_stops_the_stack_and_says_why(lay):
     host, front, ref = serving(lay)
     plan = window_plan(lay)
     maint(lay, host, front, plan).open("NVIDIA driver 590 install")
-    out = maint(lay, host, front, plan, gate=FakeGate(failed=("needles",))).close()
+    out = maint(lay, host, front, plan, gate=FakeGate(failed=("needles",))).close(own=True)
     assert (out.result, out.exit, out.serving) == ("failed", 2, "maintenance")
     assert out.reason.startswith("maintenance failed (gate): gate failed 1 check(s): needles")
     assert host.running_now() == {}  # it did not pass: nothing may route to it
@@ -204,8 +266,8 @@ def test_while_a_window_holds_the_host_ensure_and_the_supervisor_leave_it_alone(
 def test_an_abandoned_window_is_closed_by_the_supervisor_with_the_gate(lay):
     host, front, ref = serving(lay)
     plan = window_plan(lay)
-    past = time.time() - 3 * 3600
-    maint(lay, host, front, plan, clock=lambda: past).open("Docker restart")  # deadline gone
+    # The deploy that opened it is gone (its SSH session ended).
+    maint(lay, host, front, plan).open("Docker restart", WindowHold(plan.id, _gone_pid(), "x"))
     host.containers.clear()
     assert window_status(lay)[1] == "abandoned"
     gate = FakeGate()
@@ -236,7 +298,7 @@ def test_a_close_killed_midway_leaves_an_abandoned_window_the_next_holder_closes
                    lock=HostLock(lay, pid=_gone_pid()))
     closer.lock.release = lambda: None  # type: ignore[method-assign]  # killed: no finally
     with pytest.raises(Killed):
-        closer.close()
+        closer.close(own=True)
     # Its lock is a dead process's now: stale. The window record still says open.
     assert not read_holder(lay.lock_dir)["alive"] and window_status(lay)[1] == "abandoned"
     out = Ensure(lay, host, front, Journal(lay.swap_dir("ensure-2"), echo=None), who="boot",
@@ -250,7 +312,7 @@ def test_a_swap_that_promotes_supersedes_a_failed_window_and_one_that_fails_has_
     host, front, ref = serving(lay)
     plan = window_plan(lay)
     maint(lay, host, front, plan).open("NVIDIA driver 590 install")
-    maint(lay, host, front, plan, gate=FakeGate(failed=("soak",))).close()
+    maint(lay, host, front, plan, gate=FakeGate(failed=("soak",))).close(own=True)
     swap_plan = make_plan(lay, make_ref(lay, "tq3-mtp-genesis", "3333cccc4444dddd"),
                           plan_id="20261201T110000Z-bbbbbb")
     failed = Transaction(swap_plan, lay, host, front, FakeGate(failed=("needles",)),
@@ -282,7 +344,14 @@ def test_the_cli_opens_reports_and_closes(lay, monkeypatch, capsys):
     assert main([*root, "maintenance", "status", "--json"]) == 0
     status = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert status["status"] == "held" and status["window"]["steps"][0]["what"] == "Docker restart"
-    assert main([*root, "maintenance", "close", "--journal-id", "close-x-1"]) == 0
+    # Its holder lives (the session that opened it): a close by hand is refused, naming it.
+    assert main([*root, "maintenance", "close", "--journal-id", "close-x-0"]) == 3
+    err = capsys.readouterr().err
+    assert f"held while pid {session_anchor()[0]}" in err and "--force" in err
+    assert window_status(lay)[1] == "held" and front.current() == "maintenance"
+    # --force names the holder and (no terminal to ask at) takes it.
+    assert main([*root, "maintenance", "close", "--force", "--journal-id", "close-x-1"]) == 0
+    assert "close --force: locked by" in capsys.readouterr().err
     done = Journal.read(lay.swap_dir("close-x-1"))
     assert done["state"] == "done" and done["result"]["result"] == "closed"
     assert front.current() == ROUTE

@@ -262,7 +262,7 @@ def test_bare_host_installs_the_right_packages_then_converges(
     # Each install is preceded by exactly one apt-get update.
     assert len(
         run.ran(
-            "apt-get -y -q -o Dpkg::Options::=--force-confdef -o "
+            "apt-get -y -q -o DPkg::Lock::Timeout=120 -o Dpkg::Options::=--force-confdef -o "
             "Dpkg::Options::=--force-confold update"
         )
     ) == len(installs)
@@ -354,9 +354,20 @@ def test_reboot_and_downgrade_when_installed_driver_is_on_another_branch(data):
     rig.driver_loaded = "590.44.01"
     run = deploy(rig, data)
     assert not run.failed
-    [install] = run.ran(" install nvidia-driver-cuda")
+    # A serving host: the packages are fetched, the package manager checked, and only then
+    # the window opens and they are installed.
+    [fetch, install] = run.ran(" install nvidia-driver-cuda")
+    assert "--download-only" in fetch and "--download-only" not in install
     assert "--allow-downgrades --allow-change-held-packages" in install
+    [ready] = run.ran("maintenance ready --packages")
+    [opened] = [c for c in run.ran("maintenance open") if "NVIDIA driver 580" in c]
+    assert run.commands.index(ready) < run.commands.index(fetch) < run.commands.index(opened) \
+        < run.commands.index(install)
     assert len(run.ran("systemctl reboot")) == 1
+    [reboot_step] = run.ran("--step 'reboot to load the NVIDIA driver'")
+    assert "--reboot-grace-s 1200" in reboot_step
+    assert run.commands.index(run.ran("systemctl reboot")[0]) \
+        < run.commands.index(run.ran("maintenance hold")[0])
     assert rig.driver_loaded == "580.105.08"
 
 
@@ -1277,19 +1288,55 @@ def test_a_driver_change_installs_and_reboots_a_serving_host_inside_its_window(d
     run = deploy(rig, data)
     assert not run.failed, run.commands[-3:]
     install_step, install, reboot_step, reboot, close = order(
-        run, "--step 'NVIDIA driver 580 install'", " install nvidia-driver-cuda",
+        run, "--step 'NVIDIA driver 580 install'",
+        "--allow-change-held-packages install nvidia-driver-cuda",
         "--step 'reboot to load the NVIDIA driver'", "systemctl reboot",
         "systemd-run --unit rigfleet-maint-")
     assert install_step < install < reboot_step < reboot < close
     # One window: the plan is shipped once, the reboot step extends the same window.
     assert len(run.ran(" && sync -- ")) == 1 and len(run.ran("maintenance open")) == 2
-    assert "--ttl-s 2100" in run.commands[reboot_step]
+    assert "--reboot-grace-s 1200" in run.commands[reboot_step]
     # After the reboot the stack did not come back by itself (the window held the host);
     # the close recreated it through the gate.
     assert rig.events.index("reboot") < max(i for i, e in enumerate(rig.events)
                                             if e.startswith("window close"))
     assert rig.containers["rigfleet-int8"][0] == "running" and rig.route.startswith("int8/")
     assert rig.driver_loaded == "580.105.08"
+
+
+def test_a_busy_package_manager_opens_no_window_and_keeps_the_host_serving(data):
+    rig = converged("debian13", data)
+    rig.packages["nvidia-driver-cuda"] = "590.44.01-1"
+    rig.driver_loaded = "590.44.01"
+    rig.pkg_busy = ("the package manager is busy: /var/lib/dpkg/lock-frontend is held by pid "
+                    "4242 (/usr/bin/python3 /usr/bin/unattended-upgrade), still after 120 s")
+    route = rig.route
+    run = deploy(rig, data)
+    # (The host tool's own words are tests/unit/test_pkg_ready.py's.)
+    assert run.failed and rig.events[-1] == "window ready (packages)"
+    assert run.ran("maintenance ready --packages") and run.ran("maintenance open") == []
+    assert run.ran("apt-get") == [] and run.ran("systemctl reboot") == []
+    assert rig.route == route and rig.containers["rigfleet-int8"][0] == "running"
+    assert rig.window is None and rig.packages["nvidia-driver-cuda"] == "590.44.01-1"
+
+
+def test_a_deploy_failing_inside_its_window_closes_it_at_once(data):
+    rig = converged("debian13", data)
+    rig.packages["nvidia-driver-cuda"] = "590.44.01-1"
+    rig.driver_loaded = "590.44.01"
+    rig.apt_failure = "E: Sub-process /usr/bin/dpkg returned an error code (1)"
+    run = deploy(rig, data)
+    assert run.failed and run.ran("systemctl reboot") == []
+    # The window opened, the install failed in it, and the deploy closed it right there
+    # (recreate + gate), naming the step that failed; nothing ran after it.
+    [close] = run.ran("systemd-run --unit rigfleet-maint-")
+    assert "--own --cause 'the deploy failed inside it at: NVIDIA driver | Install NVIDIA " \
+        "driver 580" in close
+    opened, failed_install = order(run, "--step 'NVIDIA driver 580 install'",
+                                   "--allow-change-held-packages install nvidia-driver-cuda")
+    assert opened < failed_install < run.commands.index(close) == len(run.commands) - 2
+    assert rig.window["state"] == "closed" and rig.route.startswith("int8/")
+    assert rig.containers["rigfleet-int8"][0] == "running"
 
 
 def test_a_close_that_fails_the_gate_fails_the_host_with_the_reason(data):

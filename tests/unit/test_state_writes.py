@@ -253,7 +253,7 @@ def test_no_state_file_is_written_any_other_way(lay, monkeypatch):
         sup.nap(5)
     window = make_plan(lay, make_ref(lay, "tq3-mtp-genesis", NEW), plan_id="maint-y")
     Maintenance(lay, host, front, journal(lay, window), window).open("Docker restart")
-    Maintenance(lay, host, front, journal(lay, window), window, gate=FakeGate()).close()
+    Maintenance(lay, host, front, journal(lay, window), window, gate=FakeGate()).close(own=True)
     # make_plan (the test's stand-in for the deploy's upload) wrote its plan files plainly.
     assert [p for p in plain if not p.endswith((".log", "plan.json"))] == []
 

@@ -336,7 +336,7 @@ def test_a_maintenance_window_drains_before_its_steps_run(lay):
     assert opened["drain"] == out.drain
 
 
-def test_a_long_drain_moves_the_windows_deadline_on(lay):
+def test_a_long_drain_does_not_abandon_the_window(lay):
     from rigfleet.hostside.maintenance import window_status
     from rigfleet.hostside.records import read_holder
 
@@ -346,10 +346,8 @@ def test_a_long_drain_moves_the_windows_deadline_on(lay):
                      plan_id="maint-20261201T100000Z-bbbbbb", gate_profile="fast")
     opened_at = host.wall()
     out = Maintenance(lay, host, front, Journal(lay.swap_dir("j-2"), echo=None), plan,
-                      clock=host.wall).open("Docker restart", ttl_s=300)
+                      clock=host.wall).open("Docker restart")
     assert out.drain["result"] == "drained" and host.wall() - opened_at >= 500
-    window, _, _ = window_status(lay, now=host.wall())
-    # (The fake clock is a year behind: the status is judged on the real clock; the deadline
-    # is what counts here.)
-    assert window.until >= host.wall() + 299
-    assert read_holder(lay.lock_dir)["until"] == window.until
+    # Held by the process the steps run in, however long the drain took.
+    assert window_status(lay, now=host.wall())[1] == "held"
+    assert read_holder(lay.lock_dir)["alive"]

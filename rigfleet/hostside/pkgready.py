@@ -1,0 +1,183 @@
+"""Before a maintenance window opens: can its work start? The package manager usable (its
+locks free within a bounded wait, naming who holds them; an interrupted dpkg repaired with the
+documented ``dpkg --configure -a``) and room on the disks the steps write to. A ``NotReady``
+leaves the host as it was: the window never opened, the stack still serves.
+
+    ready = Readiness(root=Path("/"), say=print)
+    ready.check(packages=True, lock_wait_s=120, min_free_mib=1024)   # raises NotReady
+
+Locks are the ones apt and dpkg take (``fcntl`` write locks): tested the way apt does (a
+non-blocking ``lockf`` on the file, released at once), holders found from ``/proc/locks`` and
+open file descriptors (``fuser``'s way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# apt's and dpkg's locks, in the order apt takes them.
+LOCKS = ("var/lib/dpkg/lock-frontend", "var/lib/dpkg/lock", "var/cache/apt/archives/lock",
+         "var/lib/apt/lists/lock")
+# Where the steps write: downloaded packages, installed files (DKMS builds), the initramfs,
+# rigfleet's records.
+SPACE = (("var/cache/apt/archives", 1.0), ("usr", 1.0), ("boot", 0.1), ("var/lib/rigfleet", 0.1))
+DPKG_REPAIR = ("dpkg", "--configure", "-a", "--force-confdef", "--force-confold")
+
+
+class NotReady(Exception):
+    """The window's work cannot start; ``str()`` says why and what to do."""
+
+
+@dataclass
+class Readiness:
+    """The checks, against ``root`` (``/`` on a host; a tree in tests).
+
+    + say: progress lines (who holds a lock while it waits)
+    + clock, sleep: monotonic time (tests pass fakes)
+    + run: runs the dpkg repair (argv) -> (exit status, output)
+    """
+
+    root: Path = Path("/")
+    say: Callable[[str], None] = print
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    run: Callable[[tuple[str, ...]], tuple[int, str]] = field(default=lambda argv: _run(argv))
+
+    def check(self, packages: bool, lock_wait_s: float, min_free_mib: int) -> list[str]:
+        """Raise ``NotReady`` when the work cannot start; else what was done (repairs)."""
+        done: list[str] = []
+        self.space(min_free_mib)
+        if packages:
+            self.wait_locks(lock_wait_s)
+            repaired = self.repair_dpkg()
+            if repaired:
+                done.append(repaired)
+        return done
+
+    def space(self, min_free_mib: int) -> None:
+        seen: set[int] = set()
+        for rel, share in SPACE:
+            path = self.root / rel
+            while not path.exists() and path != self.root:
+                path = path.parent
+            st = os.statvfs(path)
+            dev = os.stat(path).st_dev
+            if dev in seen:
+                continue
+            seen.add(dev)
+            free = st.f_bavail * st.f_frsize // (1024 * 1024)
+            need = int(min_free_mib * share)
+            if free < need:
+                raise NotReady(f"{path}: {free} MiB free; the maintenance needs {need} MiB "
+                               "there; free some space (apt-get clean, old logs) and run the "
+                               "deploy again")
+
+    def busy(self) -> tuple[str, str] | None:
+        """(the lock, who holds it) for the first lock held, else None."""
+        for rel in LOCKS:
+            path = self.root / rel
+            if not _held(path):
+                continue
+            return str(path), holders(path) or "a process this tool cannot see"
+        return None
+
+    def wait_locks(self, wait_s: float) -> None:
+        t0 = self.clock()
+        last = ""
+        while True:
+            busy = self.busy()
+            if busy is None:
+                return
+            line = f"{busy[0]} is held by {busy[1]}"
+            if line != last:
+                self.say(f"waiting up to {wait_s:g} s for the package manager: {line}")
+                last = line
+            waited = self.clock() - t0
+            if waited >= wait_s:
+                raise NotReady(f"the package manager is busy: {line}, still after {waited:.0f} "
+                               "s; let it finish (or stop it) and run the deploy again")
+            self.sleep(min(2.0, max(0.1, wait_s - waited)))
+
+    def repair_dpkg(self) -> str:
+        """``dpkg --configure -a`` when dpkg was interrupted (journal files left in
+        ``/var/lib/dpkg/updates``, as apt's "dpkg was interrupted" tells); "" when not."""
+        updates = self.root / "var/lib/dpkg/updates"
+        pending = [p.name for p in updates.iterdir()] if updates.is_dir() else []
+        if not pending:
+            return ""
+        self.say(f"dpkg was interrupted ({len(pending)} journal file(s) in {updates}); "
+                 f"repairing: {' '.join(DPKG_REPAIR)}")
+        status, output = self.run(DPKG_REPAIR)
+        if status != 0:
+            tail = " | ".join(output.strip().splitlines()[-3:])
+            raise NotReady(f"dpkg was interrupted and `{' '.join(DPKG_REPAIR)}` failed "
+                           f"(exit {status}: {tail}); repair the packages by hand, then run "
+                           "the deploy again")
+        return f"repaired an interrupted dpkg ({' '.join(DPKG_REPAIR)})"
+
+
+def _run(argv: tuple[str, ...]) -> tuple[int, str]:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _held(path: Path) -> bool:
+    """Someone holds a write lock on ``path`` (tried like apt: non-blocking, released)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return False  # no such lock file: nobody holds it
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno in (errno.EACCES, errno.EAGAIN)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)  # closing drops the lock
+    return False
+
+
+def holders(path: Path) -> str:
+    """``pid N (command line)`` of each process holding ``path`` open or locked."""
+    pids: set[int] = set()
+    with contextlib.suppress(OSError):
+        ino = os.stat(path).st_ino
+        for line in Path("/proc/locks").read_text().splitlines():
+            parts = line.split()
+            if "->" in parts:
+                continue  # a waiter, not a holder
+            if len(parts) >= 6 and parts[5].rsplit(":", 1)[-1] == str(ino) and \
+                    parts[4].isdigit() and int(parts[4]) > 0:
+                pids.add(int(parts[4]))
+    target = str(path)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) == target:
+                        pids.add(int(proc.name))
+                        break
+    return ", ".join(f"pid {pid} ({_cmdline(pid)})" for pid in sorted(pids))
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "gone"
+    text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    return text[:120] or "?"
+
+
+__all__ = ["LOCKS", "NotReady", "Readiness", "holders"]

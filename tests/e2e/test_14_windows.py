@@ -1,0 +1,232 @@
+"""Maintenance windows under a slow step, a busy package manager and a step that fails
+(issue 19), each on its own host, with a driver branch change as the window's work.
+
+1. host1 (its deploy runs in the background while host2's faults run): dpkg runs two
+   minutes longer than usual (an apt ``DPkg::Pre-Invoke`` hook that
+   sleeps, as a slow DKMS build or mirror does): the window is held the whole time (it is held
+   by the deploy's SSH session, not by a guess of its duration: no estimate can run out) and
+   closes once, cleanly, through the gate.
+2. host2: another process holds dpkg's frontend lock (a real ``fcntl`` lock, what apt and
+   unattended-upgrades take): the deploy waits its bounded time, then refuses naming the
+   holder; no window opened and the front answered 200 throughout.
+3. host2: dpkg fails inside the window (a ``Pre-Invoke`` hook that fails): the deploy closes
+   the window at once (recreate + gate) and the front answers 200 again before the deploy
+   returns, not 20 minutes later.
+
+Hooks are files in ``/etc/apt/apt.conf.d`` (apt's documented mechanism), removed afterwards.
+The hosts are left on the other driver branch (nothing converges after this module).
+
+    RIGFLEET_TESTBED_HOSTS=2 RIGFLEET_TESTBED_EXTRAS=0 RIGFLEET_KEEP_TESTBED=1 \
+        .venv/bin/python -m pytest tests/e2e/test_14_windows.py -x -v
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import HOSTS, INVENTORY, STATE, ledger, run, wait_for
+from test_04_swap import FrontProbe, front_answers
+
+if HOSTS < 2:
+    pytest.skip("the window faults need 2 hosts: RIGFLEET_TESTBED_HOSTS=2",
+                allow_module_level=True)
+
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+PINS = STATE / "windows-pins.yaml"
+WINDOWS_INVENTORY = INVENTORY.with_name(INVENTORY.stem + "-windows.py")
+HOOK = "/etc/apt/apt.conf.d/99rigfleet-e2e"
+SLOW_S = 120
+HOLDER_UNIT = "rigfleet-e2e-dpkg-holder"
+HOLD_LOCK = ("import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'r+'); "
+             "fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(1800)")
+TOOL = "python3 /usr/local/lib/rigfleet/rigfleet-host.pyz"
+
+
+def branch_of(host) -> str:
+    rc, out = host.sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    assert rc == 0 and out.strip(), out
+    return out.splitlines()[0].split(".")[0]
+
+
+def maintenance_lines(host, since: int) -> list[dict]:
+    return [x for x in ledger(host)[since:] if x.get("event") == "maintenance"]
+
+
+def deploy(host, *, env: dict[str, str] | None = None):
+    return run([PYINFRA, str(WINDOWS_INVENTORY), "deploy.py", "-y", "--limit", host.name],
+               check=False, timeout=1800, env={**os.environ, **(env or {})})
+
+
+def put_hook(host, body: str) -> None:
+    rc, out = host.sh(f"printf '%s\\n' {shlex.quote(body)} > {HOOK}")
+    assert rc == 0, out
+
+
+@pytest.fixture(scope="module")
+def fleet(testbed, converged):
+    """The converged fleet and an inventory whose pins name the other driver branch."""
+    hosts = testbed.fleet[:2]
+    for h in hosts:
+        wait_for(lambda h=h: front_answers(h, testbed.api_key), 300, f"{h.name} serving")
+    now = {branch_of(h) for h in hosts}
+    assert len(now) == 1, now
+    other = "590" if now == {"580"} else "580"
+    text = (STATE / "pins.yaml").read_text()
+    changed = re.sub(r"branch: '\d+'", f"branch: '{other}'", text, count=1)
+    assert changed != text, text
+    PINS.write_text(changed)
+    WINDOWS_INVENTORY.write_text(f'''"""The testbed inventory on {PINS.name} (tests/e2e/test_14_windows.py)."""
+import runpy
+
+_tb = runpy.run_path({str(INVENTORY)!r})
+_hosts, _data = _tb["gpu_hosts"]
+gpu_hosts = (_hosts, {{**_data, "pins_file": {str(PINS)!r}}})
+balancers = _tb.get("balancers", ([], {{}}))
+''')
+    slow = SlowDeploy(hosts[0], testbed.api_key)
+    slow.start()
+    try:
+        yield testbed, other, slow
+    finally:
+        slow.join(1800)
+    for h in hosts:
+        h.sh(f"rm -f {HOOK}; systemctl stop {HOLDER_UNIT} 2>/dev/null || true")
+    for f in (WINDOWS_INVENTORY, PINS):
+        f.unlink(missing_ok=True)
+
+
+class StatusWatch(threading.Thread):
+    """Asks the host tool for the window's status every 3 s (what the supervisor and
+    ``ensure`` go by)."""
+
+    def __init__(self, host) -> None:
+        super().__init__(daemon=True)
+        self.host, self.seen = host, []
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                rc, out = self.host.sh(f"{TOOL} maintenance status --json", timeout=30)
+                if rc == 0:
+                    self.seen.append((time.monotonic(), json.loads(out)["status"]))
+            except Exception:  # the reboot
+                pass
+            self._stop.wait(3)
+
+    def stop(self) -> StatusWatch:
+        self._stop.set()
+        self.join(60)
+        return self
+
+
+class SlowDeploy(threading.Thread):
+    """host1's deploy with dpkg slowed by ``SLOW_S`` (once), watched (window status, front)."""
+
+    def __init__(self, host, key: str) -> None:
+        super().__init__(daemon=True)
+        self.host, self.key = host, key
+        self.proc, self.error = None, None
+        self.seen: list[tuple[float, str]] = []
+        self.answers: list[tuple] = []
+        self.since = len(ledger(host))
+
+    def run(self) -> None:
+        host = self.host
+        put_hook(host, 'DPkg::Pre-Invoke {"if [ ! -e /run/rigfleet-e2e-slowed ]; then touch '
+                       f'/run/rigfleet-e2e-slowed; sleep {SLOW_S}; fi";}};')
+        watch, probe = StatusWatch(host), FrontProbe(host, self.key)
+        watch.start()
+        probe.start()
+        try:
+            self.proc = deploy(host)
+        except Exception as e:
+            self.error = e
+        finally:
+            self.seen, self.answers = watch.stop().seen, probe.stop().seen
+            host.sh(f"rm -f {HOOK}")
+
+
+def test_a_held_dpkg_lock_keeps_the_host_serving_and_the_deploy_names_its_holder(fleet):
+    testbed, other, _ = fleet
+    host, key = testbed.fleet[1], testbed.api_key
+    before = branch_of(host)
+    since = len(ledger(host))
+    rc, out = host.sh(f"systemd-run --unit {HOLDER_UNIT} --collect python3 -c "
+                      f"{shlex.quote(HOLD_LOCK)} && sleep 1 && systemctl show -p MainPID "
+                      f"--value {HOLDER_UNIT}")
+    assert rc == 0, out
+    pid = int(out.split()[-1])
+    probe = FrontProbe(host, key)
+    probe.start()
+    try:
+        t0 = time.monotonic()
+        proc = deploy(host, env={"RIGFLEET_APT_LOCK_WAIT_S": "20"})
+        took = time.monotonic() - t0
+    finally:
+        answers = probe.stop().seen
+        host.sh(f"systemctl stop {HOLDER_UNIT}")
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0, said[-3000:]
+    assert f"/var/lib/dpkg/lock-frontend is held by pid {pid} (python3 -c import fcntl" in said, \
+        said[-3000:]
+    assert re.search(r"still after 2\d s", said) and "Nothing was disturbed" in said, \
+        said[-3000:]
+    assert maintenance_lines(host, since) == [] and branch_of(host) == before
+    assert answers and {a[1] for a in answers} == {200}, {str(a[1]) for a in answers}
+    print(f"refused after {took:.0f}s; {len(answers)} front answers, all 200")
+
+
+def test_a_deploy_failing_inside_its_window_closes_it_at_once(fleet):
+    testbed, other, _ = fleet
+    host, key = testbed.fleet[1], testbed.api_key
+    before = branch_of(host)
+    since = len(ledger(host))
+    put_hook(host, 'DPkg::Pre-Invoke {"echo rigfleet-e2e: dpkg refused >&2; exit 1";};')
+    probe = FrontProbe(host, key)
+    probe.start()
+    try:
+        proc = deploy(host)
+        back = front_answers(host, key)  # right when the deploy returns
+    finally:
+        answers = probe.stop().seen
+        host.sh(f"rm -f {HOOK}")
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0, said[-3000:]
+    assert "closing the window now" in said and "window closed: the stack serves" in said, \
+        said[-3000:]
+    assert back and branch_of(host) == before
+    lines = maintenance_lines(host, since)
+    assert [x["result"] for x in lines] == ["opened", "closed"], lines
+    assert "the deploy failed inside it at: NVIDIA driver | Install NVIDIA driver" \
+        in lines[-1]["reason"], lines[-1]
+    assert lines[-1]["gate"]["result"] == "pass"
+    bad = [a[0] for a in answers if a[1] != 200]
+    assert bad and answers[-1][1] == 200
+    print(f"out of service {bad[-1] - bad[0]:.0f}s (one recreation and gate)")
+
+
+def test_a_step_far_longer_than_usual_keeps_its_window_and_it_closes_once(fleet):
+    testbed, other, slow = fleet
+    host, key = testbed.fleet[0], testbed.api_key
+    slow.join(1800)
+    proc, seen, answers, since = slow.proc, slow.seen, slow.answers, slow.since
+    assert slow.error is None and proc is not None, slow.error
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert branch_of(host) == other
+    held = [t for t, s in seen if s == "held"]
+    assert held and held[-1] - held[0] >= SLOW_S, seen
+    assert "abandoned" not in {s for _, s in seen}, seen
+    lines = maintenance_lines(host, since)
+    assert [x["result"] for x in lines] == ["opened", "closed"], lines
+    assert lines[-1]["gate"]["result"] == "pass" and "install" in lines[-1]["reason"], lines
+    assert answers[0][1] == 200 and answers[-1][1] == 200 and front_answers(host, key)
+    assert any(a[1] == 503 for a in answers)
