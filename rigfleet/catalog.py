@@ -49,7 +49,15 @@ from rigfleet.errors import RigfleetError
 from rigfleet.genesis import GenesisLayout, entrypoint_script
 from rigfleet.hostside.drain import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.hostside.layout import HOST
-from rigfleet.validate import Problems, ValidationError, YamlError, has_control, load_yaml
+from rigfleet.validate import (
+    SECRET_NAME_ALLOWED,
+    Problems,
+    ValidationError,
+    YamlError,
+    has_control,
+    load_yaml,
+    secret_like,
+)
 from rigfleet.vllm_versions import TAG_KINDS, tag_kind, version_key
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "stacks"
@@ -599,18 +607,6 @@ def _speculative(p: Problems, value: Any) -> tuple[str | None, int]:
     return method, n or 0
 
 
-def secret_like(name: str) -> bool:
-    """``name`` looks like a secret's (``*_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*PASSWORD*``,
-    any case): such a value must not sit in a stack file, the compose file or ``docker
-    inspect``. (Same rule as host data's ``extra_env``.)"""
-    upper = name.upper()
-    return upper.endswith(("_KEY", "_TOKEN", "_SECRET")) or "PASSWORD" in upper
-
-
-_SECRET_FILES = (f"secrets reach hosts as files under {HOST.secrets_dir} (the API key from host "
-                 "data api_key_file, the HF token from hf_token_file), never through env")
-
-
 def _env(p: Problems, key: str, value: Any) -> dict[str, str]:
     if value is None:
         return {}
@@ -622,8 +618,7 @@ def _env(p: Problems, key: str, value: Any) -> dict[str, str]:
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
             p.bad(f"{key}.{name}", name, "an environment name [A-Za-z_][A-Za-z0-9_]*")
         elif secret_like(name):
-            p.bad(f"{key}.{name}", name, f"a name that does not look like a secret's; "
-                  f"{_SECRET_FILES}", "looks like a secret's name")
+            p.bad(f"{key}.{name}", name, SECRET_NAME_ALLOWED, "looks like a secret's name")
         elif isinstance(v, bool) or not isinstance(v, str | int | float):
             p.bad(f"{key}.{name}", v, "a string or number (write booleans as '1'/'0')")
         elif has_control(str(v)):
