@@ -1,0 +1,441 @@
+"""``rigfleet check``: the inventory, pins and stack files checked without reaching a host,
+and (``--online``) every pinned thing asked of its live source.
+
+Offline, every problem is listed at once (``<file or host>: <key>: <value>; allowed: ...``):
+each GPU host's data (``validate_host``, which loads its stack files), each balancer's, each
+pins file (unresolved values included) and what a host's data and its pins must agree on.
+
+Online, from this machine, per pinned thing: the images by digest from each host's
+``image_sources`` in order (``rigfleet.images.checks``); the model revision and its files on
+the hub (``rigfleet.hub``, with ``hf_token_file``); each Genesis commit in its repository
+(``bump_genesis_url`` where this machine reaches it there); the driver branch and the toolkit
+version in the ``apt_repos``' signed indexes (``rigfleet.aptindex``) for each OS the hosts run
+(host data ``os``, e.g. ``debian 13``; else every supported OS). A source may be reached at
+another address from here (``--reach FROM=TO``: the testbed's published ports). Each finding is
+``found``, ``changed`` (still there, but its tag/branch moved on: informational), ``missing``,
+``unreachable`` or ``unchecked``::
+
+    rigfleet check --inventory inventory/home.py [--online] [--json]
+
+``pins lock``, the deploy's preflight (``deploy_findings``) and the bump's plan run the same
+online checks (``online``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_index
+from rigfleet.bump.genesis import GenesisError, GenesisRepo
+from rigfleet.catalog import load_catalog
+from rigfleet.desired import (
+    check_image_rules,
+    check_switch_sets,
+    resolve_pins_path,
+    staged_stacks,
+)
+from rigfleet.hostdata import (
+    REQUIRED_APT_REPOS,
+    AptRepo,
+    HostSettings,
+    validate_balancer,
+    validate_host,
+)
+from rigfleet.hub import Hub, HubMissing, HubUnreachable
+from rigfleet.images.checks import SourceChecker
+from rigfleet.images.hoststate import HostImageState
+from rigfleet.images.plan import WantedImage, wanted_images
+from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError, load_pins
+from rigfleet.registry import Registry
+from rigfleet.validate import ValidationError
+
+FOUND, CHANGED, MISSING, UNREACHABLE, UNCHECKED = (
+    "found", "changed", "missing", "unreachable", "unchecked")
+# (ID, VERSION_ID, codename) the roles provision (roles/preflight.py SUPPORTED_OS).
+OsKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One pinned thing as its source answered: ``status`` one of the five above."""
+
+    thing: str
+    source: str
+    status: str
+    todo: str = ""
+    hosts: tuple[str, ...] = ()
+
+
+def supported_os() -> list[OsKey]:
+    from roles.preflight import SUPPORTED_OS
+
+    return [(i, v, c) for (i, v), c in SUPPORTED_OS.items()]
+
+
+def host_os(name: str, value: Any) -> tuple[list[OsKey], str | None]:
+    """The OSes host data ``os`` names (``debian 13``, ``ubuntu 24.04``; None: every supported
+    one) and a problem line when it names none of them."""
+    known = supported_os()
+    if value is None:
+        return known, None
+    text = str(value).strip().lower().replace("-", " ")
+    for os_id, version, codename in known:
+        if text in (f"{os_id} {version}", f"{os_id}{version}", f"{os_id}{version.replace('.', '')}",
+                    codename):
+            return [(os_id, version, codename)], None
+    allowed = ", ".join(f"{i} {v}" for i, v, _ in known)
+    return known, f"{name}: os: {value!r} is not a supported OS; allowed: {allowed}"
+
+
+# ---- offline ------------------------------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    """What the offline pass found: problems, and each valid GPU host's settings and pins."""
+
+    problems: list[str] = field(default_factory=list)
+    hosts: dict[str, tuple[HostSettings, Pins, list[OsKey]]] = field(default_factory=dict)
+
+
+def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
+    """Every problem of the inventory's hosts (``rigfleet.inventory.InventoryHost``), their
+    pins files and stack files, listed at once (never stops at the first)."""
+    out = Checked()
+    pins_by_file: dict[str, Pins | None] = {}
+    for h in hosts:
+        if h.kind.balancer:
+            try:
+                validate_balancer(h.name, h.data, gpu_host=h.kind.gpu)
+            except ValidationError as e:
+                out.problems += e.problems
+        if not h.kind.gpu:
+            continue
+        oses, os_problem = host_os(h.name, h.data.get("os"))
+        if os_problem:
+            out.problems.append(os_problem)
+        settings: HostSettings | None = None
+        try:
+            settings = validate_host(h.name, h.data)
+        except ValidationError as e:
+            out.problems += [p for p in e.problems if p not in out.problems]
+        # The pins are checked even when the host's data is not: every problem at once.
+        raw = h.data.get("pins_file") or "pins.yaml"
+        path = str(resolve_pins_path(settings.pins_file if settings else str(raw), base)
+                   .absolute())
+        if path not in pins_by_file:
+            pins_by_file[path] = _pins(path, settings, h.data, out.problems)
+        pins = pins_by_file[path]
+        if pins is None or settings is None:
+            continue
+        mine = pins.for_host(h.name)
+        for problem in _agree(settings, mine):
+            if problem not in out.problems:
+                out.problems.append(problem)
+        out.hosts[h.name] = (settings, mine, oses)
+    return out
+
+
+def _pins(path: str, settings: HostSettings | None, data: Any,
+          problems: list[str]) -> Pins | None:
+    catalog = settings.catalog if settings else None
+    if catalog is None and isinstance(data.get("stacks_dir"), str):
+        try:
+            catalog = load_catalog([data["stacks_dir"]])
+        except ValidationError:
+            catalog = None  # named by the host data's own check
+    try:
+        pins = load_pins(path, allow_unresolved=True, catalog=catalog)
+    except PinsError as e:
+        problems += [p for p in e.problems if p not in problems]
+        return None
+    problems += [f"{path}: {key}: {UNRESOLVED!r}; allowed: a resolved value ({LOCK_HINT})"
+                 for key in pins.unresolved() if not any(key in p and path in p
+                                                         for p in problems)]
+    return pins
+
+
+def _agree(settings: HostSettings, pins: Pins) -> list[str]:
+    """What the host's data and its pins must agree on (``rigfleet.desired``'s checks)."""
+    out: list[str] = []
+    if settings.stack not in pins.stacks:
+        out.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
+                   f"allowed: {', '.join(pins.stacks)}")
+        return out
+    staged = staged_stacks(settings, pins)
+    for check in (check_switch_sets, check_image_rules):
+        try:
+            check(settings, pins, staged)
+        except ValidationError as e:
+            out += e.problems
+    return out
+
+
+# ---- online -------------------------------------------------------------------------------
+
+
+def reacher(pairs: Iterable[str]) -> Callable[[str], str]:
+    """``url -> url`` as this machine reaches it: each ``FROM=TO`` prefix rewritten."""
+    table: list[tuple[str, str]] = []
+    for pair in pairs:
+        src, sep, dst = pair.partition("=")
+        if not sep or not src or not dst:
+            raise ValueError(f"--reach: {pair!r}; allowed: FROM=TO, e.g. "
+                             "http://hub.rigfleet.test:8080=http://127.0.0.1:18080")
+        table.append((src.rstrip("/"), dst.rstrip("/")))
+
+    def reach(url: str) -> str:
+        for src, dst in table:
+            if url == src or url.startswith(src + "/"):
+                return dst + url[len(src):]
+        return url
+
+    return reach
+
+
+@dataclass
+class Online:
+    """One online pass: every source asked once, whatever the number of hosts."""
+
+    reach: Callable[[str], str] = field(default=lambda url: url)
+    timeout: float = 15.0
+    images: bool = True
+    findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
+    _indexes: dict[tuple[AptRepo, str], AptIndex | AptIndexError] = field(default_factory=dict)
+    _genesis: dict[str, GenesisRepo | GenesisError] = field(default_factory=dict)
+    _checker: SourceChecker | None = None
+
+    def add(self, f: Finding, host: str) -> None:
+        key = (f.thing, f.source)
+        old = self.findings.get(key)
+        hosts = (*old.hosts, host) if old else (host,)
+        self.findings[key] = Finding(f.thing, f.source, f.status, f.todo, hosts)
+
+    def host(self, settings: HostSettings, pins: Pins, oses: Sequence[OsKey]) -> None:
+        """Every check for one host (findings shared with the other hosts)."""
+        name = settings.name
+        if self.images:
+            staged = {s.name: pins.stacks[s.name] for s in staged_stacks(settings, pins)}
+            for w in wanted_images(staged)[0]:
+                if w.digest != UNRESOLVED:
+                    self.add(self.image(w, settings), name)
+        if pins.model.revision != UNRESOLVED:
+            self.add(self.model(settings, pins), name)
+        for stack in sorted({s.name for s in staged_stacks(settings, pins)}):
+            g = pins.stacks[stack].genesis
+            if g is not None:
+                self.add(self.genesis(g.repo, g.commit, settings.bump.genesis_url, g.label),
+                         name)
+        for os_key in oses:
+            for f in self.apt(settings, pins, os_key):
+                self.add(f, name)
+
+    # -- images
+    def image(self, w: WantedImage, settings: HostSettings) -> Finding:
+        if self._checker is None:
+            reach = self.reach
+            self._checker = SourceChecker(lambda url: Registry(reach(url), self.timeout))
+        thing = f"image {w.image}@{w.digest[:19]}"
+        tried: list[str] = []
+        unreachable = False
+        for i, source in enumerate(settings.image_sources):
+            if source.kind == "host-archive":
+                tried.append(f"{source.label}: on the host (checked by the deploy)")
+                continue
+            r = self._checker.check(i, source, w, settings, HostImageState())
+            if r.ok:
+                return Finding(thing, source.label, FOUND, "" if not tried else
+                               "earlier sources: " + "; ".join(tried))
+            unreachable |= "unreachable" in r.reason
+            tried.append(f"{source.label}: {r.reason}")
+        if any(s.kind == "host-archive" for s in settings.image_sources) and not unreachable:
+            return Finding(thing, "; ".join(tried), UNCHECKED, "the host's archives are read "
+                           "by the deploy's preflight")
+        return Finding(thing, "; ".join(tried), UNREACHABLE if unreachable else MISSING,
+                       "pin a digest a source has (`rigfleet pins lock --refresh`), or add a "
+                       "source that holds it (image_sources: an archive, a registry)")
+
+    # -- the model
+    def model(self, settings: HostSettings, pins: Pins) -> Finding:
+        m = pins.model
+        endpoint = settings.hf_endpoint or "https://huggingface.co"
+        hub = Hub(self.reach(endpoint), settings.hf_token_file, self.timeout)
+        thing = f"model {m.repo}@{m.revision[:12]}"
+        try:
+            files = hub.files(m.repo, m.revision)
+        except HubMissing as e:
+            return Finding(thing, endpoint, MISSING, f"{e}; pin a revision the hub has "
+                           "(`rigfleet pins lock --refresh` takes main's)")
+        except HubUnreachable as e:
+            return Finding(thing, endpoint, UNREACHABLE, str(e))
+        except Exception as e:  # HubError and the rest: an answer we cannot use
+            return Finding(thing, endpoint, MISSING, str(e))
+        if not any(f.endswith(".safetensors") for f in files):
+            return Finding(thing, endpoint, MISSING, f"the revision holds no *.safetensors "
+                           f"({len(files)} files)")
+        try:
+            main = hub.revision(m.repo, "main")
+        except Exception:
+            main = m.revision
+        if main != m.revision:
+            return Finding(thing, endpoint, CHANGED, f"main is at {main[:12]} now; the pin "
+                           "stays (verify that revision before moving: `rigfleet bump`)")
+        return Finding(thing, endpoint, FOUND, f"{len(files)} files")
+
+    # -- Genesis
+    def genesis(self, url: str, commit: str, fetch: str | None, label: str) -> Finding:
+        fetch_url = self.reach(fetch or url)
+        thing = f"genesis {label}"
+        if fetch_url not in self._genesis:
+            repo = GenesisRepo(url, fetch_url)
+            try:
+                repo.sync()
+                self._genesis[fetch_url] = repo
+            except GenesisError as e:
+                self._genesis[fetch_url] = e
+        repo_or_error = self._genesis[fetch_url]
+        if isinstance(repo_or_error, GenesisError):
+            return Finding(thing, fetch_url, UNREACHABLE, str(repo_or_error)[:300])
+        repo = repo_or_error
+        if repo.git("cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
+            return Finding(thing, fetch_url, MISSING, f"commit {commit} is not in the "
+                           "repository; pin one it has (`rigfleet bump --genesis REF`)")
+        refs = repo.git("for-each-ref", "--contains", commit, "--format=%(refname:short)",
+                        "refs/heads", "refs/tags").stdout.split()
+        if not refs:
+            return Finding(thing, fetch_url, CHANGED, "no branch or tag reaches the commit "
+                           "any more (history rewritten?): it may be collected; move the pin")
+        return Finding(thing, fetch_url, FOUND, f"on {', '.join(refs[:3])}")
+
+    # -- apt
+    def index(self, repo: AptRepo, policy: str) -> AptIndex | AptIndexError:
+        reached = AptRepo(repo.name, self.reach(repo.url), self.reach(repo.key_url), repo.suite,
+                          repo.components, repo.key_fingerprint)
+        key = (reached, policy)
+        if key not in self._indexes:
+            try:
+                self._indexes[key] = read_index(reached, policy, self.timeout)
+            except AptIndexError as e:
+                self._indexes[key] = e
+        return self._indexes[key]
+
+    def apt(self, settings: HostSettings, pins: Pins, os_key: OsKey) -> list[Finding]:
+        from roles.container_toolkit import TOOLKIT_PACKAGES
+        from roles.nvidia_driver import driver_packages, version_prefix
+        from roles.preflight import OsInfo
+
+        os_id, version, codename = os_key
+        os_info = OsInfo(os_id, version, codename, "")
+        policy = "sqv" if (os_id, version) == ("debian", "13") else "gpgv"
+        driver = version_prefix(pins.driver_branch, pins.driver_version)
+        wanted = {
+            "cuda": [(p, driver, f"driver {pins.driver_version or pins.driver_branch}")
+                     for p in driver_packages(os_info, pins.driver_branch)],
+            "nvidia-container-toolkit": [(p, pins.toolkit_version, "container toolkit")
+                                         for p in TOOLKIT_PACKAGES],
+        }
+        out = []
+        for name in REQUIRED_APT_REPOS:
+            repo = settings.apt_repos[name].expand(os_id=os_id, version_id=version,
+                                                   codename=codename)
+            source = f"{name} {repo.url} {repo.suite}".strip()
+            index = self.index(repo, policy)
+            for pkg, want, what in wanted[name]:
+                thing = f"{what}: {pkg} {want.rstrip('.')}{'*' if want.endswith('.') else ''} " \
+                        f"({os_id} {version})"
+                if isinstance(index, AptIndexError):
+                    status = (UNREACHABLE if isinstance(index, AptUnreachable) else MISSING)
+                    out.append(Finding(thing, source, status, str(index)[:300]))
+                    continue
+                have = index.versions(pkg)
+                match = [v for v in have if v == want or (want.endswith(".")
+                                                         and v.startswith(want))]
+                if match:
+                    out.append(Finding(thing, source, FOUND, f"{match[-1]} ({index.verifier})"))
+                else:
+                    listed = ", ".join(sorted(set(have))[-4:]) or "no version"
+                    out.append(Finding(thing, source, MISSING, f"the repository has {listed} "
+                                       f"of {pkg} for {os_id} {version}; pin what it carries, "
+                                       "or configure the repository that has it (apt_repos."
+                                       f"{name})"))
+        return out
+
+
+def problems_of(findings: Iterable[Finding], strict: bool = True) -> list[Finding]:
+    """The findings that fail a check: missing, and (``strict``) unreachable."""
+    bad = {MISSING, UNREACHABLE} if strict else {MISSING}
+    return [f for f in findings if f.status in bad]
+
+
+def deploy_findings(settings: HostSettings, pins: Pins, os_key: OsKey,
+                    run: Online | None = None) -> list[Finding]:
+    """What the deploy's preflight asks from this machine for one host of a known OS (its
+    images are the images role's own preflight)."""
+    run = run or Online(images=False, timeout=10.0)
+    before = set(run.findings)
+    run.host(settings, pins, [os_key])
+    return [f for k, f in run.findings.items() if k not in before or settings.name in f.hosts]
+
+
+# ---- the command --------------------------------------------------------------------------
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("check", help="check the inventory, pins and stack files (offline), "
+                       "and with --online every pinned thing against its source")
+    p.add_argument("--inventory", default="inventory/home.py")
+    p.add_argument("--online", action="store_true",
+                   help="also ask each pinned thing's source (registries, hub, Genesis, apt)")
+    p.add_argument("--reach", action="append", default=[], metavar="FROM=TO",
+                   help="this machine reaches URLs starting FROM at TO (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from rigfleet.inventory import load_inventory
+
+    hosts = load_inventory(args.inventory)
+    checked = offline(hosts)
+    run = Online(reach=reacher(args.reach))
+    if args.online:
+        for settings, pins, oses in checked.hosts.values():
+            run.host(settings, pins, oses)
+    findings = list(run.findings.values())
+    failed = bool(checked.problems) or bool(problems_of(findings))
+    if args.json:
+        print(json.dumps({"ok": not failed, "problems": checked.problems,
+                          "findings": [asdict(f) for f in findings]}, indent=2))
+        return 1 if failed else 0
+    render(args.inventory, checked.problems, findings, args.online).print(Console())
+    return 1 if failed else 0
+
+
+def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
+           online: bool) -> Any:
+    from rich.text import Text
+
+    from rigfleet.tables import Table
+
+    style = {FOUND: "green", CHANGED: "yellow", MISSING: "red", UNREACHABLE: "red",
+             UNCHECKED: "dim"}
+    title = (f"rigfleet check ({inventory}): {len(problems)} problem(s) offline"
+             + (f", {len(problems_of(findings))} online" if online else ", online not asked"))
+    table = Table(title, ["thing", "source", "status", "what to do"], keys=("thing",))
+    for p in problems:
+        where, _, rest = p.partition(": ")
+        table.row(rest.partition(": ")[0], where, Text("invalid", style="red"), "see below")
+        table.note(where, rest)
+    for f in findings:
+        table.row(f.thing, f.source, Text(f.status, style=style.get(f.status, "")), f.todo)
+        if f.status in (MISSING, UNREACHABLE, CHANGED):
+            table.note(f.thing, f"{f.status} at {f.source}: {f.todo} (hosts: "
+                       f"{', '.join(f.hosts)})")
+    return table
