@@ -17,7 +17,7 @@ another address from here (``--reach FROM=TO``: the testbed's published ports). 
 
     rigfleet check --inventory inventory/home.py [--online] [--json]
 
-``pins lock``, the deploy's preflight (``deploy_findings``) and the bump's plan run the same
+``pins lock``, the deploy's preflight (``deploy_verdict``) and the bump's plan run the same
 online checks (``online``).
 """
 
@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +211,7 @@ class Online:
     _indexes: dict[tuple[AptRepo, str], AptIndex | AptIndexError] = field(default_factory=dict)
     _genesis: dict[str, GenesisRepo | GenesisError] = field(default_factory=dict)
     _checker: SourceChecker | None = None
+    _memo: dict[tuple[Any, ...], Finding] = field(default_factory=dict)
 
     def add(self, f: Finding, host: str) -> None:
         key = (f.thing, f.source)
@@ -219,14 +222,17 @@ class Online:
     def host(self, settings: HostSettings, pins: Pins, oses: Sequence[OsKey]) -> None:
         """Every check for one host (findings shared with the other hosts)."""
         name = settings.name
+        staged = {s.name: pins.stacks[s.name] for s in staged_stacks(settings, pins)}
         if self.images:
-            staged = {s.name: pins.stacks[s.name] for s in staged_stacks(settings, pins)}
             for w in wanted_images(staged)[0]:
                 if w.digest != UNRESOLVED:
-                    self.add(self.image(w, settings), name)
+                    key = ("image", w, settings.image_sources, settings.bump.registry)
+                    self.add(self.memo(key, partial(self.image, w, settings)), name)
         if pins.model.revision != UNRESOLVED:
-            self.add(self.model(settings, pins), name)
-        for stack in sorted({s.name for s in staged_stacks(settings, pins)}):
+            self.add(self.memo(("model", pins.model, settings.hf_endpoint,
+                                settings.hf_token_file),
+                               lambda: self.model(settings, pins)), name)
+        for stack in sorted(staged):
             g = pins.stacks[stack].genesis
             if g is not None:
                 self.add(self.genesis(g.repo, g.commit, settings.bump.genesis_url, g.label),
@@ -234,6 +240,12 @@ class Online:
         for os_key in oses:
             for f in self.apt(settings, pins, os_key):
                 self.add(f, name)
+
+    def memo(self, key: tuple[Any, ...], ask: Callable[[], Finding]) -> Finding:
+        """``ask()`` once per key for the whole pass."""
+        if key not in self._memo:
+            self._memo[key] = ask()
+        return self._memo[key]
 
     # -- images
     def image(self, w: WantedImage, settings: HostSettings) -> Finding:
@@ -372,14 +384,29 @@ def problems_of(findings: Iterable[Finding], strict: bool = True) -> list[Findin
     return [f for f in findings if f.status in bad]
 
 
-def deploy_findings(settings: HostSettings, pins: Pins, os_key: OsKey,
-                    run: Online | None = None) -> list[Finding]:
-    """What the deploy's preflight asks from this machine for one host of a known OS (its
-    images are the images role's own preflight)."""
-    run = run or Online(images=False, timeout=10.0)
-    before = set(run.findings)
+REACH_ENV = "RIGFLEET_REACH"
+
+
+def deploy_online() -> Online:
+    """The deploy's online pass: no images (the images role's preflight asks their sources),
+    short timeouts, and ``RIGFLEET_REACH`` (``FROM=TO`` pairs, space-separated) as --reach."""
+    return Online(reach=reacher(os.environ.get(REACH_ENV, "").split()), timeout=10.0,
+                  images=False)
+
+
+def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
+                   run: Online) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) of the deploy's preflight for one host of a known OS: a thing its
+    source says is gone refuses the host, naming it and each source tried; a source this
+    machine cannot reach is a warning (the host may reach it; its own step fails if not)."""
+    before = dict(run.findings)
     run.host(settings, pins, [os_key])
-    return [f for k, f in run.findings.items() if k not in before or settings.name in f.hosts]
+    mine = [f for k, f in run.findings.items() if settings.name in f.hosts or k not in before]
+    refusals = [f"{settings.name}: {f.thing}: missing at {f.source}: {f.todo}"
+                for f in mine if f.status == MISSING]
+    warnings = [f"{settings.name}: {f.thing}: not checked from this machine ({f.todo}); the "
+                "host's own step will tell" for f in mine if f.status == UNREACHABLE]
+    return refusals, warnings
 
 
 # ---- the command --------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from pyinfra.api.state import BaseStateCallback, State
 
 from rigfleet.balancer.plan import BalancerPlan, GpuHost, fleet_plan
 from rigfleet.catalog import StackSpec
+from rigfleet.check import Online, deploy_online, deploy_verdict
 from rigfleet.commands import hosttool
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.desired import DesiredHost, load_desired
@@ -212,6 +213,11 @@ _TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 
 # The one operation a refused host gets (under the "Preflight" deploy).
 REFUSED_OP = "Refused (the reason is above; nothing runs on this host)"
+
+# How the preflight asks the pinned things' sources (rigfleet/check.py; tests put None or a
+# fake here), and each run's answers (asked once for every host).
+SOURCES: Callable[[], Online] | None = deploy_online
+_ONLINE: weakref.WeakKeyDictionary[State, Online] = weakref.WeakKeyDictionary()
 
 # Per run (State): refused hosts and why, for the summary at the end.
 _REFUSED: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
@@ -512,6 +518,19 @@ def run_deploy(converge: Callable[[], Any]) -> None:
         raise PyinfraError(f"rigfleet refused the run:\n{error}") from None
 
 
+def check_sources(want: DesiredHost, os_info: OsInfo) -> list[str]:
+    """The refusals of ``rigfleet check``'s online checks for this host (``SOURCES``; None:
+    not asked); a source this machine cannot reach is logged, not refused."""
+    if SOURCES is None:
+        return []
+    run = _ONLINE.setdefault(host.state, SOURCES())
+    refusals, warnings = deploy_verdict(want.settings, want.pins,
+                                        (os_info.id, os_info.version_id, os_info.codename), run)
+    for line in warnings:
+        host.log_styled(line, fg="yellow", log_func=logger.warning)
+    return refusals
+
+
 @deploy("Preflight")
 def preflight() -> HostContext:
     """Validate host data, pins, stack files, OS and the host's facts; return the
@@ -549,7 +568,15 @@ def _check_host(name: str) -> HostContext:
     stale = check_lock(name, lock if isinstance(lock, dict) else None)
     if stale:
         host.log(stale)
-    preflight_images(want)  # every staged image has a source, and the disk has room for it
+    # The pinned things' sources (model, Genesis, apt for this OS), asked from this machine,
+    # then every staged image's source and the disk: every refusal at once.
+    refusals = check_sources(want, os_info)
+    try:
+        preflight_images(want)
+    except RigfleetError as e:
+        refusals.append(str(e))
+    if refusals:
+        raise PreflightError("\n".join(refusals))
     settings = want.settings
     pins = want.pins
     platform = read_fact(Platform)
