@@ -94,6 +94,17 @@ def host_os(name: str, value: Any) -> tuple[list[OsKey], str | None]:
     return known, f"{name}: os: {value!r} is not a supported OS; allowed: {allowed}"
 
 
+def os_disagrees(name: str, value: Any, os_key: OsKey) -> str | None:
+    """The deploy's refusal when host data ``os`` names another OS than the host runs."""
+    if value is None:
+        return None
+    named, problem = host_os(name, value)
+    if problem or named == [os_key]:
+        return problem
+    return (f"{name}: os: {value!r}, but the host runs {os_key[0]} {os_key[1]} "
+            f"({os_key[2]}); allowed: the OS the host runs (or no os key)")
+
+
 # ---- offline ------------------------------------------------------------------------------
 
 
@@ -348,7 +359,8 @@ class Online:
         wanted = {
             "cuda": [(p, driver, f"driver {pins.driver_version or pins.driver_branch}")
                      for p in driver_packages(os_info, pins.driver_branch)],
-            "nvidia-container-toolkit": [(p, pins.toolkit_version, "container toolkit")
+            "nvidia-container-toolkit": [(p, pins.toolkit_version,
+                                          f"container toolkit {pins.toolkit_version}")
                                          for p in TOOLKIT_PACKAGES],
         }
         out = []
@@ -356,25 +368,36 @@ class Online:
             repo = settings.apt_repos[name].expand(os_id=os_id, version_id=version,
                                                    codename=codename)
             source = f"{name} {repo.url} {repo.suite}".strip()
+            pkgs = [p for p, _, _ in wanted[name]]
+            want, what = wanted[name][0][1], wanted[name][0][2]
+            thing = f"{what} ({os_id} {version})"
+            if name == "cuda" and os_id == "ubuntu":
+                # The deploy installs Ubuntu's own -server driver packages (its archive).
+                out.append(Finding(thing, "Ubuntu's archive", UNCHECKED, ", ".join(pkgs)))
+                continue
             index = self.index(repo, policy)
-            for pkg, want, what in wanted[name]:
-                thing = f"{what}: {pkg} {want.rstrip('.')}{'*' if want.endswith('.') else ''} " \
-                        f"({os_id} {version})"
-                if isinstance(index, AptIndexError):
-                    status = (UNREACHABLE if isinstance(index, AptUnreachable) else MISSING)
-                    out.append(Finding(thing, source, status, str(index)[:300]))
-                    continue
-                have = index.versions(pkg)
-                match = [v for v in have if v == want or (want.endswith(".")
-                                                         and v.startswith(want))]
+            if isinstance(index, AptIndexError):
+                status = UNREACHABLE if isinstance(index, AptUnreachable) else MISSING
+                out.append(Finding(thing, source, status, str(index)[:300]))
+                continue
+            found, lacking = [], []
+            for pkg in pkgs:
+                match = [v for v in index.versions(pkg)
+                         if v == want or (want.endswith(".") and v.startswith(want))]
                 if match:
-                    out.append(Finding(thing, source, FOUND, f"{match[-1]} ({index.verifier})"))
+                    found.append(f"{pkg} {match[-1]}")
                 else:
-                    listed = ", ".join(sorted(set(have))[-4:]) or "no version"
-                    out.append(Finding(thing, source, MISSING, f"the repository has {listed} "
-                                       f"of {pkg} for {os_id} {version}; pin what it carries, "
-                                       "or configure the repository that has it (apt_repos."
-                                       f"{name})"))
+                    has = ", ".join(sorted(set(index.versions(pkg)))[-4:]) or "no version"
+                    lacking.append(f"{pkg} (it has {has})")
+            if lacking:
+                out.append(Finding(thing, source, MISSING, f"no {want.rstrip('.')}"
+                                   f"{'.*' if want.endswith('.') else ''} of "
+                                   f"{'; '.join(lacking)} for {os_id} {version}; pin what it "
+                                   f"carries, or configure the repository that has it "
+                                   f"(apt_repos.{name})"))
+            else:
+                out.append(Finding(thing, source, FOUND, f"{', '.join(found)} "
+                                   f"({index.verifier})"))
         return out
 
 
@@ -455,13 +478,14 @@ def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
              UNCHECKED: "dim"}
     title = (f"rigfleet check ({inventory}): {len(problems)} problem(s) offline"
              + (f", {len(problems_of(findings))} online" if online else ", online not asked"))
-    table = Table(title, ["thing", "source", "status", "what to do"], keys=("thing",))
+    table = Table(title, ["thing", "status", "source", "what to do"],
+                  keys=("thing", "status"))
     for p in problems:
         where, _, rest = p.partition(": ")
-        table.row(rest.partition(": ")[0], where, Text("invalid", style="red"), "see below")
+        table.row(rest.partition(": ")[0], Text("invalid", style="red"), where, "see below")
         table.note(where, rest)
     for f in findings:
-        table.row(f.thing, f.source, Text(f.status, style=style.get(f.status, "")), f.todo)
+        table.row(f.thing, Text(f.status, style=style.get(f.status, "")), f.source, f.todo)
         if f.status in (MISSING, UNREACHABLE, CHANGED):
             table.note(f.thing, f"{f.status} at {f.source}: {f.todo} (hosts: "
                        f"{', '.join(f.hosts)})")

@@ -327,6 +327,9 @@ KEY_DEFAULTS: dict[str, Any] = {
     "balancer_retry_buffer_kib": 128,
     "adopt_foreign_driver": False,
     "rigfleet_stop_on_preflight": False,
+    # The OS the host runs ("debian 13", "ubuntu 24.04"): what `rigfleet check --online` asks
+    # the apt repositories for (unset: every supported OS); the deploy reads os-release.
+    "os": None,
 }
 
 # Spellings of a yes/no flag given on the command line (`--data key=1`) or in data.

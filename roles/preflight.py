@@ -3,7 +3,8 @@
 Runs on the control side during pyinfra's prepare phase, in deploy code (not inside an
 operation), so it runs the same with ``-y`` (which skips change detection) as with the
 prompt. Checked here: host data, pins and stack files; the OS; systemd as PID 1; the host
-lock; and, from host facts read now (``rigfleet.facts.read_fact``), where the facts exist:
+lock; the pinned model, Genesis commits and apt packages for this OS, asked of their sources
+from this machine (``rigfleet.check``: gone refuses, unreachable warns); and, from host facts read now (``rigfleet.facts.read_fact``), where the facts exist:
 
 - driver loaded: each power cap against its card's real range, the GPU count against
   ``gpu_count``, each card's memory against the stack's ``gpus.memory_mib``;
@@ -54,7 +55,7 @@ from pyinfra.api.state import BaseStateCallback, State
 
 from rigfleet.balancer.plan import BalancerPlan, GpuHost, fleet_plan
 from rigfleet.catalog import StackSpec
-from rigfleet.check import Online, deploy_online, deploy_verdict
+from rigfleet.check import Online, deploy_online, deploy_verdict, os_disagrees
 from rigfleet.commands import hosttool
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.desired import DesiredHost, load_desired
@@ -521,11 +522,14 @@ def run_deploy(converge: Callable[[], Any]) -> None:
 def check_sources(want: DesiredHost, os_info: OsInfo) -> list[str]:
     """The refusals of ``rigfleet check``'s online checks for this host (``SOURCES``; None:
     not asked); a source this machine cannot reach is logged, not refused."""
+    os_key = (os_info.id, os_info.version_id, os_info.codename)
+    disagrees = os_disagrees(want.name, host.data.get("os"), os_key)
+    if disagrees:
+        return [disagrees]
     if SOURCES is None:
         return []
     run = _ONLINE.setdefault(host.state, SOURCES())
-    refusals, warnings = deploy_verdict(want.settings, want.pins,
-                                        (os_info.id, os_info.version_id, os_info.codename), run)
+    refusals, warnings = deploy_verdict(want.settings, want.pins, os_key, run)
     for line in warnings:
         host.log_styled(line, fg="yellow", log_func=logger.warning)
     return refusals

@@ -170,7 +170,7 @@ def test_apt_per_os_policy_found_and_missing(tmp_path, web) -> None:
     run = Online(images=False)
     bookworm = run.apt(settings, pins_at(tmp_path), ("debian", "12", "bookworm"))
     assert {f.status for f in bookworm} == {FOUND}
-    assert any("nvidia-driver-cuda 580*" in f.thing and "580.105.08-1" in f.todo
+    assert any(f.thing == "driver 580 (debian 12)" and "nvidia-driver-cuda 580.105.08-1" in f.todo
                for f in bookworm)
     trixie = run.apt(settings, pins_at(tmp_path), ("debian", "13", "trixie"))
     driver = [f for f in trixie if f.source.startswith("cuda")]
@@ -181,9 +181,12 @@ def test_apt_per_os_policy_found_and_missing(tmp_path, web) -> None:
 def test_a_branch_the_repository_lacks_is_missing_with_what_it_has(tmp_path, web) -> None:
     settings = settings_for(tmp_path, web, cuda="new")
     found = Online(images=False).apt(settings, pins_at(tmp_path), ("debian", "13", "trixie"))
-    cuda = next(f for f in found if "nvidia-driver-cuda" in f.thing)
-    assert cuda.status == MISSING and "590.44.01-1" in cuda.todo
-    assert "apt_repos.cuda" in cuda.todo and "debian 13" in cuda.thing
+    cuda = next(f for f in found if f.thing == "driver 580 (debian 13)")
+    assert cuda.status == MISSING and "nvidia-driver-cuda (it has 590.44.01-1)" in cuda.todo
+    assert "nvidia-smi (it has no version)" in cuda.todo
+    assert "apt_repos.cuda" in cuda.todo
+    toolkit = next(f for f in found if f.thing.startswith("container toolkit"))
+    assert toolkit.status == FOUND and "nvidia-container-toolkit 1.17.8-1" in toolkit.todo
 
 
 class FakeSources(Online):
@@ -260,3 +263,14 @@ def test_a_clean_inventory_has_no_problem(tmp_path) -> None:
     settings, host_pins, oses = checked.hosts["rig-a"]
     assert settings.name == "rig-a" and host_pins.stacks["int8"].digest.endswith("1" * 64)
     assert replace(settings).stack == "int8" and len(oses) == 4
+
+
+def test_the_deploy_refuses_an_os_key_that_is_not_the_hosts() -> None:
+    from rigfleet.check import os_disagrees
+
+    trixie = ("debian", "13", "trixie")
+    assert os_disagrees("h", None, trixie) is None
+    assert os_disagrees("h", "debian 13", trixie) is None
+    assert os_disagrees("h", "debian 12", trixie) == (
+        "h: os: 'debian 12', but the host runs debian 13 (trixie); allowed: the OS the host "
+        "runs (or no os key)")
