@@ -410,11 +410,30 @@ def problems_of(findings: Iterable[Finding], strict: bool = True) -> list[Findin
 REACH_ENV = "RIGFLEET_REACH"
 
 
-def deploy_online() -> Online:
+def deploy_online(images: bool = False, reach: Sequence[str] = ()) -> Online:
     """The deploy's online pass: no images (the images role's preflight asks their sources),
     short timeouts, and ``RIGFLEET_REACH`` (``FROM=TO`` pairs, space-separated) as --reach."""
-    return Online(reach=reacher(os.environ.get(REACH_ENV, "").split()), timeout=10.0,
-                  images=False)
+    pairs = [*os.environ.get(REACH_ENV, "").split(), *reach]
+    return Online(reach=reacher(pairs), timeout=10.0, images=images)
+
+
+def verify_pins(hosts: Sequence[Any], pins: Pins, run: Online) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) of ``pins`` (as ``pins lock`` would save them, or a bump's new
+    pins) for the inventory's GPU hosts: what ``pins lock`` and the bump's plan ask."""
+    for h in hosts:
+        if not h.kind.gpu:
+            continue
+        try:
+            settings = validate_host(h.name, h.data)
+        except ValidationError:
+            continue  # the caller refuses bad host data itself
+        run.host(settings, pins.for_host(h.name), host_os(h.name, h.data.get("os"))[0])
+    found = list(run.findings.values())
+    refusals = [f"{f.thing}: missing at {f.source}: {f.todo} (hosts: {', '.join(f.hosts)})"
+                for f in found if f.status == MISSING]
+    warnings = [f"{f.thing}: not checked from this machine ({f.todo})"
+                for f in found if f.status == UNREACHABLE]
+    return refusals, warnings
 
 
 def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
@@ -430,6 +449,22 @@ def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
     warnings = [f"{settings.name}: {f.thing}: not checked from this machine ({f.todo}); the "
                 "host's own step will tell" for f in mine if f.status == UNREACHABLE]
     return refusals, warnings
+
+
+def pins_verifier(inventory: str, reach: Sequence[str],
+                  log: Callable[[str], None]) -> Callable[[Pins], list[str]]:
+    """``pins lock --inventory``'s check of the pins it is about to save."""
+    from rigfleet.inventory import load_inventory
+
+    hosts = load_inventory(inventory)
+
+    def verify(pins: Pins) -> list[str]:
+        refusals, warnings = verify_pins(hosts, pins, deploy_online(images=True, reach=reach))
+        for line in warnings:
+            log(f"warning: {line}")
+        return refusals
+
+    return verify
 
 
 # ---- the command --------------------------------------------------------------------------

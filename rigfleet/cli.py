@@ -37,11 +37,13 @@ def _log(message: str) -> None:
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
+    from rigfleet.check import pins_verifier
     from rigfleet.pinlock import lock
 
+    verify = pins_verifier(args.inventory, args.reach, _log) if args.inventory else None
     changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub,
                    refresh=args.refresh, genesis_url=args.genesis_url,
-                   token_file=args.hf_token_file)
+                   token_file=args.hf_token_file, verify=verify)
     for line in changes or ["pins already locked; nothing to do"]:
         _log(line)
     return 0
@@ -184,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("--hf-token-file", metavar="FILE",
                       help="the hub token (a gated model needs one; as host data "
                            "hf_token_file: read here, never shown)")
+    lock.add_argument("--inventory", metavar="FILE",
+                      help="before saving, ask every pinned thing's source for this "
+                           "inventory's hosts (`rigfleet check --online`'s checks)")
+    lock.add_argument("--reach", action="append", default=[], metavar="FROM=TO",
+                      help="with --inventory: this machine reaches URLs starting FROM at TO")
     lock.add_argument("--refresh", action="store_true",
                       help="re-resolve every digest from its tag (and its image id), and the "
                            "model revision, not only the unresolved ones")

@@ -19,6 +19,7 @@ written unless every lookup succeeds; a tag that is gone says so and what to do 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -158,12 +159,15 @@ def refuse_during_bump(pins: Pins) -> None:
 
 
 def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False,
-         genesis_url: str | None = None, token_file: str | None = None) -> list[str]:
+         genesis_url: str | None = None, token_file: str | None = None,
+         verify: Callable[[Pins], list[str]] | None = None) -> list[str]:
     """Resolve and save; returns one line per change (empty when nothing was to do).
 
     + genesis_url: where this machine fetches Genesis when the pinned repository URL is not
       reachable from it (see ``rigfleet.bump.genesis.lock_genesis``)
     + token_file: the hub token (host data ``hf_token_file``), read here, never shown
+    + verify: ``rigfleet check``'s online checks of the new pins (``--inventory``): the
+      refusals it returns stop the save
     """
     pins = load_pins(path, allow_unresolved=True)
     refuse_during_bump(pins)
@@ -171,6 +175,10 @@ def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = Fals
                   token_file=token_file)
     new, genesis_lines = lock_genesis(new, fetch_url=genesis_url)
     lines = changes(pins, new) + genesis_lines
+    refusals = verify(new) if verify is not None else []
+    if refusals:
+        raise LockError([f"{pins.path}: {line}" for line in refusals]
+                        + ["nothing written: every pinned thing must be there"])
     if lines:
         save_pins(new, {"action": "lock", "changes": lines})
     return lines

@@ -32,6 +32,8 @@ def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> sim.SimPaths:
 def _no_source_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The deploy's preflight asks the pinned things' sources from the control machine
     (rigfleet/check.py); unit tests never reach out: the tests of that check set a fake."""
+    import rigfleet.bump.cli
     import roles.preflight
 
     monkeypatch.setattr(roles.preflight, "SOURCES", None)
+    monkeypatch.setattr(rigfleet.bump.cli, "SOURCES", None)

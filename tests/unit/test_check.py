@@ -274,3 +274,22 @@ def test_the_deploy_refuses_an_os_key_that_is_not_the_hosts() -> None:
     assert os_disagrees("h", "debian 12", trixie) == (
         "h: os: 'debian 12', but the host runs debian 13 (trixie); allowed: the OS the host "
         "runs (or no os key)")
+
+
+def test_verify_pins_names_the_thing_its_source_and_the_hosts(tmp_path, web) -> None:
+    from rigfleet.check import verify_pins
+
+    settings = settings_for(tmp_path, web, cuda="new")
+    pins = pins_at(tmp_path)
+    data = fleet_data(tmp_path, stack="int8", pins_file=str(pins.path), os="debian 13",
+                      apt_repos={k: {"url": r.url, "key_url": r.key_url, "suite": r.suite,
+                                     "components": list(r.components),
+                                     "key_fingerprint": r.key_fingerprint}
+                                 for k, r in settings.apt_repos.items()})
+    hosts = [InventoryHost("rig-a", ("gpu_hosts",), data),
+             InventoryHost("rig-b", ("gpu_hosts",), data)]
+    there = FakeSources(Finding("model x@aaaa", "http://hub", FOUND))
+    refusals, warnings = verify_pins(hosts, pins, there)
+    assert warnings == [] and len(refusals) == 1  # the 580 driver, for Debian 13 only
+    assert refusals[0].startswith("driver 580 (debian 13): missing at cuda http://127.0.0.1:")
+    assert refusals[0].endswith("(hosts: rig-a, rig-b)")
