@@ -499,12 +499,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(json.dumps({"ok": not failed, "problems": checked.problems,
                           "findings": [asdict(f) for f in findings]}, indent=2))
         return 1 if failed else 0
-    render(args.inventory, checked.problems, findings, args.online).print(Console())
+    console = Console()
+    render(args.inventory, checked.problems, findings, args.online,
+           console.width).print(console)
     return 1 if failed else 0
 
 
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(1, width - 1)] + "…"
+
+
 def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
-           online: bool) -> Any:
+           online: bool, width: int = 160) -> Any:
+    """The table (cells cut to fit ``width``: a row is one line; the notes under it say in
+    full what is wrong)."""
     from rich.text import Text
 
     from rigfleet.tables import Table
@@ -515,12 +523,18 @@ def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
              + (f", {len(problems_of(findings))} online" if online else ", online not asked"))
     table = Table(title, ["thing", "status", "source", "what to do"],
                   keys=("thing", "status"))
+    # Rich shrinks columns of a table wider than the console, even to nothing.
+    room = max(40, width - 11 - 4)
+    thing_w, source_w = room * 2 // 5, room // 4
+    todo_w = room - thing_w - source_w
     for p in problems:
         where, _, rest = p.partition(": ")
-        table.row(rest.partition(": ")[0], Text("invalid", style="red"), where, "see below")
+        table.row(_cut(rest.partition(": ")[0], thing_w), Text("invalid", style="red"),
+                  _cut(where, source_w), "see below")
         table.note(where, rest)
     for f in findings:
-        table.row(f.thing, Text(f.status, style=style.get(f.status, "")), f.source, f.todo)
+        table.row(_cut(f.thing, thing_w), Text(f.status, style=style.get(f.status, "")),
+                  _cut(f.source, source_w), _cut(f.todo, todo_w))
         if f.status in (MISSING, UNREACHABLE, CHANGED):
             table.note(f.thing, f"{f.status} at {f.source}: {f.todo} (hosts: "
                        f"{', '.join(f.hosts)})")
