@@ -49,11 +49,12 @@ from rigfleet.hostdata import (
     validate_host,
 )
 from rigfleet.hub import Hub, HubMissing, HubUnreachable
-from rigfleet.images.checks import SourceChecker
+from rigfleet.images.checks import SourceChecker, check_url
 from rigfleet.images.hoststate import HostImageState
 from rigfleet.images.plan import WantedImage, wanted_images
+from rigfleet.images.sources import NO_CHECK, ImageSource
 from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError, load_pins
-from rigfleet.registry import Registry
+from rigfleet.registry import Registry, RegistryError, registry_of
 from rigfleet.validate import ValidationError
 
 FOUND, CHANGED, MISSING, UNREACHABLE, UNCHECKED = (
@@ -218,6 +219,8 @@ class Online:
     reach: Callable[[str], str] = field(default=lambda url: url)
     timeout: float = 15.0
     images: bool = True
+    # How a registry client is made for a URL (tests pass a fake).
+    registry: Callable[[str, float], Registry] = Registry
     findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
     _indexes: dict[tuple[AptRepo, str], AptIndex | AptIndexError] = field(default_factory=dict)
     _genesis: dict[str, GenesisRepo | GenesisError] = field(default_factory=dict)
@@ -261,8 +264,8 @@ class Online:
     # -- images
     def image(self, w: WantedImage, settings: HostSettings) -> Finding:
         if self._checker is None:
-            reach = self.reach
-            self._checker = SourceChecker(lambda url: Registry(reach(url), self.timeout))
+            reach, make = self.reach, self.registry
+            self._checker = SourceChecker(lambda url: make(reach(url), self.timeout))
         thing = f"image {w.image}@{w.digest[:19]}"
         tried: list[str] = []
         unreachable = False
@@ -272,6 +275,9 @@ class Online:
                 continue
             r = self._checker.check(i, source, w, settings, HostImageState())
             if r.ok:
+                moved = self.tag_moved(source, w, settings) if source.kind == "hub" else None
+                if moved:
+                    return Finding(thing, source.label, CHANGED, moved)
                 return Finding(thing, source.label, FOUND, "" if not tried else
                                "earlier sources: " + "; ".join(tried))
             unreachable |= "unreachable" in r.reason
@@ -282,6 +288,23 @@ class Online:
         return Finding(thing, "; ".join(tried), UNREACHABLE if unreachable else MISSING,
                        "pin a digest a source has (`rigfleet pins lock --refresh`), or add a "
                        "source that holds it (image_sources: an archive, a registry)")
+
+    def tag_moved(self, source: ImageSource, w: WantedImage,
+                  settings: HostSettings) -> str | None:
+        """What the pinned tag names now, when that is another digest (None: the same, or
+        not asked)."""
+        url = check_url(source, w, settings)
+        if url is None or url == NO_CHECK or self._checker is None:
+            return None
+        name, tag = w.image.rsplit(":", 1)
+        try:
+            now = self._checker.client(url).digest(registry_of(name)[1], tag)
+        except RegistryError:
+            return None  # a digest-pinned image whose tag is gone is still there
+        if now == w.digest:
+            return None
+        return (f"the tag {tag} names {now[:19]} now; the pin still pulls its digest "
+                "(`rigfleet pins lock --refresh` follows the tag)")
 
     # -- the model
     def model(self, settings: HostSettings, pins: Pins) -> Finding:

@@ -293,3 +293,50 @@ def test_verify_pins_names_the_thing_its_source_and_the_hosts(tmp_path, web) -> 
     assert warnings == [] and len(refusals) == 1  # the 580 driver, for Debian 13 only
     assert refusals[0].startswith("driver 580 (debian 13): missing at cuda http://127.0.0.1:")
     assert refusals[0].endswith("(hosts: rig-a, rig-b)")
+
+
+class TagRegistry:
+    """A registry holding ``digests`` (and ``tags``: tag -> digest) for any repository."""
+
+    def __init__(self, url: str, digests: set[str], tags: dict[str, str]) -> None:
+        self.url, self.digests, self.tags = url, digests, tags
+
+    def digest(self, repo: str, ref: str) -> str:
+        from rigfleet.registry import RegistryNotFound
+
+        if ref in self.digests:
+            return ref
+        if ref in self.tags:
+            return self.tags[ref]
+        raise RegistryNotFound(f"registry {self.url}: {repo}@{ref}: not found")
+
+    def resolve(self, repo: str, ref: str) -> Any:
+        from rigfleet.registry import RegistryError
+
+        raise RegistryError("sizes are not asked here")
+
+
+def test_images_found_changed_and_missing_with_each_source_tried(tmp_path) -> None:
+    from rigfleet.images.plan import WantedImage
+
+    pinned, moved = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    data = fleet_data(tmp_path, stack="int8", bump_registry="http://mirror.lan:5000",
+                      image_sources=[{"kind": "registry", "url": "http://lan:5000"},
+                                     {"kind": "hub"}])
+    settings = validate_host("rig-a", data)
+    w = WantedImage("vllm/vllm-openai:v0.27.1", pinned, None, ("int8",))
+
+    def run_with(digests: set[str], tags: dict[str, str]) -> Finding:
+        return Online(registry=lambda url, timeout: TagRegistry(url, digests, tags)).image(
+            w, settings)
+
+    found = run_with({pinned}, {"v0.27.1": pinned})
+    assert found.status == FOUND and found.source == "registry http://lan:5000"
+    changed = Online(registry=lambda url, t: TagRegistry(url, {pinned} if "mirror" in url
+                                                         else set(), {"v0.27.1": moved}))
+    f = changed.image(w, settings)
+    assert f.status == CHANGED and f.source == "hub" and moved[:19] in f.todo
+    gone = run_with(set(), {"v0.27.1": moved})
+    assert gone.status == MISSING
+    assert "registry http://lan:5000: " in gone.source and "hub: " in gone.source
+    assert "http://mirror.lan:5000" in gone.source  # where the hub source was checked
