@@ -340,3 +340,25 @@ def test_images_found_changed_and_missing_with_each_source_tried(tmp_path) -> No
     assert gone.status == MISSING
     assert "registry http://lan:5000: " in gone.source and "hub: " in gone.source
     assert "http://mirror.lan:5000" in gone.source  # where the hub source was checked
+
+
+def test_the_bump_refuses_a_plan_whose_pins_a_source_lacks(tmp_path, web) -> None:
+    from types import SimpleNamespace
+
+    from rigfleet.bump.cli import BumpError, refuse_missing
+
+    settings = settings_for(tmp_path, web, cuda="old")
+    pins = pins_at(tmp_path)
+    data = fleet_data(tmp_path, stack="int8", pins_file=str(pins.path), os="debian 12",
+                      apt_repos={k: {"url": r.url, "key_url": r.key_url, "suite": r.suite,
+                                     "components": list(r.components),
+                                     "key_fingerprint": r.key_fingerprint}
+                                 for k, r in settings.apt_repos.items()})
+    inputs = SimpleNamespace(pins=pins, hosts=[InventoryHost("rig-a", ("gpu_hosts",), data)])
+    plan = SimpleNamespace(new_stacks={})
+    there = FakeSources(Finding("model x@aaaa", "http://hub", FOUND))
+    refuse_missing(inputs, plan, there)  # type: ignore[arg-type]
+    gone = FakeSources(Finding("model x@aaaa", "http://hub", MISSING, "no such revision"))
+    with pytest.raises(BumpError, match=r"model x@aaaa: missing at http://hub: no such "
+                                        r"revision \(hosts: rig-a\)\nnothing changed"):
+        refuse_missing(inputs, plan, gone)  # type: ignore[arg-type]

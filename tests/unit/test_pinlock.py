@@ -279,3 +279,19 @@ def test_a_gated_model_needs_the_token_file_and_the_token_is_never_shown(registr
     changes = lock(path, url, url, token_file=str(token))
     assert "model.revision: unresolved -> " + "c" * 40 in changes
     assert HF_TOKEN not in path.read_text() and HF_TOKEN not in " ".join(changes)
+
+
+def test_lock_saves_nothing_when_the_checks_find_a_thing_missing(registry, tmp_path) -> None:
+    url, _ = registry
+    path = pins_file(tmp_path)
+    before = path.read_text()
+    seen = []
+
+    def verify(pins):
+        seen.append(pins.stacks["int8"].digest)
+        return ["driver 580 (debian 13): missing at cuda http://apt.lan/debian13 /"]
+
+    with pytest.raises(LockError, match="driver 580 .debian 13.: missing at cuda"):
+        lock(path, url, url, verify=verify)
+    assert seen and seen[0].startswith("sha256:")  # the new pins were the ones checked
+    assert path.read_text() == before
