@@ -13,12 +13,13 @@ version in the ``apt_repos``' signed indexes (``rigfleet.aptindex``) for each OS
 (host data ``os``, e.g. ``debian 13``; else every supported OS). A source may be reached at
 another address from here (``--reach FROM=TO``: the testbed's published ports). Each finding is
 ``found``, ``changed`` (still there, but its tag/branch moved on: informational), ``missing``,
-``unreachable`` or ``unchecked``::
+``unreachable`` or ``unchecked``; ``check`` exits 1 on any offline problem, missing or
+unreachable thing::
 
     rigfleet check --inventory inventory/home.py [--online] [--json]
 
-``pins lock``, the deploy's preflight (``deploy_verdict``) and the bump's plan run the same
-online checks (``online``).
+``pins lock --inventory`` and the bump's plan (``verify_pins``) and the deploy's preflight
+(``deploy_verdict``) run the same online checks: missing refuses, unreachable warns.
 """
 
 from __future__ import annotations
