@@ -475,12 +475,15 @@ def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
     return refusals, warnings
 
 
-def pins_verifier(inventory: str, reach: Sequence[str],
-                  log: Callable[[str], None]) -> Callable[[Pins], list[str]]:
-    """``pins lock --inventory``'s check of the pins it is about to save."""
+def pins_verifier(inventory: str, reach: Sequence[str], log: Callable[[str], None]
+                  ) -> tuple[Callable[[Pins], list[str]], str | None]:
+    """``pins lock --inventory``'s check of the pins it is about to save, and the inventory's
+    hub token file (host data ``hf_token_file`` of its first GPU host that has one)."""
     from rigfleet.inventory import load_inventory
 
     hosts = load_inventory(inventory)
+    token_file = next((str(h.data["hf_token_file"]) for h in hosts
+                       if h.kind.gpu and h.data.get("hf_token_file")), None)
 
     def verify(pins: Pins) -> list[str]:
         refusals, warnings = verify_pins(hosts, pins, deploy_online(images=True, reach=reach))
@@ -488,7 +491,7 @@ def pins_verifier(inventory: str, reach: Sequence[str],
             log(f"warning: {line}")
         return refusals
 
-    return verify
+    return verify, token_file
 
 
 # ---- the command --------------------------------------------------------------------------

@@ -40,10 +40,13 @@ def cmd_pins(args: argparse.Namespace) -> int:
     from rigfleet.check import pins_verifier
     from rigfleet.pinlock import lock
 
-    verify = pins_verifier(args.inventory, args.reach, _log) if args.inventory else None
+    verify, token_file = None, args.hf_token_file
+    if args.inventory:
+        verify, inventory_token = pins_verifier(args.inventory, args.reach, _log)
+        token_file = token_file or inventory_token
     changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub,
                    refresh=args.refresh, genesis_url=args.genesis_url,
-                   token_file=args.hf_token_file, verify=verify)
+                   token_file=token_file, verify=verify)
     for line in changes or ["pins already locked; nothing to do"]:
         _log(line)
     return 0
@@ -188,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "hf_token_file: read here, never shown)")
     lock.add_argument("--inventory", metavar="FILE",
                       help="before saving, ask every pinned thing's source for this "
-                           "inventory's hosts (`rigfleet check --online`'s checks)")
+                           "inventory's hosts (`rigfleet check --online`'s checks); its "
+                           "hf_token_file is the hub token unless --hf-token-file says")
     lock.add_argument("--reach", action="append", default=[], metavar="FROM=TO",
                       help="with --inventory: this machine reaches URLs starting FROM at TO")
     lock.add_argument("--refresh", action="store_true",
