@@ -76,6 +76,27 @@ class AptRepo:
         return " ".join(parts)
 
 
+# The OSes the roles provision: (ID, VERSION_ID) of os-release -> codename.
+SUPPORTED_OS: dict[tuple[str, str], str] = {
+    ("debian", "12"): "bookworm",
+    ("debian", "13"): "trixie",
+    ("ubuntu", "22.04"): "jammy",
+    ("ubuntu", "24.04"): "noble",
+}
+OS_ALLOWED = ", ".join(f"{i} {v}" for i, v in SUPPORTED_OS)
+
+
+def os_named(value: Any) -> tuple[str, str, str] | None:
+    """The supported OS host data ``os`` names (``debian 13``, ``ubuntu24.04``, ``trixie``) as
+    (ID, VERSION_ID, codename); None when it names none."""
+    text = str(value).strip().lower().replace("-", " ")
+    for (os_id, version), codename in SUPPORTED_OS.items():
+        if text in (f"{os_id} {version}", f"{os_id}{version}",
+                    f"{os_id}{version.replace('.', '')}", codename):
+            return os_id, version, codename
+    return None
+
+
 def nvidia_distro(os_id: str, version_id: str) -> str:
     """NVIDIA's repository name for an OS: ``ubuntu`` ``24.04`` -> ``ubuntu2404``."""
     return f"{os_id}{version_id.replace('.', '')}"

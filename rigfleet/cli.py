@@ -8,6 +8,7 @@
     rigfleet images status|export|import ...   (pinned images on hosts, saved copies)
     rigfleet verify --url URL [--api-key-file F] [--profile full|fast]   (the verify-stress gate)
     rigfleet endpoints --inventory inventory/home.py
+    rigfleet check --inventory inventory/home.py [--online] [--reach FROM=TO] [--json]
     rigfleet status --inventory inventory/home.py [--json]
     rigfleet bump --inventory inventory/home.py [--image TAG|--latest] [--genesis C] [--dry]
     rigfleet bench --url URL | --inventory inventory/home.py [--limit H] [--accept-baseline H]
@@ -36,10 +37,16 @@ def _log(message: str) -> None:
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
+    from rigfleet.check import pins_verifier
     from rigfleet.pinlock import lock
 
+    verify, token_file = None, args.hf_token_file
+    if args.inventory:
+        verify, inventory_token = pins_verifier(args.inventory, args.reach, _log)
+        token_file = token_file or inventory_token
     changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub,
-                   refresh=args.refresh, genesis_url=args.genesis_url)
+                   refresh=args.refresh, genesis_url=args.genesis_url,
+                   token_file=token_file, verify=verify)
     for line in changes or ["pins already locked; nothing to do"]:
         _log(line)
     return 0
@@ -179,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("--genesis-url", metavar="URL",
                       help="fetch the pinned Genesis commits from here (a mirror or a local "
                            "clone) instead of each pin's repository URL; the pins keep theirs")
+    lock.add_argument("--hf-token-file", metavar="FILE",
+                      help="the hub token (a gated model needs one; as host data "
+                           "hf_token_file: read here, never shown)")
+    lock.add_argument("--inventory", metavar="FILE",
+                      help="before saving, ask every pinned thing's source for this "
+                           "inventory's hosts (`rigfleet check --online`'s checks); its "
+                           "hf_token_file is the hub token unless --hf-token-file says")
+    lock.add_argument("--reach", action="append", default=[], metavar="FROM=TO",
+                      help="with --inventory: this machine reaches URLs starting FROM at TO")
     lock.add_argument("--refresh", action="store_true",
                       help="re-resolve every digest from its tag (and its image id), and the "
                            "model revision, not only the unresolved ones")
@@ -204,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_cli.add_parser(sub)
     doctor_cli.add_parser(sub)
+
+    from rigfleet import check
+
+    check.add_parser(sub)
 
     from rigfleet.resources import PROJECT_ROOT
 

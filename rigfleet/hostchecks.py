@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rigfleet.aptrepos import AptRepo, check_apt_repos
+from rigfleet.aptrepos import AptRepo, check_apt_repos, os_named
 from rigfleet.catalog import Catalog, CatalogError, builtin_catalog, load_catalog
 from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
 from rigfleet.hostside.supervise import parse_backoff
@@ -481,6 +481,13 @@ class HostChecker(Problems):
             return value
         self.bad(key.name, value, key.allowed)
         return None
+
+    def os(self, key: Key, value: Any) -> str | None:
+        """A supported OS (``debian 13``); None: unset."""
+        if value is not None and os_named(value) is None:
+            self.bad(key.name, value, key.allowed)
+            return None
+        return value
 
     def flag(self, key: Key, value: Any) -> bool:
         """A yes/no flag (``True``/``False``, or 1/0, "yes"/"no" from ``--data``)."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from rigfleet.aptrepos import AptRepo
+from rigfleet.aptrepos import OS_ALLOWED, AptRepo
 from rigfleet.catalog import MAX_DRAIN_TIMEOUT_S, Catalog, StackSpec, builtin_catalog
 from rigfleet.hostchecks import (
     MIN_API_KEY_CHARS,
@@ -165,6 +165,10 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("balancer_front_address", _C.address, None, "a host name or address, optionally "
         "with :port, e.g. 'rig-a.lan:8000'", "where balancers reach this host's front",
         group="Balancer", shown_default="ssh_hostname and front_port"),
+    Key("os", _C.os, None, f"one of: {OS_ALLOWED}", "the OS the host runs: what `rigfleet "
+        "check --online` asks the apt repositories for (unset: every supported OS); the "
+        "deploy refuses a host whose os-release says otherwise", on="any",
+        shown_default="every supported OS"),
     Key("adopt_foreign_driver", _C.flag, False, _FLAG, "keep a driver NVIDIA's .run "
         "installer put on the host (loaded, on the pinned branch)", group="Switches"),
     Key("rigfleet_stop_on_preflight", _C.flag, False, _FLAG, "a host refused by its "

@@ -8,7 +8,7 @@ For each stack (and each host override in ``hosts:``), from the registry's v2 AP
   what ``docker load`` of a saved copy reproduces. Read for the *pinned* digest, never for
   whatever the tag points at later, so a saved copy can be verified against the pin.
 
-The model's full commit comes from the hub's revision API; each Genesis pin's ``layout`` and
+The model's full commit comes from the hub (``huggingface_hub``, with ``--hf-token-file``); each Genesis pin's ``layout`` and
 ``version`` from its commit (``rigfleet.bump.genesis.lock_genesis``, which also refuses a Genesis
 stack the hosts' gate would refuse). Everything else in the file is left as written. Nothing is
 written unless every lookup succeeds; a tag that is gone says so and what to do instead::
@@ -19,13 +19,12 @@ written unless every lookup succeeds; a tag that is gone says so and what to do 
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rigfleet.bump.genesis import lock_genesis
+from rigfleet.hub import Hub, HubError
 from rigfleet.pins import UNRESOLVED, Pins, PinsError, StackPins, load_pins, save_pins
 from rigfleet.registry import DOCKER_HUB, Registry, RegistryError, RegistryNotFound, registry_of
 from rigfleet.vllm_versions import NIGHTLY_TAG
@@ -42,17 +41,14 @@ class LockError(PinsError):
     """A lookup for the pins failed; one line per key: what, where, and what to do."""
 
 
-def hub_revision(hub_url: str, repo: str, ref: str = "main", timeout: float = 15) -> str:
-    """The full commit that ``ref`` of model ``repo`` points at on the hub."""
-    url = f"{hub_url.rstrip('/')}/api/models/{repo}/revision/{ref}"
+def hub_revision(hub_url: str, repo: str, ref: str = "main", timeout: float = 15,
+                 token_file: str | None = None) -> str:
+    """The full commit that ``ref`` of model ``repo`` points at on the hub (huggingface_hub,
+    with the token in ``token_file`` when given: a gated model answers 401 without one)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            sha = json.load(resp).get("sha", "")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise RuntimeError(f"{url}: cannot resolve the model revision ({exc})") from None
-    if len(sha) != 40:
-        raise RuntimeError(f"{url}: the hub answered no full commit (sha={sha!r})")
-    return sha
+        return Hub(hub_url, token_file, timeout).revision(repo, ref)
+    except HubError as e:
+        raise RuntimeError(f"cannot resolve the model revision: {e}") from None
 
 
 @dataclass
@@ -113,7 +109,8 @@ class _Resolver:
         return f" ({NIGHTLY_RETENTION})" if NIGHTLY_TAG.fullmatch(p.tag) else ""
 
 
-def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False) -> Pins:
+def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False,
+            token_file: str | None = None) -> Pins:
     """``pins`` with unresolved (or, with ``refresh``, all) digests, every missing image id and
     the model revision looked up; raises ``LockError`` listing every lookup that failed."""
     r = _Resolver(registry, pins.path)
@@ -123,7 +120,8 @@ def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False)
     model = pins.model
     if refresh or model.revision == UNRESOLVED:
         try:
-            model = replace(model, revision=hub_revision(hub_url, model.repo))
+            model = replace(model, revision=hub_revision(hub_url, model.repo,
+                                                                 token_file=token_file))
         except RuntimeError as e:
             r.problems.append(f"{pins.path}: model.revision: {e}")
     if r.problems:
@@ -161,17 +159,26 @@ def refuse_during_bump(pins: Pins) -> None:
 
 
 def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False,
-         genesis_url: str | None = None) -> list[str]:
+         genesis_url: str | None = None, token_file: str | None = None,
+         verify: Callable[[Pins], list[str]] | None = None) -> list[str]:
     """Resolve and save; returns one line per change (empty when nothing was to do).
 
     + genesis_url: where this machine fetches Genesis when the pinned repository URL is not
       reachable from it (see ``rigfleet.bump.genesis.lock_genesis``)
+    + token_file: the hub token (host data ``hf_token_file``), read here, never shown
+    + verify: ``rigfleet check``'s online checks of the new pins (``--inventory``): the
+      refusals it returns stop the save
     """
     pins = load_pins(path, allow_unresolved=True)
     refuse_during_bump(pins)
-    new = resolve(pins, Registry(registry_url), hub_url, refresh=refresh)
+    new = resolve(pins, Registry(registry_url), hub_url, refresh=refresh,
+                  token_file=token_file)
     new, genesis_lines = lock_genesis(new, fetch_url=genesis_url)
     lines = changes(pins, new) + genesis_lines
+    refusals = verify(new) if verify is not None else []
+    if refusals:
+        raise LockError([f"{pins.path}: {line}" for line in refusals]
+                        + ["nothing written: every pinned thing must be there"])
     if lines:
         save_pins(new, {"action": "lock", "changes": lines})
     return lines

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import re
 
+from packaging.version import InvalidVersion, Version
+
 NIGHTLY_TAG = re.compile(r"nightly-(?P<sha>[0-9a-f]{40})")
 # v0.27.1, v0.10.1.1, v0.8.5.post1; release candidates and variants are not releases.
 RELEASE_TAG = re.compile(r"v(?P<version>\d+\.\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)")
-_VERSION = re.compile(
-    r"(?P<release>\d+(?:\.\d+)*)(?P<pre>(?:a|b|rc)\d+)?(?:\.post(?P<post>\d+))?"
-    r"(?P<dev>\.dev\d+)?(?:\+\S+)?"
-)
 RELEASE, NIGHTLY = "release", "nightly"
 TAG_KINDS = (RELEASE, NIGHTLY)
 
@@ -34,20 +32,17 @@ def tag_kind(tag: str) -> str | None:
     return None
 
 
-def version_key(version: str) -> tuple[tuple[int, ...], int, int] | None:
-    """An order for vLLM versions: releases by number; a pre-release or dev build sorts below
-    its release, a ``.postN`` above it. None for what is not a version.
+def version_key(version: str) -> Version | None:
+    """An order for vLLM versions (PEP 440, ``packaging.version``); None for what is not one.
 
-    ``0.20.2rc1.dev9+g01d4d1ad3`` < ``0.20.2`` < ``0.20.2.post1`` < ``0.20.3`` < ``0.21.0``.
+    ``0.20.2rc1.dev9+g01d4d1ad3`` < ``0.20.2rc1`` < ``0.20.2rc2`` < ``0.20.2`` <
+    ``0.20.2.post1`` < ``0.20.3``; nightlies of one cycle by their dev number
+    (``0.32.1rc1.dev453+g...`` < ``0.32.1rc1.dev860+g...``); a leading ``v`` is ignored.
     """
-    m = _VERSION.fullmatch(version.strip().removeprefix("v"))
-    if m is None:
+    try:
+        return Version(version.strip().removeprefix("v"))
+    except InvalidVersion:
         return None
-    numbers = tuple(int(x) for x in m.group("release").split("."))
-    numbers += (0,) * (4 - len(numbers))
-    if m.group("pre") or m.group("dev"):
-        return numbers, -1, 0
-    return numbers, 0, int(m.group("post") or 0)
 
 
 def is_release(version: str) -> bool:

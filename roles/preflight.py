@@ -3,7 +3,8 @@
 Runs on the control side during pyinfra's prepare phase, in deploy code (not inside an
 operation), so it runs the same with ``-y`` (which skips change detection) as with the
 prompt. Checked here: host data, pins and stack files; the OS; systemd as PID 1; the host
-lock; and, from host facts read now (``rigfleet.facts.read_fact``), where the facts exist:
+lock; the pinned model, Genesis commits and apt packages for this OS, asked of their sources
+from this machine (``rigfleet.check``: gone refuses, unreachable warns); and, from host facts read now (``rigfleet.facts.read_fact``), where the facts exist:
 
 - driver loaded: each power cap against its card's real range, the GPU count against
   ``gpu_count``, each card's memory against the stack's ``gpus.memory_mib``;
@@ -52,8 +53,10 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback, State
 
+from rigfleet.aptrepos import SUPPORTED_OS
 from rigfleet.balancer.plan import BalancerPlan, GpuHost, fleet_plan
 from rigfleet.catalog import StackSpec
+from rigfleet.check import Online, deploy_online, deploy_verdict, os_disagrees
 from rigfleet.commands import hosttool
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.desired import DesiredHost, load_desired
@@ -84,12 +87,6 @@ from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
 
 # (ID, VERSION_ID) pairs the roles know how to provision.
-SUPPORTED_OS = {
-    ("debian", "12"): "bookworm",
-    ("debian", "13"): "trixie",
-    ("ubuntu", "22.04"): "jammy",
-    ("ubuntu", "24.04"): "noble",
-}
 
 
 class PreflightError(RigfleetError, ValueError):
@@ -212,6 +209,11 @@ _TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 
 # The one operation a refused host gets (under the "Preflight" deploy).
 REFUSED_OP = "Refused (the reason is above; nothing runs on this host)"
+
+# How the preflight asks the pinned things' sources (rigfleet/check.py; tests put None or a
+# fake here), and each run's answers (asked once for every host).
+SOURCES: Callable[[], Online] | None = deploy_online
+_ONLINE: weakref.WeakKeyDictionary[State, Online] = weakref.WeakKeyDictionary()
 
 # Per run (State): refused hosts and why, for the summary at the end.
 _REFUSED: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDictionary()
@@ -512,6 +514,22 @@ def run_deploy(converge: Callable[[], Any]) -> None:
         raise PyinfraError(f"rigfleet refused the run:\n{error}") from None
 
 
+def check_sources(want: DesiredHost, os_info: OsInfo) -> list[str]:
+    """The refusals of ``rigfleet check``'s online checks for this host (``SOURCES``; None:
+    not asked); a source this machine cannot reach is logged, not refused."""
+    os_key = (os_info.id, os_info.version_id, os_info.codename)
+    disagrees = os_disagrees(want.name, host.data.get("os"), os_key)
+    if disagrees:
+        return [disagrees]
+    if SOURCES is None:
+        return []
+    run = _ONLINE.setdefault(host.state, SOURCES())
+    refusals, warnings = deploy_verdict(want.settings, want.pins, os_key, run)
+    for line in warnings:
+        host.log_styled(line, fg="yellow", log_func=logger.warning)
+    return refusals
+
+
 @deploy("Preflight")
 def preflight() -> HostContext:
     """Validate host data, pins, stack files, OS and the host's facts; return the
@@ -549,7 +567,15 @@ def _check_host(name: str) -> HostContext:
     stale = check_lock(name, lock if isinstance(lock, dict) else None)
     if stale:
         host.log(stale)
-    preflight_images(want)  # every staged image has a source, and the disk has room for it
+    # The pinned things' sources (model, Genesis, apt for this OS), asked from this machine,
+    # then every staged image's source and the disk: every refusal at once.
+    refusals = check_sources(want, os_info)
+    try:
+        preflight_images(want)
+    except RigfleetError as e:
+        refusals.append(str(e))
+    if refusals:
+        raise PreflightError("\n".join(refusals))
     settings = want.settings
     pins = want.pins
     platform = read_fact(Platform)

@@ -24,6 +24,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from packaging.version import Version
+
 from rigfleet.errors import RigfleetError
 from rigfleet.registry import (
     INDEX_TYPES,
@@ -80,7 +82,7 @@ def nightly_tags(tags: Iterable[str]) -> list[str]:
 def release_tags(tags: Iterable[str]) -> list[str]:
     """The ``vX.Y.Z`` release tags, oldest version first (by version, not by push time)."""
     found = [t for t in set(tags) if RELEASE_TAG.fullmatch(t)]
-    return sorted(found, key=lambda t: version_key(t) or ((), 0, 0))
+    return sorted(found, key=lambda t: version_key(t) or Version("0"))
 
 
 def newest_release(tags: Iterable[str], above: str,

@@ -39,8 +39,10 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,7 @@ from rigfleet.bump.rollout import (
 )
 from rigfleet.bump.version import VersionProbe, read_version, remove_image
 from rigfleet.catalog import Catalog
+from rigfleet.check import Online, deploy_online, verify_pins
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
@@ -355,6 +358,8 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     try:
         plan, genesis, probe = _decide(opts, inputs, pins, names, candidate, probe, unreachable,
                                        provisional, genesis_repos)  # fmt: skip
+        if SOURCES is not None and not plan.empty:
+            refuse_missing(inputs, plan, SOURCES())
     except BaseException:
         if probe.pulled and probe_host is not None and candidate is not None:
             remove_image(remote, probe_host, candidate)  # leave the canary as it was found
@@ -369,6 +374,22 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         _log("not confirmed; nothing changed")
         return EXIT_FAILED
     return _execute(opts, inputs, remote, plan, candidate, probe.version or "", genesis)
+
+
+# How the plan's pins are asked of their sources (rigfleet/check.py; tests put None here).
+SOURCES: Callable[[], Online] | None = partial(deploy_online, images=True)
+
+
+def refuse_missing(inputs: Inputs, plan: Plan, run: Online) -> None:
+    """``rigfleet check``'s online checks of the plan's pins for every host: a pinned thing
+    its source no longer has refuses the bump before any host changes (unreachable: logged)."""
+    new = replace(inputs.pins, stacks={**inputs.pins.stacks, **plan.new_stacks})
+    refusals, warnings = verify_pins(inputs.hosts, new, run)
+    for line in warnings:
+        _log(f"[yellow]warning:[/yellow] {line}")
+    if refusals:
+        raise BumpError("\n".join(refusals) + "\nnothing changed; allowed: pins whose every "
+                        "thing its source has (`rigfleet check --online`)")
 
 
 def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,

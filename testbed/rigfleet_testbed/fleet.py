@@ -694,6 +694,8 @@ def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str,
             # A balancer reaches the front on the testbed network, by the host's name.
             "balancer_front_address": f"{slot.name}:8000",
             "testbed_container": slot.container,
+            # What `rigfleet check --online` asks the apt repositories for.
+            "os": f"debian {spec.os.version_id}",
             # The stack files' tok/s references are a real rig's; the simulators run
             # sim_speedup times faster, so the gate judges them against references x that.
             "throughput_scale": float(spec.profile.get("sim_speedup") or 1.0),

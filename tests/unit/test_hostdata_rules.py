@@ -76,8 +76,9 @@ def test_the_defaults_are_the_tables(tmp_path: Path) -> None:
     assert KEYS["gate_timeout_s"].default == plan["gate_timeout_s"]
 
 
+# ``os`` is too short for a typo hint: one letter off is a third of the name.
 @pytest.mark.parametrize("name", [k for k in KEYS if k + "s" not in KEYS
-                                  and not k.startswith("ssh_")])
+                                  and not k.startswith("ssh_") and len(k) > 2])
 def test_every_key_has_its_typo_hint(tmp_path: Path, name: str) -> None:
     found = problems(tmp_path, **{name + "s": 1})
     assert f"rig-a: {name}s: '{name}s' is not a rigfleet key (did you mean '{name}'?); " \

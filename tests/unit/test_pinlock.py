@@ -33,6 +33,7 @@ REPO = "vllm/vllm-openai"
 GONE = "nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"
 NIGHTLY = "nightly-" + "b" * 40
 TOKEN = "s3cret-registry-token"
+HF_TOKEN = "hf_s3cretHubToken0123456789"
 INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
@@ -52,6 +53,7 @@ class Store:
         self.add_single(NIGHTLY, b"nightly")
         self.auth = False
         self.deny = False
+        self.gated = False
 
     def image(self, seed: bytes, arch: str) -> tuple[str, bytes, str]:
         config = json.dumps({"architecture": arch, "os": "linux", "seed": seed.hex()}).encode()
@@ -102,7 +104,14 @@ def registry() -> Iterator[tuple[str, Store]]:
             if path == "/token":
                 return self._send(200, json.dumps({"token": TOKEN}).encode())
             if path.startswith("/api/models/") and path.endswith("/revision/main"):
-                return self._send(200, json.dumps({"sha": "c" * 40}).encode())
+                # As the Hub: a gated model answers 401 "GatedRepo" without an accepted token.
+                if store.gated and self.headers.get("Authorization") != f"Bearer {HF_TOKEN}":
+                    return self._send(401, b'{"error":"Access to model is restricted"}',
+                                      {"X-Error-Code": "GatedRepo",
+                                       "X-Error-Message": "Access to model is restricted"})
+                repo = path.removeprefix("/api/models/").removesuffix("/revision/main")
+                return self._send(200, json.dumps({"id": repo, "sha": "c" * 40,
+                                                   "siblings": []}).encode())
             if store.auth and self.headers.get("Authorization") != f"Bearer {TOKEN}" or \
                     store.deny:
                 realm = f'Bearer realm="http://127.0.0.1:{self.server.server_port}/token",' \
@@ -250,3 +259,39 @@ def test_host_overrides_are_locked_too(registry, tmp_path) -> None:
     assert pins.hosts["host2"]["int8"].image_id == store.image_ids[NIGHTLY]
     assert yaml.safe_load(path.read_text())["hosts"]["host2"]["stacks"]["int8"]["image_id"] == \
         store.image_ids[NIGHTLY]
+
+
+def test_a_gated_model_needs_the_token_file_and_the_token_is_never_shown(registry,
+                                                                           tmp_path) -> None:
+    url, store = registry
+    store.gated = True
+    text = pins_file(tmp_path).read_text().replace('revision: "' + "a" * 40 + '"',
+                                                   "revision: unresolved")
+    assert "revision: unresolved" in text
+    path = tmp_path / "gated.yaml"
+    path.write_text(text)
+    with pytest.raises(LockError) as e:
+        lock(path, url, url)
+    assert "model.revision" in str(e.value) and "gated" in str(e.value)
+    token = tmp_path / "hf-token"
+    token.write_text(HF_TOKEN + "\n")
+    token.chmod(0o600)
+    changes = lock(path, url, url, token_file=str(token))
+    assert "model.revision: unresolved -> " + "c" * 40 in changes
+    assert HF_TOKEN not in path.read_text() and HF_TOKEN not in " ".join(changes)
+
+
+def test_lock_saves_nothing_when_the_checks_find_a_thing_missing(registry, tmp_path) -> None:
+    url, _ = registry
+    path = pins_file(tmp_path)
+    before = path.read_text()
+    seen = []
+
+    def verify(pins):
+        seen.append(pins.stacks["int8"].digest)
+        return ["driver 580 (debian 13): missing at cuda http://apt.lan/debian13 /"]
+
+    with pytest.raises(LockError, match="driver 580 .debian 13.: missing at cuda"):
+        lock(path, url, url, verify=verify)
+    assert seen and seen[0].startswith("sha256:")  # the new pins were the ones checked
+    assert path.read_text() == before

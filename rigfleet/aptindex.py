@@ -1,0 +1,230 @@
+"""An apt repository read from the control side the way a host's apt reads it: the signed
+index verified with the configured key, then ``Packages`` (checked against the index's
+SHA256 list), so ``rigfleet check --online`` can say whether a pinned package is there.
+
+The key comes from ``key_url`` and must carry ``key_fingerprint`` when one is configured. The
+signature is judged by the host OS's own apt: Debian 13 (trixie) verifies with ``sqv``, whose
+policy rejects SHA-1 bindings since 2026-02-01; used here when ``sqv`` is installed, else
+``gpgv`` plus a look at the key's binding signatures (``gpg --list-packets``), and the result
+says which. Other OSes verify with ``gpgv``::
+
+    index = read_index(repo.expand(os_id="debian", version_id="13", codename="trixie"),
+                       policy="sqv")
+    index.versions("nvidia-driver-cuda")   # ["580.105.08-1", ...]; index.verifier "gpgv+sha1"
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import re
+import shutil
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rigfleet.hostdata import AptRepo
+
+ARCH = "amd64"
+# Sequoia's standard policy stopped accepting SHA-1 in bindings on this date (trixie's apt).
+SHA1_CUTOFF = "2026-02-01"
+_SIGCLASS = re.compile(r"sigclass 0x([0-9a-f]{2})")
+_DIGEST_ALGO = re.compile(r"digest algo (\d+)")
+# Certifications of a user id (0x10-0x13) and subkey bindings (0x18): the key's bindings.
+_BINDINGS = {"10", "11", "12", "13", "18"}
+
+
+class AptIndexError(RuntimeError):
+    """The repository's index cannot be used (the message names the URL and why)."""
+
+
+class AptMissing(AptIndexError):
+    """The repository answered 404 for its index: no such suite/distribution there."""
+
+
+class AptUnreachable(AptIndexError):
+    """The repository could not be reached at all."""
+
+
+@dataclass
+class AptIndex:
+    """What one repository holds for ``ARCH`` (and ``all``): package -> versions."""
+
+    base: str
+    verifier: str
+    packages: dict[str, list[str]] = field(default_factory=dict)
+
+    def versions(self, name: str) -> list[str]:
+        return list(self.packages.get(name, []))
+
+
+def _get(url: str, timeout: float) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bytes(resp.read())
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise AptMissing(f"{url}: not found (HTTP 404)") from None
+        raise AptIndexError(f"{url}: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise AptUnreachable(f"{url}: cannot reach it ({getattr(e, 'reason', e)})") from None
+
+
+def dist_url(repo: AptRepo) -> str:
+    """Where the index lives: ``<url>/dists/<suite>`` or, for a flat repository, the suite
+    directory itself (``deb URL /`` -> ``URL``)."""
+    url = repo.url.replace("$(ARCH)", ARCH).rstrip("/")
+    if repo.flat:
+        sub = repo.suite.strip("/").strip(".")
+        return f"{url}/{sub}" if sub else url
+    return f"{url}/dists/{repo.suite}"
+
+
+def _run(args: list[str], what: str) -> subprocess.CompletedProcess[bytes]:
+    try:
+        return subprocess.run(args, capture_output=True, timeout=60, check=False)
+    except FileNotFoundError:
+        raise AptIndexError(f"{what}: {args[0]} is not installed on this machine") from None
+
+
+def keyring(key: bytes, home: Path, fingerprint: str | None, key_url: str) -> Path:
+    """A binary keyring from an armored or binary key, checked for ``fingerprint``."""
+    raw = home / "key.raw"
+    raw.write_bytes(key)
+    ring = home / "keyring.gpg"
+    if b"BEGIN PGP PUBLIC KEY BLOCK" in key:
+        proc = _run(["gpg", "--homedir", str(home), "--batch", "--yes", "--dearmor", "-o",
+                     str(ring), str(raw)], key_url)
+        if proc.returncode != 0:
+            raise AptIndexError(f"{key_url}: not an OpenPGP key ({proc.stderr.decode()[-200:]})")
+    else:
+        ring.write_bytes(key)
+    shown = _run(["gpg", "--homedir", str(home), "--batch", "--show-keys", "--with-colons",
+                  str(ring)], key_url)
+    fprs = [line.split(":")[9] for line in shown.stdout.decode().splitlines()
+            if line.startswith("fpr:")]
+    if shown.returncode != 0 or not fprs:
+        raise AptIndexError(f"{key_url}: not an OpenPGP key")
+    if fingerprint and fingerprint.upper() not in fprs:
+        raise AptIndexError(f"{key_url}: the key's fingerprints are {', '.join(fprs)}; "
+                            f"key_fingerprint says {fingerprint}")
+    return ring
+
+
+def sha1_bound(ring: Path, home: Path) -> bool:
+    """Does the key rely on SHA-1 bindings (every user-id certification or subkey binding of
+    some kind made with digest algo 2)?"""
+    out = _run(["gpg", "--homedir", str(home), "--batch", "--list-packets", str(ring)],
+               str(ring)).stdout.decode(errors="replace")
+    algos: dict[str, set[int]] = {}
+    sigclass = None
+    for line in out.splitlines():
+        if line.startswith(":signature packet:"):
+            sigclass = None
+        elif (m := _SIGCLASS.search(line)) is not None:
+            sigclass = m.group(1)
+        if (d := _DIGEST_ALGO.search(line)) is not None and sigclass in _BINDINGS:
+            kind = "subkey" if sigclass == "18" else "uid"
+            algos.setdefault(kind, set()).add(int(d.group(1)))
+    return any(found == {2} for found in algos.values())
+
+
+def verify(base: str, key: bytes, repo: AptRepo, policy: str, timeout: float) -> tuple[str,
+                                                                                      str]:
+    """(the verified Release text, the verifier used) of the index at ``base``."""
+    with tempfile.TemporaryDirectory(prefix="rigfleet-apt-") as tmp:
+        home = Path(tmp)
+        home.chmod(0o700)
+        ring = keyring(key, home, repo.key_fingerprint, repo.key_url)
+        if policy == "sqv" and shutil.which("sqv"):
+            release = _get(f"{base}/Release", timeout)
+            sig = _get(f"{base}/Release.gpg", timeout)
+            (home / "Release").write_bytes(release)
+            (home / "Release.gpg").write_bytes(sig)
+            proc = _run(["sqv", "--keyring", str(ring), str(home / "Release.gpg"),
+                         str(home / "Release")], base)
+            if proc.returncode != 0:
+                raise AptIndexError(f"{base}/Release: sqv (Debian 13's apt) rejects the "
+                                    f"signature: {proc.stderr.decode().strip()[-300:]}")
+            return release.decode("utf-8", "replace"), "sqv"
+        verifier = "gpgv"
+        if policy == "sqv":
+            verifier = "gpgv (sqv not installed; SHA-1 bindings checked with gpg)"
+            if sha1_bound(ring, home):
+                raise AptIndexError(
+                    f"{repo.key_url}: the key's bindings are SHA-1, which Debian 13's apt "
+                    f"(sqv) rejects since {SHA1_CUTOFF}; allowed: the repository NVIDIA signs "
+                    "for this distribution with its own key, or a host policy that relaxes "
+                    "it")
+        try:
+            data = _get(f"{base}/InRelease", timeout)
+            (home / "InRelease").write_bytes(data)
+            args = ["gpgv", "--homedir", str(home), "--keyring", str(ring), "--output", "-",
+                    str(home / "InRelease")]
+        except AptMissing:
+            (home / "Release").write_bytes(_get(f"{base}/Release", timeout))
+            (home / "Release.gpg").write_bytes(_get(f"{base}/Release.gpg", timeout))
+            args = ["gpgv", "--homedir", str(home), "--keyring", str(ring),
+                    str(home / "Release.gpg"), str(home / "Release")]
+        proc = _run(args, base)
+        if proc.returncode != 0:
+            raise AptIndexError(f"{base}: the index's signature does not verify with "
+                                f"{repo.key_url}: {proc.stderr.decode().strip()[-300:]}")
+        text = proc.stdout if "--output" in args else (home / "Release").read_bytes()
+        return text.decode("utf-8", "replace"), verifier
+
+
+def sha256_list(release: str) -> dict[str, str]:
+    """``path -> sha256`` from a Release file's ``SHA256:`` section."""
+    out: dict[str, str] = {}
+    inside = False
+    for line in release.splitlines():
+        if not line.startswith(" "):
+            inside = line.strip() == "SHA256:"
+            continue
+        parts = line.split()
+        if inside and len(parts) == 3:
+            out[parts[2]] = parts[0]
+    return out
+
+
+def parse_packages(text: str) -> dict[str, list[str]]:
+    """``Package -> [Version, ...]`` of a ``Packages`` file."""
+    found: dict[str, list[str]] = {}
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines()
+                      if ": " in line and not line.startswith(" "))
+        if "Package" in fields and "Version" in fields:
+            found.setdefault(fields["Package"], []).append(fields["Version"].strip())
+    return found
+
+
+def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> AptIndex:
+    """Verify ``repo``'s index (placeholders already filled) and read its packages.
+
+    + policy: ``sqv`` for Debian 13 hosts, ``gpgv`` for the others
+    """
+    base = dist_url(repo)
+    key = _get(repo.key_url, timeout)
+    release, verifier = verify(base, key, repo, policy, timeout)
+    hashes = sha256_list(release)
+    index = AptIndex(base, verifier)
+    dirs = [""] if repo.flat else [f"{c}/binary-{a}/" for c in repo.components
+                                   for a in (ARCH, "all")]
+    for d in dirs:
+        for name in ("Packages.gz", "Packages"):
+            rel = f"{d}{name}"
+            if rel not in hashes:
+                continue
+            body = _get(f"{base}/{rel}", timeout)
+            if hashlib.sha256(body).hexdigest() != hashes[rel]:
+                raise AptIndexError(f"{base}/{rel}: its SHA256 is not the one the signed "
+                                    "index lists (a mirror mid-update?)")
+            text = gzip.decompress(body) if name.endswith(".gz") else body
+            for pkg, versions in parse_packages(text.decode("utf-8", "replace")).items():
+                index.packages.setdefault(pkg, []).extend(versions)
+            break
+    return index

@@ -1,0 +1,562 @@
+"""``rigfleet check``: the inventory, pins and stack files checked without reaching a host,
+and (``--online``) every pinned thing asked of its live source.
+
+Offline, every problem is listed at once (``<file or host>: <key>: <value>; allowed: ...``):
+each GPU host's data (``validate_host``, which loads its stack files), each balancer's, each
+pins file (unresolved values included) and what a host's data and its pins must agree on.
+
+Online, from this machine, per pinned thing: the images by digest from each host's
+``image_sources`` in order (``rigfleet.images.checks``); the model revision and its files on
+the hub (``rigfleet.hub``, with ``hf_token_file``); each Genesis commit in its repository
+(``bump_genesis_url`` where this machine reaches it there); the driver branch and the toolkit
+version in the ``apt_repos``' signed indexes (``rigfleet.aptindex``) for each OS the hosts run
+(host data ``os``, e.g. ``debian 13``; else every supported OS). A source may be reached at
+another address from here (``--reach FROM=TO``: the testbed's published ports). Each finding is
+``found``, ``changed`` (still there, but its tag/branch moved on: informational), ``missing``,
+``unreachable`` or ``unchecked``; ``check`` exits 1 on any offline problem, missing or
+unreachable thing::
+
+    rigfleet check --inventory inventory/home.py [--online] [--json]
+
+``pins lock --inventory`` and the bump's plan (``verify_pins``) and the deploy's preflight
+(``deploy_verdict``) run the same online checks: missing refuses, unreachable warns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_index
+from rigfleet.aptrepos import OS_ALLOWED, REQUIRED_APT_REPOS, SUPPORTED_OS, AptRepo, os_named
+from rigfleet.bump.genesis import GenesisError, GenesisRepo
+from rigfleet.catalog import load_catalog
+from rigfleet.desired import (
+    check_image_rules,
+    check_switch_sets,
+    resolve_pins_path,
+    staged_stacks,
+)
+from rigfleet.hostdata import (
+    HostSettings,
+    validate_balancer,
+    validate_host,
+)
+from rigfleet.hub import Hub, HubMissing, HubUnreachable
+from rigfleet.images.checks import SourceChecker, check_url
+from rigfleet.images.hoststate import HostImageState
+from rigfleet.images.plan import WantedImage, wanted_images
+from rigfleet.images.sources import NO_CHECK, ImageSource
+from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError, load_pins
+from rigfleet.registry import Registry, RegistryError, registry_of
+from rigfleet.validate import ValidationError
+
+FOUND, CHANGED, MISSING, UNREACHABLE, UNCHECKED = (
+    "found", "changed", "missing", "unreachable", "unchecked")
+# (ID, VERSION_ID, codename) the roles provision (rigfleet.aptrepos.SUPPORTED_OS).
+OsKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One pinned thing as its source answered: ``status`` one of the five above."""
+
+    thing: str
+    source: str
+    status: str
+    todo: str = ""
+    hosts: tuple[str, ...] = ()
+
+
+def supported_os() -> list[OsKey]:
+    return [(i, v, c) for (i, v), c in SUPPORTED_OS.items()]
+
+
+def host_os(name: str, value: Any) -> tuple[list[OsKey], str | None]:
+    """The OSes host data ``os`` names (``debian 13``, ``ubuntu 24.04``; None: every supported
+    one) and a problem line when it names none of them."""
+    known = supported_os()
+    if value is None:
+        return known, None
+    named = os_named(value)
+    if named is not None:
+        return [named], None
+    return known, f"{name}: os: {value!r} is not a supported OS; allowed: {OS_ALLOWED}"
+
+
+def os_disagrees(name: str, value: Any, os_key: OsKey) -> str | None:
+    """The deploy's refusal when host data ``os`` names another OS than the host runs."""
+    if value is None:
+        return None
+    named, problem = host_os(name, value)
+    if problem or named == [os_key]:
+        return problem
+    return (f"{name}: os: {value!r}, but the host runs {os_key[0]} {os_key[1]} "
+            f"({os_key[2]}); allowed: the OS the host runs (or no os key)")
+
+
+# ---- offline ------------------------------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    """What the offline pass found: problems, and each valid GPU host's settings and pins."""
+
+    problems: list[str] = field(default_factory=list)
+    hosts: dict[str, tuple[HostSettings, Pins, list[OsKey]]] = field(default_factory=dict)
+
+
+def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
+    """Every problem of the inventory's hosts (``rigfleet.inventory.InventoryHost``), their
+    pins files and stack files, listed at once (never stops at the first)."""
+    out = Checked()
+    pins_by_file: dict[str, Pins | None] = {}
+    for h in hosts:
+        if h.kind.balancer:
+            try:
+                validate_balancer(h.name, h.data, gpu_host=h.kind.gpu)
+            except ValidationError as e:
+                out.problems += e.problems
+        if not h.kind.gpu:
+            continue
+        oses, os_problem = host_os(h.name, h.data.get("os"))
+        if os_problem:
+            out.problems.append(os_problem)
+        settings: HostSettings | None = None
+        try:
+            settings = validate_host(h.name, h.data)
+        except ValidationError as e:
+            out.problems += [p for p in e.problems if p not in out.problems]
+        # The pins are checked even when the host's data is not: every problem at once.
+        raw = h.data.get("pins_file") or "pins.yaml"
+        path = str(resolve_pins_path(settings.pins_file if settings else str(raw), base)
+                   .absolute())
+        if path not in pins_by_file:
+            pins_by_file[path] = _pins(path, settings, h.data, out.problems)
+        pins = pins_by_file[path]
+        if pins is None or settings is None:
+            continue
+        mine = pins.for_host(h.name)
+        for problem in _agree(settings, mine):
+            if problem not in out.problems:
+                out.problems.append(problem)
+        out.hosts[h.name] = (settings, mine, oses)
+    return out
+
+
+def _pins(path: str, settings: HostSettings | None, data: Any,
+          problems: list[str]) -> Pins | None:
+    catalog = settings.catalog if settings else None
+    if catalog is None and isinstance(data.get("stacks_dir"), str):
+        try:
+            catalog = load_catalog([data["stacks_dir"]])
+        except ValidationError:
+            catalog = None  # named by the host data's own check
+    try:
+        pins = load_pins(path, allow_unresolved=True, catalog=catalog)
+    except PinsError as e:
+        problems += [p for p in e.problems if p not in problems]
+        return None
+    problems += [f"{path}: {key}: {UNRESOLVED!r}; allowed: a resolved value ({LOCK_HINT})"
+                 for key in pins.unresolved() if not any(key in p and path in p
+                                                         for p in problems)]
+    return pins
+
+
+def _agree(settings: HostSettings, pins: Pins) -> list[str]:
+    """What the host's data and its pins must agree on (``rigfleet.desired``'s checks)."""
+    out: list[str] = []
+    if settings.stack not in pins.stacks:
+        out.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
+                   f"allowed: {', '.join(pins.stacks)}")
+        return out
+    staged = staged_stacks(settings, pins)
+    for check in (check_switch_sets, check_image_rules):
+        try:
+            check(settings, pins, staged)
+        except ValidationError as e:
+            out += e.problems
+    return out
+
+
+# ---- online -------------------------------------------------------------------------------
+
+
+def reacher(pairs: Iterable[str]) -> Callable[[str], str]:
+    """``url -> url`` as this machine reaches it: each ``FROM=TO`` prefix rewritten."""
+    table: list[tuple[str, str]] = []
+    for pair in pairs:
+        src, sep, dst = pair.partition("=")
+        if not sep or not src or not dst:
+            raise ValueError(f"--reach: {pair!r}; allowed: FROM=TO, e.g. "
+                             "http://hub.rigfleet.test:8080=http://127.0.0.1:18080")
+        table.append((src.rstrip("/"), dst.rstrip("/")))
+
+    def reach(url: str) -> str:
+        for src, dst in table:
+            if url == src or url.startswith(src + "/"):
+                return dst + url[len(src):]
+        return url
+
+    return reach
+
+
+@dataclass
+class Online:
+    """One online pass: every source asked once, whatever the number of hosts."""
+
+    reach: Callable[[str], str] = field(default=lambda url: url)
+    timeout: float = 15.0
+    images: bool = True
+    # How a registry client is made for a URL (tests pass a fake).
+    registry: Callable[[str, float], Registry] = Registry
+    findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
+    _indexes: dict[tuple[AptRepo, str], AptIndex | AptIndexError] = field(default_factory=dict)
+    _genesis: dict[str, GenesisRepo | GenesisError] = field(default_factory=dict)
+    _checker: SourceChecker | None = None
+    _memo: dict[tuple[Any, ...], Finding] = field(default_factory=dict)
+
+    def add(self, f: Finding, host: str) -> None:
+        key = (f.thing, f.source)
+        old = self.findings.get(key)
+        hosts = (*old.hosts, host) if old else (host,)
+        self.findings[key] = Finding(f.thing, f.source, f.status, f.todo, hosts)
+
+    def host(self, settings: HostSettings, pins: Pins, oses: Sequence[OsKey]) -> None:
+        """Every check for one host (findings shared with the other hosts)."""
+        name = settings.name
+        staged = {s.name: pins.stacks[s.name] for s in staged_stacks(settings, pins)}
+        if self.images:
+            for w in wanted_images(staged)[0]:
+                if w.digest != UNRESOLVED:
+                    key = ("image", w, settings.image_sources, settings.bump.registry)
+                    self.add(self.memo(key, partial(self.image, w, settings)), name)
+        if pins.model.revision != UNRESOLVED:
+            self.add(self.memo(("model", pins.model, settings.hf_endpoint,
+                                settings.hf_token_file),
+                               lambda: self.model(settings, pins)), name)
+        for stack in sorted(staged):
+            g = pins.stacks[stack].genesis
+            if g is not None:
+                self.add(self.genesis(g.repo, g.commit, settings.bump.genesis_url, g.label),
+                         name)
+        for os_key in oses:
+            for f in self.apt(settings, pins, os_key):
+                self.add(f, name)
+
+    def memo(self, key: tuple[Any, ...], ask: Callable[[], Finding]) -> Finding:
+        """``ask()`` once per key for the whole pass."""
+        if key not in self._memo:
+            self._memo[key] = ask()
+        return self._memo[key]
+
+    # -- images
+    def image(self, w: WantedImage, settings: HostSettings) -> Finding:
+        if self._checker is None:
+            reach, make = self.reach, self.registry
+            self._checker = SourceChecker(lambda url: make(reach(url), self.timeout))
+        thing = f"image {w.image}@{w.digest[:19]}"
+        tried: list[str] = []
+        unreachable = False
+        for i, source in enumerate(settings.image_sources):
+            if source.kind == "host-archive":
+                tried.append(f"{source.label}: on the host (checked by the deploy)")
+                continue
+            r = self._checker.check(i, source, w, settings, HostImageState())
+            if r.ok:
+                moved = self.tag_moved(source, w, settings) if source.kind == "hub" else None
+                if moved:
+                    return Finding(thing, source.label, CHANGED, moved)
+                return Finding(thing, source.label, FOUND, "" if not tried else
+                               "earlier sources: " + "; ".join(tried))
+            unreachable |= "unreachable" in r.reason
+            tried.append(f"{source.label}: {r.reason}")
+        if any(s.kind == "host-archive" for s in settings.image_sources) and not unreachable:
+            return Finding(thing, "; ".join(tried), UNCHECKED, "the host's archives are read "
+                           "by the deploy's preflight")
+        return Finding(thing, "; ".join(tried), UNREACHABLE if unreachable else MISSING,
+                       "pin a digest a source has (`rigfleet pins lock --refresh`), or add a "
+                       "source that holds it (image_sources: an archive, a registry)")
+
+    def tag_moved(self, source: ImageSource, w: WantedImage,
+                  settings: HostSettings) -> str | None:
+        """What the pinned tag names now, when that is another digest (None: the same, or
+        not asked)."""
+        url = check_url(source, w, settings)
+        if url is None or url == NO_CHECK or self._checker is None:
+            return None
+        name, tag = w.image.rsplit(":", 1)
+        try:
+            now = self._checker.client(url).digest(registry_of(name)[1], tag)
+        except RegistryError:
+            return None  # a digest-pinned image whose tag is gone is still there
+        if now == w.digest:
+            return None
+        return (f"the tag {tag} names {now[:19]} now; the pin still pulls its digest "
+                "(`rigfleet pins lock --refresh` follows the tag)")
+
+    # -- the model
+    def model(self, settings: HostSettings, pins: Pins) -> Finding:
+        m = pins.model
+        endpoint = settings.hf_endpoint or "https://huggingface.co"
+        hub = Hub(self.reach(endpoint), settings.hf_token_file, self.timeout)
+        thing = f"model {m.repo}@{m.revision[:12]}"
+        try:
+            files = hub.files(m.repo, m.revision)
+        except HubMissing as e:
+            return Finding(thing, endpoint, MISSING, f"{e}; pin a revision the hub has "
+                           "(`rigfleet pins lock --refresh` takes main's)")
+        except HubUnreachable as e:
+            return Finding(thing, endpoint, UNREACHABLE, str(e))
+        except Exception as e:  # HubError and the rest: an answer we cannot use
+            return Finding(thing, endpoint, MISSING, str(e))
+        if not any(f.endswith(".safetensors") for f in files):
+            return Finding(thing, endpoint, MISSING, f"the revision holds no *.safetensors "
+                           f"({len(files)} files)")
+        try:
+            main = hub.revision(m.repo, "main")
+        except Exception:
+            main = m.revision
+        if main != m.revision:
+            return Finding(thing, endpoint, CHANGED, f"main is at {main[:12]} now; the pin "
+                           "stays (verify that revision before moving: `rigfleet bump`)")
+        return Finding(thing, endpoint, FOUND, f"{len(files)} files")
+
+    # -- Genesis
+    def genesis(self, url: str, commit: str, fetch: str | None, label: str) -> Finding:
+        fetch_url = self.reach(fetch or url)
+        thing = f"genesis {label}"
+        if fetch_url not in self._genesis:
+            repo = GenesisRepo(url, fetch_url)
+            try:
+                repo.sync()
+                self._genesis[fetch_url] = repo
+            except GenesisError as e:
+                self._genesis[fetch_url] = e
+        repo_or_error = self._genesis[fetch_url]
+        if isinstance(repo_or_error, GenesisError):
+            return Finding(thing, fetch_url, UNREACHABLE, str(repo_or_error)[:300])
+        repo = repo_or_error
+        if repo.git("cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
+            return Finding(thing, fetch_url, MISSING, f"commit {commit} is not in the "
+                           "repository; pin one it has (`rigfleet bump --genesis REF`)")
+        refs = repo.git("for-each-ref", "--contains", commit, "--format=%(refname:short)",
+                        "refs/heads", "refs/tags").stdout.split()
+        if not refs:
+            return Finding(thing, fetch_url, CHANGED, "no branch or tag reaches the commit "
+                           "any more (history rewritten?): it may be collected; move the pin")
+        return Finding(thing, fetch_url, FOUND, f"on {', '.join(refs[:3])}")
+
+    # -- apt
+    def index(self, repo: AptRepo, policy: str) -> AptIndex | AptIndexError:
+        reached = AptRepo(repo.name, self.reach(repo.url), self.reach(repo.key_url), repo.suite,
+                          repo.components, repo.key_fingerprint)
+        key = (reached, policy)
+        if key not in self._indexes:
+            try:
+                self._indexes[key] = read_index(reached, policy, self.timeout)
+            except AptIndexError as e:
+                self._indexes[key] = e
+        return self._indexes[key]
+
+    def apt(self, settings: HostSettings, pins: Pins, os_key: OsKey) -> list[Finding]:
+        from roles.container_toolkit import TOOLKIT_PACKAGES
+        from roles.nvidia_driver import driver_packages, version_prefix
+        from roles.preflight import OsInfo
+
+        os_id, version, codename = os_key
+        os_info = OsInfo(os_id, version, codename, "")
+        policy = "sqv" if (os_id, version) == ("debian", "13") else "gpgv"
+        driver = version_prefix(pins.driver_branch, pins.driver_version)
+        wanted = {
+            "cuda": [(p, driver, f"driver {pins.driver_version or pins.driver_branch}")
+                     for p in driver_packages(os_info, pins.driver_branch)],
+            "nvidia-container-toolkit": [(p, pins.toolkit_version,
+                                          f"container toolkit {pins.toolkit_version}")
+                                         for p in TOOLKIT_PACKAGES],
+        }
+        out = []
+        for name in REQUIRED_APT_REPOS:
+            repo = settings.apt_repos[name].expand(os_id=os_id, version_id=version,
+                                                   codename=codename)
+            source = f"{name} {repo.url} {repo.suite}".strip()
+            pkgs = [p for p, _, _ in wanted[name]]
+            want, what = wanted[name][0][1], wanted[name][0][2]
+            thing = f"{what} ({os_id} {version})"
+            if name == "cuda" and os_id == "ubuntu":
+                # The deploy installs Ubuntu's own -server driver packages (its archive).
+                out.append(Finding(thing, "Ubuntu's archive", UNCHECKED, ", ".join(pkgs)))
+                continue
+            index = self.index(repo, policy)
+            if isinstance(index, AptIndexError):
+                status = UNREACHABLE if isinstance(index, AptUnreachable) else MISSING
+                out.append(Finding(thing, source, status, str(index)[:300]))
+                continue
+            found, lacking = [], []
+            for pkg in pkgs:
+                match = [v for v in index.versions(pkg)
+                         if v == want or (want.endswith(".") and v.startswith(want))]
+                if match:
+                    found.append(f"{pkg} {match[-1]}")
+                else:
+                    has = ", ".join(sorted(set(index.versions(pkg)))[-4:]) or "no version"
+                    lacking.append(f"{pkg} (it has {has})")
+            if lacking:
+                out.append(Finding(thing, source, MISSING, f"no {want.rstrip('.')}"
+                                   f"{'.*' if want.endswith('.') else ''} of "
+                                   f"{'; '.join(lacking)} for {os_id} {version}; pin what it "
+                                   f"carries, or configure the repository that has it "
+                                   f"(apt_repos.{name})"))
+            else:
+                out.append(Finding(thing, source, FOUND, f"{', '.join(found)} "
+                                   f"({index.verifier})"))
+        return out
+
+
+def problems_of(findings: Iterable[Finding], strict: bool = True) -> list[Finding]:
+    """The findings that fail a check: missing, and (``strict``) unreachable."""
+    bad = {MISSING, UNREACHABLE} if strict else {MISSING}
+    return [f for f in findings if f.status in bad]
+
+
+REACH_ENV = "RIGFLEET_REACH"
+
+
+def deploy_online(images: bool = False, reach: Sequence[str] = ()) -> Online:
+    """The deploy's online pass: no images (the images role's preflight asks their sources),
+    short timeouts, and ``RIGFLEET_REACH`` (``FROM=TO`` pairs, space-separated) as --reach."""
+    pairs = [*os.environ.get(REACH_ENV, "").split(), *reach]
+    return Online(reach=reacher(pairs), timeout=10.0, images=images)
+
+
+def verify_pins(hosts: Sequence[Any], pins: Pins, run: Online) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) of ``pins`` (as ``pins lock`` would save them, or a bump's new
+    pins) for the inventory's GPU hosts: what ``pins lock`` and the bump's plan ask."""
+    for h in hosts:
+        if not h.kind.gpu:
+            continue
+        try:
+            settings = validate_host(h.name, h.data)
+        except ValidationError:
+            continue  # the caller refuses bad host data itself
+        run.host(settings, pins.for_host(h.name), host_os(h.name, h.data.get("os"))[0])
+    found = list(run.findings.values())
+    refusals = [f"{f.thing}: missing at {f.source}: {f.todo} (hosts: {', '.join(f.hosts)})"
+                for f in found if f.status == MISSING]
+    warnings = [f"{f.thing}: not checked from this machine ({f.todo})"
+                for f in found if f.status == UNREACHABLE]
+    return refusals, warnings
+
+
+def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
+                   run: Online) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) of the deploy's preflight for one host of a known OS: a thing its
+    source says is gone refuses the host, naming it and each source tried; a source this
+    machine cannot reach is a warning (the host may reach it; its own step fails if not)."""
+    before = dict(run.findings)
+    run.host(settings, pins, [os_key])
+    mine = [f for k, f in run.findings.items() if settings.name in f.hosts or k not in before]
+    refusals = [f"{settings.name}: {f.thing}: missing at {f.source}: {f.todo}"
+                for f in mine if f.status == MISSING]
+    warnings = [f"{settings.name}: {f.thing}: not checked from this machine ({f.todo}); the "
+                "host's own step will tell" for f in mine if f.status == UNREACHABLE]
+    return refusals, warnings
+
+
+def pins_verifier(inventory: str, reach: Sequence[str], log: Callable[[str], None]
+                  ) -> tuple[Callable[[Pins], list[str]], str | None]:
+    """``pins lock --inventory``'s check of the pins it is about to save, and the inventory's
+    hub token file (host data ``hf_token_file`` of its first GPU host that has one)."""
+    from rigfleet.inventory import load_inventory
+
+    hosts = load_inventory(inventory)
+    token_file = next((str(h.data["hf_token_file"]) for h in hosts
+                       if h.kind.gpu and h.data.get("hf_token_file")), None)
+
+    def verify(pins: Pins) -> list[str]:
+        refusals, warnings = verify_pins(hosts, pins, deploy_online(images=True, reach=reach))
+        for line in warnings:
+            log(f"warning: {line}")
+        return refusals
+
+    return verify, token_file
+
+
+# ---- the command --------------------------------------------------------------------------
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("check", help="check the inventory, pins and stack files (offline), "
+                       "and with --online every pinned thing against its source")
+    p.add_argument("--inventory", default="inventory/home.py")
+    p.add_argument("--online", action="store_true",
+                   help="also ask each pinned thing's source (registries, hub, Genesis, apt)")
+    p.add_argument("--reach", action="append", default=[], metavar="FROM=TO",
+                   help="this machine reaches URLs starting FROM at TO (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from rigfleet.inventory import load_inventory
+
+    hosts = load_inventory(args.inventory)
+    checked = offline(hosts)
+    run = Online(reach=reacher(args.reach))
+    if args.online:
+        for settings, pins, oses in checked.hosts.values():
+            run.host(settings, pins, oses)
+    findings = list(run.findings.values())
+    failed = bool(checked.problems) or bool(problems_of(findings))
+    if args.json:
+        print(json.dumps({"ok": not failed, "problems": checked.problems,
+                          "findings": [asdict(f) for f in findings]}, indent=2))
+        return 1 if failed else 0
+    console = Console()
+    render(args.inventory, checked.problems, findings, args.online,
+           console.width).print(console)
+    return 1 if failed else 0
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(1, width - 1)] + "…"
+
+
+def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
+           online: bool, width: int = 160) -> Any:
+    """The table (cells cut to fit ``width``: a row is one line; the notes under it say in
+    full what is wrong)."""
+    from rich.text import Text
+
+    from rigfleet.tables import Table
+
+    style = {FOUND: "green", CHANGED: "yellow", MISSING: "red", UNREACHABLE: "red",
+             UNCHECKED: "dim"}
+    title = (f"rigfleet check ({inventory}): {len(problems)} problem(s) offline"
+             + (f", {len(problems_of(findings))} online" if online else ", online not asked"))
+    table = Table(title, ["thing", "status", "source", "what to do"],
+                  keys=("thing", "status"))
+    # Rich shrinks columns of a table wider than the console, even to nothing.
+    room = max(40, width - 11 - 4)
+    thing_w, source_w = room * 2 // 5, room // 4
+    todo_w = room - thing_w - source_w
+    for p in problems:
+        where, _, rest = p.partition(": ")
+        table.row(_cut(rest.partition(": ")[0], thing_w), Text("invalid", style="red"),
+                  _cut(where, source_w), "see below")
+        table.note(where, rest)
+    for f in findings:
+        table.row(_cut(f.thing, thing_w), Text(f.status, style=style.get(f.status, "")),
+                  _cut(f.source, source_w), _cut(f.todo, todo_w))
+        if f.status in (MISSING, UNREACHABLE, CHANGED):
+            table.note(f.thing, f"{f.status} at {f.source}: {f.todo} (hosts: "
+                       f"{', '.join(f.hosts)})")
+    return table

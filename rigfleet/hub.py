@@ -1,0 +1,115 @@
+"""The Hugging Face hub from the control side, through ``huggingface_hub``: a model's revision
+and its files at a revision, with the inventory's token when there is one.
+
+The token is read from the token file (host data ``hf_token_file``) and handed to ``HfApi`` in
+memory: never in a process's arguments, a message or a log. Failures are sorted into what a
+caller decides on: ``HubMissing`` (the hub answered: no such repository or revision, or gated
+for this caller), ``HubUnreachable`` (no answer), ``HubError`` (anything else)::
+
+    hub = Hub("https://huggingface.co", token_file="~/.config/rigfleet/hf-token")
+    hub.revision("Lorbus/Qwen3.6-27B-int4-AutoRound")            # main's full commit
+    hub.files("Lorbus/Qwen3.6-27B-int4-AutoRound", "74647d59...")  # ["config.json", ...]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import HfApi
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+DEFAULT_HUB = "https://huggingface.co"
+
+
+class HubError(RuntimeError):
+    """The hub answered something unusable (the message says what and where)."""
+
+
+class HubMissing(HubError):
+    """The hub says the repository or revision is not there (or not for this caller)."""
+
+
+class HubUnreachable(HubError):
+    """The hub could not be reached at all (DNS, connection, timeout)."""
+
+
+def read_token(path: str | None) -> str | None:
+    """The token in ``path`` (one line), None without a file. Never printed."""
+    if not path:
+        return None
+    try:
+        token = Path(path).expanduser().read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise HubError(f"hf_token_file: {path!r} cannot be read ({e.strerror})") from None
+    return token or None
+
+
+@dataclass
+class Hub:
+    """One hub endpoint (``hf_endpoint``, else huggingface.co) and the caller's token."""
+
+    endpoint: str = DEFAULT_HUB
+    token_file: str | None = None
+    timeout: float = 15.0
+    _api: HfApi | None = field(default=None, repr=False)
+
+    @property
+    def where(self) -> str:
+        return self.endpoint.rstrip("/")
+
+    @property
+    def api(self) -> HfApi:
+        if self._api is None:
+            # token=False: no token at all (not the one huggingface_hub would find in ~/.cache)
+            token: str | bool = read_token(self.token_file) or False
+            self._api = HfApi(endpoint=self.where, token=token)
+        return self._api
+
+    def revision(self, repo: str, ref: str = "main") -> str:
+        """The full commit ``ref`` (a branch, tag or commit) of model ``repo`` is."""
+        info = self._ask(lambda: self.api.model_info(repo, revision=ref, timeout=self.timeout),
+                         repo, ref)
+        sha = getattr(info, "sha", None) or ""
+        if len(sha) != 40:
+            raise HubError(f"hub {self.where}: {repo}@{ref}: the hub answered no full commit "
+                           f"(sha={sha!r})")
+        return str(sha)
+
+    def files(self, repo: str, revision: str) -> list[str]:
+        """Every file of model ``repo`` at ``revision`` (the model info's file list: one
+        request, which huggingface_hub does not retry for minutes when the hub is away)."""
+        info = self._ask(lambda: self.api.model_info(repo, revision=revision,
+                                                     timeout=self.timeout), repo, revision)
+        return [str(s.rfilename) for s in (getattr(info, "siblings", None) or [])]
+
+    def _ask(self, call: Any, repo: str, ref: str) -> Any:
+        what = f"hub {self.where}: {repo}@{ref}"
+        auth = "with the token of hf_token_file" if self.token_file else "without a token"
+        try:
+            return call()
+        except RevisionNotFoundError:
+            raise HubMissing(f"{what}: no such revision (HTTP 404)") from None
+        except GatedRepoError:
+            raise HubMissing(f"{what}: the model is gated and this caller ({auth}) has no "
+                             "access; allowed: a token of an account that accepted the "
+                             "model's terms, in hf_token_file") from None
+        except RepositoryNotFoundError:
+            raise HubMissing(f"{what}: no such repository, or a private one {auth} cannot "
+                             "see (HTTP 401/404)") from None
+        except HfHubHTTPError as e:
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            raise HubError(f"{what}: HTTP {status}: {str(e).splitlines()[0][:200]}") from None
+        except (OSError, ValueError) as e:
+            raise HubUnreachable(f"{what}: cannot reach the hub ({e})") from None
+        except Exception as e:  # httpx / requests transport errors (not OSError subclasses)
+            if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3"):
+                raise HubUnreachable(f"{what}: cannot reach the hub ({type(e).__name__}: "
+                                     f"{e})") from None
+            raise

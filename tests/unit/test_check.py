@@ -1,0 +1,364 @@
+"""``rigfleet check`` (rigfleet/check.py) and the apt index reader (rigfleet/aptindex.py): every
+offline problem listed at once; online, a signed apt repository read with its key and judged
+by each OS's policy (a SHA-1-bound key fails Debian 13's), and the deploy's verdict (a thing
+its source lacks refuses the host, an unreachable source is a warning)."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from images_fakes import fleet_data, pins_text
+
+from rigfleet.aptindex import AptIndexError, read_index
+from rigfleet.check import (
+    CHANGED,
+    FOUND,
+    MISSING,
+    UNREACHABLE,
+    Finding,
+    Online,
+    deploy_verdict,
+    host_os,
+    offline,
+    reacher,
+)
+from rigfleet.hostdata import AptRepo, validate_host
+from rigfleet.inventory import InventoryHost
+from rigfleet.pins import load_pins
+
+DRIVER = ["nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-smi", "nvidia-persistenced"]
+TOOLKIT = ["nvidia-container-toolkit", "nvidia-container-toolkit-base",
+           "libnvidia-container-tools", "libnvidia-container1"]
+
+
+def _gpg(home: Path, *args: str) -> None:
+    subprocess.run(["gpg", "--homedir", str(home), "--batch", "--yes", "--passphrase", "",
+                    *args], check=True, capture_output=True)
+
+
+def make_repo(root: Path, name: str, packages: dict[str, list[str]], sha1: bool = False) -> str:
+    """A signed repository at ``root/<name>`` (suite ``stable``, component ``main``), its key
+    at ``root/<name>.asc``; returns the key's fingerprint."""
+    home = root / f"{name}-gnupg"
+    home.mkdir(mode=0o700)
+    algo = ["--cert-digest-algo", "SHA1"] if sha1 else []
+    _gpg(home, *algo, "--quick-gen-key", f"{name} <{name}@test>",
+         "rsa2048" if sha1 else "ed25519", "sign", "never")
+    out = subprocess.run(["gpg", "--homedir", str(home), "--with-colons", "--list-keys"],
+                         check=True, capture_output=True, text=True).stdout
+    fpr = next(line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:"))
+    _gpg(home, "--armor", "--output", str(root / f"{name}.asc"), "--export", fpr)
+    dist = root / name / "dists" / "stable"
+    binary = dist / "main" / "binary-amd64"
+    binary.mkdir(parents=True)
+    text = "\n".join(f"Package: {p}\nVersion: {v}\nArchitecture: amd64\n"
+                     for p, versions in packages.items() for v in versions)
+    (binary / "Packages").write_text(text)
+    (binary / "Packages.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
+    lines = [f" {hashlib.sha256((binary / n).read_bytes()).hexdigest()} "
+             f"{(binary / n).stat().st_size} main/binary-amd64/{n}"
+             for n in ("Packages", "Packages.gz")]
+    (dist / "Release").write_text("Origin: test\nSuite: stable\nSHA256:\n" + "\n".join(lines)
+                                  + "\n")
+    _gpg(home, "--digest-algo", "SHA512", "--clearsign", "--output", str(dist / "InRelease"),
+         str(dist / "Release"))
+    _gpg(home, "--digest-algo", "SHA512", "--armor", "--detach-sign", "--output",
+         str(dist / "Release.gpg"), str(dist / "Release"))
+    return fpr
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, dict[str, str]]]:
+    root = tmp_path_factory.mktemp("apt")
+    fprs = {
+        "new": make_repo(root, "new", {"nvidia-driver-cuda": ["590.44.01-1"],
+                                       **{p: ["1.17.8-1"] for p in TOOLKIT}}),
+        "old": make_repo(root, "old", {p: ["580.105.08-1", "590.44.01-1"] for p in DRIVER},
+                         sha1=True),
+    }
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None  # type: ignore[method-assign]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", root, fprs
+    server.shutdown()
+
+
+def repo(web: tuple[str, Path, dict[str, str]], name: str, **kw: Any) -> AptRepo:
+    url, _, fprs = web
+    return AptRepo(name, f"{url}/{name}", f"{url}/{name}.asc", "stable", ("main",),
+                   kw.get("fingerprint", fprs[name]))
+
+
+# ---- the apt index ----------------------------------------------------------------------------
+
+
+def test_a_signed_index_is_read_with_its_key(web) -> None:
+    index = read_index(repo(web, "old"))
+    assert index.versions("nvidia-driver-cuda") == ["580.105.08-1", "590.44.01-1"]
+    assert index.verifier == "gpgv"
+
+
+def test_the_key_must_carry_the_configured_fingerprint(web) -> None:
+    with pytest.raises(AptIndexError, match="key_fingerprint says " + "A" * 40):
+        read_index(repo(web, "old", fingerprint="A" * 40))
+
+
+def test_an_index_signed_by_another_key_is_refused(web) -> None:
+    url, _, fprs = web
+    wrong = AptRepo("x", f"{url}/old", f"{url}/new.asc", "stable", ("main",), fprs["new"])
+    with pytest.raises(AptIndexError, match="does not verify"):
+        read_index(wrong)
+
+
+def test_a_sha1_bound_key_fails_trixies_policy_only(web) -> None:
+    assert read_index(repo(web, "old"), policy="gpgv").versions("nvidia-smi")
+    with pytest.raises(AptIndexError, match="SHA-1.*sqv"):
+        read_index(repo(web, "old"), policy="sqv")
+    # A key with SHA-512 bindings passes trixie's policy (said how it was checked).
+    assert "sqv" in read_index(repo(web, "new"), policy="sqv").verifier
+
+
+def test_packages_not_listed_in_the_signed_index_are_refused(web, tmp_path) -> None:
+    url, root, _ = web
+    packages = root / "new" / "dists" / "stable" / "main" / "binary-amd64" / "Packages.gz"
+    saved = packages.read_bytes()
+    packages.write_bytes(gzip.compress(b"Package: nvidia-driver-cuda\nVersion: 580.1-1\n"))
+    try:
+        with pytest.raises(AptIndexError, match="SHA256"):
+            read_index(repo(web, "new"))
+    finally:
+        packages.write_bytes(saved)
+
+
+# ---- online checks ----------------------------------------------------------------------------
+
+
+def settings_for(tmp_path: Path, web, cuda: str, toolkit: str = "new", **extra: Any):
+    data = fleet_data(tmp_path, stack="int8", **extra)
+    url, _, fprs = web
+    data["apt_repos"] = {
+        "cuda": {"url": f"{url}/{cuda}", "key_url": f"{url}/{cuda}.asc", "suite": "stable",
+                 "components": ["main"], "key_fingerprint": fprs[cuda]},
+        "nvidia-container-toolkit": {"url": f"{url}/{toolkit}", "key_url": f"{url}/{toolkit}.asc",
+                                     "suite": "stable", "components": ["main"],
+                                     "key_fingerprint": fprs[toolkit]},
+    }
+    return validate_host("rig-a", data)
+
+
+def pins_at(tmp_path: Path, branch: str = "580"):
+    path = tmp_path / "pins.yaml"
+    text = pins_text('int8: {image: "vllm/vllm-openai:v0.27.1", digest: "sha256:'
+                     + "1" * 64 + '", vllm_version: 0.27.1}\n')
+    path.write_text(text.replace('branch: "580"', f'branch: "{branch}"'))
+    return load_pins(path)
+
+
+def test_apt_per_os_policy_found_and_missing(tmp_path, web) -> None:
+    settings = settings_for(tmp_path, web, cuda="old")
+    run = Online(images=False)
+    bookworm = run.apt(settings, pins_at(tmp_path), ("debian", "12", "bookworm"))
+    assert {f.status for f in bookworm} == {FOUND}
+    assert any(f.thing == "driver 580 (debian 12)" and "nvidia-driver-cuda 580.105.08-1" in f.todo
+               for f in bookworm)
+    trixie = run.apt(settings, pins_at(tmp_path), ("debian", "13", "trixie"))
+    driver = [f for f in trixie if f.source.startswith("cuda")]
+    assert driver and {f.status for f in driver} == {MISSING}
+    assert all("SHA-1" in f.todo for f in driver)
+
+
+def test_a_branch_the_repository_lacks_is_missing_with_what_it_has(tmp_path, web) -> None:
+    settings = settings_for(tmp_path, web, cuda="new")
+    found = Online(images=False).apt(settings, pins_at(tmp_path), ("debian", "13", "trixie"))
+    cuda = next(f for f in found if f.thing == "driver 580 (debian 13)")
+    assert cuda.status == MISSING and "nvidia-driver-cuda (it has 590.44.01-1)" in cuda.todo
+    assert "nvidia-smi (it has no version)" in cuda.todo
+    assert "apt_repos.cuda" in cuda.todo
+    toolkit = next(f for f in found if f.thing.startswith("container toolkit"))
+    assert toolkit.status == FOUND and "nvidia-container-toolkit 1.17.8-1" in toolkit.todo
+
+
+class FakeSources(Online):
+    """The model and Genesis answers given; apt as configured (the local repositories)."""
+
+    def __init__(self, model: Finding, **kw: Any) -> None:
+        super().__init__(images=False, **kw)
+        self.answer = model
+
+    def model(self, settings: Any, pins: Any) -> Finding:
+        return self.answer
+
+
+def test_the_deploys_verdict_refuses_missing_and_warns_unreachable(tmp_path, web) -> None:
+    settings = settings_for(tmp_path, web, cuda="old")
+    pins = pins_at(tmp_path)
+    gone = FakeSources(Finding("model x@aaaa", "http://hub", MISSING, "no such revision"))
+    refusals, warnings = deploy_verdict(settings, pins, ("debian", "12", "bookworm"), gone)
+    assert refusals == ["rig-a: model x@aaaa: missing at http://hub: no such revision"]
+    assert warnings == []
+    away = FakeSources(Finding("model x@aaaa", "http://hub", UNREACHABLE, "cannot reach"))
+    refusals, warnings = deploy_verdict(settings, pins, ("debian", "12", "bookworm"), away)
+    assert refusals == [] and len(warnings) == 1 and "not checked" in warnings[0]
+    moved = FakeSources(Finding("model x@aaaa", "http://hub", CHANGED, "main moved"))
+    assert deploy_verdict(settings, pins, ("debian", "12", "bookworm"), moved) == ([], [])
+
+
+def test_reach_rewrites_url_prefixes_only() -> None:
+    reach = reacher(["http://hub.rigfleet.test:8080=http://127.0.0.1:18680"])
+    assert reach("http://hub.rigfleet.test:8080/api/x") == "http://127.0.0.1:18680/api/x"
+    assert reach("http://hub.rigfleet.test:80800/x") == "http://hub.rigfleet.test:80800/x"
+    with pytest.raises(ValueError, match="FROM=TO"):
+        reacher(["nothing"])
+
+
+# ---- offline ----------------------------------------------------------------------------------
+
+
+def test_host_os_key() -> None:
+    assert host_os("h", "debian 13")[0] == [("debian", "13", "trixie")]
+    assert host_os("h", "ubuntu2404")[0] == [("ubuntu", "24.04", "noble")]
+    assert len(host_os("h", None)[0]) == 4
+    assert "h: os: 'centos 9' is not a supported OS; allowed: debian 12" in str(
+        host_os("h", "centos 9")[1])
+
+
+def test_offline_lists_every_problem_at_once(tmp_path) -> None:
+    pins = tmp_path / "pins.yaml"
+    pins.write_text(pins_text('int8: {image: "vllm/vllm-openai:v0.27.1", digest: unresolved, '
+                              'vllm_version: 0.27.1}\n').replace('"' + "a" * 40 + '"',
+                                                                 "unresolved"))
+    good = fleet_data(tmp_path, stack="int8", pins_file=str(pins))
+    hosts = [
+        InventoryHost("rig-a", ("gpu_hosts",), {**good, "power_caps_w": [999, 250]}),
+        InventoryHost("rig-b", ("gpu_hosts",), {**good, "os": "centos 9", "stack": "tq3"}),
+        InventoryHost("rig-c", ("gpu_hosts",), good),
+    ]
+    problems = offline(hosts).problems
+    text = "\n".join(problems)
+    assert "rig-a: power_caps_w" in text and "999" in text
+    assert "rig-b: os: 'centos 9'" in text and "rig-b: stack: 'tq3'" in text
+    assert f"{pins}: stacks.int8.digest: 'unresolved'" in text
+    assert f"{pins}: model.revision: 'unresolved'" in text
+    assert len([p for p in problems if "stacks.int8.digest" in p]) == 1  # once, not per host
+
+
+def test_a_clean_inventory_has_no_problem(tmp_path) -> None:
+    pins = tmp_path / "pins.yaml"
+    pins.write_text(pins_text('int8: {image: "vllm/vllm-openai:v0.27.1", digest: "sha256:'
+                              + "1" * 64 + '", vllm_version: 0.27.1}\n'))
+    data = fleet_data(tmp_path, stack="int8", pins_file=str(pins), stacks=["int8"])
+    checked = offline([InventoryHost("rig-a", ("gpu_hosts",), data)])
+    assert checked.problems == []
+    settings, host_pins, oses = checked.hosts["rig-a"]
+    assert settings.name == "rig-a" and host_pins.stacks["int8"].digest.endswith("1" * 64)
+    assert replace(settings).stack == "int8" and len(oses) == 4
+
+
+def test_the_deploy_refuses_an_os_key_that_is_not_the_hosts() -> None:
+    from rigfleet.check import os_disagrees
+
+    trixie = ("debian", "13", "trixie")
+    assert os_disagrees("h", None, trixie) is None
+    assert os_disagrees("h", "debian 13", trixie) is None
+    assert os_disagrees("h", "debian 12", trixie) == (
+        "h: os: 'debian 12', but the host runs debian 13 (trixie); allowed: the OS the host "
+        "runs (or no os key)")
+
+
+def test_verify_pins_names_the_thing_its_source_and_the_hosts(tmp_path, web) -> None:
+    from rigfleet.check import verify_pins
+
+    settings = settings_for(tmp_path, web, cuda="new")
+    pins = pins_at(tmp_path)
+    data = fleet_data(tmp_path, stack="int8", pins_file=str(pins.path), os="debian 13",
+                      apt_repos={k: {"url": r.url, "key_url": r.key_url, "suite": r.suite,
+                                     "components": list(r.components),
+                                     "key_fingerprint": r.key_fingerprint}
+                                 for k, r in settings.apt_repos.items()})
+    hosts = [InventoryHost("rig-a", ("gpu_hosts",), data),
+             InventoryHost("rig-b", ("gpu_hosts",), data)]
+    there = FakeSources(Finding("model x@aaaa", "http://hub", FOUND))
+    refusals, warnings = verify_pins(hosts, pins, there)
+    assert warnings == [] and len(refusals) == 1  # the 580 driver, for Debian 13 only
+    assert refusals[0].startswith("driver 580 (debian 13): missing at cuda http://127.0.0.1:")
+    assert refusals[0].endswith("(hosts: rig-a, rig-b)")
+
+
+class TagRegistry:
+    """A registry holding ``digests`` (and ``tags``: tag -> digest) for any repository."""
+
+    def __init__(self, url: str, digests: set[str], tags: dict[str, str]) -> None:
+        self.url, self.digests, self.tags = url, digests, tags
+
+    def digest(self, repo: str, ref: str) -> str:
+        from rigfleet.registry import RegistryNotFound
+
+        if ref in self.digests:
+            return ref
+        if ref in self.tags:
+            return self.tags[ref]
+        raise RegistryNotFound(f"registry {self.url}: {repo}@{ref}: not found")
+
+    def resolve(self, repo: str, ref: str) -> Any:
+        from rigfleet.registry import RegistryError
+
+        raise RegistryError("sizes are not asked here")
+
+
+def test_images_found_changed_and_missing_with_each_source_tried(tmp_path) -> None:
+    from rigfleet.images.plan import WantedImage
+
+    pinned, moved = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    data = fleet_data(tmp_path, stack="int8", bump_registry="http://mirror.lan:5000",
+                      image_sources=[{"kind": "registry", "url": "http://lan:5000"},
+                                     {"kind": "hub"}])
+    settings = validate_host("rig-a", data)
+    w = WantedImage("vllm/vllm-openai:v0.27.1", pinned, None, ("int8",))
+
+    def run_with(digests: set[str], tags: dict[str, str]) -> Finding:
+        return Online(registry=lambda url, timeout: TagRegistry(url, digests, tags)).image(
+            w, settings)
+
+    found = run_with({pinned}, {"v0.27.1": pinned})
+    assert found.status == FOUND and found.source == "registry http://lan:5000"
+    changed = Online(registry=lambda url, t: TagRegistry(url, {pinned} if "mirror" in url
+                                                         else set(), {"v0.27.1": moved}))
+    f = changed.image(w, settings)
+    assert f.status == CHANGED and f.source == "hub" and moved[:19] in f.todo
+    gone = run_with(set(), {"v0.27.1": moved})
+    assert gone.status == MISSING
+    assert "registry http://lan:5000: " in gone.source and "hub: " in gone.source
+    assert "http://mirror.lan:5000" in gone.source  # where the hub source was checked
+
+
+def test_the_bump_refuses_a_plan_whose_pins_a_source_lacks(tmp_path, web) -> None:
+    from types import SimpleNamespace
+
+    from rigfleet.bump.cli import BumpError, refuse_missing
+
+    settings = settings_for(tmp_path, web, cuda="old")
+    pins = pins_at(tmp_path)
+    data = fleet_data(tmp_path, stack="int8", pins_file=str(pins.path), os="debian 12",
+                      apt_repos={k: {"url": r.url, "key_url": r.key_url, "suite": r.suite,
+                                     "components": list(r.components),
+                                     "key_fingerprint": r.key_fingerprint}
+                                 for k, r in settings.apt_repos.items()})
+    inputs = SimpleNamespace(pins=pins, hosts=[InventoryHost("rig-a", ("gpu_hosts",), data)])
+    plan = SimpleNamespace(new_stacks={})
+    there = FakeSources(Finding("model x@aaaa", "http://hub", FOUND))
+    refuse_missing(inputs, plan, there)  # type: ignore[arg-type]
+    gone = FakeSources(Finding("model x@aaaa", "http://hub", MISSING, "no such revision"))
+    with pytest.raises(BumpError, match=r"model x@aaaa: missing at http://hub: no such "
+                                        r"revision \(hosts: rig-a\)\nnothing changed"):
+        refuse_missing(inputs, plan, gone)  # type: ignore[arg-type]
