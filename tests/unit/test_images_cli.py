@@ -45,7 +45,7 @@ def fleet(tmp_path: Path, monkeypatch) -> dict[str, Any]:
     has.add(IMAGE_ID, digests={f"vllm/vllm-openai@{DIGEST}"}, tags={IMAGE}, config=CONFIG)
     remote = FakeRemote(engines={"host1": has, "host2": FakeEngine(), "host3": FakeEngine()})
     monkeypatch.setattr(images_cli, "_hosts", lambda inventory: hosts)
-    monkeypatch.setattr(rigfleet.ssh, "SshRemote", lambda: remote)
+    monkeypatch.setattr(rigfleet.ssh, "SshRemote", lambda **_: remote)
     return {"hosts": hosts, "remote": remote, "tmp": tmp_path}
 
 
