@@ -53,7 +53,6 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 
     from rigfleet.endpoints import check, check_balancer
     from rigfleet.inventory import balancers, gpu_hosts, load_inventory
-    from rigfleet.tables import Table
 
     hosts = load_inventory(args.inventory)
     chosen = {h.name for h in fleet_hosts(args)} if args.limit else {h.name for h in hosts}
@@ -67,12 +66,18 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"hosts": [asdict(r) for r in rows], "ok": not failed}, indent=2))
         return 1 if failed else 0
-    table = Table(f"serving endpoints ({args.inventory})",
-                  ["host", "status", "s", "model", "answer", "url"], keys=("host", "status"))
+    endpoints_table(rows, f"serving endpoints ({args.inventory})").print(Console())
+    return 1 if failed else 0
+
+
+def endpoints_table(rows: Sequence[Any], title: str) -> Any:
+    """One line per front (or balancer stack): host, status, seconds, model, answer, URL."""
+    from rigfleet.tables import Table
+
+    table = Table(title, ["host", "status", "s", "model", "answer", "url"])
     for row in rows:
         table.row(row.host, row.status, f"{row.seconds:.2f}", row.model, row.answer, row.url)
-    table.print(Console())
-    return 1 if failed else 0
+    return table
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
@@ -81,15 +86,12 @@ def cmd_roll(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from rich.text import Text
-
     from rigfleet.bump.rollout import PyinfraRunner
     from rigfleet.cliargs import confirm
     from rigfleet.inventory import load_inventory
     from rigfleet.resources import PROJECT_ROOT
-    from rigfleet.roll import BATCH_ENV, PyinfraRoller, RollStatus, plan_batches, probe_or_why, roll
+    from rigfleet.roll import BATCH_ENV, PyinfraRoller, plan_batches, probe_or_why, roll
     from rigfleet.ssh import SshRemote
-    from rigfleet.tables import Table
 
     if args.batch < 1 or args.max_failures < 1:
         raise UsageError(f"--batch {args.batch} / --max-failures {args.max_failures}: allowed: "
@@ -137,20 +139,30 @@ def cmd_roll(args: argparse.Namespace) -> int:
                           "seconds": round(result.seconds, 1), "logs": str(log_dir),
                           "hosts": [h.to_dict() for h in result.hosts.values()]}, indent=2))
         return 0 if result.ok else 1
+    roll_table(result).print(Console())
+    if result.stopped:
+        console.print(f"[red]stopped:[/red] {escape(result.stopped)}")
+    console.print(f"[dim]pyinfra logs: {escape(str(log_dir))}[/dim]")
+    return 0 if result.ok else 1
+
+
+def roll_table(result: Any) -> Any:
+    """One line per host of a roll; the reasons of those that did not close a window as notes."""
+    from rich.text import Text
+
+    from rigfleet.roll import RollStatus
+    from rigfleet.tables import Table
+
     style = {RollStatus.CONVERGED: "green", RollStatus.MAINTAINED: "green",
              RollStatus.FAILED: "red", RollStatus.LOST: "red"}
     table = Table(f"rigfleet roll: {len(result.hosts)} host(s) in {result.seconds:.0f}s",
-                  ["host", "result", "batch", "serving", "gate", "s"], keys=("host", "result"))
+                  ["host", "result", "batch", "serving", "gate", "s"])
     for h in result.hosts.values():
         table.row(h.host, Text(str(h.status), style=style.get(h.status, "")), h.batch or "",
                   h.serving or "", h.gate, f"{h.seconds:.0f}")
         if h.reason and h.status is not RollStatus.MAINTAINED:
             table.note(h.host, h.reason)
-    table.print(Console())
-    if result.stopped:
-        console.print(f"[red]stopped:[/red] {escape(result.stopped)}")
-    console.print(f"[dim]pyinfra logs: {escape(str(log_dir))}[/dim]")
-    return 0 if result.ok else 1
+    return table
 
 
 # --- registration: each command module adds its parser --------------------------------------

@@ -72,7 +72,8 @@ class Table:
             need[i] = longest if self._kept(i) or longest <= SHORT else min(longest, MIN_WRAP)
         shown = list(range(len(self.columns)))
         moved: list[int] = []
-        while sum(need[i] + 1 for i in shown) > width:
+        # each column: its text, one space of padding and one of the box's divider
+        while sum(need[i] + 2 for i in shown) - 1 > width:
             movable = [i for i in shown if not self._kept(i)]
             if not movable:
                 break
