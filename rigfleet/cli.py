@@ -217,7 +217,8 @@ def _add_verify(sub: Any) -> None:
 def _add_roll(sub: Any) -> None:
     from rigfleet.resources import PROJECT_ROOT
 
-    ro = sub.add_parser("roll", parents=[fleet_options()],
+    ro = sub.add_parser("roll", parents=[fleet_options(timeout=10.0,
+                                                       timeout_help="seconds per SSH connect")],
                         help="converge the fleet with serving hosts disturbed one at a time "
                              "(driver changes, Docker restarts: docs/maintenance.md)",
                         description="Converge the fleet (pyinfra, deploy.py) one batch at a "
@@ -256,7 +257,13 @@ def _commands() -> list[Callable[[Any], Any]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rigfleet", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="rigfleet",
+        description="Run a fleet of self-hosted LLM rigs: what pyinfra's own CLI does not do. "
+                    "The converge itself is plain pyinfra: pyinfra inventory/home.py deploy.py",
+        epilog="Fleet options, the same on every command that reaches hosts: --inventory FILE "
+               "(default inventory/home.py), --limit HOST|GROUP (repeatable), --json, "
+               "--timeout S. rigfleet COMMAND --help says the rest.")
     parser.add_argument("--version", action="version", version=f"rigfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_parser in _commands():

@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
                               front_port=want.settings.front_port,
                               timeout=args.load_s + args.timeout, doctor_load_s=args.load_s)
         except (RigfleetError, HostUnreachable) as e:
-            return Diagnosis(host.name, error=str(e).splitlines()[0][:400])
+            return Diagnosis(host.name, error=str(e))
         catalog = want.settings.catalog
 
         def get(name: str) -> StackSpec | None:
