@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rigfleet import __version__
-from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, fleet_hosts, fleet_options
+from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, fleet_options, select
 
 console = Console(stderr=True, highlight=False)
 
@@ -55,7 +55,7 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
     from rigfleet.inventory import balancers, gpu_hosts, load_inventory
 
     hosts = load_inventory(args.inventory)
-    chosen = {h.name for h in fleet_hosts(args)} if args.limit else {h.name for h in hosts}
+    chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
     rows = [check(host, args.timeout) for host in gpu_hosts(hosts) if host.name in chosen]
     rows += [row for lb in balancers(hosts) if lb.name in chosen
              for row in check_balancer(lb, hosts, args.timeout)]
@@ -97,7 +97,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch {args.batch} / --max-failures {args.max_failures}: allowed: "
                          "integers >= 1")
     hosts = load_inventory(args.inventory)
-    names = [h.name for h in fleet_hosts(args)]
+    names = [h.name for h in select(hosts, args.limit, args.inventory)]
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = PROJECT_ROOT / "reports" / "rolls" / stamp
     runner = PyinfraRunner(args.inventory, {h.name: h for h in hosts},

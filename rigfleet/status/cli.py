@@ -43,13 +43,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """``rigfleet status``: print the fleet's rows; the exit status says the worst found."""
     from rigfleet.balancer.status import balancer_rows
-    from rigfleet.cliargs import fleet_hosts
+    from rigfleet.cliargs import select
     from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
     try:
         hosts = load_inventory(args.inventory)
-        chosen = {h.name for h in fleet_hosts(args)}
+        chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
     except InventoryError as e:
         Console(stderr=True).print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_ERROR
