@@ -409,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-inflight", type=int, default=16)
     p.add_argument("--kinds", default=",".join(KINDS), help="which requests, in turn")
     p.add_argument("--long-chars", type=int, default=40_000, help="a long prompt's length")
-    p.add_argument("--session", default=None, help="send X-Session-Id <SESSION>-<i % 4>")
+    p.add_argument("--session", default=None, help="send X-Session-Id <SESSION>-<i %% 4>")
     p.add_argument("--ca-file", default=None, help="trust this CA for https:// URLs")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)

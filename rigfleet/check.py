@@ -469,18 +469,21 @@ def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
     return refusals, warnings
 
 
-def pins_verifier(inventory: str, reach: Sequence[str], log: Callable[[str], None]
+def pins_verifier(args: argparse.Namespace, log: Callable[[str], None]
                   ) -> tuple[Callable[[Pins], list[str]], str | None]:
-    """``pins lock --inventory``'s check of the pins it is about to save, and the inventory's
-    hub token file (host data ``hf_token_file`` of its first GPU host that has one)."""
-    from rigfleet.inventory import load_inventory
+    """``pins lock --inventory``'s check of the pins it is about to save (for the hosts of
+    ``--limit``), and the inventory's hub token file (host data ``hf_token_file`` of its first
+    GPU host that has one)."""
+    from rigfleet.cliargs import fleet_hosts
 
-    hosts = load_inventory(inventory)
+    hosts = fleet_hosts(args)
     token_file = next((str(h.data["hf_token_file"]) for h in hosts
                        if h.kind.gpu and h.data.get("hf_token_file")), None)
 
     def verify(pins: Pins) -> list[str]:
-        refusals, warnings = verify_pins(hosts, pins, deploy_online(images=True, reach=reach))
+        online = deploy_online(images=True, reach=args.reach)
+        online.timeout = args.timeout
+        refusals, warnings = verify_pins(hosts, pins, online)
         for line in warnings:
             log(f"warning: {line}")
         return refusals
@@ -492,23 +495,25 @@ def pins_verifier(inventory: str, reach: Sequence[str], log: Callable[[str], Non
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("check", help="check the inventory, pins and stack files (offline), "
+    from rigfleet.cliargs import fleet_options
+
+    p = sub.add_parser("check", parents=[fleet_options(timeout=10.0,
+                                                       timeout_help="seconds per source asked")],
+                       help="check the inventory, pins and stack files (offline), "
                        "and with --online every pinned thing against its source")
-    p.add_argument("--inventory", default="inventory/home.py")
     p.add_argument("--online", action="store_true",
                    help="also ask each pinned thing's source (registries, hub, Genesis, apt)")
     p.add_argument("--reach", action="append", default=[], metavar="FROM=TO",
                    help="this machine reaches URLs starting FROM at TO (repeatable)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_check)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from rigfleet.inventory import load_inventory
+    from rigfleet.cliargs import fleet_hosts
 
-    hosts = load_inventory(args.inventory)
+    hosts = fleet_hosts(args)
     checked = offline(hosts)
     run = Online(reach=reacher(args.reach))
     if args.online:

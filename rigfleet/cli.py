@@ -1,21 +1,21 @@
 """The ``rigfleet`` command: what pyinfra's own CLI does not do.
 
-    rigfleet testbed up [--hosts N] [--hardware host2:cards=1]
-    rigfleet testbed status
-    rigfleet testbed down
-    rigfleet pins lock [--pins pins.yaml] [--registry URL] [--hub URL] [--genesis-url URL]
-                       [--refresh]
-    rigfleet images status|export|import ...   (pinned images on hosts, saved copies)
-    rigfleet verify --url URL [--api-key-file F] [--profile full|fast]   (the verify-stress gate)
-    rigfleet endpoints --inventory inventory/home.py
-    rigfleet check --inventory inventory/home.py [--online] [--reach FROM=TO] [--json]
-    rigfleet status --inventory inventory/home.py [--json]
-    rigfleet bump --inventory inventory/home.py [--image TAG|--latest] [--genesis C] [--dry]
-    rigfleet bench --url URL | --inventory inventory/home.py [--limit H] [--accept-baseline H]
-    rigfleet doctor --inventory inventory/home.py [--limit HOST] [--json]
-    rigfleet roll --inventory inventory/home.py [--batch N] [--max-failures K] [--dry]
+    rigfleet testbed up|status|down ...      (the simulated fleet; rigfleet-testbed package)
+    rigfleet pins lock [--pins pins.yaml] [--registry URL] [--hub URL] [--refresh]
+                       [--inventory FILE] [--hf-token-file F] [--reach FROM=TO]
+    rigfleet check [--online] [--reach FROM=TO]   [fleet options]
+    rigfleet verify --url URL [--api-key-file F] [--profile full|fast]   (the gate)
+    rigfleet status | endpoints | doctor | images status   [fleet options]
+    rigfleet roll [--batch N] [--max-failures K] [--dry] [--yes]   [fleet options]
+    rigfleet bump [--image TAG|--latest] [--genesis C] [--dry] [--yes]   [fleet options]
+    rigfleet bench --url URL | [fleet options] [--accept-baseline H]
 
-The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
+Fleet options, the same on every command that reaches hosts (``rigfleet/cliargs.py``):
+``--inventory FILE`` (default inventory/home.py), ``--limit HOST|GROUP`` (repeatable),
+``--json``, ``--timeout S``. Usage errors exit 2 (``verify``: 101, its exit status counts
+failed checks). The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
+
+A command module registers itself with ``add_parser(subparsers)`` (listed in ``COMMANDS``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,14 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
+
+from rigfleet import __version__
+from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, fleet_options, select
 
 console = Console(stderr=True, highlight=False)
 
@@ -41,12 +45,18 @@ def cmd_pins(args: argparse.Namespace) -> int:
     from rigfleet.pinlock import lock
 
     verify, token_file = None, args.hf_token_file
+    if args.limit and not args.inventory:
+        raise UsageError(f"--limit {' '.join(args.limit)}: allowed only with --inventory "
+                         "(whose hosts' sources the pins are checked at)")
     if args.inventory:
-        verify, inventory_token = pins_verifier(args.inventory, args.reach, _log)
+        verify, inventory_token = pins_verifier(args, _log)
         token_file = token_file or inventory_token
     changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub,
                    refresh=args.refresh, genesis_url=args.genesis_url,
                    token_file=token_file, verify=verify)
+    if args.json:
+        print(json.dumps({"pins": args.pins, "changes": changes or []}, indent=2))
+        return 0
     for line in changes or ["pins already locked; nothing to do"]:
         _log(line)
     return 0
@@ -57,21 +67,31 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 
     from rigfleet.endpoints import check, check_balancer
     from rigfleet.inventory import balancers, gpu_hosts, load_inventory
-    from rigfleet.tables import Table
 
     hosts = load_inventory(args.inventory)
-    rows = [check(host) for host in gpu_hosts(hosts)]
-    rows += [row for lb in balancers(hosts) for row in check_balancer(lb, hosts)]
+    chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
+    rows = [check(host, args.timeout) for host in gpu_hosts(hosts) if host.name in chosen]
+    rows += [row for lb in balancers(hosts) if lb.name in chosen
+             for row in check_balancer(lb, hosts, args.timeout)]
+    if not rows:
+        raise UsageError(f"{args.inventory}: no serving host or balancer among "
+                         f"{', '.join(sorted(chosen))}; nothing to ask")
     failed = sum(row.status != 200 for row in rows)
     if args.json:
         print(json.dumps({"hosts": [asdict(r) for r in rows], "ok": not failed}, indent=2))
         return 1 if failed else 0
-    table = Table(f"serving endpoints ({args.inventory})",
-                  ["host", "url", "status", "model", "answer", "s"])
-    for row in rows:
-        table.row(row.host, row.url, row.status, row.model, row.answer, f"{row.seconds:.2f}")
-    table.print(Console())
+    endpoints_table(rows, f"serving endpoints ({args.inventory})").print(Console())
     return 1 if failed else 0
+
+
+def endpoints_table(rows: Sequence[Any], title: str) -> Any:
+    """One line per front (or balancer stack): host, status, seconds, model, answer, URL."""
+    from rigfleet.tables import Table
+
+    table = Table(title, ["host", "status", "s", "model", "answer", "url"])
+    for row in rows:
+        table.row(row.host, row.status, f"{row.seconds:.2f}", row.model, row.answer, row.url)
+    return table
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
@@ -80,29 +100,22 @@ def cmd_roll(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from rich.text import Text
-
     from rigfleet.bump.rollout import PyinfraRunner
+    from rigfleet.cliargs import confirm
     from rigfleet.inventory import load_inventory
     from rigfleet.resources import PROJECT_ROOT
-    from rigfleet.roll import BATCH_ENV, PyinfraRoller, RollStatus, plan_batches, probe_or_why, roll
+    from rigfleet.roll import BATCH_ENV, PyinfraRoller, plan_batches, probe_or_why, roll
     from rigfleet.ssh import SshRemote
-    from rigfleet.tables import Table
 
     if args.batch < 1 or args.max_failures < 1:
-        raise ValueError(f"--batch {args.batch} / --max-failures {args.max_failures}: allowed: "
+        raise UsageError(f"--batch {args.batch} / --max-failures {args.max_failures}: allowed: "
                          "integers >= 1")
     hosts = load_inventory(args.inventory)
-    names = [h.name for h in hosts]
-    unknown = sorted(set(args.limit) - set(names))
-    if unknown:
-        raise ValueError(f"--limit: {', '.join(unknown)} not in {args.inventory}; allowed: "
-                         f"{', '.join(names)}")
-    if args.limit:
-        names = [n for n in names if n in args.limit]
+    names = [h.name for h in select(hosts, args.limit, args.inventory)]
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = PROJECT_ROOT / "reports" / "rolls" / stamp
-    runner = PyinfraRunner(args.inventory, {h.name: h for h in hosts}, SshRemote(),
+    runner = PyinfraRunner(args.inventory, {h.name: h for h in hosts},
+                           SshRemote(connect_timeout=args.timeout),
                            deploy=args.deploy, cwd=Path(args.deploy).resolve().parent,
                            log_dir=log_dir, env={BATCH_ENV: str(args.batch)})
     roller = PyinfraRoller(runner)
@@ -114,40 +127,59 @@ def cmd_roll(args: argparse.Namespace) -> int:
         for i, batch in enumerate(plan.batches):
             _log(f"{plan.label(i)}: {', '.join(batch)}")
         for name, why in plan.skipped.items():
-            _log(f"skipped: {name}: {why}")
+            _log(f"skipped: {escape(name)}: {escape(why)}")
     if args.dry:
         if args.json:
             print(json.dumps({"batches": [list(b) for b in plan.batches],
                               "serving": sorted(plan.serving), "skipped": dict(plan.skipped)},
                              indent=2))
-        return 0
+        return 0 if plan.batches else 1
+    if not plan.batches:
+        console.print("[red]error:[/red] reached no host: every host was skipped "
+                      "(unreachable or busy, above); nothing ran")
+        return 1
+    confirm(args, f"converge {sum(map(len, plan.batches))} host(s) in {len(plan.batches)} "
+                  "batch(es) (driver installs, reboots, Docker restarts as the pins need)")
     with console.status("rolling") as status:
         t0 = time.monotonic()
 
         def on_line(line: str) -> None:
-            status.update(f"[{time.monotonic() - t0:5.0f}s] {line[:110]}")
+            status.update(f"[{time.monotonic() - t0:5.0f}s] {escape(line[:110])}")
 
-        result = roll(plan, roller, args.max_failures, on_event=_log, on_line=on_line,
-                      order=names)
+        result = roll(plan, roller, args.max_failures, on_event=lambda m: _log(escape(m)),
+                      on_line=on_line, order=names)
     if args.json:
         print(json.dumps({"ok": result.ok, "stopped": result.stopped,
                           "seconds": round(result.seconds, 1), "logs": str(log_dir),
                           "hosts": [h.to_dict() for h in result.hosts.values()]}, indent=2))
         return 0 if result.ok else 1
+    roll_table(result).print(Console())
+    if result.stopped:
+        console.print(f"[red]stopped:[/red] {escape(result.stopped)}")
+    console.print(f"[dim]pyinfra logs: {escape(str(log_dir))}[/dim]")
+    return 0 if result.ok else 1
+
+
+def roll_table(result: Any) -> Any:
+    """One line per host of a roll; the reasons of those that did not close a window as notes."""
+    from rich.text import Text
+
+    from rigfleet.roll import RollStatus
+    from rigfleet.tables import Table
+
     style = {RollStatus.CONVERGED: "green", RollStatus.MAINTAINED: "green",
              RollStatus.FAILED: "red", RollStatus.LOST: "red"}
     table = Table(f"rigfleet roll: {len(result.hosts)} host(s) in {result.seconds:.0f}s",
-                  ["host", "batch", "result", "serving", "gate", "s"])
+                  ["host", "result", "batch", "serving", "gate", "s"])
     for h in result.hosts.values():
-        table.row(h.host, h.batch or "", Text(str(h.status), style=style.get(h.status, "")),
+        table.row(h.host, Text(str(h.status), style=style.get(h.status, "")), h.batch or "",
                   h.serving or "", h.gate, f"{h.seconds:.0f}")
         if h.reason and h.status is not RollStatus.MAINTAINED:
             table.note(h.host, h.reason)
-    table.print(Console())
-    if result.stopped:
-        console.print(f"[red]stopped:[/red] {result.stopped}")
-    console.print(f"[dim]pyinfra logs: {log_dir}[/dim]")
-    return 0 if result.ok else 1
+    return table
+
+
+# --- registration: each command module adds its parser --------------------------------------
 
 
 def _add_testbed(sub: Any) -> None:
@@ -156,8 +188,10 @@ def _add_testbed(sub: Any) -> None:
         from rigfleet_testbed.cli import add_parser
     except ImportError:
         tb = sub.add_parser("testbed", help="the simulated fleet (needs the rigfleet-testbed "
-                            "package)", add_help=False)
-        tb.add_argument("rest", nargs=argparse.REMAINDER)
+                            "package)", description="The simulated fleet is a separate "
+                            "package, not installed here: pip install -e ./testbed from a "
+                            "checkout (make demo and make test install it).")
+        tb.add_argument("rest", nargs=argparse.REMAINDER, help="testbed arguments")
         tb.set_defaults(func=_no_testbed)
         return
     add_parser(sub)
@@ -167,19 +201,16 @@ def _no_testbed(args: argparse.Namespace) -> int:
     console.print("[red]error:[/red] the simulated fleet is a separate package that is not "
                   "installed here; from a checkout: pip install -e ./testbed "
                   "(make demo and make test install it)")
-    return 2
+    return EXIT_USAGE
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rigfleet", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    _add_testbed(sub)
-
+def _add_pins(sub: Any) -> None:
     pins = sub.add_parser("pins", help="the fleet's pins file")
     pins_sub = pins.add_subparsers(dest="action", required=True)
-    lock = pins_sub.add_parser("lock", help="resolve image digests and ids, and the model "
-                               "revision")
+    lock = pins_sub.add_parser("lock", parents=[fleet_options(
+                                   inventory_default=None, timeout=10.0,
+                                   timeout_help="with --inventory: seconds per source asked")],
+                               help="resolve image digests and ids, and the model revision")
     lock.add_argument("--pins", default="pins.yaml")
     lock.add_argument("--registry", default="https://registry-1.docker.io")
     lock.add_argument("--hub", default="https://huggingface.co")
@@ -188,11 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "clone) instead of each pin's repository URL; the pins keep theirs")
     lock.add_argument("--hf-token-file", metavar="FILE",
                       help="the hub token (a gated model needs one; as host data "
-                           "hf_token_file: read here, never shown)")
-    lock.add_argument("--inventory", metavar="FILE",
-                      help="before saving, ask every pinned thing's source for this "
-                           "inventory's hosts (`rigfleet check --online`'s checks); its "
-                           "hf_token_file is the hub token unless --hf-token-file says")
+                           "hf_token_file: read here, never shown). With --inventory, the pins "
+                           "are checked at every source its hosts (or --limit's) use before "
+                           "they are saved (`rigfleet check --online`), and its hf_token_file "
+                           "is the token unless this says")
     lock.add_argument("--reach", action="append", default=[], metavar="FROM=TO",
                       help="with --inventory: this machine reaches URLs starting FROM at TO")
     lock.add_argument("--refresh", action="store_true",
@@ -200,53 +230,69 @@ def build_parser() -> argparse.ArgumentParser:
                            "model revision, not only the unresolved ones")
     pins.set_defaults(func=cmd_pins)
 
-    from rigfleet.images import cli as images_cli
 
-    images_cli.add_parser(sub)
-
+def _add_verify(sub: Any) -> None:
     # The gate's own parser (rigfleet/hostside/verify/runner.py) handles the arguments; it is
-    # the same program the hosts run during a swap.
+    # the same program the hosts run during a swap. main() hands it everything after "verify".
     sub.add_parser("verify", add_help=False,
                    help="run the verify-stress gate against any OpenAI-compatible endpoint")
 
-    from rigfleet.bump import cli as bump_cli
-    from rigfleet.status import cli as status_cli
 
-    status_cli.add_parser(sub)
-    bump_cli.add_parser(sub)
-
-    from rigfleet.bench import cli as bench_cli
-    from rigfleet.doctor import cli as doctor_cli
-
-    bench_cli.add_parser(sub)
-    doctor_cli.add_parser(sub)
-
-    from rigfleet import check
-
-    check.add_parser(sub)
-
+def _add_roll(sub: Any) -> None:
     from rigfleet.resources import PROJECT_ROOT
 
-    ro = sub.add_parser("roll", help="converge the fleet with serving hosts disturbed one at "
-                        "a time (driver changes, Docker restarts: docs/maintenance.md)")
-    ro.add_argument("--inventory", default="inventory/home.py")
+    ro = sub.add_parser("roll", parents=[fleet_options(timeout=10.0,
+                                                       timeout_help="seconds per SSH connect")],
+                        help="converge the fleet with serving hosts disturbed one at a time "
+                             "(driver changes, Docker restarts: docs/maintenance.md)",
+                        description="Converge the fleet (pyinfra, deploy.py) one batch at a "
+                                    "time: bare hosts first, together, then serving hosts "
+                                    "--batch at a time. Asks before it starts unless --yes.")
     ro.add_argument("--batch", type=int, default=1,
                     help="serving hosts per pyinfra run (default 1; bare hosts go first, "
                          "together)")
     ro.add_argument("--max-failures", type=int, default=1,
                     help="stop after this many failed hosts (default 1)")
-    ro.add_argument("--limit", action="append", default=[], metavar="HOST",
-                    help="only these hosts (repeatable)")
     ro.add_argument("--deploy", default=str(PROJECT_ROOT / "deploy.py"),
                     help="the deploy file (default: this checkout's deploy.py)")
     ro.add_argument("--dry", action="store_true", help="print the batches; run nothing")
-    ro.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    add_yes(ro, "start the roll")
     ro.set_defaults(func=cmd_roll)
 
-    ep = sub.add_parser("endpoints", help="ask every host's front for a short answer")
-    ep.add_argument("--inventory", default="inventory/home.py")
-    ep.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+def _add_endpoints(sub: Any) -> None:
+    ep = sub.add_parser("endpoints", parents=[fleet_options(timeout=60.0,
+                                                            timeout_help="seconds per answer")],
+                        help="ask every host's front (and balancer) for a short answer")
     ep.set_defaults(func=cmd_endpoints)
+
+
+def _commands() -> list[Callable[[Any], Any]]:
+    """Every command's ``add_parser(subparsers)``, in the order ``--help`` lists them."""
+    from rigfleet import check
+    from rigfleet.bench import cli as bench_cli
+    from rigfleet.bump import cli as bump_cli
+    from rigfleet.doctor import cli as doctor_cli
+    from rigfleet.images import cli as images_cli
+    from rigfleet.status import cli as status_cli
+
+    return [_add_testbed, check.add_parser, _add_pins, images_cli.add_parser, _add_verify, status_cli.add_parser,
+            bump_cli.add_parser, bench_cli.add_parser, doctor_cli.add_parser, _add_roll,
+            _add_endpoints]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rigfleet",
+        description="Run a fleet of self-hosted LLM rigs: what pyinfra's own CLI does not do. "
+                    "The converge itself is plain pyinfra: pyinfra inventory/home.py deploy.py",
+        epilog="Fleet options, the same on every command that reaches hosts: --inventory FILE "
+               "(default inventory/home.py), --limit HOST|GROUP (repeatable), --json, "
+               "--timeout S. rigfleet COMMAND --help says the rest.")
+    parser.add_argument("--version", action="version", version=f"rigfleet {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_parser in _commands():
+        add_parser(sub)
     return parser
 
 
@@ -255,16 +301,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["verify"]:
         from rigfleet.hostside.verify.runner import main as verify_main
 
-        return verify_main(argv[1:])
+        return verify_main(argv[1:], prog="rigfleet verify")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except UsageError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return EXIT_USAGE
     except Exception as exc:  # every expected failure carries a message that says what to do
         if isinstance(exc, ValueError | RuntimeError):
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             return 1
         raise
 

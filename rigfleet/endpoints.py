@@ -1,6 +1,6 @@
 """Ask every host's front for a short answer: proof that the fleet serves.
 
-    rigfleet endpoints --inventory inventory/testbed.py
+    rigfleet endpoints --inventory inventory/testbed.py [--limit HOST|GROUP] [--json]
 
 A front with TLS (host data ``front_tls_cert_file``) is asked over HTTPS, trusting only the
 host data's CA (``front_tls_ca_file``, else the front's own certificate), with the
@@ -74,37 +74,39 @@ def chat(url: str, key: str, prompt: str, max_tokens: int = 40, timeout: float =
 QUESTION = "What is the capital of France? One short sentence."
 
 
-def ask(name: str, url: str, key: str, context: ssl.SSLContext | None) -> EndpointCheck:
+def ask(name: str, url: str, key: str, context: ssl.SSLContext | None,
+        timeout: float = 60) -> EndpointCheck:
     """One short question to ``url``; never raises (the row says what happened)."""
     started = time.monotonic()
     try:
-        reply = chat(url, key, QUESTION, context=context)
+        reply = chat(url, key, QUESTION, timeout=timeout, context=context)
         text = reply["choices"][0]["message"].get("content") or ""
-        return EndpointCheck(name, url, 200, reply.get("model", ""), text.strip()[:80],
+        return EndpointCheck(name, url, 200, reply.get("model", ""), text.strip(),
                              time.monotonic() - started)
     except urllib.error.HTTPError as exc:
         return EndpointCheck(name, url, exc.code, "", exc.reason, time.monotonic() - started)
     except (OSError, KeyError, ValueError) as exc:
-        return EndpointCheck(name, url, "down", "", str(exc)[:80], time.monotonic() - started)
+        return EndpointCheck(name, url, "down", "", str(exc), time.monotonic() - started)
 
 
-def check(host: InventoryHost) -> EndpointCheck:
+def check(host: InventoryHost, timeout: float = 60) -> EndpointCheck:
     """Ask ``host``'s front one short question; never raises (the row says what happened)."""
     try:
         settings = validate_host(host.name, host.data)
         key = read_key(settings)
     except (RigfleetError, OSError) as exc:
-        return EndpointCheck(host.name, "-", "bad data", "", str(exc).splitlines()[0][:160], 0.0)
-    return ask(host.name, front_url(host, settings), key, front_context(settings))
+        return EndpointCheck(host.name, "-", "bad data", "", str(exc), 0.0)
+    return ask(host.name, front_url(host, settings), key, front_context(settings), timeout)
 
 
-def check_balancer(lb: InventoryHost, hosts: Sequence[InventoryHost]) -> list[EndpointCheck]:
+def check_balancer(lb: InventoryHost, hosts: Sequence[InventoryHost],
+                   timeout: float = 60) -> list[EndpointCheck]:
     """Ask balancer ``lb`` one short question per stack (``/stacks/<stack>``)."""
     try:
         plan = fleet_plan(lb, hosts)
         key = Path(plan.settings.api_key_file).read_text().strip()
     except (RigfleetError, OSError) as exc:
-        return [EndpointCheck(lb.name, "-", "bad data", "", str(exc).splitlines()[0][:160], 0.0)]
+        return [EndpointCheck(lb.name, "-", "bad data", "", str(exc), 0.0)]
     base = balancer_url(plan, lb)
     context = plan.settings.tls.client_context() if plan.settings.tls else None
-    return [ask(lb.name, f"{base}{pool.prefix}", key, context) for pool in plan.pools]
+    return [ask(lb.name, f"{base}{pool.prefix}", key, context, timeout) for pool in plan.pools]

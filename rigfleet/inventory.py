@@ -67,6 +67,13 @@ class InventoryHost:
 
 
 def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[InventoryHost]:
+    """The hosts of the inventory file ``path``; ``InventoryError`` when it is missing, pyinfra
+    cannot load it, or it names no host (pyinfra alone would take a missing file for a host
+    name, or warn and go on with no hosts)."""
+    where = Path(cwd or ".") / path
+    if not where.is_file():
+        raise InventoryError(f"inventory {path}: no such file; allowed: a pyinfra inventory "
+                             "file (a .py file whose module-level lists name the hosts)")
     pyinfra = Path(sys.executable).with_name("pyinfra")
     cmd = [str(pyinfra) if pyinfra.exists() else "pyinfra", str(path), "debug-inventory", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=60)
@@ -76,6 +83,11 @@ def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[Inve
         rows = json.loads(proc.stdout)
     except json.JSONDecodeError:
         raise InventoryError(f"pyinfra printed no JSON for {path}: {proc.stdout[:500]}") from None
+    if not rows:
+        said = " ".join(x for x in proc.stderr.splitlines() if not x.startswith("-->"))[-500:]
+        raise InventoryError(f"inventory {path}: no hosts; allowed: an inventory with at least "
+                             "one host (a module-level list of names or (name, data) pairs)"
+                             + (f"; pyinfra said: {said}" if said else ""))
     return [InventoryHost(r["name"], tuple(r.get("groups", [])), r.get("data", {})) for r in rows]
 
 

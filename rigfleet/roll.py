@@ -88,9 +88,14 @@ class RollResult:
     seconds: float = 0.0
 
     @property
+    def reached(self) -> bool:
+        """Whether any host got its run (a roll that skipped every host did nothing)."""
+        return any(h.status is not RollStatus.SKIPPED for h in self.hosts.values())
+
+    @property
     def ok(self) -> bool:
         bad = (RollStatus.FAILED, RollStatus.LOST, RollStatus.NOT_ATTEMPTED)
-        return not any(h.status in bad for h in self.hosts.values())
+        return self.reached and not any(h.status in bad for h in self.hosts.values())
 
 
 class Roller(Protocol):
@@ -206,8 +211,11 @@ def roll(plan: RollPlan, roller: Roller, max_failures: int = 1,
         if failures >= max_failures:
             stopped = f"{failures} host(s) failed (--max-failures {max_failures})"
     names = list(order) or [h for b in plan.batches for h in b] + list(plan.skipped)
-    return RollResult({n: out[n] for n in names if n in out}, stopped,
+    done = RollResult({n: out[n] for n in names if n in out}, stopped,
                       time.monotonic() - started)
+    if not done.reached and not stopped:
+        done.stopped = "reached no host: every host was skipped (unreachable or busy)"
+    return done
 
 
 def probe_or_why(roller: Roller, host: str) -> HostProbe | str:

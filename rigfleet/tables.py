@@ -1,9 +1,11 @@
 """Tables for people, JSON for pipes: one way every ``rigfleet`` command prints rows.
 
-A table has one line per row, whatever the terminal's width: cells never wrap (a cell too
-long for its column ends in an ellipsis), and what does not fit in a cell (drift lines,
-reasons) is printed under the table as notes, wrapped between words. Every command that
-prints a table also takes ``--json``::
+Whatever the width (a terminal, or 80 columns in a pipe), the key columns (the host's name, its
+status or result) are printed whole; other cells wrap within their column. When even that does
+not fit, the right-most columns leave the table and their cells follow it as notes, so no text
+is cut. Notes (drift lines, reasons) are printed under the table, wrapped between words. Cell
+text is shown literally (``[plot]`` stays). Every command that prints a table also takes
+``--json``, which never cuts anything::
 
     t = Table("rigfleet status", ["host", "up", "stack"])
     t.row("rig-a", Text("yes", style="green"), "int8")
@@ -22,16 +24,21 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
-# Cells this short are never cut (``yes``, ``none``, counts); longer ones may end in "…".
+# Cells this short are never wrapped (``yes``, ``none``, counts).
 SHORT = 5
+# A column that wraps is never narrower than this (unless its text is shorter).
+MIN_WRAP = 12
+# Columns with these names are kept whole, besides a table's own ``keys``.
+KEY_NAMES = ("host", "status", "result", "state", "verdict")
 
 
 @dataclass
 class Table:
-    """Rows (one line each) and notes (printed under them).
+    """Rows and notes (printed under them).
 
     + title: printed above; columns: their headers
-    + keys: columns whose cells are never cut (the host's name: a row must say whose it is)
+    + keys: columns always printed whole, besides ``KEY_NAMES`` (a row must say whose it is
+      and how it stands)
     """
 
     title: str
@@ -46,22 +53,63 @@ class Table:
     def note(self, key: str, text: Text | str) -> None:
         self.notes.append((key, text))
 
-    def render(self) -> RichTable:
+    def _cells(self) -> list[list[Text]]:
+        return [[c if isinstance(c, Text) else Text(str(c)) for c in cells]
+                for cells in self.rows]
+
+    def _kept(self, i: int) -> bool:
+        return self.columns[i] in self.keys or self.columns[i] in KEY_NAMES
+
+    def layout(self, width: int) -> tuple[list[int], list[int]]:
+        """(the columns in the table, the columns moved to notes) for ``width`` characters:
+        key columns whole, the others at least ``MIN_WRAP`` wide; the right-most non-key
+        columns move out until that fits."""
+        rows = self._cells()
+        need: dict[int, int] = {}
+        for i, name in enumerate(self.columns):
+            longest = max([len(name), *(c.cell_len for r in rows if i < len(r)
+                                        for c in [r[i]])])
+            need[i] = longest if self._kept(i) or longest <= SHORT else min(longest, MIN_WRAP)
+        shown = list(range(len(self.columns)))
+        moved: list[int] = []
+        # each column: its text, one space of padding and one of the box's divider
+        while sum(need[i] + 2 for i in shown) - 1 > width:
+            movable = [i for i in shown if not self._kept(i)]
+            if not movable:
+                break
+            shown.remove(movable[-1])
+            moved.insert(0, movable[-1])
+        return shown, moved
+
+    def render(self, width: int = 10_000) -> RichTable:
+        """The table as rich draws it at ``width`` (notes not included: ``print``)."""
+        shown, _ = self.layout(width)
         table = RichTable(title=self.title, title_justify="left", box=box.SIMPLE_HEAD,
                           show_edge=False, padding=(0, 1, 0, 0))
-        rows = [[c if isinstance(c, Text) else Text(str(c)) for c in cells] for cells in self.rows]
-        for i, name in enumerate(self.columns):
+        rows = self._cells()
+        for i in shown:
+            name = self.columns[i]
             longest = max([len(name), *(len(r[i]) for r in rows if i < len(r))])
-            keep = name in self.keys or longest <= SHORT
-            table.add_column(name, no_wrap=True, overflow="ellipsis",
-                             min_width=longest if keep else None)
+            if self._kept(i) or longest <= SHORT:
+                table.add_column(name, no_wrap=True, min_width=longest)
+            else:
+                table.add_column(name, overflow="fold", min_width=min(longest, MIN_WRAP))
         for cells in rows:
-            table.add_row(*cells)
+            table.add_row(*[cells[i] if i < len(cells) else Text("") for i in shown])
         return table
 
     def print(self, console: Console) -> None:
-        console.print(self.render())
-        for key, text in self.notes:
-            line = Text(f"{key}: ")
+        shown, moved = self.layout(console.width)
+        console.print(self.render(console.width))
+        key = next((i for i in shown if self._kept(i)), 0)
+        for cells in self._cells():
+            for i in moved:
+                if i < len(cells) and cells[i].plain.strip() not in ("", "-"):
+                    line = Text(f"{cells[key].plain if key < len(cells) else ''}: "
+                                f"{self.columns[i]}: ")
+                    line.append(cells[i])
+                    console.print(line)
+        for name, text in self.notes:
+            line = Text(f"{name}: ")
             line.append(text if isinstance(text, Text) else Text(str(text)))
             console.print(line)  # wraps between words; folds only a word wider than a line

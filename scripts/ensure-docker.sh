@@ -3,7 +3,14 @@
 # and that the tools the unit tests run for real are here (HAProxy's and nginx's own config
 # checks and live runs on loopback). CI machines have no systemd as PID 1, so dockerd is
 # started by hand there (TESTBED-FACTS.md).
+#
+#   sudo bash scripts/ensure-docker.sh     # make demo and make test run it (idempotent)
 set -euo pipefail
+case "${1:-}" in
+    -h|--help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+    "") ;;
+    *) echo "ensure-docker.sh: unknown argument: $1 (allowed: --help)" >&2; exit 2 ;;
+esac
 
 need_pkgs=()
 command -v dockerd >/dev/null || need_pkgs+=(docker.io)

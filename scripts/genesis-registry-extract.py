@@ -19,6 +19,7 @@ after a stack file's Genesis switches change::
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import sys
@@ -88,13 +89,16 @@ def extract(tree: Path, release: str, commit: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 4:
-        print("usage: genesis-registry-extract.py <real tree> <release> <commit>",
-              file=sys.stderr)
-        return 2
-    tree, release, commit = Path(argv[1]), argv[2], argv[3]
-    out = OUT / f"{release}-registry.json"
-    out.write_text(json.dumps(extract(tree, release, commit), indent=1) + "\n", encoding="utf-8")
+    p = argparse.ArgumentParser(prog="genesis-registry-extract.py",
+                                description=(__doc__ or "").splitlines()[0],
+                                epilog="Writes tests/fixtures/genesis/<release>-registry.json.")
+    p.add_argument("tree", type=Path, help="a checkout of the real Genesis tree")
+    p.add_argument("release", help="its release name, e.g. v12.1.0")
+    p.add_argument("commit", help="its commit (40 hex)")
+    args = p.parse_args(argv[1:])
+    out = OUT / f"{args.release}-registry.json"
+    out.write_text(json.dumps(extract(args.tree, args.release, args.commit), indent=1) + "\n",
+                   encoding="utf-8")
     print(out)
     return 0
 

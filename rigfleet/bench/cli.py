@@ -1,7 +1,7 @@
 """``rigfleet bench``: decode speed of any endpoint, or of every host of an inventory.
 
     rigfleet bench --url URL [--api-key-file F|-] [--ca-file PEM] [--stack NAME] [--scale X]
-    rigfleet bench --inventory inventory/home.py [--limit HOST ...]
+    rigfleet bench --inventory inventory/home.py [--limit HOST|GROUP ...] [--timeout S]
     rigfleet bench --inventory inventory/home.py --accept-baseline HOST
     options: [--runs 5] [--warmup 3] [--concurrency N] [--depths 16000,32000,64000 |
               --no-depths] [--out bench-reports] [--no-plot] [--json]
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from rigfleet.bench.fleet import (
@@ -35,6 +36,7 @@ from rigfleet.bench.fleet import (
 )
 from rigfleet.bench.plot import plot
 from rigfleet.bench.progress import RichProgress
+from rigfleet.cliargs import fleet_options
 from rigfleet.hostside.bench.cli import count, positive, token_counts
 from rigfleet.hostside.bench.report import Entry, fleet_medians, report_dict, write
 from rigfleet.hostside.verify.client import CA_FILE_ENV
@@ -48,15 +50,14 @@ EXIT_OK, EXIT_UNMEASURED, EXIT_USAGE = 0, 1, 2
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``rigfleet bench`` (``cli.py`` calls this)."""
     p = subparsers.add_parser(
-        "bench", help="decode tok/s, CV, TTFT, MTP acceptance of an endpoint or every host",
+        "bench", parents=[fleet_options(inventory_default=None,
+                                        timeout_help="(--inventory) seconds per host's SSH")],
+        help="decode tok/s, CV, TTFT, MTP acceptance of an endpoint or every host",
         description="Decode speed of any OpenAI-compatible endpoint, or of every host of an "
                     "inventory, beside the fleet median, the stack's reference and the host's "
                     "history (docs/bench.md).")
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="any OpenAI-compatible endpoint, e.g. http://rig-a:8000")
-    where.add_argument("--inventory", help="bench every host's front (pyinfra inventory)")
-    p.add_argument("--limit", action="append", default=[], metavar="HOST",
-                   help="(--inventory) only this host (repeatable)")
+    p.add_argument("--url", help="any OpenAI-compatible endpoint, e.g. http://rig-a:8000 "
+                                 "(instead of --inventory: bench every host's front)")
     p.add_argument("--accept-baseline", metavar="HOST",
                    help="(--inventory) bench HOST's active stack on the host and record it as "
                         "its throughput baseline there")
@@ -82,24 +83,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("bench-reports"),
                    help="where the reports go (default bench-reports/)")
     p.add_argument("--no-plot", action="store_true", help="no PNG")
-    p.add_argument("--json", action="store_true", help="print the JSON report, not a table")
     p.set_defaults(func=run)
     return p
 
 
 def _usage(message: str) -> int:
-    Console(stderr=True).print(f"[red]error:[/red] {message}")
+    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}")
     return EXIT_USAGE
 
 
 def run(args: argparse.Namespace) -> int:
     """``rigfleet bench`` (see the module docstring)."""
     from rigfleet.catalog import CatalogError, builtin_catalog
+    from rigfleet.cliargs import select
     from rigfleet.errors import RigfleetError
     from rigfleet.inventory import InventoryError, load_inventory
     from rigfleet.ssh import SshRemote
 
     err = Console(stderr=True, highlight=False)
+    if bool(args.url) == bool(args.inventory):
+        return _usage("say what to bench: --url URL (one endpoint) or --inventory FILE (every "
+                      "host's front), not both")
     if args.url and (args.limit or args.accept_baseline):
         return _usage("--limit and --accept-baseline need --inventory (they name hosts)")
     if args.inventory and (args.stack or args.api_key_file or args.ca_file):
@@ -120,18 +124,14 @@ def run(args: argparse.Namespace) -> int:
         except InventoryError as e:
             return _usage(str(e))
         names = [h.name for h in hosts]
-        if not names:
-            return _usage(f"{args.inventory}: no hosts")
-        wanted = [*args.limit, *([args.accept_baseline] if args.accept_baseline else [])]
-        unknown = [n for n in wanted if n not in names]
-        if unknown:
-            return _usage(f"{args.inventory}: no host {', '.join(unknown)}; allowed: "
-                          f"{', '.join(names)}")
+        if args.accept_baseline and args.accept_baseline not in names:
+            return _usage(f"{args.inventory}: --accept-baseline {args.accept_baseline}: no such "
+                          f"host; allowed: {', '.join(names)}")
         if args.accept_baseline:
             return _accept(args, next(h for h in hosts if h.name == args.accept_baseline), err)
-        hosts = [h for h in hosts if not args.limit or h.name in args.limit]
         try:
-            targets = inventory_targets(hosts, SshRemote())
+            hosts = select(hosts, args.limit, args.inventory)
+            targets = inventory_targets(hosts, SshRemote(connect_timeout=args.timeout))
         except RigfleetError as e:
             return _usage(str(e))
     started = _now()
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_plot:
         png, problem = plot(entries, paths[0].with_suffix(".png"))
         if problem:
-            err.print(f"[yellow]{problem}[/yellow]")
+            err.print(f"[yellow]{escape(problem)}[/yellow]")
     if args.json:
         print(json.dumps(report_dict(entries, started), indent=2))
     else:
@@ -170,7 +170,7 @@ def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
                   f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
         data = accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
     except (RigfleetError, RuntimeError) as e:
-        err.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_UNMEASURED
     if args.json:
         print(json.dumps(data, indent=2))

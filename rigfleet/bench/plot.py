@@ -1,8 +1,13 @@
 """The bench's PNG: decode tok/s per host beside the fleet median, the stack's reference
-figure and the host's own history, one panel per stack (matplotlib, ``rigfleet[plot]``).
+figure and the host's own history; then decode by context depth and the concurrency run where
+they were measured. One row of panels per stack (matplotlib, ``rigfleet[plot]``).
 
     path, problem = plot(entries, Path("bench-reports/bench-20261201T101500Z.png"))
-    problem      # None, or what to install when matplotlib is missing
+    problem      # None, or why there is no picture (matplotlib missing, nothing measured)
+
+For reading: the y axis spans the figures (not from zero: a 3 % gap must show), the reference
+and median are lines over the bars, labelled at the panel's edge; each bar says its value and
+its share of the reference; the legend sits under the panels.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from rigfleet.hostside.records import SHAPES
 INSTALL_HINT = ("no PNG: matplotlib is not installed; pip install 'rigfleet[plot]' (or "
                 "pip install matplotlib) and run again (the JSON and Markdown reports are "
                 "written)")
+NOTHING = "no PNG: nothing was measured (see the report's errors)"
 COLORS = {"narrative": "#4878d0", "code": "#ee854a"}
+REF_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.6}
+MEDIAN_STYLE = {"color": "#8c1c13", "linestyle": "-", "linewidth": 1.4}
 
 
 def _pyplot() -> Any:
@@ -31,43 +39,145 @@ def _pyplot() -> Any:
     return importlib.import_module("matplotlib.pyplot")
 
 
+def measured(e: Entry) -> bool:
+    return any(e.decode(s) is not None for s in SHAPES)
+
+
+def axis_range(values: Sequence[float]) -> tuple[float, float]:
+    """A y range around ``values`` with a margin: small gaps stay visible."""
+    lo, hi = min(values), max(values)
+    pad = max((hi - lo) * 0.25, hi * 0.03, 1e-6)
+    return max(0.0, lo - pad), hi + pad
+
+
+def _decode_panel(ax: Any, stack: str, rows: list[Entry], fleet: dict[str, float]) -> None:
+    width = 0.38
+    shown: list[float] = []
+    labels: list[tuple[float, float, str]] = []
+    seen: set[str] = set()
+
+    def once(label: str) -> str | None:
+        """A legend label the first time only."""
+        if label in seen:
+            return None
+        seen.add(label)
+        return label
+
+    for j, shape in enumerate(SHAPES):
+        xs = [i + (j - 0.5) * width for i in range(len(rows))]
+        ref = next((r for e in rows if (r := e.reference.get(shape))), None)
+        med = fleet.get(shape)
+        for x, e in zip(xs, rows, strict=True):
+            value = e.decode(shape)
+            past = [v for h in e.history if (v := h.decode(shape)) is not None]
+            shown += past
+            if past:
+                ax.scatter([x] * len(past), past, marker="_", s=220, color="dimgray",
+                           zorder=5, label=once("host history (earlier records)"))
+            if value is None:
+                continue
+            shown.append(value)
+            ax.bar(x, value, width * 0.95, color=COLORS[shape], alpha=0.55, zorder=2,
+                   label=once(f"{shape} (this bench)"))
+            share = f"\n{value / ref:.0%} ref" if ref else ""
+            labels.append((x, value, f"{value:.1f}{share}"))
+        lo_x, hi_x = xs[0] - width / 2, xs[-1] + width / 2
+        for y, style, name in ((ref, REF_STYLE, "ref"), (med, MEDIAN_STYLE, "median")):
+            if y:
+                shown.append(y)
+                ax.hlines(y, lo_x, hi_x, zorder=4, **style,
+                          label=once("stack reference" if name == "ref" else "fleet median"))
+                # narrative's labels left of its bars, code's right of its own: apart
+                ax.annotate(f"{name} {y:.1f}", (lo_x if j == 0 else hi_x, y),
+                            xytext=(-2 if j == 0 else 2, 0), textcoords="offset points",
+                            va="center", ha="right" if j == 0 else "left", fontsize=7,
+                            color=style["color"], zorder=6)
+    if shown:
+        lo, hi = axis_range(shown)
+        ax.set_ylim(lo, hi)
+        for x, value, text in labels:  # inside the bar, halfway up: clear of the lines
+            ax.text(x, lo + (value - lo) * 0.45, text, ha="center", va="center", fontsize=7,
+                    zorder=6)
+        if lo > 0:
+            ax.set_ylabel(f"decode tok/s (axis from {lo:.0f})")
+        else:
+            ax.set_ylabel("decode tok/s")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([e.host if measured(e) else f"{e.host}\n(not measured)" for e in rows],
+                       fontsize=8)
+    ax.set_xlim(-1.0, len(rows))
+    ax.grid(axis="y", alpha=0.3, zorder=0)
+    ax.set_title(f"{stack}: decode tok/s per host ({' | '.join(SHAPES)})", fontsize=10)
+
+
+def _depth_panel(ax: Any, rows: list[Entry]) -> bool:
+    drawn = False
+    for e in rows:
+        points = [(d.depth / 1000, d.run.decode_tok_s) for d in e.result.depths
+                  if d.run is not None and d.run.decode_tok_s is not None]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=f"{e.host} (depth)")
+            drawn = True
+    ax.set_xlabel("context depth (K tokens)")
+    ax.set_ylabel("decode tok/s")
+    ax.set_title("decode by context depth", fontsize=10)
+    ax.grid(alpha=0.3)
+    return drawn
+
+
+def _concurrency_panel(ax: Any, rows: list[Entry]) -> bool:
+    have = [(e.host, c) for e in rows if (c := e.result.concurrency) is not None
+            and c.aggregate_tok_s is not None]
+    for i, (_host, c) in enumerate(have):
+        per, agg = c.per_stream_decode or 0.0, c.aggregate_tok_s or 0.0
+        ax.bar(i - 0.2, per, 0.4, color="#6acc64", label="per stream" if i == 0 else None)
+        ax.bar(i + 0.2, agg, 0.4, color="#956cb4", label="all streams" if i == 0 else None)
+        ax.annotate(f"{c.streams} streams", (i, agg), xytext=(0, 3),
+                    textcoords="offset points", ha="center", fontsize=7)
+    ax.set_xticks(range(len(have)))
+    ax.set_xticklabels([h for h, _ in have], fontsize=8)
+    ax.set_ylabel("tok/s")
+    ax.set_title("concurrency run", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    return bool(have)
+
+
 def plot(entries: Sequence[Entry], path: Path) -> tuple[Path | None, str | None]:
     """Draw ``entries`` to ``path``; (path, None), or (None, why not)."""
+    if not any(measured(e) for e in entries):
+        return None, NOTHING
     plt = _pyplot()
     if plt is None:
         return None, INSTALL_HINT
-    stacks = sorted({e.stack or "?" for e in entries})
-    if not stacks:
-        return None, "no PNG: nothing was measured"
+    stacks = sorted({e.stack or "unknown stack" for e in entries if measured(e)})
     fleet = fleet_medians(entries)
-    fig, axes = plt.subplots(len(stacks), 1, figsize=(max(6.0, 1.6 * len(entries) + 3), 3.6
-                                                       * len(stacks)), squeeze=False)
-    for ax, stack in zip(axes[:, 0], stacks, strict=True):
-        rows = [e for e in entries if (e.stack or "?") == stack]
-        width = 0.38
-        for j, shape in enumerate(SHAPES):
-            xs = [i + (j - 0.5) * width for i in range(len(rows))]
-            values = [e.decode(shape) or 0.0 for e in rows]
-            ax.bar(xs, values, width, color=COLORS[shape], label=f"{shape} (this bench)")
-            for x, e in zip(xs, rows, strict=True):
-                past = [v for h in e.history if (v := h.decode(shape)) is not None]
-                if past:
-                    ax.scatter([x] * len(past), past, marker="_", s=160, color="black",
-                               zorder=3, label=f"{shape} history" if x == xs[0] else None)
-            med = fleet.get(stack, {}).get(shape)
-            if med:
-                ax.axhline(med, color=COLORS[shape], linestyle="--", linewidth=1, zorder=4,
-                           label=f"{shape} fleet median {med:.1f}")
-            refs = {e.reference.get(shape) for e in rows} - {None}
-            for ref in sorted(r for r in refs if r):
-                ax.axhline(ref, color=COLORS[shape], linestyle=":", linewidth=1.5, zorder=4,
-                           label=f"{shape} reference {ref:.1f}")
-        ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([e.host for e in rows])
-        ax.set_ylabel("decode tok/s")
-        ax.set_title(f"{stack}: decode tok/s per host")
-        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
+    has_depth = any(d.run is not None for e in entries for d in e.result.depths)
+    has_conc = any(e.result.concurrency is not None for e in entries)
+    extra = int(has_depth) + int(has_conc)
+    ncols = 1 + extra
+    widths = [max(4.0, 1.5 * max(sum(1 for e in entries if (e.stack or "unknown stack") == s)
+                                 for s in stacks) + 2)] + [3.6] * extra
+    fig, axes = plt.subplots(len(stacks), ncols, squeeze=False,
+                             figsize=(sum(widths), 3.9 * len(stacks) + 0.8),
+                             gridspec_kw={"width_ratios": widths})
+    for r, stack in enumerate(stacks):
+        rows = [e for e in entries if (e.stack or "unknown stack") == stack]
+        _decode_panel(axes[r, 0], stack, rows, fleet.get(stack, {}))
+        col = 1
+        if has_depth:
+            if not _depth_panel(axes[r, col], rows):
+                axes[r, col].set_visible(False)
+            col += 1
+        if has_conc and not _concurrency_panel(axes[r, col], rows):
+            axes[r, col].set_visible(False)
+    handles: dict[str, Any] = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", fontsize="x-small",
+               ncol=min(4, len(handles)) or 1, frameon=False)
+    rows_of_legend = -(-len(handles) // 4)
+    fig.tight_layout(rect=(0, (0.1 + 0.16 * rows_of_legend) / fig.get_figheight(), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -48,7 +48,8 @@ from typing import Any
 
 import yaml
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+from rich.text import Text
 
 from rigfleet.bump import images
 from rigfleet.bump.candidate import (
@@ -88,6 +89,7 @@ from rigfleet.bump.rollout import (
 from rigfleet.bump.version import VersionProbe, read_version, remove_image
 from rigfleet.catalog import Catalog
 from rigfleet.check import Online, deploy_online, verify_pins
+from rigfleet.cliargs import UsageError, add_yes, fleet_options, select
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
@@ -105,8 +107,11 @@ from rigfleet.pins import (
 from rigfleet.registry import DOCKER_HUB, RegistryError
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote, reachability
+from rigfleet.tables import Table
 
 EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2, 3
+# Why a host the bump leaves alone is skipped (its pins file entry keeps its old pins).
+OUTSIDE_LIMIT = "outside --limit"
 REPO_ROOT = PROJECT_ROOT
 
 console = Console(stderr=True, highlight=False)
@@ -123,13 +128,12 @@ class ImageRefused(RigfleetError, ValueError):
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``rigfleet bump`` on the CLI's subparsers (``rigfleet/cli.py`` calls this)."""
     p = subparsers.add_parser(
-        "bump",
+        "bump", parents=[fleet_options(timeout=10.0, timeout_help="seconds per SSH connect")],
         help="roll a newer vLLM image / Genesis commit out, canary first, gated",
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(__doc__.splitlines()[1:]),
     )
-    p.add_argument("--inventory", default="inventory/home.py", help="pyinfra inventory file")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--image", metavar="TAG",
                        help="tag to bump to: nightly-<40-hex>, <40-hex> or <repo>:<tag>")
@@ -161,8 +165,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--deploy", default=str(REPO_ROOT / "deploy.py"),
                    help="the deploy file (default: this checkout's deploy.py)")
     p.add_argument("--dry", action="store_true", help="print the plan; change nothing")
-    p.add_argument("--yes", "-y", action="store_true", help="do not ask before rolling out")
-    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    add_yes(p, "roll out")
     add_journal_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -194,6 +197,7 @@ class Inputs:
     genesis_url: str | None
     mirror: str | None
     catalog: Catalog
+    outside: frozenset[str] = frozenset()  # hosts left out by --limit: they keep their pins
 
 
 def load_fleet(inventory: str, deploy: str) -> tuple[list[InventoryHost], list[PlanHost],
@@ -285,10 +289,18 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     try:
         inputs = load_inputs(opts)
+        if args.limit:
+            kept = {h.name for h in select(inputs.hosts, args.limit, args.inventory)}
+            if not kept:
+                raise BumpError(f"{args.inventory}: --limit {', '.join(args.limit)}: no GPU "
+                                "host; allowed: hosts that serve")
+            inputs.outside = frozenset(h.name for h in inputs.hosts if h.name not in kept)
+    except UsageError:
+        raise
     except (RigfleetError, ValueError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_ERROR
-    remote = SshRemote()
+    remote = SshRemote(connect_timeout=args.timeout)
     try:
         return _bump(opts, inputs, remote)
     except (GenesisRefused, ImageRefused) as e:
@@ -326,9 +338,12 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     if candidate is not None:
         refuse_image_rules(inputs.catalog, names, candidate, None)  # before anything is pulled
 
-    unreachable = reachability(remote, inputs.hosts)
+    unreachable = reachability(remote, [h for h in inputs.hosts if h.name not in inputs.outside])
+    for name in inputs.outside:
+        _log(f"{name} is outside --limit and will be skipped (it keeps its pins)")
+        unreachable[name] = OUTSIDE_LIMIT
     for name, reason in unreachable.items():
-        if reason:
+        if reason and name not in inputs.outside:
             _log(f"[yellow]{name} is unreachable[/yellow] and will be skipped: {reason}")
     by_name = {h.name: h for h in inputs.hosts}
 
@@ -369,7 +384,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         return EXIT_OK
     if plan.empty:
         _log("every reachable host already runs these pins; nothing to do")
-        return EXIT_SKIPPED if plan.skipped else EXIT_OK
+        return EXIT_SKIPPED if set(plan.skipped) - inputs.outside else EXIT_OK
     if not opts.yes and not _confirm():
         _log("not confirmed; nothing changed")
         return EXIT_FAILED
@@ -580,32 +595,29 @@ def candidate_changes(plan: Plan, stack: str) -> bool:
 
 
 def _print_plan(plan: Plan, genesis: dict[str, GenesisChoice], probe: VersionProbe) -> None:
-    table = Table(title="rigfleet bump: pins", title_justify="left")
-    for col in ("stack", "now", "bump to"):
-        table.add_column(col)
+    table = Table("rigfleet bump: pins", ["stack", "now", "bump to"], keys=("stack",))
     for name, old, new in pairs(plan):
         if probe.source == "inferred":
             new += " (version from the Genesis allowlist; read from the image when it runs)"
         elif probe.version is None and candidate_changes(plan, name):
             new += " (read from the image when the canary pulls it)"
-        table.add_row(name, old, new)
-    console.print(table)
+        table.row(name, old, new)
+    table.print(console)
     for name, g in genesis.items():
         if g.proposed:
             also = "" if g.rollback_safe else ", but not the one running now"
             console.print(f"Genesis for {name}: {g.label} (newer than the pin; it lists the "
                           f"candidate's vLLM{also})")  # fmt: skip
-    hosts = Table(title="rollout", title_justify="left")
-    for col in ("step", "hosts"):
-        hosts.add_column(col)
+    hosts = Table("rollout", ["step", "hosts"], keys=("step",))
     for i, batch in enumerate(plan.batches):
-        hosts.add_row("canary" if i == 0 else f"batch {i}",
+        hosts.row("canary" if i == 0 else f"batch {i}",
                       ", ".join(f"{h} ({plan.host(h).stack})" for h in batch))  # fmt: skip
     for name, reason in plan.skipped.items():
-        hosts.add_row("[yellow]skipped[/yellow]", f"{name}: unreachable ({reason})")
+        hosts.row(Text("skipped", style="yellow"), f"{name}: unreachable ({reason})"
+                  if reason != OUTSIDE_LIMIT else f"{name}: {reason}")
     for name in plan.up_to_date:
-        hosts.add_row("done", f"{name}: already runs these pins")
-    console.print(hosts)
+        hosts.row("done", f"{name}: already runs these pins")
+    hosts.print(console)
     console.print(f"batch size {plan.batch_size}; stop after {plan.max_failures} failed "
                   "host(s); a failed canary always stops the rollout")  # fmt: skip
     for note in plan.notes:
@@ -774,18 +786,16 @@ def _record(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pins | 
 
 
 def _print_result(result: RolloutResult, log_dir: Path) -> None:
-    table = Table(title=f"rigfleet bump: {outcome_of(result)} in {result.seconds:.0f}s",
-                  title_justify="left")  # fmt: skip
-    for col in ("host", "result", "gate", "reason"):
-        table.add_column(col)
+    table = Table(f"rigfleet bump: {outcome_of(result)} in {result.seconds:.0f}s",
+                  ["host", "result", "gate", "reason"])
     colors = {
         Status.PROMOTED: "green", Status.UP_TO_DATE: "green", Status.FAILED: "red",
         Status.LOST: "red", Status.SKIPPED: "yellow", Status.NOT_ATTEMPTED: "yellow",
     }  # fmt: skip
     for o in result.outcomes.values():
-        table.add_row(o.host, f"[{colors[o.status]}]{o.status}[/]", o.gate or "-",
-                      o.reason or "-")  # fmt: skip
-    console.print(table)
+        table.row(o.host, Text(str(o.status), style=colors[o.status]), o.gate or "-",
+                  o.reason or "-")
+    table.print(console)
     if result.stopped:
         console.print(f"[red]stopped:[/red] {result.stopped}")
     console.print(f"[dim]pyinfra logs: {log_dir}[/dim]")
@@ -802,8 +812,9 @@ def _exit_status(result: RolloutResult) -> int:
             parts.append(text)
         console.print(f"[red]bump failed:[/red] {'; '.join(parts)}")
         return EXIT_FAILED
-    if result.by_status(Status.SKIPPED):
-        names = ", ".join(o.host for o in result.by_status(Status.SKIPPED))
+    skipped = [o for o in result.by_status(Status.SKIPPED) if OUTSIDE_LIMIT not in o.reason]
+    if skipped:
+        names = ", ".join(o.host for o in skipped)
         console.print(f"[yellow]promoted, but skipped unreachable host(s): {names}[/yellow]")
         return EXIT_SKIPPED
     return EXIT_OK
@@ -1012,17 +1023,15 @@ def interrupted(journal: BumpJournal, error: BaseException, inventory: str) -> i
 
 def print_journal(journal: BumpJournal) -> None:
     """Where each host of an unfinished bump stands."""
-    table = Table(title=f"unfinished bump {journal.id}: {journal.target()}",
-                  title_justify="left")
-    for col in ("host", "step", "state", "since"):
-        table.add_column(col)
+    table = Table(f"unfinished bump {journal.id}: {journal.target()}",
+                  ["host", "step", "state", "since"])
     steps = {h: ("canary" if i == 0 else f"batch {i}")
              for i, batch in enumerate(journal.batches) for h in batch}
     for h in journal.hosts:
         view = journal.host_view(h.name) or {}
-        table.add_row(h.name, steps.get(h.name, "-"), str(view.get("state", "-")),
-                      str(view.get("since") or "-"))
-    console.print(table)
+        table.row(h.name, steps.get(h.name, "-"), str(view.get("state", "-")),
+                  str(view.get("since") or "-"))
+    table.print(console)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""``rigfleet doctor [--inventory inventory/home.py] [--limit HOST ...] [--load-s 15] [--json]``.
+"""``rigfleet doctor [--load-s 15]`` plus the fleet options (``--inventory``, ``--limit``...).
 
 For every host, concurrently, one probe (``rigfleet-host.pyz probe --full --doctor``) samples
 the cards idle and under a short load of the bench's narrative requests, and reads the
@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from rigfleet.catalog import DEFAULT_MARGIN, StackSpec
+from rigfleet.cliargs import fleet_options
 from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
 from rigfleet.hostprobe import HostProbe
@@ -106,19 +108,15 @@ def judge_fleet(diagnoses: Sequence[Diagnosis], probes: dict[str, HostProbe],
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``rigfleet doctor`` (``cli.py`` calls this)."""
     p = subparsers.add_parser(
-        "doctor", help="why a host decodes slower than its baseline or the fleet: causes "
+        "doctor", parents=[fleet_options(timeout=120.0,
+                                         timeout_help="seconds per host on top of the load")],
+        help="why a host decodes slower than its baseline or the fleet: causes "
                        "ranked, with evidence and fixes",
         description="Why a host decodes slower than its baseline or the fleet's median: the "
                     "known causes ranked by likely impact, each with the evidence read from the "
                     "host under a short load and what to change.")
-    p.add_argument("--inventory", default="inventory/home.py", help="pyinfra inventory file")
-    p.add_argument("--limit", action="append", default=[], metavar="HOST",
-                   help="only this host (repeatable)")
     p.add_argument("--load-s", type=float, default=15.0,
                    help="how long the load runs on each host while the cards are sampled (15)")
-    p.add_argument("--timeout", type=float, default=120.0,
-                   help="seconds per host on top of the load (120)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
     return p
 
@@ -168,28 +166,19 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
 
 def run(args: argparse.Namespace) -> int:
     """``rigfleet doctor`` (see the module docstring)."""
+    from rigfleet.cliargs import fleet_hosts
     from rigfleet.desired import load_desired
     from rigfleet.errors import RigfleetError
     from rigfleet.hostprobe import run_probe
-    from rigfleet.inventory import InventoryError, load_inventory
+    from rigfleet.inventory import InventoryError
     from rigfleet.ssh import HostUnreachable, SshRemote
 
     err = Console(stderr=True)
     try:
-        hosts = load_inventory(args.inventory)
+        hosts = fleet_hosts(args)
     except InventoryError as e:
-        err.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_ERROR
-    names = [h.name for h in hosts]
-    if not names:
-        err.print(f"[red]error:[/red] {args.inventory}: no hosts")
-        return EXIT_ERROR
-    unknown = [n for n in args.limit if n not in names]
-    if unknown:
-        err.print(f"[red]error:[/red] {args.inventory}: no host {', '.join(unknown)}; "
-                  f"allowed: {', '.join(names)}")
-        return EXIT_ERROR
-    hosts = [h for h in hosts if not args.limit or h.name in args.limit]
     remote = SshRemote(connect_timeout=args.timeout)
     probes: dict[str, HostProbe] = {}
     specs: dict[str, StackSpec | None] = {}
@@ -202,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
                               front_port=want.settings.front_port,
                               timeout=args.load_s + args.timeout, doctor_load_s=args.load_s)
         except (RigfleetError, HostUnreachable) as e:
-            return Diagnosis(host.name, error=str(e).splitlines()[0][:400])
+            return Diagnosis(host.name, error=str(e))
         catalog = want.settings.catalog
 
         def get(name: str) -> StackSpec | None:

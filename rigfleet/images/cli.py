@@ -25,6 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
+from rigfleet.cliargs import fleet_options
 from rigfleet.errors import RigfleetError
 from rigfleet.images.archive import (
     ArchivedImage,
@@ -51,22 +52,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="\n".join(__doc__.splitlines()[1:]))
     sub = p.add_subparsers(dest="action", required=True)
-    st = sub.add_parser("status", help="per host and pinned image: present? which source?")
-    st.add_argument("--inventory", default="inventory/home.py")
-    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st = sub.add_parser("status", parents=[fleet_options()],
+                        help="per host and pinned image: present? which source?")
     st.set_defaults(func=cmd_status)
-    ex = sub.add_parser("export", help="docker save a host's pinned image(s) into a directory")
-    ex.add_argument("--inventory", default="inventory/home.py")
+    ex = sub.add_parser("export", parents=[fleet_options()],
+                        help="docker save a host's pinned image(s) into a directory")
     ex.add_argument("--host", required=True, help="the host to save from (inventory name)")
     ex.add_argument("--to", required=True, type=Path, help="directory on this machine")
     ex.add_argument("--stack", action="append", default=[], metavar="NAME",
                     help="only this stack's image (repeatable; default: every staged image)")
-    ex.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ex.set_defaults(func=cmd_export)
-    im = sub.add_parser("import", help="load a saved archive into hosts and/or keep it as an "
-                        "archive source")
+    im = sub.add_parser("import", parents=[fleet_options()],
+                        help="load a saved archive into hosts and/or keep it as an archive source")
     im.add_argument("file", type=Path, help="a `docker save` archive (.tar)")
-    im.add_argument("--inventory", default="inventory/home.py")
     im.add_argument("--host", action="append", default=[], metavar="NAME",
                     help="load it into this host's engine (repeatable)")
     im.add_argument("--into", type=Path, metavar="DIR",
@@ -75,23 +73,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     help="its name, when neither its sidecar nor its tags say")
     im.add_argument("--digest", metavar="SHA256",
                     help="its registry digest, when its sidecar does not say (for the pins)")
-    im.add_argument("--json", action="store_true", help="print JSON instead of a table")
     im.set_defaults(func=cmd_import)
     return p
 
 
-def _hosts(inventory: str) -> list[Any]:
-    """The inventory's GPU hosts (a balancer-only host has no images)."""
-    from rigfleet.inventory import gpu_hosts, load_inventory
+def _hosts(args: argparse.Namespace) -> list[Any]:
+    """The inventory's GPU hosts (a balancer-only host has no images), ``--limit`` applied."""
+    from rigfleet.cliargs import fleet_hosts
+    from rigfleet.inventory import gpu_hosts
 
-    return gpu_hosts(load_inventory(inventory))
+    hosts = gpu_hosts(fleet_hosts(args))
+    if not hosts:
+        raise ImagesCliError(f"{args.inventory}: no GPU host"
+                             + (f" in --limit {', '.join(args.limit)}" if args.limit else "")
+                             + "; allowed: hosts that serve (a balancer has no images)")
+    return hosts
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from rigfleet.images.status import as_json, exit_status, fleet_images, table
     from rigfleet.ssh import SshRemote
 
-    rows = fleet_images(_hosts(args.inventory), SshRemote())
+    rows = fleet_images(_hosts(args), SshRemote(connect_timeout=args.timeout))
     if args.json:
         print(json.dumps(as_json(rows), indent=2))
     else:
@@ -103,7 +106,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rigfleet.desired import load_desired
     from rigfleet.ssh import SshRemote
 
-    hosts = {h.name: h for h in _hosts(args.inventory)}
+    hosts = {h.name: h for h in _hosts(args)}
     if args.host not in hosts:
         raise ImagesCliError(f"--host {args.host!r}: not in {args.inventory}; allowed: "
                              f"{', '.join(hosts)}")
@@ -114,7 +117,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise ImagesCliError(f"--stack {name!r}: {args.host} stages no such stack; "
                                  f"allowed: {', '.join(want.stacks)}")
     wanted, _ = wanted_images(stacks)
-    remote = SshRemote()
+    remote = SshRemote(connect_timeout=args.timeout)
     saved: list[dict[str, Any]] = []
     for w in wanted:
         version = stacks[w.stacks[0]].vllm_version
@@ -162,6 +165,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if not args.host and args.into is None:
         raise ImagesCliError("import: say where it goes: --host NAME (load it into that host's "
                              "engine) and/or --into DIR (keep it as an archive image source)")
+    targets = _targets(args) if args.host else {}
     info = inspect_archive(args.file)
     chosen = _pick(info, args.image)
     sidecar = info.sidecar if info.sidecar.get("image_id") == chosen.image_id else {}
@@ -186,7 +190,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         result["into"] = str(dest)
         result["sha256"] = sha
     if args.host:
-        result["hosts"] = _load_hosts(args, image, digest, chosen.image_id)
+        result["hosts"] = _load_hosts(args, targets, image, digest, chosen.image_id)
     pins = {k: v for k, v in (("image", image), ("digest", digest),
                               ("image_id", chosen.image_id)) if v}
     result["pin"] = pins
@@ -206,18 +210,23 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _load_hosts(args: argparse.Namespace, image: str, digest: str | None,
-                image_id: str) -> dict[str, str]:
-    from rigfleet.ssh import HostUnreachable, SshRemote
-
-    hosts = {h.name: h for h in _hosts(args.inventory)}
+def _targets(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--host`` hosts of the inventory (checked before anything is read or copied)."""
+    hosts = {h.name: h for h in _hosts(args)}
     unknown = [h for h in args.host if h not in hosts]
     if unknown:
         raise ImagesCliError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
                              f"{', '.join(hosts)}")
+    return hosts
+
+
+def _load_hosts(args: argparse.Namespace, hosts: dict[str, Any], image: str, digest: str | None,
+                image_id: str) -> dict[str, str]:
+    from rigfleet.ssh import HostUnreachable, SshRemote
+
     # Without a known digest the image is verified by its id alone (a loaded image has none).
     want = WantedImage(image, digest or image_id, image_id, ())
-    remote = SshRemote()
+    remote = SshRemote(connect_timeout=args.timeout)
     out: dict[str, str] = {}
     for name in args.host:
         try:

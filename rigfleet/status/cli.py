@@ -1,4 +1,4 @@
-"""``rigfleet status --inventory inventory/home.py [--json] [--timeout 20]``.
+"""``rigfleet status`` with the fleet options (``--inventory``, ``--limit``, ``--json``...).
 
 For every GPU host, concurrently, one SSH connection runs the host probe (``rigfleet-host.pyz
 probe --full``); the drift against inventory + pins is decided on this side
@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
+from rigfleet.cliargs import fleet_options
 from rigfleet.status.render import render_balancers, render_json, render_table
 from rigfleet.status.rows import (
     EXIT_ERROR,
@@ -29,14 +31,11 @@ from rigfleet.status.rows import (
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``rigfleet status`` on the CLI's subparsers (``cli.py`` calls this)."""
     p = subparsers.add_parser(
-        "status",
+        "status", parents=[fleet_options()],
         help="one row per host: reachable, stack, pins, last gate, drift",
         description="One row per host: what it runs and whether it drifted from the "
                     "inventory + pins.",
     )
-    p.add_argument("--inventory", default="inventory/home.py", help="pyinfra inventory file")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--timeout", type=float, default=20.0, help="seconds per host (default 20)")
     p.set_defaults(func=run)
     return p
 
@@ -44,17 +43,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """``rigfleet status``: print the fleet's rows; the exit status says the worst found."""
     from rigfleet.balancer.status import balancer_rows
+    from rigfleet.cliargs import select
     from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
     try:
         hosts = load_inventory(args.inventory)
+        chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
     except InventoryError as e:
-        Console(stderr=True).print(f"[red]error:[/red] {e}")
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_ERROR
-    rows = fleet_status(gpu_hosts(hosts), timeout=args.timeout)
+    rows = fleet_status([h for h in gpu_hosts(hosts) if h.name in chosen], timeout=args.timeout)
     remote = SshRemote(connect_timeout=args.timeout)
-    lbs = [row for lb in balancers(hosts)
+    lbs = [row for lb in balancers(hosts) if lb.name in chosen
            for row in balancer_rows(lb, hosts, remote, timeout=args.timeout)]
     if args.json:
         print(render_json(rows, lbs))

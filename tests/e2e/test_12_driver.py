@@ -96,6 +96,7 @@ def test_a_driver_branch_change_rolls_one_host_at_a_time_through_the_gate(fleet)
         p.start()
     try:
         proc = run([str(BIN / "rigfleet"), "roll", "--inventory", str(ROLL_INVENTORY), "--json",
+                    "--yes",
                     *[a for h in hosts for a in ("--limit", h.name)]],
                    check=False, timeout=1800, env={**os.environ, "COLUMNS": "200"})
     finally:

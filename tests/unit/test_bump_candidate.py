@@ -252,7 +252,7 @@ def fleet(tmp_path: Path, registry, monkeypatch) -> dict[str, Any]:
     ]
     monkeypatch.setattr(bump_cli, "load_inventory", lambda path: inventory)
     remote = FakeRemote()
-    monkeypatch.setattr(bump_cli, "SshRemote", lambda: remote)
+    monkeypatch.setattr(bump_cli, "SshRemote", lambda **_: remote)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     deployed: list[Any] = []
     monkeypatch.setattr(bump_cli, "rollout", lambda *a, **k: deployed.append(a))

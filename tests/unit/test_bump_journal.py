@@ -394,7 +394,7 @@ def cli_fleet(tmp_path: Path, monkeypatch, plan: Plan, runner: FakeRunner) -> No
         "apt_repos": {"cuda": repo, "nvidia-container-toolkit": repo}}) for h in plan.hosts]
     monkeypatch.setattr(bump_cli, "load_inventory", lambda path: inventory)
     monkeypatch.setattr(bump_cli, "PyinfraRunner", lambda *a, **k: runner)
-    monkeypatch.setattr(bump_cli, "SshRemote", lambda: None)
+    monkeypatch.setattr(bump_cli, "SshRemote", lambda **_: None)
     monkeypatch.setattr(bump_cli, "_keep_images", lambda *a, **k: {})
     monkeypatch.setattr(bump_cli, "REPO_ROOT", tmp_path)
 

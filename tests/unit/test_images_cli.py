@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ def fleet(tmp_path: Path, monkeypatch) -> dict[str, Any]:
     has.add(IMAGE_ID, digests={f"vllm/vllm-openai@{DIGEST}"}, tags={IMAGE}, config=CONFIG)
     remote = FakeRemote(engines={"host1": has, "host2": FakeEngine(), "host3": FakeEngine()})
     monkeypatch.setattr(images_cli, "_hosts", lambda inventory: hosts)
-    monkeypatch.setattr(rigfleet.ssh, "SshRemote", lambda: remote)
+    monkeypatch.setattr(rigfleet.ssh, "SshRemote", lambda **_: remote)
     return {"hosts": hosts, "remote": remote, "tmp": tmp_path}
 
 
@@ -130,3 +131,19 @@ def test_import_needs_a_destination_and_a_name(fleet, capsys) -> None:
     assert "its name is unknown (tags: none); allowed: --image" in err
     assert main(["images", "import", str(saved), "--into", str(fleet["tmp"] / "a"),
                  "--image", IMAGE]) == 0
+
+
+def test_status_table_at_80_columns_keeps_hosts_and_presence(fleet, monkeypatch) -> None:
+    """In a pipe (COLUMNS=80, no terminal) each row still says whose it is and whether the
+    image is there; nothing is cut to "…"."""
+    fleet["remote"].down = {"host3"}
+    rows = fleet_images(fleet["hosts"], fleet["remote"], checker())
+    monkeypatch.setenv("COLUMNS", "80")
+    buf = io.StringIO()
+    console = Console(file=buf)
+    assert console.width == 80 and not console.is_terminal
+    table(rows).print(console)
+    text = buf.getvalue()
+    assert "…" not in text and max(len(x.rstrip()) for x in text.splitlines()) <= 80
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("host")}
+    assert "yes" in lines["host1"] and " no " in lines["host2"] and "?" in lines["host3"]

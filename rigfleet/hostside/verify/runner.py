@@ -166,9 +166,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python3 -m rigfleet.hostside.verify") -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python3 -m rigfleet.hostside.verify",
+        prog=prog,
         description="verify-stress gate for an OpenAI-compatible (vLLM) server. Exit status: "
                     "number of failed checks (0 = pass, capped at 100); 101 usage error; "
                     "102 report not written.")
@@ -206,8 +206,9 @@ def read_api_key(spec: str) -> str:
     return key
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """The gate's command line; ``prog`` names it in usage lines (``rigfleet verify``)."""
+    parser = build_parser(prog) if prog else build_parser()
     args = parser.parse_args(argv)
     try:
         prof = resolve(args.profile, args.sets)

@@ -1,0 +1,88 @@
+"""The options every fleet command shares, and the rules they keep.
+
+Every command that reaches hosts takes the same four options from one parent parser, picks its
+hosts the same way and asks the same way before it changes them::
+
+    p = sub.add_parser("status", parents=[fleet_options()], help=...)
+    hosts = fleet_hosts(args)          # the inventory with --limit applied; never empty
+    add_yes(p, "roll out")             # commands that install, reboot or swap
+    confirm(args, "roll 3 host(s)")    # --yes, else ask; no terminal: refuse, naming --yes
+
+``--limit`` (repeatable) names a host or an inventory group, as pyinfra's does. An unknown
+``--limit`` or a refusal to ask raise ``UsageError``: the CLI prints its message and exits 2, as
+argparse does for every other usage error. A missing or empty inventory raises
+``InventoryError`` (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from rigfleet import inventory as _inventory
+from rigfleet.errors import RigfleetError
+from rigfleet.inventory import InventoryHost
+
+DEFAULT_INVENTORY = "inventory/home.py"
+EXIT_USAGE = 2
+
+
+class UsageError(RigfleetError, ValueError):
+    """Bad arguments: the message says what is allowed; the CLI exits 2."""
+
+
+def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout: float = 20.0,
+                  timeout_help: str = "seconds per host") -> argparse.ArgumentParser:
+    """The parent parser: ``--inventory``, ``--limit``, ``--json``, ``--timeout``."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("fleet options")
+    g.add_argument("--inventory", default=inventory_default,
+                   metavar="FILE", help="pyinfra inventory file"
+                   + (f" (default {inventory_default})" if inventory_default else ""))
+    g.add_argument("--limit", action="append", default=[], metavar="HOST|GROUP",
+                   help="only this host, or this inventory group's hosts (repeatable)")
+    g.add_argument("--json", action="store_true", help="print JSON on stdout, not a table")
+    g.add_argument("--timeout", type=float, default=timeout, metavar="S",
+                   help=f"{timeout_help} (default {timeout:g})")
+    return p
+
+
+def add_yes(p: argparse.ArgumentParser, what: str) -> None:
+    """``--yes``/``-y`` on a command that installs, reboots or swaps."""
+    p.add_argument("--yes", "-y", action="store_true",
+                   help=f"{what} without asking (needed when no terminal can answer)")
+
+
+def select(hosts: Sequence[InventoryHost], limits: Sequence[str],
+           inventory: str) -> list[InventoryHost]:
+    """``hosts`` narrowed to ``--limit`` (host names or group names), in inventory order."""
+    if not limits:
+        return list(hosts)
+    names = {h.name for h in hosts}
+    groups = {g for h in hosts for g in h.groups}
+    unknown = [x for x in limits if x not in names and x not in groups]
+    if unknown:
+        raise UsageError(f"{inventory}: --limit: {', '.join(unknown)}; allowed: a host "
+                         f"({', '.join(h.name for h in hosts)}) or a group "
+                         f"({', '.join(sorted(groups)) or 'none'})")
+    wanted = set(limits)
+    return [h for h in hosts if h.name in wanted or wanted & set(h.groups)]
+
+
+def fleet_hosts(args: argparse.Namespace) -> list[InventoryHost]:
+    """The inventory's hosts with ``--limit`` applied (``InventoryError`` when it has none)."""
+    hosts = _inventory.load_inventory(args.inventory)
+    return select(hosts, args.limit, args.inventory)
+
+
+def confirm(args: argparse.Namespace, action: str) -> None:
+    """Go on with ``--yes`` or a "y" typed at the terminal; otherwise raise ``UsageError``."""
+    if getattr(args, "yes", False):
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"not a terminal, nobody to ask whether to {action}: pass --yes")
+    answer = input(f"{action}? [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise UsageError(f"not confirmed; nothing changed (pass --yes to {action} without "
+                         "asking)")
