@@ -74,6 +74,8 @@ APT_PLACEHOLDERS = {
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _REPO_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
+_NVIDIA_DISTRO = re.compile(r"[a-z]+[0-9]+")
+_APT_REPO_KEYS = ("url", "key_url", "suite", "components", "key_fingerprint")
 _FINGERPRINT = re.compile(r"[0-9A-F]{40}")
 # apt suite and component names (a suite may hold placeholders and apt's $(ARCH)).
 _APT_WORD = re.compile(r"[A-Za-z0-9._/{}$()+~-]+")
@@ -97,6 +99,9 @@ class AptRepo:
     + suite: ``/`` for a flat repository (NVIDIA's), else a suite such as ``{codename}``
     + components: empty for a flat repository, else e.g. ``("stable",)``
     + key_fingerprint: optional 40-hex fingerprint the downloaded key must have
+    + per_distro: NVIDIA distribution name (``debian13``) -> the whole entry for hosts of
+      that distribution (host data: only the keys that differ; NVIDIA signs its ``debian13``
+      repository with another key than the others)
 
     **Example:**
 
@@ -114,6 +119,7 @@ class AptRepo:
     suite: str
     components: tuple[str, ...] = ()
     key_fingerprint: str | None = None
+    per_distro: tuple[tuple[str, AptRepo], ...] = ()
 
     @property
     def flat(self) -> bool:
@@ -133,11 +139,14 @@ class AptRepo:
             "codename": codename,
             "distro": nvidia_distro(os_id, version_id),
         }
+        chosen = dict(self.per_distro).get(values["distro"], self)
         return replace(
-            self,
-            url=self.url.format(**values),
-            key_url=self.key_url.format(**values),
-            suite=self.suite.format(**values),
+            chosen,
+            name=self.name,
+            per_distro=(),
+            url=chosen.url.format(**values),
+            key_url=chosen.key_url.format(**values),
+            suite=chosen.suite.format(**values),
         )
 
     def source_line(self, keyring: str) -> str:
@@ -964,10 +973,36 @@ class _Checker(Problems):
         if not isinstance(name, str) or not _REPO_NAME.fullmatch(name):
             self.bad(base, name, "lowercase letters, digits and '-' (used in file names)")
             return None
-        keys = ("url", "key_url", "suite", "components", "key_fingerprint")
         if not isinstance(entry, Mapping):
-            self.bad(base, entry, f"a mapping with keys {', '.join(keys)}")
+            self.bad(base, entry, f"a mapping with keys {', '.join(_APT_REPO_KEYS)}, per_distro")
             return None
+        overrides = entry.get("per_distro", {})
+        common = {k: v for k, v in entry.items() if k != "per_distro"}
+        repo = self.apt_repo_fields(base, name, common)
+        allowed = "a mapping NVIDIA distribution name (e.g. 'debian13') -> keys that differ"
+        if not isinstance(overrides, Mapping):
+            self.bad(f"{base}.per_distro", overrides, allowed)
+            return None
+        if repo is None:
+            return None  # the shared keys' problems are listed once, under base
+        variants = []
+        for distro, override in overrides.items():
+            key = f"{base}.per_distro.{distro}"
+            if not isinstance(distro, str) or not _NVIDIA_DISTRO.fullmatch(distro):
+                self.bad(key, distro, "an NVIDIA distribution name: debian12, ubuntu2404, ...")
+                continue
+            if not isinstance(override, Mapping):
+                self.bad(key, override, f"a mapping with some of {', '.join(_APT_REPO_KEYS)}")
+                continue
+            variant = self.apt_repo_fields(key, name, {**common, **override})
+            if variant is not None:
+                variants.append((distro, variant))
+        if len(variants) != len(overrides):
+            return None
+        return replace(repo, per_distro=tuple(variants))
+
+    def apt_repo_fields(self, base: str, name: str, entry: Mapping[str, Any]) -> AptRepo | None:
+        keys = _APT_REPO_KEYS
         ok = True
         for k in entry:
             if k not in keys:
