@@ -300,7 +300,8 @@ def build_docker_repo(c: docker.DockerClient, paths: Paths, bases: dict[str, str
         debs = dockerrepo.build_docker_debs(c, paths.docker_debs, bases, log)
         return aptrepo.build_repo(paths.services_data / "apt", paths.gnupg, debs,
                                   aptrepo.DOCKER_LAYOUT).fingerprint
-    fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid)
+    fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid,
+                             aptrepo.DOCKER_LAYOUT.key_algo)
     if paths.docker_debs.is_dir() and any(paths.docker_debs.glob("*.deb")):
         aptrepo.build_repo(paths.services_data / "apt", paths.gnupg, paths.docker_debs,
                            aptrepo.DOCKER_LAYOUT)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import ast
 import runpy
+import shutil
 import urllib.parse
 from pathlib import Path
 
 import pytest
-from rigfleet_testbed import aptrepo, fleet, hardware, hostspec, layout
+from rigfleet_testbed import aptrepo, fleet, hardware, hostspec, layout, nvidiarepo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,8 +80,23 @@ def test_hardware_firmware_keys() -> None:
         hardware.parse_override("host1:cgroup=3")
 
 
-def test_inventory_has_the_sudo_user_and_dockers_repository(tmp_path: Path) -> None:
-    paths = fleet.Paths(root=tmp_path)
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GPG home with every testbed repository key (generating RSA keys takes seconds)."""
+    gnupg = tmp_path_factory.mktemp("keys") / "gnupg"
+    nvidiarepo.apt_repos_data(gnupg)
+    aptrepo.ensure_key(gnupg, aptrepo.DOCKER_LAYOUT.key_uid, aptrepo.DOCKER_LAYOUT.key_algo)
+    return gnupg
+
+
+def _paths(root: Path, keys: Path) -> fleet.Paths:
+    paths = fleet.Paths(root=root)
+    shutil.copytree(keys, paths.gnupg)
+    return paths
+
+
+def test_inventory_has_the_sudo_user_and_dockers_repository(tmp_path: Path, keys: Path) -> None:
+    paths = _paths(tmp_path, keys)
     docker_fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid)
     specs = hostspec.host_specs(2, oses=[hostspec.parse_os("host2=debian12")], sudo=["host2"])
     text = fleet.inventory_text(specs, paths, docker_fpr)
@@ -127,12 +143,12 @@ def _without_hosts(entry: object) -> object:
     return entry
 
 
-def test_inventory_with_a_balancer_puts_lb1_in_group_balancers(tmp_path: Path) -> None:
+def test_inventory_with_a_balancer_puts_lb1_in_group_balancers(tmp_path: Path, keys: Path) -> None:
     from rigfleet_testbed.layout import BalancerSlot
 
     from rigfleet.inventory import host_kind
 
-    paths = fleet.Paths(root=tmp_path)
+    paths = _paths(tmp_path, keys)
     docker_fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid)
     specs = hostspec.host_specs(2)
     lb = BalancerSlot(1)
