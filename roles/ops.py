@@ -181,8 +181,9 @@ def apt_packages(
     + hold: hold every listed package (unattended upgrades leave them alone)
     + version_prefix: installed versions must start with this (a driver branch, ``"580."``);
       apt preferences make apt pick the right one, this op notices a wrong one
-    + before: commands to run first, only when something is installed (the maintenance
-      window of a step that disturbs a serving host: ``roles.maintenance.enter``)
+    + before: commands to run after ``apt-get update`` and before the install, only when
+      something is installed (the maintenance window of a step that disturbs a serving host:
+      ``roles.maintenance.enter``)
 
     **Example:**
 
@@ -207,9 +208,11 @@ def apt_packages(
             install.append(spec)
             replace = True
     if install:
+        # Indexes first: reading them disturbs nothing, so a serving host's window opens only
+        # for the install itself (and a ``before`` may check what the indexes offer).
+        yield apt_commands.update()
         if before is not None:
             yield from before()
-        yield apt_commands.update()
         yield apt_commands.install(install, allow_downgrades=replace or hold)
     if hold:
         installing = {s.partition("=")[0] for s in install}

@@ -47,7 +47,8 @@ ssh_strict_host_key_checking = "yes"
 # Apt repositories for the NVIDIA driver, the container toolkit and Docker. Placeholders are
 # filled per host from /etc/os-release: {id} (ubuntu, debian), {version} (24.04, 12),
 # {codename} (noble, bookworm), {distro} (NVIDIA's name: ubuntu2404, debian12). `$(ARCH)` is
-# apt's own variable. A suite ending in "/" is a flat repository (no components).
+# apt's own variable. A suite ending in "/" is a flat repository (no components). An entry's
+# per_distro gives the keys that differ for hosts of one NVIDIA distribution ({distro}).
 apt_repos = {
     # NVIDIA's CUDA network repository, one per distribution ({distro}), flat ("/"). Used on
     # Debian, whose own driver packages stop at 535/550 (CUDA 13 vLLM images need >= 580);
