@@ -60,10 +60,12 @@ def test_mirror_serves_releases_and_only_the_newest_nightlies_like_docker_hub(te
         reg.digest(layout.SIM_IMAGE_REPO, gone.tag)
 
 
-# Adds one repository (key downloaded to an armored keyring) in a directory of its own and
-# runs apt's update for it alone, as apt on that host verifies it (sqv on Debian 13, gpgv on 12).
-APT_TRY = """set -u; d=$(mktemp -d); mkdir -p "$d/parts" "$d/lists/partial"
-python3 -c 'import sys, urllib.request as u; open(sys.argv[2], "wb").write(u.urlopen(sys.argv[1]).read())' {key} "$d/key.asc"
+# Adds one repository (its armored key, fetched here, as the keyring) in a directory of its own
+# and runs apt's update for it alone, as apt on that host verifies it (sqv on Debian 13, gpgv on
+# 12; both run as _apt, hence the directory readable by others). A bare host has no curl.
+APT_TRY = """set -u; d=$(mktemp -d); chmod 755 "$d"; mkdir -p "$d/parts" "$d/lists/partial"
+cat > "$d/key.asc" <<'KEY'
+{key}KEY
 printf 'Types: deb\\nURIs: %s\\nSuites: /\\nSigned-By: %s\\n' {url} "$d/key.asc" > "$d/parts/try.sources"
 apt-get update -o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$d/parts" \\
     -o Dir::State::Lists="$d/lists" 2>&1; rc=$?; rm -rf "$d"; echo "apt-rc=$rc"
@@ -72,10 +74,13 @@ apt-get update -o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$d/pa
 
 def apt_try(host, distro: str) -> tuple[bool, str]:
     """(apt accepted NVIDIA's ``distro`` CUDA repository on ``host``, apt's output)."""
-    base = layout.CUDA_APT_BASE
-    key = "8793F200" if distro == "debian13" else "3bf863cc"
-    rc, out = host.sh(APT_TRY.format(url=f"{base}/{distro}/x86_64/",
-                                     key=f"{base}/{distro}/x86_64/{key}.pub"), timeout=180)
+    path = f"compute/cuda/repos/{distro}/x86_64"
+    key_file = "8793F200.pub" if distro == "debian13" else "3bf863cc.pub"
+    url = f"http://127.0.0.1:{layout.APT_LOCAL_PORT}/{path}/{key_file}"
+    with urllib.request.urlopen(url) as resp:
+        key = resp.read().decode()
+    rc, out = host.sh(APT_TRY.format(url=f"{layout.CUDA_APT_BASE}/{distro}/x86_64/", key=key),
+                      timeout=180)
     return out.rstrip().endswith("apt-rc=0") and "not signed" not in out, out
 
 
