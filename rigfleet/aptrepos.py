@@ -37,6 +37,7 @@ _FINGERPRINT = re.compile(r"[0-9A-F]{40}")
 # apt suite and component names (a suite may hold placeholders and apt's $(ARCH)).
 _APT_WORD = re.compile(r"[A-Za-z0-9._/{}$()+~-]+")
 _ENTRY_KEYS = ("url", "key_url", "suite", "components", "key_fingerprint")
+_NVIDIA_DISTRO = re.compile(r"[a-z]+[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class AptRepo:
     + suite: ``/`` for a flat repository (NVIDIA's), else a suite such as ``{codename}``
     + components: empty for a flat repository, else e.g. ``("stable",)``
     + key_fingerprint: optional 40-hex fingerprint the downloaded key must have
+    + per_distro: NVIDIA distribution name (``debian13``) -> the whole entry for hosts of
+      that distribution (host data: only the keys that differ; NVIDIA signs its ``debian13``
+      repository with another key than the others)
     """
 
     name: str
@@ -56,6 +60,7 @@ class AptRepo:
     suite: str
     components: tuple[str, ...] = ()
     key_fingerprint: str | None = None
+    per_distro: tuple[tuple[str, AptRepo], ...] = ()
 
     @property
     def flat(self) -> bool:
@@ -67,8 +72,10 @@ class AptRepo:
         ``VERSION_CODENAME`` of its os-release; pure)."""
         values = {"id": os_id, "version": version_id, "codename": codename,
                   "distro": nvidia_distro(os_id, version_id)}
-        return replace(self, url=self.url.format(**values),
-                       key_url=self.key_url.format(**values), suite=self.suite.format(**values))
+        chosen = dict(self.per_distro).get(values["distro"], self)
+        return replace(chosen, name=self.name, per_distro=(),
+                       url=chosen.url.format(**values), key_url=chosen.key_url.format(**values),
+                       suite=chosen.suite.format(**values))
 
     def source_line(self, keyring: str) -> str:
         """The one-line apt source for this repo, trusting only ``keyring``."""
@@ -126,8 +133,36 @@ def _apt_repo(p: Problems, base: str, name: Any, entry: Any) -> AptRepo | None:
         p.bad(base, name, "lowercase letters, digits and '-' (used in file names)")
         return None
     if not isinstance(entry, Mapping):
-        p.bad(base, entry, f"a mapping with keys {', '.join(_ENTRY_KEYS)}")
+        p.bad(base, entry, f"a mapping with keys {', '.join(_ENTRY_KEYS)}, per_distro")
         return None
+    overrides = entry.get("per_distro", {})
+    common = {k: v for k, v in entry.items() if k != "per_distro"}
+    repo = _apt_repo_fields(p, base, name, common)
+    if not isinstance(overrides, Mapping):
+        p.bad(f"{base}.per_distro", overrides,
+              "a mapping NVIDIA distribution name (e.g. 'debian13') -> keys that differ")
+        return None
+    if repo is None:
+        return None  # the shared keys' problems are listed once, under base
+    variants = []
+    for distro, override in overrides.items():
+        key = f"{base}.per_distro.{distro}"
+        if not isinstance(distro, str) or not _NVIDIA_DISTRO.fullmatch(distro):
+            p.bad(key, distro, "an NVIDIA distribution name: debian12, ubuntu2404, ...")
+            continue
+        if not isinstance(override, Mapping):
+            p.bad(key, override, f"a mapping with some of {', '.join(_ENTRY_KEYS)}")
+            continue
+        variant = _apt_repo_fields(p, key, name, {**common, **override})
+        if variant is not None:
+            variants.append((distro, variant))
+    if len(variants) != len(overrides):
+        return None
+    return replace(repo, per_distro=tuple(variants))
+
+
+def _apt_repo_fields(p: Problems, base: str, name: str,
+                     entry: Mapping[str, Any]) -> AptRepo | None:
     ok = True
     for k in entry:
         if k not in _ENTRY_KEYS:

@@ -38,7 +38,7 @@ import io
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pyinfra import host
@@ -259,6 +259,37 @@ def verify_driver(branch: str, version: str | None, gpu_count: int,
     return "; ".join(p.removeprefix(f"{host.name}: ") for p in problems) or None
 
 
+def branch_offered(ctx: HostContext, prefix: str) -> list[str]:
+    """Debian: the command that stops the host (after ``apt-get update``, before its window
+    opens and before anything is installed) when NVIDIA's repository for its distribution lacks the pinned driver (the
+    preferences pin would match nothing and apt would take the newest branch instead).
+    NVIDIA's debian13 repository has no 580, for one."""
+    if ctx.os.id != "debian":
+        return []  # Ubuntu's package names carry the branch: apt finds it or fails
+    repo = ctx.apt_repo("cuda")
+    pinned = ctx.pins.driver_version or ctx.pins.driver_branch
+    key = "driver.version" if ctx.pins.driver_version else "driver.branch"
+    message = (f"{ctx.name}: {key}: {pinned} is not in apt_repos.cuda ({repo.url}); allowed: "
+               "a driver that repository carries (pins file)")
+    return [apt_commands.require_candidate("nvidia-driver-cuda", prefix, message)]
+
+
+def _offered_then_window(ctx: HostContext, step: str, prefix: str,
+                         inputs: Sequence[str]) -> Iterator[Any]:
+    """The driver install's ``before``: the indexes, then whether they offer the pinned
+    branch, then the download and the window (on a serving host); a bare host gets the
+    first two alone. Lazy: each command runs before the next is asked for."""
+    update, *download = inputs
+    offered = branch_offered(ctx, prefix)
+    entered = False
+    for command in maintenance.enter(ctx, step, [update, *offered, *download]):
+        entered = True
+        yield command
+    if not entered:
+        yield update
+        yield from offered
+
+
 @deploy("NVIDIA driver")
 def nvidia_driver(ctx: HostContext) -> None:
     """Install the pinned driver branch (open modules), hold it, reboot if needed, verify."""
@@ -294,12 +325,13 @@ def nvidia_driver(ctx: HostContext) -> None:
     # Disturbing on a serving host (until the reboot, a new CUDA process fails with
     # "Driver/library version mismatch"): inside its maintenance window.
     install_step = f"NVIDIA driver {version or branch} install"
+    prefix = version_prefix(branch, version)
     install = apt_packages(
         name=f"Install NVIDIA driver {version or branch} (open modules), held",
         packages=list(driver_packages(ctx.os, branch)),
         hold=True,
-        version_prefix=version_prefix(branch, version),
-        before=lambda inputs: maintenance.enter(ctx, install_step, inputs),
+        version_prefix=prefix,
+        before=lambda inputs: _offered_then_window(ctx, install_step, prefix, inputs),
     )
     if maintenance.plan_step(ctx, install_step, install):
         maintenance.uses_apt(ctx)

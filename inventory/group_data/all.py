@@ -47,10 +47,19 @@ ssh_strict_host_key_checking = "yes"
 # Apt repositories for the NVIDIA driver, the container toolkit and Docker. Placeholders are
 # filled per host from /etc/os-release: {id} (ubuntu, debian), {version} (24.04, 12),
 # {codename} (noble, bookworm), {distro} (NVIDIA's name: ubuntu2404, debian12). `$(ARCH)` is
-# apt's own variable. A suite ending in "/" is a flat repository (no components).
+# apt's own variable. A suite ending in "/" is a flat repository (no components). An entry's
+# per_distro gives the keys that differ for hosts of one NVIDIA distribution ({distro}).
 apt_repos = {
-    # NVIDIA's CUDA network repository: the 580 driver branch that CUDA 13 vLLM images need
-    # (Debian's own packages stop at 535/550). Signing key 3bf863cc (since 2022).
+    # NVIDIA's CUDA network repository, one per distribution ({distro}), flat ("/"). Used on
+    # Debian, whose own driver packages stop at 535/550 (CUDA 13 vLLM images need >= 580);
+    # Ubuntu takes the driver from its own archive. NVIDIA does not rotate the keys of
+    # existing repositories: debian12, ubuntu2204 and ubuntu2404 stay signed with 3bf863cc,
+    # whose SHA-1 binding their apt (gpgv) accepts. debian13 is signed with a new key,
+    # 8793F200 (NVIDIA/cuda-repo-management#30, #34, #39): Debian 13's apt verifies with sqv,
+    # which rejects SHA-1 bindings since 2026-02-01, so the debian12 repository fails there
+    # unless the host's crypto policy is relaxed (rigfleet never relaxes it). The debian13
+    # repository carries no 580 driver (#38, #40): pins.yaml's driver branch is one every
+    # repository carries (docs/converge.md, "NVIDIA driver").
     "cuda": {
         "url": "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/",
         "key_url": (
@@ -59,6 +68,17 @@ apt_repos = {
         "suite": "/",
         "components": [],
         "key_fingerprint": "EB693B3035CD5710E231E123A4B469963BF863CC",
+        "per_distro": {
+            "debian13": {
+                "key_url": (
+                    "https://developer.download.nvidia.com/compute/cuda/repos/debian13/x86_64/"
+                    "8793F200.pub"
+                ),
+                # As pinned by third-party installers checking that key file (not confirmed
+                # on an NVIDIA page): a wrong one stops the deploy before apt trusts the key.
+                "key_fingerprint": "02182E60104FCDC26EAE1B8597A5D4CB8793F200",
+            },
+        },
     },
     # NVIDIA Container Toolkit ("should work for any Debian-derived distribution").
     "nvidia-container-toolkit": {

@@ -128,6 +128,22 @@ def branch_preferences(version_glob: str, packages: Sequence[str]) -> str:
     )
 
 
+def require_candidate(package: str, version_prefix: str, message: str) -> str:
+    """Fails (``message`` and the versions there on stderr) unless the configured repositories
+    offer ``package`` at a version starting with ``version_prefix`` (run after ``update``).
+
+    An apt preferences pin that matches nothing does not stop apt: it would install the
+    newest version instead. This stops the host first.
+    """
+    return (
+        f"rf_v=$(apt-cache madison {shlex.quote(package)} 2>/dev/null "
+        "| awk -F'|' '{gsub(/ /, \"\", $2); print $2}' | sort -uV | tr '\\n' ' '); "
+        f"printf '%s\\n' $rf_v | awk -v p={shlex.quote(version_prefix)} "
+        "'index($0, p) == 1 {f = 1} END {exit !f}' || "
+        f"{{ echo {shlex.quote(message)}\"; versions there: ${{rf_v:-none}}\" >&2; false; }}"
+    )
+
+
 def update() -> str:
     """``apt-get update``, quiet and non-interactive."""
     return f"{_APT_GET} update"

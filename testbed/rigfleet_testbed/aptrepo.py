@@ -1,27 +1,27 @@
-"""A signed apt repository of the stand-in .debs, laid out as the services container serves it.
+"""Signed apt repositories of the stand-in .debs, laid out as the services container serves them.
 
-``build_repo(web_root, gnupg_home, debs)`` writes (docs/architecture.md, "Network and names")::
+``build_repo(web_root, gnupg_home, debs, layout)`` writes one repository. NVIDIA's are flat
+(``deb [signed-by=...] URL /``: InRelease, Release, Release.gpg, Packages{,.gz} and the .debs
+in one directory), one per distribution as NVIDIA publishes them (:func:`nvidia_layout`)::
 
-    web_root/rigfleet-testbed.asc                      armored public key  (APT_KEY_URL)
-    web_root/rigfleet-testbed.gpg                      the same key, binary (for signed-by=)
-    web_root/debian/pool/main/<p>/<name>/<file>.deb
-    web_root/debian/dists/stable/{Release,InRelease,Release.gpg}
-    web_root/debian/dists/stable/main/binary-{amd64,all}/Packages{,.gz}
+    web_root/compute/cuda/repos/debian13/x86_64/{InRelease,Release,Packages,...,8793F200.pub}
+    web_root/compute/cuda/repos/debian12/x86_64/{InRelease,...,3bf863cc.pub}
+    web_root/libnvidia-container/gpgkey, .../stable/deb/amd64/{InRelease,...}
 
-Release, Packages and the pool are written in Python (no apt-utils needed); signing uses gpg
-with an ed25519 key made once into ``gnupg_home`` and reused after (apt on Debian 13 verifies
-with sqv, which accepts ed25519 + SHA-512). Idempotent: with the same .debs and key nothing on
-disk changes, so apt's If-Modified-Since sees the same files::
+Each layout names its signing key (by uid) and how it was made: the stand-in of NVIDIA's old
+CUDA key carries a SHA-1 self-signature as 3bf863cc does (gpgv accepts it; Debian 13's sqv
+rejects it since 2026-02-01), the others SHA-512 ones. Keys are generated once into
+``gnupg_home`` and reused. Release, Packages and the pool are written in Python (no apt-utils
+needed). Idempotent: with the same .debs and key nothing on disk changes, so apt's
+If-Modified-Since sees the same files::
 
-    info = build_repo(Path(".testbed/services/apt"), Path(".testbed/gnupg"), Path(".testbed/debs"))
-    info.versions("nvidia-driver-cuda")   # ['580.105.08-1', '590.44.01-1']
+    info = build_repo(Path(".testbed/services/apt"), Path(".testbed/gnupg"), debs,
+                      nvidia_layout("debian13"))
+    info.versions("nvidia-driver-cuda")   # ['595.58.03-1', '620.37.02-1']
 
-Another ``RepoLayout`` builds another repository under the same web root with its own key:
 :data:`DOCKER_LAYOUT` is shaped like download.docker.com/linux/debian (``dists/<codename>/
 stable/binary-amd64``, the pool under ``dists/<codename>/pool/stable/amd64/``, the armored key
-at ``linux/debian/gpg``)::
-
-    build_repo(web, gnupg, docker_debs, DOCKER_LAYOUT)
+at ``linux/debian/gpg``).
 """
 
 from __future__ import annotations
@@ -36,14 +36,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-SUITE = "stable"
-COMPONENT = "main"
-ARCHITECTURES = ("amd64", "all")
-REPO_DIR = "debian"
-KEY_UID = "rigfleet testbed apt repository <apt@rigfleet.test>"
-KEY_ASC = "rigfleet-testbed.asc"
-KEY_GPG = "rigfleet-testbed.gpg"
-ORIGIN = "rigfleet-testbed"
+# NVIDIA's CUDA signing keys, by the short id that names their key files. The stand-ins have
+# their own fingerprints (the real keys are not ours); what matters is how each is bound.
+OLD_CUDA_KEY = "3bf863cc"  # since 2022; SHA-1 self-signature; every repository but debian13
+NEW_CUDA_KEY = "8793F200"  # debian13 only (NVIDIA/cuda-repo-management#39)
+# The distributions NVIDIA publishes a CUDA repository for (of those rigfleet supports), and
+# the key each is signed with.
+CUDA_KEY_OF = {"debian12": OLD_CUDA_KEY, "debian13": NEW_CUDA_KEY,
+               "ubuntu2204": OLD_CUDA_KEY, "ubuntu2404": OLD_CUDA_KEY}
+# The driver branches each carries: debian13 has no 580 (NVIDIA/cuda-repo-management#38, #40);
+# the older repositories keep 580 and get the new branches too.
+CUDA_BRANCHES = {"debian12": ("580", "595", "620"), "debian13": ("595", "620"),
+                 "ubuntu2204": ("580", "595", "620"), "ubuntu2404": ("580", "595", "620")}
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class RepoLayout:
     """Where one repository lives under the web root, how it is named and who signs it."""
 
     repo_dir: str  # the repository URL's path: <url> = http://<host>/<repo_dir>
-    suite: str
+    suite: str  # "/" for a flat repository
     component: str
     architectures: tuple[str, ...]
     key_uid: str
@@ -60,26 +64,61 @@ class RepoLayout:
     origin: str
     label: str
     description: str
-    pool: str = "debian"  # "debian": pool/<component>/<p>/<name>/; "docker": dists/<s>/pool/...
+    pool: str = "debian"  # "debian": pool/<component>/<p>/<name>/; "docker": dists/<s>/pool/...;
+    #                       "flat": next to the indexes
+    key_algo: str = "rsa4096"
+    cert_digest: str = "SHA512"  # the key's self-signatures ("SHA1" as NVIDIA's 3bf863cc)
+
+    @property
+    def flat(self) -> bool:
+        return self.suite == "/"
+
+    @property
+    def index_dir(self) -> str:
+        """Where Release and Packages live, relative to repo_dir."""
+        return "." if self.flat else f"dists/{self.suite}"
 
     def pool_path(self, name: str, filename: str) -> str:
         """A package's Filename (relative to repo_dir)."""
+        if self.pool == "flat":
+            return f"./{filename}"
         if self.pool == "docker":
             return f"dists/{self.suite}/pool/{self.component}/{self.architectures[0]}/{filename}"
         prefix = name[:4] if name.startswith("lib") else name[0]
         return f"pool/{self.component}/{prefix}/{name}/{filename}"
 
 
-NVIDIA_LAYOUT = RepoLayout(
-    repo_dir=REPO_DIR, suite=SUITE, component=COMPONENT, architectures=ARCHITECTURES,
-    key_uid=KEY_UID, key_asc=KEY_ASC, key_gpg=KEY_GPG, origin=ORIGIN, label=ORIGIN,
-    description="rigfleet testbed stand-ins for NVIDIA driver and container toolkit",
+def cuda_key_uid(short_id: str) -> str:
+    return f"rigfleet testbed stand-in for NVIDIA CUDA key {short_id} <cuda-{short_id}@rigfleet.test>"
+
+
+def nvidia_layout(distro: str) -> RepoLayout:
+    """NVIDIA's CUDA repository for ``distro`` (``debian13``), flat, its key file beside it."""
+    key = CUDA_KEY_OF[distro]
+    repo_dir = f"compute/cuda/repos/{distro}/x86_64"
+    return RepoLayout(
+        repo_dir=repo_dir, suite="/", component="", architectures=("amd64",),
+        key_uid=cuda_key_uid(key), key_asc=f"{repo_dir}/{key}.pub", key_gpg=None,
+        origin="NVIDIA", label="NVIDIA CUDA", pool="flat",
+        description=f"rigfleet testbed stand-in for NVIDIA's {distro} CUDA repository",
+        cert_digest="SHA1" if key == OLD_CUDA_KEY else "SHA512",
+    )
+
+
+TOOLKIT_LAYOUT = RepoLayout(
+    repo_dir="libnvidia-container/stable/deb/amd64", suite="/", component="",
+    architectures=("amd64",),
+    key_uid="rigfleet testbed stand-in for libnvidia-container <toolkit@rigfleet.test>",
+    key_asc="libnvidia-container/gpgkey", key_gpg=None, origin="NVIDIA",
+    label="libnvidia-container", pool="flat",
+    description="rigfleet testbed stand-in for NVIDIA's container toolkit repository",
 )
 DOCKER_LAYOUT = RepoLayout(
     repo_dir="linux/debian", suite="bookworm", component="stable", architectures=("amd64",),
     key_uid="rigfleet testbed Docker CE repository stand-in <docker@rigfleet.test>",
     key_asc="linux/debian/gpg", key_gpg=None, origin="Docker", label="Docker CE",
     description="rigfleet testbed stand-in for Docker's apt repository", pool="docker",
+    key_algo="ed25519",
 )
 
 
@@ -104,7 +143,7 @@ class RepoInfo:
     web_root: Path
     fingerprint: str
     packages: tuple[RepoPackage, ...]
-    layout: RepoLayout = NVIDIA_LAYOUT
+    layout: RepoLayout
 
     @property
     def repo_dir(self) -> Path:
@@ -142,7 +181,7 @@ def _stop_agent(gnupg_home: Path) -> None:
                    capture_output=True)
 
 
-def _find_key(gnupg_home: Path, uid: str = KEY_UID) -> str | None:
+def _find_key(gnupg_home: Path, uid: str) -> str | None:
     out = _gpg(gnupg_home, "--with-colons", "--list-secret-keys").decode()
     fpr, pending = None, False
     for line in out.splitlines():
@@ -156,15 +195,21 @@ def _find_key(gnupg_home: Path, uid: str = KEY_UID) -> str | None:
     return None
 
 
-def ensure_key(gnupg_home: Path, uid: str = KEY_UID) -> str:
-    """The fingerprint of the key ``uid`` in gnupg_home, generating it the first time."""
+def ensure_key(gnupg_home: Path, uid: str, algo: str = "rsa4096",
+               cert_digest: str = "SHA512") -> str:
+    """The fingerprint of the key ``uid`` in gnupg_home, generating it the first time.
+
+    + cert_digest: the digest of its self-signatures (``SHA1``: a key bound the way NVIDIA's
+      3bf863cc is, which Debian 13's sqv refuses)
+    """
     gnupg_home.mkdir(parents=True, exist_ok=True)
     os.chmod(gnupg_home, 0o700)
     try:
         fpr = _find_key(gnupg_home, uid)
         if fpr is None:
             _gpg(gnupg_home, "--pinentry-mode", "loopback", "--passphrase", "",
-                 "--quick-generate-key", uid, "ed25519", "sign", "never")
+                 "--cert-digest-algo", cert_digest, "--quick-generate-key", uid, algo, "sign",
+                 "never")
             fpr = _find_key(gnupg_home, uid)
         if fpr is None:
             raise AptRepoError(f"no key for {uid!r} in {gnupg_home} after generating one")
@@ -207,7 +252,7 @@ def _collect(debs: Path | Iterable[Path]) -> list[Path]:
 
 
 def _publish_pool(repo: Path, debs: list[Path],
-                  layout: RepoLayout = NVIDIA_LAYOUT) -> tuple[list[RepoPackage], list[str]]:
+                  layout: RepoLayout) -> tuple[list[RepoPackage], list[str]]:
     """Copy .debs into the pool; return the packages and their Packages paragraphs."""
     entries: list[tuple[RepoPackage, str]] = []
     for deb in debs:
@@ -229,13 +274,14 @@ def _publish_pool(repo: Path, debs: list[Path],
     return [e[0] for e in entries], [e[1] for e in entries]
 
 
-def _release(indexes: dict[str, bytes], date: str, layout: RepoLayout = NVIDIA_LAYOUT) -> str:
-    lines = [
-        f"Origin: {layout.origin}", f"Label: {layout.label}", f"Suite: {layout.suite}",
-        f"Codename: {layout.suite}", f"Date: {date}",
-        f"Architectures: {' '.join(layout.architectures)}", f"Components: {layout.component}",
-        f"Description: {layout.description}",
-    ]
+def _release(indexes: dict[str, bytes], date: str, layout: RepoLayout) -> str:
+    lines = [f"Origin: {layout.origin}", f"Label: {layout.label}"]
+    if not layout.flat:  # a flat repository's Release names no suite, codename or component
+        lines += [f"Suite: {layout.suite}", f"Codename: {layout.suite}"]
+    lines += [f"Date: {date}", f"Architectures: {' '.join(layout.architectures)}"]
+    if not layout.flat:
+        lines.append(f"Components: {layout.component}")
+    lines.append(f"Description: {layout.description}")
     for title, algo in (("MD5Sum", hashlib.md5), ("SHA256", hashlib.sha256)):
         lines.append(f"{title}:")
         lines += [f" {algo(data).hexdigest()} {len(data):>8} {rel}"
@@ -251,26 +297,30 @@ def _without_date(release: str) -> str:
 
 
 def build_repo(out_dir: Path, gnupg_home: Path, debs: Path | Iterable[Path],
-               layout: RepoLayout = NVIDIA_LAYOUT) -> RepoInfo:
+               layout: RepoLayout) -> RepoInfo:
     """Build (or bring up to date) the signed repository under the web root ``out_dir``.
 
-    + out_dir: web root; the repository goes to out_dir/<layout.repo_dir>, the keys as the
-      layout says (next to it for the NVIDIA stand-ins)
+    + out_dir: web root; the repository goes to out_dir/<layout.repo_dir>, the key where the
+      layout says
     + gnupg_home: GPG home holding (or receiving) the signing key
     + debs: a directory of .debs, or the .deb paths themselves
     """
     out_dir = Path(out_dir)
-    fpr = ensure_key(Path(gnupg_home), layout.key_uid)
+    fpr = ensure_key(Path(gnupg_home), layout.key_uid, layout.key_algo, layout.cert_digest)
     try:
         repo = out_dir / layout.repo_dir
         packages, paragraphs = _publish_pool(repo, _collect(debs), layout)
         by_arch = {"amd64": "\n".join(paragraphs).encode()}
         indexes: dict[str, bytes] = {}
-        for arch in layout.architectures:
-            rel = f"{layout.component}/binary-{arch}/Packages"
-            indexes[rel] = by_arch.get(arch, b"")
-            indexes[rel + ".gz"] = gzip.compress(indexes[rel], mtime=0)
-        dists = repo / "dists" / layout.suite
+        if layout.flat:
+            indexes["Packages"] = by_arch["amd64"]
+            indexes["Packages.gz"] = gzip.compress(indexes["Packages"], mtime=0)
+        else:
+            for arch in layout.architectures:
+                rel = f"{layout.component}/binary-{arch}/Packages"
+                indexes[rel] = by_arch.get(arch, b"")
+                indexes[rel + ".gz"] = gzip.compress(indexes[rel], mtime=0)
+        dists = repo / layout.index_dir
         for rel, data in indexes.items():
             _write_if_changed(dists / rel, data)
 
@@ -294,4 +344,3 @@ def build_repo(out_dir: Path, gnupg_home: Path, debs: Path | Iterable[Path],
                         layout=layout)
     finally:
         _stop_agent(Path(gnupg_home))
-

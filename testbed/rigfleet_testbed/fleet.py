@@ -45,6 +45,7 @@ from rigfleet_testbed import (
     images,
     layout,
     mirror,
+    nvidiarepo,
     vllm_builds,
     vllm_images,
 )
@@ -202,13 +203,12 @@ def ensure_tls(paths: Paths, host: str) -> dict[str, str]:
 def build_service_data(paths: Paths, log: Log) -> dict[str, Any]:
     """The apt repository, the model on the hub, the Genesis repositories and the PyPI index,
     on disk (the services container serves them read-only)."""
-    from rigfleet_testbed import aptrepo, genesis_fixture, model_fixture, packages, pypi_fixture
+    from rigfleet_testbed import genesis_fixture, model_fixture, pypi_fixture
 
     data = paths.services_data
-    log("building stand-in packages and the signed apt repository")
-    debs = paths.root / "debs"
-    packages.build_all(debs)
-    aptrepo.build_repo(data / "apt", paths.gnupg, debs)
+    log("building stand-in packages and NVIDIA's signed apt repositories")
+    nvidiarepo.build_nvidia_repos(paths.root / "debs", paths.services_data / "apt",
+                                  paths.gnupg)
     log("building the model fixture, the Genesis repositories and the PyPI index")
     model = model_fixture.build_model_fixture(data / "hub")
     genesis = genesis_fixture.build_genesis_fixture(data / "git", layout.GENESIS_BUNDLE)
@@ -300,7 +300,8 @@ def build_docker_repo(c: docker.DockerClient, paths: Paths, bases: dict[str, str
         debs = dockerrepo.build_docker_debs(c, paths.docker_debs, bases, log)
         return aptrepo.build_repo(paths.services_data / "apt", paths.gnupg, debs,
                                   aptrepo.DOCKER_LAYOUT).fingerprint
-    fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid)
+    fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid,
+                             aptrepo.DOCKER_LAYOUT.key_algo)
     if paths.docker_debs.is_dir() and any(paths.docker_debs.glob("*.deb")):
         aptrepo.build_repo(paths.services_data / "apt", paths.gnupg, paths.docker_debs,
                            aptrepo.DOCKER_LAYOUT)
@@ -429,7 +430,8 @@ def ensure_services(c: docker.DockerClient, paths: Paths, image: str) -> None:
         )
     if ctr.status != "running":
         ctr.start()
-    _wait_http(f"http://127.0.0.1:{layout.APT_LOCAL_PORT}/rigfleet-testbed.asc", "apt repo")
+    _wait_http(f"http://127.0.0.1:{layout.APT_LOCAL_PORT}/libnvidia-container/gpgkey",
+               "apt repositories")
     git = f"http://127.0.0.1:{layout.GIT_LOCAL_PORT}"
     _wait_http(f"{git}/{layout.GENESIS_URL.rsplit('/', 1)[-1]}/HEAD", "git")
     _wait_http(f"http://127.0.0.1:{layout.PYPI_LOCAL_PORT}/simple/", "pypi")
@@ -658,17 +660,6 @@ def write_pins(paths: Paths, fixtures: dict[str, Any], log: Log = print) -> None
     )
 
 
-def gpg_fingerprint(gnupg_home: Path) -> str:
-    out = subprocess.run(
-        ["gpg", "--homedir", str(gnupg_home), "--batch", "--with-colons", "--list-keys"],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    fprs = [line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:")]
-    if not fprs:
-        raise TestbedError(f"no signing key in {gnupg_home}")
-    return fprs[0]
-
-
 def _login(paths: Paths, port: int, user: str = "root") -> dict[str, Any]:
     """SSH data of a testbed host (absolute paths: the inventory works from any directory)."""
     return {"ssh_hostname": "127.0.0.1", "ssh_port": port, "ssh_user": user,
@@ -706,8 +697,6 @@ def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str,
         if spec.sudo:
             data["_sudo"] = True  # pyinfra: every operation through sudo
         hosts.append(f"    ({slot.name!r}, {pformat(data, indent=4, width=96)}),")
-    testbed_repo = {"url": layout.APT_URL, "key_url": layout.APT_KEY_URL, "suite": "stable",
-                    "components": ["main"], "key_fingerprint": gpg_fingerprint(paths.gnupg)}
     common = {
         "pins_file": rel(paths.pins),
         "api_key_file": rel(paths.api_key),
@@ -729,9 +718,9 @@ def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str,
         "bump_genesis_url": layout.GENESIS_URL.replace(layout.GIT_BASE_URL,
                                                        f"http://127.0.0.1:{layout.GIT_LOCAL_PORT}"),
         "apt_repos": {
-            # The stand-in NVIDIA packages live in one signed repository on the testbed.
-            "cuda": testbed_repo,
-            "nvidia-container-toolkit": testbed_repo,
+            # NVIDIA's repositories as inventory/group_data/all.py names them: host names and
+            # key fingerprints (the stand-in keys') differ.
+            **nvidiarepo.apt_repos_data(paths.gnupg),
             # Docker's repository as a user points at download.docker.com; the stand-in has
             # Debian 12 (bookworm), where Debian itself has no Compose v2.
             "docker": {

@@ -96,7 +96,7 @@ def hardware_profile(
         }
         for i in range(cards)
     ]
-    out: dict[str, Any] = {"driver_branch_supported": ["580", "590"], "nvlink": nvlink,
+    out: dict[str, Any] = {"driver_branch_supported": ["580", "595", "620"], "nvlink": nvlink,
                            "gpus": gpus, "cgroup_version": cgroup,
                            "secure_boot": {"enabled": secure_boot, "mok_enrolled": mok_enrolled}}
     if sim_speedup is not None:

@@ -40,8 +40,11 @@ REGISTRY_LOCAL_PORT = 15000 + _PORTS  # control side: http://127.0.0.1:15000
 SERVICES_CONTAINER = f"rigfleet{_SFX}-services"
 # download.docker.rigfleet.test stands in for download.docker.com (the Docker CE repository
 # stand-in, served from the same web root as the NVIDIA one: /linux/debian/...).
+# developer.download.nvidia.rigfleet.test and nvidia.github.rigfleet.test stand in for NVIDIA's
+# CUDA repositories and the container toolkit's (same paths as NVIDIA's).
 SERVICES_ALIASES = ("apt.rigfleet.test", "hub.rigfleet.test", "git.rigfleet.test",
-                    "pypi.rigfleet.test", "download.docker.rigfleet.test")
+                    "pypi.rigfleet.test", "download.docker.rigfleet.test",
+                    "developer.download.nvidia.rigfleet.test", "nvidia.github.rigfleet.test")
 SERVICES_IP = f"{_NET}.3"
 HUB_LOCAL_PORT = 18080 + _PORTS  # control side: the hub and its fault switch
 APT_LOCAL_PORT = 18081 + _PORTS
@@ -58,8 +61,10 @@ SERVICES_IMAGE = "testbed/rigfleet_testbed-services:latest"
 SIM_BASE_IMAGE = "testbed/rigfleet_testbed-vllm-sim:latest"
 SIM_IMAGE_REPO = "vllm/vllm-openai"
 
-APT_URL = "http://apt.rigfleet.test/debian"
-APT_KEY_URL = "http://apt.rigfleet.test/rigfleet-testbed.asc"
+# Shaped like https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/ and
+# https://nvidia.github.io/libnvidia-container/...: only the host names differ.
+CUDA_APT_BASE = "http://developer.download.nvidia.rigfleet.test/compute/cuda/repos"
+TOOLKIT_APT_BASE = "http://nvidia.github.rigfleet.test/libnvidia-container"
 # Shaped like https://download.docker.com/linux/{id} and its /gpg key (docs.docker.com's apt
 # instructions): the deploy fills {id} and {codename} from the host's /etc/os-release.
 DOCKER_APT_URL = "http://download.docker.rigfleet.test/linux/{id}"

@@ -10,8 +10,8 @@ loads at the next boot), the persistence daemon is enabled and (re)started.
 Builds are reproducible (fixed mtimes, SOURCE_DATE_EPOCH), and ``build_all`` rewrites a .deb
 only when its bytes change::
 
-    debs = build_all(Path(".testbed/debs"))     # 16 packages: 2 driver + 2 toolkit versions
-    pkgs = driver_packages("580.105.08-1")      # what would be built, without building
+    debs = build_all(Path(".testbed/debs"))     # 24 packages: 3 driver + 3 toolkit versions
+    pkgs = driver_packages("595.58.03-1")       # what would be built, without building
 """
 
 from __future__ import annotations
@@ -26,8 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-DRIVER_VERSIONS = ("580.105.08-1", "590.44.01-1")
-TOOLKIT_VERSIONS = ("1.17.8-1", "1.17.7-1")
+# One version per driver branch the twin's CUDA repositories carry (which repository carries
+# which: rigfleet_testbed.aptrepo.CUDA_BRANCHES): R580 (long-term support until 2028-06), R595
+# (production until 2027-03; 595.58.03 is a version club-3090 runs), R620 (the next
+# long-term-support branch; its version number here is the stand-in's own).
+DRIVER_VERSIONS = ("580.105.08-1", "595.58.03-1", "620.37.02-1")
+# nvidia-container-toolkit as published: 1.17.7 (CVE-2025-23266 affected), 1.17.8 (fixed),
+# 1.20.0 (newest, 2026-08-12). The stand-in runtime does not model 1.18's jit-cdi default.
+TOOLKIT_VERSIONS = ("1.17.7-1", "1.17.8-1", "1.20.0-1")
 MAINTAINER = "rigfleet testbed <testbed@rigfleet.test>"
 ARCHITECTURE = "amd64"
 # 2026-01-01T00:00:00Z: every mtime in a package, so equal inputs give byte-identical .debs.

@@ -1,7 +1,9 @@
 """A driver branch change rolled over the fleet, and a Secure Boot host without DKMS's key.
 
-1. ``rigfleet roll`` with the pins' driver branch moved 580 -> 590 (on a copy of the pins file,
-   inventory data ``pins_file``): one serving host at a time installs 590, reboots inside its
+1. ``rigfleet roll`` with the pins' driver branch moved 595 -> 620 (production to the next
+   long-term-support branch, the move a fleet on 595 makes before 595's end of life in 2027-03;
+   on a copy of the pins file, inventory data ``pins_file``), from NVIDIA's debian13
+   repository as the twin serves it: one serving host at a time installs 620, reboots inside its
    maintenance window and comes back through the gate. Every front of the fleet is asked every
    50 ms the whole time: the host in its window answers 503 with Retry-After, or nothing while
    it reboots; the others answer 200 throughout.
@@ -12,7 +14,7 @@
    boot (``rigfleet testbed mok-enroll``), the module loads, and the deploy passes: the host
    serves again.
 
-It leaves the fleet on driver 590 (test_13, the last module, runs no converge).
+It leaves the fleet on driver 620 (test_13, the last module, runs no converge).
 
     RIGFLEET_TESTBED_HOSTS=3 RIGFLEET_KEEP_TESTBED=1 \
         .venv/bin/python -m pytest tests/e2e/test_12_driver.py -x -v
@@ -34,7 +36,7 @@ if HOSTS < 3:
                 allow_module_level=True)
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
-NEW_BRANCH = "590"
+OLD_BRANCH, NEW_BRANCH = "595", "620"
 ROLL_INVENTORY = INVENTORY.with_name(INVENTORY.stem + "-driver.py")
 ROLL_PINS = STATE / "driver-pins.yaml"
 NO_REBOOT = "/run/rigfleet-e2e-no-reboot"  # /run is a tmpfs: a reboot takes it away
@@ -48,12 +50,12 @@ def driver_version(host) -> str:
 
 @pytest.fixture(scope="module")
 def fleet(converged, testbed):
-    """The converged fleet and an inventory whose pins file says driver 590."""
+    """The converged fleet and an inventory whose pins file says driver 620."""
     from rigfleet.pins import load_pins
 
     text = (STATE / "pins.yaml").read_text()
-    assert load_pins(STATE / "pins.yaml").driver_branch == "580", text
-    ROLL_PINS.write_text(text.replace("branch: '580'", f"branch: '{NEW_BRANCH}'", 1))
+    assert load_pins(STATE / "pins.yaml").driver_branch == OLD_BRANCH, text
+    ROLL_PINS.write_text(text.replace(f"branch: '{OLD_BRANCH}'", f"branch: '{NEW_BRANCH}'", 1))
     assert load_pins(ROLL_PINS).driver_branch == NEW_BRANCH
     ROLL_INVENTORY.write_text(f'''"""The testbed inventory on {ROLL_PINS.name} (tests/e2e/test_12_driver.py)."""
 import runpy
@@ -90,7 +92,7 @@ def windows(seen: list[tuple]) -> tuple[float, float] | None:
 
 def test_a_driver_branch_change_rolls_one_host_at_a_time_through_the_gate(fleet):
     hosts, key = fleet.fleet, fleet.api_key
-    assert all(driver_version(h).startswith("580.") for h in hosts)
+    assert all(driver_version(h).startswith(f"{OLD_BRANCH}.") for h in hosts)
     probes = {h.name: FrontProbe(h, key) for h in hosts}
     for p in probes.values():
         p.start()
@@ -112,7 +114,7 @@ def test_a_driver_branch_change_rolls_one_host_at_a_time_through_the_gate(fleet)
         assert driver_version(h).startswith(f"{NEW_BRANCH}."), driver_version(h)
         line = [x for x in ledger(h) if x.get("event") == "maintenance"][-1]
         assert line["result"] == "closed" and line["gate"]["result"] == "pass", line
-        assert "NVIDIA driver 590 install" in line["reason"], line
+        assert f"NVIDIA driver {NEW_BRANCH} install" in line["reason"], line
         assert front_answers(h, key)
 
     # Each host was out of service once, and never while another one was.

@@ -35,9 +35,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import shlex
+import subprocess
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 from images_fakes import FakeEngine
@@ -139,6 +143,9 @@ class FakeRig:
     keyrings: set[str] = field(default_factory=set)
     gpus: list[Gpu] = field(default_factory=lambda: [Gpu(0), Gpu(1)])
     driver_loaded: str | None = None  # loaded driver version
+    # Versions of nvidia-driver-cuda the configured repositories offer (apt-cache madison);
+    # None: whatever is asked for.
+    cuda_offers: list[str] | None = None
     runtimes_registered: bool = False
     # The Docker engine's images, the host's saved archives and the Docker root's free space.
     engine: FakeEngine = field(default_factory=FakeEngine)
@@ -531,6 +538,8 @@ class FakeRig:
             self.containers = {ref["container"]: ("running", ref["config_hash"])}
             self.route = f"{ref['stack']}/{ref['config_hash']}"
             return True, []
+        if "apt-cache madison nvidia-driver-cuda" in cmd and self.cuda_offers is not None:
+            return self._madison(cmd, self.cuda_offers)
         m = re.search(r"apt-get .* install (.+)$", cmd)
         if m and " --download-only " in cmd:
             self.events.append(f"download {m.group(1)}")
@@ -790,6 +799,18 @@ class FakeRig:
                       "gate": {"result": "fail"} if phase == "gate" else None}
             events.append({"phase": "rollback", "message": reason})
         self.swaps[plan["id"]] = {"events": events, "result": result}
+
+    @staticmethod
+    def _madison(cmd: str, versions: list[str]) -> tuple[bool, list[str]]:
+        """Runs the command itself in sh, with an apt-cache that prints ``versions``."""
+        with tempfile.TemporaryDirectory() as shim:
+            tool = Path(shim) / "apt-cache"
+            tool.write_text("#!/bin/sh\n" + "".join(
+                f"echo 'nvidia-driver-cuda | {v} | http://repo/ Packages'\n" for v in versions))
+            tool.chmod(0o755)
+            proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True,
+                                  env={"PATH": f"{shim}:{os.environ['PATH']}"})
+        return proc.returncode == 0, (proc.stdout + proc.stderr).splitlines()
 
     def _default_version(self, name: str) -> str:
         if "nvidia" in name and "container" not in name:

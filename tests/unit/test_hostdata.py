@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import runpy
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -83,6 +84,30 @@ def test_good_data(data: dict[str, Any], secrets: dict[str, Path]) -> None:
     cuda = s.apt_repos["cuda"]
     assert cuda.flat and cuda.components == ()
     assert cuda.key_fingerprint == "EB693B3035CD5710E231E123A4B469963BF863CC"
+
+
+def test_shipped_cuda_repository_has_debian13s_own_key(data: dict[str, Any]) -> None:
+    """inventory/group_data/all.py: NVIDIA signs debian13 with 8793F200, the rest with
+    3bf863cc; each host gets its distribution's repository and key."""
+    data["apt_repos"] = runpy.run_path(str(REPO_ROOT / "inventory/group_data/all.py"))[
+        "apt_repos"]
+    cuda = validate_host("rig-a", data).apt_repos["cuda"]
+    base = "https://developer.download.nvidia.com/compute/cuda/repos"
+    got = {(os_id, version): cuda.expand(os_id=os_id, version_id=version, codename="x")
+           for os_id, version in (("debian", "13"), ("debian", "12"), ("ubuntu", "24.04"),
+                                  ("ubuntu", "22.04"))}
+    new = got[("debian", "13")]
+    assert (new.name, new.url, new.key_url, new.key_fingerprint, new.per_distro) == (
+        "cuda", f"{base}/debian13/x86_64/", f"{base}/debian13/x86_64/8793F200.pub",
+        "02182E60104FCDC26EAE1B8597A5D4CB8793F200", ())
+    assert new.source_line("/k.gpg") == f"deb [signed-by=/k.gpg] {base}/debian13/x86_64/ /"
+    for (os_id, version), repo in got.items():
+        if (os_id, version) == ("debian", "13"):
+            continue
+        distro = nvidia_distro(os_id, version)
+        assert (repo.url, repo.key_url, repo.key_fingerprint) == (
+            f"{base}/{distro}/x86_64/", f"{base}/{distro}/x86_64/3bf863cc.pub",
+            "EB693B3035CD5710E231E123A4B469963BF863CC")
 
 
 def test_defaults_and_single_cap(data: dict[str, Any]) -> None:
@@ -189,6 +214,27 @@ BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
         "apt_repos",
         {**APT_REPOS, "Bad_Name": APT_REPOS["cuda"]},
         ["apt_repos.Bad_Name: 'Bad_Name'", "lowercase letters"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "per_distro": ["debian13"]}},
+        ["apt_repos.cuda.per_distro: ['debian13']", "NVIDIA distribution name"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "per_distro": {"Debian 13": {}}}},
+        ["apt_repos.cuda.per_distro.Debian 13: 'Debian 13'", "debian12, ubuntu2404"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"],
+                               "per_distro": {"debian13": {"key_fingerprint": "8793F200"}}}},
+        ["apt_repos.cuda.per_distro.debian13.key_fingerprint: '8793F200'", "40 hex digits"],
+    ),
+    (
+        "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "per_distro": {"debian13": {"key": "x"}}}},
+        ["apt_repos.cuda.per_distro.debian13.key: 'key'", "is an unknown key"],
     ),
     ("extra_env", {"fp8": {"A": "1"}}, ["extra_env.fp8: 'fp8'", "int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"]),
     ("extra_env", {"int8": {"BAD-NAME": "1"}}, ["extra_env.int8.BAD-NAME", "environment name"]),

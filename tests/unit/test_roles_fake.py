@@ -392,6 +392,25 @@ def test_driver_verification_fails_a_bare_host_with_another_gpu_count(data):
     assert run.ran("nvidia-container-toolkit") == []  # stopped at the driver check
 
 
+def test_a_driver_branch_the_repository_lacks_stops_the_host_before_the_install(data, caplog):
+    """NVIDIA's debian13 repository has no 580 (the fake's pins): apt's preferences pin would
+    match nothing and apt would install the newest branch; the host stops first, naming the
+    pin, the repository and what it has."""
+    rig = FakeRig("debian13")
+    rig.cuda_offers = ["595.58.03-1", "620.37.02-1"]
+    run = deploy(rig, data)
+    assert run.failed
+    log = " ".join(caplog.text.split())
+    assert "@fake/rig: driver.branch: 580 is not in apt_repos.cuda (" in log, log[-2000:]
+    assert "versions there: 595.58.03-1 620.37.02-1" in log
+    assert not [c for c in run.ran(" install ") if "nvidia-driver-cuda" in c]
+    assert "nvidia-driver-cuda" not in rig.packages and rig.reboots == 0
+    rig.cuda_offers = ["580.105.08-1", "595.58.03-1"]
+    run = deploy(rig, data)
+    assert not run.failed, run.log[-2000:]
+    assert rig.packages["nvidia-driver-cuda"].startswith("580.")
+
+
 # --- power ----------------------------------------------------------------------------------
 
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import ast
+import runpy
+import shutil
+import urllib.parse
 from pathlib import Path
 
 import pytest
-from rigfleet_testbed import aptrepo, fleet, hardware, hostspec, layout
+from rigfleet_testbed import aptrepo, fleet, hardware, hostspec, layout, nvidiarepo
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_os_option_names_the_host_and_the_allowed_values() -> None:
@@ -75,9 +80,23 @@ def test_hardware_firmware_keys() -> None:
         hardware.parse_override("host1:cgroup=3")
 
 
-def test_inventory_has_the_sudo_user_and_dockers_repository(tmp_path: Path) -> None:
-    paths = fleet.Paths(root=tmp_path)
-    aptrepo.ensure_key(paths.gnupg)
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GPG home with every testbed repository key (generating RSA keys takes seconds)."""
+    gnupg = tmp_path_factory.mktemp("keys") / "gnupg"
+    nvidiarepo.apt_repos_data(gnupg)
+    aptrepo.ensure_key(gnupg, aptrepo.DOCKER_LAYOUT.key_uid, aptrepo.DOCKER_LAYOUT.key_algo)
+    return gnupg
+
+
+def _paths(root: Path, keys: Path) -> fleet.Paths:
+    paths = fleet.Paths(root=root)
+    shutil.copytree(keys, paths.gnupg)
+    return paths
+
+
+def test_inventory_has_the_sudo_user_and_dockers_repository(tmp_path: Path, keys: Path) -> None:
+    paths = _paths(tmp_path, keys)
     docker_fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid)
     specs = hostspec.host_specs(2, oses=[hostspec.parse_os("host2=debian12")], sudo=["host2"])
     text = fleet.inventory_text(specs, paths, docker_fpr)
@@ -99,15 +118,37 @@ def test_inventory_has_the_sudo_user_and_dockers_repository(tmp_path: Path) -> N
                       "key_fingerprint": docker_fpr}
     assert "download.docker.rigfleet.test" in layout.SERVICES_ALIASES
     assert values["canary"] == ["host1"]
+    # NVIDIA's repositories as the shipped defaults name them: only host names (and the
+    # stand-in keys' fingerprints) differ.
+    shipped = runpy.run_path(str(REPO / "inventory/group_data/all.py"))["apt_repos"]
+    ours = values["_testbed_data"]["apt_repos"]
+    for name in ("cuda", "nvidia-container-toolkit"):
+        assert _without_hosts(ours[name]) == _without_hosts(shipped[name]), name
+        assert ours[name]["key_fingerprint"] != shipped[name]["key_fingerprint"]
+    fprs = {ours["cuda"]["key_fingerprint"],
+            ours["cuda"]["per_distro"]["debian13"]["key_fingerprint"],
+            ours["nvidia-container-toolkit"]["key_fingerprint"], docker_fpr}
+    assert len(fprs) == 4  # a key per signer, as upstream
+    for alias in ("developer.download.nvidia.rigfleet.test", "nvidia.github.rigfleet.test"):
+        assert alias in layout.SERVICES_ALIASES
 
 
-def test_inventory_with_a_balancer_puts_lb1_in_group_balancers(tmp_path: Path) -> None:
+def _without_hosts(entry: object) -> object:
+    """An apt_repos entry with its URLs' scheme and host name and its fingerprints blanked."""
+    if isinstance(entry, dict):
+        return {k: "<fpr>" if k == "key_fingerprint" else _without_hosts(v)
+                for k, v in entry.items()}
+    if isinstance(entry, str) and "://" in entry:
+        return "<site>" + urllib.parse.urlsplit(entry).path
+    return entry
+
+
+def test_inventory_with_a_balancer_puts_lb1_in_group_balancers(tmp_path: Path, keys: Path) -> None:
     from rigfleet_testbed.layout import BalancerSlot
 
     from rigfleet.inventory import host_kind
 
-    paths = fleet.Paths(root=tmp_path)
-    aptrepo.ensure_key(paths.gnupg)
+    paths = _paths(tmp_path, keys)
     docker_fpr = aptrepo.ensure_key(paths.gnupg, aptrepo.DOCKER_LAYOUT.key_uid)
     specs = hostspec.host_specs(2)
     lb = BalancerSlot(1)

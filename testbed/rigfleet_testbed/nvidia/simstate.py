@@ -60,9 +60,10 @@ FIRMWARE_DIR = "/etc/nvidia-sim/firmware"
 DKMS_DIR = "/var/lib/dkms"
 
 # CUDA version the driver's libcuda reports, per branch (nvidia-smi prints it in its header).
+# 595: 13.2 (club-3090's host with 595.58.03). 620's is in none of our sources: "N/A".
 CUDA_BY_BRANCH = {
     "535": "12.2", "545": "12.3", "550": "12.4", "555": "12.5", "560": "12.6",
-    "565": "12.7", "570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1",
+    "565": "12.7", "570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1", "595": "13.2",
 }
 
 ARCH_BY_COMPUTE_CAP = {

@@ -1,11 +1,12 @@
-"""The testbed's "services" container: apt repository, Hugging Face-compatible hub, Genesis git.
+"""The testbed's "services" container: apt repositories, Hugging Face-compatible hub, Genesis git.
 
 One process, three listeners (threads), stdlib only (Python 3.11-3.13)::
 
     python3 -m services --data /srv/testbed
 
-- port 80:   static files of ``<data>/apt`` (the signed apt repository, ``/debian/...`` and
-             ``/rigfleet-testbed.asc``), see :mod:`services.static`;
+- port 80:   static files of ``<data>/apt`` (the signed apt repositories: NVIDIA's at
+             ``/compute/cuda/repos/<distro>/x86_64/`` and ``/libnvidia-container/...``,
+             Docker's at ``/linux/debian/...``), see :mod:`services.static`;
 - port 8080: a Hugging Face Hub look-alike serving the fixture repos under ``<data>/hub``
              (layout in :mod:`services.hubstore`), with fault injection under ``/_testbed/faults``,
              see :mod:`services.hub`;
