@@ -19,6 +19,7 @@ from .drain import DRAIN_POLL_S, Drainer, DrainReport, parse_load
 from .gate import GateResult, GateRun
 from .journal import Journal
 from .layout import Layout
+from .lock import HostLock, LockHeld
 from .plan import StackRef
 from .stackctl import (
     BootFailure,
@@ -30,6 +31,12 @@ from .stackctl import (
 )
 
 EXIT_PROMOTED, EXIT_ROLLED_BACK, EXIT_FAILED, EXIT_LOCKED, EXIT_BAD_PLAN = 0, 1, 2, 3, 4
+# A fault of the host that may pass (a full disk, a read-only file system): nothing was
+# changed; rigfleet-stack.service tries again (its Restart=on-failure; 2 and 4 are final).
+EXIT_RETRY = 75
+# How long the stack unit's start (ensure) and stop (shutdown) wait for a transaction that
+# holds the host lock (a swap's gate, a maintenance close) before they leave it alone.
+LOCK_WAIT_S = 60.0
 READY_POLL_S = 1.0
 VRAM_POLL_S = 0.5
 # nvidia-smi failing this long in a row while waiting for GPU memory: the driver is not there
@@ -138,6 +145,20 @@ def known_projects(lay: Layout, stacks_dir: Path | None = None) -> list[tuple[st
         if project and project not in {p for p, _ in found}:
             found.append((project, str(path)))
     return found
+
+
+def take_lock(lock: HostLock, who: str, why: str, wait_s: float, ops: Ops) -> str | None:
+    """``lock.acquire``, waiting up to ``wait_s`` for a live holder to finish (a swap's gate,
+    a recreation); a maintenance window's holder is never waited for. Raises ``LockHeld``
+    when it is still held."""
+    deadline = ops.monotonic() + wait_s
+    while True:
+        try:
+            return lock.acquire(who, why)
+        except LockHeld as held:
+            if held.holder.get("window") or ops.monotonic() >= deadline:
+                raise
+        ops.sleep(1.0)
 
 
 class Steps:
@@ -322,9 +343,14 @@ class Steps:
         text = self.ops.logs(ref.container, LOG_LINES_KEPT)
         if not text.strip():
             return None
-        directory.mkdir(parents=True, exist_ok=True)
         path = directory / (name or f"{ref.stack}-{ref.config_hash}.log")
-        path.write_text(text)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as e:  # a full disk must not stop what the log is kept for
+            self.j.event("log", f"cannot keep {ref.container}'s log in {path}: "
+                         f"{e.strerror or e}", level="warning")
+            return None
         return str(path)
 
     def recreate(self, ref: StackRef, message: str, retry_after_s: int, vram_timeout_s: float,
