@@ -178,9 +178,9 @@ class Ensure(Steps):
         ref = active.ref
         st = self.ops.container(ref.container)
         created = docker_time(st.created) if st else None
-        # Its container must be this boot's, from the snapshot's config and image (a compose
-        # file edited by hand keeps the labels, not the image).
-        image = self.ops.image_id(ref.image_ref)
+        # Its container must be this boot's, from the snapshot's config and verified image (a
+        # compose file edited by hand keeps the labels, not the image; a tag may have moved).
+        image = ref.image_id or self.ops.image_id(ref.image_ref)
         fresh = (st is not None and st.running and st.config_hash == ref.config_hash
                  and created is not None and created >= self.booted_at
                  and (not st.image_id or image is None or st.image_id == image))
@@ -210,7 +210,9 @@ class Ensure(Steps):
         window = self.ops.monotonic() - t0
         ledger.append(self.lay, ledger.entry(
             "ensure", "recreated", ref, by=self.who, deploy_id=active.deploy_id,
-            gate=snapshot_gate(active), reason=self.why))
+            gate=snapshot_gate(active), reason=self.why + "".join(
+                f"; {note}" for note in self.image_notes),
+            extra={"image": "; ".join(self.image_notes)} if self.image_notes else None))
         request_reset(self.lay, self.who, f"ensure recreated {ref.route_id}: {self.why}")
         self.j.event("ensure", f"{ref.route_id} recreated and serving ({window:.1f}s)")
         return Outcome("recreated", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id,

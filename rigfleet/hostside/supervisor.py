@@ -23,10 +23,18 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, TextIO
 
 from . import ledger
-from .active import ActiveDamaged, load_active, mark_interrupted, prune_journals, snapshot_gate
+from .active import (
+    ActiveDamaged,
+    load_active,
+    mark_interrupted,
+    prune_journals,
+    snapshot_gate,
+    write_active,
+)
 from .front import FrontError
 from .journal import Journal
 from .layout import Layout
@@ -271,7 +279,8 @@ class Supervisor:
             steps = Steps(self.lay, self.ops, self.front, journal, interrupted=self.stop)
             act = {"open-window": self._open_window, "reroute": self._reroute,
                    "record": self._record, "give-up": self._give_up,
-                   "recreate": self._recreate, "close-window": self._close_window}[action.kind]
+                   "recreate": self._recreate, "close-window": self._close_window,
+                   "record-image": self._record_image}[action.kind]
             try:
                 mark_interrupted(self.lay, journal)
                 result = act(rec, obs.active, steps)
@@ -361,6 +370,26 @@ class Supervisor:
         steps.j.event("record", reason)
         return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
 
+    def _record_image(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
+        """An active record from before image ids were kept: the image its container (the
+        verified config, answering) runs is written into it; from then on a recreation or a
+        rollback runs that image whatever its tag names (``Steps.pin_image``)."""
+        ref = active.ref
+        st = self.ops.container(ref.container)
+        if st is None or not st.image_id or st.config_hash != ref.config_hash:
+            return {"result": "skipped", "exit": 0, "reason": "its container changed"}
+        text = Path(ref.compose_file).read_text()
+        written = write_active(self.lay, replace(active, ref=replace(ref, image_id=st.image_id)),
+                               text)
+        reason = (f"recorded the verified image id {st.image_id[:19]} of {ref.route_id} (its "
+                  "record was from before image ids were kept; the image it has served on)")
+        self.note(ledger.entry("supervise", "recorded", written.ref, by=WHO,
+                               deploy_id=active.deploy_id, gate=active.gate, reason=reason,
+                               active=True))
+        steps.j.event("record", reason)
+        self.save(rec)
+        return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
+
     def _give_up(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
         ref = active.ref
         kept = steps.keep_log(ref, self.lay.supervise_dir, self._log_name(rec))
@@ -398,12 +427,14 @@ class Supervisor:
             return self._failed(self.rec, active, steps, attempt, n, e, kept,
                                 round(self.ops.monotonic() - t0, 1))
         seconds = round(self.ops.monotonic() - t0, 1)
-        reason = f"recreated after the engine died: {rec.death}"
+        reason = f"recreated after the engine died: {rec.death}" + "".join(
+            f"; {note}" for note in steps.image_notes)
         self.note(ledger.entry(
             "supervise", "recreated", ref, by=WHO, deploy_id=active.deploy_id,
             gate=snapshot_gate(active), reason=reason,
             extra={"attempt": n, "limit": p.limit, "window_s": p.window_s, "seconds": seconds,
-                   "boot_failure": rec.boot_failure, "kept_log": kept}))
+                   "boot_failure": rec.boot_failure, "kept_log": kept,
+                   "image": "; ".join(steps.image_notes) or None}))
         st = self.ops.container(ref.container)
         now = self.clock()
         done = replace(self.rec, dead_since=None, death="", boot_failure=None,
