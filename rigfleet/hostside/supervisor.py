@@ -161,7 +161,7 @@ class Supervisor:
         except OSError as e:
             # A full disk or a read-only file system: keep watching (and acting) from the
             # record in memory; the next change tries the disk again.
-            self._wrote(unwritable(e))
+            self._wrote(f"cannot write {self.lay.supervise_state}: {e.strerror or e}")
             return
         self._wrote(None)
         self._saved = data
