@@ -261,6 +261,10 @@ class Supervisor:
         except LockHeld as held:
             self.say(f"not now: {held}")
             return
+        except OSError as e:  # its directory full or read-only: nobody can take it; retried
+            self.say(f"not now: the host lock cannot be taken: {fs_problem(e)}; retrying at "
+                     "the next look")
+            return
         try:
             obs = self.observe()
             rec, again = step(before, obs, self.policy)
