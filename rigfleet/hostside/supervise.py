@@ -41,7 +41,8 @@ killed one could not (``record``). The decisions are pure functions (``step``), 
 fakes; ``rigfleet.hostside.supervisor.Supervisor`` is the thin loop around them::
 
     record, action = step(record, observation, Policy())
-    action.kind    # 'none', 'open-window', 'recreate', 'reroute', 'record' or 'give-up'
+    action.kind    # 'none', 'open-window', 'recreate', 'reroute', 'record', 'give-up',
+                   # 'repair', 'close-window' or 'record-image'
 """
 
 from __future__ import annotations

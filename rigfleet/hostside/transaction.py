@@ -219,6 +219,9 @@ class Transaction(Steps):
             self._promote(new, staged, gate, old, kind)
         except Failure as f:
             return self._rollback(kind, self.rollback_to, new, staged, f, t_window)
+        except OSError as e:  # a full or read-only disk (a record, a gate report): go back
+            failure = Failure("disk", f"{e.filename or 'the disk'}: {e.strerror or e}")
+            return self._rollback(kind, self.rollback_to, new, staged, failure, t_window)
         except Exception as e:  # a bug inside the window: still go back to what served
             failure = Failure("internal", f"internal error: {type(e).__name__}: {e}")
             return self._rollback(kind, self.rollback_to, new, staged, failure, t_window)
