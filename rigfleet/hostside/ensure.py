@@ -141,7 +141,7 @@ class Ensure(Steps):
     def _unwritable(self, e: OSError) -> Outcome:
         """A full disk, a read-only file system: said (the journal goes to journald when it
         cannot be written either), and ``EXIT_RETRY``: the stack unit tries again."""
-        reason = (f"{e.filename or 'the disk'}: {e.strerror or e}; nothing more was changed; "
+        reason = (f"{e.filename or 'the disk'}: {e.strerror or e}; stopped there; "
                   "rigfleet-stack.service tries again")
         self.j.event("ensure", reason, level="error")
         with contextlib.suppress(OSError):
