@@ -140,6 +140,16 @@ def front(ctx: HostContext) -> None:
         not_ready_retry_s=NOT_READY_RETRY_S,
     )
     systemd.service(name="nginx enabled and running", service="nginx", running=True, enabled=True)
+    # A serving route written by an older host tool carries its own proxy timeouts, which the
+    # template's locations now set (an hour for clients, seconds for the readiness path):
+    # dropped from it before nginx -t, or nginx refuses the duplicates.
+    on_change(
+        name=f"Front route {ROUTE_PATH} without its own proxy timeouts (front changed)",
+        commands=[f"sed -i -e '/^proxy_read_timeout /d' -e '/^proxy_send_timeout /d' "
+                  f"{shlex.quote(ROUTE_PATH)}"],
+        gates=[conf],
+        reason="front unchanged",
+    )
     on_change(
         name="Test and reload nginx (front changed)",
         commands=["nginx -t -q", "systemctl reload nginx"],

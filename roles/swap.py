@@ -55,6 +55,7 @@ from rigfleet.hostside.drain import drain_note
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import Plan
 from rigfleet.hostside.records import describe, live_holder
+from rigfleet.hostside.steps import LOCK_WAIT_S
 from rigfleet.hostside.supervise import Policy
 from rigfleet.resources import project_file
 from rigfleet.swapfacts import SwapProbe, UnitActive
@@ -302,7 +303,7 @@ def swap(ctx: HostContext) -> None:
         mode="0755",
     )
     unit = unit_file(f"{hosttool.STACK_UNIT} (recreates the active stack at boot)",
-                     UNIT_TEMPLATE, UNIT_PATH, ctx)
+                     UNIT_TEMPLATE, UNIT_PATH, ctx, lock_wait_s=f"{LOCK_WAIT_S:g}")
     policy = supervise_policy(ctx)
     supervise_unit = unit_file(
         f"{hosttool.SUPERVISE_UNIT} (recreates the active stack when its engine dies)",

@@ -207,7 +207,8 @@ def cmd_ensure(args: argparse.Namespace, lay: Layout) -> int:
     ops, front = _parts(lay, args.front_port)
     journal = _journal(lay, "ensure")
     outcome = Ensure(lay, ops, front, journal, who=args.who, why=args.why,
-                     gate=_gate_fn()).run()
+                     gate=_gate_fn(), lock_wait_s=args.lock_wait_s,
+                     leave_held=args.leave_held).run()
     journal.finish(outcome.to_dict())
     print(f"rigfleet-host ensure: {outcome.result}: {outcome.reason or outcome.serving}",
           file=sys.stderr if outcome.exit else sys.stdout)
@@ -217,8 +218,16 @@ def cmd_ensure(args: argparse.Namespace, lay: Layout) -> int:
 def cmd_shutdown(args: argparse.Namespace, lay: Layout) -> int:
     ops, front = _parts(lay, args.front_port)
     journal = _journal(lay, "shutdown")
-    shutdown(lay, ops, front, journal)
-    journal.finish({"result": "stopped", "exit": 0})
+
+    def going_down() -> bool:  # the machine stops (or reboots), not only the unit
+        return run_cmd(["systemctl", "is-system-running"], 10.0)[1].strip() == "stopping"
+
+    result = shutdown(lay, ops, front, journal, lock_wait_s=args.lock_wait_s,
+                      going_down=going_down, who=args.who)
+    journal.finish({"result": result, "exit": 0})
+    if result == "left-alone":
+        print("rigfleet-host shutdown: left alone: a transaction holds the host lock (see "
+              "`rigfleet-host.pyz status`); nothing was stopped", file=sys.stderr)
     return 0
 
 
@@ -368,6 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
         e.add_argument("--front-port", type=int, default=8000)
         e.add_argument("--who", default="rigfleet-stack.service")
         e.add_argument("--why", default="boot: recreate the active stack")
+        e.add_argument("--lock-wait-s", type=float, default=0.0,
+                       help="wait this long for a transaction that holds the host lock")
+        if name == "ensure":
+            e.add_argument("--leave-held", action="store_true",
+                           help="after the wait, leave a transaction that holds the host lock "
+                           "alone (exit 0; the stack unit's start) instead of exit 3")
         e.set_defaults(func=func)
     st = sub.add_parser("status", help="a transaction's progress, or the host's swap state")
     st.add_argument("--id")

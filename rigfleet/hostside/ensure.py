@@ -10,7 +10,9 @@ abandoned or failed is closed here, gate included, when a gate is at hand (the b
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from . import ledger
@@ -35,6 +37,8 @@ from .steps import (
     EXIT_FAILED,
     EXIT_LOCKED,
     EXIT_PROMOTED,
+    EXIT_RETRY,
+    LOCK_WAIT_S,
     Failure,
     FrontControl,
     GateFn,
@@ -42,6 +46,7 @@ from .steps import (
     Outcome,
     Steps,
     known_projects,
+    take_lock,
 )
 
 
@@ -69,7 +74,8 @@ class Ensure(Steps):
     def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
                  who: str, why: str, retry_after_s: int = 30, ready_timeout_s: float = 1200.0,
                  vram_timeout_s: float = 120.0, booted_at: float | None = None,
-                 lock: HostLock | None = None, gate: GateFn | None = None) -> None:
+                 lock: HostLock | None = None, gate: GateFn | None = None,
+                 lock_wait_s: float = 0.0, leave_held: bool = False) -> None:
         super().__init__(lay, ops, front, journal)
         self.who, self.why = who, why
         self.retry_after_s = retry_after_s
@@ -78,15 +84,23 @@ class Ensure(Steps):
         self.booted_at = boot_time() if booted_at is None else booted_at
         self.lock = lock or HostLock(lay)
         self.gate = gate
+        # The stack unit's start waits for a transaction that holds the host, then leaves it
+        # alone (exit 0); the deploy's ensure says "locked" at once (exit 3).
+        self.lock_wait_s = lock_wait_s
+        self.leave_held = leave_held
 
     def run(self) -> Outcome:
         try:
-            note = self.lock.acquire(self.who, self.why)
+            note = take_lock(self.lock, self.who, self.why, self.lock_wait_s, self.ops)
         except LockHeld as held:
             if held.holder.get("window"):
                 return self._deferred(held)
+            if self.leave_held:
+                return self._left_alone(held)
             self.j.event("lock", str(held), level="error")
             return Outcome("locked", EXIT_LOCKED, "ensure", reason=str(held), phase="lock")
+        except OSError as e:
+            return self._unwritable(e)
         try:
             if note:
                 self.j.event("lock", note, level="warning")
@@ -108,8 +122,33 @@ class Ensure(Steps):
                 "active" if isinstance(f, ActiveDamaged) else "front"
             return Outcome("failed", EXIT_FAILED, "ensure", reason=reason, phase=phase,
                            serving=self.front.current())
+        except OSError as e:
+            return self._unwritable(e)
         finally:
-            self.lock.release()
+            with contextlib.suppress(OSError):
+                self.lock.release()
+
+    def _left_alone(self, held: LockHeld) -> Outcome:
+        """A transaction (a swap's gate, a maintenance close) still holds the host after the
+        wait: it decides what serves; nothing here touches the host (a
+        ``systemctl restart rigfleet-stack`` under a swap ends active, not failed)."""
+        reason = (f"left alone: {held} (waited {self.lock_wait_s:g} s); it decides what "
+                  "serves, and the supervisor watches what it leaves")
+        self.j.event("ensure", reason, level="warning")
+        return Outcome("left-alone", EXIT_PROMOTED, "ensure", reason=reason,
+                       serving=self.front.current())
+
+    def _unwritable(self, e: OSError) -> Outcome:
+        """A full disk, a read-only file system: said (the journal goes to journald when it
+        cannot be written either), and ``EXIT_RETRY``: the stack unit tries again."""
+        reason = (f"{e.filename or 'the disk'}: {e.strerror or e}; stopped there; "
+                  "rigfleet-stack.service tries again")
+        self.j.event("ensure", reason, level="error")
+        with contextlib.suppress(OSError):
+            ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
+                                                 reason=reason))
+        return Outcome("failed", EXIT_RETRY, "ensure", reason=reason, phase="disk",
+                       serving=self.front.current())
 
     def _deferred(self, held: LockHeld) -> Outcome:
         """A maintenance window holds the host (a driver change rebooted it): leave the stack
@@ -139,9 +178,9 @@ class Ensure(Steps):
         ref = active.ref
         st = self.ops.container(ref.container)
         created = docker_time(st.created) if st else None
-        # Its container must be this boot's, from the snapshot's config and image (a compose
-        # file edited by hand keeps the labels, not the image).
-        image = self.ops.image_id(ref.image_ref)
+        # Its container must be this boot's, from the snapshot's config and verified image (a
+        # compose file edited by hand keeps the labels, not the image; a tag may have moved).
+        image = ref.image_id or self.ops.image_id(ref.image_ref)
         fresh = (st is not None and st.running and st.config_hash == ref.config_hash
                  and created is not None and created >= self.booted_at
                  and (not st.image_id or image is None or st.image_id == image))
@@ -171,7 +210,9 @@ class Ensure(Steps):
         window = self.ops.monotonic() - t0
         ledger.append(self.lay, ledger.entry(
             "ensure", "recreated", ref, by=self.who, deploy_id=active.deploy_id,
-            gate=snapshot_gate(active), reason=self.why))
+            gate=snapshot_gate(active), reason=self.why + "".join(
+                f"; {note}" for note in self.image_notes),
+            extra={"image": "; ".join(self.image_notes)} if self.image_notes else None))
         request_reset(self.lay, self.who, f"ensure recreated {ref.route_id}: {self.why}")
         self.j.event("ensure", f"{ref.route_id} recreated and serving ({window:.1f}s)")
         return Outcome("recreated", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id,
@@ -233,18 +274,45 @@ def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journ
 
 
 def shutdown(lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
-             retry_after_s: int = 30) -> None:
-    """Before the machine goes down: the front to 503 (so nginx starts in maintenance at
-    boot, never proxying to a stack that is not up yet), then every stack down (so Docker does
-    not restart a container with an old writable layer at boot)."""
+             retry_after_s: int = 30, lock_wait_s: float = LOCK_WAIT_S,
+             going_down: Callable[[], bool] = lambda: True,
+             who: str = "rigfleet-stack.service") -> str:
+    """Before the machine goes down (or ``systemctl stop|restart rigfleet-stack``): the front
+    to 503 (so nginx starts in maintenance at boot, never proxying to a stack that is not up
+    yet), then every stack down (so Docker does not restart a container with an old writable
+    layer at boot). With the host lock: a transaction that holds it (a swap's gate) is waited
+    for ``lock_wait_s``, then left alone unless the machine is ``going_down`` (it stops with
+    the machine). A maintenance window's lock is its own reboot: stopped without waiting.
+    Returns ``stopped`` or ``left-alone``."""
+    lock = HostLock(lay)
     try:
-        front.maintenance("host restarting", retry_after_s, wait=False)
-    except FrontError as e:
-        journal.event("shutdown", f"front: {e}", level="warning")
-    for project, file in known_projects(lay):
-        journal.event("shutdown", f"docker compose down {project}")
-        err = ops.down(file, project)
-        if err:
-            journal.event("shutdown", err, level="warning")
+        take_lock(lock, who, "the stack unit stops: front to 503, every stack down",
+                  lock_wait_s, ops)
+    except LockHeld as held:
+        if not held.holder.get("window") and not going_down():
+            journal.event("shutdown", f"left alone: {held} (waited {lock_wait_s:g} s); "
+                          "nothing was stopped: stop the unit again after it",
+                          level="warning")
+            return "left-alone"
+        if not held.holder.get("window"):
+            journal.event("shutdown", f"{held}: the machine goes down; stopping anyway",
+                          level="warning")
+    except OSError as e:  # a read-only or full disk: the stacks still go down
+        journal.event("shutdown", f"host lock: {e.filename}: {e.strerror}; stopping without it",
+                      level="warning")
+    try:
+        try:
+            front.maintenance("host restarting", retry_after_s, wait=False)
+        except (FrontError, OSError) as e:
+            journal.event("shutdown", f"front: {e}", level="warning")
+        for project, file in known_projects(lay):
+            journal.event("shutdown", f"docker compose down {project}")
+            err = ops.down(file, project)
+            if err:
+                journal.event("shutdown", err, level="warning")
+    finally:
+        with contextlib.suppress(OSError):
+            lock.release()
+    return "stopped"
 
 

@@ -34,7 +34,13 @@ MAINTENANCE = "maintenance"
 # (with the route header naming the stack) only while this route proxies to a verified stack
 # whose engine answers /health; 503 while the route is the maintenance one (a swap or a
 # maintenance window) or the engine does not answer. Balancers check it (rigfleet.balancer).
+# Without the key it says only ready or not, a class (``READY_CLASSES``) and Retry-After:
+# never a reason, a log line, a path or a figure; with the key, the reason too.
 READY_PATH = "/rigfleet/ready"
+# Why a host is not ready, as the readiness path says it without the key: a swap or an update
+# runs; a maintenance window is open; the stack is being (re)created (boot, a dead engine);
+# nothing verified serves (a crash loop given up, a failed window, nothing ever verified).
+READY_CLASSES = ("swapping", "maintenance", "starting", "down")
 
 Run = Callable[[list[str], float], tuple[int, str]]
 # (method, url, headers, body, timeout) -> (status, headers, body); status 0: no answer.
@@ -50,7 +56,9 @@ class FrontError(RuntimeError):
 
 
 def render_serving(ref: StackRef) -> str:
-    """The proxy to one stack's loopback port (streaming-friendly, long timeouts)."""
+    """The proxy to one stack's loopback port (streaming-friendly). Its timeouts are the
+    including location's (files/nginx-front.conf.j2): an hour for clients, seconds for the
+    readiness path."""
     return (
         f"{ROUTE_MARK}{ref.route_id}\n"
         "# Managed by the rigfleet host tool (rigfleet/hostside/front.py): switched by swaps.\n"
@@ -60,27 +68,44 @@ def render_serving(ref: StackRef) -> str:
         "proxy_set_header Host $host;\n"
         'proxy_set_header Connection "";\n'
         "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n"
-        "# Streaming (SSE) answers go out token by token and a long generation can take many\n"
-        "# minutes: no buffering, long timeouts.\n"
+        "# Streaming (SSE) answers go out token by token: no buffering (the long timeouts are\n"
+        "# the front's client location's).\n"
         "proxy_buffering off;\n"
         "proxy_request_buffering off;\n"
         "proxy_cache off;\n"
-        "proxy_read_timeout 3600s;\n"
-        "proxy_send_timeout 3600s;\n"
         "add_header X-Accel-Buffering no always;\n"
     )
 
 
+def ready_class(message: str) -> str:
+    """The ``READY_CLASSES`` entry of a maintenance message the host tool wrote."""
+    text = message.lower()
+    if text.startswith("maintenance") or "through the gate" in text:
+        return "maintenance"
+    if text.endswith(" in progress"):  # "swap int8 -> tq3-mtp-genesis in progress"
+        return "swapping"
+    if "recreating" in text:
+        return "starting"
+    return "down"
+
+
 def render_maintenance(message: str, retry_after_s: int) -> str:
-    """503 with ``Retry-After`` and an OpenAI-style JSON error, for every authorised request."""
+    """503 with ``Retry-After`` and an OpenAI-style JSON error, for every authorised request;
+    a request without the key (the readiness path) gets the class only."""
     text = _SAFE.sub("", message)[:200] or "stack swap in progress"
+    kind = ready_class(text)
     body = json.dumps({"error": {"message": f"rigfleet: {text}; retry in {int(retry_after_s)} s",
-                                 "type": "service_unavailable", "code": 503}})
+                                 "type": "service_unavailable", "code": 503, "class": kind}})
+    short = json.dumps({"ready": False, "class": kind, "retry_after_s": int(retry_after_s)})
     return (
         f"{ROUTE_MARK}{MAINTENANCE}\n"
         "# Managed by the rigfleet host tool: no verified stack is serving right now.\n"
         f'add_header {ROUTE_HEADER} "{MAINTENANCE}" always;\n'
         f"add_header Retry-After {int(retry_after_s)} always;\n"
+        "# Without the API key (the readiness path): not ready and why in one word.\n"
+        "if ($rigfleet_authorized = 0) {\n"
+        f"    return 503 '{short}';\n"
+        "}\n"
         f"return 503 '{body}';\n"
     )
 

@@ -35,14 +35,17 @@ class Journal:
     def __init__(self, directory: Path, echo: TextIO | None = sys.stdout,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.echo = echo
         self.clock = clock
         self.t0 = clock()
+        # A full disk or a read-only file system must not stop what the journal reports on
+        # (the supervisor, the boot-time ensure, the shutdown): the events still go to the
+        # echo (journald), with the reason once; the next write tries the disk again.
+        self.problem: str | None = None
         self.seq = len(self._lines(self.dir / "events.jsonl"))
         pid = os.getpid()
-        _write_json(self.dir / "pid.json", {"pid": pid, "pid_start": pid_start_ticks(pid),
-                                            "boot_id": boot_id()})
+        self._try(lambda: _write_json(self.dir / "pid.json", {
+            "pid": pid, "pid_start": pid_start_ticks(pid), "boot_id": boot_id()}))
 
     @staticmethod
     def _lines(path: Path) -> list[str]:
@@ -57,14 +60,31 @@ class Journal:
                 "elapsed": round(self.clock() - self.t0, 2), "phase": phase, "level": level,
                 "message": message, **data}
         # One write per event (O_APPEND): a kill can only cut the last line, which read skips.
-        append_line(self.dir / "events.jsonl", json.dumps(item, sort_keys=True), sync=False)
+        self._try(lambda: append_line(self.dir / "events.jsonl",
+                                      json.dumps(item, sort_keys=True), sync=False))
         if self.echo is not None:
             self.echo.write(f"[{item['elapsed']:8.2f}s] {phase}: {message}\n")
             self.echo.flush()
 
     def finish(self, result: dict[str, Any]) -> None:
-        _write_json(self.dir / "result.json", {**result, "elapsed": round(self.clock() - self.t0,
-                                                                           2)})
+        self._try(lambda: _write_json(self.dir / "result.json",
+                                      {**result, "elapsed": round(self.clock() - self.t0, 2)}))
+
+    def _try(self, write: Callable[[], object]) -> bool:
+        """Run ``write``; an ``OSError`` (ENOSPC, EROFS, ...) is said once on the echo and
+        kept in ``problem`` (the next write tries again); True when it wrote."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write()
+        except OSError as e:
+            problem = f"cannot write the journal {self.dir}: {e.strerror or e}"
+            if problem != self.problem and self.echo is not None:
+                self.echo.write(f"journal: {problem}; events go to this log only\n")
+                self.echo.flush()
+            self.problem = problem
+            return False
+        self.problem = None
+        return True
 
     @staticmethod
     def read(directory: Path, since: int = 0) -> dict[str, Any]:

@@ -55,6 +55,9 @@ class StackRef:
       show before the stack counts as booted (``stackctl.missing_boot_lines``)
     + boot_failures: its ``boot.failures`` as (kind, pattern, title, hint): why a boot died,
       looked for before the built-in signatures (``stackctl.classify_boot_failure``)
+    + image_id: the image id the gate verified (``sha256:...``; the host tool fills it in: a
+      plan's is empty, and so is a record from before ids were recorded); every start,
+      recreation and rollback runs this image, whatever its local tag names since
     """
 
     stack: str
@@ -69,6 +72,7 @@ class StackRef:
     record: dict[str, Any] = field(default_factory=dict)
     boot_expect: tuple[tuple[str, str], ...] = ()
     boot_failures: tuple[tuple[str, str, str, str], ...] = ()
+    image_id: str = ""
 
     @property
     def route_id(self) -> str:
@@ -94,6 +98,7 @@ class StackRef:
                 boot_expect=tuple((str(p), str(t)) for p, t in data.get("boot_expect") or ()),
                 boot_failures=tuple((str(k), str(p), str(t), str(h))
                                     for k, p, t, h in data.get("boot_failures") or ()),
+                image_id=str(data.get("image_id") or ""),
             )
         except KeyError as e:
             raise PlanError(f"{where}.{e.args[0]}: missing") from None

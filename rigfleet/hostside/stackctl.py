@@ -77,6 +77,11 @@ def image_id(ref: str) -> list[str]:
     return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
 
 
+def tag_image(image: str, name: str) -> list[str]:
+    """Name ``image`` (an id or a digest reference) ``name`` (``<repo>:<tag>``)."""
+    return ["docker", "image", "tag", image, name]
+
+
 def logs(container: str, tail: int = 300) -> list[str]:
     return ["docker", "logs", "--tail", str(int(tail)), container]
 
@@ -375,6 +380,10 @@ class SystemOps:
     def image_id(self, ref: str) -> str | None:
         rc, out = self.run(image_id(ref), 60.0)
         return out.strip() if rc == 0 and out.strip() else None
+
+    def tag(self, image: str, name: str) -> str | None:
+        rc, out = self.run(tag_image(image, name), 60.0)
+        return None if rc == 0 else out.strip()[-600:] or f"exit {rc}"
 
     def remove(self, name: str) -> str | None:
         rc, out = self.run(remove(name), 120.0)

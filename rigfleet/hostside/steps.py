@@ -19,6 +19,7 @@ from .drain import DRAIN_POLL_S, Drainer, DrainReport, parse_load
 from .gate import GateResult, GateRun
 from .journal import Journal
 from .layout import Layout
+from .lock import HostLock, LockHeld
 from .plan import StackRef
 from .stackctl import (
     BootFailure,
@@ -30,6 +31,12 @@ from .stackctl import (
 )
 
 EXIT_PROMOTED, EXIT_ROLLED_BACK, EXIT_FAILED, EXIT_LOCKED, EXIT_BAD_PLAN = 0, 1, 2, 3, 4
+# A fault of the host that may pass (a full disk, a read-only file system): nothing was
+# changed; rigfleet-stack.service tries again (its Restart=on-failure; 2 and 4 are final).
+EXIT_RETRY = 75
+# How long the stack unit's start (ensure) and stop (shutdown) wait for a transaction that
+# holds the host lock (a swap's gate, a maintenance close) before they leave it alone.
+LOCK_WAIT_S = 60.0
 READY_POLL_S = 1.0
 VRAM_POLL_S = 0.5
 # nvidia-smi failing this long in a row while waiting for GPU memory: the driver is not there
@@ -45,6 +52,7 @@ class Ops(Protocol):
 
     def image_present(self, ref: str) -> bool: ...
     def image_id(self, ref: str) -> str | None: ...
+    def tag(self, image: str, name: str) -> str | None: ...
     def remove(self, name: str) -> str | None: ...
     def running(self) -> list[str]: ...
     def compose_check(self, file: str, project: str) -> str | None: ...
@@ -140,6 +148,31 @@ def known_projects(lay: Layout, stacks_dir: Path | None = None) -> list[tuple[st
     return found
 
 
+def local_name(ref: StackRef) -> str:
+    """The local ``<repo>:<tag>`` a stack's compose file runs (``image_ref`` without a
+    digest)."""
+    return ref.image_ref.split("@", 1)[0]
+
+
+def short_id(image: str) -> str:
+    """``sha256:0123456789ab...`` -> ``sha256:0123456789ab`` (a digest reference: as is)."""
+    return image[:19] if image.startswith("sha256:") else image
+
+
+def take_lock(lock: HostLock, who: str, why: str, wait_s: float, ops: Ops) -> str | None:
+    """``lock.acquire``, waiting up to ``wait_s`` for a live holder to finish (a swap's gate,
+    a recreation); a maintenance window's holder is never waited for. Raises ``LockHeld``
+    when it is still held."""
+    deadline = ops.monotonic() + wait_s
+    while True:
+        try:
+            return lock.acquire(who, why)
+        except LockHeld as held:
+            if held.holder.get("window") or ops.monotonic() >= deadline:
+                raise
+        ops.sleep(1.0)
+
+
 class Steps:
     """Steps shared by the transaction, ``Ensure`` and ``adopt``."""
 
@@ -150,6 +183,8 @@ class Steps:
         self.front = front
         self.j = journal
         self.interrupted = interrupted
+        # Local tags moved back to the verified image by ``pin_image`` (for the ledger line).
+        self.image_notes: list[str] = []
 
     def check_interrupt(self) -> None:
         if self.interrupted():
@@ -248,11 +283,52 @@ class Steps:
             self.ops.sleep(VRAM_POLL_S)
 
     def start(self, ref: StackRef, compose_file: str) -> None:
+        """``docker compose up`` of ``ref``, on its verified image (``pin_image``); the
+        container must run that image."""
+        self.pin_image(ref)
         self.j.event("start", f"docker compose up {ref.project} (recreated) from {compose_file}")
         err = self.ops.up(compose_file, ref.project)
         if err:
             boot = classify_boot_failure(err, ref.boot_failures)
             raise Failure("start", f"docker compose up {ref.project} failed: {err}", boot=boot)
+        st = self.ops.container(ref.container)
+        if ref.image_id and st is not None and st.image_id and st.image_id != ref.image_id:
+            self.ops.down(compose_file, ref.project)
+            raise Failure("image", f"{ref.container} started on image {short_id(st.image_id)}, "
+                          f"not the verified {short_id(ref.image_id)} (its tag "
+                          f"{local_name(ref)} moved while it started); taken down")
+
+    def pin_image(self, ref: StackRef) -> None:
+        """Before a start: ``ref``'s local tag must name the image the gate verified
+        (``ref.image_id``). A moved tag is put back on that image (still on the host by its
+        id, or under its pinned digest), said in the journal and in ``image_notes`` (the
+        ledger line); refused (``Failure`` phase ``image``) when the verified image is gone.
+        A record from before ids were kept (no ``image_id``) runs what its tag names."""
+        if not ref.image_id:
+            return
+        name = local_name(ref)
+        found = self.ops.image_id(name)
+        if found == ref.image_id:
+            return
+        moved = (f"the tag {name} named {short_id(found) if found else 'no image'}, not the "
+                 f"verified image {short_id(ref.image_id)}")
+        source = ref.image_id if self.ops.image_present(ref.image_id) else None
+        digest = str(ref.record.get("digest") or "")
+        if source is None and digest.startswith("sha256:"):
+            pinned = f"{name.rsplit(':', 1)[0]}@{digest}"
+            source = pinned if self.ops.image_id(pinned) == ref.image_id else None
+        if source is None:
+            reason = (f"{ref.stack}: refused: {moved}, and the verified image is no longer on "
+                      f"the host (by id or pinned digest {digest or 'none'}); run the deploy: "
+                      "it stages the pinned image and gates it")
+            self.j.event("image", reason, level="error")
+            raise Failure("image", reason)
+        err = self.ops.tag(source, name)
+        if err:
+            raise Failure("image", f"{ref.stack}: {moved}; docker image tag failed: {err}")
+        note = f"{moved}: moved it back to the verified image (from {short_id(source)})"
+        self.j.event("image", note, level="warning")
+        self.image_notes.append(note)
 
     def wait_ready(self, ref: StackRef, timeout_s: float) -> float:
         """Until ``/health`` and ``/v1/models`` answer; fail fast when the container dies."""
@@ -322,9 +398,14 @@ class Steps:
         text = self.ops.logs(ref.container, LOG_LINES_KEPT)
         if not text.strip():
             return None
-        directory.mkdir(parents=True, exist_ok=True)
         path = directory / (name or f"{ref.stack}-{ref.config_hash}.log")
-        path.write_text(text)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as e:  # a full disk must not stop what the log is kept for
+            self.j.event("log", f"cannot keep {ref.container}'s log in {path}: "
+                         f"{e.strerror or e}", level="warning")
+            return None
         return str(path)
 
     def recreate(self, ref: StackRef, message: str, retry_after_s: int, vram_timeout_s: float,

@@ -41,7 +41,8 @@ killed one could not (``record``). The decisions are pure functions (``step``), 
 fakes; ``rigfleet.hostside.supervisor.Supervisor`` is the thin loop around them::
 
     record, action = step(record, observation, Policy())
-    action.kind    # 'none', 'open-window', 'recreate', 'reroute', 'record' or 'give-up'
+    action.kind    # 'none', 'open-window', 'recreate', 'reroute', 'record', 'give-up',
+                   # 'repair', 'close-window' or 'record-image'
 """
 
 from __future__ import annotations
@@ -301,8 +302,9 @@ class Action:
     + kind: ``none``, ``open-window`` (front to 503), ``recreate``, ``reroute`` (the stack is
       up and answers; only the front is wrong), ``record`` (it serves after a recreation whose
       supervisor was killed before its ledger line), ``give-up``, ``repair`` (rebuild a
-      damaged active record from the ledger) or ``close-window`` (close an abandoned
-      maintenance window: recreate + gate)
+      damaged active record from the ledger), ``close-window`` (close an abandoned
+      maintenance window: recreate + gate) or ``record-image`` (write the image id a record
+      from before ids were kept serves on into it)
     """
 
     kind: str = "none"
@@ -340,6 +342,9 @@ def engine_death(rec: Record, obs: Observation, p: Policy) -> str | None:
     if st.config_hash != ref.config_hash:
         return (f"{ref.container} runs config {st.config_hash or 'unlabelled'}, not the "
                 f"verified snapshot's {ref.config_hash}")
+    if ref.image_id and st.image_id and st.image_id != ref.image_id:
+        return (f"{ref.container} runs image {st.image_id[:19]}, not the verified "
+                f"{ref.image_id[:19]} (its tag was moved)")
     if st.status in ("exited", "dead"):
         return (f"its container exited (exit code {st.exit_code}"
                 + (", OOM-killed" if st.oom_killed else "") + ")")
@@ -432,6 +437,11 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
             cut = rec.unnoted()
             if cut is not None:
                 return rec, Action("record", cut.reason)
+            if not ref.image_id and st.image_id and st.config_hash == ref.config_hash:
+                # A record from before image ids were kept: the image it serves on now (its
+                # verified config, answering) becomes the one every recreation runs.
+                return rec, Action("record-image", f"{ref.route_id}: its verified image id "
+                                   "is not recorded yet")
             return rec, NOTHING
         if served:
             return moved(rec, "watching", f"{ref.route_id}: {obs.health} since "

@@ -23,10 +23,18 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, TextIO
 
 from . import ledger
-from .active import ActiveDamaged, load_active, mark_interrupted, prune_journals, snapshot_gate
+from .active import (
+    ActiveDamaged,
+    load_active,
+    mark_interrupted,
+    prune_journals,
+    snapshot_gate,
+    write_active,
+)
 from .front import FrontError
 from .journal import Journal
 from .layout import Layout
@@ -56,8 +64,7 @@ class AlreadyRunning(Exception):
 def single_instance(lay: Layout) -> Iterator[None]:
     """One supervisor per host: an ``flock`` the kernel drops when the process ends (so a
     killed supervisor leaves no lock behind)."""
-    lay.supervise_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lay.supervise_dir / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _lock_fd(lay)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -67,6 +74,31 @@ def single_instance(lay: Layout) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _lock_fd(lay: Layout) -> int:
+    """The file the instance lock is taken on: ``supervisor.lock``, made when missing; on a
+    full or read-only file system the existing file read-only (``flock`` needs no write), or
+    the directory itself: a full disk must not stop the watch."""
+    try:
+        lay.supervise_dir.mkdir(parents=True, exist_ok=True)
+        return os.open(lay.supervise_dir / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        pass
+    try:
+        return os.open(lay.supervise_dir / "supervisor.lock", os.O_RDONLY)
+    except OSError:
+        return os.open(lay.supervise_dir, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def unwritable(e: OSError) -> str:
+    """``OSError`` -> "cannot write <file>: <why>" (ENOSPC, EROFS, EACCES, ...)."""
+    return f"cannot write {e.filename or 'a record'}: {e.strerror or e}"
+
+
+def fs_problem(e: OSError) -> str:
+    """``OSError`` -> "<file>: <why>" (a read or a write)."""
+    return f"{e.filename or 'the disk'}: {e.strerror or e}"
 
 
 @dataclass
@@ -101,8 +133,14 @@ class Supervisor:
     def __post_init__(self) -> None:
         self.pid = self.pid or os.getpid()
         self.lock = HostLock(self.lay, self.pid)
+        self.problem: str | None = None  # the last record write that failed (said once)
         data, _ = read_json(self.lay.supervise_state)
-        self.rec = Record.from_dict(data)
+        try:
+            self.rec = Record.from_dict(data)
+        except (TypeError, ValueError, AttributeError) as e:
+            self.say(f"{self.lay.supervise_state} is damaged ({type(e).__name__}: {e}); "
+                     "starting a fresh count")
+            self.rec = Record()
         self._saved: dict[str, Any] | None = None
         self._acts = 0
 
@@ -115,10 +153,33 @@ class Supervisor:
                 "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id()}
         if data == self._saved:
             return
-        ledger.atomic_write(self.lay.supervise_state,
-                            json.dumps({**data, "updated": self.clock()}, indent=2,
-                                       sort_keys=True) + "\n")
+        try:
+            self.lay.supervise_dir.mkdir(parents=True, exist_ok=True)
+            ledger.atomic_write(self.lay.supervise_state,
+                                json.dumps({**data, "updated": self.clock()}, indent=2,
+                                           sort_keys=True) + "\n")
+        except OSError as e:
+            # A full disk or a read-only file system: keep watching (and acting) from the
+            # record in memory; the next change tries the disk again.
+            self._wrote(f"cannot write {self.lay.supervise_state}: {e.strerror or e}")
+            return
+        self._wrote(None)
         self._saved = data
+
+    def note(self, line: dict[str, Any]) -> None:
+        """Append a ledger line; one that cannot be written is said here, not raised (the
+        host must keep serving on a full disk)."""
+        try:
+            ledger.append(self.lay, line)
+        except OSError as e:
+            self.say(f"ledger: {unwritable(e)}; lost: {line.get('event')} {line.get('result')}: "
+                     f"{line.get('reason', '')}")
+
+    def _wrote(self, problem: str | None) -> None:
+        if problem != self.problem:
+            self.say(f"{problem}; watching on, retrying at each look" if problem
+                     else "records are written again")
+        self.problem = problem
 
     def say(self, message: str) -> None:
         if self.echo is not None:
@@ -200,6 +261,10 @@ class Supervisor:
         except LockHeld as held:
             self.say(f"not now: {held}")
             return
+        except OSError as e:  # its directory full or read-only: nobody can take it; retried
+            self.say(f"not now: the host lock cannot be taken: {fs_problem(e)}; retrying at "
+                     "the next look")
+            return
         try:
             obs = self.observe()
             rec, again = step(before, obs, self.policy)
@@ -215,13 +280,24 @@ class Supervisor:
                               echo=self.echo)
             if note:
                 journal.event("lock", note, level="warning")
-            mark_interrupted(self.lay, journal)
             steps = Steps(self.lay, self.ops, self.front, journal, interrupted=self.stop)
             act = {"open-window": self._open_window, "reroute": self._reroute,
                    "record": self._record, "give-up": self._give_up,
-                   "recreate": self._recreate, "close-window": self._close_window}[action.kind]
-            journal.finish(act(rec, obs.active, steps))
-            prune_journals(self.lay)
+                   "recreate": self._recreate, "close-window": self._close_window,
+                   "record-image": self._record_image}[action.kind]
+            try:
+                mark_interrupted(self.lay, journal)
+                result = act(rec, obs.active, steps)
+            except OSError as e:
+                # A full disk or a read-only file system under the host's records: said, and
+                # tried again at the next look (never a crash, never a restart loop).
+                reason = f"{action.kind} stopped: {fs_problem(e)}; retrying at the next look"
+                journal.event(action.kind, reason, level="error")
+                self.say(reason)
+                result = {"result": "failed", "exit": 1, "reason": reason}
+            journal.finish(result)
+            with contextlib.suppress(OSError):
+                prune_journals(self.lay)
         finally:
             self.lock.release()
 
@@ -277,7 +353,7 @@ class Supervisor:
         reason = (f"rerouted: {ref.route_id} was up and answering while the front routed away"
                   + (f" (after a recreation cut short; the engine had died: {cut.reason})"
                      if cut else ""))
-        ledger.append(self.lay, ledger.entry("supervise", "rerouted", ref, by=WHO,
+        self.note(ledger.entry("supervise", "rerouted", ref, by=WHO,
                                              deploy_id=active.deploy_id,
                                              gate=snapshot_gate(active), reason=reason))
         self.save(moved(rec.noted(), "watching", f"{ref.route_id} serves", self.clock()))
@@ -290,12 +366,32 @@ class Supervisor:
         assert cut is not None
         reason = (f"recreated after the engine died: {cut.reason} (the supervisor that "
                   "recreated it was stopped before it recorded it)")
-        ledger.append(self.lay, ledger.entry(
+        self.note(ledger.entry(
             "supervise", "recreated", ref, by=WHO, deploy_id=active.deploy_id,
             gate=snapshot_gate(active), reason=reason, extra={"kept_log": cut.kept_log}))
         done = replace(cut, result="recreated") if cut.result == "interrupted" else cut
         self.save(rec.noted(done if cut is rec.attempts[-1] else None))
         steps.j.event("record", reason)
+        return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
+
+    def _record_image(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
+        """An active record from before image ids were kept: the image its container (the
+        verified config, answering) runs is written into it; from then on a recreation or a
+        rollback runs that image whatever its tag names (``Steps.pin_image``)."""
+        ref = active.ref
+        st = self.ops.container(ref.container)
+        if st is None or not st.image_id or st.config_hash != ref.config_hash:
+            return {"result": "skipped", "exit": 0, "reason": "its container changed"}
+        text = Path(ref.compose_file).read_text()
+        written = write_active(self.lay, replace(active, ref=replace(ref, image_id=st.image_id)),
+                               text)
+        reason = (f"recorded the verified image id {st.image_id[:19]} of {ref.route_id} (its "
+                  "record was from before image ids were kept; the image it has served on)")
+        self.note(ledger.entry("supervise", "recorded", written.ref, by=WHO,
+                               deploy_id=active.deploy_id, gate=active.gate, reason=reason,
+                               active=True))
+        steps.j.event("record", reason)
+        self.save(rec)
         return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
 
     def _give_up(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
@@ -306,7 +402,7 @@ class Supervisor:
             self.front.maintenance(rec.reason, self.policy.retry_after_s, wait=False)
         except FrontError as e:
             steps.j.event("front", str(e), level="error")
-        ledger.append(self.lay, ledger.entry(
+        self.note(ledger.entry(
             "supervise", "gave-up", None, attempted=ref, by=WHO, deploy_id=active.deploy_id,
             reason=rec.reason, extra={"boot_failure": rec.boot_failure, "kept_log": kept,
                                       "recreations": len(rec.recent(self.clock(),
@@ -335,12 +431,14 @@ class Supervisor:
             return self._failed(self.rec, active, steps, attempt, n, e, kept,
                                 round(self.ops.monotonic() - t0, 1))
         seconds = round(self.ops.monotonic() - t0, 1)
-        reason = f"recreated after the engine died: {rec.death}"
-        ledger.append(self.lay, ledger.entry(
+        reason = f"recreated after the engine died: {rec.death}" + "".join(
+            f"; {note}" for note in steps.image_notes)
+        self.note(ledger.entry(
             "supervise", "recreated", ref, by=WHO, deploy_id=active.deploy_id,
             gate=snapshot_gate(active), reason=reason,
             extra={"attempt": n, "limit": p.limit, "window_s": p.window_s, "seconds": seconds,
-                   "boot_failure": rec.boot_failure, "kept_log": kept}))
+                   "boot_failure": rec.boot_failure, "kept_log": kept,
+                   "image": "; ".join(steps.image_notes) or None}))
         st = self.ops.container(ref.container)
         now = self.clock()
         done = replace(self.rec, dead_since=None, death="", boot_failure=None,
@@ -365,7 +463,7 @@ class Supervisor:
         result = "interrupted" if phase == "interrupted" else "failed"
         steps.j.event("recreate", f"recreation {n} of {p.limit} {result}: {reason}",
                       level="error")
-        ledger.append(self.lay, ledger.entry(
+        self.note(ledger.entry(
             "supervise", result, None, attempted=ref, by=WHO, deploy_id=active.deploy_id,
             reason=f"recreation {n} of {p.limit} after the engine died ({attempt.reason}) "
                    f"{result}: {reason}",

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ from .steps import (
     Outcome,
     Steps,
     gate_reason,
+    local_name,
 )
 from .timings import read_timings, record_drain, record_swap, swap_estimate
 
@@ -104,6 +105,14 @@ class Transaction(Steps):
             self.j.event("lock", outcome.reason, level="error")
             self.j.finish(outcome.to_dict())
             return outcome
+        except OSError as e:  # a read-only or full disk: nothing changed, said why
+            outcome = Outcome("refused", EXIT_FAILED, stack=plan.desired.stack, phase="disk",
+                              reason=f"{plan.host or 'host'}: refused before any change: the "
+                              f"host lock cannot be taken: {e.filename}: {e.strerror or e}",
+                              serving=self.front.current())
+            self.j.event("lock", outcome.reason, level="error")
+            self.j.finish(outcome.to_dict())
+            return outcome
         try:
             if note:
                 self.j.event("lock", note, level="warning")
@@ -122,12 +131,16 @@ class Transaction(Steps):
                      level="info" if outcome.exit == 0 else "error")
         self.j.finish(outcome.to_dict())
         # "last_swap": what rigfleet.bump.rollout reads (with its "gate" and "reason").
-        ledger.update_state(self.lay, last_swap={
-            "id": plan.id, "kind": outcome.kind, "result": outcome.result,
-            "reason": outcome.reason, "at": ledger.now_iso(), "stack": plan.desired.stack,
-            "serving": outcome.serving, "gate": outcome.gate,
-            "boot_failure": outcome.boot_failure, "drain": outcome.drain,
-            "retry_after_s": outcome.retry_after_s})
+        try:
+            ledger.update_state(self.lay, last_swap={
+                "id": plan.id, "kind": outcome.kind, "result": outcome.result,
+                "reason": outcome.reason, "at": ledger.now_iso(), "stack": plan.desired.stack,
+                "serving": outcome.serving, "gate": outcome.gate,
+                "boot_failure": outcome.boot_failure, "drain": outcome.drain,
+                "retry_after_s": outcome.retry_after_s})
+        except OSError as e:  # the journal's result (above) still says how it ended
+            self.j.event("done", f"state.json not updated: {e.filename}: {e.strerror or e}",
+                         level="warning")
         return outcome
 
     # -- the story ----------------------------------------------------------------------------
@@ -154,6 +167,8 @@ class Transaction(Steps):
         self.j.event("plan", f"{kind}: {old.route_id if old else 'nothing'} -> {new.route_id}")
         try:
             staged = self._stage(new, old)
+            # The image the gate verifies and the record keeps: its id now, not its tag.
+            new = replace(new, image_id=self.ops.image_id(local_name(new)) or "")
         except Failure as f:
             self.j.event("stage", f.reason, level="error")
             return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,
@@ -204,6 +219,9 @@ class Transaction(Steps):
             self._promote(new, staged, gate, old, kind)
         except Failure as f:
             return self._rollback(kind, self.rollback_to, new, staged, f, t_window)
+        except OSError as e:  # a full or read-only disk (a record, a gate report): go back
+            failure = Failure("disk", f"{e.filename or 'the disk'}: {e.strerror or e}")
+            return self._rollback(kind, self.rollback_to, new, staged, failure, t_window)
         except Exception as e:  # a bug inside the window: still go back to what served
             failure = Failure("internal", f"internal error: {type(e).__name__}: {e}")
             return self._rollback(kind, self.rollback_to, new, staged, failure, t_window)
@@ -268,8 +286,10 @@ class Transaction(Steps):
             if not Path(old.compose_file).exists():
                 raise Failure("stage", f"the active stack's snapshot {old.compose_file} is "
                               "missing: a failed swap could not roll back")
-            if not self.ops.image_present(old.image_ref):
-                raise Failure("stage", f"the active stack's image {old.image_ref} is gone: a "
+            # A rollback runs the verified image by its id (``Steps.pin_image``).
+            image = old.image_id or old.image_ref
+            if not self.ops.image_present(image):
+                raise Failure("stage", f"the active stack's image {image} is gone: a "
                               "failed swap could not roll back")
         self.j.event("stage", f"{new.stack} staged: compose file checked, image present")
         return str(staged)
@@ -362,6 +382,8 @@ class Transaction(Steps):
             return outcome
         window = self.ops.monotonic() - t_window
         self.j.event("rollback", f"{old.route_id} serves again (503 window {window:.1f}s)")
+        if self.image_notes:  # the old stack's tag had moved: said with the rollback
+            line["extra"] = {**line["extra"], "image": "; ".join(self.image_notes)}
         ledger.append(self.lay, ledger.entry(kind, "rolled-back", old, **line))
         request_reset(self.lay, plan.by, f"{kind} rolled back: {old.route_id} serves again")
         outcome.result, outcome.exit = "rolled-back", EXIT_ROLLED_BACK

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -42,7 +43,7 @@ def compose_text(stack: str, config_hash: str) -> str:
         f"name: rigfleet-{stack}\n"
         "services:\n"
         "  vllm:\n"
-        f"    image: vllm/vllm-openai:nightly-x@sha256:{'a' * 64}\n"
+        f"    image: vllm/vllm-openai:nightly-{config_hash}@sha256:{'a' * 64}\n"
         f"    container_name: rigfleet-{stack}\n"
         "    labels:\n"
         f"      io.rigfleet.stack: {stack}\n"
@@ -136,13 +137,30 @@ class FakeHost:
     metrics_served: bool = True
     stale_running: int = 0  # gauges stuck after aborted requests (vllm#29928)
     cut: list[str] = field(default_factory=list)  # "<container> t=<t>" per request cut
+    # Local image names moved by ``docker tag`` (name -> image id); every other name's id is
+    # derived from the name (without its digest).
+    tags: dict[str, str] = field(default_factory=dict)
 
     # -- docker ---------------------------------------------------------------------------
     def image_present(self, ref: str) -> bool:
         return self.images is None or ref in self.images
 
     def image_id(self, ref: str) -> str | None:
-        return "sha256:" + ref.rpartition(":")[2][:12] if self.image_present(ref) else None
+        if ref.startswith("sha256:"):
+            return ref if self.image_present(ref) else None
+        name = ref.split("@", 1)[0]
+        if name in self.tags:
+            return self.tags[name]
+        return "sha256:" + hashlib.sha256(name.encode()).hexdigest() \
+            if self.image_present(ref) else None
+
+    def tag(self, image: str, name: str) -> str | None:
+        self.calls.append(f"tag {image} {name}")
+        found = self.image_id(image)
+        if found is None:
+            return f"Error response from daemon: No such image: {image}"
+        self.tags[name] = found
+        return None
 
     def remove(self, name: str) -> str | None:
         self.calls.append(f"rm {name} t={self.t:g}")
@@ -172,10 +190,13 @@ class FakeHost:
                     "less than desired GPU memory utilization (0.92, 22.08 GiB).")
             self.logs_of[name] += busy
             self.behaviour[stack] = ("die", busy)
+        image = re.search(r"image: (\S+)", text)
         self.containers[name] = _Running(stack, config_hash, self.t,
                                          ContainerState("running", config_hash=config_hash,
                                                         created="2026-11-29T10:00:00Z",
-                                                        started_at=self.iso(self.wall())))
+                                                        started_at=self.iso(self.wall()),
+                                                        image_id=(self.image_id(image.group(1))
+                                                                  or "") if image else ""))
         return None
 
     def down(self, file: str, project: str) -> str | None:

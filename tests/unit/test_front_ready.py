@@ -8,6 +8,8 @@ or is gone; never the key, never model data. Skipped when ``nginx`` is not insta
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import threading
@@ -24,6 +26,7 @@ from balancer_helpers import free_port
 from rigfleet.hostside.front import (
     READY_PATH,
     ROUTE_HEADER,
+    ready_class,
     render_maintenance,
     render_serving,
 )
@@ -142,7 +145,9 @@ def test_ready_follows_the_route_and_the_engine_without_the_key(front):
     engine.health = 503                                           # the engine is dead
     code, headers, body = nginx.get(READY_PATH)
     assert code == 503 and headers["Retry-After"] == str(NOT_READY_RETRY_S)
-    assert ROUTE_HEADER not in headers and b"does not answer healthy" in body
+    assert ROUTE_HEADER not in headers
+    assert json.loads(body) == {"ready": False, "class": "down",
+                                "retry_after_s": NOT_READY_RETRY_S}
 
     engine.close()                                                # the container is gone
     code, headers, _ = nginx.get(READY_PATH)
@@ -157,3 +162,44 @@ def test_everything_else_still_needs_the_key(front):
     assert nginx.get("/health")[0] == 401                         # only the ready path is open
     code, _, body = nginx.get("/v1/models", KEY)
     assert code == 200 and b"qwen" in body
+
+
+# A crash loop's reason as the supervisor writes it: a log line, figures, a path.
+GAVE_UP = ("crash loop: int8 died again (its container exited (exit code 1): out of memory: "
+           "CUDA out of memory. Tried to allocate 2.00 GiB; GPU 0 has 23.56 GiB in use; log "
+           "/var/lib/rigfleet/supervise/int8-x.log); gave up after 3 recreations in 4 min")
+
+
+@pytest.mark.parametrize("message,kind", [
+    ("swap int8 -> tq3-mtp-genesis in progress", "swapping"),
+    ("maintenance: driver 580 -> 590", "maintenance"),
+    ("int8 engine died; recreating it", "starting"),
+    (GAVE_UP, "down"),
+])
+def test_ready_without_the_key_says_the_class_only(front, message, kind):
+    nginx, _ = front
+    (nginx.tmp / "route.conf").write_text(render_maintenance(message, 45))
+    nginx.reload()
+    code, headers, body = nginx.get(READY_PATH)
+    assert code == 503 and headers["Retry-After"] == "45"
+    assert json.loads(body) == {"ready": False, "class": kind, "retry_after_s": 45}
+    # No reason, path, log line or figure without the key ...
+    assert not re.search(rb"GiB|/var/|crash|int8|driver|\d\.\d", body)
+    # ... the reason with it (the same path, the client's API).
+    for path in (READY_PATH, "/v1/models"):
+        code, _, body = nginx.get(path, KEY)
+        error = json.loads(body)["error"]
+        assert code == 503 and error["class"] == kind
+        assert error["message"].startswith("rigfleet: " + message[:12])
+    assert ready_class(message) == kind
+
+
+def test_ready_path_has_short_proxy_timeouts_clients_long_ones():
+    text = project_file("files/nginx-front.conf.j2").read_text()
+    ready = text[text.index("location = {{ ready_path }}"):text.index("location @rigfleet_not")]
+    client = text[text.index("location / {"):text.index("location = {{ ready_path }}")]
+    assert "proxy_read_timeout 5s;" in ready and "proxy_connect_timeout 2s;" in ready
+    assert "proxy_read_timeout 3600s;" in client
+    # The route file sets none: each including location's own apply.
+    assert "_timeout" not in render_serving(StackRef("int8", "p", "c", 1, "/x", "h", "img",
+                                                    "m", 0.9))

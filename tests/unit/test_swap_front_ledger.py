@@ -66,13 +66,13 @@ def test_serving_route_proxies_to_the_stack_and_names_itself(lay):
     assert text.splitlines()[0] == "# rigfleet route: tq3-mtp-genesis/3333cccc4444dddd"
     assert "proxy_pass http://127.0.0.1:8015;" in text
     assert f'add_header {ROUTE_HEADER} "tq3-mtp-genesis/3333cccc4444dddd" always;' in text
-    assert "proxy_buffering off;" in text and "proxy_read_timeout 3600s;" in text
+    assert "proxy_buffering off;" in text and "_timeout" not in text  # the location's own
 
 
 def test_maintenance_is_a_503_with_retry_after_and_a_json_body(lay):
     text = render_maintenance("swap int8 -> tq3-mtp-genesis in progress'; evil", 12)
     assert "add_header Retry-After 12 always;" in text
-    body = text.split("return 503 '", 1)[1].rsplit("';", 1)[0]
+    body = text.rsplit("return 503 '", 1)[1].rsplit("';", 1)[0]  # with the key
     data = json.loads(body)
     assert data["error"]["code"] == 503 and data["error"]["type"] == "service_unavailable"
     assert "swap int8 -> tq3-mtp-genesis in progress" in data["error"]["message"]
@@ -85,7 +85,8 @@ def test_rendered_routes_pass_nginx_t(lay, tmp_path):
     for text in (render_serving(ref), render_maintenance("x", 5)):
         (tmp_path / "route.conf").write_text(text)
         conf = tmp_path / "nginx.conf"
-        conf.write_text(f"events {{}}\nhttp {{ server {{ listen 127.0.0.1:1; location / {{ "
+        conf.write_text(f"events {{}}\nhttp {{ map $http_authorization $rigfleet_authorized "
+                        f"{{ default 0; }} server {{ listen 127.0.0.1:1; location / {{ "
                         f"include {tmp_path}/route.conf; }} }} }}\n")
         proc = subprocess.run(["nginx", "-t", "-c", str(conf)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
