@@ -13,6 +13,9 @@
     rigfleet bench --url URL | --inventory inventory/home.py [--limit H] [--accept-baseline H]
     rigfleet doctor --inventory inventory/home.py [--limit HOST] [--json]
     rigfleet roll --inventory inventory/home.py [--batch N] [--max-failures K] [--dry]
+    rigfleet rollback --inventory inventory/home.py [--limit H] [--to N] [--dry] [--yes]
+    rigfleet logs HOST [--stack S] [--source engine|supervisor|ledger] [--since T] [--follow]
+    rigfleet lock HOST [--release --reason TEXT]
 
 The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
 """
@@ -204,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_cli.add_parser(sub)
     doctor_cli.add_parser(sub)
+
+    from rigfleet import lockcmd, logs, rollback
+
+    rollback.add_parser(sub)
+    logs.add_parser(sub)
+    lockcmd.add_parser(sub)
 
     from rigfleet.resources import PROJECT_ROOT
 
