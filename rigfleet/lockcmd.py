@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.verbargs import one_host
 
     console = Console(stderr=True, highlight=False)
+    out = Console(highlight=False)  # the answer, on stdout
     if args.release and not args.reason.strip():
         raise ValueError("--release: --reason: missing; allowed: a few words saying why the "
                          "holder is gone (they go to the host's system log)")
@@ -100,23 +101,25 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(row, indent=2))
         elif holder is None:
-            console.print(f"{host.name}: lock free")
+            out.print(f"{host.name}: lock free")
         else:
-            console.print(f"{host.name}: {row['state']}: {escape(describe(holder))}")
+            out.print(f"{host.name}: {row['state']}: {escape(describe(holder))}")
         return 0
     if holder is None:
-        console.print(f"{host.name}: lock free; nothing to release")
+        out.print(f"{host.name}: lock free; nothing to release")
         return 0
     if holder.get("alive"):
         console.print(f"[red]refused:[/red] {host.name}: the holder is alive: "
                       f"{escape(describe(holder))}; wait for it to end (or stop it on the "
                       "host), then look again")
         return 1
-    rc, out = remote.run(host, hosttool.lock_release(args.reason, _by()), timeout=60)
+    rc, out_text = remote.run(host, hosttool.lock_release(args.reason, _by()), timeout=60)
     if rc != 0:
-        console.print(f"[red]refused:[/red] {host.name}: {escape(out.strip()[-400:])}")
+        console.print(f"[red]refused:[/red] {host.name}: {escape(out_text.strip()[-400:])}")
         return 1
-    console.print(f"{host.name}: {escape(out.strip().splitlines()[-1] if out.strip() else '')}")
+    said = out_text.strip().splitlines()[-1] if out_text.strip() else ""
     if args.json:
-        print(json.dumps({**row, "released": True}, indent=2))
+        print(json.dumps({**row, "released": True, "said": said}, indent=2))
+    else:
+        out.print(f"{host.name}: {escape(said)}")
     return 0
