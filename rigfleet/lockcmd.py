@@ -85,11 +85,15 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True, highlight=False)
     out = Console(highlight=False)  # the answer, on stdout
+    usage = None
     if args.release and not args.reason.strip():
-        raise ValueError("--release: --reason: missing; allowed: a few words saying why the "
-                         "holder is gone (they go to the host's system log)")
-    if args.reason and not args.release:
-        raise ValueError("--reason: given without --release; allowed: --release --reason TEXT")
+        usage = ("--release: --reason: missing; allowed: a few words saying why the holder is "
+                 "gone (they go to the host's system log)")
+    elif args.reason and not args.release:
+        usage = "--reason: given without --release; allowed: --release --reason TEXT"
+    if usage:
+        console.print(f"[red]error:[/red] {usage}")
+        return 2  # a usage error
     host = one_host(args.inventory, args.host)
     remote = SshRemote(args.timeout)
     try:

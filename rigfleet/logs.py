@@ -149,12 +149,16 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.ssh import HostUnreachable, SshRemote
     from rigfleet.verbargs import one_host
 
-    since = parse_since(args.since) if args.since else None
-    if args.lines is not None and args.lines < 0:
-        raise ValueError(f"--lines: {args.lines}; allowed: 0 or more")
+    try:
+        since = parse_since(args.since) if args.since else None
+        if args.lines is not None and args.lines < 0:
+            raise ValueError(f"--lines: {args.lines}; allowed: 0 or more")
+        if args.stack is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", args.stack):
+            raise ValueError(f"--stack: {args.stack!r}; allowed: a stack name (int8, ...)")
+    except ValueError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2  # a usage error
     lines = args.lines if args.lines is not None else (None if since else 100)
-    if args.stack is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", args.stack):
-        raise ValueError(f"--stack: {args.stack!r}; allowed: a stack name (int8, ...)")
     host = one_host(args.inventory, args.host)
     sources = list(dict.fromkeys(args.source)) or list(cmds.SOURCES)
     command = build(args.stack, sources, since, lines, args.follow)
