@@ -88,3 +88,14 @@ def test_the_printer_splits_chunks_into_lines_by_source():
     one = io.StringIO()
     Printer(None, one, prefix=False).write(b"engine\tx\n")
     assert one.getvalue() == "x\n"
+
+
+def test_bad_flags_are_usage_errors_before_any_host_is_asked(capsys):
+    from rigfleet.cli import main
+
+    assert main(["logs", "host1", "--inventory", "/nonexistent.py", "--since", "x"]) == 2
+    assert "--since: 'x'; allowed: a duration" in capsys.readouterr().err
+    assert main(["logs", "host1", "--inventory", "/nonexistent.py", "-n", "-1"]) == 2
+    assert main(["lock", "host1", "--inventory", "/nonexistent.py", "--release"]) == 2
+    assert "--reason: missing" in " ".join(capsys.readouterr().err.split())
+    assert main(["lock", "host1", "--inventory", "/nonexistent.py", "--reason", "x"]) == 2
