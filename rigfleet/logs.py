@@ -27,6 +27,8 @@ from rigfleet.commands import logs as cmds
 from rigfleet.hostside.layout import HOST
 
 _DURATION = re.compile(r"(\d+)(s|m|h|d)")
+# Terminal control sequences (docker compose clears its progress line even with --no-color).
+_CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 SINCE_ALLOWED = "a duration (30s, 10m, 2h, 1d) or a UTC time (2026-12-03T10:00:00Z)"
 
@@ -110,7 +112,7 @@ class Printer:
             self.buf = b""
 
     def line(self, text: str) -> None:
-        tag, sep, rest = text.partition("\t")
+        tag, sep, rest = _CSI.sub("", text).partition("\t")
         if not sep:
             tag, rest = "?", text
         if tag == "ledger":

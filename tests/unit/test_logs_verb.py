@@ -79,7 +79,7 @@ def test_the_printer_splits_chunks_into_lines_by_source():
     out = io.StringIO()
     p = Printer(None, out)
     rec = json.dumps({"time": "t", "event": "activate", "result": "promoted", "stack": "int8"})
-    p.write(b"engine\tINFO start")
+    p.write(b"engine\t\x1b[2KINFO start")
     p.write(b"ed\nsupervisor\tok\nledger\t" + rec.encode() + b"\nengine\tlast")
     p.flush()
     assert out.getvalue().splitlines() == [
