@@ -9,6 +9,9 @@
     rigfleet roll [--batch N] [--max-failures K] [--dry] [--yes]   [fleet options]
     rigfleet bump [--image TAG|--latest] [--genesis C] [--dry] [--yes]   [fleet options]
     rigfleet bench --url URL | [fleet options] [--accept-baseline H]
+    rigfleet rollback [--to N] [--dry] [--yes]   [fleet options]
+    rigfleet logs HOST [--stack S] [--source engine|supervisor|ledger] [--since T] [--follow]
+    rigfleet lock HOST [--release --reason TEXT]
 
 Fleet options, the same on every command that reaches hosts (``rigfleet/cliargs.py``):
 ``--inventory FILE`` (default inventory/home.py), ``--limit HOST|GROUP`` (repeatable),
@@ -269,7 +272,7 @@ def _add_endpoints(sub: Any) -> None:
 
 def _commands() -> list[Callable[[Any], Any]]:
     """Every command's ``add_parser(subparsers)``, in the order ``--help`` lists them."""
-    from rigfleet import check
+    from rigfleet import check, lockcmd, logs, rollback
     from rigfleet.bench import cli as bench_cli
     from rigfleet.bump import cli as bump_cli
     from rigfleet.doctor import cli as doctor_cli
@@ -278,7 +281,7 @@ def _commands() -> list[Callable[[Any], Any]]:
 
     return [_add_testbed, check.add_parser, _add_pins, images_cli.add_parser, _add_verify, status_cli.add_parser,
             bump_cli.add_parser, bench_cli.add_parser, doctor_cli.add_parser, _add_roll,
-            _add_endpoints]
+            rollback.add_parser, logs.add_parser, lockcmd.add_parser, _add_endpoints]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -76,6 +76,18 @@ def fleet_hosts(args: argparse.Namespace) -> list[InventoryHost]:
     return select(hosts, args.limit, args.inventory)
 
 
+def one_host(args: argparse.Namespace) -> InventoryHost:
+    """The inventory host ``args.host`` names (within ``--limit`` when given); a
+    ``UsageError`` lists the hosts there."""
+    hosts = fleet_hosts(args)
+    for h in hosts:
+        if h.name == args.host:
+            return h
+    raise UsageError(f"{args.inventory}: host: {args.host!r} is not in the inventory"
+                     f"{' within --limit' if args.limit else ''}; allowed: "
+                     f"{', '.join(h.name for h in hosts)}")
+
+
 def confirm(args: argparse.Namespace, action: str) -> None:
     """Go on with ``--yes`` or a "y" typed at the terminal; otherwise raise ``UsageError``."""
     if getattr(args, "yes", False):

@@ -61,9 +61,12 @@ class InventoryHost:
 
     @property
     def ssh_target(self) -> tuple[str, int, str]:
-        """(hostname, port, user) as pyinfra's SSH connector would use them."""
-        return (self.data.get("ssh_hostname") or self.name, int(self.data.get("ssh_port") or 22),
-                self.data.get("ssh_user") or "root")
+        """(hostname, port, user) as pyinfra's SSH connector would use them: the data over
+        the ssh_config file (``rigfleet.sshconfig``; an alias resolves to its HostName)."""
+        from rigfleet.sshconfig import resolve
+
+        t = resolve(self.name, self.data)
+        return t.hostname, t.port, t.user
 
 
 def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[InventoryHost]:

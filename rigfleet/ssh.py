@@ -1,9 +1,11 @@
 """The one SSH layer outside pyinfra's own run: status, the bump, report copies, image streams.
 
 Built on fabric from the inventory's connection data (``ssh_hostname``, ``ssh_port``,
-``ssh_user``, ``ssh_key``, ``ssh_password``...), never from ``~/.ssh/config``. Host keys are
-strict: they come only from ``ssh_known_hosts_file`` when the data sets it (else the user's
-``~/.ssh/known_hosts``); an unknown host is refused unless the data says
+``ssh_user``, ``ssh_key``, ``ssh_password``...) over ``~/.ssh/config`` or the data's
+``ssh_config_file`` (aliases, ``ProxyJump``, ``IdentityFile``: ``rigfleet.sshconfig``, the
+precedence pyinfra's converge uses). Host keys are strict, for every ``ProxyJump`` hop too:
+they come only from ``ssh_known_hosts_file`` when the data sets it (else the file's
+``UserKnownHostsFile``, else ``~/.ssh/known_hosts``); an unknown host is refused unless the data says
 ``ssh_strict_host_key_checking`` is ``no`` or ``accept-new`` (then accepted for this call,
 never written); a host whose key *differs* is always refused. Hosts whose data sets ``_sudo``
 get every command through ``sudo -n``. Every call has a timeout::
@@ -28,6 +30,7 @@ from typing import Any, BinaryIO, Protocol
 
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost
+from rigfleet.sshconfig import SshConfigError, SshTarget, resolve
 
 # paramiko logs a traceback for every refused connection; the caller's message says why.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -58,60 +61,99 @@ class Remote(Protocol):
     def reachable(self, host: InventoryHost) -> str | None: ...
 
 
-def connection(host: InventoryHost, timeout: float) -> Any:
-    """A connected ``fabric.Connection`` for ``host`` (see the module docstring)."""
+def _client(target: SshTarget, data: dict[str, Any], timeout: float,
+            gateway: Any = None) -> Any:
+    """An unopened ``fabric.Connection`` to one hop, its host keys strict (module docstring)."""
     import paramiko
     from fabric import Config, Connection
 
-    hostname, port, user = host.ssh_target
-    data = host.data
-    key = data.get("ssh_key")
+    keys = target.key_files
     connect_kwargs: dict[str, Any] = {
-        "allow_agent": not key,
-        "look_for_keys": not key,
+        "allow_agent": bool(data.get("ssh_allow_agent", True)) if not keys else False,
+        "look_for_keys": bool(data.get("ssh_look_for_keys", True)) if not keys else False,
         "banner_timeout": timeout,
         "auth_timeout": timeout,
     }
-    if key:
-        connect_kwargs["key_filename"] = str(Path(str(key)).expanduser())
+    if keys:
+        connect_kwargs["key_filename"] = list(keys)
     if data.get("ssh_key_password"):
         connect_kwargs["passphrase"] = data["ssh_key_password"]
     if data.get("ssh_password"):
         connect_kwargs["password"] = data["ssh_password"]
+    if gateway is None and target.proxy_command:
+        gateway = target.proxy_command
+    # The ssh_config was read by rigfleet.sshconfig (pyinfra's precedence); fabric must not
+    # read it again on its own terms.
     config = Config(overrides={"load_ssh_configs": False})
-    conn = Connection(hostname, user=user, port=port, connect_timeout=max(1, int(timeout)),
-                      connect_kwargs=connect_kwargs, config=config)
-    known = data.get("ssh_known_hosts_file")
+    conn = Connection(target.hostname, user=target.user, port=target.port,
+                      connect_timeout=max(1, int(target.connect_timeout or timeout)),
+                      connect_kwargs=connect_kwargs, config=config, gateway=gateway)
     try:
-        if known:
-            conn.client.load_host_keys(str(Path(str(known)).expanduser()))
+        if target.known_hosts:
+            # The data's file must be there; a config's UserKnownHostsFile may not exist yet
+            # (as for OpenSSH: no key known, so the host is refused as unknown).
+            named = data.get("ssh_known_hosts_file")
+            for path in target.known_hosts:
+                if named or Path(path).exists():
+                    conn.client.load_host_keys(path)
         else:
             conn.client.load_system_host_keys()
     except OSError as e:
-        raise HostUnreachable(f"{host.name}: cannot read known hosts {known}: {e.strerror}") \
-            from None
+        raise HostUnreachable(f"cannot read known hosts {', '.join(target.known_hosts)}: "
+                              f"{e.strerror}") from None
     strict = str(data.get("ssh_strict_host_key_checking", "yes")).lower()
     policy = (paramiko.AutoAddPolicy() if strict in ("no", "off", "false", "accept-new")
               else paramiko.RejectPolicy())
     conn.client.set_missing_host_key_policy(policy)
-    where = f"ssh {user}@{hostname}:{port}"
+    return conn
+
+
+def _close(conn: Any) -> None:
+    """Close a connection and every ``ProxyJump`` hop under it."""
+    while conn is not None and not isinstance(conn, str):
+        conn.close()
+        conn = getattr(conn, "gateway", None)
+
+
+def prepare(host: InventoryHost, timeout: float) -> tuple[Any, SshTarget]:
+    """The unopened ``fabric.Connection`` for ``host`` (its ``ProxyJump`` hops as fabric
+    gateways, first hop innermost) and where it goes; raises ``HostUnreachable``."""
+    try:
+        target = resolve(host.name, host.data)
+    except SshConfigError as e:
+        raise HostUnreachable(str(e)) from None
+    try:
+        gateway = None
+        for hop in target.jumps:
+            gateway = _client(hop, host.data, timeout, gateway)
+        return _client(target, host.data, timeout, gateway), target
+    except HostUnreachable as e:
+        raise HostUnreachable(f"{host.name}: {e}") from None
+
+
+def connection(host: InventoryHost, timeout: float) -> Any:
+    """A connected ``fabric.Connection`` for ``host`` (see the module docstring)."""
+    import paramiko
+
+    conn, target = prepare(host, timeout)
+    known = ", ".join(target.known_hosts) or "~/.ssh/known_hosts"
+    where = f"ssh {target.where()}"
     try:
         conn.open()
     except paramiko.BadHostKeyException as e:
-        conn.close()
+        _close(conn)
         raise HostUnreachable(
-            f"{host.name}: host key of {hostname}:{port} differs from "
-            f"{known or 'known_hosts'} ({e})") from None
+            f"{host.name}: host key of {e.hostname} differs from {known} ({e})") from None
     except paramiko.SSHException as e:
-        conn.close()
+        _close(conn)
         if "not found in known_hosts" in str(e):
+            server = str(e).removeprefix("Server ").split(" not found")[0].strip("'")
             raise HostUnreachable(
-                f"{host.name}: {hostname}:{port} is not in {known or '~/.ssh/known_hosts'} "
-                "(strict host key checking); add it (ssh-keyscan) or fix ssh_known_hosts_file"
-            ) from None
+                f"{host.name}: {where}: {server} is not in {known} (strict host key "
+                "checking); add it (ssh-keyscan) or fix ssh_known_hosts_file") from None
         raise HostUnreachable(f"{host.name}: {where}: {e}") from None
     except (OSError, EOFError) as e:
-        conn.close()
+        _close(conn)
         raise HostUnreachable(f"{host.name}: {where}: {getattr(e, 'strerror', None) or e}") \
             from None
     return conn
@@ -143,7 +185,7 @@ class SshRemote:
         except (OSError, EOFError) as e:  # the connection dropped mid-command (host stopped)
             raise HostUnreachable(f"{host.name}: connection lost: {e}") from None
         finally:
-            conn.close()
+            _close(conn)
 
     def run(
         self, host: InventoryHost, command: str, *, timeout: float = 120, stdin: bytes = b""

@@ -633,7 +633,10 @@ def _execute(
     version: str,
     genesis: dict[str, GenesisChoice],
     journal: BumpJournal | None = None,
+    history: dict[str, Any] | None = None,
 ) -> int:
+    """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry
+    (a rollback's ``action`` and target serial)."""
     real = Path(plan.pins.path)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = REPO_ROOT / "reports" / "bumps" / stamp
@@ -662,6 +665,7 @@ def _execute(
     extra = _keep_images(opts, remote, by_name, plan, result, candidate, version,
                          inputs.registry, inputs.mirror)
     extra["bump_id"] = journal.id
+    extra.update(history or {})
     saved_pins = _record(plan, result, extra)
     end_journal(journal, result, saved_pins)
     _restore(runner, result, Path(plan.pins.path))
@@ -814,8 +818,8 @@ def _exit_status(result: RolloutResult) -> int:
         return EXIT_FAILED
     skipped = [o for o in result.by_status(Status.SKIPPED) if OUTSIDE_LIMIT not in o.reason]
     if skipped:
-        names = ", ".join(o.host for o in skipped)
-        console.print(f"[yellow]promoted, but skipped unreachable host(s): {names}[/yellow]")
+        names = ", ".join(f"{o.host} ({o.reason or 'unreachable'})" for o in skipped)
+        console.print(f"[yellow]promoted, but skipped host(s): {names}[/yellow]")
         return EXIT_SKIPPED
     return EXIT_OK
 
@@ -920,6 +924,7 @@ def _resume_options(args: argparse.Namespace, journal: BumpJournal) -> BumpOptio
         registry=args.registry, genesis_url=args.genesis_url, push_mirror=args.push_mirror,
         save_dir=args.save_dir, no_prune=args.no_prune, dry=args.dry, yes=args.yes,
         json=args.json,
+        rollback_to=journal.base_serial if not (cand or genesis) else None,  # a rollback's
     )  # fmt: skip
 
 

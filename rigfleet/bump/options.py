@@ -22,6 +22,7 @@ class BumpOptions:
     + registry, genesis_url, push_mirror: sources and a mirror (None: the inventory's)
     + save_dir: keep a ``docker save`` of the promoted image there
     + no_prune, dry, yes, json: behaviour switches
+    + rollback_to: a rollback (``rigfleet.rollback``) to this pins serial: no image is named
     """
 
     inventory: str
@@ -40,9 +41,10 @@ class BumpOptions:
     dry: bool = False
     yes: bool = False
     json: bool = False
+    rollback_to: int | None = None  # ``rigfleet rollback``: the earlier pins serial it goes to
 
     def __post_init__(self) -> None:
-        if not (self.image or self.latest or self.genesis):
+        if self.rollback_to is None and not (self.image or self.latest or self.genesis):
             raise ValueError("give --image TAG, --latest or --genesis COMMIT")
         if self.batch_size < 1:
             raise ValueError(f"--batch-size: {self.batch_size} is not allowed; allowed: 1 or "

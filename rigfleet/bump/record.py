@@ -27,9 +27,15 @@ from rigfleet.pins import Pins, StackPins
 
 
 def stack_summary(p: StackPins) -> dict[str, Any]:
+    """A stack's pins in a history entry; enough for ``rigfleet rollback`` to rebuild them
+    (the Genesis repository is the stack's: a bump never changes it)."""
     out: dict[str, Any] = {"image": p.image, "digest": p.digest, "vllm_version": p.vllm_version}
+    out["image_id"] = p.image_id  # null: none pinned (absent: an entry older than this key)
     if p.genesis is not None:
         out["genesis"] = p.genesis.commit
+        out["genesis_layout"] = p.genesis.layout
+        if p.genesis.version:
+            out["genesis_version"] = p.genesis.version
     return out
 
 

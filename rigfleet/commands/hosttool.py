@@ -166,3 +166,13 @@ def report_failure(message: str) -> str:
 def journal_unit(swap_id: str) -> str:
     """Where a person reads the transaction's output."""
     return f"journalctl -u {unit_name(swap_id)}"
+
+
+def lock_show() -> str:
+    """Who holds the host lock, as JSON (``null`` when free; ``alive`` by the liveness rule)."""
+    return tool("lock", "--json")
+
+
+def lock_release(reason: str, by: str) -> str:
+    """Remove a stale host lock; the host tool refuses a live holder (exit 3)."""
+    return tool("lock", "--release", "--reason", reason, "--by", by)

@@ -7,6 +7,7 @@
     python3 rigfleet-host.pyz adopt --plan FILE                   # record a stack already serving
     python3 rigfleet-host.pyz record --json J --config-hash H     # pins changed without a swap
     python3 rigfleet-host.pyz lock [--json]                       # who holds the host lock
+    python3 rigfleet-host.pyz lock --release --reason TEXT        # remove a stale lock
     python3 rigfleet-host.pyz probe [--full ...]                  # the host's state as JSON
     python3 rigfleet-host.pyz supervise [--front-port P ...]      # rigfleet-supervise.service
     python3 rigfleet-host.pyz supervise --reset [--why TEXT]      # after fixing a crash loop
@@ -44,7 +45,7 @@ from .front import Front
 from .gate import GateRun, run_gate
 from .journal import Journal
 from .layout import STACK_UNIT, Layout
-from .lock import LockHeld, WindowHold, describe
+from .lock import HostLock, LockHeld, WindowHold, describe
 from .maintenance import Maintenance, plan_of, window_status
 from .pkgready import NotReady, Readiness
 from .plan import Plan, PlanError
@@ -293,12 +294,39 @@ def cmd_record(args: argparse.Namespace, lay: Layout) -> int:
 
 
 def cmd_lock(args: argparse.Namespace, lay: Layout) -> int:
+    if args.release:
+        return _release_lock(args, lay)
     holder = read_holder(lay.lock_dir)
     if args.json:
         print(json.dumps(holder, sort_keys=True))
     else:
         print(describe(holder) + ("" if holder.get("alive") else " [stale]") if holder
               else "free")
+    return 0
+
+
+def _release_lock(args: argparse.Namespace, lay: Layout) -> int:
+    """``lock --release --reason TEXT``: remove a stale lock; a live holder is refused (exit
+    3). The release is said on stdout and in the system log (who, why, the holder)."""
+    import syslog
+
+    if not args.reason.strip():
+        print("rigfleet-host lock: --release: --reason: ''; allowed: a few words saying why",
+              file=sys.stderr)
+        return 2
+    try:
+        holder = HostLock(lay).release_stale()
+    except LockHeld as held:
+        print(f"rigfleet-host lock: refused: {held} [alive]", file=sys.stderr)
+        return EXIT_LOCKED
+    if holder is None:
+        print("rigfleet-host lock: free; nothing to release")
+        return 0
+    line = (f"released a stale lock ({describe(holder)}) by {args.by or 'unknown'}: "
+            f"{args.reason}")
+    syslog.openlog("rigfleet-host")
+    syslog.syslog(syslog.LOG_NOTICE, line)
+    print(f"rigfleet-host lock: {line}")
     return 0
 
 
@@ -398,6 +426,11 @@ def build_parser() -> argparse.ArgumentParser:
     rec.set_defaults(func=cmd_record)
     lk = sub.add_parser("lock", help="who holds the host lock")
     lk.add_argument("--json", action="store_true")
+    lk.add_argument("--release", action="store_true",
+                    help="remove the lock when its holder is gone (stale); a live one is "
+                         "refused (exit 3)")
+    lk.add_argument("--reason", default="", help="(--release) why, for the system log")
+    lk.add_argument("--by", default="", help="(--release) who, for the system log")
     lk.set_defaults(func=cmd_lock)
     pr = sub.add_parser("probe", help="the host's state as one JSON object (the deploy's facts, "
                         "rigfleet status, the bump)")

@@ -250,6 +250,19 @@ class HostLock:
             child.unlink(missing_ok=True)
         aside.rmdir()
 
+    def release_stale(self) -> dict[str, Any] | None:
+        """Remove a stale lock (its holder gone, or its window's deadline passed) on a
+        person's word (``rigfleet lock HOST --release``); returns the holder removed, None
+        when the lock was free. A live holder raises ``LockHeld`` (the liveness rule of
+        ``records.holder_alive``, the same one ``acquire`` uses)."""
+        holder = self.read()
+        if holder is None:
+            return None
+        if holder.get("alive"):
+            raise LockHeld(holder)
+        self._break_stale()
+        return holder
+
     def _write_holder(self, who: str, why: str, deploy_id: str,
                       window: WindowHold | None, directory: Path | None = None) -> None:
         holder: dict[str, Any] = {

@@ -1,0 +1,130 @@
+"""``rigfleet lock HOST``: who holds a host's lock (holder, since, why, alive?); release a stale one.
+
+    rigfleet lock host1
+    rigfleet lock host1 --release --reason "deploy killed at 10:02, host rebooted since"
+
+The host tool answers (``rigfleet-host.pyz lock``): liveness is the host's own rule
+(``rigfleet.hostside.records.holder_alive``: the holder's process still runs in this boot, or
+a maintenance window before its deadline). ``--release`` removes a stale lock through the host
+tool, which refuses a live holder (exit 3) as the host's own lock does; the release, who and
+why go to the host's system log. Exit status: 0 shown or released (or free), 1 refused (a live
+holder) or the host could not answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from rigfleet.commands import hosttool
+from rigfleet.hostside.records import describe
+
+
+def holder_row(holder: dict[str, Any] | None) -> dict[str, Any]:
+    """The holder as the table and ``--json`` show it."""
+    if holder is None:
+        return {"state": "free"}
+    who = holder.get("window") and f"maintenance window {holder['window']}"
+    until = holder.get("until")
+    return {
+        "state": "held" if holder.get("alive") else "stale",
+        "holder": holder.get("who") or "unknown",
+        "since": holder.get("since"),
+        "why": holder.get("why"),
+        "process": who or (f"pid {holder.get('pid')} on {holder.get('host') or '?'}"),
+        "until": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+        if isinstance(until, int | float) else None,
+        "deploy_id": holder.get("deploy_id") or None,
+        "alive": bool(holder.get("alive")),
+    }
+
+
+def read_lock(remote: Any, host: Any) -> dict[str, Any] | None:
+    """The host's lock holder (``alive`` by the host's rule), None when free."""
+    rc, out = remote.run(host, hosttool.lock_show(), timeout=60)
+    if rc != 0:
+        hint = " (no host tool there: run the deploy first)" if "No such file" in out else ""
+        raise RuntimeError(f"{host.name}: `rigfleet-host.pyz lock` exited {rc}{hint}: "
+                           f"{out.strip()[-300:]}")
+    text = out.strip().splitlines()[-1] if out.strip() else ""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise RuntimeError(f"{host.name}: the host tool's lock answer is not JSON: "
+                           f"{text[:200]!r}") from None
+    return data if isinstance(data, dict) else None
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``rigfleet lock`` (``rigfleet/cli.py`` calls this)."""
+    from rigfleet.cliargs import fleet_options
+
+    p = subparsers.add_parser("lock", help="show a host's lock; release a stale one",
+                              parents=[fleet_options(timeout=10.0,
+                                                     timeout_help="seconds per SSH connect")],
+                              description=__doc__.splitlines()[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="\n".join(__doc__.splitlines()[1:]))
+    p.add_argument("host", metavar="HOST", help="an inventory host")
+    p.add_argument("--release", action="store_true",
+                   help="remove the lock when its holder is gone (a live one is refused)")
+    p.add_argument("--reason", default="", help="(with --release, required) why, for the "
+                   "host's system log")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from rigfleet.bump.cli import _by
+    from rigfleet.cliargs import one_host
+    from rigfleet.ssh import HostUnreachable, SshRemote
+
+    console = Console(stderr=True, highlight=False)
+    out = Console(highlight=False)  # the answer, on stdout
+    usage = None
+    if args.release and not args.reason.strip():
+        usage = ("--release: --reason: missing; allowed: a few words saying why the holder is "
+                 "gone (they go to the host's system log)")
+    elif args.reason and not args.release:
+        usage = "--reason: given without --release; allowed: --release --reason TEXT"
+    if usage:
+        console.print(f"[red]error:[/red] {usage}")
+        return 2  # a usage error
+    host = one_host(args)
+    remote = SshRemote(args.timeout)
+    try:
+        holder = read_lock(remote, host)
+    except HostUnreachable as e:
+        raise RuntimeError(str(e)) from None
+    row = {"host": host.name, **holder_row(holder)}
+    if not args.release:
+        if args.json:
+            print(json.dumps(row, indent=2))
+        elif holder is None:
+            out.print(f"{host.name}: lock free")
+        else:
+            out.print(f"{host.name}: {row['state']}: {escape(describe(holder))}")
+        return 0
+    if holder is None:
+        out.print(f"{host.name}: lock free; nothing to release")
+        return 0
+    if holder.get("alive"):
+        console.print(f"[red]refused:[/red] {host.name}: the holder is alive: "
+                      f"{escape(describe(holder))}; wait for it to end (or stop it on the "
+                      "host), then look again")
+        return 1
+    rc, out_text = remote.run(host, hosttool.lock_release(args.reason, _by()), timeout=60)
+    if rc != 0:
+        console.print(f"[red]refused:[/red] {host.name}: {escape(out_text.strip()[-400:])}")
+        return 1
+    said = out_text.strip().splitlines()[-1] if out_text.strip() else ""
+    if args.json:
+        print(json.dumps({**row, "released": True, "said": said}, indent=2))
+    else:
+        out.print(f"{host.name}: {escape(said)}")
+    return 0

@@ -1,0 +1,272 @@
+"""``rigfleet rollback``: back to an earlier pin set from the pins file's history, canary first.
+
+A rollback is a bump whose candidate is an earlier pin set: the stacks' pins at serial ``N``
+are rebuilt from ``pins.yaml``'s history (each bump or rollback entry records the stacks' pins
+before and after it), then the bump's engine rolls them out (``rigfleet.bump``: the canary,
+then batches, each host through the swap gate; the journal; the pins file written for what
+promoted, with a history entry ``action: rollback``, ``to_serial: N``)::
+
+    rigfleet rollback --inventory inventory/home.py --dry          # the plan, nothing runs
+    rigfleet rollback --inventory inventory/home.py --yes          # before the last change
+    rigfleet rollback --inventory inventory/home.py --to 3 --limit host2 --yes
+
+Default ``--to``: the serial before the newest entry that moved stacks. Entries that record no
+earlier pins (``pins lock``) cannot be gone back over: the refusal names them. Exit status as
+the bump's: 0 rolled back everywhere (or nothing to do), 1 refused or a host failed, 2 hosts
+were skipped (unreachable, or outside ``--limit``: the pins file says what they still run),
+3 the inventory or the pins file could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from typing import Any
+
+import yaml
+
+from rigfleet.pins import GenesisPin, Pins, StackPins, dump_pins, parse_pins
+
+MOVES = ("bump", "rollback")  # history actions that record ``old``/``new`` stack pins
+
+
+class RollbackRefused(ValueError):
+    """The history cannot give the pins asked for; the message says why and what would do."""
+
+
+# --- the history (pure) -----------------------------------------------------------------------
+
+
+def _serial(entry: dict[str, Any]) -> int | None:
+    s = entry.get("serial")
+    return s if isinstance(s, int) and not isinstance(s, bool) else None
+
+
+def default_target(pins: Pins) -> int:
+    """The serial before the newest history entry that moved stacks."""
+    for entry in reversed(pins.history):
+        if entry.get("action") in MOVES and isinstance(entry.get("old"), dict) \
+                and _serial(entry) is not None:
+            return int(entry["serial"]) - 1
+    raise RollbackRefused(f"{pins.path}: history: no bump or rollback recorded; nothing to go "
+                          "back to")
+
+
+def _known(pins: Pins) -> list[StackPins]:
+    return [*pins.stacks.values(), *(p for h in pins.hosts.values() for p in h.values())]
+
+
+def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
+    """A stack's pins from a history summary (``rigfleet.bump.record.stack_summary``)."""
+    if not isinstance(summary, dict) or not all(
+            isinstance(summary.get(k), str) for k in ("image", "digest", "vllm_version")):
+        raise RollbackRefused(f"{pins.path}: history: serial {serial}: old.{name}: "
+                              f"{summary!r}; allowed: image, digest and vllm_version")
+    now = pins.stacks.get(name)
+    image_id = summary.get("image_id")
+    if "image_id" not in summary:  # an entry older than the key: the same digest's id
+        image_id = next((p.image_id for p in _known(pins) if p.digest == summary["digest"]),
+                        None)
+    genesis = None
+    commit = summary.get("genesis")
+    if commit:
+        base = now.genesis if now is not None and now.genesis is not None else None
+        if base is None:
+            raise RollbackRefused(f"{pins.path}: history: serial {serial}: old.{name}.genesis: "
+                                  f"{commit}: the stack no longer pins a Genesis repository")
+        same = base.commit == commit
+        genesis = GenesisPin(
+            base.repo, str(commit),
+            str(summary.get("genesis_layout") or base.layout),
+            summary.get("genesis_version") or (base.version if same else None))
+    return StackPins(name, summary["image"], summary["digest"], summary["vllm_version"],
+                     genesis, image_id)
+
+
+def pins_at(pins: Pins, serial: int) -> dict[str, StackPins]:
+    """The fleet's stack pins as they were at ``serial``, rebuilt from the history.
+
+    Raises ``RollbackRefused`` for a serial the history cannot give (out of range, or an
+    entry after it that records no earlier pins)."""
+    entries = [e for e in pins.history if (_serial(e) or 0) > serial]
+    first = min((_serial(e) or pins.serial for e in pins.history), default=pins.serial)
+    if serial >= pins.serial or serial < first - 1 or serial < 1:
+        raise RollbackRefused(f"{pins.path}: --to: {serial}; allowed: a serial from "
+                              f"{max(1, first - 1)} to {pins.serial - 1} (the pins file is at "
+                              f"{pins.serial})")
+    missing = sorted(set(range(serial + 1, pins.serial + 1)) - {_serial(e) for e in entries})
+    if missing:
+        raise RollbackRefused(f"{pins.path}: history: no entry for serial "
+                              f"{', '.join(map(str, missing))}, so serial {serial} cannot be "
+                              f"rebuilt; allowed: --to {max(missing)} or later")
+    stacks = dict(pins.stacks)
+    for entry in sorted(entries, key=lambda e: _serial(e) or 0, reverse=True):
+        s = _serial(entry)
+        if entry.get("action") not in MOVES or not isinstance(entry.get("old"), dict):
+            raise RollbackRefused(
+                f"{pins.path}: history: serial {s} ({entry.get('action') or 'no action'}) "
+                f"records no earlier pins, so serial {serial} cannot be rebuilt; allowed: "
+                f"--to {s} or later")
+        for name, summary in entry["old"].items():
+            stacks[name] = _rebuild(replace(pins, stacks=stacks), name, summary, s or 0)
+    # Round-trip through the validator: never roll out pins the file would refuse.
+    trial = replace(pins, stacks=stacks)
+    parse_pins(yaml.safe_load(dump_pins(trial)), pins.path)
+    return stacks
+
+
+def changes(pins: Pins, target: dict[str, StackPins], hosts: list[str]) -> dict[str, StackPins]:
+    """The stacks whose target pins differ from the fleet's or from some host's."""
+    return {name: p for name, p in target.items()
+            if pins.stacks.get(name) != p
+            or any(pins.for_host(h).stacks.get(name) != p for h in hosts)}
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``rigfleet rollback`` (``rigfleet/cli.py`` calls this)."""
+    from rigfleet.cliargs import fleet_options
+    from rigfleet.resources import PROJECT_ROOT
+
+    p = subparsers.add_parser(
+        "rollback", help="go back to an earlier pin set from the pins history, canary first, "
+        "through the gate", description=__doc__.splitlines()[0],
+        parents=[fleet_options(timeout=10.0, timeout_help="seconds per SSH connect")],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:]))
+    p.add_argument("--to", type=int, metavar="N",
+                   help="the pins serial to go back to (default: before the last bump or "
+                        "rollback)")
+    p.add_argument("--batch-size", type=int, default=1, help="hosts per batch after the canary")
+    p.add_argument("--max-failures", type=int, default=1,
+                   help="stop after this many failed hosts (a failed canary always stops)")
+    p.add_argument("--deploy", default=str(PROJECT_ROOT / "deploy.py"),
+                   help="the deploy file (default: this checkout's deploy.py)")
+    p.add_argument("--dry", action="store_true", help="print the plan; change nothing")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask before rolling back")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """``rigfleet rollback``; the exit status (module docstring)."""
+    from rigfleet.bump import cli as bump
+    from rigfleet.bump.journal import load_journal
+    from rigfleet.bump.options import BumpOptions
+    from rigfleet.bump.plan import build_plan
+    from rigfleet.cliargs import select
+    from rigfleet.errors import RigfleetError
+    from rigfleet.pins import load_pins
+    from rigfleet.ssh import SshRemote, reachability
+
+    try:
+        hosts, plan_hosts, path, first = bump.load_fleet(args.inventory, args.deploy)
+        pins = load_pins(path, catalog=first.catalog)
+        picked = {h.name for h in select(hosts, args.limit, args.inventory)}
+        journal = load_journal(pins, first.catalog)
+    except (RigfleetError, ValueError, RuntimeError) as e:
+        bump.console.print(f"[red]error:[/red] {e}")
+        return bump.EXIT_ERROR
+    if journal is not None and journal.state != "finished":
+        bump.console.print(f"[red]refused:[/red] {journal.describe()} is unfinished; run "
+                           f"`rigfleet bump --inventory {args.inventory}` to finish it (or "
+                           "add --abandon), then roll back")
+        return bump.EXIT_FAILED
+    try:
+        to = default_target(pins) if args.to is None else args.to
+        target = pins_at(pins, to)
+        opts = BumpOptions(inventory=args.inventory, deploy=args.deploy,
+                           stacks=tuple(target), batch_size=args.batch_size,
+                           max_failures=args.max_failures, dry=args.dry, yes=args.yes,
+                           json=args.json, rollback_to=to)
+    except (RigfleetError, ValueError) as e:
+        bump.console.print(f"[red]refused:[/red] {e}")
+        return bump.EXIT_FAILED
+    new = changes(pins, target, [h.name for h in hosts])
+    bump._log(f"{pins.path}: at serial {pins.serial}; rolling back to the stacks of serial {to}")
+    if not new:
+        bump._log(f"every host already runs the stacks of serial {to}; nothing to do")
+        return bump.EXIT_OK
+    remote = SshRemote(args.timeout)
+    reach = reachability(remote, [h for h in hosts if h.name in picked])
+    unreachable: dict[str, str | None] = {
+        h.name: "not in --limit" if h.name not in picked else reach.get(h.name) for h in hosts}
+    try:
+        plan = build_plan(plan_hosts, unreachable, pins, new, args.batch_size,
+                          args.max_failures)
+    except ValueError as e:
+        bump.console.print(f"[red]refused:[/red] {e}")
+        return bump.EXIT_FAILED
+    print_plan(plan, to)
+    if args.dry:
+        if args.json:
+            print(json.dumps(plan_json(plan, to), indent=2))
+        return bump.EXIT_OK
+    if plan.empty:
+        bump._log("every reachable host already runs these pins; nothing to do")
+        return bump.EXIT_SKIPPED if plan.skipped else bump.EXIT_OK
+    if not args.yes and not confirm():
+        return bump.EXIT_FAILED
+    inputs = bump.Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog)
+    return bump._execute(opts, inputs, remote, plan, None, "", {},
+                         history={"action": "rollback", "to_serial": to})
+
+
+def confirm() -> bool:
+    """Ask before rolling back; with no terminal, refuse naming ``--yes``."""
+    from rigfleet.bump.cli import console
+
+    if not sys.stdin.isatty():
+        console.print("[red]refused:[/red] not a terminal: pass --yes to roll back; nothing "
+                      "changed")
+        return False
+    if console.input("Roll back? [y/N] ").strip().lower() in ("y", "yes"):
+        return True
+    console.print("not confirmed; nothing changed")
+    return False
+
+
+def plan_json(plan: Any, to: int) -> dict[str, Any]:
+    return {"to_serial": to, "from_serial": plan.pins.serial,
+            "stacks": {n: {"now": _text(plan.pins.stacks[n]), "to": _text(p)}
+                       for n, p in plan.new_stacks.items()},
+            "batches": [list(b) for b in plan.batches], "canary": plan.canary,
+            "skipped": dict(plan.skipped), "up_to_date": list(plan.up_to_date)}
+
+
+def _text(p: StackPins) -> str:
+    text = f"{p.tag} {p.digest[:19]} vLLM {p.vllm_version}"
+    return text + (f" + Genesis {p.genesis.label}" if p.genesis is not None else "")
+
+
+def print_plan(plan: Any, to: int) -> None:
+    """What ``--dry`` shows: each stack now -> serial ``to``; canary, batches, skipped."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from rigfleet.bump.cli import console
+
+    table = Table(title=f"rigfleet rollback: pins serial {plan.pins.serial} -> {to}",
+                  title_justify="left")
+    for col in ("stack", "now", "back to"):
+        table.add_column(col)
+    for name, p in plan.new_stacks.items():
+        table.add_row(name, escape(_text(plan.pins.stacks[name])), escape(_text(p)))
+    console.print(table)
+    steps = Table(title="rollout", title_justify="left")
+    for col in ("step", "hosts"):
+        steps.add_column(col)
+    for i, batch in enumerate(plan.batches):
+        steps.add_row("canary" if i == 0 else f"batch {i}",
+                      ", ".join(f"{h} ({plan.host(h).stack})" for h in batch))
+    for name, reason in plan.skipped.items():
+        steps.add_row("[yellow]skipped[/yellow]", escape(f"{name}: {reason}"))
+    for name in plan.up_to_date:
+        steps.add_row("done", f"{name}: already runs these pins")
+    console.print(steps)
+    console.print(f"batch size {plan.batch_size}; stop after {plan.max_failures} failed "
+                  "host(s); a failed canary always stops the rollback")
