@@ -24,7 +24,9 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 # inventory names them as the hosts do); the registry and Genesis already have theirs
 # (bump_registry, bump_genesis_url).
 REACH = [f"{layout.HUB_URL}=http://127.0.0.1:{layout.HUB_LOCAL_PORT}",
-         f"{layout.APT_URL.rsplit('/', 1)[0]}=http://127.0.0.1:{layout.APT_LOCAL_PORT}"]
+         *(f"{base.split('/', 3)[0]}//{base.split('/', 3)[2]}=http://127.0.0.1:"
+           f"{layout.APT_LOCAL_PORT}" for base in (layout.CUDA_APT_BASE,
+                                                   layout.TOOLKIT_APT_BASE))]
 GONE_DIGEST = "sha256:" + "d" * 64
 GONE_REVISION = "e" * 40
 GONE_BRANCH = "599"
@@ -84,8 +86,10 @@ gpu_hosts = (_hosts, {{**_data, "pins_file": {str(pins)!r}}})
     assert f"{GONE_DIGEST[:19]}" in flat and "is not there at" in flat
     assert f"model Lorbus/Qwen3.6-27B-int4-AutoRound@{GONE_REVISION[:12]}: missing" in flat
     assert "no such revision" in flat
-    assert f"driver {GONE_BRANCH} (debian 13): missing at cuda {layout.APT_URL}" in flat
-    assert "nvidia-driver-cuda (it has 580.105.08-1, 590.44.01-1)" in flat
+    assert (f"driver {GONE_BRANCH} (debian 13): missing at cuda {layout.CUDA_APT_BASE}"
+            "/debian13/x86_64/") in flat
+    # NVIDIA's debian13 repository as the twin serves it: no 580.
+    assert "nvidia-driver-cuda (it has 595.58.03-1, 620.37.02-1)" in flat
 
     host = testbed.fleet[0]
     before = host_state(host)

@@ -14,7 +14,7 @@
    boot (``rigfleet testbed mok-enroll``), the module loads, and the deploy passes: the host
    serves again.
 
-It leaves the fleet on driver 620 (test_13, the last module, runs no converge).
+It leaves the fleet on driver 620 (test_17, the last module, runs no converge).
 
     RIGFLEET_TESTBED_HOSTS=3 RIGFLEET_KEEP_TESTBED=1 \
         .venv/bin/python -m pytest tests/e2e/test_12_driver.py -x -v

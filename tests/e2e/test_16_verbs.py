@@ -1,6 +1,6 @@
 """The operator verbs on the session fleet, and a host reached through an ssh_config alias.
 
-All on the first fleet host (``testbed.fleet[0]``; test_13 slows the last one), in order:
+All on the first fleet host (``testbed.fleet[0]``; test_17 slows the last one), in order:
 
 1. a host whose inventory name is an alias of an ssh_config file (HostName, Port, User,
    IdentityFile and UserKnownHostsFile from the file, none in the host data) answers

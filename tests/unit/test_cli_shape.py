@@ -33,7 +33,8 @@ LEAVES = _leaves(build_parser())
 COMMANDS = sorted(LEAVES)
 # What a command needs besides --inventory before it reads the inventory.
 NEEDS = {("bump",): ["--latest"], ("images", "export"): ["--host", "rig-a", "--to", "/tmp/x"],
-         ("images", "import"): ["/nonexistent.tar", "--host", "rig-a"]}
+         ("images", "import"): ["/nonexistent.tar", "--host", "rig-a"],
+         ("logs",): ["rig-a"], ("lock",): ["rig-a"]}
 
 
 def _options(parser: argparse.ArgumentParser) -> set[str]:
