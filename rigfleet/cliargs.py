@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from rigfleet import inventory as _inventory
 from rigfleet.errors import RigfleetError
@@ -45,6 +46,19 @@ def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout:
     g.add_argument("--json", action="store_true", help="print JSON on stdout, not a table")
     g.add_argument("--timeout", type=float, default=timeout, metavar="S",
                    help=f"{timeout_help} (default {timeout:g})")
+    return p
+
+
+def host_command(subparsers: Any, name: str, help: str, doc: str) -> argparse.ArgumentParser:
+    """A command about one inventory host (``rigfleet logs HOST``, ``rigfleet lock HOST``):
+    the fleet options, a ``HOST`` argument, ``doc``'s first line as its description and the
+    rest as its epilog."""
+    first, *rest = doc.splitlines()
+    p = subparsers.add_parser(name, help=help, description=first, epilog="\n".join(rest),
+                              parents=[fleet_options(timeout=10.0,
+                                                     timeout_help="seconds per SSH connect")],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("host", metavar="HOST", help="an inventory host")
     return p
 
 

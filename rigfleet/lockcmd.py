@@ -59,15 +59,9 @@ def read_lock(remote: Any, host: Any) -> dict[str, Any] | None:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``rigfleet lock`` (``rigfleet/cli.py`` calls this)."""
-    from rigfleet.cliargs import fleet_options
+    from rigfleet.cliargs import host_command
 
-    p = subparsers.add_parser("lock", help="show a host's lock; release a stale one",
-                              parents=[fleet_options(timeout=10.0,
-                                                     timeout_help="seconds per SSH connect")],
-                              description=__doc__.splitlines()[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter,
-                              epilog="\n".join(__doc__.splitlines()[1:]))
-    p.add_argument("host", metavar="HOST", help="an inventory host")
+    p = host_command(subparsers, "lock", "show a host's lock; release a stale one", __doc__)
     p.add_argument("--release", action="store_true",
                    help="remove the lock when its holder is gone (a live one is refused)")
     p.add_argument("--reason", default="", help="(with --release, required) why, for the "

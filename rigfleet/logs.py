@@ -132,15 +132,9 @@ class Printer:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``rigfleet logs`` (``rigfleet/cli.py`` calls this)."""
-    from rigfleet.cliargs import fleet_options
+    from rigfleet.cliargs import host_command
 
-    p = subparsers.add_parser("logs", help="a host's engine log, supervisor log and ledger",
-                              parents=[fleet_options(timeout=10.0,
-                                                     timeout_help="seconds per SSH connect")],
-                              description=__doc__.splitlines()[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter,
-                              epilog="\n".join(__doc__.splitlines()[1:]))
-    p.add_argument("host", metavar="HOST", help="an inventory host")
+    p = host_command(subparsers, "logs", "a host's engine log, supervisor log and ledger", __doc__)
     p.add_argument("--stack", metavar="S", help="this staged stack's engine (default: the one "
                    "that serves)")
     p.add_argument("--source", action="append", choices=cmds.SOURCES, default=[],
