@@ -400,3 +400,4 @@ def ledger_lines(lay: Layout) -> list[dict]:
         return [json.loads(line) for line in lay.ledger_file.read_text().splitlines()]
     except FileNotFoundError:
         return []
+

@@ -17,13 +17,13 @@ from typing import Any
 
 import jinja2
 import pytest
+import swap_fakes
 from swap_fakes import (
     FakeFront,
     FakeGate,
     FakeHost,
     journal,
     ledger_lines,
-    make_active,
     make_plan,
     make_ref,
 )
@@ -75,14 +75,7 @@ def lay(tmp_path) -> Layout:
 
 
 def serving(lay: Layout) -> tuple[FakeHost, FakeFront, Any]:
-    """int8 verified, running since t=0 and routed; the clock at t=10."""
-    host, front = FakeHost(), FakeFront()
-    ref = make_active(lay, make_ref(lay, "int8", HASH))
-    host.up(str(lay.active_compose), ref.project)
-    host.t += 10
-    front.serve(ref)
-    host.calls.clear()
-    return host, front, ref
+    return swap_fakes.serving(lay, config_hash=HASH)
 
 
 def supervisor(lay: Layout, host: FakeHost, front: FakeFront, policy: Policy | None = None,

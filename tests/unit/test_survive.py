@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import swap_fakes
 from swap_fakes import (
     FakeFront,
     FakeGate,
@@ -58,13 +59,7 @@ def lay(tmp_path) -> Layout:
 
 
 def serving(lay: Layout) -> tuple[FakeHost, FakeFront, Any]:
-    host, front = FakeHost(), FakeFront()
-    ref = make_active(lay, make_ref(lay, "int8", HASH))
-    host.up(str(lay.active_compose), ref.project)
-    host.t += 10
-    front.serve(ref)
-    host.calls.clear()
-    return host, front, ref
+    return swap_fakes.serving(lay, config_hash=HASH)
 
 
 def fault(code: int) -> OSError:
