@@ -34,8 +34,9 @@ GONE_BRANCH = "599"
 
 def check(*args: str, inventory: Path = INVENTORY):
     reach = [a for r in REACH for a in ("--reach", r)]
+    # Wide enough that no note under the table wraps inside a URL.
     return run([RIGFLEET, "check", "--inventory", str(inventory), *args, *reach], check=False,
-               timeout=600)
+               timeout=600, env={**os.environ, "COLUMNS": "1000"})
 
 
 def test_the_testbed_inventory_passes_offline_and_online(testbed):
