@@ -80,8 +80,9 @@ def fleet(testbed, converged):
     assert len(now) == 1, now
     other = "620" if now == {"595"} else "595"  # both in every NVIDIA repository the twin serves
     text = (STATE / "pins.yaml").read_text()
+    # After test_12 the hosts run 620 and the testbed's pins already say 595: the same text.
     changed = re.sub(r"branch: '\d+'", f"branch: '{other}'", text, count=1)
-    assert changed != text, text
+    assert f"branch: '{other}'" in changed and other not in now, (changed, now)
     PINS.write_text(changed)
     WINDOWS_INVENTORY.write_text(f'''"""The testbed inventory on {PINS.name} (tests/e2e/test_14_windows.py)."""
 import runpy
