@@ -11,13 +11,17 @@ connection without a byte (``drop``: an engine that died mid-request).
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from rigfleet.balancer.plan import GpuHost, plan_balancer
 from rigfleet.hostdata import validate_balancer, validate_host
@@ -160,3 +164,16 @@ class FakeFront:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def tls_files(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for ``name`` and its key (0600); skips without openssl."""
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed")
+    crt, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "30", "-subj",
+                    f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}", "-keyout",
+                    str(key), "-out", str(crt)], check=True, capture_output=True)
+    key.chmod(0o600)
+    return crt, key

@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -401,3 +403,9 @@ def ledger_lines(lay: Layout) -> list[dict]:
     except FileNotFoundError:
         return []
 
+
+def gone_pid() -> int:
+    """A pid that existed a moment ago and is gone now."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(proc.stdout)

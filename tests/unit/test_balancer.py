@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from balancer_helpers import API_KEY, gpu_data, gpu_host, key_file, make_plan
+from balancer_helpers import API_KEY, gpu_data, gpu_host, key_file, make_plan, tls_files
 
 from rigfleet.balancer.haproxy import (
     HostPaths,
@@ -194,17 +194,6 @@ def test_check_timing_leaves_rotation_within_about_one_interval():
                                  "check_timeout_ms": 2000}
     assert check_timing(0.5)["fastinter_ms"] == 250
 
-
-def tls_files(tmp_path: Path, name: str) -> tuple[Path, Path]:
-    if not shutil.which("openssl"):
-        pytest.skip("openssl is not installed")
-    crt, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "30", "-subj",
-                    f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}", "-keyout",
-                    str(key), "-out", str(crt)], check=True, capture_output=True)
-    key.chmod(0o600)
-    return crt, key
 
 
 def test_tls_at_the_balancer_and_to_tls_fronts(tmp_path):

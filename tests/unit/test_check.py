@@ -276,16 +276,20 @@ def test_the_deploy_refuses_an_os_key_that_is_not_the_hosts() -> None:
         "runs (or no os key)")
 
 
+def repos_data(settings) -> dict[str, dict]:
+    """Host data ``apt_repos`` for the repositories ``settings`` hold."""
+    return {k: {"url": r.url, "key_url": r.key_url, "suite": r.suite,
+                "components": list(r.components), "key_fingerprint": r.key_fingerprint}
+            for k, r in settings.apt_repos.items()}
+
+
 def test_verify_pins_names_the_thing_its_source_and_the_hosts(tmp_path, web) -> None:
     from rigfleet.check import verify_pins
 
     settings = settings_for(tmp_path, web, cuda="new")
     pins = pins_at(tmp_path)
     data = fleet_data(tmp_path, stack="int8", pins_file=str(pins.path), os="debian 13",
-                      apt_repos={k: {"url": r.url, "key_url": r.key_url, "suite": r.suite,
-                                     "components": list(r.components),
-                                     "key_fingerprint": r.key_fingerprint}
-                                 for k, r in settings.apt_repos.items()})
+                      apt_repos=repos_data(settings))
     hosts = [InventoryHost("rig-a", ("gpu_hosts",), data),
              InventoryHost("rig-b", ("gpu_hosts",), data)]
     there = FakeSources(Finding("model x@aaaa", "http://hub", FOUND))
@@ -350,10 +354,7 @@ def test_the_bump_refuses_a_plan_whose_pins_a_source_lacks(tmp_path, web) -> Non
     settings = settings_for(tmp_path, web, cuda="old")
     pins = pins_at(tmp_path)
     data = fleet_data(tmp_path, stack="int8", pins_file=str(pins.path), os="debian 12",
-                      apt_repos={k: {"url": r.url, "key_url": r.key_url, "suite": r.suite,
-                                     "components": list(r.components),
-                                     "key_fingerprint": r.key_fingerprint}
-                                 for k, r in settings.apt_repos.items()})
+                      apt_repos=repos_data(settings))
     inputs = SimpleNamespace(pins=pins, hosts=[InventoryHost("rig-a", ("gpu_hosts",), data)])
     plan = SimpleNamespace(new_stacks={})
     there = FakeSources(Finding("model x@aaaa", "http://hub", FOUND))

@@ -5,14 +5,12 @@ fronts by accident, no crafted host name in haproxy.cfg, model_dir a directory o
 from __future__ import annotations
 
 import posixpath
-import shutil
-import subprocess
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
-from balancer_helpers import gpu_data, key_file
+from balancer_helpers import gpu_data, key_file, tls_files
 
 from rigfleet.balancer.haproxy import render_config
 from rigfleet.balancer.plan import BalancerError, GpuHost, plan_balancer
@@ -133,14 +131,7 @@ def test_other_names_pass(tmp_path: Path) -> None:
 
 
 def cert(tmp_path: Path, name: str) -> dict[str, str]:
-    if not shutil.which("openssl"):
-        pytest.skip("openssl is not installed")
-    crt, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "30", "-subj",
-                    f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}", "-keyout",
-                    str(key), "-out", str(crt)], check=True, capture_output=True)
-    key.chmod(0o600)
+    crt, key = tls_files(tmp_path, name)
     return {"cert": str(crt), "key": str(key)}
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
+from swap_fakes import gone_pid
 
 from rigfleet.hostside.__main__ import main as host_main
 from rigfleet.hostside.layout import Layout
@@ -21,11 +20,6 @@ from rigfleet.lockcmd import holder_row, read_lock
 def lay(tmp_path) -> Layout:
     return Layout(tmp_path)
 
-
-def gone_pid() -> int:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    return int(proc.stdout)
 
 
 def write_holder(lay: Layout, **holder) -> None:

@@ -14,7 +14,16 @@ import time
 from typing import Any
 
 import pytest
-from swap_fakes import FakeFront, FakeGate, FakeHost, ledger_lines, make_plan, make_ref, serving
+from swap_fakes import (
+    FakeFront,
+    FakeGate,
+    FakeHost,
+    gone_pid,
+    ledger_lines,
+    make_plan,
+    make_ref,
+    serving,
+)
 
 from rigfleet.hostside.__main__ import main
 from rigfleet.hostside.active import read_active
@@ -122,14 +131,14 @@ def test_a_window_is_held_while_its_process_lives_whatever_the_wall_clock_says()
     for now in (0.0, time.time() - 10 * 365 * 86400, time.time() + 10 * 365 * 86400):
         assert holder_alive(holder, now=now)
     # Its process gone (the deploy ended or died): abandoned at once, whatever the clock.
-    gone = {**holder, "pid": _gone_pid(), "pid_start": 1}
+    gone = {**holder, "pid": gone_pid(), "pid_start": 1}
     assert not holder_alive(gone, now=0.0) and not holder_alive(gone)
 
 
 def test_across_its_reboot_a_window_is_held_by_a_grace_on_the_boot_time_clock():
     clock = Clock()
     hold = {"boot": "boot-1", "at": clock.up, "grace_s": 1200.0}
-    holder = {"window": "maint-x", "anchor": "the deploy's SSH session", "pid": _gone_pid(),
+    holder = {"window": "maint-x", "anchor": "the deploy's SSH session", "pid": gone_pid(),
               "pid_start": 1, "reboot": hold}
     # Before the machine goes down (sshd already killed): held for the grace from the request.
     clock.up += 600
@@ -267,7 +276,7 @@ def test_an_abandoned_window_is_closed_by_the_supervisor_with_the_gate(lay):
     host, front, ref = serving(lay)
     plan = window_plan(lay)
     # The deploy that opened it is gone (its SSH session ended).
-    maint(lay, host, front, plan).open("Docker restart", WindowHold(plan.id, _gone_pid(), "x"))
+    maint(lay, host, front, plan).open("Docker restart", WindowHold(plan.id, gone_pid(), "x"))
     host.containers.clear()
     assert window_status(lay)[1] == "abandoned"
     gate = FakeGate()
@@ -295,7 +304,7 @@ def test_a_close_killed_midway_leaves_an_abandoned_window_the_next_holder_closes
         raise Killed("SIGKILL during the close's gate")
 
     closer = maint(lay, host, front, plan, gate=FakeGate(on_run=die),
-                   lock=HostLock(lay, pid=_gone_pid()))
+                   lock=HostLock(lay, pid=gone_pid()))
     closer.lock.release = lambda: None  # type: ignore[method-assign]  # killed: no finally
     with pytest.raises(Killed):
         closer.close(own=True)
@@ -356,11 +365,3 @@ def test_the_cli_opens_reports_and_closes(lay, monkeypatch, capsys):
     assert done["state"] == "done" and done["result"]["result"] == "closed"
     assert front.current() == ROUTE
 
-
-def _gone_pid() -> int:
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    return int(proc.stdout)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from swap_fakes import (
     FakeGate,
     FakeHost,
     compose_text,
+    gone_pid,
     journal,
     ledger_lines,
     make_plan,
@@ -157,11 +156,6 @@ def proxy(monkeypatch) -> OsProxy:
     monkeypatch.setattr(lock_mod, "os", p)
     return p
 
-
-def gone_pid() -> int:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    return int(proc.stdout)
 
 
 def serving(lay: Layout) -> tuple[FakeHost, FakeFront, Any]:

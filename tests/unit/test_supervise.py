@@ -22,6 +22,7 @@ from swap_fakes import (
     FakeFront,
     FakeGate,
     FakeHost,
+    gone_pid,
     journal,
     ledger_lines,
     make_plan,
@@ -99,11 +100,6 @@ def ups(host: FakeHost) -> list[float]:
     """When each ``docker compose up`` ran (fake clock)."""
     return [float(c.rpartition("t=")[2]) for c in host.calls if c.startswith("up ")]
 
-
-def gone_pid() -> int:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    return int(proc.stdout)
 
 
 # --- the decisions, on hand-made observations ---------------------------------------------------

@@ -62,6 +62,15 @@ def serving(lay: Layout) -> tuple[FakeHost, FakeFront, Any]:
     return swap_fakes.serving(lay, config_hash=HASH)
 
 
+def tick_until_serving(sup: Any, host: FakeHost, front: FakeFront, ticks: int = 40) -> None:
+    """Let the supervisor look until int8 serves and is routed again (at most ``ticks``)."""
+    for _ in range(ticks):
+        sup.tick()
+        if front.current() == ROUTE and host.running_now():
+            return
+        sup.nap(sup.policy.poll_s)
+
+
 def fault(code: int) -> OSError:
     return OSError(code, {errno.ENOSPC: "No space left on device",
                           errno.EROFS: "Read-only file system"}[code])
@@ -114,11 +123,7 @@ def test_the_supervisor_rides_out_an_unwritable_state_dir_and_still_recreates(la
     assert f"cannot write {lay.supervise_state}: {fault(code).strerror}; watching on" in said
     assert not lay.supervise_state.exists()
     host.crash("rigfleet-int8", CRASH)                     # the engine dies meanwhile
-    for _ in range(40):
-        sup.tick()
-        if front.current() == ROUTE and host.running_now():
-            break
-        sup.nap(sup.policy.poll_s)
+    tick_until_serving(sup, host, front)
     assert front.routes[-2:] == ["maintenance", ROUTE]     # recreated, served again
     assert ledger_lines(lay)[-1]["result"] == "recreated"  # the ledger is on another disk
     assert any("cannot keep rigfleet-int8's log" in f.read_text()
@@ -144,11 +149,7 @@ def test_on_a_full_disk_it_waits_for_room_for_the_host_lock_then_serves_again(la
     assert "the host lock cannot be taken" in said and "No space left on device" in said
     assert host.running_now() == {} and "internal error" not in said
     broken_disk.update(code=None)                          # the cause gone, nobody there
-    for _ in range(40):
-        sup.tick()
-        if front.current() == ROUTE and host.running_now():
-            break
-        sup.nap(sup.policy.poll_s)
+    tick_until_serving(sup, host, front)
     assert front.current() == ROUTE and host.running_now() == {"rigfleet-int8": HASH}
 
 
@@ -162,11 +163,7 @@ def test_a_recreation_survives_a_ledger_and_journal_that_cannot_be_written(lay, 
     monkeypatch.setattr("rigfleet.hostside.ledger.append",
                         lambda lay, line: (_ for _ in ()).throw(fault(errno.EROFS)))
     host.crash("rigfleet-int8", CRASH)
-    for _ in range(40):
-        sup.tick()
-        if front.current() == ROUTE and host.running_now():
-            break
-        sup.nap(sup.policy.poll_s)
+    tick_until_serving(sup, host, front)
     assert front.current() == ROUTE and host.running_now() == {"rigfleet-int8": HASH}
     said = echo.getvalue()
     assert "journal: cannot write the journal" in said and "ledger: cannot write" in said

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from swap_fakes import gone_pid
 
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.lock import HostLock, LockHeld, describe
@@ -19,12 +20,6 @@ from rigfleet.hostside.records import holder_alive, pid_start_ticks, read_holder
 def lay(tmp_path) -> Layout:
     return Layout(tmp_path)
 
-
-def gone_pid() -> int:
-    """A pid that existed a moment ago and is gone now."""
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    return int(proc.stdout)
 
 
 def test_acquire_writes_who_why_since_and_the_pid(lay):
