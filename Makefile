@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 HOSTS      ?= 3
 DEMO_HOSTS ?= 2
 
-.PHONY: setup testbed-deps demo test test-unit test-e2e lint testbed-up testbed-down bench clean
+.PHONY: setup testbed-deps demo test test-unit test-twin test-e2e lint testbed-up testbed-down bench clean
 
 $(BIN)/rigfleet: pyproject.toml testbed/pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,10 +33,16 @@ test: setup testbed-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest tests/unit -q -n 2
+	$(BIN)/python -m pytest testbed/tests -q -n 2
 	RIGFLEET_TESTBED_HOSTS=$(HOSTS) $(BIN)/python -m pytest tests/e2e -v --durations=20
 
+# The product's unit tests need the project alone (no testbed package, no ../shared).
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit -q -n 2
+
+# The twin's own tests, and the product's against the twin's servers in-process.
+test-twin: setup
+	$(BIN)/python -m pytest testbed/tests -q -n 2
 
 lint: setup
 	$(BIN)/ruff check .

@@ -3,7 +3,7 @@ dumb-HTTP clones under both names, the real history beside it, and what its two 
 (v7 ``python3 -m vllm._genesis.patches.apply_all``, v12 ``python3 -m sndr.apply``) do to the
 simulator's vLLM package::
 
-    .venv/bin/python -m pytest tests/unit/test_genesis_fixture.py -q
+    .venv/bin/python -m pytest testbed/tests/test_genesis_fixture.py -q
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ stack files switch or need, each patch's ``env_flag``, lifecycle, ``default_on``
 with the patches it turns on. The fixture's trees, read by the same helper, must say exactly
 that, so the Genesis gate decides on the fixture as it does on the real trees::
 
-    .venv/bin/python -m pytest tests/unit/test_genesis_fixture_registry.py -q
+    .venv/bin/python -m pytest testbed/tests/test_genesis_fixture_registry.py -q
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from rigfleet.genesis_decisions import (
 from rigfleet.genesis_inspect import GENERATIONS, DirSource, inspect
 from rigfleet.pins import GenesisPin
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "genesis"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "genesis"
 RELEASES = {"v7": ("v7.72.2", 0), "v12": ("v12.1.0", 2)}  # release, index among its commits
 URL = "https://github.com/Sandermage/sndr_core_engine.git"
 COMMITS = {"v7": "7b9fd3194ee6efa1644973383cd44ee5604a5d85",

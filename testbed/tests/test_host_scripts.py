@@ -1,12 +1,12 @@
 """The host-side scripts the roles install, run here as the hosts run them.
 
 - ``files/rigfleet-fetch-weights.py`` against the testbed's hub service (started locally on an
-  ephemeral port, as tests/unit/test_hub.py does) with the real ``huggingface_hub`` client;
+  ephemeral port, as testbed/tests/test_hub.py does) with the real ``huggingface_hub`` client;
 - ``rigfleet/genesis_inspect.py`` (on hosts ``rigfleet-genesis-inspect.py``) isolated, as a
   host's own ``python3`` runs it, on small trees of both Genesis layouts (the full checks are
   in tests/unit/test_genesis_inspect.py).
 
-Run: ``.venv/bin/python -m pytest tests/unit/test_host_scripts.py -q``.
+Run: ``.venv/bin/python -m pytest testbed/tests/test_host_scripts.py -q``.
 """
 
 from __future__ import annotations

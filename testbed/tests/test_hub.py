@@ -3,7 +3,7 @@
 The services program runs as a subprocess on 127.0.0.1 ephemeral ports over a temporary fixture;
 every client call runs in its own interpreter with ``HF_ENDPOINT`` set, as on a host::
 
-    .venv/bin/python -m pytest tests/unit/test_hub.py -q
+    .venv/bin/python -m pytest testbed/tests/test_hub.py -q
 """
 
 from __future__ import annotations

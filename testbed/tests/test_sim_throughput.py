@@ -29,7 +29,7 @@ from rigfleet_testbed.nvidia import smi
 
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE))
-sys.path.insert(0, str(_HERE.parents[1] / "testbed" / "rigfleet_testbed" / "images" / "vllm-sim"))
+sys.path.insert(0, str(_HERE.parents[1] / "rigfleet_testbed" / "images" / "vllm-sim"))
 
 from vllm.sim import graphmode, perf, rig  # noqa: E402
 from vllm_sim_helpers import (  # noqa: E402

@@ -1,31 +1,8 @@
-"""Fixtures shared by the unit tests of the NVIDIA stand-ins."""
+"""Fixtures shared by the product's unit tests (the twin's own live in testbed/tests)."""
 
 from __future__ import annotations
 
-import io
-import json
-from pathlib import Path
-
 import pytest
-from rigfleet_testbed.hardware import hardware_profile
-from rigfleet_testbed.nvidia import kmod
-from rigfleet_testbed.nvidia import simstate as sim
-
-DRIVER = "580.105.08"
-
-
-@pytest.fixture
-def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> sim.SimPaths:
-    """A booted simulated host: two RTX 3090s, module 580 loaded, every path under tmp_path
-    (device nodes, firmware and the DKMS directory included)."""
-    source = tmp_path / "etc-hardware.json"
-    source.write_text(json.dumps(hardware_profile("host1")))
-    monkeypatch.setenv("NVIDIA_SIM_ROOT", str(tmp_path / "run"))
-    for var in ("NVIDIA_SIM_HARDWARE", "NVIDIA_SIM_DEV", "NVIDIA_SIM_FIRMWARE", "NVIDIA_SIM_DKMS"):
-        monkeypatch.delenv(var, raising=False)
-    p = sim.SimPaths.from_env()
-    assert kmod.load(p, source, DRIVER, err=io.StringIO()) == 0
-    return p
 
 
 @pytest.fixture(autouse=True)

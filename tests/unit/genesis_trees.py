@@ -199,3 +199,33 @@ def genesis_repo(tmp: Path) -> FixtureRepo:
     _git(repo.path, "symbolic-ref", "HEAD", "refs/heads/main")
     return repo
 
+
+
+def v7_registry(switches: list[str]) -> str:
+    """A v7 dispatcher registry with a patch per ``GENESIS_ENABLE_<switch>`` (id: its prefix)."""
+    entries = "".join(f'    "{s.split("_")[0]}": {{"env_flag": "GENESIS_ENABLE_{s}", '
+                      f'"default_on": False}},\n' for s in switches)
+    return ("PATCH_REGISTRY = {\n" + entries + "}\n"
+            "ENV_FLAGS = frozenset(m['env_flag'] for m in PATCH_REGISTRY.values())\n")
+
+
+def v7_release_repo(tmp: Path, switches: list[str]) -> FixtureRepo:
+    """Two v7 releases on ``dev`` as ``rigfleet bump`` reads them (``release(vX)`` subjects, no
+    tags), both with a patch per switch: ``v7.72.2`` lists V7_KNOWN, ``v7.73.0`` adds dev212
+    and dev240."""
+    registry = v7_registry(switches)
+    work = tmp / "work"
+    work.mkdir(parents=True)
+    _git(work, "init", "-q", "-b", "dev")
+    repo = FixtureRepo(tmp / "genesis.git")
+    c = repo.commits
+    c["v7.72.2"] = _commit(work, v7_files(V7_KNOWN, "v7.72.2", registry),
+                           "release(v7.72.2): vllm pin allowlist gate", "2026-05-05T09:30:00Z")
+    newer = [*V7_KNOWN, "0.20.2rc1.dev212+g3f9c2a7e5", "0.20.2rc1.dev240+gb7e4d1c9a"]
+    c["v7.73.0"] = _commit(work, v7_files(newer, "v7.73.0", registry),
+                           "release(v7.73.0): allowlist vllm 0.20.2rc1.dev212 and dev240",
+                           "2026-05-12T14:00:00Z")
+    _git(tmp, "init", "-q", "--bare", str(repo.path))
+    _git(work, "push", "-q", str(repo.path), "dev")
+    _git(repo.path, "symbolic-ref", "HEAD", "refs/heads/main")
+    return repo

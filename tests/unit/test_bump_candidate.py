@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from bump_helpers import DIGESTS, GENESIS_OLD, GOOD, MTP_DIES, NEWER, REGRESSED, VERSIONS, pins_data
-from rigfleet_testbed.genesis_fixture import build_genesis_fixture
+from genesis_trees import v7_release_repo
 
 from rigfleet.bump import cli as bump_cli
 from rigfleet.bump.candidate import (
@@ -233,8 +233,10 @@ def fleet(tmp_path: Path, registry, monkeypatch) -> dict[str, Any]:
     import yaml
 
     url, fake = registry
-    gx = build_genesis_fixture(tmp_path / "git")
-    data = pins_data(GOOD, gx.commits[0].sha)
+    stack = yaml.safe_load((REPO_ROOT / "rigfleet/stacks/tq3-mtp-genesis.yaml").read_text())
+    v7 = stack["genesis"]["switches"]["v7"]
+    gx = v7_release_repo(tmp_path / "git", [*v7["on"], *v7["off"]])
+    data = pins_data(GOOD, gx.commits["v7.72.2"])
     for s in data["stacks"].values():
         s["digest"] = fake.digest_of(f"nightly-{GOOD}")
     pins = tmp_path / "pins.yaml"
@@ -257,7 +259,7 @@ def fleet(tmp_path: Path, registry, monkeypatch) -> dict[str, Any]:
     deployed: list[Any] = []
     monkeypatch.setattr(bump_cli, "rollout", lambda *a, **k: deployed.append(a))
     return {"url": url, "pins": pins, "remote": remote, "deployed": deployed,
-            "genesis_url": str(gx.repo_path), "fixture": gx}  # fmt: skip
+            "genesis_url": str(gx.path), "fixture": gx}  # fmt: skip
 
 
 def args_for(fleet: dict[str, Any], *extra: str) -> argparse.Namespace:
@@ -288,7 +290,7 @@ def test_dry_run_proposes_the_newer_genesis_and_changes_nothing(fleet, capsys) -
                                "tq3-mtp-genesis", "--batch-size", "2"))  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 0, err
-    new_genesis = fleet["fixture"].commits[1].sha
+    new_genesis = fleet["fixture"].commits["v7.73.0"]
     assert f"{new_genesis[:12]} (v7.73.0)" in err
     assert "host3 is unreachable" in err and "skipped" in err
     assert "canary" in err and "host1 (tq3-mtp-genesis)" in err
@@ -309,7 +311,7 @@ def test_stack_selection_limits_the_bump(fleet, capsys) -> None:
 
 
 def test_genesis_only_bump_keeps_the_image(fleet, capsys) -> None:
-    new = fleet["fixture"].commits[1].sha
+    new = fleet["fixture"].commits["v7.73.0"]
     rc = bump_cli.run(args_for(fleet, "--genesis", new[:12], "--dry"))
     err = capsys.readouterr().err
     assert rc == 0, err

@@ -99,19 +99,3 @@ def test_export_requires_the_pinned_layouts_entry_point(repo, tmp_path) -> None:
     assert wrong.returncode != 0
     # Nothing is renamed into place: the tree exported before is untouched.
     assert (trees / commit / "sndr/apply/__main__.py").is_file()
-
-
-def test_checkout_over_the_testbeds_dumb_http_git(tmp_path) -> None:
-    # The testbed serves Genesis over git's dumb HTTP, as the hosts reach it: the role's
-    # fetches (every head and tag; a sha the refs reach) work there too.
-    from rigfleet_testbed.genesis_fixture import build_genesis_fixture
-    from services_helpers import services
-
-    fx = build_genesis_fixture(tmp_path / "data" / "git")
-    dest = tmp_path / "checkout"
-    with services(tmp_path / "data") as ports:
-        url = f"http://127.0.0.1:{ports['git']}/{fx.repo_path.name}"
-        for sha in (fx.releases["v7.72.2"], fx.tags["v12.1.0"], fx.commits[-1].sha):
-            run = converge(url, sha, dest)
-            assert run.returncode == 0, run.stderr
-            assert head(dest) == sha

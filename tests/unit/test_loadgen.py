@@ -13,7 +13,6 @@ from balancer_helpers import API_KEY, FakeFront
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import loadgen
 from loadgen import (
     LoadConfig,
     Outcome,
@@ -53,12 +52,6 @@ def test_a_name_must_resolve_only_to_allowed_addresses():
     assert check_target("http://host1:8000", lambda h: ["10.213.11.11"]) == "http://host1:8000"
     with pytest.raises(TargetRefused, match="is 203.0.113.5"):
         check_target("http://host1:8000", lambda h: ["10.213.11.11", "203.0.113.5"])
-
-
-def test_the_testbed_networks_are_the_testbeds():
-    from rigfleet_testbed import layout
-
-    assert any(str(net) == layout.SUBNET for net in loadgen.TESTBED_NETWORKS)
 
 
 def test_scan_sse_reads_events_done_and_the_finish_reason():
