@@ -11,30 +11,8 @@ the commit a model branch points to. They may be the literal ``unresolved``;
 ``load_pins()`` then refuses and says to run ``rigfleet pins lock``, which resolves them
 (registry and hub APIs), and writes the file back with ``with_resolved()`` + ``save_pins()``.
 
-Format (schema ``rigfleet-pins/1``)::
-
-    schema: rigfleet-pins/1
-    serial: 1
-    driver: {branch: "580"}                 # optional version: "580.105.08"
-    container_toolkit: {version: 1.17.8-1}
-    huggingface_hub: {version: 2.4.0}
-    model: {repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: <40-hex>,
-            local_dir: qwen3.6-27b-autoround-int4}
-    stacks:
-      int8: {image: "vllm/vllm-openai:nightly-<40-hex>", digest: "sha256:<64-hex>",
-             vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}
-      tq3-mtp-genesis: {image: ..., digest: ..., vllm_version: ...,
-                        genesis: {repo: <git url>, commit: <40-hex>}}
-    hosts:                                  # optional: hosts that run other pins
-      host2:                                # (written by `rigfleet bump` after a partial
-        stacks:                             # rollout; only the stacks that differ)
-          int8: {image: ..., digest: ..., vllm_version: ...}
-    history: []
-
-The optional ``hosts`` section says what a host runs when it differs from the fleet's pins
-(a bump that promoted on some hosts but not others, or skipped an unreachable host): the
-deploy resolves a host's pins with ``Pins.for_host(name)``, so the file always says what each
-host runs and a converge never moves a host the rollout left behind.
+The format and the optional ``hosts`` section (what a host runs when a rollout left it on other
+pins; ``Pins.for_host``) are in docs/pins.md, with every key (rendered from ``rigfleet.pin_keys``).
 
 Example::
 
@@ -58,12 +36,8 @@ import yaml
 
 from rigfleet.catalog import Catalog, builtin_catalog
 from rigfleet.genesis import LAYOUTS
+from rigfleet.pin_keys import COMMIT, SCHEMA, UNRESOLVED, allowed, default, keys_of
 from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
-
-SCHEMA = "rigfleet-pins/1"
-
-# The placeholder for values only a registry or hub can tell (see the module docstring).
-UNRESOLVED = "unresolved"
 
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
 
@@ -97,10 +71,8 @@ _LOCAL_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 _GENESIS_VERSION = re.compile(r"v?\d+(?:\.\d+){1,3}(?:[.-][A-Za-z0-9]+)*")
 
-_TOP_KEYS = (
-    "schema", "serial", "driver", "container_toolkit", "huggingface_hub", "model", "stacks",
-    "hosts", "history",
-)  # fmt: skip
+_STACK = "stacks.<stack>"
+DEFAULT_LAYOUT = default(f"{_STACK}.genesis.layout")
 
 
 class PinsError(ValidationError):
@@ -124,7 +96,7 @@ class GenesisPin:
 
     repo: str
     commit: str
-    layout: str = "v7"
+    layout: str = DEFAULT_LAYOUT
     version: str | None = None
 
     @property
@@ -275,7 +247,7 @@ def _stack_dict(s: StackPins) -> dict[str, Any]:
         entry["image_id"] = s.image_id
     if s.genesis is not None:
         g: dict[str, Any] = {"repo": s.genesis.repo, "commit": s.genesis.commit}
-        if s.genesis.layout != "v7" or s.genesis.version:
+        if s.genesis.layout != DEFAULT_LAYOUT or s.genesis.version:
             g["layout"] = s.genesis.layout
         if s.genesis.version:
             g["version"] = s.genesis.version
@@ -449,52 +421,42 @@ class _Checker(Problems):
         self.catalog = catalog
 
     def commit(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
-        allowed = "a full 40-character lowercase hex commit"
+        text = COMMIT
         if allow_unresolved:
-            allowed += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
+            text += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
         if value == UNRESOLVED and allow_unresolved:
             return value
         if isinstance(value, str) and _SHORT_HEX.fullmatch(value):
             self.bad(
                 key,
                 value,
-                allowed,
+                text,
                 f"is a short hash ({len(value)} characters); git and the Hugging Face hub "
                 "need the full 40-hex hash to pin exactly",
             )
             return None
-        return self.string(key, value, _HEX40, allowed)
+        return self.string(key, value, _HEX40, text)
 
     def digest(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
-        allowed = "'sha256:' followed by 64 lowercase hex characters"
+        text = allowed(f"{_STACK}.digest")
         if allow_unresolved:
-            allowed += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
+            text += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
         if value == UNRESOLVED and allow_unresolved:
             return value
-        return self.string(key, value, _DIGEST, allowed)
+        return self.string(key, value, _DIGEST, text)
 
     def pins(self, data: Any) -> Pins | None:
-        top = self.mapping("", data, _TOP_KEYS)
+        top = self.mapping("", data, keys_of(""))
         if top is None:
             return None
         schema = top.get("schema")
         if schema != SCHEMA:
-            self.bad("schema", schema, repr(SCHEMA), "is not a supported schema")
-        serial = self.integer("serial", top.get("serial"), low=1,
-                              allowed="an integer >= 1 (save_pins increments it)")
+            self.bad("schema", schema, allowed("schema"), "is not a supported schema")
+        serial = self.integer("serial", top.get("serial"), low=1, allowed=allowed("serial"))
         driver_branch, driver_version = self.driver(top.get("driver"))
-        toolkit = self.versioned(
-            "container_toolkit",
-            top.get("container_toolkit"),
-            _TOOLKIT_VERSION,
-            "a Debian package version like '1.17.8-1' (upstream version '-' revision)",
-        )
-        hf_hub = self.versioned(
-            "huggingface_hub",
-            top.get("huggingface_hub"),
-            _PEP440,
-            "a PEP 440 release like '2.4.0'",
-        )
+        toolkit = self.versioned("container_toolkit", top.get("container_toolkit"),
+                                 _TOOLKIT_VERSION)
+        hf_hub = self.versioned("huggingface_hub", top.get("huggingface_hub"), _PEP440)
         model = self.model(top.get("model"))
         stacks = self.stacks(top.get("stacks"))
         # Host names and history records are not checked key by key below: no control
@@ -504,7 +466,7 @@ class _Checker(Problems):
         hosts = self.hosts(top.get("hosts"))
         history = top.get("history", [])
         if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
-            self.bad("history", history, "a list of mappings (save_pins appends to it)")
+            self.bad("history", history, allowed("history"))
             history = []
         if self.lines:
             return None
@@ -524,57 +486,50 @@ class _Checker(Problems):
         )
 
     def driver(self, value: Any) -> tuple[str | None, str | None]:
-        d = self.mapping("driver", value, ("branch", "version"))
+        d = self.mapping("driver", value, keys_of("driver"))
         if d is None:
             return None, None
         branch = d.get("branch")
         if isinstance(branch, int) and not isinstance(branch, bool):
             branch = str(branch)  # `branch: 580` unquoted in YAML means the same thing
-        branch = self.string(
-            "driver.branch", branch, _DRIVER_BRANCH, "the driver branch digits, e.g. '580'"
-        )
+        branch = self.string("driver.branch", branch, _DRIVER_BRANCH, allowed("driver.branch"))
         version = d.get("version")
         if version is None:
             return branch, None
-        allowed = f"a full driver version on branch {branch or '<branch>'}, e.g. '580.105.08'"
+        text = allowed("driver.version").replace("<branch>", branch or "<branch>")
         if not isinstance(version, str) or not _DRIVER_VERSION.fullmatch(version):
-            self.bad("driver.version", version, allowed)
+            self.bad("driver.version", version, text)
             return branch, None
         if branch and version.split(".")[0] != branch:
-            self.bad("driver.version", version, allowed, f"is not on branch {branch}")
+            self.bad("driver.version", version, text, f"is not on branch {branch}")
             return branch, None
         return branch, version
 
-    def versioned(self, key: str, value: Any, pattern: re.Pattern[str], allowed: str) -> str | None:
-        d = self.mapping(key, value, ("version",))
+    def versioned(self, key: str, value: Any, pattern: re.Pattern[str]) -> str | None:
+        d = self.mapping(key, value, keys_of(key))
         if d is None:
             return None
-        return self.string(f"{key}.version", d.get("version"), pattern, allowed)
+        return self.string(f"{key}.version", d.get("version"), pattern, allowed(f"{key}.version"))
 
     def model(self, value: Any) -> ModelPin | None:
-        d = self.mapping("model", value, ("repo", "revision", "local_dir"))
+        d = self.mapping("model", value, keys_of("model"))
         if d is None:
             return None
-        repo = self.string("model.repo", d.get("repo"), _HF_REPO, "a hub repo id '<owner>/<name>'")
+        repo = self.string("model.repo", d.get("repo"), _HF_REPO, allowed("model.repo"))
         revision = self.commit("model.revision", d.get("revision"), allow_unresolved=True)
-        local_dir = self.string(
-            "model.local_dir",
-            d.get("local_dir"),
-            _LOCAL_DIR,
-            "one directory name (letters, digits, '.', '_', '-'; no '/'), "
-            "e.g. 'qwen3.6-27b-autoround-int4'",
-        )
+        local_dir = self.string("model.local_dir", d.get("local_dir"), _LOCAL_DIR,
+                                allowed("model.local_dir"))
         if repo and revision and local_dir:
             return ModelPin(repo=repo, revision=revision, local_dir=local_dir)
         return None
 
     def stack_entries(self, key: str, value: Any) -> dict[str, StackPins]:
         """``<key>.<stack>: {image, digest, vllm_version[, genesis]}`` for catalog stacks."""
-        allowed = ", ".join(self.catalog.names)
+        names = ", ".join(self.catalog.names)
         out: dict[str, StackPins] = {}
         for name, entry in value.items():
             if name not in self.catalog:
-                self.bad(f"{key}.{name}", name, allowed, "is not a stack in the catalog")
+                self.bad(f"{key}.{name}", name, names, "is not a stack in the catalog")
                 continue
             pinned = self.stack(name, entry, f"{key}.{name}")
             if pinned is not None:
@@ -583,45 +538,41 @@ class _Checker(Problems):
 
     def stacks(self, value: Any) -> dict[str, StackPins] | None:
         if not isinstance(value, dict) or not value:
-            self.bad("stacks", value, "a mapping with one entry per stack the fleet serves: "
-                     + ", ".join(self.catalog.names))
+            self.bad("stacks", value, f"{allowed('stacks')}: {', '.join(self.catalog.names)}")
             return None
         return self.stack_entries("stacks", value)
 
     def hosts(self, value: Any) -> dict[str, dict[str, StackPins]]:
         if value is None:
             return {}
-        allowed = "a mapping host name -> {stacks: {<stack>: {image, digest, vllm_version}}}"
         if not isinstance(value, dict):
-            self.bad("hosts", value, allowed, "is not a mapping")
+            self.bad("hosts", value, allowed("hosts"), "is not a mapping")
             return {}
         out: dict[str, dict[str, StackPins]] = {}
         for host, entry in value.items():
             if not isinstance(host, str) or not host:
-                self.bad(f"hosts.{host}", host, "a host name from the inventory")
+                self.bad(f"hosts.{host}", host, allowed("hosts.<host>"))
                 continue
-            d = self.mapping(f"hosts.{host}", entry, ("stacks",))
+            d = self.mapping(f"hosts.{host}", entry, keys_of("hosts.<host>"))
             if d is None:
                 continue
             stacks = d.get("stacks")
             if not isinstance(stacks, dict) or not stacks:
-                self.bad(f"hosts.{host}.stacks", stacks, "a mapping with at least one stack")
+                self.bad(f"hosts.{host}.stacks", stacks, allowed("hosts.<host>.stacks"))
                 continue
             out[host] = self.stack_entries(f"hosts.{host}.stacks", stacks)
         return out
 
     def stack(self, name: str, value: Any, base: str) -> StackPins | None:
         spec = self.catalog.get(name)
-        keys = ("image", "digest", "vllm_version", "image_id", "genesis")
-        d = self.mapping(base, value, keys)
+        d = self.mapping(base, value, keys_of(_STACK))
         if d is None:
             return None
         image = self.image(f"{base}.image", d.get("image"))
         digest = self.digest(f"{base}.digest", d.get("digest"), allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)
         image_id = self.string(f"{base}.image_id", d.get("image_id"), _DIGEST,
-                               "'sha256:' followed by 64 lowercase hex characters (the image's "
-                               "id, recorded by `rigfleet pins lock`)", required=False)
+                               allowed(f"{_STACK}.image_id"), required=False)
         genesis: GenesisPin | None = None
         if spec.needs_genesis:
             genesis = self.genesis(f"{base}.genesis", d.get("genesis"))
@@ -640,22 +591,18 @@ class _Checker(Problems):
         return None
 
     def image(self, key: str, value: Any) -> str | None:
-        allowed = (
-            "'<repository>:<tag>' with a fixed tag such as 'nightly-<40-hex>' or 'v0.20.1' "
-            "(the digest goes in 'digest', not after '@')"
-        )
-        image = self.string(key, value, _IMAGE, allowed)
+        text = allowed(f"{_STACK}.image")
+        image = self.string(key, value, _IMAGE, text)
         if image is None:
             return None
         tag = image.rsplit(":", 1)[1]
         if tag in MUTABLE_TAGS or tag.endswith("-nightly"):
-            self.bad(key, value, allowed, f"uses the moving tag {tag!r}, which pins nothing")
+            self.bad(key, value, text, f"uses the moving tag {tag!r}, which pins nothing")
             return None
         return image
 
     def vllm_version(self, key: str, value: Any, image: str | None) -> str | None:
-        allowed = "the image's full vllm.__version__, e.g. '0.20.2rc1.dev9+g01d4d1ad3'"
-        version = self.string(key, value, _PEP440, allowed)
+        version = self.string(key, value, _PEP440, allowed(f"{_STACK}.vllm_version"))
         if version is None or image is None:
             return version
         tag = image.rsplit(":", 1)[1]
@@ -692,24 +639,20 @@ class _Checker(Problems):
 
     def genesis(self, key: str, value: Any) -> GenesisPin | None:
         if value is None:
-            self.missing(key, "{repo: <git url>, commit: <40-hex>} (this stack needs Genesis)")
+            self.missing(key, allowed(f"{_STACK}.genesis"))
             return None
-        d = self.mapping(key, value, ("repo", "commit", "layout", "version"))
+        d = self.mapping(key, value, keys_of(f"{_STACK}.genesis"))
         if d is None:
             return None
-        layout = d.get("layout", "v7")
+        layout = d.get("layout", DEFAULT_LAYOUT)
         if layout not in LAYOUTS:
-            self.bad(f"{key}.layout", layout, ", ".join(LAYOUTS), "is not a Genesis layout "
-                     "rigfleet knows")
+            self.bad(f"{key}.layout", layout, allowed(f"{_STACK}.genesis.layout"),
+                     "is not a Genesis layout rigfleet knows")
             layout = None
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,
-                              "a Genesis release such as 'v12.1.0'", required=False)
-        repo = self.string(
-            f"{key}.repo",
-            d.get("repo"),
-            _GIT_URL,
-            "a git URL (https://, http://, ssh://, git://, file:// or user@host:path)",
-        )
+                              allowed(f"{_STACK}.genesis.version"), required=False)
+        repo = self.string(f"{key}.repo", d.get("repo"), _GIT_URL,
+                           allowed(f"{_STACK}.genesis.repo"))
         commit = self.commit(f"{key}.commit", d.get("commit"), allow_unresolved=False)
         if repo and commit and layout:
             return GenesisPin(repo=repo, commit=commit, layout=layout, version=version)
