@@ -470,6 +470,29 @@ def test_a_consumer_behind_the_pace_gets_the_due_tokens_merged(tmp_path):
     assert n == 300 and fast_events < slow_events / 4
 
 
+def test_continuous_usage_counts_tokens_also_in_merged_events(tmp_path):
+    # vLLM's continuous usage says, in every chunk, the tokens generated so far: with MTP n=3
+    # a step yields 1 to 4 tokens; a merged event (the consumer behind the pace) moves the
+    # count by all the tokens it carries.
+    def counts(srv: SimServer, n: int) -> list[int]:
+        events = srv.stream_chat([{"role": "user", "content": ESSAY}], max_tokens=n,
+                                 stream_options={"include_usage": True,
+                                                 "continuous_usage_stats": True})
+        return [e["usage"]["completion_tokens"] for e in events if isinstance(e, dict)
+                and e.get("usage") and e["choices"] and e["choices"][0]["delta"].get("content")]
+
+    with paced(tmp_path, [*DUAL_INT8, *MITIGATED], 1.0) as srv:  # a step lasts ~50 ms
+        paced_counts = counts(srv, 120)
+    steps = [b - a for a, b in zip(paced_counts[:-1], paced_counts[1:], strict=True)]
+    assert paced_counts[-1] == 120 and len(steps) > 10
+    # One event per step (a busy machine may still merge a few):
+    assert sum(1 <= s <= 4 for s in steps) >= 0.8 * len(steps), steps
+    assert sum(s > 1 for s in steps) > len(steps) / 2, steps  # most steps accept drafts
+    with paced(tmp_path, [*DUAL_INT8, *MITIGATED], 2000.0, sub="fast") as srv:
+        merged = counts(srv, 300)
+    assert merged[-1] == 300 and merged[0] > 4
+
+
 @pytest.mark.parametrize("tag,factor", [(RELEASE, 1.0), (SLOW, 0.70)])
 def test_decode_is_paced_at_the_modelled_speed(tmp_path, tag, factor):
     speedup = 5.0

@@ -31,6 +31,18 @@ def test_run_figures_follow_the_issue_definitions():
     assert not RunResult("code", 200, 1.0, 0.1, None).ok
 
 
+def test_decode_leaves_out_the_tokens_of_a_late_first_chunk():
+    # A first chunk that came late (the engine or the client was busy) holds every token due
+    # by then: 400 of 1000 here. Counted against the 4 s after it they would read 250 tok/s.
+    late = RunResult("code", 200, seconds=6.0, first_token_s=2.0, completion_tokens=1000,
+                     first_tokens=400)
+    assert late.decode_tok_s == pytest.approx(600 / 4.0)
+    # A server without continuous usage: every token against the time after the first.
+    assert RunResult("code", 200, 6.0, 2.0, 1000).decode_tok_s == pytest.approx(250.0)
+    # Everything in the first chunk: no decode was seen.
+    assert RunResult("code", 200, 6.0, 2.0, 10, first_tokens=10).decode_tok_s is None
+
+
 def test_stats():
     assert stats.mean([45.1, 45.7, 44.3]) == pytest.approx(45.0333, abs=1e-3)
     assert stats.cv([45.1, 45.7, 44.3]) == pytest.approx(0.01558, abs=1e-4)

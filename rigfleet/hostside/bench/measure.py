@@ -99,6 +99,7 @@ class RunResult:
     prompt_tokens: int | None = None
     finish_reason: str | None = None
     error: str = ""
+    first_tokens: int | None = None  # tokens the first chunk held (continuous usage)
 
     @property
     def ok(self) -> bool:
@@ -106,10 +107,19 @@ class RunResult:
 
     @property
     def decode_tok_s(self) -> float | None:
-        """completion tokens / (end - first token)."""
+        """Tokens after the first chunk / (end - first chunk). The first chunk's own tokens
+        are left out: a chunk that arrives late (a busy engine or client) holds every token
+        due by then, and counting them against the time after it would inflate the rate.
+        Without continuous usage (a server that does not send it): every token / the same
+        time."""
         if not self.ok or self.first_token_s is None or self.seconds <= self.first_token_s:
             return None
-        return (self.completion_tokens or 0) / (self.seconds - self.first_token_s)
+        tokens = self.completion_tokens or 0
+        if self.first_tokens is not None:
+            tokens -= self.first_tokens
+            if tokens <= 0:
+                return None
+        return tokens / (self.seconds - self.first_token_s)
 
     @property
     def wall_tok_s(self) -> float | None:
@@ -122,7 +132,7 @@ class RunResult:
             "" if res.completion_tokens else "the server reported no completion tokens "
             "(no usage in the stream)")
         return cls(shape, res.status, res.seconds, res.first_token, res.completion_tokens,
-                   res.prompt_tokens, res.finish_reason, error)
+                   res.prompt_tokens, res.finish_reason, error, res.first_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {"shape": self.shape, "http_status": self.status,

@@ -82,6 +82,9 @@ class ChatResult:
     # streaming only: seconds to the first generated token of any kind (content, reasoning or
     # tool call): where decode starts (the bench's decode tok/s counts from here)
     first_token: float | None = None
+    # streaming with vLLM's continuous usage: the tokens the first token-carrying chunk held
+    # (a late first chunk holds every token due by then; decode is counted after them)
+    first_tokens: int | None = None
     content: str = ""
     reasoning: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
@@ -187,7 +190,9 @@ class Client:
         body = dict(body)
         if stream:
             body["stream"] = True
-            body.setdefault("stream_options", {"include_usage": True})
+            # continuous usage (vLLM's extension): each chunk says how many tokens so far
+            body.setdefault("stream_options", {"include_usage": True,
+                                               "continuous_usage_stats": True})
         else:
             body.pop("stream", None)
         t0 = time.monotonic()
@@ -245,8 +250,9 @@ class Client:
                     out.error = "stream error: " + str(
                         err.get("message") if isinstance(err, dict) else err)
                     break
-                if isinstance(event.get("usage"), dict):
-                    out.usage = event["usage"]
+                usage = event.get("usage")
+                if isinstance(usage, dict):
+                    out.usage = usage
                 for choice in event.get("choices") or []:
                     out.chunks += 1
                     delta = choice.get("delta") or {}
@@ -260,6 +266,9 @@ class Client:
                         _merge_tool_delta(calls, tc)
                     if (piece or rpiece or delta.get("tool_calls")) and out.first_token is None:
                         out.first_token = time.monotonic() - t0
+                        so_far = usage.get("completion_tokens") if isinstance(usage, dict) \
+                            else None
+                        out.first_tokens = so_far if isinstance(so_far, int) else None
                     if (piece or delta.get("tool_calls")) and out.ttft is None:
                         out.ttft = time.monotonic() - t0
                     if choice.get("finish_reason"):

@@ -134,6 +134,7 @@ class Delta:
     text: str = ""
     tool_index: int = 0
     tool: ToolCall | None = None
+    tokens: int = 1  # generated tokens this piece carries (continuous usage counts these)
 
 
 @dataclass
@@ -528,22 +529,29 @@ def _leak_truncated_tool_calls(tokens: list[_Token]) -> list[_Token]:
 
 
 def _deltas(chunk: list[_Token]) -> Iterator[Delta]:
-    """Merge one step's tokens into deltas per channel."""
+    """Merge one step's tokens into deltas per channel; each delta counts the tokens it
+    carries, silent ones (``none``) included in the next piece out, or the last."""
     cur: Delta | None = None
+    silent = 0
     for t in chunk:
         if t.channel == "none":
+            silent += 1
             continue
         if t.channel == "tool_start":
             if cur is not None:
                 yield cur
             cur = None
-            yield Delta("tool_start", "", t.tool_index, t.tool)
+            yield Delta("tool_start", "", t.tool_index, t.tool, tokens=1 + silent)
+            silent = 0
             continue
         if cur is not None and cur.channel == t.channel and cur.tool_index == t.tool_index:
             cur.text += t.text
+            cur.tokens += 1 + silent
         else:
             if cur is not None:
                 yield cur
-            cur = Delta(t.channel, t.text, t.tool_index)
+            cur = Delta(t.channel, t.text, t.tool_index, tokens=1 + silent)
+        silent = 0
     if cur is not None:
+        cur.tokens += silent
         yield cur

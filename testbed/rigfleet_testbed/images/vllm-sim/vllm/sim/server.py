@@ -519,7 +519,7 @@ class Handler(BaseHTTPRequestHandler):
                         u = _usage(ev.prompt_tokens, ev.completion_tokens) if continuous else None
                         send(chunk(index, {}, "", ev.finish_reason, u))
                         continue
-                    produced += 1
+                    produced += ev.tokens  # vLLM counts tokens, not chunks
                     u = _usage(req_prompt(req), produced) if continuous else None
                     if not chat_mode:
                         if ev.channel == "content":
