@@ -46,7 +46,7 @@ from rigfleet.catalog_keys import (
     keys_of,
 )
 from rigfleet.errors import RigfleetError
-from rigfleet.genesis import GenesisLayout, entrypoint_script
+from rigfleet.genesis_layout import GenesisLayout, entrypoint_script
 from rigfleet.hostside.drain import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.hostside.layout import HOST
 from rigfleet.validate import (

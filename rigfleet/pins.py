@@ -57,7 +57,7 @@ from typing import Any
 import yaml
 
 from rigfleet.catalog import Catalog, builtin_catalog
-from rigfleet.genesis import LAYOUTS
+from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
 
 SCHEMA = "rigfleet-pins/1"
