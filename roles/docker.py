@@ -46,10 +46,11 @@ from pyinfra.operations import files, systemd
 from rigfleet.commands import apt as apt_commands
 from rigfleet.facts import DockerDaemonJson, read_fact
 from rigfleet.hostdata import AptRepo
+from rigfleet.packages import OsInfo
 from roles import maintenance
 from roles.maintenance import disturbing
 from roles.ops import apt_keyring, apt_packages, fail, on_change
-from roles.preflight import HostContext, OsInfo
+from roles.preflight import HostContext
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 

@@ -57,12 +57,12 @@ from rigfleet.facts import (
     read_fact,
 )
 from rigfleet.hostdata import check_gpus
+from rigfleet.packages import OsInfo, driver_packages, version_prefix
 from roles import maintenance
 from roles.docker import add_apt_repo
 from roles.ops import DeployError, apt_packages, changed, check, executing
 from roles.preflight import (
     HostContext,
-    OsInfo,
     failing_command,
     loaded_as_pinned,
     secure_boot_block,
@@ -75,13 +75,6 @@ PREFERENCES_FILE = f"{apt_commands.PREFERENCES_DIR}/rigfleet-nvidia-driver"
 # versions never match a "580.*" pin, so the toolkit is unaffected).
 DRIVER_PACKAGE_GLOBS = ("*nvidia*", "libcuda*", "libnvcuvid*", "libnvidia*", "firmware-nvidia*")
 
-DEBIAN_DRIVER_PACKAGES = (
-    "nvidia-kernel-open-dkms",
-    "nvidia-driver-cuda",
-    "nvidia-smi",
-    "nvidia-persistenced",
-)
-
 # Reboot: where the "this boot" marker lives. /run is a tmpfs on every systemd host (and in
 # the simulated hosts), so the marker's absence proves the machine restarted. pyinfra's
 # server.reboot compares /proc/uptime instead, which inside a container is the outer kernel's
@@ -93,29 +86,12 @@ REBOOT_TIMEOUT_S = 900.0
 REBOOT_STEP = "reboot to load the NVIDIA driver"
 
 
-def version_prefix(branch: str, version: str | None) -> str:
-    """What installed driver package versions must start with: ``580.`` or ``580.105.08``."""
-    return version if version else f"{branch}."
-
-
 def ubuntu_kernel_flavour(dpkg: dict[str, DebPackage]) -> str:
     """``generic`` or ``generic-hwe-<ver>``: the flavour of the kernel metapackage installed."""
     for name, pkg in sorted(dpkg.items()):
         if pkg.installed and name.startswith("linux-image-generic-hwe-"):
             return name.removeprefix("linux-image-")
     return "generic"
-
-
-def driver_packages(os: OsInfo, branch: str) -> tuple[str, ...]:
-    """Driver packages whose version follows the driver (checked against the branch)."""
-    if os.id == "ubuntu":
-        return (
-            f"nvidia-driver-{branch}-server-open",
-            f"nvidia-utils-{branch}-server",
-            # nvidia-persistenced lives here on Ubuntu.
-            f"nvidia-compute-utils-{branch}-server",
-        )
-    return DEBIAN_DRIVER_PACKAGES
 
 
 # Debian kernel releases: 6.1.0-40-amd64, 6.12.48+deb13-amd64, 6.12.12+bpo-cloud-amd64.

@@ -82,6 +82,7 @@ from rigfleet.hostdata import (
 )
 from rigfleet.hostside.records import describe
 from rigfleet.images.deploy import preflight_images
+from rigfleet.packages import OsInfo
 from rigfleet.pins import GenesisPin, Pins
 from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
@@ -96,24 +97,6 @@ class PreflightError(RigfleetError, ValueError):
 class HostRefused(RigfleetError):
     """Raised by ``preflight`` after it gave the host its one failing operation: the roles
     add nothing for this host (``run_deploy`` catches it; the other hosts go on)."""
-
-
-@dataclass(frozen=True)
-class OsInfo:
-    """The host's OS as the roles need it."""
-
-    id: str  # "debian" | "ubuntu"
-    version_id: str  # "12", "13", "22.04", "24.04"
-    codename: str
-    kernel: str  # uname -r
-
-    @property
-    def family(self) -> str:
-        return self.id
-
-    @property
-    def label(self) -> str:
-        return f"{self.id} {self.version_id}"
 
 
 @dataclass(frozen=True)

@@ -507,14 +507,14 @@ def _hosts_module(name: str) -> Any:
 def test_host_checks_know_the_driver_packages_the_role_installs(os_id):
     from types import SimpleNamespace
 
-    from roles.nvidia_driver import driver_packages
+    from rigfleet.packages import driver_packages
 
     mine = _hosts_module("test_gpus").driver_packages(os_id, "580")
     assert mine == driver_packages(SimpleNamespace(id=os_id), "580")
 
 
 def test_host_checks_know_the_toolkit_packages_the_role_installs():
-    from roles.container_toolkit import TOOLKIT_PACKAGES
+    from rigfleet.packages import TOOLKIT_PACKAGES
 
     assert _hosts_module("test_docker_runtime").TOOLKIT_PACKAGES == TOOLKIT_PACKAGES
 
