@@ -49,10 +49,10 @@ from rigfleet.hostdata import (
     validate_host,
 )
 from rigfleet.hub import Hub, HubMissing, HubUnreachable
+from rigfleet.image_sources import NO_CHECK, ImageSource
 from rigfleet.images.checks import SourceChecker, check_url
 from rigfleet.images.hoststate import HostImageState
 from rigfleet.images.plan import WantedImage, wanted_images
-from rigfleet.images.sources import NO_CHECK, ImageSource
 from rigfleet.packages import TOOLKIT_PACKAGES, OsInfo, driver_packages, version_prefix
 from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError, load_pins
 from rigfleet.registry import Registry, RegistryError, registry_of
