@@ -47,8 +47,8 @@ from rigfleet.catalog_keys import (
 )
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis_layout import GenesisLayout, entrypoint_script
-from rigfleet.hostside.drain import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.hostside.layout import HOST
+from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.validate import (
     SECRET_NAME_ALLOWED,
     Problems,

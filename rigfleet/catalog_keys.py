@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rigfleet.hostside.drain import DEFAULT_DRAIN_TIMEOUT_S
+from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.vllm_versions import TAG_KINDS as IMAGE_KINDS
 
 SCHEMA = "rigfleet-stack/1"
