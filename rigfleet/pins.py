@@ -4,37 +4,10 @@ One file holds the vLLM image of each stack (tag *and* registry digest, plus the
 the image reports), the Genesis commit, the model revision, the NVIDIA driver branch, the
 container-toolkit version and the huggingface_hub version used for downloads. The deploy reads
 it once, on the control side, before any host changes; a bad value stops the run with a
-message that names the file, the key path, the value and what is allowed.
-
-Two values cannot be known when a pin is written by hand: the registry digest of an image and
-the commit a model branch points to. They may be the literal ``unresolved``;
-``load_pins()`` then refuses and says to run ``rigfleet pins lock``, which resolves them
-(registry and hub APIs), and writes the file back with ``with_resolved()`` + ``save_pins()``.
-
-Format (schema ``rigfleet-pins/1``)::
-
-    schema: rigfleet-pins/1
-    serial: 1
-    driver: {branch: "580"}                 # optional version: "580.105.08"
-    container_toolkit: {version: 1.17.8-1}
-    huggingface_hub: {version: 2.4.0}
-    model: {repo: Lorbus/Qwen3.6-27B-int4-AutoRound, revision: <40-hex>,
-            local_dir: qwen3.6-27b-autoround-int4}
-    stacks:
-      int8: {image: "vllm/vllm-openai:nightly-<40-hex>", digest: "sha256:<64-hex>",
-             vllm_version: 0.20.2rc1.dev9+g01d4d1ad3}
-      tq3-mtp-genesis: {image: ..., digest: ..., vllm_version: ...,
-                        genesis: {repo: <git url>, commit: <40-hex>}}
-    hosts:                                  # optional: hosts that run other pins
-      host2:                                # (written by `rigfleet bump` after a partial
-        stacks:                             # rollout; only the stacks that differ)
-          int8: {image: ..., digest: ..., vllm_version: ...}
-    history: []
-
-The optional ``hosts`` section says what a host runs when it differs from the fleet's pins
-(a bump that promoted on some hosts but not others, or skipped an unreachable host): the
-deploy resolves a host's pins with ``Pins.for_host(name)``, so the file always says what each
-host runs and a converge never moves a host the rollout left behind.
+message that names the file, the key path, the value and what is allowed. Values only a
+registry or hub can tell may be ``unresolved`` until ``rigfleet pins lock`` resolves them; the
+optional ``hosts`` section says what a host runs when it differs from the fleet's pins
+(``Pins.for_host``). docs/architecture.md ("rigfleet/pins.py") shows the format.
 
 Example::
 

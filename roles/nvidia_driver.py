@@ -1,31 +1,13 @@
 """NVIDIA driver: the pinned branch with the open kernel modules, held, loaded, verified.
 
-- Ubuntu: the archive's Enterprise Ready Driver packages (``nvidia-driver-<B>-server-open``
-  and friends) and the prebuilt, signed kernel modules for the installed kernel flavour
-  (``linux-modules-nvidia-<B>-server-open-<flavour>``, plus the running kernel's own
-  ``...-open-<uname -r>`` when that kernel is an installed package): no DKMS, Secure Boot
-  keeps working. The module packages are held with the driver: each is built for one driver
-  version, so letting them move alone would load a module that does not match the held
-  user space. (A kernel upgrade therefore waits for a driver pin bump, or a converge.)
-- Debian: Debian's own driver is too old (535/550; CUDA 13 vLLM needs 580), so NVIDIA's CUDA
-  repository from host data (``apt_repos.cuda``), with an apt preferences pin that keeps every
-  NVIDIA package on the branch (priority 1001, so a newer branch in the same repository is
-  never picked and a wrong one is downgraded). Compute-only packages, open DKMS module, built
-  against the running kernel's headers and the kernel-headers metapackage of its flavour
-  (``linux-headers-amd64`` on amd64), so the next kernel gets a DKMS build too; ``mokutil``
-  to read the Secure Boot state.
-
-Driver packages are ``apt-mark hold``: an unattended upgrade of the user-space libraries
-without the kernel module ("Driver/library version mismatch") takes the GPUs away.
-
-The host reboots only when the driver packages changed or the driver is not loaded
-(``nvidia-smi`` fails), and never when Secure Boot would refuse the module anyway (Debian:
-DKMS's signing key ``/var/lib/dkms/mok.pub`` not enrolled): the host then fails with the steps
-to enrol the key, and the next converge does not reboot either until it is. Afterwards
-``nvidia-smi`` must answer with the pinned branch, the expected number of GPUs and each card
-with the memory the stack needs. A driver NVIDIA's ``.run`` installer put there is refused by
-the preflight, or kept (host data ``adopt_foreign_driver``): then no driver package is
-installed and the host is not rebooted for the driver.
+Ubuntu: the archive's server driver packages and the signed prebuilt modules of the installed
+kernel flavour (no DKMS). Debian: NVIDIA's CUDA repository from host data (``apt_repos.cuda``)
+with an apt preferences pin on the branch, the open DKMS module built against the running
+kernel's headers. Driver packages are held; the host reboots only when they changed or the
+driver is not loaded, never when Secure Boot would refuse the module; afterwards
+``nvidia-smi`` must answer with the pinned branch, the GPU count and each card's memory.
+docs/converge.md ("NVIDIA driver: which branch, from which repository", "Packages, holds and
+reboots") has the details and their reasons.
 
 Example::
 
