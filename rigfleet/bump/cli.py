@@ -74,7 +74,8 @@ from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
 from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.output import by, console, log
-from rigfleet.bump.plan import Plan, PlanHost, build_plan, pairs
+from rigfleet.bump.plan import build_plan, pairs
+from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.bump.record import outcome_of, pins_after
 from rigfleet.bump.resume import end_journal, resume_of, start_journal
 from rigfleet.bump.rollout import (

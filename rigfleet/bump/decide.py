@@ -35,7 +35,8 @@ from rigfleet.bump.genesis import (
 )
 from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.output import log
-from rigfleet.bump.plan import Plan, PlanHost, build_plan
+from rigfleet.bump.plan import build_plan
+from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.bump.version import VersionProbe
 from rigfleet.catalog import Catalog
 from rigfleet.errors import RigfleetError

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rigfleet.bump.plan import Plan, PlanHost
+from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.catalog import Catalog
 
 # The pins file's own atomic write and stack form: the journal is written and read like it.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from rigfleet.bump.candidate import Candidate
 from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.output import by, log
-from rigfleet.bump.plan import Plan
+from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.record import outcome_of
 from rigfleet.bump.rollout import HostFacts, HostOutcome, Resume, RolloutResult
 from rigfleet.pins import Pins

@@ -27,7 +27,7 @@ from rigfleet.bump.journal import (
     journal_path,
     load_journal,
 )
-from rigfleet.bump.plan import Plan
+from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.record import pins_after
 from rigfleet.bump.resume import end_journal, resume_of
 from rigfleet.bump.rollout import (
