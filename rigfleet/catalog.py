@@ -46,9 +46,9 @@ from rigfleet.catalog_keys import (
     keys_of,
 )
 from rigfleet.errors import RigfleetError
-from rigfleet.genesis import GenesisLayout, entrypoint_script
-from rigfleet.hostside.drain import DEFAULT_DRAIN_TIMEOUT_S
+from rigfleet.genesis_layout import GenesisLayout, entrypoint_script
 from rigfleet.hostside.layout import HOST
+from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.validate import (
     SECRET_NAME_ALLOWED,
     Problems,

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rigfleet.catalog_keys import allowed, keys_of
-from rigfleet.genesis import LAYOUTS
+from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.validate import Problems
 
 _SWITCH = re.compile(r"[A-Z0-9][A-Z0-9_]*")

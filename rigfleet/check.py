@@ -49,10 +49,11 @@ from rigfleet.hostdata import (
     validate_host,
 )
 from rigfleet.hub import Hub, HubMissing, HubUnreachable
+from rigfleet.image_sources import NO_CHECK, ImageSource
 from rigfleet.images.checks import SourceChecker, check_url
 from rigfleet.images.hoststate import HostImageState
 from rigfleet.images.plan import WantedImage, wanted_images
-from rigfleet.images.sources import NO_CHECK, ImageSource
+from rigfleet.packages import TOOLKIT_PACKAGES, OsInfo, driver_packages, version_prefix
 from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError, load_pins
 from rigfleet.registry import Registry, RegistryError, registry_of
 from rigfleet.validate import ValidationError
@@ -366,10 +367,6 @@ class Online:
         return self._indexes[key]
 
     def apt(self, settings: HostSettings, pins: Pins, os_key: OsKey) -> list[Finding]:
-        from roles.container_toolkit import TOOLKIT_PACKAGES
-        from roles.nvidia_driver import driver_packages, version_prefix
-        from roles.preflight import OsInfo
-
         os_id, version, codename = os_key
         os_info = OsInfo(os_id, version, codename, "")
         policy = "sqv" if (os_id, version) == ("debian", "13") else "gpgv"

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from rigfleet.catalog import VLLM_PORT_IN_CONTAINER, StackSpec
-from rigfleet.genesis import LAYOUTS, GenesisLayout
+from rigfleet.genesis_layout import LAYOUTS, GenesisLayout
 from rigfleet.hostdata import HostSettings
 from rigfleet.hostside.layout import (
     CONFIG_HASH_LABEL,

@@ -5,36 +5,15 @@ Stdlib only: the deploy installs this file on each host as
 ``/usr/local/lib/rigfleet/rigfleet-genesis-inspect.py`` (``roles/genesis.py``) and the gate runs
 it on the exported tree a stack mounts; the control side (``rigfleet pins lock``, ``rigfleet
 bump``) imports it and runs the same parsers on files read from its git mirror. Nothing is
-imported or executed from the tree: only literal assignments are read.
-
-What it reports (one JSON object on stdout, schema ``rigfleet-genesis-inspect/1``):
-
-- ``layout``: the generation the tree is laid out as (``v7``: a ``vllm/_genesis`` package
-  applied with ``python3 -m vllm._genesis.patches.apply_all``; ``v12``: a top-level ``sndr``
-  package applied with ``python3 -m sndr.apply``), detected from marker files (``markers``);
-- ``version``: what the tree declares (``v12.1.0`` from ``pyproject.toml``; v7 keeps it in
-  ``vllm/_genesis/__version__.py``, which v7.72.2 left at ``v7.63.x``);
-- ``allowlist``: ``KNOWN_GOOD_VLLM_PINS`` and (v12) ``PROMOTION_PENDING_VLLM_PINS``, both of
-  which Genesis accepts;
-- ``registry``: the ``PATCH_REGISTRY`` literal: patch count, lifecycle counts, and
-  ``switches``: each ``GENESIS_ENABLE_`` suffix that turns a patch on, with the patch id, its
-  lifecycle and whether the name is the patch's ``env_flag`` or one of its
-  ``env_flag_aliases``; ``patches``: id -> [env_flag, lifecycle, default_on]; ``flags``:
-  (v12) names from ``sndr/env.py``'s ``Flags`` that Genesis reads but no patch owns;
-- ``errors``: what could not be read (exit status 1 when any).
+imported or executed from the tree: only literal assignments are read. It reports the tree's
+``layout`` (v7 or v12, from marker files), ``version``, ``allowlist``, patch ``registry`` and
+switches, ``flags`` and ``errors`` as one JSON object (schema ``rigfleet-genesis-inspect/1``;
+docs/genesis.md, "The host helper", shows it key by key).
 
 Usage::
 
     rigfleet-genesis-inspect.py /opt/rigfleet/genesis-trees/66e37841a18f35a113ce10f831808faa4c858ced
-    {"schema": "rigfleet-genesis-inspect/1", "layout": "v12", "version": "v12.1.0",
-     "allowlist": {"file": "sndr/engines/vllm/detection/guards.py", "known_good": [...],
-                   "pending": ["0.21.0", ...]},
-     "registry": {"file": "sndr/dispatcher/registry.py", "patches": 325,
-                  "lifecycles": {"experimental": 235, "retired": 41, ...},
-                  "switch_prefixes": ["GENESIS_ENABLE_", "SNDR_ENABLE_"], "retired_skipped": true,
-                  "switches": {"P64_QWEN3CODER_MTP_STREAMING": [["P64", "retired", "env_flag"]],
-                               ...}, ...},
-     "errors": []}
+    {"schema": "rigfleet-genesis-inspect/1", "layout": "v12", "version": "v12.1.0", ...}
 
 From Python (the control side)::
 

@@ -30,7 +30,7 @@ from rigfleet.catalog import Catalog, CatalogError, builtin_catalog, load_catalo
 from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
 from rigfleet.hostside.supervise import parse_backoff
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
-from rigfleet.images.sources import ImageSource, parse_sources
+from rigfleet.image_sources import ImageSource, parse_sources
 from rigfleet.validate import (
     SECRET_NAME_ALLOWED,
     SYSTEM_DIRS,

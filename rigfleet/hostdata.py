@@ -43,7 +43,7 @@ from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import GATE_TIMEOUT_S, READY_TIMEOUT_S, RETRY_AFTER_S, VRAM_TIMEOUT_S
 from rigfleet.hostside.supervise import Policy
 from rigfleet.hostside.verify.profiles import PROFILES
-from rigfleet.images.sources import DEFAULT_SOURCES, KINDS, ImageSource
+from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource
 from rigfleet.tlsfiles import FrontTls, check_tls
 from rigfleet.validate import ValidationError
 

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from rigfleet.bump.cli import _by
+    from rigfleet.bump.output import by as _by
     from rigfleet.cliargs import one_host
     from rigfleet.ssh import HostUnreachable, SshRemote
 

@@ -4,15 +4,10 @@ One file holds the vLLM image of each stack (tag *and* registry digest, plus the
 the image reports), the Genesis commit, the model revision, the NVIDIA driver branch, the
 container-toolkit version and the huggingface_hub version used for downloads. The deploy reads
 it once, on the control side, before any host changes; a bad value stops the run with a
-message that names the file, the key path, the value and what is allowed.
-
-Two values cannot be known when a pin is written by hand: the registry digest of an image and
-the commit a model branch points to. They may be the literal ``unresolved``;
-``load_pins()`` then refuses and says to run ``rigfleet pins lock``, which resolves them
-(registry and hub APIs), and writes the file back with ``with_resolved()`` + ``save_pins()``.
-
-The format and the optional ``hosts`` section (what a host runs when a rollout left it on other
-pins; ``Pins.for_host``) are in docs/pins.md, with every key (rendered from ``rigfleet.pin_keys``).
+message that names the file, the key path, the value and what is allowed. Values only a
+registry or hub can tell may be ``unresolved`` until ``rigfleet pins lock`` resolves them; the
+optional ``hosts`` section says what a host runs when it differs from the fleet's pins
+(``Pins.for_host``). docs/pins.md shows the format and every key (from ``rigfleet.pin_keys``).
 
 Example::
 
@@ -35,7 +30,7 @@ from typing import Any
 import yaml
 
 from rigfleet.catalog import Catalog, builtin_catalog
-from rigfleet.genesis import LAYOUTS
+from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.pin_keys import COMMIT, SCHEMA, UNRESOLVED, allowed, default, keys_of
 from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
 

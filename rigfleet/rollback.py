@@ -155,8 +155,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """``rigfleet rollback``; the exit status (module docstring)."""
     from rigfleet.bump import cli as bump
+    from rigfleet.bump.decide import Inputs
     from rigfleet.bump.journal import load_journal
     from rigfleet.bump.options import BumpOptions
+    from rigfleet.bump.output import log
     from rigfleet.bump.plan import build_plan
     from rigfleet.cliargs import select
     from rigfleet.errors import RigfleetError
@@ -187,9 +189,9 @@ def run(args: argparse.Namespace) -> int:
         bump.console.print(f"[red]refused:[/red] {e}")
         return bump.EXIT_FAILED
     new = changes(pins, target, [h.name for h in hosts])
-    bump._log(f"{pins.path}: at serial {pins.serial}; rolling back to the stacks of serial {to}")
+    log(f"{pins.path}: at serial {pins.serial}; rolling back to the stacks of serial {to}")
     if not new:
-        bump._log(f"every host already runs the stacks of serial {to}; nothing to do")
+        log(f"every host already runs the stacks of serial {to}; nothing to do")
         return bump.EXIT_OK
     remote = SshRemote(args.timeout)
     reach = reachability(remote, [h for h in hosts if h.name in picked])
@@ -207,18 +209,18 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(plan_json(plan, to), indent=2))
         return bump.EXIT_OK
     if plan.empty:
-        bump._log("every reachable host already runs these pins; nothing to do")
+        log("every reachable host already runs these pins; nothing to do")
         return bump.EXIT_SKIPPED if plan.skipped else bump.EXIT_OK
     if not args.yes and not confirm():
         return bump.EXIT_FAILED
-    inputs = bump.Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog)
+    inputs = Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog)
     return bump._execute(opts, inputs, remote, plan, None, "", {},
                          history={"action": "rollback", "to_serial": to})
 
 
 def confirm() -> bool:
     """Ask before rolling back; with no terminal, refuse naming ``--yes``."""
-    from rigfleet.bump.cli import console
+    from rigfleet.bump.output import console
 
     if not sys.stdin.isatty():
         console.print("[red]refused:[/red] not a terminal: pass --yes to roll back; nothing "
@@ -248,7 +250,7 @@ def print_plan(plan: Any, to: int) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from rigfleet.bump.cli import console
+    from rigfleet.bump.output import console
 
     table = Table(title=f"rigfleet rollback: pins serial {plan.pins.serial} -> {to}",
                   title_justify="left")

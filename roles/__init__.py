@@ -19,11 +19,8 @@ Order (each role relies on the ones before it):
 13. ``ledger``         state.json and the append-only ledger (pins the swap did not record)
 
 A host of inventory group ``balancers`` (``rigfleet.inventory.host_kind``) gets only
-``preflight_balancer``, ``base`` and ``balancer`` (HAProxy: the fleet endpoint; no NVIDIA, no
-Docker); one that is in ``gpu_hosts`` too gets every role above, then ``preflight_balancer``
-and ``balancer``.
-
-Example (``deploy.py``)::
+``preflight_balancer``, ``base`` and ``balancer`` (HAProxy; no NVIDIA, no Docker); one in
+``gpu_hosts`` too gets every role above, then those two. Example (``deploy.py``)::
 
     from roles import converge
 

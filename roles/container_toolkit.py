@@ -12,18 +12,11 @@ from pyinfra.api import deploy, operation
 
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.facts import DockerDaemonJson, DockerRuntimes, read_fact
+from rigfleet.packages import TOOLKIT_PACKAGES
 from roles import maintenance
 from roles.docker import add_apt_repo
 from roles.ops import apt_packages, check, fail, on_change
 from roles.preflight import HostContext
-
-# All four move together; mixing versions breaks the hook (NVIDIA's install guide).
-TOOLKIT_PACKAGES = (
-    "nvidia-container-toolkit",
-    "nvidia-container-toolkit-base",
-    "libnvidia-container-tools",
-    "libnvidia-container1",
-)
 
 
 def toolkit_specs(version: str) -> list[str]:

@@ -1,32 +1,12 @@
 """Docker Engine + Compose v2, and ``/etc/docker/daemon.json`` merged (never overwritten).
 
-What rigfleet owns in daemon.json (``daemon_settings``) keeps the serving stack up across what
-would otherwise take it away:
-
-- ``live-restore: true``: containers keep running while dockerd restarts (a package upgrade,
-  a crash); Docker reloads this key without a restart (``systemctl reload docker``).
-- ``exec-opts: ["native.cgroupdriver=cgroupfs"]``: systemd does not own the containers'
-  cgroups, so a ``systemctl daemon-reload`` (any package's postinst runs one) cannot rewrite
-  their device rules and take the GPUs the runtime hook gave them
-  (NVIDIA/nvidia-container-toolkit#48: "Failed to initialize NVML: Unknown Error"; NVIDIA's
-  documented workaround for Docker). It applies to containers created after the restart, so
-  on a serving host it is switched on in a maintenance window whose close recreates the
-  stack (``roles.maintenance``).
-
-A change Docker reloads (``RELOADABLE``: live-restore, registry mirrors, runtimes...) is
-applied with ``systemctl reload docker`` (SIGHUP; running containers untouched); any other
-key needs ``systemctl restart docker``, which disturbs a serving host and so runs in its
-maintenance window.
-
-Package source per OS (chosen so every host gets Compose v2 as ``docker compose``):
-
-- Debian 13: Debian's own ``docker.io docker-cli docker-compose`` (Docker 26, Compose v2 as
-  the CLI plugin). No third-party repository.
-- Debian 12: Debian has only Compose v1, so Docker's apt repository: ``docker-ce docker-ce-cli
-  containerd.io docker-compose-plugin``.
-- Ubuntu 22.04/24.04: Ubuntu's archive ``docker.io docker-compose-v2`` (universe). Security
-  updates come with the OS and no extra key is trusted; Docker's repository would only buy a
-  newer engine, which vLLM does not need.
+What rigfleet owns in daemon.json (``daemon_settings``: ``live-restore``, the ``cgroupfs``
+driver) keeps the serving stack up across a dockerd restart and a ``systemctl daemon-reload``
+(NVIDIA/nvidia-container-toolkit#48). A change Docker reloads (``RELOADABLE``) is applied with
+``systemctl reload docker``; any other key needs a restart, which disturbs a serving host and
+so runs in its maintenance window (``roles.maintenance``). The packages come from each OS's
+own archive, Docker's repository only on Debian 12 (Compose v2 as ``docker compose`` on
+every host). docs/converge.md ("Docker: packages and daemon.json") says why for each.
 
 Example::
 
@@ -46,10 +26,11 @@ from pyinfra.operations import files, systemd
 from rigfleet.commands import apt as apt_commands
 from rigfleet.facts import DockerDaemonJson, read_fact
 from rigfleet.hostdata import AptRepo
+from rigfleet.packages import OsInfo
 from roles import maintenance
 from roles.maintenance import disturbing
 from roles.ops import apt_keyring, apt_packages, fail, on_change
-from roles.preflight import HostContext, OsInfo
+from roles.preflight import HostContext
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 

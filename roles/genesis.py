@@ -40,7 +40,8 @@ from pyinfra.operations import files
 from rigfleet import genesis_inspect
 from rigfleet.commands import docker as docker_commands
 from rigfleet.facts import GenesisHead, GenesisTrees, TextFile, read_fact
-from rigfleet.genesis import LAYOUTS, StackUse, TreeReport, pairing_problems
+from rigfleet.genesis import StackUse, TreeReport, pairing_problems
+from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import GenesisPin
 from rigfleet.retention import stale

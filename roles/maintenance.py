@@ -53,6 +53,7 @@ from rigfleet.hostside.plan import Plan
 from rigfleet.roll import BATCH_ENV
 from rigfleet.swapfacts import SwapProbe
 from rigfleet.swapplan import DEPLOY_ID, build_plan
+from roles.follow import follow, reports_root
 from roles.ops import changed, executing
 from roles.preflight import HostContext
 
@@ -162,8 +163,6 @@ class _CloseOnFailure(BaseStateCallback):
 
 
 def _close_now(state: State, host: Host, b: _Book, op_hash: Any, cause: str) -> None:
-    from roles.swap import follow, reports_root
-
     kwargs = state.get_op_data_for_host(host, op_hash).global_arguments
     connector = {k: v for k, v in kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
     plan = b.plans[host.name]
@@ -402,8 +401,6 @@ def close_window(plan: Plan, pending: int, left: str, follow_timeout_s: float, r
       window of an earlier run (abandoned, failed, damaged) to close too
     + follow_timeout_s, reports: as the swap's (the close runs detached on the host)
     """
-    from roles.swap import follow  # the swap's follower: one way to follow a host job
-
     b = book()
     ours = host.name in b.open_now if executing() else pending > 0
     if not ours and not left:
@@ -437,8 +434,6 @@ def maintenance(ctx: HostContext) -> None:
 
 def close_pending(ctx: HostContext) -> None:
     """The close operation for the steps noted so far (see ``maintenance``)."""
-    from roles.swap import reports_root
-
     pending, left = close_plan(ctx)
     plan = book().plans.get(ctx.name) or window_plan(ctx)
     what = f"{pending} step(s) of this run" if pending else ""

@@ -1,31 +1,13 @@
 """NVIDIA driver: the pinned branch with the open kernel modules, held, loaded, verified.
 
-- Ubuntu: the archive's Enterprise Ready Driver packages (``nvidia-driver-<B>-server-open``
-  and friends) and the prebuilt, signed kernel modules for the installed kernel flavour
-  (``linux-modules-nvidia-<B>-server-open-<flavour>``, plus the running kernel's own
-  ``...-open-<uname -r>`` when that kernel is an installed package): no DKMS, Secure Boot
-  keeps working. The module packages are held with the driver: each is built for one driver
-  version, so letting them move alone would load a module that does not match the held
-  user space. (A kernel upgrade therefore waits for a driver pin bump, or a converge.)
-- Debian: Debian's own driver is too old (535/550; CUDA 13 vLLM needs 580), so NVIDIA's CUDA
-  repository from host data (``apt_repos.cuda``), with an apt preferences pin that keeps every
-  NVIDIA package on the branch (priority 1001, so a newer branch in the same repository is
-  never picked and a wrong one is downgraded). Compute-only packages, open DKMS module, built
-  against the running kernel's headers and the kernel-headers metapackage of its flavour
-  (``linux-headers-amd64`` on amd64), so the next kernel gets a DKMS build too; ``mokutil``
-  to read the Secure Boot state.
-
-Driver packages are ``apt-mark hold``: an unattended upgrade of the user-space libraries
-without the kernel module ("Driver/library version mismatch") takes the GPUs away.
-
-The host reboots only when the driver packages changed or the driver is not loaded
-(``nvidia-smi`` fails), and never when Secure Boot would refuse the module anyway (Debian:
-DKMS's signing key ``/var/lib/dkms/mok.pub`` not enrolled): the host then fails with the steps
-to enrol the key, and the next converge does not reboot either until it is. Afterwards
-``nvidia-smi`` must answer with the pinned branch, the expected number of GPUs and each card
-with the memory the stack needs. A driver NVIDIA's ``.run`` installer put there is refused by
-the preflight, or kept (host data ``adopt_foreign_driver``): then no driver package is
-installed and the host is not rebooted for the driver.
+Ubuntu: the archive's server driver packages and the signed prebuilt modules of the installed
+kernel flavour (no DKMS). Debian: NVIDIA's CUDA repository from host data (``apt_repos.cuda``)
+with an apt preferences pin on the branch, the open DKMS module built against the running
+kernel's headers. Driver packages are held; the host reboots only when they changed or the
+driver is not loaded, never when Secure Boot would refuse the module; afterwards
+``nvidia-smi`` must answer with the pinned branch, the GPU count and each card's memory.
+docs/converge.md ("NVIDIA driver: which branch, from which repository", "Packages, holds and
+reboots") has the details and their reasons.
 
 Example::
 
@@ -57,12 +39,12 @@ from rigfleet.facts import (
     read_fact,
 )
 from rigfleet.hostdata import check_gpus
+from rigfleet.packages import OsInfo, driver_packages, version_prefix
 from roles import maintenance
 from roles.docker import add_apt_repo
 from roles.ops import DeployError, apt_packages, changed, check, executing
 from roles.preflight import (
     HostContext,
-    OsInfo,
     failing_command,
     loaded_as_pinned,
     secure_boot_block,
@@ -75,13 +57,6 @@ PREFERENCES_FILE = f"{apt_commands.PREFERENCES_DIR}/rigfleet-nvidia-driver"
 # versions never match a "580.*" pin, so the toolkit is unaffected).
 DRIVER_PACKAGE_GLOBS = ("*nvidia*", "libcuda*", "libnvcuvid*", "libnvidia*", "firmware-nvidia*")
 
-DEBIAN_DRIVER_PACKAGES = (
-    "nvidia-kernel-open-dkms",
-    "nvidia-driver-cuda",
-    "nvidia-smi",
-    "nvidia-persistenced",
-)
-
 # Reboot: where the "this boot" marker lives. /run is a tmpfs on every systemd host (and in
 # the simulated hosts), so the marker's absence proves the machine restarted. pyinfra's
 # server.reboot compares /proc/uptime instead, which inside a container is the outer kernel's
@@ -93,29 +68,12 @@ REBOOT_TIMEOUT_S = 900.0
 REBOOT_STEP = "reboot to load the NVIDIA driver"
 
 
-def version_prefix(branch: str, version: str | None) -> str:
-    """What installed driver package versions must start with: ``580.`` or ``580.105.08``."""
-    return version if version else f"{branch}."
-
-
 def ubuntu_kernel_flavour(dpkg: dict[str, DebPackage]) -> str:
     """``generic`` or ``generic-hwe-<ver>``: the flavour of the kernel metapackage installed."""
     for name, pkg in sorted(dpkg.items()):
         if pkg.installed and name.startswith("linux-image-generic-hwe-"):
             return name.removeprefix("linux-image-")
     return "generic"
-
-
-def driver_packages(os: OsInfo, branch: str) -> tuple[str, ...]:
-    """Driver packages whose version follows the driver (checked against the branch)."""
-    if os.id == "ubuntu":
-        return (
-            f"nvidia-driver-{branch}-server-open",
-            f"nvidia-utils-{branch}-server",
-            # nvidia-persistenced lives here on Ubuntu.
-            f"nvidia-compute-utils-{branch}-server",
-        )
-    return DEBIAN_DRIVER_PACKAGES
 
 
 # Debian kernel releases: 6.1.0-40-amd64, 6.12.48+deb13-amd64, 6.12.12+bpo-cloud-amd64.

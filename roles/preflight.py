@@ -1,39 +1,23 @@
 """Preflight: validate this host's data, the pins and the host itself before it changes.
 
 Runs on the control side during pyinfra's prepare phase, in deploy code (not inside an
-operation), so it runs the same with ``-y`` (which skips change detection) as with the
-prompt. Checked here: host data, pins and stack files; the OS; systemd as PID 1; the host
-lock; the pinned model, Genesis commits and apt packages for this OS, asked of their sources
-from this machine (``rigfleet.check``: gone refuses, unreachable warns); and, from host facts read now (``rigfleet.facts.read_fact``), where the facts exist:
-
-- driver loaded: each power cap against its card's real range, the GPU count against
-  ``gpu_count``, each card's memory against the stack's ``gpus.memory_mib``;
-- driver not loaded (a bare host): those checks wait until the driver is in (a ``host.log``
-  line names them); the roles run them then (``roles/power.py``, ``roles/nvidia_driver.py``);
-- a driver that NVIDIA's ``.run`` installer put there (refused, or adopted when host data
-  says ``adopt_foreign_driver`` and it is on the pinned branch);
-- Secure Boot refusing the DKMS-built module (its key not enrolled): refused with the steps.
-
-A problem names the host, the key, the value and what is allowed. It fails **this host
-only**: the host gets a single operation that fails with the reason (nothing changes on it),
-the other hosts go on, and the run ends non-zero with a summary of the refused hosts
-(``run_deploy``, which ``deploy.py`` calls). Host data ``rigfleet_stop_on_preflight`` (``--data
-rigfleet_stop_on_preflight=1``) or ``RIGFLEET_STOP_ON_PREFLIGHT=1`` stops the whole run
-instead, before any host changes.
+operation), so it runs the same with ``-y`` as with the prompt. Checked here: host data, pins
+and stack files; the OS; systemd as PID 1; the host lock (a live holder refuses, a stale one is
+reported); the pinned things asked of their sources (``rigfleet.check``); and, from host facts
+(``rigfleet.facts.read_fact``), power caps, GPU count and memory, a foreign driver and Secure
+Boot. A problem names the host, the key, the value and what is allowed, and fails **this host
+only** (``run_deploy`` sums up the refused hosts; ``rigfleet_stop_on_preflight`` stops the
+whole run instead). docs/converge.md ("Preflight: per host, at prepare time") lists each check.
 
 The result, ``HostContext``, is what every other role takes: the host's ``DesiredHost``
-(``rigfleet.desired``, the one model of what the deploy makes of a host) plus what only the
-run knows (the OS and platform it found, the secrets, who runs it).
+(``rigfleet.desired``) plus what only the run knows (the OS and platform, the secrets, who
+runs it).
 
 Example::
 
     ctx = preflight()
     ctx.os.family                   # "debian" or "ubuntu"
     ctx.want.current.pins.image_ref # "vllm/vllm-openai:nightly-...@sha256:..."
-
-A host whose lock (``Layout.lock_dir``) is held by a live transaction (a swap another deploy
-started, a boot-time recreation) is refused here, naming who holds it, since when and why; a
-stale lock (its process gone) is reported and taken over by the next transaction.
 """
 
 from __future__ import annotations
@@ -82,6 +66,7 @@ from rigfleet.hostdata import (
 )
 from rigfleet.hostside.records import describe
 from rigfleet.images.deploy import preflight_images
+from rigfleet.packages import OsInfo
 from rigfleet.pins import GenesisPin, Pins
 from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
@@ -96,24 +81,6 @@ class PreflightError(RigfleetError, ValueError):
 class HostRefused(RigfleetError):
     """Raised by ``preflight`` after it gave the host its one failing operation: the roles
     add nothing for this host (``run_deploy`` catches it; the other hosts go on)."""
-
-
-@dataclass(frozen=True)
-class OsInfo:
-    """The host's OS as the roles need it."""
-
-    id: str  # "debian" | "ubuntu"
-    version_id: str  # "12", "13", "22.04", "24.04"
-    codename: str
-    kernel: str  # uname -r
-
-    @property
-    def family(self) -> str:
-        return self.id
-
-    @property
-    def label(self) -> str:
-        return f"{self.id} {self.version_id}"
 
 
 @dataclass(frozen=True)

@@ -33,21 +33,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import json
 import os
 import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import yaml
-from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
@@ -55,29 +52,33 @@ from rigfleet.bump import images
 from rigfleet.bump.candidate import (
     Candidate,
     ImageRegistry,
-    LatestAsk,
-    choose_latest,
     find_candidate,
-    follows_nightlies,
-    newest_release,
     parse_image_arg,
+)
+from rigfleet.bump.decide import (
+    BumpError,
+    ImageRefused,
+    Inputs,
+    bumped_stacks,
+    candidate_changes,
+    decide_plan,
+    latest_candidate,
+    refuse_image_rules,
 )
 from rigfleet.bump.genesis import (
     GenesisChoice,
     GenesisRefused,
     GenesisRepo,
-    check_switches,
-    choose_genesis,
-    infer_version,
-    refusal,
 )
 from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
 from rigfleet.bump.options import BumpOptions
-from rigfleet.bump.plan import Plan, PlanHost, build_plan, pairs
+from rigfleet.bump.output import by, console, log
+from rigfleet.bump.plan import build_plan, pairs
+from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.bump.record import outcome_of, pins_after
+from rigfleet.bump.resume import end_journal, resume_of, start_journal
 from rigfleet.bump.rollout import (
-    HostFacts,
     HostOutcome,
     PyinfraRunner,
     Resume,
@@ -87,21 +88,17 @@ from rigfleet.bump.rollout import (
     rollout,
 )
 from rigfleet.bump.version import VersionProbe, read_version, remove_image
-from rigfleet.catalog import Catalog
 from rigfleet.check import Online, deploy_online, verify_pins
 from rigfleet.cliargs import UsageError, add_yes, fleet_options, select
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
-from rigfleet.genesis import StackUse
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, load_inventory
 from rigfleet.pins import (
     Pins,
     PinsError,
-    StackPins,
     dump_pins,
     load_pins,
-    parse_pins,
     save_pins,
 )
 from rigfleet.registry import DOCKER_HUB, RegistryError
@@ -113,17 +110,6 @@ EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2, 3
 # Why a host the bump leaves alone is skipped (its pins file entry keeps its old pins).
 OUTSIDE_LIMIT = "outside --limit"
 REPO_ROOT = PROJECT_ROOT
-
-console = Console(stderr=True, highlight=False)
-
-
-class BumpError(RigfleetError, RuntimeError):
-    """The bump cannot start (inputs); the message says what to fix."""
-
-
-class ImageRefused(RigfleetError, ValueError):
-    """A bumped stack's stack file does not allow the candidate; the message names the rule."""
-
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``rigfleet bump`` on the CLI's subparsers (``rigfleet/cli.py`` calls this)."""
@@ -171,33 +157,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _log(message: str) -> None:
-    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
-
-
-def _by() -> str:
-    if os.environ.get("RIGFLEET_BY"):
-        return os.environ["RIGFLEET_BY"]
-    try:
-        user = getpass.getuser()
-    except Exception:  # no passwd entry (containers)
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
-
-
 # --- inputs ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Inputs:
-    hosts: list[InventoryHost]
-    plan_hosts: list[PlanHost]
-    pins: Pins
-    registry: str
-    genesis_url: str | None
-    mirror: str | None
-    catalog: Catalog
-    outside: frozenset[str] = frozenset()  # hosts left out by --limit: they keep their pins
 
 
 def load_fleet(inventory: str, deploy: str) -> tuple[list[InventoryHost], list[PlanHost],
@@ -230,48 +190,6 @@ def load_inputs(opts: BumpOptions) -> Inputs:
     genesis_url = opts.genesis_url or first.bump.genesis_url
     mirror = opts.push_mirror or first.bump.mirror
     return Inputs(hosts, plan_hosts, pins, str(registry), genesis_url, mirror, first.catalog)
-
-
-def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list[str]:
-    """The stacks this bump changes (``--stack``, else by image repository / Genesis)."""
-    if opts.stacks:
-        for name in opts.stacks:
-            pins.stack(name)  # raises PinsError naming the pinned stacks
-        return list(dict.fromkeys(opts.stacks))
-    names = []
-    for name, p in pins.stacks.items():
-        by_image = repository is not None and p.repository == repository
-        if by_image or (opts.genesis and p.genesis is not None):
-            names.append(name)
-    if not names:
-        raise BumpError(f"no pinned stack uses {repository}; name one with --stack")
-    return names
-
-
-def new_stack_pins(
-    catalog: Catalog,
-    pins: Pins,
-    names: list[str],
-    candidate: Candidate | None,
-    version: str | None,
-    genesis: dict[str, GenesisChoice],
-) -> dict[str, StackPins]:
-    """The bumped stacks' new pins, validated like the file (a wrong version is refused)."""
-    out: dict[str, StackPins] = {}
-    for name in names:
-        p = pins.stacks[name]
-        if candidate is not None:
-            # The candidate's own image id: the old one would fail the hosts' verification.
-            p = replace(p, image=candidate.image, digest=candidate.digest,
-                        image_id=candidate.image_id,
-                        vllm_version=version or p.vllm_version)  # fmt: skip
-        if name in genesis and p.genesis is not None:
-            p = replace(p, genesis=genesis[name].pin(p.genesis.repo))
-        out[name] = p
-    # Round-trip through the pins validator (tag vs version's +g<commit>, digest form, ...).
-    trial = replace(pins, stacks={**pins.stacks, **out})
-    parse_pins(yaml.safe_load(dump_pins(trial)), pins.path, catalog=catalog)
-    return out
 
 
 # --- the command -----------------------------------------------------------------------------
@@ -325,14 +243,14 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         repository, tag = parse_image_arg(opts.image or "", default_repo)
         reg = ImageRegistry(inputs.registry)
         if opts.latest:
-            candidate, names = _latest(opts, inputs, pins, reg, repository, genesis_repos)
+            candidate, names = latest_candidate(opts, inputs, pins, reg, repository, genesis_repos)
             if candidate is None:
-                _log("every bumped stack is on the newest release it may take; nothing to do")
+                log("every bumped stack is on the newest release it may take; nothing to do")
                 return EXIT_OK
         else:
-            _log(f"registry {inputs.registry}: resolving {repository}:{tag}")
+            log(f"registry {inputs.registry}: resolving {repository}:{tag}")
             candidate = find_candidate(reg, repository, tag)
-        _log(f"candidate {candidate.image} {candidate.digest} built {candidate.created or '?'}")
+        log(f"candidate {candidate.image} {candidate.digest} built {candidate.created or '?'}")
     if names is None:
         names = bumped_stacks(opts, pins, candidate.repository if candidate else None)
     if candidate is not None:
@@ -340,11 +258,11 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
 
     unreachable = reachability(remote, [h for h in inputs.hosts if h.name not in inputs.outside])
     for name in inputs.outside:
-        _log(f"{name} is outside --limit and will be skipped (it keeps its pins)")
+        log(f"{name} is outside --limit and will be skipped (it keeps its pins)")
         unreachable[name] = OUTSIDE_LIMIT
     for name, reason in unreachable.items():
         if reason and name not in inputs.outside:
-            _log(f"[yellow]{name} is unreachable[/yellow] and will be skipped: {reason}")
+            log(f"[yellow]{name} is unreachable[/yellow] and will be skipped: {reason}")
     by_name = {h.name: h for h in inputs.hosts}
 
     # The canary reads the candidate's version; a provisional plan picks it (the version
@@ -365,13 +283,13 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         if target is None:
             raise BumpError("no host is reachable to read the candidate's vLLM version")
         probe_host = by_name[target]
-        _log(f"{probe_host.name}: reading vllm.__version__ from the candidate"
+        log(f"{probe_host.name}: reading vllm.__version__ from the candidate"
              f"{'' if opts.dry else ' (pulling it by digest if needed)'}")
         probe = read_version(remote, probe_host, candidate, pull=not opts.dry)
-        _log(f"candidate reports vLLM {probe.version or 'unknown (not pulled in --dry)'}")
+        log(f"candidate reports vLLM {probe.version or 'unknown (not pulled in --dry)'}")
 
     try:
-        plan, genesis, probe = _decide(opts, inputs, pins, names, candidate, probe, unreachable,
+        plan, genesis, probe = decide_plan(opts, inputs, pins, names, candidate, probe, unreachable,
                                        provisional, genesis_repos)  # fmt: skip
         if SOURCES is not None and not plan.empty:
             refuse_missing(inputs, plan, SOURCES())
@@ -383,10 +301,10 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     if opts.dry:
         return EXIT_OK
     if plan.empty:
-        _log("every reachable host already runs these pins; nothing to do")
+        log("every reachable host already runs these pins; nothing to do")
         return EXIT_SKIPPED if set(plan.skipped) - inputs.outside else EXIT_OK
     if not opts.yes and not _confirm():
-        _log("not confirmed; nothing changed")
+        log("not confirmed; nothing changed")
         return EXIT_FAILED
     return _execute(opts, inputs, remote, plan, candidate, probe.version or "", genesis)
 
@@ -401,186 +319,10 @@ def refuse_missing(inputs: Inputs, plan: Plan, run: Online) -> None:
     new = replace(inputs.pins, stacks={**inputs.pins.stacks, **plan.new_stacks})
     refusals, warnings = verify_pins(inputs.hosts, new, run)
     for line in warnings:
-        _log(f"[yellow]warning:[/yellow] {line}")
+        log(f"[yellow]warning:[/yellow] {line}")
     if refusals:
         raise BumpError("\n".join(refusals) + "\nnothing changed; allowed: pins whose every "
                         "thing its source has (`rigfleet check --online`)")
-
-
-def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
-                       version: str | None) -> None:
-    """Refuse a candidate a bumped stack's stack file does not allow (its ``image`` rule: tag
-    kind, vLLM version range), before any host changes; ``version`` None: the tag alone."""
-    problems = [f"stacks.{n}: {candidate.image} {p} ({catalog.get(n).source}: image)"
-                for n in names for p in catalog.get(n).image.problems(candidate.tag, version)]
-    if problems:
-        raise ImageRefused("\n".join(problems) + "\nnothing changed; allowed: an image every "
-                        "bumped stack's file allows (`--stack` picks the stacks)")
-
-
-def _decide(
-    opts: BumpOptions,
-    inputs: Inputs,
-    pins: Pins,
-    names: list[str],
-    candidate: Candidate | None,
-    probe: VersionProbe,
-    unreachable: dict[str, str | None],
-    provisional: dict[str, StackPins],
-    repos: dict[str, GenesisRepo] | None = None,
-) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
-    """The Genesis pairs and the final plan (raises ``GenesisRefused``, ``PinsError``)."""
-    repos = {} if repos is None else repos
-    version = probe.version if candidate is not None else None
-    inferred = False
-    if candidate is not None and version is None and candidate.commit:
-        # --dry, image not on the canary: a Genesis allowlist entry naming the tag's
-        # commit says what it will report (and none means Genesis refuses it).
-        version = _infer_version(inputs, pins, names, candidate.commit, repos)
-        inferred = version is not None
-        if version is not None:
-            _log(f"candidate vLLM {version} (from the Genesis allowlist entry naming its "
-                 "commit; read from the image when the bump runs)")  # fmt: skip
-    if candidate is not None:
-        refuse_image_rules(inputs.catalog, names, candidate, version)
-    genesis = _genesis_choices(opts, inputs, pins, names, version, candidate, repos)
-    if candidate is None:
-        version = pins.stacks[names[0]].vllm_version
-    if version is None:
-        # --dry, no Genesis stack bumped, image not on the canary: version shown unknown.
-        new = {n: replace(p, vllm_version="unknown") for n, p in provisional.items()}
-    else:
-        new = new_stack_pins(inputs.catalog, pins, names, candidate, version, genesis)
-    probe = replace(probe, version=version, source="inferred" if inferred else probe.source)
-    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, opts.batch_size,
-                      opts.max_failures)  # fmt: skip
-    return plan, genesis, probe
-
-
-def _latest(
-    opts: BumpOptions,
-    inputs: Inputs,
-    pins: Pins,
-    reg: ImageRegistry,
-    repository: str,
-    repos: dict[str, GenesisRepo],
-) -> tuple[Candidate | None, list[str]]:
-    """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks.
-
-    A stack follows releases (the newest ``vX.Y.Z`` above its pinned version, by version; a
-    Genesis stack only one that its Genesis, pinned or newer, lists) unless it uses Genesis and
-    the pinned Genesis' allowlist lists no release: then the newest nightly (by build time).
-    """
-    names = bumped_stacks(opts, pins, repository)
-    _log(f"registry {inputs.registry}: listing the tags of {repository}")
-    tags = reg.tags(repository)
-    asks: dict[str, LatestAsk] = {}
-    for name in names:
-        p = pins.stacks[name]
-        allowlist: tuple[str, ...] | None = None
-        allowed: set[str] | None = None
-        if p.genesis is not None:
-            repo = _repo(inputs, p.genesis.repo, repos)
-            pinned = repo.commit(repo.resolve(p.genesis.commit))
-            allowlist = pinned.allowlist
-            allowed = set(allowlist)
-            for sha in repo.newer(pinned.sha):
-                allowed |= set(repo.commit(sha).allowlist)
-        nightly = follows_nightlies(p.genesis is not None, allowlist)
-        target = None if nightly else newest_release(tags, p.vllm_version, allowed)
-        asks[name] = LatestAsk(p.vllm_version, nightly, target)
-    choice = choose_latest(asks)
-    for name, why in choice.staying.items():
-        _log(f"{name}: {why}; not bumped")
-    if choice.nightly:
-        _log(f"{', '.join(choice.stacks)}: the pinned Genesis lists only nightly builds; "
-             f"resolving the newest nightly of {repository} (by build time)")
-        return find_candidate(reg, repository, latest=True), list(choice.stacks)
-    if choice.tag is None:
-        return None, []
-    _log(f"{', '.join(choice.stacks)}: newest release above the pin: {choice.tag}")
-    return find_candidate(reg, repository, tag=choice.tag), list(choice.stacks)
-
-
-def _genesis_stacks(pins: Pins, names: list[str]) -> list[str]:
-    return [n for n in names if pins.stacks[n].genesis is not None]
-
-
-def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRepo:
-    if url not in repos:
-        repos[url] = GenesisRepo(url, inputs.genesis_url)
-        _log(f"Genesis: fetching {inputs.genesis_url or url}")
-        repos[url].sync()
-    return repos[url]
-
-
-def _infer_version(
-    inputs: Inputs, pins: Pins, names: list[str], commit: str, repos: dict[str, GenesisRepo]
-) -> str | None:
-    stacks = _genesis_stacks(pins, names)
-    for name in stacks:
-        g = pins.stacks[name].genesis
-        assert g is not None
-        found = infer_version(_repo(inputs, g.repo, repos), g.commit, commit)
-        if found:
-            return found
-    if stacks:  # a nightly's version always names its commit: nothing lists this one
-        g = pins.stacks[stacks[0]].genesis
-        assert g is not None
-        repo = _repo(inputs, g.repo, repos)
-        checked = [repo.commit(repo.resolve(g.commit))]
-        checked += [repo.commit(sha) for sha in repo.newer(checked[0].sha)]
-        raise GenesisRefused(refusal(f"<any build of {commit[:9]}> (not pulled in --dry)",
-                                     checked))  # fmt: skip
-    return None
-
-
-def _genesis_choices(
-    opts: BumpOptions,
-    inputs: Inputs,
-    pins: Pins,
-    names: list[str],
-    version: str | None,
-    candidate: Candidate | None,
-    repos: dict[str, GenesisRepo],
-) -> dict[str, GenesisChoice]:
-    out: dict[str, GenesisChoice] = {}
-    for name in _genesis_stacks(pins, names):
-        p = pins.stacks[name]
-        assert p.genesis is not None
-        want = version if candidate is not None else p.vllm_version
-        if want is None:
-            continue
-        repo = _repo(inputs, p.genesis.repo, repos)
-        choice = choose_genesis(repo, p.genesis.commit, want, p.vllm_version, opts.genesis)
-        if choice.proposed:
-            _log(f"Genesis {choice.label} lists vLLM {want}; proposing it for {name} "
-                 f"(pinned {p.genesis.commit[:12]} does not)" if not opts.genesis else
-                 f"Genesis {choice.label} (--genesis) lists vLLM {want}")  # fmt: skip
-        if not choice.rollback_safe:
-            _log(f"[yellow]warning:[/yellow] Genesis {choice.label} does not list the vLLM "
-                 f"the fleet runs now ({p.vllm_version}); a host that rolls back runs it "
-                 "against the new checkout")  # fmt: skip
-        check_switches(repo, choice.pin(p.genesis.repo), _genesis_uses(inputs, name, choice),
-                       stack=name, spec=inputs.catalog.get(name), vllm_version=want)  # fmt: skip
-        out[name] = choice
-    return out
-
-
-def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str, StackUse]:
-    """The stack's Genesis use per its stack file (key ``""``) and on each host whose
-    ``extra_env`` adds to it, with the chosen commit's switch set."""
-    spec = inputs.catalog.get(stack)
-    layout = choice.layout or "v7"
-    try:
-        uses = {"": StackUse.of(spec, layout)}
-        for h in inputs.hosts:
-            extra = validate_host(h.name, h.data).env_for(stack)
-            if extra:
-                uses[h.name] = StackUse.of(spec, layout, extra)
-    except ValueError as e:
-        raise GenesisRefused(f"{e}; refusing before any host changes") from None
-    return uses
 
 
 def _confirm() -> bool:
@@ -588,10 +330,6 @@ def _confirm() -> bool:
         console.print("[red]error:[/red] not a terminal: pass --yes to roll out")
         return False
     return console.input("Roll out? [y/N] ").strip().lower() in ("y", "yes")
-
-
-def candidate_changes(plan: Plan, stack: str) -> bool:
-    return plan.pins.stacks[stack].digest != plan.new_stacks[stack].digest
 
 
 def _print_plan(plan: Plan, genesis: dict[str, GenesisChoice], probe: VersionProbe) -> None:
@@ -656,7 +394,7 @@ def _execute(
             def on_line(line: str) -> None:
                 status.update(f"[{time.monotonic() - t0:5.0f}s] {line[:110]}")
 
-            result = rollout(plan, runner, cand_path, on_event=_log, on_line=on_line,
+            result = rollout(plan, runner, cand_path, on_event=log, on_line=on_line,
                              journal=journal, resume=resume_of(journal))
     except (StillRunning, KeyboardInterrupt) as e:
         return interrupted(journal, e, opts.inventory)
@@ -710,10 +448,10 @@ def _keep_images(
             try:
                 removed = images.prune(remote, by_name[name], candidate.repository, keep)
             except HostUnreachable as e:
-                _log(f"[yellow]{name}: image prune skipped[/yellow]: {e}")
+                log(f"[yellow]{name}: image prune skipped[/yellow]: {e}")
                 continue
             if removed:
-                _log(f"{name}: removed {len(removed)} older image(s): {', '.join(removed)}")
+                log(f"{name}: removed {len(removed)} older image(s): {', '.join(removed)}")
     if not opts.no_prune:
         # A host that rolled back does not need the candidate it refused (~30 GB each).
         for o in result.by_status(Status.FAILED):
@@ -727,19 +465,19 @@ def _keep_images(
         try:
             saved = images.save_image(remote, by_name[source], candidate, opts.save_dir, version)
             extra["saved"] = saved.summary()
-            _log(f"saved {candidate.image} to {saved.path} ({saved.size / 1e9:.2f} GB)")
+            log(f"saved {candidate.image} to {saved.path} ({saved.size / 1e9:.2f} GB)")
         except (images.ImageError, HostUnreachable, OSError) as e:
-            _log(f"[red]docker save failed[/red]: {e}")
+            log(f"[red]docker save failed[/red]: {e}")
             extra["saved"] = {"error": str(e)}
     if mirror:
         try:
             copied = copy_image(MirrorRegistry(registry), MirrorRegistry(mirror),
                                 candidate.repository, candidate.tag, candidate.digest)  # fmt: skip
             extra["mirror"] = copied.summary()
-            _log(f"mirrored {copied.ref} at {copied.digest} ({copied.blobs} blob(s), "
+            log(f"mirrored {copied.ref} at {copied.digest} ({copied.blobs} blob(s), "
                  f"{copied.bytes / 1e9:.2f} GB copied)")  # fmt: skip
         except RegistryError as e:
-            _log(f"[red]copy to {mirror} failed[/red]: {e}")
+            log(f"[red]copy to {mirror} failed[/red]: {e}")
             extra["mirror"] = {"error": str(e)}
     return extra
 
@@ -755,21 +493,21 @@ def _restore(runner: PyinfraRunner, result: RolloutResult, pins_file: Path) -> N
     hosts = [o.host for o in result.by_status(Status.FAILED) if o.runs_new is False]
     if not hosts:
         return
-    _log(f"re-converging {', '.join(hosts)} on {pins_file} (Genesis checkout, compose files)")
+    log(f"re-converging {', '.join(hosts)} on {pins_file} (Genesis checkout, compose files)")
     with console.status("re-converging rolled-back hosts") as status:
         done = runner.deploy(hosts, pins_file, "restore",
                              lambda line: status.update(line[:110]))  # fmt: skip
     if done.rc != 0:
         bad = ", ".join(sorted(done.failed_hosts or hosts))
-        _log(f"[yellow]warning:[/yellow] re-converge failed on {bad}; run the deploy for them "
+        log(f"[yellow]warning:[/yellow] re-converge failed on {bad}; run the deploy for them "
              "(they still serve their old pins)")  # fmt: skip
 
 
 def _record(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pins | None:
     when = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    new, entry = pins_after(plan, result, when, _by(), extra)
+    new, entry = pins_after(plan, result, when, by(), extra)
     if new is None:
-        _log(f"pins file unchanged: {plan.pins.path}")
+        log(f"pins file unchanged: {plan.pins.path}")
         return None
     try:
         saved = save_pins(new, entry)
@@ -778,14 +516,14 @@ def _record(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pins | 
         # what this bump would have written next to it, for a person to merge.
         aside = Path(plan.pins.path).with_name(Path(plan.pins.path).name + ".bump-result.yaml")
         aside.write_text(dump_pins(replace(new, history=[*new.history, entry or {}])))
-        _log(f"[red]pins file not saved[/red]: {e}\n  this bump's result is in {aside}; the "
+        log(f"[red]pins file not saved[/red]: {e}\n  this bump's result is in {aside}; the "
              "hosts run what it lists")  # fmt: skip
         return None
     outcome = entry["outcome"] if entry else ""
-    _log(f"pins file {plan.pins.path} saved at serial {saved.serial} ({outcome})")
+    log(f"pins file {plan.pins.path} saved at serial {saved.serial} ({outcome})")
     if saved.hosts:
         for host, stacks in saved.hosts.items():
-            _log(f"  hosts.{host}: " + ", ".join(f"{s} {p.tag}" for s, p in stacks.items()))
+            log(f"  hosts.{host}: " + ", ".join(f"{s} {p.tag}" for s, p in stacks.items()))
     return saved
 
 
@@ -854,7 +592,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
     if journal is None or journal.state == "finished":
         if journal is not None:
             journal.remove()
-            _log(f"removed {journal.path}: {journal.id} had finished (pins serial {pins.serial})")
+            log(f"removed {journal.path}: {journal.id} had finished (pins serial {pins.serial})")
         if abandon:
             console.print(f"[red]error:[/red] --abandon: no unfinished bump "
                           f"({journal_path(path)} does not exist)")
@@ -909,7 +647,7 @@ def _other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
     if args.stack and set(args.stack) != set(journal.new_stacks):
         return f"--stack {' '.join(args.stack)} are not its stacks ({', '.join(journal.new_stacks)})"
     if args.latest:
-        _log(f"--latest: finishing {journal.describe()} first (not resolved again)")
+        log(f"--latest: finishing {journal.describe()} first (not resolved again)")
     return None
 
 
@@ -943,12 +681,12 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
         console.print(f"[red]refused:[/red] {journal.describe()} covers {', '.join(missing)}, "
                       f"which {opts.inventory} no longer lists; add them back, or --abandon")
         return EXIT_FAILED
-    _log(f"resuming {journal.describe()}")
+    log(f"resuming {journal.describe()}")
     print_journal(journal)
     if opts.dry:
         return EXIT_OK
     if not opts.yes and not _confirm():
-        _log(f"not confirmed; nothing changed ({journal.path} is kept)")
+        log(f"not confirmed; nothing changed ({journal.path} is kept)")
         return EXIT_FAILED
     journal.take_over()
     cand = journal.candidate
@@ -972,44 +710,14 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
                                              "inventory any more") for h in lost}}
     journal.take_over()
     try:
-        result = rollout(plan, runner, Path(pins.path), on_event=_log, journal=journal,
-                         resume=Resume(done, in_flight, stop=f"abandoned by {_by()}"))
+        result = rollout(plan, runner, Path(pins.path), on_event=log, journal=journal,
+                         resume=Resume(done, in_flight, stop=f"abandoned by {by()}"))
     except StillRunning as e:
         return interrupted(journal, e, args.inventory)
     saved = _record(plan, result, {"bump_id": journal.id, "abandoned": True})
     print_journal(journal)
     end_journal(journal, result, saved)
     return EXIT_OK if saved is not None or outcome_of(result) == "failed" else EXIT_FAILED
-
-
-def start_journal(plan: Plan, candidate: Candidate | None, version: str,
-                  journal_id: str) -> BumpJournal:
-    """The journal of a bump about to roll out (written before any host changes)."""
-    cand = None if candidate is None else {
-        "repository": candidate.repository, "tag": candidate.tag, "digest": candidate.digest,
-        "created": candidate.created}  # fmt: skip
-    journal = BumpJournal.start(plan, journal_id, _by(), cand, version)
-    _log(f"journal {journal.path} (kept until the pins file records this bump)")
-    return journal
-
-
-def resume_of(journal: BumpJournal) -> Resume:
-    """What the journal's rollout already did, for ``rollout(..., resume=...)``."""
-    before = (journal.deploying or {}).get("before") or {}
-    return Resume(
-        done={h: HostOutcome.from_record(h, o) for h, o in journal.outcomes.items()},
-        in_flight={h: HostFacts.from_record(before.get(h)) for h in journal.in_flight},
-    )
-
-
-def end_journal(journal: BumpJournal, result: RolloutResult, saved: Pins | None) -> None:
-    """Remove the journal once the pins file records the bump (or nothing promoted)."""
-    if saved is None and outcome_of(result) != "failed":
-        _log(f"[yellow]kept {journal.path}[/yellow]: the pins file does not record this bump, "
-             "so converges keep reading the journal (or refuse, now that the pins file moved "
-             "on); merge the result, then `rigfleet bump --abandon` records it")  # fmt: skip
-        return
-    journal.remove()
 
 
 def interrupted(journal: BumpJournal, error: BaseException, inventory: str) -> int:

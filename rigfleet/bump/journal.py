@@ -3,47 +3,11 @@
 A bump that dies (Ctrl-C, the control machine gone) leaves hosts promoted that the pins file
 does not know about. The journal, ``<pins file>.bump-journal.json`` (``journal_path``), says
 which, so the next converge keeps them there and the next ``rigfleet bump`` finishes the plan.
-It is written atomically (temporary file, fsync, rename, fsync of the directory) at each step:
-
-1. before any host changes: the plan (the candidate's stack pins, hosts, batches, the stop
-   rule, the pins serial it was made from), ``BumpJournal.start``;
-2. before each batch: its hosts, since when, and what each host said before it (the newest
-   swap id, the gate reports, the ledger's length), ``deploying``: a resumed bump tells this
-   batch's swap from an older one by it;
-3. each host's outcome as soon as it is known (promoted, failed, lost, skipped), ``record``;
-4. the end: the pins file is saved with a history entry naming the journal's ``id``, then
-   the journal is removed (``remove``).
-
-Readers (``load_journal``; ``state`` says which case holds):
-
-- ``open`` (the pins file is at ``base_serial``): the deploy resolves a host's pins with
-  ``BumpJournal.pins_for``: a host recorded as promoted runs the candidate's pins (what the
-  pins file's ``hosts:`` section says after a finished partial bump), a host of the batch
-  that was deploying without an outcome is refused (``BumpInFlight``: its swap may have
-  promoted or rolled back; ``rigfleet bump`` reads which from the host), every other host runs
-  the pins file's pins; ``rigfleet bump`` resumes it;
-- ``finished`` (the pins file's newest history entry names the journal): the bump ended but
-  died before removing it; ignored, and the next ``rigfleet bump`` removes it;
-- ``stale`` (any other serial: the pins file was saved while the bump was unfinished): the
-  deploy refuses, naming both; ``rigfleet bump --abandon`` records what the journal knows
-  into the pins file as it is now and removes it.
-
-Format (``rigfleet-bump-journal/1``)::
-
-    {"schema": "rigfleet-bump-journal/1", "id": "20261129T104000Z-4242",
-     "started": "2026-11-29T10:40:00Z", "updated": "...", "by": "ops@ctl",
-     "owner": {"host": "ctl", "pid": 4242}, "pins_file": "/srv/fleet/pins.yaml",
-     "base_serial": 7, "new_stacks": {"int8": {"image": ..., "digest": ..., ...}},
-     "candidate": {"repository": "vllm/vllm-openai", "tag": "...", "digest": "...",
-                   "created": null} | null, "version": "0.21.0",
-     "hosts": [{"name": "host1", "stack": "int8", "groups": ["canary"]}, ...],
-     "canary": "host1", "batches": [["host1"], ["host2", "host3"]],
-     "skipped": {"host4": "unreachable"}, "up_to_date": [], "batch_size": 2, "max_failures": 1,
-     "outcomes": {"host1": {"status": "promoted", "batch": 0, "runs_new": true,
-                            "at": "...", "gate": "pass 8/8", ...}},
-     "deploying": {"batch": 1, "hosts": ["host2", "host3"], "since": "...",
-                   "before": {"host2": {...}, "host3": {...}}} | null,
-     "stopped": null}
+It is written atomically at each step (``BumpJournal.start``, ``deploying``, ``record``,
+``remove``); ``load_journal`` reads it and ``state`` says whether it is ``open``, ``finished``
+or ``stale``; ``BumpJournal.pins_for`` gives a host's pins while it is open (``BumpInFlight``
+for a host whose swap's outcome only the host knows). docs/bump.md ("Interrupted bumps: the
+journal") tells each step, each reader and the file format.
 
 Example::
 
@@ -64,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rigfleet.bump.plan import Plan, PlanHost
+from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.catalog import Catalog
 
 # The pins file's own atomic write and stack form: the journal is written and read like it.

@@ -28,80 +28,11 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
 
+from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.pins import Pins, StackPins
 
 CANARY_GROUP = "canary"
-
-
-@dataclass(frozen=True)
-class PlanHost:
-    """One inventory host as the plan sees it."""
-
-    name: str
-    stack: str  # the stack it serves (host data ``stack``)
-    groups: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a bump will do; ``batches[0]`` is the canary alone."""
-
-    pins: Pins  # as loaded, before the bump
-    new_stacks: dict[str, StackPins]  # the bumped stacks' new pins
-    hosts: tuple[PlanHost, ...]  # every inventory host, inventory order
-    canary: str | None
-    batches: tuple[tuple[str, ...], ...]
-    skipped: dict[str, str]  # unreachable at the start: host -> reason
-    up_to_date: tuple[str, ...]
-    batch_size: int
-    max_failures: int
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def rollout_hosts(self) -> tuple[str, ...]:
-        return tuple(h for batch in self.batches for h in batch)
-
-    @property
-    def empty(self) -> bool:
-        return not self.batches
-
-    def host(self, name: str) -> PlanHost:
-        return next(h for h in self.hosts if h.name == name)
-
-    def old_for(self, host: str) -> dict[str, StackPins]:
-        """The pins ``host`` runs now, every stack."""
-        return dict(self.pins.for_host(host).stacks)
-
-    def new_for(self, host: str) -> dict[str, StackPins]:
-        """The pins ``host`` runs once promoted: its current ones with the bumped stacks new."""
-        return {**self.old_for(host), **self.new_stacks}
-
-    def candidate_pins(self, path: str) -> Pins:
-        """The pins file the rollout deploys with (written to ``path``).
-
-        The fleet's stacks with the bumped ones new, rollout hosts' overrides of the bumped
-        stacks dropped (they move), everyone else's kept, and the serial the real file will
-        get when it is saved, so the ledgers' ``pins_serial`` matches the file afterwards.
-        """
-        moving = set(self.rollout_hosts)
-        hosts: dict[str, dict[str, StackPins]] = {}
-        for name, overrides in self.pins.hosts.items():
-            kept = (
-                {s: p for s, p in overrides.items() if s not in self.new_stacks}
-                if name in moving
-                else dict(overrides)
-            )
-            if kept:
-                hosts[name] = kept
-        return replace(
-            self.pins,
-            path=path,
-            serial=self.pins.serial + 1,
-            stacks={**self.pins.stacks, **self.new_stacks},
-            hosts=hosts,
-        )
 
 
 def exercises(host: PlanHost, old: Mapping[str, StackPins], new: Mapping[str, StackPins]) -> bool:

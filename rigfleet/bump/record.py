@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from rigfleet.bump.plan import Plan
+from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.rollout import RolloutResult, Status
 from rigfleet.pins import Pins, StackPins
 

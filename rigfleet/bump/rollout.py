@@ -31,7 +31,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from rigfleet.bump.plan import Plan
+from rigfleet.bump.plan_record import Plan
 from rigfleet.hostprobe import HostProbe, run_probe
 from rigfleet.hostside.records import ReportSummary
 from rigfleet.inventory import InventoryHost

@@ -33,8 +33,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The stack file's drain.timeout_s when it leaves it out (rigfleet.catalog explains the size).
-DEFAULT_DRAIN_TIMEOUT_S = 600.0
 DRAIN_POLL_S = 0.5
 # Idle reads in a row that make a drain complete.
 SETTLE_READS = 2
@@ -273,5 +271,5 @@ def drain_note(result: dict[str, Any]) -> str:
 
 DRAIN_KEYS = ("result", "seconds", "timeout_s", "running", "waiting", "front", "cut")
 
-__all__ = ["DEFAULT_DRAIN_TIMEOUT_S", "DRAIN_KEYS", "DRAIN_POLL_S", "DrainReport", "Drainer",
+__all__ = ["DRAIN_KEYS", "DRAIN_POLL_S", "DrainReport", "Drainer",
            "EngineLoad", "drain_note", "draining_workers", "parse_load"]

@@ -11,27 +11,9 @@ path is renamed once and the unit tests run the real code against a temporary di
     HOST.compose_file("int8")          # PosixPath('/opt/rigfleet/stacks/int8/compose.yaml')
     Layout(tmp_path).state_file        # tmp_path / 'var/lib/rigfleet/state.json'
 
-Stdlib only: it ships inside the host-side bundle.
-
-Where each record lives (the schemas are in ``rigfleet.hostside.records``):
-
-- ``/var/lib/rigfleet``: ``state.json`` (what serves and its pins), ``ledger.jsonl`` (one
-  line per change), ``active/`` (the snapshot of the verified stack), ``lock/holder.json``
-  (the host lock), ``swap/<id>/`` (one transaction's plan, journal and result), ``reports/``
-  (gate reports), ``supervise/`` (the supervisor's state, reset requests, logs of engines that
-  died), ``maintenance/`` (the maintenance window), ``locks/`` (flock files of long host
-  jobs), ``vllm-versions/`` (an image's vLLM version, cached by digest), ``throughput/`` (the
-  gate's throughput: ``history.jsonl``, one line per verified gate or accepted baseline, and
-  ``last.json``, the last gate's figures), ``timings.json`` (measured window times: what
-  Retry-After says);
-- ``/opt/rigfleet``: ``stacks/<stack>/compose.yaml`` (staged compose projects), ``genesis``
-  (the Genesis checkout), ``genesis-trees/<commit>`` (immutable exports the stacks mount),
-  ``hf-venv`` (huggingface_hub for the weight fetcher);
-- ``/etc/rigfleet/secrets``: root-only secrets (the API key in three shapes, the HF token);
-- ``/var/cache/rigfleet/<stack>``: per-stack compile caches (never shared between stacks);
-- ``/usr/local/lib/rigfleet``: the host-side bundle and helper scripts;
-- ``<model_dir>`` (host data): ``<local_dir>@<revision[:12]>/`` per model revision (verified,
-  then never written; what the compose files mount read-only).
+Stdlib only: it ships inside the host-side bundle. Where each record lives and who writes and
+reads it: docs/architecture.md ("Where each record lives"); the schemas are in
+``rigfleet.hostside.records``.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .drain import DEFAULT_DRAIN_TIMEOUT_S
-
 SCHEMA = "rigfleet-swap-plan/1"
+# The stack file's drain.timeout_s when it leaves it out (rigfleet.catalog explains the size).
+DEFAULT_DRAIN_TIMEOUT_S = 600.0
 # A transaction's time limits when nothing else is said: the plan's defaults, and host data's
 # (``rigfleet.hostdata`` takes them from here).
 READY_TIMEOUT_S = 1200.0

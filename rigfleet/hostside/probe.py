@@ -1,45 +1,15 @@
 """The host probe: everything the control side learns about a host outside a pyinfra fact, in
-one round trip, as one JSON object (``rigfleet-host.pyz probe``).
+one round trip, as one JSON object (``rigfleet-host.pyz probe``; schema ``rigfleet-probe/1``).
 
     python3 rigfleet-host.pyz probe                     # the deploy's facts: swap state, lock
-    python3 rigfleet-host.pyz probe --full --model-path /srv/models/qwen \\
+    python3 rigfleet-host.pyz probe --full --model-path /srv/models/qwen \
         --front-port 8000                               # rigfleet status, the bump, reports
 
-Basic output (the deploy's ``SwapProbe`` fact; every part catches its own failure, absence
-is data)::
-
-    {"schema": "rigfleet-probe/1", "active": {...active.json...} | null,
-     "state": {...state.json...} | null, "state_error": null | "missing" | "...",
-     "lock": {"who", "why", "since", "pid", "deploy_id", "alive": bool, ...} | null,
-     "containers": {"rigfleet-int8": {"status", "stack", "hash", "created", "image",
-                                      "image_id", "digests": ["sha256:..."], "started_at",
-                                      # digests: the image's repo digests, and the pinned
-                                      # image a derived (runtime) image was built from
-                                      "restarts"}},
-     "route": "int8/0123abcd..." | "maintenance" | null, "bundle": "<sha256>" | null,
-     "supervisor": null | {"state": "watching" | "booting" | "backoff" | "recreating" |
-                                    "gave-up" | "paused" | "idle" | "starting",
-                           "reason", "alive": bool, "recreations": int, "policy": {"limit",
-                           "window_s", "backoff_s", ...}, "attempts": [...], "death",
-                           "boot_failure", "next_attempt_at", "gave_up_at", "since", "now",
-                           ...}}   (``rigfleet.hostside.supervise.Record``; times: epoch s)
-     "active_error": null | "<why active.json is damaged>",
-     "maintenance": {"status": "none" | "held" | "abandoned" | "failed" | "damaged",
-                     "why": "...", "window": null | {...window.json...}}
-                    (``rigfleet.hostside.maintenance.window_status``)
-
-``--full`` adds ``ledger`` ({"tail", "count", "error"}), ``reports`` ({"files", "newest"}),
-``gpu`` (nvidia-smi's query output), ``caps_unit_enabled``, ``genesis`` (the checkout's HEAD
-and origin), ``manifest`` (the weights checked against their manifest by size and mtime),
-``front`` (what the front answers with and without the API key) and ``throughput``
-({"last": the last gate's ``ThroughputRecord`` | null, "history": the newest verified
-records, "count"}).
-
-``--doctor`` (with ``--full``) adds ``doctor``: the cards sampled idle and under a short load
-of the bench's narrative requests against the active stack, its engine's log facts, args and
-mounts (``rigfleet.hostside.bench.evidence.gather``; ``{"error"}`` when nothing is active).
-
-Readers of the records live in ``rigfleet.hostside.records``; this module only gathers.
+Every part catches its own failure (absence is data). The basic output is the deploy's
+``SwapProbe`` fact; ``--full`` adds the ledger, reports, GPUs, Genesis, the weights' manifest,
+the front and throughput; ``--doctor`` adds the cards sampled idle and under load. Each key:
+docs/architecture.md ("The host probe"). Readers of the records live in
+``rigfleet.hostside.records``; this module only gathers.
 """
 
 from __future__ import annotations

@@ -13,15 +13,11 @@ Records:
 - ``lock/holder.json``: who holds the host lock, with the liveness data (``holder_alive``): a
   process (pid, its start time, the boot), also for a maintenance window (the deploy's SSH
   session; across the reboot a driver change needs, a grace on the boot-time clock);
-- ``maintenance/window.json``: the maintenance window (``rigfleet.hostside.maintenance``;
-  read with ``read_window``);
-- ``reports/verify-<ts>.json``: gate reports (schema ``rigfleet-verify/1``);
-- ``supervise/state.json``: the supervisor's state (``rigfleet.hostside.supervise.Record``;
-  read with ``read_supervisor``);
+- ``maintenance/window.json`` (``read_window``), ``supervise/state.json``
+  (``read_supervisor``), ``reports/verify-<ts>.json`` (schema ``rigfleet-verify/1``);
 - ``throughput/history.jsonl``: one ``ThroughputRecord`` per verified gate or accepted
   baseline (the baseline the gate judges decode speed against); ``throughput/last.json``: the
-  last gate's ``ThroughputRecord``, passed or not (read with ``read_throughput_history`` and
-  ``read_throughput_last``).
+  last gate's, passed or not (``read_throughput_history``, ``read_throughput_last``).
 
 Example::
 

@@ -4,41 +4,15 @@ reason. Pure functions over records; the loop is ``rigfleet.hostside.supervisor`
 
 Stack containers are never restarted in place (compose ``restart: "no"``): Genesis
 text-patches vLLM in the container's writable layer, so a restarted container fails to
-re-patch and a crash would become a restart loop. ``rigfleet-supervise.service`` runs::
+re-patch. ``rigfleet-supervise.service`` runs::
 
-    python3 rigfleet-host.pyz supervise --front-port 8000 --ready-timeout-s 1200 \\
+    python3 rigfleet-host.pyz supervise --front-port 8000 --ready-timeout-s 1200 \
         --backoff-s 10,30,90 --limit 3 --window-s 1800       # the loop (a systemd service)
     python3 rigfleet-host.pyz supervise --reset --why "freed the cards"   # after fixing
 
-Every few seconds (``--poll-s``) it looks at the active stack's container and ``/health``.
-The engine is dead when its container is gone, exited (OOM-killed or not), was restarted in
-place, runs another config than the verified snapshot, stopped answering ``/health`` for
-``--unhealthy-s`` after it served, or never became ready within ``--ready-timeout-s``. Then:
-
-1. the front answers 503 (the window opens at once; nginx would otherwise answer 502);
-2. after the backoff (``10 s``, ``30 s``, ``90 s``: the n-th recreation within the window
-   waits the n-th value, the last one repeats), under the host lock: the dead container's log
-   is kept (``supervise/<stack>-<hash>-<time>.log``), every stack goes down, the cards'
-   memory is released, the snapshot is recreated, ready, answers, the front routes to it;
-   ledger ``supervise recreated`` ("recreated after the engine died: <reason>");
-3. when it dies again with ``--limit`` recreations already in ``--window-s``: it gives up,
-   the front stays at 503 with the reason (the container's log classified by
-   ``stackctl.classify_boot_failure``), ledger ``supervise gave-up`` ("crash loop: ... gave up
-   after N recreations in M min; run the deploy or fix the stack"); nothing more happens until
-   a reset.
-
-It does nothing while someone else holds the host lock (a swap, ``ensure``, ``adopt``: they
-own the host) or while ``rigfleet-stack.service`` starts or stops (its ``ensure`` owns the
-host at boot). The count starts again (a reset) when a new stack is promoted, when ``ensure``
-or a rolled-back swap brings the verified stack back, and on ``supervise --reset``
-(``active.request_reset``).
-
-Killed at any point it leaves nothing half done: its state (``supervise/state.json``) is
-written atomically, a recreation is counted before anything changes, the host lock of a dead
-holder is stale by the one liveness rule, and the next start finishes what was cut short:
-it reroutes a stack that came up, recreates again (counted), or writes the ledger line the
-killed one could not (``record``). The decisions are pure functions (``step``), tested with
-fakes; ``rigfleet.hostside.supervisor.Supervisor`` is the thin loop around them::
+What counts as dead, the backoff, the give-up, the resets, the lock it respects and how a
+killed supervisor finishes what was cut short: docs/swap.md ("When the engine dies").
+``step`` is the decision, tested with fakes::
 
     record, action = step(record, observation, Policy())
     action.kind    # 'none', 'open-window', 'recreate', 'reroute', 'record', 'give-up',

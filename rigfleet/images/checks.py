@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rigfleet.hostdata import HostSettings
+from rigfleet.image_sources import NO_CHECK, ImageSource
 from rigfleet.images.archive import (
     ArchiveError,
     ArchiveInfo,
@@ -26,7 +27,6 @@ from rigfleet.images.archive import (
 )
 from rigfleet.images.hoststate import HostImageState
 from rigfleet.images.plan import SourceResult, WantedImage, registry_ref
-from rigfleet.images.sources import NO_CHECK, ImageSource
 from rigfleet.registry import (
     DOCKER_HUB,
     Registry,

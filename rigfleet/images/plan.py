@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rigfleet.commands import docker as docker_commands
+from rigfleet.image_sources import ImageSource
 from rigfleet.images.hoststate import ROOT, HostImageState, LocalImage
-from rigfleet.images.sources import ImageSource
 from rigfleet.pins import StackPins
 from rigfleet.registry import registry_of, split_image
 

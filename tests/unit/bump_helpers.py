@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from rigfleet.bump.plan import PlanHost
+from rigfleet.bump.plan_record import PlanHost
 from rigfleet.pins import GenesisPin, Pins, StackPins, load_pins
 
 GOOD = "01d4d1ad375dc5854779c593eee093bcebb0cada"

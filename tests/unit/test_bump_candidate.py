@@ -410,18 +410,19 @@ def test_latest_on_the_newest_release_has_nothing_to_do(fleet, registry, capsys)
 def test_bumped_pins_carry_the_candidates_image_id(tmp_path) -> None:
     from bump_helpers import write_pins
 
+    from rigfleet.bump.decide import new_stack_pins
     from rigfleet.catalog import builtin_catalog
 
     pins = write_pins(tmp_path)
     pins = replace(pins, stacks={n: replace(p, image_id="sha256:" + "0" * 64)
                                  for n, p in pins.stacks.items()})
     cand = Candidate(REPO, f"nightly-{NEWER}", DIGESTS[NEWER], image_id="sha256:" + "9" * 64)
-    new = bump_cli.new_stack_pins(builtin_catalog(), pins, ["int8"], cand, VERSIONS[NEWER], {})
+    new = new_stack_pins(builtin_catalog(), pins, ["int8"], cand, VERSIONS[NEWER], {})
     assert new["int8"].image_id == "sha256:" + "9" * 64  # never the old image's id
 
 
 def test_a_candidate_a_stack_file_does_not_allow_is_refused_before_anything():
-    from rigfleet.bump.cli import ImageRefused, refuse_image_rules
+    from rigfleet.bump.decide import ImageRefused, refuse_image_rules
     from rigfleet.catalog import builtin_catalog
 
     catalog = builtin_catalog()

@@ -27,8 +27,9 @@ from rigfleet.bump.journal import (
     journal_path,
     load_journal,
 )
-from rigfleet.bump.plan import Plan
+from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.record import pins_after
+from rigfleet.bump.resume import end_journal, resume_of
 from rigfleet.bump.rollout import (
     DeployResult,
     HostFacts,
@@ -109,7 +110,7 @@ def resume(plan: Plan, runner: FakeRunner) -> tuple[Any, BumpJournal]:
     _, journal = reload(plan)
     runner.deployed.clear()
     result = rollout(journal.plan(plan.pins), runner, Path("cand.yaml"), journal=journal,
-                     resume=bump_cli.resume_of(journal))
+                     resume=resume_of(journal))
     return result, journal
 
 
@@ -196,7 +197,7 @@ def test_abandon_settles_what_was_deploying_and_starts_nothing(tmp_path):
     _, journal = reload(plan)
     runner.deployed.clear()
     result = rollout(journal.plan(plan.pins), runner, Path("cand.yaml"), journal=journal,
-                     resume=replace(bump_cli.resume_of(journal), stop="abandoned by ops"))
+                     resume=replace(resume_of(journal), stop="abandoned by ops"))
     assert runner.deployed == []
     assert [result.outcomes[h].status for h in ("host1", "host2", "host3")] == [
         Status.PROMOTED, Status.PROMOTED, Status.NOT_ATTEMPTED]
@@ -359,7 +360,7 @@ def test_the_end_removes_the_journal_once_the_pins_file_says_it(tmp_path):
     result = rollout(plan, FakeRunner(plan, {}), Path("cand.yaml"), journal=journal)
     saved = bump_cli._record(plan, result, {"bump_id": journal.id})
     assert saved is not None and saved.history[-1]["bump_id"] == journal.id
-    bump_cli.end_journal(journal, result, saved)
+    end_journal(journal, result, saved)
     assert not journal.path.exists()
     # The pins file saved by someone else meanwhile: the result goes aside, the journal stays.
     (tmp_path / "b").mkdir()
@@ -368,7 +369,7 @@ def test_the_end_removes_the_journal_once_the_pins_file_says_it(tmp_path):
     result2 = rollout(plan2, FakeRunner(plan2, {}), Path("cand.yaml"), journal=journal2)
     save_pins(load_pins(plan2.pins.path), {"action": "someone else"})
     assert bump_cli._record(plan2, result2, {"bump_id": journal2.id}) is None
-    bump_cli.end_journal(journal2, result2, None)
+    end_journal(journal2, result2, None)
     assert journal2.path.exists()
     assert load_journal(load_pins(plan2.pins.path)).state == "stale"
 
@@ -376,7 +377,7 @@ def test_the_end_removes_the_journal_once_the_pins_file_says_it(tmp_path):
 def test_a_resume_is_a_plain_rollout_over_the_journals_plan(tmp_path):
     """``resume_of`` of a fresh journal is empty: a new bump and a resumed one are one loop."""
     plan = make_plan(tmp_path)
-    assert bump_cli.resume_of(journal_for(plan)) == Resume({}, {})
+    assert resume_of(journal_for(plan)) == Resume({}, {})
 
 
 def cli_fleet(tmp_path: Path, monkeypatch, plan: Plan, runner: FakeRunner) -> None:

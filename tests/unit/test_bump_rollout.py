@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from bump_helpers import GENESIS_NEW, GOOD, NEWER, REGRESSED, bumped, hosts, stack, write_pins
 
-from rigfleet.bump.plan import Plan, build_plan
+from rigfleet.bump.plan import build_plan
+from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.record import outcome_of, pins_after
 from rigfleet.bump.rollout import (
     DeployResult,

@@ -20,7 +20,7 @@ from rigfleet.compose import (
     config_hash,
     render_compose,
 )
-from rigfleet.genesis import V7
+from rigfleet.genesis_layout import V7
 from rigfleet.hostdata import HostSettings
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import UNRESOLVED, GenesisPin, ModelPin, Pins, PinsError, StackPins

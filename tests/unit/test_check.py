@@ -349,7 +349,8 @@ def test_images_found_changed_and_missing_with_each_source_tried(tmp_path) -> No
 def test_the_bump_refuses_a_plan_whose_pins_a_source_lacks(tmp_path, web) -> None:
     from types import SimpleNamespace
 
-    from rigfleet.bump.cli import BumpError, refuse_missing
+    from rigfleet.bump.cli import refuse_missing
+    from rigfleet.bump.decide import BumpError
 
     settings = settings_for(tmp_path, web, cuda="old")
     pins = pins_at(tmp_path)

@@ -20,16 +20,14 @@ from genesis_trees import V7_KNOWN, V12_KNOWN, V12_PENDING, v7_files, v12_files,
 from rigfleet.catalog import StackSpec, get_stack
 from rigfleet.compose import compose_document
 from rigfleet.genesis import (
-    V7,
-    V12,
     StackUse,
     TreeReport,
     allowlist_problem,
-    entrypoint_script,
     pairing_problems,
     switch_problems,
 )
 from rigfleet.genesis_inspect import DirSource, inspect
+from rigfleet.genesis_layout import V7, V12, entrypoint_script
 from rigfleet.hostdata import HostSettings
 from rigfleet.pins import GenesisPin, ModelPin, Pins, StackPins
 

@@ -24,7 +24,8 @@ from genesis_trees import (
 )
 
 from rigfleet import genesis_inspect as gi
-from rigfleet.genesis import LAYOUTS, TreeReport
+from rigfleet.genesis import TreeReport
+from rigfleet.genesis_layout import LAYOUTS
 
 HELPER = Path(gi.__file__)
 

@@ -11,8 +11,9 @@ import pytest
 
 from rigfleet.facts import DebPackage, GpuState, ModuleRejections, Platform, PlatformState
 from rigfleet.hostdata import validate_host
+from rigfleet.packages import OsInfo
 from roles.nvidia_driver import debian_kernel_flavour, kernel_packages
-from roles.preflight import OsInfo, check_facts, secure_boot_block
+from roles.preflight import check_facts, secure_boot_block
 
 DEBIAN = OsInfo("debian", "12", "bookworm", "6.1.0-40-amd64")
 UBUNTU = OsInfo("ubuntu", "24.04", "noble", "6.8.0-88-generic")

@@ -9,11 +9,11 @@ from pathlib import Path
 from images_fakes import FakeHub, docker_save_tar
 
 from rigfleet.hostdata import BumpSettings, HostSettings
+from rigfleet.image_sources import ImageSource
 from rigfleet.images.archive import ArchivedImage, archive_name
 from rigfleet.images.checks import SourceChecker, check_url
 from rigfleet.images.hoststate import HostArchive, HostImageState
 from rigfleet.images.plan import WantedImage
-from rigfleet.images.sources import ImageSource
 
 IMAGE = "vllm/vllm-openai:v0.27.1"
 NIGHTLY = "vllm/vllm-openai:nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"

@@ -4,6 +4,7 @@ verification after staging."""
 
 from __future__ import annotations
 
+from rigfleet.image_sources import ImageSource
 from rigfleet.images.hoststate import HostImageState, LocalImage, Space
 from rigfleet.images.plan import (
     GIB,
@@ -19,7 +20,6 @@ from rigfleet.images.plan import (
     verify_staged,
     wanted_images,
 )
-from rigfleet.images.sources import ImageSource
 from rigfleet.pins import StackPins
 
 IMAGE = "vllm/vllm-openai:v0.27.1"

@@ -1,4 +1,4 @@
-"""Host data ``image_sources`` (rigfleet/images/sources.py through rigfleet/hostdata.py): the
+"""Host data ``image_sources`` (rigfleet/image_sources.py through rigfleet/hostdata.py): the
 format, the default, and a clear error for each kind of mistake."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from images_fakes import fleet_data
 
 from rigfleet.hostdata import KEY_DEFAULTS, HostDataError, validate_host
-from rigfleet.images.sources import DEFAULT_SOURCES, DEFAULT_UPLOAD_DIR, ImageSource
+from rigfleet.image_sources import DEFAULT_SOURCES, DEFAULT_UPLOAD_DIR, ImageSource
 
 
 @pytest.fixture

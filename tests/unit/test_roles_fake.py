@@ -34,9 +34,11 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 
 import rigfleet.desired
 import rigfleet.images.deploy
+import roles.follow
 import roles.nvidia_driver
 import roles.preflight
 import roles.swap
+from rigfleet.packages import OsInfo
 from roles import converge
 from roles import maintenance as roles_maintenance
 from roles.docker import (
@@ -47,7 +49,7 @@ from roles.docker import (
     restart_keys,
 )
 from roles.genesis import stale_trees
-from roles.preflight import OsInfo, refusals, run_deploy
+from roles.preflight import refusals, run_deploy
 
 GENESIS_REPO = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
 GENESIS_COMMIT = "c" * 40
@@ -111,7 +113,7 @@ def _fast(monkeypatch):
     """No sleeping, a fresh pins cache, and the fake connector wired to the rig."""
     monkeypatch.setattr(roles.nvidia_driver, "REBOOT_DELAY_S", 0)
     monkeypatch.setattr(roles.nvidia_driver, "REBOOT_INTERVAL_S", 0)
-    monkeypatch.setattr(roles.swap, "POLL_S", 0)
+    monkeypatch.setattr(roles.follow, "POLL_S", 0)
     rigfleet.desired._PINS.clear()
     # The pinned digest is on "Docker Hub" (the default image source's preflight check).
     monkeypatch.setattr(rigfleet.images.deploy, "REGISTRY",

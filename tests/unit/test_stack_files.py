@@ -18,7 +18,7 @@ from rigfleet.catalog import (
     load_stack_file,
     parse_stack,
 )
-from rigfleet.genesis import LAYOUTS
+from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostdata import HostDataError, validate_host
 from rigfleet.vllm_versions import version_key
 

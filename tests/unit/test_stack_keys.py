@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from rigfleet.catalog import BUILTIN_DIR
-from rigfleet.catalog_keys import BY_PATH, KEYS, keys_of, render_into
+from rigfleet.catalog_keys import BY_PATH, KEYS, keys_of
+from rigfleet.stack_docs import render_into
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "stacks.md"
 
@@ -19,7 +20,7 @@ def test_docs_stacks_md_holds_the_generated_reference() -> None:
     text = DOC.read_text(encoding="utf-8")
     assert text == render_into(text), (
         "docs/stacks.md differs from the key table: run "
-        "`.venv/bin/python -m rigfleet.catalog_keys docs/stacks.md`")
+        "`.venv/bin/python -m rigfleet.stack_docs docs/stacks.md`")
     for key in KEYS:
         assert f"| `{key.path}` |" in text
 

@@ -20,7 +20,8 @@ from rich.console import Console
 
 import rigfleet.desired
 from rigfleet.bump.journal import BumpJournal
-from rigfleet.bump.plan import PlanHost, build_plan
+from rigfleet.bump.plan import build_plan
+from rigfleet.bump.plan_record import PlanHost
 from rigfleet.desired import DesiredHost, build_desired, load_desired, resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.hostprobe import HostProbe
@@ -507,14 +508,14 @@ def _hosts_module(name: str) -> Any:
 def test_host_checks_know_the_driver_packages_the_role_installs(os_id):
     from types import SimpleNamespace
 
-    from roles.nvidia_driver import driver_packages
+    from rigfleet.packages import driver_packages
 
     mine = _hosts_module("test_gpus").driver_packages(os_id, "580")
     assert mine == driver_packages(SimpleNamespace(id=os_id), "580")
 
 
 def test_host_checks_know_the_toolkit_packages_the_role_installs():
-    from roles.container_toolkit import TOOLKIT_PACKAGES
+    from rigfleet.packages import TOOLKIT_PACKAGES
 
     assert _hosts_module("test_docker_runtime").TOOLKIT_PACKAGES == TOOLKIT_PACKAGES
 

@@ -13,7 +13,6 @@ from swap_fakes import serving as serving_host
 
 from rigfleet.catalog import CatalogError, builtin_catalog, parse_stack
 from rigfleet.hostside.drain import (
-    DEFAULT_DRAIN_TIMEOUT_S,
     Drainer,
     DrainReport,
     EngineLoad,
@@ -24,6 +23,7 @@ from rigfleet.hostside.drain import (
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.maintenance import Maintenance
+from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.hostside.steps import EXIT_PROMOTED
 from rigfleet.hostside.timings import (
     DEFAULT_OVERHEAD_S,

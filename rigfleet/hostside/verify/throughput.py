@@ -33,7 +33,7 @@ from .health import Finding
 from .report import FAIL, PASS, CheckResult, now_iso
 
 if TYPE_CHECKING:
-    from .checks import Context
+    from .context import Context
 
 NAME, TITLE = "throughput", "Throughput"
 

@@ -1,30 +1,10 @@
 """Where a host gets its pinned images: host data ``image_sources``, an ordered list.
 
-Each entry is a mapping with a ``kind``; the host tries them in order and takes the first that
-holds the pinned image (the control side checks them before any host changes)::
-
-    image_sources = [
-        # The image's own registry (Docker Hub for vllm/vllm-openai) through the host's Docker
-        # daemon, so docker_registry_mirror applies: pulls <repo>:<tag>@<digest>. The control
-        # machine checks the digest is there at `check` (default: bump_registry, else the
-        # image's registry); "none" skips that check.
-        {"kind": "hub"},
-        # A private/LAN registry holding the same digest: the host pulls
-        # registry.lan:5000/<repo>@<digest> and tags it <repo>:<tag>. `repository` when the
-        # path there differs; `check` when this machine reaches it at another URL. (An http://
-        # registry must be in the daemon's insecure-registries.)
-        {"kind": "registry", "url": "http://registry.lan:5000"},
-        # `docker save` archives on this (control) machine: a .tar file, or a directory whose
-        # *.tar files are looked through (`rigfleet images export` / `import --into` write
-        # there). Streamed over SSH into `docker load` (via "stream", default) or uploaded to
-        # `upload_dir` on the host first and loaded from there (via "upload").
-        {"kind": "archive", "path": "~/image-archive"},
-        # `docker save` archives already on the host: a .tar file or a directory of them.
-        {"kind": "host-archive", "path": "/srv/images"},
-    ]
-
-The default is ``[{"kind": "hub"}]``. An archive is matched to a pin by image id (the config
-digest ``rigfleet pins lock`` records): a loaded image has no repo digest.
+Each entry is a mapping with a ``kind`` (``hub``, ``registry``, ``archive``, ``host-archive``);
+the host tries them in order and takes the first that holds the pinned image (the control side
+checks them before any host changes). The default is ``[{"kind": "hub"}]``. An archive is
+matched to a pin by image id (the config digest ``rigfleet pins lock`` records): a loaded image
+has no repo digest. docs/images.md ("Host data ``image_sources``") describes each kind and key.
 
 Example::
 

@@ -1,0 +1,288 @@
+"""What ``rigfleet bump`` decides before any host changes: its inputs, the bumped stacks, the
+candidate (``--latest``), the Genesis commit to pair with it, the stack files' image rules, and
+the plan. The command (argparse, printing, executing) is ``rigfleet.bump.cli``.
+
+Example::
+
+    names = bumped_stacks(opts, inputs.pins, "vllm/vllm-openai")
+    plan, genesis, probe = decide_plan(opts, inputs, inputs.pins, names, candidate, probe,
+                                       unreachable, provisional)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import yaml
+
+from rigfleet.bump.candidate import (
+    Candidate,
+    ImageRegistry,
+    LatestAsk,
+    choose_latest,
+    find_candidate,
+    follows_nightlies,
+    newest_release,
+)
+from rigfleet.bump.genesis import (
+    GenesisChoice,
+    GenesisRefused,
+    GenesisRepo,
+    check_switches,
+    choose_genesis,
+    infer_version,
+    refusal,
+)
+from rigfleet.bump.options import BumpOptions
+from rigfleet.bump.output import log
+from rigfleet.bump.plan import build_plan
+from rigfleet.bump.plan_record import Plan, PlanHost
+from rigfleet.bump.version import VersionProbe
+from rigfleet.catalog import Catalog
+from rigfleet.errors import RigfleetError
+from rigfleet.genesis import StackUse
+from rigfleet.hostdata import validate_host
+from rigfleet.inventory import InventoryHost
+from rigfleet.pins import Pins, StackPins, dump_pins, parse_pins
+
+
+class BumpError(RigfleetError, RuntimeError):
+    """The bump cannot start (inputs); the message says what to fix."""
+
+
+class ImageRefused(RigfleetError, ValueError):
+    """A bumped stack's stack file does not allow the candidate; the message names the rule."""
+
+
+@dataclass
+class Inputs:
+    hosts: list[InventoryHost]
+    plan_hosts: list[PlanHost]
+    pins: Pins
+    registry: str
+    genesis_url: str | None
+    mirror: str | None
+    catalog: Catalog
+    outside: frozenset[str] = frozenset()  # hosts left out by --limit: they keep their pins
+
+
+def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list[str]:
+    """The stacks this bump changes (``--stack``, else by image repository / Genesis)."""
+    if opts.stacks:
+        for name in opts.stacks:
+            pins.stack(name)  # raises PinsError naming the pinned stacks
+        return list(dict.fromkeys(opts.stacks))
+    names = []
+    for name, p in pins.stacks.items():
+        by_image = repository is not None and p.repository == repository
+        if by_image or (opts.genesis and p.genesis is not None):
+            names.append(name)
+    if not names:
+        raise BumpError(f"no pinned stack uses {repository}; name one with --stack")
+    return names
+
+
+def new_stack_pins(
+    catalog: Catalog,
+    pins: Pins,
+    names: list[str],
+    candidate: Candidate | None,
+    version: str | None,
+    genesis: dict[str, GenesisChoice],
+) -> dict[str, StackPins]:
+    """The bumped stacks' new pins, validated like the file (a wrong version is refused)."""
+    out: dict[str, StackPins] = {}
+    for name in names:
+        p = pins.stacks[name]
+        if candidate is not None:
+            # The candidate's own image id: the old one would fail the hosts' verification.
+            p = replace(p, image=candidate.image, digest=candidate.digest,
+                        image_id=candidate.image_id,
+                        vllm_version=version or p.vllm_version)  # fmt: skip
+        if name in genesis and p.genesis is not None:
+            p = replace(p, genesis=genesis[name].pin(p.genesis.repo))
+        out[name] = p
+    # Round-trip through the pins validator (tag vs version's +g<commit>, digest form, ...).
+    trial = replace(pins, stacks={**pins.stacks, **out})
+    parse_pins(yaml.safe_load(dump_pins(trial)), pins.path, catalog=catalog)
+    return out
+
+
+def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
+                       version: str | None) -> None:
+    """Refuse a candidate a bumped stack's stack file does not allow (its ``image`` rule: tag
+    kind, vLLM version range), before any host changes; ``version`` None: the tag alone."""
+    problems = [f"stacks.{n}: {candidate.image} {p} ({catalog.get(n).source}: image)"
+                for n in names for p in catalog.get(n).image.problems(candidate.tag, version)]
+    if problems:
+        raise ImageRefused("\n".join(problems) + "\nnothing changed; allowed: an image every "
+                        "bumped stack's file allows (`--stack` picks the stacks)")
+
+
+def decide_plan(
+    opts: BumpOptions,
+    inputs: Inputs,
+    pins: Pins,
+    names: list[str],
+    candidate: Candidate | None,
+    probe: VersionProbe,
+    unreachable: dict[str, str | None],
+    provisional: dict[str, StackPins],
+    repos: dict[str, GenesisRepo] | None = None,
+) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
+    """The Genesis pairs and the final plan (raises ``GenesisRefused``, ``PinsError``)."""
+    repos = {} if repos is None else repos
+    version = probe.version if candidate is not None else None
+    inferred = False
+    if candidate is not None and version is None and candidate.commit:
+        # --dry, image not on the canary: a Genesis allowlist entry naming the tag's
+        # commit says what it will report (and none means Genesis refuses it).
+        version = _infer_version(inputs, pins, names, candidate.commit, repos)
+        inferred = version is not None
+        if version is not None:
+            log(f"candidate vLLM {version} (from the Genesis allowlist entry naming its "
+                 "commit; read from the image when the bump runs)")  # fmt: skip
+    if candidate is not None:
+        refuse_image_rules(inputs.catalog, names, candidate, version)
+    genesis = _genesis_choices(opts, inputs, pins, names, version, candidate, repos)
+    if candidate is None:
+        version = pins.stacks[names[0]].vllm_version
+    if version is None:
+        # --dry, no Genesis stack bumped, image not on the canary: version shown unknown.
+        new = {n: replace(p, vllm_version="unknown") for n, p in provisional.items()}
+    else:
+        new = new_stack_pins(inputs.catalog, pins, names, candidate, version, genesis)
+    probe = replace(probe, version=version, source="inferred" if inferred else probe.source)
+    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, opts.batch_size,
+                      opts.max_failures)  # fmt: skip
+    return plan, genesis, probe
+
+
+def latest_candidate(
+    opts: BumpOptions,
+    inputs: Inputs,
+    pins: Pins,
+    reg: ImageRegistry,
+    repository: str,
+    repos: dict[str, GenesisRepo],
+) -> tuple[Candidate | None, list[str]]:
+    """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks.
+
+    A stack follows releases (the newest ``vX.Y.Z`` above its pinned version, by version; a
+    Genesis stack only one that its Genesis, pinned or newer, lists) unless it uses Genesis and
+    the pinned Genesis' allowlist lists no release: then the newest nightly (by build time).
+    """
+    names = bumped_stacks(opts, pins, repository)
+    log(f"registry {inputs.registry}: listing the tags of {repository}")
+    tags = reg.tags(repository)
+    asks: dict[str, LatestAsk] = {}
+    for name in names:
+        p = pins.stacks[name]
+        allowlist: tuple[str, ...] | None = None
+        allowed: set[str] | None = None
+        if p.genesis is not None:
+            repo = _repo(inputs, p.genesis.repo, repos)
+            pinned = repo.commit(repo.resolve(p.genesis.commit))
+            allowlist = pinned.allowlist
+            allowed = set(allowlist)
+            for sha in repo.newer(pinned.sha):
+                allowed |= set(repo.commit(sha).allowlist)
+        nightly = follows_nightlies(p.genesis is not None, allowlist)
+        target = None if nightly else newest_release(tags, p.vllm_version, allowed)
+        asks[name] = LatestAsk(p.vllm_version, nightly, target)
+    choice = choose_latest(asks)
+    for name, why in choice.staying.items():
+        log(f"{name}: {why}; not bumped")
+    if choice.nightly:
+        log(f"{', '.join(choice.stacks)}: the pinned Genesis lists only nightly builds; "
+             f"resolving the newest nightly of {repository} (by build time)")
+        return find_candidate(reg, repository, latest=True), list(choice.stacks)
+    if choice.tag is None:
+        return None, []
+    log(f"{', '.join(choice.stacks)}: newest release above the pin: {choice.tag}")
+    return find_candidate(reg, repository, tag=choice.tag), list(choice.stacks)
+
+
+def _genesis_stacks(pins: Pins, names: list[str]) -> list[str]:
+    return [n for n in names if pins.stacks[n].genesis is not None]
+
+
+def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRepo:
+    if url not in repos:
+        repos[url] = GenesisRepo(url, inputs.genesis_url)
+        log(f"Genesis: fetching {inputs.genesis_url or url}")
+        repos[url].sync()
+    return repos[url]
+
+
+def _infer_version(
+    inputs: Inputs, pins: Pins, names: list[str], commit: str, repos: dict[str, GenesisRepo]
+) -> str | None:
+    stacks = _genesis_stacks(pins, names)
+    for name in stacks:
+        g = pins.stacks[name].genesis
+        assert g is not None
+        found = infer_version(_repo(inputs, g.repo, repos), g.commit, commit)
+        if found:
+            return found
+    if stacks:  # a nightly's version always names its commit: nothing lists this one
+        g = pins.stacks[stacks[0]].genesis
+        assert g is not None
+        repo = _repo(inputs, g.repo, repos)
+        checked = [repo.commit(repo.resolve(g.commit))]
+        checked += [repo.commit(sha) for sha in repo.newer(checked[0].sha)]
+        raise GenesisRefused(refusal(f"<any build of {commit[:9]}> (not pulled in --dry)",
+                                     checked))  # fmt: skip
+    return None
+
+
+def _genesis_choices(
+    opts: BumpOptions,
+    inputs: Inputs,
+    pins: Pins,
+    names: list[str],
+    version: str | None,
+    candidate: Candidate | None,
+    repos: dict[str, GenesisRepo],
+) -> dict[str, GenesisChoice]:
+    out: dict[str, GenesisChoice] = {}
+    for name in _genesis_stacks(pins, names):
+        p = pins.stacks[name]
+        assert p.genesis is not None
+        want = version if candidate is not None else p.vllm_version
+        if want is None:
+            continue
+        repo = _repo(inputs, p.genesis.repo, repos)
+        choice = choose_genesis(repo, p.genesis.commit, want, p.vllm_version, opts.genesis)
+        if choice.proposed:
+            log(f"Genesis {choice.label} lists vLLM {want}; proposing it for {name} "
+                 f"(pinned {p.genesis.commit[:12]} does not)" if not opts.genesis else
+                 f"Genesis {choice.label} (--genesis) lists vLLM {want}")  # fmt: skip
+        if not choice.rollback_safe:
+            log(f"[yellow]warning:[/yellow] Genesis {choice.label} does not list the vLLM "
+                 f"the fleet runs now ({p.vllm_version}); a host that rolls back runs it "
+                 "against the new checkout")  # fmt: skip
+        check_switches(repo, choice.pin(p.genesis.repo), _genesis_uses(inputs, name, choice),
+                       stack=name, spec=inputs.catalog.get(name), vllm_version=want)  # fmt: skip
+        out[name] = choice
+    return out
+
+
+def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str, StackUse]:
+    """The stack's Genesis use per its stack file (key ``""``) and on each host whose
+    ``extra_env`` adds to it, with the chosen commit's switch set."""
+    spec = inputs.catalog.get(stack)
+    layout = choice.layout or "v7"
+    try:
+        uses = {"": StackUse.of(spec, layout)}
+        for h in inputs.hosts:
+            extra = validate_host(h.name, h.data).env_for(stack)
+            if extra:
+                uses[h.name] = StackUse.of(spec, layout, extra)
+    except ValueError as e:
+        raise GenesisRefused(f"{e}; refusing before any host changes") from None
+    return uses
+
+
+def candidate_changes(plan: Plan, stack: str) -> bool:
+    return plan.pins.stacks[stack].digest != plan.new_stacks[stack].digest

@@ -1,0 +1,80 @@
+"""What the gate's checks share (``Context``): the client, the profile, what preflight learned,
+and the requests every check sends. A module of its own so each check module can take it
+without importing the list of checks (``checks.CHECKS``).
+
+Example::
+
+    ctx = Context(client, profile, progress)
+    ctx.count_tokens([{"role": "user", "content": "hi"}], None)   # tokens as the server counts
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..records import ThroughputRecord
+from . import metrics, prompts
+from .client import Client
+from .counting import TokenCounter, chat_body
+from .health import HealthLimits
+from .profiles import Profile
+
+
+class Progress(Protocol):
+    def tick(self, mark: str) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+class _Silent:
+    def tick(self, mark: str) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+
+@dataclass
+class Context:
+    """What the checks share: the client, the profile, and what preflight learned."""
+
+    client: Client
+    profile: Profile
+    progress: Progress = field(default_factory=_Silent)
+    model: str = ""
+    version: str = ""
+    max_model_len: int | None = None
+    metrics_before: list[metrics.Sample] | None = None
+    counter: TokenCounter | None = None  # /tokenize, else 1-token completions
+    # What the throughput check measured (the runner writes it to the host's records).
+    throughput_record: ThroughputRecord | None = None
+    sizer: prompts.Sizer | None = None
+
+    @property
+    def limits(self) -> HealthLimits:
+        p = self.profile
+        return HealthLimits(
+            punct_run=p.health_punct_run, punct_ratio=p.health_punct_ratio,
+            punct_min_chars=p.health_punct_min_chars,
+            first_word_repeats=p.health_first_word_repeats, line_repeats=p.health_line_repeats,
+            lexical_min=p.health_lexical_min, lexical_window=p.health_lexical_window,
+            lexical_min_words=p.health_lexical_min_words)
+
+    def get_sizer(self) -> prompts.Sizer:
+        if self.sizer is None:
+            self.sizer = prompts.Sizer(self.count_tokens, self.profile.size_tolerance)
+        return self.sizer
+
+    # -- requests ------------------------------------------------------------------------------
+    def body(self, messages: prompts.Messages, max_tokens: int, temperature: float,
+             tools: prompts.Tools = None, tool_choice: Any = None) -> dict[str, Any]:
+        return chat_body(self.model, messages, max_tokens, temperature, tools, tool_choice)
+
+    def count_tokens(self, messages: prompts.Messages, tools: prompts.Tools) -> int | None:
+        """Prompt tokens as the server counts them (chat template included)."""
+        if self.counter is None:
+            self.counter = TokenCounter(
+                self.client, self.model, timeout=max(self.profile.preflight_timeout_s, 30.0),
+                chat_timeout=self.profile.needle_timeout_s, note=self.progress.note)
+        return self.counter(messages, tools)

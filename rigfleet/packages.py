@@ -1,0 +1,67 @@
+"""The NVIDIA packages a host needs, per OS and pin: the driver's and the container toolkit's.
+
+The roles install them (``roles/nvidia_driver.py``, ``roles/container_toolkit.py``) and
+``rigfleet check`` looks them up in the pinned apt repositories (``rigfleet/check.py``); both
+read the names here, below either.
+
+Example::
+
+    os = OsInfo("ubuntu", "24.04", "noble", "6.8.0-45-generic")
+    driver_packages(os, "580")      # ('nvidia-driver-580-server-open', ...)
+    version_prefix("580", None)     # '580.'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OsInfo:
+    """The host's OS as the roles need it."""
+
+    id: str  # "debian" | "ubuntu"
+    version_id: str  # "12", "13", "22.04", "24.04"
+    codename: str
+    kernel: str  # uname -r
+
+    @property
+    def family(self) -> str:
+        return self.id
+
+    @property
+    def label(self) -> str:
+        return f"{self.id} {self.version_id}"
+
+
+# All four move together; mixing versions breaks the hook (NVIDIA's install guide).
+TOOLKIT_PACKAGES = (
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+)
+
+DEBIAN_DRIVER_PACKAGES = (
+    "nvidia-kernel-open-dkms",
+    "nvidia-driver-cuda",
+    "nvidia-smi",
+    "nvidia-persistenced",
+)
+
+
+def version_prefix(branch: str, version: str | None) -> str:
+    """What installed driver package versions must start with: ``580.`` or ``580.105.08``."""
+    return version if version else f"{branch}."
+
+
+def driver_packages(os: OsInfo, branch: str) -> tuple[str, ...]:
+    """Driver packages whose version follows the driver (checked against the branch)."""
+    if os.id == "ubuntu":
+        return (
+            f"nvidia-driver-{branch}-server-open",
+            f"nvidia-utils-{branch}-server",
+            # nvidia-persistenced lives here on Ubuntu.
+            f"nvidia-compute-utils-{branch}-server",
+        )
+    return DEBIAN_DRIVER_PACKAGES

@@ -1,0 +1,139 @@
+"""Following a job the host tool runs as a transient unit (a swap transaction, a maintenance
+window's close): poll its journal until it ends, print its progress, copy the gate reports to
+``reports/<host>/`` and fail the host with the job's reason when it did not succeed.
+
+Shared by ``roles.swap`` and ``roles.maintenance``, below both. Example::
+
+    box: dict[str, str] = {}
+    follow(swap_id, 1800.0, str(reports_root()), box)    # box["error"] unless it promoted
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host
+
+from rigfleet.commands import hosttool
+from rigfleet.hostside.drain import drain_note
+from roles.ops import DeployError, connector_kwargs, run_on_host
+
+POLL_S = 2.0
+# Consecutive failed polls before the deploy gives up following (the host carries on).
+MAX_MISSES = 8
+
+
+def reports_root() -> Path:
+    """``reports/`` next to where pyinfra runs (the repository root; git-ignored)."""
+    return Path(os.environ.get("RIGFLEET_REPORTS_DIR") or Path.cwd() / "reports")
+
+
+def fetch_reports(result: dict[str, Any], dest: Path) -> list[Path]:
+    """Copy the gate's JSON and Markdown reports to ``dest`` (``reports/<host>/``)."""
+    gate = result.get("gate") or {}
+    got = []
+    for key in ("report", "report_md"):
+        remote = gate.get(key)
+        if not remote:
+            continue
+        dest.mkdir(parents=True, exist_ok=True)
+        local = dest / Path(str(remote)).name
+        try:
+            if host.get_file(str(remote), str(local), **connector_kwargs()):
+                got.append(local)
+        except Exception as e:  # the swap's outcome matters more than its copy
+            host.log(f"swap: could not copy {remote}: {e}")
+    return got
+
+
+def outcome_message(name: str, result: dict[str, Any], reports: list[Path]) -> str:
+    """One message for a transaction that did not promote."""
+    stack = result.get("stack")
+    reason = str(result.get("reason") or "no reason recorded").rstrip(".")
+    md = next((str(p) for p in reports if p.suffix == ".md"), None)
+    tail = f" Gate report: {md}." if md else ""
+    if result.get("boot_failure"):
+        tail += f" Boot failure: {result['boot_failure'].get('title')}."
+    if result.get("kept_log"):
+        tail += f" {stack}'s log is kept on the host: {result['kept_log']}."
+    if (result.get("drain") or {}).get("cut"):
+        tail += f" {drain_note(result).lstrip('; ')}."
+    what = result.get("result")
+    if what == "rolled-back":
+        return (f"{name}: swap to {stack} rolled back ({result.get('phase')} failed): "
+                f"{reason}. {result.get('serving')} serves again.{tail}")
+    if what == "refused":
+        return f"{name}: swap to {stack} {reason}"
+    if what == "locked":
+        return f"{name}: {reason}"
+    return (f"{name}: swap to {stack} failed ({result.get('phase')}): {reason}. The front "
+            f"routes to {result.get('serving') or 'nothing'} (503 unless a verified stack "
+            f"serves).{tail}")
+
+
+Describe = Callable[[str, dict[str, Any], list[Path]], str]
+
+
+def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
+           describe: Describe = outcome_message, label: str = "swap",
+           unit: str | None = None) -> None:
+    """At execution time: poll a host job's journal (a swap transaction, a maintenance
+    window's close) until it ends, printing progress; put the reason in ``box["error"]``
+    unless it succeeded (exit 0; the operation then fails the host with it, without a Python
+    traceback).
+
+    + describe: the failure message from its result (``outcome_message`` for swaps)
+    + label: the prefix of its progress lines; unit: its systemd unit (for the messages)
+    """
+    try:
+        _follow(swap_id, timeout_s, reports, describe, label,
+                unit or hosttool.unit_name(swap_id))
+    except DeployError as e:
+        box["error"] = str(e)
+
+
+def _follow(swap_id: str, timeout_s: float, reports: str, describe: Describe,
+            label: str, unit: str) -> None:
+    t0 = time.monotonic()
+    since, misses, data = 0, 0, None
+    where = f"{hosttool.tool('status', '--id', swap_id)} or journalctl -u {unit}"
+    while True:
+        try:
+            ok, out, err = run_on_host(hosttool.status(swap_id, since))
+            data = json.loads(out[-1]) if ok and out else None
+            problem = "" if data else " ".join(err[-2:]) or "no answer"
+        except Exception as e:  # a dropped connection: the host carries on regardless
+            data, problem = None, f"{type(e).__name__}: {e}"
+        if data is None:
+            misses += 1
+            if misses >= MAX_MISSES:
+                raise DeployError(f"{host.name}: lost contact while following {label} {swap_id} "
+                                  f"({problem}); the transaction continues on the host: {where}")
+        else:
+            misses = 0
+            for event in data.get("events") or []:
+                host.log(f"{label} {event.get('phase')}: {event.get('message')}")
+            since = int(data.get("next", since))
+            if data.get("state") == "done":
+                break
+            if data.get("state") == "died":
+                raise DeployError(f"{host.name}: {label} {swap_id} ended without a result "
+                                  f"(killed?); see {where}")
+        if time.monotonic() - t0 > timeout_s:
+            raise DeployError(f"{host.name}: {label} {swap_id} still running after "
+                              f"{timeout_s:g}s; it continues on the host: {where}")
+        time.sleep(POLL_S)
+    assert data is not None
+    result = data.get("result") or {}
+    copied = fetch_reports(result, Path(reports) / host.name)
+    if copied:
+        host.log(f"{label}: gate report copied to {', '.join(str(p) for p in copied)}")
+    if result.get("exit") != 0:
+        raise DeployError(describe(host.name, result, copied))
+    host.log(f"{label}: {result.get('result')}: {result.get('serving')} serves "
+             f"(503 window {result.get('window_s') or 0:.1f}s{drain_note(result)})")
