@@ -285,7 +285,10 @@ def test_a_step_far_past_its_estimate_keeps_its_window_held_and_it_closes_once(f
         (start, end, slow.seen)
     assert {s[1] for s in seen} == {"held"} and not any("closing" in s[2] for s in seen), seen
     assert not {s[1] for s in slow.seen} & {"abandoned", "failed", "damaged"}, slow.seen
-    # The ledger: opened before the step, closed once after it, through the gate.
+    # The ledger: opened before the step, closed once after it, through the gate; nothing
+    # (a supervisor's recreation or close, an abandoned window) written during the step.
+    written = ledger(host)[slow.since:]
+    assert not [x for x in written if start <= parse_time(x["time"]) <= end], written
     lines = maintenance_lines(host, slow.since)
     assert [x["result"] for x in lines] == ["opened", "closed"], lines
     opened, closed = (parse_time(x["time"]) for x in lines)
