@@ -144,3 +144,35 @@ def test_the_parser_lives_where_the_version_keeps_it(sites):
     argv, _ = _stack_argv("int8")
     assert ask(nightly, argv).version.startswith("0.32.1rc1.dev")
     assert ask(nightly, argv).error == ""
+
+
+# --- the stacks role asks only when the compose file changes ------------------------------------
+
+
+def test_the_role_asks_the_pinned_image_only_for_a_compose_file_it_would_change(tmp_path,
+                                                                                monkeypatch):
+    import hashlib
+
+    from test_swap_plan import desired
+
+    import roles.stacks as role
+    from rigfleet.facts import FileInfo
+
+    staged = desired(tmp_path, stack="int8").current
+    asked: list[str] = []
+    answer = MARKER + json.dumps({"version": "0.27.1", "rc": 2,
+                                  "error": "vllm serve: error: unrecognized arguments: --x"})
+    monkeypatch.setattr(role, "run_on_host", lambda cmd: (asked.append(cmd), (True, [answer],
+                                                                              []))[1])
+    same = FileInfo("0644", "root", "root", hashlib.sha256(staged.text.encode()).hexdigest())
+    monkeypatch.setattr(role, "read_fact", lambda fact, path: same)
+    assert role.vllm_args_refusal(staged) is None and asked == []
+
+    monkeypatch.setattr(role, "read_fact", lambda fact, path: None)  # not staged yet
+    text = role.vllm_args_refusal(staged)
+    assert text is not None and "vllm.args: unrecognized arguments: --x" in text
+    words = shlex.split(asked[0])
+    i = words.index(staged.pins.local_image)
+    # The exact command line of the compose file ('$$' back to '$'), this PINS' local_dir.
+    assert words[i + 4:] == staged.spec.command("qwen3.6-27b-autoround-int4")
+    assert set(json.loads(words[i + 3])) == set(staged.spec.environment())
