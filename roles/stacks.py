@@ -8,7 +8,10 @@ everything that transaction needs is on the host, so the 503 window holds no dow
 1. secrets (``Layout.vllm_env_file``, the probe's auth header, the bare key for the gate;
    root 0600, content never logged) and the Genesis helper the gate runs;
 2. every staged stack's compose project (as ``rigfleet.desired`` rendered it), written and
-   checked with ``docker compose config -q``.
+   checked with ``docker compose config -q``; before a changed file is written, the pinned
+   image's own vLLM parses the stack's arguments and ``VLLM_*`` names (``rigfleet.vllmargs``):
+   a refusal fails the host here, before the swap opens any window, and leaves the staged file
+   and the serving stack as they were.
 
 Example::
 
@@ -17,17 +20,25 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import io
+from functools import partial
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files
 
 from rigfleet.commands import docker as docker_commands
+from rigfleet.compose import SERVICE
+from rigfleet.desired import DesiredStack
+from rigfleet.facts import FileDigest, read_fact
 from rigfleet.hostside.layout import HOST
+from rigfleet.vllmargs import check_command, parse_output, refusal
 from roles.ops import (
     Secret,
+    check,
     on_change,
+    run_on_host,
     secret_file,
 )
 from roles.preflight import HostContext
@@ -61,6 +72,12 @@ def stacks(ctx: HostContext) -> None:
 
     for name, staged in host.loop(sorted(ctx.want.stacks.items())):
         other = staged.spec
+        # Before anything of this stack is written: a refusal leaves the host as it was.
+        check(
+            name=f"vLLM arguments of {name} (the pinned image's own parser)",
+            verify=partial(vllm_args_refusal, staged),
+            what="vLLM arguments",
+        )
         dirs = [str(HOST.stack_dir(name)), *other.cache_dirs]
         for path in host.loop(dirs):
             files.directory(
@@ -82,3 +99,17 @@ def stacks(ctx: HostContext) -> None:
             gates=[compose],
             reason="compose file unchanged",
         )
+
+
+def vllm_args_refusal(staged: DesiredStack) -> str | None:
+    """Why the pinned image's vLLM refuses ``staged``'s arguments or settings (None: accepted,
+    or the compose file on the host is already this one, checked when it was written)."""
+    current = read_fact(FileDigest, path=staged.compose_file)
+    if current is not None and current.sha256 == hashlib.sha256(staged.text.encode()).hexdigest():
+        return None
+    service = staged.document["services"][SERVICE]
+    image = staged.pins.local_image
+    cmd = check_command(image, [str(a).replace("$$", "$") for a in service["command"]],
+                        service.get("environment") or {})
+    ok, out, err = run_on_host(cmd)
+    return refusal(parse_output(ok, out, err), staged.spec, image)

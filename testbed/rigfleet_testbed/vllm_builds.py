@@ -233,6 +233,14 @@ def marlin_sub_tile_n(v: Version) -> str:
     return "model-native" if v >= Version("0.21.0") else "needs-pad"
 
 
+def cli_args_module(v: Version) -> str:
+    """Where ``make_arg_parser`` (the ``vllm serve`` options) lives: "in vLLM 0.29,
+    make_arg_parser moved from vllm.entrypoints.openai.cli_args to
+    vllm.entrypoints.launchers.cli_args (same signature)" (runpod-workers/worker-vllm#338)."""
+    package = "launchers" if v >= Version("0.29.0") else "openai"
+    return f"vllm/entrypoints/{package}/cli_args.py"
+
+
 def has_qwen3coder_tool_parser(b: Build) -> bool:
     """tool_parsers/qwen3coder_tool_parser.py was deleted by the streaming parser refactor
     (vllm#45413/#45171/#45588, merged 2026-06-15; Genesis registry P64)."""
@@ -315,6 +323,12 @@ def layer_files(b: Build, info_overrides: dict[str, object] | None = None) -> La
     if info["marlin_sub_tile_n"] != "native":
         files.append(LayerFile("vllm/model_executor/kernels/linear/mixed_precision/marlin.py",
                                _variant("marlin.pre-pad.py")))
+    # The serving CLI's options, where this version keeps them (the simulator's table).
+    cli_args = cli_args_module(Version(version))
+    files += [LayerFile(str(Path(cli_args).with_name("__init__.py")), b""),
+              LayerFile(cli_args, b'"""vLLM serve options (simulator)."""\n\n'
+                                  b"from vllm.sim.args import make_arg_parser, validate_parsed_serve_args\n\n"
+                                  b'__all__ = ["make_arg_parser", "validate_parsed_serve_args"]\n')]
     if has_qwen3coder_tool_parser(b):
         files.append(LayerFile("vllm/tool_parsers/qwen3coder_tool_parser.py",
                                _variant("qwen3coder_tool_parser.py")))

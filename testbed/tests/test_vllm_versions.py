@@ -158,7 +158,10 @@ def test_layer_files_carry_build_info_metadata_and_the_versions_source_text(tmp_
     assert "vllm/tool_parsers/qwen3coder_tool_parser.py" in old  # deleted upstream 2026-06-15
     new = {f.path for f in vb.layer_files(vb.by_tag("v0.27.1")).files}
     assert new == {"vllm/_build_info.json", "vllm-0.27.1.dist-info/METADATA",
-                   "vllm-0.27.1.dist-info/INSTALLER", "vllm-0.27.1.dist-info/RECORD"}
+                   "vllm-0.27.1.dist-info/INSTALLER", "vllm-0.27.1.dist-info/RECORD",
+                   # make_arg_parser where vLLM before 0.29 keeps it (worker-vllm#338)
+                   "vllm/entrypoints/openai/__init__.py",
+                   "vllm/entrypoints/openai/cli_args.py"}
     vb.layer_files(vb.by_tag("v0.27.1")).write(tmp_path)
     assert json.loads((tmp_path / "vllm/_build_info.json").read_text())["version"] == "0.27.1"
 

@@ -46,6 +46,8 @@ from pathlib import Path
 import yaml
 from images_fakes import FakeEngine
 
+from rigfleet.vllmargs import MARKER as VLLM_ARGS_MARKER
+
 OS_RELEASES = {
     "ubuntu2204": (
         'PRETTY_NAME="Ubuntu 22.04.5 LTS"\nNAME="Ubuntu"\nVERSION_ID="22.04"\n'
@@ -150,6 +152,9 @@ class FakeRig:
     # The Docker engine's images, the host's saved archives and the Docker root's free space.
     engine: FakeEngine = field(default_factory=FakeEngine)
     built: dict[str, dict[str, str]] = field(default_factory=dict)  # derived image -> labels
+    # What the pinned image's vLLM says of a stack's command line (rigfleet.vllmargs): argparse's
+    # error line, "" to accept; the version is the image tag's.
+    vllm_args_error: str = ""
     containers: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     genesis_head: str | None = None
     genesis_origin: str | None = None
@@ -256,6 +261,11 @@ class FakeRig:
     # --- facts -----------------------------------------------------------------------------
 
     def _facts(self, cmd: str) -> tuple[bool, list[str]] | None:
+        if cmd.startswith("docker run --rm --pull never --network none --entrypoint python3"):
+            image = shlex.split(cmd)[11]
+            answer = {"version": image.rsplit(":", 1)[-1].removeprefix("v"),
+                      "rc": 2 if self.vllm_args_error else 0, "error": self.vllm_args_error}
+            return True, [VLLM_ARGS_MARKER + json.dumps(answer)]
         if cmd.startswith('echo "pid1=$(cat /proc/1/comm'):
             return True, self._platform()
         if cmd.startswith("since=$(") and "{ journalctl -b -q --no-pager" in cmd:

@@ -1434,3 +1434,21 @@ def test_an_older_host_tool_is_replaced_by_a_rename_before_its_window_opens(data
     for command in sorted(set(run.commands)):
         checked = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True)
         assert checked.returncode == 0, (command, checked.stderr)
+
+
+def test_a_stack_the_pinned_vllm_refuses_stops_the_host_before_its_file_or_a_swap(data, caplog):
+    """rigfleet.vllmargs at staging: asked only for a compose file that would change; a refusal
+    fails the host before the file is written or any window opens; int8 keeps serving."""
+    rig = converged("debian13", data)
+    compose = "/opt/rigfleet/stacks/int8/compose.yaml"
+    before, serving, swaps = rig.files[compose], dict(rig.containers), len(rig.swaps)
+    again = deploy(rig, data)
+    assert again.ran("docker run --rm --pull never") == []  # nothing staged changes: no check
+    rig.vllm_args_error = "vllm serve: error: unrecognized arguments: --x"
+    changed = {**data, "extra_env": {"int8": {"VLLM_LOGGING_LEVEL": "DEBUG"}}}
+    run = deploy(rig, changed)
+    assert run.failed and len(run.ran("docker run --rm --pull never")) == 1
+    assert "int8.yaml: vllm.args: unrecognized arguments: --x (refused by the parser of " \
+           "vLLM 0.27.1" in caplog.text
+    assert run.ran("systemd-run") == [] and run.ran("maintenance open") == []
+    assert rig.files[compose] == before and rig.containers == serving and len(rig.swaps) == swaps

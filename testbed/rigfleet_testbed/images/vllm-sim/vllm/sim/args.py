@@ -1,10 +1,16 @@
-"""``vllm serve`` arguments, parsed with argparse the way vLLM's FlexibleArgumentParser does.
+"""``vllm serve`` arguments: the argument table of the simulated version, parsed the way vLLM does.
 
 Flags the simulator models change behaviour; the other flags the club-3090 stacks pass are
 accepted and recorded (so a typo still fails like real vLLM: exit 2 with
-``vllm serve: error: unrecognized arguments: ...``). The ``--kv-cache-dtype`` choices are the
-build's (``kv_cache_dtypes`` in ``_build_info.json``): vLLM derives them from its ``CacheDType``
-literal, so a dtype the version lacks is argparse's "invalid choice", exit 2.
+``vllm serve: error: unrecognized arguments: ...``). Which flags exist depends on the build's
+version (:data:`VERSIONED_FLAGS`, each with its source); the ``--kv-cache-dtype`` choices are
+the build's (``kv_cache_dtypes`` in ``_build_info.json``): vLLM derives them from its
+``CacheDType`` literal, so a dtype the version lacks is argparse's "invalid choice", exit 2.
+
+:func:`make_arg_parser` is the entry point real vLLM offers (``vllm.entrypoints.openai.cli_args``
+before 0.29, ``vllm.entrypoints.launchers.cli_args`` from 0.29: the build's layer puts it where
+its version has it), so a tool can check a command line with the image's own parser without
+starting an engine (``rigfleet.vllmargs``).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.sim.buildinfo import BuildInfo, load_build_info
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 # vLLM's default when neither --model nor a positional model is given.
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
@@ -24,10 +31,17 @@ DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 SPEC_METHODS = ("mtp", "qwen3_next_mtp", "eagle", "eagle3", "ngram", "medusa", "draft_model",
                 "deepseek_mtp", "suffix")
 
-# Dotted sub-options vLLM accepts for JSON configs (``-O.cudagraph_mode=PIECEWISE``,
-# ``--compilation-config.mode=3``, ``-cc.cudagraph_mode=...``): accepted and ignored.
-_DOTTED_PREFIXES = ("-O.", "-cc.", "--compilation-config.", "--speculative-config.",
-                    "--kv-transfer-config.", "--additional-config.")
+# Flags that exist only in some versions: (flag, first version with it or None, first version
+# without it or None, source). Flags gone before the oldest simulated build (0.20.0) are not in
+# the table at all, so every build refuses them: --disable-log-requests (deprecated by
+# vllm#21739 for --enable-log-requests, removed by vllm#29402 in v0.12.0) and --swap-space
+# (removed by vllm#36216, 2026-03-06; absent from EngineArgs from 0.18.0, unsloth-zoo#1210).
+VERSIONED_FLAGS: tuple[tuple[str, str | None, str | None, str], ...] = (
+    # "The two flags v0.27.0 removed" (runpod-workers/worker-vllm#324, its serve-flag drift
+    # check against vllm/vllm-openai:v0.27.0, 2026-08-10).
+    ("--max-num-partial-prefills", None, "0.27.0", "runpod-workers/worker-vllm#324"),
+    ("--max-long-partial-prefills", None, "0.27.0", "runpod-workers/worker-vllm#324"),
+)
 
 
 @dataclass
@@ -110,15 +124,53 @@ def _max_len(value: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid max model len {value!r}") from None
 
 
-def build_parser(kv_cache_dtypes: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The ``vllm serve`` parser of a build offering ``kv_cache_dtypes`` (default: this one's)."""
-    dtypes = tuple(kv_cache_dtypes or load_build_info().kv_cache_dtypes)
-    p = argparse.ArgumentParser(
-        prog="vllm serve", usage="vllm serve [model_tag] [options]", allow_abbrev=False,
+def has_flag(flag: str, version: str) -> bool:
+    """Does vLLM ``version`` have ``flag`` (:data:`VERSIONED_FLAGS`; other flags: yes)?"""
+    from packaging.version import InvalidVersion, Version
+
+    for name, since, until, _source in VERSIONED_FLAGS:
+        if name != flag:
+            continue
+        try:
+            v = Version(version)
+        except InvalidVersion:
+            return True
+        return (since is None or v >= Version(since)) and (until is None or v < Version(until))
+    return True
+
+
+def build_parser(kv_cache_dtypes: Sequence[str] | None = None,
+                 version: str | None = None) -> argparse.ArgumentParser:
+    """The ``vllm serve`` parser of a build of ``version`` offering ``kv_cache_dtypes``
+    (default: this one's)."""
+    p = FlexibleArgumentParser(
+        prog="vllm serve", usage="vllm serve [model_tag] [options]",
         description="Launch a local OpenAI-compatible API server to serve LLM completions via "
                     "HTTP (simulator).",
     )
     p.add_argument("model_tag", nargs="?", default=None, help="The model tag to serve.")
+    return add_serve_args(p, kv_cache_dtypes, version)
+
+
+def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """vLLM's entry point: add this build's ``vllm serve`` options to ``parser``."""
+    return add_serve_args(parser)
+
+
+def validate_parsed_serve_args(args: argparse.Namespace) -> None:
+    """vLLM's check of a parsed command line (``cli_args``): automatic tool choice needs a
+    tool-call parser (TypeError, as vLLM raises it)."""
+    if getattr(args, "enable_auto_tool_choice", False) and not getattr(args, "tool_call_parser",
+                                                                       None):
+        raise TypeError("Error: --enable-auto-tool-choice requires --tool-call-parser")
+
+
+def add_serve_args(p: argparse.ArgumentParser, kv_cache_dtypes: Sequence[str] | None = None,
+                   version: str | None = None) -> argparse.ArgumentParser:
+    """Add the options of a build of ``version`` (default: this one's) to ``p``."""
+    info = load_build_info() if kv_cache_dtypes is None or version is None else None
+    dtypes = tuple(kv_cache_dtypes or (info.kv_cache_dtypes if info else ()))
+    ver = version or (info.version if info else "0.0.0+unknown")
     # Model / engine
     p.add_argument("--model", default=None)
     p.add_argument("--served-model-name", nargs="+", default=None)
@@ -148,7 +200,6 @@ def build_parser(kv_cache_dtypes: Sequence[str] | None = None) -> argparse.Argum
     p.add_argument("--generation-config", default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--swap-space", type=float, default=None)
     p.add_argument("--long-prefill-token-threshold", type=int, default=None)
     p.add_argument("--distributed-executor-backend", default=None)
     p.add_argument("--hf-overrides", type=_json_obj, default=None)
@@ -167,34 +218,15 @@ def build_parser(kv_cache_dtypes: Sequence[str] | None = None) -> argparse.Argum
     p.add_argument("--enable-auto-tool-choice", action="store_true")
     p.add_argument("--tool-call-parser", default=None)
     p.add_argument("--disable-log-stats", action="store_true")
-    p.add_argument("--disable-log-requests", action="store_true")
-    p.add_argument("--enable-log-requests", action="store_true")
+    p.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--uvicorn-log-level", default="info")
     p.add_argument("--disable-uvicorn-access-log", action="store_true")
     p.add_argument("--disable-fastapi-docs", action="store_true")
     p.add_argument("--allowed-origins", type=_json_arg, default=None)
+    for flag, *_ in VERSIONED_FLAGS:  # all of them take a number
+        if has_flag(flag, ver):
+            p.add_argument(flag, type=int, default=1)
     return p
-
-
-def _normalise(argv: Sequence[str]) -> list[str]:
-    """FlexibleArgumentParser: ``--max_model_len`` == ``--max-model-len``; dotted JSON
-    sub-options are accepted (and ignored here)."""
-    out: list[str] = []
-    skip_next = False
-    for i, arg in enumerate(argv):
-        if skip_next:
-            skip_next = False
-            continue
-        if arg.startswith(_DOTTED_PREFIXES):
-            if "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-                skip_next = True
-            continue
-        if arg.startswith("--") and len(arg) > 2:
-            name, eq, value = arg.partition("=")
-            out.append(name.replace("_", "-") + eq + value)
-        else:
-            out.append(arg)
-    return out
 
 
 def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None,
@@ -202,8 +234,9 @@ def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None,
     """Parse ``vllm serve`` arguments for ``build`` (default: this package's build info);
     argparse exits with status 2 on bad input."""
     env = os.environ if environ is None else environ
-    parser = build_parser((build or load_build_info()).kv_cache_dtypes)
-    ns = parser.parse_args(_normalise(argv))
+    info = build or load_build_info()
+    parser = build_parser(info.kv_cache_dtypes, info.version)
+    ns = parser.parse_args(list(argv))
     defaults = vars(parser.parse_args([]))
     model = ns.model_tag or ns.model or DEFAULT_MODEL
     if ns.tensor_parallel_size < 1:
