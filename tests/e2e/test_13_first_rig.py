@@ -260,7 +260,10 @@ def test_the_readmes_first_rig_path_takes_a_bare_host_to_serving(testbed, twin):
     verify = replaced(steps[8], README_ADDRESS, slot.ip)
     laptop.step("8. verify", verify, timeout=900)
     out = laptop.step("9. status", steps[9])
-    assert "rig-a" in out and "int8" in out, out[-3000:]
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith("rig-a ")]
+    # status: serving int8, the gate passed, no drift; endpoints: the front answered 200.
+    assert any(r[1] == "int8" and "pass" in r and r[-1] == "none" for r in rows), out[-3000:]
+    assert any(r[1] == "200" for r in rows), out[-3000:]
 
     # From outside: the rig serves through its front, with the key, and only with it.
     front = f"http://127.0.0.1:{slot.front_port}/v1/models"
