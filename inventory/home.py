@@ -8,7 +8,7 @@ Copy this file, change the addresses and the per-host values, and run::
 pyinfra turns every module-level list into a group (the file name adds a group too: ``home``).
 Fleet defaults live in ``inventory/group_data/all.py``; a host's own data (the dicts below)
 wins over them. ``rigfleet/hostdata.py`` checks every value before anything runs, and
-docs/converge.md lists what each key means.
+docs/hostdata.md describes every key.
 """
 
 gpu_hosts = [

@@ -5,6 +5,11 @@ starting with ``__`` are left out). ``rigfleet/hostdata.py`` validates the merge
 host; docs/hostdata.md describes every key.
 """
 
+# The SSH login (pyinfra's ssh_user; without it pyinfra logs in as your local user, while
+# rigfleet's own commands log in as root): root, or a user with passwordless sudo and
+# `_sudo = True` in the host's data.
+ssh_user = "root"
+
 # The stack a host serves unless its own data names another (rigfleet/catalog.py).
 stack = "int8"
 
