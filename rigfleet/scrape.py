@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rigfleet.balancer.haproxy import METRICS_PATH as BALANCER_PATH
 from rigfleet.balancer.plan import GpuHost, front_target, split_address
 from rigfleet.hostdata import BalancerSettings, MonitorSettings
 from rigfleet.pins import Pins
@@ -24,7 +25,6 @@ from rigfleet.pins import Pins
 # The paths the fronts serve behind the key (files/nginx-front.conf.j2) and the balancer's.
 NODE_PATH = "/rigfleet/metrics/node"
 ENGINE_PATH = "/rigfleet/metrics/engine"
-BALANCER_PATH = "/rigfleet/metrics/haproxy"
 # Loopback ports on the monitor host (and the node exporter's on every host): docs/monitoring.md.
 PROMETHEUS_PORT = 9090
 ALERTMANAGER_PORT = 9093
@@ -117,9 +117,10 @@ def _job(name: str, path: str, targets: Sequence[Target], ca: bool) -> dict:
     return job
 
 
-def render_prometheus(plan: MonitorPlan) -> str:
-    """``prometheus.yml``: every job, the rules file, the local Alertmanager. JSON is YAML:
-    the document is written as JSON (sorted keys), so no template quoting can go wrong."""
+def render_prometheus(plan: MonitorPlan, rules: bool = True) -> str:
+    """``prometheus.yml``: every job, the rules file (``rules``: there is one), the local
+    Alertmanager. JSON is YAML: the document is written as JSON (sorted keys), so no template
+    quoting can go wrong."""
     ca = bool(plan.ca_files)
     jobs = [_job("node", NODE_PATH, plan.fronts, ca), _job("vllm", ENGINE_PATH, plan.fronts, ca)]
     if plan.balancers:
@@ -132,7 +133,7 @@ def render_prometheus(plan: MonitorPlan) -> str:
     doc = {
         "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s",
                    "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
-        "rule_files": [RULES_FILE],
+        "rule_files": [RULES_FILE] if rules else [],
         "alerting": {"alertmanagers": [{"static_configs": [
             {"targets": [f"127.0.0.1:{ALERTMANAGER_PORT}"]}]}]},
         "scrape_configs": jobs,
