@@ -46,7 +46,7 @@ from rigfleet.hostdata import (
 )
 from rigfleet.hostside.metrics import TEXTFILE_DIR
 from rigfleet.inventory import host_kind
-from rigfleet.resources import project_file
+from rigfleet.resources import PROJECT_ROOT
 from rigfleet.scrape import (
     CA_FILE,
     KEY_FILE,
@@ -186,7 +186,7 @@ def monitor(ctx: MonitorContext) -> None:
         gates.append(files.put(name=f"CAs of the TLS fronts and balancers {CA_FILE}",
                                src=io.StringIO(bundle), dest=CA_FILE, user="root",
                                group="root", mode="0644"))
-    rules = project_file(RULES_SOURCE)
+    rules = PROJECT_ROOT / RULES_SOURCE  # "rules"' file; the config names it when present
     has_rules = rules.is_file()
     if has_rules:
         gates.append(checked_file(name=f"Rules {RULES_FILE} (checked with promtool first)",
@@ -209,10 +209,11 @@ def monitor(ctx: MonitorContext) -> None:
     for service, args, reload_gates in services:
         systemd.service(name=f"{service} enabled and running", service=service, running=True,
                         enabled=True)
-        on_change(name=f"Restart {service} (its ARGS changed)",
-                  commands=[f"systemctl restart {service}"], gates=[args],
-                  reason="ARGS unchanged")
-        if reload_gates:
-            on_change(name=f"Reload {service} (its config changed)",
-                      commands=[f"systemctl reload-or-restart {service}"],
-                      gates=reload_gates, reason="config unchanged")
+        # One command: a reload right after a restart can reach the new process before its
+        # signal handler is set, and SIGHUP would stop it.
+        restart = bool(args.will_change)
+        on_change(name=f"{'Restart' if restart else 'Reload'} {service} (its ARGS or config "
+                       "changed)",
+                  commands=[f"systemctl {'restart' if restart else 'reload-or-restart'} "
+                            f"{service}"],
+                  gates=[args, *reload_gates], reason="ARGS and config unchanged")
