@@ -108,6 +108,7 @@ def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
     outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=stop).run()
+    metrics.refresh(lay, plan.front_port)  # the swap's and gate's outcome, for the monitor
     return outcome.exit
 
 

@@ -2,7 +2,8 @@
 nvidia-smi) and rigfleet's own facts (``rigfleet.prom``, from the host's records).
 
 ``rigfleet-host.pyz metrics --dir D --front-port P`` writes both, each atomically (a scrape
-sees the old file or the new one), every 15 s from ``rigfleet-metrics.timer``. The names are
+sees the old file or the new one), every 15 s from ``rigfleet-metrics.timer`` and after each
+swap (``refresh``). The names are
 the fleet's metric contract (docs/monitoring.md); ``instance`` comes from the scrape config.
 A card that reports ``[N/A]`` (a GeForce's ECC counters) gets no sample for that figure;
 ``rigfleet_gpu_scrape_ok`` says whether nvidia-smi answered at all::
@@ -15,6 +16,7 @@ Stdlib only: it ships inside the host-side bundle.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -350,3 +352,13 @@ def run(lay: Layout, directory: Path, front_port: int | None) -> int:
     write_textfiles(directory, [(GPU_FILE, gpu_textfile(gpus, ecc)),
                                 (FACTS_FILE, facts_textfile(read_facts(lay, front_port)))])
     return 0
+
+
+def refresh(lay: Layout, front_port: int | None) -> None:
+    """Both textfiles now, after a swap (the timer's next run is up to 15 s away), where the
+    node exporter's directory exists; a failure here never fails the caller."""
+    directory = lay.root / TEXTFILE_DIR.lstrip("/")
+    if not directory.is_dir():
+        return
+    with contextlib.suppress(OSError, ValueError):
+        run(lay, directory, front_port)

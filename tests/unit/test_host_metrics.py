@@ -176,3 +176,15 @@ def test_run_writes_both_files_atomically(tmp_path, monkeypatch):
     assert (out / metrics.GPU_FILE).stat().st_mode & 0o777 == 0o644
     assert "rigfleet_gpu_scrape_ok 0" in (out / metrics.GPU_FILE).read_text()
     assert Path(out / metrics.FACTS_FILE).read_text().endswith("\n")
+
+
+def test_refresh_after_a_swap_only_where_the_exporter_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics, "read_gpus", lambda query=metrics.GPU_QUERY: None)
+    monkeypatch.setattr(metrics, "front_ready", lambda port: False)
+    lay = Layout(tmp_path)
+    metrics.refresh(lay, 8000)
+    directory = tmp_path / metrics.TEXTFILE_DIR.lstrip("/")
+    assert not directory.exists()                      # no node exporter: nothing written
+    directory.mkdir(parents=True)
+    metrics.refresh(lay, 8000)
+    assert (directory / metrics.FACTS_FILE).is_file() and (directory / metrics.GPU_FILE).is_file()
