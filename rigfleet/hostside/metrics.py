@@ -3,8 +3,8 @@ nvidia-smi) and rigfleet's own facts (``rigfleet.prom``, from the host's records
 
 ``rigfleet-host.pyz metrics --dir D --front-port P`` writes both, each atomically (a scrape
 sees the old file or the new one), every 15 s from ``rigfleet-metrics.timer`` and after each
-swap (``refresh``). The names are
-the fleet's metric contract (docs/monitoring.md); ``instance`` comes from the scrape config.
+swap (``refresh``). The names are the fleet's metric contract (docs/monitoring.md);
+``instance`` comes from the scrape config.
 A card that reports ``[N/A]`` (a GeForce's ECC counters) gets no sample for that figure;
 ``rigfleet_gpu_scrape_ok`` says whether nvidia-smi answered at all::
 
