@@ -47,6 +47,7 @@ from rigfleet.hostdata import (
     HostSettings,
     validate_balancer,
     validate_host,
+    validate_monitor,
 )
 from rigfleet.hub import Hub, HubMissing, HubUnreachable
 from rigfleet.image_sources import NO_CHECK, ImageSource
@@ -122,6 +123,11 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
         if h.kind.balancer:
             try:
                 validate_balancer(h.name, h.data, gpu_host=h.kind.gpu)
+            except ValidationError as e:
+                out.problems += e.problems
+        if h.kind.monitor:
+            try:
+                validate_monitor(h.name, h.data)
             except ValidationError as e:
                 out.problems += e.problems
         if not h.kind.gpu:

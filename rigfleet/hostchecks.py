@@ -79,7 +79,8 @@ class Key:
       was recorded); ``value`` is the default when the data leaves the key unset
     + allowed: what the key takes (the docs; the check's message when it is fixed)
     + doc: the sentence users read
-    + on: ``gpu`` (GPU hosts), ``balancer`` (group ``balancers``) or ``any``
+    + on: ``gpu`` (GPU hosts), ``balancer`` (group ``balancers``), ``monitor`` (group
+      ``monitors``) or ``any``
     + group: the section of docs/hostdata.md
     + shown_default: the default as the docs say it, when the value alone does not
     """
@@ -108,7 +109,8 @@ class HostChecker(Problems):
 
     def check_keys(self, data: Mapping[str, Any] | Any, on: str,
                    keys: Mapping[str, Key]) -> dict[str, Any]:
-        """Check every key of ``keys`` for hosts ``on`` (``gpu``, ``balancer``) in order."""
+        """Check every key of ``keys`` for hosts ``on`` (``gpu``, ``balancer``, ``monitor``) in
+        order."""
         self.typos(data, keys)
         for key in keys.values():
             if key.on not in (on, "any"):

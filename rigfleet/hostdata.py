@@ -163,7 +163,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "balancer_front_address says otherwise", on="any",
         shown_default="the inventory name"),
     Key("balancer_front_address", _C.address, None, "a host name or address, optionally "
-        "with :port, e.g. 'rig-a.lan:8000'", "where balancers reach this host's front",
+        "with :port, e.g. 'rig-a.lan:8000'", "where balancers and monitors reach this host's "
+        "front",
         group="Balancer", shown_default="ssh_hostname and front_port"),
     Key("os", _C.os, None, f"one of: {OS_ALLOWED}", "the OS the host runs: what `rigfleet "
         "check --online` asks the apt repositories for (unset: every supported OS); the "
@@ -197,6 +198,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("balancer_check_interval_s", number_check(*CHECK_INTERVAL_RANGE_S), 2, "seconds between "
         f"readiness checks, {_low_s:g}..{_high_s:g}", "how often HAProxy checks each front's "
         "readiness", on="balancer", group="Balancer"),
+    Key("monitor_retention_days", number_check(1, 3650, integer=True), 30, "an integer "
+        "1..3650", "how many days of metrics Prometheus keeps", on="monitor", group="Monitor"),
+    Key("monitor_retention_gib", number_check(1, 1_000_000, integer=True), None, "an integer "
+        "1..1000000 (GiB)", "the most disk Prometheus' metrics may take (the oldest go first)",
+        on="monitor", group="Monitor", shown_default="16 MiB per GPU host and retention day, "
+        "at least 2"),
     Key("balancer_retry_buffer_kib", number_check(*RETRY_BUFFER_RANGE_KIB, integer=True), 128,
         f"KiB, {_low_k}..{_high_k} (HAProxy's buffer per direction and connection; a request "
         "up to this size can be retried on another host)", "requests up to this size are "
@@ -387,6 +394,32 @@ def validate_balancer(name: str, data: Mapping[str, Any] | Any, *, gpu_host: boo
         plain_fronts=v["balancer_plain_fronts"], catalog=c.catalog)
 
 
+@dataclass(frozen=True)
+class MonitorSettings:
+    """A monitor host's validated settings (host data ``monitor_*``; docs/monitoring.md)."""
+
+    name: str
+    api_key_file: str
+    retention_days: int = _default("monitor_retention_days")
+    retention_gib: int | None = None
+    site_ca_files: tuple[str, ...] = ()
+
+
+def validate_monitor(name: str, data: Mapping[str, Any] | Any) -> MonitorSettings:
+    """Check a monitor host's data; raises ``HostDataError`` naming host, key, value and what
+    is allowed::
+
+        validate_monitor("mon1", {"api_key_file": "~/.config/rigfleet/api-key"}).retention_days
+    """
+    c = HostChecker(name, None)
+    v = c.check_keys(data, "monitor", KEYS)
+    c.raise_if_any(HostDataError)
+    return MonitorSettings(name=name, api_key_file=v["api_key_file"],
+                           retention_days=v["monitor_retention_days"],
+                           retention_gib=v["monitor_retention_gib"],
+                           site_ca_files=v["site_ca_files"])
+
+
 def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
     """Stop the whole run when a host fails its preflight? Host data
     ``rigfleet_stop_on_preflight`` or ``RIGFLEET_STOP_ON_PREFLIGHT=1``; read leniently,
@@ -482,10 +515,11 @@ GROUPS = {
     "Swap": "The swap, the gate and the supervisor (docs/swap.md)",
     "TLS": "TLS at the front",
     "Balancer": "Balancers (docs/balancer.md)",
+    "Monitor": "Monitors (docs/monitoring.md)",
     "Bump": "rigfleet bump (docs/bump.md)",
     "Switches": "Switches",
 }
-_ON = {"gpu": "GPU hosts", "balancer": "balancers", "any": "all hosts"}
+_ON = {"gpu": "GPU hosts", "balancer": "balancers", "monitor": "monitors", "any": "all hosts"}
 
 
 def render_doc() -> str:

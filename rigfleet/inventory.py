@@ -7,10 +7,13 @@ pyinfra's CLI does the loading (group data, precedence) in a subprocess: importi
     hosts[0].name, hosts[0].data["power_caps_w"]
     gpu_hosts(hosts)                 # the hosts that serve (status, bump, endpoints)
     balancers(hosts)                 # the hosts of group ``balancers`` (HAProxy)
+    monitors(hosts)                  # the hosts of group ``monitors`` (Prometheus)
 
-What a host is comes from its groups (``host_kind``): a host in ``balancers`` runs the
-balancer; it is also a GPU host only when it is in ``gpu_hosts`` too. Every other host is a
-GPU host, as before balancers existed.
+What a host is comes from its groups, decided here only (``host_kind``). A host in
+``balancers`` runs the balancer, one in ``monitors`` the monitor (docs/monitoring.md): both
+are service hosts (of the fleet, not rigs: no NVIDIA, no Docker, never converged as a rig);
+such a host is also a GPU host only when it is in ``gpu_hosts`` too. Every other host is a
+GPU host, as before service hosts existed.
 """
 
 from __future__ import annotations
@@ -25,24 +28,36 @@ from typing import Any
 
 # The inventory group whose hosts run the fleet endpoint (roles/balancer.py).
 BALANCER_GROUP = "balancers"
-# The group of serving hosts; needed only for a host that is a balancer as well.
+# The inventory group whose hosts run Prometheus and Alertmanager (roles/monitor.py).
+MONITOR_GROUP = "monitors"
+# The groups of service hosts: hosts of the fleet that are not rigs.
+SERVICE_GROUPS = (BALANCER_GROUP, MONITOR_GROUP)
+# The group of serving hosts; needed only for a service host that serves as well.
 GPU_GROUP = "gpu_hosts"
 
 
 @dataclass(frozen=True)
 class HostKind:
-    """Which roles a host gets: the GPU roles, the balancer, or both."""
+    """Which roles a host gets: the GPU roles, the balancer, the monitor (any mix)."""
 
     gpu: bool
     balancer: bool
+    monitor: bool = False
+
+    @property
+    def service(self) -> bool:
+        """A service host: in a service group (it may serve too, in ``gpu_hosts``)."""
+        return self.balancer or self.monitor
 
 
 def host_kind(groups: Iterable[str]) -> HostKind:
-    """``host_kind(["balancers"])`` -> balancer only; ``["balancers", "gpu_hosts"]`` -> both;
-    anything without ``balancers`` -> a GPU host."""
+    """``host_kind(["balancers"])`` -> balancer only; ``["monitors"]`` -> monitor only;
+    ``["balancers", "monitors"]`` -> both services; with ``gpu_hosts`` too -> a GPU host as
+    well; a host in no service group -> a GPU host."""
     names = set(groups)
-    balancer = BALANCER_GROUP in names
-    return HostKind(gpu=not balancer or GPU_GROUP in names, balancer=balancer)
+    balancer, monitor = BALANCER_GROUP in names, MONITOR_GROUP in names
+    return HostKind(gpu=not (balancer or monitor) or GPU_GROUP in names, balancer=balancer,
+                    monitor=monitor)
 
 
 class InventoryError(RuntimeError):
@@ -97,6 +112,11 @@ def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[Inve
 def gpu_hosts(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
     """The hosts that serve (every host but a balancer-only one), in inventory order."""
     return [h for h in hosts if h.kind.gpu]
+
+
+def monitors(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
+    """The hosts of group ``monitors``, in inventory order."""
+    return [h for h in hosts if h.kind.monitor]
 
 
 def balancers(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rigfleet.genesis import LAYOUTS
+from rigfleet.genesis_layout import LAYOUTS
 
 SCHEMA = "rigfleet-pins/1"
 # The placeholder for values only a registry or hub can tell (``rigfleet pins lock``).

@@ -7,6 +7,7 @@ Order (each role relies on the ones before it):
 3. ``docker``           Docker Engine + Compose v2, daemon.json merged
 4. ``nvidia_driver``    pinned driver branch (open modules), held, reboot if needed, verified
 5. ``container_toolkit`` pinned toolkit, Docker's nvidia runtime, verified
+   ``exporter``         node exporter on loopback (bound before it starts), the metrics timer
    ``maintenance``      close the maintenance window the steps above opened on a serving host
                         (recreate the verified stack, gate, route); nothing on a bare host
 6. ``power``            nvidia-persistenced, power-caps unit, caps applied and read back
@@ -18,9 +19,13 @@ Order (each role relies on the ones before it):
 12. ``swap``           the gated host-side transaction: desired stack promoted, or rolled back
 13. ``ledger``         state.json and the append-only ledger (pins the swap did not record)
 
-A host of inventory group ``balancers`` (``rigfleet.inventory.host_kind``) gets only
-``preflight_balancer``, ``base`` and ``balancer`` (HAProxy; no NVIDIA, no Docker); one in
-``gpu_hosts`` too gets every role above, then those two. Example (``deploy.py``)::
+Service hosts (``rigfleet.inventory.host_kind``; no NVIDIA, no Docker, never a rig's roles):
+a host of inventory group ``balancers`` gets ``preflight_balancer``, ``base`` and ``balancer``
+(HAProxy: the fleet endpoint); one of group ``monitors`` gets ``preflight_monitor``, ``base``
+and ``monitor`` (Prometheus, Alertmanager); one in both gets both, ``base`` once. One that is
+in ``gpu_hosts`` too gets every GPU role above first.
+
+Example (``deploy.py``)::
 
     from roles import converge
 
@@ -42,11 +47,13 @@ from roles import (
     base,
     container_toolkit,
     docker,
+    exporter,
     front,
     genesis,
     images,
     ledger,
     maintenance,
+    monitor,
     nvidia_driver,
     power,
     preflight,
@@ -54,6 +61,7 @@ from roles import (
     swap,
     weights,
 )
+from roles.monitor import MonitorContext
 from roles.preflight import BalancerContext, HostContext
 
 # pyinfra's @deploy stubs do not keep the functions' own signatures: each takes the context.
@@ -62,6 +70,7 @@ ROLES: tuple[Callable[[HostContext], Any], ...] = cast(tuple[Callable[[HostConte
     docker.docker,
     nvidia_driver.nvidia_driver,
     container_toolkit.container_toolkit,
+    exporter.exporter,
     maintenance.maintenance,
     power.power,
     weights.weights,
@@ -77,10 +86,14 @@ ROLES: tuple[Callable[[HostContext], Any], ...] = cast(tuple[Callable[[HostConte
 BALANCER_ROLES: tuple[Callable[[BalancerContext], Any], ...] = cast(
     tuple[Callable[[BalancerContext], Any], ...], (base.base, balancer.balancer))
 
+# A monitor host's roles after its preflight (``base`` only when no other kind ran it).
+MONITOR_ROLES: tuple[Callable[[MonitorContext], Any], ...] = cast(
+    tuple[Callable[[MonitorContext], Any], ...], (base.base, monitor.monitor))
 
-def converge() -> HostContext | BalancerContext:
+
+def converge() -> HostContext | BalancerContext | MonitorContext:
     """Run the current host's roles, each kind's preflight first (see the module docstring);
-    returns its context (the GPU host's when it is both)."""
+    returns its context (the GPU host's when it is several kinds, else the balancer's)."""
     kind = host_kind(host.groups)
     ctx: HostContext | None = None
     if kind.gpu:
@@ -93,13 +106,21 @@ def converge() -> HostContext | BalancerContext:
         # tells the roles apart.
         for role in host.loop(ROLES):
             role(ctx)
-    if not kind.balancer:
-        assert ctx is not None
-        return ctx
-    lb = cast(BalancerContext, preflight.preflight_balancer(gpu_host=kind.gpu))
-    for lb_role in host.loop(BALANCER_ROLES[1:] if kind.gpu else BALANCER_ROLES):
-        lb_role(lb)
-    return ctx or lb
+    lb: BalancerContext | None = None
+    if kind.balancer:
+        lb = cast(BalancerContext, preflight.preflight_balancer(gpu_host=kind.gpu))
+        for lb_role in host.loop(BALANCER_ROLES[1:] if kind.gpu else BALANCER_ROLES):
+            lb_role(lb)
+    mon: MonitorContext | None = None
+    if kind.monitor:
+        mon = cast(MonitorContext, monitor.preflight_monitor(gpu_host=kind.gpu))
+        roles = MONITOR_ROLES[1:] if kind.gpu or kind.balancer else MONITOR_ROLES
+        for mon_role in host.loop(roles):
+            mon_role(mon)
+    result = ctx or lb or mon
+    assert result is not None
+    return result
 
 
-__all__ = ["BALANCER_ROLES", "ROLES", "BalancerContext", "HostContext", "converge"]
+__all__ = ["BALANCER_ROLES", "MONITOR_ROLES", "ROLES", "BalancerContext", "HostContext",
+           "MonitorContext", "converge"]

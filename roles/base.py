@@ -7,12 +7,17 @@ Example::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from roles.ops import apt_packages, on_change
 from roles.preflight import BalancerContext, HostContext
+
+if TYPE_CHECKING:
+    from roles.monitor import MonitorContext
 
 # curl + gnupg fetch and dearmor repository keys; git clones Genesis; python3-venv holds
 # huggingface_hub; jq is for people debugging daemon.json and the ledger.
@@ -31,7 +36,7 @@ SITE_CA_DIR = "/usr/local/share/ca-certificates"
 
 
 @deploy("Base")
-def base(ctx: HostContext | BalancerContext) -> None:
+def base(ctx: HostContext | BalancerContext | MonitorContext) -> None:
     """Install the base packages, keep time with chrony, trust the site CA if one is given.
 
     Time matters here: apt rejects repository signatures from "the future" and TLS rejects

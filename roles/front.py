@@ -18,6 +18,9 @@
   same route, so it answers the maintenance route's 503 during a swap or maintenance window,
   and otherwise the engine's ``/health`` (200), or 503 when the engine does not answer.
   Balancers check it (``roles/balancer.py``): the host is the source of truth.
+- Metrics (``/rigfleet/metrics/node``, ``/rigfleet/metrics/engine``): the key, always; the
+  node exporter on loopback and the engine's ``/metrics`` through the route, for the
+  fleet's monitor (``roles/monitor.py``, docs/monitoring.md).
 - The distribution's default site (``/etc/nginx/sites-enabled/default``, port 80) is
   disabled: only the front listens.
 - ``nginx -t`` before a reload; reload only when the config, the key, the certificate or
@@ -41,6 +44,7 @@ from rigfleet.facts import read_fact
 from rigfleet.hostside.front import READY_PATH, render_maintenance
 from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
+from rigfleet.scrape import ENGINE_PATH, NODE_EXPORTER_PORT, NODE_PATH
 from roles.ops import Secret, apt_packages, initial_file, on_change, secret_file
 from roles.preflight import HostContext
 
@@ -138,6 +142,9 @@ def front(ctx: HostContext) -> None:
         key_file=TLS_KEY_PATH,
         ready_path=READY_PATH,
         not_ready_retry_s=NOT_READY_RETRY_S,
+        node_metrics_path=NODE_PATH,
+        engine_metrics_path=ENGINE_PATH,
+        node_exporter_port=NODE_EXPORTER_PORT,
     )
     systemd.service(name="nginx enabled and running", service="nginx", running=True, enabled=True)
     # A serving route written by an older host tool carries its own proxy timeouts, which the

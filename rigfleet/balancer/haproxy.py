@@ -23,6 +23,10 @@ from rigfleet.balancer.plan import STACK_PREFIX, BalancerPlan
 from rigfleet.hostside.front import READY_PATH, ROUTE_HEADER
 from rigfleet.resources import project_file
 
+# HAProxy's own Prometheus exporter, behind the key: what the fleet's monitor scrapes
+# (rigfleet.scrape, docs/monitoring.md).
+METRICS_PATH = "/rigfleet/metrics/haproxy"
+
 TEMPLATE = "files/haproxy-balancer.cfg.j2"
 # As long as a front lets an answer stream (its proxy_read_timeout).
 STREAM_TIMEOUT_S = 3600
@@ -89,7 +93,7 @@ def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
         ca_files={srv.id: paths.ca_file(srv.id) for p in plan.pools for srv in p.servers},
         bufsize=s.retry_buffer_kib * 1024, maxconn=MAXCONN, stream_timeout_s=STREAM_TIMEOUT_S,
         hard_stop_s=STREAM_TIMEOUT_S + 300, fall=FALL, rise=RISE,
-        ready_path=READY_PATH, route_header=ROUTE_HEADER,
+        ready_path=READY_PATH, route_header=ROUTE_HEADER, metrics_path=METRICS_PATH,
         **check_timing(s.check_interval_s),
     )
 

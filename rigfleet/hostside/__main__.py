@@ -18,6 +18,7 @@
     python3 rigfleet-host.pyz maintenance status [--json]         # the window, if any
     python3 rigfleet-host.pyz verify --url URL ...                # the verify-stress gate
     python3 rigfleet-host.pyz bench [--accept-baseline] ...       # the bench, on this host
+    python3 rigfleet-host.pyz metrics [--dir D] [--front-port P]  # rigfleet-metrics.timer
 
 ``swap`` is started by the deploy as a transient unit (``systemd-run --unit
 rigfleet-swap-<id> --collect``), detached from the SSH session; its exit status is 0 promoted,
@@ -38,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import ledger
+from . import ledger, metrics
 from .active import read_active, record_pins, request_reset
 from .ensure import Ensure, adopt, shutdown
 from .front import Front
@@ -47,6 +48,7 @@ from .journal import Journal
 from .layout import STACK_UNIT, Layout
 from .lock import HostLock, LockHeld, WindowHold, describe
 from .maintenance import Maintenance, plan_of, window_status
+from .metrics import TEXTFILE_DIR
 from .pkgready import NotReady, Readiness
 from .plan import Plan, PlanError
 from .probe import probe
@@ -106,6 +108,7 @@ def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
     outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=stop).run()
+    metrics.refresh(lay, plan.front_port)  # the swap's and gate's outcome, for the monitor
     return outcome.exit
 
 
@@ -389,6 +392,11 @@ def _backoff(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def cmd_metrics(args: argparse.Namespace, lay: Layout) -> int:
+    """Both textfiles, atomically (``rigfleet.hostside.metrics``)."""
+    return metrics.run(lay, Path(args.dir), args.front_port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rigfleet-host", description=__doc__.splitlines()[0])
     p.add_argument("--root", default="/", help=argparse.SUPPRESS)
@@ -490,6 +498,12 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--cause", help="(close) why it is closed now, for the ledger")
     mt.add_argument("--json", action="store_true", help="(status) as JSON")
     mt.set_defaults(func=cmd_maintenance)
+    me = sub.add_parser("metrics", help="write the node exporter's textfiles: the cards "
+                        "(rigfleet-gpu.prom) and rigfleet's facts (rigfleet.prom)")
+    me.add_argument("--dir", default=TEXTFILE_DIR,
+                    help=f"the textfile collector's directory (default {TEXTFILE_DIR})")
+    me.add_argument("--front-port", type=int, help="the front's port (readiness)")
+    me.set_defaults(func=cmd_metrics)
     sub.add_parser("verify", add_help=False, help="the verify-stress gate (its own --help)")
     sub.add_parser("bench", add_help=False, help="the bench against the active stack, or "
                    "--accept-baseline (its own --help)")

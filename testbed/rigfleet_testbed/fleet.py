@@ -11,7 +11,8 @@ generated inventory and pins. The pieces (see docs/architecture.md):
 - ``rigfleet-hostN``: bare Debian 13 (or 12) hosts with systemd, sshd, simulated dual-3090
   hardware and UEFI firmware (Secure Boot, MOK list), logged into as root or a sudo user;
 - ``rigfleet-lb1`` (``--balancer``): a bare Debian 13 host of the same image without GPU
-  hardware, in the inventory group ``balancers`` (the fleet endpoint, HAProxy);
+  hardware, in the inventory groups ``balancers`` (the fleet endpoint, HAProxy) and
+  ``monitors`` (Prometheus, Alertmanager);
 - ``.testbed-<n>/archives/<tag>.tar``: ``docker save`` copies of purged nightlies an operator
   kept.
 """
@@ -756,7 +757,9 @@ def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str,
                        "testbed_container": b.container}
             lbs.append(f"        ({b.name!r}, {pformat(lb_data, indent=4, width=96)}),")
         lines += ["# The fleet endpoint: HAProxy on a host of its own (no GPU, no Docker).",
-                  "balancers = (", "    [", *lbs, "    ],", "    _testbed_data,", ")", ""]
+                  "balancers = (", "    [", *lbs, "    ],", "    _testbed_data,", ")", "",
+                  "# The monitor (Prometheus, Alertmanager) on the balancer's host.",
+                  "monitors = (", "    [", *lbs, "    ],", "    _testbed_data,", ")", ""]
     return "\n".join(lines)
 
 

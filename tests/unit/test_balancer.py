@@ -189,6 +189,16 @@ def test_config_names_the_key_file_and_never_holds_the_key(tmp_path):
     assert keys_list(API_KEY) == f"Bearer {API_KEY}\n"
 
 
+def test_haproxy_metrics_only_after_the_key_check(tmp_path):
+    lines = [line.strip() for line in render(tmp_path).splitlines()]
+    key = next(i for i, x in enumerate(lines) if x.startswith("http-request return status 401"))
+    metrics = lines.index("http-request use-service prometheus-exporter if "
+                          "{ path /rigfleet/metrics/haproxy }")
+    # A final action: whatever comes first decides; the 401 of a request without the key.
+    assert key < metrics
+    assert not [x for x in lines[:key] if x.startswith("http-request")]
+
+
 def test_check_timing_leaves_rotation_within_about_one_interval():
     assert check_timing(2.0) == {"inter_ms": 2000, "fastinter_ms": 500,
                                  "check_timeout_ms": 2000}

@@ -32,10 +32,12 @@ from rigfleet.hostside.front import (
 )
 from rigfleet.hostside.plan import StackRef
 from rigfleet.resources import project_file
+from rigfleet.scrape import ENGINE_PATH, NODE_PATH
 from roles.front import NOT_READY_RETRY_S, keys_conf
 
 pytestmark = pytest.mark.skipif(not shutil.which("nginx"), reason="nginx is not installed here")
 KEY = "k3y-" + "r" * 40
+METRICS = b'vllm:num_requests_running{engine="0",model_name="qwen3.6-27b-autoround"} 0.0\n'
 
 
 class Engine:
@@ -53,6 +55,7 @@ class Engine:
             def do_GET(self):
                 engine.paths.append(self.path)
                 code, body = ((engine.health, b"") if self.path == "/health"
+                              else (200, METRICS) if self.path == "/metrics"
                               else (200, b'{"data": [{"id": "qwen3.6-27b-autoround"}]}'))
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(body)))
@@ -69,7 +72,7 @@ class Engine:
 
 
 class Nginx:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, exporter_port: int = 9) -> None:
         self.tmp, self.port = tmp, free_port()
         (tmp / "keys.conf").write_text(keys_conf(KEY))
         self.route("maintenance")
@@ -77,7 +80,8 @@ class Nginx:
         (tmp / "front.conf").write_text(template.render(
             front_port=self.port, keys_file=str(tmp / "keys.conf"),
             route_file=str(tmp / "route.conf"), tls=False, ready_path=READY_PATH,
-            not_ready_retry_s=NOT_READY_RETRY_S))
+            not_ready_retry_s=NOT_READY_RETRY_S, node_metrics_path=NODE_PATH,
+            engine_metrics_path=ENGINE_PATH, node_exporter_port=exporter_port))
         temps = " ".join(f"{k}_temp_path {tmp}/tmp;"
                          for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
         (tmp / "nginx.conf").write_text(
@@ -127,6 +131,30 @@ def front(tmp_path):
     yield nginx, engine
     nginx.close()
     engine.close()
+
+
+def test_metrics_paths_need_the_key_and_reach_the_exporter_and_the_engine(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    engine, exporter = Engine(), Engine()  # the node exporter: any path, its /metrics here
+    nginx = Nginx(tmp_path, exporter_port=exporter.port)
+    try:
+        for path in (NODE_PATH, ENGINE_PATH):
+            code, _, body = nginx.get(path)
+            assert code == 401 and b"vllm" not in body, path
+            assert nginx.get(path, "k3y-" + "x" * 40)[0] == 401
+        code, _, body = nginx.get(NODE_PATH, KEY)
+        assert (code, body, exporter.paths[-1]) == (200, METRICS, "/metrics")
+        code, headers, _ = nginx.get(ENGINE_PATH, KEY)               # the maintenance route
+        assert code == 503 and headers[ROUTE_HEADER] == "maintenance"
+        nginx.route("serving", engine)
+        nginx.reload()
+        code, _, body = nginx.get(ENGINE_PATH, KEY)
+        assert (code, body, engine.paths[-1]) == (200, METRICS, "/metrics")
+        assert nginx.get(READY_PATH)[2] == b""                       # says nothing more
+    finally:
+        nginx.close()
+        engine.close()
+        exporter.close()
 
 
 def test_ready_follows_the_route_and_the_engine_without_the_key(front):

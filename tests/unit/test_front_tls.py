@@ -112,7 +112,10 @@ def render(tls: bool, tmp: Path) -> str:
     return template.render(front_port=8000, keys_file=str(tmp / "keys.conf"),
                            route_file=str(tmp / "route.conf"), tls=tls,
                            cert_file=str(tmp / "front.crt"), key_file=str(tmp / "front.key"),
-                           ready_path=READY_PATH, not_ready_retry_s=NOT_READY_RETRY_S)
+                           ready_path=READY_PATH, not_ready_retry_s=NOT_READY_RETRY_S,
+                           node_metrics_path="/rigfleet/metrics/node",
+                           engine_metrics_path="/rigfleet/metrics/engine",
+                           node_exporter_port=9100)
 
 
 def test_the_front_listens_tls_except_on_loopback(tmp_path):

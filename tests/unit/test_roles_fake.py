@@ -573,9 +573,12 @@ def test_switching_stack_runs_the_gated_transaction_and_records_it(data):
     assert entry["stack"] == "tq3-mtp-genesis" and entry["genesis_commit"] == GENESIS_COMMIT
     state = json.loads(rig.files["/var/lib/rigfleet/state.json"])
     assert state["stack"] == "tq3-mtp-genesis"
-    # The front's server block includes the route the host-side tool switches.
+    # The front's server block includes the route the host-side tool switches; its only
+    # proxy of its own is the node exporter's (on loopback, behind the key), never a stack.
     conf = rig.files["/etc/nginx/conf.d/rigfleet-front.conf"]
-    assert b"include /etc/nginx/rigfleet/route.conf;" in conf and b"proxy_pass" not in conf
+    proxies = [line.strip() for line in conf.splitlines() if b"proxy_pass" in line]
+    assert b"include /etc/nginx/rigfleet/route.conf;" in conf
+    assert proxies == [b"proxy_pass http://127.0.0.1:9100/metrics;"], proxies
     again = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
     assert again.ran("systemd-run") == [] and len(rig.ledger) == 2
 

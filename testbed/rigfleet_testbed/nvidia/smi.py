@@ -297,6 +297,11 @@ FIELDS: tuple[QueryField, ...] = (
     QueryField("utilization.decoder", "%", lambda c, r: 0),
     QueryField("ecc.mode.current", None, lambda c, r: _geforce_na(r, "Enabled")),
     QueryField("ecc.mode.pending", None, lambda c, r: _geforce_na(r, "Enabled")),
+    # A card without ECC (GeForce) answers [N/A] (nvidia-smi -q: "ECC Errors ... N/A"); an ECC
+    # card counts since the driver loaded (volatile) and over its life (aggregate).
+    *(QueryField(f"ecc.errors.{kind}.{span}.total", None,
+                 lambda c, r: _geforce_na(r, 0))
+      for kind in ("corrected", "uncorrected") for span in ("volatile", "aggregate")),
     QueryField("temperature.gpu", None, lambda c, r: r.temperature_c),
     QueryField("temperature.memory", None, lambda c, r: None),
     QueryField("power.draw", "W", lambda c, r: r.power_draw_w),

@@ -1,0 +1,364 @@
+"""The host's metrics as node-exporter textfiles: the cards (``rigfleet-gpu.prom``, from
+nvidia-smi) and rigfleet's own facts (``rigfleet.prom``, from the host's records).
+
+``rigfleet-host.pyz metrics --dir D --front-port P`` writes both, each atomically (a scrape
+sees the old file or the new one), every 15 s from ``rigfleet-metrics.timer`` and after each
+swap (``refresh``). The names are the fleet's metric contract (docs/monitoring.md);
+``instance`` comes from the scrape config.
+A card that reports ``[N/A]`` (a GeForce's ECC counters) gets no sample for that figure;
+``rigfleet_gpu_scrape_ok`` says whether nvidia-smi answered at all::
+
+    text = gpu_textfile(csv_output)        # csv_output None: nvidia-smi failed
+    text = facts_textfile(read_facts(lay, front_port=8000))
+
+Stdlib only: it ships inside the host-side bundle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from .atomic import write_atomic
+from .front import READY_PATH
+from .layout import STACK_LABEL, Layout
+from .maintenance import window_status
+from .plan import RETRY_AFTER_S
+from .records import (
+    SOURCE_GATE,
+    read_holder,
+    read_json,
+    read_state,
+    read_supervisor,
+    read_throughput_last,
+)
+from .timings import read_timings, swap_estimate
+
+GPU_FILE = "rigfleet-gpu.prom"
+FACTS_FILE = "rigfleet.prom"
+# The node exporter's textfile collector directory on Debian and Ubuntu (the package's own).
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+
+# Throttle reasons: the contract's label -> nvidia-smi's field (clocks_event_reasons.*).
+THROTTLE = {"sw_power_cap": "sw_power_cap", "hw_slowdown": "hw_slowdown",
+            "sw_thermal": "sw_thermal_slowdown", "hw_thermal": "hw_thermal_slowdown",
+            "hw_power_brake": "hw_power_brake_slowdown"}
+# (metric, nvidia-smi --query-gpu field, factor, help); None metric: read for labels only.
+GPU_FIELDS: tuple[tuple[str | None, str, float, str], ...] = (
+    (None, "index", 1, ""),
+    (None, "uuid", 1, ""),
+    ("rigfleet_gpu_power_watts", "power.draw", 1, "Power draw (W)."),
+    ("rigfleet_gpu_power_limit_watts", "enforced.power.limit", 1, "Enforced power limit (W)."),
+    ("rigfleet_gpu_temperature_celsius", "temperature.gpu", 1, "GPU core temperature (C)."),
+    ("rigfleet_gpu_sm_clock_mhz", "clocks.current.sm", 1, "Current SM clock (MHz)."),
+    ("rigfleet_gpu_memory_used_bytes", "memory.used", 1024 * 1024, "Memory used (bytes)."),
+    ("rigfleet_gpu_memory_total_bytes", "memory.total", 1024 * 1024, "Memory total (bytes)."),
+    ("rigfleet_gpu_utilization_ratio", "utilization.gpu", 0.01, "GPU utilisation (0-1)."),
+    *((None, f"clocks_event_reasons.{f}", 1, "") for f in THROTTLE.values()),
+    *((None, f"pcie.link.{k}.{s}", 1, "") for k in ("gen", "width") for s in ("current", "max")),
+)
+GPU_QUERY = ",".join(f for _, f, _, _ in GPU_FIELDS)
+# ECC apart: a card without it answers [N/A], and a driver that does not know the field
+# refuses the whole query; the figures above must not depend on it.
+ECC_FIELD = "ecc.errors.uncorrected.volatile.total"
+ECC_QUERY = f"index,{ECC_FIELD}"
+
+
+def smi_command(query: str) -> list[str]:
+    return ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"]
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+@dataclass
+class Textfile:
+    """Samples grouped per metric, each with its HELP and TYPE (the exposition format)."""
+
+    metrics: dict[str, tuple[str, str, list[str]]] = field(default_factory=dict)
+
+    def add(self, name: str, help_: str, value: float, kind: str = "gauge",
+            **labels: str) -> None:
+        entry = self.metrics.setdefault(name, (help_, kind, []))
+        lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+        number = str(int(value)) if float(value).is_integer() else repr(float(value))
+        entry[2].append(f"{name}{{{lab}}} {number}" if lab else f"{name} {number}")
+
+    def render(self) -> str:
+        out: list[str] = []
+        for name, (help_, kind, samples) in self.metrics.items():
+            out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *samples]
+        return "\n".join(out) + "\n"
+
+
+def _number(text: str) -> float | None:
+    """A csv cell as a number; None for [N/A], [Not Supported] and the like."""
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+def gpu_textfile(csv_text: str | None, ecc_text: str | None = None) -> str:
+    """``rigfleet-gpu.prom`` from ``nvidia-smi``'s csv answers to ``GPU_QUERY`` (None: it
+    failed; only ``rigfleet_gpu_scrape_ok 0``) and ``ECC_QUERY`` (None: no ECC figures)."""
+    t = Textfile()
+    ecc: dict[str, float] = {}
+    for row in (ecc_text or "").splitlines():
+        index, _, count = (c.strip() for c in row.partition(","))
+        value = _number(count)
+        if value is not None:
+            ecc[index] = value
+    rows = [] if csv_text is None else [r for r in csv_text.splitlines() if r.strip()]
+    parsed = [[c.strip() for c in r.split(",")] for r in rows]
+    ok = csv_text is not None and all(len(p) == len(GPU_FIELDS) for p in parsed)
+    for cells in parsed if ok else ():
+        by = {f: c for (_, f, _, _), c in zip(GPU_FIELDS, cells, strict=True)}
+        labels = {"gpu": by["index"], "uuid": by["uuid"]}
+        for metric, name, factor, help_ in GPU_FIELDS:
+            value = _number(by[name])
+            if metric and value is not None:
+                t.add(metric, help_, value * factor, **labels)
+        if by["index"] in ecc:
+            t.add("rigfleet_gpu_ecc_errors_total", "Uncorrected ECC errors since the driver "
+                  "loaded (only cards that report ECC).", ecc[by["index"]], "counter", **labels)
+        for reason, name in THROTTLE.items():
+            state = by[f"clocks_event_reasons.{name}"]
+            if state in ("Active", "Not Active"):
+                t.add("rigfleet_gpu_throttle", "Clock event reason active (1) or not (0).",
+                      1 if state == "Active" else 0, reason=reason, **labels)
+        for kind in ("gen", "width"):
+            for s in ("current", "max"):
+                value = _number(by[f"pcie.link.{kind}.{s}"])
+                if value is not None:
+                    t.add(f"rigfleet_gpu_pcie_link_{kind}", f"PCIe link {kind}.", value,
+                          state=s, **labels)
+    t.add("rigfleet_gpu_scrape_ok", "1 when nvidia-smi answered, else 0.", 1 if ok else 0)
+    return t.render()
+
+
+def read_gpus(query: str = GPU_QUERY, timeout_s: float = 10) -> str | None:
+    """nvidia-smi's csv answer to ``query``, None when it fails (no driver, a hung card)."""
+    try:
+        proc = subprocess.run(smi_command(query), capture_output=True, text=True,
+                              timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+# --- rigfleet's own facts ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateFacts:
+    stack: str
+    tokens_per_s: float | None
+    baseline_tokens_per_s: float | None
+    margin: float | None
+    acceptance_floor: float | None
+    passed: bool
+    at: float | None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What ``rigfleet.prom`` says (read from the host's records by ``read_facts``)."""
+
+    now: float
+    serving: dict[str, str] | None = None
+    ready: bool = False
+    engine_up: bool = False
+    swap_in_progress: bool = False
+    swap_expected_s: float | None = None
+    window_open: bool = False
+    window_opened_at: float | None = None
+    gate: GateFacts | None = None
+    recreations: int = 0
+    gave_up: bool = False
+    drain_s: float | None = None
+
+
+def _iso(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def _gate_limits(report: str | None) -> tuple[float | None, float | None]:
+    """(margin, lowest acceptance floor) of the throughput check in a gate report."""
+    data, _ = read_json(Path(report)) if report else (None, None)
+    if not isinstance(data, dict):
+        return None, None
+    for check in data.get("checks") or ():
+        limits = (check.get("details") or {}).get("limits") if isinstance(check, dict) else None
+        if isinstance(limits, dict):
+            floors = [f for f in limits.get("acceptance_floor") or () if isinstance(f, int | float)]
+            margin = limits.get("margin")
+            return (float(margin) if isinstance(margin, int | float) else None,
+                    float(min(floors)) if floors else None)
+    return None, None
+
+
+def _recreations(lay: Layout) -> int:
+    """The supervisor's recreations in this host's ledger (a counter: it only grows)."""
+    try:
+        lines = lay.ledger_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return 0
+    count = 0
+    for line in lines:
+        if '"supervise"' not in line:
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("event") == "supervise" \
+                and data.get("result") == "recreated":
+            count += 1
+    return count
+
+
+def engine_running(stack: str) -> bool:
+    """Is a container of ``stack`` running (busy or not)? One ``docker ps``."""
+    fmt = f'{{{{.Label "{STACK_LABEL}"}}}}\t{{{{.State}}}}'
+    try:
+        proc = subprocess.run(["docker", "ps", "--filter", f"label={STACK_LABEL}={stack}",
+                               "--format", fmt], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(line.split("\t") == [stack, "running"] for line in proc.stdout.splitlines())
+
+
+def front_ready(port: int | None, timeout_s: float = 3) -> bool:
+    """Does the front's readiness path (no key) answer 200?"""
+    if port is None:
+        return False
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}",
+                                    timeout=timeout_s) as answer:
+            return bool(answer.status == 200)
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def read_facts(lay: Layout, front_port: int | None, now: float | None = None) -> Facts:
+    """The host's facts from its records (state, lock, window, supervisor, throughput,
+    timings), its engine container and its front."""
+    now = time.time() if now is None else now
+    state = read_state(lay.state_file)
+    stack = state.get("stack") if isinstance(state.get("stack"), str) else None
+    serving = None if not stack else {
+        "stack": stack, "image_digest": str(state.get("digest") or ""),
+        "model_revision": str(state.get("model_revision") or ""),
+        "genesis_commit": str(state.get("genesis_commit") or "")}
+    holder = read_holder(lay.lock_dir)
+    swapping = bool(holder and holder.get("alive") and not holder.get("window"))
+    times = read_timings(lay)
+    expected = (float(swap_estimate(times, stack, True, RETRY_AFTER_S).seconds)
+                if swapping and stack else None)
+    window, status, _ = window_status(lay, now)
+    window_open = status in ("held", "abandoned")
+    supervisor = read_supervisor(lay.supervise_state, now) or {}
+    last = read_throughput_last(lay.throughput_last)
+    gate = None
+    if last is not None and last.source == SOURCE_GATE:
+        margin, floor = _gate_limits(last.report)
+        base = last.baseline.get("narrative")
+        gate = GateFacts(stack=last.stack, tokens_per_s=last.decode("narrative"),
+                         baseline_tokens_per_s=float(base) if isinstance(base, int | float)
+                         else None, margin=margin, acceptance_floor=floor,
+                         passed=last.result == "pass", at=_iso(last.at))
+    return Facts(now=now, serving=serving, ready=front_ready(front_port),
+                 engine_up=bool(stack) and engine_running(str(stack)),
+                 swap_in_progress=swapping, swap_expected_s=expected,
+                 window_open=window_open,
+                 window_opened_at=window.opened_at if window and window_open else None,
+                 gate=gate, recreations=_recreations(lay),
+                 gave_up=supervisor.get("state") == "gave-up", drain_s=times.drain_s)
+
+
+def facts_textfile(f: Facts) -> str:
+    """``rigfleet.prom`` (names: docs/monitoring.md)."""
+    t = Textfile()
+    if f.serving is not None:
+        t.add("rigfleet_serving_info", "What serves on this host (labels), always 1.", 1,
+              **f.serving)
+    t.add("rigfleet_ready", "The front's readiness path answers 200 (1) or not (0).",
+          int(f.ready))
+    t.add("rigfleet_engine_up", "The serving stack's engine container runs (1) or not (0), "
+          "busy or not.", int(f.engine_up))
+    t.add("rigfleet_swap_in_progress", "A swap transaction holds the host (1) or not (0).",
+          int(f.swap_in_progress))
+    if f.swap_expected_s is not None:
+        t.add("rigfleet_swap_expected_seconds", "The running swap's expected duration (s).",
+              f.swap_expected_s)
+    t.add("rigfleet_maintenance_window_open", "A maintenance window is open (1) or not (0).",
+          int(f.window_open))
+    if f.window_opened_at is not None:
+        t.add("rigfleet_maintenance_window_opened_timestamp_seconds", "When the open "
+              "maintenance window opened (epoch s).", f.window_opened_at)
+    g = f.gate
+    if g is not None:
+        lab = {"stack": g.stack}
+        if g.tokens_per_s is not None:
+            t.add("rigfleet_gate_tokens_per_second", "The last gate's decode tok/s "
+                  "(narrative).", g.tokens_per_s, **lab)
+        if g.baseline_tokens_per_s is not None:
+            t.add("rigfleet_gate_baseline_tokens_per_second", "The baseline the last gate was "
+                  "judged against (tok/s).", g.baseline_tokens_per_s, **lab)
+        if g.margin is not None:
+            t.add("rigfleet_gate_margin_ratio", "The stack's allowed shortfall below the "
+                  "baseline.", g.margin, **lab)
+        t.add("rigfleet_gate_passed", "The last gate's throughput verdict: passed (1) or not "
+              "(0).", int(g.passed), **lab)
+        if g.at is not None:
+            t.add("rigfleet_gate_timestamp_seconds", "When the last gate ran (epoch s).", g.at,
+                  **lab)
+        if g.acceptance_floor is not None:
+            t.add("rigfleet_mtp_acceptance_floor", "The stack's lowest MTP acceptance floor.",
+                  g.acceptance_floor, **lab)
+    t.add("rigfleet_supervisor_recreations_total", "Engines the supervisor recreated "
+          "(ledger).", f.recreations, "counter")
+    t.add("rigfleet_supervisor_gave_up", "The supervisor gave up (1) or not (0).",
+          int(f.gave_up))
+    if f.drain_s is not None:
+        t.add("rigfleet_drain_seconds", "The last drain's duration (s).", f.drain_s)
+    t.add("rigfleet_facts_timestamp_seconds", "When these facts were written (epoch s).", f.now)
+    return t.render()
+
+
+def write_textfiles(directory: Path, files: Iterable[tuple[str, str]]) -> None:
+    """Each (name, text) atomically, world-readable (no secret is in them)."""
+    for name, text in files:
+        write_atomic(directory / name, text, 0o644)
+
+
+def run(lay: Layout, directory: Path, front_port: int | None) -> int:
+    """``rigfleet-host metrics``: both textfiles, now."""
+    gpus = read_gpus()
+    ecc = read_gpus(ECC_QUERY) if gpus is not None else None
+    write_textfiles(directory, [(GPU_FILE, gpu_textfile(gpus, ecc)),
+                                (FACTS_FILE, facts_textfile(read_facts(lay, front_port)))])
+    return 0
+
+
+def refresh(lay: Layout, front_port: int | None) -> None:
+    """Both textfiles now, after a swap (the timer's next run is up to 15 s away), where the
+    node exporter's directory exists; a failure here never fails the caller."""
+    directory = lay.root / TEXTFILE_DIR.lstrip("/")
+    if not directory.is_dir():
+        return
+    with contextlib.suppress(OSError, ValueError):
+        run(lay, directory, front_port)

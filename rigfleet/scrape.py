@@ -1,0 +1,183 @@
+"""What a monitor makes of the inventory: Prometheus' scrape targets, its retention, and the
+desired pins as a textfile (pure; roles/monitor.py renders and uploads; docs/monitoring.md).
+
+Every GPU host is scraped through its front with the fleet's key (``/rigfleet/metrics/node``:
+the node exporter with the GPU and rigfleet textfiles; ``/rigfleet/metrics/engine``: the
+serving engine's ``/metrics``), every balancer through its port with the key
+(``/rigfleet/metrics/haproxy``: HAProxy's own exporter). ``instance`` is the inventory name::
+
+    plan = plan_monitor("mon1", monitor_settings, gpu_hosts, balancers)
+    render_prometheus(plan)          # /etc/prometheus/prometheus.yml
+    desired_textfile(gpu_hosts, pins_by_host)   # rigfleet_desired_info per GPU host
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rigfleet.balancer.haproxy import METRICS_PATH as BALANCER_PATH
+from rigfleet.balancer.plan import GpuHost, front_target, split_address
+from rigfleet.hostdata import BalancerSettings, MonitorSettings
+from rigfleet.pins import Pins
+
+# The paths the fronts serve behind the key (files/nginx-front.conf.j2) and the balancer's.
+NODE_PATH = "/rigfleet/metrics/node"
+ENGINE_PATH = "/rigfleet/metrics/engine"
+# Loopback ports on the monitor host (and the node exporter's on every host): docs/monitoring.md.
+PROMETHEUS_PORT = 9090
+ALERTMANAGER_PORT = 9093
+NODE_EXPORTER_PORT = 9100
+SCRAPE_INTERVAL_S = 15
+EVALUATION_INTERVAL_S = 15
+# What one GPU host's series take on disk per retention day, measured order of magnitude
+# (node exporter ~1k series, the engine ~300, the textfiles ~100, at 15 s: ~1.5 bytes a sample).
+BYTES_PER_HOST_DAY = 16 * 2**20
+MIN_RETENTION_GIB = 2
+# On the monitor host (root:prometheus 0640): the key, the fronts' CAs.
+PROM_DIR = "/etc/prometheus"
+KEY_FILE = f"{PROM_DIR}/rigfleet-api-key"
+CA_FILE = f"{PROM_DIR}/rigfleet-fronts-ca.pem"
+RULES_FILE = f"{PROM_DIR}/rigfleet-rules.yml"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One scrape target: ``address`` (host:port), ``instance`` (inventory name), TLS or not."""
+
+    instance: str
+    address: str
+    tls: bool = False
+
+
+@dataclass(frozen=True)
+class BalancerHost:
+    """What the monitor needs of a balancer: its validated data and where to reach it."""
+
+    name: str
+    settings: BalancerSettings
+    address: str  # host (or [v6]) only; the port is the balancer's
+
+
+@dataclass(frozen=True)
+class MonitorPlan:
+    name: str
+    settings: MonitorSettings
+    fronts: tuple[Target, ...]
+    balancers: tuple[Target, ...]
+    ca_files: tuple[str, ...]  # control-side CA files of TLS fronts and balancers, in order
+    local_node: bool  # scrape this host's own node exporter (not a GPU host)
+
+    @property
+    def retention_gib(self) -> int:
+        """``monitor_retention_gib``, else sized from the hosts and the days kept."""
+        if self.settings.retention_gib is not None:
+            return self.settings.retention_gib
+        need = len(self.fronts) * self.settings.retention_days * BYTES_PER_HOST_DAY
+        return max(MIN_RETENTION_GIB, -(-need // 2**30))
+
+
+def plan_monitor(name: str, settings: MonitorSettings, hosts: Sequence[GpuHost],
+                 balancers: Sequence[BalancerHost], gpu_host: bool = False) -> MonitorPlan:
+    """The monitor ``name``'s targets: each GPU host's front, each balancer (on this very
+    host: on loopback)."""
+    fronts, cas = [], []
+    for h in hosts:
+        address, _ = front_target(h)
+        tls = h.settings.front_tls
+        fronts.append(Target(h.name, address, tls is not None))
+        if tls is not None and tls.ca_file not in cas:
+            cas.append(tls.ca_file)
+    lbs = []
+    for b in balancers:
+        here = b.name == name
+        host = "127.0.0.1" if here else b.address
+        shown = f"[{host}]" if ":" in host else host
+        lbs.append(Target(b.name, f"{shown}:{b.settings.port}", b.settings.tls is not None))
+        if b.settings.tls is not None and b.settings.tls.ca_file not in cas:
+            cas.append(b.settings.tls.ca_file)
+    return MonitorPlan(name, settings, tuple(fronts), tuple(lbs), tuple(cas), not gpu_host)
+
+
+def balancer_address(ssh_hostname: str | None, name: str) -> str:
+    """Where a monitor reaches a balancer: its SSH address (``rig-a.lan:22`` -> host)."""
+    return split_address(ssh_hostname)[0] if ssh_hostname else name
+
+
+def _job(name: str, path: str, targets: Sequence[Target], ca: bool) -> dict:
+    groups = [{"targets": [t.address],
+               "labels": {"instance": t.instance, "__scheme__": "https" if t.tls else "http"}}
+              for t in targets]
+    job: dict = {"job_name": name, "metrics_path": path,
+                 "authorization": {"type": "Bearer", "credentials_file": KEY_FILE},
+                 "static_configs": groups}
+    if ca:
+        job["tls_config"] = {"ca_file": CA_FILE}
+    return job
+
+
+def render_prometheus(plan: MonitorPlan, rules: bool = True) -> str:
+    """``prometheus.yml``: every job, the rules file (``rules``: there is one), the local
+    Alertmanager. JSON is YAML: the document is written as JSON (sorted keys), so no template
+    quoting can go wrong."""
+    ca = bool(plan.ca_files)
+    jobs = [_job("node", NODE_PATH, plan.fronts, ca), _job("vllm", ENGINE_PATH, plan.fronts, ca)]
+    if plan.balancers:
+        jobs.append(_job("balancer", BALANCER_PATH, plan.balancers, ca))
+    if plan.local_node:
+        jobs.append({"job_name": "monitor-node", "static_configs": [{
+            "targets": [f"127.0.0.1:{NODE_EXPORTER_PORT}"], "labels": {"instance": plan.name}}]})
+    jobs.append({"job_name": "prometheus", "static_configs": [{
+        "targets": [f"127.0.0.1:{PROMETHEUS_PORT}"], "labels": {"instance": plan.name}}]})
+    doc = {
+        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s",
+                   "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
+        "rule_files": [RULES_FILE] if rules else [],
+        "alerting": {"alertmanagers": [{"static_configs": [
+            {"targets": [f"127.0.0.1:{ALERTMANAGER_PORT}"]}]}]},
+        "scrape_configs": jobs,
+    }
+    return ("# Managed by rigfleet (roles/monitor.py) from the inventory; docs/monitoring.md.\n"
+            + json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def prometheus_args(plan: MonitorPlan) -> str:
+    """``/etc/default/prometheus``'s ARGS: loopback only, retention by time and size."""
+    return (f'ARGS="--web.listen-address=127.0.0.1:{PROMETHEUS_PORT} '
+            f"--storage.tsdb.retention.time={plan.settings.retention_days}d "
+            f'--storage.tsdb.retention.size={plan.retention_gib}GB"')
+
+
+def alertmanager_args() -> str:
+    """``/etc/default/prometheus-alertmanager``'s ARGS: loopback only, no cluster port."""
+    return (f'ARGS="--web.listen-address=127.0.0.1:{ALERTMANAGER_PORT} '
+            '--cluster.listen-address="')
+
+
+def node_exporter_args(textfile_dir: str) -> str:
+    """``/etc/default/prometheus-node-exporter``'s ARGS: loopback only, the textfiles."""
+    return (f'ARGS="--web.listen-address=127.0.0.1:{NODE_EXPORTER_PORT} '
+            f'--collector.textfile.directory={textfile_dir}"')
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def desired_textfile(hosts: Sequence[GpuHost], pins: Mapping[str, Pins]) -> str:
+    """``rigfleet-desired.prom``: what each GPU host should serve (its stack, from the
+    inventory; its pins, from its pins file): the "pins differ" alert's side of the join."""
+    lines = ["# HELP rigfleet_desired_info What the inventory and pins.yaml want a host to "
+             "serve (labels), always 1.", "# TYPE rigfleet_desired_info gauge"]
+    for h in hosts:
+        p = pins[h.name]
+        stack = p.stacks.get(h.settings.stack)
+        if stack is None:
+            continue
+        labels = {"host": h.name, "stack": h.settings.stack, "image_digest": stack.digest,
+                  "model_revision": p.model.revision,
+                  "genesis_commit": stack.genesis.commit if stack.genesis else ""}
+        lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+        lines.append(f"rigfleet_desired_info{{{lab}}} 1")
+    return "\n".join(lines) + "\n"

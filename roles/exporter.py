@@ -1,0 +1,83 @@
+"""The exporters of a GPU host, read by the fleet's monitor through the front with the key
+(docs/monitoring.md):
+
+- the distribution's node exporter (``prometheus-node-exporter``) on loopback only
+  (127.0.0.1:9100), with its textfile collector directory. Debian's and Ubuntu's package
+  start it on install, listening on every address: its ``/etc/default`` ARGS are written
+  before the package is installed, and dpkg keeps that file (``--force-confold``), so it
+  never listens anywhere else, not even for a moment;
+- ``rigfleet-metrics.timer``: every 15 s ``rigfleet-host metrics`` writes the GPU textfile
+  (nvidia-smi) and rigfleet's facts textfile (``rigfleet.hostside.metrics``).
+
+The package's install and the units' ``daemon-reload`` could take a serving container's GPUs
+(NVIDIA/nvidia-container-toolkit#48): on such a host they run in the maintenance window
+(this role runs before ``maintenance`` closes it). A second run changes nothing.
+
+Example::
+
+    exporter(ctx)
+"""
+
+from __future__ import annotations
+
+import io
+
+from pyinfra.api import deploy
+from pyinfra.operations import files, systemd
+
+from rigfleet.hostside.layout import HOST
+from rigfleet.hostside.metrics import TEXTFILE_DIR
+from rigfleet.resources import project_file
+from rigfleet.scrape import SCRAPE_INTERVAL_S, node_exporter_args
+from roles import maintenance
+from roles.docker import reload_detaches_gpus
+from roles.ops import apt_packages, on_change
+from roles.preflight import HostContext
+
+PACKAGE = "prometheus-node-exporter"
+SERVICE = "prometheus-node-exporter"
+DEFAULTS = f"/etc/default/{PACKAGE}"
+UNIT = "rigfleet-metrics"
+UNIT_DIR = "/etc/systemd/system"
+TEMPLATES = {f"{UNIT}.service": "files/rigfleet-metrics.service.j2",
+             f"{UNIT}.timer": "files/rigfleet-metrics.timer.j2"}
+STEP = "node exporter install and systemd daemon-reload (the serving container could lose " \
+       "its GPUs)"
+
+
+def defaults_text(textfile_dir: str = TEXTFILE_DIR) -> str:
+    """The package's ``/etc/default`` file: ARGS only (loopback, the textfile directory)."""
+    return ("# Managed by rigfleet (roles/exporter.py): loopback only; the fleet's monitor "
+            "reads it\n# through the front with the key (docs/monitoring.md).\n"
+            + node_exporter_args(textfile_dir) + "\n")
+
+
+@deploy("Exporters (node exporter, GPU and rigfleet textfiles)")
+def exporter(ctx: HostContext) -> None:
+    """Bind the node exporter before it is installed, install it, the metrics timer."""
+    detaches = reload_detaches_gpus(ctx)
+    args = files.put(name=f"{DEFAULTS} (loopback only; written before the package starts it)",
+                     src=io.StringIO(defaults_text()), dest=DEFAULTS, user="root",
+                     group="root", mode="0644")
+    install = apt_packages(
+        name=f"Install {PACKAGE}", packages=[PACKAGE],
+        before=(lambda inputs: maintenance.enter(ctx, STEP, inputs)) if detaches else None)
+    files.directory(name=f"Directory {TEXTFILE_DIR} (the textfile collector's)",
+                    path=TEXTFILE_DIR, user="root", group="root", mode="0755")
+    units = [files.template(name=f"{UNIT_DIR}/{name}", src=str(project_file(src)),
+                            dest=f"{UNIT_DIR}/{name}", user="root", group="root", mode="0644",
+                            bundle=str(HOST.bundle), textfile_dir=TEXTFILE_DIR,
+                            front_port=ctx.settings.front_port, interval_s=SCRAPE_INTERVAL_S)
+             for name, src in TEMPLATES.items()]
+    maintenance.plan_step(ctx, STEP, detaches and (install.will_change
+                                                   or any(u.will_change for u in units)))
+    maintenance.disturbing(name="systemd daemon-reload (rigfleet-metrics units changed)",
+                           ctx=ctx, commands=["systemctl daemon-reload"], what=STEP,
+                           gates=units, reason="units unchanged", window=detaches)
+    systemd.service(name=f"{SERVICE} enabled and running", service=SERVICE, running=True,
+                    enabled=True)
+    on_change(name=f"Restart {SERVICE} (its ARGS changed)",
+              commands=[f"systemctl restart {SERVICE}"], gates=[args],
+              reason="ARGS unchanged")
+    systemd.service(name=f"{UNIT}.timer enabled and running", service=f"{UNIT}.timer",
+                    running=True, enabled=True)

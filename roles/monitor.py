@@ -1,0 +1,219 @@
+"""The monitor: Prometheus and Alertmanager from the distribution's packages on the hosts of
+inventory group ``monitors`` (a service host: no NVIDIA, no Docker; docs/monitoring.md).
+
+- Bound before they first start: Debian's and Ubuntu's packages start their services on
+  install, listening on every address. Their ``/etc/default`` files (ARGS: loopback only,
+  retention) are written first; dpkg keeps them (``--force-confold``), so Prometheus
+  (127.0.0.1:9090), Alertmanager (127.0.0.1:9093, no cluster port) and this host's node
+  exporter (127.0.0.1:9100) never listen anywhere else. People reach the UI through SSH
+  (``ssh -L 9090:127.0.0.1:9090 <monitor>``).
+- The scrape config comes from the inventory (``rigfleet.scrape``): every GPU host's node
+  exporter and engine through its front, every balancer's HAProxy, with the fleet's key from
+  ``/etc/prometheus/rigfleet-api-key`` (root:prometheus 0640; ``credentials_file``: never in
+  the config). It is checked with ``promtool check config`` before it replaces the old one.
+- Retention: ``monitor_retention_days``, and a size from the inventory (16 MiB per GPU host
+  and day, or ``monitor_retention_gib``).
+- ``rigfleet_desired_info`` (what each GPU host should serve, from the inventory and its
+  pins) goes to this host's node exporter as a textfile.
+- The rules file is ``files/monitor/rules.yml`` when the repository has one.
+
+Example::
+
+    mon = preflight_monitor()
+    monitor(mon)
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, systemd
+
+from rigfleet.balancer.plan import GpuHost
+from rigfleet.desired import pins_for
+from rigfleet.errors import RigfleetError
+from rigfleet.facts import OsRelease, Platform, read_fact
+from rigfleet.hostdata import (
+    HostDataError,
+    MonitorSettings,
+    validate_balancer,
+    validate_host,
+    validate_monitor,
+)
+from rigfleet.hostside.metrics import TEXTFILE_DIR
+from rigfleet.inventory import host_kind
+from rigfleet.resources import PROJECT_ROOT
+from rigfleet.scrape import (
+    CA_FILE,
+    KEY_FILE,
+    PROM_DIR,
+    RULES_FILE,
+    BalancerHost,
+    MonitorPlan,
+    alertmanager_args,
+    balancer_address,
+    desired_textfile,
+    plan_monitor,
+    prometheus_args,
+    render_prometheus,
+)
+from roles.exporter import DEFAULTS as NODE_DEFAULTS
+from roles.exporter import PACKAGE as NODE_PACKAGE
+from roles.exporter import defaults_text as node_defaults
+from roles.ops import Secret, apt_packages, checked_file, on_change, secret_file
+from roles.preflight import (
+    OsInfo,
+    PreflightError,
+    check_init,
+    check_keys,
+    checked,
+    read_os,
+    read_secret,
+)
+
+PACKAGES = ["prometheus", "prometheus-alertmanager"]
+RULES_SOURCE = "files/monitor/rules.yml"
+ALERTMANAGER_CONFIG = f"{PROM_DIR}/alertmanager.yml"
+DESIRED_FILE = f"{TEXTFILE_DIR}/rigfleet-desired.prom"
+
+
+@dataclass(frozen=True)
+class MonitorContext:
+    """What ``monitor`` needs: the plan, the key, the desired pins' textfile."""
+
+    name: str
+    os: OsInfo
+    plan: MonitorPlan
+    api_key: Secret
+    desired: str
+    gpu_host: bool = False
+
+    @property
+    def settings(self) -> MonitorSettings:
+        return self.plan.settings
+
+    @property
+    def site_ca_files(self) -> tuple[str, ...]:
+        return self.plan.settings.site_ca_files
+
+
+@deploy("Preflight (monitor)")
+def preflight_monitor(gpu_host: bool = False) -> MonitorContext:
+    """Validate a monitor host: its data, every GPU host's and balancer's (the targets are
+    made of them), the key (the fronts' own), the OS and systemd. Refuses the host as
+    ``preflight`` does (nothing changes on it)."""
+    return checked(lambda: _check_monitor(host.name, gpu_host))
+
+
+def _check_monitor(name: str, gpu_host: bool) -> MonitorContext:
+    settings = validate_monitor(name, host.data)
+    gpus, lbs, pins = [], [], {}
+    for other in host.inventory:
+        kind = host_kind(other.groups)
+        try:
+            if kind.gpu:
+                s = validate_host(other.name, other.data)
+                gpus.append(GpuHost(other.name, s, other.data.get("ssh_hostname")))
+                pins[other.name] = pins_for(s)
+            if kind.balancer:
+                b = validate_balancer(other.name, other.data, gpu_host=kind.gpu)
+                lbs.append(BalancerHost(other.name, b, balancer_address(
+                    other.data.get("ssh_hostname"), other.name)))
+        except (HostDataError, RigfleetError) as e:
+            raise PreflightError(
+                f"{name}: monitors: {other.name}'s data does not validate, so its scrape "
+                f"targets cannot be built; allowed: fix it first ({str(e).splitlines()[0]})"
+            ) from None
+    if not gpus:
+        raise PreflightError(f"{name}: monitors: the inventory has no GPU host to monitor; "
+                             "allowed: a monitor beside at least one GPU host")
+    os_info = read_os(name, read_fact(OsRelease))
+    problems = check_init(name, read_fact(Platform))
+    if problems:
+        raise PreflightError("\n".join(problems))
+    api_key = read_secret(name, "api_key_file", settings.api_key_file)
+    check_keys(name, api_key, gpus)
+    plan = plan_monitor(name, settings, gpus, lbs, gpu_host=gpu_host)
+    return MonitorContext(name, os_info, plan, api_key, desired_textfile(gpus, pins), gpu_host)
+
+
+def _defaults(text: str, what: str) -> str:
+    return f"# Managed by rigfleet (roles/monitor.py): {what}; docs/monitoring.md.\n{text}\n"
+
+
+def alertmanager_config() -> str:
+    """A route to a receiver without integrations: alerts are kept and shown (API, UI);
+    where they go (mail, chat) is the operator's to add (docs/monitoring.md)."""
+    return ("# Managed by rigfleet (roles/monitor.py). Add receivers here, or in a file of\n"
+            "# your own: docs/monitoring.md.\n"
+            "route:\n  receiver: rigfleet\n  group_by: [alertname, instance]\n"
+            "receivers:\n  - name: rigfleet\n")
+
+
+@deploy("Monitor (Prometheus, Alertmanager)")
+def monitor(ctx: MonitorContext) -> None:
+    """Bind the services before their packages start them, install them, render the scrape
+    config from the inventory, reload only on change."""
+    plan = ctx.plan
+    put = []
+    for path, text, what in (
+            ("/etc/default/prometheus", prometheus_args(plan), "loopback only, retention"),
+            ("/etc/default/prometheus-alertmanager", alertmanager_args(),
+             "loopback only, no cluster")):
+        put.append(files.put(name=f"{path} (written before the package starts it)",
+                             src=io.StringIO(_defaults(text, what)), dest=path, user="root",
+                             group="root", mode="0644"))
+    prom_args, am_args = put
+    packages = list(PACKAGES)
+    node_args = None
+    if not ctx.gpu_host:  # a GPU host's own exporter role did this
+        node_args = files.put(name=f"{NODE_DEFAULTS} (loopback only; before the package)",
+                              src=io.StringIO(node_defaults()), dest=NODE_DEFAULTS,
+                              user="root", group="root", mode="0644")
+        packages.append(NODE_PACKAGE)
+    apt_packages(name=f"Install {', '.join(packages)}", packages=packages)
+    key = secret_file(name=f"API key for scraping {KEY_FILE} (root:prometheus 0640)",
+                      dest=KEY_FILE, content=Secret(ctx.api_key.reveal() + "\n"),
+                      mode="0640", group="prometheus")
+    gates = [key]
+    if plan.ca_files:
+        bundle = "".join(Path(f).read_text(encoding="utf-8").rstrip("\n") + "\n"
+                         for f in plan.ca_files)
+        gates.append(files.put(name=f"CAs of the TLS fronts and balancers {CA_FILE}",
+                               src=io.StringIO(bundle), dest=CA_FILE, user="root",
+                               group="root", mode="0644"))
+    rules = PROJECT_ROOT / RULES_SOURCE  # "rules"' file; the config names it when present
+    has_rules = rules.is_file()
+    if has_rules:
+        gates.append(checked_file(name=f"Rules {RULES_FILE} (checked with promtool first)",
+                                  dest=RULES_FILE, content=rules.read_text(encoding="utf-8"),
+                                  check="promtool check rules {path}"))
+    conf = checked_file(
+        name=f"Prometheus config ({len(plan.fronts)} GPU host(s), {len(plan.balancers)} "
+             "balancer(s); checked with promtool first)",
+        dest=f"{PROM_DIR}/prometheus.yml", content=render_prometheus(plan, rules=has_rules),
+        check="promtool check config {path}")
+    am_conf = checked_file(name=f"Alertmanager config {ALERTMANAGER_CONFIG}",
+                           dest=ALERTMANAGER_CONFIG, content=alertmanager_config(),
+                           check="amtool check-config {path}")
+    files.put(name=f"Desired pins textfile {DESIRED_FILE}", src=io.StringIO(ctx.desired),
+              dest=DESIRED_FILE, user="root", group="root", mode="0644")
+    services = [("prometheus", prom_args, [conf, *gates]),
+                ("prometheus-alertmanager", am_args, [am_conf])]
+    if node_args is not None:
+        services.append((NODE_PACKAGE, node_args, []))
+    for service, args, reload_gates in services:
+        systemd.service(name=f"{service} enabled and running", service=service, running=True,
+                        enabled=True)
+        # One command: a reload right after a restart can reach the new process before its
+        # signal handler is set, and SIGHUP would stop it.
+        restart = bool(args.will_change)
+        on_change(name=f"{'Restart' if restart else 'Reload'} {service} (its ARGS or config "
+                       "changed)",
+                  commands=[f"systemctl {'restart' if restart else 'reload-or-restart'} "
+                            f"{service}"],
+                  gates=[args, *reload_gates], reason="ARGS and config unchanged")
