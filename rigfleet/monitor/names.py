@@ -21,8 +21,9 @@ MetricType = Literal["gauge", "counter"]
 MONITOR_GROUP = "monitors"
 # Prometheus on the monitor host listens on loopback only, on this port.
 PROMETHEUS_PORT = 9090
-# Scrape jobs as the monitor's scrape configuration names them.
-JOBS = ("node", "vllm", "rigfleet", "balancer")
+# Scrape jobs of every GPU host: the node exporter (its textfile collector carries
+# rigfleet-gpu.prom and rigfleet.prom) and the engine's own /metrics.
+JOBS = ("node", "vllm")
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,9 @@ RECORDED = (
     "instance:vllm_mtp_acceptance:ratio_rate10m",
     "instance:vllm_requests_running:sum",
     "instance:vllm_kv_cache_usage:max",
-    "instance:rigfleet_gpu_busy:max",
+    "instance_stack:rigfleet_mtp_floor:serving",
     "instance_stack:rigfleet_gate_shortfall:ratio",
+    "instance:rigfleet_swap_age:seconds",
 )
 
 ALERTS = (
