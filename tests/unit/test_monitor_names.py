@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from monitor_tools import need
+
 from rigfleet.monitor import names
 
 MONITOR = Path(__file__).resolve().parents[2] / "files" / "monitor"
@@ -106,7 +106,7 @@ def test_dashboard_is_grafana_json(path: Path) -> None:
     assert len(ids) == len(set(ids))
     for panel in board["panels"]:
         g = panel["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0, panel["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24 and g["h"] > 0, panel["title"]
         if panel["type"] == "row":
             continue
         assert panel["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import jinja2
 import yaml
+from monitor_tools import need
 
 from rigfleet.monitor import names
-from monitor_tools import need
 
 MONITOR = Path(__file__).resolve().parents[2] / "files" / "monitor"
 
