@@ -7,7 +7,7 @@ says which hosts of each stack are in rotation (``rigfleet.balancer.status``), i
 table. The exit status says the worst found (``rigfleet.status.rows``).
 
 ``--html FILE`` writes a page instead: per-host tokens/s over time and the alerts, from the
-Prometheus of the inventory's ``monitors`` host (``rigfleet.monitor``; docs/monitoring-page.md).
+Prometheus of the inventory's ``monitors`` host (``rigfleet.monitor``; docs/monitoring-rules.md).
 """
 
 from __future__ import annotations
