@@ -75,7 +75,7 @@ def fetch_command(paths: Sequence[str], port: int = PROMETHEUS_PORT, timeout: in
     (``curl -sS``: an HTTP error still prints Prometheus' JSON error, read by ``_answer``)."""
     calls = [f"curl -sS --max-time {timeout} {shlex.quote(f'http://127.0.0.1:{port}{p}')} 2>&1; "
              f"echo; echo {MARK}" for p in paths]
-    return " ".join(calls)
+    return "; ".join(calls)
 
 
 def _answer(host: str, path: str, text: str) -> dict[str, Any]:
