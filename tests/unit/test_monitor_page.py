@@ -19,7 +19,7 @@ from monitor_tools import need
 from rigfleet.inventory import InventoryHost
 from rigfleet.monitor import query
 from rigfleet.monitor.page import PageInput, matrix, render
-from rigfleet.monitor.query import MARK, Answers, MonitorError, fetch, monitor_host
+from rigfleet.monitor.query import Answers, MonitorError, fetch, monitor_host
 from rigfleet.ssh import HostUnreachable
 from rigfleet.status import cli as status_cli
 
@@ -28,7 +28,6 @@ HOURS = 2.0
 RIG1 = InventoryHost("rig1", ("gpu_hosts",), {})
 RIG2 = InventoryHost("rig2", ("gpu_hosts",), {})
 MON = InventoryHost("lb1", ("balancers", "monitors"), {})
-URL = r"(http://[^'\s]+)"  # each curl's URL, quoted by shlex where it needs to be
 
 
 def ok(data: dict[str, Any]) -> dict[str, Any]:
@@ -155,48 +154,67 @@ def test_lines_stay_inside_the_plot() -> None:
 # --- asking the monitor ----------------------------------------------------------------------
 
 
-class FakeRemote:
-    """Answers each ``curl`` of the command from ``routes`` (path -> body)."""
+FAKE_CURL = """#!/usr/bin/env python3
+import json, os, sys
+from urllib.parse import parse_qs, urlsplit
+url = urlsplit(sys.argv[-1])
+routes = json.load(open(os.environ["FAKE_ROUTES"]))
+with open(os.environ["FAKE_ROUTES"] + ".log", "a") as log:
+    log.write(sys.argv[-1] + "\\n")
+key = url.path + "|" + parse_qs(url.query).get("query", [""])[0]
+body = routes.get(key, routes.get(url.path))
+if body is None:
+    sys.stderr.write(f"curl: (7) Failed to connect to {url.hostname} port {url.port} after "
+                     "0 ms: Couldn't connect to server\\n")
+    sys.exit(7)
+sys.stdout.write(body)
+"""
 
-    def __init__(self, routes: dict[str, str] | None = None, rc: int = 0,
+
+class ShellRemote:
+    """Runs the command in a local shell whose ``curl`` answers from ``routes`` (API path, or
+    ``path|query``, -> body) and logs the URLs it was asked: what the monitor host's shell
+    would do with the same command."""
+
+    def __init__(self, tmp: Path, routes: dict[str, str] | None = None,
                  raise_: Exception | None = None) -> None:
-        self.routes = routes
-        self.rc = rc
+        (tmp / "bin").mkdir()
+        curl = tmp / "bin" / "curl"
+        curl.write_text(FAKE_CURL)
+        curl.chmod(0o755)
+        self.routes_file = tmp / "routes.json"
+        self.routes_file.write_text(json.dumps(routes or {}))
+        self.env = {"PATH": f"{tmp / 'bin'}:/usr/bin:/bin", "FAKE_ROUTES": str(self.routes_file)}
         self.raise_ = raise_
         self.commands: list[str] = []
+
+    @property
+    def asked(self) -> list[str]:
+        log = Path(f"{self.routes_file}.log")
+        return log.read_text().splitlines() if log.exists() else []
 
     def run(self, host: InventoryHost, command: str, *, timeout: float = 120,
             stdin: bytes = b"") -> tuple[int, str]:
         self.commands.append(command)
         if self.raise_:
             raise self.raise_
-        out = []
-        for url in re.findall(URL, command):
-            path = urlsplit(url).path
-            body = (self.routes or {}).get(path, "curl: (7) Failed to connect to 127.0.0.1 "
-                                                 "port 9090 after 0 ms: Couldn't connect")
-            out.append(f"{body}\n{MARK}\n")
-        return self.rc, "".join(out)
+        proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                              env=self.env, timeout=timeout)
+        return proc.returncode, proc.stdout + proc.stderr
 
 
-def routes() -> dict[str, str]:
-    return {"/api/v1/query_range": "", "/api/v1/query": json.dumps(UP),
-            "/api/v1/alerts": json.dumps(ALERTS)}
+def all_routes() -> dict[str, str]:
+    return {f"/api/v1/query_range|{query.GATE_QUERY}": json.dumps(GATE),
+            f"/api/v1/query_range|{query.ENGINE_QUERY}": json.dumps(ENGINE),
+            "/api/v1/query": json.dumps(UP), "/api/v1/alerts": json.dumps(ALERTS)}
 
 
-def test_fetch_asks_prometheus_on_the_monitors_loopback() -> None:
-    remote = FakeRemote()
-    bodies = iter([json.dumps(GATE), json.dumps(ENGINE), json.dumps(UP), json.dumps(ALERTS)])
-
-    def run(host: InventoryHost, command: str, **kw: Any) -> tuple[int, str]:
-        remote.commands.append(command)
-        n = command.count("curl ")
-        return 0, "".join(f"{next(bodies)}\n{MARK}\n" for _ in range(n))
-    remote.run = run  # type: ignore[method-assign]
+def test_fetch_asks_prometheus_on_the_monitors_loopback(tmp_path: Path) -> None:
+    remote = ShellRemote(tmp_path, all_routes())
     got = fetch(remote, MON, now=NOW, hours=HOURS)
     assert got == ANSWERS
-    (command,) = remote.commands
-    urls = re.findall(URL, command)
+    assert len(remote.commands) == 1  # one SSH round trip
+    urls = remote.asked
     assert [urlsplit(u).netloc for u in urls] == ["127.0.0.1:9090"] * 4
     q = [parse_qs(urlsplit(u).query) for u in urls]
     assert q[0]["query"] == [query.GATE_QUERY] and q[1]["query"] == [query.ENGINE_QUERY]
@@ -206,24 +224,26 @@ def test_fetch_asks_prometheus_on_the_monitors_loopback() -> None:
     assert "vllm:generation_tokens_total" in unquote(urls[1])
 
 
-def test_prometheus_not_running_is_a_clear_error() -> None:
+def test_prometheus_not_running_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(MonitorError) as e:
-        fetch(FakeRemote({}), MON, now=NOW, hours=HOURS)
+        fetch(ShellRemote(tmp_path), MON, now=NOW, hours=HOURS)
     msg = str(e.value)
     assert msg.startswith("monitor lb1: Prometheus /api/v1/query_range: not a JSON answer")
     assert "Couldn't connect" in msg and "127.0.0.1:9090" in msg
 
 
-def test_a_prometheus_error_answer_is_quoted() -> None:
+def test_a_prometheus_error_answer_is_quoted(tmp_path: Path) -> None:
     bad = json.dumps({"status": "error", "errorType": "bad_data",
                       "error": "invalid parameter \"query\""})
     with pytest.raises(MonitorError, match=r"answered 'invalid parameter \"query\"'"):
-        fetch(FakeRemote({"/api/v1/query_range": bad}), MON, now=NOW, hours=HOURS)
+        fetch(ShellRemote(tmp_path, {**all_routes(), "/api/v1/query_range|" + query.GATE_QUERY:
+                                     bad}), MON, now=NOW, hours=HOURS)
 
 
-def test_an_unreachable_monitor_names_it() -> None:
+def test_an_unreachable_monitor_names_it(tmp_path: Path) -> None:
     with pytest.raises(MonitorError, match="^monitor lb1: lb1: no route"):
-        fetch(FakeRemote(raise_=HostUnreachable("lb1: no route")), MON, now=NOW, hours=HOURS)
+        fetch(ShellRemote(tmp_path, raise_=HostUnreachable("lb1: no route")), MON, now=NOW,
+              hours=HOURS)
 
 
 def test_no_monitor_host_says_what_to_add() -> None:
