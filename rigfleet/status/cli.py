@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from rigfleet.cliargs import fleet_options
+from rigfleet.cliargs import UsageError, fleet_options
 from rigfleet.status.render import render_balancers, render_json, render_table
 from rigfleet.status.rows import (
     EXIT_ERROR,
@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
+    if args.html and args.json:
+        raise UsageError("--html with --json: allowed: one of them (the page, or the rows "
+                         "as JSON)")
     try:
         hosts = load_inventory(args.inventory)
         chosen = {h.name for h in select(hosts, args.limit, args.inventory)}

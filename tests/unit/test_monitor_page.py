@@ -287,6 +287,11 @@ def test_status_html_without_a_monitor(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert not out.exists()
 
 
+def test_html_and_json_together_is_a_usage_error() -> None:
+    from rigfleet.cli import main
+    assert main(["status", "--inventory", "inv.py", "--html", "x.html", "--json"]) == 2
+
+
 def test_hours_out_of_range_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         parse("--html", "x.html", "--hours", "0")
