@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Make sure a Docker engine answers on this machine, installing and starting one if needed,
 # and that the tools the unit tests run for real are here (HAProxy's and nginx's own config
-# checks and live runs on loopback). CI machines have no systemd as PID 1, so dockerd is
-# started by hand there (TESTBED-FACTS.md).
+# checks and live runs on loopback; Prometheus and its promtool for the monitor's rules and
+# config, curl, and headless Chromium for the `rigfleet status --html` page). CI machines have
+# no systemd as PID 1, so dockerd is started by hand there (TESTBED-FACTS.md).
 #
 #   sudo bash scripts/ensure-docker.sh     # make demo and make test run it (idempotent)
 set -euo pipefail
@@ -22,10 +23,13 @@ command -v git >/dev/null || need_pkgs+=(git)
 command -v ssh-keygen >/dev/null || need_pkgs+=(openssh-client)
 command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need_pkgs+=(haproxy)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_pkgs+=(nginx-light)
+command -v promtool >/dev/null || need_pkgs+=(prometheus)
+command -v curl >/dev/null || need_pkgs+=(curl)
+command -v chromium >/dev/null || need_pkgs+=(chromium)
 if ((${#need_pkgs[@]})); then
   echo "installing: ${need_pkgs[*]}"
-  # The tests start their own HAProxy and nginx on loopback: keep the packages' services from
-  # starting (policy-rc.d, removed again afterwards when it was ours).
+  # The tests start their own HAProxy, nginx and Prometheus on loopback: keep the packages'
+  # services from starting (policy-rc.d, removed again afterwards when it was ours).
   own_policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d

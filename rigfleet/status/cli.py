@@ -5,6 +5,9 @@ probe --full``); the drift against inventory + pins is decided on this side
 (``rigfleet.status.drift``). For every balancer (group ``balancers``), HAProxy's runtime API
 says which hosts of each stack are in rotation (``rigfleet.balancer.status``), in a second
 table. The exit status says the worst found (``rigfleet.status.rows``).
+
+``--html FILE`` writes a page instead: per-host tokens/s over time and the alerts, from the
+Prometheus of the inventory's ``monitors`` host (``rigfleet.monitor``; docs/monitoring-rules.md).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from rigfleet.cliargs import fleet_options
+from rigfleet.cliargs import UsageError, fleet_options
 from rigfleet.status.render import render_balancers, render_json, render_table
 from rigfleet.status.rows import (
     EXIT_ERROR,
@@ -36,8 +39,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="One row per host: what it runs and whether it drifted from the "
                     "inventory + pins.",
     )
+    g = p.add_argument_group("page")
+    g.add_argument("--html", metavar="FILE",
+                   help="write a self-contained HTML page (per-host tokens/s over time, the "
+                        "alerts) from the Prometheus of the inventory's monitors host, "
+                        "instead of the table")
+    g.add_argument("--hours", type=_hours, default=6.0, metavar="H",
+                   help="the page's time window, hours back from now (default 6)")
     p.set_defaults(func=run)
     return p
+
+
+def _hours(text: str) -> float:
+    """``--hours``: a number of hours from 0.25 to 24 * 30."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.25 <= value <= 720:
+        raise argparse.ArgumentTypeError(f"--hours: {text}; allowed: 0.25 to 720")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,12 +68,17 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
+    if args.html and args.json:
+        raise UsageError("--html with --json: allowed: one of them (the page, or the rows "
+                         "as JSON)")
     try:
         hosts = load_inventory(args.inventory)
         chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
     except InventoryError as e:
         Console(stderr=True).print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_ERROR
+    if args.html:
+        return write_page(args, hosts, chosen)
     rows = fleet_status([h for h in gpu_hosts(hosts) if h.name in chosen], timeout=args.timeout)
     remote = SshRemote(connect_timeout=args.timeout)
     lbs = [row for lb in balancers(hosts) if lb.name in chosen
@@ -65,6 +91,40 @@ def run(args: argparse.Namespace) -> int:
         if lbs:
             render_balancers(lbs).print(console)
     return max(exit_status(rows), balancer_exit(lbs))
+
+
+def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str]) -> int:
+    """``--html FILE``: ask the monitor's Prometheus over SSH, render, write; EXIT_ERROR on a problem."""
+    import time
+    from pathlib import Path
+
+    from rigfleet.inventory import gpu_hosts
+    from rigfleet.monitor.page import PageInput, render
+    from rigfleet.monitor.query import MonitorError, fetch, monitor_host
+    from rigfleet.ssh import SshRemote
+
+    err = Console(stderr=True)
+    try:
+        monitor = monitor_host(hosts, args.inventory)
+        now = time.time()
+        answers = fetch(SshRemote(connect_timeout=args.timeout), monitor, now=now,
+                        hours=args.hours, timeout=args.timeout)
+    except MonitorError as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        return EXIT_ERROR
+    serving = [h.name for h in gpu_hosts(hosts) if h.name in chosen]
+    page = render(PageInput(hosts=serving, monitor=monitor.name, now=now, hours=args.hours,
+                            answers=answers,
+                            others=[h.name for h in hosts if h.name not in serving]))
+    try:
+        Path(args.html).write_text(page, encoding="utf-8")
+    except OSError as e:
+        err.print(f"[red]error:[/red] --html: {escape(args.html)}: {escape(e.strerror or str(e))}")
+        return EXIT_ERROR
+    alerts = len(answers.alerts.get("data", {}).get("alerts", []))
+    print(f"wrote {args.html}: {len(serving)} host(s), {alerts} alert(s), "
+          f"last {args.hours:g} h, from Prometheus on {monitor.name}")
+    return EXIT_OK
 
 
 def balancer_exit(rows: Sequence[Any]) -> int:
