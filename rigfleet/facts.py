@@ -2,9 +2,9 @@
 
 pyinfra 3.x does not cache facts (every ``host.get_fact`` is a round trip), so each fact here
 answers one whole question with one command, and every command succeeds even when the thing it
-asks about is absent (a failing fact command would fail the host): absence is data. The roles
-read facts through ``read_fact``, which asks the host once per fact and arguments for as long
-as nothing has changed on it (see there).
+asks about is absent (a failing fact command would fail the host): absence is data. Every fact
+of a run, pyinfra's own included, is asked once per arguments for as long as nothing has
+changed on the host (``read_host_once``; the roles read through ``read_fact``).
 
 Example::
 
@@ -21,13 +21,14 @@ import json
 import re
 import shlex
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pyinfra import host
 from pyinfra.api import FactBase
+from pyinfra.api.host import Host
 from pyinfra.api.state import State
-from pyinfra.context import ctx_host
 from typing_extensions import override
 
 from rigfleet import genesis_inspect
@@ -37,39 +38,108 @@ from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.hostside.layout import MANIFEST_NAME
 
 T = TypeVar("T")
-_MEMO: weakref.WeakKeyDictionary[State, dict[str, dict[tuple[Any, ...], tuple[int, Any]]]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
-def _changes(state: State) -> int:
-    """How many operations have executed commands on the current host so far."""
-    ops = state.ops.get(ctx_host.get(), {})
+@dataclass
+class _HostMemo:
+    """One host's answers in one run, and what would make them stale."""
+
+    answers: dict[tuple[Any, ...], tuple[tuple[int, int], Any]] = field(default_factory=dict)
+    sent: int = 0  # commands and uploads sent to the host that were not reads
+    reading: int = 0  # reads under way (a read's own command changes nothing)
+
+
+_MEMO: weakref.WeakKeyDictionary[State, dict[str, _HostMemo]] = weakref.WeakKeyDictionary()
+
+
+def _changes(state: State, on: Host) -> int:
+    """How many operations have executed commands on host ``on`` so far."""
+    ops = state.ops.get(on, {})
     return sum(1 for data in ops.values() if data.operation_meta.executed)
+
+
+def read_once(on: Host, key: tuple[Any, ...], read: Callable[[], T], fresh: bool = False) -> T:
+    """``read()``'s answer about host ``on``, asked once while nothing changed on it.
+
+    The answer is kept under ``key`` until a command or an upload that is not a read is sent
+    to the host, or an operation on it executes; the next call then reads again. Commands
+    ``read`` sends count as reads (they change nothing).
+
+    + fresh: read whatever is kept
+    """
+    memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
+    mark = (_changes(on.state, on), memo.sent)
+    kept = memo.answers.get(key)
+    if not fresh and kept is not None and kept[0] == mark:
+        return cast(T, kept[1])
+    memo.reading += 1
+    try:
+        value = read()
+    finally:
+        memo.reading -= 1
+    memo.answers[key] = (mark, value)
+    return value
+
+
+_GET_FACT = Host.get_fact
+_RUN = Host.run_shell_command
+_PUT = Host.put_file
+
+
+def _get_fact_once(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
+    fresh = kwargs.pop("_rigfleet_fresh", False)
+    key = ("fact", name_or_cls, tuple(repr(a) for a in args),
+           tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+    return read_once(self, key, lambda: _GET_FACT(self, name_or_cls, *args, **kwargs), fresh)
+
+
+def _sent(on: Host) -> None:
+    memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
+    if not memo.reading:
+        memo.sent += 1
+
+
+def _run_counted(self: Host, *args: Any, **kwargs: Any) -> Any:
+    _sent(self)
+    return _RUN(self, *args, **kwargs)
+
+
+def _put_counted(self: Host, *args: Any, **kwargs: Any) -> Any:
+    _sent(self)
+    return _PUT(self, *args, **kwargs)
+
+
+def read_host_once() -> None:
+    """Ask each fact of a host once per run while nothing changed on it: pyinfra's own
+    operations' facts (``files.*``, ``systemd.service``...) as much as ours.
+
+    pyinfra 3.x does not cache facts, so every ``host.get_fact`` is a round trip, and a deploy
+    asks the same ``stat`` many times. After this (``run_deploy`` calls it once, before the
+    roles), ``Host.get_fact`` keeps each answer by fact and arguments (``read_once``), and
+    ``Host.run_shell_command`` and ``Host.put_file`` outside a read count as changes.
+    Idempotent.
+    """
+    if Host.get_fact is not _get_fact_once:
+        Host.get_fact = _get_fact_once  # type: ignore[method-assign]
+        Host.run_shell_command = _run_counted  # type: ignore[method-assign]
+        Host.put_file = _put_counted  # type: ignore[method-assign]
 
 
 def read_fact(fact: type[FactBase[T]], fresh: bool = False, **kwargs: Any) -> T:
     """``host.get_fact(fact, **kwargs)``, asked once per run while nothing changed on the host.
 
-    The answer is kept until an operation on this host executes a command (pyinfra's own
-    operations included): after that, the next read asks again. So a no-op converge asks each
-    question once, however many roles need the answer, and a read after a change is fresh.
-    An operation that reads a fact again *after* yielding its own commands passes
-    ``fresh=True`` (its commands are not counted until it completes).
+    The answer is kept until a command that is not a read or an upload is sent to this host,
+    or an operation on it executes (pyinfra's own operations included): after that, the next
+    read asks again. So a no-op converge asks each question once, however many roles need the
+    answer, and a read after a change is fresh. ``fresh=True`` asks the host whatever is kept
+    (an operation that reads a fact again after yielding its own commands, which in a
+    change-detecting run have not run yet).
 
     + fact: the fact class; kwargs: its arguments
     + fresh: ask the host whatever is kept
     """
-    state = host.state
-    memo = _MEMO.setdefault(state, {}).setdefault(host.name, {})
-    key = (fact, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
-    changes = _changes(state)
-    kept = memo.get(key)
-    if not fresh and kept is not None and kept[0] == changes:
-        return kept[1]
-    value = host.get_fact(fact, **kwargs)
-    memo[key] = (changes, value)
-    return value
+    read_host_once()
+    return cast(T, host.get_fact(fact, _rigfleet_fresh=fresh, **kwargs))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ from rigfleet.facts import (
     Platform,
     PlatformState,
     read_fact,
+    read_host_once,
 )
 from rigfleet.hostdata import (
     AptRepo,
@@ -506,6 +507,7 @@ def run_deploy(converge: Callable[[], Any]) -> None:
 
         run_deploy(converge)
     """
+    read_host_once()
     try:
         converge()
     except HostRefused:
