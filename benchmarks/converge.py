@@ -30,7 +30,7 @@ START = re.compile(r"--> Starting operation: (?P<role>[^|]+?) \|")
 COMMAND = re.compile(r"^\s*\[(?P<host>[^\]]+)\] >>> (?P<command>.*)$")
 # A line pyinfra prints itself (a host's line, a stage line): not a command's continuation.
 SUCCESS = re.compile(r"^\s*\[[^\]]+\] Success$")
-OWN_LINE = re.compile(r"^\s*(\[[^\]]+\] |--> |<end>$)")
+OWN_LINE = re.compile(r"^\s*(\[[^\]\s]+\] |--> |<end>$)")
 
 
 def stream(cmd: list[str], env: dict[str, str] | None = None) -> list[tuple[float, str]]:

@@ -29,6 +29,7 @@ from pyinfra import host
 from pyinfra.api import FactBase
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from typing_extensions import override
 
 from rigfleet import genesis_inspect
@@ -36,6 +37,7 @@ from rigfleet.commands import apt as apt_commands
 from rigfleet.commands import docker as docker_commands
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.hostside.layout import MANIFEST_NAME
+from rigfleet.swapfacts import UnitActive
 
 T = TypeVar("T")
 
@@ -86,13 +88,6 @@ _RUN = Host.run_shell_command
 _PUT = Host.put_file
 
 
-def _get_fact_once(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
-    fresh = kwargs.pop("_rigfleet_fresh", False)
-    key = ("fact", name_or_cls, tuple(repr(a) for a in args),
-           tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
-    return read_once(self, key, lambda: _GET_FACT(self, name_or_cls, *args, **kwargs), fresh)
-
-
 def _sent(on: Host) -> None:
     memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
     if not memo.reading:
@@ -139,7 +134,64 @@ def read_fact(fact: type[FactBase[T]], fresh: bool = False, **kwargs: Any) -> T:
     + fresh: ask the host whatever is kept
     """
     read_host_once()
-    return cast(T, host.get_fact(fact, _rigfleet_fresh=fresh, **kwargs))
+    return host.get_fact(fact, _rigfleet_fresh=fresh, **kwargs)
+
+
+def _fact_key(fact: Any, **kwargs: Any) -> tuple[Any, ...]:
+    return ("fact", fact, (), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+
+
+def _get_fact_once(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
+    fresh = kwargs.pop("_rigfleet_fresh", False)
+    key = _fact_key(name_or_cls, **kwargs)
+    if args:
+        key = (*key[:2], tuple(repr(a) for a in args), key[3])
+    return read_once(self, key, lambda: _GET_FACT(self, name_or_cls, *args, **kwargs), fresh)
+
+
+class ServiceStates(FactBase[dict[str, dict[str, str]]]):
+    """``systemctl show`` of several units at once: unit -> {"SubState", "ActiveState",
+    "UnitFileState"} (a unit systemd does not know answers ``dead``/``inactive``/empty)."""
+
+    default = dict
+
+    @override
+    def command(self, units: tuple[str, ...]) -> str:
+        props = " ".join(f"--property {p}" for p in ("Id", *SERVICE_PROPERTIES))
+        return f"systemctl show {props} {' '.join(shlex.quote(u) for u in units)} || true"
+
+    @override
+    def process(self, output: list[str]) -> dict[str, dict[str, str]]:
+        units: dict[str, dict[str, str]] = {}
+        block: dict[str, str] = {}
+        for line in [*output, ""]:
+            key, sep, value = line.strip().partition("=")
+            if sep:
+                block[key] = value
+                continue
+            if block.get("Id"):
+                units[block["Id"]] = {k: block.get(k, "") for k in SERVICE_PROPERTIES}
+            block = {}
+        return units
+
+
+SERVICE_PROPERTIES = ("SubState", "ActiveState", "UnitFileState")
+
+
+def read_services(units: tuple[str, ...]) -> None:
+    """Read the state of ``units`` in one round trip, as the answers ``systemd.service``
+    (pyinfra's ``SystemdStatus``/``SystemdEnabled`` of one unit) and ``UnitActive`` will ask
+    for: each is then taken from it while nothing changed on the host."""
+    states = read_fact(ServiceStates, units=units)
+    memo = _MEMO.setdefault(host.state, {}).setdefault(host.name, _HostMemo())
+    mark = (_changes(host.state, host), memo.sent)
+    systemd_args = {"user_mode": False, "machine": None, "user_name": None}
+    for unit, props in states.items():
+        one = {"services": [unit], **systemd_args}
+        for fact in (SystemdStatus, SystemdEnabled):
+            value = fact().process([f"Id={unit}", f"{fact.state_key}={props[fact.state_key]}"])
+            memo.answers[_fact_key(fact, **one)] = (mark, value)
+        memo.answers[_fact_key(UnitActive, unit=unit)] = (mark, props["ActiveState"] == "active")
 
 
 # ---------------------------------------------------------------------------------------------
