@@ -18,10 +18,11 @@ Example::
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import shlex
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -29,6 +30,7 @@ from pyinfra import host
 from pyinfra.api import FactBase
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
+from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from typing_extensions import override
 
@@ -192,6 +194,67 @@ def read_services(units: tuple[str, ...]) -> None:
             value = fact().process([f"Id={unit}", f"{fact.state_key}={props[fact.state_key]}"])
             memo.answers[_fact_key(fact, **one)] = (mark, value)
         memo.answers[_fact_key(UnitActive, unit=unit)] = (mark, props["ActiveState"] == "active")
+
+
+_PATH_MARK = "##rigfleet-path##"
+# What one path answers in ``PathStates``, in order: pyinfra's stat of it (``File``,
+# ``Directory`` and ``Link`` parse the same line), its SHA-1 (``Sha1File``), ``FileDigest``.
+_PATH_FACTS: tuple[type[FactBase[Any]], ...] = (File, Sha1File)
+
+
+class PathStates(FactBase[dict[str, list[list[str]]]]):
+    """Several paths at once, each answered as pyinfra's ``File`` and ``Sha1File`` and our
+    ``FileDigest`` answer it alone (their own commands, one after another): path -> the three
+    outputs."""
+
+    default = dict
+
+    @override
+    def command(self, paths: tuple[str, ...]) -> str:
+        parts = []
+        for path in paths:
+            parts.append(f"echo {shlex.quote(_PATH_MARK + path)}")
+            for fact in (*_PATH_FACTS, FileDigest):
+                command = fact().command(path=path)
+                raw = command if isinstance(command, str) else command.get_raw_value()
+                parts += [f"( {raw} ) 2>/dev/null", f"echo {shlex.quote(_PATH_MARK)}"]
+        return "; ".join([*parts, "true"])
+
+    @override
+    def process(self, output: list[str]) -> dict[str, list[list[str]]]:
+        found: dict[str, list[list[str]]] = {}
+        current: list[list[str]] | None = None
+        for line in output:
+            if line.startswith(_PATH_MARK) and line != _PATH_MARK:
+                current = found.setdefault(line[len(_PATH_MARK):], [[]])
+            elif current is not None and line == _PATH_MARK:
+                current.append([])
+            elif current is not None:
+                current[-1].append(line)
+        return found
+
+
+def read_paths(paths: Iterable[str]) -> None:
+    """Read ``paths`` (and the directories holding them) in one round trip, as the answers
+    ``files.directory``, ``files.put``/``files.template`` (pyinfra's ``File``, ``Directory``,
+    ``Link``, ``Sha1File`` of one path) and ``FileDigest`` will ask for: each is then taken
+    from it while nothing changed on the host. A path missing from the answer is asked alone.
+    """
+    wanted = tuple(dict.fromkeys(q for p in paths for q in (posixpath.dirname(p), p) if q))
+    states = read_fact(PathStates, paths=wanted)
+    memo = _MEMO.setdefault(host.state, {}).setdefault(host.name, _HostMemo())
+    mark = (_changes(host.state, host), memo.sent)
+    for path, outputs in states.items():
+        if len(outputs) != 4:  # three answers and the mark after the last
+            continue
+        stat, sha1, digest = outputs[:3]
+        answers: list[tuple[type[FactBase[Any]], list[str]]] = [
+            (File, stat), (Directory, stat), (Link, stat), (Sha1File, sha1), (FileDigest, digest)]
+        for fact, lines in answers:
+            one = fact()
+            one.command(path=path)  # as pyinfra does: a fact's process may use its arguments
+            value = one.process(lines) if lines else one.default()
+            memo.answers[_fact_key(fact, path=path)] = (mark, value)
 
 
 # ---------------------------------------------------------------------------------------------
