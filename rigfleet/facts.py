@@ -245,16 +245,23 @@ def read_paths(paths: Iterable[str]) -> None:
     memo = _MEMO.setdefault(host.state, {}).setdefault(host.name, _HostMemo())
     mark = (_changes(host.state, host), memo.sent)
     for path, outputs in states.items():
-        if len(outputs) != 4:  # three answers and the mark after the last
-            continue
-        stat, sha1, digest = outputs[:3]
-        answers: list[tuple[type[FactBase[Any]], list[str]]] = [
-            (File, stat), (Directory, stat), (Link, stat), (Sha1File, sha1), (FileDigest, digest)]
-        for fact, lines in answers:
-            one = fact()
-            one.command(path=path)  # as pyinfra does: a fact's process may use its arguments
-            value = one.process(lines) if lines else one.default()
+        for fact, value in path_answers(path, outputs).items():
             memo.answers[_fact_key(fact, path=path)] = (mark, value)
+
+
+def path_answers(path: str, outputs: list[list[str]]) -> dict[type[FactBase[Any]], Any]:
+    """What pyinfra's ``File``, ``Directory``, ``Link``, ``Sha1File`` and our ``FileDigest``
+    answer for ``path``, from its ``PathStates`` outputs ({} when they are incomplete)."""
+    if len(outputs) != 4:  # three answers and the mark after the last
+        return {}
+    stat, sha1, digest = outputs[:3]
+    answers: dict[type[FactBase[Any]], Any] = {}
+    for fact, lines in ((File, stat), (Directory, stat), (Link, stat), (Sha1File, sha1),
+                        (FileDigest, digest)):
+        one = fact()
+        one.command(path=path)  # as pyinfra does: a fact's process may use its arguments
+        answers[fact] = one.process(lines) if lines else one.default()
+    return answers
 
 
 # ---------------------------------------------------------------------------------------------
