@@ -4,7 +4,7 @@ pyinfra 3.x does not cache facts (every ``host.get_fact`` is a round trip), so e
 answers one whole question with one command, and every command succeeds even when the thing it
 asks about is absent (a failing fact command would fail the host): absence is data. Every fact
 of a run, pyinfra's own included, is asked once per arguments for as long as nothing has
-changed on the host (``read_host_once``; the roles read through ``read_fact``).
+changed on the host (``rigfleet.factmemo``; the roles read through ``read_fact``).
 
 Example::
 
@@ -21,15 +21,12 @@ import json
 import posixpath
 import re
 import shlex
-import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from pyinfra import host
 from pyinfra.api import FactBase
-from pyinfra.api.host import Host
-from pyinfra.api.state import State
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from typing_extensions import override
@@ -38,88 +35,11 @@ from rigfleet import genesis_inspect
 from rigfleet.commands import apt as apt_commands
 from rigfleet.commands import docker as docker_commands
 from rigfleet.commands import nvidia as nvidia_commands
+from rigfleet.factmemo import fact_key, prime, read_host_once
 from rigfleet.hostside.layout import MANIFEST_NAME
 from rigfleet.swapfacts import UnitActive
 
 T = TypeVar("T")
-
-
-@dataclass
-class _HostMemo:
-    """One host's answers in one run, and what would make them stale."""
-
-    answers: dict[tuple[Any, ...], tuple[tuple[int, int], Any]] = field(default_factory=dict)
-    sent: int = 0  # commands and uploads sent to the host that were not reads
-    reading: int = 0  # reads under way (a read's own command changes nothing)
-
-
-_MEMO: weakref.WeakKeyDictionary[State, dict[str, _HostMemo]] = weakref.WeakKeyDictionary()
-
-
-def _changes(state: State, on: Host) -> int:
-    """How many operations have executed commands on host ``on`` so far."""
-    ops = state.ops.get(on, {})
-    return sum(1 for data in ops.values() if data.operation_meta.executed)
-
-
-def read_once(on: Host, key: tuple[Any, ...], read: Callable[[], T], fresh: bool = False) -> T:
-    """``read()``'s answer about host ``on``, asked once while nothing changed on it.
-
-    The answer is kept under ``key`` until a command or an upload that is not a read is sent
-    to the host, or an operation on it executes; the next call then reads again. Commands
-    ``read`` sends count as reads (they change nothing).
-
-    + fresh: read whatever is kept
-    """
-    memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
-    mark = (_changes(on.state, on), memo.sent)
-    kept = memo.answers.get(key)
-    if not fresh and kept is not None and kept[0] == mark:
-        return cast(T, kept[1])
-    memo.reading += 1
-    try:
-        value = read()
-    finally:
-        memo.reading -= 1
-    memo.answers[key] = (mark, value)
-    return value
-
-
-_GET_FACT = Host.get_fact
-_RUN = Host.run_shell_command
-_PUT = Host.put_file
-
-
-def _sent(on: Host) -> None:
-    memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
-    if not memo.reading:
-        memo.sent += 1
-
-
-def _run_counted(self: Host, *args: Any, **kwargs: Any) -> Any:
-    _sent(self)
-    return _RUN(self, *args, **kwargs)
-
-
-def _put_counted(self: Host, *args: Any, **kwargs: Any) -> Any:
-    _sent(self)
-    return _PUT(self, *args, **kwargs)
-
-
-def read_host_once() -> None:
-    """Ask each fact of a host once per run while nothing changed on it: pyinfra's own
-    operations' facts (``files.*``, ``systemd.service``...) as much as ours.
-
-    pyinfra 3.x does not cache facts, so every ``host.get_fact`` is a round trip, and a deploy
-    asks the same ``stat`` many times. After this (``run_deploy`` calls it once, before the
-    roles), ``Host.get_fact`` keeps each answer by fact and arguments (``read_once``), and
-    ``Host.run_shell_command`` and ``Host.put_file`` outside a read count as changes.
-    Idempotent.
-    """
-    if Host.get_fact is not _get_fact_once:
-        Host.get_fact = _get_fact_once  # type: ignore[method-assign]
-        Host.run_shell_command = _run_counted  # type: ignore[method-assign]
-        Host.put_file = _put_counted  # type: ignore[method-assign]
 
 
 def read_fact(fact: type[FactBase[T]], fresh: bool = False, **kwargs: Any) -> T:
@@ -137,18 +57,6 @@ def read_fact(fact: type[FactBase[T]], fresh: bool = False, **kwargs: Any) -> T:
     """
     read_host_once()
     return host.get_fact(fact, _rigfleet_fresh=fresh, **kwargs)
-
-
-def _fact_key(fact: Any, **kwargs: Any) -> tuple[Any, ...]:
-    return ("fact", fact, (), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
-
-
-def _get_fact_once(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
-    fresh = kwargs.pop("_rigfleet_fresh", False)
-    key = _fact_key(name_or_cls, **kwargs)
-    if args:
-        key = (*key[:2], tuple(repr(a) for a in args), key[3])
-    return read_once(self, key, lambda: _GET_FACT(self, name_or_cls, *args, **kwargs), fresh)
 
 
 class ServiceStates(FactBase[dict[str, dict[str, str]]]):
@@ -185,15 +93,13 @@ def read_services(units: tuple[str, ...]) -> None:
     (pyinfra's ``SystemdStatus``/``SystemdEnabled`` of one unit) and ``UnitActive`` will ask
     for: each is then taken from it while nothing changed on the host."""
     states = read_fact(ServiceStates, units=units)
-    memo = _MEMO.setdefault(host.state, {}).setdefault(host.name, _HostMemo())
-    mark = (_changes(host.state, host), memo.sent)
     systemd_args = {"user_mode": False, "machine": None, "user_name": None}
     for unit, props in states.items():
         one = {"services": [unit], **systemd_args}
         for fact in (SystemdStatus, SystemdEnabled):
             value = fact().process([f"Id={unit}", f"{fact.state_key}={props[fact.state_key]}"])
-            memo.answers[_fact_key(fact, **one)] = (mark, value)
-        memo.answers[_fact_key(UnitActive, unit=unit)] = (mark, props["ActiveState"] == "active")
+            prime(host, fact_key(fact, **one), value)
+        prime(host, fact_key(UnitActive, unit=unit), props["ActiveState"] == "active")
 
 
 _PATH_MARK = "##rigfleet-path##"
@@ -241,12 +147,9 @@ def read_paths(paths: Iterable[str]) -> None:
     from it while nothing changed on the host. A path missing from the answer is asked alone.
     """
     wanted = tuple(dict.fromkeys(q for p in paths for q in (posixpath.dirname(p), p) if q))
-    states = read_fact(PathStates, paths=wanted)
-    memo = _MEMO.setdefault(host.state, {}).setdefault(host.name, _HostMemo())
-    mark = (_changes(host.state, host), memo.sent)
-    for path, outputs in states.items():
+    for path, outputs in read_fact(PathStates, paths=wanted).items():
         for fact, value in path_answers(path, outputs).items():
-            memo.answers[_fact_key(fact, path=path)] = (mark, value)
+            prime(host, fact_key(fact, path=path), value)
 
 
 def path_answers(path: str, outputs: list[list[str]]) -> dict[type[FactBase[Any]], Any]:

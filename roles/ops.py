@@ -48,7 +48,8 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.operation import OperationMeta
 
 from rigfleet.commands import apt as apt_commands
-from rigfleet.facts import AptKeyring, DpkgState, FileDigest, read_fact, read_once
+from rigfleet.factmemo import read_once
+from rigfleet.facts import AptKeyring, DpkgState, FileDigest, read_fact
 
 
 class DeployError(OperationError):

@@ -61,6 +61,7 @@ from rigfleet.commands import hosttool
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.errors import RigfleetError
+from rigfleet.factmemo import read_host_once
 from rigfleet.facts import (
     GpuQuery,
     GpuState,
@@ -69,7 +70,6 @@ from rigfleet.facts import (
     Platform,
     PlatformState,
     read_fact,
-    read_host_once,
     read_services,
 )
 from rigfleet.hostdata import (
