@@ -2,9 +2,9 @@
 
 pyinfra 3.x does not cache facts (every ``host.get_fact`` is a round trip), so each fact here
 answers one whole question with one command, and every command succeeds even when the thing it
-asks about is absent (a failing fact command would fail the host): absence is data. The roles
-read facts through ``read_fact``, which asks the host once per fact and arguments for as long
-as nothing has changed on it (see there).
+asks about is absent (a failing fact command would fail the host): absence is data. Every fact
+of a run, pyinfra's own included, is asked once per arguments for as long as nothing has
+changed on the host (``rigfleet.factmemo``; the roles read through ``read_fact``).
 
 Example::
 
@@ -18,58 +18,153 @@ Example::
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import shlex
-import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pyinfra import host
 from pyinfra.api import FactBase
-from pyinfra.api.state import State
-from pyinfra.context import ctx_host
+from pyinfra.facts.files import Directory, File, Link, Sha1File
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from typing_extensions import override
 
 from rigfleet import genesis_inspect
 from rigfleet.commands import apt as apt_commands
 from rigfleet.commands import docker as docker_commands
 from rigfleet.commands import nvidia as nvidia_commands
+from rigfleet.factmemo import fact_key, prime, read_host_once
 from rigfleet.hostside.layout import MANIFEST_NAME
+from rigfleet.swapfacts import UnitActive
 
 T = TypeVar("T")
-_MEMO: weakref.WeakKeyDictionary[State, dict[str, dict[tuple[Any, ...], tuple[int, Any]]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _changes(state: State) -> int:
-    """How many operations have executed commands on the current host so far."""
-    ops = state.ops.get(ctx_host.get(), {})
-    return sum(1 for data in ops.values() if data.operation_meta.executed)
 
 
 def read_fact(fact: type[FactBase[T]], fresh: bool = False, **kwargs: Any) -> T:
     """``host.get_fact(fact, **kwargs)``, asked once per run while nothing changed on the host.
 
-    The answer is kept until an operation on this host executes a command (pyinfra's own
-    operations included): after that, the next read asks again. So a no-op converge asks each
-    question once, however many roles need the answer, and a read after a change is fresh.
-    An operation that reads a fact again *after* yielding its own commands passes
-    ``fresh=True`` (its commands are not counted until it completes).
+    The answer is kept until a command that is not a read or an upload is sent to this host,
+    or an operation on it executes (pyinfra's own operations included): after that, the next
+    read asks again. So a no-op converge asks each question once, however many roles need the
+    answer, and a read after a change is fresh. ``fresh=True`` asks the host whatever is kept
+    (an operation that reads a fact again after yielding its own commands, which in a
+    change-detecting run have not run yet).
 
     + fact: the fact class; kwargs: its arguments
     + fresh: ask the host whatever is kept
     """
-    state = host.state
-    memo = _MEMO.setdefault(state, {}).setdefault(host.name, {})
-    key = (fact, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
-    changes = _changes(state)
-    kept = memo.get(key)
-    if not fresh and kept is not None and kept[0] == changes:
-        return kept[1]
-    value = host.get_fact(fact, **kwargs)
-    memo[key] = (changes, value)
-    return value
+    read_host_once()
+    return host.get_fact(fact, _rigfleet_fresh=fresh, **kwargs)
+
+
+class ServiceStates(FactBase[dict[str, dict[str, str]]]):
+    """``systemctl show`` of several units at once: unit -> {"SubState", "ActiveState",
+    "UnitFileState"} (a unit systemd does not know answers ``dead``/``inactive``/empty)."""
+
+    default = dict
+
+    @override
+    def command(self, units: tuple[str, ...]) -> str:
+        props = " ".join(f"--property {p}" for p in ("Id", *SERVICE_PROPERTIES))
+        return f"systemctl show {props} {' '.join(shlex.quote(u) for u in units)} || true"
+
+    @override
+    def process(self, output: list[str]) -> dict[str, dict[str, str]]:
+        units: dict[str, dict[str, str]] = {}
+        block: dict[str, str] = {}
+        for line in [*output, ""]:
+            key, sep, value = line.strip().partition("=")
+            if sep:
+                block[key] = value
+                continue
+            if block.get("Id"):
+                units[block["Id"]] = {k: block.get(k, "") for k in SERVICE_PROPERTIES}
+            block = {}
+        return units
+
+
+SERVICE_PROPERTIES = ("SubState", "ActiveState", "UnitFileState")
+
+
+def read_services(units: tuple[str, ...]) -> None:
+    """Read the state of ``units`` in one round trip, as the answers ``systemd.service``
+    (pyinfra's ``SystemdStatus``/``SystemdEnabled`` of one unit) and ``UnitActive`` will ask
+    for: each is then taken from it while nothing changed on the host."""
+    states = read_fact(ServiceStates, units=units)
+    systemd_args = {"user_mode": False, "machine": None, "user_name": None}
+    for unit, props in states.items():
+        one = {"services": [unit], **systemd_args}
+        for fact in (SystemdStatus, SystemdEnabled):
+            value = fact().process([f"Id={unit}", f"{fact.state_key}={props[fact.state_key]}"])
+            prime(host, fact_key(fact, **one), value)
+        prime(host, fact_key(UnitActive, unit=unit), props["ActiveState"] == "active")
+
+
+_PATH_MARK = "##rigfleet-path##"
+# What one path answers in ``PathStates``, in order: pyinfra's stat of it (``File``,
+# ``Directory`` and ``Link`` parse the same line), its SHA-1 (``Sha1File``), ``FileDigest``.
+_PATH_FACTS: tuple[type[FactBase[Any]], ...] = (File, Sha1File)
+
+
+class PathStates(FactBase[dict[str, list[list[str]]]]):
+    """Several paths at once, each answered as pyinfra's ``File`` and ``Sha1File`` and our
+    ``FileDigest`` answer it alone (their own commands, one after another): path -> the three
+    outputs."""
+
+    default = dict
+
+    @override
+    def command(self, paths: tuple[str, ...]) -> str:
+        parts = []
+        for path in paths:
+            parts.append(f"echo {shlex.quote(_PATH_MARK + path)}")
+            for fact in (*_PATH_FACTS, FileDigest):
+                command = fact().command(path=path)
+                raw = command if isinstance(command, str) else command.get_raw_value()
+                parts += [f"( {raw} ) 2>/dev/null", f"echo {shlex.quote(_PATH_MARK)}"]
+        return "; ".join([*parts, "true"])
+
+    @override
+    def process(self, output: list[str]) -> dict[str, list[list[str]]]:
+        found: dict[str, list[list[str]]] = {}
+        current: list[list[str]] | None = None
+        for line in output:
+            if line.startswith(_PATH_MARK) and line != _PATH_MARK:
+                current = found.setdefault(line[len(_PATH_MARK):], [[]])
+            elif current is not None and line == _PATH_MARK:
+                current.append([])
+            elif current is not None:
+                current[-1].append(line)
+        return found
+
+
+def read_paths(paths: Iterable[str]) -> None:
+    """Read ``paths`` (and the directories holding them) in one round trip, as the answers
+    ``files.directory``, ``files.put``/``files.template`` (pyinfra's ``File``, ``Directory``,
+    ``Link``, ``Sha1File`` of one path) and ``FileDigest`` will ask for: each is then taken
+    from it while nothing changed on the host. A path missing from the answer is asked alone.
+    """
+    wanted = tuple(dict.fromkeys(q for p in paths for q in (posixpath.dirname(p), p) if q))
+    for path, outputs in read_fact(PathStates, paths=wanted).items():
+        for fact, value in path_answers(path, outputs).items():
+            prime(host, fact_key(fact, path=path), value)
+
+
+def path_answers(path: str, outputs: list[list[str]]) -> dict[type[FactBase[Any]], Any]:
+    """What pyinfra's ``File``, ``Directory``, ``Link``, ``Sha1File`` and our ``FileDigest``
+    answer for ``path``, from its ``PathStates`` outputs ({} when they are incomplete)."""
+    if len(outputs) != 4:  # three answers and the mark after the last
+        return {}
+    stat, sha1, digest = outputs[:3]
+    answers: dict[type[FactBase[Any]], Any] = {}
+    for fact, lines in ((File, stat), (Directory, stat), (Link, stat), (Sha1File, sha1),
+                        (FileDigest, digest)):
+        one = fact()
+        one.command(path=path)  # as pyinfra does: a fact's process may use its arguments
+        answers[fact] = one.process(lines) if lines else one.default()
+    return answers
 
 
 # ---------------------------------------------------------------------------------------------

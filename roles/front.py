@@ -40,7 +40,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Link
 from pyinfra.operations import files, systemd
 
-from rigfleet.facts import read_fact
+from rigfleet.facts import read_fact, read_paths
 from rigfleet.hostside.front import READY_PATH, render_maintenance
 from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
@@ -100,6 +100,8 @@ def site_disabled(path: str):
 def front(ctx: HostContext) -> None:
     """Install nginx, render the front and its key map, test and reload only on change."""
     apt_packages(name="Install nginx", packages=["nginx"])
+    tls_paths = (TLS_DIR, CERT_PATH, TLS_KEY_PATH) if ctx.settings.front_tls else ()
+    read_paths([DEFAULT_SITE, *tls_paths, ROUTE_DIR, ROUTE_PATH, KEYS_PATH, CONF_PATH])
     default_site = site_disabled(
         name=f"Disable nginx's default site {DEFAULT_SITE} (only the front listens)",
         path=DEFAULT_SITE,

@@ -45,7 +45,7 @@ from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import GenesisPin
 from rigfleet.retention import stale
-from roles.ops import check, executing, fail, run_on_host
+from roles.ops import check, executing, fail, read_on_host, run_on_host
 from roles.preflight import HostContext
 
 CHECKOUT = str(HOST.genesis_checkout)
@@ -201,7 +201,7 @@ def verify_checkout(pin: GenesisPin, dest: str) -> str | None:
 
 def read_tree_report(tree: str) -> tuple[TreeReport | None, str]:
     """Run the inspect helper on ``tree`` (at execution time): (report, '') or (None, why)."""
-    ok, out, err = run_on_host(f"python3 {INSPECT_SCRIPT} {shlex.quote(tree)}")
+    ok, out, err = read_on_host(f"python3 {INSPECT_SCRIPT} {shlex.quote(tree)}")
     try:
         return TreeReport.from_json(json.loads(out[-1])), ""
     except (ValueError, IndexError, TypeError):

@@ -37,8 +37,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation
 
 from rigfleet.facts import ImageLabels, read_fact
 from rigfleet.hostside.layout import HOST
-from rigfleet.images.deploy import staging_plan
-from rigfleet.images.hoststate import parse_state, state_script
+from rigfleet.images.deploy import ImageState, fact_arguments, staging_plan
 from rigfleet.images.plan import (
     ImagePlan,
     Shell,
@@ -52,7 +51,7 @@ from rigfleet.images.transfer import ImageError, stream_archive
 from rigfleet.inventory import InventoryHost
 from rigfleet.runtime_image import BASE_LABEL, PACKAGES_LABEL, RuntimeImage
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
-from roles.ops import DeployError, check, run_on_host
+from roles.ops import DeployError, check
 from roles.preflight import HostContext
 
 # The SSH layer a control-side archive is streamed over (tests put a fake here).
@@ -100,12 +99,14 @@ def image_staged(image: str, steps: Sequence[Step], present: str):
         yield _command(step)
 
 
-def verify_image(want: WantedImage, source: SourceResult | None) -> str | None:
-    """At execution time: the pinned name holds the pinned image (``verify_staged``)."""
-    ok, out, err = run_on_host(state_script((want.image,), (), ()))
-    if not ok:
-        return f"cannot inspect {want.image}: {' '.join(err)[-300:]}"
-    return verify_staged(want, parse_state(out).images.get(want.image), source)
+def verify_image(want: WantedImage, source: SourceResult | None,
+                 state_args: dict[str, Any]) -> str | None:
+    """At execution time: the pinned name holds the pinned image (``verify_staged``), read
+    from the host's ``ImageState`` (the preflight's answer while nothing changed on the host).
+
+    + state_args: the host's ``ImageState`` arguments (``fact_arguments``)
+    """
+    return verify_staged(want, read_fact(ImageState, **state_args).images.get(want.image), source)
 
 
 def describe(p: ImagePlan) -> str:
@@ -154,6 +155,7 @@ def verify_runtime_image(image: RuntimeImage) -> str | None:
 def images(ctx: HostContext) -> None:
     """Stage and verify every staged stack's image (see the module docstring)."""
     plan = staging_plan(ctx.want)
+    state_args = fact_arguments(ctx.want)
     # One order on every host (by stack name, not "desired stack first"): hosts serving
     # different stacks must call the same operations in the same order, or pyinfra's
     # operation DAG has a cycle.
@@ -163,7 +165,7 @@ def images(ctx: HostContext) -> None:
         image_staged(name=describe(p), image=p.want.image, steps=p.steps, present=present)
         check(
             name=f"Verify {p.want.image} is the pinned image",
-            verify=partial(verify_image, p.want, p.source),
+            verify=partial(verify_image, p.want, p.source, state_args),
             what="image verification",
         )
     # A Genesis stack's packages, baked into its own image (no installs at container start).

@@ -48,6 +48,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.operation import OperationMeta
 
 from rigfleet.commands import apt as apt_commands
+from rigfleet.factmemo import read_once
 from rigfleet.facts import AptKeyring, DpkgState, FileDigest, read_fact
 
 
@@ -103,13 +104,22 @@ def connector_kwargs() -> dict[str, Any]:
 
 
 def run_on_host(command: str) -> tuple[bool, list[str], list[str]]:
-    """Run a read-only command now (inside an operation, at execution time).
+    """Run a command now (inside an operation, at execution time).
 
     The current operation's connector arguments (``_sudo`` and friends) apply, as they do to
-    facts. Returns (ok, stdout lines, stderr lines).
+    facts; ``-vv`` prints it as it prints an operation's commands. Returns (ok, stdout lines,
+    stderr lines).
     """
-    ok, output = host.run_shell_command(StringCommand(command), **connector_kwargs())
+    ok, output = host.run_shell_command(StringCommand(command), print_input=host.state.print_input,
+                                        **connector_kwargs())
     return ok, output.stdout_lines, output.stderr_lines
+
+
+def read_on_host(command: str) -> tuple[bool, list[str], list[str]]:
+    """``run_on_host`` for a command that only reads: asked once per run while nothing
+    changed on the host, as facts are (``rigfleet.facts.read_once``)."""
+    args = tuple(sorted((k, repr(v)) for k, v in connector_kwargs().items()))
+    return read_once(host, ("command", command, args), lambda: run_on_host(command))
 
 
 def fail(message: str):

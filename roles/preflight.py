@@ -45,6 +45,7 @@ from rigfleet.commands import hosttool
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.errors import RigfleetError
+from rigfleet.factmemo import read_host_once
 from rigfleet.facts import (
     GpuQuery,
     GpuState,
@@ -53,6 +54,7 @@ from rigfleet.facts import (
     Platform,
     PlatformState,
     read_fact,
+    read_services,
 )
 from rigfleet.hostdata import (
     AptRepo,
@@ -72,6 +74,12 @@ from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
 
 # (ID, VERSION_ID) pairs the roles know how to provision.
+
+# The units the roles check (systemd.service, unit_started), read in one round trip.
+GPU_HOST_UNITS = ("chrony.service", "docker.service", "nvidia-persistenced.service",
+                  "rigfleet-power-caps.service", "nginx.service", hosttool.STACK_UNIT,
+                  hosttool.SUPERVISE_UNIT)
+BALANCER_UNITS = ("chrony.service", "haproxy.service")
 
 
 class PreflightError(RigfleetError, ValueError):
@@ -473,6 +481,7 @@ def run_deploy(converge: Callable[[], Any]) -> None:
 
         run_deploy(converge)
     """
+    read_host_once()
     try:
         converge()
     except HostRefused:
@@ -547,6 +556,7 @@ def _check_host(name: str) -> HostContext:
     pins = want.pins
     platform = read_fact(Platform)
     gpu = read_fact(GpuQuery)
+    read_services(GPU_HOST_UNITS)
     rejections = (read_fact(ModuleRejections)
                   if not gpu.loaded and secure_boot_watch(os_info, platform) else [])
     facts = check_facts(name, settings, want.spec, os_info, pins.driver_branch,
@@ -602,6 +612,7 @@ def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
     problems = check_init(name, read_fact(Platform))
     if problems:
         raise PreflightError("\n".join(problems))
+    read_services(BALANCER_UNITS)
     api_key = read_secret(name, "api_key_file", settings.api_key_file)
     check_keys(name, api_key, list(plan.hosts))
     tls_key = (read_tls_key(name, settings.tls.key_file, "balancer_tls_key_file")

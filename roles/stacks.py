@@ -31,7 +31,7 @@ from pyinfra.operations import files
 from rigfleet.commands import docker as docker_commands
 from rigfleet.compose import SERVICE
 from rigfleet.desired import DesiredStack
-from rigfleet.facts import FileDigest, read_fact
+from rigfleet.facts import FileDigest, read_fact, read_paths
 from rigfleet.hostside.layout import HOST
 from rigfleet.vllmargs import check_command, parse_output, refusal
 from roles.ops import (
@@ -51,6 +51,10 @@ def stacks(ctx: HostContext) -> None:
     """Secrets, images, the Genesis gate and both compose files: see the module docstring."""
     key = ctx.api_key.reveal()
     secrets_dir = str(HOST.secrets_dir)
+    read_paths([str(HOST.vllm_env_file), str(HOST.auth_header_file), str(HOST.api_key_file),
+                *(p for name, staged in sorted(ctx.want.stacks.items())
+                  for p in (str(HOST.stack_dir(name)), *staged.spec.cache_dirs,
+                            staged.compose_file))])
     files.directory(
         name=f"Directory {secrets_dir}", path=secrets_dir, user="root", group="root",
         mode="0700",

@@ -1,0 +1,122 @@
+"""Each fact of a host asked once per run while nothing changed on it (``read_host_once``).
+
+pyinfra 3.x does not cache facts: every ``host.get_fact`` is a round trip, and a deploy asks
+the same ``stat`` or ``systemctl show`` many times. This keeps each answer per run, host, fact
+and arguments, until something that may change the host is sent to it; ``prime`` lets one
+merged read (``rigfleet.facts.read_paths``, ``read_services``) answer for many facts.
+
+Example::
+
+    read_host_once()                                  # run_deploy does this
+    host.get_fact(File, path="/etc/x")                # asked
+    host.get_fact(File, path="/etc/x")                # kept: nothing was sent since
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
+
+T = TypeVar("T")
+
+
+@dataclass
+class _HostMemo:
+    """One host's answers in one run, and what would make them stale."""
+
+    answers: dict[tuple[Any, ...], tuple[tuple[int, int], Any]] = field(default_factory=dict)
+    sent: int = 0  # commands and uploads sent to the host that were not reads
+    reading: int = 0  # reads under way (a read's own command changes nothing)
+
+
+_MEMO: weakref.WeakKeyDictionary[State, dict[str, _HostMemo]] = weakref.WeakKeyDictionary()
+
+
+def _changes(state: State, on: Host) -> int:
+    """How many operations have executed commands on host ``on`` so far."""
+    ops = state.ops.get(on, {})
+    return sum(1 for data in ops.values() if data.operation_meta.executed)
+
+
+def read_once(on: Host, key: tuple[Any, ...], read: Callable[[], T], fresh: bool = False) -> T:
+    """``read()``'s answer about host ``on``, asked once while nothing changed on it.
+
+    The answer is kept under ``key`` until a command or an upload that is not a read is sent
+    to the host, or an operation on it executes; the next call then reads again. Commands
+    ``read`` sends count as reads (they change nothing).
+
+    + fresh: read whatever is kept
+    """
+    memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
+    mark = (_changes(on.state, on), memo.sent)
+    kept = memo.answers.get(key)
+    if not fresh and kept is not None and kept[0] == mark:
+        return cast(T, kept[1])
+    memo.reading += 1
+    try:
+        value = read()
+    finally:
+        memo.reading -= 1
+    memo.answers[key] = (mark, value)
+    return value
+
+
+_GET_FACT = Host.get_fact
+_RUN = Host.run_shell_command
+_PUT = Host.put_file
+
+
+def _sent(on: Host) -> None:
+    memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
+    if not memo.reading:
+        memo.sent += 1
+
+
+def _run_counted(self: Host, *args: Any, **kwargs: Any) -> Any:
+    _sent(self)
+    return _RUN(self, *args, **kwargs)
+
+
+def _put_counted(self: Host, *args: Any, **kwargs: Any) -> Any:
+    _sent(self)
+    return _PUT(self, *args, **kwargs)
+
+
+def read_host_once() -> None:
+    """Ask each fact of a host once per run while nothing changed on it: pyinfra's own
+    operations' facts (``files.*``, ``systemd.service``...) as much as ours.
+
+    pyinfra 3.x does not cache facts, so every ``host.get_fact`` is a round trip, and a deploy
+    asks the same ``stat`` many times. After this (``run_deploy`` calls it once, before the
+    roles), ``Host.get_fact`` keeps each answer by fact and arguments (``read_once``), and
+    ``Host.run_shell_command`` and ``Host.put_file`` outside a read count as changes.
+    Idempotent.
+    """
+    if Host.get_fact is not _get_fact_once:
+        Host.get_fact = _get_fact_once  # type: ignore[method-assign]
+        Host.run_shell_command = _run_counted  # type: ignore[method-assign]
+        Host.put_file = _put_counted  # type: ignore[method-assign]
+
+
+def fact_key(fact: Any, **kwargs: Any) -> tuple[Any, ...]:
+    return ("fact", fact, (), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+
+
+def _get_fact_once(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
+    fresh = kwargs.pop("_rigfleet_fresh", False)
+    key = fact_key(name_or_cls, **kwargs)
+    if args:
+        key = (*key[:2], tuple(repr(a) for a in args), key[3])
+    return read_once(self, key, lambda: _GET_FACT(self, name_or_cls, *args, **kwargs), fresh)
+
+
+def prime(on: Host, key: tuple[Any, ...], value: Any) -> None:
+    """Keep ``value`` as the answer under ``key`` (``fact_key``) for host ``on``, as if it had
+    just been read: a merged read answering for the facts it covers."""
+    memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
+    memo.answers[key] = ((_changes(on.state, on), memo.sent), value)
