@@ -19,12 +19,9 @@ Order (each role relies on the ones before it):
 12. ``swap``           the gated host-side transaction: desired stack promoted, or rolled back
 13. ``ledger``         state.json and the append-only ledger (pins the swap did not record)
 
-Service hosts (``rigfleet.inventory.host_kind``; no NVIDIA, no Docker, never a rig's roles):
-a host of inventory group ``balancers`` gets ``preflight_balancer``, ``base`` and ``balancer``
-(HAProxy: the fleet endpoint); one of group ``monitors`` gets ``preflight_monitor``, ``base``
-and ``monitor`` (Prometheus, Alertmanager); one in both gets both, ``base`` once. One that is
-in ``gpu_hosts`` too gets every GPU role above first.
-
+Service hosts (``rigfleet.inventory.host_kind``, docs/monitoring.md): group ``balancers``
+gets ``preflight_balancer``, ``base``, ``balancer``; group ``monitors`` gets
+``preflight_monitor``, ``base``, ``monitor``; one also in ``gpu_hosts`` gets the GPU roles first.
 Example (``deploy.py``)::
 
     from roles import converge

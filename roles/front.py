@@ -9,11 +9,9 @@
   swap role points it at a stack once that stack passed the gate.
 - TLS (host data ``front_tls_cert_file`` + ``front_tls_key_file``): nginx serves HTTPS on
   ``front_port`` to every client but the host itself, with the inventory's certificate
-  (``/etc/nginx/rigfleet-tls/front.crt``) and key (``front.key``, root 0600 in a root-only
-  directory, written by ``secret_file``: never an upload through /tmp). On 127.0.0.1 the same
-  port stays plain HTTP: the host-side tool probes the front there (``Front.probe``,
-  ``rigfleet status``'s probe) and the key is still required. nginx keeps one listening
-  socket per port and decides TLS per local address.
+  (``/etc/nginx/rigfleet-tls/front.crt``) and key (``front.key``, root 0600, by
+  ``secret_file``). On 127.0.0.1 the port stays plain HTTP for the host's own probes (the key
+  still required): docs/converge.md says how nginx decides TLS per local address.
 - Readiness (``READY_PATH``, ``/rigfleet/ready``): no key, no model data; it includes the
   same route, so it answers the maintenance route's 503 during a swap or maintenance window,
   and otherwise the engine's ``/health`` (200), or 503 when the engine does not answer.
