@@ -29,9 +29,10 @@ from rigfleet_testbed.nvidia import smi
 
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE))
-sys.path.insert(0, str(_HERE.parents[1] / "rigfleet_testbed" / "images" / "vllm-sim"))
+sys.path.insert(0, str(_HERE.parent / "rigfleet_testbed" / "images" / "vllm-sim"))
 
 from vllm.sim import graphmode, perf, rig  # noqa: E402
+from vllm.sim.engine import HEALTHY_ACCEPTANCE  # noqa: E402
 from vllm_sim_helpers import (  # noqa: E402
     DEFAULT_TAG,
     FILLER,
@@ -491,6 +492,23 @@ def test_continuous_usage_counts_tokens_also_in_merged_events(tmp_path):
     with paced(tmp_path, [*DUAL_INT8, *MITIGATED], 2000.0, sub="fast") as srv:
         merged = counts(srv, 300)
     assert merged[-1] == 300 and merged[0] > 4
+
+
+def test_decode_time_is_first_to_last_token_on_the_engines_clock(tmp_path):
+    # vLLM's request_decode_time_seconds is last_token_ts - first_token_ts of the engine, so a
+    # busy consumer (or this busy machine) does not change it. A fixed pace makes every step
+    # the same length: (steps - 1) of them from the first token's step to the last.
+    base = tmp_path / "fixed"
+    srv = SimServer(make_package(base), make_gpu_root(base), make_model(base),
+                    [*DUAL_INT8, *MITIGATED], env={"SIM_TOKENS_PER_SECOND": "2000"})
+    with srv.wait_ready():
+        srv.chat([{"role": "user", "content": ESSAY}], max_tokens=200)
+        m = srv.metrics()
+    steps = metric(m, "vllm:inter_token_latency_seconds_count")
+    step_s = perf.mean_length(HEALTHY_ACCEPTANCE, 3) / 2000
+    assert metric(m, "vllm:request_decode_time_seconds_count") == 1
+    assert metric(m, "vllm:request_decode_time_seconds_sum") == pytest.approx(
+        (steps - 1) * step_s, rel=1e-6)
 
 
 @pytest.mark.parametrize("tag,factor", [(RELEASE, 1.0), (SLOW, 0.70)])

@@ -20,7 +20,7 @@ from rigfleet_testbed.nvidia import simstate
 _HERE = Path(__file__).resolve().parent
 # The helpers next to this file, and the simulator package itself (not installed anywhere).
 sys.path.insert(0, str(_HERE))
-sys.path.insert(0, str(_HERE.parents[1] / "rigfleet_testbed" / "images" / "vllm-sim"))
+sys.path.insert(0, str(_HERE.parent / "rigfleet_testbed" / "images" / "vllm-sim"))
 
 from vllm.sim import facts, kvcache, responder, textgen, tokenizer  # noqa: E402
 from vllm.sim.args import parse_args  # noqa: E402

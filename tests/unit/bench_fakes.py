@@ -43,6 +43,7 @@ class Pace:
     speeds: tuple[float, ...] = (1.0,)
     metrics: bool = True
     spec_counters: bool = True
+    decode_time: bool = True  # vLLM's request_decode_time_seconds histogram
     tokenize: bool = True
     max_model_len: int = 262144
     version: str = "0.27.1"
@@ -56,6 +57,8 @@ class _State:
     accepted: int = 0
     per_pos: list[int] = field(default_factory=list)
     requests: int = 0
+    decode_s: float = 0.0
+    decoded: int = 0
 
 
 def _conditional(rates: tuple[float, ...]) -> list[float]:
@@ -145,6 +148,9 @@ class PacedServer:
         s, p = self.state, self.pace
         lab = f'engine="0",model_name="{MODEL}"'
         lines = [f"vllm:generation_tokens_total{{{lab}}} 0"]
+        if p.decode_time:
+            lines += [f"vllm:request_decode_time_seconds_sum{{{lab}}} {s.decode_s}",
+                      f"vllm:request_decode_time_seconds_count{{{lab}}} {s.decoded}"]
         if p.spec_counters and p.k:
             lines += [f"vllm:spec_decode_num_drafts_total{{{lab}}} {s.drafts}",
                       f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {s.draft_tokens}",
@@ -181,6 +187,7 @@ class PacedServer:
             h.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
             h.wfile.flush()
 
+        first = deadline
         while sent < max_tokens:
             a = 0
             with self.lock:
@@ -198,7 +205,11 @@ class PacedServer:
             if delay > 0:
                 time.sleep(delay)
             event({"choices": [{"index": 0, "delta": {"content": " tok" * n}}]})
+            first = time.monotonic() if sent == 0 else first
             sent += n
+        with self.lock:
+            self.state.decode_s += time.monotonic() - first
+            self.state.decoded += 1
         event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
         event({"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": sent}})
         h.wfile.write(b"data: [DONE]\n\n")

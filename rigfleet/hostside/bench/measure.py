@@ -1,7 +1,8 @@
 """The bench's measuring core: streamed requests in the bench's shapes, reduced to figures.
 
-Per run: decode tok/s = completion tokens / (end - first token), wall tok/s = completion
-tokens / the whole request, time to first token. Per shape: the mean and coefficient of
+Per run: decode tok/s = the tokens after the first / the engine's own decode time (vLLM's
+``request_decode_time_seconds`` for this one request; the client's clock where there is none),
+wall tok/s = completion tokens / the whole request, time to first token. Per shape: the mean and coefficient of
 variation over the measured runs (after unmeasured warm-up rounds), and the MTP acceptance
 length and per-position acceptance from ``/metrics``, as deltas around the shape's runs (a
 server without ``/metrics`` or without spec-decode counters gives ``None``: unknown, never 0).
@@ -100,6 +101,7 @@ class RunResult:
     finish_reason: str | None = None
     error: str = ""
     first_tokens: int | None = None  # tokens the first chunk held (continuous usage)
+    server_decode_s: float | None = None  # the engine's own decode time (/metrics)
 
     @property
     def ok(self) -> bool:
@@ -107,11 +109,14 @@ class RunResult:
 
     @property
     def decode_tok_s(self) -> float | None:
-        """Tokens after the first chunk / (end - first chunk). The first chunk's own tokens
-        are left out: a chunk that arrives late (a busy engine or client) holds every token
-        due by then, and counting them against the time after it would inflate the rate.
-        Without continuous usage (a server that does not send it): every token / the same
-        time."""
+        """The tokens after the first / the engine's own decode time, when ``/metrics`` gave
+        this request's ``request_decode_time_seconds`` (a busy client reads chunks late and
+        then all at once: its own clock would inflate the rate).
+        Else the client's clock: tokens after the first chunk / (end - first chunk), the
+        first chunk's own tokens left out (a late chunk holds every token due by then).
+        Without continuous usage either: every token / the same time."""
+        if self.ok and self.server_decode_s and (self.completion_tokens or 0) > 1:
+            return ((self.completion_tokens or 0) - 1) / self.server_decode_s
         if not self.ok or self.first_token_s is None or self.seconds <= self.first_token_s:
             return None
         tokens = self.completion_tokens or 0
@@ -127,18 +132,20 @@ class RunResult:
         return (self.completion_tokens or 0) / self.seconds if self.ok and self.seconds else None
 
     @classmethod
-    def of(cls, shape: str, res: ChatResult) -> RunResult:
+    def of(cls, shape: str, res: ChatResult, server_decode_s: float | None = None) -> RunResult:
         error = res.error_message()[:300] if not res.ok else (
             "" if res.completion_tokens else "the server reported no completion tokens "
             "(no usage in the stream)")
         return cls(shape, res.status, res.seconds, res.first_token, res.completion_tokens,
-                   res.prompt_tokens, res.finish_reason, error, res.first_tokens)
+                   res.prompt_tokens, res.finish_reason, error, res.first_tokens,
+                   server_decode_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {"shape": self.shape, "http_status": self.status,
                 "seconds": round(self.seconds, 4), "ttft_s": _r(self.first_token_s, 4),
                 "completion_tokens": self.completion_tokens, "prompt_tokens": self.prompt_tokens,
                 "finish_reason": self.finish_reason, "decode_tok_s": _r(self.decode_tok_s, 2),
+                "server_decode_s": _r(self.server_decode_s, 4),
                 "wall_tok_s": _r(self.wall_tok_s, 2), "error": self.error or None}
 
 
@@ -156,6 +163,22 @@ class Acceptance:
         return {"drafts": self.drafts, "length": round(self.length, 3),
                 "per_position": [round(x, 4) for x in self.per_position],
                 "rate": _r(self.rate, 4)}
+
+
+def decode_seconds_between(before: list[metrics.Sample] | None,
+                           after: list[metrics.Sample] | None, model: str) -> float | None:
+    """The one request's decode seconds between two scrapes; None unless exactly one request
+    finished in between (another client, a balancer's other backend, no histogram)."""
+    if before is None or after is None:
+        return None
+    c0 = metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=model)
+    c1 = metrics.total(after, metrics.DECODE_TIME_COUNT, model_name=model)
+    s0 = metrics.total(before, metrics.DECODE_TIME_SUM, model_name=model)
+    s1 = metrics.total(after, metrics.DECODE_TIME_SUM, model_name=model)
+    if None in (c0, c1, s0, s1) or (c1 or 0) - (c0 or 0) != 1:
+        return None
+    seconds = (s1 or 0) - (s0 or 0)
+    return seconds if seconds > 0 else None
 
 
 def acceptance_between(before: list[metrics.Sample] | None, after: list[metrics.Sample] | None,
@@ -334,6 +357,21 @@ class Bench:
         r = self.client.request("GET", "/metrics", timeout=30)
         return metrics.parse(r.text(10_000_000)) if r.status == 200 else None
 
+    def scrape_after(self, before: list[metrics.Sample] | None,
+                     wait_s: float = 1.0) -> list[metrics.Sample] | None:
+        """A scrape once the request just streamed is in the decode histogram (vLLM records
+        it right around the last chunk), waiting at most ``wait_s``."""
+        n0 = (metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
+              if before is not None else None)
+        for _ in range(max(1, int(wait_s / 0.02))):
+            now = self.scrape()
+            n1 = (metrics.total(now, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
+                  if now is not None else None)
+            if n0 is None or n1 is None or n1 > n0:
+                return now
+            time.sleep(0.02)
+        return now
+
     def _chat(self, messages: prompts.Messages, max_tokens: int, temperature: float,
               label: str) -> ChatResult:
         res = self.client.chat(chat_body(self.result.model, messages, max_tokens, temperature),
@@ -380,10 +418,15 @@ class Bench:
         """``runs`` requests of ``shape``, one after the other, with /metrics around them."""
         out = ShapeResult(shape.name)
         before = self.scrape()
+        last = before
         for _ in range(self.settings.runs):
             res = self._chat(shape.messages(), shape.max_tokens, shape.temperature, shape.name)
-            out.runs.append(RunResult.of(shape.name, res))
-        after = self.scrape()
+            now = self.scrape_after(last)
+            model = self.result.model
+            out.runs.append(RunResult.of(shape.name, res,
+                                         decode_seconds_between(last, now, model)))
+            last = now
+        after = last
         out.acceptance, out.acceptance_note = acceptance_between(before, after,
                                                                  self.result.model)
         for r in out.failed[:1]:

@@ -472,7 +472,8 @@ class Engine:
             stream = perf.Stream(cond, kind, broken, noise, acceptance=accept)
             chunk_s = self._prefill_seconds(
                 self.cfg.max_num_batched_tokens or DEFAULT_CHUNK_TOKENS, cond, speedup)
-            start = last = deadline = time.monotonic()
+            last = deadline = time.monotonic()
+            first_at: float | None = None  # the first token's step, on the modelled clock
             i = 0
             pending: list[_Token] = []
             # The modelled pace only (a fixed SIM_TOKENS_PER_SECOND pace streams every step).
@@ -484,6 +485,7 @@ class Engine:
                 chunk = tokens[i:i + 1 + accepted]
                 i += len(chunk)
                 deadline += self._step_seconds(stream, speedup, n_prompt + generated, chunk_s)
+                first_at = deadline if first_at is None else first_at
                 generated += len(chunk)
                 pending += chunk
                 delay = deadline - time.monotonic()
@@ -506,7 +508,10 @@ class Engine:
             if remaining > 0:
                 time.sleep(remaining)
             end = time.monotonic()
-            self.metrics.finish(generated, finish, ttft or (end - t0), end - t0, end - start,
+            # vLLM's decode time is last_token_ts - first_token_ts on the engine's clock: here
+            # the modelled steps', not when this busy machine got to write them out.
+            decode_s = deadline - first_at if first_at is not None else 0.0
+            self.metrics.finish(generated, finish, ttft or (end - t0), end - t0, decode_s,
                                 end - t0 - queued)
             yield Finished(finish, n_prompt, generated, hits)
         finally:
