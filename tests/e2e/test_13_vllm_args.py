@@ -25,9 +25,10 @@ from rigfleet.hostside.layout import HOST
 FLAG = "--max-num-partial-prefills=2"
 
 
-def stack_with_flag(tmp_path: Path, base: str) -> tuple[str, Path, Path, str]:
-    """A user's copy of ``base`` (``stacks_dir``) passing ``FLAG``, pinned like it. Returns
-    (its name, stacks dir, pins file, the pinned vLLM version)."""
+def stack_with_flag(tmp_path: Path, base: str, branch: str) -> tuple[str, Path, Path, str]:
+    """A user's copy of ``base`` (``stacks_dir``) passing ``FLAG``, pinned like it, on the
+    driver ``branch`` the host runs. Returns (its name, stacks dir, pins file, the pinned vLLM
+    version)."""
     name = f"{base}-partial"
     doc = yaml.safe_load((BUILTIN_DIR / f"{base}.yaml").read_text())
     doc.update(name=name, port=8017, summary=f"{base} with partial-prefill concurrency")
@@ -37,9 +38,18 @@ def stack_with_flag(tmp_path: Path, base: str) -> tuple[str, Path, Path, str]:
     (stacks / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     pins = yaml.safe_load((STATE / "pins.yaml").read_text())
     pins["stacks"][name] = dict(pins["stacks"][base])
+    # Only the stack may differ: test_12 leaves the fleet on another branch than the testbed's
+    # pins, and a driver change opens its own window before the stacks role is reached.
+    pins["driver"]["branch"] = branch
     path = tmp_path / "pins-partial.yaml"
     path.write_text(yaml.safe_dump(pins, sort_keys=False))
     return name, stacks, path, str(pins["stacks"][base]["vllm_version"])
+
+
+def driver_branch(host) -> str:
+    rc, out = host.sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    assert rc == 0 and out.strip(), out
+    return out.splitlines()[0].split(".")[0]
 
 
 def serving_container(host) -> str:
@@ -54,7 +64,7 @@ def test_a_flag_the_pinned_vllm_does_not_know_is_refused_at_staging(testbed, con
     assert front_answers(host, key)
     route = route_of(host, key)
     base = route.split("/")[0]
-    name, stacks, pins, version = stack_with_flag(tmp_path, base)
+    name, stacks, pins, version = stack_with_flag(tmp_path, base, driver_branch(host))
     before = (serving_container(host), len(ledger(host)))
     probe = FrontProbe(host, key)
     probe.start()
