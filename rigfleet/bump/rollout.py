@@ -25,13 +25,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 from rigfleet.bump.plan_record import Plan
+from rigfleet.fleetview import each_host
 from rigfleet.hostprobe import HostProbe, run_probe
 from rigfleet.hostside.records import ReportSummary
 from rigfleet.inventory import InventoryHost
@@ -561,15 +561,11 @@ class PyinfraRunner:
         transaction (a swap another deploy started, the boot-time recreation) holds its lock
         (the deploy would refuse it; nothing is done to it, so it is skipped, not failed)."""
 
-        def check(host: str) -> str | None:
-            try:
-                facts = self.facts(host)
-            except HostUnreachable as e:
-                return str(e)
-            return f"busy: {facts.busy}" if facts.busy else None
+        def check(host: InventoryHost) -> str | None:
+            busy = self.facts(host.name).busy
+            return f"busy: {busy}" if busy else None
 
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-            answers = list(pool.map(check, hosts))
+        answers = each_host([self.hosts[h] for h in hosts], check, lambda h, why: why)
         return dict(zip(hosts, answers, strict=True))
 
     def facts(self, host: str) -> HostFacts:

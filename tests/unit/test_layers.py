@@ -53,8 +53,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                    "rigfleet.doctor.rules", "rigfleet.doctor.evidence",
                    "rigfleet.bump.candidate", "rigfleet.scrape", "rigfleet.vllmargs")),
     # What the roles and the commands share: image transfers, Genesis mirrors, the rollout
-    # engine, the online checks, host selection.
-    ("orchestration", ("rigfleet.images", "rigfleet.bump.genesis", "rigfleet.bump.rollout",
+    # engine, the online checks, host selection, the fleet view.
+    ("orchestration", ("rigfleet.fleetview", "rigfleet.images", "rigfleet.bump.genesis",
+                       "rigfleet.bump.rollout",
                        "rigfleet.roll", "rigfleet.cliargs", "rigfleet.check",
                        "rigfleet.balancer.status", "rigfleet.monitor.query",
                        "rigfleet.monitor.page")),
