@@ -104,10 +104,10 @@ def cmd_roll(args: argparse.Namespace) -> int:
 
     from rigfleet.bump.rollout import PyinfraRunner
     from rigfleet.cliargs import confirm
-    from rigfleet.fleetview import each_host
+    from rigfleet.fleetview import each_host, probe_or_why
     from rigfleet.inventory import load_inventory
     from rigfleet.resources import PROJECT_ROOT
-    from rigfleet.roll import BATCH_ENV, PyinfraRoller, plan_batches, probe_or_why, roll
+    from rigfleet.roll import BATCH_ENV, PyinfraRoller, plan_batches, roll
     from rigfleet.ssh import SshRemote
 
     if args.batch < 1 or args.max_failures < 1:
@@ -123,7 +123,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
                            deploy=args.deploy, cwd=Path(args.deploy).resolve().parent,
                            log_dir=log_dir, env={BATCH_ENV: str(args.batch)})
     roller = PyinfraRoller(runner)
-    probes = dict(zip(names, each_host(chosen, lambda h: probe_or_why(roller, h.name),
+    probes = dict(zip(names, each_host(chosen, lambda h: probe_or_why(roller.probe, h.name),
                                        lambda h, why: why), strict=True))
     plan = plan_batches(names, probes, args.batch)
     if args.dry or not args.json:

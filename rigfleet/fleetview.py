@@ -109,6 +109,14 @@ def fleet_view(hosts: Sequence[InventoryHost], remote: Remote, *, timeout: float
         lambda h, why: HostView(h, error=why), timeout=timeout)
 
 
+def probe_or_why(probe: Callable[[str], HostProbe], host: str) -> HostProbe | str:
+    """``probe(host)``, or why the host could not be probed (the rollouts' view of a host)."""
+    try:
+        return probe(host)
+    except HostUnreachable as e:
+        return str(e)
+
+
 def reachability(remote: Remote, hosts: Sequence[InventoryHost]) -> dict[str, str | None]:
     """host name -> None (SSH works) or the reason, all hosts asked at once."""
     answers = each_host(hosts, remote.reachable, lambda h, why: why)

@@ -19,9 +19,10 @@ from typing import Any, Protocol
 
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import hosttool
-from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.desired import DesiredHost
 from rigfleet.endpoints import front_url, read_key
-from rigfleet.fleetview import each_host, probe_for
+from rigfleet.errors import RigfleetError
+from rigfleet.fleetview import each_host, view_host
 from rigfleet.hostprobe import last_json
 from rigfleet.hostside.bench.baseline import Baseline, baseline_for
 from rigfleet.hostside.bench.measure import Bench, BenchSettings, SilentProgress
@@ -29,7 +30,7 @@ from rigfleet.hostside.bench.report import Entry
 from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.hostside.verify.client import Client
 from rigfleet.inventory import InventoryHost
-from rigfleet.ssh import HostUnreachable, Remote
+from rigfleet.ssh import Remote
 
 HISTORY_N = 5  # as the gate's default throughput_history_n
 
@@ -91,20 +92,18 @@ def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
     stack it serves (``state.json``, else the inventory's), its history (the host probe)."""
 
     def target(host: InventoryHost) -> Target:
-        want = load_desired(host.name, host.data)
+        view = view_host(remote, host, timeout=timeout)
+        if view.want is None:
+            raise RigfleetError(view.error or "no desired state")
+        want, probe = view.want, view.probe
         url, key = front_url(host, want.settings), read_key(want.settings)
-        stack, note = want.spec, ""
-        history: tuple[ThroughputRecord, ...] = ()
-        try:
-            probe = probe_for(remote, host, want, timeout=timeout)
-            serving = probe.state.get("stack")
-            if isinstance(serving, str) and serving in want.settings.catalog:
-                stack = want.settings.catalog.get(serving)
-            history = probe.throughput_history
-        except HostUnreachable as e:
-            note = f"no history: {e}"
+        serving = probe.state.get("stack") if probe else None
+        stack = want.settings.catalog.get(serving) if isinstance(serving, str) and (
+            serving in want.settings.catalog) else want.spec
         tls = want.settings.front_tls
-        return Target(host.name, url, key, stack, want.settings.throughput_scale, history, note,
+        return Target(host.name, url, key, stack, want.settings.throughput_scale,
+                      probe.throughput_history if probe else (),
+                      "" if probe else f"no history: {view.error}",
                       ca_file=tls.ca_file if tls else None)
 
     return each_host(hosts, target,

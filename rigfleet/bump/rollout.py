@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rigfleet.bump.plan_record import Plan
-from rigfleet.fleetview import each_host
+from rigfleet.fleetview import each_host, probe_or_why
 from rigfleet.hostprobe import HostProbe, run_probe
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import StackPins
-from rigfleet.ssh import HostUnreachable, Remote
+from rigfleet.ssh import Remote
 
 
 class Status(StrEnum):
@@ -397,7 +397,7 @@ def rollout(
         for h in (h for h in batch if h in in_flight and h not in done):
             stack = plan.host(h).stack
             settled = settle(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack],
-                             in_flight[h], _facts_or_reason(runner, h), i)
+                             in_flight[h], probe_or_why(runner.facts, h), i)
             if settled is not None:
                 done[h] = settled
                 record(settled, f"{_label(i)} (interrupted)")
@@ -422,7 +422,8 @@ def rollout(
                 stopped = f"the canary {batch[0]} could not be worked on ({reach[batch[0]]}); " \
                     "nothing was changed"
             if live:
-                before = {h: _facts_or_none(runner, h) for h in live}
+                seen = {h: probe_or_why(runner.facts, h) for h in live}
+                before = {h: p if isinstance(p, HostProbe) else None for h, p in seen.items()}
                 if journal is not None:
                     journal.deploying_batch(i, live, {h: probe_record(f) if f else None
                                                       for h, f in before.items()})
@@ -431,7 +432,7 @@ def rollout(
                 for h in live:
                     stack = plan.host(h).stack
                     record(classify(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack],
-                                    result, before[h], _facts_or_reason(runner, h), i), label)
+                                    result, before[h], probe_or_why(runner.facts, h), i), label)
         failures += sum(1 for h in batch if out[h].status in (Status.FAILED, Status.LOST))
         if stopped:
             continue
@@ -447,21 +448,6 @@ def rollout(
 
 def _label(batch: int) -> str:
     return "canary" if batch == 0 else f"batch {batch}"
-
-
-def _facts_or_reason(runner: Runner, host: str) -> HostProbe | str:
-    """The host's facts, or why they could not be read (it is lost)."""
-    try:
-        return runner.facts(host)
-    except HostUnreachable as e:
-        return str(e)
-
-
-def _facts_or_none(runner: Runner, host: str) -> HostProbe | None:
-    try:
-        return runner.facts(host)
-    except HostUnreachable:
-        return None
 
 
 def _event_text(label: str, o: HostOutcome) -> str:
