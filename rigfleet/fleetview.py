@@ -24,7 +24,7 @@ from typing import TypeVar
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.errors import RigfleetError
 from rigfleet.hostprobe import HostProbe, run_probe
-from rigfleet.inventory import InventoryHost
+from rigfleet.inventory import HostKind, InventoryHost
 from rigfleet.ssh import HostUnreachable, Remote
 
 WORKERS = 16  # hosts asked at once
@@ -45,6 +45,10 @@ class HostView:
     @property
     def name(self) -> str:
         return self.host.name
+
+    @property
+    def kind(self) -> HostKind:
+        return self.host.kind
 
 
 def each_host(hosts: Sequence[InventoryHost], fn: Callable[[InventoryHost], T],
@@ -88,7 +92,11 @@ def probe_for(remote: Remote, host: InventoryHost, want: DesiredHost, *, timeout
 
 def view_host(remote: Remote, host: InventoryHost, *, timeout: float,
               doctor_load_s: float | None = None) -> HostView:
-    """One host's view: its data and pins (``load_desired``), then its probe."""
+    """One host's view: its data and pins (``load_desired``), then its probe; a service host
+    that serves nothing gets an error row, never a rig's probe."""
+    if not host.kind.gpu:
+        return HostView(host, error=f"{host.name}: not a GPU host (groups "
+                        f"{', '.join(host.groups)}): no stack to probe")
     try:
         want = load_desired(host.name, host.data)
     except RigfleetError as e:

@@ -95,6 +95,12 @@ def test_fleet_view_gives_each_host_its_want_and_probe_or_why_not(tmp_path: Path
     assert views[2].want is None and views[2].probe is None
     assert views[2].error is not None and "rig-c" in views[2].error and "nope" in views[2].error
     assert [h for h, _ in remote.commands] == ["rig-a", "rig-b"]
+    # A service host is no rig: never probed for a stack.
+    lb = InventoryHost("lb1", ("balancers",), {})
+    (view,) = fleet_view([lb], remote, timeout=5)
+    assert view.kind.balancer and not view.kind.gpu and view.probe is None
+    assert view.error == "lb1: not a GPU host (groups balancers): no stack to probe"
+    assert [h for h, _ in remote.commands] == ["rig-a", "rig-b"]
     # The probe asked is the full one, for the paths and port the host should serve on.
     assert "probe --full --model-path /srv/models/" in remote.commands[0][1]
     assert "--front-port 8000" in remote.commands[0][1]
