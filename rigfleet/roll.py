@@ -230,9 +230,7 @@ class PyinfraRoller:
         self.runner = runner
 
     def probe(self, host: str) -> HostProbe:
-        from rigfleet.hostprobe import run_probe
-
-        return run_probe(self.runner.remote, self.runner.hosts[host], full=True)
+        return self.runner.facts(host)
 
     def deploy(self, hosts: Sequence[str], batch: int | str,
                on_line: Callable[[str], None]) -> DeployResult:
