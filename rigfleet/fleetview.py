@@ -27,7 +27,7 @@ from rigfleet.hostprobe import HostProbe, run_probe
 from rigfleet.inventory import HostKind, InventoryHost
 from rigfleet.ssh import HostUnreachable, Remote
 
-WORKERS = 16  # hosts asked at once
+WORKERS = 32  # hosts asked at once
 CONNECT_MARGIN_S = 5.0  # on top of twice the per-host timeout, before a host is given up
 
 T = TypeVar("T")

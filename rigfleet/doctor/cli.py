@@ -1,8 +1,9 @@
 """``rigfleet doctor [--load-s 15]`` plus the fleet options (``--inventory``, ``--limit``...).
 
-For every GPU host, concurrently (``rigfleet.fleetview``), one probe (``rigfleet-host.pyz probe --full --doctor``) samples
-the cards idle and under a short load of the bench's narrative requests, and reads the
-engine's log, args and mounts and the host's throughput records. Here: the host's decode now
+For every GPU host, concurrently (``rigfleet.fleetview``), one probe (``rigfleet-host.pyz
+probe --full --doctor``) samples the cards idle and under a short load of the bench's
+narrative requests, and reads the engine's log, args and mounts and the host's throughput
+records. Here: the host's decode now
 against its baseline (its verified history, else the stack's reference x throughput_scale)
 and against the fleet's median for the same stack and pins; then every known cause, ranked
 by likely impact, with its evidence and what to change. Exit status: 0 no host is slow, 1 some
