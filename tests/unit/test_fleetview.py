@@ -94,13 +94,13 @@ def test_fleet_view_gives_each_host_its_want_and_probe_or_why_not(tmp_path: Path
     # Bad data: the data's own message, and the host is never asked.
     assert views[2].want is None and views[2].probe is None
     assert views[2].error is not None and "rig-c" in views[2].error and "nope" in views[2].error
-    assert [h for h, _ in remote.commands] == ["rig-a", "rig-b"]
+    assert sorted(h for h, _ in remote.commands) == ["rig-a", "rig-b"]
     # A service host is no rig: never probed for a stack.
     lb = InventoryHost("lb1", ("balancers",), {})
     (view,) = fleet_view([lb], remote, timeout=5)
     assert view.kind.balancer and not view.kind.gpu and view.probe is None
     assert view.error == "lb1: not a GPU host (groups balancers): no stack to probe"
-    assert [h for h, _ in remote.commands] == ["rig-a", "rig-b"]
+    assert sorted(h for h, _ in remote.commands) == ["rig-a", "rig-b"]
     # The probe asked is the full one, for the paths and port the host should serve on.
     assert "probe --full --model-path /srv/models/" in remote.commands[0][1]
     assert "--front-port 8000" in remote.commands[0][1]
@@ -130,3 +130,26 @@ def test_one_scan_for_the_last_json_line() -> None:
     # The converge's fact reads the probe's answer the same way.
     assert SwapProbe().process(["noise", '{"bare": true}']) == {"bare": True}
     assert SwapProbe().process(["Permission denied"]) == {}
+
+
+def test_doctor_examines_gpu_hosts_only_through_the_view(tmp_path: Path, monkeypatch, capsys
+                                                         ) -> None:
+    import argparse
+
+    import rigfleet.cliargs
+    import rigfleet.ssh
+    from rigfleet.doctor import cli as doctor
+
+    rig, down = gpu_host(tmp_path, "rig-a"), gpu_host(tmp_path, "rig-b")
+    lb = InventoryHost("lb1", ("balancers",), {})
+    remote = FakeRemote({"rig-a": {"state": {"stack": "int8"}, "doctor": {}},
+                         "rig-b": HostUnreachable("rig-b: ssh 10.0.0.8:22: timed out")})
+    monkeypatch.setattr(rigfleet.cliargs, "fleet_hosts", lambda args: [rig, lb, down])
+    monkeypatch.setattr(rigfleet.ssh, "SshRemote", lambda connect_timeout: remote)
+    args = argparse.Namespace(inventory="inv.py", limit=[], json=True, timeout=5.0, load_s=1.0)
+    assert doctor.run(args) == doctor.EXIT_UNREACHABLE
+    hosts = json.loads(capsys.readouterr().out)["hosts"]
+    assert [d["host"] for d in hosts] == ["rig-a", "rig-b"]  # lb1 is no rig
+    assert hosts[1]["error"] == "rig-b: ssh 10.0.0.8:22: timed out"
+    assert sorted(h for h, _ in remote.commands) == ["rig-a", "rig-b"]
+    assert all("--doctor" in c for _, c in remote.commands)
