@@ -99,22 +99,23 @@ def endpoints_table(rows: Sequence[Any], title: str) -> Any:
 
 def cmd_roll(args: argparse.Namespace) -> int:
     """``rigfleet roll``: the converge, one serving host (or ``--batch``) at a time."""
-    from concurrent.futures import ThreadPoolExecutor
     from datetime import UTC, datetime
     from pathlib import Path
 
     from rigfleet.bump.rollout import PyinfraRunner
     from rigfleet.cliargs import confirm
+    from rigfleet.fleetview import each_host, probe_or_why
     from rigfleet.inventory import load_inventory
     from rigfleet.resources import PROJECT_ROOT
-    from rigfleet.roll import BATCH_ENV, PyinfraRoller, plan_batches, probe_or_why, roll
+    from rigfleet.roll import BATCH_ENV, PyinfraRoller, plan_batches, roll
     from rigfleet.ssh import SshRemote
 
     if args.batch < 1 or args.max_failures < 1:
         raise UsageError(f"--batch {args.batch} / --max-failures {args.max_failures}: allowed: "
                          "integers >= 1")
     hosts = load_inventory(args.inventory)
-    names = [h.name for h in select(hosts, args.limit, args.inventory)]
+    chosen = select(hosts, args.limit, args.inventory)
+    names = [h.name for h in chosen]
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = PROJECT_ROOT / "reports" / "rolls" / stamp
     runner = PyinfraRunner(args.inventory, {h.name: h for h in hosts},
@@ -122,9 +123,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
                            deploy=args.deploy, cwd=Path(args.deploy).resolve().parent,
                            log_dir=log_dir, env={BATCH_ENV: str(args.batch)})
     roller = PyinfraRoller(runner)
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
-        probes = dict(zip(names, pool.map(lambda n: probe_or_why(roller, n), names),
-                          strict=True))
+    probes = dict(zip(names, each_host(chosen, lambda h: probe_or_why(roller.probe, h.name),
+                                       lambda h, why: why), strict=True))
     plan = plan_batches(names, probes, args.batch)
     if args.dry or not args.json:
         for i, batch in enumerate(plan.batches):

@@ -114,17 +114,25 @@ class HostProbe:
         return value if isinstance(value, dict) else {}
 
 
-def parse_probe(text: str, where: str) -> HostProbe:
-    """The probe's JSON (its last stdout line); raises ``HostUnreachable`` naming ``where``."""
+def last_json(text: str) -> dict[str, Any] | None:
+    """The JSON object on the last line of ``text`` that starts with ``{`` (the host tool's
+    answers end so), or None: no such line, or it is no JSON object."""
     for line in reversed(text.strip().splitlines()):
         line = line.strip()
         if line.startswith("{"):
             try:
                 data = json.loads(line)
             except ValueError:
-                break
-            if isinstance(data, dict):
-                return HostProbe(data)
+                return None
+            return data if isinstance(data, dict) else None
+    return None
+
+
+def parse_probe(text: str, where: str) -> HostProbe:
+    """The probe's JSON (its last stdout line); raises ``HostUnreachable`` naming ``where``."""
+    data = last_json(text)
+    if data is not None:
+        return HostProbe(data)
     detail = text.strip()[-300:] or "no output"
     raise HostUnreachable(f"{where}: the host probe failed: {detail}")
 

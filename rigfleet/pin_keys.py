@@ -11,10 +11,9 @@ after changing the table::
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 from rigfleet.genesis_layout import LAYOUTS
+from rigfleet.keytable import Key, KeyTable, write_docs
 
 SCHEMA = "rigfleet-pins/1"
 # The placeholder for values only a registry or hub can tell (``rigfleet pins lock``).
@@ -25,31 +24,9 @@ COMMIT = "a full 40-character lowercase hex commit"
 DIGEST = "'sha256:' followed by 64 lowercase hex characters"
 
 
-@dataclass(frozen=True)
-class PinKey:
-    """One key: ``path`` (dotted; ``<stack>``, ``<host>`` mark named entries), ``type``,
-    ``doc`` (what it means), ``allowed`` (the text its messages end with), ``default`` (as
-    people write it; empty: none), ``required``."""
-
-    path: str
-    type: str
-    doc: str
-    allowed: str = ""
-    default: str = ""
-    required: bool = False
-
-    @property
-    def parent(self) -> str:
-        return self.path.rpartition(".")[0]
-
-    @property
-    def name(self) -> str:
-        return self.path.rpartition(".")[2]
-
-
-_K = PinKey
+_K = Key
 _STACK = "stacks.<stack>"
-KEYS: tuple[PinKey, ...] = (
+KEYS: tuple[Key, ...] = (
     _K("schema", "string", "The format version.", repr(SCHEMA), required=True),
     _K("serial", "integer", "Counts the saves: `rigfleet pins lock` and `rigfleet bump` refuse "
        "to write over a file saved by someone else since they read it.",
@@ -112,57 +89,9 @@ KEYS: tuple[PinKey, ...] = (
     _K("history", "list", "What changed and why, one mapping per save.",
        "a list of mappings (save_pins appends to it)", "[]"),
 )  # fmt: skip
-BY_PATH = {k.path: k for k in KEYS}
-
-
-def allowed(path: str) -> str:
-    """The ``allowed:`` text of key ``path``."""
-    return BY_PATH[path].allowed
-
-
-def default(path: str) -> str:
-    """The default of key ``path`` as people write it."""
-    return BY_PATH[path].default
-
-
-def keys_of(section: str) -> tuple[str, ...]:
-    """The keys section ``section`` (``""``: the top level) allows, in table order."""
-    return tuple(k.name for k in KEYS if k.parent == section)
-
-
-def _cell(text: str) -> str:
-    """``text`` in a Markdown table cell: ``|`` escaped, ``<name>`` shown rather than taken
-    for an HTML tag."""
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def reference() -> str:
-    """The Markdown reference of every key (the generated section of docs/pins.md)."""
-    lines = [BEGIN, "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
-    for k in KEYS:
-        default = "required" if k.required else (f"`{k.default}`" if k.default else "-")
-        cells = (f"`{k.path}`", k.type, default, _cell(k.allowed) or "-", _cell(k.doc))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join([*lines, "", END])
-
-
-def render_into(text: str) -> str:
-    """``text`` (docs/pins.md) with its generated section replaced by ``reference()``."""
-    head, sep, rest = text.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise ValueError(f"no generated section ({BEGIN} ... {END})")
-    return head + reference() + tail
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m rigfleet.pin_keys docs/pins.md", file=sys.stderr)
-        return 2
-    path = Path(argv[1])
-    path.write_text(render_into(path.read_text(encoding="utf-8")), encoding="utf-8")
-    return 0
-
+TABLE = KeyTable(KEYS, BEGIN, END, escape_tags=True)
+BY_PATH, allowed, default, keys_of = TABLE.by_path, TABLE.allowed, TABLE.default, TABLE.keys_of
+reference, render_into = TABLE.reference, TABLE.render_into
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(write_docs(sys.argv, "python -m rigfleet.pin_keys docs/pins.md", render_into))

@@ -33,6 +33,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from rigfleet.bump.rollout import DeployResult, host_errors
+from rigfleet.fleetview import probe_or_why
 from rigfleet.hostprobe import HostProbe
 
 # How many serving hosts one pyinfra run may disturb at once (roles.maintenance reads it).
@@ -186,7 +187,7 @@ def roll(plan: RollPlan, roller: Roller, max_failures: int = 1,
         before: dict[str, HostProbe | str] = {}
         live = []
         for h in hosts:
-            before[h] = probe_or_why(roller, h)
+            before[h] = probe_or_why(roller.probe, h)
             p = before[h]
             if isinstance(p, str) or p.busy:
                 why = f"unreachable before its batch ({p})" if isinstance(p, str) else \
@@ -201,8 +202,8 @@ def roll(plan: RollPlan, roller: Roller, max_failures: int = 1,
         result = roller.deploy(live, i + 1, on_line)
         for h in live:
             b = before[h]
-            o = classify(h, result, b if isinstance(b, HostProbe) else None, probe_or_why(roller, h),
-                         i + 1)
+            o = classify(h, result, b if isinstance(b, HostProbe) else None,
+                         probe_or_why(roller.probe, h), i + 1)
             out[h] = o
             on_event(f"{label}: {h} {o.status}" + (f" (gate {o.gate})" if o.gate else "")
                      + (f": {o.reason}" if o.reason else ""))
@@ -218,16 +219,6 @@ def roll(plan: RollPlan, roller: Roller, max_failures: int = 1,
     return done
 
 
-def probe_or_why(roller: Roller, host: str) -> HostProbe | str:
-    """The host's probe, or why it could not be probed."""
-    from rigfleet.ssh import HostUnreachable
-
-    try:
-        return roller.probe(host)
-    except HostUnreachable as e:
-        return str(e)
-
-
 # --- the real roller ---------------------------------------------------------------------------
 
 
@@ -239,9 +230,7 @@ class PyinfraRoller:
         self.runner = runner
 
     def probe(self, host: str) -> HostProbe:
-        from rigfleet.hostprobe import run_probe
-
-        return run_probe(self.runner.remote, self.runner.hosts[host], full=True)
+        return self.runner.facts(host)
 
     def deploy(self, hosts: Sequence[str], batch: int | str,
                on_line: Callable[[str], None]) -> DeployResult:

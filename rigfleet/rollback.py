@@ -162,8 +162,9 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.bump.plan import build_plan
     from rigfleet.cliargs import select
     from rigfleet.errors import RigfleetError
+    from rigfleet.fleetview import reachability
     from rigfleet.pins import load_pins
-    from rigfleet.ssh import SshRemote, reachability
+    from rigfleet.ssh import SshRemote
 
     try:
         hosts, plan_hosts, path, first = bump.load_fleet(args.inventory, args.deploy)

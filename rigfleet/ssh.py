@@ -23,7 +23,6 @@ import io
 import logging
 import shlex
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -260,11 +259,3 @@ class SshRemote:
             return str(e)
         return None if rc == 0 else f"`true` exited {rc}: {out.strip()[-200:]}"
 
-
-def reachability(remote: Remote, hosts: list[InventoryHost]) -> dict[str, str | None]:
-    """host name -> None (reachable) or the reason, all hosts checked at once."""
-    if not hosts:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
-        answers = list(pool.map(remote.reachable, hosts))
-    return {h.name: a for h, a in zip(hosts, answers, strict=True)}

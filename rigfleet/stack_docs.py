@@ -10,10 +10,10 @@ or a built-in stack file::
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from rigfleet.catalog import builtin_catalog
 from rigfleet.catalog_keys import BEGIN, END, SHIPPED_BEGIN, SHIPPED_END, reference
+from rigfleet.keytable import replace_section, write_docs
 
 
 def shipped() -> str:
@@ -30,29 +30,12 @@ def shipped() -> str:
     return "\n".join([*lines, "", SHIPPED_END])
 
 
-def _replace(text: str, begin: str, end: str, body: str) -> str:
-    head, sep, rest = text.partition(begin)
-    _, sep2, tail = rest.partition(end)
-    if not sep or not sep2:
-        raise ValueError(f"no generated section ({begin} ... {end})")
-    return head + body + tail
-
-
 def render_into(text: str) -> str:
     """``text`` (docs/stacks.md) with its generated sections replaced: ``reference()`` and
     ``shipped()``."""
-    return _replace(_replace(text, BEGIN, END, reference()), SHIPPED_BEGIN, SHIPPED_END,
-                    shipped())
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m rigfleet.stack_docs docs/stacks.md", file=sys.stderr)
-        return 2
-    path = Path(argv[1])
-    path.write_text(render_into(path.read_text(encoding="utf-8")), encoding="utf-8")
-    return 0
+    return replace_section(replace_section(text, BEGIN, END, reference()), SHIPPED_BEGIN,
+                           SHIPPED_END, shipped())
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(write_docs(sys.argv, "python -m rigfleet.stack_docs docs/stacks.md", render_into))

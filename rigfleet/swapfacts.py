@@ -9,25 +9,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
 from rigfleet.commands import hosttool
-
-
-def _last_json(output: list[str]) -> dict[str, Any]:
-    for line in reversed(output):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                data = json.loads(line)
-            except ValueError:
-                return {}
-            return data if isinstance(data, dict) else {}
-    return {}
+from rigfleet.hostprobe import last_json
 
 
 class SwapProbe(FactBase[dict[str, Any]]):
@@ -42,7 +30,7 @@ class SwapProbe(FactBase[dict[str, Any]]):
 
     @override
     def process(self, output: list[str]) -> dict[str, Any]:
-        return _last_json(output)
+        return last_json("\n".join(output)) or {}
 
 
 class UnitActive(FactBase[bool]):

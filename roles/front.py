@@ -120,7 +120,7 @@ def front(ctx: HostContext) -> None:
         name=f"Front route {ROUTE_PATH} (503 until a stack passes the gate; only if missing)",
         dest=ROUTE_PATH,
         content=render_maintenance("no verified stack on this host yet",
-                                   ctx.swap.retry_after_s),
+                                   ctx.settings.swap.retry_after_s),
     )
     keys = secret_file(
         name=f"API key map {KEYS_PATH} (root-only)",

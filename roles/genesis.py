@@ -274,7 +274,7 @@ def genesis_gate(
 def genesis(ctx: HostContext) -> None:
     """Check out the pinned Genesis commit (when any pinned stack uses Genesis), export its
     tree for the stack to mount, and verify both."""
-    pin = ctx.genesis
+    pin = ctx.want.genesis
     if pin is None:  # no staged stack uses Genesis
         return
     files.put(

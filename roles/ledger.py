@@ -72,7 +72,7 @@ def ledger(ctx: HostContext) -> None:
         name=f"Directory {STATE_DIR}", path=STATE_DIR, user="root", group="root", mode="0755"
     )
     record(
-        name=f"Record {ctx.stack} in state.json and the ledger",
+        name=f"Record {ctx.want.stack} in state.json and the ledger",
         state=dict(ctx.want.current.tracked),
         desired=ctx.want.current.ref,
         by=ctx.by,

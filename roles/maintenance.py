@@ -216,7 +216,7 @@ def serves(ctx: HostContext) -> str | None:
         b = book()
         b.serving[ctx.name] = route
         b.plans.setdefault(ctx.name, window_plan(ctx))
-        b.follow_s[ctx.name] = ctx.swap.follow_timeout_s
+        b.follow_s[ctx.name] = ctx.settings.swap.follow_timeout_s
     return route
 
 
@@ -443,4 +443,4 @@ def close_pending(ctx: HostContext) -> None:
     close_window(name="Close the maintenance window (recreate the verified stack, gate, "
                  "route)" + (f": {what}" if what else ""),
                  plan=plan, pending=pending, left=left,
-                 follow_timeout_s=ctx.swap.follow_timeout_s, reports=str(reports_root()))
+                 follow_timeout_s=ctx.settings.swap.follow_timeout_s, reports=str(reports_root()))

@@ -257,7 +257,7 @@ def nvidia_driver(ctx: HostContext) -> None:
         # adopt_foreign_driver): no packages, no reboot; it must still answer as pinned.
         check(
             name=f"Verify the kept driver: branch {branch}, {ctx.settings.gpu_count} GPUs",
-            verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.spec),
+            verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.want.spec),
             what="driver verification",
         )
         return
@@ -299,6 +299,6 @@ def nvidia_driver(ctx: HostContext) -> None:
     maintenance.plan_step(ctx, REBOOT_STEP, reboot)
     check(
         name=f"Verify nvidia-smi: branch {branch}, {ctx.settings.gpu_count} GPUs",
-        verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.spec, ctx.os),
+        verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.want.spec, ctx.os),
         what="driver verification",
     )

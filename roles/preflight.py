@@ -61,7 +61,6 @@ from rigfleet.hostdata import (
     BalancerSettings,
     HostDataError,
     HostSettings,
-    SwapSettings,
     check_caps_against_gpus,
     check_gpus,
     stop_on_preflight,
@@ -69,7 +68,7 @@ from rigfleet.hostdata import (
 from rigfleet.hostside.records import describe
 from rigfleet.images.deploy import preflight_images
 from rigfleet.packages import OsInfo
-from rigfleet.pins import GenesisPin, Pins
+from rigfleet.pins import Pins
 from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
 
@@ -121,29 +120,6 @@ class HostContext:
     @property
     def pins(self) -> Pins:
         return self.want.pins
-
-    @property
-    def stack(self) -> str:
-        return self.want.stack
-
-    @property
-    def spec(self) -> StackSpec:
-        """The desired stack's stack file."""
-        return self.want.spec
-
-    @property
-    def specs(self) -> dict[str, StackSpec]:
-        """The stack files of every staged stack."""
-        return {name: s.spec for name, s in self.want.stacks.items()}
-
-    @property
-    def genesis(self) -> GenesisPin | None:
-        """The Genesis pin to check out (``DesiredHost.genesis``)."""
-        return self.want.genesis
-
-    @property
-    def swap(self) -> SwapSettings:
-        return self.want.settings.swap
 
     @property
     def site_ca_files(self) -> tuple[str, ...]:

@@ -216,7 +216,7 @@ def swap(ctx: HostContext) -> None:
                        (hosttool.SUPERVISE_UNIT, "with the stack unit")):
         systemd.service(name=f"{name} enabled {what}", service=name, enabled=True,
                         running=None)
-    plan = build_plan(ctx.want, ctx.by, why=f"serve {ctx.stack}")
+    plan = build_plan(ctx.want, ctx.by, why=f"serve {ctx.want.stack}")
     # Behind a balancer, at most ``batch.size`` serving hosts swap at once, so that every
     # stack with two or more hosts keeps one serving: the fleet endpoint never goes dark.
     if host.state not in _BATCH:
@@ -228,7 +228,7 @@ def swap(ctx: HostContext) -> None:
         plan=plan,
         batch=batch,
         # The drain comes first: as long as the longest drain timeout it may wait.
-        follow_timeout_s=ctx.swap.follow_timeout_s + max([plan.drain_timeout_s,
+        follow_timeout_s=ctx.settings.swap.follow_timeout_s + max([plan.drain_timeout_s,
                                                           *plan.drain_timeouts.values()]),
         reports=str(reports_root()),
     )

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.catalog import CatalogError, builtin_catalog
     from rigfleet.cliargs import select
     from rigfleet.errors import RigfleetError
-    from rigfleet.inventory import InventoryError, load_inventory
+    from rigfleet.inventory import InventoryError, gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
     err = Console(stderr=True, highlight=False)
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         if args.accept_baseline:
             return _accept(args, next(h for h in hosts if h.name == args.accept_baseline), err)
         try:
-            hosts = select(hosts, args.limit, args.inventory)
+            hosts = gpu_hosts(select(hosts, args.limit, args.inventory))  # no rig: no bench
             targets = inventory_targets(hosts, SshRemote(connect_timeout=args.timeout))
         except RigfleetError as e:
             return _usage(str(e))

@@ -12,7 +12,6 @@ the host probe over SSH)::
 from __future__ import annotations
 
 import getpass
-import json
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,17 +19,18 @@ from typing import Any, Protocol
 
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import hosttool
-from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.desired import DesiredHost
 from rigfleet.endpoints import front_url, read_key
 from rigfleet.errors import RigfleetError
-from rigfleet.hostprobe import run_probe
+from rigfleet.fleetview import each_host, view_host
+from rigfleet.hostprobe import last_json
 from rigfleet.hostside.bench.baseline import Baseline, baseline_for
 from rigfleet.hostside.bench.measure import Bench, BenchSettings, SilentProgress
 from rigfleet.hostside.bench.report import Entry
 from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.hostside.verify.client import Client
 from rigfleet.inventory import InventoryHost
-from rigfleet.ssh import HostUnreachable, Remote
+from rigfleet.ssh import Remote
 
 HISTORY_N = 5  # as the gate's default throughput_history_n
 
@@ -87,32 +87,27 @@ class Target:
 
 def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
                       timeout: float = 60.0) -> list[Target]:
-    """A target per host: its front (``front_url``, else the SSH host and ``front_port``; the
-    API key of host data; a TLS front's CA), the stack it serves (``state.json``, else the
-    inventory's), its history (the host probe)."""
-    out = []
-    for host in hosts:
-        try:
-            want = load_desired(host.name, host.data)
-            url, key = front_url(host, want.settings), read_key(want.settings)
-        except (RigfleetError, OSError) as e:
-            out.append(Target(host.name, "-", error=str(e).splitlines()[0][:300]))
-            continue
-        stack, note = want.spec, ""
-        history: tuple[ThroughputRecord, ...] = ()
-        try:
-            probe = run_probe(remote, host, full=True, model_path=want.model_path,
-                              front_port=want.settings.front_port, timeout=timeout)
-            serving = probe.state.get("stack")
-            if isinstance(serving, str) and serving in want.settings.catalog:
-                stack = want.settings.catalog.get(serving)
-            history = probe.throughput_history
-        except HostUnreachable as e:
-            note = f"no history: {e}"
+    """A target per host, asked at once (``rigfleet.fleetview``): its front (``front_url``,
+    else the SSH host and ``front_port``; the API key of host data; a TLS front's CA), the
+    stack it serves (``state.json``, else the inventory's), its history (the host probe)."""
+
+    def target(host: InventoryHost) -> Target:
+        view = view_host(remote, host, timeout=timeout)
+        if view.want is None:
+            raise RigfleetError(view.error or "no desired state")
+        want, probe = view.want, view.probe
+        url, key = front_url(host, want.settings), read_key(want.settings)
+        serving = probe.state.get("stack") if probe else None
+        stack = want.settings.catalog.get(serving) if isinstance(serving, str) and (
+            serving in want.settings.catalog) else want.spec
         tls = want.settings.front_tls
-        out.append(Target(host.name, url, key, stack, want.settings.throughput_scale,
-                          history, note, ca_file=tls.ca_file if tls else None))
-    return out
+        return Target(host.name, url, key, stack, want.settings.throughput_scale,
+                      probe.throughput_history if probe else (),
+                      "" if probe else f"no history: {view.error}",
+                      ca_file=tls.ca_file if tls else None)
+
+    return each_host(hosts, target,
+                     lambda h, why: Target(h.name, "-", error=why.partition("\n")[0][:300]))
 
 
 class _Silent(SilentProgress):
@@ -166,14 +161,8 @@ def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs
         "--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}", "--by",
         by or who(), "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet")
     rc, out = remote.run(host, command, timeout=3600)
-    for line in reversed(out.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                data = json.loads(line)
-            except ValueError:
-                break
-            if rc == 0 and isinstance(data, dict) and data.get("accepted"):
-                return data
-            break
+    data = last_json(out)
+    if rc == 0 and data is not None and data.get("accepted"):
+        return data
     raise RuntimeError(f"{host.name}: the host's bench did not record a baseline (exit {rc}): "
                        f"{out.strip()[-400:] or 'no output'}")

@@ -92,6 +92,7 @@ from rigfleet.check import Online, deploy_online, verify_pins
 from rigfleet.cliargs import UsageError, add_yes, fleet_options, select
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
+from rigfleet.fleetview import reachability
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, load_inventory
 from rigfleet.pins import (
@@ -103,7 +104,7 @@ from rigfleet.pins import (
 )
 from rigfleet.registry import DOCKER_HUB, RegistryError
 from rigfleet.resources import PROJECT_ROOT
-from rigfleet.ssh import HostUnreachable, Remote, SshRemote, reachability
+from rigfleet.ssh import HostUnreachable, Remote, SshRemote
 from rigfleet.tables import Table
 
 EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2, 3

@@ -16,7 +16,7 @@ from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.output import by, log
 from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.record import outcome_of
-from rigfleet.bump.rollout import HostFacts, HostOutcome, Resume, RolloutResult
+from rigfleet.bump.rollout import HostOutcome, Resume, RolloutResult, probe_of_record
 from rigfleet.pins import Pins
 
 
@@ -36,7 +36,7 @@ def resume_of(journal: BumpJournal) -> Resume:
     before = (journal.deploying or {}).get("before") or {}
     return Resume(
         done={h: HostOutcome.from_record(h, o) for h, o in journal.outcomes.items()},
-        in_flight={h: HostFacts.from_record(before.get(h)) for h in journal.in_flight},
+        in_flight={h: probe_of_record(before.get(h)) for h in journal.in_flight},
     )
 
 

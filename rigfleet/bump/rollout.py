@@ -25,18 +25,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 from rigfleet.bump.plan_record import Plan
+from rigfleet.fleetview import each_host, probe_or_why
 from rigfleet.hostprobe import HostProbe, run_probe
-from rigfleet.hostside.records import ReportSummary
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import StackPins
-from rigfleet.ssh import HostUnreachable, Remote
+from rigfleet.ssh import Remote
 
 
 class Status(StrEnum):
@@ -48,45 +47,24 @@ class Status(StrEnum):
     UP_TO_DATE = "up to date"
 
 
-@dataclass(frozen=True)
-class HostFacts:
-    """What the host says about itself (the host probe, ``--full``)."""
+def probe_record(probe: HostProbe) -> dict[str, Any]:
+    """What ``gate_of``/``fresh_swap``/``classify`` compare a later probe with (the swap
+    record, the gate, the ledger's length, the report names), for the bump journal."""
+    state = {k: probe.state[k] for k in ("stack", "digest", "genesis_commit", "last_swap",
+                                         "gate") if k in probe.state}  # fmt: skip
+    return {"state": state, "ledger_count": probe.ledger_count,
+            "reports": list(probe.report_files)}
 
-    state: dict[str, Any] = field(default_factory=dict)
-    ledger_count: int = 0
-    ledger: tuple[dict[str, Any], ...] = ()  # the last lines, oldest first
-    reports: tuple[str, ...] = ()  # gate report files (names), oldest first
-    report: ReportSummary | None = None  # the newest gate report (rigfleet-verify/1)
-    busy: str | None = None  # a live transaction holds the host lock (who, why)
 
-    @property
-    def report_file(self) -> str | None:
-        return self.report.file if self.report is not None else None
-
-    @classmethod
-    def from_probe(cls, probe: HostProbe) -> HostFacts:
-        return cls(state=probe.state, ledger_count=probe.ledger_count,
-                   ledger=probe.ledger_tail, reports=probe.report_files,
-                   report=probe.newest_report, busy=probe.busy)
-
-    def to_record(self) -> dict[str, Any]:
-        """What ``gate_of``/``fresh_swap``/``classify`` compare a later answer with (the swap
-        record, the gate, the ledger's length, the report names), for the bump journal."""
-        state = {k: self.state[k] for k in ("stack", "digest", "genesis_commit", "last_swap",
-                                            "gate") if k in self.state}  # fmt: skip
-        return {"state": state, "ledger_count": self.ledger_count,
-                "reports": list(self.reports)}
-
-    @classmethod
-    def from_record(cls, data: Mapping[str, Any] | None) -> HostFacts | None:
-        if not isinstance(data, Mapping):
-            return None
-        state = data.get("state")
-        reports = data.get("reports")
-        count = data.get("ledger_count")
-        return cls(state=dict(state) if isinstance(state, Mapping) else {},
-                   ledger_count=count if isinstance(count, int) else 0,
-                   reports=tuple(str(r) for r in reports) if isinstance(reports, list) else ())
+def probe_of_record(data: Mapping[str, Any] | None) -> HostProbe | None:
+    """The probe ``probe_record`` kept (None: none kept)."""
+    if not isinstance(data, Mapping):
+        return None
+    state, reports, count = data.get("state"), data.get("reports"), data.get("ledger_count")
+    return HostProbe({
+        "state": dict(state) if isinstance(state, Mapping) else {},
+        "ledger": {"count": count if isinstance(count, int) else 0},
+        "reports": {"files": [str(r) for r in reports] if isinstance(reports, list) else []}})
 
 
 @dataclass(frozen=True)
@@ -187,7 +165,7 @@ class Resume:
     """
 
     done: Mapping[str, HostOutcome] = field(default_factory=dict)
-    in_flight: Mapping[str, HostFacts | None] = field(default_factory=dict)
+    in_flight: Mapping[str, HostProbe | None] = field(default_factory=dict)
     stop: str | None = None
 
 
@@ -200,7 +178,7 @@ class Runner(Protocol):
 
     def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]: ...
 
-    def facts(self, host: str) -> HostFacts: ...
+    def facts(self, host: str) -> HostProbe: ...
 
     def deploy(
         self,
@@ -224,7 +202,7 @@ def _runs(state: Mapping[str, Any], stack: str, p: StackPins) -> bool:
 
 
 def gate_of(
-    before: HostFacts | None, after: HostFacts
+    before: HostProbe | None, after: HostProbe
 ) -> tuple[str, tuple[str, ...], str | None]:
     """(summary, failed check names, report file) of the gate this run made, if any.
 
@@ -232,8 +210,8 @@ def gate_of(
     new ``rigfleet-verify/1`` report file first, else the gate of a new ``last_swap`` in
     ``state.json`` (the swap transaction's record), else a changed top-level ``gate``.
     """
-    report = after.report
-    if report is not None and (before is None or report.file not in set(before.reports)):
+    report = after.newest_report
+    if report is not None and (before is None or report.file not in set(before.report_files)):
         return report.text, report.failed, report.file
     swap = fresh_swap(before, after)
     old_gate = before.state.get("gate") if before is not None else None
@@ -251,7 +229,7 @@ def gate_of(
     return "", (), None
 
 
-def fresh_swap(before: HostFacts | None, after: HostFacts) -> dict[str, Any]:
+def fresh_swap(before: HostProbe | None, after: HostProbe) -> dict[str, Any]:
     """The swap transaction's ``last_swap`` record when this run wrote it, else {}."""
     swap = after.state.get("last_swap")
     if not isinstance(swap, dict):
@@ -262,13 +240,13 @@ def fresh_swap(before: HostFacts | None, after: HostFacts) -> dict[str, Any]:
     return swap
 
 
-def _rollback_reason(before: HostFacts | None, after: HostFacts) -> str:
+def _rollback_reason(before: HostProbe | None, after: HostProbe) -> str:
     """What the host recorded about why it did not promote (swap record, new ledger lines)."""
     swap = fresh_swap(before, after)
     if swap.get("reason"):
         return f"{swap.get('result') or 'not promoted'}: {swap['reason']}"
     new_lines = after.ledger_count - (before.ledger_count if before else 0)
-    for line in reversed(after.ledger[-new_lines:] if new_lines > 0 else ()):
+    for line in reversed(after.ledger_tail[-new_lines:] if new_lines > 0 else ()):
         if line.get("reason"):
             return f"{line.get('result') or 'not promoted'}: {line['reason']}"
     return ""
@@ -293,8 +271,8 @@ def classify(
     old: StackPins,
     new: StackPins,
     deploy: DeployResult,
-    before: HostFacts | None,
-    after: HostFacts | str,
+    before: HostProbe | None,
+    after: HostProbe | str,
     batch: int,
 ) -> HostOutcome:
     """One host's outcome after its batch.
@@ -344,8 +322,8 @@ def settle(
     stack: str,
     old: StackPins,
     new: StackPins,
-    before: HostFacts | None,
-    after: HostFacts | str,
+    before: HostProbe | None,
+    after: HostProbe | str,
     batch: int,
 ) -> HostOutcome | None:
     """The outcome of a host its interrupted batch was deploying, from what it says now; None
@@ -419,7 +397,7 @@ def rollout(
         for h in (h for h in batch if h in in_flight and h not in done):
             stack = plan.host(h).stack
             settled = settle(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack],
-                             in_flight[h], _facts_or_reason(runner, h), i)
+                             in_flight[h], probe_or_why(runner.facts, h), i)
             if settled is not None:
                 done[h] = settled
                 record(settled, f"{_label(i)} (interrupted)")
@@ -444,16 +422,17 @@ def rollout(
                 stopped = f"the canary {batch[0]} could not be worked on ({reach[batch[0]]}); " \
                     "nothing was changed"
             if live:
-                before = {h: _facts_or_none(runner, h) for h in live}
+                seen = {h: probe_or_why(runner.facts, h) for h in live}
+                before = {h: p if isinstance(p, HostProbe) else None for h, p in seen.items()}
                 if journal is not None:
-                    journal.deploying_batch(i, live, {h: f.to_record() if f else None
+                    journal.deploying_batch(i, live, {h: probe_record(f) if f else None
                                                       for h, f in before.items()})
                 on_event(f"{label}: deploying {', '.join(live)}")
                 result = runner.deploy(live, pins_file, i, on_line)
                 for h in live:
                     stack = plan.host(h).stack
                     record(classify(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack],
-                                    result, before[h], _facts_or_reason(runner, h), i), label)
+                                    result, before[h], probe_or_why(runner.facts, h), i), label)
         failures += sum(1 for h in batch if out[h].status in (Status.FAILED, Status.LOST))
         if stopped:
             continue
@@ -469,21 +448,6 @@ def rollout(
 
 def _label(batch: int) -> str:
     return "canary" if batch == 0 else f"batch {batch}"
-
-
-def _facts_or_reason(runner: Runner, host: str) -> HostFacts | str:
-    """The host's facts, or why they could not be read (it is lost)."""
-    try:
-        return runner.facts(host)
-    except HostUnreachable as e:
-        return str(e)
-
-
-def _facts_or_none(runner: Runner, host: str) -> HostFacts | None:
-    try:
-        return runner.facts(host)
-    except HostUnreachable:
-        return None
 
 
 def _event_text(label: str, o: HostOutcome) -> str:
@@ -561,19 +525,15 @@ class PyinfraRunner:
         transaction (a swap another deploy started, the boot-time recreation) holds its lock
         (the deploy would refuse it; nothing is done to it, so it is skipped, not failed)."""
 
-        def check(host: str) -> str | None:
-            try:
-                facts = self.facts(host)
-            except HostUnreachable as e:
-                return str(e)
-            return f"busy: {facts.busy}" if facts.busy else None
+        def check(host: InventoryHost) -> str | None:
+            busy = self.facts(host.name).busy
+            return f"busy: {busy}" if busy else None
 
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-            answers = list(pool.map(check, hosts))
+        answers = each_host([self.hosts[h] for h in hosts], check, lambda h, why: why)
         return dict(zip(hosts, answers, strict=True))
 
-    def facts(self, host: str) -> HostFacts:
-        return HostFacts.from_probe(run_probe(self.remote, self.hosts[host], full=True))
+    def facts(self, host: str) -> HostProbe:
+        return run_probe(self.remote, self.hosts[host], full=True)
 
     def deploy(
         self,

@@ -1,8 +1,9 @@
 """``rigfleet doctor [--load-s 15]`` plus the fleet options (``--inventory``, ``--limit``...).
 
-For every host, concurrently, one probe (``rigfleet-host.pyz probe --full --doctor``) samples
-the cards idle and under a short load of the bench's narrative requests, and reads the
-engine's log, args and mounts and the host's throughput records. Here: the host's decode now
+For every GPU host, concurrently (``rigfleet.fleetview``), one probe (``rigfleet-host.pyz
+probe --full --doctor``) samples the cards idle and under a short load of the bench's
+narrative requests, and reads the engine's log, args and mounts and the host's throughput
+records. Here: the host's decode now
 against its baseline (its verified history, else the stack's reference x throughput_scale)
 and against the fleet's median for the same stack and pins; then every known cause, ranked
 by likely impact, with its evidence and what to change. Exit status: 0 no host is slow, 1 some
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,45 +167,36 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
 def run(args: argparse.Namespace) -> int:
     """``rigfleet doctor`` (see the module docstring)."""
     from rigfleet.cliargs import fleet_hosts
-    from rigfleet.desired import load_desired
-    from rigfleet.errors import RigfleetError
-    from rigfleet.hostprobe import run_probe
-    from rigfleet.inventory import InventoryError
-    from rigfleet.ssh import HostUnreachable, SshRemote
+    from rigfleet.fleetview import fleet_view
+    from rigfleet.inventory import InventoryError, gpu_hosts
+    from rigfleet.ssh import SshRemote
 
     err = Console(stderr=True)
     try:
-        hosts = fleet_hosts(args)
+        hosts = gpu_hosts(fleet_hosts(args))
     except InventoryError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_ERROR
-    remote = SshRemote(connect_timeout=args.timeout)
     probes: dict[str, HostProbe] = {}
     specs: dict[str, StackSpec | None] = {}
     scales: dict[str, float] = {}
+    err.print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load each ...")
+    diagnoses = []
+    for view in fleet_view(hosts, SshRemote(connect_timeout=args.timeout),
+                           timeout=args.load_s + args.timeout, doctor_load_s=args.load_s):
+        if view.want is None or view.probe is None:
+            diagnoses.append(Diagnosis(view.name, error=view.error or "no probe"))
+            continue
+        catalog = view.want.settings.catalog
 
-    def one(host: Any) -> Diagnosis:
-        try:
-            want = load_desired(host.name, host.data)
-            probe = run_probe(remote, host, full=True, model_path=want.model_path,
-                              front_port=want.settings.front_port,
-                              timeout=args.load_s + args.timeout, doctor_load_s=args.load_s)
-        except (RigfleetError, HostUnreachable) as e:
-            return Diagnosis(host.name, error=str(e))
-        catalog = want.settings.catalog
-
-        def get(name: str) -> StackSpec | None:
+        def get(name: str, catalog: Any = catalog) -> StackSpec | None:
             return catalog.get(name) if name in catalog else None
 
-        d = examine(host.name, probe, get)
-        probes[host.name] = probe
-        specs[host.name] = get(d.stack) if d.stack else None
-        scales[host.name] = want.settings.throughput_scale
-        return d
-
-    err.print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load each ...")
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        diagnoses = list(pool.map(one, hosts))
+        d = examine(view.name, view.probe, get)
+        diagnoses.append(d)
+        probes[view.name] = view.probe
+        specs[view.name] = get(d.stack) if d.stack else None
+        scales[view.name] = view.want.settings.throughput_scale
     judge_fleet(diagnoses, probes, specs, scales)
     if args.json:
         print(json.dumps({"hosts": [d.to_dict() for d in diagnoses]}, indent=2, default=str))

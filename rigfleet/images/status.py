@@ -9,20 +9,19 @@ host's state read over the SSH layer instead of a fact::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.text import Text
 
 from rigfleet.desired import load_desired
-from rigfleet.errors import RigfleetError
+from rigfleet.fleetview import each_host
 from rigfleet.images.checks import SourceChecker
 from rigfleet.images.deploy import build_plan, fact_arguments
 from rigfleet.images.plan import ImagePlan, StagingPlan
 from rigfleet.images.transfer import host_state
 from rigfleet.inventory import InventoryHost
-from rigfleet.ssh import HostUnreachable, Remote
+from rigfleet.ssh import Remote
 from rigfleet.tables import Table
 
 
@@ -37,24 +36,20 @@ class HostImages:
 
 
 def host_images(host: InventoryHost, remote: Remote, checker: SourceChecker) -> HostImages:
-    """The plan for one host (its data, pins and state over SSH); errors become data."""
-    try:
-        want = load_desired(host.name, host.data)
-        state = host_state(remote, host, **fact_arguments(want))
-        plan = build_plan(want, state, checker)
-    except (RigfleetError, HostUnreachable, ValueError) as e:
-        return HostImages(host.name, error=str(e))
+    """The plan for one host (its data, pins and state over SSH); raises ``RigfleetError``
+    (``fleet_images`` makes it the host's error row)."""
+    want = load_desired(host.name, host.data)
+    plan = build_plan(want, host_state(remote, host, **fact_arguments(want)), checker)
     return HostImages(host.name, plan, problems=plan.problems)
 
 
 def fleet_images(hosts: Sequence[InventoryHost], remote: Remote,
                  checker: SourceChecker | None = None) -> list[HostImages]:
-    """Every host's ``HostImages``, asked concurrently (registries once per image)."""
+    """Every host's ``HostImages``, asked at once (``rigfleet.fleetview.each_host``;
+    registries once per image)."""
     checker = checker or SourceChecker()
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
-        return list(pool.map(lambda h: host_images(h, remote, checker), hosts))
+    return each_host(hosts, lambda h: host_images(h, remote, checker),
+                     lambda h, why: HostImages(h.name, error=why))
 
 
 def source_cell(p: ImagePlan) -> str:

@@ -1,6 +1,6 @@
 """One status row per host: probe it (over ``rigfleet.ssh``), decide its drift, summarise.
 
-    rows = fleet_status(load_inventory("inventory/home.py"))
+    rows = fleet_status(gpu_hosts(load_inventory("inventory/home.py")))
     [r.host for r in rows if r.drift]           # hosts that differ from inventory + pins
     exit_status(rows)                           # 0 ok, 1 drift, 2 unreachable
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +20,9 @@ from typing import Any
 from rigfleet.bump.journal import BumpInFlight, BumpJournal
 from rigfleet.desired import DesiredHost, build_desired, fleet_pins
 from rigfleet.errors import RigfleetError
+from rigfleet.fleetview import each_host, probe_for
 from rigfleet.hostdata import HostSettings, validate_host
-from rigfleet.hostprobe import HostProbe, run_probe
+from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins
@@ -144,8 +143,7 @@ def host_status(host: InventoryHost, timeout: float = 20.0, pins_base: Path | No
         return StatusRow(host.name, reachable=False, error=f"inventory/pins: {e}")
     view = journal.host_view(host.name) if journal is not None else None
     try:
-        probe = run_probe(remote or SshRemote(connect_timeout=timeout), host, full=True,
-                          model_path=wants[0].model_path, front_port=settings.front_port,
+        probe = probe_for(remote or SshRemote(connect_timeout=timeout), host, wants[0],
                           timeout=timeout)
     except HostUnreachable as e:
         return StatusRow(host.name, reachable=False, error=str(e),
@@ -169,30 +167,15 @@ def fleet_status(
     pins_base: Path | None = None,
     probe: Callable[[InventoryHost], StatusRow] | None = None,
 ) -> list[StatusRow]:
-    """Every host's row, probed concurrently, in inventory order.
+    """Every host's row, probed at once (``rigfleet.fleetview.each_host``), in inventory
+    order; a host with no answer in time gets an unreachable row, the others are not held.
 
-    A host that does not answer within ``timeout`` (+ a margin for connecting) gets an
-    unreachable row; the others are not held up by it.
-
-    + hosts: from ``rigfleet.inventory.load_inventory``
     + timeout: seconds per host (connect, and the probe's answer)
     + probe: replaces ``host_status`` (tests)
     """
-    check = probe or (lambda h: host_status(h, timeout, pins_base))
-    if not hosts:
-        return []
-    pool = ThreadPoolExecutor(max_workers=min(32, len(hosts)), thread_name_prefix="status")
-    futures = [pool.submit(check, h) for h in hosts]
-    deadline = time.monotonic() + 2 * timeout + 5
-    rows = []
-    for h, fut in zip(hosts, futures, strict=True):
-        try:
-            rows.append(fut.result(timeout=max(0.1, deadline - time.monotonic())))
-        except FutureTimeout:
-            rows.append(StatusRow(h.name, reachable=False, error=f"no answer in {timeout:g}s"))
-    # A hung connection must not hold the command: its thread is left to its socket timeout.
-    pool.shutdown(wait=False, cancel_futures=True)
-    return rows
+    return each_host(hosts, probe or (lambda h: host_status(h, timeout, pins_base)),
+                     lambda h, why: StatusRow(h.name, reachable=False, error=why),
+                     timeout=timeout)
 
 
 def exit_status(rows: Sequence[StatusRow]) -> int:

@@ -9,6 +9,8 @@ from typing import Any
 import yaml
 
 from rigfleet.bump.plan_record import PlanHost
+from rigfleet.hostprobe import HostProbe
+from rigfleet.hostside.records import ReportSummary
 from rigfleet.pins import GenesisPin, Pins, StackPins, load_pins
 
 GOOD = "01d4d1ad375dc5854779c593eee093bcebb0cada"
@@ -86,3 +88,15 @@ def bumped(pins: Pins, sha: str, names: tuple[str, ...] = ("int8", "tq3-mtp-gene
             p = replace(p, genesis=GenesisPin(p.genesis.repo, genesis))
         out[n] = p
     return out
+
+
+def probe_of(state: dict[str, Any] | None = None, *, ledger_count: int = 0,
+             ledger: tuple[dict[str, Any], ...] = (), reports: tuple[str, ...] = (),
+             report: ReportSummary | None = None, busy: str | None = None) -> HostProbe:
+    """A host probe's answer with these parts (what the rollout reads of it); ``busy``: who
+    holds the host lock (a live holder)."""
+    lock = {"who": busy, "alive": True} if busy else None
+    return HostProbe({"state": state or {}, "lock": lock,
+                      "ledger": {"count": ledger_count, "tail": list(ledger)},
+                      "reports": {"files": list(reports),
+                                  "newest": report.to_dict() if report else None}})

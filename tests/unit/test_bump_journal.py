@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bump_helpers import GENESIS_NEW, GOOD, NEWER, stack
+from bump_helpers import GENESIS_NEW, GOOD, NEWER, probe_of, stack
 from test_bump_rollout import FakeRunner, make_plan
 
 from rigfleet.bump import cli as bump_cli
@@ -32,12 +32,14 @@ from rigfleet.bump.record import pins_after
 from rigfleet.bump.resume import end_journal, resume_of
 from rigfleet.bump.rollout import (
     DeployResult,
-    HostFacts,
     Resume,
     Status,
     StillRunning,
+    probe_of_record,
+    probe_record,
     rollout,
 )
+from rigfleet.hostprobe import HostProbe
 from rigfleet.pins import Pins, PinsError, load_pins, save_pins
 
 OLD_INT8, NEW_INT8 = stack("int8", GOOD).digest, stack("int8", NEWER).digest
@@ -181,7 +183,8 @@ def test_a_swap_that_still_runs_is_waited_for(tmp_path):
     runner = KillingRunner(plan, {}, "deploy-0")
     with pytest.raises(Killed):
         rollout(plan, runner, Path("cand.yaml"), journal=journal_for(plan))
-    runner.facts_["host1"] = replace(runner.facts_["host1"], busy="locked by root@ctl: swap")
+    runner.facts_["host1"] = HostProbe({**runner.facts_["host1"].raw,
+                                        "lock": {"who": "root@ctl", "alive": True}})
     runner.kill = None
     with pytest.raises(StillRunning, match="host1: a transaction still runs there"):
         resume(plan, runner)
@@ -209,22 +212,22 @@ def test_settle_tells_a_swap_of_this_batch_from_an_older_one():
     from rigfleet.bump.rollout import settle
 
     old, new = stack("int8", GOOD), stack("int8", NEWER)
-    before = HostFacts(state={"stack": "int8", "digest": old.digest,
+    before = probe_of({"stack": "int8", "digest": old.digest,
                               "last_swap": {"id": "older", "result": "promoted"}},
                        reports=("a.json",))  # fmt: skip
-    same = HostFacts(state=dict(before.state), reports=("a.json",))
+    same = probe_of(dict(before.state), reports=("a.json",))
     assert settle("h", "int8", old, new, before, same, 1) is None  # never started: deploy it
-    back = HostFacts(state={**before.state, "last_swap": {"id": "this", "result": "rolled-back",
+    back = probe_of({**before.state, "last_swap": {"id": "this", "result": "rolled-back",
                                                           "reason": "gate failed"}})
     failed = settle("h", "int8", old, new, before, back, 1)
     assert failed is not None and failed.status is Status.FAILED and failed.runs_new is False
     promoted = settle("h", "int8", old, new, before,
-                      HostFacts(state={"stack": "int8", "digest": new.digest}), 1)
+                      probe_of({"stack": "int8", "digest": new.digest}), 1)
     assert promoted is not None and promoted.status is Status.PROMOTED
     lost = settle("h", "int8", old, new, before, "connection refused", 1)
     assert lost is not None and lost.status is Status.LOST
     # What the journal keeps of the facts is enough to tell them apart.
-    kept = HostFacts.from_record(json.loads(json.dumps(before.to_record())))
+    kept = probe_of_record(json.loads(json.dumps(probe_record(before))))
     assert settle("h", "int8", old, new, kept, same, 1) is None
 
 

@@ -10,14 +10,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bump_helpers import GENESIS_NEW, GOOD, NEWER, REGRESSED, bumped, hosts, stack, write_pins
+from bump_helpers import (
+    GENESIS_NEW,
+    GOOD,
+    NEWER,
+    REGRESSED,
+    bumped,
+    hosts,
+    probe_of,
+    stack,
+    write_pins,
+)
 
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.record import outcome_of, pins_after
 from rigfleet.bump.rollout import (
     DeployResult,
-    HostFacts,
     Status,
     classify,
     gate_of,
@@ -26,7 +35,7 @@ from rigfleet.bump.rollout import (
     pyinfra_json,
     rollout,
 )
-from rigfleet.hostprobe import parse_probe
+from rigfleet.hostprobe import HostProbe, parse_probe
 from rigfleet.hostside.records import ReportSummary, summarise_report
 from rigfleet.pins import load_pins, save_pins
 from rigfleet.ssh import HostUnreachable
@@ -63,9 +72,9 @@ class FakeRunner:
         self.plan = plan
         self.behaviour = behaviour  # host -> promote | rollback | lost | unreachable | error
         self.deployed: list[tuple[str, ...]] = []
-        self.facts_: dict[str, HostFacts] = {}
+        self.facts_: dict[str, HostProbe] = {}
         for h in plan.hosts:
-            self.facts_[h.name] = HostFacts(state=state_of(h.stack, plan.old_for(h.name)[h.stack]),
+            self.facts_[h.name] = probe_of(state_of(h.stack, plan.old_for(h.name)[h.stack]),
                                             reports=("old.json",),
                                             report=report(GATE_PASS, "old.json"))  # fmt: skip
         self.lost: set[str] = set()
@@ -74,7 +83,7 @@ class FakeRunner:
         return {h: "connection refused" if self.behaviour.get(h) == "unreachable" else None
                 for h in hosts}  # fmt: skip
 
-    def facts(self, host: str) -> HostFacts:
+    def facts(self, host: str) -> HostProbe:
         if host in self.lost:
             raise HostUnreachable(f"{host}: connection refused")
         return self.facts_[host]
@@ -89,14 +98,14 @@ class FakeRunner:
             b = self.behaviour.get(h, "promote")
             if b == "promote":
                 new = self.plan.new_for(h)[stack_name]
-                self.facts_[h] = HostFacts(
-                    state=state_of(stack_name, new), ledger_count=1,
+                self.facts_[h] = probe_of(
+                    state_of(stack_name, new), ledger_count=1,
                     reports=("old.json", f"{h}-new.json"),
                     report=report(GATE_PASS, f"{h}-new.json"))  # fmt: skip
             elif b == "rollback":
                 old = self.facts_[h]
-                self.facts_[h] = HostFacts(
-                    state={**old.state, "last_swap": {
+                self.facts_[h] = probe_of(
+                    {**old.state, "last_swap": {
                         "id": f"swap-{batch}", "result": "rolled-back",
                         "reason": "gate failed 2 check(s): spec_decode, long_gen"}},
                     ledger_count=1, reports=("old.json", f"{h}-new.json"),
@@ -240,18 +249,18 @@ def test_classify_edge_cases() -> None:
     old, new = stack("int8", GOOD), stack("int8", NEWER)
     ok = DeployResult(0, frozenset(), "", 1)
     bad = DeployResult(1, frozenset({"h"}), "[h] Error: front role failed", 1)
-    on_new = HostFacts(state=state_of("int8", new))
+    on_new = probe_of(state_of("int8", new))
     # Promoted by the swap, but a later role failed: it runs the new pins, yet failed.
     o = classify("h", "int8", old, new, bad, None, on_new, 1)
     assert (o.status, o.runs_new) == (Status.FAILED, True)
     assert "front role failed" in o.reason
     # Something else entirely: unknown.
-    odd = HostFacts(state={"stack": "int8", "digest": "sha256:" + "e" * 64})
+    odd = probe_of({"stack": "int8", "digest": "sha256:" + "e" * 64})
     o = classify("h", "int8", old, new, ok, None, odd, 1)
     assert (o.status, o.runs_new) == (Status.FAILED, None)
     assert "state.json records" in o.reason
     # pyinfra lost the host while its swap still runs there (a transient unit): unknown.
-    busy = HostFacts(state=state_of("int8", old), busy="root@ctl since t: swap int8")
+    busy = probe_of(state_of("int8", old), busy="root@ctl since t: swap int8")
     o = classify("h", "int8", old, new, bad, None, busy, 1)
     assert (o.status, o.runs_new) == (Status.LOST, None)
     assert "a transaction still runs on the host" in o.reason
@@ -260,19 +269,19 @@ def test_classify_edge_cases() -> None:
 
 
 def test_only_a_fresh_report_counts() -> None:
-    before = HostFacts(reports=("a.json",), report=report(GATE_FAIL, "a.json"))
-    stale = HostFacts(reports=("a.json",), report=report(GATE_FAIL, "a.json"))
+    before = probe_of(reports=("a.json",), report=report(GATE_FAIL, "a.json"))
+    stale = probe_of(reports=("a.json",), report=report(GATE_FAIL, "a.json"))
     assert gate_of(before, stale) == ("", (), None)
     swap = {"id": "s2", "result": "rolled-back", "reason": "gate failed 1 check(s): needles",
             "gate": {"result": "fail", "failed_checks": ["needles"], "report": "/r/v.json",
                      "summary": "7 passed, 1 failed, 0 skipped"}}  # fmt: skip
-    after = HostFacts(state={"last_swap": swap})
+    after = probe_of({"last_swap": swap})
     assert gate_of(None, after) == (
         "fail (needles): 7 passed, 1 failed, 0 skipped", ("needles",), "/r/v.json")
     # The same swap record seen before this run says nothing about this run.
-    assert gate_of(HostFacts(state={"last_swap": swap}), after) == ("", (), None)
-    promoted = HostFacts(state={"gate": {"result": "pass", "at": "t2"}})
-    assert gate_of(HostFacts(state={"gate": {"result": "pass", "at": "t1"}}), promoted)[0] == (
+    assert gate_of(probe_of({"last_swap": swap}), after) == ("", (), None)
+    promoted = probe_of({"gate": {"result": "pass", "at": "t2"}})
+    assert gate_of(probe_of({"gate": {"result": "pass", "at": "t1"}}), promoted)[0] == (
         "pass")
 
 
@@ -285,11 +294,11 @@ def test_pyinfra_plumbing() -> None:
     assert pyinfra_json("no json") is None
     log = "\x1b[31m[host2] Error: bad\x1b[0m\n[host1] Success\n[host2] did something\n"
     assert host_errors(log, "host2") == ["[host2] Error: bad"]
-    facts = HostFacts.from_probe(parse_probe(
+    facts = parse_probe(
         '{"state": {"stack": "int8"}, "ledger": {"tail": [{"a": 1}], "count": 7}, '
-        '"reports": {"files": ["x.json"], "newest": null}}', "host1"))
+        '"reports": {"files": ["x.json"], "newest": null}}', "host1")
     assert facts.state == {"stack": "int8"} and facts.ledger_count == 7
-    assert facts.ledger == ({"a": 1},) and facts.reports == ("x.json",)
+    assert facts.ledger_tail == ({"a": 1},) and facts.report_files == ("x.json",)
     with pytest.raises(HostUnreachable, match="host1: the host probe failed: Permission"):
         parse_probe("Permission denied", "host1")
 

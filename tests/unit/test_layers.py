@@ -36,7 +36,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "rigfleet.resources", "rigfleet.commands", "rigfleet.vllm_versions",
               "rigfleet.genesis_inspect", "rigfleet.genesis_layout", "rigfleet.sshconfig",
               "rigfleet.retention", "rigfleet.gpu", "rigfleet.packages", "rigfleet.registry",
-              "rigfleet.hub", "rigfleet.hostbundle", "rigfleet.monitor.names")),
+              "rigfleet.hub", "rigfleet.hostbundle", "rigfleet.monitor.names",
+              "rigfleet.keytable")),
     ("data", ("rigfleet.pins", "rigfleet.hostdata", "rigfleet.hostchecks", "rigfleet.aptrepos",
               "rigfleet.tlsfiles", "rigfleet.catalog", "rigfleet.catalog_genesis",
               "rigfleet.catalog_keys", "rigfleet.stack_docs", "rigfleet.image_sources",
@@ -53,8 +54,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                    "rigfleet.doctor.rules", "rigfleet.doctor.evidence",
                    "rigfleet.bump.candidate", "rigfleet.scrape", "rigfleet.vllmargs")),
     # What the roles and the commands share: image transfers, Genesis mirrors, the rollout
-    # engine, the online checks, host selection.
-    ("orchestration", ("rigfleet.images", "rigfleet.bump.genesis", "rigfleet.bump.rollout",
+    # engine, the online checks, host selection, the fleet view.
+    ("orchestration", ("rigfleet.fleetview", "rigfleet.images", "rigfleet.bump.genesis",
+                       "rigfleet.bump.rollout",
                        "rigfleet.roll", "rigfleet.cliargs", "rigfleet.check",
                        "rigfleet.balancer.status", "rigfleet.monitor.query",
                        "rigfleet.monitor.page")),

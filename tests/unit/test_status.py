@@ -19,6 +19,7 @@ import yaml
 from rich.console import Console
 
 import rigfleet.desired
+from rigfleet import fleetview
 from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import PlanHost
@@ -40,7 +41,6 @@ from rigfleet.status import (
     render_table,
 )
 from rigfleet.status import cli as status_cli
-from rigfleet.status import rows as status_rows
 
 SHA = "01d4d1ad375dc5854779c593eee093bcebb0cada"
 IMAGE = f"vllm/vllm-openai:nightly-{SHA}"
@@ -328,7 +328,7 @@ def test_fleet_status_probes_hosts_concurrently_in_inventory_order():
 
 
 def test_fleet_status_marks_a_host_past_its_deadline_unreachable(monkeypatch):
-    monkeypatch.setattr(status_rows.time, "monotonic", _clock(jump_after=1))
+    monkeypatch.setattr(fleetview.time, "monotonic", _clock(jump_after=1))
     hosts = [InventoryHost("stuck", (), {})]
     rows = fleet_status(hosts, timeout=0.01, probe=lambda h: time.sleep(1) or StatusRow("x", True))
     assert rows == [StatusRow("stuck", False, error="no answer in 0.01s")]

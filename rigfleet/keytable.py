@@ -1,0 +1,101 @@
+"""A table of file keys, each described once, and the docs section rendered from it.
+
+``rigfleet.pin_keys`` (pins.yaml) and ``rigfleet.catalog_keys`` (stack files) are such tables:
+their validators take the keys each section allows, the ``allowed:`` texts and the defaults
+from it; docs/ holds the Markdown reference it renders between two markers::
+
+    TABLE = KeyTable(KEYS, BEGIN, END)
+    TABLE.keys_of("driver"), TABLE.allowed("driver.branch"), TABLE.reference()
+    write_docs(sys.argv, "python -m rigfleet.pin_keys docs/pins.md", TABLE.render_into)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key: ``path`` (dotted; ``<name>`` marks named entries, ``[]`` a list's items),
+    ``type``, ``doc`` (what it means), ``allowed`` (the text its messages end with),
+    ``default`` (as people write it; empty: none), ``required``."""
+
+    path: str
+    type: str
+    doc: str
+    allowed: str = ""
+    default: str = ""
+    required: bool = False
+
+    @property
+    def parent(self) -> str:
+        return self.path.rpartition(".")[0]
+
+    @property
+    def name(self) -> str:
+        return self.path.rpartition(".")[2]
+
+
+def replace_section(text: str, begin: str, end: str, body: str) -> str:
+    """``text`` with what lies between ``begin`` and ``end`` (the markers included) replaced by
+    ``body``; ``ValueError`` when a marker is missing."""
+    head, sep, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
+    if not sep or not sep2:
+        raise ValueError(f"no generated section ({begin} ... {end})")
+    return head + body + tail
+
+
+class KeyTable:
+    """The keys of one file format; ``escape_tags``: show ``<name>`` in the docs' cells rather
+    than leave it for an HTML tag (the stack reference writes it inside code spans)."""
+
+    def __init__(self, keys: Sequence[Key], begin: str, end: str, *,
+                 escape_tags: bool = False) -> None:
+        self.keys = tuple(keys)
+        self.by_path = {k.path: k for k in self.keys}
+        self.begin, self.end, self.escape_tags = begin, end, escape_tags
+
+    def allowed(self, path: str) -> str:
+        """The ``allowed:`` text of key ``path``."""
+        return self.by_path[path].allowed
+
+    def default(self, path: str) -> str:
+        """The default of key ``path`` as people write it."""
+        return self.by_path[path].default
+
+    def keys_of(self, section: str) -> tuple[str, ...]:
+        """The keys section ``section`` (``""``: the top level) allows, in table order."""
+        return tuple(k.name for k in self.keys if k.parent == section)
+
+    def _cell(self, text: str) -> str:
+        text = text.replace("|", "\\|")
+        return text.replace("<", "&lt;").replace(">", "&gt;") if self.escape_tags else text
+
+    def reference(self) -> str:
+        """The Markdown reference of every key, between the table's markers."""
+        lines = [self.begin, "", "| key | type | default | allowed | meaning |",
+                 "|---|---|---|---|---|"]
+        for k in self.keys:
+            default = "required" if k.required else (f"`{k.default}`" if k.default else "-")
+            cells = (f"`{k.path}`", k.type, default, self._cell(k.allowed) or "-",
+                     self._cell(k.doc))
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join([*lines, "", self.end])
+
+    def render_into(self, text: str) -> str:
+        """``text`` (the docs page) with its generated section replaced by ``reference()``."""
+        return replace_section(text, self.begin, self.end, self.reference())
+
+
+def write_docs(argv: Sequence[str], usage: str, render_into: Callable[[str], str]) -> int:
+    """``python -m <module> docs/<page>.md``: rewrite the page's generated sections."""
+    if len(argv) != 2:
+        print(f"usage: {usage}", file=sys.stderr)
+        return 2
+    path = Path(argv[1])
+    path.write_text(render_into(path.read_text(encoding="utf-8")), encoding="utf-8")
+    return 0
