@@ -360,7 +360,7 @@ def run_gate(host, profile: str, sets: list[str], port: int) -> tuple[int, str, 
            "--api-key-file", str(HOST.api_key_file), "--profile", profile,
            "--only", "throughput", "--report-dir", str(HOST.reports_dir), "--set", *sets]
     rc, out = host.sh(shlex.join(cmd), timeout=900)
-    last = HOST.throughput_dir / "last.json"
+    last = HOST.throughput_last
     rc2, stamp = host.sh(f"date -r {last} +%s.%N")
     assert rc2 == 0, stamp
     return rc, out, float(stamp)
@@ -368,7 +368,7 @@ def run_gate(host, profile: str, sets: list[str], port: int) -> tuple[int, str, 
 
 def last_gate(host) -> dict | None:
     """The host's ``last.json`` (the last gate's throughput record), None without one."""
-    rc, text = host.sh(f"cat {HOST.throughput_dir / 'last.json'}")
+    rc, text = host.sh(f"cat {HOST.throughput_last}")
     return json.loads(text) if rc == 0 else None
 
 
