@@ -310,8 +310,8 @@ def test_the_swaps_the_monitor_saw_raised_neither_engine_down_nor_not_ready(flee
     lookback = HISTORY_S
     checked = 0
     for h in fleet.hosts:
-        (series,) = [v for _, v in raw(lb, f'rigfleet_swap_in_progress{{instance="{h.name}"}}',
-                                       lookback)] or [[]]
+        series = sorted(p for _, vals in raw(
+            lb, f'rigfleet_swap_in_progress{{instance="{h.name}"}}', lookback) for p in vals)
         ended = [(iso(r["time"]), r) for r in ledger(h) if r.get("event") == "swap"
                  and (r.get("result") == "promoted" or (r.get("result") == "rolled-back"
                       and (r.get("gate") or {}).get("result") == "fail"))]
