@@ -366,6 +366,18 @@ def run_gate(host, profile: str, sets: list[str], port: int) -> tuple[int, str, 
     return rc, out, float(stamp)
 
 
+def passing_gate(host, profile: str, sets: list[str], port: int, tries: int = 4) -> float:
+    """``run_gate`` at the usual cap until it passes (on the shared 2-core machine the other
+    testbeds' load alone can take a run below the margin: a few seconds each); when the
+    passing record was written."""
+    for _ in range(tries):
+        rc, out, written = run_gate(host, profile, sets, port)
+        if rc == 0:
+            return written
+    raise AssertionError(f"{host.name}: the gate failed {tries} times at the usual cap:\n"
+                         f"{out[-3000:]}")
+
+
 def last_gate(host) -> dict | None:
     """The host's ``last.json`` (the last gate's throughput record), None without one."""
     rc, text = host.sh(f"cat {HOST.throughput_last}")
@@ -390,8 +402,7 @@ def test_a_slower_gate_raises_the_throughput_alert_and_a_passing_one_clears_it(f
     if (last or {}).get("stack") != stack or last.get("result") != "pass":
         # An earlier module's last gate here was another stack's or failed: start from a
         # passing one of what it serves, as its next swap would leave it.
-        rc, out, _ = run_gate(host, profile, sets, port)
-        assert rc == 0, out[-3000:]
+        passing_gate(host, profile, sets, port)
     wait_for(lambda: not alerts_now(lb, "RigThroughputBelowBaseline", host.name), 60,
              f"no throughput alert on {host.name} before the slower gate")
     rc, out = host.sh("nvidia-smi --query-gpu=power.limit,power.min_limit "
@@ -424,8 +435,7 @@ def test_a_slower_gate_raises_the_throughput_alert_and_a_passing_one_clears_it(f
     margin = query(lb, f"rigfleet_gate_margin_ratio{on}")[("node", host.name)]
     assert shortfall > margin > 0, (shortfall, margin)
     # At the usual cap the same gate passes, and the alert clears.
-    rc, out, written = run_gate(host, profile, sets, port)
-    assert rc == 0, out[-3000:]
+    written = passing_gate(host, profile, sets, port)
     wait_for(lambda: not alerts_now(lb, "RigThroughputBelowBaseline", host.name),
              RECORD_SEEN_S + SLACK_S + 30, f"RigThroughputBelowBaseline on {host.name} cleared")
     late = [t for t in firing_at(lb, "RigThroughputBelowBaseline", host.name,
