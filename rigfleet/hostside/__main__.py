@@ -107,7 +107,10 @@ def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
     stop = _Stop()
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
-    outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=stop).run()
+    # The textfiles say "swap in progress" before the engine stops (the monitor's engine-down
+    # alert spares a swap), and its outcome after it.
+    outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=stop,
+                          on_locked=lambda: metrics.refresh(lay, plan.front_port)).run()
     metrics.refresh(lay, plan.front_port)  # the swap's and gate's outcome, for the monitor
     return outcome.exit
 

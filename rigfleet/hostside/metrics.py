@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .atomic import write_atomic
 from .front import READY_PATH
-from .layout import STACK_LABEL, Layout
+from .layout import STACK_LABEL, SUPERVISE_UNIT, Layout
 from .maintenance import window_status
 from .plan import RETRY_AFTER_S
 from .records import (
@@ -253,6 +253,14 @@ def front_ready(port: int | None, timeout_s: float = 3) -> bool:
         return False
 
 
+def is_swap(holder: dict[str, object] | None) -> bool:
+    """Does a live lock holder take the engine down on purpose (a swap, ``ensure``, ``adopt``,
+    ``record``)? Not a maintenance window (its own metric) and not the supervisor: it holds the
+    lock to recreate an engine that died, which is the outage "engine down" is about."""
+    return bool(holder and holder.get("alive") and not holder.get("window")
+                and holder.get("who") != SUPERVISE_UNIT)
+
+
 def read_facts(lay: Layout, front_port: int | None, now: float | None = None) -> Facts:
     """The host's facts from its records (state, lock, window, supervisor, throughput,
     timings), its engine container and its front."""
@@ -264,7 +272,7 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
         "model_revision": str(state.get("model_revision") or ""),
         "genesis_commit": str(state.get("genesis_commit") or "")}
     holder = read_holder(lay.lock_dir)
-    swapping = bool(holder and holder.get("alive") and not holder.get("window"))
+    swapping = is_swap(holder)
     times = read_timings(lay)
     expected = (float(swap_estimate(times, stack, True, RETRY_AFTER_S).seconds)
                 if swapping and stack else None)

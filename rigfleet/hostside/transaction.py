@@ -81,9 +81,13 @@ class Transaction(Steps):
 
     def __init__(self, plan: Plan, lay: Layout, ops: Ops, front: FrontControl, gate: GateFn,
                  journal: Journal, interrupted: Callable[[], bool] = lambda: False,
-                 lock: HostLock | None = None) -> None:
+                 lock: HostLock | None = None,
+                 on_locked: Callable[[], None] = lambda: None) -> None:
         super().__init__(lay, ops, front, journal, interrupted)
         self.plan = plan
+        # Called once the lock is held, before anything changes (the host tool writes the
+        # metrics textfiles there: the monitor learns of the swap before the engine stops).
+        self.on_locked = on_locked
         self.gate_fn = gate
         self.lock = lock or HostLock(lay)
         self.dir = lay.swap_dir(plan.id)
@@ -118,6 +122,7 @@ class Transaction(Steps):
                 self.j.event("lock", note, level="warning")
                 mark_interrupted(self.lay, self.j, exclude=plan.id)
             prune_journals(self.lay)
+            self.on_locked()
             outcome = self._run()
         except Exception as e:  # a bug must still end with a result and a released lock
             outcome = Outcome("failed", EXIT_FAILED, stack=plan.desired.stack, phase="internal",

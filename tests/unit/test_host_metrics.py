@@ -165,3 +165,31 @@ def test_refresh_after_a_swap_only_where_the_exporter_is(tmp_path, monkeypatch):
     directory.mkdir(parents=True)
     metrics.refresh(lay, 8000)
     assert (directory / metrics.FACTS_FILE).is_file() and (directory / metrics.GPU_FILE).is_file()
+
+
+def test_a_swap_holds_the_host_but_the_supervisor_recreating_a_dead_engine_does_not(
+        tmp_path, monkeypatch):
+    """``rigfleet_swap_in_progress`` excuses an engine that is down on purpose; a supervisor
+    that holds the lock to recreate an engine that died must not hide "engine down"."""
+    from rigfleet.hostside.lock import HostLock
+    from rigfleet.hostside.supervise import WHO
+
+    lay = Layout(tmp_path)
+    lay.state_dir.mkdir(parents=True)
+    lay.state_file.write_text(json.dumps({"stack": "int8", "digest": "sha256:cd"}))
+    monkeypatch.setattr(metrics, "engine_running", lambda stack: False)
+    monkeypatch.setattr(metrics, "front_ready", lambda port: False)
+    for who, swapping in ((WHO, False), ("alice@laptop", True)):
+        lock = HostLock(lay)
+        assert lock.acquire(who, "recreate: its container exited" if who == WHO
+                            else "swap tq3 -> int8", "" if who == WHO else "d-1") is None
+        try:
+            f = metrics.read_facts(lay, 8000, now=1_800_000_000.0)
+            s = samples(facts_textfile(f))
+            assert (f.swap_in_progress, s["rigfleet_swap_in_progress"]) == (
+                swapping, float(swapping)), who
+            assert s["rigfleet_engine_up"] == 0
+            assert ("rigfleet_swap_expected_seconds" in s) is swapping, who
+        finally:
+            lock.release()
+    assert not metrics.is_swap(None)

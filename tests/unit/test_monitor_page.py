@@ -8,13 +8,12 @@ import argparse
 import json
 import re
 import subprocess
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
-from monitor_tools import need
+from monitor_tools import Dom, chromium_open
 
 from rigfleet.inventory import InventoryHost
 from rigfleet.monitor import query
@@ -72,25 +71,6 @@ ANSWERS = Answers(gate=GATE, engine=ENGINE, up=UP, alerts=ALERTS)
 def page(answers: Answers = ANSWERS) -> str:
     return render(PageInput(hosts=["rig1", "rig2"], monitor="lb1", now=NOW, hours=HOURS,
                             answers=answers, others=["lb1"]))
-
-
-class Dom(HTMLParser):
-    """The elements of a page: tag counts, attributes of each, the text."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.tags: list[tuple[str, dict[str, str | None]]] = []
-        self.text: list[str] = []
-        self.feed(text)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, dict(attrs)))
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-    def all(self, tag: str) -> list[dict[str, str | None]]:
-        return [a for t, a in self.tags if t == tag]
 
 
 def check_dom(dom: Dom) -> None:
@@ -300,22 +280,6 @@ def test_hours_out_of_range_is_a_usage_error(capsys: pytest.CaptureFixture[str])
 
 
 # --- a real browser --------------------------------------------------------------------------
-
-
-def chromium_open(tmp_path: Path, html: str) -> tuple[str, list[str]]:
-    """Chromium's DOM of the page and the console messages it logged."""
-    chromium = need("chromium", "chromium", "chromium-browser")
-    path = tmp_path / "fleet.html"
-    path.write_text(html)
-    proc = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-         f"--screenshot={tmp_path / 'shot.png'}", "--window-size=1400,1200",
-         "--dump-dom", path.as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (tmp_path / "shot.png").stat().st_size > 0
-    return proc.stdout, [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
 
 
 def test_the_page_in_headless_chromium(tmp_path: Path) -> None:

@@ -121,6 +121,18 @@ def test_swap_stops_old_waits_for_memory_starts_new_gates_and_promotes(lay):
     assert [e["phase"] for e in done["events"]][:3] == ["lock", "plan", "stage"]
 
 
+def test_the_monitor_hears_of_the_swap_once_the_lock_is_held_before_anything_changes(lay):
+    """``on_locked`` (the host tool writes the metrics textfiles there) runs with the lock
+    held and before the old stack goes down: the monitor's engine-down alert spares a swap."""
+    host, front, _, plan = setup_swap(lay)
+    seen: list[tuple[bool, list[str], list[str]]] = []
+    out = run(lay, host, front, plan,
+              on_locked=lambda: seen.append((lay.lock_dir.is_dir(), list(host.calls),
+                                             list(front.routes))))
+    assert out.result == "promoted"
+    assert seen == [(True, [], ["int8/1111aaaa2222bbbb"])]
+
+
 def test_first_activation_promotes_without_anything_to_stop(lay):
     host, front, _, plan = setup_swap(lay, old_stack=None, new_stack="int8",
                                       new_hash="5555eeee6666ffff")
