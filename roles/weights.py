@@ -27,10 +27,9 @@ Example::
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from pyinfra import host, logger
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra import host
+from pyinfra.api import deploy, operation
 from pyinfra.operations import files
 
 from rigfleet.commands import weights as weights_commands
@@ -39,8 +38,12 @@ from rigfleet.fleetcache import model_mirrors
 from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
 from rigfleet.weights import WeightsDirs, WeightsSpace, stale_weights, weights_space
-from roles.ops import Secret, executing, secret_file
+from roles.ops import Secret, WarnedCommand, executing, secret_file
 from roles.preflight import HostContext
+
+# The fetcher's stderr lines the deploy shows as this host's warnings (a cache skipped, a
+# bad file from it).
+WARNING_MARK = "[rigfleet-weights] WARNING: "
 
 
 @operation()
@@ -57,23 +60,6 @@ def hf_hub_venv(version: str, index_url: str | None = None):
         host.noop(f"huggingface_hub {version} in {weights_commands.HF_VENV}")
         return
     yield weights_commands.venv_install(version, index_url)
-
-
-# The fetcher marks what the deploy shows as the host's warnings (a cache skipped or a bad file).
-WARNING_MARK = "[rigfleet-weights] WARNING: "
-
-
-class WarnedCommand(StringCommand):
-    """A shell command whose ``WARNING`` lines (``WARNING_MARK``) pyinfra shows as this
-    host's warnings even when the command succeeds (it prints output only on failure)."""
-
-    def execute(self, state: Any, host: Any, connector_arguments: Any) -> Any:
-        status, output = super().execute(state, host, connector_arguments)
-        for line in output.stderr_lines:
-            if line.startswith(WARNING_MARK):
-                host.log_styled(line.removeprefix(WARNING_MARK), fg="yellow",
-                                log_func=logger.warning)
-        return status, output
 
 
 @operation()
@@ -106,7 +92,7 @@ def fetch_weights(
         if old.repo == repo and old.revision == revision and old.intact:
             host.noop(f"{repo}@{revision[:12]} verified in {adopt_from} (adopted first)")
             return
-    yield WarnedCommand(weights_commands.fetch(repo, revision, local_dir, token_file, endpoint,
+    yield WarnedCommand(WARNING_MARK, weights_commands.fetch(repo, revision, local_dir, token_file, endpoint,
                                                mirrors))
 
 

@@ -75,10 +75,13 @@ class SourceChecker:
         + state: what the host holds (its archives)
         """
         out: list[SourceResult] = []
-        for i, source in enumerate(settings.image_sources if sources is None else sources):
-            r = self.check(i, source, w, settings, state)
+        index = 0
+        for source in settings.image_sources if sources is None else sources:
+            r = self.check(index, source, w, settings, state)
+            index += source.cache is None  # a fleet cache is not an entry of image_sources
             out.append(r)
-            if r.ok:
+            # A fleet cache is not asked from here: the next source is the host's fallback.
+            if r.ok and source.cache is None:
                 break
         return out
 

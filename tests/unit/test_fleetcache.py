@@ -27,8 +27,20 @@ from rigfleet.fleetcache import (
     render_registry_config,
 )
 from rigfleet.hostdata import HostDataError, validate_cache
+from rigfleet.image_sources import NO_CHECK, ImageSource
+from rigfleet.images.checks import SourceChecker
+from rigfleet.images.hoststate import HostImageState, Space
+from rigfleet.images.plan import (
+    GIB,
+    WARNING_MARK,
+    Shell,
+    SourceResult,
+    WantedImage,
+    plan_host,
+)
 from rigfleet.inventory import InventoryHost, caches, host_kind
 from rigfleet.resources import project_file
+from roles.docker import daemon_settings, merge_daemon_config
 
 REPO, REV = "org/model", "ab" * 20
 
@@ -241,3 +253,92 @@ class socketless_port:
 
     def __exit__(self, *exc: object) -> None:
         self.s.close()
+
+
+# --- images: the cache's registry first, the next source on the host when it fails ------------
+
+IMAGE = "vllm/vllm-openai:v0.27.1"
+DIGEST = "sha256:" + "d" * 64
+W = WantedImage(IMAGE, DIGEST, "sha256:" + "1" * 64, ("int8",))
+CACHE = ImageSource("registry", url="http://lb1:5000", check=NO_CHECK, cache="lb1")
+
+
+def _state() -> HostImageState:
+    return HostImageState(True, "/var/lib/docker", {}, free={"root": Space("/dev/sda1",
+                                                                            500 * GIB)})
+
+
+class _Hub:
+    def __init__(self, url: str) -> None:
+        self.url, self.asked = url, 0
+
+    def digest(self, repo: str, ref: str) -> str:
+        self.asked += 1
+        return ref
+
+    def resolve(self, repo: str, ref: str):
+        return SimpleNamespace(layer_bytes=3 * GIB)
+
+
+def test_the_cache_is_not_asked_from_here_and_the_next_source_is_the_fallback(tmp_path):
+    settings = SimpleNamespace(image_sources=(ImageSource("hub"),), bump=SimpleNamespace(
+        registry="http://hub.test"))
+    checker = SourceChecker(_Hub)
+    results = checker.results(W, settings, _state(), (CACHE, *settings.image_sources))
+    assert [(r.ok, r.label) for r in results] == [
+        (True, "fleet cache lb1 (http://lb1:5000)"), (True, "image_sources[0] (hub)")]
+    plan = plan_host("rig-a", [W], _state(), {IMAGE: results})
+    [p] = plan.images
+    assert p.source is results[0] and p.need == {"root": 9 * GIB} and plan.problems == ()
+    [step] = p.steps
+    assert isinstance(step, Shell) and WARNING_MARK in step.command
+
+
+def _run_with_fake_docker(tmp_path: Path, command: str, cache_ok: bool) -> tuple[int, str, str]:
+    """Run the plan's command in bash with a ``docker`` that logs its calls and fails pulls
+    from the cache when it is 'down' (as a pull from a dead host or a bad blob does)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "calls"
+    fake = bin_dir / "docker"
+    fake.write_text("#!/bin/sh\n"
+                    f'echo "$*" >> {log}\n'
+                    f'case "$*" in *lb1:5000*) [ {int(cache_ok)} = 1 ] || '
+                    '{ echo "digest verification failed" >&2; exit 1; } ;; esac\n')
+    fake.chmod(0o755)
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    return proc.returncode, log.read_text(), proc.stderr
+
+
+def test_a_failed_pull_from_the_cache_falls_back_to_the_hub_with_a_warning(tmp_path):
+    results = [SourceResult(0, CACHE, True, "not checked", ref=None),
+               SourceResult(0, ImageSource("hub"), True, "there", 3 * GIB)]
+    [p] = plan_host("rig-a", [W], _state(), {IMAGE: results}).images
+    [step] = p.steps
+    assert isinstance(step, Shell)
+    rc, calls, err = _run_with_fake_docker(tmp_path, step.command, cache_ok=False)
+    ref = f"lb1:5000/vllm/vllm-openai@{DIGEST}"
+    assert rc == 0
+    assert calls.splitlines() == [f"pull --quiet {ref}", f"pull --quiet {IMAGE}@{DIGEST}",
+                                  f"tag vllm/vllm-openai@{DIGEST} {IMAGE}"]
+    assert f"{WARNING_MARK}{IMAGE}: the pull from fleet cache lb1 (http://lb1:5000) failed" \
+        in err and "pulling from image_sources[0] (hub) instead" in err
+
+
+def test_a_good_pull_from_the_cache_is_all_that_runs(tmp_path):
+    results = [SourceResult(0, CACHE, True, "not checked"),
+               SourceResult(0, ImageSource("hub"), True, "there", 3 * GIB)]
+    [p] = plan_host("rig-a", [W], _state(), {IMAGE: results}).images
+    rc, calls, err = _run_with_fake_docker(tmp_path, p.steps[0].command, cache_ok=True)
+    ref = f"lb1:5000/vllm/vllm-openai@{DIGEST}"
+    assert rc == 0 and calls.splitlines() == [f"pull --quiet {ref}", f"tag {ref} {IMAGE}"]
+    assert "WARNING" not in err
+
+
+def test_cache_registries_are_added_to_insecure_registries_keeping_the_users():
+    merged = merge_daemon_config({"insecure-registries": ["mine:5000"]},
+                                 daemon_settings(None, ("lb1:5000",)))
+    assert merged["insecure-registries"] == ["mine:5000", "lb1:5000"]
+    assert merge_daemon_config(merged, daemon_settings(None, ("lb1:5000",))) == merged
+    assert "insecure-registries" not in daemon_settings(None)
