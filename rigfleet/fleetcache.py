@@ -11,6 +11,7 @@ Example::
 
     render_registry_config(settings)           # /etc/docker/registry/config.yml
     render_nginx_site(settings)                # /etc/nginx/conf.d/rigfleet-cache.conf
+    warm_command(5000, "vllm/vllm-openai", digest, marker)   # the pin through the cache
     model_path("/srv/c", "org/m", "ab" * 20)   # /srv/c/org/m/abab...
     model_mirrors(host.inventory)              # ('http://lb1.lan:8081',)
 """
@@ -18,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import posixpath
+import shlex
 from collections.abc import Iterable
 from typing import Any
 
@@ -88,6 +90,39 @@ def render_nginx_site(settings: CacheSettings) -> str:
         "        try_files $uri =404;\n"
         "    }\n"
         "}\n"
+    )
+
+
+# What a registry answers a manifest request with, most specific last (index, then image).
+MANIFEST_TYPES = ",".join((
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+))
+
+
+def warm_command(port: int, path: str, digest: str, marker: str) -> str:
+    """Pull one pinned image through the cache on its own host (the linux/amd64 manifest,
+    its config and layers to /dev/null), so the rigs find it there; ``marker`` is written
+    when every blob came through (the next converge skips it).
+
+    + path: the repository path in the upstream (``vllm/vllm-openai``); digest: the pin
+    """
+    base = shlex.quote(f"http://127.0.0.1:{port}/v2/{path}")
+    accept = shlex.quote(f"Accept: {MANIFEST_TYPES}")
+    amd64 = ('.manifests[]? | select(.platform.os == "linux" and .platform.architecture == '
+             '"amd64") | .digest')
+    return (
+        "set -e; "
+        f"idx=$(curl -fsS -H {accept} {base}/manifests/{shlex.quote(digest)}); "
+        f"m=$(printf '%s' \"$idx\" | jq -r {shlex.quote(amd64)} | head -n 1); "
+        f'if [ -n "$m" ]; then man=$(curl -fsS -H {accept} {base}/manifests/"$m"); '
+        'else man=$idx; fi; '
+        "for b in $(printf '%s' \"$man\" | jq -r '.config.digest, .layers[].digest'); do "
+        f'curl -fsS -o /dev/null {base}/blobs/"$b"; done; '
+        f"install -d -m 0755 {shlex.quote(posixpath.dirname(marker))}; "
+        f"touch {shlex.quote(marker)}"
     )
 
 

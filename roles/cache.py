@@ -24,11 +24,12 @@ import io
 from dataclasses import dataclass
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import deploy, operation
+from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
 from rigfleet.commands import weights as weights_commands
-from rigfleet.desired import pins_for
+from rigfleet.desired import load_desired
 from rigfleet.errors import RigfleetError
 from rigfleet.facts import OsRelease, Platform, read_fact
 from rigfleet.fleetcache import (
@@ -38,11 +39,13 @@ from rigfleet.fleetcache import (
     model_path,
     render_nginx_site,
     render_registry_config,
+    warm_command,
 )
-from rigfleet.hostdata import CacheSettings, HostDataError, validate_cache, validate_host
+from rigfleet.hostdata import CacheSettings, HostDataError, validate_cache
 from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import host_kind
 from rigfleet.pins import ModelPin
+from rigfleet.registry import registry_of, split_image
 from rigfleet.resources import project_file
 from roles.front import DEFAULT_SITE, site_disabled
 from roles.ops import Secret, apt_packages, on_change, secret_file
@@ -64,6 +67,8 @@ class CacheContext:
     hf_hub_version: str
     hf_token: Secret | None = None
     gpu_host: bool = False
+    # (repository path, digest) of every pinned Docker Hub image the GPU hosts stage.
+    images: tuple[tuple[str, str], ...] = ()
 
     @property
     def site_ca_files(self) -> tuple[str, ...]:
@@ -94,11 +99,13 @@ def _check_cache(name: str, gpu_host: bool) -> CacheContext:
                               taken=_taken_ports(kind.balancer, kind.monitor, gpu_host))
     models: dict[tuple[str, str], ModelPin] = {}
     hub_versions: set[str] = set()
+    images: set[tuple[str, str]] = set()
     for other in host.inventory:
         if not host_kind(other.groups).gpu:
             continue
         try:
-            pins = pins_for(validate_host(other.name, other.data))
+            want = load_desired(other.name, other.data)
+            pins = want.pins
         except (HostDataError, RigfleetError) as e:
             raise PreflightError(
                 f"{name}: caches: {other.name}'s data does not validate, so the revisions to "
@@ -106,6 +113,10 @@ def _check_cache(name: str, gpu_host: bool) -> CacheContext:
             ) from None
         models.setdefault((pins.model.repo, pins.model.revision), pins.model)
         hub_versions.add(pins.hf_hub_version)
+        for stack in want.stacks.values():
+            registry, path = registry_of(split_image(stack.pins.image)[0])
+            if registry is None:  # the cache pulls through for Docker Hub's names only
+                images.add((path, stack.pins.digest))
     if not models:
         raise PreflightError(f"{name}: caches: the inventory has no GPU host to cache for; "
                              "allowed: a cache beside at least one GPU host")
@@ -116,7 +127,25 @@ def _check_cache(name: str, gpu_host: bool) -> CacheContext:
     token = (read_secret(name, "hf_token_file", settings.hf_token_file)
              if settings.hf_token_file else None)
     return CacheContext(name, os_info, settings, tuple(models[k] for k in sorted(models)),
-                        max(hub_versions), token, gpu_host)
+                        max(hub_versions), token, gpu_host, tuple(sorted(images)))
+
+
+def warm_marker(digest: str) -> str:
+    """The file saying ``digest`` came through the cache whole (``warm_command``)."""
+    return f"{HOST.state_dir}/cache-warm/{digest.replace(':', '-')}"
+
+
+@operation()
+def image_warm(path: str, digest: str, port: int):
+    """Pull one pinned image through the cache here, once (its marker says it came whole).
+
+    + path: the repository path upstream; digest: the pin; port: ``cache_registry_port``
+    """
+    marker = warm_marker(digest)
+    if read_fact(File, path=marker):
+        host.noop(f"{path}@{digest[:19]} came through the cache")
+        return
+    yield warm_command(port, path, digest, marker)
 
 
 @deploy("Cache (pull-through registry, model files)")
@@ -137,6 +166,9 @@ def cache(ctx: CacheContext) -> None:
     on_change(name=f"Restart {REGISTRY_SERVICE} (its config changed)",
               commands=[f"systemctl restart {REGISTRY_SERVICE}"], gates=[registry_conf],
               reason="config unchanged")
+    for path, digest in host.loop(ctx.images):
+        image_warm(name=f"Pull {path}@{digest[:19]} through the cache (before the rigs)",
+                   path=path, digest=digest, port=s.registry_port)
     _models(ctx)
     gates = []
     if not ctx.gpu_host:  # a GPU host's front owns nginx's sites

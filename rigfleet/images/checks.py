@@ -88,6 +88,10 @@ class SourceChecker:
     def check(self, index: int, source: ImageSource, w: WantedImage, settings: HostSettings,
               state: HostImageState) -> SourceResult:
         """One source for one image (see the module docstring)."""
+        if source.cache is not None and registry_of(w.repository)[0] is not None:
+            return SourceResult(index, source, False, f"{w.repository} is not a Docker Hub "
+                                "name: the fleet cache pulls through for Docker Hub's names "
+                                "only (cache_registry_upstream)")
         if source.kind == "hub":
             url = check_url(source, w, settings)
             path = registry_of(w.repository)[1]

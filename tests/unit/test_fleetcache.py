@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import importlib.util
+import json
 import shutil
 import subprocess
 import threading
@@ -25,6 +26,7 @@ from rigfleet.fleetcache import (
     model_path,
     render_nginx_site,
     render_registry_config,
+    warm_command,
 )
 from rigfleet.hostdata import HostDataError, validate_cache
 from rigfleet.image_sources import NO_CHECK, ImageSource
@@ -342,3 +344,46 @@ def test_cache_registries_are_added_to_insecure_registries_keeping_the_users():
     assert merged["insecure-registries"] == ["mine:5000", "lb1:5000"]
     assert merge_daemon_config(merged, daemon_settings(None, ("lb1:5000",))) == merged
     assert "insecure-registries" not in daemon_settings(None)
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="jq (a base package of every host)")
+def test_warming_pulls_the_amd64_manifest_config_and_layers_then_marks_it(tmp_path):
+    index = {"manifests": [
+        {"digest": "sha256:arm", "platform": {"os": "linux", "architecture": "arm64"}},
+        {"digest": "sha256:amd", "platform": {"os": "linux", "architecture": "amd64"}}]}
+    image = {"config": {"digest": "sha256:cfg"},
+             "layers": [{"digest": "sha256:l1"}, {"digest": "sha256:l2"}]}
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / "idx").write_text(json.dumps(index))
+    (answers / "amd").write_text(json.dumps(image))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "urls"
+    (bin_dir / "curl").write_text(
+        "#!/bin/sh\n"
+        'for a; do url=$a; done\n'
+        f'echo "$url" >> {log}\n'
+        f'case "$url" in *manifests/sha256:pin) cat {answers}/idx ;; '
+        f'*manifests/sha256:amd) cat {answers}/amd ;; *blobs/*) : ;; *) exit 22 ;; esac\n')
+    (bin_dir / "curl").chmod(0o755)
+    marker = tmp_path / "warm" / "sha256-pin"
+    cmd = warm_command(5000, "vllm/vllm-openai", "sha256:pin", str(marker))
+    subprocess.run(["bash", "-c", cmd], check=True,
+                   env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    base = "http://127.0.0.1:5000/v2/vllm/vllm-openai"
+    assert log.read_text().splitlines() == [
+        f"{base}/manifests/sha256:pin", f"{base}/manifests/sha256:amd",
+        f"{base}/blobs/sha256:cfg", f"{base}/blobs/sha256:l1", f"{base}/blobs/sha256:l2"]
+    assert marker.is_file()
+
+
+def test_a_failed_warm_leaves_no_marker(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "curl").write_text("#!/bin/sh\nexit 7\n")
+    (bin_dir / "curl").chmod(0o755)
+    marker = tmp_path / "warm" / "m"
+    proc = subprocess.run(["bash", "-c", warm_command(5000, "a/b", "sha256:x", str(marker))],
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert proc.returncode != 0 and not marker.exists()
