@@ -298,13 +298,17 @@ def plan_image(w: WantedImage, here: Presence, results: Sequence[SourceResult]) 
     for i, r in enumerate(results):
         if not r.ok:
             continue
+        if r.source.cache is None:
+            return ImagePlan(w, here, "fetch", fetch_steps(w, r), r, tuple(results),
+                             need_bytes(r))
+        # A fleet cache is not asked from here: used only before a registry (or the hub)
+        # that holds the image, which the host falls back to (it is what the cache pulls).
         after = next((a for a in results[i + 1:] if a.ok), None)
-        if r.source.cache is not None and after is not None and after.source.kind in (
-                "hub", "registry"):
+        if after is not None and after.source.kind in ("hub", "registry"):
             return ImagePlan(w, here, "fetch", cache_steps(w, r, after), r, tuple(results),
                              need_bytes(after))
-        return ImagePlan(w, here, "fetch", fetch_steps(w, r), r, tuple(results), need_bytes(r))
-    return ImagePlan(w, here, "refused", tried=tuple(results))
+    return ImagePlan(w, here, "refused",
+                     tried=tuple(r for r in results if r.source.cache is None))
 
 
 def plan_host(host: str, wanted: Sequence[WantedImage], state: HostImageState,

@@ -387,3 +387,13 @@ def test_a_failed_warm_leaves_no_marker(tmp_path):
     proc = subprocess.run(["bash", "-c", warm_command(5000, "a/b", "sha256:x", str(marker))],
                           env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
     assert proc.returncode != 0 and not marker.exists()
+
+
+def test_the_cache_alone_never_makes_an_image_available():
+    """What no upstream holds is refused before any host changes, the cache not named."""
+    results = [SourceResult(0, CACHE, True, "not checked"),
+               SourceResult(0, ImageSource("hub"), False, "not there (HTTP 404)")]
+    plan = plan_host("rig-a", [W], _state(), {IMAGE: results})
+    assert plan.images[0].action == "refused"
+    assert any("image_sources[0] (hub): not there" in p for p in plan.problems)
+    assert not any("fleet cache" in p for p in plan.problems)
