@@ -397,3 +397,63 @@ def test_the_cache_alone_never_makes_an_image_available():
     assert plan.images[0].action == "refused"
     assert any("image_sources[0] (hub): not there" in p for p in plan.problems)
     assert not any("fleet cache" in p for p in plan.problems)
+
+
+# --- benchmarks/fleet_fetch.py: what each source's own log says it served ---------------------
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "fleet_fetch", Path(__file__).resolve().parents[2] / "benchmarks" / "fleet_fetch.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_counts_each_sources_bytes_from_its_own_log(bench):
+    hub = ["2026-12-04T06:40:01.1Z [hub] 10.0.0.61 GET /org/m/resolve/abc/model.safetensors "
+           "200 5000B",
+           "2026-12-04T06:40:01.2Z [hub] 10.0.0.11 HEAD /org/m/resolve/abc/model.safetensors "
+           "200 0B",
+           "2026-12-04T06:40:01.3Z [hub] 10.0.0.11 GET /api/models/org/m/revision/abc 200 700B",
+           "2026-12-04T06:40:01.4Z [hub] 10.0.0.11 GET /org/m/resolve/abc/x 404 40B",
+           "2026-12-04T06:40:01.5Z [hub] faults set: {}"]
+    assert bench.hub_bytes(hub) == (5700, 2)
+    registry = [
+        '10.0.0.61 - - [04/Dec/2026:06:40:01 +0000] "GET /v2/vllm/vllm-openai/blobs/sha256:a '
+        'HTTP/1.1" 200 12345 "" "docker/26.1.5"',
+        '127.0.0.1 - - [04/Dec/2026:06:40:02 +0000] "GET /v2/vllm/vllm-openai/blobs/sha256:a '
+        'HTTP/1.1" 200 12345 "" "curl/8"',
+        '10.0.0.11 - - [04/Dec/2026:06:40:03 +0000] "HEAD /v2/vllm/vllm-openai/manifests/x '
+        'HTTP/1.1" 200 0 "" "docker/26.1.5"',
+        'time="2026-12-04T06:40:01Z" level=info msg="response completed" '
+        'http.response.written=12345']
+    assert bench.access_bytes(registry) == (24690, 2)
+    assert bench.access_bytes(registry, skip_clients=("127.0.0.1",)) == (12345, 1)
+    nginx = ["2026-12-04T06:40:01+00:00 10.0.0.11 200 5000 GET /org/m/abc/model.safetensors",
+             "2026-12-04T06:40:01+00:00 10.0.0.12 200 5000 GET /org/m/abc/model.safetensors",
+             "2026-12-04T06:40:01+00:00 10.0.0.12 404 153 GET /org/m/abc/other"]
+    total, files, clients = bench.nginx_bytes(nginx)
+    assert (total, files, dict(clients)) == (10000, 2, {"10.0.0.11": 1, "10.0.0.12": 1})
+    assert bench.wan_ratio(5700 + 12345, 17000) == pytest.approx(1.0615, abs=1e-3)
+
+
+def test_warning_lines_of_a_successful_command_are_shown_as_the_hosts_warnings():
+    from pyinfra.connectors.util import CommandOutput, OutputLine
+
+    from roles.ops import WarnedCommand
+    from roles.weights import WARNING_MARK as WEIGHTS_MARK
+
+    shown: list[str] = []
+    output = CommandOutput([OutputLine("stdout", "[rigfleet-weights] verified 3 files"),
+                            OutputLine("stderr", f"{WEIGHTS_MARK}mirror http://lb1:8081 cannot "
+                                       "be reached (refused); skipped"),
+                            OutputLine("stderr", "some other noise")])
+    host = SimpleNamespace(run_shell_command=lambda *a, **k: (True, output),
+                           log_styled=lambda text, **k: shown.append(text))
+    state = SimpleNamespace(print_output=False, print_input=False)
+    cmd = WarnedCommand(WEIGHTS_MARK, "fetch ...")
+    assert cmd.execute(state, host, {}) == (True, output)
+    assert shown == ["mirror http://lb1:8081 cannot be reached (refused); skipped"]
