@@ -76,7 +76,6 @@ def render_nginx_site(settings: CacheSettings) -> str:
         "$request_method $uri';\n"
         "server {\n"
         f"    listen {settings.model_port};\n"
-        f"    listen [::]:{settings.model_port};\n"
         f"    root {settings.model_dir};\n"
         f"    access_log {MODEL_LOG} rigfleet_cache;\n"
         "    autoindex off;\n"
