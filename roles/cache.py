@@ -41,7 +41,7 @@ from rigfleet.fleetcache import (
     render_registry_config,
     warm_command,
 )
-from rigfleet.hostdata import CacheSettings, HostDataError, validate_cache
+from rigfleet.hostdata import KEY_DEFAULTS, CacheSettings, HostDataError, validate_cache
 from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import host_kind
 from rigfleet.pins import ModelPin
@@ -85,7 +85,7 @@ def preflight_cache(gpu_host: bool = False) -> CacheContext:
 def _taken_ports(kind_balancer: bool, kind_monitor: bool, gpu_host: bool) -> list[int]:
     taken: list[int] = []
     if kind_balancer:
-        taken.append(int(host.data.get("balancer_port", None) or 8080))
+        taken.append(int(host.data.get("balancer_port", None) or KEY_DEFAULTS["balancer_port"]))
     if kind_monitor:
         taken += MONITOR_PORTS
     if gpu_host and host.data.get("front_port", None) is not None:
