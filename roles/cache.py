@@ -85,7 +85,8 @@ def preflight_cache(gpu_host: bool = False) -> CacheContext:
 def _taken_ports(kind_balancer: bool, kind_monitor: bool, gpu_host: bool) -> list[int]:
     taken: list[int] = []
     if kind_balancer:
-        taken.append(int(host.data.get("balancer_port", None) or KEY_DEFAULTS["balancer_port"]))
+        port = host.data.get("balancer_port", None) or KEY_DEFAULTS["balancer_port"]
+        taken.append(int(port))
     if kind_monitor:
         taken += MONITOR_PORTS
     if gpu_host and host.data.get("front_port", None) is not None:
