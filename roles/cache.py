@@ -83,15 +83,14 @@ def preflight_cache(gpu_host: bool = False) -> CacheContext:
 
 
 def _taken_ports(kind_balancer: bool, kind_monitor: bool, gpu_host: bool) -> list[int]:
-    taken: list[int] = []
+    """Ports the host's other services listen on (their own preflights check their values)."""
+    wanted = []
     if kind_balancer:
-        port = host.data.get("balancer_port", None) or KEY_DEFAULTS["balancer_port"]
-        taken.append(int(port))
-    if kind_monitor:
-        taken += MONITOR_PORTS
-    if gpu_host and host.data.get("front_port", None) is not None:
-        taken.append(int(host.data.get("front_port", None)))
-    return taken
+        wanted.append(host.data.get("balancer_port", None) or KEY_DEFAULTS["balancer_port"])
+    if gpu_host:
+        wanted.append(host.data.get("front_port", None))
+    taken = [p for p in wanted if isinstance(p, int) and not isinstance(p, bool)]
+    return taken + list(MONITOR_PORTS if kind_monitor else ())
 
 
 def _check_cache(name: str, gpu_host: bool) -> CacheContext:
