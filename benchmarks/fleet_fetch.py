@@ -2,6 +2,7 @@
 
     python benchmarks/fleet_fetch.py --hosts 3            # the testbed as it is (up if needed)
     python benchmarks/fleet_fetch.py --hosts 3 --fresh    # testbed down first: bare hosts
+    python benchmarks/fleet_fetch.py --since 1796450000   # figures of a converge already run
 
 Brings up N dual-3090 testbed hosts and lb1 (balancer, monitor and fleet cache), converges
 them once, and reads what each source served during that converge from its own log: the twin
@@ -19,6 +20,7 @@ import argparse
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,6 +36,8 @@ HUB_LINE = re.compile(r"\[hub\] (?P<client>\S+) (?P<method>GET|HEAD) (?P<path>\S
 ACCESS_LINE = re.compile(r'^(?:.*?\s)?(?P<client>[0-9a-fA-F.:]+) - \S+ \[[^\]]+\] '
                          r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d{3}) '
                          r'(?P<bytes>\d+|-)')
+# What the rigs' warnings about the cache say (files/rigfleet-fetch-weights.py, images.plan).
+WARNED = ("cannot be reached", "fetched from the hub instead", "the pull from fleet cache")
 NGINX_FIELDS = 6  # roles/cache: time, client, status, bytes, method, uri
 
 
@@ -82,7 +86,7 @@ def _out(cmd: list[str], timeout: float = 120) -> list[str]:
 
 
 class Logs:
-    """Every source's log lines, read from the testbed's containers."""
+    """Every source's log lines since a moment, read from the testbed's containers."""
 
     def __init__(self, layout) -> None:
         from rigfleet_testbed.layout import BalancerSlot
@@ -90,15 +94,21 @@ class Logs:
         self.layout = layout
         self.lb = BalancerSlot(1).container
 
-    def read(self) -> dict[str, list[str]]:
+    def read(self, since: float) -> dict[str, list[str]]:
+        """Lines logged at ``since`` (seconds since the epoch) or later."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since))
         lb = ["docker", "exec", self.lb]
+        nginx = _out([*lb, "sh", "-c", "cat /var/log/nginx/rigfleet-cache.log 2>/dev/null "
+                      "|| true"])
         return {
-            "hub": _out(["docker", "logs", self.layout.SERVICES_CONTAINER]),
-            "registry": _out(["docker", "logs", self.layout.REGISTRY_CONTAINER]),
-            "cache-models": _out([*lb, "sh", "-c", "cat /var/log/nginx/rigfleet-cache.log "
-                                  "2>/dev/null || true"]),
+            "hub": _out(["docker", "logs", "--since", str(int(since)),
+                         self.layout.SERVICES_CONTAINER]),
+            "registry": _out(["docker", "logs", "--since", str(int(since)),
+                              self.layout.REGISTRY_CONTAINER]),
+            # ISO 8601 times in one zone sort as text.
+            "cache-models": [line for line in nginx if line[:19] >= stamp],
             "cache-registry": _out([*lb, "journalctl", "-u", "docker-registry", "-o", "cat",
-                                    "--no-pager"]),
+                                    "--no-pager", "--since", f"@{int(since)}"]),
         }
 
 
@@ -129,29 +139,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=3, help="GPU hosts (default 3)")
     parser.add_argument("--fresh", action="store_true",
                         help="take the testbed down first (bare hosts; else it must be bare)")
+    parser.add_argument("--since", type=float, metavar="EPOCH_S",
+                        help="no converge: the figures of one that started then (the testbed "
+                        "as it is)")
     args = parser.parse_args(argv)
     from rigfleet_testbed import layout
 
     rigfleet = str(BIN / "rigfleet")
-    if args.fresh:
-        subprocess.run([rigfleet, "testbed", "down"], cwd=REPO, check=True, timeout=900)
-    subprocess.run([rigfleet, "testbed", "up", "--hosts", str(args.hosts), "--balancer"],
-                   cwd=REPO, check=True, timeout=1800)
-    logs = Logs(layout)
-    before = logs.read()
-    proc = subprocess.run([str(BIN / "pyinfra"), str(layout.INVENTORY), "deploy.py", "-y"],
-                          cwd=REPO, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        print((proc.stdout + proc.stderr)[-4000:], file=sys.stderr)
-        raise SystemExit("the converge failed")
-    after = logs.read()
-    new = {k: after[k][len(before[k]):] for k in after}
+    warnings: list[str] = []
+    since = args.since
+    if since is None:
+        if args.fresh:
+            subprocess.run([rigfleet, "testbed", "down"], cwd=REPO, check=True, timeout=900)
+        subprocess.run([rigfleet, "testbed", "up", "--hosts", str(args.hosts), "--balancer"],
+                       cwd=REPO, check=True, timeout=1800)
+        since = time.time() - 1
+        print(f"converge from {since:.0f} (--since {since:.0f} prints these figures again)")
+        proc = subprocess.run([str(BIN / "pyinfra"), str(layout.INVENTORY), "deploy.py", "-y"],
+                              cwd=REPO, capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0:
+            print((proc.stdout + proc.stderr)[-4000:], file=sys.stderr)
+            raise SystemExit("the converge failed")
+        # The host's warnings the deploy shows (a cache skipped, a bad copy from it).
+        warnings = [line for line in (proc.stdout + proc.stderr).splitlines()
+                    if any(w in line for w in WARNED)]
+    new = Logs(layout).read(since)
     hub, hub_n = hub_bytes(new["hub"])
     reg, reg_n = access_bytes(new["registry"])
     lan_models, files, clients = nginx_bytes(new["cache-models"])
     lan_images, blobs = access_bytes(new["cache-registry"], skip_clients=("127.0.0.1", "::1"))
     model, images = need_bytes(layout, layout.INVENTORY)
-    warnings = [line for line in proc.stdout.splitlines() if "WARNING" in line]
     print(f"fleet: {args.hosts} GPU host(s) + lb1 (fleet cache), instance {layout.INSTANCE}")
     print(f"upstream hub {layout.HUB_URL}: {hub} bytes ({hub_n} GETs)")
     print(f"upstream registry {layout.MIRROR_URL}: {reg} bytes ({reg_n} GETs)")
