@@ -10,22 +10,26 @@ hub's request log (``[hub] <client> GET <path> <status> <bytes>B``) and the twin
 access log (the upstreams: they stand for huggingface.co and Docker Hub), and the cache's
 nginx log and its registry's access log (the LAN). One host's need is the pinned model
 revision's files (the hub's listing) plus the compressed layers of the fleet's pinned images
-(the registry's manifests). The last line is ``wan ratio R``: upstream bytes / one host's need
+(the registry's manifests; a layer images share counted once). The last line is ``wan ratio R``: upstream bytes / one host's need
 (1.0: each byte crossed the internet once). Set RIGFLEET_TESTBED_INSTANCE for another testbed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
+
+from rigfleet.fleetcache import MANIFEST_TYPES
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -119,7 +123,7 @@ def need_bytes(layout, inventory: Path) -> tuple[int, int]:
 
     from rigfleet.desired import load_desired
     from rigfleet.inventory import gpu_hosts, load_inventory
-    from rigfleet.registry import Registry, registry_of, split_image
+    from rigfleet.registry import registry_of, split_image
 
     pins = yaml.safe_load((layout.STATE_DIR / "pins.yaml").read_text())
     info = HfApi(endpoint=f"http://127.0.0.1:{layout.HUB_LOCAL_PORT}").model_info(
@@ -130,8 +134,28 @@ def need_bytes(layout, inventory: Path) -> tuple[int, int]:
         want = load_desired(h.name, h.data)
         images |= {(registry_of(split_image(s.pins.image)[0])[1], s.pins.digest)
                    for s in want.stacks.values()}
-    registry = Registry(f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}")
-    return model, sum(registry.resolve(path, digest).layer_bytes for path, digest in images)
+    base = f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT}"
+    blobs: dict[str, int] = {}  # images that share layers need each once
+    for path, digest in images:
+        blobs |= image_blobs(base, path, digest)
+    return model, sum(blobs.values())
+
+
+def _manifest(base: str, path: str, ref: str) -> dict:
+    req = urllib.request.Request(f"{base}/v2/{path}/manifests/{ref}",
+                                 headers={"Accept": MANIFEST_TYPES})
+    with urllib.request.urlopen(req, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def image_blobs(base: str, path: str, digest: str) -> dict[str, int]:
+    """The linux/amd64 image's config and layers: digest -> compressed bytes."""
+    top = _manifest(base, path, digest)
+    amd64 = [m["digest"] for m in top.get("manifests", [])
+             if m.get("platform", {}).get("os") == "linux"
+             and m.get("platform", {}).get("architecture") == "amd64"]
+    image = _manifest(base, path, amd64[0]) if amd64 else top
+    return {d["digest"]: int(d["size"]) for d in (image["config"], *image["layers"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     lan_models, files, clients = nginx_bytes(new["cache-models"])
     lan_images, blobs = access_bytes(new["cache-registry"], skip_clients=("127.0.0.1", "::1"))
     model, images = need_bytes(layout, layout.INVENTORY)
-    print(f"fleet: {args.hosts} GPU host(s) + lb1 (fleet cache), instance {layout.INSTANCE}")
+    from rigfleet.inventory import gpu_hosts, load_inventory
+
+    rigs = len(gpu_hosts(load_inventory(layout.INVENTORY, cwd=REPO)))
+    print(f"fleet: {rigs} GPU host(s) + lb1 (fleet cache), instance {layout.INSTANCE}")
     print(f"upstream hub {layout.HUB_URL}: {hub} bytes ({hub_n} GETs)")
     print(f"upstream registry {layout.MIRROR_URL}: {reg} bytes ({reg_n} GETs)")
     print(f"LAN cache lb1 model files: {lan_models} bytes ({files} files to "
