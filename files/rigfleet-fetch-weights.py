@@ -5,7 +5,8 @@ Installed by rigfleet (roles/weights.py) at /usr/local/lib/rigfleet/rigfleet-fet
 and run with the huggingface_hub venv's python:
 
     rigfleet-fetch-weights.py fetch --repo ORG/NAME --revision <40-hex> --local-dir DIR \
-        [--token-file /etc/rigfleet/secrets/hf-token] [--lock-dir /var/lib/rigfleet/locks]
+        [--token-file /etc/rigfleet/secrets/hf-token] [--lock-dir /var/lib/rigfleet/locks] \
+        [--mirror http://cache.lan:8081 ...]
     rigfleet-fetch-weights.py check --repo ORG/NAME --revision <40-hex> --local-dir DIR
     rigfleet-fetch-weights.py adopt --repo ORG/NAME --revision <40-hex> --from OLD --to DIR \
         --lock-dir /var/lib/rigfleet/locks
@@ -23,11 +24,16 @@ that only ever holds that revision, verified. ``fetch``:
    matches its manifest: its manifest is removed first, then it is repaired in place);
 5. asks the hub for the revision's files (sizes, LFS sha256) and checks free disk first
    (bytes still to download + 10 % of the total as headroom);
-6. ``snapshot_download(repo, revision, local_dir=<that directory>)`` (resumes partial
-   downloads);
-7. verifies every file: sha256 of every LFS file against the hub's, size of every file, and
+6. each ``--mirror`` (a fleet cache: ``<mirror>/<repo>/<revision>/<file>``, plain HTTP GET)
+   in order, for every file not there yet: streamed to ``<file>.mirror-part``, its sha256
+   (LFS) or git blob id checked against the hub's listing, and only then renamed into place;
+   a file that fails is dropped and a mirror that cannot be reached is skipped, each with a
+   ``WARNING`` line naming the mirror (the hub gives what is left);
+7. ``snapshot_download(repo, revision, local_dir=<that directory>)`` for the files still
+   missing (resumes partial downloads);
+8. verifies every file: sha256 of every LFS file against the hub's, size of every file, and
    the git blob id of small (non-LFS) files;
-8. writes the manifest (atomically) only after all of that passed, then renames the partial
+9. writes the manifest (atomically) only after all of that passed, then renames the partial
    directory to DIR: DIR appears complete and verified, or not at all.
 
 ``adopt`` takes over a directory of before per-revision directories (OLD,
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -53,9 +60,14 @@ import re
 import shutil
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 MANIFEST = ".rigfleet-manifest.json"
+MIRROR_PART = ".mirror-part"
+MIRROR_TIMEOUT_S = 30
 PARTIAL_SUFFIX = ".partial"
 HEADROOM = 0.10
 CHUNK = 8 * 1024 * 1024
@@ -70,6 +82,11 @@ class FetchError(Exception):
 
 def say(message: str) -> None:
     print(f"[rigfleet-weights] {message}", flush=True)
+
+
+def warn(message: str) -> None:
+    """One line on stderr the deploy shows as the host's warning (``WARNING`` marks it)."""
+    print(f"[rigfleet-weights] WARNING: {message}", file=sys.stderr, flush=True)
 
 
 def gib(n: float) -> str:
@@ -227,6 +244,94 @@ def verify(local_dir: Path, expected: dict[str, dict]) -> dict[str, dict]:
     return verified
 
 
+# --- mirrors (a fleet cache) ----------------------------------------------------------------
+
+
+class MirrorDown(Exception):
+    """The mirror cannot be reached (or answers 5xx): skip it for the remaining files."""
+
+
+def mirror_url(mirror: str, repo: str, revision: str, name: str) -> str:
+    path = "/".join(urllib.parse.quote(p) for p in (*repo.split("/"), revision, *name.split("/")))
+    return f"{mirror.rstrip('/')}/{path}"
+
+
+def mirror_file(url: str, dest: Path, meta: dict) -> str | None:
+    """Stream ``url`` to ``dest`` if it is the file the hub lists; None when it is (``dest``
+    in place), else why not (nothing left behind). Raises ``MirrorDown``."""
+    part = dest.with_name(dest.name + MIRROR_PART)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    sha256 = hashlib.sha256()
+    sha1 = hashlib.sha1(f"blob {meta['size']}\0".encode()) if meta["sha256"] is None else None
+    size = 0
+    try:
+        with urllib.request.urlopen(url, timeout=MIRROR_TIMEOUT_S) as answer, \
+                open(part, "wb") as out:
+            while chunk := answer.read(CHUNK):
+                size += len(chunk)
+                if size > meta["size"]:
+                    break
+                sha256.update(chunk)
+                if sha1 is not None:
+                    sha1.update(chunk)
+                out.write(chunk)
+    except urllib.error.HTTPError as e:
+        part.unlink(missing_ok=True)
+        if e.code >= 500:
+            raise MirrorDown(f"HTTP {e.code}") from None
+        return f"HTTP {e.code}"
+    except (OSError, urllib.error.URLError) as e:
+        part.unlink(missing_ok=True)
+        raise MirrorDown(str(getattr(e, "reason", None) or e)) from None
+    why = None
+    if size != meta["size"]:
+        why = f"{size}{'+' if size > meta['size'] else ''} bytes, hub says {meta['size']}"
+    elif meta["sha256"] is not None and sha256.hexdigest() != meta["sha256"]:
+        why = f"sha256 {sha256.hexdigest()}, hub says {meta['sha256']}"
+    elif sha1 is not None and meta.get("blob_id") and sha1.hexdigest() != meta["blob_id"]:
+        why = f"git blob {sha1.hexdigest()}, hub says {meta['blob_id']}"
+    if why is not None:
+        part.unlink(missing_ok=True)
+        return why
+    os.replace(part, dest)
+    return None
+
+
+def from_mirrors(mirrors: list[str], repo: str, revision: str, work: Path,
+                 expected: dict[str, dict]) -> tuple[set[str], int]:
+    """Fetch what the mirrors hold (each file verified first); the names still missing and
+    the bytes the mirrors gave."""
+    missing = set()
+    for name, meta in expected.items():
+        try:
+            if (work / name).stat().st_size == meta["size"]:
+                continue
+        except OSError:
+            pass
+        missing.add(name)
+    given = 0
+    for mirror in mirrors:
+        if not missing:
+            break
+        say(f"mirror {mirror}: asking for {len(missing)} file(s)")
+        for name in sorted(missing):
+            url = mirror_url(mirror, repo, revision, name)
+            try:
+                why = mirror_file(url, work / name, expected[name])
+            except MirrorDown as e:
+                warn(f"mirror {mirror} cannot be reached ({e}); skipped, the hub gives the rest")
+                break
+            if why is None:
+                missing.discard(name)
+                given += expected[name]["size"]
+            elif why.startswith("HTTP 404"):
+                say(f"mirror {mirror}: {name}: not there; from the hub")
+            else:
+                warn(f"mirror {mirror}: {name}: {why}; not used, fetched from the hub instead")
+        say(f"mirror {mirror}: {len(expected) - len(missing)}/{len(expected)} file(s) here")
+    return missing, given
+
+
 def check_disk(local_dir: Path, expected: dict[str, dict]) -> None:
     total = sum(m["size"] for m in expected.values())
     present = 0
@@ -296,8 +401,15 @@ def fetch(args: argparse.Namespace) -> int:
         from huggingface_hub import snapshot_download
 
         started = time.monotonic()
-        say(f"downloading {len(expected)} files (resumes partial downloads)")
-        snapshot_download(args.repo, revision=args.revision, local_dir=str(work), token=token)
+        missing, given = from_mirrors(args.mirror or [], args.repo, args.revision, work,
+                                      expected)
+        if args.mirror:
+            say(f"mirrors gave {given} bytes; {len(missing)} file(s) from the hub")
+        if missing or not args.mirror:
+            say(f"downloading {len(missing)} files (resumes partial downloads)")
+            snapshot_download(args.repo, revision=args.revision, local_dir=str(work),
+                              token=token, allow_patterns=sorted(
+                                  glob.escape(n) for n in missing) if args.mirror else None)
         say(f"downloaded in {time.monotonic() - started:.0f}s; verifying")
         files = verify(work, expected)
         write_manifest(work, args.repo, args.revision, files)
@@ -373,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--local-dir", required=True)
         if name == "fetch":
             p.add_argument("--token-file")
+            p.add_argument("--mirror", action="append",
+                           help="a fleet cache tried before the hub (repeatable, in order)")
         if name in ("fetch", "adopt"):
             p.add_argument("--lock-dir", required=True)
     args = parser.parse_args(argv)

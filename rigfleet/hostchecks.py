@@ -80,7 +80,7 @@ class Key:
     + allowed: what the key takes (the docs; the check's message when it is fixed)
     + doc: the sentence users read
     + on: ``gpu`` (GPU hosts), ``balancer`` (group ``balancers``), ``monitor`` (group
-      ``monitors``) or ``any``
+      ``monitors``), ``cache`` (group ``caches``), several joined by ``,``, or ``any``
     + group: the section of docs/hostdata.md
     + shown_default: the default as the docs say it, when the value alone does not
     """
@@ -109,11 +109,11 @@ class HostChecker(Problems):
 
     def check_keys(self, data: Mapping[str, Any] | Any, on: str,
                    keys: Mapping[str, Key]) -> dict[str, Any]:
-        """Check every key of ``keys`` for hosts ``on`` (``gpu``, ``balancer``, ``monitor``) in
-        order."""
+        """Check every key of ``keys`` for hosts ``on`` (``gpu``, ``balancer``, ``monitor``,
+        ``cache``) in order."""
         self.typos(data, keys)
         for key in keys.values():
-            if key.on not in (on, "any"):
+            if key.on != "any" and on not in key.on.split(","):
                 continue
             value = data.get(key.name, None)
             if value is None and key.default is REQUIRED:

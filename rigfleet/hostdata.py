@@ -85,16 +85,18 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "characters", "the API key clients send (the front's and the balancer's); it reaches "
         f"hosts as root-only files in {HOST.secrets_dir}", on="any", group="Secrets"),
     Key("hf_token_file", _C.secret_file, None, _SECRET, "a Hugging Face token for the weights' "
-        f"download ({HOST.hf_token_file} on the host)", group="Secrets"),
+        f"download ({HOST.hf_token_file} on the host, root-only)",
+        on="gpu,cache", group="Secrets"),
     Key("docker_registry_mirror", _C.http_url, None, _URL, "a Docker Hub pull-through cache for "
         "the host's dockerd", group="Sources"),
     Key("pip_index_url", _C.http_url, None, _URL, "the Python package index hosts install from "
-        "(huggingface_hub, the Genesis entrypoint)", group="Sources"),
+        "(huggingface_hub, the Genesis entrypoint)", on="gpu,cache", group="Sources"),
     Key("runtime_pip_index_url", _C.http_url, None, _URL, "where a Genesis stack's pinned runtime "
         "packages are installed from when its image is built", group="Sources",
         shown_default="pip_index_url, else PyPI"),
     Key("hf_endpoint", _C.http_url, None, _URL, "a Hugging Face hub (mirror) the weights come "
-        "from (HF_ENDPOINT)", group="Sources", shown_default="huggingface.co"),
+        "from (HF_ENDPOINT): the upstream, after the fleet cache (docs/images.md)",
+        on="gpu,cache", group="Sources", shown_default="huggingface.co"),
     Key("front_url", _C.http_url, None, _URL, "how clients reach the front (rigfleet endpoints, "
         "bench); https:// when the front serves TLS",
         shown_default="<scheme>://<ssh address>:<front_port>"),
@@ -209,6 +211,21 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "up to this size can be retried on another host)", "requests up to this size are "
         "retried on another host after a 503 or a closed connection", on="balancer",
         group="Balancer"),
+    Key("cache_address", _C.host_name, None, "a host name or an IP address (no port)",
+        "where the fleet's hosts reach the cache over the LAN", on="cache", group="Cache",
+        shown_default="ssh_hostname, else the inventory name"),
+    Key("cache_registry_port", number_check(1, 65535, integer=True), 5000, "a TCP port "
+        "1..65535", "the pull-through registry's port (every address: hosts pull from it)",
+        on="cache", group="Cache"),
+    Key("cache_registry_upstream", _C.http_url, "https://registry-1.docker.io", _URL,
+        "the registry the cache pulls through from (the pinned images' registry)", on="cache",
+        group="Cache"),
+    Key("cache_model_port", number_check(1, 65535, integer=True), 8081, "a TCP port 1..65535",
+        "the model cache's port (nginx, read-only files of verified revisions)", on="cache",
+        group="Cache"),
+    Key("cache_model_dir", _C.model_dir, "/srv/rigfleet-cache/models", "an absolute, "
+        "normalised directory other than a system one", "where the cache keeps verified model "
+        "revisions (<repo>/<revision>/)", on="cache", group="Cache"),
 )}
 KEY_DEFAULTS = {k.name: None if k.default is REQUIRED else k.default for k in KEYS.values()}
 
@@ -420,6 +437,67 @@ def validate_monitor(name: str, data: Mapping[str, Any] | Any) -> MonitorSetting
                            site_ca_files=v["site_ca_files"])
 
 
+@dataclass(frozen=True)
+class CacheSettings:
+    """A cache host's validated settings (host data ``cache_*``; docs/images.md).
+
+    ``address``: where the fleet's hosts reach it; ``hf_token_file`` stays on the cache host
+    (root-only) and on no rig that the cache serves.
+    """
+
+    name: str
+    address: str
+    registry_port: int = _default("cache_registry_port")
+    registry_upstream: str = _default("cache_registry_upstream")
+    model_port: int = _default("cache_model_port")
+    model_dir: str = _default("cache_model_dir")
+    hf_endpoint: str | None = None
+    hf_token_file: str | None = None
+    pip_index_url: str | None = None
+    site_ca_files: tuple[str, ...] = ()
+
+    @property
+    def model_url(self) -> str:
+        """The model cache as the fleet's hosts reach it: ``http://lb.lan:8081``."""
+        return f"http://{self.address}:{self.model_port}"
+
+    @property
+    def registry_url(self) -> str:
+        """The pull-through registry as the fleet's hosts reach it: ``http://lb.lan:5000``."""
+        return f"http://{self.address}:{self.registry_port}"
+
+
+def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
+                   taken: Sequence[int] = ()) -> CacheSettings:
+    """Check a cache host's data; raises ``HostDataError`` naming host, key, value and what
+    is allowed::
+
+        validate_cache("lb1", {"cache_address": "lb1.lan"}).model_url   # http://lb1.lan:8081
+
+    + taken: ports other services of the host listen on (its balancer's, its front's)
+    """
+    c = HostChecker(name, None)
+    v = c.check_keys(data, "cache", KEYS)
+    ports = {"cache_registry_port": v["cache_registry_port"],
+             "cache_model_port": v["cache_model_port"]}
+    if ports["cache_registry_port"] is not None and (
+            ports["cache_registry_port"] == ports["cache_model_port"]):
+        c.bad("cache_model_port", ports["cache_model_port"], "a port other than "
+              "cache_registry_port", "is cache_registry_port too")
+    for key, port in ports.items():
+        if port is not None and port in taken:
+            c.bad(key, port, f"a port none of this host's other services use ({sorted(taken)})",
+                  "is taken by another service of this host")
+    c.raise_if_any(HostDataError)
+    address = v["cache_address"] or data.get("ssh_hostname", None) or name
+    return CacheSettings(
+        name=name, address=address, registry_port=v["cache_registry_port"],
+        registry_upstream=v["cache_registry_upstream"].rstrip("/"),
+        model_port=v["cache_model_port"], model_dir=v["cache_model_dir"],
+        hf_endpoint=v["hf_endpoint"], hf_token_file=v["hf_token_file"],
+        pip_index_url=v["pip_index_url"], site_ca_files=v["site_ca_files"])
+
+
 def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
     """Stop the whole run when a host fails its preflight? Host data
     ``rigfleet_stop_on_preflight`` or ``RIGFLEET_STOP_ON_PREFLIGHT=1``; read leniently,
@@ -516,10 +594,12 @@ GROUPS = {
     "TLS": "TLS at the front",
     "Balancer": "Balancers (docs/balancer.md)",
     "Monitor": "Monitors (docs/monitoring.md)",
+    "Cache": "The fleet cache (docs/images.md)",
     "Bump": "rigfleet bump (docs/bump.md)",
     "Switches": "Switches",
 }
-_ON = {"gpu": "GPU hosts", "balancer": "balancers", "monitor": "monitors", "any": "all hosts"}
+_ON = {"gpu": "GPU hosts", "balancer": "balancers", "monitor": "monitors", "cache": "caches",
+       "any": "all hosts"}
 
 
 def render_doc() -> str:
@@ -547,7 +627,7 @@ def render_doc() -> str:
     for group, title in GROUPS.items():
         out += [f"## {title}", "", "| key | hosts | allowed | default | meaning |",
                 "|---|---|---|---|---|"]
-        out += [f"| `{k.name}` | {_ON[k.on]} | {cell(k.allowed)} | {default(k)} | "
+        out += [f"| `{k.name}` | {', '.join(_ON[o] for o in k.on.split(','))} | {cell(k.allowed)} | {default(k)} | "
                 f"{cell(k.doc)} |" for k in KEYS.values() if k.group == group]
         out.append("")
     return "\n".join(out)

@@ -48,6 +48,8 @@ class ImageSource:
       ``host-archive``: on the host)
     + via: how a control-side archive reaches the host: ``stream`` or ``upload``
     + upload_dir: where an uploaded archive waits on the host
+    + cache: the fleet cache host this ``registry`` stands for (``rigfleet.fleetcache``; never
+      from host data: the inventory's group ``caches`` puts it before the host's sources)
     """
 
     kind: str
@@ -57,6 +59,7 @@ class ImageSource:
     path: str | None = None
     via: str = "stream"
     upload_dir: str = DEFAULT_UPLOAD_DIR
+    cache: str | None = None
 
     @property
     def registry_host(self) -> str:
@@ -71,7 +74,10 @@ class ImageSource:
     @property
     def label(self) -> str:
         """How messages and tables name it: ``hub``, ``registry http://registry.lan:5000``,
-        ``archive /srv/x (this machine)``, ``host-archive /srv/images``."""
+        ``archive /srv/x (this machine)``, ``host-archive /srv/images``, ``fleet cache lb1
+        (http://lb1:5000)``."""
+        if self.cache is not None:
+            return f"fleet cache {self.cache} ({self.url})"
         if self.kind == "registry":
             return f"registry {self.url}"
         if self.kind == "archive":

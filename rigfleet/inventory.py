@@ -8,10 +8,11 @@ pyinfra's CLI does the loading (group data, precedence) in a subprocess: importi
     gpu_hosts(hosts)                 # the hosts that serve (status, bump, endpoints)
     balancers(hosts)                 # the hosts of group ``balancers`` (HAProxy)
     monitors(hosts)                  # the hosts of group ``monitors`` (Prometheus)
+    caches(hosts)                    # the hosts of group ``caches`` (the fleet cache)
 
 What a host is comes from its groups, decided here only (``host_kind``). A host in
-``balancers`` runs the balancer, one in ``monitors`` the monitor (docs/monitoring.md): both
-are service hosts (of the fleet, not rigs: no NVIDIA, no Docker, never converged as a rig);
+``balancers`` runs the balancer, one in ``monitors`` the monitor (docs/monitoring.md), one in
+``caches`` the fleet cache (docs/images.md): all are service hosts (of the fleet, not rigs: no NVIDIA, no Docker, never converged as a rig);
 such a host is also a GPU host only when it is in ``gpu_hosts`` too. Every other host is a
 GPU host, as before service hosts existed.
 """
@@ -30,34 +31,39 @@ from typing import Any
 BALANCER_GROUP = "balancers"
 # The inventory group whose hosts run Prometheus and Alertmanager (roles/monitor.py).
 MONITOR_GROUP = "monitors"
+# The inventory group whose hosts run the fleet cache (roles/cache.py).
+CACHE_GROUP = "caches"
 # The groups of service hosts: hosts of the fleet that are not rigs.
-SERVICE_GROUPS = (BALANCER_GROUP, MONITOR_GROUP)
+SERVICE_GROUPS = (BALANCER_GROUP, MONITOR_GROUP, CACHE_GROUP)
 # The group of serving hosts; needed only for a service host that serves as well.
 GPU_GROUP = "gpu_hosts"
 
 
 @dataclass(frozen=True)
 class HostKind:
-    """Which roles a host gets: the GPU roles, the balancer, the monitor (any mix)."""
+    """Which roles a host gets: the GPU roles, the balancer, the monitor, the cache (any
+    mix)."""
 
     gpu: bool
     balancer: bool
     monitor: bool = False
+    cache: bool = False
 
     @property
     def service(self) -> bool:
         """A service host: in a service group (it may serve too, in ``gpu_hosts``)."""
-        return self.balancer or self.monitor
+        return self.balancer or self.monitor or self.cache
 
 
 def host_kind(groups: Iterable[str]) -> HostKind:
     """``host_kind(["balancers"])`` -> balancer only; ``["monitors"]`` -> monitor only;
-    ``["balancers", "monitors"]`` -> both services; with ``gpu_hosts`` too -> a GPU host as
-    well; a host in no service group -> a GPU host."""
+    ``["balancers", "monitors"]`` -> both services; ``["caches"]`` -> the cache only; with
+    ``gpu_hosts`` too -> a GPU host as well; a host in no service group -> a GPU host."""
     names = set(groups)
     balancer, monitor = BALANCER_GROUP in names, MONITOR_GROUP in names
-    return HostKind(gpu=not (balancer or monitor) or GPU_GROUP in names, balancer=balancer,
-                    monitor=monitor)
+    cache = CACHE_GROUP in names
+    return HostKind(gpu=not (balancer or monitor or cache) or GPU_GROUP in names,
+                    balancer=balancer, monitor=monitor, cache=cache)
 
 
 class InventoryError(RuntimeError):
@@ -122,3 +128,8 @@ def monitors(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
 def balancers(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
     """The hosts of group ``balancers``, in inventory order."""
     return [h for h in hosts if h.kind.balancer]
+
+
+def caches(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
+    """The hosts of group ``caches``, in inventory order."""
+    return [h for h in hosts if h.kind.cache]

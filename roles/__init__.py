@@ -19,14 +19,12 @@ Order (each role relies on the ones before it):
 12. ``swap``           the gated host-side transaction: desired stack promoted, or rolled back
 13. ``ledger``         state.json and the append-only ledger (pins the swap did not record)
 
-Service hosts (``rigfleet.inventory.host_kind``, docs/monitoring.md): group ``balancers``
-gets ``preflight_balancer``, ``base``, ``balancer``; group ``monitors`` gets
-``preflight_monitor``, ``base``, ``monitor``; one also in ``gpu_hosts`` gets the GPU roles first.
-Example (``deploy.py``)::
-
-    from roles import converge
-
-    converge()
+Service hosts (``rigfleet.inventory.host_kind``, docs/monitoring.md): ``balancers`` get
+``preflight_balancer``, ``base``, ``balancer``; ``monitors`` ``preflight_monitor``, ``base``,
+``monitor``; ``caches`` ``preflight_cache``, ``base``, ``cache``, before any other kind's
+(pyinfra orders operations by their place here: the cache fetches before the rigs,
+docs/images.md); one also in ``gpu_hosts`` gets the GPU roles after the cache's.
+Example (``deploy.py``): ``from roles import converge; converge()``.
 """
 
 from __future__ import annotations
@@ -42,6 +40,7 @@ from rigfleet.inventory import host_kind
 from roles import (
     balancer,
     base,
+    cache,
     container_toolkit,
     docker,
     exporter,
@@ -58,6 +57,7 @@ from roles import (
     swap,
     weights,
 )
+from roles.cache import CacheContext
 from roles.monitor import MonitorContext
 from roles.preflight import BalancerContext, HostContext
 
@@ -88,10 +88,22 @@ MONITOR_ROLES: tuple[Callable[[MonitorContext], Any], ...] = cast(
     tuple[Callable[[MonitorContext], Any], ...], (base.base, monitor.monitor))
 
 
-def converge() -> HostContext | BalancerContext | MonitorContext:
+# A cache host's roles after its preflight (``base`` first: it runs before any other kind).
+CACHE_ROLES: tuple[Callable[[CacheContext], Any], ...] = cast(
+    tuple[Callable[[CacheContext], Any], ...], (base.base, cache.cache))
+
+
+def converge() -> HostContext | BalancerContext | MonitorContext | CacheContext:
     """Run the current host's roles, each kind's preflight first (see the module docstring);
-    returns its context (the GPU host's when it is several kinds, else the balancer's)."""
+    returns its context (the GPU host's when it is several kinds, else the balancer's, the
+    monitor's, the cache's)."""
     kind = host_kind(host.groups)
+    # The cache first: its operations come before every rig's (their place in this function).
+    cached: CacheContext | None = None
+    if kind.cache:
+        cached = cast(CacheContext, cache.preflight_cache(gpu_host=kind.gpu))
+        for cache_role in host.loop(CACHE_ROLES):
+            cache_role(cached)
     ctx: HostContext | None = None
     if kind.gpu:
         # pyinfra's @deploy returns what the function returns; its stubs say OperationMeta.
@@ -101,23 +113,25 @@ def converge() -> HostContext | BalancerContext | MonitorContext:
         # operation to it, and a host that skips one role's operation (no Genesis stack on a
         # one-card host) would order the fleet's operations in a cycle. The loop position
         # tells the roles apart.
-        for role in host.loop(ROLES):
+        for role in host.loop(ROLES):  # base again on a cache host: a no-op there
             role(ctx)
     lb: BalancerContext | None = None
     if kind.balancer:
         lb = cast(BalancerContext, preflight.preflight_balancer(gpu_host=kind.gpu))
-        for lb_role in host.loop(BALANCER_ROLES[1:] if kind.gpu else BALANCER_ROLES):
+        ran_base = kind.gpu or kind.cache
+        for lb_role in host.loop(BALANCER_ROLES[1:] if ran_base else BALANCER_ROLES):
             lb_role(lb)
     mon: MonitorContext | None = None
     if kind.monitor:
         mon = cast(MonitorContext, monitor.preflight_monitor(gpu_host=kind.gpu))
-        roles = MONITOR_ROLES[1:] if kind.gpu or kind.balancer else MONITOR_ROLES
-        for mon_role in host.loop(roles):
+        mon_roles = (MONITOR_ROLES[1:] if kind.gpu or kind.balancer or kind.cache
+                     else MONITOR_ROLES)
+        for mon_role in host.loop(mon_roles):
             mon_role(mon)
-    result = ctx or lb or mon
+    result = ctx or lb or mon or cached
     assert result is not None
     return result
 
 
-__all__ = ["BALANCER_ROLES", "MONITOR_ROLES", "ROLES", "BalancerContext", "HostContext",
-           "MonitorContext", "converge"]
+__all__ = ["BALANCER_ROLES", "CACHE_ROLES", "MONITOR_ROLES", "ROLES", "BalancerContext",
+           "CacheContext", "HostContext", "MonitorContext", "converge"]

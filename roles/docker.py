@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
@@ -25,6 +27,7 @@ from pyinfra.operations import files, systemd
 
 from rigfleet.commands import apt as apt_commands
 from rigfleet.facts import DockerDaemonJson, read_fact
+from rigfleet.fleetcache import cache_settings
 from rigfleet.hostdata import AptRepo
 from rigfleet.packages import OsInfo
 from roles import maintenance
@@ -81,12 +84,19 @@ def docker_repo(os: OsInfo, configured: AptRepo | None = None) -> AptRepo | None
     return None
 
 
-def daemon_settings(registry_mirror: str | None) -> dict[str, Any]:
-    """The keys rigfleet owns in daemon.json; everything else in the file is left alone."""
+def daemon_settings(registry_mirror: str | None,
+                    insecure: Sequence[str] = ()) -> dict[str, Any]:
+    """The keys rigfleet owns in daemon.json; everything else in the file is left alone.
+
+    + insecure: ``host:port`` of plain-HTTP registries the host pulls from (the fleet
+      caches': ``rigfleet.fleetcache``), added to ``insecure-registries``
+    """
     settings: dict[str, Any] = {"log-driver": "json-file", "log-opts": dict(LOG_OPTS),
                                 "live-restore": True, "exec-opts": [CGROUP_DRIVER_OPT]}
     if registry_mirror:
         settings["registry-mirrors"] = [registry_mirror]
+    if insecure:
+        settings["insecure-registries"] = list(insecure)
     return settings
 
 
@@ -101,6 +111,8 @@ def merge_daemon_config(current: dict[str, Any], settings: dict[str, Any]) -> di
     for key, value in settings.items():
         if key == "log-opts" and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}
+        elif key == "insecure-registries" and isinstance(merged.get(key), list):
+            merged[key] = merged[key] + [v for v in value if v not in merged[key]]
         elif key == "exec-opts" and isinstance(merged.get(key), list):
             ours = {str(v).partition("=")[0].strip() for v in value}
             kept = [o for o in merged[key] if str(o).partition("=")[0].strip() not in ours]
@@ -202,7 +214,8 @@ def docker(ctx: HostContext) -> None:
     apt_packages(
         name="Install Docker Engine and Compose v2", packages=list(docker_packages(ctx.os))
     )
-    settings = daemon_settings(ctx.settings.docker_registry_mirror)
+    caches = tuple(urlsplit(c.registry_url).netloc for c in cache_settings(host.inventory))
+    settings = daemon_settings(ctx.settings.docker_registry_mirror, caches)
     keys, restart = daemon_change(settings)
     daemon = daemon_json(
         name=f"Merge {DAEMON_JSON} (log rotation, registry mirror, live-restore, cgroupfs)",

@@ -39,6 +39,7 @@ from rigfleet.facts import ImageLabels, read_fact
 from rigfleet.hostside.layout import HOST
 from rigfleet.images.deploy import ImageState, fact_arguments, staging_plan
 from rigfleet.images.plan import (
+    WARNING_MARK,
     ImagePlan,
     Shell,
     SourceResult,
@@ -51,7 +52,7 @@ from rigfleet.images.transfer import ImageError, stream_archive
 from rigfleet.inventory import InventoryHost
 from rigfleet.runtime_image import BASE_LABEL, PACKAGES_LABEL, RuntimeImage
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
-from roles.ops import DeployError, check
+from roles.ops import DeployError, WarnedCommand, check
 from roles.preflight import HostContext
 
 # The SSH layer a control-side archive is streamed over (tests put a fake here).
@@ -78,7 +79,9 @@ def _stream(state: Any, host: Any, path: str, command: str) -> None:
 
 def _command(step: Step) -> Any:
     if isinstance(step, Shell):
-        return step.command
+        # A pull from a fleet cache may fall back to the next source: its warning is shown.
+        return WarnedCommand(WARNING_MARK, step.command) if WARNING_MARK in step.command \
+            else step.command
     if isinstance(step, Upload):
         return FileUploadCommand(step.path, step.dest)
     return FunctionCommand(_stream, (step.path, step.command), {})

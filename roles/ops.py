@@ -36,7 +36,7 @@ import shlex
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import (
     FileUploadCommand,
     FunctionCommand,
@@ -364,3 +364,23 @@ def checked_file(dest: str, content: str, check: str, staged: str | None = None,
            f"echo {shlex.quote(f'rigfleet: {dest} not installed: the check refused it')} >&2; "
            "exit $rf_rc; }")
     yield f"mv -f {q} {shlex.quote(dest)}"
+
+
+class WarnedCommand(StringCommand):
+    """A shell command whose stderr lines starting with ``mark`` pyinfra shows as this host's
+    warnings even when the command succeeds (it prints a command's output only on failure).
+
+    + mark: e.g. ``[rigfleet-weights] WARNING: `` (shown without it)
+    """
+
+    def __init__(self, mark: str, command: str) -> None:
+        super().__init__(command)
+        self.mark = mark
+
+    def execute(self, state: Any, host: Any, connector_arguments: Any) -> Any:
+        status, output = super().execute(state, host, connector_arguments)
+        for line in output.stderr_lines:
+            if line.startswith(self.mark):
+                host.log_styled(line.removeprefix(self.mark), fg="yellow",
+                                log_func=logger.warning)
+        return status, output

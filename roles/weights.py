@@ -1,7 +1,8 @@
 """Model weights: a pinned huggingface_hub venv, the host-side fetcher, a verified download.
 
 The fetcher (``files/rigfleet-fetch-weights.py``) does the work on the host: per-repo lock,
-free-disk check, resumable ``snapshot_download`` at the pinned revision, sha256 of every LFS
+free-disk check, the fleet caches first (group ``caches``: ``rigfleet.fleetcache``), then a
+resumable ``snapshot_download`` at the pinned revision, sha256 of every LFS
 file against the hub, manifest written last, then the download renamed to the revision's own
 directory (``Layout.weights_dir``: ``<model_dir>/<local_dir>@<revision[:12]>``), which nothing
 writes after. The deploy decides whether to run it from the manifest (``WeightsManifest``:
@@ -33,11 +34,16 @@ from pyinfra.operations import files
 
 from rigfleet.commands import weights as weights_commands
 from rigfleet.facts import VenvPackageVersion, WeightsManifest, read_fact
+from rigfleet.fleetcache import model_mirrors
 from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
 from rigfleet.weights import WeightsDirs, WeightsSpace, stale_weights, weights_space
-from roles.ops import Secret, executing, secret_file
+from roles.ops import Secret, WarnedCommand, executing, secret_file
 from roles.preflight import HostContext
+
+# The fetcher's stderr lines the deploy shows as this host's warnings (a cache skipped, a
+# bad file from it).
+WARNING_MARK = "[rigfleet-weights] WARNING: "
 
 
 @operation()
@@ -64,6 +70,7 @@ def fetch_weights(
     token_file: str | None = None,
     endpoint: str | None = None,
     adopt_from: str | None = None,
+    mirrors: tuple[str, ...] = (),
 ):
     """Run the fetcher unless the manifest already records this pin and the files match.
 
@@ -73,6 +80,8 @@ def fetch_weights(
     + endpoint: ``HF_ENDPOINT`` (a mirror or the testbed hub), else huggingface.co
     + adopt_from: the directory ``adopt_weights`` renames to ``local_dir`` first when it holds
       this pin (then ``--dry`` shows no download: none happens)
+    + mirrors: the fleet caches' model URLs, tried before ``endpoint`` (files verified either
+      way; a cache down or a bad file: a warning, and the hub)
     """
     state = read_fact(WeightsManifest, local_dir=local_dir)
     if state.repo == repo and state.revision == revision and state.intact:
@@ -83,7 +92,8 @@ def fetch_weights(
         if old.repo == repo and old.revision == revision and old.intact:
             host.noop(f"{repo}@{revision[:12]} verified in {adopt_from} (adopted first)")
             return
-    yield weights_commands.fetch(repo, revision, local_dir, token_file, endpoint)
+    yield WarnedCommand(WARNING_MARK, weights_commands.fetch(repo, revision, local_dir, token_file, endpoint,
+                                               mirrors))
 
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -216,4 +226,5 @@ def weights(ctx: HostContext) -> None:
         token_file=token_file,
         endpoint=ctx.settings.hf_endpoint,
         adopt_from=str(HOST.weights_legacy_dir(model_dir, model.local_dir)),
+        mirrors=model_mirrors(host.inventory),
     )

@@ -48,14 +48,19 @@ def fetch(
     local_dir: str,
     token_file: str | None = None,
     endpoint: str | None = None,
+    mirrors: Sequence[str] = (),
 ) -> str:
-    """Run the fetcher; the token stays in its root-only file (the script reads it)."""
+    """Run the fetcher; the token stays in its root-only file (the script reads it).
+
+    + mirrors: fleet caches tried before the hub, in order (every file verified either way)
+    """
     env = f"HF_ENDPOINT={shlex.quote(endpoint)} " if endpoint else ""
     token = f" --token-file {shlex.quote(token_file)}" if token_file else ""
+    mirror = "".join(f" --mirror {shlex.quote(m)}" for m in mirrors)
     return (
         f"{env}HF_HUB_DISABLE_TELEMETRY=1 {HF_VENV}/bin/python {FETCH_SCRIPT} fetch "
         f"--repo {shlex.quote(repo)} --revision {shlex.quote(revision)} "
-        f"--local-dir {shlex.quote(local_dir)} --lock-dir {LOCK_DIR}{token}"
+        f"--local-dir {shlex.quote(local_dir)} --lock-dir {LOCK_DIR}{token}{mirror}"
     )
 
 

@@ -75,16 +75,23 @@ class SourceChecker:
         + state: what the host holds (its archives)
         """
         out: list[SourceResult] = []
-        for i, source in enumerate(settings.image_sources if sources is None else sources):
-            r = self.check(i, source, w, settings, state)
+        index = 0
+        for source in settings.image_sources if sources is None else sources:
+            r = self.check(index, source, w, settings, state)
+            index += source.cache is None  # a fleet cache is not an entry of image_sources
             out.append(r)
-            if r.ok:
+            # A fleet cache is not asked from here: the next source is the host's fallback.
+            if r.ok and source.cache is None:
                 break
         return out
 
     def check(self, index: int, source: ImageSource, w: WantedImage, settings: HostSettings,
               state: HostImageState) -> SourceResult:
         """One source for one image (see the module docstring)."""
+        if source.cache is not None and registry_of(w.repository)[0] is not None:
+            return SourceResult(index, source, False, f"{w.repository} is not a Docker Hub "
+                                "name: the fleet cache pulls through for Docker Hub's names "
+                                "only (cache_registry_upstream)")
         if source.kind == "hub":
             url = check_url(source, w, settings)
             path = registry_of(w.repository)[1]

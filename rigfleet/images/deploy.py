@@ -15,7 +15,7 @@ naming the host, the image and each source tried, so the deploy stops before any
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pyinfra import host
@@ -25,6 +25,8 @@ from typing_extensions import override
 
 from rigfleet.desired import DesiredHost
 from rigfleet.facts import read_fact
+from rigfleet.fleetcache import cache_settings
+from rigfleet.image_sources import NO_CHECK, ImageSource
 from rigfleet.images.checks import SourceChecker
 from rigfleet.images.hoststate import ROOT, HostImageState, parse_state, state_script
 from rigfleet.images.plan import StagingPlan, plan_host, presence, wanted_images
@@ -70,12 +72,25 @@ def fact_arguments(want: DesiredHost) -> dict[str, Any]:
     }
 
 
-def build_plan(want: DesiredHost, state: HostImageState, checker: SourceChecker) -> StagingPlan:
-    """The host's staging plan from its state (pure but for the checker's lookups)."""
+def build_plan(want: DesiredHost, state: HostImageState, checker: SourceChecker,
+               caches: Sequence[ImageSource] = ()) -> StagingPlan:
+    """The host's staging plan from its state (pure but for the checker's lookups).
+
+    + caches: the fleet caches' registries (``cache_sources``), tried before the host's
+      ``image_sources``
+    """
     wanted, conflicts = wanted_images({n: s.pins for n, s in want.stacks.items()})
-    results = {w.image: checker.results(w, want.settings, state) for w in wanted
+    sources = (*caches, *want.settings.image_sources)
+    results = {w.image: checker.results(w, want.settings, state, sources) for w in wanted
                if presence(w, state).state == "absent"}
     return plan_host(want.name, wanted, state, results, conflicts)
+
+
+def cache_sources(inventory: Iterable[Any]) -> tuple[ImageSource, ...]:
+    """The pull-through registries of the inventory's fleet caches, as ``registry`` sources
+    the host pulls from without a check from here (the host falls back when one fails)."""
+    return tuple(ImageSource("registry", url=c.registry_url, check=NO_CHECK, cache=c.name)
+                 for c in cache_settings(inventory))
 
 
 def staging_plan(want: DesiredHost) -> StagingPlan:
@@ -85,7 +100,7 @@ def staging_plan(want: DesiredHost) -> StagingPlan:
     if want.name not in plans:
         checker = _CHECKERS.setdefault(state, SourceChecker(lambda url: REGISTRY(url)))
         facts = read_fact(ImageState, **fact_arguments(want))
-        plans[want.name] = build_plan(want, facts, checker)
+        plans[want.name] = build_plan(want, facts, checker, cache_sources(host.inventory))
     return plans[want.name]
 
 

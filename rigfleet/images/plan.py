@@ -11,7 +11,9 @@ Per pinned image (``WantedImage``, one per ``<repo>:<tag>`` the host's staged st
   name: ``docker tag`` it (no transfer).
 - **fetch**: from the first source that holds it (``SourceResult.ok``, decided by
   ``rigfleet.images.checks``): pull by digest and tag, or ``docker load`` an archive (streamed
-  over SSH, uploaded, or already on the host) and tag it by image id.
+  over SSH, uploaded, or already on the host) and tag it by image id. From a fleet cache
+  (``ImageSource.cache``) the pull falls back on the host to the next registry or the hub
+  (``cache_steps``), with a warning.
 
 A host holds one image per name, so the pinned name (``<repo>:<tag>``) is the local handle the
 stacks run, verified by image id (``verify_staged``) after every fetch. The disk check counts the
@@ -165,6 +167,8 @@ class SourceResult:
 
     @property
     def label(self) -> str:
+        if self.source.cache is not None:
+            return self.source.label
         return f"image_sources[{self.index}] ({self.source.label})"
 
 
@@ -257,6 +261,21 @@ def fetch_steps(w: WantedImage, r: SourceResult) -> tuple[Step, ...]:
     return Stream(r.archive, "docker load"), tag
 
 
+# The host's stderr line the deploy shows as a warning (roles.ops.WarnedCommand).
+WARNING_MARK = "[rigfleet-images] WARNING: "
+
+
+def cache_steps(w: WantedImage, r: SourceResult, after: SourceResult) -> tuple[Step, ...]:
+    """A pull from the fleet cache ``r`` that falls back to ``after`` (a registry or the
+    hub) when it fails: the cache down, or a blob that fails Docker's digest check. One
+    command, so the fallback runs on the host; the fallback says so on stderr."""
+    first = " && ".join(s.command for s in fetch_steps(w, r) if isinstance(s, Shell))
+    then = " && ".join(s.command for s in fetch_steps(w, after) if isinstance(s, Shell))
+    note = shlex.quote(f"{WARNING_MARK}{w.image}: the pull from {r.label} failed (down, or a "
+                       f"blob failed its digest check); pulling from {after.label} instead")
+    return (Shell(f"{{ {first}; }} || {{ echo {note} >&2; {then}; }}"),)
+
+
 def need_bytes(r: SourceResult) -> dict[str, int]:
     """Space key -> bytes a fetch from ``r`` needs at its peak (0 when the size is unknown)."""
     size = r.size or 0
@@ -276,10 +295,20 @@ def plan_image(w: WantedImage, here: Presence, results: Sequence[SourceResult]) 
         return ImagePlan(w, here, "tag", (Shell(tag_command(here.ref, w.image)),))
     if here.state == "mismatch":
         return ImagePlan(w, here, "refused", tried=tuple(results))
-    for r in results:
-        if r.ok:
-            return ImagePlan(w, here, "fetch", fetch_steps(w, r), r, tuple(results), need_bytes(r))
-    return ImagePlan(w, here, "refused", tried=tuple(results))
+    for i, r in enumerate(results):
+        if not r.ok:
+            continue
+        if r.source.cache is None:
+            return ImagePlan(w, here, "fetch", fetch_steps(w, r), r, tuple(results),
+                             need_bytes(r))
+        # A fleet cache is not asked from here: used only before a registry (or the hub)
+        # that holds the image, which the host falls back to (it is what the cache pulls).
+        after = next((a for a in results[i + 1:] if a.ok), None)
+        if after is not None and after.source.kind in ("hub", "registry"):
+            return ImagePlan(w, here, "fetch", cache_steps(w, r, after), r, tuple(results),
+                             need_bytes(after))
+    return ImagePlan(w, here, "refused",
+                     tried=tuple(r for r in results if r.source.cache is None))
 
 
 def plan_host(host: str, wanted: Sequence[WantedImage], state: HostImageState,
@@ -298,7 +327,8 @@ def plan_host(host: str, wanted: Sequence[WantedImage], state: HostImageState,
     for p in plans:
         if p.action == "refused":
             problems += refusal(host, p)
-        elif p.action == "fetch" and p.source is not None and p.source.size is None:
+        elif (p.action == "fetch" and p.source is not None and p.source.size is None
+              and not p.need.get(ROOT)):
             notes.append(f"{host}: {p.want.image}: size unknown from {p.source.label}; the disk "
                          "check does not count it")
     disk, unknown = disk_problems(host, plans, state)

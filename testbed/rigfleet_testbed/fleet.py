@@ -11,8 +11,8 @@ generated inventory and pins. The pieces (see docs/architecture.md):
 - ``rigfleet-hostN``: bare Debian 13 (or 12) hosts with systemd, sshd, simulated dual-3090
   hardware and UEFI firmware (Secure Boot, MOK list), logged into as root or a sudo user;
 - ``rigfleet-lb1`` (``--balancer``): a bare Debian 13 host of the same image without GPU
-  hardware, in the inventory groups ``balancers`` (the fleet endpoint, HAProxy) and
-  ``monitors`` (Prometheus, Alertmanager);
+  hardware, in the inventory groups ``balancers`` (the fleet endpoint, HAProxy),
+  ``monitors`` (Prometheus, Alertmanager) and ``caches`` (the fleet cache);
 - ``.testbed-<n>/archives/<tag>.tar``: ``docker save`` copies of purged nightlies an operator
   kept.
 """
@@ -754,12 +754,17 @@ def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str,
         lbs = []
         for b in balancers:
             lb_data = {**_login(paths, b.ssh_port), "balancer_url": f"http://127.0.0.1:{b.port}",
-                       "testbed_container": b.container}
+                       "testbed_container": b.container,
+                       # The fleet cache: the rigs reach it by its name on the testbed network;
+                       # it pulls through from the twin's registry (Docker Hub's stand-in).
+                       "cache_address": b.name, "cache_registry_upstream": layout.MIRROR_URL}
             lbs.append(f"        ({b.name!r}, {pformat(lb_data, indent=4, width=96)}),")
         lines += ["# The fleet endpoint: HAProxy on a host of its own (no GPU, no Docker).",
                   "balancers = (", "    [", *lbs, "    ],", "    _testbed_data,", ")", "",
                   "# The monitor (Prometheus, Alertmanager) on the balancer's host.",
-                  "monitors = (", "    [", *lbs, "    ],", "    _testbed_data,", ")", ""]
+                  "monitors = (", "    [", *lbs, "    ],", "    _testbed_data,", ")", "",
+                  "# The fleet cache (images and weights) on the balancer's host too.",
+                  "caches = (", "    [", *lbs, "    ],", "    _testbed_data,", ")", ""]
     return "\n".join(lines)
 
 

@@ -163,6 +163,10 @@ def test_inventory_with_a_balancer_puts_lb1_in_group_balancers(tmp_path: Path, k
     # The balancer reaches each front on the testbed network, by the host's name.
     assert hosts["host2"]["balancer_front_address"] == "host2:8000"
     assert host_kind(["balancers", "testbed"]).gpu is False
+    # The fleet cache on lb1 too, reached by the rigs by its name, pulling through the twin's
+    # registry.
+    cache = dict(ast.literal_eval(groups["caches"].elts[0]))["lb1"]
+    assert (cache["cache_address"], cache["cache_registry_upstream"]) == ("lb1", layout.MIRROR_URL)
     # Every slot's ports differ from the hosts' and the services'.
     ports = {lb.ssh_port, lb.port} | {s.slot.ssh_port for s in specs} | {
         s.slot.front_port for s in specs} | {layout.HUB_LOCAL_PORT, layout.APT_LOCAL_PORT,

@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("data", ("rigfleet.pins", "rigfleet.hostdata", "rigfleet.hostchecks", "rigfleet.aptrepos",
               "rigfleet.tlsfiles", "rigfleet.catalog", "rigfleet.catalog_genesis",
               "rigfleet.catalog_keys", "rigfleet.stack_docs", "rigfleet.image_sources",
-              "rigfleet.inventory", "rigfleet.genesis", "rigfleet.weights",
+              "rigfleet.inventory", "rigfleet.genesis", "rigfleet.weights", "rigfleet.fleetcache",
               # an unfinished bump's journal beside the pins file, and the plan it keeps
               "rigfleet.bump.journal", "rigfleet.bump.plan_record")),
     # Reading a host or a source: SSH, the host probe and its record, pyinfra facts, apt.

@@ -1,0 +1,211 @@
+"""The fleet cache on the hosts of inventory group ``caches`` (a service host; docs/images.md).
+
+- Images: Debian's ``docker-registry`` in proxy (pull-through) mode for
+  ``cache_registry_upstream``, on every address at ``cache_registry_port`` (the fleet's
+  hosts pull from it). Its config (``/etc/docker/registry/config.yml``: no auth, proxy) is
+  written before the package is installed, and dpkg keeps it (``--force-confold``), so the
+  first start is already the cache, never the packaged htpasswd registry.
+- Weights: every model revision the fleet's GPU hosts pin is fetched here once, with the
+  fetcher and the verification the rigs use (files/rigfleet-fetch-weights.py: sha256 of every
+  file against the hub), into ``<cache_model_dir>/<org>/<name>/<revision>``; nginx serves
+  those files read-only on ``cache_model_port`` (nothing under a dot name: partial downloads
+  and manifests stay private). Rigs verify every file again against the pinned revision.
+- The hub token (``hf_token_file``) goes to the cache host only, root-only, like a rig's.
+
+Example::
+
+    ctx = preflight_cache()
+    cache(ctx)
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from pyinfra import host
+from pyinfra.api import deploy, operation
+from pyinfra.facts.files import File
+from pyinfra.operations import files, systemd
+
+from rigfleet.commands import weights as weights_commands
+from rigfleet.desired import load_desired
+from rigfleet.errors import RigfleetError
+from rigfleet.facts import OsRelease, Platform, read_fact
+from rigfleet.fleetcache import (
+    NGINX_SITE,
+    REGISTRY_CONFIG,
+    REGISTRY_SERVICE,
+    model_path,
+    render_nginx_site,
+    render_registry_config,
+    warm_command,
+)
+from rigfleet.hostdata import KEY_DEFAULTS, CacheSettings, HostDataError, validate_cache
+from rigfleet.hostside.layout import HOST
+from rigfleet.inventory import host_kind
+from rigfleet.pins import ModelPin
+from rigfleet.registry import registry_of, split_image
+from rigfleet.resources import project_file
+from roles.front import DEFAULT_SITE, site_disabled
+from roles.ops import Secret, apt_packages, on_change, secret_file
+from roles.preflight import OsInfo, PreflightError, check_init, checked, read_os, read_secret
+from roles.weights import fetch_weights, hf_hub_venv
+
+# Ports other services of a host may hold (the monitor's, the node exporter's).
+MONITOR_PORTS = (9090, 9093, 9094, 9100)
+
+
+@dataclass(frozen=True)
+class CacheContext:
+    """What ``cache`` needs: the settings, the revisions to hold, the hub client's pin."""
+
+    name: str
+    os: OsInfo
+    settings: CacheSettings
+    models: tuple[ModelPin, ...]
+    hf_hub_version: str
+    hf_token: Secret | None = None
+    gpu_host: bool = False
+    # (repository path, digest) of every pinned Docker Hub image the GPU hosts stage.
+    images: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def site_ca_files(self) -> tuple[str, ...]:
+        return self.settings.site_ca_files
+
+
+@deploy("Preflight (cache)")
+def preflight_cache(gpu_host: bool = False) -> CacheContext:
+    """Validate a cache host: its data, every GPU host's (the revisions come from their
+    pins), the OS and systemd. Refuses the host as ``preflight`` does (nothing changes)."""
+    return checked(lambda: _check_cache(host.name, gpu_host))
+
+
+def _taken_ports(kind_balancer: bool, kind_monitor: bool, gpu_host: bool) -> list[int]:
+    """Ports the host's other services listen on (their own preflights check their values)."""
+    wanted = []
+    if kind_balancer:
+        wanted.append(host.data.get("balancer_port", None) or KEY_DEFAULTS["balancer_port"])
+    if gpu_host:
+        wanted.append(host.data.get("front_port", None))
+    taken = [p for p in wanted if isinstance(p, int) and not isinstance(p, bool)]
+    return taken + list(MONITOR_PORTS if kind_monitor else ())
+
+
+def _check_cache(name: str, gpu_host: bool) -> CacheContext:
+    kind = host_kind(host.groups)
+    settings = validate_cache(name, host.data,
+                              taken=_taken_ports(kind.balancer, kind.monitor, gpu_host))
+    models: dict[tuple[str, str], ModelPin] = {}
+    hub_versions: set[str] = set()
+    images: set[tuple[str, str]] = set()
+    for other in host.inventory:
+        if not host_kind(other.groups).gpu:
+            continue
+        try:
+            want = load_desired(other.name, other.data)
+            pins = want.pins
+        except (HostDataError, RigfleetError) as e:
+            raise PreflightError(
+                f"{name}: caches: {other.name}'s data does not validate, so the revisions to "
+                f"cache cannot be read; allowed: fix it first ({str(e).splitlines()[0]})"
+            ) from None
+        models.setdefault((pins.model.repo, pins.model.revision), pins.model)
+        hub_versions.add(pins.hf_hub_version)
+        for stack in want.stacks.values():
+            registry, path = registry_of(split_image(stack.pins.image)[0])
+            if registry is None:  # the cache pulls through for Docker Hub's names only
+                images.add((path, stack.pins.digest))
+    if not models:
+        raise PreflightError(f"{name}: caches: the inventory has no GPU host to cache for; "
+                             "allowed: a cache beside at least one GPU host")
+    os_info = read_os(name, read_fact(OsRelease))
+    problems = check_init(name, read_fact(Platform))
+    if problems:
+        raise PreflightError("\n".join(problems))
+    token = (read_secret(name, "hf_token_file", settings.hf_token_file)
+             if settings.hf_token_file else None)
+    return CacheContext(name, os_info, settings, tuple(models[k] for k in sorted(models)),
+                        max(hub_versions), token, gpu_host, tuple(sorted(images)))
+
+
+def warm_marker(digest: str) -> str:
+    """The file saying ``digest`` came through the cache whole (``warm_command``)."""
+    return f"{HOST.state_dir}/cache-warm/{digest.replace(':', '-')}"
+
+
+@operation()
+def image_warm(path: str, digest: str, port: int):
+    """Pull one pinned image through the cache here, once (its marker says it came whole).
+
+    + path: the repository path upstream; digest: the pin; port: ``cache_registry_port``
+    """
+    marker = warm_marker(digest)
+    if read_fact(File, path=marker):
+        host.noop(f"{path}@{digest[:19]} came through the cache")
+        return
+    yield warm_command(port, path, digest, marker)
+
+
+@deploy("Cache (pull-through registry, model files)")
+def cache(ctx: CacheContext) -> None:
+    """Bind the registry before its package starts it, fetch and verify the pinned
+    revisions, serve them read-only with nginx; restart or reload only on change."""
+    s = ctx.settings
+    files.directory(name="Directory /etc/docker/registry", path="/etc/docker/registry",
+                    user="root", group="root", mode="0755")
+    registry_conf = files.put(
+        name=f"{REGISTRY_CONFIG} (pull-through cache of {s.registry_upstream}; before the "
+             "package starts it)",
+        src=io.StringIO(render_registry_config(s)), dest=REGISTRY_CONFIG, user="root",
+        group="root", mode="0644")
+    apt_packages(name="Install docker-registry and nginx", packages=["docker-registry", "nginx"])
+    systemd.service(name=f"{REGISTRY_SERVICE} enabled and running", service=REGISTRY_SERVICE,
+                    running=True, enabled=True)
+    on_change(name=f"Restart {REGISTRY_SERVICE} (its config changed)",
+              commands=[f"systemctl restart {REGISTRY_SERVICE}"], gates=[registry_conf],
+              reason="config unchanged")
+    for path, digest in host.loop(ctx.images):
+        image_warm(name=f"Pull {path}@{digest[:19]} through the cache (before the rigs)",
+                   path=path, digest=digest, port=s.registry_port)
+    _models(ctx)
+    gates = []
+    if not ctx.gpu_host:  # a GPU host's front owns nginx's sites
+        gates.append(site_disabled(name=f"Disable nginx's default site {DEFAULT_SITE}",
+                                   path=DEFAULT_SITE))
+    site = files.put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
+                     src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE, user="root",
+                     group="root", mode="0644")
+    systemd.service(name="nginx enabled and running", service="nginx", running=True,
+                    enabled=True)
+    on_change(name="Test and reload nginx (model cache changed)",
+              commands=["nginx -t -q", "systemctl reload nginx"], gates=[site, *gates],
+              reason="model cache unchanged")
+
+
+def _models(ctx: CacheContext) -> None:
+    """The fetcher, its venv and the token, then each pinned revision, verified."""
+    s = ctx.settings
+    for path, mode in host.loop(((str(HOST.opt_dir), "0755"), (str(HOST.lib_dir), "0755"),
+                                 (str(HOST.etc_dir), "0755"), (str(HOST.secrets_dir), "0700"),
+                                 (str(HOST.state_dir), "0755"), (s.model_dir, "0755"))):
+        files.directory(name=f"Directory {path}", path=path, user="root", group="root",
+                        mode=mode)
+    hf_hub_venv(name=f"huggingface_hub {ctx.hf_hub_version} venv", version=ctx.hf_hub_version,
+                index_url=s.pip_index_url)
+    files.put(name="Weights fetcher script", src=str(project_file(
+        "files/rigfleet-fetch-weights.py")), dest=weights_commands.FETCH_SCRIPT, user="root",
+        group="root", mode="0755")
+    token_file = None
+    if ctx.hf_token is not None:
+        token_file = weights_commands.HF_TOKEN_FILE
+        secret_file(name="Hugging Face token (root-only)", dest=token_file,
+                    content=Secret(ctx.hf_token.reveal() + "\n"))
+    for model in host.loop(ctx.models):
+        dest = model_path(s.model_dir, model.repo, model.revision)
+        files.directory(name=f"Directory {dest.rsplit('/', 1)[0]}",
+                        path=dest.rsplit("/", 1)[0], user="root", group="root", mode="0755")
+        fetch_weights(name=f"Fetch and verify {model.repo}@{model.revision[:12]} into the cache",
+                      repo=model.repo, revision=model.revision, local_dir=dest,
+                      token_file=token_file, endpoint=s.hf_endpoint)
