@@ -129,6 +129,22 @@ def manifest_matches(local_dir: Path, repo: str, revision: str) -> tuple[bool, s
     return True, "matches manifest"
 
 
+def changed_files(local_dir: Path, manifest: dict) -> list[str]:
+    """The files a manifest lists whose size or mtime moved since it was written (a changed
+    file of the same size would otherwise pass for present before it is hashed)."""
+    changed = []
+    files = manifest.get("files")
+    for name, meta in sorted(files.items() if isinstance(files, dict) else ()):
+        try:
+            st = (local_dir / name).stat()
+        except OSError:
+            continue
+        if (not isinstance(meta, dict) or st.st_size != meta.get("size")
+                or abs(st.st_mtime - float(meta.get("mtime", 0))) > 0.001):
+            changed.append(name)
+    return changed
+
+
 def write_manifest(local_dir: Path, repo: str, revision: str, files: dict) -> None:
     tmp = local_dir / (MANIFEST + ".tmp")
     body = {"repo": repo, "revision": revision, "files": files}
@@ -389,9 +405,14 @@ def fetch(args: argparse.Namespace) -> int:
             )
         work = final if final.is_dir() else partial_dir(final)
         if work == final and manifest is not None:
-            # No manifest vouches for files while they are repaired.
+            # No manifest vouches for files while they are repaired; a file it no longer
+            # vouches for goes first, so that it is fetched again, not taken for present.
+            changed = changed_files(final, manifest)
+            for name in changed:
+                (final / name).unlink(missing_ok=True)
             (final / MANIFEST).unlink()
-            say(f"{final}: {reason}; its manifest is removed and it is repaired in place")
+            say(f"{final}: {reason}; its manifest is removed and it is repaired in place"
+                + (f" ({len(changed)} changed file(s) removed)" if changed else ""))
         say(f"{args.repo}@{args.revision} -> {work} ({reason})")
         work.mkdir(parents=True, exist_ok=True)
         token = read_token(args.token_file)

@@ -317,12 +317,17 @@ def test_the_swaps_the_monitor_saw_raised_neither_engine_down_nor_not_ready(flee
                       and (r.get("gate") or {}).get("result") == "fail"))]
         expected = [p for _, vals in raw(
             lb, f'rigfleet_swap_expected_seconds{{instance="{h.name}"}}', lookback) for p in vals]
+        seen_up = [sorted(p for _, vals in raw(lb, sel, lookback) for p in vals) for sel in (
+            f'rigfleet_engine_up{{instance="{h.name}"}}', f'up{{job="vllm",instance="{h.name}"}}')]
         for start, end in swap_windows(series):
             if not any(start - 5 <= t <= end + 5 for t, _ in ended):
                 continue  # not a swap that ran to its end (a fault another module injected)
             checked += 1
             lo, hi = start - TEXTFILE_EVERY_S - SCRAPE_INTERVAL_S, end + DOWN_WITHIN_S
-            down = [t for t in firing_at(lb, "RigEngineDown", h.name, lookback) if lo <= t <= hi]
+            # A firing after the swap counts unless both signals saw the engine up after the
+            # swap's end and before it: that outage began later (a kill another module made).
+            down = [t for t in firing_at(lb, "RigEngineDown", h.name, lookback) if lo <= t <= hi
+                    and not all(any(end < u < t and v == 1 for u, v in s) for s in seen_up)]
             assert not down, f"{h.name}: RigEngineDown fired during the swap {start:.0f}-{end:.0f}"
             expected_s = max((x for t, x in expected if start <= t <= end), default=0.0)
             if end - start <= expected_s:

@@ -220,6 +220,30 @@ def test_a_corrupted_file_is_dropped_with_a_warning(fetcher, cache_server, tmp_p
     assert f"WARNING: mirror {url}: config.json: git blob " in err
 
 
+def test_a_verified_file_changed_in_place_is_fetched_again_from_the_cache(
+        fetcher, cache_server, tmp_path, monkeypatch, capsys):
+    """A repair: a shard changed on the host with its size kept is not taken for present
+    (it was, and the verification after the mirrors failed)."""
+    url, root = cache_server
+    for name, data in FILES.items():
+        for base in (root / REPO / REV, tmp_path / "model"):
+            (base / name).parent.mkdir(parents=True, exist_ok=True)
+            (base / name).write_bytes(data)
+    final = tmp_path / "model"
+    expected = _listing(FILES, {"model.safetensors"})
+    fetcher.write_manifest(final, REPO, REV, fetcher.verify(final, expected))
+    (final / "model.safetensors").write_bytes(b"W" * 4999 + b"X")  # same size
+    assert not fetcher.manifest_matches(final, REPO, REV)[0]
+    monkeypatch.setattr(fetcher, "hub_files", lambda repo, revision, token: expected)
+    args = SimpleNamespace(local_dir=str(final), lock_dir=str(tmp_path / "locks"), repo=REPO,
+                           revision=REV, token_file=None, mirror=[url])
+    assert fetcher.fetch(args) == 0
+    assert (final / "model.safetensors").read_bytes() == FILES["model.safetensors"]
+    assert fetcher.manifest_matches(final, REPO, REV) == (True, "matches manifest")
+    out = capsys.readouterr().out
+    assert "(1 changed file(s) removed)" in out and f"mirrors gave {5000} bytes" in out
+
+
 def test_a_cache_that_is_down_is_skipped_with_a_warning(fetcher, tmp_path, capsys):
     with socketless_port() as port:
         down = f"http://127.0.0.1:{port}"
