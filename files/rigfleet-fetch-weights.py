@@ -118,31 +118,32 @@ def manifest_matches(local_dir: Path, repo: str, revision: str) -> tuple[bool, s
     if not isinstance(files, dict) or not files:
         return False, "manifest lists no files"
     for name, meta in sorted(files.items()):
-        try:
-            st = (local_dir / name).stat()
-        except OSError:
-            return False, f"{name} is missing"
-        if st.st_size != meta.get("size"):
-            return False, f"{name} has {st.st_size} bytes, manifest says {meta.get('size')}"
-        if abs(st.st_mtime - float(meta.get("mtime", 0))) > 0.001:
-            return False, f"{name} was modified after it was verified"
+        why = moved(local_dir, name, meta)
+        if why is not None:
+            return False, why
     return True, "matches manifest"
+
+
+def moved(local_dir: Path, name: str, meta: dict) -> str | None:
+    """How a file the manifest lists differs from what it recorded (missing, size, mtime),
+    or None when it does not."""
+    try:
+        st = (local_dir / name).stat()
+    except OSError:
+        return f"{name} is missing"
+    if st.st_size != meta.get("size"):
+        return f"{name} has {st.st_size} bytes, manifest says {meta.get('size')}"
+    if abs(st.st_mtime - float(meta.get("mtime", 0))) > 0.001:
+        return f"{name} was modified after it was verified"
+    return None
 
 
 def changed_files(local_dir: Path, manifest: dict) -> list[str]:
     """The files a manifest lists whose size or mtime moved since it was written (a changed
     file of the same size would otherwise pass for present before it is hashed)."""
-    changed = []
     files = manifest.get("files")
-    for name, meta in sorted(files.items() if isinstance(files, dict) else ()):
-        try:
-            st = (local_dir / name).stat()
-        except OSError:
-            continue
-        if (not isinstance(meta, dict) or st.st_size != meta.get("size")
-                or abs(st.st_mtime - float(meta.get("mtime", 0))) > 0.001):
-            changed.append(name)
-    return changed
+    return [name for name, meta in sorted(files.items() if isinstance(files, dict) else ())
+            if (local_dir / name).exists() and moved(local_dir, name, meta) is not None]
 
 
 def write_manifest(local_dir: Path, repo: str, revision: str, files: dict) -> None:
