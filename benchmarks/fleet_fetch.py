@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from rigfleet.fleetcache import MANIFEST_TYPES
+from rigfleet.registry import MANIFEST_TYPES
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

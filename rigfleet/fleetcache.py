@@ -11,7 +11,7 @@ Example::
 
     render_registry_config(settings)           # /etc/docker/registry/config.yml
     render_nginx_site(settings)                # /etc/nginx/conf.d/rigfleet-cache.conf
-    warm_command(5000, "vllm/vllm-openai", digest, marker)   # the pin through the cache
+    seed_command(upstream, "vllm/vllm-openai", digest)   # the pin into the cache
     model_path("/srv/c", "org/m", "ab" * 20)   # /srv/c/org/m/abab...
     model_mirrors(host.inventory)              # ('http://lb1.lan:8081',)
 """
@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rigfleet.hostdata import CacheSettings, HostDataError, validate_cache
+from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import host_kind
 
 REGISTRY_CONFIG = "/etc/docker/registry/config.yml"
@@ -92,37 +93,72 @@ def render_nginx_site(settings: CacheSettings) -> str:
     )
 
 
-# What a registry answers a manifest request with, most specific last (index, then image).
-MANIFEST_TYPES = ",".join((
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-))
+# The seeding registry: a second registry process on a root-only socket over the proxy's
+# storage, the only way in for blobs the cache fetched itself (proxy mode refuses pushes).
+SEED_CONFIG = "/etc/docker/registry/rigfleet-seed.yml"
+SEED_SERVICE = "rigfleet-cache-seed"
+SEED_UNIT = f"/etc/systemd/system/{SEED_SERVICE}.service"
+SEED_SOCKET = f"/run/{SEED_SERVICE}/registry.sock"
+# Debian's docker-registry package: its binary and the user its unit runs as.
+REGISTRY_BINARY = "/usr/bin/docker-registry"
+REGISTRY_USER = "docker-registry"
 
 
-def warm_command(port: int, path: str, digest: str, marker: str) -> str:
-    """Pull one pinned image through the cache on its own host (the linux/amd64 manifest,
-    its config and layers to /dev/null), so the rigs find it there; ``marker`` is written
-    when every blob came through (the next converge skips it).
-
-    + path: the repository path in the upstream (``vllm/vllm-openai``); digest: the pin
-    """
-    base = shlex.quote(f"http://127.0.0.1:{port}/v2/{path}")
-    accept = shlex.quote(f"Accept: {MANIFEST_TYPES}")
-    amd64 = ('.manifests[]? | select(.platform.os == "linux" and .platform.architecture == '
-             '"amd64") | .digest')
+def render_seed_config() -> str:
+    """The seeding registry: the proxy's storage, no proxy, the unix socket ``SEED_SOCKET``."""
     return (
-        "set -e; "
-        f"idx=$(curl -fsS -H {accept} {base}/manifests/{shlex.quote(digest)}); "
-        f"m=$(printf '%s' \"$idx\" | jq -r {shlex.quote(amd64)} | head -n 1); "
-        f'if [ -n "$m" ]; then man=$(curl -fsS -H {accept} {base}/manifests/"$m"); '
-        'else man=$idx; fi; '
-        "for b in $(printf '%s' \"$man\" | jq -r '.config.digest, .layers[].digest'); do "
-        f'curl -fsS -o /dev/null {base}/blobs/"$b"; done; '
-        f"install -d -m 0755 {shlex.quote(posixpath.dirname(marker))}; "
-        f"touch {shlex.quote(marker)}"
+        "# Managed by rigfleet (roles/cache.py): seeds the pull-through cache's storage;\n"
+        "# docs/images.md.\n"
+        "version: 0.1\n"
+        "log:\n"
+        "  level: warn\n"
+        "storage:\n"
+        "  filesystem:\n"
+        f"    rootdirectory: {REGISTRY_STORAGE}\n"
+        "http:\n"
+        "  net: unix\n"
+        f"  addr: {SEED_SOCKET}\n"
     )
+
+
+def render_seed_unit() -> str:
+    """The seeding registry's unit: started by a seed, stopped after it (never enabled)."""
+    return (
+        "# Managed by rigfleet (roles/cache.py); docs/images.md.\n"
+        "[Unit]\n"
+        "Description=rigfleet: the fleet cache's seeding registry (root-only socket)\n"
+        f"After={REGISTRY_SERVICE}.service\n"
+        "[Service]\n"
+        f"User={REGISTRY_USER}\n"
+        f"Group={REGISTRY_USER}\n"
+        f"RuntimeDirectory={SEED_SERVICE}\n"
+        "RuntimeDirectoryMode=0700\n"
+        f"ExecStart={REGISTRY_BINARY} serve {SEED_CONFIG}\n"
+    )
+
+
+def warm_marker(digest: str) -> str:
+    """The file on a cache host saying every blob of ``digest`` is held (``seed_command``)."""
+    return f"{HOST.state_dir}/cache-warm/{digest.replace(':', '-')}"
+
+
+SEED_SCRIPT = str(HOST.script("rigfleet-cache-seed.py"))
+
+
+def seed_command(upstream: str, path: str, digest: str, marker: str = "") -> str:
+    """Fetch one pinned image's blobs from ``upstream`` once each, verified, into the cache
+    (files/rigfleet-cache-seed.py), the seeding registry running only meanwhile.
+
+    + path: the repository path upstream (``vllm/vllm-openai``); digest: the pin;
+      marker: written when every blob is held (the next converge skips the image)
+    """
+    seed = (f"python3 {SEED_SCRIPT} --upstream {shlex.quote(upstream)} "
+            f"--socket {SEED_SOCKET} --spool {shlex.quote(str(HOST.state_dir / 'cache-spool'))} "
+            f"--repo {shlex.quote(path)} --digest {shlex.quote(digest)}")
+    if marker:
+        seed += f" --marker {shlex.quote(marker)}"
+    return (f"systemctl start {SEED_SERVICE} && {{ {seed}; rc=$?; "
+            f"systemctl stop {SEED_SERVICE}; exit $rc; }}")
 
 
 def cache_settings(inventory: Iterable[Any]) -> list[CacheSettings]:

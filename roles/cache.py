@@ -2,9 +2,10 @@
 
 - Images: Debian's ``docker-registry`` in proxy (pull-through) mode for
   ``cache_registry_upstream``, on every address at ``cache_registry_port`` (the fleet's
-  hosts pull from it). Its config (``/etc/docker/registry/config.yml``: no auth, proxy) is
-  written before the package is installed, and dpkg keeps it (``--force-confold``), so the
-  first start is already the cache, never the packaged htpasswd registry.
+  hosts pull from it). Its config (no auth, proxy) is written before the package is
+  installed, and dpkg keeps it (``--force-confold``), so the first start is already the
+  cache. Every pinned image's blobs are seeded into its storage, each fetched upstream once
+  (files/rigfleet-cache-seed.py: the proxy alone would fetch each twice).
 - Weights: every model revision the fleet's GPU hosts pin is fetched here once, with the
   fetcher and the verification the rigs use (files/rigfleet-fetch-weights.py: sha256 of every
   file against the hub), into ``<cache_model_dir>/<org>/<name>/<revision>``; nginx serves
@@ -36,10 +37,16 @@ from rigfleet.fleetcache import (
     NGINX_SITE,
     REGISTRY_CONFIG,
     REGISTRY_SERVICE,
+    SEED_CONFIG,
+    SEED_SCRIPT,
+    SEED_UNIT,
     model_path,
     render_nginx_site,
     render_registry_config,
-    warm_command,
+    render_seed_config,
+    render_seed_unit,
+    seed_command,
+    warm_marker,
 )
 from rigfleet.hostdata import KEY_DEFAULTS, CacheSettings, HostDataError, validate_cache
 from rigfleet.hostside.layout import HOST
@@ -130,22 +137,17 @@ def _check_cache(name: str, gpu_host: bool) -> CacheContext:
                         max(hub_versions), token, gpu_host, tuple(sorted(images)))
 
 
-def warm_marker(digest: str) -> str:
-    """The file saying ``digest`` came through the cache whole (``warm_command``)."""
-    return f"{HOST.state_dir}/cache-warm/{digest.replace(':', '-')}"
-
-
 @operation()
-def image_warm(path: str, digest: str, port: int):
-    """Pull one pinned image through the cache here, once (its marker says it came whole).
+def image_warm(path: str, digest: str, upstream: str):
+    """Seed one pinned image's blobs into the cache, once (its marker says they are held).
 
-    + path: the repository path upstream; digest: the pin; port: ``cache_registry_port``
+    + path: the repository path upstream; digest: the pin; upstream: what the cache proxies
     """
     marker = warm_marker(digest)
     if read_fact(File, path=marker):
-        host.noop(f"{path}@{digest[:19]} came through the cache")
+        host.noop(f"{path}@{digest[:19]} is in the cache")
         return
-    yield warm_command(port, path, digest, marker)
+    yield seed_command(upstream, path, digest, marker)
 
 
 @deploy("Cache (pull-through registry, model files)")
@@ -166,9 +168,20 @@ def cache(ctx: CacheContext) -> None:
     on_change(name=f"Restart {REGISTRY_SERVICE} (its config changed)",
               commands=[f"systemctl restart {REGISTRY_SERVICE}"], gates=[registry_conf],
               reason="config unchanged")
+    seed_conf = files.put(name=f"{SEED_CONFIG} (the seeding registry: the same storage)",
+                          src=io.StringIO(render_seed_config()), dest=SEED_CONFIG, user="root",
+                          group="root", mode="0644")
+    seed_unit = files.put(name=f"{SEED_UNIT} (started only while seeding)",
+                          src=io.StringIO(render_seed_unit()), dest=SEED_UNIT, user="root",
+                          group="root", mode="0644")
+    on_change(name="systemd daemon-reload (the seeding unit changed)",
+              commands=["systemctl daemon-reload"], gates=[seed_conf, seed_unit],
+              reason="seeding unit unchanged")
+    files.put(name="Cache seeding script", src=str(project_file("files/rigfleet-cache-seed.py")),
+              dest=SEED_SCRIPT, user="root", group="root", mode="0755")
     for path, digest in host.loop(ctx.images):
-        image_warm(name=f"Pull {path}@{digest[:19]} through the cache (before the rigs)",
-                   path=path, digest=digest, port=s.registry_port)
+        image_warm(name=f"Seed {path}@{digest[:19]} into the cache (each blob fetched once)",
+                   path=path, digest=digest, upstream=s.registry_upstream)
     _models(ctx)
     gates = []
     if not ctx.gpu_host:  # a GPU host's front owns nginx's sites

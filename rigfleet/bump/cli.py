@@ -76,6 +76,7 @@ from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.output import by, console, log
 from rigfleet.bump.plan import build_plan, pairs
 from rigfleet.bump.plan_record import Plan, PlanHost
+from rigfleet.bump.prefetch import prefetch
 from rigfleet.bump.record import outcome_of, pins_after
 from rigfleet.bump.resume import end_journal, resume_of, start_journal
 from rigfleet.bump.rollout import (
@@ -278,15 +279,18 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
                        opts.max_failures)  # fmt: skip
     probe = VersionProbe(None, "unknown")
     probe_host: InventoryHost | None = None
+    caches: tuple[str, ...] = ()
     if candidate is not None:
         reachable = [h.name for h in inputs.hosts if not unreachable[h.name]]
         target = draft.canary or (reachable[0] if reachable else None)
         if target is None:
             raise BumpError("no host is reachable to read the candidate's vLLM version")
         probe_host = by_name[target]
+        if not opts.dry:  # the fleet caches fetch it once; the canary pulls from them
+            caches = prefetch(remote, load_inventory(opts.inventory), candidate, log)
         log(f"{probe_host.name}: reading vllm.__version__ from the candidate"
              f"{'' if opts.dry else ' (pulling it by digest if needed)'}")
-        probe = read_version(remote, probe_host, candidate, pull=not opts.dry)
+        probe = read_version(remote, probe_host, candidate, pull=not opts.dry, caches=caches)
         log(f"candidate reports vLLM {probe.version or 'unknown (not pulled in --dry)'}")
 
     try:
@@ -296,7 +300,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
             refuse_missing(inputs, plan, SOURCES())
     except BaseException:
         if probe.pulled and probe_host is not None and candidate is not None:
-            remove_image(remote, probe_host, candidate)  # leave the canary as it was found
+            remove_image(remote, probe_host, candidate, caches)  # the canary as it was found
         raise
     _print_plan(plan, genesis, probe)
     if opts.dry:

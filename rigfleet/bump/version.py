@@ -17,6 +17,7 @@ present answer, else ``version`` is None.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rigfleet.bump.candidate import Candidate
@@ -24,6 +25,7 @@ from rigfleet.commands import docker as docker_commands
 from rigfleet.errors import RigfleetError
 from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import InventoryHost
+from rigfleet.registry import registry_of
 from rigfleet.ssh import Remote
 
 VERSION_CACHE_DIR = str(HOST.version_cache_dir)
@@ -40,21 +42,48 @@ class VersionProbe:
     pulled: bool = False
 
 
-def probe_script(candidate: Candidate, pull: bool) -> str:
-    """The host-side shell script; prints ``key=value`` lines (``parse_probe`` reads them)."""
-    local = shlex.quote(f"{candidate.repository}@{candidate.digest}")
+REF = "@REF@"  # shlex.quote leaves it bare: replaced by "$ref" in the script
+
+
+def cache_refs(candidate: Candidate, caches: Sequence[str]) -> list[str]:
+    """The candidate in each fleet cache's registry (``lb.lan:5000/<path>@<digest>``)."""
+    path = registry_of(candidate.repository)[1]
+    return [f"{c}/{path}@{candidate.digest}" for c in caches]
+
+
+def probe_script(candidate: Candidate, pull: bool, caches: Sequence[str] = ()) -> str:
+    """The host-side shell script; prints ``key=value`` lines (``parse_probe`` reads them).
+
+    + caches: fleet cache registries that hold the candidate (``prefetch``), pulled from
+      first; a pull that fails there is a warning and the next source is asked
+    """
     cache = shlex.quote(str(HOST.version_cache(candidate.digest)))
+    run_found = docker_commands.vllm_version(REF).replace(REF, '"$ref"')
+    mine = cache_refs(candidate, caches)
+    refs = " ".join(shlex.quote(r) for r in (f"{candidate.repository}@{candidate.digest}",
+                                             *mine))
     lines = [
         f"if [ -s {cache} ]; then echo source=cache; echo version=$(cat {cache}); exit 0; fi",
-        f"if docker image inspect {local} >/dev/null 2>&1; then echo source=image; else",
+        'ref=""',
+        f"for r in {refs}; do",
+        '  if docker image inspect "$r" >/dev/null 2>&1; then ref=$r; break; fi',
+        "done",
+        'if [ -n "$ref" ]; then echo source=image; else',
     ]
     if pull:
-        lines.append(f"  {docker_commands.pull(candidate.ref)} >&2 || exit 3; echo source=pulled")
+        for r in mine:
+            warn = shlex.quote(f"WARNING: the pull of {r} from the fleet cache failed; "
+                               "trying the next source")
+            lines.append(f'  [ -n "$ref" ] || {{ {docker_commands.pull(r)} >&2 && '
+                         f"ref={shlex.quote(r)} || echo {warn} >&2; }}")
+        lines += [f'  [ -n "$ref" ] || {{ {docker_commands.pull(candidate.ref)} >&2 || exit 3; '
+                  f"ref={shlex.quote(candidate.ref)}; }}",
+                  "  echo source=pulled"]
     else:
         lines.append("  echo source=unknown; exit 0")
     lines += [
         "fi",
-        f"out=$({docker_commands.vllm_version(candidate.ref)} 2>&1) || "
+        f"out=$({run_found} 2>&1) || "
         '{ printf "%s\\n" "$out" >&2; exit 4; }',
         'v=$(printf "%s\\n" "$out" | tail -n 1)',
         'echo "version=$v"',
@@ -77,10 +106,11 @@ def parse_probe(output: str) -> dict[str, str]:
 
 
 def read_version(
-    remote: Remote, host: InventoryHost, candidate: Candidate, *, pull: bool
+    remote: Remote, host: InventoryHost, candidate: Candidate, *, pull: bool,
+    caches: Sequence[str] = (),
 ) -> VersionProbe:
     """Ask the image on ``host``; raises ``VersionError`` (or ``HostUnreachable``)."""
-    rc, out = remote.run(host, probe_script(candidate, pull), timeout=3600)
+    rc, out = remote.run(host, probe_script(candidate, pull, caches), timeout=3600)
     values = parse_probe(out)
     if rc == 3:
         raise VersionError(
@@ -95,7 +125,9 @@ def read_version(
     return VersionProbe(values.get("version") or None, source, pulled=source == "pulled")
 
 
-def remove_image(remote: Remote, host: InventoryHost, candidate: Candidate) -> None:
+def remove_image(remote: Remote, host: InventoryHost, candidate: Candidate,
+                 caches: Sequence[str] = ()) -> None:
     """Remove a candidate this bump pulled and then refused (leave the host as found)."""
-    ref = shlex.quote(f"{candidate.repository}@{candidate.digest}")
-    remote.run(host, f"docker image rm {ref} >/dev/null 2>&1; true")
+    refs = [f"{candidate.repository}@{candidate.digest}", *cache_refs(candidate, caches)]
+    remote.run(host, f"docker image rm {' '.join(shlex.quote(r) for r in refs)} "
+                     ">/dev/null 2>&1; true")

@@ -207,8 +207,11 @@ def test_prune_keeps_pinned_and_unregistered_images() -> None:
 class FakeRemote:
     """Every host reachable; the canary's image reports the version of the candidate's sha."""
 
-    def __init__(self) -> None:
+    def __init__(self, registry: FakeRegistry) -> None:
         self.commands: list[tuple[str, str]] = []
+        # What each digest's image says it is (vLLM reads it from the image, not the tag).
+        self.versions = {registry.digest_of(t): t[1:] for t in RELEASES}
+        self.versions |= {registry.digest_of(f"nightly-{s}"): v for s, v in VERSIONS.items()}
 
     def reachable(self, host: InventoryHost) -> str | None:
         return "connection refused" if host.name == "host3" else None
@@ -217,9 +220,7 @@ class FakeRemote:
             stdin: bytes = b"") -> tuple[int, str]:  # fmt: skip
         self.commands.append((host.name, command))
         if "vllm.__version__" in command:
-            release = next((t for t in RELEASES if f":{t}@" in command), None)
-            sha = next((s for s in VERSIONS if f"nightly-{s}@" in command), None)
-            version = release[1:] if release else VERSIONS[str(sha)]
+            version = next(v for d, v in self.versions.items() if f"@{d}" in command)
             pulled = "docker pull" in command
             return 0, f"source={'pulled' if pulled else 'image'}\nversion={version}\n"
         return 0, ""
@@ -253,7 +254,7 @@ def fleet(tmp_path: Path, registry, monkeypatch) -> dict[str, Any]:
         InventoryHost("host3", ("gpu_hosts",), {**common, "stack": "int8"}),
     ]
     monkeypatch.setattr(bump_cli, "load_inventory", lambda path: inventory)
-    remote = FakeRemote()
+    remote = FakeRemote(fake)
     monkeypatch.setattr(bump_cli, "SshRemote", lambda **_: remote)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     deployed: list[Any] = []

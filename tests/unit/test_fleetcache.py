@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import importlib.util
-import json
 import shutil
 import subprocess
 import threading
@@ -22,11 +21,17 @@ from balancer_helpers import key_file
 
 from rigfleet.commands import weights as weights_commands
 from rigfleet.fleetcache import (
+    SEED_CONFIG,
+    SEED_SCRIPT,
+    SEED_SERVICE,
+    SEED_SOCKET,
     model_mirrors,
     model_path,
     render_nginx_site,
     render_registry_config,
-    warm_command,
+    render_seed_config,
+    render_seed_unit,
+    seed_command,
 )
 from rigfleet.hostdata import HostDataError, validate_cache
 from rigfleet.image_sources import NO_CHECK, ImageSource
@@ -371,46 +376,35 @@ def test_cache_registries_are_added_to_insecure_registries_keeping_the_users():
 
 
 @pytest.mark.skipif(shutil.which("jq") is None, reason="jq (a base package of every host)")
-def test_warming_pulls_the_amd64_manifest_config_and_layers_then_marks_it(tmp_path):
-    index = {"manifests": [
-        {"digest": "sha256:arm", "platform": {"os": "linux", "architecture": "arm64"}},
-        {"digest": "sha256:amd", "platform": {"os": "linux", "architecture": "amd64"}}]}
-    image = {"config": {"digest": "sha256:cfg"},
-             "layers": [{"digest": "sha256:l1"}, {"digest": "sha256:l2"}]}
-    answers = tmp_path / "answers"
-    answers.mkdir()
-    (answers / "idx").write_text(json.dumps(index))
-    (answers / "amd").write_text(json.dumps(image))
+@pytest.mark.parametrize("seed_rc", [0, 4])
+def test_seeding_runs_the_seeding_registry_only_meanwhile_and_keeps_the_scripts_code(
+        tmp_path, seed_rc):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    log = tmp_path / "urls"
-    (bin_dir / "curl").write_text(
-        "#!/bin/sh\n"
-        'for a; do url=$a; done\n'
-        f'echo "$url" >> {log}\n'
-        f'case "$url" in *manifests/sha256:pin) cat {answers}/idx ;; '
-        f'*manifests/sha256:amd) cat {answers}/amd ;; *blobs/*) : ;; *) exit 22 ;; esac\n')
-    (bin_dir / "curl").chmod(0o755)
-    marker = tmp_path / "warm" / "sha256-pin"
-    cmd = warm_command(5000, "vllm/vllm-openai", "sha256:pin", str(marker))
-    subprocess.run(["bash", "-c", cmd], check=True,
-                   env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
-    base = "http://127.0.0.1:5000/v2/vllm/vllm-openai"
-    assert log.read_text().splitlines() == [
-        f"{base}/manifests/sha256:pin", f"{base}/manifests/sha256:amd",
-        f"{base}/blobs/sha256:cfg", f"{base}/blobs/sha256:l1", f"{base}/blobs/sha256:l2"]
-    assert marker.is_file()
+    log = tmp_path / "calls"
+    for name, rc in (("systemctl", 0), ("python3", seed_rc)):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexit {rc}\n')
+        (bin_dir / name).chmod(0o755)
+    cmd = seed_command("https://registry-1.docker.io", "vllm/vllm-openai", "sha256:" + "a" * 64,
+                       "/var/lib/rigfleet/m")
+    proc = subprocess.run(["bash", "-c", cmd], env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert proc.returncode == seed_rc
+    calls = log.read_text().splitlines()
+    assert calls[0] == f"systemctl start {SEED_SERVICE}"
+    assert calls[1].startswith(f"python3 {SEED_SCRIPT} --upstream "
+                               "https://registry-1.docker.io --socket ")
+    assert "--repo vllm/vllm-openai" in calls[1] and "--marker /var/lib/rigfleet/m" in calls[1]
+    assert calls[2:] == [f"systemctl stop {SEED_SERVICE}"]
 
 
-def test_a_failed_warm_leaves_no_marker(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "curl").write_text("#!/bin/sh\nexit 7\n")
-    (bin_dir / "curl").chmod(0o755)
-    marker = tmp_path / "warm" / "m"
-    proc = subprocess.run(["bash", "-c", warm_command(5000, "a/b", "sha256:x", str(marker))],
-                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
-    assert proc.returncode != 0 and not marker.exists()
+def test_the_seeding_registry_shares_the_proxys_storage_on_a_socket_only(tmp_path):
+    seed, proxy = yaml.safe_load(render_seed_config()), yaml.safe_load(render_registry_config(
+        validate_cache("lb1", {"api_key_file": str(key_file(tmp_path))})))
+    assert seed["storage"] == {"filesystem": proxy["storage"]["filesystem"]}
+    assert seed["http"] == {"net": "unix", "addr": SEED_SOCKET} and "proxy" not in seed
+    unit = render_seed_unit()
+    assert f"ExecStart=/usr/bin/docker-registry serve {SEED_CONFIG}" in unit
+    assert "User=docker-registry" in unit and "[Install]" not in unit  # never enabled
 
 
 def test_the_cache_alone_never_makes_an_image_available():
