@@ -3,6 +3,7 @@
     python benchmarks/fleet_fetch.py --hosts 3            # the testbed as it is (up if needed)
     python benchmarks/fleet_fetch.py --hosts 3 --fresh    # testbed down first: bare hosts
     python benchmarks/fleet_fetch.py --since 1796450000   # figures of a converge already run
+    python benchmarks/fleet_fetch.py --hosts 3 --fresh --no-cache   # no lb1: peers serve
 
 Brings up N dual-3090 testbed hosts and lb1 (balancer, monitor and fleet cache), converges
 them once, and reads what each source served during that converge from its own log: the twin
@@ -11,7 +12,9 @@ access log (the upstreams: they stand for huggingface.co and Docker Hub), and th
 nginx log and its registry's access log (the LAN). One host's need is the pinned model
 revision's files (the hub's listing) plus the compressed layers of the fleet's pinned images
 (the registry's manifests; a layer images share counted once). The last line is ``wan ratio R``: upstream bytes / one host's need
-(1.0: each byte crossed the internet once). Set RIGFLEET_TESTBED_INSTANCE for another testbed.
+(1.0: each byte crossed the internet once). With ``--no-cache`` there is no lb1: the first host
+fetches upstream and serves its peers (their LAN bytes: each host's peer server's journal).
+Set RIGFLEET_TESTBED_INSTANCE for another testbed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+from rigfleet.fleetcache import PEER_UNIT
 from rigfleet.registry import MANIFEST_TYPES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +45,8 @@ ACCESS_LINE = re.compile(r'^(?:.*?\s)?(?P<client>[0-9a-fA-F.:]+) - \S+ \[[^\]]+\
                          r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d{3}) '
                          r'(?P<bytes>\d+|-)')
 # What the rigs' warnings about the cache say (files/rigfleet-fetch-weights.py, images.plan).
-WARNED = ("cannot be reached", "fetched from the hub instead", "the pull from fleet cache")
+WARNED = ("cannot be reached", "fetched from the hub instead", "the pull from fleet cache",
+          "the load from peer", "its server did not start")
 NGINX_FIELDS = 6  # roles/cache: time, client, status, bytes, method, uri
 
 
@@ -89,21 +94,33 @@ def _out(cmd: list[str], timeout: float = 120) -> list[str]:
     return (proc.stdout + proc.stderr).splitlines()
 
 
+def peer_bytes(lines: Iterable[str]) -> tuple[int, int]:
+    """(bytes, requests) the peer servers sent (``<client> <status> <bytes> GET <path>``)."""
+    total = n = 0
+    for line in lines:
+        p = line.split()
+        if len(p) == 5 and p[1] == "200" and p[2].isdigit() and p[3] == "GET":
+            total, n = total + int(p[2]), n + 1
+    return total, n
+
+
 class Logs:
     """Every source's log lines since a moment, read from the testbed's containers."""
 
-    def __init__(self, layout) -> None:
-        from rigfleet_testbed.layout import BalancerSlot
+    def __init__(self, layout, hosts: int, cache: bool) -> None:
+        from rigfleet_testbed.layout import BalancerSlot, HostSlot
 
-        self.layout = layout
+        self.layout, self.cache = layout, cache
         self.lb = BalancerSlot(1).container
+        self.rigs = [HostSlot(i).container for i in range(1, hosts + 1)]
 
     def read(self, since: float) -> dict[str, list[str]]:
         """Lines logged at ``since`` (seconds since the epoch) or later."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since))
         lb = ["docker", "exec", self.lb]
+        journal = ["journalctl", "-o", "cat", "--no-pager", "--since", f"@{int(since)}", "-u"]
         nginx = _out([*lb, "sh", "-c", "cat /var/log/nginx/rigfleet-cache.log 2>/dev/null "
-                      "|| true"])
+                      "|| true"]) if self.cache else []
         return {
             "hub": _out(["docker", "logs", "--since", str(int(since)),
                          self.layout.SERVICES_CONTAINER]),
@@ -111,8 +128,9 @@ class Logs:
                               self.layout.REGISTRY_CONTAINER]),
             # ISO 8601 times in one zone sort as text.
             "cache-models": [line for line in nginx if line[:19] >= stamp],
-            "cache-registry": _out([*lb, "journalctl", "-u", "docker-registry", "-o", "cat",
-                                    "--no-pager", "--since", f"@{int(since)}"]),
+            "cache-registry": _out([*lb, *journal, "docker-registry"]) if self.cache else [],
+            "peers": [line for rig in self.rigs
+                      for line in _out(["docker", "exec", rig, *journal, PEER_UNIT])],
         }
 
 
@@ -163,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=3, help="GPU hosts (default 3)")
     parser.add_argument("--fresh", action="store_true",
                         help="take the testbed down first (bare hosts; else it must be bare)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="no lb1 (no fleet cache): the hosts serve their peers")
     parser.add_argument("--since", type=float, metavar="EPOCH_S",
                         help="no converge: the figures of one that started then (the testbed "
                         "as it is)")
@@ -175,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     if since is None:
         if args.fresh:
             subprocess.run([rigfleet, "testbed", "down"], cwd=REPO, check=True, timeout=900)
-        subprocess.run([rigfleet, "testbed", "up", "--hosts", str(args.hosts), "--balancer"],
+        subprocess.run([rigfleet, "testbed", "up", "--hosts", str(args.hosts),
+                        *([] if args.no_cache else ["--balancer"])],
                        cwd=REPO, check=True, timeout=1800)
         since = time.time() - 1
         print(f"converge from {since:.0f} (--since {since:.0f} prints these figures again)")
@@ -187,21 +208,25 @@ def main(argv: list[str] | None = None) -> int:
         # The host's warnings the deploy shows (a cache skipped, a bad copy from it).
         warnings = [line for line in (proc.stdout + proc.stderr).splitlines()
                     if any(w in line for w in WARNED)]
-    new = Logs(layout).read(since)
+    new = Logs(layout, args.hosts, cache=not args.no_cache).read(since)
     hub, hub_n = hub_bytes(new["hub"])
     reg, reg_n = access_bytes(new["registry"])
     lan_models, files, clients = nginx_bytes(new["cache-models"])
     lan_images, blobs = access_bytes(new["cache-registry"], skip_clients=("127.0.0.1", "::1"))
+    lan_peers, peer_n = peer_bytes(new["peers"])
     model, images = need_bytes(layout, layout.INVENTORY)
     from rigfleet.inventory import gpu_hosts, load_inventory
 
     rigs = len(gpu_hosts(load_inventory(layout.INVENTORY, cwd=REPO)))
-    print(f"fleet: {rigs} GPU host(s) + lb1 (fleet cache), instance {layout.INSTANCE}")
+    print(f"fleet: {rigs} GPU host(s)"
+          f"{' (no cache: peers)' if args.no_cache else ' + lb1 (fleet cache)'}, "
+          f"instance {layout.INSTANCE}")
     print(f"upstream hub {layout.HUB_URL}: {hub} bytes ({hub_n} GETs)")
     print(f"upstream registry {layout.MIRROR_URL}: {reg} bytes ({reg_n} GETs)")
     print(f"LAN cache lb1 model files: {lan_models} bytes ({files} files to "
           f"{len(clients)} host(s))")
     print(f"LAN cache lb1 registry: {lan_images} bytes ({blobs} GETs)")
+    print(f"LAN peers: {lan_peers} bytes ({peer_n} GETs)")
     print(f"one host needs: model {model} bytes + images {images} bytes")
     for line in warnings:
         print(f"warning: {line.strip()}")

@@ -179,3 +179,41 @@ def cache_settings(inventory: Iterable[Any]) -> list[CacheSettings]:
 def model_mirrors(inventory: Iterable[Any]) -> tuple[str, ...]:
     """The model caches' URLs as the fleet's hosts reach them, in inventory order."""
     return tuple(c.model_url for c in cache_settings(inventory))
+
+
+# --- peers: no cache, the first rig that holds a pinned thing serves it (docs/images.md) ---
+
+PEER_SCRIPT = str(HOST.script("rigfleet-peer-serve.py"))
+PEER_UNIT = "rigfleet-peer-serve"
+# The peer server stops itself after this long without a request (a converge's next step).
+PEER_IDLE_S = 300
+
+
+def peer_serve_command(port: int, model_dir: str, image_ids: Iterable[str]) -> str:
+    """Install the peer server from stdin (files/rigfleet-peer-serve.py) and start it on the
+    seed unless it runs (two peers may ask at once), then wait until it listens. Its unit is
+    transient: nothing runs after it stops."""
+    images = "".join(f" --image {shlex.quote(i)}" for i in sorted(set(image_ids)))
+    probe = shlex.quote(f"import socket; socket.create_connection(('127.0.0.1', {port}), 1)")
+    part = shlex.quote(f"{PEER_SCRIPT}.part")
+    return (
+        f"install -d -m 0755 {shlex.quote(posixpath.dirname(PEER_SCRIPT))} && cat > {part} && "
+        f"chmod 0755 {part} && mv -f {part} {PEER_SCRIPT} || exit 1; "
+        f"systemctl is-active --quiet {PEER_UNIT} || systemd-run --quiet --collect "
+        f"--unit {PEER_UNIT} python3 {PEER_SCRIPT} --port {port} --model-dir "
+        f"{shlex.quote(model_dir)} --idle {PEER_IDLE_S}{images} || "
+        f"systemctl is-active --quiet {PEER_UNIT}; "
+        f"for i in $(seq 50); do python3 -c {probe} 2>/dev/null && exit 0; sleep 0.2; done; "
+        "exit 1"
+    )
+
+
+def peer_image_command(url: str, image_id: str, image: str, fallback: str, mark: str) -> str:
+    """Load ``image_id`` from the peer at ``url`` (its ``docker save``) and check the id; else
+    say so on stderr after ``mark`` and run ``fallback`` (the host's own source)."""
+    note = shlex.quote(f"{mark}{image}: the load from peer {url} failed; fetching from the "
+                       "host's own source instead")
+    load = (f"curl -fsS {shlex.quote(f'{url}/images/{image_id}')} | docker load -q >/dev/null "
+            f"&& docker image inspect {shlex.quote(image_id)} >/dev/null && "
+            f"docker tag {shlex.quote(image_id)} {shlex.quote(image)}")
+    return f"{{ {load}; }} || {{ echo {note} >&2; {fallback}; }}"

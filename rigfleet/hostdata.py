@@ -214,6 +214,10 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("cache_address", _C.host_name, None, "a host name or an IP address (no port)",
         "where the fleet's hosts reach the cache over the LAN", on="cache", group="Cache",
         shown_default="ssh_hostname, else the inventory name"),
+    Key("peer_port", number_check(1, 65535, integer=True), 8082, "a TCP port 1..65535 other "
+        "than front_port", "with no fleet cache: where this host serves its verified weights "
+        "and pinned images to the fleet's other GPU hosts during their converge (reached at "
+        "balancer_front_address's host, else ssh_hostname)", group="Cache"),
     Key("cache_registry_port", number_check(1, 65535, integer=True), 5000, "a TCP port "
         "1..65535", "the pull-through registry's port (every address: hosts pull from it)",
         on="cache", group="Cache"),
@@ -305,6 +309,7 @@ class HostSettings:
     image_sources: tuple[ImageSource, ...] = DEFAULT_SOURCES
     front_tls: FrontTls | None = None
     balancer_front_address: str | None = None
+    peer_port: int = _default("peer_port")
     adopt_foreign_driver: bool = False
     stop_on_preflight: bool = False
     catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
@@ -368,6 +373,9 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
     v = c.check_keys(data, "gpu", KEYS)
     tls = check_tls(c, "front", v["front_tls_cert_file"], v["front_tls_key_file"],
                     v["front_tls_ca_file"])
+    if v["peer_port"] == v["front_port"]:
+        c.bad("peer_port", v["peer_port"], "a port other than front_port",
+              "is this host's front_port too")
     if tls is not None and v["front_url"] and v["front_url"].startswith("http://"):
         c.bad("front_url", v["front_url"], "an https:// URL (or no front_url)",
               "is plain HTTP, but the front serves TLS (front_tls_cert_file is set)")

@@ -36,6 +36,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation
 
 from rigfleet.facts import ImageLabels, read_fact
+from rigfleet.fleetcache import peer_image_command
 from rigfleet.hostside.layout import HOST
 from rigfleet.images.deploy import ImageState, fact_arguments, staging_plan
 from rigfleet.images.plan import (
@@ -53,6 +54,7 @@ from rigfleet.inventory import InventoryHost
 from rigfleet.runtime_image import BASE_LABEL, PACKAGES_LABEL, RuntimeImage
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
 from roles.ops import DeployError, WarnedCommand, check
+from roles.peers import Peer, peer_for, start_seed
 from roles.preflight import HostContext
 
 # The SSH layer a control-side archive is streamed over (tests put a fake here).
@@ -85,6 +87,30 @@ def _command(step: Step) -> Any:
     if isinstance(step, Upload):
         return FileUploadCommand(step.path, step.dest)
     return FunctionCommand(_stream, (step.path, step.command), {})
+
+
+@operation()
+def image_from_peer(image: str, image_id: str, steps: Sequence[Step], peer: Peer | None):
+    """With no fleet cache: load the image from the seed (``roles.peers``) after it has it,
+    checked by id; when that fails, the plan's own pull (``steps``), with a warning.
+
+    + image: the pinned ``<repo>:<tag>``; image_id: the pin; peer: None (nothing to do)
+    """
+    if peer is None:
+        return
+    yield FunctionCommand(start_seed, (peer,), {})
+    fallback = " && ".join(s.command for s in steps if isinstance(s, Shell))
+    yield WarnedCommand(WARNING_MARK, peer_image_command(peer.url, image_id, image, fallback,
+                                                         WARNING_MARK))
+
+
+def image_peer(p: ImagePlan) -> Peer | None:
+    """The seed ``p``'s image comes from (a pull by a pinned id only, never an archive)."""
+    if p.action != "fetch" or not p.want.image_id or \
+            not all(isinstance(s, Shell) for s in p.steps):
+        return None
+    return peer_for(lambda want: p.want.image_id in {s.pins.image_id
+                                                     for s in want.stacks.values()})
 
 
 @operation()
@@ -165,10 +191,18 @@ def images(ctx: HostContext) -> None:
     for p in host.loop(list(plan.images)):
         present = (f"present (id {p.presence.local.id[:19]})" if p.presence.local is not None
                    else "present")
-        image_staged(name=describe(p), image=p.want.image, steps=p.steps, present=present)
+        peer = image_peer(p)
+        if peer is not None:
+            present = f"from peer {peer.seed} once it has it"
+        image_staged(name=describe(p), image=p.want.image,
+                     steps=p.steps if peer is None else (), present=present)
+        image_from_peer(name=f"Stage {p.want.image} from a peer", image=p.want.image,
+                        image_id=p.want.image_id or "", steps=p.steps, peer=peer)
         check(
             name=f"Verify {p.want.image} is the pinned image",
-            verify=partial(verify_image, p.want, p.source, state_args),
+            # from a peer: no RepoDigests, the image id is the check (as for an archive)
+            verify=partial(verify_image, p.want, p.source if peer is None else None,
+                           state_args),
             what="image verification",
         )
     # A Genesis stack's packages, baked into its own image (no installs at container start).

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.operations import files
 
 from rigfleet.commands import weights as weights_commands
@@ -39,6 +39,7 @@ from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
 from rigfleet.weights import WeightsDirs, WeightsSpace, stale_weights, weights_space
 from roles.ops import Secret, WarnedCommand, executing, secret_file
+from roles.peers import Peer, peer_for, start_seed
 from roles.preflight import HostContext
 
 # The fetcher's stderr lines the deploy shows as this host's warnings (a cache skipped, a
@@ -71,6 +72,8 @@ def fetch_weights(
     endpoint: str | None = None,
     adopt_from: str | None = None,
     mirrors: tuple[str, ...] = (),
+    peer: Peer | None = None,
+    after_seed: bool = False,
 ):
     """Run the fetcher unless the manifest already records this pin and the files match.
 
@@ -82,11 +85,21 @@ def fetch_weights(
       this pin (then ``--dry`` shows no download: none happens)
     + mirrors: the fleet caches' model URLs, tried before ``endpoint`` (files verified either
       way; a cache down or a bad file: a warning, and the hub)
+    + peer, after_seed: with no cache, a host whose seed (``roles.peers``) fetches first
+      does nothing in the first call and fetches from the seed in the second (``after_seed``)
     """
     state = read_fact(WeightsManifest, local_dir=local_dir)
     if state.repo == repo and state.revision == revision and state.intact:
-        host.noop(f"{repo}@{revision[:12]} verified in {local_dir}")
+        if not after_seed:
+            host.noop(f"{repo}@{revision[:12]} verified in {local_dir}")
         return
+    if (peer is None) == after_seed:
+        if peer is not None:
+            host.noop(f"{repo}@{revision[:12]}: from peer {peer.seed} once it has them")
+        return
+    if peer is not None:
+        yield FunctionCommand(start_seed, (peer,), {})
+        mirrors = (*mirrors, f"{peer.url}/models")
     if adopt_from is not None and not executing():
         old = read_fact(WeightsManifest, local_dir=adopt_from)
         if old.repo == repo and old.revision == revision and old.intact:
@@ -206,6 +219,8 @@ def weights(ctx: HostContext) -> None:
         )
     model = ctx.pins.model
     model_dir = ctx.settings.model_dir
+    peer = peer_for(lambda want: (want.pins.model.repo, want.pins.model.revision)
+                    == (model.repo, model.revision))
     adopt_weights(
         name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",
         model_dir=model_dir,
@@ -227,4 +242,15 @@ def weights(ctx: HostContext) -> None:
         endpoint=ctx.settings.hf_endpoint,
         adopt_from=str(HOST.weights_legacy_dir(model_dir, model.local_dir)),
         mirrors=model_mirrors(host.inventory),
+        peer=peer,
+    )
+    fetch_weights(
+        name=f"Fetch and verify {model.repo}@{model.revision[:12]} from a peer",
+        repo=model.repo,
+        revision=model.revision,
+        local_dir=ctx.want.model_path,
+        token_file=token_file,
+        endpoint=ctx.settings.hf_endpoint,
+        peer=peer,
+        after_seed=True,
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import ssl
 import subprocess
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +78,39 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+# A registry's access log line for a blob it served: client - - [time] "GET /v2/<repo>/blobs/
+# <digest> HTTP/1.1" 200 (Docker's registry: the twin's upstream and a fleet cache's).
+BLOB_GET = re.compile(r'(?P<client>[0-9.]+) - \S+ \[[^\]]+\] "GET /v2/\S+/blobs/'
+                      r'(?P<digest>sha256:[0-9a-f]{64}) [^"]*" 200 ')
+
+
+def blob_gets(text: str) -> Counter[tuple[str, str]]:
+    """(client, digest) -> blobs a registry's access log says it served."""
+    return Counter((m["client"], m["digest"]) for m in BLOB_GET.finditer(text))
+
+
+def upstream_blob_gets(since: float) -> Counter[tuple[str, str]]:
+    """Blobs the twin registry (Docker Hub's stand-in) served since ``since``."""
+    proc = subprocess.run(["docker", "logs", "--since", str(int(since)),
+                           layout.REGISTRY_CONTAINER], capture_output=True, text=True,
+                          timeout=60, check=True)
+    return blob_gets(proc.stdout + proc.stderr)
+
+
+def cache_blob_gets(lb, since: float) -> Counter[tuple[str, str]]:
+    """Blobs the fleet cache's registry on ``lb`` served since ``since`` (its journal)."""
+    rc, out = lb.sh(f"journalctl -u docker-registry -o cat --no-pager --since @{int(since)}",
+                    timeout=60)
+    assert rc == 0, out
+    return blob_gets(out)
+
+
+def ip_of(host) -> str:
+    rc, out = host.sh("hostname -i")
+    assert rc == 0, out
+    return out.split()[0]
 
 
 def read_state(host) -> dict:

@@ -8,7 +8,8 @@ tests run in order on one fleet, each from where the previous one left it:
    and changes nothing;
 2. images the int8 stack file does not allow (a nightly; a release below v0.22.0, which has no
    INT8 per-token-head KV) are refused before any host changes;
-3. the bump to v0.28.0 is killed (its whole process group, as when the control machine dies)
+3. the bump to v0.28.0 (with the extras: seeded into lb1's fleet cache first, each blob from
+   the upstream once, and pulled by the canary from there) is killed (its whole process group, as when the control machine dies)
    as soon as the canary promoted: a converge keeps host1 on the candidate (the bump journal)
    and the others on the pins file; the next ``rigfleet bump`` resumes the plan, and host3 is
    stopped while its swap holds the lock: host2 promotes, host3 is reported lost, the pins file
@@ -37,7 +38,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import HOSTS, INVENTORY, REPO, STATE, run, under_load
+from conftest import (
+    HOSTS,
+    INVENTORY,
+    REPO,
+    STATE,
+    cache_blob_gets,
+    ip_of,
+    run,
+    under_load,
+    upstream_blob_gets,
+)
 from conftest import read_state as state
 from rigfleet_testbed import layout
 
@@ -101,6 +112,7 @@ _data = {{**_data, "pins_file": {str(BUMP_PINS)!r}, "bump_registry": {REGISTRY!r
          "bump_genesis_url": "http://127.0.0.1:{layout.GIT_LOCAL_PORT}/genesis-vllm-patches.git"}}
 gpu_hosts = (_hosts, _data)
 balancers = _tb.get("balancers", ([], {{}}))
+caches = _tb.get("caches", ([], {{}}))
 canary = ["host1"]
 ''')
 
@@ -197,6 +209,7 @@ def test_a_bump_killed_after_the_canary_promoted_is_kept_by_the_converge(fleet):
     host1, host2, host3 = fleet.fleet[:3]
     old = load_pins(BUMP_PINS)
     others = [(ledger_lines(h), state(h)["digest"]) for h in (host2, host3)]
+    started = time.time() - 1
     proc = subprocess.Popen([*BUMP, *TO_NEWEST], cwd=REPO, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, "COLUMNS": "200"},
@@ -217,6 +230,13 @@ def test_a_bump_killed_after_the_canary_promoted_is_kept_by_the_converge(fleet):
     print(proc.stderr.read()[-4000:] if proc.stderr else "")
     assert promoted, "the canary never promoted"
     new = digest_of(NEWEST)
+    if fleet.balancer is not None:  # lb1 is the fleet cache: the candidate came from it
+        canary, lb = ip_of(host1), ip_of(fleet.balancer)
+        upstream = upstream_blob_gets(started)
+        assert not [d for (client, d) in upstream if client == canary], upstream
+        assert all(c == lb and n == 1 for (c, _), n in upstream.items()), upstream
+        cached = cache_blob_gets(fleet.balancer, started)
+        assert any(client == canary for client, _ in cached), cached
     assert JOURNAL.exists() and load_pins(BUMP_PINS) == old  # unfinished: pins not written
     assert state(host1)["digest"] == new
 

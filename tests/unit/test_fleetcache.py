@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import importlib.util
+import os
 import shutil
 import subprocess
 import threading
@@ -237,7 +238,9 @@ def test_a_verified_file_changed_in_place_is_fetched_again_from_the_cache(
     final = tmp_path / "model"
     expected = _listing(FILES, {"model.safetensors"})
     fetcher.write_manifest(final, REPO, REV, fetcher.verify(final, expected))
-    (final / "model.safetensors").write_bytes(b"W" * 4999 + b"X")  # same size
+    shard = final / "model.safetensors"
+    shard.write_bytes(b"W" * 4999 + b"X")  # same size, written later (a clock tick may be
+    os.utime(shard, (shard.stat().st_atime, shard.stat().st_mtime + 2))  # coarser than this)
     assert not fetcher.manifest_matches(final, REPO, REV)[0]
     monkeypatch.setattr(fetcher, "hub_files", lambda repo, revision, token: expected)
     args = SimpleNamespace(local_dir=str(final), lock_dir=str(tmp_path / "locks"), repo=REPO,

@@ -1,0 +1,79 @@
+"""Peers: with no fleet cache, the first GPU host of the run that wants a pinned thing (the
+seed) fetches it from upstream; the others take it from the seed over the LAN afterwards, in a
+second operation, and fall back to upstream with a warning (docs/images.md).
+
+    p = peer_for(lambda want: want.pins.model.revision == rev)   # None: fetch it yourself
+    p.url, p.seed                                               # 'http://host1:8082', 'host1'
+    yield FunctionCommand(start_seed, (p,), {})                 # its server, if not running
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra import host, logger
+
+from rigfleet.balancer.plan import split_address
+from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.errors import RigfleetError
+from rigfleet.fleetcache import peer_serve_command
+from rigfleet.inventory import InventoryHost, host_kind
+from rigfleet.resources import project_file
+from rigfleet.ssh import HostUnreachable, Remote, SshRemote
+
+REMOTE: Callable[[], Remote] = SshRemote
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The seed this host takes a pinned thing from, and how to start its server."""
+
+    seed: str
+    url: str
+    start: str
+    target: InventoryHost
+
+
+def _desired(name: str, data: Any) -> DesiredHost | None:
+    memo = host.state.__dict__.setdefault("_rigfleet_peer_desired", {})
+    if name not in memo:
+        try:
+            memo[name] = load_desired(name, data)
+        except RigfleetError:
+            memo[name] = None  # its own preflight refuses it
+    return memo[name]
+
+
+def peer_for(wants: Callable[[DesiredHost], bool]) -> Peer | None:
+    """The seed when this host is a peer for what ``wants`` picks: no fleet cache in the
+    inventory, and an earlier GPU host of this run (inventory order) wants it too."""
+    hosts = list(host.inventory)
+    if any(host_kind(h.groups).cache for h in hosts):
+        return None
+    run = [h for h in hosts if host_kind(h.groups).gpu and host.state.is_host_in_limit(h)]
+    wanting = [(h, d) for h in run if (d := _desired(h.name, h.data)) is not None and wants(d)]
+    if not wanting or wanting[0][0].name == host.name:
+        return None
+    seed, want = wanting[0]
+    images = {s.pins.image_id for _, d in wanting for s in d.stacks.values() if s.pins.image_id}
+    port = want.settings.peer_port
+    given = want.settings.balancer_front_address
+    address = split_address(given)[0] if given else (seed.data.get("ssh_hostname") or seed.name)
+    data = dict(seed.data.dict()) if hasattr(seed.data, "dict") else {}
+    return Peer(seed.name, f"http://{address}:{port}", peer_serve_command(
+        port, want.settings.model_dir, images), InventoryHost(seed.name, (), data))
+
+
+def start_seed(state: Any, host: Any, peer: Peer) -> None:
+    """Start the seed's server (control side, over SSH); a failure is a warning: the fetch
+    then finds no peer and goes upstream."""
+    try:
+        rc, out = REMOTE().run(peer.target, peer.start, timeout=60, stdin=project_file(
+            "files/rigfleet-peer-serve.py").read_bytes())
+    except HostUnreachable as e:
+        rc, out = -1, str(e)
+    if rc != 0:
+        logger.warning(f"[{host.name}] peer {peer.seed}: its server did not start "
+                       f"({out.strip()[-200:] or f'exit {rc}'}); fetching upstream")

@@ -1,0 +1,171 @@
+"""Peers (no fleet cache): who is the seed, the seed's server (files/rigfleet-peer-serve.py,
+a real local HTTP server and a fake ``docker``), and a peer's load that falls back with a
+warning."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+import roles.peers as peers
+from rigfleet.fleetcache import peer_image_command
+
+SCRIPT = Path(__file__).resolve().parents[2] / "files" / "rigfleet-peer-serve.py"
+REPO, REV = "org/model", "ab" * 20
+IMAGE_ID = "sha256:" + "1" * 64
+
+
+@pytest.fixture(scope="module")
+def serve() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("rigfleet_peer_serve", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture()
+def seed(serve, tmp_path, monkeypatch):
+    """A model dir with one verified revision, a fake ``docker save``, the server running."""
+    d = tmp_path / "models" / f"model@{REV[:12]}"
+    (d / "sub").mkdir(parents=True)
+    files = {"config.json": b"{}", "sub/w.safetensors": b"W" * 3000, ".hidden": b"x"}
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    listed = {n: {"size": len(b), "mtime": (d / n).stat().st_mtime}
+              for n, b in files.items() if not n.startswith(".")}
+    (d / ".rigfleet-manifest.json").write_text(json.dumps(
+        {"repo": REPO, "revision": REV, "files": listed}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1 $2" = "save ' + IMAGE_ID +
+                                    '" ] && printf TARBYTES\n')
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    server = serve.Server(("127.0.0.1", 0), tmp_path / "models", {IMAGE_ID})
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", d
+    server.shutdown()
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+
+
+def test_the_seed_serves_verified_files_and_pinned_images_only(seed):
+    url, d = seed
+    base = f"{url}/models/{REPO}/{REV}"
+    assert get(f"{base}/sub/w.safetensors") == (200, b"W" * 3000)
+    assert get(f"{base}/sub%2Fw.safetensors") == (200, b"W" * 3000)  # the fetcher quotes
+    assert get(f"{base}/.hidden")[0] == 404  # nothing under a dot name
+    assert get(f"{base}/.rigfleet-manifest.json")[0] == 404
+    assert get(f"{url}/models/{REPO}/{'cd' * 20}/config.json")[0] == 404  # another revision
+    assert get(f"{base}/../model@{REV[:12]}/config.json")[0] == 404
+    assert get(f"{url}/images/{IMAGE_ID}") == (200, b"TARBYTES")
+    assert get(f"{url}/images/sha256:{'2' * 64}")[0] == 404  # not a pinned image
+    # A file changed after it was verified is not served (its peer would drop it anyway).
+    (d / "config.json").write_bytes(b"{}")
+    os.utime(d / "config.json", (1, 1))
+    assert get(f"{base}/config.json")[0] == 404
+
+
+def test_the_server_stops_on_its_own_when_nobody_asks(serve, tmp_path):
+    (tmp_path / "m").mkdir()
+    done = threading.Event()
+
+    def run() -> None:
+        serve.main(["--port", "0", "--model-dir", str(tmp_path / "m"), "--idle", "0.2"])
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(10), "the idle server did not stop"
+
+
+def _fake_bin(tmp_path: Path, curl_ok: bool) -> tuple[dict[str, str], Path]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "calls"
+    for name, body in (("curl", f"[ {int(curl_ok)} = 1 ] && printf tar || exit 22"),
+                       # as Docker's: an empty stdin is no image
+                       ("docker", 'case "$1" in load) [ -n "$(cat)" ] || exit 1 ;; esac')):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}, log
+
+
+@pytest.mark.parametrize("curl_ok", [True, False])
+def test_a_peers_load_is_checked_by_id_and_falls_back_with_a_warning(tmp_path, curl_ok):
+    env, log = _fake_bin(tmp_path, curl_ok)
+    cmd = peer_image_command("http://host1:8082", IMAGE_ID, "vllm/vllm-openai:v1",
+                             "docker pull --quiet hub-ref", "[mark] ")
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0
+    calls = log.read_text().splitlines()
+    if curl_ok:
+        assert calls[1:] == ["docker load -q", f"docker image inspect {IMAGE_ID}",
+                             f"docker tag {IMAGE_ID} vllm/vllm-openai:v1"]
+        assert proc.stderr == ""
+    else:
+        assert calls[-1] == "docker pull --quiet hub-ref"
+        assert "[mark] vllm/vllm-openai:v1: the load from peer http://host1:8082 failed" \
+            in proc.stderr
+
+
+class FakeHost:
+    def __init__(self, name: str, groups: tuple[str, ...], data: dict) -> None:
+        self.name, self.groups, self.data = name, groups, data
+
+
+def _desired(image_id: str, model_dir: str = "/srv/models", front: str | None = None):
+    pins = SimpleNamespace(image_id=image_id)
+    settings = SimpleNamespace(peer_port=8082, model_dir=model_dir,
+                               balancer_front_address=front)
+    return SimpleNamespace(stacks={"int8": SimpleNamespace(pins=pins)}, settings=settings)
+
+
+@pytest.mark.parametrize(("me", "limit", "caches", "seed"), [
+    ("host2", None, False, "host1"),       # the first GPU host of the run is the seed
+    ("host1", None, False, None),          # the seed fetches itself
+    ("host3", ["host2", "host3"], False, "host2"),  # host1 is not in this run
+    ("host2", None, True, None),           # a fleet cache: no peers
+])
+def test_the_seed_is_the_first_gpu_host_of_the_run_that_wants_it(monkeypatch, me, limit,
+                                                                 caches, seed):
+    hosts = [FakeHost("lb1", ("balancers",) + (("caches",) if caches else ()), {}),
+             *(FakeHost(f"host{i}", ("gpu_hosts",), {"ssh_hostname": f"10.0.0.{i}"})
+               for i in (1, 2, 3))]
+    by_name = {h.name: h for h in hosts}
+    state = SimpleNamespace(is_host_in_limit=lambda h: limit is None or h.name in limit)
+    monkeypatch.setattr(peers, "host", SimpleNamespace(name=me, inventory=hosts, state=state))
+    monkeypatch.setattr(peers, "_desired", lambda name, data: _desired(IMAGE_ID))
+    got = peers.peer_for(lambda want: IMAGE_ID in {s.pins.image_id
+                                                   for s in want.stacks.values()})
+    assert (got.seed if got else None) == seed
+    if got is not None:
+        assert got.url == f"http://{by_name[seed].data['ssh_hostname']}:8082"
+        assert f"--image {IMAGE_ID}" in got.start and "--model-dir /srv/models" in got.start
+
+
+def test_the_seed_is_reached_where_the_balancer_reaches_it(monkeypatch):
+    hosts = [FakeHost(f"host{i}", ("gpu_hosts",), {}) for i in (1, 2)]
+    state = SimpleNamespace(is_host_in_limit=lambda h: True)
+    monkeypatch.setattr(peers, "host", SimpleNamespace(name="host2", inventory=hosts,
+                                                       state=state))
+    monkeypatch.setattr(peers, "_desired",
+                        lambda name, data: _desired(IMAGE_ID, front="rig-a.lan:8000"))
+    got = peers.peer_for(lambda want: True)
+    assert got is not None and got.url == "http://rig-a.lan:8082"
+
