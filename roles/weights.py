@@ -219,8 +219,10 @@ def weights(ctx: HostContext) -> None:
         )
     model = ctx.pins.model
     model_dir = ctx.settings.model_dir
-    peer = peer_for(lambda want: (want.pins.model.repo, want.pins.model.revision)
-                    == (model.repo, model.revision))
+    have = read_fact(WeightsManifest, local_dir=ctx.want.model_path)  # the op's own read
+    peer = None if (have.repo, have.revision, have.intact) == (model.repo, model.revision, True) \
+        else peer_for(lambda want: (want.pins.model.repo, want.pins.model.revision)
+                      == (model.repo, model.revision))
     adopt_weights(
         name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",
         model_dir=model_dir,

@@ -115,7 +115,10 @@ def test_a_peers_load_is_checked_by_id_and_falls_back_with_a_warning(tmp_path, c
     assert proc.returncode == 0
     calls = log.read_text().splitlines()
     if curl_ok:
-        assert calls[1:] == ["docker load -q", f"docker image inspect {IMAGE_ID}",
+        # curl and docker load run at once (a pipe): either may log first
+        assert sorted(calls[:2]) == [f"curl -fsS http://host1:8082/images/{IMAGE_ID}",
+                                     "docker load -q"]
+        assert calls[2:] == [f"docker image inspect {IMAGE_ID}",
                              f"docker tag {IMAGE_ID} vllm/vllm-openai:v1"]
         assert proc.stderr == ""
     else:
