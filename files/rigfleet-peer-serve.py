@@ -4,15 +4,15 @@
 Installed by rigfleet (roles/weights.py) and started by a peer's converge on the first rig
 that holds what it needs, as a transient unit that stops once nobody asked for a while:
 
-    rigfleet-peer-serve.py --port 8082 --model-dir /srv/models --image sha256:<id> ... \
-        [--idle 300]
+    rigfleet-peer-serve.py --port 8082 --model-dir /srv/models \
+        --repository vllm/vllm-openai ... [--idle 300]
 
 - ``GET /models/<org>/<name>/<revision>/<file>``: a file of a revision directory under
   ``--model-dir`` whose ``.rigfleet-manifest.json`` names that repo and revision and lists
   the file, unchanged since it was verified (size and mtime); nothing under a dot name. The
   peer's fetcher verifies every file against the hub's listing again (``--mirror``).
-- ``GET /images/<id>``: ``docker save <id>`` for an image id given with ``--image`` (the
-  fleet's pins); the peer loads it and checks the id.
+- ``GET /images/<id>``: ``docker save <id>`` of an image this host names as one of the
+  ``--repository`` (the fleet's pinned repositories); the peer loads it and checks the id.
 One log line per request (client, status, bytes, path). Stdlib only.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import http.server
 import json
+import re
 import subprocess
 import threading
 import time
@@ -54,12 +55,25 @@ def verified_file(model_dir: Path, repo: str, revision: str, name: str) -> Path 
     return None
 
 
+def pinned(image_id: str, repositories: set[str]) -> bool:
+    """Is ``image_id`` an image this host names under one of ``repositories``?"""
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", image_id):
+        return False
+    proc = subprocess.run(["docker", "image", "inspect", "--format",
+                           "{{json .RepoTags}} {{json .RepoDigests}}", image_id],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return False
+    names = [n for part in proc.stdout.split() for n in (json.loads(part) or [])]
+    return any(re.split(r"[@:](?=[^/]*$)", n, maxsplit=1)[0] in repositories for n in names)
+
+
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address, model_dir: Path, images: set[str]) -> None:
+    def __init__(self, address, model_dir: Path, repositories: set[str]) -> None:
         super().__init__(address, Handler)
-        self.model_dir, self.images = model_dir, images
+        self.model_dir, self.repositories = model_dir, repositories
         self.last, self.busy, self.lock = time.monotonic(), 0, threading.Lock()
 
 
@@ -106,7 +120,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     self.wfile.write(chunk)
                     sent += len(chunk)
             return self._done(200, sent)
-        if kind == "images" and rest in self.server.images:
+        if kind == "images" and pinned(rest, self.server.repositories):
             proc = subprocess.Popen(["docker", "save", rest], stdout=subprocess.PIPE)
             assert proc.stdout is not None
             first = proc.stdout.read(CHUNK)
@@ -132,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--bind", default="")
     p.add_argument("--model-dir", required=True)
-    p.add_argument("--image", action="append", default=[])
+    p.add_argument("--repository", action="append", default=[])
     p.add_argument("--idle", type=float, default=300, help="stop after S idle seconds")
     args = p.parse_args(argv)
-    server = Server((args.bind, args.port), Path(args.model_dir), set(args.image))
+    server = Server((args.bind, args.port), Path(args.model_dir), set(args.repository))
 
     def watch() -> None:
         while True:
@@ -146,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         server.shutdown()
 
     threading.Thread(target=watch, daemon=True).start()
-    print(f"serving {args.model_dir} and {len(server.images)} image(s) on :{args.port} "
+    print(f"serving {args.model_dir} and images of {sorted(server.repositories)} on :{args.port} "
           f"until {args.idle:g}s idle", flush=True)
     server.serve_forever()
     return 0

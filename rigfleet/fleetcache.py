@@ -189,11 +189,11 @@ PEER_UNIT = "rigfleet-peer-serve"
 PEER_IDLE_S = 300
 
 
-def peer_serve_command(port: int, model_dir: str, image_ids: Iterable[str]) -> str:
+def peer_serve_command(port: int, model_dir: str, repositories: Iterable[str]) -> str:
     """Install the peer server from stdin (files/rigfleet-peer-serve.py) and start it on the
     seed unless it runs (two peers may ask at once), then wait until it listens. Its unit is
     transient: nothing runs after it stops."""
-    images = "".join(f" --image {shlex.quote(i)}" for i in sorted(set(image_ids)))
+    images = "".join(f" --repository {shlex.quote(r)}" for r in sorted(set(repositories)))
     probe = shlex.quote(f"import socket; socket.create_connection(('127.0.0.1', {port}), 1)")
     part = shlex.quote(f"{PEER_SCRIPT}.part")
     return (

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import shlex
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -104,13 +105,15 @@ def image_from_peer(image: str, image_id: str, steps: Sequence[Step], peer: Peer
                                                          WARNING_MARK))
 
 
-def image_peer(p: ImagePlan) -> Peer | None:
-    """The seed ``p``'s image comes from (a pull by a pinned id only, never an archive)."""
-    if p.action != "fetch" or not p.want.image_id or \
-            not all(isinstance(s, Shell) for s in p.steps):
-        return None
-    return peer_for(lambda want: p.want.image_id in {s.pins.image_id
-                                                     for s in want.stacks.values()})
+def peer_image(p: ImagePlan) -> tuple[WantedImage, Peer | None]:
+    """The image as a peer's load is checked (its id: pinned, else read with the source's
+    manifests in the preflight) and the seed it comes from: a pull only, never an archive."""
+    image_id = p.want.image_id or (p.source.image_id if p.source else None)
+    want = replace(p.want, image_id=image_id)
+    if p.action != "fetch" or not image_id or not all(isinstance(s, Shell) for s in p.steps):
+        return want, None
+    return want, peer_for(lambda d: any((s.pins.image, s.pins.digest) == (want.image, want.digest)
+                                        for s in d.stacks.values()))
 
 
 @operation()
@@ -191,18 +194,18 @@ def images(ctx: HostContext) -> None:
     for p in host.loop(list(plan.images)):
         present = (f"present (id {p.presence.local.id[:19]})" if p.presence.local is not None
                    else "present")
-        peer = image_peer(p)
+        want, peer = peer_image(p)
+        checked, source = (p.want, p.source) if peer is None else (want, None)
         if peer is not None:
             present = f"from peer {peer.seed} once it has it"
         image_staged(name=describe(p), image=p.want.image,
                      steps=p.steps if peer is None else (), present=present)
         image_from_peer(name=f"Stage {p.want.image} from a peer", image=p.want.image,
-                        image_id=p.want.image_id or "", steps=p.steps, peer=peer)
+                        image_id=want.image_id or "", steps=p.steps, peer=peer)
         check(
             name=f"Verify {p.want.image} is the pinned image",
             # from a peer: no RepoDigests, the image id is the check (as for an archive)
-            verify=partial(verify_image, p.want, p.source if peer is None else None,
-                           state_args),
+            verify=partial(verify_image, checked, source, state_args),
             what="image verification",
         )
     # A Genesis stack's packages, baked into its own image (no installs at container start).

@@ -20,6 +20,7 @@ from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetcache import peer_serve_command
 from rigfleet.inventory import InventoryHost, host_kind
+from rigfleet.registry import split_image
 from rigfleet.resources import project_file
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
 
@@ -57,13 +58,13 @@ def peer_for(wants: Callable[[DesiredHost], bool]) -> Peer | None:
     if not wanting or wanting[0][0].name == host.name:
         return None
     seed, want = wanting[0]
-    images = {s.pins.image_id for _, d in wanting for s in d.stacks.values() if s.pins.image_id}
+    repos = {split_image(s.pins.image)[0] for _, d in wanting for s in d.stacks.values()}
     port = want.settings.peer_port
     given = want.settings.balancer_front_address
     address = split_address(given)[0] if given else (seed.data.get("ssh_hostname") or seed.name)
     data = dict(seed.data.dict()) if hasattr(seed.data, "dict") else {}
     return Peer(seed.name, f"http://{address}:{port}", peer_serve_command(
-        port, want.settings.model_dir, images), InventoryHost(seed.name, (), data))
+        port, want.settings.model_dir, repos), InventoryHost(seed.name, (), data))
 
 
 def start_seed(state: Any, host: Any, peer: Peer) -> None:

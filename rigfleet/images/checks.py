@@ -60,7 +60,7 @@ class SourceChecker:
         self._registry = registry
         self._clients: dict[str, Registry] = {}
         self._there: dict[tuple[str, str, str], str | None] = {}
-        self._sizes: dict[tuple[str, str, str], int | None] = {}
+        self._resolved: dict[tuple[str, str, str], tuple[int | None, str | None]] = {}
 
     def client(self, url: str) -> Registry:
         if url not in self._clients:
@@ -129,19 +129,21 @@ class SourceChecker:
         problem = self._there[key]
         if problem is not None:
             return SourceResult(index, source, False, problem, ref=ref)
+        size, image_id = self.resolve(url, path, w.digest)
         return SourceResult(index, source, True, f"{path}@{w.digest[:19]} is there at {url}",
-                            self.size(url, path, w.digest), ref=ref)
+                            size, ref=ref, image_id=image_id)
 
-    def size(self, url: str, path: str, digest: str) -> int | None:
-        """The linux/amd64 image's compressed layer bytes (None when the manifests cannot be
-        read: the disk check then does not count it)."""
+    def resolve(self, url: str, path: str, digest: str) -> tuple[int | None, str | None]:
+        """The linux/amd64 image's compressed layer bytes and image id (config digest); None
+        when the manifests cannot be read (the disk check then does not count it)."""
         key = (url, path, digest)
-        if key not in self._sizes:
+        if key not in self._resolved:
             try:
-                self._sizes[key] = self.client(url).resolve(path, digest).layer_bytes
+                found = self.client(url).resolve(path, digest)
+                self._resolved[key] = (found.layer_bytes, found.image_id)
             except RegistryError:
-                self._sizes[key] = None
-        return self._sizes[key]
+                self._resolved[key] = (None, None)
+        return self._resolved[key]
 
     def archive(self, index: int, source: ImageSource, w: WantedImage) -> SourceResult:
         path = str(source.path)

@@ -155,6 +155,7 @@ class SourceResult:
     + ok: it holds the image; reason: why not, or what was found
     + size: bytes it brings (registry: compressed layers; archive: the file), None: unknown
     + archive: the archive file that holds it (archive kinds); ref: what is pulled (registries)
+    + image_id: the linux/amd64 config digest the registry's manifests name (read with size)
     """
 
     index: int
@@ -164,6 +165,7 @@ class SourceResult:
     size: int | None = None
     archive: str | None = None
     ref: str | None = None
+    image_id: str | None = None
 
     @property
     def label(self) -> str:

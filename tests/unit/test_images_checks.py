@@ -40,11 +40,12 @@ def checker(known: dict[str, tuple[str, int]] | None = None, down: set[str] | No
     return SourceChecker(make)  # type: ignore[arg-type]
 
 
-def test_hub_source_is_checked_by_digest_with_its_size() -> None:
+def test_hub_source_is_checked_by_digest_with_its_size_and_image_id() -> None:
     c = checker({DIGEST: ("sha256:" + "1" * 64, 9 * GIB)})
     w = WantedImage(IMAGE, DIGEST, None, ("int8",))
     [r] = c.results(w, settings(ImageSource("hub")), HostImageState())
     assert r.ok and r.size == 9 * GIB and r.ref == f"{IMAGE}@{DIGEST}"
+    assert r.image_id == "sha256:" + "1" * 64  # what a peer's load is checked against
     assert FakeHub.calls == [("HEAD", "https://registry-1.docker.io", f"vllm/vllm-openai@{DIGEST}"),
                              ("GET", "https://registry-1.docker.io", f"vllm/vllm-openai@{DIGEST}")]
 

@@ -22,6 +22,7 @@ from rigfleet.fleetcache import peer_image_command
 SCRIPT = Path(__file__).resolve().parents[2] / "files" / "rigfleet-peer-serve.py"
 REPO, REV = "org/model", "ab" * 20
 IMAGE_ID = "sha256:" + "1" * 64
+OTHER_ID = "sha256:" + "2" * 64
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +48,18 @@ def seed(serve, tmp_path, monkeypatch):
         {"repo": REPO, "revision": REV, "files": listed}))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1 $2" = "save ' + IMAGE_ID +
-                                    '" ] && printf TARBYTES\n')
+    # This host names IMAGE_ID vllm/vllm-openai:v1 and OTHER_ID other/image:v1.
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n"
+        f'[ "$1 $2" = "save {IMAGE_ID}" ] && printf TARBYTES && exit 0\n'
+        f'[ "$1 $2 $5" = "image inspect {IMAGE_ID}" ] && '
+        """echo '["vllm/vllm-openai:v1"] ["vllm/vllm-openai@sha256:aa"]' && exit 0\n"""
+        f'[ "$1 $2 $5" = "image inspect {OTHER_ID}" ] && '
+        """echo '["other/image:v1"] null' && exit 0\n"""
+        "exit 1\n")
     (bin_dir / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    server = serve.Server(("127.0.0.1", 0), tmp_path / "models", {IMAGE_ID})
+    server = serve.Server(("127.0.0.1", 0), tmp_path / "models", {"vllm/vllm-openai"})
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}", d
     server.shutdown()
@@ -75,7 +83,8 @@ def test_the_seed_serves_verified_files_and_pinned_images_only(seed):
     assert get(f"{url}/models/{REPO}/{'cd' * 20}/config.json")[0] == 404  # another revision
     assert get(f"{base}/../model@{REV[:12]}/config.json")[0] == 404
     assert get(f"{url}/images/{IMAGE_ID}") == (200, b"TARBYTES")
-    assert get(f"{url}/images/sha256:{'2' * 64}")[0] == 404  # not a pinned image
+    assert get(f"{url}/images/{OTHER_ID}")[0] == 404  # not a pinned repository's
+    assert get(f"{url}/images/sha256:{'3' * 64}")[0] == 404  # not on this host
     # A file changed after it was verified is not served (its peer would drop it anyway).
     (d / "config.json").write_bytes(b"{}")
     os.utime(d / "config.json", (1, 1))
@@ -133,7 +142,7 @@ class FakeHost:
 
 
 def _desired(image_id: str, model_dir: str = "/srv/models", front: str | None = None):
-    pins = SimpleNamespace(image_id=image_id)
+    pins = SimpleNamespace(image_id=image_id, image="vllm/vllm-openai:v1")
     settings = SimpleNamespace(peer_port=8082, model_dir=model_dir,
                                balancer_front_address=front)
     return SimpleNamespace(stacks={"int8": SimpleNamespace(pins=pins)}, settings=settings)
@@ -159,7 +168,8 @@ def test_the_seed_is_the_first_gpu_host_of_the_run_that_wants_it(monkeypatch, me
     assert (got.seed if got else None) == seed
     if got is not None:
         assert got.url == f"http://{by_name[seed].data['ssh_hostname']}:8082"
-        assert f"--image {IMAGE_ID}" in got.start and "--model-dir /srv/models" in got.start
+        assert "--repository vllm/vllm-openai" in got.start
+        assert "--model-dir /srv/models" in got.start
 
 
 def test_the_seed_is_reached_where_the_balancer_reaches_it(monkeypatch):
