@@ -235,24 +235,19 @@ def weights(ctx: HostContext) -> None:
         revision=model.revision,
         compose_files=compose_files(ctx),
     )
-    fetch_weights(
-        name=f"Fetch and verify {model.repo}@{model.revision[:12]}",
-        repo=model.repo,
-        revision=model.revision,
-        local_dir=ctx.want.model_path,
-        token_file=token_file,
-        endpoint=ctx.settings.hf_endpoint,
-        adopt_from=str(HOST.weights_legacy_dir(model_dir, model.local_dir)),
-        mirrors=model_mirrors(host.inventory),
-        peer=peer,
-    )
-    fetch_weights(
-        name=f"Fetch and verify {model.repo}@{model.revision[:12]} from a peer",
-        repo=model.repo,
-        revision=model.revision,
-        local_dir=ctx.want.model_path,
-        token_file=token_file,
-        endpoint=ctx.settings.hf_endpoint,
-        peer=peer,
-        after_seed=True,
-    )
+    # A peer of a seed (roles.peers) fetches in the second call, once the seed has them.
+    for after_seed in host.loop((False, True)):
+        fetch_weights(
+            name=f"Fetch and verify {model.repo}@{model.revision[:12]}"
+                 + (" from a peer" if after_seed else ""),
+            repo=model.repo,
+            revision=model.revision,
+            local_dir=ctx.want.model_path,
+            token_file=token_file,
+            endpoint=ctx.settings.hf_endpoint,
+            adopt_from=None if after_seed else str(HOST.weights_legacy_dir(model_dir,
+                                                                           model.local_dir)),
+            mirrors=model_mirrors(host.inventory),
+            peer=peer,
+            after_seed=after_seed,
+        )

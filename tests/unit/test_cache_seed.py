@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import importlib.util
 import json
 import socketserver
 import threading
@@ -17,6 +16,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "files" / "rigfleet-cache-seed.py"
 REPO = "vllm/vllm-openai"
@@ -29,11 +30,7 @@ def sha(data: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def seeder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rigfleet_cache_seed", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("files/rigfleet-cache-seed.py")
 
 
 class Upstream:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -47,8 +46,8 @@ from rigfleet.images.plan import (
     plan_host,
 )
 from rigfleet.inventory import InventoryHost, caches, host_kind
-from rigfleet.resources import project_file
 from roles.docker import daemon_settings, merge_daemon_config
+from scripts import load_script
 
 REPO, REV = "org/model", "ab" * 20
 
@@ -148,12 +147,7 @@ def test_fetch_command_passes_the_mirrors_in_order_quoted():
 
 @pytest.fixture(scope="module")
 def fetcher() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "rigfleet_fetch_weights", project_file("files/rigfleet-fetch-weights.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("files/rigfleet-fetch-weights.py")
 
 
 @pytest.fixture()
@@ -425,12 +419,7 @@ def test_the_cache_alone_never_makes_an_image_available():
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "fleet_fetch", Path(__file__).resolve().parents[2] / "benchmarks" / "fleet_fetch.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/fleet_fetch.py")
 
 
 def test_the_benchmark_counts_each_sources_bytes_from_its_own_log(bench):

@@ -4,7 +4,6 @@ warning."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 
 import roles.peers as peers
 from rigfleet.fleetcache import peer_image_command
+from scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "files" / "rigfleet-peer-serve.py"
 REPO, REV = "org/model", "ab" * 20
@@ -27,11 +27,7 @@ OTHER_ID = "sha256:" + "2" * 64
 
 @pytest.fixture(scope="module")
 def serve() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rigfleet_peer_serve", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("files/rigfleet-peer-serve.py")
 
 
 @pytest.fixture()
@@ -170,6 +166,17 @@ def test_the_seed_is_the_first_gpu_host_of_the_run_that_wants_it(monkeypatch, me
         assert got.url == f"http://{by_name[seed].data['ssh_hostname']}:8082"
         assert "--repository vllm/vllm-openai" in got.start
         assert "--model-dir /srv/models" in got.start
+
+
+def test_a_host_refused_in_its_preflight_is_no_seed(monkeypatch):
+    hosts = [FakeHost(f"host{i}", ("gpu_hosts",), {}) for i in (1, 2, 3)]
+    state = SimpleNamespace(is_host_in_limit=lambda h: True, failed_hosts={hosts[0]})
+    for me, seed in (("host2", None), ("host3", "host2")):
+        monkeypatch.setattr(peers, "host", SimpleNamespace(name=me, inventory=hosts,
+                                                           state=state))
+        monkeypatch.setattr(peers, "_desired", lambda name, data: _desired(IMAGE_ID))
+        got = peers.peer_for(lambda want: True)
+        assert (got.seed if got else None) == seed
 
 
 def test_the_seed_is_reached_where_the_balancer_reaches_it(monkeypatch):
