@@ -53,7 +53,7 @@ def peer_for(wants: Callable[[DesiredHost], bool]) -> Peer | None:
     hosts = list(host.inventory)
     if any(host_kind(h.groups).cache for h in hosts):
         return None
-    failed = getattr(host.state, "failed_hosts", set())  # refused in its preflight already
+    failed: set[Any] = getattr(host.state, "failed_hosts", set())  # refused in preflight
     run = [h for h in hosts if host_kind(h.groups).gpu and host.state.is_host_in_limit(h)
            and h not in failed]
     wanting = [(h, d) for h in run if (d := _desired(h.name, h.data)) is not None and wants(d)]
