@@ -195,7 +195,7 @@ def peer_serve_command(port: int, model_dir: str, repositories: Iterable[str]) -
     transient: nothing runs after it stops."""
     images = "".join(f" --repository {shlex.quote(r)}" for r in sorted(set(repositories)))
     probe = shlex.quote(f"import socket; socket.create_connection(('127.0.0.1', {port}), 1)")
-    part = shlex.quote(f"{PEER_SCRIPT}.part")
+    part = f"{shlex.quote(PEER_SCRIPT)}.$$.part"  # two peers may send it at once
     return (
         f"install -d -m 0755 {shlex.quote(posixpath.dirname(PEER_SCRIPT))} && cat > {part} && "
         f"chmod 0755 {part} && mv -f {part} {PEER_SCRIPT} || exit 1; "
