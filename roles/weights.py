@@ -158,7 +158,7 @@ def weights_disk(ctx: HostContext) -> WeightsSpace:
         space = weights_disk(ctx)
         space.kept, space.need      # bytes; need is None when it cannot be estimated
     """
-    model, model_dir = ctx.pins.model, ctx.settings.model_dir
+    model, model_dir = ctx.want.model, ctx.settings.model_dir
     dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=model.local_dir,
                      compose_files=compose_files(ctx))
     old = dirs.entries.get(model.local_dir)
@@ -204,27 +204,28 @@ def weights(ctx: HostContext) -> None:
             dest=token_file,
             content=Secret(ctx.hf_token.reveal() + "\n"),
         )
-    model = ctx.pins.model
     model_dir = ctx.settings.model_dir
-    adopt_weights(
-        name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",
-        model_dir=model_dir,
-        local_dir=model.local_dir,
-    )
-    prune_weights(
-        name=f"Prune model revisions no compose file names ({model_dir})",
-        model_dir=model_dir,
-        local_dir=model.local_dir,
-        revision=model.revision,
-        compose_files=compose_files(ctx),
-    )
-    fetch_weights(
-        name=f"Fetch and verify {model.repo}@{model.revision[:12]}",
-        repo=model.repo,
-        revision=model.revision,
-        local_dir=ctx.want.model_path,
-        token_file=token_file,
-        endpoint=ctx.settings.hf_endpoint,
-        adopt_from=str(HOST.weights_legacy_dir(model_dir, model.local_dir)),
-        mirrors=model_mirrors(host.inventory),
-    )
+    # Every model a staged stack serves, each in its own directories (``local_dir``).
+    for model in host.loop(ctx.want.models):
+        adopt_weights(
+            name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",
+            model_dir=model_dir,
+            local_dir=model.local_dir,
+        )
+        prune_weights(
+            name=f"Prune {model.local_dir} revisions no compose file names ({model_dir})",
+            model_dir=model_dir,
+            local_dir=model.local_dir,
+            revision=model.revision,
+            compose_files=compose_files(ctx),
+        )
+        fetch_weights(
+            name=f"Fetch and verify {model.repo}@{model.revision[:12]}",
+            repo=model.repo,
+            revision=model.revision,
+            local_dir=ctx.want.weights_path(model),
+            token_file=token_file,
+            endpoint=ctx.settings.hf_endpoint,
+            adopt_from=str(HOST.weights_legacy_dir(model_dir, model.local_dir)),
+            mirrors=model_mirrors(host.inventory),
+        )
