@@ -318,8 +318,7 @@ def parse_pins(data: Any, path: str = "pins.yaml", *, allow_unresolved: bool = F
 
 
 def with_resolved(
-    pins: Pins, digests: Mapping[str, str] | None = None, revision: str | None = None,
-    revisions: Mapping[str, str] | None = None,
+    pins: Pins, digests: Mapping[str, str] | None = None, revision: str | None = None
 ) -> Pins:
     """Return ``pins`` with registry digests and the model revision filled in.
 
@@ -329,7 +328,6 @@ def with_resolved(
     + pins: pins as loaded (``load_pins(..., allow_unresolved=True)``)
     + digests: stack name -> ``sha256:<64-hex>`` (the registry's manifest digest)
     + revision: the default model's full 40-hex commit, or None to keep the current one
-    + revisions: model repo -> its full 40-hex commit (models left out keep theirs)
 
     **Example:**
 
@@ -348,18 +346,13 @@ def with_resolved(
             continue
         if c.digest(key, digest, allow_unresolved=False) is not None:
             stacks[name] = replace(stacks[name], digest=digest)
-    wanted = {**({pins.model.repo: revision} if revision is not None else {}),
-              **(revisions or {})}
-    models = pins.all_models
-    for repo, rev in wanted.items():
-        if repo not in models:
-            c.bad(f"models.{repo}", repo, f"a pinned model: {', '.join(models)}",
-                  "is not pinned")
-        elif c.commit(f"{models[repo].key}.revision", rev, allow_unresolved=False):
-            models[repo] = replace(models[repo], revision=rev)
+    model = pins.model
+    if revision is not None and c.commit(f"{model.key}.revision", revision,
+                                         allow_unresolved=False) is not None:
+        model = replace(model, revision=revision)
     c.raise_if_any(PinsError)
-    return replace(pins, stacks=stacks, model=models[pins.model.repo],
-                   models={r: models[r] for r in pins.models})
+    models = {r: model if r == model.repo else m for r, m in pins.models.items()}
+    return replace(pins, stacks=stacks, model=model, models=models)
 
 
 def dump_pins(pins: Pins) -> str:
