@@ -78,6 +78,8 @@ MANAGED_FLAGS = (
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A hub repo id '<owner>/<name>' (a stack file's ``model``, the pins' models).
+HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 # How long a swap or a maintenance window lets accepted requests finish before it stops the
 # stack (stack file ``drain.timeout_s``; host data ``drain_timeout_s`` overrides it):
@@ -211,6 +213,7 @@ class StackSpec:
     + summary: one line for people
     + port: host loopback port published for the front proxy (container port is 8000)
     + served_model_name: the model id clients ask for
+    + model: the hub repo of the weights it serves (None: the pins' default model)
     + gpu_count: cards the stack needs
     + kv_cache_dtype, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
       tensor_parallel_size, max_model_len, num_speculative_tokens: the vLLM knobs other code
@@ -255,6 +258,7 @@ class StackSpec:
     caveats: tuple[Caveat, ...] = ()
     throughput: ThroughputSpec | None = None
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    model: str | None = None
 
     @property
     def container_name(self) -> str:
@@ -313,13 +317,13 @@ class StackSpec:
         )  # fmt: skip
 
     def model_path(self, local_dir: str) -> str:
-        """Where the weights are inside the container, for ``pins.model.local_dir``."""
+        """Where the weights are inside the container, for the model pin's ``local_dir``."""
         return f"{MODEL_ROOT_IN_CONTAINER}/{local_dir}"
 
     def command(self, local_dir: str) -> list[str]:
         """The full argument list given to the entrypoint (``vllm serve`` reads it).
 
-        + local_dir: the model's directory name under the model dir (``pins.model.local_dir``)
+        + local_dir: the model's directory name under the model dir (its pin's ``local_dir``)
         """
         return ["--model", self.model_path(local_dir), *self.vllm_args]
 
@@ -390,6 +394,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     port = p.integer("port", top.get("port"), 1024, 65535, allowed("port"))
     served = p.string("served_model_name", top.get("served_model_name"), _SERVED,
                       allowed("served_model_name"))
+    model = p.string("model", top.get("model"), HF_REPO, allowed("model"), required=False)
     gpus = p.mapping("gpus", top.get("gpus"), keys_of("gpus"))
     gpu_count = p.integer("gpus.count", (gpus or {}).get("count"), 1, 16, allowed("gpus.count"))
     gpu_memory = p.integer("gpus.memory_mib", (gpus or {}).get("memory_mib"), 1024, 1_000_000,
@@ -448,7 +453,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
         env=MappingProxyType(env), entrypoint_argv=tuple(entrypoint), genesis=genesis,
         source=where, gpu_memory_mib=gpu_memory, image=image, boot_expect=tuple(expect),
         boot_failures=tuple(failures), gate_set=tuple(gate_set), caveats=tuple(caveats),
-        throughput=throughput, drain_timeout_s=drain,
+        throughput=throughput, drain_timeout_s=drain, model=model,
     )
 
 

@@ -46,6 +46,9 @@ KEYS: tuple[Key, ...] = (
        "the host loopback port the front proxies to, 1024..65535", required=True),
     _K("served_model_name", "string", "The model id clients ask for.",
        "the model id clients ask for, e.g. 'qwen3.6-27b-autoround'", required=True),
+    _K("model", "string", "The hub repo of the weights it serves; pins.yaml pins its revision "
+       "(`models`, docs/pins.md).", "a hub repo id 'owner/name' pinned in pins.yaml",
+       "the pins' default model"),
     _K("gpus", "mapping", "The cards the stack needs.", required=True),
     _K("gpus.count", "integer", "How many cards (at least `vllm.tensor_parallel_size`).",
        "the number of cards the stack needs, 1..16", required=True),

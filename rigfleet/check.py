@@ -55,7 +55,7 @@ from rigfleet.images.checks import SourceChecker, check_url
 from rigfleet.images.hoststate import HostImageState
 from rigfleet.images.plan import WantedImage, wanted_images
 from rigfleet.packages import TOOLKIT_PACKAGES, OsInfo, driver_packages, version_prefix
-from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError, load_pins
+from rigfleet.pins import LOCK_HINT, UNRESOLVED, ModelPin, Pins, PinsError, load_pins
 from rigfleet.registry import Registry, RegistryError, registry_of
 from rigfleet.validate import ValidationError
 
@@ -244,10 +244,11 @@ class Online:
                 if w.digest != UNRESOLVED:
                     key = ("image", w, settings.image_sources, settings.bump.registry)
                     self.add(self.memo(key, partial(self.image, w, settings)), name)
-        if pins.model.revision != UNRESOLVED:
-            self.add(self.memo(("model", pins.model, settings.hf_endpoint,
-                                settings.hf_token_file),
-                               lambda: self.model(settings, pins)), name)
+        served = {s.model for s in staged_stacks(settings, pins)}
+        for m in (pins.model_for(repo) for repo in sorted(served, key=str)):
+            if m.revision != UNRESOLVED:
+                self.add(self.memo(("model", m, settings.hf_endpoint, settings.hf_token_file),
+                                   partial(self.model, settings, m)), name)
         for stack in sorted(staged):
             g = pins.stacks[stack].genesis
             if g is not None:
@@ -309,8 +310,7 @@ class Online:
                 "(`rigfleet pins lock --refresh` follows the tag)")
 
     # -- the model
-    def model(self, settings: HostSettings, pins: Pins) -> Finding:
-        m = pins.model
+    def model(self, settings: HostSettings, m: ModelPin) -> Finding:
         endpoint = settings.hf_endpoint or "https://huggingface.co"
         hub = Hub(self.reach(endpoint), settings.hf_token_file, self.timeout)
         thing = f"model {m.repo}@{m.revision[:12]}"

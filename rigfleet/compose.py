@@ -81,8 +81,9 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     stack_pins = pins.stack(spec.name)
     if stack_pins.digest == UNRESOLVED:
         raise PinsError(f"{pins.path}: stacks.{spec.name}.digest: is {UNRESOLVED!r}; {LOCK_HINT}")
-    if pins.model.revision == UNRESOLVED:
-        raise PinsError(f"{pins.path}: model.revision: is {UNRESOLVED!r}; {LOCK_HINT}")
+    model = pins.model_for(spec.model)
+    if model.revision == UNRESOLVED:
+        raise PinsError(f"{pins.path}: {model.key}.revision: is {UNRESOLVED!r}; {LOCK_HINT}")
     if spec.needs_genesis and stack_pins.genesis is None:
         raise PinsError(f"{pins.path}: stacks.{spec.name}.genesis: missing; the stack needs it")
 
@@ -92,10 +93,10 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     for name in sorted(host.env_for(spec.name)):
         environment[name] = host.env_for(spec.name)[name]
 
-    local_dir = pins.model.local_dir
+    local_dir = model.local_dir
     # The revision's own directory (never written once verified), not a moving path: the
     # active snapshot names the revision it served, so a rollback mounts the old files.
-    weights = HOST.weights_dir(host.model_dir, local_dir, pins.model.revision)
+    weights = HOST.weights_dir(host.model_dir, local_dir, model.revision)
     volumes = [f"{weights}:{spec.model_path(local_dir)}:ro"]
     volumes += [f"{src}:{dst}" for src, dst in spec.cache_dirs.items()]
     if spec.needs_genesis and stack_pins.genesis is not None and layout is not None:
@@ -106,7 +107,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         f"{LABEL_PREFIX}.stack": spec.name,
         f"{LABEL_PREFIX}.image-digest": stack_pins.digest,
         f"{LABEL_PREFIX}.vllm-version": stack_pins.vllm_version,
-        f"{LABEL_PREFIX}.model-revision": pins.model.revision,
+        f"{LABEL_PREFIX}.model-revision": model.revision,
     }
     if stack_pins.genesis is not None:
         # In the label so a Genesis bump changes the file and the container is recreated:

@@ -29,7 +29,7 @@ from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.hostside.layout import CONFIG_HASH_LABEL, HOST
 from rigfleet.hostside.plan import StackRef
 from rigfleet.hostside.records import TRACKED_KEYS
-from rigfleet.pins import GenesisPin, Pins, PinsError, StackPins, load_pins
+from rigfleet.pins import GenesisPin, ModelPin, Pins, PinsError, StackPins, load_pins
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,11 +101,25 @@ class DesiredHost:
         return next((s.pins.genesis for s in self.stacks.values() if s.pins.genesis), None)
 
     @property
-    def model_path(self) -> str:
-        """The pinned model revision's own directory on the host (``Layout.weights_dir``):
-        what the compose files mount, where the fetcher verifies and the manifest is."""
-        model = self.pins.model
+    def model(self) -> ModelPin:
+        """The pin of the model the desired stack serves (its stack file's ``model``)."""
+        return self.pins.model_for(self.spec.model)
+
+    @property
+    def models(self) -> tuple[ModelPin, ...]:
+        """The pins of every model a staged stack serves (the weights role fetches each)."""
+        pins = {self.pins.model_for(s.spec.model) for s in self.stacks.values()}
+        return tuple(sorted(pins, key=lambda m: m.repo))
+
+    def weights_path(self, model: ModelPin) -> str:
+        """A pinned model revision's own directory on the host (``Layout.weights_dir``)."""
         return str(HOST.weights_dir(self.settings.model_dir, model.local_dir, model.revision))
+
+    @property
+    def model_path(self) -> str:
+        """The desired stack's model revision's directory: what its compose file mounts,
+        where the fetcher verifies and the manifest is."""
+        return self.weights_path(self.model)
 
     @property
     def other_containers(self) -> tuple[str, ...]:
@@ -125,18 +139,18 @@ class DesiredHost:
                      for _, s in sorted(self.stacks.items()))
 
 
-def tracked_record(pins: Pins, stack: str) -> dict[str, Any]:
-    """The facts the ledger tracks for ``stack`` (``TRACKED_KEYS``); a difference in any of
-    them is a ledger entry."""
-    pinned = pins.stacks[stack]
+def tracked_record(pins: Pins, spec: StackSpec) -> dict[str, Any]:
+    """The facts the ledger tracks for stack ``spec`` (``TRACKED_KEYS``); a difference in any
+    of them is a ledger entry."""
+    stack, pinned, model = spec.name, pins.stacks[spec.name], pins.model_for(spec.model)
     record = {
         "stack": stack,
         "image": pinned.image,
         "digest": pinned.digest,
         "vllm_version": pinned.vllm_version,
         "genesis_commit": pinned.genesis.commit if pinned.genesis is not None else None,
-        "model_repo": pins.model.repo,
-        "model_revision": pins.model.revision,
+        "model_repo": model.repo,
+        "model_revision": model.revision,
         "driver_branch": pins.driver_branch,
         "toolkit_version": pins.toolkit_version,
         "pins_serial": pins.serial,
@@ -149,7 +163,7 @@ def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> Desire
     """One stack rendered for one host (pure)."""
     doc = compose_document(spec, pins, settings)
     config_hash = str(doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL])
-    tracked = tracked_record(pins, spec.name)
+    tracked = tracked_record(pins, spec)
     ref = StackRef(
         stack=spec.name,
         project=spec.compose_project,

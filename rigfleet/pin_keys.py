@@ -44,7 +44,8 @@ KEYS: tuple[Key, ...] = (
        required=True),
     _K("huggingface_hub.version", "string", "Its release.", "a PEP 440 release like '2.4.0'",
        required=True),
-    _K("model", "mapping", "The weights the fleet serves.", required=True),
+    _K("model", "mapping", "The fleet's default model: what a stack file without `model` "
+       "serves (every built-in stack).", "required unless `models` is given"),
     _K("model.repo", "string", "The hub repository.", "a hub repo id '<owner>/<name>'",
        required=True),
     _K("model.revision", "string", "Its full commit (`unresolved` until `rigfleet pins lock` "
@@ -52,6 +53,15 @@ KEYS: tuple[Key, ...] = (
     _K("model.local_dir", "string", "The directory name under the hosts' model directory.",
        "one directory name (letters, digits, '.', '_', '-'; no '/'), "
        "e.g. 'qwen3.6-27b-autoround-int4'", required=True),
+    _K("models", "mapping", "Further models, one entry per hub repo a stack file's `model` "
+       "names (the first is the default when `model` is left out).",
+       "a mapping '<owner>/<name>' -> {revision, local_dir}", "{}"),
+    _K("models.<repo>", "mapping", "One model, by its hub repo id.",
+       "a hub repo id '<owner>/<name>' not pinned under `model` too"),
+    _K("models.<repo>.revision", "string", "As `model.revision`.", COMMIT, required=True),
+    _K("models.<repo>.local_dir", "string", "As `model.local_dir`; each model has its own.",
+       "one directory name, as for model.local_dir, no other model's",
+       "the repo name, lowercased"),
     _K("stacks", "mapping", "One entry per stack the fleet serves, named as its stack file.",
        "a mapping with one entry per stack the fleet serves", required=True),
     _K(_STACK, "mapping", "What one stack runs.",

@@ -117,16 +117,18 @@ def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False,
     stacks = {n: r.stack(f"stacks.{n}", p, refresh) for n, p in pins.stacks.items()}
     hosts = {h: {n: r.stack(f"hosts.{h}.stacks.{n}", p, refresh) for n, p in entries.items()}
              for h, entries in pins.hosts.items()}
-    model = pins.model
-    if refresh or model.revision == UNRESOLVED:
-        try:
-            model = replace(model, revision=hub_revision(hub_url, model.repo,
-                                                                 token_file=token_file))
-        except RuntimeError as e:
-            r.problems.append(f"{pins.path}: model.revision: {e}")
+    models = pins.all_models
+    for repo, model in models.items():
+        if refresh or model.revision == UNRESOLVED:
+            try:
+                models[repo] = replace(model, revision=hub_revision(hub_url, repo,
+                                                                    token_file=token_file))
+            except RuntimeError as e:
+                r.problems.append(f"{pins.path}: {model.key}.revision: {e}")
     if r.problems:
         raise LockError(r.problems)
-    return replace(pins, stacks=stacks, hosts=hosts, model=model)
+    return replace(pins, stacks=stacks, hosts=hosts, model=models[pins.model.repo],
+                   models={repo: models[repo] for repo in pins.models})
 
 
 def changes(old: Pins, new: Pins) -> list[str]:
@@ -140,8 +142,9 @@ def changes(old: Pins, new: Pins) -> list[str]:
             a, b = getattr(before, attr), getattr(after, attr)
             if a != b:
                 out.append(f"{key}.{attr}: {a or '(none)'} -> {b}")
-    if old.model.revision != new.model.revision:
-        out.append(f"model.revision: {old.model.revision} -> {new.model.revision}")
+    for repo, m in old.all_models.items():
+        if m.revision != new.all_models[repo].revision:
+            out.append(f"{m.key}.revision: {m.revision} -> {new.all_models[repo].revision}")
     return out
 
 

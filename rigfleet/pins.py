@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from rigfleet.catalog import Catalog, builtin_catalog
+from rigfleet.catalog import HF_REPO, Catalog, builtin_catalog
 from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.pin_keys import COMMIT, SCHEMA, UNRESOLVED, allowed, default, keys_of
 from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
@@ -61,7 +61,6 @@ _LOCAL_GIT = re.compile(r"g(?P<abbrev>[0-9a-f]{7,40})(?:[.-].*)?")
 _DRIVER_BRANCH = re.compile(r"[0-9]{3,4}")
 _DRIVER_VERSION = re.compile(r"[0-9]{3,4}\.[0-9]+(?:\.[0-9]+)?")
 _TOOLKIT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:~rc\.[0-9]+)?-[0-9]+")
-_HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _LOCAL_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 _GENESIS_VERSION = re.compile(r"v?\d+(?:\.\d+){1,3}(?:[.-][A-Za-z0-9]+)*")
@@ -146,11 +145,13 @@ class StackPins:
 
 @dataclass(frozen=True)
 class ModelPin:
-    """The weights: hub repo, full commit, and the directory name under the model dir."""
+    """The weights: hub repo, full commit, and the directory name under the model dir.
+    ``key``: where the pins file holds it (``model``, or ``models.<repo>``)."""
 
     repo: str
     revision: str
     local_dir: str
+    key: str = "model"
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,25 @@ class Pins:
     history: list[dict] = field(default_factory=list)
     # host name -> stack name -> the pins that host runs instead of ``stacks[stack]``.
     hosts: dict[str, dict[str, StackPins]] = field(default_factory=dict)
+    # The ``models`` section, by repo (``model`` is the default: its own entry, or the first).
+    models: dict[str, ModelPin] = field(default_factory=dict)
+
+    @property
+    def all_models(self) -> dict[str, ModelPin]:
+        """Every pinned model by repo, the default first."""
+        return {self.model.repo: self.model, **self.models}
+
+    def model_for(self, repo: str | None) -> ModelPin:
+        """The pin of the model ``repo`` (a stack file's ``model``; None: the default model);
+        raises ``PinsError`` when it is not pinned."""
+        if repo is None:
+            return self.model
+        try:
+            return self.all_models[repo]
+        except KeyError:
+            raise PinsError(f"{self.path}: models.{repo}: not pinned; pinned: "
+                            f"{', '.join(self.all_models)}; allowed: pin it under models "
+                            "(docs/pins.md)") from None
 
     def for_host(self, name: str) -> Pins:
         """These pins as host ``name`` runs them: its ``hosts`` overrides merged into ``stacks``.
@@ -204,8 +224,8 @@ class Pins:
             for n, s in stacks.items()
             if s.digest == UNRESOLVED
         ]
-        if self.model.revision == UNRESOLVED:
-            keys.append("model.revision")
+        keys += [f"{m.key}.revision" for m in self.all_models.values()
+                 if m.revision == UNRESOLVED]
         return keys
 
     def to_dict(self) -> dict[str, Any]:
@@ -220,13 +240,14 @@ class Pins:
             "driver": driver,
             "container_toolkit": {"version": self.toolkit_version},
             "huggingface_hub": {"version": self.hf_hub_version},
-            "model": {
-                "repo": self.model.repo,
-                "revision": self.model.revision,
-                "local_dir": self.model.local_dir,
-            },
-            "stacks": stacks,
         }
+        if self.model.key == "model":
+            out["model"] = {"repo": self.model.repo, "revision": self.model.revision,
+                            "local_dir": self.model.local_dir}
+        if self.models:  # absent unless a stack serves another model: old files unchanged
+            out["models"] = {r: {"revision": m.revision, "local_dir": m.local_dir}
+                             for r, m in self.models.items()}
+        out["stacks"] = stacks
         if self.hosts:  # absent unless a rollout left hosts on other pins: old files unchanged
             out["hosts"] = {
                 h: {"stacks": {n: _stack_dict(s) for n, s in stacks.items()}}
@@ -306,7 +327,7 @@ def with_resolved(
 
     + pins: pins as loaded (``load_pins(..., allow_unresolved=True)``)
     + digests: stack name -> ``sha256:<64-hex>`` (the registry's manifest digest)
-    + revision: the model's full 40-hex commit, or None to keep the current one
+    + revision: the default model's full 40-hex commit, or None to keep the current one
 
     **Example:**
 
@@ -326,11 +347,12 @@ def with_resolved(
         if c.digest(key, digest, allow_unresolved=False) is not None:
             stacks[name] = replace(stacks[name], digest=digest)
     model = pins.model
-    if revision is not None and c.commit("model.revision", revision,
+    if revision is not None and c.commit(f"{model.key}.revision", revision,
                                          allow_unresolved=False) is not None:
         model = replace(model, revision=revision)
     c.raise_if_any(PinsError)
-    return replace(pins, stacks=stacks, model=model)
+    models = {r: model if r == model.repo else m for r, m in pins.models.items()}
+    return replace(pins, stacks=stacks, model=model, models=models)
 
 
 def dump_pins(pins: Pins) -> str:
@@ -414,6 +436,7 @@ class _Checker(Problems):
         super().__init__(path)
         self.file = path
         self.catalog = catalog
+        self.repos: tuple[str, ...] = ()  # the pinned models, read before the stacks
 
     def commit(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
         text = COMMIT
@@ -452,7 +475,8 @@ class _Checker(Problems):
         toolkit = self.versioned("container_toolkit", top.get("container_toolkit"),
                                  _TOOLKIT_VERSION)
         hf_hub = self.versioned("huggingface_hub", top.get("huggingface_hub"), _PEP440)
-        model = self.model(top.get("model"))
+        model, models = self.models(top.get("model"), top.get("models"))
+        self.repos = (model.repo, *models) if model else ()
         stacks = self.stacks(top.get("stacks"))
         # Host names and history records are not checked key by key below: no control
         # characters in them either.
@@ -478,6 +502,7 @@ class _Checker(Problems):
             stacks=stacks,
             history=history,
             hosts=hosts,
+            models=models,
         )
 
     def driver(self, value: Any) -> tuple[str | None, str | None]:
@@ -506,16 +531,51 @@ class _Checker(Problems):
             return None
         return self.string(f"{key}.version", d.get("version"), pattern, allowed(f"{key}.version"))
 
-    def model(self, value: Any) -> ModelPin | None:
-        d = self.mapping("model", value, keys_of("model"))
+    def models(self, one: Any, more: Any) -> tuple[ModelPin | None, dict[str, ModelPin]]:
+        """``model`` (the default) and ``models`` (by repo; the first is the default when
+        ``model`` is left out). Returns (the default model, the ``models`` section)."""
+        pins: list[ModelPin] = []
+        if one is not None or not more:
+            d = self.mapping("model", one, keys_of("model"))
+            repo = self.string("model.repo", d.get("repo"), HF_REPO,
+                               allowed("model.repo")) if d is not None else None
+            pins += [p for p in [self.model_entry("model", repo, d)] if p is not None]
+        if more is not None and not isinstance(more, dict):
+            self.bad("models", more, allowed("models"), "is not a mapping")
+            more = None
+        section: dict[str, ModelPin] = {}
+        for repo, entry in (more or {}).items():
+            key = f"models.{repo}"
+            if self.string(key, repo, HF_REPO, allowed("models.<repo>")) is None:
+                continue
+            if one is not None and isinstance(one, dict) and repo == one.get("repo"):
+                self.bad(key, repo, allowed("models.<repo>"), "is pinned under model too")
+                continue
+            pin = self.model_entry(key, repo, self.mapping(key, entry, keys_of("models.<repo>")))
+            if pin is not None:
+                section[repo] = pin
+                pins.append(pin)
+        dirs: dict[str, str] = {}
+        for pin in pins:
+            if pin.local_dir in dirs:
+                self.bad(f"{pin.key}.local_dir", pin.local_dir,
+                         allowed("models.<repo>.local_dir"), f"is {dirs[pin.local_dir]}'s too")
+            dirs[pin.local_dir] = pin.key
+        return (pins[0] if pins else None), section
+
+    def model_entry(self, key: str, repo: str | None, d: dict | None) -> ModelPin | None:
+        """``{revision, local_dir}`` of the model ``repo`` at ``key`` (``model`` requires a
+        ``local_dir``; a ``models`` entry defaults it to the repo's name in lowercase)."""
         if d is None:
             return None
-        repo = self.string("model.repo", d.get("repo"), _HF_REPO, allowed("model.repo"))
-        revision = self.commit("model.revision", d.get("revision"), allow_unresolved=True)
-        local_dir = self.string("model.local_dir", d.get("local_dir"), _LOCAL_DIR,
+        revision = self.commit(f"{key}.revision", d.get("revision"), allow_unresolved=True)
+        local_dir = d.get("local_dir")
+        if local_dir is None and key != "model" and repo:
+            local_dir = repo.split("/")[1].lower()
+        local_dir = self.string(f"{key}.local_dir", local_dir, _LOCAL_DIR,
                                 allowed("model.local_dir"))
         if repo and revision and local_dir:
-            return ModelPin(repo=repo, revision=revision, local_dir=local_dir)
+            return ModelPin(repo=repo, revision=revision, local_dir=local_dir, key=key)
         return None
 
     def stack_entries(self, key: str, value: Any) -> dict[str, StackPins]:
@@ -563,6 +623,10 @@ class _Checker(Problems):
         d = self.mapping(base, value, keys_of(_STACK))
         if d is None:
             return None
+        if spec.model is not None and self.repos and spec.model not in self.repos:
+            self.bad(base, name, f"a stack whose model is pinned (pinned: {', '.join(self.repos)})",
+                     f"serves {spec.model} ({spec.source}: model), which is not pinned under "
+                     "model or models")
         image = self.image(f"{base}.image", d.get("image"))
         digest = self.digest(f"{base}.digest", d.get("digest"), allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)

@@ -176,7 +176,8 @@ def desired_textfile(hosts: Sequence[GpuHost], pins: Mapping[str, Pins]) -> str:
         if stack is None:
             continue
         labels = {"host": h.name, "stack": h.settings.stack, "image_digest": stack.digest,
-                  "model_revision": p.model.revision,
+                  "model_revision": p.model_for(h.settings.catalog.get(h.settings.stack)
+                                                .model).revision,
                   "genesis_commit": stack.genesis.commit if stack.genesis else ""}
         lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
         lines.append(f"rigfleet_desired_info{{{lab}}} 1")

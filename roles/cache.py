@@ -118,7 +118,8 @@ def _check_cache(name: str, gpu_host: bool) -> CacheContext:
                 f"{name}: caches: {other.name}'s data does not validate, so the revisions to "
                 f"cache cannot be read; allowed: fix it first ({str(e).splitlines()[0]})"
             ) from None
-        models.setdefault((pins.model.repo, pins.model.revision), pins.model)
+        for model in pins.all_models.values():
+            models.setdefault((model.repo, model.revision), model)
         hub_versions.add(pins.hf_hub_version)
         for stack in want.stacks.values():
             registry, path = registry_of(split_image(stack.pins.image)[0])

@@ -2,7 +2,7 @@
 seed) fetches it from upstream; the others take it from the seed over the LAN afterwards, in a
 second operation, and fall back to upstream with a warning (docs/images.md).
 
-    p = peer_for(lambda want: want.pins.model.revision == rev)   # None: fetch it yourself
+    p = peer_for(lambda want: model in want.models)     # None: fetch it yourself
     p.url, p.seed                                               # 'http://host1:8082', 'host1'
     yield FunctionCommand(start_seed, (p,), {})                 # its server, if not running
 """

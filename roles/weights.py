@@ -27,15 +27,18 @@ Example::
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.operations import files
 
 from rigfleet.commands import weights as weights_commands
+from rigfleet.desired import DesiredHost
 from rigfleet.facts import VenvPackageVersion, WeightsManifest, read_fact
 from rigfleet.fleetcache import model_mirrors
 from rigfleet.hostside.layout import HOST
+from rigfleet.pins import ModelPin
 from rigfleet.resources import project_file
 from rigfleet.weights import WeightsDirs, WeightsSpace, stale_weights, weights_space
 from roles.ops import Secret, WarnedCommand, executing, secret_file
@@ -171,7 +174,7 @@ def weights_disk(ctx: HostContext) -> WeightsSpace:
         space = weights_disk(ctx)
         space.kept, space.need      # bytes; need is None when it cannot be estimated
     """
-    model, model_dir = ctx.pins.model, ctx.settings.model_dir
+    model, model_dir = ctx.want.model, ctx.settings.model_dir
     dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=model.local_dir,
                      compose_files=compose_files(ctx))
     old = dirs.entries.get(model.local_dir)
@@ -181,6 +184,11 @@ def weights_disk(ctx: HostContext) -> WeightsSpace:
                                  local_dir=str(HOST.weights_legacy_dir(model_dir,
                                                                        model.local_dir))).revision
     return weights_space(dirs, model.local_dir, model.revision, old_revision=old_revision)
+
+
+def _serves(model: ModelPin, want: DesiredHost) -> bool:
+    """Does ``want`` stage a stack that serves ``model`` at its revision?"""
+    return any((m.repo, m.revision) == (model.repo, model.revision) for m in want.models)
 
 
 @deploy("Model weights")
@@ -217,37 +225,38 @@ def weights(ctx: HostContext) -> None:
             dest=token_file,
             content=Secret(ctx.hf_token.reveal() + "\n"),
         )
-    model = ctx.pins.model
     model_dir = ctx.settings.model_dir
-    have = read_fact(WeightsManifest, local_dir=ctx.want.model_path)  # the op's own read
-    peer = None if (have.repo, have.revision, have.intact) == (model.repo, model.revision, True) \
-        else peer_for(lambda want: (want.pins.model.repo, want.pins.model.revision)
-                      == (model.repo, model.revision))
-    adopt_weights(
-        name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",
-        model_dir=model_dir,
-        local_dir=model.local_dir,
-    )
-    prune_weights(
-        name=f"Prune model revisions no compose file names ({model_dir})",
-        model_dir=model_dir,
-        local_dir=model.local_dir,
-        revision=model.revision,
-        compose_files=compose_files(ctx),
-    )
-    # A peer of a seed (roles.peers) fetches in the second call, once the seed has them.
-    for after_seed in host.loop((False, True)):
-        fetch_weights(
-            name=f"Fetch and verify {model.repo}@{model.revision[:12]}"
-                 + (" from a peer" if after_seed else ""),
-            repo=model.repo,
-            revision=model.revision,
-            local_dir=ctx.want.model_path,
-            token_file=token_file,
-            endpoint=ctx.settings.hf_endpoint,
-            adopt_from=None if after_seed else str(HOST.weights_legacy_dir(model_dir,
-                                                                           model.local_dir)),
-            mirrors=model_mirrors(host.inventory),
-            peer=peer,
-            after_seed=after_seed,
+    # Every model a staged stack serves, each in its own directories (``local_dir``).
+    for model in host.loop(ctx.want.models):
+        adopt_weights(
+            name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",
+            model_dir=model_dir,
+            local_dir=model.local_dir,
         )
+        prune_weights(
+            name=f"Prune {model.local_dir} revisions no compose file names ({model_dir})",
+            model_dir=model_dir,
+            local_dir=model.local_dir,
+            revision=model.revision,
+            compose_files=compose_files(ctx),
+        )
+        local_dir = ctx.want.weights_path(model)
+        have = read_fact(WeightsManifest, local_dir=local_dir)  # the fetch's own read
+        peer = None if (have.repo, have.revision, have.intact) == (
+            model.repo, model.revision, True) else peer_for(partial(_serves, model))
+        # A peer of a seed (roles.peers) fetches in the second call, once the seed has them.
+        for after_seed in host.loop((False, True)):
+            fetch_weights(
+                name=f"Fetch and verify {model.repo}@{model.revision[:12]}"
+                     + (" from a peer" if after_seed else ""),
+                repo=model.repo,
+                revision=model.revision,
+                local_dir=local_dir,
+                token_file=token_file,
+                endpoint=ctx.settings.hf_endpoint,
+                adopt_from=None if after_seed else str(HOST.weights_legacy_dir(
+                    model_dir, model.local_dir)),
+                mirrors=model_mirrors(host.inventory),
+                peer=peer,
+                after_seed=after_seed,
+            )

@@ -144,7 +144,7 @@ def _weights_drift(want: DesiredHost, m: Mapping[str, Any]) -> list[str]:
     if m.get("error"):
         return [f"weights manifest {m['error']}"]
     out = []
-    model = want.pins.model
+    model = want.model
     if m.get("revision") != model.revision or m.get("repo") != model.repo:
         out.append(f"manifest revision {short(m.get('revision'))}, pin {short(model.revision)}")
     if not m.get("intact"):

@@ -212,6 +212,7 @@ def build_service_data(paths: Paths, log: Log) -> dict[str, Any]:
                                   paths.gnupg)
     log("building the model fixture, the Genesis repositories and the PyPI index")
     model = model_fixture.build_model_fixture(data / "hub")
+    next_model = model_fixture.build_next_model_fixture(data / "hub")
     genesis = genesis_fixture.build_genesis_fixture(data / "git", layout.GENESIS_BUNDLE)
     if genesis.real_path is None:
         log(f"real Genesis history not served: {layout.GENESIS_BUNDLE} is not there")
@@ -221,6 +222,8 @@ def build_service_data(paths: Paths, log: Log) -> dict[str, Any]:
         # later_revision, the re-quantised upload that fails verify-stress's needles.
         "model": {"repo": model.repo, "revision": model.commit,
                   "later_revision": model.later_commit},
+        # A second model repo (one commit) for a stack file that serves another model.
+        "next_model": {"repo": next_model.repo, "revision": next_model.commit},
         "genesis": {
             "url": layout.GENESIS_URL, "old_url": layout.GENESIS_OLD_URL,
             "real_url": layout.GENESIS_REAL_URL if genesis.real_path else None,

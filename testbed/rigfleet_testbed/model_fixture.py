@@ -46,6 +46,9 @@ from typing import Any
 
 REPO_FORMAT = "rigfleet-hub-repo/1"
 MODEL_REPO = "Lorbus/Qwen3.6-27B-int4-AutoRound"
+# A second model (the Qwen3.8-27B family the community moved to, upstream-2026-12.md): today's
+# small file set under another name with other weights, one commit, for a fleet of two models.
+NEXT_MODEL_REPO = "Lorbus/Qwen3.8-27B-int4-AutoRound"
 MODEL_DATE = "2026-05-01T12:00:00Z"
 MODEL_AUTHOR = ("Lorbus", "lorbus@users.noreply.huggingface.co")
 MODEL_TITLE = "Upload folder using huggingface_hub"
@@ -659,10 +662,12 @@ def full_attention_o_proj() -> frozenset[str]:
 
 
 def model_files(shard_mib: float = 2, zeroed: frozenset[str] = frozenset(),
+                repo: str = MODEL_REPO,
                 ) -> tuple[dict[str, bytes], dict[str, Any], dict[str, str]]:
     """All files of the model repository: ``({path: bytes}, safetensors info, weight_map)``.
 
-    ``zeroed``: packed weights that hold only the zero point (see :data:`REQUANT`).
+    ``zeroed``: packed weights that hold only the zero point (see :data:`REQUANT`); ``repo``
+    seeds the weights' bytes.
     """
     if shard_mib <= 0:
         raise ValueError(f"shard_mib must be > 0, got {shard_mib}")
@@ -674,7 +679,7 @@ def model_files(shard_mib: float = 2, zeroed: frozenset[str] = frozenset(),
     for shard in range(NUM_SHARDS):
         name = f"model-{shard + 1:05d}-of-{NUM_SHARDS:05d}.safetensors"
         tensors = _shard_tensors(shard, budget)
-        files[name] = safetensors_bytes(tensors, seed=f"{MODEL_REPO}:{name}", zeroed=zeroed)
+        files[name] = safetensors_bytes(tensors, seed=f"{repo}:{name}", zeroed=zeroed)
         for tname, dtype, shape in tensors:
             weight_map[tname] = name
             count = math.prod(shape)
@@ -763,6 +768,13 @@ def build_model_fixture(hub_root: Path, shard_mib: float = 2) -> ModelFixture:
         later_commit=later.commit,
         later_files=later.files,
     )
+
+
+def build_next_model_fixture(hub_root: Path, shard_mib: float = 2) -> HubRepo:
+    """Write ``NEXT_MODEL_REPO`` (one commit, ``main`` at it) under ``hub_root``: shaped like
+    today's model, so the simulator boots it; its own weights, so its own files and commit."""
+    files, _, _ = model_files(shard_mib, repo=NEXT_MODEL_REPO)
+    return write_hub_repo(hub_root, NEXT_MODEL_REPO, files, author=MODEL_AUTHOR)
 
 
 if __name__ == "__main__":  # python -m rigfleet_testbed.model_fixture <hub_root> [shard_mib]

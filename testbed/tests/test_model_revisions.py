@@ -36,7 +36,7 @@ def fixture(tmp_path_factory: pytest.TempPathFactory) -> model_fixture.ModelFixt
     return build_model_fixture(tmp_path_factory.mktemp("hub"), shard_mib=2)
 
 
-def checkout(fx: model_fixture.ModelFixture, files: dict[str, tuple[int, str]],
+def checkout(fx: model_fixture.HubRepo, files: dict[str, tuple[int, str]],
              dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for name, (_, sha) in files.items():
@@ -151,3 +151,16 @@ def test_the_gate_fails_the_later_revision_on_its_needles_only(fixture, tmp_path
     assert {a["outcome"] for a in needles.details["attempts"]} == {"recall_miss"}
     assert {n for n, s in status.items() if s != PASS} == {"needles", "needles_deep"}, \
         [(c.name, c.summary) for c in rep.checks]
+
+
+def test_the_next_model_is_its_own_repo_shaped_like_todays(fixture, tmp_path: Path) -> None:
+    hub = fixture.path.parents[1]
+    nxt = model_fixture.build_next_model_fixture(hub, shard_mib=2)
+    assert nxt.repo == model_fixture.NEXT_MODEL_REPO and nxt.commit not in (GOOD, LATER)
+    assert json.loads((nxt.path / "repo.json").read_text())["branches"] == {"main": nxt.commit}
+    assert set(nxt.files) == set(fixture.files)
+    weights_differ = {n for n in fixture.files if fixture.files[n] != nxt.files[n]}
+    assert weights_differ == {f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)}
+    assert weights.inspect(checkout(fixture, fixture.files, tmp_path / "today")) == \
+        weights.inspect(checkout(nxt, nxt.files, tmp_path / "next"))
+    assert build_model_fixture(hub, shard_mib=2).commit == GOOD  # the first repo is untouched

@@ -305,7 +305,7 @@ class _Hub:
         return ref
 
     def resolve(self, repo: str, ref: str):
-        return SimpleNamespace(layer_bytes=3 * GIB)
+        return SimpleNamespace(layer_bytes=3 * GIB, image_id="sha256:" + "1" * 64)
 
 
 def test_the_cache_is_not_asked_from_here_and_the_next_source_is_the_fallback(tmp_path):

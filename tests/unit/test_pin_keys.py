@@ -69,7 +69,7 @@ def test_a_typo_in_each_section_names_the_tables_keys(section: str) -> None:
 
 def test_sections_and_defaults() -> None:
     assert keys_of("") == ("schema", "serial", "driver", "container_toolkit", "huggingface_hub",
-                           "model", "stacks", "hosts", "history")
+                           "model", "models", "stacks", "hosts", "history")
     assert keys_of("stacks.<stack>") == ("image", "digest", "vllm_version", "image_id",
                                          "genesis")
     assert keys_of("hosts.<host>") == ("stacks",)

@@ -295,3 +295,13 @@ def test_lock_saves_nothing_when_the_checks_find_a_thing_missing(registry, tmp_p
         lock(path, url, url, verify=verify)
     assert seen and seen[0].startswith("sha256:")  # the new pins were the ones checked
     assert path.read_text() == before
+
+
+def test_every_pinned_models_revision_is_locked(registry, tmp_path) -> None:
+    url, _ = registry
+    path = pins_file(tmp_path, hosts="models:\n  Org/Next-Model: {revision: unresolved}\n")
+    assert lock(path, url, url)[-1] == f"models.Org/Next-Model.revision: unresolved -> {'c' * 40}"
+    pins = load_pins(path)
+    assert pins.model_for("Org/Next-Model").revision == "c" * 40
+    assert pins.model_for("Org/Next-Model").local_dir == "next-model"
+    assert pins.model.revision == "a" * 40  # the default model's pin did not move
