@@ -17,11 +17,12 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from http_fakes import QuietHandler
 
 from rigfleet.balancer.plan import GpuHost, plan_balancer
 from rigfleet.hostdata import validate_balancer, validate_host
@@ -82,19 +83,8 @@ class FakeFront:
     def __post_init__(self) -> None:
         front = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None):
-                self.send_response(code)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
 
             def do_GET(self) -> None:
                 if self.path == "/rigfleet/ready":

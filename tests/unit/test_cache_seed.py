@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from http_fakes import QuietHandler
 
 from scripts import load_script
 
@@ -59,17 +60,7 @@ class Upstream:
 def upstream() -> Iterator[tuple[Upstream, str]]:
     up = Upstream()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def _send(self, code: int, body: bytes = b"", headers: dict | None = None) -> None:
-            self.send_response(code)
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    class Handler(QuietHandler):
 
         def do_GET(self) -> None:
             base = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -106,19 +97,9 @@ def local(tmp_path) -> Iterator[tuple[dict[str, bytes], str]]:
     """A registry's blob API on a unix socket: HEAD, POST uploads, PUT ?digest= (checked)."""
     stored: dict[str, bytes] = {}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def address_string(self) -> str:
             return "unix"
-
-        def log_message(self, *args) -> None:
-            pass
-
-        def _send(self, code: int, headers: dict | None = None) -> None:
-            self.send_response(code)
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
 
         def do_GET(self) -> None:
             self._send(200 if self.path == "/v2/" else 404)
@@ -127,8 +108,8 @@ def local(tmp_path) -> Iterator[tuple[dict[str, bytes], str]]:
             self._send(200 if self.path.rsplit("/", 1)[-1] in stored else 404)
 
         def do_POST(self) -> None:
-            self._send(202, {"Location": f"http://localhost/v2/{REPO}/blobs/uploads/"
-                                         f"{uuid.uuid4()}?_state=abc"})
+            self._send(202, headers={"Location": f"http://localhost/v2/{REPO}/blobs/uploads/"
+                                                 f"{uuid.uuid4()}?_state=abc"})
 
         def do_PUT(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
