@@ -26,7 +26,6 @@ from rigfleet.doctor.rules import Verdict
 from rigfleet.endpoints import EndpointCheck
 from rigfleet.hostside.bench.measure import BenchResult, RunResult, ShapeResult
 from rigfleet.hostside.bench.report import Entry
-from rigfleet.roll import RollHost, RollResult, RollStatus
 from rigfleet.status.render import render_balancers, render_table
 from rigfleet.status.rows import StatusRow
 from rigfleet.tables import Table
@@ -68,12 +67,12 @@ def test_endpoints(monkeypatch):
 
 
 def test_roll(monkeypatch):
-    result = RollResult({LONG: RollHost(LONG, RollStatus.MAINTAINED, 1, "int8/1942196a21dd6552",
-                                        "pass", "recreated and verified after: NVIDIA driver "
-                                        "590 install; reboot", 124.0),
-                         "rig-b": RollHost("rig-b", RollStatus.NOT_ATTEMPTED, 2,
-                                           reason="1 host(s) failed (--max-failures 1)")}, None,
-                        130.0)
+    result = RolloutResult({
+        LONG: HostOutcome(LONG, Status.MAINTAINED, 1, gate="pass", reason="recreated and "
+                          "verified after: NVIDIA driver 590 install; reboot", seconds=124.0,
+                          serving="int8/1942196a21dd6552"),
+        "rig-b": HostOutcome("rig-b", Status.NOT_ATTEMPTED, 2,
+                             reason="1 host(s) failed (--max-failures 1)")}, None, 130.0)
     text = narrow(roll_table(result), monkeypatch)
     whole(text, LONG, "rig-b", "maintained", "not attempted")
     assert "rig-b: 1 host(s) failed (--max-failures 1)" in flat(text)
