@@ -1,6 +1,7 @@
 """How many serving hosts move at once: one policy for the rollout's batches (``rigfleet bump``,
-``roll``, ``rollback``) and the deploy's maintenance admission (``roles.maintenance``), which a
-roll tells its batch size through ``RIGFLEET_MAINTENANCE_BATCH``::
+``roll``, ``rollback``), the deploy's maintenance admission (``roles.maintenance``; a roll
+tells it its batch size through ``RIGFLEET_MAINTENANCE_BATCH``) and the converge's swap slots
+behind a balancer (``roles.swap``, sized by ``rigfleet.balancer.plan.converge_batch``)::
 
     in_batches(["a", "b", "c"], 2)         # [("a", "b"), ("c",)]
     admit(["b", "c"], 2, moving=["a"])     # ["b"]: two move at once, "a" already does
