@@ -1,6 +1,6 @@
 """What ``rigfleet bump`` decides before any host changes: its inputs, the bumped stacks, the
 candidate (``--latest``), the Genesis commit to pair with it, the stack files' image rules, and
-the plan. The command (argparse, printing, executing) is ``rigfleet.bump.cli``.
+the plan (``rigfleet.bump.cli`` asks, ``output`` prints, ``execute`` carries it out).
 
 Example::
 
@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import yaml
 
@@ -39,11 +40,13 @@ from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.bump.version import VersionProbe
 from rigfleet.catalog import Catalog
+from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
-from rigfleet.hostdata import validate_host
-from rigfleet.inventory import InventoryHost
-from rigfleet.pins import Pins, StackPins, dump_pins, parse_pins
+from rigfleet.hostdata import HostSettings, validate_host
+from rigfleet.inventory import InventoryHost, gpu_hosts, load_inventory
+from rigfleet.pins import Pins, StackPins, dump_pins, load_pins, parse_pins
+from rigfleet.registry import DOCKER_HUB
 
 
 class BumpError(RigfleetError, RuntimeError):
@@ -284,5 +287,32 @@ def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str
     return uses
 
 
-def candidate_changes(plan: Plan, stack: str) -> bool:
-    return plan.pins.stacks[stack].digest != plan.new_stacks[stack].digest
+def load_fleet(inventory: str, deploy: str) -> tuple[list[InventoryHost], list[PlanHost],
+                                                   str, HostSettings]:
+    """Inventory hosts, their plan view, the one pins file they share, the first's settings."""
+    hosts = gpu_hosts(load_inventory(inventory))  # a balancer-only host serves no stack
+    if not hosts:
+        raise BumpError(f"{inventory}: no GPU hosts")
+    plan_hosts: list[PlanHost] = []
+    paths: dict[str, list[str]] = {}
+    first = None
+    for h in hosts:
+        settings = validate_host(h.name, h.data)
+        first = first or settings
+        plan_hosts.append(PlanHost(h.name, settings.stack, tuple(h.groups)))
+        path = str(resolve_pins_path(settings.pins_file, Path(deploy).resolve().parent))
+        paths.setdefault(path, []).append(h.name)
+    if len(paths) != 1:
+        listed = "; ".join(f"{p}: {', '.join(n)}" for p, n in paths.items())
+        raise BumpError(f"hosts name different pins files ({listed}); bump one fleet at a time")
+    assert first is not None
+    return hosts, plan_hosts, next(iter(paths)), first
+
+def load_inputs(opts: BumpOptions) -> Inputs:
+    """Inventory, every host's data, the one pins file they share."""
+    hosts, plan_hosts, path, first = load_fleet(opts.inventory, opts.deploy)
+    pins = load_pins(path, catalog=first.catalog)
+    registry = opts.registry or first.bump.registry or DOCKER_HUB
+    genesis_url = opts.genesis_url or first.bump.genesis_url
+    mirror = opts.push_mirror or first.bump.mirror
+    return Inputs(hosts, plan_hosts, pins, str(registry), genesis_url, mirror, first.catalog)
