@@ -85,14 +85,8 @@ def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list
     return names
 
 
-def new_stack_pins(
-    catalog: Catalog,
-    pins: Pins,
-    names: list[str],
-    candidate: Candidate | None,
-    version: str | None,
-    genesis: dict[str, GenesisChoice],
-) -> dict[str, StackPins]:
+def new_stack_pins(catalog: Catalog, pins: Pins, names: list[str], candidate: Candidate | None,
+                   version: str | None, genesis: dict[str, GenesisChoice]) -> dict[str, StackPins]:
     """The bumped stacks' new pins, validated like the file (a wrong version is refused)."""
     out: dict[str, StackPins] = {}
     for name in names:
@@ -161,14 +155,9 @@ def decide_plan(
     return plan, genesis, probe
 
 
-def latest_candidate(
-    opts: BumpOptions,
-    inputs: Inputs,
-    pins: Pins,
-    reg: ImageRegistry,
-    repository: str,
-    repos: dict[str, GenesisRepo],
-) -> tuple[Candidate | None, list[str]]:
+def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: ImageRegistry,
+                     repository: str,
+                     repos: dict[str, GenesisRepo]) -> tuple[Candidate | None, list[str]]:
     """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks.
 
     A stack follows releases (the newest ``vX.Y.Z`` above its pinned version, by version; a
@@ -239,15 +228,9 @@ def _infer_version(
     return None
 
 
-def _genesis_choices(
-    opts: BumpOptions,
-    inputs: Inputs,
-    pins: Pins,
-    names: list[str],
-    version: str | None,
-    candidate: Candidate | None,
-    repos: dict[str, GenesisRepo],
-) -> dict[str, GenesisChoice]:
+def _genesis_choices(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
+                     version: str | None, candidate: Candidate | None,
+                     repos: dict[str, GenesisRepo]) -> dict[str, GenesisChoice]:
     out: dict[str, GenesisChoice] = {}
     for name in _genesis_stacks(pins, names):
         p = pins.stacks[name]

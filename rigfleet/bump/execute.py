@@ -39,17 +39,9 @@ from rigfleet.ssh import HostUnreachable, Remote
 REPO_ROOT = PROJECT_ROOT
 
 
-def execute(
-    opts: BumpOptions,
-    inputs: Inputs,
-    remote: Remote,
-    plan: Plan,
-    candidate: Candidate | None,
-    version: str,
-    genesis: dict[str, GenesisChoice],
-    journal: BumpJournal | None = None,
-    history: dict[str, Any] | None = None,
-) -> int:
+def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
+            candidate: Candidate | None, version: str, genesis: dict[str, GenesisChoice],
+            journal: BumpJournal | None = None, history: dict[str, Any] | None = None) -> int:
     """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry
     (a rollback's ``action`` and target serial)."""
     real = Path(plan.pins.path)
@@ -100,17 +92,9 @@ def execute(
         print(json.dumps(summary, indent=2))
     return exit_status(result)
 
-def keep_images(
-    opts: BumpOptions,
-    remote: Remote,
-    by_name: dict[str, InventoryHost],
-    plan: Plan,
-    result: RolloutResult,
-    candidate: Candidate | None,
-    version: str,
-    registry: str,
-    mirror: str | None,
-) -> dict[str, Any]:
+def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryHost], plan: Plan,
+                result: RolloutResult, candidate: Candidate | None, version: str, registry: str,
+                mirror: str | None) -> dict[str, Any]:
     """Prune old images on promoted hosts; save the promoted image from the canary; copy it
     into the mirror registry."""
     extra: dict[str, Any] = {}

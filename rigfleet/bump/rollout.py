@@ -281,16 +281,8 @@ def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
     return hits[-limit:]
 
 
-def classify(
-    host: str,
-    stack: str,
-    old: StackPins,
-    new: StackPins,
-    deploy: DeployResult,
-    before: HostProbe | None,
-    after: HostProbe | str,
-    batch: int,
-) -> HostOutcome:
+def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: DeployResult,
+             before: HostProbe | None, after: HostProbe | str, batch: int) -> HostOutcome:
     """One host's outcome after its batch.
 
     + stack: the stack the host serves; old/new: that stack's pins before/after the bump
@@ -333,15 +325,8 @@ def classify(
     return outcome(Status.FAILED, None, _why(errors, f"state.json records {seen}"))
 
 
-def settle(
-    host: str,
-    stack: str,
-    old: StackPins,
-    new: StackPins,
-    before: HostProbe | None,
-    after: HostProbe | str,
-    batch: int,
-) -> HostOutcome | None:
+def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostProbe | None,
+           after: HostProbe | str, batch: int) -> HostOutcome | None:
     """The outcome of a host its interrupted batch was deploying, from what it says now; None
     when its swap never started (it runs the old pins and recorded no swap or gate since
     ``before``): the resumed batch deploys it.
@@ -376,15 +361,10 @@ def _why(errors: list[str], fallback: str) -> str:
 Judge = Callable[[str, DeployResult, "HostProbe | None", "HostProbe | str", int], HostOutcome]
 
 
-def rollout(
-    plan: Plan,
-    runner: Runner,
-    pins_file: Path,
-    on_event: Callable[[str], None] = lambda _: None,
-    on_line: Callable[[str], None] = lambda _: None,
-    journal: RolloutJournal | None = None,
-    resume: Resume | None = None,
-) -> RolloutResult:
+def rollout(plan: Plan, runner: Runner, pins_file: Path,
+            on_event: Callable[[str], None] = lambda _: None,
+            on_line: Callable[[str], None] = lambda _: None, journal: RolloutJournal | None = None,
+            resume: Resume | None = None) -> RolloutResult:
     """Run the bump plan's batches against ``pins_file`` (the candidate pins, already written),
     canary first (``run_batches``).
 
@@ -426,23 +406,14 @@ def rollout(
     return RolloutResult(ordered, stopped, time.monotonic() - started)
 
 
-def run_batches(
-    batches: Sequence[Sequence[str]],
-    runner: Runner,
-    pins_file: Path | None,
-    judge: Judge,
-    out: dict[str, HostOutcome],
-    max_failures: int,
-    *,
-    canary: bool = True,
-    first: int = 0,
-    label: Callable[[int], str] | None = None,
-    on_event: Callable[[str], None] = lambda _: None,
-    on_line: Callable[[str], None] = lambda _: None,
-    journal: RolloutJournal | None = None,
-    done: Mapping[str, HostOutcome] | None = None,
-    stopped: str | None = None,
-) -> str | None:
+def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Path | None,
+                judge: Judge, out: dict[str, HostOutcome], max_failures: int, *,
+                canary: bool = True, first: int = 0, label: Callable[[int], str] | None = None,
+                on_event: Callable[[str], None] = lambda _: None,
+                on_line: Callable[[str], None] = lambda _: None,
+                journal: RolloutJournal | None = None,
+                done: Mapping[str, HostOutcome] | None = None,
+                stopped: str | None = None) -> str | None:
     """The rollout engine: each batch in turn is one ``runner.deploy``; each host's outcome
     goes into ``out`` (``judge`` reads it from pyinfra's result and the host's probes before and
     after). Returns why it stopped early (None: it ran every batch).
@@ -559,17 +530,9 @@ class PyinfraRunner:
       ``RIGFLEET_MAINTENANCE_BATCH``)
     """
 
-    def __init__(
-        self,
-        inventory: str,
-        hosts: Mapping[str, InventoryHost],
-        remote: Remote,
-        deploy: str = "deploy.py",
-        cwd: Path | None = None,
-        log_dir: Path | None = None,
-        timeout: float = 4 * 3600,
-        env: Mapping[str, str] | None = None,
-    ) -> None:
+    def __init__(self, inventory: str, hosts: Mapping[str, InventoryHost], remote: Remote,
+                 deploy: str = "deploy.py", cwd: Path | None = None, log_dir: Path | None = None,
+                 timeout: float = 4 * 3600, env: Mapping[str, str] | None = None) -> None:
         self.inventory = inventory
         self.hosts = dict(hosts)
         self.remote = remote
@@ -594,13 +557,8 @@ class PyinfraRunner:
     def facts(self, host: str) -> HostProbe:
         return run_probe(self.remote, self.hosts[host], full=True)
 
-    def deploy(
-        self,
-        hosts: Sequence[str],
-        pins_file: Path | None,
-        batch: int | str,
-        on_line: Callable[[str], None],
-    ) -> DeployResult:
+    def deploy(self, hosts: Sequence[str], pins_file: Path | None, batch: int | str,
+               on_line: Callable[[str], None]) -> DeployResult:
         cmd = pyinfra_command(self.inventory, self.deploy_file, hosts, pins_file)
         started = time.monotonic()
         log_file = None
