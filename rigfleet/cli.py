@@ -102,12 +102,13 @@ def cmd_roll(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
     from pathlib import Path
 
+    from rigfleet.batches import BATCH_ENV
     from rigfleet.bump.rollout import PyinfraRunner
     from rigfleet.cliargs import confirm
     from rigfleet.fleetview import each_host, probe_or_why
     from rigfleet.inventory import load_inventory
     from rigfleet.resources import PROJECT_ROOT
-    from rigfleet.roll import BATCH_ENV, PyinfraRoller, plan_batches, roll
+    from rigfleet.roll import plan_batches, roll, roll_record
     from rigfleet.ssh import SshRemote
 
     if args.batch < 1 or args.max_failures < 1:
@@ -122,8 +123,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
                            SshRemote(connect_timeout=args.timeout),
                            deploy=args.deploy, cwd=Path(args.deploy).resolve().parent,
                            log_dir=log_dir, env={BATCH_ENV: str(args.batch)})
-    roller = PyinfraRoller(runner)
-    probes = dict(zip(names, each_host(chosen, lambda h: probe_or_why(roller.probe, h.name),
+    probes = dict(zip(names, each_host(chosen, lambda h: probe_or_why(runner.facts, h.name),
                                        lambda h, why: why), strict=True))
     plan = plan_batches(names, probes, args.batch)
     if args.dry or not args.json:
@@ -149,12 +149,12 @@ def cmd_roll(args: argparse.Namespace) -> int:
         def on_line(line: str) -> None:
             status.update(f"[{time.monotonic() - t0:5.0f}s] {escape(line[:110])}")
 
-        result = roll(plan, roller, args.max_failures, on_event=lambda m: _log(escape(m)),
+        result = roll(plan, runner, args.max_failures, on_event=lambda m: _log(escape(m)),
                       on_line=on_line, order=names)
     if args.json:
         print(json.dumps({"ok": result.ok, "stopped": result.stopped,
                           "seconds": round(result.seconds, 1), "logs": str(log_dir),
-                          "hosts": [h.to_dict() for h in result.hosts.values()]}, indent=2))
+                          "hosts": [roll_record(h) for h in result.outcomes.values()]}, indent=2))
         return 0 if result.ok else 1
     roll_table(result).print(Console())
     if result.stopped:
@@ -167,17 +167,17 @@ def roll_table(result: Any) -> Any:
     """One line per host of a roll; the reasons of those that did not close a window as notes."""
     from rich.text import Text
 
-    from rigfleet.roll import RollStatus
+    from rigfleet.bump.rollout import Status
     from rigfleet.tables import Table
 
-    style = {RollStatus.CONVERGED: "green", RollStatus.MAINTAINED: "green",
-             RollStatus.FAILED: "red", RollStatus.LOST: "red"}
-    table = Table(f"rigfleet roll: {len(result.hosts)} host(s) in {result.seconds:.0f}s",
+    style = {Status.CONVERGED: "green", Status.MAINTAINED: "green", Status.FAILED: "red",
+             Status.LOST: "red"}
+    table = Table(f"rigfleet roll: {len(result.outcomes)} host(s) in {result.seconds:.0f}s",
                   ["host", "result", "batch", "serving", "gate", "s"])
-    for h in result.hosts.values():
+    for h in result.outcomes.values():
         table.row(h.host, Text(str(h.status), style=style.get(h.status, "")), h.batch or "",
                   h.serving or "", h.gate, f"{h.seconds:.0f}")
-        if h.reason and h.status is not RollStatus.MAINTAINED:
+        if h.reason and h.status is not Status.MAINTAINED:
             table.note(h.host, h.reason)
     return table
 

@@ -154,8 +154,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``rigfleet rollback``; the exit status (module docstring)."""
-    from rigfleet.bump import cli as bump
-    from rigfleet.bump.decide import Inputs
+    from rigfleet.bump import output as bump
+    from rigfleet.bump.decide import Inputs, load_fleet
+    from rigfleet.bump.execute import execute
     from rigfleet.bump.journal import load_journal
     from rigfleet.bump.options import BumpOptions
     from rigfleet.bump.output import log
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.ssh import SshRemote
 
     try:
-        hosts, plan_hosts, path, first = bump.load_fleet(args.inventory, args.deploy)
+        hosts, plan_hosts, path, first = load_fleet(args.inventory, args.deploy)
         pins = load_pins(path, catalog=first.catalog)
         picked = {h.name for h in select(hosts, args.limit, args.inventory)}
         journal = load_journal(pins, first.catalog)
@@ -215,8 +216,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.yes and not confirm():
         return bump.EXIT_FAILED
     inputs = Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog)
-    return bump._execute(opts, inputs, remote, plan, None, "", {},
-                         history={"action": "rollback", "to_serial": to})
+    return execute(opts, inputs, remote, plan, None, "", {},
+                   history={"action": "rollback", "to_serial": to})
 
 
 def confirm() -> bool:
@@ -248,28 +249,12 @@ def _text(p: StackPins) -> str:
 
 def print_plan(plan: Any, to: int) -> None:
     """What ``--dry`` shows: each stack now -> serial ``to``; canary, batches, skipped."""
-    from rich.markup import escape
-    from rich.table import Table
+    from rigfleet.bump.output import console, print_steps
+    from rigfleet.tables import Table
 
-    from rigfleet.bump.output import console
-
-    table = Table(title=f"rigfleet rollback: pins serial {plan.pins.serial} -> {to}",
-                  title_justify="left")
-    for col in ("stack", "now", "back to"):
-        table.add_column(col)
+    table = Table(f"rigfleet rollback: pins serial {plan.pins.serial} -> {to}",
+                  ["stack", "now", "back to"], keys=("stack",))
     for name, p in plan.new_stacks.items():
-        table.add_row(name, escape(_text(plan.pins.stacks[name])), escape(_text(p)))
-    console.print(table)
-    steps = Table(title="rollout", title_justify="left")
-    for col in ("step", "hosts"):
-        steps.add_column(col)
-    for i, batch in enumerate(plan.batches):
-        steps.add_row("canary" if i == 0 else f"batch {i}",
-                      ", ".join(f"{h} ({plan.host(h).stack})" for h in batch))
-    for name, reason in plan.skipped.items():
-        steps.add_row("[yellow]skipped[/yellow]", escape(f"{name}: {reason}"))
-    for name in plan.up_to_date:
-        steps.add_row("done", f"{name}: already runs these pins")
-    console.print(steps)
-    console.print(f"batch size {plan.batch_size}; stop after {plan.max_failures} failed "
-                  "host(s); a failed canary always stops the rollback")
+        table.row(name, _text(plan.pins.stacks[name]), _text(p))
+    table.print(console)
+    print_steps(plan, "rollback")

@@ -23,7 +23,7 @@ from typing import Any
 
 from rigfleet.desired import DesiredHost
 from rigfleet.hostdata import SwapSettings
-from rigfleet.hostside.plan import Plan, StackRef
+from rigfleet.hostside.plan import Plan, StackRef, change_kind
 
 # One id per control-side run: the swap unit, its directory and the ledger lines carry it.
 DEPLOY_ID = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
@@ -111,12 +111,13 @@ def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
                 why = f"{desired.container} is {c.get('status') or 'missing'}"
             return Decision("ensure", f"{desired.route_id} is active but {why}: bring it back "
                             "(recreated from its snapshot, no gate)")
-        kind = "swap" if active.get("stack") != desired.stack else "update"
         change = f"{current} -> {desired.route_id}"
-        return Decision(kind, f"{change} (stop, start, gate, promote or roll back)", change)
+        return Decision(change_kind(str(active.get("stack")), desired.stack),
+                        f"{change} (stop, start, gate, promote or roll back)", change)
     state_stack = (probe.get("state") or {}).get("stack")
     if up and state_stack == desired.stack:
         return Decision("adopt", f"{desired.route_id} serves but no swap recorded it: record "
                         "it as active")
-    return Decision("activate", f"nothing verified here -> {desired.route_id} (start, gate, "
-                    "promote; on failure the front answers 503)", f"-> {desired.route_id}")
+    return Decision(change_kind(None, desired.stack), f"nothing verified here -> "
+                    f"{desired.route_id} (start, gate, promote; on failure the front answers "
+                    "503)", f"-> {desired.route_id}")

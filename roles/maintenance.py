@@ -45,12 +45,12 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host
 
+from rigfleet.batches import BATCH_ENV, admit, batch_size
 from rigfleet.commands import hosttool
 from rigfleet.facts import read_fact
 from rigfleet.hostbundle import build_bundle
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import Plan
-from rigfleet.roll import BATCH_ENV
 from rigfleet.swapfacts import SwapProbe
 from rigfleet.swapplan import DEPLOY_ID, build_plan
 from roles.follow import follow, reports_root
@@ -93,11 +93,8 @@ def lock_wait_s() -> int:
 
 def batch_limit() -> int:
     """How many serving hosts one run may disturb at once (``RIGFLEET_MAINTENANCE_BATCH``)."""
-    raw = os.environ.get(BATCH_ENV, "1").strip()
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{BATCH_ENV}: {raw!r} is not a number of hosts; allowed: an integer "
-                         ">= 1 (the serving hosts one run may disturb at once)")
-    return int(raw)
+    return batch_size(os.environ.get(BATCH_ENV, "1"), BATCH_ENV, "an integer >= 1 (the "
+                      "serving hosts one run may disturb at once)")
 
 
 @dataclass
@@ -255,10 +252,9 @@ def _decide_all(state: State) -> None:
     failed = {h.name for h in state.failed_hosts}
     order = [h.name for h in state.inventory if h.name in b.steps and h.name not in b.decided]
     admitted = [h for h, d in b.decided.items() if d is None]
-    for name in order:
-        if name not in failed and len(admitted) < limit:
-            b.decided[name] = None
-            admitted.append(name)
+    for name in admit([n for n in order if n not in failed], limit, admitted):
+        b.decided[name] = None
+        admitted.append(name)
     for name in order:
         if name in b.decided:
             continue

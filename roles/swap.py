@@ -35,7 +35,7 @@ import io
 import threading
 import time
 import weakref
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyinfra import host
@@ -44,6 +44,7 @@ from pyinfra.api.state import State
 from pyinfra.operations import files, systemd
 
 from rigfleet.balancer.plan import SwapBatch, converge_batch
+from rigfleet.batches import admit
 from rigfleet.commands import hosttool
 from rigfleet.facts import read_fact
 from rigfleet.hostbundle import build_bundle
@@ -67,10 +68,19 @@ UNIT_PATH = f"/etc/systemd/system/{hosttool.STACK_UNIT}"
 SUPERVISE_TEMPLATE = str(project_file("files/rigfleet-supervise.service.j2"))
 SUPERVISE_PATH = f"/etc/systemd/system/{hosttool.SUPERVISE_UNIT}"
 # Per run (State): the converge's cap, worked out once from the whole inventory
-# (``converge_batch`` validates every GPU host's data), and its swap slots.
+# (``converge_batch`` validates every GPU host's data), and the hosts swapping now.
 _BATCH: weakref.WeakKeyDictionary[State, SwapBatch] = weakref.WeakKeyDictionary()
-_SLOTS: weakref.WeakKeyDictionary[State, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
+_SLOTS: weakref.WeakKeyDictionary[State, _Slots] = weakref.WeakKeyDictionary()
 SLOT_NOTE_S = 30.0
+
+
+@dataclass
+class _Slots:
+    """The run's hosts swapping now; ``admit`` (the rollout's batch policy) lets one more in.
+    pyinfra's CLI runs hosts as gevent greenlets (threading is patched to match)."""
+
+    moving: list[str] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)
 
 
 def start_and_follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
@@ -78,14 +88,16 @@ def start_and_follow(swap_id: str, timeout_s: float, reports: str, box: dict[str
     """At execution time: take a swap slot when ``batch`` caps the run (waiting, with a line
     every 30 s, while as many hosts swap elsewhere), start the transaction, follow it, and
     give the slot back however it ended (a failed start included)."""
-    slots = None
+    slots, name = None, host.name
     if batch is not None and batch.size:
-        # pyinfra's CLI runs hosts as gevent greenlets (threading is patched to match).
-        slots = _SLOTS.setdefault(host.state, threading.BoundedSemaphore(batch.size))
+        slots = _SLOTS.setdefault(host.state, _Slots())
         t0 = time.monotonic()
-        while not slots.acquire(timeout=SLOT_NOTE_S):
-            host.log(f"swap waits for a slot: {batch.why} "
-                     f"({time.monotonic() - t0:.0f}s so far)")
+        with slots.changed:
+            while not admit([name], batch.size, slots.moving):
+                if not slots.changed.wait(SLOT_NOTE_S):
+                    host.log(f"swap waits for a slot: {batch.why} ({', '.join(slots.moving)} "
+                             f"swap now; {time.monotonic() - t0:.0f}s so far)")
+            slots.moving.append(name)
         host.log(f"swap slot taken ({batch.why})")
     try:
         ok, _, err = run_on_host(hosttool.start_swap(swap_id))
@@ -96,7 +108,9 @@ def start_and_follow(swap_id: str, timeout_s: float, reports: str, box: dict[str
         follow(swap_id, timeout_s, reports, box)
     finally:
         if slots is not None:
-            slots.release()
+            with slots.changed:
+                slots.moving.remove(name)
+                slots.changed.notify_all()
 
 
 @operation(is_idempotent=False)

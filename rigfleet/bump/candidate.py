@@ -27,12 +27,7 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from rigfleet.errors import RigfleetError
-from rigfleet.registry import (
-    INDEX_TYPES,
-    Registry,
-    RegistryError,
-    platform_manifest,
-)
+from rigfleet.registry import INDEX_TYPES, Registry, RegistryError, platform_manifest
 from rigfleet.vllm_versions import NIGHTLY_TAG, RELEASE_TAG, is_release, version_key
 
 __all__ = ["INDEX_TYPES", "NIGHTLY_TAG", "RELEASE_TAG", "Candidate", "ImageRegistry",

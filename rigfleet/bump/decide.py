@@ -1,6 +1,6 @@
 """What ``rigfleet bump`` decides before any host changes: its inputs, the bumped stacks, the
 candidate (``--latest``), the Genesis commit to pair with it, the stack files' image rules, and
-the plan. The command (argparse, printing, executing) is ``rigfleet.bump.cli``.
+the plan (``rigfleet.bump.cli`` asks, ``output`` prints, ``execute`` carries it out).
 
 Example::
 
@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import yaml
 
@@ -39,11 +40,13 @@ from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.bump.version import VersionProbe
 from rigfleet.catalog import Catalog
+from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
-from rigfleet.hostdata import validate_host
-from rigfleet.inventory import InventoryHost
-from rigfleet.pins import Pins, StackPins, dump_pins, parse_pins
+from rigfleet.hostdata import HostSettings, validate_host
+from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, load_inventory
+from rigfleet.pins import Pins, StackPins, dump_pins, load_pins, parse_pins
+from rigfleet.registry import DOCKER_HUB
 
 
 class BumpError(RigfleetError, RuntimeError):
@@ -64,6 +67,7 @@ class Inputs:
     mirror: str | None
     catalog: Catalog
     outside: frozenset[str] = frozenset()  # hosts left out by --limit: they keep their pins
+    caches: tuple[InventoryHost, ...] = ()  # the fleet caches the candidate goes into first
 
 
 def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list[str]:
@@ -82,14 +86,8 @@ def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list
     return names
 
 
-def new_stack_pins(
-    catalog: Catalog,
-    pins: Pins,
-    names: list[str],
-    candidate: Candidate | None,
-    version: str | None,
-    genesis: dict[str, GenesisChoice],
-) -> dict[str, StackPins]:
+def new_stack_pins(catalog: Catalog, pins: Pins, names: list[str], candidate: Candidate | None,
+                   version: str | None, genesis: dict[str, GenesisChoice]) -> dict[str, StackPins]:
     """The bumped stacks' new pins, validated like the file (a wrong version is refused)."""
     out: dict[str, StackPins] = {}
     for name in names:
@@ -158,14 +156,9 @@ def decide_plan(
     return plan, genesis, probe
 
 
-def latest_candidate(
-    opts: BumpOptions,
-    inputs: Inputs,
-    pins: Pins,
-    reg: ImageRegistry,
-    repository: str,
-    repos: dict[str, GenesisRepo],
-) -> tuple[Candidate | None, list[str]]:
+def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: ImageRegistry,
+                     repository: str,
+                     repos: dict[str, GenesisRepo]) -> tuple[Candidate | None, list[str]]:
     """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks.
 
     A stack follows releases (the newest ``vX.Y.Z`` above its pinned version, by version; a
@@ -236,15 +229,9 @@ def _infer_version(
     return None
 
 
-def _genesis_choices(
-    opts: BumpOptions,
-    inputs: Inputs,
-    pins: Pins,
-    names: list[str],
-    version: str | None,
-    candidate: Candidate | None,
-    repos: dict[str, GenesisRepo],
-) -> dict[str, GenesisChoice]:
+def _genesis_choices(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
+                     version: str | None, candidate: Candidate | None,
+                     repos: dict[str, GenesisRepo]) -> dict[str, GenesisChoice]:
     out: dict[str, GenesisChoice] = {}
     for name in _genesis_stacks(pins, names):
         p = pins.stacks[name]
@@ -284,5 +271,38 @@ def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str
     return uses
 
 
-def candidate_changes(plan: Plan, stack: str) -> bool:
-    return plan.pins.stacks[stack].digest != plan.new_stacks[stack].digest
+def load_fleet(inventory: str, deploy: str, every: list[InventoryHost] | None = None) -> \
+        tuple[list[InventoryHost], list[PlanHost], str, HostSettings]:
+    """Inventory hosts, their plan view, the one pins file they share, the first's settings.
+
+    + every: the inventory's hosts when the caller loaded it already
+    """
+    hosts = gpu_hosts(every if every is not None else load_inventory(inventory))
+    if not hosts:
+        raise BumpError(f"{inventory}: no GPU hosts")
+    plan_hosts: list[PlanHost] = []
+    paths: dict[str, list[str]] = {}
+    first = None
+    for h in hosts:
+        settings = validate_host(h.name, h.data)
+        first = first or settings
+        plan_hosts.append(PlanHost(h.name, settings.stack, tuple(h.groups)))
+        path = str(resolve_pins_path(settings.pins_file, Path(deploy).resolve().parent))
+        paths.setdefault(path, []).append(h.name)
+    if len(paths) != 1:
+        listed = "; ".join(f"{p}: {', '.join(n)}" for p, n in paths.items())
+        raise BumpError(f"hosts name different pins files ({listed}); bump one fleet at a time")
+    assert first is not None
+    return hosts, plan_hosts, next(iter(paths)), first
+
+def load_inputs(opts: BumpOptions) -> Inputs:
+    """Inventory, every host's data, the one pins file they share."""
+    every = load_inventory(opts.inventory)
+    hosts, plan_hosts, path, first = load_fleet(opts.inventory, opts.deploy, every)
+    pins = load_pins(path, catalog=first.catalog)
+    registry = opts.registry or first.bump.registry or DOCKER_HUB
+    genesis_url = opts.genesis_url or first.bump.genesis_url
+    mirror = opts.push_mirror or first.bump.mirror
+    caches = tuple(h for h in every if host_kind(h.groups).cache)
+    return Inputs(hosts, plan_hosts, pins, str(registry), genesis_url, mirror, first.catalog,
+                  caches=caches)

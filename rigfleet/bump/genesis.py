@@ -36,12 +36,7 @@ from pathlib import Path
 from rigfleet import genesis_inspect
 from rigfleet.catalog import Catalog, StackSpec
 from rigfleet.errors import RigfleetError
-from rigfleet.genesis import (
-    StackUse,
-    TreeReport,
-    allowlist_problem,
-    pairing_problems,
-)
+from rigfleet.genesis import StackUse, TreeReport, allowlist_problem, pairing_problems
 from rigfleet.genesis_decisions import PatchEntry, decision_problems, read_entries
 from rigfleet.pins import GenesisPin, Pins, StackPins
 

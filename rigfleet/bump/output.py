@@ -1,5 +1,6 @@
-"""Where ``rigfleet bump`` (and ``rollback``, ``lock``) write their progress: one console on
-stderr, timestamped lines, and who runs the command.
+"""What ``rigfleet bump`` (and ``rollback``, ``lock``) say: one console on stderr, timestamped
+lines, who runs the command, the plan and result tables (``rigfleet.tables.Table``, whole in a
+pipe), and the exit status.
 
 Example::
 
@@ -12,11 +13,29 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
+
+from rigfleet.bump.genesis import GenesisChoice
+from rigfleet.bump.journal import BumpJournal
+from rigfleet.bump.plan import pairs
+from rigfleet.bump.plan_record import Plan
+from rigfleet.bump.record import outcome_of
+from rigfleet.bump.rollout import RolloutResult, Status, StillRunning
+from rigfleet.bump.version import VersionProbe
+from rigfleet.tables import Table
 
 console = Console(stderr=True, highlight=False)
+EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2, 3
+
+EXIT_INTERRUPTED = 130
+
+# Why a host the bump leaves alone is skipped (its pins file entry keeps its old pins).
+OUTSIDE_LIMIT = "outside --limit"
 
 
 def log(message: str) -> None:
@@ -31,3 +50,104 @@ def by() -> str:
     except Exception:  # no passwd entry (containers)
         user = str(os.getuid())
     return f"{user}@{socket.gethostname()}"
+
+
+def confirm() -> bool:
+    if not sys.stdin.isatty():
+        console.print("[red]error:[/red] not a terminal: pass --yes to roll out")
+        return False
+    return console.input("Roll out? [y/N] ").strip().lower() in ("y", "yes")
+
+def print_plan(plan: Plan, genesis: dict[str, GenesisChoice], probe: VersionProbe) -> None:
+    table = Table("rigfleet bump: pins", ["stack", "now", "bump to"], keys=("stack",))
+    for name, old, new in pairs(plan):
+        if probe.source == "inferred":
+            new += " (version from the Genesis allowlist; read from the image when it runs)"
+        elif probe.version is None and plan.pins.stacks[name].digest != \
+                plan.new_stacks[name].digest:
+            new += " (read from the image when the canary pulls it)"
+        table.row(name, old, new)
+    table.print(console)
+    for name, g in genesis.items():
+        if g.proposed:
+            also = "" if g.rollback_safe else ", but not the one running now"
+            console.print(f"Genesis for {name}: {g.label} (newer than the pin; it lists the "
+                          f"candidate's vLLM{also})")  # fmt: skip
+    print_steps(plan, "rollout")
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+
+
+def print_steps(plan: Plan, what: str) -> None:
+    """The plan's canary, batches, skipped and up-to-date hosts, and its stop rule."""
+    hosts = Table(what, ["step", "hosts"], keys=("step",))
+    for i, batch in enumerate(plan.batches):
+        hosts.row("canary" if i == 0 else f"batch {i}",
+                  ", ".join(f"{h} ({plan.host(h).stack})" for h in batch))
+    for name, reason in plan.skipped.items():
+        hosts.row(Text("skipped", style="yellow"), f"{name}: {reason}" if "--limit" in reason
+                  else f"{name}: unreachable ({reason})")
+    for name in plan.up_to_date:
+        hosts.row("done", f"{name}: already runs these pins")
+    hosts.print(console)
+    console.print(f"batch size {plan.batch_size}; stop after {plan.max_failures} failed "
+                  f"host(s); a failed canary always stops the {what}")
+
+
+def print_result(result: RolloutResult, log_dir: Path) -> None:
+    table = Table(f"rigfleet bump: {outcome_of(result)} in {result.seconds:.0f}s",
+                  ["host", "result", "gate", "reason"])
+    colors = {
+        Status.PROMOTED: "green", Status.UP_TO_DATE: "green", Status.FAILED: "red",
+        Status.LOST: "red", Status.SKIPPED: "yellow", Status.NOT_ATTEMPTED: "yellow",
+    }  # fmt: skip
+    for o in result.outcomes.values():
+        table.row(o.host, Text(str(o.status), style=colors[o.status]), o.gate or "-",
+                  o.reason or "-")
+    table.print(console)
+    if result.stopped:
+        console.print(f"[red]stopped:[/red] {result.stopped}")
+    console.print(f"[dim]pyinfra logs: {log_dir}[/dim]")
+
+def exit_status(result: RolloutResult) -> int:
+    bad = result.by_status(Status.FAILED, Status.LOST, Status.NOT_ATTEMPTED)
+    if bad:
+        parts = []
+        for o in bad:
+            text = f"{o.host} {o.status}"
+            if o.failed_checks:
+                text += f" (failed checks: {', '.join(o.failed_checks)})"
+            parts.append(text)
+        console.print(f"[red]bump failed:[/red] {'; '.join(parts)}")
+        return EXIT_FAILED
+    skipped = [o for o in result.by_status(Status.SKIPPED) if OUTSIDE_LIMIT not in o.reason]
+    if skipped:
+        names = ", ".join(f"{o.host} ({o.reason or 'unreachable'})" for o in skipped)
+        console.print(f"[yellow]promoted, but skipped host(s): {names}[/yellow]")
+        return EXIT_SKIPPED
+    return EXIT_OK
+
+def interrupted(journal: BumpJournal, error: BaseException, inventory: str) -> int:
+    """The rollout stopped early (Ctrl-C, a swap that still runs): say what the journal keeps."""
+    again = f"`rigfleet bump --inventory {inventory}`"
+    if isinstance(error, StillRunning):
+        console.print(f"[yellow]not yet:[/yellow] {error}; {journal.path} is kept: run {again} "
+                      "again once it ended")
+        return EXIT_FAILED
+    moved = ", ".join(journal.promoted) or "none"
+    console.print(f"[red]interrupted[/red]: {journal.path} records this bump (on the candidate: "
+                  f"{moved}); converges keep those hosts there. {again} finishes it; add "
+                  "--abandon to record it and stop")
+    return EXIT_INTERRUPTED
+
+def print_journal(journal: BumpJournal) -> None:
+    """Where each host of an unfinished bump stands."""
+    table = Table(f"unfinished bump {journal.id}: {journal.target()}",
+                  ["host", "step", "state", "since"])
+    steps = {h: ("canary" if i == 0 else f"batch {i}")
+             for i, batch in enumerate(journal.batches) for h in batch}
+    for h in journal.hosts:
+        view = journal.host_view(h.name) or {}
+        table.row(h.name, steps.get(h.name, "-"), str(view.get("state", "-")),
+                  str(view.get("since") or "-"))
+    table.print(console)

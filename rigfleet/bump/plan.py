@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from rigfleet.batches import in_batches
 from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.pins import Pins, StackPins
 
@@ -107,8 +108,7 @@ def _batches(canary: PlanHost | None, moving: list[PlanHost], batch_size: int
     if canary is None:
         return []
     rest = [h.name for h in moving if h.name != canary.name]
-    return [(canary.name,)] + [tuple(rest[i : i + batch_size])
-                               for i in range(0, len(rest), batch_size)]
+    return [(canary.name,)] + in_batches(rest, batch_size)
 
 
 def serving_cap(

@@ -39,7 +39,11 @@ from rigfleet.ssh import Remote
 
 
 class Status(StrEnum):
+    """One host's outcome, for every rollout (bump and rollback promote, a roll converges)."""
+
     PROMOTED = "promoted"
+    CONVERGED = "converged"  # a roll's run changed nothing that disturbs serving
+    MAINTAINED = "maintained"  # a roll's maintenance window closed: recreated, gate passed
     FAILED = "failed"  # the swap rolled back, or the deploy failed on the host
     LOST = "lost"  # unreachable after its deploy started: state unknown
     SKIPPED = "skipped"  # unreachable before its batch (or at the start)
@@ -95,6 +99,7 @@ class HostOutcome:
     failed_checks: tuple[str, ...] = ()
     report_file: str | None = None
     seconds: float = 0.0
+    serving: str | None = None  # a roll: the route its front ends on (not journalled)
 
     def to_record(self) -> dict[str, Any]:
         """The outcome as the bump journal keeps it (``from_record`` reads it back)."""
@@ -132,6 +137,17 @@ class RolloutResult:
 
     def by_status(self, *statuses: Status) -> list[HostOutcome]:
         return [o for o in self.outcomes.values() if o.status in statuses]
+
+    @property
+    def reached(self) -> bool:
+        """Whether any host got its run (a rollout that skipped every host did nothing)."""
+        return any(o.status is not Status.SKIPPED for o in self.outcomes.values())
+
+    @property
+    def ok(self) -> bool:
+        """A roll's verdict: it reached a host, and none failed, was lost or left behind."""
+        return self.reached and not self.by_status(Status.FAILED, Status.LOST,
+                                                   Status.NOT_ATTEMPTED)
 
     @property
     def promoted_everywhere(self) -> bool:
@@ -265,16 +281,8 @@ def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
     return hits[-limit:]
 
 
-def classify(
-    host: str,
-    stack: str,
-    old: StackPins,
-    new: StackPins,
-    deploy: DeployResult,
-    before: HostProbe | None,
-    after: HostProbe | str,
-    batch: int,
-) -> HostOutcome:
+def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: DeployResult,
+             before: HostProbe | None, after: HostProbe | str, batch: int) -> HostOutcome:
     """One host's outcome after its batch.
 
     + stack: the stack the host serves; old/new: that stack's pins before/after the bump
@@ -317,15 +325,8 @@ def classify(
     return outcome(Status.FAILED, None, _why(errors, f"state.json records {seen}"))
 
 
-def settle(
-    host: str,
-    stack: str,
-    old: StackPins,
-    new: StackPins,
-    before: HostProbe | None,
-    after: HostProbe | str,
-    batch: int,
-) -> HostOutcome | None:
+def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostProbe | None,
+           after: HostProbe | str, batch: int) -> HostOutcome | None:
     """The outcome of a host its interrupted batch was deploying, from what it says now; None
     when its swap never started (it runs the old pins and recorded no swap or gate since
     ``before``): the resumed batch deploys it.
@@ -357,20 +358,15 @@ def _why(errors: list[str], fallback: str) -> str:
 # --- the loop --------------------------------------------------------------------------------
 
 
-def rollout(
-    plan: Plan,
-    runner: Runner,
-    pins_file: Path,
-    on_event: Callable[[str], None] = lambda _: None,
-    on_line: Callable[[str], None] = lambda _: None,
-    journal: RolloutJournal | None = None,
-    resume: Resume | None = None,
-) -> RolloutResult:
-    """Run the plan's batches against ``pins_file`` (the candidate pins, already written).
+Judge = Callable[[str, DeployResult, "HostProbe | None", "HostProbe | str", int], HostOutcome]
 
-    Stops after a batch once ``plan.max_failures`` hosts failed or were lost, and always after
-    a failed canary; hosts not reached get ``NOT_ATTEMPTED``. A host unreachable when its batch
-    starts is ``SKIPPED`` and does not count as a failure (nothing was done to it).
+
+def rollout(plan: Plan, runner: Runner, pins_file: Path,
+            on_event: Callable[[str], None] = lambda _: None,
+            on_line: Callable[[str], None] = lambda _: None, journal: RolloutJournal | None = None,
+            resume: Resume | None = None) -> RolloutResult:
+    """Run the bump plan's batches against ``pins_file`` (the candidate pins, already written),
+    canary first (``run_batches``).
 
     + journal: told each batch before it deploys and each outcome as soon as it is known
     + resume: what an interrupted rollout of this plan did; its outcomes stand, its in-flight
@@ -386,13 +382,6 @@ def rollout(
     for name, reason in plan.skipped.items():
         out[name] = HostOutcome(name, Status.SKIPPED, runs_new=False,
                                 reason=f"unreachable at the start ({reason})")  # fmt: skip
-
-    def record(o: HostOutcome, label: str) -> None:
-        out[o.host] = o
-        on_event(_event_text(label, o))
-        if journal is not None:
-            journal.record(o.host, o.to_record())
-
     for i, batch in enumerate(plan.batches):
         for h in (h for h in batch if h in in_flight and h not in done):
             stack = plan.host(h).stack
@@ -400,50 +389,91 @@ def rollout(
                              in_flight[h], probe_or_why(runner.facts, h), i)
             if settled is not None:
                 done[h] = settled
-                record(settled, f"{_label(i)} (interrupted)")
+                _record(out, journal, on_event, settled, f"{_label(i)} (interrupted)")
+
+    def judge(h: str, result: DeployResult, before: HostProbe | None, after: HostProbe | str,
+              i: int) -> HostOutcome:
+        stack = plan.host(h).stack
+        return classify(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack], result,
+                        before, after, i)
+
+    stopped = run_batches(plan.batches, runner, pins_file, judge, out, plan.max_failures,
+                          on_event=on_event, on_line=on_line, journal=journal, done=done,
+                          stopped=resume.stop if resume is not None else None)
+    if journal is not None:
+        journal.finish(stopped)
+    ordered = {h.name: out[h.name] for h in plan.hosts if h.name in out}
+    return RolloutResult(ordered, stopped, time.monotonic() - started)
+
+
+def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Path | None,
+                judge: Judge, out: dict[str, HostOutcome], max_failures: int, *,
+                canary: bool = True, first: int = 0, label: Callable[[int], str] | None = None,
+                on_event: Callable[[str], None] = lambda _: None,
+                on_line: Callable[[str], None] = lambda _: None,
+                journal: RolloutJournal | None = None,
+                done: Mapping[str, HostOutcome] | None = None,
+                stopped: str | None = None) -> str | None:
+    """The rollout engine: each batch in turn is one ``runner.deploy``; each host's outcome
+    goes into ``out`` (``judge`` reads it from pyinfra's result and the host's probes before and
+    after). Returns why it stopped early (None: it ran every batch).
+
+    Stops after a batch once ``max_failures`` hosts failed or were lost, and (``canary``) always
+    after a failed first batch; hosts not reached get ``NOT_ATTEMPTED``. A host unreachable or
+    busy when its batch starts is ``SKIPPED`` and does not count as a failure (nothing was done
+    to it). Batch numbers start at ``first``; ``done`` hosts keep their outcome.
+    """
+    done = done or {}
+    name_of = label or (lambda n: _label(n) if canary else f"batch {n}")
     failures = 0
-    stopped = resume.stop if resume is not None else None
-    for i, batch in enumerate(plan.batches):
+    for i, batch in enumerate(batches):
+        n = i + first
         if stopped:
             for h in batch:
-                out[h] = done.get(h) or HostOutcome(h, Status.NOT_ATTEMPTED, i, False, stopped)
+                out[h] = done.get(h) or HostOutcome(h, Status.NOT_ATTEMPTED, n, False, stopped)
             continue
-        label = _label(i)
         todo = [h for h in batch if h not in done]
         out.update({h: done[h] for h in batch if h in done})
         if todo:
             reach = runner.reachable(todo)
             live = [h for h in todo if not reach.get(h)]
             for h in todo:
-                if reach.get(h):
-                    record(HostOutcome(h, Status.SKIPPED, i, False,
-                                       f"unreachable before its batch ({reach[h]})"), label)
-            if not live and i == 0 and batch[0] in todo:
+                why = reach.get(h)
+                if why:
+                    _record(out, journal, on_event, HostOutcome(h, Status.SKIPPED, n, False, why
+                            if why.startswith("busy:") else f"unreachable before its batch "
+                            f"({why})"), name_of(n))
+            if canary and not live and i == 0 and batch[0] in todo:
                 stopped = f"the canary {batch[0]} could not be worked on ({reach[batch[0]]}); " \
                     "nothing was changed"
             if live:
                 seen = {h: probe_or_why(runner.facts, h) for h in live}
                 before = {h: p if isinstance(p, HostProbe) else None for h, p in seen.items()}
                 if journal is not None:
-                    journal.deploying_batch(i, live, {h: probe_record(f) if f else None
+                    journal.deploying_batch(n, live, {h: probe_record(f) if f else None
                                                       for h, f in before.items()})
-                on_event(f"{label}: deploying {', '.join(live)}")
-                result = runner.deploy(live, pins_file, i, on_line)
+                on_event(f"{name_of(n)}: deploying {', '.join(live)}")
+                result = runner.deploy(live, pins_file, n, on_line)
                 for h in live:
-                    stack = plan.host(h).stack
-                    record(classify(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack],
-                                    result, before[h], probe_or_why(runner.facts, h), i), label)
+                    _record(out, journal, on_event,
+                            judge(h, result, before[h], probe_or_why(runner.facts, h), n),
+                            name_of(n))
         failures += sum(1 for h in batch if out[h].status in (Status.FAILED, Status.LOST))
         if stopped:
             continue
-        if i == 0 and out[plan.batches[0][0]].status in (Status.FAILED, Status.LOST):
-            stopped = f"the canary {plan.batches[0][0]} did not promote; no other host touched"
-        elif failures >= plan.max_failures:
-            stopped = f"{failures} host(s) failed (--max-failures {plan.max_failures})"
+        if canary and i == 0 and out[batches[0][0]].status in (Status.FAILED, Status.LOST):
+            stopped = f"the canary {batches[0][0]} did not promote; no other host touched"
+        elif failures >= max_failures:
+            stopped = f"{failures} host(s) failed (--max-failures {max_failures})"
+    return stopped
+
+
+def _record(out: dict[str, HostOutcome], journal: RolloutJournal | None,
+            on_event: Callable[[str], None], o: HostOutcome, label: str) -> None:
+    out[o.host] = o
+    on_event(_event_text(label, o))
     if journal is not None:
-        journal.finish(stopped)
-    ordered = {h.name: out[h.name] for h in plan.hosts if h.name in out}
-    return RolloutResult(ordered, stopped, time.monotonic() - started)
+        journal.record(o.host, o.to_record())
 
 
 def _label(batch: int) -> str:
@@ -500,17 +530,9 @@ class PyinfraRunner:
       ``RIGFLEET_MAINTENANCE_BATCH``)
     """
 
-    def __init__(
-        self,
-        inventory: str,
-        hosts: Mapping[str, InventoryHost],
-        remote: Remote,
-        deploy: str = "deploy.py",
-        cwd: Path | None = None,
-        log_dir: Path | None = None,
-        timeout: float = 4 * 3600,
-        env: Mapping[str, str] | None = None,
-    ) -> None:
+    def __init__(self, inventory: str, hosts: Mapping[str, InventoryHost], remote: Remote,
+                 deploy: str = "deploy.py", cwd: Path | None = None, log_dir: Path | None = None,
+                 timeout: float = 4 * 3600, env: Mapping[str, str] | None = None) -> None:
         self.inventory = inventory
         self.hosts = dict(hosts)
         self.remote = remote
@@ -535,13 +557,8 @@ class PyinfraRunner:
     def facts(self, host: str) -> HostProbe:
         return run_probe(self.remote, self.hosts[host], full=True)
 
-    def deploy(
-        self,
-        hosts: Sequence[str],
-        pins_file: Path | None,
-        batch: int | str,
-        on_line: Callable[[str], None],
-    ) -> DeployResult:
+    def deploy(self, hosts: Sequence[str], pins_file: Path | None, batch: int | str,
+               on_line: Callable[[str], None]) -> DeployResult:
         cmd = pyinfra_command(self.inventory, self.deploy_file, hosts, pins_file)
         started = time.monotonic()
         log_file = None

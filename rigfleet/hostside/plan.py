@@ -30,6 +30,13 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}")
 _HASH_LINE = re.compile(r"io\.rigfleet\.config-hash['\"]?:\s*['\"]?([0-9a-f]{8,64})")
 
 
+def change_kind(old: str | None, new: str) -> str:
+    """A gated change's kind, as the deploy decides it and the ledger records it: ``activate``
+    (nothing verified here), ``swap`` (another stack), ``update`` (the same stack, new pins or
+    config); ``old``/``new``: stack names."""
+    return "activate" if old is None else "swap" if old != new else "update"
+
+
 class PlanError(ValueError):
     """A plan (or active record) that cannot be used; the message names the field."""
 

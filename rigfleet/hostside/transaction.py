@@ -55,7 +55,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
 from .maintenance import supersede, window_status
-from .plan import Active, Plan, StackRef, compose_hash
+from .plan import Active, Plan, StackRef, change_kind, compose_hash
 from .steps import (
     EXIT_BAD_PLAN,
     EXIT_FAILED,
@@ -162,7 +162,7 @@ class Transaction(Steps):
                          level="warning")
             active = None
         old = active.ref if active else None
-        kind = "activate" if old is None else "swap" if old.stack != new.stack else "update"
+        kind = change_kind(old.stack if old else None, new.stack)
         _, status, why = window_status(self.lay)
         # After a maintenance that left nothing verified, the old stack is no way back.
         self.rollback_to = old if status not in ("failed", "abandoned", "damaged") else None

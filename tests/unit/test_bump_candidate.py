@@ -20,6 +20,7 @@ from bump_helpers import DIGESTS, GENESIS_OLD, GOOD, MTP_DIES, NEWER, REGRESSED,
 from genesis_trees import v7_release_repo
 
 from rigfleet.bump import cli as bump_cli
+from rigfleet.bump import decide, execute
 from rigfleet.bump.candidate import (
     Candidate,
     ImageRegistry,
@@ -253,12 +254,12 @@ def fleet(tmp_path: Path, registry, monkeypatch) -> dict[str, Any]:
         InventoryHost("host2", ("gpu_hosts",), {**common, "stack": "int8"}),
         InventoryHost("host3", ("gpu_hosts",), {**common, "stack": "int8"}),
     ]
-    monkeypatch.setattr(bump_cli, "load_inventory", lambda path: inventory)
+    monkeypatch.setattr(decide, "load_inventory", lambda path: inventory)
     remote = FakeRemote(fake)
     monkeypatch.setattr(bump_cli, "SshRemote", lambda **_: remote)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     deployed: list[Any] = []
-    monkeypatch.setattr(bump_cli, "rollout", lambda *a, **k: deployed.append(a))
+    monkeypatch.setattr(execute, "rollout", lambda *a, **k: deployed.append(a))
     return {"url": url, "pins": pins, "remote": remote, "deployed": deployed,
             "genesis_url": str(gx.path), "fixture": gx}  # fmt: skip
 

@@ -19,6 +19,7 @@ from bump_helpers import GENESIS_NEW, GOOD, NEWER, probe_of, stack
 from test_bump_rollout import FakeRunner, make_plan
 
 from rigfleet.bump import cli as bump_cli
+from rigfleet.bump import decide, execute, finish, output
 from rigfleet.bump.journal import (
     SCHEMA,
     BumpInFlight,
@@ -348,20 +349,20 @@ def args_for(tmp_path: Path, **kw: Any) -> argparse.Namespace:
 def test_another_candidate_is_refused_while_a_bump_is_unfinished(tmp_path):
     plan = make_plan(tmp_path)
     journal = journal_for(plan)
-    assert bump_cli._other_target(args_for(tmp_path, image=f"nightly-{NEWER}"), journal) is None
-    assert bump_cli._other_target(args_for(tmp_path, latest=True), journal) is None
-    other = bump_cli._other_target(args_for(tmp_path, image=f"nightly-{GOOD}"), journal)
+    assert finish.other_target(args_for(tmp_path, image=f"nightly-{NEWER}"), journal) is None
+    assert finish.other_target(args_for(tmp_path, latest=True), journal) is None
+    other = finish.other_target(args_for(tmp_path, image=f"nightly-{GOOD}"), journal)
     assert other is not None and f"--image nightly-{GOOD} is not its candidate" in other
-    assert "is not its Genesis" in (bump_cli._other_target(
+    assert "is not its Genesis" in (finish.other_target(
         args_for(tmp_path, genesis="0" * 40), journal) or "")
-    assert bump_cli._other_target(args_for(tmp_path, genesis=GENESIS_NEW[:12]), journal) is None
+    assert finish.other_target(args_for(tmp_path, genesis=GENESIS_NEW[:12]), journal) is None
 
 
 def test_the_end_removes_the_journal_once_the_pins_file_says_it(tmp_path):
     plan = make_plan(tmp_path)
     journal = journal_for(plan)
     result = rollout(plan, FakeRunner(plan, {}), Path("cand.yaml"), journal=journal)
-    saved = bump_cli._record(plan, result, {"bump_id": journal.id})
+    saved = execute.record_pins(plan, result, {"bump_id": journal.id})
     assert saved is not None and saved.history[-1]["bump_id"] == journal.id
     end_journal(journal, result, saved)
     assert not journal.path.exists()
@@ -371,7 +372,7 @@ def test_the_end_removes_the_journal_once_the_pins_file_says_it(tmp_path):
     journal2 = journal_for(plan2)
     result2 = rollout(plan2, FakeRunner(plan2, {}), Path("cand.yaml"), journal=journal2)
     save_pins(load_pins(plan2.pins.path), {"action": "someone else"})
-    assert bump_cli._record(plan2, result2, {"bump_id": journal2.id}) is None
+    assert execute.record_pins(plan2, result2, {"bump_id": journal2.id}) is None
     end_journal(journal2, result2, None)
     assert journal2.path.exists()
     assert load_journal(load_pins(plan2.pins.path)).state == "stale"
@@ -396,11 +397,13 @@ def cli_fleet(tmp_path: Path, monkeypatch, plan: Plan, runner: FakeRunner) -> No
         "stack": h.stack, "power_caps_w": [290, 290], "gpu_count": 2, "model_dir": "/srv/models",
         "front_port": 8000, "api_key_file": str(key), "pins_file": plan.pins.path,
         "apt_repos": {"cuda": repo, "nvidia-container-toolkit": repo}}) for h in plan.hosts]
-    monkeypatch.setattr(bump_cli, "load_inventory", lambda path: inventory)
-    monkeypatch.setattr(bump_cli, "PyinfraRunner", lambda *a, **k: runner)
-    monkeypatch.setattr(bump_cli, "SshRemote", lambda **_: None)
-    monkeypatch.setattr(bump_cli, "_keep_images", lambda *a, **k: {})
-    monkeypatch.setattr(bump_cli, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(decide, "load_inventory", lambda path: inventory)
+    for module in (execute, finish):
+        monkeypatch.setattr(module, "PyinfraRunner", lambda *a, **k: runner)
+    for module in (bump_cli, finish):
+        monkeypatch.setattr(module, "SshRemote", lambda **_: None)
+    monkeypatch.setattr(execute, "keep_images", lambda *a, **k: {})
+    monkeypatch.setattr(execute, "REPO_ROOT", tmp_path)
 
 
 def cli_args(tmp_path: Path, **kw: Any) -> argparse.Namespace:
@@ -437,9 +440,9 @@ def test_ctrl_c_then_the_same_command_again_finishes_the_bump(tmp_path, monkeypa
     cli_fleet(tmp_path, monkeypatch, plan, runner)
     opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"),
                        image=f"nightly-{NEWER}", batch_size=2, yes=True)
-    inputs = bump_cli.load_inputs(opts)
-    rc = bump_cli._execute(opts, inputs, None, plan, None, "0.20.2rc1", {})
-    assert rc == bump_cli.EXIT_INTERRUPTED
+    inputs = decide.load_inputs(opts)
+    rc = execute.execute(opts, inputs, None, plan, None, "0.20.2rc1", {})
+    assert rc == output.EXIT_INTERRUPTED
     pins, journal = reload(plan)
     assert journal.promoted == ["host1"] and pins.serial == plan.pins.serial  # not saved yet
     assert not list(tmp_path.glob(".pins.yaml.bump-*.yaml"))  # the candidate file went

@@ -326,13 +326,13 @@ def test_runner_skips_busy_and_unreachable_hosts_before_a_batch() -> None:
 
 
 def test_a_pins_file_saved_meanwhile_is_never_overwritten(tmp_path: Path) -> None:
-    from rigfleet.bump import cli as bump_cli
+    from rigfleet.bump.execute import record_pins
 
     plan = make_plan(tmp_path)
     result, _ = run(plan, FakeRunner(plan, {}))
     save_pins(load_pins(plan.pins.path), {"action": "someone else"})  # serial moves on
     before = Path(plan.pins.path).read_text()
-    assert bump_cli._record(plan, result, {}) is None
+    assert record_pins(plan, result, {}) is None
     assert Path(plan.pins.path).read_text() == before
     aside = load_pins(Path(plan.pins.path).with_name("pins.yaml.bump-result.yaml"))
     assert aside.stacks["int8"].digest == stack("int8", NEWER).digest

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rigfleet.bump.rollout import DeployResult, PyinfraRunner, pyinfra_command
+from rigfleet.batches import BATCH_ENV
+from rigfleet.bump.rollout import DeployResult, PyinfraRunner, Status, pyinfra_command
 from rigfleet.hostprobe import HostProbe
-from rigfleet.roll import BATCH_ENV, RollStatus, classify, plan_batches, roll
+from rigfleet.roll import classify, plan_batches, roll
 from rigfleet.ssh import HostUnreachable
 
 ROUTE = "int8/1111aaaa2222bbbb"
@@ -31,7 +33,7 @@ def bare() -> HostProbe:
 
 
 @dataclass
-class FakeRoller:
+class FakeRunner:
     """Hosts' probes before and after their run; what each run does to them."""
 
     probes: dict[str, HostProbe | str]
@@ -39,14 +41,19 @@ class FakeRoller:
     failing: set[str] = field(default_factory=set)
     runs: list[tuple[str, ...]] = field(default_factory=list)
 
-    def probe(self, host: str) -> HostProbe:
+    def facts(self, host: str) -> HostProbe:
         p = self.probes[host]
         if isinstance(p, str):
             raise HostUnreachable(p)
         return p
 
-    def deploy(self, hosts: Sequence[str], batch: int | str,
+    def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
+        return {h: p if isinstance(p, str) else (f"busy: {p.busy}" if p.busy else None)
+                for h, p in ((h, self.probes[h]) for h in hosts)}
+
+    def deploy(self, hosts: Sequence[str], pins_file: Path | None, batch: int | str,
                on_line: Callable[[str], None]) -> DeployResult:
+        assert pins_file is None  # a roll converges on the inventory's own pins
         self.runs.append(tuple(hosts))
         for h in hosts:
             if h in self.after_run:
@@ -78,7 +85,7 @@ def test_bare_hosts_go_first_together_then_serving_hosts_one_at_a_time_in_order(
 
 def test_each_serving_host_is_maintained_in_its_own_run_and_the_roll_stops_at_a_failure():
     names = ["rig-a", "rig-b", "rig-c"]
-    roller = FakeRoller(
+    roller = FakeRunner(
         probes={n: serving() for n in names},
         after_run={"rig-a": serving(lines=[OPENED, CLOSED]),
                    "rig-b": serving(route="maintenance", lines=[OPENED, {
@@ -89,24 +96,24 @@ def test_each_serving_host_is_maintained_in_its_own_run_and_the_roll_stops_at_a_
     result = roll(plan_batches(names, dict(roller.probes), 1), roller, on_event=events.append,
                   order=names)
     assert roller.runs == [("rig-a",), ("rig-b",)]  # one pyinfra run per serving host
-    a, b, c = result.hosts.values()
-    assert (a.status, a.gate, a.serving) == (RollStatus.MAINTAINED, "pass", ROUTE)
-    assert (b.status, b.gate, b.serving) == (RollStatus.FAILED, "fail", "maintenance")
+    a, b, c = result.outcomes.values()
+    assert (a.status, a.gate, a.serving) == (Status.MAINTAINED, "pass", ROUTE)
+    assert (b.status, b.gate, b.serving) == (Status.FAILED, "fail", "maintenance")
     assert b.reason == "maintenance failed (gate): gate failed 1 check(s): needles"
-    assert c.status is RollStatus.NOT_ATTEMPTED and "--max-failures 1" in c.reason
+    assert c.status is Status.NOT_ATTEMPTED and "--max-failures 1" in c.reason
     assert not result.ok and result.stopped == "1 host(s) failed (--max-failures 1)"
     assert "batch 1: rig-a maintained (gate pass): recreated and verified after" in events[1]
 
 
 def test_a_host_with_nothing_to_disturb_is_converged_and_a_lost_one_is_lost():
     names = ["rig-a", "rig-b"]
-    roller = FakeRoller(probes={"rig-a": serving(), "rig-b": serving()},
+    roller = FakeRunner(probes={"rig-a": serving(), "rig-b": serving()},
                         after_run={"rig-b": "timed out"})
     result = roll(plan_batches(names, dict(roller.probes), 1), roller, max_failures=5,
                   order=names)
-    assert result.hosts["rig-a"].status is RollStatus.CONVERGED
-    assert result.hosts["rig-b"].status is RollStatus.LOST
-    assert "unreachable after its run started (timed out)" in result.hosts["rig-b"].reason
+    assert result.outcomes["rig-a"].status is Status.CONVERGED
+    assert result.outcomes["rig-b"].status is Status.LOST
+    assert "unreachable after its run started (timed out)" in result.outcomes["rig-b"].reason
 
 
 def test_classify_takes_the_reason_from_pyinfra_when_the_ledger_has_none():
@@ -114,7 +121,7 @@ def test_classify_takes_the_reason_from_pyinfra_when_the_ledger_has_none():
     run = DeployResult(1, frozenset({"rig-a"}), "[rig-a] Error: driver verification: "
                        "nvidia-smi lists 1 GPU(s); gpu_count is 2\n", 30.0)
     out = classify("rig-a", run, before, serving(lines=[OPENED]), 1)
-    assert out.status is RollStatus.FAILED and "gpu_count is 2" in out.reason
+    assert out.status is Status.FAILED and "gpu_count is 2" in out.reason
 
 
 def test_the_batch_runs_use_the_inventorys_pins_and_say_the_batch_size():

@@ -12,7 +12,7 @@ from bump_helpers import NEWER, bumped, hosts, write_pins
 from rich.console import Console
 from rich.text import Text
 
-import rigfleet.bump.cli as bump_cli
+import rigfleet.bump.output as bump_output
 from rigfleet.balancer.status import BalancerRow
 from rigfleet.bench.cli import render as bench_table
 from rigfleet.bump.plan import build_plan
@@ -26,7 +26,6 @@ from rigfleet.doctor.rules import Verdict
 from rigfleet.endpoints import EndpointCheck
 from rigfleet.hostside.bench.measure import BenchResult, RunResult, ShapeResult
 from rigfleet.hostside.bench.report import Entry
-from rigfleet.roll import RollHost, RollResult, RollStatus
 from rigfleet.status.render import render_balancers, render_table
 from rigfleet.status.rows import StatusRow
 from rigfleet.tables import Table
@@ -68,12 +67,12 @@ def test_endpoints(monkeypatch):
 
 
 def test_roll(monkeypatch):
-    result = RollResult({LONG: RollHost(LONG, RollStatus.MAINTAINED, 1, "int8/1942196a21dd6552",
-                                        "pass", "recreated and verified after: NVIDIA driver "
-                                        "590 install; reboot", 124.0),
-                         "rig-b": RollHost("rig-b", RollStatus.NOT_ATTEMPTED, 2,
-                                           reason="1 host(s) failed (--max-failures 1)")}, None,
-                        130.0)
+    result = RolloutResult({
+        LONG: HostOutcome(LONG, Status.MAINTAINED, 1, gate="pass", reason="recreated and "
+                          "verified after: NVIDIA driver 590 install; reboot", seconds=124.0,
+                          serving="int8/1942196a21dd6552"),
+        "rig-b": HostOutcome("rig-b", Status.NOT_ATTEMPTED, 2,
+                             reason="1 host(s) failed (--max-failures 1)")}, None, 130.0)
     text = narrow(roll_table(result), monkeypatch)
     whole(text, LONG, "rig-b", "maintained", "not attempted")
     assert "rig-b: 1 host(s) failed (--max-failures 1)" in flat(text)
@@ -122,18 +121,18 @@ def test_bench(monkeypatch):
 def test_bump_tables(monkeypatch, tmp_path):
     buf = io.StringIO()
     monkeypatch.setenv("COLUMNS", "80")
-    monkeypatch.setattr(bump_cli, "console", Console(file=buf))
+    monkeypatch.setattr(bump_output, "console", Console(file=buf))
     pins = write_pins(tmp_path)
     fleet = hosts("int8", "int8", "tq3-mtp-genesis", canary="host2")
     plan = build_plan(fleet, {"host3": ERROR}, pins, bumped(pins, NEWER), batch_size=1,
                       max_failures=1)
-    bump_cli._print_plan(plan, {}, VersionProbe(None, "unknown"))
+    bump_output.print_plan(plan, {}, VersionProbe(None, "unknown"))
     result = RolloutResult({
         "host1": HostOutcome("host1", Status.PROMOTED, 1, True, gate="pass 8/8"),
         "host2": HostOutcome("host2", Status.FAILED, 0, False, reason=ERROR,
                              gate="fail: 2 of 8 checks failed"),
         "host3": HostOutcome("host3", Status.SKIPPED, None, False, reason=ERROR)}, None, 300.0)
-    bump_cli._print_result(result, tmp_path / "logs")
+    bump_output.print_result(result, tmp_path / "logs")
     text = buf.getvalue()
     assert "…" not in text and max(len(x.rstrip()) for x in text.splitlines()) <= 80, text
     whole(text, "canary", "host1", "host2", "host3", "promoted", "failed", "skipped")

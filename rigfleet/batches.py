@@ -1,0 +1,34 @@
+"""How many serving hosts move at once: one policy for the rollout's batches (``rigfleet bump``,
+``roll``, ``rollback``), the deploy's maintenance admission (``roles.maintenance``; a roll
+tells it its batch size through ``RIGFLEET_MAINTENANCE_BATCH``) and the converge's swap slots
+behind a balancer (``roles.swap``, sized by ``rigfleet.balancer.plan.converge_batch``)::
+
+    in_batches(["a", "b", "c"], 2)         # [("a", "b"), ("c",)]
+    admit(["b", "c"], 2, moving=["a"])     # ["b"]: two move at once, "a" already does
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# How many serving hosts one pyinfra run may disturb at once (roles.maintenance reads it).
+BATCH_ENV = "RIGFLEET_MAINTENANCE_BATCH"
+
+
+def batch_size(raw: str | int, what: str, allowed: str = "1 or more") -> int:
+    """``raw`` as a number of hosts (>= 1), else ValueError naming ``what`` and the value."""
+    text = str(raw).strip()
+    if not text.isdigit() or int(text) < 1:
+        shown = repr(raw) if isinstance(raw, str) else str(raw)
+        raise ValueError(f"{what}: {shown} is not a number of hosts; allowed: {allowed}")
+    return int(text)
+
+
+def in_batches(hosts: Sequence[str], size: int) -> list[tuple[str, ...]]:
+    """``hosts`` in their order, ``size`` at a time."""
+    return [tuple(hosts[i:i + size]) for i in range(0, len(hosts), size)]
+
+
+def admit(waiting: Sequence[str], size: int, moving: Sequence[str] = ()) -> list[str]:
+    """The first of ``waiting`` that may start moving while ``moving`` do, ``size`` at most."""
+    return list(waiting[:max(0, size - len(moving))])

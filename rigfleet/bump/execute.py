@@ -1,0 +1,185 @@
+"""Carry a bump's plan out and record it: the candidate pins file, the rollout (journalled),
+the images kept and pruned, the pins file written for what promoted, rolled-back hosts
+converged once more, the summary. ``rigfleet bump``, its resume and ``rigfleet rollback``
+call ``execute``::
+
+    rc = execute(opts, inputs, SshRemote(), plan, candidate, "0.21.0", genesis)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rigfleet.bump import images
+from rigfleet.bump.candidate import Candidate
+from rigfleet.bump.decide import Inputs
+from rigfleet.bump.genesis import GenesisChoice
+from rigfleet.bump.journal import BumpJournal
+from rigfleet.bump.mirror import MirrorRegistry, copy_image
+from rigfleet.bump.options import BumpOptions
+from rigfleet.bump.output import by, console, exit_status, interrupted, log, print_result
+from rigfleet.bump.plan_record import Plan
+from rigfleet.bump.record import outcome_of, pins_after
+from rigfleet.bump.resume import end_journal, resume_of, start_journal
+from rigfleet.bump.rollout import PyinfraRunner, RolloutResult, Status, StillRunning, rollout
+from rigfleet.bump.version import remove_image
+from rigfleet.inventory import InventoryHost
+from rigfleet.pins import Pins, PinsError, dump_pins, save_pins
+from rigfleet.registry import RegistryError
+from rigfleet.resources import PROJECT_ROOT
+from rigfleet.ssh import HostUnreachable, Remote
+
+REPO_ROOT = PROJECT_ROOT
+
+
+def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
+            candidate: Candidate | None, version: str, genesis: dict[str, GenesisChoice],
+            journal: BumpJournal | None = None, history: dict[str, Any] | None = None) -> int:
+    """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry
+    (a rollback's ``action`` and target serial)."""
+    real = Path(plan.pins.path)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    log_dir = REPO_ROOT / "reports" / "bumps" / stamp
+    journal = journal or start_journal(plan, candidate, version, f"{stamp}-{os.getpid()}")
+    cand_path = real.with_name(f".{real.name}.bump-{os.getpid()}.yaml")
+    cand_path.write_text(
+        "# Candidate pins of a running `rigfleet bump`; removed when it ends.\n"
+        + dump_pins(plan.candidate_pins(str(cand_path)))
+    )
+    by_name = {h.name: h for h in inputs.hosts}
+    runner = PyinfraRunner(opts.inventory, by_name, remote, deploy=opts.deploy,
+                           cwd=Path(opts.deploy).resolve().parent, log_dir=log_dir)  # fmt: skip
+    try:
+        with console.status("starting the rollout") as status:
+            t0 = time.monotonic()
+
+            def on_line(line: str) -> None:
+                status.update(f"[{time.monotonic() - t0:5.0f}s] {line[:110]}")
+
+            result = rollout(plan, runner, cand_path, on_event=log, on_line=on_line,
+                             journal=journal, resume=resume_of(journal))
+    except (StillRunning, KeyboardInterrupt) as e:
+        return interrupted(journal, e, opts.inventory)
+    finally:
+        cand_path.unlink(missing_ok=True)
+    extra = keep_images(opts, remote, by_name, plan, result, candidate, version,
+                         inputs.registry, inputs.mirror)
+    extra["bump_id"] = journal.id
+    extra.update(history or {})
+    saved_pins = record_pins(plan, result, extra)
+    end_journal(journal, result, saved_pins)
+    restore(runner, result, Path(plan.pins.path))
+    print_result(result, log_dir)
+    summary = {
+        "outcome": outcome_of(result),
+        "stopped": result.stopped,
+        "seconds": round(result.seconds, 1),
+        "pins_file": plan.pins.path,
+        "pins_serial": saved_pins.serial if saved_pins else plan.pins.serial,
+        "hosts": {h: o.summary() for h, o in result.outcomes.items()},
+        **extra,
+    }
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if opts.json:
+        print(json.dumps(summary, indent=2))
+    return exit_status(result)
+
+def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryHost], plan: Plan,
+                result: RolloutResult, candidate: Candidate | None, version: str, registry: str,
+                mirror: str | None) -> dict[str, Any]:
+    """Prune old images on promoted hosts; save the promoted image from the canary; copy it
+    into the mirror registry."""
+    extra: dict[str, Any] = {}
+    if candidate is None:
+        return extra
+    promoted = [o.host for o in result.by_status(Status.PROMOTED)]
+    if not opts.no_prune:
+        for name in promoted:
+            keep = {p.digest for p in plan.old_for(name).values()}
+            keep |= {p.digest for p in plan.new_for(name).values()}
+            try:
+                removed = images.prune(remote, by_name[name], candidate.repository, keep)
+            except HostUnreachable as e:
+                log(f"[yellow]{name}: image prune skipped[/yellow]: {e}")
+                continue
+            if removed:
+                log(f"{name}: removed {len(removed)} older image(s): {', '.join(removed)}")
+    if not opts.no_prune:
+        # A host that rolled back does not need the candidate it refused (~30 GB each).
+        for o in result.by_status(Status.FAILED):
+            if o.runs_new is False:
+                with contextlib.suppress(HostUnreachable):
+                    remove_image(remote, by_name[o.host], candidate)
+    source = plan.canary if plan.canary in promoted else (promoted[0] if promoted else None)
+    if source is None:  # nothing promoted: nothing worth keeping
+        return extra
+    if opts.save_dir:
+        try:
+            saved = images.save_image(remote, by_name[source], candidate, opts.save_dir, version)
+            extra["saved"] = saved.summary()
+            log(f"saved {candidate.image} to {saved.path} ({saved.size / 1e9:.2f} GB)")
+        except (images.ImageError, HostUnreachable, OSError) as e:
+            log(f"[red]docker save failed[/red]: {e}")
+            extra["saved"] = {"error": str(e)}
+    if mirror:
+        try:
+            copied = copy_image(MirrorRegistry(registry), MirrorRegistry(mirror),
+                                candidate.repository, candidate.tag, candidate.digest)  # fmt: skip
+            extra["mirror"] = copied.summary()
+            log(f"mirrored {copied.ref} at {copied.digest} ({copied.blobs} blob(s), "
+                 f"{copied.bytes / 1e9:.2f} GB copied)")  # fmt: skip
+        except RegistryError as e:
+            log(f"[red]copy to {mirror} failed[/red]: {e}")
+            extra["mirror"] = {"error": str(e)}
+    return extra
+
+def restore(runner: PyinfraRunner, result: RolloutResult, pins_file: Path) -> None:
+    """Converge hosts that rolled back on the pins file as now saved.
+
+    The swap rolls the serving stack back, but the deploy had already moved the rest of the
+    host to the candidate pins (the Genesis checkout, the other stack's compose file); one more
+    converge on the file (which says these hosts run their old pins) puts those back too. Their
+    serving stack is already what the file says, so no swap runs.
+    """
+    hosts = [o.host for o in result.by_status(Status.FAILED) if o.runs_new is False]
+    if not hosts:
+        return
+    log(f"re-converging {', '.join(hosts)} on {pins_file} (Genesis checkout, compose files)")
+    with console.status("re-converging rolled-back hosts") as status:
+        done = runner.deploy(hosts, pins_file, "restore",
+                             lambda line: status.update(line[:110]))  # fmt: skip
+    if done.rc != 0:
+        bad = ", ".join(sorted(done.failed_hosts or hosts))
+        log(f"[yellow]warning:[/yellow] re-converge failed on {bad}; run the deploy for them "
+             "(they still serve their old pins)")  # fmt: skip
+
+def record_pins(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pins | None:
+    when = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    new, entry = pins_after(plan, result, when, by(), extra)
+    if new is None:
+        log(f"pins file unchanged: {plan.pins.path}")
+        return None
+    try:
+        saved = save_pins(new, entry)
+    except PinsError as e:
+        # Someone saved the file while the rollout ran: never overwrite their change. Keep
+        # what this bump would have written next to it, for a person to merge.
+        aside = Path(plan.pins.path).with_name(Path(plan.pins.path).name + ".bump-result.yaml")
+        aside.write_text(dump_pins(replace(new, history=[*new.history, entry or {}])))
+        log(f"[red]pins file not saved[/red]: {e}\n  this bump's result is in {aside}; the "
+             "hosts run what it lists")  # fmt: skip
+        return None
+    outcome = entry["outcome"] if entry else ""
+    log(f"pins file {plan.pins.path} saved at serial {saved.serial} ({outcome})")
+    if saved.hosts:
+        for host, stacks in saved.hosts.items():
+            log(f"  hosts.{host}: " + ", ".join(f"{s} {p.tag}" for s, p in stacks.items()))
+    return saved

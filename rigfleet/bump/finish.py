@@ -1,0 +1,184 @@
+"""An unfinished bump (its journal beside the pins file, docs/bump.md): any ``rigfleet bump``
+finishes it (unless it asks for another candidate: refused), ``--abandon`` records it and
+stops, one still running is left alone::
+
+    rc = run_journal(args)     # None: no unfinished bump
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+
+from rigfleet.bump.candidate import Candidate, parse_image_arg
+from rigfleet.bump.decide import load_fleet, load_inputs
+from rigfleet.bump.execute import execute, record_pins
+from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
+from rigfleet.bump.options import BumpOptions
+from rigfleet.bump.output import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_OK,
+    by,
+    confirm,
+    console,
+    interrupted,
+    log,
+    print_journal,
+)
+from rigfleet.bump.record import outcome_of
+from rigfleet.bump.resume import end_journal, resume_of
+from rigfleet.bump.rollout import HostOutcome, PyinfraRunner, Resume, Status, StillRunning, rollout
+from rigfleet.errors import RigfleetError
+from rigfleet.inventory import InventoryHost
+from rigfleet.pins import Pins, load_pins
+from rigfleet.ssh import SshRemote
+
+
+def add_journal_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags about an unfinished bump (``add_parser`` calls this)."""
+    p.add_argument("--abandon", action="store_true",
+                   help="an unfinished bump's journal is beside the pins file: record what it "
+                        "promoted in the pins file (as it is now), roll nothing more out, "
+                        "remove the journal")
+
+def run_journal(args: argparse.Namespace) -> int | None:
+    """An unfinished bump beside the pins file: finish it (any ``rigfleet bump`` does, unless it
+    asks for another candidate: refused), ``--abandon`` it, or wait for the one that runs; None
+    when there is none (a finished bump's left-over journal is removed first)."""
+    abandon = bool(getattr(args, "abandon", False))
+    try:
+        hosts, _, path, first = load_fleet(args.inventory, args.deploy)
+        pins = load_pins(path, catalog=first.catalog)
+        journal = load_journal(pins, first.catalog)
+    except (RigfleetError, ValueError, RuntimeError) as e:
+        if not abandon:
+            return None  # the bump's own input checks say what is wrong
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_ERROR
+    if journal is None or journal.state == "finished":
+        if journal is not None:
+            journal.remove()
+            log(f"removed {journal.path}: {journal.id} had finished (pins serial {pins.serial})")
+        if abandon:
+            console.print(f"[red]error:[/red] --abandon: no unfinished bump "
+                          f"({journal_path(path)} does not exist)")
+            return EXIT_ERROR
+        return None
+    pid = journal.owner.get("pid")
+    if journal.owner.get("host") == socket.gethostname() and isinstance(pid, int) \
+            and pid != os.getpid() and _alive(pid):
+        console.print(f"[red]refused:[/red] {journal.describe()} is running now (pid {pid}); "
+                      "wait for it to end")
+        return EXIT_FAILED
+    if abandon:
+        return _abandon(args, journal, pins, hosts)
+    if journal.state == "stale":
+        console.print(f"[red]refused:[/red] {pins.path} is at serial {pins.serial}, but "
+                      f"{journal.describe()} started from serial {journal.base_serial}: it "
+                      f"cannot be finished over another pins file. Run `rigfleet bump "
+                      f"--inventory {args.inventory} --abandon` to record what it promoted")
+        return EXIT_FAILED
+    other = other_target(args, journal)
+    if other:
+        console.print(f"[red]refused:[/red] {journal.describe()} is unfinished; {other}. Run "
+                      f"`rigfleet bump --inventory {args.inventory}` to finish it, or add "
+                      "--abandon to record what it promoted and stop; then bump again")
+        return EXIT_FAILED
+    return _resume(args, journal)
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
+    """Why the command line asks for another bump than the journal's, or None."""
+    cand = journal.candidate
+    if args.image:
+        default = cand["repository"] if cand else "vllm/vllm-openai"
+        repository, tag = parse_image_arg(args.image, default)
+        if cand is None or (repository, tag) != (cand["repository"], cand["tag"]):
+            had = f"{cand['repository']}:{cand['tag']}" if cand else "no image"
+            return f"--image {args.image} is not its candidate ({had})"
+    if args.genesis:
+        commits = {p.genesis.commit for p in journal.new_stacks.values() if p.genesis}
+        if not any(c.startswith(args.genesis) for c in commits):
+            return f"--genesis {args.genesis} is not its Genesis ({', '.join(sorted(commits))})"
+    if args.stack and set(args.stack) != set(journal.new_stacks):
+        return f"--stack {' '.join(args.stack)} are not its stacks ({', '.join(journal.new_stacks)})"
+    if args.latest:
+        log(f"--latest: finishing {journal.describe()} first (not resolved again)")
+    return None
+
+def _resume_options(args: argparse.Namespace, journal: BumpJournal) -> BumpOptions:
+    cand = journal.candidate
+    genesis = next((p.genesis.commit for p in journal.new_stacks.values() if p.genesis), None)
+    return BumpOptions(
+        inventory=args.inventory, deploy=args.deploy,
+        image=f"{cand['repository']}:{cand['tag']}" if cand else None,
+        genesis=None if cand else genesis, stacks=tuple(journal.new_stacks),
+        batch_size=journal.batch_size, max_failures=journal.max_failures,
+        registry=args.registry, genesis_url=args.genesis_url, push_mirror=args.push_mirror,
+        save_dir=args.save_dir, no_prune=args.no_prune, dry=args.dry, yes=args.yes,
+        json=args.json,
+        rollback_to=journal.base_serial if not (cand or genesis) else None,  # a rollback's
+    )  # fmt: skip
+
+def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
+    """Finish the journal's plan: its outcomes stand, what was deploying is read from the hosts,
+    the remaining batches run; then the pins file is written and the journal removed."""
+    try:
+        opts = _resume_options(args, journal)
+        inputs = load_inputs(opts)
+    except (RigfleetError, ValueError, RuntimeError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_ERROR
+    known = {h.name for h in inputs.hosts}
+    missing = [h.name for h in journal.hosts if h.name not in known]
+    if missing:
+        console.print(f"[red]refused:[/red] {journal.describe()} covers {', '.join(missing)}, "
+                      f"which {opts.inventory} no longer lists; add them back, or --abandon")
+        return EXIT_FAILED
+    log(f"resuming {journal.describe()}")
+    print_journal(journal)
+    if opts.dry:
+        return EXIT_OK
+    if not opts.yes and not confirm():
+        log(f"not confirmed; nothing changed ({journal.path} is kept)")
+        return EXIT_FAILED
+    journal.take_over()
+    cand = journal.candidate
+    candidate = Candidate(cand["repository"], cand["tag"], cand["digest"],
+                          cand.get("created")) if cand else None  # fmt: skip
+    return execute(opts, inputs, SshRemote(), journal.plan(inputs.pins), candidate,
+                    journal.version, {}, journal=journal)
+
+def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
+             hosts: list[InventoryHost]) -> int:
+    """Record what the journal's bump did (what was deploying read from the hosts) into the
+    pins file as it is now, start nothing, remove the journal."""
+    by_name = {h.name: h for h in hosts}
+    plan = journal.plan(pins)
+    runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy=args.deploy)
+    resume = resume_of(journal)
+    lost = {h: f for h, f in resume.in_flight.items() if h not in by_name}
+    in_flight = {h: f for h, f in resume.in_flight.items() if h in by_name}
+    done = {**resume.done, **{h: HostOutcome(h, Status.LOST, None, None, "not in the "
+                                             "inventory any more") for h in lost}}
+    journal.take_over()
+    try:
+        result = rollout(plan, runner, Path(pins.path), on_event=log, journal=journal,
+                         resume=Resume(done, in_flight, stop=f"abandoned by {by()}"))
+    except StillRunning as e:
+        return interrupted(journal, e, args.inventory)
+    saved = record_pins(plan, result, {"bump_id": journal.id, "abandoned": True})
+    print_journal(journal)
+    end_journal(journal, result, saved)
+    return EXIT_OK if saved is not None or outcome_of(result) == "failed" else EXIT_FAILED
