@@ -123,7 +123,9 @@ class PathStates(FactBase[dict[str, list[list[str]]]]):
             for fact in (*_PATH_FACTS, FileDigest):
                 command = fact().command(path=path)
                 raw = command if isinstance(command, str) else command.get_raw_value()
-                parts += [f"( {raw} ) 2>/dev/null", f"echo {shlex.quote(_PATH_MARK)}"]
+                if fact is Sha1File:  # a directory has none: sha1sum, then perl's shasum fail
+                    raw = f"[ -d {shlex.quote(path)} ] || {raw}"
+                parts += [f"{{ {raw}; }} 2>/dev/null", f"echo {shlex.quote(_PATH_MARK)}"]
         return "; ".join([*parts, "true"])
 
     @override

@@ -29,6 +29,8 @@ ENGINE_PATH = "/rigfleet/metrics/engine"
 PROMETHEUS_PORT = 9090
 ALERTMANAGER_PORT = 9093
 NODE_EXPORTER_PORT = 9100
+NODE_EXPORTER = "prometheus-node-exporter"  # package and unit on every GPU host (roles/exporter)
+METRICS_UNIT = "rigfleet-metrics"  # its .service and .timer write the textfiles (roles/exporter)
 SCRAPE_INTERVAL_S = 15
 EVALUATION_INTERVAL_S = 15
 # What one GPU host's series take on disk per retention day, measured order of magnitude

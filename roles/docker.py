@@ -26,7 +26,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.operations import files, systemd
 
 from rigfleet.commands import apt as apt_commands
-from rigfleet.facts import DockerDaemonJson, read_fact
+from rigfleet.facts import DockerDaemonJson, read_fact, read_paths
 from rigfleet.fleetcache import cache_settings
 from rigfleet.hostdata import AptRepo
 from rigfleet.packages import OsInfo
@@ -159,9 +159,12 @@ def daemon_json(settings: dict[str, Any]):
     )
 
 
-def add_apt_repo(name: str, repo: AptRepo) -> list:
-    """Keyring + deb822 sources file for ``repo``; returns both operations."""
+def add_apt_repo(name: str, repo: AptRepo, also: Sequence[str] = ()) -> list:
+    """Keyring + deb822 sources file for ``repo``; returns both operations. ``also``: files
+    the caller writes next, read with the sources file in one round trip (``read_paths``)."""
     keyring = apt_commands.keyring_path(repo.key_url)
+    sources = f"{apt_commands.SOURCES_DIR}/rigfleet-{repo.name}.sources"
+    read_paths([sources, *also])
     key_op = apt_keyring(
         name=f"{name}: signing key {keyring}",
         key_url=repo.key_url,
@@ -173,7 +176,7 @@ def add_apt_repo(name: str, repo: AptRepo) -> list:
         src=io.StringIO(
             apt_commands.deb822_sources(repo.url, repo.suite, repo.components, keyring)
         ),
-        dest=f"{apt_commands.SOURCES_DIR}/rigfleet-{repo.name}.sources",
+        dest=sources,
         user="root",
         group="root",
         mode="0644",

@@ -25,19 +25,19 @@ import io
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
+from rigfleet.facts import read_paths
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.metrics import TEXTFILE_DIR
 from rigfleet.resources import project_file
-from rigfleet.scrape import SCRAPE_INTERVAL_S, node_exporter_args
+from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER, SCRAPE_INTERVAL_S, node_exporter_args
 from roles import maintenance
 from roles.docker import reload_detaches_gpus
 from roles.ops import apt_packages, on_change
 from roles.preflight import HostContext
 
-PACKAGE = "prometheus-node-exporter"
-SERVICE = "prometheus-node-exporter"
+PACKAGE = SERVICE = NODE_EXPORTER
 DEFAULTS = f"/etc/default/{PACKAGE}"
-UNIT = "rigfleet-metrics"
+UNIT = METRICS_UNIT
 UNIT_DIR = "/etc/systemd/system"
 TEMPLATES = {f"{UNIT}.service": "files/rigfleet-metrics.service.j2",
              f"{UNIT}.timer": "files/rigfleet-metrics.timer.j2"}
@@ -55,6 +55,7 @@ def defaults_text(textfile_dir: str = TEXTFILE_DIR) -> str:
 @deploy("Exporters (node exporter, GPU and rigfleet textfiles)")
 def exporter(ctx: HostContext) -> None:
     """Bind the node exporter before it is installed, install it, the metrics timer."""
+    read_paths([DEFAULTS, TEXTFILE_DIR, *(f"{UNIT_DIR}/{name}" for name in TEMPLATES)])
     detaches = reload_detaches_gpus(ctx)
     args = files.put(name=f"{DEFAULTS} (loopback only; written before the package starts it)",
                      src=io.StringIO(defaults_text()), dest=DEFAULTS, user="root",

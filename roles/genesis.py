@@ -39,7 +39,7 @@ from pyinfra.operations import files
 
 from rigfleet import genesis_inspect
 from rigfleet.commands import docker as docker_commands
-from rigfleet.facts import GenesisHead, GenesisTrees, TextFile, read_fact
+from rigfleet.facts import GenesisHead, GenesisTrees, TextFile, read_fact, read_paths
 from rigfleet.genesis import StackUse, TreeReport, pairing_problems
 from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostside.layout import HOST
@@ -47,6 +47,7 @@ from rigfleet.pins import GenesisPin
 from rigfleet.retention import stale
 from roles.ops import check, executing, fail, read_on_host, run_on_host
 from roles.preflight import HostContext
+from roles.weights import compose_files
 
 CHECKOUT = str(HOST.genesis_checkout)
 INSPECT_SCRIPT = str(HOST.script("rigfleet-genesis-inspect.py"))
@@ -181,9 +182,10 @@ def _layout_mismatch(what: str, found: str | None, pin: GenesisPin) -> str | Non
             "pins lock` records it from the tree)")
 
 
-def verify_tree(pin: GenesisPin) -> str | None:
-    """At execution time: the pinned commit's tree is there, with the pinned layout."""
-    state = read_fact(GenesisTrees, trees_dir=TREES_DIR)
+def verify_tree(pin: GenesisPin, compose_files: tuple[str, ...]) -> str | None:
+    """At execution time: the pinned commit's tree is there, with the pinned layout (read as
+    ``genesis_export`` reads it, ``compose_files`` included: one read answers both)."""
+    state = read_fact(GenesisTrees, trees_dir=TREES_DIR, compose_files=compose_files)
     have = state.trees.get(pin.commit)
     tree = HOST.genesis_tree(pin.commit)
     if have is None:
@@ -277,6 +279,8 @@ def genesis(ctx: HostContext) -> None:
     pin = ctx.want.genesis
     if pin is None:  # no staged stack uses Genesis
         return
+    read_paths([INSPECT_SCRIPT, OLD_ALLOWLIST_SCRIPT])
+    mounts = compose_files(ctx)
     files.put(
         name="Genesis inspect helper",
         src=str(genesis_inspect.__file__),
@@ -302,11 +306,11 @@ def genesis(ctx: HostContext) -> None:
         name=f"Genesis tree {pin.commit[:12]} (mounted by the stack)",
         commit=pin.commit,
         layout=pin.layout,
-        compose_files=(*(f for _, f in ctx.want.projects), str(HOST.active_compose)),
+        compose_files=mounts,
     )
     check(
         name="Verify the Genesis tree",
-        verify=lambda: verify_tree(pin),
+        verify=lambda: verify_tree(pin, mounts),
         what="Genesis tree verification",
     )
     # Every staged Genesis stack is checked, whichever stack this host serves: the same

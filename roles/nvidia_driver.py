@@ -265,7 +265,7 @@ def nvidia_driver(ctx: HostContext) -> None:
     # change during the run.
     dpkg = read_fact(DpkgState)
     if ctx.os.id == "debian":
-        add_apt_repo("NVIDIA CUDA repository", ctx.apt_repo("cuda"))
+        add_apt_repo("NVIDIA CUDA repository", ctx.apt_repo("cuda"), also=[PREFERENCES_FILE])
         files.put(
             name=f"Pin NVIDIA packages to driver {version or branch}",
             src=io.StringIO(driver_preferences(branch, version)),

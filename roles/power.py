@@ -26,7 +26,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files, systemd
 
 from rigfleet.commands import nvidia as nvidia_commands
-from rigfleet.facts import GpuQuery, gpu_power_limit, read_fact
+from rigfleet.facts import GpuQuery, gpu_power_limit, read_fact, read_paths
 from rigfleet.hostdata import HostDataError, check_caps_against_gpus
 from rigfleet.resources import project_file
 from roles.ops import changed, executing, fail, on_change
@@ -108,6 +108,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
 def power(ctx: HostContext) -> None:
     """Persistence daemon on; power-caps unit installed, enabled, applied when needed."""
     caps = ctx.settings.power_caps_w
+    read_paths([UNIT_PATH])
     systemd.service(
         name="nvidia-persistenced enabled and running",
         service="nvidia-persistenced",

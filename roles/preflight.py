@@ -69,6 +69,7 @@ from rigfleet.hostside.records import describe
 from rigfleet.images.deploy import preflight_images
 from rigfleet.packages import OsInfo
 from rigfleet.pins import Pins
+from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER
 from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
 
@@ -77,7 +78,7 @@ from roles.ops import Secret
 # The units the roles check (systemd.service, unit_started), read in one round trip.
 GPU_HOST_UNITS = ("chrony.service", "docker.service", "nvidia-persistenced.service",
                   "rigfleet-power-caps.service", "nginx.service", hosttool.STACK_UNIT,
-                  hosttool.SUPERVISE_UNIT)
+                  hosttool.SUPERVISE_UNIT, f"{NODE_EXPORTER}.service", f"{METRICS_UNIT}.timer")
 BALANCER_UNITS = ("chrony.service", "haproxy.service")
 
 

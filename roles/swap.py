@@ -46,7 +46,7 @@ from pyinfra.operations import files, systemd
 from rigfleet.balancer.plan import SwapBatch, converge_batch
 from rigfleet.batches import admit
 from rigfleet.commands import hosttool
-from rigfleet.facts import read_fact
+from rigfleet.facts import read_fact, read_paths
 from rigfleet.hostbundle import build_bundle
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import Plan
@@ -188,6 +188,7 @@ def unit_file(name: str, src: str, dest: str, ctx: HostContext, **variables: Any
 def swap(ctx: HostContext) -> None:
     """Install the host-side tool and the units, serve the desired stack, then (re)start the
     supervisor."""
+    read_paths([hosttool.PYZ, UNIT_PATH, SUPERVISE_PATH])
     bundle = files.put(
         name="Host-side tool (rigfleet-host.pyz: swap, lock, ledger, front, gate)",
         src=io.BytesIO(build_bundle()),

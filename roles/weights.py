@@ -35,7 +35,7 @@ from pyinfra.operations import files
 
 from rigfleet.commands import weights as weights_commands
 from rigfleet.desired import DesiredHost
-from rigfleet.facts import VenvPackageVersion, WeightsManifest, read_fact
+from rigfleet.facts import VenvPackageVersion, WeightsManifest, read_fact, read_paths
 from rigfleet.fleetcache import model_mirrors
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import ModelPin
@@ -116,14 +116,16 @@ _HEX40 = re.compile(r"[0-9a-f]{40}")
 
 
 @operation()
-def adopt_weights(model_dir: str, local_dir: str):
+def adopt_weights(model_dir: str, local_dir: str, compose_files: tuple[str, ...]):
     """Adopt ``<model_dir>/<local_dir>`` (weights of before per-revision directories) as the
     directory of the revision its manifest names: renamed, the old name left as a link.
 
     + model_dir, local_dir: host data ``model_dir``, the pin's ``local_dir``
+    + compose_files: as ``prune_weights`` (the same read answers both)
     """
     old = str(HOST.weights_legacy_dir(model_dir, local_dir))
-    dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=local_dir)
+    dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=local_dir,
+                     compose_files=compose_files)
     entry = dirs.entries.get(local_dir)
     if entry is None or entry.kind != "dir":
         host.noop(f"{old} links to {entry.target} (adopted)" if entry is not None
@@ -202,6 +204,8 @@ def weights(ctx: HostContext) -> None:
         (str(HOST.state_dir), "0755"),
         (ctx.settings.model_dir, "0755"),
     )
+    read_paths([*(path for path, _ in directories), weights_commands.FETCH_SCRIPT,
+                *([weights_commands.HF_TOKEN_FILE] if ctx.hf_token is not None else [])])
     for path, mode in host.loop(directories):
         files.directory(name=f"Directory {path}", path=path, user="root", group="root", mode=mode)
     hf_hub_venv(
@@ -232,6 +236,7 @@ def weights(ctx: HostContext) -> None:
             name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",
             model_dir=model_dir,
             local_dir=model.local_dir,
+            compose_files=compose_files(ctx),
         )
         prune_weights(
             name=f"Prune {model.local_dir} revisions no compose file names ({model_dir})",

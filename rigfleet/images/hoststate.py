@@ -90,8 +90,9 @@ def state_script(refs: Iterable[str], archives: Iterable[str] = (),
     """
     fmt = shlex.quote(INSPECT_FORMAT)
     lines = [
-        "if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then",
-        "  echo 'docker\tyes'; root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null)",
+        "if command -v docker >/dev/null 2>&1 && "
+        "root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -n \"$root\" ]; then",
+        "  echo 'docker\tyes'",
         "else echo 'docker\tno'; root=; fi",
         f'[ -n "$root" ] || root={DEFAULT_DOCKER_ROOT}',
         "printf 'root\\t%s\\n' \"$root\"",
