@@ -548,6 +548,10 @@ class WeightsState:
     intact: bool
     reason: str
 
+    def holds(self, repo: str, revision: str) -> bool:
+        """The directory is verified for ``repo@revision`` and unchanged since."""
+        return self.intact and (self.repo, self.revision) == (repo, revision)
+
 
 _LISTING = "--rigfleet-listing--"
 

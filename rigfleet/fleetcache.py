@@ -201,8 +201,7 @@ def peer_serve_command(port: int, model_dir: str, repositories: Iterable[str]) -
         f"chmod 0755 {part} && mv -f {part} {PEER_SCRIPT} || exit 1; "
         f"systemctl is-active --quiet {PEER_UNIT} || systemd-run --quiet --collect "
         f"--unit {PEER_UNIT} python3 {PEER_SCRIPT} --port {port} --model-dir "
-        f"{shlex.quote(model_dir)} --idle {PEER_IDLE_S}{images} || "
-        f"systemctl is-active --quiet {PEER_UNIT}; "
+        f"{shlex.quote(model_dir)} --idle {PEER_IDLE_S}{images}; "
         f"for i in $(seq 50); do python3 -c {probe} 2>/dev/null && exit 0; sleep 0.2; done; "
         "exit 1"
     )

@@ -76,6 +76,11 @@ class InventoryHost:
     groups: tuple[str, ...]
     data: dict[str, Any]
 
+    @classmethod
+    def of(cls, host: Any) -> InventoryHost:
+        """A pyinfra host (its name and data) as the SSH layer takes it."""
+        return cls(host.name, (), dict(host.data.dict()) if hasattr(host.data, "dict") else {})
+
     @property
     def kind(self) -> HostKind:
         return host_kind(self.groups)

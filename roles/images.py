@@ -64,8 +64,7 @@ REMOTE: Callable[[], Remote] = SshRemote
 
 def _stream(state: Any, host: Any, path: str, command: str) -> None:
     """Feed ``path`` (on this machine) into ``command`` on the host, over the SSH layer."""
-    data = dict(host.data.dict()) if hasattr(host.data, "dict") else {}
-    target = InventoryHost(host.name, (), data)
+    target = InventoryHost.of(host)
     done = [0, 0]
 
     def meter(n: int) -> None:

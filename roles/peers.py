@@ -15,7 +15,7 @@ from typing import Any
 
 from pyinfra import host, logger
 
-from rigfleet.balancer.plan import split_address
+from rigfleet.balancer.plan import GpuHost, front_target
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetcache import peer_serve_command
@@ -62,11 +62,10 @@ def peer_for(wants: Callable[[DesiredHost], bool]) -> Peer | None:
     seed, want = wanting[0]
     repos = {split_image(s.pins.image)[0] for _, d in wanting for s in d.stacks.values()}
     port = want.settings.peer_port
-    given = want.settings.balancer_front_address
-    address = split_address(given)[0] if given else (seed.data.get("ssh_hostname") or seed.name)
-    data = dict(seed.data.dict()) if hasattr(seed.data, "dict") else {}
+    # where the LAN reaches the seed: as the balancer reaches its front
+    address = front_target(GpuHost(seed.name, want.settings, seed.data.get("ssh_hostname")))[1]
     return Peer(seed.name, f"http://{address}:{port}", peer_serve_command(
-        port, want.settings.model_dir, repos), InventoryHost(seed.name, (), data))
+        port, want.settings.model_dir, repos), InventoryHost.of(seed))
 
 
 def start_seed(state: Any, host: Any, peer: Peer) -> None:

@@ -92,7 +92,7 @@ def fetch_weights(
       does nothing in the first call and fetches from the seed in the second (``after_seed``)
     """
     state = read_fact(WeightsManifest, local_dir=local_dir)
-    if state.repo == repo and state.revision == revision and state.intact:
+    if state.holds(repo, revision):
         if not after_seed:
             host.noop(f"{repo}@{revision[:12]} verified in {local_dir}")
         return
@@ -105,7 +105,7 @@ def fetch_weights(
         mirrors = (*mirrors, f"{peer.url}/models")
     if adopt_from is not None and not executing():
         old = read_fact(WeightsManifest, local_dir=adopt_from)
-        if old.repo == repo and old.revision == revision and old.intact:
+        if old.holds(repo, revision):
             host.noop(f"{repo}@{revision[:12]} verified in {adopt_from} (adopted first)")
             return
     yield WarnedCommand(WARNING_MARK, weights_commands.fetch(repo, revision, local_dir, token_file, endpoint,
@@ -246,9 +246,8 @@ def weights(ctx: HostContext) -> None:
             compose_files=compose_files(ctx),
         )
         local_dir = ctx.want.weights_path(model)
-        have = read_fact(WeightsManifest, local_dir=local_dir)  # the fetch's own read
-        peer = None if (have.repo, have.revision, have.intact) == (
-            model.repo, model.revision, True) else peer_for(partial(_serves, model))
+        held = read_fact(WeightsManifest, local_dir=local_dir).holds(model.repo, model.revision)
+        peer = None if held else peer_for(partial(_serves, model))  # (the fetch's own read)
         # A peer of a seed (roles.peers) fetches in the second call, once the seed has them.
         for after_seed in host.loop((False, True)):
             fetch_weights(

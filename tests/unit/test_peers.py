@@ -139,7 +139,7 @@ class FakeHost:
 
 def _desired(image_id: str, model_dir: str = "/srv/models", front: str | None = None):
     pins = SimpleNamespace(image_id=image_id, image="vllm/vllm-openai:v1")
-    settings = SimpleNamespace(peer_port=8082, model_dir=model_dir,
+    settings = SimpleNamespace(peer_port=8082, model_dir=model_dir, front_port=8000,
                                balancer_front_address=front)
     return SimpleNamespace(stacks={"int8": SimpleNamespace(pins=pins)}, settings=settings)
 
