@@ -1,24 +1,11 @@
 """The stack catalog: what each serving stack runs, read from stack files (YAML).
 
-A *stack* is one way of serving the model: vLLM arguments, the container environment, the
-GPUs it needs, and the Genesis patches it needs. Each is one file: the built-in ones ship in
-``rigfleet/stacks/`` (club-3090's validated dual-card composes), and a user adds their own in
-a directory the inventory names (host data ``stacks_dir``, e.g. ``inventory/stacks``) without
-touching code. Every file is validated when it is read: a bad one is refused with the file,
-the key, the value and what is allowed.
-
-What is pinned (image, digest, Genesis commit, model revision) lives in ``pins.yaml``
-(``rigfleet.pins``); how a host runs a stack (paths, extra env) in host data
-(``rigfleet.hostdata``); ``rigfleet.compose`` puts the three together.
-
-Example::
-
-    from rigfleet.catalog import builtin_catalog, load_catalog
+A *stack* (vLLM arguments, container environment, GPUs, Genesis needs) is one file: built-in
+ones ship in ``rigfleet/stacks/``, a user's live in host data ``stacks_dir``. Every file is
+validated when read (keys: ``rigfleet.catalog_keys``; docs/stacks.md). What is pinned lives in
+``rigfleet.pins``; ``rigfleet.compose`` puts stack, pins and host data together::
 
     spec = builtin_catalog().get("tq3-mtp-genesis")
-    spec.port                  # 8015, the loopback port the front proxies to
-    spec.command("qwen3.6-27b-autoround-int4")[:2]
-    # ['--model', '/root/.cache/huggingface/qwen3.6-27b-autoround-int4']
     load_catalog(["inventory/stacks"]).names    # ('int8', 'my-stack', 'tq3-mtp-genesis')
 """
 
@@ -62,14 +49,12 @@ from rigfleet.vllm_versions import TAG_KINDS, tag_kind, version_key
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "stacks"
 
-# Paths inside the official vllm/vllm-openai image.
 MODEL_ROOT_IN_CONTAINER = "/root/.cache/huggingface"
 VLLM_PORT_IN_CONTAINER = 8000
 TORCH_COMPILE_CACHE_IN_CONTAINER = "/root/.cache/vllm/torch_compile_cache"
 TRITON_CACHE_IN_CONTAINER = "/root/.triton/cache"
 
-# Flags the stack file sets through its own keys; listing them in ``vllm.args`` too would
-# pass them twice.
+# Flags the stack file sets through its own keys (refused in ``vllm.args``).
 MANAGED_FLAGS = (
     "--model", "--served-model-name", "--tensor-parallel-size", "--max-model-len",
     "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
@@ -78,14 +63,8 @@ MANAGED_FLAGS = (
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# A hub repo id '<owner>/<name>' (a stack file's ``model``, the pins' models).
 HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
-# How long a swap or a maintenance window lets accepted requests finish before it stops the
-# stack (stack file ``drain.timeout_s``; host data ``drain_timeout_s`` overrides it):
-# DEFAULT_DRAIN_TIMEOUT_S, sized for long answers: club-3090#594 measures int8 decode at 130.8
-# tok/s warm and 50.7 tok/s at 35K tokens of context, so a 16K-token answer deep in a long
-# conversation takes about 320 s; ten minutes leave room for about 30K tokens at that pace.
 IMAGE_KINDS = TAG_KINDS
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
 _CAVEAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/#-]*")
@@ -97,22 +76,14 @@ class CatalogError(ValidationError):
 
 @dataclass(frozen=True)
 class ImageRule:
-    """Which vLLM images a stack may run.
-
-    + kinds: ``release`` (``vX.Y.Z`` tags: kept for good on Docker Hub) and/or ``nightly``
-      (``nightly-<sha>``: purged after about two weeks; allowed only when the stack's Genesis
-      allowlist lists the build)
-    + min_version: the first vLLM release with what the stack needs (inclusive)
-    + below_version: the first release it must not run (exclusive), e.g. a patch's range
-    """
+    """Which vLLM images a stack may run (the stack file's ``image`` section)."""
 
     kinds: tuple[str, ...] = ("release",)
     min_version: str | None = None
     below_version: str | None = None
 
     def allows_version(self, version: str) -> bool:
-        """``version`` (``0.27.1``, ``0.20.2rc1.dev9+g01d4d1ad3``) is inside the range (a
-        dev build of 0.24.0 is below 0.24.0)."""
+        """``version`` is inside the range (a dev build of 0.24.0 is below 0.24.0)."""
         have = version_key(version)
         if have is None:
             return False
@@ -121,9 +92,8 @@ class ImageRule:
         return not ((low is not None and have < low) or (high is not None and have >= high))
 
     def problems(self, tag: str, version: str | None) -> list[str]:
-        """What is wrong with running image tag ``tag`` reporting vLLM ``version`` (empty
-        when the rule allows it; ``version`` None: the tag alone is judged), each phrased to
-        follow ``image <ref>``."""
+        """What is wrong with running ``tag`` reporting ``version`` (None: the tag alone), each
+        phrased to follow ``image <ref>``."""
         out = []
         kind = tag_kind(tag)
         if kind not in self.kinds:
@@ -144,8 +114,7 @@ class ImageRule:
 
 @dataclass(frozen=True)
 class BootSignature:
-    """A log line that says why a stack died at boot (``pattern``: a regex), with the words a
-    person needs: ``title`` (what happened) and ``hint`` (what to change)."""
+    """A boot-log line (``pattern``: a regex) with what it means and what to change."""
 
     kind: str
     pattern: str
@@ -168,15 +137,7 @@ class Caveat:
 
 @dataclass(frozen=True)
 class ThroughputSpec:
-    """What the gate's throughput check expects of a stack (the ``throughput:`` section).
-
-    + narrative, code: reference decode tok/s of one stream on RTX 3090s in the bench's
-      shapes (None: no figure; a host's own verified history is then the only baseline)
-    + margin: how far below its baseline a host may decode (fraction, default 0.15)
-    + cv_max: the largest coefficient of variation of a shape's runs (default 0.10)
-    + acceptance: published per-position MTP acceptance (code shape); floor_ratio: the floors
-      are ``acceptance x floor_ratio`` (default 0.8: room for a healthy rig's spread)
-    """
+    """What the gate's throughput check expects of a stack (the ``throughput:`` section)."""
 
     narrative: float | None = None
     code: float | None = None
@@ -192,7 +153,6 @@ class ThroughputSpec:
 
     @property
     def floors(self) -> tuple[float, ...]:
-        """Per-position acceptance floors (``acceptance x floor_ratio``)."""
         return tuple(round(a * self.floor_ratio, 4) for a in self.acceptance)
 
     def gate_set(self) -> tuple[str, ...]:
@@ -207,30 +167,7 @@ class ThroughputSpec:
 
 @dataclass(frozen=True)
 class StackSpec:
-    """One serving stack, validated from its stack file.
-
-    + name: catalog key, also used in paths and the compose project (``rigfleet-<name>``)
-    + summary: one line for people
-    + port: host loopback port published for the front proxy (container port is 8000)
-    + served_model_name: the model id clients ask for
-    + model: the hub repo of the weights it serves (None: the pins' default model)
-    + gpu_count: cards the stack needs
-    + kv_cache_dtype, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
-      tensor_parallel_size, max_model_len, num_speculative_tokens: the vLLM knobs other code
-      reads (the gate checks per-position acceptance, the swap the cards' memory)
-    + args: further ``vllm serve`` arguments, in order
-    + env: container environment without the Genesis switches, in file order
-    + genesis: what the stack needs of Genesis (None: it does not use Genesis)
-    + source: the file it was read from
-
-    **Example:**
-
-    .. code:: python
-
-        spec = builtin_catalog().get("int8")
-        spec.env["NCCL_P2P_DISABLE"]   # "1"
-        spec.compose_project            # "rigfleet-int8"
-    """
+    """One serving stack, validated from its stack file (docs/stacks.md: each key)."""
 
     name: str
     summary: str
@@ -262,17 +199,14 @@ class StackSpec:
 
     @property
     def container_name(self) -> str:
-        """The container's fixed name (teardown finds it by name): ``rigfleet-<name>``."""
         return f"rigfleet-{self.name}"
 
     @property
     def compose_project(self) -> str:
-        """The compose project name: ``rigfleet-<name>``."""
         return f"rigfleet-{self.name}"
 
     @property
     def needs_genesis(self) -> bool:
-        """The stack boots only with the Genesis tree mounted and applied."""
         return self.genesis is not None
 
     def environment(self, generation: str | None = None) -> dict[str, str]:
@@ -283,10 +217,7 @@ class StackSpec:
         return {**self.env, **self.genesis.env(generation)}
 
     def entrypoint(self, layout: GenesisLayout | None = None) -> tuple[str, ...]:
-        """The container entrypoint; ``command(...)`` is passed after it.
-
-        + layout: the pinned Genesis' layout (a Genesis stack's entrypoint applies it)
-        """
+        """The container entrypoint (a Genesis stack's applies the pinned ``layout``)."""
         if self.genesis is None:
             return self.entrypoint_argv
         if layout is None:
@@ -317,14 +248,10 @@ class StackSpec:
         )  # fmt: skip
 
     def model_path(self, local_dir: str) -> str:
-        """Where the weights are inside the container, for the model pin's ``local_dir``."""
         return f"{MODEL_ROOT_IN_CONTAINER}/{local_dir}"
 
     def command(self, local_dir: str) -> list[str]:
-        """The full argument list given to the entrypoint (``vllm serve`` reads it).
-
-        + local_dir: the model's directory name under the model dir (its pin's ``local_dir``)
-        """
+        """The full argument list given to the entrypoint (``local_dir``: the model pin's)."""
         return ["--model", self.model_path(local_dir), *self.vllm_args]
 
     @property
@@ -344,11 +271,7 @@ def _speculative_config(method: str | None, n: int) -> str:
 
 @dataclass(frozen=True)
 class Catalog:
-    """The stacks a fleet can serve, by name (built-in files first, then the user's).
-
-    + stacks: name -> spec
-    + sources: the directories read, in order
-    """
+    """The stacks a fleet can serve, by name; ``sources``: the directories read, in order."""
 
     stacks: Mapping[str, StackSpec]
     sources: tuple[str, ...] = field(default=())
@@ -374,11 +297,8 @@ class Catalog:
 
 
 def parse_stack(data: Any, where: str) -> StackSpec:
-    """Validate one stack file's data; raises ``CatalogError`` listing every problem.
-
-    + data: the parsed YAML document
-    + where: the file (named in every message); its stem must be the stack's name
-    """
+    """Validate one stack file's data (``where``: the file, its stem the stack's name); raises
+    ``CatalogError`` listing every problem."""
     p = Problems(where)
     top = p.mapping("", data, keys_of(""))
     if top is None:
@@ -458,8 +378,6 @@ def parse_stack(data: Any, where: str) -> StackSpec:
 
 
 def _drain_timeout(p: Problems, value: Any) -> float:
-    """``drain: {timeout_s: N}``: seconds accepted requests may take to finish when a window
-    opens (0: stop at once, cutting what runs); ``DEFAULT_DRAIN_TIMEOUT_S`` when left out."""
     d = p.mapping("drain", value, keys_of("drain"), required=False)
     if d is None:
         return DEFAULT_DRAIN_TIMEOUT_S
@@ -694,10 +612,7 @@ def _load(dirs: tuple[str, ...], fingerprint: tuple[tuple[str, int, int], ...]) 
 
 
 def load_catalog(extra_dirs: Iterable[str | Path] = ()) -> Catalog:
-    """The built-in stacks plus those in ``extra_dirs`` (read once per process).
-
-    + extra_dirs: directories of the user's stack files (host data ``stacks_dir``)
-    """
+    """The built-in stacks plus those in ``extra_dirs`` (host data ``stacks_dir``)."""
     dirs = (str(BUILTIN_DIR), *(str(Path(d).expanduser().absolute()) for d in extra_dirs))
     # Read again when a file changed (a long-running process, the tests).
     return _load(dirs, _fingerprint(dirs))

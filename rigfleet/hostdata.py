@@ -1,16 +1,9 @@
 """Host data: what the inventory says about one host, checked before anything runs.
 
-Every key rigfleet reads is described once, in ``KEYS`` (name, check, default, what is
-allowed, the sentence users read): the checks, the typo hints, the defaults and
-docs/hostdata.md (``python -m rigfleet.hostdata`` writes it) come from that table.
-``validate_host`` turns a GPU host's pyinfra data (``host.data``: group data overlaid by the
-host's own) into a typed ``HostSettings``, ``validate_balancer`` a balancer's into
-``BalancerSettings``. They run on the control side while pyinfra prepares, so a bad value
-stops the deploy before any host changes; each problem is one line naming the host, the key,
-the value and what is allowed. ``check_caps_against_gpus`` and ``check_gpus`` check the data
-against the cards once the driver answers.
-
-Example::
+Every key is described once, in ``KEYS``: the checks, typo hints, defaults and
+docs/hostdata.md (``python -m rigfleet.hostdata`` writes it) come from that table. The
+``validate_*`` functions run on the control side, so a bad value stops the deploy before any
+host changes::
 
     settings = validate_host(host.name, host.data)   # host.data or a plain dict
     settings.power_caps_w    # (290, 290): one cap per card
@@ -47,8 +40,6 @@ from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource
 from rigfleet.tlsfiles import FrontTls, check_tls
 from rigfleet.validate import ValidationError
 
-# A balancer's seconds between health checks, and the KiB of a request HAProxy keeps for a
-# retry on another host (tune.bufsize).
 CHECK_INTERVAL_RANGE_S = (0.5, 30.0)
 RETRY_BUFFER_RANGE_KIB = (16, 1024)
 _URL = URL_ALLOWED
@@ -56,9 +47,6 @@ _FLAG = "true or false (on the command line: --data KEY=1)"
 _SECRET = "a file on this (control) machine, mode 0600, one line"
 _TLS = "a PEM file on this (control) machine"
 STOP_ENV = "RIGFLEET_STOP_ON_PREFLIGHT"
-
-
-# --- the table: every key, described once ------------------------------------------------------
 
 _C = HostChecker
 _low_k, _high_k = RETRY_BUFFER_RANGE_KIB
@@ -239,15 +227,13 @@ def _default(name: str) -> Any:
 
 
 class HostDataError(ValidationError):
-    """A host's data is wrong; one line per problem: ``<host>: <key>: ...; allowed: ...``."""
+    """A host's data is wrong; one line per problem."""
 
 
 @dataclass(frozen=True)
 class SwapSettings:
-    """The gate and the time limits of one host's transactions (host data, validated).
-
-    ``drain_timeout_s`` None: each stack file's ``drain.timeout_s``; the supervisor's policy
-    (``supervise_*``) is ``rigfleet.hostside.supervise.Policy``'s."""
+    """The gate and the time limits of one host's transactions (``drain_timeout_s`` None: each
+    stack file's ``drain.timeout_s``)."""
 
     gate_profile: str = _default("gate_profile")
     gate_set: tuple[str, ...] = _default("gate_set")
@@ -277,12 +263,7 @@ class BumpSettings:
 
 @dataclass(frozen=True)
 class HostSettings:
-    """One GPU host's validated settings (docs/hostdata.md: each key's meaning).
-
-    ``power_caps_w`` has one entry per card; ``api_key_file``, ``hf_token_file`` and
-    ``site_ca_files`` are absolute control-side paths; ``catalog`` holds the stacks this
-    host's data can name; ``front_tls`` is set when the front serves HTTPS.
-    """
+    """One GPU host's validated settings (docs/hostdata.md: each key's meaning)."""
 
     name: str
     stack: str
@@ -316,12 +297,10 @@ class HostSettings:
 
     @property
     def front_scheme(self) -> str:
-        """``https`` when the front serves TLS, else ``http``."""
         return "https" if self.front_tls else "http"
 
     @property
     def spec(self) -> StackSpec:
-        """The catalog entry of the desired stack."""
         return self.catalog.get(self.stack)
 
     def env_for(self, stack: str) -> dict[str, str]:
@@ -331,11 +310,7 @@ class HostSettings:
 
 @dataclass(frozen=True)
 class BalancerSettings:
-    """A balancer host's validated settings (host data ``balancer_*``; docs/balancer.md).
-
-    ``api_key_file`` is the fronts' key (passed on to them); ``tls`` None: plain HTTP;
-    ``plain_fronts``: HTTPS here in front of plain-HTTP fronts, on purpose.
-    """
+    """A balancer host's validated settings (host data ``balancer_*``; docs/balancer.md)."""
 
     name: str
     port: int
@@ -354,21 +329,10 @@ class BalancerSettings:
         return "https" if self.tls else "http"
 
 
-
-
-# --- validating a host -------------------------------------------------------------------------
-
-
 def validate_host(name: str, data: Mapping[str, Any] | Any,
                   catalog: Catalog | None = None) -> HostSettings:
-    """Check one GPU host's data and return its ``HostSettings``; raises ``HostDataError``
-    with every problem at once. Secret files are checked (exist, 0600, non-empty) but their
-    content never appears in a message.
-
-    + name: the host's inventory name (named in every message)
-    + data: ``host.data`` (anything with ``.get``) or a plain mapping
-    + catalog: the stacks ``stack`` may name (default: built-in plus ``stacks_dir``'s)
-    """
+    """Check one GPU host's data (``host.data`` or a mapping); raises ``HostDataError`` with
+    every problem at once."""
     c = HostChecker(name, catalog)
     v = c.check_keys(data, "gpu", KEYS)
     tls = check_tls(c, "front", v["front_tls_cert_file"], v["front_tls_key_file"],
@@ -389,15 +353,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
 
 def validate_balancer(name: str, data: Mapping[str, Any] | Any, *, gpu_host: bool = False,
                       catalog: Catalog | None = None) -> BalancerSettings:
-    """Check a balancer host's data; raises ``HostDataError`` naming host, key, value and
-    what is allowed.
-
-    + gpu_host: the host serves too: its ``balancer_port`` must not be its ``front_port``
-
-    .. code:: python
-
-        validate_balancer("lb1", {"api_key_file": "~/.config/rigfleet/api-key"}).port  # 8080
-    """
+    """Check a balancer host's data (``gpu_host``: it serves too); raises ``HostDataError``."""
     c = HostChecker(name, catalog)
     v = c.check_keys(data, "balancer", KEYS)
     port, front_port = v["balancer_port"], data.get("front_port", None)
@@ -431,11 +387,7 @@ class MonitorSettings:
 
 
 def validate_monitor(name: str, data: Mapping[str, Any] | Any) -> MonitorSettings:
-    """Check a monitor host's data; raises ``HostDataError`` naming host, key, value and what
-    is allowed::
-
-        validate_monitor("mon1", {"api_key_file": "~/.config/rigfleet/api-key"}).retention_days
-    """
+    """Check a monitor host's data; raises ``HostDataError``."""
     c = HostChecker(name, None)
     v = c.check_keys(data, "monitor", KEYS)
     c.raise_if_any(HostDataError)
@@ -447,11 +399,7 @@ def validate_monitor(name: str, data: Mapping[str, Any] | Any) -> MonitorSetting
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """A cache host's validated settings (host data ``cache_*``; docs/images.md).
-
-    ``address``: where the fleet's hosts reach it; ``hf_token_file`` stays on the cache host
-    (root-only) and on no rig that the cache serves.
-    """
+    """A cache host's validated settings (host data ``cache_*``; docs/images.md)."""
 
     name: str
     address: str
@@ -466,24 +414,17 @@ class CacheSettings:
 
     @property
     def model_url(self) -> str:
-        """The model cache as the fleet's hosts reach it: ``http://lb.lan:8081``."""
         return f"http://{self.address}:{self.model_port}"
 
     @property
     def registry_url(self) -> str:
-        """The pull-through registry as the fleet's hosts reach it: ``http://lb.lan:5000``."""
         return f"http://{self.address}:{self.registry_port}"
 
 
 def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
                    taken: Sequence[int] = ()) -> CacheSettings:
-    """Check a cache host's data; raises ``HostDataError`` naming host, key, value and what
-    is allowed::
-
-        validate_cache("lb1", {"cache_address": "lb1.lan"}).model_url   # http://lb1.lan:8081
-
-    + taken: ports other services of the host listen on (its balancer's, its front's)
-    """
+    """Check a cache host's data (``taken``: ports the host's other services use); raises
+    ``HostDataError``."""
     c = HostChecker(name, None)
     v = c.check_keys(data, "cache", KEYS)
     ports = {"cache_registry_port": v["cache_registry_port"],
@@ -507,29 +448,23 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
 
 
 def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
-    """Stop the whole run when a host fails its preflight? Host data
-    ``rigfleet_stop_on_preflight`` or ``RIGFLEET_STOP_ON_PREFLIGHT=1``; read leniently,
-    before (and even when) the rest of the host's data fails validation."""
+    """Stop the whole run when a host fails its preflight? Read leniently, even when the rest
+    of the host's data fails validation."""
     if flag_value(os.environ.get(STOP_ENV, "")):
         return True
     return bool(flag_value(data.get("rigfleet_stop_on_preflight", None)))
 
 
-# --- the data against the cards ----------------------------------------------------------------
-
-
 class GpuPowerLimits(Protocol):
-    """What ``check_caps_against_gpus`` needs of a GPU (``rigfleet.gpu.GpuInfo`` has it): the
-    power range as ``power_min_w``/``power_max_w`` or ``power_min_limit_w``/
-    ``power_max_limit_w``; None when the card reports ``[N/A]``."""
+    """A GPU with ``power_min_w``/``power_max_w`` or ``power_min_limit_w``/``power_max_limit_w``
+    (None: ``[N/A]``)."""
 
     index: int
 
 
 def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuPowerLimits]) -> None:
-    """Check each cap (``HostSettings.power_caps_w``, in card index order) against its card's
-    real min..max limit; raises ``HostDataError``. ``nvidia-smi -pl`` refuses an out-of-range
-    value, and some boards silently keep the old one, so check first."""
+    """Check each cap against its card's real range (some boards silently keep the old cap);
+    raises ``HostDataError``."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(caps) != len(ordered):
@@ -553,12 +488,8 @@ def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuPo
 
 
 def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[Any]) -> list[str]:
-    """What is wrong with the cards the host reports, for its data and its stack: their
-    number must be ``gpu_count``, each needs the stack's ``gpus.memory_mib`` (when the stack
-    file sets it). One line per problem (empty: all is well)::
-
-        check_gpus("rig-a", 2, settings.spec, read_fact(GpuQuery).gpus)   # [] when fine
-    """
+    """What is wrong with the cards the host reports (their count, each one's memory), one line
+    per problem."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(ordered) != gpu_count:
@@ -590,9 +521,6 @@ def _power_range(gpu: Any) -> tuple[float | None, float | None]:
             return getattr(gpu, low_name, None), getattr(gpu, high_name, None)
     return None, None
 
-
-# --- docs/hostdata.md --------------------------------------------------------------------------
-
 DOC = "docs/hostdata.md"
 GROUPS = {
     "Serving": "What the host serves and how",
@@ -611,7 +539,7 @@ _ON = {"gpu": "GPU hosts", "balancer": "balancers", "monitor": "monitors", "cach
 
 
 def render_doc() -> str:
-    """docs/hostdata.md: one reference table per group of ``KEYS`` (generated, never edited)."""
+    """docs/hostdata.md: one reference table per group of ``KEYS``."""
 
     def cell(text: str) -> str:  # Markdown would take these for a column, emphasis or HTML
         return re.sub(r"([|*<])", r"\\\1", text)
@@ -642,8 +570,7 @@ def render_doc() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rigfleet.hostdata [--check]``: write docs/hostdata.md (``--check``: exit 1
-    when it differs from the table)."""
+    """``python -m rigfleet.hostdata [--check]``: write (or compare) docs/hostdata.md."""
     args = list(sys.argv[1:] if argv is None else argv)
     path = Path(__file__).resolve().parent.parent / DOC
     text = render_doc()

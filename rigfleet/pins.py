@@ -1,17 +1,8 @@
 """The fleet's pins (``pins.yaml``): everything that must not move unless a person moves it.
 
-One file holds the vLLM image of each stack (tag *and* registry digest, plus the version string
-the image reports), the Genesis commit, the model revision, the NVIDIA driver branch, the
-container-toolkit version and the huggingface_hub version used for downloads. The deploy reads
-it once, on the control side, before any host changes; a bad value stops the run with a
-message that names the file, the key path, the value and what is allowed. Values only a
-registry or hub can tell may be ``unresolved`` until ``rigfleet pins lock`` resolves them; the
-optional ``hosts`` section says what a host runs when it differs from the fleet's pins
-(``Pins.for_host``). docs/pins.md shows the format and every key (from ``rigfleet.pin_keys``).
-
-Example::
-
-    from rigfleet.pins import load_pins
+Images (tag and digest), Genesis commits, model revisions, driver, toolkit and hub versions;
+read once on the control side before any host changes. docs/pins.md describes every key (from
+``rigfleet.pin_keys``)::
 
     pins = load_pins("pins.yaml")
     pins.stacks["int8"].image_ref   # "vllm/vllm-openai:nightly-01d4...@sha256:..."
@@ -70,23 +61,12 @@ DEFAULT_LAYOUT = default(f"{_STACK}.genesis.layout")
 
 
 class PinsError(ValidationError):
-    """``pins.yaml`` is missing, unreadable or wrong.
-
-    The message has one line per problem: ``<file>: <key.path>: <what is wrong>; allowed:
-    <what would do>``. ``problems`` holds those lines.
-    """
+    """``pins.yaml`` is missing, unreadable or wrong; one line per problem."""
 
 
 @dataclass(frozen=True)
 class GenesisPin:
-    """The Genesis patch tree, by full commit.
-
-    + repo: its git URL; commit: the full 40-hex commit (v7.x has no release tags; a v7 commit
-      may be reachable only from a non-default branch such as ``dev``)
-    + layout: how that commit lays Genesis out (``v7``: ``vllm/_genesis``; ``v12``: ``sndr/``),
-      read from the tree by ``rigfleet pins lock`` and checked on the host
-    + version: the Genesis release it is (``v12.1.0``), for people and messages
-    """
+    """The Genesis patch tree, by full commit."""
 
     repo: str
     commit: str
@@ -101,19 +81,13 @@ class GenesisPin:
 
 @dataclass(frozen=True)
 class StackPins:
-    """What one stack runs: image tag + digest, the vLLM version it reports, Genesis.
-
-    ``vllm_version`` is the full ``vllm.__version__`` of the image (what Genesis' allowlist
-    compares against), e.g. ``0.20.2rc1.dev9+g01d4d1ad3``.
-    """
+    """What one stack runs: image tag + digest, the vLLM version it reports, Genesis."""
 
     name: str
     image: str
     digest: str
     vllm_version: str
     genesis: GenesisPin | None = None
-    # The image's id (its config digest): what `docker load` of a saved copy reproduces, which
-    # carries no repo digest; `rigfleet pins lock` records it.
     image_id: str | None = None
 
     @property
@@ -123,30 +97,21 @@ class StackPins:
 
     @property
     def local_image(self) -> str:
-        """The name the pinned image has on a host: ``<repo>:<tag>``.
-
-        The images role stages the image under this name from whichever source has it (a
-        pull, a LAN registry, a ``docker load`` of an archive) and verifies that the name's
-        image id is the pinned one; a loaded image has no repo digest, so everything that runs
-        on the host names the image this way, never as ``<tag>@<digest>``.
-        """
+        """The name the staged, verified image has on a host (a loaded one has no digest)."""
         return self.image
 
     @property
     def repository(self) -> str:
-        """The image repository without the tag (``vllm/vllm-openai``)."""
         return self.image.rsplit(":", 1)[0]
 
     @property
     def tag(self) -> str:
-        """The image tag (``nightly-<sha>``)."""
         return self.image.rsplit(":", 1)[1]
 
 
 @dataclass(frozen=True)
 class ModelPin:
-    """The weights: hub repo, full commit, and the directory name under the model dir.
-    ``key``: where the pins file holds it (``model``, or ``models.<repo>``)."""
+    """The weights; ``key``: where the pins file holds it (``model``, or ``models.<repo>``)."""
 
     repo: str
     revision: str
@@ -156,7 +121,7 @@ class ModelPin:
 
 @dataclass(frozen=True)
 class Pins:
-    """The whole pins file, validated. ``path`` is where it was read from."""
+    """The whole pins file, validated."""
 
     path: str
     serial: int
@@ -190,17 +155,7 @@ class Pins:
                             "(docs/pins.md)") from None
 
     def for_host(self, name: str) -> Pins:
-        """These pins as host ``name`` runs them: its ``hosts`` overrides merged into ``stacks``.
-
-        A host without overrides gets ``self`` back unchanged. The deploy (roles/preflight.py)
-        resolves every host's pins this way.
-
-        **Example:**
-
-        .. code:: python
-
-            pins.for_host("host2").stacks["int8"].digest   # host2's digest, else the fleet's
-        """
+        """These pins as host ``name`` runs them: its ``hosts`` overrides merged into ``stacks``."""
         overrides = self.hosts.get(name)
         if not overrides:
             return self
@@ -211,19 +166,14 @@ class Pins:
         try:
             return self.stacks[name]
         except KeyError:
-            raise PinsError(
-                f"{self.path}: stacks.{name}: not pinned; pinned: {', '.join(self.stacks)}"
-            ) from None
+            raise PinsError(f"{self.path}: stacks.{name}: not pinned; pinned: "
+                            f"{', '.join(self.stacks)}") from None
 
     def unresolved(self) -> list[str]:
         """Key paths still ``unresolved`` (what ``rigfleet pins lock`` has to fill in)."""
         keys = [f"stacks.{n}.digest" for n, s in self.stacks.items() if s.digest == UNRESOLVED]
-        keys += [
-            f"hosts.{h}.stacks.{n}.digest"
-            for h, stacks in self.hosts.items()
-            for n, s in stacks.items()
-            if s.digest == UNRESOLVED
-        ]
+        keys += [f"hosts.{h}.stacks.{n}.digest" for h, stacks in self.hosts.items()
+                 for n, s in stacks.items() if s.digest == UNRESOLVED]
         keys += [f"{m.key}.revision" for m in self.all_models.values()
                  if m.revision == UNRESOLVED]
         return keys
@@ -235,9 +185,7 @@ class Pins:
             driver["version"] = self.driver_version
         stacks = {name: _stack_dict(s) for name, s in self.stacks.items()}
         out: dict[str, Any] = {
-            "schema": SCHEMA,
-            "serial": self.serial,
-            "driver": driver,
+            "schema": SCHEMA, "serial": self.serial, "driver": driver,
             "container_toolkit": {"version": self.toolkit_version},
             "huggingface_hub": {"version": self.hf_hub_version},
         }
@@ -249,10 +197,8 @@ class Pins:
                              for r, m in self.models.items()}
         out["stacks"] = stacks
         if self.hosts:  # absent unless a rollout left hosts on other pins: old files unchanged
-            out["hosts"] = {
-                h: {"stacks": {n: _stack_dict(s) for n, s in stacks.items()}}
-                for h, stacks in self.hosts.items()
-            }
+            out["hosts"] = {h: {"stacks": {n: _stack_dict(s) for n, s in stacks.items()}}
+                            for h, stacks in self.hosts.items()}
         out["history"] = [dict(h) for h in self.history]
         return out
 
@@ -273,23 +219,8 @@ def _stack_dict(s: StackPins) -> dict[str, Any]:
 
 def load_pins(path: str | Path, *, allow_unresolved: bool = False,
               catalog: Catalog | None = None) -> Pins:
-    """Read and validate a pins file; any problem raises ``PinsError`` listing all of them.
-
-    The file is read strictly (``rigfleet.validate.load_yaml``): UTF-8 only, a key given twice
-    is refused with its line.
-
-    + path: the pins file (``pins.yaml`` at the repository root)
-    + allow_unresolved: accept ``unresolved`` digests / revision (only ``rigfleet pins lock``
-      wants this; the deploy never does)
-    + catalog: the stacks pins may name (default: the built-in ones)
-
-    **Example:**
-
-    .. code:: python
-
-        pins = load_pins("pins.yaml")
-        pins.stacks["tq3-mtp-genesis"].genesis.commit
-    """
+    """Read and validate a pins file (``allow_unresolved``: only for ``rigfleet pins lock``);
+    raises ``PinsError`` listing every problem."""
     path = str(path)
     try:
         data = load_yaml(path, "the pins file", "create it (see docs/converge.md)")
@@ -300,13 +231,7 @@ def load_pins(path: str | Path, *, allow_unresolved: bool = False,
 
 def parse_pins(data: Any, path: str = "pins.yaml", *, allow_unresolved: bool = False,
                catalog: Catalog | None = None) -> Pins:
-    """Validate already-parsed pins data (``load_pins`` without the file read).
-
-    + data: the YAML document as Python data
-    + path: named in error messages
-    + allow_unresolved: as for ``load_pins``
-    + catalog: as for ``load_pins``
-    """
+    """Validate already-parsed pins data (``load_pins`` without the file read)."""
     c = _Checker(path, catalog or builtin_catalog())
     pins = c.pins(data)
     c.raise_if_any(PinsError)
@@ -320,23 +245,8 @@ def parse_pins(data: Any, path: str = "pins.yaml", *, allow_unresolved: bool = F
 def with_resolved(
     pins: Pins, digests: Mapping[str, str] | None = None, revision: str | None = None
 ) -> Pins:
-    """Return ``pins`` with registry digests and the model revision filled in.
-
-    Pure: nothing is read or written. Values are validated like the file's; stacks missing
-    from ``digests`` keep their current digest.
-
-    + pins: pins as loaded (``load_pins(..., allow_unresolved=True)``)
-    + digests: stack name -> ``sha256:<64-hex>`` (the registry's manifest digest)
-    + revision: the default model's full 40-hex commit, or None to keep the current one
-
-    **Example:**
-
-    .. code:: python
-
-        pins = load_pins("pins.yaml", allow_unresolved=True)
-        new = with_resolved(pins, {"int8": "sha256:" + "ab" * 32}, revision="0" * 40)
-        save_pins(new, {"action": "lock", "by": "alice"})
-    """
+    """``pins`` with registry digests (stack -> digest) and the default model's revision
+    filled in, validated like the file's."""
     c = _Checker(pins.path, builtin_catalog())
     stacks = dict(pins.stacks)
     for name, digest in (digests or {}).items():
@@ -362,36 +272,19 @@ def dump_pins(pins: Pins) -> str:
 
 def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
               catalog: Catalog | None = None) -> Pins:
-    """Write ``pins`` to ``pins.path`` atomically, with ``serial`` + 1; return what was saved.
-
-    The file on disk must still carry ``pins.serial`` (optimistic lock: if someone saved in
-    between, this refuses rather than silently dropping their change). ``history_entry`` is
-    appended to ``history`` with ``serial`` set to the new serial. The content is validated
-    before writing (``unresolved`` is allowed: lock may resolve in steps).
-
-    + pins: the pins to write (usually from ``with_resolved``)
-    + history_entry: what changed and why, e.g. ``{"at": "...", "by": "...", "action": ...}``
-
-    **Example:**
-
-    .. code:: python
-
-        saved = save_pins(with_resolved(pins, digests, rev), {"action": "lock"})
-        saved.serial == pins.serial + 1
-    """
+    """Write ``pins`` atomically with ``serial`` + 1 and ``history_entry`` appended; refuses
+    when the file on disk is no longer at ``pins.serial`` (someone saved in between)."""
     path = Path(pins.path)
     if path.exists():
         on_disk = _read_serial(path)
         if on_disk is not None and on_disk != pins.serial:
-            raise PinsError(
-                f"{path}: serial: file is at serial {on_disk} but these pins were loaded at "
-                f"{pins.serial}; someone saved in between. Reload, re-apply, save again"
-            )
+            raise PinsError(f"{path}: serial: file is at serial {on_disk} but these pins were "
+                            f"loaded at {pins.serial}; someone saved in between. Reload, "
+                            "re-apply, save again")
     history = [dict(h) for h in pins.history]
     if history_entry is not None:
         history.append({**history_entry, "serial": pins.serial + 1})
     new = replace(pins, serial=pins.serial + 1, history=history)
-    # Round-trip through the validator: never write a file load_pins would refuse.
     parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True,
                catalog=catalog)
     _atomic_write(path, dump_pins(new))
@@ -430,7 +323,6 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 class _Checker(Problems):
-    """The pins file's own checks on top of ``rigfleet.validate.Problems``."""
 
     def __init__(self, path: str, catalog: Catalog) -> None:
         super().__init__(path)
@@ -445,13 +337,8 @@ class _Checker(Problems):
         if value == UNRESOLVED and allow_unresolved:
             return value
         if isinstance(value, str) and _SHORT_HEX.fullmatch(value):
-            self.bad(
-                key,
-                value,
-                text,
-                f"is a short hash ({len(value)} characters); git and the Hugging Face hub "
-                "need the full 40-hex hash to pin exactly",
-            )
+            self.bad(key, value, text, f"is a short hash ({len(value)} characters); git and the "
+                     "Hugging Face hub need the full 40-hex hash to pin exactly")
             return None
         return self.string(key, value, _HEX40, text)
 
@@ -491,19 +378,9 @@ class _Checker(Problems):
             return None
         assert driver_branch and toolkit and hf_hub and model and stacks is not None
         assert serial is not None
-        return Pins(
-            path=self.file,
-            serial=serial,
-            driver_branch=driver_branch,
-            driver_version=driver_version,
-            toolkit_version=toolkit,
-            hf_hub_version=hf_hub,
-            model=model,
-            stacks=stacks,
-            history=history,
-            hosts=hosts,
-            models=models,
-        )
+        return Pins(path=self.file, serial=serial, driver_branch=driver_branch,
+                    driver_version=driver_version, toolkit_version=toolkit, hf_hub_version=hf_hub,
+                    model=model, stacks=stacks, history=history, hosts=hosts, models=models)
 
     def driver(self, value: Any) -> tuple[str | None, str | None]:
         d = self.mapping("driver", value, keys_of("driver"))
@@ -532,8 +409,7 @@ class _Checker(Problems):
         return self.string(f"{key}.version", d.get("version"), pattern, allowed(f"{key}.version"))
 
     def models(self, one: Any, more: Any) -> tuple[ModelPin | None, dict[str, ModelPin]]:
-        """``model`` (the default) and ``models`` (by repo; the first is the default when
-        ``model`` is left out). Returns (the default model, the ``models`` section)."""
+        """(the default model, the ``models`` section)."""
         pins: list[ModelPin] = []
         if one is not None or not more:
             d = self.mapping("model", one, keys_of("model"))
@@ -564,8 +440,7 @@ class _Checker(Problems):
         return (pins[0] if pins else None), section
 
     def model_entry(self, key: str, repo: str | None, d: dict | None) -> ModelPin | None:
-        """``{revision, local_dir}`` of the model ``repo`` at ``key`` (``model`` requires a
-        ``local_dir``; a ``models`` entry defaults it to the repo's name in lowercase)."""
+        """``{revision, local_dir}`` of the model ``repo`` at ``key``."""
         if d is None:
             return None
         revision = self.commit(f"{key}.revision", d.get("revision"), allow_unresolved=True)
@@ -579,7 +454,6 @@ class _Checker(Problems):
         return None
 
     def stack_entries(self, key: str, value: Any) -> dict[str, StackPins]:
-        """``<key>.<stack>: {image, digest, vllm_version[, genesis]}`` for catalog stacks."""
         names = ", ".join(self.catalog.names)
         out: dict[str, StackPins] = {}
         for name, entry in value.items():
@@ -638,12 +512,8 @@ class _Checker(Problems):
             if genesis is None:
                 return None
         elif "genesis" in d:
-            self.bad(
-                f"{base}.genesis",
-                d["genesis"],
-                "no 'genesis' key for this stack",
-                f"is set but stack {name} does not use Genesis",
-            )
+            self.bad(f"{base}.genesis", d["genesis"], "no 'genesis' key for this stack",
+                     f"is set but stack {name} does not use Genesis")
             return None
         if image and digest and version:
             return StackPins(name, image, digest, version, genesis, image_id)
@@ -669,30 +539,18 @@ class _Checker(Problems):
         if m := _NIGHTLY_SHA_TAG.fullmatch(tag):
             sha = m.group("sha")
             g = _LOCAL_GIT.fullmatch(local or "")
+            want = f"a version ending in '+g{sha[:9]}' (this build's commit)"
             if g is None:
-                self.bad(
-                    key,
-                    value,
-                    f"a version ending in '+g{sha[:9]}' (this build's commit)",
-                    f"has no '+g<commit>' part, but the image is the nightly of {sha[:9]}",
-                )
+                self.bad(key, value, want,
+                         f"has no '+g<commit>' part, but the image is the nightly of {sha[:9]}")
                 return None
             if not sha.startswith(g.group("abbrev")):
-                self.bad(
-                    key,
-                    value,
-                    f"a version ending in '+g{sha[:9]}' (this build's commit)",
-                    f"names commit {g.group('abbrev')}, but the image tag is nightly-{sha}; "
-                    "copy-paste from another pin?",
-                )
+                self.bad(key, value, want, f"names commit {g.group('abbrev')}, but the image tag "
+                         f"is nightly-{sha}; copy-paste from another pin?")
                 return None
         elif (m := _RELEASE_TAG.fullmatch(tag)) and version != m.group("version"):
-            self.bad(
-                key,
-                value,
-                repr(m.group("version")),
-                f"does not match the release tag {tag!r}",
-            )
+            self.bad(key, value, repr(m.group("version")),
+                     f"does not match the release tag {tag!r}")
             return None
         return version
 
