@@ -1,9 +1,5 @@
-"""The ``genesis`` section of a stack file: what a stack needs of Genesis, and what it decided.
-
-Read by ``rigfleet.catalog`` (the stack file loader); the keys, their messages' ``allowed:``
-texts and the docs come from ``rigfleet.catalog_keys``. ``decisions`` and ``model`` feed the
-correctness-patch rule of ``rigfleet.genesis_decisions``.
-"""
+"""The ``genesis`` section of a stack file: what a stack needs of Genesis, and what it decided
+(``decisions`` and ``model`` feed ``rigfleet.genesis_decisions``)."""
 
 from __future__ import annotations
 
@@ -27,7 +23,7 @@ EnvParser = Callable[[Problems, str, Any], dict[str, str]]
 
 @dataclass(frozen=True)
 class PatchDecision:
-    """A stack file's decision on one Genesis patch: ``on``, ``off`` or ``default``, and why."""
+    """A stack file's decision on one Genesis patch (``on``, ``off``, ``default``) and why."""
 
     decision: str
     reason: str
@@ -35,17 +31,7 @@ class PatchDecision:
 
 @dataclass(frozen=True)
 class GenesisSpec:
-    """What a stack needs of Genesis.
-
-    + needs: patch ids the stack cannot work without (``P67``)
-    + switches: generation -> (switches set to 1, switches set to 0), ``GENESIS_ENABLE_``
-      suffixes, in file order
-    + params: other ``GENESIS_*`` variables
-    + runtime_packages: pinned requirements (``xxhash==3.5.0``) the apply step imports that
-      the vLLM image lacks; baked into a derived local image at deploy time
-    + decisions: patch id -> what the stack decided for a Genesis correctness patch
-      (``rigfleet.genesis_decisions``); model: the model facts its ``applies_to`` reads
-    """
+    """What a stack needs of Genesis; ``switches``: generation -> (set to 1, set to 0)."""
 
     needs: tuple[str, ...]
     switches: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]
@@ -102,8 +88,7 @@ def parse_genesis(p: Problems, value: Any, env: EnvParser) -> GenesisSpec | None
 
 
 def _decisions(p: Problems, value: Any) -> Mapping[str, PatchDecision]:
-    """``genesis.decisions``: patch id -> {decision, reason} (YAML's bare on/off read as
-    true/false are taken as on/off)."""
+    """``genesis.decisions`` (YAML's bare on/off, read as true/false, taken as on/off)."""
     out: dict[str, PatchDecision] = {}
     if value is None:
         return MappingProxyType(out)
