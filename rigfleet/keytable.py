@@ -9,6 +9,7 @@ each section allows, the ``allowed:`` texts and defaults from them::
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,17 @@ class KeyTable:
         self.keys = tuple(keys)
         self.by_path = {k.path: k for k in self.keys}
         self.begin, self.end, self.escape_tags = begin, end, escape_tags
+        self.sections = {p for k in self.keys for p in (k.path, k.parent)}
+        self._named = [(re.compile(re.sub(r"<[^>]+>", "[^.]+", re.escape(p))), p)
+                       for p in sorted(self.sections) if "<" in p]
+
+    def section(self, key: str) -> str:
+        """The table path of a key as a message names it: ``boot.expect[2]`` ->
+        ``boot.expect[]``, ``genesis.switches.v7.on`` -> ``genesis.switches.<gen>.on``."""
+        path = re.sub(r"\[\d+\]", "[]", key)
+        if path in self.sections:
+            return path
+        return next((p for pattern, p in self._named if pattern.fullmatch(path)), path)
 
     def allowed(self, path: str) -> str:
         return self.by_path[path].allowed

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import yaml
 
 from rigfleet.errors import RigfleetError
+from rigfleet.keytable import KeyTable
 from rigfleet.hostside.layout import (
     CACHE_ROOT,
     ETC_ROOT,
@@ -85,10 +86,12 @@ def shown(value: Any) -> str:
 
 
 class Problems:
-    """Problems found in one file or one host's data (``where``), in the order found."""
+    """Problems found in one file or one host's data (``where``), in the order found; with a
+    ``table``, a check's ``allowed`` text and a mapping's keys default to the table's."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, table: KeyTable | None = None) -> None:
         self.where = where
+        self.table = table
         self.lines: list[str] = []
 
     def __bool__(self) -> bool:
@@ -129,14 +132,22 @@ class Problems:
                 found = self.control_chars(f"{key}[{i}]", item) or found
         return found
 
+    def allowed(self, key: str, given: str | None = None) -> str | None:
+        """``given``, else the table's text for ``key``."""
+        if given is not None or self.table is None:
+            return given
+        return self.table.allowed(self.table.section(key))
+
     def raise_if_any(self, error: type[_E]) -> None:
         if self.lines:
             raise error(self.lines)
 
-    def mapping(self, key: str, value: Any, keys: Iterable[str],
+    def mapping(self, key: str, value: Any, keys: Iterable[str] | None = None,
                 required: bool = True) -> dict[Any, Any] | None:
-        """A mapping whose keys are all in ``keys`` (an unknown key is named, with the closest
-        known one when it looks like a typo)."""
+        """A mapping whose keys are all in ``keys`` (default: the table's for ``key``)."""
+        if keys is None:
+            assert self.table is not None
+            keys = self.table.keys_of(self.table.section(key))
         allowed = list(keys)
         shape = f"a mapping with keys {', '.join(allowed)}"
         if value is None:
@@ -165,9 +176,10 @@ class Problems:
             self.missing(key, allowed)
         return value is None
 
-    def string(self, key: str, value: Any, pattern: re.Pattern[str] | None, allowed: str,
-               required: bool = True) -> str | None:
+    def string(self, key: str, value: Any, pattern: re.Pattern[str] | None = None,
+               allowed: str | None = None, required: bool = True) -> str | None:
         """A string matching ``pattern`` (any non-empty string when None), no control chars."""
+        allowed = self.allowed(key, allowed) or ""
         if self.absent(key, value, allowed, required):
             return None
         if not isinstance(value, str):
@@ -188,7 +200,7 @@ class Problems:
         bounds = (f"{low}..{high}" if low is not None and high is not None
                   else f">= {low}" if low is not None else f"<= {high}" if high is not None
                   else "")
-        allowed = allowed or f"an integer {bounds}".strip()
+        allowed = self.allowed(key, allowed) or f"an integer {bounds}".strip()
         if self.absent(key, value, allowed, required):
             return None
         if not is_int(value) or (low is not None and value < low) or (
@@ -201,7 +213,7 @@ class Problems:
                allowed: str | None = None, required: bool = True,
                low_open: bool = False) -> float | None:
         """A number (int or float, never a bool) within ``low..high`` (``(low`` when open)."""
-        allowed = allowed or "a number" + (f" in {'(' if low_open else '['}{low}, {high}]"
+        allowed = self.allowed(key, allowed) or "a number" + (f" in {'(' if low_open else '['}{low}, {high}]"
                                            if low is not None and high is not None else "")
         if self.absent(key, value, allowed, required):
             return None
@@ -235,9 +247,10 @@ class Problems:
             return None
         return value
 
-    def strings(self, key: str, value: Any, pattern: re.Pattern[str] | None, allowed: str,
-                required: bool = False) -> list[str] | None:
+    def strings(self, key: str, value: Any, pattern: re.Pattern[str] | None = None,
+                allowed: str | None = None, required: bool = False) -> list[str] | None:
         """A list of strings, each checked like ``string``."""
+        allowed = self.allowed(key, allowed) or ""
         if value is None:
             if required:
                 self.missing(key, f"a list of {allowed}")
