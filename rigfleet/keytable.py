@@ -55,8 +55,8 @@ class KeyTable:
         self.by_path = {k.path: k for k in self.keys}
         self.begin, self.end, self.escape_tags = begin, end, escape_tags
         self.sections = {p for k in self.keys for p in (k.path, k.parent)}
-        self._named = [(re.compile(re.sub(r"<[^>]+>", "[^.]+", re.escape(p))), p)
-                       for p in sorted(self.sections) if "<" in p]
+        named = sorted((p for p in self.sections if "<" in p), key=lambda p: -p.count("."))
+        self._named = [(re.compile(re.sub(r"<[^>]+>", ".+", re.escape(p))), p) for p in named]
 
     def section(self, key: str) -> str:
         """The table path of a key as a message names it: ``boot.expect[2]`` ->

@@ -10,9 +10,7 @@ read once on the control side before any host changes. docs/pins.md describes ev
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,7 +20,8 @@ import yaml
 
 from rigfleet.catalog import HF_REPO, Catalog, builtin_catalog
 from rigfleet.genesis_layout import LAYOUTS
-from rigfleet.pin_keys import COMMIT, SCHEMA, UNRESOLVED, allowed, default, keys_of
+from rigfleet.hostside.atomic import write_atomic
+from rigfleet.pin_keys import COMMIT, SCHEMA, TABLE, UNRESOLVED, allowed, default
 from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
 
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
@@ -301,34 +300,21 @@ def _read_serial(path: Path) -> int | None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    # Same directory so os.replace is a rename on one filesystem; fsync the file, then the
-    # directory, so a crash leaves either the old or the new file, never half of one.
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    """``write_atomic``, keeping the file's mode (0644 for a new one)."""
+    write_atomic(path, text, path.stat().st_mode & 0o777 if path.exists() else 0o644)
 
 
 class _Checker(Problems):
 
     def __init__(self, path: str, catalog: Catalog) -> None:
-        super().__init__(path)
+        super().__init__(path, TABLE)
         self.file = path
         self.catalog = catalog
         self.repos: tuple[str, ...] = ()  # the pinned models, read before the stacks
+
+    def section(self, key: str) -> str:
+        """A host's stack entries are described as the fleet's."""
+        return super().section(re.sub(r"^hosts\..+?\.stacks\.", "stacks.", key))
 
     def commit(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
         text = COMMIT
@@ -343,7 +329,7 @@ class _Checker(Problems):
         return self.string(key, value, _HEX40, text)
 
     def digest(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
-        text = allowed(f"{_STACK}.digest")
+        text = self.allowed(key) or ""
         if allow_unresolved:
             text += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
         if value == UNRESOLVED and allow_unresolved:
@@ -351,13 +337,13 @@ class _Checker(Problems):
         return self.string(key, value, _DIGEST, text)
 
     def pins(self, data: Any) -> Pins | None:
-        top = self.mapping("", data, keys_of(""))
+        top = self.mapping("", data)
         if top is None:
             return None
         schema = top.get("schema")
         if schema != SCHEMA:
             self.bad("schema", schema, allowed("schema"), "is not a supported schema")
-        serial = self.integer("serial", top.get("serial"), low=1, allowed=allowed("serial"))
+        serial = self.integer("serial", top.get("serial"), low=1)
         driver_branch, driver_version = self.driver(top.get("driver"))
         toolkit = self.versioned("container_toolkit", top.get("container_toolkit"),
                                  _TOOLKIT_VERSION)
@@ -383,13 +369,13 @@ class _Checker(Problems):
                     model=model, stacks=stacks, history=history, hosts=hosts, models=models)
 
     def driver(self, value: Any) -> tuple[str | None, str | None]:
-        d = self.mapping("driver", value, keys_of("driver"))
+        d = self.mapping("driver", value)
         if d is None:
             return None, None
         branch = d.get("branch")
         if isinstance(branch, int) and not isinstance(branch, bool):
             branch = str(branch)  # `branch: 580` unquoted in YAML means the same thing
-        branch = self.string("driver.branch", branch, _DRIVER_BRANCH, allowed("driver.branch"))
+        branch = self.string("driver.branch", branch, _DRIVER_BRANCH)
         version = d.get("version")
         if version is None:
             return branch, None
@@ -403,18 +389,15 @@ class _Checker(Problems):
         return branch, version
 
     def versioned(self, key: str, value: Any, pattern: re.Pattern[str]) -> str | None:
-        d = self.mapping(key, value, keys_of(key))
-        if d is None:
-            return None
-        return self.string(f"{key}.version", d.get("version"), pattern, allowed(f"{key}.version"))
+        d = self.mapping(key, value)
+        return None if d is None else self.string(f"{key}.version", d.get("version"), pattern)
 
     def models(self, one: Any, more: Any) -> tuple[ModelPin | None, dict[str, ModelPin]]:
         """(the default model, the ``models`` section)."""
         pins: list[ModelPin] = []
         if one is not None or not more:
-            d = self.mapping("model", one, keys_of("model"))
-            repo = self.string("model.repo", d.get("repo"), HF_REPO,
-                               allowed("model.repo")) if d is not None else None
+            d = self.mapping("model", one)
+            repo = self.string("model.repo", d.get("repo"), HF_REPO) if d is not None else None
             pins += [p for p in [self.model_entry("model", repo, d)] if p is not None]
         if more is not None and not isinstance(more, dict):
             self.bad("models", more, allowed("models"), "is not a mapping")
@@ -422,12 +405,12 @@ class _Checker(Problems):
         section: dict[str, ModelPin] = {}
         for repo, entry in (more or {}).items():
             key = f"models.{repo}"
-            if self.string(key, repo, HF_REPO, allowed("models.<repo>")) is None:
+            if self.string(key, repo, HF_REPO) is None:
                 continue
             if one is not None and isinstance(one, dict) and repo == one.get("repo"):
                 self.bad(key, repo, allowed("models.<repo>"), "is pinned under model too")
                 continue
-            pin = self.model_entry(key, repo, self.mapping(key, entry, keys_of("models.<repo>")))
+            pin = self.model_entry(key, repo, self.mapping(key, entry))
             if pin is not None:
                 section[repo] = pin
                 pins.append(pin)
@@ -482,7 +465,7 @@ class _Checker(Problems):
             if not isinstance(host, str) or not host:
                 self.bad(f"hosts.{host}", host, allowed("hosts.<host>"))
                 continue
-            d = self.mapping(f"hosts.{host}", entry, keys_of("hosts.<host>"))
+            d = self.mapping(f"hosts.{host}", entry)
             if d is None:
                 continue
             stacks = d.get("stacks")
@@ -494,7 +477,7 @@ class _Checker(Problems):
 
     def stack(self, name: str, value: Any, base: str) -> StackPins | None:
         spec = self.catalog.get(name)
-        d = self.mapping(base, value, keys_of(_STACK))
+        d = self.mapping(base, value)
         if d is None:
             return None
         if spec.model is not None and self.repos and spec.model not in self.repos:
@@ -504,8 +487,7 @@ class _Checker(Problems):
         image = self.image(f"{base}.image", d.get("image"))
         digest = self.digest(f"{base}.digest", d.get("digest"), allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)
-        image_id = self.string(f"{base}.image_id", d.get("image_id"), _DIGEST,
-                               allowed(f"{_STACK}.image_id"), required=False)
+        image_id = self.string(f"{base}.image_id", d.get("image_id"), _DIGEST, required=False)
         genesis: GenesisPin | None = None
         if spec.needs_genesis:
             genesis = self.genesis(f"{base}.genesis", d.get("genesis"))
@@ -520,7 +502,7 @@ class _Checker(Problems):
         return None
 
     def image(self, key: str, value: Any) -> str | None:
-        text = allowed(f"{_STACK}.image")
+        text = self.allowed(key) or ""
         image = self.string(key, value, _IMAGE, text)
         if image is None:
             return None
@@ -531,7 +513,7 @@ class _Checker(Problems):
         return image
 
     def vllm_version(self, key: str, value: Any, image: str | None) -> str | None:
-        version = self.string(key, value, _PEP440, allowed(f"{_STACK}.vllm_version"))
+        version = self.string(key, value, _PEP440)
         if version is None or image is None:
             return version
         tag = image.rsplit(":", 1)[1]
@@ -556,9 +538,9 @@ class _Checker(Problems):
 
     def genesis(self, key: str, value: Any) -> GenesisPin | None:
         if value is None:
-            self.missing(key, allowed(f"{_STACK}.genesis"))
+            self.missing(key, self.allowed(key))
             return None
-        d = self.mapping(key, value, keys_of(f"{_STACK}.genesis"))
+        d = self.mapping(key, value)
         if d is None:
             return None
         layout = d.get("layout", DEFAULT_LAYOUT)
@@ -567,9 +549,8 @@ class _Checker(Problems):
                      "is not a Genesis layout rigfleet knows")
             layout = None
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,
-                              allowed(f"{_STACK}.genesis.version"), required=False)
-        repo = self.string(f"{key}.repo", d.get("repo"), _GIT_URL,
-                           allowed(f"{_STACK}.genesis.repo"))
+                              required=False)
+        repo = self.string(f"{key}.repo", d.get("repo"), _GIT_URL)
         commit = self.commit(f"{key}.commit", d.get("commit"), allow_unresolved=False)
         if repo and commit and layout:
             return GenesisPin(repo=repo, commit=commit, layout=layout, version=version)

@@ -132,11 +132,16 @@ class Problems:
                 found = self.control_chars(f"{key}[{i}]", item) or found
         return found
 
+    def section(self, key: str) -> str:
+        """The table path that describes ``key``."""
+        assert self.table is not None
+        return self.table.section(key)
+
     def allowed(self, key: str, given: str | None = None) -> str | None:
         """``given``, else the table's text for ``key``."""
         if given is not None or self.table is None:
             return given
-        return self.table.allowed(self.table.section(key))
+        return self.table.allowed(self.section(key))
 
     def raise_if_any(self, error: type[_E]) -> None:
         if self.lines:
@@ -147,7 +152,7 @@ class Problems:
         """A mapping whose keys are all in ``keys`` (default: the table's for ``key``)."""
         if keys is None:
             assert self.table is not None
-            keys = self.table.keys_of(self.table.section(key))
+            keys = self.table.keys_of(self.section(key))
         allowed = list(keys)
         shape = f"a mapping with keys {', '.join(allowed)}"
         if value is None:
