@@ -335,20 +335,33 @@ def validate_host(name: str, data: Mapping[str, Any] | Any,
     every problem at once."""
     c = HostChecker(name, catalog)
     v = c.check_keys(data, "gpu", KEYS)
-    tls = check_tls(c, "front", v["front_tls_cert_file"], v["front_tls_key_file"],
-                    v["front_tls_ca_file"])
+    tls = _tls(c, v, "front", "front_url")
     if v["peer_port"] == v["front_port"]:
         c.bad("peer_port", v["peer_port"], "a port other than front_port",
               "is this host's front_port too")
-    if tls is not None and v["front_url"] and v["front_url"].startswith("http://"):
-        c.bad("front_url", v["front_url"], "an https:// URL (or no front_url)",
-              "is plain HTTP, but the front serves TLS (front_tls_cert_file is set)")
     c.raise_if_any(HostDataError)
-    swap = SwapSettings(**{f.name: v[f.name] for f in fields(SwapSettings) if f.name in v})
-    bump = BumpSettings(v["bump_registry"], v["bump_genesis_url"], v["bump_mirror"])
-    direct = {f.name: v[f.name] for f in fields(HostSettings) if f.name in v}
-    return HostSettings(name=name, **direct, swap=swap, bump=bump, front_tls=tls,
-                        stop_on_preflight=v["rigfleet_stop_on_preflight"], catalog=c.catalog)
+    return _settings(HostSettings, v, "", name=name, swap=_settings(SwapSettings, v, ""),
+                     bump=_settings(BumpSettings, v, "bump_"), front_tls=tls,
+                     stop_on_preflight=v["rigfleet_stop_on_preflight"], catalog=c.catalog)
+
+
+def _settings(cls: Any, v: Mapping[str, Any], prefix: str, **given: Any) -> Any:
+    """``cls`` from checked values: each field not ``given`` from key ``<prefix><field>``, else
+    ``<field>`` (when the role has it)."""
+    keys = {f.name: prefix + f.name if prefix + f.name in v else f.name
+            for f in fields(cls) if f.name not in given}
+    return cls(**given, **{name: v[key] for name, key in keys.items() if key in v})
+
+
+def _tls(c: HostChecker, v: Mapping[str, Any], role: str, url_key: str) -> FrontTls | None:
+    """``<role>_tls_*`` checked, and a plain-HTTP ``url_key`` beside them refused."""
+    tls = check_tls(c, role, v[f"{role}_tls_cert_file"], v[f"{role}_tls_key_file"],
+                    v[f"{role}_tls_ca_file"])
+    url = v[url_key]
+    if tls is not None and url and url.startswith("http://"):
+        c.bad(url_key, url, f"an https:// URL (or no {url_key})",
+              f"is plain HTTP, but the {role} serves TLS ({role}_tls_cert_file is set)")
+    return tls
 
 
 def validate_balancer(name: str, data: Mapping[str, Any] | Any, *, gpu_host: bool = False,
@@ -360,19 +373,10 @@ def validate_balancer(name: str, data: Mapping[str, Any] | Any, *, gpu_host: boo
     if gpu_host and port is not None and port == front_port:
         c.bad("balancer_port", port, f"a port other than front_port {front_port}",
               "is this host's front_port too (the host serves and balances)")
-    tls = check_tls(c, "balancer", v["balancer_tls_cert_file"], v["balancer_tls_key_file"],
-                    v["balancer_tls_ca_file"])
-    url = v["balancer_url"]
-    if tls is not None and url and url.startswith("http://"):
-        c.bad("balancer_url", url, "an https:// URL (or no balancer_url)",
-              "is plain HTTP, but the balancer serves TLS (balancer_tls_cert_file is set)")
+    tls = _tls(c, v, "balancer", "balancer_url")
     c.raise_if_any(HostDataError)
-    return BalancerSettings(
-        name=name, port=port, api_key_file=v["api_key_file"], tls=tls, url=url,
-        default_stack=v["balancer_default_stack"],
-        check_interval_s=float(v["balancer_check_interval_s"]),
-        retry_buffer_kib=v["balancer_retry_buffer_kib"], site_ca_files=v["site_ca_files"],
-        plain_fronts=v["balancer_plain_fronts"], catalog=c.catalog)
+    return _settings(BalancerSettings, v, "balancer_", name=name, tls=tls, catalog=c.catalog,
+                     check_interval_s=float(v["balancer_check_interval_s"]))
 
 
 @dataclass(frozen=True)
@@ -391,10 +395,7 @@ def validate_monitor(name: str, data: Mapping[str, Any] | Any) -> MonitorSetting
     c = HostChecker(name, None)
     v = c.check_keys(data, "monitor", KEYS)
     c.raise_if_any(HostDataError)
-    return MonitorSettings(name=name, api_key_file=v["api_key_file"],
-                           retention_days=v["monitor_retention_days"],
-                           retention_gib=v["monitor_retention_gib"],
-                           site_ca_files=v["site_ca_files"])
+    return _settings(MonitorSettings, v, "monitor_", name=name)
 
 
 @dataclass(frozen=True)
@@ -439,12 +440,8 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
                   "is taken by another service of this host")
     c.raise_if_any(HostDataError)
     address = v["cache_address"] or data.get("ssh_hostname", None) or name
-    return CacheSettings(
-        name=name, address=address, registry_port=v["cache_registry_port"],
-        registry_upstream=v["cache_registry_upstream"].rstrip("/"),
-        model_port=v["cache_model_port"], model_dir=v["cache_model_dir"],
-        hf_endpoint=v["hf_endpoint"], hf_token_file=v["hf_token_file"],
-        pip_index_url=v["pip_index_url"], site_ca_files=v["site_ca_files"])
+    return _settings(CacheSettings, v, "cache_", name=name, address=address,
+                     registry_upstream=v["cache_registry_upstream"].rstrip("/"))
 
 
 def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
