@@ -230,11 +230,11 @@ class StackSpec:
     @property
     def vllm_args(self) -> tuple[str, ...]:
         """``vllm serve`` arguments after ``--model <path>`` (all values as strings)."""
-        spec = (
-            ("--speculative-config", _speculative_config(self.speculative_method,
-                                                         self.num_speculative_tokens))
-            if self.speculative_method else ()
-        )
+        # Compact JSON, exactly as club-3090 passes it.
+        config = {"method": self.speculative_method,
+                  "num_speculative_tokens": self.num_speculative_tokens}
+        spec = (("--speculative-config", json.dumps(config, separators=(",", ":")))
+                if self.speculative_method else ())
         return (
             "--served-model-name", self.served_model_name,
             *self.args,
@@ -264,11 +264,6 @@ class StackSpec:
             f"{root}/torch_compile": TORCH_COMPILE_CACHE_IN_CONTAINER,
             f"{root}/triton": TRITON_CACHE_IN_CONTAINER,
         }
-
-
-def _speculative_config(method: str | None, n: int) -> str:
-    # Compact JSON, exactly as club-3090 passes it; vLLM parses it as JSON.
-    return json.dumps({"method": method, "num_speculative_tokens": n}, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -593,6 +588,6 @@ def get_stack(name: str) -> StackSpec:
 __all__ = [
     "BUILTIN_DIR", "Catalog", "CatalogError", "GenesisSpec", "PatchDecision", "KV_CACHE_DTYPES",
     "MODEL_ROOT_IN_CONTAINER", "StackSpec", "ThroughputSpec", "VLLM_PORT_IN_CONTAINER",
-    "builtin_catalog",
-    "get_stack", "load_catalog", "load_stack_file", "parse_stack", "RigfleetError",
+    "builtin_catalog", "get_stack", "load_catalog", "load_stack_file", "parse_stack",
+    "RigfleetError",
 ]

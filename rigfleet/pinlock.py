@@ -60,9 +60,7 @@ class _Resolver:
         digest = p.digest
         if refresh or digest == UNRESOLVED:
             try:
-                if (path, p.tag) not in self.digests:
-                    self.digests[(path, p.tag)] = reg.digest(path, p.tag)
-                digest = self.digests[(path, p.tag)]
+                digest = _once(self.digests, (path, p.tag), lambda: reg.digest(path, p.tag))
             except RegistryNotFound:
                 self.problems.append(self.gone(key, p, reg))
                 return p
@@ -72,9 +70,8 @@ class _Resolver:
         image_id = p.image_id
         if refresh or image_id is None or digest != p.digest:
             try:
-                if (path, digest) not in self.ids:
-                    self.ids[(path, digest)] = reg.resolve(path, digest).image_id
-                image_id = self.ids[(path, digest)]
+                image_id = _once(self.ids, (path, digest),
+                                 lambda: reg.resolve(path, digest).image_id)
             except RegistryNotFound:
                 self.problems.append(
                     f"{self.file}: {key}.image_id: cannot be read: {p.repository}@{digest} is "
@@ -94,6 +91,13 @@ class _Resolver:
     @staticmethod
     def retention(p: StackPins) -> str:
         return f" ({NIGHTLY_RETENTION})" if NIGHTLY_TAG.fullmatch(p.tag) else ""
+
+
+def _once(cache: dict[tuple[str, str], str], key: tuple[str, str],
+          ask: Callable[[], str]) -> str:
+    if key not in cache:
+        cache[key] = ask()
+    return cache[key]
 
 
 def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False,

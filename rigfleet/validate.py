@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 import yaml
 
 from rigfleet.errors import RigfleetError
-from rigfleet.keytable import KeyTable
 from rigfleet.hostside.layout import (
     CACHE_ROOT,
     ETC_ROOT,
@@ -33,6 +32,7 @@ from rigfleet.hostside.layout import (
     OPT_ROOT,
     STATE_ROOT,
 )
+from rigfleet.keytable import KeyTable
 
 # Control characters (C0 and C1 but tab): nothing a person means to write holds them.
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
