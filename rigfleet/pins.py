@@ -21,7 +21,7 @@ import yaml
 from rigfleet.catalog import HF_REPO, Catalog, builtin_catalog
 from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostside.atomic import write_atomic
-from rigfleet.pin_keys import COMMIT, SCHEMA, TABLE, UNRESOLVED, allowed, default
+from rigfleet.pin_keys import SCHEMA, TABLE, UNRESOLVED, allowed, default
 from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
 
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
@@ -253,10 +253,10 @@ def with_resolved(
         if name not in stacks:
             c.bad(f"stacks.{name}", name, f"a pinned stack: {', '.join(stacks)}", "is not pinned")
             continue
-        if c.digest(key, digest, allow_unresolved=False) is not None:
+        if c.pinned(key, digest, _DIGEST, allow_unresolved=False) is not None:
             stacks[name] = replace(stacks[name], digest=digest)
     model = pins.model
-    if revision is not None and c.commit(f"{model.key}.revision", revision,
+    if revision is not None and c.pinned(f"{model.key}.revision", revision, _HEX40,
                                          allow_unresolved=False) is not None:
         model = replace(model, revision=revision)
     c.raise_if_any(PinsError)
@@ -316,25 +316,19 @@ class _Checker(Problems):
         """A host's stack entries are described as the fleet's."""
         return super().section(re.sub(r"^hosts\..+?\.stacks\.", "stacks.", key))
 
-    def commit(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
-        text = COMMIT
-        if allow_unresolved:
-            text += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
-        if value == UNRESOLVED and allow_unresolved:
-            return value
-        if isinstance(value, str) and _SHORT_HEX.fullmatch(value):
-            self.bad(key, value, text, f"is a short hash ({len(value)} characters); git and the "
-                     "Hugging Face hub need the full 40-hex hash to pin exactly")
-            return None
-        return self.string(key, value, _HEX40, text)
-
-    def digest(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
+    def pinned(self, key: str, value: Any, pattern: re.Pattern[str], *,
+               allow_unresolved: bool) -> str | None:
+        """A full commit or digest (or ``unresolved``, when allowed, until ``pins lock``)."""
         text = self.allowed(key) or ""
         if allow_unresolved:
             text += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
         if value == UNRESOLVED and allow_unresolved:
             return value
-        return self.string(key, value, _DIGEST, text)
+        if pattern is _HEX40 and isinstance(value, str) and _SHORT_HEX.fullmatch(value):
+            self.bad(key, value, text, f"is a short hash ({len(value)} characters); git and the "
+                     "Hugging Face hub need the full 40-hex hash to pin exactly")
+            return None
+        return self.string(key, value, pattern, text)
 
     def pins(self, data: Any) -> Pins | None:
         top = self.mapping("", data)
@@ -426,7 +420,8 @@ class _Checker(Problems):
         """``{revision, local_dir}`` of the model ``repo`` at ``key``."""
         if d is None:
             return None
-        revision = self.commit(f"{key}.revision", d.get("revision"), allow_unresolved=True)
+        revision = self.pinned(f"{key}.revision", d.get("revision"), _HEX40,
+                               allow_unresolved=True)
         local_dir = d.get("local_dir")
         if local_dir is None and key != "model" and repo:
             local_dir = repo.split("/")[1].lower()
@@ -485,7 +480,7 @@ class _Checker(Problems):
                      f"serves {spec.model} ({spec.source}: model), which is not pinned under "
                      "model or models")
         image = self.image(f"{base}.image", d.get("image"))
-        digest = self.digest(f"{base}.digest", d.get("digest"), allow_unresolved=True)
+        digest = self.pinned(f"{base}.digest", d.get("digest"), _DIGEST, allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)
         image_id = self.string(f"{base}.image_id", d.get("image_id"), _DIGEST, required=False)
         genesis: GenesisPin | None = None
@@ -551,7 +546,7 @@ class _Checker(Problems):
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,
                               required=False)
         repo = self.string(f"{key}.repo", d.get("repo"), _GIT_URL)
-        commit = self.commit(f"{key}.commit", d.get("commit"), allow_unresolved=False)
+        commit = self.pinned(f"{key}.commit", d.get("commit"), _HEX40, allow_unresolved=False)
         if repo and commit and layout:
             return GenesisPin(repo=repo, commit=commit, layout=layout, version=version)
         return None
