@@ -222,12 +222,9 @@ class Problems:
                                            if low is not None and high is not None else "")
         if self.absent(key, value, allowed, required):
             return None
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if ok and low is not None:
-            ok = value > low if low_open else value >= low
-        if ok and high is not None:
-            ok = value <= high
-        if not ok:
+        if not (isinstance(value, int | float) and not isinstance(value, bool)
+                and (low is None or (value > low if low_open else value >= low))
+                and (high is None or value <= high)):
             self.bad(key, value, allowed)
             return None
         return float(value)
