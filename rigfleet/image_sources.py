@@ -91,7 +91,8 @@ class Checks(Protocol):
 
 
 def parse_sources(c: Checks, key: str, value: Any) -> tuple[ImageSource, ...]:
-    """Validate ``image_sources`` (None: the default); problems go to ``c``."""
+    """Validate ``image_sources`` (None: the default); problems go to ``c`` (the result counts
+    only when it has none)."""
     if value is None:
         return DEFAULT_SOURCES
     shape = ("a list of mappings, each with a kind: " + ", ".join(KINDS)
@@ -116,9 +117,8 @@ def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
         return None
     if c.mapping(base, entry, _KEYS[kind]) is None:
         return None
-    before = _count(c)
     if kind == "hub":
-        return _checked(c, before, ImageSource("hub", check=_check_url(c, base, entry)))
+        return ImageSource("hub", check=_check_url(c, base, entry))
     if kind == "registry":
         url = c.url(f"{base}.url", entry.get("url"))
         if entry.get("url") is None:
@@ -130,15 +130,15 @@ def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
                                        or "@" in repository or ":" in repository):
             c.bad(f"{base}.repository", repository, "a repository path without tag, digest, "
                   "spaces or leading/trailing '/', e.g. 'mirror/vllm-openai'")
-        return _checked(c, before, ImageSource("registry", url=url, repository=repository,
-                                               check=_check_url(c, base, entry)))
+        return ImageSource("registry", url=url, repository=repository,
+                           check=_check_url(c, base, entry))
     path_allowed = ("an absolute path on the host: a `docker save` .tar file or a directory of "
                     "them, e.g. '/srv/images'")
     if kind == "host-archive":
         path = c.posix_path(f"{base}.path", entry.get("path"), path_allowed)
         if path is not None and "\t" in path:
             c.bad(f"{base}.path", path, path_allowed, "holds a tab")
-        return _checked(c, before, ImageSource("host-archive", path=path))
+        return ImageSource("host-archive", path=path)
     raw = c.string(f"{base}.path", entry.get("path"), None,
                    "a `docker save` .tar file or a directory of them on this (control) "
                    "machine, e.g. '~/image-archive'")
@@ -148,8 +148,7 @@ def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
         upload_dir = c.posix_path(f"{base}.upload_dir", entry.get("upload_dir"),
                                   "an absolute directory on the host") or DEFAULT_UPLOAD_DIR
     path = str(Path(os.path.expanduser(raw)).absolute()) if raw else None
-    return _checked(c, before, ImageSource("archive", path=path, via=via or "stream",
-                                           upload_dir=upload_dir))
+    return ImageSource("archive", path=path, via=via or "stream", upload_dir=upload_dir)
 
 
 def _check_url(c: Checks, base: str, entry: dict[Any, Any]) -> str | None:
@@ -157,12 +156,3 @@ def _check_url(c: Checks, base: str, entry: dict[Any, Any]) -> str | None:
     if check is None or check == NO_CHECK:
         return check
     return c.url(f"{base}.check", check)
-
-
-def _count(c: Checks) -> int:
-    return len(getattr(c, "lines", ()))
-
-
-def _checked(c: Checks, before: int, source: ImageSource) -> ImageSource | None:
-    # A problem recorded while reading this entry: the entry is not used.
-    return source if _count(c) == before else None
