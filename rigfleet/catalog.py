@@ -1,24 +1,11 @@
 """The stack catalog: what each serving stack runs, read from stack files (YAML).
 
-A *stack* is one way of serving the model: vLLM arguments, the container environment, the
-GPUs it needs, and the Genesis patches it needs. Each is one file: the built-in ones ship in
-``rigfleet/stacks/`` (club-3090's validated dual-card composes), and a user adds their own in
-a directory the inventory names (host data ``stacks_dir``, e.g. ``inventory/stacks``) without
-touching code. Every file is validated when it is read: a bad one is refused with the file,
-the key, the value and what is allowed.
-
-What is pinned (image, digest, Genesis commit, model revision) lives in ``pins.yaml``
-(``rigfleet.pins``); how a host runs a stack (paths, extra env) in host data
-(``rigfleet.hostdata``); ``rigfleet.compose`` puts the three together.
-
-Example::
-
-    from rigfleet.catalog import builtin_catalog, load_catalog
+A *stack* (vLLM arguments, container environment, GPUs, Genesis needs) is one file: built-in
+ones ship in ``rigfleet/stacks/``, a user's live in host data ``stacks_dir``. Every file is
+validated when read (keys: ``rigfleet.catalog_keys``; docs/stacks.md). What is pinned lives in
+``rigfleet.pins``; ``rigfleet.compose`` puts stack, pins and host data together::
 
     spec = builtin_catalog().get("tq3-mtp-genesis")
-    spec.port                  # 8015, the loopback port the front proxies to
-    spec.command("qwen3.6-27b-autoround-int4")[:2]
-    # ['--model', '/root/.cache/huggingface/qwen3.6-27b-autoround-int4']
     load_catalog(["inventory/stacks"]).names    # ('int8', 'my-stack', 'tq3-mtp-genesis')
 """
 
@@ -31,10 +18,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from rigfleet.catalog_genesis import GenesisSpec, PatchDecision, parse_genesis
 from rigfleet.catalog_keys import (
+    BY_PATH,
     DEFAULT_CV_MAX,
     DEFAULT_FLOOR_RATIO,
     DEFAULT_MARGIN,
@@ -42,6 +30,7 @@ from rigfleet.catalog_keys import (
     MAX_DRAIN_TIMEOUT_S,
     SCHEMA,
     SPECULATIVE_METHODS,
+    TABLE,
     allowed,
     keys_of,
 )
@@ -62,14 +51,12 @@ from rigfleet.vllm_versions import TAG_KINDS, tag_kind, version_key
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "stacks"
 
-# Paths inside the official vllm/vllm-openai image.
 MODEL_ROOT_IN_CONTAINER = "/root/.cache/huggingface"
 VLLM_PORT_IN_CONTAINER = 8000
 TORCH_COMPILE_CACHE_IN_CONTAINER = "/root/.cache/vllm/torch_compile_cache"
 TRITON_CACHE_IN_CONTAINER = "/root/.triton/cache"
 
-# Flags the stack file sets through its own keys; listing them in ``vllm.args`` too would
-# pass them twice.
+# Flags the stack file sets through its own keys (refused in ``vllm.args``).
 MANAGED_FLAGS = (
     "--model", "--served-model-name", "--tensor-parallel-size", "--max-model-len",
     "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
@@ -78,17 +65,11 @@ MANAGED_FLAGS = (
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# A hub repo id '<owner>/<name>' (a stack file's ``model``, the pins' models).
 HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
-# How long a swap or a maintenance window lets accepted requests finish before it stops the
-# stack (stack file ``drain.timeout_s``; host data ``drain_timeout_s`` overrides it):
-# DEFAULT_DRAIN_TIMEOUT_S, sized for long answers: club-3090#594 measures int8 decode at 130.8
-# tok/s warm and 50.7 tok/s at 35K tokens of context, so a 16K-token answer deep in a long
-# conversation takes about 320 s; ten minutes leave room for about 30K tokens at that pace.
-IMAGE_KINDS = TAG_KINDS
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
 _CAVEAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/#-]*")
+_PATTERNS = {"kind": _NAME, "id": _CAVEAT_ID}  # the fields of _entries with a pattern
 
 
 class CatalogError(ValidationError):
@@ -97,22 +78,14 @@ class CatalogError(ValidationError):
 
 @dataclass(frozen=True)
 class ImageRule:
-    """Which vLLM images a stack may run.
-
-    + kinds: ``release`` (``vX.Y.Z`` tags: kept for good on Docker Hub) and/or ``nightly``
-      (``nightly-<sha>``: purged after about two weeks; allowed only when the stack's Genesis
-      allowlist lists the build)
-    + min_version: the first vLLM release with what the stack needs (inclusive)
-    + below_version: the first release it must not run (exclusive), e.g. a patch's range
-    """
+    """Which vLLM images a stack may run (the stack file's ``image`` section)."""
 
     kinds: tuple[str, ...] = ("release",)
     min_version: str | None = None
     below_version: str | None = None
 
     def allows_version(self, version: str) -> bool:
-        """``version`` (``0.27.1``, ``0.20.2rc1.dev9+g01d4d1ad3``) is inside the range (a
-        dev build of 0.24.0 is below 0.24.0)."""
+        """``version`` is inside the range (a dev build of 0.24.0 is below 0.24.0)."""
         have = version_key(version)
         if have is None:
             return False
@@ -121,9 +94,8 @@ class ImageRule:
         return not ((low is not None and have < low) or (high is not None and have >= high))
 
     def problems(self, tag: str, version: str | None) -> list[str]:
-        """What is wrong with running image tag ``tag`` reporting vLLM ``version`` (empty
-        when the rule allows it; ``version`` None: the tag alone is judged), each phrased to
-        follow ``image <ref>``."""
+        """What is wrong with running ``tag`` reporting ``version`` (None: the tag alone), each
+        phrased to follow ``image <ref>``."""
         out = []
         kind = tag_kind(tag)
         if kind not in self.kinds:
@@ -144,8 +116,7 @@ class ImageRule:
 
 @dataclass(frozen=True)
 class BootSignature:
-    """A log line that says why a stack died at boot (``pattern``: a regex), with the words a
-    person needs: ``title`` (what happened) and ``hint`` (what to change)."""
+    """A boot-log line (``pattern``: a regex) with what it means and what to change."""
 
     kind: str
     pattern: str
@@ -168,15 +139,7 @@ class Caveat:
 
 @dataclass(frozen=True)
 class ThroughputSpec:
-    """What the gate's throughput check expects of a stack (the ``throughput:`` section).
-
-    + narrative, code: reference decode tok/s of one stream on RTX 3090s in the bench's
-      shapes (None: no figure; a host's own verified history is then the only baseline)
-    + margin: how far below its baseline a host may decode (fraction, default 0.15)
-    + cv_max: the largest coefficient of variation of a shape's runs (default 0.10)
-    + acceptance: published per-position MTP acceptance (code shape); floor_ratio: the floors
-      are ``acceptance x floor_ratio`` (default 0.8: room for a healthy rig's spread)
-    """
+    """What the gate's throughput check expects of a stack (the ``throughput:`` section)."""
 
     narrative: float | None = None
     code: float | None = None
@@ -192,7 +155,6 @@ class ThroughputSpec:
 
     @property
     def floors(self) -> tuple[float, ...]:
-        """Per-position acceptance floors (``acceptance x floor_ratio``)."""
         return tuple(round(a * self.floor_ratio, 4) for a in self.acceptance)
 
     def gate_set(self) -> tuple[str, ...]:
@@ -207,30 +169,7 @@ class ThroughputSpec:
 
 @dataclass(frozen=True)
 class StackSpec:
-    """One serving stack, validated from its stack file.
-
-    + name: catalog key, also used in paths and the compose project (``rigfleet-<name>``)
-    + summary: one line for people
-    + port: host loopback port published for the front proxy (container port is 8000)
-    + served_model_name: the model id clients ask for
-    + model: the hub repo of the weights it serves (None: the pins' default model)
-    + gpu_count: cards the stack needs
-    + kv_cache_dtype, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
-      tensor_parallel_size, max_model_len, num_speculative_tokens: the vLLM knobs other code
-      reads (the gate checks per-position acceptance, the swap the cards' memory)
-    + args: further ``vllm serve`` arguments, in order
-    + env: container environment without the Genesis switches, in file order
-    + genesis: what the stack needs of Genesis (None: it does not use Genesis)
-    + source: the file it was read from
-
-    **Example:**
-
-    .. code:: python
-
-        spec = builtin_catalog().get("int8")
-        spec.env["NCCL_P2P_DISABLE"]   # "1"
-        spec.compose_project            # "rigfleet-int8"
-    """
+    """One serving stack, validated from its stack file (docs/stacks.md: each key)."""
 
     name: str
     summary: str
@@ -262,17 +201,14 @@ class StackSpec:
 
     @property
     def container_name(self) -> str:
-        """The container's fixed name (teardown finds it by name): ``rigfleet-<name>``."""
         return f"rigfleet-{self.name}"
 
     @property
     def compose_project(self) -> str:
-        """The compose project name: ``rigfleet-<name>``."""
         return f"rigfleet-{self.name}"
 
     @property
     def needs_genesis(self) -> bool:
-        """The stack boots only with the Genesis tree mounted and applied."""
         return self.genesis is not None
 
     def environment(self, generation: str | None = None) -> dict[str, str]:
@@ -283,10 +219,7 @@ class StackSpec:
         return {**self.env, **self.genesis.env(generation)}
 
     def entrypoint(self, layout: GenesisLayout | None = None) -> tuple[str, ...]:
-        """The container entrypoint; ``command(...)`` is passed after it.
-
-        + layout: the pinned Genesis' layout (a Genesis stack's entrypoint applies it)
-        """
+        """The container entrypoint (a Genesis stack's applies the pinned ``layout``)."""
         if self.genesis is None:
             return self.entrypoint_argv
         if layout is None:
@@ -297,11 +230,11 @@ class StackSpec:
     @property
     def vllm_args(self) -> tuple[str, ...]:
         """``vllm serve`` arguments after ``--model <path>`` (all values as strings)."""
-        spec = (
-            ("--speculative-config", _speculative_config(self.speculative_method,
-                                                         self.num_speculative_tokens))
-            if self.speculative_method else ()
-        )
+        # Compact JSON, exactly as club-3090 passes it.
+        config = {"method": self.speculative_method,
+                  "num_speculative_tokens": self.num_speculative_tokens}
+        spec = (("--speculative-config", json.dumps(config, separators=(",", ":")))
+                if self.speculative_method else ())
         return (
             "--served-model-name", self.served_model_name,
             *self.args,
@@ -317,14 +250,10 @@ class StackSpec:
         )  # fmt: skip
 
     def model_path(self, local_dir: str) -> str:
-        """Where the weights are inside the container, for the model pin's ``local_dir``."""
         return f"{MODEL_ROOT_IN_CONTAINER}/{local_dir}"
 
     def command(self, local_dir: str) -> list[str]:
-        """The full argument list given to the entrypoint (``vllm serve`` reads it).
-
-        + local_dir: the model's directory name under the model dir (its pin's ``local_dir``)
-        """
+        """The full argument list given to the entrypoint (``local_dir``: the model pin's)."""
         return ["--model", self.model_path(local_dir), *self.vllm_args]
 
     @property
@@ -337,18 +266,9 @@ class StackSpec:
         }
 
 
-def _speculative_config(method: str | None, n: int) -> str:
-    # Compact JSON, exactly as club-3090 passes it; vLLM parses it as JSON.
-    return json.dumps({"method": method, "num_speculative_tokens": n}, separators=(",", ":"))
-
-
 @dataclass(frozen=True)
 class Catalog:
-    """The stacks a fleet can serve, by name (built-in files first, then the user's).
-
-    + stacks: name -> spec
-    + sources: the directories read, in order
-    """
+    """The stacks a fleet can serve, by name; ``sources``: the directories read, in order."""
 
     stacks: Mapping[str, StackSpec]
     sources: tuple[str, ...] = field(default=())
@@ -374,55 +294,47 @@ class Catalog:
 
 
 def parse_stack(data: Any, where: str) -> StackSpec:
-    """Validate one stack file's data; raises ``CatalogError`` listing every problem.
-
-    + data: the parsed YAML document
-    + where: the file (named in every message); its stem must be the stack's name
-    """
-    p = Problems(where)
-    top = p.mapping("", data, keys_of(""))
+    """Validate one stack file's data (``where``: the file, its stem the stack's name); raises
+    ``CatalogError`` listing every problem."""
+    p = Problems(where, TABLE)
+    top = p.mapping("", data)
     if top is None:
         p.raise_if_any(CatalogError)
         raise CatalogError(f"{where}: top level: empty; allowed: a stack file (docs/stacks.md)")
     if top.get("schema") != SCHEMA:
         p.bad("schema", top.get("schema"), repr(SCHEMA), "is not a supported schema")
-    name = p.string("name", top.get("name"), _NAME, allowed("name"))
+    name = p.string("name", top.get("name"), _NAME)
     stem = Path(where).stem
     if name is not None and stem not in (name, ""):
         p.bad("name", name, repr(stem), "differs from the file's name")
-    summary = p.string("summary", top.get("summary"), None, allowed("summary"))
-    port = p.integer("port", top.get("port"), 1024, 65535, allowed("port"))
-    served = p.string("served_model_name", top.get("served_model_name"), _SERVED,
-                      allowed("served_model_name"))
-    model = p.string("model", top.get("model"), HF_REPO, allowed("model"), required=False)
-    gpus = p.mapping("gpus", top.get("gpus"), keys_of("gpus"))
-    gpu_count = p.integer("gpus.count", (gpus or {}).get("count"), 1, 16, allowed("gpus.count"))
-    gpu_memory = p.integer("gpus.memory_mib", (gpus or {}).get("memory_mib"), 1024, 1_000_000,
-                           allowed("gpus.memory_mib"), required=False)
-    v = p.mapping("vllm", top.get("vllm"), keys_of("vllm")) or {}
+    summary = p.string("summary", top.get("summary"))
+    port = p.integer("port", top.get("port"), 1024, 65535)
+    served = p.string("served_model_name", top.get("served_model_name"), _SERVED)
+    model = p.string("model", top.get("model"), HF_REPO, required=False)
+    gpus = p.mapping("gpus", top.get("gpus")) or {}
+    gpu_count = p.integer("gpus.count", gpus.get("count"), 1, 16)
+    gpu_memory = p.integer("gpus.memory_mib", gpus.get("memory_mib"), 1024, 1_000_000,
+                           required=False)
+    v = p.mapping("vllm", top.get("vllm")) or {}
     kv = p.choice("vllm.kv_cache_dtype", v.get("kv_cache_dtype"), KV_CACHE_DTYPES)
-    tp = p.integer("vllm.tensor_parallel_size", v.get("tensor_parallel_size"), 1, 16,
-                   allowed("vllm.tensor_parallel_size"))
+    tp = p.integer("vllm.tensor_parallel_size", v.get("tensor_parallel_size"), 1, 16)
     if tp is not None and gpu_count is not None and tp > gpu_count:
         p.bad("vllm.tensor_parallel_size", tp, f"at most gpus.count ({gpu_count})",
               "is larger than the stack's GPU count")
-    max_len = p.integer("vllm.max_model_len", v.get("max_model_len"), 1024, 10_000_000,
-                        allowed("vllm.max_model_len"))
+    max_len = p.integer("vllm.max_model_len", v.get("max_model_len"), 1024, 10_000_000)
     util = p.number("vllm.gpu_memory_utilization", v.get("gpu_memory_utilization"), 0.0, 1.0,
-                    allowed("vllm.gpu_memory_utilization"), low_open=True)
-    seqs = p.integer("vllm.max_num_seqs", v.get("max_num_seqs"), 1, 1024,
-                     allowed("vllm.max_num_seqs"))
+                    low_open=True)
+    seqs = p.integer("vllm.max_num_seqs", v.get("max_num_seqs"), 1, 1024)
     batched = p.integer("vllm.max_num_batched_tokens", v.get("max_num_batched_tokens"),
-                        1, 1_000_000, allowed("vllm.max_num_batched_tokens"))
+                        1, 1_000_000)
     method, n = _speculative(p, v.get("speculative"))
-    args = p.strings("vllm.args", v.get("args"), None, allowed("vllm.args")) or []
+    args = p.strings("vllm.args", v.get("args")) or []
     for i, arg in enumerate(args):
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
+        if arg.split("=", 1)[0] in MANAGED_FLAGS:
             p.bad(f"vllm.args[{i}]", arg, "flags other than " + ", ".join(MANAGED_FLAGS),
                   "is set by the stack file's own key")
     env = _env(p, "env", top.get("env"))
-    genesis = _genesis(p, top.get("genesis"))
+    genesis = parse_genesis(p, top.get("genesis"), _env)
     entry = top.get("entrypoint")
     entrypoint: list[str] = []
     if genesis is not None:
@@ -430,18 +342,20 @@ def parse_stack(data: Any, where: str) -> StackSpec:
             p.bad("entrypoint", entry, "no entrypoint key for a Genesis stack (the deploy "
                   "builds the one the pinned Genesis needs)", "is set")
     else:
-        entrypoint = p.strings("entrypoint", entry, None, allowed("entrypoint"),
-                               required=True) or []
+        entrypoint = p.strings("entrypoint", entry, required=True) or []
         if entry is not None and not entrypoint:
             p.bad("entrypoint", entry, "a non-empty argv such as [vllm, serve]", "is empty")
     image = _image_rule(p, top.get("image"))
-    boot = p.mapping("boot", top.get("boot"), keys_of("boot"), required=False) or {}
-    expect = _signatures(p, "boot.expect", boot.get("expect"), with_kind=False)
-    failures = _signatures(p, "boot.failures", boot.get("failures"), with_kind=True)
+    boot = p.mapping("boot", top.get("boot"), required=False) or {}
+    expect = [BootSignature(kind="expect", **e)
+              for e in _entries(p, "boot.expect", boot.get("expect"))]
+    failures = [BootSignature(**e) for e in _entries(p, "boot.failures", boot.get("failures"))]
     gate_set = _gate_set(p, top.get("gate"))
-    caveats = _caveats(p, top.get("caveats"))
+    caveats = [Caveat(**e) for e in _entries(p, "caveats", top.get("caveats"))]
     throughput = _throughput(p, top.get("throughput"), n)
-    drain = _drain_timeout(p, top.get("drain"))
+    drain = p.mapping("drain", top.get("drain"), required=False)
+    seconds = None if drain is None else p.number("drain.timeout_s", drain.get("timeout_s"),
+                                                  0.0, MAX_DRAIN_TIMEOUT_S)
     p.raise_if_any(CatalogError)
     assert name and summary and port and served and gpu_count and kv and tp and max_len
     assert util is not None and seqs and batched
@@ -453,36 +367,25 @@ def parse_stack(data: Any, where: str) -> StackSpec:
         env=MappingProxyType(env), entrypoint_argv=tuple(entrypoint), genesis=genesis,
         source=where, gpu_memory_mib=gpu_memory, image=image, boot_expect=tuple(expect),
         boot_failures=tuple(failures), gate_set=tuple(gate_set), caveats=tuple(caveats),
-        throughput=throughput, drain_timeout_s=drain, model=model,
+        throughput=throughput, model=model,
+        drain_timeout_s=DEFAULT_DRAIN_TIMEOUT_S if seconds is None else seconds,
     )
 
 
-def _drain_timeout(p: Problems, value: Any) -> float:
-    """``drain: {timeout_s: N}``: seconds accepted requests may take to finish when a window
-    opens (0: stop at once, cutting what runs); ``DEFAULT_DRAIN_TIMEOUT_S`` when left out."""
-    d = p.mapping("drain", value, keys_of("drain"), required=False)
-    if d is None:
-        return DEFAULT_DRAIN_TIMEOUT_S
-    seconds = p.number("drain.timeout_s", d.get("timeout_s"), 0.0, MAX_DRAIN_TIMEOUT_S,
-                       allowed("drain.timeout_s"))
-    return float(seconds) if seconds is not None else DEFAULT_DRAIN_TIMEOUT_S
-
-
 def _image_rule(p: Problems, value: Any) -> ImageRule:
-    d = p.mapping("image", value, keys_of("image"), required=False)
+    d = p.mapping("image", value, required=False)
     if d is None:
         return ImageRule()
-    kinds = d.get("kinds", ["release"])
-    if not isinstance(kinds, list) or not kinds or not all(k in IMAGE_KINDS for k in kinds):
+    kinds = d.get("kinds", list(ImageRule.kinds))
+    if not isinstance(kinds, list) or not kinds or not all(k in TAG_KINDS for k in kinds):
         p.bad("image.kinds", kinds, allowed("image.kinds"))
-        kinds = ["release"]
+        kinds = list(ImageRule.kinds)
     versions = {}
     for key in ("min_version", "below_version"):
         raw = d.get(key)
         if isinstance(raw, int | float) and not isinstance(raw, bool):
             raw = str(raw)  # `min_version: 0.22` unquoted
-        versions[key] = p.string(f"image.{key}", raw, _VERSION, allowed(f"image.{key}"),
-                                 required=False)
+        versions[key] = p.string(f"image.{key}", raw, _VERSION, required=False)
     low, high = versions["min_version"], versions["below_version"]
     low_key, high_key = version_key(low or ""), version_key(high or "")
     if low_key is not None and high_key is not None and low_key >= high_key:
@@ -491,39 +394,42 @@ def _image_rule(p: Problems, value: Any) -> ImageRule:
     return ImageRule(tuple(kinds), low, high)
 
 
-def _signatures(p: Problems, key: str, value: Any, *, with_kind: bool) -> list[BootSignature]:
+def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
+    """A list of mappings of strings (``boot.expect``, ``caveats``), each field as the table
+    says; a ``pattern`` must compile."""
     if value is None:
         return []
     if not isinstance(value, list):
         p.bad(key, value, allowed(key))
         return []
-    item = f"{key}[]"
     out = []
     for i, entry in enumerate(value):
-        d = p.mapping(f"{key}[{i}]", entry, keys_of(item)) or {}
-        pattern = p.string(f"{key}[{i}].pattern", d.get("pattern"), None,
-                           allowed(f"{item}.pattern"))
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                p.bad(f"{key}[{i}].pattern", pattern, "a valid regular expression",
-                      f"does not compile ({e})")
-                pattern = None
-        title = p.string(f"{key}[{i}].title", d.get("title"), None, allowed(f"{item}.title"))
-        hint = p.string(f"{key}[{i}].hint", d.get("hint"), None, allowed(f"{item}.hint"),
-                        required=False) or ""
-        kind = p.string(f"{key}[{i}].kind", d.get("kind"), _NAME, allowed(f"{item}.kind"),
-                        required=with_kind) if with_kind else "expect"
-        if pattern and title and kind:
-            out.append(BootSignature(kind, pattern, title, hint))
+        d = p.mapping(f"{key}[{i}]", entry) or {}
+        fields: dict[str, str | None] = {}
+        for name in keys_of(f"{key}[]"):
+            item, required = f"{key}[{i}].{name}", BY_PATH[f"{key}[].{name}"].required
+            got = p.string(item, d.get(name), _PATTERNS.get(name), required=required)
+            if name == "pattern" and got is not None and (error := _regex_error(got)):
+                p.bad(item, got, "a valid regular expression", f"does not compile ({error})")
+                got = None
+            fields[name] = "" if got is None and not required else got
+        if None not in fields.values():
+            out.append(cast(dict[str, str], fields))
     return out
+
+
+def _regex_error(pattern: str) -> re.error | None:
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return e
+    return None
 
 
 def _gate_set(p: Problems, value: Any) -> list[str]:
     from rigfleet.hostside.verify.profiles import ProfileError, resolve
 
-    d = p.mapping("gate", value, keys_of("gate"), required=False)
+    d = p.mapping("gate", value, required=False)
     if d is None:
         return []
     raw = d.get("set") or {}
@@ -540,27 +446,17 @@ def _gate_set(p: Problems, value: Any) -> list[str]:
 
 
 def _throughput(p: Problems, value: Any, spec_tokens: int) -> ThroughputSpec | None:
-    d = p.mapping("throughput", value, keys_of("throughput"), required=False)
+    d = p.mapping("throughput", value, required=False)
     if d is None:
         return None
-    ref = p.mapping("throughput.reference", d.get("reference"), keys_of("throughput.reference"),
-                    required=False) or {}
-    figures = {}
-    for shape in ("narrative", "code"):
-        if ref.get(shape) is not None:
-            figures[shape] = p.number(
-                f"throughput.reference.{shape}", ref[shape], 0.0, 100_000.0, low_open=True,
-                allowed=allowed(f"throughput.reference.{shape}"))
-    margin = DEFAULT_MARGIN if d.get("margin") is None else p.number(
-        "throughput.margin", d["margin"], 0.0, 1.0, low_open=True,
-        allowed=allowed("throughput.margin"))
-    cv_max = DEFAULT_CV_MAX if d.get("cv_max") is None else p.number(
-        "throughput.cv_max", d["cv_max"], 0.0, 1.0, low_open=True,
-        allowed=allowed("throughput.cv_max"))
-    acc = p.mapping("throughput.acceptance", d.get("acceptance"),
-                    keys_of("throughput.acceptance"), required=False)
+    ref = p.mapping("throughput.reference", d.get("reference"), required=False) or {}
+    narrative, code = (p.number(f"throughput.reference.{shape}", ref.get(shape), 0.0,
+                                100_000.0, required=False, low_open=True)
+                       for shape in ("narrative", "code"))
+    margin = _fraction(p, "throughput.margin", d)
+    cv_max = _fraction(p, "throughput.cv_max", d)
+    acc = p.mapping("throughput.acceptance", d.get("acceptance"), required=False)
     per_pos: tuple[float, ...] = ()
-    ratio: float | None = DEFAULT_FLOOR_RATIO
     if acc is not None:
         raw = acc.get("reference")
         if spec_tokens == 0:
@@ -574,41 +470,24 @@ def _throughput(p: Problems, value: Any, spec_tokens: int) -> ThroughputSpec | N
                   "[0.95, 0.84, 0.75]")
         else:
             per_pos = tuple(float(x) for x in raw)
-        if acc.get("floor_ratio") is not None:
-            ratio = p.number("throughput.acceptance.floor_ratio", acc["floor_ratio"], 0.0, 1.0,
-                             low_open=True, allowed=allowed("throughput.acceptance.floor_ratio"))
-    if None in figures.values() or margin is None or cv_max is None or ratio is None:
-        return None
-    return ThroughputSpec(figures.get("narrative"), figures.get("code"), margin, cv_max,
-                          per_pos, ratio)
+    ratio = _fraction(p, "throughput.acceptance.floor_ratio", acc or {})
+    return ThroughputSpec(narrative, code, margin, cv_max, per_pos, ratio)
 
 
-def _caveats(p: Problems, value: Any) -> list[Caveat]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        p.bad("caveats", value, allowed("caveats"))
-        return []
-    out = []
-    for i, entry in enumerate(value):
-        d = p.mapping(f"caveats[{i}]", entry, keys_of("caveats[]")) or {}
-        cid = p.string(f"caveats[{i}].id", d.get("id"), _CAVEAT_ID, allowed("caveats[].id"))
-        summary = p.string(f"caveats[{i}].summary", d.get("summary"), None,
-                           allowed("caveats[].summary"))
-        handled = p.string(f"caveats[{i}].handled_by", d.get("handled_by"), None,
-                           allowed("caveats[].handled_by"), required=False) or ""
-        if cid and summary:
-            out.append(Caveat(cid, summary, handled))
-    return out
+def _fraction(p: Problems, key: str, section: dict[Any, Any]) -> float:
+    """A fraction in (0, 1] at ``key``; the table's default when left out."""
+    got = p.number(key, section.get(key.rpartition(".")[2]), 0.0, 1.0, required=False,
+                   low_open=True)
+    return float(TABLE.default(key)) if got is None else got
 
 
 def _speculative(p: Problems, value: Any) -> tuple[str | None, int]:
     if value is None:
         return None, 0
-    d = p.mapping("vllm.speculative", value, keys_of("vllm.speculative")) or {}
+    d = p.mapping("vllm.speculative", value) or {}
     method = p.choice("vllm.speculative.method", d.get("method"), SPECULATIVE_METHODS)
     n = p.integer("vllm.speculative.num_speculative_tokens", d.get("num_speculative_tokens"),
-                  1, 16, allowed("vllm.speculative.num_speculative_tokens"))
+                  1, 16)
     return method, n or 0
 
 
@@ -632,10 +511,6 @@ def _env(p: Problems, key: str, value: Any) -> dict[str, str]:
         else:
             out[name] = str(v)
     return out
-
-
-def _genesis(p: Problems, value: Any) -> GenesisSpec | None:
-    return parse_genesis(p, value, _env)
 
 
 def load_stack_file(path: str | Path) -> StackSpec:
@@ -694,10 +569,7 @@ def _load(dirs: tuple[str, ...], fingerprint: tuple[tuple[str, int, int], ...]) 
 
 
 def load_catalog(extra_dirs: Iterable[str | Path] = ()) -> Catalog:
-    """The built-in stacks plus those in ``extra_dirs`` (read once per process).
-
-    + extra_dirs: directories of the user's stack files (host data ``stacks_dir``)
-    """
+    """The built-in stacks plus those in ``extra_dirs`` (host data ``stacks_dir``)."""
     dirs = (str(BUILTIN_DIR), *(str(Path(d).expanduser().absolute()) for d in extra_dirs))
     # Read again when a file changed (a long-running process, the tests).
     return _load(dirs, _fingerprint(dirs))
@@ -716,6 +588,6 @@ def get_stack(name: str) -> StackSpec:
 __all__ = [
     "BUILTIN_DIR", "Catalog", "CatalogError", "GenesisSpec", "PatchDecision", "KV_CACHE_DTYPES",
     "MODEL_ROOT_IN_CONTAINER", "StackSpec", "ThroughputSpec", "VLLM_PORT_IN_CONTAINER",
-    "builtin_catalog",
-    "get_stack", "load_catalog", "load_stack_file", "parse_stack", "RigfleetError",
+    "builtin_catalog", "get_stack", "load_catalog", "load_stack_file", "parse_stack",
+    "RigfleetError",
 ]

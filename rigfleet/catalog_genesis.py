@@ -1,9 +1,5 @@
-"""The ``genesis`` section of a stack file: what a stack needs of Genesis, and what it decided.
-
-Read by ``rigfleet.catalog`` (the stack file loader); the keys, their messages' ``allowed:``
-texts and the docs come from ``rigfleet.catalog_keys``. ``decisions`` and ``model`` feed the
-correctness-patch rule of ``rigfleet.genesis_decisions``.
-"""
+"""The ``genesis`` section of a stack file: what a stack needs of Genesis, and what it decided
+(``decisions`` and ``model`` feed ``rigfleet.genesis_decisions``)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from rigfleet.catalog_keys import allowed, keys_of
+from rigfleet.catalog_keys import BY_PATH, allowed, keys_of
 from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.validate import Problems
 
@@ -27,7 +23,7 @@ EnvParser = Callable[[Problems, str, Any], dict[str, str]]
 
 @dataclass(frozen=True)
 class PatchDecision:
-    """A stack file's decision on one Genesis patch: ``on``, ``off`` or ``default``, and why."""
+    """A stack file's decision on one Genesis patch (``on``, ``off``, ``default``) and why."""
 
     decision: str
     reason: str
@@ -35,17 +31,7 @@ class PatchDecision:
 
 @dataclass(frozen=True)
 class GenesisSpec:
-    """What a stack needs of Genesis.
-
-    + needs: patch ids the stack cannot work without (``P67``)
-    + switches: generation -> (switches set to 1, switches set to 0), ``GENESIS_ENABLE_``
-      suffixes, in file order
-    + params: other ``GENESIS_*`` variables
-    + runtime_packages: pinned requirements (``xxhash==3.5.0``) the apply step imports that
-      the vLLM image lacks; baked into a derived local image at deploy time
-    + decisions: patch id -> what the stack decided for a Genesis correctness patch
-      (``rigfleet.genesis_decisions``); model: the model facts its ``applies_to`` reads
-    """
+    """What a stack needs of Genesis; ``switches``: generation -> (set to 1, set to 0)."""
 
     needs: tuple[str, ...]
     switches: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]
@@ -68,8 +54,8 @@ def parse_genesis(p: Problems, value: Any, env: EnvParser) -> GenesisSpec | None
     """The ``genesis`` section (None when left out); ``env`` checks ``genesis.params``."""
     if value is None:
         return None
-    d = p.mapping("genesis", value, keys_of("genesis")) or {}
-    needs = p.strings("genesis.needs", d.get("needs"), _PATCH_ID, allowed("genesis.needs")) or []
+    d = p.mapping("genesis", value) or {}
+    needs = p.strings("genesis.needs", d.get("needs"), _PATCH_ID) or []
     switches: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
     raw = d.get("switches")
     if not isinstance(raw, dict) or not raw:
@@ -81,11 +67,9 @@ def parse_genesis(p: Problems, value: Any, env: EnvParser) -> GenesisSpec | None
             if gen not in LAYOUTS:
                 p.bad(key, gen, ", ".join(LAYOUTS), "is not a Genesis generation rigfleet knows")
                 continue
-            s = p.mapping(key, sets, keys_of("genesis.switches.<gen>")) or {}
-            on = p.strings(f"{key}.on", s.get("on"), _SWITCH,
-                           allowed("genesis.switches.<gen>.on")) or []
-            off = p.strings(f"{key}.off", s.get("off"), _SWITCH,
-                            allowed("genesis.switches.<gen>.off")) or []
+            s = p.mapping(key, sets) or {}
+            on = p.strings(f"{key}.on", s.get("on"), _SWITCH) or []
+            off = p.strings(f"{key}.off", s.get("off"), _SWITCH) or []
             both = sorted(set(on) & set(off))
             if both:
                 p.bad(f"{key}.off", both, "each switch either on or off", "is also on")
@@ -95,54 +79,42 @@ def parse_genesis(p: Problems, value: Any, env: EnvParser) -> GenesisSpec | None
         if not name.startswith("GENESIS_") or name.startswith("GENESIS_ENABLE_"):
             p.bad(f"genesis.params.{name}", name, allowed("genesis.params"))
     packages = p.strings("genesis.runtime_packages", d.get("runtime_packages"),
-                         _PINNED_REQUIREMENT, allowed("genesis.runtime_packages")) or []
+                         _PINNED_REQUIREMENT) or []
     return GenesisSpec(tuple(needs), MappingProxyType(switches), MappingProxyType(params),
                        tuple(packages), _decisions(p, d.get("decisions")),
                        _model(p, d.get("model")))
 
 
 def _decisions(p: Problems, value: Any) -> Mapping[str, PatchDecision]:
-    """``genesis.decisions``: patch id -> {decision, reason} (YAML's bare on/off read as
-    true/false are taken as on/off)."""
+    """``genesis.decisions`` (YAML's bare on/off, read as true/false, taken as on/off)."""
     out: dict[str, PatchDecision] = {}
-    if value is None:
-        return MappingProxyType(out)
-    if not isinstance(value, dict):
+    if value is not None and not isinstance(value, dict):
         p.bad("genesis.decisions", value, allowed("genesis.decisions"), "is not a mapping")
-        return MappingProxyType(out)
-    for pid, entry in value.items():
+    for pid, entry in (value if isinstance(value, dict) else {}).items():
         key = f"genesis.decisions.{pid}"
         if not isinstance(pid, str) or not _PATCH_ID_ANY.fullmatch(pid):
             p.bad(key, pid, "a Genesis patch id such as PN346 or G4_26")
             continue
-        e = p.mapping(key, entry, keys_of("genesis.decisions.<id>")) or {}
+        e = p.mapping(key, entry) or {}
         raw = e.get("decision")
         raw = {True: "on", False: "off"}.get(raw, raw) if isinstance(raw, bool) else raw
         choice = p.choice(f"{key}.decision", raw, ("on", "off", "default"))
-        reason = p.string(f"{key}.reason", e.get("reason"), None,
-                          allowed("genesis.decisions.<id>.reason"))
+        reason = p.string(f"{key}.reason", e.get("reason"))
         if choice and reason:
             out[pid] = PatchDecision(choice, reason)
     return MappingProxyType(out)
 
 
 def _model(p: Problems, value: Any) -> Mapping[str, Any]:
-    d = p.mapping("genesis.model", value, keys_of("genesis.model"), required=False) or {}
+    """``genesis.model``: each key read as the table's type says."""
+    d = p.mapping("genesis.model", value, required=False) or {}
     out: dict[str, Any] = {}
-    if "model_arch" in d:
-        arch = p.strings("genesis.model.model_arch", d["model_arch"], _MODEL_ID,
-                         allowed("genesis.model.model_arch"), required=True)
-        if arch:
-            out["model_arch"] = tuple(arch)
-    for key in ("model_class", "quant_format"):
-        if key in d:
-            got = p.string(f"genesis.model.{key}", d[key], _MODEL_ID,
-                           allowed(f"genesis.model.{key}"))
-            if got:
-                out[key] = got
-    for key in ("is_hybrid", "is_moe"):
-        if key in d:
-            flag = p.boolean(f"genesis.model.{key}", d[key])
-            if flag is not None:
-                out[key] = flag
+    for name in (n for n in keys_of("genesis.model") if n in d):
+        key = f"genesis.model.{name}"
+        kind = BY_PATH[key].type
+        got = (p.boolean(key, d[name]) if kind == "boolean"
+               else p.strings(key, d[name], _MODEL_ID, required=True) if kind == "list"
+               else p.string(key, d[name], _MODEL_ID))
+        if got is not None and got != []:
+            out[name] = tuple(got) if isinstance(got, list) else got
     return MappingProxyType(out)

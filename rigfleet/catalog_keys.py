@@ -1,9 +1,5 @@
-"""Every stack-file key, described once: type, default, what is allowed, the sentence people read.
-
-``rigfleet.catalog`` takes from this table the keys each section allows (an unknown one gets a
-"did you mean"), the ``allowed:`` text of its messages and the defaults; ``docs/stacks.md``
-holds the reference rendered from it (``rigfleet.stack_docs``; a unit test compares them).
-Regenerate the reference after changing the table::
+"""Every stack-file key, described once (``rigfleet.keytable``); regenerate docs/stacks.md
+after changing the table::
 
     .venv/bin/python -m rigfleet.stack_docs docs/stacks.md
 """
@@ -15,8 +11,7 @@ from rigfleet.keytable import Key, KeyTable
 from rigfleet.vllm_versions import TAG_KINDS as IMAGE_KINDS
 
 SCHEMA = "rigfleet-stack/1"
-# vLLM's ``CacheDType`` literal (vllm/config/cache.py, upstream-2026.md §4.3): the union over
-# the releases we know; which image has which is the image's business (it refuses at boot).
+# vLLM's ``CacheDType`` literal (vllm/config/cache.py): the union over the releases we know.
 KV_CACHE_DTYPES = (
     "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
     "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",

@@ -1,31 +1,12 @@
 """Render one stack's compose file from the catalog, the pins and the host's settings.
 
-Each stack is its own compose project (``rigfleet-<stack>``) in
-``Layout.compose_file(<stack>)`` on the host. The text is deterministic: the same inputs give
-byte-identical output, so the deploy detects a change by comparing content, and the
-``io.rigfleet.config-hash`` label lets it tell whether a *running* container was started from
-the current file.
-
-Choices that matter:
-
-- ``image: <repo>:<tag>@<digest>``: Docker pulls by digest and ignores the tag, so the running
-  container is provably the pinned build; the tag stays for people reading ``docker ps``.
-- Loopback-only port (``127.0.0.1:<stack port>:8000``): the front proxy is the only way in.
-- Secrets only through ``env_file`` (``Layout.vllm_env_file`` holds VLLM_API_KEY);
-  nothing secret is ever in this file, so it can be logged, diffed and hashed.
-- Every ``$`` is written ``$$``: Compose interpolates entrypoint, command and environment at
-  parse time, which silently broke club-3090's entrypoints (#436).
-- The weights are mounted read-only from the pinned revision's own directory
-  (``Layout.weights_dir``), so a rollback's snapshot mounts the revision it served; caches
-  per stack (never shared).
-
-Example::
-
-    from rigfleet.catalog import get_stack
-    from rigfleet.compose import render_compose
+The text is deterministic (the deploy compares content; the ``io.rigfleet.config-hash`` label
+tells whether a running container came from the current file). The port is loopback-only,
+secrets come only through ``env_file``, every ``$`` is written ``$$`` (Compose interpolates at
+parse time, club-3090#436), and the weights mount read-only from the pinned revision's own
+directory, so a rollback mounts the revision it served::
 
     text = render_compose(get_stack("int8"), pins, settings)
-    files.put(src=io.StringIO(text), dest=str(HOST.compose_file("int8")), mode="0644")
 """
 
 from __future__ import annotations
@@ -60,24 +41,11 @@ _HEADER = (
 
 
 def genesis_layout(pin: GenesisPin) -> GenesisLayout:
-    """The layout of the pinned Genesis (v7.x: ``vllm/_genesis``; v12.x: ``sndr``)."""
     return LAYOUTS[pin.layout]
 
 
 def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[str, Any]:
-    """The compose file as data (escaped, labelled, hashed); ``render_compose`` dumps it.
-
-    + spec: the stack (``rigfleet.catalog.get_stack``)
-    + pins: validated, resolved pins (``rigfleet.pins.load_pins``)
-    + host: the host's settings (``rigfleet.hostdata.validate_host``)
-
-    **Example:**
-
-    .. code:: python
-
-        doc = compose_document(get_stack("int8"), pins, settings)
-        doc["services"]["vllm"]["labels"]["io.rigfleet.config-hash"]
-    """
+    """The compose file as data (escaped, labelled, hashed); ``render_compose`` dumps it."""
     stack_pins = pins.stack(spec.name)
     if stack_pins.digest == UNRESOLVED:
         raise PinsError(f"{pins.path}: stacks.{spec.name}.digest: is {UNRESOLVED!r}; {LOCK_HINT}")
@@ -90,12 +58,9 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     layout = genesis_layout(stack_pins.genesis) if stack_pins.genesis is not None else None
     environment = spec.environment(layout.generation if layout else None)
     # Host extras last: they may override catalog values (the testbed injects faults so).
-    for name in sorted(host.env_for(spec.name)):
-        environment[name] = host.env_for(spec.name)[name]
+    environment.update(sorted(host.env_for(spec.name).items()))
 
     local_dir = model.local_dir
-    # The revision's own directory (never written once verified), not a moving path: the
-    # active snapshot names the revision it served, so a rollback mounts the old files.
     weights = HOST.weights_dir(host.model_dir, local_dir, model.revision)
     volumes = [f"{weights}:{spec.model_path(local_dir)}:ro"]
     volumes += [f"{src}:{dst}" for src, dst in spec.cache_dirs.items()]
@@ -110,21 +75,15 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         f"{LABEL_PREFIX}.model-revision": model.revision,
     }
     if stack_pins.genesis is not None:
-        # In the label so a Genesis bump changes the file and the container is recreated:
-        # patches live in the container's writable layer and must be re-applied from scratch.
+        # A Genesis bump must recreate the container (patches live in its writable layer).
         labels[f"{LABEL_PREFIX}.genesis-commit"] = stack_pins.genesis.commit
 
     runtime = RuntimeImage.for_stack(spec, stack_pins)
     service: dict[str, Any] = {
-        # The image as the deploy staged and verified it (a Genesis stack: its derived image,
-        # the pinned packages baked into the pinned image on the host); never pulled here: a
-        # pull could fetch something else, and a loaded archive has no registry behind it.
+        # As the deploy staged and verified it; never pulled here (docs/swap.md).
         "image": runtime.ref if runtime else stack_pins.local_image,
         "container_name": spec.container_name,
-        # Never restarted in place: Genesis text-patches vLLM in the container's writable
-        # layer, so a restarted container fails to re-patch and one crash becomes a restart
-        # loop. The host's supervisor (rigfleet/hostside/supervise.py) recreates a dead
-        # engine from the verified snapshot instead, with a backoff and a limit.
+        # Never restarted in place: the supervisor recreates a dead engine (docs/swap.md).
         "restart": "no",
         "entrypoint": list(spec.entrypoint(layout if spec.needs_genesis else None)),
         "command": spec.command(local_dir),
@@ -134,16 +93,11 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         "volumes": volumes,
         "shm_size": "16gb",
         "ipc": "host",
-        "deploy": {
-            "resources": {
-                "reservations": {
-                    "devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
-                }
-            }
-        },
+        "deploy": {"resources": {"reservations": {
+            "devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}},
         "labels": labels,
+        "pull_policy": "never",
     }
-    service["pull_policy"] = "never"
     doc = _escape({"name": spec.compose_project, "services": {SERVICE: service}})
     labels = doc["services"][SERVICE]["labels"]
     labels[CONFIG_HASH_LABEL] = config_hash(doc)
@@ -151,44 +105,22 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
 
 
 def render_compose(spec: StackSpec, pins: Pins, host: HostSettings) -> str:
-    """Render the compose file of ``spec`` for ``host`` as YAML text (deterministic).
-
-    + spec: the stack (``rigfleet.catalog.get_stack``)
-    + pins: validated, resolved pins (``rigfleet.pins.load_pins``)
-    + host: the host's settings (``rigfleet.hostdata.validate_host``)
-
-    **Example:**
-
-    .. code:: python
-
-        text = render_compose(get_stack("tq3-mtp-genesis"), pins, settings)
-        assert text == render_compose(get_stack("tq3-mtp-genesis"), pins, settings)
-    """
+    """The compose file of ``spec`` for ``host`` as YAML text (deterministic)."""
     return render_document(compose_document(spec, pins, host))
 
 
 def render_document(doc: Mapping[str, Any]) -> str:
     """A compose document (``compose_document``) as the YAML text the deploy writes."""
-    body = yaml.dump(
-        dict(doc),
-        Dumper=_Dumper,
-        sort_keys=False,
-        default_flow_style=False,
-        allow_unicode=True,
-        width=100,
-    )
-    return _HEADER + body
+    return _HEADER + yaml.dump(dict(doc), Dumper=_Dumper, sort_keys=False,
+                               default_flow_style=False, allow_unicode=True, width=100)
 
 
 def config_hash(doc: dict[str, Any]) -> str:
     """A short, stable hash of a compose document, ignoring its own config-hash label.
 
-    The weights volume is hashed without its revision suffix (``weights_identity``): the
-    revision's directory is a function of the model dir, the local dir and the revision, all
-    of which the hash covers anyway (the volume's other parts, ``--model``, the
-    ``model-revision`` label), so no change goes unseen; and a container started from a compose
-    file of before per-revision directories (``<model_dir>/<local_dir>``, same revision) has
-    this same hash, so adopting its directory swaps nothing (docs/converge.md).
+    The weights volume is hashed without its revision suffix (the hash covers the revision
+    anyway), so a container from before per-revision directories keeps its hash
+    (docs/converge.md).
     """
     copy = json.loads(json.dumps(doc))
     for service in copy.get("services", {}).values():
@@ -202,8 +134,7 @@ def config_hash(doc: dict[str, Any]) -> str:
 
 
 def weights_identity(volume: Any, revision: str) -> Any:
-    """``<dir>/<local_dir>@<revision[:12]>:<target>:ro`` as ``<dir>/<local_dir>:<target>:ro``
-    (what the config hash sees); any other volume as it is."""
+    """The weights volume without its ``@<revision>`` suffix; any other volume as it is."""
     if not isinstance(volume, str):
         return volume
     source, sep, rest = volume.partition(":")
@@ -225,8 +156,7 @@ def _escape(value: Any) -> Any:
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings as literal blocks (the entrypoint script stays readable), no
-    anchors/aliases (Compose would accept them, people reading the file would not)."""
+    """Multi-line strings as literal blocks, no anchors/aliases."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True

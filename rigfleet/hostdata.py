@@ -1,16 +1,9 @@
 """Host data: what the inventory says about one host, checked before anything runs.
 
-Every key rigfleet reads is described once, in ``KEYS`` (name, check, default, what is
-allowed, the sentence users read): the checks, the typo hints, the defaults and
-docs/hostdata.md (``python -m rigfleet.hostdata`` writes it) come from that table.
-``validate_host`` turns a GPU host's pyinfra data (``host.data``: group data overlaid by the
-host's own) into a typed ``HostSettings``, ``validate_balancer`` a balancer's into
-``BalancerSettings``. They run on the control side while pyinfra prepares, so a bad value
-stops the deploy before any host changes; each problem is one line naming the host, the key,
-the value and what is allowed. ``check_caps_against_gpus`` and ``check_gpus`` check the data
-against the cards once the driver answers.
-
-Example::
+Every key is described once, in ``KEYS``: the checks, typo hints, defaults and
+docs/hostdata.md (``python -m rigfleet.hostdata`` writes it) come from that table. The
+``validate_*`` functions run on the control side, so a bad value stops the deploy before any
+host changes::
 
     settings = validate_host(host.name, host.data)   # host.data or a plain dict
     settings.power_caps_w    # (290, 290): one cap per card
@@ -47,8 +40,6 @@ from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource
 from rigfleet.tlsfiles import FrontTls, check_tls
 from rigfleet.validate import ValidationError
 
-# A balancer's seconds between health checks, and the KiB of a request HAProxy keeps for a
-# retry on another host (tune.bufsize).
 CHECK_INTERVAL_RANGE_S = (0.5, 30.0)
 RETRY_BUFFER_RANGE_KIB = (16, 1024)
 _URL = URL_ALLOWED
@@ -56,9 +47,6 @@ _FLAG = "true or false (on the command line: --data KEY=1)"
 _SECRET = "a file on this (control) machine, mode 0600, one line"
 _TLS = "a PEM file on this (control) machine"
 STOP_ENV = "RIGFLEET_STOP_ON_PREFLIGHT"
-
-
-# --- the table: every key, described once ------------------------------------------------------
 
 _C = HostChecker
 _low_k, _high_k = RETRY_BUFFER_RANGE_KIB
@@ -239,15 +227,13 @@ def _default(name: str) -> Any:
 
 
 class HostDataError(ValidationError):
-    """A host's data is wrong; one line per problem: ``<host>: <key>: ...; allowed: ...``."""
+    """A host's data is wrong; one line per problem."""
 
 
 @dataclass(frozen=True)
 class SwapSettings:
-    """The gate and the time limits of one host's transactions (host data, validated).
-
-    ``drain_timeout_s`` None: each stack file's ``drain.timeout_s``; the supervisor's policy
-    (``supervise_*``) is ``rigfleet.hostside.supervise.Policy``'s."""
+    """The gate and the time limits of one host's transactions (``drain_timeout_s`` None: each
+    stack file's ``drain.timeout_s``)."""
 
     gate_profile: str = _default("gate_profile")
     gate_set: tuple[str, ...] = _default("gate_set")
@@ -277,12 +263,7 @@ class BumpSettings:
 
 @dataclass(frozen=True)
 class HostSettings:
-    """One GPU host's validated settings (docs/hostdata.md: each key's meaning).
-
-    ``power_caps_w`` has one entry per card; ``api_key_file``, ``hf_token_file`` and
-    ``site_ca_files`` are absolute control-side paths; ``catalog`` holds the stacks this
-    host's data can name; ``front_tls`` is set when the front serves HTTPS.
-    """
+    """One GPU host's validated settings (docs/hostdata.md: each key's meaning)."""
 
     name: str
     stack: str
@@ -316,12 +297,10 @@ class HostSettings:
 
     @property
     def front_scheme(self) -> str:
-        """``https`` when the front serves TLS, else ``http``."""
         return "https" if self.front_tls else "http"
 
     @property
     def spec(self) -> StackSpec:
-        """The catalog entry of the desired stack."""
         return self.catalog.get(self.stack)
 
     def env_for(self, stack: str) -> dict[str, str]:
@@ -331,11 +310,7 @@ class HostSettings:
 
 @dataclass(frozen=True)
 class BalancerSettings:
-    """A balancer host's validated settings (host data ``balancer_*``; docs/balancer.md).
-
-    ``api_key_file`` is the fronts' key (passed on to them); ``tls`` None: plain HTTP;
-    ``plain_fronts``: HTTPS here in front of plain-HTTP fronts, on purpose.
-    """
+    """A balancer host's validated settings (host data ``balancer_*``; docs/balancer.md)."""
 
     name: str
     port: int
@@ -354,69 +329,54 @@ class BalancerSettings:
         return "https" if self.tls else "http"
 
 
-
-
-# --- validating a host -------------------------------------------------------------------------
-
-
 def validate_host(name: str, data: Mapping[str, Any] | Any,
                   catalog: Catalog | None = None) -> HostSettings:
-    """Check one GPU host's data and return its ``HostSettings``; raises ``HostDataError``
-    with every problem at once. Secret files are checked (exist, 0600, non-empty) but their
-    content never appears in a message.
-
-    + name: the host's inventory name (named in every message)
-    + data: ``host.data`` (anything with ``.get``) or a plain mapping
-    + catalog: the stacks ``stack`` may name (default: built-in plus ``stacks_dir``'s)
-    """
+    """Check one GPU host's data (``host.data`` or a mapping); raises ``HostDataError`` with
+    every problem at once."""
     c = HostChecker(name, catalog)
     v = c.check_keys(data, "gpu", KEYS)
-    tls = check_tls(c, "front", v["front_tls_cert_file"], v["front_tls_key_file"],
-                    v["front_tls_ca_file"])
+    tls = _tls(c, v, "front", "front_url")
     if v["peer_port"] == v["front_port"]:
         c.bad("peer_port", v["peer_port"], "a port other than front_port",
               "is this host's front_port too")
-    if tls is not None and v["front_url"] and v["front_url"].startswith("http://"):
-        c.bad("front_url", v["front_url"], "an https:// URL (or no front_url)",
-              "is plain HTTP, but the front serves TLS (front_tls_cert_file is set)")
     c.raise_if_any(HostDataError)
-    swap = SwapSettings(**{f.name: v[f.name] for f in fields(SwapSettings) if f.name in v})
-    bump = BumpSettings(v["bump_registry"], v["bump_genesis_url"], v["bump_mirror"])
-    direct = {f.name: v[f.name] for f in fields(HostSettings) if f.name in v}
-    return HostSettings(name=name, **direct, swap=swap, bump=bump, front_tls=tls,
-                        stop_on_preflight=v["rigfleet_stop_on_preflight"], catalog=c.catalog)
+    return _settings(HostSettings, v, "", name=name, swap=_settings(SwapSettings, v, ""),
+                     bump=_settings(BumpSettings, v, "bump_"), front_tls=tls,
+                     stop_on_preflight=v["rigfleet_stop_on_preflight"], catalog=c.catalog)
+
+
+def _settings(cls: Any, v: Mapping[str, Any], prefix: str, **given: Any) -> Any:
+    """``cls`` from checked values: each field not ``given`` from key ``<prefix><field>``, else
+    ``<field>`` (when the role has it)."""
+    keys = {f.name: prefix + f.name if prefix + f.name in v else f.name
+            for f in fields(cls) if f.name not in given}
+    return cls(**given, **{name: v[key] for name, key in keys.items() if key in v})
+
+
+def _tls(c: HostChecker, v: Mapping[str, Any], role: str, url_key: str) -> FrontTls | None:
+    """``<role>_tls_*`` checked, and a plain-HTTP ``url_key`` beside them refused."""
+    tls = check_tls(c, role, v[f"{role}_tls_cert_file"], v[f"{role}_tls_key_file"],
+                    v[f"{role}_tls_ca_file"])
+    url = v[url_key]
+    if tls is not None and url and url.startswith("http://"):
+        c.bad(url_key, url, f"an https:// URL (or no {url_key})",
+              f"is plain HTTP, but the {role} serves TLS ({role}_tls_cert_file is set)")
+    return tls
 
 
 def validate_balancer(name: str, data: Mapping[str, Any] | Any, *, gpu_host: bool = False,
                       catalog: Catalog | None = None) -> BalancerSettings:
-    """Check a balancer host's data; raises ``HostDataError`` naming host, key, value and
-    what is allowed.
-
-    + gpu_host: the host serves too: its ``balancer_port`` must not be its ``front_port``
-
-    .. code:: python
-
-        validate_balancer("lb1", {"api_key_file": "~/.config/rigfleet/api-key"}).port  # 8080
-    """
+    """Check a balancer host's data (``gpu_host``: it serves too); raises ``HostDataError``."""
     c = HostChecker(name, catalog)
     v = c.check_keys(data, "balancer", KEYS)
     port, front_port = v["balancer_port"], data.get("front_port", None)
     if gpu_host and port is not None and port == front_port:
         c.bad("balancer_port", port, f"a port other than front_port {front_port}",
               "is this host's front_port too (the host serves and balances)")
-    tls = check_tls(c, "balancer", v["balancer_tls_cert_file"], v["balancer_tls_key_file"],
-                    v["balancer_tls_ca_file"])
-    url = v["balancer_url"]
-    if tls is not None and url and url.startswith("http://"):
-        c.bad("balancer_url", url, "an https:// URL (or no balancer_url)",
-              "is plain HTTP, but the balancer serves TLS (balancer_tls_cert_file is set)")
+    tls = _tls(c, v, "balancer", "balancer_url")
     c.raise_if_any(HostDataError)
-    return BalancerSettings(
-        name=name, port=port, api_key_file=v["api_key_file"], tls=tls, url=url,
-        default_stack=v["balancer_default_stack"],
-        check_interval_s=float(v["balancer_check_interval_s"]),
-        retry_buffer_kib=v["balancer_retry_buffer_kib"], site_ca_files=v["site_ca_files"],
-        plain_fronts=v["balancer_plain_fronts"], catalog=c.catalog)
+    return _settings(BalancerSettings, v, "balancer_", name=name, tls=tls, catalog=c.catalog,
+                     check_interval_s=float(v["balancer_check_interval_s"]))
 
 
 @dataclass(frozen=True)
@@ -431,27 +391,16 @@ class MonitorSettings:
 
 
 def validate_monitor(name: str, data: Mapping[str, Any] | Any) -> MonitorSettings:
-    """Check a monitor host's data; raises ``HostDataError`` naming host, key, value and what
-    is allowed::
-
-        validate_monitor("mon1", {"api_key_file": "~/.config/rigfleet/api-key"}).retention_days
-    """
+    """Check a monitor host's data; raises ``HostDataError``."""
     c = HostChecker(name, None)
     v = c.check_keys(data, "monitor", KEYS)
     c.raise_if_any(HostDataError)
-    return MonitorSettings(name=name, api_key_file=v["api_key_file"],
-                           retention_days=v["monitor_retention_days"],
-                           retention_gib=v["monitor_retention_gib"],
-                           site_ca_files=v["site_ca_files"])
+    return _settings(MonitorSettings, v, "monitor_", name=name)
 
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """A cache host's validated settings (host data ``cache_*``; docs/images.md).
-
-    ``address``: where the fleet's hosts reach it; ``hf_token_file`` stays on the cache host
-    (root-only) and on no rig that the cache serves.
-    """
+    """A cache host's validated settings (host data ``cache_*``; docs/images.md)."""
 
     name: str
     address: str
@@ -466,24 +415,17 @@ class CacheSettings:
 
     @property
     def model_url(self) -> str:
-        """The model cache as the fleet's hosts reach it: ``http://lb.lan:8081``."""
         return f"http://{self.address}:{self.model_port}"
 
     @property
     def registry_url(self) -> str:
-        """The pull-through registry as the fleet's hosts reach it: ``http://lb.lan:5000``."""
         return f"http://{self.address}:{self.registry_port}"
 
 
 def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
                    taken: Sequence[int] = ()) -> CacheSettings:
-    """Check a cache host's data; raises ``HostDataError`` naming host, key, value and what
-    is allowed::
-
-        validate_cache("lb1", {"cache_address": "lb1.lan"}).model_url   # http://lb1.lan:8081
-
-    + taken: ports other services of the host listen on (its balancer's, its front's)
-    """
+    """Check a cache host's data (``taken``: ports the host's other services use); raises
+    ``HostDataError``."""
     c = HostChecker(name, None)
     v = c.check_keys(data, "cache", KEYS)
     ports = {"cache_registry_port": v["cache_registry_port"],
@@ -498,38 +440,28 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
                   "is taken by another service of this host")
     c.raise_if_any(HostDataError)
     address = v["cache_address"] or data.get("ssh_hostname", None) or name
-    return CacheSettings(
-        name=name, address=address, registry_port=v["cache_registry_port"],
-        registry_upstream=v["cache_registry_upstream"].rstrip("/"),
-        model_port=v["cache_model_port"], model_dir=v["cache_model_dir"],
-        hf_endpoint=v["hf_endpoint"], hf_token_file=v["hf_token_file"],
-        pip_index_url=v["pip_index_url"], site_ca_files=v["site_ca_files"])
+    return _settings(CacheSettings, v, "cache_", name=name, address=address,
+                     registry_upstream=v["cache_registry_upstream"].rstrip("/"))
 
 
 def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
-    """Stop the whole run when a host fails its preflight? Host data
-    ``rigfleet_stop_on_preflight`` or ``RIGFLEET_STOP_ON_PREFLIGHT=1``; read leniently,
-    before (and even when) the rest of the host's data fails validation."""
+    """Stop the whole run when a host fails its preflight? Read leniently, even when the rest
+    of the host's data fails validation."""
     if flag_value(os.environ.get(STOP_ENV, "")):
         return True
     return bool(flag_value(data.get("rigfleet_stop_on_preflight", None)))
 
 
-# --- the data against the cards ----------------------------------------------------------------
-
-
 class GpuPowerLimits(Protocol):
-    """What ``check_caps_against_gpus`` needs of a GPU (``rigfleet.gpu.GpuInfo`` has it): the
-    power range as ``power_min_w``/``power_max_w`` or ``power_min_limit_w``/
-    ``power_max_limit_w``; None when the card reports ``[N/A]``."""
+    """A GPU with ``power_min_w``/``power_max_w`` or ``power_min_limit_w``/``power_max_limit_w``
+    (None: ``[N/A]``)."""
 
     index: int
 
 
 def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuPowerLimits]) -> None:
-    """Check each cap (``HostSettings.power_caps_w``, in card index order) against its card's
-    real min..max limit; raises ``HostDataError``. ``nvidia-smi -pl`` refuses an out-of-range
-    value, and some boards silently keep the old one, so check first."""
+    """Check each cap against its card's real range (some boards silently keep the old cap);
+    raises ``HostDataError``."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(caps) != len(ordered):
@@ -553,12 +485,8 @@ def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuPo
 
 
 def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[Any]) -> list[str]:
-    """What is wrong with the cards the host reports, for its data and its stack: their
-    number must be ``gpu_count``, each needs the stack's ``gpus.memory_mib`` (when the stack
-    file sets it). One line per problem (empty: all is well)::
-
-        check_gpus("rig-a", 2, settings.spec, read_fact(GpuQuery).gpus)   # [] when fine
-    """
+    """What is wrong with the cards the host reports (their count, each one's memory), one line
+    per problem."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(ordered) != gpu_count:
@@ -590,9 +518,6 @@ def _power_range(gpu: Any) -> tuple[float | None, float | None]:
             return getattr(gpu, low_name, None), getattr(gpu, high_name, None)
     return None, None
 
-
-# --- docs/hostdata.md --------------------------------------------------------------------------
-
 DOC = "docs/hostdata.md"
 GROUPS = {
     "Serving": "What the host serves and how",
@@ -611,7 +536,7 @@ _ON = {"gpu": "GPU hosts", "balancer": "balancers", "monitor": "monitors", "cach
 
 
 def render_doc() -> str:
-    """docs/hostdata.md: one reference table per group of ``KEYS`` (generated, never edited)."""
+    """docs/hostdata.md: one reference table per group of ``KEYS``."""
 
     def cell(text: str) -> str:  # Markdown would take these for a column, emphasis or HTML
         return re.sub(r"([|*<])", r"\\\1", text)
@@ -642,8 +567,7 @@ def render_doc() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rigfleet.hostdata [--check]``: write docs/hostdata.md (``--check``: exit 1
-    when it differs from the table)."""
+    """``python -m rigfleet.hostdata [--check]``: write (or compare) docs/hostdata.md."""
     args = list(sys.argv[1:] if argv is None else argv)
     path = Path(__file__).resolve().parent.parent / DOC
     text = render_doc()

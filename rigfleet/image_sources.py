@@ -1,12 +1,6 @@
-"""Where a host gets its pinned images: host data ``image_sources``, an ordered list.
+"""Where a host gets its pinned images: host data ``image_sources``, tried in order.
 
-Each entry is a mapping with a ``kind`` (``hub``, ``registry``, ``archive``, ``host-archive``);
-the host tries them in order and takes the first that holds the pinned image (the control side
-checks them before any host changes). The default is ``[{"kind": "hub"}]``. An archive is
-matched to a pin by image id (the config digest ``rigfleet pins lock`` records): a loaded image
-has no repo digest. docs/images.md ("Host data ``image_sources``") describes each kind and key.
-
-Example::
+docs/images.md ("Host data ``image_sources``") describes each kind and key::
 
     sources = parse_sources(checker, "image_sources", host_data.get("image_sources"))
     sources[0].label      # "hub"
@@ -25,7 +19,6 @@ from rigfleet.hostside.layout import CACHE_ROOT
 KINDS = ("hub", "registry", "archive", "host-archive")
 VIAS = ("stream", "upload")
 NO_CHECK = "none"
-# Where an uploaded archive waits on the host until `docker load` has read it (then removed).
 # TODO(lead): a Layout property (rigfleet/hostside/layout.py) once that file can change.
 DEFAULT_UPLOAD_DIR = f"{CACHE_ROOT}/image-uploads"
 _KEYS = {
@@ -38,19 +31,8 @@ _KEYS = {
 
 @dataclass(frozen=True)
 class ImageSource:
-    """One entry of ``image_sources`` (see the module docstring).
-
-    + kind: ``hub`` | ``registry`` | ``archive`` | ``host-archive``
-    + url: a registry's URL as the host's daemon reaches it (``registry``)
-    + repository: the repository path in that registry (None: the pinned one's)
-    + check: the URL this machine checks the digest at (None: the default; ``none``: unchecked)
-    + path: an archive file or directory (``archive``: on this machine, absolute;
-      ``host-archive``: on the host)
-    + via: how a control-side archive reaches the host: ``stream`` or ``upload``
-    + upload_dir: where an uploaded archive waits on the host
-    + cache: the fleet cache host this ``registry`` stands for (``rigfleet.fleetcache``; never
-      from host data: the inventory's group ``caches`` puts it before the host's sources)
-    """
+    """One entry of ``image_sources``; ``cache``: the fleet cache host a ``registry`` stands for
+    (never from host data)."""
 
     kind: str
     url: str | None = None
@@ -63,7 +45,6 @@ class ImageSource:
 
     @property
     def registry_host(self) -> str:
-        """``registry.lan:5000``: how image references name this registry."""
         return urlsplit(self.url or "").netloc
 
     @property
@@ -73,9 +54,7 @@ class ImageSource:
 
     @property
     def label(self) -> str:
-        """How messages and tables name it: ``hub``, ``registry http://registry.lan:5000``,
-        ``archive /srv/x (this machine)``, ``host-archive /srv/images``, ``fleet cache lb1
-        (http://lb1:5000)``."""
+        """How messages and tables name it."""
         if self.cache is not None:
             return f"fleet cache {self.cache} ({self.url})"
         if self.kind == "registry":
@@ -112,10 +91,8 @@ class Checks(Protocol):
 
 
 def parse_sources(c: Checks, key: str, value: Any) -> tuple[ImageSource, ...]:
-    """Validate ``image_sources``; problems go to ``c`` (one line each, all at once).
-
-    + c: the host-data checker; key: ``image_sources``; value: the raw data (None: default)
-    """
+    """Validate ``image_sources`` (None: the default); problems go to ``c`` (the result counts
+    only when it has none)."""
     if value is None:
         return DEFAULT_SOURCES
     shape = ("a list of mappings, each with a kind: " + ", ".join(KINDS)
@@ -140,9 +117,8 @@ def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
         return None
     if c.mapping(base, entry, _KEYS[kind]) is None:
         return None
-    before = _count(c)
     if kind == "hub":
-        return _checked(c, before, ImageSource("hub", check=_check_url(c, base, entry)))
+        return ImageSource("hub", check=_check_url(c, base, entry))
     if kind == "registry":
         url = c.url(f"{base}.url", entry.get("url"))
         if entry.get("url") is None:
@@ -154,15 +130,15 @@ def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
                                        or "@" in repository or ":" in repository):
             c.bad(f"{base}.repository", repository, "a repository path without tag, digest, "
                   "spaces or leading/trailing '/', e.g. 'mirror/vllm-openai'")
-        return _checked(c, before, ImageSource("registry", url=url, repository=repository,
-                                               check=_check_url(c, base, entry)))
+        return ImageSource("registry", url=url, repository=repository,
+                           check=_check_url(c, base, entry))
     path_allowed = ("an absolute path on the host: a `docker save` .tar file or a directory of "
                     "them, e.g. '/srv/images'")
     if kind == "host-archive":
         path = c.posix_path(f"{base}.path", entry.get("path"), path_allowed)
         if path is not None and "\t" in path:
             c.bad(f"{base}.path", path, path_allowed, "holds a tab")
-        return _checked(c, before, ImageSource("host-archive", path=path))
+        return ImageSource("host-archive", path=path)
     raw = c.string(f"{base}.path", entry.get("path"), None,
                    "a `docker save` .tar file or a directory of them on this (control) "
                    "machine, e.g. '~/image-archive'")
@@ -172,8 +148,7 @@ def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
         upload_dir = c.posix_path(f"{base}.upload_dir", entry.get("upload_dir"),
                                   "an absolute directory on the host") or DEFAULT_UPLOAD_DIR
     path = str(Path(os.path.expanduser(raw)).absolute()) if raw else None
-    return _checked(c, before, ImageSource("archive", path=path, via=via or "stream",
-                                           upload_dir=upload_dir))
+    return ImageSource("archive", path=path, via=via or "stream", upload_dir=upload_dir)
 
 
 def _check_url(c: Checks, base: str, entry: dict[Any, Any]) -> str | None:
@@ -181,12 +156,3 @@ def _check_url(c: Checks, base: str, entry: dict[Any, Any]) -> str | None:
     if check is None or check == NO_CHECK:
         return check
     return c.url(f"{base}.check", check)
-
-
-def _count(c: Checks) -> int:
-    return len(getattr(c, "lines", ()))
-
-
-def _checked(c: Checks, before: int, source: ImageSource) -> ImageSource | None:
-    # A problem recorded while reading this entry: the entry is not used.
-    return source if _count(c) == before else None

@@ -1,16 +1,15 @@
 """A table of file keys, each described once, and the docs section rendered from it.
 
-``rigfleet.pin_keys`` (pins.yaml) and ``rigfleet.catalog_keys`` (stack files) are such tables:
-their validators take the keys each section allows, the ``allowed:`` texts and the defaults
-from it; docs/ holds the Markdown reference it renders between two markers::
+``rigfleet.pin_keys`` and ``rigfleet.catalog_keys`` are such tables: validators take the keys
+each section allows, the ``allowed:`` texts and defaults from them::
 
     TABLE = KeyTable(KEYS, BEGIN, END)
     TABLE.keys_of("driver"), TABLE.allowed("driver.branch"), TABLE.reference()
-    write_docs(sys.argv, "python -m rigfleet.pin_keys docs/pins.md", TABLE.render_into)
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,9 +18,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Key:
-    """One key: ``path`` (dotted; ``<name>`` marks named entries, ``[]`` a list's items),
-    ``type``, ``doc`` (what it means), ``allowed`` (the text its messages end with),
-    ``default`` (as people write it; empty: none), ``required``."""
+    """One key: ``path`` is dotted (``<name>`` marks named entries, ``[]`` a list's items);
+    ``allowed`` is the text its messages end with, ``default`` as people write it."""
 
     path: str
     type: str
@@ -40,8 +38,7 @@ class Key:
 
 
 def replace_section(text: str, begin: str, end: str, body: str) -> str:
-    """``text`` with what lies between ``begin`` and ``end`` (the markers included) replaced by
-    ``body``; ``ValueError`` when a marker is missing."""
+    """``text`` with ``begin`` ... ``end`` (markers included) replaced by ``body``."""
     head, sep, rest = text.partition(begin)
     _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
@@ -50,21 +47,29 @@ def replace_section(text: str, begin: str, end: str, body: str) -> str:
 
 
 class KeyTable:
-    """The keys of one file format; ``escape_tags``: show ``<name>`` in the docs' cells rather
-    than leave it for an HTML tag (the stack reference writes it inside code spans)."""
+    """The keys of one file format; ``escape_tags``: show ``<name>`` in the docs' cells."""
 
     def __init__(self, keys: Sequence[Key], begin: str, end: str, *,
                  escape_tags: bool = False) -> None:
         self.keys = tuple(keys)
         self.by_path = {k.path: k for k in self.keys}
         self.begin, self.end, self.escape_tags = begin, end, escape_tags
+        self.sections = {p for k in self.keys for p in (k.path, k.parent)}
+        named = sorted((p for p in self.sections if "<" in p), key=lambda p: -p.count("."))
+        self._named = [(re.compile(re.sub(r"<[^>]+>", ".+", re.escape(p))), p) for p in named]
+
+    def section(self, key: str) -> str:
+        """The table path of a key as a message names it: ``boot.expect[2]`` ->
+        ``boot.expect[]``, ``genesis.switches.v7.on`` -> ``genesis.switches.<gen>.on``."""
+        path = re.sub(r"\[\d+\]", "[]", key)
+        if path in self.sections:
+            return path
+        return next((p for pattern, p in self._named if pattern.fullmatch(path)), path)
 
     def allowed(self, path: str) -> str:
-        """The ``allowed:`` text of key ``path``."""
         return self.by_path[path].allowed
 
     def default(self, path: str) -> str:
-        """The default of key ``path`` as people write it."""
         return self.by_path[path].default
 
     def keys_of(self, section: str) -> tuple[str, ...]:
@@ -76,7 +81,6 @@ class KeyTable:
         return text.replace("<", "&lt;").replace(">", "&gt;") if self.escape_tags else text
 
     def reference(self) -> str:
-        """The Markdown reference of every key, between the table's markers."""
         lines = [self.begin, "", "| key | type | default | allowed | meaning |",
                  "|---|---|---|---|---|"]
         for k in self.keys:
@@ -87,7 +91,6 @@ class KeyTable:
         return "\n".join([*lines, "", self.end])
 
     def render_into(self, text: str) -> str:
-        """``text`` (the docs page) with its generated section replaced by ``reference()``."""
         return replace_section(text, self.begin, self.end, self.reference())
 
 

@@ -1,8 +1,4 @@
-"""Every ``pins.yaml`` key, described once: type, default, what is allowed, the sentence people read.
-
-``rigfleet.pins`` takes from this table the keys each section allows (an unknown one gets a
-"did you mean"), the ``allowed:`` text of its messages and the defaults; ``docs/pins.md``
-holds the reference rendered from it (a unit test compares them). Regenerate the reference
+"""Every ``pins.yaml`` key, described once (``rigfleet.keytable``); regenerate docs/pins.md
 after changing the table::
 
     .venv/bin/python -m rigfleet.pin_keys docs/pins.md

@@ -1,17 +1,7 @@
 """``rigfleet pins lock``: fill in what a pins file cannot know by hand.
 
-For each stack (and each host override in ``hosts:``), from the registry's v2 API:
-
-- ``digest``: what the tag points at now (the manifest-list/index digest; a HEAD request);
-- ``image_id``: the config digest of that digest's linux/amd64 image (index -> platform
-  manifest -> config descriptor): what ``docker image inspect --format {{.Id}}`` shows and
-  what ``docker load`` of a saved copy reproduces. Read for the *pinned* digest, never for
-  whatever the tag points at later, so a saved copy can be verified against the pin.
-
-The model's full commit comes from the hub (``huggingface_hub``, with ``--hf-token-file``); each Genesis pin's ``layout`` and
-``version`` from its commit (``rigfleet.bump.genesis.lock_genesis``, which also refuses a Genesis
-stack the hosts' gate would refuse). Everything else in the file is left as written. Nothing is
-written unless every lookup succeeds; a tag that is gone says so and what to do instead::
+Digests and image ids come from the registry, model revisions from the hub, Genesis layouts
+and versions from the commit (docs/pins.md). Nothing is written unless every lookup succeeds::
 
     rigfleet pins lock --pins pins.yaml            # Docker Hub and huggingface.co
     rigfleet pins lock --refresh                   # re-resolve every digest from its tag
@@ -29,8 +19,6 @@ from rigfleet.pins import UNRESOLVED, Pins, PinsError, StackPins, load_pins, sav
 from rigfleet.registry import DOCKER_HUB, Registry, RegistryError, RegistryNotFound, registry_of
 from rigfleet.vllm_versions import NIGHTLY_TAG
 
-# vllm .buildkite/scripts/cleanup-nightly-builds.sh keeps the 14 newest nightly-* tags and
-# deletes the rest; release tags are never deleted (see docs/images.md).
 NIGHTLY_RETENTION = ("vLLM keeps only the 14 newest nightly-* tags on Docker Hub; release tags "
                      "stay")
 SAVED_COPY = ("a release tag (vX.Y.Z), or import a saved copy (`rigfleet images import FILE`) "
@@ -43,8 +31,7 @@ class LockError(PinsError):
 
 def hub_revision(hub_url: str, repo: str, ref: str = "main", timeout: float = 15,
                  token_file: str | None = None) -> str:
-    """The full commit that ``ref`` of model ``repo`` points at on the hub (huggingface_hub,
-    with the token in ``token_file`` when given: a gated model answers 401 without one)."""
+    """The full commit that ``ref`` of model ``repo`` points at on the hub."""
     try:
         return Hub(hub_url, token_file, timeout).revision(repo, ref)
     except HubError as e:
@@ -53,7 +40,7 @@ def hub_revision(hub_url: str, repo: str, ref: str = "main", timeout: float = 15
 
 @dataclass
 class _Resolver:
-    """Registry lookups for one lock run, each asked once (stacks often share an image)."""
+    """Registry lookups for one lock run, each asked once."""
 
     registry: Registry
     file: str
@@ -73,9 +60,7 @@ class _Resolver:
         digest = p.digest
         if refresh or digest == UNRESOLVED:
             try:
-                if (path, p.tag) not in self.digests:
-                    self.digests[(path, p.tag)] = reg.digest(path, p.tag)
-                digest = self.digests[(path, p.tag)]
+                digest = _once(self.digests, (path, p.tag), lambda: reg.digest(path, p.tag))
             except RegistryNotFound:
                 self.problems.append(self.gone(key, p, reg))
                 return p
@@ -85,9 +70,8 @@ class _Resolver:
         image_id = p.image_id
         if refresh or image_id is None or digest != p.digest:
             try:
-                if (path, digest) not in self.ids:
-                    self.ids[(path, digest)] = reg.resolve(path, digest).image_id
-                image_id = self.ids[(path, digest)]
+                image_id = _once(self.ids, (path, digest),
+                                 lambda: reg.resolve(path, digest).image_id)
             except RegistryNotFound:
                 self.problems.append(
                     f"{self.file}: {key}.image_id: cannot be read: {p.repository}@{digest} is "
@@ -107,6 +91,13 @@ class _Resolver:
     @staticmethod
     def retention(p: StackPins) -> str:
         return f" ({NIGHTLY_RETENTION})" if NIGHTLY_TAG.fullmatch(p.tag) else ""
+
+
+def _once(cache: dict[tuple[str, str], str], key: tuple[str, str],
+          ask: Callable[[], str]) -> str:
+    if key not in cache:
+        cache[key] = ask()
+    return cache[key]
 
 
 def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False,
@@ -149,8 +140,7 @@ def changes(old: Pins, new: Pins) -> list[str]:
 
 
 def refuse_during_bump(pins: Pins) -> None:
-    """An unfinished bump's journal is read with these pins; saving them would make it stale
-    (and the deploy refuse), so ``pins lock`` waits for the bump to finish or be abandoned."""
+    """Refuse while a bump is unfinished (saving would make its journal stale)."""
     from rigfleet.bump.journal import load_journal
 
     journal = load_journal(pins)
@@ -164,14 +154,8 @@ def refuse_during_bump(pins: Pins) -> None:
 def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False,
          genesis_url: str | None = None, token_file: str | None = None,
          verify: Callable[[Pins], list[str]] | None = None) -> list[str]:
-    """Resolve and save; returns one line per change (empty when nothing was to do).
-
-    + genesis_url: where this machine fetches Genesis when the pinned repository URL is not
-      reachable from it (see ``rigfleet.bump.genesis.lock_genesis``)
-    + token_file: the hub token (host data ``hf_token_file``), read here, never shown
-    + verify: ``rigfleet check``'s online checks of the new pins (``--inventory``): the
-      refusals it returns stop the save
-    """
+    """Resolve and save; returns one line per change. ``verify``'s refusals (``rigfleet
+    check``'s online checks) stop the save."""
     pins = load_pins(path, allow_unresolved=True)
     refuse_during_bump(pins)
     new = resolve(pins, Registry(registry_url), hub_url, refresh=refresh,

@@ -1,17 +1,8 @@
 """The fleet's pins (``pins.yaml``): everything that must not move unless a person moves it.
 
-One file holds the vLLM image of each stack (tag *and* registry digest, plus the version string
-the image reports), the Genesis commit, the model revision, the NVIDIA driver branch, the
-container-toolkit version and the huggingface_hub version used for downloads. The deploy reads
-it once, on the control side, before any host changes; a bad value stops the run with a
-message that names the file, the key path, the value and what is allowed. Values only a
-registry or hub can tell may be ``unresolved`` until ``rigfleet pins lock`` resolves them; the
-optional ``hosts`` section says what a host runs when it differs from the fleet's pins
-(``Pins.for_host``). docs/pins.md shows the format and every key (from ``rigfleet.pin_keys``).
-
-Example::
-
-    from rigfleet.pins import load_pins
+Images (tag and digest), Genesis commits, model revisions, driver, toolkit and hub versions;
+read once on the control side before any host changes. docs/pins.md describes every key (from
+``rigfleet.pin_keys``)::
 
     pins = load_pins("pins.yaml")
     pins.stacks["int8"].image_ref   # "vllm/vllm-openai:nightly-01d4...@sha256:..."
@@ -19,9 +10,7 @@ Example::
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,7 +20,8 @@ import yaml
 
 from rigfleet.catalog import HF_REPO, Catalog, builtin_catalog
 from rigfleet.genesis_layout import LAYOUTS
-from rigfleet.pin_keys import COMMIT, SCHEMA, UNRESOLVED, allowed, default, keys_of
+from rigfleet.hostside.atomic import write_atomic
+from rigfleet.pin_keys import SCHEMA, TABLE, UNRESOLVED, allowed, default
 from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
 
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
@@ -70,23 +60,12 @@ DEFAULT_LAYOUT = default(f"{_STACK}.genesis.layout")
 
 
 class PinsError(ValidationError):
-    """``pins.yaml`` is missing, unreadable or wrong.
-
-    The message has one line per problem: ``<file>: <key.path>: <what is wrong>; allowed:
-    <what would do>``. ``problems`` holds those lines.
-    """
+    """``pins.yaml`` is missing, unreadable or wrong; one line per problem."""
 
 
 @dataclass(frozen=True)
 class GenesisPin:
-    """The Genesis patch tree, by full commit.
-
-    + repo: its git URL; commit: the full 40-hex commit (v7.x has no release tags; a v7 commit
-      may be reachable only from a non-default branch such as ``dev``)
-    + layout: how that commit lays Genesis out (``v7``: ``vllm/_genesis``; ``v12``: ``sndr/``),
-      read from the tree by ``rigfleet pins lock`` and checked on the host
-    + version: the Genesis release it is (``v12.1.0``), for people and messages
-    """
+    """The Genesis patch tree, by full commit."""
 
     repo: str
     commit: str
@@ -101,19 +80,13 @@ class GenesisPin:
 
 @dataclass(frozen=True)
 class StackPins:
-    """What one stack runs: image tag + digest, the vLLM version it reports, Genesis.
-
-    ``vllm_version`` is the full ``vllm.__version__`` of the image (what Genesis' allowlist
-    compares against), e.g. ``0.20.2rc1.dev9+g01d4d1ad3``.
-    """
+    """What one stack runs: image tag + digest, the vLLM version it reports, Genesis."""
 
     name: str
     image: str
     digest: str
     vllm_version: str
     genesis: GenesisPin | None = None
-    # The image's id (its config digest): what `docker load` of a saved copy reproduces, which
-    # carries no repo digest; `rigfleet pins lock` records it.
     image_id: str | None = None
 
     @property
@@ -123,30 +96,21 @@ class StackPins:
 
     @property
     def local_image(self) -> str:
-        """The name the pinned image has on a host: ``<repo>:<tag>``.
-
-        The images role stages the image under this name from whichever source has it (a
-        pull, a LAN registry, a ``docker load`` of an archive) and verifies that the name's
-        image id is the pinned one; a loaded image has no repo digest, so everything that runs
-        on the host names the image this way, never as ``<tag>@<digest>``.
-        """
+        """The name the staged, verified image has on a host (a loaded one has no digest)."""
         return self.image
 
     @property
     def repository(self) -> str:
-        """The image repository without the tag (``vllm/vllm-openai``)."""
         return self.image.rsplit(":", 1)[0]
 
     @property
     def tag(self) -> str:
-        """The image tag (``nightly-<sha>``)."""
         return self.image.rsplit(":", 1)[1]
 
 
 @dataclass(frozen=True)
 class ModelPin:
-    """The weights: hub repo, full commit, and the directory name under the model dir.
-    ``key``: where the pins file holds it (``model``, or ``models.<repo>``)."""
+    """The weights; ``key``: where the pins file holds it (``model``, or ``models.<repo>``)."""
 
     repo: str
     revision: str
@@ -156,7 +120,7 @@ class ModelPin:
 
 @dataclass(frozen=True)
 class Pins:
-    """The whole pins file, validated. ``path`` is where it was read from."""
+    """The whole pins file, validated."""
 
     path: str
     serial: int
@@ -190,17 +154,7 @@ class Pins:
                             "(docs/pins.md)") from None
 
     def for_host(self, name: str) -> Pins:
-        """These pins as host ``name`` runs them: its ``hosts`` overrides merged into ``stacks``.
-
-        A host without overrides gets ``self`` back unchanged. The deploy (roles/preflight.py)
-        resolves every host's pins this way.
-
-        **Example:**
-
-        .. code:: python
-
-            pins.for_host("host2").stacks["int8"].digest   # host2's digest, else the fleet's
-        """
+        """These pins as host ``name`` runs them: its ``hosts`` overrides merged into ``stacks``."""
         overrides = self.hosts.get(name)
         if not overrides:
             return self
@@ -211,19 +165,14 @@ class Pins:
         try:
             return self.stacks[name]
         except KeyError:
-            raise PinsError(
-                f"{self.path}: stacks.{name}: not pinned; pinned: {', '.join(self.stacks)}"
-            ) from None
+            raise PinsError(f"{self.path}: stacks.{name}: not pinned; pinned: "
+                            f"{', '.join(self.stacks)}") from None
 
     def unresolved(self) -> list[str]:
         """Key paths still ``unresolved`` (what ``rigfleet pins lock`` has to fill in)."""
         keys = [f"stacks.{n}.digest" for n, s in self.stacks.items() if s.digest == UNRESOLVED]
-        keys += [
-            f"hosts.{h}.stacks.{n}.digest"
-            for h, stacks in self.hosts.items()
-            for n, s in stacks.items()
-            if s.digest == UNRESOLVED
-        ]
+        keys += [f"hosts.{h}.stacks.{n}.digest" for h, stacks in self.hosts.items()
+                 for n, s in stacks.items() if s.digest == UNRESOLVED]
         keys += [f"{m.key}.revision" for m in self.all_models.values()
                  if m.revision == UNRESOLVED]
         return keys
@@ -235,9 +184,7 @@ class Pins:
             driver["version"] = self.driver_version
         stacks = {name: _stack_dict(s) for name, s in self.stacks.items()}
         out: dict[str, Any] = {
-            "schema": SCHEMA,
-            "serial": self.serial,
-            "driver": driver,
+            "schema": SCHEMA, "serial": self.serial, "driver": driver,
             "container_toolkit": {"version": self.toolkit_version},
             "huggingface_hub": {"version": self.hf_hub_version},
         }
@@ -249,10 +196,8 @@ class Pins:
                              for r, m in self.models.items()}
         out["stacks"] = stacks
         if self.hosts:  # absent unless a rollout left hosts on other pins: old files unchanged
-            out["hosts"] = {
-                h: {"stacks": {n: _stack_dict(s) for n, s in stacks.items()}}
-                for h, stacks in self.hosts.items()
-            }
+            out["hosts"] = {h: {"stacks": {n: _stack_dict(s) for n, s in stacks.items()}}
+                            for h, stacks in self.hosts.items()}
         out["history"] = [dict(h) for h in self.history]
         return out
 
@@ -273,23 +218,8 @@ def _stack_dict(s: StackPins) -> dict[str, Any]:
 
 def load_pins(path: str | Path, *, allow_unresolved: bool = False,
               catalog: Catalog | None = None) -> Pins:
-    """Read and validate a pins file; any problem raises ``PinsError`` listing all of them.
-
-    The file is read strictly (``rigfleet.validate.load_yaml``): UTF-8 only, a key given twice
-    is refused with its line.
-
-    + path: the pins file (``pins.yaml`` at the repository root)
-    + allow_unresolved: accept ``unresolved`` digests / revision (only ``rigfleet pins lock``
-      wants this; the deploy never does)
-    + catalog: the stacks pins may name (default: the built-in ones)
-
-    **Example:**
-
-    .. code:: python
-
-        pins = load_pins("pins.yaml")
-        pins.stacks["tq3-mtp-genesis"].genesis.commit
-    """
+    """Read and validate a pins file (``allow_unresolved``: only for ``rigfleet pins lock``);
+    raises ``PinsError`` listing every problem."""
     path = str(path)
     try:
         data = load_yaml(path, "the pins file", "create it (see docs/converge.md)")
@@ -300,13 +230,7 @@ def load_pins(path: str | Path, *, allow_unresolved: bool = False,
 
 def parse_pins(data: Any, path: str = "pins.yaml", *, allow_unresolved: bool = False,
                catalog: Catalog | None = None) -> Pins:
-    """Validate already-parsed pins data (``load_pins`` without the file read).
-
-    + data: the YAML document as Python data
-    + path: named in error messages
-    + allow_unresolved: as for ``load_pins``
-    + catalog: as for ``load_pins``
-    """
+    """Validate already-parsed pins data (``load_pins`` without the file read)."""
     c = _Checker(path, catalog or builtin_catalog())
     pins = c.pins(data)
     c.raise_if_any(PinsError)
@@ -320,23 +244,8 @@ def parse_pins(data: Any, path: str = "pins.yaml", *, allow_unresolved: bool = F
 def with_resolved(
     pins: Pins, digests: Mapping[str, str] | None = None, revision: str | None = None
 ) -> Pins:
-    """Return ``pins`` with registry digests and the model revision filled in.
-
-    Pure: nothing is read or written. Values are validated like the file's; stacks missing
-    from ``digests`` keep their current digest.
-
-    + pins: pins as loaded (``load_pins(..., allow_unresolved=True)``)
-    + digests: stack name -> ``sha256:<64-hex>`` (the registry's manifest digest)
-    + revision: the default model's full 40-hex commit, or None to keep the current one
-
-    **Example:**
-
-    .. code:: python
-
-        pins = load_pins("pins.yaml", allow_unresolved=True)
-        new = with_resolved(pins, {"int8": "sha256:" + "ab" * 32}, revision="0" * 40)
-        save_pins(new, {"action": "lock", "by": "alice"})
-    """
+    """``pins`` with registry digests (stack -> digest) and the default model's revision
+    filled in, validated like the file's."""
     c = _Checker(pins.path, builtin_catalog())
     stacks = dict(pins.stacks)
     for name, digest in (digests or {}).items():
@@ -344,10 +253,10 @@ def with_resolved(
         if name not in stacks:
             c.bad(f"stacks.{name}", name, f"a pinned stack: {', '.join(stacks)}", "is not pinned")
             continue
-        if c.digest(key, digest, allow_unresolved=False) is not None:
+        if c.pinned(key, digest, _DIGEST, allow_unresolved=False) is not None:
             stacks[name] = replace(stacks[name], digest=digest)
     model = pins.model
-    if revision is not None and c.commit(f"{model.key}.revision", revision,
+    if revision is not None and c.pinned(f"{model.key}.revision", revision, _HEX40,
                                          allow_unresolved=False) is not None:
         model = replace(model, revision=revision)
     c.raise_if_any(PinsError)
@@ -362,36 +271,19 @@ def dump_pins(pins: Pins) -> str:
 
 def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
               catalog: Catalog | None = None) -> Pins:
-    """Write ``pins`` to ``pins.path`` atomically, with ``serial`` + 1; return what was saved.
-
-    The file on disk must still carry ``pins.serial`` (optimistic lock: if someone saved in
-    between, this refuses rather than silently dropping their change). ``history_entry`` is
-    appended to ``history`` with ``serial`` set to the new serial. The content is validated
-    before writing (``unresolved`` is allowed: lock may resolve in steps).
-
-    + pins: the pins to write (usually from ``with_resolved``)
-    + history_entry: what changed and why, e.g. ``{"at": "...", "by": "...", "action": ...}``
-
-    **Example:**
-
-    .. code:: python
-
-        saved = save_pins(with_resolved(pins, digests, rev), {"action": "lock"})
-        saved.serial == pins.serial + 1
-    """
+    """Write ``pins`` atomically with ``serial`` + 1 and ``history_entry`` appended; refuses
+    when the file on disk is no longer at ``pins.serial`` (someone saved in between)."""
     path = Path(pins.path)
     if path.exists():
         on_disk = _read_serial(path)
         if on_disk is not None and on_disk != pins.serial:
-            raise PinsError(
-                f"{path}: serial: file is at serial {on_disk} but these pins were loaded at "
-                f"{pins.serial}; someone saved in between. Reload, re-apply, save again"
-            )
+            raise PinsError(f"{path}: serial: file is at serial {on_disk} but these pins were "
+                            f"loaded at {pins.serial}; someone saved in between. Reload, "
+                            "re-apply, save again")
     history = [dict(h) for h in pins.history]
     if history_entry is not None:
         history.append({**history_entry, "serial": pins.serial + 1})
     new = replace(pins, serial=pins.serial + 1, history=history)
-    # Round-trip through the validator: never write a file load_pins would refuse.
     parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True,
                catalog=catalog)
     _atomic_write(path, dump_pins(new))
@@ -408,69 +300,44 @@ def _read_serial(path: Path) -> int | None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    # Same directory so os.replace is a rename on one filesystem; fsync the file, then the
-    # directory, so a crash leaves either the old or the new file, never half of one.
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    """``write_atomic``, keeping the file's mode (0644 for a new one)."""
+    write_atomic(path, text, path.stat().st_mode & 0o777 if path.exists() else 0o644)
 
 
 class _Checker(Problems):
-    """The pins file's own checks on top of ``rigfleet.validate.Problems``."""
 
     def __init__(self, path: str, catalog: Catalog) -> None:
-        super().__init__(path)
+        super().__init__(path, TABLE)
         self.file = path
         self.catalog = catalog
         self.repos: tuple[str, ...] = ()  # the pinned models, read before the stacks
 
-    def commit(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
-        text = COMMIT
-        if allow_unresolved:
-            text += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
-        if value == UNRESOLVED and allow_unresolved:
-            return value
-        if isinstance(value, str) and _SHORT_HEX.fullmatch(value):
-            self.bad(
-                key,
-                value,
-                text,
-                f"is a short hash ({len(value)} characters); git and the Hugging Face hub "
-                "need the full 40-hex hash to pin exactly",
-            )
-            return None
-        return self.string(key, value, _HEX40, text)
+    def section(self, key: str) -> str:
+        """A host's stack entries are described as the fleet's."""
+        return super().section(re.sub(r"^hosts\..+?\.stacks\.", "stacks.", key))
 
-    def digest(self, key: str, value: Any, *, allow_unresolved: bool) -> str | None:
-        text = allowed(f"{_STACK}.digest")
+    def pinned(self, key: str, value: Any, pattern: re.Pattern[str], *,
+               allow_unresolved: bool) -> str | None:
+        """A full commit or digest (or ``unresolved``, when allowed, until ``pins lock``)."""
+        text = self.allowed(key) or ""
         if allow_unresolved:
             text += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
         if value == UNRESOLVED and allow_unresolved:
             return value
-        return self.string(key, value, _DIGEST, text)
+        if pattern is _HEX40 and isinstance(value, str) and _SHORT_HEX.fullmatch(value):
+            self.bad(key, value, text, f"is a short hash ({len(value)} characters); git and the "
+                     "Hugging Face hub need the full 40-hex hash to pin exactly")
+            return None
+        return self.string(key, value, pattern, text)
 
     def pins(self, data: Any) -> Pins | None:
-        top = self.mapping("", data, keys_of(""))
+        top = self.mapping("", data)
         if top is None:
             return None
         schema = top.get("schema")
         if schema != SCHEMA:
             self.bad("schema", schema, allowed("schema"), "is not a supported schema")
-        serial = self.integer("serial", top.get("serial"), low=1, allowed=allowed("serial"))
+        serial = self.integer("serial", top.get("serial"), low=1)
         driver_branch, driver_version = self.driver(top.get("driver"))
         toolkit = self.versioned("container_toolkit", top.get("container_toolkit"),
                                  _TOOLKIT_VERSION)
@@ -491,28 +358,18 @@ class _Checker(Problems):
             return None
         assert driver_branch and toolkit and hf_hub and model and stacks is not None
         assert serial is not None
-        return Pins(
-            path=self.file,
-            serial=serial,
-            driver_branch=driver_branch,
-            driver_version=driver_version,
-            toolkit_version=toolkit,
-            hf_hub_version=hf_hub,
-            model=model,
-            stacks=stacks,
-            history=history,
-            hosts=hosts,
-            models=models,
-        )
+        return Pins(path=self.file, serial=serial, driver_branch=driver_branch,
+                    driver_version=driver_version, toolkit_version=toolkit, hf_hub_version=hf_hub,
+                    model=model, stacks=stacks, history=history, hosts=hosts, models=models)
 
     def driver(self, value: Any) -> tuple[str | None, str | None]:
-        d = self.mapping("driver", value, keys_of("driver"))
+        d = self.mapping("driver", value)
         if d is None:
             return None, None
         branch = d.get("branch")
         if isinstance(branch, int) and not isinstance(branch, bool):
             branch = str(branch)  # `branch: 580` unquoted in YAML means the same thing
-        branch = self.string("driver.branch", branch, _DRIVER_BRANCH, allowed("driver.branch"))
+        branch = self.string("driver.branch", branch, _DRIVER_BRANCH)
         version = d.get("version")
         if version is None:
             return branch, None
@@ -526,19 +383,15 @@ class _Checker(Problems):
         return branch, version
 
     def versioned(self, key: str, value: Any, pattern: re.Pattern[str]) -> str | None:
-        d = self.mapping(key, value, keys_of(key))
-        if d is None:
-            return None
-        return self.string(f"{key}.version", d.get("version"), pattern, allowed(f"{key}.version"))
+        d = self.mapping(key, value)
+        return None if d is None else self.string(f"{key}.version", d.get("version"), pattern)
 
     def models(self, one: Any, more: Any) -> tuple[ModelPin | None, dict[str, ModelPin]]:
-        """``model`` (the default) and ``models`` (by repo; the first is the default when
-        ``model`` is left out). Returns (the default model, the ``models`` section)."""
+        """(the default model, the ``models`` section)."""
         pins: list[ModelPin] = []
         if one is not None or not more:
-            d = self.mapping("model", one, keys_of("model"))
-            repo = self.string("model.repo", d.get("repo"), HF_REPO,
-                               allowed("model.repo")) if d is not None else None
+            d = self.mapping("model", one)
+            repo = self.string("model.repo", d.get("repo"), HF_REPO) if d is not None else None
             pins += [p for p in [self.model_entry("model", repo, d)] if p is not None]
         if more is not None and not isinstance(more, dict):
             self.bad("models", more, allowed("models"), "is not a mapping")
@@ -546,12 +399,12 @@ class _Checker(Problems):
         section: dict[str, ModelPin] = {}
         for repo, entry in (more or {}).items():
             key = f"models.{repo}"
-            if self.string(key, repo, HF_REPO, allowed("models.<repo>")) is None:
+            if self.string(key, repo, HF_REPO) is None:
                 continue
             if one is not None and isinstance(one, dict) and repo == one.get("repo"):
                 self.bad(key, repo, allowed("models.<repo>"), "is pinned under model too")
                 continue
-            pin = self.model_entry(key, repo, self.mapping(key, entry, keys_of("models.<repo>")))
+            pin = self.model_entry(key, repo, self.mapping(key, entry))
             if pin is not None:
                 section[repo] = pin
                 pins.append(pin)
@@ -564,11 +417,11 @@ class _Checker(Problems):
         return (pins[0] if pins else None), section
 
     def model_entry(self, key: str, repo: str | None, d: dict | None) -> ModelPin | None:
-        """``{revision, local_dir}`` of the model ``repo`` at ``key`` (``model`` requires a
-        ``local_dir``; a ``models`` entry defaults it to the repo's name in lowercase)."""
+        """``{revision, local_dir}`` of the model ``repo`` at ``key``."""
         if d is None:
             return None
-        revision = self.commit(f"{key}.revision", d.get("revision"), allow_unresolved=True)
+        revision = self.pinned(f"{key}.revision", d.get("revision"), _HEX40,
+                               allow_unresolved=True)
         local_dir = d.get("local_dir")
         if local_dir is None and key != "model" and repo:
             local_dir = repo.split("/")[1].lower()
@@ -579,7 +432,6 @@ class _Checker(Problems):
         return None
 
     def stack_entries(self, key: str, value: Any) -> dict[str, StackPins]:
-        """``<key>.<stack>: {image, digest, vllm_version[, genesis]}`` for catalog stacks."""
         names = ", ".join(self.catalog.names)
         out: dict[str, StackPins] = {}
         for name, entry in value.items():
@@ -608,7 +460,7 @@ class _Checker(Problems):
             if not isinstance(host, str) or not host:
                 self.bad(f"hosts.{host}", host, allowed("hosts.<host>"))
                 continue
-            d = self.mapping(f"hosts.{host}", entry, keys_of("hosts.<host>"))
+            d = self.mapping(f"hosts.{host}", entry)
             if d is None:
                 continue
             stacks = d.get("stacks")
@@ -620,7 +472,7 @@ class _Checker(Problems):
 
     def stack(self, name: str, value: Any, base: str) -> StackPins | None:
         spec = self.catalog.get(name)
-        d = self.mapping(base, value, keys_of(_STACK))
+        d = self.mapping(base, value)
         if d is None:
             return None
         if spec.model is not None and self.repos and spec.model not in self.repos:
@@ -628,29 +480,24 @@ class _Checker(Problems):
                      f"serves {spec.model} ({spec.source}: model), which is not pinned under "
                      "model or models")
         image = self.image(f"{base}.image", d.get("image"))
-        digest = self.digest(f"{base}.digest", d.get("digest"), allow_unresolved=True)
+        digest = self.pinned(f"{base}.digest", d.get("digest"), _DIGEST, allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)
-        image_id = self.string(f"{base}.image_id", d.get("image_id"), _DIGEST,
-                               allowed(f"{_STACK}.image_id"), required=False)
+        image_id = self.string(f"{base}.image_id", d.get("image_id"), _DIGEST, required=False)
         genesis: GenesisPin | None = None
         if spec.needs_genesis:
             genesis = self.genesis(f"{base}.genesis", d.get("genesis"))
             if genesis is None:
                 return None
         elif "genesis" in d:
-            self.bad(
-                f"{base}.genesis",
-                d["genesis"],
-                "no 'genesis' key for this stack",
-                f"is set but stack {name} does not use Genesis",
-            )
+            self.bad(f"{base}.genesis", d["genesis"], "no 'genesis' key for this stack",
+                     f"is set but stack {name} does not use Genesis")
             return None
         if image and digest and version:
             return StackPins(name, image, digest, version, genesis, image_id)
         return None
 
     def image(self, key: str, value: Any) -> str | None:
-        text = allowed(f"{_STACK}.image")
+        text = self.allowed(key) or ""
         image = self.string(key, value, _IMAGE, text)
         if image is None:
             return None
@@ -661,7 +508,7 @@ class _Checker(Problems):
         return image
 
     def vllm_version(self, key: str, value: Any, image: str | None) -> str | None:
-        version = self.string(key, value, _PEP440, allowed(f"{_STACK}.vllm_version"))
+        version = self.string(key, value, _PEP440)
         if version is None or image is None:
             return version
         tag = image.rsplit(":", 1)[1]
@@ -669,38 +516,26 @@ class _Checker(Problems):
         if m := _NIGHTLY_SHA_TAG.fullmatch(tag):
             sha = m.group("sha")
             g = _LOCAL_GIT.fullmatch(local or "")
+            want = f"a version ending in '+g{sha[:9]}' (this build's commit)"
             if g is None:
-                self.bad(
-                    key,
-                    value,
-                    f"a version ending in '+g{sha[:9]}' (this build's commit)",
-                    f"has no '+g<commit>' part, but the image is the nightly of {sha[:9]}",
-                )
+                self.bad(key, value, want,
+                         f"has no '+g<commit>' part, but the image is the nightly of {sha[:9]}")
                 return None
             if not sha.startswith(g.group("abbrev")):
-                self.bad(
-                    key,
-                    value,
-                    f"a version ending in '+g{sha[:9]}' (this build's commit)",
-                    f"names commit {g.group('abbrev')}, but the image tag is nightly-{sha}; "
-                    "copy-paste from another pin?",
-                )
+                self.bad(key, value, want, f"names commit {g.group('abbrev')}, but the image tag "
+                         f"is nightly-{sha}; copy-paste from another pin?")
                 return None
         elif (m := _RELEASE_TAG.fullmatch(tag)) and version != m.group("version"):
-            self.bad(
-                key,
-                value,
-                repr(m.group("version")),
-                f"does not match the release tag {tag!r}",
-            )
+            self.bad(key, value, repr(m.group("version")),
+                     f"does not match the release tag {tag!r}")
             return None
         return version
 
     def genesis(self, key: str, value: Any) -> GenesisPin | None:
         if value is None:
-            self.missing(key, allowed(f"{_STACK}.genesis"))
+            self.missing(key, self.allowed(key))
             return None
-        d = self.mapping(key, value, keys_of(f"{_STACK}.genesis"))
+        d = self.mapping(key, value)
         if d is None:
             return None
         layout = d.get("layout", DEFAULT_LAYOUT)
@@ -709,10 +544,9 @@ class _Checker(Problems):
                      "is not a Genesis layout rigfleet knows")
             layout = None
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,
-                              allowed(f"{_STACK}.genesis.version"), required=False)
-        repo = self.string(f"{key}.repo", d.get("repo"), _GIT_URL,
-                           allowed(f"{_STACK}.genesis.repo"))
-        commit = self.commit(f"{key}.commit", d.get("commit"), allow_unresolved=False)
+                              required=False)
+        repo = self.string(f"{key}.repo", d.get("repo"), _GIT_URL)
+        commit = self.pinned(f"{key}.commit", d.get("commit"), _HEX40, allow_unresolved=False)
         if repo and commit and layout:
             return GenesisPin(repo=repo, commit=commit, layout=layout, version=version)
         return None

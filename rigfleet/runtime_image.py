@@ -1,10 +1,7 @@
 """A Genesis stack's image: the pinned vLLM image plus the pinned packages Genesis imports.
 
-Genesis' apply step imports packages the vLLM image lacks (xxhash, pandas, scipy). Installing
-them at every container start needs the network and may install versions nobody verified, so
-the deploy bakes them into a derived local image once, from the pinned digest, and the stack
-runs that image with no network at start. The image's name says what it holds (the base
-digest and the package set), so the compose file (and its config hash) changes exactly when
+The deploy bakes them into a derived local image once (no network at container start). Its
+name says what it holds (base digest, package set), so the compose file changes exactly when
 either does::
 
     img = RuntimeImage.for_stack(spec, pins.stacks["tq3-mtp-genesis"])
@@ -30,12 +27,7 @@ PACKAGES_LABEL = "io.rigfleet.runtime-packages"
 
 @dataclass(frozen=True)
 class RuntimeImage:
-    """The derived image of one stack.
-
-    + stack: the stack's name; base: the pinned image's name on the host (``<repo>:<tag>``,
-      staged and verified by the images role); digest: the pinned digest
-    + packages: the pinned requirements baked in (``xxhash==3.5.0``), in stack-file order
-    """
+    """The derived image of one stack (``base``: the pinned image's name on the host)."""
 
     stack: str
     base: str
@@ -61,11 +53,8 @@ class RuntimeImage:
         return f"{REPOSITORY}/{self.stack}-runtime:{self.tag}"
 
     def dockerfile(self, index_url: str | None = None) -> str:
-        """The Dockerfile: the pinned base, the pinned packages, labels saying both.
-
-        + index_url: the package index (host data ``runtime_pip_index_url``, else
-          ``pip_index_url``, else PyPI); a plain-http index is also marked trusted
-        """
+        """The Dockerfile: the pinned base, the pinned packages from ``index_url`` (a plain-http
+        one trusted), labels saying both."""
         index = ""
         if index_url:
             index = f" --index-url {shlex.quote(index_url)}"

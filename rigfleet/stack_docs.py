@@ -1,8 +1,5 @@
-"""The generated sections of docs/stacks.md: the stack-file key reference
-(``rigfleet.catalog_keys.reference``) and the table of the built-in stack files.
-
-A unit test fails when docs/stacks.md and these differ. Regenerate after changing the key table
-or a built-in stack file::
+"""The generated sections of docs/stacks.md: the stack-file key reference and the table of the
+built-in stack files. Regenerate after changing either::
 
     .venv/bin/python -m rigfleet.stack_docs docs/stacks.md
 """
@@ -17,7 +14,7 @@ from rigfleet.keytable import replace_section, write_docs
 
 
 def shipped() -> str:
-    """The Markdown table of the built-in stack files (the docs' examples)."""
+    """The Markdown table of the built-in stack files."""
     lines = [SHIPPED_BEGIN, "", "| file | summary | port | cards | KV cache | drafter | Genesis |",
              "|---|---|---|---|---|---|---|"]
     for name in builtin_catalog().names:
@@ -31,8 +28,7 @@ def shipped() -> str:
 
 
 def render_into(text: str) -> str:
-    """``text`` (docs/stacks.md) with its generated sections replaced: ``reference()`` and
-    ``shipped()``."""
+    """``text`` (docs/stacks.md) with both generated sections replaced."""
     return replace_section(replace_section(text, BEGIN, END, reference()), SHIPPED_BEGIN,
                            SHIPPED_END, shipped())
 

@@ -1,19 +1,14 @@
 """One way to check data people write: pins, host data and stack files all use it.
 
-A ``Problems`` collects every problem in one pass (a person fixes the file once, not N times),
-each as one line in the project's pattern::
+A ``Problems`` collects every problem in one pass, each one line:
+``<file or host>: <key.path>: <value> <what is wrong>; allowed: <what would do>``. Checks
+return the checked value or ``None`` (the problem recorded); with a key table
+(``rigfleet.keytable``) the ``allowed:`` texts and a mapping's keys come from it. ``load_yaml``
+reads YAML strictly: UTF-8 only, no duplicate keys::
 
-    <file or host>: <key.path>: <value> <what is wrong>; allowed: <what would do>
-
-Checks take the key path and the raw value and return the checked value or ``None`` (the
-problem is recorded). ``load_yaml`` reads a YAML file strictly: UTF-8 only, no duplicate keys
-(the last one would silently win), errors with the file and the line.
-
-Example::
-
-    p = Problems("pins.yaml")
-    serial = p.integer("serial", data.get("serial"), low=1)
-    top = p.mapping("", data, ("schema", "serial"))
+    p = Problems("pins.yaml", pin_keys.TABLE)
+    top = p.mapping("", data)
+    serial = p.integer("serial", top.get("serial"), low=1)
     p.raise_if_any(PinsError)
 """
 
@@ -38,9 +33,9 @@ from rigfleet.hostside.layout import (
     OPT_ROOT,
     STATE_ROOT,
 )
+from rigfleet.keytable import KeyTable
 
-# Control characters (C0 and C1 but tab) end up as line breaks or escapes in files, units, apt
-# sources, shells and URLs; nothing a person means to write there holds them.
+# Control characters (C0 and C1 but tab): nothing a person means to write holds them.
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 # Directories a path from the inventory must never be (the deploy would own or chmod them).
@@ -53,8 +48,7 @@ SYSTEM_DIRS = frozenset({
 })  # fmt: skip
 
 
-# Environment names that look like a secret's: a secret reaches a host as a root-only file,
-# never in an environment that a compose file (0644) or a process listing shows.
+# Environment names that look like a secret's (secrets reach hosts only as root-only files).
 SECRET_NAMES = ("*_KEY", "*_TOKEN", "*_SECRET", "*PASSWORD*")
 SECRET_NAME_ALLOWED = (
     f"a name that does not look like a secret's ({', '.join(SECRET_NAMES)}); secrets reach "
@@ -64,13 +58,7 @@ SECRET_NAME_ALLOWED = (
 
 
 def secret_like(name: str) -> bool:
-    """Does an environment name look like a secret's (``SECRET_NAMES``, any case)?
-
-    .. code:: python
-
-        secret_like("VLLM_API_KEY"), secret_like("hf_token")    # True, True
-        secret_like("SIM_TOKENS_PER_SECOND")                     # False
-    """
+    """Does an environment name look like a secret's (``SECRET_NAMES``, any case)?"""
     return any(fnmatch.fnmatchcase(name.upper(), pattern) for pattern in SECRET_NAMES)
 
 
@@ -89,31 +77,28 @@ _PRINTABLE = "printable text (no line breaks, escapes or other control character
 
 
 def has_control(value: str) -> bool:
-    """True when ``value`` holds a control character (tab aside)."""
     return bool(_CONTROL.search(value))
 
 
 def shown(value: Any) -> str:
-    """A value as it appears in a message: ``repr`` (control characters escaped, so a message
-    never carries them), cut to a readable length."""
+    """A value as a message shows it: ``repr`` (control characters escaped), cut short."""
     text = repr(value)
     return text if len(text) <= 160 else text[:150] + "...'"
 
 
 class Problems:
-    """Problems found in one file or one host's data (``where``), in the order found."""
+    """Problems found in one file or one host's data (``where``), in the order found; with a
+    ``table``, a check's ``allowed`` text and a mapping's keys default to the table's."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, table: KeyTable | None = None) -> None:
         self.where = where
+        self.table = table
         self.lines: list[str] = []
 
     def __bool__(self) -> bool:
         return bool(self.lines)
 
-    # --- recording -------------------------------------------------------------------------
-
     def bad(self, key: str, value: Any, allowed: str, what: str = "is not valid") -> None:
-        """``where: key: value what; allowed: allowed``."""
         self.lines.append(f"{self.where}: {key or 'top level'}: {shown(value)} {what}; "
                           f"allowed: {allowed}")
 
@@ -121,8 +106,6 @@ class Problems:
     unset = "set it"
 
     def missing(self, key: str, allowed: str | None = None) -> None:
-        """``where: key: missing; allowed: allowed`` (no ``allowed``: ``where: key: missing;
-        <unset>``)."""
         self.lines.append(f"{self.where}: {key}: missing; "
                           + (f"allowed: {allowed}" if allowed else self.unset))
 
@@ -131,12 +114,8 @@ class Problems:
         self.lines.append(f"{self.where}: {line}")
 
     def control_chars(self, key: str, value: Any) -> bool:
-        """Record every string in ``value`` (nested mappings and lists, keys included) that
-        holds a control character; True when one was found.
-
-        The catch-all for data that reaches files, units, apt sources, shells and URLs: run it
-        on a raw value before the value's own checks, so no string slips past them.
-        """
+        """Record every string in ``value`` (nested, keys included) that holds a control
+        character; True when one was found."""
         found = False
         if isinstance(value, str):
             if has_control(value):
@@ -154,17 +133,27 @@ class Problems:
                 found = self.control_chars(f"{key}[{i}]", item) or found
         return found
 
+    def section(self, key: str) -> str:
+        """The table path that describes ``key``."""
+        assert self.table is not None
+        return self.table.section(key)
+
+    def allowed(self, key: str, given: str | None = None) -> str | None:
+        """``given``, else the table's text for ``key``."""
+        if given is not None or self.table is None:
+            return given
+        return self.table.allowed(self.section(key))
+
     def raise_if_any(self, error: type[_E]) -> None:
-        """Raise ``error(lines)`` when anything was recorded."""
         if self.lines:
             raise error(self.lines)
 
-    # --- shapes ------------------------------------------------------------------------------
-
-    def mapping(self, key: str, value: Any, keys: Iterable[str],
+    def mapping(self, key: str, value: Any, keys: Iterable[str] | None = None,
                 required: bool = True) -> dict[Any, Any] | None:
-        """A mapping whose keys are all in ``keys`` (an unknown key is named, with the closest
-        known one when it looks like a typo)."""
+        """A mapping whose keys are all in ``keys`` (default: the table's for ``key``)."""
+        if keys is None:
+            assert self.table is not None
+            keys = self.table.keys_of(self.section(key))
         allowed = list(keys)
         shape = f"a mapping with keys {', '.join(allowed)}"
         if value is None:
@@ -179,17 +168,25 @@ class Problems:
                 self.unknown_key(f"{key}.{k}" if key else str(k), k, allowed)
         return value
 
-    def unknown_key(self, key: str, name: Any, allowed: list[str]) -> None:
+    def unknown_key(self, key: str, name: Any, allowed: list[str],
+                    what: str = "is an unknown key") -> None:
+        """``name`` is not one of ``allowed``: ``what``, with the closest one if it looks like a
+        typo."""
         close = difflib.get_close_matches(str(name), allowed, n=1, cutoff=0.8)
-        what = f"is an unknown key (did you mean {close[0]!r}?)" if close else "is an unknown key"
-        self.bad(key, name, ", ".join(allowed), what)
+        self.bad(key, name, ", ".join(allowed), f"{what} (did you mean {close[0]!r}?)"
+                 if close else what)
 
-    def string(self, key: str, value: Any, pattern: re.Pattern[str] | None, allowed: str,
-               required: bool = True) -> str | None:
+    def absent(self, key: str, value: Any, allowed: str, required: bool) -> bool:
+        """``value`` is None (recorded as missing when ``required``)."""
+        if value is None and required:
+            self.missing(key, allowed)
+        return value is None
+
+    def string(self, key: str, value: Any, pattern: re.Pattern[str] | None = None,
+               allowed: str | None = None, required: bool = True) -> str | None:
         """A string matching ``pattern`` (any non-empty string when None), no control chars."""
-        if value is None:
-            if required:
-                self.missing(key, allowed)
+        allowed = self.allowed(key, allowed) or ""
+        if self.absent(key, value, allowed, required):
             return None
         if not isinstance(value, str):
             self.bad(key, value, allowed)
@@ -209,10 +206,8 @@ class Problems:
         bounds = (f"{low}..{high}" if low is not None and high is not None
                   else f">= {low}" if low is not None else f"<= {high}" if high is not None
                   else "")
-        allowed = allowed or f"an integer {bounds}".strip()
-        if value is None:
-            if required:
-                self.missing(key, allowed)
+        allowed = self.allowed(key, allowed) or f"an integer {bounds}".strip()
+        if self.absent(key, value, allowed, required):
             return None
         if not is_int(value) or (low is not None and value < low) or (
                 high is not None and value > high):
@@ -224,18 +219,13 @@ class Problems:
                allowed: str | None = None, required: bool = True,
                low_open: bool = False) -> float | None:
         """A number (int or float, never a bool) within ``low..high`` (``(low`` when open)."""
-        allowed = allowed or "a number" + (f" in {'(' if low_open else '['}{low}, {high}]"
+        allowed = self.allowed(key, allowed) or "a number" + (f" in {'(' if low_open else '['}{low}, {high}]"
                                            if low is not None and high is not None else "")
-        if value is None:
-            if required:
-                self.missing(key, allowed)
+        if self.absent(key, value, allowed, required):
             return None
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if ok and low is not None:
-            ok = value > low if low_open else value >= low
-        if ok and high is not None:
-            ok = value <= high
-        if not ok:
+        if not (isinstance(value, int | float) and not isinstance(value, bool)
+                and (low is None or (value > low if low_open else value >= low))
+                and (high is None or value <= high)):
             self.bad(key, value, allowed)
             return None
         return float(value)
@@ -253,20 +243,17 @@ class Problems:
     def choice(self, key: str, value: Any, choices: Iterable[str],
                required: bool = True) -> str | None:
         allowed = list(choices)
-        if value is None:
-            if required:
-                self.missing(key, ", ".join(allowed))
+        if self.absent(key, value, ", ".join(allowed), required):
             return None
         if not isinstance(value, str) or value not in allowed:
-            close = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.8)
-            what = f"is not allowed (did you mean {close[0]!r}?)" if close else "is not allowed"
-            self.bad(key, value, ", ".join(allowed), what)
+            self.unknown_key(key, value, allowed, "is not allowed")
             return None
         return value
 
-    def strings(self, key: str, value: Any, pattern: re.Pattern[str] | None, allowed: str,
-                required: bool = False) -> list[str] | None:
+    def strings(self, key: str, value: Any, pattern: re.Pattern[str] | None = None,
+                allowed: str | None = None, required: bool = False) -> list[str] | None:
         """A list of strings, each checked like ``string``."""
+        allowed = self.allowed(key, allowed) or ""
         if value is None:
             if required:
                 self.missing(key, f"a list of {allowed}")
@@ -286,9 +273,7 @@ class Problems:
     def posix_path(self, key: str, value: Any, allowed: str = "an absolute, normalised directory",
              required: bool = True) -> str | None:
         """An absolute, normalised POSIX path that is not a system directory."""
-        if value is None:
-            if required:
-                self.missing(key, allowed)
+        if self.absent(key, value, allowed, required):
             return None
         checked = self.string(key, value, None, allowed)
         if checked is None:
@@ -308,19 +293,13 @@ def is_int(value: Any) -> bool:
 
 
 def inside(path: str, root: str) -> bool:
-    """``path`` (normalised) is ``root`` or below it: a relative part cannot escape."""
+    """``path`` (normalised, relative to ``root``) is ``root`` or below it."""
     norm = posixpath.normpath(posixpath.join(root, path))
     return norm == root or norm.startswith(root.rstrip("/") + "/")
 
 
 def escapes(entry: Path, root: Path) -> bool:
-    """True when ``entry`` (a file in ``root``), once symlinks are followed, lies outside
-    ``root``: a link that makes a directory of the user's files read something else.
-
-    .. code:: python
-
-        escapes(Path("stacks/evil.yaml"), Path("stacks"))   # True if it links to /etc/...
-    """
+    """True when ``entry`` (a file in ``root``), once symlinks are followed, lies outside it."""
     try:
         entry.resolve(strict=True).relative_to(root.resolve(strict=True))
     except (OSError, ValueError):
@@ -332,9 +311,6 @@ def is_system_dir(path: str) -> bool:
     """``path`` (normalised, trailing ``/`` ignored) is one of ``SYSTEM_DIRS``."""
     norm = posixpath.normpath(path) if path else path
     return norm in SYSTEM_DIRS
-
-
-# --- strict YAML ------------------------------------------------------------------------------
 
 
 class YamlError(RigfleetError, ValueError):
@@ -381,8 +357,7 @@ def parse_yaml(text: str, where: str) -> Any:
 
 
 def read_text(path: str | Path, what: str, hint: str = "") -> str:
-    """A UTF-8 text file; a missing, unreadable or non-UTF-8 file raises ``YamlError`` naming
-    the file (and the line of the first bad byte)."""
+    """A UTF-8 text file; a missing, unreadable or non-UTF-8 one raises ``YamlError``."""
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -399,10 +374,6 @@ def read_text(path: str | Path, what: str, hint: str = "") -> str:
 
 
 def load_yaml(path: str | Path, what: str, hint: str = "") -> Any:
-    """``read_text`` + ``parse_yaml``: the one way rigfleet reads a YAML file people write.
-
-    + path: the file
-    + what: what the file is, for the message when it is missing (``"the pins file"``)
-    + hint: what to do when it is missing
-    """
+    """``read_text`` + ``parse_yaml``: the one way rigfleet reads a YAML file people write
+    (``what`` and ``hint``: for the message when it is missing)."""
     return parse_yaml(read_text(path, what, hint), str(path))

@@ -1,8 +1,5 @@
-"""vLLM's image tags and versions: which tag is a release, which a nightly, and their order.
-
-vLLM publishes ``vllm/vllm-openai:vX.Y.Z`` for each release (kept for good) and
-``nightly-<40-hex commit>`` for each nightly build (Docker Hub keeps the 14 newest); moving
-tags (``latest``, ``nightly``) and variants (``v0.27.1-cu130``) are neither::
+"""vLLM's image tags and versions: which tag is a release (``vX.Y.Z``), which a nightly
+(``nightly-<40-hex>``), and their order; moving tags and variants are neither::
 
     tag_kind("v0.27.1")                       # "release"
     tag_kind("nightly-" + "0" * 40)           # "nightly"
@@ -33,12 +30,7 @@ def tag_kind(tag: str) -> str | None:
 
 
 def version_key(version: str) -> Version | None:
-    """An order for vLLM versions (PEP 440, ``packaging.version``); None for what is not one.
-
-    ``0.20.2rc1.dev9+g01d4d1ad3`` < ``0.20.2rc1`` < ``0.20.2rc2`` < ``0.20.2`` <
-    ``0.20.2.post1`` < ``0.20.3``; nightlies of one cycle by their dev number
-    (``0.32.1rc1.dev453+g...`` < ``0.32.1rc1.dev860+g...``); a leading ``v`` is ignored.
-    """
+    """An order for vLLM versions (PEP 440; a leading ``v`` ignored); None for what is not one."""
     try:
         return Version(version.strip().removeprefix("v"))
     except InvalidVersion:

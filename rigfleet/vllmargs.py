@@ -1,16 +1,9 @@
 """A stack's ``vllm serve`` arguments and ``VLLM_*`` settings, checked by the pinned image itself.
 
-Our own stack-file rules cannot know what a given vLLM accepts: releases rename and drop
-flags (``--disable-log-requests`` went in v0.12.0, vllm#29402; v0.27.0 dropped
-``--max-num-partial-prefills``, runpod-workers/worker-vllm#324), and argparse then refuses the
-whole command line at boot (exit 2, ``unrecognized arguments``), inside a swap's window. So
-when a stack is staged on a host, the deploy runs the pinned image (by the name whose id the
-images role verified; ``--pull never``, no network, no GPU) with ``python3 -c`` and
-:data:`CHECK_SCRIPT`: vLLM's own ``make_arg_parser`` on a ``FlexibleArgumentParser`` parses the
-stack's exact arguments without starting an engine (``vllm serve --help`` validates nothing), and
-``vllm.envs.environment_variables`` (the table vLLM reads settings through; it only warns about
-others) tells which ``VLLM_*`` names that version defines. :func:`refusal` turns the answer
-into the deploy's error. Commands are built here; ``roles/stacks.py`` runs them.
+Releases rename and drop flags, and argparse then refuses the whole command line at boot. So
+when a stack is staged, the deploy runs the pinned image (no network, no GPU) with
+:data:`CHECK_SCRIPT`: vLLM's own ``make_arg_parser`` parses the exact arguments, and
+``vllm.envs.environment_variables`` tells which ``VLLM_*`` names it defines::
 
     cmd = check_command(image, spec.command(local_dir), environment)
     verdict = parse_output(ok, stdout_lines, stderr_lines)
@@ -28,10 +21,8 @@ from rigfleet.catalog import StackSpec
 
 MARKER = "RIGFLEET-VLLM-ARGS "
 
-# Runs inside the image (its python3, its vLLM). make_arg_parser lives in
-# vllm.entrypoints.launchers.cli_args from vLLM 0.29 and in vllm.entrypoints.openai.cli_args
-# before (runpod-workers/worker-vllm#338); FlexibleArgumentParser in vllm.utils.argparse_utils
-# (vllm.utils in older releases). model_tag as `vllm serve` adds it before the options.
+# Runs inside the image. make_arg_parser: vllm.entrypoints.launchers.cli_args from vLLM 0.29,
+# vllm.entrypoints.openai.cli_args before; FlexibleArgumentParser: vllm.utils in older releases.
 CHECK_SCRIPT = r"""
 import contextlib, io, json, sys
 names, argv = json.loads(sys.argv[1]), sys.argv[2:]
@@ -76,13 +67,7 @@ print("RIGFLEET-VLLM-ARGS " + json.dumps(out), flush=True)
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the image's vLLM said about a command line.
-
-    + version: ``vllm.__version__`` in the image ("" when it could not be read)
-    + error: argparse's (or vLLM's validation's) message; "" when accepted
-    + unknown_env: ``VLLM_*`` names this version does not define
-    + problem: why the check itself could not run ("" when it ran)
-    """
+    """What the image's vLLM said about a command line (``problem``: the check could not run)."""
 
     version: str
     error: str = ""
@@ -121,7 +106,6 @@ def parse_output(ok: bool, stdout: Sequence[str], stderr: Sequence[str]) -> Verd
 
 
 def _message(line: str) -> str:
-    """argparse's ``vllm serve: error: X`` as ``X``."""
     _, sep, rest = line.partition(": error: ")
     return rest.strip() if sep else line.strip()
 
