@@ -2,15 +2,12 @@
 look, ask ``supervise.step`` what to do, do it with the host lock. What it decides and why
 is in ``rigfleet.hostside.supervise``; this module only looks and acts::
 
-    sup = Supervisor(Layout(), SystemOps(key), front, Policy(),
-                     unit_state=lambda: ops.unit(STACK_UNIT), stop=stop_requested)
     with single_instance(Layout()):
-        sup.run()                          # until SIGTERM
+        Supervisor(Layout(), SystemOps(key), front, Policy(), stop=stop_requested).run()
 
-Every action re-checks under the host lock (a swap may have started meanwhile), runs with a
-journal of its own (``swap/supervise-<time>-<pid>-<n>/``, read with ``status --id``), and
-writes the ledger line before the record that says it was written: killed in between, the
-next supervisor writes it again rather than never.
+Every action re-checks under the host lock, runs with a journal of its own
+(``swap/supervise-<time>-<pid>-<n>/``), and writes the ledger line before the record that says
+it was written: killed in between, the next supervisor writes it again rather than never.
 """
 
 from __future__ import annotations
@@ -62,8 +59,7 @@ class AlreadyRunning(Exception):
 
 @contextlib.contextmanager
 def single_instance(lay: Layout) -> Iterator[None]:
-    """One supervisor per host: an ``flock`` the kernel drops when the process ends (so a
-    killed supervisor leaves no lock behind)."""
+    """One supervisor per host: an ``flock`` the kernel drops when the process ends."""
     fd = _lock_fd(lay)
     try:
         try:
@@ -77,9 +73,8 @@ def single_instance(lay: Layout) -> Iterator[None]:
 
 
 def _lock_fd(lay: Layout) -> int:
-    """The file the instance lock is taken on: ``supervisor.lock``, made when missing; on a
-    full or read-only file system the existing file read-only (``flock`` needs no write), or
-    the directory itself: a full disk must not stop the watch."""
+    """``supervisor.lock`` (made when missing), else read-only, else the directory itself: a
+    full disk must not stop the watch."""
     try:
         lay.supervise_dir.mkdir(parents=True, exist_ok=True)
         return os.open(lay.supervise_dir / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -91,31 +86,16 @@ def _lock_fd(lay: Layout) -> int:
         return os.open(lay.supervise_dir, os.O_RDONLY | os.O_DIRECTORY)
 
 
-def unwritable(e: OSError) -> str:
-    """``OSError`` -> "cannot write <file>: <why>" (ENOSPC, EROFS, EACCES, ...)."""
-    return f"cannot write {e.filename or 'a record'}: {e.strerror or e}"
-
-
 def fs_problem(e: OSError) -> str:
-    """``OSError`` -> "<file>: <why>" (a read or a write)."""
+    """``OSError`` -> "<file>: <why>"."""
     return f"{e.filename or 'the disk'}: {e.strerror or e}"
 
 
 @dataclass
 class Supervisor:
-    """The loop around ``supervise.step`` (see the module docstring).
-
-    + lay, ops, front: the host (``Layout``, ``stackctl.SystemOps``, ``front.Front``; fakes
-      in tests)
-    + unit_state: how ``rigfleet-stack.service`` stands (``SystemOps.unit``)
-    + docker_up: the Docker daemon answers (``SystemOps.docker_up``): while it restarts, a
-      container it cannot show is no dead engine
-    + clock: epoch seconds (``time.time``; the fake host's clock in tests)
-    + stop: the stop request (SIGTERM); it also cuts a recreation short
-    + refresh: called before each look (re-reads the API key: a deploy may rotate it)
-    + gate: the verify-stress gate: with it, an abandoned maintenance window is closed here
-      (recreate + gate); without, the supervisor waits for the deploy
-    """
+    """The loop around ``supervise.step``. ``docker_up``: while Docker restarts, a container
+    it cannot show is no dead engine; ``refresh`` runs before each look (a rotated API key);
+    with a ``gate`` an abandoned maintenance window is closed here."""
 
     lay: Layout
     ops: Ops
@@ -144,10 +124,8 @@ class Supervisor:
         self._saved: dict[str, Any] | None = None
         self._acts = 0
 
-    # -- records ------------------------------------------------------------------------------
-
     def save(self, rec: Record) -> None:
-        """Write ``state.json`` (atomically) when it changed."""
+        """Write ``state.json`` when it changed."""
         self.rec = rec
         data = {"schema": SUPERVISE_SCHEMA, **rec.to_dict(), "policy": self.policy.summary(),
                 "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id()}
@@ -159,20 +137,18 @@ class Supervisor:
                                 json.dumps({**data, "updated": self.clock()}, indent=2,
                                            sort_keys=True) + "\n")
         except OSError as e:
-            # A full disk or a read-only file system: keep watching (and acting) from the
-            # record in memory; the next change tries the disk again.
+            # A full or read-only disk: keep watching from the record in memory.
             self._wrote(f"cannot write {self.lay.supervise_state}: {e.strerror or e}")
             return
         self._wrote(None)
         self._saved = data
 
     def note(self, line: dict[str, Any]) -> None:
-        """Append a ledger line; one that cannot be written is said here, not raised (the
-        host must keep serving on a full disk)."""
+        """Append a ledger line; one that cannot be written is said, not raised."""
         try:
             ledger.append(self.lay, line)
         except OSError as e:
-            self.say(f"ledger: {unwritable(e)}; lost: {line.get('event')} {line.get('result')}: "
+            self.say(f"ledger: cannot write {e.filename or 'a record'}: {e.strerror or e}; lost: {line.get('event')} {line.get('result')}: "
                      f"{line.get('reason', '')}")
 
     def _wrote(self, problem: str | None) -> None:
@@ -185,8 +161,6 @@ class Supervisor:
         if self.echo is not None:
             self.echo.write(f"supervise: {message}\n")
             self.echo.flush()
-
-    # -- the loop -----------------------------------------------------------------------------
 
     def run(self, ticks: int | None = None) -> int:
         """Watch until stopped (or for ``ticks`` looks, in tests); 0 when stopped."""
@@ -254,8 +228,7 @@ class Supervisor:
         return action
 
     def _locked(self, action: Action, before: Record) -> None:
-        """Act with the host lock, if what called for it (from ``before``) still does when
-        looked at again under the lock."""
+        """Act with the host lock, if a look under the lock still calls for it."""
         try:
             note = self.lock.acquire(WHO, f"{action.kind}: {action.reason}")
         except LockHeld as held:
@@ -288,9 +261,7 @@ class Supervisor:
             try:
                 mark_interrupted(self.lay, journal)
                 result = act(rec, obs.active, steps)
-            except OSError as e:
-                # A full disk or a read-only file system under the host's records: said, and
-                # tried again at the next look (never a crash, never a restart loop).
+            except OSError as e:  # a full or read-only disk: said, retried at the next look
                 reason = f"{action.kind} stopped: {fs_problem(e)}; retrying at the next look"
                 journal.event(action.kind, reason, level="error")
                 self.say(reason)
@@ -300,8 +271,6 @@ class Supervisor:
                 prune_journals(self.lay)
         finally:
             self.lock.release()
-
-    # -- the actions (each with the lock held) ------------------------------------------------
 
     def _repair(self, rec: Record) -> None:
         """Rebuild a damaged active record (the ledger and the journals: ``load_active``)."""
@@ -314,8 +283,7 @@ class Supervisor:
         self.save(rec)
 
     def _close_window(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
-        """An abandoned maintenance window: recreate the stack and run the gate (the window's
-        own plan: gate profile, time limits), or leave the host at 503 with the reason."""
+        """Close an abandoned maintenance window with its own plan (recreate + gate)."""
         window, _, why = window_status(self.lay)
         plan = plan_of(window, None, self.lay)
         if plan is None:
@@ -375,9 +343,8 @@ class Supervisor:
         return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
 
     def _record_image(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
-        """An active record from before image ids were kept: the image its container (the
-        verified config, answering) runs is written into it; from then on a recreation or a
-        rollback runs that image whatever its tag names (``Steps.pin_image``)."""
+        """Write the image id its (verified, answering) container runs into an active record
+        from before image ids were kept."""
         ref = active.ref
         st = self.ops.container(ref.container)
         if st is None or not st.image_id or st.config_hash != ref.config_hash:
@@ -454,8 +421,7 @@ class Supervisor:
 
     def _failed(self, rec: Record, active: Active, steps: Steps, attempt: Attempt, n: int,
                 e: Failure | FrontError, kept: str | None, seconds: float) -> dict[str, Any]:
-        """A recreation that failed (or was stopped): the front stays at 503; the ledger says
-        why; the next one waits the next backoff from now."""
+        """A recreation that failed (or was stopped): 503 stays, the next backoff from now."""
         ref, p = active.ref, self.policy
         reason = e.reason if isinstance(e, Failure) else str(e)
         phase = e.phase if isinstance(e, Failure) else "front"
