@@ -360,13 +360,7 @@ class Maintenance(Steps):
         try:
             self.front.maintenance(f"maintenance: recreating {ref.stack}", recreate.seconds,
                                    wait=False)
-            self.stop(known_projects(self.lay))
-            self.wait_vram(ref.gpu_memory_utilization, plan.vram_timeout_s)
-            self.check_interrupt()
-            t_boot = self.ops.monotonic()
-            self.start(ref, ref.compose_file)
-            self.wait_ready(ref, plan.ready_timeout_s)
-            boot_s = self.ops.monotonic() - t_boot
+            boot_s = self.bring_up(ref, plan.vram_timeout_s, plan.ready_timeout_s)
             self.answers(ref)
             t_gate = self.ops.monotonic()
             gate = self.verify(ref, self.gate_fn, plan.gate_profile, plan.gate_set,
