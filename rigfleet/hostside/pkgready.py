@@ -1,14 +1,8 @@
-"""Before a maintenance window opens: can its work start? The package manager usable (its
-locks free within a bounded wait, naming who holds them; an interrupted dpkg repaired with the
-documented ``dpkg --configure -a``) and room on the disks the steps write to. A ``NotReady``
-leaves the host as it was: the window never opened, the stack still serves.
+"""Before a maintenance window opens: can its work start? The package manager's locks free
+within a bounded wait (naming who holds them), an interrupted dpkg repaired, room on the disks
+the steps write to. A ``NotReady`` leaves the host as it was::
 
-    ready = Readiness(root=Path("/"), say=print)
-    ready.check(packages=True, lock_wait_s=120, min_free_mib=1024)   # raises NotReady
-
-Locks are the ones apt and dpkg take (``fcntl`` write locks): tested the way apt does (a
-non-blocking ``lockf`` on the file, released at once), holders found from ``/proc/locks`` and
-open file descriptors (``fuser``'s way).
+    Readiness(root=Path("/"), say=print).check(packages=True, lock_wait_s=120, min_free_mib=1024)
 """
 
 from __future__ import annotations
@@ -26,8 +20,7 @@ from pathlib import Path
 # apt's and dpkg's locks, in the order apt takes them.
 LOCKS = ("var/lib/dpkg/lock-frontend", "var/lib/dpkg/lock", "var/cache/apt/archives/lock",
          "var/lib/apt/lists/lock")
-# Where the steps write: downloaded packages, installed files (DKMS builds), the initramfs,
-# rigfleet's records.
+# Where the steps write, and the share of the room they need there.
 SPACE = (("var/cache/apt/archives", 1.0), ("usr", 1.0), ("boot", 0.1), ("var/lib/rigfleet", 0.1))
 DPKG_REPAIR = ("dpkg", "--configure", "-a", "--force-confdef", "--force-confold")
 
@@ -38,12 +31,7 @@ class NotReady(Exception):
 
 @dataclass
 class Readiness:
-    """The checks, against ``root`` (``/`` on a host; a tree in tests).
-
-    + say: progress lines (who holds a lock while it waits)
-    + clock, sleep: monotonic time (tests pass fakes)
-    + run: runs the dpkg repair (argv) -> (exit status, output)
-    """
+    """The checks, against ``root`` (``/`` on a host; a tree in tests)."""
 
     root: Path = Path("/")
     say: Callable[[str], None] = print
@@ -107,8 +95,7 @@ class Readiness:
             self.sleep(min(2.0, max(0.1, wait_s - waited)))
 
     def repair_dpkg(self) -> str:
-        """``dpkg --configure -a`` when dpkg was interrupted (journal files left in
-        ``/var/lib/dpkg/updates``, as apt's "dpkg was interrupted" tells); "" when not."""
+        """``dpkg --configure -a`` when dpkg was interrupted (files in its ``updates``)."""
         updates = self.root / "var/lib/dpkg/updates"
         pending = [p.name for p in updates.iterdir()] if updates.is_dir() else []
         if not pending:
