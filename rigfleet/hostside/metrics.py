@@ -12,8 +12,6 @@ import contextlib
 import json
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,6 +30,7 @@ from .records import (
     read_supervisor,
     read_throughput_last,
 )
+from .stackctl import http_request
 from .timings import read_timings, swap_estimate
 
 GPU_FILE = "rigfleet-gpu.prom"
@@ -138,17 +137,18 @@ def gpu_textfile(csv_text: str | None, ecc_text: str | None = None) -> str:
     return t.render()
 
 
-def read_gpus(query: str = GPU_QUERY, timeout_s: float = 10) -> str | None:
-    """nvidia-smi's csv answer to ``query``, None when it fails (no driver, a hung card)."""
+def _stdout(argv: list[str], timeout_s: float = 10) -> str | None:
+    """What ``argv`` prints, None when it fails (no binary, a hang, an error)."""
     try:
-        proc = subprocess.run(smi_command(query), capture_output=True, text=True,
-                              timeout=timeout_s)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None
 
 
-# --- rigfleet's own facts ----------------------------------------------------------------------
+def read_gpus(query: str = GPU_QUERY) -> str | None:
+    """nvidia-smi's csv answer to ``query``, None when it fails (no driver, a hung card)."""
+    return _stdout(smi_command(query))
 
 
 @dataclass(frozen=True)
@@ -210,39 +210,25 @@ def _recreations(lay: Layout) -> int:
         return 0
     count = 0
     for line in lines:
-        if '"supervise"' not in line:
-            continue
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict) and data.get("event") == "supervise" \
-                and data.get("result") == "recreated":
-            count += 1
+        with contextlib.suppress(ValueError):
+            data = json.loads(line) if '"supervise"' in line else None
+            if isinstance(data, dict) and (data.get("event"), data.get("result")) == (
+                    "supervise", "recreated"):
+                count += 1
     return count
 
 
 def engine_running(stack: str) -> bool:
     """Is a container of ``stack`` running (busy or not)? One ``docker ps``."""
     fmt = f'{{{{.Label "{STACK_LABEL}"}}}}\t{{{{.State}}}}'
-    try:
-        proc = subprocess.run(["docker", "ps", "--filter", f"label={STACK_LABEL}={stack}",
-                               "--format", fmt], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return any(line.split("\t") == [stack, "running"] for line in proc.stdout.splitlines())
+    out = _stdout(["docker", "ps", "--filter", f"label={STACK_LABEL}={stack}", "--format", fmt])
+    return any(line.split("\t") == [stack, "running"] for line in (out or "").splitlines())
 
 
 def front_ready(port: int | None, timeout_s: float = 3) -> bool:
     """Does the front's readiness path (no key) answer 200?"""
-    if port is None:
-        return False
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}",
-                                    timeout=timeout_s) as answer:
-            return bool(answer.status == 200)
-    except (OSError, urllib.error.URLError, ValueError):
-        return False
+    return port is not None and http_request("GET", f"http://127.0.0.1:{port}{READY_PATH}",
+                                             {}, None, timeout_s)[0] == 200
 
 
 def is_swap(holder: dict[str, object] | None) -> bool:
