@@ -41,14 +41,12 @@ class Readiness:
 
     def check(self, packages: bool, lock_wait_s: float, min_free_mib: int) -> list[str]:
         """Raise ``NotReady`` when the work cannot start; else what was done (repairs)."""
-        done: list[str] = []
         self.space(min_free_mib)
-        if packages:
-            self.wait_locks(lock_wait_s)
-            repaired = self.repair_dpkg()
-            if repaired:
-                done.append(repaired)
-        return done
+        if not packages:
+            return []
+        self.wait_locks(lock_wait_s)
+        repaired = self.repair_dpkg()
+        return [repaired] if repaired else []
 
     def space(self, min_free_mib: int) -> None:
         seen: set[int] = set()
@@ -56,11 +54,11 @@ class Readiness:
             path = self.root / rel
             while not path.exists() and path != self.root:
                 path = path.parent
-            st = os.statvfs(path)
             dev = os.stat(path).st_dev
             if dev in seen:
                 continue
             seen.add(dev)
+            st = os.statvfs(path)
             free = st.f_bavail * st.f_frsize // (1024 * 1024)
             need = int(min_free_mib * share)
             if free < need:
@@ -70,11 +68,9 @@ class Readiness:
 
     def busy(self) -> tuple[str, str] | None:
         """(the lock, who holds it) for the first lock held, else None."""
-        for rel in LOCKS:
-            path = self.root / rel
-            if not _held(path):
-                continue
-            return str(path), holders(path) or "a process this tool cannot see"
+        for path in (self.root / rel for rel in LOCKS):
+            if _held(path):
+                return str(path), holders(path) or "a process this tool cannot see"
         return None
 
     def wait_locks(self, wait_s: float) -> None:
@@ -163,8 +159,7 @@ def _cmdline(pid: int) -> str:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return "gone"
-    text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-    return text[:120] or "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120] or "?"
 
 
 __all__ = ["LOCKS", "NotReady", "Readiness", "holders"]

@@ -100,26 +100,24 @@ def manifest(model_path: Path) -> dict[str, Any]:
     m, err = read_json(model_path / MANIFEST_NAME)
     if not isinstance(m, dict):
         return {"error": err or "not an object"}
-    reason = "matches manifest"
-    raw = m.get("files")
-    files: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    if not files:
-        reason = "manifest lists no files"
+    files = m.get("files") if isinstance(m.get("files"), dict) else {}
+    reason = _manifest_mismatch(model_path, files) if files else "manifest lists no files"
+    return {"repo": m.get("repo"), "revision": m.get("revision"),
+            "intact": reason == "", "reason": reason or "matches manifest"}
+
+
+def _manifest_mismatch(model_path: Path, files: dict[str, Any]) -> str:
     for name in sorted(files):
         meta = files[name] if isinstance(files[name], dict) else {}
         try:
             st = os.stat(model_path / name)
         except OSError:
-            reason = f"{name} is missing"
-            break
+            return f"{name} is missing"
         if st.st_size != meta.get("size"):
-            reason = f"{name} has {st.st_size} bytes, manifest says {meta.get('size')}"
-            break
+            return f"{name} has {st.st_size} bytes, manifest says {meta.get('size')}"
         if abs(st.st_mtime - float(meta.get("mtime", 0))) > 0.001:
-            reason = f"{name} was modified after it was verified"
-            break
-    return {"repo": m.get("repo"), "revision": m.get("revision"),
-            "intact": reason == "matches manifest", "reason": reason}
+            return f"{name} was modified after it was verified"
+    return ""
 
 
 def _get(url: str, header: str | None = None) -> tuple[int | None, str]:
@@ -139,20 +137,18 @@ def _get(url: str, header: str | None = None) -> tuple[int | None, str]:
 def front(lay: Layout, port: int) -> dict[str, Any]:
     """The front's ``/v1/models`` answer without and with the API key."""
     base = f"http://127.0.0.1:{port}/v1/models"
-    out: dict[str, Any] = {}
-    out["no_key"], _ = _get(base)
+    out: dict[str, Any] = {"no_key": _get(base)[0]}
     try:
         header = lay.auth_header_file.read_text().strip()
     except OSError as e:
         out["error"] = f"cannot read {lay.auth_header_file} ({e.strerror})"
         return out
-    code, body = _get(base, header)
-    out["with_key"] = code
+    out["with_key"], body = _get(base, header)
     try:
         out["models"] = [str(x.get("id")) for x in json.loads(body).get("data", [])]
     except (ValueError, AttributeError):
         out["models"] = []
-        if code is None:
+        if out["with_key"] is None:
             out["error"] = body
     return out
 
@@ -169,15 +165,12 @@ def genesis(lay: Layout) -> dict[str, Any] | None:
             "error": err[-300:] if rc else None}
 
 
-THROUGHPUT_HISTORY_SHOWN = 20
-
-
 def throughput(lay: Layout) -> dict[str, Any]:
-    """The last gate's throughput record and the newest verified ones (all stacks)."""
+    """The last gate's throughput record and the newest 20 verified ones (all stacks)."""
     history = read_throughput_history(lay.throughput_history)
     last = read_throughput_last(lay.throughput_last)
     return {"last": last.to_dict() if last else None, "count": len(history),
-            "history": [r.to_dict() for r in history[-THROUGHPUT_HISTORY_SHOWN:]]}
+            "history": [r.to_dict() for r in history[-20:]]}
 
 
 def doctor(lay: Layout, load_s: float) -> dict[str, Any]:
