@@ -165,8 +165,8 @@ class Transaction(Steps):
         self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
                      f"{estimate.seconds}s ({estimate.basis})")
         # What the front accepted before the 503 finishes on the old stack first.
-        self.drained = self.drain_requests(old, plan.drain_timeout_for(old.stack if old else None),
-                                  stoppable=True)
+        self.drained = self.drain_requests(
+            old, plan.drain_timeout_for(old.stack if old else None), stoppable=True)
         if self.drained is not None:
             self.timings["drain_s"] = self.drained.seconds
             record_drain(self.lay, self.drained)
@@ -177,7 +177,6 @@ class Transaction(Steps):
                 rest = swap_estimate(times, new.stack, False, plan.retry_after_s)
                 with contextlib.suppress(FrontError):
                     self.front.maintenance(message, rest.seconds, wait=False)
-        gate: GateResult | None = None
         try:
             t = self.ops.monotonic()
             self.stop([*([(old.project, old.compose_file)] if old else []),
@@ -190,7 +189,10 @@ class Transaction(Steps):
             self.start(new, staged)
             self.timings["up_s"] = self.ops.monotonic() - t
             self.timings["ready_s"] = self.wait_ready(new, plan.ready_timeout_s)
-            gate = self._gate(new)
+            t = self.ops.monotonic()
+            gate = self.verify(new, self.gate_fn, plan.gate_profile, plan.gate_set,
+                               plan.gate_timeout_s)
+            self.timings["gate_s"] = self.ops.monotonic() - t
             if not gate.passed:
                 raise Failure("gate", gate_reason(gate), gate=gate)
             self._promote(new, staged, gate, old, kind)
@@ -209,7 +211,7 @@ class Transaction(Steps):
                     + self.timings.get("ready_s", 0.0), self.timings.get("gate_s", 0.0), window,
                     self.drained)
         return self._outcome(Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
-                                     serving=new.route_id, gate=gate.record() if gate else None,
+                                     serving=new.route_id, gate=gate.record(),
                                      window_s=window))
 
     def _not_taken(self, outcome: Outcome) -> Outcome:
@@ -241,9 +243,8 @@ class Transaction(Steps):
                                      "drain", serving=self.front.current()))
 
     def _stage(self, new: StackRef, old: StackRef | None) -> str:
-        """Checks that change nothing: the staged compose file is the one the deploy rendered
-        (copied aside, so a concurrent deploy cannot change it under us), it parses, the
-        images are here, and the old stack's snapshot exists (a rollback needs it)."""
+        """Checks that change nothing: the compose file is the one rendered (copied aside), it
+        parses, the images are here, the old stack's snapshot exists (for a rollback)."""
         try:
             text = Path(new.compose_file).read_text()
         except OSError as e:
@@ -270,14 +271,6 @@ class Transaction(Steps):
                               "failed swap could not roll back")
         self.j.event("stage", f"{new.stack} staged: compose file checked, image present")
         return str(staged)
-
-    def _gate(self, new: StackRef) -> GateResult:
-        plan = self.plan
-        t = self.ops.monotonic()
-        result = self.verify(new, self.gate_fn, plan.gate_profile, plan.gate_set,
-                             plan.gate_timeout_s)
-        self.timings["gate_s"] = self.ops.monotonic() - t
-        return result
 
     def _promote(self, new: StackRef, staged: str, gate: GateResult, old: StackRef | None,
                  kind: str) -> None:
