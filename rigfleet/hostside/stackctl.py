@@ -3,8 +3,7 @@
 Parsers turn command output into data; ``SystemOps`` is the one place that runs commands,
 behind the interface the transaction uses (``rigfleet.hostside.steps.Ops``; fakes in tests)::
 
-    classify_boot_failure(docker_logs_text)
-    # BootFailure(kind='transformers-oserror', title='transformers OSError ...', line='OSError: ...')
+    classify_boot_failure(docker_logs_text)   # BootFailure(kind='transformers-oserror', ...)
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, plan_of, window_status
-from .plan import Active, PlanError
+from .plan import Active, PlanError, StackRef
 from .records import (
     SUPERVISE_SCHEMA,
     boot_id,
@@ -143,13 +143,16 @@ class Supervisor:
         self._wrote(None)
         self._saved = data
 
-    def note(self, line: dict[str, Any]) -> None:
-        """Append a ledger line; one that cannot be written is said, not raised."""
+    def note(self, result: str, ref: StackRef | None, of: Active, reason: str,
+             **fields: Any) -> None:
+        """Append a ``supervise`` ledger line; one that cannot be written is said, not raised."""
+        line = ledger.entry("supervise", result, ref, by=WHO, deploy_id=of.deploy_id,
+                            reason=reason, **fields)
         try:
             ledger.append(self.lay, line)
         except OSError as e:
-            self.say(f"ledger: cannot write {e.filename or 'a record'}: {e.strerror or e}; lost: {line.get('event')} {line.get('result')}: "
-                     f"{line.get('reason', '')}")
+            self.say(f"ledger: cannot write {e.filename or 'a record'}: {e.strerror or e}; "
+                     f"lost: {line.get('event')} {line.get('result')}: {line.get('reason', '')}")
 
     def _wrote(self, problem: str | None) -> None:
         if problem != self.problem:
@@ -321,9 +324,7 @@ class Supervisor:
         reason = (f"rerouted: {ref.route_id} was up and answering while the front routed away"
                   + (f" (after a recreation cut short; the engine had died: {cut.reason})"
                      if cut else ""))
-        self.note(ledger.entry("supervise", "rerouted", ref, by=WHO,
-                                             deploy_id=active.deploy_id,
-                                             gate=snapshot_gate(active), reason=reason))
+        self.note("rerouted", ref, active, reason, gate=snapshot_gate(active))
         self.save(moved(rec.noted(), "watching", f"{ref.route_id} serves", self.clock()))
         steps.j.event("reroute", f"front routed to {ref.route_id}")
         return {"result": "rerouted", "exit": 0, "serving": ref.route_id, "reason": reason}
@@ -334,9 +335,8 @@ class Supervisor:
         assert cut is not None
         reason = (f"recreated after the engine died: {cut.reason} (the supervisor that "
                   "recreated it was stopped before it recorded it)")
-        self.note(ledger.entry(
-            "supervise", "recreated", ref, by=WHO, deploy_id=active.deploy_id,
-            gate=snapshot_gate(active), reason=reason, extra={"kept_log": cut.kept_log}))
+        self.note("recreated", ref, active, reason, gate=snapshot_gate(active),
+                  extra={"kept_log": cut.kept_log})
         done = replace(cut, result="recreated") if cut.result == "interrupted" else cut
         self.save(rec.noted(done if cut is rec.attempts[-1] else None))
         steps.j.event("record", reason)
@@ -354,9 +354,7 @@ class Supervisor:
                                text)
         reason = (f"recorded the verified image id {st.image_id[:19]} of {ref.route_id} (its "
                   "record was from before image ids were kept; the image it has served on)")
-        self.note(ledger.entry("supervise", "recorded", written.ref, by=WHO,
-                               deploy_id=active.deploy_id, gate=active.gate, reason=reason,
-                               active=True))
+        self.note("recorded", written.ref, active, reason, gate=active.gate, active=True)
         steps.j.event("record", reason)
         self.save(rec)
         return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
@@ -369,12 +367,10 @@ class Supervisor:
             self.front.maintenance(rec.reason, self.policy.retry_after_s, wait=False)
         except FrontError as e:
             steps.j.event("front", str(e), level="error")
-        self.note(ledger.entry(
-            "supervise", "gave-up", None, attempted=ref, by=WHO, deploy_id=active.deploy_id,
-            reason=rec.reason, extra={"boot_failure": rec.boot_failure, "kept_log": kept,
-                                      "recreations": len(rec.recent(self.clock(),
-                                                                    self.policy.window_s)),
-                                      "window_s": self.policy.window_s}))
+        self.note("gave-up", None, active, rec.reason, attempted=ref, extra={
+            "boot_failure": rec.boot_failure, "kept_log": kept,
+            "recreations": len(rec.recent(self.clock(), self.policy.window_s)),
+            "window_s": self.policy.window_s})
         # Recorded after the front and the ledger: killed before, the next one gives up again.
         self.save(rec.noted())
         self.say(rec.reason)
@@ -400,12 +396,10 @@ class Supervisor:
         seconds = round(self.ops.monotonic() - t0, 1)
         reason = f"recreated after the engine died: {rec.death}" + "".join(
             f"; {note}" for note in steps.image_notes)
-        self.note(ledger.entry(
-            "supervise", "recreated", ref, by=WHO, deploy_id=active.deploy_id,
-            gate=snapshot_gate(active), reason=reason,
-            extra={"attempt": n, "limit": p.limit, "window_s": p.window_s, "seconds": seconds,
-                   "boot_failure": rec.boot_failure, "kept_log": kept,
-                   "image": "; ".join(steps.image_notes) or None}))
+        self.note("recreated", ref, active, reason, gate=snapshot_gate(active), extra={
+            "attempt": n, "limit": p.limit, "window_s": p.window_s, "seconds": seconds,
+            "boot_failure": rec.boot_failure, "kept_log": kept,
+            "image": "; ".join(steps.image_notes) or None})
         st = self.ops.container(ref.container)
         now = self.clock()
         done = replace(self.rec, dead_since=None, death="", boot_failure=None,
@@ -429,11 +423,9 @@ class Supervisor:
         result = "interrupted" if phase == "interrupted" else "failed"
         steps.j.event("recreate", f"recreation {n} of {p.limit} {result}: {reason}",
                       level="error")
-        self.note(ledger.entry(
-            "supervise", result, None, attempted=ref, by=WHO, deploy_id=active.deploy_id,
-            reason=f"recreation {n} of {p.limit} after the engine died ({attempt.reason}) "
-                   f"{result}: {reason}",
-            extra={"phase": phase, "boot_failure": boot, "kept_log": kept}))
+        self.note(result, None, active, f"recreation {n} of {p.limit} after the engine died "
+                  f"({attempt.reason}) {result}: {reason}", attempted=ref,
+                  extra={"phase": phase, "boot_failure": boot, "kept_log": kept})
         now = self.clock()
         after = replace(rec, dead_since=now, death=reason,
                         boot_failure=boot or rec.boot_failure)
