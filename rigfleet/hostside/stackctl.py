@@ -8,6 +8,7 @@ behind the interface the transaction uses (``rigfleet.hostside.steps.Ops``; fake
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -92,8 +93,7 @@ def docker_time(text: str) -> float | None:
     if not m or m.group(1).startswith("0001-"):
         return None
     tz = m.group(3) or "Z"
-    stamp = m.group(1) + ("+00:00" if tz == "Z" else tz)
-    return datetime.fromisoformat(stamp).timestamp()
+    return datetime.fromisoformat(m.group(1) + tz.replace("Z", "+00:00")).timestamp()
 
 
 @dataclass(frozen=True)
@@ -250,19 +250,13 @@ def http_request(method: str, url: str, headers: dict[str, str], body: bytes | N
 
 def read_api_key(key_file: Path, env_file: Path | None = None) -> str:
     """The API key: its own file, else ``VLLM_API_KEY=`` from the stacks' env file."""
-    try:
-        key = key_file.read_text().strip()
-        if key:
+    with contextlib.suppress(OSError):
+        if key := key_file.read_text().strip():
             return key
-    except OSError:
-        pass
-    if env_file is not None:
-        try:
-            for line in env_file.read_text().splitlines():
-                if line.startswith("VLLM_API_KEY="):
-                    return line.partition("=")[2].strip()
-        except OSError:
-            pass
+    with contextlib.suppress(OSError):
+        for line in env_file.read_text().splitlines() if env_file is not None else ():
+            if line.startswith("VLLM_API_KEY="):
+                return line.partition("=")[2].strip()
     return ""
 
 

@@ -42,12 +42,9 @@ class Timings:
 
     def stack(self, name: str) -> tuple[str, StackTimes] | None:
         """``name``'s measured times, else the newest measured stack's, else None."""
-        if name in self.stacks:
-            return name, self.stacks[name]
-        if not self.stacks:
-            return None
-        other = max(self.stacks, key=lambda s: self.stacks[s].at)
-        return other, self.stacks[other]
+        if name not in self.stacks and self.stacks:
+            name = max(self.stacks, key=lambda s: self.stacks[s].at)
+        return (name, self.stacks[name]) if name in self.stacks else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA,
@@ -127,9 +124,7 @@ def maintenance_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: 
     """How long a maintenance window keeps the front at 503: its steps (the last window's)
     and the recreation of ``stack``."""
     extra = [("steps (last window)", t.steps_s)] if steps and t.steps_s else []
-    if stack is None:
-        return _estimate(None, fallback_s)
-    return _estimate(_parts(t, stack, busy, extra), fallback_s)
+    return _estimate(None if stack is None else _parts(t, stack, busy, extra), fallback_s)
 
 
 def _update(lay: Layout, stacks: dict[str, StackTimes], **figures: float | None) -> None:
