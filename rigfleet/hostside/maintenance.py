@@ -185,12 +185,12 @@ class Maintenance(Steps):
         plan, now = self.plan, self.clock()
         hold = hold or WindowHold.here(plan.id)
         current, status, _ = window_status(self.lay, now)
+        mine = current if current and current.id == plan.id and current.state == "open" else None
         try:
             note = self.lock.acquire_window(plan.by, f"maintenance: {step}", hold)
         except LockHeld as held:
-            if held.holder.get("window") == plan.id and current is not None \
-                    and current.id == plan.id and current.state == "open":
-                self._add_step(current, step, now)
+            if held.holder.get("window") == plan.id and mine is not None:
+                self._add_step(mine, step, now)
                 self.lock.hold_window(hold, f"maintenance: {step}")
                 self.j.event("maintenance", f"window {plan.id} already open; step: {step}; "
                              f"held by pid {hold.pid} ({hold.what})"
@@ -199,9 +199,9 @@ class Maintenance(Steps):
             return self._locked(f"{plan.host or 'host'}: {held}")
         if note:
             self.j.event("lock", note, level="warning")
-        if current is not None and current.id == plan.id and current.state == "open":
+        if mine is not None:
             # This deploy's own window, its holder gone meanwhile (a new connection): go on.
-            self._add_step(current, step, now)
+            self._add_step(mine, step, now)
             self.j.event("maintenance", f"window {plan.id} held again by pid {hold.pid} "
                          f"({hold.what}); step: {step}")
             return self._already_open(step)
@@ -222,9 +222,10 @@ class Maintenance(Steps):
                         (current.serving_before if current is not None else None))
         write_window(self.lay, window)
         ref = active.ref if active else None
+        stack = ref.stack if ref else None
         times = read_timings(self.lay)
-        estimate = maintenance_estimate(times, ref.stack if ref else None,
-                                        self.holds_requests(ref), plan.retry_after_s)
+        estimate = maintenance_estimate(times, stack, self.holds_requests(ref),
+                                        plan.retry_after_s)
         try:
             self.drain.before(window)
             self.front.maintenance(f"maintenance: {step}", estimate.seconds)
@@ -241,25 +242,22 @@ class Maintenance(Steps):
         self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
                      f"{estimate.seconds}s ({estimate.basis})")
         # What the front accepted before the 503 finishes on the stack before any step runs.
-        drained = self.drain_requests(ref, plan.drain_timeout_for(ref.stack if ref else None))
+        drained = self.drain_requests(ref, plan.drain_timeout_for(stack))
         record_drain(self.lay, drained)
         if drained is not None and drained.waited_for_requests:
-            rest = maintenance_estimate(times, ref.stack if ref else None, False,
-                                        plan.retry_after_s)
+            rest = maintenance_estimate(times, stack, False, plan.retry_after_s)
             with contextlib.suppress(FrontError):
                 self.front.maintenance(f"maintenance: {step}", rest.seconds, wait=False)
-        window = replace(window, drain=drained.to_dict() if drained else None)
-        write_window(self.lay, window)
+        drain = drained.to_dict() if drained else None
+        write_window(self.lay, replace(window, drain=drain))
         ledger.append(self.lay, ledger.entry(
-            KIND, "opened", None, host=plan.host, by=plan.by, deploy_id=plan.id,
-            previous=active.ref if active else None, reason=step,
-            extra={"drain": drained.to_dict()} if drained else None))
+            KIND, "opened", None, host=plan.host, by=plan.by, deploy_id=plan.id, previous=ref,
+            reason=step, extra={"drain": drain} if drain else None))
         self.j.event("maintenance", f"window {plan.id} open while pid {hold.pid} "
                      f"({hold.what}) lives: the front answers 503 + Retry-After "
                      f"{estimate.seconds}s; step: {step}")
-        return Outcome("open", st.EXIT_PROMOTED, KIND, active.ref.stack if active else "",
-                       serving=MAINTENANCE, drain=drained.to_dict() if drained else None,
-                       retry_after_s=estimate.seconds)
+        return Outcome("open", st.EXIT_PROMOTED, KIND, stack or "", serving=MAINTENANCE,
+                       drain=drain, retry_after_s=estimate.seconds)
 
     def _add_step(self, window: Window, step: str, now: float) -> None:
         write_window(self.lay, replace(window, steps=(*window.steps, {"what": step, "at": now})))

@@ -185,16 +185,14 @@ class Steps:
                 continue
             done.add(project)
             self.j.event("stop", f"docker compose down {project}")
-            err = self.ops.down(file, project)
-            if err:
+            if err := self.ops.down(file, project):
                 raise Failure("stop", f"docker compose down {project} failed: {err}")
         # A stack's container is named as its project (rigfleet/catalog.py: rigfleet-<name>).
         for name in sorted(done):
             if self.ops.container(name) is not None:
                 self.j.event("stop", f"removing container {name}: it is not from its compose "
                              "project (started by hand?)", level="warning")
-                err = self.ops.remove(name)
-                if err:
+                if err := self.ops.remove(name):
                     raise Failure("stop", f"docker rm {name} failed: {err}")
 
     def holds_requests(self, ref: StackRef | None) -> bool:
@@ -269,8 +267,7 @@ class Steps:
         """``docker compose up`` of ``ref``; the container must run its verified image."""
         self.pin_image(ref)
         self.j.event("start", f"docker compose up {ref.project} (recreated) from {compose_file}")
-        err = self.ops.up(compose_file, ref.project)
-        if err:
+        if err := self.ops.up(compose_file, ref.project):
             boot = classify_boot_failure(err, ref.boot_failures)
             raise Failure("start", f"docker compose up {ref.project} failed: {err}", boot=boot)
         st = self.ops.container(ref.container)
@@ -302,8 +299,7 @@ class Steps:
                       "it stages the pinned image and gates it")
             self.j.event("image", reason, level="error")
             raise Failure("image", reason)
-        err = self.ops.tag(source, name)
-        if err:
+        if err := self.ops.tag(source, name):
             raise Failure("image", f"{ref.stack}: {moved}; docker image tag failed: {err}")
         note = f"{moved}: moved it back to the verified image (from {short_id(source)})"
         self.j.event("image", note, level="warning")

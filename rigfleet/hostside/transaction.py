@@ -255,8 +255,7 @@ class Transaction(Steps):
                           f"expects {new.config_hash} (did another deploy render it since?)")
         staged = self.dir / "compose.yaml"
         write_atomic(staged, text)  # the exact promoted text: a damaged record is rebuilt from it
-        err = self.ops.compose_check(str(staged), new.project)
-        if err:
+        if err := self.ops.compose_check(str(staged), new.project):
             raise Failure("stage", f"docker compose config refuses {new.compose_file}: {err}")
         if not self.ops.image_present(new.image_ref):
             raise Failure("stage", f"image {new.image_ref} is not on the host (not staged)")
