@@ -12,7 +12,6 @@ import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -325,18 +324,13 @@ def facts_textfile(f: Facts) -> str:
     return t.render()
 
 
-def write_textfiles(directory: Path, files: Iterable[tuple[str, str]]) -> None:
-    """Each (name, text) atomically, world-readable (no secret is in them)."""
-    for name, text in files:
-        write_atomic(directory / name, text, 0o644)
-
-
 def run(lay: Layout, directory: Path, front_port: int | None) -> int:
     """``rigfleet-host metrics``: both textfiles, now."""
     gpus = read_gpus()
     ecc = read_gpus(ECC_QUERY) if gpus is not None else None
-    write_textfiles(directory, [(GPU_FILE, gpu_textfile(gpus, ecc)),
-                                (FACTS_FILE, facts_textfile(read_facts(lay, front_port)))])
+    for name, text in [(GPU_FILE, gpu_textfile(gpus, ecc)),
+                       (FACTS_FILE, facts_textfile(read_facts(lay, front_port)))]:
+        write_atomic(directory / name, text, 0o644)  # world-readable: no secret in them
     return 0
 
 

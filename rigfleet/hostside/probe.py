@@ -88,13 +88,6 @@ def containers() -> dict[str, dict[str, Any]]:
     return found
 
 
-def file_sha256(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
 def manifest(model_path: Path) -> dict[str, Any]:
     """The weights against the fetcher's manifest: sizes and mtimes (no hashing)."""
     m, err = read_json(model_path / MANIFEST_NAME)
@@ -199,6 +192,10 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
     active, _ = read_json(lay.active_json)
     _, active_error = parse_active(lay)
     window, window_state, window_why = window_status(lay)
+    try:
+        bundle: str | None = hashlib.sha256(lay.bundle.read_bytes()).hexdigest()
+    except OSError:
+        bundle = None
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "active": active,
@@ -208,7 +205,7 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
         "lock": read_holder(lay.lock_dir),
         "containers": containers(),
         "route": route(lay.front_route),
-        "bundle": file_sha256(lay.bundle),
+        "bundle": bundle,
         "supervisor": read_supervisor(lay.supervise_state),
         "active_error": active_error or None,
         "maintenance": {"status": window_state, "why": window_why,

@@ -5,6 +5,7 @@ host as they see it (``Ops``, ``FrontControl``; fakes in tests), how a step fail
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -115,25 +116,15 @@ def gate_reason(gate: GateResult) -> str:
             f"{', '.join(gate.failed_checks)}; report {gate.report_json}")
 
 
-def project_of(compose_text: str) -> str | None:
-    """The compose project's ``name:``."""
-    m = _PROJECT_NAME.search(compose_text)
-    return m.group(1) if m else None
-
-
 def known_projects(lay: Layout, stacks_dir: Path | None = None) -> list[tuple[str, str]]:
     """(project, compose file) of the active snapshot and every rendered stack."""
-    found: list[tuple[str, str]] = []
-    files = [lay.active_compose] + sorted((stacks_dir or lay.stacks_dir)
-                                          .glob("*/compose.yaml"))
-    for path in files:
-        try:
-            project = project_of(path.read_text())
-        except OSError:
-            continue
-        if project and project not in {p for p, _ in found}:
-            found.append((project, str(path)))
-    return found
+    found: dict[str, str] = {}
+    for path in [lay.active_compose, *sorted((stacks_dir or lay.stacks_dir)
+                                             .glob("*/compose.yaml"))]:
+        with contextlib.suppress(OSError):
+            if m := _PROJECT_NAME.search(path.read_text()):
+                found.setdefault(m.group(1), str(path))
+    return list(found.items())
 
 
 def local_name(ref: StackRef) -> str:
