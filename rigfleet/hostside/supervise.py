@@ -77,6 +77,11 @@ def parse_backoff(text: str) -> tuple[float, ...]:
     return values
 
 
+def _num(data: dict[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One recreation; ``result``: ``running``, ``recreated``, ``failed`` or
@@ -93,11 +98,9 @@ class Attempt:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
-        seconds = data.get("seconds")
         return cls(at=float(data.get("at") or 0.0), reason=str(data.get("reason") or ""),
                    result=str(data.get("result") or "running"),
-                   detail=str(data.get("detail") or ""),
-                   seconds=float(seconds) if isinstance(seconds, int | float) else None,
+                   detail=str(data.get("detail") or ""), seconds=_num(data, "seconds"),
                    journal=str(data.get("journal") or ""),
                    kept_log=str(data["kept_log"]) if data.get("kept_log") else None,
                    noted=bool(data.get("noted")))
@@ -134,25 +137,20 @@ class Record:
         """A record from ``state.json`` (a fresh one when it is not one)."""
         if not isinstance(data, dict) or data.get("schema") != SUPERVISE_SCHEMA:
             return cls()
-
-        def num(key: str) -> float | None:
-            value = data.get(key)
-            return float(value) if isinstance(value, int | float) else None
-
         boot = data.get("boot_failure")
         return cls(
             state=str(data.get("state") or "starting"), reason=str(data.get("reason") or ""),
-            since=num("since") or 0.0,
+            since=_num(data, "since") or 0.0,
             route_id=str(data["route_id"]) if data.get("route_id") else None,
             epoch=str(data.get("epoch") or ""), reset_token=str(data.get("reset_token") or ""),
             attempts=tuple(Attempt.from_dict(a) for a in data.get("attempts") or ()
                            if isinstance(a, dict)),
-            dead_since=num("dead_since"), death=str(data.get("death") or ""),
+            dead_since=_num(data, "dead_since"), death=str(data.get("death") or ""),
             boot_failure={str(k): str(v) for k, v in boot.items()} if isinstance(boot, dict)
             else None,
             healthy_start=str(data.get("healthy_start") or ""),
-            unhealthy_since=num("unhealthy_since"), next_attempt_at=num("next_attempt_at"),
-            gave_up_at=num("gave_up_at"))
+            unhealthy_since=_num(data, "unhealthy_since"),
+            next_attempt_at=_num(data, "next_attempt_at"), gave_up_at=_num(data, "gave_up_at"))
 
     def recent(self, now: float, window_s: float) -> list[Attempt]:
         """The attempts within the window (what the limit counts)."""

@@ -75,11 +75,9 @@ def single_instance(lay: Layout) -> Iterator[None]:
 def _lock_fd(lay: Layout) -> int:
     """``supervisor.lock`` (made when missing), else read-only, else the directory itself: a
     full disk must not stop the watch."""
-    try:
+    with contextlib.suppress(OSError):
         lay.supervise_dir.mkdir(parents=True, exist_ok=True)
         return os.open(lay.supervise_dir / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        pass
     try:
         return os.open(lay.supervise_dir / "supervisor.lock", os.O_RDONLY)
     except OSError:
