@@ -441,7 +441,3 @@ def supersede(lay: Layout, by: str, why: str) -> None:
     if window is not None and status in ("failed", "abandoned"):
         write_window(lay, replace(window, state="closed", closed_at=time.time(),
                                   reason=f"superseded: {why} (by {by})"))
-
-
-__all__ = ["NO_DRAIN", "Drain", "Maintenance", "Window",
-           "out_of_service", "plan_of", "supersede", "window_status"]

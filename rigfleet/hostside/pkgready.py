@@ -160,6 +160,3 @@ def _cmdline(pid: int) -> str:
     except OSError:
         return "gone"
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120] or "?"
-
-
-__all__ = ["LOCKS", "NotReady", "Readiness", "holders"]

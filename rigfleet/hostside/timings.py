@@ -157,7 +157,3 @@ def record_maintenance(lay: Layout, stack: str, boot_s: float, gate_s: float,
     _update(lay, stacks={stack: StackTimes(boot_s, gate_s, time.time() if now is None else now)},
             steps_s=steps_s, drain_s=drain.seconds if drain is not None
             and drain.waited_for_requests else None)
-
-
-__all__ = ["DEFAULT_OVERHEAD_S", "Estimate", "Timings", "maintenance_estimate",
-           "read_timings", "record_drain", "record_maintenance", "record_swap", "swap_estimate"]
