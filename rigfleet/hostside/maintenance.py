@@ -352,8 +352,8 @@ class Maintenance(Steps):
                 "gate", "the window cannot be closed without the gate (none available here)"))
         recreate = maintenance_estimate(read_timings(self.lay), ref.stack, False,
                                         plan.retry_after_s, steps=False)
-        steps_s = (self.clock() - window.opened_at - float((window.drain or {}).get("seconds")
-                                                           or 0.0)) \
+        steps_s = max(0.0, self.clock() - window.opened_at
+                      - float((window.drain or {}).get("seconds") or 0.0)) \
             if window is not None and window.opened_at else None
         try:
             self.front.maintenance(f"maintenance: recreating {ref.stack}", recreate.seconds,
@@ -380,14 +380,11 @@ class Maintenance(Steps):
             reason=f"recreated and verified after: {steps}"
                    + (f" ({self.cause})" if self.cause else "")))
         ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
-        record_maintenance(self.lay, ref.stack, boot_s, gate_s,
-                           max(0.0, steps_s) if steps_s is not None else None, None)
+        record_maintenance(self.lay, ref.stack, boot_s, gate_s, steps_s)
         request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
         prune_snapshots(self.lay)
-        closed = self._finish(window, "closed", f"{written.ref.route_id} recreated and passed "
-                              "the gate", gate=gate.record())
-        if closed is not None:
-            self.drain.after(closed)
+        self.drain.after(self._finish(window, "closed", f"{written.ref.route_id} recreated and "
+                                      "passed the gate", gate=gate.record()))
         self.j.event("maintenance", f"{written.ref.route_id} serves again (recreated, gate "
                      f"passed, {seconds:.1f}s)")
         opened = window.opened_at if window is not None else self.clock()
@@ -426,7 +423,7 @@ class Maintenance(Steps):
                        kept_log=kept)
 
     def _finish(self, window: Window | None, state: str, reason: str,
-                gate: dict[str, Any] | None = None) -> Window | None:
+                gate: dict[str, Any] | None = None) -> Window:
         plan = self.plan
         done = replace(window or Window(plan.id, by=plan.by, host=plan.host,
                                         opened_at=self.clock(), plan=plan.to_dict()),

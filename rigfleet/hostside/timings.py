@@ -151,9 +151,6 @@ def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s:
 
 
 def record_maintenance(lay: Layout, stack: str, boot_s: float, gate_s: float,
-                       steps_s: float | None, drain: DrainReport | None,
-                       now: float | None = None) -> None:
-    """After a closed maintenance window."""
-    _update(lay, stacks={stack: StackTimes(boot_s, gate_s, time.time() if now is None else now)},
-            steps_s=steps_s, drain_s=drain.seconds if drain is not None
-            and drain.waited_for_requests else None)
+                       steps_s: float | None) -> None:
+    """After a closed maintenance window (its drain was recorded when it opened)."""
+    _update(lay, stacks={stack: StackTimes(boot_s, gate_s, time.time())}, steps_s=steps_s)
