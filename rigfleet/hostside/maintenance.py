@@ -1,30 +1,11 @@
 """Host maintenance as a transaction: what disturbs the serving path (a driver install and
-its reboot, a Docker restart, a ``daemon-reload`` that could detach GPUs) runs inside a
-*maintenance window* (docs/maintenance.md)::
-
-    ready: the package manager usable, disk room (``pkgready``; the deploy, before opening)
-    open:  the host lock held by the window, its record, the drain hook, the front to 503
-    work:  the disturbing steps (the deploy runs them; each adds itself to the window)
-    close: the verified stack recreated from its snapshot, ready, answering, the gate, the
-           front routed to it, the undrain hook; or, when any of it fails, the stack stopped,
-           the front at 503 with the reason, ledger ``maintenance failed``
+its reboot, a Docker restart) runs inside a *maintenance window* that ends with the verified
+stack recreated, gated and served again, or the host at 503 with the reason (docs/maintenance.md)::
 
     window = Maintenance(lay, ops, front, journal, plan, gate=run_gate_fn, drain=balancer)
     window.open("driver 580 -> 590")      # Outcome: open (exit 0), locked (3), refused (1)
     window.hold()                         # the deploy back after the reboot
     window.close(own=True)                # Outcome: closed (0, serving), failed (2), locked
-
-The window's lock is held by the process the steps run in (the deploy's SSH session,
-``lock.session_anchor``) while it lives, across a reboot by a grace on the boot-time clock;
-no wall clock decides. Meanwhile the boot-time ``ensure`` and the supervisor leave the host
-alone (503; nothing comes back without the gate). A window whose holder is gone is
-*abandoned*: the supervisor closes it within a poll, or the next taker of the host lock. A
-*failed* window keeps the host out of service until a deploy or ``maintenance close`` closes
-it again. ``close`` refuses a live holder unless ``own`` (the deploy's own) or ``force``.
-
-Records (``records.read_window``; every write atomic): ``maintenance/window.json`` (schema
-``rigfleet-maintenance/1``), ledger lines ``event: "maintenance"`` with ``result`` ``opened``,
-``closed``, ``failed`` and ``abandoned``.
 """
 
 from __future__ import annotations
@@ -59,9 +40,7 @@ KIND = "maintenance"
 
 
 class Drain(Protocol):
-    """The seam for draining: called with the window before the front goes to 503 (stop
-    sending new requests, wait for the running ones, take the host out of a balancer) and
-    after the close routed the front back (put it back). ``NO_DRAIN`` does nothing."""
+    """Called before the front goes to 503 and after the close routed it back."""
 
     def before(self, window: Window) -> None: ...
     def after(self, window: Window) -> None: ...
@@ -80,7 +59,7 @@ NO_DRAIN: Drain = _NoDrain()
 
 @dataclass(frozen=True)
 class Window:
-    """``maintenance/window.json`` (see the module docstring; times: epoch seconds)."""
+    """``maintenance/window.json`` (times: epoch seconds)."""
 
     id: str
     state: str = "open"
@@ -98,7 +77,7 @@ class Window:
 
     @property
     def why(self) -> str:
-        """The steps, one line (``Docker restart (daemon.json changed); reboot ...``)."""
+        """The steps, one line."""
         return "; ".join(str(s.get("what")) for s in self.steps) or "maintenance"
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,15 +105,8 @@ class Window:
 
 
 def window_status(lay: Layout, now: float | None = None) -> tuple[Window | None, str, str]:
-    """(the window, its status, why) where status is:
-
-    - ``none``: no window, or the last one closed;
-    - ``held``: open, and its lock is alive (a deploy is working on the host);
-    - ``abandoned``: open, but nobody holds it (its deadline passed, its closer was killed):
-      the next holder of the host lock closes it;
-    - ``failed``: it ended without a verified stack serving (``why``: the reason);
-    - ``damaged``: ``window.json`` cannot be read (treated as failed: close it again).
-    """
+    """(the window, its status, why); status: ``none``, ``held``, ``abandoned``, ``failed``
+    or ``damaged`` (docs/maintenance.md)."""
     data = read_window(lay.window_file)
     if data is None:
         return None, "none", ""
@@ -155,8 +127,7 @@ def window_status(lay: Layout, now: float | None = None) -> tuple[Window | None,
 
 
 def out_of_service(lay: Layout) -> str:
-    """Why this host must not serve its stack without a gate first ("" when it may): a
-    maintenance window that failed, is damaged, or was abandoned. What to do is part of it."""
+    """Why this host must not serve without a gate first, and what to do ("" when it may)."""
     window, status, why = window_status(lay)
     if status in ("failed", "damaged"):
         return (f"the last maintenance left nothing verified serving ({why}); fix the cause, "
@@ -194,15 +165,8 @@ def plan_of(window: Window | None, fallback: Plan | None,
 
 
 class Maintenance(Steps):
-    """One maintenance window on this host (see the module docstring).
-
-    + plan: the deploy's plan (``id`` is the window's id; gate profile, ``gate_set``, time
-      limits, ``retry_after_s``, who); the desired stack in it is not used: the window brings
-      back the *active* (verified) stack
-    + gate: the verify-stress gate (``gate.run_gate``; fakes in tests); None: close refuses
-    + drain: the drain seam (``Drain``)
-    + lock: the host lock (a caller that already holds it passes it)
-    """
+    """One maintenance window on this host; it brings back the *active* stack, not the
+    plan's desired one. Without a ``gate`` close refuses."""
 
     def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
                  plan: Plan, gate: GateFn | None = None, drain: Drain = NO_DRAIN,
@@ -216,42 +180,31 @@ class Maintenance(Steps):
         self.lock = lock or HostLock(lay)
         self.cause = ""
 
-    # -- open ---------------------------------------------------------------------------------
-
     def open(self, step: str, hold: WindowHold | None = None) -> Outcome:
-        """Open the window (or add ``step`` to this plan's open window).
-
-        + hold: what holds its lock (default: this process's SSH session, no reboot grace)
-        """
+        """Open the window (or add ``step`` to this plan's open window)."""
         plan, now = self.plan, self.clock()
         hold = hold or WindowHold.here(plan.id)
         current, status, _ = window_status(self.lay, now)
+        mine = current if current and current.id == plan.id and current.state == "open" else None
         try:
             note = self.lock.acquire_window(plan.by, f"maintenance: {step}", hold)
         except LockHeld as held:
-            if held.holder.get("window") == plan.id and current is not None \
-                    and current.id == plan.id and current.state == "open":
-                steps = (*current.steps, {"what": step, "at": now})
-                write_window(self.lay, replace(current, steps=steps))
+            if held.holder.get("window") == plan.id and mine is not None:
+                self._add_step(mine, step, now)
                 self.lock.hold_window(hold, f"maintenance: {step}")
                 self.j.event("maintenance", f"window {plan.id} already open; step: {step}; "
                              f"held by pid {hold.pid} ({hold.what})"
                              + (" and across the reboot" if hold.reboot else ""))
-                return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
-                               serving=self.front.current())
-            reason = f"{plan.host or 'host'}: {held}"
-            self.j.event("maintenance", reason, level="error")
-            return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
+                return self._already_open(step)
+            return self._locked(f"{plan.host or 'host'}: {held}")
         if note:
             self.j.event("lock", note, level="warning")
-        if current is not None and current.id == plan.id and current.state == "open":
+        if mine is not None:
             # This deploy's own window, its holder gone meanwhile (a new connection): go on.
-            steps = (*current.steps, {"what": step, "at": now})
-            write_window(self.lay, replace(current, steps=steps))
+            self._add_step(mine, step, now)
             self.j.event("maintenance", f"window {plan.id} held again by pid {hold.pid} "
                          f"({hold.what}); step: {step}")
-            return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
-                           serving=self.front.current())
+            return self._already_open(step)
         if current is not None and status == "abandoned":
             ledger.append(self.lay, ledger.entry(
                 KIND, "abandoned", None, host=plan.host, by=plan.by, deploy_id=current.id,
@@ -269,9 +222,10 @@ class Maintenance(Steps):
                         (current.serving_before if current is not None else None))
         write_window(self.lay, window)
         ref = active.ref if active else None
+        stack = ref.stack if ref else None
         times = read_timings(self.lay)
-        estimate = maintenance_estimate(times, ref.stack if ref else None,
-                                        self.holds_requests(ref), plan.retry_after_s)
+        estimate = maintenance_estimate(times, stack, self.holds_requests(ref),
+                                        plan.retry_after_s)
         try:
             self.drain.before(window)
             self.front.maintenance(f"maintenance: {step}", estimate.seconds)
@@ -288,61 +242,55 @@ class Maintenance(Steps):
         self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
                      f"{estimate.seconds}s ({estimate.basis})")
         # What the front accepted before the 503 finishes on the stack before any step runs.
-        drained = self.drain_requests(ref, plan.drain_timeout_for(ref.stack if ref else None))
+        drained = self.drain_requests(ref, plan.drain_timeout_for(stack))
         record_drain(self.lay, drained)
         if drained is not None and drained.waited_for_requests:
-            rest = maintenance_estimate(times, ref.stack if ref else None, False,
-                                        plan.retry_after_s)
+            rest = maintenance_estimate(times, stack, False, plan.retry_after_s)
             with contextlib.suppress(FrontError):
                 self.front.maintenance(f"maintenance: {step}", rest.seconds, wait=False)
-        window = replace(window, drain=drained.to_dict() if drained else None)
-        write_window(self.lay, window)
+        drain = drained.to_dict() if drained else None
+        write_window(self.lay, replace(window, drain=drain))
         ledger.append(self.lay, ledger.entry(
-            KIND, "opened", None, host=plan.host, by=plan.by, deploy_id=plan.id,
-            previous=active.ref if active else None, reason=step,
-            extra={"drain": drained.to_dict()} if drained else None))
+            KIND, "opened", None, host=plan.host, by=plan.by, deploy_id=plan.id, previous=ref,
+            reason=step, extra={"drain": drain} if drain else None))
         self.j.event("maintenance", f"window {plan.id} open while pid {hold.pid} "
                      f"({hold.what}) lives: the front answers 503 + Retry-After "
                      f"{estimate.seconds}s; step: {step}")
-        return Outcome("open", st.EXIT_PROMOTED, KIND, active.ref.stack if active else "",
-                       serving=MAINTENANCE, drain=drained.to_dict() if drained else None,
-                       retry_after_s=estimate.seconds)
+        return Outcome("open", st.EXIT_PROMOTED, KIND, stack or "", serving=MAINTENANCE,
+                       drain=drain, retry_after_s=estimate.seconds)
 
+    def _add_step(self, window: Window, step: str, now: float) -> None:
+        write_window(self.lay, replace(window, steps=(*window.steps, {"what": step, "at": now})))
+
+    def _already_open(self, step: str) -> Outcome:
+        return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
+                       serving=self.front.current())
+
+    def _locked(self, reason: str, topic: str = "maintenance") -> Outcome:
+        self.j.event(topic, reason, level="error")
+        return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
 
     def hold(self, hold: WindowHold | None = None) -> Outcome:
-        """The deploy is back after its reboot: this plan's open window held by its new
-        session (no reboot grace any more). Exit 3 when the window is not this plan's, or
-        was closed meanwhile (its grace ran out: the host closed it)."""
+        """The deploy back after its reboot holds this plan's window again (exit 3 when it
+        is not open any more)."""
         plan = self.plan
         hold = hold or WindowHold.here(plan.id)
         window, status, why = window_status(self.lay, self.clock())
         if window is None or window.id != plan.id or window.state != "open":
-            reason = (f"{plan.host or 'host'}: maintenance window {plan.id} is not open here "
-                      f"any more ({status}{': ' + why if why else ''})")
-            self.j.event("maintenance", reason, level="error")
-            return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
+            return self._locked(f"{plan.host or 'host'}: maintenance window {plan.id} is not "
+                                f"open here any more ({status}{': ' + why if why else ''})")
         if not self.lock.hold_window(hold, "maintenance: back from the reboot"):
             try:
                 self.lock.acquire_window(plan.by, "maintenance: back from the reboot", hold)
             except LockHeld as held:
-                reason = f"{plan.host or 'host'}: {held}"
-                self.j.event("maintenance", reason, level="error")
-                return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
+                return self._locked(f"{plan.host or 'host'}: {held}")
         self.j.event("maintenance", f"window {plan.id} held by pid {hold.pid} ({hold.what})")
         return Outcome("open", st.EXIT_PROMOTED, KIND, reason="held",
                        serving=self.front.current())
 
-    # -- close --------------------------------------------------------------------------------
-
     def close(self, own: bool = False, force: bool = False, cause: str = "") -> Outcome:
-        """Recreate the verified stack, gate it, route the front to it (see the module
-        docstring). Closes this plan's window, an abandoned or failed one, or (nothing to
-        close) says so.
-
-        + own: the caller is the deploy that holds this plan's window (it may take its lock)
-        + force: take the window's lock from a holder that lives (a person said so)
-        + cause: why it is closed now (a deploy that failed inside it), for the ledger
-        """
+        """Recreate the verified stack, gate it, route the front to it. ``own``: the deploy
+        holding this window; ``force``: take a live holder's lock; ``cause``: for the ledger."""
         plan = self.plan
         window, status, why = window_status(self.lay, self.clock())
         if status == "none" and not self.lock.held:
@@ -360,10 +308,9 @@ class Maintenance(Steps):
                 adopted = bool(wid) and self.lock.adopt_window(
                     wid, f"closing maintenance window {wid}", take_live=take_live)
             except LockHeld as held:
-                reason = (f"{plan.host or 'host'}: {held}; refusing to take it from a holder "
-                          "that lives (`maintenance close --force` does, naming it)")
-                self.j.event("lock", reason, level="error")
-                return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
+                return self._locked(f"{plan.host or 'host'}: {held}; refusing to take it from "
+                                    "a holder that lives (`maintenance close --force` does, "
+                                    "naming it)", "lock")
             if adopted and status == "held" and force and not own:
                 self.j.event("lock", f"took window {wid} from a live holder (--force)",
                              level="warning")
@@ -372,9 +319,7 @@ class Maintenance(Steps):
                     note = self.lock.acquire(plan.by, f"closing maintenance window {wid}",
                                              wid or plan.id)
                 except LockHeld as held:
-                    reason = f"{plan.host or 'host'}: {held}"
-                    self.j.event("lock", reason, level="error")
-                    return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
+                    return self._locked(f"{plan.host or 'host'}: {held}", "lock")
                 if note:
                     self.j.event("lock", note, level="warning")
         try:
@@ -407,19 +352,13 @@ class Maintenance(Steps):
                 "gate", "the window cannot be closed without the gate (none available here)"))
         recreate = maintenance_estimate(read_timings(self.lay), ref.stack, False,
                                         plan.retry_after_s, steps=False)
-        steps_s = (self.clock() - window.opened_at - float((window.drain or {}).get("seconds")
-                                                           or 0.0)) \
+        steps_s = max(0.0, self.clock() - window.opened_at
+                      - float((window.drain or {}).get("seconds") or 0.0)) \
             if window is not None and window.opened_at else None
         try:
             self.front.maintenance(f"maintenance: recreating {ref.stack}", recreate.seconds,
                                    wait=False)
-            self.stop(known_projects(self.lay))
-            self.wait_vram(ref.gpu_memory_utilization, plan.vram_timeout_s)
-            self.check_interrupt()
-            t_boot = self.ops.monotonic()
-            self.start(ref, ref.compose_file)
-            self.wait_ready(ref, plan.ready_timeout_s)
-            boot_s = self.ops.monotonic() - t_boot
+            boot_s = self.bring_up(ref, plan.vram_timeout_s, plan.ready_timeout_s)
             self.answers(ref)
             t_gate = self.ops.monotonic()
             gate = self.verify(ref, self.gate_fn, plan.gate_profile, plan.gate_set,
@@ -441,14 +380,11 @@ class Maintenance(Steps):
             reason=f"recreated and verified after: {steps}"
                    + (f" ({self.cause})" if self.cause else "")))
         ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
-        record_maintenance(self.lay, ref.stack, boot_s, gate_s,
-                           max(0.0, steps_s) if steps_s is not None else None, None)
+        record_maintenance(self.lay, ref.stack, boot_s, gate_s, steps_s)
         request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
         prune_snapshots(self.lay)
-        closed = self._finish(window, "closed", f"{written.ref.route_id} recreated and passed "
-                              "the gate", gate=gate.record())
-        if closed is not None:
-            self.drain.after(closed)
+        self.drain.after(self._finish(window, "closed", f"{written.ref.route_id} recreated and "
+                                      "passed the gate", gate=gate.record()))
         self.j.event("maintenance", f"{written.ref.route_id} serves again (recreated, gate "
                      f"passed, {seconds:.1f}s)")
         opened = window.opened_at if window is not None else self.clock()
@@ -457,8 +393,7 @@ class Maintenance(Steps):
 
     def _failed(self, window: Window | None, active: Active | None,
                 failure: Failure) -> Outcome:
-        """Nothing verified serves: the stack down (it did not pass), 503 with the reason,
-        the window failed, a ledger line."""
+        """Nothing verified serves: the stack down, 503 with the reason, the window failed."""
         plan = self.plan
         ref = active.ref if active else None
         self.interrupted = lambda: False  # the way to 503 must not be cut short
@@ -488,7 +423,7 @@ class Maintenance(Steps):
                        kept_log=kept)
 
     def _finish(self, window: Window | None, state: str, reason: str,
-                gate: dict[str, Any] | None = None) -> Window | None:
+                gate: dict[str, Any] | None = None) -> Window:
         plan = self.plan
         done = replace(window or Window(plan.id, by=plan.by, host=plan.host,
                                         opened_at=self.clock(), plan=plan.to_dict()),
@@ -498,13 +433,8 @@ class Maintenance(Steps):
 
 
 def supersede(lay: Layout, by: str, why: str) -> None:
-    """A swap promoted a stack through its own gate: a failed or abandoned window is over
-    (the host serves a verified stack again)."""
+    """A swap promoted a stack through its own gate: a failed or abandoned window is over."""
     window, status, _ = window_status(lay)
     if window is not None and status in ("failed", "abandoned"):
         write_window(lay, replace(window, state="closed", closed_at=time.time(),
                                   reason=f"superseded: {why} (by {by})"))
-
-
-__all__ = ["NO_DRAIN", "Drain", "Maintenance", "Window",
-           "out_of_service", "plan_of", "supersede", "window_status"]

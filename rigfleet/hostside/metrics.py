@@ -1,17 +1,9 @@
-"""The host's metrics as node-exporter textfiles: the cards (``rigfleet-gpu.prom``, from
-nvidia-smi) and rigfleet's own facts (``rigfleet.prom``, from the host's records).
-
-``rigfleet-host.pyz metrics --dir D --front-port P`` writes both, each atomically (a scrape
-sees the old file or the new one), every 15 s from ``rigfleet-metrics.timer`` and after each
-swap (``refresh``). The names are the fleet's metric contract (docs/monitoring.md);
-``instance`` comes from the scrape config.
-A card that reports ``[N/A]`` (a GeForce's ECC counters) gets no sample for that figure;
-``rigfleet_gpu_scrape_ok`` says whether nvidia-smi answered at all::
+"""The host's metrics as node-exporter textfiles (names: docs/monitoring.md): the cards
+(``rigfleet-gpu.prom``, nvidia-smi) and rigfleet's own facts (``rigfleet.prom``, the host's
+records), each written atomically every 15 s and after each swap::
 
     text = gpu_textfile(csv_output)        # csv_output None: nvidia-smi failed
     text = facts_textfile(read_facts(lay, front_port=8000))
-
-Stdlib only: it ships inside the host-side bundle.
 """
 
 from __future__ import annotations
@@ -20,9 +12,6 @@ import contextlib
 import json
 import subprocess
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +29,7 @@ from .records import (
     read_supervisor,
     read_throughput_last,
 )
+from .stackctl import http_request
 from .timings import read_timings, swap_estimate
 
 GPU_FILE = "rigfleet-gpu.prom"
@@ -146,17 +136,18 @@ def gpu_textfile(csv_text: str | None, ecc_text: str | None = None) -> str:
     return t.render()
 
 
-def read_gpus(query: str = GPU_QUERY, timeout_s: float = 10) -> str | None:
-    """nvidia-smi's csv answer to ``query``, None when it fails (no driver, a hung card)."""
+def _stdout(argv: list[str], timeout_s: float = 10) -> str | None:
+    """What ``argv`` prints, None when it fails (no binary, a hang, an error)."""
     try:
-        proc = subprocess.run(smi_command(query), capture_output=True, text=True,
-                              timeout=timeout_s)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None
 
 
-# --- rigfleet's own facts ----------------------------------------------------------------------
+def read_gpus(query: str = GPU_QUERY) -> str | None:
+    """nvidia-smi's csv answer to ``query``, None when it fails (no driver, a hung card)."""
+    return _stdout(smi_command(query))
 
 
 @dataclass(frozen=True)
@@ -218,39 +209,25 @@ def _recreations(lay: Layout) -> int:
         return 0
     count = 0
     for line in lines:
-        if '"supervise"' not in line:
-            continue
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict) and data.get("event") == "supervise" \
-                and data.get("result") == "recreated":
-            count += 1
+        with contextlib.suppress(ValueError):
+            data = json.loads(line) if '"supervise"' in line else None
+            if isinstance(data, dict) and (data.get("event"), data.get("result")) == (
+                    "supervise", "recreated"):
+                count += 1
     return count
 
 
 def engine_running(stack: str) -> bool:
     """Is a container of ``stack`` running (busy or not)? One ``docker ps``."""
     fmt = f'{{{{.Label "{STACK_LABEL}"}}}}\t{{{{.State}}}}'
-    try:
-        proc = subprocess.run(["docker", "ps", "--filter", f"label={STACK_LABEL}={stack}",
-                               "--format", fmt], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return any(line.split("\t") == [stack, "running"] for line in proc.stdout.splitlines())
+    out = _stdout(["docker", "ps", "--filter", f"label={STACK_LABEL}={stack}", "--format", fmt])
+    return any(line.split("\t") == [stack, "running"] for line in (out or "").splitlines())
 
 
 def front_ready(port: int | None, timeout_s: float = 3) -> bool:
     """Does the front's readiness path (no key) answer 200?"""
-    if port is None:
-        return False
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}",
-                                    timeout=timeout_s) as answer:
-            return bool(answer.status == 200)
-    except (OSError, urllib.error.URLError, ValueError):
-        return False
+    return port is not None and http_request("GET", f"http://127.0.0.1:{port}{READY_PATH}",
+                                             {}, None, timeout_s)[0] == 200
 
 
 def is_swap(holder: dict[str, object] | None) -> bool:
@@ -297,68 +274,63 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
                  gave_up=supervisor.get("state") == "gave-up", drain_s=times.drain_s)
 
 
+# (metric, Facts attribute ("gate.x": of the last gate, labelled with its stack), help);
+# a None value gets no sample.
+FACT_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("rigfleet_ready", "ready", "The front's readiness path answers 200 (1) or not (0)."),
+    ("rigfleet_engine_up", "engine_up", "The serving stack's engine container runs (1) or not "
+     "(0), busy or not."),
+    ("rigfleet_swap_in_progress", "swap_in_progress",
+     "A swap transaction holds the host (1) or not (0)."),
+    ("rigfleet_swap_expected_seconds", "swap_expected_s",
+     "The running swap's expected duration (s)."),
+    ("rigfleet_maintenance_window_open", "window_open",
+     "A maintenance window is open (1) or not (0)."),
+    ("rigfleet_maintenance_window_opened_timestamp_seconds", "window_opened_at",
+     "When the open maintenance window opened (epoch s)."),
+    ("rigfleet_gate_tokens_per_second", "gate.tokens_per_s",
+     "The last gate's decode tok/s (narrative)."),
+    ("rigfleet_gate_baseline_tokens_per_second", "gate.baseline_tokens_per_s",
+     "The baseline the last gate was judged against (tok/s)."),
+    ("rigfleet_gate_margin_ratio", "gate.margin",
+     "The stack's allowed shortfall below the baseline."),
+    ("rigfleet_gate_passed", "gate.passed",
+     "The last gate's throughput verdict: passed (1) or not (0)."),
+    ("rigfleet_gate_timestamp_seconds", "gate.at", "When the last gate ran (epoch s)."),
+    ("rigfleet_mtp_acceptance_floor", "gate.acceptance_floor",
+     "The stack's lowest MTP acceptance floor."),
+    ("rigfleet_supervisor_recreations_total", "recreations",
+     "Engines the supervisor recreated (ledger)."),
+    ("rigfleet_supervisor_gave_up", "gave_up", "The supervisor gave up (1) or not (0)."),
+    ("rigfleet_drain_seconds", "drain_s", "The last drain's duration (s)."),
+    ("rigfleet_facts_timestamp_seconds", "now", "When these facts were written (epoch s)."),
+)
+
+
 def facts_textfile(f: Facts) -> str:
-    """``rigfleet.prom`` (names: docs/monitoring.md)."""
+    """``rigfleet.prom``."""
     t = Textfile()
     if f.serving is not None:
         t.add("rigfleet_serving_info", "What serves on this host (labels), always 1.", 1,
               **f.serving)
-    t.add("rigfleet_ready", "The front's readiness path answers 200 (1) or not (0).",
-          int(f.ready))
-    t.add("rigfleet_engine_up", "The serving stack's engine container runs (1) or not (0), "
-          "busy or not.", int(f.engine_up))
-    t.add("rigfleet_swap_in_progress", "A swap transaction holds the host (1) or not (0).",
-          int(f.swap_in_progress))
-    if f.swap_expected_s is not None:
-        t.add("rigfleet_swap_expected_seconds", "The running swap's expected duration (s).",
-              f.swap_expected_s)
-    t.add("rigfleet_maintenance_window_open", "A maintenance window is open (1) or not (0).",
-          int(f.window_open))
-    if f.window_opened_at is not None:
-        t.add("rigfleet_maintenance_window_opened_timestamp_seconds", "When the open "
-              "maintenance window opened (epoch s).", f.window_opened_at)
-    g = f.gate
-    if g is not None:
-        lab = {"stack": g.stack}
-        if g.tokens_per_s is not None:
-            t.add("rigfleet_gate_tokens_per_second", "The last gate's decode tok/s "
-                  "(narrative).", g.tokens_per_s, **lab)
-        if g.baseline_tokens_per_s is not None:
-            t.add("rigfleet_gate_baseline_tokens_per_second", "The baseline the last gate was "
-                  "judged against (tok/s).", g.baseline_tokens_per_s, **lab)
-        if g.margin is not None:
-            t.add("rigfleet_gate_margin_ratio", "The stack's allowed shortfall below the "
-                  "baseline.", g.margin, **lab)
-        t.add("rigfleet_gate_passed", "The last gate's throughput verdict: passed (1) or not "
-              "(0).", int(g.passed), **lab)
-        if g.at is not None:
-            t.add("rigfleet_gate_timestamp_seconds", "When the last gate ran (epoch s).", g.at,
-                  **lab)
-        if g.acceptance_floor is not None:
-            t.add("rigfleet_mtp_acceptance_floor", "The stack's lowest MTP acceptance floor.",
-                  g.acceptance_floor, **lab)
-    t.add("rigfleet_supervisor_recreations_total", "Engines the supervisor recreated "
-          "(ledger).", f.recreations, "counter")
-    t.add("rigfleet_supervisor_gave_up", "The supervisor gave up (1) or not (0).",
-          int(f.gave_up))
-    if f.drain_s is not None:
-        t.add("rigfleet_drain_seconds", "The last drain's duration (s).", f.drain_s)
-    t.add("rigfleet_facts_timestamp_seconds", "When these facts were written (epoch s).", f.now)
+    for name, attr, help_ in FACT_METRICS:
+        of_gate, _, field_name = attr.rpartition(".")
+        source = f.gate if of_gate else f
+        value = getattr(source, field_name) if source is not None else None
+        if value is not None:
+            labels = {"stack": f.gate.stack} if of_gate and f.gate else {}
+            t.add(name, help_, value, "counter" if name.endswith("_total") else "gauge",
+                  **labels)
     return t.render()
-
-
-def write_textfiles(directory: Path, files: Iterable[tuple[str, str]]) -> None:
-    """Each (name, text) atomically, world-readable (no secret is in them)."""
-    for name, text in files:
-        write_atomic(directory / name, text, 0o644)
 
 
 def run(lay: Layout, directory: Path, front_port: int | None) -> int:
     """``rigfleet-host metrics``: both textfiles, now."""
     gpus = read_gpus()
     ecc = read_gpus(ECC_QUERY) if gpus is not None else None
-    write_textfiles(directory, [(GPU_FILE, gpu_textfile(gpus, ecc)),
-                                (FACTS_FILE, facts_textfile(read_facts(lay, front_port)))])
+    for name, text in [(GPU_FILE, gpu_textfile(gpus, ecc)),
+                       (FACTS_FILE, facts_textfile(read_facts(lay, front_port)))]:
+        write_atomic(directory / name, text, 0o644)  # world-readable: no secret in them
     return 0
 
 

@@ -1,14 +1,8 @@
-"""Before a maintenance window opens: can its work start? The package manager usable (its
-locks free within a bounded wait, naming who holds them; an interrupted dpkg repaired with the
-documented ``dpkg --configure -a``) and room on the disks the steps write to. A ``NotReady``
-leaves the host as it was: the window never opened, the stack still serves.
+"""Before a maintenance window opens: can its work start? The package manager's locks free
+within a bounded wait (naming who holds them), an interrupted dpkg repaired, room on the disks
+the steps write to. A ``NotReady`` leaves the host as it was::
 
-    ready = Readiness(root=Path("/"), say=print)
-    ready.check(packages=True, lock_wait_s=120, min_free_mib=1024)   # raises NotReady
-
-Locks are the ones apt and dpkg take (``fcntl`` write locks): tested the way apt does (a
-non-blocking ``lockf`` on the file, released at once), holders found from ``/proc/locks`` and
-open file descriptors (``fuser``'s way).
+    Readiness(root=Path("/"), say=print).check(packages=True, lock_wait_s=120, min_free_mib=1024)
 """
 
 from __future__ import annotations
@@ -26,8 +20,7 @@ from pathlib import Path
 # apt's and dpkg's locks, in the order apt takes them.
 LOCKS = ("var/lib/dpkg/lock-frontend", "var/lib/dpkg/lock", "var/cache/apt/archives/lock",
          "var/lib/apt/lists/lock")
-# Where the steps write: downloaded packages, installed files (DKMS builds), the initramfs,
-# rigfleet's records.
+# Where the steps write, and the share of the room they need there.
 SPACE = (("var/cache/apt/archives", 1.0), ("usr", 1.0), ("boot", 0.1), ("var/lib/rigfleet", 0.1))
 DPKG_REPAIR = ("dpkg", "--configure", "-a", "--force-confdef", "--force-confold")
 
@@ -38,12 +31,7 @@ class NotReady(Exception):
 
 @dataclass
 class Readiness:
-    """The checks, against ``root`` (``/`` on a host; a tree in tests).
-
-    + say: progress lines (who holds a lock while it waits)
-    + clock, sleep: monotonic time (tests pass fakes)
-    + run: runs the dpkg repair (argv) -> (exit status, output)
-    """
+    """The checks, against ``root`` (``/`` on a host; a tree in tests)."""
 
     root: Path = Path("/")
     say: Callable[[str], None] = print
@@ -53,14 +41,12 @@ class Readiness:
 
     def check(self, packages: bool, lock_wait_s: float, min_free_mib: int) -> list[str]:
         """Raise ``NotReady`` when the work cannot start; else what was done (repairs)."""
-        done: list[str] = []
         self.space(min_free_mib)
-        if packages:
-            self.wait_locks(lock_wait_s)
-            repaired = self.repair_dpkg()
-            if repaired:
-                done.append(repaired)
-        return done
+        if not packages:
+            return []
+        self.wait_locks(lock_wait_s)
+        repaired = self.repair_dpkg()
+        return [repaired] if repaired else []
 
     def space(self, min_free_mib: int) -> None:
         seen: set[int] = set()
@@ -68,11 +54,11 @@ class Readiness:
             path = self.root / rel
             while not path.exists() and path != self.root:
                 path = path.parent
-            st = os.statvfs(path)
             dev = os.stat(path).st_dev
             if dev in seen:
                 continue
             seen.add(dev)
+            st = os.statvfs(path)
             free = st.f_bavail * st.f_frsize // (1024 * 1024)
             need = int(min_free_mib * share)
             if free < need:
@@ -82,11 +68,9 @@ class Readiness:
 
     def busy(self) -> tuple[str, str] | None:
         """(the lock, who holds it) for the first lock held, else None."""
-        for rel in LOCKS:
-            path = self.root / rel
-            if not _held(path):
-                continue
-            return str(path), holders(path) or "a process this tool cannot see"
+        for path in (self.root / rel for rel in LOCKS):
+            if _held(path):
+                return str(path), holders(path) or "a process this tool cannot see"
         return None
 
     def wait_locks(self, wait_s: float) -> None:
@@ -107,8 +91,7 @@ class Readiness:
             self.sleep(min(2.0, max(0.1, wait_s - waited)))
 
     def repair_dpkg(self) -> str:
-        """``dpkg --configure -a`` when dpkg was interrupted (journal files left in
-        ``/var/lib/dpkg/updates``, as apt's "dpkg was interrupted" tells); "" when not."""
+        """``dpkg --configure -a`` when dpkg was interrupted (files in its ``updates``)."""
         updates = self.root / "var/lib/dpkg/updates"
         pending = [p.name for p in updates.iterdir()] if updates.is_dir() else []
         if not pending:
@@ -176,8 +159,4 @@ def _cmdline(pid: int) -> str:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return "gone"
-    text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-    return text[:120] or "?"
-
-
-__all__ = ["LOCKS", "NotReady", "Readiness", "holders"]
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120] or "?"

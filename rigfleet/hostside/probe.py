@@ -1,15 +1,8 @@
-"""The host probe: everything the control side learns about a host outside a pyinfra fact, in
-one round trip, as one JSON object (``rigfleet-host.pyz probe``; schema ``rigfleet-probe/1``).
+"""The host probe: what the control side learns about a host outside a pyinfra fact, in one
+round trip, as one JSON object (``rigfleet-host.pyz probe``; schema ``rigfleet-probe/1``; the
+keys: docs/architecture.md "The host probe"). Every part catches its own failure::
 
-    python3 rigfleet-host.pyz probe                     # the deploy's facts: swap state, lock
-    python3 rigfleet-host.pyz probe --full --model-path /srv/models/qwen \
-        --front-port 8000                               # rigfleet status, the bump, reports
-
-Every part catches its own failure (absence is data). The basic output is the deploy's
-``SwapProbe`` fact; ``--full`` adds the ledger, reports, GPUs, Genesis, the weights' manifest,
-the front and throughput; ``--doctor`` adds the cards sampled idle and under load. Each key:
-docs/architecture.md ("The host probe"). Readers of the records live in
-``rigfleet.hostside.records``; this module only gathers.
+    python3 rigfleet-host.pyz probe --full --model-path /srv/models/qwen --front-port 8000
 """
 
 from __future__ import annotations
@@ -54,9 +47,8 @@ def _run(cmd: list[str], timeout: float = 30) -> tuple[int, str, str]:
 
 
 def containers() -> dict[str, dict[str, Any]]:
-    """Every container carrying the ``io.rigfleet.stack`` label or a ``rigfleet-`` name (one
-    started by hand under a stack's name counts too), by name, with the image it runs: the
-    reference it was created from and that image's repo digests."""
+    """Every container with the stack label or a ``rigfleet-`` name, by name, with the image
+    it runs and that image's repo digests."""
     fmt = (f'{{{{.Names}}}}\t{{{{.State}}}}\t{{{{.Label "{STACK_LABEL}"}}}}\t'
            f'{{{{.Label "{CONFIG_HASH_LABEL}"}}}}\t{{{{.CreatedAt}}}}')
     found: dict[str, dict[str, Any]] = {}
@@ -88,8 +80,7 @@ def containers() -> dict[str, dict[str, Any]]:
             image_labels = json.loads(labels) if labels.strip() else {}
         except ValueError:
             continue
-        # A derived image (a Genesis stack's packages baked in: rigfleet.runtime_image)
-        # carries the pinned image it was built from as a label.
+        # A derived image carries the pinned image it was built from as a label.
         base = (image_labels or {}).get(BASE_DIGEST_LABEL)
         digests[image_id] = found_digests + ([str(base)] if base else [])
     for name, image_id in images.items():
@@ -97,39 +88,29 @@ def containers() -> dict[str, dict[str, Any]]:
     return found
 
 
-def file_sha256(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
 def manifest(model_path: Path) -> dict[str, Any]:
-    """The weights against the manifest the fetcher wrote when it verified them: every file
-    there, with the size and mtime it had then (no hashing: status stays quick)."""
+    """The weights against the fetcher's manifest: sizes and mtimes (no hashing)."""
     m, err = read_json(model_path / MANIFEST_NAME)
     if not isinstance(m, dict):
         return {"error": err or "not an object"}
-    reason = "matches manifest"
-    raw = m.get("files")
-    files: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    if not files:
-        reason = "manifest lists no files"
+    files = m.get("files") if isinstance(m.get("files"), dict) else {}
+    reason = _manifest_mismatch(model_path, files) if files else "manifest lists no files"
+    return {"repo": m.get("repo"), "revision": m.get("revision"),
+            "intact": reason == "", "reason": reason or "matches manifest"}
+
+
+def _manifest_mismatch(model_path: Path, files: dict[str, Any]) -> str:
     for name in sorted(files):
         meta = files[name] if isinstance(files[name], dict) else {}
         try:
             st = os.stat(model_path / name)
         except OSError:
-            reason = f"{name} is missing"
-            break
+            return f"{name} is missing"
         if st.st_size != meta.get("size"):
-            reason = f"{name} has {st.st_size} bytes, manifest says {meta.get('size')}"
-            break
+            return f"{name} has {st.st_size} bytes, manifest says {meta.get('size')}"
         if abs(st.st_mtime - float(meta.get("mtime", 0))) > 0.001:
-            reason = f"{name} was modified after it was verified"
-            break
-    return {"repo": m.get("repo"), "revision": m.get("revision"),
-            "intact": reason == "matches manifest", "reason": reason}
+            return f"{name} was modified after it was verified"
+    return ""
 
 
 def _get(url: str, header: str | None = None) -> tuple[int | None, str]:
@@ -147,22 +128,20 @@ def _get(url: str, header: str | None = None) -> tuple[int | None, str]:
 
 
 def front(lay: Layout, port: int) -> dict[str, Any]:
-    """What the front on ``port`` answers for ``/v1/models`` without and with the API key."""
+    """The front's ``/v1/models`` answer without and with the API key."""
     base = f"http://127.0.0.1:{port}/v1/models"
-    out: dict[str, Any] = {}
-    out["no_key"], _ = _get(base)
+    out: dict[str, Any] = {"no_key": _get(base)[0]}
     try:
         header = lay.auth_header_file.read_text().strip()
     except OSError as e:
         out["error"] = f"cannot read {lay.auth_header_file} ({e.strerror})"
         return out
-    code, body = _get(base, header)
-    out["with_key"] = code
+    out["with_key"], body = _get(base, header)
     try:
         out["models"] = [str(x.get("id")) for x in json.loads(body).get("data", [])]
     except (ValueError, AttributeError):
         out["models"] = []
-        if code is None:
+        if out["with_key"] is None:
             out["error"] = body
     return out
 
@@ -179,19 +158,16 @@ def genesis(lay: Layout) -> dict[str, Any] | None:
             "error": err[-300:] if rc else None}
 
 
-THROUGHPUT_HISTORY_SHOWN = 20
-
-
 def throughput(lay: Layout) -> dict[str, Any]:
-    """The last gate's throughput record and the newest verified ones (all stacks)."""
+    """The last gate's throughput record and the newest 20 verified ones (all stacks)."""
     history = read_throughput_history(lay.throughput_history)
     last = read_throughput_last(lay.throughput_last)
     return {"last": last.to_dict() if last else None, "count": len(history),
-            "history": [r.to_dict() for r in history[-THROUGHPUT_HISTORY_SHOWN:]]}
+            "history": [r.to_dict() for r in history[-20:]]}
 
 
 def doctor(lay: Layout, load_s: float) -> dict[str, Any]:
-    """The doctor's evidence from the active stack (see the module docstring)."""
+    """The cards sampled idle and under load of the active stack."""
     from .active import read_active
     from .bench.evidence import gather
     from .plan import PlanError
@@ -211,18 +187,15 @@ def doctor(lay: Layout, load_s: float) -> dict[str, Any]:
 
 def probe(lay: Layout, full: bool = False, model_path: str | None = None,
           front_port: int | None = None, doctor_load_s: float | None = None) -> dict[str, Any]:
-    """Everything above, as one dict (see the module docstring).
-
-    + lay: the host's layout (``Layout()`` on a host)
-    + full: add the sections status and the bump read
-    + model_path: the weights directory the inventory expects (``--full``)
-    + front_port: the front's port (``--full``)
-    + doctor_load_s: add the doctor's evidence, under a load this long (``--full``)
-    """
+    """Everything above, as one dict (``full``: what status and the bump read)."""
     state, state_error = read_json(lay.state_file)
     active, _ = read_json(lay.active_json)
     _, active_error = parse_active(lay)
     window, window_state, window_why = window_status(lay)
+    try:
+        bundle: str | None = hashlib.sha256(lay.bundle.read_bytes()).hexdigest()
+    except OSError:
+        bundle = None
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "active": active,
@@ -232,7 +205,7 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
         "lock": read_holder(lay.lock_dir),
         "containers": containers(),
         "route": route(lay.front_route),
-        "bundle": file_sha256(lay.bundle),
+        "bundle": bundle,
         "supervisor": read_supervisor(lay.supervise_state),
         "active_error": active_error or None,
         "maintenance": {"status": window_state, "why": window_why,

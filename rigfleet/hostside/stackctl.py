@@ -1,18 +1,14 @@
 """Stacks on the host: docker compose, container state, GPU memory, boot-failure diagnosis.
 
-Command builders return argv lists and run nothing (the Kamal way); parsers turn output into
-data; ``SystemOps`` is the one place that runs them, behind the small interface the
-transaction uses (``rigfleet.hostside.steps.Ops``), so the transaction's decisions are tested
-with fakes::
+Parsers turn command output into data; ``SystemOps`` is the one place that runs commands,
+behind the interface the transaction uses (``rigfleet.hostside.steps.Ops``; fakes in tests)::
 
-    compose_up("/var/lib/rigfleet/swap/X/compose.yaml", "rigfleet-int8")
-    # ['docker', 'compose', '-p', 'rigfleet-int8', '-f', '...', 'up', '-d', '--force-recreate', ...]
-    classify_boot_failure(docker_logs_text)
-    # BootFailure(kind='transformers-oserror', title='transformers OSError ...', line='OSError: ...')
+    classify_boot_failure(docker_logs_text)   # BootFailure(kind='transformers-oserror', ...)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -27,76 +23,14 @@ from pathlib import Path
 from .drain import draining_workers
 from .layout import CONFIG_HASH_LABEL
 
-# --- commands ----------------------------------------------------------------------------------
-
 GPU_MEMORY_QUERY = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
                     "--format=csv,noheader,nounits"]
+INSPECT_FORMAT = ("{{json .State}}\t{{.RestartCount}}\t{{.Created}}\t"
+                  "{{index .Config.Labels " + json.dumps(CONFIG_HASH_LABEL) + "}}\t{{.Image}}")
 
 
 def compose(file: str, project: str, *args: str) -> list[str]:
     return ["docker", "compose", "-p", project, "-f", file, *args]
-
-
-def compose_up(file: str, project: str) -> list[str]:
-    """Start the project's container *recreated* (Genesis text-patches the container's writable
-    layer: a restarted container re-patches patched files), never pulling (the deploy staged
-    the image by digest; a pull here could fetch something else)."""
-    return compose(file, project, "up", "-d", "--force-recreate", "--remove-orphans",
-                   "--pull", "never")
-
-
-def compose_down(file: str, project: str) -> list[str]:
-    """Stop and remove the project's containers (``down``, never ``stop``)."""
-    return compose(file, project, "down", "--remove-orphans", "--timeout", "60")
-
-
-def compose_config(file: str, project: str) -> list[str]:
-    return compose(file, project, "config", "-q")
-
-
-def inspect(container: str) -> list[str]:
-    fmt = ("{{json .State}}\t{{.RestartCount}}\t{{.Created}}\t"
-           "{{index .Config.Labels " + json.dumps(CONFIG_HASH_LABEL) + "}}\t{{.Image}}")
-    return ["docker", "inspect", "--type", "container", "--format", fmt, container]
-
-
-def remove(container: str) -> list[str]:
-    return ["docker", "rm", "--force", container]
-
-
-def running_names() -> list[str]:
-    return ["docker", "ps", "--format", "{{.Names}}"]
-
-
-def server_version() -> list[str]:
-    """Answers only while the Docker daemon does."""
-    return ["docker", "version", "--format", "{{.Server.Version}}"]
-
-
-def image_id(ref: str) -> list[str]:
-    return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
-
-
-def tag_image(image: str, name: str) -> list[str]:
-    """Name ``image`` (an id or a digest reference) ``name`` (``<repo>:<tag>``)."""
-    return ["docker", "image", "tag", image, name]
-
-
-def logs(container: str, tail: int = 300) -> list[str]:
-    return ["docker", "logs", "--tail", str(int(tail)), container]
-
-
-def image_present(ref: str) -> list[str]:
-    return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
-
-
-def unit_state(unit: str) -> list[str]:
-    """``ActiveState`` and ``SubState`` of a systemd unit, one per line."""
-    return ["systemctl", "show", "--property", "ActiveState", "--property", "SubState",
-            "--value", unit]
-
-
-# --- parsers ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -138,12 +72,9 @@ def parse_inspect(text: str) -> ContainerState | None:
     )
 
 
-# What ``unit_state`` prints (ActiveState, SubState) -> how the stack unit stands:
-# ``done`` (its start command finished: ensure served), ``starting`` (ensure runs now),
-# ``stopping``, ``inactive`` (stopped: the host is meant to be down), ``failed``, ``unknown``.
 def parse_unit_state(text: str) -> str:
-    """``unit_state()`` output -> ``done``, ``starting``, ``stopping``, ``inactive``,
-    ``failed`` or ``unknown`` (no systemd, or an answer not understood)."""
+    """``systemctl show`` ActiveState and SubState -> ``done`` (ensure served), ``starting``,
+    ``stopping``, ``inactive``, ``failed`` or ``unknown``."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) != 2:
         return "unknown"
@@ -156,14 +87,13 @@ def parse_unit_state(text: str) -> str:
 
 
 def docker_time(text: str) -> float | None:
-    """``2026-11-29T10:00:01.123456789Z`` -> epoch seconds (None when unparseable, and for
-    docker's zero time ``0001-01-01T00:00:00Z``: a container that never started)."""
+    """``2026-11-29T10:00:01.123456789Z`` -> epoch seconds (None when unparseable or docker's
+    zero time: a container that never started)."""
     m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", text.strip())
     if not m or m.group(1).startswith("0001-"):
         return None
     tz = m.group(3) or "Z"
-    stamp = m.group(1) + ("+00:00" if tz == "Z" else tz)
-    return datetime.fromisoformat(stamp).timestamp()
+    return datetime.fromisoformat(m.group(1) + tz.replace("Z", "+00:00")).timestamp()
 
 
 @dataclass(frozen=True)
@@ -181,8 +111,8 @@ _NUMBER = re.compile(r"^\s*(\d+)(?:\.\d+)?\s*(?:MiB)?\s*$")
 
 
 def parse_gpu_memory(text: str) -> list[GpuMemory]:
-    """``GPU_MEMORY_QUERY`` output (``0, 20480, 24576`` per card); raises ValueError naming the
-    line when it is not that (a driver error, ``[N/A]``)."""
+    """``GPU_MEMORY_QUERY`` output (``0, 20480, 24576`` per card); ValueError naming the line
+    when it is not that."""
     cards = []
     for line in text.splitlines():
         if not line.strip():
@@ -208,10 +138,7 @@ def vram_free_enough(cards: list[GpuMemory], utilization: float) -> tuple[bool, 
 
 @dataclass(frozen=True)
 class BootFailure:
-    """A known reason a serving container died while booting (from its log).
-
-    + hint: what to change (from the stack file's ``boot.failures``; built-ins have none)
-    """
+    """A known reason a serving container died while booting (``hint``: the stack file's)."""
 
     kind: str
     title: str
@@ -223,11 +150,8 @@ class BootFailure:
         return f"{text} (what to do: {self.hint})" if self.hint else text
 
 
-# Failures any stack can meet, most specific first; a stack file's own ``boot.failures`` (the
-# model's and image's, e.g. the Marlin pad-sub-tile-n fix) are looked for before these. The
-# first pattern found anywhere in the log wins. The root cause comes before vLLM's wrapper
-# ("Engine core initialization failed. See root cause above"), so the wrapper is never what
-# we report.
+# Failures any stack can meet, most specific first, after the stack file's own; the first
+# found anywhere in the log wins. vLLM's wrapper line is never what we report.
 BOOT_FAILURES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     ("genesis-pin-gate", "Genesis pin-gate strict failure (this vLLM build is not on Genesis' "
      "KNOWN_GOOD_VLLM_PINS)", re.compile(r"\[Genesis pin-gate\] STRICT FAIL.*")),
@@ -255,7 +179,7 @@ _WRAPPER = "Engine core initialization failed"
 
 
 def _compiled(pattern: str) -> re.Pattern[str] | None:
-    # The validator compiled every stack file pattern; a plan written by hand may not be.
+    # A plan written by hand may hold a pattern the validator never saw.
     try:
         return re.compile(pattern)
     except re.error:
@@ -264,16 +188,8 @@ def _compiled(pattern: str) -> re.Pattern[str] | None:
 
 def classify_boot_failure(log: str, known: Sequence[tuple[str, str, str, str]] = ()
                           ) -> BootFailure | None:
-    """The known boot failure in a container's log, else its last exception line, else None.
-
-    + log: ``docker logs`` output (stdout and stderr together)
-    + known: the stack's ``boot.failures`` as (kind, pattern, title, hint)
-      (``StackRef.boot_failures``), looked for first
-
-    ::
-
-        classify_boot_failure(log, ref.boot_failures)   # BootFailure('marlin-min-thread-n', ...)
-    """
+    """The known boot failure in a container's log (``known``: the stack's
+    ``boot_failures``, looked for first), else its last exception line, else None."""
     for kind, pattern, title, hint in known:
         rx = _compiled(pattern)
         m = rx.search(log) if rx else None
@@ -296,21 +212,9 @@ def classify_boot_failure(log: str, known: Sequence[tuple[str, str, str, str]] =
 
 
 def missing_boot_lines(log: str, expect: Sequence[tuple[str, str]]) -> list[str]:
-    """The titles of the stack file's ``boot.expect`` lines that ``log`` lacks.
-
-    + expect: (pattern, title) pairs (``StackRef.boot_expect``)
-
-    ::
-
-        missing_boot_lines(log, ref.boot_expect)
-        # ['Genesis P67 (TurboQuant multi-query verify kernel) applied']
-    """
-    missing = []
-    for pattern, title in expect:
-        rx = _compiled(pattern)
-        if rx is None or not rx.search(log):
-            missing.append(title)
-    return missing
+    """The titles of the ``expect`` (pattern, title) lines that ``log`` lacks."""
+    return [title for pattern, title in expect
+            if (rx := _compiled(pattern)) is None or not rx.search(log)]
 
 
 def _strip_prefix(line: str) -> str:
@@ -319,12 +223,8 @@ def _strip_prefix(line: str) -> str:
                   line.strip()).strip()[:400]
 
 
-# --- running them ------------------------------------------------------------------------------
-
-
 def run_cmd(argv: list[str], timeout: float = 120.0) -> tuple[int, str]:
-    """Run ``argv``; (exit status, stdout+stderr). A missing binary or a timeout is status 127
-    or 124 with a message, never an exception."""
+    """(exit status, stdout+stderr); a missing binary is 127, a timeout 124, never raised."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               check=False)
@@ -350,66 +250,65 @@ def http_request(method: str, url: str, headers: dict[str, str], body: bytes | N
 
 def read_api_key(key_file: Path, env_file: Path | None = None) -> str:
     """The API key: its own file, else ``VLLM_API_KEY=`` from the stacks' env file."""
-    try:
-        key = key_file.read_text().strip()
-        if key:
+    with contextlib.suppress(OSError):
+        if key := key_file.read_text().strip():
             return key
-    except OSError:
-        pass
-    if env_file is not None:
-        try:
-            for line in env_file.read_text().splitlines():
-                if line.startswith("VLLM_API_KEY="):
-                    return line.partition("=")[2].strip()
-        except OSError:
-            pass
+    with contextlib.suppress(OSError):
+        for line in env_file.read_text().splitlines() if env_file is not None else ():
+            if line.startswith("VLLM_API_KEY="):
+                return line.partition("=")[2].strip()
     return ""
 
 
 @dataclass
 class SystemOps:
-    """The real host: docker, nvidia-smi, HTTP on loopback (see ``swap.Ops``)."""
+    """The real host: docker, nvidia-smi, HTTP on loopback."""
 
     api_key: str = ""
     run: Callable[[list[str], float], tuple[int, str]] = run_cmd
     http: Callable[..., tuple[int, dict[str, str], bytes]] = http_request
 
+    def _error(self, argv: list[str], timeout: float) -> str | None:
+        """None when ``argv`` succeeds, else the tail of what it printed."""
+        rc, out = self.run(argv, timeout)
+        return None if rc == 0 else out.strip()[-600:] or f"exit {rc}"
+
     def image_present(self, ref: str) -> bool:
-        return self.run(image_present(ref), 60.0)[0] == 0
+        return self.image_id(ref) is not None
 
     def image_id(self, ref: str) -> str | None:
-        rc, out = self.run(image_id(ref), 60.0)
+        rc, out = self.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], 60.0)
         return out.strip() if rc == 0 and out.strip() else None
 
     def tag(self, image: str, name: str) -> str | None:
-        rc, out = self.run(tag_image(image, name), 60.0)
-        return None if rc == 0 else out.strip()[-600:] or f"exit {rc}"
+        return self._error(["docker", "image", "tag", image, name], 60.0)
 
     def remove(self, name: str) -> str | None:
-        rc, out = self.run(remove(name), 120.0)
-        return None if rc == 0 else out.strip()[-600:] or f"exit {rc}"
+        return self._error(["docker", "rm", "--force", name], 120.0)
 
     def running(self) -> list[str]:
-        return self.run(running_names(), 30.0)[1].split()
+        return self.run(["docker", "ps", "--format", "{{.Names}}"], 30.0)[1].split()
 
     def compose_check(self, file: str, project: str) -> str | None:
-        rc, out = self.run(compose_config(file, project), 60.0)
-        return None if rc == 0 else out.strip()[-600:] or f"exit {rc}"
+        return self._error(compose(file, project, "config", "-q"), 60.0)
 
     def up(self, file: str, project: str) -> str | None:
-        rc, out = self.run(compose_up(file, project), 600.0)
-        return None if rc == 0 else out.strip()[-600:] or f"exit {rc}"
+        """Always *recreated* (Genesis text-patches the container's writable layer: a
+        restarted one re-patches patched files); never pulling (the deploy staged the image)."""
+        return self._error(compose(file, project, "up", "-d", "--force-recreate",
+                                   "--remove-orphans", "--pull", "never"), 600.0)
 
     def down(self, file: str, project: str) -> str | None:
-        rc, out = self.run(compose_down(file, project), 300.0)
-        return None if rc == 0 else out.strip()[-600:] or f"exit {rc}"
+        return self._error(compose(file, project, "down", "--remove-orphans", "--timeout",
+                                   "60"), 300.0)
 
     def container(self, name: str) -> ContainerState | None:
-        rc, out = self.run(inspect(name), 30.0)
+        rc, out = self.run(["docker", "inspect", "--type", "container", "--format",
+                            INSPECT_FORMAT, name], 30.0)
         return parse_inspect(out) if rc == 0 else None
 
     def logs(self, name: str, tail: int = 300) -> str:
-        return self.run(logs(name, tail), 60.0)[1]
+        return self.run(["docker", "logs", "--tail", str(int(tail)), name], 60.0)[1]
 
     def gpus(self) -> list[GpuMemory]:
         rc, out = self.run(GPU_MEMORY_QUERY, 30.0)
@@ -451,8 +350,7 @@ class SystemOps:
         return bool(choices), "answered"
 
     def metrics(self, port: int) -> str | None:
-        """The engine's ``/metrics`` text on loopback (vLLM serves it without the key); None
-        when it does not answer 200."""
+        """The engine's ``/metrics`` text (no key needed); None unless it answers 200."""
         status, _, body = self.http("GET", f"http://127.0.0.1:{int(port)}/metrics", {}, None,
                                     5.0)
         return body.decode("utf-8", "replace") if status == 200 else None
@@ -462,12 +360,13 @@ class SystemOps:
         return draining_workers()
 
     def docker_up(self) -> bool:
-        """The Docker daemon answers (a missing container means something only then)."""
-        return self.run(server_version(), 30.0)[0] == 0
+        """The Docker daemon answers."""
+        return self.run(["docker", "version", "--format", "{{.Server.Version}}"], 30.0)[0] == 0
 
     def unit(self, unit: str) -> str:
         """How a systemd unit stands (``parse_unit_state``)."""
-        rc, out = self.run(unit_state(unit), 30.0)
+        rc, out = self.run(["systemctl", "show", "--property", "ActiveState", "--property",
+                            "SubState", "--value", unit], 30.0)
         return parse_unit_state(out) if rc == 0 else "unknown"
 
     def sleep(self, seconds: float) -> None:

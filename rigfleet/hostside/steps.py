@@ -1,14 +1,11 @@
-"""What the swap transaction, ``Ensure`` and ``adopt`` share: the host as they see it
-(``Ops``, ``FrontControl``), how a step fails (``Failure``), how a run ends (``Outcome``), and
-the steps themselves (stop every stack, wait for the cards' memory, start, wait until ready,
-check it answers, keep its log).
-
-Everything with side effects comes in through ``Ops`` (docker, nvidia-smi, HTTP) and a
-``FrontControl``, so the decisions are tested with fakes (tests/unit/test_swap_*.py).
+"""What the swap transaction, ``Ensure``, ``adopt``, the supervisor and maintenance share: the
+host as they see it (``Ops``, ``FrontControl``; fakes in tests), how a step fails
+(``Failure``), how a run ends (``Outcome``), and the steps themselves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -31,16 +28,13 @@ from .stackctl import (
 )
 
 EXIT_PROMOTED, EXIT_ROLLED_BACK, EXIT_FAILED, EXIT_LOCKED, EXIT_BAD_PLAN = 0, 1, 2, 3, 4
-# A fault of the host that may pass (a full disk, a read-only file system): nothing was
-# changed; rigfleet-stack.service tries again (its Restart=on-failure; 2 and 4 are final).
+# A host fault that may pass (a full disk): nothing changed; the stack unit tries again.
 EXIT_RETRY = 75
-# How long the stack unit's start (ensure) and stop (shutdown) wait for a transaction that
-# holds the host lock (a swap's gate, a maintenance close) before they leave it alone.
+# How long the stack unit's ensure and shutdown wait for a lock-holding transaction.
 LOCK_WAIT_S = 60.0
 READY_POLL_S = 1.0
 VRAM_POLL_S = 0.5
-# nvidia-smi failing this long in a row while waiting for GPU memory: the driver is not there
-# (a module Secure Boot refused, a driver/library mismatch), and no stack can start until it is.
+# nvidia-smi failing this long in a row while waiting for GPU memory: no driver.
 DRIVER_GRACE_S = 10.0
 PROGRESS_EVERY_S = 15.0
 LOG_LINES_KEPT = 2000
@@ -48,7 +42,7 @@ _PROJECT_NAME = re.compile(r"^name:\s*['\"]?([A-Za-z0-9][A-Za-z0-9_.-]*)", re.M)
 
 
 class Ops(Protocol):
-    """The host as the transaction sees it (``stackctl.SystemOps``; fakes in tests)."""
+    """The host as the transaction sees it (``stackctl.SystemOps``)."""
 
     def image_present(self, ref: str) -> bool: ...
     def image_id(self, ref: str) -> str | None: ...
@@ -92,13 +86,8 @@ class Failure(Exception):
 
 @dataclass
 class Outcome:
-    """How a transaction ended (``result.json``; the deploy prints ``reason`` on failure).
-
-    + result: ``promoted``, ``rolled-back`` (the old stack serves again), ``failed``
-      (nothing verified serves), ``refused`` (nothing was changed), ``locked``
-    + exit: the process's exit status (see ``EXIT_*``)
-    + serving: the route the front ends on (``int8/<hash>``, ``maintenance``)
-    """
+    """How a transaction ended (``result.json``): ``promoted``, ``rolled-back``, ``failed``
+    (nothing verified serves), ``refused`` (nothing was changed) or ``locked``."""
 
     result: str
     exit: int
@@ -112,8 +101,8 @@ class Outcome:
     kept_log: str | None = None
     window_s: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    drain: dict[str, Any] | None = None  # DrainReport.to_dict(): the requests it let finish
-    retry_after_s: int | None = None  # what the front's 503 said when the window opened
+    drain: dict[str, Any] | None = None
+    retry_after_s: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,42 +116,30 @@ def gate_reason(gate: GateResult) -> str:
             f"{', '.join(gate.failed_checks)}; report {gate.report_json}")
 
 
-def project_of(compose_text: str) -> str | None:
-    """The compose project's ``name:``."""
-    m = _PROJECT_NAME.search(compose_text)
-    return m.group(1) if m else None
-
-
 def known_projects(lay: Layout, stacks_dir: Path | None = None) -> list[tuple[str, str]]:
     """(project, compose file) of the active snapshot and every rendered stack."""
-    found: list[tuple[str, str]] = []
-    files = [lay.active_compose] + sorted((stacks_dir or lay.stacks_dir)
-                                          .glob("*/compose.yaml"))
-    for path in files:
-        try:
-            project = project_of(path.read_text())
-        except OSError:
-            continue
-        if project and project not in {p for p, _ in found}:
-            found.append((project, str(path)))
-    return found
+    found: dict[str, str] = {}
+    for path in [lay.active_compose, *sorted((stacks_dir or lay.stacks_dir)
+                                             .glob("*/compose.yaml"))]:
+        with contextlib.suppress(OSError):
+            if m := _PROJECT_NAME.search(path.read_text()):
+                found.setdefault(m.group(1), str(path))
+    return list(found.items())
 
 
 def local_name(ref: StackRef) -> str:
-    """The local ``<repo>:<tag>`` a stack's compose file runs (``image_ref`` without a
-    digest)."""
+    """The local ``<repo>:<tag>`` a stack's compose file runs."""
     return ref.image_ref.split("@", 1)[0]
 
 
 def short_id(image: str) -> str:
-    """``sha256:0123456789ab...`` -> ``sha256:0123456789ab`` (a digest reference: as is)."""
+    """``sha256:0123456789ab...`` -> ``sha256:0123456789ab``."""
     return image[:19] if image.startswith("sha256:") else image
 
 
 def take_lock(lock: HostLock, who: str, why: str, wait_s: float, ops: Ops) -> str | None:
-    """``lock.acquire``, waiting up to ``wait_s`` for a live holder to finish (a swap's gate,
-    a recreation); a maintenance window's holder is never waited for. Raises ``LockHeld``
-    when it is still held."""
+    """``lock.acquire``, waiting up to ``wait_s`` for a live holder (never for a maintenance
+    window's); ``LockHeld`` when it is still held."""
     deadline = ops.monotonic() + wait_s
     while True:
         try:
@@ -183,7 +160,7 @@ class Steps:
         self.front = front
         self.j = journal
         self.interrupted = interrupted
-        # Local tags moved back to the verified image by ``pin_image`` (for the ledger line).
+        # Local tags ``pin_image`` moved back (for the ledger line).
         self.image_notes: list[str] = []
 
     def check_interrupt(self) -> None:
@@ -191,29 +168,26 @@ class Steps:
             raise Failure("interrupted", "the transaction was asked to stop (SIGTERM)")
 
     def stop(self, projects: list[tuple[str, str]]) -> None:
-        """``docker compose down`` every project (one that has no container is a no-op), then
-        remove any container still holding a stack's name: one started by hand (``docker
-        run --name rigfleet-int8``) is no compose project's, holds the cards and the name."""
+        """``docker compose down`` every project, then remove any container still holding a
+        stack's name (one started by hand holds the cards and the name)."""
         done: set[str] = set()
         for project, file in projects:
             if project in done or not Path(file).exists():
                 continue
             done.add(project)
             self.j.event("stop", f"docker compose down {project}")
-            err = self.ops.down(file, project)
-            if err:
+            if err := self.ops.down(file, project):
                 raise Failure("stop", f"docker compose down {project} failed: {err}")
         # A stack's container is named as its project (rigfleet/catalog.py: rigfleet-<name>).
         for name in sorted(done):
             if self.ops.container(name) is not None:
                 self.j.event("stop", f"removing container {name}: it is not from its compose "
                              "project (started by hand?)", level="warning")
-                err = self.ops.remove(name)
-                if err:
+                if err := self.ops.remove(name):
                     raise Failure("stop", f"docker rm {name} failed: {err}")
 
     def holds_requests(self, ref: StackRef | None) -> bool:
-        """``ref`` (the stack that serves) holds requests now: its drain will take a while."""
+        """``ref`` holds requests now: its drain will take a while."""
         if ref is None:
             return False
         load = parse_load(self.ops.metrics(ref.port))
@@ -221,9 +195,8 @@ class Steps:
 
     def drain_requests(self, ref: StackRef | None, timeout_s: float,
               stoppable: bool = False) -> DrainReport | None:
-        """Wait until the requests the front accepted before its 503 have finished on
-        ``ref`` (the stack that served), at most ``timeout_s`` (``rigfleet.hostside.drain``);
-        None when nothing served. ``stoppable``: a stop request ends it (``interrupted``)."""
+        """Wait up to ``timeout_s`` until what the front accepted before its 503 finished on
+        ``ref``; None when nothing served. ``stoppable``: a stop request ends it."""
         if ref is None:
             return None
         d = Drainer(timeout_s)
@@ -248,9 +221,8 @@ class Steps:
         return report
 
     def wait_vram(self, utilization: float, timeout_s: float) -> float:
-        """Until every card has ``utilization`` x total free, twice in a row (settled). Fails
-        at ``timeout_s``, or sooner when nvidia-smi itself keeps failing (``DRIVER_GRACE_S``):
-        no GPU memory will come free without a driver."""
+        """Until every card has ``utilization`` x total free, twice in a row; fails at
+        ``timeout_s``, or after ``DRIVER_GRACE_S`` of nvidia-smi failing."""
         t0 = self.ops.monotonic()
         good, detail, last_note = 0, "", t0
         failing_since: float | None = None
@@ -283,12 +255,10 @@ class Steps:
             self.ops.sleep(VRAM_POLL_S)
 
     def start(self, ref: StackRef, compose_file: str) -> None:
-        """``docker compose up`` of ``ref``, on its verified image (``pin_image``); the
-        container must run that image."""
+        """``docker compose up`` of ``ref``; the container must run its verified image."""
         self.pin_image(ref)
         self.j.event("start", f"docker compose up {ref.project} (recreated) from {compose_file}")
-        err = self.ops.up(compose_file, ref.project)
-        if err:
+        if err := self.ops.up(compose_file, ref.project):
             boot = classify_boot_failure(err, ref.boot_failures)
             raise Failure("start", f"docker compose up {ref.project} failed: {err}", boot=boot)
         st = self.ops.container(ref.container)
@@ -299,11 +269,8 @@ class Steps:
                           f"{local_name(ref)} moved while it started); taken down")
 
     def pin_image(self, ref: StackRef) -> None:
-        """Before a start: ``ref``'s local tag must name the image the gate verified
-        (``ref.image_id``). A moved tag is put back on that image (still on the host by its
-        id, or under its pinned digest), said in the journal and in ``image_notes`` (the
-        ledger line); refused (``Failure`` phase ``image``) when the verified image is gone.
-        A record from before ids were kept (no ``image_id``) runs what its tag names."""
+        """Put ``ref``'s local tag back on the image the gate verified (by id or pinned
+        digest) when it moved; ``Failure`` phase ``image`` when that image is gone."""
         if not ref.image_id:
             return
         name = local_name(ref)
@@ -323,8 +290,7 @@ class Steps:
                       "it stages the pinned image and gates it")
             self.j.event("image", reason, level="error")
             raise Failure("image", reason)
-        err = self.ops.tag(source, name)
-        if err:
+        if err := self.ops.tag(source, name):
             raise Failure("image", f"{ref.stack}: {moved}; docker image tag failed: {err}")
         note = f"{moved}: moved it back to the verified image (from {short_id(source)})"
         self.j.event("image", note, level="warning")
@@ -361,8 +327,7 @@ class Steps:
             self.ops.sleep(READY_POLL_S)
 
     def check_boot_lines(self, ref: StackRef) -> None:
-        """The stack answers: its boot log must also show each of its stack file's
-        ``boot.expect`` lines (P67 ``[ON]``: without it TQ3 + MTP serves wrong answers)."""
+        """The boot log must show each of the stack file's ``boot.expect`` lines."""
         if not ref.boot_expect:
             return
         missing = missing_boot_lines(self.ops.logs(ref.container, LOG_LINES_KEPT),
@@ -391,8 +356,7 @@ class Steps:
         return Failure("boot", f"{ref.stack} {how}: {cause}", boot=boot)
 
     def keep_log(self, ref: StackRef, directory: Path, name: str = "") -> str | None:
-        """Copy the container's log to ``directory/<name>`` (``<stack>-<hash>.log``); None
-        when there is no container or its log is empty."""
+        """Copy the container's log to ``directory/<name>``; None when there is none."""
         if self.ops.container(ref.container) is None:
             return None  # it never started (the failure came before)
         text = self.ops.logs(ref.container, LOG_LINES_KEPT)
@@ -410,22 +374,26 @@ class Steps:
 
     def recreate(self, ref: StackRef, message: str, retry_after_s: int, vram_timeout_s: float,
                  ready_timeout_s: float) -> None:
-        """Bring the verified ``ref`` back in a fresh container, from its snapshot: the front
-        to 503 (``message``), every stack down, the cards' memory released, up, ready,
-        answering, the front routed to it. Raises ``Failure`` (the front stays at 503)."""
+        """Bring the verified ``ref`` back in a fresh container behind a 503, then route the
+        front to it; ``Failure`` leaves the 503."""
         self.front.maintenance(message, retry_after_s, wait=False)
-        self.stop(known_projects(self.lay))
-        self.wait_vram(ref.gpu_memory_utilization, vram_timeout_s)
-        self.check_interrupt()
-        self.start(ref, ref.compose_file)
-        self.wait_ready(ref, ready_timeout_s)
+        self.bring_up(ref, vram_timeout_s, ready_timeout_s)
         self.answers(ref)
         self.front.serve(ref)
 
+    def bring_up(self, ref: StackRef, vram_timeout_s: float, ready_timeout_s: float) -> float:
+        """Every stack down, the cards' memory released, ``ref`` up and ready; boot seconds."""
+        self.stop(known_projects(self.lay))
+        self.wait_vram(ref.gpu_memory_utilization, vram_timeout_s)
+        self.check_interrupt()
+        t0 = self.ops.monotonic()
+        self.start(ref, ref.compose_file)
+        self.wait_ready(ref, ready_timeout_s)
+        return self.ops.monotonic() - t0
+
     def verify(self, ref: StackRef, gate_fn: GateFn, profile: str, sets: tuple[str, ...],
                timeout_s: float) -> GateResult:
-        """Run the verify-stress gate against ``ref`` on loopback; its progress lines become
-        events. A stop request stops it (the result is then ``error``)."""
+        """Run the verify-stress gate against ``ref`` on loopback (a stop request stops it)."""
         self.check_interrupt()
         self.j.event("gate", f"verify-stress gate, profile {profile}, against {ref.stack} on "
                      f"127.0.0.1:{ref.port}")

@@ -1,22 +1,10 @@
 """The supervisor's decisions: when the active stack's engine dies, recreate it from its
 verified snapshot, with a backoff and a limit; past the limit the front stays at 503 with the
-reason. Pure functions over records; the loop is ``rigfleet.hostside.supervisor``.
-
-Stack containers are never restarted in place (compose ``restart: "no"``): Genesis
-text-patches vLLM in the container's writable layer, so a restarted container fails to
-re-patch. ``rigfleet-supervise.service`` runs::
-
-    python3 rigfleet-host.pyz supervise --front-port 8000 --ready-timeout-s 1200 \
-        --backoff-s 10,30,90 --limit 3 --window-s 1800       # the loop (a systemd service)
-    python3 rigfleet-host.pyz supervise --reset --why "freed the cards"   # after fixing
-
-What counts as dead, the backoff, the give-up, the resets, the lock it respects and how a
-killed supervisor finishes what was cut short: docs/swap.md ("When the engine dies").
-``step`` is the decision, tested with fakes::
+reason. Pure functions over records; the loop is ``rigfleet.hostside.supervisor``; the
+rules are in docs/swap.md ("When the engine dies")::
 
     record, action = step(record, observation, Policy())
-    action.kind    # 'none', 'open-window', 'recreate', 'reroute', 'record', 'give-up',
-                   # 'repair', 'close-window' or 'record-image'
+    action.kind    # 'none', 'open-window', 'recreate', 'reroute', 'record', 'give-up', ...
 """
 
 from __future__ import annotations
@@ -33,9 +21,6 @@ from .records import SUPERVISE_SCHEMA, describe
 from .stackctl import ContainerState, classify_boot_failure, docker_time
 
 WHO = SUPERVISE_UNIT
-# The loop's states (``Record.state``), as the probe and ``rigfleet status`` show them.
-STATES = ("starting", "idle", "paused", "watching", "booting", "backoff", "recreating",
-          "gave-up")
 # How rigfleet-stack.service stands (stackctl.parse_unit_state) -> why that pauses us.
 PAUSING_UNIT = {
     "starting": f"{STACK_UNIT} is starting: its ensure owns the host",
@@ -44,23 +29,11 @@ PAUSING_UNIT = {
 }
 
 
-# --- the policy -------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Policy:
-    """When to act, how long to wait and when to give up (the unit's flags; defaults here).
-
-    + backoff_s: the wait before the 1st, 2nd, 3rd ... recreation within the window (the last
-      value repeats); counted from when the death was seen (or the last attempt failed)
-    + limit: recreations within ``window_s``; one more death and it gives up
-    + window_s: the sliding window the recreations are counted in
-    + poll_s: how often it looks
-    + unhealthy_after_s: ``/health`` failing this long, after it served, is a dead engine
-    + ready_timeout_s: a (re)started stack must be ready within this (host data
-      ``ready_timeout_s``); vram_timeout_s: the cards' memory must be released within this
-    + retry_after_s: the front's ``Retry-After`` while it answers 503
-    """
+    """When to act, how long to wait and when to give up (the unit's flags). ``backoff_s``:
+    the wait before the 1st, 2nd, ... recreation within ``window_s`` (the last repeats);
+    ``limit``: recreations within it before giving up."""
 
     backoff_s: tuple[float, ...] = (10.0, 30.0, 90.0)
     limit: int = 3
@@ -104,18 +77,15 @@ def parse_backoff(text: str) -> tuple[float, ...]:
     return values
 
 
-# --- the record -------------------------------------------------------------------------------
+def _num(data: dict[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    return float(value) if isinstance(value, int | float) else None
 
 
 @dataclass(frozen=True)
 class Attempt:
-    """One recreation: when (epoch seconds), why the engine was dead, how it ended.
-
-    + result: ``running`` (in progress, or the supervisor died during it), ``recreated``,
-      ``failed``, ``interrupted`` (stopped, killed)
-    + detail: the failure; journal: its journal (``rigfleet-host.pyz status --id``)
-    + noted: a ledger line accounts for it (False: a killed supervisor could not write one)
-    """
+    """One recreation; ``result``: ``running``, ``recreated``, ``failed`` or
+    ``interrupted``; ``noted``: a ledger line accounts for it."""
 
     at: float
     reason: str
@@ -128,11 +98,9 @@ class Attempt:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
-        seconds = data.get("seconds")
         return cls(at=float(data.get("at") or 0.0), reason=str(data.get("reason") or ""),
                    result=str(data.get("result") or "running"),
-                   detail=str(data.get("detail") or ""),
-                   seconds=float(seconds) if isinstance(seconds, int | float) else None,
+                   detail=str(data.get("detail") or ""), seconds=_num(data, "seconds"),
                    journal=str(data.get("journal") or ""),
                    kept_log=str(data["kept_log"]) if data.get("kept_log") else None,
                    noted=bool(data.get("noted")))
@@ -140,17 +108,9 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Record:
-    """``supervise/state.json``: what the supervisor sees and did (times: epoch seconds).
-
-    + state: one of ``STATES``; reason: why, one line; since: when it entered the state
-    + route_id: the active stack it watches; epoch: that stack's promotion (a new one resets)
-    + reset_token: the last reset request it honoured
-    + attempts: recreations since the last reset (those within the window count)
-    + dead_since, death, boot_failure: the engine's death being handled (None: alive)
-    + healthy_start: the ``StartedAt`` of the container last seen healthy (it served)
-    + unhealthy_since: since when ``/health`` fails after it served
-    + next_attempt_at, gave_up_at
-    """
+    """``supervise/state.json`` (times: epoch seconds). ``state``: starting, idle, paused,
+    watching, booting, backoff, recreating or gave-up; ``epoch``: the watched stack's
+    promotion; ``healthy_start``: ``StartedAt`` of the container last seen healthy."""
 
     state: str = "starting"
     reason: str = ""
@@ -177,25 +137,20 @@ class Record:
         """A record from ``state.json`` (a fresh one when it is not one)."""
         if not isinstance(data, dict) or data.get("schema") != SUPERVISE_SCHEMA:
             return cls()
-
-        def num(key: str) -> float | None:
-            value = data.get(key)
-            return float(value) if isinstance(value, int | float) else None
-
         boot = data.get("boot_failure")
         return cls(
             state=str(data.get("state") or "starting"), reason=str(data.get("reason") or ""),
-            since=num("since") or 0.0,
+            since=_num(data, "since") or 0.0,
             route_id=str(data["route_id"]) if data.get("route_id") else None,
             epoch=str(data.get("epoch") or ""), reset_token=str(data.get("reset_token") or ""),
             attempts=tuple(Attempt.from_dict(a) for a in data.get("attempts") or ()
                            if isinstance(a, dict)),
-            dead_since=num("dead_since"), death=str(data.get("death") or ""),
+            dead_since=_num(data, "dead_since"), death=str(data.get("death") or ""),
             boot_failure={str(k): str(v) for k, v in boot.items()} if isinstance(boot, dict)
             else None,
             healthy_start=str(data.get("healthy_start") or ""),
-            unhealthy_since=num("unhealthy_since"), next_attempt_at=num("next_attempt_at"),
-            gave_up_at=num("gave_up_at"))
+            unhealthy_since=_num(data, "unhealthy_since"),
+            next_attempt_at=_num(data, "next_attempt_at"), gave_up_at=_num(data, "gave_up_at"))
 
     def recent(self, now: float, window_s: float) -> list[Attempt]:
         """The attempts within the window (what the limit counts)."""
@@ -206,8 +161,7 @@ class Record:
         return next((a for a in reversed(self.attempts) if not a.noted), None)
 
     def noted(self, last: Attempt | None = None) -> Record:
-        """Every attempt accounted for by the ledger line just written; ``last`` replaces
-        (or is added as) the newest one."""
+        """Every attempt accounted for; ``last`` replaces (or is added as) the newest one."""
         attempts = [replace(a, noted=True) for a in self.attempts]
         if last is not None:
             if attempts and attempts[-1].at == last.at:
@@ -222,8 +176,8 @@ def epoch_of(active: Active) -> str:
 
 
 def started(rec: Record, now: float) -> Record:
-    """The record as a new supervisor process takes it over: an attempt left ``running`` was
-    cut short (the supervisor was killed or stopped during it); it still counts."""
+    """The record as a new supervisor takes it over: an attempt left ``running`` was cut short
+    (it still counts)."""
     attempts = tuple(replace(a, result="interrupted", detail=a.detail or "the supervisor "
                              "stopped during it (killed or restarted)")
                      if a.result == "running" else a for a in rec.attempts)
@@ -233,24 +187,10 @@ def started(rec: Record, now: float) -> Record:
                    reason="the supervisor (re)started")
 
 
-# --- the decisions ----------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Observation:
-    """What the loop saw, once (times: epoch seconds).
-
-    + active: the active record (None: nothing verified here); problem: it is unreadable
-    + container, healthy, health: the active stack's container and its ``/health`` answer
-    + log: the container's log tail when it is not healthy
-    + holder: a live holder of the host lock other than this process
-    + stack_unit: ``rigfleet-stack.service`` (``stackctl.parse_unit_state``)
-    + route: the front's route; reset: the reset request (``active.request_reset``)
-    + damaged: ``problem`` is a damaged active record (the loop repairs it with the lock)
-    + window, window_why: the maintenance window's status (``maintenance.window_status``:
-      ``none``, ``held``, ``abandoned``, ``failed``, ``damaged``) and why
-    + can_close: this supervisor can close an abandoned window (it has the gate)
-    """
+    """What the loop saw, once. ``holder``: a live lock holder other than this process;
+    ``damaged``: ``problem`` is a damaged active record; ``window``: ``window_status``'s."""
 
     now: float
     active: Active | None = None
@@ -271,15 +211,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class Action:
-    """What the loop must do now, with the host lock (``none``: nothing).
-
-    + kind: ``none``, ``open-window`` (front to 503), ``recreate``, ``reroute`` (the stack is
-      up and answers; only the front is wrong), ``record`` (it serves after a recreation whose
-      supervisor was killed before its ledger line), ``give-up``, ``repair`` (rebuild a
-      damaged active record from the ledger), ``close-window`` (close an abandoned
-      maintenance window: recreate + gate) or ``record-image`` (write the image id a record
-      from before ids were kept serves on into it)
-    """
+    """What the loop must do now, with the host lock (``none``: nothing)."""
 
     kind: str = "none"
     reason: str = ""
@@ -297,8 +229,7 @@ def moved(rec: Record, state: str, reason: str, now: float, **changes: Any) -> R
 
 def _cause(how: str, log: str, known: tuple[tuple[str, str, str, str], ...] = ()
            ) -> tuple[str, dict[str, str] | None]:
-    """``how`` it died plus what its log shows (the boot-failure classifier; ``known``: the
-    stack's own ``boot.failures``)."""
+    """``how`` it died plus what its log shows."""
     boot = classify_boot_failure(log, known) if log.strip() else None
     if boot is None:
         return how, None

@@ -2,15 +2,12 @@
 look, ask ``supervise.step`` what to do, do it with the host lock. What it decides and why
 is in ``rigfleet.hostside.supervise``; this module only looks and acts::
 
-    sup = Supervisor(Layout(), SystemOps(key), front, Policy(),
-                     unit_state=lambda: ops.unit(STACK_UNIT), stop=stop_requested)
     with single_instance(Layout()):
-        sup.run()                          # until SIGTERM
+        Supervisor(Layout(), SystemOps(key), front, Policy(), stop=stop_requested).run()
 
-Every action re-checks under the host lock (a swap may have started meanwhile), runs with a
-journal of its own (``swap/supervise-<time>-<pid>-<n>/``, read with ``status --id``), and
-writes the ledger line before the record that says it was written: killed in between, the
-next supervisor writes it again rather than never.
+Every action re-checks under the host lock, runs with a journal of its own
+(``swap/supervise-<time>-<pid>-<n>/``), and writes the ledger line before the record that says
+it was written: killed in between, the next supervisor writes it again rather than never.
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, plan_of, window_status
-from .plan import Active, PlanError
+from .plan import Active, PlanError, StackRef
 from .records import (
     SUPERVISE_SCHEMA,
     boot_id,
@@ -62,8 +59,7 @@ class AlreadyRunning(Exception):
 
 @contextlib.contextmanager
 def single_instance(lay: Layout) -> Iterator[None]:
-    """One supervisor per host: an ``flock`` the kernel drops when the process ends (so a
-    killed supervisor leaves no lock behind)."""
+    """One supervisor per host: an ``flock`` the kernel drops when the process ends."""
     fd = _lock_fd(lay)
     try:
         try:
@@ -77,45 +73,27 @@ def single_instance(lay: Layout) -> Iterator[None]:
 
 
 def _lock_fd(lay: Layout) -> int:
-    """The file the instance lock is taken on: ``supervisor.lock``, made when missing; on a
-    full or read-only file system the existing file read-only (``flock`` needs no write), or
-    the directory itself: a full disk must not stop the watch."""
-    try:
+    """``supervisor.lock`` (made when missing), else read-only, else the directory itself: a
+    full disk must not stop the watch."""
+    with contextlib.suppress(OSError):
         lay.supervise_dir.mkdir(parents=True, exist_ok=True)
         return os.open(lay.supervise_dir / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        pass
     try:
         return os.open(lay.supervise_dir / "supervisor.lock", os.O_RDONLY)
     except OSError:
         return os.open(lay.supervise_dir, os.O_RDONLY | os.O_DIRECTORY)
 
 
-def unwritable(e: OSError) -> str:
-    """``OSError`` -> "cannot write <file>: <why>" (ENOSPC, EROFS, EACCES, ...)."""
-    return f"cannot write {e.filename or 'a record'}: {e.strerror or e}"
-
-
 def fs_problem(e: OSError) -> str:
-    """``OSError`` -> "<file>: <why>" (a read or a write)."""
+    """``OSError`` -> "<file>: <why>"."""
     return f"{e.filename or 'the disk'}: {e.strerror or e}"
 
 
 @dataclass
 class Supervisor:
-    """The loop around ``supervise.step`` (see the module docstring).
-
-    + lay, ops, front: the host (``Layout``, ``stackctl.SystemOps``, ``front.Front``; fakes
-      in tests)
-    + unit_state: how ``rigfleet-stack.service`` stands (``SystemOps.unit``)
-    + docker_up: the Docker daemon answers (``SystemOps.docker_up``): while it restarts, a
-      container it cannot show is no dead engine
-    + clock: epoch seconds (``time.time``; the fake host's clock in tests)
-    + stop: the stop request (SIGTERM); it also cuts a recreation short
-    + refresh: called before each look (re-reads the API key: a deploy may rotate it)
-    + gate: the verify-stress gate: with it, an abandoned maintenance window is closed here
-      (recreate + gate); without, the supervisor waits for the deploy
-    """
+    """The loop around ``supervise.step``. ``docker_up``: while Docker restarts, a container
+    it cannot show is no dead engine; ``refresh`` runs before each look (a rotated API key);
+    with a ``gate`` an abandoned maintenance window is closed here."""
 
     lay: Layout
     ops: Ops
@@ -144,10 +122,8 @@ class Supervisor:
         self._saved: dict[str, Any] | None = None
         self._acts = 0
 
-    # -- records ------------------------------------------------------------------------------
-
     def save(self, rec: Record) -> None:
-        """Write ``state.json`` (atomically) when it changed."""
+        """Write ``state.json`` when it changed."""
         self.rec = rec
         data = {"schema": SUPERVISE_SCHEMA, **rec.to_dict(), "policy": self.policy.summary(),
                 "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id()}
@@ -159,21 +135,22 @@ class Supervisor:
                                 json.dumps({**data, "updated": self.clock()}, indent=2,
                                            sort_keys=True) + "\n")
         except OSError as e:
-            # A full disk or a read-only file system: keep watching (and acting) from the
-            # record in memory; the next change tries the disk again.
+            # A full or read-only disk: keep watching from the record in memory.
             self._wrote(f"cannot write {self.lay.supervise_state}: {e.strerror or e}")
             return
         self._wrote(None)
         self._saved = data
 
-    def note(self, line: dict[str, Any]) -> None:
-        """Append a ledger line; one that cannot be written is said here, not raised (the
-        host must keep serving on a full disk)."""
+    def note(self, result: str, ref: StackRef | None, of: Active, reason: str,
+             **fields: Any) -> None:
+        """Append a ``supervise`` ledger line; one that cannot be written is said, not raised."""
+        line = ledger.entry("supervise", result, ref, by=WHO, deploy_id=of.deploy_id,
+                            reason=reason, **fields)
         try:
             ledger.append(self.lay, line)
         except OSError as e:
-            self.say(f"ledger: {unwritable(e)}; lost: {line.get('event')} {line.get('result')}: "
-                     f"{line.get('reason', '')}")
+            self.say(f"ledger: cannot write {e.filename or 'a record'}: {e.strerror or e}; "
+                     f"lost: {line.get('event')} {line.get('result')}: {line.get('reason', '')}")
 
     def _wrote(self, problem: str | None) -> None:
         if problem != self.problem:
@@ -185,8 +162,6 @@ class Supervisor:
         if self.echo is not None:
             self.echo.write(f"supervise: {message}\n")
             self.echo.flush()
-
-    # -- the loop -----------------------------------------------------------------------------
 
     def run(self, ticks: int | None = None) -> int:
         """Watch until stopped (or for ``ticks`` looks, in tests); 0 when stopped."""
@@ -254,8 +229,7 @@ class Supervisor:
         return action
 
     def _locked(self, action: Action, before: Record) -> None:
-        """Act with the host lock, if what called for it (from ``before``) still does when
-        looked at again under the lock."""
+        """Act with the host lock, if a look under the lock still calls for it."""
         try:
             note = self.lock.acquire(WHO, f"{action.kind}: {action.reason}")
         except LockHeld as held:
@@ -288,9 +262,7 @@ class Supervisor:
             try:
                 mark_interrupted(self.lay, journal)
                 result = act(rec, obs.active, steps)
-            except OSError as e:
-                # A full disk or a read-only file system under the host's records: said, and
-                # tried again at the next look (never a crash, never a restart loop).
+            except OSError as e:  # a full or read-only disk: said, retried at the next look
                 reason = f"{action.kind} stopped: {fs_problem(e)}; retrying at the next look"
                 journal.event(action.kind, reason, level="error")
                 self.say(reason)
@@ -300,8 +272,6 @@ class Supervisor:
                 prune_journals(self.lay)
         finally:
             self.lock.release()
-
-    # -- the actions (each with the lock held) ------------------------------------------------
 
     def _repair(self, rec: Record) -> None:
         """Rebuild a damaged active record (the ledger and the journals: ``load_active``)."""
@@ -314,8 +284,7 @@ class Supervisor:
         self.save(rec)
 
     def _close_window(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
-        """An abandoned maintenance window: recreate the stack and run the gate (the window's
-        own plan: gate profile, time limits), or leave the host at 503 with the reason."""
+        """Close an abandoned maintenance window with its own plan (recreate + gate)."""
         window, _, why = window_status(self.lay)
         plan = plan_of(window, None, self.lay)
         if plan is None:
@@ -353,9 +322,7 @@ class Supervisor:
         reason = (f"rerouted: {ref.route_id} was up and answering while the front routed away"
                   + (f" (after a recreation cut short; the engine had died: {cut.reason})"
                      if cut else ""))
-        self.note(ledger.entry("supervise", "rerouted", ref, by=WHO,
-                                             deploy_id=active.deploy_id,
-                                             gate=snapshot_gate(active), reason=reason))
+        self.note("rerouted", ref, active, reason, gate=snapshot_gate(active))
         self.save(moved(rec.noted(), "watching", f"{ref.route_id} serves", self.clock()))
         steps.j.event("reroute", f"front routed to {ref.route_id}")
         return {"result": "rerouted", "exit": 0, "serving": ref.route_id, "reason": reason}
@@ -366,18 +333,16 @@ class Supervisor:
         assert cut is not None
         reason = (f"recreated after the engine died: {cut.reason} (the supervisor that "
                   "recreated it was stopped before it recorded it)")
-        self.note(ledger.entry(
-            "supervise", "recreated", ref, by=WHO, deploy_id=active.deploy_id,
-            gate=snapshot_gate(active), reason=reason, extra={"kept_log": cut.kept_log}))
+        self.note("recreated", ref, active, reason, gate=snapshot_gate(active),
+                  extra={"kept_log": cut.kept_log})
         done = replace(cut, result="recreated") if cut.result == "interrupted" else cut
         self.save(rec.noted(done if cut is rec.attempts[-1] else None))
         steps.j.event("record", reason)
         return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
 
     def _record_image(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
-        """An active record from before image ids were kept: the image its container (the
-        verified config, answering) runs is written into it; from then on a recreation or a
-        rollback runs that image whatever its tag names (``Steps.pin_image``)."""
+        """Write the image id its (verified, answering) container runs into an active record
+        from before image ids were kept."""
         ref = active.ref
         st = self.ops.container(ref.container)
         if st is None or not st.image_id or st.config_hash != ref.config_hash:
@@ -387,9 +352,7 @@ class Supervisor:
                                text)
         reason = (f"recorded the verified image id {st.image_id[:19]} of {ref.route_id} (its "
                   "record was from before image ids were kept; the image it has served on)")
-        self.note(ledger.entry("supervise", "recorded", written.ref, by=WHO,
-                               deploy_id=active.deploy_id, gate=active.gate, reason=reason,
-                               active=True))
+        self.note("recorded", written.ref, active, reason, gate=active.gate, active=True)
         steps.j.event("record", reason)
         self.save(rec)
         return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
@@ -402,12 +365,10 @@ class Supervisor:
             self.front.maintenance(rec.reason, self.policy.retry_after_s, wait=False)
         except FrontError as e:
             steps.j.event("front", str(e), level="error")
-        self.note(ledger.entry(
-            "supervise", "gave-up", None, attempted=ref, by=WHO, deploy_id=active.deploy_id,
-            reason=rec.reason, extra={"boot_failure": rec.boot_failure, "kept_log": kept,
-                                      "recreations": len(rec.recent(self.clock(),
-                                                                    self.policy.window_s)),
-                                      "window_s": self.policy.window_s}))
+        self.note("gave-up", None, active, rec.reason, attempted=ref, extra={
+            "boot_failure": rec.boot_failure, "kept_log": kept,
+            "recreations": len(rec.recent(self.clock(), self.policy.window_s)),
+            "window_s": self.policy.window_s})
         # Recorded after the front and the ledger: killed before, the next one gives up again.
         self.save(rec.noted())
         self.say(rec.reason)
@@ -433,12 +394,10 @@ class Supervisor:
         seconds = round(self.ops.monotonic() - t0, 1)
         reason = f"recreated after the engine died: {rec.death}" + "".join(
             f"; {note}" for note in steps.image_notes)
-        self.note(ledger.entry(
-            "supervise", "recreated", ref, by=WHO, deploy_id=active.deploy_id,
-            gate=snapshot_gate(active), reason=reason,
-            extra={"attempt": n, "limit": p.limit, "window_s": p.window_s, "seconds": seconds,
-                   "boot_failure": rec.boot_failure, "kept_log": kept,
-                   "image": "; ".join(steps.image_notes) or None}))
+        self.note("recreated", ref, active, reason, gate=snapshot_gate(active), extra={
+            "attempt": n, "limit": p.limit, "window_s": p.window_s, "seconds": seconds,
+            "boot_failure": rec.boot_failure, "kept_log": kept,
+            "image": "; ".join(steps.image_notes) or None})
         st = self.ops.container(ref.container)
         now = self.clock()
         done = replace(self.rec, dead_since=None, death="", boot_failure=None,
@@ -454,8 +413,7 @@ class Supervisor:
 
     def _failed(self, rec: Record, active: Active, steps: Steps, attempt: Attempt, n: int,
                 e: Failure | FrontError, kept: str | None, seconds: float) -> dict[str, Any]:
-        """A recreation that failed (or was stopped): the front stays at 503; the ledger says
-        why; the next one waits the next backoff from now."""
+        """A recreation that failed (or was stopped): 503 stays, the next backoff from now."""
         ref, p = active.ref, self.policy
         reason = e.reason if isinstance(e, Failure) else str(e)
         phase = e.phase if isinstance(e, Failure) else "front"
@@ -463,11 +421,9 @@ class Supervisor:
         result = "interrupted" if phase == "interrupted" else "failed"
         steps.j.event("recreate", f"recreation {n} of {p.limit} {result}: {reason}",
                       level="error")
-        self.note(ledger.entry(
-            "supervise", result, None, attempted=ref, by=WHO, deploy_id=active.deploy_id,
-            reason=f"recreation {n} of {p.limit} after the engine died ({attempt.reason}) "
-                   f"{result}: {reason}",
-            extra={"phase": phase, "boot_failure": boot, "kept_log": kept}))
+        self.note(result, None, active, f"recreation {n} of {p.limit} after the engine died "
+                  f"({attempt.reason}) {result}: {reason}", attempted=ref,
+                  extra={"phase": phase, "boot_failure": boot, "kept_log": kept})
         now = self.clock()
         after = replace(rec, dead_since=now, death=reason,
                         boot_failure=boot or rec.boot_failure)

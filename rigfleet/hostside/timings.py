@@ -1,27 +1,10 @@
-"""How long this host's windows take, measured: what ``Retry-After`` says while one is open.
+"""How long this host's windows take, measured (``timings.json``, docs/swap.md): what
+``Retry-After`` says while one is open. A stack never measured here borrows the newest
+measured one's boot and gate; a host that never measured a window says the plan's
+``retry_after_s``::
 
-A window's 503 tells clients when to come back. Rather than a fixed 30 s, it says what this
-host measured last time (``timings.json``, written after each promoted swap and each closed
-maintenance window)::
-
-    {"schema": "rigfleet-timings/1",
-     "stacks": {"int8": {"boot_s": 4.1, "gate_s": 12.0, "at": 1795000000.0}},
-     "overhead_s": 3.6,    # the last swap's window minus its drain, boot and gate
-     "drain_s": 4.2,       # the last drain that had requests to wait for
-     "steps_s": 85.0}      # the last maintenance window's own steps (open to close)
-
-A swap to stack S is expected to take drain (when requests are in flight) + overhead +
-boot(S) + gate(S); a maintenance window drain + steps + overhead + boot + gate of the stack it
-recreates. A stack never measured here borrows the newest measured one's boot and gate; a host
-that never measured a window says the plan's ``retry_after_s`` (30 s; host data has no key
-for it) and the estimate's ``basis`` says so::
-
-    t = read_timings(lay)
-    swap_estimate(t, "int8", busy=True, fallback_s=30)    # Estimate(24, "boot 4.1 s + ...")
-    record_drain(lay, report)   # right after the drain
+    swap_estimate(read_timings(lay), "int8", busy=True, fallback_s=30)   # Estimate(24, "...")
     record_swap(lay, "int8", boot_s=4.1, gate_s=12.0, window_s=25.0, drain=report)
-
-Stdlib only: it ships inside the host-side bundle.
 """
 
 from __future__ import annotations
@@ -37,8 +20,7 @@ from .layout import Layout
 from .records import read_json
 
 SCHEMA = "rigfleet-timings/1"
-# The swap's own cost when none was measured yet: stopping the old stack, the cards' memory
-# released, the front switches (docs/swap.md: about 3.5 s on the testbed).
+# The swap's own cost until measured (stop, memory released, front switch).
 DEFAULT_OVERHEAD_S = 5.0
 
 
@@ -51,7 +33,7 @@ class StackTimes:
 
 @dataclass(frozen=True)
 class Timings:
-    """``timings.json`` (see the module docstring); every figure optional."""
+    """``timings.json``; every figure optional."""
 
     stacks: dict[str, StackTimes] = field(default_factory=dict)
     overhead_s: float | None = None
@@ -60,12 +42,9 @@ class Timings:
 
     def stack(self, name: str) -> tuple[str, StackTimes] | None:
         """``name``'s measured times, else the newest measured stack's, else None."""
-        if name in self.stacks:
-            return name, self.stacks[name]
-        if not self.stacks:
-            return None
-        other = max(self.stacks, key=lambda s: self.stacks[s].at)
-        return other, self.stacks[other]
+        if name not in self.stacks and self.stacks:
+            name = max(self.stacks, key=lambda s: self.stacks[s].at)
+        return (name, self.stacks[name]) if name in self.stacks else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA,
@@ -98,14 +77,14 @@ def _round(value: float | None) -> float | None:
 
 
 def read_timings(lay: Layout) -> Timings:
-    """This host's record; an empty one when it is missing or damaged (an estimate only)."""
+    """This host's record; an empty one when it is missing or damaged."""
     data, _ = read_json(lay.timings_file)
     return Timings.from_dict(data)
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """``seconds`` for Retry-After (>= 1) and what it was made of, for the journal."""
+    """``seconds`` for Retry-After (>= 1) and what it was made of."""
 
     seconds: int
     basis: str
@@ -136,38 +115,34 @@ def _estimate(parts: list[tuple[str, float]] | None, fallback_s: int) -> Estimat
 
 
 def swap_estimate(t: Timings, stack: str, busy: bool, fallback_s: int) -> Estimate:
-    """How long a swap to ``stack`` keeps the front at 503 (``busy``: requests in flight,
-    the drain comes first)."""
+    """How long a swap to ``stack`` keeps the front at 503 (``busy``: a drain first)."""
     return _estimate(_parts(t, stack, busy, []), fallback_s)
 
 
 def maintenance_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
                          steps: bool = True) -> Estimate:
-    """How long a maintenance window keeps the front at 503: its steps (``steps``: the last
-    window's, measured) and the recreation of ``stack`` (boot + gate + overhead)."""
+    """How long a maintenance window keeps the front at 503: its steps (the last window's)
+    and the recreation of ``stack``."""
     extra = [("steps (last window)", t.steps_s)] if steps and t.steps_s else []
-    if stack is None:
-        return _estimate(None, fallback_s)
-    return _estimate(_parts(t, stack, busy, extra), fallback_s)
+    return _estimate(None if stack is None else _parts(t, stack, busy, extra), fallback_s)
 
 
 def _update(lay: Layout, stacks: dict[str, StackTimes], **figures: float | None) -> None:
-    """Merge new figures into the record (None: keep what it says)."""
+    """Merge new figures into the record (None: keep)."""
     t = read_timings(lay)
     kept = {k: v for k, v in figures.items() if v is not None}
     write_json(lay.timings_file, replace(t, stacks={**t.stacks, **stacks}, **kept).to_dict())
 
 
 def record_drain(lay: Layout, drain: DrainReport | None) -> None:
-    """Right after a drain that waited for requests (whatever the swap's outcome then): its
-    time is what the next window's Retry-After adds while requests are in flight."""
+    """Right after a drain that waited for requests, whatever the outcome."""
     if drain is not None and drain.waited_for_requests:
         _update(lay, stacks={}, drain_s=drain.seconds)
 
 
 def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s: float,
                 drain: DrainReport | None, now: float | None = None) -> None:
-    """After a promoted swap: ``stack``'s boot and gate, the swap's own overhead, the drain."""
+    """After a promoted swap."""
     drained = drain.seconds if drain is not None else 0.0
     overhead = max(0.0, window_s - drained - boot_s - gate_s)
     _update(lay, stacks={stack: StackTimes(boot_s, gate_s, time.time() if now is None else now)},
@@ -176,13 +151,6 @@ def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s:
 
 
 def record_maintenance(lay: Layout, stack: str, boot_s: float, gate_s: float,
-                       steps_s: float | None, drain: DrainReport | None,
-                       now: float | None = None) -> None:
-    """After a closed maintenance window: the recreated stack's boot and gate, the steps."""
-    _update(lay, stacks={stack: StackTimes(boot_s, gate_s, time.time() if now is None else now)},
-            steps_s=steps_s, drain_s=drain.seconds if drain is not None
-            and drain.waited_for_requests else None)
-
-
-__all__ = ["DEFAULT_OVERHEAD_S", "Estimate", "Timings", "maintenance_estimate",
-           "read_timings", "record_drain", "record_maintenance", "record_swap", "swap_estimate"]
+                       steps_s: float | None) -> None:
+    """After a closed maintenance window (its drain was recorded when it opened)."""
+    _update(lay, stacks={stack: StackTimes(boot_s, gate_s, time.time())}, steps_s=steps_s)

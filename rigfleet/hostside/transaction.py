@@ -1,28 +1,8 @@
-"""The swap transaction: from the active (verified) stack to the desired one, or back.
-
-Both stacks cannot hold the two 24 GB cards at once, so a swap is sequential, and runs on the
-host (a transient systemd unit, not a child of the SSH session) so it completes or rolls back
-even when the deploy's connection drops::
-
-    lock -> stage checks (nothing changes yet; a refusal leaves the old stack serving)
-         -> front: 503 + Retry-After (this host's measured window: ``timings``)
-         -> drain: what the front accepted before finishes on the old stack, up to its
-            drain timeout (``drain``; past it, what still runs is cut and counted)
-         -> every stack down -> wait until nvidia-smi shows the cards' memory released
-         -> new stack up (recreated) -> ready? (fail fast when it dies; name the boot failure)
-         -> gate (verify-stress) -> promote: active snapshot, front -> new, ledger
-    any failure after the window opened:
-         keep the new stack's log (and the gate report) -> new stack down -> memory released
-         -> old stack up from its snapshot -> it answers -> front -> old -> ledger -> exit 1
-
-The first activation (nothing active) has no rollback: a failure stops the new stack and the
-front stays at 503 (exit 2). The same transaction serves a pin bump of one stack (new image,
-new Genesis commit): the snapshot in ``/var/lib/rigfleet/active/compose.yaml`` is exactly what
-served before. ``Ensure`` (boot, reroute) and ``adopt`` (``rigfleet.hostside.ensure``) share the steps
-(``rigfleet.hostside.steps``).
-
-Everything with side effects comes in through ``Ops`` (docker, nvidia-smi, HTTP), a ``Front``
-and a gate function, so the decisions are tested with fakes (tests/unit/test_swap_*.py)::
+"""The swap transaction: from the active (verified) stack to the desired one, or back
+(docs/swap.md). Sequential (both stacks cannot hold the cards at once), on the host, so it
+completes or rolls back even when the deploy's connection drops: stage checks, front 503,
+drain, every stack down, cards' memory released, new stack up, ready, gate, promote; any
+failure after the 503 goes back to the old stack (a first activation stays at 503)::
 
     outcome = Transaction(plan, Layout(), SystemOps(key), front, gate_fn, journal).run()
     outcome.exit        # 0 promoted, 1 rolled back (old serves), 2 failed, 3 locked
@@ -85,8 +65,7 @@ class Transaction(Steps):
                  on_locked: Callable[[], None] = lambda: None) -> None:
         super().__init__(lay, ops, front, journal, interrupted)
         self.plan = plan
-        # Called once the lock is held, before anything changes (the host tool writes the
-        # metrics textfiles there: the monitor learns of the swap before the engine stops).
+        # Called once the lock is held, before anything changes (the metrics textfiles).
         self.on_locked = on_locked
         self.gate_fn = gate
         self.lock = lock or HostLock(lay)
@@ -96,27 +75,21 @@ class Transaction(Steps):
         self.drained: DrainReport | None = None
         self.retry_after_s: int | None = None
 
-    # -- entry --------------------------------------------------------------------------------
-
     def run(self) -> Outcome:
         plan = self.plan
         self.j.event("lock", f"taking the host lock for {plan.by}: {plan.why}")
         try:
             note = self.lock.acquire(plan.by, plan.why, plan.id)
         except LockHeld as held:
-            outcome = Outcome("locked", EXIT_LOCKED, stack=plan.desired.stack,
-                              reason=f"{plan.host or 'host'}: {held}", phase="lock")
-            self.j.event("lock", outcome.reason, level="error")
-            self.j.finish(outcome.to_dict())
-            return outcome
+            return self._not_taken(Outcome("locked", EXIT_LOCKED, stack=plan.desired.stack,
+                                           reason=f"{plan.host or 'host'}: {held}",
+                                           phase="lock"))
         except OSError as e:  # a read-only or full disk: nothing changed, said why
-            outcome = Outcome("refused", EXIT_FAILED, stack=plan.desired.stack, phase="disk",
-                              reason=f"{plan.host or 'host'}: refused before any change: the "
-                              f"host lock cannot be taken: {e.filename}: {e.strerror or e}",
-                              serving=self.front.current())
-            self.j.event("lock", outcome.reason, level="error")
-            self.j.finish(outcome.to_dict())
-            return outcome
+            return self._not_taken(Outcome(
+                "refused", EXIT_FAILED, stack=plan.desired.stack, phase="disk",
+                reason=f"{plan.host or 'host'}: refused before any change: the host lock "
+                f"cannot be taken: {e.filename}: {e.strerror or e}",
+                serving=self.front.current()))
         try:
             if note:
                 self.j.event("lock", note, level="warning")
@@ -147,8 +120,6 @@ class Transaction(Steps):
             self.j.event("done", f"state.json not updated: {e.filename}: {e.strerror or e}",
                          level="warning")
         return outcome
-
-    # -- the story ----------------------------------------------------------------------------
 
     def _run(self) -> Outcome:
         plan, new = self.plan, self.plan.desired
@@ -194,8 +165,8 @@ class Transaction(Steps):
         self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
                      f"{estimate.seconds}s ({estimate.basis})")
         # What the front accepted before the 503 finishes on the old stack first.
-        self.drained = self.drain_requests(old, plan.drain_timeout_for(old.stack if old else None),
-                                  stoppable=True)
+        self.drained = self.drain_requests(
+            old, plan.drain_timeout_for(old.stack if old else None), stoppable=True)
         if self.drained is not None:
             self.timings["drain_s"] = self.drained.seconds
             record_drain(self.lay, self.drained)
@@ -206,10 +177,10 @@ class Transaction(Steps):
                 rest = swap_estimate(times, new.stack, False, plan.retry_after_s)
                 with contextlib.suppress(FrontError):
                     self.front.maintenance(message, rest.seconds, wait=False)
-        gate: GateResult | None = None
         try:
             t = self.ops.monotonic()
-            self.stop(self._teardown(old, staged))
+            self.stop([*([(old.project, old.compose_file)] if old else []),
+                       (self.plan.desired.project, staged), *self.plan.projects])
             self.timings["stop_s"] = self.ops.monotonic() - t
             self.timings["vram_s"] = self.wait_vram(new.gpu_memory_utilization,
                                                     plan.vram_timeout_s)
@@ -218,9 +189,12 @@ class Transaction(Steps):
             self.start(new, staged)
             self.timings["up_s"] = self.ops.monotonic() - t
             self.timings["ready_s"] = self.wait_ready(new, plan.ready_timeout_s)
-            gate = self._gate(new)
+            t = self.ops.monotonic()
+            gate = self.verify(new, self.gate_fn, plan.gate_profile, plan.gate_set,
+                               plan.gate_timeout_s)
+            self.timings["gate_s"] = self.ops.monotonic() - t
             if not gate.passed:
-                raise Failure("gate", self._gate_reason(gate), gate=gate)
+                raise Failure("gate", gate_reason(gate), gate=gate)
             self._promote(new, staged, gate, old, kind)
         except Failure as f:
             return self._rollback(kind, self.rollback_to, new, staged, f, t_window)
@@ -237,9 +211,13 @@ class Transaction(Steps):
                     + self.timings.get("ready_s", 0.0), self.timings.get("gate_s", 0.0), window,
                     self.drained)
         return self._outcome(Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
-                                     serving=new.route_id, gate=gate.record() if gate else None,
+                                     serving=new.route_id, gate=gate.record(),
                                      window_s=window))
 
+    def _not_taken(self, outcome: Outcome) -> Outcome:
+        self.j.event("lock", outcome.reason, level="error")
+        self.j.finish(outcome.to_dict())
+        return outcome
 
     def _outcome(self, outcome: Outcome) -> Outcome:
         """``outcome`` with the window's drain and Retry-After."""
@@ -248,14 +226,10 @@ class Transaction(Steps):
         return outcome
 
     def _extra(self) -> dict[str, Any]:
-        """What every ledger line of this transaction adds once its window opened: the drain
-        and the Retry-After the front said."""
-        extra: dict[str, Any] = {}
-        if self.drained is not None:
-            extra["drain"] = self.drained.to_dict()
-        if self.retry_after_s is not None:
-            extra["retry_after_s"] = self.retry_after_s
-        return extra
+        """The drain and the Retry-After, for every ledger line once the window opened."""
+        extra = {"drain": self.drained.to_dict() if self.drained is not None else None,
+                 "retry_after_s": self.retry_after_s}
+        return {k: v for k, v in extra.items() if v is not None}
 
     def _undrain(self, kind: str, old: StackRef, new: StackRef) -> Outcome:
         """Stopped while draining: nothing was stopped yet, the old stack serves again."""
@@ -269,9 +243,8 @@ class Transaction(Steps):
                                      "drain", serving=self.front.current()))
 
     def _stage(self, new: StackRef, old: StackRef | None) -> str:
-        """Checks that change nothing: the staged compose file is the one the deploy rendered
-        (copied aside, so a concurrent deploy cannot change it under us), it parses, the
-        images are here, and the old stack's snapshot exists (a rollback needs it)."""
+        """Checks that change nothing: the compose file is the one rendered (copied aside), it
+        parses, the images are here, the old stack's snapshot exists (for a rollback)."""
         try:
             text = Path(new.compose_file).read_text()
         except OSError as e:
@@ -282,8 +255,7 @@ class Transaction(Steps):
                           f"expects {new.config_hash} (did another deploy render it since?)")
         staged = self.dir / "compose.yaml"
         write_atomic(staged, text)  # the exact promoted text: a damaged record is rebuilt from it
-        err = self.ops.compose_check(str(staged), new.project)
-        if err:
+        if err := self.ops.compose_check(str(staged), new.project):
             raise Failure("stage", f"docker compose config refuses {new.compose_file}: {err}")
         if not self.ops.image_present(new.image_ref):
             raise Failure("stage", f"image {new.image_ref} is not on the host (not staged)")
@@ -298,24 +270,6 @@ class Transaction(Steps):
                               "failed swap could not roll back")
         self.j.event("stage", f"{new.stack} staged: compose file checked, image present")
         return str(staged)
-
-    def _teardown(self, old: StackRef | None, staged: str) -> list[tuple[str, str]]:
-        projects = [(old.project, old.compose_file)] if old else []
-        projects.append((self.plan.desired.project, staged))
-        projects += [p for p in self.plan.projects]
-        return projects
-
-    def _gate(self, new: StackRef) -> GateResult:
-        plan = self.plan
-        t = self.ops.monotonic()
-        result = self.verify(new, self.gate_fn, plan.gate_profile, plan.gate_set,
-                             plan.gate_timeout_s)
-        self.timings["gate_s"] = self.ops.monotonic() - t
-        return result
-
-    @staticmethod
-    def _gate_reason(gate: GateResult) -> str:
-        return gate_reason(gate)
 
     def _promote(self, new: StackRef, staged: str, gate: GateResult, old: StackRef | None,
                  kind: str) -> None:
