@@ -1,28 +1,10 @@
 """The rollout plan: which hosts, which canary, which batches, which pins pair per stack. Pure.
 
-``build_plan`` takes the inventory's hosts (in inventory order), what the reachability check
-found, the pins as they are and the new pins of the bumped stacks; ``render_plan`` is what
-``--dry`` prints. Rules:
-
-- a host is in the rollout when, for some bumped stack, the pins it runs now
-  (``Pins.for_host``) differ from the new ones; hosts already there are "up to date";
-- unreachable hosts are skipped (reported; the pins file keeps saying what they run);
-- the canary is the first host of inventory group ``canary`` that *serves* a bumped stack;
-  else the first host that does (a canary that only re-renders a compose file it does not
-  run proves nothing); else the first host of the rollout;
-- then the other hosts in inventory order, ``batch_size`` at a time;
-- the rollout stops after a batch once ``max_failures`` hosts failed, and always after a
-  failed canary;
-- a batch never swaps every reachable host that serves a stack at once, so at least one host
-  per stack keeps serving (behind a balancer, it takes the requests while the others swap):
-  a ``batch_size`` that would is refused, naming the largest that does not
-  (``serving_cap``); a stack served by one host only goes on with its 503 window.
-
-Example::
+``build_plan`` decides it (the rules: docs/bump.md, "What it does", step 5); ``render_plan`` is
+the text of it::
 
     plan = build_plan(hosts, reach, pins, {"int8": new_int8}, batch_size=2, max_failures=1)
     plan.batches        # (("host1",), ("host2", "host3"))
-    print(render_plan(plan))
 """
 
 from __future__ import annotations
@@ -49,14 +31,8 @@ def build_plan(
     batch_size: int = 1,
     max_failures: int = 1,
 ) -> Plan:
-    """The plan (see the module docstring for the rules).
-
-    + hosts: inventory hosts in inventory order
-    + unreachable: host -> reason it cannot be reached (None or absent: reachable)
-    + pins: the pins file as loaded
-    + new_stacks: stack -> its new pins (only the bumped stacks)
-    + batch_size, max_failures: >= 1
-    """
+    """The plan over ``hosts`` (inventory order); ``unreachable``: host -> why (None: reachable);
+    ``new_stacks``: the bumped stacks' new pins."""
     if batch_size < 1:
         raise ValueError(f"--batch-size {batch_size}: allowed: 1 or more")
     if max_failures < 1:
@@ -104,7 +80,6 @@ def build_plan(
 
 def _batches(canary: PlanHost | None, moving: list[PlanHost], batch_size: int
              ) -> list[tuple[str, ...]]:
-    """The canary alone, then the other moving hosts ``batch_size`` at a time."""
     if canary is None:
         return []
     rest = [h.name for h in moving if h.name != canary.name]
@@ -118,13 +93,8 @@ def serving_cap(
     new: Mapping[str, StackPins],
     batches: Sequence[Sequence[str]],
 ) -> str | None:
-    """Why ``batches`` would leave a stack with no host serving it, or None.
-
-    A host of a batch is out of rotation during its swap when it serves a bumped stack
-    (``exercises``); a stack served by two or more reachable hosts must keep one of them
-    serving through every batch. One served by a single host cannot: it goes on with its 503
-    window (nothing to route to anyway).
-    """
+    """Why ``batches`` would swap every reachable host serving a stack at once, or None (a
+    stack served by one host only goes on with its 503 window)."""
     by_name = {h.name: h for h in hosts}
     serving: dict[str, list[str]] = {}
     for h in hosts:
@@ -169,9 +139,6 @@ def _canary(
     return moving[0]
 
 
-# --- rendering -------------------------------------------------------------------------------
-
-
 def _pin_text(p: StackPins) -> str:
     text = f"{p.tag} {p.digest[:19]} vLLM {p.vllm_version}"
     if p.genesis is not None:
@@ -180,7 +147,7 @@ def _pin_text(p: StackPins) -> str:
 
 
 def pairs(plan: Plan) -> list[tuple[str, str, str]]:
-    """(stack, old pins, new pins) text per bumped stack (fleet-level old pins)."""
+    """(stack, old pins, new pins) text per bumped stack."""
     return [
         (name, _pin_text(plan.pins.stacks[name]), _pin_text(p))
         for name, p in plan.new_stacks.items()
