@@ -1,8 +1,6 @@
 """What ``rigfleet bump`` decides before any host changes: its inputs, the bumped stacks, the
 candidate (``--latest``), the Genesis commit to pair with it, the stack files' image rules, and
-the plan (``rigfleet.bump.cli`` asks, ``output`` prints, ``execute`` carries it out).
-
-Example::
+the plan::
 
     names = bumped_stacks(opts, inputs.pins, "vllm/vllm-openai")
     plan, genesis, probe = decide_plan(opts, inputs, inputs.pins, names, candidate, probe,
@@ -50,11 +48,11 @@ from rigfleet.registry import DOCKER_HUB
 
 
 class BumpError(RigfleetError, RuntimeError):
-    """The bump cannot start (inputs); the message says what to fix."""
+    """The bump cannot start (inputs)."""
 
 
 class ImageRefused(RigfleetError, ValueError):
-    """A bumped stack's stack file does not allow the candidate; the message names the rule."""
+    """A bumped stack's stack file does not allow the candidate."""
 
 
 @dataclass
@@ -93,14 +91,12 @@ def new_stack_pins(catalog: Catalog, pins: Pins, names: list[str], candidate: Ca
     for name in names:
         p = pins.stacks[name]
         if candidate is not None:
-            # The candidate's own image id: the old one would fail the hosts' verification.
             p = replace(p, image=candidate.image, digest=candidate.digest,
                         image_id=candidate.image_id,
                         vllm_version=version or p.vllm_version)  # fmt: skip
         if name in genesis and p.genesis is not None:
             p = replace(p, genesis=genesis[name].pin(p.genesis.repo))
         out[name] = p
-    # Round-trip through the pins validator (tag vs version's +g<commit>, digest form, ...).
     trial = replace(pins, stacks={**pins.stacks, **out})
     parse_pins(yaml.safe_load(dump_pins(trial)), pins.path, catalog=catalog)
     return out
@@ -108,8 +104,8 @@ def new_stack_pins(catalog: Catalog, pins: Pins, names: list[str], candidate: Ca
 
 def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
                        version: str | None) -> None:
-    """Refuse a candidate a bumped stack's stack file does not allow (its ``image`` rule: tag
-    kind, vLLM version range), before any host changes; ``version`` None: the tag alone."""
+    """Refuse a candidate a bumped stack's ``image`` rule does not allow (``version`` None:
+    the tag alone)."""
     problems = [f"stacks.{n}: {candidate.image} {p} ({catalog.get(n).source}: image)"
                 for n in names for p in catalog.get(n).image.problems(candidate.tag, version)]
     if problems:
@@ -159,12 +155,7 @@ def decide_plan(
 def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: ImageRegistry,
                      repository: str,
                      repos: dict[str, GenesisRepo]) -> tuple[Candidate | None, list[str]]:
-    """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks.
-
-    A stack follows releases (the newest ``vX.Y.Z`` above its pinned version, by version; a
-    Genesis stack only one that its Genesis, pinned or newer, lists) unless it uses Genesis and
-    the pinned Genesis' allowlist lists no release: then the newest nightly (by build time).
-    """
+    """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks."""
     names = bumped_stacks(opts, pins, repository)
     log(f"registry {inputs.registry}: listing the tags of {repository}")
     tags = reg.tags(repository)
@@ -256,8 +247,7 @@ def _genesis_choices(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[
 
 
 def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str, StackUse]:
-    """The stack's Genesis use per its stack file (key ``""``) and on each host whose
-    ``extra_env`` adds to it, with the chosen commit's switch set."""
+    """The stack's Genesis use per its stack file (key ``""``) and per host that adds to it."""
     spec = inputs.catalog.get(stack)
     layout = choice.layout or "v7"
     try:
@@ -273,10 +263,8 @@ def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str
 
 def load_fleet(inventory: str, deploy: str, every: list[InventoryHost] | None = None) -> \
         tuple[list[InventoryHost], list[PlanHost], str, HostSettings]:
-    """Inventory hosts, their plan view, the one pins file they share, the first's settings.
-
-    + every: the inventory's hosts when the caller loaded it already
-    """
+    """Inventory hosts, their plan view, the one pins file they share, the first's settings
+    (``every``: the inventory's hosts, when loaded already)."""
     hosts = gpu_hosts(every if every is not None else load_inventory(inventory))
     if not hosts:
         raise BumpError(f"{inventory}: no GPU hosts")
@@ -294,6 +282,7 @@ def load_fleet(inventory: str, deploy: str, every: list[InventoryHost] | None = 
         raise BumpError(f"hosts name different pins files ({listed}); bump one fleet at a time")
     assert first is not None
     return hosts, plan_hosts, next(iter(paths)), first
+
 
 def load_inputs(opts: BumpOptions) -> Inputs:
     """Inventory, every host's data, the one pins file they share."""
