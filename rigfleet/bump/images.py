@@ -1,18 +1,6 @@
-"""Images on the hosts after a bump: keep the previous one, prune older ones, keep a copy.
-
-Each vLLM image is ~30 GB; a rig keeps exactly what it needs: the images its pins name now
-(the new one) and the ones it served before the bump (an instant rollback needs no pull, and
-the upstream nightly tag may be gone in two weeks). Other ``vllm/vllm-openai`` images are
-removed; ``docker image rm`` without ``--force`` never removes one a container uses.
-
-Because upstream deletes nightly tags, the promoted image can be kept: ``save_image`` runs
-``docker save`` on the canary and streams it over SSH into a control-side directory
-(``<repo>_<tag>.tar`` + a JSON sidecar with digest, image id, version, sha256), with the same
-code as ``rigfleet images export``; an ``archive`` image source (or ``rigfleet images import``)
-restores it, verified by image id. For pulls by digest copy the image into a mirror registry
-instead (``rigfleet.bump.mirror``, ``--push-mirror``).
-
-Example::
+"""Images on the hosts after a bump: keep the new and the previous one (an instant rollback
+needs no pull), prune older ``vllm/vllm-openai`` ones, and ``docker save`` the promoted one into
+a control-side directory (the code of ``rigfleet images export``)::
 
     removed = prune(remote, host, "vllm/vllm-openai", keep={new.digest, old.digest})
     saved = save_image(remote, canary, candidate, Path("/srv/image-archive"), "0.20.2rc1...")
@@ -41,13 +29,8 @@ def list_command(repository: str) -> str:
 
 
 def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
-    """References to remove: every reference (``<repo>@<digest>`` and the ``<repo>:<tag>`` the
-    images role gave it) of the repository's images whose digest is not in ``keep``.
-
-    Pure. ``listing`` is ``list_command``'s output (one line per tag). Removing only the digest
-    reference would leave a tagged image in place. Images without a registry digest
-    (``<none>``: built or loaded locally) are never touched.
-    """
+    """Every reference (by digest and by tag) of the repository's images whose digest is not in
+    ``keep``, from ``list_command``'s output; images with no registry digest stay. Pure."""
     keep_set = set(keep)
     out: list[str] = []
     for line in listing.splitlines():
@@ -63,7 +46,6 @@ def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
 
 
 def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[str]) -> list[str]:
-    """Remove the repository's images other than ``keep`` on ``host``; returns what went."""
     rc, listing = remote.run(host, list_command(repository))
     if rc != 0:
         return []
@@ -77,15 +59,12 @@ def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[s
     return removed
 
 
-# One piece of code saves images: ``rigfleet images export`` and ``--save-dir`` share it.
 SavedImage = SavedArchive
 
 
 def save_image(
     remote: Remote, host: InventoryHost, candidate: Candidate, directory: Path, version: str
 ) -> SavedArchive:
-    """``docker save`` the candidate (under its name, so ``docker load`` restores it) into
-    ``directory`` on this machine, streamed over SSH, with the JSON sidecar that records the
-    pin (``rigfleet.images.transfer.export_image``)."""
+    """``docker save`` the candidate into ``directory`` here, with its JSON sidecar."""
     want = WantedImage(candidate.image, candidate.digest, None, ())
     return export_image(remote, host, want, directory, version)

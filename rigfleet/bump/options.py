@@ -1,7 +1,6 @@
-"""What a ``rigfleet bump`` was asked to do, as one typed object (the CLI's flags, checked).
+"""``rigfleet bump``'s flags, checked, as one typed object::
 
     opts = BumpOptions.from_args(parser.parse_args(argv))   # ValueError names the flag
-    opts.batch_size, opts.dry
 """
 
 from __future__ import annotations
@@ -13,17 +12,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class BumpOptions:
-    """``rigfleet bump``'s flags (see ``rigfleet.bump.cli.add_parser`` for each).
-
-    + inventory: the pyinfra inventory; deploy: the deploy file (its directory is the run's cwd)
-    + image, latest, genesis: what to bump to (at least one)
-    + stacks: only these stacks (empty: by the image's repository / Genesis)
-    + batch_size, max_failures: the rollout's pace and stop rule
-    + registry, genesis_url, push_mirror: sources and a mirror (None: the inventory's)
-    + save_dir: keep a ``docker save`` of the promoted image there
-    + no_prune, dry, yes, json: behaviour switches
-    + rollback_to: a rollback (``rigfleet.rollback``) to this pins serial: no image is named
-    """
+    """``rigfleet bump``'s flags (``rigfleet.bump.cli.add_parser``)."""
 
     inventory: str
     deploy: str
@@ -55,7 +44,6 @@ class BumpOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BumpOptions:
-        """From the parsed command line; raises ``ValueError`` naming the flag."""
         return cls(
             inventory=args.inventory, deploy=args.deploy, image=args.image, latest=args.latest,
             genesis=args.genesis, stacks=tuple(args.stack), batch_size=args.batch_size,

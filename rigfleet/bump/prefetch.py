@@ -1,12 +1,7 @@
-"""The candidate image into the fleet caches before the canary pulls it (docs/images.md).
-
-Each cache host of the inventory (group ``caches``) fetches the candidate's blobs from its
-upstream once, verified (``fleetcache.seed_command``); the canary then pulls from a cache
-that holds it, and falls back to the upstream itself. A cache that cannot is a warning,
-never a refusal: the bump goes on from the upstream::
+"""The candidate image into the fleet caches (group ``caches``) before the canary pulls it
+(docs/images.md); a cache that cannot fetch it is a warning, the canary pulls upstream::
 
     held = prefetch(SshRemote(), load_inventory("inventory/home.py"), candidate, log)
-    probe_script(candidate, pull=True, caches=held)     # ("lb.lan:5000",)
 """
 
 from __future__ import annotations

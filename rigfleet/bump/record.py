@@ -1,19 +1,8 @@
-"""The pins file after a rollout: what each host runs, and a history entry. Pure.
-
-- Every host that was to move promoted (hosts unreachable at the start aside): the fleet's
-  pins move to the new ones; skipped hosts get a ``hosts:`` entry with what they still run.
-- Some promoted, others failed, were lost or not attempted: the fleet's pins stay; the hosts
-  that promoted get a ``hosts:`` entry with the new pins (a partial rollout).
-- Nothing promoted: the file is not written at all.
-
-A host's entry lists only the stacks that differ from the fleet's; hosts the inventory does
-not know keep whatever entry they had. A lost host (state unknown) is recorded as running its
-old pins: the next converge brings it there through its own swap gate, which is safe either
-way::
+"""The pins file after a rollout: what each host runs, and a history entry. Pure. The rules:
+docs/bump.md, step 8 (a lost host is recorded on its old pins: its next converge goes through
+its own swap gate either way)::
 
     new, entry = pins_after(plan, result, when="2026-05-20T10:00:00Z", by="ops@ctl")
-    if new is not None:
-        save_pins(new, entry)
 """
 
 from __future__ import annotations
@@ -27,8 +16,7 @@ from rigfleet.pins import Pins, StackPins
 
 
 def stack_summary(p: StackPins) -> dict[str, Any]:
-    """A stack's pins in a history entry; enough for ``rigfleet rollback`` to rebuild them
-    (the Genesis repository is the stack's: a bump never changes it)."""
+    """A stack's pins in a history entry: enough for ``rigfleet rollback`` to rebuild them."""
     out: dict[str, Any] = {"image": p.image, "digest": p.digest, "vllm_version": p.vllm_version}
     out["image_id"] = p.image_id  # null: none pinned (absent: an entry older than this key)
     if p.genesis is not None:
@@ -50,13 +38,8 @@ def outcome_of(result: RolloutResult) -> str:
 def pins_after(
     plan: Plan, result: RolloutResult, when: str, by: str, extra: dict[str, Any] | None = None
 ) -> tuple[Pins | None, dict[str, Any] | None]:
-    """(pins to save, history entry), or (None, None) when the file must not change.
-
-    + plan: the plan that ran (holds the pins as loaded, with their path and serial)
-    + result: the rollout's outcomes
-    + when, by: the history entry's time and author
-    + extra: more history fields (mirror push, saved archive)
-    """
+    """(pins to save, history entry), or (None, None) when the file must not change;
+    ``extra``: more history fields."""
     outcome = outcome_of(result)
     if outcome == "failed":
         return None, None

@@ -1,12 +1,7 @@
-"""A bump's journal as the rollout keeps it: started before any host changes, what it already
-did (for a resumed rollout), removed once the pins file records the bump
-(``rigfleet.bump.journal`` is the record; docs/bump.md tells the story).
+"""A bump's journal as the rollout keeps it: started before any host changes, read back for a
+resumed rollout, removed once the pins file records the bump::
 
-Example::
-
-    journal = start_journal(plan, candidate, "0.21.0", "20261129T104000Z-4242")
     result = rollout(plan, runner, pins_file, journal=journal, resume=resume_of(journal))
-    end_journal(journal, result, saved_pins)
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ from rigfleet.pins import Pins
 
 def start_journal(plan: Plan, candidate: Candidate | None, version: str,
                   journal_id: str) -> BumpJournal:
-    """The journal of a bump about to roll out (written before any host changes)."""
     cand = None if candidate is None else {
         "repository": candidate.repository, "tag": candidate.tag, "digest": candidate.digest,
         "created": candidate.created}  # fmt: skip
@@ -32,7 +26,6 @@ def start_journal(plan: Plan, candidate: Candidate | None, version: str,
 
 
 def resume_of(journal: BumpJournal) -> Resume:
-    """What the journal's rollout already did, for ``rollout(..., resume=...)``."""
     before = (journal.deploying or {}).get("before") or {}
     return Resume(
         done={h: HostOutcome.from_record(h, o) for h, o in journal.outcomes.items()},

@@ -1,17 +1,9 @@
-"""The candidate's ``vllm.__version__``, read from the image itself on the canary host.
-
-The control machine may have no Docker engine, and the version is not in the registry's
-metadata, so the canary pulls the image by digest (it would for the swap anyway) and runs
-``python3 -c 'import vllm; print(vllm.__version__)'`` in it (no GPU, no network, removed
-afterwards). The answer is cached on the host per digest in the same place the deploy's
-Genesis gate caches it, so the deploy does not ask again::
+"""The candidate's ``vllm.__version__``, read from the image on the canary (docs/bump.md, step
+3): pulled by digest unless ``pull=False`` (``--dry``: nothing changes on the host), cached per
+digest where the deploy's Genesis gate caches it::
 
     probe = read_version(SshRemote(), canary_host, candidate, pull=True)
-    probe.version     # "0.20.2rc1.dev212+g3f9c2a7e5"
-    probe.pulled      # True when this call pulled the image (remove it on refusal)
-
-With ``pull=False`` (``--dry``) nothing on the host changes: the cache or an image already
-present answer, else ``version`` is None.
+    probe.version, probe.pulled     # ("0.20.2rc1.dev212+g3f9c2a7e5", True)
 """
 
 from __future__ import annotations
@@ -52,11 +44,7 @@ def cache_refs(candidate: Candidate, caches: Sequence[str]) -> list[str]:
 
 
 def probe_script(candidate: Candidate, pull: bool, caches: Sequence[str] = ()) -> str:
-    """The host-side shell script; prints ``key=value`` lines (``parse_probe`` reads them).
-
-    + caches: fleet cache registries that hold the candidate (``prefetch``), pulled from
-      first; a pull that fails there is a warning and the next source is asked
-    """
+    """The host-side script; prints ``key=value`` lines; pulls from ``caches`` first."""
     cache = shlex.quote(str(HOST.version_cache(candidate.digest)))
     run_found = docker_commands.vllm_version(REF).replace(REF, '"$ref"')
     mine = cache_refs(candidate, caches)
@@ -89,14 +77,11 @@ def probe_script(candidate: Candidate, pull: bool, caches: Sequence[str] = ()) -
         'echo "version=$v"',
     ]
     if pull:  # --dry changes nothing, not even the cache
-        lines.append(
-            f"install -d -m 0755 {VERSION_CACHE_DIR} && printf '%s\\n' \"$v\" > {cache}"
-        )
+        lines.append(f"install -d -m 0755 {VERSION_CACHE_DIR} && printf '%s\\n' \"$v\" > {cache}")
     return "\n".join(lines) + "\n"
 
 
 def parse_probe(output: str) -> dict[str, str]:
-    """``key=value`` lines of the probe (other lines, such as pull progress, ignored)."""
     out: dict[str, str] = {}
     for line in output.splitlines():
         key, sep, value = line.partition("=")
@@ -105,17 +90,13 @@ def parse_probe(output: str) -> dict[str, str]:
     return out
 
 
-def read_version(
-    remote: Remote, host: InventoryHost, candidate: Candidate, *, pull: bool,
-    caches: Sequence[str] = (),
-) -> VersionProbe:
+def read_version(remote: Remote, host: InventoryHost, candidate: Candidate, *, pull: bool,
+                 caches: Sequence[str] = ()) -> VersionProbe:
     """Ask the image on ``host``; raises ``VersionError`` (or ``HostUnreachable``)."""
     rc, out = remote.run(host, probe_script(candidate, pull, caches), timeout=3600)
     values = parse_probe(out)
     if rc == 3:
-        raise VersionError(
-            f"{host.name}: cannot pull {candidate.ref}: {out.strip()[-500:]}"
-        )
+        raise VersionError(f"{host.name}: cannot pull {candidate.ref}: {out.strip()[-500:]}")
     if rc != 0 or (values.get("source") != "unknown" and not values.get("version")):
         raise VersionError(
             f"{host.name}: cannot read vllm.__version__ from {candidate.ref} "
