@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rigfleet.bump.candidate import Candidate, parse_image_arg
 from rigfleet.bump.decide import load_fleet, load_inputs
-from rigfleet.bump.execute import execute, record_pins
+from rigfleet.bump.execute import end_journal, execute, record_pins, resume_of
 from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
 from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.output import (
@@ -29,7 +29,6 @@ from rigfleet.bump.output import (
     print_journal,
 )
 from rigfleet.bump.record import outcome_of
-from rigfleet.bump.resume import end_journal, resume_of
 from rigfleet.bump.rollout import HostOutcome, PyinfraRunner, Resume, Status, StillRunning, rollout
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost

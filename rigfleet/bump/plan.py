@@ -1,7 +1,7 @@
 """The rollout plan: which hosts, which canary, which batches, which pins pair per stack. Pure.
 
-``build_plan`` decides it (the rules: docs/bump.md, "What it does", step 5); ``render_plan`` is
-the text of it::
+``build_plan`` decides it (the rules: docs/bump.md, "What it does", step 5;
+``rigfleet.bump.output`` prints it)::
 
     plan = build_plan(hosts, reach, pins, {"int8": new_int8}, batch_size=2, max_failures=1)
     plan.batches        # (("host1",), ("host2", "host3"))
@@ -152,27 +152,3 @@ def pairs(plan: Plan) -> list[tuple[str, str, str]]:
         (name, _pin_text(plan.pins.stacks[name]), _pin_text(p))
         for name, p in plan.new_stacks.items()
     ]
-
-
-def render_plan(plan: Plan) -> str:
-    """The plan as text: pairs, batches, skipped and up-to-date hosts, notes."""
-    lines = ["Pins:"]
-    for name, old, new in pairs(plan):
-        lines.append(f"  {name}: {old}")
-        lines.append(f"  {' ' * len(name)}  -> {new}")
-    lines.append(
-        f"Rollout (batch size {plan.batch_size}, stop after {plan.max_failures} failed "
-        f"host{'s' if plan.max_failures != 1 else ''}; a failed canary always stops it):"
-    )
-    if not plan.batches:
-        lines.append("  nothing to roll out")
-    for i, batch in enumerate(plan.batches):
-        label = "canary " if i == 0 else f"batch {i}"
-        hosts = ", ".join(f"{h} ({plan.host(h).stack})" for h in batch)
-        lines.append(f"  {label:8} {hosts}")
-    for name, reason in plan.skipped.items():
-        lines.append(f"  skipped  {name}: unreachable ({reason})")
-    for name in plan.up_to_date:
-        lines.append(f"  done     {name}: already runs these pins")
-    lines += [f"Note: {n}" for n in plan.notes]
-    return "\n".join(lines)

@@ -20,6 +20,7 @@ from test_bump_rollout import FakeRunner, make_plan
 
 from rigfleet.bump import cli as bump_cli
 from rigfleet.bump import decide, execute, finish, output
+from rigfleet.bump.execute import end_journal, resume_of
 from rigfleet.bump.journal import (
     SCHEMA,
     BumpInFlight,
@@ -30,7 +31,6 @@ from rigfleet.bump.journal import (
 )
 from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.record import pins_after
-from rigfleet.bump.resume import end_journal, resume_of
 from rigfleet.bump.rollout import (
     DeployResult,
     Resume,
