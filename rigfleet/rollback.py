@@ -155,10 +155,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """``rigfleet rollback``; the exit status (module docstring)."""
     from rigfleet.bump import output as bump
-    from rigfleet.bump.decide import Inputs, load_fleet
+    from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet
     from rigfleet.bump.execute import execute
     from rigfleet.bump.journal import load_journal
-    from rigfleet.bump.options import BumpOptions
     from rigfleet.bump.output import log
     from rigfleet.bump.plan import build_plan
     from rigfleet.cliargs import select

@@ -44,6 +44,7 @@ from rich.markup import escape
 from rigfleet.bump.candidate import Candidate, ImageRegistry, find_candidate, parse_image_arg
 from rigfleet.bump.decide import (
     BumpError,
+    BumpOptions,
     ImageRefused,
     Inputs,
     bumped_stacks,
@@ -55,7 +56,6 @@ from rigfleet.bump.decide import (
 from rigfleet.bump.execute import execute
 from rigfleet.bump.finish import add_journal_arguments, run_journal
 from rigfleet.bump.genesis import GenesisRefused, GenesisRepo
-from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.output import (
     EXIT_ERROR,
     EXIT_FAILED,
@@ -69,8 +69,7 @@ from rigfleet.bump.output import (
 )
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.prefetch import prefetch
-from rigfleet.bump.version import VersionProbe, read_version, remove_image
+from rigfleet.bump.version import VersionProbe, prefetch, read_version, remove_image
 from rigfleet.check import Online, deploy_online, verify_pins
 from rigfleet.cliargs import UsageError, add_yes, fleet_options, select
 from rigfleet.errors import RigfleetError

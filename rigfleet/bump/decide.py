@@ -1,4 +1,5 @@
-"""What ``rigfleet bump`` decides before any host changes: its inputs, the bumped stacks, the
+"""What ``rigfleet bump`` decides before any host changes: its flags (``BumpOptions``) and
+inputs, the bumped stacks, the
 candidate (``--latest``), the Genesis commit to pair with it, the stack files' image rules, and
 the plan::
 
@@ -9,6 +10,7 @@ the plan::
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,7 +34,6 @@ from rigfleet.bump.genesis import (
     infer_version,
     refusal,
 )
-from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.output import log
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan, PlanHost
@@ -45,6 +46,50 @@ from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, load_inventory
 from rigfleet.pins import Pins, StackPins, dump_pins, load_pins, parse_pins
 from rigfleet.registry import DOCKER_HUB
+
+
+@dataclass(frozen=True)
+class BumpOptions:
+    """``rigfleet bump``'s flags (``rigfleet.bump.cli.add_parser``)."""
+
+    inventory: str
+    deploy: str
+    image: str | None = None
+    latest: bool = False
+    genesis: str | None = None
+    stacks: tuple[str, ...] = ()
+    batch_size: int = 1
+    max_failures: int = 1
+    registry: str | None = None
+    genesis_url: str | None = None
+    push_mirror: str | None = None
+    save_dir: Path | None = None
+    no_prune: bool = False
+    dry: bool = False
+    yes: bool = False
+    json: bool = False
+    rollback_to: int | None = None  # ``rigfleet rollback``: the earlier pins serial it goes to
+
+    def __post_init__(self) -> None:
+        if self.rollback_to is None and not (self.image or self.latest or self.genesis):
+            raise ValueError("give --image TAG, --latest or --genesis COMMIT")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size: {self.batch_size} is not allowed; allowed: 1 or "
+                             "more hosts per batch")
+        if self.max_failures < 1:
+            raise ValueError(f"--max-failures: {self.max_failures} is not allowed; allowed: 1 "
+                             "or more (the rollout stops at that many failed hosts)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BumpOptions:
+        return cls(
+            inventory=args.inventory, deploy=args.deploy, image=args.image, latest=args.latest,
+            genesis=args.genesis, stacks=tuple(args.stack), batch_size=args.batch_size,
+            max_failures=args.max_failures, registry=args.registry,
+            genesis_url=args.genesis_url, push_mirror=args.push_mirror,
+            save_dir=args.save_dir, no_prune=args.no_prune, dry=args.dry, yes=args.yes,
+            json=args.json,
+        )
 
 
 class BumpError(RigfleetError, RuntimeError):

@@ -18,11 +18,10 @@ from typing import Any
 
 from rigfleet.bump import images
 from rigfleet.bump.candidate import Candidate
-from rigfleet.bump.decide import Inputs
+from rigfleet.bump.decide import BumpOptions, Inputs
 from rigfleet.bump.genesis import GenesisChoice
 from rigfleet.bump.journal import BumpJournal, now_iso
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
-from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.output import by, console, exit_status, interrupted, log, print_result
 from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.record import outcome_of, pins_after

@@ -13,10 +13,9 @@ import socket
 from pathlib import Path
 
 from rigfleet.bump.candidate import Candidate, parse_image_arg
-from rigfleet.bump.decide import load_fleet, load_inputs
+from rigfleet.bump.decide import BumpOptions, load_fleet, load_inputs
 from rigfleet.bump.execute import end_journal, execute, record_pins, resume_of
 from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
-from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.output import (
     EXIT_ERROR,
     EXIT_FAILED,

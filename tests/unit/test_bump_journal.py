@@ -433,7 +433,7 @@ def test_ctrl_c_then_the_same_command_again_finishes_the_bump(tmp_path, monkeypa
     """The command line end to end (pyinfra and SSH faked): Ctrl-C after the canary promoted
     keeps the journal and says so; ``rigfleet bump`` again finishes the rest, saves the pins
     file (its history names the journal) and removes the journal."""
-    from rigfleet.bump.options import BumpOptions
+    from rigfleet.bump.decide import BumpOptions
 
     plan = make_plan(tmp_path, n=3, batch=2)
     runner = CliRunner(plan, {}, "reach-1")
