@@ -6,18 +6,12 @@
     rigfleet bump ... --batch-size 2 --max-failures 1 --save-dir /srv/images \
         --push-mirror registry.lan:5000
 
-Steps: resolve the candidate in the registry (tag -> digest; ``--latest``: the newest release
-tag ``vX.Y.Z`` above the pinned version, by version order; only a Genesis stack whose pinned
-Genesis allowlist lists nothing but nightly builds follows the newest nightly, by build
-time), check who is reachable, read the candidate's vLLM version on the canary, check
-it against Genesis' allowlist (or find a newer Genesis commit that lists it, else refuse
-before any host changes), print the plan, then roll out batch by batch through the deploy's
-swap gate, prune old images, keep a copy of the promoted one if asked, and write the pins
-file for what actually promoted.
-
-An interrupted bump (Ctrl-C, the control machine gone) leaves its journal beside the pins
-file (``rigfleet/bump/journal.py``, docs/bump.md): converges keep the hosts it promoted there,
-any later ``rigfleet bump`` finishes it, ``rigfleet bump --abandon`` records it and stops.
+Steps (docs/bump.md tells each): resolve the candidate in the registry, check who is
+reachable, read the candidate's vLLM version on the canary, check it against Genesis (or
+propose a newer Genesis commit, else refuse), print the plan, roll out batch by batch through
+the deploy's swap gate, prune old images, write the pins file for what promoted. An
+interrupted bump leaves its journal beside the pins file: any later ``rigfleet bump``
+finishes it, ``rigfleet bump --abandon`` records it and stops.
 
 Exit status: 0 every host promoted; 1 refused, or a host failed (canary, gate, lost);
 2 promoted on every reachable host but some were unreachable (the pins file records them on
@@ -81,7 +75,6 @@ from rigfleet.ssh import Remote, SshRemote
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet bump`` on the CLI's subparsers (``rigfleet/cli.py`` calls this)."""
     p = subparsers.add_parser(
         "bump", parents=[fleet_options(timeout=10.0, timeout_help="seconds per SSH connect")],
         help="roll a newer vLLM image / Genesis commit out, canary first, gated",
@@ -126,11 +119,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-# --- the command -----------------------------------------------------------------------------
-
-
 def run(args: argparse.Namespace) -> int:
-    """``rigfleet bump``; returns the exit status (see the module docstring)."""
     unfinished = run_journal(args)
     if unfinished is not None:
         return unfinished
@@ -164,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     except (RigfleetError, ValueError) as e:
         console.print(f"[red]error:[/red] {e}")
         return EXIT_FAILED
+
 
 def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     pins = inputs.pins
@@ -244,12 +234,14 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         return EXIT_FAILED
     return execute(opts, inputs, remote, plan, candidate, probe.version or "", genesis)
 
+
 # How the plan's pins are asked of their sources (rigfleet/check.py; tests put None here).
 SOURCES: Callable[[], Online] | None = partial(deploy_online, images=True)
 
+
 def refuse_missing(inputs: Inputs, plan: Plan, run: Online) -> None:
-    """``rigfleet check``'s online checks of the plan's pins for every host: a pinned thing
-    its source no longer has refuses the bump before any host changes (unreachable: logged)."""
+    """Refuse a plan whose pins name something its source no longer has (``rigfleet check
+    --online``'s checks; a source not reached is a warning)."""
     new = replace(inputs.pins, stacks={**inputs.pins.stacks, **plan.new_stacks})
     refusals, warnings = verify_pins(inputs.hosts, new, run)
     for line in warnings:
@@ -258,8 +250,8 @@ def refuse_missing(inputs: Inputs, plan: Plan, run: Online) -> None:
         raise BumpError("\n".join(refusals) + "\nnothing changed; allowed: pins whose every "
                         "thing its source has (`rigfleet check --online`)")
 
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rigfleet.bump.cli ...``: the command without ``rigfleet/cli.py``."""
     parser = argparse.ArgumentParser(prog="rigfleet")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bump", *(sys.argv[1:] if argv is None else argv)])
