@@ -59,7 +59,7 @@ def _known(pins: Pins) -> list[StackPins]:
 
 
 def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
-    """A stack's pins from a history summary (``rigfleet.bump.record.stack_summary``)."""
+    """A stack's pins from a history summary (``rigfleet.bump.rollout.stack_summary``)."""
     if not isinstance(summary, dict) or not all(
             isinstance(summary.get(k), str) for k in ("image", "digest", "vllm_version")):
         raise RollbackRefused(f"{pins.path}: history: serial {serial}: old.{name}: "

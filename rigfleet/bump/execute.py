@@ -24,7 +24,6 @@ from rigfleet.bump.journal import BumpJournal, now_iso
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
 from rigfleet.bump.output import by, console, exit_status, interrupted, log, print_result
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.record import outcome_of, pins_after
 from rigfleet.bump.rollout import (
     HostOutcome,
     PyinfraRunner,
@@ -32,6 +31,8 @@ from rigfleet.bump.rollout import (
     RolloutResult,
     Status,
     StillRunning,
+    outcome_of,
+    pins_after,
     probe_of_record,
     rollout,
 )

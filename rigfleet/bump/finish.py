@@ -27,8 +27,15 @@ from rigfleet.bump.output import (
     log,
     print_journal,
 )
-from rigfleet.bump.record import outcome_of
-from rigfleet.bump.rollout import HostOutcome, PyinfraRunner, Resume, Status, StillRunning, rollout
+from rigfleet.bump.rollout import (
+    HostOutcome,
+    PyinfraRunner,
+    Resume,
+    Status,
+    StillRunning,
+    outcome_of,
+    rollout,
+)
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins, load_pins

@@ -24,8 +24,7 @@ from rigfleet.bump.genesis import GenesisChoice
 from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.plan import pairs
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.record import outcome_of
-from rigfleet.bump.rollout import RolloutResult, Status, StillRunning
+from rigfleet.bump.rollout import RolloutResult, Status, StillRunning, outcome_of
 from rigfleet.bump.version import VersionProbe
 from rigfleet.tables import Table
 

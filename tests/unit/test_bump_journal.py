@@ -30,12 +30,12 @@ from rigfleet.bump.journal import (
     load_journal,
 )
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.record import pins_after
 from rigfleet.bump.rollout import (
     DeployResult,
     Resume,
     Status,
     StillRunning,
+    pins_after,
     probe_of_record,
     probe_record,
     rollout,
