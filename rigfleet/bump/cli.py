@@ -50,6 +50,7 @@ from rigfleet.bump.decide import (
 from rigfleet.bump.execute import execute
 from rigfleet.bump.finish import add_journal_arguments, run_journal
 from rigfleet.bump.genesis import GenesisRefused, GenesisRepo
+from rigfleet.bump.images import VersionProbe, prefetch, read_version, remove_image
 from rigfleet.bump.output import (
     EXIT_ERROR,
     EXIT_FAILED,
@@ -63,7 +64,6 @@ from rigfleet.bump.output import (
 )
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.version import VersionProbe, prefetch, read_version, remove_image
 from rigfleet.check import Online, deploy_online, verify_pins
 from rigfleet.cliargs import UsageError, add_yes, fleet_options, select
 from rigfleet.errors import RigfleetError

@@ -34,10 +34,10 @@ from rigfleet.bump.genesis import (
     infer_version,
     refusal,
 )
+from rigfleet.bump.images import VersionProbe
 from rigfleet.bump.output import log
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan, PlanHost
-from rigfleet.bump.version import VersionProbe
 from rigfleet.catalog import Catalog
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError

@@ -36,7 +36,6 @@ from rigfleet.bump.rollout import (
     probe_of_record,
     rollout,
 )
-from rigfleet.bump.version import remove_image
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins, PinsError, dump_pins, save_pins
 from rigfleet.registry import RegistryError
@@ -146,7 +145,7 @@ def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryH
         for o in result.by_status(Status.FAILED):
             if o.runs_new is False:
                 with contextlib.suppress(HostUnreachable):
-                    remove_image(remote, by_name[o.host], candidate)
+                    images.remove_image(remote, by_name[o.host], candidate)
     source = plan.canary if plan.canary in promoted else (promoted[0] if promoted else None)
     if source is None:  # nothing promoted: nothing worth keeping
         return extra

@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.text import Text
 
 from rigfleet.bump.genesis import GenesisChoice
+from rigfleet.bump.images import VersionProbe
 from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.plan import pairs
 from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.rollout import RolloutResult, Status, StillRunning, outcome_of
-from rigfleet.bump.version import VersionProbe
 from rigfleet.tables import Table
 
 console = Console(stderr=True, highlight=False)
