@@ -33,10 +33,7 @@ MOVES = ("bump", "rollback")  # history actions that record ``old``/``new`` stac
 
 
 class RollbackRefused(ValueError):
-    """The history cannot give the pins asked for; the message says why and what would do."""
-
-
-# --- the history (pure) -----------------------------------------------------------------------
+    """The history cannot give the pins asked for."""
 
 
 def _serial(entry: dict[str, Any]) -> int | None:
@@ -86,10 +83,7 @@ def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
 
 
 def pins_at(pins: Pins, serial: int) -> dict[str, StackPins]:
-    """The fleet's stack pins as they were at ``serial``, rebuilt from the history.
-
-    Raises ``RollbackRefused`` for a serial the history cannot give (out of range, or an
-    entry after it that records no earlier pins)."""
+    """The fleet's stack pins as they were at ``serial``, rebuilt from the history."""
     entries = [e for e in pins.history if (_serial(e) or 0) > serial]
     first = min((_serial(e) or pins.serial for e in pins.history), default=pins.serial)
     if serial >= pins.serial or serial < first - 1 or serial < 1:
@@ -111,7 +105,6 @@ def pins_at(pins: Pins, serial: int) -> dict[str, StackPins]:
                 f"--to {s} or later")
         for name, summary in entry["old"].items():
             stacks[name] = _rebuild(replace(pins, stacks=stacks), name, summary, s or 0)
-    # Round-trip through the validator: never roll out pins the file would refuse.
     trial = replace(pins, stacks=stacks)
     parse_pins(yaml.safe_load(dump_pins(trial)), pins.path)
     return stacks
@@ -124,11 +117,7 @@ def changes(pins: Pins, target: dict[str, StackPins], hosts: list[str]) -> dict[
             or any(pins.for_host(h).stacks.get(name) != p for h in hosts)}
 
 
-# --- the command ------------------------------------------------------------------------------
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet rollback`` (``rigfleet/cli.py`` calls this)."""
     from rigfleet.cliargs import fleet_options
     from rigfleet.resources import PROJECT_ROOT
 
@@ -153,7 +142,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``rigfleet rollback``; the exit status (module docstring)."""
     from rigfleet.bump import output as bump
     from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet
     from rigfleet.bump.execute import execute
@@ -220,7 +208,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def confirm() -> bool:
-    """Ask before rolling back; with no terminal, refuse naming ``--yes``."""
     from rigfleet.bump.output import console
 
     if not sys.stdin.isatty():

@@ -134,15 +134,9 @@ class GenesisRepo:
         out = self.git("for-each-ref", "refs/tags",
                        "--format=%(objectname) %(*objectname) %(refname:short)").stdout
         found: dict[str, list[str]] = {}
-        for line in out.splitlines():
-            parts = line.split()
-            if len(parts) == 3:
-                sha, peeled, name = parts
-            elif len(parts) == 2:
-                (sha, name), peeled = parts, ""
-            else:
-                continue
-            found.setdefault(peeled or sha, []).append(name)
+        for parts in (line.split() for line in out.splitlines()):
+            if len(parts) in (2, 3):  # <sha> [<peeled commit of an annotated tag>] <name>
+                found.setdefault(parts[-2], []).append(parts[-1])
         return {sha: tuple(sorted(names, key=lambda n: (not _VERSION_TAG.fullmatch(n), n)))
                 for sha, names in found.items()}  # fmt: skip
 

@@ -398,8 +398,8 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 stopped = f"the canary {batch[0]} could not be worked on ({reach[batch[0]]}); " \
                     "nothing was changed"
             if live:
-                seen = {h: probe_or_why(runner.facts, h) for h in live}
-                before = {h: p if isinstance(p, HostProbe) else None for h, p in seen.items()}
+                before = {h: p if isinstance(p := probe_or_why(runner.facts, h), HostProbe)
+                          else None for h in live}
                 if journal is not None:
                     journal.deploying_batch(n, live, {h: probe_record(f) if f else None
                                                       for h, f in before.items()})
@@ -432,12 +432,8 @@ def _label(batch: int) -> str:
 
 
 def _event_text(label: str, o: HostOutcome) -> str:
-    text = f"{label}: {o.host} {o.status}"
-    if o.gate:
-        text += f" (gate {o.gate})"
-    if o.reason:
-        text += f": {o.reason}"
-    return text
+    gate, reason = f" (gate {o.gate})" if o.gate else "", f": {o.reason}" if o.reason else ""
+    return f"{label}: {o.host} {o.status}{gate}{reason}"
 
 
 # --- the pins file afterwards (pure; the rules: docs/bump.md, step 8) --------------------------
