@@ -135,19 +135,11 @@ class BumpJournal:
         self.path.unlink(missing_ok=True)
 
     def to_dict(self) -> dict[str, Any]:
-        stacks = {n: _stack_dict(p) for n, p in self.new_stacks.items()}
-        return {
-            "schema": SCHEMA, "id": self.id, "started": self.started, "updated": self.updated,
-            "by": self.by, "owner": self.owner, "pins_file": self.pins_file,
-            "base_serial": self.base_serial, "new_stacks": stacks, "candidate": self.candidate,
-            "version": self.version,
-            "hosts": [{"name": h.name, "stack": h.stack, "groups": list(h.groups)}
-                      for h in self.hosts],
-            "canary": self.canary, "batches": self.batches, "skipped": self.skipped,
-            "up_to_date": self.up_to_date, "batch_size": self.batch_size,
-            "max_failures": self.max_failures, "outcomes": self.outcomes,
-            "deploying": self.deploying, "stopped": self.stopped,
-        }  # fmt: skip
+        special = {"schema": SCHEMA,
+                   "new_stacks": {n: _stack_dict(p) for n, p in self.new_stacks.items()},
+                   "hosts": [{"name": h.name, "stack": h.stack, "groups": list(h.groups)}
+                             for h in self.hosts]}
+        return {k: special[k] if k in special else getattr(self, k) for k in _KEYS}
 
     @property
     def in_flight(self) -> list[str]:
