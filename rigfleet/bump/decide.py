@@ -210,12 +210,9 @@ def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: ImageRe
         allowlist: tuple[str, ...] | None = None
         allowed: set[str] | None = None
         if p.genesis is not None:
-            repo = _repo(inputs, p.genesis.repo, repos)
-            pinned = repo.commit(repo.resolve(p.genesis.commit))
-            allowlist = pinned.allowlist
-            allowed = set(allowlist)
-            for sha in repo.newer(pinned.sha):
-                allowed |= set(repo.commit(sha).allowlist)
+            commits = list(_repo(inputs, p.genesis.repo, repos).lineage(p.genesis.commit))
+            allowlist = commits[0].allowlist
+            allowed = {v for c in commits for v in c.allowlist}
         nightly = follows_nightlies(p.genesis is not None, allowlist)
         target = None if nightly else newest_release(tags, p.vllm_version, allowed)
         asks[name] = LatestAsk(p.vllm_version, nightly, target)
@@ -257,9 +254,7 @@ def _infer_version(
     if stacks:  # a nightly's version always names its commit: nothing lists this one
         g = pins.stacks[stacks[0]].genesis
         assert g is not None
-        repo = _repo(inputs, g.repo, repos)
-        checked = [repo.commit(repo.resolve(g.commit))]
-        checked += [repo.commit(sha) for sha in repo.newer(checked[0].sha)]
+        checked = list(_repo(inputs, g.repo, repos).lineage(g.commit))
         raise GenesisRefused(refusal(f"<any build of {commit[:9]}> (not pulled in --dry)",
                                      checked))  # fmt: skip
     return None

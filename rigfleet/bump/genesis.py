@@ -15,7 +15,7 @@ import hashlib
 import os
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -197,6 +197,12 @@ class GenesisRepo:
                  if h and h != sha]  # fmt: skip
         return [h for d, h in sorted(dated, key=lambda x: (-x[0], x[1])) if d > since]
 
+    def lineage(self, ref: str) -> Iterator[GenesisCommit]:
+        """The commit ``ref`` names, then the ``newer`` ones (read as they are asked for)."""
+        base = self.commit(self.resolve(ref))
+        yield base
+        yield from (self.commit(sha) for sha in self.newer(base.sha))
+
 
 @dataclass(frozen=True)
 class GenesisChoice:
@@ -227,15 +233,11 @@ def choose_genesis(repo: GenesisRepo, pinned: str, version: str,
         if not c.tree.lists(version):
             raise GenesisRefused(refusal(version, [c], explicit=True))
         return _choice(repo, c, sha != pinned, current_version)
-    base = repo.commit(repo.resolve(pinned))
-    if base.tree.lists(version):
-        return _choice(repo, base, False, current_version)
-    checked = [base]
-    for sha in repo.newer(base.sha):
-        c = repo.commit(sha)
+    checked: list[GenesisCommit] = []
+    for c in repo.lineage(pinned):
         checked.append(c)
         if c.tree.lists(version):
-            return _choice(repo, c, True, current_version, checked=len(checked))
+            return _choice(repo, c, len(checked) > 1, current_version, checked=len(checked))
     raise GenesisRefused(refusal(version, checked))
 
 
@@ -275,8 +277,8 @@ def names_commit(version: str, commit: str) -> bool:
 def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
     """The allowlisted version (at the pin or a newer commit) that names vLLM ``commit``: what
     a nightly not pulled (``--dry``) will report."""
-    for sha in (repo.resolve(pinned), *repo.newer(repo.resolve(pinned))):
-        for version in repo.commit(sha).allowlist:
+    for c in repo.lineage(pinned):
+        for version in c.allowlist:
             if names_commit(version, commit):
                 return version
     return None
