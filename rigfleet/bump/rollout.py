@@ -335,20 +335,21 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
     for name, reason in plan.skipped.items():
         out[name] = HostOutcome(name, Status.SKIPPED, runs_new=False,
                                 reason=f"unreachable at the start ({reason})")  # fmt: skip
+
+    def pins(h: str) -> tuple[str, StackPins, StackPins]:  # the stack it serves, old, new
+        stack = plan.host(h).stack
+        return stack, plan.old_for(h)[stack], plan.new_for(h)[stack]
+
     for i, batch in enumerate(plan.batches):
         for h in (h for h in batch if h in in_flight and h not in done):
-            stack = plan.host(h).stack
-            settled = settle(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack],
-                             in_flight[h], probe_or_why(runner.facts, h), i)
+            settled = settle(h, *pins(h), in_flight[h], probe_or_why(runner.facts, h), i)
             if settled is not None:
                 done[h] = settled
                 _record(out, journal, on_event, settled, f"{_label(i)} (interrupted)")
 
     def judge(h: str, result: DeployResult, before: HostProbe | None, after: HostProbe | str,
               i: int) -> HostOutcome:
-        stack = plan.host(h).stack
-        return classify(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack], result,
-                        before, after, i)
+        return classify(h, *pins(h), result, before, after, i)
 
     stopped = run_batches(plan.batches, runner, pins_file, judge, out, plan.max_failures,
                           on_event=on_event, on_line=on_line, journal=journal, done=done,
