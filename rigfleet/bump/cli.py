@@ -48,7 +48,7 @@ from rigfleet.bump.decide import (
     refuse_image_rules,
 )
 from rigfleet.bump.execute import execute
-from rigfleet.bump.finish import add_journal_arguments, run_journal
+from rigfleet.bump.finish import run_journal
 from rigfleet.bump.genesis import GenesisRefused, GenesisRepo
 from rigfleet.bump.images import VersionProbe, prefetch, read_version, remove_image
 from rigfleet.bump.output import (
@@ -114,7 +114,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the deploy file (default: this checkout's deploy.py)")
     p.add_argument("--dry", action="store_true", help="print the plan; change nothing")
     add_yes(p, "roll out")
-    add_journal_arguments(p)
+    p.add_argument("--abandon", action="store_true",
+                   help="an unfinished bump's journal is beside the pins file: record what it "
+                        "promoted in the pins file (as it is now), roll nothing more out, "
+                        "remove the journal")
     p.set_defaults(func=run)
     return p
 

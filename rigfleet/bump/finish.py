@@ -42,13 +42,6 @@ from rigfleet.pins import Pins, load_pins
 from rigfleet.ssh import SshRemote
 
 
-def add_journal_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags about an unfinished bump (``add_parser`` calls this)."""
-    p.add_argument("--abandon", action="store_true",
-                   help="an unfinished bump's journal is beside the pins file: record what it "
-                        "promoted in the pins file (as it is now), roll nothing more out, "
-                        "remove the journal")
-
 def run_journal(args: argparse.Namespace) -> int | None:
     """An unfinished bump beside the pins file: finish it (any ``rigfleet bump`` does, unless it
     asks for another candidate: refused), ``--abandon`` it, or wait for the one that runs; None
@@ -94,6 +87,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
         return EXIT_FAILED
     return _resume(args, journal)
 
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -102,6 +96,7 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
 
 def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
     """Why the command line asks for another bump than the journal's, or None."""
