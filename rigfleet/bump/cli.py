@@ -189,16 +189,12 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     for name, reason in unreachable.items():
         if reason and name not in inputs.outside:
             log(f"[yellow]{name} is unreachable[/yellow] and will be skipped: {reason}")
-    by_name = {h.name: h for h in inputs.hosts}
 
     # The canary reads the candidate's version; a provisional plan picks it (the version
     # changes nothing in who goes first).
-    provisional = {
-        n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest,
-                   image_id=candidate.image_id)
-        if candidate else pins.stacks[n]
-        for n in names
-    }
+    provisional = {n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest,
+                              image_id=candidate.image_id) if candidate else pins.stacks[n]
+                   for n in names}
     draft = build_plan(inputs.plan_hosts, unreachable, pins, provisional, opts.batch_size,
                        opts.max_failures)  # fmt: skip
     probe = VersionProbe(None, "unknown")
@@ -209,7 +205,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         target = draft.canary or (reachable[0] if reachable else None)
         if target is None:
             raise BumpError("no host is reachable to read the candidate's vLLM version")
-        probe_host = by_name[target]
+        probe_host = next(h for h in inputs.hosts if h.name == target)
         if not opts.dry:  # the fleet caches fetch it once; the canary pulls from them
             caches = prefetch(remote, inputs.caches, candidate, log)
         log(f"{probe_host.name}: reading vllm.__version__ from the candidate"
