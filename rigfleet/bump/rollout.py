@@ -460,9 +460,8 @@ def outcome_of(result: RolloutResult) -> str:
     return "partial" if moved else "failed"
 
 
-def pins_after(
-    plan: Plan, result: RolloutResult, when: str, by: str, extra: dict[str, Any] | None = None
-) -> tuple[Pins | None, dict[str, Any] | None]:
+def pins_after(plan: Plan, result: RolloutResult, when: str, by: str,
+               extra: dict[str, Any] | None = None) -> tuple[Pins | None, dict[str, Any] | None]:
     """(pins to save, history entry), or (None, None) when the file must not change;
     ``extra``: more history fields."""
     outcome = outcome_of(result)
@@ -471,26 +470,18 @@ def pins_after(
     old = plan.pins
     top = {**old.stacks, **plan.new_stacks} if outcome == "promoted" else dict(old.stacks)
     known = {h.name for h in plan.hosts}
-    hosts: dict[str, dict[str, StackPins]] = {
-        name: dict(stacks) for name, stacks in old.hosts.items() if name not in known
-    }
+    hosts = {name: dict(stacks) for name, stacks in old.hosts.items() if name not in known}
     for h in plan.hosts:
         o = result.outcomes.get(h.name)
         runs = plan.new_for(h.name) if o is not None and o.runs_new else plan.old_for(h.name)
         differs = {s: p for s, p in runs.items() if top.get(s) != p}
         if differs:
             hosts[h.name] = differs
-    entry: dict[str, Any] = {
-        "at": when,
-        "by": by,
-        "action": "bump",
-        "outcome": outcome,
-        "old": {s: stack_summary(old.stacks[s]) for s in plan.new_stacks},
-        "new": {s: stack_summary(p) for s, p in plan.new_stacks.items()},
-        "hosts": {name: o.summary() for name, o in result.outcomes.items()},
-    }
-    if extra:
-        entry.update(extra)
+    entry = {"at": when, "by": by, "action": "bump", "outcome": outcome,
+             "old": {s: stack_summary(old.stacks[s]) for s in plan.new_stacks},
+             "new": {s: stack_summary(p) for s, p in plan.new_stacks.items()},
+             "hosts": {name: o.summary() for name, o in result.outcomes.items()},
+             **(extra or {})}
     return replace(old, stacks=top, hosts=hosts), entry
 
 
