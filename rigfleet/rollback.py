@@ -151,12 +151,10 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.cliargs import select
     from rigfleet.errors import RigfleetError
     from rigfleet.fleetview import reachability
-    from rigfleet.pins import load_pins
     from rigfleet.ssh import SshRemote
 
     try:
-        hosts, plan_hosts, path, first = load_fleet(args.inventory, args.deploy)
-        pins = load_pins(path, catalog=first.catalog)
+        hosts, plan_hosts, pins, first = load_fleet(args.inventory, args.deploy)
         picked = {h.name for h in select(hosts, args.limit, args.inventory)}
         journal = load_journal(pins, first.catalog)
     except (RigfleetError, ValueError, RuntimeError) as e:

@@ -302,9 +302,9 @@ def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str
 
 
 def load_fleet(inventory: str, deploy: str, every: list[InventoryHost] | None = None) -> \
-        tuple[list[InventoryHost], list[PlanHost], str, HostSettings]:
-    """Inventory hosts, their plan view, the one pins file they share, the first's settings
-    (``every``: the inventory's hosts, when loaded already)."""
+        tuple[list[InventoryHost], list[PlanHost], Pins, HostSettings]:
+    """Inventory hosts, their plan view, the one pins file they share (loaded), the first's
+    settings (``every``: the inventory's hosts, when loaded already)."""
     hosts = gpu_hosts(every if every is not None else load_inventory(inventory))
     if not hosts:
         raise BumpError(f"{inventory}: no GPU hosts")
@@ -321,14 +321,13 @@ def load_fleet(inventory: str, deploy: str, every: list[InventoryHost] | None = 
         listed = "; ".join(f"{p}: {', '.join(n)}" for p, n in paths.items())
         raise BumpError(f"hosts name different pins files ({listed}); bump one fleet at a time")
     assert first is not None
-    return hosts, plan_hosts, next(iter(paths)), first
+    return hosts, plan_hosts, load_pins(next(iter(paths)), catalog=first.catalog), first
 
 
 def load_inputs(opts: BumpOptions) -> Inputs:
     """Inventory, every host's data, the one pins file they share."""
     every = load_inventory(opts.inventory)
-    hosts, plan_hosts, path, first = load_fleet(opts.inventory, opts.deploy, every)
-    pins = load_pins(path, catalog=first.catalog)
+    hosts, plan_hosts, pins, first = load_fleet(opts.inventory, opts.deploy, every)
     registry = opts.registry or first.bump.registry or DOCKER_HUB
     genesis_url = opts.genesis_url or first.bump.genesis_url
     mirror = opts.push_mirror or first.bump.mirror

@@ -38,7 +38,7 @@ from rigfleet.bump.rollout import (
 )
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost
-from rigfleet.pins import Pins, load_pins
+from rigfleet.pins import Pins
 from rigfleet.ssh import SshRemote
 
 
@@ -48,8 +48,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
     when there is none (a finished bump's left-over journal is removed first)."""
     abandon = bool(getattr(args, "abandon", False))
     try:
-        hosts, _, path, first = load_fleet(args.inventory, args.deploy)
-        pins = load_pins(path, catalog=first.catalog)
+        hosts, _, pins, first = load_fleet(args.inventory, args.deploy)
         journal = load_journal(pins, first.catalog)
     except (RigfleetError, ValueError, RuntimeError) as e:
         if not abandon:
@@ -62,7 +61,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
             log(f"removed {journal.path}: {journal.id} had finished (pins serial {pins.serial})")
         if abandon:
             console.print(f"[red]error:[/red] --abandon: no unfinished bump "
-                          f"({journal_path(path)} does not exist)")
+                          f"({journal_path(pins.path)} does not exist)")
             return EXIT_ERROR
         return None
     pid = journal.owner.get("pid")
