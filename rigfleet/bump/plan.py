@@ -23,14 +23,9 @@ def exercises(host: PlanHost, old: Mapping[str, StackPins], new: Mapping[str, St
     return host.stack in new and old.get(host.stack) != new[host.stack]
 
 
-def build_plan(
-    hosts: Sequence[PlanHost],
-    unreachable: Mapping[str, str | None],
-    pins: Pins,
-    new_stacks: Mapping[str, StackPins],
-    batch_size: int = 1,
-    max_failures: int = 1,
-) -> Plan:
+def build_plan(hosts: Sequence[PlanHost], unreachable: Mapping[str, str | None], pins: Pins,
+               new_stacks: Mapping[str, StackPins], batch_size: int = 1, max_failures: int = 1
+               ) -> Plan:
     """The plan over ``hosts`` (inventory order); ``unreachable``: host -> why (None: reachable);
     ``new_stacks``: the bumped stacks' new pins."""
     if batch_size < 1:
@@ -64,18 +59,10 @@ def build_plan(
     for name, reason in skipped.items():
         if CANARY_GROUP in next(h for h in hosts if h.name == name).groups:
             notes.append(f"inventory canary {name} is unreachable ({reason})")
-    return Plan(
-        pins=pins,
-        new_stacks=new,
-        hosts=tuple(hosts),
-        canary=canary.name if canary else None,
-        batches=tuple(batches),
-        skipped=skipped,
-        up_to_date=tuple(up_to_date),
-        batch_size=batch_size,
-        max_failures=max_failures,
-        notes=tuple(notes),
-    )
+    return Plan(pins=pins, new_stacks=new, hosts=tuple(hosts),
+                canary=canary.name if canary else None, batches=tuple(batches), skipped=skipped,
+                up_to_date=tuple(up_to_date), batch_size=batch_size, max_failures=max_failures,
+                notes=tuple(notes))
 
 
 def _batches(canary: PlanHost | None, moving: list[PlanHost], batch_size: int
@@ -86,13 +73,8 @@ def _batches(canary: PlanHost | None, moving: list[PlanHost], batch_size: int
     return [(canary.name,)] + in_batches(rest, batch_size)
 
 
-def serving_cap(
-    hosts: Sequence[PlanHost],
-    skipped: Mapping[str, str],
-    pins: Pins,
-    new: Mapping[str, StackPins],
-    batches: Sequence[Sequence[str]],
-) -> str | None:
+def serving_cap(hosts: Sequence[PlanHost], skipped: Mapping[str, str], pins: Pins,
+                new: Mapping[str, StackPins], batches: Sequence[Sequence[str]]) -> str | None:
     """Why ``batches`` would swap every reachable host serving a stack at once, or None (a
     stack served by one host only goes on with its 503 window)."""
     by_name = {h.name: h for h in hosts}
@@ -115,9 +97,8 @@ def serving_cap(
     return None
 
 
-def _canary(
-    moving: list[PlanHost], pins: Pins, new: dict[str, StackPins], notes: list[str]
-) -> PlanHost | None:
+def _canary(moving: list[PlanHost], pins: Pins, new: dict[str, StackPins], notes: list[str]
+            ) -> PlanHost | None:
     if not moving:
         return None
     testing = [h for h in moving if exercises(h, pins.for_host(h.name).stacks, new)]
@@ -126,16 +107,12 @@ def _canary(
         if h in testing:
             return h
     if marked:
-        notes.append(
-            f"inventory canary {marked[0].name} serves {marked[0].stack}, which this bump does "
-            "not change; a host that serves a bumped stack goes first instead"
-        )
+        notes.append(f"inventory canary {marked[0].name} serves {marked[0].stack}, which this "
+                     "bump does not change; a host that serves a bumped stack goes first instead")
     if testing:
         return testing[0]
-    notes.append(
-        "no host serves a bumped stack: the rollout only re-renders compose files and "
-        "updates Genesis checkouts; no swap gate will test the candidate"
-    )
+    notes.append("no host serves a bumped stack: the rollout only re-renders compose files and "
+                 "updates Genesis checkouts; no swap gate will test the candidate")
     return moving[0]
 
 
@@ -148,7 +125,5 @@ def _pin_text(p: StackPins) -> str:
 
 def pairs(plan: Plan) -> list[tuple[str, str, str]]:
     """(stack, old pins, new pins) text per bumped stack."""
-    return [
-        (name, _pin_text(plan.pins.stacks[name]), _pin_text(p))
-        for name, p in plan.new_stacks.items()
-    ]
+    return [(name, _pin_text(plan.pins.stacks[name]), _pin_text(p))
+            for name, p in plan.new_stacks.items()]
