@@ -11,8 +11,9 @@ the plan::
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -81,15 +82,10 @@ class BumpOptions:
                              "or more (the rollout stops at that many failed hosts)")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> BumpOptions:
-        return cls(
-            inventory=args.inventory, deploy=args.deploy, image=args.image, latest=args.latest,
-            genesis=args.genesis, stacks=tuple(args.stack), batch_size=args.batch_size,
-            max_failures=args.max_failures, registry=args.registry,
-            genesis_url=args.genesis_url, push_mirror=args.push_mirror,
-            save_dir=args.save_dir, no_prune=args.no_prune, dry=args.dry, yes=args.yes,
-            json=args.json,
-        )
+    def from_args(cls, args: argparse.Namespace, **given: Any) -> BumpOptions:
+        """The flags of the same names, ``--stack`` as ``stacks``, and ``given``."""
+        same = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**{**same, "stacks": tuple(args.stack), **given})
 
 
 class BumpError(RigfleetError, RuntimeError):
@@ -158,17 +154,11 @@ def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
                         "bumped stack's file allows (`--stack` picks the stacks)")
 
 
-def decide_plan(
-    opts: BumpOptions,
-    inputs: Inputs,
-    pins: Pins,
-    names: list[str],
-    candidate: Candidate | None,
-    probe: VersionProbe,
-    unreachable: dict[str, str | None],
-    provisional: dict[str, StackPins],
-    repos: dict[str, GenesisRepo] | None = None,
-) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
+def decide_plan(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
+                candidate: Candidate | None, probe: VersionProbe,
+                unreachable: dict[str, str | None], provisional: dict[str, StackPins],
+                repos: dict[str, GenesisRepo] | None = None
+                ) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
     """The Genesis pairs and the final plan (raises ``GenesisRefused``, ``PinsError``)."""
     repos = {} if repos is None else repos
     version = probe.version if candidate is not None else None
@@ -241,9 +231,8 @@ def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRep
     return repos[url]
 
 
-def _infer_version(
-    inputs: Inputs, pins: Pins, names: list[str], commit: str, repos: dict[str, GenesisRepo]
-) -> str | None:
+def _infer_version(inputs: Inputs, pins: Pins, names: list[str], commit: str,
+                   repos: dict[str, GenesisRepo]) -> str | None:
     stacks = _genesis_stacks(pins, names)
     for name in stacks:
         g = pins.stacks[name].genesis

@@ -86,15 +86,10 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     end_journal(journal, result, saved_pins)
     restore(runner, result, Path(plan.pins.path))
     print_result(result, log_dir)
-    summary = {
-        "outcome": outcome_of(result),
-        "stopped": result.stopped,
-        "seconds": round(result.seconds, 1),
-        "pins_file": plan.pins.path,
-        "pins_serial": saved_pins.serial if saved_pins else plan.pins.serial,
-        "hosts": {h: o.summary() for h, o in result.outcomes.items()},
-        **extra,
-    }
+    summary = {"outcome": outcome_of(result), "stopped": result.stopped,
+               "seconds": round(result.seconds, 1), "pins_file": plan.pins.path,
+               "pins_serial": saved_pins.serial if saved_pins else plan.pins.serial,
+               "hosts": {h: o.summary() for h, o in result.outcomes.items()}, **extra}
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if opts.json:

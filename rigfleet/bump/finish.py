@@ -119,16 +119,11 @@ def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
 def _resume_options(args: argparse.Namespace, journal: BumpJournal) -> BumpOptions:
     cand = journal.candidate
     genesis = next((p.genesis.commit for p in journal.new_stacks.values() if p.genesis), None)
-    return BumpOptions(
-        inventory=args.inventory, deploy=args.deploy,
-        image=f"{cand['repository']}:{cand['tag']}" if cand else None,
+    return BumpOptions.from_args(
+        args, image=f"{cand['repository']}:{cand['tag']}" if cand else None, latest=False,
         genesis=None if cand else genesis, stacks=tuple(journal.new_stacks),
         batch_size=journal.batch_size, max_failures=journal.max_failures,
-        registry=args.registry, genesis_url=args.genesis_url, push_mirror=args.push_mirror,
-        save_dir=args.save_dir, no_prune=args.no_prune, dry=args.dry, yes=args.yes,
-        json=args.json,
-        rollback_to=journal.base_serial if not (cand or genesis) else None,  # a rollback's
-    )  # fmt: skip
+        rollback_to=journal.base_serial if not (cand or genesis) else None)  # a rollback's
 
 def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     """Finish the journal's plan: its outcomes stand, what was deploying is read from the hosts,

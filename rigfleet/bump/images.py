@@ -200,9 +200,8 @@ def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[s
     return removed
 
 
-def save_image(
-    remote: Remote, host: InventoryHost, candidate: Candidate, directory: Path, version: str
-) -> SavedArchive:
+def save_image(remote: Remote, host: InventoryHost, candidate: Candidate, directory: Path,
+               version: str) -> SavedArchive:
     """``docker save`` the candidate into ``directory`` here, with its JSON sidecar."""
     want = WantedImage(candidate.image, candidate.digest, None, ())
     return export_image(remote, host, want, directory, version)
