@@ -162,10 +162,10 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
     plan = journal.plan(pins)
     runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy=args.deploy)
     resume = resume_of(journal)
-    lost = {h: f for h, f in resume.in_flight.items() if h not in by_name}
     in_flight = {h: f for h, f in resume.in_flight.items() if h in by_name}
-    done = {**resume.done, **{h: HostOutcome(h, Status.LOST, None, None, "not in the "
-                                             "inventory any more") for h in lost}}
+    done = {**resume.done, **{h: HostOutcome(h, Status.LOST, None, None, "not in the inventory "
+                                             "any more") for h in resume.in_flight
+                              if h not in by_name}}
     journal.take_over()
     try:
         result = rollout(plan, runner, Path(pins.path), on_event=log, journal=journal,

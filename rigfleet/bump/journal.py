@@ -233,12 +233,9 @@ def load_journal(pins: Pins, catalog: Catalog | None = None) -> BumpJournal | No
         raise JournalError(f"{path}: top level: not JSON ({e}); allowed: a rigfleet bump "
                            "journal (remove it only if no bump is unfinished)") from None
     journal = _parse(path, data, pins, catalog)
-    if pins.serial == journal.base_serial:
-        journal.state = "open"
-    elif pins.history and pins.history[-1].get("bump_id") == journal.id:
-        journal.state = "finished"
-    else:
-        journal.state = "stale"
+    finished = bool(pins.history) and pins.history[-1].get("bump_id") == journal.id
+    journal.state = ("open" if pins.serial == journal.base_serial
+                     else "finished" if finished else "stale")
     return journal
 
 
