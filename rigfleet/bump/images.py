@@ -30,7 +30,7 @@ from rigfleet.inventory import InventoryHost, host_kind
 from rigfleet.registry import registry_of
 from rigfleet.ssh import Remote
 
-VERSION_CACHE_DIR = str(HOST.version_cache_dir)
+__all__ = ["ImageError", "VersionProbe", "prefetch", "prune", "read_version", "save_image"]
 
 
 class VersionError(RigfleetError, RuntimeError):
@@ -87,7 +87,7 @@ def probe_script(candidate: Candidate, pull: bool, caches: Sequence[str] = ()) -
         'echo "version=$v"',
     ]
     if pull:  # --dry changes nothing, not even the cache
-        lines.append(f"install -d -m 0755 {VERSION_CACHE_DIR} && printf '%s\\n' \"$v\" > {cache}")
+        lines.append(f"install -d -m 0755 {HOST.version_cache_dir} && printf '%s\\n' \"$v\" > {cache}")
     return "\n".join(lines) + "\n"
 
 
@@ -160,18 +160,9 @@ def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Cand
     return tuple(held)
 
 
-LIST_FORMAT = "{{.Repository}} {{.Tag}} {{.Digest}}"
-__all__ = ["ImageError", "VersionProbe", "prefetch", "prune", "read_version", "save_image"]
-
-
-def list_command(repository: str) -> str:
-    fmt = shlex.quote(LIST_FORMAT)
-    return f"docker image ls --digests --format {fmt} {shlex.quote(repository)}"
-
-
 def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
     """Every reference (by digest and by tag) of the repository's images whose digest is not in
-    ``keep``, from ``list_command``'s output; images with no registry digest stay. Pure."""
+    ``keep``, from ``docker image ls --digests`` lines; images with no registry digest stay. Pure."""
     keep_set = set(keep)
     out: list[str] = []
     for line in listing.splitlines():
@@ -187,7 +178,9 @@ def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
 
 
 def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[str]) -> list[str]:
-    rc, listing = remote.run(host, list_command(repository))
+    fmt = shlex.quote("{{.Repository}} {{.Tag}} {{.Digest}}")
+    rc, listing = remote.run(host, f"docker image ls --digests --format {fmt} "
+                                   f"{shlex.quote(repository)}")
     if rc != 0:
         return []
     refs = to_prune(listing, repository, keep)

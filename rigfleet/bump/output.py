@@ -26,9 +26,7 @@ from rigfleet.bump.rollout import BAD, RolloutResult, Status, StillRunning, outc
 from rigfleet.tables import Table
 
 console = Console(stderr=True, highlight=False)
-EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2, 3
-
-EXIT_INTERRUPTED = 130
+EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 # Why a host the bump leaves alone is skipped (its pins file entry keeps its old pins).
 OUTSIDE_LIMIT = "outside --limit"
