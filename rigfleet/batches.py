@@ -1,17 +1,15 @@
-"""How many serving hosts move at once: one policy for the rollout's batches (``rigfleet bump``,
-``roll``, ``rollback``), the deploy's maintenance admission (``roles.maintenance``; a roll
-tells it its batch size through ``RIGFLEET_MAINTENANCE_BATCH``) and the converge's swap slots
-behind a balancer (``roles.swap``, sized by ``rigfleet.balancer.plan.converge_batch``)::
+"""How many serving hosts move at once: one policy for the rollout's batches, the deploy's
+maintenance admission (``roles.maintenance``, told by ``RIGFLEET_MAINTENANCE_BATCH``) and the
+converge's swap slots (``roles.swap``)::
 
     in_batches(["a", "b", "c"], 2)         # [("a", "b"), ("c",)]
-    admit(["b", "c"], 2, moving=["a"])     # ["b"]: two move at once, "a" already does
+    admit(["b", "c"], 2, moving=["a"])     # ["b"]
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-# How many serving hosts one pyinfra run may disturb at once (roles.maintenance reads it).
 BATCH_ENV = "RIGFLEET_MAINTENANCE_BATCH"
 
 

@@ -48,7 +48,7 @@ def read_lock(remote: Any, host: Any) -> dict[str, Any] | None:
         hint = " (no host tool there: run the deploy first)" if "No such file" in out else ""
         raise RuntimeError(f"{host.name}: `rigfleet-host.pyz lock` exited {rc}{hint}: "
                            f"{out.strip()[-300:]}")
-    text = out.strip().splitlines()[-1] if out.strip() else ""
+    text = (out.strip().splitlines() or [""])[-1]
     try:
         data = json.loads(text)
     except ValueError:
@@ -58,7 +58,6 @@ def read_lock(remote: Any, host: Any) -> dict[str, Any] | None:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet lock`` (``rigfleet/cli.py`` calls this)."""
     from rigfleet.cliargs import host_command
 
     p = host_command(subparsers, "lock", "show a host's lock; release a stale one", __doc__)
@@ -116,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if rc != 0:
         console.print(f"[red]refused:[/red] {host.name}: {escape(out_text.strip()[-400:])}")
         return 1
-    said = out_text.strip().splitlines()[-1] if out_text.strip() else ""
+    said = (out_text.strip().splitlines() or [""])[-1]
     if args.json:
         print(json.dumps({**row, "released": True, "said": said}, indent=2))
     else:

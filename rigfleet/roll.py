@@ -1,28 +1,10 @@
-"""Roll the converge over the fleet so that serving hosts are disturbed one at a time.
+"""``rigfleet roll``: the converge over the fleet, serving hosts disturbed a batch at a time.
 
-A converge may disturb a serving host (a driver change installs and reboots, a daemon.json
-change restarts Docker): the deploy then runs those steps in the host's maintenance window
-(``roles.maintenance``: 503 + Retry-After from the first such step, the stack recreated and
-gated at its end), and a plain ``pyinfra`` run lets only one serving host do so at a time.
-``rigfleet roll`` runs the converge so that every host gets its turn: one pyinfra run per
-batch, as the bump does (``rigfleet.bump.rollout.PyinfraRunner``)::
+Bare hosts go first, together; then the serving ones ``--batch`` at a time, each run with
+``RIGFLEET_MAINTENANCE_BATCH=<batch>``, through the rollout engine
+(``rigfleet.bump.rollout.run_batches``, without a canary). docs/maintenance.md tells the rest::
 
-    rigfleet roll --inventory inventory/home.py              # serving hosts one at a time
-    rigfleet roll --inventory inventory/home.py --batch 2    # two at a time
-    rigfleet roll --inventory inventory/home.py --dry        # the batches, nothing runs
-
-Batches, in the inventory's order: first every bare host together (nothing serves there:
-nothing to protect, as fast as a plain run), then the serving hosts ``--batch`` at a time;
-each run gets ``RIGFLEET_MAINTENANCE_BATCH=<batch>``. A host unreachable or busy (a live
-holder of its lock) when its batch starts is skipped. After each batch every host of it is
-probed: ``converged`` (nothing was disturbed), ``maintained`` (its window closed: the stack
-was recreated and passed the gate), ``failed`` (the deploy failed it; the reason from its
-ledger or pyinfra) or ``lost``. The roll stops once ``--max-failures`` hosts failed (default
-1: a broken driver never reaches the next host); the rest is ``not attempted``.
-
-The decisions (``plan_batches``, ``classify``) are pure; the batches run through the rollout
-engine (``rigfleet.bump.rollout.run_batches``, the bump's, without a canary); unit tests drive
-it with a fake runner.
+    rigfleet roll --inventory inventory/home.py --batch 2 --dry
 """
 
 from __future__ import annotations
@@ -40,6 +22,7 @@ from rigfleet.bump.rollout import (
     Runner,
     Status,
     host_errors,
+    new_ledger_lines,
     run_batches,
 )
 from rigfleet.hostprobe import HostProbe
@@ -60,16 +43,10 @@ class RollPlan:
         return f"batch {i + 1}"
 
 
-# --- decisions (pure) ------------------------------------------------------------------------
-
-
 def plan_batches(order: Sequence[str], probes: Mapping[str, HostProbe | str],
                  batch: int) -> RollPlan:
-    """Bare hosts first, together; then the serving ones, ``batch`` at a time, in order.
-
-    + order: the inventory's host names, in order
-    + probes: each host's probe, or why it could not be probed (it is skipped)
-    """
+    """Bare hosts first, together; then the serving ones, ``batch`` at a time, in order;
+    a host whose probe is missing (or why it failed) or busy is skipped."""
     batch = batch_size(batch, "--batch")
     skipped: dict[str, str] = {}
     bare: list[str] = []
@@ -88,11 +65,6 @@ def plan_batches(order: Sequence[str], probes: Mapping[str, HostProbe | str],
     return RollPlan(tuple(batches), frozenset(serving), skipped)
 
 
-def _new_lines(before: HostProbe | None, after: HostProbe) -> list[dict[str, Any]]:
-    new = after.ledger_count - (before.ledger_count if before else 0)
-    return list(after.ledger_tail[-new:]) if new > 0 else []
-
-
 def classify(name: str, deploy: DeployResult, before: HostProbe | None,
              after: HostProbe | str, batch: int) -> HostOutcome:
     """One host's outcome after its batch (from its probe and pyinfra's result)."""
@@ -101,7 +73,7 @@ def classify(name: str, deploy: DeployResult, before: HostProbe | None,
         detail = f"unreachable after its run started ({after})"
         return HostOutcome(name, Status.LOST, batch, reason=detail + (
             f"; pyinfra: {errors[-1]}" if errors else ""), seconds=deploy.seconds)
-    lines = _new_lines(before, after)
+    lines = new_ledger_lines(before, after)
     windows = [x for x in lines if x.get("event") == "maintenance"
                and x.get("result") in ("closed", "failed")]
     last = windows[-1] if windows else None

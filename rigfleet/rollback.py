@@ -33,10 +33,7 @@ MOVES = ("bump", "rollback")  # history actions that record ``old``/``new`` stac
 
 
 class RollbackRefused(ValueError):
-    """The history cannot give the pins asked for; the message says why and what would do."""
-
-
-# --- the history (pure) -----------------------------------------------------------------------
+    """The history cannot give the pins asked for."""
 
 
 def _serial(entry: dict[str, Any]) -> int | None:
@@ -59,7 +56,7 @@ def _known(pins: Pins) -> list[StackPins]:
 
 
 def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
-    """A stack's pins from a history summary (``rigfleet.bump.record.stack_summary``)."""
+    """A stack's pins from a history summary (``rigfleet.bump.rollout.stack_summary``)."""
     if not isinstance(summary, dict) or not all(
             isinstance(summary.get(k), str) for k in ("image", "digest", "vllm_version")):
         raise RollbackRefused(f"{pins.path}: history: serial {serial}: old.{name}: "
@@ -86,10 +83,7 @@ def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
 
 
 def pins_at(pins: Pins, serial: int) -> dict[str, StackPins]:
-    """The fleet's stack pins as they were at ``serial``, rebuilt from the history.
-
-    Raises ``RollbackRefused`` for a serial the history cannot give (out of range, or an
-    entry after it that records no earlier pins)."""
+    """The fleet's stack pins as they were at ``serial``, rebuilt from the history."""
     entries = [e for e in pins.history if (_serial(e) or 0) > serial]
     first = min((_serial(e) or pins.serial for e in pins.history), default=pins.serial)
     if serial >= pins.serial or serial < first - 1 or serial < 1:
@@ -111,7 +105,6 @@ def pins_at(pins: Pins, serial: int) -> dict[str, StackPins]:
                 f"--to {s} or later")
         for name, summary in entry["old"].items():
             stacks[name] = _rebuild(replace(pins, stacks=stacks), name, summary, s or 0)
-    # Round-trip through the validator: never roll out pins the file would refuse.
     trial = replace(pins, stacks=stacks)
     parse_pins(yaml.safe_load(dump_pins(trial)), pins.path)
     return stacks
@@ -124,11 +117,7 @@ def changes(pins: Pins, target: dict[str, StackPins], hosts: list[str]) -> dict[
             or any(pins.for_host(h).stacks.get(name) != p for h in hosts)}
 
 
-# --- the command ------------------------------------------------------------------------------
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet rollback`` (``rigfleet/cli.py`` calls this)."""
     from rigfleet.cliargs import fleet_options
     from rigfleet.resources import PROJECT_ROOT
 
@@ -153,23 +142,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``rigfleet rollback``; the exit status (module docstring)."""
     from rigfleet.bump import output as bump
-    from rigfleet.bump.decide import Inputs, load_fleet
+    from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet
     from rigfleet.bump.execute import execute
     from rigfleet.bump.journal import load_journal
-    from rigfleet.bump.options import BumpOptions
     from rigfleet.bump.output import log
     from rigfleet.bump.plan import build_plan
     from rigfleet.cliargs import select
     from rigfleet.errors import RigfleetError
     from rigfleet.fleetview import reachability
-    from rigfleet.pins import load_pins
     from rigfleet.ssh import SshRemote
 
     try:
-        hosts, plan_hosts, path, first = load_fleet(args.inventory, args.deploy)
-        pins = load_pins(path, catalog=first.catalog)
+        hosts, plan_hosts, pins, first = load_fleet(args.inventory, args.deploy)
         picked = {h.name for h in select(hosts, args.limit, args.inventory)}
         journal = load_journal(pins, first.catalog)
     except (RigfleetError, ValueError, RuntimeError) as e:
@@ -221,7 +206,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def confirm() -> bool:
-    """Ask before rolling back; with no terminal, refuse naming ``--yes``."""
     from rigfleet.bump.output import console
 
     if not sys.stdin.isatty():

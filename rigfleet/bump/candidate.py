@@ -1,20 +1,10 @@
-"""The candidate image, from the registry's v2 API: its tag, manifest digest and build time.
+"""The candidate image, from the registry's v2 API: its tag, manifest digest and build time,
+and what ``--latest`` picks (docs/bump.md, step 1: releases by version order; nightlies only
+for a Genesis stack whose allowlist lists nothing else, by build time)::
 
-vLLM publishes release tags ``vllm/vllm-openai:vX.Y.Z`` (kept) and a ``nightly-<40-hex>`` tag
-per build (Docker Hub keeps only the 14 newest); moving tags (``nightly``, ``latest``) pin
-nothing. What ``--latest`` means depends on the stack:
-
-- a stack follows **releases** (``follows_nightlies`` is False): the newest ``vX.Y.Z`` tag above
-  the pinned version, ordered by version (``newest_release``), never by push time; a Genesis
-  stack only takes a release some Genesis commit (pinned or newer) lists;
-- a Genesis stack whose pinned Genesis allowlist names no release (only nightly builds) follows
-  **nightlies**: the newest ``nightly-<40-hex>`` by the image config's ``created`` time::
-
-    reg = ImageRegistry("https://registry-1.docker.io")
-    cand = find_candidate(reg, "vllm/vllm-openai", tag="v0.27.1")
-    cand.ref            # "vllm/vllm-openai:v0.27.1@sha256:..."
+    cand = find_candidate(ImageRegistry("https://registry-1.docker.io"), "vllm/vllm-openai",
+                          tag="v0.27.1")
     newest_release(reg.tags("vllm/vllm-openai"), above="0.27.1")    # "v0.32.0"
-    latest = find_candidate(reg, "vllm/vllm-openai", latest=True)   # the newest nightly
 """
 
 from __future__ import annotations
@@ -27,15 +17,12 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from rigfleet.errors import RigfleetError
-from rigfleet.registry import INDEX_TYPES, Registry, RegistryError, platform_manifest
+from rigfleet.registry import Registry, RegistryError
 from rigfleet.vllm_versions import NIGHTLY_TAG, RELEASE_TAG, is_release, version_key
-
-__all__ = ["INDEX_TYPES", "NIGHTLY_TAG", "RELEASE_TAG", "Candidate", "ImageRegistry",
-           "find_candidate", "is_release", "platform_manifest", "version_key"]
 
 
 class LatestError(RigfleetError, ValueError):
-    """``--latest`` cannot pick one candidate for the bumped stacks; the message says why."""
+    """``--latest`` cannot pick one candidate for the bumped stacks."""
 
 
 @dataclass(frozen=True)
@@ -54,23 +41,19 @@ class Candidate:
 
     @property
     def ref(self) -> str:
-        """``<repo>:<tag>@<digest>``: what hosts pull (the digest decides)."""
-        return f"{self.image}@{self.digest}"
+            return f"{self.image}@{self.digest}"
 
     @property
     def commit(self) -> str | None:
-        """The vLLM commit of a ``nightly-<sha>`` tag."""
         m = NIGHTLY_TAG.fullmatch(self.tag)
         return m.group("sha") if m else None
 
 
 class ImageRegistry(Registry):
-    """The registry client as the bump names it (``rigfleet.registry.Registry``; the mirror
-    copy extends it)."""
+    """The registry client (``rigfleet.registry.Registry``; the mirror copy extends it)."""
 
 
 def nightly_tags(tags: Iterable[str]) -> list[str]:
-    """Only the immutable per-commit nightly tags (``nightly-<40-hex>``), sorted."""
     return sorted(t for t in tags if NIGHTLY_TAG.fullmatch(t))
 
 
@@ -82,12 +65,8 @@ def release_tags(tags: Iterable[str]) -> list[str]:
 
 def newest_release(tags: Iterable[str], above: str,
                    allowed: Iterable[str] | None = None) -> str | None:
-    """The newest release tag whose version is above ``above`` (and in ``allowed``, when
-    given: a Genesis allowlist); None when there is none.
-
-    + tags: the repository's tags; above: the pinned version (``0.27.1``, a nightly's version)
-    + allowed: versions some Genesis commit lists (None: any release)
-    """
+    """The newest release tag above version ``above`` (and in ``allowed``, some Genesis
+    allowlist, when given), or None."""
     floor = version_key(above)
     ok = None if allowed is None else set(allowed)
     for tag in reversed(release_tags(tags)):
@@ -101,8 +80,8 @@ def newest_release(tags: Iterable[str], above: str,
 
 
 def follows_nightlies(uses_genesis: bool, allowlist: Iterable[str] | None) -> bool:
-    """A stack follows nightly builds only when its Genesis requires them: it uses Genesis and
-    the pinned Genesis' allowlist names no release version (all its entries are dev builds)."""
+    """A stack follows nightly builds only when it uses Genesis and the pinned Genesis'
+    allowlist names no release version."""
     if not uses_genesis or allowlist is None:
         return False
     return not any(is_release(v) for v in allowlist)
@@ -110,11 +89,7 @@ def follows_nightlies(uses_genesis: bool, allowlist: Iterable[str] | None) -> bo
 
 @dataclass(frozen=True)
 class LatestAsk:
-    """What ``--latest`` knows about one bumped stack (``choose_latest`` decides).
-
-    + pinned: the stack's pinned vLLM version; nightly: it follows nightlies
-    + target: for a release stack, ``newest_release`` for it (None: it is on the newest one)
-    """
+    """What ``--latest`` knows about one bumped stack; ``target``: its ``newest_release``."""
 
     pinned: str
     nightly: bool
@@ -133,12 +108,8 @@ class LatestChoice:
 
 
 def choose_latest(asks: Mapping[str, LatestAsk]) -> LatestChoice:
-    """One candidate for every bumped stack, or ``LatestError`` saying why not (pure).
-
-    Stacks that follow nightlies and stacks that follow releases need different candidates;
-    release stacks already on their newest release stay (``staying``); release stacks whose
-    newest releases differ (a Genesis allowlist stops one lower) need separate bumps.
-    """
+    """One candidate for every bumped stack, or ``LatestError`` (nightly and release stacks
+    mixed, or release stacks whose newest releases differ); stacks on their newest stay."""
     nightly = sorted(n for n, a in asks.items() if a.nightly)
     release = sorted(n for n, a in asks.items() if not a.nightly)
     if nightly and release:
@@ -165,26 +136,12 @@ def newest(candidates: Iterable[Candidate]) -> Candidate:
     dated = [c for c in candidates if c.created]
     if not dated:
         raise RegistryError("no nightly tag has a readable build time")
-    return max(dated, key=lambda c: (_normalise(c.created or ""), c.tag))
+    return max(dated, key=lambda c: ((c.created or "").replace("+00:00", "Z"), c.tag))
 
 
-def _normalise(created: str) -> str:
-    # "2026-05-12T14:00:00.123456789Z" and "...+00:00" compare correctly once both are "Z".
-    return created.replace("+00:00", "Z")
-
-
-def find_candidate(
-    reg: Registry, repository: str, tag: str | None = None, latest: bool = False
-) -> Candidate:
-    """Resolve ``--image TAG``, or the newest nightly (``latest``), to a ``Candidate``.
-
-    + reg: the registry (Docker Hub, or the testbed mirror)
-    + repository: ``vllm/vllm-openai``
-    + tag: the tag to bump to (``nightly-<40-hex>`` or a release tag such as ``v0.27.1``)
-    + latest: pick the newest ``nightly-<40-hex>`` (by build time) instead
-
-    Raises ``RegistryError`` naming the tag and registry when it cannot be found.
-    """
+def find_candidate(reg: Registry, repository: str, tag: str | None = None,
+                   latest: bool = False) -> Candidate:
+    """``tag``, or the newest nightly by build time (``latest``), as a ``Candidate``."""
     if latest:
         tags = nightly_tags(reg.tags(repository))
         if not tags:

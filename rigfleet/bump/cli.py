@@ -6,18 +6,12 @@
     rigfleet bump ... --batch-size 2 --max-failures 1 --save-dir /srv/images \
         --push-mirror registry.lan:5000
 
-Steps: resolve the candidate in the registry (tag -> digest; ``--latest``: the newest release
-tag ``vX.Y.Z`` above the pinned version, by version order; only a Genesis stack whose pinned
-Genesis allowlist lists nothing but nightly builds follows the newest nightly, by build
-time), check who is reachable, read the candidate's vLLM version on the canary, check
-it against Genesis' allowlist (or find a newer Genesis commit that lists it, else refuse
-before any host changes), print the plan, then roll out batch by batch through the deploy's
-swap gate, prune old images, keep a copy of the promoted one if asked, and write the pins
-file for what actually promoted.
-
-An interrupted bump (Ctrl-C, the control machine gone) leaves its journal beside the pins
-file (``rigfleet/bump/journal.py``, docs/bump.md): converges keep the hosts it promoted there,
-any later ``rigfleet bump`` finishes it, ``rigfleet bump --abandon`` records it and stops.
+Steps (docs/bump.md tells each): resolve the candidate in the registry, check who is
+reachable, read the candidate's vLLM version on the canary, check it against Genesis (or
+propose a newer Genesis commit, else refuse), print the plan, roll out batch by batch through
+the deploy's swap gate, prune old images, write the pins file for what promoted. An
+interrupted bump leaves its journal beside the pins file: any later ``rigfleet bump``
+finishes it, ``rigfleet bump --abandon`` records it and stops.
 
 Exit status: 0 every host promoted; 1 refused, or a host failed (canary, gate, lost);
 2 promoted on every reachable host but some were unreachable (the pins file records them on
@@ -44,6 +38,7 @@ from rich.markup import escape
 from rigfleet.bump.candidate import Candidate, ImageRegistry, find_candidate, parse_image_arg
 from rigfleet.bump.decide import (
     BumpError,
+    BumpOptions,
     ImageRefused,
     Inputs,
     bumped_stacks,
@@ -53,9 +48,9 @@ from rigfleet.bump.decide import (
     refuse_image_rules,
 )
 from rigfleet.bump.execute import execute
-from rigfleet.bump.finish import add_journal_arguments, run_journal
+from rigfleet.bump.finish import run_journal
 from rigfleet.bump.genesis import GenesisRefused, GenesisRepo
-from rigfleet.bump.options import BumpOptions
+from rigfleet.bump.images import VersionProbe, prefetch, read_version, remove_image
 from rigfleet.bump.output import (
     EXIT_ERROR,
     EXIT_FAILED,
@@ -69,8 +64,6 @@ from rigfleet.bump.output import (
 )
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.prefetch import prefetch
-from rigfleet.bump.version import VersionProbe, read_version, remove_image
 from rigfleet.check import Online, deploy_online, verify_pins
 from rigfleet.cliargs import UsageError, add_yes, fleet_options, select
 from rigfleet.errors import RigfleetError
@@ -82,7 +75,6 @@ from rigfleet.ssh import Remote, SshRemote
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet bump`` on the CLI's subparsers (``rigfleet/cli.py`` calls this)."""
     p = subparsers.add_parser(
         "bump", parents=[fleet_options(timeout=10.0, timeout_help="seconds per SSH connect")],
         help="roll a newer vLLM image / Genesis commit out, canary first, gated",
@@ -122,16 +114,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the deploy file (default: this checkout's deploy.py)")
     p.add_argument("--dry", action="store_true", help="print the plan; change nothing")
     add_yes(p, "roll out")
-    add_journal_arguments(p)
+    p.add_argument("--abandon", action="store_true",
+                   help="an unfinished bump's journal is beside the pins file: record what it "
+                        "promoted in the pins file (as it is now), roll nothing more out, "
+                        "remove the journal")
     p.set_defaults(func=run)
     return p
 
 
-# --- the command -----------------------------------------------------------------------------
-
-
 def run(args: argparse.Namespace) -> int:
-    """``rigfleet bump``; returns the exit status (see the module docstring)."""
     unfinished = run_journal(args)
     if unfinished is not None:
         return unfinished
@@ -166,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {e}")
         return EXIT_FAILED
 
+
 def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     pins = inputs.pins
     candidate: Candidate | None = None
@@ -197,16 +189,12 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     for name, reason in unreachable.items():
         if reason and name not in inputs.outside:
             log(f"[yellow]{name} is unreachable[/yellow] and will be skipped: {reason}")
-    by_name = {h.name: h for h in inputs.hosts}
 
     # The canary reads the candidate's version; a provisional plan picks it (the version
     # changes nothing in who goes first).
-    provisional = {
-        n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest,
-                   image_id=candidate.image_id)
-        if candidate else pins.stacks[n]
-        for n in names
-    }
+    provisional = {n: replace(pins.stacks[n], image=candidate.image, digest=candidate.digest,
+                              image_id=candidate.image_id) if candidate else pins.stacks[n]
+                   for n in names}
     draft = build_plan(inputs.plan_hosts, unreachable, pins, provisional, opts.batch_size,
                        opts.max_failures)  # fmt: skip
     probe = VersionProbe(None, "unknown")
@@ -217,7 +205,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         target = draft.canary or (reachable[0] if reachable else None)
         if target is None:
             raise BumpError("no host is reachable to read the candidate's vLLM version")
-        probe_host = by_name[target]
+        probe_host = next(h for h in inputs.hosts if h.name == target)
         if not opts.dry:  # the fleet caches fetch it once; the canary pulls from them
             caches = prefetch(remote, inputs.caches, candidate, log)
         log(f"{probe_host.name}: reading vllm.__version__ from the candidate"
@@ -245,12 +233,14 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         return EXIT_FAILED
     return execute(opts, inputs, remote, plan, candidate, probe.version or "", genesis)
 
+
 # How the plan's pins are asked of their sources (rigfleet/check.py; tests put None here).
 SOURCES: Callable[[], Online] | None = partial(deploy_online, images=True)
 
+
 def refuse_missing(inputs: Inputs, plan: Plan, run: Online) -> None:
-    """``rigfleet check``'s online checks of the plan's pins for every host: a pinned thing
-    its source no longer has refuses the bump before any host changes (unreachable: logged)."""
+    """Refuse a plan whose pins name something its source no longer has (``rigfleet check
+    --online``'s checks; a source not reached is a warning)."""
     new = replace(inputs.pins, stacks={**inputs.pins.stacks, **plan.new_stacks})
     refusals, warnings = verify_pins(inputs.hosts, new, run)
     for line in warnings:
@@ -259,8 +249,8 @@ def refuse_missing(inputs: Inputs, plan: Plan, run: Online) -> None:
         raise BumpError("\n".join(refusals) + "\nnothing changed; allowed: pins whose every "
                         "thing its source has (`rigfleet check --online`)")
 
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rigfleet.bump.cli ...``: the command without ``rigfleet/cli.py``."""
     parser = argparse.ArgumentParser(prog="rigfleet")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bump", *(sys.argv[1:] if argv is None else argv)])

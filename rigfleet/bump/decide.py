@@ -1,8 +1,7 @@
-"""What ``rigfleet bump`` decides before any host changes: its inputs, the bumped stacks, the
+"""What ``rigfleet bump`` decides before any host changes: its flags (``BumpOptions``) and
+inputs, the bumped stacks, the
 candidate (``--latest``), the Genesis commit to pair with it, the stack files' image rules, and
-the plan (``rigfleet.bump.cli`` asks, ``output`` prints, ``execute`` carries it out).
-
-Example::
+the plan::
 
     names = bumped_stacks(opts, inputs.pins, "vllm/vllm-openai")
     plan, genesis, probe = decide_plan(opts, inputs, inputs.pins, names, candidate, probe,
@@ -11,8 +10,10 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import argparse
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -34,11 +35,10 @@ from rigfleet.bump.genesis import (
     infer_version,
     refusal,
 )
-from rigfleet.bump.options import BumpOptions
+from rigfleet.bump.images import VersionProbe
 from rigfleet.bump.output import log
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan, PlanHost
-from rigfleet.bump.version import VersionProbe
 from rigfleet.catalog import Catalog
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
@@ -49,12 +49,51 @@ from rigfleet.pins import Pins, StackPins, dump_pins, load_pins, parse_pins
 from rigfleet.registry import DOCKER_HUB
 
 
+@dataclass(frozen=True)
+class BumpOptions:
+    """``rigfleet bump``'s flags (``rigfleet.bump.cli.add_parser``)."""
+
+    inventory: str
+    deploy: str
+    image: str | None = None
+    latest: bool = False
+    genesis: str | None = None
+    stacks: tuple[str, ...] = ()
+    batch_size: int = 1
+    max_failures: int = 1
+    registry: str | None = None
+    genesis_url: str | None = None
+    push_mirror: str | None = None
+    save_dir: Path | None = None
+    no_prune: bool = False
+    dry: bool = False
+    yes: bool = False
+    json: bool = False
+    rollback_to: int | None = None  # ``rigfleet rollback``: the earlier pins serial it goes to
+
+    def __post_init__(self) -> None:
+        if self.rollback_to is None and not (self.image or self.latest or self.genesis):
+            raise ValueError("give --image TAG, --latest or --genesis COMMIT")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size: {self.batch_size} is not allowed; allowed: 1 or "
+                             "more hosts per batch")
+        if self.max_failures < 1:
+            raise ValueError(f"--max-failures: {self.max_failures} is not allowed; allowed: 1 "
+                             "or more (the rollout stops at that many failed hosts)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **given: Any) -> BumpOptions:
+        """The flags of the same names, ``--stack`` as ``stacks``, and ``given``."""
+        same = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**{**same, "stacks": tuple(args.stack), **given})
+
+
 class BumpError(RigfleetError, RuntimeError):
-    """The bump cannot start (inputs); the message says what to fix."""
+    """The bump cannot start (inputs)."""
 
 
 class ImageRefused(RigfleetError, ValueError):
-    """A bumped stack's stack file does not allow the candidate; the message names the rule."""
+    """A bumped stack's stack file does not allow the candidate."""
 
 
 @dataclass
@@ -93,14 +132,12 @@ def new_stack_pins(catalog: Catalog, pins: Pins, names: list[str], candidate: Ca
     for name in names:
         p = pins.stacks[name]
         if candidate is not None:
-            # The candidate's own image id: the old one would fail the hosts' verification.
             p = replace(p, image=candidate.image, digest=candidate.digest,
                         image_id=candidate.image_id,
                         vllm_version=version or p.vllm_version)  # fmt: skip
         if name in genesis and p.genesis is not None:
             p = replace(p, genesis=genesis[name].pin(p.genesis.repo))
         out[name] = p
-    # Round-trip through the pins validator (tag vs version's +g<commit>, digest form, ...).
     trial = replace(pins, stacks={**pins.stacks, **out})
     parse_pins(yaml.safe_load(dump_pins(trial)), pins.path, catalog=catalog)
     return out
@@ -108,8 +145,8 @@ def new_stack_pins(catalog: Catalog, pins: Pins, names: list[str], candidate: Ca
 
 def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
                        version: str | None) -> None:
-    """Refuse a candidate a bumped stack's stack file does not allow (its ``image`` rule: tag
-    kind, vLLM version range), before any host changes; ``version`` None: the tag alone."""
+    """Refuse a candidate a bumped stack's ``image`` rule does not allow (``version`` None:
+    the tag alone)."""
     problems = [f"stacks.{n}: {candidate.image} {p} ({catalog.get(n).source}: image)"
                 for n in names for p in catalog.get(n).image.problems(candidate.tag, version)]
     if problems:
@@ -117,17 +154,11 @@ def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
                         "bumped stack's file allows (`--stack` picks the stacks)")
 
 
-def decide_plan(
-    opts: BumpOptions,
-    inputs: Inputs,
-    pins: Pins,
-    names: list[str],
-    candidate: Candidate | None,
-    probe: VersionProbe,
-    unreachable: dict[str, str | None],
-    provisional: dict[str, StackPins],
-    repos: dict[str, GenesisRepo] | None = None,
-) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
+def decide_plan(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
+                candidate: Candidate | None, probe: VersionProbe,
+                unreachable: dict[str, str | None], provisional: dict[str, StackPins],
+                repos: dict[str, GenesisRepo] | None = None
+                ) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
     """The Genesis pairs and the final plan (raises ``GenesisRefused``, ``PinsError``)."""
     repos = {} if repos is None else repos
     version = probe.version if candidate is not None else None
@@ -159,12 +190,7 @@ def decide_plan(
 def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: ImageRegistry,
                      repository: str,
                      repos: dict[str, GenesisRepo]) -> tuple[Candidate | None, list[str]]:
-    """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks.
-
-    A stack follows releases (the newest ``vX.Y.Z`` above its pinned version, by version; a
-    Genesis stack only one that its Genesis, pinned or newer, lists) unless it uses Genesis and
-    the pinned Genesis' allowlist lists no release: then the newest nightly (by build time).
-    """
+    """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks."""
     names = bumped_stacks(opts, pins, repository)
     log(f"registry {inputs.registry}: listing the tags of {repository}")
     tags = reg.tags(repository)
@@ -174,12 +200,9 @@ def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: ImageRe
         allowlist: tuple[str, ...] | None = None
         allowed: set[str] | None = None
         if p.genesis is not None:
-            repo = _repo(inputs, p.genesis.repo, repos)
-            pinned = repo.commit(repo.resolve(p.genesis.commit))
-            allowlist = pinned.allowlist
-            allowed = set(allowlist)
-            for sha in repo.newer(pinned.sha):
-                allowed |= set(repo.commit(sha).allowlist)
+            commits = list(_repo(inputs, p.genesis.repo, repos).lineage(p.genesis.commit))
+            allowlist = commits[0].allowlist
+            allowed = {v for c in commits for v in c.allowlist}
         nightly = follows_nightlies(p.genesis is not None, allowlist)
         target = None if nightly else newest_release(tags, p.vllm_version, allowed)
         asks[name] = LatestAsk(p.vllm_version, nightly, target)
@@ -208,9 +231,8 @@ def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRep
     return repos[url]
 
 
-def _infer_version(
-    inputs: Inputs, pins: Pins, names: list[str], commit: str, repos: dict[str, GenesisRepo]
-) -> str | None:
+def _infer_version(inputs: Inputs, pins: Pins, names: list[str], commit: str,
+                   repos: dict[str, GenesisRepo]) -> str | None:
     stacks = _genesis_stacks(pins, names)
     for name in stacks:
         g = pins.stacks[name].genesis
@@ -221,9 +243,7 @@ def _infer_version(
     if stacks:  # a nightly's version always names its commit: nothing lists this one
         g = pins.stacks[stacks[0]].genesis
         assert g is not None
-        repo = _repo(inputs, g.repo, repos)
-        checked = [repo.commit(repo.resolve(g.commit))]
-        checked += [repo.commit(sha) for sha in repo.newer(checked[0].sha)]
+        checked = list(_repo(inputs, g.repo, repos).lineage(g.commit))
         raise GenesisRefused(refusal(f"<any build of {commit[:9]}> (not pulled in --dry)",
                                      checked))  # fmt: skip
     return None
@@ -256,8 +276,7 @@ def _genesis_choices(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[
 
 
 def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str, StackUse]:
-    """The stack's Genesis use per its stack file (key ``""``) and on each host whose
-    ``extra_env`` adds to it, with the chosen commit's switch set."""
+    """The stack's Genesis use per its stack file (key ``""``) and per host that adds to it."""
     spec = inputs.catalog.get(stack)
     layout = choice.layout or "v7"
     try:
@@ -272,11 +291,9 @@ def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str
 
 
 def load_fleet(inventory: str, deploy: str, every: list[InventoryHost] | None = None) -> \
-        tuple[list[InventoryHost], list[PlanHost], str, HostSettings]:
-    """Inventory hosts, their plan view, the one pins file they share, the first's settings.
-
-    + every: the inventory's hosts when the caller loaded it already
-    """
+        tuple[list[InventoryHost], list[PlanHost], Pins, HostSettings]:
+    """Inventory hosts, their plan view, the one pins file they share (loaded), the first's
+    settings (``every``: the inventory's hosts, when loaded already)."""
     hosts = gpu_hosts(every if every is not None else load_inventory(inventory))
     if not hosts:
         raise BumpError(f"{inventory}: no GPU hosts")
@@ -293,13 +310,13 @@ def load_fleet(inventory: str, deploy: str, every: list[InventoryHost] | None = 
         listed = "; ".join(f"{p}: {', '.join(n)}" for p, n in paths.items())
         raise BumpError(f"hosts name different pins files ({listed}); bump one fleet at a time")
     assert first is not None
-    return hosts, plan_hosts, next(iter(paths)), first
+    return hosts, plan_hosts, load_pins(next(iter(paths)), catalog=first.catalog), first
+
 
 def load_inputs(opts: BumpOptions) -> Inputs:
     """Inventory, every host's data, the one pins file they share."""
     every = load_inventory(opts.inventory)
-    hosts, plan_hosts, path, first = load_fleet(opts.inventory, opts.deploy, every)
-    pins = load_pins(path, catalog=first.catalog)
+    hosts, plan_hosts, pins, first = load_fleet(opts.inventory, opts.deploy, every)
     registry = opts.registry or first.bump.registry or DOCKER_HUB
     genesis_url = opts.genesis_url or first.bump.genesis_url
     mirror = opts.push_mirror or first.bump.mirror

@@ -1,7 +1,6 @@
 """Carry a bump's plan out and record it: the candidate pins file, the rollout (journalled),
 the images kept and pruned, the pins file written for what promoted, rolled-back hosts
-converged once more, the summary. ``rigfleet bump``, its resume and ``rigfleet rollback``
-call ``execute``::
+converged once more, the summary (``rigfleet bump``, its resume, ``rigfleet rollback``)::
 
     rc = execute(opts, inputs, SshRemote(), plan, candidate, "0.21.0", genesis)
 """
@@ -19,17 +18,24 @@ from typing import Any
 
 from rigfleet.bump import images
 from rigfleet.bump.candidate import Candidate
-from rigfleet.bump.decide import Inputs
+from rigfleet.bump.decide import BumpOptions, Inputs
 from rigfleet.bump.genesis import GenesisChoice
-from rigfleet.bump.journal import BumpJournal
+from rigfleet.bump.journal import BumpJournal, now_iso
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
-from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.output import by, console, exit_status, interrupted, log, print_result
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.record import outcome_of, pins_after
-from rigfleet.bump.resume import end_journal, resume_of, start_journal
-from rigfleet.bump.rollout import PyinfraRunner, RolloutResult, Status, StillRunning, rollout
-from rigfleet.bump.version import remove_image
+from rigfleet.bump.rollout import (
+    HostOutcome,
+    PyinfraRunner,
+    Resume,
+    RolloutResult,
+    Status,
+    StillRunning,
+    outcome_of,
+    pins_after,
+    probe_of_record,
+    rollout,
+)
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins, PinsError, dump_pins, save_pins
 from rigfleet.registry import RegistryError
@@ -47,12 +53,15 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     real = Path(plan.pins.path)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = REPO_ROOT / "reports" / "bumps" / stamp
-    journal = journal or start_journal(plan, candidate, version, f"{stamp}-{os.getpid()}")
+    if journal is None:
+        cand = None if candidate is None else {
+            "repository": candidate.repository, "tag": candidate.tag,
+            "digest": candidate.digest, "created": candidate.created}  # fmt: skip
+        journal = BumpJournal.start(plan, f"{stamp}-{os.getpid()}", by(), cand, version)
+        log(f"journal {journal.path} (kept until the pins file records this bump)")
     cand_path = real.with_name(f".{real.name}.bump-{os.getpid()}.yaml")
-    cand_path.write_text(
-        "# Candidate pins of a running `rigfleet bump`; removed when it ends.\n"
-        + dump_pins(plan.candidate_pins(str(cand_path)))
-    )
+    cand_path.write_text("# Candidate pins of a running `rigfleet bump`; removed when it ends.\n"
+                         + dump_pins(plan.candidate_pins(str(cand_path))))
     by_name = {h.name: h for h in inputs.hosts}
     runner = PyinfraRunner(opts.inventory, by_name, remote, deploy=opts.deploy,
                            cwd=Path(opts.deploy).resolve().parent, log_dir=log_dir)  # fmt: skip
@@ -77,20 +86,34 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     end_journal(journal, result, saved_pins)
     restore(runner, result, Path(plan.pins.path))
     print_result(result, log_dir)
-    summary = {
-        "outcome": outcome_of(result),
-        "stopped": result.stopped,
-        "seconds": round(result.seconds, 1),
-        "pins_file": plan.pins.path,
-        "pins_serial": saved_pins.serial if saved_pins else plan.pins.serial,
-        "hosts": {h: o.summary() for h, o in result.outcomes.items()},
-        **extra,
-    }
+    summary = {"outcome": outcome_of(result), "stopped": result.stopped,
+               "seconds": round(result.seconds, 1), "pins_file": plan.pins.path,
+               "pins_serial": saved_pins.serial if saved_pins else plan.pins.serial,
+               "hosts": {h: o.summary() for h, o in result.outcomes.items()}, **extra}
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if opts.json:
         print(json.dumps(summary, indent=2))
     return exit_status(result)
+
+
+def resume_of(journal: BumpJournal) -> Resume:
+    before = (journal.deploying or {}).get("before") or {}
+    return Resume(
+        done={h: HostOutcome.from_record(h, o) for h, o in journal.outcomes.items()},
+        in_flight={h: probe_of_record(before.get(h)) for h in journal.in_flight},
+    )
+
+
+def end_journal(journal: BumpJournal, result: RolloutResult, saved: Pins | None) -> None:
+    """Remove the journal once the pins file records the bump (or nothing promoted)."""
+    if saved is None and outcome_of(result) != "failed":
+        log(f"[yellow]kept {journal.path}[/yellow]: the pins file does not record this bump, "
+             "so converges keep reading the journal (or refuse, now that the pins file moved "
+             "on); merge the result, then `rigfleet bump --abandon` records it")  # fmt: skip
+        return
+    journal.remove()
+
 
 def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryHost], plan: Plan,
                 result: RolloutResult, candidate: Candidate | None, version: str, registry: str,
@@ -117,7 +140,7 @@ def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryH
         for o in result.by_status(Status.FAILED):
             if o.runs_new is False:
                 with contextlib.suppress(HostUnreachable):
-                    remove_image(remote, by_name[o.host], candidate)
+                    images.remove_image(remote, by_name[o.host], candidate)
     source = plan.canary if plan.canary in promoted else (promoted[0] if promoted else None)
     if source is None:  # nothing promoted: nothing worth keeping
         return extra
@@ -141,14 +164,10 @@ def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryH
             extra["mirror"] = {"error": str(e)}
     return extra
 
-def restore(runner: PyinfraRunner, result: RolloutResult, pins_file: Path) -> None:
-    """Converge hosts that rolled back on the pins file as now saved.
 
-    The swap rolls the serving stack back, but the deploy had already moved the rest of the
-    host to the candidate pins (the Genesis checkout, the other stack's compose file); one more
-    converge on the file (which says these hosts run their old pins) puts those back too. Their
-    serving stack is already what the file says, so no swap runs.
-    """
+def restore(runner: PyinfraRunner, result: RolloutResult, pins_file: Path) -> None:
+    """Converge hosts that rolled back on the pins file as now saved: the deploy had moved the
+    rest of the host (Genesis checkout, other compose files) to the candidate pins."""
     hosts = [o.host for o in result.by_status(Status.FAILED) if o.runs_new is False]
     if not hosts:
         return
@@ -161,17 +180,16 @@ def restore(runner: PyinfraRunner, result: RolloutResult, pins_file: Path) -> No
         log(f"[yellow]warning:[/yellow] re-converge failed on {bad}; run the deploy for them "
              "(they still serve their old pins)")  # fmt: skip
 
+
 def record_pins(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pins | None:
-    when = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    new, entry = pins_after(plan, result, when, by(), extra)
+    new, entry = pins_after(plan, result, now_iso(), by(), extra)
     if new is None:
         log(f"pins file unchanged: {plan.pins.path}")
         return None
     try:
         saved = save_pins(new, entry)
     except PinsError as e:
-        # Someone saved the file while the rollout ran: never overwrite their change. Keep
-        # what this bump would have written next to it, for a person to merge.
+        # Saved by someone else during the rollout: this result goes beside it, to merge.
         aside = Path(plan.pins.path).with_name(Path(plan.pins.path).name + ".bump-result.yaml")
         aside.write_text(dump_pins(replace(new, history=[*new.history, entry or {}])))
         log(f"[red]pins file not saved[/red]: {e}\n  this bump's result is in {aside}; the "

@@ -13,10 +13,9 @@ import socket
 from pathlib import Path
 
 from rigfleet.bump.candidate import Candidate, parse_image_arg
-from rigfleet.bump.decide import load_fleet, load_inputs
-from rigfleet.bump.execute import execute, record_pins
+from rigfleet.bump.decide import BumpOptions, load_fleet, load_inputs
+from rigfleet.bump.execute import end_journal, execute, record_pins, resume_of
 from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
-from rigfleet.bump.options import BumpOptions
 from rigfleet.bump.output import (
     EXIT_ERROR,
     EXIT_FAILED,
@@ -28,21 +27,20 @@ from rigfleet.bump.output import (
     log,
     print_journal,
 )
-from rigfleet.bump.record import outcome_of
-from rigfleet.bump.resume import end_journal, resume_of
-from rigfleet.bump.rollout import HostOutcome, PyinfraRunner, Resume, Status, StillRunning, rollout
+from rigfleet.bump.rollout import (
+    HostOutcome,
+    PyinfraRunner,
+    Resume,
+    Status,
+    StillRunning,
+    outcome_of,
+    rollout,
+)
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost
-from rigfleet.pins import Pins, load_pins
+from rigfleet.pins import Pins
 from rigfleet.ssh import SshRemote
 
-
-def add_journal_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags about an unfinished bump (``add_parser`` calls this)."""
-    p.add_argument("--abandon", action="store_true",
-                   help="an unfinished bump's journal is beside the pins file: record what it "
-                        "promoted in the pins file (as it is now), roll nothing more out, "
-                        "remove the journal")
 
 def run_journal(args: argparse.Namespace) -> int | None:
     """An unfinished bump beside the pins file: finish it (any ``rigfleet bump`` does, unless it
@@ -50,8 +48,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
     when there is none (a finished bump's left-over journal is removed first)."""
     abandon = bool(getattr(args, "abandon", False))
     try:
-        hosts, _, path, first = load_fleet(args.inventory, args.deploy)
-        pins = load_pins(path, catalog=first.catalog)
+        hosts, _, pins, first = load_fleet(args.inventory, args.deploy)
         journal = load_journal(pins, first.catalog)
     except (RigfleetError, ValueError, RuntimeError) as e:
         if not abandon:
@@ -64,7 +61,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
             log(f"removed {journal.path}: {journal.id} had finished (pins serial {pins.serial})")
         if abandon:
             console.print(f"[red]error:[/red] --abandon: no unfinished bump "
-                          f"({journal_path(path)} does not exist)")
+                          f"({journal_path(pins.path)} does not exist)")
             return EXIT_ERROR
         return None
     pid = journal.owner.get("pid")
@@ -89,6 +86,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
         return EXIT_FAILED
     return _resume(args, journal)
 
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -97,6 +95,7 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
 
 def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
     """Why the command line asks for another bump than the journal's, or None."""
@@ -120,16 +119,11 @@ def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
 def _resume_options(args: argparse.Namespace, journal: BumpJournal) -> BumpOptions:
     cand = journal.candidate
     genesis = next((p.genesis.commit for p in journal.new_stacks.values() if p.genesis), None)
-    return BumpOptions(
-        inventory=args.inventory, deploy=args.deploy,
-        image=f"{cand['repository']}:{cand['tag']}" if cand else None,
+    return BumpOptions.from_args(
+        args, image=f"{cand['repository']}:{cand['tag']}" if cand else None, latest=False,
         genesis=None if cand else genesis, stacks=tuple(journal.new_stacks),
         batch_size=journal.batch_size, max_failures=journal.max_failures,
-        registry=args.registry, genesis_url=args.genesis_url, push_mirror=args.push_mirror,
-        save_dir=args.save_dir, no_prune=args.no_prune, dry=args.dry, yes=args.yes,
-        json=args.json,
-        rollback_to=journal.base_serial if not (cand or genesis) else None,  # a rollback's
-    )  # fmt: skip
+        rollback_to=journal.base_serial if not (cand or genesis) else None)  # a rollback's
 
 def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     """Finish the journal's plan: its outcomes stand, what was deploying is read from the hosts,
@@ -168,10 +162,10 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
     plan = journal.plan(pins)
     runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy=args.deploy)
     resume = resume_of(journal)
-    lost = {h: f for h, f in resume.in_flight.items() if h not in by_name}
     in_flight = {h: f for h, f in resume.in_flight.items() if h in by_name}
-    done = {**resume.done, **{h: HostOutcome(h, Status.LOST, None, None, "not in the "
-                                             "inventory any more") for h in lost}}
+    done = {**resume.done, **{h: HostOutcome(h, Status.LOST, None, None, "not in the inventory "
+                                             "any more") for h in resume.in_flight
+                              if h not in by_name}}
     journal.take_over()
     try:
         result = rollout(plan, runner, Path(pins.path), on_event=log, journal=journal,

@@ -1,25 +1,12 @@
-"""Genesis on the control side: a mirror of the repository, what each commit is (layout,
-version, allowlist, registry), the commit to pair with a candidate vLLM, and what
-``rigfleet pins lock`` records.
-
-Genesis patches refuse (strict) or warn about a vLLM whose full ``__version__`` is on none of
-its allowlists (``KNOWN_GOOD_VLLM_PINS``, and in v12 ``PROMOTION_PENDING_VLLM_PINS``); the
-1acd67a79 episode showed that an unlisted vLLM with Genesis can die at boot. The bump therefore
-checks the candidate's version before any host changes: at the pinned commit first, then at
-each newer commit (by commit date, newest first) that any branch or tag reaches, and proposes
-the first that lists it. Not only ``main``: Genesis rewrote ``main`` with no common history
-with ``dev`` (where v7.72.2 lives), and v12.1.0 is a tag. Commits are labelled by their release
-tag when one points at them (``66e37841a18f (v12.1.0)``), else by a ``release(vX)`` subject.
-
-The repository is cloned once into a control-side cache (``git clone --mirror``) and fetched
-on each use; files are read with ``git show <commit>:<path>`` and parsed by the same module the
-hosts run (``rigfleet/genesis_inspect.py``), never imported from the tree::
+"""Genesis on the control side: a mirror of the repository (``git clone --mirror`` in a cache),
+what each commit is (layout, version, allowlist, registry, read with the hosts' own
+``rigfleet/genesis_inspect.py``), the commit to pair with a candidate vLLM, and what
+``rigfleet pins lock`` records. docs/genesis.md tells the rules::
 
     repo = GenesisRepo("https://github.com/Sandermage/sndr_core_engine.git")
     repo.sync()
     choice = choose_genesis(repo, pinned="7b9fd319...", version="0.21.0")
     choice.commit, choice.label, choice.proposed   # ("66e37841...", "66e37841a18f (v12.1.0)", True)
-    repo.report(choice.commit).switches["P67_TQ_MULTI_QUERY_KERNEL"]
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ import hashlib
 import os
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -81,8 +68,7 @@ class GitSource:
 
 @dataclass(frozen=True)
 class GenesisCommit:
-    """One commit: its label, when it was made, and what its tree is (a light report: layout,
-    version, allowlists; no registry)."""
+    """One commit: its label, date and light tree report (no registry)."""
 
     sha: str
     subject: str
@@ -92,18 +78,12 @@ class GenesisCommit:
 
     @property
     def allowlist(self) -> tuple[str, ...]:
-        """Every vLLM version the commit's Genesis accepts (both lists)."""
         return self.tree.allowed
 
 
 class GenesisRepo:
-    """A control-side mirror of the Genesis repository.
-
-    + url: the repository as pinned (``stacks.<s>.genesis.repo``)
-    + fetch_url: where the control machine reaches it, when that differs (a mirror, or the
-      testbed's published port); default ``url``
-    + cache_dir: where mirrors live (``~/.cache/rigfleet/genesis``)
-    """
+    """A control-side mirror of the Genesis repository ``url`` (as pinned), fetched from
+    ``fetch_url`` when this machine reaches it elsewhere."""
 
     def __init__(self, url: str, fetch_url: str | None = None, cache_dir: Path | None = None):
         self.url = url
@@ -115,22 +95,13 @@ class GenesisRepo:
         self._commits: dict[str, GenesisCommit] = {}
 
     def git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """``git --git-dir <mirror> <args>``; raises ``GenesisError`` when it fails and
-        ``check``."""
-        env = {
-            **os.environ,
-            "GIT_TERMINAL_PROMPT": "0",
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "LC_ALL": "C",
-        }
-        proc = subprocess.run(
-            ["git", "--git-dir", str(self.path), *args],
-            capture_output=True, text=True, env=env, timeout=600, check=False,
-        )  # fmt: skip
+        """``git --git-dir <mirror> <args>``; ``GenesisError`` when it fails and ``check``."""
+        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
+        proc = subprocess.run(["git", "--git-dir", str(self.path), *args], capture_output=True,
+                              text=True, env=env, timeout=600, check=False)
         if check and proc.returncode != 0:
             raise GenesisError(
-                f"git {' '.join(args)} ({self.fetch_url}): {proc.stderr.strip()[-500:]}"
-            )
+                f"git {' '.join(args)} ({self.fetch_url}): {proc.stderr.strip()[-500:]}")
         return proc
 
     def sync(self) -> None:
@@ -140,12 +111,10 @@ class GenesisRepo:
             proc = subprocess.run(
                 ["git", "clone", "--quiet", "--mirror", self.fetch_url, str(self.path)],
                 capture_output=True, text=True, timeout=600, check=False,
-                env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
-            )  # fmt: skip
+                env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
             if proc.returncode != 0:
                 raise GenesisError(
-                    f"cannot clone Genesis from {self.fetch_url}: {proc.stderr.strip()[-500:]}"
-                )
+                    f"cannot clone Genesis from {self.fetch_url}: {proc.stderr.strip()[-500:]}")
         else:
             self.git("fetch", "--quiet", "--prune", "origin")
         self.__dict__.pop("tags", None)
@@ -165,21 +134,14 @@ class GenesisRepo:
         out = self.git("for-each-ref", "refs/tags",
                        "--format=%(objectname) %(*objectname) %(refname:short)").stdout
         found: dict[str, list[str]] = {}
-        for line in out.splitlines():
-            parts = line.split()
-            if len(parts) == 3:
-                sha, peeled, name = parts
-            elif len(parts) == 2:
-                (sha, name), peeled = parts, ""
-            else:
-                continue
-            found.setdefault(peeled or sha, []).append(name)
+        for parts in (line.split() for line in out.splitlines()):
+            if len(parts) in (2, 3):  # <sha> [<peeled commit of an annotated tag>] <name>
+                found.setdefault(parts[-2], []).append(parts[-1])
         return {sha: tuple(sorted(names, key=lambda n: (not _VERSION_TAG.fullmatch(n), n)))
                 for sha, names in found.items()}  # fmt: skip
 
     def release(self, sha: str, subject: str) -> str | None:
-        """The release ``sha`` is: a version tag pointing at it, else a ``release(vX)``
-        subject (Genesis v7.x tagged no releases)."""
+        """A version tag pointing at ``sha``, else a ``release(vX)`` subject (v7.x had no tags)."""
         tag = next((t for t in self.tags.get(sha, ()) if _VERSION_TAG.fullmatch(t)), None)
         if tag:
             return tag
@@ -187,7 +149,6 @@ class GenesisRepo:
         return m.group("version") if m else None
 
     def commit(self, sha: str) -> GenesisCommit:
-        """The commit's subject, date, label and light tree report."""
         if sha not in self._commits:
             line = self.git("log", "-1", "--format=%ct %s", sha).stdout.strip()
             date, _, subject = line.partition(" ")
@@ -206,9 +167,7 @@ class GenesisRepo:
         return self._reports[sha]
 
     def entries(self, sha: str) -> list[PatchEntry]:
-        """The registry entries of ``sha`` (category, lifecycle, applies_to), for the
-        correctness-patch rule; empty when the tree has no layout rigfleet knows (the pairing
-        check says why)."""
+        """The registry entries of ``sha`` (empty for a layout rigfleet does not know)."""
         layout = self.report(sha).layout
         if layout is None:
             return []
@@ -218,9 +177,8 @@ class GenesisRepo:
             raise GenesisError(f"Genesis {self.url} {sha[:12]}: {e}") from None
 
     def version(self, sha: str) -> str | None:
-        """What ``rigfleet pins lock`` records as the Genesis version of ``sha``: its release
-        (see ``release``), else ``git describe`` from the nearest tag, else what the tree
-        declares (None when nothing says)."""
+        """The Genesis version of ``sha``: its release, else ``git describe``, else what the
+        tree declares."""
         c = self.commit(sha)
         release = self.release(sha, c.subject)
         if release:
@@ -239,18 +197,17 @@ class GenesisRepo:
                  if h and h != sha]  # fmt: skip
         return [h for d, h in sorted(dated, key=lambda x: (-x[0], x[1])) if d > since]
 
+    def lineage(self, ref: str) -> Iterator[GenesisCommit]:
+        """The commit ``ref`` names, then the ``newer`` ones (read as they are asked for)."""
+        base = self.commit(self.resolve(ref))
+        yield base
+        yield from (self.commit(sha) for sha in self.newer(base.sha))
+
 
 @dataclass(frozen=True)
 class GenesisChoice:
-    """The Genesis commit to pair with the candidate vLLM.
-
-    + commit: the full sha to pin; label: ``66e37841a18f (v12.1.0)``
-    + proposed: True when it is newer than the pin (a Genesis bump comes with the image)
-    + allowlist: what it accepts (both lists)
-    + rollback_safe: the chosen commit also allows the vLLM the fleet runs now; when False, a
-      host that rolls back runs the old image against the new Genesis checkout
-    + layout, version: what the pins record for it
-    """
+    """The Genesis commit to pair with the candidate vLLM; ``proposed``: newer than the pin;
+    ``rollback_safe``: it also lists the vLLM the fleet runs now."""
 
     commit: str
     label: str
@@ -262,53 +219,36 @@ class GenesisChoice:
     version: str | None = None
 
     def pin(self, repo: str) -> GenesisPin:
-        """The pin of the chosen commit."""
         return GenesisPin(repo, self.commit, layout=self.layout or "v7", version=self.version)
 
 
-def choose_genesis(
-    repo: GenesisRepo,
-    pinned: str,
-    version: str,
-    current_version: str | None = None,
-    explicit: str | None = None,
-) -> GenesisChoice:
-    """Pick the Genesis commit for vLLM ``version``; raises ``GenesisRefused`` when none fits.
-
-    + repo: a synced ``GenesisRepo``
-    + pinned: the Genesis commit in the pins now
-    + version: the candidate image's ``vllm.__version__``
-    + current_version: the version the fleet runs now (rollback safety is reported)
-    + explicit: ``--genesis COMMIT``: only that commit is considered
-    """
+def choose_genesis(repo: GenesisRepo, pinned: str, version: str,
+                   current_version: str | None = None, explicit: str | None = None
+                   ) -> GenesisChoice:
+    """The Genesis commit for vLLM ``version``: the pin, else the newest-first newer commit that
+    lists it (``explicit``: only that one); ``GenesisRefused`` when none fits."""
     if explicit is not None:
         sha = repo.resolve(explicit)
         c = repo.commit(sha)
         if not c.tree.lists(version):
             raise GenesisRefused(refusal(version, [c], explicit=True))
         return _choice(repo, c, sha != pinned, current_version)
-    base = repo.commit(repo.resolve(pinned))
-    if base.tree.lists(version):
-        return _choice(repo, base, False, current_version)
-    checked = [base]
-    for sha in repo.newer(base.sha):
-        c = repo.commit(sha)
+    checked: list[GenesisCommit] = []
+    for c in repo.lineage(pinned):
         checked.append(c)
         if c.tree.lists(version):
-            return _choice(repo, c, True, current_version, checked=len(checked))
+            return _choice(repo, c, len(checked) > 1, current_version, checked=len(checked))
     raise GenesisRefused(refusal(version, checked))
 
 
-def _choice(
-    repo: GenesisRepo, c: GenesisCommit, proposed: bool, current: str | None, checked: int = 1
-) -> GenesisChoice:
+def _choice(repo: GenesisRepo, c: GenesisCommit, proposed: bool, current: str | None,
+            checked: int = 1) -> GenesisChoice:
     safe = current is None or c.tree.lists(current)
     return GenesisChoice(c.sha, c.label, proposed, c.allowlist, safe, checked,
                          layout=c.tree.layout, version=repo.version(c.sha))  # fmt: skip
 
 
 def refusal(version: str, checked: list[GenesisCommit], *, explicit: bool = False) -> str:
-    """The refusal text: the candidate vLLM, the Genesis pin and what it allows, what was tried."""
     first = checked[0]
     lines = [allowlist_problem(first.tree, version, label=first.label)
              or f"vLLM {version}: Genesis {first.label}"]  # fmt: skip
@@ -322,10 +262,9 @@ def refusal(version: str, checked: list[GenesisCommit], *, explicit: bool = Fals
                      f"{len(newer)}, newest first: {shown})")  # fmt: skip
     else:
         lines.append("and no newer Genesis commit exists on any branch or tag")
-    lines.append(
-        "refusing before any host changes: pick an image Genesis lists, wait for a Genesis "
-        "release that validates this vLLM, or bump only the stacks without Genesis (--stack)"
-    )
+    lines.append("refusing before any host changes: pick an image Genesis lists, wait for a "
+                 "Genesis release that validates this vLLM, or bump only the stacks without "
+                 "Genesis (--stack)")
     return "; ".join(lines)
 
 
@@ -336,33 +275,21 @@ def names_commit(version: str, commit: str) -> bool:
 
 
 def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
-    """The allowlisted version that names vLLM ``commit`` (at the pin or a newer commit).
-
-    ``--dry`` does not pull the candidate, so its ``vllm.__version__`` is unknown; but every
-    nightly version carries its commit (``+g<abbrev>``), so an allowlist entry naming the
-    tag's commit tells what it will report, and no such entry means Genesis refuses it.
-    """
-    for sha in (repo.resolve(pinned), *repo.newer(repo.resolve(pinned))):
-        for version in repo.commit(sha).allowlist:
+    """The allowlisted version (at the pin or a newer commit) that names vLLM ``commit``: what
+    a nightly not pulled (``--dry``) will report."""
+    for c in repo.lineage(pinned):
+        for version in c.allowlist:
             if names_commit(version, commit):
                 return version
     return None
 
 
-def check_switches(
-    repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackUse], *, stack: str,
-    spec: StackSpec | None = None, vllm_version: str | None = None,
-) -> None:
-    """Refuse (``GenesisRefused``) when Genesis ``pin`` does not know, or has retired, a switch
-    the stack sets to 1 in any of ``uses``, or lacks a patch it needs: the bump's check of the
-    chosen commit, before any host changes.
-
-    + uses: ``""`` -> the stack file's use, and host name -> the use on a host whose
-      ``extra_env`` adds to it (its messages are prefixed with the host)
-    + spec, vllm_version: the stack file and the candidate's vLLM: every Genesis correctness
-      patch that concerns them must be decided (``rigfleet.genesis_decisions``), so a bump that
-      moves vLLM or Genesis asks again for what came into scope
-    """
+def check_switches(repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackUse], *,
+                   stack: str, spec: StackSpec | None = None,
+                   vllm_version: str | None = None) -> None:
+    """``GenesisRefused`` when ``pin`` does not know (or retired) a switch one of ``uses`` (key
+    ``""``: the stack file; else a host) sets, or leaves a correctness patch of ``spec`` and
+    ``vllm_version`` undecided (``rigfleet.genesis_decisions``)."""
     report = repo.report(pin.commit)
     problems: list[str] = []
     seen: set[str] = set()
@@ -379,25 +306,11 @@ def check_switches(
         raise GenesisRefused("; ".join(problems) + "; refusing before any host changes")
 
 
-# --- rigfleet pins lock ------------------------------------------------------------------------
-
-
-def lock_genesis(
-    pins: Pins,
-    catalog: Catalog | None = None,
-    fetch_url: str | None = None,
-    cache_dir: Path | None = None,
-) -> tuple[Pins, list[str]]:
-    """``pins`` with each Genesis pin's layout and version read from its commit, and the
-    changes made (``stacks.<s>.genesis.layout: v7 -> v12``); every Genesis stack is checked
-    as the hosts' gate checks it (layout, allowlist, the stack file's switches, the patches it
-    needs): a problem raises ``GenesisRefused`` listing them all, before anything is written.
-
-    + pins: the pins file as read (unresolved digests allowed)
-    + catalog: the stack files (default: the built-in ones)
-    + fetch_url: where this machine fetches Genesis when the pinned URL is not reachable
-    + cache_dir: where the mirrors live (``~/.cache/rigfleet``)
-    """
+def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | None = None,
+                 cache_dir: Path | None = None) -> tuple[Pins, list[str]]:
+    """``rigfleet pins lock``: ``pins`` with each Genesis pin's layout and version read from its
+    commit, and the changes (``stacks.<s>.genesis.layout: v7 -> v12``); every Genesis stack is
+    checked as the hosts' gate checks it (``GenesisRefused`` lists every problem)."""
     from rigfleet.catalog import builtin_catalog
 
     stacks_of = catalog or builtin_catalog()

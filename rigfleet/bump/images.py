@@ -1,53 +1,168 @@
-"""Images on the hosts after a bump: keep the previous one, prune older ones, keep a copy.
+"""The candidate image on the hosts: seeded into the fleet caches first (``prefetch``), its
+``vllm.__version__`` read on the canary (docs/bump.md, step 3: pulled by digest unless
+``pull=False``, cached per digest where the deploy's Genesis gate caches it), older images
+pruned after the rollout (new and previous kept: an instant rollback needs no pull), the
+promoted one saved into a control-side directory (the code of ``rigfleet images export``)::
 
-Each vLLM image is ~30 GB; a rig keeps exactly what it needs: the images its pins name now
-(the new one) and the ones it served before the bump (an instant rollback needs no pull, and
-the upstream nightly tag may be gone in two weeks). Other ``vllm/vllm-openai`` images are
-removed; ``docker image rm`` without ``--force`` never removes one a container uses.
-
-Because upstream deletes nightly tags, the promoted image can be kept: ``save_image`` runs
-``docker save`` on the canary and streams it over SSH into a control-side directory
-(``<repo>_<tag>.tar`` + a JSON sidecar with digest, image id, version, sha256), with the same
-code as ``rigfleet images export``; an ``archive`` image source (or ``rigfleet images import``)
-restores it, verified by image id. For pulls by digest copy the image into a mirror registry
-instead (``rigfleet.bump.mirror``, ``--push-mirror``).
-
-Example::
-
+    held = prefetch(SshRemote(), load_inventory("inventory/home.py"), candidate, log)
+    probe = read_version(SshRemote(), canary_host, candidate, pull=True, caches=held)
+    probe.version, probe.pulled     # ("0.20.2rc1.dev212+g3f9c2a7e5", True)
     removed = prune(remote, host, "vllm/vllm-openai", keep={new.digest, old.digest})
-    saved = save_image(remote, canary, candidate, Path("/srv/image-archive"), "0.20.2rc1...")
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rigfleet.bump.candidate import Candidate
+from rigfleet.commands import docker as docker_commands
+from rigfleet.errors import RigfleetError
+from rigfleet.fleetcache import seed_command, warm_marker
+from rigfleet.hostdata import HostDataError, validate_cache
+from rigfleet.hostside.layout import HOST
 from rigfleet.images.plan import WantedImage
 from rigfleet.images.transfer import ImageError, SavedArchive, export_image
-from rigfleet.inventory import InventoryHost
+from rigfleet.inventory import InventoryHost, host_kind
+from rigfleet.registry import registry_of
 from rigfleet.ssh import Remote
 
-LIST_FORMAT = "{{.Repository}} {{.Tag}} {{.Digest}}"
-__all__ = ["ImageError", "SavedImage", "prune", "save_image", "to_prune"]
+__all__ = ["ImageError", "VersionProbe", "prefetch", "prune", "read_version", "save_image"]
 
 
-def list_command(repository: str) -> str:
-    fmt = shlex.quote(LIST_FORMAT)
-    return f"docker image ls --digests --format {fmt} {shlex.quote(repository)}"
+class VersionError(RigfleetError, RuntimeError):
+    """The image could not be pulled or did not tell its vLLM version."""
+
+
+@dataclass(frozen=True)
+class VersionProbe:
+    version: str | None
+    source: str  # "cache" | "image" (present before) | "pulled" | "unknown" (dry, absent)
+    pulled: bool = False
+
+
+REF = "@REF@"  # shlex.quote leaves it bare: replaced by "$ref" in the script
+
+
+def cache_refs(candidate: Candidate, caches: Sequence[str]) -> list[str]:
+    """The candidate in each fleet cache's registry (``lb.lan:5000/<path>@<digest>``)."""
+    path = registry_of(candidate.repository)[1]
+    return [f"{c}/{path}@{candidate.digest}" for c in caches]
+
+
+def probe_script(candidate: Candidate, pull: bool, caches: Sequence[str] = ()) -> str:
+    """The host-side script; prints ``key=value`` lines; pulls from ``caches`` first."""
+    cache = shlex.quote(str(HOST.version_cache(candidate.digest)))
+    run_found = docker_commands.vllm_version(REF).replace(REF, '"$ref"')
+    mine = cache_refs(candidate, caches)
+    refs = " ".join(shlex.quote(r) for r in (f"{candidate.repository}@{candidate.digest}",
+                                             *mine))
+    lines = [
+        f"if [ -s {cache} ]; then echo source=cache; echo version=$(cat {cache}); exit 0; fi",
+        'ref=""',
+        f"for r in {refs}; do",
+        '  if docker image inspect "$r" >/dev/null 2>&1; then ref=$r; break; fi',
+        "done",
+        'if [ -n "$ref" ]; then echo source=image; else',
+    ]
+    if pull:
+        for r in mine:
+            warn = shlex.quote(f"WARNING: the pull of {r} from the fleet cache failed; "
+                               "trying the next source")
+            lines.append(f'  [ -n "$ref" ] || {{ {docker_commands.pull(r)} >&2 && '
+                         f"ref={shlex.quote(r)} || echo {warn} >&2; }}")
+        lines += [f'  [ -n "$ref" ] || {{ {docker_commands.pull(candidate.ref)} >&2 || exit 3; '
+                  f"ref={shlex.quote(candidate.ref)}; }}",
+                  "  echo source=pulled"]
+    else:
+        lines.append("  echo source=unknown; exit 0")
+    lines += [
+        "fi",
+        f"out=$({run_found} 2>&1) || "
+        '{ printf "%s\\n" "$out" >&2; exit 4; }',
+        'v=$(printf "%s\\n" "$out" | tail -n 1)',
+        'echo "version=$v"',
+    ]
+    if pull:  # --dry changes nothing, not even the cache
+        lines.append(f"install -d -m 0755 {HOST.version_cache_dir} && printf '%s\\n' \"$v\" > {cache}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_probe(output: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in output.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key in ("source", "version"):
+            out[key] = value.strip()
+    return out
+
+
+def read_version(remote: Remote, host: InventoryHost, candidate: Candidate, *, pull: bool,
+                 caches: Sequence[str] = ()) -> VersionProbe:
+    """Ask the image on ``host``; raises ``VersionError`` (or ``HostUnreachable``)."""
+    rc, out = remote.run(host, probe_script(candidate, pull, caches), timeout=3600)
+    values = parse_probe(out)
+    if rc == 3:
+        raise VersionError(f"{host.name}: cannot pull {candidate.ref}: {out.strip()[-500:]}")
+    if rc != 0 or (values.get("source") != "unknown" and not values.get("version")):
+        raise VersionError(
+            f"{host.name}: cannot read vllm.__version__ from {candidate.ref} "
+            f"(exit {rc}): {out.strip()[-500:]}"
+        )
+    source = values.get("source", "unknown")
+    return VersionProbe(values.get("version") or None, source, pulled=source == "pulled")
+
+
+def remove_image(remote: Remote, host: InventoryHost, candidate: Candidate,
+                 caches: Sequence[str] = ()) -> None:
+    """Remove a candidate this bump pulled and then refused (leave the host as found)."""
+    refs = [f"{candidate.repository}@{candidate.digest}", *cache_refs(candidate, caches)]
+    remote.run(host, f"docker image rm {' '.join(shlex.quote(r) for r in refs)} "
+                     ">/dev/null 2>&1; true")
+
+
+# Seeding a vLLM image (several GB) through a home uplink.
+SEED_TIMEOUT_S = 3600
+
+
+def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Candidate,
+             log: Callable[[str], object]) -> tuple[str, ...]:
+    """Seed ``candidate`` into every fleet cache; the registries (``host:port``) that hold it."""
+    registry, path = registry_of(candidate.repository)
+    if registry is not None:  # the caches pull through for Docker Hub's names only
+        return ()
+    held: list[str] = []
+    for h in inventory:
+        if not host_kind(h.groups).cache:
+            continue
+        try:
+            c = validate_cache(h.name, h.data)
+        except HostDataError:
+            continue  # its own preflight names the problem; the canary pulls upstream
+        where = f"{c.address}:{c.registry_port}"
+        log(f"fleet cache {h.name}: fetching {path}@{candidate.digest[:19]} from "
+            f"{c.registry_upstream} once, before the canary")
+        try:
+            rc, out = remote.run(h, seed_command(c.registry_upstream, path, candidate.digest,
+                                                 warm_marker(candidate.digest)),
+                                 timeout=SEED_TIMEOUT_S)
+        except RigfleetError as e:
+            rc, out = -1, str(e)
+        if rc == 0:
+            held.append(where)
+        else:
+            last = out.strip().splitlines()[-1:] or ["no output"]
+            log(f"[yellow]warning:[/yellow] fleet cache {h.name}: the candidate is not in the "
+                f"cache (exit {rc}: {last[0][-300:]}); the canary pulls it from the upstream")
+    return tuple(held)
 
 
 def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
-    """References to remove: every reference (``<repo>@<digest>`` and the ``<repo>:<tag>`` the
-    images role gave it) of the repository's images whose digest is not in ``keep``.
-
-    Pure. ``listing`` is ``list_command``'s output (one line per tag). Removing only the digest
-    reference would leave a tagged image in place. Images without a registry digest
-    (``<none>``: built or loaded locally) are never touched.
-    """
+    """Every reference (by digest and by tag) of the repository's images whose digest is not in
+    ``keep``, from ``docker image ls --digests`` lines; images with no registry digest stay. Pure."""
     keep_set = set(keep)
     out: list[str] = []
     for line in listing.splitlines():
@@ -63,8 +178,9 @@ def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
 
 
 def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[str]) -> list[str]:
-    """Remove the repository's images other than ``keep`` on ``host``; returns what went."""
-    rc, listing = remote.run(host, list_command(repository))
+    fmt = shlex.quote("{{.Repository}} {{.Tag}} {{.Digest}}")
+    rc, listing = remote.run(host, f"docker image ls --digests --format {fmt} "
+                                   f"{shlex.quote(repository)}")
     if rc != 0:
         return []
     refs = to_prune(listing, repository, keep)
@@ -77,15 +193,8 @@ def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[s
     return removed
 
 
-# One piece of code saves images: ``rigfleet images export`` and ``--save-dir`` share it.
-SavedImage = SavedArchive
-
-
-def save_image(
-    remote: Remote, host: InventoryHost, candidate: Candidate, directory: Path, version: str
-) -> SavedArchive:
-    """``docker save`` the candidate (under its name, so ``docker load`` restores it) into
-    ``directory`` on this machine, streamed over SSH, with the JSON sidecar that records the
-    pin (``rigfleet.images.transfer.export_image``)."""
+def save_image(remote: Remote, host: InventoryHost, candidate: Candidate, directory: Path,
+               version: str) -> SavedArchive:
+    """``docker save`` the candidate into ``directory`` here, with its JSON sidecar."""
     want = WantedImage(candidate.image, candidate.digest, None, ())
     return export_image(remote, host, want, directory, version)

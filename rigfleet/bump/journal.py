@@ -1,15 +1,6 @@
-"""The journal of a ``rigfleet bump`` beside the pins file: its plan and what it did so far.
-
-A bump that dies (Ctrl-C, the control machine gone) leaves hosts promoted that the pins file
-does not know about. The journal, ``<pins file>.bump-journal.json`` (``journal_path``), says
-which, so the next converge keeps them there and the next ``rigfleet bump`` finishes the plan.
-It is written atomically at each step (``BumpJournal.start``, ``deploying``, ``record``,
-``remove``); ``load_journal`` reads it and ``state`` says whether it is ``open``, ``finished``
-or ``stale``; ``BumpJournal.pins_for`` gives a host's pins while it is open (``BumpInFlight``
-for a host whose swap's outcome only the host knows). docs/bump.md ("Interrupted bumps: the
-journal") tells each step, each reader and the file format.
-
-Example::
+"""The journal of an unfinished ``rigfleet bump``, ``<pins file>.bump-journal.json``: its plan
+and what it did so far, so converges keep promoted hosts there and the next bump finishes it.
+docs/bump.md ("Interrupted bumps: the journal") tells each step, each reader and the format::
 
     journal = load_journal(pins)                 # None when no bump is unfinished
     if journal is not None and journal.state == "open":
@@ -30,8 +21,6 @@ from typing import Any
 
 from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.catalog import Catalog
-
-# The pins file's own atomic write and stack form: the journal is written and read like it.
 from rigfleet.pins import Pins, PinsError, StackPins, _atomic_write, _stack_dict, parse_pins
 from rigfleet.validate import Problems
 
@@ -46,7 +35,6 @@ _NAME = re.compile(r"[^\s/]+")
 
 
 def journal_path(pins_path: str | Path) -> Path:
-    """Where the journal of a bump of ``pins_path`` lives: ``<pins file>.bump-journal.json``."""
     path = Path(pins_path)
     return path.with_name(path.name + SUFFIX)
 
@@ -56,13 +44,11 @@ def now_iso() -> str:
 
 
 class JournalError(PinsError):
-    """The journal cannot be read, or it disagrees with the pins file; the message says what
-    to do."""
+    """The journal cannot be read, or it disagrees with the pins file."""
 
 
 class BumpInFlight(PinsError):
-    """A host an interrupted bump was deploying when it stopped: what it runs now is known
-    only to the host. ``old``/``new``: its pins without / with the candidate."""
+    """A host an interrupted bump was deploying: only the host knows what it runs now."""
 
     def __init__(self, message: str, host: str, old: Pins, new: Pins) -> None:
         super().__init__(message)
@@ -71,7 +57,7 @@ class BumpInFlight(PinsError):
 
 @dataclass
 class BumpJournal:
-    """One bump's journal (see the module docstring); ``save`` writes it, atomically."""
+    """One bump's journal; ``save`` writes it, atomically."""
 
     path: Path
     id: str
@@ -96,13 +82,10 @@ class BumpJournal:
     updated: str = ""
     state: str = "open"  # open | finished | stale (from the pins file; not written)
 
-    # --- writing ---------------------------------------------------------------------------
-
     @classmethod
     def start(cls, plan: Plan, journal_id: str, by: str, candidate: Mapping[str, Any] | None,
               version: str) -> BumpJournal:
-        """The journal of a bump about to roll ``plan`` out, written before any host changes;
-        refused (``JournalError``) when another bump's journal is there."""
+        """The journal of a bump about to roll ``plan`` out, written before any host changes."""
         path = journal_path(plan.pins.path)
         if path.exists():
             raise JournalError(f"{path}: another bump's journal is there (started meanwhile?); "
@@ -121,7 +104,6 @@ class BumpJournal:
         return journal
 
     def take_over(self) -> None:
-        """This process continues the bump (``owner``), written at once."""
         self.owner = {"host": socket.gethostname(), "pid": os.getpid()}
         self.save()
 
@@ -129,7 +111,8 @@ class BumpJournal:
                         before: Mapping[str, Mapping[str, Any] | None]) -> None:
         """Before a batch's deploy starts: its hosts and what each said before it."""
         self.deploying = {"batch": batch, "hosts": list(hosts), "since": now_iso(),
-                          "before": {h: _copy(before.get(h)) for h in hosts}}
+                          "before": {h: None if (b := before.get(h)) is None else dict(b)
+                                     for h in hosts}}
         self.save()
 
     def record(self, host: str, outcome: Mapping[str, Any]) -> None:
@@ -141,7 +124,6 @@ class BumpJournal:
         self.save()
 
     def finish(self, stopped: str | None) -> None:
-        """The rollout ended (every batch done, or it stopped): nothing is deploying."""
         self.deploying, self.stopped = None, stopped
         self.save()
 
@@ -150,29 +132,17 @@ class BumpJournal:
         _atomic_write(self.path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def remove(self) -> None:
-        """The bump is over and the pins file says so: the journal goes."""
         self.path.unlink(missing_ok=True)
 
     def to_dict(self) -> dict[str, Any]:
-        stacks = _stacks_data(self.new_stacks)
-        return {
-            "schema": SCHEMA, "id": self.id, "started": self.started, "updated": self.updated,
-            "by": self.by, "owner": self.owner, "pins_file": self.pins_file,
-            "base_serial": self.base_serial, "new_stacks": stacks, "candidate": self.candidate,
-            "version": self.version,
-            "hosts": [{"name": h.name, "stack": h.stack, "groups": list(h.groups)}
-                      for h in self.hosts],
-            "canary": self.canary, "batches": self.batches, "skipped": self.skipped,
-            "up_to_date": self.up_to_date, "batch_size": self.batch_size,
-            "max_failures": self.max_failures, "outcomes": self.outcomes,
-            "deploying": self.deploying, "stopped": self.stopped,
-        }  # fmt: skip
-
-    # --- reading -----------------------------------------------------------------------------
+        special = {"schema": SCHEMA,
+                   "new_stacks": {n: _stack_dict(p) for n, p in self.new_stacks.items()},
+                   "hosts": [{"name": h.name, "stack": h.stack, "groups": list(h.groups)}
+                             for h in self.hosts]}
+        return {k: special[k] if k in special else getattr(self, k) for k in _KEYS}
 
     @property
     def in_flight(self) -> list[str]:
-        """Hosts of the batch that was deploying and have no outcome yet."""
         if self.deploying is None:
             return []
         return [h for h in self.deploying.get("hosts", []) if h not in self.outcomes]
@@ -184,7 +154,6 @@ class BumpJournal:
                 if (self.outcomes.get(h.name) or {}).get("runs_new") is True]
 
     def plan(self, pins: Pins) -> Plan:
-        """The plan this journal records, over ``pins`` (the pins file as loaded)."""
         return Plan(pins=pins, new_stacks=dict(self.new_stacks), hosts=tuple(self.hosts),
                     canary=self.canary, batches=tuple(tuple(b) for b in self.batches),
                     skipped=dict(self.skipped), up_to_date=tuple(self.up_to_date),
@@ -202,11 +171,8 @@ class BumpJournal:
                 f"journal {self.path})")
 
     def pins_for(self, pins: Pins, host: str) -> Pins:
-        """``pins.for_host(host)`` with this bump applied (see the module docstring).
-
-        + pins: the pins file as loaded (this journal's pins file)
-        + host: the inventory name
-        """
+        """``pins.for_host(host)`` with this bump applied (``BumpInFlight``: only the host
+        knows; ``JournalError``: the journal is stale)."""
         old = pins.for_host(host)
         if self.state == "finished":
             return old
@@ -231,11 +197,8 @@ class BumpJournal:
         return old
 
     def host_view(self, host: str) -> dict[str, Any] | None:
-        """Where ``host`` stands in this bump, for ``rigfleet status``: ``{"bump": id,
-        "target", "state": candidate | old | in flight | failed | lost | skipped | pending,
-        "since"}``; None when the host is not in the plan."""
-        names = {h.name for h in self.hosts}
-        if host not in names:
+        """Where ``host`` stands in this bump, for ``rigfleet status`` (None: not in the plan)."""
+        if host not in {h.name for h in self.hosts}:
             return None
         base = {"bump": self.id, "target": self.target(), "started": self.started,
                 "by": self.by, "journal": str(self.path)}
@@ -253,23 +216,9 @@ class BumpJournal:
         return {**base, "state": "old", "since": None}
 
 
-def _copy(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    return dict(value) if value is not None else None
-
-
-def _stacks_data(stacks: Mapping[str, StackPins]) -> dict[str, Any]:
-    """Stack pins as the pins file writes them (``rigfleet.pins``' own form)."""
-    return {n: _stack_dict(p) for n, p in stacks.items()}
-
-
 def load_journal(pins: Pins, catalog: Catalog | None = None) -> BumpJournal | None:
-    """The journal beside ``pins.path``, checked, with its ``state``; None when there is none.
-
-    Raises ``JournalError`` naming the file, the key, the value and what is allowed when it
-    cannot be read.
-
-    + pins: the pins file as loaded (``load_pins``); catalog: the stacks it may name
-    """
+    """The journal beside ``pins.path``, checked, with its ``state``; None when there is none
+    (``JournalError`` naming the key, the value and what is allowed)."""
     path = journal_path(pins.path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -284,12 +233,9 @@ def load_journal(pins: Pins, catalog: Catalog | None = None) -> BumpJournal | No
         raise JournalError(f"{path}: top level: not JSON ({e}); allowed: a rigfleet bump "
                            "journal (remove it only if no bump is unfinished)") from None
     journal = _parse(path, data, pins, catalog)
-    if pins.serial == journal.base_serial:
-        journal.state = "open"
-    elif pins.history and pins.history[-1].get("bump_id") == journal.id:
-        journal.state = "finished"
-    else:
-        journal.state = "stale"
+    finished = bool(pins.history) and pins.history[-1].get("bump_id") == journal.id
+    journal.state = ("open" if pins.serial == journal.base_serial
+                     else "finished" if finished else "stale")
     return journal
 
 
@@ -355,7 +301,6 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
 
 def _parse_stacks(p: Problems, value: Any, pins: Pins,
                   catalog: Catalog | None) -> dict[str, StackPins]:
-    """The candidate's stack pins, checked by the pins file's own validator."""
     if not isinstance(value, dict) or not value:
         p.bad("new_stacks", value, "a mapping stack -> its pins, as in the pins file")
         return {}

@@ -1,20 +1,10 @@
-"""Copy a pinned image into a mirror registry, byte for byte, so its digest stays pullable.
+"""Copy a pinned image into a mirror registry over the v2 API, manifest bytes unchanged, so its
+digest stays pullable after upstream deletes the tag (``--push-mirror``). An index is copied
+whole, or (``platforms="amd64"``) only its linux/amd64 manifest, under that one's own digest::
 
-Upstream deletes ``nightly-*`` tags after about two weeks; a pin is reproducible only while
-some registry still serves its digest. This copies the pinned manifest and every blob it
-references from the source registry to the mirror over the registry v2 API (no Docker engine
-needed, nothing on the hosts): the manifest bytes are unchanged, so the digest is the same and
-hosts whose Docker uses the mirror (``docker_registry_mirror``) keep pulling
-``vllm/vllm-openai@<digest>`` after the tag is gone upstream.
-
-A multi-arch index is copied whole (every platform) unless ``platforms`` narrows it; then the
-linux/amd64 manifest alone is copied and its own digest is returned (a different, equally
-immutable digest: pin that one to pull from the mirror)::
-
-    src = MirrorRegistry("https://registry-1.docker.io")
-    dst = MirrorRegistry("http://registry.lan:5000")
-    copied = copy_image(src, dst, "vllm/vllm-openai", "nightly-3f9c...", "sha256:...")
-    copied.digest, copied.blobs, copied.bytes
+    copied = copy_image(MirrorRegistry("https://registry-1.docker.io"),
+                        MirrorRegistry("http://registry.lan:5000"), "vllm/vllm-openai",
+                        "nightly-3f9c...", "sha256:...")
 """
 
 from __future__ import annotations
@@ -27,21 +17,15 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from rigfleet.bump.candidate import INDEX_TYPES, ImageRegistry, platform_manifest
-from rigfleet.registry import MANIFEST_TYPES, RegistryError
+from rigfleet.bump.candidate import ImageRegistry
+from rigfleet.registry import INDEX_TYPES, MANIFEST_TYPES, RegistryError, platform_manifest
 
 
 class MirrorRegistry(ImageRegistry):
     """``ImageRegistry`` that can also write (blob uploads, manifest puts)."""
 
-    def _send(
-        self,
-        method: str,
-        url: str,
-        repo: str,
-        data: bytes | BinaryIO | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
+    def _send(self, method: str, url: str, repo: str, data: bytes | BinaryIO | None = None,
+              headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         for attempt in range(2):
             req = urllib.request.Request(url, data=data, method=method)
             for k, v in (headers or {}).items():
@@ -54,18 +38,13 @@ class MirrorRegistry(ImageRegistry):
             except urllib.error.HTTPError as exc:
                 challenge = exc.headers.get("WWW-Authenticate", "")
                 rewindable = data is None or isinstance(data, bytes)
-                if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer") and (
-                    rewindable
-                ):
-                    # Push scope: the token service grants pull,push when we may write.
-                    self._tokens[repo] = self._token(
-                        re.sub(r'scope="([^"]*):pull"', r'scope="\1:pull,push"', challenge)
-                    )
+                if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer") \
+                        and rewindable:
+                    self._tokens[repo] = self._token(  # ask for push scope too
+                        re.sub(r'scope="([^"]*):pull"', r'scope="\1:pull,push"', challenge))
                     continue
                 body = exc.read()[:300].decode(errors="replace")
-                raise RegistryError(
-                    f"{method} {url}: HTTP {exc.code} {exc.reason} {body}"
-                ) from None
+                raise RegistryError(f"{method} {url}: HTTP {exc.code} {exc.reason} {body}") from None
             except urllib.error.URLError as exc:
                 raise RegistryError(f"{url}: cannot reach the registry ({exc.reason})") from None
         raise RegistryError(f"{url}: authentication failed")
@@ -81,7 +60,6 @@ class MirrorRegistry(ImageRegistry):
         return body, media
 
     def has(self, repo: str, kind: str, digest: str) -> bool:
-        """Whether ``kind`` (``blobs`` / ``manifests``) ``digest`` exists in ``repo``."""
         url = f"{self.base_url.rstrip('/')}/v2/{repo}/{kind}/{digest}"
         try:
             status, _, _ = self._send("HEAD", url, repo, headers={"Accept": MANIFEST_TYPES})
@@ -130,8 +108,6 @@ class MirrorRegistry(ImageRegistry):
 
 @dataclass(frozen=True)
 class Copied:
-    """What ``copy_image`` did."""
-
     ref: str  # <mirror host>/<repo>:<tag>
     digest: str  # the manifest digest the mirror serves under the tag
     blobs: int  # blobs uploaded (present ones are skipped)
@@ -142,19 +118,9 @@ class Copied:
                 "bytes_copied": self.bytes}  # fmt: skip
 
 
-def copy_image(
-    src: MirrorRegistry,
-    dst: MirrorRegistry,
-    repo: str,
-    tag: str,
-    digest: str,
-    platforms: str = "all",
-) -> Copied:
-    """Copy ``repo@digest`` from ``src`` to ``dst`` and tag it ``tag`` there.
-
-    + platforms: ``all`` (an index with every platform: same digest) or ``amd64`` (only the
-      linux/amd64 manifest of an index: its own digest)
-    """
+def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, digest: str,
+               platforms: str = "all") -> Copied:
+    """Copy ``repo@digest`` from ``src`` to ``dst`` and tag it ``tag`` there."""
     body, media = src.raw_manifest(repo, digest)
     doc = json.loads(body)
     counter = [0, 0]
@@ -174,9 +140,8 @@ def copy_image(
     return Copied(_ref(dst, repo, tag), got, counter[0], counter[1])
 
 
-def _copy_manifest(
-    src: MirrorRegistry, dst: MirrorRegistry, repo: str, digest: str, counter: list[int]
-) -> str:
+def _copy_manifest(src: MirrorRegistry, dst: MirrorRegistry, repo: str, digest: str,
+                   counter: list[int]) -> str:
     body, media = src.raw_manifest(repo, digest)
     _copy_blobs(src, dst, repo, json.loads(body), counter)
     if not dst.has(repo, "manifests", digest):
@@ -184,9 +149,8 @@ def _copy_manifest(
     return digest
 
 
-def _copy_blobs(
-    src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[str, Any], counter: list[int]
-) -> None:
+def _copy_blobs(src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[str, Any],
+                counter: list[int]) -> None:
     for desc in [doc.get("config") or {}, *(doc.get("layers") or [])]:
         blob = desc.get("digest")
         if not blob or dst.has(repo, "blobs", blob):

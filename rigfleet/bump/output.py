@@ -1,8 +1,5 @@
 """What ``rigfleet bump`` (and ``rollback``, ``lock``) say: one console on stderr, timestamped
-lines, who runs the command, the plan and result tables (``rigfleet.tables.Table``, whole in a
-pipe), and the exit status.
-
-Example::
+lines, who runs the command, the plan and result tables, and the exit status::
 
     log("registry https://registry-1.docker.io: listing the tags of vllm/vllm-openai")
     by()        # 'ops@ctl' (RIGFLEET_BY when set)
@@ -21,18 +18,15 @@ from rich.console import Console
 from rich.text import Text
 
 from rigfleet.bump.genesis import GenesisChoice
+from rigfleet.bump.images import VersionProbe
 from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.plan import pairs
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.record import outcome_of
-from rigfleet.bump.rollout import RolloutResult, Status, StillRunning
-from rigfleet.bump.version import VersionProbe
+from rigfleet.bump.rollout import BAD, RolloutResult, Status, StillRunning, outcome_of
 from rigfleet.tables import Table
 
 console = Console(stderr=True, highlight=False)
-EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2, 3
-
-EXIT_INTERRUPTED = 130
+EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 # Why a host the bump leaves alone is skipped (its pins file entry keeps its old pins).
 OUTSIDE_LIMIT = "outside --limit"
@@ -110,14 +104,10 @@ def print_result(result: RolloutResult, log_dir: Path) -> None:
     console.print(f"[dim]pyinfra logs: {log_dir}[/dim]")
 
 def exit_status(result: RolloutResult) -> int:
-    bad = result.by_status(Status.FAILED, Status.LOST, Status.NOT_ATTEMPTED)
+    bad = result.by_status(*BAD)
     if bad:
-        parts = []
-        for o in bad:
-            text = f"{o.host} {o.status}"
-            if o.failed_checks:
-                text += f" (failed checks: {', '.join(o.failed_checks)})"
-            parts.append(text)
+        parts = [f"{o.host} {o.status}" + (f" (failed checks: {', '.join(o.failed_checks)})"
+                                           if o.failed_checks else "") for o in bad]
         console.print(f"[red]bump failed:[/red] {'; '.join(parts)}")
         return EXIT_FAILED
     skipped = [o for o in result.by_status(Status.SKIPPED) if OUTSIDE_LIMIT not in o.reason]

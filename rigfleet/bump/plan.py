@@ -1,28 +1,10 @@
 """The rollout plan: which hosts, which canary, which batches, which pins pair per stack. Pure.
 
-``build_plan`` takes the inventory's hosts (in inventory order), what the reachability check
-found, the pins as they are and the new pins of the bumped stacks; ``render_plan`` is what
-``--dry`` prints. Rules:
-
-- a host is in the rollout when, for some bumped stack, the pins it runs now
-  (``Pins.for_host``) differ from the new ones; hosts already there are "up to date";
-- unreachable hosts are skipped (reported; the pins file keeps saying what they run);
-- the canary is the first host of inventory group ``canary`` that *serves* a bumped stack;
-  else the first host that does (a canary that only re-renders a compose file it does not
-  run proves nothing); else the first host of the rollout;
-- then the other hosts in inventory order, ``batch_size`` at a time;
-- the rollout stops after a batch once ``max_failures`` hosts failed, and always after a
-  failed canary;
-- a batch never swaps every reachable host that serves a stack at once, so at least one host
-  per stack keeps serving (behind a balancer, it takes the requests while the others swap):
-  a ``batch_size`` that would is refused, naming the largest that does not
-  (``serving_cap``); a stack served by one host only goes on with its 503 window.
-
-Example::
+``build_plan`` decides it (the rules: docs/bump.md, "What it does", step 5;
+``rigfleet.bump.output`` prints it)::
 
     plan = build_plan(hosts, reach, pins, {"int8": new_int8}, batch_size=2, max_failures=1)
     plan.batches        # (("host1",), ("host2", "host3"))
-    print(render_plan(plan))
 """
 
 from __future__ import annotations
@@ -41,22 +23,11 @@ def exercises(host: PlanHost, old: Mapping[str, StackPins], new: Mapping[str, St
     return host.stack in new and old.get(host.stack) != new[host.stack]
 
 
-def build_plan(
-    hosts: Sequence[PlanHost],
-    unreachable: Mapping[str, str | None],
-    pins: Pins,
-    new_stacks: Mapping[str, StackPins],
-    batch_size: int = 1,
-    max_failures: int = 1,
-) -> Plan:
-    """The plan (see the module docstring for the rules).
-
-    + hosts: inventory hosts in inventory order
-    + unreachable: host -> reason it cannot be reached (None or absent: reachable)
-    + pins: the pins file as loaded
-    + new_stacks: stack -> its new pins (only the bumped stacks)
-    + batch_size, max_failures: >= 1
-    """
+def build_plan(hosts: Sequence[PlanHost], unreachable: Mapping[str, str | None], pins: Pins,
+               new_stacks: Mapping[str, StackPins], batch_size: int = 1, max_failures: int = 1
+               ) -> Plan:
+    """The plan over ``hosts`` (inventory order); ``unreachable``: host -> why (None: reachable);
+    ``new_stacks``: the bumped stacks' new pins."""
     if batch_size < 1:
         raise ValueError(f"--batch-size {batch_size}: allowed: 1 or more")
     if max_failures < 1:
@@ -88,43 +59,24 @@ def build_plan(
     for name, reason in skipped.items():
         if CANARY_GROUP in next(h for h in hosts if h.name == name).groups:
             notes.append(f"inventory canary {name} is unreachable ({reason})")
-    return Plan(
-        pins=pins,
-        new_stacks=new,
-        hosts=tuple(hosts),
-        canary=canary.name if canary else None,
-        batches=tuple(batches),
-        skipped=skipped,
-        up_to_date=tuple(up_to_date),
-        batch_size=batch_size,
-        max_failures=max_failures,
-        notes=tuple(notes),
-    )
+    return Plan(pins=pins, new_stacks=new, hosts=tuple(hosts),
+                canary=canary.name if canary else None, batches=tuple(batches), skipped=skipped,
+                up_to_date=tuple(up_to_date), batch_size=batch_size, max_failures=max_failures,
+                notes=tuple(notes))
 
 
 def _batches(canary: PlanHost | None, moving: list[PlanHost], batch_size: int
              ) -> list[tuple[str, ...]]:
-    """The canary alone, then the other moving hosts ``batch_size`` at a time."""
     if canary is None:
         return []
     rest = [h.name for h in moving if h.name != canary.name]
     return [(canary.name,)] + in_batches(rest, batch_size)
 
 
-def serving_cap(
-    hosts: Sequence[PlanHost],
-    skipped: Mapping[str, str],
-    pins: Pins,
-    new: Mapping[str, StackPins],
-    batches: Sequence[Sequence[str]],
-) -> str | None:
-    """Why ``batches`` would leave a stack with no host serving it, or None.
-
-    A host of a batch is out of rotation during its swap when it serves a bumped stack
-    (``exercises``); a stack served by two or more reachable hosts must keep one of them
-    serving through every batch. One served by a single host cannot: it goes on with its 503
-    window (nothing to route to anyway).
-    """
+def serving_cap(hosts: Sequence[PlanHost], skipped: Mapping[str, str], pins: Pins,
+                new: Mapping[str, StackPins], batches: Sequence[Sequence[str]]) -> str | None:
+    """Why ``batches`` would swap every reachable host serving a stack at once, or None (a
+    stack served by one host only goes on with its 503 window)."""
     by_name = {h.name: h for h in hosts}
     serving: dict[str, list[str]] = {}
     for h in hosts:
@@ -145,9 +97,8 @@ def serving_cap(
     return None
 
 
-def _canary(
-    moving: list[PlanHost], pins: Pins, new: dict[str, StackPins], notes: list[str]
-) -> PlanHost | None:
+def _canary(moving: list[PlanHost], pins: Pins, new: dict[str, StackPins], notes: list[str]
+            ) -> PlanHost | None:
     if not moving:
         return None
     testing = [h for h in moving if exercises(h, pins.for_host(h.name).stacks, new)]
@@ -156,20 +107,13 @@ def _canary(
         if h in testing:
             return h
     if marked:
-        notes.append(
-            f"inventory canary {marked[0].name} serves {marked[0].stack}, which this bump does "
-            "not change; a host that serves a bumped stack goes first instead"
-        )
+        notes.append(f"inventory canary {marked[0].name} serves {marked[0].stack}, which this "
+                     "bump does not change; a host that serves a bumped stack goes first instead")
     if testing:
         return testing[0]
-    notes.append(
-        "no host serves a bumped stack: the rollout only re-renders compose files and "
-        "updates Genesis checkouts; no swap gate will test the candidate"
-    )
+    notes.append("no host serves a bumped stack: the rollout only re-renders compose files and "
+                 "updates Genesis checkouts; no swap gate will test the candidate")
     return moving[0]
-
-
-# --- rendering -------------------------------------------------------------------------------
 
 
 def _pin_text(p: StackPins) -> str:
@@ -180,32 +124,6 @@ def _pin_text(p: StackPins) -> str:
 
 
 def pairs(plan: Plan) -> list[tuple[str, str, str]]:
-    """(stack, old pins, new pins) text per bumped stack (fleet-level old pins)."""
-    return [
-        (name, _pin_text(plan.pins.stacks[name]), _pin_text(p))
-        for name, p in plan.new_stacks.items()
-    ]
-
-
-def render_plan(plan: Plan) -> str:
-    """The plan as text: pairs, batches, skipped and up-to-date hosts, notes."""
-    lines = ["Pins:"]
-    for name, old, new in pairs(plan):
-        lines.append(f"  {name}: {old}")
-        lines.append(f"  {' ' * len(name)}  -> {new}")
-    lines.append(
-        f"Rollout (batch size {plan.batch_size}, stop after {plan.max_failures} failed "
-        f"host{'s' if plan.max_failures != 1 else ''}; a failed canary always stops it):"
-    )
-    if not plan.batches:
-        lines.append("  nothing to roll out")
-    for i, batch in enumerate(plan.batches):
-        label = "canary " if i == 0 else f"batch {i}"
-        hosts = ", ".join(f"{h} ({plan.host(h).stack})" for h in batch)
-        lines.append(f"  {label:8} {hosts}")
-    for name, reason in plan.skipped.items():
-        lines.append(f"  skipped  {name}: unreachable ({reason})")
-    for name in plan.up_to_date:
-        lines.append(f"  done     {name}: already runs these pins")
-    lines += [f"Note: {n}" for n in plan.notes]
-    return "\n".join(lines)
+    """(stack, old pins, new pins) text per bumped stack."""
+    return [(name, _pin_text(plan.pins.stacks[name]), _pin_text(p))
+            for name, p in plan.new_stacks.items()]

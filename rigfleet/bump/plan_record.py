@@ -1,13 +1,6 @@
-"""A bump's plan as a record: every inventory host (``PlanHost``), the canary, the batches, the
-pins before the bump and the bumped stacks' new ones (``Plan``).
+"""A bump's plan as a record (``Plan``, its hosts ``PlanHost``): ``rigfleet.bump.plan`` decides
+it, the bump's journal keeps it, the deploy's model reads it while a bump is unfinished::
 
-``rigfleet.bump.plan.build_plan`` decides it; the bump's journal (``rigfleet.bump.journal``)
-keeps it beside the pins file, where the deploy's model reads it while a bump is unfinished:
-a record of the data layer, below both.
-
-Example::
-
-    plan.batches                     # (("host1",), ("host2", "host3"))
     plan.new_for("host2")["int8"]    # the pins host2 runs once promoted
 """
 
@@ -62,26 +55,15 @@ class Plan:
         return {**self.old_for(host), **self.new_stacks}
 
     def candidate_pins(self, path: str) -> Pins:
-        """The pins file the rollout deploys with (written to ``path``).
-
-        The fleet's stacks with the bumped ones new, rollout hosts' overrides of the bumped
-        stacks dropped (they move), everyone else's kept, and the serial the real file will
-        get when it is saved, so the ledgers' ``pins_serial`` matches the file afterwards.
-        """
+        """The pins file the rollout deploys with (at ``path``): the bumped stacks new, rollout
+        hosts' overrides of them dropped, and the serial the real file gets when saved (so the
+        ledgers' ``pins_serial`` matches it)."""
         moving = set(self.rollout_hosts)
         hosts: dict[str, dict[str, StackPins]] = {}
         for name, overrides in self.pins.hosts.items():
-            kept = (
-                {s: p for s, p in overrides.items() if s not in self.new_stacks}
-                if name in moving
-                else dict(overrides)
-            )
+            kept = {s: p for s, p in overrides.items()
+                    if name not in moving or s not in self.new_stacks}
             if kept:
                 hosts[name] = kept
-        return replace(
-            self.pins,
-            path=path,
-            serial=self.pins.serial + 1,
-            stacks={**self.pins.stacks, **self.new_stacks},
-            hosts=hosts,
-        )
+        return replace(self.pins, path=path, serial=self.pins.serial + 1,
+                       stacks={**self.pins.stacks, **self.new_stacks}, hosts=hosts)

@@ -1,18 +1,12 @@
-"""Roll a candidate pins file out, batch by batch, and read back what each host ended up running.
+"""The rollout engine: a pins file rolled out batch by batch, each host's outcome read back.
 
-Each batch is one ``pyinfra <inventory> deploy.py -y --json --limit <host> ... --data
-pins_file=<candidate>`` run: the deploy's swap transaction does the per-host work (stop old,
-start new, verify-stress gate, promote or roll back). pyinfra keeps going on the other hosts
-when one fails or drops its connection, so a lost host never stops its batch. Afterwards the
-truth is read from each host (``state.json``, the ledger's new lines, the newest gate report)
-over SSH, with pyinfra's per-host result (``failed_hosts`` in its JSON) beside it::
+Each batch is one ``pyinfra <inventory> deploy.py -y --json --limit <host> ...`` run (the deploy's
+swap transaction does the per-host work); afterwards each host's truth is read over SSH and
+judged with pyinfra's per-host result; ``pins_after`` is the pins file it leaves. ``rigfleet
+bump``, ``rollback`` and ``roll`` use it::
 
     runner = PyinfraRunner(inventory, hosts_by_name, SshRemote(), log_dir=Path("reports/..."))
     result = rollout(plan, runner, Path(".pins.yaml.bump-123"), on_event=print)
-    [o.host for o in result.outcomes.values() if o.status is Status.FAILED]
-
-The decisions (``classify``, the stop rule in ``rollout``) are pure given a ``Runner``; unit
-tests drive them with a fake one.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,7 +28,7 @@ from rigfleet.bump.plan_record import Plan
 from rigfleet.fleetview import each_host, probe_or_why
 from rigfleet.hostprobe import HostProbe, run_probe
 from rigfleet.inventory import InventoryHost
-from rigfleet.pins import StackPins
+from rigfleet.pins import Pins, StackPins
 from rigfleet.ssh import Remote
 
 
@@ -51,9 +45,11 @@ class Status(StrEnum):
     UP_TO_DATE = "up to date"
 
 
+BAD = (Status.FAILED, Status.LOST, Status.NOT_ATTEMPTED)
+
+
 def probe_record(probe: HostProbe) -> dict[str, Any]:
-    """What ``gate_of``/``fresh_swap``/``classify`` compare a later probe with (the swap
-    record, the gate, the ledger's length, the report names), for the bump journal."""
+    """What a later probe is compared with (``gate_of``, ``fresh_swap``), for the journal."""
     state = {k: probe.state[k] for k in ("stack", "digest", "genesis_commit", "last_swap",
                                          "gate") if k in probe.state}  # fmt: skip
     return {"state": state, "ledger_count": probe.ledger_count,
@@ -69,6 +65,12 @@ def probe_of_record(data: Mapping[str, Any] | None) -> HostProbe | None:
         "state": dict(state) if isinstance(state, Mapping) else {},
         "ledger": {"count": count if isinstance(count, int) else 0},
         "reports": {"files": [str(r) for r in reports] if isinstance(reports, list) else []}})
+
+
+def new_ledger_lines(before: HostProbe | None, after: HostProbe) -> list[dict[str, Any]]:
+    """The ledger lines the host wrote since ``before``."""
+    new = after.ledger_count - (before.ledger_count if before else 0)
+    return list(after.ledger_tail[-new:]) if new > 0 else []
 
 
 @dataclass(frozen=True)
@@ -119,14 +121,9 @@ class HostOutcome:
 
     def summary(self) -> dict[str, Any]:
         """For the pins history and the JSON report."""
-        out: dict[str, Any] = {"result": str(self.status)}
-        if self.gate:
-            out["gate"] = self.gate
-        if self.failed_checks:
-            out["failed_checks"] = list(self.failed_checks)
-        if self.reason:
-            out["reason"] = self.reason
-        return out
+        optional = {"gate": self.gate, "failed_checks": list(self.failed_checks),
+                    "reason": self.reason}
+        return {"result": str(self.status), **{k: v for k, v in optional.items() if v}}
 
 
 @dataclass
@@ -146,15 +143,12 @@ class RolloutResult:
     @property
     def ok(self) -> bool:
         """A roll's verdict: it reached a host, and none failed, was lost or left behind."""
-        return self.reached and not self.by_status(Status.FAILED, Status.LOST,
-                                                   Status.NOT_ATTEMPTED)
+        return self.reached and not self.by_status(*BAD)
 
     @property
     def promoted_everywhere(self) -> bool:
         """Every host that was to move did (skipped-at-start hosts aside)."""
-        bad = (Status.FAILED, Status.LOST, Status.NOT_ATTEMPTED)
-        moved = self.by_status(Status.PROMOTED)
-        return bool(moved) and not self.by_status(*bad)
+        return bool(self.by_status(Status.PROMOTED)) and not self.by_status(*BAD)
 
 
 class RolloutJournal(Protocol):
@@ -170,15 +164,8 @@ class RolloutJournal(Protocol):
 
 @dataclass(frozen=True)
 class Resume:
-    """What an interrupted rollout had done (from its journal).
-
-    + done: hosts with an outcome already (kept as they are)
-    + in_flight: hosts of the batch that was deploying, with what they said before it; each is
-      settled first from what it says now (``settle``); one whose swap never started is
-      deployed with its batch
-    + stop: start no batch (``rigfleet bump --abandon``): settle what was in flight, record
-      the rest as not attempted, for this reason
-    """
+    """What an interrupted rollout had done: outcomes that stand, the hosts that were deploying
+    (with what they said before), and ``stop``: start no batch (``bump --abandon``), why."""
 
     done: Mapping[str, HostOutcome] = field(default_factory=dict)
     in_flight: Mapping[str, HostProbe | None] = field(default_factory=dict)
@@ -196,13 +183,8 @@ class Runner(Protocol):
 
     def facts(self, host: str) -> HostProbe: ...
 
-    def deploy(
-        self,
-        hosts: Sequence[str],
-        pins_file: Path | None,
-        batch: int | str,
-        on_line: Callable[[str], None],
-    ) -> DeployResult: ...
+    def deploy(self, hosts: Sequence[str], pins_file: Path | None, batch: int | str,
+               on_line: Callable[[str], None]) -> DeployResult: ...
 
 
 # --- decisions (pure) ------------------------------------------------------------------------
@@ -210,22 +192,14 @@ class Runner(Protocol):
 
 def _runs(state: Mapping[str, Any], stack: str, p: StackPins) -> bool:
     genesis = p.genesis.commit if p.genesis is not None else None
-    return (
-        state.get("stack") == stack
-        and state.get("digest") == p.digest
-        and state.get("genesis_commit") == genesis
-    )
+    return (state.get("stack"), state.get("digest"), state.get("genesis_commit")) == (
+        stack, p.digest, genesis)
 
 
-def gate_of(
-    before: HostProbe | None, after: HostProbe
-) -> tuple[str, tuple[str, ...], str | None]:
-    """(summary, failed check names, report file) of the gate this run made, if any.
-
-    Only what is new since ``before`` counts (an older gate says nothing about this swap): a
-    new ``rigfleet-verify/1`` report file first, else the gate of a new ``last_swap`` in
-    ``state.json`` (the swap transaction's record), else a changed top-level ``gate``.
-    """
+def gate_of(before: HostProbe | None, after: HostProbe
+            ) -> tuple[str, tuple[str, ...], str | None]:
+    """(summary, failed check names, report file) of the gate made since ``before``: a new
+    report file, else a new ``last_swap``'s gate, else a changed top-level ``gate``."""
     report = after.newest_report
     if report is not None and (before is None or report.file not in set(before.report_files)):
         return report.text, report.failed, report.file
@@ -258,13 +232,9 @@ def fresh_swap(before: HostProbe | None, after: HostProbe) -> dict[str, Any]:
 
 def _rollback_reason(before: HostProbe | None, after: HostProbe) -> str:
     """What the host recorded about why it did not promote (swap record, new ledger lines)."""
-    swap = fresh_swap(before, after)
-    if swap.get("reason"):
-        return f"{swap.get('result') or 'not promoted'}: {swap['reason']}"
-    new_lines = after.ledger_count - (before.ledger_count if before else 0)
-    for line in reversed(after.ledger_tail[-new_lines:] if new_lines > 0 else ()):
-        if line.get("reason"):
-            return f"{line.get('result') or 'not promoted'}: {line['reason']}"
+    for record in (fresh_swap(before, after), *reversed(new_ledger_lines(before, after))):
+        if record.get("reason"):
+            return f"{record.get('result') or 'not promoted'}: {record['reason']}"
     return ""
 
 
@@ -283,25 +253,18 @@ def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
 
 def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: DeployResult,
              before: HostProbe | None, after: HostProbe | str, batch: int) -> HostOutcome:
-    """One host's outcome after its batch.
-
-    + stack: the stack the host serves; old/new: that stack's pins before/after the bump
-    + after: the host's facts, or why they could not be read (the host is lost)
-    """
+    """One host's outcome after its batch (``stack``: the one it serves, ``old``/``new``: its
+    pins before/after; ``after``: its probe, or why it could not be read)."""
     errors = host_errors(deploy.log, host)
-    if isinstance(after, str):
-        detail = f"unreachable after its deploy started ({after})"
-        if errors:
-            detail += f"; pyinfra: {errors[-1]}"
-        return HostOutcome(host, Status.LOST, batch, None, detail, seconds=deploy.seconds)
-    gate, failed_checks, report = gate_of(before, after)
     failed = deploy.failed(host)
-    if after.busy and failed:
-        # pyinfra lost the host while its swap runs on (a transient unit): unknown for now.
-        detail = f"a transaction still runs on the host ({after.busy})"
-        if errors:
-            detail += f"; pyinfra: {errors[-1]}"
-        return HostOutcome(host, Status.LOST, batch, None, detail, seconds=deploy.seconds)
+    lost = (f"unreachable after its deploy started ({after})" if isinstance(after, str)
+            else f"a transaction still runs on the host ({after.busy})"
+            if after.busy and failed else "")  # its swap runs on: unknown for now
+    if lost:
+        return HostOutcome(host, Status.LOST, batch, None, _why(errors, lost, "; pyinfra"),
+                           seconds=deploy.seconds)
+    assert not isinstance(after, str)
+    gate, failed_checks, report = gate_of(before, after)
     runs_new = _runs(after.state, stack, new)
     runs_old = _runs(after.state, stack, old)
 
@@ -328,12 +291,8 @@ def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: Depl
 def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostProbe | None,
            after: HostProbe | str, batch: int) -> HostOutcome | None:
     """The outcome of a host its interrupted batch was deploying, from what it says now; None
-    when its swap never started (it runs the old pins and recorded no swap or gate since
-    ``before``): the resumed batch deploys it.
-
-    Raises ``StillRunning`` while a transaction holds the host's lock (the swap the bump
-    started runs on: wait for it).
-    """
+    when its swap never started (the resumed batch deploys it); ``StillRunning`` while a
+    transaction holds its lock."""
     if isinstance(after, str):
         return HostOutcome(host, Status.LOST, batch, None,
                            f"unreachable when the interrupted bump resumed ({after})")
@@ -351,8 +310,8 @@ def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostPr
     return classify(host, stack, old, new, interrupted, before, after, batch)
 
 
-def _why(errors: list[str], fallback: str) -> str:
-    return f"{fallback}: {errors[-1]}" if errors else fallback
+def _why(errors: list[str], fallback: str, sep: str = "") -> str:
+    return f"{fallback}{sep}: {errors[-1]}" if errors else fallback
 
 
 # --- the loop --------------------------------------------------------------------------------
@@ -365,14 +324,8 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
             on_event: Callable[[str], None] = lambda _: None,
             on_line: Callable[[str], None] = lambda _: None, journal: RolloutJournal | None = None,
             resume: Resume | None = None) -> RolloutResult:
-    """Run the bump plan's batches against ``pins_file`` (the candidate pins, already written),
-    canary first (``run_batches``).
-
-    + journal: told each batch before it deploys and each outcome as soon as it is known
-    + resume: what an interrupted rollout of this plan did; its outcomes stand, its in-flight
-      hosts are settled from what they say now, the rest of the plan runs (``StillRunning``
-      while a host's swap from then still runs)
-    """
+    """Run the bump plan's batches against ``pins_file`` (the candidate pins), canary first;
+    ``resume``: what an interrupted rollout of this plan did (in-flight hosts settled first)."""
     started = time.monotonic()
     done = dict(resume.done) if resume is not None else {}
     in_flight = dict(resume.in_flight) if resume is not None else {}
@@ -382,20 +335,21 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
     for name, reason in plan.skipped.items():
         out[name] = HostOutcome(name, Status.SKIPPED, runs_new=False,
                                 reason=f"unreachable at the start ({reason})")  # fmt: skip
+
+    def pins(h: str) -> tuple[str, StackPins, StackPins]:  # the stack it serves, old, new
+        stack = plan.host(h).stack
+        return stack, plan.old_for(h)[stack], plan.new_for(h)[stack]
+
     for i, batch in enumerate(plan.batches):
         for h in (h for h in batch if h in in_flight and h not in done):
-            stack = plan.host(h).stack
-            settled = settle(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack],
-                             in_flight[h], probe_or_why(runner.facts, h), i)
+            settled = settle(h, *pins(h), in_flight[h], probe_or_why(runner.facts, h), i)
             if settled is not None:
                 done[h] = settled
                 _record(out, journal, on_event, settled, f"{_label(i)} (interrupted)")
 
     def judge(h: str, result: DeployResult, before: HostProbe | None, after: HostProbe | str,
               i: int) -> HostOutcome:
-        stack = plan.host(h).stack
-        return classify(h, stack, plan.old_for(h)[stack], plan.new_for(h)[stack], result,
-                        before, after, i)
+        return classify(h, *pins(h), result, before, after, i)
 
     stopped = run_batches(plan.batches, runner, pins_file, judge, out, plan.max_failures,
                           on_event=on_event, on_line=on_line, journal=journal, done=done,
@@ -414,14 +368,12 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 journal: RolloutJournal | None = None,
                 done: Mapping[str, HostOutcome] | None = None,
                 stopped: str | None = None) -> str | None:
-    """The rollout engine: each batch in turn is one ``runner.deploy``; each host's outcome
-    goes into ``out`` (``judge`` reads it from pyinfra's result and the host's probes before and
-    after). Returns why it stopped early (None: it ran every batch).
+    """The rollout engine: one ``runner.deploy`` per batch, each host's outcome (``judge``)
+    into ``out``; returns why it stopped early (None: it ran every batch).
 
-    Stops after a batch once ``max_failures`` hosts failed or were lost, and (``canary``) always
-    after a failed first batch; hosts not reached get ``NOT_ATTEMPTED``. A host unreachable or
-    busy when its batch starts is ``SKIPPED`` and does not count as a failure (nothing was done
-    to it). Batch numbers start at ``first``; ``done`` hosts keep their outcome.
+    Stops once ``max_failures`` hosts failed or were lost, and (``canary``) after a failed first
+    batch; the rest is ``NOT_ATTEMPTED``. A host unreachable or busy when its batch starts is
+    ``SKIPPED`` (no failure). Batches are numbered from ``first``; ``done`` outcomes stand.
     """
     done = done or {}
     name_of = label or (lambda n: _label(n) if canary else f"batch {n}")
@@ -447,8 +399,8 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 stopped = f"the canary {batch[0]} could not be worked on ({reach[batch[0]]}); " \
                     "nothing was changed"
             if live:
-                seen = {h: probe_or_why(runner.facts, h) for h in live}
-                before = {h: p if isinstance(p, HostProbe) else None for h, p in seen.items()}
+                before = {h: p if isinstance(p := probe_or_why(runner.facts, h), HostProbe)
+                          else None for h in live}
                 if journal is not None:
                     journal.deploying_batch(n, live, {h: probe_record(f) if f else None
                                                       for h, f in before.items()})
@@ -481,12 +433,56 @@ def _label(batch: int) -> str:
 
 
 def _event_text(label: str, o: HostOutcome) -> str:
-    text = f"{label}: {o.host} {o.status}"
-    if o.gate:
-        text += f" (gate {o.gate})"
-    if o.reason:
-        text += f": {o.reason}"
-    return text
+    gate, reason = f" (gate {o.gate})" if o.gate else "", f": {o.reason}" if o.reason else ""
+    return f"{label}: {o.host} {o.status}{gate}{reason}"
+
+
+# --- the pins file afterwards (pure; the rules: docs/bump.md, step 8) --------------------------
+
+
+def stack_summary(p: StackPins) -> dict[str, Any]:
+    """A stack's pins in a history entry: enough for ``rigfleet rollback`` to rebuild them."""
+    out: dict[str, Any] = {"image": p.image, "digest": p.digest, "vllm_version": p.vllm_version}
+    out["image_id"] = p.image_id  # null: none pinned (absent: an entry older than this key)
+    if p.genesis is not None:
+        out["genesis"] = p.genesis.commit
+        out["genesis_layout"] = p.genesis.layout
+        if p.genesis.version:
+            out["genesis_version"] = p.genesis.version
+    return out
+
+
+def outcome_of(result: RolloutResult) -> str:
+    """``promoted`` | ``partial`` | ``failed`` (nothing moved)."""
+    if result.promoted_everywhere:
+        return "promoted"
+    moved = [o for o in result.outcomes.values() if o.runs_new and o.status != Status.UP_TO_DATE]
+    return "partial" if moved else "failed"
+
+
+def pins_after(plan: Plan, result: RolloutResult, when: str, by: str,
+               extra: dict[str, Any] | None = None) -> tuple[Pins | None, dict[str, Any] | None]:
+    """(pins to save, history entry), or (None, None) when the file must not change;
+    ``extra``: more history fields."""
+    outcome = outcome_of(result)
+    if outcome == "failed":
+        return None, None
+    old = plan.pins
+    top = {**old.stacks, **plan.new_stacks} if outcome == "promoted" else dict(old.stacks)
+    known = {h.name for h in plan.hosts}
+    hosts = {name: dict(stacks) for name, stacks in old.hosts.items() if name not in known}
+    for h in plan.hosts:
+        o = result.outcomes.get(h.name)
+        runs = plan.new_for(h.name) if o is not None and o.runs_new else plan.old_for(h.name)
+        differs = {s: p for s, p in runs.items() if top.get(s) != p}
+        if differs:
+            hosts[h.name] = differs
+    entry = {"at": when, "by": by, "action": "bump", "outcome": outcome,
+             "old": {s: stack_summary(old.stacks[s]) for s in plan.new_stacks},
+             "new": {s: stack_summary(p) for s, p in plan.new_stacks.items()},
+             "hosts": {name: o.summary() for name, o in result.outcomes.items()},
+             **(extra or {})}
+    return replace(old, stacks=top, hosts=hosts), entry
 
 
 # --- the real runner -------------------------------------------------------------------------
@@ -504,11 +500,10 @@ def pyinfra_json(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-def pyinfra_command(
-    inventory: str, deploy: str, hosts: Sequence[str], pins_file: Path | None
-) -> list[str]:
-    """The batch's command line (``--limit`` once per host: names, never group patterns);
-    ``pins_file`` None: the inventory's own."""
+def pyinfra_command(inventory: str, deploy: str, hosts: Sequence[str], pins_file: Path | None
+                    ) -> list[str]:
+    """The batch's command line (``--limit`` per host name; ``pins_file`` None: the
+    inventory's own)."""
     exe = Path(sys.executable).with_name("pyinfra")
     cmd = [str(exe) if exe.exists() else "pyinfra", inventory, deploy, "-y", "--json"]
     if pins_file is not None:
@@ -519,16 +514,8 @@ def pyinfra_command(
 
 
 class PyinfraRunner:
-    """``Runner`` over pyinfra (subprocess) and SSH (``Remote``).
-
-    + inventory: the inventory path as given to pyinfra
-    + hosts: name -> ``InventoryHost`` (for SSH)
-    + remote: ``SshRemote()``
-    + deploy: the deploy file (``deploy.py``), run with ``cwd`` as the working directory
-    + log_dir: each batch's pyinfra output goes to ``batch-<n>.log`` there
-    + env: variables added to pyinfra's environment (``rigfleet roll``: the batch size
-      ``RIGFLEET_MAINTENANCE_BATCH``)
-    """
+    """``Runner`` over pyinfra (subprocess) and SSH; each batch's output goes to
+    ``<log_dir>/batch-<n>.log``; ``env`` is added to pyinfra's environment."""
 
     def __init__(self, inventory: str, hosts: Mapping[str, InventoryHost], remote: Remote,
                  deploy: str = "deploy.py", cwd: Path | None = None, log_dir: Path | None = None,
@@ -543,9 +530,8 @@ class PyinfraRunner:
         self.env = dict(env or {})
 
     def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
-        """None for a host the deploy can work on now; else why not: SSH fails, or a live
-        transaction (a swap another deploy started, the boot-time recreation) holds its lock
-        (the deploy would refuse it; nothing is done to it, so it is skipped, not failed)."""
+        """None for a host the deploy can work on now; else why not (SSH fails, or a live
+        transaction holds its lock: skipped, not failed)."""
 
         def check(host: InventoryHost) -> str | None:
             busy = self.facts(host.name).busy
@@ -563,7 +549,6 @@ class PyinfraRunner:
         started = time.monotonic()
         log_file = None
         if self.log_dir is not None:
-            # Written as it comes, so a person (or a test) can follow a long batch.
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_file = (self.log_dir / f"batch-{batch}.log").open("w")
             log_file.write("$ " + " ".join(cmd) + "\n")

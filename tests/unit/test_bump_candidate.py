@@ -35,8 +35,7 @@ from rigfleet.bump.candidate import (
     release_tags,
     version_key,
 )
-from rigfleet.bump.images import to_prune
-from rigfleet.bump.version import parse_probe, probe_script
+from rigfleet.bump.images import parse_probe, probe_script, to_prune
 from rigfleet.inventory import InventoryHost
 from rigfleet.registry import RegistryError
 

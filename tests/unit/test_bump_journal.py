@@ -20,6 +20,7 @@ from test_bump_rollout import FakeRunner, make_plan
 
 from rigfleet.bump import cli as bump_cli
 from rigfleet.bump import decide, execute, finish, output
+from rigfleet.bump.execute import end_journal, resume_of
 from rigfleet.bump.journal import (
     SCHEMA,
     BumpInFlight,
@@ -29,13 +30,12 @@ from rigfleet.bump.journal import (
     load_journal,
 )
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.record import pins_after
-from rigfleet.bump.resume import end_journal, resume_of
 from rigfleet.bump.rollout import (
     DeployResult,
     Resume,
     Status,
     StillRunning,
+    pins_after,
     probe_of_record,
     probe_record,
     rollout,
@@ -433,7 +433,7 @@ def test_ctrl_c_then_the_same_command_again_finishes_the_bump(tmp_path, monkeypa
     """The command line end to end (pyinfra and SSH faked): Ctrl-C after the canary promoted
     keeps the journal and says so; ``rigfleet bump`` again finishes the rest, saves the pins
     file (its history names the journal) and removes the journal."""
-    from rigfleet.bump.options import BumpOptions
+    from rigfleet.bump.decide import BumpOptions
 
     plan = make_plan(tmp_path, n=3, batch=2)
     runner = CliRunner(plan, {}, "reach-1")

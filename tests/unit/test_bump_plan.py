@@ -19,7 +19,8 @@ from bump_helpers import (
     write_pins,
 )
 
-from rigfleet.bump.plan import build_plan, render_plan
+from rigfleet.bump.output import print_steps
+from rigfleet.bump.plan import build_plan
 from rigfleet.pins import PinsError, dump_pins, load_pins, parse_pins, save_pins
 
 
@@ -52,16 +53,18 @@ def test_canary_must_serve_a_bumped_stack(tmp_path: Path) -> None:
     assert any("inventory canary host1 serves int8" in n for n in plan.notes)
 
 
-def test_unreachable_hosts_are_skipped_and_a_dead_canary_is_replaced(tmp_path: Path) -> None:
+def test_unreachable_hosts_are_skipped_and_a_dead_canary_is_replaced(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pins = write_pins(tmp_path)
     reach = {"host1": "ssh 127.0.0.1:2221: connection refused", "host3": None}
     plan = build_plan(hosts("int8", "int8", "int8"), reach, pins, bumped(pins, NEWER))
     assert plan.skipped == {"host1": "ssh 127.0.0.1:2221: connection refused"}
     assert plan.batches == (("host2",), ("host3",))
     assert any("inventory canary host1 is unreachable" in n for n in plan.notes)
-    text = render_plan(plan)
-    assert "skipped  host1: unreachable" in text
-    assert "canary   host2 (int8)" in text
+    print_steps(plan, "rollout")
+    text = capsys.readouterr().err
+    assert "host1: unreachable (ssh 127.0.0.1:2221" in text
+    assert "canary" in text and "host2 (int8)" in text
 
 
 def test_hosts_already_on_the_candidate_are_up_to_date(tmp_path: Path) -> None:

@@ -11,8 +11,7 @@ import pytest
 from balancer_helpers import key_file
 
 from rigfleet.bump.candidate import Candidate
-from rigfleet.bump.prefetch import prefetch
-from rigfleet.bump.version import parse_probe, probe_script
+from rigfleet.bump.images import parse_probe, prefetch, probe_script
 from rigfleet.fleetcache import SEED_SERVICE
 from rigfleet.inventory import InventoryHost
 

@@ -24,13 +24,14 @@ from bump_helpers import (
 
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.record import outcome_of, pins_after
 from rigfleet.bump.rollout import (
     DeployResult,
     Status,
     classify,
     gate_of,
     host_errors,
+    outcome_of,
+    pins_after,
     pyinfra_command,
     pyinfra_json,
     rollout,

@@ -1,5 +1,5 @@
 """``rigfleet rollback``: the earlier pin set rebuilt from the pins history that real bumps
-write (``rigfleet.bump.record``), the plan it rolls out, and what it refuses."""
+write (``rigfleet.bump.rollout.pins_after``), the plan it rolls out, and what it refuses."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from bump_helpers import GENESIS_NEW, GOOD, NEWER, REGRESSED, bumped, hosts, sta
 
 from rigfleet import rollback
 from rigfleet.bump.plan import build_plan
-from rigfleet.bump.record import pins_after
-from rigfleet.bump.rollout import HostOutcome, RolloutResult, Status
+from rigfleet.bump.rollout import HostOutcome, RolloutResult, Status, pins_after
 from rigfleet.pins import Pins, load_pins, save_pins
 from rigfleet.rollback import RollbackRefused, changes, default_target, pins_at
 

@@ -15,9 +15,9 @@ from rich.text import Text
 import rigfleet.bump.output as bump_output
 from rigfleet.balancer.status import BalancerRow
 from rigfleet.bench.cli import render as bench_table
+from rigfleet.bump.images import VersionProbe
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.rollout import HostOutcome, RolloutResult, Status
-from rigfleet.bump.version import VersionProbe
 from rigfleet.cli import endpoints_table, roll_table
 from rigfleet.doctor.cli import Diagnosis
 from rigfleet.doctor.cli import render as doctor_table
