@@ -1,25 +1,15 @@
 """``rigfleet check``: the inventory, pins and stack files checked without reaching a host,
 and (``--online``) every pinned thing asked of its live source.
 
-Offline, every problem is listed at once (``<file or host>: <key>: <value>; allowed: ...``):
-each GPU host's data (``validate_host``, which loads its stack files), each balancer's, each
-pins file (unresolved values included) and what a host's data and its pins must agree on.
-
-Online, from this machine, per pinned thing: the images by digest from each host's
-``image_sources`` in order (``rigfleet.images.checks``); the model revision and its files on
-the hub (``rigfleet.hub``, with ``hf_token_file``); each Genesis commit in its repository
-(``bump_genesis_url`` where this machine reaches it there); the driver branch and the toolkit
-version in the ``apt_repos``' signed indexes (``rigfleet.aptindex``) for each OS the hosts run
-(host data ``os``, e.g. ``debian 13``; else every supported OS). A source may be reached at
-another address from here (``--reach FROM=TO``: the testbed's published ports). Each finding is
-``found``, ``changed`` (still there, but its tag/branch moved on: informational), ``missing``,
-``unreachable`` or ``unchecked``; ``check`` exits 1 on any offline problem, missing or
-unreachable thing::
+Offline, every problem of the hosts' data, pins files and stack files is listed at once.
+Online, from this machine (``--reach FROM=TO`` rewrites a source's address): the images by
+digest from each host's ``image_sources``, the model revision on the hub, each Genesis commit,
+the driver and toolkit in the ``apt_repos``' signed indexes for each OS the hosts run. Each
+finding is ``found``, ``changed`` (its tag/branch moved on), ``missing``, ``unreachable`` or
+``unchecked``; missing or unreachable exits 1. ``pins lock``, the bump (``verify_pins``) and
+the deploy (``deploy_verdict``) run the same checks: missing refuses, unreachable warns::
 
     rigfleet check --inventory inventory/home.py [--online] [--json]
-
-``pins lock --inventory`` and the bump's plan (``verify_pins``) and the deploy's preflight
-(``deploy_verdict``) run the same online checks: missing refuses, unreachable warns.
 """
 
 from __future__ import annotations
@@ -67,7 +57,7 @@ OsKey = tuple[str, str, str]
 
 @dataclass(frozen=True)
 class Finding:
-    """One pinned thing as its source answered: ``status`` one of the five above."""
+    """One pinned thing as its source answered."""
 
     thing: str
     source: str
@@ -81,8 +71,7 @@ def supported_os() -> list[OsKey]:
 
 
 def host_os(name: str, value: Any) -> tuple[list[OsKey], str | None]:
-    """The OSes host data ``os`` names (``debian 13``, ``ubuntu 24.04``; None: every supported
-    one) and a problem line when it names none of them."""
+    """The OSes host data ``os`` names (None: every supported one), and a problem line."""
     known = supported_os()
     if value is None:
         return known, None
@@ -103,20 +92,16 @@ def os_disagrees(name: str, value: Any, os_key: OsKey) -> str | None:
             f"({os_key[2]}); allowed: the OS the host runs (or no os key)")
 
 
-# ---- offline ------------------------------------------------------------------------------
-
-
 @dataclass
 class Checked:
-    """What the offline pass found: problems, and each valid GPU host's settings and pins."""
+    """Problems, and each valid GPU host's settings, pins and OSes."""
 
     problems: list[str] = field(default_factory=list)
     hosts: dict[str, tuple[HostSettings, Pins, list[OsKey]]] = field(default_factory=dict)
 
 
 def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
-    """Every problem of the inventory's hosts (``rigfleet.inventory.InventoryHost``), their
-    pins files and stack files, listed at once (never stops at the first)."""
+    """Every problem of the hosts, their pins files and stack files, listed at once."""
     out = Checked()
     pins_by_file: dict[str, Pins | None] = {}
     for h in hosts:
@@ -140,7 +125,6 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
             settings = validate_host(h.name, h.data)
         except ValidationError as e:
             out.problems += [p for p in e.problems if p not in out.problems]
-        # The pins are checked even when the host's data is not: every problem at once.
         raw = h.data.get("pins_file") or "pins.yaml"
         path = str(resolve_pins_path(settings.pins_file if settings else str(raw), base)
                    .absolute())
@@ -177,7 +161,7 @@ def _pins(path: str, settings: HostSettings | None, data: Any,
 
 
 def _agree(settings: HostSettings, pins: Pins) -> list[str]:
-    """What the host's data and its pins must agree on (``rigfleet.desired``'s checks)."""
+    """What the host's data and its pins must agree on."""
     out: list[str] = []
     if settings.stack not in pins.stacks:
         out.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
@@ -192,11 +176,8 @@ def _agree(settings: HostSettings, pins: Pins) -> list[str]:
     return out
 
 
-# ---- online -------------------------------------------------------------------------------
-
-
 def reacher(pairs: Iterable[str]) -> Callable[[str], str]:
-    """``url -> url`` as this machine reaches it: each ``FROM=TO`` prefix rewritten."""
+    """``url -> url`` with each ``FROM=TO`` prefix rewritten."""
     table: list[tuple[str, str]] = []
     for pair in pairs:
         src, sep, dst = pair.partition("=")
@@ -221,7 +202,6 @@ class Online:
     reach: Callable[[str], str] = field(default=lambda url: url)
     timeout: float = 15.0
     images: bool = True
-    # How a registry client is made for a URL (tests pass a fake).
     registry: Callable[[str, float], Registry] = Registry
     findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
     _indexes: dict[tuple[AptRepo, str], AptIndex | AptIndexError] = field(default_factory=dict)
@@ -236,7 +216,7 @@ class Online:
         self.findings[key] = Finding(f.thing, f.source, f.status, f.todo, hosts)
 
     def host(self, settings: HostSettings, pins: Pins, oses: Sequence[OsKey]) -> None:
-        """Every check for one host (findings shared with the other hosts)."""
+        """Every check for one host (findings shared across hosts)."""
         name = settings.name
         staged = {s.name: pins.stacks[s.name] for s in staged_stacks(settings, pins)}
         if self.images:
@@ -264,7 +244,6 @@ class Online:
             self._memo[key] = ask()
         return self._memo[key]
 
-    # -- images
     def image(self, w: WantedImage, settings: HostSettings) -> Finding:
         if self._checker is None:
             reach, make = self.reach, self.registry
@@ -294,8 +273,7 @@ class Online:
 
     def tag_moved(self, source: ImageSource, w: WantedImage,
                   settings: HostSettings) -> str | None:
-        """What the pinned tag names now, when that is another digest (None: the same, or
-        not asked)."""
+        """What the pinned tag names now, when another digest."""
         url = check_url(source, w, settings)
         if url is None or url == NO_CHECK or self._checker is None:
             return None
@@ -309,7 +287,6 @@ class Online:
         return (f"the tag {tag} names {now[:19]} now; the pin still pulls its digest "
                 "(`rigfleet pins lock --refresh` follows the tag)")
 
-    # -- the model
     def model(self, settings: HostSettings, m: ModelPin) -> Finding:
         endpoint = settings.hf_endpoint or "https://huggingface.co"
         hub = Hub(self.reach(endpoint), settings.hf_token_file, self.timeout)
@@ -335,7 +312,6 @@ class Online:
                            "stays (verify that revision before moving: `rigfleet bump`)")
         return Finding(thing, endpoint, FOUND, f"{len(files)} files")
 
-    # -- Genesis
     def genesis(self, url: str, commit: str, fetch: str | None, label: str) -> Finding:
         fetch_url = self.reach(fetch or url)
         thing = f"genesis {label}"
@@ -360,7 +336,6 @@ class Online:
                            "any more (history rewritten?): it may be collected; move the pin")
         return Finding(thing, fetch_url, FOUND, f"on {', '.join(refs[:3])}")
 
-    # -- apt
     def index(self, repo: AptRepo, policy: str) -> AptIndex | AptIndexError:
         reached = AptRepo(repo.name, self.reach(repo.url), self.reach(repo.key_url), repo.suite,
                           repo.components, repo.key_fingerprint)
@@ -432,15 +407,13 @@ REACH_ENV = "RIGFLEET_REACH"
 
 
 def deploy_online(images: bool = False, reach: Sequence[str] = ()) -> Online:
-    """The deploy's online pass: no images (the images role's preflight asks their sources),
-    short timeouts, and ``RIGFLEET_REACH`` (``FROM=TO`` pairs, space-separated) as --reach."""
+    """The deploy's online pass: short timeouts, ``RIGFLEET_REACH`` pairs as --reach."""
     pairs = [*os.environ.get(REACH_ENV, "").split(), *reach]
     return Online(reach=reacher(pairs), timeout=10.0, images=images)
 
 
 def verify_pins(hosts: Sequence[Any], pins: Pins, run: Online) -> tuple[list[str], list[str]]:
-    """(refusals, warnings) of ``pins`` (as ``pins lock`` would save them, or a bump's new
-    pins) for the inventory's GPU hosts: what ``pins lock`` and the bump's plan ask."""
+    """(refusals, warnings) of ``pins`` (about to be locked, or a bump's) for the GPU hosts."""
     for h in hosts:
         if not h.kind.gpu:
             continue
@@ -459,9 +432,7 @@ def verify_pins(hosts: Sequence[Any], pins: Pins, run: Online) -> tuple[list[str
 
 def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
                    run: Online) -> tuple[list[str], list[str]]:
-    """(refusals, warnings) of the deploy's preflight for one host of a known OS: a thing its
-    source says is gone refuses the host, naming it and each source tried; a source this
-    machine cannot reach is a warning (the host may reach it; its own step fails if not)."""
+    """(refusals, warnings) of the deploy's preflight for one host of a known OS."""
     before = dict(run.findings)
     run.host(settings, pins, [os_key])
     mine = [f for k, f in run.findings.items() if settings.name in f.hosts or k not in before]
@@ -474,9 +445,8 @@ def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
 
 def pins_verifier(args: argparse.Namespace, log: Callable[[str], None]
                   ) -> tuple[Callable[[Pins], list[str]], str | None]:
-    """``pins lock --inventory``'s check of the pins it is about to save (for the hosts of
-    ``--limit``), and the inventory's hub token file (host data ``hf_token_file`` of its first
-    GPU host that has one)."""
+    """``pins lock --inventory``'s check of the pins it saves, and the first GPU host's
+    ``hf_token_file``."""
     from rigfleet.cliargs import fleet_hosts
 
     hosts = fleet_hosts(args)
@@ -492,9 +462,6 @@ def pins_verifier(args: argparse.Namespace, log: Callable[[str], None]
         return refusals
 
     return verify, token_file
-
-
-# ---- the command --------------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
@@ -540,8 +507,7 @@ def _cut(text: str, width: int) -> str:
 
 def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
            online: bool, width: int = 160) -> Any:
-    """The table (cells cut to fit ``width``: a row is one line; the notes under it say in
-    full what is wrong)."""
+    """The table, cells cut to one line of ``width`` (the notes say it in full)."""
     from rich.text import Text
 
     from rigfleet.tables import Table
