@@ -34,7 +34,7 @@ _MAIN = (
 
 
 def source_files(root: Path = HOSTSIDE) -> list[Path]:
-    """Every ``.py`` file of the host side, sorted (caches excluded)."""
+    """Every ``.py`` file of the host side, sorted."""
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
@@ -65,7 +65,7 @@ def bundle_sha256(root: Path = HOSTSIDE) -> str:
 
 
 def write_bundle(dest: Path, root: Path = HOSTSIDE) -> Path:
-    """Write the zipapp to ``dest`` (mode 0755); for tests and manual installs."""
+    """Write the zipapp to ``dest`` (mode 0755)."""
     dest.write_bytes(build_bundle(root))
     dest.chmod(0o755)
     return dest
