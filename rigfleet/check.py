@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_index
 from rigfleet.aptrepos import OS_ALLOWED, REQUIRED_APT_REPOS, SUPPORTED_OS, AptRepo, os_named
@@ -53,6 +53,8 @@ FOUND, CHANGED, MISSING, UNREACHABLE, UNCHECKED = (
     "found", "changed", "missing", "unreachable", "unchecked")
 # (ID, VERSION_ID, codename) the roles provision (rigfleet.aptrepos.SUPPORTED_OS).
 OsKey = tuple[str, str, str]
+T = TypeVar("T")
+E = TypeVar("E", bound=Exception)
 
 
 @dataclass(frozen=True)
@@ -204,10 +206,8 @@ class Online:
     images: bool = True
     registry: Callable[[str, float], Registry] = Registry
     findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
-    _indexes: dict[tuple[AptRepo, str], AptIndex | AptIndexError] = field(default_factory=dict)
-    _genesis: dict[str, GenesisRepo | GenesisError] = field(default_factory=dict)
     _checker: SourceChecker | None = None
-    _memo: dict[tuple[Any, ...], Finding] = field(default_factory=dict)
+    _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
     def add(self, f: Finding, host: str) -> None:
         key = (f.thing, f.source)
@@ -238,11 +238,11 @@ class Online:
             for f in self.apt(settings, pins, os_key):
                 self.add(f, name)
 
-    def memo(self, key: tuple[Any, ...], ask: Callable[[], Finding]) -> Finding:
+    def memo(self, key: tuple[Any, ...], ask: Callable[[], T]) -> T:
         """``ask()`` once per key for the whole pass."""
         if key not in self._memo:
             self._memo[key] = ask()
-        return self._memo[key]
+        return cast(T, self._memo[key])
 
     def image(self, w: WantedImage, settings: HostSettings) -> Finding:
         if self._checker is None:
@@ -315,17 +315,15 @@ class Online:
     def genesis(self, url: str, commit: str, fetch: str | None, label: str) -> Finding:
         fetch_url = self.reach(fetch or url)
         thing = f"genesis {label}"
-        if fetch_url not in self._genesis:
+
+        def sync() -> GenesisRepo:
             repo = GenesisRepo(url, fetch_url)
-            try:
-                repo.sync()
-                self._genesis[fetch_url] = repo
-            except GenesisError as e:
-                self._genesis[fetch_url] = e
-        repo_or_error = self._genesis[fetch_url]
-        if isinstance(repo_or_error, GenesisError):
-            return Finding(thing, fetch_url, UNREACHABLE, str(repo_or_error)[:300])
-        repo = repo_or_error
+            repo.sync()
+            return repo
+
+        repo = self.memo(("genesis", fetch_url), partial(_or_error, sync, GenesisError))
+        if isinstance(repo, GenesisError):
+            return Finding(thing, fetch_url, UNREACHABLE, str(repo)[:300])
         if repo.git("cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
             return Finding(thing, fetch_url, MISSING, f"commit {commit} is not in the "
                            "repository; pin one it has (`rigfleet bump --genesis REF`)")
@@ -339,13 +337,8 @@ class Online:
     def index(self, repo: AptRepo, policy: str) -> AptIndex | AptIndexError:
         reached = AptRepo(repo.name, self.reach(repo.url), self.reach(repo.key_url), repo.suite,
                           repo.components, repo.key_fingerprint)
-        key = (reached, policy)
-        if key not in self._indexes:
-            try:
-                self._indexes[key] = read_index(reached, policy, self.timeout)
-            except AptIndexError as e:
-                self._indexes[key] = e
-        return self._indexes[key]
+        read = partial(read_index, reached, policy, self.timeout)
+        return self.memo(("apt", reached, policy), partial(_or_error, read, AptIndexError))
 
     def apt(self, settings: HostSettings, pins: Pins, os_key: OsKey) -> list[Finding]:
         os_id, version, codename = os_key
@@ -395,6 +388,13 @@ class Online:
                 out.append(Finding(thing, source, FOUND, f"{', '.join(found)} "
                                    f"({index.verifier})"))
         return out
+
+
+def _or_error(ask: Callable[[], T], error: type[E]) -> T | E:
+    try:
+        return ask()
+    except error as e:
+        return e
 
 
 def problems_of(findings: Iterable[Finding], strict: bool = True) -> list[Finding]:

@@ -293,10 +293,7 @@ class PlatformState:
 class Platform(FactBase[PlatformState]):
     """Init system, architecture, Secure Boot state, DKMS's key and the driver's origin."""
 
-    @staticmethod
-    @override
-    def default() -> PlatformState:
-        return PlatformState()
+    default = PlatformState
 
     @override
     def command(self) -> str:
@@ -358,7 +355,7 @@ class ModuleRejections(FactBase[list[str]]):
 class DaemonConfig:
     """``/etc/docker/daemon.json``: exists, its content, or why it is unreadable."""
 
-    exists: bool
+    exists: bool = False
     config: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
@@ -367,11 +364,7 @@ class DockerDaemonJson(FactBase[DaemonConfig]):
     """The Docker daemon's configuration file, parsed."""
 
     path = "/etc/docker/daemon.json"
-
-    @staticmethod
-    @override
-    def default() -> DaemonConfig:
-        return DaemonConfig(exists=False)
+    default = DaemonConfig
 
     @override
     def command(self) -> str:
@@ -381,7 +374,7 @@ class DockerDaemonJson(FactBase[DaemonConfig]):
     def process(self, output: list[str]) -> DaemonConfig:
         text = "\n".join(output).strip()
         if not text:
-            return DaemonConfig(exists=False)
+            return DaemonConfig()
         try:
             config = json.loads(text)
         except ValueError as e:
@@ -527,9 +520,9 @@ def _compare_listing(
 class GenesisCheckout:
     """The Genesis checkout: HEAD, origin URL, and its layout (None: none known)."""
 
-    head: str | None
-    origin: str | None
-    layout: str | None
+    head: str | None = None
+    origin: str | None = None
+    layout: str | None = None
 
 
 def _markers_command(tree: str) -> str:
@@ -548,10 +541,7 @@ def _layout(markers: str) -> str | None:
 class GenesisHead(FactBase[GenesisCheckout]):
     """``git rev-parse HEAD``, the origin URL and the layout markers of a checkout."""
 
-    @staticmethod
-    @override
-    def default() -> GenesisCheckout:
-        return GenesisCheckout(None, None, None)
+    default = GenesisCheckout
 
     @override
     def command(self, path: str) -> str:
@@ -576,8 +566,8 @@ class GenesisHead(FactBase[GenesisCheckout]):
 class GenesisTreeState:
     """Exported Genesis trees (commit -> (mtime, layout)) and the commits compose files mount."""
 
-    trees: dict[str, tuple[int, str | None]]
-    referenced: frozenset[str]
+    trees: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    referenced: frozenset[str] = frozenset()
 
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -586,10 +576,7 @@ _HEX40 = re.compile(r"[0-9a-f]{40}")
 class GenesisTrees(FactBase[GenesisTreeState]):
     """``<trees_dir>/<commit>/`` directories and the commits the given compose files name."""
 
-    @staticmethod
-    @override
-    def default() -> GenesisTreeState:
-        return GenesisTreeState({}, frozenset())
+    default = GenesisTreeState
 
     @override
     def command(self, trees_dir: str, compose_files: tuple[str, ...] = ()) -> str:

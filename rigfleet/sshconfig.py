@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,7 @@ def _hop(config: paramiko.SSHConfig | None, spec: str, known: tuple[str, ...]) -
     )
 
 
-def _paths(paths: list[str]) -> tuple[str, ...]:
+def _paths(paths: Iterable[str]) -> tuple[str, ...]:
     return tuple(str(Path(p).expanduser()) for p in paths)
 
 
