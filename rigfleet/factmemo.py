@@ -62,24 +62,18 @@ def read_once(on: Host, key: tuple[Any, ...], read: Callable[[], T], fresh: bool
 
 
 _GET_FACT = Host.get_fact
-_RUN = Host.run_shell_command
-_PUT = Host.put_file
 
 
-def _sent(on: Host) -> None:
-    memo = _memo(on)
-    if not memo.reading:
-        memo.sent += 1
+def _counted(send: Callable[..., Any]) -> Callable[..., Any]:
+    """``send``, counting each call outside a read as a change to the host."""
 
+    def counted(self: Host, *args: Any, **kwargs: Any) -> Any:
+        memo = _memo(self)
+        if not memo.reading:
+            memo.sent += 1
+        return send(self, *args, **kwargs)
 
-def _run_counted(self: Host, *args: Any, **kwargs: Any) -> Any:
-    _sent(self)
-    return _RUN(self, *args, **kwargs)
-
-
-def _put_counted(self: Host, *args: Any, **kwargs: Any) -> Any:
-    _sent(self)
-    return _PUT(self, *args, **kwargs)
+    return counted
 
 
 def read_host_once() -> None:
@@ -87,8 +81,8 @@ def read_host_once() -> None:
     ``read_once``, and commands and uploads outside a read count as changes. Idempotent."""
     if Host.get_fact is not _get_fact_once:
         Host.get_fact = _get_fact_once  # type: ignore[method-assign]
-        Host.run_shell_command = _run_counted  # type: ignore[method-assign]
-        Host.put_file = _put_counted  # type: ignore[method-assign]
+        Host.run_shell_command = _counted(Host.run_shell_command)  # type: ignore[method-assign]
+        Host.put_file = _counted(Host.put_file)  # type: ignore[method-assign]
 
 
 def fact_key(fact: Any, **kwargs: Any) -> tuple[Any, ...]:

@@ -31,10 +31,7 @@ if TYPE_CHECKING:
 
 # Genesis' categories for patches that fix wrong output or crashes (registry.py ``category``).
 CORRECTNESS_CATEGORIES = ("correctness", "model_correctness", "stability")
-DECISIONS = ("on", "off", "default")
 RANGE_KEY = "vllm_version_range"
-# applies_to keys that name the model the stack serves (declared in ``genesis.model``).
-MODEL_KEYS = ("model_arch", "model_class", "quant_format", "is_hybrid", "is_moe")
 _ARCH_KEYS = ("model_arch", "architectures")
 _SPEC_KEYS = ("spec_method", "spec_decode_method", "spec_method_any")
 
@@ -193,8 +190,3 @@ def decision_problems(
             out.append(f"{key}: 'default', but {where}.off sets {', '.join(switched_off)} to 0; "
                        f"allowed: off, or remove it from {where}.off")
     return out
-
-
-__all__ = ["CORRECTNESS_CATEGORIES", "DECISIONS", "MODEL_KEYS", "PatchEntry",
-           "decision_problems", "entries_from_literal", "in_range", "in_scope", "meets",
-           "read_entries", "stack_profile"]  # fmt: skip
