@@ -494,10 +494,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"ok": not failed, "problems": checked.problems,
                           "findings": [asdict(f) for f in findings]}, indent=2))
-        return 1 if failed else 0
-    console = Console()
-    render(args.inventory, checked.problems, findings, args.online,
-           console.width).print(console)
+    else:
+        console = Console()
+        render(args.inventory, checked.problems, findings, args.online,
+               console.width).print(console)
     return 1 if failed else 0
 
 

@@ -13,6 +13,7 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from itertools import takewhile
 
 from rigfleet.errors import RigfleetError
 
@@ -190,21 +191,12 @@ def _cells(line: str) -> list[str]:
 def parse_topology(text: str) -> Topology:
     """Parse ``nvidia-smi topo -m`` (ANSI escapes stripped; legend ignored)."""
     _check_driver(text)
-    lines = [_ANSI.sub("", ln) for ln in text.splitlines()]
-    body = []
-    for ln in lines:
-        if ln.strip().startswith("Legend:"):
-            break
-        if ln.strip():
-            body.append(ln)
+    lines = (_ANSI.sub("", ln) for ln in text.splitlines())
+    body = [ln for ln in takewhile(lambda ln: not ln.strip().startswith("Legend:"), lines)
+            if ln.strip()]
     if not body:
         raise GpuParseError("nvidia-smi topo -m: empty output")
-    header = [c for c in _cells(body[0]) if c]
-    devices = []
-    for cell in header:
-        if not _DEVICE.match(cell):
-            break
-        devices.append(cell)
+    devices = list(takewhile(_DEVICE.match, [c for c in _cells(body[0]) if c]))
     if not devices:
         raise GpuParseError(f"nvidia-smi topo -m: no device columns in header {body[0]!r}")
     gpu_cols = [i for i, d in enumerate(devices) if d.startswith("GPU")]

@@ -126,7 +126,7 @@ class HostChecker(Problems):
 
     def stacks_dir(self, key: Key, value: Any) -> str | None:
         """Also loads the catalog the later keys are checked against."""
-        path = self.stacks_dir_path(key, value)
+        path = self._stacks_dir(key, value)
         if self.given is None:
             try:
                 self.catalog = load_catalog([path] if path else [])
@@ -134,7 +134,7 @@ class HostChecker(Problems):
                 self.lines += [f"{self.where}: stacks_dir: {line}" for line in e.problems]
         return path
 
-    def stacks_dir_path(self, key: Key, value: Any) -> str | None:
+    def _stacks_dir(self, key: Key, value: Any) -> str | None:
         if value is None:
             return None
         checked = self.string(key.name, value, None, key.allowed)
@@ -148,14 +148,13 @@ class HostChecker(Problems):
             self.bad(key.name, value, key.allowed + " (a directory of its own)",
                      "is a system directory")
             return None
-        ok = True
+        before = len(self.lines)
         for entry in sorted(path.glob("*.yaml")):
             if escapes(entry, path):
                 self.bad(f"stacks_dir: {entry.name}", str(entry),
                          f"stack files inside {str(path.absolute())!r}",
                          f"leads outside the directory (to {os.path.realpath(entry)!r})")
-                ok = False
-        return str(path.absolute()) if ok else None
+        return str(path.absolute()) if len(self.lines) == before else None
 
     def stack(self, key: Key, value: Any) -> str | None:
         """A stack of the catalog (``stack``, ``balancer_default_stack``)."""
@@ -197,16 +196,14 @@ class HostChecker(Problems):
                     if isinstance(value, list | tuple) else "is not valid")
             self.bad(key.name, value, allowed, what)
             return ()
-        ok = True
+        before = len(self.lines)
         for i, cap in enumerate(caps):
             name = key.name if is_int(value) else f"{key.name}[{i}]"
             if not is_int(cap):
                 self.bad(name, cap, allowed, "is not a whole number of watts")
-                ok = False
             elif not low <= cap <= high:
                 self.bad(name, cap, allowed, "W is outside any GPU's sane range")
-                ok = False
-        return tuple(caps) if ok else ()
+        return tuple(caps) if len(self.lines) == before else ()
 
     def model_dir(self, key: Key, value: Any) -> str | None:
         own = " (a directory of its own: not a home, not inside a system or rigfleet directory)"
