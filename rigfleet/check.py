@@ -59,8 +59,6 @@ E = TypeVar("E", bound=Exception)
 
 @dataclass(frozen=True)
 class Finding:
-    """One pinned thing as its source answered."""
-
     thing: str
     source: str
     status: str
@@ -239,7 +237,6 @@ class Online:
                 self.add(f, name)
 
     def memo(self, key: tuple[Any, ...], ask: Callable[[], T]) -> T:
-        """``ask()`` once per key for the whole pass."""
         if key not in self._memo:
             self._memo[key] = ask()
         return cast(T, self._memo[key])
@@ -344,21 +341,19 @@ class Online:
         os_id, version, codename = os_key
         os_info = OsInfo(os_id, version, codename, "")
         policy = "sqv" if (os_id, version) == ("debian", "13") else "gpgv"
-        driver = version_prefix(pins.driver_branch, pins.driver_version)
-        wanted = {
-            "cuda": [(p, driver, f"driver {pins.driver_version or pins.driver_branch}")
-                     for p in driver_packages(os_info, pins.driver_branch)],
-            "nvidia-container-toolkit": [(p, pins.toolkit_version,
-                                          f"container toolkit {pins.toolkit_version}")
-                                         for p in TOOLKIT_PACKAGES],
+        wanted = {  # repo -> (packages, the version prefix each must have, what they are)
+            "cuda": (driver_packages(os_info, pins.driver_branch),
+                     version_prefix(pins.driver_branch, pins.driver_version),
+                     f"driver {pins.driver_version or pins.driver_branch}"),
+            "nvidia-container-toolkit": (TOOLKIT_PACKAGES, pins.toolkit_version,
+                                         f"container toolkit {pins.toolkit_version}"),
         }
         out = []
         for name in REQUIRED_APT_REPOS:
             repo = settings.apt_repos[name].expand(os_id=os_id, version_id=version,
                                                    codename=codename)
             source = f"{name} {repo.url} {repo.suite}".strip()
-            pkgs = [p for p, _, _ in wanted[name]]
-            want, what = wanted[name][0][1], wanted[name][0][2]
+            pkgs, want, what = wanted[name]
             thing = f"{what} ({os_id} {version})"
             if name == "cuda" and os_id == "ubuntu":
                 # The deploy installs Ubuntu's own -server driver packages (its archive).

@@ -61,12 +61,10 @@ class DesiredHost:
 
     @property
     def stack(self) -> str:
-        """The stack the host should serve."""
         return self.settings.stack
 
     @property
     def current(self) -> DesiredStack:
-        """The desired stack, as staged."""
         return self.stacks[self.settings.stack]
 
     @property
@@ -87,7 +85,6 @@ class DesiredHost:
 
     @property
     def models(self) -> tuple[ModelPin, ...]:
-        """The pins of every model a staged stack serves."""
         pins = {self.pins.model_for(s.spec.model) for s in self.stacks.values()}
         return tuple(sorted(pins, key=lambda m: m.repo))
 
@@ -132,7 +129,6 @@ def tracked_record(pins: Pins, spec: StackSpec) -> dict[str, Any]:
 
 
 def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> DesiredStack:
-    """One stack rendered for one host (pure)."""
     doc = compose_document(spec, pins, settings)
     config_hash = str(doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL])
     tracked = tracked_record(pins, spec)

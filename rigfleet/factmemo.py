@@ -39,7 +39,6 @@ def _memo(on: Host) -> _HostMemo:
 
 
 def _changes(state: State, on: Host) -> int:
-    """How many operations have executed commands on host ``on`` so far."""
     ops = state.ops.get(on, {})
     return sum(1 for data in ops.values() if data.operation_meta.executed)
 

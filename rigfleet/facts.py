@@ -167,8 +167,6 @@ class OsRelease(FactBase[dict[str, str]]):
 
 @dataclass(frozen=True)
 class DebPackage:
-    """One package as dpkg knows it."""
-
     version: str
     installed: bool
     held: bool
@@ -238,8 +236,6 @@ class GpuState:
 
 
 class GpuQuery(FactBase[GpuState]):
-    """The GPUs as ``nvidia-smi --query-gpu`` reports them (parsed by ``rigfleet.gpu``)."""
-
     @staticmethod
     @override
     def default() -> GpuState:
@@ -361,8 +357,6 @@ class DaemonConfig:
 
 
 class DockerDaemonJson(FactBase[DaemonConfig]):
-    """The Docker daemon's configuration file, parsed."""
-
     path = "/etc/docker/daemon.json"
     default = DaemonConfig
 
@@ -623,8 +617,6 @@ class VenvPackageVersion(FactBase[str | None]):
 
 @dataclass(frozen=True)
 class FileInfo:
-    """A file's mode (octal string), owner, group and sha256."""
-
     mode: str
     user: str
     group: str
@@ -652,6 +644,5 @@ class FileDigest(FactBase[FileInfo | None]):
 
 
 def gpu_power_limit(gpu: Any) -> float | None:
-    """A card's current power limit in watts (``rigfleet.gpu.GpuInfo``), None when [N/A]."""
     value = getattr(gpu, "power_limit_w", None)
     return float(value) if value is not None else None

@@ -107,7 +107,6 @@ _SHOWN = 6
 
 
 def truthy(value: str) -> bool:
-    """Genesis reads ``value`` as on."""
     return value.strip().lower() in TRUTHY
 
 

@@ -93,8 +93,6 @@ class Source(Protocol):
 
 
 class DirSource:
-    """A tree on disk (a checkout or an exported tree)."""
-
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
@@ -124,7 +122,6 @@ def detect_layout(present: set[str] | frozenset[str]) -> tuple[str | None, str |
 
 
 def markers(source: Source) -> frozenset[str]:
-    """Which of ``MARKERS`` the tree has."""
     return frozenset(m for m in MARKERS if source.exists(m))
 
 
@@ -309,7 +306,6 @@ def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
 
 
 def read_file(source: Source, rel: str, layout: str, holds: str) -> str:
-    """The text of ``rel``; raises ``InspectError`` when the tree lacks it."""
     text = source.read(rel)
     if text is None:
         raise InspectError(f"{rel}: missing (where the {layout} layout keeps {holds})")

@@ -40,7 +40,6 @@ class GenesisLayout:
         return self.files.check_file
 
     def mount_source(self, tree: str) -> str:
-        """The host directory mounted for a tree exported at ``tree``."""
         root = tree.rstrip("/")
         return f"{root}/{self.mount}" if self.mount else root
 

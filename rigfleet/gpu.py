@@ -147,7 +147,6 @@ def parse_query_rows(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[di
 
 
 def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GpuInfo]:
-    """Parse ``nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]`` output."""
     gpus = []
     for pos, row in enumerate(parse_query_rows(text, fields)):
         line = ", ".join(row.values())
@@ -226,8 +225,6 @@ def parse_topology(text: str) -> Topology:
 
 @dataclass(frozen=True)
 class SmiVersion:
-    """``nvidia-smi --version``."""
-
     smi_version: str
     nvml_version: str
     driver_version: str

@@ -34,7 +34,6 @@ _MAIN = (
 
 
 def source_files(root: Path = HOSTSIDE) -> list[Path]:
-    """Every ``.py`` file of the host side, sorted."""
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
@@ -65,7 +64,6 @@ def bundle_sha256(root: Path = HOSTSIDE) -> str:
 
 
 def write_bundle(dest: Path, root: Path = HOSTSIDE) -> Path:
-    """Write the zipapp to ``dest`` (mode 0755)."""
     dest.write_bytes(build_bundle(root))
     dest.chmod(0o755)
     return dest

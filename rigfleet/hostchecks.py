@@ -357,7 +357,6 @@ class HostChecker(Problems):
         return out
 
     def text(self, key: Key, value: Any) -> str | None:
-        """A non-empty string (a path on this machine)."""
         if not isinstance(value, str) or not value.strip():
             self.bad(key.name, value, key.allowed)
             return None
@@ -469,7 +468,6 @@ class HostChecker(Problems):
         return value
 
     def flag(self, key: Key, value: Any) -> bool:
-        """A yes/no flag (``flag_value``)."""
         checked = flag_value(value)
         if checked is None:
             self.bad(key.name, value, key.allowed)
@@ -493,7 +491,6 @@ def number_check(low: float | None, high: float | None, *, integer: bool = False
 
 
 def is_number(value: Any) -> bool:
-    """An ``int`` or ``float`` that is not a ``bool``."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

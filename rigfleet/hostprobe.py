@@ -26,8 +26,6 @@ from rigfleet.ssh import HostUnreachable, Remote
 
 @dataclass(frozen=True)
 class HostProbe:
-    """One probe's answer (``raw``), with typed views of its parts."""
-
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property

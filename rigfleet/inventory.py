@@ -61,7 +61,6 @@ class InventoryHost:
 
     @classmethod
     def of(cls, host: Any) -> InventoryHost:
-        """A pyinfra host as the SSH layer takes it."""
         return cls(host.name, (), dict(host.data.dict()) if hasattr(host.data, "dict") else {})
 
     @property

@@ -120,7 +120,6 @@ def prepare(host: InventoryHost, timeout: float) -> tuple[Any, SshTarget]:
 
 
 def connection(host: InventoryHost, timeout: float) -> Any:
-    """A connected ``fabric.Connection`` for ``host``."""
     import paramiko
 
     conn, target = prepare(host, timeout)
@@ -148,7 +147,6 @@ def connection(host: InventoryHost, timeout: float) -> Any:
 
 
 def _drain(recv: Callable[[int], bytes]) -> bytes:
-    """Everything ``recv`` gives until the channel ends."""
     data = bytearray()
     while chunk := recv(65536):
         data += chunk

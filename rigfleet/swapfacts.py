@@ -32,8 +32,6 @@ class SwapProbe(FactBase[dict[str, Any]]):
 
 
 class UnitActive(FactBase[bool]):
-    """``systemctl is-active <unit>`` says ``active``."""
-
     default = bool
 
     @override
