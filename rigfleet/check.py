@@ -106,15 +106,10 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
     pins_by_file: dict[str, Pins | None] = {}
     for h in hosts:
         if h.kind.balancer:
-            try:
-                validate_balancer(h.name, h.data, gpu_host=h.kind.gpu)
-            except ValidationError as e:
-                out.problems += e.problems
+            out.problems += _raised(partial(validate_balancer, h.name, h.data,
+                                            gpu_host=h.kind.gpu))
         if h.kind.monitor:
-            try:
-                validate_monitor(h.name, h.data)
-            except ValidationError as e:
-                out.problems += e.problems
+            out.problems += _raised(partial(validate_monitor, h.name, h.data))
         if not h.kind.gpu:
             continue
         oses, os_problem = host_os(h.name, h.data.get("os"))
@@ -169,11 +164,17 @@ def _agree(settings: HostSettings, pins: Pins) -> list[str]:
         return out
     staged = staged_stacks(settings, pins)
     for check in (check_switch_sets, check_image_rules):
-        try:
-            check(settings, pins, staged)
-        except ValidationError as e:
-            out += e.problems
+        out += _raised(partial(check, settings, pins, staged))
     return out
+
+
+def _raised(check: Callable[[], object]) -> list[str]:
+    """The problems ``check()`` raises."""
+    try:
+        check()
+    except ValidationError as e:
+        return e.problems
+    return []
 
 
 def reacher(pairs: Iterable[str]) -> Callable[[str], str]:
