@@ -24,7 +24,7 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from typing_extensions import override
 
-from rigfleet import genesis_inspect
+from rigfleet import genesis_inspect, gpu
 from rigfleet.commands import apt as apt_commands
 from rigfleet.commands import docker as docker_commands
 from rigfleet.commands import nvidia as nvidia_commands
@@ -243,14 +243,10 @@ class GpuQuery(FactBase[GpuState]):
 
     @override
     def command(self) -> str:
-        from rigfleet import gpu
-
         return nvidia_commands.gpu_query(gpu.query_command())
 
     @override
     def process(self, output: list[str]) -> GpuState:
-        from rigfleet import gpu
-
         if not output or output[0].strip() == nvidia_commands.SMI_FAILED:
             return GpuState(loaded=False, error=" ".join(line.strip() for line in output[1:]))
         try:
@@ -643,6 +639,6 @@ class FileDigest(FactBase[FileInfo | None]):
         )
 
 
-def gpu_power_limit(gpu: Any) -> float | None:
-    value = getattr(gpu, "power_limit_w", None)
+def gpu_power_limit(card: Any) -> float | None:
+    value = getattr(card, "power_limit_w", None)
     return float(value) if value is not None else None
