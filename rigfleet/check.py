@@ -2,12 +2,11 @@
 and (``--online``) every pinned thing asked of its live source.
 
 Offline, every problem of the hosts' data, pins files and stack files is listed at once.
-Online, from this machine (``--reach FROM=TO`` rewrites a source's address): the images by
-digest from each host's ``image_sources``, the model revision on the hub, each Genesis commit,
-the driver and toolkit in the ``apt_repos``' signed indexes for each OS the hosts run. Each
-finding is ``found``, ``changed`` (its tag/branch moved on), ``missing``, ``unreachable`` or
-``unchecked``; missing or unreachable exits 1. ``pins lock``, the bump (``verify_pins``) and
-the deploy (``deploy_verdict``) run the same checks: missing refuses, unreachable warns::
+Online, from this machine (``--reach FROM=TO`` rewrites an address): the images in each host's
+``image_sources``, the model on the hub, each Genesis commit, the driver and toolkit in the
+``apt_repos`` for each OS the hosts run; each finding ``found``, ``changed`` (its tag moved on),
+``missing``, ``unreachable`` (both exit 1) or ``unchecked``. ``pins lock``, the bump and the
+deploy run the same checks: missing refuses, unreachable warns::
 
     rigfleet check --inventory inventory/home.py [--online] [--json]
 """

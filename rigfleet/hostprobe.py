@@ -71,20 +71,19 @@ class HostProbe:
 
     @property
     def ledger_tail(self) -> tuple[dict[str, Any], ...]:
-        ledger = self.raw.get("ledger") or {}
-        return tuple(e for e in ledger.get("tail") or () if isinstance(e, dict))
+        return tuple(e for e in self.section("ledger").get("tail") or () if isinstance(e, dict))
 
     @property
     def ledger_count(self) -> int:
-        return int((self.raw.get("ledger") or {}).get("count") or 0)
+        return int(self.section("ledger").get("count") or 0)
 
     @property
     def report_files(self) -> tuple[str, ...]:
-        return tuple((self.raw.get("reports") or {}).get("files") or ())
+        return tuple(self.section("reports").get("files") or ())
 
     @property
     def newest_report(self) -> ReportSummary | None:
-        return ReportSummary.from_dict((self.raw.get("reports") or {}).get("newest"))
+        return ReportSummary.from_dict(self.section("reports").get("newest"))
 
     @property
     def throughput_last(self) -> ThroughputRecord | None:
