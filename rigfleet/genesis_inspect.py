@@ -15,6 +15,7 @@ import ast
 import json
 import re
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -278,10 +279,8 @@ def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
     out["version_file"] = files.version_file
     version_text = source.read(files.version_file)
     if version_text is not None:
-        try:
+        with suppress(InspectError):  # a version is for people; its absence blocks nothing
             out["version"] = parse_version(version_text, files)
-        except InspectError:
-            out["version"] = None  # a version is for people; its absence blocks nothing
     try:
         known, pending = parse_allowlist(read_file(source, files.allowlist_file, layout,
                                                    KNOWN_GOOD), files.allowlist_file)
