@@ -1,25 +1,14 @@
 """``rigfleet check``: the inventory, pins and stack files checked without reaching a host,
 and (``--online``) every pinned thing asked of its live source.
 
-Offline, every problem is listed at once (``<file or host>: <key>: <value>; allowed: ...``):
-each GPU host's data (``validate_host``, which loads its stack files), each balancer's, each
-pins file (unresolved values included) and what a host's data and its pins must agree on.
-
-Online, from this machine, per pinned thing: the images by digest from each host's
-``image_sources`` in order (``rigfleet.images.checks``); the model revision and its files on
-the hub (``rigfleet.hub``, with ``hf_token_file``); each Genesis commit in its repository
-(``bump_genesis_url`` where this machine reaches it there); the driver branch and the toolkit
-version in the ``apt_repos``' signed indexes (``rigfleet.aptindex``) for each OS the hosts run
-(host data ``os``, e.g. ``debian 13``; else every supported OS). A source may be reached at
-another address from here (``--reach FROM=TO``: the testbed's published ports). Each finding is
-``found``, ``changed`` (still there, but its tag/branch moved on: informational), ``missing``,
-``unreachable`` or ``unchecked``; ``check`` exits 1 on any offline problem, missing or
-unreachable thing::
+Offline, every problem of the hosts' data, pins files and stack files is listed at once.
+Online, from this machine (``--reach FROM=TO`` rewrites an address): the images in each host's
+``image_sources``, the model on the hub, each Genesis commit, the driver and toolkit in the
+``apt_repos`` for each OS the hosts run; each finding ``found``, ``changed`` (its tag moved on),
+``missing``, ``unreachable`` (both exit 1) or ``unchecked``. ``pins lock``, the bump and the
+deploy run the same checks: missing refuses, unreachable warns::
 
     rigfleet check --inventory inventory/home.py [--online] [--json]
-
-``pins lock --inventory`` and the bump's plan (``verify_pins``) and the deploy's preflight
-(``deploy_verdict``) run the same online checks: missing refuses, unreachable warns.
 """
 
 from __future__ import annotations
@@ -31,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_index
 from rigfleet.aptrepos import OS_ALLOWED, REQUIRED_APT_REPOS, SUPPORTED_OS, AptRepo, os_named
@@ -63,12 +52,12 @@ FOUND, CHANGED, MISSING, UNREACHABLE, UNCHECKED = (
     "found", "changed", "missing", "unreachable", "unchecked")
 # (ID, VERSION_ID, codename) the roles provision (rigfleet.aptrepos.SUPPORTED_OS).
 OsKey = tuple[str, str, str]
+T = TypeVar("T")
+E = TypeVar("E", bound=Exception)
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One pinned thing as its source answered: ``status`` one of the five above."""
-
     thing: str
     source: str
     status: str
@@ -81,8 +70,7 @@ def supported_os() -> list[OsKey]:
 
 
 def host_os(name: str, value: Any) -> tuple[list[OsKey], str | None]:
-    """The OSes host data ``os`` names (``debian 13``, ``ubuntu 24.04``; None: every supported
-    one) and a problem line when it names none of them."""
+    """The OSes host data ``os`` names (None: every supported one), and a problem line."""
     known = supported_os()
     if value is None:
         return known, None
@@ -103,33 +91,24 @@ def os_disagrees(name: str, value: Any, os_key: OsKey) -> str | None:
             f"({os_key[2]}); allowed: the OS the host runs (or no os key)")
 
 
-# ---- offline ------------------------------------------------------------------------------
-
-
 @dataclass
 class Checked:
-    """What the offline pass found: problems, and each valid GPU host's settings and pins."""
+    """Problems, and each valid GPU host's settings, pins and OSes."""
 
     problems: list[str] = field(default_factory=list)
     hosts: dict[str, tuple[HostSettings, Pins, list[OsKey]]] = field(default_factory=dict)
 
 
 def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
-    """Every problem of the inventory's hosts (``rigfleet.inventory.InventoryHost``), their
-    pins files and stack files, listed at once (never stops at the first)."""
+    """Every problem of the hosts, their pins files and stack files, listed at once."""
     out = Checked()
     pins_by_file: dict[str, Pins | None] = {}
     for h in hosts:
         if h.kind.balancer:
-            try:
-                validate_balancer(h.name, h.data, gpu_host=h.kind.gpu)
-            except ValidationError as e:
-                out.problems += e.problems
+            out.problems += _raised(partial(validate_balancer, h.name, h.data,
+                                            gpu_host=h.kind.gpu))
         if h.kind.monitor:
-            try:
-                validate_monitor(h.name, h.data)
-            except ValidationError as e:
-                out.problems += e.problems
+            out.problems += _raised(partial(validate_monitor, h.name, h.data))
         if not h.kind.gpu:
             continue
         oses, os_problem = host_os(h.name, h.data.get("os"))
@@ -140,7 +119,6 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
             settings = validate_host(h.name, h.data)
         except ValidationError as e:
             out.problems += [p for p in e.problems if p not in out.problems]
-        # The pins are checked even when the host's data is not: every problem at once.
         raw = h.data.get("pins_file") or "pins.yaml"
         path = str(resolve_pins_path(settings.pins_file if settings else str(raw), base)
                    .absolute())
@@ -177,7 +155,7 @@ def _pins(path: str, settings: HostSettings | None, data: Any,
 
 
 def _agree(settings: HostSettings, pins: Pins) -> list[str]:
-    """What the host's data and its pins must agree on (``rigfleet.desired``'s checks)."""
+    """What the host's data and its pins must agree on."""
     out: list[str] = []
     if settings.stack not in pins.stacks:
         out.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
@@ -185,18 +163,21 @@ def _agree(settings: HostSettings, pins: Pins) -> list[str]:
         return out
     staged = staged_stacks(settings, pins)
     for check in (check_switch_sets, check_image_rules):
-        try:
-            check(settings, pins, staged)
-        except ValidationError as e:
-            out += e.problems
+        out += _raised(partial(check, settings, pins, staged))
     return out
 
 
-# ---- online -------------------------------------------------------------------------------
+def _raised(check: Callable[[], object]) -> list[str]:
+    """The problems ``check()`` raises."""
+    try:
+        check()
+    except ValidationError as e:
+        return e.problems
+    return []
 
 
 def reacher(pairs: Iterable[str]) -> Callable[[str], str]:
-    """``url -> url`` as this machine reaches it: each ``FROM=TO`` prefix rewritten."""
+    """``url -> url`` with each ``FROM=TO`` prefix rewritten."""
     table: list[tuple[str, str]] = []
     for pair in pairs:
         src, sep, dst = pair.partition("=")
@@ -221,13 +202,10 @@ class Online:
     reach: Callable[[str], str] = field(default=lambda url: url)
     timeout: float = 15.0
     images: bool = True
-    # How a registry client is made for a URL (tests pass a fake).
     registry: Callable[[str, float], Registry] = Registry
     findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
-    _indexes: dict[tuple[AptRepo, str], AptIndex | AptIndexError] = field(default_factory=dict)
-    _genesis: dict[str, GenesisRepo | GenesisError] = field(default_factory=dict)
     _checker: SourceChecker | None = None
-    _memo: dict[tuple[Any, ...], Finding] = field(default_factory=dict)
+    _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
     def add(self, f: Finding, host: str) -> None:
         key = (f.thing, f.source)
@@ -236,7 +214,7 @@ class Online:
         self.findings[key] = Finding(f.thing, f.source, f.status, f.todo, hosts)
 
     def host(self, settings: HostSettings, pins: Pins, oses: Sequence[OsKey]) -> None:
-        """Every check for one host (findings shared with the other hosts)."""
+        """Every check for one host (findings shared across hosts)."""
         name = settings.name
         staged = {s.name: pins.stacks[s.name] for s in staged_stacks(settings, pins)}
         if self.images:
@@ -258,13 +236,11 @@ class Online:
             for f in self.apt(settings, pins, os_key):
                 self.add(f, name)
 
-    def memo(self, key: tuple[Any, ...], ask: Callable[[], Finding]) -> Finding:
-        """``ask()`` once per key for the whole pass."""
+    def memo(self, key: tuple[Any, ...], ask: Callable[[], T]) -> T:
         if key not in self._memo:
             self._memo[key] = ask()
-        return self._memo[key]
+        return cast(T, self._memo[key])
 
-    # -- images
     def image(self, w: WantedImage, settings: HostSettings) -> Finding:
         if self._checker is None:
             reach, make = self.reach, self.registry
@@ -294,8 +270,7 @@ class Online:
 
     def tag_moved(self, source: ImageSource, w: WantedImage,
                   settings: HostSettings) -> str | None:
-        """What the pinned tag names now, when that is another digest (None: the same, or
-        not asked)."""
+        """What the pinned tag names now, when another digest."""
         url = check_url(source, w, settings)
         if url is None or url == NO_CHECK or self._checker is None:
             return None
@@ -309,7 +284,6 @@ class Online:
         return (f"the tag {tag} names {now[:19]} now; the pin still pulls its digest "
                 "(`rigfleet pins lock --refresh` follows the tag)")
 
-    # -- the model
     def model(self, settings: HostSettings, m: ModelPin) -> Finding:
         endpoint = settings.hf_endpoint or "https://huggingface.co"
         hub = Hub(self.reach(endpoint), settings.hf_token_file, self.timeout)
@@ -335,21 +309,18 @@ class Online:
                            "stays (verify that revision before moving: `rigfleet bump`)")
         return Finding(thing, endpoint, FOUND, f"{len(files)} files")
 
-    # -- Genesis
     def genesis(self, url: str, commit: str, fetch: str | None, label: str) -> Finding:
         fetch_url = self.reach(fetch or url)
         thing = f"genesis {label}"
-        if fetch_url not in self._genesis:
+
+        def sync() -> GenesisRepo:
             repo = GenesisRepo(url, fetch_url)
-            try:
-                repo.sync()
-                self._genesis[fetch_url] = repo
-            except GenesisError as e:
-                self._genesis[fetch_url] = e
-        repo_or_error = self._genesis[fetch_url]
-        if isinstance(repo_or_error, GenesisError):
-            return Finding(thing, fetch_url, UNREACHABLE, str(repo_or_error)[:300])
-        repo = repo_or_error
+            repo.sync()
+            return repo
+
+        repo = self.memo(("genesis", fetch_url), partial(_or_error, sync, GenesisError))
+        if isinstance(repo, GenesisError):
+            return Finding(thing, fetch_url, UNREACHABLE, str(repo)[:300])
         if repo.git("cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
             return Finding(thing, fetch_url, MISSING, f"commit {commit} is not in the "
                            "repository; pin one it has (`rigfleet bump --genesis REF`)")
@@ -360,37 +331,29 @@ class Online:
                            "any more (history rewritten?): it may be collected; move the pin")
         return Finding(thing, fetch_url, FOUND, f"on {', '.join(refs[:3])}")
 
-    # -- apt
     def index(self, repo: AptRepo, policy: str) -> AptIndex | AptIndexError:
         reached = AptRepo(repo.name, self.reach(repo.url), self.reach(repo.key_url), repo.suite,
                           repo.components, repo.key_fingerprint)
-        key = (reached, policy)
-        if key not in self._indexes:
-            try:
-                self._indexes[key] = read_index(reached, policy, self.timeout)
-            except AptIndexError as e:
-                self._indexes[key] = e
-        return self._indexes[key]
+        read = partial(read_index, reached, policy, self.timeout)
+        return self.memo(("apt", reached, policy), partial(_or_error, read, AptIndexError))
 
     def apt(self, settings: HostSettings, pins: Pins, os_key: OsKey) -> list[Finding]:
         os_id, version, codename = os_key
         os_info = OsInfo(os_id, version, codename, "")
         policy = "sqv" if (os_id, version) == ("debian", "13") else "gpgv"
-        driver = version_prefix(pins.driver_branch, pins.driver_version)
-        wanted = {
-            "cuda": [(p, driver, f"driver {pins.driver_version or pins.driver_branch}")
-                     for p in driver_packages(os_info, pins.driver_branch)],
-            "nvidia-container-toolkit": [(p, pins.toolkit_version,
-                                          f"container toolkit {pins.toolkit_version}")
-                                         for p in TOOLKIT_PACKAGES],
+        wanted = {  # repo -> (packages, the version prefix each must have, what they are)
+            "cuda": (driver_packages(os_info, pins.driver_branch),
+                     version_prefix(pins.driver_branch, pins.driver_version),
+                     f"driver {pins.driver_version or pins.driver_branch}"),
+            "nvidia-container-toolkit": (TOOLKIT_PACKAGES, pins.toolkit_version,
+                                         f"container toolkit {pins.toolkit_version}"),
         }
         out = []
         for name in REQUIRED_APT_REPOS:
             repo = settings.apt_repos[name].expand(os_id=os_id, version_id=version,
                                                    codename=codename)
             source = f"{name} {repo.url} {repo.suite}".strip()
-            pkgs = [p for p, _, _ in wanted[name]]
-            want, what = wanted[name][0][1], wanted[name][0][2]
+            pkgs, want, what = wanted[name]
             thing = f"{what} ({os_id} {version})"
             if name == "cuda" and os_id == "ubuntu":
                 # The deploy installs Ubuntu's own -server driver packages (its archive).
@@ -422,6 +385,13 @@ class Online:
         return out
 
 
+def _or_error(ask: Callable[[], T], error: type[E]) -> T | E:
+    try:
+        return ask()
+    except error as e:
+        return e
+
+
 def problems_of(findings: Iterable[Finding], strict: bool = True) -> list[Finding]:
     """The findings that fail a check: missing, and (``strict``) unreachable."""
     bad = {MISSING, UNREACHABLE} if strict else {MISSING}
@@ -432,15 +402,13 @@ REACH_ENV = "RIGFLEET_REACH"
 
 
 def deploy_online(images: bool = False, reach: Sequence[str] = ()) -> Online:
-    """The deploy's online pass: no images (the images role's preflight asks their sources),
-    short timeouts, and ``RIGFLEET_REACH`` (``FROM=TO`` pairs, space-separated) as --reach."""
+    """The deploy's online pass: short timeouts, ``RIGFLEET_REACH`` pairs as --reach."""
     pairs = [*os.environ.get(REACH_ENV, "").split(), *reach]
     return Online(reach=reacher(pairs), timeout=10.0, images=images)
 
 
 def verify_pins(hosts: Sequence[Any], pins: Pins, run: Online) -> tuple[list[str], list[str]]:
-    """(refusals, warnings) of ``pins`` (as ``pins lock`` would save them, or a bump's new
-    pins) for the inventory's GPU hosts: what ``pins lock`` and the bump's plan ask."""
+    """(refusals, warnings) of ``pins`` (about to be locked, or a bump's) for the GPU hosts."""
     for h in hosts:
         if not h.kind.gpu:
             continue
@@ -459,9 +427,7 @@ def verify_pins(hosts: Sequence[Any], pins: Pins, run: Online) -> tuple[list[str
 
 def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
                    run: Online) -> tuple[list[str], list[str]]:
-    """(refusals, warnings) of the deploy's preflight for one host of a known OS: a thing its
-    source says is gone refuses the host, naming it and each source tried; a source this
-    machine cannot reach is a warning (the host may reach it; its own step fails if not)."""
+    """(refusals, warnings) of the deploy's preflight for one host of a known OS."""
     before = dict(run.findings)
     run.host(settings, pins, [os_key])
     mine = [f for k, f in run.findings.items() if settings.name in f.hosts or k not in before]
@@ -474,9 +440,8 @@ def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
 
 def pins_verifier(args: argparse.Namespace, log: Callable[[str], None]
                   ) -> tuple[Callable[[Pins], list[str]], str | None]:
-    """``pins lock --inventory``'s check of the pins it is about to save (for the hosts of
-    ``--limit``), and the inventory's hub token file (host data ``hf_token_file`` of its first
-    GPU host that has one)."""
+    """``pins lock --inventory``'s check of the pins it saves, and the first GPU host's
+    ``hf_token_file``."""
     from rigfleet.cliargs import fleet_hosts
 
     hosts = fleet_hosts(args)
@@ -492,9 +457,6 @@ def pins_verifier(args: argparse.Namespace, log: Callable[[str], None]
         return refusals
 
     return verify, token_file
-
-
-# ---- the command --------------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
@@ -527,10 +489,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"ok": not failed, "problems": checked.problems,
                           "findings": [asdict(f) for f in findings]}, indent=2))
-        return 1 if failed else 0
-    console = Console()
-    render(args.inventory, checked.problems, findings, args.online,
-           console.width).print(console)
+    else:
+        console = Console()
+        render(args.inventory, checked.problems, findings, args.online,
+               console.width).print(console)
     return 1 if failed else 0
 
 
@@ -540,8 +502,7 @@ def _cut(text: str, width: int) -> str:
 
 def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
            online: bool, width: int = 160) -> Any:
-    """The table (cells cut to fit ``width``: a row is one line; the notes under it say in
-    full what is wrong)."""
+    """The table, cells cut to one line of ``width`` (the notes say it in full)."""
     from rich.text import Text
 
     from rigfleet.tables import Table

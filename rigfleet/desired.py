@@ -1,17 +1,10 @@
-"""What a host should be: built once per host from its inventory data, the pins and the stacks.
+"""What a host should be, built once per host (pure) from its data, the pins and the stacks.
 
-``DesiredHost`` is the one model of "what the deploy makes of this host": the roles render and
-stage from it (``roles/preflight.py`` builds it), ``rigfleet status`` and the host checks
-(``tests/hosts``) compare a host against it, the bump plans with it. Everything here is pure
-(no host is contacted); the compose file of each stack is rendered once, here.
-
-Example::
-
-    from rigfleet.desired import load_desired
+``DesiredHost`` is what the roles render and stage from, and what status, the host checks and
+the bump compare a host against; each stack's compose file is rendered once, here::
 
     want = load_desired(host.name, host.data)          # validates data, reads the pins once
     want.stack, want.current.config_hash               # 'int8', '0a1b2c3d4e5f6789'
-    want.current.ref.route_id                          # what the front routes to when it serves
     want.stacks["tq3-mtp-genesis"].text                # that stack's compose file, as staged
 """
 
@@ -36,15 +29,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class DesiredStack:
-    """One stack as this host stages it.
-
-    + spec: the stack file; pins: what it runs (image, digest, Genesis)
-    + document, text: its compose file (data, and the YAML text the deploy writes)
-    + config_hash: the file's ``io.rigfleet.config-hash``
-    + tracked: the pins state.json and the ledger record while it serves (``TRACKED_KEYS``)
-    + ref: what the host-side transaction gets (``rigfleet.hostside.plan.StackRef``)
-    + gate_set: the gate profile overrides the stack brings (``stack_gate_set``)
-    """
+    """One stack as this host stages it: its compose file (``document``, and ``text`` as
+    written), what the ledger tracks while it serves, and the host-side transaction's ``ref``."""
 
     spec: StackSpec
     pins: StackPins
@@ -66,12 +52,7 @@ class DesiredStack:
 
 @dataclass(frozen=True)
 class DesiredHost:
-    """Everything the deploy makes of one host (see the module docstring).
-
-    + name: the inventory name
-    + settings: validated host data; pins: the pins this host runs (``for_host`` applied)
-    + stacks: every stack the host stages, by name (the desired one among them)
-    """
+    """Everything the deploy makes of one host: ``stacks`` it stages, the desired among them."""
 
     name: str
     settings: HostSettings
@@ -80,12 +61,10 @@ class DesiredHost:
 
     @property
     def stack(self) -> str:
-        """The stack the host should serve."""
         return self.settings.stack
 
     @property
     def current(self) -> DesiredStack:
-        """The desired stack, as staged."""
         return self.stacks[self.settings.stack]
 
     @property
@@ -94,8 +73,7 @@ class DesiredHost:
 
     @property
     def genesis(self) -> GenesisPin | None:
-        """The Genesis checkout the deploy keeps: the desired stack's, else the first staged
-        stack's that uses Genesis (so a later switch to it finds the tree ready)."""
+        """The Genesis checkout the deploy keeps: the desired stack's, else the first staged."""
         if self.current.pins.genesis is not None:
             return self.current.pins.genesis
         return next((s.pins.genesis for s in self.stacks.values() if s.pins.genesis), None)
@@ -107,30 +85,22 @@ class DesiredHost:
 
     @property
     def models(self) -> tuple[ModelPin, ...]:
-        """The pins of every model a staged stack serves (the weights role fetches each)."""
         pins = {self.pins.model_for(s.spec.model) for s in self.stacks.values()}
         return tuple(sorted(pins, key=lambda m: m.repo))
 
     def weights_path(self, model: ModelPin) -> str:
-        """A pinned model revision's own directory on the host (``Layout.weights_dir``)."""
+        """A pinned model revision's own directory on the host."""
         return str(HOST.weights_dir(self.settings.model_dir, model.local_dir, model.revision))
 
     @property
     def model_path(self) -> str:
-        """The desired stack's model revision's directory: what its compose file mounts,
-        where the fetcher verifies and the manifest is."""
+        """The desired stack's model revision's directory (what its compose file mounts)."""
         return self.weights_path(self.model)
 
     @property
     def other_containers(self) -> tuple[str, ...]:
         """The containers of the staged stacks that should not run."""
         return tuple(s.spec.container_name for n, s in self.stacks.items() if n != self.stack)
-
-    @property
-    def staged_pins(self) -> dict[str, StackPins]:
-        """The pins of the stacks this host stages (what the image role pulls and the disk
-        check counts): only those host data ``stacks`` and the host's GPUs allow."""
-        return {name: s.pins for name, s in self.stacks.items()}
 
     @property
     def projects(self) -> tuple[tuple[str, str], ...]:
@@ -140,8 +110,7 @@ class DesiredHost:
 
 
 def tracked_record(pins: Pins, spec: StackSpec) -> dict[str, Any]:
-    """The facts the ledger tracks for stack ``spec`` (``TRACKED_KEYS``); a difference in any
-    of them is a ledger entry."""
+    """The facts the ledger tracks for stack ``spec`` (``TRACKED_KEYS``)."""
     stack, pinned, model = spec.name, pins.stacks[spec.name], pins.model_for(spec.model)
     record = {
         "stack": stack,
@@ -160,7 +129,6 @@ def tracked_record(pins: Pins, spec: StackSpec) -> dict[str, Any]:
 
 
 def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> DesiredStack:
-    """One stack rendered for one host (pure)."""
     doc = compose_document(spec, pins, settings)
     config_hash = str(doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL])
     tracked = tracked_record(pins, spec)
@@ -183,14 +151,13 @@ def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> Desire
 
 
 def fits(spec: StackSpec, gpu_count: int) -> bool:
-    """The stack runs on a host with ``gpu_count`` cards (its GPU count and its TP)."""
+    """The stack runs on ``gpu_count`` cards (its GPU count and its TP)."""
     return max(spec.gpu_count, spec.tensor_parallel_size) <= gpu_count
 
 
 def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
-    """The stacks a host stages (in pins order): the pinned stacks of the catalog that the
-    host may serve (host data ``stacks``; default: every one its GPUs can run). The image
-    role pulls, and the disk check counts, exactly these."""
+    """The pinned stacks of the catalog the host may serve (host data ``stacks``) and its GPUs
+    can run, in pins order."""
     allowed = settings.stacks
     out = []
     for name in pins.stacks:
@@ -203,10 +170,8 @@ def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
 
 
 def stack_gate_set(spec: StackSpec, settings: HostSettings) -> tuple[str, ...]:
-    """The gate profile overrides this stack brings to its host's swaps: the stack file's
-    ``gate.set``, and what the throughput check needs (whose baseline: the stack; where the
-    host keeps it; the stack file's ``throughput`` section; the host's ``throughput_scale``).
-    Host data ``gate_set`` comes after these in the plan, so it wins."""
+    """The gate profile overrides this stack brings (``gate.set``, the throughput check's);
+    host data ``gate_set`` comes after them in the plan, so it wins."""
     out = [*spec.gate_set, f"throughput_stack={spec.name}",
            f"throughput_history_dir={HOST.throughput_dir}",
            f"throughput_scale={settings.throughput_scale:g}"]
@@ -234,8 +199,7 @@ def check_pinned(settings: HostSettings, pins: Pins) -> None:
 
 
 def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> None:
-    """Each staged Genesis stack's file must have a switch set for its pinned Genesis layout
-    (``genesis.switches.v7`` / ``.v12``): it is what the compose file's environment is."""
+    """Each staged Genesis stack's file must have a switch set for its pinned layout."""
     problems = []
     for spec in staged:
         pinned = pins.stacks.get(spec.name)
@@ -254,8 +218,7 @@ def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec
 
 
 def check_image_rules(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> None:
-    """Each staged stack's pinned image must be of a kind and vLLM version its stack file's
-    ``image`` rule allows (int8: releases from 0.22.0; tq3-mtp-genesis: below 0.24.0)."""
+    """Each staged stack's pinned image must be one its stack file's ``image`` rule allows."""
     problems = []
     for spec in staged:
         pinned = pins.stacks.get(spec.name)
@@ -271,12 +234,7 @@ def check_image_rules(settings: HostSettings, pins: Pins, staged: list[StackSpec
 
 
 def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
-    """The host's model from validated settings and the pins it runs (pure); raises
-    ``PinsError`` when the desired stack is not pinned (``check_pinned``).
-
-    + settings: ``validate_host(...)``
-    + pins: the pins file's pins for this host (``Pins.for_host(name)``)
-    """
+    """The host's model from validated settings and its pins; raises ``PinsError``."""
     check_pinned(settings, pins)
     staged = staged_stacks(settings, pins)
     check_switch_sets(settings, pins, staged)
@@ -286,8 +244,8 @@ def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
 
 
 def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
-    """The pins file named by host data: absolute as is, relative to ``base`` (default: the
-    working directory, where pyinfra runs; else the repository root)."""
+    """The pins file named by host data, relative to ``base`` (default: the working
+    directory, else the repository root)."""
     path = Path(pins_file).expanduser()
     if path.is_absolute():
         return path
@@ -302,8 +260,7 @@ _PINS: dict[tuple[str, tuple[str, ...]], tuple[Pins, BumpJournal | None]] = {}
 
 def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins,
                                                                         BumpJournal | None]:
-    """The host's ``pins_file`` as written and the journal of an unfinished ``rigfleet bump``
-    beside it (None when there is none), each read once per process."""
+    """The host's ``pins_file`` and an unfinished bump's journal beside it, read once."""
     path = resolve_pins_path(settings.pins_file, base)
     key = (str(path.absolute()), settings.catalog.sources)
     if key not in _PINS:
@@ -317,12 +274,8 @@ def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins,
 
 
 def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
-    """The pins this host runs: its ``pins_file`` (parsed once per process) for its name.
-
-    A rollout may leave a host on other pins: the pins file's ``hosts`` section after a bump
-    that ended, the bump's journal while one is unfinished (a host it promoted runs the
-    candidate; one it was deploying is refused, ``BumpInFlight``: rigfleet/bump/journal.py).
-    """
+    """The pins this host runs: the unfinished bump's journal's say, else the ``hosts``
+    section of its ``pins_file``."""
     pins, journal = fleet_pins(settings, base)
     if journal is not None:
         return journal.pins_for(pins, settings.name)
@@ -331,13 +284,7 @@ def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
 
 def load_desired(name: str, data: Mapping[str, Any] | Any,
                  base: Path | None = None) -> DesiredHost:
-    """Validate ``data`` and the pins it names and build the host's model.
-
-    Raises ``RigfleetError`` (``HostDataError``, ``PinsError``, ``CatalogError``) with the
-    deploy's own messages.
-
-    + name: the inventory name; data: its host data (``host.data`` or a mapping)
-    + base: what a relative ``pins_file`` is relative to (default: see ``resolve_pins_path``)
-    """
+    """Validate ``data`` and the pins it names and build the host's model; raises
+    ``RigfleetError`` with the deploy's own messages."""
     settings = validate_host(name, data)
     return build_desired(settings, pins_for(settings, base))

@@ -1,11 +1,8 @@
 """Each fact of a host asked once per run while nothing changed on it (``read_host_once``).
 
-pyinfra 3.x does not cache facts: every ``host.get_fact`` is a round trip, and a deploy asks
-the same ``stat`` or ``systemctl show`` many times. This keeps each answer per run, host, fact
-and arguments, until something that may change the host is sent to it; ``prime`` lets one
-merged read (``rigfleet.facts.read_paths``, ``read_services``) answer for many facts.
-
-Example::
+pyinfra 3.x does not cache facts (every ``host.get_fact`` is a round trip); this keeps each
+answer per run, host, fact and arguments until a command or upload that is not a read is sent
+to the host, or an operation on it executes. ``prime`` lets one merged read answer for many::
 
     read_host_once()                                  # run_deploy does this
     host.get_fact(File, path="/etc/x")                # asked
@@ -37,22 +34,19 @@ class _HostMemo:
 _MEMO: weakref.WeakKeyDictionary[State, dict[str, _HostMemo]] = weakref.WeakKeyDictionary()
 
 
+def _memo(on: Host) -> _HostMemo:
+    return _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
+
+
 def _changes(state: State, on: Host) -> int:
-    """How many operations have executed commands on host ``on`` so far."""
     ops = state.ops.get(on, {})
     return sum(1 for data in ops.values() if data.operation_meta.executed)
 
 
 def read_once(on: Host, key: tuple[Any, ...], read: Callable[[], T], fresh: bool = False) -> T:
-    """``read()``'s answer about host ``on``, asked once while nothing changed on it.
-
-    The answer is kept under ``key`` until a command or an upload that is not a read is sent
-    to the host, or an operation on it executes; the next call then reads again. Commands
-    ``read`` sends count as reads (they change nothing).
-
-    + fresh: read whatever is kept
-    """
-    memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
+    """``read()``'s answer about host ``on`` under ``key``, asked once while nothing changed
+    on it (``fresh``: read whatever is kept)."""
+    memo = _memo(on)
     mark = (_changes(on.state, on), memo.sent)
     kept = memo.answers.get(key)
     if not fresh and kept is not None and kept[0] == mark:
@@ -67,40 +61,27 @@ def read_once(on: Host, key: tuple[Any, ...], read: Callable[[], T], fresh: bool
 
 
 _GET_FACT = Host.get_fact
-_RUN = Host.run_shell_command
-_PUT = Host.put_file
 
 
-def _sent(on: Host) -> None:
-    memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
-    if not memo.reading:
-        memo.sent += 1
+def _counted(send: Callable[..., Any]) -> Callable[..., Any]:
+    """``send``, counting each call outside a read as a change to the host."""
 
+    def counted(self: Host, *args: Any, **kwargs: Any) -> Any:
+        memo = _memo(self)
+        if not memo.reading:
+            memo.sent += 1
+        return send(self, *args, **kwargs)
 
-def _run_counted(self: Host, *args: Any, **kwargs: Any) -> Any:
-    _sent(self)
-    return _RUN(self, *args, **kwargs)
-
-
-def _put_counted(self: Host, *args: Any, **kwargs: Any) -> Any:
-    _sent(self)
-    return _PUT(self, *args, **kwargs)
+    return counted
 
 
 def read_host_once() -> None:
-    """Ask each fact of a host once per run while nothing changed on it: pyinfra's own
-    operations' facts (``files.*``, ``systemd.service``...) as much as ours.
-
-    pyinfra 3.x does not cache facts, so every ``host.get_fact`` is a round trip, and a deploy
-    asks the same ``stat`` many times. After this (``run_deploy`` calls it once, before the
-    roles), ``Host.get_fact`` keeps each answer by fact and arguments (``read_once``), and
-    ``Host.run_shell_command`` and ``Host.put_file`` outside a read count as changes.
-    Idempotent.
-    """
+    """Patch ``Host`` so that every fact, pyinfra's own included, is asked through
+    ``read_once``, and commands and uploads outside a read count as changes. Idempotent."""
     if Host.get_fact is not _get_fact_once:
         Host.get_fact = _get_fact_once  # type: ignore[method-assign]
-        Host.run_shell_command = _run_counted  # type: ignore[method-assign]
-        Host.put_file = _put_counted  # type: ignore[method-assign]
+        Host.run_shell_command = _counted(Host.run_shell_command)  # type: ignore[method-assign]
+        Host.put_file = _counted(Host.put_file)  # type: ignore[method-assign]
 
 
 def fact_key(fact: Any, **kwargs: Any) -> tuple[Any, ...]:
@@ -116,7 +97,6 @@ def _get_fact_once(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> A
 
 
 def prime(on: Host, key: tuple[Any, ...], value: Any) -> None:
-    """Keep ``value`` as the answer under ``key`` (``fact_key``) for host ``on``, as if it had
-    just been read: a merged read answering for the facts it covers."""
-    memo = _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
+    """Keep ``value`` under ``key`` (``fact_key``) for host ``on``, as if just read."""
+    memo = _memo(on)
     memo.answers[key] = ((_changes(on.state, on), memo.sent), value)

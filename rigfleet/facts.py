@@ -1,18 +1,11 @@
 """Custom pyinfra facts: what the roles need to know about a host, one command each.
 
-pyinfra 3.x does not cache facts (every ``host.get_fact`` is a round trip), so each fact here
-answers one whole question with one command, and every command succeeds even when the thing it
-asks about is absent (a failing fact command would fail the host): absence is data. Every fact
-of a run, pyinfra's own included, is asked once per arguments for as long as nothing has
-changed on the host (``rigfleet.factmemo``; the roles read through ``read_fact``).
-
-Example::
-
-    from rigfleet.facts import GpuQuery, read_fact
+Each fact answers one whole question with one command that succeeds even when the thing is
+absent (absence is data); the roles read through ``read_fact``, which asks each fact once while
+nothing changed on the host (``rigfleet.factmemo``)::
 
     state = read_fact(GpuQuery)
-    if state.loaded:
-        state.driver_version   # "580.105.08"
+    state.loaded, state.driver_version   # True, "580.105.08"
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from typing_extensions import override
 
-from rigfleet import genesis_inspect
+from rigfleet import genesis_inspect, gpu
 from rigfleet.commands import apt as apt_commands
 from rigfleet.commands import docker as docker_commands
 from rigfleet.commands import nvidia as nvidia_commands
@@ -43,25 +36,14 @@ T = TypeVar("T")
 
 
 def read_fact(fact: type[FactBase[T]], fresh: bool = False, **kwargs: Any) -> T:
-    """``host.get_fact(fact, **kwargs)``, asked once per run while nothing changed on the host.
-
-    The answer is kept until a command that is not a read or an upload is sent to this host,
-    or an operation on it executes (pyinfra's own operations included): after that, the next
-    read asks again. So a no-op converge asks each question once, however many roles need the
-    answer, and a read after a change is fresh. ``fresh=True`` asks the host whatever is kept
-    (an operation that reads a fact again after yielding its own commands, which in a
-    change-detecting run have not run yet).
-
-    + fact: the fact class; kwargs: its arguments
-    + fresh: ask the host whatever is kept
-    """
+    """``host.get_fact(fact, **kwargs)``, asked once while nothing changed on the host
+    (``rigfleet.factmemo.read_once``); ``fresh=True`` asks again whatever is kept."""
     read_host_once()
     return host.get_fact(fact, _rigfleet_fresh=fresh, **kwargs)
 
 
 class ServiceStates(FactBase[dict[str, dict[str, str]]]):
-    """``systemctl show`` of several units at once: unit -> {"SubState", "ActiveState",
-    "UnitFileState"} (a unit systemd does not know answers ``dead``/``inactive``/empty)."""
+    """``systemctl show`` of several units: unit -> {property: value} (``SERVICE_PROPERTIES``)."""
 
     default = dict
 
@@ -89,9 +71,7 @@ SERVICE_PROPERTIES = ("SubState", "ActiveState", "UnitFileState")
 
 
 def read_services(units: tuple[str, ...]) -> None:
-    """Read the state of ``units`` in one round trip, as the answers ``systemd.service``
-    (pyinfra's ``SystemdStatus``/``SystemdEnabled`` of one unit) and ``UnitActive`` will ask
-    for: each is then taken from it while nothing changed on the host."""
+    """Prime ``SystemdStatus``, ``SystemdEnabled`` and ``UnitActive`` of ``units`` from one read."""
     states = read_fact(ServiceStates, units=units)
     systemd_args = {"user_mode": False, "machine": None, "user_name": None}
     for unit, props in states.items():
@@ -103,15 +83,11 @@ def read_services(units: tuple[str, ...]) -> None:
 
 
 _PATH_MARK = "##rigfleet-path##"
-# What one path answers in ``PathStates``, in order: pyinfra's stat of it (``File``,
-# ``Directory`` and ``Link`` parse the same line), its SHA-1 (``Sha1File``), ``FileDigest``.
-_PATH_FACTS: tuple[type[FactBase[Any]], ...] = (File, Sha1File)
 
 
 class PathStates(FactBase[dict[str, list[list[str]]]]):
-    """Several paths at once, each answered as pyinfra's ``File`` and ``Sha1File`` and our
-    ``FileDigest`` answer it alone (their own commands, one after another): path -> the three
-    outputs."""
+    """Several paths at once: path -> the outputs of ``File``'s, ``Sha1File``'s and
+    ``FileDigest``'s own commands."""
 
     default = dict
 
@@ -120,7 +96,7 @@ class PathStates(FactBase[dict[str, list[list[str]]]]):
         parts = []
         for path in paths:
             parts.append(f"echo {shlex.quote(_PATH_MARK + path)}")
-            for fact in (*_PATH_FACTS, FileDigest):
+            for fact in (File, Sha1File, FileDigest):
                 command = fact().command(path=path)
                 raw = command if isinstance(command, str) else command.get_raw_value()
                 if fact is Sha1File:  # a directory has none: sha1sum, then perl's shasum fail
@@ -143,11 +119,7 @@ class PathStates(FactBase[dict[str, list[list[str]]]]):
 
 
 def read_paths(paths: Iterable[str]) -> None:
-    """Read ``paths`` (and the directories holding them) in one round trip, as the answers
-    ``files.directory``, ``files.put``/``files.template`` (pyinfra's ``File``, ``Directory``,
-    ``Link``, ``Sha1File`` of one path) and ``FileDigest`` will ask for: each is then taken
-    from it while nothing changed on the host. A path missing from the answer is asked alone.
-    """
+    """Prime the path facts of ``paths`` and their directories from one read (``path_answers``)."""
     wanted = tuple(dict.fromkeys(q for p in paths for q in (posixpath.dirname(p), p) if q))
     for path, outputs in read_fact(PathStates, paths=wanted).items():
         for fact, value in path_answers(path, outputs).items():
@@ -155,8 +127,8 @@ def read_paths(paths: Iterable[str]) -> None:
 
 
 def path_answers(path: str, outputs: list[list[str]]) -> dict[type[FactBase[Any]], Any]:
-    """What pyinfra's ``File``, ``Directory``, ``Link``, ``Sha1File`` and our ``FileDigest``
-    answer for ``path``, from its ``PathStates`` outputs ({} when they are incomplete)."""
+    """``File``, ``Directory``, ``Link``, ``Sha1File`` and ``FileDigest`` of ``path`` from its
+    ``PathStates`` outputs ({} when incomplete)."""
     if len(outputs) != 4:  # three answers and the mark after the last
         return {}
     stat, sha1, digest = outputs[:3]
@@ -169,18 +141,8 @@ def path_answers(path: str, outputs: list[list[str]]) -> dict[type[FactBase[Any]
     return answers
 
 
-# ---------------------------------------------------------------------------------------------
-# OS and packages
-
-
 class OsRelease(FactBase[dict[str, str]]):
-    """``/etc/os-release`` as a dict, plus ``KERNEL_RELEASE`` (``uname -r``).
-
-    .. code:: python
-
-        {"ID": "debian", "VERSION_ID": "13", "VERSION_CODENAME": "trixie",
-         "KERNEL_RELEASE": "6.12.48+deb13-amd64", ...}
-    """
+    """``/etc/os-release`` as a dict, plus ``KERNEL_RELEASE`` (``uname -r``)."""
 
     default = dict
 
@@ -205,8 +167,6 @@ class OsRelease(FactBase[dict[str, str]]):
 
 @dataclass(frozen=True)
 class DebPackage:
-    """One package as dpkg knows it."""
-
     version: str
     installed: bool
     held: bool
@@ -265,17 +225,9 @@ class TextFile(FactBase[str | None]):
         return text if text.strip() else None
 
 
-# ---------------------------------------------------------------------------------------------
-# NVIDIA
-
-
 @dataclass(frozen=True)
 class GpuState:
-    """What nvidia-smi says: whether the driver answers, its version, and the cards.
-
-    ``gpus`` are ``rigfleet.gpu.GpuInfo`` objects; ``error`` holds nvidia-smi's last lines
-    when it failed (no driver loaded, no binary).
-    """
+    """What nvidia-smi says: the driver answers, its version, the cards (``gpu.GpuInfo``)."""
 
     loaded: bool
     driver_version: str | None = None
@@ -284,8 +236,6 @@ class GpuState:
 
 
 class GpuQuery(FactBase[GpuState]):
-    """The GPUs as ``nvidia-smi --query-gpu`` reports them (parsed by ``rigfleet.gpu``)."""
-
     @staticmethod
     @override
     def default() -> GpuState:
@@ -293,14 +243,10 @@ class GpuQuery(FactBase[GpuState]):
 
     @override
     def command(self) -> str:
-        from rigfleet import gpu
-
         return nvidia_commands.gpu_query(gpu.query_command())
 
     @override
     def process(self, output: list[str]) -> GpuState:
-        from rigfleet import gpu
-
         if not output or output[0].strip() == nvidia_commands.SMI_FAILED:
             return GpuState(loaded=False, error=" ".join(line.strip() for line in output[1:]))
         try:
@@ -313,25 +259,11 @@ class GpuQuery(FactBase[GpuState]):
         return GpuState(loaded=True, driver_version=min(versions) if versions else None, gpus=gpus)
 
 
-# ---------------------------------------------------------------------------------------------
-# Platform: init, architecture, Secure Boot, where the driver came from
-
-
 @dataclass(frozen=True)
 class PlatformState:
-    """What the preflight and the driver role need to know about the machine itself.
-
-    + pid1: PID 1's name; ``systemd``: systemd booted the host
-    + arch: dpkg's architecture (``amd64``), empty when unknown
-    + secure_boot: ``enabled``, ``disabled``, ``unsupported`` (no EFI, or no Secure Boot
-      support), or ``unknown`` (no mokutil to ask)
-    + mok_cert: DKMS's signing certificate when it exists (``/var/lib/dkms/mok.pub``)
-    + mok: that certificate as the firmware knows it: ``enrolled``, ``pending`` (an
-      enrolment request waits for the console at the next boot), ``not-enrolled``, or
-      ``unknown`` (no certificate, no mokutil)
-    + run_uninstaller: NVIDIA's ``.run`` installer left its uninstaller
-    + smi, smi_owner: nvidia-smi's path and the dpkg package that owns it ("" for none)
-    """
+    """The machine itself: init, architecture, Secure Boot and DKMS's key (``mok``:
+    ``enrolled``, ``pending`` for the next boot, ``not-enrolled``, ``unknown``), the driver's
+    origin (``smi_owner``: the dpkg package owning nvidia-smi)."""
 
     pid1: str = ""
     systemd: bool = False
@@ -346,18 +278,14 @@ class PlatformState:
 
     @property
     def foreign_driver(self) -> bool:
-        """A driver no distribution package installed (NVIDIA's .run installer): its
-        uninstaller is there, or nvidia-smi exists and no dpkg package owns it."""
+        """A driver no distribution package installed (NVIDIA's .run installer)."""
         return self.run_uninstaller or bool(self.smi and not self.smi_owner)
 
 
 class Platform(FactBase[PlatformState]):
     """Init system, architecture, Secure Boot state, DKMS's key and the driver's origin."""
 
-    @staticmethod
-    @override
-    def default() -> PlatformState:
-        return PlatformState()
+    default = PlatformState
 
     @override
     def command(self) -> str:
@@ -374,50 +302,31 @@ class Platform(FactBase[PlatformState]):
         def one(key: str) -> str:
             return (values.get(key) or [""])[0]
 
-        sb_lines = values.get("sb", [])
+        sb_detail = " ".join(values.get("sb", []))
+        no_mokutil = "mokutil" in values and not sb_detail
         return PlatformState(
             pid1=one("pid1"),
             systemd=one("systemd") == "yes",
             arch=one("arch"),
-            secure_boot=_secure_boot(sb_lines, "mokutil" in values),
-            sb_detail=" ".join(sb_lines),
+            secure_boot="unknown" if no_mokutil else _state(sb_detail, _SECURE_BOOT),
+            sb_detail=sb_detail,
             mok_cert=one("mok_cert"),
-            mok=_mok_state(" ".join(values.get("mok", [])), bool(one("mok_cert"))),
+            mok=_state(" ".join(values.get("mok", [])), _MOK) if one("mok_cert") else "unknown",
             run_uninstaller=one("run_uninstaller") == "yes",
             smi=one("smi"),
             smi_owner=one("smi_owner"),
         )
 
 
-def _secure_boot(lines: list[str], no_mokutil: bool) -> str:
-    # mokutil --sb-state prints "SecureBoot enabled" / "SecureBoot disabled" (then perhaps
-    # "SecureBoot validation is disabled in shim", "Platform is in Setup Mode"), or on
-    # stderr "EFI variables are not supported on this system" / "This system doesn't
-    # support Secure Boot".
-    text = " ".join(lines)
-    if no_mokutil and not lines:
-        return "unknown"
-    if "SecureBoot enabled" in text:
-        return "enabled"
-    if "SecureBoot disabled" in text:
-        return "disabled"
-    if "not supported" in text or "doesn't support" in text:
-        return "unsupported"
-    return "unknown"
+# What mokutil prints (--sb-state, then --test-key <der>), first match wins.
+_SECURE_BOOT = (("SecureBoot enabled", "enabled"), ("SecureBoot disabled", "disabled"),
+                ("not supported", "unsupported"), ("doesn't support", "unsupported"))
+_MOK = (("already enrolled", "enrolled"), ("enrollment request", "pending"),
+        ("not enrolled", "not-enrolled"))
 
 
-def _mok_state(text: str, have_cert: bool) -> str:
-    # mokutil --test-key <der>: "<der> is already enrolled", "<der> is already in the
-    # enrollment request", "<der> is not enrolled".
-    if not have_cert:
-        return "unknown"
-    if "already enrolled" in text:
-        return "enrolled"
-    if "enrollment request" in text:
-        return "pending"
-    if "not enrolled" in text:
-        return "not-enrolled"
-    return "unknown"
+def _state(text: str, table: tuple[tuple[str, str], ...]) -> str:
+    return next((state for needle, state in table if needle in text), "unknown")
 
 
 class ModuleRejections(FactBase[list[str]]):
@@ -434,28 +343,18 @@ class ModuleRejections(FactBase[list[str]]):
         return [line.strip() for line in output if line.strip()]
 
 
-# ---------------------------------------------------------------------------------------------
-# Docker
-
-
 @dataclass(frozen=True)
 class DaemonConfig:
-    """``/etc/docker/daemon.json``: whether it exists, its content, or why it is unreadable."""
+    """``/etc/docker/daemon.json``: exists, its content, or why it is unreadable."""
 
-    exists: bool
+    exists: bool = False
     config: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
 
 class DockerDaemonJson(FactBase[DaemonConfig]):
-    """The Docker daemon's configuration file, parsed."""
-
     path = "/etc/docker/daemon.json"
-
-    @staticmethod
-    @override
-    def default() -> DaemonConfig:
-        return DaemonConfig(exists=False)
+    default = DaemonConfig
 
     @override
     def command(self) -> str:
@@ -465,7 +364,7 @@ class DockerDaemonJson(FactBase[DaemonConfig]):
     def process(self, output: list[str]) -> DaemonConfig:
         text = "\n".join(output).strip()
         if not text:
-            return DaemonConfig(exists=False)
+            return DaemonConfig()
         try:
             config = json.loads(text)
         except ValueError as e:
@@ -486,10 +385,7 @@ class DockerRuntimes(FactBase[list[str]]):
 
     @override
     def process(self, output: list[str]) -> list[str]:
-        try:
-            data = json.loads("\n".join(output))
-        except ValueError:
-            return []
+        data = _json(output)
         return sorted(data) if isinstance(data, dict) else []
 
 
@@ -504,11 +400,15 @@ class ImageDigests(FactBase[list[str]]):
 
     @override
     def process(self, output: list[str]) -> list[str]:
-        try:
-            data = json.loads("\n".join(output))
-        except ValueError:
-            return []
+        data = _json(output)
         return [str(d) for d in data] if isinstance(data, list) else []
+
+
+def _json(output: list[str]) -> Any:
+    try:
+        return json.loads("\n".join(output))
+    except ValueError:
+        return None
 
 
 class ImageLabels(FactBase[dict[str, str] | None]):
@@ -531,17 +431,10 @@ class ImageLabels(FactBase[dict[str, str] | None]):
         return {str(k): str(v) for k, v in (data or {}).items()}
 
 
-# ---------------------------------------------------------------------------------------------
-# Weights and Genesis
-
-
 @dataclass(frozen=True)
 class WeightsState:
-    """The weights directory as the manifest describes it, and whether the files still match.
-
-    ``intact`` is True when the manifest exists and every file it lists is present with the
-    recorded size and mtime (no hashing: the fetch script hashed them when it wrote it).
-    """
+    """The weights directory's manifest; ``intact``: every file it lists has the recorded
+    size and mtime (the fetch script hashed them)."""
 
     repo: str | None
     revision: str | None
@@ -567,8 +460,6 @@ class WeightsManifest(FactBase[WeightsState]):
     @override
     def command(self, local_dir: str) -> str:
         d = shlex.quote(local_dir)
-        # `find -printf` gives path, size and mtime with sub-second precision, so the check is
-        # the same one the fetch script makes (size + mtime), without any hashing.
         return (
             f"cat {d}/{MANIFEST_NAME} 2>/dev/null | tr -d '\\n'; echo; echo {_LISTING}; "
             f"[ -d {d} ] && find {d} -path {d}/.cache -prune -o -type f -printf '%P\\t%s\\t%T@\\n' "
@@ -617,17 +508,15 @@ def _compare_listing(
 
 @dataclass(frozen=True)
 class GenesisCheckout:
-    """The Genesis checkout: HEAD commit, origin URL, and the layout its files mark
-    (``v7``/``v12``; None: no checkout, or a tree of no layout rigfleet knows)."""
+    """The Genesis checkout: HEAD, origin URL, and its layout (None: none known)."""
 
-    head: str | None
-    origin: str | None
-    layout: str | None
+    head: str | None = None
+    origin: str | None = None
+    layout: str | None = None
 
 
 def _markers_command(tree: str) -> str:
-    """Shell that prints the layout marker files present under ``tree`` (a shell word or a
-    quoted path), comma-separated, ``-`` when none."""
+    """Shell printing the layout markers under ``tree``, comma-separated (``-``: none)."""
     tests = " ".join(
         f'[ -e "{tree}/{m}" ] && m="$m,{m}";' for m in genesis_inspect.MARKERS
     )
@@ -640,13 +529,9 @@ def _layout(markers: str) -> str | None:
 
 
 class GenesisHead(FactBase[GenesisCheckout]):
-    """``git rev-parse HEAD`` and the origin URL of a checkout, plus its layout's marker files
-    (``rigfleet.genesis_inspect.MARKERS``)."""
+    """``git rev-parse HEAD``, the origin URL and the layout markers of a checkout."""
 
-    @staticmethod
-    @override
-    def default() -> GenesisCheckout:
-        return GenesisCheckout(None, None, None)
+    default = GenesisCheckout
 
     @override
     def command(self, path: str) -> str:
@@ -669,12 +554,10 @@ class GenesisHead(FactBase[GenesisCheckout]):
 
 @dataclass(frozen=True)
 class GenesisTreeState:
-    """The exported Genesis trees (commit -> (mtime, the layout its files mark, None when
-    none)) and the commits the host's compose files mount (both stacks' files and the active
-    snapshot)."""
+    """Exported Genesis trees (commit -> (mtime, layout)) and the commits compose files mount."""
 
-    trees: dict[str, tuple[int, str | None]]
-    referenced: frozenset[str]
+    trees: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    referenced: frozenset[str] = frozenset()
 
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -683,10 +566,7 @@ _HEX40 = re.compile(r"[0-9a-f]{40}")
 class GenesisTrees(FactBase[GenesisTreeState]):
     """``<trees_dir>/<commit>/`` directories and the commits the given compose files name."""
 
-    @staticmethod
-    @override
-    def default() -> GenesisTreeState:
-        return GenesisTreeState({}, frozenset())
+    default = GenesisTreeState
 
     @override
     def command(self, trees_dir: str, compose_files: tuple[str, ...] = ()) -> str:
@@ -719,7 +599,7 @@ class GenesisTrees(FactBase[GenesisTreeState]):
 
 
 class VenvPackageVersion(FactBase[str | None]):
-    """The version of a distribution installed in a venv; None when the venv or it is absent."""
+    """A distribution's version in a venv; None when either is absent."""
 
     @override
     def command(self, venv: str, dist: str) -> str:
@@ -733,8 +613,6 @@ class VenvPackageVersion(FactBase[str | None]):
 
 @dataclass(frozen=True)
 class FileInfo:
-    """A file's mode (octal string), owner, group and sha256."""
-
     mode: str
     user: str
     group: str
@@ -761,7 +639,6 @@ class FileDigest(FactBase[FileInfo | None]):
         )
 
 
-def gpu_power_limit(gpu: Any) -> float | None:
-    """A card's current power limit in watts (``rigfleet.gpu.GpuInfo``), None when [N/A]."""
-    value = getattr(gpu, "power_limit_w", None)
+def gpu_power_limit(card: Any) -> float | None:
+    value = getattr(card, "power_limit_w", None)
     return float(value) if value is not None else None

@@ -1,11 +1,8 @@
 """The fleet as the commands see it: per inventory host, what it should run and its probe.
 
-status, doctor, images status, bench, bump and roll reach hosts through here: one thread pool
-(``each_host``: inventory order, at most ``WORKERS`` hosts at once, a deadline from the
-per-host timeout), one rule for error rows (bad data or pins, an SSH failure: the command's own
-row saying why, never an exception) and one way to probe a host for what it should run
-(``probe_for``). A host's kind comes from ``rigfleet.inventory.host_kind``; callers pass the
-hosts of the kind they work on (``gpu_hosts``), so a service host is never probed as a rig::
+The commands reach hosts through one thread pool (``each_host``), one rule for error rows (bad
+data or pins, an SSH failure: a row saying why, never an exception) and one way to probe a host
+for what it should run (``probe_for``)::
 
     views = fleet_view(gpu_hosts(hosts), SshRemote(connect_timeout=20), timeout=20)
     [(v.name, v.error) for v in views if v.probe is None]   # why no probe
@@ -54,11 +51,9 @@ class HostView:
 def each_host(hosts: Sequence[InventoryHost], fn: Callable[[InventoryHost], T],
               error_row: Callable[[InventoryHost, str], T], *,
               timeout: float | None = None) -> list[T]:
-    """``fn(host)`` for every host at once, in inventory order. A ``RigfleetError`` (data,
-    pins, SSH), ``OSError`` or ``ValueError`` becomes ``error_row(host, why)``. With
-    ``timeout`` (seconds per host), a host with no answer after twice that plus
-    ``CONNECT_MARGIN_S`` gets ``error_row(host, "no answer in <timeout>s")``; its thread is
-    left to its socket timeout (a hung connection must not hold the command)."""
+    """``fn(host)`` for every host at once, in inventory order; an error, or no answer after
+    twice ``timeout`` plus ``CONNECT_MARGIN_S``, becomes ``error_row(host, why)`` (a hung
+    thread is left to its socket timeout)."""
 
     def guarded(host: InventoryHost) -> T:
         try:
@@ -83,8 +78,7 @@ def each_host(hosts: Sequence[InventoryHost], fn: Callable[[InventoryHost], T],
 
 def probe_for(remote: Remote, host: InventoryHost, want: DesiredHost, *, timeout: float,
               doctor_load_s: float | None = None) -> HostProbe:
-    """The host's full probe, with the paths and port ``want`` says it serves on; raises
-    ``HostUnreachable``."""
+    """The host's full probe for what ``want`` serves; raises ``HostUnreachable``."""
     return run_probe(remote, host, full=True, model_path=want.model_path,
                      front_port=want.settings.front_port, timeout=timeout,
                      doctor_load_s=doctor_load_s)
@@ -92,8 +86,7 @@ def probe_for(remote: Remote, host: InventoryHost, want: DesiredHost, *, timeout
 
 def view_host(remote: Remote, host: InventoryHost, *, timeout: float,
               doctor_load_s: float | None = None) -> HostView:
-    """One host's view: its data and pins (``load_desired``), then its probe; a service host
-    that serves nothing gets an error row, never a rig's probe."""
+    """One host's view: its data and pins, then its probe (a service host: an error row)."""
     if not host.kind.gpu:
         return HostView(host, error=f"{host.name}: not a GPU host (groups "
                         f"{', '.join(host.groups)}): no stack to probe")
@@ -110,15 +103,14 @@ def view_host(remote: Remote, host: InventoryHost, *, timeout: float,
 
 def fleet_view(hosts: Sequence[InventoryHost], remote: Remote, *, timeout: float,
                doctor_load_s: float | None = None) -> list[HostView]:
-    """Every host's ``HostView``, probed at once, in inventory order (``timeout``: seconds
-    per probe, the doctor's load included)."""
+    """Every host's ``HostView``, probed at once, in inventory order."""
     return each_host(
         hosts, lambda h: view_host(remote, h, timeout=timeout, doctor_load_s=doctor_load_s),
         lambda h, why: HostView(h, error=why), timeout=timeout)
 
 
 def probe_or_why(probe: Callable[[str], HostProbe], host: str) -> HostProbe | str:
-    """``probe(host)``, or why the host could not be probed (the rollouts' view of a host)."""
+    """``probe(host)``, or why the host could not be probed."""
     try:
         return probe(host)
     except HostUnreachable as e:

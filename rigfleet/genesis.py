@@ -1,22 +1,11 @@
-"""The decisions rigfleet takes on a Genesis tree: what the host helper reports about it and
-whether it pairs with a stack's vLLM and switches.
+"""Whether a Genesis tree pairs with a stack's vLLM and switches (docs/genesis.md).
 
-Genesis (Sandermage's vLLM patch tree) changed its layout between generations (upstream-2026.md
-§3.2): v7.x is a ``vllm/_genesis/`` package, v12.x a top-level ``sndr/`` package. Which files
-each generation keeps where is ``rigfleet.genesis_inspect.GENERATIONS``; how a container mounts
-and applies it is ``rigfleet.genesis_layout``; this module adds the checks:
-
-- ``TreeReport``: what ``rigfleet-genesis-inspect.py`` reports about one tree;
-- ``pairing_problems``: the Genesis gate's decision for one stack (layout, version, allowlist,
-  switches, needed patches), the same on the host (``roles/genesis.py``) and on the control
-  side (``rigfleet pins lock``, ``rigfleet bump``).
-
-Example::
-
-    from rigfleet.genesis import TreeReport, StackUse, pairing_problems
+``TreeReport`` types what ``rigfleet-genesis-inspect.py`` reports about one tree;
+``pairing_problems`` is the Genesis gate's decision for one stack, the same on the host
+(``roles/genesis.py``) and on the control side (``pins lock``, ``bump``)::
 
     report = TreeReport.from_json(json.loads(helper_stdout))
-    pairing_problems(report, pin, stack="tq3-mtp-genesis", image_ref=..., vllm_version="0.21.0",
+    pairing_problems(report, pin, stack="tq3-mtp-genesis", vllm_version="0.21.0",
                      use=StackUse.of(spec, "v12"))            # [] when the pairing is sound
 """
 
@@ -34,9 +23,6 @@ if TYPE_CHECKING:
     from rigfleet.catalog import StackSpec
     from rigfleet.pins import GenesisPin
 
-# --- what the host helper reports -------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Switch:
     """One patch a switch name turns on: its id, lifecycle, and ``env_flag`` or ``alias``."""
@@ -48,17 +34,8 @@ class Switch:
 
 @dataclass(frozen=True)
 class TreeReport:
-    """What ``rigfleet-genesis-inspect.py`` reports about one Genesis tree (its JSON, typed).
-
-    + layout: ``v7``/``v12`` (None: none detected, see ``errors``); markers: the marker files
-    + version: what the tree declares (``v12.1.0``); for v7 often stale (v7.72.2 says v7.63.x)
-    + known_good, pending: ``KNOWN_GOOD_VLLM_PINS``, ``PROMOTION_PENDING_VLLM_PINS``
-    + switches: ``GENESIS_ENABLE_`` suffix -> the patches it turns on; switch_prefixes: the
-      prefixes Genesis reads them under; retired_skipped: Genesis skips retired patches
-    + patch_flags: patch id -> (env_flag, lifecycle, default_on); flags: names Genesis reads
-      that no patch owns (v12 orchestration flags)
-    + has_registry: the registry was read (False: a light report, or an error)
-    """
+    """What ``rigfleet-genesis-inspect.py`` reports about one Genesis tree (its JSON, typed);
+    ``patch_flags``: patch id -> (env_flag, lifecycle, default_on)."""
 
     layout: str | None
     markers: tuple[str, ...] = ()
@@ -111,17 +88,14 @@ class TreeReport:
         return (*self.known_good, *self.pending)
 
     def lists(self, version: str) -> bool:
-        """Genesis accepts vLLM ``version`` (exact ``__version__`` membership, as Genesis
-        checks it)."""
-        return version in self.known_good or version in self.pending
+        """Genesis accepts vLLM ``version`` (exact membership, as Genesis checks it)."""
+        return version in self.allowed
 
     def patch_id(self, name: str) -> str | None:
         """The registry's spelling of patch id ``name`` (``P60B`` -> ``P60b``), or None."""
         wanted = name.upper()
         return next((p for p in self.patch_flags if p.upper() == wanted), None)
 
-
-# --- the decisions ----------------------------------------------------------------------------
 
 # How Genesis reads a switch's value (both generations): stripped, lower-cased, one of these.
 TRUTHY = frozenset({"1", "true", "yes", "on"})
@@ -133,21 +107,13 @@ _SHOWN = 6
 
 
 def truthy(value: str) -> bool:
-    """Genesis reads ``value`` as on."""
     return value.strip().lower() in TRUTHY
 
 
 @dataclass(frozen=True)
 class StackUse:
-    """How one stack uses Genesis: what the checks hold against a tree.
-
-    + stack: its name; generation: the switch set in use (the pin's layout)
-    + env: the container environment (the stack file's, then the host's extra_env)
-    + host_env: the names the host's ``extra_env.<stack>`` sets (for messages)
-    + switches_on: the names the stack file's ``genesis.switches.<generation>.on`` sets
-    + needs: the patch ids the stack cannot work without; source: the stack file
-    + file_env: the stack file's own environment (before the host's extra_env)
-    """
+    """How one stack uses Genesis: its container environment (``file_env``, then the host's
+    ``extra_env`` names ``host_env``) and the patches it ``needs``."""
 
     stack: str
     generation: str
@@ -161,8 +127,7 @@ class StackUse:
     @classmethod
     def of(cls, spec: StackSpec, generation: str,
            host_env: Mapping[str, str] | None = None) -> StackUse:  # fmt: skip
-        """The use of ``spec`` with switch set ``generation`` (host extras override, as the
-        compose file has them). A stack without that switch set raises ``ValueError``."""
+        """``spec`` with switch set ``generation``; raises ``ValueError`` when it has none."""
         if spec.genesis is None:
             raise ValueError(f"stack {spec.name} does not use Genesis")
         if generation not in spec.genesis.switches:
@@ -212,8 +177,7 @@ def allowlist_summary(report: TreeReport) -> str:
 def allowlist_problem(
     report: TreeReport, version: str, *, label: str, image_ref: str = ""
 ) -> str | None:
-    """Why Genesis ``label`` refuses vLLM ``version`` (None: on one of its lists). A tree with a
-    pending list (v12) names both lists."""
+    """Why Genesis ``label`` refuses vLLM ``version`` (None: on one of its lists)."""
     if report.lists(version):
         return None
     both = report.layout == "v12" or bool(report.pending)
@@ -224,14 +188,7 @@ def allowlist_problem(
 
 
 def switch_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
-    """Switches set to 1 that Genesis ``label`` does not know, or would skip as retired.
-
-    A switch is a ``GENESIS_ENABLE_*`` (v12 also ``SNDR_ENABLE_*``) name with a truthy value;
-    it is known when it is a patch's ``env_flag`` or one of its ``env_flag_aliases`` (or, v12,
-    an orchestration flag of ``sndr/env.py``). A switch whose patches are all retired is
-    refused where Genesis skips retired patches (v12, unless ``GENESIS_ALLOW_RETIRED=1``).
-    Explicit OFFs are harmless and never refused.
-    """
+    """Switches set to 1 that Genesis ``label`` does not know, or would skip as retired."""
     allow_retired = truthy(use.env.get(ALLOW_RETIRED, ""))
     problems: list[str] = []
     for name, value in use.env.items():
@@ -278,20 +235,13 @@ def _unknown(report: TreeReport, prefix: str, suffix: str, label: str) -> str:
     return f"Genesis {label} has no such switch ({why}{hint})"
 
 
-# A legacy patch's env_flag (``GENESIS_LEGACY_P4``) switches nothing: the default apply loop
-# runs it every time (v7 ``apply_all.py``; v12 ``sndr/apply/_per_patch_dispatch.py`` from the
-# orchestrator, past the dispatcher's lifecycle gate).
+# A legacy patch's env_flag switches nothing: Genesis applies it on every run.
 LEGACY_PREFIX = "GENESIS_LEGACY_"
 
 
 def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
-    """Patches the stack cannot work without that Genesis ``label`` lacks, would skip as
-    retired, or that the stack file switches on with no switch set to 1.
-
-    Only the stack file's own switches count for the last: a host's ``extra_env`` turning a
-    needed patch off is an operator's deliberate override (the testbed injects faults so, and
-    the verify-stress gate then judges the stack), not a pairing problem.
-    """
+    """Needed patches Genesis ``label`` lacks, would skip as retired, or that the stack file
+    leaves off (a host's ``extra_env`` turning one off is an override: docs/genesis.md)."""
     problems = []
     allow_retired = truthy(use.env.get(ALLOW_RETIRED, ""))
     on = {t.patch for name, value in use.file_env.items() if truthy(value)
@@ -331,16 +281,8 @@ def pairing_problems(
     image_ref: str = "",
     where: str = "",
 ) -> list[str]:
-    """Everything that makes Genesis ``pin`` (as ``report`` reads its tree) unfit for ``stack``.
-
-    + report: the tree's report (a full one: with the registry)
-    + pin: the stack's Genesis pin (layout and version are checked against the tree)
-    + vllm_version: the vLLM the stack runs (None: not checked); image_ref: its image
-    + use: how the stack uses Genesis (None: switches and needs are not checked)
-    + where: the tree, for messages (a host path, or ``<repo> <commit>``)
-
-    Returns one message per problem, each starting with ``stack <name>:``; empty when sound.
-    """
+    """Everything that makes Genesis ``pin`` unfit for ``stack``, one ``stack <name>: ...``
+    line each; ``vllm_version``/``use`` None: that part is not checked."""
     at = f" at {where}" if where else ""
     label = pin.label
     if report.errors:

@@ -1,15 +1,5 @@
-"""Which Genesis correctness patches a stack file must decide, read from Genesis' own registry.
-
-Genesis' ``PATCH_REGISTRY`` (read with ``ast``, never imported) gives each patch a ``category``,
-a ``lifecycle``, ``default_on`` and ``applies_to`` (model conditions and a
-``vllm_version_range``). Every non-retired patch in a correctness category whose conditions the
-stack meets and whose range includes the pinned vLLM (or that has no range, or one that does not
-parse: ranges are hints, not gates) must be decided in the stack file's ``genesis.decisions``:
-``on``, ``off`` or ``default`` (Genesis' own), each with a one-line reason. A bump that moves
-vLLM or Genesis runs the rule on the candidate, so what came into scope is asked again.
-``rigfleet pins lock``, the bump's plan and ``rigfleet check`` call ``decision_problems``.
-
-Example::
+"""Which Genesis correctness patches a stack file must decide (docs/genesis.md, "Correctness
+patches every Genesis stack decides"), read from Genesis' own ``PATCH_REGISTRY``::
 
     entries = read_entries(DirSource("/tmp/genesis"), "v12")
     decision_problems(get_stack("tq3-mtp-genesis"), entries, "0.21.0", label="v12.1.0")  # []
@@ -27,9 +17,10 @@ from packaging.version import InvalidVersion, Version
 from rigfleet.genesis import LEGACY_PREFIX
 from rigfleet.genesis_inspect import (
     GENERATIONS,
-    InspectError,
+    REGISTRY,
     Source,
     lifecycle,
+    read_file,
     registry_literal,
     strings,
     switch_suffix,
@@ -40,23 +31,15 @@ if TYPE_CHECKING:
 
 # Genesis' categories for patches that fix wrong output or crashes (registry.py ``category``).
 CORRECTNESS_CATEGORIES = ("correctness", "model_correctness", "stability")
-DECISIONS = ("on", "off", "default")
 RANGE_KEY = "vllm_version_range"
-# applies_to keys that name the model the stack serves (declared in ``genesis.model``).
-MODEL_KEYS = ("model_arch", "model_class", "quant_format", "is_hybrid", "is_moe")
 _ARCH_KEYS = ("model_arch", "architectures")
 _SPEC_KEYS = ("spec_method", "spec_decode_method", "spec_method_any")
 
 
 @dataclass(frozen=True)
 class PatchEntry:
-    """One ``PATCH_REGISTRY`` entry, as far as the rule reads it.
-
-    + pid, title, category, lifecycle (as Genesis derives it), default_on
-    + applies_to: the conditions, ``vllm_version_range`` included, as written
-    + switches: the ``GENESIS_ENABLE_`` suffixes that turn it on (none: a legacy patch, which
-      Genesis applies by its own hook)
-    """
+    """One ``PATCH_REGISTRY`` entry, as far as the rule reads it (``switches``: the
+    ``GENESIS_ENABLE_`` suffixes that turn it on; none for a legacy patch)."""
 
     pid: str
     title: str
@@ -84,8 +67,6 @@ def entries_from_literal(registry: Mapping[str, Mapping[str, Any]],
     out = []
     for pid, meta in registry.items():
         flag = meta.get("env_flag")
-        # A legacy patch's env_flag (GENESIS_LEGACY_<id>) switches nothing: Genesis applies
-        # it by its own hook on every apply.
         legacy = isinstance(flag, str) and flag.startswith(LEGACY_PREFIX)
         names = [flag] if isinstance(flag, str) and flag and not legacy else []
         names += strings(meta.get("env_flag_aliases"))
@@ -100,22 +81,14 @@ def entries_from_literal(registry: Mapping[str, Mapping[str, Any]],
 
 
 def read_entries(source: Source, generation: str) -> list[PatchEntry]:
-    """The registry entries of the tree ``source`` (laid out as ``generation``); raises
-    ``InspectError`` when the registry is missing or not a literal."""
-    files = GENERATIONS[generation]
-    text = source.read(files.registry_file)
-    if text is None:
-        raise InspectError(f"{files.registry_file}: missing (where the {generation} layout "
-                           "keeps PATCH_REGISTRY)")
-    return entries_from_literal(registry_literal(text, files.registry_file), generation)
-
-
-# --- the rule ---------------------------------------------------------------------------------
+    """The registry entries of the tree ``source``; raises ``InspectError``."""
+    rel = GENERATIONS[generation].registry_file
+    text = read_file(source, rel, generation, REGISTRY)
+    return entries_from_literal(registry_literal(text, rel), generation)
 
 
 def in_range(value: Any, vllm_version: str | None) -> bool:
-    """``vllm_version`` is inside ``value`` (a specifier string or a list of them); no range,
-    an unknown version, or a range or version that does not parse counts as inside."""
+    """``vllm_version`` is inside ``value`` (specifiers); anything unknown or unparsable is."""
     if value is None or vllm_version is None:
         return True
     parts = [value] if isinstance(value, str) else strings(value)
@@ -130,8 +103,7 @@ def in_range(value: Any, vllm_version: str | None) -> bool:
 
 
 def stack_profile(spec: StackSpec) -> dict[str, Any]:
-    """What the stack says of the ``applies_to`` keys: its KV cache, its drafter, its tool
-    parser, and the model facts of ``genesis.model``. A key left out is unknown."""
+    """What the stack says of the ``applies_to`` keys (a key left out is unknown)."""
     out: dict[str, Any] = {"kv_cache_dtype": spec.kv_cache_dtype,
                            "is_turboquant": spec.kv_cache_dtype.startswith("turboquant"),
                            "spec_method": spec.speculative_method or "none",
@@ -147,8 +119,7 @@ def stack_profile(spec: StackSpec) -> dict[str, Any]:
 
 
 def meets(applies_to: Mapping[str, Any], profile: Mapping[str, Any]) -> bool:
-    """The stack (``profile``) meets every condition of ``applies_to`` it can be judged on;
-    an unknown key or value counts as met (as Genesis treats an unresolved model profile)."""
+    """``profile`` meets every condition of ``applies_to``; an unknown one counts as met."""
     for key, allowed in applies_to.items():
         if key == RANGE_KEY:
             continue
@@ -180,15 +151,8 @@ def decision_problems(
     label: str,
     generation: str | None = None,
 ) -> list[str]:
-    """Each patch the stack must decide and does not, or decides against its own switches.
-
-    + spec: the stack (a stack without Genesis has nothing to decide)
-    + entries: the pinned (or candidate) Genesis' registry; label: its version, for messages
-    + vllm_version: the pinned (or candidate) vLLM; generation: the switch set in use (its
-      ``on``/``off`` lists must agree with the decisions; None: not compared)
-
-    One line per problem, ``<stack file>: genesis.decisions.<id>: ...; allowed: ...``.
-    """
+    """Each patch the stack must decide and does not, or decides against its switch set
+    ``generation`` (None: not compared); one ``<stack file>: genesis.decisions.<id>: ...`` each."""
     g = spec.genesis
     if g is None:
         return []
@@ -226,8 +190,3 @@ def decision_problems(
             out.append(f"{key}: 'default', but {where}.off sets {', '.join(switched_off)} to 0; "
                        f"allowed: off, or remove it from {where}.off")
     return out
-
-
-__all__ = ["CORRECTNESS_CATEGORIES", "DECISIONS", "MODEL_KEYS", "PatchEntry",
-           "decision_problems", "entries_from_literal", "in_range", "in_scope", "meets",
-           "read_entries", "stack_profile"]  # fmt: skip

@@ -1,24 +1,12 @@
 #!/usr/bin/env python3
 """Everything rigfleet needs to know about a Genesis tree, read from its source with ``ast``.
 
-Stdlib only: the deploy installs this file on each host as
-``/usr/local/lib/rigfleet/rigfleet-genesis-inspect.py`` (``roles/genesis.py``) and the gate runs
-it on the exported tree a stack mounts; the control side (``rigfleet pins lock``, ``rigfleet
-bump``) imports it and runs the same parsers on files read from its git mirror. Nothing is
-imported or executed from the tree: only literal assignments are read. It reports the tree's
-``layout`` (v7 or v12, from marker files), ``version``, ``allowlist``, patch ``registry`` and
-switches, ``flags`` and ``errors`` as one JSON object (schema ``rigfleet-genesis-inspect/1``;
-docs/genesis.md, "The host helper", shows it key by key).
+Stdlib only: installed on each host as ``rigfleet-genesis-inspect.py`` (the gate runs it on an
+exported tree); the control side imports it and parses files from its git mirror. Nothing in
+the tree is imported or run. docs/genesis.md, "The host helper", shows its JSON::
 
-Usage::
-
-    rigfleet-genesis-inspect.py /opt/rigfleet/genesis-trees/66e37841a18f35a113ce10f831808faa4c858ced
-    {"schema": "rigfleet-genesis-inspect/1", "layout": "v12", "version": "v12.1.0", ...}
-
-From Python (the control side)::
-
-    from rigfleet.genesis_inspect import DirSource, inspect
-    inspect(DirSource("/tmp/genesis"))["layout"]          # 'v7'
+    rigfleet-genesis-inspect.py /opt/rigfleet/genesis-trees/<commit>   # {"layout": "v12", ...}
+    inspect(DirSource("/tmp/genesis"))["layout"]                      # 'v7'
 """
 
 from __future__ import annotations
@@ -27,6 +15,7 @@ import ast
 import json
 import re
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,26 +28,12 @@ REGISTRY = "PATCH_REGISTRY"
 
 @dataclass(frozen=True)
 class TreeFiles:
-    """Where one Genesis generation keeps what rigfleet reads, relative to the tree's root, and
-    how that generation reads its switches.
+    """Where one Genesis generation keeps what rigfleet reads (relative to the tree's root)
+    and how it reads its switches: docs/genesis.md's table of the two generations.
 
-    + generation: ``v7`` or ``v12``
-    + package: the importable package directory (``vllm/_genesis``, ``sndr``)
-    + check_file: the file whose presence marks this layout (the apply entry point)
-    + allowlist_file: holds ``KNOWN_GOOD_VLLM_PINS`` (v12 also ``PROMOTION_PENDING_VLLM_PINS``)
-    + registry_file: holds ``PATCH_REGISTRY``
-    + version_file: where the tree declares its version
-    + switch_prefixes: the environment prefixes a switch is read under. v7 reads each patch's
-      ``env_flag`` literally (``os.environ.get(env_flag)``, ``vllm/_genesis/dispatcher.py``);
-      v12 strips ``SNDR_ENABLE_``/``GENESIS_ENABLE_`` from ``env_flag`` and its
-      ``env_flag_aliases`` and reads both prefixes (``sndr/dispatcher/decision.py``)
-    + strips_prefix: v12 reads an ``env_flag`` that has none of ``switch_prefixes`` as a bare
-      name under each prefix too (``_bare`` in ``decision.py``); v7 reads it literally only
-    + retired_skipped: Genesis hard-skips a ``lifecycle: retired`` patch even when switched on
-      unless ``GENESIS_ALLOW_RETIRED=1`` (v12's lifecycle gate); v7 never consults lifecycle
-      when applying
-    + flags_file: (v12) ``sndr/env.py``, whose ``Flags`` class lists the switch names Genesis
-      reads, patches' and orchestration flags' alike
+    ``strips_prefix``: an ``env_flag`` without a switch prefix is read as a bare name under each
+    prefix (v12's ``_bare``); v7 reads it literally only. ``flags_file``: (v12) whose ``Flags``
+    class lists every switch name Genesis reads.
     """
 
     generation: str
@@ -98,8 +73,7 @@ GENERATIONS: dict[str, TreeFiles] = {
         flags_file="sndr/env.py",
     ),
 }
-# Genesis v8.0-v11.x (2026-05-07 .. 06-03) kept the package at vllm/sndr_core next to a
-# vllm/_genesis shim (upstream-2026.md section 3.1/3.2): neither layout rigfleet mounts.
+# Genesis v8.0-v11.x kept the package at vllm/sndr_core: neither layout rigfleet mounts.
 UNSUPPORTED: dict[str, str] = {"vllm/sndr_core": "a Genesis v8-v11 tree (vllm/sndr_core)"}
 MARKERS: tuple[str, ...] = (*(f.check_file for f in GENERATIONS.values()), *UNSUPPORTED)
 # Lifecycle as Genesis derives it (compat/lifecycle.py get_state, in both generations).
@@ -114,18 +88,12 @@ class InspectError(ValueError):
 class Source(Protocol):
     """Read access to one Genesis tree: a directory on a host, or a commit in a git mirror."""
 
-    def exists(self, rel: str) -> bool:
-        """Whether ``rel`` (a file or directory) is in the tree."""
-        ...
+    def exists(self, rel: str) -> bool: ...
 
-    def read(self, rel: str) -> str | None:
-        """The text of file ``rel`` (None when absent)."""
-        ...
+    def read(self, rel: str) -> str | None: ...
 
 
 class DirSource:
-    """A tree on disk (a checkout or an exported tree)."""
-
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
@@ -137,14 +105,8 @@ class DirSource:
         return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
-# --- layout ------------------------------------------------------------------------------------
-
-
 def detect_layout(present: set[str] | frozenset[str]) -> tuple[str | None, str | None]:
-    """(generation, None) from the marker files present, or (None, why not).
-
-    + present: which of ``MARKERS`` the tree has
-    """
+    """(generation, None) from the ``MARKERS`` present, or (None, why not)."""
     found = [g for g, f in GENERATIONS.items() if f.check_file in present]
     unsupported = [what for marker, what in UNSUPPORTED.items() if marker in present]
     wanted = ", ".join(f"{f.check_file} ({g})" for g, f in GENERATIONS.items())
@@ -161,11 +123,7 @@ def detect_layout(present: set[str] | frozenset[str]) -> tuple[str | None, str |
 
 
 def markers(source: Source) -> frozenset[str]:
-    """Which of ``MARKERS`` the tree has."""
     return frozenset(m for m in MARKERS if source.exists(m))
-
-
-# --- parsing -----------------------------------------------------------------------------------
 
 
 def literal_assignments(module: ast.Module) -> dict[str, object]:
@@ -203,10 +161,7 @@ def strings(value: object) -> list[str]:
 
 
 def parse_allowlist(text: str, where: str) -> tuple[list[str], list[str]]:
-    """(``KNOWN_GOOD_VLLM_PINS``, ``PROMOTION_PENDING_VLLM_PINS``) of a guards file.
-
-    Raises ``InspectError`` when there is no ``KNOWN_GOOD_VLLM_PINS`` literal.
-    """
+    """(``KNOWN_GOOD_VLLM_PINS``, ``PROMOTION_PENDING_VLLM_PINS``) of a guards file."""
     values = literal_assignments(_parse(text, where))
     if KNOWN_GOOD not in values:
         raise InspectError(f"{where}: no literal {KNOWN_GOOD}")
@@ -214,8 +169,7 @@ def parse_allowlist(text: str, where: str) -> tuple[list[str], list[str]]:
 
 
 def lifecycle(meta: dict[str, Any]) -> str:
-    """A registry entry's lifecycle as Genesis derives it: the explicit ``lifecycle``, else
-    ``deprecated`` for a ``deprecated: True`` entry, else ``stable``."""
+    """A registry entry's lifecycle as Genesis derives it (docs/genesis.md)."""
     explicit = meta.get("lifecycle")
     if isinstance(explicit, str) and explicit:
         return explicit
@@ -223,12 +177,7 @@ def lifecycle(meta: dict[str, Any]) -> str:
 
 
 def switch_suffix(flag: str, files: TreeFiles) -> str | None:
-    """The ``<prefix>`` suffix under which ``files``' generation reads env flag ``flag``.
-
-    v7 reads ``flag`` literally: only a ``GENESIS_ENABLE_*`` flag is a switch by that prefix
-    (``GENESIS_LEGACY_P4`` is not). v12 strips ``SNDR_ENABLE_``/``GENESIS_ENABLE_`` when present
-    and reads the rest under both prefixes.
-    """
+    """The suffix under which ``files``' generation reads env flag ``flag`` (None: no switch)."""
     for prefix in files.switch_prefixes:
         if flag.startswith(prefix):
             return flag[len(prefix):]
@@ -236,11 +185,7 @@ def switch_suffix(flag: str, files: TreeFiles) -> str | None:
 
 
 def registry_literal(text: str, where: str) -> dict[str, dict[str, Any]]:
-    """The ``PATCH_REGISTRY`` literal of a registry file: patch id -> its entry, as written.
-
-    Raises ``InspectError`` when there is no ``PATCH_REGISTRY`` dict literal or an entry is not
-    a dict.
-    """
+    """The ``PATCH_REGISTRY`` literal of a registry file: patch id -> its entry, as written."""
     registry = literal_assignments(_parse(text, where)).get(REGISTRY)
     if not isinstance(registry, dict):
         raise InspectError(f"{where}: no literal {REGISTRY} dict")
@@ -251,10 +196,7 @@ def registry_literal(text: str, where: str) -> dict[str, dict[str, Any]]:
 
 
 def parse_registry(text: str, where: str, files: TreeFiles) -> dict[str, Any]:
-    """The registry report of a ``PATCH_REGISTRY`` file (see the module docstring).
-
-    Raises ``InspectError`` when there is no ``PATCH_REGISTRY`` dict literal.
-    """
+    """The ``registry`` part of the report, from a ``PATCH_REGISTRY`` file."""
     registry = registry_literal(text, where)
     switches: dict[str, list[list[str]]] = {}
     patches: dict[str, list[Any]] = {}
@@ -283,10 +225,7 @@ def parse_registry(text: str, where: str, files: TreeFiles) -> dict[str, Any]:
 
 
 def parse_flags(text: str, where: str, registry: dict[str, Any]) -> list[str]:
-    """(v12) ``Flags`` names no patch owns: orchestration flags Genesis reads by the same
-    prefixes (``BUNDLE_*``, ``NO_PATCH_CACHE``, ...). A name that is a legacy patch's id (its
-    ``env_flag`` is ``GENESIS_LEGACY_<name>``) is left out: that patch is switched by the
-    ``GENESIS_LEGACY_`` prefix, never by ``GENESIS_ENABLE_<name>``."""
+    """(v12) ``Flags`` names no patch owns (orchestration flags), legacy patch ids left out."""
     module = _parse(text, where)
     names: set[str] = set()
     for node in module.body:
@@ -326,12 +265,8 @@ def parse_version(text: str, files: TreeFiles) -> str | None:
     return f"v{m.group(1)}"
 
 
-# --- the report --------------------------------------------------------------------------------
-
-
 def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
-    """The report of one tree (see the module docstring); ``registry=False`` skips the patch
-    registry (the bump's search reads only layouts and allowlists)."""
+    """The report of one tree; ``registry=False`` skips the patch registry."""
     present = markers(source)
     layout, why = detect_layout(present)
     out: dict[str, Any] = {"schema": SCHEMA, "layout": layout, "markers": sorted(present),
@@ -344,27 +279,19 @@ def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
     out["version_file"] = files.version_file
     version_text = source.read(files.version_file)
     if version_text is not None:
-        try:
+        with suppress(InspectError):  # a version is for people; its absence blocks nothing
             out["version"] = parse_version(version_text, files)
-        except InspectError:
-            out["version"] = None  # a version is for people; its absence blocks nothing
-    text = source.read(files.allowlist_file)
     try:
-        if text is None:
-            raise InspectError(f"{files.allowlist_file}: missing (where the {layout} layout "
-                               "keeps KNOWN_GOOD_VLLM_PINS)")
-        known, pending = parse_allowlist(text, files.allowlist_file)
+        known, pending = parse_allowlist(read_file(source, files.allowlist_file, layout,
+                                                   KNOWN_GOOD), files.allowlist_file)
         out["allowlist"] = {"file": files.allowlist_file, "known_good": known, "pending": pending}
     except InspectError as e:
         out["errors"].append(str(e))
     if not registry:
         return out
-    text = source.read(files.registry_file)
     try:
-        if text is None:
-            raise InspectError(f"{files.registry_file}: missing (where the {layout} layout "
-                               "keeps PATCH_REGISTRY)")
-        out["registry"] = parse_registry(text, files.registry_file, files)
+        out["registry"] = parse_registry(read_file(source, files.registry_file, layout, REGISTRY),
+                                         files.registry_file, files)
     except InspectError as e:
         out["errors"].append(str(e))
     if out["registry"] is not None and files.flags_file:
@@ -375,6 +302,13 @@ def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
             except InspectError as e:
                 out["errors"].append(str(e))
     return out
+
+
+def read_file(source: Source, rel: str, layout: str, holds: str) -> str:
+    text = source.read(rel)
+    if text is None:
+        raise InspectError(f"{rel}: missing (where the {layout} layout keeps {holds})")
+    return text
 
 
 def main(argv: list[str]) -> int:

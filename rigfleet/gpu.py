@@ -1,17 +1,10 @@
 """GPU facts: parse what ``nvidia-smi`` and the driver print into typed data.
 
-Control-side parsing for the deploy's facts; it reads real output (fixtures under
-``shared/fixtures/nvidia-smi/``) and the testbed's stand-in alike. Every parser raises
-``GpuParseError`` naming the offending line; output that says the driver is not loaded (or is
-mismatched) raises its subclass ``DriverNotLoadedError``, so a deploy can tell "reboot needed"
-from "garbage"::
+Every parser raises ``GpuParseError`` naming the offending line, or its subclass
+``DriverNotLoadedError`` when the driver is not loaded ("reboot needed", not "garbage")::
 
-    from rigfleet import gpu
-
-    cmd = gpu.query_command()                  # nvidia-smi --query-gpu=... --format=csv,...
     cards = gpu.parse_query_gpu(stdout)        # [GpuInfo(index=0, name='NVIDIA GeForce ...')]
     topo = gpu.parse_topology(topo_stdout)     # topo.has_nvlink, topo.link(0, 1) -> 'PHB'
-    mod = gpu.parse_proc_driver_version(text)  # mod.version, mod.open_kernel_module
 """
 
 from __future__ import annotations
@@ -19,7 +12,8 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from itertools import takewhile
 
 from rigfleet.errors import RigfleetError
 
@@ -73,27 +67,18 @@ class GpuInfo:
     vbios_version: str | None = None
 
 
-# query field -> (GpuInfo attribute, converter)
-_FLOAT, _INT, _STR, _BOOL = "float", "int", "str", "bool"
-_FIELD_MAP: dict[str, tuple[str, str]] = {
-    "index": ("index", _INT),
-    "name": ("name", _STR), "gpu_name": ("name", _STR),
-    "uuid": ("uuid", _STR), "gpu_uuid": ("uuid", _STR),
-    "pci.bus_id": ("pci_bus_id", _STR), "gpu_bus_id": ("pci_bus_id", _STR),
-    "driver_version": ("driver_version", _STR),
-    "power.limit": ("power_limit_w", _FLOAT),
-    "power.default_limit": ("power_default_limit_w", _FLOAT),
-    "power.min_limit": ("power_min_limit_w", _FLOAT),
-    "power.max_limit": ("power_max_limit_w", _FLOAT),
-    "enforced.power.limit": ("enforced_power_limit_w", _FLOAT),
-    "persistence_mode": ("persistence_mode", _BOOL),
-    "memory.total": ("memory_total_mib", _INT),
-    "memory.used": ("memory_used_mib", _INT),
-    "temperature.gpu": ("temperature_c", _INT),
-    "clocks.max.sm": ("clocks_max_sm_mhz", _INT),
-    "compute_cap": ("compute_cap", _STR),
-    "vbios_version": ("vbios_version", _STR),
-}
+# query field -> GpuInfo attribute; its value is converted to the attribute's type.
+_FIELD_MAP: dict[str, str] = {
+    "index": "index", "name": "name", "gpu_name": "name", "uuid": "uuid", "gpu_uuid": "uuid",
+    "pci.bus_id": "pci_bus_id", "gpu_bus_id": "pci_bus_id", "driver_version": "driver_version",
+    "power.limit": "power_limit_w", "power.default_limit": "power_default_limit_w",
+    "power.min_limit": "power_min_limit_w", "power.max_limit": "power_max_limit_w",
+    "enforced.power.limit": "enforced_power_limit_w", "persistence_mode": "persistence_mode",
+    "memory.total": "memory_total_mib", "memory.used": "memory_used_mib",
+    "temperature.gpu": "temperature_c", "clocks.max.sm": "clocks_max_sm_mhz",
+    "compute_cap": "compute_cap", "vbios_version": "vbios_version",
+}  # fmt: skip
+_KINDS = {f.name: str(f.type).split()[0] for f in fields(GpuInfo)}  # "int", "str | None" ...
 
 
 def query_command(fields: Sequence[str] = QUERY_FIELDS, *, binary: str = "nvidia-smi",
@@ -116,9 +101,9 @@ def _convert(raw: str, kind: str, field_name: str, line: str) -> object:
     if value in _NOT_AVAILABLE:
         return None
     try:
-        if kind == _STR:
+        if kind == "str":
             return value
-        if kind == _BOOL:
+        if kind == "bool":
             if value not in ("Enabled", "Disabled"):
                 raise ValueError(value)
             return value == "Enabled"
@@ -126,7 +111,7 @@ def _convert(raw: str, kind: str, field_name: str, line: str) -> object:
         if not m:
             raise ValueError(value)
         number = float(m.group("num"))
-        return number if kind == _FLOAT else int(number)
+        return number if kind == "float" else int(number)
     except ValueError:
         raise GpuParseError(
             f"nvidia-smi query: field {field_name} has value {value!r} in line {line!r}"
@@ -138,11 +123,8 @@ def _header_names(line: str) -> list[str]:
 
 
 def parse_query_rows(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[dict[str, str]]:
-    """Split ``--query-gpu`` csv output into one {field: raw value} dict per GPU.
-
-    Handles the header line (``--format=csv``), blank lines, and a comma inside the name:
-    nvidia-smi does not quote, so surplus cells are joined back into ``name``.
-    """
+    """One {field: raw value} dict per GPU of ``--query-gpu`` csv output (a header line
+    skipped; nvidia-smi does not quote, so surplus cells are joined back into ``name``)."""
     _check_driver(text)
     fields = list(fields)
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -165,22 +147,18 @@ def parse_query_rows(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[di
 
 
 def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GpuInfo]:
-    """Parse ``nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]`` output."""
     gpus = []
     for pos, row in enumerate(parse_query_rows(text, fields)):
         line = ", ".join(row.values())
         values: dict[str, object] = {}
         for name, raw in row.items():
             if name in _FIELD_MAP:
-                attr, kind = _FIELD_MAP[name]
-                values[attr] = _convert(raw, kind, name, line)
+                attr = _FIELD_MAP[name]
+                values[attr] = _convert(raw, _KINDS[attr], name, line)
         if values.get("index") is None:
             values["index"] = pos
         gpus.append(GpuInfo(**values))  # type: ignore[arg-type]
     return gpus
-
-
-# --- topo -m ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -204,8 +182,7 @@ _LINK = re.compile(r"^(X|SYS|NODE|PHB|PXB|PIX|NV\d+|SOC|N/A)$")
 
 
 def _cells(line: str) -> list[str]:
-    # Real output separates columns with tabs; copies pasted from terminals have spaces.
-    if "\t" in line:
+    if "\t" in line:  # real output; copies pasted from terminals have spaces
         return [c.strip() for c in line.split("\t")]
     return line.split()
 
@@ -213,21 +190,12 @@ def _cells(line: str) -> list[str]:
 def parse_topology(text: str) -> Topology:
     """Parse ``nvidia-smi topo -m`` (ANSI escapes stripped; legend ignored)."""
     _check_driver(text)
-    lines = [_ANSI.sub("", ln) for ln in text.splitlines()]
-    body = []
-    for ln in lines:
-        if ln.strip().startswith("Legend:"):
-            break
-        if ln.strip():
-            body.append(ln)
+    lines = (_ANSI.sub("", ln) for ln in text.splitlines())
+    body = [ln for ln in takewhile(lambda ln: not ln.strip().startswith("Legend:"), lines)
+            if ln.strip()]
     if not body:
         raise GpuParseError("nvidia-smi topo -m: empty output")
-    header = [c for c in _cells(body[0]) if c]
-    devices = []
-    for cell in header:
-        if not _DEVICE.match(cell):
-            break
-        devices.append(cell)
+    devices = list(takewhile(_DEVICE.match, [c for c in _cells(body[0]) if c]))
     if not devices:
         raise GpuParseError(f"nvidia-smi topo -m: no device columns in header {body[0]!r}")
     gpu_cols = [i for i, d in enumerate(devices) if d.startswith("GPU")]
@@ -255,13 +223,8 @@ def parse_topology(text: str) -> Topology:
     return Topology(gpus=names, links=links, cpu_affinity=affinity)
 
 
-# --- versions --------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class SmiVersion:
-    """``nvidia-smi --version``."""
-
     smi_version: str
     nvml_version: str
     driver_version: str

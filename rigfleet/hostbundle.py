@@ -5,22 +5,17 @@ modes, no ``__pycache__``), so the deploy's upload compares equal and sends noth
 code did not change::
 
     data = build_bundle()                 # bytes of rigfleet-host.pyz
-    bundle_sha256()                       # what the host's copy must hash to
     # on a host: python3 /usr/local/lib/rigfleet/rigfleet-host.pyz status
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import zipfile
 from functools import cache
 from pathlib import Path
 
-from rigfleet.hostside.layout import BUNDLE_PATH
-
 HOSTSIDE = Path(__file__).resolve().parent / "hostside"
-REMOTE_PATH = BUNDLE_PATH
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _SHEBANG = b"#!/usr/bin/env python3\n"
 # The bundle's own package root: only what the host side needs (not rigfleet's control code).
@@ -34,7 +29,6 @@ _MAIN = (
 
 
 def source_files(root: Path = HOSTSIDE) -> list[Path]:
-    """Every ``.py`` file of the host side, sorted (caches excluded)."""
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
@@ -60,12 +54,7 @@ def build_bundle(root: Path = HOSTSIDE) -> bytes:
     return buf.getvalue()
 
 
-def bundle_sha256(root: Path = HOSTSIDE) -> str:
-    return hashlib.sha256(build_bundle(root)).hexdigest()
-
-
 def write_bundle(dest: Path, root: Path = HOSTSIDE) -> Path:
-    """Write the zipapp to ``dest`` (mode 0755); for tests and manual installs."""
     dest.write_bytes(build_bundle(root))
     dest.chmod(0o755)
     return dest

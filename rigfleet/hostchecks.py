@@ -1,9 +1,8 @@
 """The checks of host-data values, and ``Key``, the row of the host-data table.
 
-``rigfleet.hostdata.KEYS`` names, for every key, one check from here: ``HostChecker``'s methods
-take the key and its raw value (the default when unset) and return the checked value, or record
-a problem (``<host>: <key>: <value> ...; allowed: ...``) and return None. ``check_keys`` runs
-them in the table's order, so a key's check may read the keys before it (``values``)::
+Each key of ``rigfleet.hostdata.KEYS`` names a ``HostChecker`` method: it returns the checked
+value, or records ``<host>: <key>: <value> ...; allowed: ...`` and returns None. Keys are checked
+in table order, so a check may read the keys before it (``values``)::
 
     c = HostChecker("rig-a", catalog=None)
     values = c.check_keys(host.data, "gpu", KEYS)   # {"stack": "int8", ...}
@@ -42,8 +41,7 @@ from rigfleet.validate import (
     secret_like,
 )
 
-# A sane absolute range for any single GPU's power cap; the card's real min..max is checked
-# at deploy time (check_caps_against_gpus). An RTX 3090 reports 100..350 W (stock boards).
+# Any GPU's sane power cap; the card's own min..max is checked at deploy time.
 POWER_CAP_RANGE_W = (50, 600)
 MIN_API_KEY_CHARS = 16
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -52,8 +50,7 @@ _HOST6_PORT = re.compile(r"\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?")
 _HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
 _GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 URL_ALLOWED = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"
-# model_dir is root's (0755) and pruned by the deploy: never a home, nor inside a directory
-# that belongs to the system (virtual, volatile or the OS's own) or to rigfleet.
+# model_dir is root's and pruned: never a home, nor inside the system's or rigfleet's trees.
 _HOMES = ("/home", "/var/home")
 _RIGFLEET_TREES = (ETC_ROOT, STATE_ROOT, OPT_ROOT, CACHE_ROOT, LIB_ROOT)
 _NOT_INSIDE = _RIGFLEET_TREES + (
@@ -63,7 +60,6 @@ _NOT_INSIDE = _RIGFLEET_TREES + (
     "/var/spool", "/var/lib/apt", "/var/lib/dpkg", "/var/lib/systemd", "/var/lib/docker",
     "/var/lib/containerd",
 )  # fmt: skip
-# Spellings of a yes/no flag given on the command line (`--data key=1`) or in data.
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -73,17 +69,8 @@ Check = Callable[["HostChecker", "Key", Any], Any]
 
 @dataclass(frozen=True)
 class Key:
-    """One host-data key: its check, its default and what docs/hostdata.md says of it.
-
-    + check: ``check(checker, key, value)`` returns the checked value (None when a problem
-      was recorded); ``value`` is the default when the data leaves the key unset
-    + allowed: what the key takes (the docs; the check's message when it is fixed)
-    + doc: the sentence users read
-    + on: ``gpu`` (GPU hosts), ``balancer`` (group ``balancers``), ``monitor`` (group
-      ``monitors``), ``cache`` (group ``caches``), several joined by ``,``, or ``any``
-    + group: the section of docs/hostdata.md
-    + shown_default: the default as the docs say it, when the value alone does not
-    """
+    """One host-data key: its check, its default and what docs/hostdata.md says of it
+    (``on``: the host kinds it applies to, joined by ``,``, or ``any``)."""
 
     name: str
     check: Check
@@ -96,8 +83,7 @@ class Key:
 
 
 class HostChecker(Problems):
-    """One host's checks: ``values`` holds each key checked so far (a key's check may read
-    the keys before it in ``KEYS``)."""
+    """One host's checks; ``values`` holds each key checked so far."""
 
     unset = "set it in inventory/group_data/all.py (fleet default) or in the host's data"
 
@@ -109,8 +95,7 @@ class HostChecker(Problems):
 
     def check_keys(self, data: Mapping[str, Any] | Any, on: str,
                    keys: Mapping[str, Key]) -> dict[str, Any]:
-        """Check every key of ``keys`` for hosts ``on`` (``gpu``, ``balancer``, ``monitor``,
-        ``cache``) in order."""
+        """Check every key of ``keys`` for hosts ``on`` (``gpu``, ``balancer``...) in order."""
         self.typos(data, keys)
         for key in keys.values():
             if key.on != "any" and on not in key.on.split(","):
@@ -126,10 +111,7 @@ class HostChecker(Problems):
         return self.values
 
     def typos(self, data: Any, keys: Mapping[str, Key]) -> None:
-        # pyinfra data is open-ended (ssh_*, other roles' keys), so unknown keys are fine;
-        # a key that is *almost* one of ours is a typo that would silently use a default.
-        # Flagged even when the right key is also set: a host's typo would otherwise lose
-        # silently to the fleet default from group_data/all.py.
+        # Unknown keys are fine (pyinfra's, other roles'); one *almost* ours is a typo.
         for key in data_keys(data):
             if key in keys or not isinstance(key, str) or key.startswith("ssh_"):
                 continue
@@ -138,15 +120,13 @@ class HostChecker(Problems):
                 self.bad(key, key, f"{close[0]!r}",
                          f"is not a rigfleet key (did you mean {close[0]!r}?)")
 
-    # --- checks of one value (``Key.check``) -----------------------------------------------
-
     def as_is(self, key: Key, value: Any) -> Any:
-        """No check of its own (the control characters aside): others use it together."""
+        """No check of its own (the control characters aside)."""
         return value
 
     def stacks_dir(self, key: Key, value: Any) -> str | None:
-        """Also loads the catalog the later keys are checked against (unless one was given)."""
-        path = self.stacks_dir_path(key, value)
+        """Also loads the catalog the later keys are checked against."""
+        path = self._stacks_dir(key, value)
         if self.given is None:
             try:
                 self.catalog = load_catalog([path] if path else [])
@@ -154,7 +134,7 @@ class HostChecker(Problems):
                 self.lines += [f"{self.where}: stacks_dir: {line}" for line in e.problems]
         return path
 
-    def stacks_dir_path(self, key: Key, value: Any) -> str | None:
+    def _stacks_dir(self, key: Key, value: Any) -> str | None:
         if value is None:
             return None
         checked = self.string(key.name, value, None, key.allowed)
@@ -168,14 +148,13 @@ class HostChecker(Problems):
             self.bad(key.name, value, key.allowed + " (a directory of its own)",
                      "is a system directory")
             return None
-        ok = True
+        before = len(self.lines)
         for entry in sorted(path.glob("*.yaml")):
             if escapes(entry, path):
                 self.bad(f"stacks_dir: {entry.name}", str(entry),
                          f"stack files inside {str(path.absolute())!r}",
                          f"leads outside the directory (to {os.path.realpath(entry)!r})")
-                ok = False
-        return str(path.absolute()) if ok else None
+        return str(path.absolute()) if len(self.lines) == before else None
 
     def stack(self, key: Key, value: Any) -> str | None:
         """A stack of the catalog (``stack``, ``balancer_default_stack``)."""
@@ -217,16 +196,14 @@ class HostChecker(Problems):
                     if isinstance(value, list | tuple) else "is not valid")
             self.bad(key.name, value, allowed, what)
             return ()
-        ok = True
+        before = len(self.lines)
         for i, cap in enumerate(caps):
             name = key.name if is_int(value) else f"{key.name}[{i}]"
             if not is_int(cap):
                 self.bad(name, cap, allowed, "is not a whole number of watts")
-                ok = False
             elif not low <= cap <= high:
                 self.bad(name, cap, allowed, "W is outside any GPU's sane range")
-                ok = False
-        return tuple(caps) if ok else ()
+        return tuple(caps) if len(self.lines) == before else ()
 
     def model_dir(self, key: Key, value: Any) -> str | None:
         own = " (a directory of its own: not a home, not inside a system or rigfleet directory)"
@@ -380,7 +357,6 @@ class HostChecker(Problems):
         return out
 
     def text(self, key: Key, value: Any) -> str | None:
-        """A non-empty string (a path on this machine)."""
         if not isinstance(value, str) or not value.strip():
             self.bad(key.name, value, key.allowed)
             return None
@@ -403,7 +379,7 @@ class HostChecker(Problems):
         return tuple(sets)
 
     def backoff(self, key: Key, value: Any) -> tuple[float, ...] | None:
-        """A list of seconds >= 0 (``[10, 30, 90]``; ``--data`` may give ``10,30,90``)."""
+        """A list of seconds >= 0 (``--data`` may give ``10,30,90``)."""
         if isinstance(value, str):
             try:
                 return parse_backoff(value)
@@ -416,7 +392,7 @@ class HostChecker(Problems):
         return None
 
     def site_ca_files(self, key: Key, value: Any) -> tuple[str, ...]:
-        """Control-side PEM certificate files the host should trust (optional)."""
+        """Control-side PEM certificate files the host should trust."""
         if value is None:
             return ()
         if isinstance(value, str):
@@ -465,7 +441,7 @@ class HostChecker(Problems):
         return tuple(out)
 
     def address(self, key: Key, value: Any) -> str | None:
-        """``host`` or ``host:port`` (an IPv6 address in brackets), as a server line takes it."""
+        """``host`` or ``host:port`` (IPv6 in brackets)."""
         if value is None:
             return None
         if not isinstance(value, str) or not (_HOST_PORT.fullmatch(value)
@@ -492,7 +468,6 @@ class HostChecker(Problems):
         return value
 
     def flag(self, key: Key, value: Any) -> bool:
-        """A yes/no flag (``True``/``False``, or 1/0, "yes"/"no" from ``--data``)."""
         checked = flag_value(value)
         if checked is None:
             self.bad(key.name, value, key.allowed)
@@ -516,13 +491,11 @@ def number_check(low: float | None, high: float | None, *, integer: bool = False
 
 
 def is_number(value: Any) -> bool:
-    """An ``int`` or ``float`` that is not a ``bool``."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def host_name_or_ip(value: Any) -> bool:
-    """A host name (letters, digits, ``.-_``) or an IP address: what may stand in a config
-    file's server line, never spaces, line breaks or other syntax."""
+    """A host name (letters, digits, ``.-_``) or an IP address: nothing a config file parses."""
     if not isinstance(value, str):
         return False
     try:
@@ -533,8 +506,7 @@ def host_name_or_ip(value: Any) -> bool:
 
 
 def flag_value(value: Any) -> bool | None:
-    """A yes/no flag as data or ``--data`` gives it (True, 1, "1", "yes", ...); None when it
-    is neither."""
+    """A yes/no flag as data or ``--data`` gives it (True, 1, "yes", ...); None: neither."""
     if isinstance(value, bool):
         return value
     if is_int(value) and value in (0, 1):
@@ -545,13 +517,12 @@ def flag_value(value: Any) -> bool | None:
 
 
 def data_keys(data: Any) -> list[Any]:
-    # pyinfra's HostData is not a Mapping but has .dict(); tests pass plain dicts.
     if isinstance(data, Mapping):
         return list(data.keys())
     as_dict = getattr(data, "dict", None)
     if callable(as_dict):
         try:
             return list(as_dict().keys())
-        except Exception:  # a data source that cannot list itself: skip the typo check
+        except Exception:  # skip the typo check
             return []
     return []

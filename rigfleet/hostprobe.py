@@ -1,8 +1,5 @@
-"""The host probe from the control side: run ``rigfleet-host.pyz probe`` over SSH, read it.
-
-The one way ``rigfleet status``, the bump and the report copies learn a host's state outside a
-pyinfra fact. The probe program is the host-side tool's (``rigfleet.hostside.probe``); its
-records are read with ``rigfleet.hostside.records``::
+"""The host probe from the control side: run ``rigfleet-host.pyz probe`` over SSH, read it
+(the one parser of its JSON, ``last_json``; the deploy's ``SwapProbe`` fact reads it too)::
 
     probe = run_probe(SshRemote(), host, full=True, model_path=want.model_path,
                       front_port=want.settings.front_port)
@@ -29,8 +26,6 @@ from rigfleet.ssh import HostUnreachable, Remote
 
 @dataclass(frozen=True)
 class HostProbe:
-    """One probe's answer (``raw``), with typed views of its parts."""
-
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -40,8 +35,7 @@ class HostProbe:
 
     @property
     def state(self) -> dict[str, Any]:
-        state = self.raw.get("state")
-        return state if isinstance(state, dict) else {}
+        return self.section("state")
 
     @property
     def state_error(self) -> str | None:
@@ -49,13 +43,11 @@ class HostProbe:
 
     @property
     def active(self) -> dict[str, Any] | None:
-        active = self.raw.get("active")
-        return active if isinstance(active, dict) else None
+        return self.part("active")
 
     @property
     def containers(self) -> dict[str, dict[str, Any]]:
-        c = self.raw.get("containers")
-        return c if isinstance(c, dict) else {}
+        return self.section("containers")
 
     @property
     def route(self) -> str | None:
@@ -63,14 +55,12 @@ class HostProbe:
 
     @property
     def supervisor(self) -> dict[str, Any] | None:
-        """The supervisor's record (``rigfleet.hostside.supervise.Record`` as a dict, plus
-        ``alive``); None on a host without one."""
-        sup = self.raw.get("supervisor")
-        return sup if isinstance(sup, dict) else None
+        """The supervisor's record, plus ``alive``; None on a host without one."""
+        return self.part("supervisor")
 
     @property
     def busy(self) -> str | None:
-        """Who holds the host lock, when a live process does (a transaction is running)."""
+        """Who holds the host lock, when a live process does."""
         holder = live_holder(self.raw.get("lock"))
         return describe(holder) if holder else None
 
@@ -81,20 +71,19 @@ class HostProbe:
 
     @property
     def ledger_tail(self) -> tuple[dict[str, Any], ...]:
-        ledger = self.raw.get("ledger") or {}
-        return tuple(e for e in ledger.get("tail") or () if isinstance(e, dict))
+        return tuple(e for e in self.section("ledger").get("tail") or () if isinstance(e, dict))
 
     @property
     def ledger_count(self) -> int:
-        return int((self.raw.get("ledger") or {}).get("count") or 0)
+        return int(self.section("ledger").get("count") or 0)
 
     @property
     def report_files(self) -> tuple[str, ...]:
-        return tuple((self.raw.get("reports") or {}).get("files") or ())
+        return tuple(self.section("reports").get("files") or ())
 
     @property
     def newest_report(self) -> ReportSummary | None:
-        return ReportSummary.from_dict((self.raw.get("reports") or {}).get("newest"))
+        return ReportSummary.from_dict(self.section("reports").get("newest"))
 
     @property
     def throughput_last(self) -> ThroughputRecord | None:
@@ -108,15 +97,16 @@ class HostProbe:
         return tuple(r for r in (ThroughputRecord.from_dict(x) for x in raw) if r is not None)
 
     def section(self, name: str) -> dict[str, Any]:
-        """A ``--full`` section (``gpu``, ``genesis``, ``manifest``, ``front``,
-        ``throughput``, ``doctor``) or {}."""
+        """A section of the answer (``gpu``, ``front``, ... with ``--full``) or {}."""
+        return self.part(name) or {}
+
+    def part(self, name: str) -> dict[str, Any] | None:
         value = self.raw.get(name)
-        return value if isinstance(value, dict) else {}
+        return value if isinstance(value, dict) else None
 
 
 def last_json(text: str) -> dict[str, Any] | None:
-    """The JSON object on the last line of ``text`` that starts with ``{`` (the host tool's
-    answers end so), or None: no such line, or it is no JSON object."""
+    """The JSON object on the last line of ``text`` that starts with ``{``, or None."""
     for line in reversed(text.strip().splitlines()):
         line = line.strip()
         if line.startswith("{"):
@@ -140,12 +130,8 @@ def parse_probe(text: str, where: str) -> HostProbe:
 def run_probe(remote: Remote, host: InventoryHost, *, full: bool = False,
               model_path: str | None = None, front_port: int | None = None,
               timeout: float = 60, doctor_load_s: float | None = None) -> HostProbe:
-    """Run the probe on ``host``; raises ``HostUnreachable``.
-
-    + remote: the SSH layer (``rigfleet.ssh.SshRemote``)
-    + full, model_path, front_port: as for ``rigfleet-host.pyz probe``
-    + doctor_load_s: add the doctor's evidence (``--doctor``; the timeout should cover the load)
-    """
+    """Run the probe on ``host`` (``doctor_load_s``: with the doctor's evidence, which the
+    timeout should cover); raises ``HostUnreachable``."""
     command = hosttool.probe(full=full, model_path=model_path, front_port=front_port,
                              doctor_load_s=doctor_load_s)
     rc, out = remote.run(host, command, timeout=timeout)

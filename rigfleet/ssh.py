@@ -1,20 +1,11 @@
 """The one SSH layer outside pyinfra's own run: status, the bump, report copies, image streams.
 
-Built on fabric from the inventory's connection data (``ssh_hostname``, ``ssh_port``,
-``ssh_user``, ``ssh_key``, ``ssh_password``...) over ``~/.ssh/config`` or the data's
-``ssh_config_file`` (aliases, ``ProxyJump``, ``IdentityFile``: ``rigfleet.sshconfig``, the
-precedence pyinfra's converge uses). Host keys are strict, for every ``ProxyJump`` hop too:
-they come only from ``ssh_known_hosts_file`` when the data sets it (else the file's
-``UserKnownHostsFile``, else ``~/.ssh/known_hosts``); an unknown host is refused unless the data says
-``ssh_strict_host_key_checking`` is ``no`` or ``accept-new`` (then accepted for this call,
-never written); a host whose key *differs* is always refused. Hosts whose data sets ``_sudo``
-get every command through ``sudo -n``. Every call has a timeout::
+Built on fabric, connecting as pyinfra's converge does (``rigfleet.sshconfig``), host keys strict
+for every hop (docs/operations.md); ``_sudo`` hosts get every command through ``sudo -n``; every
+call has a timeout::
 
-    remote = SshRemote()
-    rc, out = remote.run(host, "docker image ls --digests")
-    remote.reachable(host)          # None when SSH works, else why not
-    with open("img.tar", "wb") as f:
-        remote.stream_out(host, "docker save vllm/vllm-openai:v0.27.1", f)
+    rc, out = SshRemote().run(host, "docker image ls --digests")
+    SshRemote().reachable(host)          # None when SSH works, else why not
 """
 
 from __future__ import annotations
@@ -22,7 +13,7 @@ from __future__ import annotations
 import io
 import logging
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -62,7 +53,7 @@ class Remote(Protocol):
 
 def _client(target: SshTarget, data: dict[str, Any], timeout: float,
             gateway: Any = None) -> Any:
-    """An unopened ``fabric.Connection`` to one hop, its host keys strict (module docstring)."""
+    """An unopened ``fabric.Connection`` to one hop, its host keys strict."""
     import paramiko
     from fabric import Config, Connection
 
@@ -81,16 +72,14 @@ def _client(target: SshTarget, data: dict[str, Any], timeout: float,
         connect_kwargs["password"] = data["ssh_password"]
     if gateway is None and target.proxy_command:
         gateway = target.proxy_command
-    # The ssh_config was read by rigfleet.sshconfig (pyinfra's precedence); fabric must not
-    # read it again on its own terms.
+    # rigfleet.sshconfig read the ssh_config; fabric must not read it again its own way.
     config = Config(overrides={"load_ssh_configs": False})
     conn = Connection(target.hostname, user=target.user, port=target.port,
                       connect_timeout=max(1, int(target.connect_timeout or timeout)),
                       connect_kwargs=connect_kwargs, config=config, gateway=gateway)
     try:
         if target.known_hosts:
-            # The data's file must be there; a config's UserKnownHostsFile may not exist yet
-            # (as for OpenSSH: no key known, so the host is refused as unknown).
+            # The data's file must be there; a config's may not (OpenSSH: the host is unknown).
             named = data.get("ssh_known_hosts_file")
             for path in target.known_hosts:
                 if named or Path(path).exists():
@@ -115,8 +104,8 @@ def _close(conn: Any) -> None:
 
 
 def prepare(host: InventoryHost, timeout: float) -> tuple[Any, SshTarget]:
-    """The unopened ``fabric.Connection`` for ``host`` (its ``ProxyJump`` hops as fabric
-    gateways, first hop innermost) and where it goes; raises ``HostUnreachable``."""
+    """The unopened ``fabric.Connection`` for ``host`` (``ProxyJump`` hops as gateways) and
+    where it goes; raises ``HostUnreachable``."""
     try:
         target = resolve(host.name, host.data)
     except SshConfigError as e:
@@ -131,7 +120,6 @@ def prepare(host: InventoryHost, timeout: float) -> tuple[Any, SshTarget]:
 
 
 def connection(host: InventoryHost, timeout: float) -> Any:
-    """A connected ``fabric.Connection`` for ``host`` (see the module docstring)."""
     import paramiko
 
     conn, target = prepare(host, timeout)
@@ -156,6 +144,13 @@ def connection(host: InventoryHost, timeout: float) -> Any:
         raise HostUnreachable(f"{host.name}: {where}: {getattr(e, 'strerror', None) or e}") \
             from None
     return conn
+
+
+def _drain(recv: Callable[[int], bytes]) -> bytes:
+    data = bytearray()
+    while chunk := recv(65536):
+        data += chunk
+    return bytes(data)
 
 
 class SshRemote:
@@ -194,12 +189,8 @@ class SshRemote:
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
-            out, err = bytearray(), bytearray()
             try:
-                while chunk := chan.recv(65536):
-                    out += chunk
-                while chunk := chan.recv_stderr(65536):
-                    err += chunk
+                out, err = _drain(chan.recv), _drain(chan.recv_stderr)
             except TimeoutError:
                 raise HostUnreachable(f"{host.name}: no answer within {timeout:g}s") from None
             rc = chan.recv_exit_status()
@@ -220,9 +211,7 @@ class SshRemote:
                     dest.write(chunk)
             except TimeoutError:
                 raise HostUnreachable(f"{host.name}: stream stalled for {timeout:g}s") from None
-            err = b""  # small (docker's messages); read after stdout ends
-            while part := chan.recv_stderr(65536):
-                err += part
+            err = _drain(chan.recv_stderr)  # small (docker's messages)
             return chan.recv_exit_status(), err.decode(errors="replace")
 
     def stream_in(
@@ -234,11 +223,7 @@ class SshRemote:
                 while chunk := src.read(CHUNK):
                     chan.sendall(chunk)
                 chan.shutdown_write()
-                out = bytearray()
-                while chunk := chan.recv(65536):
-                    out += chunk
-                while chunk := chan.recv_stderr(65536):
-                    out += chunk
+                out = _drain(chan.recv) + _drain(chan.recv_stderr)
             except TimeoutError:
                 raise HostUnreachable(f"{host.name}: stream stalled for {timeout:g}s") from None
             return chan.recv_exit_status(), out.decode(errors="replace")

@@ -1,11 +1,5 @@
-"""Where rigfleet's own SSH connects: the inventory's data over an ssh_config file, as pyinfra.
-
-pyinfra's converge reads ``~/.ssh/config`` (or the ``ssh_config_file`` data key) for the name it
-connects to (``ssh_hostname``, else the inventory name): ``HostName``, ``Port``, ``User``,
-``IdentityFile``, ``ProxyJump``/``ProxyCommand``, ``ConnectTimeout``, ``UserKnownHostsFile``
-(``Include`` expanded). Inventory data wins over the file (``ssh_port``, ``ssh_user``;
-``ssh_key`` replaces every ``IdentityFile``; ``ssh_known_hosts_file`` the known hosts files).
-``resolve`` does the same for status, the bump, roll, doctor and logs (``rigfleet.ssh``)::
+"""Where rigfleet's own SSH connects: the inventory's data over an ssh_config file, as pyinfra's
+converge does (docs/operations.md says which keywords, and which data keys win)::
 
     t = resolve("rig1", {"ssh_config_file": "~/.ssh/fleet.conf"})
     t.hostname, t.port, t.user, t.key_files, t.jumps     # ("10.0.0.5", 2222, "ops", ...)
@@ -15,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,8 +45,7 @@ class SshTarget:
 
 
 def _lines(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
-    """The file's lines with ``Include`` expanded (relative to the including file's
-    directory; globs; a loop refused)."""
+    """The file's lines with ``Include`` expanded (relative, globs; a loop refused)."""
     if path in seen:
         raise SshConfigError(f"{seen[-1]}: Include: {path}: includes itself (a loop)")
     try:
@@ -77,8 +71,7 @@ def _lines(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
 
 
 def load_config(data: dict[str, Any], host: str = "") -> paramiko.SSHConfig | None:
-    """The ssh_config the data names (``ssh_config_file``), else ``~/.ssh/config`` when it
-    exists; None when there is none. A named file that is missing is an error."""
+    """The ssh_config the data names, else ``~/.ssh/config``; None when there is none."""
     named = data.get("ssh_config_file")
     path = Path(str(named or DEFAULT_CONFIG)).expanduser()
     if not path.is_file():
@@ -105,28 +98,33 @@ def _hop(config: paramiko.SSHConfig | None, spec: str, known: tuple[str, ...]) -
         hostname=found.get("hostname", host),
         port=int(port or found.get("port") or 22),
         user=user or found.get("user") or DEFAULT_USER,
-        key_files=tuple(str(Path(k).expanduser()) for k in found.get("identityfile", [])),
+        key_files=_paths(found.get("identityfile", [])),
         known_hosts=known or _known(found),
-        connect_timeout=float(found["connecttimeout"]) if "connecttimeout" in found else None,
+        connect_timeout=_timeout(found),
         alias=host,
     )
 
 
+def _paths(paths: Iterable[str]) -> tuple[str, ...]:
+    return tuple(str(Path(p).expanduser()) for p in paths)
+
+
 def _known(found: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(str(Path(f).expanduser()) for f in str(found.get("userknownhostsfile", ""))
-                 .split())
+    return _paths(str(found.get("userknownhostsfile", "")).split())
+
+
+def _timeout(found: dict[str, Any]) -> float | None:
+    return float(found["connecttimeout"]) if "connecttimeout" in found else None
 
 
 def resolve(name: str, data: dict[str, Any]) -> SshTarget:
-    """Where host ``name`` (inventory name) with host ``data`` is reached (module docstring).
-
-    Raises ``SshConfigError`` when the named ssh_config file is missing or unreadable."""
+    """Where host ``name`` with host ``data`` is reached; raises ``SshConfigError``."""
     alias = str(data.get("ssh_hostname") or name)
     config = load_config(data, name)
     found: dict[str, Any] = dict(config.lookup(alias)) if config is not None else {}
     key = data.get("ssh_key")
-    known = (str(Path(str(data["ssh_known_hosts_file"])).expanduser()),) \
-        if data.get("ssh_known_hosts_file") else _known(found)
+    named = data.get("ssh_known_hosts_file")
+    known = _paths([str(named)]) if named else _known(found)
     jumps: tuple[SshTarget, ...] = ()
     proxy = found.get("proxycommand")
     if proxy and str(proxy).lower() == "none":
@@ -137,11 +135,10 @@ def resolve(name: str, data: dict[str, Any]) -> SshTarget:
         hostname=str(found.get("hostname") or alias),
         port=int(data.get("ssh_port") or found.get("port") or 22),
         user=str(data.get("ssh_user") or found.get("user") or DEFAULT_USER),
-        key_files=(str(Path(str(key)).expanduser()),) if key else tuple(
-            str(Path(k).expanduser()) for k in found.get("identityfile", [])),
+        key_files=_paths([str(key)] if key else found.get("identityfile", [])),
         known_hosts=known,
         jumps=jumps,
         proxy_command=str(proxy) if proxy else None,
-        connect_timeout=float(found["connecttimeout"]) if "connecttimeout" in found else None,
+        connect_timeout=_timeout(found),
         alias=alias,
     )

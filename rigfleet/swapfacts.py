@@ -1,8 +1,7 @@
-"""Facts about a host's serving state (the host probe) and its units.
+"""Facts about a host's serving state and its units.
 
-``SwapProbe`` runs the host-side tool's probe (``rigfleet-host.pyz probe``): the same program
-``rigfleet status`` and the bump use, with the same lock liveness rule
-(``rigfleet.hostside.records.holder_alive``); a host without the tool answers as bare::
+``SwapProbe`` runs the host probe ``rigfleet status`` uses, read by its one parser
+(``rigfleet.hostprobe``); a host without the tool answers as bare::
 
     probe = read_fact(SwapProbe)    # {"active": ..., "lock": ..., "containers": ..., ...}
 """
@@ -19,8 +18,7 @@ from rigfleet.hostprobe import last_json
 
 
 class SwapProbe(FactBase[dict[str, Any]]):
-    """Active record, ``state.json``, lock holder, stack containers, front route, bundle hash
-    (``rigfleet.hostside.probe``'s basic output)."""
+    """The host probe's basic answer (``HostProbe.raw``)."""
 
     default = dict
 
@@ -34,8 +32,6 @@ class SwapProbe(FactBase[dict[str, Any]]):
 
 
 class UnitActive(FactBase[bool]):
-    """``systemctl is-active <unit>`` says ``active``."""
-
     default = bool
 
     @override

@@ -1,14 +1,7 @@
-"""Control-side decisions about a host's serving stack: what to run.
-
-Pure functions over data (the host's probe, the host's ``DesiredHost``), used by the roles:
-
-- ``build_plan``: the swap plan the host-side transaction runs;
-- ``decide``: from the host's probe and the desired stack, what the deploy must do:
-  ``none`` (converged), ``adopt`` (it serves but was never recorded), ``ensure`` (the
-  recorded stack is not up or not routed), ``activate`` / ``swap`` / ``update`` (a gated
-  transaction).
-
-Example::
+"""Control-side decisions about a host's serving stack (pure): the swap plan the host-side
+transaction runs (``build_plan``), and what the deploy must do (``decide``): ``none``
+(converged), ``adopt`` (it serves but was never recorded), ``ensure`` (the recorded stack is
+not up or not routed), ``activate`` / ``swap`` / ``update`` (a gated transaction)::
 
     decision = decide(probe, want.current.ref)
     decision.kind, decision.reason      # ('swap', 'int8/0a1b... -> tq3-mtp-genesis/9f8e...')
@@ -32,10 +25,8 @@ KINDS = ("none", "adopt", "ensure", "activate", "swap", "update")
 
 
 def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID) -> Plan:
-    """The plan for a transaction to ``want``'s desired stack.
-
-    + want: the host's ``DesiredHost``; by: who deploys; why: for the lock and the ledger
-    """
+    """The plan for a transaction to ``want``'s desired stack (``by``, ``why``: for the lock
+    and the ledger)."""
     swap: SwapSettings = want.settings.swap
     return Plan(
         id=deploy_id,
@@ -46,22 +37,20 @@ def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID)
         projects=want.projects,
         front_port=want.settings.front_port,
         gate_profile=swap.gate_profile,
-        # The stack's own overrides (its throughput baseline and references) first: host data
-        # gate_set comes last and wins.
+        # The stack's own overrides first: host data gate_set comes last and wins.
         gate_set=(*want.current.gate_set, *swap.gate_set),
         ready_timeout_s=swap.ready_timeout_s,
         vram_timeout_s=swap.vram_timeout_s,
         gate_timeout_s=swap.gate_timeout_s,
         retry_after_s=swap.retry_after_s,
-        # Host data drain_timeout_s wins over every stack file's drain.timeout_s.
         drain_timeout_s=drain_timeout(want, want.stack),
         drain_timeouts={name: drain_timeout(want, name) for name in want.stacks},
     )
 
 
 def drain_timeout(want: DesiredHost, stack: str) -> float:
-    """How long ``stack``'s accepted requests may take to finish on this host: host data
-    ``drain_timeout_s``, else the stack file's ``drain.timeout_s`` (default 600 s)."""
+    """How long ``stack``'s accepted requests may take to finish: host data
+    ``drain_timeout_s``, else the stack file's ``drain.timeout_s``."""
     override = want.settings.swap.drain_timeout_s
     if override is not None:
         return override
@@ -82,11 +71,7 @@ class Decision:
 
 
 def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
-    """What the deploy must do on a host (see the module docstring).
-
-    + probe: ``rigfleet.hostside.probe.probe()`` output (``SwapProbe`` fact)
-    + desired: ``stack_ref(ctx, ctx.stack)``
-    """
+    """What the deploy must do on a host, from its probe (``SwapProbe``)."""
     containers = probe.get("containers") or {}
     c = containers.get(desired.container) or {}
     # The pinned digest: the image's own, or the base a derived (runtime) image was built from.
