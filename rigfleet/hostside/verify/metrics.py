@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .client import Client
+
 _LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+"
                    r"(?P<value>\S+)(?:\s+\S+)?\s*$")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
@@ -54,6 +56,12 @@ def parse(text: str) -> list[Sample]:
     return out
 
 
+def scrape(client: Client, timeout: float) -> list[Sample] | None:
+    """``GET /metrics`` parsed, or None when the server has none."""
+    r = client.request("GET", "/metrics", timeout=timeout)
+    return parse(r.text(10_000_000)) if r.status == 200 else None
+
+
 def total(samples: list[Sample], name: str, **labels: str) -> float | None:
     found = False
     acc = 0.0
@@ -65,6 +73,11 @@ def total(samples: list[Sample], name: str, **labels: str) -> float | None:
         found = True
         acc += s.value
     return acc if found else None
+
+
+def delta(before: list[Sample], after: list[Sample], name: str, **labels: str) -> float:
+    """``total`` in ``after`` minus in ``before``; a missing series counts as 0."""
+    return (total(after, name, **labels) or 0.0) - (total(before, name, **labels) or 0.0)
 
 
 def by_label(samples: list[Sample], name: str, label: str, **labels: str) -> dict[str, float]:

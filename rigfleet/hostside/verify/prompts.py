@@ -67,11 +67,14 @@ NEEDLE = "IMPORTANT MEMORY: The hidden phrase is '{secret}'. Remember this exact
 NEEDLE_QUESTION = "What is the hidden phrase? Reply with only the phrase."
 
 
+def new_salt() -> str:
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(32))
+
+
 def new_secret() -> tuple[str, str]:
-    """A fresh random ``colour animal NN`` secret and a 32-char salt (OS randomness)."""
+    """A fresh random ``colour animal NN`` secret and a salt (OS randomness)."""
     secret = f"{secrets.choice(COLORS)} {secrets.choice(ANIMALS)} {10 + secrets.randbelow(90)}"
-    salt = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(32))
-    return secret, salt
+    return secret, new_salt()
 
 
 def recalled(secret: str, answer: str) -> bool:
