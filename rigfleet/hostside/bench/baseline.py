@@ -1,19 +1,8 @@
-"""What a host's decode speed is judged against, and the judgement (pure, stdlib only).
-
-The baseline of a stack on a host is its own verified history: the median decode tok/s per
-shape over the last ``n`` verified gates, counted from the newest accepted baseline (``rigfleet
-bench --accept-baseline``: a person said "this is normal now"). The history counts once it
-holds ``min_records`` (3) figures of the shape, or an accepted baseline: one gate's figure is
-one noisy sample (a busy machine, a warm card), and a median of one would make the next gate
-fail on the noise of the first. Until then the stack file's reference figure times the host's
-``throughput_scale`` is the baseline, so a host that is slow on its very first gate is flagged
-instead of being recorded as normal; a shape with neither is not judged yet::
+"""What a host's decode speed is judged against, and the judgement (pure; docs/bench.md)::
 
     base = baseline_for(history, "tq3-mtp-genesis", {"narrative": 89.2, "code": 119.1},
                         scale=1.0, n=5)
-    base.figures["narrative"], base.sources["narrative"]     # 89.2, 'reference 89.2 x 1'
     findings = judge({"narrative": figs}, None, base, Limits(margin=0.15, cv_max=0.10))
-    [f.name for f in findings]                                 # ['slow_decode']
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Writing the host's throughput records (the readers are in ``rigfleet.hostside.records``).
-
-    append_history(HOST.throughput_dir, record)   # a verified gate, or an accepted baseline
-    write_last(HOST.throughput_dir, record)       # the last gate's figures, passed or not
-
-Records are not secret (tok/s, acceptance): the directory is 0755 and the files 0644, so
-``rigfleet status`` reads them through the probe like the other records.
-"""
+"""Writing the host's throughput records (readers: ``rigfleet.hostside.records``); not
+secret, so the directory is 0755 and the files 0644."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
 """Bench reports: JSON (schema ``rigfleet-bench/1``) and Markdown, one entry per host benched.
 
-    entry = Entry("rig-a", "int8", result, reference={"narrative": 130.8}, scale=1.0,
-                  baseline=base, history=records)
-    data = report_dict([entry])           # {"schema": "rigfleet-bench/1", "entries": [...],
-                                          #  "fleet": {"int8": {"narrative": 128.4, ...}}}
+    entry = Entry("rig-a", "int8", result, reference={"narrative": 130.8}, baseline=base)
     paths = write([entry], Path("bench-reports"))   # bench-<ts>.json and .md
-
-The fleet median is per stack over the entries benched together; the reference is the stack
-file's figure times the host's ``throughput_scale``; the history is the host's verified
-records (``rigfleet.hostside.records.ThroughputRecord``).
 """
 
 from __future__ import annotations

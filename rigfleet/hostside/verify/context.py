@@ -1,12 +1,5 @@
-"""What the gate's checks share (``Context``): the client, the profile, what preflight learned,
-and the requests every check sends. A module of its own so each check module can take it
-without importing the list of checks (``checks.CHECKS``).
-
-Example::
-
-    ctx = Context(client, profile, progress)
-    ctx.count_tokens([{"role": "user", "content": "hi"}], None)   # tokens as the server counts
-"""
+"""What the gate's checks share (``Context``), in a module of its own so each check module
+can take it without importing the list of checks (``checks.CHECKS``)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""Request bodies and prompt-token counting shared by the gate's checks and the bench.
+"""Request bodies (thinking off) and prompt-token counting, shared by the gate and the bench.
 
     body = chat_body("qwen3.6-27b-autoround", msgs, max_tokens=30, temperature=0.0)
     count = TokenCounter(client, "qwen3.6-27b-autoround", timeout=30, chat_timeout=300)
     count(msgs, None)            # prompt tokens as the server counts them, or None
-
-Thinking is switched off per request (``chat_template_kwargs.enable_thinking = false``), as
-club-3090's verify scripts do, so measured tokens are answer tokens. Counting asks the
-server's ``/tokenize`` (chat template included); where that is missing (404, or a front that
-hides it) it falls back to the ``usage`` of a one-token completion, once for the rest of the
-run, and says so through ``note``.
 """
 
 from __future__ import annotations

@@ -2,10 +2,6 @@
 
     samples = parse(text)
     total(samples, "vllm:spec_decode_num_drafts_total", model_name="qwen")   # float | None
-
-``total`` sums every sample of the name whose labels include the given ones (vLLM labels its
-series by ``model_name`` and ``engine``; several engines mean several samples). It returns
-None when the series does not exist at all, which is different from a counter at 0.
 """
 
 from __future__ import annotations
@@ -63,6 +59,8 @@ def scrape(client: Client, timeout: float) -> list[Sample] | None:
 
 
 def total(samples: list[Sample], name: str, **labels: str) -> float | None:
+    """The sum over every engine's sample of ``name`` whose labels match; None when the series
+    does not exist at all (unlike a counter at 0)."""
     found = False
     acc = 0.0
     for s in samples:

@@ -1,17 +1,10 @@
-"""Prompt material for the checks, and sizing prompts in the server's own tokens.
+"""Prompt material for the checks, and sizing prompts in the server's own tokens: the server
+counts a prompt of some filler units and the unit count is corrected until it lands within
+the tolerance::
 
-Sizes are targets in the SERVER's tokens (its tokenizer and chat template), never in
-characters: a prompt is built from a number of filler units, the server counts it, and the
-unit count is corrected until the count lands within the tolerance::
-
-    sizer = Sizer(count=lambda msgs, tools: server_token_count(msgs, tools), tolerance=0.02)
-    secret, salt = new_secret()
-    sized = sizer.fit("needle", lambda n: (needle_messages(secret, salt, n, 0.4), None), 8000)
+    sized = Sizer(count, 0.02).fit("needle", lambda n: (needle_messages(s, salt, n, 0.4), None),
+                                   8000)
     sized.messages, sized.tokens, sized.units
-
-Secrets are drawn from the OS's random source for every needle (a fixed or seeded secret
-could be answered from a cache or a previous run); filler text never contains a colour, an
-animal or a digit, so it cannot answer for the needle.
 """
 
 from __future__ import annotations

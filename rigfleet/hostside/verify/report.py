@@ -1,18 +1,9 @@
 """Gate results: the JSON report (schema ``rigfleet-verify/1``), the Markdown report and the
-exit status.
+exit status (the failed checks, capped at 100)::
 
     report = Report(url=..., profile=prof.name, ...)
     report.checks.append(CheckResult("needles", "Needles", PASS, seconds=3.2, details={...}))
     paths = write(report, Path("/var/lib/rigfleet/verify"))   # verify-<ts>.json and .md
-    sys.exit(report.exit_status())                             # failed checks, capped at 100
-
-JSON layout::
-
-    {"schema": "rigfleet-verify/1", "url", "model", "version", "max_model_len",
-     "profile": {"name", "overrides", "values"}, "started", "finished", "seconds",
-     "summary": {"pass", "fail", "skip"}, "exit_status",
-     "checks": [{"name", "title", "status": "pass"|"fail"|"skip", "seconds", "summary",
-                 "details": {...}, "findings": [{"name", "message", "where", "evidence"}]}]}
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""Runs the gate: preflight, then the selected checks in order; progress; reports; exit status.
-
-    python3 -m rigfleet.hostside.verify --url URL [--api-key-file F|-] [--profile full|fast]
-        [--set key=value ...] [--report-dir DIR] [--only check,...] [--quiet]
-
-Exit status: the number of failed checks (0 = promote), capped at 100; 101 = usage error
-(bad arguments, unreadable key file: nothing was run); 102 = the checks ran but the report
-could not be written; 130 = interrupted.
-
-From Python (tests, other host-side tools)::
+"""Runs the gate: preflight, then the selected checks in order; progress; reports; exit status
+(docs/bench.md). The CLI is ``main``; from Python::
 
     report, paths = run("http://127.0.0.1:8001", profile=resolve("fast"), api_key=None,
                         report_dir=Path("/tmp/r"), progress=ConsoleProgress(sys.stderr))
