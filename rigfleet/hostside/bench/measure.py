@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from ..records import ShapeFigures
 from ..verify import metrics, prompts
-from ..verify.client import ChatResult, Client
+from ..verify.client import ChatResult, Client, max_model_len
 from ..verify.counting import TokenCounter, chat_body
 from . import shapes, stats
 from .shapes import Shape
@@ -349,21 +349,13 @@ class Bench:
     def prepare(self) -> bool:
         """Learn the model, its max-model-len and the version; False (and ``error``) when the
         server does not list a model."""
-        m = self.client.request("GET", "/v1/models", timeout=30)
-        data = m.json() if m.status == 200 else None
-        cards = data.get("data") if isinstance(data, dict) else None
-        if not cards or not isinstance(cards, list) or not isinstance(cards[0], dict):
-            why = m.error_message() if m.status != 200 else "no model listed"
-            self.result.error = f"GET /v1/models: HTTP {m.status}: {why}"
+        cards, status, why = self.client.models(30)
+        if not cards:
+            self.result.error = f"GET /v1/models: HTTP {status}: {why}"
             return False
-        if not self.result.model:
-            self.result.model = str(cards[0].get("id") or "")
-        mml = cards[0].get("max_model_len")
-        self.result.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
-        v = self.client.request("GET", "/version", timeout=30)
-        vdata = v.json() if v.status == 200 else None
-        if isinstance(vdata, dict) and vdata.get("version"):
-            self.result.version = str(vdata["version"])
+        self.result.model = self.result.model or str(cards[0].get("id") or "")
+        self.result.max_model_len = max_model_len(cards[0])
+        self.result.version = self.client.version(30) or self.result.version
         return True
 
     def warmup(self) -> None:

@@ -7,14 +7,13 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..records import SHAPES, ThroughputRecord
-from ..verify.report import atomic_write, now_iso
+from ..verify.report import now_iso, write_pair
 from . import stats
 from .baseline import Baseline
 from .measure import BenchResult
@@ -127,13 +126,6 @@ def markdown(entries: Sequence[Entry]) -> str:
 
 def write(entries: Sequence[Entry], directory: Path, started: str = "") -> tuple[Path, Path]:
     """``bench-<UTC timestamp>.json`` and ``.md`` in ``directory`` (created)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    stem, n = f"bench-{stamp}", 1
-    while (directory / f"{stem}.json").exists():
-        n += 1
-        stem = f"bench-{stamp}-{n}"
-    paths = (directory / f"{stem}.json", directory / f"{stem}.md")
-    atomic_write(paths[0], json.dumps(report_dict(entries, started), indent=2) + "\n")
-    atomic_write(paths[1], markdown(entries))
-    return paths
+    return write_pair(directory, "bench",
+                      json.dumps(report_dict(entries, started), indent=2) + "\n",
+                      markdown(entries))

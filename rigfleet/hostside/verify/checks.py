@@ -22,7 +22,7 @@ from typing import Any
 from ..bench.measure import acceptance_between
 from . import metrics, prompts
 from . import throughput as throughput_check  # the bench's core, in a module of its own
-from .client import ChatResult
+from .client import ChatResult, max_model_len
 from .context import Context
 from .health import Finding, scan
 from .report import FAIL, PASS, SKIP, CheckResult
@@ -118,25 +118,18 @@ def preflight(ctx: Context) -> CheckResult:
         out.summary = f"server not healthy: {why}"
         out.status = FAIL
         return out
-    m = ctx.client.request("GET", "/v1/models", timeout=p.preflight_timeout_s)
-    data = m.json() if m.status == 200 else None
-    cards = data.get("data") if isinstance(data, dict) else None
-    if not cards or not isinstance(cards, list) or not isinstance(cards[0], dict) \
-            or not cards[0].get("id"):
-        why = m.error_message() if m.status != 200 else "no model listed"
-        out.findings.append(Finding("no_model", f"GET /v1/models: HTTP {m.status}: {why}"))
+    cards, status, why = ctx.client.models(p.preflight_timeout_s)
+    if not cards or not cards[0].get("id"):
+        why = why or "no model listed"
+        out.findings.append(Finding("no_model", f"GET /v1/models: HTTP {status}: {why}"))
         out.summary = f"/v1/models: {why}"
         out.status = FAIL
         return out
     ctx.model = str(cards[0]["id"])
-    mml = cards[0].get("max_model_len")
-    ctx.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
+    ctx.max_model_len = max_model_len(cards[0])
     out.details["models"] = [str(c.get("id")) for c in cards if isinstance(c, dict)]
     out.details["max_model_len"] = ctx.max_model_len
-    v = ctx.client.request("GET", "/version", timeout=p.preflight_timeout_s)
-    vdata = v.json() if v.status == 200 else None
-    ctx.version = str(vdata.get("version")) if isinstance(vdata, dict) and vdata.get(
-        "version") else ""
+    ctx.version = ctx.client.version(p.preflight_timeout_s)
     out.details["version"] = ctx.version or None
     # Counters before any of the gate's own traffic (spec_decode measures the difference).
     ctx.metrics_before = metrics.scrape(ctx.client, p.preflight_timeout_s)

@@ -166,6 +166,22 @@ class Client:
         except (OSError, http.client.HTTPException, ValueError) as exc:
             return self._failure(exc, t0)
 
+    def models(self, timeout: float) -> tuple[list[dict[str, Any]], int, str]:
+        """``/v1/models``' cards (the first one a dict), the HTTP status, and why there are
+        none."""
+        m = self.request("GET", "/v1/models", timeout=timeout)
+        data = m.json() if m.status == 200 else None
+        cards = data.get("data") if isinstance(data, dict) else None
+        if cards and isinstance(cards, list) and isinstance(cards[0], dict):
+            return cards, m.status, ""
+        return [], m.status, m.error_message() if m.status != 200 else "no model listed"
+
+    def version(self, timeout: float) -> str:
+        """``/version``'s version, or ""."""
+        v = self.request("GET", "/version", timeout=timeout)
+        data = v.json() if v.status == 200 else None
+        return str(data["version"]) if isinstance(data, dict) and data.get("version") else ""
+
     def chat(self, body: dict[str, Any], timeout: float, stream: bool = False) -> ChatResult:
         """POST /v1/chat/completions. ``timeout`` bounds the whole exchange, stream included."""
         body = dict(body)
@@ -258,6 +274,11 @@ class Client:
         out.tool_calls = [calls[i] for i in sorted(calls)]
         out.seconds = time.monotonic() - t0
         return out
+
+
+def max_model_len(card: dict[str, Any]) -> int | None:
+    mml = card.get("max_model_len")
+    return mml if isinstance(mml, int) and mml > 0 else None
 
 
 def tls_context(ca_file: str | None = None) -> ssl.SSLContext:

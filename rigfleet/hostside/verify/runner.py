@@ -80,16 +80,11 @@ class ConsoleProgress:
             self._write(f"verify: reports {paths[0]} {paths[1]}\n")
 
 
-class QuietProgress(ConsoleProgress):
-    def __init__(self) -> None:
-        super().__init__(None)
-
-
 def run(url: str, profile: Profile, api_key: str | None = None,
         only: list[str] | None = None, report_dir: Path | None = None,
         progress: ConsoleProgress | None = None) -> tuple[Report, tuple[Path, Path] | None]:
     """Run the gate; returns the report and, with ``report_dir``, the paths written."""
-    progress = progress or QuietProgress()
+    progress = progress or ConsoleProgress(None)
     t0 = time.monotonic()
     client = Client(url, api_key)
     rep = Report(url=redact_url(url), profile=profile.name, profile_values=profile.as_dict(),
@@ -129,10 +124,8 @@ def run(url: str, profile: Profile, api_key: str | None = None,
 
 def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
                     progress: ConsoleProgress) -> None:
-    """Write what the throughput check measured to the host's records: ``last.json`` always,
-    the verified history only when the whole gate passed. Nothing without
-    ``throughput_stack`` and ``throughput_history_dir`` (a gate run by hand elsewhere), and a
-    record that cannot be written is a note, not a failed gate."""
+    """The throughput check's record: ``last.json`` always, the verified history only when the
+    whole gate passed; one that cannot be written is a note, not a failed gate."""
     prof = ctx.profile
     record = ctx.throughput_record
     if record is None or not prof.throughput_stack or not prof.throughput_history_dir:
@@ -148,8 +141,6 @@ def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
     except OSError as exc:
         progress.note(f"cannot write the throughput record to {directory}: {exc}")
 
-
-# -- command line -----------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -221,7 +212,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             key = read_api_key(args.api_key_file)
         except ValueError as exc:
             parser.error(str(exc))
-    progress = QuietProgress() if args.quiet else ConsoleProgress(sys.stderr)
+    progress = ConsoleProgress(None if args.quiet else sys.stderr)
     try:
         rep, _ = run(args.url, prof, key, only, args.report_dir, progress)
     except KeyboardInterrupt:
