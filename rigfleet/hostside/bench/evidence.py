@@ -117,13 +117,7 @@ def _graph_mode(facts: dict[str, Any]) -> str | None:
     if facts["downgrade"]:
         return str(facts["downgrade"]["mode"])
     labels = " ".join(facts["captures"])
-    if "FULL" in labels and "PIECEWISE" in labels:
-        return "FULL_AND_PIECEWISE"
-    if "FULL" in labels:
-        return "FULL"
-    if "PIECEWISE" in labels:
-        return "PIECEWISE"
-    return None
+    return "_AND_".join(m for m in ("FULL", "PIECEWISE") if m in labels) or None
 
 
 def container_facts(container: str, run: Runner = run_cmd) -> dict[str, Any]:

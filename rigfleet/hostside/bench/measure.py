@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from ..records import ShapeFigures
@@ -40,6 +40,11 @@ class BenchProgress(Protocol):
 
 
 class SilentProgress:
+    """Neither the bench's nor the gate's progress (``Context.progress``) shows anything."""
+
+    def tick(self, mark: str) -> None:
+        pass
+
     def begin(self, total: int) -> None:
         pass
 
@@ -63,9 +68,7 @@ class BenchSettings:
     shapes: tuple[str, ...] = (shapes.NARRATIVE_NAME, shapes.CODE_NAME)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"runs": self.runs, "warmup": self.warmup, "timeout_s": self.timeout_s,
-                "concurrency": self.concurrency, "depths": list(self.depths),
-                "shapes": list(self.shapes)}
+        return {**asdict(self), "depths": list(self.depths), "shapes": list(self.shapes)}
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
+from ..bench.measure import SilentProgress
 from ..records import ThroughputRecord
 from . import metrics, prompts
 from .client import Client
@@ -20,21 +21,13 @@ class Progress(Protocol):
     def note(self, text: str) -> None: ...
 
 
-class _Silent:
-    def tick(self, mark: str) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        pass
-
-
 @dataclass
 class Context:
     """The client, the profile, what preflight learned, what throughput measured."""
 
     client: Client
     profile: Profile
-    progress: Progress = field(default_factory=_Silent)
+    progress: Progress = field(default_factory=SilentProgress)
     model: str = ""
     version: str = ""
     max_model_len: int | None = None

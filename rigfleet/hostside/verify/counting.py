@@ -18,8 +18,7 @@ Tools = list[dict[str, Any]] | None
 
 def chat_body(model: str, messages: Messages, max_tokens: int, temperature: float,
               tools: Tools = None, tool_choice: Any = None) -> dict[str, Any]:
-    """A ``/v1/chat/completions`` body with thinking off (tools with ``tool_choice``, default
-    ``auto``)."""
+    """A ``/v1/chat/completions`` body with thinking off."""
     out: dict[str, Any] = {
         "model": model, "messages": messages, "max_tokens": max_tokens,
         "temperature": temperature, "chat_template_kwargs": {"enable_thinking": False},
@@ -31,11 +30,8 @@ def chat_body(model: str, messages: Messages, max_tokens: int, temperature: floa
 
 
 class TokenCounter:
-    """Counts prompt tokens with the server's own tokenizer and chat template.
-
-    + mode: ``tokenize`` (``/tokenize``), then ``chat`` (one-token completions) once
-      ``/tokenize`` turned out to be missing
-    """
+    """Counts prompt tokens with the server's ``/tokenize``, else (``mode`` "chat") with the
+    usage of one-token completions."""
 
     def __init__(self, client: Client, model: str, timeout: float, chat_timeout: float,
                  note: Callable[[str], None] = lambda _: None):
