@@ -399,14 +399,9 @@ def reasoning(ctx: Context) -> CheckResult:
 class _Turn:
     session: int
     turn: int
-    status: int
-    seconds: float
-    completion_tokens: int | None
+    res: ChatResult
     silent_empty: bool
     findings: list[Finding]
-    ttft: float | None
-    prompt_tokens: int | None = None
-    error: str = ""
 
 
 def soak(ctx: Context) -> CheckResult:
@@ -440,10 +435,8 @@ def soak(ctx: Context) -> CheckResult:
             silent = (res.status == 200 and not res.error and tokens == 0
                       and res.seconds >= p.soak_silent_empty_min_s)
             found = _health(ctx, res, f"s{idx + 1}t{t + 1}") if res.ok else []
-            turn = _Turn(idx, t, res.status, res.seconds, tokens, silent, found, res.ttft,
-                         res.prompt_tokens, "" if res.ok else res.error_message()[:200])
             with lock:
-                turns.append(turn)
+                turns.append(_Turn(idx, t, res, silent, found))
             ctx.progress.tick("x" if not res.ok else "E" if silent else "!" if found else ".")
             if not res.ok:
                 return  # the session's context is broken; other sessions carry on
@@ -455,11 +448,11 @@ def soak(ctx: Context) -> CheckResult:
 
     planned = p.soak_sessions * p.soak_turns
     n = len(turns)
-    errors = [t for t in turns if t.status != 200 or t.error]
+    errors = [t for t in turns if not t.res.ok]
     silent = [t for t in turns if t.silent_empty]
     unhealthy = [t for t in turns if t.findings and not t.silent_empty]
-    ttfts = [t.ttft for t in turns if t.ttft is not None]
-    contexts = [t.prompt_tokens for t in turns if t.prompt_tokens is not None]
+    ttfts = [t.res.ttft for t in turns if t.res.ttft is not None]
+    contexts = [t.res.prompt_tokens for t in turns if t.res.prompt_tokens is not None]
     rate_silent = len(silent) / n if n else 0.0
     rate_unhealthy = len(unhealthy) / n if n else 0.0
     out.details.update(
@@ -468,13 +461,14 @@ def soak(ctx: Context) -> CheckResult:
         silent_empty_rate=round(rate_silent, 4), unhealthy=len(unhealthy),
         unhealthy_rate=round(rate_unhealthy, 4), fail_rate=p.soak_fail_rate,
         median_ttft_s=round(statistics.median(ttfts), 3) if ttfts else None,
-        median_turn_s=round(statistics.median(t.seconds for t in turns), 3) if turns else None,
+        median_turn_s=round(statistics.median(t.res.seconds for t in turns), 3) if turns else None,
         max_prompt_tokens=max(contexts) if contexts else None,
         # club-3090's soak levels, for comparison: >= 50 % silent-empty FAIL, 1-49 % WARN.
         reference_levels={"warn": "1-49% silent-empty", "fail": ">=50% silent-empty"},
     )
     for t in errors[:5]:
-        out.findings.append(Finding("turn_error", f"HTTP {t.status}: {t.error}",
+        out.findings.append(Finding("turn_error",
+                                    f"HTTP {t.res.status}: {t.res.error_message()[:200]}",
                                     f"s{t.session + 1}t{t.turn + 1}"))
     if len(errors) > 5:
         out.findings.append(Finding("turn_error", f"... and {len(errors) - 5} more failed turns"))
