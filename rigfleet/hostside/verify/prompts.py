@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-Messages = list[dict[str, Any]]
-Tools = list[dict[str, Any]] | None
+from .counting import Messages, Tools
+
 Builder = Callable[[int], tuple[Messages, Tools]]
 Counter = Callable[[Messages, Tools], int | None]
 

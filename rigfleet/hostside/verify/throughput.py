@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..bench.baseline import Baseline, Limits, baseline_for, judge
-from ..bench.measure import Bench, BenchSettings, ShapeResult
+from ..bench.measure import Bench, BenchSettings, ShapeResult, SilentProgress
 from ..bench.shapes import BY_NAME
 from ..layout import THROUGHPUT_HISTORY_NAME
 from ..records import ShapeFigures, ThroughputRecord, read_throughput_history
@@ -21,14 +21,11 @@ if TYPE_CHECKING:
 NAME, TITLE = "throughput", "Throughput"
 
 
-class _Ticks:
+class _Ticks(SilentProgress):
     """The bench's progress as the gate's dots."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
-
-    def begin(self, total: int) -> None:
-        pass
 
     def step(self, label: str) -> None:
         self.ctx.progress.tick(".")
@@ -38,7 +35,6 @@ class _Ticks:
 
 
 def throughput(ctx: Context) -> CheckResult:
-    """See the module docstring."""
     p = ctx.profile
     out = CheckResult(NAME, TITLE)
     bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
