@@ -11,7 +11,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 from ..active import read_active
 from ..layout import Layout
@@ -20,6 +19,7 @@ from ..records import SOURCE_ACCEPTED, ThroughputRecord
 from ..stackctl import read_api_key
 from ..verify.client import Client
 from ..verify.report import now_iso
+from ..verify.runner import UsageParser
 from ..verify.runner import read_api_key as read_key_file
 from . import history, report
 from .measure import Bench, BenchResult, BenchSettings
@@ -27,10 +27,8 @@ from .measure import Bench, BenchResult, BenchSettings
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE = 0, 1, 2
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+class _Parser(UsageParser):
+    usage_status = EXIT_USAGE
 
 
 class LineProgress:

@@ -233,8 +233,7 @@ class ShapeResult:
 
 @dataclass
 class ConcurrencyResult:
-    """``streams`` narrative requests at once: each stream's figures and the aggregate
-    (all completion tokens over the batch's wall time)."""
+    """``streams`` narrative requests at once; the aggregate is over the batch's wall time."""
 
     streams: int
     runs: list[RunResult] = field(default_factory=list)

@@ -142,15 +142,19 @@ def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
         progress.note(f"cannot write the throughput record to {directory}: {exc}")
 
 
-class _Parser(argparse.ArgumentParser):
+class UsageParser(argparse.ArgumentParser):
+    """Usage errors exit with ``usage_status`` (argparse's 2 would read as "two checks
+    failed")."""
+
+    usage_status = EXIT_USAGE
+
     def error(self, message: str) -> NoReturn:
-        # argparse's usual 2 would read as "two checks failed".
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(self.usage_status, f"{self.prog}: error: {message}\n")
 
 
 def build_parser(prog: str = "python3 -m rigfleet.hostside.verify") -> argparse.ArgumentParser:
-    p = _Parser(
+    p = UsageParser(
         prog=prog,
         description="verify-stress gate for an OpenAI-compatible (vLLM) server. Exit status: "
                     "number of failed checks (0 = pass, capped at 100); 101 usage error; "
