@@ -140,11 +140,6 @@ def news_article(rng: random.Random, index: int) -> str:
     )
 
 
-def news_feed(seed: int, articles: int) -> str:
-    rng = random.Random(seed)
-    return "\n".join(news_article(rng, i + 1) for i in range(articles))
-
-
 FETCH_NEWS_TOOL = {
     "type": "function",
     "function": {
@@ -165,13 +160,14 @@ FETCH_NEWS_TOOL = {
 def prefill_messages(seed: int, articles: int) -> Messages:
     """user -> assistant calls fetch_news -> a long tool result -> user asks for a summary."""
     args = json.dumps({"topic": "global markets", "limit": max(articles, 1)})
+    rng = random.Random(seed)
     return [
         {"role": "user", "content": "Fetch today's financial news about global markets."},
         {"role": "assistant", "content": "", "tool_calls": [{
             "id": "call_fetch_news_1", "type": "function",
             "function": {"name": "fetch_news", "arguments": args}}]},
         {"role": "tool", "tool_call_id": "call_fetch_news_1", "name": "fetch_news",
-         "content": news_feed(seed, articles)},
+         "content": "\n".join(news_article(rng, i + 1) for i in range(articles))},
         {"role": "user", "content": "Summarize the top 3 themes in these news results in "
                                     "about 100 words."},
     ]
