@@ -13,8 +13,7 @@ NARRATIVE_NAME, CODE_NAME = "narrative", "code"
 
 @dataclass(frozen=True)
 class Shape:
-    """One request shape: ``name`` (``narrative`` / ``code``), the user ``prompt``, the
-    answer budget ``max_tokens`` and the sampling ``temperature``."""
+    """One request shape: the user ``prompt``, its answer budget and sampling temperature."""
 
     name: str
     prompt: str

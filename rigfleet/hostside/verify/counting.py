@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .client import Client
@@ -29,18 +30,17 @@ def chat_body(model: str, messages: Messages, max_tokens: int, temperature: floa
     return out
 
 
+@dataclass
 class TokenCounter:
     """Counts prompt tokens with the server's ``/tokenize``, else (``mode`` "chat") with the
     usage of one-token completions."""
 
-    def __init__(self, client: Client, model: str, timeout: float, chat_timeout: float,
-                 note: Callable[[str], None] = lambda _: None):
-        self.client = client
-        self.model = model
-        self.timeout = timeout
-        self.chat_timeout = chat_timeout
-        self.note = note
-        self.mode = "tokenize"
+    client: Client
+    model: str
+    timeout: float
+    chat_timeout: float
+    note: Callable[[str], None] = lambda _: None
+    mode: str = "tokenize"
 
     def __call__(self, messages: Messages, tools: Tools) -> int | None:
         if self.mode == "tokenize":

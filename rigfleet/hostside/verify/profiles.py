@@ -118,13 +118,8 @@ class Profile:
 
     def as_dict(self) -> dict[str, Any]:
         """Every value (for the report), tuples as lists."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            if f.name == "overrides":
-                continue
-            v = getattr(self, f.name)
-            out[f.name] = list(v) if isinstance(v, tuple) else v
-        return out
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "overrides"}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 FULL = Profile(name="full")
