@@ -74,7 +74,6 @@ class ChatResult:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     error: str = ""  # transport or in-stream error; empty when the exchange completed
-    chunks: int = 0  # SSE data events carrying choices
     body: bytes = b""  # raw body of a non-streamed or failed exchange
 
     @property
@@ -246,7 +245,6 @@ class Client:
                 if isinstance(usage, dict):
                     out.usage = usage
                 for choice in event.get("choices") or []:
-                    out.chunks += 1
                     delta = choice.get("delta") or {}
                     piece = delta.get("content")
                     if piece:
@@ -323,7 +321,6 @@ def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
         out.reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
         out.tool_calls = [c for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
         out.finish_reason = choice.get("finish_reason")
-        out.chunks = 1
     return out
 
 
