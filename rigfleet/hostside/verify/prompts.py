@@ -433,7 +433,8 @@ class Sized:
     tools: Tools
     units: int
     target: int
-    tokens: int | None  # as the server counts them (else extrapolated from the calibration)
+    tokens: int | None  # as counted by the server; None when it could not count
+    estimated: bool = False  # tokens extrapolated from the calibration, not counted
 
 
 class Sizer:
@@ -467,7 +468,7 @@ class Sizer:
             n = self.count(msgs, tls)
             if n is None:
                 # Counting a prompt this big failed (e.g. the server refuses it): extrapolate.
-                return Sized(msgs, tls, units, target, round(base + units * per_unit))
+                return Sized(msgs, tls, units, target, round(base + units * per_unit), True)
             cur = Sized(msgs, tls, units, target, n)
             if best is None or abs(n - target) < abs((best.tokens or 0) - target):
                 best = cur
