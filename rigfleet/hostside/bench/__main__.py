@@ -1,7 +1,5 @@
 """``python3 -m rigfleet.hostside.bench``: the bench's host-side command line (see cli)."""
 
-from __future__ import annotations
-
 import sys
 
 from .cli import main

@@ -1,19 +1,8 @@
-"""What a host's decode speed is judged against, and the judgement (pure, stdlib only).
-
-The baseline of a stack on a host is its own verified history: the median decode tok/s per
-shape over the last ``n`` verified gates, counted from the newest accepted baseline (``rigfleet
-bench --accept-baseline``: a person said "this is normal now"). The history counts once it
-holds ``min_records`` (3) figures of the shape, or an accepted baseline: one gate's figure is
-one noisy sample (a busy machine, a warm card), and a median of one would make the next gate
-fail on the noise of the first. Until then the stack file's reference figure times the host's
-``throughput_scale`` is the baseline, so a host that is slow on its very first gate is flagged
-instead of being recorded as normal; a shape with neither is not judged yet::
+"""What a host's decode speed is judged against, and the judgement (pure; docs/bench.md)::
 
     base = baseline_for(history, "tq3-mtp-genesis", {"narrative": 89.2, "code": 119.1},
                         scale=1.0, n=5)
-    base.figures["narrative"], base.sources["narrative"]     # 89.2, 'reference 89.2 x 1'
     findings = judge({"narrative": figs}, None, base, Limits(margin=0.15, cv_max=0.10))
-    [f.name for f in findings]                                 # ['slow_decode']
 """
 
 from __future__ import annotations
@@ -53,14 +42,9 @@ def baseline_for(history: Sequence[ThroughputRecord], stack: str,
                  reference: Mapping[str, float], scale: float, n: int,
                  shapes: Sequence[str] = ("narrative", "code"),
                  min_records: int = MIN_RECORDS) -> Baseline:
-    """The baseline of ``stack`` (see the module docstring).
-
-    + history: the host's verified records (any stacks; oldest first)
-    + reference: shape -> the stack file's tok/s on RTX 3090s (0 or missing: none)
-    + scale: the host's ``throughput_scale``; n: how many verified gates the median covers
-    + min_records: how many figures of a shape the history needs before it counts (an
-      accepted baseline counts at once)
-    """
+    """Per shape the median of ``stack``'s last ``n`` verified records (``history``: oldest
+    first) once ``min_records`` of them, or an accepted baseline, hold it; else the stack
+    file's ``reference`` x ``scale`` (docs/bench.md)."""
     recent = since_accepted(history, stack)[-max(n, 1):]
     accepted = any(r.source == SOURCE_ACCEPTED for r in recent)
     enough = min(max(min_records, 1), max(n, 1))
@@ -82,8 +66,7 @@ def baseline_for(history: Sequence[ThroughputRecord], stack: str,
 
 @dataclass(frozen=True)
 class Limits:
-    """How far a measurement may stray: ``margin`` below the baseline (fraction), the CV of
-    a shape's runs (``cv_max``), and per-position acceptance floors of the code runs."""
+    """How far a measurement may stray below the baseline, in CV, and in code acceptance."""
 
     margin: float = 0.15
     cv_max: float = 0.10
@@ -92,11 +75,8 @@ class Limits:
 
 def judge(measured: Mapping[str, ShapeFigures | None], acceptance: Sequence[float] | None,
           baseline: Baseline, limits: Limits) -> list[Finding]:
-    """Findings for a measurement (empty: it passes).
-
-    + measured: shape -> its figures (None: no run of the shape measured anything)
-    + acceptance: the code runs' per-position acceptance (None: unknown, not judged)
-    """
+    """Findings for a measurement (empty: it passes); figures of None: nothing measured,
+    ``acceptance`` None: unknown, not judged."""
     out: list[Finding] = []
     for shape, figs in measured.items():
         if figs is None:

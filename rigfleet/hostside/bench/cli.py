@@ -1,15 +1,8 @@
 """``rigfleet-host.pyz bench`` (``python3 -m rigfleet.hostside.bench``): the bench on a host.
 
-    python3 rigfleet-host.pyz bench [--url URL --api-key-file F|-] [--runs 5] [--warmup 3]
-        [--concurrency N] [--depths 16000,32000] [--report-dir DIR] [--json]
-    python3 rigfleet-host.pyz bench --accept-baseline [--scale 40] [--by WHO] [--json]
-
-Without ``--url`` it benches the active stack on 127.0.0.1 with the host's API key. With
-``--accept-baseline`` the measurement (the gate's shapes) becomes the stack's baseline on this
-host: a record with source ``accepted`` in ``throughput/history.jsonl``, from which the gate's
-rolling median restarts (after a deliberate change: new hardware, a new cap, a new image that
-is slower on purpose). Progress goes to stderr; ``--json`` prints one JSON object on stdout.
-Exit status: 0 measured (and recorded), 1 nothing measured, 2 usage or no active stack.
+Without ``--url`` it benches the active stack on 127.0.0.1; ``--accept-baseline`` records the
+measurement as the stack's baseline on this host (docs/bench.md). Exit status: 0 measured,
+1 nothing measured, 2 usage or no active stack.
 """
 
 from __future__ import annotations
@@ -18,7 +11,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 from ..active import read_active
 from ..layout import Layout
@@ -27,6 +19,7 @@ from ..records import SOURCE_ACCEPTED, ThroughputRecord
 from ..stackctl import read_api_key
 from ..verify.client import Client
 from ..verify.report import now_iso
+from ..verify.runner import UsageParser
 from ..verify.runner import read_api_key as read_key_file
 from . import history, report
 from .measure import Bench, BenchResult, BenchSettings
@@ -34,10 +27,8 @@ from .measure import Bench, BenchResult, BenchSettings
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE = 0, 1, 2
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+class _Parser(UsageParser):
+    usage_status = EXIT_USAGE
 
 
 class LineProgress:

@@ -1,16 +1,8 @@
-"""What the doctor reads on a host: the cards under a short load, the engine's log and args.
+"""What the doctor reads on a host: the cards under a short load (the PCIe link trains up only
+under load), the engine's log and args. Stdlib, run by the probe; nothing here judges::
 
-Run by the probe (``rigfleet-host.pyz probe --full --doctor``) on the host, stdlib only; the
-control side (``rigfleet.doctor``) decides what it means. Nothing here judges::
-
-    ev = gather(lay, active_ref, api_key, load_s=15)
-    ev["gpu"]["idle"], ev["gpu"]["load"]   # nvidia-smi CSV samples (text, header order below)
-    ev["engine"]["graph_mode"]             # 'PIECEWISE' (from the downgrade warning)
-    ev["load"]["decode_mean"]              # tok/s of the load's narrative runs
-
-The PCIe link drops to a lower generation at idle and trains up under load, and clocks and
-power say nothing at idle, so the cards are sampled while narrative requests (the bench's
-shape) run against the stack.
+    ev = gather(container, port, api_key, load_s=15)
+    ev["gpu"]["idle"], ev["gpu"]["load"], ev["engine"]["graph_mode"], ev["load"]["decode_mean"]
 """
 
 from __future__ import annotations
@@ -125,13 +117,7 @@ def _graph_mode(facts: dict[str, Any]) -> str | None:
     if facts["downgrade"]:
         return str(facts["downgrade"]["mode"])
     labels = " ".join(facts["captures"])
-    if "FULL" in labels and "PIECEWISE" in labels:
-        return "FULL_AND_PIECEWISE"
-    if "FULL" in labels:
-        return "FULL"
-    if "PIECEWISE" in labels:
-        return "PIECEWISE"
-    return None
+    return "_AND_".join(m for m in ("FULL", "PIECEWISE") if m in labels) or None
 
 
 def container_facts(container: str, run: Runner = run_cmd) -> dict[str, Any]:

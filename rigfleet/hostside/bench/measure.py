@@ -1,45 +1,31 @@
-"""The bench's measuring core: streamed requests in the bench's shapes, reduced to figures.
-
-Per run: decode tok/s = the tokens after the first / the engine's own decode time (vLLM's
-``request_decode_time_seconds`` for this one request; the client's clock where there is none),
-wall tok/s = completion tokens / the whole request, time to first token. Per shape: the mean and coefficient of
-variation over the measured runs (after unmeasured warm-up rounds), and the MTP acceptance
-length and per-position acceptance from ``/metrics``, as deltas around the shape's runs (a
-server without ``/metrics`` or without spec-decode counters gives ``None``: unknown, never 0).
-Then a concurrency run (the stack's max-num-seqs streams at once) and decode speed at a few
-context depths (prompts sized in the server's own tokens, skipped beyond max-model-len)::
+"""The bench's measuring core: streamed requests in the bench's shapes, reduced to figures
+(definitions: docs/bench.md, "What is measured"). Stdlib only: the gate's throughput check
+runs it on the hosts, ``rigfleet bench`` on the control side::
 
     bench = Bench(Client(url, key), BenchSettings(runs=5, warmup=3, concurrency=2,
                                                   depths=(16000, 32000)))
     result = bench.run()
     result.shapes["code"].decode_mean, result.shapes["code"].acceptance
     result.to_dict()                     # the JSON report's "bench" part
-
-Stdlib only: the gate's throughput check runs it on the hosts (``rigfleet.hostside.verify``),
-``rigfleet bench`` on the control side. Other traffic on the server while the bench runs
-shows up in the ``/metrics`` deltas (and slows the runs): bench a host that serves nobody else.
 """
 
 from __future__ import annotations
 
-import secrets
-import string
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from ..records import ShapeFigures
 from ..verify import metrics, prompts
-from ..verify.client import ChatResult, Client
+from ..verify.client import ChatResult, Client, max_model_len
 from ..verify.counting import TokenCounter, chat_body
 from . import shapes, stats
 from .shapes import Shape
 
-# What a warm-up request may generate: it only has to get compilation, graph capture and the
-# caches behind it, not to be measured.
+# A warm-up request only has to get compilation, graph capture and the caches behind it.
 WARMUP_MAX_TOKENS = 128
 
 
@@ -54,6 +40,11 @@ class BenchProgress(Protocol):
 
 
 class SilentProgress:
+    """Neither the bench's nor the gate's progress (``Context.progress``) shows anything."""
+
+    def tick(self, mark: str) -> None:
+        pass
+
     def begin(self, total: int) -> None:
         pass
 
@@ -66,14 +57,8 @@ class SilentProgress:
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How much the bench sends.
-
-    + runs: measured runs per shape; warmup: unmeasured rounds first (one request per shape)
-    + timeout_s: per request
-    + concurrency: streams of the concurrency run (the stack's max-num-seqs; 0: none)
-    + depths: context depths (prompt tokens) of the depth runs (empty: none)
-    + shapes: which of ``narrative``, ``code`` to run
-    """
+    """How much the bench sends (``warmup``: unmeasured rounds of one request per shape;
+    ``concurrency``: streams of the concurrency run, 0 none; ``timeout_s``: per request)."""
 
     runs: int = 5
     warmup: int = 3
@@ -83,9 +68,7 @@ class BenchSettings:
     shapes: tuple[str, ...] = (shapes.NARRATIVE_NAME, shapes.CODE_NAME)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"runs": self.runs, "warmup": self.warmup, "timeout_s": self.timeout_s,
-                "concurrency": self.concurrency, "depths": list(self.depths),
-                "shapes": list(self.shapes)}
+        return {**asdict(self), "depths": list(self.depths), "shapes": list(self.shapes)}
 
 
 @dataclass(frozen=True)
@@ -109,12 +92,9 @@ class RunResult:
 
     @property
     def decode_tok_s(self) -> float | None:
-        """The tokens after the first / the engine's own decode time, when ``/metrics`` gave
-        this request's ``request_decode_time_seconds`` (a busy client reads chunks late and
-        then all at once: its own clock would inflate the rate).
-        Else the client's clock: tokens after the first chunk / (end - first chunk), the
-        first chunk's own tokens left out (a late chunk holds every token due by then).
-        Without continuous usage either: every token / the same time."""
+        """The tokens after the first / the engine's own decode time (a busy client reads
+        chunks late and all at once); else the tokens after the first chunk's own / the
+        client's time from that chunk to the end (every token without continuous usage)."""
         if self.ok and self.server_decode_s and (self.completion_tokens or 0) > 1:
             return ((self.completion_tokens or 0) - 1) / self.server_decode_s
         if not self.ok or self.first_token_s is None or self.seconds <= self.first_token_s:
@@ -128,7 +108,6 @@ class RunResult:
 
     @property
     def wall_tok_s(self) -> float | None:
-        """completion tokens / the whole request."""
         return (self.completion_tokens or 0) / self.seconds if self.ok and self.seconds else None
 
     @classmethod
@@ -171,10 +150,9 @@ def decode_seconds_between(before: list[metrics.Sample] | None,
     finished in between (another client, a balancer's other backend, no histogram)."""
     if before is None or after is None:
         return None
-    c0 = metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=model)
-    c1 = metrics.total(after, metrics.DECODE_TIME_COUNT, model_name=model)
-    s0 = metrics.total(before, metrics.DECODE_TIME_SUM, model_name=model)
-    s1 = metrics.total(after, metrics.DECODE_TIME_SUM, model_name=model)
+    c0, c1, s0, s1 = (metrics.total(samples, name, model_name=model)
+                      for name in (metrics.DECODE_TIME_COUNT, metrics.DECODE_TIME_SUM)
+                      for samples in (before, after))
     if None in (c0, c1, s0, s1) or (c1 or 0) - (c0 or 0) != 1:
         return None
     seconds = (s1 or 0) - (s0 or 0)
@@ -186,23 +164,19 @@ def acceptance_between(before: list[metrics.Sample] | None, after: list[metrics.
     """(acceptance, "") from two ``/metrics`` scrapes, or (None, why it is unknown)."""
     if before is None or after is None:
         return None, "unknown: no /metrics"
-    d1 = metrics.total(after, metrics.SPEC_DRAFTS, model_name=model)
-    if d1 is None:
+    if metrics.total(after, metrics.SPEC_DRAFTS, model_name=model) is None:
         return None, f"unknown: no {metrics.SPEC_DRAFTS} in /metrics (MTP off, or stats off)"
-    d0 = metrics.total(before, metrics.SPEC_DRAFTS, model_name=model) or 0.0
-    drafts = d1 - d0
+    drafts = metrics.delta(before, after, metrics.SPEC_DRAFTS, model_name=model)
     if drafts <= 0:
         return None, "unknown: the spec-decode counters did not move during the runs"
-    a0 = metrics.total(before, metrics.SPEC_ACCEPTED, model_name=model) or 0.0
-    a1 = metrics.total(after, metrics.SPEC_ACCEPTED, model_name=model) or 0.0
-    t0 = metrics.total(before, metrics.SPEC_DRAFT_TOKENS, model_name=model) or 0.0
-    t1 = metrics.total(after, metrics.SPEC_DRAFT_TOKENS, model_name=model)
+    accepted = metrics.delta(before, after, metrics.SPEC_ACCEPTED, model_name=model)
+    draft_tokens = metrics.delta(before, after, metrics.SPEC_DRAFT_TOKENS, model_name=model)
     pp0 = metrics.by_label(before, metrics.SPEC_ACCEPTED_PER_POS, "position", model_name=model)
     pp1 = metrics.by_label(after, metrics.SPEC_ACCEPTED_PER_POS, "position", model_name=model)
     positions = sorted(pp1, key=lambda k: int(k) if k.isdigit() else 0)
     per_pos = tuple((pp1[k] - pp0.get(k, 0.0)) / drafts for k in positions)
-    rate = (a1 - a0) / (t1 - t0) if t1 is not None and t1 - t0 > 0 else None
-    return Acceptance(int(drafts), 1.0 + (a1 - a0) / drafts, per_pos, rate), ""
+    rate = accepted / draft_tokens if draft_tokens > 0 else None
+    return Acceptance(int(drafts), 1.0 + accepted / drafts, per_pos, rate), ""
 
 
 @dataclass
@@ -259,8 +233,7 @@ class ShapeResult:
 
 @dataclass
 class ConcurrencyResult:
-    """``streams`` narrative requests at once: each stream's figures and the aggregate
-    (all completion tokens over the batch's wall time)."""
+    """``streams`` narrative requests at once; the aggregate is over the batch's wall time."""
 
     streams: int
     runs: list[RunResult] = field(default_factory=list)
@@ -331,11 +304,7 @@ class BenchResult:
 
 
 class Bench:
-    """Runs the bench against one server (see the module docstring).
-
-    + client: the server (``rigfleet.hostside.verify.client.Client``)
-    + model: the model id to ask for (default: the first of ``/v1/models``)
-    """
+    """Runs the bench against one server; ``model`` defaults to the first of ``/v1/models``."""
 
     def __init__(self, client: Client, settings: BenchSettings,
                  progress: BenchProgress | None = None, model: str = "",
@@ -347,15 +316,9 @@ class Bench:
         self.result = BenchResult(url=client.base_url, model=model, settings=settings)
         self._lock = threading.Lock()
 
-    # -- plumbing ------------------------------------------------------------------------------
-
     def note(self, text: str) -> None:
         self.result.notes.append(text)
         self.progress.note(text)
-
-    def scrape(self) -> list[metrics.Sample] | None:
-        r = self.client.request("GET", "/metrics", timeout=30)
-        return metrics.parse(r.text(10_000_000)) if r.status == 200 else None
 
     def scrape_after(self, before: list[metrics.Sample] | None,
                      wait_s: float = 1.0) -> list[metrics.Sample] | None:
@@ -364,7 +327,7 @@ class Bench:
         n0 = (metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
               if before is not None else None)
         for _ in range(max(1, int(wait_s / 0.02))):
-            now = self.scrape()
+            now = metrics.scrape(self.client, 30)
             n1 = (metrics.total(now, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
                   if now is not None else None)
             if n0 is None or n1 is None or n1 > n0:
@@ -385,26 +348,16 @@ class Bench:
         s = self.settings
         return (len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
 
-    # -- the parts -------------------------------------------------------------------------------
-
     def prepare(self) -> bool:
         """Learn the model, its max-model-len and the version; False (and ``error``) when the
         server does not list a model."""
-        m = self.client.request("GET", "/v1/models", timeout=30)
-        data = m.json() if m.status == 200 else None
-        cards = data.get("data") if isinstance(data, dict) else None
-        if not cards or not isinstance(cards, list) or not isinstance(cards[0], dict):
-            why = m.error_message() if m.status != 200 else "no model listed"
-            self.result.error = f"GET /v1/models: HTTP {m.status}: {why}"
+        cards, status, why = self.client.models(30)
+        if not cards:
+            self.result.error = f"GET /v1/models: HTTP {status}: {why}"
             return False
-        if not self.result.model:
-            self.result.model = str(cards[0].get("id") or "")
-        mml = cards[0].get("max_model_len")
-        self.result.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
-        v = self.client.request("GET", "/version", timeout=30)
-        vdata = v.json() if v.status == 200 else None
-        if isinstance(vdata, dict) and vdata.get("version"):
-            self.result.version = str(vdata["version"])
+        self.result.model = self.result.model or str(cards[0].get("id") or "")
+        self.result.max_model_len = max_model_len(cards[0])
+        self.result.version = self.client.version(30) or self.result.version
         return True
 
     def warmup(self) -> None:
@@ -417,7 +370,7 @@ class Bench:
     def shape(self, shape: Shape) -> ShapeResult:
         """``runs`` requests of ``shape``, one after the other, with /metrics around them."""
         out = ShapeResult(shape.name)
-        before = self.scrape()
+        before = metrics.scrape(self.client, 30)
         last = before
         for _ in range(self.settings.runs):
             res = self._chat(shape.messages(), shape.max_tokens, shape.temperature, shape.name)
@@ -469,8 +422,7 @@ class Bench:
                 row.note = f"skipped: over max-model-len {mml}"
                 self.progress.step(f"depth {depth}")
                 continue
-            salt = "".join(secrets.choice(string.ascii_lowercase + string.digits)
-                           for _ in range(32))
+            salt = prompts.new_salt()
 
             def build(units: int, s: str = salt) -> tuple[prompts.Messages, prompts.Tools]:
                 return shapes.depth_messages(s, units), None

@@ -1,27 +1,19 @@
 """Bench reports: JSON (schema ``rigfleet-bench/1``) and Markdown, one entry per host benched.
 
-    entry = Entry("rig-a", "int8", result, reference={"narrative": 130.8}, scale=1.0,
-                  baseline=base, history=records)
-    data = report_dict([entry])           # {"schema": "rigfleet-bench/1", "entries": [...],
-                                          #  "fleet": {"int8": {"narrative": 128.4, ...}}}
+    entry = Entry("rig-a", "int8", result, reference={"narrative": 130.8}, baseline=base)
     paths = write([entry], Path("bench-reports"))   # bench-<ts>.json and .md
-
-The fleet median is per stack over the entries benched together; the reference is the stack
-file's figure times the host's ``throughput_scale``; the history is the host's verified
-records (``rigfleet.hostside.records.ThroughputRecord``).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..records import SHAPES, ThroughputRecord
-from ..verify.report import atomic_write, now_iso
+from ..verify.report import now_iso, write_pair
 from . import stats
 from .baseline import Baseline
 from .measure import BenchResult
@@ -134,13 +126,6 @@ def markdown(entries: Sequence[Entry]) -> str:
 
 def write(entries: Sequence[Entry], directory: Path, started: str = "") -> tuple[Path, Path]:
     """``bench-<UTC timestamp>.json`` and ``.md`` in ``directory`` (created)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    stem, n = f"bench-{stamp}", 1
-    while (directory / f"{stem}.json").exists():
-        n += 1
-        stem = f"bench-{stamp}-{n}"
-    paths = (directory / f"{stem}.json", directory / f"{stem}.md")
-    atomic_write(paths[0], json.dumps(report_dict(entries, started), indent=2) + "\n")
-    atomic_write(paths[1], markdown(entries))
-    return paths
+    return write_pair(directory, "bench",
+                      json.dumps(report_dict(entries, started), indent=2) + "\n",
+                      markdown(entries))

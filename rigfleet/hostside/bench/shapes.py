@@ -1,13 +1,5 @@
-"""The bench's request shapes: what is asked, how long the answer may be, at what temperature.
-
-The two shapes of the reference figures (seed 004's bench: "800-word essay, max_tokens=1000,
-temp=0.6" and "quicksort with comments, max_tokens=800, temp=0.6"), so a measured figure can
-stand beside a stack file's reference; and a context-depth shape: a long salted prompt of
-filler (never a prefix-cache hit), then a short continuation::
-
-    NARRATIVE.messages()                  # [{"role": "user", "content": "Write an 800-word ..."}]
-    depth_messages("k3j...", units=120)   # ~N tokens of context, then the instruction
-"""
+"""The bench's request shapes (seed 004's bench, so a figure stands beside a stack file's
+reference), and a context-depth shape: a long salted prompt, then a short continuation."""
 
 from __future__ import annotations
 
@@ -21,8 +13,7 @@ NARRATIVE_NAME, CODE_NAME = "narrative", "code"
 
 @dataclass(frozen=True)
 class Shape:
-    """One request shape: ``name`` (``narrative`` / ``code``), the user ``prompt``, the
-    answer budget ``max_tokens`` and the sampling ``temperature``."""
+    """One request shape: the user ``prompt``, its answer budget and sampling temperature."""
 
     name: str
     prompt: str

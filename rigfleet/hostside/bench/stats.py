@@ -1,9 +1,4 @@
-"""Small statistics of run figures (stdlib only).
-
-    mean([45.1, 45.7, 44.3])      # 45.03
-    cv([45.1, 45.7, 44.3])        # 0.0156: sample standard deviation / mean
-    median([3, 1, 2])             # 2
-"""
+"""Small statistics of run figures (stdlib only)."""
 
 from __future__ import annotations
 

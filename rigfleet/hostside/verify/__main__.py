@@ -1,7 +1,5 @@
 """``python3 -m rigfleet.hostside.verify``: the verify-stress gate's command line (see runner)."""
 
-from __future__ import annotations
-
 import sys
 
 from .runner import main

@@ -1,25 +1,10 @@
 """The gate's checks: preflight, the seven checks of club-3090's "7/7", soak, spec_decode,
-throughput (in ``throughput.py``: the bench's core against the host's baseline).
-
-Each check is ``fn(ctx) -> CheckResult`` and is listed in :data:`CHECKS` in run order::
+throughput (``throughput.py``). Each is ``fn(ctx) -> CheckResult``, listed in run order in
+:data:`CHECKS`; the rules they share are in docs/bench.md ("The verify-stress gate's rules")::
 
     ctx = Context(client, profile, progress)
     preflight(ctx)          # fills ctx.model / ctx.version / ctx.max_model_len
     needles(ctx)            # CheckResult(status="pass"|"fail"|"skip", details=..., findings=...)
-
-Rules shared by every check (club-3090 verify-stress, with its 7/7-era strictness):
-
-- every scored reply goes through the output-health detectors; any finding fails the check
-  (the 1-token warm-up and token-counting probes are not scored: one token says nothing);
-- HTTP 200 with an empty answer fails; connection errors, timeouts and 5xx fail;
-- HTTP 400 for a prompt that does not fit max-model-len is a skip (the stack was configured
-  smaller), not a failure;
-- thinking is switched off per request (``chat_template_kwargs.enable_thinking = false``), as
-  verify-stress does, so the measured tokens are answer tokens.
-
-Nothing here knows which server it talks to: sizes come from the server's own ``/tokenize``
-(or, failing that, the ``usage`` of a one-token completion), the model name from
-``/v1/models``, acceptance from the Prometheus counters vLLM documents.
 """
 
 from __future__ import annotations
@@ -34,9 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ..bench.measure import acceptance_between
 from . import metrics, prompts
 from . import throughput as throughput_check  # the bench's core, in a module of its own
-from .client import ChatResult
+from .client import ChatResult, max_model_len
 from .context import Context
 from .health import Finding, scan
 from .report import FAIL, PASS, SKIP, CheckResult
@@ -44,10 +30,6 @@ from .report import FAIL, PASS, SKIP, CheckResult
 # Texts vLLM (and OpenAI-compatible servers) use when a prompt does not fit the context.
 _OVER_CONTEXT = ("maximum context length", "max_model_len", "max-model-len", "context length",
                  "too long", "exceeds the model", "input tokens")
-
-
-def _result(name: str, title: str) -> CheckResult:
-    return CheckResult(name, title)
 
 
 def _http_finding(res: ChatResult, where: str = "") -> Finding:
@@ -68,6 +50,21 @@ def _over_context(ctx: Context, res: ChatResult, prompt_tokens: int | None,
         return True
     msg = res.error_message().lower()
     return any(s in msg for s in _OVER_CONTEXT)
+
+
+def _failed(ctx: Context, out: CheckResult, res: ChatResult, where: str = "") -> bool:
+    """Record ``res``'s HTTP failure (True) or its health findings (False) on ``out``."""
+    if not res.ok:
+        out.findings.append(_http_finding(res, where))
+        return True
+    out.findings += _health(ctx, res, where)
+    return False
+
+
+def _skip_over_context(out: CheckResult, res: ChatResult) -> CheckResult:
+    out.status = SKIP
+    out.summary = f"prompt over max-model-len: {_excerpt(res.error_message(), 160)}"
+    return out
 
 
 def _health(ctx: Context, res: ChatResult, where: str = "") -> list[Finding]:
@@ -101,15 +98,13 @@ def _finish(out: CheckResult, ok_summary: str) -> CheckResult:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# preflight
-# ---------------------------------------------------------------------------------------------
+# -- preflight -------------------------------------------------------------------------------------
 
 def preflight(ctx: Context) -> CheckResult:
     """GET /health 200 (polled for health_wait_s), /v1/models lists a model, /version, and one
     generated token. A failure here aborts the rest of the gate."""
     p = ctx.profile
-    out = _result("preflight", "Preflight")
+    out = CheckResult("preflight", "Preflight")
     deadline = time.monotonic() + p.health_wait_s
     while True:
         h = ctx.client.request("GET", "/health", timeout=p.preflight_timeout_s)
@@ -123,29 +118,21 @@ def preflight(ctx: Context) -> CheckResult:
         out.summary = f"server not healthy: {why}"
         out.status = FAIL
         return out
-    m = ctx.client.request("GET", "/v1/models", timeout=p.preflight_timeout_s)
-    data = m.json() if m.status == 200 else None
-    cards = data.get("data") if isinstance(data, dict) else None
-    if not cards or not isinstance(cards, list) or not isinstance(cards[0], dict) \
-            or not cards[0].get("id"):
-        why = m.error_message() if m.status != 200 else "no model listed"
-        out.findings.append(Finding("no_model", f"GET /v1/models: HTTP {m.status}: {why}"))
+    cards, status, why = ctx.client.models(p.preflight_timeout_s)
+    if not cards or not cards[0].get("id"):
+        why = why or "no model listed"
+        out.findings.append(Finding("no_model", f"GET /v1/models: HTTP {status}: {why}"))
         out.summary = f"/v1/models: {why}"
         out.status = FAIL
         return out
     ctx.model = str(cards[0]["id"])
-    mml = cards[0].get("max_model_len")
-    ctx.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
+    ctx.max_model_len = max_model_len(cards[0])
     out.details["models"] = [str(c.get("id")) for c in cards if isinstance(c, dict)]
     out.details["max_model_len"] = ctx.max_model_len
-    v = ctx.client.request("GET", "/version", timeout=p.preflight_timeout_s)
-    vdata = v.json() if v.status == 200 else None
-    ctx.version = str(vdata.get("version")) if isinstance(vdata, dict) and vdata.get(
-        "version") else ""
+    ctx.version = ctx.client.version(p.preflight_timeout_s)
     out.details["version"] = ctx.version or None
     # Counters before any of the gate's own traffic (spec_decode measures the difference).
-    mt = ctx.client.request("GET", "/metrics", timeout=p.preflight_timeout_s)
-    ctx.metrics_before = metrics.parse(mt.text(10_000_000)) if mt.status == 200 else None
+    ctx.metrics_before = metrics.scrape(ctx.client, p.preflight_timeout_s)
     # One token: a server that boots but cannot generate is down for our purposes (the
     # first request also absorbs lazy compilation, so it is not timed against any check).
     warm = ctx.client.chat(ctx.body([{"role": "user", "content": "ping"}], 1, 0.0),
@@ -161,13 +148,11 @@ def preflight(ctx: Context) -> CheckResult:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# (1) and (7): needles
-# ---------------------------------------------------------------------------------------------
+# -- (1) and (7): needles --------------------------------------------------------------------------
 
 def _needles(ctx: Context, name: str, title: str, depths: tuple[int, ...]) -> CheckResult:
     p = ctx.profile
-    out = _result(name, title)
+    out = CheckResult(name, title)
     attempts: list[dict[str, Any]] = []
     sizer = ctx.get_sizer()
     rng = random.SystemRandom()
@@ -181,12 +166,13 @@ def _needles(ctx: Context, name: str, title: str, depths: tuple[int, ...]) -> Ch
 
         row: dict[str, Any] = {"depth_tokens": depth, "needle_position": position,
                                "expected": secret}
+        attempts.append(row)
+        where = f"{depth} tok"
         try:
             sized = sizer.fit("needle", build, depth)
         except prompts.SizingError as exc:
             row.update(outcome="failed")
-            out.findings.append(Finding("sizing_error", str(exc), f"{depth} tok"))
-            attempts.append(row)
+            out.findings.append(Finding("sizing_error", str(exc), where))
             continue
         row["prompt_tokens"] = sized.tokens
         ctx.progress.tick(".")
@@ -195,30 +181,23 @@ def _needles(ctx: Context, name: str, title: str, depths: tuple[int, ...]) -> Ch
         row.update(http_status=res.status, seconds=round(res.seconds, 2),
                    ttft=round(res.ttft, 2) if res.ttft is not None else None,
                    server_prompt_tokens=res.prompt_tokens)
-        where = f"{depth} tok"
         if _over_context(ctx, res, sized.tokens, p.needle_max_tokens):
             row.update(outcome="skipped", reason=_excerpt(res.error_message(), 160))
-            attempts.append(row)
             continue
         if not res.ok:
             row.update(outcome="failed")
             out.findings.append(_http_finding(res, where))
-            attempts.append(row)
             continue
         found = _health(ctx, res, where)
         ok = prompts.recalled(secret, res.content)
+        empty = any(f.name == "empty" for f in found)  # silent-empty: the quietest collapse
         row["answer"] = _excerpt(res.content)
-        if not ok and not any(f.name == "empty" for f in found):
+        if not ok and not empty:
             found.insert(0, Finding("recall_miss", f"needle not recalled (expected {secret!r})",
                                     where, _excerpt(res.content)))
-        if ok and not found:
-            row["outcome"] = "recalled"
-        elif any(f.name == "empty" for f in found):
-            row["outcome"] = "empty"  # a silent-empty reply: the collapse's quietest form
-        else:
-            row["outcome"] = "recall_miss" if not ok else "unhealthy"
+        row["outcome"] = ("recalled" if ok and not found else "empty" if empty
+                          else "unhealthy" if ok else "recall_miss")
         out.findings += found
-        attempts.append(row)
     out.details["attempts"] = attempts
     done = [a for a in attempts if a.get("outcome") != "skipped"]
     if not done:
@@ -248,16 +227,14 @@ def needles_deep(ctx: Context) -> CheckResult:
     return _needles(ctx, "needles_deep", "Deep needles (7)", ctx.profile.needle_deep_depths)
 
 
-# ---------------------------------------------------------------------------------------------
-# (2) tool-response prefill
-# ---------------------------------------------------------------------------------------------
+# -- (2) tool-response prefill ---------------------------------------------------------------------
 
 def tool_prefill(ctx: Context) -> CheckResult:
     """A long tool result (FULL ~25K tokens of news) followed by a summary request: a 200 with
     >= prefill_min_chars of healthy text (or a tool call) passes; empty = silent prefill
     truncation; 500 = OOM during prefill."""
     p = ctx.profile
-    out = _result("tool_prefill", "Tool-response prefill (2)")
+    out = CheckResult("tool_prefill", "Tool-response prefill (2)")
     seed = random.SystemRandom().randrange(2**31)
     tools = [prompts.FETCH_NEWS_TOOL]
 
@@ -276,13 +253,9 @@ def tool_prefill(ctx: Context) -> CheckResult:
     out.details.update(_attempt(res))
     out.details["prompt_tokens"] = res.prompt_tokens or sized.tokens
     if _over_context(ctx, res, sized.tokens, p.prefill_max_tokens):
-        out.status = SKIP
-        out.summary = f"prompt over max-model-len: {_excerpt(res.error_message(), 160)}"
-        return out
-    if not res.ok:
-        out.findings.append(_http_finding(res))
+        return _skip_over_context(out, res)
+    if _failed(ctx, out, res):
         return _finish(out, "")
-    out.findings += _health(ctx, res)
     text = res.content.strip()
     out.details["answer"] = _excerpt(text, 160)
     if not res.tool_calls and text and len(text) < p.prefill_min_chars:
@@ -292,14 +265,12 @@ def tool_prefill(ctx: Context) -> CheckResult:
                         + (", tool call" if res.tool_calls else ""))
 
 
-# ---------------------------------------------------------------------------------------------
-# (3) IDE-agent one-shot
-# ---------------------------------------------------------------------------------------------
+# -- (3) IDE-agent one-shot ------------------------------------------------------------------------
 
 def ide_oneshot(ctx: Context) -> CheckResult:
     """~5K-char system preamble + 10 tool schemas + a refactor request, tool_choice none."""
     p = ctx.profile
-    out = _result("ide_oneshot", "IDE-agent one-shot (3)")
+    out = CheckResult("ide_oneshot", "IDE-agent one-shot (3)")
     preamble = prompts.ide_preamble(p.ide_preamble_chars)
     tools = prompts.tools(p.ide_tools)
     msgs = [{"role": "system", "content": preamble},
@@ -308,13 +279,9 @@ def ide_oneshot(ctx: Context) -> CheckResult:
                           timeout=p.ide_timeout_s)
     out.details.update(preamble_chars=len(preamble), tools=len(tools), **_attempt(res))
     if _over_context(ctx, res, None, p.ide_max_tokens):
-        out.status = SKIP
-        out.summary = f"prompt over max-model-len: {_excerpt(res.error_message(), 160)}"
-        return out
-    if not res.ok:
-        out.findings.append(_http_finding(res))
+        return _skip_over_context(out, res)
+    if _failed(ctx, out, res):
         return _finish(out, "")
-    out.findings += _health(ctx, res)
     if res.tool_calls:
         out.findings.append(Finding("unexpected_tool_call", "tool call despite tool_choice "
                                     f"'none': {', '.join(res.tool_names())}"))
@@ -322,25 +289,21 @@ def ide_oneshot(ctx: Context) -> CheckResult:
     return _finish(out, f"{res.completion_tokens} tokens of answer")
 
 
-# ---------------------------------------------------------------------------------------------
-# (4) multi-turn agent
-# ---------------------------------------------------------------------------------------------
+# -- (4) multi-turn agent --------------------------------------------------------------------------
 
 def agent_multiturn(ctx: Context) -> CheckResult:
     """Turn 1 must call read_file (with JSON arguments); the tool result goes back; turn 2
     must be healthy text."""
     p = ctx.profile
-    out = _result("agent_multiturn", "Multi-turn agent (4)")
+    out = CheckResult("agent_multiturn", "Multi-turn agent (4)")
     tools = prompts.tools(p.agent_tools)
     msgs: prompts.Messages = [{"role": "system", "content": prompts.AGENT_SYSTEM},
                               {"role": "user", "content": prompts.AGENT_REQUEST}]
     first = ctx.client.chat(ctx.body(msgs, p.agent_max_tokens, 0.6, tools, "auto"),
                             timeout=p.agent_timeout_s)
     out.details["turn1"] = _attempt(first)
-    if not first.ok:
-        out.findings.append(_http_finding(first, "turn 1"))
+    if _failed(ctx, out, first, "turn 1"):
         return _finish(out, "")
-    out.findings += _health(ctx, first, "turn 1")
     names = first.tool_names()
     out.details["turn1"]["tool_calls"] = names
     if not first.tool_calls:
@@ -376,10 +339,8 @@ def agent_multiturn(ctx: Context) -> CheckResult:
     second = ctx.client.chat(ctx.body(msgs, p.agent_max_tokens, 0.6, tools, "auto"),
                              timeout=p.agent_timeout_s)
     out.details["turn2"] = _attempt(second)
-    if not second.ok:
-        out.findings.append(_http_finding(second, "turn 2"))
+    if _failed(ctx, out, second, "turn 2"):
         return _finish(out, "")
-    out.findings += _health(ctx, second, "turn 2")
     out.details["turn2"]["answer"] = _excerpt(second.content, 160)
     if second.tool_calls and not second.content.strip():
         out.findings.append(Finding("no_text_follow_up", "turn 2 called "
@@ -389,22 +350,18 @@ def agent_multiturn(ctx: Context) -> CheckResult:
                         f"{len(second.content.strip())} chars")
 
 
-# ---------------------------------------------------------------------------------------------
-# (5) coding, (6) reasoning
-# ---------------------------------------------------------------------------------------------
+# -- (5) coding, (6) reasoning ---------------------------------------------------------------------
 
 def coding(ctx: Context) -> CheckResult:
     """A LeetCode-shape request with a GOAL/STATE/ALGO/EDGE/VERIFY plan: healthy text with
     code in it."""
     p = ctx.profile
-    out = _result("coding", "LeetCode-shape coding (5)")
+    out = CheckResult("coding", "LeetCode-shape coding (5)")
     msgs = [{"role": "user", "content": prompts.CODING_REQUEST}]
     res = ctx.client.chat(ctx.body(msgs, p.coding_max_tokens, 0.0), timeout=p.coding_timeout_s)
     out.details.update(_attempt(res))
-    if not res.ok:
-        out.findings.append(_http_finding(res))
+    if _failed(ctx, out, res):
         return _finish(out, "")
-    out.findings += _health(ctx, res)
     text = res.content
     out.details["answer"] = _excerpt(text, 160)
     if text.strip() and not any(m in text for m in ("```", "def ", "return ")):
@@ -417,15 +374,13 @@ def reasoning(ctx: Context) -> CheckResult:
     """An induction proof that needs >= reasoning_min_tokens completion tokens; fewer means
     spec-decode acceptance collapse or an early stop."""
     p = ctx.profile
-    out = _result("reasoning", "Reasoning-heavy (6)")
+    out = CheckResult("reasoning", "Reasoning-heavy (6)")
     msgs = [{"role": "user", "content": prompts.REASONING_REQUEST}]
     res = ctx.client.chat(ctx.body(msgs, p.reasoning_max_tokens, 0.0),
                           timeout=p.reasoning_timeout_s)
     out.details.update(_attempt(res), min_tokens=p.reasoning_min_tokens)
-    if not res.ok:
-        out.findings.append(_http_finding(res))
+    if _failed(ctx, out, res):
         return _finish(out, "")
-    out.findings += _health(ctx, res)
     out.details["answer"] = _excerpt(res.content, 160)
     n = res.completion_tokens
     if n is None:
@@ -438,22 +393,15 @@ def reasoning(ctx: Context) -> CheckResult:
     return _finish(out, f"{n} completion tokens, finish {res.finish_reason}")
 
 
-# ---------------------------------------------------------------------------------------------
-# soak
-# ---------------------------------------------------------------------------------------------
+# -- soak ------------------------------------------------------------------------------------------
 
 @dataclass
 class _Turn:
     session: int
     turn: int
-    status: int
-    seconds: float
-    completion_tokens: int | None
+    res: ChatResult
     silent_empty: bool
     findings: list[Finding]
-    ttft: float | None
-    prompt_tokens: int | None = None
-    error: str = ""
 
 
 def soak(ctx: Context) -> CheckResult:
@@ -462,7 +410,7 @@ def soak(ctx: Context) -> CheckResult:
     Fails on: silent-empty or unhealthy turns at/above soak_fail_rate, any non-200 or stream
     error, turns left unsent when soak_timeout_s runs out."""
     p = ctx.profile
-    out = _result("soak", "Soak")
+    out = CheckResult("soak", "Soak")
     deadline = time.monotonic() + p.soak_timeout_s
     turns: list[_Turn] = []
     lock = threading.Lock()
@@ -487,10 +435,8 @@ def soak(ctx: Context) -> CheckResult:
             silent = (res.status == 200 and not res.error and tokens == 0
                       and res.seconds >= p.soak_silent_empty_min_s)
             found = _health(ctx, res, f"s{idx + 1}t{t + 1}") if res.ok else []
-            turn = _Turn(idx, t, res.status, res.seconds, tokens, silent, found, res.ttft,
-                         res.prompt_tokens, "" if res.ok else res.error_message()[:200])
             with lock:
-                turns.append(turn)
+                turns.append(_Turn(idx, t, res, silent, found))
             ctx.progress.tick("x" if not res.ok else "E" if silent else "!" if found else ".")
             if not res.ok:
                 return  # the session's context is broken; other sessions carry on
@@ -502,11 +448,11 @@ def soak(ctx: Context) -> CheckResult:
 
     planned = p.soak_sessions * p.soak_turns
     n = len(turns)
-    errors = [t for t in turns if t.status != 200 or t.error]
+    errors = [t for t in turns if not t.res.ok]
     silent = [t for t in turns if t.silent_empty]
     unhealthy = [t for t in turns if t.findings and not t.silent_empty]
-    ttfts = [t.ttft for t in turns if t.ttft is not None]
-    contexts = [t.prompt_tokens for t in turns if t.prompt_tokens is not None]
+    ttfts = [t.res.ttft for t in turns if t.res.ttft is not None]
+    contexts = [t.res.prompt_tokens for t in turns if t.res.prompt_tokens is not None]
     rate_silent = len(silent) / n if n else 0.0
     rate_unhealthy = len(unhealthy) / n if n else 0.0
     out.details.update(
@@ -515,13 +461,14 @@ def soak(ctx: Context) -> CheckResult:
         silent_empty_rate=round(rate_silent, 4), unhealthy=len(unhealthy),
         unhealthy_rate=round(rate_unhealthy, 4), fail_rate=p.soak_fail_rate,
         median_ttft_s=round(statistics.median(ttfts), 3) if ttfts else None,
-        median_turn_s=round(statistics.median(t.seconds for t in turns), 3) if turns else None,
+        median_turn_s=round(statistics.median(t.res.seconds for t in turns), 3) if turns else None,
         max_prompt_tokens=max(contexts) if contexts else None,
         # club-3090's soak levels, for comparison: >= 50 % silent-empty FAIL, 1-49 % WARN.
         reference_levels={"warn": "1-49% silent-empty", "fail": ">=50% silent-empty"},
     )
     for t in errors[:5]:
-        out.findings.append(Finding("turn_error", f"HTTP {t.status}: {t.error}",
+        out.findings.append(Finding("turn_error",
+                                    f"HTTP {t.res.status}: {t.res.error_message()[:200]}",
                                     f"s{t.session + 1}t{t.turn + 1}"))
     if len(errors) > 5:
         out.findings.append(Finding("turn_error", f"... and {len(errors) - 5} more failed turns"))
@@ -548,57 +495,40 @@ def soak(ctx: Context) -> CheckResult:
                         + (f" (warning: {'; '.join(warnings)})" if warnings else ""))
 
 
-# ---------------------------------------------------------------------------------------------
-# spec decode
-# ---------------------------------------------------------------------------------------------
-
-def _spec_counts(samples: list[metrics.Sample], model: str) -> tuple[float | None, float | None]:
-    return (metrics.total(samples, metrics.SPEC_DRAFTS, model_name=model),
-            metrics.total(samples, metrics.SPEC_ACCEPTED, model_name=model))
-
+# -- spec decode -----------------------------------------------------------------------------------
 
 def spec_decode(ctx: Context) -> CheckResult:
     """Mean acceptance length over the gate's own traffic, 1 + Δaccepted/Δdrafts between the
-    preflight scrape and now; skipped when the server exposes no spec-decode counters (MTP off,
-    or --disable-log-stats)."""
+    preflight scrape and now; skipped without spec-decode counters (MTP off, or
+    --disable-log-stats)."""
     p = ctx.profile
-    out = _result("spec_decode", "Spec-decode acceptance")
-
-    def scrape() -> list[metrics.Sample] | None:
-        r = ctx.client.request("GET", "/metrics", timeout=p.preflight_timeout_s)
-        return metrics.parse(r.text(10_000_000)) if r.status == 200 else None
-
+    out = CheckResult("spec_decode", "Spec-decode acceptance")
     before = ctx.metrics_before
+
+    def delta(name: str) -> float:
+        return metrics.delta(before or [], after or [], name, model_name=ctx.model)
+
     if p.spec_settle_s:
         time.sleep(p.spec_settle_s)
-    after = scrape()
-    if after is None or _spec_counts(after, ctx.model)[0] is None:
+    after = metrics.scrape(ctx.client, p.preflight_timeout_s)
+    if after is None or metrics.total(after, metrics.SPEC_DRAFTS, model_name=ctx.model) is None:
         out.status = SKIP
         out.summary = ("no /metrics" if after is None else
                        f"no {metrics.SPEC_DRAFTS} in /metrics (MTP off or --disable-log-stats)")
         return out
-    d0, a0 = _spec_counts(before or [], ctx.model)
-    d0, a0 = d0 or 0.0, a0 or 0.0
-    d1, a1 = _spec_counts(after, ctx.model)
-    probed = False
-    if (d1 or 0.0) - d0 < p.spec_min_drafts:
+    probed = delta(metrics.SPEC_DRAFTS) < p.spec_min_drafts
+    if probed:
         # Too little of our own traffic (e.g. --only spec_decode): verify-full's probe.
-        probed = True
         res = ctx.client.chat(ctx.body([{"role": "user", "content":
                                          prompts.SPEC_PROBE_REQUEST}],
                                         p.spec_probe_max_tokens, 0.0),
                               timeout=p.spec_probe_timeout_s)
         out.details["probe"] = _attempt(res)
-        if not res.ok:
-            out.findings.append(_http_finding(res, "probe"))
-        else:
-            out.findings += _health(ctx, res, "probe")
+        _failed(ctx, out, res, "probe")
         if p.spec_settle_s:
             time.sleep(p.spec_settle_s)
-        after = scrape() or after
-        d1, a1 = _spec_counts(after, ctx.model)
-    drafts = (d1 or 0.0) - d0
-    accepted = (a1 or 0.0) - a0
+        after = metrics.scrape(ctx.client, p.preflight_timeout_s) or after
+    drafts, accepted = delta(metrics.SPEC_DRAFTS), delta(metrics.SPEC_ACCEPTED)
     out.details.update(drafts=int(drafts), accepted_tokens=int(accepted), probed=probed,
                        min_acceptance_length=p.spec_min_acceptance_length,
                        baseline_scraped=before is not None)
@@ -608,23 +538,15 @@ def spec_decode(ctx: Context) -> CheckResult:
         return _finish(out, "")
     al = 1.0 + accepted / drafts
     out.details["mean_acceptance_length"] = round(al, 3)
-    dt0 = metrics.total(before or [], metrics.SPEC_DRAFT_TOKENS, model_name=ctx.model) or 0.0
-    dt1 = metrics.total(after, metrics.SPEC_DRAFT_TOKENS, model_name=ctx.model)
-    if dt1 is not None and dt1 - dt0 > 0:
-        rate = accepted / (dt1 - dt0)
-        out.details["acceptance_rate"] = round(rate, 4)
-        if rate >= 0.995:
+    acc = acceptance_between(before or [], after, ctx.model)[0]
+    if acc is not None and acc.rate is not None:
+        out.details["acceptance_rate"] = round(acc.rate, 4)
+        if acc.rate >= 0.995:
             # club-3090: "MTP acceptance hit 100% but outputs collapsed" (broken K+1 verify).
             out.details["warnings"] = ["acceptance ~100%: the verify step may accept anything "
                                        "(see the needle checks)"]
-    pp0 = metrics.by_label(before or [], metrics.SPEC_ACCEPTED_PER_POS, "position",
-                           model_name=ctx.model)
-    pp1 = metrics.by_label(after, metrics.SPEC_ACCEPTED_PER_POS, "position",
-                           model_name=ctx.model)
-    if pp1:
-        out.details["per_position"] = [round((pp1[k] - pp0.get(k, 0.0)) / drafts, 3)
-                                       for k in sorted(pp1, key=lambda x: int(x)
-                                                       if x.isdigit() else 0)]
+    if acc is not None and acc.per_position:
+        out.details["per_position"] = [round(x, 3) for x in acc.per_position]
     if al < p.spec_min_acceptance_length:
         out.findings.append(Finding(
             "low_acceptance", f"mean acceptance length {al:.2f} < "

@@ -1,22 +1,12 @@
 """A small OpenAI-compatible HTTP client (urllib only), with SSE streaming.
 
-    client = Client("http://127.0.0.1:8001", api_key=key)
+    client = Client("https://rig-a.lan:8000", api_key=key, ca_file="front-ca.pem")
     r = client.request("GET", "/v1/models", timeout=5)          # HttpResult
-    r.status, r.json(), r.seconds
     c = client.chat({"model": m, "messages": msgs, "max_tokens": 30}, timeout=60, stream=True)
     c.status, c.content, c.tool_calls, c.usage, c.seconds, c.ttft, c.error
 
-Nothing raises for HTTP or transport problems: a result carries ``status`` (0 when no HTTP
-answer came back: refused, reset, timed out) and ``error``. The API key is sent on every
-request (an authenticating front may guard /health and /metrics too) and never appears in a
-repr, an error text or anything returned.
-
-HTTPS: ``ca_file`` (or the environment's ``RIGFLEET_CA_FILE``) names the PEM certificate(s)
-to trust, e.g. a front's own certificate (host data ``front_tls_ca_file`` /
-``front_tls_cert_file``); without it the system's trust store is used. Certificates and
-host names are always verified::
-
-    client = Client("https://rig-a.lan:8000", api_key=key, ca_file="front-ca.pem")
+Nothing raises for HTTP or transport problems (``status`` 0: no HTTP answer); the API key
+never appears in a repr, an error text or anything returned.
 """
 
 from __future__ import annotations
@@ -39,15 +29,12 @@ CA_FILE_ENV = "RIGFLEET_CA_FILE"
 
 @dataclass
 class HttpResult:
-    """One plain HTTP exchange."""
-
     status: int  # 0: no HTTP response at all
     body: bytes = b""
     seconds: float = 0.0
     error: str = ""  # transport problem, if any
 
     def json(self) -> Any:
-        """The body as JSON, or None when it is not JSON."""
         try:
             return json.loads(self.body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
@@ -78,20 +65,15 @@ class ChatResult:
 
     status: int
     seconds: float = 0.0
-    ttft: float | None = None  # streaming only: seconds to the first content/tool byte
-    # streaming only: seconds to the first generated token of any kind (content, reasoning or
-    # tool call): where decode starts (the bench's decode tok/s counts from here)
-    first_token: float | None = None
-    # streaming with vLLM's continuous usage: the tokens the first token-carrying chunk held
-    # (a late first chunk holds every token due by then; decode is counted after them)
-    first_tokens: int | None = None
+    ttft: float | None = None  # streaming: seconds to the first content/tool byte
+    first_token: float | None = None  # streaming: to the first token of any kind (decode start)
+    first_tokens: int | None = None  # continuous usage: the tokens the first such chunk held
     content: str = ""
     reasoning: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     error: str = ""  # transport or in-stream error; empty when the exchange completed
-    chunks: int = 0  # SSE data events carrying choices
     body: bytes = b""  # raw body of a non-streamed or failed exchange
 
     @property
@@ -120,8 +102,7 @@ class ChatResult:
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Never follow redirects: urllib would resend the Authorization header to wherever the
-    server points, and a verify target has no business redirecting anyway."""
+    """Never follow redirects: urllib would resend the Authorization header."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         return None
@@ -136,8 +117,7 @@ class Client:
             self.base_url = self.base_url[: -len("/v1")]
         self._api_key = api_key or None
         self.ca_file = ca_file or os.environ.get(CA_FILE_ENV) or None
-        # No proxies from the environment: the gate talks to the host it runs on (or its LAN),
-        # and long prompts plus the key have no business going through a corporate proxy.
+        # No proxies from the environment: the key has no business going through one.
         self._opener = urllib.request.build_opener(
             urllib.request.ProxyHandler({}), _NoRedirect,
             urllib.request.HTTPSHandler(context=tls_context(self.ca_file)))
@@ -145,7 +125,6 @@ class Client:
     def __repr__(self) -> str:
         return f"Client({self.base_url!r}, api_key={'***' if self._api_key else None})"
 
-    # -- plumbing ------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Any | None) -> urllib.request.Request:
         data = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json, text/event-stream"}
@@ -158,7 +137,7 @@ class Client:
 
     @staticmethod
     def _transport_error(exc: BaseException) -> str:
-        # Error texts come from the socket layer and never contain request headers.
+        """The socket layer's text (never the request headers)."""
         if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
             exc = exc.reason if isinstance(exc.reason, BaseException) else exc
         if isinstance(exc, TimeoutError | socket.timeout):
@@ -167,24 +146,41 @@ class Client:
         text = str(exc)
         return f"{name}: {text}" if text else name
 
+    def _failure(self, exc: Exception, t0: float) -> HttpResult:
+        """An HTTP error status with its body, or a transport problem (status 0)."""
+        if isinstance(exc, urllib.error.HTTPError):
+            try:
+                data = exc.read()
+            except (OSError, http.client.HTTPException):
+                data = b""
+            return HttpResult(exc.code, data, time.monotonic() - t0)
+        return HttpResult(0, b"", time.monotonic() - t0, self._transport_error(exc))
+
     def request(self, method: str, path: str, body: Any | None = None,
                 timeout: float = 30.0) -> HttpResult:
-        """One request; the whole body is read."""
         t0 = time.monotonic()
         try:
             with self._opener.open(self._request(method, path, body), timeout=timeout) as resp:
-                data = resp.read()
-                return HttpResult(resp.status, data, time.monotonic() - t0)
-        except urllib.error.HTTPError as err:
-            try:
-                data = err.read()
-            except (OSError, http.client.HTTPException):
-                data = b""
-            return HttpResult(err.code, data, time.monotonic() - t0)
+                return HttpResult(resp.status, resp.read(), time.monotonic() - t0)
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            return HttpResult(0, b"", time.monotonic() - t0, self._transport_error(exc))
+            return self._failure(exc, t0)
 
-    # -- chat ----------------------------------------------------------------------------------
+    def models(self, timeout: float) -> tuple[list[dict[str, Any]], int, str]:
+        """``/v1/models``' cards (the first one a dict), the HTTP status, and why there are
+        none."""
+        m = self.request("GET", "/v1/models", timeout=timeout)
+        data = m.json() if m.status == 200 else None
+        cards = data.get("data") if isinstance(data, dict) else None
+        if cards and isinstance(cards, list) and isinstance(cards[0], dict):
+            return cards, m.status, ""
+        return [], m.status, m.error_message() if m.status != 200 else "no model listed"
+
+    def version(self, timeout: float) -> str:
+        """``/version``'s version, or ""."""
+        v = self.request("GET", "/version", timeout=timeout)
+        data = v.json() if v.status == 200 else None
+        return str(data["version"]) if isinstance(data, dict) and data.get("version") else ""
+
     def chat(self, body: dict[str, Any], timeout: float, stream: bool = False) -> ChatResult:
         """POST /v1/chat/completions. ``timeout`` bounds the whole exchange, stream included."""
         body = dict(body)
@@ -199,14 +195,9 @@ class Client:
         try:
             resp = self._opener.open(self._request("POST", "/v1/chat/completions", body),
                                      timeout=timeout)
-        except urllib.error.HTTPError as err:
-            try:
-                data = err.read()
-            except (OSError, http.client.HTTPException):
-                data = b""
-            return ChatResult(err.code, time.monotonic() - t0, body=data)
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            return ChatResult(0, time.monotonic() - t0, error=self._transport_error(exc))
+            failed = self._failure(exc, t0)
+            return ChatResult(failed.status, failed.seconds, error=failed.error, body=failed.body)
         with resp:
             if stream and "text/event-stream" in (resp.headers.get("content-type") or ""):
                 return self._read_stream(resp, t0, timeout)
@@ -254,7 +245,6 @@ class Client:
                 if isinstance(usage, dict):
                     out.usage = usage
                 for choice in event.get("choices") or []:
-                    out.chunks += 1
                     delta = choice.get("delta") or {}
                     piece = delta.get("content")
                     if piece:
@@ -282,6 +272,11 @@ class Client:
         out.tool_calls = [calls[i] for i in sorted(calls)]
         out.seconds = time.monotonic() - t0
         return out
+
+
+def max_model_len(card: dict[str, Any]) -> int | None:
+    mml = card.get("max_model_len")
+    return mml if isinstance(mml, int) and mml > 0 else None
 
 
 def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
@@ -326,7 +321,6 @@ def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
         out.reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
         out.tool_calls = [c for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
         out.finish_reason = choice.get("finish_reason")
-        out.chunks = 1
     return out
 
 

@@ -1,18 +1,12 @@
-"""What the gate's checks share (``Context``): the client, the profile, what preflight learned,
-and the requests every check sends. A module of its own so each check module can take it
-without importing the list of checks (``checks.CHECKS``).
-
-Example::
-
-    ctx = Context(client, profile, progress)
-    ctx.count_tokens([{"role": "user", "content": "hi"}], None)   # tokens as the server counts
-"""
+"""What the gate's checks share (``Context``), in a module of its own so each check module
+can take it without importing the list of checks (``checks.CHECKS``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
+from ..bench.measure import SilentProgress
 from ..records import ThroughputRecord
 from . import metrics, prompts
 from .client import Client
@@ -27,46 +21,32 @@ class Progress(Protocol):
     def note(self, text: str) -> None: ...
 
 
-class _Silent:
-    def tick(self, mark: str) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        pass
-
-
 @dataclass
 class Context:
-    """What the checks share: the client, the profile, and what preflight learned."""
+    """The client, the profile, what preflight learned, what throughput measured."""
 
     client: Client
     profile: Profile
-    progress: Progress = field(default_factory=_Silent)
+    progress: Progress = field(default_factory=SilentProgress)
     model: str = ""
     version: str = ""
     max_model_len: int | None = None
     metrics_before: list[metrics.Sample] | None = None
     counter: TokenCounter | None = None  # /tokenize, else 1-token completions
-    # What the throughput check measured (the runner writes it to the host's records).
     throughput_record: ThroughputRecord | None = None
     sizer: prompts.Sizer | None = None
 
     @property
     def limits(self) -> HealthLimits:
-        p = self.profile
-        return HealthLimits(
-            punct_run=p.health_punct_run, punct_ratio=p.health_punct_ratio,
-            punct_min_chars=p.health_punct_min_chars,
-            first_word_repeats=p.health_first_word_repeats, line_repeats=p.health_line_repeats,
-            lexical_min=p.health_lexical_min, lexical_window=p.health_lexical_window,
-            lexical_min_words=p.health_lexical_min_words)
+        """The profile's ``health_*`` values."""
+        return HealthLimits(**{f.name: getattr(self.profile, f"health_{f.name}")
+                               for f in fields(HealthLimits)})
 
     def get_sizer(self) -> prompts.Sizer:
         if self.sizer is None:
             self.sizer = prompts.Sizer(self.count_tokens, self.profile.size_tolerance)
         return self.sizer
 
-    # -- requests ------------------------------------------------------------------------------
     def body(self, messages: prompts.Messages, max_tokens: int, temperature: float,
              tools: prompts.Tools = None, tool_choice: Any = None) -> dict[str, Any]:
         return chat_body(self.model, messages, max_tokens, temperature, tools, tool_choice)

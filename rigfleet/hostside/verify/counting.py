@@ -1,19 +1,14 @@
-"""Request bodies and prompt-token counting shared by the gate's checks and the bench.
+"""Request bodies (thinking off) and prompt-token counting, shared by the gate and the bench.
 
     body = chat_body("qwen3.6-27b-autoround", msgs, max_tokens=30, temperature=0.0)
     count = TokenCounter(client, "qwen3.6-27b-autoround", timeout=30, chat_timeout=300)
     count(msgs, None)            # prompt tokens as the server counts them, or None
-
-Thinking is switched off per request (``chat_template_kwargs.enable_thinking = false``), as
-club-3090's verify scripts do, so measured tokens are answer tokens. Counting asks the
-server's ``/tokenize`` (chat template included); where that is missing (404, or a front that
-hides it) it falls back to the ``usage`` of a one-token completion, once for the rest of the
-run, and says so through ``note``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .client import Client
@@ -24,8 +19,7 @@ Tools = list[dict[str, Any]] | None
 
 def chat_body(model: str, messages: Messages, max_tokens: int, temperature: float,
               tools: Tools = None, tool_choice: Any = None) -> dict[str, Any]:
-    """A ``/v1/chat/completions`` body with thinking off (tools with ``tool_choice``, default
-    ``auto``)."""
+    """A ``/v1/chat/completions`` body with thinking off."""
     out: dict[str, Any] = {
         "model": model, "messages": messages, "max_tokens": max_tokens,
         "temperature": temperature, "chat_template_kwargs": {"enable_thinking": False},
@@ -36,21 +30,17 @@ def chat_body(model: str, messages: Messages, max_tokens: int, temperature: floa
     return out
 
 
+@dataclass
 class TokenCounter:
-    """Counts prompt tokens with the server's own tokenizer and chat template.
+    """Counts prompt tokens with the server's ``/tokenize``, else (``mode`` "chat") with the
+    usage of one-token completions."""
 
-    + mode: ``tokenize`` (``/tokenize``), then ``chat`` (one-token completions) once
-      ``/tokenize`` turned out to be missing
-    """
-
-    def __init__(self, client: Client, model: str, timeout: float, chat_timeout: float,
-                 note: Callable[[str], None] = lambda _: None):
-        self.client = client
-        self.model = model
-        self.timeout = timeout
-        self.chat_timeout = chat_timeout
-        self.note = note
-        self.mode = "tokenize"
+    client: Client
+    model: str
+    timeout: float
+    chat_timeout: float
+    note: Callable[[str], None] = lambda _: None
+    mode: str = "tokenize"
 
     def __call__(self, messages: Messages, tools: Tools) -> int | None:
         if self.mode == "tokenize":

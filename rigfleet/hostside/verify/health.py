@@ -1,16 +1,9 @@
 """Output-health detectors, run on every reply the gate receives.
 
-A server with a broken KV read path (TurboQuant + MTP without Genesis P67, for one) still
-answers 200 quickly; what gives it away is the text: ``!!!!`` floods, the first word over and
-over, one line repeated, a vocabulary of three words, a tool call written into the content,
-or nothing at all. Each detector returns a named :class:`Finding` or None::
+A server with a broken KV read path still answers 200 quickly; what gives it away is the
+text. Each detector returns a named :class:`Finding` or None; ``scan`` runs them all::
 
-    limits = HealthLimits()
-    detect_first_word_repetition("The The The The cat", limits)   # Finding("first_word_...")
-    scan(content="...", reasoning="", tool_calls=[], finish_reason="stop", limits=limits)
-
-``scan`` runs every detector over the content (and the reasoning text, when there is one)
-and returns all findings. Thresholds come from the gate profile (``health_*`` keys).
+    scan(content="...", reasoning="", tool_calls=[], finish_reason="stop", limits=HealthLimits())
 """
 
 from __future__ import annotations
@@ -18,13 +11,13 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Finding:
-    """Something wrong with one reply (or one request): ``name`` is stable, for machines."""
+    """Something wrong with one reply (or request); ``name`` is stable, for machines."""
 
     name: str
     message: str
@@ -84,10 +77,7 @@ def _is_punct(ch: str) -> bool:
 
 def detect_empty(content: str, tool_calls: list[Any] | None = None, reasoning: str = "",
                  finish_reason: str | None = None) -> Finding | None:
-    """No answer: no text and no tool call.
-
-    A reply that is still thinking when it hits max_tokens (reasoning, finish "length") is not
-    empty: verify-full allows that too."""
+    """No text and no tool call; still thinking at max_tokens (finish "length") is not empty."""
     if content.strip() or tool_calls:
         return None
     if reasoning.strip() and finish_reason == "length":
@@ -147,10 +137,8 @@ def detect_first_word_repetition(text: str, limits: HealthLimits) -> Finding | N
 
 
 def detect_repeated_line(text: str, limits: HealthLimits) -> Finding | None:
-    """Any non-empty line repeated ``line_repeats`` times in a row (repetitive degeneracy).
-
-    Lines without a letter or digit (``}``, ``---``, fences) are skipped: closing braces and
-    rules legitimately stack up in code and markdown; punctuation floods are caught above."""
+    """Any line repeated ``line_repeats`` times in a row; lines without a letter or digit
+    (``}``, ``---``, fences) legitimately stack up in code and markdown and are skipped."""
     prev = None
     count = 0
     for line in text.splitlines():
@@ -201,25 +189,16 @@ _TEXT_DETECTORS: tuple[Callable[[str, HealthLimits], Finding | None], ...] = (
 
 def scan_text(text: str, limits: HealthLimits, where: str = "content") -> list[Finding]:
     """Every text detector over one text (no empty check: a reasoning text may be absent)."""
-    out = []
-    for detect in _TEXT_DETECTORS:
-        f = detect(text, limits)
-        if f is not None:
-            out.append(Finding(f.name, f.message, where, f.evidence))
+    found = [detect(text, limits) for detect in _TEXT_DETECTORS]
     if where == "content":
-        leak = detect_tool_call_leak(text)
-        if leak is not None:
-            out.append(Finding(leak.name, leak.message, where, leak.evidence))
-    return out
+        found.append(detect_tool_call_leak(text))
+    return [replace(f, where=where) for f in found if f is not None]
 
 
 def scan(content: str, reasoning: str, tool_calls: list[Any], finish_reason: str | None,
          limits: HealthLimits) -> list[Finding]:
-    """All findings for one reply."""
-    out: list[Finding] = []
     empty = detect_empty(content, tool_calls, reasoning, finish_reason)
-    if empty is not None:
-        out.append(Finding(empty.name, empty.message, "content", empty.evidence))
+    out = [replace(empty, where="content")] if empty is not None else []
     if content.strip():
         out += scan_text(content, limits, "content")
     if reasoning.strip():

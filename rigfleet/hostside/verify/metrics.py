@@ -2,16 +2,14 @@
 
     samples = parse(text)
     total(samples, "vllm:spec_decode_num_drafts_total", model_name="qwen")   # float | None
-
-``total`` sums every sample of the name whose labels include the given ones (vLLM labels its
-series by ``model_name`` and ``engine``; several engines mean several samples). It returns
-None when the series does not exist at all, which is different from a counter at 0.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from .client import Client
 
 _LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+"
                    r"(?P<value>\S+)(?:\s+\S+)?\s*$")
@@ -54,7 +52,15 @@ def parse(text: str) -> list[Sample]:
     return out
 
 
+def scrape(client: Client, timeout: float) -> list[Sample] | None:
+    """``GET /metrics`` parsed, or None when the server has none."""
+    r = client.request("GET", "/metrics", timeout=timeout)
+    return parse(r.text(10_000_000)) if r.status == 200 else None
+
+
 def total(samples: list[Sample], name: str, **labels: str) -> float | None:
+    """The sum over every engine's sample of ``name`` whose labels match; None when the series
+    does not exist at all (unlike a counter at 0)."""
     found = False
     acc = 0.0
     for s in samples:
@@ -65,6 +71,11 @@ def total(samples: list[Sample], name: str, **labels: str) -> float | None:
         found = True
         acc += s.value
     return acc if found else None
+
+
+def delta(before: list[Sample], after: list[Sample], name: str, **labels: str) -> float:
+    """``total`` in ``after`` minus in ``before``; a missing series counts as 0."""
+    return (total(after, name, **labels) or 0.0) - (total(before, name, **labels) or 0.0)
 
 
 def by_label(samples: list[Sample], name: str, label: str, **labels: str) -> dict[str, float]:

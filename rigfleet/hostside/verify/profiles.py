@@ -1,19 +1,16 @@
 """Gate profiles: every threshold, prompt size, timeout and count the checks use.
 
-``FULL`` is for real dual-3090 rigs and follows club-3090's verify-stress/soak/verify-full
-numbers; ``FAST`` keeps the same checks and request shapes at sizes a simulated testbed (or a
-quick manual run) gets through in seconds. Pick one by name and override single values::
+``FULL`` follows club-3090's numbers for dual-3090 rigs; ``FAST`` keeps the same checks at
+testbed sizes. Bad names or values raise :class:`ProfileError` before any request is sent::
 
     prof = resolve("fast", ["needle_depths=8000,12000", "soak_sessions=4"])
-    prof.needle_depths            # (8000, 12000)
-
-Bad names or values raise :class:`ProfileError` whose message names the key, the value and
-what is allowed, so a typo in ``--set`` is caught before any request is sent.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
@@ -121,47 +118,25 @@ class Profile:
 
     def as_dict(self) -> dict[str, Any]:
         """Every value (for the report), tuples as lists."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            if f.name == "overrides":
-                continue
-            v = getattr(self, f.name)
-            out[f.name] = list(v) if isinstance(v, tuple) else v
-        return out
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "overrides"}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 FULL = Profile(name="full")
 
 FAST = Profile(
     name="fast",
-    health_wait_s=5.0,
-    preflight_timeout_s=5.0,
-    warmup_timeout_s=30.0,
-    needle_depths=(8_000, 12_000),
-    needle_deep_depths=(16_000, 24_000),
-    needle_timeout_s=60.0,
-    prefill_tokens=10_000,
-    prefill_timeout_s=60.0,
-    ide_max_tokens=1_000,
-    ide_timeout_s=60.0,
-    agent_max_tokens=800,
-    agent_timeout_s=60.0,
-    coding_max_tokens=2_048,
-    coding_timeout_s=60.0,
-    reasoning_max_tokens=2_048,
-    reasoning_timeout_s=120.0,
-    soak_sessions=6,
-    soak_turns=4,
-    soak_concurrency=3,
-    soak_turn_min_tokens=120,
-    soak_turn_max_tokens=300,
-    soak_request_timeout_s=60.0,
-    soak_timeout_s=300.0,
-    spec_min_drafts=20,
-    spec_probe_timeout_s=30.0,
-    spec_settle_s=0.2,
-    throughput_warmup=1,
-    throughput_timeout_s=60.0,
+    health_wait_s=5.0, preflight_timeout_s=5.0, warmup_timeout_s=30.0,
+    needle_depths=(8_000, 12_000), needle_deep_depths=(16_000, 24_000), needle_timeout_s=60.0,
+    prefill_tokens=10_000, prefill_timeout_s=60.0,
+    ide_max_tokens=1_000, ide_timeout_s=60.0,
+    agent_max_tokens=800, agent_timeout_s=60.0,
+    coding_max_tokens=2_048, coding_timeout_s=60.0,
+    reasoning_max_tokens=2_048, reasoning_timeout_s=120.0,
+    soak_sessions=6, soak_turns=4, soak_concurrency=3, soak_turn_min_tokens=120,
+    soak_turn_max_tokens=300, soak_request_timeout_s=60.0, soak_timeout_s=300.0,
+    spec_min_drafts=20, spec_probe_timeout_s=30.0, spec_settle_s=0.2,
+    throughput_warmup=1, throughput_timeout_s=60.0,
 )
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (FULL, FAST)}
@@ -181,22 +156,24 @@ def settable_keys() -> list[str]:
     return [f.name for f in fields(Profile) if f.name not in _NOT_SETTABLE]
 
 
-def _types() -> dict[str, Any]:
-    return get_type_hints(Profile)
+_TYPES = get_type_hints(Profile)
+# type -> (what the error message calls it, the parser)
+_KINDS: dict[Any, tuple[str, Callable[[str], Any]]] = {
+    int: ("an integer", lambda t: int(t.replace("_", ""))),
+    float: ("a number", float),
+    tuple[float, ...]: ("comma-separated numbers, e.g. 0.76,0.67,0.6",
+                        lambda t: tuple(float(p) for p in t.split(",") if p.strip())),
+    tuple[int, ...]: ("comma-separated integers, e.g. 8000,12000",
+                      lambda t: tuple(int(p.strip().replace("_", "")) for p in t.split(",")
+                                      if p.strip())),
+}
 
 
 def _describe(key: str) -> str:
-    typ = _types()[key]
     if key in _TEXT:
         return "text without control characters (may be empty)"
-    if typ is int:
-        allowed = "an integer"
-    elif typ is float:
-        allowed = "a number"
-    elif typ == tuple[float, ...]:
-        allowed = "comma-separated numbers, e.g. 0.76,0.67,0.6"
-    else:
-        allowed = "comma-separated integers, e.g. 8000,12000"
+    typ = _TYPES[key]
+    allowed = _KINDS[typ][0]
     if key in _FRACTIONS:
         return f"{allowed} above 0 and at most 1"
     if key in _ZERO_OK:
@@ -204,41 +181,28 @@ def _describe(key: str) -> str:
     return f"{allowed} > 0" if typ in (int, float) else f"{allowed} (each > 0)"
 
 
+def _in_range(key: str, v: float) -> bool:
+    if v != v or v in (math.inf, -math.inf):  # NaN, inf (an int may be too big for isfinite)
+        return False
+    if key in _FRACTIONS:
+        return 0.0 < v <= 1.0
+    return v >= 0 if key in _ZERO_OK else v > 0
+
+
 def _parse_value(key: str, raw: str) -> Any:
-    typ = _types()[key]
     bad = ProfileError(f"--set {key}={raw}: invalid value {raw!r} for {key}; "
                        f"allowed: {_describe(key)}")
-    text = raw.strip()
     if key in _TEXT:
         if any(not ch.isprintable() for ch in raw):
             raise bad
-        return text
+        return raw.strip()
     try:
-        if typ is int:
-            value: Any = int(text.replace("_", ""))
-        elif typ is float:
-            value = float(text)
-        elif typ == tuple[float, ...]:
-            value = tuple(float(p) for p in text.split(",") if p.strip())
-            if not value:
-                raise ValueError(raw)
-        else:
-            parts = [p.strip().replace("_", "") for p in text.split(",") if p.strip()]
-            value = tuple(int(p) for p in parts)
-            if not value:
-                raise ValueError(raw)
+        value = _KINDS[_TYPES[key]][1](raw.strip())
     except ValueError:
         raise bad from None
     items = value if isinstance(value, tuple) else (value,)
-    for v in items:
-        if v != v or v in (float("inf"), float("-inf")):  # NaN / inf
-            raise bad
-        if key in _FRACTIONS and not 0.0 < v <= 1.0:
-            raise bad
-        if key in _ZERO_OK and v < 0:
-            raise bad
-        if key not in _FRACTIONS and key not in _ZERO_OK and v <= 0:
-            raise bad
+    if not items or not all(_in_range(key, v) for v in items):
+        raise bad
     return value
 
 

@@ -1,17 +1,10 @@
-"""Prompt material for the checks, and sizing prompts in the server's own tokens.
+"""Prompt material for the checks, and sizing prompts in the server's own tokens: the server
+counts a prompt of some filler units and the unit count is corrected until it lands within
+the tolerance::
 
-Sizes are targets in the SERVER's tokens (its tokenizer and chat template), never in
-characters: a prompt is built from a number of filler units, the server counts it, and the
-unit count is corrected until the count lands within the tolerance::
-
-    sizer = Sizer(count=lambda msgs, tools: server_token_count(msgs, tools), tolerance=0.02)
-    secret, salt = new_secret()
-    sized = sizer.fit("needle", lambda n: (needle_messages(secret, salt, n, 0.4), None), 8000)
+    sized = Sizer(count, 0.02).fit("needle", lambda n: (needle_messages(s, salt, n, 0.4), None),
+                                   8000)
     sized.messages, sized.tokens, sized.units
-
-Secrets are drawn from the OS's random source for every needle (a fixed or seeded secret
-could be answered from a cache or a previous run); filler text never contains a colour, an
-animal or a digit, so it cannot answer for the needle.
 """
 
 from __future__ import annotations
@@ -24,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-Messages = list[dict[str, Any]]
-Tools = list[dict[str, Any]] | None
+from .counting import Messages, Tools
+
 Builder = Callable[[int], tuple[Messages, Tools]]
 Counter = Callable[[Messages, Tools], int | None]
 
@@ -67,11 +60,14 @@ NEEDLE = "IMPORTANT MEMORY: The hidden phrase is '{secret}'. Remember this exact
 NEEDLE_QUESTION = "What is the hidden phrase? Reply with only the phrase."
 
 
+def new_salt() -> str:
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(32))
+
+
 def new_secret() -> tuple[str, str]:
-    """A fresh random ``colour animal NN`` secret and a 32-char salt (OS randomness)."""
+    """A fresh random ``colour animal NN`` secret and a salt (OS randomness)."""
     secret = f"{secrets.choice(COLORS)} {secrets.choice(ANIMALS)} {10 + secrets.randbelow(90)}"
-    salt = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(32))
-    return secret, salt
+    return secret, new_salt()
 
 
 def recalled(secret: str, answer: str) -> bool:
@@ -144,11 +140,6 @@ def news_article(rng: random.Random, index: int) -> str:
     )
 
 
-def news_feed(seed: int, articles: int) -> str:
-    rng = random.Random(seed)
-    return "\n".join(news_article(rng, i + 1) for i in range(articles))
-
-
 FETCH_NEWS_TOOL = {
     "type": "function",
     "function": {
@@ -169,13 +160,14 @@ FETCH_NEWS_TOOL = {
 def prefill_messages(seed: int, articles: int) -> Messages:
     """user -> assistant calls fetch_news -> a long tool result -> user asks for a summary."""
     args = json.dumps({"topic": "global markets", "limit": max(articles, 1)})
+    rng = random.Random(seed)
     return [
         {"role": "user", "content": "Fetch today's financial news about global markets."},
         {"role": "assistant", "content": "", "tool_calls": [{
             "id": "call_fetch_news_1", "type": "function",
             "function": {"name": "fetch_news", "arguments": args}}]},
         {"role": "tool", "tool_call_id": "call_fetch_news_1", "name": "fetch_news",
-         "content": news_feed(seed, articles)},
+         "content": "\n".join(news_article(rng, i + 1) for i in range(articles))},
         {"role": "user", "content": "Summarize the top 3 themes in these news results in "
                                     "about 100 words."},
     ]

@@ -1,18 +1,9 @@
 """Gate results: the JSON report (schema ``rigfleet-verify/1``), the Markdown report and the
-exit status.
+exit status (the failed checks, capped at 100)::
 
     report = Report(url=..., profile=prof.name, ...)
     report.checks.append(CheckResult("needles", "Needles", PASS, seconds=3.2, details={...}))
     paths = write(report, Path("/var/lib/rigfleet/verify"))   # verify-<ts>.json and .md
-    sys.exit(report.exit_status())                             # failed checks, capped at 100
-
-JSON layout::
-
-    {"schema": "rigfleet-verify/1", "url", "model", "version", "max_model_len",
-     "profile": {"name", "overrides", "values"}, "started", "finished", "seconds",
-     "summary": {"pass", "fail", "skip"}, "exit_status",
-     "checks": [{"name", "title", "status": "pass"|"fail"|"skip", "seconds", "summary",
-                 "details": {...}, "findings": [{"name", "message", "where", "evidence"}]}]}
 """
 
 from __future__ import annotations
@@ -67,16 +58,13 @@ class Report:
     checks: list[CheckResult] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        out = {PASS: 0, FAIL: 0, SKIP: 0}
-        for c in self.checks:
-            out[c.status] = out.get(c.status, 0) + 1
-        return out
+        return {status: sum(c.status == status for c in self.checks)
+                for status in (PASS, FAIL, SKIP)}
 
     def failed(self) -> list[CheckResult]:
         return [c for c in self.checks if c.status == FAIL]
 
     def exit_status(self) -> int:
-        """The number of failed checks, capped so it stays a valid (and unambiguous) status."""
         return min(len(self.failed()), MAX_EXIT)
 
     def as_dict(self) -> dict[str, Any]:
@@ -91,7 +79,6 @@ class Report:
             "checks": [c.as_dict() for c in self.checks],
         }
 
-    # -- Markdown ------------------------------------------------------------------------------
     def markdown(self) -> str:
         c = self.counts()
         verdict = "PASS" if not c[FAIL] else f"FAIL ({c[FAIL]} failed)"
@@ -163,20 +150,21 @@ def _detail_lines(details: dict[str, Any]) -> list[str]:
 
 def write(report: Report, directory: Path) -> tuple[Path, Path]:
     """Write ``verify-<UTC timestamp>.json`` and ``.md`` into ``directory`` (created)."""
+    return write_pair(directory, "verify",
+                      json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n",
+                      report.markdown())
+
+
+def write_pair(directory: Path, prefix: str, json_text: str, md_text: str) -> tuple[Path, Path]:
+    """``<prefix>-<UTC timestamp>[-n].json`` and ``.md`` in ``directory`` (created), each
+    replaced atomically: a reader never sees half a report."""
     directory.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    stem = f"verify-{stamp}"
-    n = 1
+    stem, n = f"{prefix}-{stamp}", 1
     while (directory / f"{stem}.json").exists() or (directory / f"{stem}.md").exists():
         n += 1
-        stem = f"verify-{stamp}-{n}"
+        stem = f"{prefix}-{stamp}-{n}"
     paths = (directory / f"{stem}.json", directory / f"{stem}.md")
-    atomic_write(paths[0], json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n")
-    atomic_write(paths[1], report.markdown())
+    write_atomic(paths[0], json_text)
+    write_atomic(paths[1], md_text)
     return paths
-
-
-def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``text`` (``rigfleet.hostside.atomic.write_atomic``): a reader
-    (the promotion step, rigfleet status) never sees half a report, a crash never leaves one."""
-    write_atomic(path, text, mode)

@@ -1,13 +1,5 @@
-"""Runs the gate: preflight, then the selected checks in order; progress; reports; exit status.
-
-    python3 -m rigfleet.hostside.verify --url URL [--api-key-file F|-] [--profile full|fast]
-        [--set key=value ...] [--report-dir DIR] [--only check,...] [--quiet]
-
-Exit status: the number of failed checks (0 = promote), capped at 100; 101 = usage error
-(bad arguments, unreadable key file: nothing was run); 102 = the checks ran but the report
-could not be written; 130 = interrupted.
-
-From Python (tests, other host-side tools)::
+"""Runs the gate: preflight, then the selected checks in order; progress; reports; exit status
+(docs/bench.md). The CLI is ``main``; from Python::
 
     report, paths = run("http://127.0.0.1:8001", profile=resolve("fast"), api_key=None,
                         report_dir=Path("/tmp/r"), progress=ConsoleProgress(sys.stderr))
@@ -88,16 +80,11 @@ class ConsoleProgress:
             self._write(f"verify: reports {paths[0]} {paths[1]}\n")
 
 
-class QuietProgress(ConsoleProgress):
-    def __init__(self) -> None:
-        super().__init__(None)
-
-
 def run(url: str, profile: Profile, api_key: str | None = None,
         only: list[str] | None = None, report_dir: Path | None = None,
         progress: ConsoleProgress | None = None) -> tuple[Report, tuple[Path, Path] | None]:
     """Run the gate; returns the report and, with ``report_dir``, the paths written."""
-    progress = progress or QuietProgress()
+    progress = progress or ConsoleProgress(None)
     t0 = time.monotonic()
     client = Client(url, api_key)
     rep = Report(url=redact_url(url), profile=profile.name, profile_values=profile.as_dict(),
@@ -137,10 +124,8 @@ def run(url: str, profile: Profile, api_key: str | None = None,
 
 def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
                     progress: ConsoleProgress) -> None:
-    """Write what the throughput check measured to the host's records: ``last.json`` always,
-    the verified history only when the whole gate passed. Nothing without
-    ``throughput_stack`` and ``throughput_history_dir`` (a gate run by hand elsewhere), and a
-    record that cannot be written is a note, not a failed gate."""
+    """The throughput check's record: ``last.json`` always, the verified history only when the
+    whole gate passed; one that cannot be written is a note, not a failed gate."""
     prof = ctx.profile
     record = ctx.throughput_record
     if record is None or not prof.throughput_stack or not prof.throughput_history_dir:
@@ -157,17 +142,19 @@ def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
         progress.note(f"cannot write the throughput record to {directory}: {exc}")
 
 
-# -- command line -----------------------------------------------------------------------------
+class UsageParser(argparse.ArgumentParser):
+    """Usage errors exit with ``usage_status`` (argparse's 2 would read as "two checks
+    failed")."""
 
-class _Parser(argparse.ArgumentParser):
+    usage_status = EXIT_USAGE
+
     def error(self, message: str) -> NoReturn:
-        # argparse's usual 2 would read as "two checks failed".
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(self.usage_status, f"{self.prog}: error: {message}\n")
 
 
 def build_parser(prog: str = "python3 -m rigfleet.hostside.verify") -> argparse.ArgumentParser:
-    p = _Parser(
+    p = UsageParser(
         prog=prog,
         description="verify-stress gate for an OpenAI-compatible (vLLM) server. Exit status: "
                     "number of failed checks (0 = pass, capped at 100); 101 usage error; "
@@ -229,7 +216,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             key = read_api_key(args.api_key_file)
         except ValueError as exc:
             parser.error(str(exc))
-    progress = QuietProgress() if args.quiet else ConsoleProgress(sys.stderr)
+    progress = ConsoleProgress(None if args.quiet else sys.stderr)
     try:
         rep, _ = run(args.url, prof, key, only, args.report_dir, progress)
     except KeyboardInterrupt:

@@ -1,23 +1,6 @@
 """The gate's throughput check: decode speed against the host's baseline, its spread, and
-MTP acceptance per draft position (the bench's core, ``rigfleet.hostside.bench``).
-
-Warm-up rounds, then ``throughput_runs`` streamed runs of each bench shape (an ~800-word
-essay at max_tokens 1000, a commented quicksort at max_tokens 800, temperature 0.6). Fails:
-
-- ``slow_decode``: a shape's mean decode tok/s more than ``throughput_margin`` below the
-  baseline: the host's verified history of ``throughput_stack`` (rolling median over
-  ``throughput_history_n`` gates, once it holds ``throughput_history_min`` of them or an
-  accepted baseline), else the stack file's reference x ``throughput_scale``;
-- ``unstable_decode``: a shape's CV over its runs above ``throughput_cv_max``;
-- ``low_acceptance``: the code runs' acceptance at a draft position below its floor
-  (``throughput_acceptance_floor``);
-- ``no_measurement``: no run of a shape measured anything.
-
-Without ``throughput_stack`` and without a reference (e.g. ``rigfleet verify`` against any
-endpoint) only ``no_measurement`` is judged: the figures are reported, not compared. The
-measurement is kept in ``ctx.throughput_record``; the runner writes it to the host's records
-(``last.json`` always, ``history.jsonl`` only when the whole gate passed).
-"""
+MTP acceptance per draft position (the bench's core; rules and records: docs/bench.md).
+The measurement is kept in ``ctx.throughput_record`` for the runner to write."""
 
 from __future__ import annotations
 
@@ -25,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..bench.baseline import Baseline, Limits, baseline_for, judge
-from ..bench.measure import Bench, BenchSettings, ShapeResult
+from ..bench.measure import Bench, BenchSettings, ShapeResult, SilentProgress
 from ..bench.shapes import BY_NAME
 from ..layout import THROUGHPUT_HISTORY_NAME
 from ..records import ShapeFigures, ThroughputRecord, read_throughput_history
@@ -38,14 +21,11 @@ if TYPE_CHECKING:
 NAME, TITLE = "throughput", "Throughput"
 
 
-class _Ticks:
+class _Ticks(SilentProgress):
     """The bench's progress as the gate's dots."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
-
-    def begin(self, total: int) -> None:
-        pass
 
     def step(self, label: str) -> None:
         self.ctx.progress.tick(".")
@@ -55,7 +35,6 @@ class _Ticks:
 
 
 def throughput(ctx: Context) -> CheckResult:
-    """See the module docstring."""
     p = ctx.profile
     out = CheckResult(NAME, TITLE)
     bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
