@@ -1,8 +1,7 @@
 """Run the verify-stress gate (``rigfleet.hostside.verify``) against a freshly started stack.
 
-The gate is its own program (exit status = number of failed checks; 101 usage, 102 report not
-written, 130 interrupted): it runs as a child process from the same bundle, its progress
-lines are passed on as they come, and its JSON report is read for the failed checks' names::
+The gate is a child process from the same bundle (exit status = failed checks; 101 usage, 102
+report not written, 130 interrupted); its lines are passed on as they come::
 
     result = run_gate(GateRun(url="http://127.0.0.1:8015", key_file=lay.api_key_file,
                               profile="full", report_dir=lay.reports_dir), on_line=print)
@@ -30,8 +29,7 @@ EXIT_USAGE, EXIT_REPORT, EXIT_INTERRUPTED = 101, 102, 130
 
 @dataclass(frozen=True)
 class GateRun:
-    """One gate run's arguments (``--url``, ``--api-key-file``, ``--profile``, ``--set``,
-    ``--report-dir``) and its time limit."""
+    """One gate run's arguments and its time limit."""
 
     url: str
     key_file: Path
@@ -51,11 +49,7 @@ class GateRun:
 
 @dataclass
 class GateResult:
-    """What the gate decided, for the ledger, ``state.json`` and the operator.
-
-    + result: ``pass``, ``fail`` (checks failed) or ``error`` (the gate itself broke)
-    + failed_checks: names of failed checks (``needles``, ``needles_deep``, ...)
-    """
+    """What the gate decided: ``pass``, ``fail`` (checks failed) or ``error`` (it broke)."""
 
     result: str
     exit_status: int
@@ -103,18 +97,12 @@ def _newest_report(directory: Path, since: float) -> Path | None:
 def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
              bundle: Path | None = None,
              should_stop: Callable[[], bool] = lambda: False) -> GateResult:
-    """Run the gate as a child process; never raises for a gate failure.
-
-    + bundle: the zipapp to import the gate from (``PYTHONPATH``); None: this interpreter's path
-    + should_stop: polled; True terminates the gate (the transaction was asked to stop)
-    """
+    """Run the gate as a child process (importing from ``bundle``, else this interpreter's
+    path); ``should_stop`` True terminates it. Never raises for a gate failure."""
     started, t0 = time.time(), time.monotonic()
     at = datetime.now(UTC).isoformat(timespec="seconds")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if bundle is not None:
-        env["PYTHONPATH"] = str(bundle)
-    else:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(bundle) if bundle else os.pathsep.join(p for p in sys.path if p))
     run.report_dir.mkdir(parents=True, exist_ok=True)
     paths: list[str] = []
     last: list[str] = []  # the gate's last lines: its own words when it breaks
