@@ -1,29 +1,10 @@
 """``rigfleet-host``: the host-side tool (shipped as ``/usr/local/lib/rigfleet/rigfleet-host.pyz``).
 
+Every command, and ``swap``'s exit statuses: docs/swap.md ("The host-side CLI")::
+
     python3 rigfleet-host.pyz swap --plan /var/lib/rigfleet/swap/<id>/plan.json
     python3 rigfleet-host.pyz status [--id ID [--since N]] [--json]
-    python3 rigfleet-host.pyz ensure [--who W] [--why TEXT]      # rigfleet-stack.service: boot
-    python3 rigfleet-host.pyz shutdown                            # rigfleet-stack.service: stop
-    python3 rigfleet-host.pyz adopt --plan FILE                   # record a stack already serving
-    python3 rigfleet-host.pyz record --json J --config-hash H     # pins changed without a swap
-    python3 rigfleet-host.pyz lock [--json]                       # who holds the host lock
-    python3 rigfleet-host.pyz lock --release --reason TEXT        # remove a stale lock
-    python3 rigfleet-host.pyz probe [--full ...]                  # the host's state as JSON
-    python3 rigfleet-host.pyz supervise [--front-port P ...]      # rigfleet-supervise.service
-    python3 rigfleet-host.pyz supervise --reset [--why TEXT]      # after fixing a crash loop
-    python3 rigfleet-host.pyz maintenance ready [--packages]      # can a window's work start?
-    python3 rigfleet-host.pyz maintenance open --plan F --step T  # before a disturbing step
-    python3 rigfleet-host.pyz maintenance hold --plan F           # the deploy back after a reboot
     python3 rigfleet-host.pyz maintenance close [--plan F] [--force]  # recreate + gate + route
-    python3 rigfleet-host.pyz maintenance status [--json]         # the window, if any
-    python3 rigfleet-host.pyz verify --url URL ...                # the verify-stress gate
-    python3 rigfleet-host.pyz bench [--accept-baseline] ...       # the bench, on this host
-    python3 rigfleet-host.pyz metrics [--dir D] [--front-port P]  # rigfleet-metrics.timer
-
-``swap`` is started by the deploy as a transient unit (``systemd-run --unit
-rigfleet-swap-<id> --collect``), detached from the SSH session; its exit status is 0 promoted,
-1 rolled back (the old stack serves), 2 failed (nothing verified serves), 3 locked, 4 bad plan.
-``--root DIR`` (before the command) runs against a directory tree instead of ``/`` (tests).
 """
 
 from __future__ import annotations
@@ -82,15 +63,10 @@ def _parts(lay: Layout, front_port: int) -> tuple[SystemOps, Front]:
     return ops, Front(lay, front_port, run_cmd, http_request, api_key=key)
 
 
-def _bundle() -> Path | None:
-    # Inside the zipapp sys.argv[0] is the .pyz; the gate child imports from it.
-    path = Path(sys.argv[0])
-    return path if path.suffix == ".pyz" and path.is_file() else None
-
-
 def _gate_fn() -> GateFn:
-    """The verify-stress gate as a child of this bundle."""
-    bundle = _bundle()
+    """The verify-stress gate as a child of this bundle (``sys.argv[0]`` in the zipapp)."""
+    path = Path(sys.argv[0])
+    bundle = path if path.suffix == ".pyz" and path.is_file() else None
 
     def gate(run: GateRun, on_line: Any, should_stop: Any) -> Any:
         return run_gate(run, on_line, bundle=bundle, should_stop=should_stop)
@@ -107,16 +83,14 @@ def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
     stop = _Stop()
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
-    # The textfiles say "swap in progress" before the engine stops (the monitor's engine-down
-    # alert spares a swap), and its outcome after it.
+    # The textfiles say "swap in progress" before the engine stops, and its outcome after it.
     outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=stop,
                           on_locked=lambda: metrics.refresh(lay, plan.front_port)).run()
-    metrics.refresh(lay, plan.front_port)  # the swap's and gate's outcome, for the monitor
+    metrics.refresh(lay, plan.front_port)
     return outcome.exit
 
 
 def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
-    """``maintenance open|close|status`` (``rigfleet.hostside.maintenance``)."""
     window, status, why = window_status(lay)
     if args.action == "status":
         data = {"status": status, "why": why, "window": window.to_dict() if window else None}
@@ -148,13 +122,11 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
         hold = WindowHold.here(plan.id, args.reboot_grace_s)
         outcome = window_.open(args.step, hold) if args.action == "open" else window_.hold(hold)
     else:
-        stop = _Stop()
-        name = args.journal_id or f"close-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}" \
-            f"-{os.getpid()}"
-        journal = Journal(lay.swap_dir(name), echo=sys.stdout)
+        journal = Journal(lay.swap_dir(args.journal_id), echo=sys.stdout) \
+            if args.journal_id else _journal(lay, "close")
         outcome = Maintenance(lay, ops, front, journal, plan, gate=_gate_fn(),
-                              interrupted=stop).close(own=args.own, force=args.force,
-                                                      cause=args.cause or "")
+                              interrupted=_Stop()).close(own=args.own, force=args.force,
+                                                         cause=args.cause or "")
     journal.finish(outcome.to_dict())
     print(f"rigfleet-host maintenance {args.action}: {outcome.result}: "
           f"{outcome.reason or outcome.serving}", file=sys.stderr if outcome.exit else sys.stdout)
@@ -162,8 +134,7 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
 
 
 def _ready(args: argparse.Namespace, lay: Layout) -> int:
-    """``maintenance ready``: can the window's work start (``pkgready``)? Exit 1 when not:
-    nothing was disturbed."""
+    """``maintenance ready``: can the window's work start? Exit 1 when not."""
     who = socket.gethostname()
     try:
         done = Readiness(root=lay.root, say=lambda line: print(f"{who}: {line}", flush=True)) \
@@ -177,8 +148,7 @@ def _ready(args: argparse.Namespace, lay: Layout) -> int:
 
 
 def _confirm_takeover(lay: Layout) -> bool:
-    """``maintenance close --force`` on a window whose holder lives: name the holder; at a
-    terminal ask, elsewhere ``--force`` is the answer."""
+    """``maintenance close --force`` on a live holder: name it; ask only at a terminal."""
     holder = read_holder(lay.lock_dir) or {}
     print(f"rigfleet-host maintenance close --force: {describe(holder)}", file=sys.stderr)
     if not sys.stdin.isatty():
@@ -312,8 +282,7 @@ def cmd_lock(args: argparse.Namespace, lay: Layout) -> int:
 
 
 def _release_lock(args: argparse.Namespace, lay: Layout) -> int:
-    """``lock --release --reason TEXT``: remove a stale lock; a live holder is refused (exit
-    3). The release is said on stdout and in the system log (who, why, the holder)."""
+    """``lock --release --reason TEXT``: remove a stale lock, said on stdout and in syslog."""
     import syslog
 
     if not args.reason.strip():
@@ -396,7 +365,6 @@ def _backoff(text: str) -> tuple[float, ...]:
 
 
 def cmd_metrics(args: argparse.Namespace, lay: Layout) -> int:
-    """Both textfiles, atomically (``rigfleet.hostside.metrics``)."""
     return metrics.run(lay, Path(args.dir), args.front_port)
 
 
@@ -515,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # The gate has its own argument parser: hand everything after "verify" to it.
+    # The gate and the bench have their own argument parsers.
     if argv[:1] == ["verify"]:
         from .verify.runner import main as verify_main
 

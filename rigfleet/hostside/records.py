@@ -291,19 +291,20 @@ class ReportSummary:
         return f"pass {self.counts.get('pass', self.total)}/{self.total}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "mtime": self.mtime, "failed": list(self.failed),
-                "total": self.total, "counts": dict(self.counts)}
+        return {**asdict(self), "failed": list(self.failed)}
 
     @classmethod
     def from_dict(cls, data: Any) -> ReportSummary | None:
         if not isinstance(data, dict) or not isinstance(data.get("file"), str):
             return None
-        raw = data.get("counts")
-        counts: dict[Any, Any] = raw if isinstance(raw, dict) else {}
         return cls(file=str(data["file"]), mtime=float(data.get("mtime") or 0.0),
                    failed=tuple(str(x) for x in data.get("failed") or ()),
-                   total=int(data.get("total") or 0),
-                   counts={str(k): int(v) for k, v in counts.items() if isinstance(v, int)})
+                   total=int(data.get("total") or 0), counts=_counts(data.get("counts")))
+
+
+def _counts(raw: Any) -> dict[str, int]:
+    return {str(k): v for k, v in (raw if isinstance(raw, dict) else {}).items()
+            if isinstance(v, int)}
 
 
 def summarise_report(data: Any, file: str, mtime: float) -> ReportSummary | None:
@@ -311,9 +312,7 @@ def summarise_report(data: Any, file: str, mtime: float) -> ReportSummary | None
     if not isinstance(data, dict) or data.get("schema") != VERIFY_SCHEMA:
         return None
     checks = [c for c in data.get("checks") or [] if isinstance(c, dict)]
-    raw = data.get("summary")
-    counts = {str(k): int(v) for k, v in (raw if isinstance(raw, dict) else {}).items()
-              if isinstance(v, int)}
+    counts = _counts(data.get("summary"))
     failed = tuple(str(c.get("name")) for c in checks if c.get("status") == "fail")
     total = sum(counts.values()) or len(checks)
     return ReportSummary(file, mtime, failed, total, counts)
@@ -418,13 +417,8 @@ class ThroughputRecord:
         return fig.decode if fig else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": THROUGHPUT_SCHEMA, "stack": self.stack, "at": self.at,
-                "source": self.source, "result": self.result,
-                "shapes": {k: v.to_dict() for k, v in self.shapes.items()},
-                "acceptance_length": self.acceptance_length,
-                "acceptance": list(self.acceptance) if self.acceptance is not None else None,
-                "scale": self.scale, "baseline": dict(self.baseline), "version": self.version,
-                "model": self.model, "report": self.report}
+        acceptance = list(self.acceptance) if self.acceptance is not None else None
+        return {"schema": THROUGHPUT_SCHEMA, **asdict(self), "acceptance": acceptance}
 
     @classmethod
     def from_dict(cls, data: Any) -> ThroughputRecord | None:
@@ -457,19 +451,8 @@ def _num(value: Any) -> float | None:
 
 def read_throughput_history(path: Path, stack: str | None = None) -> list[ThroughputRecord]:
     """The history's records oldest first (only ``stack``'s when given)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = ThroughputRecord.from_dict(json.loads(line)) if line.strip() else None
-        except ValueError:
-            rec = None
-        if rec is not None and (stack is None or rec.stack == stack):
-            out.append(rec)
-    return out
+    found = (ThroughputRecord.from_dict(line) for line in ledger_tail(path, 10**9)[0])
+    return [rec for rec in found if rec is not None and stack in (None, rec.stack)]
 
 
 def read_throughput_last(path: Path) -> ThroughputRecord | None:
