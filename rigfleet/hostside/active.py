@@ -69,11 +69,7 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
     active, problem = parse_active(lay)
     if active is not None:
         snap = Path(active.ref.compose_file)
-        try:
-            ok = compose_hash(snap.read_text()) == active.ref.config_hash
-        except OSError:
-            ok = False
-        if ok:
+        if compose_hash(_text(snap) or "") == active.ref.config_hash:
             if repair and snap == lay.active_compose and not snap.is_symlink():
                 return write_active(lay, active, snap.read_text())  # the older layout
             return active
@@ -130,13 +126,17 @@ def _compose_for(lay: Layout, ref: StackRef, deploy_id: str) -> str | None:
     if deploy_id and "/" not in deploy_id:
         places.insert(2, lay.swap_dir(deploy_id) / "compose.yaml")
     for place in places:
-        try:
-            text = place.read_text()
-        except OSError:
-            continue
-        if compose_hash(text) == ref.config_hash:
+        text = _text(place)
+        if text is not None and compose_hash(text) == ref.config_hash:
             return text
     return None
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
@@ -163,9 +163,9 @@ def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
             # Pins recorded after it (driver, toolkit) are on the last line.
             record.update({k: last.get(k) for k in ledger.TRACKED_KEYS if k in last})
         ref = replace(snapshot_ref(lay, ref), record=record)
-        gate = line.get("gate") if isinstance(line.get("gate"), dict) else {}
+        gate = line.get("gate")
         return (Active(ref, str(line.get("time") or ""), deploy_id, str(line.get("by") or ""),
-                       dict(gate or {})), text), ""
+                       dict(gate) if isinstance(gate, dict) else {}), text), ""
     return None, (f"no line of {lay.ledger_file} records a verified stack (promoted, adopted "
                   "or recorded) that its transaction's files still describe")
 
@@ -193,11 +193,7 @@ def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
     if found != active.ref.config_hash:
         raise PlanError(f"the snapshot of {active.ref.route_id} has config hash {found}")
     snap = lay.active_snapshot(active.ref.config_hash)
-    try:
-        same = snap.read_text() == compose_text
-    except OSError:
-        same = False
-    if not same:
+    if _text(snap) != compose_text:
         write_atomic(snap, compose_text)
     record = replace(active, ref=snapshot_ref(lay, active.ref))
     write_json(lay.active_json, record.to_dict())

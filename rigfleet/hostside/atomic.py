@@ -1,13 +1,10 @@
 """Crash-safe writes of the host's records: a reader, a SIGKILL or a power cut sees the old
-file or the new one, never an empty or half-written one.
+file or the new one, never a half-written one.
 
 One write: a temporary file in the same directory, written whole, ``fsync``, ``rename`` over
-the target, ``fsync`` of the directory (without the first a crash can leave the new name with
-no data; without the second the rename may be lost). Append-only logs get one ``write`` per
-line (``append_line``): a torn write can only cut their last line, which readers skip.
-Which records go through here: docs/maintenance.md ("Crash-safe host records")::
-
-    write_json(lay.window_file, {"schema": ...})     # sorted keys, newline at the end
+the target, ``fsync`` of the directory. Append-only logs get one ``write`` per line
+(``append_line``): a torn write can only cut their last line, which readers skip. Which
+records go through here: docs/maintenance.md ("Crash-safe host records").
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Drain: let the requests the front accepted finish before the serving stack stops.
 
-Judged from the engine's loopback ``/metrics`` gauges and the front's nginx workers of an
-earlier configuration; the rules (settling, stale gauges, timeout and *cut*): docs/swap.md
-("Drain"). Pure decisions, fed one reading per poll; stdlib only::
+Judged from the engine's ``/metrics`` gauges and the front's nginx workers of an earlier
+configuration (rules: docs/swap.md, "Drain"); pure decisions, one reading per poll::
 
     d = Drainer(timeout_s=600)
     while not d.observe(clock(), parse_load(metrics_text), front_workers):

@@ -1,9 +1,8 @@
 """The front's route: proxy to the verified stack, or answer 503 + ``Retry-After``.
 
-``roles/front.py`` renders the nginx server once; its ``location /`` and the readiness path
-(``READY_PATH``) include ``/etc/nginx/rigfleet/route.conf``, which this module switches: write,
-``nginx -t``, graceful reload, then probe until the ``X-Rigfleet-Route`` header shows the new
-route. A route ``nginx -t`` refuses is put back at once::
+``roles/front.py``'s nginx server includes ``/etc/nginx/rigfleet/route.conf``, which this
+module switches: write, ``nginx -t`` (a refused route is put back), graceful reload, then
+probe until the ``X-Rigfleet-Route`` header shows the new route::
 
     front = Front(Layout(), port=8000, run=run_cmd, http=http_request, api_key=key)
     front.maintenance("swap int8 -> tq3-mtp-genesis", retry_after_s=30)

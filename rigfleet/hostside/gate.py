@@ -73,17 +73,15 @@ class GateResult:
                 "summary": self.summary, "seconds": round(self.seconds, 1)}
 
 
-def read_report(path: Path) -> tuple[list[str], dict[str, int], str]:
-    """(failed check names, counts, one-line summary) of a ``rigfleet-verify/1`` report."""
+def read_report(path: Path) -> tuple[list[str], str]:
+    """(failed check names, one-line summary) of a ``rigfleet-verify/1`` report."""
     data = json.loads(path.read_text())
-    checks = data.get("checks") or []
-    failed = [str(c.get("name")) for c in checks if c.get("status") == "fail"]
+    failing = [c for c in data.get("checks") or [] if c.get("status") == "fail"]
     counts = data.get("summary") or {}
-    details = "; ".join(f"{c.get('name')}: {c.get('summary') or 'failed'}"
-                        for c in checks if c.get("status") == "fail")
+    details = "; ".join(f"{c.get('name')}: {c.get('summary') or 'failed'}" for c in failing)
     line = (f"{counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
             f"{counts.get('skip', 0)} skipped" + (f" ({details})" if details else ""))
-    return failed, counts, line[:1500]
+    return [str(c.get("name")) for c in failing], line[:1500]
 
 
 def _newest_report(directory: Path, since: float) -> Path | None:
@@ -159,7 +157,7 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
     summary = f"exit status {status}"
     if report is not None:
         try:
-            failed, _, summary = read_report(report)
+            failed, summary = read_report(report)
         except (OSError, ValueError) as e:
             summary = f"exit status {status}; report {report} unreadable ({e})"
     if status and not failed:

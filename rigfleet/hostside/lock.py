@@ -1,15 +1,12 @@
 """The host lock: one transaction (swap, adopt, boot-time ensure, a maintenance window) at a
 time, and who has it.
 
-Taking it is one ``rename`` of a directory that already holds ``holder.json`` onto
-``Layout.lock_dir``, so a lock never exists without its holder; a lock whose process is gone
-is *stale* and taken over with a message. A maintenance window's holder is the deploy's SSH
-session (``session_anchor``), plus a boot-time grace across a reboot: docs/maintenance.md::
+Taking it is one ``rename`` of a directory already holding ``holder.json`` onto the lock, so a
+lock never exists without its holder; one whose process is gone is *stale* and taken over. A
+maintenance window's holder is the deploy's SSH session (``session_anchor``), plus a grace
+across a reboot (docs/maintenance.md)::
 
-    try:
-        note = HostLock(Layout()).acquire(who="alice@laptop", why="swap int8 -> tq3")
-    except LockHeld as held:
-        print(held)          # "locked by alice@laptop since ... (pid 812 ...): swap ..."
+    note = HostLock(Layout()).acquire(who="alice@laptop", why="swap int8 -> tq3")  # LockHeld
 """
 
 from __future__ import annotations
@@ -245,12 +242,6 @@ class HostLock:
             with contextlib.suppress(OSError):
                 self.path.rmdir()
         self.held = False
-
-    def __enter__(self) -> HostLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def _remove(directory: Path) -> None:

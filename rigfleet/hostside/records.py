@@ -124,15 +124,11 @@ BOOT_CLOCK = BootClock()
 
 
 def process_alive(holder: dict[str, Any]) -> bool:
-    if holder.get("boot_id") and holder.get("boot_id") != boot_id():
-        return False
-    pid = holder.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
+    pid, boot = holder.get("pid"), holder.get("boot_id")
+    if (boot and boot != boot_id()) or not isinstance(pid, int) or pid <= 0:
         return False
     start = pid_start_ticks(pid)
-    if start is None:
-        return False
-    return holder.get("pid_start") in (None, start)
+    return start is not None and holder.get("pid_start") in (None, start)
 
 
 def reboot_hold(reboot: Any, clock: BootClock = BOOT_CLOCK) -> bool:
