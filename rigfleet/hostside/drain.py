@@ -147,10 +147,6 @@ class Drainer:
     _result: str | None = None
 
     @property
-    def done(self) -> bool:
-        return self._result is not None
-
-    @property
     def latest(self) -> tuple[EngineLoad | None, int | None]:
         return self._now
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 _REPORTS_LINE = re.compile(r"^verify: reports (\S+\.json) (\S+\.md)\s*$")
-EXIT_USAGE, EXIT_REPORT, EXIT_INTERRUPTED = 101, 102, 130
+EXIT_USAGE = 101  # and above: the gate itself broke (verify.runner)
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,7 @@ def rebuilt_state(lay: Layout) -> dict[str, Any]:
     if not lines:
         return {}
     last = lines[-1]
-    keep = (*TRACKED_KEYS, "config_hash")
-    rebuilt: dict[str, Any] = {k: last.get(k) for k in keep}
+    rebuilt: dict[str, Any] = {k: last.get(k) for k in (*TRACKED_KEYS, "config_hash")}
     if last.get("stack"):
         rebuilt["gate"] = last.get("gate")
     rebuilt.update(since=last.get("time"), by=last.get("by"), deploy_id=last.get("deploy_id"),

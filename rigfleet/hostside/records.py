@@ -335,11 +335,6 @@ def reports(directory: Path, newest: int = 20) -> tuple[list[str], ReportSummary
 SUPERVISE_SCHEMA = "rigfleet-supervise/1"
 
 
-def recent_attempts(attempts: Any, now: float, window_s: float) -> list[dict[str, Any]]:
-    return [a for a in attempts or () if isinstance(a, dict)
-            and isinstance(a.get("at"), int | float) and a["at"] >= now - window_s]
-
-
 def read_supervisor(path: Path, now: float | None = None) -> dict[str, Any] | None:
     """The supervisor's ``state.json`` plus ``alive`` (``holder_alive``), ``recreations``
     (attempts within its window) and ``now`` (this host's clock, for ages); None when it
@@ -350,11 +345,11 @@ def read_supervisor(path: Path, now: float | None = None) -> dict[str, Any] | No
     if not isinstance(data, dict) or data.get("schema") != SUPERVISE_SCHEMA:
         return {"error": err or f"not a {SUPERVISE_SCHEMA} record", "alive": False}
     now = time.time() if now is None else now
-    raw = data.get("policy")
-    policy: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    window = policy.get("window_s")
-    recent = recent_attempts(data.get("attempts"), now,
-                             float(window) if isinstance(window, int | float) else 0.0)
+    policy = data.get("policy")
+    window = policy.get("window_s") if isinstance(policy, dict) else None
+    since = now - (float(window) if isinstance(window, int | float) else 0.0)
+    recent = [a for a in data.get("attempts") or () if isinstance(a, dict)
+              and isinstance(a.get("at"), int | float) and a["at"] >= since]
     return {**data, "alive": holder_alive(data), "recreations": len(recent), "now": now}
 
 
