@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -372,15 +373,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rigfleet-host", description=__doc__.splitlines()[0])
     p.add_argument("--root", default="/", help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("swap", help="run a swap transaction from a plan file")
+
+    def command(name: str, func: Callable[..., int], text: str) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=text)
+        parser.set_defaults(func=func)
+        return parser
+
+    s = command("swap", cmd_swap, "run a swap transaction from a plan file")
     s.add_argument("--plan", required=True)
-    s.set_defaults(func=cmd_swap)
-    a = sub.add_parser("adopt", help="record the stack that already serves as active")
+    a = command("adopt", cmd_adopt, "record the stack that already serves as active")
     a.add_argument("--plan", required=True)
-    a.set_defaults(func=cmd_adopt)
     for name, func, text in (("ensure", cmd_ensure, "the active stack serves (boot, reroute)"),
                              ("shutdown", cmd_shutdown, "front to 503, every stack down")):
-        e = sub.add_parser(name, help=text)
+        e = command(name, func, text)
         e.add_argument("--front-port", type=int, default=8000)
         e.add_argument("--who", default="rigfleet-stack.service")
         e.add_argument("--why", default="boot: recreate the active stack")
@@ -390,29 +395,25 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--leave-held", action="store_true",
                            help="after the wait, leave a transaction that holds the host lock "
                            "alone (exit 0; the stack unit's start) instead of exit 3")
-        e.set_defaults(func=func)
-    st = sub.add_parser("status", help="a transaction's progress, or the host's swap state")
+    st = command("status", cmd_status, "a transaction's progress, or the host's swap state")
     st.add_argument("--id")
     st.add_argument("--since", type=int, default=0)
     st.add_argument("--json", action="store_true")
-    st.set_defaults(func=cmd_status)
-    rec = sub.add_parser("record", help="record pins that changed without a swap")
+    rec = command("record", cmd_record, "record pins that changed without a swap")
     rec.add_argument("--json", required=True, help="the tracked keys, as a JSON object")
     rec.add_argument("--config-hash", required=True)
     rec.add_argument("--by", default="")
     rec.add_argument("--deploy-id", default="")
     rec.add_argument("--host", default="")
-    rec.set_defaults(func=cmd_record)
-    lk = sub.add_parser("lock", help="who holds the host lock")
+    lk = command("lock", cmd_lock, "who holds the host lock")
     lk.add_argument("--json", action="store_true")
     lk.add_argument("--release", action="store_true",
                     help="remove the lock when its holder is gone (stale); a live one is "
                          "refused (exit 3)")
     lk.add_argument("--reason", default="", help="(--release) why, for the system log")
     lk.add_argument("--by", default="", help="(--release) who, for the system log")
-    lk.set_defaults(func=cmd_lock)
-    pr = sub.add_parser("probe", help="the host's state as one JSON object (the deploy's facts, "
-                        "rigfleet status, the bump)")
+    pr = command("probe", cmd_probe, "the host's state as one JSON object (the deploy's facts, "
+                 "rigfleet status, the bump)")
     pr.add_argument("--json", action="store_true", help="(the default; kept for readability)")
     pr.add_argument("--full", action="store_true",
                     help="add ledger, reports, GPUs, Genesis, weights and front sections")
@@ -423,10 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "of the active stack, its engine's log facts")
     pr.add_argument("--load-s", type=_seconds, default=15.0,
                     help="(--doctor) how long the load runs (default 15)")
-    pr.set_defaults(func=cmd_probe)
     defaults = Policy()
-    sv = sub.add_parser("supervise", help="recreate the active stack when its engine dies "
-                        "(backoff, limit; then 503 with the reason)")
+    sv = command("supervise", cmd_supervise, "recreate the active stack when its engine dies "
+                 "(backoff, limit; then 503 with the reason)")
     sv.add_argument("--reset", action="store_true",
                     help="forget the recreations counted so far and a give-up (after fixing)")
     sv.add_argument("--why", default="reset by hand", help="(--reset) for the ledger of resets")
@@ -444,9 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--ready-timeout-s", type=_seconds, default=defaults.ready_timeout_s)
     sv.add_argument("--vram-timeout-s", type=_seconds, default=defaults.vram_timeout_s)
     sv.add_argument("--retry-after-s", type=_count, default=defaults.retry_after_s)
-    sv.set_defaults(func=cmd_supervise)
-    mt = sub.add_parser("maintenance", help="the maintenance window around disturbing steps "
-                        "(driver, Docker restart, daemon-reload)")
+    mt = command("maintenance", cmd_maintenance, "the maintenance window around disturbing steps "
+                 "(driver, Docker restart, daemon-reload)")
     mt.add_argument("action", choices=("ready", "open", "hold", "close", "status"))
     mt.add_argument("--packages", action="store_true",
                     help="(ready) the steps use apt: wait for its locks, repair dpkg")
@@ -468,13 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "a terminal); without it such a window is refused")
     mt.add_argument("--cause", help="(close) why it is closed now, for the ledger")
     mt.add_argument("--json", action="store_true", help="(status) as JSON")
-    mt.set_defaults(func=cmd_maintenance)
-    me = sub.add_parser("metrics", help="write the node exporter's textfiles: the cards "
-                        "(rigfleet-gpu.prom) and rigfleet's facts (rigfleet.prom)")
+    me = command("metrics", cmd_metrics, "write the node exporter's textfiles: the cards "
+                 "(rigfleet-gpu.prom) and rigfleet's facts (rigfleet.prom)")
     me.add_argument("--dir", default=TEXTFILE_DIR,
                     help=f"the textfile collector's directory (default {TEXTFILE_DIR})")
     me.add_argument("--front-port", type=int, help="the front's port (readiness)")
-    me.set_defaults(func=cmd_metrics)
     sub.add_parser("verify", add_help=False, help="the verify-stress gate (its own --help)")
     sub.add_parser("bench", add_help=False, help="the bench against the active stack, or "
                    "--accept-baseline (its own --help)")

@@ -107,9 +107,7 @@ class DrainReport:
         return self.result in ("drained", "stale", "timeout")
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["seconds"] = round(self.seconds, 2)
-        return data
+        return {**asdict(self), "seconds": round(self.seconds, 2)}
 
     def line(self) -> str:
         held = f"{self.running} running + {self.waiting} waiting"

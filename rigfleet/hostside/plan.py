@@ -128,11 +128,8 @@ class Plan:
             return self.drain_timeouts.get(stack or "", self.drain_timeout_s)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["schema"] = SCHEMA
-        data["projects"] = [list(p) for p in self.projects]
-        data["gate_set"] = list(self.gate_set)
-        return data
+        return {**asdict(self), "schema": SCHEMA, "projects": [list(p) for p in self.projects],
+                "gate_set": list(self.gate_set)}
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
