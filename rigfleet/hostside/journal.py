@@ -65,7 +65,7 @@ class Journal:
 
     def finish(self, result: dict[str, Any]) -> None:
         self._try(lambda: write_json(self.dir / "result.json",
-                                      {**result, "elapsed": round(self.clock() - self.t0, 2)}))
+                                     {**result, "elapsed": round(self.clock() - self.t0, 2)}))
 
     def _try(self, write: Callable[[], object]) -> None:
         """Run ``write``; an ``OSError`` is said once on the echo and kept in ``problem``."""
