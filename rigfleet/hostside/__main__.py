@@ -1,29 +1,10 @@
 """``rigfleet-host``: the host-side tool (shipped as ``/usr/local/lib/rigfleet/rigfleet-host.pyz``).
 
+Every command, and ``swap``'s exit statuses: docs/swap.md ("The host-side CLI")::
+
     python3 rigfleet-host.pyz swap --plan /var/lib/rigfleet/swap/<id>/plan.json
     python3 rigfleet-host.pyz status [--id ID [--since N]] [--json]
-    python3 rigfleet-host.pyz ensure [--who W] [--why TEXT]      # rigfleet-stack.service: boot
-    python3 rigfleet-host.pyz shutdown                            # rigfleet-stack.service: stop
-    python3 rigfleet-host.pyz adopt --plan FILE                   # record a stack already serving
-    python3 rigfleet-host.pyz record --json J --config-hash H     # pins changed without a swap
-    python3 rigfleet-host.pyz lock [--json]                       # who holds the host lock
-    python3 rigfleet-host.pyz lock --release --reason TEXT        # remove a stale lock
-    python3 rigfleet-host.pyz probe [--full ...]                  # the host's state as JSON
-    python3 rigfleet-host.pyz supervise [--front-port P ...]      # rigfleet-supervise.service
-    python3 rigfleet-host.pyz supervise --reset [--why TEXT]      # after fixing a crash loop
-    python3 rigfleet-host.pyz maintenance ready [--packages]      # can a window's work start?
-    python3 rigfleet-host.pyz maintenance open --plan F --step T  # before a disturbing step
-    python3 rigfleet-host.pyz maintenance hold --plan F           # the deploy back after a reboot
     python3 rigfleet-host.pyz maintenance close [--plan F] [--force]  # recreate + gate + route
-    python3 rigfleet-host.pyz maintenance status [--json]         # the window, if any
-    python3 rigfleet-host.pyz verify --url URL ...                # the verify-stress gate
-    python3 rigfleet-host.pyz bench [--accept-baseline] ...       # the bench, on this host
-    python3 rigfleet-host.pyz metrics [--dir D] [--front-port P]  # rigfleet-metrics.timer
-
-``swap`` is started by the deploy as a transient unit (``systemd-run --unit
-rigfleet-swap-<id> --collect``), detached from the SSH session; its exit status is 0 promoted,
-1 rolled back (the old stack serves), 2 failed (nothing verified serves), 3 locked, 4 bad plan.
-``--root DIR`` (before the command) runs against a directory tree instead of ``/`` (tests).
 """
 
 from __future__ import annotations
@@ -36,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,15 +64,10 @@ def _parts(lay: Layout, front_port: int) -> tuple[SystemOps, Front]:
     return ops, Front(lay, front_port, run_cmd, http_request, api_key=key)
 
 
-def _bundle() -> Path | None:
-    # Inside the zipapp sys.argv[0] is the .pyz; the gate child imports from it.
-    path = Path(sys.argv[0])
-    return path if path.suffix == ".pyz" and path.is_file() else None
-
-
 def _gate_fn() -> GateFn:
-    """The verify-stress gate as a child of this bundle."""
-    bundle = _bundle()
+    """The verify-stress gate as a child of this bundle (``sys.argv[0]`` in the zipapp)."""
+    path = Path(sys.argv[0])
+    bundle = path if path.suffix == ".pyz" and path.is_file() else None
 
     def gate(run: GateRun, on_line: Any, should_stop: Any) -> Any:
         return run_gate(run, on_line, bundle=bundle, should_stop=should_stop)
@@ -107,16 +84,14 @@ def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
     stop = _Stop()
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
-    # The textfiles say "swap in progress" before the engine stops (the monitor's engine-down
-    # alert spares a swap), and its outcome after it.
+    # The textfiles say "swap in progress" before the engine stops, and its outcome after it.
     outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=stop,
                           on_locked=lambda: metrics.refresh(lay, plan.front_port)).run()
-    metrics.refresh(lay, plan.front_port)  # the swap's and gate's outcome, for the monitor
+    metrics.refresh(lay, plan.front_port)
     return outcome.exit
 
 
 def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
-    """``maintenance open|close|status`` (``rigfleet.hostside.maintenance``)."""
     window, status, why = window_status(lay)
     if args.action == "status":
         data = {"status": status, "why": why, "window": window.to_dict() if window else None}
@@ -148,13 +123,11 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
         hold = WindowHold.here(plan.id, args.reboot_grace_s)
         outcome = window_.open(args.step, hold) if args.action == "open" else window_.hold(hold)
     else:
-        stop = _Stop()
-        name = args.journal_id or f"close-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}" \
-            f"-{os.getpid()}"
-        journal = Journal(lay.swap_dir(name), echo=sys.stdout)
+        journal = Journal(lay.swap_dir(args.journal_id), echo=sys.stdout) \
+            if args.journal_id else _journal(lay, "close")
         outcome = Maintenance(lay, ops, front, journal, plan, gate=_gate_fn(),
-                              interrupted=stop).close(own=args.own, force=args.force,
-                                                      cause=args.cause or "")
+                              interrupted=_Stop()).close(own=args.own, force=args.force,
+                                                         cause=args.cause or "")
     journal.finish(outcome.to_dict())
     print(f"rigfleet-host maintenance {args.action}: {outcome.result}: "
           f"{outcome.reason or outcome.serving}", file=sys.stderr if outcome.exit else sys.stdout)
@@ -162,8 +135,7 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
 
 
 def _ready(args: argparse.Namespace, lay: Layout) -> int:
-    """``maintenance ready``: can the window's work start (``pkgready``)? Exit 1 when not:
-    nothing was disturbed."""
+    """``maintenance ready``: can the window's work start? Exit 1 when not."""
     who = socket.gethostname()
     try:
         done = Readiness(root=lay.root, say=lambda line: print(f"{who}: {line}", flush=True)) \
@@ -177,8 +149,7 @@ def _ready(args: argparse.Namespace, lay: Layout) -> int:
 
 
 def _confirm_takeover(lay: Layout) -> bool:
-    """``maintenance close --force`` on a window whose holder lives: name the holder; at a
-    terminal ask, elsewhere ``--force`` is the answer."""
+    """``maintenance close --force`` on a live holder: name it; ask only at a terminal."""
     holder = read_holder(lay.lock_dir) or {}
     print(f"rigfleet-host maintenance close --force: {describe(holder)}", file=sys.stderr)
     if not sys.stdin.isatty():
@@ -312,8 +283,7 @@ def cmd_lock(args: argparse.Namespace, lay: Layout) -> int:
 
 
 def _release_lock(args: argparse.Namespace, lay: Layout) -> int:
-    """``lock --release --reason TEXT``: remove a stale lock; a live holder is refused (exit
-    3). The release is said on stdout and in the system log (who, why, the holder)."""
+    """``lock --release --reason TEXT``: remove a stale lock, said on stdout and in syslog."""
     import syslog
 
     if not args.reason.strip():
@@ -396,7 +366,6 @@ def _backoff(text: str) -> tuple[float, ...]:
 
 
 def cmd_metrics(args: argparse.Namespace, lay: Layout) -> int:
-    """Both textfiles, atomically (``rigfleet.hostside.metrics``)."""
     return metrics.run(lay, Path(args.dir), args.front_port)
 
 
@@ -404,15 +373,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rigfleet-host", description=__doc__.splitlines()[0])
     p.add_argument("--root", default="/", help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("swap", help="run a swap transaction from a plan file")
+
+    def command(name: str, func: Callable[..., int], text: str) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=text)
+        parser.set_defaults(func=func)
+        return parser
+
+    s = command("swap", cmd_swap, "run a swap transaction from a plan file")
     s.add_argument("--plan", required=True)
-    s.set_defaults(func=cmd_swap)
-    a = sub.add_parser("adopt", help="record the stack that already serves as active")
+    a = command("adopt", cmd_adopt, "record the stack that already serves as active")
     a.add_argument("--plan", required=True)
-    a.set_defaults(func=cmd_adopt)
     for name, func, text in (("ensure", cmd_ensure, "the active stack serves (boot, reroute)"),
                              ("shutdown", cmd_shutdown, "front to 503, every stack down")):
-        e = sub.add_parser(name, help=text)
+        e = command(name, func, text)
         e.add_argument("--front-port", type=int, default=8000)
         e.add_argument("--who", default="rigfleet-stack.service")
         e.add_argument("--why", default="boot: recreate the active stack")
@@ -422,29 +395,25 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--leave-held", action="store_true",
                            help="after the wait, leave a transaction that holds the host lock "
                            "alone (exit 0; the stack unit's start) instead of exit 3")
-        e.set_defaults(func=func)
-    st = sub.add_parser("status", help="a transaction's progress, or the host's swap state")
+    st = command("status", cmd_status, "a transaction's progress, or the host's swap state")
     st.add_argument("--id")
     st.add_argument("--since", type=int, default=0)
     st.add_argument("--json", action="store_true")
-    st.set_defaults(func=cmd_status)
-    rec = sub.add_parser("record", help="record pins that changed without a swap")
+    rec = command("record", cmd_record, "record pins that changed without a swap")
     rec.add_argument("--json", required=True, help="the tracked keys, as a JSON object")
     rec.add_argument("--config-hash", required=True)
     rec.add_argument("--by", default="")
     rec.add_argument("--deploy-id", default="")
     rec.add_argument("--host", default="")
-    rec.set_defaults(func=cmd_record)
-    lk = sub.add_parser("lock", help="who holds the host lock")
+    lk = command("lock", cmd_lock, "who holds the host lock")
     lk.add_argument("--json", action="store_true")
     lk.add_argument("--release", action="store_true",
                     help="remove the lock when its holder is gone (stale); a live one is "
                          "refused (exit 3)")
     lk.add_argument("--reason", default="", help="(--release) why, for the system log")
     lk.add_argument("--by", default="", help="(--release) who, for the system log")
-    lk.set_defaults(func=cmd_lock)
-    pr = sub.add_parser("probe", help="the host's state as one JSON object (the deploy's facts, "
-                        "rigfleet status, the bump)")
+    pr = command("probe", cmd_probe, "the host's state as one JSON object (the deploy's facts, "
+                 "rigfleet status, the bump)")
     pr.add_argument("--json", action="store_true", help="(the default; kept for readability)")
     pr.add_argument("--full", action="store_true",
                     help="add ledger, reports, GPUs, Genesis, weights and front sections")
@@ -455,10 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "of the active stack, its engine's log facts")
     pr.add_argument("--load-s", type=_seconds, default=15.0,
                     help="(--doctor) how long the load runs (default 15)")
-    pr.set_defaults(func=cmd_probe)
     defaults = Policy()
-    sv = sub.add_parser("supervise", help="recreate the active stack when its engine dies "
-                        "(backoff, limit; then 503 with the reason)")
+    sv = command("supervise", cmd_supervise, "recreate the active stack when its engine dies "
+                 "(backoff, limit; then 503 with the reason)")
     sv.add_argument("--reset", action="store_true",
                     help="forget the recreations counted so far and a give-up (after fixing)")
     sv.add_argument("--why", default="reset by hand", help="(--reset) for the ledger of resets")
@@ -476,9 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--ready-timeout-s", type=_seconds, default=defaults.ready_timeout_s)
     sv.add_argument("--vram-timeout-s", type=_seconds, default=defaults.vram_timeout_s)
     sv.add_argument("--retry-after-s", type=_count, default=defaults.retry_after_s)
-    sv.set_defaults(func=cmd_supervise)
-    mt = sub.add_parser("maintenance", help="the maintenance window around disturbing steps "
-                        "(driver, Docker restart, daemon-reload)")
+    mt = command("maintenance", cmd_maintenance, "the maintenance window around disturbing steps "
+                 "(driver, Docker restart, daemon-reload)")
     mt.add_argument("action", choices=("ready", "open", "hold", "close", "status"))
     mt.add_argument("--packages", action="store_true",
                     help="(ready) the steps use apt: wait for its locks, repair dpkg")
@@ -500,13 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "a terminal); without it such a window is refused")
     mt.add_argument("--cause", help="(close) why it is closed now, for the ledger")
     mt.add_argument("--json", action="store_true", help="(status) as JSON")
-    mt.set_defaults(func=cmd_maintenance)
-    me = sub.add_parser("metrics", help="write the node exporter's textfiles: the cards "
-                        "(rigfleet-gpu.prom) and rigfleet's facts (rigfleet.prom)")
+    me = command("metrics", cmd_metrics, "write the node exporter's textfiles: the cards "
+                 "(rigfleet-gpu.prom) and rigfleet's facts (rigfleet.prom)")
     me.add_argument("--dir", default=TEXTFILE_DIR,
                     help=f"the textfile collector's directory (default {TEXTFILE_DIR})")
     me.add_argument("--front-port", type=int, help="the front's port (readiness)")
-    me.set_defaults(func=cmd_metrics)
     sub.add_parser("verify", add_help=False, help="the verify-stress gate (its own --help)")
     sub.add_parser("bench", add_help=False, help="the bench against the active stack, or "
                    "--accept-baseline (its own --help)")
@@ -515,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # The gate has its own argument parser: hand everything after "verify" to it.
+    # The gate and the bench have their own argument parsers.
     if argv[:1] == ["verify"]:
         from .verify.runner import main as verify_main
 

@@ -1,29 +1,10 @@
-"""The active record: what passed the gate on this host, and how records stay consistent.
+"""The active record (what passed the gate on this host) and how records stay consistent.
 
-``active.json`` + the compose snapshot (``Layout.active_dir``) say what serves (or served
-last). They are one record: the snapshot is written first, under a name of its own
-(``compose-<config hash>.yaml``), then ``active.json`` naming it (one rename is the commit),
-then the ``compose.yaml`` link for people; so a crash at any point leaves a record whose
-snapshot is the one it names. ``load_active`` reads it and, with ``repair`` (callers that
-hold the host lock), rebuilds a damaged one from the ledger and the transactions' journals
-(``recover_active``); ``record_pins`` records pins that changed without a swap;
-``mark_interrupted`` gives a transaction that died without a result its result and ledger
-line; ``prune_journals`` keeps the transaction journals bounded; ``request_reset`` tells the
-supervisor that someone else brought the verified stack back (its count of recreations starts
-again).
-
-Recovery rules (a damaged ``active.json``: empty, truncated, not JSON, not a record):
-
-1. the newest ledger line that wrote ``active.json`` (``result`` promoted, adopted, recorded,
-   recovered, closed) names the stack and its config hash; its ``ref`` is the whole record
-   (older lines: the ``plan.json`` of its transaction, ``swap/<deploy id>/``);
-2. the compose text must have that config hash: the snapshot ``compose-<hash>.yaml``, the
-   link ``compose.yaml``, the transaction's own copy ``swap/<deploy id>/compose.yaml``, or the
-   staged ``/opt/rigfleet/stacks/<stack>/compose.yaml`` (the same content when the hash is);
-3. found: the damaged file is kept as ``active.json.damaged-<time>``, the record is written
-   again and the ledger says ``recover recovered``; not found: ``ActiveDamaged`` says exactly
-   what is missing and what to do (run the deploy: it activates the inventory's stack through
-   the gate; the front answers 503 until then).
+``active.json`` and the compose snapshot it names are one record, written snapshot first;
+``load_active(repair=True)`` (callers that hold the host lock) rebuilds a damaged one from the
+ledger and the transactions' journals. The write order and the recovery rules:
+docs/maintenance.md ("Crash-safe host records"). Also here: ``record_pins`` (pins changed
+without a swap), ``mark_interrupted``, ``prune_journals`` and ``request_reset``.
 """
 
 from __future__ import annotations
@@ -51,8 +32,7 @@ WROTE_ACTIVE = ("promoted", "adopted", "recorded", "recovered", "closed")
 
 
 class ActiveDamaged(PlanError):
-    """``active.json`` cannot be read (and, with repair, could not be rebuilt); the message
-    says what is wrong and what to do."""
+    """``active.json`` cannot be read (nor, with repair, rebuilt); says what to do."""
 
 
 def parse_active(lay: Layout) -> tuple[Active | None, str]:
@@ -78,29 +58,18 @@ def parse_active(lay: Layout) -> tuple[Active | None, str]:
 
 
 def read_active(lay: Layout) -> Active | None:
-    """``active.json`` (None when nothing was ever verified on this host); a damaged one
-    raises ``ActiveDamaged`` (read-only: ``load_active(repair=True)`` rebuilds it)."""
+    """``active.json``, read-only (``load_active`` without repair)."""
     return load_active(lay)
 
 
 def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | None:
-    """The active record; None when nothing was ever verified here.
-
-    + repair: (the caller holds the host lock) rebuild a damaged record (see the module
-      docstring), and move a record of the older layout (its snapshot ``compose.yaml`` a
-      plain file) to named snapshots
-    + by: who repairs (the ledger line's ``by``)
-
-    Raises ``ActiveDamaged`` when the record is damaged and not (or cannot be) rebuilt.
-    """
+    """The active record; None when nothing was ever verified here. With ``repair`` (the
+    caller holds the host lock) a damaged record is rebuilt and one of the older layout (a
+    plain ``compose.yaml``) moved to named snapshots; else it raises ``ActiveDamaged``."""
     active, problem = parse_active(lay)
     if active is not None:
         snap = Path(active.ref.compose_file)
-        try:
-            ok = compose_hash(snap.read_text()) == active.ref.config_hash
-        except OSError:
-            ok = False
-        if ok:
+        if compose_hash(_text(snap) or "") == active.ref.config_hash:
             if repair and snap == lay.active_compose and not snap.is_symlink():
                 return write_active(lay, active, snap.read_text())  # the older layout
             return active
@@ -108,13 +77,9 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
                    f"{active.ref.config_hash}")
         text = _compose_for(lay, active.ref, active.deploy_id) if repair else None
         if text is not None:
-            written = write_active(lay, active, text)
-            ledger.append(lay, ledger.entry(
-                "recover", "recovered", written.ref, by=by, deploy_id=active.deploy_id,
-                gate=active.gate, active=True,
-                reason=f"{lay.active_json} {problem}; the snapshot was written again from a "
-                       "compose file with the same config hash"))
-            return written
+            return _recovered(lay, active, text, by, f"{lay.active_json} {problem}; the "
+                              "snapshot was written again from a compose file with the same "
+                              "config hash")
     elif not problem:
         return None
     where = f"{lay.active_json} {problem}"
@@ -127,14 +92,17 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
                             "(it activates the inventory's stack through the gate); the front "
                             "answers 503 until then")
     aside = move_aside(lay.active_json)
-    active, text = rebuilt
-    active = write_active(lay, active, text)
-    ledger.append(lay, ledger.entry(
-        "recover", "recovered", active.ref, by=by, deploy_id=active.deploy_id,
-        gate=active.gate, active=True,
-        reason=f"{where}; rebuilt from the ledger" + (f" (damaged file kept: {aside})"
-                                                      if aside else "")))
-    return active
+    return _recovered(lay, *rebuilt, by, f"{where}; rebuilt from the ledger"
+                      + (f" (damaged file kept: {aside})" if aside else ""))
+
+
+def _recovered(lay: Layout, active: Active, text: str, by: str, reason: str) -> Active:
+    """Write a repaired record and its ``recover recovered`` ledger line."""
+    written = write_active(lay, active, text)
+    ledger.append(lay, ledger.entry("recover", "recovered", written.ref, by=by,
+                                    deploy_id=active.deploy_id, gate=active.gate, active=True,
+                                    reason=reason))
+    return written
 
 
 def _line_ref(lay: Layout, line: dict[str, Any]) -> StackRef | None:
@@ -151,24 +119,29 @@ def _line_ref(lay: Layout, line: dict[str, Any]) -> StackRef | None:
 
 
 def _compose_for(lay: Layout, ref: StackRef, deploy_id: str) -> str | None:
-    """Compose text with ``ref``'s config hash, from the places rule 2 lists."""
+    """Compose text with ``ref``'s config hash: snapshot, link, the transaction's copy, the
+    staged file."""
     places = [lay.active_snapshot(ref.config_hash), lay.active_compose,
               Path(ref.compose_file), lay.compose_file(ref.stack)]
     if deploy_id and "/" not in deploy_id:
         places.insert(2, lay.swap_dir(deploy_id) / "compose.yaml")
     for place in places:
-        try:
-            text = place.read_text()
-        except OSError:
-            continue
-        if compose_hash(text) == ref.config_hash:
+        text = _text(place)
+        if text is not None and compose_hash(text) == ref.config_hash:
             return text
     return None
 
 
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
 def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
     """((record, compose text), "") rebuilt from the ledger and the journals, or (None,
-    what is missing). Reads only."""
+    what is missing)."""
     lines, _, problem = ledger_lines(lay)
     if not lines:
         return None, f"the ledger {lay.ledger_file} has no usable line ({problem or 'empty'})"
@@ -189,16 +162,16 @@ def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
         if last.get("stack") == ref.stack and last.get("config_hash") == ref.config_hash:
             # Pins recorded after it (driver, toolkit) are on the last line.
             record.update({k: last.get(k) for k in ledger.TRACKED_KEYS if k in last})
-        ref = replace(ref, compose_file=str(lay.active_snapshot(ref.config_hash)), record=record)
-        gate = line.get("gate") if isinstance(line.get("gate"), dict) else {}
+        ref = replace(snapshot_ref(lay, ref), record=record)
+        gate = line.get("gate")
         return (Active(ref, str(line.get("time") or ""), deploy_id, str(line.get("by") or ""),
-                       dict(gate or {})), text), ""
+                       dict(gate) if isinstance(gate, dict) else {}), text), ""
     return None, (f"no line of {lay.ledger_file} records a verified stack (promoted, adopted "
                   "or recorded) that its transaction's files still describe")
 
 
 def ledger_lines(lay: Layout) -> tuple[list[dict[str, Any]], int, str | None]:
-    """Every parseable ledger line, oldest first (``records.ledger_tail`` of all of them)."""
+    """Every parseable ledger line, oldest first (``records.ledger_tail``)."""
     return ledger_tail(lay.ledger_file, n=10**9)
 
 
@@ -208,29 +181,19 @@ def snapshot_ref(lay: Layout, ref: StackRef) -> StackRef:
 
 
 def snapshot_gate(active: Active) -> dict[str, Any]:
-    """The gate record of a stack brought back from its snapshot without a gate (boot,
-    reroute, the supervisor): the gate it passed at promotion, saying so."""
+    """The gate record of a stack brought back from its snapshot without a gate."""
     return {**active.gate, "note": f"verified at promotion {active.since}"}
 
 
 def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
-    """Record ``active`` as the verified stack with ``compose_text`` as its snapshot; returns
-    the record as written (its ``compose_file`` is the named snapshot).
-
-    Order (each step atomic and on disk before the next): the snapshot
-    ``compose-<hash>.yaml``, then ``active.json`` naming it (the commit), then the
-    ``compose.yaml`` link. Older snapshots stay until ``prune_snapshots`` (a front switch that
-    fails puts the previous record back, and its snapshot must still be there).
-    """
+    """Record ``active`` with ``compose_text`` as its snapshot: the snapshot, then
+    ``active.json`` naming it (the commit), then the link; returns the record as written.
+    Older snapshots stay until ``prune_snapshots`` (a failed front switch puts one back)."""
     found = compose_hash(compose_text)
     if found != active.ref.config_hash:
         raise PlanError(f"the snapshot of {active.ref.route_id} has config hash {found}")
     snap = lay.active_snapshot(active.ref.config_hash)
-    try:
-        same = snap.read_text() == compose_text
-    except OSError:
-        same = False
-    if not same:
+    if _text(snap) != compose_text:
         write_atomic(snap, compose_text)
     record = replace(active, ref=snapshot_ref(lay, active.ref))
     write_json(lay.active_json, record.to_dict())
@@ -249,12 +212,11 @@ def prune_snapshots(lay: Layout, keep_s: float = 60.0) -> list[str]:
     active, _ = parse_active(lay)
     named = Path(active.ref.compose_file).name if active else None
     removed = []
-    for path in sorted(lay.active_dir.glob("compose-*.yaml")) if lay.active_dir.is_dir() \
-            else []:
+    for path in sorted(lay.active_dir.glob("compose-*.yaml")):
         if path.name != named:
             path.unlink(missing_ok=True)
             removed.append(path.name)
-    for path in sorted(lay.active_dir.glob(".*.tmp")) if lay.active_dir.is_dir() else []:
+    for path in sorted(lay.active_dir.glob(".*.tmp")):
         try:
             old = time.time() - path.lstat().st_mtime > keep_s
         except OSError:
@@ -266,13 +228,8 @@ def prune_snapshots(lay: Layout, keep_s: float = 60.0) -> list[str]:
 
 
 def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
-    """Ask the supervisor (``rigfleet.hostside.supervise``) to forget its recreations and a
-    give-up: ``ensure`` and a rolled-back swap brought the verified stack back, or a person
-    fixed what made it die (``rigfleet-host.pyz supervise --reset``). A new active stack
-    (a promotion) resets it without asking. Written atomically; the supervisor only reads it::
-
-        request_reset(lay, "alice@laptop", "freed the cards")   # {"token": ..., "at": ...}
-    """
+    """Ask the supervisor to forget its recreations and a give-up (the verified stack is back,
+    or a person fixed what made it die); a promotion resets it without asking."""
     request = {"token": f"{time.time():.6f}-{os.getpid()}-{secrets.token_hex(4)}",
                "at": ledger.now_iso(), "by": by, "why": why}
     ledger.atomic_write(lay.supervise_reset, json.dumps(request, sort_keys=True) + "\n")
@@ -280,8 +237,8 @@ def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
 
 
 def prune_journals(lay: Layout, keep: int = KEEP_JOURNALS) -> list[str]:
-    """Drop the oldest finished journals (transactions, ensure and shutdown runs) beyond
-    ``keep``; ones without a result are never dropped (``mark_interrupted`` needs them)."""
+    """Drop the oldest finished journals beyond ``keep`` (ones without a result stay:
+    ``mark_interrupted`` needs them)."""
     if not lay.swaps_dir.exists():
         return []
     done = sorted((d for d in lay.swaps_dir.iterdir() if (d / "result.json").exists()),
@@ -296,10 +253,10 @@ def prune_journals(lay: Layout, keep: int = KEEP_JOURNALS) -> list[str]:
 
 
 def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[str]:
-    """Transactions that died without a result (killed, host rebooted): give each a result
-    and a ledger line, so the ledger never leaves one hanging."""
+    """Give each transaction that died without a result (killed, rebooted) a result and a
+    ledger line."""
     found = []
-    for directory in sorted(lay.swaps_dir.glob("*")) if lay.swaps_dir.exists() else []:
+    for directory in sorted(lay.swaps_dir.glob("*")):
         if directory.name == exclude or not (directory / "pid.json").exists() \
                 or not (directory / "plan.json").exists():
             continue
@@ -330,10 +287,9 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[s
 
 def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str = "",
                 deploy_id: str = "", host: str = "") -> str:
-    """Record pins that changed without a swap (driver branch, toolkit, pins serial) in
-    ``state.json``, the active record and the ledger (``event: "pins"``); returns
-    ``recorded`` or ``unchanged``. Refuses (``PlanError``) when the active stack is not the
-    one the deploy rendered: only a swap may change what runs."""
+    """Record pins that changed without a swap (driver branch, toolkit, pins serial);
+    ``recorded`` or ``unchanged``. ``PlanError`` when the active stack is not the one the
+    deploy rendered: only a swap may change what runs."""
     lock = HostLock(lay)
     lock.acquire(by or "unknown", "record pins", deploy_id)
     try:
@@ -347,9 +303,8 @@ def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str 
                 and active.ref.record == {**active.ref.record, **tracked}:
             return "unchanged"
         previous = {k: state.get(k) for k in tracked}
-        ref = StackRef(**{**active.ref.to_dict(), "record": {**active.ref.record, **tracked}})
-        written = write_active(lay, Active(ref, active.since, active.deploy_id, active.by,
-                                           active.gate),
+        ref = replace(active.ref, record={**active.ref.record, **tracked})
+        written = write_active(lay, replace(active, ref=ref),
                                Path(active.ref.compose_file).read_text())
         ledger.update_state(lay, **tracked, since=ledger.now_iso(), by=by)
         ledger.append(lay, ledger.entry("pins", "recorded", written.ref, host=host, by=by,

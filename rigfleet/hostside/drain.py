@@ -1,35 +1,18 @@
 """Drain: let the requests the front accepted finish before the serving stack stops.
 
-When a swap or a maintenance window opens, the front answers every new request with 503 +
-Retry-After at once (``front.Front.maintenance``). nginx reloads gracefully: the workers of
-the configuration before it stop accepting and keep proxying the requests they hold, streams
-included, until each has ended (nginx's own "worker process is shutting down"). The stack
-keeps running until those requests are done, judged from two sources:
-
-- the engine's own gauges on its loopback ``/metrics`` (no key): ``vllm:num_requests_running``
-  and ``vllm:num_requests_waiting``, summed over engines;
-- the front's connections: an nginx worker of an earlier configuration exists only while it
-  still holds a request it accepted (its idle keep-alive connections are closed at once).
-
-It is *drained* once both read idle on two polls in a row (a request the old worker accepted
-a moment before the switch is on its way to the engine for a few milliseconds). The engine's
-gauges can stay up after every request was aborted (vllm#29928: they are refreshed only by
-the next engine step): when the front holds nothing and the engine's token counters did not
-move for ``stale_s`` seconds, it is drained too. Past the timeout the stack is stopped anyway
-and what was still in flight is *cut* (the ledger and the swap report say how many)::
+Judged from the engine's ``/metrics`` gauges and the front's nginx workers of an earlier
+configuration (rules: docs/swap.md, "Drain"); pure decisions, one reading per poll::
 
     d = Drainer(timeout_s=600)
     while not d.observe(clock(), parse_load(metrics_text), front_workers):
         sleep(DRAIN_POLL_S)
     d.report().to_dict()   # {"result": "drained", "seconds": 4.2, "running": 2, ...}
-
-Stdlib only: it ships inside the host-side bundle.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +31,7 @@ _COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
 
 @dataclass(frozen=True)
 class EngineLoad:
-    """What the engine says it holds: requests running and waiting, and its token counters
-    (prompt + generated, None when it exports none): they move while it works."""
+    """Requests running and waiting, and the token counters (None when not exported)."""
 
     running: int
     waiting: int
@@ -61,8 +43,7 @@ class EngineLoad:
 
 
 def parse_load(text: str | None) -> EngineLoad | None:
-    """The engine's load from its ``/metrics`` text (Prometheus exposition format); None when
-    there is no answer or no request gauge (``--disable-log-stats`` empties ``/metrics``)."""
+    """The engine's load from its ``/metrics`` text; None without a request gauge."""
     if not text:
         return None
     found: dict[str, float] = {}
@@ -89,8 +70,8 @@ def parse_load(text: str | None) -> EngineLoad | None:
 
 
 def draining_workers(proc: Path = Path("/proc")) -> int | None:
-    """nginx workers of an earlier configuration still serving what they accepted (their
-    process title, ``NGINX_DRAINING_TITLE``); None when ``proc`` cannot be read."""
+    """nginx workers of an earlier configuration still serving; None when ``proc`` cannot
+    be read."""
     try:
         entries = list(proc.iterdir())
     except OSError:
@@ -110,18 +91,8 @@ def draining_workers(proc: Path = Path("/proc")) -> int | None:
 
 @dataclass(frozen=True)
 class DrainReport:
-    """How a drain ended (the ledger's ``drain``, the swap's result).
-
-    + result: ``idle`` (nothing was in flight), ``drained`` (what was in flight finished),
-      ``stale`` (the front held nothing and the engine made no token for ``STALE_S``: its
-      gauges were stale), ``timeout`` (stopped with requests in flight: ``cut``),
-      ``unknown`` (neither the engine's gauges nor the front could be read: not waited),
-      ``interrupted`` (the transaction was asked to stop while draining)
-    + seconds: how long it waited; timeout_s: its limit
-    + running, waiting: the engine's requests when it started; front: the front's workers
-      of the earlier configuration then (None: not readable)
-    + cut: requests still in flight when it ended (0 unless ``timeout``)
-    """
+    """How a drain ended (the ledger's ``drain``; fields: docs/swap.md, "Drain"); running,
+    waiting and front are as it started."""
 
     result: str
     seconds: float
@@ -133,16 +104,12 @@ class DrainReport:
 
     @property
     def waited_for_requests(self) -> bool:
-        """Something was in flight when it started (its time says how long requests last)."""
         return self.result in ("drained", "stale", "timeout")
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["seconds"] = round(self.seconds, 2)
-        return data
+        return {**asdict(self), "seconds": round(self.seconds, 2)}
 
     def line(self) -> str:
-        """One line for people (journal, deploy log)."""
         held = f"{self.running} running + {self.waiting} waiting"
         if self.front:
             held += f", {self.front} front worker(s) finishing"
@@ -162,10 +129,7 @@ class DrainReport:
 
 @dataclass
 class Drainer:
-    """The drain's decisions, fed one observation per poll (pure; see the module docstring).
-
-    + timeout_s: stop waiting after this long (then what is in flight is cut)
-    """
+    """The drain's decisions, fed one observation per poll."""
 
     timeout_s: float
     settle: int = SETTLE_READS
@@ -178,20 +142,14 @@ class Drainer:
     _busy_seen: bool = False
     _tokens: float | None = None
     _tokens_since: float = 0.0
-    _result: str | None = field(default=None)
-
-    @property
-    def done(self) -> bool:
-        return self._result is not None
+    _result: str | None = None
 
     @property
     def latest(self) -> tuple[EngineLoad | None, int | None]:
-        """The last reading: (engine load, front workers)."""
         return self._now
 
     def observe(self, now: float, load: EngineLoad | None, front: int | None) -> bool:
-        """Take one reading (``load``: ``parse_load``; ``front``: ``draining_workers``);
-        True once the drain is over (``report`` says how)."""
+        """Take one reading; True once the drain is over (``report`` says how)."""
         if self._result is not None:
             return True
         if self._t0 is None:
@@ -228,7 +186,6 @@ class Drainer:
         return now - self._tokens_since >= self.stale_s
 
     def interrupt(self, now: float) -> None:
-        """The transaction was asked to stop: the drain ends here."""
         if self._t0 is None:
             self._t0 = now
         self._last = now
@@ -250,17 +207,14 @@ class Drainer:
 
 
 def drain_note(result: dict[str, Any]) -> str:
-    """What a swap's or window's result (``drain``, ``retry_after_s``) says about its drain,
-    for the deploy's log; "" when it has neither::
-
-        drain_note({"drain": {"result": "idle", "seconds": 0.5, "timeout_s": 600},
-                    "retry_after_s": 21})   # "; drain: nothing in flight (0.5s); ..."
-    """
+    """``; drain: ...; Retry-After Ns`` from a swap's or window's result, for the deploy's
+    log; "" when it has neither."""
     parts = []
     data = result.get("drain")
     if isinstance(data, dict):
         try:
-            report = DrainReport(**{k: data[k] for k in DRAIN_KEYS if k in data})
+            report = DrainReport(**{f.name: data[f.name] for f in fields(DrainReport)
+                                    if f.name in data})
             parts.append(f"drain: {report.line()}")
         except TypeError:
             parts.append(f"drain: {data.get('result')}")
@@ -269,7 +223,5 @@ def drain_note(result: dict[str, Any]) -> str:
     return "".join(f"; {p}" for p in parts)
 
 
-DRAIN_KEYS = ("result", "seconds", "timeout_s", "running", "waiting", "front", "cut")
-
-__all__ = ["DRAIN_KEYS", "DRAIN_POLL_S", "DrainReport", "Drainer",
+__all__ = ["DRAIN_POLL_S", "DrainReport", "Drainer",
            "EngineLoad", "drain_note", "draining_workers", "parse_load"]

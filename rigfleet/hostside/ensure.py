@@ -1,11 +1,9 @@
 """Keep the verified stack serving without a gate: ``Ensure`` (boot, reroute), ``adopt`` (a
 stack that served before swaps were recorded) and ``shutdown`` (before the machine goes down).
 
-A maintenance window changes that (``rigfleet.hostside.maintenance``): while one is open (a
-driver change rebooted the host in its middle), ``Ensure`` leaves the front at 503 and the
-stack down (``deferred``): the window's close brings it back through the gate. A window left
-abandoned or failed is closed here, gate included, when a gate is at hand (the boot-time
-``ensure`` of the host tool has one), else the front stays at 503 with what to do.
+While a maintenance window holds the host, ``Ensure`` leaves the front at 503 and the stack
+down (``deferred``); a window left abandoned or failed is closed here, gate included, when a
+gate is at hand, else the front stays at 503 saying what to do (docs/maintenance.md).
 """
 
 from __future__ import annotations
@@ -51,9 +49,8 @@ from .steps import (
 
 
 def boot_time() -> float:
-    """The epoch second this system booted: when its PID 1 started (``btime`` of /proc/stat
-    plus PID 1's start). The same as the kernel's boot on a machine, and right in a container
-    that runs systemd (the simulated hosts), whose "reboot" keeps the kernel's ``btime``."""
+    """The epoch second PID 1 started (``btime`` plus its start): the boot, also in a systemd
+    container (the simulated hosts), whose "reboot" keeps the kernel's ``btime``."""
     try:
         btime = next(float(line.split()[1]) for line in
                      Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
@@ -64,12 +61,8 @@ def boot_time() -> float:
 
 
 class Ensure(Steps):
-    """The active stack serves, in a container created since this boot (``rigfleet-stack``
-    runs it at boot; the deploy runs it when the front's route is not the active stack).
-
-    A container from before a reboot keeps Genesis' text patches in its writable layer; it is
-    recreated, never restarted. Nothing is gated: the snapshot is what passed the gate.
-    """
+    """The active stack serves, in a container created since this boot (at boot, and when
+    the front's route is not the active stack). Nothing is gated: the snapshot passed."""
 
     def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
                  who: str, why: str, retry_after_s: int = 30, ready_timeout_s: float = 1200.0,
@@ -129,9 +122,7 @@ class Ensure(Steps):
                 self.lock.release()
 
     def _left_alone(self, held: LockHeld) -> Outcome:
-        """A transaction (a swap's gate, a maintenance close) still holds the host after the
-        wait: it decides what serves; nothing here touches the host (a
-        ``systemctl restart rigfleet-stack`` under a swap ends active, not failed)."""
+        """A transaction still holds the host after the wait: it decides what serves."""
         reason = (f"left alone: {held} (waited {self.lock_wait_s:g} s); it decides what "
                   "serves, and the supervisor watches what it leaves")
         self.j.event("ensure", reason, level="warning")
@@ -139,8 +130,7 @@ class Ensure(Steps):
                        serving=self.front.current())
 
     def _unwritable(self, e: OSError) -> Outcome:
-        """A full disk, a read-only file system: said (the journal goes to journald when it
-        cannot be written either), and ``EXIT_RETRY``: the stack unit tries again."""
+        """A full disk, a read-only file system: said, and ``EXIT_RETRY`` (the unit retries)."""
         reason = (f"{e.filename or 'the disk'}: {e.strerror or e}; stopped there; "
                   "rigfleet-stack.service tries again")
         self.j.event("ensure", reason, level="error")
@@ -151,8 +141,7 @@ class Ensure(Steps):
                        serving=self.front.current())
 
     def _deferred(self, held: LockHeld) -> Outcome:
-        """A maintenance window holds the host (a driver change rebooted it): leave the stack
-        down and the front at 503; the window's close brings the stack back, gated."""
+        """A maintenance window holds the host: the stack stays down, the front at 503."""
         why = str(held.holder.get("why") or "maintenance")
         try:
             self.front.maintenance(f"{why}; the stack comes back through the gate",
@@ -181,10 +170,17 @@ class Ensure(Steps):
         # Its container must be this boot's, from the snapshot's config and verified image (a
         # compose file edited by hand keeps the labels, not the image; a tag may have moved).
         image = ref.image_id or self.ops.image_id(ref.image_ref)
-        fresh = (st is not None and st.running and st.config_hash == ref.config_hash
-                 and created is not None and created >= self.booted_at
-                 and (not st.image_id or image is None or st.image_id == image))
-        if fresh:
+        if st is None:
+            why = "its container is gone"
+        elif not st.running:
+            why = f"its container is {st.status}"
+        elif st.config_hash != ref.config_hash or (st.image_id and image
+                                                   and st.image_id != image):
+            why = "its container is not the snapshot's (other config or image)"
+        elif created is None or created < self.booted_at:
+            why = ("its container is from before this boot (Genesis patches live in the "
+                   "container's writable layer: recreate, never restart)")
+        else:
             self.wait_ready(ref, self.ready_timeout_s)
             if self.front.current() == ref.route_id:
                 self.j.event("ensure", f"{ref.route_id} already serves")
@@ -194,16 +190,6 @@ class Ensure(Steps):
             request_reset(self.lay, self.who, f"ensure routed the front to {ref.route_id}")
             return Outcome("rerouted", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id)
         t0 = self.ops.monotonic()
-        if st is None:
-            why = "its container is gone"
-        elif not st.running:
-            why = f"its container is {st.status}"
-        elif st.config_hash != ref.config_hash or (st.image_id and image
-                                                   and st.image_id != image):
-            why = "its container is not the snapshot's (other config or image)"
-        else:
-            why = ("its container is from before this boot (Genesis patches live in the "
-                   "container's writable layer: recreate, never restart)")
         self.j.event("ensure", f"recreating {ref.route_id}: {why}")
         self.recreate(ref, f"recreating {ref.stack}", self.retry_after_s, self.vram_timeout_s,
                       self.ready_timeout_s)
@@ -218,10 +204,9 @@ class Ensure(Steps):
         return Outcome("recreated", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id,
                        window_s=window)
 
-
     def _close_window(self, window: Window | None, why: str) -> Outcome:
-        """A window nobody closed, or one that failed: close it (recreate + gate) when the
-        gate is at hand, else keep the front at 503 saying what to do."""
+        """Close a window that failed or nobody closed (recreate + gate), when a gate is at
+        hand; else the front stays at 503 saying what to do."""
         plan = plan_of(window, None, self.lay)
         if plan is None or self.gate is None:
             reason = (f"{why}: the stack needs the gate before it serves again; run "
@@ -236,8 +221,8 @@ class Ensure(Steps):
 
 
 def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journal) -> Outcome:
-    """Record a stack that already serves (a host converged before swaps were recorded): its
-    running container must carry the plan's config hash and answer; nothing restarts."""
+    """Record a stack that already serves (its container has the plan's config hash and
+    answers) as active; nothing restarts."""
     new = plan.desired
     lock = HostLock(lay)
     try:
@@ -277,13 +262,9 @@ def shutdown(lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
              retry_after_s: int = 30, lock_wait_s: float = LOCK_WAIT_S,
              going_down: Callable[[], bool] = lambda: True,
              who: str = "rigfleet-stack.service") -> str:
-    """Before the machine goes down (or ``systemctl stop|restart rigfleet-stack``): the front
-    to 503 (so nginx starts in maintenance at boot, never proxying to a stack that is not up
-    yet), then every stack down (so Docker does not restart a container with an old writable
-    layer at boot). With the host lock: a transaction that holds it (a swap's gate) is waited
-    for ``lock_wait_s``, then left alone unless the machine is ``going_down`` (it stops with
-    the machine). A maintenance window's lock is its own reboot: stopped without waiting.
-    Returns ``stopped`` or ``left-alone``."""
+    """The front to 503 (nginx starts in maintenance at boot), then every stack down (Docker
+    restarts no old container at boot). A transaction holding the host lock is waited for,
+    then left alone unless the machine is ``going_down``; ``stopped`` or ``left-alone``."""
     lock = HostLock(lay)
     try:
         take_lock(lock, who, "the stack unit stops: front to 503, every stack down",

@@ -1,13 +1,8 @@
 """The front's route: proxy to the verified stack, or answer 503 + ``Retry-After``.
 
-``roles/front.py`` renders the nginx server once (listen, API key map, 401s); its
-``location /`` ends with ``include /etc/nginx/rigfleet/route.conf``, and so does the
-readiness location (``READY_PATH``), which follows the same route: the host itself says
-whether it is in rotation. This module owns that
-include and switches it during a transaction: write, ``nginx -t``, ``systemctl reload nginx``
-(graceful: the listening socket stays open, so clients never see "connection refused"), then
-probe the front until its ``X-Rigfleet-Route`` header shows the new route. A route that
-``nginx -t`` refuses is put back at once::
+``roles/front.py``'s nginx server includes ``/etc/nginx/rigfleet/route.conf``, which this
+module switches: write, ``nginx -t`` (a refused route is put back), graceful reload, then
+probe until the ``X-Rigfleet-Route`` header shows the new route::
 
     front = Front(Layout(), port=8000, run=run_cmd, http=http_request, api_key=key)
     front.maintenance("swap int8 -> tq3-mtp-genesis", retry_after_s=30)
@@ -30,16 +25,9 @@ from .records import route
 
 ROUTE_HEADER = "X-Rigfleet-Route"
 MAINTENANCE = "maintenance"
-# The front's readiness path (files/nginx-front.conf.j2), no key needed, no model data: 200
-# (with the route header naming the stack) only while this route proxies to a verified stack
-# whose engine answers /health; 503 while the route is the maintenance one (a swap or a
-# maintenance window) or the engine does not answer. Balancers check it (rigfleet.balancer).
-# Without the key it says only ready or not, a class (``READY_CLASSES``) and Retry-After:
-# never a reason, a log line, a path or a figure; with the key, the reason too.
+# The readiness path balancers check (no key needed): 200 only while a verified stack serves
+# and answers /health. Without the key a 503 says only its class (docs/balancer.md).
 READY_PATH = "/rigfleet/ready"
-# Why a host is not ready, as the readiness path says it without the key: a swap or an update
-# runs; a maintenance window is open; the stack is being (re)created (boot, a dead engine);
-# nothing verified serves (a crash loop given up, a failed window, nothing ever verified).
 READY_CLASSES = ("swapping", "maintenance", "starting", "down")
 
 Run = Callable[[list[str], float], tuple[int, str]]
@@ -56,9 +44,7 @@ class FrontError(RuntimeError):
 
 
 def render_serving(ref: StackRef) -> str:
-    """The proxy to one stack's loopback port (streaming-friendly). Its timeouts are the
-    including location's (files/nginx-front.conf.j2): an hour for clients, seconds for the
-    readiness path."""
+    """The proxy to one stack's loopback port (timeouts: the including location's)."""
     return (
         f"{ROUTE_MARK}{ref.route_id}\n"
         "# Managed by the rigfleet host tool (rigfleet/hostside/front.py): switched by swaps.\n"
@@ -90,8 +76,7 @@ def ready_class(message: str) -> str:
 
 
 def render_maintenance(message: str, retry_after_s: int) -> str:
-    """503 with ``Retry-After`` and an OpenAI-style JSON error, for every authorised request;
-    a request without the key (the readiness path) gets the class only."""
+    """503 with ``Retry-After`` and an OpenAI-style JSON error; without the key, the class."""
     text = _SAFE.sub("", message)[:200] or "stack swap in progress"
     kind = ready_class(text)
     body = json.dumps({"error": {"message": f"rigfleet: {text}; retry in {int(retry_after_s)} s",
@@ -112,13 +97,7 @@ def render_maintenance(message: str, retry_after_s: int) -> str:
 
 @dataclass
 class Front:
-    """The route include of one host's front (see the module docstring).
-
-    + port: the front's port (probed on 127.0.0.1)
-    + run, http: command runner and HTTP client (injected: tests pass fakes)
-    + api_key: the front requires it (the probe sends it)
-    + settle_s: how long a reload may take to show
-    """
+    """The route include of one host's front (``port``: probed on 127.0.0.1)."""
 
     layout: Layout
     port: int
@@ -133,7 +112,6 @@ class Front:
         return self.layout.front_route
 
     def current(self) -> str | None:
-        """The route in place (``int8/<hash>``, ``maintenance``) or None."""
         return route(self.path)
 
     def serve(self, ref: StackRef, wait: bool = True) -> None:

@@ -1,8 +1,7 @@
 """Run the verify-stress gate (``rigfleet.hostside.verify``) against a freshly started stack.
 
-The gate is its own program (exit status = number of failed checks; 101 usage, 102 report not
-written, 130 interrupted): it runs as a child process from the same bundle, its progress
-lines are passed on as they come, and its JSON report is read for the failed checks' names::
+The gate is a child process from the same bundle (exit status = failed checks; 101 usage, 102
+report not written, 130 interrupted); its lines are passed on as they come::
 
     result = run_gate(GateRun(url="http://127.0.0.1:8015", key_file=lay.api_key_file,
                               profile="full", report_dir=lay.reports_dir), on_line=print)
@@ -25,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 _REPORTS_LINE = re.compile(r"^verify: reports (\S+\.json) (\S+\.md)\s*$")
-EXIT_USAGE, EXIT_REPORT, EXIT_INTERRUPTED = 101, 102, 130
+EXIT_USAGE = 101  # and above: the gate itself broke (verify.runner)
 
 
 @dataclass(frozen=True)
 class GateRun:
-    """One gate run's arguments (``--url``, ``--api-key-file``, ``--profile``, ``--set``,
-    ``--report-dir``) and its time limit."""
+    """One gate run's arguments and its time limit."""
 
     url: str
     key_file: Path
@@ -51,11 +49,7 @@ class GateRun:
 
 @dataclass
 class GateResult:
-    """What the gate decided, for the ledger, ``state.json`` and the operator.
-
-    + result: ``pass``, ``fail`` (checks failed) or ``error`` (the gate itself broke)
-    + failed_checks: names of failed checks (``needles``, ``needles_deep``, ...)
-    """
+    """What the gate decided: ``pass``, ``fail`` (checks failed) or ``error`` (it broke)."""
 
     result: str
     exit_status: int
@@ -79,17 +73,15 @@ class GateResult:
                 "summary": self.summary, "seconds": round(self.seconds, 1)}
 
 
-def read_report(path: Path) -> tuple[list[str], dict[str, int], str]:
-    """(failed check names, counts, one-line summary) of a ``rigfleet-verify/1`` report."""
+def read_report(path: Path) -> tuple[list[str], str]:
+    """(failed check names, one-line summary) of a ``rigfleet-verify/1`` report."""
     data = json.loads(path.read_text())
-    checks = data.get("checks") or []
-    failed = [str(c.get("name")) for c in checks if c.get("status") == "fail"]
+    failing = [c for c in data.get("checks") or [] if c.get("status") == "fail"]
     counts = data.get("summary") or {}
-    details = "; ".join(f"{c.get('name')}: {c.get('summary') or 'failed'}"
-                        for c in checks if c.get("status") == "fail")
+    details = "; ".join(f"{c.get('name')}: {c.get('summary') or 'failed'}" for c in failing)
     line = (f"{counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
             f"{counts.get('skip', 0)} skipped" + (f" ({details})" if details else ""))
-    return failed, counts, line[:1500]
+    return [str(c.get("name")) for c in failing], line[:1500]
 
 
 def _newest_report(directory: Path, since: float) -> Path | None:
@@ -103,18 +95,12 @@ def _newest_report(directory: Path, since: float) -> Path | None:
 def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
              bundle: Path | None = None,
              should_stop: Callable[[], bool] = lambda: False) -> GateResult:
-    """Run the gate as a child process; never raises for a gate failure.
-
-    + bundle: the zipapp to import the gate from (``PYTHONPATH``); None: this interpreter's path
-    + should_stop: polled; True terminates the gate (the transaction was asked to stop)
-    """
+    """Run the gate as a child process (importing from ``bundle``, else this interpreter's
+    path); ``should_stop`` True terminates it. Never raises for a gate failure."""
     started, t0 = time.time(), time.monotonic()
     at = datetime.now(UTC).isoformat(timespec="seconds")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if bundle is not None:
-        env["PYTHONPATH"] = str(bundle)
-    else:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(bundle) if bundle else os.pathsep.join(p for p in sys.path if p))
     run.report_dir.mkdir(parents=True, exist_ok=True)
     paths: list[str] = []
     last: list[str] = []  # the gate's last lines: its own words when it breaks
@@ -171,7 +157,7 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
     summary = f"exit status {status}"
     if report is not None:
         try:
-            failed, _, summary = read_report(report)
+            failed, summary = read_report(report)
         except (OSError, ValueError) as e:
             summary = f"exit status {status}; report {report} unreadable ({e})"
     if status and not failed:

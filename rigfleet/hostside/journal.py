@@ -1,9 +1,7 @@
 """A transaction's progress, on disk: ``events.jsonl`` while it runs, ``result.json`` at the end.
 
-The transaction writes; anyone reads (the deploy polls ``rigfleet-host status --id ID --since N
---json`` over SSH). Because the transaction runs detached from the SSH session (a transient
-systemd unit), the journal is how a deploy that lost its connection, or a person, finds out
-what happened::
+The transaction runs detached from the SSH session; the deploy (or a person) follows it with
+``rigfleet-host status --id ID --since N --json``::
 
     j = Journal(lay.swap_dir(plan.id))
     j.event("stop-old", "docker compose down rigfleet-int8")
@@ -23,7 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .atomic import append_line, write_json
-from .records import boot_id, holder_alive, pid_start_ticks
+from .records import boot_id, holder_alive, pid_start_ticks, read_json
 
 # Without any event for this long after the plan was written, the transaction never started.
 START_GRACE_S = 60.0
@@ -38,13 +36,12 @@ class Journal:
         self.echo = echo
         self.clock = clock
         self.t0 = clock()
-        # A full disk or a read-only file system must not stop what the journal reports on
-        # (the supervisor, the boot-time ensure, the shutdown): the events still go to the
-        # echo (journald), with the reason once; the next write tries the disk again.
+        # A full disk or a read-only file system stops nothing: the events still go to the
+        # echo (journald), with the reason once (``_try``).
         self.problem: str | None = None
         self.seq = len(self._lines(self.dir / "events.jsonl"))
         pid = os.getpid()
-        self._try(lambda: _write_json(self.dir / "pid.json", {
+        self._try(lambda: write_json(self.dir / "pid.json", {
             "pid": pid, "pid_start": pid_start_ticks(pid), "boot_id": boot_id()}))
 
     @staticmethod
@@ -67,12 +64,11 @@ class Journal:
             self.echo.flush()
 
     def finish(self, result: dict[str, Any]) -> None:
-        self._try(lambda: _write_json(self.dir / "result.json",
-                                      {**result, "elapsed": round(self.clock() - self.t0, 2)}))
+        self._try(lambda: write_json(self.dir / "result.json",
+                                     {**result, "elapsed": round(self.clock() - self.t0, 2)}))
 
-    def _try(self, write: Callable[[], object]) -> bool:
-        """Run ``write``; an ``OSError`` (ENOSPC, EROFS, ...) is said once on the echo and
-        kept in ``problem`` (the next write tries again); True when it wrote."""
+    def _try(self, write: Callable[[], object]) -> None:
+        """Run ``write``; an ``OSError`` is said once on the echo and kept in ``problem``."""
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             write()
@@ -82,15 +78,13 @@ class Journal:
                 self.echo.write(f"journal: {problem}; events go to this log only\n")
                 self.echo.flush()
             self.problem = problem
-            return False
-        self.problem = None
-        return True
+        else:
+            self.problem = None
 
     @staticmethod
     def read(directory: Path, since: int = 0) -> dict[str, Any]:
-        """Events after ``since``, the next offset, the result when done, and the state:
-        ``starting`` (no event yet), ``running``, ``done``, or ``died`` (the process is gone
-        without a result: killed, or the host rebooted)."""
+        """Events after ``since``, the next offset, the result, and the state: ``starting``,
+        ``running``, ``done``, or ``died`` (gone without a result: killed, rebooted)."""
         lines = Journal._lines(directory / "events.jsonl")
         events = []
         for line in lines[since:]:
@@ -98,14 +92,12 @@ class Journal:
                 events.append(json.loads(line))
             except ValueError:
                 continue
-        out: dict[str, Any] = {"events": events, "next": len(lines), "result": None}
-        result = _read_json(directory / "result.json")
+        result = _read_dict(directory / "result.json")
+        out: dict[str, Any] = {"events": events, "next": len(lines), "result": result}
+        pid = _read_dict(directory / "pid.json")
         if result is not None:
             out["state"] = "done"
-            out["result"] = result
-            return out
-        pid = _read_json(directory / "pid.json")
-        if pid is None:
+        elif pid is None:
             plan = directory / "plan.json"
             age = time.time() - plan.stat().st_mtime if plan.exists() else 0.0
             out["state"] = "died" if age > START_GRACE_S else "starting"
@@ -114,13 +106,6 @@ class Journal:
         return out
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    write_json(path, data)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+def _read_dict(path: Path) -> dict[str, Any] | None:
+    data, _ = read_json(path)
     return data if isinstance(data, dict) else None

@@ -1,22 +1,9 @@
 """The host's ledger: ``state.json`` (what serves now) and ``ledger.jsonl`` (every change).
 
-``ledger.jsonl`` is append-only, one JSON object per line; ``state.json`` is rewritten
-atomically and keeps keys it does not know (``rigfleet status`` and ``roles/ledger.py`` read
-and write it too). Every activation, swap, rollback, adoption and boot-time recreation is a
-line, and so is every recreation, failed recreation and give-up of the supervisor
-(``rigfleet.hostside.supervise``). A line's top-level stack keys always describe what serves
-*after* the event (so the last line agrees with ``state.json``, as
-``tests/hosts/test_ledger_state.py`` checks); the stack a transaction tried is under
-``attempted``, the one before under ``previous``::
-
-    {"time": "2026-11-29T10:17:02+00:00", "event": "swap", "result": "rolled-back",
-     "host": "host1", "by": "alice@laptop", "deploy_id": "...", "stack": "int8",
-     "image": "...", "digest": "sha256:...", "genesis_commit": null, "model_revision": "...",
-     "config_hash": "...", "attempted": {"stack": "tq3-mtp-genesis", ...},
-     "gate": {"result": "fail", "failed_checks": ["needles"], "report": "...", ...},
-     "reason": "gate failed 1 check(s): needles (...)"}
-
-Example::
+``ledger.jsonl`` is append-only, one JSON object per change; ``state.json`` is rewritten
+atomically and keeps keys it does not know. A line's top-level stack keys describe what serves
+*after* the event (so the last line agrees with ``state.json``); the stack a transaction tried
+is under ``attempted``, the one before under ``previous`` (docs/swap.md, "Ledger and state")::
 
     append(lay, entry("swap", "promoted", plan.desired, by=plan.by, deploy_id=plan.id,
                       gate=gate.record(), previous=old))
@@ -41,13 +28,11 @@ def now_iso() -> str:
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``path`` so a reader (or a crash) sees the old file or the new one, never half
-    (``rigfleet.hostside.atomic.write_atomic``: temp file, fsync, rename, fsync the dir)."""
+    """``atomic.write_atomic``: a reader (or a crash) sees the old file or the new one."""
     write_atomic(path, text, mode)
 
 
 def read_state(lay: Layout) -> dict[str, Any]:
-    """``state.json`` as a dict ({} when missing or unreadable)."""
     return _read_state_file(lay.state_file)
 
 
@@ -56,14 +41,12 @@ def write_state(lay: Layout, state: dict[str, Any]) -> None:
 
 
 def rebuilt_state(lay: Layout) -> dict[str, Any]:
-    """What ``state.json`` says, rebuilt from the ledger when the file is damaged: its last
-    line's stack keys are what serves (the ledger's rule), its gate the active stack's."""
+    """``state.json`` rebuilt from the ledger's last line (what serves after it)."""
     lines = tail(lay, 1)
     if not lines:
         return {}
     last = lines[-1]
-    keep = (*TRACKED_KEYS, "config_hash")
-    rebuilt: dict[str, Any] = {k: last.get(k) for k in keep}
+    rebuilt: dict[str, Any] = {k: last.get(k) for k in (*TRACKED_KEYS, "config_hash")}
     if last.get("stack"):
         rebuilt["gate"] = last.get("gate")
     rebuilt.update(since=last.get("time"), by=last.get("by"), deploy_id=last.get("deploy_id"),
@@ -73,8 +56,7 @@ def rebuilt_state(lay: Layout) -> dict[str, Any]:
 
 def update_state(lay: Layout, **changes: Any) -> dict[str, Any]:
     """Merge ``changes`` into ``state.json`` (other keys kept); returns the new state. A
-    damaged ``state.json`` (empty, truncated, not an object) is kept aside and rebuilt from
-    the ledger first (``rebuilt_state``), so no key is lost silently."""
+    damaged one is kept aside and rebuilt from the ledger first."""
     data, err = read_json(lay.state_file)
     if err == "missing":
         base: dict[str, Any] = {}
@@ -101,19 +83,9 @@ def entry(event: str, result: str, serving: StackRef | None, *,
           deploy_id: str = "", gate: dict[str, Any] | None = None,
           previous: StackRef | None = None, reason: str = "",
           extra: dict[str, Any] | None = None, active: bool = False) -> dict[str, Any]:
-    """One ledger line (see the module docstring).
-
-    + event: ``activate``, ``swap``, ``update`` (same stack, new pins), ``adopt``, ``ensure``
-      (boot-time recreation), ``supervise`` (the supervisor, after the engine died),
-      ``interrupted``
-    + result: ``promoted``, ``rolled-back``, ``failed``, ``recreated``, ``gave-up``, ...
-    + serving: what serves after the event (None: nothing verified serves)
-    + attempted: the stack a transaction tried (a rolled-back or failed one)
-    + gate: ``GateResult.record()``; previous: what served before
-    + active: this event wrote ``active.json`` (a promotion, an adoption, pins recorded): the
-      line carries the whole record as ``ref``, so a damaged ``active.json`` is rebuilt from
-      the ledger (``rigfleet.hostside.active.recover_active``)
-    """
+    """One ledger line; ``serving``: what serves after the event (None: nothing verified).
+    With ``active`` (the event wrote ``active.json``) it carries the whole record as ``ref``,
+    from which a damaged ``active.json`` is rebuilt."""
     line: dict[str, Any] = {"time": now_iso(), "event": event, "result": result, "host": host,
                             "by": by, "deploy_id": deploy_id, **stack_fields(serving)}
     line["gate"] = gate or {"result": "not-run"}
@@ -131,10 +103,8 @@ def entry(event: str, result: str, serving: StackRef | None, *,
 
 
 def append(lay: Layout, line: dict[str, Any]) -> None:
-    """Append one line (O_APPEND, fsync): concurrent writers never interleave a line."""
     append_line(lay.ledger_file, json.dumps(line, sort_keys=True))
 
 
 def tail(lay: Layout, n: int = 10) -> list[dict[str, Any]]:
-    """The last ``n`` parseable lines, oldest first."""
     return ledger_tail(lay.ledger_file, n)[0]

@@ -1,27 +1,12 @@
 """The host lock: one transaction (swap, adopt, boot-time ensure, a maintenance window) at a
 time, and who has it.
 
-Taking the lock is one ``rename`` of a directory that already holds ``holder.json`` onto
-``Layout.lock_dir`` (atomic, and refused while a lock is there), so a lock never exists
-without its holder, even when the taker is killed midway: who (``user@control-host``), why, since, the deploy id, and the holder's pid with its
-start time and the boot id, so a lock whose process is gone (killed, rebooted) is *stale* and
-is taken over, with a message, instead of blocking the host forever::
+Taking it is one ``rename`` of a directory already holding ``holder.json`` onto the lock, so a
+lock never exists without its holder; one whose process is gone is *stale* and taken over. A
+maintenance window's holder is the deploy's SSH session (``session_anchor``), plus a grace
+across a reboot (docs/maintenance.md)::
 
-    lock = HostLock(Layout())
-    try:
-        note = lock.acquire(who="alice@laptop", why="swap int8 -> tq3-mtp-genesis",
-                            deploy_id="20261129T101500Z-1a2b3c")
-    except LockHeld as held:
-        print(held)          # "locked by alice@laptop since ... (pid 812 ...): swap ..."
-    ...
-    lock.release()
-
-A maintenance window (``rigfleet.hostside.maintenance``) holds the lock across several SSH
-commands and a reboot: ``acquire_window`` records as its holder the process every step runs in
-(``session_anchor``: the deploy's SSH session), alive while that connection lives, and before a
-reboot a grace on the boot-time clock (``records.reboot_hold``). The process that closes the
-window takes it back (``adopt_window``) as an ordinary process holder: from a holder that is
-gone, or from a live one only when told (the deploy's own close, ``--force``).
+    note = HostLock(Layout()).acquire(who="alice@laptop", why="swap int8 -> tq3")  # LockHeld
 """
 
 from __future__ import annotations
@@ -48,7 +33,6 @@ _SSH_SESSION = ("sshd", "sshd-session")
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
-    """(command name, parent pid) of ``pid`` from ``/proc/<pid>/stat``."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -62,10 +46,8 @@ def _stat(pid: int) -> tuple[str, int] | None:
 
 
 def session_anchor(pid: int = 0) -> tuple[int, str]:
-    """The process a window opened from ``pid`` (0: this one) is held by: the nearest sshd
-    ancestor, the deploy's SSH connection (every command of the deploy runs in it, so it lives
-    while the deploy does; pyinfra closes it when the deploy ends or dies), else the parent
-    (a shell a person runs the steps from). (pid, what)."""
+    """(pid, what) holds a window opened from ``pid`` (0: this one): the nearest sshd
+    ancestor (the deploy's SSH connection, alive while the deploy is), else the parent."""
     pid = pid or os.getpid()
     first = _stat(pid)
     parent = first[1] if first else os.getppid()
@@ -82,8 +64,8 @@ def session_anchor(pid: int = 0) -> tuple[int, str]:
 
 @dataclass(frozen=True)
 class WindowHold:
-    """What holds a maintenance window's lock: the window's id, the anchor process (pid, what)
-    and, before a reboot, ``reboot``: ``{"boot", "at", "grace_s"}`` (``records.reboot_hold``)."""
+    """What holds a maintenance window's lock: the anchor process and, before a reboot,
+    ``reboot`` (``records.reboot_hold``)."""
 
     window: str
     pid: int
@@ -93,7 +75,6 @@ class WindowHold:
     @classmethod
     def here(cls, window: str, reboot_grace_s: float | None = None,
              clock: BootClock = BOOT_CLOCK) -> WindowHold:
-        """Held by this process's SSH session (``session_anchor``)."""
         pid, what = session_anchor()
         reboot = None if reboot_grace_s is None else {
             "boot": clock.boot(), "at": round(clock.uptime(), 1), "grace_s": reboot_grace_s}
@@ -106,10 +87,6 @@ class LockHeld(Exception):
     def __init__(self, holder: dict[str, Any]) -> None:
         self.holder = holder
         super().__init__(describe(holder))
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass
@@ -128,18 +105,12 @@ class HostLock:
         return self.layout.lock_dir
 
     def read(self) -> dict[str, Any] | None:
-        """The current holder (with ``alive``), or None."""
         return read_holder(self.path)
 
     def acquire(self, who: str, why: str, deploy_id: str = "",
                 window: WindowHold | None = None) -> str | None:
-        """Take the lock; returns a takeover note when a stale lock was replaced.
-
-        + window: the holder is that maintenance window, alive while its anchor process lives
-          (``acquire_window``), not this process
-
-        Raises ``LockHeld`` when a live holder has it.
-        """
+        """Take the lock (for ``window``: held by its anchor, not this process); returns a
+        takeover note when a stale lock was replaced. ``LockHeld`` when a live holder has it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         note = None
         for _ in range(5):
@@ -159,17 +130,15 @@ class HostLock:
         raise LockHeld(self.read() or {"who": "unknown", "why": "lock keeps changing"})
 
     def acquire_window(self, who: str, why: str, hold: WindowHold) -> str | None:
-        """Take the lock for a maintenance window (see the module docstring); the lock is
-        held after this process exits, while ``hold``'s process lives, until ``adopt_window``
-        + ``release``."""
+        """Take the lock for a maintenance window: held after this process exits, while
+        ``hold``'s process lives, until ``adopt_window`` + ``release``."""
         note = self.acquire(who, why, hold.window, window=hold)
         self.held = False  # not this process's to release on exit
         return note
 
     def hold_window(self, hold: WindowHold, why: str = "") -> bool:
-        """The window's lock held by ``hold`` from now on (a step from a new connection, the
-        grace of a reboot, or none once the deploy is back) and the step said (``why``);
-        False when the lock is not that window's."""
+        """The window's lock held by ``hold`` from now on, the step said (``why``); False when
+        the lock is not that window's."""
         holder = self.read()
         if holder is None or holder.get("window") != hold.window:
             return False
@@ -180,11 +149,9 @@ class HostLock:
         return True
 
     def adopt_window(self, window_id: str, why: str, take_live: bool = False) -> bool:
-        """Take over the lock from the window ``window_id`` as this process, when its holder
-        is gone (or, ``take_live``, even while it lives: the deploy's own close, ``--force``);
-        True when done, False when the lock is not that window's. Then ``release`` frees it.
-
-        Raises ``LockHeld`` when the window's holder lives and ``take_live`` is False."""
+        """Take over the window's lock as this process when its holder is gone (or lives,
+        with ``take_live``: the deploy's own close, ``--force``; else ``LockHeld``); False
+        when the lock is not that window's."""
         holder = self.read()
         if holder is None or holder.get("window") != window_id:
             return False
@@ -205,7 +172,7 @@ class HostLock:
 
     def _place(self, who: str, why: str, deploy_id: str, window: WindowHold | None) -> bool:
         """The holder written into a fresh directory, renamed onto the lock; False when a
-        lock is there (its holder is then read)."""
+        lock is there."""
         if self.path.exists():
             return False  # (an empty one: an older tool between its mkdir and holder.json)
         self._sweep()
@@ -221,22 +188,16 @@ class HostLock:
                 raise
         finally:
             if tmp.exists():
-                for child in tmp.iterdir():
-                    child.unlink(missing_ok=True)
-                tmp.rmdir()
+                _remove(tmp)
         fsync_dir(self.path.parent)
         return True
 
     def _sweep(self, older_s: float = 60.0) -> None:
         """Remove directories a killed taker left before its rename."""
         for path in self.path.parent.glob(".lock.*"):
-            try:
+            with contextlib.suppress(OSError):
                 if time.time() - path.stat().st_mtime > older_s:
-                    for child in path.iterdir():
-                        child.unlink(missing_ok=True)
-                    path.rmdir()
-            except OSError:
-                continue
+                    _remove(path)
 
     def _break_stale(self) -> None:
         # Rename first: of two processes breaking the same stale lock only one rename wins,
@@ -246,15 +207,11 @@ class HostLock:
             os.rename(self.path, aside)
         except OSError:
             return
-        for child in aside.iterdir():
-            child.unlink(missing_ok=True)
-        aside.rmdir()
+        _remove(aside)
 
     def release_stale(self) -> dict[str, Any] | None:
-        """Remove a stale lock (its holder gone, or its window's deadline passed) on a
-        person's word (``rigfleet lock HOST --release``); returns the holder removed, None
-        when the lock was free. A live holder raises ``LockHeld`` (the liveness rule of
-        ``records.holder_alive``, the same one ``acquire`` uses)."""
+        """Remove a stale lock on a person's word (``rigfleet lock HOST --release``); returns
+        the holder removed, None when free; ``LockHeld`` when its holder lives."""
         holder = self.read()
         if holder is None:
             return None
@@ -266,7 +223,8 @@ class HostLock:
     def _write_holder(self, who: str, why: str, deploy_id: str,
                       window: WindowHold | None, directory: Path | None = None) -> None:
         holder: dict[str, Any] = {
-            "who": who, "why": why, "since": now_iso(), "deploy_id": deploy_id,
+            "who": who, "why": why, "since": datetime.now(UTC).isoformat(timespec="seconds"),
+            "deploy_id": deploy_id,
             "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id(),
             "host": socket.gethostname(),
         }
@@ -285,8 +243,9 @@ class HostLock:
                 self.path.rmdir()
         self.held = False
 
-    def __enter__(self) -> HostLock:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+def _remove(directory: Path) -> None:
+    """Remove a lock directory and the files in it."""
+    for child in directory.iterdir():
+        child.unlink(missing_ok=True)
+    directory.rmdir()

@@ -1,9 +1,7 @@
 """The swap plan: what the control side asks a host to run, as one JSON file.
 
-The deploy (``rigfleet.swapplan.build_plan``) writes it to
-``/var/lib/rigfleet/swap/<id>/plan.json``; the host-side transaction reads it with
-``Plan.load``. It is self-describing (container, port, compose file, config hash, pins), so the
-host needs no catalog of its own::
+The deploy (``rigfleet.swapplan.build_plan``) writes ``swap/<id>/plan.json``; the host reads
+it with ``Plan.load``. It is self-describing, so the host needs no catalog of its own::
 
     plan = Plan.load(Path("/var/lib/rigfleet/swap/X/plan.json"))
     plan.desired.stack, plan.desired.route_id      # 'tq3-mtp-genesis', 'tq3-mtp-genesis/9f...'
@@ -20,8 +18,7 @@ from typing import Any
 SCHEMA = "rigfleet-swap-plan/1"
 # The stack file's drain.timeout_s when it leaves it out (rigfleet.catalog explains the size).
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
-# A transaction's time limits when nothing else is said: the plan's defaults, and host data's
-# (``rigfleet.hostdata`` takes them from here).
+# A transaction's default time limits (``rigfleet.hostdata`` takes them from here too).
 READY_TIMEOUT_S = 1200.0
 VRAM_TIMEOUT_S = 120.0
 GATE_TIMEOUT_S = 7200.0
@@ -31,9 +28,8 @@ _HASH_LINE = re.compile(r"io\.rigfleet\.config-hash['\"]?:\s*['\"]?([0-9a-f]{8,6
 
 
 def change_kind(old: str | None, new: str) -> str:
-    """A gated change's kind, as the deploy decides it and the ledger records it: ``activate``
-    (nothing verified here), ``swap`` (another stack), ``update`` (the same stack, new pins or
-    config); ``old``/``new``: stack names."""
+    """``activate`` (nothing verified here), ``swap`` (another stack) or ``update`` (the same
+    stack, new pins or config): a gated change's kind, from the stack names."""
     return "activate" if old is None else "swap" if old != new else "update"
 
 
@@ -51,20 +47,9 @@ def compose_hash(text: str) -> str | None:
 class StackRef:
     """One stack as rendered for this host: enough to start, probe, verify and record it.
 
-    + stack, project, container, port: catalog names (``int8``, ``rigfleet-int8``, 8011)
-    + compose_file: the rendered compose file the deploy staged
-    + config_hash: its ``io.rigfleet.config-hash`` label
-    + image_ref: ``<repo>:<tag>@<digest>`` (must be present: staged by the deploy)
-    + served_model_name: what ``/v1/models`` must list
-    + gpu_memory_utilization: the fraction of each card vLLM asks for at start
-    + record: the pins the ledger tracks (image, digest, vllm_version, genesis_commit, ...)
-    + boot_expect: the stack file's ``boot.expect`` as (pattern, title): lines its log must
-      show before the stack counts as booted (``stackctl.missing_boot_lines``)
-    + boot_failures: its ``boot.failures`` as (kind, pattern, title, hint): why a boot died,
-      looked for before the built-in signatures (``stackctl.classify_boot_failure``)
-    + image_id: the image id the gate verified (``sha256:...``; the host tool fills it in: a
-      plan's is empty, and so is a record from before ids were recorded); every start,
-      recreation and rollback runs this image, whatever its local tag names since
+    ``record``: the pins the ledger tracks; ``boot_expect``/``boot_failures``: the stack
+    file's ``boot`` lines (``stackctl``); ``image_id``: the image the gate verified, filled in
+    by the host tool (empty in a plan): every start and rollback runs it, whatever its tag says.
     """
 
     stack: str
@@ -119,22 +104,9 @@ class StackRef:
 
 @dataclass(frozen=True)
 class Plan:
-    """One transaction's input (see the module docstring).
-
-    + id: the deploy id (also the transient unit's suffix and the swap directory's name)
-    + by, why: who asked and why (the lock and the ledger say so)
-    + host: the inventory name
-    + desired: the stack to end up serving
-    + projects: every stack's (project, compose file): all are torn down before a start,
-      since only one fits on the cards
-    + front_port: where the front listens (the transaction probes it after each switch)
-    + gate_profile, gate_set: ``--profile`` and ``--set`` of the verify gate
-    + ready_timeout_s, vram_timeout_s, gate_timeout_s: how long each wait may take
-    + retry_after_s: the front's ``Retry-After`` during the window when this host has no
-      measured window yet (``rigfleet.hostside.timings`` estimates it from its records)
-    + drain_timeout_s, drain_timeouts: how long requests the front accepted may take to
-      finish before a stack stops (``drain_timeout_for``: per stack, else the default)
-    """
+    """One transaction's input. ``id`` is the deploy id (the transient unit's suffix, the
+    swap directory's name); ``projects``: every stack's (project, compose file), all torn
+    down before a start; ``retry_after_s``: until this host has measured its window."""
 
     id: str
     by: str
@@ -153,15 +125,11 @@ class Plan:
     drain_timeouts: dict[str, float] = field(default_factory=dict)
 
     def drain_timeout_for(self, stack: str | None) -> float:
-        """The drain timeout of ``stack`` (the one that serves when the window opens)."""
-        return self.drain_timeouts.get(stack or "", self.drain_timeout_s)
+            return self.drain_timeouts.get(stack or "", self.drain_timeout_s)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["schema"] = SCHEMA
-        data["projects"] = [list(p) for p in self.projects]
-        data["gate_set"] = list(self.gate_set)
-        return data
+        return {**asdict(self), "schema": SCHEMA, "projects": [list(p) for p in self.projects],
+                "gate_set": list(self.gate_set)}
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -190,9 +158,9 @@ class Plan:
                 drain_timeouts={str(k): float(v) for k, v in
                                 dict(data.get("drain_timeouts") or {}).items()},
             )
+        except PlanError:
+            raise
         except (TypeError, ValueError) as e:
-            if isinstance(e, PlanError):
-                raise
             raise PlanError(f"plan: {e}") from None
 
     @classmethod
@@ -207,12 +175,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class Active:
-    """``active.json``: the stack that was last verified (and should be serving).
-
-    + ref: the stack, with ``compose_file`` pointing at the snapshot in the active directory
-    + since, deploy_id, by: when and by which transaction it was promoted
-    + gate: the gate record it passed (or ``{"result": "not-run"}`` for an adopted stack)
-    """
+    """``active.json``: the stack last verified (``ref.compose_file``: its snapshot)."""
 
     ref: StackRef
     since: str = ""

@@ -1,29 +1,12 @@
 """The records rigfleet keeps on a host, and their readers: one contract for both sides.
 
-The host-side tool writes these records; the control side (``rigfleet status``, the bump,
-the deploy's facts) reads them only through the functions here, over the host probe
-(``rigfleet-host.pyz probe``). Paths come from ``rigfleet.hostside.layout``. Stdlib only.
-
-Records:
-
-- ``state.json``: what serves now, the pins it runs (``TRACKED_KEYS``), ``gate`` (the last
-  ``GateRecord``), ``last_swap`` (the last transaction's summary), other keys kept;
-- ``ledger.jsonl``: one JSON object per change (``rigfleet.hostside.ledger.entry``);
-- ``active/active.json``: ``rigfleet.hostside.plan.Active``;
-- ``lock/holder.json``: who holds the host lock, with the liveness data (``holder_alive``): a
-  process (pid, its start time, the boot), also for a maintenance window (the deploy's SSH
-  session; across the reboot a driver change needs, a grace on the boot-time clock);
-- ``maintenance/window.json`` (``read_window``), ``supervise/state.json``
-  (``read_supervisor``), ``reports/verify-<ts>.json`` (schema ``rigfleet-verify/1``);
-- ``throughput/history.jsonl``: one ``ThroughputRecord`` per verified gate or accepted
-  baseline (the baseline the gate judges decode speed against); ``throughput/last.json``: the
-  last gate's, passed or not (``read_throughput_history``, ``read_throughput_last``).
-
-Example::
+The host-side tool writes them; the control side (``rigfleet status``, the bump, the deploy's
+facts) reads them only through these functions, over ``rigfleet-host.pyz probe``. Paths come
+from ``rigfleet.hostside.layout``; what each record holds: docs/architecture.md ("Where each
+record lives"). Stdlib only::
 
     holder = read_holder(HOST.lock_dir)           # None, or {..., "alive": bool}
-    gate = GateRecord.from_dict(state.get("gate"))
-    gate.result, gate.failed_checks               # 'fail', ('needles',)
+    GateRecord.from_dict(state.get("gate")).failed_checks      # ('needles',)
 """
 
 from __future__ import annotations
@@ -31,14 +14,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .layout import ROUTE_MARK
 
-# The pins a stack runs, as state.json and every ledger line record them; a difference in any
-# of them is a ledger entry (roles/ledger.py) and drift (rigfleet status).
+# The pins a stack runs, as state.json and every ledger line record them.
 TRACKED_KEYS = (
     "stack", "image", "digest", "vllm_version", "genesis_commit", "model_repo",
     "model_revision", "driver_branch", "toolkit_version", "pins_serial",
@@ -104,7 +86,6 @@ def route(path: Path) -> str | None:
 
 
 def boot_id() -> str:
-    """The kernel's boot id: a pid from another boot is never alive."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -126,9 +107,8 @@ def pid_start_ticks(pid: int) -> int | None:
 
 
 class BootClock:
-    """Time no wall-clock step moves: which boot this is, and seconds on the kernel's boot-time
-    clock (``CLOCK_BOOTTIME``). A container host restarted keeps the kernel's boot id, so a
-    boot is the boot id *and* PID 1's start. Tests pass their own."""
+    """Which boot this is (the boot id *and* PID 1's start: a restarted container host keeps
+    the boot id) and seconds on ``CLOCK_BOOTTIME``, which no wall-clock step moves."""
 
     def boot(self) -> str:
         return f"{boot_id()}/{pid_start_ticks(1)}"
@@ -137,7 +117,6 @@ class BootClock:
         return time.clock_gettime(time.CLOCK_BOOTTIME)
 
     def since_boot(self) -> float:
-        """Seconds since this boot's PID 1 started."""
         return self.uptime() - (pid_start_ticks(1) or 0) / os.sysconf("SC_CLK_TCK")
 
 
@@ -145,22 +124,16 @@ BOOT_CLOCK = BootClock()
 
 
 def process_alive(holder: dict[str, Any]) -> bool:
-    """The recorded process (``pid``, ``pid_start``, ``boot_id``) still runs."""
-    if holder.get("boot_id") and holder.get("boot_id") != boot_id():
-        return False
-    pid = holder.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
+    pid, boot = holder.get("pid"), holder.get("boot_id")
+    if (boot and boot != boot_id()) or not isinstance(pid, int) or pid <= 0:
         return False
     start = pid_start_ticks(pid)
-    if start is None:
-        return False
-    return holder.get("pid_start") in (None, start)
+    return start is not None and holder.get("pid_start") in (None, start)
 
 
 def reboot_hold(reboot: Any, clock: BootClock = BOOT_CLOCK) -> bool:
-    """A window's hold across its reboot (``{"boot", "at", "grace_s"}``, written before the
-    reboot): in the boot that asked for it, ``grace_s`` from ``at`` (boot-time clock); in a
-    later boot, ``grace_s`` from that boot's start (the deploy reconnects meanwhile)."""
+    """A window's hold across its reboot (``{"boot", "at", "grace_s"}``): ``grace_s`` from
+    ``at`` in the boot that asked for it, else from the start of the later boot."""
     if not isinstance(reboot, dict):
         return False
     grace, at = reboot.get("grace_s"), reboot.get("at")
@@ -173,13 +146,10 @@ def reboot_hold(reboot: Any, clock: BootClock = BOOT_CLOCK) -> bool:
 
 def holder_alive(holder: dict[str, Any], now: float | None = None,
                  clock: BootClock = BOOT_CLOCK) -> bool:
-    """True while the lock's holder lives: the process that took it still runs (same boot,
-    same pid start). A maintenance window (``"window"``: its id) is held by a process too
-    (``anchor``: the deploy's SSH session, in which every step runs), and across the reboot
-    of a driver change by ``reboot`` (``reboot_hold``); no wall clock is read, so a clock
-    stepped forwards or backwards abandons nothing. A window written by an older host tool
-    (no ``anchor``) lives until its deadline (``until``, epoch seconds). A window whose
-    holder is gone was abandoned: whoever takes the lock then closes it (recreate + gate)."""
+    """True while the process that took the lock runs (same boot, same pid start). A
+    maintenance window's is its ``anchor`` (the deploy's SSH session), also held across its
+    reboot (``reboot_hold``); one from an older host tool (no ``anchor``) lives until
+    ``until``. docs/maintenance.md explains why no wall clock is read."""
     if holder.get("window") and not holder.get("anchor"):
         until = holder.get("until")
         return isinstance(until, int | float) and (time.time() if now is None else now) < until
@@ -189,7 +159,7 @@ def holder_alive(holder: dict[str, Any], now: float | None = None,
 
 
 def read_holder(lock_dir: Path) -> dict[str, Any] | None:
-    """The lock's ``holder.json`` plus ``alive``; None when nobody holds the lock."""
+    """The lock's ``holder.json`` plus ``alive``; None when the lock is free."""
     if not lock_dir.is_dir():
         return None
     try:
@@ -197,7 +167,7 @@ def read_holder(lock_dir: Path) -> dict[str, Any] | None:
         if not isinstance(holder, dict):
             raise ValueError("not an object")
     except (OSError, ValueError):
-        # Between mkdir and writing holder.json, or a holder killed right there.
+        # An older tool between mkdir and holder.json, or killed right there.
         try:
             age = time.time() - lock_dir.stat().st_mtime
         except OSError:
@@ -209,8 +179,7 @@ def read_holder(lock_dir: Path) -> dict[str, Any] | None:
 
 
 def describe(holder: dict[str, Any]) -> str:
-    """One line about a holder, for refusals and takeovers (never suggesting to take a lock
-    from a holder that lives)."""
+    """One line about a holder, for refusals and takeovers."""
     if holder.get("window") and holder.get("anchor"):
         where = (f"maintenance window {holder['window']}, held while pid {holder.get('pid')} "
                  f"({holder.get('anchor')}) lives")
@@ -235,22 +204,18 @@ def describe(holder: dict[str, Any]) -> str:
 
 
 def live_holder(holder: Any) -> dict[str, Any] | None:
-    """``holder`` when a live process holds the lock, else None (free, or stale)."""
     return holder if isinstance(holder, dict) and holder.get("alive") else None
 
 
 # --- the maintenance window -------------------------------------------------------------------
 
 MAINTENANCE_SCHEMA = "rigfleet-maintenance/1"
-# A window's states: open (the serving path may be disturbed; the front answers 503), closed
-# (the stack was recreated and passed the gate), failed (it did not: nothing serves).
 WINDOW_STATES = ("open", "closed", "failed")
 
 
 def read_window(path: Path) -> dict[str, Any] | None:
-    """``maintenance/window.json`` (None when no window was ever opened here); a damaged one
-    is ``{"state": "damaged", "error": ...}``: readers treat it as a failed window (nothing is
-    known to serve; the next deploy or ``maintenance close`` closes it again)."""
+    """``maintenance/window.json``; None when no window was ever opened here; a damaged one
+    is ``{"state": "damaged", "error": ...}`` (readers treat it as failed)."""
     data, err = read_json(path)
     if err == "missing":
         return None
@@ -266,13 +231,7 @@ def read_window(path: Path) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class GateRecord:
-    """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``).
-
-    + result: ``pass``, ``fail``, ``error`` or ``not-run``
-    + failed_checks: names of the failed checks
-    + report, report_md: the report files on the host
-    + at: when it ran; profile: the gate profile; summary: one line
-    """
+    """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``)."""
 
     result: str = "not-run"
     failed_checks: tuple[str, ...] = ()
@@ -285,7 +244,6 @@ class GateRecord:
 
     @classmethod
     def from_dict(cls, data: Any) -> GateRecord | None:
-        """The record in ``data``; None when ``data`` is not a gate record."""
         if not isinstance(data, dict) or not isinstance(data.get("result"), str):
             return None
         failed = data.get("failed_checks")
@@ -313,12 +271,7 @@ def _opt_str(value: Any) -> str | None:
 
 @dataclass(frozen=True)
 class ReportSummary:
-    """A ``rigfleet-verify/1`` gate report, as the control side shows it.
-
-    + file: the report's path relative to the reports directory
-    + mtime: its modification time
-    + failed: names of the failed checks; total: how many checks ran
-    """
+    """A ``rigfleet-verify/1`` gate report (``file``: relative to the reports directory)."""
 
     file: str
     mtime: float
@@ -334,19 +287,20 @@ class ReportSummary:
         return f"pass {self.counts.get('pass', self.total)}/{self.total}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "mtime": self.mtime, "failed": list(self.failed),
-                "total": self.total, "counts": dict(self.counts)}
+        return {**asdict(self), "failed": list(self.failed)}
 
     @classmethod
     def from_dict(cls, data: Any) -> ReportSummary | None:
         if not isinstance(data, dict) or not isinstance(data.get("file"), str):
             return None
-        raw = data.get("counts")
-        counts: dict[Any, Any] = raw if isinstance(raw, dict) else {}
         return cls(file=str(data["file"]), mtime=float(data.get("mtime") or 0.0),
                    failed=tuple(str(x) for x in data.get("failed") or ()),
-                   total=int(data.get("total") or 0),
-                   counts={str(k): int(v) for k, v in counts.items() if isinstance(v, int)})
+                   total=int(data.get("total") or 0), counts=_counts(data.get("counts")))
+
+
+def _counts(raw: Any) -> dict[str, int]:
+    return {str(k): v for k, v in (raw if isinstance(raw, dict) else {}).items()
+            if isinstance(v, int)}
 
 
 def summarise_report(data: Any, file: str, mtime: float) -> ReportSummary | None:
@@ -354,9 +308,7 @@ def summarise_report(data: Any, file: str, mtime: float) -> ReportSummary | None
     if not isinstance(data, dict) or data.get("schema") != VERIFY_SCHEMA:
         return None
     checks = [c for c in data.get("checks") or [] if isinstance(c, dict)]
-    raw = data.get("summary")
-    counts = {str(k): int(v) for k, v in (raw if isinstance(raw, dict) else {}).items()
-              if isinstance(v, int)}
+    counts = _counts(data.get("summary"))
     failed = tuple(str(c.get("name")) for c in checks if c.get("status") == "fail")
     total = sum(counts.values()) or len(checks)
     return ReportSummary(file, mtime, failed, total, counts)
@@ -383,45 +335,36 @@ def reports(directory: Path, newest: int = 20) -> tuple[list[str], ReportSummary
 SUPERVISE_SCHEMA = "rigfleet-supervise/1"
 
 
-def recent_attempts(attempts: Any, now: float, window_s: float) -> list[dict[str, Any]]:
-    """The recreation attempts (``{"at": epoch seconds, ...}``) of the last ``window_s``."""
-    return [a for a in attempts or () if isinstance(a, dict)
-            and isinstance(a.get("at"), int | float) and a["at"] >= now - window_s]
-
-
 def read_supervisor(path: Path, now: float | None = None) -> dict[str, Any] | None:
-    """The supervisor's ``state.json`` plus ``alive`` (its process runs: the lock's liveness
-    rule), ``recreations`` (attempts within its window, as of ``now``) and ``now`` (this
-    host's clock, so a reader elsewhere can tell ages); None when there is none (never ran),
-    ``{"error": ...}`` when unreadable."""
+    """The supervisor's ``state.json`` plus ``alive`` (``holder_alive``), ``recreations``
+    (attempts within its window) and ``now`` (this host's clock, for ages); None when it
+    never ran, ``{"error": ...}`` when unreadable."""
     data, err = read_json(path)
     if err == "missing":
         return None
     if not isinstance(data, dict) or data.get("schema") != SUPERVISE_SCHEMA:
         return {"error": err or f"not a {SUPERVISE_SCHEMA} record", "alive": False}
     now = time.time() if now is None else now
-    raw = data.get("policy")
-    policy: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    window = policy.get("window_s")
-    recent = recent_attempts(data.get("attempts"), now,
-                             float(window) if isinstance(window, int | float) else 0.0)
+    policy = data.get("policy")
+    window = policy.get("window_s") if isinstance(policy, dict) else None
+    since = now - (float(window) if isinstance(window, int | float) else 0.0)
+    recent = [a for a in data.get("attempts") or () if isinstance(a, dict)
+              and isinstance(a.get("at"), int | float) and a["at"] >= since]
     return {**data, "alive": holder_alive(data), "recreations": len(recent), "now": now}
 
 
 # --- throughput -------------------------------------------------------------------------------
 
 THROUGHPUT_SCHEMA = "rigfleet-throughput/1"
-# Where a record comes from: a gate's throughput check, or ``rigfleet bench --accept-baseline``
-# (a person's "this is normal now": the baseline restarts from it).
+# Where a record comes from: a gate, or ``rigfleet bench --accept-baseline`` (a new baseline).
 SOURCE_GATE, SOURCE_ACCEPTED = "gate", "accepted"
 SHAPES = ("narrative", "code")
 
 
 @dataclass(frozen=True)
 class ShapeFigures:
-    """One shape's runs, reduced: mean decode tok/s (completion tokens / (end - first token)),
-    its coefficient of variation, mean wall tok/s (completion tokens / whole request), mean
-    time to first token, and the number of runs."""
+    """One shape's runs, reduced: mean decode tok/s (after the first token), its coefficient
+    of variation, mean wall tok/s (whole request), mean time to first token."""
 
     decode: float
     cv: float | None = None
@@ -430,8 +373,7 @@ class ShapeFigures:
     runs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"decode": self.decode, "cv": self.cv, "wall": self.wall, "ttft_s": self.ttft_s,
-                "runs": self.runs}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> ShapeFigures | None:
@@ -444,23 +386,9 @@ class ShapeFigures:
 
 @dataclass(frozen=True)
 class ThroughputRecord:
-    """One throughput measurement of a stack on this host (schema ``rigfleet-throughput/1``).
-
-    + stack: the stack measured (the history is kept per stack)
-    + at: when (ISO 8601, UTC); source: ``gate`` or ``accepted``; result: the gate's verdict
-      on throughput (``pass``/``fail``; history holds only passed and accepted records)
-    + shapes: ``narrative`` / ``code`` -> ``ShapeFigures``
-    + acceptance_length, acceptance: MTP mean acceptance length and per-position acceptance
-      of the code runs; None when unknown (no /metrics, no spec-decode counters), never 0
-    + scale: the host's ``throughput_scale`` when measured
-    + baseline: what it was judged against (``{"narrative": x, "code": y, "source": ...}``)
-    + version, model, report: the server's version and model id, the gate report's path
-
-    Example::
-
-        rec = read_throughput_last(HOST.throughput_last)
-        rec.decode("narrative"), rec.acceptance        # 89.4, (0.951, 0.842, 0.751)
-    """
+    """One throughput measurement of a stack on this host (history holds only passed and
+    accepted ones). ``acceptance_length``/``acceptance``: MTP acceptance of the code runs,
+    None when unknown (never 0); ``baseline``: what it was judged against."""
 
     stack: str
     at: str
@@ -476,22 +404,15 @@ class ThroughputRecord:
     report: str | None = None
 
     def decode(self, shape: str) -> float | None:
-        """Mean decode tok/s of ``shape``, None when it was not measured."""
         fig = self.shapes.get(shape)
         return fig.decode if fig else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": THROUGHPUT_SCHEMA, "stack": self.stack, "at": self.at,
-                "source": self.source, "result": self.result,
-                "shapes": {k: v.to_dict() for k, v in self.shapes.items()},
-                "acceptance_length": self.acceptance_length,
-                "acceptance": list(self.acceptance) if self.acceptance is not None else None,
-                "scale": self.scale, "baseline": dict(self.baseline), "version": self.version,
-                "model": self.model, "report": self.report}
+        acceptance = list(self.acceptance) if self.acceptance is not None else None
+        return {"schema": THROUGHPUT_SCHEMA, **asdict(self), "acceptance": acceptance}
 
     @classmethod
     def from_dict(cls, data: Any) -> ThroughputRecord | None:
-        """The record in ``data``; None when ``data`` is not one."""
         if not isinstance(data, dict) or data.get("schema") != THROUGHPUT_SCHEMA \
                 or not isinstance(data.get("stack"), str):
             return None
@@ -520,24 +441,11 @@ def _num(value: Any) -> float | None:
 
 
 def read_throughput_history(path: Path, stack: str | None = None) -> list[ThroughputRecord]:
-    """The history's records oldest first (lines that are not records are skipped), only
-    ``stack``'s when given; [] when there is no history."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = ThroughputRecord.from_dict(json.loads(line)) if line.strip() else None
-        except ValueError:
-            rec = None
-        if rec is not None and (stack is None or rec.stack == stack):
-            out.append(rec)
-    return out
+    """The history's records oldest first (only ``stack``'s when given)."""
+    found = (ThroughputRecord.from_dict(line) for line in ledger_tail(path, 10**9)[0])
+    return [rec for rec in found if rec is not None and stack in (None, rec.stack)]
 
 
 def read_throughput_last(path: Path) -> ThroughputRecord | None:
-    """The last gate's throughput record; None when there is none."""
     data, _ = read_json(path)
     return ThroughputRecord.from_dict(data)
