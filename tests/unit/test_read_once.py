@@ -35,7 +35,10 @@ def test_paths_read_together_answer_as_each_fact_alone(tmp_path: Path) -> None:
     f.read_text()  # its first read moves its atime (relatime): before either read, not between
     link = tmp_path / "link"
     link.symlink_to(f)
-    paths = [str(d), str(f), str(link), str(tmp_path / "missing"), str(d / "missing.conf")]
+    (tmp_path / "dir link").symlink_to(d)
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    paths = [str(d), str(f), str(link), str(tmp_path / "missing"), str(d / "missing.conf"),
+             str(tmp_path / "dir link"), str(tmp_path / "dangling")]
     fact = PathStates()
     rc, lines = sh(fact.command(paths=tuple(paths)))
     assert rc == 0
