@@ -24,7 +24,6 @@ def image_repo_digests(ref: str) -> str:
 
 def pull(ref: str) -> str:
     """Pull by ``<repo>:<tag>@<digest>``: the digest decides what arrives."""
-
     return f"docker pull --quiet {shlex.quote(ref)}"
 
 

@@ -58,7 +58,6 @@ def ledger(*, tail: int | None = None, follow: bool = False) -> str:
 
 def combined(commands: list[str], follow: bool = False) -> str:
     """``commands`` one after another, or side by side (``follow``)."""
-
     if not follow:
         return " ; ".join(f"( {c} )" for c in commands)
     return " ".join(f"( {c} ) &" for c in commands) + " wait"

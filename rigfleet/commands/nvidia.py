@@ -76,7 +76,6 @@ def mok_enrol_steps(cert: str = DKMS_MOK_CERT) -> str:
 
 def set_power_limit(index: int, watts: int) -> str:
     """What the power-caps unit runs for one card."""
-
     return f"{NVIDIA_SMI} -i {int(index)} -pl {int(watts)}"
 
 
