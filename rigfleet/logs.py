@@ -49,7 +49,6 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
 
 def build(stack: str | None, sources: list[str], since: datetime | None, lines: int | None,
           follow: bool) -> str:
-    """The one remote command for the asked sources (see ``rigfleet.commands.logs``)."""
     compose = str(HOST.compose_file(stack)) if stack else str(HOST.active_compose)
     docker_since = since.strftime("%Y-%m-%dT%H:%M:%SZ") if since else None
     journal_since = since.strftime("%Y-%m-%d %H:%M:%S UTC") if since else None
@@ -131,7 +130,6 @@ class Printer:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet logs`` (``rigfleet/cli.py`` calls this)."""
     from rigfleet.cliargs import host_command
 
     p = host_command(subparsers, "logs", "a host's engine log, supervisor log and ledger", __doc__)

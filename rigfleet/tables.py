@@ -1,11 +1,6 @@
-"""Tables for people, JSON for pipes: one way every ``rigfleet`` command prints rows.
-
-Whatever the width (a terminal, or 80 columns in a pipe), the key columns (the host's name, its
-status or result) are printed whole; other cells wrap within their column. When even that does
-not fit, the right-most columns leave the table and their cells follow it as notes, so no text
-is cut. Notes (drift lines, reasons) are printed under the table, wrapped between words. Cell
-text is shown literally (``[plot]`` stays). Every command that prints a table also takes
-``--json``, which never cuts anything::
+"""Tables for people: one way every ``rigfleet`` command prints rows. Key columns are printed
+whole, others wrap; when even that does not fit, the right-most columns leave the table and
+their cells follow it as notes, so no text is cut (``--json`` never cuts anything)::
 
     t = Table("rigfleet status", ["host", "up", "stack"])
     t.row("rig-a", Text("yes", style="green"), "int8")
@@ -24,22 +19,14 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
-# Cells this short are never wrapped (``yes``, ``none``, counts).
-SHORT = 5
-# A column that wraps is never narrower than this (unless its text is shorter).
-MIN_WRAP = 12
-# Columns with these names are kept whole, besides a table's own ``keys``.
+SHORT = 5  # cells this short are never wrapped
+MIN_WRAP = 12  # a column that wraps is never narrower (unless its text is)
 KEY_NAMES = ("host", "status", "result", "state", "verdict")
 
 
 @dataclass
 class Table:
-    """Rows and notes (printed under them).
-
-    + title: printed above; columns: their headers
-    + keys: columns always printed whole, besides ``KEY_NAMES`` (a row must say whose it is
-      and how it stands)
-    """
+    """Rows and notes (printed under them); ``keys``: columns printed whole."""
 
     title: str
     columns: Sequence[str]
@@ -61,9 +48,7 @@ class Table:
         return self.columns[i] in self.keys or self.columns[i] in KEY_NAMES
 
     def layout(self, width: int) -> tuple[list[int], list[int]]:
-        """(the columns in the table, the columns moved to notes) for ``width`` characters:
-        key columns whole, the others at least ``MIN_WRAP`` wide; the right-most non-key
-        columns move out until that fits."""
+        """(the columns in the table, the columns moved to notes) for ``width`` characters."""
         rows = self._cells()
         need: dict[int, int] = {}
         for i, name in enumerate(self.columns):
