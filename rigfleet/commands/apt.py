@@ -21,15 +21,12 @@ _APT_GET = (
 )
 
 
-def keyring_name(key_url: str) -> str:
-    """``.../3bf863cc.pub`` -> ``3bf863cc``: one keyring file per key URL."""
+def keyring_path(key_url: str) -> str:
+    """``.../3bf863cc.pub`` -> ``/etc/apt/keyrings/3bf863cc.gpg``: one keyring per key URL."""
     last = urlparse(key_url).path.rstrip("/").rsplit("/", 1)[-1] or "key"
     base = re.sub(r"\.(asc|gpg|pub|key)$", "", last)
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip(".-") or "key"
-
-
-def keyring_path(key_url: str) -> str:
-    return f"{KEYRING_DIR}/{keyring_name(key_url)}.gpg"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip(".-") or "key"
+    return f"{KEYRING_DIR}/{name}.gpg"
 
 
 def _fetch_dearmored(key_url: str, out: str) -> str:

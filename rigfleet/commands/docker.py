@@ -5,13 +5,9 @@ from __future__ import annotations
 import shlex
 
 
-def _compose(file: str, project: str) -> str:
-    return f"docker compose -p {shlex.quote(project)} -f {shlex.quote(file)}"
-
-
 def compose_config_check(file: str, project: str) -> str:
     """Validate a compose file (``config -q``: parse, interpolate, print nothing)."""
-    return f"{_compose(file, project)} config -q"
+    return f"docker compose -p {shlex.quote(project)} -f {shlex.quote(file)} config -q"
 
 
 def image_repo_digests(ref: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from rigfleet.doctor.evidence import Card, Evidence
 from rigfleet.hostside.layout import CACHE_ROOT
@@ -63,9 +63,7 @@ class Cause:
     basis: str = ""
 
     def to_dict(self) -> dict[str, object]:
-        return {"id": self.id, "title": self.title, "kind": self.kind,
-                "impact": round(self.impact, 3), "evidence": list(self.evidence),
-                "fix": self.fix, "basis": self.basis}
+        return {**asdict(self), "impact": round(self.impact, 3), "evidence": list(self.evidence)}
 
 
 def single_card_speed(cap_w: float) -> float:

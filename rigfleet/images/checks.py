@@ -38,11 +38,6 @@ NIGHTLY_NOTE = ("vLLM keeps only the 14 newest nightly-* tags on Docker Hub (abo
                 "release tags stay")
 
 
-def nightly_note(image: str) -> str:
-    tag = image.rsplit(":", 1)[-1]
-    return f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(tag) else ""
-
-
 class SourceChecker:
     """Checks sources for images; one per deploy run or command (answers are kept)."""
 
@@ -105,8 +100,10 @@ class SourceChecker:
                 self.client(url).digest(path, w.digest)
                 self._there[key] = None
             except RegistryNotFound:
+                tag = w.image.rsplit(":", 1)[-1]
+                note = f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(tag) else ""
                 self._there[key] = (f"{path}@{w.digest} is not there at {url} (HTTP 404: "
-                                    f"digest, tag or repository gone){nightly_note(w.image)}")
+                                    f"digest, tag or repository gone){note}")
             except RegistryUnreachable as e:
                 self._there[key] = f"unreachable from this machine: {e}"
             except RegistryError as e:

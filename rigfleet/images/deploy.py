@@ -8,7 +8,7 @@ the preflight refusal (docs/images.md, "Refused before any host changes")::
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyinfra import host
@@ -72,19 +72,16 @@ def build_plan(want: DesiredHost, state: HostImageState, checker: SourceChecker,
     return plan_host(want.name, wanted, state, results, conflicts)
 
 
-def cache_sources(inventory: Iterable[Any]) -> tuple[ImageSource, ...]:
-    """The fleet caches' pull-through registries, unchecked from here (the host falls back)."""
-    return tuple(ImageSource("registry", url=c.registry_url, check=NO_CHECK, cache=c.name)
-                 for c in cache_settings(inventory))
-
-
 def staging_plan(want: DesiredHost) -> StagingPlan:
     state = host.state
     plans = _PLANS.setdefault(state, {})
     if want.name not in plans:
         checker = _CHECKERS.setdefault(state, SourceChecker(lambda url: REGISTRY(url)))
         facts = read_fact(ImageState, **fact_arguments(want))
-        plans[want.name] = build_plan(want, facts, checker, cache_sources(host.inventory))
+        # The fleet caches' registries are not checked from here: the host falls back.
+        caches = tuple(ImageSource("registry", url=c.registry_url, check=NO_CHECK, cache=c.name)
+                       for c in cache_settings(host.inventory))
+        plans[want.name] = build_plan(want, facts, checker, caches)
     return plans[want.name]
 
 

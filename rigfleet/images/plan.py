@@ -58,17 +58,12 @@ class WantedImage:
 def wanted_images(stacks: Mapping[str, StackPins]) -> tuple[tuple[WantedImage, ...], tuple[str, ...]]:
     """The images the staged stacks pin, one per name, in stack-name order, and the conflicts
     (two stacks pinning one name to different images)."""
-    order: list[str] = []
     by_image: dict[str, list[StackPins]] = {}
     for name in sorted(stacks):
-        p = stacks[name]
-        if p.image not in by_image:
-            order.append(p.image)
-        by_image.setdefault(p.image, []).append(p)
+        by_image.setdefault(stacks[name].image, []).append(stacks[name])
     out: list[WantedImage] = []
     problems: list[str] = []
-    for image in order:
-        pins = by_image[image]
+    for image, pins in by_image.items():
         first = pins[0]
         for other in pins[1:]:
             if other.digest != first.digest or (

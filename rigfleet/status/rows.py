@@ -17,7 +17,6 @@ from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host, probe_for
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.hostprobe import HostProbe
-from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
@@ -73,6 +72,9 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
         digests[0] if digests else None)
     result, when = gate_summary(probe)
     last = probe.throughput_last
+    throughput = None if last is None else {
+        "stack": last.stack, "narrative": last.decode("narrative"), "code": last.decode("code"),
+        "result": last.result, "at": last.at, "scale": last.scale}
     return StatusRow(
         host=want.name,
         reachable=True,
@@ -84,14 +86,9 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
         gate_time=when,
         drift=find_drift(want, probe),
         seconds=round(seconds, 2),
-        throughput=throughput_summary(last) if last else None,
+        throughput=throughput,
     )
 
-
-def throughput_summary(record: ThroughputRecord) -> dict[str, Any]:
-    return {"stack": record.stack, "narrative": record.decode("narrative"),
-            "code": record.decode("code"), "result": record.result, "at": record.at,
-            "scale": record.scale}
 
 
 def desired_choices(settings: HostSettings, pins: Pins,
