@@ -293,11 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return EXIT_USAGE
-    except Exception as exc:  # every expected failure carries a message that says what to do
-        if isinstance(exc, ValueError | RuntimeError):
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
-            return 1
-        raise
+    except (ValueError, RuntimeError) as exc:  # expected failures say what to do
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return 1
 
 
 if __name__ == "__main__":

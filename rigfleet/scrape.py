@@ -74,22 +74,16 @@ class MonitorPlan:
 def plan_monitor(name: str, settings: MonitorSettings, hosts: Sequence[GpuHost],
                  balancers: Sequence[BalancerHost], gpu_host: bool = False) -> MonitorPlan:
     """The monitor ``name``'s targets (a balancer on this very host: on loopback)."""
-    fronts, cas = [], []
-    for h in hosts:
-        address, _ = front_target(h)
-        tls = h.settings.front_tls
-        fronts.append(Target(h.name, address, tls is not None))
-        if tls is not None and tls.ca_file not in cas:
-            cas.append(tls.ca_file)
+    fronts = tuple(Target(h.name, front_target(h)[0], h.settings.front_tls is not None)
+                   for h in hosts)
     lbs = []
     for b in balancers:
-        here = b.name == name
-        host = "127.0.0.1" if here else b.address
+        host = "127.0.0.1" if b.name == name else b.address
         shown = f"[{host}]" if ":" in host else host
         lbs.append(Target(b.name, f"{shown}:{b.settings.port}", b.settings.tls is not None))
-        if b.settings.tls is not None and b.settings.tls.ca_file not in cas:
-            cas.append(b.settings.tls.ca_file)
-    return MonitorPlan(name, settings, tuple(fronts), tuple(lbs), tuple(cas), not gpu_host)
+    tls = [h.settings.front_tls for h in hosts] + [b.settings.tls for b in balancers]
+    cas = tuple(dict.fromkeys(t.ca_file for t in tls if t is not None))
+    return MonitorPlan(name, settings, fronts, tuple(lbs), cas, not gpu_host)
 
 
 def balancer_address(ssh_hostname: str | None, name: str) -> str:

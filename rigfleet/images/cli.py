@@ -202,8 +202,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         t.note("pin", ", ".join(f"{k}: {v}" for k, v in pins.items())
                + ("" if digest else " (digest unknown: give --digest, or keep the pinned one)"))
         t.print(Console())
-    failed = [h for h, done in result["hosts"].items() if done.startswith("failed")]
-    return 1 if failed else 0
+    return int(any(done.startswith("failed") for done in result["hosts"].values()))
 
 
 def _targets(args: argparse.Namespace) -> dict[str, Any]:
