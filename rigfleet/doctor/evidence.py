@@ -29,13 +29,8 @@ def _value(raw: str) -> str | float | bool | None:
         return True
     if low == "not active":
         return False
-    if low.startswith("0x"):
-        try:
-            return float(int(low, 16))
-        except ValueError:
-            return text
     try:
-        return float(text)
+        return float(int(low, 16)) if low.startswith("0x") else float(text)
     except ValueError:
         return text
 
@@ -46,11 +41,9 @@ def parse_sample(sample: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     fields = [str(f).replace("clocks_throttle_reasons.", "clocks_event_reasons.")
               for f in sample.get("fields") or []]
-    out = []
-    for row in csv.reader(io.StringIO(str(sample.get("stdout") or ""))):
-        if len(row) == len(fields):
-            out.append({f: _value(v) for f, v in zip(fields, row, strict=True)})
-    return out
+    return [{f: _value(v) for f, v in zip(fields, row, strict=True)}
+            for row in csv.reader(io.StringIO(str(sample.get("stdout") or "")))
+            if len(row) == len(fields)]
 
 
 def _num(row: Mapping[str, Any], key: str) -> float | None:

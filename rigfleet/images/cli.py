@@ -152,7 +152,7 @@ def _copy(src: Path, dest: Path) -> str:
     with progress_bar(f"copy to {dest}", src.stat().st_size) as meter, \
             src.open("rb") as fin, partial.open("wb") as fout:
         reader = Counted(fin, meter)
-        shutil.copyfileobj(reader, fout, 1 << 20)  # type: ignore[misc]
+        shutil.copyfileobj(reader, fout, 1 << 20)
     partial.replace(dest)
     return reader.sha.hexdigest()
 

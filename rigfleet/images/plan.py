@@ -294,8 +294,6 @@ def refusal(host: str, p: ImagePlan) -> list[str]:
             f"({ident}); allowed: a source that holds it (pin a release tag (vX.Y.Z), or keep a "
             "saved copy: `rigfleet images import FILE --into DIR` and list DIR as an archive "
             "source, or --host to load it)")
-    if not p.tried:
-        return [head]
     return [head] + [f"{host}: {r.label}: {r.reason}" for r in p.tried]
 
 

@@ -46,15 +46,13 @@ def cap_drift(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
     out = []
     for i, want in enumerate(caps):
         g = by_index.get(i)
-        have = getattr(g, "power_limit_w", None) if g is not None else None
+        have = getattr(g, "power_limit_w", None)
         if g is None:
             out.append(f"card {i} missing (inventory cap {want} W)")
-        elif have is None or abs(float(have) - want) > CAP_TOLERANCE_W:
-            out.append(
-                f"card {i} power limit {have:g} W, inventory {want} W"
-                if have is not None
-                else f"card {i} power limit unknown, inventory {want} W"
-            )
+        elif have is None:
+            out.append(f"card {i} power limit unknown, inventory {want} W")
+        elif abs(float(have) - want) > CAP_TOLERANCE_W:
+            out.append(f"card {i} power limit {have:g} W, inventory {want} W")
     return out
 
 
