@@ -1,11 +1,6 @@
-"""What a host keeps of things it stages per pin: one rule for Genesis trees and model revisions.
-
-Keep the pinned entry, every entry a compose file on the host names (the staged stacks' files:
-what may run next; the active snapshot: what a rollback restarts), and the ``keep`` newest by
-mtime (the pinned one counts as the newest); everything else is stale. An entry a compose file
-names is never stale, however old::
-
-    from rigfleet.retention import stale
+"""What a host keeps of things it stages per pin (Genesis trees, model revisions): the pinned
+entry, every entry a compose file on the host names (however old), and the ``keep`` newest by
+mtime (the pinned one counts as the newest); everything else is stale::
 
     stale({"a": 1, "b": 2, "c": 3}, pinned="c", referenced={"a"}, keep=1)    # ['b']
     stale({"a": 1, "b": 2, "c": 3}, pinned="d", referenced=set(), keep=2)    # ['a', 'b']
