@@ -52,15 +52,12 @@ def build(stack: str | None, sources: list[str], since: datetime | None, lines: 
     compose = str(HOST.compose_file(stack)) if stack else str(HOST.active_compose)
     docker_since = since.strftime("%Y-%m-%dT%H:%M:%SZ") if since else None
     journal_since = since.strftime("%Y-%m-%d %H:%M:%S UTC") if since else None
-    parts = []
-    for source in sources:
-        if source == "engine":
-            parts.append(cmds.engine(compose, since=docker_since, tail=lines, follow=follow))
-        elif source == "supervisor":
-            parts.append(cmds.supervisor(since=journal_since, tail=lines, follow=follow))
-        else:
-            parts.append(cmds.ledger(tail=None if since else lines, follow=follow))
-    return cmds.combined(parts, follow)
+    made = {
+        "engine": lambda: cmds.engine(compose, since=docker_since, tail=lines, follow=follow),
+        "supervisor": lambda: cmds.supervisor(since=journal_since, tail=lines, follow=follow),
+        "ledger": lambda: cmds.ledger(tail=None if since else lines, follow=follow),
+    }
+    return cmds.combined([made[source]() for source in sources], follow)
 
 
 def ledger_line(text: str, since: datetime | None = None) -> str | None:
