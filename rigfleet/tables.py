@@ -47,14 +47,16 @@ class Table:
     def _kept(self, i: int) -> bool:
         return self.columns[i] in self.keys or self.columns[i] in KEY_NAMES
 
+    def _width(self, i: int, rows: list[list[Text]]) -> tuple[int, bool]:
+        """Column ``i``'s least width, and whether it is printed whole (never wrapped)."""
+        longest = max([len(self.columns[i]), *(r[i].cell_len for r in rows if i < len(r))])
+        whole = self._kept(i) or longest <= SHORT
+        return (longest if whole else min(longest, MIN_WRAP)), whole
+
     def layout(self, width: int) -> tuple[list[int], list[int]]:
         """(the columns in the table, the columns moved to notes) for ``width`` characters."""
         rows = self._cells()
-        need: dict[int, int] = {}
-        for i, name in enumerate(self.columns):
-            longest = max([len(name), *(c.cell_len for r in rows if i < len(r)
-                                        for c in [r[i]])])
-            need[i] = longest if self._kept(i) or longest <= SHORT else min(longest, MIN_WRAP)
+        need = {i: self._width(i, rows)[0] for i in range(len(self.columns))}
         shown = list(range(len(self.columns)))
         moved: list[int] = []
         # each column: its text, one space of padding and one of the box's divider
@@ -73,12 +75,9 @@ class Table:
                           show_edge=False, padding=(0, 1, 0, 0))
         rows = self._cells()
         for i in shown:
-            name = self.columns[i]
-            longest = max([len(name), *(len(r[i]) for r in rows if i < len(r))])
-            if self._kept(i) or longest <= SHORT:
-                table.add_column(name, no_wrap=True, min_width=longest)
-            else:
-                table.add_column(name, overflow="fold", min_width=min(longest, MIN_WRAP))
+            width, whole = self._width(i, rows)
+            table.add_column(self.columns[i], no_wrap=whole, min_width=width,
+                             overflow="ellipsis" if whole else "fold")
         for cells in rows:
             table.add_row(*[cells[i] if i < len(cells) else Text("") for i in shown])
         return table
