@@ -127,7 +127,6 @@ def probe(full: bool = False, model_path: str | None = None,
 
 
 def bench(*args: str) -> str:
-    """The bench on the host against its active stack."""
     return tool("bench", *args)
 
 

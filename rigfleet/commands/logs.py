@@ -39,7 +39,6 @@ def engine(compose_file: str, *, since: str | None = None, tail: int | None = No
 
 def supervisor(*, since: str | None = None, tail: int | None = None,
                follow: bool = False) -> str:
-    """The supervisor unit's journal."""
     return _reader("supervisor", ["journalctl", "-u", SUPERVISE_UNIT, "--no-pager", "-o",
                                   "short-iso-precise"], "-n", since, tail, follow)
 

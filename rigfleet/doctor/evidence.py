@@ -140,7 +140,6 @@ class Evidence:
 
 
 def parse_evidence(host: str, section: Mapping[str, Any]) -> Evidence:
-    """The probe's ``doctor`` section as ``Evidence``."""
     if not section:
         return Evidence(host, error="the probe has no doctor section (an older host-side "
                                     "tool: run the deploy)")

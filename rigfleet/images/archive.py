@@ -45,8 +45,6 @@ class ArchivedImage:
 
 @dataclass(frozen=True)
 class ArchiveInfo:
-    """An archive on this machine (``inspect_archive``)."""
-
     path: str
     size: int
     images: tuple[ArchivedImage, ...]

@@ -51,7 +51,6 @@ class ImageState(FactBase[HostImageState]):
 
 
 def fact_arguments(want: DesiredHost) -> dict[str, Any]:
-    """The ``ImageState`` arguments for a host."""
     wanted, _ = wanted_images({n: s.pins for n, s in want.stacks.items()})
     sources = want.settings.image_sources
     return {

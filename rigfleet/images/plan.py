@@ -138,8 +138,6 @@ class SourceResult:
 
 @dataclass(frozen=True)
 class Shell:
-    """A command run on the host."""
-
     command: str
 
 
