@@ -1,24 +1,7 @@
-"""The ``rigfleet`` command: what pyinfra's own CLI does not do.
-
-    rigfleet testbed up|status|down ...      (the simulated fleet; rigfleet-testbed package)
-    rigfleet pins lock [--pins pins.yaml] [--registry URL] [--hub URL] [--refresh]
-                       [--inventory FILE] [--hf-token-file F] [--reach FROM=TO]
-    rigfleet check [--online] [--reach FROM=TO]   [fleet options]
-    rigfleet verify --url URL [--api-key-file F] [--profile full|fast]   (the gate)
-    rigfleet status | endpoints | doctor | images status   [fleet options]
-    rigfleet roll [--batch N] [--max-failures K] [--dry] [--yes]   [fleet options]
-    rigfleet bump [--image TAG|--latest] [--genesis C] [--dry] [--yes]   [fleet options]
-    rigfleet bench --url URL | [fleet options] [--accept-baseline H]
-    rigfleet rollback [--to N] [--dry] [--yes]   [fleet options]
-    rigfleet logs HOST [--stack S] [--source engine|supervisor|ledger] [--since T] [--follow]
-    rigfleet lock HOST [--release --reason TEXT]
-
-Fleet options, the same on every command that reaches hosts (``rigfleet/cliargs.py``):
-``--inventory FILE`` (default inventory/home.py), ``--limit HOST|GROUP`` (repeatable),
-``--json``, ``--timeout S``. Usage errors exit 2 (``verify``: 101, its exit status counts
-failed checks). The converge itself is plain pyinfra: ``pyinfra inventory/home.py deploy.py``.
-
-A command module registers itself with ``add_parser(subparsers)`` (listed in ``COMMANDS``).
+"""The ``rigfleet`` command: what pyinfra's own CLI does not do (the converge itself is plain
+pyinfra: ``pyinfra inventory/home.py deploy.py``). Each command module registers itself with
+``add_parser(subparsers)`` (listed in ``_commands``); fleet options: ``rigfleet/cliargs.py``.
+Usage errors exit 2 (``verify``: 101, its exit status counts failed checks).
 """
 
 from __future__ import annotations
@@ -88,7 +71,6 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 
 
 def endpoints_table(rows: Sequence[Any], title: str) -> Any:
-    """One line per front (or balancer stack): host, status, seconds, model, answer, URL."""
     from rigfleet.tables import Table
 
     table = Table(title, ["host", "status", "s", "model", "answer", "url"])
@@ -98,7 +80,6 @@ def endpoints_table(rows: Sequence[Any], title: str) -> Any:
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
-    """``rigfleet roll``: the converge, one serving host (or ``--batch``) at a time."""
     from datetime import UTC, datetime
     from pathlib import Path
 
@@ -164,7 +145,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
 
 
 def roll_table(result: Any) -> Any:
-    """One line per host of a roll; the reasons of those that did not close a window as notes."""
+    """One line per host of a roll; why a host did not close a window as notes."""
     from rich.text import Text
 
     from rigfleet.bump.rollout import Status
@@ -186,7 +167,6 @@ def roll_table(result: Any) -> Any:
 
 
 def _add_testbed(sub: Any) -> None:
-    """``rigfleet testbed``: from the separate testbed package when it is installed."""
     try:
         from rigfleet_testbed.cli import add_parser
     except ImportError:
@@ -235,8 +215,7 @@ def _add_pins(sub: Any) -> None:
 
 
 def _add_verify(sub: Any) -> None:
-    # The gate's own parser (rigfleet/hostside/verify/runner.py) handles the arguments; it is
-    # the same program the hosts run during a swap. main() hands it everything after "verify".
+    # main() hands everything after "verify" to the gate's own parser (hostside/verify/runner).
     sub.add_parser("verify", add_help=False,
                    help="run the verify-stress gate against any OpenAI-compatible endpoint")
 
@@ -271,7 +250,6 @@ def _add_endpoints(sub: Any) -> None:
 
 
 def _commands() -> list[Callable[[Any], Any]]:
-    """Every command's ``add_parser(subparsers)``, in the order ``--help`` lists them."""
     from rigfleet import check, lockcmd, logs, rollback
     from rigfleet.bench import cli as bench_cli
     from rigfleet.bump import cli as bump_cli
@@ -279,9 +257,10 @@ def _commands() -> list[Callable[[Any], Any]]:
     from rigfleet.images import cli as images_cli
     from rigfleet.status import cli as status_cli
 
-    return [_add_testbed, check.add_parser, _add_pins, images_cli.add_parser, _add_verify, status_cli.add_parser,
-            bump_cli.add_parser, bench_cli.add_parser, doctor_cli.add_parser, _add_roll,
-            rollback.add_parser, logs.add_parser, lockcmd.add_parser, _add_endpoints]
+    return [_add_testbed, check.add_parser, _add_pins, images_cli.add_parser, _add_verify,
+            status_cli.add_parser, bump_cli.add_parser, bench_cli.add_parser,
+            doctor_cli.add_parser, _add_roll, rollback.add_parser, logs.add_parser,
+            lockcmd.add_parser, _add_endpoints]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -314,11 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return EXIT_USAGE
-    except Exception as exc:  # every expected failure carries a message that says what to do
-        if isinstance(exc, ValueError | RuntimeError):
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
-            return 1
-        raise
+    except (ValueError, RuntimeError) as exc:  # expected failures say what to do
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,17 +1,11 @@
-"""The options every fleet command shares, and the rules they keep.
-
-Every command that reaches hosts takes the same four options from one parent parser, picks its
-hosts the same way and asks the same way before it changes them::
+"""The options every fleet command shares, and the rules they keep::
 
     p = sub.add_parser("status", parents=[fleet_options()], help=...)
     hosts = fleet_hosts(args)          # the inventory with --limit applied; never empty
     add_yes(p, "roll out")             # commands that install, reboot or swap
     confirm(args, "roll 3 host(s)")    # --yes, else ask; no terminal: refuse, naming --yes
 
-``--limit`` (repeatable) names a host or an inventory group, as pyinfra's does. An unknown
-``--limit`` or a refusal to ask raise ``UsageError``: the CLI prints its message and exits 2, as
-argparse does for every other usage error. A missing or empty inventory raises
-``InventoryError`` (exit 1).
+``UsageError`` (an unknown ``--limit``, a refusal to ask) exits 2, as argparse does.
 """
 
 from __future__ import annotations
@@ -35,7 +29,6 @@ class UsageError(RigfleetError, ValueError):
 
 def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout: float = 20.0,
                   timeout_help: str = "seconds per host") -> argparse.ArgumentParser:
-    """The parent parser: ``--inventory``, ``--limit``, ``--json``, ``--timeout``."""
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("fleet options")
     g.add_argument("--inventory", default=inventory_default,
@@ -50,9 +43,8 @@ def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout:
 
 
 def host_command(subparsers: Any, name: str, help: str, doc: str) -> argparse.ArgumentParser:
-    """A command about one inventory host (``rigfleet logs HOST``, ``rigfleet lock HOST``):
-    the fleet options, a ``HOST`` argument, ``doc``'s first line as its description and the
-    rest as its epilog."""
+    """A command about one inventory host: ``doc``'s first line describes it, the rest is its
+    epilog."""
     first, *rest = doc.splitlines()
     p = subparsers.add_parser(name, help=help, description=first, epilog="\n".join(rest),
                               parents=[fleet_options(timeout=10.0,
@@ -63,7 +55,6 @@ def host_command(subparsers: Any, name: str, help: str, doc: str) -> argparse.Ar
 
 
 def add_yes(p: argparse.ArgumentParser, what: str) -> None:
-    """``--yes``/``-y`` on a command that installs, reboots or swaps."""
     p.add_argument("--yes", "-y", action="store_true",
                    help=f"{what} without asking (needed when no terminal can answer)")
 
@@ -86,13 +77,11 @@ def select(hosts: Sequence[InventoryHost], limits: Sequence[str],
 
 def fleet_hosts(args: argparse.Namespace) -> list[InventoryHost]:
     """The inventory's hosts with ``--limit`` applied (``InventoryError`` when it has none)."""
-    hosts = _inventory.load_inventory(args.inventory)
-    return select(hosts, args.limit, args.inventory)
+    return select(_inventory.load_inventory(args.inventory), args.limit, args.inventory)
 
 
 def one_host(args: argparse.Namespace) -> InventoryHost:
-    """The inventory host ``args.host`` names (within ``--limit`` when given); a
-    ``UsageError`` lists the hosts there."""
+    """The inventory host ``args.host`` names (within ``--limit`` when given)."""
     hosts = fleet_hosts(args)
     for h in hosts:
         if h.name == args.host:

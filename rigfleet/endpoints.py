@@ -1,12 +1,5 @@
-"""Ask every host's front for a short answer: proof that the fleet serves.
-
-    rigfleet endpoints --inventory inventory/testbed.py [--limit HOST|GROUP] [--json]
-
-A front with TLS (host data ``front_tls_cert_file``) is asked over HTTPS, trusting only the
-host data's CA (``front_tls_ca_file``, else the front's own certificate), with the
-certificate's name checked against the URL's host. Each balancer (group ``balancers``) is
-asked once per stack it balances, at ``<balancer url>/stacks/<stack>/v1/...`` (its own TLS
-settings, ``balancer_tls_*``, likewise).
+"""``rigfleet endpoints``: ask every host's front, and each balancer once per stack, for a short
+answer (over HTTPS trusting only the host data's CA where the front has TLS).
 """
 
 from __future__ import annotations
@@ -29,8 +22,6 @@ from rigfleet.inventory import InventoryHost
 
 @dataclass(frozen=True)
 class EndpointCheck:
-    """One host's answer (``--json`` prints these as objects)."""
-
     host: str
     url: str
     status: int | str
@@ -40,16 +31,14 @@ class EndpointCheck:
 
 
 def front_url(host: InventoryHost, settings: HostSettings) -> str:
-    """The host's serving endpoint: ``front_url`` in host data, else ssh host + front port
-    (``https://`` when the front serves TLS)."""
+    """The host's serving endpoint: ``front_url`` in host data, else ssh host + front port."""
     if settings.front_url:
         return settings.front_url.rstrip("/")
     return f"{settings.front_scheme}://{host.ssh_target[0]}:{settings.front_port}"
 
 
 def front_context(settings: HostSettings) -> ssl.SSLContext | None:
-    """The TLS context clients of this host's front use (None: plain HTTP, or the system's
-    trust store for an ``https://`` ``front_url`` without front TLS in host data)."""
+    """The TLS context clients of this host's front use (None: the defaults)."""
     return settings.front_tls.client_context() if settings.front_tls else None
 
 
@@ -90,7 +79,6 @@ def ask(name: str, url: str, key: str, context: ssl.SSLContext | None,
 
 
 def check(host: InventoryHost, timeout: float = 60) -> EndpointCheck:
-    """Ask ``host``'s front one short question; never raises (the row says what happened)."""
     try:
         settings = validate_host(host.name, host.data)
         key = read_key(settings)

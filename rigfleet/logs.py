@@ -49,19 +49,15 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
 
 def build(stack: str | None, sources: list[str], since: datetime | None, lines: int | None,
           follow: bool) -> str:
-    """The one remote command for the asked sources (see ``rigfleet.commands.logs``)."""
     compose = str(HOST.compose_file(stack)) if stack else str(HOST.active_compose)
     docker_since = since.strftime("%Y-%m-%dT%H:%M:%SZ") if since else None
     journal_since = since.strftime("%Y-%m-%d %H:%M:%S UTC") if since else None
-    parts = []
-    for source in sources:
-        if source == "engine":
-            parts.append(cmds.engine(compose, since=docker_since, tail=lines, follow=follow))
-        elif source == "supervisor":
-            parts.append(cmds.supervisor(since=journal_since, tail=lines, follow=follow))
-        else:
-            parts.append(cmds.ledger(tail=None if since else lines, follow=follow))
-    return cmds.combined(parts, follow)
+    made = {
+        "engine": lambda: cmds.engine(compose, since=docker_since, tail=lines, follow=follow),
+        "supervisor": lambda: cmds.supervisor(since=journal_since, tail=lines, follow=follow),
+        "ledger": lambda: cmds.ledger(tail=None if since else lines, follow=follow),
+    }
+    return cmds.combined([made[source]() for source in sources], follow)
 
 
 def ledger_line(text: str, since: datetime | None = None) -> str | None:
@@ -131,7 +127,6 @@ class Printer:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet logs`` (``rigfleet/cli.py`` calls this)."""
     from rigfleet.cliargs import host_command
 
     p = host_command(subparsers, "logs", "a host's engine log, supervisor log and ledger", __doc__)

@@ -1,10 +1,5 @@
-"""Where the project's own files are: the one helper that finds templates and host scripts.
-
-The pyinfra project (``deploy.py``, ``roles/``, ``files/``) is a checkout: rigfleet runs from
-it (an editable install, or ``pyinfra`` started in the checkout). Templates and the scripts the
-deploy installs on hosts live in ``files/`` at its root; nothing else spells that path::
-
-    from rigfleet.resources import project_file
+"""Where the project's own files are: rigfleet runs from its checkout, whose ``files/`` holds
+the templates and the scripts the deploy installs::
 
     project_file("files/nginx-front.conf.j2")     # PosixPath('/home/me/rigfleet/files/...')
 """
@@ -19,8 +14,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def project_file(relative: str) -> Path:
-    """A file of the project checkout (``files/...``); raises ``RigfleetError`` when the
-    checkout does not have it (a wheel installed without its project)."""
+    """A file of the project checkout; ``RigfleetError`` when it does not have it."""
     path = PROJECT_ROOT / relative
     if not path.is_file():
         raise RigfleetError(

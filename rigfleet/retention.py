@@ -1,18 +1,9 @@
-"""What a host keeps of things it stages per pin: one rule for Genesis trees and model revisions.
-
-Keep the pinned entry, every entry a compose file on the host names (the staged stacks' files:
-what may run next; the active snapshot: what a rollback restarts), and the ``keep`` newest by
-mtime (the pinned one counts as the newest); everything else is stale. An entry a compose file
-names is never stale, however old::
-
-    from rigfleet.retention import stale
+"""What a host keeps of things it stages per pin (Genesis trees, model revisions): the pinned
+entry, every entry a compose file on the host names (however old), and the ``keep`` newest by
+mtime (the pinned one counts as the newest); everything else is stale::
 
     stale({"a": 1, "b": 2, "c": 3}, pinned="c", referenced={"a"}, keep=1)    # ['b']
     stale({"a": 1, "b": 2, "c": 3}, pinned="d", referenced=set(), keep=2)    # ['a', 'b']
-
-Genesis trees (``roles/genesis.py``) keep 3 (small; a re-pin to a recent commit is instant);
-model revisions (``rigfleet/weights.py``) keep 1 (tens of GB each; the one a rollback needs is
-named by the active snapshot, so it is kept anyway).
 """
 
 from __future__ import annotations
@@ -21,13 +12,7 @@ from collections.abc import Mapping, Set
 
 
 def stale(entries: Mapping[str, float], pinned: str, referenced: Set[str], keep: int) -> list[str]:
-    """The entries to remove, sorted (see the module docstring).
-
-    + entries: name -> mtime of everything there is
-    + pinned: the name the pins ask for (it need not exist yet)
-    + referenced: names a compose file on the host mounts
-    + keep: how many of the newest to keep, the pinned one included (>= 1)
-    """
+    """The entries (name -> mtime) to remove, sorted; ``pinned`` need not exist yet."""
     others = sorted((n for n in entries if n != pinned), key=lambda n: (entries[n], n),
                     reverse=True)
     kept = {pinned, *others[: max(keep - 1, 0)], *referenced}

@@ -1,10 +1,6 @@
-"""What a monitor makes of the inventory: Prometheus' scrape targets, its retention, and the
-desired pins as a textfile (pure; roles/monitor.py renders and uploads; docs/monitoring.md).
-
-Every GPU host is scraped through its front with the fleet's key (``/rigfleet/metrics/node``:
-the node exporter with the GPU and rigfleet textfiles; ``/rigfleet/metrics/engine``: the
-serving engine's ``/metrics``), every balancer through its port with the key
-(``/rigfleet/metrics/haproxy``: HAProxy's own exporter). ``instance`` is the inventory name::
+"""What a monitor makes of the inventory: Prometheus' scrape targets (each GPU host through its
+front, each balancer through its port, with the fleet's key; ``instance`` is the inventory
+name), its retention, and the desired pins as a textfile (pure; docs/monitoring.md)::
 
     plan = plan_monitor("mon1", monitor_settings, gpu_hosts, balancers)
     render_prometheus(plan)          # /etc/prometheus/prometheus.yml
@@ -22,7 +18,7 @@ from rigfleet.balancer.plan import GpuHost, front_target, split_address
 from rigfleet.hostdata import BalancerSettings, MonitorSettings
 from rigfleet.pins import Pins
 
-# The paths the fronts serve behind the key (files/nginx-front.conf.j2) and the balancer's.
+# What the fronts serve behind the key (files/nginx-front.conf.j2).
 NODE_PATH = "/rigfleet/metrics/node"
 ENGINE_PATH = "/rigfleet/metrics/engine"
 # Loopback ports on the monitor host (and the node exporter's on every host): docs/monitoring.md.
@@ -33,8 +29,7 @@ NODE_EXPORTER = "prometheus-node-exporter"  # package and unit on every GPU host
 METRICS_UNIT = "rigfleet-metrics"  # its .service and .timer write the textfiles (roles/exporter)
 SCRAPE_INTERVAL_S = 15
 EVALUATION_INTERVAL_S = 15
-# What one GPU host's series take on disk per retention day, measured order of magnitude
-# (node exporter ~1k series, the engine ~300, the textfiles ~100, at 15 s: ~1.5 bytes a sample).
+# One GPU host's series on disk per day (~1.4k series at 15 s, ~1.5 bytes a sample).
 BYTES_PER_HOST_DAY = 16 * 2**20
 MIN_RETENTION_GIB = 2
 # On the monitor host (root:prometheus 0640): the key, the fronts' CAs.
@@ -46,8 +41,6 @@ RULES_FILE = f"{PROM_DIR}/rigfleet-rules.yml"
 
 @dataclass(frozen=True)
 class Target:
-    """One scrape target: ``address`` (host:port), ``instance`` (inventory name), TLS or not."""
-
     instance: str
     address: str
     tls: bool = False
@@ -55,8 +48,6 @@ class Target:
 
 @dataclass(frozen=True)
 class BalancerHost:
-    """What the monitor needs of a balancer: its validated data and where to reach it."""
-
     name: str
     settings: BalancerSettings
     address: str  # host (or [v6]) only; the port is the balancer's
@@ -82,24 +73,17 @@ class MonitorPlan:
 
 def plan_monitor(name: str, settings: MonitorSettings, hosts: Sequence[GpuHost],
                  balancers: Sequence[BalancerHost], gpu_host: bool = False) -> MonitorPlan:
-    """The monitor ``name``'s targets: each GPU host's front, each balancer (on this very
-    host: on loopback)."""
-    fronts, cas = [], []
-    for h in hosts:
-        address, _ = front_target(h)
-        tls = h.settings.front_tls
-        fronts.append(Target(h.name, address, tls is not None))
-        if tls is not None and tls.ca_file not in cas:
-            cas.append(tls.ca_file)
+    """The monitor ``name``'s targets (a balancer on this very host: on loopback)."""
+    fronts = tuple(Target(h.name, front_target(h)[0], h.settings.front_tls is not None)
+                   for h in hosts)
     lbs = []
     for b in balancers:
-        here = b.name == name
-        host = "127.0.0.1" if here else b.address
+        host = "127.0.0.1" if b.name == name else b.address
         shown = f"[{host}]" if ":" in host else host
         lbs.append(Target(b.name, f"{shown}:{b.settings.port}", b.settings.tls is not None))
-        if b.settings.tls is not None and b.settings.tls.ca_file not in cas:
-            cas.append(b.settings.tls.ca_file)
-    return MonitorPlan(name, settings, tuple(fronts), tuple(lbs), tuple(cas), not gpu_host)
+    tls = [h.settings.front_tls for h in hosts] + [b.settings.tls for b in balancers]
+    cas = tuple(dict.fromkeys(t.ca_file for t in tls if t is not None))
+    return MonitorPlan(name, settings, fronts, tuple(lbs), cas, not gpu_host)
 
 
 def balancer_address(ssh_hostname: str | None, name: str) -> str:
@@ -120,9 +104,7 @@ def _job(name: str, path: str, targets: Sequence[Target], ca: bool) -> dict:
 
 
 def render_prometheus(plan: MonitorPlan, rules: bool = True) -> str:
-    """``prometheus.yml``: every job, the rules file (``rules``: there is one), the local
-    Alertmanager. JSON is YAML: the document is written as JSON (sorted keys), so no template
-    quoting can go wrong."""
+    """``prometheus.yml``, written as JSON (which is YAML: no template quoting can go wrong)."""
     ca = bool(plan.ca_files)
     jobs = [_job("node", NODE_PATH, plan.fronts, ca), _job("vllm", ENGINE_PATH, plan.fronts, ca)]
     if plan.balancers:
@@ -168,8 +150,8 @@ def _label(value: str) -> str:
 
 
 def desired_textfile(hosts: Sequence[GpuHost], pins: Mapping[str, Pins]) -> str:
-    """``rigfleet-desired.prom``: what each GPU host should serve (its stack, from the
-    inventory; its pins, from its pins file): the "pins differ" alert's side of the join."""
+    """``rigfleet-desired.prom``: what each GPU host should serve (the "pins differ" alert's
+    side of the join)."""
     lines = ["# HELP rigfleet_desired_info What the inventory and pins.yaml want a host to "
              "serve (labels), always 1.", "# TYPE rigfleet_desired_info gauge"]
     for h in hosts:

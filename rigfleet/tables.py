@@ -1,11 +1,6 @@
-"""Tables for people, JSON for pipes: one way every ``rigfleet`` command prints rows.
-
-Whatever the width (a terminal, or 80 columns in a pipe), the key columns (the host's name, its
-status or result) are printed whole; other cells wrap within their column. When even that does
-not fit, the right-most columns leave the table and their cells follow it as notes, so no text
-is cut. Notes (drift lines, reasons) are printed under the table, wrapped between words. Cell
-text is shown literally (``[plot]`` stays). Every command that prints a table also takes
-``--json``, which never cuts anything::
+"""Tables for people: one way every ``rigfleet`` command prints rows. Key columns are printed
+whole, others wrap; when even that does not fit, the right-most columns leave the table and
+their cells follow it as notes, so no text is cut (``--json`` never cuts anything)::
 
     t = Table("rigfleet status", ["host", "up", "stack"])
     t.row("rig-a", Text("yes", style="green"), "int8")
@@ -24,22 +19,14 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
-# Cells this short are never wrapped (``yes``, ``none``, counts).
-SHORT = 5
-# A column that wraps is never narrower than this (unless its text is shorter).
-MIN_WRAP = 12
-# Columns with these names are kept whole, besides a table's own ``keys``.
+SHORT = 5  # cells this short are never wrapped
+MIN_WRAP = 12  # a column that wraps is never narrower (unless its text is)
 KEY_NAMES = ("host", "status", "result", "state", "verdict")
 
 
 @dataclass
 class Table:
-    """Rows and notes (printed under them).
-
-    + title: printed above; columns: their headers
-    + keys: columns always printed whole, besides ``KEY_NAMES`` (a row must say whose it is
-      and how it stands)
-    """
+    """Rows and notes (printed under them); ``keys``: columns printed whole."""
 
     title: str
     columns: Sequence[str]
@@ -60,16 +47,16 @@ class Table:
     def _kept(self, i: int) -> bool:
         return self.columns[i] in self.keys or self.columns[i] in KEY_NAMES
 
+    def _width(self, i: int, rows: list[list[Text]]) -> tuple[int, bool]:
+        """Column ``i``'s least width, and whether it is printed whole (never wrapped)."""
+        longest = max([len(self.columns[i]), *(r[i].cell_len for r in rows if i < len(r))])
+        whole = self._kept(i) or longest <= SHORT
+        return (longest if whole else min(longest, MIN_WRAP)), whole
+
     def layout(self, width: int) -> tuple[list[int], list[int]]:
-        """(the columns in the table, the columns moved to notes) for ``width`` characters:
-        key columns whole, the others at least ``MIN_WRAP`` wide; the right-most non-key
-        columns move out until that fits."""
+        """(the columns in the table, the columns moved to notes) for ``width`` characters."""
         rows = self._cells()
-        need: dict[int, int] = {}
-        for i, name in enumerate(self.columns):
-            longest = max([len(name), *(c.cell_len for r in rows if i < len(r)
-                                        for c in [r[i]])])
-            need[i] = longest if self._kept(i) or longest <= SHORT else min(longest, MIN_WRAP)
+        need = {i: self._width(i, rows)[0] for i in range(len(self.columns))}
         shown = list(range(len(self.columns)))
         moved: list[int] = []
         # each column: its text, one space of padding and one of the box's divider
@@ -88,12 +75,9 @@ class Table:
                           show_edge=False, padding=(0, 1, 0, 0))
         rows = self._cells()
         for i in shown:
-            name = self.columns[i]
-            longest = max([len(name), *(len(r[i]) for r in rows if i < len(r))])
-            if self._kept(i) or longest <= SHORT:
-                table.add_column(name, no_wrap=True, min_width=longest)
-            else:
-                table.add_column(name, overflow="fold", min_width=min(longest, MIN_WRAP))
+            width, whole = self._width(i, rows)
+            table.add_column(self.columns[i], no_wrap=whole, min_width=width,
+                             overflow="ellipsis" if whole else "fold")
         for cells in rows:
             table.add_row(*[cells[i] if i < len(cells) else Text("") for i in shown])
         return table

@@ -1,13 +1,4 @@
-"""apt commands and files: keyrings, deb822 sources, preferences, install and hold.
-
-Example::
-
-    from rigfleet.commands import apt
-
-    apt.keyring_path("https://nvidia.github.io/libnvidia-container/gpgkey")
-    # '/etc/apt/keyrings/gpgkey.gpg'
-    apt.install(["jq", "nvidia-container-toolkit=1.17.8-1"])
-"""
+"""apt commands and files: keyrings, deb822 sources, preferences, install and hold."""
 
 from __future__ import annotations
 
@@ -20,8 +11,7 @@ KEYRING_DIR = "/etc/apt/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"
 PREFERENCES_DIR = "/etc/apt/preferences.d"
 
-# How long apt waits for dpkg's lock another program holds (unattended-upgrades, a person's
-# apt) before it fails, instead of failing at once.
+# Seconds apt waits for dpkg's lock (unattended-upgrades, a person's apt) before failing.
 LOCK_TIMEOUT_S = 120
 # Non-interactive, keep local config files on upgrade (a prompt would hang an SSH session).
 _APT_GET = (
@@ -31,26 +21,16 @@ _APT_GET = (
 )
 
 
-def keyring_name(key_url: str) -> str:
-    """The keyring's base name, from the key URL's last path segment without extension.
-
-    ``.../rigfleet-testbed.asc`` -> ``rigfleet-testbed``; ``.../3bf863cc.pub`` -> ``3bf863cc``.
-    Two repositories signed by the same key URL share one keyring file.
-    """
+def keyring_path(key_url: str) -> str:
+    """``.../3bf863cc.pub`` -> ``/etc/apt/keyrings/3bf863cc.gpg``: one keyring per key URL."""
     last = urlparse(key_url).path.rstrip("/").rsplit("/", 1)[-1] or "key"
     base = re.sub(r"\.(asc|gpg|pub|key)$", "", last)
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip(".-") or "key"
-
-
-def keyring_path(key_url: str) -> str:
-    """``/etc/apt/keyrings/<name>.gpg`` for ``key_url`` (see ``keyring_name``)."""
-    return f"{KEYRING_DIR}/{keyring_name(key_url)}.gpg"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip(".-") or "key"
+    return f"{KEYRING_DIR}/{name}.gpg"
 
 
 def _fetch_dearmored(key_url: str, out: str) -> str:
-    # Armored keys (NVIDIA's, the testbed's) are dearmored; a binary key passes through as is.
-    # `gpg --dearmor` only decodes base64, so its output is byte-for-byte stable and can be
-    # compared with the installed keyring. Fails (non-zero) when the download fails.
+    # Armored keys are dearmored (byte-stable, so comparable); binary keys pass through.
     return (
         f'rf_raw=$(mktemp) && curl -fsSL {shlex.quote(key_url)} -o "$rf_raw" && '
         f"{{ if grep -q 'BEGIN PGP PUBLIC KEY BLOCK' \"$rf_raw\"; "
@@ -60,12 +40,8 @@ def _fetch_dearmored(key_url: str, out: str) -> str:
 
 
 def keyring_state(key_url: str, dest: str) -> str:
-    """Fact command: prints ``same``, ``differ`` or ``missing`` for the installed keyring.
-
-    When the key cannot be fetched now (no curl/gpg yet, network down) an existing keyring
-    counts as ``same``: the install step would fail the same way, and a converged host must
-    not report a change because a key server is briefly away.
-    """
+    """Fact command: ``same``, ``differ`` or ``missing``; an unfetchable key counts as ``same``
+    (a converged host must not report a change because a key server is briefly away)."""
     d = shlex.quote(dest)
     return (
         f"if [ ! -s {d} ]; then echo missing; "
@@ -78,10 +54,7 @@ def keyring_state(key_url: str, dest: str) -> str:
 
 
 def install_keyring(key_url: str, dest: str, fingerprint: str | None = None) -> str:
-    """Fetch ``key_url`` with curl, dearmor with gpg, install it 0644 root at ``dest``.
-
-    + fingerprint: when given (40 hex), the fetched key must carry it or nothing is installed
-    """
+    """Fetch, dearmor and install the key at ``dest``; a ``fingerprint`` it must carry."""
     d = shlex.quote(dest)
     tmp = shlex.quote(dest + ".rigfleet-tmp")
     check = ""
@@ -100,11 +73,7 @@ def install_keyring(key_url: str, dest: str, fingerprint: str | None = None) -> 
 
 
 def deb822_sources(url: str, suite: str, components: Sequence[str] | str, signed_by: str) -> str:
-    """A deb822 ``.sources`` file for one repository.
-
-    A flat repository (NVIDIA's CUDA repo: suite ``/``) has no components, so the line is left
-    out when there are none.
-    """
+    """A deb822 ``.sources`` file (a flat repository, suite ``/``, has no components)."""
     comps = components.split() if isinstance(components, str) else list(components)
     lines = ["Types: deb", f"URIs: {url}", f"Suites: {suite}"]
     if comps:
@@ -114,12 +83,7 @@ def deb822_sources(url: str, suite: str, components: Sequence[str] | str, signed
 
 
 def branch_preferences(version_glob: str, packages: Sequence[str]) -> str:
-    """apt preferences pinning ``packages`` (globs allowed) to versions matching the glob.
-
-    Priority 1001 makes apt prefer (and downgrade to) the pinned branch even when a newer
-    branch is in the same repository; versions outside the glob keep their normal priority, so
-    the container toolkit (1.x) is unaffected by a ``580.*`` pin.
-    """
+    """apt preferences holding ``packages`` to the glob (1001: downgrades to it too)."""
     return (
         "# Managed by rigfleet: the NVIDIA driver stays on the pinned branch.\n"
         f"Package: {' '.join(packages)}\n"
@@ -129,12 +93,8 @@ def branch_preferences(version_glob: str, packages: Sequence[str]) -> str:
 
 
 def require_candidate(package: str, version_prefix: str, message: str) -> str:
-    """Fails (``message`` and the versions there on stderr) unless the configured repositories
-    offer ``package`` at a version starting with ``version_prefix`` (run after ``update``).
-
-    An apt preferences pin that matches nothing does not stop apt: it would install the
-    newest version instead. This stops the host first.
-    """
+    """Fail with ``message`` unless apt offers ``package`` at ``version_prefix*`` (a pin that
+    matches nothing would let apt install the newest instead)."""
     return (
         f"rf_v=$(apt-cache madison {shlex.quote(package)} 2>/dev/null "
         "| awk -F'|' '{gsub(/ /, \"\", $2); print $2}' | sort -uV | tr '\\n' ' '); "
@@ -145,25 +105,18 @@ def require_candidate(package: str, version_prefix: str, message: str) -> str:
 
 
 def update() -> str:
-    """``apt-get update``, quiet and non-interactive."""
     return f"{_APT_GET} update"
 
 
 def install(specs: Sequence[str], allow_downgrades: bool = False,
             download_only: bool = False) -> str:
-    """``apt-get install`` of ``name`` / ``name=version`` specs.
-
-    + allow_downgrades: also allow changing held packages (a pin bump of a held driver)
-    + download_only: only fetch them into apt's cache (the inputs of a maintenance step,
-      before its window opens)
-    """
+    """``apt-get install`` of ``name`` / ``name=version`` specs."""
     flags = " --allow-downgrades --allow-change-held-packages" if allow_downgrades else ""
     flags += " --download-only" if download_only else ""
     return f"{_APT_GET}{flags} install " + " ".join(shlex.quote(s) for s in specs)
 
 
 def hold(names: Sequence[str]) -> str:
-    """``apt-mark hold``: unattended upgrades and ``apt upgrade`` leave these alone."""
     return "apt-mark hold " + " ".join(shlex.quote(n) for n in names)
 
 

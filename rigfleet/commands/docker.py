@@ -1,27 +1,13 @@
-"""Docker and Compose commands the deploy sends (images by digest, compose checks).
-
-Starting and stopping stacks is the host-side tool's job (``rigfleet.hostside.stackctl``).
-
-Example::
-
-    from rigfleet.commands import docker
-
-    docker.pull("vllm/vllm-openai:v0.27.1@sha256:...")
-    # 'docker pull --quiet vllm/vllm-openai:v0.27.1@sha256:...'
-"""
+"""Docker and Compose commands the deploy sends (stacks start and stop in the host tool)."""
 
 from __future__ import annotations
 
 import shlex
 
 
-def _compose(file: str, project: str) -> str:
-    return f"docker compose -p {shlex.quote(project)} -f {shlex.quote(file)}"
-
-
 def compose_config_check(file: str, project: str) -> str:
     """Validate a compose file (``config -q``: parse, interpolate, print nothing)."""
-    return f"{_compose(file, project)} config -q"
+    return f"docker compose -p {shlex.quote(project)} -f {shlex.quote(file)} config -q"
 
 
 def image_repo_digests(ref: str) -> str:
@@ -33,7 +19,7 @@ def image_repo_digests(ref: str) -> str:
 
 
 def pull(ref: str) -> str:
-    """Pull by ``<repo>:<tag>@<digest>``: the digest decides what arrives, the tag is for people."""
+    """Pull by ``<repo>:<tag>@<digest>``: the digest decides what arrives."""
     return f"docker pull --quiet {shlex.quote(ref)}"
 
 
@@ -44,11 +30,6 @@ def vllm_version(ref: str) -> str:
         f"docker run --rm --network none --entrypoint python3 {shlex.quote(ref)} "
         f"-c {shlex.quote(code)}"
     )
-
-
-def logs_tail(container: str, lines: int = 40) -> str:
-    """The container's last log lines (stdout and stderr together)."""
-    return f"docker logs --tail {int(lines)} {shlex.quote(container)} 2>&1 || true"
 
 
 def runtimes() -> str:

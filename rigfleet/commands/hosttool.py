@@ -1,12 +1,4 @@
-"""Commands of the host-side tool (``rigfleet-host.pyz``): start a swap, follow it, probe.
-
-Example::
-
-    from rigfleet.commands import hosttool
-
-    hosttool.start_swap("20261129T101500Z-1a2b3c")
-    # 'systemd-run --unit rigfleet-swap-20261129T101500Z-1a2b3c --collect --quiet ...'
-"""
+"""Commands of the host-side tool (``rigfleet-host.pyz``): start a swap, follow it, probe."""
 
 from __future__ import annotations
 
@@ -25,7 +17,7 @@ from rigfleet.hostside.layout import SUPERVISE_UNIT as SUPERVISE_UNIT
 
 PYZ = BUNDLE_PATH
 PYTHON = "/usr/bin/python3"
-# What the probe prints on a host the deploy has not reached yet (no bundle, no records).
+# The probe's answer on a host the deploy has not reached yet.
 BARE_PROBE = '{"schema": "rigfleet-probe/1", "bare": true}'
 
 
@@ -45,16 +37,18 @@ def unit_name(swap_id: str) -> str:
     return f"rigfleet-swap-{swap_id}"
 
 
-def start_swap(swap_id: str) -> str:
-    """Start the transaction as a transient unit: not a child of the SSH session, so it
-    finishes (or rolls back) when the connection drops. ``KillMode=mixed``: a stop request
-    reaches only the transaction, which then stops its gate and rolls back itself."""
+def _transient(unit: str, *args: str) -> str:
+    """Run the tool as a transient unit: it outlives a dropped SSH session; ``KillMode=mixed``
+    lets a stop request reach only the tool, which then stops its gate and rolls back."""
     return (
-        f"systemd-run --unit {shlex.quote(unit_name(swap_id))} --collect --quiet "
+        f"systemd-run --unit {shlex.quote(unit)} --collect --quiet "
         "--property=KillMode=mixed --property=TimeoutStopSec=900 "
-        "--setenv=PYTHONUNBUFFERED=1 "
-        + tool("swap", "--plan", plan_path(swap_id))
+        "--setenv=PYTHONUNBUFFERED=1 " + tool(*args)
     )
+
+
+def start_swap(swap_id: str) -> str:
+    return _transient(unit_name(swap_id), "swap", "--plan", plan_path(swap_id))
 
 
 def close_unit(window_id: str) -> str:
@@ -66,17 +60,15 @@ def window_plan_path(window_id: str) -> str:
 
 
 def maintenance_open(window_id: str, step: str, reboot_grace_s: float | None = None) -> str:
-    """Open (or add ``step`` to) the maintenance window of the uploaded plan, held by this SSH
-    session; ``reboot_grace_s``: the step reboots the host (held across it that long)."""
+    """Open (or add ``step`` to) the window, held by this SSH session (and across a reboot
+    for ``reboot_grace_s``)."""
     grace = ("--reboot-grace-s", f"{reboot_grace_s:g}") if reboot_grace_s is not None else ()
     return tool("maintenance", "open", "--plan", window_plan_path(window_id), "--step", step,
                 *grace)
 
 
 def maintenance_ready(packages: bool, lock_wait_s: int = 120) -> str:
-    """Before a window opens: the package manager usable (``lock_wait_s`` at most for its
-    locks, an interrupted dpkg repaired) and room on disk; fails (nothing disturbed) when
-    not."""
+    """Before a window opens: apt usable (dpkg repaired, locks waited for) and disk room."""
     if not packages:
         return tool("maintenance", "ready")
     return tool("maintenance", "ready", "--packages", "--lock-wait-s", str(lock_wait_s))
@@ -88,21 +80,14 @@ def maintenance_hold(window_id: str) -> str:
 
 
 def start_close(window_id: str, journal_id: str, cause: str = "") -> str:
-    """Close the deploy's own window (``--own``: its lock is this deploy's) as a transient unit
-    (recreate + gate can take long; a dropped SSH connection must not stop it), its progress
-    in the journal ``journal_id``; ``cause``: why now (a step failed), for the ledger."""
-    return (
-        f"systemd-run --unit {shlex.quote(close_unit(window_id))} --collect --quiet "
-        "--property=KillMode=mixed --property=TimeoutStopSec=900 "
-        "--setenv=PYTHONUNBUFFERED=1 "
-        + tool("maintenance", "close", "--plan", window_plan_path(window_id),
-               "--journal-id", journal_id, "--own", *(("--cause", cause) if cause else ()))
-    )
+    """Close the deploy's own window as a transient unit; ``cause``: why now, for the ledger."""
+    return _transient(close_unit(window_id), "maintenance", "close", "--plan",
+                      window_plan_path(window_id), "--journal-id", journal_id, "--own",
+                      *(("--cause", cause) if cause else ()))
 
 
 def upload_atomic(data: bytes, dest: str, mode: str = "0644") -> Iterator[Any]:
-    """Upload ``data`` so ``dest`` is the old file or the new one, never a part: to a
-    temporary name beside it, ``chmod``, ``sync`` (fsync) it, rename, ``sync`` the directory."""
+    """Upload ``data`` so ``dest`` is the old file or the new one, never a part."""
     tmp = f"{dest}.upload.tmp"
     yield FileUploadCommand(io.BytesIO(data), tmp)
     directory = shlex.quote(str(PurePosixPath(dest).parent))
@@ -126,13 +111,8 @@ def ensure(front_port: int, who: str) -> str:
 
 def probe(full: bool = False, model_path: str | None = None,
           front_port: int | None = None, doctor_load_s: float | None = None) -> str:
-    """The host probe (``rigfleet-host.pyz probe``): one JSON object; on a host without the
-    tool (not deployed yet) ``BARE_PROBE``, since such a host has no records to read.
-
-    + full: the sections status and the bump read (``--full``)
-    + model_path, front_port: what ``--full`` checks
-    + doctor_load_s: add the doctor's evidence under a load this long (``--full --doctor``)
-    """
+    """The host probe: one JSON object (``BARE_PROBE`` without the tool); ``doctor_load_s``
+    adds the doctor's evidence under a load this long."""
     args = ["probe"]
     if full:
         args.append("--full")
@@ -147,8 +127,6 @@ def probe(full: bool = False, model_path: str | None = None,
 
 
 def bench(*args: str) -> str:
-    """The bench on the host against its active stack (``rigfleet-host.pyz bench``), e.g.
-    ``bench("--accept-baseline", "--scale", "1", "--json")``."""
     return tool("bench", *args)
 
 
@@ -161,11 +139,6 @@ def record(tracked: dict, config_hash: str, by: str, deploy_id: str, host: str) 
 def report_failure(message: str) -> str:
     """A command that fails with ``message`` on stderr: pyinfra shows it as the host's error."""
     return f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1"
-
-
-def journal_unit(swap_id: str) -> str:
-    """Where a person reads the transaction's output."""
-    return f"journalctl -u {unit_name(swap_id)}"
 
 
 def lock_show() -> str:

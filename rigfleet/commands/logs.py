@@ -1,11 +1,7 @@
-"""Commands that read a host's logs (``rigfleet logs``): built here, run over ``rigfleet.ssh``.
+"""Commands that read a host's logs (``rigfleet logs``): every output line starts with its
+source's tag and a tab, so one stream carries them all::
 
-Three sources, each a shell command whose every output line starts with its tag (``engine``,
-``supervisor``, ``ledger``) and a tab, so one stream can carry them all (``--follow``)::
-
-    engine("/var/lib/rigfleet/active/compose.yaml", since="2026-12-03T10:00:00Z", tail=200)
-    supervisor(since="2026-12-03T10:00:00Z", follow=True)
-    combined([engine(...), supervisor(...), ledger(...)], follow=True)
+    combined([engine(compose_file, since=T), supervisor(tail=200), ledger()], follow=True)
 """
 
 from __future__ import annotations
@@ -23,30 +19,28 @@ def _tagged(tag: str, command: str) -> str:
     return f"{{ {command} ; }} 2>&1 | sed -u {shlex.quote(script)}"
 
 
-def engine(compose_file: str, *, since: str | None = None, tail: int | None = None,
-           follow: bool = False) -> str:
-    """``docker compose logs`` of the serving project (``name:`` of ``compose_file``)."""
-    args = ["docker", "compose", "-f", compose_file, "logs", "--no-color", "--timestamps"]
+def _reader(tag: str, args: list[str], tail_flag: str, since: str | None, tail: int | None,
+            follow: bool) -> str:
     if since:
         args += ["--since", since]
     if tail is not None:
-        args += ["--tail", str(tail)]
+        args += [tail_flag, str(tail)]
     if follow:
         args.append("--follow")
-    return _tagged("engine", " ".join(shlex.quote(a) for a in args))
+    return _tagged(tag, " ".join(shlex.quote(a) for a in args))
+
+
+def engine(compose_file: str, *, since: str | None = None, tail: int | None = None,
+           follow: bool = False) -> str:
+    """``docker compose logs`` of the serving project (``name:`` of ``compose_file``)."""
+    return _reader("engine", ["docker", "compose", "-f", compose_file, "logs", "--no-color",
+                              "--timestamps"], "--tail", since, tail, follow)
 
 
 def supervisor(*, since: str | None = None, tail: int | None = None,
                follow: bool = False) -> str:
-    """The supervisor unit's journal (``journalctl -u rigfleet-supervise.service``)."""
-    args = ["journalctl", "-u", SUPERVISE_UNIT, "--no-pager", "-o", "short-iso-precise"]
-    if since:
-        args += ["--since", since]
-    if tail is not None:
-        args += ["-n", str(tail)]
-    if follow:
-        args.append("--follow")
-    return _tagged("supervisor", " ".join(shlex.quote(a) for a in args))
+    return _reader("supervisor", ["journalctl", "-u", SUPERVISE_UNIT, "--no-pager", "-o",
+                                  "short-iso-precise"], "-n", since, tail, follow)
 
 
 def ledger(*, tail: int | None = None, follow: bool = False) -> str:
@@ -62,8 +56,7 @@ def ledger(*, tail: int | None = None, follow: bool = False) -> str:
 
 
 def combined(commands: list[str], follow: bool = False) -> str:
-    """One command running ``commands`` one after another, or side by side (``follow``;
-    ends when they all do, or when the SSH session closes)."""
+    """``commands`` one after another, or side by side (``follow``)."""
     if not follow:
         return " ; ".join(f"( {c} )" for c in commands)
     return " ".join(f"( {c} ) &" for c in commands) + " wait"

@@ -1,11 +1,4 @@
-"""NVIDIA commands: GPU queries, power limits, the container toolkit's docker hook.
-
-Example::
-
-    from rigfleet.commands import nvidia
-
-    nvidia.set_power_limit(1, 250)   # '/usr/bin/nvidia-smi -i 1 -pl 250'
-"""
+"""NVIDIA commands: GPU queries, power limits, Secure Boot facts, the toolkit's docker hook."""
 
 from __future__ import annotations
 
@@ -13,20 +6,15 @@ import shlex
 
 NVIDIA_SMI = "/usr/bin/nvidia-smi"
 
-# Marks "nvidia-smi failed" in fact output (no driver loaded, no binary).
 SMI_FAILED = "RIGFLEET-NVIDIA-SMI-FAILED"
 
-# NVIDIA's .run installer installs this next to the driver; no distribution package ships it.
+# Only NVIDIA's .run installer installs this.
 RUN_UNINSTALLER = "/usr/bin/nvidia-uninstall"
 
-# DKMS signs the modules it builds with this key (made on first use, DER certificate
-# mok.pub next to mok.key; dell/dkms, Debian 12+). Under Secure Boot the kernel loads them
-# only once the certificate is enrolled as a machine owner key (MOK).
+# DKMS signs its modules with this key; Secure Boot loads them once it is enrolled (MOK).
 DKMS_MOK_CERT = "/var/lib/dkms/mok.pub"
 
-# What the kernel and modprobe say when Secure Boot refuses a module: modprobe's strerror of
-# EKEYREJECTED, and the kernel's "Loading of <reason> is rejected" (kernel/module/signing.c:
-# "unsigned module", "module with unavailable key", ...).
+# modprobe's EKEYREJECTED and the kernel's "Loading of <reason> is rejected" (Secure Boot).
 KEY_REJECTED_PATTERN = "Key was rejected by service|Loading of .* is rejected"
 
 
@@ -40,18 +28,7 @@ def gpu_query(query_command: str) -> str:
 
 def platform_report() -> str:
     """Fact command: ``key=value`` lines on init, architecture, Secure Boot and the driver's
-    origin (``rigfleet.facts.Platform`` parses them). Every part succeeds when what it asks
-    about is absent (no mokutil, no EFI, no nvidia-smi).
-
-    + ``pid1``: PID 1's name (``systemd``); ``systemd``: ``yes`` when systemd booted the host
-      (``/run/systemd/system`` exists, as sd_booted() checks)
-    + ``arch``: ``dpkg --print-architecture``
-    + ``sb``: ``mokutil --sb-state``'s lines (``SecureBoot enabled``/``disabled``, or why it
-      cannot tell: "EFI variables are not supported on this system"); absent without mokutil
-    + ``mok``: ``mokutil --test-key`` of DKMS's certificate, when the certificate exists
-    + ``run_uninstaller``: ``yes`` when NVIDIA's .run uninstaller is there
-    + ``smi``/``smi_owner``: nvidia-smi's path and the dpkg package that owns it (empty: none)
-    """
+    origin (``rigfleet.facts.Platform`` parses them); every part tolerates an absent tool."""
     mok = shlex.quote(DKMS_MOK_CERT)
     return (
         'echo "pid1=$(cat /proc/1/comm 2>/dev/null)"; '
@@ -69,20 +46,14 @@ def platform_report() -> str:
     )
 
 
-# When this system started, in epoch seconds, where that is not the kernel's boot: a host that
-# is a container running systemd (LXC, the testbed's) restarts without the kernel, so the
-# kernel's boot id (``journalctl -b``) spans all its restarts. PID 1 starting over a minute
-# after the kernel (/proc/1/stat field 22, in clock ticks) tells; on a machine it prints
-# nothing (``-b`` is then exact, and immune to the clock being stepped after boot).
+# When a container host's systemd started (epoch seconds; PID 1 over a minute after the
+# kernel): its restarts keep the kernel's boot id. Prints nothing on a machine.
 SYSTEM_START = ("awk -v hz=\"$(getconf CLK_TCK)\" 'FNR == NR { if ($1 == \"btime\") b = $2; "
                 "next } $22 / hz > 60 { printf \"%d\", b + $22 / hz }' /proc/stat /proc/1/stat")
 
 
 def module_rejections() -> str:
-    """Fact command: the first lines of this boot's journal (or the kernel log) saying that
-    Secure Boot refused a module; nothing when there are none. On a container host "this
-    boot" starts when its PID 1 did (``SYSTEM_START``), so a rejection before the key was
-    enrolled and the host restarted is not counted again."""
+    """Fact command: this boot's first lines saying that Secure Boot refused a module."""
     pattern = shlex.quote(KEY_REJECTED_PATTERN)
     return (
         f"since=$({SYSTEM_START} 2>/dev/null); "
@@ -104,7 +75,7 @@ def mok_enrol_steps(cert: str = DKMS_MOK_CERT) -> str:
 
 
 def set_power_limit(index: int, watts: int) -> str:
-    """``nvidia-smi -i N -pl W``: what the power-caps unit runs for one card."""
+    """What the power-caps unit runs for one card."""
     return f"{NVIDIA_SMI} -i {int(index)} -pl {int(watts)}"
 
 

@@ -1,13 +1,4 @@
-"""Commands for the huggingface_hub venv and the host-side weights fetcher.
-
-Example::
-
-    from rigfleet.commands import weights
-
-    weights.fetch("Lorbus/Qwen3.6-27B-int4-AutoRound", "0" * 40, "/srv/models/qwen@000000000000")
-    weights.adopt("Lorbus/Qwen3.6-27B-int4-AutoRound", "0" * 40, "/srv/models/qwen",
-                  "/srv/models/qwen@000000000000")
-"""
+"""Commands for the huggingface_hub venv and the host-side weights fetcher."""
 
 from __future__ import annotations
 
@@ -24,11 +15,7 @@ LOCK_DIR = str(HOST.locks_dir)
 
 
 def venv_install(version: str, index_url: str | None = None) -> str:
-    """Create the venv if needed and install ``huggingface_hub==<version>`` into it.
-
-    + index_url: a PyPI mirror; a plain-http one is also marked trusted (pip ignores an
-      http index otherwise)
-    """
+    """Install ``huggingface_hub==<version>`` into the venv (a plain-http mirror is trusted)."""
     index = ""
     if index_url:
         index = f" --index-url {shlex.quote(index_url)}"
@@ -50,10 +37,7 @@ def fetch(
     endpoint: str | None = None,
     mirrors: Sequence[str] = (),
 ) -> str:
-    """Run the fetcher; the token stays in its root-only file (the script reads it).
-
-    + mirrors: fleet caches tried before the hub, in order (every file verified either way)
-    """
+    """Run the fetcher (the token stays in its file); ``mirrors`` are tried before the hub."""
     env = f"HF_ENDPOINT={shlex.quote(endpoint)} " if endpoint else ""
     token = f" --token-file {shlex.quote(token_file)}" if token_file else ""
     mirror = "".join(f" --mirror {shlex.quote(m)}" for m in mirrors)
@@ -65,9 +49,7 @@ def fetch(
 
 
 def adopt(repo: str, revision: str, old: str, new: str) -> str:
-    """Rename ``old`` (weights of before per-revision directories, verified for ``revision``)
-    to ``new`` (its revision's directory) and leave ``old`` as a link to it; the fetcher
-    checks the manifest first and takes the same per-repo lock as a fetch."""
+    """Move verified pre-revision weights ``old`` to ``new`` and leave ``old`` a link to it."""
     return (
         f"{HF_VENV}/bin/python {FETCH_SCRIPT} adopt --repo {shlex.quote(repo)} "
         f"--revision {shlex.quote(revision)} --from {shlex.quote(old)} --to {shlex.quote(new)} "
@@ -76,6 +58,5 @@ def adopt(repo: str, revision: str, old: str, new: str) -> str:
 
 
 def remove(paths: Sequence[str]) -> str:
-    """Remove stale revision directories, partial downloads and old links (``rm -rf`` of a
-    link removes the link, not what it points to)."""
+    """Remove stale revision directories, partial downloads and old links."""
     return "rm -rf -- " + " ".join(shlex.quote(p) for p in paths)

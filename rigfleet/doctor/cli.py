@@ -1,13 +1,7 @@
-"""``rigfleet doctor [--load-s 15]`` plus the fleet options (``--inventory``, ``--limit``...).
-
-For every GPU host, concurrently (``rigfleet.fleetview``), one probe (``rigfleet-host.pyz
-probe --full --doctor``) samples the cards idle and under a short load of the bench's
-narrative requests, and reads the engine's log, args and mounts and the host's throughput
-records. Here: the host's decode now
-against its baseline (its verified history, else the stack's reference x throughput_scale)
-and against the fleet's median for the same stack and pins; then every known cause, ranked
-by likely impact, with its evidence and what to change. Exit status: 0 no host is slow, 1 some
-host is slow, 2 some host could not be examined, 3 the inventory cannot be read.
+"""``rigfleet doctor [--load-s 15]``: one probe per GPU host samples the cards under a short
+load; each host's decode is judged against its baseline and the fleet's median for the same
+stack and pins, then the known causes are ranked. Exit status: 0 no host is slow, 1 some host
+is slow, 2 some host could not be examined, 3 the inventory cannot be read.
 """
 
 from __future__ import annotations
@@ -36,8 +30,6 @@ HISTORY_N = 5
 
 @dataclass
 class Diagnosis:
-    """One host: what serves (stack, pins), the evidence, the verdict and the causes."""
-
     host: str
     stack: str | None = None
     pins: tuple[str, ...] = ()
@@ -70,7 +62,7 @@ def expectations(spec: StackSpec | None, probe: HostProbe) -> Expect:
 
 def examine(host: str, probe: HostProbe,
             catalog_get: Callable[[str], StackSpec | None]) -> Diagnosis:
-    """The evidence and causes of one probed host (pure; the verdict needs the fleet)."""
+    """The evidence and causes of one probed host (the verdict needs the fleet)."""
     ev = parse_evidence(host, probe.section("doctor"))
     stack = ev.stack or probe.state.get("stack")
     spec = catalog_get(stack) if isinstance(stack, str) else None
@@ -85,8 +77,7 @@ def examine(host: str, probe: HostProbe,
 
 def judge_fleet(diagnoses: Sequence[Diagnosis], probes: dict[str, HostProbe],
                 specs: dict[str, StackSpec | None], scales: dict[str, float]) -> None:
-    """Each host's verdict: against its baseline, and the median of the hosts of the same
-    stack and pins."""
+    """Each host's verdict against its baseline and its peers' median."""
     for d in diagnoses:
         if d.evidence is None or d.error:
             continue
@@ -106,7 +97,6 @@ def judge_fleet(diagnoses: Sequence[Diagnosis], probes: dict[str, HostProbe],
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet doctor`` (``cli.py`` calls this)."""
     p = subparsers.add_parser(
         "doctor", parents=[fleet_options(timeout=120.0,
                                          timeout_help="seconds per host on top of the load")],
@@ -165,7 +155,6 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``rigfleet doctor`` (see the module docstring)."""
     from rigfleet.cliargs import fleet_hosts
     from rigfleet.fleetview import fleet_view
     from rigfleet.inventory import InventoryError, gpu_hosts

@@ -1,19 +1,16 @@
-"""The doctor's evidence from the host probe's ``doctor`` section, typed (pure parsing).
+"""The doctor's evidence from the host probe's ``doctor`` section, typed (pure parsing)::
 
     ev = parse_evidence("rig-a", probe.section("doctor"))
     ev.cards[0].power_limit_w, ev.cards[0].gen_load, ev.graph_mode, ev.load_decode
 
-nvidia-smi's CSV (``--format=csv,noheader,nounits``) says ``[N/A]`` / ``[Not Supported]`` for
-what a card cannot report (None here), ``Active`` / ``Not Active`` for a clock event reason,
-``0x...`` for the reason bitmask; the link generation and width are read under load (they drop
-at idle), the rest is summarised over the load's samples.
+The PCIe link is read under load (it drops at idle); the rest is summarised over the samples.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,30 +29,21 @@ def _value(raw: str) -> str | float | bool | None:
         return True
     if low == "not active":
         return False
-    if low.startswith("0x"):
-        try:
-            return float(int(low, 16))
-        except ValueError:
-            return text
     try:
-        return float(text)
+        return float(int(low, 16)) if low.startswith("0x") else float(text)
     except ValueError:
         return text
 
 
 def parse_sample(sample: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One nvidia-smi sample (``rigfleet.hostside.bench.evidence.query_gpus``) as one dict
-    per card, keyed by field (``clocks_throttle_reasons.*`` read as ``clocks_event_reasons``);
-    [] when the query failed."""
+    """One nvidia-smi sample as one dict per card, keyed by field ([] when it failed)."""
     if sample.get("rc") != 0:
         return []
     fields = [str(f).replace("clocks_throttle_reasons.", "clocks_event_reasons.")
               for f in sample.get("fields") or []]
-    out = []
-    for row in csv.reader(io.StringIO(str(sample.get("stdout") or ""))):
-        if len(row) == len(fields):
-            out.append({f: _value(v) for f, v in zip(fields, row, strict=True)})
-    return out
+    return [{f: _value(v) for f, v in zip(fields, row, strict=True)}
+            for row in csv.reader(io.StringIO(str(sample.get("stdout") or "")))
+            if len(row) == len(fields)]
 
 
 def _num(row: Mapping[str, Any], key: str) -> float | None:
@@ -63,14 +51,15 @@ def _num(row: Mapping[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, float) else None
 
 
-def _max(values: Sequence[float | None]) -> float | None:
-    got = [v for v in values if v is not None]
-    return max(got) if got else None
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
-def _mean(values: Sequence[float | None]) -> float | None:
-    got = [v for v in values if v is not None]
-    return sum(got) / len(got) if got else None
+def _over(rows: Sequence[Mapping[str, Any]], key: str,
+          how: Callable[[list[float]], float]) -> float | None:
+    """``how`` (max or mean) of ``key`` over the rows that report it."""
+    got = [v for r in rows if (v := _num(r, key)) is not None]
+    return how(got) if got else None
 
 
 @dataclass(frozen=True)
@@ -112,19 +101,18 @@ def summarise(index: int, idle: Mapping[str, Any] | None,
         power_limit_w=_num(first, "power.limit"), power_default_w=_num(first,
                                                                        "power.default_limit"),
         power_max_w=_num(first, "power.max_limit"),
-        power_draw_w=_mean([_num(r, "power.draw") for r in load]),
-        power_draw_max_w=_max([_num(r, "power.draw") for r in load]),
-        utilization=_mean([_num(r, "utilization.gpu") for r in load]),
-        clocks_sm=_mean([_num(r, "clocks.sm") for r in load]),
-        clocks_mem=_mean([_num(r, "clocks.mem") for r in load]),
+        power_draw_w=_over(load, "power.draw", _mean),
+        power_draw_max_w=_over(load, "power.draw", max),
+        utilization=_over(load, "utilization.gpu", _mean),
+        clocks_sm=_over(load, "clocks.sm", _mean), clocks_mem=_over(load, "clocks.mem", _mean),
         clocks_max_sm=_num(first, "clocks.max.sm"), clocks_max_mem=_num(first, "clocks.max.mem"),
         reasons=reasons,
         gen_idle=_num(idle, "pcie.link.gen.current") if idle else None,
-        gen_load=_max([_num(r, "pcie.link.gen.current") for r in load]),
+        gen_load=_over(load, "pcie.link.gen.current", max),
         gen_max=_num(first, "pcie.link.gen.max"), gen_gpumax=_num(first, "pcie.link.gen.gpumax"),
-        width_load=_max([_num(r, "pcie.link.width.current") for r in load]),
+        width_load=_over(load, "pcie.link.width.current", max),
         width_max=_num(first, "pcie.link.width.max"),
-        temperature_max=_max([_num(r, "temperature.gpu") for r in load]),
+        temperature_max=_over(load, "temperature.gpu", max),
         pstate_load=str(load[-1].get("pstate") or "") if load else "",
         samples=len(load))
 
@@ -142,7 +130,6 @@ class Evidence:
     mounts: tuple[tuple[str, str], ...] = ()  # (host source, container destination)
     load_decode: float | None = None  # narrative tok/s under the doctor's load
     load_acceptance: tuple[float, ...] | None = None
-    load_acceptance_length: float | None = None
     version: str = ""
     error: str = ""
 
@@ -153,7 +140,6 @@ class Evidence:
 
 
 def parse_evidence(host: str, section: Mapping[str, Any]) -> Evidence:
-    """The probe's ``doctor`` section as ``Evidence``."""
     if not section:
         return Evidence(host, error="the probe has no doctor section (an older host-side "
                                     "tool: run the deploy)")
@@ -177,6 +163,5 @@ def parse_evidence(host: str, section: Mapping[str, Any]) -> Evidence:
         load_decode=load.get("decode_mean") if isinstance(load.get("decode_mean"),
                                                           int | float) else None,
         load_acceptance=tuple(float(x) for x in per_pos) if isinstance(per_pos, list) else None,
-        load_acceptance_length=acc.get("length") if isinstance(acc, dict) else None,
         version=str(section.get("version") or ""),
         error=str(section.get("error") or ""))

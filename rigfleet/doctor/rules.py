@@ -5,42 +5,24 @@ change, ranked by likely impact (pure: evidence in, causes out)::
     causes[0].title, causes[0].impact, causes[0].fix
     # ('power cap 230 W binds on gpu0', 0.246, 'raise power_caps_w ...')
 
-Impact is the estimated fraction of decode speed a cause costs, from the references where
-they have a figure (named in ``basis``), else a stated rough estimate; it orders the list, it
-is not a measurement. Kinds: ``cause`` (blamed), ``info`` (worth knowing, not a decode cost),
-``ruled-out`` (looked at, not the cause, with the evidence that clears it).
-
-Facts the rules follow:
-
-- One RTX 3090 decodes power-bound: seed 004 measured 43 -> 33 tok/s from 330 to 230 W;
-  club-3090 HARDWARE.md: 330 W loses 5% against ~388 W, 230 W ~16% against 290 W. Two cards
-  (TP=2) decode bandwidth-bound: flat from 220 to 330 W per card, the knee at <= 220 W, so a
-  dual-card cap in that range is never blamed.
-- PCIe: an RTX 3090 links at gen4 x16; the link drops at idle and trains up under load (read
-  under load); on TP=2 "Gen 3 + older CPUs cost 30-40%" with GPU utilization asymmetry as the
-  symptom (HARDWARE.md); one card moves only tokens over the link.
-- CUDA graphs: FlashInfer + spec-decode downgrades FULL_AND_PIECEWISE to PIECEWISE (seed 004's
-  warning; its 43/54 in PIECEWISE against 66/84 claimed bounds that cost at ~35%: the rules
-  take 15%); --enforce-eager runs no graphs at all (no published figure: 35% assumed).
-- nvidia-smi: HW slowdown reduces the core clocks "by a factor of 2 or more"; air-cooled
-  3090s throttle at ~80 °C (HARDWARE.md).
-- Compile caches change boot time, not warm decode; int8 per-token-head KV runs on
-  TRITON_ATTN and slows with context depth (club-3090 #594: 130.8 -> 50.7 tok/s at 35K).
+Impact is the estimated fraction of decode speed a cause costs (from the references named in
+``basis``, else a stated rough estimate); it orders the list, it is not a measurement. The
+rules, their evidence and sources: docs/bench.md, "rigfleet doctor".
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from rigfleet.doctor.evidence import Card, Evidence
 from rigfleet.hostside.layout import CACHE_ROOT
 
 CAUSE, INFO, RULED_OUT = "cause", "info", "ruled-out"
 
-# Fraction of one 3090's top decode speed at a power cap, linear between the points (see the
-# module docstring): 330 W = 0.95; 230 W = 0.95 x 33/43; 290 W = that / 0.84.
+# Share of one 3090's top decode speed at a power cap, linear between the points (seed 004,
+# HARDWARE.md): 330 W = 0.95; 230 W = 0.95 x 33/43; 290 W = that / 0.84.
 SINGLE_CARD_CURVE: tuple[tuple[float, float], ...] = (
     (230.0, 0.729), (290.0, 0.868), (330.0, 0.95), (388.0, 1.0))
 DUAL_KNEE_W = 220.0
@@ -58,8 +40,7 @@ AIR_THROTTLE_W = 325.0  # HARDWARE.md: throttled air-cooled cards run ~310-340 W
 
 @dataclass(frozen=True)
 class Expect:
-    """What the host should run: the stack's TP, KV dtype and acceptance floors/reference,
-    and the code runs' acceptance from the last gate (the doctor's own load is narrative)."""
+    """What the host should run, and the code runs' acceptance from the last gate."""
 
     tp: int = 2
     kv_cache_dtype: str | None = None
@@ -70,9 +51,8 @@ class Expect:
 
 @dataclass(frozen=True)
 class Cause:
-    """One finding: ``id``, a ``title``, ``kind`` (cause / info / ruled-out), the estimated
-    share of decode speed it costs (``impact``), the ``evidence`` read from the host, what
-    to change (``fix``) and what the estimate rests on (``basis``)."""
+    """One finding: its estimated share of decode speed lost (``impact``), the ``evidence``,
+    what to change (``fix``) and what the estimate rests on (``basis``)."""
 
     id: str
     title: str
@@ -83,13 +63,10 @@ class Cause:
     basis: str = ""
 
     def to_dict(self) -> dict[str, object]:
-        return {"id": self.id, "title": self.title, "kind": self.kind,
-                "impact": round(self.impact, 3), "evidence": list(self.evidence),
-                "fix": self.fix, "basis": self.basis}
+        return {**asdict(self), "impact": round(self.impact, 3), "evidence": list(self.evidence)}
 
 
 def single_card_speed(cap_w: float) -> float:
-    """Share of one 3090's top decode speed at ``cap_w`` (``SINGLE_CARD_CURVE``)."""
     pts = SINGLE_CARD_CURVE
     if cap_w >= pts[-1][0]:
         return pts[-1][1]
@@ -341,8 +318,7 @@ def diagnose(ev: Evidence, exp: Expect) -> list[Cause]:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Is the host slow: its decode now against its baseline and the fleet's median for the
-    same stack and pins (``margin`` below either)."""
+    """Is the host slow: ``margin`` below its baseline or the fleet's median (same pins)."""
 
     now: float | None
     baseline: float | None = None
@@ -365,8 +341,7 @@ class Verdict:
 
 def verdict(now: float | None, baseline: float | None, baseline_source: str,
             peers: Sequence[float], margin: float) -> Verdict:
-    """``peers``: the narrative decode now of every host of the same stack and pins (this
-    one included); the median is judged from two hosts on."""
+    """``peers``: the decode of every host of the same stack and pins (this one included)."""
     med = statistics.median(peers) if len(peers) > 1 else None
     out = Verdict(now, baseline, baseline_source, med, len(peers), margin)
     if now is None:

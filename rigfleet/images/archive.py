@@ -1,11 +1,8 @@
 """Saved images (``docker save`` archives) on this machine: what they hold, and their sidecars.
 
-A ``docker save`` tar has a ``manifest.json`` listing each image's config file (``<hex>.json``,
-or ``blobs/sha256/<hex>`` in the OCI layout Docker 25+ writes) and its tags. The image id is the
-sha256 of that config: what ``docker load`` reproduces, so a saved copy is matched to a pin by
-``image_id``, never by name (anyone can tag anything). The archive's registry digest is not in
-it (a loaded image has none); ``rigfleet images export`` writes it, with the rest of the pin,
-into a JSON sidecar next to the tar::
+A saved copy is matched to a pin by ``image_id`` (the sha256 of its config, what ``docker load``
+reproduces), never by name. The registry digest is not in the tar; a JSON sidecar next to it
+keeps the rest of the pin::
 
     info = inspect_archive("/srv/image-archive/vllm_vllm-openai_v0.27.1.tar")
     info.holds("sha256:...")           # True when one of its images has that id
@@ -36,7 +33,7 @@ class ArchiveError(RigfleetError, ValueError):
 
 @dataclass(frozen=True)
 class ArchivedImage:
-    """One image in an archive: its id (config digest) and the tags ``docker load`` restores."""
+    """One image in an archive: its id and the tags ``docker load`` restores."""
 
     image_id: str
     repo_tags: tuple[str, ...] = ()
@@ -48,8 +45,6 @@ class ArchivedImage:
 
 @dataclass(frozen=True)
 class ArchiveInfo:
-    """An archive on this machine (``inspect_archive``)."""
-
     path: str
     size: int
     images: tuple[ArchivedImage, ...]
@@ -64,19 +59,13 @@ class ArchiveInfo:
 
 
 def archive_name(image: str) -> str:
-    """``vllm/vllm-openai:v0.27.1`` -> ``vllm_vllm-openai_v0.27.1.tar``: one file per image
-    name, safe on any filesystem."""
+    """``vllm/vllm-openai:v0.27.1`` -> ``vllm_vllm-openai_v0.27.1.tar``."""
     return image.replace("/", "_").replace(":", "_") + ".tar"
 
 
-def sidecar_path(archive: str | Path) -> Path:
-    """The sidecar of ``x.tar``: ``x.json`` next to it."""
-    return Path(archive).with_suffix(".json")
-
 
 def images_in_manifest(manifest: Any) -> tuple[ArchivedImage, ...]:
-    """The images a ``manifest.json`` names, ids taken from the config file names (the host
-    side, which cannot hash cheaply; ``inspect_archive`` hashes the configs)."""
+    """The images a ``manifest.json`` names, ids taken from the config file names (unhashed)."""
     if not isinstance(manifest, list):
         raise ValueError("manifest.json is not a list")
     out = []
@@ -91,9 +80,8 @@ def images_in_manifest(manifest: Any) -> tuple[ArchivedImage, ...]:
 
 
 def inspect_archive(path: str | Path) -> ArchiveInfo:
-    """What a ``docker save`` archive holds (configs hashed), with its sidecar; raises
-    ``ArchiveError`` naming the file. Reads tar headers and the small config files only
-    (seeking past the layers), and remembers the answer while the file is unchanged."""
+    """What a ``docker save`` archive holds (configs hashed), with its sidecar; remembered
+    while the file is unchanged."""
     p = Path(path)
     try:
         st = p.stat()
@@ -104,59 +92,41 @@ def inspect_archive(path: str | Path) -> ArchiveInfo:
         return _CACHE[key]
     try:
         with tarfile.open(p, "r:*") as tar:
-            manifest = _member_json(tar, "manifest.json", p)
-            images = []
-            for entry in images_in_manifest(manifest):
-                config = _config_member(tar, manifest, entry.image_id)
-                digest = "sha256:" + hashlib.sha256(_read(tar, config, p)).hexdigest()
-                images.append(ArchivedImage(digest, entry.repo_tags))
+            try:
+                manifest = json.loads(_read(tar, "manifest.json"))
+            except KeyError:
+                raise ValueError("it holds no manifest.json") from None
+            images = tuple(
+                ArchivedImage("sha256:" + hashlib.sha256(_read(tar, entry["Config"])).hexdigest(),
+                              named.repo_tags)
+                for entry, named in zip(manifest, images_in_manifest(manifest), strict=True))
     except (tarfile.TarError, OSError, EOFError) as e:
         raise ArchiveError(f"{p}: not a readable `docker save` archive ({e})") from None
     except ValueError as e:
         raise ArchiveError(f"{p}: not a `docker save` archive: {e}") from None
-    info = ArchiveInfo(str(p), st.st_size, tuple(images), read_sidecar(p))
-    _CACHE[key] = info
+    info = _CACHE[key] = ArchiveInfo(str(p), st.st_size, images, read_sidecar(p))
     return info
 
 
-def _member_json(tar: tarfile.TarFile, name: str, p: Path) -> Any:
-    try:
-        return json.loads(_read(tar, name, p))
-    except KeyError:
-        raise ValueError(f"it holds no {name}") from None
-
-
-def _config_member(tar: tarfile.TarFile, manifest: list[Any], image_id: str) -> str:
-    hexid = image_id.removeprefix("sha256:")
-    for entry in manifest:
-        if hexid in str(entry.get("Config", "")):
-            return str(entry["Config"])
-    raise ValueError(f"no config for {image_id}")
-
-
-def _read(tar: tarfile.TarFile, name: str, p: Path) -> bytes:
-    member = tar.getmember(name)
-    f = tar.extractfile(member)
+def _read(tar: tarfile.TarFile, name: str) -> bytes:
+    f = tar.extractfile(tar.getmember(name))
     if f is None:
         raise ValueError(f"{name} is not a file")
     return f.read()
 
 
 def read_sidecar(archive: str | Path) -> dict[str, Any]:
-    """The archive's sidecar (``{}`` when there is none or it is not readable JSON)."""
+    """The archive's sidecar ``x.json`` (``{}`` when there is none or it is not JSON)."""
     try:
-        data = json.loads(sidecar_path(archive).read_text(encoding="utf-8"))
+        data = json.loads(Path(archive).with_suffix(".json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def write_sidecar(archive: str | Path, **pin: Any) -> Path:
-    """Write ``x.json`` next to ``x.tar``: the pin it is a copy of and how to restore it.
-
-    + pin: ``image``, ``digest``, ``image_id``, ``vllm_version``, ``sha256``, ``bytes``, ...
-    """
-    path = sidecar_path(archive)
+    """Write ``x.json`` next to ``x.tar``: the pin it is a copy of and how to restore it."""
+    path = Path(archive).with_suffix(".json")
     name = Path(archive).name
     data = {"schema": SIDECAR_SCHEMA, **pin, "archive": name,
             "restore": f"rigfleet images import {name} --host <host> (or: docker load -i {name})"}
@@ -167,18 +137,14 @@ def write_sidecar(archive: str | Path, **pin: Any) -> Path:
 
 
 def archives_in(path: str | Path) -> list[Path]:
-    """The archives a source path stands for: a file itself, a directory's ``*.tar`` files
-    (sorted), nothing when it does not exist."""
+    """The archives a source path stands for: the file, or a directory's ``*.tar`` files."""
     p = Path(path)
     if p.is_dir():
         return sorted(x for x in p.glob("*.tar") if x.is_file())
     return [p] if p.is_file() else []
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """The hex sha256 of a file (a full read; what sidecars record as ``sha256``)."""
-    h = hashlib.sha256()
+def sha256_file(path: str | Path) -> str:
+    """The hex sha256 of a file (what sidecars record as ``sha256``)."""
     with Path(path).open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -1,10 +1,6 @@
-"""The control-side checks of image sources, in one place: can this source provide this image?
-
-Registries are asked over their v2 API (a HEAD for the digest: Docker Hub does not count it as
-a pull; the manifests for the size only when the source is chosen); archives on this machine
-are opened and their configs hashed (``rigfleet.images.archive``); archives on the host are read
-from the host's ``HostImageState`` (the deploy's fact). Answers are remembered per checker, so
-a fleet of hosts asks each registry once per image::
+"""The control-side checks of image sources: can this source provide this image? Registries
+by a HEAD for the digest, archives here by hashing their configs, archives on the host from
+its ``HostImageState``; a checker remembers its answers (each registry once per image)::
 
     checker = SourceChecker()
     results = checker.results(wanted, settings, host_state)
@@ -37,24 +33,13 @@ from rigfleet.registry import (
 )
 from rigfleet.vllm_versions import NIGHTLY_TAG
 
-# What upstream does to nightly tags (vllm .buildkite/scripts/cleanup-nightly-builds.sh: the 14
-# newest nightly-* tags are kept; release tags are never deleted). Whether a digest outlives its
-# tag there is unverified, so a purged nightly is treated as gone.
+# vllm .buildkite/scripts/cleanup-nightly-builds.sh (docs/images.md).
 NIGHTLY_NOTE = ("vLLM keeps only the 14 newest nightly-* tags on Docker Hub (about two weeks); "
                 "release tags stay")
 
 
-def nightly_note(image: str) -> str:
-    """The retention note for a ``nightly-<sha>`` image, else ''."""
-    tag = image.rsplit(":", 1)[-1]
-    return f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(tag) else ""
-
-
 class SourceChecker:
-    """Checks sources for images; one per deploy run or command (answers are kept).
-
-    + registry: how to make a registry client for a URL (tests pass a fake)
-    """
+    """Checks sources for images; one per deploy run or command (answers are kept)."""
 
     def __init__(self, registry: Callable[[str], Registry] = Registry) -> None:
         self._registry = registry
@@ -69,11 +54,7 @@ class SourceChecker:
 
     def results(self, w: WantedImage, settings: HostSettings, state: HostImageState,
                 sources: Sequence[ImageSource] | None = None) -> list[SourceResult]:
-        """Each source in order until the first that holds ``w`` (the rest are not asked).
-
-        + settings: the host's settings (its ``image_sources``, ``bump.registry``)
-        + state: what the host holds (its archives)
-        """
+        """Each source in order until the first that holds ``w`` (the rest are not asked)."""
         out: list[SourceResult] = []
         index = 0
         for source in settings.image_sources if sources is None else sources:
@@ -87,7 +68,6 @@ class SourceChecker:
 
     def check(self, index: int, source: ImageSource, w: WantedImage, settings: HostSettings,
               state: HostImageState) -> SourceResult:
-        """One source for one image (see the module docstring)."""
         if source.cache is not None and registry_of(w.repository)[0] is not None:
             return SourceResult(index, source, False, f"{w.repository} is not a Docker Hub "
                                 "name: the fleet cache pulls through for Docker Hub's names "
@@ -120,8 +100,10 @@ class SourceChecker:
                 self.client(url).digest(path, w.digest)
                 self._there[key] = None
             except RegistryNotFound:
+                tag = w.image.rsplit(":", 1)[-1]
+                note = f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(tag) else ""
                 self._there[key] = (f"{path}@{w.digest} is not there at {url} (HTTP 404: "
-                                    f"digest, tag or repository gone){nightly_note(w.image)}")
+                                    f"digest, tag or repository gone){note}")
             except RegistryUnreachable as e:
                 self._there[key] = f"unreachable from this machine: {e}"
             except RegistryError as e:
@@ -134,8 +116,7 @@ class SourceChecker:
                             size, ref=ref, image_id=image_id)
 
     def resolve(self, url: str, path: str, digest: str) -> tuple[int | None, str | None]:
-        """The linux/amd64 image's compressed layer bytes and image id (config digest); None
-        when the manifests cannot be read (the disk check then does not count it)."""
+        """The linux/amd64 image's compressed layer bytes and image id (None: unreadable)."""
         key = (url, path, digest)
         if key not in self._resolved:
             try:
@@ -171,7 +152,6 @@ class SourceChecker:
 
 def host_archive(index: int, source: ImageSource, w: WantedImage,
                  state: HostImageState) -> SourceResult:
-    """A ``host-archive`` source, from what the host reported (``HostImageState``)."""
     path = str(source.path)
     files = state.archive_files(path)
     if files is None:
@@ -194,8 +174,7 @@ def host_archive(index: int, source: ImageSource, w: WantedImage,
 
 def check_url(source: ImageSource, w: WantedImage, settings: HostSettings) -> str | None:
     """Where this machine checks a ``hub`` source: its ``check``, else (for a Docker Hub name)
-    host data ``bump_registry`` (the registry this machine sees the fleet's images in), else
-    the image's own registry."""
+    host data ``bump_registry``, else the image's own registry."""
     if source.check is not None:
         return source.check
     host, _ = registry_of(w.repository)

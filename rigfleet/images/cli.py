@@ -18,8 +18,8 @@ progress bar on stderr.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from rigfleet.images.archive import (
     write_sidecar,
 )
 from rigfleet.images.plan import WantedImage, wanted_images
-from rigfleet.images.transfer import export_image, load_archive, progress_bar
+from rigfleet.images.transfer import Counted, export_image, load_archive, progress_bar
 from rigfleet.tables import Table
 
 console = Console(stderr=True, highlight=False)
@@ -46,7 +46,6 @@ class ImagesCliError(RigfleetError, ValueError):
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet images`` on the CLI's subparsers (``rigfleet/cli.py`` calls this)."""
     p = subparsers.add_parser("images", help="pinned images: status per host, export and "
                               "import saved copies", description=__doc__.splitlines()[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -149,16 +148,13 @@ def _pick(info: ArchiveInfo, image: str | None) -> ArchivedImage:
 
 def _copy(src: Path, dest: Path) -> str:
     """Copy with a progress bar; the hex sha256 of what was copied."""
-    h = hashlib.sha256()
     partial = dest.with_name(dest.name + ".partial")
     with progress_bar(f"copy to {dest}", src.stat().st_size) as meter, \
             src.open("rb") as fin, partial.open("wb") as fout:
-        while block := fin.read(1 << 20):
-            h.update(block)
-            fout.write(block)
-            meter(len(block))
+        reader = Counted(fin, meter)
+        shutil.copyfileobj(reader, fout, 1 << 20)
     partial.replace(dest)
-    return h.hexdigest()
+    return reader.sha.hexdigest()
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -206,12 +202,10 @@ def cmd_import(args: argparse.Namespace) -> int:
         t.note("pin", ", ".join(f"{k}: {v}" for k, v in pins.items())
                + ("" if digest else " (digest unknown: give --digest, or keep the pinned one)"))
         t.print(Console())
-    failed = [h for h, done in result["hosts"].items() if done.startswith("failed")]
-    return 1 if failed else 0
+    return int(any(done.startswith("failed") for done in result["hosts"].values()))
 
 
 def _targets(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``--host`` hosts of the inventory (checked before anything is read or copied)."""
     hosts = {h.name: h for h in _hosts(args)}
     unknown = [h for h in args.host if h not in hosts]
     if unknown:

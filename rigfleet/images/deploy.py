@@ -1,12 +1,5 @@
-"""The images' part of the deploy: one fact, the host's staging plan, the preflight refusal.
-
-While pyinfra prepares (nothing on any host has changed yet) ``preflight_images`` reads the
-host's images, archives and free space in one fact (``ImageState``), checks the sources of
-every image still missing from this machine (``rigfleet.images.checks``; registries asked once
-per image for the whole fleet), and builds the plan (``rigfleet.images.plan``). A plan with
-problems (no source has an image, not enough disk, conflicting pins) raises ``ImagesRefused``
-naming the host, the image and each source tried, so the deploy stops before any host changes.
-``roles/images.py`` then runs the same plan (``staging_plan`` is computed once per host)::
+"""The images' part of the deploy: one fact, the host's staging plan (built once per host),
+the preflight refusal (docs/images.md, "Refused before any host changes")::
 
     plan = preflight_images(want)      # in roles/preflight.py
     plan = staging_plan(ctx.want)      # in roles/images.py: the same object
@@ -15,7 +8,7 @@ naming the host, the image and each source tried, so the deploy stops before any
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyinfra import host
@@ -33,19 +26,17 @@ from rigfleet.images.plan import StagingPlan, plan_host, presence, wanted_images
 from rigfleet.registry import Registry
 from rigfleet.validate import ValidationError
 
-# How the checks reach registries (tests put a fake here).
 REGISTRY: Callable[[str], Registry] = Registry
 _PLANS: weakref.WeakKeyDictionary[State, dict[str, StagingPlan]] = weakref.WeakKeyDictionary()
 _CHECKERS: weakref.WeakKeyDictionary[State, SourceChecker] = weakref.WeakKeyDictionary()
 
 
 class ImagesRefused(ValidationError):
-    """A host cannot get its pinned images (one line per problem: the image, each source)."""
+    """A host cannot get its pinned images (one line per problem)."""
 
 
 class ImageState(FactBase[HostImageState]):
-    """The host's copies of the pinned images, its archives and free space
-    (``rigfleet.images.hoststate``)."""
+    """The host's copies of the pinned images, its archives and free space."""
 
     default = HostImageState
 
@@ -60,8 +51,6 @@ class ImageState(FactBase[HostImageState]):
 
 
 def fact_arguments(want: DesiredHost) -> dict[str, Any]:
-    """The ``ImageState`` arguments for a host: the pinned images' references, its
-    ``host-archive`` paths, the Docker root and the upload directories."""
     wanted, _ = wanted_images({n: s.pins for n, s in want.stacks.items()})
     sources = want.settings.image_sources
     return {
@@ -74,11 +63,7 @@ def fact_arguments(want: DesiredHost) -> dict[str, Any]:
 
 def build_plan(want: DesiredHost, state: HostImageState, checker: SourceChecker,
                caches: Sequence[ImageSource] = ()) -> StagingPlan:
-    """The host's staging plan from its state (pure but for the checker's lookups).
-
-    + caches: the fleet caches' registries (``cache_sources``), tried before the host's
-      ``image_sources``
-    """
+    """The host's staging plan from its state; ``caches`` are tried before ``image_sources``."""
     wanted, conflicts = wanted_images({n: s.pins for n, s in want.stacks.items()})
     sources = (*caches, *want.settings.image_sources)
     results = {w.image: checker.results(w, want.settings, state, sources) for w in wanted
@@ -86,27 +71,21 @@ def build_plan(want: DesiredHost, state: HostImageState, checker: SourceChecker,
     return plan_host(want.name, wanted, state, results, conflicts)
 
 
-def cache_sources(inventory: Iterable[Any]) -> tuple[ImageSource, ...]:
-    """The pull-through registries of the inventory's fleet caches, as ``registry`` sources
-    the host pulls from without a check from here (the host falls back when one fails)."""
-    return tuple(ImageSource("registry", url=c.registry_url, check=NO_CHECK, cache=c.name)
-                 for c in cache_settings(inventory))
-
-
 def staging_plan(want: DesiredHost) -> StagingPlan:
-    """This host's plan, built once per deploy run (the preflight's and the role's)."""
     state = host.state
     plans = _PLANS.setdefault(state, {})
     if want.name not in plans:
         checker = _CHECKERS.setdefault(state, SourceChecker(lambda url: REGISTRY(url)))
         facts = read_fact(ImageState, **fact_arguments(want))
-        plans[want.name] = build_plan(want, facts, checker, cache_sources(host.inventory))
+        # The fleet caches' registries are not checked from here: the host falls back.
+        caches = tuple(ImageSource("registry", url=c.registry_url, check=NO_CHECK, cache=c.name)
+                       for c in cache_settings(host.inventory))
+        plans[want.name] = build_plan(want, facts, checker, caches)
     return plans[want.name]
 
 
 def preflight_images(want: DesiredHost) -> StagingPlan:
-    """The preflight's image check: raise ``ImagesRefused`` before any host changes when the
-    host cannot get an image it stages; log the plan's notes."""
+    """Raise ``ImagesRefused`` when the host cannot get an image it stages; log the notes."""
     plan = staging_plan(want)
     for note in plan.notes:
         host.log(note)

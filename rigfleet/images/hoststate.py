@@ -1,11 +1,5 @@
-"""What a host holds of the pinned images, in one command: the deploy's fact and ``rigfleet
-images status`` run the same script (``state_script``) and read it with ``parse_state``.
-
-For each reference asked about (the pinned name ``<repo>:<tag>``, ``<repo>@<digest>``, the image
-id), ``docker image inspect`` gives the image id, RepoDigests and RepoTags; for each archive path
-(a ``.tar`` or a directory of them) the size and the ``manifest.json`` of every archive; for
-each space key (``root`` = the Docker root, or a directory) the filesystem and the bytes free
-there. Absence is data: a host without Docker answers ``docker no`` and nothing present::
+"""What a host holds of the pinned images (references, archives, free space), in one read-only
+script: the deploy's fact and ``rigfleet images status`` both run ``state_script``::
 
     script = state_script(("vllm/vllm-openai:v0.27.1",), ("/srv/images",), ("root",))
     state = parse_state(output_lines)
@@ -38,14 +32,12 @@ class LocalImage:
     size: int = 0
 
     def has_digest(self, digest: str) -> bool:
-        """Pulled by that digest (from any registry: the digest names the content)."""
         return any(d.rpartition("@")[2] == digest for d in self.repo_digests)
 
 
 @dataclass(frozen=True)
 class HostArchive:
-    """One archive file on the host: its size and the images its manifest names (None: the
-    file is missing; ``error``: it is there but holds no readable ``manifest.json``)."""
+    """One archive file on the host (``size`` None: missing; ``error``: no usable manifest)."""
 
     path: str
     size: int | None
@@ -55,16 +47,12 @@ class HostArchive:
 
 @dataclass(frozen=True)
 class Space:
-    """Free bytes on the filesystem holding a path (``filesystem`` as ``df`` names it)."""
-
     filesystem: str
     free: int
 
 
 @dataclass(frozen=True)
 class HostImageState:
-    """Everything ``state_script`` reports (see the module docstring)."""
-
     docker: bool = False
     docker_root: str = DEFAULT_DOCKER_ROOT
     images: dict[str, LocalImage | None] = field(default_factory=dict)
@@ -73,8 +61,7 @@ class HostImageState:
     free: dict[str, Space] = field(default_factory=dict)
 
     def archive_files(self, path: str) -> tuple[str, ...] | None:
-        """The archives ``path`` stands for: its ``.tar`` files (a directory), itself (a file),
-        or None when it is not on the host."""
+        """The archives ``path`` stands for (None: not on the host)."""
         if path in self.dirs:
             return self.dirs[path]
         found = self.archives.get(path)
@@ -83,11 +70,7 @@ class HostImageState:
 
 def state_script(refs: Iterable[str], archives: Iterable[str] = (),
                  spaces: Iterable[str] = (ROOT,)) -> str:
-    """The host-side shell script (read-only; it succeeds whatever is missing).
-
-    + refs: image references to inspect; archives: archive files or directories on the host
-    + spaces: ``root`` (the Docker root) and directories whose free space counts
-    """
+    """The host-side shell script (read-only; it succeeds whatever is missing)."""
     fmt = shlex.quote(INSPECT_FORMAT)
     lines = [
         "if command -v docker >/dev/null 2>&1 && "
@@ -117,7 +100,6 @@ def state_script(refs: Iterable[str], archives: Iterable[str] = (),
 
 
 def parse_state(lines: Iterable[str]) -> HostImageState:
-    """Read ``state_script``'s output (unknown lines are ignored)."""
     docker, root = False, DEFAULT_DOCKER_ROOT
     images: dict[str, LocalImage | None] = {}
     archives: dict[str, HostArchive] = {}

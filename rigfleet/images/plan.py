@@ -1,23 +1,6 @@
 """The staging plan: which pinned images a host still needs, from which source, with which
-commands. Pure: sources and host state in, commands out (``roles/images.py`` runs them, the
-preflight refuses a plan with problems, ``rigfleet images status`` prints it).
-
-Per pinned image (``WantedImage``, one per ``<repo>:<tag>`` the host's staged stacks name):
-
-- **present**: the pinned name holds the pinned image: its id is the pinned ``image_id`` (or,
-  on Docker's containerd image store, the pinned digest), or, without an ``image_id`` pin, its
-  RepoDigests hold the digest. Nothing to do; a converged host changes nothing.
-- **tag**: the image is there under ``<repo>@<digest>`` or its id but not under the pinned
-  name: ``docker tag`` it (no transfer).
-- **fetch**: from the first source that holds it (``SourceResult.ok``, decided by
-  ``rigfleet.images.checks``): pull by digest and tag, or ``docker load`` an archive (streamed
-  over SSH, uploaded, or already on the host) and tag it by image id. From a fleet cache
-  (``ImageSource.cache``) the pull falls back on the host to the next registry or the hub
-  (``cache_steps``), with a warning.
-
-A host holds one image per name, so the pinned name (``<repo>:<tag>``) is the local handle the
-stacks run, verified by image id (``verify_staged``) after every fetch. The disk check counts the
-images still to fetch against the free space where they land (``need_bytes``)::
+commands (present / tag / fetch / refused; docs/images.md has the table). Pure: sources and
+host state in, commands out::
 
     wanted, problems = wanted_images(want.stacks_pins)
     plan = plan_host("host1", wanted, state, results)
@@ -39,13 +22,9 @@ from rigfleet.pins import StackPins
 from rigfleet.registry import registry_of, split_image
 
 GIB = 1024**3
-# Left free on a filesystem after staging (Docker, logs and the stacks need room to run).
+# Peak disk use per byte fetched, and what stays free (docs/images.md, "preflight").
 RESERVE_BYTES = 2 * GIB
-# A pull holds the compressed layers in the Docker root's tmp while it extracts them, and an
-# extracted vLLM image is about twice its download: ~3x the registry's layer sizes at the peak.
 PULL_FACTOR = 3.0
-# `docker load` unpacks the archive into the Docker root's tmp before it registers the layers:
-# ~2x the (uncompressed) archive at the peak.
 LOAD_FACTOR = 2.0
 
 
@@ -77,20 +56,14 @@ class WantedImage:
 
 
 def wanted_images(stacks: Mapping[str, StackPins]) -> tuple[tuple[WantedImage, ...], tuple[str, ...]]:
-    """The images the staged stacks pin, one per name, in stack-name order (every host calls
-    the same operations in the same order), and the conflicts: two stacks pinning one name
-    to different images (a host holds one image per name)."""
-    order: list[str] = []
+    """The images the staged stacks pin, one per name, in stack-name order, and the conflicts
+    (two stacks pinning one name to different images)."""
     by_image: dict[str, list[StackPins]] = {}
     for name in sorted(stacks):
-        p = stacks[name]
-        if p.image not in by_image:
-            order.append(p.image)
-        by_image.setdefault(p.image, []).append(p)
+        by_image.setdefault(stacks[name].image, []).append(stacks[name])
     out: list[WantedImage] = []
     problems: list[str] = []
-    for image in order:
-        pins = by_image[image]
+    for image, pins in by_image.items():
         first = pins[0]
         for other in pins[1:]:
             if other.digest != first.digest or (
@@ -105,8 +78,7 @@ def wanted_images(stacks: Mapping[str, StackPins]) -> tuple[tuple[WantedImage, .
 
 
 def matches(w: WantedImage, img: LocalImage) -> bool:
-    """``img`` is the pinned image: by id when the pins carry one (on the containerd image
-    store the id is the pulled digest), else by its RepoDigests."""
+    """``img`` is the pinned image: by id (or containerd's digest id), else by RepoDigests."""
     if w.image_id:
         return img.id in (w.image_id, w.digest)
     return img.has_digest(w.digest)
@@ -114,11 +86,8 @@ def matches(w: WantedImage, img: LocalImage) -> bool:
 
 @dataclass(frozen=True)
 class Presence:
-    """What the host holds of one wanted image (``presence``).
-
-    + state: ``present`` | ``tag`` (there under ``ref``, not under the name) | ``absent`` |
-      ``mismatch`` (pulled by the pinned digest, but its id is not the pinned image id)
-    """
+    """What the host holds of one wanted image: ``present`` | ``tag`` (under ``ref``) |
+    ``absent`` | ``mismatch`` (pulled by the pinned digest, but another image id)."""
 
     state: str
     ref: str | None = None
@@ -133,7 +102,6 @@ class Presence:
 
 
 def presence(w: WantedImage, state: HostImageState) -> Presence:
-    """Where the wanted image is on the host, if anywhere (see ``Presence``)."""
     named = state.images.get(w.image)
     if named is not None and matches(w, named):
         return Presence("present", w.image, named)
@@ -149,14 +117,8 @@ def presence(w: WantedImage, state: HostImageState) -> Presence:
 
 @dataclass(frozen=True)
 class SourceResult:
-    """What one source can do for one image (``rigfleet.images.checks`` decides).
-
-    + index, source: its place in ``image_sources`` and the entry
-    + ok: it holds the image; reason: why not, or what was found
-    + size: bytes it brings (registry: compressed layers; archive: the file), None: unknown
-    + archive: the archive file that holds it (archive kinds); ref: what is pulled (registries)
-    + image_id: the linux/amd64 config digest the registry's manifests name (read with size)
-    """
+    """What one source can do for one image (``rigfleet.images.checks`` decides); ``size``:
+    the bytes it brings (None: unknown), ``image_id``: what the registry's manifests name."""
 
     index: int
     source: ImageSource
@@ -176,8 +138,6 @@ class SourceResult:
 
 @dataclass(frozen=True)
 class Shell:
-    """A command run on the host."""
-
     command: str
 
 
@@ -202,11 +162,8 @@ Step = Shell | Stream | Upload
 
 @dataclass(frozen=True)
 class ImagePlan:
-    """One wanted image: what is there, what is done (``steps``), from where, what it needs.
-
-    + action: ``present`` | ``tag`` | ``fetch`` | ``refused``
-    + need: space key (``root`` or a directory) -> bytes the fetch needs there
-    """
+    """One wanted image: what is there, the ``action`` and its ``steps``, from where, and
+    ``need``: space key (``root`` or a directory) -> bytes the fetch needs there."""
 
     want: WantedImage
     presence: Presence
@@ -236,13 +193,11 @@ def tag_command(src: str, image: str) -> str:
 
 
 def registry_ref(w: WantedImage, source: ImageSource) -> str:
-    """``registry.lan:5000/vllm/vllm-openai@sha256:...``: the pin in a LAN registry."""
     path = source.repository or registry_of(w.repository)[1]
     return f"{source.registry_host}/{path}@{w.digest}"
 
 
 def fetch_steps(w: WantedImage, r: SourceResult) -> tuple[Step, ...]:
-    """The commands that bring ``w`` from source ``r`` and name it ``w.image``."""
     kind = r.source.kind
     if kind == "hub":
         return (Shell(docker_commands.pull(f"{w.image}@{w.digest}")),
@@ -268,9 +223,7 @@ WARNING_MARK = "[rigfleet-images] WARNING: "
 
 
 def cache_steps(w: WantedImage, r: SourceResult, after: SourceResult) -> tuple[Step, ...]:
-    """A pull from the fleet cache ``r`` that falls back to ``after`` (a registry or the
-    hub) when it fails: the cache down, or a blob that fails Docker's digest check. One
-    command, so the fallback runs on the host; the fallback says so on stderr."""
+    """A pull from the fleet cache ``r`` that falls back on the host to ``after``, warning."""
     first = " && ".join(s.command for s in fetch_steps(w, r) if isinstance(s, Shell))
     then = " && ".join(s.command for s in fetch_steps(w, after) if isinstance(s, Shell))
     note = shlex.quote(f"{WARNING_MARK}{w.image}: the pull from {r.label} failed (down, or a "
@@ -279,7 +232,6 @@ def cache_steps(w: WantedImage, r: SourceResult, after: SourceResult) -> tuple[S
 
 
 def need_bytes(r: SourceResult) -> dict[str, int]:
-    """Space key -> bytes a fetch from ``r`` needs at its peak (0 when the size is unknown)."""
     size = r.size or 0
     if r.source.kind in ("hub", "registry"):
         return {ROOT: int(size * PULL_FACTOR)}
@@ -290,7 +242,6 @@ def need_bytes(r: SourceResult) -> dict[str, int]:
 
 
 def plan_image(w: WantedImage, here: Presence, results: Sequence[SourceResult]) -> ImagePlan:
-    """One image's plan (see the module docstring)."""
     if here.state == "present":
         return ImagePlan(w, here, "present")
     if here.state == "tag" and here.ref:
@@ -303,8 +254,7 @@ def plan_image(w: WantedImage, here: Presence, results: Sequence[SourceResult]) 
         if r.source.cache is None:
             return ImagePlan(w, here, "fetch", fetch_steps(w, r), r, tuple(results),
                              need_bytes(r))
-        # A fleet cache is not asked from here: used only before a registry (or the hub)
-        # that holds the image, which the host falls back to (it is what the cache pulls).
+        # A fleet cache is not asked from here: used only before a registry that holds it.
         after = next((a for a in results[i + 1:] if a.ok), None)
         if after is not None and after.source.kind in ("hub", "registry"):
             return ImagePlan(w, here, "fetch", cache_steps(w, r, after), r, tuple(results),
@@ -316,13 +266,7 @@ def plan_image(w: WantedImage, here: Presence, results: Sequence[SourceResult]) 
 def plan_host(host: str, wanted: Sequence[WantedImage], state: HostImageState,
               results: Mapping[str, Sequence[SourceResult]],
               conflicts: Sequence[str] = ()) -> StagingPlan:
-    """Every wanted image's plan, the refusals and the disk check for one host (pure).
-
-    + host: the inventory name (every problem line starts with it)
-    + wanted: ``wanted_images``; state: the host's ``HostImageState``
-    + results: image -> each source's ``SourceResult`` (only needed for absent images)
-    + conflicts: ``wanted_images``' problems
-    """
+    """Every wanted image's plan, the refusals and the disk check for one host."""
     plans = [plan_image(w, presence(w, state), results.get(w.image, ())) for w in wanted]
     problems = [f"{host}: {line}" for line in conflicts]
     notes: list[str] = []
@@ -338,7 +282,6 @@ def plan_host(host: str, wanted: Sequence[WantedImage], state: HostImageState,
 
 
 def refusal(host: str, p: ImagePlan) -> list[str]:
-    """The lines that refuse one image: what is wanted, then each source and why not."""
     w = p.want
     ident = f"digest {w.digest}" + (f", image id {w.image_id}" if w.image_id else "")
     if p.presence.state == "mismatch" and p.presence.local is not None:
@@ -349,8 +292,6 @@ def refusal(host: str, p: ImagePlan) -> list[str]:
             f"({ident}); allowed: a source that holds it (pin a release tag (vX.Y.Z), or keep a "
             "saved copy: `rigfleet images import FILE --into DIR` and list DIR as an archive "
             "source, or --host to load it)")
-    if not p.tried:
-        return [head]
     return [head] + [f"{host}: {r.label}: {r.reason}" for r in p.tried]
 
 
@@ -390,11 +331,8 @@ def _gib(nbytes: float) -> str:
 
 def verify_staged(w: WantedImage, local: LocalImage | None, source: SourceResult | None) -> \
         str | None:
-    """After a fetch or tag: the pinned name holds the pinned image; None when it does.
-
-    Where the source keeps a digest (a registry pull) the RepoDigests must hold it too; a
-    loaded archive has none, and is verified by image id alone.
-    """
+    """After a fetch or tag, why the pinned name does not hold the pinned image (None: it
+    does); a loaded archive has no RepoDigests and is verified by image id alone."""
     if local is None:
         return f"image {w.image} is not on the host after staging"
     if w.image_id and local.id not in (w.image_id, w.digest):

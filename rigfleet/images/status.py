@@ -1,6 +1,5 @@
 """``rigfleet images status``: per host and pinned image, what is there and which source would
-provide it, from the same plan the deploy runs (``rigfleet.images.deploy.build_plan``), the
-host's state read over the SSH layer instead of a fact::
+provide it, from the same plan the deploy runs (its state read over SSH)::
 
     rows = fleet_images(hosts, SshRemote())
     table(rows).print(Console())          # or: json.dumps(as_json(rows))
@@ -27,8 +26,6 @@ from rigfleet.tables import Table
 
 @dataclass(frozen=True)
 class HostImages:
-    """One host's answer: its plan, or why there is none."""
-
     host: str
     plan: StagingPlan | None = None
     error: str | None = None
@@ -36,8 +33,6 @@ class HostImages:
 
 
 def host_images(host: InventoryHost, remote: Remote, checker: SourceChecker) -> HostImages:
-    """The plan for one host (its data, pins and state over SSH); raises ``RigfleetError``
-    (``fleet_images`` makes it the host's error row)."""
     want = load_desired(host.name, host.data)
     plan = build_plan(want, host_state(remote, host, **fact_arguments(want)), checker)
     return HostImages(host.name, plan, problems=plan.problems)
@@ -45,23 +40,20 @@ def host_images(host: InventoryHost, remote: Remote, checker: SourceChecker) -> 
 
 def fleet_images(hosts: Sequence[InventoryHost], remote: Remote,
                  checker: SourceChecker | None = None) -> list[HostImages]:
-    """Every host's ``HostImages``, asked at once (``rigfleet.fleetview.each_host``;
-    registries once per image)."""
     checker = checker or SourceChecker()
     return each_host(hosts, lambda h: host_images(h, remote, checker),
                      lambda h, why: HostImages(h.name, error=why))
 
 
 def source_cell(p: ImagePlan) -> str:
-    """``[1] archive``: the source a fetch would use (its place in image_sources and kind)."""
+    """``[1] archive``: the source a fetch would use."""
     if p.action == "fetch" and p.source is not None:
         return f"[{p.source.index}] {p.source.source.kind}"
     return {"present": "-", "tag": "docker tag", "refused": "none"}.get(p.action, "-")
 
 
 def table(rows: Sequence[HostImages], title: str = "rigfleet images status") -> Table:
-    """One line per host and image (the image last: the one cell a narrow terminal cuts);
-    the stacks, the chosen source's finding and the problems as notes under it."""
+    """One line per host and image (last: the cell a narrow terminal cuts), notes under it."""
     t = Table(title, ["host", "present", "id", "source", "image"])
     for row in rows:
         if row.plan is None:
@@ -84,7 +76,6 @@ def table(rows: Sequence[HostImages], title: str = "rigfleet images status") -> 
 
 
 def as_json(rows: Sequence[HostImages]) -> dict[str, Any]:
-    """The rows as plain data (``--json``)."""
     hosts = []
     for row in rows:
         entry: dict[str, Any] = {"host": row.host, "error": row.error, "images": [],
@@ -107,6 +98,5 @@ def as_json(rows: Sequence[HostImages]) -> dict[str, Any]:
 
 
 def exit_status(rows: Sequence[HostImages]) -> int:
-    """0: every host has (or can get) every pinned image; 1: some host cannot, or is not
-    reachable."""
+    """0: every host has (or can get) every pinned image."""
     return 0 if all(not r.error and not r.problems for r in rows) else 1

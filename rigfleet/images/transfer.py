@@ -1,9 +1,5 @@
-"""Moving saved images between a host's engine and this machine, over the SSH layer.
-
-The one piece of code that saves images (``export_image``: ``rigfleet images export`` and
-``rigfleet bump --save-dir`` use it) and the one that loads them (``stream_archive``: the
-deploy's archive source and ``rigfleet images import``). Both stream (nothing is staged on
-the host), hash what passes, and verify by image id::
+"""Moving saved images between a host's engine and this machine, over the SSH layer: both ways
+stream (nothing is staged on the host), hash what passes, and verify by image id::
 
     saved = export_image(SshRemote(), host, want, Path("/srv/image-archive"), "0.27.1")
     saved.path, saved.sha256, saved.image_id
@@ -20,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from rigfleet.errors import RigfleetError
 from rigfleet.images.archive import ArchiveError, archive_name, inspect_archive, write_sidecar
@@ -33,8 +29,7 @@ Meter = Callable[[int], None]
 
 
 class ImageError(RigfleetError, RuntimeError):
-    """``docker save`` / ``docker load`` failed, or the image is not what the pin says; the
-    message names the host, the image and quotes docker."""
+    """``docker save`` / ``docker load`` failed, or the image is not what the pin says."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +48,7 @@ class SavedArchive:
 
 @contextmanager
 def progress_bar(description: str, total: int | None) -> Iterator[Meter]:
-    """A rich progress bar on stderr for a transfer; yields the callback to feed bytes to."""
+    """A progress bar on stderr for a transfer; yields the callback to feed bytes to."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -82,13 +77,8 @@ def host_state(remote: Remote, host: InventoryHost, refs: tuple[str, ...],
 
 def export_image(remote: Remote, host: InventoryHost, want: WantedImage, directory: Path,
                  vllm_version: str | None = None, meter: Meter | None = None) -> SavedArchive:
-    """``docker save`` the pinned image on ``host`` into ``directory`` here, with a sidecar.
-
-    The image is found by the pin (name, digest or image id, verified: never a same-named
-    other image), saved under its pinned name (so ``docker load`` restores the name), streamed
-    over SSH into ``<dir>/<archive_name>.partial``, checked to hold that image id, renamed,
-    and described in ``<name>.json`` (image, digest, image id, vLLM version, sha256, bytes).
-    """
+    """``docker save`` the pinned image (found by the pin, saved under its pinned name) on
+    ``host`` into ``directory`` here, checked to hold its image id, with a sidecar."""
     state = host_state(remote, host, want.refs)
     here = presence(want, state)
     if here.local is None or here.state not in ("present", "tag"):
@@ -106,20 +96,9 @@ def export_image(remote: Remote, host: InventoryHost, want: WantedImage, directo
               f"docker tag {src} {name} >&2 || exit 3; docker save {name}; rc=$?; "
               f'if [ -n "$prev" ] && [ "$prev" != {shlex.quote(local.id)} ]; then '
               f'docker tag "$prev" {name} >&2; fi; exit $rc')
-    digest = hashlib.sha256()
-    size = 0
     with partial.open("wb") as raw:
-
-        class _Tee:
-            def write(self, chunk: bytes) -> int:
-                nonlocal size
-                digest.update(chunk)
-                size += len(chunk)
-                if meter is not None:
-                    meter(len(chunk))
-                return raw.write(chunk)
-
-        rc, err = remote.stream_out(host, script, _Tee())  # type: ignore[arg-type]
+        tee = Counted(raw, meter)
+        rc, err = remote.stream_out(host, script, tee)  # type: ignore[arg-type]
     if rc != 0:
         partial.unlink(missing_ok=True)
         raise ImageError(f"{host.name}: docker save {want.image} failed (exit {rc}): "
@@ -134,37 +113,41 @@ def export_image(remote: Remote, host: InventoryHost, want: WantedImage, directo
         partial.unlink(missing_ok=True)
         raise ImageError(f"{host.name}: the saved archive holds {info.label}, not {local.id}")
     partial.replace(dest)
+    sha = tee.sha.hexdigest()
     write_sidecar(dest, image=want.image, digest=want.digest, image_id=local.id,
-                  vllm_version=vllm_version, sha256=digest.hexdigest(), bytes=size,
-                  saved_from=host.name,
+                  vllm_version=vllm_version, sha256=sha, bytes=tee.bytes, saved_from=host.name,
                   saved_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"))
-    return SavedArchive(dest, digest.hexdigest(), size, local.id)
+    return SavedArchive(dest, sha, tee.bytes, local.id)
 
 
-class _Reader:
-    """A file read in chunks, counted (and hashed) as it goes."""
+class Counted:
+    """A file read or written in chunks, hashed and counted (``meter``) as it goes."""
 
     def __init__(self, f: BinaryIO, meter: Meter | None) -> None:
         self.f, self.meter = f, meter
         self.sha = hashlib.sha256()
         self.bytes = 0
 
-    def read(self, n: int = -1) -> bytes:
-        chunk = self.f.read(n)
+    def _count(self, chunk: bytes) -> bytes:
         self.sha.update(chunk)
         self.bytes += len(chunk)
         if self.meter is not None and chunk:
             self.meter(len(chunk))
         return chunk
 
+    def read(self, n: int = -1) -> bytes:
+        return self._count(self.f.read(n))
+
+    def write(self, chunk: bytes) -> int:
+        return self.f.write(self._count(chunk))
+
 
 def stream_archive(remote: Remote, host: InventoryHost, path: str | Path,
                    command: str = "docker load", meter: Meter | None = None) -> str:
-    """Feed a control-side archive into ``command`` (``docker load``) on ``host``; returns its
-    output (``Loaded image: ...``). Raises ``ImageError`` quoting docker."""
+    """Feed a control-side archive into ``command`` on ``host``; returns its output."""
     started = time.monotonic()
     with Path(path).open("rb") as f:
-        reader = _Reader(f, meter)
+        reader = Counted(f, meter)
         rc, out = remote.stream_in(host, command, reader)  # type: ignore[arg-type]
     if rc != 0:
         raise ImageError(f"{host.name}: {command} of {path} failed (exit {rc}, "
@@ -176,7 +159,7 @@ def stream_archive(remote: Remote, host: InventoryHost, path: str | Path,
 def load_archive(remote: Remote, host: InventoryHost, want: WantedImage, path: str | Path,
                  meter: Meter | None = None) -> str:
     """Put ``want`` from a control-side archive into ``host``'s engine under its pinned name,
-    verified by image id. Returns ``present``, ``tagged`` or ``loaded``."""
+    verified: ``present``, ``tagged`` or ``loaded``."""
     if not want.image_id:
         raise ImageError(f"{want.image}: no image id to verify the archive against")
     try:
@@ -200,8 +183,3 @@ def load_archive(remote: Remote, host: InventoryHost, want: WantedImage, path: s
     if problem:
         raise ImageError(f"{host.name}: {problem} (loaded from {path})")
     return done
-
-
-def sidecar_pin(data: dict[str, Any]) -> dict[str, Any]:
-    """The pins.yaml keys an archive's sidecar can fill: image, digest, image_id, vllm_version."""
-    return {k: data[k] for k in ("image", "digest", "image_id", "vllm_version") if data.get(k)}

@@ -1,19 +1,9 @@
 """Fleet status: one row per host, what it runs and whether it drifted from inventory + pins.
 
-    rigfleet status --inventory inventory/home.py [--json] [--timeout 20]
+``rows`` probes hosts and builds the rows, ``drift`` decides what differs from the host's
+``DesiredHost`` (pure), ``render`` prints them, ``cli`` is the command::
 
-By concern: ``rows`` probes hosts (the host probe over ``rigfleet.ssh``) and builds the rows,
-``drift`` decides what differs from the host's ``DesiredHost`` (pure), ``render`` prints
-them, ``cli`` is the command. The host checks (``tests/hosts``) read the same
-``DesiredHost``.
-
-Example::
-
-    from rigfleet.inventory import load_inventory
-    from rigfleet.status import fleet_status, render_table
-
-    rows = fleet_status(load_inventory("inventory/home.py"))
-    render_table(rows).print(rich.console.Console())
+    render_table(fleet_status(load_inventory("inventory/home.py"))).print(Console())
 """
 
 from rigfleet.status.drift import cap_drift, find_drift

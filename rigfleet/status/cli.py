@@ -1,13 +1,6 @@
-"""``rigfleet status`` with the fleet options (``--inventory``, ``--limit``, ``--json``...).
-
-For every GPU host, concurrently, one SSH connection runs the host probe (``rigfleet-host.pyz
-probe --full``); the drift against inventory + pins is decided on this side
-(``rigfleet.status.drift``). For every balancer (group ``balancers``), HAProxy's runtime API
-says which hosts of each stack are in rotation (``rigfleet.balancer.status``), in a second
-table. The exit status says the worst found (``rigfleet.status.rows``).
-
-``--html FILE`` writes a page instead: per-host tokens/s over time and the alerts, from the
-Prometheus of the inventory's ``monitors`` host (``rigfleet.monitor``; docs/monitoring-rules.md).
+"""``rigfleet status``: the hosts' rows (one probe each), then the balancers' rotation table;
+the exit status says the worst found. ``--html FILE`` writes a page from the monitor's
+Prometheus instead (docs/monitoring-rules.md).
 """
 
 from __future__ import annotations
@@ -32,7 +25,6 @@ from rigfleet.status.rows import (
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet status`` on the CLI's subparsers (``cli.py`` calls this)."""
     p = subparsers.add_parser(
         "status", parents=[fleet_options()],
         help="one row per host: reachable, stack, pins, last gate, drift",
@@ -51,7 +43,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _hours(text: str) -> float:
-    """``--hours``: a number of hours from 0.25 to 24 * 30."""
     try:
         value = float(text)
     except ValueError:
@@ -62,7 +53,6 @@ def _hours(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``rigfleet status``: print the fleet's rows; the exit status says the worst found."""
     from rigfleet.balancer.status import balancer_rows
     from rigfleet.cliargs import select
     from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
@@ -94,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str]) -> int:
-    """``--html FILE``: ask the monitor's Prometheus over SSH, render, write; EXIT_ERROR on a problem."""
+    """``--html FILE``: ask the monitor's Prometheus over SSH, render, write."""
     import time
     from pathlib import Path
 
@@ -128,13 +118,11 @@ def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str])
 
 
 def balancer_exit(rows: Sequence[Any]) -> int:
-    """A balancer that cannot be read, or a stack with no host in rotation, is as bad as an
-    unreachable host (2): the fleet endpoint does not serve that stack."""
+    """An unreadable balancer, or a stack with no host in rotation, counts as unreachable."""
     return EXIT_OK if all(r.ok for r in rows) else EXIT_UNREACHABLE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rigfleet.status --inventory ...``: the same command without ``cli.py``."""
     parser = argparse.ArgumentParser(prog="rigfleet")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["status", *(sys.argv[1:] if argv is None else argv)])

@@ -1,9 +1,4 @@
-"""Drift: everything on a host that differs from what the deploy makes of it (pure).
-
-``find_drift`` compares the host probe (``rigfleet.hostprobe.HostProbe``, ``--full``) with the
-host's ``DesiredHost``: power caps, the desired stack's container (running, image digest,
-config), another stack running, the Genesis checkout, the weights (revision, files unchanged),
-the front's route and answers, and what ``state.json`` records::
+"""Drift: everything on a host (its ``--full`` probe) that differs from its ``DesiredHost``::
 
     find_drift(want, probe)
     # ['card 0 power limit 200 W, inventory 290 W']
@@ -28,7 +23,7 @@ _HEXLIKE = re.compile(r"(?:sha256:)?[0-9a-f]{40,64}")
 
 
 def short(value: str | None, n: int = 12) -> str:
-    """Digests and commits shortened for a message (``sha256:`` kept); other values whole."""
+    """Digests and commits shortened for a message (``sha256:`` kept)."""
     if not value:
         return "-"
     if not _HEXLIKE.fullmatch(value):
@@ -37,7 +32,6 @@ def short(value: str | None, n: int = 12) -> str:
 
 
 def parse_gpus(gpu: Mapping[str, Any]) -> tuple[list[Any], str | None]:
-    """(GpuInfo list, error) from the probe's nvidia-smi output."""
     if gpu.get("rc") != 0:
         why = (gpu.get("stderr") or gpu.get("stdout") or "").strip().splitlines()
         return [], f"nvidia-smi fails ({why[-1] if why else 'exit ' + str(gpu.get('rc'))})"
@@ -48,26 +42,22 @@ def parse_gpus(gpu: Mapping[str, Any]) -> tuple[list[Any], str | None]:
 
 
 def cap_drift(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
-    """``card N power limit X W, inventory Y W`` for each card whose limit is not its cap."""
     by_index = {g.index: g for g in gpus}
     out = []
     for i, want in enumerate(caps):
         g = by_index.get(i)
-        have = getattr(g, "power_limit_w", None) if g is not None else None
+        have = getattr(g, "power_limit_w", None)
         if g is None:
             out.append(f"card {i} missing (inventory cap {want} W)")
-        elif have is None or abs(float(have) - want) > CAP_TOLERANCE_W:
-            out.append(
-                f"card {i} power limit {have:g} W, inventory {want} W"
-                if have is not None
-                else f"card {i} power limit unknown, inventory {want} W"
-            )
+        elif have is None:
+            out.append(f"card {i} power limit unknown, inventory {want} W")
+        elif abs(float(have) - want) > CAP_TOLERANCE_W:
+            out.append(f"card {i} power limit {have:g} W, inventory {want} W")
     return out
 
 
 def supervisor_drift(sup: Mapping[str, Any] | None) -> list[str]:
-    """What the engine supervisor says is wrong: it is recreating a dead engine, it gave up
-    (the front answers 503 with the reason), or it is not running at all."""
+    """The supervisor recreating a dead engine, given up, or not running."""
     if sup is None:
         return []
     if sup.get("error"):
@@ -86,7 +76,7 @@ def supervisor_drift(sup: Mapping[str, Any] | None) -> list[str]:
 
 
 def find_drift(want: DesiredHost, probe: HostProbe) -> list[str]:
-    """Everything on the host that differs from ``want``, one short line each (pure)."""
+    """Everything on the host that differs from ``want``, one short line each."""
     drift: list[str] = []
     gpus, gpu_error = parse_gpus(probe.section("gpu"))
     drift += [gpu_error] if gpu_error else cap_drift(want.settings.power_caps_w, gpus)

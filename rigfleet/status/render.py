@@ -1,8 +1,4 @@
-"""Status rows for people (a table, one line per host, drift as notes) and for pipes (JSON).
-
-    render_table(rows, "rigfleet status").print(Console())
-    print(render_json(rows))
-"""
+"""Status rows for people (a table, one line per host, drift as notes) and for pipes (JSON)."""
 
 from __future__ import annotations
 
@@ -19,22 +15,18 @@ from rigfleet.tables import Table
 
 
 def _hex(value: str | None, n: int = 8) -> str:
-    """A digest or commit shortened for a table cell (``sha256:`` dropped)."""
     return value.removeprefix("sha256:")[:n] if value else "-"
 
 
 def _when(iso: str | None) -> str:
-    """``2026-11-29T16:45:02+00:00`` -> ``11-29 16:45`` for a table cell (UTC, as recorded;
-    ``--json`` has the full time)."""
+    """``2026-11-29T16:45:02+00:00`` -> ``11-29 16:45`` for a table cell."""
     if not iso:
         return ""
     return iso.replace("T", " ")[5:16] if len(iso) >= 16 and iso[10] == "T" else iso
 
 
 def render_json(rows: Sequence[StatusRow], balancers: Sequence[BalancerRow] = ()) -> str:
-    """``--json``: ``{"hosts": [row, ...], "ok": bool, "bumps": [...], "balancers": [...]}``
-    with full digests and commits; ``bumps`` (``bump_summaries``) only while a bump is
-    unfinished; ``balancers`` (a row per balancer and stack) when the inventory has any."""
+    """``--json``: hosts, ok, and the unfinished bumps and the balancers when there are any."""
     out: dict[str, Any] = {"hosts": [{**asdict(r), "ok": r.ok} for r in rows],
                            "ok": all(r.ok for r in rows) and all(b.ok for b in balancers)}
     bumps = bump_summaries(rows)
@@ -65,8 +57,7 @@ def bump_cell(view: Mapping[str, Any] | None) -> Text:
 
 
 def bump_summaries(rows: Sequence[StatusRow]) -> list[dict[str, Any]]:
-    """One entry per unfinished bump the rows are in: its id, target, start, who, journal,
-    and its hosts by where they stand (``candidate``, ``old``, ``in flight``, ...)."""
+    """One entry per unfinished bump the rows are in, its hosts by where they stand."""
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         if not r.bump:
@@ -88,8 +79,7 @@ def _bump_note(summary: Mapping[str, Any]) -> Text:
 
 
 def render_balancers(rows: Sequence[BalancerRow], title: str = "balancers") -> Table:
-    """One line per balancer and stack: its URL, how many of the stack's hosts are in
-    rotation and which; hosts out of rotation (and why) and errors follow as notes."""
+    """One line per balancer and stack: which hosts are in rotation; the rest as notes."""
     table = Table(title, ["balancer", "stack", "up", "in rotation", "url"],
                   keys=("balancer", "stack"))
     for r in rows:
@@ -106,8 +96,7 @@ def render_balancers(rows: Sequence[BalancerRow], title: str = "balancers") -> T
 
 
 def tok_s(throughput: dict | None) -> Text:
-    """``89/119`` (narrative/code decode tok/s of the last gate), red when its throughput
-    check failed; ``-`` without a record."""
+    """``89/119`` (narrative/code decode tok/s of the last gate), red when it failed."""
     if not throughput:
         return Text("-")
 
@@ -119,12 +108,8 @@ def tok_s(throughput: dict | None) -> Text:
 
 
 def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> Table:
-    """One line per host: stack (or why it cannot be read), pins (image digest / Genesis /
-    model revision, short), last gate, the last gate's decode tok/s (narrative/code), how
-    much drift; the drift lines and errors follow as notes. While a ``rigfleet bump`` is
-    unfinished the title says ``(mid-bump)``, a ``bump`` column says where each host stands
-    (on the candidate since when, on the old pins, in flight and what it runs) and a
-    ``mid-bump`` note names the bump and what to do."""
+    """One line per host, drift and errors as notes; while a bump is unfinished, a ``bump``
+    column and a ``mid-bump`` note."""
     mid_bump = any(r.bump for r in rows)
     columns = ["host", "stack", "image/genesis/model", "gate", "tok/s", "drift"]
     table = Table(title + (" (mid-bump)" if mid_bump else ""),

@@ -1,12 +1,6 @@
-"""One status row per host: probe it (over ``rigfleet.ssh``), decide its drift, summarise.
-
-    rows = fleet_status(gpu_hosts(load_inventory("inventory/home.py")))
-    [r.host for r in rows if r.drift]           # hosts that differ from inventory + pins
-    exit_status(rows)                           # 0 ok, 1 drift, 2 unreachable
-
-Exit status: 0 when every host is reachable and nothing drifted, 1 when some host drifted, 2
-when some host is unreachable (or its inventory data is invalid), 3 when the inventory or the
-pins cannot be read (the command says so).
+"""One status row per host: probe it, decide its drift, summarise. Exit status: 0 all good,
+1 some host drifted, 2 some host unreachable (or its data invalid), 3 the inventory or the
+pins cannot be read.
 """
 
 from __future__ import annotations
@@ -23,7 +17,6 @@ from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host, probe_for
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.hostprobe import HostProbe
-from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
@@ -34,8 +27,6 @@ EXIT_OK, EXIT_DRIFT, EXIT_UNREACHABLE, EXIT_ERROR = 0, 1, 2, 3
 
 @dataclass
 class StatusRow:
-    """One host's status (``--json`` prints these as objects)."""
-
     host: str
     reachable: bool
     stack: str | None = None
@@ -47,11 +38,8 @@ class StatusRow:
     drift: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
-    # The last gate's throughput (rigfleet.hostside.records.ThroughputRecord): decode tok/s
-    # per shape, the check's result, when, and the scale it was measured under.
     throughput: dict[str, Any] | None = None
-    # Where the host stands in an unfinished ``rigfleet bump`` (``BumpJournal.host_view``,
-    # plus ``runs`` for a host it was deploying: what the host itself says it runs).
+    # Where the host stands in an unfinished bump (``BumpJournal.host_view``, plus ``runs``).
     bump: dict[str, Any] | None = None
 
     @property
@@ -72,7 +60,6 @@ def gate_summary(probe: HostProbe) -> tuple[str | None, str | None]:
 
 
 def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> StatusRow:
-    """The row for a reachable host from its probe (pure)."""
     state = probe.state
     c = probe.containers.get(want.current.spec.container_name) or {}
     running = next((n for n, v in probe.containers.items() if v.get("status") == "running"),
@@ -85,6 +72,9 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
         digests[0] if digests else None)
     result, when = gate_summary(probe)
     last = probe.throughput_last
+    throughput = None if last is None else {
+        "stack": last.stack, "narrative": last.decode("narrative"), "code": last.decode("code"),
+        "result": last.result, "at": last.at, "scale": last.scale}
     return StatusRow(
         host=want.name,
         reachable=True,
@@ -96,21 +86,14 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
         gate_time=when,
         drift=find_drift(want, probe),
         seconds=round(seconds, 2),
-        throughput=throughput_summary(last) if last else None,
+        throughput=throughput,
     )
 
-
-def throughput_summary(record: ThroughputRecord) -> dict[str, Any]:
-    """The status row's view of the last gate's throughput record."""
-    return {"stack": record.stack, "narrative": record.decode("narrative"),
-            "code": record.decode("code"), "result": record.result, "at": record.at,
-            "scale": record.scale}
 
 
 def desired_choices(settings: HostSettings, pins: Pins,
                     journal: BumpJournal | None) -> tuple[DesiredHost, ...]:
-    """What the host should run: one ``DesiredHost``; two (old pins, candidate) for a host an
-    interrupted bump was deploying, which only the host can tell apart (``pick``)."""
+    """What the host should run; two (old pins, candidate) mid-bump (``pick`` decides)."""
     if journal is None:
         return (build_desired(settings, pins.for_host(settings.name)),)
     try:
@@ -120,8 +103,7 @@ def desired_choices(settings: HostSettings, pins: Pins,
 
 
 def pick(wants: tuple[DesiredHost, ...], probe: HostProbe) -> tuple[DesiredHost, int]:
-    """The one of ``wants`` whose served stack ``state.json`` records (else the first), and
-    its index."""
+    """The one of ``wants`` whose stack ``state.json`` records (else the first), its index."""
     keys = ("stack", "digest", "genesis_commit")
     for i, want in enumerate(wants):
         if all(probe.state.get(k) == want.current.tracked.get(k) for k in keys):
@@ -167,19 +149,13 @@ def fleet_status(
     pins_base: Path | None = None,
     probe: Callable[[InventoryHost], StatusRow] | None = None,
 ) -> list[StatusRow]:
-    """Every host's row, probed at once (``rigfleet.fleetview.each_host``), in inventory
-    order; a host with no answer in time gets an unreachable row, the others are not held.
-
-    + timeout: seconds per host (connect, and the probe's answer)
-    + probe: replaces ``host_status`` (tests)
-    """
+    """Every host's row, probed at once, in inventory order (``probe``: tests' stand-in)."""
     return each_host(hosts, probe or (lambda h: host_status(h, timeout, pins_base)),
                      lambda h, why: StatusRow(h.name, reachable=False, error=why),
                      timeout=timeout)
 
 
 def exit_status(rows: Sequence[StatusRow]) -> int:
-    """0 all good, 1 some host drifted, 2 some host unreachable (or its data invalid)."""
     if any(not r.reachable or r.error for r in rows):
         return EXIT_UNREACHABLE
     if any(r.drift for r in rows):
