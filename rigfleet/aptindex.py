@@ -1,16 +1,10 @@
-"""An apt repository read from the control side the way a host's apt reads it: the signed
-index verified with the configured key, then ``Packages`` (checked against the index's
-SHA256 list), so ``rigfleet check --online`` can say whether a pinned package is there.
-
-The key comes from ``key_url`` and must carry ``key_fingerprint`` when one is configured. The
-signature is judged by the host OS's own apt: Debian 13 (trixie) verifies with ``sqv``, whose
-policy rejects SHA-1 bindings since 2026-02-01; used here when ``sqv`` is installed, else
-``gpgv`` plus a look at the key's binding signatures (``gpg --list-packets``), and the result
-says which. Other OSes verify with ``gpgv``::
+"""An apt repository read as a host's apt reads it (signed index, then ``Packages`` by SHA256),
+for ``rigfleet check --online``. Debian 13 verifies with ``sqv`` (no SHA-1 bindings since
+2026-02-01), others with ``gpgv``; docs/converge.md::
 
     index = read_index(repo.expand(os_id="debian", version_id="13", codename="trixie"),
                        policy="sqv")
-    index.versions("nvidia-driver-cuda")   # ["580.105.08-1", ...]; index.verifier "gpgv+sha1"
+    index.versions("nvidia-driver-cuda")   # ["580.105.08-1", ...]
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The apt repositories host data names (``apt_repos``): their type and their check.
-
-The deploy installs the NVIDIA driver, the container toolkit and Docker from these, each
-``signed-by`` its own keyring. URLs and suites may hold placeholders filled per host from
-``/etc/os-release`` (``AptRepo.expand``)::
+"""The apt repositories of host data ``apt_repos``, with per-host placeholders::
 
     repo = settings.apt_repos["cuda"].expand(os_id="ubuntu", version_id="24.04",
                                              codename="noble")
     repo.source_line("/etc/apt/keyrings/cuda.gpg")
-    # 'deb [signed-by=/etc/apt/keyrings/cuda.gpg] https://.../ubuntu2404/x86_64/ /'
 """
 
 from __future__ import annotations

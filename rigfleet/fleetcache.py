@@ -1,18 +1,8 @@
-"""The fleet cache: what a cache host serves and how the fleet's hosts reach it.
-
-A host of inventory group ``caches`` runs Docker's registry in proxy (pull-through) mode for
-``cache_registry_upstream`` and nginx serving the model revisions it fetched and verified,
-read-only, as ``http://<cache_address>:<cache_model_port>/<org>/<name>/<revision>/<file>``
-(``model_path``). Rigs fetch weights from the caches first, then from their ``hf_endpoint``,
-and verify every file's sha256 against the pinned revision's listing either way
-(files/rigfleet-fetch-weights.py ``--mirror``); docs/images.md.
-
-Example::
+"""The fleet cache (group ``caches``, docs/images.md): a registry proxy for images and nginx for
+verified model revisions; what it serves and how hosts reach it::
 
     render_registry_config(settings)           # /etc/docker/registry/config.yml
-    render_nginx_site(settings)                # /etc/nginx/conf.d/rigfleet-cache.conf
     seed_command(upstream, "vllm/vllm-openai", digest)   # the pin into the cache
-    model_path("/srv/c", "org/m", "ab" * 20)   # /srv/c/org/m/abab...
     model_mirrors(host.inventory)              # ('http://lb1.lan:8081',)
 """
 

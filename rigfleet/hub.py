@@ -1,13 +1,7 @@
-"""The Hugging Face hub from the control side, through ``huggingface_hub``: a model's revision
-and its files at a revision, with the inventory's token when there is one.
-
-The token is read from the token file (host data ``hf_token_file``) and handed to ``HfApi`` in
-memory: never in a process's arguments, a message or a log. Failures are sorted into what a
-caller decides on: ``HubMissing`` (the hub answered: no such repository or revision, or gated
-for this caller), ``HubUnreachable`` (no answer), ``HubError`` (anything else)::
+"""The Hugging Face hub through ``huggingface_hub``; the token stays in memory, failures are
+``HubMissing`` (the hub said no), ``HubUnreachable`` or ``HubError``::
 
     hub = Hub("https://huggingface.co", token_file="~/.config/rigfleet/hf-token")
-    hub.revision("Lorbus/Qwen3.6-27B-int4-AutoRound")            # main's full commit
     hub.files("Lorbus/Qwen3.6-27B-int4-AutoRound", "74647d59...")  # ["config.json", ...]
 """
 

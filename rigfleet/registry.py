@@ -1,17 +1,8 @@
-"""The one Docker registry v2 API client: tags, digests, manifests, blobs, image ids.
+"""The one Docker registry v2 client (Docker Hub's bearer tokens, or a plain registry); errors
+name registry, repository and tag; tokens stay in memory::
 
-Works against Docker Hub (anonymous bearer-token dance) and against a plain registry such as a
-LAN mirror or the testbed's. ``docker pull`` is not needed to learn what a tag points at, nor
-which image id a ``docker load`` of a saved copy must reproduce::
-
-    reg = Registry("https://registry-1.docker.io")
-    reg.digest("vllm/vllm-openai", "v0.27.1")            # the index digest the tag names now
-    found = reg.resolve("vllm/vllm-openai", "v0.27.1")   # index -> linux/amd64 -> config
+    found = Registry("https://registry-1.docker.io").resolve("vllm/vllm-openai", "v0.27.1")
     found.digest, found.image_id, found.layer_bytes
-
-Every error names the registry, the repository and the tag (or digest) it was about, and says
-which kind of failure it was (``RegistryNotFound`` for a 404: the tag or digest is not there).
-Tokens stay in memory: never in a message, a URL or a log.
 """
 
 from __future__ import annotations

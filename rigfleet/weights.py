@@ -1,24 +1,9 @@
-"""Model weights on a host: one directory per revision, what is kept, what space it takes.
-
-Every model revision lives in its own directory, ``<model_dir>/<local_dir>@<revision[:12]>``
-(``Layout.weights_dir``), which the fetcher renames into place only once verified and which
-nothing writes after; the compose files mount it read-only. So the active snapshot names the
-revision it served and a rollback restarts it on exactly those files.
-
-- ``WeightsDirs`` (a pyinfra fact, one command): the revision directories of one
-  ``local_dir``, partial downloads, the directory of before per-revision directories
-  (``<model_dir>/<local_dir>``, a link once adopted), each with its mtime and size, and the
-  names the host's compose files mount;
-- ``stale_weights``: what to remove (``rigfleet.retention.stale``, the rule Genesis trees use:
-  the pinned revision, every one a compose file names, ``WEIGHTS_KEPT`` newest);
-- ``weights_space``: what the weights keep on disk and still need, for a disk check.
-
-Example::
+"""Model weights on a host: one read-only directory per revision (docs/converge.md), the
+``WeightsDirs`` fact, what to prune and what space they need::
 
     dirs = read_fact(WeightsDirs, model_dir="/srv/models", local_dir="qwen",
                      compose_files=("/var/lib/rigfleet/active/compose.yaml",))
     stale_weights(dirs, "qwen", revision)        # ['qwen@0123456789ab']
-    weights_space(dirs, "qwen", revision).need   # bytes the disk must have free
 """
 
 from __future__ import annotations

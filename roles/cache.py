@@ -1,22 +1,7 @@
-"""The fleet cache on the hosts of inventory group ``caches`` (a service host; docs/images.md).
+"""The fleet cache: Docker's registry as a pull-through proxy, seeded once per pinned image, and
+verified model revisions served by nginx (docs/images.md)::
 
-- Images: Debian's ``docker-registry`` in proxy (pull-through) mode for
-  ``cache_registry_upstream``, on every address at ``cache_registry_port`` (the fleet's
-  hosts pull from it). Its config (no auth, proxy) is written before the package is
-  installed, and dpkg keeps it (``--force-confold``), so the first start is already the
-  cache. Every pinned image's blobs are seeded into its storage, each fetched upstream once
-  (files/rigfleet-cache-seed.py: the proxy alone would fetch each twice).
-- Weights: every model revision the fleet's GPU hosts pin is fetched here once, with the
-  fetcher and the verification the rigs use (files/rigfleet-fetch-weights.py: sha256 of every
-  file against the hub), into ``<cache_model_dir>/<org>/<name>/<revision>``; nginx serves
-  those files read-only on ``cache_model_port`` (nothing under a dot name: partial downloads
-  and manifests stay private). Rigs verify every file again against the pinned revision.
-- The hub token (``hf_token_file``) goes to the cache host only, root-only, like a rig's.
-
-Example::
-
-    ctx = preflight_cache()
-    cache(ctx)
+    cache(preflight_cache())
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
-"""The monitor: Prometheus and Alertmanager from the distribution's packages on the hosts of
-inventory group ``monitors`` (a service host: no NVIDIA, no Docker; docs/monitoring.md).
+"""The monitor: Prometheus and Alertmanager, loopback only, bound before they first start; the
+scrape config from the inventory, checked by promtool (docs/monitoring.md)::
 
-- Bound before they first start: Debian's and Ubuntu's packages start their services on
-  install, listening on every address. Their ``/etc/default`` files (ARGS: loopback only,
-  retention) are written first; dpkg keeps them (``--force-confold``), so Prometheus
-  (127.0.0.1:9090), Alertmanager (127.0.0.1:9093, no cluster port) and this host's node
-  exporter (127.0.0.1:9100) never listen anywhere else. People reach the UI through SSH
-  (``ssh -L 9090:127.0.0.1:9090 <monitor>``).
-- The scrape config comes from the inventory (``rigfleet.scrape``): every GPU host's node
-  exporter and engine through its front, every balancer's HAProxy, with the fleet's key from
-  ``/etc/prometheus/rigfleet-api-key`` (root:prometheus 0640; ``credentials_file``: never in
-  the config). It is checked with ``promtool check config`` before it replaces the old one.
-- Retention: ``monitor_retention_days``, and a size from the inventory (16 MiB per GPU host
-  and day, or ``monitor_retention_gib``).
-- ``rigfleet_desired_info`` (what each GPU host should serve, from the inventory and its
-  pins) goes to this host's node exporter as a textfile.
-- The rules file is ``files/monitor/rules.yml`` when the repository has one.
-
-Example::
-
-    mon = preflight_monitor()
-    monitor(mon)
+    monitor(preflight_monitor())
 """
 
 from __future__ import annotations

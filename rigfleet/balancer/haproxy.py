@@ -1,13 +1,7 @@
-"""HAProxy on a balancer host: where its files are, its config rendered from a
-``BalancerPlan``, and its runtime stats read back (pure: the role and status do the I/O).
+"""HAProxy on a balancer host: its paths, its config from a ``BalancerPlan``, its stats (pure)::
 
     text = render_config(plan, HOST_PATHS)                 # /etc/haproxy/haproxy.cfg
-    keys_list("k3y...")                                    # the root-only key file's lines
-    servers = parse_stat_csv(out_of_show_stat)             # ``show stat`` on the socket
-    rotation(plan, servers)["int8"].up                     # ('host1', 'host2')
-
-Paths are spelled here only; ``HostPaths`` lets a test render a config that runs on this
-machine (``haproxy -c``, or a real HAProxy on loopback).
+    rotation(plan, parse_stat_csv(show_stat))["int8"].up   # ('host1', 'host2')
 """
 
 from __future__ import annotations

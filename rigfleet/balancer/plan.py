@@ -1,10 +1,5 @@
-"""What a balancer makes of the inventory: one pool per stack, each holding the GPU hosts
-whose desired stack it is (pure; the role renders it, status and endpoints read it).
-
-A request is never sent to a host serving another stack: a host is only in the pool of the
-stack its inventory data names, and its health check also expects the front's readiness
-answer to name that stack (``X-Rigfleet-Route: <stack>/...``), so a host that swapped to
-another stack before the balancer's config followed is out of rotation, not misrouted::
+"""A balancer's plan: one pool per stack of the GPU hosts whose desired stack it is (pure;
+docs/balancer.md says why a host is never sent another stack's requests)::
 
     plan = plan_balancer("lb1", balancer_settings, [GpuHost("host1", settings, "10.0.0.11")])
     [p.stack for p in plan.pools]          # ['int8']
@@ -53,13 +48,7 @@ class GpuHost:
 
 @dataclass(frozen=True)
 class Server:
-    """One GPU host's front as a server of a stack's pool.
-
-    + id: the server's name in HAProxy (the inventory name, characters it refuses as ``_``)
-    + address: ``host:port`` HAProxy connects to
-    + verify_name: the name the front's certificate must carry (TLS fronts), else None
-    + ca_file: the control-side CA the front is verified against (TLS fronts), else None
-    """
+    """One GPU host's front in a pool; ``verify_name`` and ``ca_file`` only for TLS fronts."""
 
     host: str
     id: str
@@ -125,9 +114,8 @@ def split_address(address: str) -> tuple[str, int | None]:
 
 
 def front_target(host: GpuHost) -> tuple[str, str]:
-    """(``host:port`` HAProxy connects to, the name in the front's certificate): host data
-    ``balancer_front_address`` (its port defaults to ``front_port``), else the SSH address
-    (``ssh_hostname``, else the inventory name) and ``front_port``."""
+    """(``host:port`` HAProxy connects to, the name in the front's certificate), from
+    ``balancer_front_address``, else ``ssh_hostname`` or the name, and ``front_port``."""
     given = host.settings.balancer_front_address
     name, port = split_address(given) if given else (host.ssh_hostname or host.name, None)
     port = port or host.settings.front_port
@@ -137,13 +125,8 @@ def front_target(host: GpuHost) -> tuple[str, str]:
 
 def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost],
                   gpu_host: bool = False) -> BalancerPlan:
-    """The balancer ``name`` for the GPU hosts ``hosts`` (inventory order kept per pool).
-
-    The stack of unprefixed ``/v1/...``: ``balancer_default_stack`` when set (it must be some
-    host's stack), else the only stack when all hosts share one, else none (clients must use
-    ``/stacks/<stack>/v1/...``). Raises ``BalancerError`` when there is no GPU host or when
-    two hosts would be the same server.
-    """
+    """The balancer ``name`` for ``hosts``; ``/v1/...`` goes to ``balancer_default_stack``,
+    else to the only stack, else nowhere."""
     if not hosts:
         raise BalancerError(f"{name}: balancers: the inventory has no GPU host to balance; "
                             "allowed: a balancer beside at least one GPU host (every host "
@@ -192,8 +175,7 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
 
 
 def check_hops(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost]) -> None:
-    """An HTTPS balancer passes the client's API key on to each front: refused in front of a
-    plain-HTTP front unless host data ``balancer_plain_fronts`` says the LAN is trusted."""
+    """An HTTPS balancer refuses plain-HTTP fronts unless ``balancer_plain_fronts``."""
     plain = [h.name for h in hosts if h.settings.front_tls is None]
     if settings.tls is None or not plain or settings.plain_fronts:
         return
@@ -207,8 +189,7 @@ def check_hops(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost]) 
 
 
 class InventoryEntry(Protocol):
-    """A host as both inventories give it: pyinfra's ``Host`` (the deploy) and
-    ``rigfleet.inventory.InventoryHost`` (status, endpoints)."""
+    """pyinfra's ``Host`` or ``rigfleet.inventory.InventoryHost``."""
 
     @property
     def name(self) -> str: ...
@@ -221,10 +202,7 @@ class InventoryEntry(Protocol):
 
 
 def fleet_plan(balancer: InventoryEntry, inventory: Iterable[InventoryEntry]) -> BalancerPlan:
-    """The plan of ``balancer`` (a host of group ``balancers``) from every GPU host of the
-    inventory, all of them validated (``--limit`` does not change the pools). Raises
-    ``HostDataError`` for the balancer's own data, ``BalancerError`` naming a GPU host whose
-    data does not validate."""
+    """The plan of ``balancer`` from every GPU host of the inventory (``--limit`` aside)."""
     name = balancer.name
     gpu_host = host_kind(balancer.groups).gpu
     settings = validate_balancer(name, balancer.data, gpu_host=gpu_host)
@@ -251,12 +229,7 @@ class SwapBatch:
 
 
 def swap_batch(plan: BalancerPlan | None) -> SwapBatch:
-    """The converge's batch cap: behind a balancer, at least one host of every stack that has
-    two or more keeps serving while the others swap; without one (each host its own endpoint)
-    or with one host per stack (its 503 window either way), no cap::
-
-        swap_batch(plan).size      # 2 for three int8 hosts behind lb1; None without lb1
-    """
+    """The converge's batch cap: one host of every stack with two or more keeps serving."""
     if plan is None:
         return SwapBatch(None, "no balancer in the inventory: each host is its own endpoint")
     shared = [p for p in plan.pools if len(p.servers) >= 2]
@@ -270,9 +243,8 @@ def swap_batch(plan: BalancerPlan | None) -> SwapBatch:
 
 
 def converge_batch(inventory: Iterable[InventoryEntry]) -> SwapBatch:
-    """``swap_batch`` of the inventory's first balancer (they all front the same GPU hosts).
-    A balancer whose plan cannot be built (its own preflight refuses it, naming why) caps the
-    converge at one host at a time."""
+    """``swap_batch`` of the inventory's first balancer; one at a time when it cannot be
+    built (its preflight says why)."""
     entries = list(inventory)
     balancer = next((e for e in entries if host_kind(e.groups).balancer), None)
     if balancer is None:

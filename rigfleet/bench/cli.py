@@ -3,17 +3,9 @@
     rigfleet bench --url URL [--api-key-file F|-] [--ca-file PEM] [--stack NAME] [--scale X]
     rigfleet bench --inventory inventory/home.py [--limit HOST|GROUP ...] [--timeout S]
     rigfleet bench --inventory inventory/home.py --accept-baseline HOST
-    options: [--runs 5] [--warmup 3] [--concurrency N] [--depths 16000,32000,64000 |
-              --no-depths] [--out bench-reports] [--no-plot] [--json]
 
-Per target: warm-up rounds, then streamed runs of an ~800-word essay (max_tokens 1000) and a
-commented quicksort (max_tokens 800) at temperature 0.6: decode tok/s (completion tokens /
-(end - first token)), wall tok/s, time to first token, mean and CV; MTP acceptance from
-/metrics deltas (unknown, not 0, without /metrics); a concurrency run at the stack's
-max-num-seqs; decode at context depths. Writes ``bench-<ts>.json`` / ``.md`` (and ``.png``
-with ``rigfleet[plot]``) into ``--out``. ``--accept-baseline HOST`` benches HOST's active
-stack on the host and records it as its baseline there (after a deliberate change).
-Exit status: 0 all measured, 1 something measured nothing, 2 bad arguments.
+What is measured and written: docs/bench.md. Exit status: 0 all measured, 1 something measured
+nothing, 2 bad arguments.
 """
 
 from __future__ import annotations

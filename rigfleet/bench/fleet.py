@@ -1,12 +1,7 @@
-"""What ``rigfleet bench`` benches, and benching it.
-
-A target is one endpoint with what its figures stand beside: the stack it serves (reference
-figure, max-num-seqs), the host's ``throughput_scale`` and its verified history (read with
-the host probe over SSH)::
+"""What ``rigfleet bench`` benches (endpoint, stack, scale, history from the probe), and benching::
 
     targets = inventory_targets(load_inventory("inventory/home.py"), SshRemote())
     entries = bench_targets(targets, lambda t: BenchSettings(runs=5), progress)
-    accept_baseline(SshRemote(), host, want, runs=5, warmup=3, by="alice")
 """
 
 from __future__ import annotations

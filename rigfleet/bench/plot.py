@@ -1,13 +1,7 @@
-"""The bench's PNG: decode tok/s per host beside the fleet median, the stack's reference
-figure and the host's own history; then decode by context depth and the concurrency run where
-they were measured. One row of panels per stack (matplotlib, ``rigfleet[plot]``).
+"""The bench's PNG (matplotlib, ``rigfleet[plot]``): per stack, decode tok/s per host beside the
+fleet median, the reference and the host's history; then depth and concurrency.
 
     path, problem = plot(entries, Path("bench-reports/bench-20261201T101500Z.png"))
-    problem      # None, or why there is no picture (matplotlib missing, nothing measured)
-
-For reading: the y axis spans the figures (not from zero: a 3 % gap must show), the reference
-and median are lines over the bars, labelled at the panel's edge; each bar says its value and
-its share of the reference; the legend sits under the panels.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""The bench's progress as a rich progress bar on stderr (one task per target).
-
-    progress = RichProgress(Console(stderr=True))
-    with progress:
-        progress.target("rig-a")           # a new task; the bench then calls begin/step/note
-"""
+"""The bench's progress as a rich progress bar on stderr (one task per target)."""
 
 from __future__ import annotations
 

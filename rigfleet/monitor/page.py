@@ -1,14 +1,7 @@
-"""``rigfleet status --html``: one self-contained page from the monitor's Prometheus answers.
+"""``rigfleet status --html``: one self-contained page (inline CSS and SVG) from Prometheus'
+answers: tokens/s per host over time, then the pending and firing alerts::
 
-A pure function from ``query.Answers`` to HTML (inline CSS and SVG; no script, no outside
-resource), so it is tested with canned answers and opened by any browser, mailed, archived::
-
-    html = render(PageInput(hosts=["rig1", "rig2"], monitor="lb1", now=t, hours=6,
-                            answers=answers))
-
-Per host a figure of tokens/s over time: the gate's recorded decode tokens/s per stack (a
-step: it changes when a gate runs) and, where the engine exports it, the rate of
-``vllm:generation_tokens_total``; then the alerts Prometheus has pending or firing.
+    html = render(PageInput(hosts=["rig1"], monitor="lb1", now=t, hours=6, answers=answers))
 """
 
 from __future__ import annotations

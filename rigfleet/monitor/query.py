@@ -1,13 +1,7 @@
-"""The monitor's Prometheus HTTP API, reached over the fleet's SSH: ``rigfleet status --html``.
+"""The monitor's Prometheus API (loopback on the monitor host), asked with ``curl`` over the
+fleet's SSH, every question in one shell::
 
-Prometheus listens on the monitor host's loopback only (``names.PROMETHEUS_PORT``), so the
-questions go the way rigfleet reaches every host: one SSH connection (``rigfleet.ssh``) runs
-``curl`` against ``127.0.0.1`` on the monitor host, one call per question in one shell, each
-answer followed by a marker line. No tunnel, no port opened on this machine::
-
-    monitor = monitor_host(hosts, "inventory/home.py")   # the host of group ``monitors``
-    answers = fetch(SshRemote(), monitor, now=time.time(), hours=6)
-    answers.gate["data"]["result"]                         # Prometheus' own JSON
+    answers = fetch(SshRemote(), monitor_host(hosts, "inventory/home.py"), now=t, hours=6)
 """
 
 from __future__ import annotations
