@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from huggingface_hub import HfApi
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
 
 DEFAULT_HUB = "https://huggingface.co"
 
@@ -63,6 +58,8 @@ class Hub:
         if self._api is None:
             # token=False: no token at all (not the one huggingface_hub would find in ~/.cache)
             token: str | bool = read_token(self.token_file) or False
+            from huggingface_hub import HfApi  # a third of a second: only when asked
+
             self._api = HfApi(endpoint=self.where, token=token)
         return self._api
 
@@ -86,6 +83,13 @@ class Hub:
     def _ask(self, call: Any, repo: str, ref: str) -> Any:
         what = f"hub {self.where}: {repo}@{ref}"
         auth = "with the token of hf_token_file" if self.token_file else "without a token"
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            HfHubHTTPError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
         try:
             return call()
         except RevisionNotFoundError:
