@@ -37,17 +37,8 @@ _NVIDIA_DISTRO = re.compile(r"[a-z]+[0-9]+")
 
 @dataclass(frozen=True)
 class AptRepo:
-    """One apt repository the deploy adds.
-
-    + name: short name, used for file names (``/etc/apt/sources.list.d/<name>.list``)
-    + url, key_url: the repository and its ASCII-armored signing key (placeholders allowed)
-    + suite: ``/`` for a flat repository (NVIDIA's), else a suite such as ``{codename}``
-    + components: empty for a flat repository, else e.g. ``("stable",)``
-    + key_fingerprint: optional 40-hex fingerprint the downloaded key must have
-    + per_distro: NVIDIA distribution name (``debian13``) -> the whole entry for hosts of
-      that distribution (host data: only the keys that differ; NVIDIA signs its ``debian13``
-      repository with another key than the others)
-    """
+    """One apt repository the deploy adds (its keys: docs/hostdata.md, ``apt_repos``);
+    ``per_distro``: NVIDIA's distribution name -> the whole entry for hosts of it."""
 
     name: str
     url: str

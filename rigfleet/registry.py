@@ -45,15 +45,9 @@ class RegistryUnreachable(RegistryError):
 
 @dataclass(frozen=True)
 class ResolvedImage:
-    """What a tag or digest resolves to for linux/amd64.
-
-    + digest: the manifest-list/index digest (or the manifest's, for a single-platform image):
-      what ``<repo>@<digest>`` pulls, what ``RepoDigests`` shows after a pull
-    + image_id: the config digest of the linux/amd64 image: ``docker image inspect
-      --format {{.Id}}``, and what ``docker load`` of a saved copy reproduces
-    + manifest_digest: the linux/amd64 manifest's own digest
-    + layer_bytes: the compressed size of its layers (what a pull downloads)
-    """
+    """What a tag or digest resolves to for linux/amd64: the digest ``<repo>@<digest>``
+    pulls, the image id (config digest: what ``docker load`` reproduces), the platform
+    manifest's digest and the compressed layer bytes (docs/images.md)."""
 
     digest: str
     image_id: str
@@ -80,10 +74,8 @@ class Registry:
 
     def _request(self, method: str, path: str, repo: str, accept: str = "",
                  what: str | None = None) -> tuple[dict, bytes]:
-        """(lower-cased headers, body) of one request, with Docker Hub's token dance.
-
-        + what: the reference named in errors (``repo:tag``); default the repository
-        """
+        """(lower-cased headers, body) of one request, with Docker Hub's token dance; errors
+        name ``what`` (default the repository)."""
         what = what or repo
         url = f"{self.where}{path}"
         for attempt in range(2):

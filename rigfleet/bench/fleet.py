@@ -44,14 +44,8 @@ class Progress(Protocol):
 
 @dataclass(frozen=True)
 class Target:
-    """One endpoint to bench.
-
-    + host: the inventory name (or the URL); url, api_key: where and how
-    + stack: the stack file of what it serves (None: unknown, e.g. a bare --url)
-    + scale: the host's throughput_scale; history: its verified records, oldest first
-    + note: why something is missing (the probe failed, ...)
-    + ca_file: the PEM certificate(s) to trust for an https:// front (as ``rigfleet verify``)
-    """
+    """One endpoint to bench, with what its figures stand beside (stack None: unknown;
+    ``note``: why something is missing)."""
 
     host: str
     url: str
