@@ -95,14 +95,10 @@ class Registry:
                     self._tokens[repo] = self._token(challenge, what)
                     continue
                 raise self._http_error(exc.code, exc.reason, what) from None
-            except urllib.error.URLError as exc:
-                raise RegistryUnreachable(
-                    f"registry {self.where}: {what}: cannot reach the registry ({exc.reason})"
-                ) from None
-            except OSError as exc:  # a timeout mid-read, a reset connection
-                raise RegistryUnreachable(
-                    f"registry {self.where}: {what}: cannot reach the registry ({exc})"
-                ) from None
+            except OSError as exc:  # URLError; a timeout mid-read, a reset connection
+                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+                raise RegistryUnreachable(f"registry {self.where}: {what}: cannot reach the "
+                                          f"registry ({reason})") from None
         raise RegistryError(f"registry {self.where}: {what}: authentication failed")
 
     def _http_error(self, code: int, reason: str, what: str) -> RegistryError:

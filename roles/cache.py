@@ -168,29 +168,10 @@ def cache(ctx: CacheContext) -> None:
     for path, digest in host.loop(ctx.images):
         image_warm(name=f"Seed {path}@{digest[:19]} into the cache (each blob fetched once)",
                    path=path, digest=digest, upstream=s.registry_upstream)
-    _models(ctx)
-    gates = []
-    if not ctx.gpu_host:  # a GPU host's front owns nginx's sites
-        gates.append(site_disabled(name=f"Disable nginx's default site {DEFAULT_SITE}",
-                                   path=DEFAULT_SITE))
-    site = files.put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
-                     src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE, user="root",
-                     group="root", mode="0644")
-    systemd.service(name="nginx enabled and running", service="nginx", running=True,
-                    enabled=True)
-    on_change(name="Test and reload nginx (model cache changed)",
-              commands=["nginx -t -q", "systemctl reload nginx"], gates=[site, *gates],
-              reason="model cache unchanged")
-
-
-def _models(ctx: CacheContext) -> None:
-    """The fetcher, its venv and the token, then each pinned revision, verified."""
-    s = ctx.settings
-    for path, mode in host.loop(((str(HOST.opt_dir), "0755"), (str(HOST.lib_dir), "0755"),
-                                 (str(HOST.etc_dir), "0755"), (str(HOST.secrets_dir), "0700"),
-                                 (str(HOST.state_dir), "0755"), (s.model_dir, "0755"))):
-        files.directory(name=f"Directory {path}", path=path, user="root", group="root",
-                        mode=mode)
+    for path in host.loop((HOST.opt_dir, HOST.lib_dir, HOST.etc_dir, HOST.secrets_dir,
+                           HOST.state_dir, s.model_dir)):
+        files.directory(name=f"Directory {path}", path=str(path), user="root", group="root",
+                        mode="0700" if path == HOST.secrets_dir else "0755")
     hf_hub_venv(name=f"huggingface_hub {ctx.hf_hub_version} venv", version=ctx.hf_hub_version,
                 index_url=s.pip_index_url)
     files.put(name="Weights fetcher script", src=str(project_file(
@@ -208,3 +189,16 @@ def _models(ctx: CacheContext) -> None:
         fetch_weights(name=f"Fetch and verify {model.repo}@{model.revision[:12]} into the cache",
                       repo=model.repo, revision=model.revision, local_dir=dest,
                       token_file=token_file, endpoint=s.hf_endpoint)
+    gates = []
+    if not ctx.gpu_host:  # a GPU host's front owns nginx's sites
+        gates.append(site_disabled(name=f"Disable nginx's default site {DEFAULT_SITE}",
+                                   path=DEFAULT_SITE))
+    site = files.put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
+                     src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE, user="root",
+                     group="root", mode="0644")
+    systemd.service(name="nginx enabled and running", service="nginx", running=True,
+                    enabled=True)
+    on_change(name="Test and reload nginx (model cache changed)",
+              commands=["nginx -t -q", "systemctl reload nginx"], gates=[site, *gates],
+              reason="model cache unchanged")
+

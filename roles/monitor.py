@@ -42,7 +42,6 @@ from rigfleet.scrape import (
     prometheus_args,
     render_prometheus,
 )
-from roles.exporter import DEFAULTS as NODE_DEFAULTS
 from roles.exporter import PACKAGE as NODE_PACKAGE
 from roles.exporter import defaults_text as node_defaults
 from roles.ops import Secret, apt_packages, checked_file, on_change, secret_file
@@ -56,7 +55,6 @@ from roles.preflight import (
     read_secret,
 )
 
-PACKAGES = ["prometheus", "prometheus-alertmanager"]
 RULES_SOURCE = "files/monitor/rules.yml"
 ALERTMANAGER_CONFIG = f"{PROM_DIR}/alertmanager.yml"
 DESIRED_FILE = f"{TEXTFILE_DIR}/rigfleet-desired.prom"
@@ -140,23 +138,18 @@ def monitor(ctx: MonitorContext) -> None:
     """Bind the services before their packages start them, install them, render the scrape
     config from the inventory, reload only on change."""
     plan = ctx.plan
-    put = []
-    for path, text, what in (
-            ("/etc/default/prometheus", prometheus_args(plan), "loopback only, retention"),
-            ("/etc/default/prometheus-alertmanager", alertmanager_args(),
-             "loopback only, no cluster")):
-        put.append(files.put(name=f"{path} (written before the package starts it)",
-                             src=io.StringIO(_defaults(text, what)), dest=path, user="root",
-                             group="root", mode="0644"))
-    prom_args, am_args = put
-    packages = list(PACKAGES)
-    node_args = None
+    before = "written before the package starts it"
+    defaults = [("prometheus", _defaults(prometheus_args(plan), "loopback only, retention"),
+                 before),
+                ("prometheus-alertmanager",
+                 _defaults(alertmanager_args(), "loopback only, no cluster"), before)]
     if not ctx.gpu_host:  # a GPU host's own exporter role did this
-        node_args = files.put(name=f"{NODE_DEFAULTS} (loopback only; before the package)",
-                              src=io.StringIO(node_defaults()), dest=NODE_DEFAULTS,
-                              user="root", group="root", mode="0644")
-        packages.append(NODE_PACKAGE)
-    apt_packages(name=f"Install {', '.join(packages)}", packages=packages)
+        defaults.append((NODE_PACKAGE, node_defaults(), "loopback only; before the package"))
+    args = {package: files.put(name=f"/etc/default/{package} ({note})", src=io.StringIO(text),
+                               dest=f"/etc/default/{package}", user="root", group="root",
+                               mode="0644")
+            for package, text, note in defaults}
+    apt_packages(name=f"Install {', '.join(args)}", packages=list(args))
     key = secret_file(name=f"API key for scraping {KEY_FILE} (root:prometheus 0640)",
                       dest=KEY_FILE, content=Secret(ctx.api_key.reveal() + "\n"),
                       mode="0640", group="prometheus")
@@ -183,18 +176,16 @@ def monitor(ctx: MonitorContext) -> None:
                            check="amtool check-config {path}")
     files.put(name=f"Desired pins textfile {DESIRED_FILE}", src=io.StringIO(ctx.desired),
               dest=DESIRED_FILE, user="root", group="root", mode="0644")
-    services = [("prometheus", prom_args, [conf, *gates]),
-                ("prometheus-alertmanager", am_args, [am_conf])]
-    if node_args is not None:
-        services.append((NODE_PACKAGE, node_args, []))
-    for service, args, reload_gates in services:
+    reload_gates = {"prometheus": [conf, *gates], "prometheus-alertmanager": [am_conf]}
+    for service, service_args in args.items():
         systemd.service(name=f"{service} enabled and running", service=service, running=True,
                         enabled=True)
         # One command: a reload right after a restart can reach the new process before its
         # signal handler is set, and SIGHUP would stop it.
-        restart = bool(args.will_change)
+        restart = bool(service_args.will_change)
         on_change(name=f"{'Restart' if restart else 'Reload'} {service} (its ARGS or config "
                        "changed)",
                   commands=[f"systemctl {'restart' if restart else 'reload-or-restart'} "
                             f"{service}"],
-                  gates=[args, *reload_gates], reason="ARGS and config unchanged")
+                  gates=[service_args, *reload_gates.get(service, [])],
+                  reason="ARGS and config unchanged")

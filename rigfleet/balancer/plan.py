@@ -71,7 +71,8 @@ class Pool:
 
     @property
     def backend(self) -> str:
-        return backend_name(self.stack)
+        """HAProxy's backend (catalog names are ``[a-z0-9-]``, valid there as is)."""
+        return f"stack_{self.stack}"
 
     @property
     def prefix(self) -> str:
@@ -92,11 +93,6 @@ class BalancerPlan:
 
     def pool(self, stack: str) -> Pool:
         return next(p for p in self.pools if p.stack == stack)
-
-
-def backend_name(stack: str) -> str:
-    """HAProxy's backend of a stack (catalog names are ``[a-z0-9-]``, valid there as is)."""
-    return f"stack_{stack}"
 
 
 def server_id(host: str) -> str:

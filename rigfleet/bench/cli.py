@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.catalog import CatalogError, builtin_catalog
     from rigfleet.cliargs import select
     from rigfleet.errors import RigfleetError
+    from rigfleet.hostside.verify.report import now_iso
     from rigfleet.inventory import InventoryError, gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             targets = inventory_targets(hosts, SshRemote(connect_timeout=args.timeout))
         except RigfleetError as e:
             return _usage(str(e))
-    started = _now()
+    started = now_iso()
     with RichProgress(err) as progress:
         entries = bench_targets(targets, lambda t: settings_for(
             t, args.runs, args.warmup, args.concurrency, depths, args.timeout_s), progress)
@@ -143,12 +144,6 @@ def run(args: argparse.Namespace) -> int:
         err.print("reports: " + " ".join(str(p) for p in (*paths, *([png] if png else []))))
     measured = all(any(s.figures() for s in e.result.shapes.values()) for e in entries)
     return EXIT_OK if measured else EXIT_UNMEASURED
-
-
-def _now() -> str:
-    from rigfleet.hostside.verify.report import now_iso
-
-    return now_iso()
 
 
 def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:

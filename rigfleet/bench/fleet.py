@@ -136,10 +136,6 @@ def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None
                          concurrency=concurrency, depths=depths)
 
 
-def who() -> str:
-    return f"{getpass.getuser()}@{socket.gethostname()}"
-
-
 def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs: int,
                     warmup: int, by: str = "") -> dict[str, Any]:
     """Bench the host's active stack on the host and record it as its baseline there
@@ -148,7 +144,7 @@ def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs
     nothing)."""
     command = hosttool.bench(
         "--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}", "--by",
-        by or who(), "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet")
+        by or f"{getpass.getuser()}@{socket.gethostname()}", "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet")
     rc, out = remote.run(host, command, timeout=3600)
     data = last_json(out)
     if rc == 0 and data is not None and data.get("accepted"):
