@@ -18,13 +18,7 @@ from rigfleet.balancer.plan import GpuHost
 from rigfleet.desired import pins_for
 from rigfleet.errors import RigfleetError
 from rigfleet.facts import OsRelease, Platform, read_fact
-from rigfleet.hostdata import (
-    HostDataError,
-    MonitorSettings,
-    validate_balancer,
-    validate_host,
-    validate_monitor,
-)
+from rigfleet.hostdata import HostDataError, validate_balancer, validate_host, validate_monitor
 from rigfleet.hostside.metrics import TEXTFILE_DIR
 from rigfleet.inventory import host_kind
 from rigfleet.resources import PROJECT_ROOT
@@ -70,10 +64,6 @@ class MonitorContext:
     api_key: Secret
     desired: str
     gpu_host: bool = False
-
-    @property
-    def settings(self) -> MonitorSettings:
-        return self.plan.settings
 
     @property
     def site_ca_files(self) -> tuple[str, ...]:

@@ -94,9 +94,9 @@ def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
 
 # -- runtime stats ---------------------------------------------------------------------------
 
-# ``show stat`` over the socket, on the balancer host (root: the socket is 0600).
 def show_stat_command(paths: HostPaths = HOST_PATHS) -> str:
-    """The shell command that prints ``show stat`` (CSV) from the runtime API."""
+    """The shell command that prints ``show stat`` (CSV) from the runtime API, on the balancer
+    host (root: the socket is 0600)."""
     return f"printf 'show stat\\n' | socat -t 5 - UNIX-CONNECT:{paths.socket}"
 
 
@@ -109,8 +109,6 @@ class ServerState:
     status: str            # UP, DOWN, UP 1/2 (failing), DOWN 1/2 (recovering), MAINT, DRAIN
     check: str = ""        # last check: L7OK, L7STS, L4CON, ...
     check_code: str = ""   # HTTP status of the last check
-    current: int = 0       # requests on it now
-    total: int = 0         # requests sent to it since start
 
     @property
     def in_rotation(self) -> bool:
@@ -131,16 +129,8 @@ def parse_stat_csv(text: str) -> list[ServerState]:
         out.append(ServerState(
             backend=row.get("pxname", ""), host=row.get("svname", ""),
             status=row.get("status", ""), check=row.get("check_status", ""),
-            check_code=row.get("check_code", ""), current=_int(row.get("scur")),
-            total=_int(row.get("stot"))))
+            check_code=row.get("check_code", "")))
     return out
-
-
-def _int(value: str | None) -> int:
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
 
 
 @dataclass(frozen=True)

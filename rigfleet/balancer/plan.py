@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from rigfleet.errors import RigfleetError
 from rigfleet.hostchecks import host_name_or_ip
@@ -184,21 +184,9 @@ def check_hops(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost]) 
         "trusted, on purpose)")
 
 
-class InventoryEntry(Protocol):
-    """pyinfra's ``Host`` or ``rigfleet.inventory.InventoryHost``."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def groups(self) -> Sequence[str]: ...
-
-    @property
-    def data(self) -> Any: ...
-
-
-def fleet_plan(balancer: InventoryEntry, inventory: Iterable[InventoryEntry]) -> BalancerPlan:
-    """The plan of ``balancer`` from every GPU host of the inventory (``--limit`` aside)."""
+def fleet_plan(balancer: Any, inventory: Iterable[Any]) -> BalancerPlan:
+    """The plan of ``balancer`` from every GPU host of the inventory (``--limit`` aside);
+    pyinfra's ``Host``s or ``InventoryHost``s."""
     name = balancer.name
     gpu_host = host_kind(balancer.groups).gpu
     settings = validate_balancer(name, balancer.data, gpu_host=gpu_host)
@@ -238,7 +226,7 @@ def swap_batch(plan: BalancerPlan | None) -> SwapBatch:
                      f"serving behind {plan.name}")
 
 
-def converge_batch(inventory: Iterable[InventoryEntry]) -> SwapBatch:
+def converge_batch(inventory: Iterable[Any]) -> SwapBatch:
     """``swap_batch`` of the inventory's first balancer; one at a time when it cannot be
     built (its preflight says why)."""
     entries = list(inventory)

@@ -20,7 +20,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host, view_host
 from rigfleet.hostprobe import last_json
 from rigfleet.hostside.bench.baseline import Baseline, baseline_for
-from rigfleet.hostside.bench.measure import Bench, BenchSettings, SilentProgress
+from rigfleet.hostside.bench.measure import Bench, BenchProgress, BenchSettings, SilentProgress
 from rigfleet.hostside.bench.report import Entry
 from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.hostside.verify.client import Client
@@ -30,16 +30,10 @@ from rigfleet.ssh import Remote
 HISTORY_N = 5  # as the gate's default throughput_history_n
 
 
-class Progress(Protocol):
+class Progress(BenchProgress, Protocol):
     """``rigfleet.bench.progress.RichProgress`` (or a silent stand-in)."""
 
     def target(self, host: str) -> None: ...
-
-    def begin(self, total: int) -> None: ...
-
-    def step(self, label: str) -> None: ...
-
-    def note(self, text: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -56,9 +50,6 @@ class Target:
     note: str = ""
     error: str = ""
     ca_file: str | None = None
-
-    def client(self) -> Client:
-        return Client(self.url, self.api_key, ca_file=self.ca_file)
 
     @property
     def reference(self) -> dict[str, float]:
@@ -119,7 +110,8 @@ def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], Be
             result = Bench(Client(t.url), BenchSettings(runs=0, warmup=0)).result
             out.append(Entry(t.host, t.stack.name if t.stack else None, result, error=t.error))
             continue
-        result = Bench(t.client(), settings_for(t), progress).run()
+        client = Client(t.url, t.api_key, ca_file=t.ca_file)
+        result = Bench(client, settings_for(t), progress).run()
         out.append(Entry(t.host, t.stack.name if t.stack else None, result, t.reference,
                          t.scale, t.baseline(), t.history, result.error))
     return out
