@@ -65,9 +65,7 @@ class Hub:
 
     def revision(self, repo: str, ref: str = "main") -> str:
         """The full commit ``ref`` (a branch, tag or commit) of model ``repo`` is."""
-        info = self._ask(lambda: self.api.model_info(repo, revision=ref, timeout=self.timeout),
-                         repo, ref)
-        sha = getattr(info, "sha", None) or ""
+        sha = getattr(self._model_info(repo, ref), "sha", None) or ""
         if len(sha) != 40:
             raise HubError(f"hub {self.where}: {repo}@{ref}: the hub answered no full commit "
                            f"(sha={sha!r})")
@@ -76,11 +74,10 @@ class Hub:
     def files(self, repo: str, revision: str) -> list[str]:
         """Every file of model ``repo`` at ``revision`` (the model info's file list: one
         request, which huggingface_hub does not retry for minutes when the hub is away)."""
-        info = self._ask(lambda: self.api.model_info(repo, revision=revision,
-                                                     timeout=self.timeout), repo, revision)
+        info = self._model_info(repo, revision)
         return [str(s.rfilename) for s in (getattr(info, "siblings", None) or [])]
 
-    def _ask(self, call: Any, repo: str, ref: str) -> Any:
+    def _model_info(self, repo: str, ref: str) -> Any:
         what = f"hub {self.where}: {repo}@{ref}"
         auth = "with the token of hf_token_file" if self.token_file else "without a token"
         from huggingface_hub.errors import (
@@ -91,7 +88,7 @@ class Hub:
         )
 
         try:
-            return call()
+            return self.api.model_info(repo, revision=ref, timeout=self.timeout)
         except RevisionNotFoundError:
             raise HubMissing(f"{what}: no such revision (HTTP 404)") from None
         except GatedRepoError:
