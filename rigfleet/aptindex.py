@@ -195,10 +195,8 @@ def parse_packages(text: str) -> dict[str, list[str]]:
 
 
 def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> AptIndex:
-    """Verify ``repo``'s index (placeholders already filled) and read its packages.
-
-    + policy: ``sqv`` for Debian 13 hosts, ``gpgv`` for the others
-    """
+    """Verify ``repo``'s index (placeholders already filled) and read its packages;
+    ``policy``: ``sqv`` for Debian 13 hosts, ``gpgv`` for the others."""
     base = dist_url(repo)
     key = _get(repo.key_url, timeout)
     release, verifier = verify(base, key, repo, policy, timeout)

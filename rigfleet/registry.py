@@ -235,12 +235,9 @@ def split_image(image: str) -> tuple[str, str]:
 
 
 def registry_of(repository: str) -> tuple[str | None, str]:
-    """(registry host or None for Docker Hub, path in it) of an image repository.
-
-    ``vllm/vllm-openai`` -> (None, ``vllm/vllm-openai``); ``ghcr.io/a/b`` -> (``ghcr.io``,
-    ``a/b``); ``nginx`` -> (None, ``library/nginx``): Docker's own naming rule (a first part
-    with a dot or a port, or ``localhost``, is a registry).
-    """
+    """(registry host or None for Docker Hub, path in it), by Docker's rule (a first part with
+    a dot or a port, or ``localhost``, is a registry): ``ghcr.io/a/b`` -> (``ghcr.io``,
+    ``a/b``); ``nginx`` -> (None, ``library/nginx``)."""
     first, sep, rest = repository.partition("/")
     if sep and first in ("docker.io", "index.docker.io", "registry-1.docker.io"):
         return registry_of(rest)

@@ -34,11 +34,8 @@ class FrontTls:
 
 
 def check_tls(p: Problems, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTls | None:
-    """``<prefix>_tls_cert_file`` + ``<prefix>_tls_key_file`` (+ ``<prefix>_tls_ca_file``);
-    None when neither is set (plain HTTP) or when a problem was recorded in ``p``.
-
-    + prefix: ``front`` (nginx on a GPU host) or ``balancer`` (HAProxy)
-    """
+    """``<prefix>_tls_cert_file`` + ``_key_file`` (+ ``_ca_file``) of a ``front`` (nginx) or
+    ``balancer`` (HAProxy); None when neither is set (plain HTTP) or a problem is in ``p``."""
     cert_key, key_key, ca_key = (f"{prefix}_tls_{k}_file" for k in ("cert", "key", "ca"))
     if cert is None and key is None:
         if ca is not None:

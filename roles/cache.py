@@ -125,10 +125,8 @@ def _check_cache(name: str, gpu_host: bool) -> CacheContext:
 
 @operation()
 def image_warm(path: str, digest: str, upstream: str):
-    """Seed one pinned image's blobs into the cache, once (its marker says they are held).
-
-    + path: the repository path upstream; digest: the pin; upstream: what the cache proxies
-    """
+    """Seed the pinned image ``path@digest`` from ``upstream`` into the cache, once (its
+    marker says the blobs are held)."""
     marker = warm_marker(digest)
     if read_fact(File, path=marker):
         host.noop(f"{path}@{digest[:19]} is in the cache")

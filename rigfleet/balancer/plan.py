@@ -127,7 +127,15 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
         raise BalancerError(f"{name}: balancers: the inventory has no GPU host to balance; "
                             "allowed: a balancer beside at least one GPU host (every host "
                             "not only in group balancers, or in group gpu_hosts)")
-    check_hops(name, settings, hosts)
+    plain = [h.name for h in hosts if h.settings.front_tls is None]
+    if settings.tls is not None and plain and not settings.plain_fronts:
+        raise BalancerError(
+            f"{name}: balancer_plain_fronts: False, but {name} serves HTTPS "
+            f"(balancer_tls_cert_file) in front of GPU host(s) {', '.join(plain)} serving plain "
+            f"HTTP: the API key clients send would cross the LAN in clear from {name} to them; "
+            "allowed: TLS on those fronts (front_tls_cert_file and front_tls_key_file in their "
+            f"data), or balancer_plain_fronts: True in {name}'s data (the LAN between them is "
+            "trusted, on purpose)")
     by_stack: dict[str, list[Server]] = {}
     served: dict[str, str] = {}
     seen: dict[str, str] = {}
@@ -168,20 +176,6 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
     if default is None and len(pools) == 1:
         default = pools[0].stack
     return BalancerPlan(name, settings, pools, default, gpu_host, tuple(hosts))
-
-
-def check_hops(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost]) -> None:
-    """An HTTPS balancer refuses plain-HTTP fronts unless ``balancer_plain_fronts``."""
-    plain = [h.name for h in hosts if h.settings.front_tls is None]
-    if settings.tls is None or not plain or settings.plain_fronts:
-        return
-    raise BalancerError(
-        f"{name}: balancer_plain_fronts: False, but {name} serves HTTPS "
-        f"(balancer_tls_cert_file) in front of GPU host(s) {', '.join(plain)} serving plain "
-        f"HTTP: the API key clients send would cross the LAN in clear from {name} to them; "
-        "allowed: TLS on those fronts (front_tls_cert_file and front_tls_key_file in their "
-        f"data), or balancer_plain_fronts: True in {name}'s data (the LAN between them is "
-        "trusted, on purpose)")
 
 
 def fleet_plan(balancer: Any, inventory: Iterable[Any]) -> BalancerPlan:
