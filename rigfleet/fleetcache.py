@@ -11,6 +11,7 @@ from __future__ import annotations
 import posixpath
 import shlex
 from collections.abc import Iterable
+from contextlib import suppress
 from typing import Any
 
 from rigfleet.hostdata import CacheSettings, HostDataError, validate_cache
@@ -151,14 +152,11 @@ def cache_settings(inventory: Iterable[Any]) -> list[CacheSettings]:
     """The valid cache hosts of the inventory (``host.inventory`` or ``InventoryHost``s), in
     order. A cache host whose data does not validate is left out here: its own preflight
     refuses it, naming the problem, and the rigs fetch upstream."""
-    out: list[CacheSettings] = []
+    out = []
     for other in inventory:
-        if not host_kind(other.groups).cache:
-            continue
-        try:
-            out.append(validate_cache(other.name, other.data))
-        except HostDataError:
-            continue
+        if host_kind(other.groups).cache:
+            with suppress(HostDataError):
+                out.append(validate_cache(other.name, other.data))
     return out
 
 

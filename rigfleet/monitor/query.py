@@ -67,9 +67,8 @@ def api_paths(now: float, hours: float) -> list[str]:
 def fetch_command(paths: Sequence[str], port: int = PROMETHEUS_PORT, timeout: int = 20) -> str:
     """One shell command asking every path of Prometheus on loopback, answers split by MARK
     (``curl -sS``: an HTTP error still prints Prometheus' JSON error, read by ``_answer``)."""
-    calls = [f"curl -sS --max-time {timeout} {shlex.quote(f'http://127.0.0.1:{port}{p}')} 2>&1; "
-             f"echo; echo {MARK}" for p in paths]
-    return "; ".join(calls)
+    return "; ".join(f"curl -sS --max-time {timeout} {shlex.quote(f'http://127.0.0.1:{port}{p}')} "
+                     f"2>&1; echo; echo {MARK}" for p in paths)
 
 
 def _answer(host: str, path: str, text: str) -> dict[str, Any]:
