@@ -157,8 +157,7 @@ def _apt_repo_fields(p: Problems, base: str, name: str,
     url = _templated_url(p, f"{base}.url", entry.get("url"))
     key_url = _templated_url(p, f"{base}.key_url", entry.get("key_url"))
     suite = entry.get("suite")
-    if (not isinstance(suite, str) or not suite or any(ch.isspace() for ch in suite)
-            or not _APT_WORD.fullmatch(suite)):
+    if not isinstance(suite, str) or not _APT_WORD.fullmatch(suite):
         p.bad(f"{base}.suite", suite,
               "'/' for a flat repo (NVIDIA's) or a suite name such as '{codename}'")
         suite = None
