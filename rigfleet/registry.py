@@ -201,8 +201,7 @@ class Registry:
 
     def image_config(self, repo: str, ref: str) -> dict[str, Any]:
         """The image config (``created``, ``config.Env``, ...) for linux/amd64."""
-        found = self.resolve(repo, ref)
-        return json.loads(self.blob(repo, found.image_id))
+        return json.loads(self.blob(repo, self.resolve(repo, ref).image_id))
 
     def tags(self, repo: str) -> list[str]:
         """Every tag of ``repo`` (follows pagination)."""
@@ -211,8 +210,7 @@ class Registry:
         while path:
             headers, body = self._request("GET", path, repo, what=f"{repo} (tag list)")
             found.extend(json.loads(body or b"{}").get("tags") or [])
-            link = headers.get("link", "")
-            match = re.match(r"<([^>]+)>", link)
+            match = re.match(r"<([^>]+)>", headers.get("link", ""))
             path = match.group(1) if match else None
         return found
 

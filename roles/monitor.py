@@ -52,6 +52,12 @@ from roles.preflight import (
 RULES_SOURCE = "files/monitor/rules.yml"
 ALERTMANAGER_CONFIG = f"{PROM_DIR}/alertmanager.yml"
 DESIRED_FILE = f"{TEXTFILE_DIR}/rigfleet-desired.prom"
+# A route to a receiver without integrations: alerts are kept and shown (API, UI); where they
+# go (mail, chat) is the operator's to add (docs/monitoring.md).
+ALERTMANAGER_YML = ("# Managed by rigfleet (roles/monitor.py). Add receivers here, or in a file "
+                    "of\n# your own: docs/monitoring.md.\n"
+                    "route:\n  receiver: rigfleet\n  group_by: [alertname, instance]\n"
+                    "receivers:\n  - name: rigfleet\n")
 
 
 @dataclass(frozen=True)
@@ -114,15 +120,6 @@ def _defaults(text: str, what: str) -> str:
     return f"# Managed by rigfleet (roles/monitor.py): {what}; docs/monitoring.md.\n{text}\n"
 
 
-def alertmanager_config() -> str:
-    """A route to a receiver without integrations: alerts are kept and shown (API, UI);
-    where they go (mail, chat) is the operator's to add (docs/monitoring.md)."""
-    return ("# Managed by rigfleet (roles/monitor.py). Add receivers here, or in a file of\n"
-            "# your own: docs/monitoring.md.\n"
-            "route:\n  receiver: rigfleet\n  group_by: [alertname, instance]\n"
-            "receivers:\n  - name: rigfleet\n")
-
-
 @deploy("Monitor (Prometheus, Alertmanager)")
 def monitor(ctx: MonitorContext) -> None:
     """Bind the services before their packages start them, install them, render the scrape
@@ -162,7 +159,7 @@ def monitor(ctx: MonitorContext) -> None:
         dest=f"{PROM_DIR}/prometheus.yml", content=render_prometheus(plan, rules=has_rules),
         check="promtool check config {path}")
     am_conf = checked_file(name=f"Alertmanager config {ALERTMANAGER_CONFIG}",
-                           dest=ALERTMANAGER_CONFIG, content=alertmanager_config(),
+                           dest=ALERTMANAGER_CONFIG, content=ALERTMANAGER_YML,
                            check="amtool check-config {path}")
     files.put(name=f"Desired pins textfile {DESIRED_FILE}", src=io.StringIO(ctx.desired),
               dest=DESIRED_FILE, user="root", group="root", mode="0644")
