@@ -15,11 +15,7 @@ from dataclasses import dataclass, field
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from rigfleet.hostside.layout import (
-    WEIGHTS_REVISION_CHARS,
-    WEIGHTS_REVISION_MARK,
-    Layout,
-)
+from rigfleet.hostside.layout import HOST, WEIGHTS_REVISION_CHARS, WEIGHTS_REVISION_MARK
 from rigfleet.retention import stale
 
 # Revisions kept beyond the pinned one and those a compose file names: none (tens of GB each;
@@ -30,12 +26,9 @@ WEIGHTS_KEPT = 1
 HEADROOM = 0.10
 PARTIAL_SUFFIX = ".partial"
 
-_NAMES = Layout()
-
-
 def revision_name(local_dir: str, revision: str) -> str:
     """The revision's directory name (``Layout.weights_dir``): ``<local_dir>@<rev[:12]>``."""
-    return _NAMES.weights_dir("/", local_dir, revision).name
+    return HOST.weights_dir("/", local_dir, revision).name
 
 
 def partial_name(name: str) -> str:

@@ -184,8 +184,8 @@ def render(data: PageInput) -> str:
     seen = {k[0] for k in gate} | {k[0] for k in engine} | set(up)
     others = sorted(h for h in seen - set(data.hosts) - set(data.others)
                     if h and h != data.monitor)
-    figures = [_host_figure(h, True, data, gate, engine, up) for h in data.hosts]
-    figures += [_host_figure(h, False, data, gate, engine, up) for h in others]
+    figures = [_host_figure(h, h in data.hosts, data, gate, engine, up)
+               for h in (*data.hosts, *others)]
     count, alerts = _alerts_table(data.answers.alerts)
     x0 = data.now - data.hours * 3600
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
