@@ -1,16 +1,10 @@
-"""An apt repository read from the control side the way a host's apt reads it: the signed
-index verified with the configured key, then ``Packages`` (checked against the index's
-SHA256 list), so ``rigfleet check --online`` can say whether a pinned package is there.
-
-The key comes from ``key_url`` and must carry ``key_fingerprint`` when one is configured. The
-signature is judged by the host OS's own apt: Debian 13 (trixie) verifies with ``sqv``, whose
-policy rejects SHA-1 bindings since 2026-02-01; used here when ``sqv`` is installed, else
-``gpgv`` plus a look at the key's binding signatures (``gpg --list-packets``), and the result
-says which. Other OSes verify with ``gpgv``::
+"""An apt repository read as a host's apt reads it (signed index, then ``Packages`` by SHA256),
+for ``rigfleet check --online``. Debian 13 verifies with ``sqv`` (no SHA-1 bindings since
+2026-02-01), others with ``gpgv``; docs/converge.md::
 
     index = read_index(repo.expand(os_id="debian", version_id="13", codename="trixie"),
                        policy="sqv")
-    index.versions("nvidia-driver-cuda")   # ["580.105.08-1", ...]; index.verifier "gpgv+sha1"
+    index.versions("nvidia-driver-cuda")   # ["580.105.08-1", ...]
 """
 
 from __future__ import annotations
@@ -139,17 +133,19 @@ def verify(base: str, key: bytes, repo: AptRepo, policy: str, timeout: float) ->
         home = Path(tmp)
         home.chmod(0o700)
         ring = keyring(key, home, repo.key_fingerprint, repo.key_url)
+        release, sig = home / "Release", home / "Release.gpg"
+
+        def detached() -> list[str]:  # Release and its signature beside it
+            release.write_bytes(_get(f"{base}/Release", timeout))
+            sig.write_bytes(_get(f"{base}/Release.gpg", timeout))
+            return [str(sig), str(release)]
+
         if policy == "sqv" and shutil.which("sqv"):
-            release = _get(f"{base}/Release", timeout)
-            sig = _get(f"{base}/Release.gpg", timeout)
-            (home / "Release").write_bytes(release)
-            (home / "Release.gpg").write_bytes(sig)
-            proc = _run(["sqv", "--keyring", str(ring), str(home / "Release.gpg"),
-                         str(home / "Release")], base)
+            proc = _run(["sqv", "--keyring", str(ring), *detached()], base)
             if proc.returncode != 0:
                 raise AptIndexError(f"{base}/Release: sqv (Debian 13's apt) rejects the "
                                     f"signature: {proc.stderr.decode().strip()[-300:]}")
-            return release.decode("utf-8", "replace"), "sqv"
+            return release.read_bytes().decode("utf-8", "replace"), "sqv"
         verifier = "gpgv"
         if policy == "sqv":
             verifier = "gpgv (sqv not installed; SHA-1 bindings checked with gpg)"
@@ -159,21 +155,17 @@ def verify(base: str, key: bytes, repo: AptRepo, policy: str, timeout: float) ->
                     f"(sqv) rejects since {SHA1_CUTOFF}; allowed: the repository NVIDIA signs "
                     "for this distribution with its own key, or a host policy that relaxes "
                     "it")
+        gpgv = ["gpgv", "--homedir", str(home), "--keyring", str(ring)]
         try:
-            data = _get(f"{base}/InRelease", timeout)
-            (home / "InRelease").write_bytes(data)
-            args = ["gpgv", "--homedir", str(home), "--keyring", str(ring), "--output", "-",
-                    str(home / "InRelease")]
+            (home / "InRelease").write_bytes(_get(f"{base}/InRelease", timeout))
+            args = [*gpgv, "--output", "-", str(home / "InRelease")]
         except AptMissing:
-            (home / "Release").write_bytes(_get(f"{base}/Release", timeout))
-            (home / "Release.gpg").write_bytes(_get(f"{base}/Release.gpg", timeout))
-            args = ["gpgv", "--homedir", str(home), "--keyring", str(ring),
-                    str(home / "Release.gpg"), str(home / "Release")]
+            args = [*gpgv, *detached()]
         proc = _run(args, base)
         if proc.returncode != 0:
             raise AptIndexError(f"{base}: the index's signature does not verify with "
                                 f"{repo.key_url}: {proc.stderr.decode().strip()[-300:]}")
-        text = proc.stdout if "--output" in args else (home / "Release").read_bytes()
+        text = proc.stdout if "--output" in args else release.read_bytes()
         return text.decode("utf-8", "replace"), verifier
 
 
@@ -203,10 +195,8 @@ def parse_packages(text: str) -> dict[str, list[str]]:
 
 
 def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> AptIndex:
-    """Verify ``repo``'s index (placeholders already filled) and read its packages.
-
-    + policy: ``sqv`` for Debian 13 hosts, ``gpgv`` for the others
-    """
+    """Verify ``repo``'s index (placeholders already filled) and read its packages;
+    ``policy``: ``sqv`` for Debian 13 hosts, ``gpgv`` for the others."""
     base = dist_url(repo)
     key = _get(repo.key_url, timeout)
     release, verifier = verify(base, key, repo, policy, timeout)

@@ -1,13 +1,8 @@
-"""The apt repositories host data names (``apt_repos``): their type and their check.
-
-The deploy installs the NVIDIA driver, the container toolkit and Docker from these, each
-``signed-by`` its own keyring. URLs and suites may hold placeholders filled per host from
-``/etc/os-release`` (``AptRepo.expand``)::
+"""The apt repositories of host data ``apt_repos``, with per-host placeholders::
 
     repo = settings.apt_repos["cuda"].expand(os_id="ubuntu", version_id="24.04",
                                              codename="noble")
     repo.source_line("/etc/apt/keyrings/cuda.gpg")
-    # 'deb [signed-by=/etc/apt/keyrings/cuda.gpg] https://.../ubuntu2404/x86_64/ /'
 """
 
 from __future__ import annotations
@@ -42,17 +37,8 @@ _NVIDIA_DISTRO = re.compile(r"[a-z]+[0-9]+")
 
 @dataclass(frozen=True)
 class AptRepo:
-    """One apt repository the deploy adds.
-
-    + name: short name, used for file names (``/etc/apt/sources.list.d/<name>.list``)
-    + url, key_url: the repository and its ASCII-armored signing key (placeholders allowed)
-    + suite: ``/`` for a flat repository (NVIDIA's), else a suite such as ``{codename}``
-    + components: empty for a flat repository, else e.g. ``("stable",)``
-    + key_fingerprint: optional 40-hex fingerprint the downloaded key must have
-    + per_distro: NVIDIA distribution name (``debian13``) -> the whole entry for hosts of
-      that distribution (host data: only the keys that differ; NVIDIA signs its ``debian13``
-      repository with another key than the others)
-    """
+    """One apt repository the deploy adds (its keys: docs/hostdata.md, ``apt_repos``);
+    ``per_distro``: NVIDIA's distribution name -> the whole entry for hosts of it."""
 
     name: str
     url: str
@@ -171,8 +157,7 @@ def _apt_repo_fields(p: Problems, base: str, name: str,
     url = _templated_url(p, f"{base}.url", entry.get("url"))
     key_url = _templated_url(p, f"{base}.key_url", entry.get("key_url"))
     suite = entry.get("suite")
-    if (not isinstance(suite, str) or not suite or any(ch.isspace() for ch in suite)
-            or not _APT_WORD.fullmatch(suite)):
+    if not isinstance(suite, str) or not _APT_WORD.fullmatch(suite):
         p.bad(f"{base}.suite", suite,
               "'/' for a flat repo (NVIDIA's) or a suite name such as '{codename}'")
         suite = None

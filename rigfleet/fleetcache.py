@@ -1,18 +1,8 @@
-"""The fleet cache: what a cache host serves and how the fleet's hosts reach it.
-
-A host of inventory group ``caches`` runs Docker's registry in proxy (pull-through) mode for
-``cache_registry_upstream`` and nginx serving the model revisions it fetched and verified,
-read-only, as ``http://<cache_address>:<cache_model_port>/<org>/<name>/<revision>/<file>``
-(``model_path``). Rigs fetch weights from the caches first, then from their ``hf_endpoint``,
-and verify every file's sha256 against the pinned revision's listing either way
-(files/rigfleet-fetch-weights.py ``--mirror``); docs/images.md.
-
-Example::
+"""The fleet cache (group ``caches``, docs/images.md): a registry proxy for images and nginx for
+verified model revisions; what it serves and how hosts reach it::
 
     render_registry_config(settings)           # /etc/docker/registry/config.yml
-    render_nginx_site(settings)                # /etc/nginx/conf.d/rigfleet-cache.conf
     seed_command(upstream, "vllm/vllm-openai", digest)   # the pin into the cache
-    model_path("/srv/c", "org/m", "ab" * 20)   # /srv/c/org/m/abab...
     model_mirrors(host.inventory)              # ('http://lb1.lan:8081',)
 """
 
@@ -21,6 +11,7 @@ from __future__ import annotations
 import posixpath
 import shlex
 from collections.abc import Iterable
+from contextlib import suppress
 from typing import Any
 
 from rigfleet.hostdata import CacheSettings, HostDataError, validate_cache
@@ -147,11 +138,7 @@ SEED_SCRIPT = str(HOST.script("rigfleet-cache-seed.py"))
 
 def seed_command(upstream: str, path: str, digest: str, marker: str = "") -> str:
     """Fetch one pinned image's blobs from ``upstream`` once each, verified, into the cache
-    (files/rigfleet-cache-seed.py), the seeding registry running only meanwhile.
-
-    + path: the repository path upstream (``vllm/vllm-openai``); digest: the pin;
-      marker: written when every blob is held (the next converge skips the image)
-    """
+    (files/rigfleet-cache-seed.py); ``marker`` is written once every blob is held."""
     seed = (f"python3 {SEED_SCRIPT} --upstream {shlex.quote(upstream)} "
             f"--socket {SEED_SOCKET} --spool {shlex.quote(str(HOST.state_dir / 'cache-spool'))} "
             f"--repo {shlex.quote(path)} --digest {shlex.quote(digest)}")
@@ -165,14 +152,11 @@ def cache_settings(inventory: Iterable[Any]) -> list[CacheSettings]:
     """The valid cache hosts of the inventory (``host.inventory`` or ``InventoryHost``s), in
     order. A cache host whose data does not validate is left out here: its own preflight
     refuses it, naming the problem, and the rigs fetch upstream."""
-    out: list[CacheSettings] = []
+    out = []
     for other in inventory:
-        if not host_kind(other.groups).cache:
-            continue
-        try:
-            out.append(validate_cache(other.name, other.data))
-        except HostDataError:
-            continue
+        if host_kind(other.groups).cache:
+            with suppress(HostDataError):
+                out.append(validate_cache(other.name, other.data))
     return out
 
 

@@ -1,13 +1,7 @@
-"""The Hugging Face hub from the control side, through ``huggingface_hub``: a model's revision
-and its files at a revision, with the inventory's token when there is one.
-
-The token is read from the token file (host data ``hf_token_file``) and handed to ``HfApi`` in
-memory: never in a process's arguments, a message or a log. Failures are sorted into what a
-caller decides on: ``HubMissing`` (the hub answered: no such repository or revision, or gated
-for this caller), ``HubUnreachable`` (no answer), ``HubError`` (anything else)::
+"""The Hugging Face hub through ``huggingface_hub``; the token stays in memory, failures are
+``HubMissing`` (the hub said no), ``HubUnreachable`` or ``HubError``::
 
     hub = Hub("https://huggingface.co", token_file="~/.config/rigfleet/hf-token")
-    hub.revision("Lorbus/Qwen3.6-27B-int4-AutoRound")            # main's full commit
     hub.files("Lorbus/Qwen3.6-27B-int4-AutoRound", "74647d59...")  # ["config.json", ...]
 """
 
@@ -15,15 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from huggingface_hub import HfApi
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
 
 DEFAULT_HUB = "https://huggingface.co"
 
@@ -69,14 +58,14 @@ class Hub:
         if self._api is None:
             # token=False: no token at all (not the one huggingface_hub would find in ~/.cache)
             token: str | bool = read_token(self.token_file) or False
+            from huggingface_hub import HfApi  # a third of a second: only when asked
+
             self._api = HfApi(endpoint=self.where, token=token)
         return self._api
 
     def revision(self, repo: str, ref: str = "main") -> str:
         """The full commit ``ref`` (a branch, tag or commit) of model ``repo`` is."""
-        info = self._ask(lambda: self.api.model_info(repo, revision=ref, timeout=self.timeout),
-                         repo, ref)
-        sha = getattr(info, "sha", None) or ""
+        sha = getattr(self._model_info(repo, ref), "sha", None) or ""
         if len(sha) != 40:
             raise HubError(f"hub {self.where}: {repo}@{ref}: the hub answered no full commit "
                            f"(sha={sha!r})")
@@ -85,15 +74,21 @@ class Hub:
     def files(self, repo: str, revision: str) -> list[str]:
         """Every file of model ``repo`` at ``revision`` (the model info's file list: one
         request, which huggingface_hub does not retry for minutes when the hub is away)."""
-        info = self._ask(lambda: self.api.model_info(repo, revision=revision,
-                                                     timeout=self.timeout), repo, revision)
+        info = self._model_info(repo, revision)
         return [str(s.rfilename) for s in (getattr(info, "siblings", None) or [])]
 
-    def _ask(self, call: Any, repo: str, ref: str) -> Any:
+    def _model_info(self, repo: str, ref: str) -> Any:
         what = f"hub {self.where}: {repo}@{ref}"
         auth = "with the token of hf_token_file" if self.token_file else "without a token"
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            HfHubHTTPError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
         try:
-            return call()
+            return self.api.model_info(repo, revision=ref, timeout=self.timeout)
         except RevisionNotFoundError:
             raise HubMissing(f"{what}: no such revision (HTTP 404)") from None
         except GatedRepoError:

@@ -1,14 +1,6 @@
-"""The NVIDIA packages a host needs, per OS and pin: the driver's and the container toolkit's.
+"""The NVIDIA driver's and container toolkit's package names per OS and pin (roles and check)::
 
-The roles install them (``roles/nvidia_driver.py``, ``roles/container_toolkit.py``) and
-``rigfleet check`` looks them up in the pinned apt repositories (``rigfleet/check.py``); both
-read the names here, below either.
-
-Example::
-
-    os = OsInfo("ubuntu", "24.04", "noble", "6.8.0-45-generic")
-    driver_packages(os, "580")      # ('nvidia-driver-580-server-open', ...)
-    version_prefix("580", None)     # '580.'
+    driver_packages(OsInfo("ubuntu", "24.04", "noble", "6.8.0-45"), "580")
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""The one Docker registry v2 API client: tags, digests, manifests, blobs, image ids.
+"""The one Docker registry v2 client (Docker Hub's bearer tokens, or a plain registry); errors
+name registry, repository and tag; tokens stay in memory::
 
-Works against Docker Hub (anonymous bearer-token dance) and against a plain registry such as a
-LAN mirror or the testbed's. ``docker pull`` is not needed to learn what a tag points at, nor
-which image id a ``docker load`` of a saved copy must reproduce::
-
-    reg = Registry("https://registry-1.docker.io")
-    reg.digest("vllm/vllm-openai", "v0.27.1")            # the index digest the tag names now
-    found = reg.resolve("vllm/vllm-openai", "v0.27.1")   # index -> linux/amd64 -> config
+    found = Registry("https://registry-1.docker.io").resolve("vllm/vllm-openai", "v0.27.1")
     found.digest, found.image_id, found.layer_bytes
-
-Every error names the registry, the repository and the tag (or digest) it was about, and says
-which kind of failure it was (``RegistryNotFound`` for a 404: the tag or digest is not there).
-Tokens stay in memory: never in a message, a URL or a log.
 """
 
 from __future__ import annotations
@@ -54,15 +45,9 @@ class RegistryUnreachable(RegistryError):
 
 @dataclass(frozen=True)
 class ResolvedImage:
-    """What a tag or digest resolves to for linux/amd64.
-
-    + digest: the manifest-list/index digest (or the manifest's, for a single-platform image):
-      what ``<repo>@<digest>`` pulls, what ``RepoDigests`` shows after a pull
-    + image_id: the config digest of the linux/amd64 image: ``docker image inspect
-      --format {{.Id}}``, and what ``docker load`` of a saved copy reproduces
-    + manifest_digest: the linux/amd64 manifest's own digest
-    + layer_bytes: the compressed size of its layers (what a pull downloads)
-    """
+    """What a tag or digest resolves to for linux/amd64: the digest ``<repo>@<digest>``
+    pulls, the image id (config digest: what ``docker load`` reproduces), the platform
+    manifest's digest and the compressed layer bytes (docs/images.md)."""
 
     digest: str
     image_id: str
@@ -89,10 +74,8 @@ class Registry:
 
     def _request(self, method: str, path: str, repo: str, accept: str = "",
                  what: str | None = None) -> tuple[dict, bytes]:
-        """(lower-cased headers, body) of one request, with Docker Hub's token dance.
-
-        + what: the reference named in errors (``repo:tag``); default the repository
-        """
+        """(lower-cased headers, body) of one request, with Docker Hub's token dance; errors
+        name ``what`` (default the repository)."""
         what = what or repo
         url = f"{self.where}{path}"
         for attempt in range(2):
@@ -112,14 +95,10 @@ class Registry:
                     self._tokens[repo] = self._token(challenge, what)
                     continue
                 raise self._http_error(exc.code, exc.reason, what) from None
-            except urllib.error.URLError as exc:
-                raise RegistryUnreachable(
-                    f"registry {self.where}: {what}: cannot reach the registry ({exc.reason})"
-                ) from None
-            except OSError as exc:  # a timeout mid-read, a reset connection
-                raise RegistryUnreachable(
-                    f"registry {self.where}: {what}: cannot reach the registry ({exc})"
-                ) from None
+            except OSError as exc:  # URLError; a timeout mid-read, a reset connection
+                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+                raise RegistryUnreachable(f"registry {self.where}: {what}: cannot reach the "
+                                          f"registry ({reason})") from None
         raise RegistryError(f"registry {self.where}: {what}: authentication failed")
 
     def _http_error(self, code: int, reason: str, what: str) -> RegistryError:
@@ -222,8 +201,7 @@ class Registry:
 
     def image_config(self, repo: str, ref: str) -> dict[str, Any]:
         """The image config (``created``, ``config.Env``, ...) for linux/amd64."""
-        found = self.resolve(repo, ref)
-        return json.loads(self.blob(repo, found.image_id))
+        return json.loads(self.blob(repo, self.resolve(repo, ref).image_id))
 
     def tags(self, repo: str) -> list[str]:
         """Every tag of ``repo`` (follows pagination)."""
@@ -232,8 +210,7 @@ class Registry:
         while path:
             headers, body = self._request("GET", path, repo, what=f"{repo} (tag list)")
             found.extend(json.loads(body or b"{}").get("tags") or [])
-            link = headers.get("link", "")
-            match = re.match(r"<([^>]+)>", link)
+            match = re.match(r"<([^>]+)>", headers.get("link", ""))
             path = match.group(1) if match else None
         return found
 
@@ -256,12 +233,9 @@ def split_image(image: str) -> tuple[str, str]:
 
 
 def registry_of(repository: str) -> tuple[str | None, str]:
-    """(registry host or None for Docker Hub, path in it) of an image repository.
-
-    ``vllm/vllm-openai`` -> (None, ``vllm/vllm-openai``); ``ghcr.io/a/b`` -> (``ghcr.io``,
-    ``a/b``); ``nginx`` -> (None, ``library/nginx``): Docker's own naming rule (a first part
-    with a dot or a port, or ``localhost``, is a registry).
-    """
+    """(registry host or None for Docker Hub, path in it), by Docker's rule (a first part with
+    a dot or a port, or ``localhost``, is a registry): ``ghcr.io/a/b`` -> (``ghcr.io``,
+    ``a/b``); ``nginx`` -> (None, ``library/nginx``)."""
     first, sep, rest = repository.partition("/")
     if sep and first in ("docker.io", "index.docker.io", "registry-1.docker.io"):
         return registry_of(rest)

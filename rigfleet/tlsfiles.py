@@ -1,13 +1,7 @@
-"""TLS certificate and key files named in host data, checked on the control machine.
+"""TLS files of host data (``front_tls_*``, ``balancer_tls_*``) checked on the control machine,
+never showing the key::
 
-The front (nginx, ``front_tls_*``) and the balancer (HAProxy, ``balancer_tls_*``) each take a
-certificate, its private key and optionally the CA clients trust. ``check_tls`` checks the
-three (PEM, the key private, unencrypted and the certificate's own, the certificate verifying
-against the CA, dates included) without ever showing the key, and records every problem in the
-host's ``Problems``::
-
-    tls = check_tls(problems, "front", cert, key, ca)   # FrontTls, or None (plain HTTP / bad)
-    urllib.request.urlopen(url, context=tls.client_context())
+    tls = check_tls(problems, "front", cert, key, ca)   # FrontTls, or None
 """
 
 from __future__ import annotations
@@ -40,11 +34,8 @@ class FrontTls:
 
 
 def check_tls(p: Problems, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTls | None:
-    """``<prefix>_tls_cert_file`` + ``<prefix>_tls_key_file`` (+ ``<prefix>_tls_ca_file``);
-    None when neither is set (plain HTTP) or when a problem was recorded in ``p``.
-
-    + prefix: ``front`` (nginx on a GPU host) or ``balancer`` (HAProxy)
-    """
+    """``<prefix>_tls_cert_file`` + ``_key_file`` (+ ``_ca_file``) of a ``front`` (nginx) or
+    ``balancer`` (HAProxy); None when neither is set (plain HTTP) or a problem is in ``p``."""
     cert_key, key_key, ca_key = (f"{prefix}_tls_{k}_file" for k in ("cert", "key", "ca"))
     if cert is None and key is None:
         if ca is not None:

@@ -1,24 +1,9 @@
-"""Model weights on a host: one directory per revision, what is kept, what space it takes.
-
-Every model revision lives in its own directory, ``<model_dir>/<local_dir>@<revision[:12]>``
-(``Layout.weights_dir``), which the fetcher renames into place only once verified and which
-nothing writes after; the compose files mount it read-only. So the active snapshot names the
-revision it served and a rollback restarts it on exactly those files.
-
-- ``WeightsDirs`` (a pyinfra fact, one command): the revision directories of one
-  ``local_dir``, partial downloads, the directory of before per-revision directories
-  (``<model_dir>/<local_dir>``, a link once adopted), each with its mtime and size, and the
-  names the host's compose files mount;
-- ``stale_weights``: what to remove (``rigfleet.retention.stale``, the rule Genesis trees use:
-  the pinned revision, every one a compose file names, ``WEIGHTS_KEPT`` newest);
-- ``weights_space``: what the weights keep on disk and still need, for a disk check.
-
-Example::
+"""Model weights on a host: one read-only directory per revision (docs/converge.md), the
+``WeightsDirs`` fact, what to prune and what space they need::
 
     dirs = read_fact(WeightsDirs, model_dir="/srv/models", local_dir="qwen",
                      compose_files=("/var/lib/rigfleet/active/compose.yaml",))
     stale_weights(dirs, "qwen", revision)        # ['qwen@0123456789ab']
-    weights_space(dirs, "qwen", revision).need   # bytes the disk must have free
 """
 
 from __future__ import annotations
@@ -30,11 +15,7 @@ from dataclasses import dataclass, field
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from rigfleet.hostside.layout import (
-    WEIGHTS_REVISION_CHARS,
-    WEIGHTS_REVISION_MARK,
-    Layout,
-)
+from rigfleet.hostside.layout import HOST, WEIGHTS_REVISION_CHARS, WEIGHTS_REVISION_MARK
 from rigfleet.retention import stale
 
 # Revisions kept beyond the pinned one and those a compose file names: none (tens of GB each;
@@ -45,12 +26,9 @@ WEIGHTS_KEPT = 1
 HEADROOM = 0.10
 PARTIAL_SUFFIX = ".partial"
 
-_NAMES = Layout()
-
-
 def revision_name(local_dir: str, revision: str) -> str:
     """The revision's directory name (``Layout.weights_dir``): ``<local_dir>@<rev[:12]>``."""
-    return _NAMES.weights_dir("/", local_dir, revision).name
+    return HOST.weights_dir("/", local_dir, revision).name
 
 
 def partial_name(name: str) -> str:
@@ -60,12 +38,8 @@ def partial_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class WeightsEntry:
-    """One entry of the model directory.
-
-    + kind: ``dir`` (a revision's directory, or the old one), ``partial`` (a download not yet
-      verified), ``link`` (the old name, adopted: ``target`` is the revision's name)
-    + mtime: seconds; size: bytes on disk (a link: 0)
-    """
+    """One entry of the model directory: ``kind`` ``dir``, ``partial`` (not yet verified) or
+    ``link`` (the old name, adopted: ``target`` is the revision's name); size 0 for a link."""
 
     name: str
     kind: str
@@ -167,12 +141,8 @@ def kept_names(dirs: WeightsDirsState, local_dir: str, revision: str) -> set[str
 
 def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str,
                   keep: int = WEIGHTS_KEPT) -> list[str]:
-    """The names under the model directory to remove (sorted); see the module docstring.
-
-    + dirs: the ``WeightsDirs`` fact, read with every compose file on the host (the staged
-      stacks' and the active snapshot)
-    + local_dir, revision: the model pin
-    """
+    """The names under the model directory to remove (sorted): all but the pinned revision,
+    those a compose file mounts (``dirs`` read with every compose file) and the newest."""
     candidates = {e.name: float(e.mtime) for e in dirs.entries.values() if _prunable(e, local_dir)}
     return stale(candidates, revision_name(local_dir, revision),
                  kept_names(dirs, local_dir, revision), keep)
@@ -180,16 +150,8 @@ def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str,
 
 @dataclass(frozen=True)
 class WeightsSpace:
-    """Disk space of the weights on one host, in bytes.
-
-    + kept: what stays after pruning (the revisions kept, partial downloads kept, the old
-      directory if it is a real one)
-    + freed: what pruning removes
-    + to_download: what the pinned revision still needs (0 when it is there); None when
-      unknown (not there, and no revision to estimate its size from)
-    + total: the pinned revision's size (given, or estimated from the largest revision kept)
-    + estimated: total is an estimate
-    """
+    """Disk space of the weights on one host, in bytes: what stays and what pruning frees,
+    what the pinned revision still needs (None: unknown) and its size (maybe estimated)."""
 
     kept: int
     freed: int
@@ -199,8 +161,7 @@ class WeightsSpace:
 
     @property
     def need(self) -> int | None:
-        """Free bytes the fetcher will ask for: what is left to download + 10 % headroom of
-        the revision (0 when the revision is there)."""
+        """Free bytes the fetcher asks for: what is left + 10 % of the revision."""
         if self.to_download is None or self.total is None:
             return None
         return 0 if self.to_download == 0 else self.to_download + int(self.total * HEADROOM)
@@ -209,15 +170,9 @@ class WeightsSpace:
 def weights_space(dirs: WeightsDirsState, local_dir: str, revision: str,
                   revision_bytes: int | None = None,
                   old_revision: str | None = None) -> WeightsSpace:
-    """What the weights keep on disk and still need (see ``WeightsSpace``).
-
-    + dirs: the ``WeightsDirs`` fact (read with the host's compose files)
-    + local_dir, revision: the model pin
-    + revision_bytes: the pinned revision's size when known (the hub's listing); otherwise a
-      new revision is estimated to be as large as the largest revision on the host
-    + old_revision: the revision the manifest of a not yet adopted ``<model_dir>/<local_dir>``
-      names (adoption makes it that revision's directory, without a download)
-    """
+    """What the weights keep on disk and still need. Without ``revision_bytes`` (the hub's
+    listing) a new revision is as large as the largest here; ``old_revision``: what a not yet
+    adopted ``<model_dir>/<local_dir>`` holds (adopted without a download)."""
     removed = set(stale_weights(dirs, local_dir, revision))
     sizes = {n: e.size for n, e in dirs.entries.items() if e.kind != "link"}
     kept = sum(size for n, size in sizes.items() if n not in removed)

@@ -1,20 +1,5 @@
-"""The balancer: HAProxy from the distribution's packages, one fleet endpoint in front of the
-GPU hosts' fronts, on the hosts of inventory group ``balancers`` (docs/balancer.md).
-
-- One backend per stack holding the GPU hosts whose inventory stack it is
-  (``rigfleet.balancer.plan``); clients ask a stack as ``/stacks/<stack>/v1/...`` (plain
-  ``/v1/...`` goes to the default stack). A host is in rotation while its front's readiness
-  path (``/rigfleet/ready``) answers 200 for that stack: the host is the source of truth,
-  no control-side call takes it out.
-- The key: ``/etc/haproxy/rigfleet/api-keys.lst`` (root 0600, written by ``secret_file``),
-  read by HAProxy at start as root; the config only names the file. TLS (host data
-  ``balancer_tls_cert_file`` + ``balancer_tls_key_file``): certificate and key in one
-  root-only PEM. The CAs of TLS fronts go to ``/etc/haproxy/rigfleet-ca/<host>.pem``.
-- The config is checked (``haproxy -c``) as a staged copy and moved into place only when it
-  passes (``checked_file``); then HAProxy reloads gracefully (new workers take new
-  connections, old ones finish their streams). Nothing changes on a second run.
-
-Example::
+"""The balancer: HAProxy in front of the GPU hosts' fronts, one backend per stack; the config is
+checked with ``haproxy -c`` before it replaces the old one (docs/balancer.md)::
 
     balancer(ctx)          # ctx: roles.preflight.BalancerContext
 """

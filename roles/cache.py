@@ -1,22 +1,7 @@
-"""The fleet cache on the hosts of inventory group ``caches`` (a service host; docs/images.md).
+"""The fleet cache: Docker's registry as a pull-through proxy, seeded once per pinned image, and
+verified model revisions served by nginx (docs/images.md)::
 
-- Images: Debian's ``docker-registry`` in proxy (pull-through) mode for
-  ``cache_registry_upstream``, on every address at ``cache_registry_port`` (the fleet's
-  hosts pull from it). Its config (no auth, proxy) is written before the package is
-  installed, and dpkg keeps it (``--force-confold``), so the first start is already the
-  cache. Every pinned image's blobs are seeded into its storage, each fetched upstream once
-  (files/rigfleet-cache-seed.py: the proxy alone would fetch each twice).
-- Weights: every model revision the fleet's GPU hosts pin is fetched here once, with the
-  fetcher and the verification the rigs use (files/rigfleet-fetch-weights.py: sha256 of every
-  file against the hub), into ``<cache_model_dir>/<org>/<name>/<revision>``; nginx serves
-  those files read-only on ``cache_model_port`` (nothing under a dot name: partial downloads
-  and manifests stay private). Rigs verify every file again against the pinned revision.
-- The hub token (``hf_token_file``) goes to the cache host only, root-only, like a rig's.
-
-Example::
-
-    ctx = preflight_cache()
-    cache(ctx)
+    cache(preflight_cache())
 """
 
 from __future__ import annotations
@@ -140,10 +125,8 @@ def _check_cache(name: str, gpu_host: bool) -> CacheContext:
 
 @operation()
 def image_warm(path: str, digest: str, upstream: str):
-    """Seed one pinned image's blobs into the cache, once (its marker says they are held).
-
-    + path: the repository path upstream; digest: the pin; upstream: what the cache proxies
-    """
+    """Seed the pinned image ``path@digest`` from ``upstream`` into the cache, once (its
+    marker says the blobs are held)."""
     marker = warm_marker(digest)
     if read_fact(File, path=marker):
         host.noop(f"{path}@{digest[:19]} is in the cache")
@@ -183,29 +166,10 @@ def cache(ctx: CacheContext) -> None:
     for path, digest in host.loop(ctx.images):
         image_warm(name=f"Seed {path}@{digest[:19]} into the cache (each blob fetched once)",
                    path=path, digest=digest, upstream=s.registry_upstream)
-    _models(ctx)
-    gates = []
-    if not ctx.gpu_host:  # a GPU host's front owns nginx's sites
-        gates.append(site_disabled(name=f"Disable nginx's default site {DEFAULT_SITE}",
-                                   path=DEFAULT_SITE))
-    site = files.put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
-                     src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE, user="root",
-                     group="root", mode="0644")
-    systemd.service(name="nginx enabled and running", service="nginx", running=True,
-                    enabled=True)
-    on_change(name="Test and reload nginx (model cache changed)",
-              commands=["nginx -t -q", "systemctl reload nginx"], gates=[site, *gates],
-              reason="model cache unchanged")
-
-
-def _models(ctx: CacheContext) -> None:
-    """The fetcher, its venv and the token, then each pinned revision, verified."""
-    s = ctx.settings
-    for path, mode in host.loop(((str(HOST.opt_dir), "0755"), (str(HOST.lib_dir), "0755"),
-                                 (str(HOST.etc_dir), "0755"), (str(HOST.secrets_dir), "0700"),
-                                 (str(HOST.state_dir), "0755"), (s.model_dir, "0755"))):
-        files.directory(name=f"Directory {path}", path=path, user="root", group="root",
-                        mode=mode)
+    for path in host.loop((HOST.opt_dir, HOST.lib_dir, HOST.etc_dir, HOST.secrets_dir,
+                           HOST.state_dir, s.model_dir)):
+        files.directory(name=f"Directory {path}", path=str(path), user="root", group="root",
+                        mode="0700" if path == HOST.secrets_dir else "0755")
     hf_hub_venv(name=f"huggingface_hub {ctx.hf_hub_version} venv", version=ctx.hf_hub_version,
                 index_url=s.pip_index_url)
     files.put(name="Weights fetcher script", src=str(project_file(
@@ -223,3 +187,16 @@ def _models(ctx: CacheContext) -> None:
         fetch_weights(name=f"Fetch and verify {model.repo}@{model.revision[:12]} into the cache",
                       repo=model.repo, revision=model.revision, local_dir=dest,
                       token_file=token_file, endpoint=s.hf_endpoint)
+    gates = []
+    if not ctx.gpu_host:  # a GPU host's front owns nginx's sites
+        gates.append(site_disabled(name=f"Disable nginx's default site {DEFAULT_SITE}",
+                                   path=DEFAULT_SITE))
+    site = files.put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
+                     src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE, user="root",
+                     group="root", mode="0644")
+    systemd.service(name="nginx enabled and running", service="nginx", running=True,
+                    enabled=True)
+    on_change(name="Test and reload nginx (model cache changed)",
+              commands=["nginx -t -q", "systemctl reload nginx"], gates=[site, *gates],
+              reason="model cache unchanged")
+

@@ -1,19 +1,6 @@
-"""The exporters of a GPU host, read by the fleet's monitor through the front with the key
-(docs/monitoring.md):
-
-- the distribution's node exporter (``prometheus-node-exporter``) on loopback only
-  (127.0.0.1:9100), with its textfile collector directory. Debian's and Ubuntu's package
-  start it on install, listening on every address: its ``/etc/default`` ARGS are written
-  before the package is installed, and dpkg keeps that file (``--force-confold``), so it
-  never listens anywhere else, not even for a moment;
-- ``rigfleet-metrics.timer``: every 15 s ``rigfleet-host metrics`` writes the GPU textfile
-  (nvidia-smi) and rigfleet's facts textfile (``rigfleet.hostside.metrics``).
-
-The package's install and the units' ``daemon-reload`` could take a serving container's GPUs
-(NVIDIA/nvidia-container-toolkit#48): on such a host they run in the maintenance window
-(this role runs before ``maintenance`` closes it). A second run changes nothing.
-
-Example::
+"""A GPU host's exporters: the node exporter on loopback (bound before it first starts) and
+``rigfleet-metrics.timer`` for the GPU and facts textfiles; in the maintenance window where
+a package install could take the GPUs (docs/monitoring.md)::
 
     exporter(ctx)
 """

@@ -1,26 +1,7 @@
-"""The monitor: Prometheus and Alertmanager from the distribution's packages on the hosts of
-inventory group ``monitors`` (a service host: no NVIDIA, no Docker; docs/monitoring.md).
+"""The monitor: Prometheus and Alertmanager, loopback only, bound before they first start; the
+scrape config from the inventory, checked by promtool (docs/monitoring.md)::
 
-- Bound before they first start: Debian's and Ubuntu's packages start their services on
-  install, listening on every address. Their ``/etc/default`` files (ARGS: loopback only,
-  retention) are written first; dpkg keeps them (``--force-confold``), so Prometheus
-  (127.0.0.1:9090), Alertmanager (127.0.0.1:9093, no cluster port) and this host's node
-  exporter (127.0.0.1:9100) never listen anywhere else. People reach the UI through SSH
-  (``ssh -L 9090:127.0.0.1:9090 <monitor>``).
-- The scrape config comes from the inventory (``rigfleet.scrape``): every GPU host's node
-  exporter and engine through its front, every balancer's HAProxy, with the fleet's key from
-  ``/etc/prometheus/rigfleet-api-key`` (root:prometheus 0640; ``credentials_file``: never in
-  the config). It is checked with ``promtool check config`` before it replaces the old one.
-- Retention: ``monitor_retention_days``, and a size from the inventory (16 MiB per GPU host
-  and day, or ``monitor_retention_gib``).
-- ``rigfleet_desired_info`` (what each GPU host should serve, from the inventory and its
-  pins) goes to this host's node exporter as a textfile.
-- The rules file is ``files/monitor/rules.yml`` when the repository has one.
-
-Example::
-
-    mon = preflight_monitor()
-    monitor(mon)
+    monitor(preflight_monitor())
 """
 
 from __future__ import annotations
@@ -37,13 +18,7 @@ from rigfleet.balancer.plan import GpuHost
 from rigfleet.desired import pins_for
 from rigfleet.errors import RigfleetError
 from rigfleet.facts import OsRelease, Platform, read_fact
-from rigfleet.hostdata import (
-    HostDataError,
-    MonitorSettings,
-    validate_balancer,
-    validate_host,
-    validate_monitor,
-)
+from rigfleet.hostdata import HostDataError, validate_balancer, validate_host, validate_monitor
 from rigfleet.hostside.metrics import TEXTFILE_DIR
 from rigfleet.inventory import host_kind
 from rigfleet.resources import PROJECT_ROOT
@@ -61,7 +36,6 @@ from rigfleet.scrape import (
     prometheus_args,
     render_prometheus,
 )
-from roles.exporter import DEFAULTS as NODE_DEFAULTS
 from roles.exporter import PACKAGE as NODE_PACKAGE
 from roles.exporter import defaults_text as node_defaults
 from roles.ops import Secret, apt_packages, checked_file, on_change, secret_file
@@ -75,10 +49,15 @@ from roles.preflight import (
     read_secret,
 )
 
-PACKAGES = ["prometheus", "prometheus-alertmanager"]
 RULES_SOURCE = "files/monitor/rules.yml"
 ALERTMANAGER_CONFIG = f"{PROM_DIR}/alertmanager.yml"
 DESIRED_FILE = f"{TEXTFILE_DIR}/rigfleet-desired.prom"
+# A route to a receiver without integrations: alerts are kept and shown (API, UI); where they
+# go (mail, chat) is the operator's to add (docs/monitoring.md).
+ALERTMANAGER_YML = ("# Managed by rigfleet (roles/monitor.py). Add receivers here, or in a file "
+                    "of\n# your own: docs/monitoring.md.\n"
+                    "route:\n  receiver: rigfleet\n  group_by: [alertname, instance]\n"
+                    "receivers:\n  - name: rigfleet\n")
 
 
 @dataclass(frozen=True)
@@ -91,10 +70,6 @@ class MonitorContext:
     api_key: Secret
     desired: str
     gpu_host: bool = False
-
-    @property
-    def settings(self) -> MonitorSettings:
-        return self.plan.settings
 
     @property
     def site_ca_files(self) -> tuple[str, ...]:
@@ -145,37 +120,23 @@ def _defaults(text: str, what: str) -> str:
     return f"# Managed by rigfleet (roles/monitor.py): {what}; docs/monitoring.md.\n{text}\n"
 
 
-def alertmanager_config() -> str:
-    """A route to a receiver without integrations: alerts are kept and shown (API, UI);
-    where they go (mail, chat) is the operator's to add (docs/monitoring.md)."""
-    return ("# Managed by rigfleet (roles/monitor.py). Add receivers here, or in a file of\n"
-            "# your own: docs/monitoring.md.\n"
-            "route:\n  receiver: rigfleet\n  group_by: [alertname, instance]\n"
-            "receivers:\n  - name: rigfleet\n")
-
-
 @deploy("Monitor (Prometheus, Alertmanager)")
 def monitor(ctx: MonitorContext) -> None:
     """Bind the services before their packages start them, install them, render the scrape
     config from the inventory, reload only on change."""
     plan = ctx.plan
-    put = []
-    for path, text, what in (
-            ("/etc/default/prometheus", prometheus_args(plan), "loopback only, retention"),
-            ("/etc/default/prometheus-alertmanager", alertmanager_args(),
-             "loopback only, no cluster")):
-        put.append(files.put(name=f"{path} (written before the package starts it)",
-                             src=io.StringIO(_defaults(text, what)), dest=path, user="root",
-                             group="root", mode="0644"))
-    prom_args, am_args = put
-    packages = list(PACKAGES)
-    node_args = None
+    before = "written before the package starts it"
+    defaults = [("prometheus", _defaults(prometheus_args(plan), "loopback only, retention"),
+                 before),
+                ("prometheus-alertmanager",
+                 _defaults(alertmanager_args(), "loopback only, no cluster"), before)]
     if not ctx.gpu_host:  # a GPU host's own exporter role did this
-        node_args = files.put(name=f"{NODE_DEFAULTS} (loopback only; before the package)",
-                              src=io.StringIO(node_defaults()), dest=NODE_DEFAULTS,
-                              user="root", group="root", mode="0644")
-        packages.append(NODE_PACKAGE)
-    apt_packages(name=f"Install {', '.join(packages)}", packages=packages)
+        defaults.append((NODE_PACKAGE, node_defaults(), "loopback only; before the package"))
+    args = {package: files.put(name=f"/etc/default/{package} ({note})", src=io.StringIO(text),
+                               dest=f"/etc/default/{package}", user="root", group="root",
+                               mode="0644")
+            for package, text, note in defaults}
+    apt_packages(name=f"Install {', '.join(args)}", packages=list(args))
     key = secret_file(name=f"API key for scraping {KEY_FILE} (root:prometheus 0640)",
                       dest=KEY_FILE, content=Secret(ctx.api_key.reveal() + "\n"),
                       mode="0640", group="prometheus")
@@ -198,22 +159,20 @@ def monitor(ctx: MonitorContext) -> None:
         dest=f"{PROM_DIR}/prometheus.yml", content=render_prometheus(plan, rules=has_rules),
         check="promtool check config {path}")
     am_conf = checked_file(name=f"Alertmanager config {ALERTMANAGER_CONFIG}",
-                           dest=ALERTMANAGER_CONFIG, content=alertmanager_config(),
+                           dest=ALERTMANAGER_CONFIG, content=ALERTMANAGER_YML,
                            check="amtool check-config {path}")
     files.put(name=f"Desired pins textfile {DESIRED_FILE}", src=io.StringIO(ctx.desired),
               dest=DESIRED_FILE, user="root", group="root", mode="0644")
-    services = [("prometheus", prom_args, [conf, *gates]),
-                ("prometheus-alertmanager", am_args, [am_conf])]
-    if node_args is not None:
-        services.append((NODE_PACKAGE, node_args, []))
-    for service, args, reload_gates in services:
+    reload_gates = {"prometheus": [conf, *gates], "prometheus-alertmanager": [am_conf]}
+    for service, service_args in args.items():
         systemd.service(name=f"{service} enabled and running", service=service, running=True,
                         enabled=True)
         # One command: a reload right after a restart can reach the new process before its
         # signal handler is set, and SIGHUP would stop it.
-        restart = bool(args.will_change)
+        restart = bool(service_args.will_change)
         on_change(name=f"{'Restart' if restart else 'Reload'} {service} (its ARGS or config "
                        "changed)",
                   commands=[f"systemctl {'restart' if restart else 'reload-or-restart'} "
                             f"{service}"],
-                  gates=[args, *reload_gates], reason="ARGS and config unchanged")
+                  gates=[service_args, *reload_gates.get(service, [])],
+                  reason="ARGS and config unchanged")

@@ -1,10 +1,7 @@
-"""Peers: with no fleet cache, the first GPU host of the run that wants a pinned thing (the
-seed) fetches it from upstream; the others take it from the seed over the LAN afterwards, in a
-second operation, and fall back to upstream with a warning (docs/images.md).
+"""Peers without a fleet cache: the seed fetches from upstream, the others from the seed, falling
+back to upstream with a warning (docs/images.md)::
 
     p = peer_for(lambda want: model in want.models)     # None: fetch it yourself
-    p.url, p.seed                                               # 'http://host1:8082', 'host1'
-    yield FunctionCommand(start_seed, (p,), {})                 # its server, if not running
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""HAProxy on a balancer host: where its files are, its config rendered from a
-``BalancerPlan``, and its runtime stats read back (pure: the role and status do the I/O).
+"""HAProxy on a balancer host: its paths, its config from a ``BalancerPlan``, its stats (pure)::
 
     text = render_config(plan, HOST_PATHS)                 # /etc/haproxy/haproxy.cfg
-    keys_list("k3y...")                                    # the root-only key file's lines
-    servers = parse_stat_csv(out_of_show_stat)             # ``show stat`` on the socket
-    rotation(plan, servers)["int8"].up                     # ('host1', 'host2')
-
-Paths are spelled here only; ``HostPaths`` lets a test render a config that runs on this
-machine (``haproxy -c``, or a real HAProxy on loopback).
+    rotation(plan, parse_stat_csv(show_stat))["int8"].up   # ('host1', 'host2')
 """
 
 from __future__ import annotations
@@ -100,9 +94,9 @@ def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
 
 # -- runtime stats ---------------------------------------------------------------------------
 
-# ``show stat`` over the socket, on the balancer host (root: the socket is 0600).
 def show_stat_command(paths: HostPaths = HOST_PATHS) -> str:
-    """The shell command that prints ``show stat`` (CSV) from the runtime API."""
+    """The shell command that prints ``show stat`` (CSV) from the runtime API, on the balancer
+    host (root: the socket is 0600)."""
     return f"printf 'show stat\\n' | socat -t 5 - UNIX-CONNECT:{paths.socket}"
 
 
@@ -115,8 +109,6 @@ class ServerState:
     status: str            # UP, DOWN, UP 1/2 (failing), DOWN 1/2 (recovering), MAINT, DRAIN
     check: str = ""        # last check: L7OK, L7STS, L4CON, ...
     check_code: str = ""   # HTTP status of the last check
-    current: int = 0       # requests on it now
-    total: int = 0         # requests sent to it since start
 
     @property
     def in_rotation(self) -> bool:
@@ -137,16 +129,8 @@ def parse_stat_csv(text: str) -> list[ServerState]:
         out.append(ServerState(
             backend=row.get("pxname", ""), host=row.get("svname", ""),
             status=row.get("status", ""), check=row.get("check_status", ""),
-            check_code=row.get("check_code", ""), current=_int(row.get("scur")),
-            total=_int(row.get("stot"))))
+            check_code=row.get("check_code", "")))
     return out
-
-
-def _int(value: str | None) -> int:
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
 
 
 @dataclass(frozen=True)

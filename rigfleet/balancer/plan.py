@@ -1,10 +1,5 @@
-"""What a balancer makes of the inventory: one pool per stack, each holding the GPU hosts
-whose desired stack it is (pure; the role renders it, status and endpoints read it).
-
-A request is never sent to a host serving another stack: a host is only in the pool of the
-stack its inventory data names, and its health check also expects the front's readiness
-answer to name that stack (``X-Rigfleet-Route: <stack>/...``), so a host that swapped to
-another stack before the balancer's config followed is out of rotation, not misrouted::
+"""A balancer's plan: one pool per stack of the GPU hosts whose desired stack it is (pure;
+docs/balancer.md says why a host is never sent another stack's requests)::
 
     plan = plan_balancer("lb1", balancer_settings, [GpuHost("host1", settings, "10.0.0.11")])
     [p.stack for p in plan.pools]          # ['int8']
@@ -17,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from rigfleet.errors import RigfleetError
 from rigfleet.hostchecks import host_name_or_ip
@@ -53,13 +48,7 @@ class GpuHost:
 
 @dataclass(frozen=True)
 class Server:
-    """One GPU host's front as a server of a stack's pool.
-
-    + id: the server's name in HAProxy (the inventory name, characters it refuses as ``_``)
-    + address: ``host:port`` HAProxy connects to
-    + verify_name: the name the front's certificate must carry (TLS fronts), else None
-    + ca_file: the control-side CA the front is verified against (TLS fronts), else None
-    """
+    """One GPU host's front in a pool; ``verify_name`` and ``ca_file`` only for TLS fronts."""
 
     host: str
     id: str
@@ -82,7 +71,8 @@ class Pool:
 
     @property
     def backend(self) -> str:
-        return backend_name(self.stack)
+        """HAProxy's backend (catalog names are ``[a-z0-9-]``, valid there as is)."""
+        return f"stack_{self.stack}"
 
     @property
     def prefix(self) -> str:
@@ -105,11 +95,6 @@ class BalancerPlan:
         return next(p for p in self.pools if p.stack == stack)
 
 
-def backend_name(stack: str) -> str:
-    """HAProxy's backend of a stack (catalog names are ``[a-z0-9-]``, valid there as is)."""
-    return f"stack_{stack}"
-
-
 def server_id(host: str) -> str:
     """``rig-a`` -> ``rig-a``; ``@fake/rig1`` -> ``_fake_rig1`` (HAProxy's server names)."""
     return _NOT_ID.sub("_", host)
@@ -125,9 +110,8 @@ def split_address(address: str) -> tuple[str, int | None]:
 
 
 def front_target(host: GpuHost) -> tuple[str, str]:
-    """(``host:port`` HAProxy connects to, the name in the front's certificate): host data
-    ``balancer_front_address`` (its port defaults to ``front_port``), else the SSH address
-    (``ssh_hostname``, else the inventory name) and ``front_port``."""
+    """(``host:port`` HAProxy connects to, the name in the front's certificate), from
+    ``balancer_front_address``, else ``ssh_hostname`` or the name, and ``front_port``."""
     given = host.settings.balancer_front_address
     name, port = split_address(given) if given else (host.ssh_hostname or host.name, None)
     port = port or host.settings.front_port
@@ -137,18 +121,21 @@ def front_target(host: GpuHost) -> tuple[str, str]:
 
 def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost],
                   gpu_host: bool = False) -> BalancerPlan:
-    """The balancer ``name`` for the GPU hosts ``hosts`` (inventory order kept per pool).
-
-    The stack of unprefixed ``/v1/...``: ``balancer_default_stack`` when set (it must be some
-    host's stack), else the only stack when all hosts share one, else none (clients must use
-    ``/stacks/<stack>/v1/...``). Raises ``BalancerError`` when there is no GPU host or when
-    two hosts would be the same server.
-    """
+    """The balancer ``name`` for ``hosts``; ``/v1/...`` goes to ``balancer_default_stack``,
+    else to the only stack, else nowhere."""
     if not hosts:
         raise BalancerError(f"{name}: balancers: the inventory has no GPU host to balance; "
                             "allowed: a balancer beside at least one GPU host (every host "
                             "not only in group balancers, or in group gpu_hosts)")
-    check_hops(name, settings, hosts)
+    plain = [h.name for h in hosts if h.settings.front_tls is None]
+    if settings.tls is not None and plain and not settings.plain_fronts:
+        raise BalancerError(
+            f"{name}: balancer_plain_fronts: False, but {name} serves HTTPS "
+            f"(balancer_tls_cert_file) in front of GPU host(s) {', '.join(plain)} serving plain "
+            f"HTTP: the API key clients send would cross the LAN in clear from {name} to them; "
+            "allowed: TLS on those fronts (front_tls_cert_file and front_tls_key_file in their "
+            f"data), or balancer_plain_fronts: True in {name}'s data (the LAN between them is "
+            "trusted, on purpose)")
     by_stack: dict[str, list[Server]] = {}
     served: dict[str, str] = {}
     seen: dict[str, str] = {}
@@ -191,40 +178,9 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
     return BalancerPlan(name, settings, pools, default, gpu_host, tuple(hosts))
 
 
-def check_hops(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost]) -> None:
-    """An HTTPS balancer passes the client's API key on to each front: refused in front of a
-    plain-HTTP front unless host data ``balancer_plain_fronts`` says the LAN is trusted."""
-    plain = [h.name for h in hosts if h.settings.front_tls is None]
-    if settings.tls is None or not plain or settings.plain_fronts:
-        return
-    raise BalancerError(
-        f"{name}: balancer_plain_fronts: False, but {name} serves HTTPS "
-        f"(balancer_tls_cert_file) in front of GPU host(s) {', '.join(plain)} serving plain "
-        f"HTTP: the API key clients send would cross the LAN in clear from {name} to them; "
-        "allowed: TLS on those fronts (front_tls_cert_file and front_tls_key_file in their "
-        f"data), or balancer_plain_fronts: True in {name}'s data (the LAN between them is "
-        "trusted, on purpose)")
-
-
-class InventoryEntry(Protocol):
-    """A host as both inventories give it: pyinfra's ``Host`` (the deploy) and
-    ``rigfleet.inventory.InventoryHost`` (status, endpoints)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def groups(self) -> Sequence[str]: ...
-
-    @property
-    def data(self) -> Any: ...
-
-
-def fleet_plan(balancer: InventoryEntry, inventory: Iterable[InventoryEntry]) -> BalancerPlan:
-    """The plan of ``balancer`` (a host of group ``balancers``) from every GPU host of the
-    inventory, all of them validated (``--limit`` does not change the pools). Raises
-    ``HostDataError`` for the balancer's own data, ``BalancerError`` naming a GPU host whose
-    data does not validate."""
+def fleet_plan(balancer: Any, inventory: Iterable[Any]) -> BalancerPlan:
+    """The plan of ``balancer`` from every GPU host of the inventory (``--limit`` aside);
+    pyinfra's ``Host``s or ``InventoryHost``s."""
     name = balancer.name
     gpu_host = host_kind(balancer.groups).gpu
     settings = validate_balancer(name, balancer.data, gpu_host=gpu_host)
@@ -251,12 +207,7 @@ class SwapBatch:
 
 
 def swap_batch(plan: BalancerPlan | None) -> SwapBatch:
-    """The converge's batch cap: behind a balancer, at least one host of every stack that has
-    two or more keeps serving while the others swap; without one (each host its own endpoint)
-    or with one host per stack (its 503 window either way), no cap::
-
-        swap_batch(plan).size      # 2 for three int8 hosts behind lb1; None without lb1
-    """
+    """The converge's batch cap: one host of every stack with two or more keeps serving."""
     if plan is None:
         return SwapBatch(None, "no balancer in the inventory: each host is its own endpoint")
     shared = [p for p in plan.pools if len(p.servers) >= 2]
@@ -269,10 +220,9 @@ def swap_batch(plan: BalancerPlan | None) -> SwapBatch:
                      f"serving behind {plan.name}")
 
 
-def converge_batch(inventory: Iterable[InventoryEntry]) -> SwapBatch:
-    """``swap_batch`` of the inventory's first balancer (they all front the same GPU hosts).
-    A balancer whose plan cannot be built (its own preflight refuses it, naming why) caps the
-    converge at one host at a time."""
+def converge_batch(inventory: Iterable[Any]) -> SwapBatch:
+    """``swap_batch`` of the inventory's first balancer; one at a time when it cannot be
+    built (its preflight says why)."""
     entries = list(inventory)
     balancer = next((e for e in entries if host_kind(e.groups).balancer), None)
     if balancer is None:

@@ -1,12 +1,7 @@
-"""Which GPU hosts each balancer has in rotation, per stack: ``rigfleet status`` and
-``rigfleet endpoints`` show it.
-
-Read from HAProxy's runtime API on the balancer (``show stat`` on its root-only socket, over
-``rigfleet.ssh``), matched against the plan the inventory makes (``fleet_plan``)::
+"""Which GPU hosts each balancer has in rotation, from HAProxy's ``show stat`` over SSH::
 
     rows = balancer_rows(lb, hosts, SshRemote())
     [(r.stack, r.up) for r in rows]        # [('int8', ['host1', 'host2'])]
-    balancer_url(plan, lb)                 # 'http://127.0.0.1:18450'
 """
 
 from __future__ import annotations

@@ -3,17 +3,9 @@
     rigfleet bench --url URL [--api-key-file F|-] [--ca-file PEM] [--stack NAME] [--scale X]
     rigfleet bench --inventory inventory/home.py [--limit HOST|GROUP ...] [--timeout S]
     rigfleet bench --inventory inventory/home.py --accept-baseline HOST
-    options: [--runs 5] [--warmup 3] [--concurrency N] [--depths 16000,32000,64000 |
-              --no-depths] [--out bench-reports] [--no-plot] [--json]
 
-Per target: warm-up rounds, then streamed runs of an ~800-word essay (max_tokens 1000) and a
-commented quicksort (max_tokens 800) at temperature 0.6: decode tok/s (completion tokens /
-(end - first token)), wall tok/s, time to first token, mean and CV; MTP acceptance from
-/metrics deltas (unknown, not 0, without /metrics); a concurrency run at the stack's
-max-num-seqs; decode at context depths. Writes ``bench-<ts>.json`` / ``.md`` (and ``.png``
-with ``rigfleet[plot]``) into ``--out``. ``--accept-baseline HOST`` benches HOST's active
-stack on the host and records it as its baseline there (after a deliberate change).
-Exit status: 0 all measured, 1 something measured nothing, 2 bad arguments.
+What is measured and written: docs/bench.md. Exit status: 0 all measured, 1 something measured
+nothing, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -97,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.catalog import CatalogError, builtin_catalog
     from rigfleet.cliargs import select
     from rigfleet.errors import RigfleetError
+    from rigfleet.hostside.verify.report import now_iso
     from rigfleet.inventory import InventoryError, gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
@@ -134,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             targets = inventory_targets(hosts, SshRemote(connect_timeout=args.timeout))
         except RigfleetError as e:
             return _usage(str(e))
-    started = _now()
+    started = now_iso()
     with RichProgress(err) as progress:
         entries = bench_targets(targets, lambda t: settings_for(
             t, args.runs, args.warmup, args.concurrency, depths, args.timeout_s), progress)
@@ -151,12 +144,6 @@ def run(args: argparse.Namespace) -> int:
         err.print("reports: " + " ".join(str(p) for p in (*paths, *([png] if png else []))))
     measured = all(any(s.figures() for s in e.result.shapes.values()) for e in entries)
     return EXIT_OK if measured else EXIT_UNMEASURED
-
-
-def _now() -> str:
-    from rigfleet.hostside.verify.report import now_iso
-
-    return now_iso()
 
 
 def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:

@@ -1,12 +1,7 @@
-"""What ``rigfleet bench`` benches, and benching it.
-
-A target is one endpoint with what its figures stand beside: the stack it serves (reference
-figure, max-num-seqs), the host's ``throughput_scale`` and its verified history (read with
-the host probe over SSH)::
+"""What ``rigfleet bench`` benches (endpoint, stack, scale, history from the probe), and benching::
 
     targets = inventory_targets(load_inventory("inventory/home.py"), SshRemote())
     entries = bench_targets(targets, lambda t: BenchSettings(runs=5), progress)
-    accept_baseline(SshRemote(), host, want, runs=5, warmup=3, by="alice")
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host, view_host
 from rigfleet.hostprobe import last_json
 from rigfleet.hostside.bench.baseline import Baseline, baseline_for
-from rigfleet.hostside.bench.measure import Bench, BenchSettings, SilentProgress
+from rigfleet.hostside.bench.measure import Bench, BenchProgress, BenchSettings, SilentProgress
 from rigfleet.hostside.bench.report import Entry
 from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.hostside.verify.client import Client
@@ -35,28 +30,16 @@ from rigfleet.ssh import Remote
 HISTORY_N = 5  # as the gate's default throughput_history_n
 
 
-class Progress(Protocol):
+class Progress(BenchProgress, Protocol):
     """``rigfleet.bench.progress.RichProgress`` (or a silent stand-in)."""
 
     def target(self, host: str) -> None: ...
 
-    def begin(self, total: int) -> None: ...
-
-    def step(self, label: str) -> None: ...
-
-    def note(self, text: str) -> None: ...
-
 
 @dataclass(frozen=True)
 class Target:
-    """One endpoint to bench.
-
-    + host: the inventory name (or the URL); url, api_key: where and how
-    + stack: the stack file of what it serves (None: unknown, e.g. a bare --url)
-    + scale: the host's throughput_scale; history: its verified records, oldest first
-    + note: why something is missing (the probe failed, ...)
-    + ca_file: the PEM certificate(s) to trust for an https:// front (as ``rigfleet verify``)
-    """
+    """One endpoint to bench, with what its figures stand beside (stack None: unknown;
+    ``note``: why something is missing)."""
 
     host: str
     url: str
@@ -67,9 +50,6 @@ class Target:
     note: str = ""
     error: str = ""
     ca_file: str | None = None
-
-    def client(self) -> Client:
-        return Client(self.url, self.api_key, ca_file=self.ca_file)
 
     @property
     def reference(self) -> dict[str, float]:
@@ -130,7 +110,8 @@ def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], Be
             result = Bench(Client(t.url), BenchSettings(runs=0, warmup=0)).result
             out.append(Entry(t.host, t.stack.name if t.stack else None, result, error=t.error))
             continue
-        result = Bench(t.client(), settings_for(t), progress).run()
+        client = Client(t.url, t.api_key, ca_file=t.ca_file)
+        result = Bench(client, settings_for(t), progress).run()
         out.append(Entry(t.host, t.stack.name if t.stack else None, result, t.reference,
                          t.scale, t.baseline(), t.history, result.error))
     return out
@@ -147,10 +128,6 @@ def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None
                          concurrency=concurrency, depths=depths)
 
 
-def who() -> str:
-    return f"{getpass.getuser()}@{socket.gethostname()}"
-
-
 def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs: int,
                     warmup: int, by: str = "") -> dict[str, Any]:
     """Bench the host's active stack on the host and record it as its baseline there
@@ -159,7 +136,7 @@ def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs
     nothing)."""
     command = hosttool.bench(
         "--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}", "--by",
-        by or who(), "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet")
+        by or f"{getpass.getuser()}@{socket.gethostname()}", "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet")
     rc, out = remote.run(host, command, timeout=3600)
     data = last_json(out)
     if rc == 0 and data is not None and data.get("accepted"):

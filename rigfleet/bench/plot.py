@@ -1,13 +1,7 @@
-"""The bench's PNG: decode tok/s per host beside the fleet median, the stack's reference
-figure and the host's own history; then decode by context depth and the concurrency run where
-they were measured. One row of panels per stack (matplotlib, ``rigfleet[plot]``).
+"""The bench's PNG (matplotlib, ``rigfleet[plot]``): per stack, decode tok/s per host beside the
+fleet median, the reference and the host's history; then depth and concurrency.
 
     path, problem = plot(entries, Path("bench-reports/bench-20261201T101500Z.png"))
-    problem      # None, or why there is no picture (matplotlib missing, nothing measured)
-
-For reading: the y axis spans the figures (not from zero: a 3 % gap must show), the reference
-and median are lines over the bars, labelled at the panel's edge; each bar says its value and
-its share of the reference; the legend sits under the panels.
 """
 
 from __future__ import annotations
@@ -27,16 +21,6 @@ NOTHING = "no PNG: nothing was measured (see the report's errors)"
 COLORS = {"narrative": "#4878d0", "code": "#ee854a"}
 REF_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.6}
 MEDIAN_STYLE = {"color": "#8c1c13", "linestyle": "-", "linewidth": 1.4}
-
-
-def _pyplot() -> Any:
-    """matplotlib's pyplot on the file-only backend, or None when it is not installed."""
-    try:
-        mpl = importlib.import_module("matplotlib")
-    except ImportError:
-        return None
-    mpl.use("Agg")
-    return importlib.import_module("matplotlib.pyplot")
 
 
 def measured(e: Entry) -> bool:
@@ -98,10 +82,7 @@ def _decode_panel(ax: Any, stack: str, rows: list[Entry], fleet: dict[str, float
         for x, value, text in labels:  # inside the bar, halfway up: clear of the lines
             ax.text(x, lo + (value - lo) * 0.45, text, ha="center", va="center", fontsize=7,
                     zorder=6)
-        if lo > 0:
-            ax.set_ylabel(f"decode tok/s (axis from {lo:.0f})")
-        else:
-            ax.set_ylabel("decode tok/s")
+        ax.set_ylabel(f"decode tok/s (axis from {lo:.0f})" if lo > 0 else "decode tok/s")
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([e.host if measured(e) else f"{e.host}\n(not measured)" for e in rows],
                        fontsize=8)
@@ -146,30 +127,29 @@ def plot(entries: Sequence[Entry], path: Path) -> tuple[Path | None, str | None]
     """Draw ``entries`` to ``path``; (path, None), or (None, why not)."""
     if not any(measured(e) for e in entries):
         return None, NOTHING
-    plt = _pyplot()
-    if plt is None:
+    try:
+        importlib.import_module("matplotlib").use("Agg")  # the file-only backend
+    except ImportError:
         return None, INSTALL_HINT
+    plt = importlib.import_module("matplotlib.pyplot")
     stacks = sorted({e.stack or "unknown stack" for e in entries if measured(e)})
     fleet = fleet_medians(entries)
-    has_depth = any(d.run is not None for e in entries for d in e.result.depths)
-    has_conc = any(e.result.concurrency is not None for e in entries)
-    extra = int(has_depth) + int(has_conc)
-    ncols = 1 + extra
+    panels = []
+    if any(d.run is not None for e in entries for d in e.result.depths):
+        panels.append(_depth_panel)
+    if any(e.result.concurrency is not None for e in entries):
+        panels.append(_concurrency_panel)
     widths = [max(4.0, 1.5 * max(sum(1 for e in entries if (e.stack or "unknown stack") == s)
-                                 for s in stacks) + 2)] + [3.6] * extra
-    fig, axes = plt.subplots(len(stacks), ncols, squeeze=False,
+                                 for s in stacks) + 2)] + [3.6] * len(panels)
+    fig, axes = plt.subplots(len(stacks), 1 + len(panels), squeeze=False,
                              figsize=(sum(widths), 3.9 * len(stacks) + 0.8),
                              gridspec_kw={"width_ratios": widths})
     for r, stack in enumerate(stacks):
         rows = [e for e in entries if (e.stack or "unknown stack") == stack]
         _decode_panel(axes[r, 0], stack, rows, fleet.get(stack, {}))
-        col = 1
-        if has_depth:
-            if not _depth_panel(axes[r, col], rows):
+        for col, panel in enumerate(panels, 1):
+            if not panel(axes[r, col], rows):
                 axes[r, col].set_visible(False)
-            col += 1
-        if has_conc and not _concurrency_panel(axes[r, col], rows):
-            axes[r, col].set_visible(False)
     handles: dict[str, Any] = {}
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):

@@ -1,13 +1,6 @@
-"""The bench's progress as a rich progress bar on stderr (one task per target).
-
-    progress = RichProgress(Console(stderr=True))
-    with progress:
-        progress.target("rig-a")           # a new task; the bench then calls begin/step/note
-"""
+"""The bench's progress as a rich progress bar on stderr (one task per target)."""
 
 from __future__ import annotations
-
-from types import TracebackType
 
 from rich.console import Console
 from rich.progress import (
@@ -35,8 +28,7 @@ class RichProgress:
         self.bar.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.bar.stop()
 
     def target(self, host: str) -> None:

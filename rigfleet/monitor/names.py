@@ -1,13 +1,7 @@
-"""The metric-name contract: every series the monitor scrapes, spelled once.
-
-The exporters (the host tool's ``metrics`` command, the GPU textfile) emit these names; the
-rules (``files/monitor/rules.yml``), the dashboards (``files/monitor/dashboards/*.json``) and
-``rigfleet status --html`` read them. A unit test checks that every name the rules and the
-dashboards use is in ``METRICS`` or ``RECORDED``. ``instance`` (the inventory host name) is set
-by the scrape configuration on every host series, so it is not listed per metric::
+"""Every series the monitor scrapes, spelled once; the rules and dashboards are checked against
+it by a unit test::
 
     METRICS["rigfleet_engine_up"].type      # 'gauge'
-    ALERTS                                    # the alert names rules.yml defines
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""``rigfleet status --html``: one self-contained page from the monitor's Prometheus answers.
+"""``rigfleet status --html``: one self-contained page (inline CSS and SVG) from Prometheus'
+answers: tokens/s per host over time, then the pending and firing alerts::
 
-A pure function from ``query.Answers`` to HTML (inline CSS and SVG; no script, no outside
-resource), so it is tested with canned answers and opened by any browser, mailed, archived::
-
-    html = render(PageInput(hosts=["rig1", "rig2"], monitor="lb1", now=t, hours=6,
-                            answers=answers))
-
-Per host a figure of tokens/s over time: the gate's recorded decode tokens/s per stack (a
-step: it changes when a gate runs) and, where the engine exports it, the rate of
-``vllm:generation_tokens_total``; then the alerts Prometheus has pending or firing.
+    html = render(PageInput(hosts=["rig1"], monitor="lb1", now=t, hours=6, answers=answers))
 """
 
 from __future__ import annotations
@@ -191,8 +184,8 @@ def render(data: PageInput) -> str:
     seen = {k[0] for k in gate} | {k[0] for k in engine} | set(up)
     others = sorted(h for h in seen - set(data.hosts) - set(data.others)
                     if h and h != data.monitor)
-    figures = [_host_figure(h, True, data, gate, engine, up) for h in data.hosts]
-    figures += [_host_figure(h, False, data, gate, engine, up) for h in others]
+    figures = [_host_figure(h, h in data.hosts, data, gate, engine, up)
+               for h in (*data.hosts, *others)]
     count, alerts = _alerts_table(data.answers.alerts)
     x0 = data.now - data.hours * 3600
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -1,13 +1,7 @@
-"""The monitor's Prometheus HTTP API, reached over the fleet's SSH: ``rigfleet status --html``.
+"""The monitor's Prometheus API (loopback on the monitor host), asked with ``curl`` over the
+fleet's SSH, every question in one shell::
 
-Prometheus listens on the monitor host's loopback only (``names.PROMETHEUS_PORT``), so the
-questions go the way rigfleet reaches every host: one SSH connection (``rigfleet.ssh``) runs
-``curl`` against ``127.0.0.1`` on the monitor host, one call per question in one shell, each
-answer followed by a marker line. No tunnel, no port opened on this machine::
-
-    monitor = monitor_host(hosts, "inventory/home.py")   # the host of group ``monitors``
-    answers = fetch(SshRemote(), monitor, now=time.time(), hours=6)
-    answers.gate["data"]["result"]                         # Prometheus' own JSON
+    answers = fetch(SshRemote(), monitor_host(hosts, "inventory/home.py"), now=t, hours=6)
 """
 
 from __future__ import annotations
@@ -73,9 +67,8 @@ def api_paths(now: float, hours: float) -> list[str]:
 def fetch_command(paths: Sequence[str], port: int = PROMETHEUS_PORT, timeout: int = 20) -> str:
     """One shell command asking every path of Prometheus on loopback, answers split by MARK
     (``curl -sS``: an HTTP error still prints Prometheus' JSON error, read by ``_answer``)."""
-    calls = [f"curl -sS --max-time {timeout} {shlex.quote(f'http://127.0.0.1:{port}{p}')} 2>&1; "
-             f"echo; echo {MARK}" for p in paths]
-    return "; ".join(calls)
+    return "; ".join(f"curl -sS --max-time {timeout} {shlex.quote(f'http://127.0.0.1:{port}{p}')} "
+                     f"2>&1; echo; echo {MARK}" for p in paths)
 
 
 def _answer(host: str, path: str, text: str) -> dict[str, Any]:

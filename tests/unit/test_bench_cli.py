@@ -155,7 +155,7 @@ def test_plot_draws_or_says_what_to_install(tmp_path, monkeypatch):
         entries = bench_targets(targets, lambda t: settings_for(t, 1, 0, 0, ()))
     assert [e.host for e in entries] == ["rig-a", "rig-b"]
     assert entries[0].reference == {"narrative": pytest.approx(130.8 * 40)}
-    monkeypatch.setattr(plot_mod, "_pyplot", lambda: None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
     path, problem = plot_mod.plot(entries, tmp_path / "b.png")
     assert path is None and "pip install 'rigfleet[plot]'" in (problem or "")
     monkeypatch.undo()
