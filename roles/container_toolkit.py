@@ -55,8 +55,8 @@ def container_toolkit(ctx: HostContext) -> None:
     """Install the pinned toolkit (held), register the runtime, restart Docker only then."""
     add_apt_repo("NVIDIA container toolkit repository", ctx.apt_repo("nvidia-container-toolkit"))
     apt_packages(
-        name=f"Install NVIDIA Container Toolkit {ctx.pins.toolkit_version}, held",
-        packages=toolkit_specs(ctx.pins.toolkit_version),
+        name=f"Install NVIDIA Container Toolkit {ctx.want.pins.toolkit_version}, held",
+        packages=toolkit_specs(ctx.want.pins.toolkit_version),
         hold=True,
     )
     runtime = nvidia_runtime(name="Register the nvidia runtime with Docker")

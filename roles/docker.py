@@ -195,7 +195,7 @@ def reload_detaches_gpus(ctx: HostContext) -> bool:
     opts = current.config.get("exec-opts") if not current.error else None
     if isinstance(opts, list) and CGROUP_DRIVER_OPT in opts:
         return False
-    return not any(s.startswith("Docker restart") for s in maintenance.steps_planned(ctx.name))
+    return not any(s.startswith("Docker restart") for s in maintenance.steps_planned(ctx.want.name))
 
 
 def daemon_change(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -211,14 +211,14 @@ def daemon_change(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
 def docker(ctx: HostContext) -> None:
     """Install Docker Engine + Compose v2, merge daemon.json; reload Docker when only keys it
     reloads changed, restart it (in the maintenance window of a serving host) otherwise."""
-    repo = docker_repo(ctx.os, ctx.settings.apt_repos.get("docker"))
+    repo = docker_repo(ctx.os, ctx.want.settings.apt_repos.get("docker"))
     if repo is not None:
         add_apt_repo("Docker", repo)
     apt_packages(
         name="Install Docker Engine and Compose v2", packages=list(docker_packages(ctx.os))
     )
     caches = tuple(urlsplit(c.registry_url).netloc for c in cache_settings(host.inventory))
-    settings = daemon_settings(ctx.settings.docker_registry_mirror, caches)
+    settings = daemon_settings(ctx.want.settings.docker_registry_mirror, caches)
     keys, restart = daemon_change(settings)
     daemon = daemon_json(
         name=f"Merge {DAEMON_JSON} (log rotation, registry mirror, live-restore, cgroupfs)",

@@ -98,14 +98,14 @@ def site_disabled(path: str):
 def front(ctx: HostContext) -> None:
     """Install nginx, render the front and its key map, test and reload only on change."""
     apt_packages(name="Install nginx", packages=["nginx"])
-    tls_paths = (TLS_DIR, CERT_PATH, TLS_KEY_PATH) if ctx.settings.front_tls else ()
+    tls_paths = (TLS_DIR, CERT_PATH, TLS_KEY_PATH) if ctx.want.settings.front_tls else ()
     read_paths([DEFAULT_SITE, *tls_paths, ROUTE_DIR, ROUTE_PATH, KEYS_PATH, CONF_PATH])
     default_site = site_disabled(
         name=f"Disable nginx's default site {DEFAULT_SITE} (only the front listens)",
         path=DEFAULT_SITE,
     )
     gates = [default_site]
-    tls = ctx.settings.front_tls
+    tls = ctx.want.settings.front_tls
     if tls is not None and ctx.tls_key is not None:
         files.directory(name=f"Directory {TLS_DIR} (root-only)", path=TLS_DIR, user="root",
                         group="root", mode="0700")
@@ -120,7 +120,7 @@ def front(ctx: HostContext) -> None:
         name=f"Front route {ROUTE_PATH} (503 until a stack passes the gate; only if missing)",
         dest=ROUTE_PATH,
         content=render_maintenance("no verified stack on this host yet",
-                                   ctx.settings.swap.retry_after_s),
+                                   ctx.want.settings.swap.retry_after_s),
     )
     keys = secret_file(
         name=f"API key map {KEYS_PATH} (root-only)",
@@ -128,13 +128,13 @@ def front(ctx: HostContext) -> None:
         content=Secret(keys_conf(ctx.api_key.reveal())),
     )
     conf = files.template(
-        name=f"Front on port {ctx.settings.front_port} ({ctx.settings.front_scheme})",
+        name=f"Front on port {ctx.want.settings.front_port} ({ctx.want.settings.front_scheme})",
         src=TEMPLATE,
         dest=CONF_PATH,
         user="root",
         group="root",
         mode="0644",
-        front_port=ctx.settings.front_port,
+        front_port=ctx.want.settings.front_port,
         keys_file=KEYS_PATH,
         route_file=ROUTE_PATH,
         tls=tls is not None,

@@ -211,7 +211,7 @@ def images(ctx: HostContext) -> None:
     runtime = [img for name in sorted(ctx.want.stacks)
                if (img := RuntimeImage.for_stack(ctx.want.stacks[name].spec,
                                                  ctx.want.stacks[name].pins)) is not None]
-    index_url = ctx.settings.runtime_pip_index_url or ctx.settings.pip_index_url
+    index_url = ctx.want.settings.runtime_pip_index_url or ctx.want.settings.pip_index_url
     for img in host.loop(runtime):
         runtime_image_built(name=f"Build {img.ref} (pinned packages baked in)", image=img,
                             index_url=index_url)

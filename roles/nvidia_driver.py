@@ -225,9 +225,9 @@ def branch_offered(ctx: HostContext, prefix: str) -> list[str]:
     if ctx.os.id != "debian":
         return []  # Ubuntu's package names carry the branch: apt finds it or fails
     repo = ctx.apt_repo("cuda")
-    pinned = ctx.pins.driver_version or ctx.pins.driver_branch
-    key = "driver.version" if ctx.pins.driver_version else "driver.branch"
-    message = (f"{ctx.name}: {key}: {pinned} is not in apt_repos.cuda ({repo.url}); allowed: "
+    pinned = ctx.want.pins.driver_version or ctx.want.pins.driver_branch
+    key = "driver.version" if ctx.want.pins.driver_version else "driver.branch"
+    message = (f"{ctx.want.name}: {key}: {pinned} is not in apt_repos.cuda ({repo.url}); allowed: "
                "a driver that repository carries (pins file)")
     return [apt_commands.require_candidate("nvidia-driver-cuda", prefix, message)]
 
@@ -251,13 +251,13 @@ def _offered_then_window(ctx: HostContext, step: str, prefix: str,
 @deploy("NVIDIA driver")
 def nvidia_driver(ctx: HostContext) -> None:
     """Install the pinned driver branch (open modules), hold it, reboot if needed, verify."""
-    branch, version = ctx.pins.driver_branch, ctx.pins.driver_version
+    branch, version = ctx.want.pins.driver_branch, ctx.want.pins.driver_version
     if ctx.driver_adopted:
         # A .run-installed driver on the pinned branch, kept as it is (preflight,
         # adopt_foreign_driver): no packages, no reboot; it must still answer as pinned.
         check(
-            name=f"Verify the kept driver: branch {branch}, {ctx.settings.gpu_count} GPUs",
-            verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.want.spec),
+            name=f"Verify the kept driver: branch {branch}, {ctx.want.settings.gpu_count} GPUs",
+            verify=lambda: verify_driver(branch, version, ctx.want.settings.gpu_count, ctx.want.spec),
             what="driver verification",
         )
         return
@@ -291,14 +291,13 @@ def nvidia_driver(ctx: HostContext) -> None:
         version_prefix=prefix,
         before=lambda inputs: _offered_then_window(ctx, install_step, prefix, inputs),
     )
-    if maintenance.plan_step(ctx, install_step, install):
-        maintenance.uses_apt(ctx)
+    maintenance.plan_step(ctx, install_step, install, apt=True)
     gates.append(install)
     reboot = reboot_for_driver(name="Reboot to load the NVIDIA driver (only when needed)",
                                gates=gates, os=ctx.os, ctx=ctx, branch=branch, version=version)
     maintenance.plan_step(ctx, REBOOT_STEP, reboot)
     check(
-        name=f"Verify nvidia-smi: branch {branch}, {ctx.settings.gpu_count} GPUs",
-        verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.want.spec, ctx.os),
+        name=f"Verify nvidia-smi: branch {branch}, {ctx.want.settings.gpu_count} GPUs",
+        verify=lambda: verify_driver(branch, version, ctx.want.settings.gpu_count, ctx.want.spec, ctx.os),
         what="driver verification",
     )

@@ -107,7 +107,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
 @deploy("GPU power")
 def power(ctx: HostContext) -> None:
     """Persistence daemon on; power-caps unit installed, enabled, applied when needed."""
-    caps = ctx.settings.power_caps_w
+    caps = ctx.want.settings.power_caps_w
     read_paths([UNIT_PATH])
     systemd.service(
         name="nvidia-persistenced enabled and running",

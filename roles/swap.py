@@ -168,7 +168,7 @@ def supervise_policy(ctx: HostContext) -> Policy:
     with this host's time limits (``ready_timeout_s``, ``vram_timeout_s``, ``retry_after_s``)
     and its backoff, limit and window (``supervise_backoff_s``, ``supervise_limit``,
     ``supervise_window_s``)."""
-    swap = ctx.settings.swap
+    swap = ctx.want.settings.swap
     return replace(Policy(), ready_timeout_s=swap.ready_timeout_s,
                    vram_timeout_s=swap.vram_timeout_s, retry_after_s=swap.retry_after_s,
                    backoff_s=swap.supervise_backoff_s, limit=swap.supervise_limit,
@@ -179,7 +179,7 @@ def unit_file(name: str, src: str, dest: str, ctx: HostContext, **variables: Any
     """One of rigfleet's systemd units from its template (root, 0644), with the variables
     every unit has (the front's port, the host tool, the active snapshot's directory)."""
     return files.template(name=name, src=src, dest=dest, user="root", group="root",
-                          mode="0644", front_port=ctx.settings.front_port,
+                          mode="0644", front_port=ctx.want.settings.front_port,
                           bundle=str(HOST.bundle), active_dir=str(HOST.active_dir),
                           **variables)
 
@@ -243,7 +243,7 @@ def swap(ctx: HostContext) -> None:
         plan=plan,
         batch=batch,
         # The drain comes first: as long as the longest drain timeout it may wait.
-        follow_timeout_s=ctx.settings.swap.follow_timeout_s + max([plan.drain_timeout_s,
+        follow_timeout_s=ctx.want.settings.swap.follow_timeout_s + max([plan.drain_timeout_s,
                                                           *plan.drain_timeouts.values()]),
         reports=str(reports_root()),
     )

@@ -176,7 +176,7 @@ def weights_disk(ctx: HostContext) -> WeightsSpace:
         space = weights_disk(ctx)
         space.kept, space.need      # bytes; need is None when it cannot be estimated
     """
-    model, model_dir = ctx.want.model, ctx.settings.model_dir
+    model, model_dir = ctx.want.model, ctx.want.settings.model_dir
     dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=model.local_dir,
                      compose_files=compose_files(ctx))
     old = dirs.entries.get(model.local_dir)
@@ -202,16 +202,16 @@ def weights(ctx: HostContext) -> None:
         (str(HOST.etc_dir), "0755"),
         (str(HOST.secrets_dir), "0700"),
         (str(HOST.state_dir), "0755"),
-        (ctx.settings.model_dir, "0755"),
+        (ctx.want.settings.model_dir, "0755"),
     )
     read_paths([*(path for path, _ in directories), weights_commands.FETCH_SCRIPT,
                 *([weights_commands.HF_TOKEN_FILE] if ctx.hf_token is not None else [])])
     for path, mode in host.loop(directories):
         files.directory(name=f"Directory {path}", path=path, user="root", group="root", mode=mode)
     hf_hub_venv(
-        name=f"huggingface_hub {ctx.pins.hf_hub_version} venv",
-        version=ctx.pins.hf_hub_version,
-        index_url=ctx.settings.pip_index_url,
+        name=f"huggingface_hub {ctx.want.pins.hf_hub_version} venv",
+        version=ctx.want.pins.hf_hub_version,
+        index_url=ctx.want.settings.pip_index_url,
     )
     files.put(
         name="Weights fetcher script",
@@ -229,7 +229,7 @@ def weights(ctx: HostContext) -> None:
             dest=token_file,
             content=Secret(ctx.hf_token.reveal() + "\n"),
         )
-    model_dir = ctx.settings.model_dir
+    model_dir = ctx.want.settings.model_dir
     # Every model a staged stack serves, each in its own directories (``local_dir``).
     for model in host.loop(ctx.want.models):
         adopt_weights(
@@ -257,7 +257,7 @@ def weights(ctx: HostContext) -> None:
                 revision=model.revision,
                 local_dir=local_dir,
                 token_file=token_file,
-                endpoint=ctx.settings.hf_endpoint,
+                endpoint=ctx.want.settings.hf_endpoint,
                 adopt_from=None if after_seed else str(HOST.weights_legacy_dir(
                     model_dir, model.local_dir)),
                 mirrors=model_mirrors(host.inventory),
