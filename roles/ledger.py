@@ -1,16 +1,7 @@
-"""The ledger: what this host runs, and a line of history each time that changes.
-
-``state.json`` (``Layout.state_file``) holds the active stack and the pins it runs (other keys
-in it, such as the gate's last result, are kept). ``ledger.jsonl`` gets one JSON line per
-change. Every activation, swap, rollback and boot-time recreation is written by
-the host-side transaction itself (``rigfleet/hostside/ledger.py``), with the gate's result and
-report; this role has the same tool (``rigfleet-host record``, under the host lock) record
-what changes *without* a swap (a driver branch, the toolkit, the pins serial) in state.json,
-the active record and an ``event: "pins"`` line. A converged host appends nothing.
-
-Example::
-
-    ledger(ctx)
+"""The ledger: what changes on a host *without* a swap (a driver branch, the toolkit, the pins
+serial) recorded by the host tool (``rigfleet-host record``, under the host lock) in
+``state.json``, the active record and an ``event: "pins"`` line of ``ledger.jsonl``; the swap
+records its own changes (docs/swap.md, "Ledger and state"). A converged host appends nothing.
 """
 
 from __future__ import annotations
@@ -45,13 +36,8 @@ def _read_state(text: str | None) -> dict[str, Any]:
 
 @operation()
 def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
-    """Record ``state`` (the tracked keys) when it differs from ``state.json``: the host-side
-    tool writes state.json, the active record and a ledger line, under the host lock.
-
-    + state: the tracked keys of the desired stack (``DesiredStack.tracked``)
-    + desired: the desired stack as rendered (the active stack must carry its config hash)
-    + by: who deployed (``HostContext.by``); deploy_id: this run's id
-    """
+    """Record ``state`` (the desired stack's tracked keys) when ``state.json`` differs and no
+    swap about to run records them itself."""
     current = _read_state(read_fact(TextFile, path=STATE_FILE))
     if all(current.get(k) == v for k, v in state.items()):
         host.noop(f"state.json already records {state['stack']} at serial {state['pins_serial']}")
@@ -67,14 +53,8 @@ def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
 
 @deploy("Ledger")
 def ledger(ctx: HostContext) -> None:
-    """Record the active stack and pins; append history only when they changed."""
-    files.directory(
-        name=f"Directory {STATE_DIR}", path=STATE_DIR, user="root", group="root", mode="0755"
-    )
-    record(
-        name=f"Record {ctx.want.stack} in state.json and the ledger",
-        state=dict(ctx.want.current.tracked),
-        desired=ctx.want.current.ref,
-        by=ctx.by,
-        deploy_id=DEPLOY_ID,
-    )
+    files.directory(name=f"Directory {STATE_DIR}", path=STATE_DIR, user="root", group="root",
+                    mode="0755")
+    record(name=f"Record {ctx.want.stack} in state.json and the ledger",
+           state=dict(ctx.want.current.tracked), desired=ctx.want.current.ref, by=ctx.by,
+           deploy_id=DEPLOY_ID)
