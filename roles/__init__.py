@@ -5,14 +5,15 @@ A GPU host gets ``preflight`` then ``ROLES`` in order, each relying on the ones 
 docs/monitoring.md): ``balancers`` get ``preflight_balancer``, ``base``, ``balancer``;
 ``monitors`` ``preflight_monitor``, ``base``, ``monitor``; ``caches`` ``preflight_cache``,
 ``base``, ``cache``, before any other kind's (pyinfra orders operations by their place here:
-the cache fetches before the rigs, docs/images.md). ``base`` runs once per host.
+the cache fetches before the rigs, docs/images.md).
 Example (``deploy.py``): ``from roles import converge; converge()``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from functools import partial
+from typing import Any
 
 # Modules, not their role functions, are bound here: ``roles.power`` stays the module (tests
 # patch its constants), and ``roles.power.power`` is the role.
@@ -69,38 +70,27 @@ def converge() -> HostContext | BalancerContext | MonitorContext | CacheContext:
     """Run the current host's roles, each kind's preflight first; returns its context (the
     GPU host's when it is several kinds, else the balancer's, the monitor's, the cache's)."""
     kind = host_kind(host.groups)
-    # pyinfra's @deploy returns what the function returns; its stubs say OperationMeta.
-    cached: CacheContext | None = None
-    if kind.cache:
-        cached = cast(CacheContext, cache.preflight_cache(gpu_host=kind.gpu))
-        for cache_role in host.loop(CACHE_ROLES):
-            cache_role(cached)
-    ctx: HostContext | None = None
-    if kind.gpu:
-        ctx = cast(HostContext, preflight.preflight())
-        # host.loop: pyinfra names an operation by the line numbers of its call stack alone
-        # (no file names), so two roles calling an operation at the same line would be one
-        # operation to it, and a host that skips one role's operation (no Genesis stack on a
-        # one-card host) would order the fleet's operations in a cycle. The loop position
-        # tells the roles apart.
-        for role in host.loop(ROLES):  # base again on a cache host: a no-op there
+    # The cache first: its operations come before every rig's (their place in this loop).
+    kinds = ((kind.cache, partial(cache.preflight_cache, gpu_host=kind.gpu), CACHE_ROLES),
+             (kind.gpu, preflight.preflight, ROLES),
+             (kind.balancer, partial(preflight.preflight_balancer, gpu_host=kind.gpu),
+              BALANCER_ROLES),
+             (kind.monitor, partial(monitor.preflight_monitor, gpu_host=kind.gpu), MONITOR_ROLES))
+    contexts: list[Any] = []
+    # host.loop: pyinfra names an operation by the line numbers of its call stack alone (no
+    # file names), so two roles calling an operation at the same line would be one operation
+    # to it, and a host that skips one role's operation (no Genesis stack on a one-card host)
+    # would order the fleet's operations in a cycle. The loop positions tell them apart.
+    for wanted, check, roles in host.loop(kinds):
+        if not wanted:
+            continue
+        ctx = check()  # @deploy returns what the function returns (its stubs: OperationMeta)
+        # base once per host; ROLES keep one order on every GPU host (base a no-op again)
+        for role in host.loop(roles[1:] if contexts and roles is not ROLES else roles):
             role(ctx)
-    lb: BalancerContext | None = None
-    if kind.balancer:
-        lb = cast(BalancerContext, preflight.preflight_balancer(gpu_host=kind.gpu))
-        ran_base = kind.gpu or kind.cache
-        for lb_role in host.loop(BALANCER_ROLES[1:] if ran_base else BALANCER_ROLES):
-            lb_role(lb)
-    mon: MonitorContext | None = None
-    if kind.monitor:
-        mon = cast(MonitorContext, monitor.preflight_monitor(gpu_host=kind.gpu))
-        mon_roles = (MONITOR_ROLES[1:] if kind.gpu or kind.balancer or kind.cache
-                     else MONITOR_ROLES)
-        for mon_role in host.loop(mon_roles):
-            mon_role(mon)
-    result = ctx or lb or mon or cached
-    assert result is not None
-    return result
+        contexts.append(ctx)
+    services = [c for c in contexts if not isinstance(c, CacheContext)]
+    return (services or contexts)[0]
 
 
 __all__ = ["BALANCER_ROLES", "CACHE_ROLES", "MONITOR_ROLES", "ROLES", "BalancerContext",

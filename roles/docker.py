@@ -29,13 +29,9 @@ DAEMON_JSON = "/etc/docker/daemon.json"
 # Docker's repository for Debian 12 (no Compose v2 in bookworm) unless host data has
 # apt_repos.docker; its key's fingerprint is pinned (Docker's install docs).
 DOCKER_DEBIAN_REPO = AptRepo(
-    name="docker",
-    url="https://download.docker.com/linux/debian",
-    key_url="https://download.docker.com/linux/debian/gpg",
-    suite="{codename}",
-    components=("stable",),
-    key_fingerprint="9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
-)
+    name="docker", url="https://download.docker.com/linux/debian",
+    key_url="https://download.docker.com/linux/debian/gpg", suite="{codename}",
+    components=("stable",), key_fingerprint="9DC858229FC7DD38854AE2D88D81803C0EBFCD88")
 
 # Container logs are kept, but bounded: vLLM logs every request at INFO.
 LOG_OPTS = {"max-size": "100m", "max-file": "5"}
@@ -50,20 +46,11 @@ RELOADABLE = frozenset({
 
 
 def docker_packages(os: OsInfo) -> tuple[str, ...]:
-    """The engine + Compose v2 packages for this OS."""
     if os.id == "debian" and os.version_id == "12":
         return ("docker-ce", "docker-ce-cli", "containerd.io", "docker-compose-plugin")
     if os.id == "debian":
         return ("docker.io", "docker-cli", "docker-compose")
     return ("docker.io", "docker-compose-v2")
-
-
-def docker_repo(os: OsInfo, configured: AptRepo | None = None) -> AptRepo | None:
-    """Docker's apt repository (``configured``, else Docker's own) on Debian 12, else None."""
-    if os.id == "debian" and os.version_id == "12":
-        repo = configured or DOCKER_DEBIAN_REPO
-        return repo.expand(os_id=os.id, version_id=os.version_id, codename=os.codename)
-    return None
 
 
 def daemon_settings(registry_mirror: str | None,
@@ -98,12 +85,10 @@ def merge_daemon_config(current: dict[str, Any], settings: dict[str, Any]) -> di
 
 
 def changed_keys(current: dict[str, Any], merged: dict[str, Any]) -> list[str]:
-    """The daemon.json keys whose value the merge changes."""
     return sorted(k for k in set(current) | set(merged) if current.get(k) != merged.get(k))
 
 
 def restart_keys(keys: list[str]) -> list[str]:
-    """Of ``keys``, those dockerd reads only at start."""
     return [k for k in keys if k not in RELOADABLE]
 
 
@@ -150,28 +135,25 @@ def reload_detaches_gpus(ctx: HostContext) -> bool:
     return not any(s.startswith("Docker restart") for s in planned)
 
 
-def daemon_change(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(Preparing) the daemon.json keys the merge changes, and those that need a restart."""
-    current = read_fact(DockerDaemonJson)
-    if current.error:
-        return [], []  # daemon_json fails the host with the message
-    keys = changed_keys(current.config, merge_daemon_config(current.config, settings))
-    return keys, restart_keys(keys)
-
-
 @deploy("Docker")
 def docker(ctx: HostContext) -> None:
-    repo = docker_repo(ctx.os, ctx.want.settings.apt_repos.get("docker"))
-    if repo is not None:
-        add_apt_repo("Docker", repo)
-    apt_packages(name="Install Docker Engine and Compose v2", packages=list(docker_packages(ctx.os)))
+    os = ctx.os
+    if os.id == "debian" and os.version_id == "12":
+        repo = ctx.want.settings.apt_repos.get("docker") or DOCKER_DEBIAN_REPO
+        add_apt_repo("Docker", repo.expand(os_id=os.id, version_id=os.version_id,
+                                           codename=os.codename))
+    apt_packages(name="Install Docker Engine and Compose v2", packages=list(docker_packages(os)))
     caches = tuple(urlsplit(c.registry_url).netloc for c in cache_settings(host.inventory))
     settings = daemon_settings(ctx.want.settings.docker_registry_mirror, caches)
-    keys, restart = daemon_change(settings)
+    current = read_fact(DockerDaemonJson)  # an error: daemon_json fails the host with it
+    keys = [] if current.error else changed_keys(current.config,
+                                                 merge_daemon_config(current.config, settings))
+    restart = restart_keys(keys)
     daemon = daemon_json(
         name=f"Merge {DAEMON_JSON} (log rotation, registry mirror, live-restore, cgroupfs)",
         settings=settings)
-    systemd.service(name="Docker enabled and running", service="docker", running=True, enabled=True)
+    systemd.service(name="Docker enabled and running", service="docker", running=True,
+                    enabled=True)
     what = f"Docker restart (daemon.json: {', '.join(restart)})"
     maintenance.plan_step(ctx, what, bool(restart))
     disturbing(name="Restart Docker (daemon.json changed keys it reads only at start)",

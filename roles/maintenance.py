@@ -148,15 +148,6 @@ def _close_now(state: State, host: Host, b: _Book, op_hash: Any, cause: str) -> 
                     fg="red" if box.get("error") else "green")
 
 
-def serving_route(probe: dict[str, Any]) -> str | None:
-    """The verified stack this host serves (or should serve): None on a bare host."""
-    active = probe.get("active")
-    ref = active.get("ref") if isinstance(active, dict) else None
-    if not isinstance(ref, dict) or not ref.get("stack"):
-        return None
-    return f"{ref.get('stack')}/{ref.get('config_hash')}"
-
-
 def unfinished(probe: dict[str, Any]) -> str:
     """Why the host has a window left to close (abandoned, failed, damaged), or ""."""
     raw = probe.get("maintenance")
@@ -170,13 +161,17 @@ def window_plan(ctx: HostContext) -> Plan:
 
 
 def serves(ctx: HostContext) -> str | None:
-    """(Preparing) the route of the verified stack of this host, noting the host as serving."""
-    route = serving_route(read_fact(SwapProbe))
-    if route:
-        b = book()
-        b.serving[ctx.want.name] = route
-        b.plans.setdefault(ctx.want.name, window_plan(ctx))
-        b.follow_s[ctx.want.name] = ctx.want.settings.swap.follow_timeout_s
+    """(Preparing) the route of the verified stack this host serves (or should serve), noting
+    the host as serving; None on a bare host."""
+    active = read_fact(SwapProbe).get("active")
+    ref = active.get("ref") if isinstance(active, dict) else None
+    if not isinstance(ref, dict) or not ref.get("stack"):
+        return None
+    route = f"{ref.get('stack')}/{ref.get('config_hash')}"
+    b = book()
+    b.serving[ctx.want.name] = route
+    b.plans.setdefault(ctx.want.name, window_plan(ctx))
+    b.follow_s[ctx.want.name] = ctx.want.settings.swap.follow_timeout_s
     return route
 
 

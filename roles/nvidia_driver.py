@@ -49,14 +49,6 @@ REBOOT_TIMEOUT_S = 900.0
 REBOOT_STEP = "reboot to load the NVIDIA driver"
 
 
-def ubuntu_kernel_flavour(dpkg: dict[str, DebPackage]) -> str:
-    """``generic`` or ``generic-hwe-<ver>``: the flavour of the kernel metapackage installed."""
-    for name, pkg in sorted(dpkg.items()):
-        if pkg.installed and name.startswith("linux-image-generic-hwe-"):
-            return name.removeprefix("linux-image-")
-    return "generic"
-
-
 # Debian kernel releases: 6.1.0-40-amd64, 6.12.48+deb13-amd64, 6.12.12+bpo-cloud-amd64.
 _DEBIAN_KERNEL = re.compile(r"\d+\.\d+(?:\.\d+)?(?:-\d+)?(?:\+[a-z0-9.~]+)?-(?P<flavour>[a-z0-9][a-z0-9-]*)")
 
@@ -76,7 +68,10 @@ def kernel_packages(os: OsInfo, branch: str, dpkg: dict[str, DebPackage],
     own_kernel = bool(os.kernel) and image is not None and image.installed
     if os.id == "ubuntu":
         prefix = f"linux-modules-nvidia-{branch}-server-open-"
-        out = [prefix + ubuntu_kernel_flavour(dpkg)]
+        # generic, or generic-hwe-<ver>: the flavour of the kernel metapackage installed
+        hwe = (n.removeprefix("linux-image-") for n, p in sorted(dpkg.items())
+               if p.installed and n.startswith("linux-image-generic-hwe-"))
+        out = [prefix + next(hwe, "generic")]
         if own_kernel:
             out.append(prefix + os.kernel)
         return tuple(out)
@@ -90,12 +85,6 @@ def kernel_packages(os: OsInfo, branch: str, dpkg: dict[str, DebPackage],
     return tuple(out)
 
 
-def driver_preferences(branch: str, version: str | None) -> str:
-    """apt preferences that keep NVIDIA's packages on the pinned branch (or exact version)."""
-    glob = f"{version}-*" if version else f"{branch}.*"
-    return apt_commands.branch_preferences(glob, DRIVER_PACKAGE_GLOBS)
-
-
 def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: float) -> None:
     """Reconnect until the host answers without this boot's marker (it has restarted)."""
     time.sleep(delay)
@@ -104,9 +93,8 @@ def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: f
     while True:
         host.connect(show_errors=False)
         if host.connected:
-            ok, output = host.run_shell_command(
-                StringCommand(f"cat {BOOT_MARKER} 2>/dev/null || true")
-            )
+            ok, output = host.run_shell_command(StringCommand(f"cat {BOOT_MARKER} 2>/dev/null "
+                                                              "|| true"))
             if ok and token not in output.stdout:
                 return
             host.disconnect()
@@ -206,9 +194,10 @@ def nvidia_driver(ctx: HostContext) -> None:
     dpkg = read_fact(DpkgState)  # the kernel flavour does not change during the run
     if ctx.os.id == "debian":
         add_apt_repo("NVIDIA CUDA repository", ctx.apt_repo("cuda"), also=[PREFERENCES_FILE])
+        glob = f"{version}-*" if version else f"{branch}.*"
         files.put(name=f"Pin NVIDIA packages to driver {version or branch}",
-                  src=io.StringIO(driver_preferences(branch, version)), dest=PREFERENCES_FILE,
-                  user="root", group="root", mode="0644")
+                  src=io.StringIO(apt_commands.branch_preferences(glob, DRIVER_PACKAGE_GLOBS)),
+                  dest=PREFERENCES_FILE, user="root", group="root", mode="0644")
     # Ubuntu's prebuilt modules are built for one driver version: held with the driver.
     kernel = apt_packages(name="Kernel glue for the NVIDIA module",
                           packages=list(kernel_packages(ctx.os, branch, dpkg, ctx.platform.arch)),

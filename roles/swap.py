@@ -127,15 +127,6 @@ def unit_started(unit: str):
     yield f"systemctl start {unit}"
 
 
-def supervise_policy(ctx: HostContext) -> Policy:
-    """The supervisor's policy: ``rigfleet.hostside.supervise``'s with this host's limits."""
-    swap = ctx.want.settings.swap
-    return replace(Policy(), ready_timeout_s=swap.ready_timeout_s,
-                   vram_timeout_s=swap.vram_timeout_s, retry_after_s=swap.retry_after_s,
-                   backoff_s=swap.supervise_backoff_s, limit=swap.supervise_limit,
-                   window_s=swap.supervise_window_s)
-
-
 def unit_file(name: str, src: str, dest: str, ctx: HostContext, **variables: Any) -> Any:
     """One of rigfleet's systemd units from its template, with the variables every unit has."""
     return files.template(name=name, src=src, dest=dest, user="root", group="root",
@@ -152,7 +143,11 @@ def swap(ctx: HostContext) -> None:
                        group="root", mode="0755")
     unit = unit_file(f"{hosttool.STACK_UNIT} (recreates the active stack at boot)",
                      UNIT_TEMPLATE, UNIT_PATH, ctx, lock_wait_s=f"{LOCK_WAIT_S:g}")
-    policy = supervise_policy(ctx)
+    limits = ctx.want.settings.swap
+    policy = replace(Policy(), ready_timeout_s=limits.ready_timeout_s,
+                     vram_timeout_s=limits.vram_timeout_s, retry_after_s=limits.retry_after_s,
+                     backoff_s=limits.supervise_backoff_s, limit=limits.supervise_limit,
+                     window_s=limits.supervise_window_s)
     supervise_unit = unit_file(
         f"{hosttool.SUPERVISE_UNIT} (recreates the active stack when its engine dies)",
         SUPERVISE_TEMPLATE, SUPERVISE_PATH, ctx, stack_unit=hosttool.STACK_UNIT,
