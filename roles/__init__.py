@@ -60,7 +60,6 @@ ROLES: tuple[Callable[..., Any], ...] = (
     swap.swap,
     ledger.ledger,
 )
-# Each service kind's roles after its preflight (``base`` only when no other kind ran it).
 BALANCER_ROLES: tuple[Callable[..., Any], ...] = (base.base, balancer.balancer)
 MONITOR_ROLES: tuple[Callable[..., Any], ...] = (base.base, monitor.monitor)
 CACHE_ROLES: tuple[Callable[..., Any], ...] = (base.base, cache.cache)

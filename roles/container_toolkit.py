@@ -44,9 +44,8 @@ def container_toolkit(ctx: HostContext) -> None:
     apt_packages(name=f"Install NVIDIA Container Toolkit {version}, held",
                  packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], hold=True)
     runtime = nvidia_runtime(name="Register the nvidia runtime with Docker")
-    # nvidia-ctk adds only "runtimes", which dockerd reloads (roles.docker.RELOADABLE): on a
-    # serving host a reload, so its stack is not disturbed. A bare host restarts, as a first
-    # converge always did (nothing runs there; dockerd then reads the whole file at start).
+    # nvidia-ctk adds only "runtimes", which dockerd reloads: a serving host's stack is not
+    # disturbed. A bare host restarts (nothing runs there; dockerd reads the whole file).
     serving = bool(maintenance.serves(ctx))
     action = "reload" if serving else "restart"
     on_change(name=f"{action.capitalize()} Docker (nvidia runtime added)",

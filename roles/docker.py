@@ -131,7 +131,7 @@ def reload_detaches_gpus(ctx: HostContext) -> bool:
     opts = current.config.get("exec-opts") if not current.error else None
     if isinstance(opts, list) and CGROUP_DRIVER_OPT in opts:
         return False
-    planned = maintenance.steps_planned(ctx.want.name)
+    planned = maintenance.book().steps.get(ctx.want.name, [])
     return not any(s.startswith("Docker restart") for s in planned)
 
 

@@ -1,9 +1,5 @@
-"""Following a job the host tool runs as a transient unit (a swap transaction, a maintenance
-window's close): poll its journal until it ends, print its progress, copy the gate reports to
-``reports/<host>/`` and fail the host with the job's reason when it did not succeed::
-
-    box: dict[str, str] = {}
-    follow(swap_id, 1800.0, str(reports_root()), box)    # box["error"] unless it promoted
+"""Follow a job the host tool runs as a transient unit (a swap, a window's close): its progress,
+the gate reports copied to ``reports/<host>/``, and ``box["error"]`` unless it succeeded.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The front: nginx on ``front_port``, requiring the API key (a ``map`` over
-``$http_authorization``), in front of the verified stack. Where authorised requests go is the
-route file the host-side tool owns (``rigfleet/hostside/front.py``): this role only seeds it,
-as a 503, when missing. Optional TLS, the readiness path (``READY_PATH``, no key) and the
-metrics paths (key) are in the template; the default site is disabled; ``nginx -t`` before a
-reload, only on change (docs/converge.md, "The front over TLS"; docs/monitoring.md).
+"""The front: nginx on ``front_port``, requiring the API key, in front of the route file the
+host-side tool owns (``rigfleet/hostside/front.py``; seeded here as a 503 when missing); the
+default site disabled, ``nginx -t`` before a reload (docs/converge.md, docs/monitoring.md).
 """
 
 from __future__ import annotations

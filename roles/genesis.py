@@ -1,7 +1,5 @@
-"""Genesis: a checkout of the pinned patch repository at the pinned commit (detached, never
-relying on a default branch), an immutable export of its tree (what the stack mounts:
-``Layout.genesis_tree``), and the compatibility gate of each Genesis stack with its image
-(docs/genesis.md, "On the host").
+"""Genesis: the pinned patch repository checked out, the pinned commit's tree exported (what the
+stack mounts), and each Genesis stack's compatibility gate (docs/genesis.md, "On the host").
 """
 
 from __future__ import annotations
@@ -134,15 +132,6 @@ def verify_checkout(pin: GenesisPin, dest: str) -> str | None:
     return _layout_mismatch(f"Genesis checkout {dest} at {pin.commit[:12]}", state.layout, pin)
 
 
-def read_tree_report(tree: str) -> tuple[TreeReport | None, str]:
-    """The inspect helper's report on ``tree``: (report, '') or (None, why)."""
-    ok, out, err = read_on_host(f"python3 {INSPECT_SCRIPT} {shlex.quote(tree)}")
-    try:
-        return TreeReport.from_json(json.loads(out[-1])), ""
-    except (ValueError, IndexError, TypeError):
-        return None, " ".join((err or out)[-3:]) or "no output"
-
-
 @operation()
 def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, pin: GenesisPin,
                  use: StackUse):
@@ -170,8 +159,11 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, pin
                         f"but the pins say {vllm_version}; refusing to start it (fix the pins)")
         return
     tree = str(HOST.genesis_tree(pin.commit))
-    report, why = read_tree_report(tree)
-    if report is None:
+    ok, out, err = read_on_host(f"python3 {INSPECT_SCRIPT} {shlex.quote(tree)}")
+    try:
+        report = TreeReport.from_json(json.loads(out[-1]))
+    except (ValueError, IndexError, TypeError):
+        why = " ".join((err or out)[-3:]) or "no output"
         yield from fail(f"{host.name}: stack {stack}: cannot inspect Genesis tree {tree}: {why}")
         return
     problems = pairing_problems(report, pin, stack=stack, vllm_version=version, use=use,

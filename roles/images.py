@@ -1,8 +1,6 @@
-"""Images: every staged stack's vLLM image on the host under its pinned name, verified, so a
-swap or rollback never waits for a fetch in its 503 window (docs/images.md, "What the deploy
-does"). What to do per image comes from the host's staging plan (``rigfleet.images.plan``,
-checked in the preflight); a Genesis stack then gets its derived image built on the host
-(``rigfleet.runtime_image``).
+"""Images: every staged stack's vLLM image on the host under its pinned name, verified, as the
+host's staging plan says (``rigfleet.images.plan``); a Genesis stack's derived image built
+(``rigfleet.runtime_image``). docs/images.md, "What the deploy does".
 """
 
 from __future__ import annotations
@@ -60,16 +58,6 @@ def _stream(state: Any, host: Any, path: str, command: str) -> None:
         raise DeployError(f"{host.name}: {e}") from None
 
 
-def _command(step: Step) -> Any:
-    if isinstance(step, Shell):
-        # A pull from a fleet cache may fall back to the next source: its warning is shown.
-        return WarnedCommand(WARNING_MARK, step.command) if WARNING_MARK in step.command \
-            else step.command
-    if isinstance(step, Upload):
-        return FileUploadCommand(step.path, step.dest)
-    return FunctionCommand(_stream, (step.path, step.command), {})
-
-
 @operation()
 def image_from_peer(image: str, image_id: str, steps: Sequence[Step], peer: Peer | None):
     """With no fleet cache: load the image from the seed (``roles.peers``) once it has it;
@@ -100,7 +88,14 @@ def image_staged(image: str, steps: Sequence[Step], present: str):
         host.noop(f"{image}: {present}")
         return
     for step in steps:
-        yield _command(step)
+        if isinstance(step, Upload):
+            yield FileUploadCommand(step.path, step.dest)
+        elif not isinstance(step, Shell):
+            yield FunctionCommand(_stream, (step.path, step.command), {})
+        elif WARNING_MARK in step.command:  # a fleet cache's pull may fall back: a warning
+            yield WarnedCommand(WARNING_MARK, step.command)
+        else:
+            yield step.command
 
 
 def verify_image(want: WantedImage, source: SourceResult | None,

@@ -1,7 +1,5 @@
-"""The ledger: what changes on a host *without* a swap (a driver branch, the toolkit, the pins
-serial) recorded by the host tool (``rigfleet-host record``, under the host lock) in
-``state.json``, the active record and an ``event: "pins"`` line of ``ledger.jsonl``; the swap
-records its own changes (docs/swap.md, "Ledger and state"). A converged host appends nothing.
+"""The ledger: what changes without a swap (driver, toolkit, pins serial) recorded by the host
+tool in ``state.json`` and ``ledger.jsonl`` (docs/swap.md, "Ledger and state").
 """
 
 from __future__ import annotations
@@ -26,19 +24,15 @@ STATE_DIR = str(HOST.state_dir)
 STATE_FILE = str(HOST.state_file)
 
 
-def _read_state(text: str | None) -> dict[str, Any]:
-    try:
-        data = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 @operation()
 def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
     """Record ``state`` (the desired stack's tracked keys) when ``state.json`` differs and no
     swap about to run records them itself."""
-    current = _read_state(read_fact(TextFile, path=STATE_FILE))
+    try:
+        current = json.loads(read_fact(TextFile, path=STATE_FILE) or "{}")
+    except ValueError:
+        current = {}
+    current = current if isinstance(current, dict) else {}
     if all(current.get(k) == v for k, v in state.items()):
         host.noop(f"state.json already records {state['stack']} at serial {state['pins_serial']}")
         return

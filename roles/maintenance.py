@@ -1,17 +1,11 @@
-"""Maintenance windows, the deploy's side: a step that disturbs a serving host (the driver
-packages and their reboot, ``systemctl restart docker``, a ``daemon-reload`` that could detach
-the GPUs) runs inside one, one serving host at a time (docs/maintenance.md). The role that
-owns such a step wraps it::
+"""Maintenance windows, the deploy's side: a step that disturbs a serving host (the driver and
+its reboot, a Docker restart, a ``daemon-reload``) runs inside one, one serving host at a time
+(docs/maintenance.md). The role that owns such a step wraps it::
 
     op = apt_packages(name="Install NVIDIA driver ...", packages=[...],
-                      before=lambda inputs: maintenance.enter(ctx, "NVIDIA driver install",
-                                                              inputs))
-    maintenance.plan_step(ctx, "NVIDIA driver install", op)     # prepare time
-    maintenance.maintenance(ctx)     # the role after the last of them: close the window
-
-A bare host (nothing verified) gets none of this. A window spans many operations, so a run
-admits at most ``RIGFLEET_MAINTENANCE_BATCH`` serving hosts at their first disturbing step;
-the others fail there, nothing disturbed.
+                      before=lambda inputs: maintenance.enter(ctx, step, inputs))
+    maintenance.plan_step(ctx, step, op)    # prepare time
+    maintenance.maintenance(ctx)            # the role after the last of them: the close
 """
 
 from __future__ import annotations
@@ -56,10 +50,7 @@ LOCK_WAIT_S = 120
 UNFINISHED = ("abandoned", "failed", "damaged")
 
 
-@cache
-def bundle_bytes() -> bytes:
-    """The host tool as the deploy ships it (built once per run)."""
-    return build_bundle()
+bundle_bytes = cache(build_bundle)  # the host tool as the deploy ships it, built once
 
 
 def lock_wait_s() -> int:
@@ -148,14 +139,6 @@ def _close_now(state: State, host: Host, b: _Book, op_hash: Any, cause: str) -> 
                     fg="red" if box.get("error") else "green")
 
 
-def unfinished(probe: dict[str, Any]) -> str:
-    """Why the host has a window left to close (abandoned, failed, damaged), or ""."""
-    raw = probe.get("maintenance")
-    m: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    status = str(m.get("status") or "none")
-    return f"{status}: {m.get('why') or 'maintenance window'}" if status in UNFINISHED else ""
-
-
 def window_plan(ctx: HostContext) -> Plan:
     return build_plan(ctx.want, ctx.by, why="maintenance", deploy_id=f"maint-{DEPLOY_ID}")
 
@@ -190,17 +173,6 @@ def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool, apt: bool
     return True
 
 
-def steps_planned(name: str) -> list[str]:
-    return list(book().steps.get(name, []))
-
-
-def _inventory_arg() -> str:
-    """The inventory as the person typed it (pyinfra's first argument), for messages."""
-    if len(sys.argv) > 1 and os.path.basename(sys.argv[0]).startswith("pyinfra"):
-        return sys.argv[1]
-    return "<inventory>"
-
-
 def _decide_all(state: State) -> None:
     """Admit serving hosts that need a window, in inventory order, up to the batch limit."""
     b = book()
@@ -208,6 +180,9 @@ def _decide_all(state: State) -> None:
     failed = {h.name for h in state.failed_hosts}
     order = [h.name for h in state.inventory if h.name in b.steps and h.name not in b.decided]
     admitted = [h for h, d in b.decided.items() if d is None]
+    # the inventory as the person typed it (pyinfra's first argument)
+    typed = len(sys.argv) > 1 and os.path.basename(sys.argv[0]).startswith("pyinfra")
+    inventory = sys.argv[1] if typed else "<inventory>"
     for name in admit([n for n in order if n not in failed], limit, admitted):
         b.decided[name] = None
         admitted.append(name)
@@ -220,7 +195,7 @@ def _decide_all(state: State) -> None:
             f"which disturb(s) its serving path; this run already disturbs {others} (at most "
             f"{limit} serving host(s) at a time; {BATCH_ENV}={limit}). Nothing was disturbed "
             f"here. Roll the fleet one host at a time: rigfleet roll --inventory "
-            f"{_inventory_arg()} (or run this deploy with --limit {name})")
+            f"{inventory} (or run this deploy with --limit {name})")
 
 
 def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
@@ -244,8 +219,13 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
         yield hosttool.report_failure(why)  # fails this host, the message on its stderr
         return
     plan = b.plans[name]
-    if name not in b.shipped:
-        yield from _ship(plan)
+    if name not in b.shipped:  # the window's plan, and the host tool when not this deploy's
+        data = bundle_bytes()
+        if read_fact(SwapProbe).get("bundle") != hashlib.sha256(data).hexdigest():
+            # Renamed into place: the running supervisor keeps reading its own zip (lazily).
+            yield from hosttool.upload_atomic(data, hosttool.PYZ, mode="0755")
+            yield f"systemctl try-restart {hosttool.SUPERVISE_UNIT}"
+        yield from _plan_upload(plan)
         b.shipped.add(name)
     if name not in b.ready or inputs:
         b.ready.add(name)
@@ -264,16 +244,6 @@ def back_from_reboot(ctx: HostContext) -> Iterator[Any]:
 def _plan_upload(plan: Plan) -> Iterator[Any]:
     yield f"install -d -m 0755 {shlex.quote(str(HOST.maintenance_dir))}"
     yield from hosttool.upload_atomic(plan.dumps().encode(), hosttool.window_plan_path(plan.id))
-
-
-def _ship(plan: Plan) -> Iterator[Any]:
-    """The window's plan, and the host tool when the host's is not this deploy's."""
-    data = bundle_bytes()
-    if read_fact(SwapProbe).get("bundle") != hashlib.sha256(data).hexdigest():
-        # Renamed into place: the running supervisor keeps reading its own zip (lazily).
-        yield from hosttool.upload_atomic(data, hosttool.PYZ, mode="0755")
-        yield f"systemctl try-restart {hosttool.SUPERVISE_UNIT}"
-    yield from _plan_upload(plan)
 
 
 @operation(is_idempotent=False)
@@ -337,7 +307,11 @@ def close_pending(ctx: HostContext) -> None:
     b = book()
     pending = len(b.steps.get(name, [])[b.covered.get(name, 0):])
     b.covered[name] = len(b.steps.get(name, []))
-    left = "" if name in b.old else unfinished(read_fact(SwapProbe))
+    # An unfinished window (abandoned, failed, damaged) an earlier run left: closed too.
+    window = {} if name in b.old else read_fact(SwapProbe).get("maintenance")
+    m: dict[str, Any] = window if isinstance(window, dict) else {}
+    status = str(m.get("status") or "none")
+    left = f"{status}: {m.get('why') or 'maintenance window'}" if status in UNFINISHED else ""
     if left:
         b.old.add(name)
     plan = b.plans.setdefault(name, window_plan(ctx))

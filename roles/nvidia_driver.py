@@ -153,26 +153,21 @@ def verify_driver(branch: str, version: str | None, gpu_count: int, spec: StackS
     return "; ".join(p.removeprefix(f"{host.name}: ") for p in problems) or None
 
 
-def branch_offered(ctx: HostContext, prefix: str) -> list[str]:
-    """Debian: the command that stops the host (after ``apt-get update``, before anything
-    else) when NVIDIA's repository lacks the pinned driver (debian13 has no 580)."""
-    if ctx.os.id != "debian":
-        return []  # Ubuntu's package names carry the branch: apt finds it or fails
-    repo = ctx.apt_repo("cuda")
-    pins = ctx.want.pins
-    pinned = pins.driver_version or pins.driver_branch
-    key = "driver.version" if pins.driver_version else "driver.branch"
-    message = (f"{ctx.want.name}: {key}: {pinned} is not in apt_repos.cuda ({repo.url}); "
-               "allowed: a driver that repository carries (pins file)")
-    return [apt_commands.require_candidate("nvidia-driver-cuda", prefix, message)]
-
-
 def _offered_then_window(ctx: HostContext, step: str, prefix: str,
                          inputs: Sequence[str]) -> Iterator[Any]:
-    """The driver install's ``before``: the indexes, whether they offer the pinned branch,
-    then (on a serving host) the download and the window. Lazy, command by command."""
+    """The driver install's ``before``: the indexes, whether they offer the pinned driver
+    (Debian: NVIDIA's debian13 repository has no 580; Ubuntu's package names carry the
+    branch), then (on a serving host) the download and the window. Lazy."""
     update, *download = inputs
-    offered = branch_offered(ctx, prefix)
+    offered = []
+    if ctx.os.id == "debian":
+        pins = ctx.want.pins
+        pinned = pins.driver_version or pins.driver_branch
+        key = "driver.version" if pins.driver_version else "driver.branch"
+        message = (f"{ctx.want.name}: {key}: {pinned} is not in apt_repos.cuda "
+                   f"({ctx.apt_repo('cuda').url}); allowed: a driver that repository carries "
+                   "(pins file)")
+        offered.append(apt_commands.require_candidate("nvidia-driver-cuda", prefix, message))
     entered = False
     for command in maintenance.enter(ctx, step, [update, *offered, *download]):
         entered = True

@@ -1,10 +1,5 @@
 """Custom operations shared by the roles: each yields commands only when something would
 change, so ``--dry`` on a converged host lists nothing (docs/operations.md, "Custom operations").
-
-Example::
-
-    daemon = merge_daemon_json(...)
-    on_change(name="Restart Docker", commands=["systemctl restart docker"], gates=[daemon])
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""GPU persistence and power caps: ``nvidia-persistenced`` on, and a oneshot unit
-(``rigfleet-power-caps.service``) that sets each card's cap at boot. The caps are checked
-against each card's range (while preparing when the driver answers, so a bad cap stops the
-run first); the unit is restarted (applying them) only when it changed or the caps read back
-differ, then they are read back again.
+"""GPU persistence and power caps: ``nvidia-persistenced`` on, a oneshot unit that sets each
+card's cap at boot, restarted (applying them) only when it changed or the caps read back differ.
 """
 
 from __future__ import annotations

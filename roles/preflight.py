@@ -1,12 +1,6 @@
-"""Preflight: validate a host's data, the pins and the host's facts while pyinfra prepares
-(so ``-y`` checks the same), before anything changes; a problem refuses that host alone
-(docs/converge.md, "Preflight: per host, at prepare time", lists each check).
-
-The result, ``HostContext``, is what every other role takes::
-
-    ctx = preflight()
-    ctx.os.family                   # "debian" or "ubuntu"
-    ctx.want.current.pins.image_ref # "vllm/vllm-openai:nightly-...@sha256:..."
+"""Preflight: validate a host's data, the pins and the host's facts while pyinfra prepares,
+before anything changes; a problem refuses that host alone (docs/converge.md, "Preflight: per
+host, at prepare time"). Its ``HostContext`` is what every other role takes.
 """
 
 from __future__ import annotations
@@ -96,8 +90,7 @@ class HostContext:
     def apt_repo(self, name: str) -> AptRepo:
         """An apt repository from host data, placeholders filled for this host's OS."""
         return self.want.settings.apt_repos[name].expand(
-            os_id=self.os.id, version_id=self.os.version_id, codename=self.os.codename
-        )
+            os_id=self.os.id, version_id=self.os.version_id, codename=self.os.codename)
 
 
 @dataclass(frozen=True)
@@ -117,7 +110,6 @@ class BalancerContext:
 
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 
-# The one operation a refused host gets (under the "Preflight" deploy).
 REFUSED_OP = "Refused (the reason is above; nothing runs on this host)"
 
 # How the preflight asks the pinned things' sources (rigfleet/check.py; tests put None or a
@@ -135,10 +127,8 @@ def read_os(name: str, release: dict[str, str]) -> OsInfo:
     version = release.get("VERSION_ID", "")
     if (os_id, version) not in SUPPORTED_OS:
         allowed = ", ".join(f"{i} {v}" for i, v in SUPPORTED_OS)
-        raise PreflightError(
-            f"{name}: os: {f'{os_id} {version}'.strip() or 'unknown'!r} is not supported; "
-            f"allowed: {allowed}"
-        )
+        raise PreflightError(f"{name}: os: {f'{os_id} {version}'.strip() or 'unknown'!r} is "
+                             f"not supported; allowed: {allowed}")
     codename = release.get("VERSION_CODENAME") or SUPPORTED_OS[(os_id, version)]
     return OsInfo(os_id, version, codename, release.get("KERNEL_RELEASE", ""))
 
@@ -152,10 +142,9 @@ def read_secret(name: str, key: str, path: str) -> Secret:
     # The key ends up in an env file, an HTTP header file and an nginx regex: only token
     # characters (RFC 6750 b64token) keep all three simple and safe.
     if not _TOKEN_CHARS.fullmatch(value):
-        raise PreflightError(
-            f"{name}: {key}: the secret in {path!r} (content not shown, {len(value)} chars) "
-            "holds characters outside the allowed set; allowed: letters, digits and -._~+/="
-        )
+        raise PreflightError(f"{name}: {key}: the secret in {path!r} (content not shown, "
+                             f"{len(value)} chars) holds characters outside the allowed set; "
+                             "allowed: letters, digits and -._~+/=")
     return Secret(value)
 
 
@@ -170,8 +159,7 @@ def read_tls_key(name: str, path: str, key: str = "front_tls_key_file") -> Secre
 
 def deployed_by() -> str:
     """Who runs this deploy, for the ledger: ``RIGFLEET_BY`` or ``user@control-host``."""
-    explicit = os.environ.get("RIGFLEET_BY")
-    if explicit:
+    if explicit := os.environ.get("RIGFLEET_BY"):
         return explicit
     try:
         user = getpass.getuser()
@@ -185,11 +173,9 @@ def check_lock(name: str, holder: dict | None) -> str | None:
     if holder is None:
         return None
     if holder.get("alive"):
-        raise PreflightError(
-            f"{name}: {describe(holder)}. Another deploy (or the host's boot-time recreation) "
-            "is changing this host; wait for it to finish. Progress on the host: "
-            f"{hosttool.tool('status')}"
-        )
+        raise PreflightError(f"{name}: {describe(holder)}. Another deploy (or the host's "
+                             "boot-time recreation) is changing this host; wait for it to "
+                             f"finish. Progress on the host: {hosttool.tool('status')}")
     return f"{name}: stale host lock ({describe(holder)}; holder gone): it will be taken over"
 
 

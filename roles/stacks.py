@@ -1,7 +1,5 @@
-"""Serving stacks, staged: the secrets they read and every staged stack's compose project
-(written only after the pinned image's own vLLM accepted its arguments, ``rigfleet.vllmargs``,
-then checked with ``docker compose config -q``). Nothing here starts a container: the swap
-does, and with the images and Genesis roles this one puts everything it needs on the host.
+"""Serving stacks, staged (nothing started: the swap does): the secrets they read and every
+staged stack's compose project, written once the pinned image's vLLM accepted its arguments.
 """
 
 from __future__ import annotations

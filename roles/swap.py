@@ -1,9 +1,6 @@
-"""Swap: the host ends serving the stack the inventory asks for, verified, or keeps the old one.
-
-The host-side tool (``rigfleet/hostside/``, one zipapp) runs the gated transaction as a
-transient unit; this role installs it and its units, decides what runs
-(``rigfleet.swapplan.decide``: nothing, the transaction, ``ensure`` or ``adopt``), starts it,
-follows it and fails the host with its reason when it did not promote (docs/swap.md).
+"""Swap: the host ends serving the stack the inventory asks for, verified, or keeps the old one:
+this role installs the host-side tool and its units, starts what ``rigfleet.swapplan.decide``
+says, follows it and fails the host with its reason when it did not promote (docs/swap.md).
 """
 
 from __future__ import annotations
@@ -182,11 +179,9 @@ def swap(ctx: HostContext) -> None:
         # The drain comes first: as long as the longest drain timeout it may wait.
         follow_timeout_s=ctx.want.settings.swap.follow_timeout_s
         + max([plan.drain_timeout_s, *plan.drain_timeouts.values()]))
-    # Active (exited) from now on, so its stop command runs at shutdown; starting it when the
-    # stack is up and routed changes nothing (``ensure`` finds it so).
+    # Active from now on, so its stop command runs at shutdown (``ensure`` changes nothing).
     unit_started(name=f"{hosttool.STACK_UNIT} active", unit=hosttool.STACK_UNIT)
-    # After the swap (it held the host lock: the supervisor would only have waited): new code
-    # or flags take effect now; restarting the supervisor never touches the stack.
+    # After the swap (which held the host lock); restarting the supervisor never touches the stack.
     on_change(name=f"{hosttool.SUPERVISE_UNIT} restarted (the host tool or its unit changed)",
               commands=[f"systemctl restart {hosttool.SUPERVISE_UNIT}"],
               gates=[bundle, supervise_unit], reason="host tool and unit unchanged")

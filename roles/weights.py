@@ -1,8 +1,6 @@
 """Model weights: a pinned huggingface_hub venv, the host-side fetcher, and each staged model's
-revision in its own directory, verified (docs/converge.md, "Weights per revision"). Before the
-fetch: weights of before per-revision directories are adopted (renamed, no download), and
-revisions no compose file names are pruned. The fetch runs only when the manifest does not
-already record the pin, so a converged host shows no change.
+revision in its own directory, verified; older layouts adopted, unnamed revisions pruned
+(docs/converge.md, "Weights per revision").
 """
 
 from __future__ import annotations
