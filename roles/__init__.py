@@ -45,29 +45,18 @@ from roles.monitor import MonitorContext
 from roles.preflight import BalancerContext, HostContext
 
 ROLES: tuple[Callable[..., Any], ...] = (
-    base.base,
-    docker.docker,
-    nvidia_driver.nvidia_driver,
-    container_toolkit.container_toolkit,
+    base.base, docker.docker, nvidia_driver.nvidia_driver, container_toolkit.container_toolkit,
     exporter.exporter,
     maintenance.maintenance,  # closes the window the steps above opened on a serving host
-    power.power,
-    weights.weights,
-    images.images,
-    genesis.genesis,
-    stacks.stacks,
-    front.front,
-    swap.swap,
-    ledger.ledger,
-)
+    power.power, weights.weights, images.images, genesis.genesis, stacks.stacks, front.front,
+    swap.swap, ledger.ledger)
 BALANCER_ROLES: tuple[Callable[..., Any], ...] = (base.base, balancer.balancer)
 MONITOR_ROLES: tuple[Callable[..., Any], ...] = (base.base, monitor.monitor)
 CACHE_ROLES: tuple[Callable[..., Any], ...] = (base.base, cache.cache)
 
 
 def converge() -> HostContext | BalancerContext | MonitorContext | CacheContext:
-    """Run the current host's roles, each kind's preflight first; returns its context (the
-    GPU host's when it is several kinds, else the balancer's, the monitor's, the cache's)."""
+    """Run this host's roles, each kind's preflight first; the GPU host's context first."""
     kind = host_kind(host.groups)
     # The cache first: its operations come before every rig's (their place in this loop).
     kinds = ((kind.cache, partial(cache.preflight_cache, gpu_host=kind.gpu), CACHE_ROLES),

@@ -17,8 +17,7 @@ if TYPE_CHECKING:
 
 # curl + gnupg fetch and dearmor repository keys; git clones Genesis; python3-venv holds
 # huggingface_hub; jq is for people debugging daemon.json and the ledger.
-BASE_PACKAGES = ("ca-certificates", "curl", "gnupg", "git", "python3", "python3-venv", "jq",
-                 "chrony")
+BASE_PACKAGES = tuple("ca-certificates curl gnupg git python3 python3-venv jq chrony".split())
 SITE_CA_DIR = "/usr/local/share/ca-certificates"
 
 

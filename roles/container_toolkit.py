@@ -16,8 +16,7 @@ from roles.preflight import HostContext
 
 @operation()
 def nvidia_runtime():
-    """``nvidia-ctk runtime configure`` (it keeps the rest of daemon.json) when daemon.json
-    lacks ``runtimes.nvidia``."""
+    """``nvidia-ctk runtime configure`` when daemon.json lacks ``runtimes.nvidia``."""
     current = read_fact(DockerDaemonJson)
     if current.error:
         yield from fail(f"{host.name}: {current.error}")

@@ -38,11 +38,9 @@ LOG_OPTS = {"max-size": "100m", "max-file": "5"}
 # Containers in cgroupfs cgroups keep their GPUs across a daemon-reload (toolkit#48).
 CGROUP_DRIVER_OPT = "native.cgroupdriver=cgroupfs"
 # What dockerd applies on SIGHUP (moby daemon/reload.go); every other key is read at start.
-RELOADABLE = frozenset({
-    "debug", "labels", "live-restore", "max-concurrent-downloads", "max-concurrent-uploads",
-    "max-download-attempts", "shutdown-timeout", "insecure-registries", "registry-mirrors",
-    "runtimes", "default-runtime",
-})
+RELOADABLE = frozenset("debug labels live-restore max-concurrent-downloads max-concurrent-uploads "
+                       "max-download-attempts shutdown-timeout insecure-registries "
+                       "registry-mirrors runtimes default-runtime".split())
 
 
 def docker_packages(os: OsInfo) -> tuple[str, ...]:
@@ -53,8 +51,7 @@ def docker_packages(os: OsInfo) -> tuple[str, ...]:
     return ("docker.io", "docker-compose-v2")
 
 
-def daemon_settings(registry_mirror: str | None,
-                    insecure: Sequence[str] = ()) -> dict[str, Any]:
+def daemon_settings(registry_mirror: str | None, insecure: Sequence[str] = ()) -> dict[str, Any]:
     """The keys rigfleet owns in daemon.json; ``insecure``: the fleet caches' registries."""
     settings: dict[str, Any] = {"log-driver": "json-file", "log-opts": dict(LOG_OPTS),
                                 "live-restore": True, "exec-opts": [CGROUP_DRIVER_OPT]}
@@ -66,9 +63,8 @@ def daemon_settings(registry_mirror: str | None,
 
 
 def merge_daemon_config(current: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    """``current`` with ``settings`` applied: ``log-opts`` merged key by key, registries and
-    ``exec-opts`` item by item (rigfleet's cgroup driver replaces any other), other keys set;
-    keys rigfleet does not own stay."""
+    """``current`` with ``settings`` merged: ``log-opts`` by key, lists by item (our cgroup driver
+    replaces any other), other keys set; keys rigfleet does not own stay."""
     merged = json.loads(json.dumps(current))
     for key, value in settings.items():
         if key == "log-opts" and isinstance(merged.get(key), dict):
@@ -109,8 +105,7 @@ def daemon_json(settings: dict[str, Any]):
 
 
 def add_apt_repo(name: str, repo: AptRepo, also: Sequence[str] = ()) -> list:
-    """Keyring + deb822 sources file for ``repo``; ``also``: files the caller writes next,
-    read with the sources file in one round trip."""
+    """Keyring + sources file for ``repo`` (``also``: read with them, one round trip)."""
     keyring = apt_commands.keyring_path(repo.key_url)
     sources = f"{apt_commands.SOURCES_DIR}/rigfleet-{repo.name}.sources"
     read_paths([sources, *also])

@@ -82,8 +82,7 @@ Describe = Callable[[str, dict[str, Any], list[Path]], str]
 def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
            describe: Describe = outcome_message, label: str = "swap",
            unit: str | None = None) -> None:
-    """At execution time: follow a host job (see the module docstring); ``describe`` makes
-    the failure message, ``label`` prefixes the progress lines."""
+    """At execution time: follow a host job (see the module docstring)."""
     try:
         _follow(swap_id, timeout_s, reports, describe, label,
                 unit or hosttool.unit_name(swap_id))

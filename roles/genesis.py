@@ -85,8 +85,7 @@ def export_command(checkout: str, commit: str, check_file: str, trees_dir: str =
 @operation()
 def genesis_export(commit: str, layout: str, compose_files: tuple[str, ...],
                    checkout: str = CHECKOUT, trees_dir: str = TREES_DIR, keep: int = TREES_KEPT):
-    """Export ``commit``'s tree (``layout``'s check file in it) and prune the trees no
-    ``compose_files`` mounts (``rigfleet.retention.stale``, as for model revisions)."""
+    """Export ``commit``'s tree; prune those no ``compose_files`` mounts."""
     state = read_fact(GenesisTrees, trees_dir=trees_dir, compose_files=compose_files)
     have = state.trees.get(commit)
     exported = have is not None and have[1] is not None
@@ -114,8 +113,7 @@ def _layout_mismatch(what: str, found: str | None, pin: GenesisPin) -> str | Non
 
 
 def verify_tree(pin: GenesisPin, compose_files: tuple[str, ...]) -> str | None:
-    """At execution time: the pinned commit's tree is there, with the pinned layout (read as
-    ``genesis_export`` reads it: one read answers both)."""
+    """At execution time: the pinned commit's tree is there, with the pinned layout."""
     state = read_fact(GenesisTrees, trees_dir=TREES_DIR, compose_files=compose_files)
     have = state.trees.get(pin.commit)
     tree = HOST.genesis_tree(pin.commit)
@@ -135,9 +133,8 @@ def verify_checkout(pin: GenesisPin, dest: str) -> str | None:
 @operation()
 def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, pin: GenesisPin,
                  use: StackUse):
-    """At execution time, refuse a stack whose image's vLLM (read once per digest, cached on
-    the host: the only change) or switches do not suit its Genesis tree
-    (``rigfleet.genesis.pairing_problems``)."""
+    """At execution time, refuse a stack whose image's vLLM (read once per digest, cached: the only
+    change) or switches do not suit its Genesis tree (``rigfleet.genesis.pairing_problems``)."""
     cache = str(HOST.version_cache(digest))
     cached = read_fact(TextFile, path=cache)
     if not executing():

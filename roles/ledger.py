@@ -26,8 +26,7 @@ STATE_FILE = str(HOST.state_file)
 
 @operation()
 def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
-    """Record ``state`` (the desired stack's tracked keys) when ``state.json`` differs and no
-    swap about to run records them itself."""
+    """Record ``state`` when ``state.json`` differs, unless a swap about to run does."""
     try:
         current = json.loads(read_fact(TextFile, path=STATE_FILE) or "{}")
     except ValueError:

@@ -144,8 +144,7 @@ def window_plan(ctx: HostContext) -> Plan:
 
 
 def serves(ctx: HostContext) -> str | None:
-    """(Preparing) the route of the verified stack this host serves (or should serve), noting
-    the host as serving; None on a bare host."""
+    """(Preparing) the route this host serves (noted as serving); None on a bare host."""
     active = read_fact(SwapProbe).get("active")
     ref = active.get("ref") if isinstance(active, dict) else None
     if not isinstance(ref, dict) or not ref.get("stack"):
@@ -159,9 +158,8 @@ def serves(ctx: HostContext) -> str | None:
 
 
 def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool, apt: bool = False) -> bool:
-    """(Preparing) note that ``what`` disturbs this host when ``will`` (an operation that will
-    change, or a flag) and the host serves; ``apt``: the step uses apt (the readiness check
-    waits for its locks). Returns whether it was noted."""
+    """(Preparing) note that ``what`` (``apt``: using apt) disturbs this serving host when ``will``
+    (an operation that will change, or a flag); returns whether it was noted."""
     changes = will if isinstance(will, bool) else will.will_change
     if not changes or not serves(ctx):
         return False
@@ -200,10 +198,8 @@ def _decide_all(state: State) -> None:
 
 def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
           reboot_grace_s: float | None = None) -> Iterator[Any]:
-    """(Executing, before a disturbing operation's commands) open this host's window, or add
-    the step to it; a host not admitted fails here. First, once: the plan and host tool
-    shipped and ``maintenance ready``; then ``inputs`` (the step's downloads). Nothing on a
-    bare host or while preparing."""
+    """(Executing, before a disturbing step's commands) open this host's window (once: plan and
+    host tool shipped, ``maintenance ready``, ``inputs``), or add the step; a bare host: nothing."""
     if not executing():
         return
     name = ctx.want.name
@@ -250,8 +246,7 @@ def _plan_upload(plan: Plan) -> Iterator[Any]:
 def disturbing(ctx: HostContext, commands: Sequence[str], what: str,
                gates: Sequence[OperationMeta] = (), force: bool = False,
                reason: str = "nothing it depends on changed", window: bool = True):
-    """Run ``commands`` when ``force`` or one of ``gates`` changed; inside the maintenance
-    window unless ``window`` is False (the step turned out not to disturb this host)."""
+    """Run ``commands`` when ``force`` or a gate changed; in the window if ``window``."""
     if not (force or changed(gates)):
         host.noop(reason)
         return
@@ -273,8 +268,7 @@ def close_message(name: str, result: dict[str, Any], reports: list[Any]) -> str:
 
 @operation(is_idempotent=False)
 def close_window(plan: Plan, pending: int, left: str, follow_timeout_s: float, reports: str):
-    """Close this host's window (the verified stack recreated, gated, routed): the one this
-    run opened (``pending`` steps) and ``left``, an earlier run's unfinished one."""
+    """Close this run's window (``pending`` steps) and ``left``, an earlier run's."""
     b = book()
     ours = host.name in b.open_now if executing() else pending > 0
     if not ours and not left:

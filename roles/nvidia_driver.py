@@ -61,9 +61,8 @@ def debian_kernel_flavour(kernel: str, arch: str = "") -> str | None:
 
 def kernel_packages(os: OsInfo, branch: str, dpkg: dict[str, DebPackage],
                     arch: str = "") -> tuple[str, ...]:
-    """Packages that tie the driver to the kernel: Ubuntu's prebuilt modules (the flavour's
-    and the running kernel's); Debian's headers for DKMS (when the running kernel is a Debian
-    package: not in a container) and ``mokutil``."""
+    """Packages that tie the driver to the kernel: Ubuntu's prebuilt modules; Debian's headers for
+    DKMS (when the running kernel is a Debian package: not in a container) and ``mokutil``."""
     image = dpkg.get(f"linux-image-{os.kernel}")
     own_kernel = bool(os.kernel) and image is not None and image.installed
     if os.id == "ubuntu":
@@ -137,8 +136,7 @@ def reboot_for_driver(gates: Sequence[OperationMeta], ctx: HostContext):
 
 def verify_driver(branch: str, version: str | None, gpu_count: int, spec: StackSpec,
                   os: OsInfo | None = None) -> str | None:
-    """At execution time: nvidia-smi answers on the pinned branch, with every GPU, each with
-    the memory the stack needs (the preflight's ``check_gpus``)."""
+    """At execution time: nvidia-smi answers as pinned, with every GPU as needed."""
     gpu = read_fact(GpuQuery)
     if not gpu.loaded:
         why = f"nvidia-smi fails after the driver install ({gpu.error or 'no output'})"
@@ -155,9 +153,8 @@ def verify_driver(branch: str, version: str | None, gpu_count: int, spec: StackS
 
 def _offered_then_window(ctx: HostContext, step: str, prefix: str,
                          inputs: Sequence[str]) -> Iterator[Any]:
-    """The driver install's ``before``: the indexes, whether they offer the pinned driver
-    (Debian: NVIDIA's debian13 repository has no 580; Ubuntu's package names carry the
-    branch), then (on a serving host) the download and the window. Lazy."""
+    """The install's ``before``: the indexes, whether they offer the pinned driver (NVIDIA's
+    debian13 has no 580), then (on a serving host) the download and the window. Lazy."""
     update, *download = inputs
     offered = []
     if ctx.os.id == "debian":

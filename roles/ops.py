@@ -67,8 +67,7 @@ def connector_kwargs() -> dict[str, Any]:
 
 
 def run_on_host(command: str) -> tuple[bool, list[str], list[str]]:
-    """Run a command now (inside an operation, at execution time, with its connector
-    arguments): (ok, stdout lines, stderr lines)."""
+    """Run a command now (at execution time): (ok, stdout lines, stderr lines)."""
     ok, output = host.run_shell_command(StringCommand(command), print_input=host.state.print_input,
                                         **connector_kwargs())
     return ok, output.stdout_lines, output.stderr_lines
@@ -81,8 +80,7 @@ def read_on_host(command: str) -> tuple[bool, list[str], list[str]]:
 
 
 def fail(message: str):
-    """Yield a command that fails this host only with ``message`` (raising inside an
-    operation would abort the run for every host)."""
+    """Yield a command that fails this host only (raising would stop every host)."""
 
     def _raise(state: Any, host: Any) -> None:
         raise DeployError(message)
@@ -94,8 +92,7 @@ def fail(message: str):
 @operation(is_idempotent=False)
 def on_change(commands: Sequence[str], gates: Sequence[OperationMeta],
               reason: str = "nothing it depends on changed"):
-    """Run ``commands`` when any of ``gates`` changed; ``reason`` is what ``--dry`` says
-    otherwise."""
+    """Run ``commands`` when any of ``gates`` changed; else ``--dry`` says ``reason``."""
     if changed(gates):
         yield from commands
     else:
@@ -116,13 +113,9 @@ def check(verify: Callable[[], str | None], what: str = "check"):
 @operation()
 def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: str | None = None,
                  before: Callable[[Sequence[str]], Iterable[Any]] | None = None):
-    """Install missing packages (``name`` or ``name=version``) after ``apt-get update``,
-    optionally held; an installed version must start with ``version_prefix``.
-
-    ``before``, only when something is installed, gets the commands that bring the packages
-    onto the host (update, ``--download-only``) and yields what runs first, those included
-    (``roles.maintenance.enter``); when it yields nothing, ``apt-get update`` runs as usual.
-    """
+    """Install missing packages (``name`` or ``name=version``; installed versions must start with
+    ``version_prefix``), optionally held. ``before``, when installing, gets the update and
+    download commands and yields what runs first (``maintenance.enter``), else they run as usual."""
     dpkg = read_fact(DpkgState)
     install: list[str] = []
     replace = False
@@ -195,8 +188,7 @@ def write_secret(dest: str, mode: str = "0600", user: str = "root", group: str =
 @operation()
 def secret_file(dest: str, content: Secret, mode: str = "0600", user: str = "root",
                 group: str = "root"):
-    """Put a file whose content is a secret, never printed nor uploaded (docs/converge.md,
-    "Secrets on the host")."""
+    """Put a file whose content is a secret, never printed nor uploaded."""
     data = content.reveal().encode()
     wanted = hashlib.sha256(data).hexdigest()
     current = read_fact(FileDigest, path=dest)
@@ -236,8 +228,7 @@ def checked_file(dest: str, content: str, check: str, staged: str | None = None,
 
 
 class WarnedCommand(StringCommand):
-    """A shell command whose stderr lines starting with ``mark`` are shown as warnings even
-    when it succeeds."""
+    """A shell command whose stderr lines starting with ``mark`` show as warnings."""
 
     def __init__(self, mark: str, command: str) -> None:
         super().__init__(command)

@@ -5,7 +5,6 @@ card's cap at boot, restarted (applying them) only when it changed or the caps r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import host
@@ -28,18 +27,6 @@ TEMPLATE = str(project_file(f"files/{UNIT}.j2"))
 TOLERANCE_W = 0.5
 
 
-@dataclass(frozen=True)
-class CardCap:
-    """One card's cap, as the unit template uses it."""
-
-    index: int
-    watts: int
-
-    @property
-    def command(self) -> str:
-        return nvidia_commands.set_power_limit(self.index, self.watts)
-
-
 def caps_mismatch(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
     """Cards whose current limit differs from the cap, as ``card N: X W (want Y W)``."""
     by_index = {g.index: g for g in gpus}
@@ -54,8 +41,7 @@ def caps_mismatch(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
 
 @operation()
 def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
-    """Check ``caps`` (by card index) against the cards' ranges; apply them (restart the unit)
-    when they differ or a gate changed."""
+    """Check ``caps`` against the cards' ranges; apply them when they differ."""
     gpu = read_fact(GpuQuery)
     if not gpu.loaded:
         if executing():
@@ -71,8 +57,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
             raise  # prepare: stop the whole run before anything changes
         yield from fail(str(e))
         return
-    differ = caps_mismatch(caps, gpu.gpus)
-    if not differ and not changed(gates):
+    if not caps_mismatch(caps, gpu.gpus) and not changed(gates):
         host.noop(f"caps {list(caps)} W in place")
         return
     yield f"systemctl restart {UNIT}"
@@ -92,7 +77,8 @@ def power(ctx: HostContext) -> None:
                     service="nvidia-persistenced", running=True, enabled=True)
     unit = files.template(name=f"Power caps unit ({', '.join(f'{w} W' for w in caps)})",
                           src=TEMPLATE, dest=UNIT_PATH, user="root", group="root", mode="0644",
-                          caps=[CardCap(i, w) for i, w in enumerate(caps)])
+                          caps=[{"command": nvidia_commands.set_power_limit(i, w)}
+                                for i, w in enumerate(caps)])
     on_change(name="systemd daemon-reload (power caps unit changed)",
               commands=["systemctl daemon-reload"], gates=[unit], reason="unit unchanged")
     systemd.service(name=f"{UNIT} enabled at boot", service=UNIT, enabled=True)

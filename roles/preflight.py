@@ -181,8 +181,7 @@ def check_lock(name: str, holder: dict | None) -> str | None:
 
 @dataclass(frozen=True)
 class FactChecks:
-    """What the host's facts say about it: refusals, checks that wait for the driver, and
-    whether the .run-installed driver is kept."""
+    """What the host's facts say: refusals, checks waiting for the driver, notes."""
 
     problems: list[str]
     waiting: list[str]
@@ -360,8 +359,7 @@ def refusals(state: State) -> dict[str, str]:
 
 
 def refuse(reason: str) -> None:
-    """Refuse the current host: one failing operation instead of the roles, the reason
-    logged now and in the summary."""
+    """Refuse the current host: one failing operation instead of the roles."""
     state = host.state
     if state not in _REFUSED:
         _REFUSED[state] = {}
@@ -410,8 +408,7 @@ _T = TypeVar("_T")
 
 
 def checked(check: Callable[[], _T]) -> _T:
-    """Run a preflight ``check``: a ``RigfleetError`` refuses the host, or, with
-    ``rigfleet_stop_on_preflight``, stops the run."""
+    """Run a preflight ``check``; a ``RigfleetError`` refuses the host (or the run)."""
     try:
         return check()
     except RigfleetError as error:

@@ -55,8 +55,7 @@ def stacks(ctx: HostContext) -> None:
 
 
 def vllm_args_refusal(staged: DesiredStack) -> str | None:
-    """Why the pinned image's vLLM refuses ``staged``'s arguments (None: accepted, or the
-    compose file on the host is already this one)."""
+    """Why the pinned image's vLLM refuses ``staged``'s arguments, if it does."""
     current = read_fact(FileDigest, path=staged.compose_file)
     if current is not None and current.sha256 == hashlib.sha256(staged.text.encode()).hexdigest():
         return None

@@ -57,8 +57,7 @@ class _Slots:
 
 def start_and_follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
                      batch: SwapBatch | None) -> None:
-    """At execution time: take a swap slot when ``batch`` caps the run (waiting), start the
-    transaction, follow it, and give the slot back however it ended."""
+    """At execution time: start the transaction and follow it (in a slot, if capped)."""
     slots, name = None, host.name
     if batch is not None and batch.size:
         slots = _SLOTS.setdefault(host.state, _Slots())
@@ -116,8 +115,7 @@ def serve_desired(plan: Plan, follow_timeout_s: float, reports: str,
 
 @operation()
 def unit_started(unit: str):
-    """``systemctl start`` a unit that is not active (pyinfra's ``running`` would start a
-    oneshot on every run)."""
+    """``systemctl start`` an inactive unit (``running`` would start a oneshot each run)."""
     if read_fact(UnitActive, unit=unit):
         host.noop(f"{unit} is active")
         return

@@ -43,10 +43,8 @@ def fetch_weights(repo: str, revision: str, local_dir: str, token_file: str | No
                   endpoint: str | None = None, adopt_from: str | None = None,
                   mirrors: tuple[str, ...] = (), peer: Peer | None = None,
                   after_seed: bool = False):
-    """Run the fetcher unless the manifest already records this pin (or ``adopt_from``'s
-    does: it is renamed to ``local_dir`` first); ``mirrors`` (the fleet caches) are tried
-    before ``endpoint``. A peer of a seed (``roles.peers``) fetches only in the second call
-    (``after_seed``), from the seed."""
+    """Run the fetcher unless the manifest (or ``adopt_from``'s) records this pin; a seed's peer
+    (``roles.peers``) fetches only in the second call (``after_seed``), from the seed."""
     state = read_fact(WeightsManifest, local_dir=local_dir)
     if state.holds(repo, revision):
         if not after_seed:
@@ -96,8 +94,7 @@ def adopt_weights(model_dir: str, local_dir: str, compose_files: tuple[str, ...]
 
 @operation()
 def prune_weights(model_dir: str, local_dir: str, revision: str, compose_files: tuple[str, ...]):
-    """Remove the revision directories, partial downloads and the old link that neither the
-    pin nor any of ``compose_files`` names (``rigfleet.weights.stale_weights``)."""
+    """Remove revisions, partial downloads and links no pin or ``compose_files`` name."""
     dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=local_dir,
                      compose_files=compose_files)
     names = stale_weights(dirs, local_dir, revision)
@@ -108,8 +105,7 @@ def prune_weights(model_dir: str, local_dir: str, revision: str, compose_files: 
 
 
 def compose_files(ctx: HostContext) -> tuple[str, ...]:
-    """Every compose file on the host that may mount a revision or a Genesis tree: the staged
-    stacks' and the active snapshot (what a rollback restarts)."""
+    """Every compose file on the host that may mount a revision or a Genesis tree."""
     return (*(f for _, f in ctx.want.projects), str(HOST.active_compose))
 
 
@@ -132,14 +128,9 @@ def _serves(model: ModelPin, want: DesiredHost) -> bool:
 
 @deploy("Model weights")
 def weights(ctx: HostContext) -> None:
-    directories = (
-        (str(HOST.opt_dir), "0755"),
-        (str(HOST.lib_dir), "0755"),
-        (str(HOST.etc_dir), "0755"),
-        (str(HOST.secrets_dir), "0700"),
-        (str(HOST.state_dir), "0755"),
-        (ctx.want.settings.model_dir, "0755"),
-    )
+    directories = ((str(HOST.opt_dir), "0755"), (str(HOST.lib_dir), "0755"),
+                   (str(HOST.etc_dir), "0755"), (str(HOST.secrets_dir), "0700"),
+                   (str(HOST.state_dir), "0755"), (ctx.want.settings.model_dir, "0755"))
     read_paths([*(path for path, _ in directories), weights_commands.FETCH_SCRIPT,
                 *([weights_commands.HF_TOKEN_FILE] if ctx.hf_token is not None else [])])
     for path, mode in host.loop(directories):
