@@ -41,13 +41,11 @@ def keys_conf(key: str) -> str:
     # Keys hold only [A-Za-z0-9-._~+/=] (preflight): '.' and '+' written as classes, so no
     # backslash reaches nginx's parser.
     literal = "".join(f"[{c}]" if c in ".+" else c for c in key)
-    return (
-        "# Managed by rigfleet (roles/front.py). Root-only: it holds the API key.\n"
-        "map $http_authorization $rigfleet_authorized {\n"
-        "    default 0;\n"
-        f'    "~^Bearer {literal}$" 1;\n'
-        "}\n"
-    )
+    return ("# Managed by rigfleet (roles/front.py). Root-only: it holds the API key.\n"
+            "map $http_authorization $rigfleet_authorized {\n"
+            "    default 0;\n"
+            f'    "~^Bearer {literal}$" 1;\n'
+            "}\n")
 
 
 @operation()

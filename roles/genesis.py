@@ -40,10 +40,9 @@ def checkout_commands(repo: str, commit: str, dest: str, cloned: bool) -> list[s
     commands = [f"git -C {d} remote set-url origin {r}" if cloned else
                 f"rm -rf {d} && git init --quiet {d} && git -C {d} remote add origin {r}"]
     has = f"git -C {d} cat-file -e {c}^{{commit}} 2>/dev/null"
-    missing = shlex.quote(
-        f"rigfleet: Genesis commit {commit} is on no branch or tag of {repo}, and the server "
-        "does not hand it out by its sha; pin a commit that a branch or tag reaches"
-    )
+    missing = shlex.quote(f"rigfleet: Genesis commit {commit} is on no branch or tag of {repo}, "
+                          "and the server does not hand it out by its sha; pin a commit that a "
+                          "branch or tag reaches")
     commands += [
         # Fetch only when the commit is not there yet (a re-pin to an older commit is local).
         f"{has} || git -C {d} fetch --quiet --tags origin {FETCH_REFS}",
@@ -74,12 +73,10 @@ def export_command(checkout: str, commit: str, check_file: str, trees_dir: str =
     d, c = shlex.quote(trees_dir), shlex.quote(commit)
     tree = shlex.quote(f"{trees_dir}/{commit}")
     git = f"git -C {shlex.quote(checkout)} -c tar.umask=0022"
-    return (
-        f"mkdir -p {d} && rm -rf {d}/.tmp-* && tmp=$(mktemp -d {d}/.tmp-XXXXXX) && "
-        f'{git} archive --format=tar {c} | tar -x -C "$tmp" && '
-        f'test -f "$tmp"/{shlex.quote(check_file)} && chmod 0755 "$tmp" && rm -rf {tree} && '
-        f'mv -T "$tmp" {tree}'
-    )
+    return (f"mkdir -p {d} && rm -rf {d}/.tmp-* && tmp=$(mktemp -d {d}/.tmp-XXXXXX) && "
+            f'{git} archive --format=tar {c} | tar -x -C "$tmp" && '
+            f'test -f "$tmp"/{shlex.quote(check_file)} && chmod 0755 "$tmp" && rm -rf {tree} && '
+            f'mv -T "$tmp" {tree}')
 
 
 @operation()

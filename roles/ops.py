@@ -126,9 +126,8 @@ def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: st
         pkg = dpkg.get(name)
         if pkg is None or not pkg.installed:
             install.append(spec)
-        elif (version and pkg.version != version) or (
-            version_prefix and not pkg.version.startswith(version_prefix)
-        ):
+        elif (version and pkg.version != version) or not pkg.version.startswith(
+                version_prefix or ""):
             install.append(spec)
             replace = True
     if install:
@@ -177,12 +176,10 @@ def write_secret(dest: str, mode: str = "0600", user: str = "root", group: str =
     q = shlex.quote(dest)
     d = shlex.quote(dest.rsplit("/", 1)[0] or "/")
     owner = shlex.quote(f"{user}:{group}")
-    return (
-        f"umask 077 && rf_tmp=$(mktemp {d}/.rigfleet-secret.XXXXXXXX) && "
-        f'{{ base64 -d > "$rf_tmp" && chown {owner} "$rf_tmp" && '
-        f'chmod {shlex.quote(mode)} "$rf_tmp" && mv -f "$rf_tmp" {q}; }} '
-        f'|| {{ rm -f "${{rf_tmp:-}}"; exit 1; }}'
-    )
+    return (f"umask 077 && rf_tmp=$(mktemp {d}/.rigfleet-secret.XXXXXXXX) && "
+            f'{{ base64 -d > "$rf_tmp" && chown {owner} "$rf_tmp" && '
+            f'chmod {shlex.quote(mode)} "$rf_tmp" && mv -f "$rf_tmp" {q}; }} '
+            f'|| {{ rm -f "${{rf_tmp:-}}"; exit 1; }}')
 
 
 @operation()

@@ -168,17 +168,6 @@ def deployed_by() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def check_lock(name: str, holder: dict | None) -> str | None:
-    """Refuse a host whose lock a live process holds; a note when a stale lock is there."""
-    if holder is None:
-        return None
-    if holder.get("alive"):
-        raise PreflightError(f"{name}: {describe(holder)}. Another deploy (or the host's "
-                             "boot-time recreation) is changing this host; wait for it to "
-                             f"finish. Progress on the host: {hosttool.tool('status')}")
-    return f"{name}: stale host lock ({describe(holder)}; holder gone): it will be taken over"
-
-
 @dataclass(frozen=True)
 class FactChecks:
     """What the host's facts say: refusals, checks waiting for the driver, notes."""
@@ -422,10 +411,14 @@ def checked(check: Callable[[], _T]) -> _T:
 def _check_host(name: str) -> HostContext:
     want = load_desired(name, host.data)
     os_info = read_os(name, read_fact(OsRelease))
-    lock = read_fact(SwapProbe).get("lock")
-    stale = check_lock(name, lock if isinstance(lock, dict) else None)
-    if stale:
-        host.log(stale)
+    holder = read_fact(SwapProbe).get("lock")
+    if isinstance(holder, dict) and holder.get("alive"):
+        raise PreflightError(f"{name}: {describe(holder)}. Another deploy (or the host's "
+                             "boot-time recreation) is changing this host; wait for it to "
+                             f"finish. Progress on the host: {hosttool.tool('status')}")
+    if isinstance(holder, dict):
+        host.log(f"{name}: stale host lock ({describe(holder)}; holder gone): it will be taken "
+                 "over")
     # The pinned things' sources, then every staged image's source and the disk: all at once.
     refusals = check_sources(want, os_info)
     try:
