@@ -1,36 +1,19 @@
-"""rigfleet's pyinfra roles, one module per concern, and ``converge`` that runs them in order.
+"""rigfleet's pyinfra roles, one module per concern, and ``converge`` that runs them.
 
-Order (each role relies on the ones before it):
-
-1. ``preflight``        validate host data, pins, OS (control side; nothing changes)
-2. ``base``             base packages, chrony, optional site CA
-3. ``docker``           Docker Engine + Compose v2, daemon.json merged
-4. ``nvidia_driver``    pinned driver branch (open modules), held, reboot if needed, verified
-5. ``container_toolkit`` pinned toolkit, Docker's nvidia runtime, verified
-   ``exporter``         node exporter on loopback (bound before it starts), the metrics timer
-   ``maintenance``      close the maintenance window the steps above opened on a serving host
-                        (recreate the verified stack, gate, route); nothing on a bare host
-6. ``power``            nvidia-persistenced, power-caps unit, caps applied and read back
-7. ``weights``          huggingface_hub venv, fetcher, verified weights
-8. ``images``           every staged stack's image by digest, verified
-9. ``genesis``          Genesis checkout at the pinned commit, its tree, the compatibility gate
-10. ``stacks``          secrets, compose projects (staged, not started)
-11. ``front``          nginx with the API key; its route is the host-side tool's
-12. ``swap``           the gated host-side transaction: desired stack promoted, or rolled back
-13. ``ledger``         state.json and the append-only ledger (pins the swap did not record)
-
-Service hosts (``rigfleet.inventory.host_kind``, docs/monitoring.md): ``balancers`` get
-``preflight_balancer``, ``base``, ``balancer``; ``monitors`` ``preflight_monitor``, ``base``,
-``monitor``; ``caches`` ``preflight_cache``, ``base``, ``cache``, before any other kind's
-(pyinfra orders operations by their place here: the cache fetches before the rigs,
-docs/images.md); one also in ``gpu_hosts`` gets the GPU roles after the cache's.
+A GPU host gets ``preflight`` then ``ROLES`` in order, each relying on the ones before it
+(each module's docstring says what it does). Service hosts (``rigfleet.inventory.host_kind``,
+docs/monitoring.md): ``balancers`` get ``preflight_balancer``, ``base``, ``balancer``;
+``monitors`` ``preflight_monitor``, ``base``, ``monitor``; ``caches`` ``preflight_cache``,
+``base``, ``cache``, before any other kind's (pyinfra orders operations by their place here:
+the cache fetches before the rigs, docs/images.md).
 Example (``deploy.py``): ``from roles import converge; converge()``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from functools import partial
+from typing import Any
 
 # Modules, not their role functions, are bound here: ``roles.power`` stays the module (tests
 # patch its constants), and ``roles.power.power`` is the role.
@@ -61,76 +44,41 @@ from roles.cache import CacheContext
 from roles.monitor import MonitorContext
 from roles.preflight import BalancerContext, HostContext
 
-# pyinfra's @deploy stubs do not keep the functions' own signatures: each takes the context.
-ROLES: tuple[Callable[[HostContext], Any], ...] = cast(tuple[Callable[[HostContext], Any], ...], (
-    base.base,
-    docker.docker,
-    nvidia_driver.nvidia_driver,
-    container_toolkit.container_toolkit,
+ROLES: tuple[Callable[..., Any], ...] = (
+    base.base, docker.docker, nvidia_driver.nvidia_driver, container_toolkit.container_toolkit,
     exporter.exporter,
-    maintenance.maintenance,
-    power.power,
-    weights.weights,
-    images.images,
-    genesis.genesis,
-    stacks.stacks,
-    front.front,
-    swap.swap,
-    ledger.ledger,
-))
-
-# A balancer host's roles after its preflight (``base`` only when no GPU role ran it).
-BALANCER_ROLES: tuple[Callable[[BalancerContext], Any], ...] = cast(
-    tuple[Callable[[BalancerContext], Any], ...], (base.base, balancer.balancer))
-
-# A monitor host's roles after its preflight (``base`` only when no other kind ran it).
-MONITOR_ROLES: tuple[Callable[[MonitorContext], Any], ...] = cast(
-    tuple[Callable[[MonitorContext], Any], ...], (base.base, monitor.monitor))
-
-
-# A cache host's roles after its preflight (``base`` first: it runs before any other kind).
-CACHE_ROLES: tuple[Callable[[CacheContext], Any], ...] = cast(
-    tuple[Callable[[CacheContext], Any], ...], (base.base, cache.cache))
+    maintenance.maintenance,  # closes the window the steps above opened on a serving host
+    power.power, weights.weights, images.images, genesis.genesis, stacks.stacks, front.front,
+    swap.swap, ledger.ledger)
+BALANCER_ROLES: tuple[Callable[..., Any], ...] = (base.base, balancer.balancer)
+MONITOR_ROLES: tuple[Callable[..., Any], ...] = (base.base, monitor.monitor)
+CACHE_ROLES: tuple[Callable[..., Any], ...] = (base.base, cache.cache)
 
 
 def converge() -> HostContext | BalancerContext | MonitorContext | CacheContext:
-    """Run the current host's roles, each kind's preflight first (see the module docstring);
-    returns its context (the GPU host's when it is several kinds, else the balancer's, the
-    monitor's, the cache's)."""
+    """Run this host's roles, each kind's preflight first; the GPU host's context first."""
     kind = host_kind(host.groups)
-    # The cache first: its operations come before every rig's (their place in this function).
-    cached: CacheContext | None = None
-    if kind.cache:
-        cached = cast(CacheContext, cache.preflight_cache(gpu_host=kind.gpu))
-        for cache_role in host.loop(CACHE_ROLES):
-            cache_role(cached)
-    ctx: HostContext | None = None
-    if kind.gpu:
-        # pyinfra's @deploy returns what the function returns; its stubs say OperationMeta.
-        ctx = cast(HostContext, preflight.preflight())
-        # host.loop: pyinfra names an operation by the line numbers of its call stack alone
-        # (no file names), so two roles calling an operation at the same line would be one
-        # operation to it, and a host that skips one role's operation (no Genesis stack on a
-        # one-card host) would order the fleet's operations in a cycle. The loop position
-        # tells the roles apart.
-        for role in host.loop(ROLES):  # base again on a cache host: a no-op there
+    # The cache first: its operations come before every rig's (their place in this loop).
+    kinds = ((kind.cache, partial(cache.preflight_cache, gpu_host=kind.gpu), CACHE_ROLES),
+             (kind.gpu, preflight.preflight, ROLES),
+             (kind.balancer, partial(preflight.preflight_balancer, gpu_host=kind.gpu),
+              BALANCER_ROLES),
+             (kind.monitor, partial(monitor.preflight_monitor, gpu_host=kind.gpu), MONITOR_ROLES))
+    contexts: list[Any] = []
+    # host.loop: pyinfra names an operation by the line numbers of its call stack alone (no
+    # file names), so two roles calling an operation at the same line would be one operation
+    # to it, and a host that skips one role's operation (no Genesis stack on a one-card host)
+    # would order the fleet's operations in a cycle. The loop positions tell them apart.
+    for wanted, check, roles in host.loop(kinds):
+        if not wanted:
+            continue
+        ctx = check()  # @deploy returns what the function returns (its stubs: OperationMeta)
+        # base once per host; ROLES keep one order on every GPU host (base a no-op again)
+        for role in host.loop(roles[1:] if contexts and roles is not ROLES else roles):
             role(ctx)
-    lb: BalancerContext | None = None
-    if kind.balancer:
-        lb = cast(BalancerContext, preflight.preflight_balancer(gpu_host=kind.gpu))
-        ran_base = kind.gpu or kind.cache
-        for lb_role in host.loop(BALANCER_ROLES[1:] if ran_base else BALANCER_ROLES):
-            lb_role(lb)
-    mon: MonitorContext | None = None
-    if kind.monitor:
-        mon = cast(MonitorContext, monitor.preflight_monitor(gpu_host=kind.gpu))
-        mon_roles = (MONITOR_ROLES[1:] if kind.gpu or kind.balancer or kind.cache
-                     else MONITOR_ROLES)
-        for mon_role in host.loop(mon_roles):
-            mon_role(mon)
-    result = ctx or lb or mon or cached
-    assert result is not None
-    return result
+        contexts.append(ctx)
+    services = [c for c in contexts if not isinstance(c, CacheContext)]
+    return (services or contexts)[0]
 
 
 __all__ = ["BALANCER_ROLES", "CACHE_ROLES", "MONITOR_ROLES", "ROLES", "BalancerContext",

@@ -1,9 +1,5 @@
-"""Base: the packages every later role relies on, time sync, and an optional site CA.
-
-Example::
-
-    base(ctx)
-"""
+"""Base: the packages every later role relies on, time sync (apt and TLS reject signatures and
+certificates when the clock is off), and an optional site CA."""
 
 from __future__ import annotations
 
@@ -21,50 +17,21 @@ if TYPE_CHECKING:
 
 # curl + gnupg fetch and dearmor repository keys; git clones Genesis; python3-venv holds
 # huggingface_hub; jq is for people debugging daemon.json and the ledger.
-BASE_PACKAGES = (
-    "ca-certificates",
-    "curl",
-    "gnupg",
-    "git",
-    "python3",
-    "python3-venv",
-    "jq",
-    "chrony",
-)
-
+BASE_PACKAGES = tuple("ca-certificates curl gnupg git python3 python3-venv jq chrony".split())
 SITE_CA_DIR = "/usr/local/share/ca-certificates"
 
 
 @deploy("Base")
 def base(ctx: HostContext | BalancerContext | MonitorContext) -> None:
-    """Install the base packages, keep time with chrony, trust the site CA if one is given.
-
-    Time matters here: apt rejects repository signatures from "the future" and TLS rejects
-    certificates when the clock is off.
-    """
     apt_packages(name="Install base packages", packages=list(BASE_PACKAGES))
-    systemd.service(
-        name="Time sync: chrony enabled and running",
-        service="chrony",
-        running=True,
-        enabled=True,
-    )
-    if not ctx.site_ca_files:
+    systemd.service(name="Time sync: chrony enabled and running", service="chrony",
+                    running=True, enabled=True)
+    ca_files = ctx.settings.site_ca_files
+    if not ca_files:
         return
-    certs = []
-    for i, src in host.loop(enumerate(ctx.site_ca_files)):
-        certs.append(
-            files.put(
-                name=f"Site CA certificate {i}",
-                src=src,
-                dest=f"{SITE_CA_DIR}/rigfleet-site-{i}.crt",
-                user="root",
-                group="root",
-                mode="0644",
-            )
-        )
-    on_change(
-        name="Refresh the trusted CA bundle",
-        commands=["update-ca-certificates"],
-        gates=certs,
-    )
+    certs = [files.put(name=f"Site CA certificate {i}", src=src,
+                       dest=f"{SITE_CA_DIR}/rigfleet-site-{i}.crt", user="root", group="root",
+                       mode="0644")
+             for i, src in host.loop(enumerate(ca_files))]
+    on_change(name="Refresh the trusted CA bundle", commands=["update-ca-certificates"],
+              gates=certs)

@@ -1,9 +1,4 @@
-"""NVIDIA Container Toolkit: pinned packages, Docker's ``nvidia`` runtime, verified.
-
-Example::
-
-    container_toolkit(ctx)
-"""
+"""NVIDIA Container Toolkit: pinned packages, Docker's ``nvidia`` runtime, verified."""
 
 from __future__ import annotations
 
@@ -19,18 +14,9 @@ from roles.ops import apt_packages, check, fail, on_change
 from roles.preflight import HostContext
 
 
-def toolkit_specs(version: str) -> list[str]:
-    """``name=version`` for each toolkit package."""
-    return [f"{p}={version}" for p in TOOLKIT_PACKAGES]
-
-
 @operation()
 def nvidia_runtime():
-    """``nvidia-ctk runtime configure --runtime=docker`` when daemon.json lacks the runtime.
-
-    nvidia-ctk adds ``runtimes.nvidia`` and keeps the rest of the file (rigfleet's log and
-    mirror settings included).
-    """
+    """``nvidia-ctk runtime configure`` when daemon.json lacks ``runtimes.nvidia``."""
     current = read_fact(DockerDaemonJson)
     if current.error:
         yield from fail(f"{host.name}: {current.error}")
@@ -52,27 +38,17 @@ def verify_runtime() -> str | None:
 
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit(ctx: HostContext) -> None:
-    """Install the pinned toolkit (held), register the runtime, restart Docker only then."""
     add_apt_repo("NVIDIA container toolkit repository", ctx.apt_repo("nvidia-container-toolkit"))
-    apt_packages(
-        name=f"Install NVIDIA Container Toolkit {ctx.pins.toolkit_version}, held",
-        packages=toolkit_specs(ctx.pins.toolkit_version),
-        hold=True,
-    )
+    version = ctx.want.pins.toolkit_version
+    apt_packages(name=f"Install NVIDIA Container Toolkit {version}, held",
+                 packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], hold=True)
     runtime = nvidia_runtime(name="Register the nvidia runtime with Docker")
-    # nvidia-ctk adds only "runtimes", which dockerd reloads (roles.docker.RELOADABLE): on a
-    # serving host a reload, so its stack is not disturbed. A bare host restarts, as a first
-    # converge always did (nothing runs there; dockerd then reads the whole file at start).
+    # nvidia-ctk adds only "runtimes", which dockerd reloads: a serving host's stack is not
+    # disturbed. A bare host restarts (nothing runs there; dockerd reads the whole file).
     serving = bool(maintenance.serves(ctx))
     action = "reload" if serving else "restart"
-    on_change(
-        name=f"{action.capitalize()} Docker (nvidia runtime added)",
-        commands=[f"systemctl {action} docker"],
-        gates=[runtime],
-        reason="runtime already registered",
-    )
-    check(
-        name="Verify docker info lists the nvidia runtime",
-        verify=verify_runtime,
-        what="runtime verification",
-    )
+    on_change(name=f"{action.capitalize()} Docker (nvidia runtime added)",
+              commands=[f"systemctl {action} docker"], gates=[runtime],
+              reason="runtime already registered")
+    check(name="Verify docker info lists the nvidia runtime", verify=verify_runtime,
+          what="runtime verification")

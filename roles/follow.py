@@ -1,11 +1,5 @@
-"""Following a job the host tool runs as a transient unit (a swap transaction, a maintenance
-window's close): poll its journal until it ends, print its progress, copy the gate reports to
-``reports/<host>/`` and fail the host with the job's reason when it did not succeed.
-
-Shared by ``roles.swap`` and ``roles.maintenance``, below both. Example::
-
-    box: dict[str, str] = {}
-    follow(swap_id, 1800.0, str(reports_root()), box)    # box["error"] unless it promoted
+"""Follow a job the host tool runs as a transient unit (a swap, a window's close): its progress,
+the gate reports copied to ``reports/<host>/``, and ``box["error"]`` unless it succeeded.
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ def reports_root() -> Path:
 
 
 def fetch_reports(result: dict[str, Any], dest: Path) -> list[Path]:
-    """Copy the gate's JSON and Markdown reports to ``dest`` (``reports/<host>/``)."""
+    """Copy the gate's JSON and Markdown reports to ``dest``."""
     gate = result.get("gate") or {}
     got = []
     for key in ("report", "report_md"):
@@ -51,16 +45,22 @@ def fetch_reports(result: dict[str, Any], dest: Path) -> list[Path]:
     return got
 
 
-def outcome_message(name: str, result: dict[str, Any], reports: list[Path]) -> str:
-    """One message for a transaction that did not promote."""
-    stack = result.get("stack")
-    reason = str(result.get("reason") or "no reason recorded").rstrip(".")
-    md = next((str(p) for p in reports if p.suffix == ".md"), None)
+def failure_tail(result: dict[str, Any], reports: list[Any], stack: str) -> str:
+    """The gate report, boot failure and kept log of a job that did not succeed."""
+    md = next((str(p) for p in reports if str(p).endswith(".md")), None)
     tail = f" Gate report: {md}." if md else ""
     if result.get("boot_failure"):
         tail += f" Boot failure: {result['boot_failure'].get('title')}."
     if result.get("kept_log"):
         tail += f" {stack}'s log is kept on the host: {result['kept_log']}."
+    return tail
+
+
+def outcome_message(name: str, result: dict[str, Any], reports: list[Path]) -> str:
+    """One message for a transaction that did not promote."""
+    stack = result.get("stack")
+    reason = str(result.get("reason") or "no reason recorded").rstrip(".")
+    tail = failure_tail(result, reports, str(stack))
     if (result.get("drain") or {}).get("cut"):
         tail += f" {drain_note(result).lstrip('; ')}."
     what = result.get("result")
@@ -82,14 +82,7 @@ Describe = Callable[[str, dict[str, Any], list[Path]], str]
 def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
            describe: Describe = outcome_message, label: str = "swap",
            unit: str | None = None) -> None:
-    """At execution time: poll a host job's journal (a swap transaction, a maintenance
-    window's close) until it ends, printing progress; put the reason in ``box["error"]``
-    unless it succeeded (exit 0; the operation then fails the host with it, without a Python
-    traceback).
-
-    + describe: the failure message from its result (``outcome_message`` for swaps)
-    + label: the prefix of its progress lines; unit: its systemd unit (for the messages)
-    """
+    """At execution time: follow a host job (see the module docstring)."""
     try:
         _follow(swap_id, timeout_s, reports, describe, label,
                 unit or hosttool.unit_name(swap_id))

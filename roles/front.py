@@ -1,32 +1,6 @@
-"""The front: nginx on ``front_port``, requiring the API key, in front of the verified stack.
-
-- A ``map`` over ``$http_authorization`` in ``/etc/nginx/rigfleet-keys.conf`` (root 0600)
-  decides who is let in: anything but ``Bearer <key>`` gets a JSON 401.
-- Where authorised requests go is ``/etc/nginx/rigfleet/route.conf``, owned by the host-side
-  tool (``rigfleet/hostside/front.py``): a proxy to the verified stack's loopback port
-  (buffering off for SSE, long timeouts), or 503 + ``Retry-After`` while a swap runs. This
-  role only creates it, as a 503, when it is missing (a new host: nothing verified yet); the
-  swap role points it at a stack once that stack passed the gate.
-- TLS (host data ``front_tls_cert_file`` + ``front_tls_key_file``): nginx serves HTTPS on
-  ``front_port`` to every client but the host itself, with the inventory's certificate
-  (``/etc/nginx/rigfleet-tls/front.crt``) and key (``front.key``, root 0600, by
-  ``secret_file``). On 127.0.0.1 the port stays plain HTTP for the host's own probes (the key
-  still required): docs/converge.md says how nginx decides TLS per local address.
-- Readiness (``READY_PATH``, ``/rigfleet/ready``): no key, no model data; it includes the
-  same route, so it answers the maintenance route's 503 during a swap or maintenance window,
-  and otherwise the engine's ``/health`` (200), or 503 when the engine does not answer.
-  Balancers check it (``roles/balancer.py``): the host is the source of truth.
-- Metrics (``/rigfleet/metrics/node``, ``/rigfleet/metrics/engine``): the key, always; the
-  node exporter on loopback and the engine's ``/metrics`` through the route, for the
-  fleet's monitor (``roles/monitor.py``, docs/monitoring.md).
-- The distribution's default site (``/etc/nginx/sites-enabled/default``, port 80) is
-  disabled: only the front listens.
-- ``nginx -t`` before a reload; reload only when the config, the key, the certificate or
-  the sites changed.
-
-Example::
-
-    front(ctx)
+"""The front: nginx on ``front_port``, requiring the API key, in front of the route file the
+host-side tool owns (``rigfleet/hostside/front.py``; seeded here as a 503 when missing); the
+default site disabled, ``nginx -t`` before a reload (docs/converge.md, docs/monitoring.md).
 """
 
 from __future__ import annotations
@@ -61,33 +35,22 @@ TLS_KEY_PATH = f"{TLS_DIR}/front.key"
 NOT_READY_RETRY_S = 5
 
 
-def _regex_literal(text: str) -> str:
-    # Preflight allows only [A-Za-z0-9-._~+/=] in keys; '.' and '+' are the regex
-    # metacharacters among them, written as classes so no backslash reaches nginx's parser.
-    return "".join(f"[{c}]" if c in ".+" else c for c in text)
-
-
 def keys_conf(key: str) -> str:
-    """The ``map`` that sets ``$rigfleet_authorized`` to 1 for the right bearer token only.
-
-    A case-sensitive regex (``~``), not a plain string: nginx compares plain map strings
-    ignoring case, which would accept ``BEARER <KEY>`` and weaken a mixed-case key.
-    """
-    return (
-        "# Managed by rigfleet (roles/front.py). Root-only: it holds the API key.\n"
-        "map $http_authorization $rigfleet_authorized {\n"
-        "    default 0;\n"
-        f'    "~^Bearer {_regex_literal(key)}$" 1;\n'
-        "}\n"
-    )
+    """The ``map`` that sets ``$rigfleet_authorized`` to 1 for the right bearer token only: a
+    case-sensitive regex (nginx compares plain map strings ignoring case)."""
+    # Keys hold only [A-Za-z0-9-._~+/=] (preflight): '.' and '+' written as classes, so no
+    # backslash reaches nginx's parser.
+    literal = "".join(f"[{c}]" if c in ".+" else c for c in key)
+    return ("# Managed by rigfleet (roles/front.py). Root-only: it holds the API key.\n"
+            "map $http_authorization $rigfleet_authorized {\n"
+            "    default 0;\n"
+            f'    "~^Bearer {literal}$" 1;\n'
+            "}\n")
 
 
 @operation()
 def site_disabled(path: str):
-    """Remove an enabled nginx site (a link into sites-available, or a file) when present.
-
-    + path: the entry in ``/etc/nginx/sites-enabled``
-    """
+    """Remove an enabled nginx site (a link or a file) when present."""
     if read_fact(Link, path=path) is None:
         host.noop(f"{path} is not there")
         return
@@ -96,16 +59,13 @@ def site_disabled(path: str):
 
 @deploy("Front (nginx)")
 def front(ctx: HostContext) -> None:
-    """Install nginx, render the front and its key map, test and reload only on change."""
+    settings = ctx.want.settings
     apt_packages(name="Install nginx", packages=["nginx"])
-    tls_paths = (TLS_DIR, CERT_PATH, TLS_KEY_PATH) if ctx.settings.front_tls else ()
+    tls_paths = (TLS_DIR, CERT_PATH, TLS_KEY_PATH) if settings.front_tls else ()
     read_paths([DEFAULT_SITE, *tls_paths, ROUTE_DIR, ROUTE_PATH, KEYS_PATH, CONF_PATH])
-    default_site = site_disabled(
-        name=f"Disable nginx's default site {DEFAULT_SITE} (only the front listens)",
-        path=DEFAULT_SITE,
-    )
-    gates = [default_site]
-    tls = ctx.settings.front_tls
+    gates = [site_disabled(name=f"Disable nginx's default site {DEFAULT_SITE} (only the front "
+                                "listens)", path=DEFAULT_SITE)]
+    tls = settings.front_tls
     if tls is not None and ctx.tls_key is not None:
         files.directory(name=f"Directory {TLS_DIR} (root-only)", path=TLS_DIR, user="root",
                         group="root", mode="0700")
@@ -113,53 +73,28 @@ def front(ctx: HostContext) -> None:
                                dest=CERT_PATH, user="root", group="root", mode="0644"))
         gates.append(secret_file(name=f"Front private key {TLS_KEY_PATH} (root-only)",
                                  dest=TLS_KEY_PATH, content=ctx.tls_key))
-    files.directory(
-        name=f"Directory {ROUTE_DIR}", path=ROUTE_DIR, user="root", group="root", mode="0755"
-    )
+    files.directory(name=f"Directory {ROUTE_DIR}", path=ROUTE_DIR, user="root", group="root",
+                    mode="0755")
     route = initial_file(
         name=f"Front route {ROUTE_PATH} (503 until a stack passes the gate; only if missing)",
-        dest=ROUTE_PATH,
-        content=render_maintenance("no verified stack on this host yet",
-                                   ctx.settings.swap.retry_after_s),
-    )
-    keys = secret_file(
-        name=f"API key map {KEYS_PATH} (root-only)",
-        dest=KEYS_PATH,
-        content=Secret(keys_conf(ctx.api_key.reveal())),
-    )
+        dest=ROUTE_PATH, content=render_maintenance("no verified stack on this host yet",
+                                                    settings.swap.retry_after_s))
+    keys = secret_file(name=f"API key map {KEYS_PATH} (root-only)", dest=KEYS_PATH,
+                       content=Secret(keys_conf(ctx.api_key.reveal())))
     conf = files.template(
-        name=f"Front on port {ctx.settings.front_port} ({ctx.settings.front_scheme})",
-        src=TEMPLATE,
-        dest=CONF_PATH,
-        user="root",
-        group="root",
-        mode="0644",
-        front_port=ctx.settings.front_port,
-        keys_file=KEYS_PATH,
-        route_file=ROUTE_PATH,
-        tls=tls is not None,
-        cert_file=CERT_PATH,
-        key_file=TLS_KEY_PATH,
-        ready_path=READY_PATH,
-        not_ready_retry_s=NOT_READY_RETRY_S,
-        node_metrics_path=NODE_PATH,
-        engine_metrics_path=ENGINE_PATH,
-        node_exporter_port=NODE_EXPORTER_PORT,
-    )
+        name=f"Front on port {settings.front_port} ({settings.front_scheme})", src=TEMPLATE,
+        dest=CONF_PATH, user="root", group="root", mode="0644", front_port=settings.front_port,
+        keys_file=KEYS_PATH, route_file=ROUTE_PATH, tls=tls is not None, cert_file=CERT_PATH,
+        key_file=TLS_KEY_PATH, ready_path=READY_PATH, not_ready_retry_s=NOT_READY_RETRY_S,
+        node_metrics_path=NODE_PATH, engine_metrics_path=ENGINE_PATH,
+        node_exporter_port=NODE_EXPORTER_PORT)
     systemd.service(name="nginx enabled and running", service="nginx", running=True, enabled=True)
-    # A serving route written by an older host tool carries its own proxy timeouts, which the
-    # template's locations now set (an hour for clients, seconds for the readiness path):
-    # dropped from it before nginx -t, or nginx refuses the duplicates.
-    on_change(
-        name=f"Front route {ROUTE_PATH} without its own proxy timeouts (front changed)",
-        commands=[f"sed -i -e '/^proxy_read_timeout /d' -e '/^proxy_send_timeout /d' "
-                  f"{shlex.quote(ROUTE_PATH)}"],
-        gates=[conf],
-        reason="front unchanged",
-    )
-    on_change(
-        name="Test and reload nginx (front changed)",
-        commands=["nginx -t -q", "systemctl reload nginx"],
-        gates=[keys, conf, route, *gates],
-        reason="front unchanged",
-    )
+    # An older host tool's route sets its own proxy timeouts, which the template now sets:
+    # dropped before nginx -t, or nginx refuses the duplicates.
+    on_change(name=f"Front route {ROUTE_PATH} without its own proxy timeouts (front changed)",
+              commands=[f"sed -i -e '/^proxy_read_timeout /d' -e '/^proxy_send_timeout /d' "
+                        f"{shlex.quote(ROUTE_PATH)}"],
+              gates=[conf], reason="front unchanged")
+    on_change(name="Test and reload nginx (front changed)",
+              commands=["nginx -t -q", "systemctl reload nginx"],
+              gates=[keys, conf, route, *gates], reason="front unchanged")

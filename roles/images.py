@@ -1,27 +1,6 @@
-"""Images: every staged stack's vLLM image on the host under its pinned name, verified.
-
-The other staged stacks' images too: a later swap, or a rollback to one, must not wait for a
-fetch in its 503 window. What to do comes from the host's staging plan
-(``rigfleet.images.plan``, built and checked in the preflight by
-``rigfleet.images.deploy.preflight_images``): for each pinned ``<repo>:<tag>``
-
-- already there (by image id, or by digest without an image id pin): nothing is yielded, so a
-  converged host changes nothing and ``--dry`` lists only what would change;
-- there by digest or id only: ``docker tag`` it to the pinned name;
-- else from the first ``image_sources`` entry that holds it: ``docker pull`` by digest (Docker
-  Hub through the daemon and its ``docker_registry_mirror``, or a LAN registry) and tag, or
-  ``docker load`` a saved copy (streamed from this machine over the SSH layer, uploaded first,
-  or already on the host) and tag it by image id.
-
-Afterwards the pinned name is checked at execution time: its id is the pinned image id and,
-for a pull, its RepoDigests hold the pinned digest.
-
-A Genesis stack then gets its derived image built on the host (``rigfleet.runtime_image``: the
-pinned image plus the stack's pinned packages), unless its labels say it is there.
-
-Example::
-
-    images(ctx)
+"""Images: every staged stack's vLLM image on the host under its pinned name, verified, as the
+host's staging plan says (``rigfleet.images.plan``); a Genesis stack's derived image built
+(``rigfleet.runtime_image``). docs/images.md, "What the deploy does".
 """
 
 from __future__ import annotations
@@ -63,7 +42,7 @@ REMOTE: Callable[[], Remote] = SshRemote
 
 
 def _stream(state: Any, host: Any, path: str, command: str) -> None:
-    """Feed ``path`` (on this machine) into ``command`` on the host, over the SSH layer."""
+    """Feed ``path`` (on this machine) into ``command`` on the host."""
     target = InventoryHost.of(host)
     done = [0, 0]
 
@@ -79,23 +58,10 @@ def _stream(state: Any, host: Any, path: str, command: str) -> None:
         raise DeployError(f"{host.name}: {e}") from None
 
 
-def _command(step: Step) -> Any:
-    if isinstance(step, Shell):
-        # A pull from a fleet cache may fall back to the next source: its warning is shown.
-        return WarnedCommand(WARNING_MARK, step.command) if WARNING_MARK in step.command \
-            else step.command
-    if isinstance(step, Upload):
-        return FileUploadCommand(step.path, step.dest)
-    return FunctionCommand(_stream, (step.path, step.command), {})
-
-
 @operation()
 def image_from_peer(image: str, image_id: str, steps: Sequence[Step], peer: Peer | None):
-    """With no fleet cache: load the image from the seed (``roles.peers``) after it has it,
-    checked by id; when that fails, the plan's own pull (``steps``), with a warning.
-
-    + image: the pinned ``<repo>:<tag>``; image_id: the pin; peer: None (nothing to do)
-    """
+    """With no fleet cache: load the image from the seed (``roles.peers``) once it has it;
+    when that fails, the plan's own pull (``steps``), with a warning."""
     if peer is None:
         return
     yield FunctionCommand(start_seed, (peer,), {})
@@ -105,8 +71,8 @@ def image_from_peer(image: str, image_id: str, steps: Sequence[Step], peer: Peer
 
 
 def peer_image(p: ImagePlan) -> tuple[WantedImage, Peer | None]:
-    """The image as a peer's load is checked (its id: pinned, else read with the source's
-    manifests in the preflight) and the seed it comes from: a pull only, never an archive."""
+    """The image as a peer's load is checked (by id) and the seed it comes from (for a pull
+    only, never an archive)."""
     image_id = p.want.image_id or (p.source.image_id if p.source else None)
     want = replace(p.want, image_id=image_id)
     if p.action != "fetch" or not image_id or not all(isinstance(s, Shell) for s in p.steps):
@@ -117,26 +83,24 @@ def peer_image(p: ImagePlan) -> tuple[WantedImage, Peer | None]:
 
 @operation()
 def image_staged(image: str, steps: Sequence[Step], present: str):
-    """Run one image's staging steps; nothing when the plan has none.
-
-    + image: the pinned ``<repo>:<tag>`` (for messages)
-    + steps: the plan's ``Shell`` / ``Upload`` / ``Stream`` steps
-    + present: what ``--dry`` says when nothing is to do
-    """
+    """Run one image's staging steps; ``present`` is what ``--dry`` says when there are none."""
     if not steps:
         host.noop(f"{image}: {present}")
         return
     for step in steps:
-        yield _command(step)
+        if isinstance(step, Upload):
+            yield FileUploadCommand(step.path, step.dest)
+        elif not isinstance(step, Shell):
+            yield FunctionCommand(_stream, (step.path, step.command), {})
+        elif WARNING_MARK in step.command:  # a fleet cache's pull may fall back: a warning
+            yield WarnedCommand(WARNING_MARK, step.command)
+        else:
+            yield step.command
 
 
 def verify_image(want: WantedImage, source: SourceResult | None,
                  state_args: dict[str, Any]) -> str | None:
-    """At execution time: the pinned name holds the pinned image (``verify_staged``), read
-    from the host's ``ImageState`` (the preflight's answer while nothing changed on the host).
-
-    + state_args: the host's ``ImageState`` arguments (``fact_arguments``)
-    """
+    """At execution time: the pinned name holds the pinned image (``verify_staged``)."""
     return verify_staged(want, read_fact(ImageState, **state_args).images.get(want.image), source)
 
 
@@ -156,11 +120,7 @@ def _runtime_image_ok(image: RuntimeImage, labels: dict[str, str] | None) -> boo
 
 @operation()
 def runtime_image_built(image: RuntimeImage, index_url: str | None = None):
-    """Build ``image`` (the pinned image plus the stack's pinned packages) unless it is there.
-
-    + image: the stack's ``RuntimeImage``
-    + index_url: the package index (``runtime_pip_index_url``, else ``pip_index_url``)
-    """
+    """Build ``image`` (the pinned image plus the stack's pinned packages) unless it is there."""
     if _runtime_image_ok(image, read_fact(ImageLabels, ref=image.ref)):
         host.noop(f"{image.ref} built from {image.digest[:19]}")
         return
@@ -184,12 +144,9 @@ def verify_runtime_image(image: RuntimeImage) -> str | None:
 
 @deploy("Images")
 def images(ctx: HostContext) -> None:
-    """Stage and verify every staged stack's image (see the module docstring)."""
     plan = staging_plan(ctx.want)
     state_args = fact_arguments(ctx.want)
-    # One order on every host (by stack name, not "desired stack first"): hosts serving
-    # different stacks must call the same operations in the same order, or pyinfra's
-    # operation DAG has a cycle.
+    # One order on every host (by stack name), or pyinfra's operation DAG has a cycle.
     for p in host.loop(list(plan.images)):
         present = (f"present (id {p.presence.local.id[:19]})" if p.presence.local is not None
                    else "present")
@@ -201,17 +158,14 @@ def images(ctx: HostContext) -> None:
                      steps=p.steps if peer is None else (), present=present)
         image_from_peer(name=f"Stage {p.want.image} from a peer", image=p.want.image,
                         image_id=want.image_id or "", steps=p.steps, peer=peer)
-        check(
-            name=f"Verify {p.want.image} is the pinned image",
-            # from a peer: no RepoDigests, the image id is the check (as for an archive)
-            verify=partial(verify_image, checked, source, state_args),
-            what="image verification",
-        )
+        # from a peer: no RepoDigests, the image id is the check (as for an archive)
+        check(name=f"Verify {p.want.image} is the pinned image",
+              verify=partial(verify_image, checked, source, state_args),
+              what="image verification")
     # A Genesis stack's packages, baked into its own image (no installs at container start).
-    runtime = [img for name in sorted(ctx.want.stacks)
-               if (img := RuntimeImage.for_stack(ctx.want.stacks[name].spec,
-                                                 ctx.want.stacks[name].pins)) is not None]
-    index_url = ctx.settings.runtime_pip_index_url or ctx.settings.pip_index_url
+    runtime = [img for _, s in sorted(ctx.want.stacks.items())
+               if (img := RuntimeImage.for_stack(s.spec, s.pins)) is not None]
+    index_url = ctx.want.settings.runtime_pip_index_url or ctx.want.settings.pip_index_url
     for img in host.loop(runtime):
         runtime_image_built(name=f"Build {img.ref} (pinned packages baked in)", image=img,
                             index_url=index_url)

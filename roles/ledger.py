@@ -1,16 +1,5 @@
-"""The ledger: what this host runs, and a line of history each time that changes.
-
-``state.json`` (``Layout.state_file``) holds the active stack and the pins it runs (other keys
-in it, such as the gate's last result, are kept). ``ledger.jsonl`` gets one JSON line per
-change. Every activation, swap, rollback and boot-time recreation is written by
-the host-side transaction itself (``rigfleet/hostside/ledger.py``), with the gate's result and
-report; this role has the same tool (``rigfleet-host record``, under the host lock) record
-what changes *without* a swap (a driver branch, the toolkit, the pins serial) in state.json,
-the active record and an ``event: "pins"`` line. A converged host appends nothing.
-
-Example::
-
-    ledger(ctx)
+"""The ledger: what changes without a swap (driver, toolkit, pins serial) recorded by the host
+tool in ``state.json`` and ``ledger.jsonl`` (docs/swap.md, "Ledger and state").
 """
 
 from __future__ import annotations
@@ -35,24 +24,14 @@ STATE_DIR = str(HOST.state_dir)
 STATE_FILE = str(HOST.state_file)
 
 
-def _read_state(text: str | None) -> dict[str, Any]:
-    try:
-        data = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 @operation()
 def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
-    """Record ``state`` (the tracked keys) when it differs from ``state.json``: the host-side
-    tool writes state.json, the active record and a ledger line, under the host lock.
-
-    + state: the tracked keys of the desired stack (``DesiredStack.tracked``)
-    + desired: the desired stack as rendered (the active stack must carry its config hash)
-    + by: who deployed (``HostContext.by``); deploy_id: this run's id
-    """
-    current = _read_state(read_fact(TextFile, path=STATE_FILE))
+    """Record ``state`` when ``state.json`` differs, unless a swap about to run does."""
+    try:
+        current = json.loads(read_fact(TextFile, path=STATE_FILE) or "{}")
+    except ValueError:
+        current = {}
+    current = current if isinstance(current, dict) else {}
     if all(current.get(k) == v for k, v in state.items()):
         host.noop(f"state.json already records {state['stack']} at serial {state['pins_serial']}")
         return
@@ -67,14 +46,8 @@ def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
 
 @deploy("Ledger")
 def ledger(ctx: HostContext) -> None:
-    """Record the active stack and pins; append history only when they changed."""
-    files.directory(
-        name=f"Directory {STATE_DIR}", path=STATE_DIR, user="root", group="root", mode="0755"
-    )
-    record(
-        name=f"Record {ctx.want.stack} in state.json and the ledger",
-        state=dict(ctx.want.current.tracked),
-        desired=ctx.want.current.ref,
-        by=ctx.by,
-        deploy_id=DEPLOY_ID,
-    )
+    files.directory(name=f"Directory {STATE_DIR}", path=STATE_DIR, user="root", group="root",
+                    mode="0755")
+    record(name=f"Record {ctx.want.stack} in state.json and the ledger",
+           state=dict(ctx.want.current.tracked), desired=ctx.want.current.ref, by=ctx.by,
+           deploy_id=DEPLOY_ID)

@@ -1,28 +1,11 @@
-"""Maintenance windows, the deploy's side: the steps that disturb a serving host (the driver
-packages and their reboot, ``systemctl restart docker``, a ``daemon-reload`` that could detach
-the GPUs: NVIDIA/nvidia-container-toolkit#48) run inside one (``rigfleet.hostside.maintenance``,
-docs/maintenance.md), one serving host at a time. The role that owns such a step wraps it::
+"""Maintenance windows, the deploy's side: a step that disturbs a serving host (the driver and
+its reboot, a Docker restart, a ``daemon-reload``) runs inside one, one serving host at a time
+(docs/maintenance.md). The role that owns such a step wraps it::
 
     op = apt_packages(name="Install NVIDIA driver ...", packages=[...],
-                      before=lambda inputs: maintenance.enter(ctx, "NVIDIA driver 580 install",
-                                                              inputs))
-    maintenance.plan_step(ctx, "NVIDIA driver 580 install", op)   # prepare time
-    disturbing(name="Restart Docker", commands=["systemctl restart docker"],
-               what="Docker restart (daemon.json: exec-opts)", force=True)
-    maintenance.maintenance(ctx)     # the role after the last of them: close the window
-
-``enter`` (at execution): the first time on a host it uploads the window's plan (and the host
-tool when the host's is older), checks the work can start (``maintenance ready``), brings the
-step's inputs onto the host, and opens the window, held by this deploy's SSH session; every
-later step adds itself. A failure inside the window closes it at once (``_CloseOnFailure``).
-The close (the ``maintenance`` role) recreates the verified stack, gates it and routes the
-front, or fails the host with the reason. A bare host (nothing verified) gets none of this.
-
-**Several serving hosts in one plain pyinfra run.** A window spans many operations (a lock
-across operations would deadlock the run), so the limit is an admission: at the first
-disturbing step, the serving hosts that need one are taken in inventory order, at most
-``RIGFLEET_MAINTENANCE_BATCH`` (default 1) go ahead, the others fail at their first disturbing
-step (nothing disturbed) with a message naming ``rigfleet roll`` and ``--limit``.
+                      before=lambda inputs: maintenance.enter(ctx, step, inputs))
+    maintenance.plan_step(ctx, step, op)    # prepare time
+    maintenance.maintenance(ctx)            # the role after the last of them: the close
 """
 
 from __future__ import annotations
@@ -53,15 +36,12 @@ from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import Plan
 from rigfleet.swapfacts import SwapProbe
 from rigfleet.swapplan import DEPLOY_ID, build_plan
-from roles.follow import follow, reports_root
+from roles.follow import failure_tail, follow, reports_root
 from roles.ops import changed, executing
 from roles.preflight import HostContext
 
-# A window's lock is held by the deploy's SSH session on the host (every step runs in it): a
-# deploy that ends or dies inside it leaves it abandoned at once, and the host's supervisor
-# closes it (recreate + gate). A deploy that fails inside its window closes it itself at once
-# (``_CloseOnFailure``). Across a reboot it is held this long after the boot for the deploy
-# to come back (the reboot wait plus a margin).
+# A window is held by the deploy's SSH session (a deploy that dies leaves it abandoned, and the
+# host's supervisor closes it); across a reboot, for the reboot wait plus this margin.
 REBOOT_GRACE_MARGIN_S = 300.0
 # How long the readiness check before a window waits for apt's and dpkg's locks (seconds).
 LOCK_WAIT_ENV = "RIGFLEET_APT_LOCK_WAIT_S"
@@ -70,20 +50,10 @@ LOCK_WAIT_S = 120
 UNFINISHED = ("abandoned", "failed", "damaged")
 
 
-@cache
-def bundle_bytes() -> bytes:
-    """The host tool as the deploy ships it (built once per run)."""
-    return build_bundle()
-
-
-def window_id(deploy_id: str = DEPLOY_ID) -> str:
-    """This run's window id (also its plan's id): ``maint-<deploy id>``."""
-    return f"maint-{deploy_id}"
+bundle_bytes = cache(build_bundle)  # the host tool as the deploy ships it, built once
 
 
 def lock_wait_s() -> int:
-    """How long a window's readiness check waits for the package manager's locks
-    (``RIGFLEET_APT_LOCK_WAIT_S``, default 120: unattended-upgrades may need longer)."""
     raw = os.environ.get(LOCK_WAIT_ENV, str(LOCK_WAIT_S)).strip()
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{LOCK_WAIT_ENV}: {raw!r} is not a number of seconds; allowed: an "
@@ -99,32 +69,19 @@ def batch_limit() -> int:
 
 @dataclass
 class _Book:
-    """One run's maintenance bookkeeping (per pyinfra ``State``).
+    """One run's maintenance bookkeeping (per pyinfra ``State``), by host name."""
 
-    + steps: host -> the disturbing steps it takes (noted while preparing)
-    + serving: host -> the route it serves (hosts with a verified stack)
-    + covered: host -> how many of its steps a close operation already covers (preparing)
-    + decided: host -> None (may go ahead) or the refusal (execution, all at once)
-    + open_now: hosts whose window this run opened and has not closed yet (execution)
-    + shipped: hosts that got the window's plan (and the host tool) this run
-    + closes: host -> closes started this run (each has its own journal)
-    + plans: host -> the window's plan
-    + old: hosts whose earlier, unfinished window a close operation already covers
-    + apt: hosts with a step that uses apt (the window's readiness check waits for its locks)
-    + ready: hosts whose readiness was checked this run
-    """
-
-    steps: dict[str, list[str]] = field(default_factory=dict)
-    serving: dict[str, str] = field(default_factory=dict)
-    covered: dict[str, int] = field(default_factory=dict)
-    decided: dict[str, str | None] = field(default_factory=dict)
-    open_now: set[str] = field(default_factory=set)
-    shipped: set[str] = field(default_factory=set)
-    closes: dict[str, int] = field(default_factory=dict)
+    steps: dict[str, list[str]] = field(default_factory=dict)  # disturbing steps (preparing)
+    serving: dict[str, str] = field(default_factory=dict)  # the route it serves
+    covered: dict[str, int] = field(default_factory=dict)  # steps a close already covers
+    decided: dict[str, str | None] = field(default_factory=dict)  # None: admitted; else why not
+    open_now: set[str] = field(default_factory=set)  # windows this run opened, not closed yet
+    shipped: set[str] = field(default_factory=set)  # got the window's plan and the host tool
+    closes: dict[str, int] = field(default_factory=dict)  # closes started (one journal each)
     plans: dict[str, Plan] = field(default_factory=dict)
-    old: set[str] = field(default_factory=set)
-    apt: set[str] = field(default_factory=set)
-    ready: set[str] = field(default_factory=set)
+    old: set[str] = field(default_factory=set)  # an earlier run's window a close covers
+    apt: set[str] = field(default_factory=set)  # a step uses apt: ``ready`` waits for its locks
+    ready: set[str] = field(default_factory=set)  # readiness checked this run
     follow_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -141,8 +98,7 @@ def book() -> _Book:
 
 
 class _CloseOnFailure(BaseStateCallback):
-    """A deploy that fails inside a host's window closes it at once (recreate + gate; or a
-    failed window with the reason, the front saying so), instead of leaving it open."""
+    """A deploy that fails inside a host's window closes it at once (recreate + gate)."""
 
     @staticmethod
     def operation_host_error(state: State, host: Host, op_hash: Any, retry_count: int = 0,
@@ -163,8 +119,7 @@ def _close_now(state: State, host: Host, b: _Book, op_hash: Any, cause: str) -> 
     kwargs = state.get_op_data_for_host(host, op_hash).global_arguments
     connector = {k: v for k, v in kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
     plan = b.plans[host.name]
-    n = b.closes.get(host.name, 0) + 1
-    b.closes[host.name] = n
+    n = b.closes[host.name] = b.closes.get(host.name, 0) + 1
     journal = f"close-{DEPLOY_ID}-{n}"
     host.log_styled(f"maintenance: {cause}; closing the window now", fg="yellow")
     ok, out = host.run_shell_command(
@@ -184,65 +139,36 @@ def _close_now(state: State, host: Host, b: _Book, op_hash: Any, cause: str) -> 
                     fg="red" if box.get("error") else "green")
 
 
-def serving_route(probe: dict[str, Any]) -> str | None:
-    """The verified stack this host serves (or should serve): None on a bare host."""
-    ref = (probe.get("active") or {}).get("ref") if isinstance(probe.get("active"), dict) \
-        else None
-    if not isinstance(ref, dict) or not ref.get("stack"):
-        return None
-    return f"{ref.get('stack')}/{ref.get('config_hash')}"
-
-
-def unfinished(probe: dict[str, Any]) -> str:
-    """Why the host has a window left to close (abandoned, failed, damaged), or ""."""
-    raw = probe.get("maintenance")
-    m: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    status = str(m.get("status") or "none")
-    return f"{status}: {m.get('why') or 'maintenance window'}" if status in UNFINISHED else ""
-
-
 def window_plan(ctx: HostContext) -> Plan:
-    """The plan the window is opened and closed with (this host's gate profile, limits)."""
-    return build_plan(ctx.want, ctx.by, why="maintenance", deploy_id=window_id())
+    return build_plan(ctx.want, ctx.by, why="maintenance", deploy_id=f"maint-{DEPLOY_ID}")
 
 
 def serves(ctx: HostContext) -> str | None:
-    """(Preparing) the route of the verified stack of this host, noting the host as serving."""
-    route = serving_route(read_fact(SwapProbe))
-    if route:
-        b = book()
-        b.serving[ctx.name] = route
-        b.plans.setdefault(ctx.name, window_plan(ctx))
-        b.follow_s[ctx.name] = ctx.settings.swap.follow_timeout_s
+    """(Preparing) the route this host serves (noted as serving); None on a bare host."""
+    active = read_fact(SwapProbe).get("active")
+    ref = active.get("ref") if isinstance(active, dict) else None
+    if not isinstance(ref, dict) or not ref.get("stack"):
+        return None
+    route = f"{ref.get('stack')}/{ref.get('config_hash')}"
+    b = book()
+    b.serving[ctx.want.name] = route
+    b.plans.setdefault(ctx.want.name, window_plan(ctx))
+    b.follow_s[ctx.want.name] = ctx.want.settings.swap.follow_timeout_s
     return route
 
 
-def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool) -> bool:
-    """(Preparing) note that ``what`` disturbs this host when ``will`` (an operation that will
-    change, or a flag) and the host serves; returns whether it was noted."""
+def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool, apt: bool = False) -> bool:
+    """(Preparing) note that ``what`` (``apt``: using apt) disturbs this serving host when ``will``
+    (an operation that will change, or a flag); returns whether it was noted."""
     changes = will if isinstance(will, bool) else will.will_change
     if not changes or not serves(ctx):
         return False
     lock_wait_s()  # a bad value stops the run while preparing, before anything changes
-    book().steps.setdefault(ctx.name, []).append(what)
-    return True
-
-
-def steps_planned(name: str) -> list[str]:
-    """Every disturbing step noted for this host in this run."""
-    return list(book().steps.get(name, []))
-
-
-def steps_pending(name: str) -> list[str]:
     b = book()
-    return b.steps.get(name, [])[b.covered.get(name, 0):]
-
-
-def _inventory_arg() -> str:
-    """The inventory as the person typed it (pyinfra's first argument), for messages."""
-    if len(sys.argv) > 1 and os.path.basename(sys.argv[0]).startswith("pyinfra"):
-        return sys.argv[1]
-    return "<inventory>"
+    b.steps.setdefault(ctx.want.name, []).append(what)
+    if apt:
+        b.apt.add(ctx.want.name)
+    return True
 
 
 def _decide_all(state: State) -> None:
@@ -252,6 +178,9 @@ def _decide_all(state: State) -> None:
     failed = {h.name for h in state.failed_hosts}
     order = [h.name for h in state.inventory if h.name in b.steps and h.name not in b.decided]
     admitted = [h for h, d in b.decided.items() if d is None]
+    # the inventory as the person typed it (pyinfra's first argument)
+    typed = len(sys.argv) > 1 and os.path.basename(sys.argv[0]).startswith("pyinfra")
+    inventory = sys.argv[1] if typed else "<inventory>"
     for name in admit([n for n in order if n not in failed], limit, admitted):
         b.decided[name] = None
         admitted.append(name)
@@ -264,47 +193,35 @@ def _decide_all(state: State) -> None:
             f"which disturb(s) its serving path; this run already disturbs {others} (at most "
             f"{limit} serving host(s) at a time; {BATCH_ENV}={limit}). Nothing was disturbed "
             f"here. Roll the fleet one host at a time: rigfleet roll --inventory "
-            f"{_inventory_arg()} (or run this deploy with --limit {name})")
-
-
-def refusal(name: str) -> str | None:
-    """(Executing) None when this host may open its window now, else why not."""
-    b = book()
-    if name not in b.decided:
-        _decide_all(host.state)
-    return b.decided.get(name)
-
-
-def uses_apt(ctx: HostContext) -> None:
-    """(Preparing) this host has a step that uses apt: the window's readiness check waits for
-    apt's and dpkg's locks and repairs an interrupted dpkg before the window opens."""
-    book().apt.add(ctx.name)
+            f"{inventory} (or run this deploy with --limit {name})")
 
 
 def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
           reboot_grace_s: float | None = None) -> Iterator[Any]:
-    """(Inside a disturbing operation, before its commands) open this host's window, or add
-    the step to it; a refused host fails here (see the module docstring). Before the window
-    opens: the readiness check (``maintenance ready``: package manager, disk; a failure
-    leaves the host serving), then ``inputs`` (commands that bring the step's inputs onto the
-    host: ``apt-get install --download-only``), then the open. On a bare host nothing.
-    ``reboot_grace_s``: the step reboots the host (see ``back_from_reboot``). While preparing
-    it yields nothing (the operation's own commands are the change)."""
+    """(Executing, before a disturbing step's commands) open this host's window (once: plan and
+    host tool shipped, ``maintenance ready``, ``inputs``), or add the step; a bare host: nothing."""
     if not executing():
         return
-    name = ctx.name
+    name = ctx.want.name
     b = book()
     if name not in b.serving and not serves(ctx):
-        return  # a bare host: nothing to protect
+        return
     if name not in b.steps:  # a step the prepare phase did not foresee: count it now
         b.steps[name] = [what]
-    why = refusal(name)
+    if name not in b.decided:
+        _decide_all(host.state)
+    why = b.decided.get(name)
     if why is not None:
         yield hosttool.report_failure(why)  # fails this host, the message on its stderr
         return
     plan = b.plans[name]
-    if name not in b.shipped:
-        yield from _ship(plan)
+    if name not in b.shipped:  # the window's plan, and the host tool when not this deploy's
+        data = bundle_bytes()
+        if read_fact(SwapProbe).get("bundle") != hashlib.sha256(data).hexdigest():
+            # Renamed into place: the running supervisor keeps reading its own zip (lazily).
+            yield from hosttool.upload_atomic(data, hosttool.PYZ, mode="0755")
+            yield f"systemctl try-restart {hosttool.SUPERVISE_UNIT}"
+        yield from _plan_upload(plan)
         b.shipped.add(name)
     if name not in b.ready or inputs:
         b.ready.add(name)
@@ -315,22 +232,12 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
 
 
 def back_from_reboot(ctx: HostContext) -> Iterator[Any]:
-    """(After the reboot a window step asked for) the window held by the deploy's new SSH
-    session; fails the host when the window is not open any more."""
-    if executing() and ctx.name in book().open_now:
-        yield hosttool.maintenance_hold(book().plans[ctx.name].id)
+    """(After a window step's reboot) the window held by the deploy's new SSH session."""
+    if executing() and ctx.want.name in book().open_now:
+        yield hosttool.maintenance_hold(book().plans[ctx.want.name].id)
 
 
-def _ship(plan: Plan) -> Iterator[Any]:
-    """The window's plan, and the host tool when the host's is not this deploy's (the window
-    commands are new in it; its supervisor restarts with it, never touching the stack)."""
-    probe = read_fact(SwapProbe)
-    data = bundle_bytes()
-    if probe.get("bundle") != hashlib.sha256(data).hexdigest():
-        # Renamed into place: a running host tool (the supervisor) keeps reading its own
-        # zip (zipimport reads lazily), never a half-replaced one.
-        yield from hosttool.upload_atomic(data, hosttool.PYZ, mode="0755")
-        yield f"systemctl try-restart {hosttool.SUPERVISE_UNIT}"
+def _plan_upload(plan: Plan) -> Iterator[Any]:
     yield f"install -d -m 0755 {shlex.quote(str(HOST.maintenance_dir))}"
     yield from hosttool.upload_atomic(plan.dumps().encode(), hosttool.window_plan_path(plan.id))
 
@@ -339,16 +246,7 @@ def _ship(plan: Plan) -> Iterator[Any]:
 def disturbing(ctx: HostContext, commands: Sequence[str], what: str,
                gates: Sequence[OperationMeta] = (), force: bool = False,
                reason: str = "nothing it depends on changed", window: bool = True):
-    """Run ``commands`` (a step that disturbs a serving host) when ``force`` or one of
-    ``gates`` changed; on a serving host inside its maintenance window.
-
-    + ctx: the host's context; what: the step, for the window and the ledger
-    + commands: shell commands, in order
-    + gates, force: when to run them (``force``: decided while preparing)
-    + reason: what ``--dry`` says when nothing runs
-    + window: False when, on this host, the step turned out not to disturb (then it runs
-      as it is)
-    """
+    """Run ``commands`` when ``force`` or a gate changed; in the window if ``window``."""
     if not (force or changed(gates)):
         host.noop(reason)
         return
@@ -357,46 +255,20 @@ def disturbing(ctx: HostContext, commands: Sequence[str], what: str,
     yield from commands
 
 
-def close_plan(ctx: HostContext) -> tuple[int, str]:
-    """(Preparing) how many of this host's steps the next close covers, and the unfinished
-    window left by an earlier run (its reason); marks them covered."""
-    b = book()
-    pending = len(steps_pending(ctx.name))
-    b.covered[ctx.name] = len(b.steps.get(ctx.name, []))
-    left = "" if ctx.name in b.old else unfinished(read_fact(SwapProbe))
-    if left:
-        b.old.add(ctx.name)
-        b.plans.setdefault(ctx.name, window_plan(ctx))
-    return pending, left
-
-
 def close_message(name: str, result: dict[str, Any], reports: list[Any]) -> str:
     """One message for a close that did not end serving (the deploy fails the host with it)."""
     reason = str(result.get("reason") or "no reason recorded").rstrip(".")
-    tail = ""
-    md = next((str(p) for p in reports if str(p).endswith(".md")), None)
-    if md:
-        tail += f" Gate report: {md}."
-    if result.get("boot_failure"):
-        tail += f" Boot failure: {result['boot_failure'].get('title')}."
-    if result.get("kept_log"):
-        tail += f" The stack's log is kept on the host: {result['kept_log']}."
     if result.get("result") == "locked":
         return f"{name}: the maintenance window could not be closed: {reason}"
     return (f"{name}: after maintenance the host is not serving: {reason}. The front answers "
-            f"503 with Retry-After.{tail} Fix the cause and run the deploy again (it closes "
-            f"the window again: recreate + gate), or on the host: "
-            f"{hosttool.tool('maintenance', 'close')}")
+            f"503 with Retry-After.{failure_tail(result, reports, 'The stack')} Fix the cause "
+            "and run the deploy again (it closes the window again: recreate + gate), or on the "
+            f"host: {hosttool.tool('maintenance', 'close')}")
 
 
 @operation(is_idempotent=False)
 def close_window(plan: Plan, pending: int, left: str, follow_timeout_s: float, reports: str):
-    """Close this host's maintenance window: the verified stack recreated, gated, routed.
-
-    + plan: the window's plan; pending: steps of this run it covers; left: an unfinished
-      window of an earlier run (abandoned, failed, damaged) to close too
-    + follow_timeout_s, reports: as the swap's (the close runs detached on the host)
-    """
+    """Close this run's window (``pending`` steps) and ``left``, an earlier run's."""
     b = book()
     ours = host.name in b.open_now if executing() else pending > 0
     if not ours and not left:
@@ -408,9 +280,7 @@ def close_window(plan: Plan, pending: int, left: str, follow_timeout_s: float, r
         b.open_now.discard(host.name)
     journal = f"close-{DEPLOY_ID}-{n}"
     if left:  # an earlier run's window: the plan is this run's (gate profile, limits)
-        yield f"install -d -m 0755 {shlex.quote(str(HOST.maintenance_dir))}"
-        yield from hosttool.upload_atomic(plan.dumps().encode(),
-                                          hosttool.window_plan_path(plan.id))
+        yield from _plan_upload(plan)
     yield hosttool.start_close(plan.id, journal)
     box: dict[str, str] = {}
     yield FunctionCommand(follow, (journal, follow_timeout_s, reports, box),
@@ -422,16 +292,23 @@ def close_window(plan: Plan, pending: int, left: str, follow_timeout_s: float, r
 
 @deploy("Maintenance window")
 def maintenance(ctx: HostContext) -> None:
-    """Close the maintenance window the disturbing steps before opened (nothing when none
-    did): the verified stack recreated, the gate, the front routed; or the host failed with
-    the reason. Also closes a window an earlier run left abandoned or failed."""
     close_pending(ctx)
 
 
 def close_pending(ctx: HostContext) -> None:
-    """The close operation for the steps noted so far (see ``maintenance``)."""
-    pending, left = close_plan(ctx)
-    plan = book().plans.get(ctx.name) or window_plan(ctx)
+    """The close operation for the steps noted so far, and for a window an earlier run left."""
+    name = ctx.want.name
+    b = book()
+    pending = len(b.steps.get(name, [])[b.covered.get(name, 0):])
+    b.covered[name] = len(b.steps.get(name, []))
+    # An unfinished window (abandoned, failed, damaged) an earlier run left: closed too.
+    window = {} if name in b.old else read_fact(SwapProbe).get("maintenance")
+    m: dict[str, Any] = window if isinstance(window, dict) else {}
+    status = str(m.get("status") or "none")
+    left = f"{status}: {m.get('why') or 'maintenance window'}" if status in UNFINISHED else ""
+    if left:
+        b.old.add(name)
+    plan = b.plans.setdefault(name, window_plan(ctx))
     what = f"{pending} step(s) of this run" if pending else ""
     if left:
         what = f"{what}; " if what else ""
@@ -439,4 +316,5 @@ def close_pending(ctx: HostContext) -> None:
     close_window(name="Close the maintenance window (recreate the verified stack, gate, "
                  "route)" + (f": {what}" if what else ""),
                  plan=plan, pending=pending, left=left,
-                 follow_timeout_s=ctx.settings.swap.follow_timeout_s, reports=str(reports_root()))
+                 follow_timeout_s=ctx.want.settings.swap.follow_timeout_s,
+                 reports=str(reports_root()))

@@ -1,17 +1,7 @@
-"""NVIDIA driver: the pinned branch with the open kernel modules, held, loaded, verified.
-
-Ubuntu: the archive's server driver packages and the signed prebuilt modules of the installed
-kernel flavour (no DKMS). Debian: NVIDIA's CUDA repository from host data (``apt_repos.cuda``)
-with an apt preferences pin on the branch, the open DKMS module built against the running
-kernel's headers. Driver packages are held; the host reboots only when they changed or the
-driver is not loaded, never when Secure Boot would refuse the module; afterwards
-``nvidia-smi`` must answer with the pinned branch, the GPU count and each card's memory.
-docs/converge.md ("NVIDIA driver: which branch, from which repository", "Packages, holds and
-reboots") has the details and their reasons.
-
-Example::
-
-    nvidia_driver(ctx)
+"""NVIDIA driver: the pinned branch with the open kernel modules, held, loaded, verified
+(docs/converge.md, "NVIDIA driver: which branch, from which repository", "Packages, holds and
+reboots"). The host reboots only when the packages changed or the driver is not loaded, never
+when Secure Boot would refuse the module; then ``nvidia-smi`` must answer as pinned.
 """
 
 from __future__ import annotations
@@ -30,14 +20,7 @@ from pyinfra.operations import files
 
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import apt as apt_commands
-from rigfleet.facts import (
-    DebPackage,
-    DpkgState,
-    GpuQuery,
-    ModuleRejections,
-    Platform,
-    read_fact,
-)
+from rigfleet.facts import DebPackage, DpkgState, GpuQuery, ModuleRejections, Platform, read_fact
 from rigfleet.hostdata import check_gpus
 from rigfleet.packages import OsInfo, driver_packages, version_prefix
 from roles import maintenance
@@ -57,10 +40,8 @@ PREFERENCES_FILE = f"{apt_commands.PREFERENCES_DIR}/rigfleet-nvidia-driver"
 # versions never match a "580.*" pin, so the toolkit is unaffected).
 DRIVER_PACKAGE_GLOBS = ("*nvidia*", "libcuda*", "libnvcuvid*", "libnvidia*", "firmware-nvidia*")
 
-# Reboot: where the "this boot" marker lives. /run is a tmpfs on every systemd host (and in
-# the simulated hosts), so the marker's absence proves the machine restarted. pyinfra's
-# server.reboot compares /proc/uptime instead, which inside a container is the outer kernel's
-# and never drops.
+# A marker in /run (a tmpfs) proves a reboot by its absence; pyinfra's server.reboot compares
+# /proc/uptime, which in a container is the outer kernel's and never drops.
 BOOT_MARKER = "/run/rigfleet/boot-marker"
 REBOOT_DELAY_S = 10.0
 REBOOT_INTERVAL_S = 2.0
@@ -68,63 +49,39 @@ REBOOT_TIMEOUT_S = 900.0
 REBOOT_STEP = "reboot to load the NVIDIA driver"
 
 
-def ubuntu_kernel_flavour(dpkg: dict[str, DebPackage]) -> str:
-    """``generic`` or ``generic-hwe-<ver>``: the flavour of the kernel metapackage installed."""
-    for name, pkg in sorted(dpkg.items()):
-        if pkg.installed and name.startswith("linux-image-generic-hwe-"):
-            return name.removeprefix("linux-image-")
-    return "generic"
-
-
 # Debian kernel releases: 6.1.0-40-amd64, 6.12.48+deb13-amd64, 6.12.12+bpo-cloud-amd64.
 _DEBIAN_KERNEL = re.compile(r"\d+\.\d+(?:\.\d+)?(?:-\d+)?(?:\+[a-z0-9.~]+)?-(?P<flavour>[a-z0-9][a-z0-9-]*)")
 
 
 def debian_kernel_flavour(kernel: str, arch: str = "") -> str | None:
-    """The flavour of a Debian kernel release (``6.1.0-40-amd64`` -> ``amd64``,
-    ``6.12.48+deb13-cloud-amd64`` -> ``cloud-amd64``); ``arch`` when the release does not
-    say; None when neither does."""
+    """``6.12.48+deb13-cloud-amd64`` -> ``cloud-amd64``; else ``arch``, else None."""
     m = _DEBIAN_KERNEL.fullmatch(kernel)
     return m.group("flavour") if m else (arch or None)
 
 
-def _installed(dpkg: dict[str, DebPackage], name: str) -> bool:
-    pkg = dpkg.get(name)
-    return pkg is not None and pkg.installed
-
-
 def kernel_packages(os: OsInfo, branch: str, dpkg: dict[str, DebPackage],
                     arch: str = "") -> tuple[str, ...]:
-    """Packages that tie the driver to the kernel (versioned like the kernel).
-
-    Ubuntu: the prebuilt module metapackage for the installed flavour, and the running
-    kernel's module package when that kernel is an installed package (held with the driver,
-    see the module docstring). Debian: the headers DKMS builds against (the running
-    kernel's, and the flavour's metapackage, ``linux-headers-amd64``, so the next kernel gets
-    a build too), but only when the running kernel is Debian's own (a host whose kernel is
-    not a Debian package - a container - has no headers to install and no module to build);
-    and ``mokutil`` (Secure Boot state and key enrolment).
-    """
+    """Packages that tie the driver to the kernel: Ubuntu's prebuilt modules; Debian's headers for
+    DKMS (when the running kernel is a Debian package: not in a container) and ``mokutil``."""
+    image = dpkg.get(f"linux-image-{os.kernel}")
+    own_kernel = bool(os.kernel) and image is not None and image.installed
     if os.id == "ubuntu":
         prefix = f"linux-modules-nvidia-{branch}-server-open-"
-        out = [prefix + ubuntu_kernel_flavour(dpkg)]
-        if os.kernel and _installed(dpkg, f"linux-image-{os.kernel}"):
+        # generic, or generic-hwe-<ver>: the flavour of the kernel metapackage installed
+        hwe = (n.removeprefix("linux-image-") for n, p in sorted(dpkg.items())
+               if p.installed and n.startswith("linux-image-generic-hwe-"))
+        out = [prefix + next(hwe, "generic")]
+        if own_kernel:
             out.append(prefix + os.kernel)
         return tuple(out)
     out = []
-    if os.kernel and _installed(dpkg, f"linux-image-{os.kernel}"):
+    if own_kernel:
         out.append(f"linux-headers-{os.kernel}")
         flavour = debian_kernel_flavour(os.kernel, arch)
         if flavour:
             out.append(f"linux-headers-{flavour}")
     out.append("mokutil")
     return tuple(out)
-
-
-def driver_preferences(branch: str, version: str | None) -> str:
-    """apt preferences that keep NVIDIA's packages on the pinned branch (or exact version)."""
-    glob = f"{version}-*" if version else f"{branch}.*"
-    return apt_commands.branch_preferences(glob, DRIVER_PACKAGE_GLOBS)
 
 
 def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: float) -> None:
@@ -135,9 +92,8 @@ def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: f
     while True:
         host.connect(show_errors=False)
         if host.connected:
-            ok, output = host.run_shell_command(
-                StringCommand(f"cat {BOOT_MARKER} 2>/dev/null || true")
-            )
+            ok, output = host.run_shell_command(StringCommand(f"cat {BOOT_MARKER} 2>/dev/null "
+                                                              "|| true"))
             if ok and token not in output.stdout:
                 return
             host.disconnect()
@@ -147,58 +103,40 @@ def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: f
 
 
 def blocked_by_secure_boot(os: OsInfo) -> str | None:
-    """``secure_boot_block`` from the host's facts as they are now (at execution time, after
-    DKMS built and signed the module)."""
+    """``secure_boot_block`` from the host's facts now (after DKMS built the module)."""
     platform = read_fact(Platform)
     rejections = read_fact(ModuleRejections) if secure_boot_watch(os, platform) else []
     return secure_boot_block(host.name, os, platform, rejections)
 
 
 @operation(is_idempotent=False)
-def reboot_for_driver(gates: Sequence[OperationMeta], os: OsInfo | None = None,
-                      ctx: HostContext | None = None, branch: str | None = None,
-                      version: str | None = None):
-    """Reboot when the driver packages changed, the driver is not loaded, or the loaded one is
-    not the pinned branch (a change whose reboot never came: the run was cut after the
-    install); wait for it.
-
-    Not when Secure Boot would refuse the module (``secure_boot_block``, read when the
-    deploy runs, after DKMS built and signed it): the host fails with the enrolment steps.
-
-    + gates: the driver package operations
-    + os: the host's OS (Debian's DKMS module is the one Secure Boot can refuse)
-    + ctx: the host's context: a serving host reboots inside its maintenance window (the
-      stack comes back through the window's close, gated; never at boot without the gate)
-    + branch, version: the pins' driver (None: any loaded driver will do)
-    """
-    packages_changed = changed(gates)
+def reboot_for_driver(gates: Sequence[OperationMeta], ctx: HostContext):
+    """Reboot (in a serving host's window) when the driver packages changed or the pinned
+    driver is not loaded, and wait; when Secure Boot would refuse the module, fail instead."""
+    pins = ctx.want.pins
     gpu = read_fact(GpuQuery)
-    if gpu.loaded and not packages_changed and (
-            branch is None or loaded_as_pinned(gpu.driver_version, branch, version)):
+    if gpu.loaded and not changed(gates) and loaded_as_pinned(
+            gpu.driver_version, pins.driver_branch, pins.driver_version):
         host.noop(f"driver {gpu.driver_version} loaded, packages unchanged")
         return
-    blocked = blocked_by_secure_boot(os) if os is not None and executing() else None
+    blocked = blocked_by_secure_boot(ctx.os) if executing() else None
     if blocked:
         yield failing_command(blocked)  # the steps, and no reboot
         return
-    if ctx is not None:
-        # The window is held across the reboot: the wait for it plus a margin, then by the
-        # deploy's new SSH session (``back_from_reboot``).
-        yield from maintenance.enter(ctx, REBOOT_STEP, reboot_grace_s=REBOOT_TIMEOUT_S
-                                     + maintenance.REBOOT_GRACE_MARGIN_S)
+    # Held across the reboot for its wait plus a margin, then by the new SSH session.
+    yield from maintenance.enter(ctx, REBOOT_STEP, reboot_grace_s=REBOOT_TIMEOUT_S
+                                 + maintenance.REBOOT_GRACE_MARGIN_S)
     token = uuid.uuid4().hex
     yield f"mkdir -p /run/rigfleet && echo {token} > {BOOT_MARKER}"
     # Detached, so the SSH session ends cleanly before the machine goes down.
     yield "( sleep 2 && (systemctl reboot || reboot) ) </dev/null >/dev/null 2>&1 &"
     yield FunctionCommand(_wait_for_reboot, (token, REBOOT_DELAY_S, REBOOT_TIMEOUT_S), {})
-    if ctx is not None:
-        yield from maintenance.back_from_reboot(ctx)
+    yield from maintenance.back_from_reboot(ctx)
 
 
-def verify_driver(branch: str, version: str | None, gpu_count: int,
-                  spec: StackSpec | None = None, os: OsInfo | None = None) -> str | None:
-    """At execution time: nvidia-smi answers, on the pinned branch, with every GPU, each with
-    the memory the stack needs (``rigfleet.hostdata.check_gpus``, the preflight's check)."""
+def verify_driver(branch: str, version: str | None, gpu_count: int, spec: StackSpec,
+                  os: OsInfo | None = None) -> str | None:
+    """At execution time: nvidia-smi answers as pinned, with every GPU as needed."""
     gpu = read_fact(GpuQuery)
     if not gpu.loaded:
         why = f"nvidia-smi fails after the driver install ({gpu.error or 'no output'})"
@@ -209,36 +147,24 @@ def verify_driver(branch: str, version: str | None, gpu_count: int,
         return f"driver {loaded!r} is loaded; pinned branch is {branch} (reboot pending?)"
     if version and loaded != version:
         return f"driver {loaded!r} is loaded; pinned version is {version}"
-    if spec is None:
-        if len(gpu.gpus) != gpu_count:
-            return f"nvidia-smi lists {len(gpu.gpus)} GPU(s); gpu_count is {gpu_count}"
-        return None
     problems = check_gpus(host.name, gpu_count, spec, gpu.gpus)
     return "; ".join(p.removeprefix(f"{host.name}: ") for p in problems) or None
 
 
-def branch_offered(ctx: HostContext, prefix: str) -> list[str]:
-    """Debian: the command that stops the host (after ``apt-get update``, before its window
-    opens and before anything is installed) when NVIDIA's repository for its distribution lacks the pinned driver (the
-    preferences pin would match nothing and apt would take the newest branch instead).
-    NVIDIA's debian13 repository has no 580, for one."""
-    if ctx.os.id != "debian":
-        return []  # Ubuntu's package names carry the branch: apt finds it or fails
-    repo = ctx.apt_repo("cuda")
-    pinned = ctx.pins.driver_version or ctx.pins.driver_branch
-    key = "driver.version" if ctx.pins.driver_version else "driver.branch"
-    message = (f"{ctx.name}: {key}: {pinned} is not in apt_repos.cuda ({repo.url}); allowed: "
-               "a driver that repository carries (pins file)")
-    return [apt_commands.require_candidate("nvidia-driver-cuda", prefix, message)]
-
-
 def _offered_then_window(ctx: HostContext, step: str, prefix: str,
                          inputs: Sequence[str]) -> Iterator[Any]:
-    """The driver install's ``before``: the indexes, then whether they offer the pinned
-    branch, then the download and the window (on a serving host); a bare host gets the
-    first two alone. Lazy: each command runs before the next is asked for."""
+    """The install's ``before``: the indexes, whether they offer the pinned driver (NVIDIA's
+    debian13 has no 580), then (on a serving host) the download and the window. Lazy."""
     update, *download = inputs
-    offered = branch_offered(ctx, prefix)
+    offered = []
+    if ctx.os.id == "debian":
+        pins = ctx.want.pins
+        pinned = pins.driver_version or pins.driver_branch
+        key = "driver.version" if pins.driver_version else "driver.branch"
+        message = (f"{ctx.want.name}: {key}: {pinned} is not in apt_repos.cuda "
+                   f"({ctx.apt_repo('cuda').url}); allowed: a driver that repository carries "
+                   "(pins file)")
+        offered.append(apt_commands.require_candidate("nvidia-driver-cuda", prefix, message))
     entered = False
     for command in maintenance.enter(ctx, step, [update, *offered, *download]):
         entered = True
@@ -250,55 +176,34 @@ def _offered_then_window(ctx: HostContext, step: str, prefix: str,
 
 @deploy("NVIDIA driver")
 def nvidia_driver(ctx: HostContext) -> None:
-    """Install the pinned driver branch (open modules), hold it, reboot if needed, verify."""
-    branch, version = ctx.pins.driver_branch, ctx.pins.driver_version
-    if ctx.driver_adopted:
-        # A .run-installed driver on the pinned branch, kept as it is (preflight,
-        # adopt_foreign_driver): no packages, no reboot; it must still answer as pinned.
-        check(
-            name=f"Verify the kept driver: branch {branch}, {ctx.settings.gpu_count} GPUs",
-            verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.want.spec),
-            what="driver verification",
-        )
+    branch, version = ctx.want.pins.driver_branch, ctx.want.pins.driver_version
+    gpu_count = ctx.want.settings.gpu_count
+    if ctx.driver_adopted:  # a .run-installed driver kept (preflight): it must answer as pinned
+        check(name=f"Verify the kept driver: branch {branch}, {gpu_count} GPUs",
+              verify=lambda: verify_driver(branch, version, gpu_count, ctx.want.spec),
+              what="driver verification")
         return
-    # Read while preparing: which kernel flavour / whether the kernel is Debian's does not
-    # change during the run.
-    dpkg = read_fact(DpkgState)
+    dpkg = read_fact(DpkgState)  # the kernel flavour does not change during the run
     if ctx.os.id == "debian":
         add_apt_repo("NVIDIA CUDA repository", ctx.apt_repo("cuda"), also=[PREFERENCES_FILE])
-        files.put(
-            name=f"Pin NVIDIA packages to driver {version or branch}",
-            src=io.StringIO(driver_preferences(branch, version)),
-            dest=PREFERENCES_FILE,
-            user="root",
-            group="root",
-            mode="0644",
-        )
-    gates = []
-    kernel = kernel_packages(ctx.os, branch, dpkg, ctx.platform.arch)
-    if kernel:
-        # Ubuntu's prebuilt modules are built for one driver version: held with the driver.
-        gates.append(apt_packages(name="Kernel glue for the NVIDIA module", packages=list(kernel),
-                                  hold=ctx.os.id == "ubuntu"))
-    # Disturbing on a serving host (until the reboot, a new CUDA process fails with
-    # "Driver/library version mismatch"): inside its maintenance window.
+        glob = f"{version}-*" if version else f"{branch}.*"
+        files.put(name=f"Pin NVIDIA packages to driver {version or branch}",
+                  src=io.StringIO(apt_commands.branch_preferences(glob, DRIVER_PACKAGE_GLOBS)),
+                  dest=PREFERENCES_FILE, user="root", group="root", mode="0644")
+    # Ubuntu's prebuilt modules are built for one driver version: held with the driver.
+    kernel = apt_packages(name="Kernel glue for the NVIDIA module",
+                          packages=list(kernel_packages(ctx.os, branch, dpkg, ctx.platform.arch)),
+                          hold=ctx.os.id == "ubuntu")
     install_step = f"NVIDIA driver {version or branch} install"
     prefix = version_prefix(branch, version)
     install = apt_packages(
         name=f"Install NVIDIA driver {version or branch} (open modules), held",
-        packages=list(driver_packages(ctx.os, branch)),
-        hold=True,
-        version_prefix=prefix,
-        before=lambda inputs: _offered_then_window(ctx, install_step, prefix, inputs),
-    )
-    if maintenance.plan_step(ctx, install_step, install):
-        maintenance.uses_apt(ctx)
-    gates.append(install)
+        packages=list(driver_packages(ctx.os, branch)), hold=True, version_prefix=prefix,
+        before=lambda inputs: _offered_then_window(ctx, install_step, prefix, inputs))
+    maintenance.plan_step(ctx, install_step, install, apt=True)
     reboot = reboot_for_driver(name="Reboot to load the NVIDIA driver (only when needed)",
-                               gates=gates, os=ctx.os, ctx=ctx, branch=branch, version=version)
+                               gates=[kernel, install], ctx=ctx)
     maintenance.plan_step(ctx, REBOOT_STEP, reboot)
-    check(
-        name=f"Verify nvidia-smi: branch {branch}, {ctx.settings.gpu_count} GPUs",
-        verify=lambda: verify_driver(branch, version, ctx.settings.gpu_count, ctx.want.spec, ctx.os),
-        what="driver verification",
-    )
+    check(name=f"Verify nvidia-smi: branch {branch}, {gpu_count} GPUs",
+          verify=lambda: verify_driver(branch, version, gpu_count, ctx.want.spec, ctx.os),
+          what="driver verification")

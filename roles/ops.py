@@ -1,30 +1,5 @@
-"""Custom operations shared by the roles.
-
-Why custom rather than pyinfra's own: ``--dry`` must tell the truth. On a converged host the
-plan has to be empty, so every operation here yields commands only when something would change:
-
-- ``apt_packages`` installs (after one ``apt-get update``) only what is missing or on the wrong
-  version, and holds only what is not held; ``apt.packages(update=True)`` would "change" on
-  every run.
-- ``on_change`` runs commands when one of the given operations changed. pyinfra's ``_if`` would
-  list the command under "Conditional Change" on every ``--dry``; ``on_change`` asks the gates'
-  ``will_change`` while preparing and their ``did_change()`` while executing.
-- ``check`` runs a verification at execution time only, and fails the host with a message
-  (instead of ``python.call``, which always counts as a change).
-- ``secret_file`` writes a root-only file without ever printing its content (``files.put``
-  prints a diff with ``--diff``) and without an upload: pyinfra stages a sudo user's upload
-  in /tmp with that user's umask, readable by others for a moment.
-- ``initial_file`` seeds a file that the host owns afterwards (the front's route).
-- ``checked_file`` installs a config only once its program accepted it (``haproxy -c``): a
-  staged copy is checked, then moved into place, so a refused config never replaces a good
-  one (``files.template`` would install first).
-
-Example::
-
-    from roles.ops import apt_packages, on_change
-
-    daemon = merge_daemon_json(...)
-    on_change(name="Restart Docker", commands=["systemctl restart docker"], gates=[daemon])
+"""Custom operations shared by the roles: each yields commands only when something would
+change, so ``--dry`` on a converged host lists nothing (docs/operations.md, "Custom operations").
 """
 
 from __future__ import annotations
@@ -37,13 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import (
-    FileUploadCommand,
-    FunctionCommand,
-    OperationError,
-    StringCommand,
-    operation,
-)
+from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.operation import OperationMeta
 
@@ -57,10 +26,7 @@ class DeployError(OperationError):
 
 
 class Secret:
-    """Text that must never be shown: its ``repr``/``str`` are masked.
-
-    pyinfra prints operation arguments in plans and logs; wrapping a secret keeps it out.
-    """
+    """Text that must never be shown (pyinfra prints operation arguments): ``repr`` masks it."""
 
     __slots__ = ("_value",)
 
@@ -68,7 +34,6 @@ class Secret:
         self._value = value
 
     def reveal(self) -> str:
-        """The secret itself (only for building the file content)."""
         return self._value
 
     def __repr__(self) -> str:
@@ -90,44 +55,32 @@ def changed(gates: Sequence[OperationMeta]) -> bool:
         try:
             if gate.did_change():
                 return True
-        except RuntimeError:
-            # Not executed on this host (cannot happen in order; stay on the safe side).
+        except RuntimeError:  # not executed on this host: stay on the safe side
             return True
     return False
 
 
 def connector_kwargs() -> dict[str, Any]:
-    """The current operation's connector arguments (``_sudo`` and friends), for commands and
-    file copies an operation runs itself."""
+    """The current operation's connector arguments (``_sudo`` and friends)."""
     current: dict[str, Any] = dict(host.current_op_global_arguments or {})
     return {k: v for k, v in current.items() if k in CONNECTOR_ARGUMENT_KEYS}
 
 
 def run_on_host(command: str) -> tuple[bool, list[str], list[str]]:
-    """Run a command now (inside an operation, at execution time).
-
-    The current operation's connector arguments (``_sudo`` and friends) apply, as they do to
-    facts; ``-vv`` prints it as it prints an operation's commands. Returns (ok, stdout lines,
-    stderr lines).
-    """
+    """Run a command now (at execution time): (ok, stdout lines, stderr lines)."""
     ok, output = host.run_shell_command(StringCommand(command), print_input=host.state.print_input,
                                         **connector_kwargs())
     return ok, output.stdout_lines, output.stderr_lines
 
 
 def read_on_host(command: str) -> tuple[bool, list[str], list[str]]:
-    """``run_on_host`` for a command that only reads: asked once per run while nothing
-    changed on the host, as facts are (``rigfleet.facts.read_once``)."""
+    """``run_on_host`` for a command that only reads: asked once while nothing changed."""
     args = tuple(sorted((k, repr(v)) for k, v in connector_kwargs().items()))
     return read_once(host, ("command", command, args), lambda: run_on_host(command))
 
 
 def fail(message: str):
-    """Yield a command that fails the host with ``message`` (use as ``yield from fail(..)``).
-
-    Raising inside an operation's generator at execution time would abort the whole run for
-    every host; a failing ``FunctionCommand`` fails only this host, with the message shown.
-    """
+    """Yield a command that fails this host only (raising would stop every host)."""
 
     def _raise(state: Any, host: Any) -> None:
         raise DeployError(message)
@@ -137,23 +90,9 @@ def fail(message: str):
 
 
 @operation(is_idempotent=False)
-def on_change(
-    commands: Sequence[str],
-    gates: Sequence[OperationMeta],
-    reason: str = "nothing it depends on changed",
-):
-    """Run ``commands`` when any of ``gates`` changed.
-
-    + commands: shell commands, in order
-    + gates: operations whose change triggers the commands
-    + reason: what ``--dry`` says when nothing runs
-
-    **Example:**
-
-    .. code:: python
-
-        on_change(name="Reload nginx", commands=["systemctl reload nginx"], gates=[conf])
-    """
+def on_change(commands: Sequence[str], gates: Sequence[OperationMeta],
+              reason: str = "nothing it depends on changed"):
+    """Run ``commands`` when any of ``gates`` changed; else ``--dry`` says ``reason``."""
     if changed(gates):
         yield from commands
     else:
@@ -162,14 +101,7 @@ def on_change(
 
 @operation()
 def check(verify: Callable[[], str | None], what: str = "check"):
-    """Run ``verify()`` at execution time; a returned message fails the host.
-
-    While preparing nothing is checked (the state the check is about does not exist yet on a
-    bare host), so a check never shows up as a change.
-
-    + verify: returns None when all is well, else the failure message
-    + what: a short description for ``--dry``
-    """
+    """Run ``verify()`` at execution time only (never a change); a message fails the host."""
     if not executing():
         host.noop(f"{what}: checked when the deploy runs")
         return
@@ -179,33 +111,13 @@ def check(verify: Callable[[], str | None], what: str = "check"):
 
 
 @operation()
-def apt_packages(
-    packages: Sequence[str],
-    hold: bool = False,
-    version_prefix: str | None = None,
-    before: Callable[[Sequence[str]], Iterable[Any]] | None = None,
-):
-    """Install missing packages (after ``apt-get update``), optionally ``apt-mark hold`` them.
-
-    + packages: ``name`` or ``name=version`` (exact version)
-    + hold: hold every listed package (unattended upgrades leave them alone)
-    + version_prefix: installed versions must start with this (a driver branch, ``"580."``);
-      apt preferences make apt pick the right one, this op notices a wrong one
-    + before: only when something is installed: called with the commands that bring the
-      packages onto the host (``apt-get update``, ``install --download-only``), it yields the
-      commands to run first, those included (the maintenance window of a step that disturbs
-      a serving host opens after the download: ``roles.maintenance.enter``); when it yields
-      nothing (a bare host), ``apt-get update`` runs as usual
-
-    **Example:**
-
-    .. code:: python
-
-        apt_packages(name="Toolkit", packages=["nvidia-container-toolkit=1.17.8-1"], hold=True)
-    """
+def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: str | None = None,
+                 before: Callable[[Sequence[str]], Iterable[Any]] | None = None):
+    """Install missing packages (``name`` or ``name=version``; installed versions must start with
+    ``version_prefix``), optionally held. ``before``, when installing, gets the update and
+    download commands and yields what runs first (``maintenance.enter``), else they run as usual."""
     dpkg = read_fact(DpkgState)
     install: list[str] = []
-    unheld: list[str] = []
     replace = False
     names: list[str] = []
     for spec in packages:
@@ -214,9 +126,8 @@ def apt_packages(
         pkg = dpkg.get(name)
         if pkg is None or not pkg.installed:
             install.append(spec)
-        elif (version and pkg.version != version) or (
-            version_prefix and not pkg.version.startswith(version_prefix)
-        ):
+        elif (version and pkg.version != version) or not pkg.version.startswith(
+                version_prefix or ""):
             install.append(spec)
             replace = True
     if install:
@@ -230,26 +141,17 @@ def apt_packages(
         if not fetched:
             yield apt_commands.update()
         yield apt_commands.install(install, **flags)
-    if hold:
-        installing = {s.partition("=")[0] for s in install}
-        unheld = [n for n in names if n in installing or not dpkg[n].held]
-        if unheld:
-            yield apt_commands.hold(unheld)
+    installing = {s.partition("=")[0] for s in install}
+    unheld = [n for n in names if n in installing or not dpkg[n].held] if hold else []
+    if unheld:
+        yield apt_commands.hold(unheld)
     if not install and not unheld:
         host.noop(f"installed{' and held' if hold else ''}: {', '.join(names)}")
 
 
 @operation()
 def apt_keyring(key_url: str, dest: str, fingerprint: str | None = None):
-    """Install a repository signing key as ``dest`` (curl + ``gpg --dearmor``), idempotently.
-
-    The installed keyring is compared byte for byte with the dearmored key at ``key_url``, so
-    a rotated key is noticed.
-
-    + key_url: the (armored) key's URL
-    + dest: ``/etc/apt/keyrings/<name>.gpg``
-    + fingerprint: optional 40-hex fingerprint the key must have
-    """
+    """Install the key at ``key_url`` dearmored as ``dest`` unless the same bytes are there."""
     state = read_fact(AptKeyring, key_url=key_url, dest=dest)
     if state == "same":
         host.noop(f"{dest} matches {key_url}")
@@ -259,15 +161,7 @@ def apt_keyring(key_url: str, dest: str, fingerprint: str | None = None):
 
 @operation()
 def initial_file(dest: str, content: str, mode: str = "0644"):
-    """Create ``dest`` with ``content`` only when it does not exist; never change it after.
-
-    For files another program owns once they exist (the front's route, switched by the
-    host-side swap tool): the deploy seeds them, and a converged host shows no change.
-
-    + dest: absolute path (its directory must exist)
-    + content: the first content
-    + mode: its mode (root owns it)
-    """
+    """Create ``dest`` (root-owned) only when missing: another program owns it afterwards."""
     if read_fact(FileDigest, path=dest) is not None:
         host.noop(f"{dest} exists (owned by the host from now on)")
         return
@@ -277,45 +171,21 @@ def initial_file(dest: str, content: str, mode: str = "0644"):
 
 
 def write_secret(dest: str, mode: str = "0600", user: str = "root", group: str = "root") -> str:
-    """The shell command ``secret_file`` runs: base64 on stdin into a new root-only file.
-
-    ``mktemp`` creates the file in ``dest``'s directory, mode 0600 and owned by the user the
-    command runs as (root, directly or through sudo), before any byte is written; the
-    decoded bytes go into it, then owner and mode are set and it is renamed over ``dest``
-    (atomic: readers see the old file or the new one). Nothing of the secret is in the
-    command line; nothing passes through /tmp.
-    """
+    """``secret_file``'s command: base64 on stdin into a ``mktemp`` file (0600 before any
+    byte), owner and mode set, renamed over ``dest``."""
     q = shlex.quote(dest)
     d = shlex.quote(dest.rsplit("/", 1)[0] or "/")
     owner = shlex.quote(f"{user}:{group}")
-    return (
-        f"umask 077 && rf_tmp=$(mktemp {d}/.rigfleet-secret.XXXXXXXX) && "
-        f'{{ base64 -d > "$rf_tmp" && chown {owner} "$rf_tmp" && '
-        f'chmod {shlex.quote(mode)} "$rf_tmp" && mv -f "$rf_tmp" {q}; }} '
-        f'|| {{ rm -f "${{rf_tmp:-}}"; exit 1; }}'
-    )
+    return (f"umask 077 && rf_tmp=$(mktemp {d}/.rigfleet-secret.XXXXXXXX) && "
+            f'{{ base64 -d > "$rf_tmp" && chown {owner} "$rf_tmp" && '
+            f'chmod {shlex.quote(mode)} "$rf_tmp" && mv -f "$rf_tmp" {q}; }} '
+            f'|| {{ rm -f "${{rf_tmp:-}}"; exit 1; }}')
 
 
 @operation()
-def secret_file(
-    dest: str,
-    content: Secret,
-    mode: str = "0600",
-    user: str = "root",
-    group: str = "root",
-):
-    """Put a root-only file whose content is a secret; the content is never printed.
-
-    The content travels base64-encoded on the stdin of one command (``write_secret``) over
-    the SSH channel, never as an SFTP upload (pyinfra stages a sudo user's uploads in /tmp
-    with that user's umask) and never in a command line (``ps``); sudo asks for a password
-    through its askpass helper, so stdin is the command's. The file is created 0600 before
-    any byte is written and renamed into place. Same path for root and for a sudo user.
-
-    + dest: absolute path (its directory must exist)
-    + content: the text, wrapped in ``Secret``
-    + mode, user, group: wanted permissions
-    """
+def secret_file(dest: str, content: Secret, mode: str = "0600", user: str = "root",
+                group: str = "root"):
+    """Put a file whose content is a secret, never printed nor uploaded."""
     data = content.reveal().encode()
     wanted = hashlib.sha256(data).hexdigest()
     current = read_fact(FileDigest, path=dest)
@@ -335,20 +205,8 @@ def secret_file(
 @operation()
 def checked_file(dest: str, content: str, check: str, staged: str | None = None,
                  mode: str = "0644"):
-    """Put ``content`` at ``dest`` (root-owned) only after ``check`` accepted a staged copy.
-
-    The copy goes to ``staged`` (default ``<dest>.rigfleet-new``, same directory), ``check``
-    runs on it (``{path}`` in it is replaced by the quoted staged path), and only when it
-    passes is the copy renamed over ``dest`` (atomic); when it fails the copy is removed, the
-    host fails with the program's message and ``dest`` is untouched. Not for secrets (the copy
-    is an upload).
-
-    + dest: absolute path of the config
-    + content: the wanted text
-    + check: the validating command, e.g. ``haproxy -c -q -f {path}``
-    + staged: where the copy is checked
-    + mode: the config's mode
-    """
+    """Put ``content`` at ``dest`` (root-owned) only after ``check`` (``{path}``: the staged
+    copy, default ``<dest>.rigfleet-new``) accepted it; a refused copy is removed."""
     data = content.encode()
     current = read_fact(FileDigest, path=dest)
     if (current is not None and current.sha256 == hashlib.sha256(data).hexdigest()
@@ -367,11 +225,7 @@ def checked_file(dest: str, content: str, check: str, staged: str | None = None,
 
 
 class WarnedCommand(StringCommand):
-    """A shell command whose stderr lines starting with ``mark`` pyinfra shows as this host's
-    warnings even when the command succeeds (it prints a command's output only on failure).
-
-    + mark: e.g. ``[rigfleet-weights] WARNING: `` (shown without it)
-    """
+    """A shell command whose stderr lines starting with ``mark`` show as warnings."""
 
     def __init__(self, mark: str, command: str) -> None:
         super().__init__(command)

@@ -1,23 +1,10 @@
-"""GPU persistence and power caps: applied at boot by a oneshot unit, and now when needed.
-
-- ``nvidia-persistenced`` keeps the cards initialised (persistence mode), enabled + running.
-- ``rigfleet-power-caps.service`` (from ``files/rigfleet-power-caps.service.j2``) runs one
-  ``nvidia-smi -i N -pl W`` per card at boot, after nvidia-persistenced.
-- Caps are checked against each card's real min..max, read from the host when the deploy
-  runs (and already while preparing when the driver answers, so a bad cap stops the run
-  before anything changes); the message names host, card, value and range.
-- The unit is restarted (which applies the caps now) only when it changed or the caps read
-  back from the cards differ; then they are read back again and compared.
-
-Example::
-
-    power(ctx)
+"""GPU persistence and power caps: ``nvidia-persistenced`` on, a oneshot unit that sets each
+card's cap at boot, restarted (applying them) only when it changed or the caps read back differ.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import host
@@ -40,42 +27,21 @@ TEMPLATE = str(project_file(f"files/{UNIT}.j2"))
 TOLERANCE_W = 0.5
 
 
-@dataclass(frozen=True)
-class CardCap:
-    """One card's cap as the unit template uses it."""
-
-    index: int
-    watts: int
-
-    @property
-    def command(self) -> str:
-        return nvidia_commands.set_power_limit(self.index, self.watts)
-
-
-def card_caps(caps: Sequence[int]) -> list[CardCap]:
-    """Caps by card index (``caps[0]`` for card 0, and so on)."""
-    return [CardCap(i, w) for i, w in enumerate(caps)]
-
-
 def caps_mismatch(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
     """Cards whose current limit differs from the cap, as ``card N: X W (want Y W)``."""
     by_index = {g.index: g for g in gpus}
     out = []
-    for card in card_caps(caps):
-        gpu = by_index.get(card.index)
+    for index, watts in enumerate(caps):
+        gpu = by_index.get(index)
         current = gpu_power_limit(gpu) if gpu is not None else None
-        if current is None or abs(current - card.watts) > TOLERANCE_W:
-            out.append(f"card {card.index}: {current} W (want {card.watts} W)")
+        if current is None or abs(current - watts) > TOLERANCE_W:
+            out.append(f"card {index}: {current} W (want {watts} W)")
     return out
 
 
 @operation()
 def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
-    """Check caps against the cards' ranges; apply them (restart the unit) when needed.
-
-    + caps: one cap per card, in index order
-    + gates: the unit file operation (a changed unit is applied now)
-    """
+    """Check ``caps`` against the cards' ranges; apply them when they differ."""
     gpu = read_fact(GpuQuery)
     if not gpu.loaded:
         if executing():
@@ -91,8 +57,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
             raise  # prepare: stop the whole run before anything changes
         yield from fail(str(e))
         return
-    differ = caps_mismatch(caps, gpu.gpus)
-    if not differ and not changed(gates):
+    if not caps_mismatch(caps, gpu.gpus) and not changed(gates):
         host.noop(f"caps {list(caps)} W in place")
         return
     yield f"systemctl restart {UNIT}"
@@ -106,29 +71,15 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
 
 @deploy("GPU power")
 def power(ctx: HostContext) -> None:
-    """Persistence daemon on; power-caps unit installed, enabled, applied when needed."""
-    caps = ctx.settings.power_caps_w
+    caps = ctx.want.settings.power_caps_w
     read_paths([UNIT_PATH])
-    systemd.service(
-        name="nvidia-persistenced enabled and running",
-        service="nvidia-persistenced",
-        running=True,
-        enabled=True,
-    )
-    unit = files.template(
-        name=f"Power caps unit ({', '.join(f'{w} W' for w in caps)})",
-        src=TEMPLATE,
-        dest=UNIT_PATH,
-        user="root",
-        group="root",
-        mode="0644",
-        caps=card_caps(caps),
-    )
-    on_change(
-        name="systemd daemon-reload (power caps unit changed)",
-        commands=["systemctl daemon-reload"],
-        gates=[unit],
-        reason="unit unchanged",
-    )
+    systemd.service(name="nvidia-persistenced enabled and running",
+                    service="nvidia-persistenced", running=True, enabled=True)
+    unit = files.template(name=f"Power caps unit ({', '.join(f'{w} W' for w in caps)})",
+                          src=TEMPLATE, dest=UNIT_PATH, user="root", group="root", mode="0644",
+                          caps=[{"command": nvidia_commands.set_power_limit(i, w)}
+                                for i, w in enumerate(caps)])
+    on_change(name="systemd daemon-reload (power caps unit changed)",
+              commands=["systemctl daemon-reload"], gates=[unit], reason="unit unchanged")
     systemd.service(name=f"{UNIT} enabled at boot", service=UNIT, enabled=True)
     apply_power_caps(name="Apply and read back power caps", caps=list(caps), gates=[unit])

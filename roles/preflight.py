@@ -1,23 +1,6 @@
-"""Preflight: validate this host's data, the pins and the host itself before it changes.
-
-Runs on the control side during pyinfra's prepare phase, in deploy code (not inside an
-operation), so it runs the same with ``-y`` as with the prompt. Checked here: host data, pins
-and stack files; the OS; systemd as PID 1; the host lock (a live holder refuses, a stale one is
-reported); the pinned things asked of their sources (``rigfleet.check``); and, from host facts
-(``rigfleet.facts.read_fact``), power caps, GPU count and memory, a foreign driver and Secure
-Boot. A problem names the host, the key, the value and what is allowed, and fails **this host
-only** (``run_deploy`` sums up the refused hosts; ``rigfleet_stop_on_preflight`` stops the
-whole run instead). docs/converge.md ("Preflight: per host, at prepare time") lists each check.
-
-The result, ``HostContext``, is what every other role takes: the host's ``DesiredHost``
-(``rigfleet.desired``) plus what only the run knows (the OS and platform, the secrets, who
-runs it).
-
-Example::
-
-    ctx = preflight()
-    ctx.os.family                   # "debian" or "ubuntu"
-    ctx.want.current.pins.image_ref # "vllm/vllm-openai:nightly-...@sha256:..."
+"""Preflight: validate a host's data, the pins and the host's facts while pyinfra prepares,
+before anything changes; a problem refuses that host alone (docs/converge.md, "Preflight: per
+host, at prepare time"). Its ``HostContext`` is what every other role takes.
 """
 
 from __future__ import annotations
@@ -68,12 +51,9 @@ from rigfleet.hostdata import (
 from rigfleet.hostside.records import describe
 from rigfleet.images.deploy import preflight_images
 from rigfleet.packages import OsInfo
-from rigfleet.pins import Pins
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER
 from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
-
-# (ID, VERSION_ID) pairs the roles know how to provision.
 
 # The units the roles check (systemd.service, unit_started), read in one round trip.
 GPU_HOST_UNITS = ("chrony.service", "docker.service", "nvidia-persistenced.service",
@@ -87,19 +67,12 @@ class PreflightError(RigfleetError, ValueError):
 
 
 class HostRefused(RigfleetError):
-    """Raised by ``preflight`` after it gave the host its one failing operation: the roles
-    add nothing for this host (``run_deploy`` catches it; the other hosts go on)."""
+    """The host got its one failing operation instead of the roles (``run_deploy``)."""
 
 
 @dataclass(frozen=True)
 class HostContext:
-    """Everything the roles need for one host, validated.
-
-    + want: the host's ``DesiredHost`` (settings, pins, the staged stacks as rendered)
-    + os: the host's OS
-    + api_key, hf_token: secrets read from the control-side files (masked in any output)
-    + by: who runs the deploy (``RIGFLEET_BY`` or ``user@control-host``), for the ledger
-    """
+    """One host's ``DesiredHost`` plus what only the run knows (OS, secrets, who runs it)."""
 
     want: DesiredHost
     os: OsInfo
@@ -111,36 +84,18 @@ class HostContext:
     tls_key: Secret | None = None  # the front's private key (host data front_tls_key_file)
 
     @property
-    def name(self) -> str:
-        return self.want.name
-
-    @property
-    def settings(self) -> HostSettings:
+    def settings(self) -> HostSettings:  # for roles/exporter.py
         return self.want.settings
-
-    @property
-    def pins(self) -> Pins:
-        return self.want.pins
-
-    @property
-    def site_ca_files(self) -> tuple[str, ...]:
-        return self.want.settings.site_ca_files
 
     def apt_repo(self, name: str) -> AptRepo:
         """An apt repository from host data, placeholders filled for this host's OS."""
-        return self.settings.apt_repos[name].expand(
-            os_id=self.os.id, version_id=self.os.version_id, codename=self.os.codename
-        )
+        return self.want.settings.apt_repos[name].expand(
+            os_id=self.os.id, version_id=self.os.version_id, codename=self.os.codename)
 
 
 @dataclass(frozen=True)
 class BalancerContext:
-    """What ``roles/balancer.py`` (and ``base``) need for a host of group ``balancers``.
-
-    + plan: its pools, one per stack, from the inventory's GPU hosts
-    + api_key: the key clients send (the same as the fronts'; checked here)
-    + tls_key: the balancer's private key (host data ``balancer_tls_key_file``)
-    """
+    """What ``roles/balancer.py`` (and ``base``) need for a host of group ``balancers``."""
 
     name: str
     os: OsInfo
@@ -152,14 +107,9 @@ class BalancerContext:
     def settings(self) -> BalancerSettings:
         return self.plan.settings
 
-    @property
-    def site_ca_files(self) -> tuple[str, ...]:
-        return self.plan.settings.site_ca_files
-
 
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 
-# The one operation a refused host gets (under the "Preflight" deploy).
 REFUSED_OP = "Refused (the reason is above; nothing runs on this host)"
 
 # How the preflight asks the pinned things' sources (rigfleet/check.py; tests put None or a
@@ -172,21 +122,19 @@ _REFUSED: weakref.WeakKeyDictionary[State, dict[str, str]] = weakref.WeakKeyDict
 
 
 def read_os(name: str, release: dict[str, str]) -> OsInfo:
-    """Check the host's os-release against ``SUPPORTED_OS``; raises ``PreflightError``."""
+    """The host's OS, when ``SUPPORTED_OS`` has it."""
     os_id = release.get("ID", "")
     version = release.get("VERSION_ID", "")
     if (os_id, version) not in SUPPORTED_OS:
         allowed = ", ".join(f"{i} {v}" for i, v in SUPPORTED_OS)
-        raise PreflightError(
-            f"{name}: os: {f'{os_id} {version}'.strip() or 'unknown'!r} is not supported; "
-            f"allowed: {allowed}"
-        )
+        raise PreflightError(f"{name}: os: {f'{os_id} {version}'.strip() or 'unknown'!r} is "
+                             f"not supported; allowed: {allowed}")
     codename = release.get("VERSION_CODENAME") or SUPPORTED_OS[(os_id, version)]
     return OsInfo(os_id, version, codename, release.get("KERNEL_RELEASE", ""))
 
 
 def read_secret(name: str, key: str, path: str) -> Secret:
-    """A secret from a control-side file (validated by hostdata), never shown."""
+    """A secret from a control-side file, never shown."""
     try:
         value = Path(path).read_text(encoding="utf-8").strip()
     except OSError as e:
@@ -194,15 +142,14 @@ def read_secret(name: str, key: str, path: str) -> Secret:
     # The key ends up in an env file, an HTTP header file and an nginx regex: only token
     # characters (RFC 6750 b64token) keep all three simple and safe.
     if not _TOKEN_CHARS.fullmatch(value):
-        raise PreflightError(
-            f"{name}: {key}: the secret in {path!r} (content not shown, {len(value)} chars) "
-            "holds characters outside the allowed set; allowed: letters, digits and -._~+/="
-        )
+        raise PreflightError(f"{name}: {key}: the secret in {path!r} (content not shown, "
+                             f"{len(value)} chars) holds characters outside the allowed set; "
+                             "allowed: letters, digits and -._~+/=")
     return Secret(value)
 
 
 def read_tls_key(name: str, path: str, key: str = "front_tls_key_file") -> Secret:
-    """A TLS private key (validated PEM, 0600, by hostdata), never shown."""
+    """A TLS private key (PEM, validated by hostdata), never shown."""
     try:
         return Secret(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
@@ -212,8 +159,7 @@ def read_tls_key(name: str, path: str, key: str = "front_tls_key_file") -> Secre
 
 def deployed_by() -> str:
     """Who runs this deploy, for the ledger: ``RIGFLEET_BY`` or ``user@control-host``."""
-    explicit = os.environ.get("RIGFLEET_BY")
-    if explicit:
+    if explicit := os.environ.get("RIGFLEET_BY"):
         return explicit
     try:
         user = getpass.getuser()
@@ -222,31 +168,18 @@ def deployed_by() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def check_lock(name: str, holder: dict | None) -> str | None:
-    """Refuse a host whose lock a live process holds; a note when a stale lock is there."""
-    if holder is None:
-        return None
-    if holder.get("alive"):
-        raise PreflightError(
-            f"{name}: {describe(holder)}. Another deploy (or the host's boot-time recreation) "
-            "is changing this host; wait for it to finish. Progress on the host: "
-            f"{hosttool.tool('status')}"
-        )
-    return f"{name}: stale host lock ({describe(holder)}; holder gone): it will be taken over"
-
-
 @dataclass(frozen=True)
 class FactChecks:
-    """What the host's facts say about it (``check_facts``)."""
+    """What the host's facts say: refusals, checks waiting for the driver, notes."""
 
-    problems: list[str]  # refusals, one line (or paragraph) each
-    waiting: list[str]  # checks that wait until the driver is in
-    adopt: bool = False  # keep the .run-installed driver
+    problems: list[str]
+    waiting: list[str]
+    adopt: bool = False
     notes: list[str] = field(default_factory=list)
 
 
 def check_init(name: str, platform: PlatformState) -> list[str]:
-    """systemd must be PID 1: every role manages systemd units."""
+    """systemd must be PID 1."""
     if platform.systemd and platform.pid1 in ("systemd", "init", ""):
         return []
     return [f"{name}: os: PID 1 is {platform.pid1 or 'unknown'!r} and /run/systemd/system is "
@@ -256,16 +189,14 @@ def check_init(name: str, platform: PlatformState) -> list[str]:
 
 
 def loaded_as_pinned(loaded: str | None, branch: str, version: str | None) -> bool:
-    """Is the loaded driver ``loaded`` (e.g. ``580.105.08``; None: none) on the pinned branch,
-    and the pinned version when there is one?"""
+    """Is ``loaded`` (``580.105.08``; None: none) on the pinned branch (and version)?"""
     return bool(loaded and loaded.startswith(f"{branch}.") and (not version or loaded == version))
 
 
 def check_driver_origin(name: str, settings: HostSettings, branch: str, version: str | None,
                         platform: PlatformState, gpu: GpuState) -> tuple[list[str], bool]:
-    """A driver NVIDIA's .run installer put there: refused with the way out, or adopted
-    (host data ``adopt_foreign_driver``) when it is loaded and on the pinned branch.
-    Returns (problems, adopt)."""
+    """(problems, adopt) for a driver NVIDIA's .run installer put there: refused, or kept
+    (``adopt_foreign_driver``) when it is loaded and on the pinned branch."""
     if not platform.foreign_driver:
         return [], False
     evidence = (f"{nvidia_commands.RUN_UNINSTALLER} exists" if platform.run_uninstaller
@@ -288,16 +219,14 @@ def check_driver_origin(name: str, settings: HostSettings, branch: str, version:
 
 
 def secure_boot_watch(os: OsInfo, platform: PlatformState) -> bool:
-    """Can Secure Boot refuse the module here? Debian (DKMS builds and signs it) with Secure
-    Boot on; Ubuntu's prebuilt modules are signed by Canonical."""
+    """Can Secure Boot refuse the module here? Debian's DKMS one (Ubuntu's are Canonical's)."""
     return os.id == "debian" and platform.secure_boot == "enabled"
 
 
 def secure_boot_block(name: str, os: OsInfo, platform: PlatformState,
                       rejections: list[str]) -> str | None:
-    """Why a reboot cannot load the DKMS-built module: Secure Boot on and DKMS's key not
-    enrolled (or its enrolment not confirmed yet), or this boot's log shows the kernel
-    refusing a module. The refusal, with the steps; None when a reboot may help."""
+    """Why a reboot cannot load the DKMS-built module (Secure Boot and DKMS's key), with the
+    steps; None when a reboot may help."""
     if not secure_boot_watch(os, platform):
         return None
     cert = platform.mok_cert or nvidia_commands.DKMS_MOK_CERT
@@ -325,10 +254,8 @@ def secure_boot_block(name: str, os: OsInfo, platform: PlatformState,
 def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
                 branch: str, version: str | None, platform: PlatformState,
                 gpu: GpuState, rejections: list[str] | None = None) -> FactChecks:
-    """Every check that needs host facts, decided from the facts (pure; see the module
-    docstring). The caps, GPU count and card memory run when the driver answers; else they
-    are listed in ``waiting``. ``rejections``: this boot's log lines of Secure Boot refusing
-    a module (read only when ``secure_boot_watch`` and the driver is not loaded)."""
+    """Every check that needs host facts (pure); the card checks wait for the driver.
+    ``rejections``: this boot's log lines of Secure Boot refusing a module."""
     problems = check_init(name, platform)
     origin, adopt = check_driver_origin(name, settings, branch, version, platform, gpu)
     problems += origin
@@ -359,13 +286,7 @@ def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
 
 
 def failing_command(message: str) -> FunctionCommand:
-    """A command that fails the host with ``message`` (each line logged in red, no
-    traceback): the host stops there, the other hosts go on.
-
-    .. code:: python
-
-        yield failing_command(f"{host.name}: driver: ...; allowed: ...")
-    """
+    """A command that fails this host with ``message`` (in red, no traceback)."""
 
     def _fail(state: Any, host: Any) -> bool:
         for line in message.splitlines():
@@ -378,16 +299,12 @@ def failing_command(message: str) -> FunctionCommand:
 
 @operation(is_idempotent=False)
 def refused(reason: str):
-    """Fail this host with ``reason``: its preflight refused it, nothing else runs on it.
-
-    + reason: the refusal (host, key, value, what is allowed); never holds a secret
-    """
+    """Fail this host with its preflight's ``reason`` (never a secret)."""
     yield failing_command(reason)
 
 
 class _Summary(BaseStateCallback):
-    """Lists the refused hosts and why once the last operation has run (or, when every host
-    left was refused, as pyinfra is about to stop with "No hosts remaining")."""
+    """Logs the refused hosts after the last operation (or once only refused hosts are left)."""
 
     def __init__(self) -> None:
         self.last: str | None = None
@@ -426,13 +343,12 @@ def log_summary(state: State) -> None:
 
 
 def refusals(state: State) -> dict[str, str]:
-    """The hosts this run's preflight refused, and why (empty when none)."""
+    """The hosts this run's preflight refused, and why."""
     return dict(_REFUSED.get(state) or {})
 
 
 def refuse(reason: str) -> None:
-    """Refuse the current host: one failing operation instead of the roles, the host marked
-    failed (the run exits 1, ``--dry`` too), the reason logged now and in the summary."""
+    """Refuse the current host: one failing operation instead of the roles."""
     state = host.state
     if state not in _REFUSED:
         _REFUSED[state] = {}
@@ -445,19 +361,8 @@ def refuse(reason: str) -> None:
 
 
 def run_deploy(converge: Callable[[], Any]) -> None:
-    """``deploy.py``'s body: converge the current host.
-
-    A host its preflight refuses gets only the refusal (``HostRefused``): the other hosts go
-    on. Any other data problem raised while preparing (a role's ``RigfleetError``) stops the
-    whole run before any host changes, as a ``PyinfraError`` naming host, key and value.
-
-    .. code:: python
-
-        from roles import converge
-        from roles.preflight import run_deploy
-
-        run_deploy(converge)
-    """
+    """``deploy.py``'s body: a refused host gets only its refusal; any other data problem
+    raised while preparing stops the whole run (``PyinfraError``)."""
     read_host_once()
     try:
         converge()
@@ -468,8 +373,7 @@ def run_deploy(converge: Callable[[], Any]) -> None:
 
 
 def check_sources(want: DesiredHost, os_info: OsInfo) -> list[str]:
-    """The refusals of ``rigfleet check``'s online checks for this host (``SOURCES``; None:
-    not asked); a source this machine cannot reach is logged, not refused."""
+    """The refusals of ``rigfleet check``'s online checks (``SOURCES``) for this host."""
     os_key = (os_info.id, os_info.version_id, os_info.codename)
     disagrees = os_disagrees(want.name, host.data.get("os"), os_key)
     if disagrees:
@@ -485,14 +389,7 @@ def check_sources(want: DesiredHost, os_info: OsInfo) -> list[str]:
 
 @deploy("Preflight")
 def preflight() -> HostContext:
-    """Validate host data, pins, stack files, OS and the host's facts; return the
-    ``HostContext`` the roles take.
-
-    Nothing on the host changes here; the remote commands read ``/etc/os-release``, the
-    platform (init, Secure Boot, the driver's origin), the GPUs and the host probe (the lock).
-    A problem refuses this host (``refuse``, then ``HostRefused``), or, with
-    ``rigfleet_stop_on_preflight``, stops the run (``PreflightError``).
-    """
+    """Validate this GPU host (see the module docstring); return its ``HostContext``."""
     return checked(lambda: _check_host(host.name))
 
 
@@ -500,9 +397,7 @@ _T = TypeVar("_T")
 
 
 def checked(check: Callable[[], _T]) -> _T:
-    """Run a preflight ``check`` for the current host: a ``RigfleetError`` refuses the host
-    (``refuse``, then ``HostRefused``), or, with ``rigfleet_stop_on_preflight``, stops the
-    run (``PreflightError``)."""
+    """Run a preflight ``check``; a ``RigfleetError`` refuses the host (or the run)."""
     try:
         return check()
     except RigfleetError as error:
@@ -516,12 +411,15 @@ def checked(check: Callable[[], _T]) -> _T:
 def _check_host(name: str) -> HostContext:
     want = load_desired(name, host.data)
     os_info = read_os(name, read_fact(OsRelease))
-    lock = read_fact(SwapProbe).get("lock")
-    stale = check_lock(name, lock if isinstance(lock, dict) else None)
-    if stale:
-        host.log(stale)
-    # The pinned things' sources (model, Genesis, apt for this OS), asked from this machine,
-    # then every staged image's source and the disk: every refusal at once.
+    holder = read_fact(SwapProbe).get("lock")
+    if isinstance(holder, dict) and holder.get("alive"):
+        raise PreflightError(f"{name}: {describe(holder)}. Another deploy (or the host's "
+                             "boot-time recreation) is changing this host; wait for it to "
+                             f"finish. Progress on the host: {hosttool.tool('status')}")
+    if isinstance(holder, dict):
+        host.log(f"{name}: stale host lock ({describe(holder)}; holder gone): it will be taken "
+                 "over")
+    # The pinned things' sources, then every staged image's source and the disk: all at once.
     refusals = check_sources(want, os_info)
     try:
         preflight_images(want)
@@ -529,8 +427,7 @@ def _check_host(name: str) -> HostContext:
         refusals.append(str(e))
     if refusals:
         raise PreflightError("\n".join(refusals))
-    settings = want.settings
-    pins = want.pins
+    settings, pins = want.settings, want.pins
     platform = read_fact(Platform)
     gpu = read_fact(GpuQuery)
     read_services(GPU_HOST_UNITS)
@@ -546,13 +443,9 @@ def _check_host(name: str) -> HostContext:
     for note in facts.notes:
         host.log(note)
     api_key = read_secret(name, "api_key_file", settings.api_key_file)
-    hf_token = (
-        read_secret(name, "hf_token_file", settings.hf_token_file)
-        if settings.hf_token_file
-        else None
-    )
-    tls_key = (read_tls_key(name, settings.front_tls.key_file) if settings.front_tls
-               else None)
+    hf_token = (read_secret(name, "hf_token_file", settings.hf_token_file)
+                if settings.hf_token_file else None)
+    tls_key = read_tls_key(name, settings.front_tls.key_file) if settings.front_tls else None
     return HostContext(want=want, os=os_info, api_key=api_key, hf_token=hf_token,
                        by=deployed_by(), platform=platform, driver_adopted=facts.adopt,
                        tls_key=tls_key)
@@ -560,17 +453,12 @@ def _check_host(name: str) -> HostContext:
 
 @deploy("Preflight (balancer)")
 def preflight_balancer(gpu_host: bool = False) -> BalancerContext:
-    """Validate a balancer host: its own data (``balancer_*``), every GPU host's data (the
-    pools are made of it), the key (the fronts' own), the OS and systemd; return the
-    ``BalancerContext``. Refuses the host as ``preflight`` does (nothing changes on it).
-
-    + gpu_host: the host is in ``gpu_hosts`` too (its GPU roles run first)
-    """
+    """Validate a balancer host (its data, every GPU host's, the key, the OS, systemd)."""
     return checked(lambda: _check_balancer(host.name, gpu_host))
 
 
 def check_keys(name: str, key: Secret, gpu: list[GpuHost]) -> None:
-    """The balancer passes the client's key on: every front must take the same key."""
+    """Every front must take the key the balancer passes on."""
     differ = [g.name for g in gpu
               if read_secret(g.name, "api_key_file", g.settings.api_key_file).reveal()
               != key.reveal()]

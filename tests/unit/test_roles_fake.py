@@ -39,6 +39,7 @@ import roles.nvidia_driver
 import roles.preflight
 import roles.swap
 from rigfleet.packages import OsInfo
+from rigfleet.retention import stale
 from roles import converge
 from roles import maintenance as roles_maintenance
 from roles.docker import (
@@ -48,7 +49,7 @@ from roles.docker import (
     merge_daemon_config,
     restart_keys,
 )
-from roles.genesis import stale_trees
+from roles.genesis import TREES_KEPT
 from roles.preflight import refusals, run_deploy
 
 GENESIS_REPO = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
@@ -682,10 +683,10 @@ def test_genesis_tree_exported_mounted_and_pruned(data):
 
 def test_stale_genesis_trees_rule():
     trees = {"a": 1, "b": 2, "c": 3, "d": 4}
-    assert stale_trees(trees, pinned="e", referenced=set()) == ["a", "b"]
-    assert stale_trees(trees, pinned="a", referenced=set()) == ["b"]
-    assert stale_trees(trees, pinned="d", referenced={"a"}) == []
-    assert stale_trees({"a": 1}, pinned="a", referenced=set()) == []
+    assert stale(trees, "e", set(), TREES_KEPT) == ["a", "b"]
+    assert stale(trees, "a", set(), TREES_KEPT) == ["b"]
+    assert stale(trees, "d", {"a"}, TREES_KEPT) == []
+    assert stale({"a": 1}, "a", set(), TREES_KEPT) == []
 
 
 def test_genesis_version_read_once_per_digest(data):
