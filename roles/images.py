@@ -90,18 +90,21 @@ def _command(step: Step) -> Any:
 
 
 @operation()
-def image_from_peer(image: str, image_id: str, steps: Sequence[Step], peer: Peer | None):
+def image_from_peer(image: str, digest: str, image_id: str, steps: Sequence[Step],
+                    peer: Peer | None):
     """With no fleet cache: load the image from the seed (``roles.peers``) after it has it,
     checked by id; when that fails, the plan's own pull (``steps``), with a warning.
 
-    + image: the pinned ``<repo>:<tag>``; image_id: the pin; peer: None (nothing to do)
+    + image, digest: the pinned ``<repo>:<tag>`` and digest; image_id: the digest's
+      linux/amd64 image id; peer: None (nothing to do)
     """
     if peer is None:
         return
     yield FunctionCommand(start_seed, (peer,), {})
     fallback = " && ".join(s.command for s in steps if isinstance(s, Shell))
-    yield WarnedCommand(WARNING_MARK, peer_image_command(peer.url, image_id, image, fallback,
-                                                         WARNING_MARK))
+    record = str(HOST.loaded_image(digest))
+    yield WarnedCommand(WARNING_MARK, peer_image_command(peer.url, image_id, image, record,
+                                                         fallback, WARNING_MARK))
 
 
 def peer_image(p: ImagePlan) -> tuple[WantedImage, Peer | None]:
@@ -200,7 +203,8 @@ def images(ctx: HostContext) -> None:
         image_staged(name=describe(p), image=p.want.image,
                      steps=p.steps if peer is None else (), present=present)
         image_from_peer(name=f"Stage {p.want.image} from a peer", image=p.want.image,
-                        image_id=want.image_id or "", steps=p.steps, peer=peer)
+                        digest=p.want.digest, image_id=want.image_id or "", steps=p.steps,
+                        peer=peer)
         check(
             name=f"Verify {p.want.image} is the pinned image",
             # from a peer: no RepoDigests, the image id is the check (as for an archive)

@@ -180,6 +180,15 @@ class Layout:
         """Where an image's vLLM version is cached, keyed by its (immutable) digest."""
         return self.version_cache_dir / digest.removeprefix("sha256:")
 
+    @property
+    def loaded_images_dir(self) -> Path:
+        """One file per pinned digest holding the image id a checked ``docker load`` (from a
+        peer) gave: such an image has no RepoDigests, so this names the digest it stands for."""
+        return self.state_dir / "images-loaded"
+
+    def loaded_image(self, digest: str) -> Path:
+        return self.loaded_images_dir / digest.removeprefix("sha256:")
+
     # --- /opt/rigfleet: what the deploy stages ---------------------------------------------
 
     @property
