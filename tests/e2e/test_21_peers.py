@@ -56,12 +56,14 @@ def peer_fleet(testbed, converged, tmp_path_factory):
                  "testbed_container": slot.container}
     hosts = [(seed_name, {**seed_data, "ssh_known_hosts_file": str(known)}),
              (slot.name, {**peer_data, "ssh_known_hosts_file": str(known)})]
-    inventory = tmp / "peers.py"
+    # beside the session's (git-ignored), so that inventory/group_data applies to it too
+    inventory = INVENTORY.with_name(f"{INVENTORY.stem}-peers.py")
     inventory.write_text(f"_data = {pformat(group_data)}\n\n"
                          f"gpu_hosts = ({pformat(hosts)}, _data)\n")
     try:
         yield inventory, seed_name, slot.name
     finally:
+        inventory.unlink(missing_ok=True)
         if not KEEP:
             docker("rm", "-f", slot.container)
             docker("volume", "rm", "-f", slot.docker_volume)
