@@ -191,12 +191,17 @@ def peer_serve_command(port: int, model_dir: str, repositories: Iterable[str]) -
     )
 
 
-def peer_image_command(url: str, image_id: str, image: str, fallback: str, mark: str) -> str:
-    """Load ``image_id`` from the peer at ``url`` (its ``docker save``) and check the id; else
-    say so on stderr after ``mark`` and run ``fallback`` (the host's own source)."""
+def peer_image_command(url: str, image_id: str, image: str, record: str, fallback: str,
+                       mark: str) -> str:
+    """Load ``image_id`` from the peer at ``url`` (its ``docker save``), check the id and
+    write it to ``record`` (``Layout.loaded_image``: a load has no RepoDigests); else say so
+    on stderr after ``mark`` and run ``fallback`` (the host's own source)."""
     note = shlex.quote(f"{mark}{image}: the load from peer {url} failed; fetching from the "
                        "host's own source instead")
     load = (f"curl -fsS {shlex.quote(f'{url}/images/{image_id}')} | docker load -q >/dev/null "
             f"&& docker image inspect {shlex.quote(image_id)} >/dev/null && "
-            f"docker tag {shlex.quote(image_id)} {shlex.quote(image)}")
+            f"docker tag {shlex.quote(image_id)} {shlex.quote(image)} && "
+            f"mkdir -p {shlex.quote(posixpath.dirname(record))} && "
+            f"printf '%s\\n' {shlex.quote(image_id)} > {shlex.quote(record + '.tmp')} && "
+            f"mv -f {shlex.quote(record + '.tmp')} {shlex.quote(record)}")
     return f"{{ {load}; }} || {{ echo {note} >&2; {fallback}; }}"

@@ -62,10 +62,6 @@ class CacheContext:
     # (repository path, digest) of every pinned Docker Hub image the GPU hosts stage.
     images: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def site_ca_files(self) -> tuple[str, ...]:
-        return self.settings.site_ca_files
-
 
 @deploy("Preflight (cache)")
 def preflight_cache(gpu_host: bool = False) -> CacheContext:

@@ -59,15 +59,17 @@ def _stream(state: Any, host: Any, path: str, command: str) -> None:
 
 
 @operation()
-def image_from_peer(image: str, image_id: str, steps: Sequence[Step], peer: Peer | None):
-    """With no fleet cache: load the image from the seed (``roles.peers``) once it has it;
-    when that fails, the plan's own pull (``steps``), with a warning."""
+def image_from_peer(image: str, digest: str, image_id: str, steps: Sequence[Step],
+                    peer: Peer | None):
+    """With no fleet cache: load the image from the seed (``roles.peers``) once it has it,
+    checked by id and recorded as ``digest``'s; else the plan's own pull, with a warning."""
     if peer is None:
         return
     yield FunctionCommand(start_seed, (peer,), {})
     fallback = " && ".join(s.command for s in steps if isinstance(s, Shell))
-    yield WarnedCommand(WARNING_MARK, peer_image_command(peer.url, image_id, image, fallback,
-                                                         WARNING_MARK))
+    record = str(HOST.loaded_image(digest))
+    yield WarnedCommand(WARNING_MARK, peer_image_command(peer.url, image_id, image, record,
+                                                         fallback, WARNING_MARK))
 
 
 def peer_image(p: ImagePlan) -> tuple[WantedImage, Peer | None]:
@@ -157,7 +159,8 @@ def images(ctx: HostContext) -> None:
         image_staged(name=describe(p), image=p.want.image,
                      steps=p.steps if peer is None else (), present=present)
         image_from_peer(name=f"Stage {p.want.image} from a peer", image=p.want.image,
-                        image_id=want.image_id or "", steps=p.steps, peer=peer)
+                        digest=p.want.digest, image_id=want.image_id or "", steps=p.steps,
+                        peer=peer)
         # from a peer: no RepoDigests, the image id is the check (as for an archive)
         check(name=f"Verify {p.want.image} is the pinned image",
               verify=partial(verify_image, checked, source, state_args),

@@ -18,7 +18,13 @@ from rigfleet.balancer.plan import GpuHost
 from rigfleet.desired import pins_for
 from rigfleet.errors import RigfleetError
 from rigfleet.facts import OsRelease, Platform, read_fact
-from rigfleet.hostdata import HostDataError, validate_balancer, validate_host, validate_monitor
+from rigfleet.hostdata import (
+    HostDataError,
+    MonitorSettings,
+    validate_balancer,
+    validate_host,
+    validate_monitor,
+)
 from rigfleet.hostside.metrics import TEXTFILE_DIR
 from rigfleet.inventory import host_kind
 from rigfleet.resources import PROJECT_ROOT
@@ -72,8 +78,8 @@ class MonitorContext:
     gpu_host: bool = False
 
     @property
-    def site_ca_files(self) -> tuple[str, ...]:
-        return self.plan.settings.site_ca_files
+    def settings(self) -> MonitorSettings:
+        return self.plan.settings
 
 
 @deploy("Preflight (monitor)")

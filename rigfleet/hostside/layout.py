@@ -83,6 +83,9 @@ class Layout:
     window_file = _At(STATE_ROOT, "maintenance", "window.json")
     locks_dir = _At(STATE_ROOT, "locks")  # flock files of long host jobs (the weight fetcher)
     version_cache_dir = _At(STATE_ROOT, "vllm-versions")
+    # per pinned digest, the image id a checked ``docker load`` from a peer gave (a load has
+    # no RepoDigests: this names the digest it stands for)
+    loaded_images_dir = _At(STATE_ROOT, "images-loaded")
 
     # /opt/rigfleet: what the deploy stages. The Genesis checkout (HEAD = the pin) is never
     # mounted: a stack mounts an immutable export of its commit (``genesis_tree``).
@@ -126,6 +129,9 @@ class Layout:
     def version_cache(self, digest: str) -> Path:
         """An image's cached vLLM version, keyed by its (immutable) digest."""
         return self.version_cache_dir / digest.removeprefix("sha256:")
+
+    def loaded_image(self, digest: str) -> Path:
+        return self.loaded_images_dir / digest.removeprefix("sha256:")
 
     def stack_dir(self, stack: str) -> Path:
         return self.stacks_dir / stack

@@ -21,6 +21,7 @@ from .layout import BASE_DIGEST_LABEL, CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_L
 from .maintenance import window_status
 from .records import (
     ledger_tail,
+    loaded_images,
     read_holder,
     read_json,
     read_supervisor,
@@ -46,9 +47,9 @@ def _run(cmd: list[str], timeout: float = 30) -> tuple[int, str, str]:
         return 124, "", f"timed out after {timeout}s"
 
 
-def containers() -> dict[str, dict[str, Any]]:
+def containers(lay: Layout) -> dict[str, dict[str, Any]]:
     """Every container with the stack label or a ``rigfleet-`` name, by name, with the image
-    it runs and that image's repo digests."""
+    it runs and the digests that image stands for (its repo digests, a checked load's)."""
     fmt = (f'{{{{.Names}}}}\t{{{{.State}}}}\t{{{{.Label "{STACK_LABEL}"}}}}\t'
            f'{{{{.Label "{CONFIG_HASH_LABEL}"}}}}\t{{{{.CreatedAt}}}}')
     found: dict[str, dict[str, Any]] = {}
@@ -70,6 +71,7 @@ def containers() -> dict[str, dict[str, Any]]:
                                restarts=int(parts[4]) if parts[4].isdigit() else None)
             images[name] = parts[2]
     digests: dict[str, list[str]] = {}
+    loaded = loaded_images(lay)
     fmt = "{{.Id}}\t{{json .RepoDigests}}\t{{json .Config.Labels}}"
     for line in _run(["docker", "image", "inspect", "--format", fmt,
                       *sorted(set(images.values()))])[1].splitlines():
@@ -82,7 +84,8 @@ def containers() -> dict[str, dict[str, Any]]:
             continue
         # A derived image carries the pinned image it was built from as a label.
         base = (image_labels or {}).get(BASE_DIGEST_LABEL)
-        digests[image_id] = found_digests + ([str(base)] if base else [])
+        digests[image_id] = (found_digests + loaded.get(image_id, [])
+                             + ([str(base)] if base else []))
     for name, image_id in images.items():
         found[name]["digests"] = digests.get(image_id, [])
     return found
@@ -203,7 +206,7 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
         "state_error": state_error if state_error else (
             None if isinstance(state, dict) else "not an object"),
         "lock": read_holder(lay.lock_dir),
-        "containers": containers(),
+        "containers": containers(lay),
         "route": route(lay.front_route),
         "bundle": bundle,
         "supervisor": read_supervisor(lay.supervise_state),

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .layout import ROUTE_MARK
+from .layout import ROUTE_MARK, Layout
 
 # The pins a stack runs, as state.json and every ledger line record them.
 TRACKED_KEYS = (
@@ -449,3 +449,19 @@ def read_throughput_history(path: Path, stack: str | None = None) -> list[Throug
 def read_throughput_last(path: Path) -> ThroughputRecord | None:
     data, _ = read_json(path)
     return ThroughputRecord.from_dict(data)
+
+
+def loaded_images(lay: Layout) -> dict[str, list[str]]:
+    """Image id -> the pinned digests a checked load stands for (``Layout.loaded_images_dir``)."""
+    found: dict[str, list[str]] = {}
+    try:
+        entries = sorted(lay.loaded_images_dir.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            image_id = entry.read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        found.setdefault(image_id, []).append(f"sha256:{entry.name}")
+    return found

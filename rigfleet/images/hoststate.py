@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from rigfleet.hostside.layout import HOST
 from rigfleet.images.archive import ArchivedImage, images_in_manifest
 
 # Docker's own default when the daemon cannot tell (not installed yet: preflight on a bare host).
@@ -30,9 +31,12 @@ class LocalImage:
     repo_digests: tuple[str, ...] = ()
     repo_tags: tuple[str, ...] = ()
     size: int = 0
+    loaded: tuple[str, ...] = ()  # digests a checked load stands for (no RepoDigests then)
 
     def has_digest(self, digest: str) -> bool:
-        return any(d.rpartition("@")[2] == digest for d in self.repo_digests)
+        """Pulled by that digest, or loaded from a peer and checked against it."""
+        return digest in self.loaded or any(d.rpartition("@")[2] == digest
+                                            for d in self.repo_digests)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,8 @@ class HostImageState:
 
 
 def state_script(refs: Iterable[str], archives: Iterable[str] = (),
-                 spaces: Iterable[str] = (ROOT,)) -> str:
+                 spaces: Iterable[str] = (ROOT,),
+                 loaded_dir: str = str(HOST.loaded_images_dir)) -> str:
     """The host-side shell script (read-only; it succeeds whatever is missing)."""
     fmt = shlex.quote(INSPECT_FORMAT)
     lines = [
@@ -93,6 +98,8 @@ def state_script(refs: Iterable[str], archives: Iterable[str] = (),
         "df -Pk \"$q\" 2>/dev/null | awk -v k=\"$1\" "
         "'NR==2 {printf \"free\\t%s\\t%s\\t%.0f\\n\", k, $1, $4*1024}'; }",
     ]
+    lines.append(f"for f in {shlex.quote(loaded_dir)}/*; do [ -f \"$f\" ] && read -r i < \"$f\" && "
+                 "printf 'loaded\\t%s\\t%s\\n' \"${f##*/}\" \"$i\"; done")
     lines += [f"rf_img {shlex.quote(r)}" for r in dict.fromkeys(refs)]
     lines += [f"rf_path {shlex.quote(p)}" for p in dict.fromkeys(archives)]
     lines += [f"rf_free {shlex.quote(s)}" for s in dict.fromkeys(spaces)]
@@ -105,6 +112,7 @@ def parse_state(lines: Iterable[str]) -> HostImageState:
     archives: dict[str, HostArchive] = {}
     dirs: dict[str, list[str]] = {}
     free: dict[str, Space] = {}
+    loaded: dict[str, tuple[str, ...]] = {}  # image id -> the digests its checked loads name
     current_dir: str | None = None
     for raw in lines:
         parts = raw.rstrip("\n").split("\t")
@@ -128,6 +136,10 @@ def parse_state(lines: Iterable[str]) -> HostImageState:
                 dirs[current_dir].append(path)
         elif kind == "free" and len(parts) == 4 and parts[3].isdigit():
             free[parts[1]] = Space(parts[2], int(parts[3]))
+        elif kind == "loaded" and len(parts) == 3:
+            loaded[parts[2]] = (*loaded.get(parts[2], ()), f"sha256:{parts[1]}")
+    images = {ref: replace(img, loaded=loaded[img.id]) if img and img.id in loaded else img
+              for ref, img in images.items()}
     return HostImageState(docker, root, images, archives,
                           {d: tuple(files) for d, files in dirs.items()}, free)
 

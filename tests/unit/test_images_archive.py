@@ -182,3 +182,23 @@ def test_parse_state_ignores_noise() -> None:
     state = parse_state(["garbage", "image\tx\tnot-json\t[\t[]\tzz", "free\troot\t/dev/x\tlots"])
     assert state.images["x"] == LocalImage("not-json", (), (), 0)
     assert state.free == {}
+
+
+def test_a_checked_load_stands_for_its_digest(tmp_path) -> None:
+    """A peer's load has no RepoDigests: the record the load wrote names the digest."""
+    digest, other = "sha256:" + "d" * 64, "sha256:" + "e" * 64
+    image_id = "sha256:" + "1" * 64
+    loaded = tmp_path / "images-loaded"
+    loaded.mkdir()
+    (loaded / digest.removeprefix("sha256:")).write_text(image_id + "\n")
+    (loaded / other.removeprefix("sha256:")).write_text("sha256:" + "9" * 64 + "\n")
+    script = state_script([IMAGE], (), (), loaded_dir=str(loaded))
+    lines = _run(script, _bin(tmp_path, docker=False))
+    assert f"loaded\t{'d' * 64}\t{image_id}" in lines
+    state = parse_state([*lines, f"image\t{IMAGE}\t{image_id}\t[]\t[\"{IMAGE}\"]\t5"])
+    assert state.images[IMAGE] == LocalImage(image_id, (), (IMAGE,), 5, (digest,))
+    assert state.images[IMAGE].has_digest(digest) and not state.images[IMAGE].has_digest(other)
+    # no records directory (a host that never loaded from a peer): nothing, and no error
+    assert not [line for line in _run(state_script([IMAGE], (), (), str(tmp_path / "none")),
+                                      _bin(tmp_path, docker=False)) if line.startswith("loaded")]
+

@@ -114,7 +114,8 @@ def _fake_bin(tmp_path: Path, curl_ok: bool) -> tuple[dict[str, str], Path]:
 @pytest.mark.parametrize("curl_ok", [True, False])
 def test_a_peers_load_is_checked_by_id_and_falls_back_with_a_warning(tmp_path, curl_ok):
     env, log = _fake_bin(tmp_path, curl_ok)
-    cmd = peer_image_command("http://host1:8082", IMAGE_ID, "vllm/vllm-openai:v1",
+    record = tmp_path / "loaded" / "d1"
+    cmd = peer_image_command("http://host1:8082", IMAGE_ID, "vllm/vllm-openai:v1", str(record),
                              "docker pull --quiet hub-ref", "[mark] ")
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env)
     assert proc.returncode == 0
@@ -126,8 +127,11 @@ def test_a_peers_load_is_checked_by_id_and_falls_back_with_a_warning(tmp_path, c
         assert calls[2:] == [f"docker image inspect {IMAGE_ID}",
                              f"docker tag {IMAGE_ID} vllm/vllm-openai:v1"]
         assert proc.stderr == ""
+        # a load has no RepoDigests: the record says which digest this id stands for
+        assert record.read_text() == f"{IMAGE_ID}\n"
     else:
         assert calls[-1] == "docker pull --quiet hub-ref"
+        assert not record.exists()
         assert "[mark] vllm/vllm-openai:v1: the load from peer http://host1:8082 failed" \
             in proc.stderr
 

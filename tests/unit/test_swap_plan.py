@@ -215,3 +215,27 @@ def test_the_plan_carries_each_stacks_drain_timeout_and_host_data_overrides_them
     assert Plan.from_dict(json.loads(plan.dumps())) == plan
     with pytest.raises(Exception, match=r"host1.*drain_timeout_s.*9000.*seconds in \[0, 7200\]"):
         desired(tmp_path, drain_timeout_s=9000)
+
+
+def test_probe_names_the_digest_a_peers_load_stands_for(tmp_path, monkeypatch):
+    """An image loaded from a peer has no RepoDigests; the record its checked load wrote
+    gives the probe its digest, so the next converge finds the stack up (no recreation)."""
+    image_id, digest = "sha256:" + "1" * 64, "sha256:" + "d" * 64
+    answers = {
+        "ps": "rigfleet-int8\trunning\tint8\tabc\t2026-12-04",
+        "inspect": f"/rigfleet-int8\tvllm/vllm-openai:v1\t{image_id}\t2026-12-04\t0",
+        "image": f"{image_id}\t[]\t{{}}",
+    }
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text("#!/bin/sh\ncase \"$1\" in\n" + "".join(
+        f"{k}) printf '%s\\n' '{v}' ;;\n" for k, v in answers.items()) + "esac\n")
+    (bindir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    lay = Layout(tmp_path)
+    from rigfleet.hostside.probe import containers
+    assert containers(lay)["rigfleet-int8"]["digests"] == []
+    lay.loaded_image(digest).parent.mkdir(parents=True)
+    lay.loaded_image(digest).write_text(image_id + "\n")
+    found = containers(lay)["rigfleet-int8"]
+    assert found["digests"] == [digest] and found["image_id"] == image_id
