@@ -276,6 +276,28 @@ def testbed() -> Testbed:
         run([str(BIN / "rigfleet"), "testbed", "down"], timeout=600, check=False)
 
 
+def remove_host(slot) -> None:
+    """A slot's container and its Docker volume gone (nothing left when there was none)."""
+    for args in (["rm", "-f", slot.container], ["volume", "rm", "-f", slot.docker_volume]):
+        subprocess.run(["docker", *args], capture_output=True, timeout=300, check=False)
+
+
+def fresh_host(testbed, number: int):
+    """A fresh bare host in slot ``number`` (outside the session's hosts), made as the session
+    makes its own, also when RIGFLEET_KEEP_TESTBED=1 kept the last run's; returns its slot."""
+    import docker as docker_sdk
+    from rigfleet_testbed import fleet, hostspec
+
+    c = docker_sdk.from_env()
+    paths = fleet.Paths()
+    spec = hostspec.host_specs(number)[-1]
+    paths.hardware(spec.slot.name).parent.mkdir(parents=True, exist_ok=True)
+    paths.hardware(spec.slot.name).write_text(fleet.hardware.render(spec.profile))
+    remove_host(spec.slot)
+    fleet.ensure_host(c, spec, paths, c.containers.get(testbed.hosts[0].container).image.id)
+    return spec.slot
+
+
 PYINFRA = str(BIN / "pyinfra")
 
 

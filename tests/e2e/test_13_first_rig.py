@@ -26,7 +26,7 @@ from pprint import pformat
 
 import pytest
 import yaml
-from conftest import INVENTORY, KEEP, REPO, STATE, wait_for
+from conftest import INVENTORY, KEEP, REPO, STATE, fresh_host, remove_host, wait_for
 
 README = REPO / "README.md"
 USER = "alice"
@@ -121,22 +121,13 @@ def replaced(lines: list[str], old: str, new: str) -> list[str]:
 @pytest.fixture(scope="module")
 def twin(testbed):
     """A fresh bare rig (host9) and the user's laptop, on the testbed's network; removed after."""
-    import docker as docker_sdk
-    from rigfleet_testbed import fleet, hostspec, layout
+    from rigfleet_testbed import layout
 
-    c = docker_sdk.from_env()
-    paths = fleet.Paths()
-    spec = hostspec.host_specs(RIG_SLOT)[-1]
-    slot = spec.slot
-    paths.hardware(slot.name).parent.mkdir(parents=True, exist_ok=True)
-    paths.hardware(slot.name).write_text(fleet.hardware.render(spec.profile))
-    host_image = c.containers.get(testbed.hosts[0].container).image.id
+    slot = fresh_host(testbed, RIG_SLOT)
     laptop_name = f"{slot.container.rsplit('-', 1)[0]}-laptop"
     laptop_ip = layout.GATEWAY.rsplit(".", 1)[0] + ".50"
-    # Both fresh, also when RIGFLEET_KEEP_TESTBED=1 kept the last run's.
-    docker("rm", "-f", laptop_name, slot.container, check=False)
-    docker("volume", "rm", "-f", slot.docker_volume, check=False)
-    fleet.ensure_host(c, spec, paths, host_image)
+    # Fresh too, also when RIGFLEET_KEEP_TESTBED=1 kept the last run's.
+    docker("rm", "-f", laptop_name, check=False)
     docker("run", "-d", "--name", laptop_name, "--hostname", "laptop",
            "--label", f"{layout.LABEL}={layout.LABEL_VALUE}",
            "--network", layout.NETWORK, "--ip", laptop_ip,
@@ -145,8 +136,8 @@ def twin(testbed):
         yield slot, Laptop(laptop_name)
     finally:
         if not KEEP:
-            docker("rm", "-f", laptop_name, slot.container, check=False)
-            docker("volume", "rm", "-f", slot.docker_volume, check=False)
+            docker("rm", "-f", laptop_name, check=False)
+            remove_host(slot)
 
 
 def user_inventory(home_py: str, address: str) -> str:

@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import re
 import runpy
-import subprocess
 import time
 from pathlib import Path
 from pprint import pformat
 
 import pytest
-from conftest import BIN, INVENTORY, KEEP, run, upstream_blob_gets
+from conftest import BIN, INVENTORY, KEEP, fresh_host, remove_host, run, upstream_blob_gets
 
 PEER_SLOT = 8
-
-
-def docker(*args: str) -> None:
-    subprocess.run(["docker", *args], capture_output=True, timeout=300, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -31,25 +26,17 @@ def peer_fleet(testbed, converged, tmp_path_factory):
     """host1 and a fresh bare host8 in an inventory of their own (no cache); host8 removed
     after."""
     import docker as docker_sdk
-    from rigfleet_testbed import fleet, hostspec
+    from rigfleet_testbed import fleet
 
-    c = docker_sdk.from_env()
-    paths = fleet.Paths()
-    spec = hostspec.host_specs(PEER_SLOT)[-1]
-    slot = spec.slot
-    paths.hardware(slot.name).parent.mkdir(parents=True, exist_ok=True)
-    paths.hardware(slot.name).write_text(fleet.hardware.render(spec.profile))
-    host_image = c.containers.get(testbed.hosts[0].container).image.id
-    docker("rm", "-f", slot.container)
-    docker("volume", "rm", "-f", slot.docker_volume)
-    fleet.ensure_host(c, spec, paths, host_image)
+    slot = fresh_host(testbed, PEER_SLOT)
     tmp = tmp_path_factory.mktemp("peers")
     known = tmp / "known_hosts"
     session = runpy.run_path(str(INVENTORY))
     seed_name, seed_data = session["gpu_hosts"][0][0]
     group_data = session["gpu_hosts"][1]
     known.write_text(Path(seed_data["ssh_known_hosts_file"]).read_text()
-                     + f"[127.0.0.1]:{slot.ssh_port} {fleet.host_key(c, slot)}\n")
+                     + f"[127.0.0.1]:{slot.ssh_port} "
+                     f"{fleet.host_key(docker_sdk.from_env(), slot)}\n")
     peer_data = {**seed_data, "ssh_port": slot.ssh_port,
                  "front_url": f"http://127.0.0.1:{slot.front_port}",
                  "balancer_front_address": f"{slot.name}:8000",
@@ -65,8 +52,7 @@ def peer_fleet(testbed, converged, tmp_path_factory):
     finally:
         inventory.unlink(missing_ok=True)
         if not KEEP:
-            docker("rm", "-f", slot.container)
-            docker("volume", "rm", "-f", slot.docker_volume)
+            remove_host(slot)
 
 
 def converge(inventory: Path) -> str:
