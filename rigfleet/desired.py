@@ -23,8 +23,7 @@ from rigfleet.hostside.layout import CONFIG_HASH_LABEL, HOST
 from rigfleet.hostside.plan import StackRef
 from rigfleet.hostside.records import TRACKED_KEYS
 from rigfleet.pins import GenesisPin, ModelPin, Pins, PinsError, StackPins, load_pins
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from rigfleet.resources import PROJECT_ROOT
 
 
 @dataclass(frozen=True)
@@ -252,7 +251,7 @@ def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
     if base is not None:
         return base / path
     cwd = Path.cwd() / path
-    return cwd if cwd.exists() else REPO_ROOT / path
+    return cwd if cwd.exists() else PROJECT_ROOT / path
 
 
 _PINS: dict[tuple[str, tuple[str, ...]], tuple[Pins, BumpJournal | None]] = {}

@@ -16,15 +16,13 @@ from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.facts import GpuQuery, gpu_power_limit, read_fact, read_paths
 from rigfleet.hostdata import HostDataError, check_caps_against_gpus
 from rigfleet.resources import project_file
+from rigfleet.status.drift import CAP_TOLERANCE_W
 from roles.ops import changed, executing, fail, on_change
 from roles.preflight import HostContext
 
 UNIT = "rigfleet-power-caps.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 TEMPLATE = str(project_file(f"files/{UNIT}.j2"))
-
-# nvidia-smi reports limits with two decimals; a set limit reads back within a watt.
-TOLERANCE_W = 0.5
 
 
 def caps_mismatch(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
@@ -34,7 +32,7 @@ def caps_mismatch(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
     for index, watts in enumerate(caps):
         gpu = by_index.get(index)
         current = gpu_power_limit(gpu) if gpu is not None else None
-        if current is None or abs(current - watts) > TOLERANCE_W:
+        if current is None or abs(current - watts) > CAP_TOLERANCE_W:
             out.append(f"card {index}: {current} W (want {watts} W)")
     return out
 
