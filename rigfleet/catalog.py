@@ -406,7 +406,8 @@ def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
     for i, entry in enumerate(value):
         d = p.mapping(f"{key}[{i}]", entry) or {}
         fields: dict[str, str | None] = {}
-        for name in keys_of(f"{key}[]"):
+        # a failure's kind is checked last, as before the table drove this (messages' order)
+        for name in sorted(keys_of(f"{key}[]"), key=lambda n: n == "kind"):
             item, required = f"{key}[{i}].{name}", BY_PATH[f"{key}[].{name}"].required
             got = p.string(item, d.get(name), _PATTERNS.get(name), required=required)
             if name == "pattern" and got is not None and (error := _regex_error(got)):

@@ -12,7 +12,6 @@ Example (``deploy.py``): ``from roles import converge; converge()``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 # Modules, not their role functions, are bound here: ``roles.power`` stays the module (tests
@@ -58,25 +57,28 @@ CACHE_ROLES: tuple[Callable[..., Any], ...] = (base.base, cache.cache)
 def converge() -> HostContext | BalancerContext | MonitorContext | CacheContext:
     """Run this host's roles, each kind's preflight first; the GPU host's context first."""
     kind = host_kind(host.groups)
-    # The cache first: its operations come before every rig's (their place in this loop).
-    kinds = ((kind.cache, partial(cache.preflight_cache, gpu_host=kind.gpu), CACHE_ROLES),
-             (kind.gpu, preflight.preflight, ROLES),
-             (kind.balancer, partial(preflight.preflight_balancer, gpu_host=kind.gpu),
-              BALANCER_ROLES),
-             (kind.monitor, partial(monitor.preflight_monitor, gpu_host=kind.gpu), MONITOR_ROLES))
+    # Each kind calls its roles from its own line, the cache's first: pyinfra orders the
+    # fleet's operations by the line numbers of their call stacks, so every cache operation
+    # comes before every rig's (docs/images.md). host.loop: two roles calling an operation at
+    # the same line would otherwise be one operation to pyinfra, and a host that skips one
+    # role's operation (no Genesis stack on a one-card host) would order them in a cycle.
     contexts: list[Any] = []
-    # host.loop: pyinfra names an operation by the line numbers of its call stack alone (no
-    # file names), so two roles calling an operation at the same line would be one operation
-    # to it, and a host that skips one role's operation (no Genesis stack on a one-card host)
-    # would order the fleet's operations in a cycle. The loop positions tell them apart.
-    for wanted, check, roles in host.loop(kinds):
-        if not wanted:
-            continue
-        ctx = check()  # @deploy returns what the function returns (its stubs: OperationMeta)
-        # base once per host; ROLES keep one order on every GPU host (base a no-op again)
-        for role in host.loop(roles[1:] if contexts and roles is not ROLES else roles):
-            role(ctx)
-        contexts.append(ctx)
+    if kind.cache:
+        contexts.append(cache.preflight_cache(gpu_host=kind.gpu))
+        for cache_role in host.loop(CACHE_ROLES):
+            cache_role(contexts[-1])
+    if kind.gpu:  # @deploy returns what the function returns (its stubs: OperationMeta)
+        contexts.append(preflight.preflight())
+        for role in host.loop(ROLES):  # base again on a cache host: a no-op there
+            role(contexts[-1])
+    if kind.balancer:
+        contexts.append(preflight.preflight_balancer(gpu_host=kind.gpu))
+        for lb_role in host.loop(BALANCER_ROLES[1:] if len(contexts) > 1 else BALANCER_ROLES):
+            lb_role(contexts[-1])
+    if kind.monitor:
+        contexts.append(monitor.preflight_monitor(gpu_host=kind.gpu))
+        for mon_role in host.loop(MONITOR_ROLES[1:] if len(contexts) > 1 else MONITOR_ROLES):
+            mon_role(contexts[-1])
     services = [c for c in contexts if not isinstance(c, CacheContext)]
     return (services or contexts)[0]
 
