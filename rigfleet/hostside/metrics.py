@@ -248,6 +248,12 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
         "stack": stack, "image_digest": str(state.get("digest") or ""),
         "model_revision": str(state.get("model_revision") or ""),
         "genesis_commit": str(state.get("genesis_commit") or "")}
+    # The engine and the front before the lock and the window: a swap takes the lock before
+    # it stops the engine, so an engine seen down is seen with its swap. Read the other way,
+    # a run that began just before a swap could write "down, no swap" after the swap's own
+    # refresh, and the monitor's engine-down alert (for: 0s) fired on a swap.
+    engine_up = bool(stack) and engine_running(str(stack))
+    ready = front_ready(front_port)
     holder = read_holder(lay.lock_dir)
     swapping = is_swap(holder)
     times = read_timings(lay)
@@ -265,8 +271,7 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
                          baseline_tokens_per_s=float(base) if isinstance(base, int | float)
                          else None, margin=margin, acceptance_floor=floor,
                          passed=last.result == "pass", at=_iso(last.at))
-    return Facts(now=now, serving=serving, ready=front_ready(front_port),
-                 engine_up=bool(stack) and engine_running(str(stack)),
+    return Facts(now=now, serving=serving, ready=ready, engine_up=engine_up,
                  swap_in_progress=swapping, swap_expected_s=expected,
                  window_open=window_open,
                  window_opened_at=window.opened_at if window and window_open else None,
