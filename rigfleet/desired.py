@@ -149,17 +149,13 @@ def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> Desire
                         tracked, ref, stack_gate_set(spec, settings))
 
 
-def fits(spec: StackSpec, gpu_count: int) -> bool:
-    """The stack runs on ``gpu_count`` cards (its GPU count and its TP)."""
-    return max(spec.gpu_count, spec.tensor_parallel_size) <= gpu_count
-
-
 def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
     """The pinned stacks of the catalog the host may serve (host data ``stacks``) and its GPUs
-    can run, in pins order."""
+    can run (their count and the TP), in pins order."""
     allowed = settings.stacks
     names = [n for n in pins.stacks if n in settings.catalog and (allowed is None or n in allowed)]
-    return [spec for spec in map(settings.catalog.get, names) if fits(spec, settings.gpu_count)]
+    return [spec for spec in map(settings.catalog.get, names)
+            if max(spec.gpu_count, spec.tensor_parallel_size) <= settings.gpu_count]
 
 
 def stack_gate_set(spec: StackSpec, settings: HostSettings) -> tuple[str, ...]:
