@@ -149,23 +149,13 @@ def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> Desire
                         tracked, ref, stack_gate_set(spec, settings))
 
 
-def fits(spec: StackSpec, gpu_count: int) -> bool:
-    """The stack runs on ``gpu_count`` cards (its GPU count and its TP)."""
-    return max(spec.gpu_count, spec.tensor_parallel_size) <= gpu_count
-
-
 def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
     """The pinned stacks of the catalog the host may serve (host data ``stacks``) and its GPUs
-    can run, in pins order."""
+    can run (their count and the TP), in pins order."""
     allowed = settings.stacks
-    out = []
-    for name in pins.stacks:
-        if name not in settings.catalog or (allowed is not None and name not in allowed):
-            continue
-        spec = settings.catalog.get(name)
-        if fits(spec, settings.gpu_count):
-            out.append(spec)
-    return out
+    names = [n for n in pins.stacks if n in settings.catalog and (allowed is None or n in allowed)]
+    return [spec for spec in map(settings.catalog.get, names)
+            if max(spec.gpu_count, spec.tensor_parallel_size) <= settings.gpu_count]
 
 
 def stack_gate_set(spec: StackSpec, settings: HostSettings) -> tuple[str, ...]:
@@ -201,8 +191,7 @@ def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec
     """Each staged Genesis stack's file must have a switch set for its pinned layout."""
     problems = []
     for spec in staged:
-        pinned = pins.stacks.get(spec.name)
-        genesis = pinned.genesis if pinned is not None else None
+        genesis = pins.stacks[spec.name].genesis
         if spec.genesis is None or genesis is None:
             continue
         if genesis.layout not in spec.genesis.switches:
@@ -220,9 +209,7 @@ def check_image_rules(settings: HostSettings, pins: Pins, staged: list[StackSpec
     """Each staged stack's pinned image must be one its stack file's ``image`` rule allows."""
     problems = []
     for spec in staged:
-        pinned = pins.stacks.get(spec.name)
-        if pinned is None:
-            continue
+        pinned = pins.stacks[spec.name]
         for problem in spec.image.problems(pinned.tag, pinned.vllm_version):
             problems.append(
                 f"{settings.name}: {pins.path}: stacks.{spec.name}: image {pinned.image} "

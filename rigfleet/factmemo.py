@@ -38,16 +38,17 @@ def _memo(on: Host) -> _HostMemo:
     return _MEMO.setdefault(on.state, {}).setdefault(on.name, _HostMemo())
 
 
-def _changes(state: State, on: Host) -> int:
-    ops = state.ops.get(on, {})
-    return sum(1 for data in ops.values() if data.operation_meta.executed)
+def _mark(on: Host) -> tuple[int, int]:
+    """What has changed on the host so far: operations executed, commands sent."""
+    ops = on.state.ops.get(on, {})
+    return sum(1 for data in ops.values() if data.operation_meta.executed), _memo(on).sent
 
 
 def read_once(on: Host, key: tuple[Any, ...], read: Callable[[], T], fresh: bool = False) -> T:
     """``read()``'s answer about host ``on`` under ``key``, asked once while nothing changed
     on it (``fresh``: read whatever is kept)."""
     memo = _memo(on)
-    mark = (_changes(on.state, on), memo.sent)
+    mark = _mark(on)
     kept = memo.answers.get(key)
     if not fresh and kept is not None and kept[0] == mark:
         return cast(T, kept[1])
@@ -84,19 +85,17 @@ def read_host_once() -> None:
         Host.put_file = _counted(Host.put_file)  # type: ignore[method-assign]
 
 
-def fact_key(fact: Any, **kwargs: Any) -> tuple[Any, ...]:
-    return ("fact", fact, (), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+def fact_key(fact: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    return ("fact", fact, tuple(repr(a) for a in args),
+            tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
 
 
 def _get_fact_once(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
     fresh = kwargs.pop("_rigfleet_fresh", False)
-    key = fact_key(name_or_cls, **kwargs)
-    if args:
-        key = (*key[:2], tuple(repr(a) for a in args), key[3])
+    key = fact_key(name_or_cls, *args, **kwargs)
     return read_once(self, key, lambda: _GET_FACT(self, name_or_cls, *args, **kwargs), fresh)
 
 
 def prime(on: Host, key: tuple[Any, ...], value: Any) -> None:
     """Keep ``value`` under ``key`` (``fact_key``) for host ``on``, as if just read."""
-    memo = _memo(on)
-    memo.answers[key] = ((_changes(on.state, on), memo.sent), value)
+    _memo(on).answers[key] = (_mark(on), value)

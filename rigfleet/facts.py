@@ -36,10 +36,12 @@ T = TypeVar("T")
 
 
 def read_fact(fact: type[FactBase[T]], fresh: bool = False, **kwargs: Any) -> T:
-    """``host.get_fact(fact, **kwargs)``, asked once while nothing changed on the host
-    (``rigfleet.factmemo.read_once``); ``fresh=True`` asks again whatever is kept."""
+    """``host.get_fact``, asked once while nothing changed on the host (``fresh``: ask again)."""
     read_host_once()
     return host.get_fact(fact, _rigfleet_fresh=fresh, **kwargs)
+
+
+SERVICE_PROPERTIES = ("SubState", "ActiveState", "UnitFileState")
 
 
 class ServiceStates(FactBase[dict[str, dict[str, str]]]):
@@ -67,9 +69,6 @@ class ServiceStates(FactBase[dict[str, dict[str, str]]]):
         return units
 
 
-SERVICE_PROPERTIES = ("SubState", "ActiveState", "UnitFileState")
-
-
 def read_services(units: tuple[str, ...]) -> None:
     """Prime ``SystemdStatus``, ``SystemdEnabled`` and ``UnitActive`` of ``units`` from one read."""
     states = read_fact(ServiceStates, units=units)
@@ -90,10 +89,8 @@ _STAT_FORMAT = r"%n\t%a %U %G\tuser=%U group=%G mode=%A atime=%X mtime=%Y ctime=
 
 
 class PathStates(FactBase[dict[str, list[list[str]]]]):
-    """Several paths at once, each answered as pyinfra's ``File`` and ``Sha1File`` and our
-    ``FileDigest`` answer it alone: path -> the three outputs. One ``stat``, one ``sha1sum``
-    and one ``sha256sum`` for all of them (a fork per path each made this the slowest read of
-    a no-op converge); the same tests decide which paths each one reads."""
+    """Paths -> the outputs ``File``, ``Sha1File`` and ``FileDigest`` would each give alone,
+    from one ``stat``, ``sha1sum`` and ``sha256sum`` for all (a fork per path was slow)."""
 
     default = dict
 
@@ -151,8 +148,7 @@ def read_paths(paths: Iterable[str]) -> None:
 
 
 def path_answers(path: str, outputs: list[list[str]]) -> dict[type[FactBase[Any]], Any]:
-    """``File``, ``Directory``, ``Link``, ``Sha1File`` and ``FileDigest`` of ``path`` from its
-    ``PathStates`` outputs ({} when incomplete)."""
+    """The path facts of ``path`` from its ``PathStates`` outputs ({} when incomplete)."""
     if len(outputs) != 4:  # three answers and the mark after the last
         return {}
     stat, sha1, digest = outputs[:3]
@@ -285,9 +281,8 @@ class GpuQuery(FactBase[GpuState]):
 
 @dataclass(frozen=True)
 class PlatformState:
-    """The machine itself: init, architecture, Secure Boot and DKMS's key (``mok``:
-    ``enrolled``, ``pending`` for the next boot, ``not-enrolled``, ``unknown``), the driver's
-    origin (``smi_owner``: the dpkg package owning nvidia-smi)."""
+    """Init, architecture, Secure Boot, DKMS's key (``mok``: ``enrolled``, ``pending`` for the
+    next boot, ``not-enrolled``, ``unknown``) and the dpkg package owning nvidia-smi."""
 
     pid1: str = ""
     systemd: bool = False
@@ -307,8 +302,6 @@ class PlatformState:
 
 
 class Platform(FactBase[PlatformState]):
-    """Init system, architecture, Secure Boot state, DKMS's key and the driver's origin."""
-
     default = PlatformState
 
     @override
@@ -409,30 +402,11 @@ class DockerRuntimes(FactBase[list[str]]):
 
     @override
     def process(self, output: list[str]) -> list[str]:
-        data = _json(output)
+        try:
+            data = json.loads("\n".join(output))
+        except ValueError:
+            return []
         return sorted(data) if isinstance(data, dict) else []
-
-
-class ImageDigests(FactBase[list[str]]):
-    """An image's ``RepoDigests`` (``repo@sha256:...``); empty when it is not pulled."""
-
-    default = list
-
-    @override
-    def command(self, ref: str) -> str:
-        return docker_commands.image_repo_digests(ref)
-
-    @override
-    def process(self, output: list[str]) -> list[str]:
-        data = _json(output)
-        return [str(d) for d in data] if isinstance(data, list) else []
-
-
-def _json(output: list[str]) -> Any:
-    try:
-        return json.loads("\n".join(output))
-    except ValueError:
-        return None
 
 
 class ImageLabels(FactBase[dict[str, str] | None]):
@@ -466,7 +440,6 @@ class WeightsState:
     reason: str
 
     def holds(self, repo: str, revision: str) -> bool:
-        """The directory is verified for ``repo@revision`` and unchanged since."""
         return self.intact and (self.repo, self.revision) == (repo, revision)
 
 
@@ -492,10 +465,7 @@ class WeightsManifest(FactBase[WeightsState]):
 
     @override
     def process(self, output: list[str]) -> WeightsState:
-        try:
-            split = output.index(_LISTING)
-        except ValueError:
-            return self.default()
+        split = output.index(_LISTING) if _LISTING in output else 0
         text = "".join(output[:split]).strip()
         if not text:
             return self.default()
@@ -513,21 +483,20 @@ class WeightsManifest(FactBase[WeightsState]):
                     listing[parts[0]] = (int(parts[1]), float(parts[2]))
                 except ValueError:
                     continue
-        return WeightsState(repo, revision, *_compare_listing(files, listing))
+        reason = _mismatch(files, listing)
+        return WeightsState(repo, revision, not reason, reason or "matches manifest")
 
 
-def _compare_listing(
-    files: dict[str, Any], listing: dict[str, tuple[int, float]]
-) -> tuple[bool, str]:
+def _mismatch(files: dict[str, Any], listing: dict[str, tuple[int, float]]) -> str:
     for name, meta in sorted(files.items()):
         if name not in listing:
-            return False, f"{name} is missing"
+            return f"{name} is missing"
         size, mtime = listing[name]
         if size != meta.get("size"):
-            return False, f"{name} has {size} bytes, manifest says {meta.get('size')}"
+            return f"{name} has {size} bytes, manifest says {meta.get('size')}"
         if abs(mtime - float(meta.get("mtime", 0))) > 0.001:
-            return False, f"{name} was modified after it was verified"
-    return True, "matches manifest"
+            return f"{name} was modified after it was verified"
+    return ""
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,9 @@
-"""GPU facts: parse what ``nvidia-smi`` and the driver print into typed data.
+"""GPU facts: parse what ``nvidia-smi --query-gpu`` prints into typed data.
 
-Every parser raises ``GpuParseError`` naming the offending line, or its subclass
+The parser raises ``GpuParseError`` naming the offending line, or its subclass
 ``DriverNotLoadedError`` when the driver is not loaded ("reboot needed", not "garbage")::
 
     cards = gpu.parse_query_gpu(stdout)        # [GpuInfo(index=0, name='NVIDIA GeForce ...')]
-    topo = gpu.parse_topology(topo_stdout)     # topo.has_nvlink, topo.link(0, 1) -> 'PHB'
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from itertools import takewhile
+from dataclasses import dataclass, fields
 
 from rigfleet.errors import RigfleetError
 
@@ -30,7 +28,6 @@ _DRIVER_FAILURES = (
     "Failed to initialize NVML",
 )
 _NO_DEVICES = "No devices were found"
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _UNIT_SUFFIX = re.compile(r"^(?P<num>-?\d+(?:\.\d+)?)\s*(?:W|MiB|MHz|%|C)?$")
 _NOT_AVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]",
                   "[Insufficient Permissions]", "[Requested functionality has been deprecated]"}
@@ -159,118 +156,3 @@ def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[Gpu
             values["index"] = pos
         gpus.append(GpuInfo(**values))  # type: ignore[arg-type]
     return gpus
-
-
-@dataclass(frozen=True)
-class Topology:
-    """``nvidia-smi topo -m``: the link between every pair of GPUs."""
-
-    gpus: tuple[str, ...]
-    links: dict[tuple[int, int], str] = field(default_factory=dict)  # (i, j), i < j
-    cpu_affinity: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def has_nvlink(self) -> bool:
-        return any(v.startswith("NV") for v in self.links.values())
-
-    def link(self, a: int, b: int) -> str:
-        return self.links[(min(a, b), max(a, b))]
-
-
-_DEVICE = re.compile(r"^(GPU|NIC)\d+$")
-_LINK = re.compile(r"^(X|SYS|NODE|PHB|PXB|PIX|NV\d+|SOC|N/A)$")
-
-
-def _cells(line: str) -> list[str]:
-    if "\t" in line:  # real output; copies pasted from terminals have spaces
-        return [c.strip() for c in line.split("\t")]
-    return line.split()
-
-
-def parse_topology(text: str) -> Topology:
-    """Parse ``nvidia-smi topo -m`` (ANSI escapes stripped; legend ignored)."""
-    _check_driver(text)
-    lines = (_ANSI.sub("", ln) for ln in text.splitlines())
-    body = [ln for ln in takewhile(lambda ln: not ln.strip().startswith("Legend:"), lines)
-            if ln.strip()]
-    if not body:
-        raise GpuParseError("nvidia-smi topo -m: empty output")
-    devices = list(takewhile(_DEVICE.match, [c for c in _cells(body[0]) if c]))
-    if not devices:
-        raise GpuParseError(f"nvidia-smi topo -m: no device columns in header {body[0]!r}")
-    gpu_cols = [i for i, d in enumerate(devices) if d.startswith("GPU")]
-    links: dict[tuple[int, int], str] = {}
-    affinity: dict[int, str] = {}
-    for ln in body[1:]:
-        cells = _cells(ln)
-        label = cells[0]
-        if not _DEVICE.match(label):
-            raise GpuParseError(f"nvidia-smi topo -m: unexpected line {ln!r}")
-        if not label.startswith("GPU"):
-            continue  # NIC rows
-        row = int(label[3:])
-        values = cells[1:1 + len(devices)]
-        if len(values) < len(devices) or not all(_LINK.match(v) for v in values):
-            raise GpuParseError(f"nvidia-smi topo -m: bad link cells in line {ln!r}")
-        for col in gpu_cols:
-            other = int(devices[col][3:])
-            if other != row:
-                links[(min(row, other), max(row, other))] = values[col]
-        rest = [c for c in cells[1 + len(devices):] if c]
-        if rest:
-            affinity[row] = rest[0]
-    names = tuple(devices[i] for i in gpu_cols)
-    return Topology(gpus=names, links=links, cpu_affinity=affinity)
-
-
-@dataclass(frozen=True)
-class SmiVersion:
-    smi_version: str
-    nvml_version: str
-    driver_version: str
-    cuda_version: str
-
-
-def parse_smi_version(text: str) -> SmiVersion:
-    _check_driver(text)
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        key, sep, value = line.partition(":")
-        if not sep:
-            raise GpuParseError(f"nvidia-smi --version: unexpected line {line!r}")
-        found[key.strip().lower()] = value.strip()
-    try:
-        return SmiVersion(found["nvidia-smi version"], found["nvml version"],
-                          found["driver version"], found["cuda version"])
-    except KeyError as missing:
-        raise GpuParseError(f"nvidia-smi --version: no {missing} line in {text!r}") from None
-
-
-@dataclass(frozen=True)
-class KernelModule:
-    """``/proc/driver/nvidia/version``: which module is loaded."""
-
-    version: str
-    open_kernel_module: bool
-    gcc_version: str | None = None
-
-
-_NVRM = re.compile(
-    r"^NVRM version: NVIDIA UNIX (?:(?P<open>Open Kernel Module for \S+)|\S+ Kernel Module)"
-    r"\s+(?P<version>\d+\.\d+(?:\.\d+)?)\b"
-)
-
-
-def parse_proc_driver_version(text: str) -> KernelModule:
-    """Parse the loaded module's version line (open or proprietary flavour)."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        raise GpuParseError("/proc/driver/nvidia/version: empty (is the driver loaded?)")
-    m = _NVRM.match(lines[0].strip())
-    if not m:
-        raise GpuParseError(f"/proc/driver/nvidia/version: unexpected line {lines[0]!r}")
-    gcc = next((ln.split(":", 1)[1].strip() for ln in lines[1:] if ln.startswith("GCC version")),
-               None)
-    return KernelModule(m.group("version"), m.group("open") is not None, gcc)

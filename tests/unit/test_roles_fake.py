@@ -916,7 +916,6 @@ def _fact_cases(tmp: Path):
         (facts.GpuQuery, {}),
         (facts.DockerDaemonJson, {}),
         (facts.DockerRuntimes, {}),
-        (facts.ImageDigests, {"ref": "rigfleet/none@sha256:" + "0" * 64}),
         (facts.WeightsManifest, {"local_dir": missing}),
         (facts.GenesisHead, {"path": missing}),
         (facts.VenvPackageVersion, {"venv": missing, "dist": "huggingface_hub"}),
