@@ -32,6 +32,7 @@ import hashlib
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,10 +176,27 @@ def _gpg(gnupg_home: Path, *args: str, input: bytes | None = None) -> bytes:
     return proc.stdout
 
 
-def _stop_agent(gnupg_home: Path) -> None:
-    # gpg starts an agent per home; ours must not outlive the build.
+def _stop_agent(gnupg_home: Path, timeout: float = 10.0) -> None:
+    """gpg starts an agent per home; ours must not outlive the build. ``gpgconf --kill``
+    returns while the agent is still shutting down, and a gpg started then connects to it and
+    fails ("can't connect to the agent: End of file"), so this waits until it has exited."""
+    asked = subprocess.run(["gpg-connect-agent", "--homedir", str(gnupg_home), "--no-autostart",
+                            "getinfo pid", "/bye"], capture_output=True, text=True)
+    pid = next((int(line[2:]) for line in asked.stdout.splitlines()
+                if line.startswith("D ") and line[2:].strip().isdigit()), None)
     subprocess.run(["gpgconf", "--homedir", str(gnupg_home), "--kill", "gpg-agent"],
                    capture_output=True)
+    deadline = time.monotonic() + timeout
+    while pid is not None and _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting for its parent is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _find_key(gnupg_home: Path, uid: str) -> str | None:

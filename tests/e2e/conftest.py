@@ -301,14 +301,14 @@ def fresh_host(testbed, number: int):
 PYINFRA = str(BIN / "pyinfra")
 
 
-def pyinfra(*args: str, check: bool = True, timeout: float = 1800):
+def pyinfra(*args: str, check: bool = True, timeout: float = 1800, inventory: Path = INVENTORY):
     """``pyinfra <testbed inventory> deploy.py ARGS`` from the repository root."""
-    return run([PYINFRA, str(INVENTORY), "deploy.py", *args], check=check, timeout=timeout)
+    return run([PYINFRA, str(inventory), "deploy.py", *args], check=check, timeout=timeout)
 
 
-def dry_plan() -> list[dict]:
+def dry_plan(inventory: Path = INVENTORY) -> list[dict]:
     """The operations ``--dry --json`` would run, with the hosts each would change."""
-    proc = pyinfra("--dry", "--json")
+    proc = pyinfra("--dry", "--json", inventory=inventory)
     return json.loads(proc.stdout[proc.stdout.index("{"):])["plan"]
 
 

@@ -16,7 +16,16 @@ from pathlib import Path
 from pprint import pformat
 
 import pytest
-from conftest import BIN, INVENTORY, KEEP, fresh_host, remove_host, run, upstream_blob_gets
+from conftest import (
+    INVENTORY,
+    KEEP,
+    dry_plan,
+    fresh_host,
+    pyinfra,
+    remove_host,
+    run,
+    upstream_blob_gets,
+)
 
 PEER_SLOT = 8
 
@@ -48,7 +57,7 @@ def peer_fleet(testbed, converged, tmp_path_factory):
     inventory.write_text(f"_data = {pformat(group_data)}\n\n"
                          f"gpu_hosts = ({pformat(hosts)}, _data)\n")
     try:
-        yield inventory, seed_name, slot.name
+        yield inventory, next(h for h in testbed.hosts if h.name == seed_name), slot
     finally:
         inventory.unlink(missing_ok=True)
         if not KEEP:
@@ -56,29 +65,34 @@ def peer_fleet(testbed, converged, tmp_path_factory):
 
 
 def converge(inventory: Path) -> str:
-    proc = run([str(BIN / "pyinfra"), str(inventory), "deploy.py", "-y"], timeout=1800)
+    proc = pyinfra("-y", inventory=inventory)
     return proc.stdout + proc.stderr
 
 
-def changed(out: str, host: str) -> list[str]:
-    """The operations of a pyinfra run that changed ``host`` (its "Success" lines)."""
-    ops, current = [], ""
-    for line in out.splitlines():
-        if m := re.search(r"--> Starting operation: (.*?)\s*$", line):
-            current = m.group(1)
-        elif re.search(rf"\[{re.escape(host)}\] Success", line):
-            ops.append(current)
-    return ops
+def started_at(container: str, stack_container: str) -> str:
+    """When the serving container on a testbed host last started (docker inside the host)."""
+    proc = run(["docker", "exec", container, "docker", "inspect", "-f", "{{.State.StartedAt}}",
+                stack_container], timeout=60)
+    return proc.stdout.strip()
 
 
 def test_a_fresh_rig_loads_images_from_its_peer_and_a_second_run_changes_nothing(peer_fleet):
-    inventory, seed, peer = peer_fleet
+    inventory, seed, slot = peer_fleet
     since = time.time()
     out = converge(inventory)
-    staged = [op for op in changed(out, peer) if "from a peer" in op]
-    assert staged, f"{peer} loaded no image from a peer:\n{out[-4000:]}"
+    assert re.search(r"Stage .* from a peer", out), f"{slot.name} loaded no image:\n{out[-4000:]}"
     assert "the load from peer" not in out, out[-4000:]  # no fallback upstream
     assert not upstream_blob_gets(since), "the twin registry served blobs: not from the peer"
+    # What the peer loaded is on record (a load gives an image no RepoDigests).
+    records = run(["docker", "exec", slot.container, "ls", "/var/lib/rigfleet/images-loaded"],
+                  timeout=60).stdout.split()
+    assert records and all(re.fullmatch(r"[0-9a-f]{64}", r) for r in records), records
+
+    containers = (seed.container, slot.container)
+    before = [started_at(c, seed.container_of_stack) for c in containers]
+    changes = [(op["name"], op["hosts_with_change"]) for op in dry_plan(inventory)
+               if op.get("hosts_with_change")]
+    assert changes == [], f"--dry after the first run lists changes: {changes}"
     again = converge(inventory)
-    for host in (seed, peer):
-        assert changed(again, host) == [], f"second run changed {host}:\n{again[-4000:]}"
+    assert not re.search(r"Stage .* from a peer", again), again[-4000:]
+    assert [started_at(c, seed.container_of_stack) for c in containers] == before  # not recreated

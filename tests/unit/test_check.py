@@ -74,6 +74,8 @@ def make_repo(root: Path, name: str, packages: dict[str, list[str]], sha1: bool 
          str(dist / "Release"))
     _gpg(home, "--digest-algo", "SHA512", "--armor", "--detach-sign", "--output",
          str(dist / "Release.gpg"), str(dist / "Release"))
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"],
+                   capture_output=True)  # the agent gpg started for this home goes with it
     return fpr
 
 
