@@ -22,7 +22,15 @@ from rigfleet.catalog import HF_REPO, Catalog, builtin_catalog
 from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostside.atomic import write_atomic
 from rigfleet.pin_keys import SCHEMA, TABLE, UNRESOLVED, allowed, default
-from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
+from rigfleet.validate import (
+    GIT_URL,
+    Problems,
+    ValidationError,
+    YamlError,
+    is_int,
+    load_yaml,
+    parse_yaml,
+)
 
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
 
@@ -52,7 +60,6 @@ _DRIVER_BRANCH = re.compile(r"[0-9]{3,4}")
 _DRIVER_VERSION = re.compile(r"[0-9]{3,4}\.[0-9]+(?:\.[0-9]+)?")
 _TOOLKIT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:~rc\.[0-9]+)?-[0-9]+")
 _LOCAL_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 _GENESIS_VERSION = re.compile(r"v?\d+(?:\.\d+){1,3}(?:[.-][A-Za-z0-9]+)*")
 
 _STACK = "stacks.<stack>"
@@ -296,7 +303,7 @@ def _read_serial(path: Path) -> int | None:
     except YamlError:
         return None
     serial = data.get("serial") if isinstance(data, dict) else None
-    return serial if isinstance(serial, int) and not isinstance(serial, bool) else None
+    return serial if is_int(serial) else None
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -545,7 +552,7 @@ class _Checker(Problems):
             layout = None
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,
                               required=False)
-        repo = self.string(f"{key}.repo", d.get("repo"), _GIT_URL)
+        repo = self.string(f"{key}.repo", d.get("repo"), GIT_URL)
         commit = self.pinned(f"{key}.commit", d.get("commit"), _HEX40, allow_unresolved=False)
         if repo and commit and layout:
             return GenesisPin(repo=repo, commit=commit, layout=layout, version=version)
