@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
-from rigfleet.catalog_genesis import GenesisSpec, PatchDecision, parse_genesis
+from rigfleet.catalog_genesis import GenesisSpec, parse_genesis
 from rigfleet.catalog_keys import (
     BY_PATH,
     DEFAULT_CV_MAX,
@@ -34,7 +34,6 @@ from rigfleet.catalog_keys import (
     allowed,
     keys_of,
 )
-from rigfleet.errors import RigfleetError
 from rigfleet.genesis_layout import GenesisLayout, entrypoint_script
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
@@ -401,21 +400,16 @@ def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
         for name in sorted(keys_of(f"{key}[]"), key=lambda n: n == "kind"):
             item, required = f"{key}[{i}].{name}", BY_PATH[f"{key}[].{name}"].required
             got = p.string(item, d.get(name), _PATTERNS.get(name), required=required)
-            if name == "pattern" and got is not None and (error := _regex_error(got)):
-                p.bad(item, got, "a valid regular expression", f"does not compile ({error})")
-                got = None
+            if name == "pattern" and got is not None:
+                try:
+                    re.compile(got)
+                except re.error as error:
+                    p.bad(item, got, "a valid regular expression", f"does not compile ({error})")
+                    got = None
             fields[name] = "" if got is None and not required else got
         if None not in fields.values():
             out.append(cast(dict[str, str], fields))
     return out
-
-
-def _regex_error(pattern: str) -> re.error | None:
-    try:
-        re.compile(pattern)
-    except re.error as e:
-        return e
-    return None
 
 
 def _gate_set(p: Problems, value: Any) -> list[str]:
@@ -554,10 +548,3 @@ def get_stack(name: str) -> StackSpec:
     """A built-in stack by name; an unknown name raises ``CatalogError``."""
     return builtin_catalog().get(name)
 
-
-__all__ = [
-    "BUILTIN_DIR", "Catalog", "CatalogError", "GenesisSpec", "PatchDecision", "KV_CACHE_DTYPES",
-    "MODEL_ROOT_IN_CONTAINER", "StackSpec", "ThroughputSpec", "VLLM_PORT_IN_CONTAINER",
-    "builtin_catalog", "get_stack", "load_catalog", "load_stack_file", "parse_stack",
-    "RigfleetError",
-]

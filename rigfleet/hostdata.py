@@ -225,11 +225,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "normalised directory other than a system one", "where the cache keeps verified model "
         "revisions (<repo>/<revision>/)", on="cache", group="Cache"),
 )}
-KEY_DEFAULTS = {k.name: None if k.default is REQUIRED else k.default for k in KEYS.values()}
-
-
-def _default(name: str) -> Any:
-    return KEYS[name].default
+KEY_DEFAULTS: dict[str, Any] = {
+    k.name: None if k.default is REQUIRED else k.default for k in KEYS.values()}
 
 
 class HostDataError(ValidationError):
@@ -241,16 +238,16 @@ class SwapSettings:
     """The gate and the time limits of one host's transactions (``drain_timeout_s`` None: each
     stack file's ``drain.timeout_s``)."""
 
-    gate_profile: str = _default("gate_profile")
-    gate_set: tuple[str, ...] = _default("gate_set")
-    ready_timeout_s: float = _default("ready_timeout_s")
+    gate_profile: str = KEY_DEFAULTS["gate_profile"]
+    gate_set: tuple[str, ...] = KEY_DEFAULTS["gate_set"]
+    ready_timeout_s: float = KEY_DEFAULTS["ready_timeout_s"]
     vram_timeout_s: float = VRAM_TIMEOUT_S
-    gate_timeout_s: float = _default("gate_timeout_s")
+    gate_timeout_s: float = KEY_DEFAULTS["gate_timeout_s"]
     retry_after_s: int = RETRY_AFTER_S
     drain_timeout_s: float | None = None
-    supervise_backoff_s: tuple[float, ...] = _default("supervise_backoff_s")
-    supervise_limit: int = _default("supervise_limit")
-    supervise_window_s: float = _default("supervise_window_s")
+    supervise_backoff_s: tuple[float, ...] = KEY_DEFAULTS["supervise_backoff_s"]
+    supervise_limit: int = KEY_DEFAULTS["supervise_limit"]
+    supervise_window_s: float = KEY_DEFAULTS["supervise_window_s"]
 
     @property
     def follow_timeout_s(self) -> float:
@@ -283,20 +280,20 @@ class HostSettings:
     pip_index_url: str | None
     hf_endpoint: str | None
     extra_env: dict[str, dict[str, str]] = field(default_factory=dict)
-    pins_file: str = _default("pins_file")
+    pins_file: str = KEY_DEFAULTS["pins_file"]
     runtime_pip_index_url: str | None = None
-    gpu_count: int = _default("gpu_count")
+    gpu_count: int = KEY_DEFAULTS["gpu_count"]
     swap: SwapSettings = SwapSettings()
     site_ca_files: tuple[str, ...] = ()
     front_url: str | None = None
     stacks_dir: str | None = None
     bump: BumpSettings = BumpSettings()
-    throughput_scale: float = _default("throughput_scale")
+    throughput_scale: float = KEY_DEFAULTS["throughput_scale"]
     stacks: tuple[str, ...] | None = None
     image_sources: tuple[ImageSource, ...] = DEFAULT_SOURCES
     front_tls: FrontTls | None = None
     balancer_front_address: str | None = None
-    peer_port: int = _default("peer_port")
+    peer_port: int = KEY_DEFAULTS["peer_port"]
     adopt_foreign_driver: bool = False
     stop_on_preflight: bool = False
     catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
@@ -324,8 +321,8 @@ class BalancerSettings:
     tls: FrontTls | None = None
     url: str | None = None
     default_stack: str | None = None
-    check_interval_s: float = float(_default("balancer_check_interval_s"))
-    retry_buffer_kib: int = _default("balancer_retry_buffer_kib")
+    check_interval_s: float = float(KEY_DEFAULTS["balancer_check_interval_s"])
+    retry_buffer_kib: int = KEY_DEFAULTS["balancer_retry_buffer_kib"]
     site_ca_files: tuple[str, ...] = ()
     plain_fronts: bool = False
     catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
@@ -391,7 +388,7 @@ class MonitorSettings:
 
     name: str
     api_key_file: str
-    retention_days: int = _default("monitor_retention_days")
+    retention_days: int = KEY_DEFAULTS["monitor_retention_days"]
     retention_gib: int | None = None
     site_ca_files: tuple[str, ...] = ()
 
@@ -410,10 +407,10 @@ class CacheSettings:
 
     name: str
     address: str
-    registry_port: int = _default("cache_registry_port")
-    registry_upstream: str = _default("cache_registry_upstream")
-    model_port: int = _default("cache_model_port")
-    model_dir: str = _default("cache_model_dir")
+    registry_port: int = KEY_DEFAULTS["cache_registry_port"]
+    registry_upstream: str = KEY_DEFAULTS["cache_registry_upstream"]
+    model_port: int = KEY_DEFAULTS["cache_model_port"]
+    model_dir: str = KEY_DEFAULTS["cache_model_dir"]
     hf_endpoint: str | None = None
     hf_token_file: str | None = None
     pip_index_url: str | None = None
@@ -566,8 +563,9 @@ def render_doc() -> str:
     for group, title in GROUPS.items():
         out += [f"## {title}", "", "| key | hosts | allowed | default | meaning |",
                 "|---|---|---|---|---|"]
-        out += [f"| `{k.name}` | {', '.join(_ON[o] for o in k.on.split(','))} | {cell(k.allowed)} | {default(k)} | "
-                f"{cell(k.doc)} |" for k in KEYS.values() if k.group == group]
+        out += [f"| `{k.name}` | {', '.join(_ON[o] for o in k.on.split(','))} | "
+                f"{cell(k.allowed)} | {default(k)} | {cell(k.doc)} |"
+                for k in KEYS.values() if k.group == group]
         out.append("")
     return "\n".join(out)
 

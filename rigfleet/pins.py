@@ -22,15 +22,7 @@ from rigfleet.catalog import HF_REPO, Catalog, builtin_catalog
 from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostside.atomic import write_atomic
 from rigfleet.pin_keys import SCHEMA, TABLE, UNRESOLVED, allowed, default
-from rigfleet.validate import (
-    GIT_URL,
-    Problems,
-    ValidationError,
-    YamlError,
-    is_int,
-    load_yaml,
-    parse_yaml,
-)
+from rigfleet.validate import GIT_URL, Problems, ValidationError, YamlError, load_yaml, parse_yaml
 
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
 
@@ -303,7 +295,7 @@ def _read_serial(path: Path) -> int | None:
     except YamlError:
         return None
     serial = data.get("serial") if isinstance(data, dict) else None
-    return serial if is_int(serial) else None
+    return serial if isinstance(serial, int) and not isinstance(serial, bool) else None
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -351,7 +343,8 @@ class _Checker(Problems):
         hf_hub = self.versioned("huggingface_hub", top.get("huggingface_hub"), _PEP440)
         model, models = self.models(top.get("model"), top.get("models"))
         self.repos = (model.repo, *models) if model else ()
-        stacks = self.stacks(top.get("stacks"))
+        stacks = self.stacks("stacks", top.get("stacks"),
+                             f"{allowed('stacks')}: {', '.join(self.catalog.names)}")
         # Host names and history records are not checked key by key below: no control
         # characters in them either.
         self.control_chars("hosts", top.get("hosts"))
@@ -438,23 +431,21 @@ class _Checker(Problems):
             return ModelPin(repo=repo, revision=revision, local_dir=local_dir, key=key)
         return None
 
-    def stack_entries(self, key: str, value: Any) -> dict[str, StackPins]:
-        names = ", ".join(self.catalog.names)
+    def stacks(self, key: str, value: Any, shape: str) -> dict[str, StackPins] | None:
+        """A non-empty mapping stack name -> its pins (``stacks``, a host's ``stacks``)."""
+        if not isinstance(value, dict) or not value:
+            self.bad(key, value, shape)
+            return None
         out: dict[str, StackPins] = {}
         for name, entry in value.items():
             if name not in self.catalog:
-                self.bad(f"{key}.{name}", name, names, "is not a stack in the catalog")
+                self.bad(f"{key}.{name}", name, ", ".join(self.catalog.names),
+                         "is not a stack in the catalog")
                 continue
             pinned = self.stack(name, entry, f"{key}.{name}")
             if pinned is not None:
                 out[name] = pinned
         return out
-
-    def stacks(self, value: Any) -> dict[str, StackPins] | None:
-        if not isinstance(value, dict) or not value:
-            self.bad("stacks", value, f"{allowed('stacks')}: {', '.join(self.catalog.names)}")
-            return None
-        return self.stack_entries("stacks", value)
 
     def hosts(self, value: Any) -> dict[str, dict[str, StackPins]]:
         if value is None:
@@ -468,13 +459,10 @@ class _Checker(Problems):
                 self.bad(f"hosts.{host}", host, allowed("hosts.<host>"))
                 continue
             d = self.mapping(f"hosts.{host}", entry)
-            if d is None:
-                continue
-            stacks = d.get("stacks")
-            if not isinstance(stacks, dict) or not stacks:
-                self.bad(f"hosts.{host}.stacks", stacks, allowed("hosts.<host>.stacks"))
-                continue
-            out[host] = self.stack_entries(f"hosts.{host}.stacks", stacks)
+            stacks = None if d is None else self.stacks(
+                f"hosts.{host}.stacks", d.get("stacks"), allowed("hosts.<host>.stacks"))
+            if stacks is not None:
+                out[host] = stacks
         return out
 
     def stack(self, name: str, value: Any, base: str) -> StackPins | None:
