@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from rigfleet.aptrepos import OS_ALLOWED, AptRepo, check_apt_repos, os_named
 from rigfleet.catalog import MAX_DRAIN_TIMEOUT_S, Catalog, StackSpec, builtin_catalog
@@ -431,12 +431,11 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
     ``HostDataError``."""
     c = HostChecker(name, None)
     v = c.check_keys(data, "cache", KEYS)
-    ports = {"cache_registry_port": v["cache_registry_port"],
-             "cache_model_port": v["cache_model_port"]}
-    if ports["cache_registry_port"] is not None and (
-            ports["cache_registry_port"] == ports["cache_model_port"]):
-        c.bad("cache_model_port", ports["cache_model_port"], "a port other than "
-              "cache_registry_port", "is cache_registry_port too")
+    ports = {key: v[key] for key in ("cache_registry_port", "cache_model_port")}
+    registry, model = ports.values()
+    if registry is not None and registry == model:
+        c.bad("cache_model_port", model, "a port other than cache_registry_port",
+              "is cache_registry_port too")
     for key, port in ports.items():
         if port is not None and port in taken:
             c.bad(key, port, f"a port none of this host's other services use ({sorted(taken)})",
@@ -455,16 +454,10 @@ def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
     return bool(flag_value(data.get("rigfleet_stop_on_preflight", None)))
 
 
-class GpuPowerLimits(Protocol):
-    """A GPU with ``power_min_w``/``power_max_w`` or ``power_min_limit_w``/``power_max_limit_w``
-    (None: ``[N/A]``)."""
-
-    index: int
-
-
-def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuPowerLimits]) -> None:
-    """Check each cap against its card's real range (some boards silently keep the old cap);
-    raises ``HostDataError``."""
+def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any]) -> None:
+    """Check each cap against its card's real range (some boards silently keep the old cap),
+    ``power_min_w``/``power_max_w`` or ``power_min_limit_w``/``power_max_limit_w`` (None:
+    ``[N/A]``); raises ``HostDataError``."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(caps) != len(ordered):
