@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
-from rigfleet.catalog_genesis import GenesisSpec, PatchDecision, parse_genesis
+from rigfleet.catalog_genesis import GenesisSpec, parse_genesis
 from rigfleet.catalog_keys import (
     BY_PATH,
     DEFAULT_CV_MAX,
@@ -34,19 +34,10 @@ from rigfleet.catalog_keys import (
     allowed,
     keys_of,
 )
-from rigfleet.errors import RigfleetError
 from rigfleet.genesis_layout import GenesisLayout, entrypoint_script
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
-from rigfleet.validate import (
-    SECRET_NAME_ALLOWED,
-    Problems,
-    ValidationError,
-    YamlError,
-    has_control,
-    load_yaml,
-    secret_like,
-)
+from rigfleet.validate import Problems, ValidationError, YamlError, env_vars, load_yaml
 from rigfleet.vllm_versions import TAG_KINDS, tag_kind, version_key
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "stacks"
@@ -64,7 +55,6 @@ MANAGED_FLAGS = (
 )  # fmt: skip
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
@@ -333,8 +323,8 @@ def parse_stack(data: Any, where: str) -> StackSpec:
         if arg.split("=", 1)[0] in MANAGED_FLAGS:
             p.bad(f"vllm.args[{i}]", arg, "flags other than " + ", ".join(MANAGED_FLAGS),
                   "is set by the stack file's own key")
-    env = _env(p, "env", top.get("env"))
-    genesis = parse_genesis(p, top.get("genesis"), _env)
+    env = env_vars(p, "env", top.get("env"), allowed("env"))
+    genesis = parse_genesis(p, top.get("genesis"))
     entry = top.get("entrypoint")
     entrypoint: list[str] = []
     if genesis is not None:
@@ -410,21 +400,16 @@ def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
         for name in sorted(keys_of(f"{key}[]"), key=lambda n: n == "kind"):
             item, required = f"{key}[{i}].{name}", BY_PATH[f"{key}[].{name}"].required
             got = p.string(item, d.get(name), _PATTERNS.get(name), required=required)
-            if name == "pattern" and got is not None and (error := _regex_error(got)):
-                p.bad(item, got, "a valid regular expression", f"does not compile ({error})")
-                got = None
+            if name == "pattern" and got is not None:
+                try:
+                    re.compile(got)
+                except re.error as error:
+                    p.bad(item, got, "a valid regular expression", f"does not compile ({error})")
+                    got = None
             fields[name] = "" if got is None and not required else got
         if None not in fields.values():
             out.append(cast(dict[str, str], fields))
     return out
-
-
-def _regex_error(pattern: str) -> re.error | None:
-    try:
-        re.compile(pattern)
-    except re.error as e:
-        return e
-    return None
 
 
 def _gate_set(p: Problems, value: Any) -> list[str]:
@@ -490,28 +475,6 @@ def _speculative(p: Problems, value: Any) -> tuple[str | None, int]:
     n = p.integer("vllm.speculative.num_speculative_tokens", d.get("num_speculative_tokens"),
                   1, 16)
     return method, n or 0
-
-
-def _env(p: Problems, key: str, value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        p.bad(key, value, allowed("env"))
-        return {}
-    out: dict[str, str] = {}
-    for name, v in value.items():
-        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            p.bad(f"{key}.{name}", name, "an environment name [A-Za-z_][A-Za-z0-9_]*")
-        elif secret_like(name):
-            p.bad(f"{key}.{name}", name, SECRET_NAME_ALLOWED, "looks like a secret's name")
-        elif isinstance(v, bool) or not isinstance(v, str | int | float):
-            p.bad(f"{key}.{name}", v, "a string or number (write booleans as '1'/'0')")
-        elif has_control(str(v)):
-            p.bad(f"{key}.{name}", v, "a value without control characters",
-                  "holds control characters")
-        else:
-            out[name] = str(v)
-    return out
 
 
 def load_stack_file(path: str | Path) -> StackSpec:
@@ -585,10 +548,3 @@ def get_stack(name: str) -> StackSpec:
     """A built-in stack by name; an unknown name raises ``CatalogError``."""
     return builtin_catalog().get(name)
 
-
-__all__ = [
-    "BUILTIN_DIR", "Catalog", "CatalogError", "GenesisSpec", "PatchDecision", "KV_CACHE_DTYPES",
-    "MODEL_ROOT_IN_CONTAINER", "StackSpec", "ThroughputSpec", "VLLM_PORT_IN_CONTAINER",
-    "builtin_catalog", "get_stack", "load_catalog", "load_stack_file", "parse_stack",
-    "RigfleetError",
-]

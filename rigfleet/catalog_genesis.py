@@ -4,21 +4,20 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from rigfleet.catalog_keys import BY_PATH, allowed, keys_of
 from rigfleet.genesis_layout import LAYOUTS
-from rigfleet.validate import Problems
+from rigfleet.validate import Problems, env_vars
 
 _SWITCH = re.compile(r"[A-Z0-9][A-Z0-9_]*")
 _PATCH_ID = re.compile(r"P[N]?[0-9]+[A-Za-z]?")
 _PATCH_ID_ANY = re.compile(r"[A-Z][A-Z0-9]*_?[0-9]+[A-Za-z]?")
 _PINNED_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*")
 _MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-EnvParser = Callable[[Problems, str, Any], dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -50,8 +49,8 @@ class GenesisSpec:
         }
 
 
-def parse_genesis(p: Problems, value: Any, env: EnvParser) -> GenesisSpec | None:
-    """The ``genesis`` section (None when left out); ``env`` checks ``genesis.params``."""
+def parse_genesis(p: Problems, value: Any) -> GenesisSpec | None:
+    """The ``genesis`` section (None when left out)."""
     if value is None:
         return None
     d = p.mapping("genesis", value) or {}
@@ -74,7 +73,7 @@ def parse_genesis(p: Problems, value: Any, env: EnvParser) -> GenesisSpec | None
             if both:
                 p.bad(f"{key}.off", both, "each switch either on or off", "is also on")
             switches[str(gen)] = (tuple(on), tuple(off))
-    params = env(p, "genesis.params", d.get("params"))
+    params = env_vars(p, "genesis.params", d.get("params"), allowed("env"))
     for name in params:
         if not name.startswith("GENESIS_") or name.startswith("GENESIS_ENABLE_"):
             p.bad(f"genesis.params.{name}", name, allowed("genesis.params"))

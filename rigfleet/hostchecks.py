@@ -1,8 +1,9 @@
 """The checks of host-data values, and ``Key``, the row of the host-data table.
 
-Each key of ``rigfleet.hostdata.KEYS`` names a ``HostChecker`` method: it returns the checked
-value, or records ``<host>: <key>: <value> ...; allowed: ...`` and returns None. Keys are checked
-in table order, so a check may read the keys before it (``values``)::
+Each key of ``rigfleet.hostdata.KEYS`` names its check (a ``HostChecker`` method, or one made
+by ``valid_if``, ``by_name`` or ``number_check``): it returns the checked value, or records
+``<host>: <key>: <value> ...; allowed: ...`` and returns None. Keys are checked in table order,
+so a check may read the keys before it (``values``)::
 
     c = HostChecker("rig-a", catalog=None)
     values = c.check_keys(host.data, "gpu", KEYS)   # {"stack": "int8", ...}
@@ -24,31 +25,25 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rigfleet.aptrepos import AptRepo, check_apt_repos, os_named
 from rigfleet.catalog import Catalog, CatalogError, builtin_catalog, load_catalog
 from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
 from rigfleet.hostside.supervise import parse_backoff
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
-from rigfleet.image_sources import ImageSource, parse_sources
 from rigfleet.validate import (
-    SECRET_NAME_ALLOWED,
     SYSTEM_DIRS,
     Problems,
+    env_vars,
     escapes,
-    has_control,
     is_int,
     is_system_dir,
-    secret_like,
 )
 
 # Any GPU's sane power cap; the card's own min..max is checked at deploy time.
 POWER_CAP_RANGE_W = (50, 600)
 MIN_API_KEY_CHARS = 16
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HOST_PORT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::[0-9]{1,5})?")
 _HOST6_PORT = re.compile(r"\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?")
 _HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
-_GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 URL_ALLOWED = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"
 # model_dir is root's and pruned: never a home, nor inside the system's or rigfleet's trees.
 _HOMES = ("/home", "/var/home")
@@ -215,8 +210,6 @@ class HostChecker(Problems):
         elif ":" in value or "," in value:
             # Compose's short volume syntax splits on ':'.
             self.bad(key.name, value, key.allowed + " without ':' or ','")
-        elif has_control(value):
-            self.bad(key.name, value, key.allowed, "holds control characters")
         elif value in SYSTEM_DIRS or value in _NOT_INSIDE:
             # The deploy creates the directory and sets its owner and mode.
             self.bad(key.name, value, key.allowed + " (a directory of its own, not a system "
@@ -293,18 +286,13 @@ class HostChecker(Problems):
             return str(path)
         return None
 
-    def http_url(self, key: Key, value: Any) -> str | None:
-        return self.url(key.name, value)
-
     def url(self, key: str, value: Any) -> str | None:
         """An http(s) URL without credentials (also ``image_sources``' registry URLs)."""
         if value is None:
             return None
-        if not isinstance(value, str) or any(ch.isspace() for ch in value) or has_control(value):
-            self.bad(key, value, URL_ALLOWED)
-            return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if (not isinstance(value, str) or any(ch.isspace() for ch in value)
+                or (parts := urlsplit(value)).scheme not in ("http", "https")
+                or not parts.hostname):
             self.bad(key, value, URL_ALLOWED)
             return None
         if parts.username is not None or parts.password is not None:
@@ -315,15 +303,6 @@ class HostChecker(Problems):
                      "LAN that needs none)", "carries credentials (user:password@)")
             return None
         return value
-
-    def git_url(self, key: Key, value: Any) -> str | None:
-        return None if value is None else self.string(key.name, value, _GIT_URL, key.allowed)
-
-    def apt_repos(self, key: Key, value: Any) -> dict[str, AptRepo]:
-        return check_apt_repos(self, key.name, value)
-
-    def image_sources(self, key: Key, value: Any) -> tuple[ImageSource, ...]:
-        return parse_sources(self, key.name, value)
 
     def extra_env(self, key: Key, value: Any) -> dict[str, dict[str, str]]:
         if not isinstance(value, Mapping):
@@ -339,28 +318,9 @@ class HostChecker(Problems):
             if not isinstance(env, Mapping):
                 self.bad(base, env, key.allowed)
                 continue
-            out[stack] = {}
-            for name, v in env.items():
-                if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-                    self.bad(f"{base}.{name}", name, "an environment name [A-Za-z_][A-Za-z0-9_]*")
-                elif secret_like(name):
-                    # The name is shown, never the value.
-                    self.bad(f"{base}.{name}", name, SECRET_NAME_ALLOWED, "looks like a "
-                             "secret's name (extra_env is written to the stack's compose file, "
-                             "which every user of the host can read)")
-                elif isinstance(v, bool) or not isinstance(v, str | int | float):
-                    self.bad(f"{base}.{name}", v, "a string or number (write booleans as '1'/'0')")
-                elif has_control(str(v)):
-                    self.bad(f"{base}.{name}", v, "printable text", "holds control characters")
-                else:
-                    out[stack][name] = str(v)
+            out[stack] = env_vars(self, base, env, key.allowed, " (extra_env is written to the "
+                                  "stack's compose file, which every user of the host can read)")
         return out
-
-    def text(self, key: Key, value: Any) -> str | None:
-        if not isinstance(value, str) or not value.strip():
-            self.bad(key.name, value, key.allowed)
-            return None
-        return value
 
     def gate_profile(self, key: Key, value: Any) -> str | None:
         return self.choice(key.name, value, sorted(PROFILES))
@@ -454,25 +414,29 @@ class HostChecker(Problems):
             return None
         return value
 
-    def host_name(self, key: Key, value: Any) -> str | None:
-        if value is None or host_name_or_ip(value):
-            return value
-        self.bad(key.name, value, key.allowed)
-        return None
-
-    def os(self, key: Key, value: Any) -> str | None:
-        """A supported OS (``debian 13``); None: unset."""
-        if value is not None and os_named(value) is None:
-            self.bad(key.name, value, key.allowed)
-            return None
-        return value
-
     def flag(self, key: Key, value: Any) -> bool:
         checked = flag_value(value)
         if checked is None:
             self.bad(key.name, value, key.allowed)
         return bool(checked)
 
+
+
+def valid_if(test: Callable[[Any], Any]) -> Check:
+    """A ``Key.check``: the value as given when ``test`` accepts it (or it is unset)."""
+
+    def check(c: HostChecker, key: Key, value: Any) -> Any:
+        if value is None or test(value):
+            return value
+        c.bad(key.name, value, key.allowed)
+        return None
+
+    return check
+
+
+def by_name(check: Callable[[Any, str, Any], Any]) -> Check:
+    """A ``Key.check`` from a check that takes the key's name (``url``, ``parse_sources``)."""
+    return lambda c, key, value: check(c, key.name, value)
 
 
 def number_check(low: float | None, high: float | None, *, integer: bool = False,

@@ -18,9 +18,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from rigfleet.aptrepos import OS_ALLOWED, AptRepo
+from rigfleet.aptrepos import OS_ALLOWED, AptRepo, check_apt_repos, os_named
 from rigfleet.catalog import MAX_DRAIN_TIMEOUT_S, Catalog, StackSpec, builtin_catalog
 from rigfleet.hostchecks import (
     MIN_API_KEY_CHARS,
@@ -29,16 +29,19 @@ from rigfleet.hostchecks import (
     URL_ALLOWED,
     HostChecker,
     Key,
+    by_name,
     flag_value,
+    host_name_or_ip,
     number_check,
+    valid_if,
 )
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import GATE_TIMEOUT_S, READY_TIMEOUT_S, RETRY_AFTER_S, VRAM_TIMEOUT_S
 from rigfleet.hostside.supervise import Policy
 from rigfleet.hostside.verify.profiles import PROFILES
-from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource
+from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource, parse_sources
 from rigfleet.tlsfiles import FrontTls, check_tls
-from rigfleet.validate import ValidationError
+from rigfleet.validate import GIT_URL, ValidationError
 
 CHECK_INTERVAL_RANGE_S = (0.5, 30.0)
 RETRY_BUFFER_RANGE_KIB = (16, 1024)
@@ -49,6 +52,7 @@ _TLS = "a PEM file on this (control) machine"
 STOP_ENV = "RIGFLEET_STOP_ON_PREFLIGHT"
 
 _C = HostChecker
+_url = by_name(HostChecker.url)
 _low_k, _high_k = RETRY_BUFFER_RANGE_KIB
 _low_s, _high_s = CHECK_INTERVAL_RANGE_S
 # The order is the order of the checks (a key's check may read the keys before it).
@@ -75,29 +79,30 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("hf_token_file", _C.secret_file, None, _SECRET, "a Hugging Face token for the weights' "
         f"download ({HOST.hf_token_file} on the host, root-only)",
         on="gpu,cache", group="Secrets"),
-    Key("docker_registry_mirror", _C.http_url, None, _URL, "a Docker Hub pull-through cache for "
+    Key("docker_registry_mirror", _url, None, _URL, "a Docker Hub pull-through cache for "
         "the host's dockerd", group="Sources"),
-    Key("pip_index_url", _C.http_url, None, _URL, "the Python package index hosts install from "
+    Key("pip_index_url", _url, None, _URL, "the Python package index hosts install from "
         "(huggingface_hub, the Genesis entrypoint)", on="gpu,cache", group="Sources"),
-    Key("runtime_pip_index_url", _C.http_url, None, _URL, "where a Genesis stack's pinned runtime "
+    Key("runtime_pip_index_url", _url, None, _URL, "where a Genesis stack's pinned runtime "
         "packages are installed from when its image is built", group="Sources",
         shown_default="pip_index_url, else PyPI"),
-    Key("hf_endpoint", _C.http_url, None, _URL, "a Hugging Face hub (mirror) the weights come "
+    Key("hf_endpoint", _url, None, _URL, "a Hugging Face hub (mirror) the weights come "
         "from (HF_ENDPOINT): the upstream, after the fleet cache (docs/images.md)",
         on="gpu,cache", group="Sources", shown_default="huggingface.co"),
-    Key("front_url", _C.http_url, None, _URL, "how clients reach the front (rigfleet endpoints, "
+    Key("front_url", _url, None, _URL, "how clients reach the front (rigfleet endpoints, "
         "bench); https:// when the front serves TLS",
         shown_default="<scheme>://<ssh address>:<front_port>"),
-    Key("apt_repos", _C.apt_repos, REQUIRED, "a mapping name -> {url, key_url, suite, "
-        "components, key_fingerprint}; cuda and nvidia-container-toolkit required",
+    Key("apt_repos", by_name(check_apt_repos), REQUIRED, "a mapping name -> {url, key_url, "
+        "suite, components, key_fingerprint}; cuda and nvidia-container-toolkit required",
         "the apt repositories of the driver, the container toolkit and Docker; URLs may "
         "hold {id}, {version}, {codename}, {distro} and apt's $(ARCH)", group="Sources"),
     Key("extra_env", _C.extra_env, {}, "a mapping stack -> {NAME: value}, e.g. {'int8': "
         "{'FOO': '1'}}", "extra container environment per stack (debugging, fault "
         "injection); written to the compose file, so names that look like secrets "
         "(*_KEY, *_TOKEN, *_SECRET, *PASSWORD*) are refused"),
-    Key("pins_file", _C.text, "pins.yaml", "a path to the pins file, e.g. 'pins.yaml'",
-        "the pins file (relative to where pyinfra runs)", group="Sources"),
+    Key("pins_file", valid_if(lambda v: isinstance(v, str) and v.strip()), "pins.yaml",
+        "a path to the pins file, e.g. 'pins.yaml'", "the pins file (relative to where pyinfra "
+        "runs)", group="Sources"),
     Key("gate_profile", _C.gate_profile, "full", ", ".join(sorted(PROFILES)), "the gate's "
         "profile (full for real rigs, fast for the testbed)", group="Swap"),
     Key("gate_set", _C.gate_set, (), "a list of 'key=value' overrides of the gate profile, "
@@ -124,12 +129,13 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("site_ca_files", _C.site_ca_files, None, "a list of PEM certificate files on this "
         "(control) machine", "CAs the host trusts besides the system's (a LAN mirror's)",
         on="any", group="Sources", shown_default="[]"),
-    Key("bump_registry", _C.http_url, None, _URL, "the registry v2 rigfleet bump looks for "
+    Key("bump_registry", _url, None, _URL, "the registry v2 rigfleet bump looks for "
         "candidates in", group="Bump", shown_default="Docker Hub"),
-    Key("bump_genesis_url", _C.git_url, None, "a git URL (https://, http://, ssh://, "
-        "git://, file:// or user@host:path)", "where this machine fetches Genesis when the "
-        "pinned URL is not reachable from it", group="Bump"),
-    Key("bump_mirror", _C.http_url, None, _URL, "the registry rigfleet bump --push-mirror "
+    Key("bump_genesis_url", valid_if(lambda v: isinstance(v, str) and GIT_URL.fullmatch(v)),
+        None, "a git URL (https://, http://, ssh://, git://, file:// or user@host:path)",
+        "where this machine fetches Genesis when the pinned URL is not reachable from it",
+        group="Bump"),
+    Key("bump_mirror", _url, None, _URL, "the registry rigfleet bump --push-mirror "
         "pushes to", group="Bump"),
     Key("throughput_scale", number_check(0.0, 1_000_000.0, low_open=True), 1.0, "a number > 0: "
         "this host's decode speed relative to RTX 3090s (1.0), e.g. the testbed's "
@@ -139,7 +145,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "['int8', 'tq3-mtp-genesis']", "the stacks the host may serve: it stages (images, "
         "compose files, disk) only these; must include stack",
         shown_default="every pinned stack the host's GPUs can run"),
-    Key("image_sources", _C.image_sources, None, "a list of mappings, each with a kind: "
+    Key("image_sources", by_name(parse_sources), None, "a list of mappings, each with a kind: "
         + ", ".join(KINDS), "where the host gets its pinned images, in order "
         "(docs/images.md)", group="Sources", shown_default="[{'kind': 'hub'}]"),
     Key("front_tls_cert_file", _C.as_is, None, _TLS + ", the certificate (chain: the "
@@ -148,7 +154,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "0600", "the certificate's key (both or neither)", group="TLS"),
     Key("front_tls_ca_file", _C.as_is, None, _TLS + ", certificate(s)", "what clients of "
         "the front trust", group="TLS", shown_default="the certificate itself"),
-    Key("ssh_hostname", _C.host_name, None, "a host name or an IP address (no port)",
+    Key("ssh_hostname", valid_if(host_name_or_ip), None, "a host name or an IP address (no port)",
         "pyinfra's SSH address; also where balancers reach the front (haproxy.cfg) unless "
         "balancer_front_address says otherwise", on="any",
         shown_default="the inventory name"),
@@ -156,9 +162,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "with :port, e.g. 'rig-a.lan:8000'", "where balancers and monitors reach this host's "
         "front",
         group="Balancer", shown_default="ssh_hostname and front_port"),
-    Key("os", _C.os, None, f"one of: {OS_ALLOWED}", "the OS the host runs: what `rigfleet "
-        "check --online` asks the apt repositories for (unset: every supported OS); the "
-        "deploy refuses a host whose os-release says otherwise", on="any",
+    Key("os", valid_if(os_named), None, f"one of: {OS_ALLOWED}", "the OS the host runs: what "
+        "`rigfleet check --online` asks the apt repositories for (unset: every supported OS); "
+        "the deploy refuses a host whose os-release says otherwise", on="any",
         shown_default="every supported OS"),
     Key("adopt_foreign_driver", _C.flag, False, _FLAG, "keep a driver NVIDIA's .run "
         "installer put on the host (loaded, on the pinned branch)", group="Switches"),
@@ -168,7 +174,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("balancer_port", number_check(1, 65535, integer=True), 8080, "a TCP port 1..65535 "
         "(clients call http(s)://<balancer>:<port>)", "HAProxy's port (not the host's "
         "front_port when it serves too)", on="balancer", group="Balancer"),
-    Key("balancer_url", _C.http_url, None, _URL, "how clients and rigfleet status/endpoints reach "
+    Key("balancer_url", _url, None, _URL, "how clients and rigfleet status/endpoints reach "
         "the balancer", on="balancer", group="Balancer",
         shown_default="<scheme>://<ssh address>:<balancer_port>"),
     Key("balancer_tls_cert_file", _C.as_is, None, _TLS + ", the certificate", "the balancer "
@@ -199,7 +205,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "up to this size can be retried on another host)", "requests up to this size are "
         "retried on another host after a 503 or a closed connection", on="balancer",
         group="Balancer"),
-    Key("cache_address", _C.host_name, None, "a host name or an IP address (no port)",
+    Key("cache_address", valid_if(host_name_or_ip), None, "a host name or an IP address (no port)",
         "where the fleet's hosts reach the cache over the LAN", on="cache", group="Cache",
         shown_default="ssh_hostname, else the inventory name"),
     Key("peer_port", number_check(1, 65535, integer=True), 8082, "a TCP port 1..65535 other "
@@ -209,7 +215,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("cache_registry_port", number_check(1, 65535, integer=True), 5000, "a TCP port "
         "1..65535", "the pull-through registry's port (every address: hosts pull from it)",
         on="cache", group="Cache"),
-    Key("cache_registry_upstream", _C.http_url, "https://registry-1.docker.io", _URL,
+    Key("cache_registry_upstream", _url, "https://registry-1.docker.io", _URL,
         "the registry the cache pulls through from (the pinned images' registry)", on="cache",
         group="Cache"),
     Key("cache_model_port", number_check(1, 65535, integer=True), 8081, "a TCP port 1..65535",
@@ -219,11 +225,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "normalised directory other than a system one", "where the cache keeps verified model "
         "revisions (<repo>/<revision>/)", on="cache", group="Cache"),
 )}
-KEY_DEFAULTS = {k.name: None if k.default is REQUIRED else k.default for k in KEYS.values()}
-
-
-def _default(name: str) -> Any:
-    return KEYS[name].default
+KEY_DEFAULTS: dict[str, Any] = {
+    k.name: None if k.default is REQUIRED else k.default for k in KEYS.values()}
 
 
 class HostDataError(ValidationError):
@@ -235,16 +238,16 @@ class SwapSettings:
     """The gate and the time limits of one host's transactions (``drain_timeout_s`` None: each
     stack file's ``drain.timeout_s``)."""
 
-    gate_profile: str = _default("gate_profile")
-    gate_set: tuple[str, ...] = _default("gate_set")
-    ready_timeout_s: float = _default("ready_timeout_s")
+    gate_profile: str = KEY_DEFAULTS["gate_profile"]
+    gate_set: tuple[str, ...] = KEY_DEFAULTS["gate_set"]
+    ready_timeout_s: float = KEY_DEFAULTS["ready_timeout_s"]
     vram_timeout_s: float = VRAM_TIMEOUT_S
-    gate_timeout_s: float = _default("gate_timeout_s")
+    gate_timeout_s: float = KEY_DEFAULTS["gate_timeout_s"]
     retry_after_s: int = RETRY_AFTER_S
     drain_timeout_s: float | None = None
-    supervise_backoff_s: tuple[float, ...] = _default("supervise_backoff_s")
-    supervise_limit: int = _default("supervise_limit")
-    supervise_window_s: float = _default("supervise_window_s")
+    supervise_backoff_s: tuple[float, ...] = KEY_DEFAULTS["supervise_backoff_s"]
+    supervise_limit: int = KEY_DEFAULTS["supervise_limit"]
+    supervise_window_s: float = KEY_DEFAULTS["supervise_window_s"]
 
     @property
     def follow_timeout_s(self) -> float:
@@ -277,20 +280,20 @@ class HostSettings:
     pip_index_url: str | None
     hf_endpoint: str | None
     extra_env: dict[str, dict[str, str]] = field(default_factory=dict)
-    pins_file: str = _default("pins_file")
+    pins_file: str = KEY_DEFAULTS["pins_file"]
     runtime_pip_index_url: str | None = None
-    gpu_count: int = _default("gpu_count")
+    gpu_count: int = KEY_DEFAULTS["gpu_count"]
     swap: SwapSettings = SwapSettings()
     site_ca_files: tuple[str, ...] = ()
     front_url: str | None = None
     stacks_dir: str | None = None
     bump: BumpSettings = BumpSettings()
-    throughput_scale: float = _default("throughput_scale")
+    throughput_scale: float = KEY_DEFAULTS["throughput_scale"]
     stacks: tuple[str, ...] | None = None
     image_sources: tuple[ImageSource, ...] = DEFAULT_SOURCES
     front_tls: FrontTls | None = None
     balancer_front_address: str | None = None
-    peer_port: int = _default("peer_port")
+    peer_port: int = KEY_DEFAULTS["peer_port"]
     adopt_foreign_driver: bool = False
     stop_on_preflight: bool = False
     catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
@@ -318,8 +321,8 @@ class BalancerSettings:
     tls: FrontTls | None = None
     url: str | None = None
     default_stack: str | None = None
-    check_interval_s: float = float(_default("balancer_check_interval_s"))
-    retry_buffer_kib: int = _default("balancer_retry_buffer_kib")
+    check_interval_s: float = float(KEY_DEFAULTS["balancer_check_interval_s"])
+    retry_buffer_kib: int = KEY_DEFAULTS["balancer_retry_buffer_kib"]
     site_ca_files: tuple[str, ...] = ()
     plain_fronts: bool = False
     catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
@@ -385,7 +388,7 @@ class MonitorSettings:
 
     name: str
     api_key_file: str
-    retention_days: int = _default("monitor_retention_days")
+    retention_days: int = KEY_DEFAULTS["monitor_retention_days"]
     retention_gib: int | None = None
     site_ca_files: tuple[str, ...] = ()
 
@@ -404,10 +407,10 @@ class CacheSettings:
 
     name: str
     address: str
-    registry_port: int = _default("cache_registry_port")
-    registry_upstream: str = _default("cache_registry_upstream")
-    model_port: int = _default("cache_model_port")
-    model_dir: str = _default("cache_model_dir")
+    registry_port: int = KEY_DEFAULTS["cache_registry_port"]
+    registry_upstream: str = KEY_DEFAULTS["cache_registry_upstream"]
+    model_port: int = KEY_DEFAULTS["cache_model_port"]
+    model_dir: str = KEY_DEFAULTS["cache_model_dir"]
     hf_endpoint: str | None = None
     hf_token_file: str | None = None
     pip_index_url: str | None = None
@@ -428,12 +431,11 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
     ``HostDataError``."""
     c = HostChecker(name, None)
     v = c.check_keys(data, "cache", KEYS)
-    ports = {"cache_registry_port": v["cache_registry_port"],
-             "cache_model_port": v["cache_model_port"]}
-    if ports["cache_registry_port"] is not None and (
-            ports["cache_registry_port"] == ports["cache_model_port"]):
-        c.bad("cache_model_port", ports["cache_model_port"], "a port other than "
-              "cache_registry_port", "is cache_registry_port too")
+    ports = {key: v[key] for key in ("cache_registry_port", "cache_model_port")}
+    registry, model = ports.values()
+    if registry is not None and registry == model:
+        c.bad("cache_model_port", model, "a port other than cache_registry_port",
+              "is cache_registry_port too")
     for key, port in ports.items():
         if port is not None and port in taken:
             c.bad(key, port, f"a port none of this host's other services use ({sorted(taken)})",
@@ -452,16 +454,10 @@ def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
     return bool(flag_value(data.get("rigfleet_stop_on_preflight", None)))
 
 
-class GpuPowerLimits(Protocol):
-    """A GPU with ``power_min_w``/``power_max_w`` or ``power_min_limit_w``/``power_max_limit_w``
-    (None: ``[N/A]``)."""
-
-    index: int
-
-
-def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuPowerLimits]) -> None:
-    """Check each cap against its card's real range (some boards silently keep the old cap);
-    raises ``HostDataError``."""
+def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any]) -> None:
+    """Check each cap against its card's real range (some boards silently keep the old cap),
+    ``power_min_w``/``power_max_w`` or ``power_min_limit_w``/``power_max_limit_w`` (None:
+    ``[N/A]``); raises ``HostDataError``."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(caps) != len(ordered):
@@ -560,8 +556,9 @@ def render_doc() -> str:
     for group, title in GROUPS.items():
         out += [f"## {title}", "", "| key | hosts | allowed | default | meaning |",
                 "|---|---|---|---|---|"]
-        out += [f"| `{k.name}` | {', '.join(_ON[o] for o in k.on.split(','))} | {cell(k.allowed)} | {default(k)} | "
-                f"{cell(k.doc)} |" for k in KEYS.values() if k.group == group]
+        out += [f"| `{k.name}` | {', '.join(_ON[o] for o in k.on.split(','))} | "
+                f"{cell(k.allowed)} | {default(k)} | {cell(k.doc)} |"
+                for k in KEYS.values() if k.group == group]
         out.append("")
     return "\n".join(out)
 

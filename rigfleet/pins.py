@@ -22,7 +22,7 @@ from rigfleet.catalog import HF_REPO, Catalog, builtin_catalog
 from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostside.atomic import write_atomic
 from rigfleet.pin_keys import SCHEMA, TABLE, UNRESOLVED, allowed, default
-from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
+from rigfleet.validate import GIT_URL, Problems, ValidationError, YamlError, load_yaml, parse_yaml
 
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
 
@@ -52,7 +52,6 @@ _DRIVER_BRANCH = re.compile(r"[0-9]{3,4}")
 _DRIVER_VERSION = re.compile(r"[0-9]{3,4}\.[0-9]+(?:\.[0-9]+)?")
 _TOOLKIT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:~rc\.[0-9]+)?-[0-9]+")
 _LOCAL_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 _GENESIS_VERSION = re.compile(r"v?\d+(?:\.\d+){1,3}(?:[.-][A-Za-z0-9]+)*")
 
 _STACK = "stacks.<stack>"
@@ -344,7 +343,8 @@ class _Checker(Problems):
         hf_hub = self.versioned("huggingface_hub", top.get("huggingface_hub"), _PEP440)
         model, models = self.models(top.get("model"), top.get("models"))
         self.repos = (model.repo, *models) if model else ()
-        stacks = self.stacks(top.get("stacks"))
+        stacks = self.stacks("stacks", top.get("stacks"),
+                             f"{allowed('stacks')}: {', '.join(self.catalog.names)}")
         # Host names and history records are not checked key by key below: no control
         # characters in them either.
         self.control_chars("hosts", top.get("hosts"))
@@ -431,23 +431,21 @@ class _Checker(Problems):
             return ModelPin(repo=repo, revision=revision, local_dir=local_dir, key=key)
         return None
 
-    def stack_entries(self, key: str, value: Any) -> dict[str, StackPins]:
-        names = ", ".join(self.catalog.names)
+    def stacks(self, key: str, value: Any, shape: str) -> dict[str, StackPins] | None:
+        """A non-empty mapping stack name -> its pins (``stacks``, a host's ``stacks``)."""
+        if not isinstance(value, dict) or not value:
+            self.bad(key, value, shape)
+            return None
         out: dict[str, StackPins] = {}
         for name, entry in value.items():
             if name not in self.catalog:
-                self.bad(f"{key}.{name}", name, names, "is not a stack in the catalog")
+                self.bad(f"{key}.{name}", name, ", ".join(self.catalog.names),
+                         "is not a stack in the catalog")
                 continue
             pinned = self.stack(name, entry, f"{key}.{name}")
             if pinned is not None:
                 out[name] = pinned
         return out
-
-    def stacks(self, value: Any) -> dict[str, StackPins] | None:
-        if not isinstance(value, dict) or not value:
-            self.bad("stacks", value, f"{allowed('stacks')}: {', '.join(self.catalog.names)}")
-            return None
-        return self.stack_entries("stacks", value)
 
     def hosts(self, value: Any) -> dict[str, dict[str, StackPins]]:
         if value is None:
@@ -461,13 +459,10 @@ class _Checker(Problems):
                 self.bad(f"hosts.{host}", host, allowed("hosts.<host>"))
                 continue
             d = self.mapping(f"hosts.{host}", entry)
-            if d is None:
-                continue
-            stacks = d.get("stacks")
-            if not isinstance(stacks, dict) or not stacks:
-                self.bad(f"hosts.{host}.stacks", stacks, allowed("hosts.<host>.stacks"))
-                continue
-            out[host] = self.stack_entries(f"hosts.{host}.stacks", stacks)
+            stacks = None if d is None else self.stacks(
+                f"hosts.{host}.stacks", d.get("stacks"), allowed("hosts.<host>.stacks"))
+            if stacks is not None:
+                out[host] = stacks
         return out
 
     def stack(self, name: str, value: Any, base: str) -> StackPins | None:
@@ -545,7 +540,7 @@ class _Checker(Problems):
             layout = None
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,
                               required=False)
-        repo = self.string(f"{key}.repo", d.get("repo"), _GIT_URL)
+        repo = self.string(f"{key}.repo", d.get("repo"), GIT_URL)
         commit = self.pinned(f"{key}.commit", d.get("commit"), _HEX40, allow_unresolved=False)
         if repo and commit and layout:
             return GenesisPin(repo=repo, commit=commit, layout=layout, version=version)

@@ -18,7 +18,7 @@ import difflib
 import fnmatch
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,9 +57,37 @@ SECRET_NAME_ALLOWED = (
     f"token from host data hf_token_file ({HOST.hf_token_file})")
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
+
+
 def secret_like(name: str) -> bool:
     """Does an environment name look like a secret's (``SECRET_NAMES``, any case)?"""
     return any(fnmatch.fnmatchcase(name.upper(), pattern) for pattern in SECRET_NAMES)
+
+
+def env_vars(p: Problems, key: str, env: Any, allowed: str, secret: str = "") -> dict[str, str]:
+    """A container environment ``NAME: value`` (None: empty); ``secret``: why a secret's name
+    is refused."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        p.bad(key, env, allowed)
+        return {}
+    out: dict[str, str] = {}
+    for name, v in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            p.bad(f"{key}.{name}", name, "an environment name [A-Za-z_][A-Za-z0-9_]*")
+        elif secret_like(name):
+            p.bad(f"{key}.{name}", name, SECRET_NAME_ALLOWED, "looks like a secret's name" + secret)
+        elif isinstance(v, bool) or not isinstance(v, str | int | float):
+            p.bad(f"{key}.{name}", v, "a string or number (write booleans as '1'/'0')")
+        elif has_control(str(v)):
+            p.bad(f"{key}.{name}", v, "a value without control characters",
+                  "holds control characters")
+        else:
+            out[name] = str(v)
+    return out
 
 
 class ValidationError(RigfleetError, ValueError):
@@ -290,12 +318,6 @@ class Problems:
 def is_int(value: Any) -> bool:
     """An ``int`` that is not a ``bool``."""
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def inside(path: str, root: str) -> bool:
-    """``path`` (normalised, relative to ``root``) is ``root`` or below it."""
-    norm = posixpath.normpath(posixpath.join(root, path))
-    return norm == root or norm.startswith(root.rstrip("/") + "/")
 
 
 def escapes(entry: Path, root: Path) -> bool:
