@@ -172,22 +172,19 @@ def run(args: argparse.Namespace) -> int:
                            stacks=tuple(target), batch_size=args.batch_size,
                            max_failures=args.max_failures, dry=args.dry, yes=args.yes,
                            json=args.json, rollback_to=to)
-    except (RigfleetError, ValueError) as e:
-        bump.console.print(f"[red]refused:[/red] {e}")
-        return bump.EXIT_FAILED
-    new = changes(pins, target, [h.name for h in hosts])
-    log(f"{pins.path}: at serial {pins.serial}; rolling back to the stacks of serial {to}")
-    if not new:
-        log(f"every host already runs the stacks of serial {to}; nothing to do")
-        return bump.EXIT_OK
-    remote = SshRemote(args.timeout)
-    reach = reachability(remote, [h for h in hosts if h.name in picked])
-    unreachable: dict[str, str | None] = {
-        h.name: "not in --limit" if h.name not in picked else reach.get(h.name) for h in hosts}
-    try:
+        new = changes(pins, target, [h.name for h in hosts])
+        log(f"{pins.path}: at serial {pins.serial}; rolling back to the stacks of serial {to}")
+        if not new:
+            log(f"every host already runs the stacks of serial {to}; nothing to do")
+            return bump.EXIT_OK
+        remote = SshRemote(args.timeout)
+        reach = reachability(remote, [h for h in hosts if h.name in picked])
+        unreachable: dict[str, str | None] = {
+            h.name: "not in --limit" if h.name not in picked else reach.get(h.name)
+            for h in hosts}
         plan = build_plan(plan_hosts, unreachable, pins, new, args.batch_size,
                           args.max_failures)
-    except ValueError as e:
+    except (RigfleetError, ValueError) as e:
         bump.console.print(f"[red]refused:[/red] {e}")
         return bump.EXIT_FAILED
     print_plan(plan, to)

@@ -135,7 +135,6 @@ def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryH
                 continue
             if removed:
                 log(f"{name}: removed {len(removed)} older image(s): {', '.join(removed)}")
-    if not opts.no_prune:
         # A host that rolled back does not need the candidate it refused (~30 GB each).
         for o in result.by_status(Status.FAILED):
             if o.runs_new is False:

@@ -368,13 +368,9 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 journal: RolloutJournal | None = None,
                 done: Mapping[str, HostOutcome] | None = None,
                 stopped: str | None = None) -> str | None:
-    """The rollout engine: one ``runner.deploy`` per batch, each host's outcome (``judge``)
-    into ``out``; returns why it stopped early (None: it ran every batch).
-
-    Stops once ``max_failures`` hosts failed or were lost, and (``canary``) after a failed first
-    batch; the rest is ``NOT_ATTEMPTED``. A host unreachable or busy when its batch starts is
-    ``SKIPPED`` (no failure). Batches are numbered from ``first``; ``done`` outcomes stand.
-    """
+    """One ``runner.deploy`` per batch (numbered from ``first``), each host's outcome
+    (``judge``) into ``out``; returns why it stopped early: ``max_failures`` hosts failed or were
+    lost, or (``canary``) the first batch failed. ``done`` outcomes stand."""
     done = done or {}
     name_of = label or (lambda n: _label(n) if canary else f"batch {n}")
     failures = 0
