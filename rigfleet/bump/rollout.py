@@ -351,26 +351,24 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
               i: int) -> HostOutcome:
         return classify(h, *pins(h), result, before, after, i)
 
-    stopped = run_batches(plan.batches, runner, pins_file, judge, out, plan.max_failures,
-                          on_event=on_event, on_line=on_line, journal=journal, done=done,
-                          stopped=resume.stop if resume is not None else None)
-    if journal is not None:
-        journal.finish(stopped)
-    ordered = {h.name: out[h.name] for h in plan.hosts if h.name in out}
-    return RolloutResult(ordered, stopped, time.monotonic() - started)
+    return run_batches(plan.batches, runner, pins_file, judge, out, plan.max_failures,
+                       [h.name for h in plan.hosts], started, on_event=on_event,
+                       on_line=on_line, journal=journal, done=done,
+                       stopped=resume.stop if resume is not None else None)
 
 
 def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Path | None,
-                judge: Judge, out: dict[str, HostOutcome], max_failures: int, *,
+                judge: Judge, out: dict[str, HostOutcome], max_failures: int,
+                order: Sequence[str], started: float, *,
                 canary: bool = True, first: int = 0, label: Callable[[int], str] | None = None,
                 on_event: Callable[[str], None] = lambda _: None,
                 on_line: Callable[[str], None] = lambda _: None,
                 journal: RolloutJournal | None = None,
                 done: Mapping[str, HostOutcome] | None = None,
-                stopped: str | None = None) -> str | None:
+                stopped: str | None = None) -> RolloutResult:
     """One ``runner.deploy`` per batch (numbered from ``first``), each host's outcome
-    (``judge``) into ``out``; returns why it stopped early: ``max_failures`` hosts failed or were
-    lost, or (``canary``) the first batch failed. ``done`` outcomes stand."""
+    (``judge``) into ``out``, then the result in ``order``; it stops early once ``max_failures``
+    hosts failed or were lost, or (``canary``) the first batch failed. ``done`` outcomes stand."""
     done = done or {}
     name_of = label or (lambda n: _label(n) if canary else f"batch {n}")
     failures = 0
@@ -413,7 +411,10 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
             stopped = f"the canary {batches[0][0]} did not promote; no other host touched"
         elif failures >= max_failures:
             stopped = f"{failures} host(s) failed (--max-failures {max_failures})"
-    return stopped
+    if journal is not None:
+        journal.finish(stopped)
+    return RolloutResult({h: out[h] for h in order if h in out}, stopped,
+                         time.monotonic() - started)
 
 
 def _record(out: dict[str, HostOutcome], journal: RolloutJournal | None,
