@@ -126,8 +126,7 @@ def _resume_options(args: argparse.Namespace, journal: BumpJournal) -> BumpOptio
         rollback_to=journal.base_serial if not (cand or genesis) else None)  # a rollback's
 
 def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
-    """Finish the journal's plan: its outcomes stand, what was deploying is read from the hosts,
-    the remaining batches run; then the pins file is written and the journal removed."""
+    """Finish the journal's plan: its outcomes stand, in-flight hosts are read, the rest runs."""
     try:
         opts = _resume_options(args, journal)
         inputs = load_inputs(opts)
@@ -156,8 +155,7 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
 
 def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
              hosts: list[InventoryHost]) -> int:
-    """Record what the journal's bump did (what was deploying read from the hosts) into the
-    pins file as it is now, start nothing, remove the journal."""
+    """Record what the journal's bump did into the pins file as it is now; start nothing."""
     by_name = {h.name: h for h in hosts}
     plan = journal.plan(pins)
     runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy=args.deploy)

@@ -324,8 +324,7 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
             on_event: Callable[[str], None] = lambda _: None,
             on_line: Callable[[str], None] = lambda _: None, journal: RolloutJournal | None = None,
             resume: Resume | None = None) -> RolloutResult:
-    """Run the bump plan's batches against ``pins_file`` (the candidate pins), canary first;
-    ``resume``: what an interrupted rollout of this plan did (in-flight hosts settled first)."""
+    """The plan's batches on the candidate ``pins_file``, canary first, after ``resume``'s."""
     started = time.monotonic()
     done = dict(resume.done) if resume is not None else {}
     in_flight = dict(resume.in_flight) if resume is not None else {}
@@ -459,8 +458,7 @@ def outcome_of(result: RolloutResult) -> str:
 
 def pins_after(plan: Plan, result: RolloutResult, when: str, by: str,
                extra: dict[str, Any] | None = None) -> tuple[Pins | None, dict[str, Any] | None]:
-    """(pins to save, history entry), or (None, None) when the file must not change;
-    ``extra``: more history fields."""
+    """(pins to save, history entry), or (None, None) when the file must not change."""
     outcome = outcome_of(result)
     if outcome == "failed":
         return None, None
@@ -499,8 +497,7 @@ def pyinfra_json(stdout: str) -> dict[str, Any] | None:
 
 def pyinfra_command(inventory: str, deploy: str, hosts: Sequence[str], pins_file: Path | None
                     ) -> list[str]:
-    """The batch's command line (``--limit`` per host name; ``pins_file`` None: the
-    inventory's own)."""
+    """The batch's command line (``pins_file`` None: the inventory's own)."""
     exe = Path(sys.executable).with_name("pyinfra")
     cmd = [str(exe) if exe.exists() else "pyinfra", inventory, deploy, "-y", "--json"]
     if pins_file is not None:
