@@ -419,18 +419,14 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
 def _record(out: dict[str, HostOutcome], journal: RolloutJournal | None,
             on_event: Callable[[str], None], o: HostOutcome, label: str) -> None:
     out[o.host] = o
-    on_event(_event_text(label, o))
+    gate, reason = f" (gate {o.gate})" if o.gate else "", f": {o.reason}" if o.reason else ""
+    on_event(f"{label}: {o.host} {o.status}{gate}{reason}")
     if journal is not None:
         journal.record(o.host, o.to_record())
 
 
 def _label(batch: int) -> str:
     return "canary" if batch == 0 else f"batch {batch}"
-
-
-def _event_text(label: str, o: HostOutcome) -> str:
-    gate, reason = f" (gate {o.gate})" if o.gate else "", f": {o.reason}" if o.reason else ""
-    return f"{label}: {o.host} {o.status}{gate}{reason}"
 
 
 # --- the pins file afterwards (pure; the rules: docs/bump.md, step 8) --------------------------
