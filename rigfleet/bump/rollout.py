@@ -24,6 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.plan_record import Plan
 from rigfleet.fleetview import each_host, probe_or_why
 from rigfleet.hostprobe import HostProbe, run_probe
@@ -149,17 +150,6 @@ class RolloutResult:
     def promoted_everywhere(self) -> bool:
         """Every host that was to move did (skipped-at-start hosts aside)."""
         return bool(self.by_status(Status.PROMOTED)) and not self.by_status(*BAD)
-
-
-class RolloutJournal(Protocol):
-    """Where the rollout writes down each step (``rigfleet.bump.journal.BumpJournal``)."""
-
-    def deploying_batch(self, batch: int, hosts: Sequence[str],
-                        before: Mapping[str, Mapping[str, Any] | None]) -> None: ...
-
-    def record(self, host: str, outcome: Mapping[str, Any]) -> None: ...
-
-    def finish(self, stopped: str | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -322,7 +312,7 @@ Judge = Callable[[str, DeployResult, "HostProbe | None", "HostProbe | str", int]
 
 def rollout(plan: Plan, runner: Runner, pins_file: Path,
             on_event: Callable[[str], None] = lambda _: None,
-            on_line: Callable[[str], None] = lambda _: None, journal: RolloutJournal | None = None,
+            on_line: Callable[[str], None] = lambda _: None, journal: BumpJournal | None = None,
             resume: Resume | None = None) -> RolloutResult:
     """The plan's batches on the candidate ``pins_file``, canary first, after ``resume``'s."""
     started = time.monotonic()
@@ -362,7 +352,7 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 canary: bool = True, first: int = 0, label: Callable[[int], str] | None = None,
                 on_event: Callable[[str], None] = lambda _: None,
                 on_line: Callable[[str], None] = lambda _: None,
-                journal: RolloutJournal | None = None,
+                journal: BumpJournal | None = None,
                 done: Mapping[str, HostOutcome] | None = None,
                 stopped: str | None = None) -> RolloutResult:
     """One ``runner.deploy`` per batch (numbered from ``first``), each host's outcome
@@ -416,7 +406,7 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                          time.monotonic() - started)
 
 
-def _record(out: dict[str, HostOutcome], journal: RolloutJournal | None,
+def _record(out: dict[str, HostOutcome], journal: BumpJournal | None,
             on_event: Callable[[str], None], o: HostOutcome, label: str) -> None:
     out[o.host] = o
     gate, reason = f" (gate {o.gate})" if o.gate else "", f": {o.reason}" if o.reason else ""
