@@ -314,7 +314,7 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
             on_event: Callable[[str], None] = lambda _: None,
             on_line: Callable[[str], None] = lambda _: None, journal: BumpJournal | None = None,
             resume: Resume | None = None) -> RolloutResult:
-    """The plan's batches on the candidate ``pins_file``, canary first, after ``resume``'s."""
+    """Roll the plan out on the candidate ``pins_file``, canary first (``resume``: from where)."""
     started = time.monotonic()
     done = dict(resume.done) if resume is not None else {}
     in_flight = dict(resume.in_flight) if resume is not None else {}
@@ -356,8 +356,9 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 done: Mapping[str, HostOutcome] | None = None,
                 stopped: str | None = None) -> RolloutResult:
     """One ``runner.deploy`` per batch (numbered from ``first``), each host's outcome
-    (``judge``) into ``out``, then the result in ``order``; it stops early once ``max_failures``
-    hosts failed or were lost, or (``canary``) the first batch failed. ``done`` outcomes stand."""
+    (``judge``) into ``out``, the result in ``order``. Stops once ``max_failures`` hosts failed or
+    were lost, or (``canary``) the first batch failed: the rest is ``NOT_ATTEMPTED``; a host
+    unreachable or busy when its batch starts is ``SKIPPED``; ``done`` outcomes stand."""
     done = done or {}
     name_of = label or (lambda n: _label(n) if canary else f"batch {n}")
     failures = 0
