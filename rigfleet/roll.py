@@ -45,8 +45,7 @@ class RollPlan:
 
 def plan_batches(order: Sequence[str], probes: Mapping[str, HostProbe | str],
                  batch: int) -> RollPlan:
-    """Bare hosts first, together; then the serving ones, ``batch`` at a time, in order;
-    a host whose probe is missing (or why it failed) or busy is skipped."""
+    """Bare hosts first, together, then serving ones ``batch`` at a time; skip unprobed/busy."""
     batch = batch_size(batch, "--batch")
     skipped: dict[str, str] = {}
     bare: list[str] = []
@@ -95,17 +94,13 @@ def roll(plan: RollPlan, runner: Runner, max_failures: int = 1,
          on_event: Callable[[str], None] = lambda _: None,
          on_line: Callable[[str], None] = lambda _: None,
          order: Sequence[str] = ()) -> RolloutResult:
-    """Run the plan's batches (the inventory's pins, batches numbered from 1); stop once
-    ``max_failures`` hosts failed or were lost."""
-    started = time.monotonic()
+    """Run the plan's batches on the inventory's pins; stop at ``max_failures`` bad hosts."""
     out = {n: HostOutcome(n, Status.SKIPPED, reason=why) for n, why in plan.skipped.items()}
-    stopped = run_batches(plan.batches, runner, None, classify, out, max_failures,
-                          canary=False, first=1, label=lambda n: plan.label(n - 1),
-                          on_event=on_event, on_line=on_line)
     names = list(order) or [h for b in plan.batches for h in b] + list(plan.skipped)
-    done = RolloutResult({n: out[n] for n in names if n in out}, stopped,
-                         time.monotonic() - started)
-    if not done.reached and not stopped:
+    done = run_batches(plan.batches, runner, None, classify, out, max_failures, names,
+                       time.monotonic(), canary=False, first=1,
+                       label=lambda n: plan.label(n - 1), on_event=on_event, on_line=on_line)
+    if not done.reached and not done.stopped:
         done.stopped = "reached no host: every host was skipped (unreachable or busy)"
     return done
 

@@ -27,7 +27,27 @@ from typing import Any
 
 import yaml
 
+from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet
+from rigfleet.bump.execute import execute
+from rigfleet.bump.journal import load_journal
+from rigfleet.bump.output import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_SKIPPED,
+    console,
+    log,
+    print_steps,
+)
+from rigfleet.bump.plan import build_plan, pin_text
+from rigfleet.bump.plan_record import Plan
+from rigfleet.cliargs import fleet_options, select
+from rigfleet.errors import RigfleetError
+from rigfleet.fleetview import reachability
 from rigfleet.pins import GenesisPin, Pins, StackPins, dump_pins, parse_pins
+from rigfleet.resources import PROJECT_ROOT
+from rigfleet.ssh import SshRemote
+from rigfleet.tables import Table
 
 MOVES = ("bump", "rollback")  # history actions that record ``old``/``new`` stack pins
 
@@ -118,9 +138,6 @@ def changes(pins: Pins, target: dict[str, StackPins], hosts: list[str]) -> dict[
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from rigfleet.cliargs import fleet_options
-    from rigfleet.resources import PROJECT_ROOT
-
     p = subparsers.add_parser(
         "rollback", help="go back to an earlier pin set from the pins history, canary first, "
         "through the gate", description=__doc__.splitlines()[0],
@@ -142,29 +159,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rigfleet.bump import output as bump
-    from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet
-    from rigfleet.bump.execute import execute
-    from rigfleet.bump.journal import load_journal
-    from rigfleet.bump.output import log
-    from rigfleet.bump.plan import build_plan
-    from rigfleet.cliargs import select
-    from rigfleet.errors import RigfleetError
-    from rigfleet.fleetview import reachability
-    from rigfleet.ssh import SshRemote
-
     try:
         hosts, plan_hosts, pins, first = load_fleet(args.inventory, args.deploy)
         picked = {h.name for h in select(hosts, args.limit, args.inventory)}
         journal = load_journal(pins, first.catalog)
     except (RigfleetError, ValueError, RuntimeError) as e:
-        bump.console.print(f"[red]error:[/red] {e}")
-        return bump.EXIT_ERROR
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_ERROR
     if journal is not None and journal.state != "finished":
-        bump.console.print(f"[red]refused:[/red] {journal.describe()} is unfinished; run "
+        console.print(f"[red]refused:[/red] {journal.describe()} is unfinished; run "
                            f"`rigfleet bump --inventory {args.inventory}` to finish it (or "
                            "add --abandon), then roll back")
-        return bump.EXIT_FAILED
+        return EXIT_FAILED
     try:
         to = default_target(pins) if args.to is None else args.to
         target = pins_at(pins, to)
@@ -172,42 +178,37 @@ def run(args: argparse.Namespace) -> int:
                            stacks=tuple(target), batch_size=args.batch_size,
                            max_failures=args.max_failures, dry=args.dry, yes=args.yes,
                            json=args.json, rollback_to=to)
-    except (RigfleetError, ValueError) as e:
-        bump.console.print(f"[red]refused:[/red] {e}")
-        return bump.EXIT_FAILED
-    new = changes(pins, target, [h.name for h in hosts])
-    log(f"{pins.path}: at serial {pins.serial}; rolling back to the stacks of serial {to}")
-    if not new:
-        log(f"every host already runs the stacks of serial {to}; nothing to do")
-        return bump.EXIT_OK
-    remote = SshRemote(args.timeout)
-    reach = reachability(remote, [h for h in hosts if h.name in picked])
-    unreachable: dict[str, str | None] = {
-        h.name: "not in --limit" if h.name not in picked else reach.get(h.name) for h in hosts}
-    try:
+        new = changes(pins, target, [h.name for h in hosts])
+        log(f"{pins.path}: at serial {pins.serial}; rolling back to the stacks of serial {to}")
+        if not new:
+            log(f"every host already runs the stacks of serial {to}; nothing to do")
+            return EXIT_OK
+        remote = SshRemote(args.timeout)
+        reach = reachability(remote, [h for h in hosts if h.name in picked])
+        unreachable: dict[str, str | None] = {
+            h.name: "not in --limit" if h.name not in picked else reach.get(h.name)
+            for h in hosts}
         plan = build_plan(plan_hosts, unreachable, pins, new, args.batch_size,
                           args.max_failures)
-    except ValueError as e:
-        bump.console.print(f"[red]refused:[/red] {e}")
-        return bump.EXIT_FAILED
+    except (RigfleetError, ValueError) as e:
+        console.print(f"[red]refused:[/red] {e}")
+        return EXIT_FAILED
     print_plan(plan, to)
     if args.dry:
         if args.json:
             print(json.dumps(plan_json(plan, to), indent=2))
-        return bump.EXIT_OK
+        return EXIT_OK
     if plan.empty:
         log("every reachable host already runs these pins; nothing to do")
-        return bump.EXIT_SKIPPED if plan.skipped else bump.EXIT_OK
+        return EXIT_SKIPPED if plan.skipped else EXIT_OK
     if not args.yes and not confirm():
-        return bump.EXIT_FAILED
+        return EXIT_FAILED
     inputs = Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog)
     return execute(opts, inputs, remote, plan, None, "", {},
                    history={"action": "rollback", "to_serial": to})
 
 
 def confirm() -> bool:
-    from rigfleet.bump.output import console
-
     if not sys.stdin.isatty():
         console.print("[red]refused:[/red] not a terminal: pass --yes to roll back; nothing "
                       "changed")
@@ -218,27 +219,19 @@ def confirm() -> bool:
     return False
 
 
-def plan_json(plan: Any, to: int) -> dict[str, Any]:
+def plan_json(plan: Plan, to: int) -> dict[str, Any]:
     return {"to_serial": to, "from_serial": plan.pins.serial,
-            "stacks": {n: {"now": _text(plan.pins.stacks[n]), "to": _text(p)}
+            "stacks": {n: {"now": pin_text(plan.pins.stacks[n], True), "to": pin_text(p, True)}
                        for n, p in plan.new_stacks.items()},
             "batches": [list(b) for b in plan.batches], "canary": plan.canary,
             "skipped": dict(plan.skipped), "up_to_date": list(plan.up_to_date)}
 
 
-def _text(p: StackPins) -> str:
-    text = f"{p.tag} {p.digest[:19]} vLLM {p.vllm_version}"
-    return text + (f" + Genesis {p.genesis.label}" if p.genesis is not None else "")
-
-
-def print_plan(plan: Any, to: int) -> None:
+def print_plan(plan: Plan, to: int) -> None:
     """What ``--dry`` shows: each stack now -> serial ``to``; canary, batches, skipped."""
-    from rigfleet.bump.output import console, print_steps
-    from rigfleet.tables import Table
-
     table = Table(f"rigfleet rollback: pins serial {plan.pins.serial} -> {to}",
                   ["stack", "now", "back to"], keys=("stack",))
     for name, p in plan.new_stacks.items():
-        table.row(name, _text(plan.pins.stacks[name]), _text(p))
+        table.row(name, pin_text(plan.pins.stacks[name], True), pin_text(p, True))
     table.print(console)
     print_steps(plan, "rollback")

@@ -239,8 +239,7 @@ SOURCES: Callable[[], Online] | None = partial(deploy_online, images=True)
 
 
 def refuse_missing(inputs: Inputs, plan: Plan, run: Online) -> None:
-    """Refuse a plan whose pins name something its source no longer has (``rigfleet check
-    --online``'s checks; a source not reached is a warning)."""
+    """Refuse pins whose source lacks them (``rigfleet check --online``; unreached: warn)."""
     new = replace(inputs.pins, stacks={**inputs.pins.stacks, **plan.new_stacks})
     refusals, warnings = verify_pins(inputs.hosts, new, run)
     for line in warnings:

@@ -145,8 +145,7 @@ def new_stack_pins(catalog: Catalog, pins: Pins, names: list[str], candidate: Ca
 
 def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
                        version: str | None) -> None:
-    """Refuse a candidate a bumped stack's ``image`` rule does not allow (``version`` None:
-    the tag alone)."""
+    """Refuse a candidate a bumped stack's ``image`` rule does not allow (None: tag alone)."""
     problems = [f"stacks.{n}: {candidate.image} {p} ({catalog.get(n).source}: image)"
                 for n in names for p in catalog.get(n).image.problems(candidate.tag, version)]
     if problems:
@@ -292,8 +291,7 @@ def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str
 
 def load_fleet(inventory: str, deploy: str, every: list[InventoryHost] | None = None) -> \
         tuple[list[InventoryHost], list[PlanHost], Pins, HostSettings]:
-    """Inventory hosts, their plan view, the one pins file they share (loaded), the first's
-    settings (``every``: the inventory's hosts, when loaded already)."""
+    """GPU hosts, their plan view, the one pins file they share and the first's settings."""
     hosts = gpu_hosts(every if every is not None else load_inventory(inventory))
     if not hosts:
         raise BumpError(f"{inventory}: no GPU hosts")

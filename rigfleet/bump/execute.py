@@ -48,8 +48,7 @@ REPO_ROOT = PROJECT_ROOT
 def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
             candidate: Candidate | None, version: str, genesis: dict[str, GenesisChoice],
             journal: BumpJournal | None = None, history: dict[str, Any] | None = None) -> int:
-    """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry
-    (a rollback's ``action`` and target serial)."""
+    """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry."""
     real = Path(plan.pins.path)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = REPO_ROOT / "reports" / "bumps" / stamp
@@ -118,8 +117,7 @@ def end_journal(journal: BumpJournal, result: RolloutResult, saved: Pins | None)
 def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryHost], plan: Plan,
                 result: RolloutResult, candidate: Candidate | None, version: str, registry: str,
                 mirror: str | None) -> dict[str, Any]:
-    """Prune old images on promoted hosts; save the promoted image from the canary; copy it
-    into the mirror registry."""
+    """Prune old images on promoted hosts; save the promoted image; copy it to the mirror."""
     extra: dict[str, Any] = {}
     if candidate is None:
         return extra
@@ -135,7 +133,6 @@ def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryH
                 continue
             if removed:
                 log(f"{name}: removed {len(removed)} older image(s): {', '.join(removed)}")
-    if not opts.no_prune:
         # A host that rolled back does not need the candidate it refused (~30 GB each).
         for o in result.by_status(Status.FAILED):
             if o.runs_new is False:

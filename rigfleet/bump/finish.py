@@ -116,20 +116,16 @@ def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
         log(f"--latest: finishing {journal.describe()} first (not resolved again)")
     return None
 
-def _resume_options(args: argparse.Namespace, journal: BumpJournal) -> BumpOptions:
+def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
+    """Finish the journal's plan: its outcomes stand, in-flight hosts are read, the rest runs."""
     cand = journal.candidate
     genesis = next((p.genesis.commit for p in journal.new_stacks.values() if p.genesis), None)
-    return BumpOptions.from_args(
-        args, image=f"{cand['repository']}:{cand['tag']}" if cand else None, latest=False,
-        genesis=None if cand else genesis, stacks=tuple(journal.new_stacks),
-        batch_size=journal.batch_size, max_failures=journal.max_failures,
-        rollback_to=journal.base_serial if not (cand or genesis) else None)  # a rollback's
-
-def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
-    """Finish the journal's plan: its outcomes stand, what was deploying is read from the hosts,
-    the remaining batches run; then the pins file is written and the journal removed."""
     try:
-        opts = _resume_options(args, journal)
+        opts = BumpOptions.from_args(
+            args, image=f"{cand['repository']}:{cand['tag']}" if cand else None, latest=False,
+            genesis=None if cand else genesis, stacks=tuple(journal.new_stacks),
+            batch_size=journal.batch_size, max_failures=journal.max_failures,
+            rollback_to=journal.base_serial if not (cand or genesis) else None)  # a rollback's
         inputs = load_inputs(opts)
     except (RigfleetError, ValueError, RuntimeError) as e:
         console.print(f"[red]error:[/red] {e}")
@@ -148,7 +144,6 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
         log(f"not confirmed; nothing changed ({journal.path} is kept)")
         return EXIT_FAILED
     journal.take_over()
-    cand = journal.candidate
     candidate = Candidate(cand["repository"], cand["tag"], cand["digest"],
                           cand.get("created")) if cand else None  # fmt: skip
     return execute(opts, inputs, SshRemote(), journal.plan(inputs.pins), candidate,
@@ -156,8 +151,7 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
 
 def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
              hosts: list[InventoryHost]) -> int:
-    """Record what the journal's bump did (what was deploying read from the hosts) into the
-    pins file as it is now, start nothing, remove the journal."""
+    """Record what the journal's bump did into the pins file as it is now; start nothing."""
     by_name = {h.name: h for h in hosts}
     plan = journal.plan(pins)
     runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy=args.deploy)

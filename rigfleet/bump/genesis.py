@@ -82,8 +82,7 @@ class GenesisCommit:
 
 
 class GenesisRepo:
-    """A control-side mirror of the Genesis repository ``url`` (as pinned), fetched from
-    ``fetch_url`` when this machine reaches it elsewhere."""
+    """A control-side mirror of the Genesis repository ``url``, fetched from ``fetch_url``."""
 
     def __init__(self, url: str, fetch_url: str | None = None, cache_dir: Path | None = None):
         self.url = url
@@ -177,8 +176,7 @@ class GenesisRepo:
             raise GenesisError(f"Genesis {self.url} {sha[:12]}: {e}") from None
 
     def version(self, sha: str) -> str | None:
-        """The Genesis version of ``sha``: its release, else ``git describe``, else what the
-        tree declares."""
+        """Its release, else ``git describe``, else the version the tree declares."""
         c = self.commit(sha)
         release = self.release(sha, c.subject)
         if release:

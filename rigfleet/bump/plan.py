@@ -26,8 +26,7 @@ def exercises(host: PlanHost, old: Mapping[str, StackPins], new: Mapping[str, St
 def build_plan(hosts: Sequence[PlanHost], unreachable: Mapping[str, str | None], pins: Pins,
                new_stacks: Mapping[str, StackPins], batch_size: int = 1, max_failures: int = 1
                ) -> Plan:
-    """The plan over ``hosts`` (inventory order); ``unreachable``: host -> why (None: reachable);
-    ``new_stacks``: the bumped stacks' new pins."""
+    """The plan over ``hosts`` (inventory order); ``unreachable``: host -> why (None: reachable)."""
     if batch_size < 1:
         raise ValueError(f"--batch-size {batch_size}: allowed: 1 or more")
     if max_failures < 1:
@@ -116,14 +115,14 @@ def _canary(moving: list[PlanHost], pins: Pins, new: dict[str, StackPins], notes
     return moving[0]
 
 
-def _pin_text(p: StackPins) -> str:
+def pin_text(p: StackPins, genesis_version: bool = False) -> str:
     text = f"{p.tag} {p.digest[:19]} vLLM {p.vllm_version}"
     if p.genesis is not None:
-        text += f" + Genesis {p.genesis.commit[:12]}"
+        text += f" + Genesis {p.genesis.label if genesis_version else p.genesis.commit[:12]}"
     return text
 
 
 def pairs(plan: Plan) -> list[tuple[str, str, str]]:
     """(stack, old pins, new pins) text per bumped stack."""
-    return [(name, _pin_text(plan.pins.stacks[name]), _pin_text(p))
+    return [(name, pin_text(plan.pins.stacks[name]), pin_text(p))
             for name, p in plan.new_stacks.items()]

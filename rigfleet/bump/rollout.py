@@ -24,6 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.plan_record import Plan
 from rigfleet.fleetview import each_host, probe_or_why
 from rigfleet.hostprobe import HostProbe, run_probe
@@ -149,17 +150,6 @@ class RolloutResult:
     def promoted_everywhere(self) -> bool:
         """Every host that was to move did (skipped-at-start hosts aside)."""
         return bool(self.by_status(Status.PROMOTED)) and not self.by_status(*BAD)
-
-
-class RolloutJournal(Protocol):
-    """Where the rollout writes down each step (``rigfleet.bump.journal.BumpJournal``)."""
-
-    def deploying_batch(self, batch: int, hosts: Sequence[str],
-                        before: Mapping[str, Mapping[str, Any] | None]) -> None: ...
-
-    def record(self, host: str, outcome: Mapping[str, Any]) -> None: ...
-
-    def finish(self, stopped: str | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -322,10 +312,9 @@ Judge = Callable[[str, DeployResult, "HostProbe | None", "HostProbe | str", int]
 
 def rollout(plan: Plan, runner: Runner, pins_file: Path,
             on_event: Callable[[str], None] = lambda _: None,
-            on_line: Callable[[str], None] = lambda _: None, journal: RolloutJournal | None = None,
+            on_line: Callable[[str], None] = lambda _: None, journal: BumpJournal | None = None,
             resume: Resume | None = None) -> RolloutResult:
-    """Run the bump plan's batches against ``pins_file`` (the candidate pins), canary first;
-    ``resume``: what an interrupted rollout of this plan did (in-flight hosts settled first)."""
+    """Roll the plan out on the candidate ``pins_file``, canary first (``resume``: from where)."""
     started = time.monotonic()
     done = dict(resume.done) if resume is not None else {}
     in_flight = dict(resume.in_flight) if resume is not None else {}
@@ -351,30 +340,25 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
               i: int) -> HostOutcome:
         return classify(h, *pins(h), result, before, after, i)
 
-    stopped = run_batches(plan.batches, runner, pins_file, judge, out, plan.max_failures,
-                          on_event=on_event, on_line=on_line, journal=journal, done=done,
-                          stopped=resume.stop if resume is not None else None)
-    if journal is not None:
-        journal.finish(stopped)
-    ordered = {h.name: out[h.name] for h in plan.hosts if h.name in out}
-    return RolloutResult(ordered, stopped, time.monotonic() - started)
+    return run_batches(plan.batches, runner, pins_file, judge, out, plan.max_failures,
+                       [h.name for h in plan.hosts], started, on_event=on_event,
+                       on_line=on_line, journal=journal, done=done,
+                       stopped=resume.stop if resume is not None else None)
 
 
 def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Path | None,
-                judge: Judge, out: dict[str, HostOutcome], max_failures: int, *,
+                judge: Judge, out: dict[str, HostOutcome], max_failures: int,
+                order: Sequence[str], started: float, *,
                 canary: bool = True, first: int = 0, label: Callable[[int], str] | None = None,
                 on_event: Callable[[str], None] = lambda _: None,
                 on_line: Callable[[str], None] = lambda _: None,
-                journal: RolloutJournal | None = None,
+                journal: BumpJournal | None = None,
                 done: Mapping[str, HostOutcome] | None = None,
-                stopped: str | None = None) -> str | None:
-    """The rollout engine: one ``runner.deploy`` per batch, each host's outcome (``judge``)
-    into ``out``; returns why it stopped early (None: it ran every batch).
-
-    Stops once ``max_failures`` hosts failed or were lost, and (``canary``) after a failed first
-    batch; the rest is ``NOT_ATTEMPTED``. A host unreachable or busy when its batch starts is
-    ``SKIPPED`` (no failure). Batches are numbered from ``first``; ``done`` outcomes stand.
-    """
+                stopped: str | None = None) -> RolloutResult:
+    """One ``runner.deploy`` per batch (numbered from ``first``), each host's outcome
+    (``judge``) into ``out``, the result in ``order``. Stops once ``max_failures`` hosts failed or
+    were lost, or (``canary``) the first batch failed: the rest is ``NOT_ATTEMPTED``; a host
+    unreachable or busy when its batch starts is ``SKIPPED``; ``done`` outcomes stand."""
     done = done or {}
     name_of = label or (lambda n: _label(n) if canary else f"batch {n}")
     failures = 0
@@ -417,24 +401,23 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
             stopped = f"the canary {batches[0][0]} did not promote; no other host touched"
         elif failures >= max_failures:
             stopped = f"{failures} host(s) failed (--max-failures {max_failures})"
-    return stopped
+    if journal is not None:
+        journal.finish(stopped)
+    return RolloutResult({h: out[h] for h in order if h in out}, stopped,
+                         time.monotonic() - started)
 
 
-def _record(out: dict[str, HostOutcome], journal: RolloutJournal | None,
+def _record(out: dict[str, HostOutcome], journal: BumpJournal | None,
             on_event: Callable[[str], None], o: HostOutcome, label: str) -> None:
     out[o.host] = o
-    on_event(_event_text(label, o))
+    gate, reason = f" (gate {o.gate})" if o.gate else "", f": {o.reason}" if o.reason else ""
+    on_event(f"{label}: {o.host} {o.status}{gate}{reason}")
     if journal is not None:
         journal.record(o.host, o.to_record())
 
 
 def _label(batch: int) -> str:
     return "canary" if batch == 0 else f"batch {batch}"
-
-
-def _event_text(label: str, o: HostOutcome) -> str:
-    gate, reason = f" (gate {o.gate})" if o.gate else "", f": {o.reason}" if o.reason else ""
-    return f"{label}: {o.host} {o.status}{gate}{reason}"
 
 
 # --- the pins file afterwards (pure; the rules: docs/bump.md, step 8) --------------------------
@@ -462,8 +445,7 @@ def outcome_of(result: RolloutResult) -> str:
 
 def pins_after(plan: Plan, result: RolloutResult, when: str, by: str,
                extra: dict[str, Any] | None = None) -> tuple[Pins | None, dict[str, Any] | None]:
-    """(pins to save, history entry), or (None, None) when the file must not change;
-    ``extra``: more history fields."""
+    """(pins to save, history entry), or (None, None) when the file must not change."""
     outcome = outcome_of(result)
     if outcome == "failed":
         return None, None
@@ -502,8 +484,7 @@ def pyinfra_json(stdout: str) -> dict[str, Any] | None:
 
 def pyinfra_command(inventory: str, deploy: str, hosts: Sequence[str], pins_file: Path | None
                     ) -> list[str]:
-    """The batch's command line (``--limit`` per host name; ``pins_file`` None: the
-    inventory's own)."""
+    """The batch's command line (``pins_file`` None: the inventory's own)."""
     exe = Path(sys.executable).with_name("pyinfra")
     cmd = [str(exe) if exe.exists() else "pyinfra", inventory, deploy, "-y", "--json"]
     if pins_file is not None:
