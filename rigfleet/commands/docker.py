@@ -10,14 +10,6 @@ def compose_config_check(file: str, project: str) -> str:
     return f"docker compose -p {shlex.quote(project)} -f {shlex.quote(file)} config -q"
 
 
-def image_repo_digests(ref: str) -> str:
-    """Fact command: the image's RepoDigests as JSON (nothing when absent)."""
-    return (
-        "docker image inspect --format '{{json .RepoDigests}}' "
-        f"{shlex.quote(ref)} 2>/dev/null || true"
-    )
-
-
 def pull(ref: str) -> str:
     """Pull by ``<repo>:<tag>@<digest>``: the digest decides what arrives."""
     return f"docker pull --quiet {shlex.quote(ref)}"
