@@ -72,34 +72,45 @@ class Registry:
     def where(self) -> str:
         return self.base_url.rstrip("/")
 
-    def _request(self, method: str, path: str, repo: str, accept: str = "",
-                 what: str | None = None) -> tuple[dict, bytes]:
-        """(lower-cased headers, body) of one request, with Docker Hub's token dance; errors
-        name ``what`` (default the repository)."""
-        what = what or repo
-        url = f"{self.where}{path}"
-        for attempt in range(2):
-            req = urllib.request.Request(url, method=method)
-            if accept:
-                req.add_header("Accept", accept)
+    def _open(self, req: urllib.request.Request, repo: str, what: str = "the repository",
+              push: bool = False) -> Any:
+        """The open response to ``req``; a Bearer challenge is answered once with a token for
+        ``repo`` (with ``push``: pull and push scope) unless the body cannot be sent again."""
+        def send() -> Any:
             if repo in self._tokens:
                 # Unredirected: Docker Hub sends blob reads to a CDN with a signed URL, which
                 # must not also receive our bearer token.
                 req.add_unredirected_header("Authorization", f"Bearer {self._tokens[repo]}")
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-            except urllib.error.HTTPError as exc:
-                challenge = exc.headers.get("WWW-Authenticate", "")
-                if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer"):
-                    self._tokens[repo] = self._token(challenge, what)
-                    continue
-                raise self._http_error(exc.code, exc.reason, what) from None
-            except OSError as exc:  # URLError; a timeout mid-read, a reset connection
-                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-                raise RegistryUnreachable(f"registry {self.where}: {what}: cannot reach the "
-                                          f"registry ({reason})") from None
-        raise RegistryError(f"registry {self.where}: {what}: authentication failed")
+            return urllib.request.urlopen(req, timeout=self.timeout)
+
+        try:
+            return send()
+        except urllib.error.HTTPError as exc:
+            challenge = exc.headers.get("WWW-Authenticate", "")
+            if exc.code != 401 or not challenge.startswith("Bearer") or hasattr(req.data, "read"):
+                raise
+        if push:
+            challenge = re.sub(r'scope="([^"]*):pull"', r'scope="\1:pull,push"', challenge)
+        self._tokens[repo] = self._token(challenge, what)
+        return send()
+
+    def _request(self, method: str, path: str, repo: str, accept: str = "",
+                 what: str | None = None) -> tuple[dict, bytes]:
+        """(lower-cased headers, body) of one request; errors name ``what`` (default the
+        repository)."""
+        what = what or repo
+        req = urllib.request.Request(f"{self.where}{path}", method=method)
+        if accept:
+            req.add_header("Accept", accept)
+        try:
+            with self._open(req, repo, what) as resp:
+                return {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+        except urllib.error.HTTPError as exc:
+            raise self._http_error(exc.code, exc.reason, what) from None
+        except OSError as exc:  # URLError; a timeout mid-read, a reset connection
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            raise RegistryUnreachable(f"registry {self.where}: {what}: cannot reach the "
+                                      f"registry ({reason})") from None
 
     def _http_error(self, code: int, reason: str, what: str) -> RegistryError:
         head = f"registry {self.where}: {what}:"
