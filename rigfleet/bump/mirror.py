@@ -106,13 +106,12 @@ def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, di
     """Copy ``repo@digest`` from ``src`` to ``dst`` and tag it ``tag`` there."""
     body, media = src.raw_manifest(repo, digest)
     doc = json.loads(body)
+    if (media in INDEX_TYPES or "manifests" in doc) and platforms == "amd64":
+        digest = platform_manifest(doc, f"{repo}@{digest}")
+        body, media = src.raw_manifest(repo, digest)
+        doc = json.loads(body)
     counter = [0, 0]
     if media in INDEX_TYPES or "manifests" in doc:
-        if platforms == "amd64":
-            one = platform_manifest(doc, f"{repo}@{digest}")
-            _copy_manifest(src, dst, repo, one, counter)
-            final = dst.put_manifest(repo, tag, *src.raw_manifest(repo, one)) or one
-            return Copied(_ref(dst, repo, tag), final, counter[0], counter[1])
         for entry in doc.get("manifests") or []:
             _copy_manifest(src, dst, repo, str(entry["digest"]), counter)
     else:
@@ -120,16 +119,16 @@ def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, di
     got = dst.put_manifest(repo, tag, body, media) or digest
     if got != digest:
         raise RegistryError(f"{dst.base_url}: stored {repo}:{tag} as {got}, expected {digest}")
-    return Copied(_ref(dst, repo, tag), got, counter[0], counter[1])
+    host = re.sub(r"^[a-z]+://", "", dst.base_url).rstrip("/")
+    return Copied(f"{host}/{repo}:{tag}", got, *counter)
 
 
 def _copy_manifest(src: MirrorRegistry, dst: MirrorRegistry, repo: str, digest: str,
-                   counter: list[int]) -> str:
+                   counter: list[int]) -> None:
     body, media = src.raw_manifest(repo, digest)
     _copy_blobs(src, dst, repo, json.loads(body), counter)
     if not dst.has(repo, "manifests", digest):
         dst.put_manifest(repo, digest, body, media)
-    return digest
 
 
 def _copy_blobs(src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[str, Any],
@@ -144,8 +143,3 @@ def _copy_blobs(src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[s
             dst.upload_blob(repo, blob, stream, length)
         counter[0] += 1
         counter[1] += length
-
-
-def _ref(dst: MirrorRegistry, repo: str, tag: str) -> str:
-    host = re.sub(r"^[a-z]+://", "", dst.base_url).rstrip("/")
-    return f"{host}/{repo}:{tag}"
