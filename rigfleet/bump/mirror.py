@@ -113,7 +113,11 @@ def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, di
     counter = [0, 0]
     if media in INDEX_TYPES or "manifests" in doc:
         for entry in doc.get("manifests") or []:
-            _copy_manifest(src, dst, repo, str(entry["digest"]), counter)
+            one = str(entry["digest"])
+            one_body, one_media = src.raw_manifest(repo, one)
+            _copy_blobs(src, dst, repo, json.loads(one_body), counter)
+            if not dst.has(repo, "manifests", one):
+                dst.put_manifest(repo, one, one_body, one_media)
     else:
         _copy_blobs(src, dst, repo, doc, counter)
     got = dst.put_manifest(repo, tag, body, media) or digest
@@ -121,14 +125,6 @@ def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, di
         raise RegistryError(f"{dst.base_url}: stored {repo}:{tag} as {got}, expected {digest}")
     host = re.sub(r"^[a-z]+://", "", dst.base_url).rstrip("/")
     return Copied(f"{host}/{repo}:{tag}", got, *counter)
-
-
-def _copy_manifest(src: MirrorRegistry, dst: MirrorRegistry, repo: str, digest: str,
-                   counter: list[int]) -> None:
-    body, media = src.raw_manifest(repo, digest)
-    _copy_blobs(src, dst, repo, json.loads(body), counter)
-    if not dst.has(repo, "manifests", digest):
-        dst.put_manifest(repo, digest, body, media)
 
 
 def _copy_blobs(src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[str, Any],
