@@ -21,7 +21,7 @@ from . import ledger
 from .atomic import fsync_dir, move_aside, write_atomic, write_json
 from .journal import Journal
 from .layout import Layout
-from .lock import HostLock
+from .lock import HostLock, remove_dir
 from .plan import Active, Plan, PlanError, StackRef, compose_hash
 from .records import ledger_tail
 from .steps import EXIT_FAILED
@@ -238,9 +238,7 @@ def prune_journals(lay: Layout, keep: int = KEEP_JOURNALS) -> list[str]:
                   key=lambda d: (d / "result.json").stat().st_mtime)
     dropped = []
     for directory in done[:-keep] if len(done) > keep else []:
-        for child in sorted(directory.iterdir()):
-            child.unlink(missing_ok=True)
-        directory.rmdir()
+        remove_dir(directory)
         dropped.append(directory.name)
     return dropped
 
