@@ -29,17 +29,6 @@ class HubUnreachable(HubError):
     """The hub could not be reached at all (DNS, connection, timeout)."""
 
 
-def read_token(path: str | None) -> str | None:
-    """The token in ``path`` (one line), None without a file. Never printed."""
-    if not path:
-        return None
-    try:
-        token = Path(path).expanduser().read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise HubError(f"hf_token_file: {path!r} cannot be read ({e.strerror})") from None
-    return token or None
-
-
 @dataclass
 class Hub:
     """One hub endpoint (``hf_endpoint``, else huggingface.co) and the caller's token."""
@@ -56,11 +45,17 @@ class Hub:
     @property
     def api(self) -> HfApi:
         if self._api is None:
-            # token=False: no token at all (not the one huggingface_hub would find in ~/.cache)
-            token: str | bool = read_token(self.token_file) or False
+            token = ""  # never printed
+            if self.token_file:
+                try:
+                    token = Path(self.token_file).expanduser().read_text(encoding="utf-8")
+                except OSError as e:
+                    raise HubError(f"hf_token_file: {self.token_file!r} cannot be read "
+                                   f"({e.strerror})") from None
             from huggingface_hub import HfApi  # a third of a second: only when asked
 
-            self._api = HfApi(endpoint=self.where, token=token)
+            # token=False: no token at all (not the one huggingface_hub would find in ~/.cache)
+            self._api = HfApi(endpoint=self.where, token=token.strip() or False)
         return self._api
 
     def revision(self, repo: str, ref: str = "main") -> str:

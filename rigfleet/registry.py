@@ -72,70 +72,83 @@ class Registry:
     def where(self) -> str:
         return self.base_url.rstrip("/")
 
-    def _request(self, method: str, path: str, repo: str, accept: str = "",
-                 what: str | None = None) -> tuple[dict, bytes]:
-        """(lower-cased headers, body) of one request, with Docker Hub's token dance; errors
-        name ``what`` (default the repository)."""
-        what = what or repo
-        url = f"{self.where}{path}"
-        for attempt in range(2):
-            req = urllib.request.Request(url, method=method)
-            if accept:
-                req.add_header("Accept", accept)
+    def _open(self, req: urllib.request.Request, repo: str, what: str = "the repository",
+              push: bool = False) -> Any:
+        """The open response to ``req``; a Bearer challenge is answered once with a token for
+        ``repo`` (with ``push``: pull and push scope) unless the body cannot be sent again."""
+        def send() -> Any:
             if repo in self._tokens:
                 # Unredirected: Docker Hub sends blob reads to a CDN with a signed URL, which
                 # must not also receive our bearer token.
                 req.add_unredirected_header("Authorization", f"Bearer {self._tokens[repo]}")
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-            except urllib.error.HTTPError as exc:
-                challenge = exc.headers.get("WWW-Authenticate", "")
-                if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer"):
-                    self._tokens[repo] = self._token(challenge, what)
-                    continue
-                raise self._http_error(exc.code, exc.reason, what) from None
-            except OSError as exc:  # URLError; a timeout mid-read, a reset connection
-                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-                raise RegistryUnreachable(f"registry {self.where}: {what}: cannot reach the "
-                                          f"registry ({reason})") from None
-        raise RegistryError(f"registry {self.where}: {what}: authentication failed")
+            return urllib.request.urlopen(req, timeout=self.timeout)
+
+        try:
+            return send()
+        except urllib.error.HTTPError as exc:
+            challenge = exc.headers.get("WWW-Authenticate", "")
+            if exc.code != 401 or not challenge.startswith("Bearer") or hasattr(req.data, "read"):
+                raise
+        if push:
+            challenge = re.sub(r'scope="([^"]*):pull"', r'scope="\1:pull,push"', challenge)
+        self._tokens[repo] = self._token(challenge, what)
+        return send()
+
+    def _request(self, method: str, path: str, repo: str, accept: str = "",
+                 what: str | None = None) -> tuple[dict, bytes]:
+        """(lower-cased headers, body) of one request; errors name ``what`` (default the
+        repository)."""
+        what = what or repo
+        req = urllib.request.Request(f"{self.where}{path}", method=method)
+        if accept:
+            req.add_header("Accept", accept)
+        try:
+            with self._open(req, repo, what) as resp:
+                return {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+        except urllib.error.HTTPError as exc:
+            raise self._http_error(exc.code, exc.reason, what) from None
+        except OSError as exc:  # URLError; a timeout mid-read, a reset connection
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            raise self._fail(what, f"cannot reach the registry ({reason})",
+                             RegistryUnreachable) from None
+
+    def _fail(self, what: str, why: str, kind: type[RegistryError] = RegistryError
+              ) -> RegistryError:
+        return kind(f"registry {self.where}: {what}: {why}")
 
     def _http_error(self, code: int, reason: str, what: str) -> RegistryError:
-        head = f"registry {self.where}: {what}:"
         if code == 404:
-            return RegistryNotFound(f"{head} not found (HTTP 404: no such tag, digest or "
-                                    "repository there)")
+            return self._fail(what, "not found (HTTP 404: no such tag, digest or repository "
+                              "there)", RegistryNotFound)
         if code in (401, 403):
             # Docker Hub answers 401 for a repository that does not exist, as for a private one.
-            return RegistryError(f"{head} access denied (HTTP {code} {reason}: the repository "
-                                 "does not exist, or needs credentials; rigfleet reads "
-                                 "registries anonymously)")
+            return self._fail(what, f"access denied (HTTP {code} {reason}: the repository does "
+                              "not exist, or needs credentials; rigfleet reads registries "
+                              "anonymously)")
         if code == 429:
-            return RegistryError(f"{head} rate limited (HTTP 429: too many requests from this "
-                                 "address; wait, or use a registry mirror)")
-        return RegistryError(f"{head} HTTP {code} {reason}")
+            return self._fail(what, "rate limited (HTTP 429: too many requests from this "
+                              "address; wait, or use a registry mirror)")
+        return self._fail(what, f"HTTP {code} {reason}")
 
     def _token(self, challenge: str, what: str = "the repository") -> str:
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         realm = params.pop("realm", "")
         if not realm:
-            raise RegistryError(f"registry {self.where}: {what}: unusable auth challenge")
+            raise self._fail(what, "unusable auth challenge")
         url = f"{realm}?{urllib.parse.urlencode(params)}"
         try:
             with urllib.request.urlopen(url, timeout=self.timeout) as resp:
                 body = json.load(resp)
         except urllib.error.HTTPError as exc:
-            raise RegistryError(f"registry {self.where}: {what}: the token service {realm} "
-                                f"refused (HTTP {exc.code} {exc.reason})") from None
+            raise self._fail(what, f"the token service {realm} refused (HTTP {exc.code} "
+                             f"{exc.reason})") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise RegistryUnreachable(f"registry {self.where}: {what}: cannot get a token from "
-                                      f"{realm} ({reason})") from None
+            raise self._fail(what, f"cannot get a token from {realm} ({reason})",
+                             RegistryUnreachable) from None
         token = body.get("token") or body.get("access_token") if isinstance(body, dict) else None
         if not token:
-            raise RegistryError(f"registry {self.where}: {what}: the token service {realm} "
-                                "answered no token")
+            raise self._fail(what, f"the token service {realm} answered no token")
         return str(token)
 
     def digest(self, repo: str, ref: str) -> str:
@@ -146,8 +159,7 @@ class Registry:
                                    what)
         found = headers.get("docker-content-digest", "")
         if not _DIGEST.fullmatch(found):
-            raise RegistryError(f"registry {self.where}: {what}: no usable digest in the "
-                                f"answer ({found!r})")
+            raise self._fail(what, f"no usable digest in the answer ({found!r})")
         return found
 
     def manifest(self, repo: str, ref: str) -> tuple[dict[str, Any], str, str]:
@@ -158,14 +170,13 @@ class Registry:
         try:
             doc = json.loads(body)
         except ValueError:
-            raise RegistryError(f"registry {self.where}: {what}: manifest is not JSON") from None
+            raise self._fail(what, "manifest is not JSON") from None
         if not isinstance(doc, dict):
-            raise RegistryError(f"registry {self.where}: {what}: manifest is not an object")
+            raise self._fail(what, "manifest is not an object")
         media = doc.get("mediaType") or headers.get("content-type", "").split(";")[0]
         computed = "sha256:" + hashlib.sha256(body).hexdigest()
         if ref.startswith("sha256:") and computed != ref:
-            raise RegistryError(f"registry {self.where}: {what}: manifest content does not "
-                                f"match its digest ({computed})")
+            raise self._fail(what, f"manifest content does not match its digest ({computed})")
         return doc, media, headers.get("docker-content-digest") or computed
 
     def blob(self, repo: str, digest: str) -> bytes:
@@ -173,35 +184,25 @@ class Registry:
         what = f"{repo}@{digest}"
         _, body = self._request("GET", f"/v2/{repo}/blobs/{digest}", repo, what=what)
         if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
-            raise RegistryError(f"registry {self.where}: {what}: blob content does not match "
-                                "its digest")
+            raise self._fail(what, "blob content does not match its digest")
         return body
-
-    def platform(self, repo: str, ref: str) -> tuple[str, dict[str, Any], str]:
-        """(top digest, linux/amd64 manifest, its digest) of ``repo:ref``."""
-        doc, media, top = self.manifest(repo, ref)
-        if media in INDEX_TYPES or "manifests" in doc:
-            sub = platform_manifest(doc, f"registry {self.where}: {reference(repo, ref)}")
-            doc, _, own = self.manifest(repo, sub)
-            return top, doc, own
-        return top, doc, top
 
     def resolve(self, repo: str, ref: str) -> ResolvedImage:
         """Digest, image id and download size of ``repo:ref`` (index -> linux/amd64 manifest
         -> config descriptor); reads manifests only, never a layer."""
-        top, doc, own = self.platform(repo, ref)
-        what = f"registry {self.where}: {reference(repo, ref)}"
+        what = reference(repo, ref)
+        doc, media, top = self.manifest(repo, ref)
+        own = top
+        if media in INDEX_TYPES or "manifests" in doc:
+            sub = platform_manifest(doc, f"registry {self.where}: {what}")
+            doc, _, own = self.manifest(repo, sub)
         config = (doc.get("config") or {}).get("digest")
         if not isinstance(config, str) or not _DIGEST.fullmatch(config):
-            raise RegistryError(f"{what}: the linux/amd64 manifest names no sha256 config "
-                                f"({config!r})")
+            raise self._fail(what, "the linux/amd64 manifest names no sha256 config "
+                             f"({config!r})")
         layers = doc.get("layers") or []
         size = sum(int(layer.get("size") or 0) for layer in layers if isinstance(layer, dict))
         return ResolvedImage(top, config, own, size)
-
-    def image_config(self, repo: str, ref: str) -> dict[str, Any]:
-        """The image config (``created``, ``config.Env``, ...) for linux/amd64."""
-        return json.loads(self.blob(repo, self.resolve(repo, ref).image_id))
 
     def tags(self, repo: str) -> list[str]:
         """Every tag of ``repo`` (follows pagination)."""

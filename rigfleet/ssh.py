@@ -127,23 +127,19 @@ def connection(host: InventoryHost, timeout: float) -> Any:
     where = f"ssh {target.where()}"
     try:
         conn.open()
+        return conn
     except paramiko.BadHostKeyException as e:
-        _close(conn)
-        raise HostUnreachable(
-            f"{host.name}: host key of {e.hostname} differs from {known} ({e})") from None
+        why = f"host key of {e.hostname} differs from {known} ({e})"
     except paramiko.SSHException as e:
-        _close(conn)
+        why = f"{where}: {e}"
         if "not found in known_hosts" in str(e):
             server = str(e).removeprefix("Server ").split(" not found")[0].strip("'")
-            raise HostUnreachable(
-                f"{host.name}: {where}: {server} is not in {known} (strict host key "
-                "checking); add it (ssh-keyscan) or fix ssh_known_hosts_file") from None
-        raise HostUnreachable(f"{host.name}: {where}: {e}") from None
+            why = (f"{where}: {server} is not in {known} (strict host key checking); add it "
+                   "(ssh-keyscan) or fix ssh_known_hosts_file")
     except (OSError, EOFError) as e:
-        _close(conn)
-        raise HostUnreachable(f"{host.name}: {where}: {getattr(e, 'strerror', None) or e}") \
-            from None
-    return conn
+        why = f"{where}: {getattr(e, 'strerror', None) or e}"
+    _close(conn)
+    raise HostUnreachable(f"{host.name}: {why}")
 
 
 def _drain(recv: Callable[[int], bytes]) -> bytes:

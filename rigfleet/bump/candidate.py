@@ -2,8 +2,7 @@
 and what ``--latest`` picks (docs/bump.md, step 1: releases by version order; nightlies only
 for a Genesis stack whose allowlist lists nothing else, by build time)::
 
-    cand = find_candidate(ImageRegistry("https://registry-1.docker.io"), "vllm/vllm-openai",
-                          tag="v0.27.1")
+    cand = find_candidate(Registry(DOCKER_HUB), "vllm/vllm-openai", tag="v0.27.1")
     newest_release(reg.tags("vllm/vllm-openai"), above="0.27.1")    # "v0.32.0"
 """
 
@@ -41,7 +40,7 @@ class Candidate:
 
     @property
     def ref(self) -> str:
-            return f"{self.image}@{self.digest}"
+        return f"{self.image}@{self.digest}"
 
     @property
     def commit(self) -> str | None:
@@ -49,8 +48,7 @@ class Candidate:
         return m.group("sha") if m else None
 
 
-class ImageRegistry(Registry):
-    """The registry client (``rigfleet.registry.Registry``; the mirror copy extends it)."""
+ImageRegistry = Registry  # the name bump/cli.py and bump/decide.py import
 
 
 def nightly_tags(tags: Iterable[str]) -> list[str]:

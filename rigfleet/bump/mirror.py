@@ -17,37 +17,29 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from rigfleet.bump.candidate import ImageRegistry
-from rigfleet.registry import INDEX_TYPES, MANIFEST_TYPES, RegistryError, platform_manifest
+from rigfleet.registry import (
+    INDEX_TYPES,
+    MANIFEST_TYPES,
+    Registry,
+    RegistryError,
+    platform_manifest,
+)
 
 
-class MirrorRegistry(ImageRegistry):
-    """``ImageRegistry`` that can also write (blob uploads, manifest puts)."""
+class MirrorRegistry(Registry):
+    """``Registry`` that can also write (blob uploads, manifest puts)."""
 
     def _send(self, method: str, url: str, repo: str, data: bytes | BinaryIO | None = None,
               headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        for attempt in range(2):
-            req = urllib.request.Request(url, data=data, method=method)
-            for k, v in (headers or {}).items():
-                req.add_header(k, v)
-            if repo in self._tokens:
-                req.add_unredirected_header("Authorization", f"Bearer {self._tokens[repo]}")
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-            except urllib.error.HTTPError as exc:
-                challenge = exc.headers.get("WWW-Authenticate", "")
-                rewindable = data is None or isinstance(data, bytes)
-                if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer") \
-                        and rewindable:
-                    self._tokens[repo] = self._token(  # ask for push scope too
-                        re.sub(r'scope="([^"]*):pull"', r'scope="\1:pull,push"', challenge))
-                    continue
-                body = exc.read()[:300].decode(errors="replace")
-                raise RegistryError(f"{method} {url}: HTTP {exc.code} {exc.reason} {body}") from None
-            except urllib.error.URLError as exc:
-                raise RegistryError(f"{url}: cannot reach the registry ({exc.reason})") from None
-        raise RegistryError(f"{url}: authentication failed")
+        req = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+        try:
+            with self._open(req, repo, push=True) as resp:
+                return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read()[:300].decode(errors="replace")
+            raise RegistryError(f"{method} {url}: HTTP {exc.code} {exc.reason} {body}") from None
+        except urllib.error.URLError as exc:
+            raise RegistryError(f"{url}: cannot reach the registry ({exc.reason})") from None
 
     def raw_manifest(self, repo: str, reference: str) -> tuple[bytes, str]:
         """(exact bytes, media type): the bytes are what the digest is of."""
@@ -60,7 +52,7 @@ class MirrorRegistry(ImageRegistry):
         return body, media
 
     def has(self, repo: str, kind: str, digest: str) -> bool:
-        url = f"{self.base_url.rstrip('/')}/v2/{repo}/{kind}/{digest}"
+        url = f"{self.where}/v2/{repo}/{kind}/{digest}"
         try:
             status, _, _ = self._send("HEAD", url, repo, headers={"Accept": MANIFEST_TYPES})
         except RegistryError as e:
@@ -71,24 +63,15 @@ class MirrorRegistry(ImageRegistry):
 
     def blob_stream(self, repo: str, digest: str) -> Any:
         """An open response streaming the blob (caller closes it)."""
-        url = f"{self.base_url.rstrip('/')}/v2/{repo}/blobs/{digest}"
-        for attempt in range(2):
-            req = urllib.request.Request(url)
-            if repo in self._tokens:
-                req.add_unredirected_header("Authorization", f"Bearer {self._tokens[repo]}")
-            try:
-                return urllib.request.urlopen(req, timeout=self.timeout)
-            except urllib.error.HTTPError as exc:
-                challenge = exc.headers.get("WWW-Authenticate", "")
-                if exc.code == 401 and attempt == 0 and challenge.startswith("Bearer"):
-                    self._tokens[repo] = self._token(challenge)
-                    continue
-                raise RegistryError(f"GET {url}: HTTP {exc.code} {exc.reason}") from None
-        raise RegistryError(f"{url}: authentication failed")
+        url = f"{self.where}/v2/{repo}/blobs/{digest}"
+        try:
+            return self._open(urllib.request.Request(url), repo)
+        except urllib.error.HTTPError as exc:
+            raise RegistryError(f"GET {url}: HTTP {exc.code} {exc.reason}") from None
 
     def upload_blob(self, repo: str, digest: str, data: BinaryIO | bytes, size: int) -> None:
         """Monolithic upload: POST a session, then PUT the whole blob with its digest."""
-        base = self.base_url.rstrip("/")
+        base = self.where
         _, headers, _ = self._send("POST", f"{base}/v2/{repo}/blobs/uploads/", repo, b"",
                                    {"Content-Length": "0"})  # fmt: skip
         location = headers.get("location")
@@ -101,7 +84,7 @@ class MirrorRegistry(ImageRegistry):
 
     def put_manifest(self, repo: str, reference: str, body: bytes, media: str) -> str:
         """PUT manifest bytes; returns the digest the registry reports."""
-        url = f"{self.base_url.rstrip('/')}/v2/{repo}/manifests/{reference}"
+        url = f"{self.where}/v2/{repo}/manifests/{reference}"
         _, headers, _ = self._send("PUT", url, repo, body, {"Content-Type": media})
         return headers.get("docker-content-digest", "")
 
@@ -123,30 +106,25 @@ def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, di
     """Copy ``repo@digest`` from ``src`` to ``dst`` and tag it ``tag`` there."""
     body, media = src.raw_manifest(repo, digest)
     doc = json.loads(body)
+    if (media in INDEX_TYPES or "manifests" in doc) and platforms == "amd64":
+        digest = platform_manifest(doc, f"{repo}@{digest}")
+        body, media = src.raw_manifest(repo, digest)
+        doc = json.loads(body)
     counter = [0, 0]
     if media in INDEX_TYPES or "manifests" in doc:
-        if platforms == "amd64":
-            one = platform_manifest(doc, f"{repo}@{digest}")
-            _copy_manifest(src, dst, repo, one, counter)
-            final = dst.put_manifest(repo, tag, *src.raw_manifest(repo, one)) or one
-            return Copied(_ref(dst, repo, tag), final, counter[0], counter[1])
         for entry in doc.get("manifests") or []:
-            _copy_manifest(src, dst, repo, str(entry["digest"]), counter)
+            one = str(entry["digest"])
+            one_body, one_media = src.raw_manifest(repo, one)
+            _copy_blobs(src, dst, repo, json.loads(one_body), counter)
+            if not dst.has(repo, "manifests", one):
+                dst.put_manifest(repo, one, one_body, one_media)
     else:
         _copy_blobs(src, dst, repo, doc, counter)
     got = dst.put_manifest(repo, tag, body, media) or digest
     if got != digest:
         raise RegistryError(f"{dst.base_url}: stored {repo}:{tag} as {got}, expected {digest}")
-    return Copied(_ref(dst, repo, tag), got, counter[0], counter[1])
-
-
-def _copy_manifest(src: MirrorRegistry, dst: MirrorRegistry, repo: str, digest: str,
-                   counter: list[int]) -> str:
-    body, media = src.raw_manifest(repo, digest)
-    _copy_blobs(src, dst, repo, json.loads(body), counter)
-    if not dst.has(repo, "manifests", digest):
-        dst.put_manifest(repo, digest, body, media)
-    return digest
+    host = re.sub(r"^[a-z]+://", "", dst.base_url).rstrip("/")
+    return Copied(f"{host}/{repo}:{tag}", got, *counter)
 
 
 def _copy_blobs(src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[str, Any],
@@ -161,8 +139,3 @@ def _copy_blobs(src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[s
             dst.upload_blob(repo, blob, stream, length)
         counter[0] += 1
         counter[1] += length
-
-
-def _ref(dst: MirrorRegistry, repo: str, tag: str) -> str:
-    host = re.sub(r"^[a-z]+://", "", dst.base_url).rstrip("/")
-    return f"{host}/{repo}:{tag}"

@@ -21,7 +21,7 @@ from . import ledger
 from .atomic import fsync_dir, move_aside, write_atomic, write_json
 from .journal import Journal
 from .layout import Layout
-from .lock import HostLock
+from .lock import HostLock, remove_dir
 from .plan import Active, Plan, PlanError, StackRef, compose_hash
 from .records import ledger_tail
 from .steps import EXIT_FAILED
@@ -57,11 +57,6 @@ def parse_active(lay: Layout) -> tuple[Active | None, str]:
         return None, f"is not an active record ({e})"
 
 
-def read_active(lay: Layout) -> Active | None:
-    """``active.json``, read-only (``load_active`` without repair)."""
-    return load_active(lay)
-
-
 def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | None:
     """The active record; None when nothing was ever verified here. With ``repair`` (the
     caller holds the host lock) a damaged record is rebuilt and one of the older layout (a
@@ -94,6 +89,9 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
     aside = move_aside(lay.active_json)
     return _recovered(lay, *rebuilt, by, f"{where}; rebuilt from the ledger"
                       + (f" (damaged file kept: {aside})" if aside else ""))
+
+
+read_active = load_active  # what readers call it (they never pass repair)
 
 
 def _recovered(lay: Layout, active: Active, text: str, by: str, reason: str) -> Active:
@@ -142,7 +140,7 @@ def _text(path: Path) -> str | None:
 def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
     """((record, compose text), "") rebuilt from the ledger and the journals, or (None,
     what is missing)."""
-    lines, _, problem = ledger_lines(lay)
+    lines, _, problem = ledger_tail(lay.ledger_file, n=10**9)
     if not lines:
         return None, f"the ledger {lay.ledger_file} has no usable line ({problem or 'empty'})"
     last = lines[-1]
@@ -168,11 +166,6 @@ def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
                        dict(gate) if isinstance(gate, dict) else {}), text), ""
     return None, (f"no line of {lay.ledger_file} records a verified stack (promoted, adopted "
                   "or recorded) that its transaction's files still describe")
-
-
-def ledger_lines(lay: Layout) -> tuple[list[dict[str, Any]], int, str | None]:
-    """Every parseable ledger line, oldest first (``records.ledger_tail``)."""
-    return ledger_tail(lay.ledger_file, n=10**9)
 
 
 def snapshot_ref(lay: Layout, ref: StackRef) -> StackRef:
@@ -232,7 +225,7 @@ def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
     or a person fixed what made it die); a promotion resets it without asking."""
     request = {"token": f"{time.time():.6f}-{os.getpid()}-{secrets.token_hex(4)}",
                "at": ledger.now_iso(), "by": by, "why": why}
-    ledger.atomic_write(lay.supervise_reset, json.dumps(request, sort_keys=True) + "\n")
+    write_atomic(lay.supervise_reset, json.dumps(request, sort_keys=True) + "\n")
     return request
 
 
@@ -245,9 +238,7 @@ def prune_journals(lay: Layout, keep: int = KEEP_JOURNALS) -> list[str]:
                   key=lambda d: (d / "result.json").stat().st_mtime)
     dropped = []
     for directory in done[:-keep] if len(done) > keep else []:
-        for child in sorted(directory.iterdir()):
-            child.unlink(missing_ok=True)
-        directory.rmdir()
+        remove_dir(directory)
         dropped.append(directory.name)
     return dropped
 

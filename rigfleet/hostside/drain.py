@@ -221,7 +221,3 @@ def drain_note(result: dict[str, Any]) -> str:
     if result.get("retry_after_s") is not None:
         parts.append(f"Retry-After {result['retry_after_s']}s")
     return "".join(f"; {p}" for p in parts)
-
-
-__all__ = ["DRAIN_POLL_S", "DrainReport", "Drainer",
-           "EngineLoad", "drain_note", "draining_workers", "parse_load"]

@@ -89,7 +89,9 @@ class Ensure(Steps):
             if held.holder.get("window"):
                 return self._deferred(held)
             if self.leave_held:
-                return self._left_alone(held)
+                return self._said("left-alone", EXIT_PROMOTED, f"left alone: {held} (waited "
+                                  f"{self.lock_wait_s:g} s); it decides what serves, and the "
+                                  "supervisor watches what it leaves", "warning")
             self.j.event("lock", str(held), level="error")
             return Outcome("locked", EXIT_LOCKED, "ensure", reason=str(held), phase="lock")
         except OSError as e:
@@ -104,11 +106,7 @@ class Ensure(Steps):
             self.j.event("ensure", reason, level="error")
             if isinstance(f, ActiveDamaged):
                 # Never a silent 503: the front's message says it too.
-                try:
-                    self.front.maintenance("the active record is damaged; run the deploy",
-                                           self.retry_after_s, wait=False)
-                except FrontError as e:
-                    self.j.event("front", str(e), level="warning")
+                self._maintenance("the active record is damaged; run the deploy")
             ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
                                                  reason=reason))
             phase = f.phase if isinstance(f, Failure) else \
@@ -121,37 +119,35 @@ class Ensure(Steps):
             with contextlib.suppress(OSError):
                 self.lock.release()
 
-    def _left_alone(self, held: LockHeld) -> Outcome:
-        """A transaction still holds the host after the wait: it decides what serves."""
-        reason = (f"left alone: {held} (waited {self.lock_wait_s:g} s); it decides what "
-                  "serves, and the supervisor watches what it leaves")
-        self.j.event("ensure", reason, level="warning")
-        return Outcome("left-alone", EXIT_PROMOTED, "ensure", reason=reason,
+    def _said(self, result: str, code: int, reason: str, level: str = "info",
+              phase: str = "") -> Outcome:
+        """``reason`` journaled; the outcome names what the front serves now."""
+        self.j.event("ensure", reason, level=level)
+        return Outcome(result, code, "ensure", reason=reason, phase=phase,
                        serving=self.front.current())
+
+    def _maintenance(self, message: str) -> None:
+        """The front to 503 saying ``message``; a front that cannot is a warning."""
+        try:
+            self.front.maintenance(message, self.retry_after_s, wait=False)
+        except FrontError as e:
+            self.j.event("front", str(e), level="warning")
 
     def _unwritable(self, e: OSError) -> Outcome:
         """A full disk, a read-only file system: said, and ``EXIT_RETRY`` (the unit retries)."""
         reason = (f"{e.filename or 'the disk'}: {e.strerror or e}; stopped there; "
                   "rigfleet-stack.service tries again")
-        self.j.event("ensure", reason, level="error")
+        outcome = self._said("failed", EXIT_RETRY, reason, "error", "disk")
         with contextlib.suppress(OSError):
             ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
                                                  reason=reason))
-        return Outcome("failed", EXIT_RETRY, "ensure", reason=reason, phase="disk",
-                       serving=self.front.current())
+        return outcome
 
     def _deferred(self, held: LockHeld) -> Outcome:
         """A maintenance window holds the host: the stack stays down, the front at 503."""
         why = str(held.holder.get("why") or "maintenance")
-        try:
-            self.front.maintenance(f"{why}; the stack comes back through the gate",
-                                   self.retry_after_s, wait=False)
-        except FrontError as e:
-            self.j.event("front", str(e), level="warning")
-        reason = f"deferred: {held}"
-        self.j.event("ensure", reason)
-        return Outcome("deferred", EXIT_PROMOTED, "ensure", reason=reason,
-                       serving=self.front.current())
+        self._maintenance(f"{why}; the stack comes back through the gate")
+        return self._said("deferred", EXIT_PROMOTED, f"deferred: {held}")
 
     def _run(self) -> Outcome:
         win, status, why = window_status(self.lay)
@@ -212,9 +208,7 @@ class Ensure(Steps):
             reason = (f"{why}: the stack needs the gate before it serves again; run "
                       "`rigfleet-host.pyz maintenance close` or the deploy")
             self.front.maintenance(reason, self.retry_after_s, wait=False)
-            self.j.event("ensure", reason, level="error")
-            return Outcome("failed", EXIT_FAILED, "ensure", reason=reason, phase="maintenance",
-                           serving=self.front.current())
+            return self._said("failed", EXIT_FAILED, reason, "error", "maintenance")
         self.j.event("ensure", f"{why}: closing it (recreate + gate)")
         return Maintenance(self.lay, self.ops, self.front, self.j, plan, gate=self.gate,
                            lock=self.lock).close()

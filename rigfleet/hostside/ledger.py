@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from .atomic import append_line, move_aside, write_atomic
@@ -27,17 +26,11 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    """``atomic.write_atomic``: a reader (or a crash) sees the old file or the new one."""
-    write_atomic(path, text, mode)
+atomic_write = write_atomic  # the name supervisor.py uses
 
 
 def read_state(lay: Layout) -> dict[str, Any]:
     return _read_state_file(lay.state_file)
-
-
-def write_state(lay: Layout, state: dict[str, Any]) -> None:
-    atomic_write(lay.state_file, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
 def rebuilt_state(lay: Layout) -> dict[str, Any]:
@@ -66,7 +59,7 @@ def update_state(lay: Layout, **changes: Any) -> dict[str, Any]:
         move_aside(lay.state_file)
         base = rebuilt_state(lay)
     state = {**base, **changes}
-    write_state(lay, state)
+    write_atomic(lay.state_file, json.dumps(state, indent=2, sort_keys=True) + "\n")
     return state
 
 

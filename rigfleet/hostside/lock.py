@@ -26,7 +26,7 @@ from .atomic import fsync_dir, write_json
 from .layout import Layout
 from .records import BOOT_CLOCK, BootClock, boot_id, describe, pid_start_ticks, read_holder
 
-__all__ = ["HostLock", "LockHeld", "WindowHold", "describe", "session_anchor"]
+__all__ = ["HostLock", "LockHeld", "WindowHold", "describe", "remove_dir", "session_anchor"]
 
 # Per-connection sshd processes (OpenSSH before 9.8, and its sshd-session since).
 _SSH_SESSION = ("sshd", "sshd-session")
@@ -188,7 +188,7 @@ class HostLock:
                 raise
         finally:
             if tmp.exists():
-                _remove(tmp)
+                remove_dir(tmp)
         fsync_dir(self.path.parent)
         return True
 
@@ -197,7 +197,7 @@ class HostLock:
         for path in self.path.parent.glob(".lock.*"):
             with contextlib.suppress(OSError):
                 if time.time() - path.stat().st_mtime > older_s:
-                    _remove(path)
+                    remove_dir(path)
 
     def _break_stale(self) -> None:
         # Rename first: of two processes breaking the same stale lock only one rename wins,
@@ -207,7 +207,7 @@ class HostLock:
             os.rename(self.path, aside)
         except OSError:
             return
-        _remove(aside)
+        remove_dir(aside)
 
     def release_stale(self) -> dict[str, Any] | None:
         """Remove a stale lock on a person's word (``rigfleet lock HOST --release``); returns
@@ -244,8 +244,8 @@ class HostLock:
         self.held = False
 
 
-def _remove(directory: Path) -> None:
-    """Remove a lock directory and the files in it."""
+def remove_dir(directory: Path) -> None:
+    """Remove a directory (a lock's, a journal's) and the files in it."""
     for child in directory.iterdir():
         child.unlink(missing_ok=True)
     directory.rmdir()

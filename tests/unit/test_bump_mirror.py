@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,6 +36,7 @@ class Store:
         self.tags: dict[str, str] = {}
         self.uploads: dict[str, bytes] = {}
         self.puts = 0
+        self.tokens: list[str] = []
 
     def add_image(self, tag: str, layers: list[bytes], arch: str = "amd64") -> str:
         config = json.dumps({"architecture": arch, "created": "2026-05-11T10:00:00Z"}).encode()
@@ -60,10 +62,31 @@ class Store:
         return sha(body)
 
 
-def serve(store: Store) -> tuple[ThreadingHTTPServer, str]:
+def serve(store: Store, auth: bool = False) -> tuple[ThreadingHTTPServer, str]:
+    """With ``auth``: Docker Hub's bearer dance; writes need a token with push scope."""
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
             pass
+
+        def handle_one_request(self) -> None:  # answers 401 before the verb's handler
+            self.raw_requestline = self.rfile.readline(65537)
+            if not self.raw_requestline or not self.parse_request():
+                self.close_connection = True
+                return
+            if self.path.startswith("/token?"):
+                scope = urllib.parse.parse_qs(self.path.split("?", 1)[1])["scope"][0]
+                store.tokens.append(scope)
+                return self._reply(200, json.dumps({"token": f"tok {scope}"}).encode())
+            given = self.headers.get("Authorization", "").removeprefix("Bearer tok ")
+            needed = "push" if self.command in ("POST", "PUT") else "pull"
+            if auth and needed not in given.rpartition(":")[2].split(","):
+                self._body()
+                port = self.server.server_address[1]
+                return self._reply(401, b"", {"WWW-Authenticate": (
+                    f'Bearer realm="http://127.0.0.1:{port}/token",service="t",'
+                    f'scope="repository:{REPO}:pull"')})
+            getattr(self, f"do_{self.command}")()
 
         def _reply(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None):
             self.send_response(code)
@@ -178,3 +201,17 @@ def test_unreachable_mirror_is_an_error(registries) -> None:
     with pytest.raises(RegistryError, match="cannot reach"):
         copy_image(MirrorRegistry(u1), MirrorRegistry("http://127.0.0.1:9"), REPO,
                    "nightly-c", digest)  # fmt: skip
+
+
+def test_copy_through_bearer_tokens() -> None:
+    src, dst = Store(), Store()
+    digest = src.add_image("nightly-d", [b"d" * 10])
+    (s1, u1), (s2, u2) = serve(src, auth=True), serve(dst, auth=True)
+    try:
+        copied = copy_image(MirrorRegistry(u1), MirrorRegistry(u2), REPO, "nightly-d", digest)
+    finally:
+        s1.shutdown()
+        s2.shutdown()
+    assert copied.digest == digest and dst.tags["nightly-d"] == digest
+    assert src.tokens == [f"repository:{REPO}:pull"]  # one token per registry client
+    assert dst.tokens == [f"repository:{REPO}:pull,push"]  # writes ask for push scope

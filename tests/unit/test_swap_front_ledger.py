@@ -138,7 +138,7 @@ def test_ledger_lines_describe_what_serves_after_the_event(lay):
 
 
 def test_state_updates_keep_keys_others_wrote(lay):
-    ledger.write_state(lay, {"stack": "int8", "driver_branch": "580", "custom": 1})
+    ledger.update_state(lay, stack="int8", driver_branch="580", custom=1)
     state = ledger.update_state(lay, stack="tq3-mtp-genesis", gate={"result": "pass"})
     assert state == {"stack": "tq3-mtp-genesis", "driver_branch": "580", "custom": 1,
                      "gate": {"result": "pass"}}
