@@ -48,7 +48,6 @@ class Candidate:
         return m.group("sha") if m else None
 
 
-ImageRegistry = Registry  # the name bump/cli.py and bump/decide.py import
 
 
 def nightly_tags(tags: Iterable[str]) -> list[str]:

@@ -35,7 +35,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from rigfleet.bump.candidate import Candidate, ImageRegistry, find_candidate, parse_image_arg
+from rigfleet.bump.candidate import Candidate, find_candidate, parse_image_arg
 from rigfleet.bump.decide import (
     BumpError,
     BumpOptions,
@@ -69,7 +69,7 @@ from rigfleet.cliargs import UsageError, add_yes, fleet_options, select
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import reachability
 from rigfleet.inventory import InventoryHost
-from rigfleet.registry import RegistryError
+from rigfleet.registry import Registry, RegistryError
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.ssh import Remote, SshRemote
 
@@ -167,7 +167,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         repos = {p.repository for p in pins.stacks.values()}
         default_repo = sorted(repos)[0] if len(repos) == 1 else "vllm/vllm-openai"
         repository, tag = parse_image_arg(opts.image or "", default_repo)
-        reg = ImageRegistry(inputs.registry)
+        reg = Registry(inputs.registry)
         if opts.latest:
             candidate, names = latest_candidate(opts, inputs, pins, reg, repository, genesis_repos)
             if candidate is None:

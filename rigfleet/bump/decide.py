@@ -19,7 +19,6 @@ import yaml
 
 from rigfleet.bump.candidate import (
     Candidate,
-    ImageRegistry,
     LatestAsk,
     choose_latest,
     find_candidate,
@@ -46,7 +45,7 @@ from rigfleet.genesis import StackUse
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, load_inventory
 from rigfleet.pins import Pins, StackPins, dump_pins, load_pins, parse_pins
-from rigfleet.registry import DOCKER_HUB
+from rigfleet.registry import DOCKER_HUB, Registry
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,7 @@ def decide_plan(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
     return plan, genesis, probe
 
 
-def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: ImageRegistry,
+def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: Registry,
                      repository: str,
                      repos: dict[str, GenesisRepo]) -> tuple[Candidate | None, list[str]]:
     """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks."""

@@ -26,9 +26,6 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-atomic_write = write_atomic  # the name supervisor.py uses
-
-
 def read_state(lay: Layout) -> dict[str, Any]:
     return _read_state_file(lay.state_file)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import sys
 import time
@@ -32,6 +31,7 @@ from .active import (
     snapshot_gate,
     write_active,
 )
+from .atomic import write_json
 from .front import FrontError
 from .journal import Journal
 from .layout import Layout
@@ -131,9 +131,7 @@ class Supervisor:
             return
         try:
             self.lay.supervise_dir.mkdir(parents=True, exist_ok=True)
-            ledger.atomic_write(self.lay.supervise_state,
-                                json.dumps({**data, "updated": self.clock()}, indent=2,
-                                           sort_keys=True) + "\n")
+            write_json(self.lay.supervise_state, {**data, "updated": self.clock()})
         except OSError as e:
             # A full or read-only disk: keep watching from the record in memory.
             self._wrote(f"cannot write {self.lay.supervise_state}: {e.strerror or e}")

@@ -23,7 +23,6 @@ from rigfleet.bump import cli as bump_cli
 from rigfleet.bump import decide, execute
 from rigfleet.bump.candidate import (
     Candidate,
-    ImageRegistry,
     LatestAsk,
     LatestError,
     choose_latest,
@@ -37,7 +36,7 @@ from rigfleet.bump.candidate import (
 )
 from rigfleet.bump.images import parse_probe, probe_script, to_prune
 from rigfleet.inventory import InventoryHost
-from rigfleet.registry import RegistryError
+from rigfleet.registry import Registry, RegistryError
 
 REPO = "vllm/vllm-openai"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +138,7 @@ def registry() -> Iterator[tuple[str, FakeRegistry]]:
 
 def test_tag_resolves_to_digest_and_build_time(registry) -> None:
     url, fake = registry
-    cand = find_candidate(ImageRegistry(url), REPO, tag=f"nightly-{NEWER}")
+    cand = find_candidate(Registry(url), REPO, tag=f"nightly-{NEWER}")
     assert cand.digest == fake.digest_of(f"nightly-{NEWER}")
     assert cand.created == CREATED[NEWER]
     assert cand.ref == f"{REPO}:nightly-{NEWER}@{cand.digest}"
@@ -151,14 +150,14 @@ def test_tag_resolves_to_digest_and_build_time(registry) -> None:
 
 def test_index_is_read_through_its_amd64_manifest(registry) -> None:
     url, fake = registry
-    cand = find_candidate(ImageRegistry(url), REPO, tag=f"nightly-{REGRESSED}")
+    cand = find_candidate(Registry(url), REPO, tag=f"nightly-{REGRESSED}")
     assert cand.digest == fake.digest_of(f"nightly-{REGRESSED}")  # the index digest is pinned
     assert cand.created == CREATED[REGRESSED]
 
 
 def test_latest_is_the_newest_commit_tag_by_build_time(registry) -> None:
     url, _ = registry
-    assert find_candidate(ImageRegistry(url), REPO, latest=True).tag == f"nightly-{REGRESSED}"
+    assert find_candidate(Registry(url), REPO, latest=True).tag == f"nightly-{REGRESSED}"
     assert nightly_tags(["nightly", "latest", f"nightly-{GOOD}", "nightly-abc"]) == [
         f"nightly-{GOOD}"
     ]
@@ -167,7 +166,7 @@ def test_latest_is_the_newest_commit_tag_by_build_time(registry) -> None:
 def test_missing_tag_names_it(registry) -> None:
     url, _ = registry
     with pytest.raises(RegistryError, match="not found"):
-        find_candidate(ImageRegistry(url), REPO, tag="nightly-" + "f" * 40)
+        find_candidate(Registry(url), REPO, tag="nightly-" + "f" * 40)
 
 
 def test_image_argument_forms() -> None:
