@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from rigfleet.bump import images
 from rigfleet.bump.candidate import Candidate
 from rigfleet.bump.decide import BumpOptions, Inputs
@@ -69,10 +71,10 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
             t0 = time.monotonic()
 
             def on_line(line: str) -> None:
-                status.update(f"[{time.monotonic() - t0:5.0f}s] {line[:110]}")
+                status.update(f"[{time.monotonic() - t0:5.0f}s] {escape(line[:110])}")
 
-            result = rollout(plan, runner, cand_path, on_event=log, on_line=on_line,
-                             journal=journal, resume=resume_of(journal))
+            result = rollout(plan, runner, cand_path, on_event=lambda m: log(escape(m)),
+                             on_line=on_line, journal=journal, resume=resume_of(journal))
     except (StillRunning, KeyboardInterrupt) as e:
         return interrupted(journal, e, opts.inventory)
     finally:
@@ -171,7 +173,7 @@ def restore(runner: PyinfraRunner, result: RolloutResult, pins_file: Path) -> No
     log(f"re-converging {', '.join(hosts)} on {pins_file} (Genesis checkout, compose files)")
     with console.status("re-converging rolled-back hosts") as status:
         done = runner.deploy(hosts, pins_file, "restore",
-                             lambda line: status.update(line[:110]))  # fmt: skip
+                             lambda line: status.update(escape(line[:110])))  # fmt: skip
     if done.rc != 0:
         bad = ", ".join(sorted(done.failed_hosts or hosts))
         log(f"[yellow]warning:[/yellow] re-converge failed on {bad}; run the deploy for them "

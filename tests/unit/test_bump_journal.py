@@ -496,3 +496,32 @@ def test_pins_lock_is_refused_while_a_bump_is_unfinished(tmp_path):
     assert Path(plan.pins.path).read_text() == before  # nothing looked up, nothing written
     assert load_journal(load_pins(plan.pins.path)).state == "open"
     assert journal.path.exists()
+
+
+class BracketRunner(CliRunner):
+    """pyinfra's lines and a host's reason as they can be: a path in brackets reads as a rich
+    closing tag (``[/var/lib/rigfleet]``)."""
+
+    def deploy(self, hosts, pins_file, batch, on_line):
+        on_line("[host1] --> [/var/lib/rigfleet] Success")
+        if batch == "restore":  # the re-converge of a host that rolled back
+            return DeployResult(0, frozenset(), "", 0.1)
+        done = super().deploy(hosts, pins_file, batch, on_line)
+        for h in hosts:
+            if self.behaviour.get(h) == "rollback":
+                self.facts_[h].state["last_swap"]["reason"] = "disk full [/var/lib/docker]"
+        return done
+
+
+def test_pyinfra_lines_and_reasons_with_brackets_are_printed_as_text(tmp_path, monkeypatch):
+    from rigfleet.bump.decide import BumpOptions
+
+    plan = make_plan(tmp_path, n=2)
+    runner = BracketRunner(plan, {"host2": "rollback"}, None)
+    cli_fleet(tmp_path, monkeypatch, plan, runner)
+    opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"),
+                       image=f"nightly-{NEWER}", yes=True)
+    with output.console.capture() as seen:
+        rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "0.20.2rc1", {})
+    assert rc == output.EXIT_FAILED
+    assert "disk full [/var/lib/docker]" in " ".join(seen.get().split())  # as text, whole
