@@ -470,13 +470,18 @@ def check_keys(name: str, key: Secret, gpu: list[GpuHost]) -> None:
             "api_key_file in inventory/group_data/all.py")
 
 
+def service_os(name: str) -> OsInfo:
+    """A service host's OS: supported, and booted with systemd."""
+    os_info = read_os(name, read_fact(OsRelease))
+    if problems := check_init(name, read_fact(Platform)):
+        raise PreflightError("\n".join(problems))
+    return os_info
+
+
 def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
     plan = fleet_plan(host, host.inventory)
     settings = plan.settings
-    os_info = read_os(name, read_fact(OsRelease))
-    problems = check_init(name, read_fact(Platform))
-    if problems:
-        raise PreflightError("\n".join(problems))
+    os_info = service_os(name)
     read_services(BALANCER_UNITS)
     api_key = read_secret(name, "api_key_file", settings.api_key_file)
     check_keys(name, api_key, list(plan.hosts))

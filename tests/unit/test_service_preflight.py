@@ -12,6 +12,9 @@ import test_roles_fake
 from fake_rig import FakeRig
 from test_roles_fake import deploy_many
 
+import roles
+from rigfleet.scrape import Target
+
 _fast = test_roles_fake._fast
 data = test_roles_fake.data
 
@@ -112,3 +115,22 @@ def test_the_monitor_takes_the_fronts_key_only(data, tmp_path):
     assert (got["svc"] or "").startswith(
         "@fake/svc: api_key_file: the key it holds (not shown) is not the key of @fake/rig1; "
         "allowed: the same key for the balancer and every GPU host")
+
+
+@pytest.mark.parametrize("service", ["monitors", "caches"])
+def test_what_the_monitor_and_the_cache_read_of_the_fleet(data, service, monkeypatch):
+    seen = []
+    roles_of = {"monitors": "MONITOR_ROLES", "caches": "CACHE_ROLES"}[service]
+    monkeypatch.setattr(roles, roles_of, (seen.append,))
+    lb = {"ssh_hostname": "lb1.lan"}
+    assert set(refusals(data, service, {}, lb=lb).values()) == {None}
+    [ctx] = seen
+    if service == "caches":
+        assert [(m.repo, m.revision[:4]) for m in ctx.models] == [
+            ("Lorbus/Qwen3.6-27B-int4-AutoRound", "aaaa")]
+        assert ctx.hf_hub_version == "2.4.0"
+        assert ctx.images == (("vllm/vllm-openai", test_roles_fake.DIGEST),)
+    else:
+        assert ctx.plan.fronts == (Target("@fake/rig1", "10.0.0.11:8000"),)
+        assert ctx.plan.balancers == (Target("@fake/lb1", "lb1.lan:8080"),)
+        assert 'host="@fake/rig1"' in ctx.desired
