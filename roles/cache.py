@@ -42,7 +42,7 @@ from rigfleet.registry import registry_of, split_image
 from rigfleet.resources import project_file
 from roles.front import DEFAULT_SITE, site_disabled
 from roles.ops import Secret, apt_packages, on_change, secret_file
-from roles.preflight import OsInfo, PreflightError, checked, read_secret, service_os
+from roles.preflight import OsInfo, PreflightError, preflight_of, read_secret, service_os
 from roles.weights import fetch_weights, hf_hub_venv
 
 # Ports other services of a host may hold (the monitor's, the node exporter's).
@@ -64,12 +64,6 @@ class CacheContext:
     images: tuple[tuple[str, str], ...] = ()
 
 
-@deploy("Preflight (cache)")
-def preflight_cache(gpu_host: bool = False) -> CacheContext:
-    """Validate a cache host: its data, every GPU host's (their pins), the OS, systemd."""
-    return checked(lambda: _check_cache(host.name, gpu_host))
-
-
 def _taken_ports(kind: HostKind) -> list[int]:
     """Ports the host's other services listen on (their own preflights check their values)."""
     wanted = []
@@ -86,6 +80,7 @@ def _desired(other: Any, kind: HostKind) -> DesiredHost | None:
 
 
 def _check_cache(name: str, gpu_host: bool) -> CacheContext:
+    """A cache host: its data, every GPU host's (their pins), the OS, systemd."""
     settings = validate_cache(name, host.data, taken=_taken_ports(host_kind(host.groups)))
     wants = read_fleet(name, "caches", "the revisions to cache cannot be read", host.inventory,
                        _desired)
@@ -107,6 +102,9 @@ def _check_cache(name: str, gpu_host: bool) -> CacheContext:
     return CacheContext(name, os_info, settings, tuple(models[k] for k in sorted(models)),
                         max(w.pins.hf_hub_version for w in wants), token, gpu_host,
                         tuple(sorted(images)))
+
+
+preflight_cache = preflight_of("Preflight (cache)", _check_cache)
 
 
 @operation()

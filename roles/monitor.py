@@ -20,6 +20,7 @@ from rigfleet.desired import pins_for
 from rigfleet.hostdata import MonitorSettings, validate_balancer, validate_monitor
 from rigfleet.hostside.metrics import TEXTFILE_DIR
 from rigfleet.inventory import HostKind
+from rigfleet.packages import OsInfo
 from rigfleet.pins import Pins
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.scrape import (
@@ -39,7 +40,7 @@ from rigfleet.scrape import (
 from roles.exporter import PACKAGE as NODE_PACKAGE
 from roles.exporter import defaults_text as node_defaults
 from roles.ops import Secret, apt_packages, checked_file, on_change, secret_file
-from roles.preflight import OsInfo, PreflightError, check_keys, checked, read_secret, service_os
+from roles.preflight import PreflightError, check_keys, preflight_of, read_secret, service_os
 
 RULES_SOURCE = "files/monitor/rules.yml"
 ALERTMANAGER_CONFIG = f"{PROM_DIR}/alertmanager.yml"
@@ -68,12 +69,6 @@ class MonitorContext:
         return self.plan.settings
 
 
-@deploy("Preflight (monitor)")
-def preflight_monitor(gpu_host: bool = False) -> MonitorContext:
-    """Validate a monitor host: its data, every GPU host's and balancer's, the key, the OS."""
-    return checked(lambda: _check_monitor(host.name, gpu_host))
-
-
 Target = tuple[GpuHost | None, Pins | None, BalancerHost | None]
 
 
@@ -88,6 +83,7 @@ def _targets(other: Any, kind: HostKind) -> Target:
 
 
 def _check_monitor(name: str, gpu_host: bool) -> MonitorContext:
+    """A monitor host: its data, every GPU host's and balancer's, the key, the OS."""
     settings = validate_monitor(name, host.data)
     fleet = read_fleet(name, "monitors", "its scrape targets cannot be built", host.inventory,
                        _targets)
@@ -102,6 +98,9 @@ def _check_monitor(name: str, gpu_host: bool) -> MonitorContext:
                         gpu_host=gpu_host)
     pins = {gpu.name: p for gpu, p, _ in fleet if gpu and p}
     return MonitorContext(name, os_info, plan, api_key, desired_textfile(gpus, pins), gpu_host)
+
+
+preflight_monitor = preflight_of("Preflight (monitor)", _check_monitor)
 
 
 def _defaults(text: str, what: str) -> str:
