@@ -307,33 +307,30 @@ class _Summary(BaseStateCallback):
 
     def operation_host_error(self, state: State, host: Any, op_hash: Any,  # type: ignore[override]
                              retry_count: int = 0, max_retries: int = 0) -> None:
-        refused = _REFUSED.get(state) or {}
         self.failed.add(host.name)
         active = {h.name for h in state.inventory.get_active_hosts()}
-        if not self.done and active <= set(refused) and set(refused) <= self.failed:
-            self.done = True
-            log_summary(state)
+        if active <= set(_REFUSED.get(state) or {}) <= self.failed:
+            self.log(state)
 
     def operation_end(self, state: State, op_hash: Any) -> None:  # type: ignore[override]
         if self.last is None:
             order = state.get_op_order()
             self.last = order[-1] if order else ""
-        if op_hash == self.last and not self.done:
-            self.done = True
-            log_summary(state)
+        if op_hash == self.last:
+            self.log(state)
 
-
-def log_summary(state: State) -> None:
-    """``rigfleet: N host(s) failed preflight`` and each host's reason (the run exits 1)."""
-    refusals = _REFUSED.get(state) or {}
-    if not refusals:
-        return
-    others = len(state.activated_hosts) > len(refusals)
-    logger.error(f"--> rigfleet: {len(refusals)} host(s) failed preflight (nothing changed "
-                 f"on them{'; the others went on' if others else ''}):")
-    for _name, reason in sorted(refusals.items()):
-        for i, line in enumerate(reason.splitlines()):
-            logger.error(("    " if i == 0 else "      ") + line)
+    def log(self, state: State) -> None:
+        """``rigfleet: N host(s) failed preflight`` and each host's reason, once."""
+        refusals = _REFUSED.get(state) or {}
+        if self.done or not refusals:
+            return
+        self.done = True
+        others = len(state.activated_hosts) > len(refusals)
+        logger.error(f"--> rigfleet: {len(refusals)} host(s) failed preflight (nothing changed "
+                     f"on them{'; the others went on' if others else ''}):")
+        for _name, reason in sorted(refusals.items()):
+            for i, line in enumerate(reason.splitlines()):
+                logger.error(("    " if i == 0 else "      ") + line)
 
 
 def refusals(state: State) -> dict[str, str]:

@@ -134,3 +134,15 @@ def test_what_the_monitor_and_the_cache_read_of_the_fleet(data, service, monkeyp
         assert ctx.plan.fronts == (Target("@fake/rig1", "10.0.0.11:8000"),)
         assert ctx.plan.balancers == (Target("@fake/lb1", "lb1.lan:8080"),)
         assert 'host="@fake/rig1"' in ctx.desired
+
+
+def test_the_run_ends_with_one_summary_when_every_host_is_refused(data, caplog):
+    runs = deploy_many({"@fake/mon1": (FakeRig("debian13"), data),
+                        "@fake/mon2": (FakeRig("debian13"), data)},
+                       groups={"monitors": ["@fake/mon1", "@fake/mon2"]})
+    assert all(run.failed and run.refused for run in runs.values())
+    assert caplog.text.count("failed preflight") == 1
+    summary = caplog.text[caplog.text.index("--> rigfleet: 2 host(s) failed preflight (nothing "
+                                            "changed on them):"):]
+    assert "    @fake/mon1: monitors: the inventory has no GPU host" in summary
+    assert "    @fake/mon2: monitors: the inventory has no GPU host" in summary
