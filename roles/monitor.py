@@ -40,7 +40,7 @@ from rigfleet.scrape import (
 from roles.exporter import PACKAGE as NODE_PACKAGE
 from roles.exporter import defaults_text as node_defaults
 from roles.ops import Secret, apt_packages, checked_file, on_change, secret_file
-from roles.preflight import PreflightError, check_keys, preflight_of, read_secret, service_os
+from roles.preflight import PreflightError, fleet_key, preflight_of, service_os
 
 RULES_SOURCE = "files/monitor/rules.yml"
 ALERTMANAGER_CONFIG = f"{PROM_DIR}/alertmanager.yml"
@@ -92,8 +92,7 @@ def _check_monitor(name: str, gpu_host: bool) -> MonitorContext:
         raise PreflightError(f"{name}: monitors: the inventory has no GPU host to monitor; "
                              "allowed: a monitor beside at least one GPU host")
     os_info = service_os(name)
-    api_key = read_secret(name, "api_key_file", settings.api_key_file)
-    check_keys(name, api_key, gpus)
+    api_key = fleet_key(name, settings.api_key_file, gpus)
     plan = plan_monitor(name, settings, gpus, [lb for _, _, lb in fleet if lb],
                         gpu_host=gpu_host)
     pins = {gpu.name: p for gpu, p, _ in fleet if gpu and p}

@@ -436,8 +436,9 @@ def _check_host(name: str) -> HostContext:
                        tls_key=tls_key)
 
 
-def check_keys(name: str, key: Secret, gpu: list[GpuHost]) -> None:
-    """Every front must take the key the balancer passes on."""
+def fleet_key(name: str, path: str, gpu: list[GpuHost]) -> Secret:
+    """The host's ``api_key_file``: every front must take the key the balancer passes on."""
+    key = read_secret(name, "api_key_file", path)
     differ = [g.name for g in gpu
               if read_secret(g.name, "api_key_file", g.settings.api_key_file).reveal()
               != key.reveal()]
@@ -447,6 +448,7 @@ def check_keys(name: str, key: Secret, gpu: list[GpuHost]) -> None:
             f"{', '.join(differ)}; allowed: the same key for the balancer and every GPU host "
             "(the balancer checks the client's key and passes it on to the front), e.g. one "
             "api_key_file in inventory/group_data/all.py")
+    return key
 
 
 def service_os(name: str) -> OsInfo:
@@ -463,8 +465,7 @@ def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
     settings = plan.settings
     os_info = service_os(name)
     read_services(BALANCER_UNITS)
-    api_key = read_secret(name, "api_key_file", settings.api_key_file)
-    check_keys(name, api_key, list(plan.hosts))
+    api_key = fleet_key(name, settings.api_key_file, list(plan.hosts))
     tls_key = (read_secret(name, "balancer_tls_key_file", settings.tls.key_file, token=False)
                if settings.tls else None)
     if gpu_host:
