@@ -69,10 +69,7 @@ class MonitorContext:
         return self.plan.settings
 
 
-Target = tuple[GpuHost | None, Pins | None, BalancerHost | None]
-
-
-def _targets(other: Any, kind: HostKind) -> Target:
+def _targets(other: Any, kind: HostKind) -> tuple[GpuHost | None, Pins | None, BalancerHost | None]:
     """A host's scrape targets: as a GPU host (and its pins), as a balancer."""
     gpu = read_gpu_host(other, kind)
     pins = pins_for(gpu.settings) if gpu else None
