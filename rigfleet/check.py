@@ -65,13 +65,9 @@ class Finding:
     hosts: tuple[str, ...] = ()
 
 
-def supported_os() -> list[OsKey]:
-    return [(i, v, c) for (i, v), c in SUPPORTED_OS.items()]
-
-
 def host_os(name: str, value: Any) -> tuple[list[OsKey], str | None]:
     """The OSes host data ``os`` names (None: every supported one), and a problem line."""
-    known = supported_os()
+    known = [(i, v, c) for (i, v), c in SUPPORTED_OS.items()]
     if value is None:
         return known, None
     named = os_named(value)
@@ -156,15 +152,12 @@ def _pins(path: str, settings: HostSettings | None, data: Any,
 
 def _agree(settings: HostSettings, pins: Pins) -> list[str]:
     """What the host's data and its pins must agree on."""
-    out: list[str] = []
     if settings.stack not in pins.stacks:
-        out.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
-                   f"allowed: {', '.join(pins.stacks)}")
-        return out
+        return [f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
+                f"allowed: {', '.join(pins.stacks)}"]
     staged = staged_stacks(settings, pins)
-    for check in (check_switch_sets, check_image_rules):
-        out += _raised(partial(check, settings, pins, staged))
-    return out
+    return (_raised(partial(check_switch_sets, settings, pins, staged))
+            + _raised(partial(check_image_rules, settings, pins, staged)))
 
 
 def _raised(check: Callable[[], object]) -> list[str]:

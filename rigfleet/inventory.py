@@ -34,19 +34,13 @@ class HostKind:
     monitor: bool = False
     cache: bool = False
 
-    @property
-    def service(self) -> bool:
-        """In a service group (it may serve too, in ``gpu_hosts``)."""
-        return self.balancer or self.monitor or self.cache
-
 
 def host_kind(groups: Iterable[str]) -> HostKind:
     """The roles of a host in ``groups`` (no service group: a GPU host)."""
     names = set(groups)
-    balancer, monitor = BALANCER_GROUP in names, MONITOR_GROUP in names
-    cache = CACHE_GROUP in names
-    return HostKind(gpu=not (balancer or monitor or cache) or GPU_GROUP in names,
-                    balancer=balancer, monitor=monitor, cache=cache)
+    balancer, monitor, cache = (group in names for group in SERVICE_GROUPS)
+    return HostKind(not (balancer or monitor or cache) or GPU_GROUP in names, balancer, monitor,
+                    cache)
 
 
 class InventoryError(RuntimeError):

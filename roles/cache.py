@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
+from rigfleet.balancer.plan import read_fleet
 from rigfleet.commands import weights as weights_commands
-from rigfleet.desired import load_desired
-from rigfleet.errors import RigfleetError
-from rigfleet.facts import OsRelease, Platform, read_fact
+from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.facts import read_fact
 from rigfleet.fleetcache import (
     NGINX_SITE,
     REGISTRY_CONFIG,
@@ -33,15 +34,15 @@ from rigfleet.fleetcache import (
     seed_command,
     warm_marker,
 )
-from rigfleet.hostdata import KEY_DEFAULTS, CacheSettings, HostDataError, validate_cache
+from rigfleet.hostdata import KEY_DEFAULTS, CacheSettings, validate_cache
 from rigfleet.hostside.layout import HOST
-from rigfleet.inventory import host_kind
+from rigfleet.inventory import HostKind, host_kind
 from rigfleet.pins import ModelPin
 from rigfleet.registry import registry_of, split_image
 from rigfleet.resources import project_file
 from roles.front import DEFAULT_SITE, site_disabled
 from roles.ops import Secret, apt_packages, on_change, secret_file
-from roles.preflight import OsInfo, PreflightError, check_init, checked, read_os, read_secret
+from roles.preflight import OsInfo, PreflightError, preflight_of, read_secret, service_os
 from roles.weights import fetch_weights, hf_hub_venv
 
 # Ports other services of a host may hold (the monitor's, the node exporter's).
@@ -63,60 +64,47 @@ class CacheContext:
     images: tuple[tuple[str, str], ...] = ()
 
 
-@deploy("Preflight (cache)")
-def preflight_cache(gpu_host: bool = False) -> CacheContext:
-    """Validate a cache host: its data, every GPU host's (the revisions come from their
-    pins), the OS and systemd. Refuses the host as ``preflight`` does (nothing changes)."""
-    return checked(lambda: _check_cache(host.name, gpu_host))
-
-
-def _taken_ports(kind_balancer: bool, kind_monitor: bool, gpu_host: bool) -> list[int]:
+def _taken_ports(kind: HostKind) -> list[int]:
     """Ports the host's other services listen on (their own preflights check their values)."""
     wanted = []
-    if kind_balancer:
+    if kind.balancer:
         wanted.append(host.data.get("balancer_port", None) or KEY_DEFAULTS["balancer_port"])
-    if gpu_host:
+    if kind.gpu:
         wanted.append(host.data.get("front_port", None))
     taken = [p for p in wanted if isinstance(p, int) and not isinstance(p, bool)]
-    return taken + list(MONITOR_PORTS if kind_monitor else ())
+    return taken + list(MONITOR_PORTS if kind.monitor else ())
+
+
+def _desired(other: Any, kind: HostKind) -> DesiredHost | None:
+    return load_desired(other.name, other.data) if kind.gpu else None
 
 
 def _check_cache(name: str, gpu_host: bool) -> CacheContext:
-    kind = host_kind(host.groups)
-    settings = validate_cache(name, host.data,
-                              taken=_taken_ports(kind.balancer, kind.monitor, gpu_host))
+    """A cache host: its data, every GPU host's (their pins), the OS, systemd."""
+    settings = validate_cache(name, host.data, taken=_taken_ports(host_kind(host.groups)))
+    wants = read_fleet(name, "caches", "the revisions to cache cannot be read", host.inventory,
+                       _desired)
+    if not wants:
+        raise PreflightError(f"{name}: caches: the inventory has no GPU host to cache for; "
+                             "allowed: a cache beside at least one GPU host")
     models: dict[tuple[str, str], ModelPin] = {}
-    hub_versions: set[str] = set()
     images: set[tuple[str, str]] = set()
-    for other in host.inventory:
-        if not host_kind(other.groups).gpu:
-            continue
-        try:
-            want = load_desired(other.name, other.data)
-            pins = want.pins
-        except (HostDataError, RigfleetError) as e:
-            raise PreflightError(
-                f"{name}: caches: {other.name}'s data does not validate, so the revisions to "
-                f"cache cannot be read; allowed: fix it first ({str(e).splitlines()[0]})"
-            ) from None
-        for model in pins.all_models.values():
+    for want in wants:
+        for model in want.pins.all_models.values():
             models.setdefault((model.repo, model.revision), model)
-        hub_versions.add(pins.hf_hub_version)
         for stack in want.stacks.values():
             registry, path = registry_of(split_image(stack.pins.image)[0])
             if registry is None:  # the cache pulls through for Docker Hub's names only
                 images.add((path, stack.pins.digest))
-    if not models:
-        raise PreflightError(f"{name}: caches: the inventory has no GPU host to cache for; "
-                             "allowed: a cache beside at least one GPU host")
-    os_info = read_os(name, read_fact(OsRelease))
-    problems = check_init(name, read_fact(Platform))
-    if problems:
-        raise PreflightError("\n".join(problems))
+    os_info = service_os(name)
     token = (read_secret(name, "hf_token_file", settings.hf_token_file)
              if settings.hf_token_file else None)
     return CacheContext(name, os_info, settings, tuple(models[k] for k in sorted(models)),
-                        max(hub_versions), token, gpu_host, tuple(sorted(images)))
+                        max(w.pins.hf_hub_version for w in wants), token, gpu_host,
+                        tuple(sorted(images)))
+
+
+preflight_cache = preflight_of("Preflight (cache)", _check_cache)
 
 
 @operation()

@@ -9,24 +9,19 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from rigfleet.balancer.plan import GpuHost
+from rigfleet.balancer.plan import GpuHost, read_fleet, read_gpu_host
 from rigfleet.desired import pins_for
-from rigfleet.errors import RigfleetError
-from rigfleet.facts import OsRelease, Platform, read_fact
-from rigfleet.hostdata import (
-    HostDataError,
-    MonitorSettings,
-    validate_balancer,
-    validate_host,
-    validate_monitor,
-)
+from rigfleet.hostdata import MonitorSettings, validate_balancer, validate_monitor
 from rigfleet.hostside.metrics import TEXTFILE_DIR
-from rigfleet.inventory import host_kind
+from rigfleet.inventory import HostKind
+from rigfleet.packages import OsInfo
+from rigfleet.pins import Pins
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.scrape import (
     CA_FILE,
@@ -45,15 +40,7 @@ from rigfleet.scrape import (
 from roles.exporter import PACKAGE as NODE_PACKAGE
 from roles.exporter import defaults_text as node_defaults
 from roles.ops import Secret, apt_packages, checked_file, on_change, secret_file
-from roles.preflight import (
-    OsInfo,
-    PreflightError,
-    check_init,
-    check_keys,
-    checked,
-    read_os,
-    read_secret,
-)
+from roles.preflight import PreflightError, fleet_key, preflight_of, service_os
 
 RULES_SOURCE = "files/monitor/rules.yml"
 ALERTMANAGER_CONFIG = f"{PROM_DIR}/alertmanager.yml"
@@ -82,44 +69,34 @@ class MonitorContext:
         return self.plan.settings
 
 
-@deploy("Preflight (monitor)")
-def preflight_monitor(gpu_host: bool = False) -> MonitorContext:
-    """Validate a monitor host: its data, every GPU host's and balancer's (the targets are
-    made of them), the key (the fronts' own), the OS and systemd. Refuses the host as
-    ``preflight`` does (nothing changes on it)."""
-    return checked(lambda: _check_monitor(host.name, gpu_host))
+def _targets(other: Any, kind: HostKind) -> tuple[GpuHost | None, Pins | None, BalancerHost | None]:
+    """A host's scrape targets: as a GPU host (and its pins), as a balancer."""
+    gpu = read_gpu_host(other, kind)
+    pins = pins_for(gpu.settings) if gpu else None
+    lb = (BalancerHost(other.name, validate_balancer(other.name, other.data, gpu_host=kind.gpu),
+                       balancer_address(other.data.get("ssh_hostname"), other.name))
+          if kind.balancer else None)
+    return gpu, pins, lb
 
 
 def _check_monitor(name: str, gpu_host: bool) -> MonitorContext:
+    """A monitor host: its data, every GPU host's and balancer's, the key, the OS."""
     settings = validate_monitor(name, host.data)
-    gpus, lbs, pins = [], [], {}
-    for other in host.inventory:
-        kind = host_kind(other.groups)
-        try:
-            if kind.gpu:
-                s = validate_host(other.name, other.data)
-                gpus.append(GpuHost(other.name, s, other.data.get("ssh_hostname")))
-                pins[other.name] = pins_for(s)
-            if kind.balancer:
-                b = validate_balancer(other.name, other.data, gpu_host=kind.gpu)
-                lbs.append(BalancerHost(other.name, b, balancer_address(
-                    other.data.get("ssh_hostname"), other.name)))
-        except (HostDataError, RigfleetError) as e:
-            raise PreflightError(
-                f"{name}: monitors: {other.name}'s data does not validate, so its scrape "
-                f"targets cannot be built; allowed: fix it first ({str(e).splitlines()[0]})"
-            ) from None
+    fleet = read_fleet(name, "monitors", "its scrape targets cannot be built", host.inventory,
+                       _targets)
+    gpus = [gpu for gpu, _, _ in fleet if gpu]
     if not gpus:
         raise PreflightError(f"{name}: monitors: the inventory has no GPU host to monitor; "
                              "allowed: a monitor beside at least one GPU host")
-    os_info = read_os(name, read_fact(OsRelease))
-    problems = check_init(name, read_fact(Platform))
-    if problems:
-        raise PreflightError("\n".join(problems))
-    api_key = read_secret(name, "api_key_file", settings.api_key_file)
-    check_keys(name, api_key, gpus)
-    plan = plan_monitor(name, settings, gpus, lbs, gpu_host=gpu_host)
+    os_info = service_os(name)
+    api_key = fleet_key(name, settings.api_key_file, gpus)
+    plan = plan_monitor(name, settings, gpus, [lb for _, _, lb in fleet if lb],
+                        gpu_host=gpu_host)
+    pins = {gpu.name: p for gpu, p, _ in fleet if gpu and p}
     return MonitorContext(name, os_info, plan, api_key, desired_textfile(gpus, pins), gpu_host)
+
+
+preflight_monitor = preflight_of("Preflight (monitor)", _check_monitor)
 
 
 def _defaults(text: str, what: str) -> str:

@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, deploy, operation
@@ -133,28 +133,22 @@ def read_os(name: str, release: dict[str, str]) -> OsInfo:
     return OsInfo(os_id, version, codename, release.get("KERNEL_RELEASE", ""))
 
 
-def read_secret(name: str, key: str, path: str) -> Secret:
-    """A secret from a control-side file, never shown."""
+def read_secret(name: str, key: str, path: str, token: bool = True) -> Secret:
+    """A secret from a control-side file, never shown: a token, or (not ``token``) a TLS
+    private key (PEM, validated by hostdata) as it is."""
     try:
-        value = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise PreflightError(f"{name}: {key}: {path!r} cannot be read ({e.strerror})") from None
+        value = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PreflightError(f"{name}: {key}: {path!r} cannot be read "
+                             f"({getattr(e, 'strerror', None) or e})") from None
+    value = value.strip() if token else value
     # The key ends up in an env file, an HTTP header file and an nginx regex: only token
     # characters (RFC 6750 b64token) keep all three simple and safe.
-    if not _TOKEN_CHARS.fullmatch(value):
+    if token and not _TOKEN_CHARS.fullmatch(value):
         raise PreflightError(f"{name}: {key}: the secret in {path!r} (content not shown, "
                              f"{len(value)} chars) holds characters outside the allowed set; "
                              "allowed: letters, digits and -._~+/=")
     return Secret(value)
-
-
-def read_tls_key(name: str, path: str, key: str = "front_tls_key_file") -> Secret:
-    """A TLS private key (PEM, validated by hostdata), never shown."""
-    try:
-        return Secret(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise PreflightError(f"{name}: {key}: {path!r} cannot be read "
-                             f"({getattr(e, 'strerror', None) or e})") from None
 
 
 def deployed_by() -> str:
@@ -313,33 +307,30 @@ class _Summary(BaseStateCallback):
 
     def operation_host_error(self, state: State, host: Any, op_hash: Any,  # type: ignore[override]
                              retry_count: int = 0, max_retries: int = 0) -> None:
-        refused = _REFUSED.get(state) or {}
         self.failed.add(host.name)
         active = {h.name for h in state.inventory.get_active_hosts()}
-        if not self.done and active <= set(refused) and set(refused) <= self.failed:
-            self.done = True
-            log_summary(state)
+        if active <= set(_REFUSED.get(state) or {}) <= self.failed:
+            self.log(state)
 
     def operation_end(self, state: State, op_hash: Any) -> None:  # type: ignore[override]
         if self.last is None:
             order = state.get_op_order()
             self.last = order[-1] if order else ""
-        if op_hash == self.last and not self.done:
-            self.done = True
-            log_summary(state)
+        if op_hash == self.last:
+            self.log(state)
 
-
-def log_summary(state: State) -> None:
-    """``rigfleet: N host(s) failed preflight`` and each host's reason (the run exits 1)."""
-    refusals = _REFUSED.get(state) or {}
-    if not refusals:
-        return
-    others = len(state.activated_hosts) > len(refusals)
-    logger.error(f"--> rigfleet: {len(refusals)} host(s) failed preflight (nothing changed "
-                 f"on them{'; the others went on' if others else ''}):")
-    for _name, reason in sorted(refusals.items()):
-        for i, line in enumerate(reason.splitlines()):
-            logger.error(("    " if i == 0 else "      ") + line)
+    def log(self, state: State) -> None:
+        """``rigfleet: N host(s) failed preflight`` and each host's reason, once."""
+        refusals = _REFUSED.get(state) or {}
+        if self.done or not refusals:
+            return
+        self.done = True
+        others = len(state.activated_hosts) > len(refusals)
+        logger.error(f"--> rigfleet: {len(refusals)} host(s) failed preflight (nothing changed "
+                     f"on them{'; the others went on' if others else ''}):")
+        for _name, reason in sorted(refusals.items()):
+            for i, line in enumerate(reason.splitlines()):
+                logger.error(("    " if i == 0 else "      ") + line)
 
 
 def refusals(state: State) -> dict[str, str]:
@@ -372,43 +363,28 @@ def run_deploy(converge: Callable[[], Any]) -> None:
         raise PyinfraError(f"rigfleet refused the run:\n{error}") from None
 
 
-def check_sources(want: DesiredHost, os_info: OsInfo) -> list[str]:
-    """The refusals of ``rigfleet check``'s online checks (``SOURCES``) for this host."""
-    os_key = (os_info.id, os_info.version_id, os_info.codename)
-    disagrees = os_disagrees(want.name, host.data.get("os"), os_key)
-    if disagrees:
-        return [disagrees]
-    if SOURCES is None:
-        return []
-    run = _ONLINE.setdefault(host.state, SOURCES())
-    refusals, warnings = deploy_verdict(want.settings, want.pins, os_key, run)
-    for line in warnings:
-        host.log_styled(line, fg="yellow", log_func=logger.warning)
-    return refusals
-
-
-@deploy("Preflight")
-def preflight() -> HostContext:
-    """Validate this GPU host (see the module docstring); return its ``HostContext``."""
-    return checked(lambda: _check_host(host.name))
-
-
 _T = TypeVar("_T")
 
 
-def checked(check: Callable[[], _T]) -> _T:
-    """Run a preflight ``check``; a ``RigfleetError`` refuses the host (or the run)."""
-    try:
-        return check()
-    except RigfleetError as error:
-        if stop_on_preflight(host.data):
-            raise PreflightError(f"{error}\n(rigfleet_stop_on_preflight: the whole run stops; "
-                                 "without it only this host would)") from None
-        refuse(str(error))
-        raise HostRefused(str(error)) from None
+def preflight_of(title: str, check: Callable[[str, bool], _T]) -> Callable[..., _T]:
+    """A host kind's preflight, ``check(name, gpu_host)`` as a ``@deploy``: a ``RigfleetError``
+    refuses the host (with ``rigfleet_stop_on_preflight``, the run)."""
+
+    def run(gpu_host: bool = False) -> _T:
+        try:
+            return check(host.name, gpu_host)
+        except RigfleetError as error:
+            if stop_on_preflight(host.data):
+                raise PreflightError(f"{error}\n(rigfleet_stop_on_preflight: the whole run "
+                                     "stops; without it only this host would)") from None
+            refuse(str(error))
+            raise HostRefused(str(error)) from None
+
+    return cast(Callable[..., _T], deploy(title)(run))  # @deploy returns what run returns
 
 
 def _check_host(name: str) -> HostContext:
+    """A GPU host (see the module docstring)."""
     want = load_desired(name, host.data)
     os_info = read_os(name, read_fact(OsRelease))
     holder = read_fact(SwapProbe).get("lock")
@@ -419,8 +395,16 @@ def _check_host(name: str) -> HostContext:
     if isinstance(holder, dict):
         host.log(f"{name}: stale host lock ({describe(holder)}; holder gone): it will be taken "
                  "over")
-    # The pinned things' sources, then every staged image's source and the disk: all at once.
-    refusals = check_sources(want, os_info)
+    # The OS named, the pinned things' sources (``rigfleet check``'s online checks), then every
+    # staged image's source and the disk: all at once.
+    os_key = (os_info.id, os_info.version_id, os_info.codename)
+    disagrees = os_disagrees(name, host.data.get("os"), os_key)
+    refusals = [disagrees] if disagrees else []
+    if not disagrees and SOURCES is not None:
+        run = _ONLINE.setdefault(host.state, SOURCES())
+        refusals, warnings = deploy_verdict(want.settings, want.pins, os_key, run)
+        for line in warnings:
+            host.log_styled(line, fg="yellow", log_func=logger.warning)
     try:
         preflight_images(want)
     except RigfleetError as e:
@@ -445,20 +429,16 @@ def _check_host(name: str) -> HostContext:
     api_key = read_secret(name, "api_key_file", settings.api_key_file)
     hf_token = (read_secret(name, "hf_token_file", settings.hf_token_file)
                 if settings.hf_token_file else None)
-    tls_key = read_tls_key(name, settings.front_tls.key_file) if settings.front_tls else None
+    tls_key = (read_secret(name, "front_tls_key_file", settings.front_tls.key_file, token=False)
+               if settings.front_tls else None)
     return HostContext(want=want, os=os_info, api_key=api_key, hf_token=hf_token,
                        by=deployed_by(), platform=platform, driver_adopted=facts.adopt,
                        tls_key=tls_key)
 
 
-@deploy("Preflight (balancer)")
-def preflight_balancer(gpu_host: bool = False) -> BalancerContext:
-    """Validate a balancer host (its data, every GPU host's, the key, the OS, systemd)."""
-    return checked(lambda: _check_balancer(host.name, gpu_host))
-
-
-def check_keys(name: str, key: Secret, gpu: list[GpuHost]) -> None:
-    """Every front must take the key the balancer passes on."""
+def fleet_key(name: str, path: str, gpu: list[GpuHost]) -> Secret:
+    """The host's ``api_key_file``: every front must take the key the balancer passes on."""
+    key = read_secret(name, "api_key_file", path)
     differ = [g.name for g in gpu
               if read_secret(g.name, "api_key_file", g.settings.api_key_file).reveal()
               != key.reveal()]
@@ -468,22 +448,32 @@ def check_keys(name: str, key: Secret, gpu: list[GpuHost]) -> None:
             f"{', '.join(differ)}; allowed: the same key for the balancer and every GPU host "
             "(the balancer checks the client's key and passes it on to the front), e.g. one "
             "api_key_file in inventory/group_data/all.py")
+    return key
+
+
+def service_os(name: str) -> OsInfo:
+    """A service host's OS: supported, and booted with systemd."""
+    os_info = read_os(name, read_fact(OsRelease))
+    if problems := check_init(name, read_fact(Platform)):
+        raise PreflightError("\n".join(problems))
+    return os_info
 
 
 def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
+    """A balancer host: its data, every GPU host's, the key, the OS, systemd."""
     plan = fleet_plan(host, host.inventory)
     settings = plan.settings
-    os_info = read_os(name, read_fact(OsRelease))
-    problems = check_init(name, read_fact(Platform))
-    if problems:
-        raise PreflightError("\n".join(problems))
+    os_info = service_os(name)
     read_services(BALANCER_UNITS)
-    api_key = read_secret(name, "api_key_file", settings.api_key_file)
-    check_keys(name, api_key, list(plan.hosts))
-    tls_key = (read_tls_key(name, settings.tls.key_file, "balancer_tls_key_file")
+    api_key = fleet_key(name, settings.api_key_file, list(plan.hosts))
+    tls_key = (read_secret(name, "balancer_tls_key_file", settings.tls.key_file, token=False)
                if settings.tls else None)
     if gpu_host:
         host.log(f"{name}: this host is a GPU host and the fleet's balancer: while it is in "
                  "maintenance (a reboot, a driver or Docker change) the fleet endpoint is down "
                  "with it; a balancer on a small host of its own avoids that")
     return BalancerContext(name=name, os=os_info, plan=plan, api_key=api_key, tls_key=tls_key)
+
+
+preflight = preflight_of("Preflight", lambda name, _: _check_host(name))
+preflight_balancer = preflight_of("Preflight (balancer)", _check_balancer)

@@ -10,9 +10,9 @@ docs/balancer.md says why a host is never sent another stack's requests)::
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rigfleet.errors import RigfleetError
 from rigfleet.hostchecks import host_name_or_ip
@@ -23,13 +23,14 @@ from rigfleet.hostdata import (
     validate_balancer,
     validate_host,
 )
-from rigfleet.inventory import host_kind
+from rigfleet.inventory import HostKind, host_kind
 
 # Clients ask a stack by path: /stacks/<stack>/v1/chat/completions (the prefix is removed
 # before the request reaches the host's front).
 STACK_PREFIX = "/stacks/"
 # What HAProxy takes in a server's name (and the balancer in a file name).
 _NOT_ID = re.compile(r"[^A-Za-z0-9._-]")
+T = TypeVar("T")
 
 
 class BalancerError(RigfleetError, ValueError):
@@ -178,23 +179,38 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
     return BalancerPlan(name, settings, pools, default, gpu_host, tuple(hosts))
 
 
+def read_fleet(name: str, group: str, why: str, inventory: Iterable[Any],
+               read: Callable[[Any, HostKind], T | None], who: str = "") -> list[T]:
+    """What ``read(host, kind)`` makes of each host of ``inventory`` (pyinfra's ``Host``s or
+    ``InventoryHost``s; None: nothing); the first whose data does not validate refuses ``name``."""
+    out = []
+    for other in inventory:
+        try:
+            got = read(other, host_kind(other.groups))
+        except RigfleetError as e:
+            raise BalancerError(
+                f"{name}: {group}: {who}{other.name}'s data does not validate, so {why}; "
+                f"allowed: fix it first ({str(e).splitlines()[0]})") from None
+        if got is not None:
+            out.append(got)
+    return out
+
+
+def read_gpu_host(other: Any, kind: HostKind) -> GpuHost | None:
+    """A GPU host's validated data (None: not a GPU host)."""
+    if not kind.gpu:
+        return None
+    return GpuHost(other.name, validate_host(other.name, other.data),
+                   other.data.get("ssh_hostname"))
+
+
 def fleet_plan(balancer: Any, inventory: Iterable[Any]) -> BalancerPlan:
-    """The plan of ``balancer`` from every GPU host of the inventory (``--limit`` aside);
-    pyinfra's ``Host``s or ``InventoryHost``s."""
+    """The plan of ``balancer`` from every GPU host of the inventory (``--limit`` aside)."""
     name = balancer.name
     gpu_host = host_kind(balancer.groups).gpu
     settings = validate_balancer(name, balancer.data, gpu_host=gpu_host)
-    hosts = []
-    for other in inventory:
-        if not host_kind(other.groups).gpu:
-            continue
-        try:
-            checked = validate_host(other.name, other.data)
-        except HostDataError as e:
-            raise BalancerError(
-                f"{name}: balancers: GPU host {other.name}'s data does not validate, so the "
-                f"balancer cannot be built; allowed: fix it first ({e.problems[0]})") from None
-        hosts.append(GpuHost(other.name, checked, other.data.get("ssh_hostname")))
+    hosts = read_fleet(name, "balancers", "the balancer cannot be built", inventory,
+                       read_gpu_host, who="GPU host ")
     return plan_balancer(name, settings, hosts, gpu_host)
 
 

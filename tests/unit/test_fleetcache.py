@@ -61,7 +61,8 @@ REPO, REV = "org/model", "ab" * 20
 def test_a_cache_host_is_a_service_host_never_a_rig_unless_in_gpu_hosts(groups, gpu, cache,
                                                                           service):
     kind = host_kind(groups)
-    assert (kind.gpu, kind.cache, kind.service) == (gpu, cache, service)
+    in_service_group = kind.balancer or kind.monitor or kind.cache
+    assert (kind.gpu, kind.cache, in_service_group) == (gpu, cache, service)
     hosts = [InventoryHost("rig-a", (), {}), InventoryHost("lb1", tuple(groups) or ("x",), {})]
     assert [h.name for h in caches(hosts)] == (["lb1"] if cache else [])
 
