@@ -50,6 +50,7 @@ from rigfleet.hostdata import (
 )
 from rigfleet.hostside.records import describe
 from rigfleet.images.deploy import preflight_images
+from rigfleet.oporder import fast_operation_order
 from rigfleet.packages import OsInfo
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER
 from rigfleet.swapfacts import SwapProbe
@@ -355,6 +356,7 @@ def run_deploy(converge: Callable[[], Any]) -> None:
     """``deploy.py``'s body: a refused host gets only its refusal; any other data problem
     raised while preparing stops the whole run (``PyinfraError``)."""
     read_host_once()
+    fast_operation_order()
     try:
         converge()
     except HostRefused:
