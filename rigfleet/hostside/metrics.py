@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from . import stackctl
 from .atomic import write_atomic
 from .front import READY_PATH
 from .layout import STACK_LABEL, SUPERVISE_UNIT, Layout
@@ -29,7 +29,6 @@ from .records import (
     read_supervisor,
     read_throughput_last,
 )
-from .stackctl import http_request
 from .timings import read_timings, swap_estimate
 
 GPU_FILE = "rigfleet-gpu.prom"
@@ -136,13 +135,10 @@ def gpu_textfile(csv_text: str | None, ecc_text: str | None = None) -> str:
     return t.render()
 
 
-def _stdout(argv: list[str], timeout_s: float = 10) -> str | None:
+def _stdout(argv: list[str]) -> str | None:
     """What ``argv`` prints, None when it fails (no binary, a hang, an error)."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    rc, out, _ = stackctl.run(argv, 10)
+    return out if rc == 0 else None
 
 
 def read_gpus(query: str = GPU_QUERY) -> str | None:
@@ -226,8 +222,8 @@ def engine_running(stack: str) -> bool:
 
 def front_ready(port: int | None, timeout_s: float = 3) -> bool:
     """Does the front's readiness path (no key) answer 200?"""
-    return port is not None and http_request("GET", f"http://127.0.0.1:{port}{READY_PATH}",
-                                             {}, None, timeout_s)[0] == 200
+    url = f"http://127.0.0.1:{port}{READY_PATH}"
+    return port is not None and stackctl.http_request("GET", url, {}, None, timeout_s)[0] == 200
 
 
 def is_swap(holder: dict[str, object] | None) -> bool:

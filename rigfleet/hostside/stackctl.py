@@ -223,6 +223,19 @@ def _strip_prefix(line: str) -> str:
                   line.strip()).strip()[:400]
 
 
+def run(argv: Sequence[str], timeout: float | None = 30, env: dict[str, str] | None = None
+        ) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr); 127 when the program is missing, 124 on a timeout."""
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                           check=False)
+        return p.returncode, p.stdout, p.stderr
+    except OSError as e:
+        return 127, "", str(e)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout}s"
+
+
 def run_cmd(argv: list[str], timeout: float = 120.0) -> tuple[int, str]:
     """(exit status, stdout+stderr); a missing binary is 127, a timeout 124, never raised."""
     try:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import stackctl
 from ..verify.client import Client
 from . import shapes
 from .measure import Bench, BenchSettings, ShapeResult
@@ -52,18 +52,7 @@ LOG_TAIL = 5000
 Runner = Callable[[list[str], float], tuple[int, str, str]]
 
 
-def run_cmd(cmd: list[str], timeout: float = 30) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr); 127 when the program is missing, 124 on a timeout."""
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        return p.returncode, p.stdout, p.stderr
-    except OSError as e:
-        return 127, "", str(e)
-    except subprocess.TimeoutExpired:
-        return 124, "", f"timed out after {timeout}s"
-
-
-def query_gpus(run: Runner = run_cmd, fields: Sequence[str] = GPU_FIELDS) -> dict[str, Any]:
+def query_gpus(run: Runner = stackctl.run, fields: Sequence[str] = GPU_FIELDS) -> dict[str, Any]:
     """One nvidia-smi sample: ``{"t", "fields", "rc", "stdout", "stderr"}``. A field this
     driver does not know is dropped (older drivers spell ``clocks_event_reasons`` as
     ``clocks_throttle_reasons``: tried before dropping)."""
@@ -120,7 +109,7 @@ def _graph_mode(facts: dict[str, Any]) -> str | None:
     return "_AND_".join(m for m in ("FULL", "PIECEWISE") if m in labels) or None
 
 
-def container_facts(container: str, run: Runner = run_cmd) -> dict[str, Any]:
+def container_facts(container: str, run: Runner = stackctl.run) -> dict[str, Any]:
     """The engine container's arguments and mounts (``docker inspect``), and its log lines
     (the last ``LOG_TAIL``) reduced to ``engine_facts``."""
     out: dict[str, Any] = {"container": container}
@@ -185,7 +174,7 @@ def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[s
 
 
 def gather(container: str, port: int, api_key: str | None, load_s: float,
-           run: Runner = run_cmd, interval_s: float = 1.0) -> dict[str, Any]:
+           run: Runner = stackctl.run, interval_s: float = 1.0) -> dict[str, Any]:
     """The doctor's evidence for the stack ``container`` serving on 127.0.0.1:``port``."""
     client = Client(f"http://127.0.0.1:{port}", api_key)
     bench = Bench(client, BenchSettings(runs=0, warmup=0))
