@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import ledger, metrics
+from . import metrics
 from .active import read_active, record_pins, request_reset
 from .ensure import Ensure, adopt, shutdown
 from .front import Front
@@ -34,7 +34,7 @@ from .metrics import TEXTFILE_DIR
 from .pkgready import NotReady, Readiness
 from .plan import Plan, PlanError
 from .probe import probe
-from .records import read_holder, read_supervisor
+from .records import ledger_tail, read_holder, read_state, read_supervisor, route
 from .stackctl import SystemOps, http_request, read_api_key, run_cmd
 from .steps import EXIT_BAD_PLAN, EXIT_LOCKED, GateFn
 from .supervise import Policy, parse_backoff
@@ -75,12 +75,17 @@ def _gate_fn() -> GateFn:
     return gate
 
 
-def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
+def _plan(path: str, verb: str) -> Plan:
+    """The plan file; a bad one is said and exits ``EXIT_BAD_PLAN``."""
     try:
-        plan = Plan.load(Path(args.plan))
+        return Plan.load(Path(path))
     except PlanError as e:
-        print(f"rigfleet-host swap: {e}", file=sys.stderr)
-        return EXIT_BAD_PLAN
+        print(f"rigfleet-host {verb}: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_PLAN) from None
+
+
+def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
+    plan = _plan(args.plan, "swap")
     stop = _Stop()
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
@@ -98,15 +103,9 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
         print(json.dumps(data, sort_keys=True) if args.json else f"maintenance: {status}"
               + (f": {why}" if why else ""))
         return 0
-    plan = None
     if args.action == "ready":
         return _ready(args, lay)
-    if args.plan:
-        try:
-            plan = Plan.load(Path(args.plan))
-        except PlanError as e:
-            print(f"rigfleet-host maintenance: {e}", file=sys.stderr)
-            return EXIT_BAD_PLAN
+    plan = _plan(args.plan, "maintenance") if args.plan else None
     plan = plan_of(window, plan, lay) if args.action == "close" else plan
     if plan is None:
         print("rigfleet-host maintenance: " + (f"--plan is required to {args.action} a window"
@@ -162,11 +161,7 @@ def _confirm_takeover(lay: Layout) -> bool:
 
 
 def cmd_adopt(args: argparse.Namespace, lay: Layout) -> int:
-    try:
-        plan = Plan.load(Path(args.plan))
-    except PlanError as e:
-        print(f"rigfleet-host adopt: {e}", file=sys.stderr)
-        return EXIT_BAD_PLAN
+    plan = _plan(args.plan, "adopt")
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
     outcome = adopt(plan, lay, ops, front, journal)
@@ -222,19 +217,17 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
         return 0
     holder = read_holder(lay.lock_dir)
     try:
-        active = read_active(lay)
+        active, problem = read_active(lay), ""
     except PlanError as e:
         active, problem = None, str(e)
-    else:
-        problem = ""
-    state = ledger.read_state(lay)
+    state = read_state(lay.state_file)
     supervisor = read_supervisor(lay.supervise_state)
     window, window_state, window_why = window_status(lay)
-    summary = {
+    summary: dict[str, Any] = {
         "lock": holder, "active": active.to_dict() if active else None,
-        "route": Front(lay, 0, run_cmd, http_request).current(),
-        "gate": state.get("gate"), "last_swap": state.get("last_swap"),
-        "ledger": ledger.tail(lay, 5), "problem": problem or None, "supervisor": supervisor,
+        "route": route(lay.front_route), "gate": state.get("gate"),
+        "last_swap": state.get("last_swap"), "ledger": ledger_tail(lay.ledger_file, 5)[0],
+        "problem": problem or None, "supervisor": supervisor,
         "maintenance": {"status": window_state, "why": window_why,
                         "window": window.to_dict() if window else None},
     }
@@ -252,7 +245,7 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
     print(f"maint:   {window_state}" + (f": {window_why}" if window_why else ""))
     if problem:
         print(f"problem: {problem}")
-    for line in ledger.tail(lay, 5):
+    for line in summary["ledger"]:
         print(f"ledger:  {line.get('time')} {line.get('event')} {line.get('result')} "
               f"{line.get('stack')} gate={(line.get('gate') or {}).get('result')}"
               + (f" reason={line['reason']}" if line.get("reason") else ""))
