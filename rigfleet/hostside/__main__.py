@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,19 +44,12 @@ from .supervisor import AlreadyRunning, Supervisor, single_instance
 from .transaction import Transaction
 
 
-class _Stop:
+def _stop() -> Callable[[], bool]:
     """SIGTERM/SIGINT turn into a flag the transaction polls (it then rolls back)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, *_: Any) -> None:
-        self.requested = True
-
-    def __call__(self) -> bool:
-        return self.requested
+    requested = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: requested.set())
+    return requested.is_set
 
 
 def _parts(lay: Layout, front_port: int) -> tuple[SystemOps, Front]:
@@ -86,7 +80,7 @@ def _plan(path: str, verb: str) -> Plan:
 
 def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
     plan = _plan(args.plan, "swap")
-    stop = _Stop()
+    stop = _stop()
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
     # The textfiles say "swap in progress" before the engine stops, and its outcome after it.
@@ -125,7 +119,7 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
         journal = Journal(lay.swap_dir(args.journal_id), echo=sys.stdout) \
             if args.journal_id else _journal(lay, "close")
         outcome = Maintenance(lay, ops, front, journal, plan, gate=_gate_fn(),
-                              interrupted=_Stop()).close(own=args.own, force=args.force,
+                              interrupted=_stop()).close(own=args.own, force=args.force,
                                                          cause=args.cause or "")
     journal.finish(outcome.to_dict())
     print(f"rigfleet-host maintenance {args.action}: {outcome.result}: "
@@ -317,7 +311,7 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
                     poll_s=args.poll_s, unhealthy_after_s=args.unhealthy_s,
                     ready_timeout_s=args.ready_timeout_s, vram_timeout_s=args.vram_timeout_s,
                     retry_after_s=args.retry_after_s)
-    stop = _Stop()
+    stop = _stop()
     ops, front = _parts(lay, args.front_port)
 
     def refresh() -> None:  # a deploy may rotate the API key while this runs for weeks
