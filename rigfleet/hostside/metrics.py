@@ -9,7 +9,7 @@ records), each written atomically every 15 s and after each swap::
 from __future__ import annotations
 
 import contextlib
-import json
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +23,7 @@ from .maintenance import window_status
 from .plan import RETRY_AFTER_S
 from .records import (
     SOURCE_GATE,
+    ledger_tail,
     read_holder,
     read_json,
     read_state,
@@ -59,10 +60,6 @@ GPU_QUERY = ",".join(f for _, f, _, _ in GPU_FIELDS)
 # refuses the whole query; the figures above must not depend on it.
 ECC_FIELD = "ecc.errors.uncorrected.volatile.total"
 ECC_QUERY = f"index,{ECC_FIELD}"
-
-
-def smi_command(query: str) -> list[str]:
-    return ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"]
 
 
 def _label(value: str) -> str:
@@ -143,7 +140,7 @@ def _stdout(argv: list[str]) -> str | None:
 
 def read_gpus(query: str = GPU_QUERY) -> str | None:
     """nvidia-smi's csv answer to ``query``, None when it fails (no driver, a hung card)."""
-    return _stdout(smi_command(query))
+    return _stdout(stackctl.smi_command(query))
 
 
 @dataclass(frozen=True)
@@ -199,18 +196,9 @@ def _gate_limits(report: str | None) -> tuple[float | None, float | None]:
 
 def _recreations(lay: Layout) -> int:
     """The supervisor's recreations in this host's ledger (a counter: it only grows)."""
-    try:
-        lines = lay.ledger_file.read_text(errors="replace").splitlines()
-    except OSError:
-        return 0
-    count = 0
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            data = json.loads(line) if '"supervise"' in line else None
-            if isinstance(data, dict) and (data.get("event"), data.get("result")) == (
-                    "supervise", "recreated"):
-                count += 1
-    return count
+    lines, _, _ = ledger_tail(lay.ledger_file, sys.maxsize)
+    return sum((line.get("event"), line.get("result")) == ("supervise", "recreated")
+               for line in lines)
 
 
 def engine_running(stack: str) -> bool:

@@ -29,7 +29,7 @@ from .records import (
     reports,
     route,
 )
-from .stackctl import read_api_key, run
+from .stackctl import read_api_key, run, smi_command
 
 SCHEMA = "rigfleet-probe/1"
 # What rigfleet status compares (power caps, driver, persistence).
@@ -209,8 +209,7 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
     out["ledger"] = {"tail": tail, "count": count, "error": problem}
     files, newest = reports(lay.reports_dir)
     out["reports"] = {"files": files, "newest": newest.to_dict() if newest else None}
-    rc, so, se = run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS),
-                       "--format=csv,noheader,nounits"])
+    rc, so, se = run(smi_command(",".join(GPU_FIELDS)))
     out["gpu"] = {"rc": rc, "stdout": so, "stderr": se.strip()[-500:]}
     rc, so, se = run(["systemctl", "is-enabled", POWER_CAPS_UNIT])
     out["caps_unit_enabled"] = so.strip() or se.strip()[-200:]

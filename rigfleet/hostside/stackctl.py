@@ -23,8 +23,12 @@ from pathlib import Path
 from .drain import draining_workers
 from .layout import CONFIG_HASH_LABEL
 
-GPU_MEMORY_QUERY = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
-                    "--format=csv,noheader,nounits"]
+
+def smi_command(query: str) -> list[str]:
+    return ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"]
+
+
+GPU_MEMORY_QUERY = smi_command("index,memory.used,memory.total")
 INSPECT_FORMAT = ("{{json .State}}\t{{.RestartCount}}\t{{.Created}}\t"
                   "{{index .Config.Labels " + json.dumps(CONFIG_HASH_LABEL) + "}}\t{{.Image}}")
 

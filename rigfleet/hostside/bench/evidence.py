@@ -58,8 +58,7 @@ def query_gpus(run: Runner = stackctl.run, fields: Sequence[str] = GPU_FIELDS) -
     ``clocks_throttle_reasons``: tried before dropping)."""
     wanted = list(fields)
     for _ in range(len(fields)):
-        cmd = ["nvidia-smi", "--query-gpu=" + ",".join(wanted), "--format=csv,noheader,nounits"]
-        rc, out, err = run(cmd, 20)
+        rc, out, err = run(stackctl.smi_command(",".join(wanted)), 20)
         m = _INVALID_FIELD.search(out + err)
         if rc == 0 or m is None or m.group(1) not in wanted:
             return {"t": time.time(), "fields": wanted, "rc": rc, "stdout": out,

@@ -143,14 +143,11 @@ def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
 
 
 class UsageParser(argparse.ArgumentParser):
-    """Usage errors exit with ``usage_status`` (argparse's 2 would read as "two checks
-    failed")."""
-
-    usage_status = EXIT_USAGE
+    """Usage errors exit with ``EXIT_USAGE`` (argparse's 2 would read as "two checks failed")."""
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(self.usage_status, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def build_parser(prog: str = "python3 -m rigfleet.hostside.verify") -> argparse.ArgumentParser:
