@@ -26,7 +26,7 @@ from . import metrics
 from .active import read_active, record_pins, request_reset
 from .ensure import Ensure, adopt, shutdown
 from .front import Front
-from .gate import GateRun, run_gate
+from .gate import run_gate
 from .journal import Journal
 from .layout import STACK_UNIT, Layout
 from .lock import HostLock, LockHeld, WindowHold, describe
@@ -62,11 +62,7 @@ def _gate_fn() -> GateFn:
     """The verify-stress gate as a child of this bundle (``sys.argv[0]`` in the zipapp)."""
     path = Path(sys.argv[0])
     bundle = path if path.suffix == ".pyz" and path.is_file() else None
-
-    def gate(run: GateRun, on_line: Any, should_stop: Any) -> Any:
-        return run_gate(run, on_line, bundle=bundle, should_stop=should_stop)
-
-    return gate
+    return lambda run, on_line, should_stop: run_gate(run, on_line, bundle, should_stop)
 
 
 def _plan(path: str, verb: str) -> Plan:

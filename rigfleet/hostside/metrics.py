@@ -223,8 +223,7 @@ def is_swap(holder: dict[str, object] | None) -> bool:
 
 
 def read_facts(lay: Layout, front_port: int | None, now: float | None = None) -> Facts:
-    """The host's facts from its records (state, lock, window, supervisor, throughput,
-    timings), its engine container and its front."""
+    """The host's facts from its records, its engine container and its front."""
     now = time.time() if now is None else now
     state = read_state(lay.state_file)
     stack = state.get("stack") if isinstance(state.get("stack"), str) else None

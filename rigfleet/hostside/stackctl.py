@@ -115,8 +115,7 @@ _NUMBER = re.compile(r"^\s*(\d+)(?:\.\d+)?\s*(?:MiB)?\s*$")
 
 
 def parse_gpu_memory(text: str) -> list[GpuMemory]:
-    """``GPU_MEMORY_QUERY`` output (``0, 20480, 24576`` per card); ValueError naming the line
-    when it is not that."""
+    """``GPU_MEMORY_QUERY`` output (``0, 20480, 24576`` per card); else ValueError."""
     cards = []
     for line in text.splitlines():
         if not line.strip():

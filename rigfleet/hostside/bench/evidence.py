@@ -74,9 +74,7 @@ def query_gpus(run: Runner = stackctl.run, fields: Sequence[str] = GPU_FIELDS) -
 
 
 def engine_facts(lines: Sequence[str]) -> dict[str, Any]:
-    """What the engine's own log says: attention backend, the CUDA-graph mode it ended in
-    (and the downgrade warning), torch.compile from a cold start or its cache, warnings about
-    the KV cache dtype and max-num-batched-tokens. Each fact keeps its line as evidence."""
+    """How the engine's own log says it runs; each fact keeps its line as evidence."""
     out: dict[str, Any] = {"backend": None, "graph_mode": None, "downgrade": None,
                            "captures": [], "compile": [], "cache_dirs": [], "warnings": {}}
     for line in lines:
@@ -109,8 +107,7 @@ def _graph_mode(facts: dict[str, Any]) -> str | None:
 
 
 def container_facts(container: str, run: Runner = stackctl.run) -> dict[str, Any]:
-    """The engine container's arguments and mounts (``docker inspect``), and its log lines
-    (the last ``LOG_TAIL``) reduced to ``engine_facts``."""
+    """The engine container's arguments, mounts and ``engine_facts`` of its log's tail."""
     out: dict[str, Any] = {"container": container}
     rc, so, se = run(["docker", "inspect", "--type", "container", "--format",
                       "{{json .Args}}\t{{json .Mounts}}", container], 30)
