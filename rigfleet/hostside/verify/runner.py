@@ -97,17 +97,15 @@ def run(url: str, profile: Profile, api_key: str | None = None,
     for idx, (name, title, fn) in enumerate(selected, 1):
         if aborted:
             res = CheckResult(name, title, SKIP, summary=f"not run: {aborted}")
-            rep.checks.append(res)
-            progress.end(idx, len(selected), res)
-            continue
-        progress.begin(idx, len(selected), name, title)
-        started = time.monotonic()
-        try:
-            res = fn(ctx)
-        except Exception as exc:
-            res = CheckResult(name, title, FAIL,
-                              summary=f"internal error: {type(exc).__name__}: {exc}")
-        res.seconds = time.monotonic() - started
+        else:
+            progress.begin(idx, len(selected), name, title)
+            started = time.monotonic()
+            try:
+                res = fn(ctx)
+            except Exception as exc:
+                res = CheckResult(name, title, FAIL,
+                                  summary=f"internal error: {type(exc).__name__}: {exc}")
+            res.seconds = time.monotonic() - started
         rep.checks.append(res)
         progress.end(idx, len(selected), res)
         if name == "preflight":
