@@ -15,9 +15,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .active import parse_active
+from .active import parse_active, read_active
 from .layout import BASE_DIGEST_LABEL, CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_LABEL, Layout
 from .maintenance import window_status
+from .plan import PlanError
 from .records import (
     ledger_tail,
     loaded_images,
@@ -161,9 +162,7 @@ def throughput(lay: Layout) -> dict[str, Any]:
 
 def doctor(lay: Layout, load_s: float) -> dict[str, Any]:
     """The cards sampled idle and under load of the active stack."""
-    from .active import read_active
     from .bench.evidence import gather
-    from .plan import PlanError
 
     try:
         active = read_active(lay)
