@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=positive, default=300.0, help="per request (300)")
     p.add_argument("--concurrency", type=count, default=0,
                    help="streams of the concurrency run (the stack's max-num-seqs; 0: none)")
-    p.add_argument("--depths", type=token_counts, default=(), help="context depths, e.g. 16000,32000")
+    p.add_argument("--depths", type=token_counts, default=(),
+                   help="context depths, e.g. 16000,32000")
     p.add_argument("--accept-baseline", action="store_true",
                    help="record the measurement as the active stack's baseline on this host")
     p.add_argument("--scale", type=positive, default=1.0,

@@ -40,25 +40,24 @@ class ConsoleProgress:
             self.stream.write(text)
             self.stream.flush()
 
-    def _close_ticks(self) -> None:
-        if self._ticks:
-            self._write(f" {self._ticks}\n")
-            self._ticks = 0
+    def _line(self, text: str) -> None:
+        """``text`` on a line of its own, after the count that closes a line of dots."""
+        with self._lock:
+            if self._ticks:
+                self._write(f" {self._ticks}\n")
+                self._ticks = 0
+            self._write(f"{text}\n")
 
     def header(self, url: str, prof: Profile) -> None:
         extra = f" overrides={prof.overrides}" if prof.overrides else ""
         self._write(f"verify: {url} profile={prof.name}{extra}\n")
 
     def begin(self, idx: int, total: int, name: str, title: str) -> None:
-        with self._lock:
-            self._close_ticks()
-            self._write(f"[{idx:>2}/{total}] {name}: {title} ...\n")
+        self._line(f"[{idx:>2}/{total}] {name}: {title} ...")
 
     def end(self, idx: int, total: int, res: CheckResult) -> None:
-        with self._lock:
-            self._close_ticks()
-            self._write(f"[{idx:>2}/{total}] {res.name}: {res.status.upper()} in "
-                        f"{res.seconds:.1f}s  {res.summary}\n")
+        self._line(f"[{idx:>2}/{total}] {res.name}: {res.status.upper()} in "
+                   f"{res.seconds:.1f}s  {res.summary}")
 
     def tick(self, mark: str) -> None:
         with self._lock:
@@ -68,9 +67,7 @@ class ConsoleProgress:
             self._write(str(self._ticks) if self._ticks % 10 == 0 else mark)
 
     def note(self, text: str) -> None:
-        with self._lock:
-            self._close_ticks()
-            self._write(f"        note: {text}\n")
+        self._line(f"        note: {text}")
 
     def footer(self, rep: Report, paths: tuple[Path, Path] | None) -> None:
         c = rep.counts()
