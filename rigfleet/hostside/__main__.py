@@ -16,16 +16,17 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import ledger, metrics
+from . import metrics
 from .active import read_active, record_pins, request_reset
 from .ensure import Ensure, adopt, shutdown
 from .front import Front
-from .gate import GateRun, run_gate
+from .gate import run_gate
 from .journal import Journal
 from .layout import STACK_UNIT, Layout
 from .lock import HostLock, LockHeld, WindowHold, describe
@@ -34,7 +35,7 @@ from .metrics import TEXTFILE_DIR
 from .pkgready import NotReady, Readiness
 from .plan import Plan, PlanError
 from .probe import probe
-from .records import read_holder, read_supervisor
+from .records import ledger_tail, read_holder, read_state, read_supervisor, route
 from .stackctl import SystemOps, http_request, read_api_key, run_cmd
 from .steps import EXIT_BAD_PLAN, EXIT_LOCKED, GateFn
 from .supervise import Policy, parse_backoff
@@ -43,19 +44,12 @@ from .supervisor import AlreadyRunning, Supervisor, single_instance
 from .transaction import Transaction
 
 
-class _Stop:
+def _stop() -> Callable[[], bool]:
     """SIGTERM/SIGINT turn into a flag the transaction polls (it then rolls back)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, *_: Any) -> None:
-        self.requested = True
-
-    def __call__(self) -> bool:
-        return self.requested
+    requested = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: requested.set())
+    return requested.is_set
 
 
 def _parts(lay: Layout, front_port: int) -> tuple[SystemOps, Front]:
@@ -68,20 +62,21 @@ def _gate_fn() -> GateFn:
     """The verify-stress gate as a child of this bundle (``sys.argv[0]`` in the zipapp)."""
     path = Path(sys.argv[0])
     bundle = path if path.suffix == ".pyz" and path.is_file() else None
+    return lambda run, on_line, should_stop: run_gate(run, on_line, bundle, should_stop)
 
-    def gate(run: GateRun, on_line: Any, should_stop: Any) -> Any:
-        return run_gate(run, on_line, bundle=bundle, should_stop=should_stop)
 
-    return gate
+def _plan(path: str, verb: str) -> Plan:
+    """The plan file; a bad one is said and exits ``EXIT_BAD_PLAN``."""
+    try:
+        return Plan.load(Path(path))
+    except PlanError as e:
+        print(f"rigfleet-host {verb}: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_PLAN) from None
 
 
 def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
-    try:
-        plan = Plan.load(Path(args.plan))
-    except PlanError as e:
-        print(f"rigfleet-host swap: {e}", file=sys.stderr)
-        return EXIT_BAD_PLAN
-    stop = _Stop()
+    plan = _plan(args.plan, "swap")
+    stop = _stop()
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
     # The textfiles say "swap in progress" before the engine stops, and its outcome after it.
@@ -98,15 +93,9 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
         print(json.dumps(data, sort_keys=True) if args.json else f"maintenance: {status}"
               + (f": {why}" if why else ""))
         return 0
-    plan = None
     if args.action == "ready":
         return _ready(args, lay)
-    if args.plan:
-        try:
-            plan = Plan.load(Path(args.plan))
-        except PlanError as e:
-            print(f"rigfleet-host maintenance: {e}", file=sys.stderr)
-            return EXIT_BAD_PLAN
+    plan = _plan(args.plan, "maintenance") if args.plan else None
     plan = plan_of(window, plan, lay) if args.action == "close" else plan
     if plan is None:
         print("rigfleet-host maintenance: " + (f"--plan is required to {args.action} a window"
@@ -126,7 +115,7 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
         journal = Journal(lay.swap_dir(args.journal_id), echo=sys.stdout) \
             if args.journal_id else _journal(lay, "close")
         outcome = Maintenance(lay, ops, front, journal, plan, gate=_gate_fn(),
-                              interrupted=_Stop()).close(own=args.own, force=args.force,
+                              interrupted=_stop()).close(own=args.own, force=args.force,
                                                          cause=args.cause or "")
     journal.finish(outcome.to_dict())
     print(f"rigfleet-host maintenance {args.action}: {outcome.result}: "
@@ -162,11 +151,7 @@ def _confirm_takeover(lay: Layout) -> bool:
 
 
 def cmd_adopt(args: argparse.Namespace, lay: Layout) -> int:
-    try:
-        plan = Plan.load(Path(args.plan))
-    except PlanError as e:
-        print(f"rigfleet-host adopt: {e}", file=sys.stderr)
-        return EXIT_BAD_PLAN
+    plan = _plan(args.plan, "adopt")
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
     outcome = adopt(plan, lay, ops, front, journal)
@@ -222,19 +207,17 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
         return 0
     holder = read_holder(lay.lock_dir)
     try:
-        active = read_active(lay)
+        active, problem = read_active(lay), ""
     except PlanError as e:
         active, problem = None, str(e)
-    else:
-        problem = ""
-    state = ledger.read_state(lay)
+    state = read_state(lay.state_file)
     supervisor = read_supervisor(lay.supervise_state)
     window, window_state, window_why = window_status(lay)
-    summary = {
+    summary: dict[str, Any] = {
         "lock": holder, "active": active.to_dict() if active else None,
-        "route": Front(lay, 0, run_cmd, http_request).current(),
-        "gate": state.get("gate"), "last_swap": state.get("last_swap"),
-        "ledger": ledger.tail(lay, 5), "problem": problem or None, "supervisor": supervisor,
+        "route": route(lay.front_route), "gate": state.get("gate"),
+        "last_swap": state.get("last_swap"), "ledger": ledger_tail(lay.ledger_file, 5)[0],
+        "problem": problem or None, "supervisor": supervisor,
         "maintenance": {"status": window_state, "why": window_why,
                         "window": window.to_dict() if window else None},
     }
@@ -252,7 +235,7 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
     print(f"maint:   {window_state}" + (f": {window_why}" if window_why else ""))
     if problem:
         print(f"problem: {problem}")
-    for line in ledger.tail(lay, 5):
+    for line in summary["ledger"]:
         print(f"ledger:  {line.get('time')} {line.get('event')} {line.get('result')} "
               f"{line.get('stack')} gate={(line.get('gate') or {}).get('result')}"
               + (f" reason={line['reason']}" if line.get("reason") else ""))
@@ -324,7 +307,7 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
                     poll_s=args.poll_s, unhealthy_after_s=args.unhealthy_s,
                     ready_timeout_s=args.ready_timeout_s, vram_timeout_s=args.vram_timeout_s,
                     retry_after_s=args.retry_after_s)
-    stop = _Stop()
+    stop = _stop()
     ops, front = _parts(lay, args.front_port)
 
     def refresh() -> None:  # a deploy may rotate the API key while this runs for weeks

@@ -9,13 +9,13 @@ records), each written atomically every 15 s and after each swap::
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from . import stackctl
 from .atomic import write_atomic
 from .front import READY_PATH
 from .layout import STACK_LABEL, SUPERVISE_UNIT, Layout
@@ -23,13 +23,13 @@ from .maintenance import window_status
 from .plan import RETRY_AFTER_S
 from .records import (
     SOURCE_GATE,
+    ledger_tail,
     read_holder,
     read_json,
     read_state,
     read_supervisor,
     read_throughput_last,
 )
-from .stackctl import http_request
 from .timings import read_timings, swap_estimate
 
 GPU_FILE = "rigfleet-gpu.prom"
@@ -60,10 +60,6 @@ GPU_QUERY = ",".join(f for _, f, _, _ in GPU_FIELDS)
 # refuses the whole query; the figures above must not depend on it.
 ECC_FIELD = "ecc.errors.uncorrected.volatile.total"
 ECC_QUERY = f"index,{ECC_FIELD}"
-
-
-def smi_command(query: str) -> list[str]:
-    return ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"]
 
 
 def _label(value: str) -> str:
@@ -136,18 +132,15 @@ def gpu_textfile(csv_text: str | None, ecc_text: str | None = None) -> str:
     return t.render()
 
 
-def _stdout(argv: list[str], timeout_s: float = 10) -> str | None:
+def _stdout(argv: list[str]) -> str | None:
     """What ``argv`` prints, None when it fails (no binary, a hang, an error)."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    rc, out, _ = stackctl.run(argv, 10)
+    return out if rc == 0 else None
 
 
 def read_gpus(query: str = GPU_QUERY) -> str | None:
     """nvidia-smi's csv answer to ``query``, None when it fails (no driver, a hung card)."""
-    return _stdout(smi_command(query))
+    return _stdout(stackctl.smi_command(query))
 
 
 @dataclass(frozen=True)
@@ -203,18 +196,9 @@ def _gate_limits(report: str | None) -> tuple[float | None, float | None]:
 
 def _recreations(lay: Layout) -> int:
     """The supervisor's recreations in this host's ledger (a counter: it only grows)."""
-    try:
-        lines = lay.ledger_file.read_text(errors="replace").splitlines()
-    except OSError:
-        return 0
-    count = 0
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            data = json.loads(line) if '"supervise"' in line else None
-            if isinstance(data, dict) and (data.get("event"), data.get("result")) == (
-                    "supervise", "recreated"):
-                count += 1
-    return count
+    lines, _, _ = ledger_tail(lay.ledger_file, sys.maxsize)
+    return sum((line.get("event"), line.get("result")) == ("supervise", "recreated")
+               for line in lines)
 
 
 def engine_running(stack: str) -> bool:
@@ -226,8 +210,8 @@ def engine_running(stack: str) -> bool:
 
 def front_ready(port: int | None, timeout_s: float = 3) -> bool:
     """Does the front's readiness path (no key) answer 200?"""
-    return port is not None and http_request("GET", f"http://127.0.0.1:{port}{READY_PATH}",
-                                             {}, None, timeout_s)[0] == 200
+    url = f"http://127.0.0.1:{port}{READY_PATH}"
+    return port is not None and stackctl.http_request("GET", url, {}, None, timeout_s)[0] == 200
 
 
 def is_swap(holder: dict[str, object] | None) -> bool:
@@ -239,8 +223,7 @@ def is_swap(holder: dict[str, object] | None) -> bool:
 
 
 def read_facts(lay: Layout, front_port: int | None, now: float | None = None) -> Facts:
-    """The host's facts from its records (state, lock, window, supervisor, throughput,
-    timings), its engine container and its front."""
+    """The host's facts from its records, its engine container and its front."""
     now = time.time() if now is None else now
     state = read_state(lay.state_file)
     stack = state.get("stack") if isinstance(state.get("stack"), str) else None

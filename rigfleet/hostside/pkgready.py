@@ -11,11 +11,12 @@ import contextlib
 import errno
 import fcntl
 import os
-import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from .stackctl import run
 
 # apt's and dpkg's locks, in the order apt takes them.
 LOCKS = ("var/lib/dpkg/lock-frontend", "var/lib/dpkg/lock", "var/cache/apt/archives/lock",
@@ -23,6 +24,11 @@ LOCKS = ("var/lib/dpkg/lock-frontend", "var/lib/dpkg/lock", "var/cache/apt/archi
 # Where the steps write, and the share of the room they need there.
 SPACE = (("var/cache/apt/archives", 1.0), ("usr", 1.0), ("boot", 0.1), ("var/lib/rigfleet", 0.1))
 DPKG_REPAIR = ("dpkg", "--configure", "-a", "--force-confdef", "--force-confold")
+
+
+def _apt(argv: tuple[str, ...]) -> tuple[int, str]:
+    rc, out, err = run(argv, None, {**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    return rc, out + err
 
 
 class NotReady(Exception):
@@ -37,7 +43,7 @@ class Readiness:
     say: Callable[[str], None] = print
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    run: Callable[[tuple[str, ...]], tuple[int, str]] = field(default=lambda argv: _run(argv))
+    run: Callable[[tuple[str, ...]], tuple[int, str]] = _apt
 
     def check(self, packages: bool, lock_wait_s: float, min_free_mib: int) -> list[str]:
         """Raise ``NotReady`` when the work cannot start; else what was done (repairs)."""
@@ -105,12 +111,6 @@ class Readiness:
                            f"(exit {status}: {tail}); repair the packages by hand, then run "
                            "the deploy again")
         return f"repaired an interrupted dpkg ({' '.join(DPKG_REPAIR)})"
-
-
-def _run(argv: tuple[str, ...]) -> tuple[int, str]:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    return proc.returncode, proc.stdout + proc.stderr
 
 
 def _held(path: Path) -> bool:

@@ -10,15 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .active import parse_active
+from .active import parse_active, read_active
 from .layout import BASE_DIGEST_LABEL, CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_LABEL, Layout
 from .maintenance import window_status
+from .plan import PlanError
 from .records import (
     ledger_tail,
     loaded_images,
@@ -30,21 +30,12 @@ from .records import (
     reports,
     route,
 )
+from .stackctl import read_api_key, run, smi_command
 
 SCHEMA = "rigfleet-probe/1"
 # What rigfleet status compares (power caps, driver, persistence).
 GPU_FIELDS = ("index", "driver_version", "power.limit", "persistence_mode")
 POWER_CAPS_UNIT = "rigfleet-power-caps.service"
-
-
-def _run(cmd: list[str], timeout: float = 30) -> tuple[int, str, str]:
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        return p.returncode, p.stdout, p.stderr.strip()
-    except OSError as e:
-        return 127, "", str(e)
-    except subprocess.TimeoutExpired:
-        return 124, "", f"timed out after {timeout}s"
 
 
 def containers(lay: Layout) -> dict[str, dict[str, Any]]:
@@ -53,7 +44,7 @@ def containers(lay: Layout) -> dict[str, dict[str, Any]]:
     fmt = (f'{{{{.Names}}}}\t{{{{.State}}}}\t{{{{.Label "{STACK_LABEL}"}}}}\t'
            f'{{{{.Label "{CONFIG_HASH_LABEL}"}}}}\t{{{{.CreatedAt}}}}')
     found: dict[str, dict[str, Any]] = {}
-    for line in _run(["docker", "ps", "-a", "--format", fmt])[1].splitlines():
+    for line in run(["docker", "ps", "-a", "--format", fmt])[1].splitlines():
         parts = line.split("\t")
         if len(parts) == 5 and (parts[2] or parts[0].startswith("rigfleet-")):
             found[parts[0]] = {"status": parts[1], "stack": parts[2], "hash": parts[3],
@@ -62,7 +53,7 @@ def containers(lay: Layout) -> dict[str, dict[str, Any]]:
         return found
     images: dict[str, str] = {}
     fmt = "{{.Name}}\t{{.Config.Image}}\t{{.Image}}\t{{.State.StartedAt}}\t{{.RestartCount}}"
-    for line in _run(["docker", "inspect", "--type", "container", "--format", fmt,
+    for line in run(["docker", "inspect", "--type", "container", "--format", fmt,
                       *found])[1].splitlines():
         parts = line.split("\t")
         name = parts[0].lstrip("/") if parts else ""
@@ -73,7 +64,7 @@ def containers(lay: Layout) -> dict[str, dict[str, Any]]:
     digests: dict[str, list[str]] = {}
     loaded = loaded_images(lay)
     fmt = "{{.Id}}\t{{json .RepoDigests}}\t{{json .Config.Labels}}"
-    for line in _run(["docker", "image", "inspect", "--format", fmt,
+    for line in run(["docker", "image", "inspect", "--format", fmt,
                       *sorted(set(images.values()))])[1].splitlines():
         image_id, _, rest = line.partition("\t")
         repo_digests, _, labels = rest.partition("\t")
@@ -155,10 +146,10 @@ def genesis(lay: Layout) -> dict[str, Any] | None:
     if not g.is_dir():
         return None
     git = ["git", "-c", "safe.directory=*", "-C", str(g)]
-    rc, head, err = _run([*git, "rev-parse", "--verify", "-q", "HEAD"])
-    _, origin, _ = _run([*git, "remote", "get-url", "origin"])
+    rc, head, err = run([*git, "rev-parse", "--verify", "-q", "HEAD"])
+    _, origin, _ = run([*git, "remote", "get-url", "origin"])
     return {"head": head.strip() or None, "origin": origin.strip() or None,
-            "error": err[-300:] if rc else None}
+            "error": err.strip()[-300:] if rc else None}
 
 
 def throughput(lay: Layout) -> dict[str, Any]:
@@ -171,10 +162,7 @@ def throughput(lay: Layout) -> dict[str, Any]:
 
 def doctor(lay: Layout, load_s: float) -> dict[str, Any]:
     """The cards sampled idle and under load of the active stack."""
-    from .active import read_active
     from .bench.evidence import gather
-    from .plan import PlanError
-    from .stackctl import read_api_key
 
     try:
         active = read_active(lay)
@@ -220,11 +208,10 @@ def probe(lay: Layout, full: bool = False, model_path: str | None = None,
     out["ledger"] = {"tail": tail, "count": count, "error": problem}
     files, newest = reports(lay.reports_dir)
     out["reports"] = {"files": files, "newest": newest.to_dict() if newest else None}
-    rc, so, se = _run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS),
-                       "--format=csv,noheader,nounits"])
-    out["gpu"] = {"rc": rc, "stdout": so, "stderr": se[-500:]}
-    rc, so, se = _run(["systemctl", "is-enabled", POWER_CAPS_UNIT])
-    out["caps_unit_enabled"] = so.strip() or se[-200:]
+    rc, so, se = run(smi_command(",".join(GPU_FIELDS)))
+    out["gpu"] = {"rc": rc, "stdout": so, "stderr": se.strip()[-500:]}
+    rc, so, se = run(["systemctl", "is-enabled", POWER_CAPS_UNIT])
+    out["caps_unit_enabled"] = so.strip() or se.strip()[-200:]
     out["genesis"] = genesis(lay)
     out["manifest"] = manifest(Path(model_path)) if model_path else None
     out["front"] = front(lay, front_port) if front_port else None

@@ -23,8 +23,12 @@ from pathlib import Path
 from .drain import draining_workers
 from .layout import CONFIG_HASH_LABEL
 
-GPU_MEMORY_QUERY = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
-                    "--format=csv,noheader,nounits"]
+
+def smi_command(query: str) -> list[str]:
+    return ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"]
+
+
+GPU_MEMORY_QUERY = smi_command("index,memory.used,memory.total")
 INSPECT_FORMAT = ("{{json .State}}\t{{.RestartCount}}\t{{.Created}}\t"
                   "{{index .Config.Labels " + json.dumps(CONFIG_HASH_LABEL) + "}}\t{{.Image}}")
 
@@ -111,8 +115,7 @@ _NUMBER = re.compile(r"^\s*(\d+)(?:\.\d+)?\s*(?:MiB)?\s*$")
 
 
 def parse_gpu_memory(text: str) -> list[GpuMemory]:
-    """``GPU_MEMORY_QUERY`` output (``0, 20480, 24576`` per card); ValueError naming the line
-    when it is not that."""
+    """``GPU_MEMORY_QUERY`` output (``0, 20480, 24576`` per card); else ValueError."""
     cards = []
     for line in text.splitlines():
         if not line.strip():
@@ -221,6 +224,19 @@ def _strip_prefix(line: str) -> str:
     # "ERROR 11-29 10:00:00 [core.py:843] ValueError: ..." -> "ValueError: ..."
     return re.sub(r"^(?:ERROR|WARNING|INFO) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] ", "",
                   line.strip()).strip()[:400]
+
+
+def run(argv: Sequence[str], timeout: float | None = 30, env: dict[str, str] | None = None
+        ) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr); 127 when the program is missing, 124 on a timeout."""
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                           check=False)
+        return p.returncode, p.stdout, p.stderr
+    except OSError as e:
+        return 127, "", str(e)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout}s"
 
 
 def run_cmd(argv: list[str], timeout: float = 120.0) -> tuple[int, str]:

@@ -7,7 +7,7 @@ import io
 
 from test_host_metrics import samples
 
-from rigfleet.hostside import metrics
+from rigfleet.hostside import metrics, stackctl
 from rigfleet.hostside.metrics import gpu_textfile
 
 
@@ -16,7 +16,7 @@ def test_the_simulated_nvidia_smi_answers_the_exporters_queries(paths):
 
     for query, width in ((metrics.GPU_QUERY, len(metrics.GPU_FIELDS)), (metrics.ECC_QUERY, 2)):
         out = io.StringIO()
-        argv = metrics.smi_command(query)[1:]
+        argv = stackctl.smi_command(query)[1:]
         assert smi.main(argv, version="580.105.08", out=out) == 0, out.getvalue()
         rows = out.getvalue().splitlines()
         assert rows and all(len(r.split(", ")) == width for r in rows), rows
@@ -29,5 +29,5 @@ def test_the_simulated_nvidia_smi_answers_the_exporters_queries(paths):
 
 def _ask(smi, query: str) -> str:
     out = io.StringIO()
-    smi.main(metrics.smi_command(query)[1:], version="580.105.08", out=out)
+    smi.main(stackctl.smi_command(query)[1:], version="580.105.08", out=out)
     return out.getvalue()

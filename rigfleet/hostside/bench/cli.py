@@ -19,16 +19,11 @@ from ..records import SOURCE_ACCEPTED, ThroughputRecord
 from ..stackctl import read_api_key
 from ..verify.client import Client
 from ..verify.report import now_iso
-from ..verify.runner import UsageParser
 from ..verify.runner import read_api_key as read_key_file
 from . import history, report
 from .measure import Bench, BenchResult, BenchSettings
 
-EXIT_OK, EXIT_NOTHING, EXIT_USAGE = 0, 1, 2
-
-
-class _Parser(UsageParser):
-    usage_status = EXIT_USAGE
+EXIT_OK, EXIT_NOTHING = 0, 1
 
 
 class LineProgress:
@@ -80,7 +75,7 @@ def positive(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="rigfleet-host bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="rigfleet-host bench", description=__doc__.splitlines()[0])
     p.add_argument("--root", default="/", help=argparse.SUPPRESS)
     p.add_argument("--url", help="the server (default: the active stack on 127.0.0.1)")
     p.add_argument("--api-key-file", metavar="FILE",
@@ -90,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=positive, default=300.0, help="per request (300)")
     p.add_argument("--concurrency", type=count, default=0,
                    help="streams of the concurrency run (the stack's max-num-seqs; 0: none)")
-    p.add_argument("--depths", type=token_counts, default=(), help="context depths, e.g. 16000,32000")
+    p.add_argument("--depths", type=token_counts, default=(),
+                   help="context depths, e.g. 16000,32000")
     p.add_argument("--accept-baseline", action="store_true",
                    help="record the measurement as the active stack's baseline on this host")
     p.add_argument("--scale", type=positive, default=1.0,

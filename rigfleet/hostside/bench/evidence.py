@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import stackctl
 from ..verify.client import Client
 from . import shapes
 from .measure import Bench, BenchSettings, ShapeResult
@@ -52,25 +52,13 @@ LOG_TAIL = 5000
 Runner = Callable[[list[str], float], tuple[int, str, str]]
 
 
-def run_cmd(cmd: list[str], timeout: float = 30) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr); 127 when the program is missing, 124 on a timeout."""
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        return p.returncode, p.stdout, p.stderr
-    except OSError as e:
-        return 127, "", str(e)
-    except subprocess.TimeoutExpired:
-        return 124, "", f"timed out after {timeout}s"
-
-
-def query_gpus(run: Runner = run_cmd, fields: Sequence[str] = GPU_FIELDS) -> dict[str, Any]:
+def query_gpus(run: Runner = stackctl.run, fields: Sequence[str] = GPU_FIELDS) -> dict[str, Any]:
     """One nvidia-smi sample: ``{"t", "fields", "rc", "stdout", "stderr"}``. A field this
     driver does not know is dropped (older drivers spell ``clocks_event_reasons`` as
     ``clocks_throttle_reasons``: tried before dropping)."""
     wanted = list(fields)
     for _ in range(len(fields)):
-        cmd = ["nvidia-smi", "--query-gpu=" + ",".join(wanted), "--format=csv,noheader,nounits"]
-        rc, out, err = run(cmd, 20)
+        rc, out, err = run(stackctl.smi_command(",".join(wanted)), 20)
         m = _INVALID_FIELD.search(out + err)
         if rc == 0 or m is None or m.group(1) not in wanted:
             return {"t": time.time(), "fields": wanted, "rc": rc, "stdout": out,
@@ -86,9 +74,7 @@ def query_gpus(run: Runner = run_cmd, fields: Sequence[str] = GPU_FIELDS) -> dic
 
 
 def engine_facts(lines: Sequence[str]) -> dict[str, Any]:
-    """What the engine's own log says: attention backend, the CUDA-graph mode it ended in
-    (and the downgrade warning), torch.compile from a cold start or its cache, warnings about
-    the KV cache dtype and max-num-batched-tokens. Each fact keeps its line as evidence."""
+    """How the engine's own log says it runs; each fact keeps its line as evidence."""
     out: dict[str, Any] = {"backend": None, "graph_mode": None, "downgrade": None,
                            "captures": [], "compile": [], "cache_dirs": [], "warnings": {}}
     for line in lines:
@@ -120,9 +106,8 @@ def _graph_mode(facts: dict[str, Any]) -> str | None:
     return "_AND_".join(m for m in ("FULL", "PIECEWISE") if m in labels) or None
 
 
-def container_facts(container: str, run: Runner = run_cmd) -> dict[str, Any]:
-    """The engine container's arguments and mounts (``docker inspect``), and its log lines
-    (the last ``LOG_TAIL``) reduced to ``engine_facts``."""
+def container_facts(container: str, run: Runner = stackctl.run) -> dict[str, Any]:
+    """The engine container's arguments, mounts and ``engine_facts`` of its log's tail."""
     out: dict[str, Any] = {"container": container}
     rc, so, se = run(["docker", "inspect", "--type", "container", "--format",
                       "{{json .Args}}\t{{json .Mounts}}", container], 30)
@@ -185,7 +170,7 @@ def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[s
 
 
 def gather(container: str, port: int, api_key: str | None, load_s: float,
-           run: Runner = run_cmd, interval_s: float = 1.0) -> dict[str, Any]:
+           run: Runner = stackctl.run, interval_s: float = 1.0) -> dict[str, Any]:
     """The doctor's evidence for the stack ``container`` serving on 127.0.0.1:``port``."""
     client = Client(f"http://127.0.0.1:{port}", api_key)
     bench = Bench(client, BenchSettings(runs=0, warmup=0))

@@ -40,25 +40,24 @@ class ConsoleProgress:
             self.stream.write(text)
             self.stream.flush()
 
-    def _close_ticks(self) -> None:
-        if self._ticks:
-            self._write(f" {self._ticks}\n")
-            self._ticks = 0
+    def _line(self, text: str) -> None:
+        """``text`` on a line of its own, after the count that closes a line of dots."""
+        with self._lock:
+            if self._ticks:
+                self._write(f" {self._ticks}\n")
+                self._ticks = 0
+            self._write(f"{text}\n")
 
     def header(self, url: str, prof: Profile) -> None:
         extra = f" overrides={prof.overrides}" if prof.overrides else ""
         self._write(f"verify: {url} profile={prof.name}{extra}\n")
 
     def begin(self, idx: int, total: int, name: str, title: str) -> None:
-        with self._lock:
-            self._close_ticks()
-            self._write(f"[{idx:>2}/{total}] {name}: {title} ...\n")
+        self._line(f"[{idx:>2}/{total}] {name}: {title} ...")
 
     def end(self, idx: int, total: int, res: CheckResult) -> None:
-        with self._lock:
-            self._close_ticks()
-            self._write(f"[{idx:>2}/{total}] {res.name}: {res.status.upper()} in "
-                        f"{res.seconds:.1f}s  {res.summary}\n")
+        self._line(f"[{idx:>2}/{total}] {res.name}: {res.status.upper()} in "
+                   f"{res.seconds:.1f}s  {res.summary}")
 
     def tick(self, mark: str) -> None:
         with self._lock:
@@ -68,9 +67,7 @@ class ConsoleProgress:
             self._write(str(self._ticks) if self._ticks % 10 == 0 else mark)
 
     def note(self, text: str) -> None:
-        with self._lock:
-            self._close_ticks()
-            self._write(f"        note: {text}\n")
+        self._line(f"        note: {text}")
 
     def footer(self, rep: Report, paths: tuple[Path, Path] | None) -> None:
         c = rep.counts()
@@ -97,17 +94,15 @@ def run(url: str, profile: Profile, api_key: str | None = None,
     for idx, (name, title, fn) in enumerate(selected, 1):
         if aborted:
             res = CheckResult(name, title, SKIP, summary=f"not run: {aborted}")
-            rep.checks.append(res)
-            progress.end(idx, len(selected), res)
-            continue
-        progress.begin(idx, len(selected), name, title)
-        started = time.monotonic()
-        try:
-            res = fn(ctx)
-        except Exception as exc:
-            res = CheckResult(name, title, FAIL,
-                              summary=f"internal error: {type(exc).__name__}: {exc}")
-        res.seconds = time.monotonic() - started
+        else:
+            progress.begin(idx, len(selected), name, title)
+            started = time.monotonic()
+            try:
+                res = fn(ctx)
+            except Exception as exc:
+                res = CheckResult(name, title, FAIL,
+                                  summary=f"internal error: {type(exc).__name__}: {exc}")
+            res.seconds = time.monotonic() - started
         rep.checks.append(res)
         progress.end(idx, len(selected), res)
         if name == "preflight":
@@ -143,14 +138,11 @@ def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
 
 
 class UsageParser(argparse.ArgumentParser):
-    """Usage errors exit with ``usage_status`` (argparse's 2 would read as "two checks
-    failed")."""
-
-    usage_status = EXIT_USAGE
+    """Usage errors exit with ``EXIT_USAGE`` (argparse's 2 would read as "two checks failed")."""
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(self.usage_status, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def build_parser(prog: str = "python3 -m rigfleet.hostside.verify") -> argparse.ArgumentParser:
