@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import metrics
-from .active import read_active, record_pins, request_reset
+from .active import load_active, record_pins, request_reset
 from .ensure import Ensure, adopt, shutdown
 from .front import Front
 from .gate import run_gate
@@ -207,7 +207,7 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
         return 0
     holder = read_holder(lay.lock_dir)
     try:
-        active, problem = read_active(lay), ""
+        active, problem = load_active(lay), ""
     except PlanError as e:
         active, problem = None, str(e)
     state = read_state(lay.state_file)

@@ -91,7 +91,6 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
                       + (f" (damaged file kept: {aside})" if aside else ""))
 
 
-read_active = load_active  # what readers call it (they never pass repair)
 
 
 def _recovered(lay: Layout, active: Active, text: str, by: str, reason: str) -> Active:

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .active import parse_active, read_active
+from .active import load_active, parse_active
 from .layout import BASE_DIGEST_LABEL, CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_LABEL, Layout
 from .maintenance import window_status
 from .plan import PlanError
@@ -165,7 +165,7 @@ def doctor(lay: Layout, load_s: float) -> dict[str, Any]:
     from .bench.evidence import gather
 
     try:
-        active = read_active(lay)
+        active = load_active(lay)
     except PlanError as e:
         return {"error": str(e)}
     if active is None:

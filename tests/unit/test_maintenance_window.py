@@ -26,7 +26,7 @@ from swap_fakes import (
 )
 
 from rigfleet.hostside.__main__ import main
-from rigfleet.hostside.active import read_active
+from rigfleet.hostside.active import load_active
 from rigfleet.hostside.ensure import Ensure
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
@@ -220,7 +220,7 @@ def test_close_recreates_gates_and_routes_then_frees_the_lock(lay):
     assert line["ref"]["config_hash"] == HASH and line["gate"]["result"] == "pass"
     state = json.loads(lay.state_file.read_text())
     assert state["gate"]["result"] == "pass" and state["stack"] == "int8"
-    assert read_active(lay).gate["result"] == "pass"
+    assert load_active(lay).gate["result"] == "pass"
     assert json.loads(lay.supervise_reset.read_text())["why"].startswith("maintenance closed")
 
 

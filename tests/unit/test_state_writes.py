@@ -34,7 +34,7 @@ import rigfleet.hostside.active as active_mod
 import rigfleet.hostside.atomic as atomic
 import rigfleet.hostside.lock as lock_mod
 from rigfleet.hostside import ledger
-from rigfleet.hostside.active import ActiveDamaged, load_active, read_active, request_reset
+from rigfleet.hostside.active import ActiveDamaged, load_active, request_reset
 from rigfleet.hostside.ensure import Ensure
 from rigfleet.hostside.front import Front
 from rigfleet.hostside.journal import Journal
@@ -282,12 +282,12 @@ def test_a_damaged_active_record_is_rebuilt_from_the_ledger_at_boot(lay, damage)
     text = lay.active_json.read_bytes()
     lay.active_json.write_bytes(DAMAGE[damage] if DAMAGE[damage] is not None else text[:40])
     with pytest.raises(ActiveDamaged, match="the next ensure, swap or deploy rebuilds it"):
-        read_active(lay)  # readers never repair
+        load_active(lay)  # readers never repair
     assert probe(lay)["active_error"]
     out = boot(lay, host, front)
     assert (out.result, out.serving) == ("recreated", f"tq3-mtp-genesis/{NEW}")
     assert host.running_now() == {"rigfleet-tq3-mtp-genesis": NEW}
-    rebuilt = read_active(lay)
+    rebuilt = load_active(lay)
     assert rebuilt.ref.route_id == f"tq3-mtp-genesis/{NEW}" and rebuilt.deploy_id == plan.id
     assert rebuilt.gate["result"] == "pass"
     line = next(x for x in ledger_lines(lay) if x["event"] == "recover")
@@ -437,7 +437,7 @@ def test_killed_between_any_two_writes_of_a_swap_the_host_ends_serving_a_verifie
     assert json.loads(lay.state_file.read_text())["stack"] in ("int8", "tq3-mtp-genesis")
     out = boot(lay, host, front)
     assert out.exit == 0, out.reason
-    active = read_active(lay)
+    active = load_active(lay)
     assert front.current() == active.ref.route_id == out.serving
     assert host.running_now() == {active.ref.container: active.ref.config_hash}
     # The killed transaction has its result and a ledger line (never left hanging), unless

@@ -30,7 +30,7 @@ from swap_fakes import (
 )
 
 from rigfleet.hostside.__main__ import build_parser, main
-from rigfleet.hostside.active import read_active, request_reset
+from rigfleet.hostside.active import load_active, request_reset
 from rigfleet.hostside.ensure import Ensure
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
@@ -668,4 +668,4 @@ def test_a_rolled_back_swap_asks_for_a_reset(lay):
     assert out.result == "rolled-back"
     request = json.loads(lay.supervise_reset.read_text())
     assert request["by"] == "alice@ctl" and "rolled back" in request["why"]
-    assert read_active(lay).ref.route_id == ROUTE
+    assert load_active(lay).ref.route_id == ROUTE

@@ -28,7 +28,7 @@ from swap_fakes import (
 )
 
 from rigfleet.hostside import atomic
-from rigfleet.hostside.active import read_active
+from rigfleet.hostside.active import load_active
 from rigfleet.hostside.ensure import Ensure, shutdown
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
@@ -378,7 +378,7 @@ def test_a_promotion_records_the_image_id_the_gate_verified(lay):
     out = Transaction(plan, lay, host, front, FakeGate(), Journal(lay.swap_dir(plan.id),
                                                                    echo=None)).run()
     assert out.result == "promoted"
-    active = read_active(lay)
+    active = load_active(lay)
     assert active is not None and active.ref.image_id == host.image_id(local_name(new))
     assert ledger_lines(lay)[-1]["ref"]["image_id"] == active.ref.image_id  # recoverable
 
@@ -414,7 +414,7 @@ def test_a_record_from_before_image_ids_learns_the_one_it_serves_on_once(lay):
     sup = Supervisor(lay, host, front, Policy(), clock=host.wall, echo=None)
     sup.tick()
     sup.tick()
-    active = read_active(lay)
+    active = load_active(lay)
     assert active is not None and active.ref.image_id == host.container("rigfleet-int8").image_id
     recorded = [x for x in ledger_lines(lay) if x["result"] == "recorded"]
     assert len(recorded) == 1 and recorded[0]["ref"]["image_id"] == active.ref.image_id

@@ -30,7 +30,7 @@ from swap_fakes import (
 
 from rigfleet.catalog import get_stack
 from rigfleet.hostside import ledger
-from rigfleet.hostside.active import read_active
+from rigfleet.hostside.active import load_active
 from rigfleet.hostside.ensure import Ensure, adopt
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
@@ -95,7 +95,7 @@ def test_swap_stops_old_waits_for_memory_starts_new_gates_and_promotes(lay):
     assert g.url == "http://127.0.0.1:8015" and g.key_file == lay.api_key_file
     assert g.profile == "full" and g.report_dir == lay.reports_dir
     # Active record: a snapshot of exactly what passed.
-    active = read_active(lay)
+    active = load_active(lay)
     assert active.ref.stack == "tq3-mtp-genesis" and active.deploy_id == plan.id
     # The snapshot is named by its config hash (written before active.json names it); the
     # compose.yaml link points at it.
@@ -165,7 +165,7 @@ def test_gate_failure_rolls_back_to_exactly_the_old_snapshot(lay):
     assert state.get("stack") in (None, "int8")
     assert state["last_swap"]["result"] == "rolled-back"
     assert state["last_swap"]["gate"]["failed_checks"] == ["needles", "needles_deep"]
-    assert read_active(lay).ref.stack == "int8"
+    assert load_active(lay).ref.stack == "int8"
 
 
 def test_a_stack_that_dies_at_boot_fails_fast_naming_the_boot_failure(lay):
@@ -211,7 +211,7 @@ def test_a_stack_that_answers_without_its_expected_boot_lines_is_rolled_back(lay
     (lay.swap_dir(again.id) / "plan.json").write_text(again.dumps())
     out = run(lay, host, front, again, gate)
     assert out.result == "promoted", out.reason
-    assert read_active(lay).ref.boot_expect == TQ3_EXPECT  # the supervisor checks them too
+    assert load_active(lay).ref.boot_expect == TQ3_EXPECT  # the supervisor checks them too
 
 
 def test_the_stack_files_failure_signature_comes_first_with_its_hint(lay):
@@ -268,7 +268,7 @@ def test_first_activation_failure_stops_it_and_leaves_the_front_at_503(lay):
     assert front.current() == "maintenance"
     line = ledger_lines(lay)[-1]
     assert line["stack"] is None and line["attempted"]["stack"] == "tq3-mtp-genesis"
-    assert read_active(lay) is None
+    assert load_active(lay) is None
 
 
 def test_memory_never_released_fails_and_the_front_stays_at_503(lay):
@@ -312,7 +312,7 @@ def test_front_switch_failure_after_the_gate_rolls_back(lay):
     front.fail_on = "tq3-mtp-genesis"
     out = run(lay, host, front, plan)
     assert out.result == "rolled-back" and out.phase == "front"
-    assert read_active(lay).ref.stack == "int8"
+    assert load_active(lay).ref.stack == "int8"
     assert front.current() == "int8/1111aaaa2222bbbb"
 
 
@@ -417,7 +417,7 @@ def test_adopt_records_a_stack_that_already_serves(lay):
     plan = make_plan(lay, ref)
     out = adopt(plan, lay, host, front, journal(lay, plan))
     assert out.result == "adopted"
-    assert read_active(lay).ref.config_hash == "1111aaaa2222bbbb"
+    assert load_active(lay).ref.config_hash == "1111aaaa2222bbbb"
     assert front.routes == ["int8/1111aaaa2222bbbb"]
     assert ledger_lines(lay)[-1]["gate"]["result"] == "not-run"
     assert [c for c in host.calls if c.startswith(("up", "down"))] == ["up rigfleet-int8 "
@@ -432,7 +432,7 @@ def test_record_pins_updates_state_active_record_and_ledger_only_for_the_active_
     tracked = {**old.record, "pins_serial": 2, "driver_branch": "590"}
     assert record_pins(lay, tracked, "1111aaaa2222bbbb", by="alice") == "recorded"
     assert ledger.read_state(lay)["pins_serial"] == 2
-    assert read_active(lay).ref.record["driver_branch"] == "590"
+    assert load_active(lay).ref.record["driver_branch"] == "590"
     line = ledger_lines(lay)[-1]
     assert (line["event"], line["stack"], line["pins_serial"]) == ("pins", "int8", 2)
     assert line["previous"]["pins_serial"] is None

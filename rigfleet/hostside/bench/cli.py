@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..active import read_active
+from ..active import load_active
 from ..layout import Layout
 from ..plan import PlanError
 from ..records import SOURCE_ACCEPTED, ThroughputRecord
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         url = args.url
     else:
         try:
-            active = read_active(lay)
+            active = load_active(lay)
         except PlanError as e:
             parser.error(str(e))
         if active is None:
