@@ -14,7 +14,6 @@ deploy run the same checks: missing refuses, unreachable warns::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -477,6 +476,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from rigfleet.cliargs import fleet_hosts
+    from rigfleet.tables import show
 
     hosts = fleet_hosts(args)
     checked = offline(hosts)
@@ -486,13 +486,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             run.host(settings, pins, oses)
     findings = list(run.findings.values())
     failed = bool(checked.problems) or bool(problems_of(findings))
-    if args.json:
-        print(json.dumps({"ok": not failed, "problems": checked.problems,
-                          "findings": [asdict(f) for f in findings]}, indent=2))
-    else:
-        console = Console()
-        render(args.inventory, checked.problems, findings, args.online,
-               console.width).print(console)
+    show(args.json, {"ok": not failed, "problems": checked.problems,
+                     "findings": [asdict(f) for f in findings]},
+         render(args.inventory, checked.problems, findings, args.online, Console().width))
     return 1 if failed else 0
 
 

@@ -1,7 +1,8 @@
 """The ``rigfleet`` command: what pyinfra's own CLI does not do (the converge itself is plain
 pyinfra: ``pyinfra inventory/home.py deploy.py``). Each command module registers itself with
 ``add_parser(subparsers)`` (listed in ``_commands``); fleet options: ``rigfleet/cliargs.py``.
-Usage errors exit 2 (``verify``: 101, its exit status counts failed checks).
+Usage errors exit 2 (``verify``: 101, its exit status counts failed checks), other expected
+errors 1, or the command's ``inventory_exit`` when the inventory cannot be read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from rich.markup import escape
 
 from rigfleet import __version__
 from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, fleet_options, select
+from rigfleet.inventory import InventoryError
+from rigfleet.ssh import HostUnreachable
 
 console = Console(stderr=True, highlight=False)
 
@@ -53,6 +56,7 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 
     from rigfleet.endpoints import check, check_balancer
     from rigfleet.inventory import balancers, gpu_hosts, load_inventory
+    from rigfleet.tables import show
 
     hosts = load_inventory(args.inventory)
     chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
@@ -63,10 +67,8 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.inventory}: no serving host or balancer among "
                          f"{', '.join(sorted(chosen))}; nothing to ask")
     failed = sum(row.status != 200 for row in rows)
-    if args.json:
-        print(json.dumps({"hosts": [asdict(r) for r in rows], "ok": not failed}, indent=2))
-        return 1 if failed else 0
-    endpoints_table(rows, f"serving endpoints ({args.inventory})").print(Console())
+    show(args.json, {"hosts": [asdict(r) for r in rows], "ok": not failed},
+         endpoints_table(rows, f"serving endpoints ({args.inventory})"))
     return 1 if failed else 0
 
 
@@ -293,9 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return EXIT_USAGE
-    except (ValueError, RuntimeError) as exc:  # expected failures say what to do
+    except (ValueError, RuntimeError, HostUnreachable) as exc:  # expected: they say what to do
         console.print(f"[red]error:[/red] {escape(str(exc))}")
-        return 1
+        return getattr(args, "inventory_exit", 1) if isinstance(exc, InventoryError) else 1
 
 
 if __name__ == "__main__":

@@ -74,26 +74,19 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from rigfleet.bump.output import by as _by
-    from rigfleet.cliargs import one_host
-    from rigfleet.ssh import HostUnreachable, SshRemote
+    from rigfleet.cliargs import UsageError, one_host
+    from rigfleet.ssh import SshRemote
 
+    if args.release and not args.reason.strip():
+        raise UsageError("--release: --reason: missing; allowed: a few words saying why the "
+                         "holder is gone (they go to the host's system log)")
+    if args.reason and not args.release:
+        raise UsageError("--reason: given without --release; allowed: --release --reason TEXT")
     console = Console(stderr=True, highlight=False)
     out = Console(highlight=False)  # the answer, on stdout
-    usage = None
-    if args.release and not args.reason.strip():
-        usage = ("--release: --reason: missing; allowed: a few words saying why the holder is "
-                 "gone (they go to the host's system log)")
-    elif args.reason and not args.release:
-        usage = "--reason: given without --release; allowed: --release --reason TEXT"
-    if usage:
-        console.print(f"[red]error:[/red] {usage}")
-        return 2  # a usage error
     host = one_host(args)
     remote = SshRemote(args.timeout)
-    try:
-        holder = read_lock(remote, host)
-    except HostUnreachable as e:
-        raise RuntimeError(str(e)) from None
+    holder = read_lock(remote, host)
     row = {"host": host.name, **holder_row(holder)}
     if not args.release:
         if args.json:

@@ -144,7 +144,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from rigfleet.cliargs import one_host
-    from rigfleet.ssh import HostUnreachable, SshRemote
+    from rigfleet.ssh import SshRemote
 
     try:
         since = parse_since(args.since) if args.since else None
@@ -164,10 +164,8 @@ def run(args: argparse.Namespace) -> int:
         rc, err = SshRemote(args.timeout).stream_out(
             host, command, cast(BinaryIO, printer),
             timeout=24 * 3600 if args.follow else 300)
-    except HostUnreachable as e:
+    finally:
         printer.flush()
-        raise RuntimeError(str(e)) from None
-    printer.flush()
     if err.strip():
         sys.stderr.write(err)
     return 0

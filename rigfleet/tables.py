@@ -10,6 +10,7 @@ their cells follow it as notes, so no text is cut (``--json`` never cuts anythin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,3 +98,13 @@ class Table:
             line = Text(f"{name}: ")
             line.append(text if isinstance(text, Text) else Text(str(text)))
             console.print(line)  # wraps between words; folds only a word wider than a line
+
+
+def show(as_json: bool, data: Any, *tables: Table) -> None:
+    """``--json``: ``data`` as JSON on stdout; otherwise the tables, for people."""
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+        return
+    console = Console()
+    for table in tables:
+        table.print(console)

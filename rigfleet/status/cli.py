@@ -6,7 +6,6 @@ Prometheus instead (docs/monitoring-rules.md).
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +37,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "instead of the table")
     g.add_argument("--hours", type=_hours, default=6.0, metavar="H",
                    help="the page's time window, hours back from now (default 6)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, inventory_exit=EXIT_ERROR)
     return p
 
 
@@ -55,18 +54,14 @@ def _hours(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from rigfleet.balancer.status import balancer_rows
     from rigfleet.cliargs import select
-    from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
+    from rigfleet.inventory import balancers, gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
     if args.html and args.json:
         raise UsageError("--html with --json: allowed: one of them (the page, or the rows "
                          "as JSON)")
-    try:
-        hosts = load_inventory(args.inventory)
-        chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
-    except InventoryError as e:
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(e))}")
-        return EXIT_ERROR
+    hosts = load_inventory(args.inventory)
+    chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
     if args.html:
         return write_page(args, hosts, chosen)
     rows = fleet_status([h for h in gpu_hosts(hosts) if h.name in chosen], timeout=args.timeout)
@@ -120,10 +115,3 @@ def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str])
 def balancer_exit(rows: Sequence[Any]) -> int:
     """An unreadable balancer, or a stack with no host in rotation, counts as unreachable."""
     return EXIT_OK if all(r.ok for r in rows) else EXIT_UNREACHABLE
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rigfleet")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["status", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))
