@@ -28,7 +28,7 @@ from rigfleet.bench.fleet import (
 )
 from rigfleet.bench.plot import plot
 from rigfleet.bench.progress import RichProgress
-from rigfleet.cliargs import fleet_options
+from rigfleet.cliargs import EXIT_USAGE, fleet_options
 from rigfleet.hostside.bench.cli import count, positive, token_counts
 from rigfleet.hostside.bench.report import Entry, fleet_medians, report_dict, write
 from rigfleet.hostside.verify.client import CA_FILE_ENV
@@ -36,7 +36,7 @@ from rigfleet.hostside.verify.runner import read_api_key
 from rigfleet.tables import Table
 
 DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
-EXIT_OK, EXIT_UNMEASURED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_UNMEASURED = 0, 1
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -75,58 +75,49 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("bench-reports"),
                    help="where the reports go (default bench-reports/)")
     p.add_argument("--no-plot", action="store_true", help="no PNG")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, inventory_exit=EXIT_USAGE)
     return p
-
-
-def _usage(message: str) -> int:
-    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}")
-    return EXIT_USAGE
 
 
 def run(args: argparse.Namespace) -> int:
     """``rigfleet bench`` (see the module docstring)."""
     from rigfleet.catalog import CatalogError, builtin_catalog
-    from rigfleet.cliargs import select
+    from rigfleet.cliargs import UsageError, select
     from rigfleet.errors import RigfleetError
     from rigfleet.hostside.verify.report import now_iso
-    from rigfleet.inventory import InventoryError, gpu_hosts, load_inventory
+    from rigfleet.inventory import gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
     err = Console(stderr=True, highlight=False)
     if bool(args.url) == bool(args.inventory):
-        return _usage("say what to bench: --url URL (one endpoint) or --inventory FILE (every "
-                      "host's front), not both")
+        raise UsageError("say what to bench: --url URL (one endpoint) or --inventory FILE "
+                         "(every host's front), not both")
     if args.url and (args.limit or args.accept_baseline):
-        return _usage("--limit and --accept-baseline need --inventory (they name hosts)")
+        raise UsageError("--limit and --accept-baseline need --inventory (they name hosts)")
     if args.inventory and (args.stack or args.api_key_file or args.ca_file):
-        return _usage("--stack, --api-key-file and --ca-file are for --url (an inventory "
-                      "names them)")
+        raise UsageError("--stack, --api-key-file and --ca-file are for --url (an inventory "
+                         "names them)")
     depths = () if args.no_depths else tuple(args.depths)
     if args.url:
         try:
             spec = builtin_catalog().get(args.stack) if args.stack else None
             key = read_api_key(args.api_key_file) if args.api_key_file else None
         except (CatalogError, ValueError) as e:
-            return _usage(str(e))
+            raise UsageError(str(e)) from None
         ca = str(Path(args.ca_file).expanduser().absolute()) if args.ca_file else None
         targets = [Target(args.url, args.url, key, spec, args.scale, ca_file=ca)]
     else:
-        try:
-            hosts = load_inventory(args.inventory)
-        except InventoryError as e:
-            return _usage(str(e))
-        names = [h.name for h in hosts]
-        if args.accept_baseline and args.accept_baseline not in names:
-            return _usage(f"{args.inventory}: --accept-baseline {args.accept_baseline}: no such "
-                          f"host; allowed: {', '.join(names)}")
+        hosts = {h.name: h for h in load_inventory(args.inventory)}
         if args.accept_baseline:
-            return _accept(args, next(h for h in hosts if h.name == args.accept_baseline), err)
+            if args.accept_baseline not in hosts:
+                raise UsageError(f"{args.inventory}: --accept-baseline {args.accept_baseline}: "
+                                 f"no such host; allowed: {', '.join(hosts)}")
+            return _accept(args, hosts[args.accept_baseline], err)
         try:
-            hosts = gpu_hosts(select(hosts, args.limit, args.inventory))  # no rig: no bench
-            targets = inventory_targets(hosts, SshRemote(connect_timeout=args.timeout))
-        except RigfleetError as e:
-            return _usage(str(e))
+            chosen = gpu_hosts(select(list(hosts.values()), args.limit, args.inventory))
+            targets = inventory_targets(chosen, SshRemote(connect_timeout=args.timeout))
+        except RigfleetError as e:  # no rig: no bench
+            raise UsageError(str(e)) from None
     started = now_iso()
     with RichProgress(err) as progress:
         entries = bench_targets(targets, lambda t: settings_for(
