@@ -95,7 +95,6 @@ class Printer:
         self.since, self.out, self.prefix = since, out or sys.stdout, prefix
         self.as_json = as_json
         self.buf = b""
-        self.count = 0
 
     def write(self, data: bytes) -> int:
         self.buf += data
@@ -123,7 +122,6 @@ class Printer:
         else:
             self.out.write((f"{tag:<10} | {rest}" if self.prefix else rest) + "\n")
         self.out.flush()
-        self.count += 1
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -100,6 +100,14 @@ class Table:
             console.print(line)  # wraps between words; folds only a word wider than a line
 
 
+def ratio(value: float | None, against: float | None, green_from: float = 0.95) -> Text:
+    """``value / against`` as a percentage cell: red under 85%, green from ``green_from``."""
+    if value is None or not against:
+        return Text("-")
+    r = value / against
+    return Text(f"{r:.0%}", style="red" if r < 0.85 else "green" if r >= green_from else "yellow")
+
+
 def show(as_json: bool, data: Any, *tables: Table) -> None:
     """``--json``: ``data`` as JSON on stdout; otherwise the tables, for people."""
     if as_json:

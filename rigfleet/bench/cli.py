@@ -33,7 +33,7 @@ from rigfleet.hostside.bench.cli import count, positive, token_counts
 from rigfleet.hostside.bench.report import Entry, fleet_medians, report_dict, write
 from rigfleet.hostside.verify.client import CA_FILE_ENV
 from rigfleet.hostside.verify.runner import read_api_key
-from rigfleet.tables import Table
+from rigfleet.tables import Table, ratio
 
 DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
 EXIT_OK, EXIT_UNMEASURED = 0, 1
@@ -166,13 +166,6 @@ def _cell(value: float | None, fmt: str = ".1f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _ratio(value: float | None, against: float | None) -> Text:
-    if value is None or not against:
-        return Text("-")
-    r = value / against
-    return Text(f"{r:.0%}", style="red" if r < 0.85 else "green" if r >= 0.95 else "yellow")
-
-
 def render(entries: list[Entry]) -> Table:
     """One line per target: decode tok/s per shape, CV, acceptance, and the narrative
     figure against the reference, the fleet median and the host's baseline."""
@@ -189,8 +182,8 @@ def render(entries: list[Entry]) -> Table:
         nd = n.decode_mean if n else None
         table.row(e.host, e.stack or "-", _cell(nd), _cell(c.decode_mean if c else None), cv,
                   "/".join(f"{x:.0%}" for x in acc.per_position) if acc else "unknown",
-                  _ratio(nd, e.reference.get("narrative")),
-                  _ratio(nd, fleet.get(e.stack or "", {}).get("narrative")), _ratio(nd, base))
+                  ratio(nd, e.reference.get("narrative")),
+                  ratio(nd, fleet.get(e.stack or "", {}).get("narrative")), ratio(nd, base))
         if e.error:
             table.note(e.host, Text(e.error, style="red"))
         if e.result.concurrency is not None:

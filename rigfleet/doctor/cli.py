@@ -20,7 +20,7 @@ from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
 from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.bench.baseline import baseline_for
-from rigfleet.tables import Table, show
+from rigfleet.tables import Table, ratio, show
 
 EXIT_OK, EXIT_SLOW, EXIT_UNREACHABLE, EXIT_ERROR = 0, 1, 2, 3
 HISTORY_N = 5
@@ -109,13 +109,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _pct(value: float | None, against: float | None) -> Text:
-    if value is None or not against:
-        return Text("-")
-    r = value / against
-    return Text(f"{r:.0%}", style="red" if r < 0.85 else "green")
-
-
 def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
     """One line per host; the causes (then what was ruled out) as notes under the table."""
     table = Table(title, ["host", "stack", "tok/s now", "vs base", "vs fleet", "graphs",
@@ -129,7 +122,8 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
             continue
         top = next((c for c in d.causes if c.kind == CAUSE), None)
         table.row(d.host, d.stack or "-", f"{v.now:.1f}" if v.now is not None else "-",
-                  _pct(v.now, v.baseline), _pct(v.now, v.fleet_median), ev.graph_mode or "?",
+                  ratio(v.now, v.baseline, 0.85), ratio(v.now, v.fleet_median, 0.85),
+                  ev.graph_mode or "?",
                   Text("slow", style="red") if v.slow else Text("ok", style="green"),
                   f"{top.title} (~{top.impact:.0%})" if top else "-")
         for reason in v.reasons:
