@@ -57,7 +57,7 @@ def read_lock(remote: Any, host: Any) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     from rigfleet.cliargs import host_command
 
     p = host_command(subparsers, "lock", "show a host's lock; release a stale one", __doc__)
@@ -66,7 +66,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--reason", default="", help="(with --release, required) why, for the "
                    "host's system log")
     p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

@@ -124,7 +124,7 @@ class Printer:
         self.out.flush()
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     from rigfleet.cliargs import host_command
 
     p = host_command(subparsers, "logs", "a host's engine log, supervisor log and ledger", __doc__)
@@ -137,7 +137,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the last N lines of each log (default 100 without --since)")
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming new lines")
     p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,8 +39,7 @@ DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
 EXIT_OK, EXIT_UNMEASURED = 0, 1
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet bench`` (``cli.py`` calls this)."""
+def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "bench", parents=[fleet_options(inventory_default=None,
                                         timeout_help="(--inventory) seconds per host's SSH")],
@@ -76,11 +75,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="where the reports go (default bench-reports/)")
     p.add_argument("--no-plot", action="store_true", help="no PNG")
     p.set_defaults(func=run, inventory_exit=EXIT_USAGE)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:
-    """``rigfleet bench`` (see the module docstring)."""
     from rigfleet.catalog import CatalogError, builtin_catalog
     from rigfleet.cliargs import UsageError, select
     from rigfleet.errors import RigfleetError

@@ -94,7 +94,7 @@ def judge_fleet(diagnoses: Sequence[Diagnosis], probes: dict[str, HostProbe],
         d.verdict = verdict(now, base, source, peers, margin)
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "doctor", parents=[fleet_options(timeout=120.0,
                                          timeout_help="seconds per host on top of the load")],
@@ -106,7 +106,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--load-s", type=float, default=15.0,
                    help="how long the load runs on each host while the cards are sampled (15)")
     p.set_defaults(func=run, inventory_exit=EXIT_ERROR)
-    return p
 
 
 def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:

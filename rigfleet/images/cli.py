@@ -40,7 +40,7 @@ class ImagesCliError(RigfleetError, ValueError):
     """Bad arguments or inputs for ``rigfleet images``; the message says what to give."""
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("images", help="pinned images: status per host, export and "
                               "import saved copies", description=__doc__.splitlines()[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -68,7 +68,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     im.add_argument("--digest", metavar="SHA256",
                     help="its registry digest, when its sidecar does not say (for the pins)")
     im.set_defaults(func=cmd_import)
-    return p
 
 
 def _hosts(args: argparse.Namespace) -> list[Any]:

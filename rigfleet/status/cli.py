@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rigfleet.cliargs import UsageError, fleet_options
-from rigfleet.status.render import render_balancers, render_json, render_table
+from rigfleet.status.render import as_json, render_balancers, render_table
 from rigfleet.status.rows import (
     EXIT_ERROR,
     EXIT_OK,
@@ -21,9 +21,10 @@ from rigfleet.status.rows import (
     exit_status,
     fleet_status,
 )
+from rigfleet.tables import show
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "status", parents=[fleet_options()],
         help="one row per host: reachable, stack, pins, last gate, drift",
@@ -38,7 +39,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--hours", type=_hours, default=6.0, metavar="H",
                    help="the page's time window, hours back from now (default 6)")
     p.set_defaults(func=run, inventory_exit=EXIT_ERROR)
-    return p
 
 
 def _hours(text: str) -> float:
@@ -68,13 +68,9 @@ def run(args: argparse.Namespace) -> int:
     remote = SshRemote(connect_timeout=args.timeout)
     lbs = [row for lb in balancers(hosts) if lb.name in chosen
            for row in balancer_rows(lb, hosts, remote, timeout=args.timeout)]
-    if args.json:
-        print(render_json(rows, lbs))
-    else:
-        console = Console()
-        render_table(rows, f"rigfleet status ({args.inventory})").print(console)
-        if lbs:
-            render_balancers(lbs).print(console)
+    show(args.json, as_json(rows, lbs),
+         render_table(rows, f"rigfleet status ({args.inventory})"),
+         *([render_balancers(lbs)] if lbs else []))
     return max(exit_status(rows), balancer_exit(lbs))
 
 
