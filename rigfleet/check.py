@@ -437,27 +437,6 @@ def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
     return refusals, warnings
 
 
-def pins_verifier(args: argparse.Namespace, log: Callable[[str], None]
-                  ) -> tuple[Callable[[Pins], list[str]], str | None]:
-    """``pins lock --inventory``'s check of the pins it saves, and the first GPU host's
-    ``hf_token_file``."""
-    from rigfleet.cliargs import fleet_hosts
-
-    hosts = fleet_hosts(args)
-    token_file = next((str(h.data["hf_token_file"]) for h in hosts
-                       if h.kind.gpu and h.data.get("hf_token_file")), None)
-
-    def verify(pins: Pins) -> list[str]:
-        online = deploy_online(images=True, reach=args.reach)
-        online.timeout = args.timeout
-        refusals, warnings = verify_pins(hosts, pins, online)
-        for line in warnings:
-            log(f"warning: {line}")
-        return refusals
-
-    return verify, token_file
-
-
 def add_parser(sub: Any) -> None:
     from rigfleet.cliargs import fleet_options
 

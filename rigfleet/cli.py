@@ -30,19 +30,30 @@ def _log(message: str) -> None:
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
-    from rigfleet.check import pins_verifier
+    from rigfleet.check import deploy_online, verify_pins
+    from rigfleet.cliargs import fleet_hosts
     from rigfleet.pinlock import lock
+    from rigfleet.pins import Pins
 
-    verify, token_file = None, args.hf_token_file
     if args.limit and not args.inventory:
         raise UsageError(f"--limit {' '.join(args.limit)}: allowed only with --inventory "
                          "(whose hosts' sources the pins are checked at)")
-    if args.inventory:
-        verify, inventory_token = pins_verifier(args, _log)
-        token_file = token_file or inventory_token
+    hosts = fleet_hosts(args) if args.inventory else []
+    token_file = args.hf_token_file or next((str(h.data["hf_token_file"]) for h in hosts
+                                             if h.kind.gpu and h.data.get("hf_token_file")), None)
+
+    def verify(pins: Pins) -> list[str]:
+        """The refusals of the inventory's sources (each pin is there); warnings logged."""
+        online = deploy_online(images=True, reach=args.reach)
+        online.timeout = args.timeout
+        refusals, warnings = verify_pins(hosts, pins, online)
+        for line in warnings:
+            _log(f"warning: {line}")
+        return refusals
+
     changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub,
                    refresh=args.refresh, genesis_url=args.genesis_url,
-                   token_file=token_file, verify=verify)
+                   token_file=token_file, verify=verify if args.inventory else None)
     if args.json:
         print(json.dumps({"pins": args.pins, "changes": changes or []}, indent=2))
         return 0

@@ -33,7 +33,7 @@ from rigfleet.hostside.bench.cli import count, positive, token_counts
 from rigfleet.hostside.bench.report import Entry, fleet_medians, report_dict, write
 from rigfleet.hostside.verify.client import CA_FILE_ENV
 from rigfleet.hostside.verify.runner import read_api_key
-from rigfleet.tables import Table, ratio
+from rigfleet.tables import Table, ratio, show
 
 DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
 EXIT_OK, EXIT_UNMEASURED = 0, 1
@@ -125,10 +125,8 @@ def run(args: argparse.Namespace) -> int:
         png, problem = plot(entries, paths[0].with_suffix(".png"))
         if problem:
             err.print(f"[yellow]{escape(problem)}[/yellow]")
-    if args.json:
-        print(json.dumps(report_dict(entries, started), indent=2))
-    else:
-        render(entries).print(Console())
+    show(args.json, report_dict(entries, started), render(entries))
+    if not args.json:
         err.print("reports: " + " ".join(str(p) for p in (*paths, *([png] if png else []))))
     measured = all(any(s.figures() for s in e.result.shapes.values()) for e in entries)
     return EXIT_OK if measured else EXIT_UNMEASURED
