@@ -149,7 +149,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     if not args.host and args.into is None:
         raise ImagesCliError("import: say where it goes: --host NAME (load it into that host's "
                              "engine) and/or --into DIR (keep it as an archive image source)")
-    targets = _targets(args) if args.host else {}
+    targets = {h.name: h for h in _hosts(args)} if args.host else {}
+    unknown = [h for h in args.host if h not in targets]
+    if unknown:
+        raise ImagesCliError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
+                             f"{', '.join(targets)}")
     info = inspect_archive(args.file)
     chosen = _pick(info, args.image)
     sidecar = info.sidecar if info.sidecar.get("image_id") == chosen.image_id else {}
@@ -187,15 +191,6 @@ def cmd_import(args: argparse.Namespace) -> int:
            + ("" if digest else " (digest unknown: give --digest, or keep the pinned one)"))
     show(args.json, result, t)
     return int(any(done.startswith("failed") for done in result["hosts"].values()))
-
-
-def _targets(args: argparse.Namespace) -> dict[str, Any]:
-    hosts = {h.name: h for h in _hosts(args)}
-    unknown = [h for h in args.host if h not in hosts]
-    if unknown:
-        raise ImagesCliError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
-                             f"{', '.join(hosts)}")
-    return hosts
 
 
 def _load_hosts(args: argparse.Namespace, hosts: dict[str, Any], image: str, digest: str | None,
