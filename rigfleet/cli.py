@@ -194,10 +194,9 @@ def _add_testbed(sub: Any) -> None:
 
 
 def _no_testbed(args: argparse.Namespace) -> int:
-    console.print("[red]error:[/red] the simulated fleet is a separate package that is not "
-                  "installed here; from a checkout: pip install -e ./testbed "
-                  "(make demo and make test install it)")
-    return EXIT_USAGE
+    raise UsageError("the simulated fleet is a separate package that is not installed here; "
+                     "from a checkout: pip install -e ./testbed (make demo and make test "
+                     "install it)")
 
 
 def _add_pins(sub: Any) -> None:
