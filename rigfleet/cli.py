@@ -19,8 +19,8 @@ from rich.markup import escape
 
 from rigfleet import __version__
 from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, fleet_options, select
+from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryError
-from rigfleet.ssh import HostUnreachable
 
 console = Console(stderr=True, highlight=False)
 
@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return EXIT_USAGE
-    except (ValueError, RuntimeError, HostUnreachable) as exc:  # expected: they say what to do
+    except (ValueError, RuntimeError, RigfleetError) as exc:  # expected: they say what to do
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return getattr(args, "inventory_exit", 1) if isinstance(exc, InventoryError) else 1
 

@@ -134,17 +134,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
     from rigfleet.desired import load_desired
-    from rigfleet.errors import RigfleetError
     from rigfleet.ssh import SshRemote
 
-    try:
-        want = load_desired(host.name, host.data)
-        err.print(f"{host.name}: benching its active stack on the host "
-                  f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
-        data = accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
-    except (RigfleetError, RuntimeError) as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}")
-        return EXIT_UNMEASURED
+    want = load_desired(host.name, host.data)
+    err.print(f"{host.name}: benching its active stack on the host "
+              f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
+    data = accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
     if args.json:
         print(json.dumps(data, indent=2))
         return EXIT_OK
