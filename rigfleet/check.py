@@ -14,7 +14,6 @@ deploy run the same checks: missing refuses, unreachable warns::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -431,27 +430,6 @@ def deploy_verdict(settings: HostSettings, pins: Pins, os_key: OsKey,
     return refusals, warnings
 
 
-def pins_verifier(args: argparse.Namespace, log: Callable[[str], None]
-                  ) -> tuple[Callable[[Pins], list[str]], str | None]:
-    """``pins lock --inventory``'s check of the pins it saves, and the first GPU host's
-    ``hf_token_file``."""
-    from rigfleet.cliargs import fleet_hosts
-
-    hosts = fleet_hosts(args)
-    token_file = next((str(h.data["hf_token_file"]) for h in hosts
-                       if h.kind.gpu and h.data.get("hf_token_file")), None)
-
-    def verify(pins: Pins) -> list[str]:
-        online = deploy_online(images=True, reach=args.reach)
-        online.timeout = args.timeout
-        refusals, warnings = verify_pins(hosts, pins, online)
-        for line in warnings:
-            log(f"warning: {line}")
-        return refusals
-
-    return verify, token_file
-
-
 def add_parser(sub: Any) -> None:
     from rigfleet.cliargs import fleet_options
 
@@ -470,6 +448,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from rigfleet.cliargs import fleet_hosts
+    from rigfleet.tables import show
 
     hosts = fleet_hosts(args)
     checked = offline(hosts)
@@ -479,13 +458,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             run.host(settings, pins, oses)
     findings = list(run.findings.values())
     failed = bool(checked.problems) or bool(problems_of(findings))
-    if args.json:
-        print(json.dumps({"ok": not failed, "problems": checked.problems,
-                          "findings": [asdict(f) for f in findings]}, indent=2))
-    else:
-        console = Console()
-        render(args.inventory, checked.problems, findings, args.online,
-               console.width).print(console)
+    show(args.json, {"ok": not failed, "problems": checked.problems,
+                     "findings": [asdict(f) for f in findings]},
+         render(args.inventory, checked.problems, findings, args.online, Console().width))
     return 1 if failed else 0
 
 

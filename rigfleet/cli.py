@@ -1,7 +1,8 @@
 """The ``rigfleet`` command: what pyinfra's own CLI does not do (the converge itself is plain
 pyinfra: ``pyinfra inventory/home.py deploy.py``). Each command module registers itself with
 ``add_parser(subparsers)`` (listed in ``_commands``); fleet options: ``rigfleet/cliargs.py``.
-Usage errors exit 2 (``verify``: 101, its exit status counts failed checks).
+Usage errors exit 2 (``verify``: 101, its exit status counts failed checks), other expected
+errors 1, or the command's ``inventory_exit`` when the inventory cannot be read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from rich.markup import escape
 
 from rigfleet import __version__
 from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, fleet_options, select
+from rigfleet.errors import RigfleetError
+from rigfleet.inventory import InventoryError
 
 console = Console(stderr=True, highlight=False)
 
@@ -27,19 +30,30 @@ def _log(message: str) -> None:
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
-    from rigfleet.check import pins_verifier
+    from rigfleet.check import deploy_online, verify_pins
+    from rigfleet.cliargs import fleet_hosts
     from rigfleet.pinlock import lock
+    from rigfleet.pins import Pins
 
-    verify, token_file = None, args.hf_token_file
     if args.limit and not args.inventory:
         raise UsageError(f"--limit {' '.join(args.limit)}: allowed only with --inventory "
                          "(whose hosts' sources the pins are checked at)")
-    if args.inventory:
-        verify, inventory_token = pins_verifier(args, _log)
-        token_file = token_file or inventory_token
+    hosts = fleet_hosts(args) if args.inventory else []
+    token_file = args.hf_token_file or next((str(h.data["hf_token_file"]) for h in hosts
+                                             if h.kind.gpu and h.data.get("hf_token_file")), None)
+
+    def verify(pins: Pins) -> list[str]:
+        """The refusals of the inventory's sources (each pin is there); warnings logged."""
+        online = deploy_online(images=True, reach=args.reach)
+        online.timeout = args.timeout
+        refusals, warnings = verify_pins(hosts, pins, online)
+        for line in warnings:
+            _log(f"warning: {line}")
+        return refusals
+
     changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub,
                    refresh=args.refresh, genesis_url=args.genesis_url,
-                   token_file=token_file, verify=verify)
+                   token_file=token_file, verify=verify if args.inventory else None)
     if args.json:
         print(json.dumps({"pins": args.pins, "changes": changes or []}, indent=2))
         return 0
@@ -53,6 +67,7 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 
     from rigfleet.endpoints import check, check_balancer
     from rigfleet.inventory import balancers, gpu_hosts, load_inventory
+    from rigfleet.tables import show
 
     hosts = load_inventory(args.inventory)
     chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
@@ -63,10 +78,8 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.inventory}: no serving host or balancer among "
                          f"{', '.join(sorted(chosen))}; nothing to ask")
     failed = sum(row.status != 200 for row in rows)
-    if args.json:
-        print(json.dumps({"hosts": [asdict(r) for r in rows], "ok": not failed}, indent=2))
-        return 1 if failed else 0
-    endpoints_table(rows, f"serving endpoints ({args.inventory})").print(Console())
+    show(args.json, {"hosts": [asdict(r) for r in rows], "ok": not failed},
+         endpoints_table(rows, f"serving endpoints ({args.inventory})"))
     return 1 if failed else 0
 
 
@@ -181,10 +194,9 @@ def _add_testbed(sub: Any) -> None:
 
 
 def _no_testbed(args: argparse.Namespace) -> int:
-    console.print("[red]error:[/red] the simulated fleet is a separate package that is not "
-                  "installed here; from a checkout: pip install -e ./testbed "
-                  "(make demo and make test install it)")
-    return EXIT_USAGE
+    raise UsageError("the simulated fleet is a separate package that is not installed here; "
+                     "from a checkout: pip install -e ./testbed (make demo and make test "
+                     "install it)")
 
 
 def _add_pins(sub: Any) -> None:
@@ -293,9 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return EXIT_USAGE
-    except (ValueError, RuntimeError) as exc:  # expected failures say what to do
+    except (ValueError, RuntimeError, RigfleetError) as exc:  # expected: they say what to do
         console.print(f"[red]error:[/red] {escape(str(exc))}")
-        return 1
+        return getattr(args, "inventory_exit", 1) if isinstance(exc, InventoryError) else 1
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def read_lock(remote: Any, host: Any) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     from rigfleet.cliargs import host_command
 
     p = host_command(subparsers, "lock", "show a host's lock; release a stale one", __doc__)
@@ -66,7 +66,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--reason", default="", help="(with --release, required) why, for the "
                    "host's system log")
     p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,26 +73,19 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from rigfleet.bump.output import by as _by
-    from rigfleet.cliargs import one_host
-    from rigfleet.ssh import HostUnreachable, SshRemote
+    from rigfleet.cliargs import UsageError, one_host
+    from rigfleet.ssh import SshRemote
 
+    if args.release and not args.reason.strip():
+        raise UsageError("--release: --reason: missing; allowed: a few words saying why the "
+                         "holder is gone (they go to the host's system log)")
+    if args.reason and not args.release:
+        raise UsageError("--reason: given without --release; allowed: --release --reason TEXT")
     console = Console(stderr=True, highlight=False)
     out = Console(highlight=False)  # the answer, on stdout
-    usage = None
-    if args.release and not args.reason.strip():
-        usage = ("--release: --reason: missing; allowed: a few words saying why the holder is "
-                 "gone (they go to the host's system log)")
-    elif args.reason and not args.release:
-        usage = "--reason: given without --release; allowed: --release --reason TEXT"
-    if usage:
-        console.print(f"[red]error:[/red] {usage}")
-        return 2  # a usage error
     host = one_host(args)
     remote = SshRemote(args.timeout)
-    try:
-        holder = read_lock(remote, host)
-    except HostUnreachable as e:
-        raise RuntimeError(str(e)) from None
+    holder = read_lock(remote, host)
     row = {"host": host.name, **holder_row(holder)}
     if not args.release:
         if args.json:

@@ -95,7 +95,6 @@ class Printer:
         self.since, self.out, self.prefix = since, out or sys.stdout, prefix
         self.as_json = as_json
         self.buf = b""
-        self.count = 0
 
     def write(self, data: bytes) -> int:
         self.buf += data
@@ -123,10 +122,9 @@ class Printer:
         else:
             self.out.write((f"{tag:<10} | {rest}" if self.prefix else rest) + "\n")
         self.out.flush()
-        self.count += 1
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     from rigfleet.cliargs import host_command
 
     p = host_command(subparsers, "logs", "a host's engine log, supervisor log and ledger", __doc__)
@@ -139,12 +137,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the last N lines of each log (default 100 without --since)")
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming new lines")
     p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:
     from rigfleet.cliargs import one_host
-    from rigfleet.ssh import HostUnreachable, SshRemote
+    from rigfleet.ssh import SshRemote
 
     try:
         since = parse_since(args.since) if args.since else None
@@ -164,10 +161,8 @@ def run(args: argparse.Namespace) -> int:
         rc, err = SshRemote(args.timeout).stream_out(
             host, command, cast(BinaryIO, printer),
             timeout=24 * 3600 if args.follow else 300)
-    except HostUnreachable as e:
+    finally:
         printer.flush()
-        raise RuntimeError(str(e)) from None
-    printer.flush()
     if err.strip():
         sys.stderr.write(err)
     return 0

@@ -10,6 +10,7 @@ their cells follow it as notes, so no text is cut (``--json`` never cuts anythin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,3 +98,21 @@ class Table:
             line = Text(f"{name}: ")
             line.append(text if isinstance(text, Text) else Text(str(text)))
             console.print(line)  # wraps between words; folds only a word wider than a line
+
+
+def ratio(value: float | None, against: float | None, green_from: float = 0.95) -> Text:
+    """``value / against`` as a percentage cell: red under 85%, green from ``green_from``."""
+    if value is None or not against:
+        return Text("-")
+    r = value / against
+    return Text(f"{r:.0%}", style="red" if r < 0.85 else "green" if r >= green_from else "yellow")
+
+
+def show(as_json: bool, data: Any, *tables: Table) -> None:
+    """``--json``: ``data`` as JSON on stdout; otherwise the tables, for people."""
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+        return
+    console = Console()
+    for table in tables:
+        table.print(console)

@@ -28,19 +28,18 @@ from rigfleet.bench.fleet import (
 )
 from rigfleet.bench.plot import plot
 from rigfleet.bench.progress import RichProgress
-from rigfleet.cliargs import fleet_options
+from rigfleet.cliargs import EXIT_USAGE, fleet_options
 from rigfleet.hostside.bench.cli import count, positive, token_counts
 from rigfleet.hostside.bench.report import Entry, fleet_medians, report_dict, write
 from rigfleet.hostside.verify.client import CA_FILE_ENV
 from rigfleet.hostside.verify.runner import read_api_key
-from rigfleet.tables import Table
+from rigfleet.tables import Table, ratio, show
 
 DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
-EXIT_OK, EXIT_UNMEASURED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_UNMEASURED = 0, 1
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rigfleet bench`` (``cli.py`` calls this)."""
+def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "bench", parents=[fleet_options(inventory_default=None,
                                         timeout_help="(--inventory) seconds per host's SSH")],
@@ -75,58 +74,47 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("bench-reports"),
                    help="where the reports go (default bench-reports/)")
     p.add_argument("--no-plot", action="store_true", help="no PNG")
-    p.set_defaults(func=run)
-    return p
-
-
-def _usage(message: str) -> int:
-    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}")
-    return EXIT_USAGE
+    p.set_defaults(func=run, inventory_exit=EXIT_USAGE)
 
 
 def run(args: argparse.Namespace) -> int:
-    """``rigfleet bench`` (see the module docstring)."""
     from rigfleet.catalog import CatalogError, builtin_catalog
-    from rigfleet.cliargs import select
+    from rigfleet.cliargs import UsageError, select
     from rigfleet.errors import RigfleetError
     from rigfleet.hostside.verify.report import now_iso
-    from rigfleet.inventory import InventoryError, gpu_hosts, load_inventory
+    from rigfleet.inventory import gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
     err = Console(stderr=True, highlight=False)
     if bool(args.url) == bool(args.inventory):
-        return _usage("say what to bench: --url URL (one endpoint) or --inventory FILE (every "
-                      "host's front), not both")
+        raise UsageError("say what to bench: --url URL (one endpoint) or --inventory FILE "
+                         "(every host's front), not both")
     if args.url and (args.limit or args.accept_baseline):
-        return _usage("--limit and --accept-baseline need --inventory (they name hosts)")
+        raise UsageError("--limit and --accept-baseline need --inventory (they name hosts)")
     if args.inventory and (args.stack or args.api_key_file or args.ca_file):
-        return _usage("--stack, --api-key-file and --ca-file are for --url (an inventory "
-                      "names them)")
+        raise UsageError("--stack, --api-key-file and --ca-file are for --url (an inventory "
+                         "names them)")
     depths = () if args.no_depths else tuple(args.depths)
     if args.url:
         try:
             spec = builtin_catalog().get(args.stack) if args.stack else None
             key = read_api_key(args.api_key_file) if args.api_key_file else None
         except (CatalogError, ValueError) as e:
-            return _usage(str(e))
+            raise UsageError(str(e)) from None
         ca = str(Path(args.ca_file).expanduser().absolute()) if args.ca_file else None
         targets = [Target(args.url, args.url, key, spec, args.scale, ca_file=ca)]
     else:
-        try:
-            hosts = load_inventory(args.inventory)
-        except InventoryError as e:
-            return _usage(str(e))
-        names = [h.name for h in hosts]
-        if args.accept_baseline and args.accept_baseline not in names:
-            return _usage(f"{args.inventory}: --accept-baseline {args.accept_baseline}: no such "
-                          f"host; allowed: {', '.join(names)}")
+        hosts = {h.name: h for h in load_inventory(args.inventory)}
         if args.accept_baseline:
-            return _accept(args, next(h for h in hosts if h.name == args.accept_baseline), err)
+            if args.accept_baseline not in hosts:
+                raise UsageError(f"{args.inventory}: --accept-baseline {args.accept_baseline}: "
+                                 f"no such host; allowed: {', '.join(hosts)}")
+            return _accept(args, hosts[args.accept_baseline], err)
         try:
-            hosts = gpu_hosts(select(hosts, args.limit, args.inventory))  # no rig: no bench
-            targets = inventory_targets(hosts, SshRemote(connect_timeout=args.timeout))
-        except RigfleetError as e:
-            return _usage(str(e))
+            chosen = gpu_hosts(select(list(hosts.values()), args.limit, args.inventory))
+            targets = inventory_targets(chosen, SshRemote(connect_timeout=args.timeout))
+        except RigfleetError as e:  # no rig: no bench
+            raise UsageError(str(e)) from None
     started = now_iso()
     with RichProgress(err) as progress:
         entries = bench_targets(targets, lambda t: settings_for(
@@ -137,10 +125,8 @@ def run(args: argparse.Namespace) -> int:
         png, problem = plot(entries, paths[0].with_suffix(".png"))
         if problem:
             err.print(f"[yellow]{escape(problem)}[/yellow]")
-    if args.json:
-        print(json.dumps(report_dict(entries, started), indent=2))
-    else:
-        render(entries).print(Console())
+    show(args.json, report_dict(entries, started), render(entries))
+    if not args.json:
         err.print("reports: " + " ".join(str(p) for p in (*paths, *([png] if png else []))))
     measured = all(any(s.figures() for s in e.result.shapes.values()) for e in entries)
     return EXIT_OK if measured else EXIT_UNMEASURED
@@ -148,17 +134,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
     from rigfleet.desired import load_desired
-    from rigfleet.errors import RigfleetError
     from rigfleet.ssh import SshRemote
 
-    try:
-        want = load_desired(host.name, host.data)
-        err.print(f"{host.name}: benching its active stack on the host "
-                  f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
-        data = accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
-    except (RigfleetError, RuntimeError) as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}")
-        return EXIT_UNMEASURED
+    want = load_desired(host.name, host.data)
+    err.print(f"{host.name}: benching its active stack on the host "
+              f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
+    data = accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
     if args.json:
         print(json.dumps(data, indent=2))
         return EXIT_OK
@@ -173,13 +154,6 @@ def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
 
 def _cell(value: float | None, fmt: str = ".1f") -> str:
     return "-" if value is None else format(value, fmt)
-
-
-def _ratio(value: float | None, against: float | None) -> Text:
-    if value is None or not against:
-        return Text("-")
-    r = value / against
-    return Text(f"{r:.0%}", style="red" if r < 0.85 else "green" if r >= 0.95 else "yellow")
 
 
 def render(entries: list[Entry]) -> Table:
@@ -198,8 +172,8 @@ def render(entries: list[Entry]) -> Table:
         nd = n.decode_mean if n else None
         table.row(e.host, e.stack or "-", _cell(nd), _cell(c.decode_mean if c else None), cv,
                   "/".join(f"{x:.0%}" for x in acc.per_position) if acc else "unknown",
-                  _ratio(nd, e.reference.get("narrative")),
-                  _ratio(nd, fleet.get(e.stack or "", {}).get("narrative")), _ratio(nd, base))
+                  ratio(nd, e.reference.get("narrative")),
+                  ratio(nd, fleet.get(e.stack or "", {}).get("narrative")), ratio(nd, base))
         if e.error:
             table.note(e.host, Text(e.error, style="red"))
         if e.result.concurrency is not None:

@@ -7,13 +7,11 @@ is slow, 2 some host could not be examined, 3 the inventory cannot be read.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.text import Text
 
 from rigfleet.catalog import DEFAULT_MARGIN, StackSpec
@@ -22,7 +20,7 @@ from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
 from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.bench.baseline import baseline_for
-from rigfleet.tables import Table
+from rigfleet.tables import Table, ratio, show
 
 EXIT_OK, EXIT_SLOW, EXIT_UNREACHABLE, EXIT_ERROR = 0, 1, 2, 3
 HISTORY_N = 5
@@ -96,7 +94,7 @@ def judge_fleet(diagnoses: Sequence[Diagnosis], probes: dict[str, HostProbe],
         d.verdict = verdict(now, base, source, peers, margin)
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "doctor", parents=[fleet_options(timeout=120.0,
                                          timeout_help="seconds per host on top of the load")],
@@ -107,15 +105,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "host under a short load and what to change.")
     p.add_argument("--load-s", type=float, default=15.0,
                    help="how long the load runs on each host while the cards are sampled (15)")
-    p.set_defaults(func=run)
-    return p
-
-
-def _pct(value: float | None, against: float | None) -> Text:
-    if value is None or not against:
-        return Text("-")
-    r = value / against
-    return Text(f"{r:.0%}", style="red" if r < 0.85 else "green")
+    p.set_defaults(func=run, inventory_exit=EXIT_ERROR)
 
 
 def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
@@ -131,7 +121,8 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
             continue
         top = next((c for c in d.causes if c.kind == CAUSE), None)
         table.row(d.host, d.stack or "-", f"{v.now:.1f}" if v.now is not None else "-",
-                  _pct(v.now, v.baseline), _pct(v.now, v.fleet_median), ev.graph_mode or "?",
+                  ratio(v.now, v.baseline, 0.85), ratio(v.now, v.fleet_median, 0.85),
+                  ev.graph_mode or "?",
                   Text("slow", style="red") if v.slow else Text("ok", style="green"),
                   f"{top.title} (~{top.impact:.0%})" if top else "-")
         for reason in v.reasons:
@@ -157,19 +148,15 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
 def run(args: argparse.Namespace) -> int:
     from rigfleet.cliargs import fleet_hosts
     from rigfleet.fleetview import fleet_view
-    from rigfleet.inventory import InventoryError, gpu_hosts
+    from rigfleet.inventory import gpu_hosts
     from rigfleet.ssh import SshRemote
 
-    err = Console(stderr=True)
-    try:
-        hosts = gpu_hosts(fleet_hosts(args))
-    except InventoryError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}")
-        return EXIT_ERROR
+    hosts = gpu_hosts(fleet_hosts(args))
     probes: dict[str, HostProbe] = {}
     specs: dict[str, StackSpec | None] = {}
     scales: dict[str, float] = {}
-    err.print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load each ...")
+    Console(stderr=True).print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load "
+                               "each ...")
     diagnoses = []
     for view in fleet_view(hosts, SshRemote(connect_timeout=args.timeout),
                            timeout=args.load_s + args.timeout, doctor_load_s=args.load_s):
@@ -187,10 +174,8 @@ def run(args: argparse.Namespace) -> int:
         specs[view.name] = get(d.stack) if d.stack else None
         scales[view.name] = view.want.settings.throughput_scale
     judge_fleet(diagnoses, probes, specs, scales)
-    if args.json:
-        print(json.dumps({"hosts": [d.to_dict() for d in diagnoses]}, indent=2, default=str))
-    else:
-        render(diagnoses, f"rigfleet doctor ({args.inventory})").print(Console())
+    show(args.json, {"hosts": [d.to_dict() for d in diagnoses]},
+         render(diagnoses, f"rigfleet doctor ({args.inventory})"))
     if any(d.error for d in diagnoses):
         return EXIT_UNREACHABLE
     return EXIT_SLOW if any(d.verdict and d.verdict.slow for d in diagnoses) else EXIT_OK

@@ -18,12 +18,9 @@ progress bar on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 from typing import Any
-
-from rich.console import Console
 
 from rigfleet.cliargs import fleet_options
 from rigfleet.errors import RigfleetError
@@ -36,16 +33,14 @@ from rigfleet.images.archive import (
 )
 from rigfleet.images.plan import WantedImage, wanted_images
 from rigfleet.images.transfer import Counted, export_image, load_archive, progress_bar
-from rigfleet.tables import Table
-
-console = Console(stderr=True, highlight=False)
+from rigfleet.tables import Table, show
 
 
 class ImagesCliError(RigfleetError, ValueError):
     """Bad arguments or inputs for ``rigfleet images``; the message says what to give."""
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("images", help="pinned images: status per host, export and "
                               "import saved copies", description=__doc__.splitlines()[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -73,7 +68,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     im.add_argument("--digest", metavar="SHA256",
                     help="its registry digest, when its sidecar does not say (for the pins)")
     im.set_defaults(func=cmd_import)
-    return p
 
 
 def _hosts(args: argparse.Namespace) -> list[Any]:
@@ -94,10 +88,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rigfleet.ssh import SshRemote
 
     rows = fleet_images(_hosts(args), SshRemote(connect_timeout=args.timeout))
-    if args.json:
-        print(json.dumps(as_json(rows), indent=2))
-    else:
-        table(rows, f"rigfleet images status ({args.inventory})").print(Console())
+    show(args.json, as_json(rows), table(rows, f"rigfleet images status ({args.inventory})"))
     return exit_status(rows)
 
 
@@ -124,15 +115,12 @@ def cmd_export(args: argparse.Namespace) -> int:
             archive = export_image(remote, hosts[args.host], w, args.to, version, meter)
         saved.append({"image": w.image, "digest": w.digest, **archive.summary(),
                       "vllm_version": version, "stacks": list(w.stacks)})
-    if args.json:
-        print(json.dumps({"host": args.host, "saved": saved}, indent=2))
-        return 0
     t = Table(f"rigfleet images export ({args.host} -> {args.to})",
               ["GB", "image id", "image"], keys=())
     for s in saved:
         t.row(f"{s['bytes'] / 1e9:.2f}", s["image_id"][:19], s["image"])
         t.note(Path(s["path"]).name, f"sha256 {s['sha256']}")
-    t.print(Console())
+    show(args.json, {"host": args.host, "saved": saved}, t)
     return 0
 
 
@@ -161,7 +149,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     if not args.host and args.into is None:
         raise ImagesCliError("import: say where it goes: --host NAME (load it into that host's "
                              "engine) and/or --into DIR (keep it as an archive image source)")
-    targets = _targets(args) if args.host else {}
+    targets = {h.name: h for h in _hosts(args)} if args.host else {}
+    unknown = [h for h in args.host if h not in targets]
+    if unknown:
+        raise ImagesCliError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
+                             f"{', '.join(targets)}")
     info = inspect_archive(args.file)
     chosen = _pick(info, args.image)
     sidecar = info.sidecar if info.sidecar.get("image_id") == chosen.image_id else {}
@@ -190,28 +182,15 @@ def cmd_import(args: argparse.Namespace) -> int:
     pins = {k: v for k, v in (("image", image), ("digest", digest),
                               ("image_id", chosen.image_id)) if v}
     result["pin"] = pins
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        t = Table(f"rigfleet images import {args.file.name}", ["where", "result"],
-                  keys=("where",))
-        if result["into"]:
-            t.row("this machine", f"kept as {result['into']}")
-        for host, done in result["hosts"].items():
-            t.row(host, done)
-        t.note("pin", ", ".join(f"{k}: {v}" for k, v in pins.items())
-               + ("" if digest else " (digest unknown: give --digest, or keep the pinned one)"))
-        t.print(Console())
+    t = Table(f"rigfleet images import {args.file.name}", ["where", "result"], keys=("where",))
+    if result["into"]:
+        t.row("this machine", f"kept as {result['into']}")
+    for host, done in result["hosts"].items():
+        t.row(host, done)
+    t.note("pin", ", ".join(f"{k}: {v}" for k, v in pins.items())
+           + ("" if digest else " (digest unknown: give --digest, or keep the pinned one)"))
+    show(args.json, result, t)
     return int(any(done.startswith("failed") for done in result["hosts"].values()))
-
-
-def _targets(args: argparse.Namespace) -> dict[str, Any]:
-    hosts = {h.name: h for h in _hosts(args)}
-    unknown = [h for h in args.host if h not in hosts]
-    if unknown:
-        raise ImagesCliError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
-                             f"{', '.join(hosts)}")
-    return hosts
 
 
 def _load_hosts(args: argparse.Namespace, hosts: dict[str, Any], image: str, digest: str | None,

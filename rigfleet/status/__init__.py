@@ -7,7 +7,7 @@
 """
 
 from rigfleet.status.drift import cap_drift, find_drift
-from rigfleet.status.render import render_json, render_table
+from rigfleet.status.render import as_json, render_table
 from rigfleet.status.rows import (
     EXIT_DRIFT,
     EXIT_ERROR,
@@ -24,5 +24,5 @@ from rigfleet.status.rows import (
 __all__ = [
     "EXIT_DRIFT", "EXIT_ERROR", "EXIT_OK", "EXIT_UNREACHABLE", "StatusRow", "build_row",
     "cap_drift", "exit_status", "find_drift", "fleet_status", "gate_summary", "host_status",
-    "render_json", "render_table",
+    "as_json", "render_table",
 ]

@@ -1,5 +1,7 @@
 """``python -m rigfleet.status``: ``rigfleet status`` without the console script."""
 
-from rigfleet.status.cli import main
+import sys
 
-raise SystemExit(main())
+from rigfleet.cli import main
+
+raise SystemExit(main(["status", *sys.argv[1:]]))

@@ -6,7 +6,6 @@ Prometheus instead (docs/monitoring-rules.md).
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rigfleet.cliargs import UsageError, fleet_options
-from rigfleet.status.render import render_balancers, render_json, render_table
+from rigfleet.status.render import as_json, render_balancers, render_table
 from rigfleet.status.rows import (
     EXIT_ERROR,
     EXIT_OK,
@@ -22,9 +21,10 @@ from rigfleet.status.rows import (
     exit_status,
     fleet_status,
 )
+from rigfleet.tables import show
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "status", parents=[fleet_options()],
         help="one row per host: reachable, stack, pins, last gate, drift",
@@ -38,8 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "instead of the table")
     g.add_argument("--hours", type=_hours, default=6.0, metavar="H",
                    help="the page's time window, hours back from now (default 6)")
-    p.set_defaults(func=run)
-    return p
+    p.set_defaults(func=run, inventory_exit=EXIT_ERROR)
 
 
 def _hours(text: str) -> float:
@@ -55,31 +54,23 @@ def _hours(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from rigfleet.balancer.status import balancer_rows
     from rigfleet.cliargs import select
-    from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
+    from rigfleet.inventory import balancers, gpu_hosts, load_inventory
     from rigfleet.ssh import SshRemote
 
     if args.html and args.json:
         raise UsageError("--html with --json: allowed: one of them (the page, or the rows "
                          "as JSON)")
-    try:
-        hosts = load_inventory(args.inventory)
-        chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
-    except InventoryError as e:
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(e))}")
-        return EXIT_ERROR
+    hosts = load_inventory(args.inventory)
+    chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
     if args.html:
         return write_page(args, hosts, chosen)
     rows = fleet_status([h for h in gpu_hosts(hosts) if h.name in chosen], timeout=args.timeout)
     remote = SshRemote(connect_timeout=args.timeout)
     lbs = [row for lb in balancers(hosts) if lb.name in chosen
            for row in balancer_rows(lb, hosts, remote, timeout=args.timeout)]
-    if args.json:
-        print(render_json(rows, lbs))
-    else:
-        console = Console()
-        render_table(rows, f"rigfleet status ({args.inventory})").print(console)
-        if lbs:
-            render_balancers(lbs).print(console)
+    show(args.json, as_json(rows, lbs),
+         render_table(rows, f"rigfleet status ({args.inventory})"),
+         *([render_balancers(lbs)] if lbs else []))
     return max(exit_status(rows), balancer_exit(lbs))
 
 
@@ -120,10 +111,3 @@ def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str])
 def balancer_exit(rows: Sequence[Any]) -> int:
     """An unreadable balancer, or a stack with no host in rotation, counts as unreachable."""
     return EXIT_OK if all(r.ok for r in rows) else EXIT_UNREACHABLE
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rigfleet")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["status", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))

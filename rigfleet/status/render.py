@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -25,7 +24,8 @@ def _when(iso: str | None) -> str:
     return iso.replace("T", " ")[5:16] if len(iso) >= 16 and iso[10] == "T" else iso
 
 
-def render_json(rows: Sequence[StatusRow], balancers: Sequence[BalancerRow] = ()) -> str:
+def as_json(rows: Sequence[StatusRow],
+            balancers: Sequence[BalancerRow] = ()) -> dict[str, Any]:
     """``--json``: hosts, ok, and the unfinished bumps and the balancers when there are any."""
     out: dict[str, Any] = {"hosts": [{**asdict(r), "ok": r.ok} for r in rows],
                            "ok": all(r.ok for r in rows) and all(b.ok for b in balancers)}
@@ -34,7 +34,7 @@ def render_json(rows: Sequence[StatusRow], balancers: Sequence[BalancerRow] = ()
         out["bumps"] = bumps
     if balancers:
         out["balancers"] = [{**asdict(b), "ok": b.ok} for b in balancers]
-    return json.dumps(out, indent=2)
+    return out
 
 
 # The states of ``BumpJournal.host_view`` as a bump cell says them.

@@ -296,7 +296,7 @@ def test_status_shows_each_stack_of_a_balancer_and_fits_80_columns(tmp_path):
     from rigfleet.balancer.status import balancer_rows
     from rigfleet.ssh import HostUnreachable
     from rigfleet.status.cli import balancer_exit
-    from rigfleet.status.render import render_balancers, render_json
+    from rigfleet.status.render import as_json, render_balancers
 
     hosts = inventory(tmp_path)
     remote = FakeRemote((0, (FIXTURES / "haproxy" / "show-stat-2.6.csv").read_text()))
@@ -312,7 +312,7 @@ def test_status_shows_each_stack_of_a_balancer_and_fits_80_columns(tmp_path):
     text = out.getvalue()
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "1/2" in text and "lb1 int8: host2 out of rotation: DOWN (L7STS 503)" in text
-    assert '"balancers"' in render_json([], rows)
+    assert "balancers" in as_json([], rows)
 
     down = balancer_rows(hosts[-1], hosts, FakeRemote(HostUnreachable("lb1: refused")))
     assert [r.reachable for r in down] == [False, False] and balancer_exit(down) == 2

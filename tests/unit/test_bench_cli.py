@@ -21,6 +21,7 @@ from rigfleet.bench import cli as bench_cli
 from rigfleet.bench import plot as plot_mod
 from rigfleet.bench.fleet import Target, bench_targets, settings_for
 from rigfleet.catalog import builtin_catalog
+from rigfleet.cli import main as rigfleet_main
 from rigfleet.commands import hosttool
 from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.active import write_active
@@ -141,9 +142,10 @@ def test_rigfleet_bench_url_writes_reports(tmp_path, capsys):
 
 
 def test_rigfleet_bench_usage_errors(tmp_path):
-    assert bench_cli.run(_args(tmp_path, "http://x", limit=["rig-a"])) == 2
-    assert bench_cli.run(_args(tmp_path, "http://x", stack="nope")) == 2
-    assert bench_cli.run(_args(tmp_path, None, inventory="inv.py", stack="int8")) == 2
+    out = ["--out", str(tmp_path)]
+    assert rigfleet_main(["bench", "--url", "http://x", "--limit", "rig-a", *out]) == 2
+    assert rigfleet_main(["bench", "--url", "http://x", "--stack", "nope", *out]) == 2
+    assert rigfleet_main(["bench", "--inventory", "inv.py", "--stack", "int8", *out]) == 2
 
 
 def test_plot_draws_or_says_what_to_install(tmp_path, monkeypatch):

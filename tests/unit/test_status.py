@@ -31,13 +31,13 @@ from rigfleet.pins import GenesisPin, StackPins, load_pins, save_pins
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.status import (
     StatusRow,
+    as_json,
     build_row,
     exit_status,
     find_drift,
     fleet_status,
     gate_summary,
     host_status,
-    render_json,
     render_table,
 )
 from rigfleet.status import cli as status_cli
@@ -375,7 +375,7 @@ def test_host_status_runs_the_full_probe_with_the_hosts_paths(inventory_host, tm
 def test_render_json_has_full_values_and_ok_flags(want):
     rows = [build_row(want, HostProbe(converged_facts(want))),
             StatusRow("rig-b", False, error="refused")]
-    data = json.loads(render_json(rows))
+    data = as_json(rows)
     assert data["ok"] is False
     assert data["hosts"][0]["digest"] == DIGEST and data["hosts"][0]["ok"] is True
     assert data["hosts"][1] == {
@@ -572,7 +572,7 @@ def test_a_mid_bump_fleet_shows_who_is_on_the_candidate_and_since_when(inventory
     assert ("mid-bump: 20261129T104000Z-4242 (int8 -> vllm/vllm-openai:v0.28.0), "
             "started") in " ".join(text.split())
     assert "`rigfleet bump` finishes it" in " ".join(text.split())
-    data = json.loads(render_json(rows))
+    data = as_json(rows)
     [bump] = data["bumps"]
     assert bump["hosts"] == {"candidate": ["rig-a"], "old": ["rig-b"]}
     assert bump["journal"] == str(tmp_path / "pins.yaml.bump-journal.json")
