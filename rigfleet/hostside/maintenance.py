@@ -32,7 +32,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld, WindowHold
 from .plan import Active, Plan, PlanError
-from .records import MAINTENANCE_SCHEMA, live_holder, read_holder, read_window
+from .records import MAINTENANCE_SCHEMA, decode, encode, live_holder, read_holder, read_window
 from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, gate_reason, known_projects
 from .timings import maintenance_estimate, read_timings, record_drain, record_maintenance
 
@@ -61,7 +61,7 @@ NO_DRAIN: Drain = _NoDrain()
 class Window:
     """``maintenance/window.json`` (times: epoch seconds)."""
 
-    id: str
+    id: str = ""
     state: str = "open"
     by: str = ""
     host: str = ""
@@ -81,27 +81,7 @@ class Window:
         return "; ".join(str(s.get("what")) for s in self.steps) or "maintenance"
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["steps"] = [dict(s) for s in self.steps]
-        data["schema"] = MAINTENANCE_SCHEMA
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Window:
-        def num(key: str) -> float | None:
-            value = data.get(key)
-            return float(value) if isinstance(value, int | float) else None
-
-        return cls(id=str(data.get("id") or ""), state=str(data.get("state") or "open"),
-                   by=str(data.get("by") or ""), host=str(data.get("host") or ""),
-                   opened_at=num("opened_at") or 0.0, until=num("until") or 0.0,
-                   steps=tuple(dict(s) for s in data.get("steps") or () if isinstance(s, dict)),
-                   plan=dict(data.get("plan") or {}),
-                   serving_before=str(data["serving_before"]) if data.get("serving_before")
-                   else None, reason=str(data.get("reason") or ""),
-                   gate=dict(data["gate"]) if isinstance(data.get("gate"), dict) else None,
-                   closed_at=num("closed_at"),
-                   drain=dict(data["drain"]) if isinstance(data.get("drain"), dict) else None)
+        return {**encode(self), "schema": MAINTENANCE_SCHEMA}
 
 
 def window_status(lay: Layout, now: float | None = None) -> tuple[Window | None, str, str]:
@@ -112,7 +92,7 @@ def window_status(lay: Layout, now: float | None = None) -> tuple[Window | None,
         return None, "none", ""
     if data.get("state") == "damaged":
         return None, "damaged", str(data.get("error"))
-    window = Window.from_dict(data)
+    window = decode(Window, data) or Window()
     if window.state == "closed":
         return window, "none", window.reason
     if window.state == "failed":

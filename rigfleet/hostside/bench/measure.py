@@ -15,10 +15,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..records import ShapeFigures
+from ..records import ShapeFigures, encode
 from ..verify import metrics, prompts
 from ..verify.client import ChatResult, Client, max_model_len
 from ..verify.counting import TokenCounter, chat_body
@@ -68,7 +68,7 @@ class BenchSettings:
     shapes: tuple[str, ...] = (shapes.NARRATIVE_NAME, shapes.CODE_NAME)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "depths": list(self.depths), "shapes": list(self.shapes)}
+        return encode(self)
 
 
 @dataclass(frozen=True)
