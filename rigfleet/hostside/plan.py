@@ -47,12 +47,9 @@ def compose_hash(text: str) -> str | None:
 
 @dataclass(frozen=True)
 class StackRef:
-    """One stack as rendered for this host: enough to start, probe, verify and record it.
-
-    ``record``: the pins the ledger tracks; ``boot_expect``/``boot_failures``: the stack
-    file's ``boot`` lines (``stackctl``); ``image_id``: the image the gate verified, filled in
-    by the host tool (empty in a plan): every start and rollback runs it, whatever its tag says.
-    """
+    """One stack as rendered for this host. ``record``: the pins the ledger tracks;
+    ``image_id``: the image the gate verified (empty in a plan, filled in by the host tool):
+    every start and rollback runs it, whatever its tag says."""
 
     stack: str
     project: str
@@ -105,7 +102,7 @@ class Plan:
     drain_timeouts: dict[str, float] = field(default_factory=dict)
 
     def drain_timeout_for(self, stack: str | None) -> float:
-            return self.drain_timeouts.get(stack or "", self.drain_timeout_s)
+        return self.drain_timeouts.get(stack or "", self.drain_timeout_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {**encode(self), "schema": SCHEMA}

@@ -191,6 +191,7 @@ def _items(tp: Any, pairs: Any, path: str, strict: bool) -> dict[Any, Any]:
                 raise
     return out
 
+
 # --- the lock holder: one liveness rule -------------------------------------------------------
 
 
@@ -208,9 +209,9 @@ def pid_start_ticks(pid: int) -> int | None:
     except (OSError, ValueError):
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = text.rpartition(")")[2].split()
+    parts = text.rpartition(")")[2].split()
     try:
-        return int(fields[19])
+        return int(parts[19])
     except (IndexError, ValueError):
         return None
 
@@ -314,25 +315,6 @@ def describe(holder: dict[str, Any]) -> str:
 
 def live_holder(holder: Any) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) and holder.get("alive") else None
-
-
-# --- the maintenance window -------------------------------------------------------------------
-
-MAINTENANCE_SCHEMA = "rigfleet-maintenance/1"
-WINDOW_STATES = ("open", "closed", "failed")
-
-
-def read_window(path: Path) -> dict[str, Any] | None:
-    """``maintenance/window.json``; None when no window was ever opened here; a damaged one
-    is ``{"state": "damaged", "error": ...}`` (readers treat it as failed)."""
-    data, err = read_json(path)
-    if err == "missing":
-        return None
-    if not isinstance(data, dict) or data.get("schema") != MAINTENANCE_SCHEMA \
-            or data.get("state") not in WINDOW_STATES:
-        what = err or f"not a {MAINTENANCE_SCHEMA} record"
-        return {"state": "damaged", "error": f"{path}: {what}"}
-    return data
 
 
 # --- gate results -----------------------------------------------------------------------------

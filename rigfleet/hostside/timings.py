@@ -61,11 +61,14 @@ class Estimate:
     basis: str
 
 
-def _parts(t: Timings, stack: str, busy: bool, extra: list[tuple[str, float]]
-           ) -> list[tuple[str, float]] | None:
-    found = t.stack(stack)
+def maintenance_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
+                         steps: bool = True) -> Estimate:
+    """How long a maintenance window keeps the front at 503: its steps (the last window's),
+    a drain when ``busy``, and the recreation of ``stack``."""
+    found = t.stack(stack) if stack is not None else None
     if found is None:
-        return None
+        return Estimate(max(1, int(fallback_s)), f"{int(fallback_s)} s: no window measured on "
+                        "this host yet (the plan's retry_after_s)")
     name, times = found
     of = "" if name == stack else f" (of {name}: {stack} not measured here)"
     parts = [(f"boot{of}", times.boot_s), ("gate", times.gate_s),
@@ -73,13 +76,8 @@ def _parts(t: Timings, stack: str, busy: bool, extra: list[tuple[str, float]]
               t.overhead_s if t.overhead_s is not None else DEFAULT_OVERHEAD_S)]
     if busy and t.drain_s:
         parts.insert(0, ("drain (last measured)", t.drain_s))
-    return extra + parts
-
-
-def _estimate(parts: list[tuple[str, float]] | None, fallback_s: int) -> Estimate:
-    if parts is None:
-        return Estimate(max(1, int(fallback_s)), f"{int(fallback_s)} s: no window measured on "
-                        "this host yet (the plan's retry_after_s)")
+    if steps and t.steps_s:
+        parts.insert(0, ("steps (last window)", t.steps_s))
     total = sum(v for _, v in parts)
     basis = " + ".join(f"{k} {v:.1f}s" for k, v in parts if v > 0 or k.startswith("boot"))
     return Estimate(max(1, math.ceil(total)), f"{basis}, measured on this host")
@@ -87,15 +85,7 @@ def _estimate(parts: list[tuple[str, float]] | None, fallback_s: int) -> Estimat
 
 def swap_estimate(t: Timings, stack: str, busy: bool, fallback_s: int) -> Estimate:
     """How long a swap to ``stack`` keeps the front at 503 (``busy``: a drain first)."""
-    return _estimate(_parts(t, stack, busy, []), fallback_s)
-
-
-def maintenance_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
-                         steps: bool = True) -> Estimate:
-    """How long a maintenance window keeps the front at 503: its steps (the last window's)
-    and the recreation of ``stack``."""
-    extra = [("steps (last window)", t.steps_s)] if steps and t.steps_s else []
-    return _estimate(None if stack is None else _parts(t, stack, busy, extra), fallback_s)
+    return maintenance_estimate(t, stack, busy, fallback_s, steps=False)
 
 
 def _update(lay: Layout, stacks: dict[str, StackTimes], **figures: float | None) -> None:
