@@ -246,8 +246,8 @@ def engine_death(rec: Record, obs: Observation, p: Policy) -> str | None:
 def _reset(rec: Record, obs: Observation) -> Record:
     """A fresh count when another stack was promoted or someone asked for a reset."""
     assert obs.active is not None
-    epoch = epoch_of(obs.active)
-    token = str((obs.reset or {}).get("token") or "")
+    epoch, reset = epoch_of(obs.active), obs.reset or {}
+    token = str(reset.get("token") or "")
     if rec.epoch == epoch and rec.reset_token == token:
         return rec
     if not rec.epoch:
@@ -255,8 +255,7 @@ def _reset(rec: Record, obs: Observation) -> Record:
     elif rec.epoch != epoch:
         why = f"a new verified stack: {obs.active.ref.route_id}"
     else:
-        why = (f"reset by {(obs.reset or {}).get('by') or 'someone'}: "
-               f"{(obs.reset or {}).get('why') or 'no reason given'}")
+        why = f"reset by {reset.get('by') or 'someone'}: {reset.get('why') or 'no reason given'}"
     return Record(state=rec.state if not rec.epoch else "watching", reason=why, since=obs.now,
                   route_id=obs.active.ref.route_id, epoch=epoch, reset_token=token,
                   healthy_start=rec.healthy_start if rec.epoch == epoch else "")

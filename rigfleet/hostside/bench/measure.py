@@ -375,13 +375,10 @@ class Bench:
         for _ in range(self.settings.runs):
             res = self._chat(shape.messages(), shape.max_tokens, shape.temperature, shape.name)
             now = self.scrape_after(last)
-            model = self.result.model
             out.runs.append(RunResult.of(shape.name, res,
-                                         decode_seconds_between(last, now, model)))
+                                         decode_seconds_between(last, now, self.result.model)))
             last = now
-        after = last
-        out.acceptance, out.acceptance_note = acceptance_between(before, after,
-                                                                 self.result.model)
+        out.acceptance, out.acceptance_note = acceptance_between(before, last, self.result.model)
         for r in out.failed[:1]:
             self.note(f"{shape.name}: a run measured nothing (HTTP {r.status}"
                       + (f": {r.error}" if r.error else "") + ")")
