@@ -1,9 +1,10 @@
 """The records rigfleet keeps on a host, and their readers: one contract for both sides.
 
 The host-side tool writes them; the control side (``rigfleet status``, the bump, the deploy's
-facts) reads them only through these functions, over ``rigfleet-host.pyz probe``. Paths come
-from ``rigfleet.hostside.layout``; what each record holds: docs/architecture.md ("Where each
-record lives"). Stdlib only::
+facts) reads them only through these functions, over ``rigfleet-host.pyz probe``. The typed
+ones (dataclasses) go through one codec, ``encode``/``decode`` (docs/swap.md, "Reading the
+records"). Paths: ``rigfleet.hostside.layout``; what each record holds: docs/architecture.md
+("Where each record lives"). Stdlib only::
 
     holder = read_holder(HOST.lock_dir)           # None, or {..., "alive": bool}
     GateRecord.from_dict(state.get("gate")).failed_checks      # ('needles',)
@@ -134,18 +135,17 @@ def _decode(cls: Any, data: Any, where: str | None) -> Any:
     for f in fields(cls):
         path, raw = f"{where}.{f.name}" if where else f.name, data.get(f.name)
         required = f.default is MISSING and f.default_factory is MISSING
-        if raw is None and required:
-            raise TypeError(f"{path}: missing")
         try:
-            if raw is not None:
-                values[f.name] = _value(_hints(cls)[f.name], raw, path, where is not None)
-                problem = f.metadata.get("check", lambda _: None)(values[f.name])
-                if problem:
-                    raise TypeError(f"{path}: {problem}")
+            if raw is None:
+                raise TypeError(f"{path}: missing")
+            value = _value(_hints(cls)[f.name], raw, path, where is not None)
+            problem = f.metadata.get("check", lambda _: None)(value)
+            if problem:
+                raise TypeError(f"{path}: {problem}")
+            values[f.name] = value
         except TypeError:
-            if where is not None or required:
+            if required or (where is not None and raw is not None):
                 raise
-            values.pop(f.name, None)
     return cls(**values)
 
 
@@ -483,8 +483,7 @@ def read_throughput_history(path: Path, stack: str | None = None) -> list[Throug
 
 
 def read_throughput_last(path: Path) -> ThroughputRecord | None:
-    data, _ = read_json(path)
-    return ThroughputRecord.from_dict(data)
+    return ThroughputRecord.from_dict(read_json(path)[0])
 
 
 def loaded_images(lay: Layout) -> dict[str, list[str]]:

@@ -314,7 +314,6 @@ class Bench:
         self.progress: BenchProgress = progress or SilentProgress()
         self.clock = clock
         self.result = BenchResult(url=client.base_url, model=model, settings=settings)
-        self._lock = threading.Lock()
 
     def note(self, text: str) -> None:
         self.result.notes.append(text)
@@ -336,10 +335,11 @@ class Bench:
         return now
 
     def _chat(self, messages: prompts.Messages, max_tokens: int, temperature: float,
-              label: str) -> ChatResult:
+              label: str, timed: bool = True) -> ChatResult:
+        """One streamed request (``timed``: its seconds count as time inside requests)."""
         res = self.client.chat(chat_body(self.result.model, messages, max_tokens, temperature),
                                timeout=self.settings.timeout_s, stream=True)
-        with self._lock:
+        if timed:
             self.result.request_seconds += res.seconds
         self.progress.step(label)
         return res
@@ -392,10 +392,8 @@ class Bench:
 
         def one(_: int) -> RunResult:
             barrier.wait(timeout=30)
-            res = self.client.chat(chat_body(self.result.model, shape.messages(),
-                                             shape.max_tokens, shape.temperature),
-                                   timeout=self.settings.timeout_s, stream=True)
-            self.progress.step(f"{streams} streams")
+            res = self._chat(shape.messages(), shape.max_tokens, shape.temperature,
+                             f"{streams} streams", timed=False)
             return RunResult.of("concurrency", res)
 
         t0 = self.clock()
