@@ -81,8 +81,7 @@ def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
     active = (probe.get("active") or {}).get("ref") or {}
     if active:
         current = f"{active.get('stack')}/{active.get('config_hash')}"
-        if active.get("stack") == desired.stack and active.get("config_hash") == \
-                desired.config_hash:
+        if current == desired.route_id:
             if up and probe.get("route") == desired.route_id:
                 return Decision("none", f"{desired.route_id} is active, running and routed")
             if up:
