@@ -256,10 +256,9 @@ def reboot_hold(reboot: Any, clock: BootClock = BOOT_CLOCK) -> bool:
 
 def holder_alive(holder: dict[str, Any], now: float | None = None,
                  clock: BootClock = BOOT_CLOCK) -> bool:
-    """True while the process that took the lock runs (same boot, same pid start). A
-    maintenance window's is its ``anchor`` (the deploy's SSH session), also held across its
-    reboot (``reboot_hold``); one from an older host tool (no ``anchor``) lives until
-    ``until``. docs/maintenance.md explains why no wall clock is read."""
+    """True while the process that took the lock runs (same boot, same pid start): for a
+    window its ``anchor`` (the deploy's SSH session), also across its reboot; an older tool's
+    window (no ``anchor``) until ``until``. docs/maintenance.md: why no wall clock is read."""
     if holder.get("window") and not holder.get("anchor"):
         until = holder.get("until")
         return isinstance(until, int | float) and (time.time() if now is None else now) < until
