@@ -21,8 +21,6 @@ from rigfleet.hostside.plan import Plan, StackRef, change_kind
 # One id per control-side run: the swap unit, its directory and the ledger lines carry it.
 DEPLOY_ID = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
-KINDS = ("none", "adopt", "ensure", "activate", "swap", "update")
-
 
 def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID) -> Plan:
     """The plan for a transaction to ``want``'s desired stack (``by``, ``why``: for the lock
@@ -60,7 +58,7 @@ def drain_timeout(want: DesiredHost, stack: str) -> float:
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # one of KINDS
+    kind: str  # none, adopt, ensure, activate, swap or update
     reason: str
     change: str = ""  # "int8/<hash> -> tq3-mtp-genesis/<hash>" (for the lock's "why")
 
@@ -83,8 +81,7 @@ def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
     active = (probe.get("active") or {}).get("ref") or {}
     if active:
         current = f"{active.get('stack')}/{active.get('config_hash')}"
-        if active.get("stack") == desired.stack and active.get("config_hash") == \
-                desired.config_hash:
+        if current == desired.route_id:
             if up and probe.get("route") == desired.route_id:
                 return Decision("none", f"{desired.route_id} is active, running and routed")
             if up:

@@ -139,10 +139,9 @@ def swap(ctx: HostContext) -> None:
     unit = unit_file(f"{hosttool.STACK_UNIT} (recreates the active stack at boot)",
                      UNIT_TEMPLATE, UNIT_PATH, ctx, lock_wait_s=f"{LOCK_WAIT_S:g}")
     limits = ctx.want.settings.swap
-    policy = replace(Policy(), ready_timeout_s=limits.ready_timeout_s,
-                     vram_timeout_s=limits.vram_timeout_s, retry_after_s=limits.retry_after_s,
-                     backoff_s=limits.supervise_backoff_s, limit=limits.supervise_limit,
-                     window_s=limits.supervise_window_s)
+    policy = Policy(ready_timeout_s=limits.ready_timeout_s, vram_timeout_s=limits.vram_timeout_s,
+                    retry_after_s=limits.retry_after_s, backoff_s=limits.supervise_backoff_s,
+                    limit=limits.supervise_limit, window_s=limits.supervise_window_s)
     supervise_unit = unit_file(
         f"{hosttool.SUPERVISE_UNIT} (recreates the active stack when its engine dies)",
         SUPERVISE_TEMPLATE, SUPERVISE_PATH, ctx, stack_unit=hosttool.STACK_UNIT,

@@ -32,11 +32,12 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld, WindowHold
 from .plan import Active, Plan, PlanError
-from .records import MAINTENANCE_SCHEMA, live_holder, read_holder, read_window
+from .records import decode, encode, live_holder, read_holder, read_json
 from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, gate_reason, known_projects
 from .timings import maintenance_estimate, read_timings, record_drain, record_maintenance
 
 KIND = "maintenance"
+SCHEMA = "rigfleet-maintenance/1"
 
 
 class Drain(Protocol):
@@ -61,7 +62,7 @@ NO_DRAIN: Drain = _NoDrain()
 class Window:
     """``maintenance/window.json`` (times: epoch seconds)."""
 
-    id: str
+    id: str = ""
     state: str = "open"
     by: str = ""
     host: str = ""
@@ -81,38 +82,20 @@ class Window:
         return "; ".join(str(s.get("what")) for s in self.steps) or "maintenance"
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["steps"] = [dict(s) for s in self.steps]
-        data["schema"] = MAINTENANCE_SCHEMA
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Window:
-        def num(key: str) -> float | None:
-            value = data.get(key)
-            return float(value) if isinstance(value, int | float) else None
-
-        return cls(id=str(data.get("id") or ""), state=str(data.get("state") or "open"),
-                   by=str(data.get("by") or ""), host=str(data.get("host") or ""),
-                   opened_at=num("opened_at") or 0.0, until=num("until") or 0.0,
-                   steps=tuple(dict(s) for s in data.get("steps") or () if isinstance(s, dict)),
-                   plan=dict(data.get("plan") or {}),
-                   serving_before=str(data["serving_before"]) if data.get("serving_before")
-                   else None, reason=str(data.get("reason") or ""),
-                   gate=dict(data["gate"]) if isinstance(data.get("gate"), dict) else None,
-                   closed_at=num("closed_at"),
-                   drain=dict(data["drain"]) if isinstance(data.get("drain"), dict) else None)
+        return {**encode(self), "schema": SCHEMA}
 
 
 def window_status(lay: Layout, now: float | None = None) -> tuple[Window | None, str, str]:
     """(the window, its status, why); status: ``none``, ``held``, ``abandoned``, ``failed``
     or ``damaged`` (docs/maintenance.md)."""
-    data = read_window(lay.window_file)
-    if data is None:
+    data, err = read_json(lay.window_file)
+    if err == "missing":
         return None, "none", ""
-    if data.get("state") == "damaged":
-        return None, "damaged", str(data.get("error"))
-    window = Window.from_dict(data)
+    ours = isinstance(data, dict) and data.get("schema") == SCHEMA \
+        and data.get("state") in ("open", "closed", "failed")
+    window = decode(Window, data) if ours else None
+    if window is None:
+        return None, "damaged", f"{lay.window_file}: {err or f'not a {SCHEMA} record'}"
     if window.state == "closed":
         return window, "none", window.reason
     if window.state == "failed":
@@ -196,7 +179,7 @@ class Maintenance(Steps):
                              f"held by pid {hold.pid} ({hold.what})"
                              + (" and across the reboot" if hold.reboot else ""))
                 return self._already_open(step)
-            return self._locked(f"{plan.host or 'host'}: {held}")
+            return self._locked(str(held))
         if note:
             self.j.event("lock", note, level="warning")
         if mine is not None:
@@ -266,7 +249,8 @@ class Maintenance(Steps):
         return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
                        serving=self.front.current())
 
-    def _locked(self, reason: str, topic: str = "maintenance") -> Outcome:
+    def _locked(self, why: str, topic: str = "maintenance") -> Outcome:
+        reason = f"{self.plan.host or 'host'}: {why}"
         self.j.event(topic, reason, level="error")
         return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
 
@@ -277,13 +261,13 @@ class Maintenance(Steps):
         hold = hold or WindowHold.here(plan.id)
         window, status, why = window_status(self.lay, self.clock())
         if window is None or window.id != plan.id or window.state != "open":
-            return self._locked(f"{plan.host or 'host'}: maintenance window {plan.id} is not "
-                                f"open here any more ({status}{': ' + why if why else ''})")
+            return self._locked(f"maintenance window {plan.id} is not open here any more "
+                                f"({status}{': ' + why if why else ''})")
         if not self.lock.hold_window(hold, "maintenance: back from the reboot"):
             try:
                 self.lock.acquire_window(plan.by, "maintenance: back from the reboot", hold)
             except LockHeld as held:
-                return self._locked(f"{plan.host or 'host'}: {held}")
+                return self._locked(str(held))
         self.j.event("maintenance", f"window {plan.id} held by pid {hold.pid} ({hold.what})")
         return Outcome("open", st.EXIT_PROMOTED, KIND, reason="held",
                        serving=self.front.current())
@@ -308,9 +292,8 @@ class Maintenance(Steps):
                 adopted = bool(wid) and self.lock.adopt_window(
                     wid, f"closing maintenance window {wid}", take_live=take_live)
             except LockHeld as held:
-                return self._locked(f"{plan.host or 'host'}: {held}; refusing to take it from "
-                                    "a holder that lives (`maintenance close --force` does, "
-                                    "naming it)", "lock")
+                return self._locked(f"{held}; refusing to take it from a holder that lives "
+                                    "(`maintenance close --force` does, naming it)", "lock")
             if adopted and status == "held" and force and not own:
                 self.j.event("lock", f"took window {wid} from a live holder (--force)",
                              level="warning")
@@ -319,7 +302,7 @@ class Maintenance(Steps):
                     note = self.lock.acquire(plan.by, f"closing maintenance window {wid}",
                                              wid or plan.id)
                 except LockHeld as held:
-                    return self._locked(f"{plan.host or 'host'}: {held}", "lock")
+                    return self._locked(str(held), "lock")
                 if note:
                     self.j.event("lock", note, level="warning")
         try:

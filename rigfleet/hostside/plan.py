@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .records import decode_strict, encode
 
 SCHEMA = "rigfleet-swap-plan/1"
 # The stack file's drain.timeout_s when it leaves it out (rigfleet.catalog explains the size).
@@ -45,12 +47,9 @@ def compose_hash(text: str) -> str | None:
 
 @dataclass(frozen=True)
 class StackRef:
-    """One stack as rendered for this host: enough to start, probe, verify and record it.
-
-    ``record``: the pins the ledger tracks; ``boot_expect``/``boot_failures``: the stack
-    file's ``boot`` lines (``stackctl``); ``image_id``: the image the gate verified, filled in
-    by the host tool (empty in a plan): every start and rollback runs it, whatever its tag says.
-    """
+    """One stack as rendered for this host. ``record``: the pins the ledger tracks;
+    ``image_id``: the image the gate verified (empty in a plan, filled in by the host tool):
+    every start and rollback runs it, whatever its tag says."""
 
     stack: str
     project: str
@@ -60,7 +59,8 @@ class StackRef:
     config_hash: str
     image_ref: str
     served_model_name: str
-    gpu_memory_utilization: float
+    gpu_memory_utilization: float = field(metadata={
+        "check": lambda v: None if 0 < v <= 1 else f"{v} is not in (0, 1]"})
     record: dict[str, Any] = field(default_factory=dict)
     boot_expect: tuple[tuple[str, str], ...] = ()
     boot_failures: tuple[tuple[str, str, str, str], ...] = ()
@@ -72,34 +72,11 @@ class StackRef:
         return f"{self.stack}/{self.config_hash}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return encode(self)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "stack") -> StackRef:
-        if not isinstance(data, dict):
-            raise PlanError(f"{where}: expected an object, got {type(data).__name__}")
-        try:
-            ref = cls(
-                stack=str(data["stack"]), project=str(data["project"]),
-                container=str(data["container"]), port=int(data["port"]),
-                compose_file=str(data["compose_file"]), config_hash=str(data["config_hash"]),
-                image_ref=str(data["image_ref"]),
-                served_model_name=str(data["served_model_name"]),
-                gpu_memory_utilization=float(data["gpu_memory_utilization"]),
-                record=dict(data.get("record") or {}),
-                boot_expect=tuple((str(p), str(t)) for p, t in data.get("boot_expect") or ()),
-                boot_failures=tuple((str(k), str(p), str(t), str(h))
-                                    for k, p, t, h in data.get("boot_failures") or ()),
-                image_id=str(data.get("image_id") or ""),
-            )
-        except KeyError as e:
-            raise PlanError(f"{where}.{e.args[0]}: missing") from None
-        except (TypeError, ValueError) as e:
-            raise PlanError(f"{where}: {e}") from None
-        if not 0 < ref.gpu_memory_utilization <= 1:
-            raise PlanError(f"{where}.gpu_memory_utilization: {ref.gpu_memory_utilization} "
-                            "is not in (0, 1]")
-        return ref
+        return decode_strict(cls, data, where, PlanError)
 
 
 @dataclass(frozen=True)
@@ -125,11 +102,10 @@ class Plan:
     drain_timeouts: dict[str, float] = field(default_factory=dict)
 
     def drain_timeout_for(self, stack: str | None) -> float:
-            return self.drain_timeouts.get(stack or "", self.drain_timeout_s)
+        return self.drain_timeouts.get(stack or "", self.drain_timeout_s)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "schema": SCHEMA, "projects": [list(p) for p in self.projects],
-                "gate_set": list(self.gate_set)}
+        return {**encode(self), "schema": SCHEMA}
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -141,27 +117,7 @@ class Plan:
         plan_id = str(data.get("id", ""))
         if not _ID.fullmatch(plan_id):
             raise PlanError(f"id: {plan_id!r} is not a valid id ([A-Za-z0-9._-], max 81)")
-        try:
-            return cls(
-                id=plan_id, by=str(data.get("by") or "unknown"), why=str(data.get("why") or ""),
-                host=str(data.get("host") or ""),
-                desired=StackRef.from_dict(data.get("desired"), "desired"),
-                projects=tuple((str(p), str(f)) for p, f in data.get("projects") or ()),
-                front_port=int(data.get("front_port", 8000)),
-                gate_profile=str(data.get("gate_profile") or "full"),
-                gate_set=tuple(str(s) for s in data.get("gate_set") or ()),
-                ready_timeout_s=float(data.get("ready_timeout_s", READY_TIMEOUT_S)),
-                vram_timeout_s=float(data.get("vram_timeout_s", VRAM_TIMEOUT_S)),
-                gate_timeout_s=float(data.get("gate_timeout_s", GATE_TIMEOUT_S)),
-                retry_after_s=int(data.get("retry_after_s", RETRY_AFTER_S)),
-                drain_timeout_s=float(data.get("drain_timeout_s", DEFAULT_DRAIN_TIMEOUT_S)),
-                drain_timeouts={str(k): float(v) for k, v in
-                                dict(data.get("drain_timeouts") or {}).items()},
-            )
-        except PlanError:
-            raise
-        except (TypeError, ValueError) as e:
-            raise PlanError(f"plan: {e}") from None
+        return decode_strict(cls, data, "", PlanError)
 
     @classmethod
     def load(cls, path: Path) -> Plan:
@@ -184,13 +140,10 @@ class Active:
     gate: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "rigfleet-active/1", "ref": self.ref.to_dict(), "since": self.since,
-                "deploy_id": self.deploy_id, "by": self.by, "gate": self.gate}
+        return {"schema": "rigfleet-active/1", **encode(self)}
 
     @classmethod
     def from_dict(cls, data: Any) -> Active:
         if not isinstance(data, dict):
             raise PlanError("active.json: expected an object")
-        return cls(ref=StackRef.from_dict(data.get("ref"), "active.ref"),
-                   since=str(data.get("since") or ""), deploy_id=str(data.get("deploy_id") or ""),
-                   by=str(data.get("by") or ""), gate=dict(data.get("gate") or {}))
+        return decode_strict(cls, data, "active", PlanError)

@@ -1,9 +1,10 @@
 """The records rigfleet keeps on a host, and their readers: one contract for both sides.
 
 The host-side tool writes them; the control side (``rigfleet status``, the bump, the deploy's
-facts) reads them only through these functions, over ``rigfleet-host.pyz probe``. Paths come
-from ``rigfleet.hostside.layout``; what each record holds: docs/architecture.md ("Where each
-record lives"). Stdlib only::
+facts) reads them only through these functions, over ``rigfleet-host.pyz probe``. The typed
+ones (dataclasses) go through one codec, ``encode``/``decode`` (docs/swap.md, "Reading the
+records"). Paths: ``rigfleet.hostside.layout``; what each record holds: docs/architecture.md
+("Where each record lives"). Stdlib only::
 
     holder = read_holder(HOST.lock_dir)           # None, or {..., "alive": bool}
     GateRecord.from_dict(state.get("gate")).failed_checks      # ('needles',)
@@ -11,12 +12,15 @@ record lives"). Stdlib only::
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+import types
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from .layout import ROUTE_MARK, Layout
 
@@ -82,6 +86,112 @@ def route(path: Path) -> str | None:
     return first[len(ROUTE_MARK):].strip() if first.startswith(ROUTE_MARK) else None
 
 
+# --- one codec for the typed records ----------------------------------------------------------
+
+R = TypeVar("R")
+
+
+def encode(record: Any) -> Any:
+    """A record as JSON data: a dataclass as a dict of its fields, tuples as lists."""
+    if is_dataclass(record) and not isinstance(record, type):
+        return {f.name: encode(getattr(record, f.name)) for f in fields(record)}
+    if isinstance(record, tuple | list):
+        return [encode(x) for x in record]
+    if isinstance(record, dict):
+        return {k: encode(v) for k, v in record.items()}
+    return record
+
+
+def decode(cls: type[R], data: Any) -> R | None:
+    """``data`` as a ``cls``, leniently: a value of the wrong kind reads as its field's default,
+    an item of the wrong kind is left out; None when a required field has no usable value."""
+    try:
+        return _decode(cls, data, None)
+    except TypeError:
+        return None
+
+
+def decode_strict(cls: type[R], data: Any, where: str,
+                  error: type[Exception] = TypeError) -> R:
+    """``data`` as a ``cls``, or ``error`` naming the first field that is missing or of the
+    wrong kind (``where``: the record's name in that message, "" for none)."""
+    try:
+        return _decode(cls, data, where)
+    except TypeError as e:
+        raise error(str(e)) from None
+
+
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _decode(cls: Any, data: Any, where: str | None) -> Any:
+    """Each field by its annotation, and by its ``check`` (metadata: the value -> what is wrong
+    with it, or None). ``where`` None: lenient."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{where}: expected an object, got {type(data).__name__}")
+    values = {}
+    for f in fields(cls):
+        path, raw = f"{where}.{f.name}" if where else f.name, data.get(f.name)
+        required = f.default is MISSING and f.default_factory is MISSING
+        try:
+            if raw is None:
+                raise TypeError(f"{path}: missing")
+            value = _value(_hints(cls)[f.name], raw, path, where is not None)
+            problem = f.metadata.get("check", lambda _: None)(value)
+            if problem:
+                raise TypeError(f"{path}: {problem}")
+            values[f.name] = value
+        except TypeError:
+            if required or (where is not None and raw is not None):
+                raise
+    return cls(**values)
+
+
+_KINDS = {tuple: "a list", dict: "an object", str: "a string", bool: "true or false",
+          int: "a whole number >= 0", float: "a number >= 0"}
+
+
+def _value(tp: Any, raw: Any, path: str, strict: bool) -> Any:
+    """``raw`` as a ``tp``; TypeError when it is not one."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):  # ``X | None``: raw is not None here
+        return _value(args[0], raw, path, strict)
+    if tp is Any:
+        return raw
+    if is_dataclass(tp):
+        return _decode(tp, raw, path if strict else None)
+    if origin is tuple and isinstance(raw, list):
+        if args[-1] is Ellipsis:
+            return tuple(_items(args[0], enumerate(raw), path, strict).values())
+        if len(raw) != len(args):
+            raise TypeError(f"{path}: expected {len(args)} items, got {len(raw)}")
+        return tuple(_value(a, x, path, strict) for a, x in zip(args, raw, strict=True))
+    if origin is dict and isinstance(raw, dict):
+        return dict(raw) if args[1] is Any else _items(args[1], raw.items(), path, strict)
+    number = isinstance(raw, int | float) and not isinstance(raw, bool) \
+        and math.isfinite(raw) and raw >= 0
+    if (tp is float and number) or (tp is int and number and isinstance(raw, int)):
+        return tp(raw)
+    if tp in (str, bool) and isinstance(raw, tp):
+        return raw
+    raise TypeError(f"{path}: expected {_KINDS.get(origin or tp, tp)}, "
+                    f"got {type(raw).__name__}")
+
+
+def _items(tp: Any, pairs: Any, path: str, strict: bool) -> dict[Any, Any]:
+    """The pairs whose value is a ``tp``, converted (strict: all of them)."""
+    out = {}
+    for key, raw in pairs:
+        try:
+            out[key] = _value(tp, raw, path, strict)
+        except TypeError:
+            if strict:
+                raise
+    return out
+
+
 # --- the lock holder: one liveness rule -------------------------------------------------------
 
 
@@ -99,9 +209,9 @@ def pid_start_ticks(pid: int) -> int | None:
     except (OSError, ValueError):
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = text.rpartition(")")[2].split()
+    parts = text.rpartition(")")[2].split()
     try:
-        return int(fields[19])
+        return int(parts[19])
     except (IndexError, ValueError):
         return None
 
@@ -146,10 +256,9 @@ def reboot_hold(reboot: Any, clock: BootClock = BOOT_CLOCK) -> bool:
 
 def holder_alive(holder: dict[str, Any], now: float | None = None,
                  clock: BootClock = BOOT_CLOCK) -> bool:
-    """True while the process that took the lock runs (same boot, same pid start). A
-    maintenance window's is its ``anchor`` (the deploy's SSH session), also held across its
-    reboot (``reboot_hold``); one from an older host tool (no ``anchor``) lives until
-    ``until``. docs/maintenance.md explains why no wall clock is read."""
+    """True while the process that took the lock runs (same boot, same pid start): for a
+    window its ``anchor`` (the deploy's SSH session), also across its reboot; an older tool's
+    window (no ``anchor``) until ``until``. docs/maintenance.md: why no wall clock is read."""
     if holder.get("window") and not holder.get("anchor"):
         until = holder.get("until")
         return isinstance(until, int | float) and (time.time() if now is None else now) < until
@@ -207,25 +316,6 @@ def live_holder(holder: Any) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) and holder.get("alive") else None
 
 
-# --- the maintenance window -------------------------------------------------------------------
-
-MAINTENANCE_SCHEMA = "rigfleet-maintenance/1"
-WINDOW_STATES = ("open", "closed", "failed")
-
-
-def read_window(path: Path) -> dict[str, Any] | None:
-    """``maintenance/window.json``; None when no window was ever opened here; a damaged one
-    is ``{"state": "damaged", "error": ...}`` (readers treat it as failed)."""
-    data, err = read_json(path)
-    if err == "missing":
-        return None
-    if not isinstance(data, dict) or data.get("schema") != MAINTENANCE_SCHEMA \
-            or data.get("state") not in WINDOW_STATES:
-        what = err or f"not a {MAINTENANCE_SCHEMA} record"
-        return {"state": "damaged", "error": f"{path}: {what}"}
-    return data
-
-
 # --- gate results -----------------------------------------------------------------------------
 
 
@@ -244,20 +334,8 @@ class GateRecord:
 
     @classmethod
     def from_dict(cls, data: Any) -> GateRecord | None:
-        if not isinstance(data, dict) or not isinstance(data.get("result"), str):
-            return None
-        failed = data.get("failed_checks")
-        seconds = data.get("seconds")
-        return cls(
-            result=str(data["result"]),
-            failed_checks=tuple(str(x) for x in failed) if isinstance(failed, list) else (),
-            report=_opt_str(data.get("report")),
-            report_md=_opt_str(data.get("report_md")),
-            at=_opt_str(data.get("at")),
-            profile=_opt_str(data.get("profile")),
-            summary=str(data.get("summary") or ""),
-            seconds=float(seconds) if isinstance(seconds, int | float) else None,
-        )
+        ok = isinstance(data, dict) and isinstance(data.get("result"), str)
+        return decode(cls, data) if ok else None
 
     def text(self) -> str:
         """``pass``, ``fail (needles, soak): ...`` for a table or a message."""
@@ -265,16 +343,12 @@ class GateRecord:
         return out + (f": {self.summary}" if self.summary and self.result != "pass" else "")
 
 
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
 @dataclass(frozen=True)
 class ReportSummary:
     """A ``rigfleet-verify/1`` gate report (``file``: relative to the reports directory)."""
 
     file: str
-    mtime: float
+    mtime: float = 0.0
     failed: tuple[str, ...] = ()
     total: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -287,20 +361,11 @@ class ReportSummary:
         return f"pass {self.counts.get('pass', self.total)}/{self.total}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "failed": list(self.failed)}
+        return encode(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> ReportSummary | None:
-        if not isinstance(data, dict) or not isinstance(data.get("file"), str):
-            return None
-        return cls(file=str(data["file"]), mtime=float(data.get("mtime") or 0.0),
-                   failed=tuple(str(x) for x in data.get("failed") or ()),
-                   total=int(data.get("total") or 0), counts=_counts(data.get("counts")))
-
-
-def _counts(raw: Any) -> dict[str, int]:
-    return {str(k): v for k, v in (raw if isinstance(raw, dict) else {}).items()
-            if isinstance(v, int)}
+        return decode(cls, data)
 
 
 def summarise_report(data: Any, file: str, mtime: float) -> ReportSummary | None:
@@ -308,7 +373,9 @@ def summarise_report(data: Any, file: str, mtime: float) -> ReportSummary | None
     if not isinstance(data, dict) or data.get("schema") != VERIFY_SCHEMA:
         return None
     checks = [c for c in data.get("checks") or [] if isinstance(c, dict)]
-    counts = _counts(data.get("summary"))
+    raw = data.get("summary")
+    counts = {str(k): v for k, v in raw.items() if isinstance(v, int)} \
+        if isinstance(raw, dict) else {}
     failed = tuple(str(c.get("name")) for c in checks if c.get("status") == "fail")
     total = sum(counts.values()) or len(checks)
     return ReportSummary(file, mtime, failed, total, counts)
@@ -373,15 +440,7 @@ class ShapeFigures:
     runs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> ShapeFigures | None:
-        if not isinstance(data, dict) or not _num(data.get("decode")):
-            return None
-        return cls(decode=float(data["decode"]), cv=_num(data.get("cv")),
-                   wall=_num(data.get("wall")), ttft_s=_num(data.get("ttft_s")),
-                   runs=int(data.get("runs") or 0))
+        return encode(self)
 
 
 @dataclass(frozen=True)
@@ -391,7 +450,7 @@ class ThroughputRecord:
     None when unknown (never 0); ``baseline``: what it was judged against."""
 
     stack: str
-    at: str
+    at: str = ""
     source: str = SOURCE_GATE
     result: str = "pass"
     shapes: dict[str, ShapeFigures] = field(default_factory=dict)
@@ -408,36 +467,12 @@ class ThroughputRecord:
         return fig.decode if fig else None
 
     def to_dict(self) -> dict[str, Any]:
-        acceptance = list(self.acceptance) if self.acceptance is not None else None
-        return {"schema": THROUGHPUT_SCHEMA, **asdict(self), "acceptance": acceptance}
+        return {"schema": THROUGHPUT_SCHEMA, **encode(self)}
 
     @classmethod
     def from_dict(cls, data: Any) -> ThroughputRecord | None:
-        if not isinstance(data, dict) or data.get("schema") != THROUGHPUT_SCHEMA \
-                or not isinstance(data.get("stack"), str):
-            return None
-        raw = data.get("shapes")
-        shapes = {k: f for k, f in ((str(k), ShapeFigures.from_dict(v))
-                                    for k, v in (raw.items() if isinstance(raw, dict) else ()))
-                  if f is not None}
-        acc = data.get("acceptance")
-        acceptance = (tuple(float(x) for x in acc if _num(x) is not None)
-                      if isinstance(acc, list) else None)
-        base = data.get("baseline")
-        return cls(stack=str(data["stack"]), at=str(data.get("at") or ""),
-                   source=str(data.get("source") or SOURCE_GATE),
-                   result=str(data.get("result") or "pass"), shapes=shapes,
-                   acceptance_length=_num(data.get("acceptance_length")),
-                   acceptance=acceptance, scale=_num(data.get("scale")) or 1.0,
-                   baseline=dict(base) if isinstance(base, dict) else {},
-                   version=str(data.get("version") or ""), model=str(data.get("model") or ""),
-                   report=_opt_str(data.get("report")))
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if value == value else None
+        ok = isinstance(data, dict) and data.get("schema") == THROUGHPUT_SCHEMA
+        return decode(cls, data) if ok else None
 
 
 def read_throughput_history(path: Path, stack: str | None = None) -> list[ThroughputRecord]:
@@ -447,8 +482,7 @@ def read_throughput_history(path: Path, stack: str | None = None) -> list[Throug
 
 
 def read_throughput_last(path: Path) -> ThroughputRecord | None:
-    data, _ = read_json(path)
-    return ThroughputRecord.from_dict(data)
+    return ThroughputRecord.from_dict(read_json(path)[0])
 
 
 def loaded_images(lay: Layout) -> dict[str, list[str]]:

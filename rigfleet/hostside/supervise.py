@@ -17,7 +17,7 @@ from typing import Any
 from .front import MAINTENANCE
 from .layout import STACK_UNIT, SUPERVISE_UNIT
 from .plan import Active
-from .records import SUPERVISE_SCHEMA, describe
+from .records import SUPERVISE_SCHEMA, decode_strict, describe, encode
 from .stackctl import ContainerState, classify_boot_failure, docker_time
 
 WHO = SUPERVISE_UNIT
@@ -77,11 +77,6 @@ def parse_backoff(text: str) -> tuple[float, ...]:
     return values
 
 
-def _num(data: dict[str, Any], key: str) -> float | None:
-    value = data.get(key)
-    return float(value) if isinstance(value, int | float) else None
-
-
 @dataclass(frozen=True)
 class Attempt:
     """One recreation; ``result``: ``running``, ``recreated``, ``failed`` or
@@ -95,15 +90,6 @@ class Attempt:
     journal: str = ""
     kept_log: str | None = None
     noted: bool = False
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Attempt:
-        return cls(at=float(data.get("at") or 0.0), reason=str(data.get("reason") or ""),
-                   result=str(data.get("result") or "running"),
-                   detail=str(data.get("detail") or ""), seconds=_num(data, "seconds"),
-                   journal=str(data.get("journal") or ""),
-                   kept_log=str(data["kept_log"]) if data.get("kept_log") else None,
-                   noted=bool(data.get("noted")))
 
 
 @dataclass(frozen=True)
@@ -128,29 +114,15 @@ class Record:
     gave_up_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["attempts"] = [asdict(a) for a in self.attempts]
-        return data
+        return encode(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> Record:
-        """A record from ``state.json`` (a fresh one when it is not one)."""
+        """A record from ``state.json`` (a fresh one when it is not one); TypeError naming the
+        first damaged field."""
         if not isinstance(data, dict) or data.get("schema") != SUPERVISE_SCHEMA:
             return cls()
-        boot = data.get("boot_failure")
-        return cls(
-            state=str(data.get("state") or "starting"), reason=str(data.get("reason") or ""),
-            since=_num(data, "since") or 0.0,
-            route_id=str(data["route_id"]) if data.get("route_id") else None,
-            epoch=str(data.get("epoch") or ""), reset_token=str(data.get("reset_token") or ""),
-            attempts=tuple(Attempt.from_dict(a) for a in data.get("attempts") or ()
-                           if isinstance(a, dict)),
-            dead_since=_num(data, "dead_since"), death=str(data.get("death") or ""),
-            boot_failure={str(k): str(v) for k, v in boot.items()} if isinstance(boot, dict)
-            else None,
-            healthy_start=str(data.get("healthy_start") or ""),
-            unhealthy_since=_num(data, "unhealthy_since"),
-            next_attempt_at=_num(data, "next_attempt_at"), gave_up_at=_num(data, "gave_up_at"))
+        return decode_strict(cls, data, "")
 
     def recent(self, now: float, window_s: float) -> list[Attempt]:
         """The attempts within the window (what the limit counts)."""
@@ -274,8 +246,8 @@ def engine_death(rec: Record, obs: Observation, p: Policy) -> str | None:
 def _reset(rec: Record, obs: Observation) -> Record:
     """A fresh count when another stack was promoted or someone asked for a reset."""
     assert obs.active is not None
-    epoch = epoch_of(obs.active)
-    token = str((obs.reset or {}).get("token") or "")
+    epoch, reset = epoch_of(obs.active), obs.reset or {}
+    token = str(reset.get("token") or "")
     if rec.epoch == epoch and rec.reset_token == token:
         return rec
     if not rec.epoch:
@@ -283,8 +255,7 @@ def _reset(rec: Record, obs: Observation) -> Record:
     elif rec.epoch != epoch:
         why = f"a new verified stack: {obs.active.ref.route_id}"
     else:
-        why = (f"reset by {(obs.reset or {}).get('by') or 'someone'}: "
-               f"{(obs.reset or {}).get('why') or 'no reason given'}")
+        why = f"reset by {reset.get('by') or 'someone'}: {reset.get('why') or 'no reason given'}"
     return Record(state=rec.state if not rec.epoch else "watching", reason=why, since=obs.now,
                   route_id=obs.active.ref.route_id, epoch=epoch, reset_token=token,
                   healthy_start=rec.healthy_start if rec.epoch == epoch else "")

@@ -12,12 +12,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from .atomic import write_json
 from .drain import DrainReport
 from .layout import Layout
-from .records import read_json
+from .records import decode, encode, read_json
 
 SCHEMA = "rigfleet-timings/1"
 # The swap's own cost until measured (stop, memory released, front switch).
@@ -46,40 +45,12 @@ class Timings:
             name = max(self.stacks, key=lambda s: self.stacks[s].at)
         return (name, self.stacks[name]) if name in self.stacks else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA,
-                "stacks": {k: {"boot_s": round(v.boot_s, 2), "gate_s": round(v.gate_s, 2),
-                               "at": v.at} for k, v in sorted(self.stacks.items())},
-                "overhead_s": _round(self.overhead_s), "drain_s": _round(self.drain_s),
-                "steps_s": _round(self.steps_s)}
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Timings:
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            return cls()
-        stacks = {}
-        for name, v in (data.get("stacks") or {}).items():
-            boot, gate = _num((v or {}).get("boot_s")), _num((v or {}).get("gate_s"))
-            if boot is not None and gate is not None:
-                stacks[str(name)] = StackTimes(boot, gate, _num(v.get("at")) or 0.0)
-        return cls(stacks, _num(data.get("overhead_s")), _num(data.get("drain_s")),
-                   _num(data.get("steps_s")))
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value) if value >= 0 else None
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
-
 
 def read_timings(lay: Layout) -> Timings:
     """This host's record; an empty one when it is missing or damaged."""
     data, _ = read_json(lay.timings_file)
-    return Timings.from_dict(data)
+    ours = isinstance(data, dict) and data.get("schema") == SCHEMA
+    return (decode(Timings, data) if ours else None) or Timings()
 
 
 @dataclass(frozen=True)
@@ -90,11 +61,14 @@ class Estimate:
     basis: str
 
 
-def _parts(t: Timings, stack: str, busy: bool, extra: list[tuple[str, float]]
-           ) -> list[tuple[str, float]] | None:
-    found = t.stack(stack)
+def maintenance_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
+                         steps: bool = True) -> Estimate:
+    """How long a maintenance window keeps the front at 503: its steps (the last window's),
+    a drain when ``busy``, and the recreation of ``stack``."""
+    found = t.stack(stack) if stack is not None else None
     if found is None:
-        return None
+        return Estimate(max(1, int(fallback_s)), f"{int(fallback_s)} s: no window measured on "
+                        "this host yet (the plan's retry_after_s)")
     name, times = found
     of = "" if name == stack else f" (of {name}: {stack} not measured here)"
     parts = [(f"boot{of}", times.boot_s), ("gate", times.gate_s),
@@ -102,13 +76,8 @@ def _parts(t: Timings, stack: str, busy: bool, extra: list[tuple[str, float]]
               t.overhead_s if t.overhead_s is not None else DEFAULT_OVERHEAD_S)]
     if busy and t.drain_s:
         parts.insert(0, ("drain (last measured)", t.drain_s))
-    return extra + parts
-
-
-def _estimate(parts: list[tuple[str, float]] | None, fallback_s: int) -> Estimate:
-    if parts is None:
-        return Estimate(max(1, int(fallback_s)), f"{int(fallback_s)} s: no window measured on "
-                        "this host yet (the plan's retry_after_s)")
+    if steps and t.steps_s:
+        parts.insert(0, ("steps (last window)", t.steps_s))
     total = sum(v for _, v in parts)
     basis = " + ".join(f"{k} {v:.1f}s" for k, v in parts if v > 0 or k.startswith("boot"))
     return Estimate(max(1, math.ceil(total)), f"{basis}, measured on this host")
@@ -116,22 +85,16 @@ def _estimate(parts: list[tuple[str, float]] | None, fallback_s: int) -> Estimat
 
 def swap_estimate(t: Timings, stack: str, busy: bool, fallback_s: int) -> Estimate:
     """How long a swap to ``stack`` keeps the front at 503 (``busy``: a drain first)."""
-    return _estimate(_parts(t, stack, busy, []), fallback_s)
-
-
-def maintenance_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
-                         steps: bool = True) -> Estimate:
-    """How long a maintenance window keeps the front at 503: its steps (the last window's)
-    and the recreation of ``stack``."""
-    extra = [("steps (last window)", t.steps_s)] if steps and t.steps_s else []
-    return _estimate(None if stack is None else _parts(t, stack, busy, extra), fallback_s)
+    return maintenance_estimate(t, stack, busy, fallback_s, steps=False)
 
 
 def _update(lay: Layout, stacks: dict[str, StackTimes], **figures: float | None) -> None:
-    """Merge new figures into the record (None: keep)."""
+    """Merge new figures, rounded, into the record (None: keep)."""
     t = read_timings(lay)
-    kept = {k: v for k, v in figures.items() if v is not None}
-    write_json(lay.timings_file, replace(t, stacks={**t.stacks, **stacks}, **kept).to_dict())
+    new = {k: StackTimes(round(v.boot_s, 2), round(v.gate_s, 2), v.at) for k, v in stacks.items()}
+    kept = {k: round(v, 2) for k, v in figures.items() if v is not None}
+    t = replace(t, stacks={**t.stacks, **new}, **kept)
+    write_json(lay.timings_file, {"schema": SCHEMA, **encode(t)})
 
 
 def record_drain(lay: Layout, drain: DrainReport | None) -> None:

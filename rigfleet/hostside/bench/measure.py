@@ -15,10 +15,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..records import ShapeFigures
+from ..records import ShapeFigures, encode
 from ..verify import metrics, prompts
 from ..verify.client import ChatResult, Client, max_model_len
 from ..verify.counting import TokenCounter, chat_body
@@ -68,7 +68,7 @@ class BenchSettings:
     shapes: tuple[str, ...] = (shapes.NARRATIVE_NAME, shapes.CODE_NAME)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "depths": list(self.depths), "shapes": list(self.shapes)}
+        return encode(self)
 
 
 @dataclass(frozen=True)
@@ -314,7 +314,6 @@ class Bench:
         self.progress: BenchProgress = progress or SilentProgress()
         self.clock = clock
         self.result = BenchResult(url=client.base_url, model=model, settings=settings)
-        self._lock = threading.Lock()
 
     def note(self, text: str) -> None:
         self.result.notes.append(text)
@@ -336,10 +335,11 @@ class Bench:
         return now
 
     def _chat(self, messages: prompts.Messages, max_tokens: int, temperature: float,
-              label: str) -> ChatResult:
+              label: str, timed: bool = True) -> ChatResult:
+        """One streamed request (``timed``: its seconds count as time inside requests)."""
         res = self.client.chat(chat_body(self.result.model, messages, max_tokens, temperature),
                                timeout=self.settings.timeout_s, stream=True)
-        with self._lock:
+        if timed:
             self.result.request_seconds += res.seconds
         self.progress.step(label)
         return res
@@ -375,13 +375,10 @@ class Bench:
         for _ in range(self.settings.runs):
             res = self._chat(shape.messages(), shape.max_tokens, shape.temperature, shape.name)
             now = self.scrape_after(last)
-            model = self.result.model
             out.runs.append(RunResult.of(shape.name, res,
-                                         decode_seconds_between(last, now, model)))
+                                         decode_seconds_between(last, now, self.result.model)))
             last = now
-        after = last
-        out.acceptance, out.acceptance_note = acceptance_between(before, after,
-                                                                 self.result.model)
+        out.acceptance, out.acceptance_note = acceptance_between(before, last, self.result.model)
         for r in out.failed[:1]:
             self.note(f"{shape.name}: a run measured nothing (HTTP {r.status}"
                       + (f": {r.error}" if r.error else "") + ")")
@@ -395,10 +392,8 @@ class Bench:
 
         def one(_: int) -> RunResult:
             barrier.wait(timeout=30)
-            res = self.client.chat(chat_body(self.result.model, shape.messages(),
-                                             shape.max_tokens, shape.temperature),
-                                   timeout=self.settings.timeout_s, stream=True)
-            self.progress.step(f"{streams} streams")
+            res = self._chat(shape.messages(), shape.max_tokens, shape.temperature,
+                             f"{streams} streams", timed=False)
             return RunResult.of("concurrency", res)
 
         t0 = self.clock()
