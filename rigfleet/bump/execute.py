@@ -50,7 +50,8 @@ REPO_ROOT = PROJECT_ROOT
 def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
             candidate: Candidate | None, version: str, genesis: dict[str, GenesisChoice],
             journal: BumpJournal | None = None, history: dict[str, Any] | None = None) -> int:
-    """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry."""
+    """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry
+    (kept in the journal: a resumed run records them too)."""
     real = Path(plan.pins.path)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = REPO_ROOT / "reports" / "bumps" / stamp
@@ -58,7 +59,8 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
         cand = None if candidate is None else {
             "repository": candidate.repository, "tag": candidate.tag,
             "digest": candidate.digest, "created": candidate.created}  # fmt: skip
-        journal = BumpJournal.start(plan, f"{stamp}-{os.getpid()}", by(), cand, version)
+        journal = BumpJournal.start(plan, f"{stamp}-{os.getpid()}", by(), cand, version,
+                                    history)
         log(f"journal {journal.path} (kept until the pins file records this bump)")
     cand_path = real.with_name(f".{real.name}.bump-{os.getpid()}.yaml")
     cand_path.write_text("# Candidate pins of a running `rigfleet bump`; removed when it ends.\n"
@@ -82,7 +84,7 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     extra = keep_images(opts, remote, by_name, plan, result, candidate, version,
                          inputs.registry, inputs.mirror)
     extra["bump_id"] = journal.id
-    extra.update(history or {})
+    extra.update(journal.history)  # a rollback's action and serial, resumed or not
     saved_pins = record_pins(plan, result, extra)
     end_journal(journal, result, saved_pins)
     restore(runner, result, Path(plan.pins.path))

@@ -30,7 +30,8 @@ SUFFIX = ".bump-journal.json"
 STATUSES = ("promoted", "failed", "lost", "skipped", "not attempted", "up to date")
 _KEYS = ("schema", "id", "started", "updated", "by", "owner", "pins_file", "base_serial",
          "new_stacks", "candidate", "version", "hosts", "canary", "batches", "skipped",
-         "up_to_date", "batch_size", "max_failures", "outcomes", "deploying", "stopped")
+         "up_to_date", "batch_size", "max_failures", "outcomes", "deploying", "stopped",
+         "history")
 _NAME = re.compile(r"[^\s/]+")
 
 
@@ -80,11 +81,12 @@ class BumpJournal:
     deploying: dict[str, Any] | None = None
     stopped: str | None = None
     updated: str = ""
+    history: dict[str, Any] = field(default_factory=dict)  # more of the pins history entry
     state: str = "open"  # open | finished | stale (from the pins file; not written)
 
     @classmethod
     def start(cls, plan: Plan, journal_id: str, by: str, candidate: Mapping[str, Any] | None,
-              version: str) -> BumpJournal:
+              version: str, history: Mapping[str, Any] | None = None) -> BumpJournal:
         """The journal of a bump about to roll ``plan`` out, written before any host changes."""
         path = journal_path(plan.pins.path)
         if path.exists():
@@ -99,6 +101,7 @@ class BumpJournal:
             up_to_date=list(plan.up_to_date), batch_size=plan.batch_size,
             max_failures=plan.max_failures,
             candidate=dict(candidate) if candidate is not None else None, version=version,
+            history=dict(history or {}),
         )
         journal.save()
         return journal
@@ -282,6 +285,9 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
         p.bad("deploying", deploying, "null or {batch, hosts: [journal hosts], since, before}")
         deploying = None
     new_stacks = _parse_stacks(p, top.get("new_stacks"), pins, catalog)
+    history = top.get("history") or {}
+    if not isinstance(history, dict):
+        p.bad("history", history, "a mapping of the pins history entry's fields")
     for key in ("batch_size", "max_failures"):
         p.integer(key, top.get(key), low=1)
     p.raise_if_any(JournalError)
@@ -296,6 +302,7 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
         max_failures=int(top["max_failures"]), candidate=top.get("candidate"),
         version=str(top.get("version") or ""), outcomes=dict(outcomes), deploying=deploying,
         stopped=top.get("stopped"), updated=str(top.get("updated") or ""),
+        history=dict(history),
     )  # fmt: skip
 
 

@@ -525,3 +525,23 @@ def test_pyinfra_lines_and_reasons_with_brackets_are_printed_as_text(tmp_path, m
         rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "0.20.2rc1", {})
     assert rc == output.EXIT_FAILED
     assert "disk full [/var/lib/docker]" in " ".join(seen.get().split())  # as text, whole
+
+
+def test_a_resumed_rollback_is_recorded_as_the_rollback(tmp_path, monkeypatch):
+    """The history entry's own fields (a rollback's action and serial) live in the journal, so
+    the run that finishes an interrupted rollback records them, not a plain bump."""
+    from rigfleet.bump.decide import BumpOptions
+
+    plan = make_plan(tmp_path, n=3, batch=2)
+    runner = CliRunner(plan, {}, "reach-1")
+    cli_fleet(tmp_path, monkeypatch, plan, runner)
+    opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"), batch_size=2,
+                       rollback_to=plan.pins.serial - 1, yes=True)
+    rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "", {},
+                         history={"action": "rollback", "to_serial": plan.pins.serial - 1})
+    assert rc == output.EXIT_INTERRUPTED
+    assert reload(plan)[1].history == {"action": "rollback", "to_serial": plan.pins.serial - 1}
+    runner.kill = None
+    assert bump_cli.run(cli_args(tmp_path)) == bump_cli.EXIT_OK
+    entry = load_pins(plan.pins.path).history[-1]
+    assert (entry["action"], entry["to_serial"]) == ("rollback", plan.pins.serial - 1)
