@@ -1,15 +1,14 @@
 """HAProxy on a balancer host: its paths, its config from a ``BalancerPlan``, its stats (pure)::
 
     text = render_config(plan, HOST_PATHS)                 # /etc/haproxy/haproxy.cfg
-    rotation(plan, parse_stat_csv(show_stat))["int8"].up   # ('host1', 'host2')
+    parse_stat_csv(show_stat)[0].in_rotation               # True
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import jinja2
 
@@ -131,38 +130,3 @@ def parse_stat_csv(text: str) -> list[ServerState]:
             status=row.get("status", ""), check=row.get("check_status", ""),
             check_code=row.get("check_code", "")))
     return out
-
-
-@dataclass(frozen=True)
-class StackRotation:
-    """Which of a stack's hosts get new requests (``up``) and which do not, and why."""
-
-    stack: str
-    up: tuple[str, ...]
-    out: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host, why)
-
-    @property
-    def total(self) -> int:
-        return len(self.up) + len(self.out)
-
-
-def rotation(plan: BalancerPlan, servers: Sequence[ServerState]) -> dict[str, StackRotation]:
-    """Per stack of ``plan``: its hosts in rotation and out (a host the running HAProxy does
-    not know yet, its config not reloaded, is out: "not in the running config")."""
-    by_backend: Mapping[tuple[str, str], ServerState] = {(s.backend, s.host): s
-                                                          for s in servers}
-    result = {}
-    for pool in plan.pools:
-        up, out = [], []
-        for srv in pool.servers:
-            state = by_backend.get((pool.backend, srv.id))
-            if state is None:
-                out.append((srv.host, "not in the running config"))
-            elif state.in_rotation:
-                up.append(srv.host)
-            else:
-                why = state.status + (f" ({state.check}" + (f" {state.check_code}"
-                                      if state.check_code else "") + ")" if state.check else "")
-                out.append((srv.host, why))
-        result[pool.stack] = StackRotation(pool.stack, tuple(up), tuple(out))
-    return result

@@ -63,7 +63,6 @@ def archive_name(image: str) -> str:
     return image.replace("/", "_").replace(":", "_") + ".tar"
 
 
-
 def images_in_manifest(manifest: Any) -> tuple[ArchivedImage, ...]:
     """The images a ``manifest.json`` names, ids taken from the config file names (unhashed)."""
     if not isinstance(manifest, list):
@@ -142,9 +141,3 @@ def archives_in(path: str | Path) -> list[Path]:
     if p.is_dir():
         return sorted(x for x in p.glob("*.tar") if x.is_file())
     return [p] if p.is_file() else []
-
-
-def sha256_file(path: str | Path) -> str:
-    """The hex sha256 of a file (what sidecars record as ``sha256``)."""
-    with Path(path).open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()

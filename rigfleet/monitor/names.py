@@ -11,10 +11,6 @@ from typing import Literal
 
 MetricType = Literal["gauge", "counter"]
 
-# The inventory group of the monitor host (Prometheus + Alertmanager; roles/monitor.py).
-MONITOR_GROUP = "monitors"
-# Prometheus on the monitor host listens on loopback only, on this port.
-PROMETHEUS_PORT = 9090
 # Scrape jobs of every GPU host: the node exporter (its textfile collector carries
 # rigfleet-gpu.prom and rigfleet.prom) and the engine's own /metrics.
 JOBS = ("node", "vllm")
@@ -126,8 +122,3 @@ ALERTS = (
     "RigGpuThrottling", "RigKvCacheNearFull", "RigMaintenanceWindowLong",
     "RigSupervisorGaveUp", "RigPinsDiffer", "RigTargetDown",
 )
-
-
-def known(name: str) -> bool:
-    """Whether a series name used in a rule or a dashboard is in the contract."""
-    return name in METRICS or name in RECORDED or name in BUILTIN or name in NODE
