@@ -36,6 +36,9 @@ from rigfleet.vllm_versions import NIGHTLY_TAG
 # vllm .buildkite/scripts/cleanup-nightly-builds.sh (docs/images.md).
 NIGHTLY_NOTE = ("vLLM keeps only the 14 newest nightly-* tags on Docker Hub (about two weeks); "
                 "release tags stay")
+# Why a registry does not hold an image, else its linux/amd64 compressed layer bytes and image
+# id (None: unreadable).
+_Found = tuple[str | None, int | None, str | None]
 
 
 class SourceChecker:
@@ -44,8 +47,7 @@ class SourceChecker:
     def __init__(self, registry: Callable[[str], Registry] = Registry) -> None:
         self._registry = registry
         self._clients: dict[str, Registry] = {}
-        self._there: dict[tuple[str, str, str], str | None] = {}
-        self._resolved: dict[tuple[str, str, str], tuple[int | None, str | None]] = {}
+        self._there: dict[tuple[str, str, str], _Found] = {}
 
     def client(self, url: str) -> Registry:
         if url not in self._clients:
@@ -96,35 +98,30 @@ class SourceChecker:
                                 "the host pulls it", None, ref=ref)
         key = (url, path, w.digest)
         if key not in self._there:
-            try:
-                self.client(url).digest(path, w.digest)
-                self._there[key] = None
-            except RegistryNotFound:
-                tag = w.image.rsplit(":", 1)[-1]
-                note = f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(tag) else ""
-                self._there[key] = (f"{path}@{w.digest} is not there at {url} (HTTP 404: "
-                                    f"digest, tag or repository gone){note}")
-            except RegistryUnreachable as e:
-                self._there[key] = f"unreachable from this machine: {e}"
-            except RegistryError as e:
-                self._there[key] = str(e)
-        problem = self._there[key]
+            self._there[key] = self._ask(url, path, w)
+        problem, size, image_id = self._there[key]
         if problem is not None:
             return SourceResult(index, source, False, problem, ref=ref)
-        size, image_id = self.resolve(url, path, w.digest)
         return SourceResult(index, source, True, f"{path}@{w.digest[:19]} is there at {url}",
                             size, ref=ref, image_id=image_id)
 
-    def resolve(self, url: str, path: str, digest: str) -> tuple[int | None, str | None]:
-        """The linux/amd64 image's compressed layer bytes and image id (None: unreadable)."""
-        key = (url, path, digest)
-        if key not in self._resolved:
-            try:
-                found = self.client(url).resolve(path, digest)
-                self._resolved[key] = (found.layer_bytes, found.image_id)
-            except RegistryError:
-                self._resolved[key] = (None, None)
-        return self._resolved[key]
+    def _ask(self, url: str, path: str, w: WantedImage) -> _Found:
+        try:
+            self.client(url).digest(path, w.digest)
+        except RegistryNotFound:
+            tag = w.image.rsplit(":", 1)[-1]
+            note = f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(tag) else ""
+            return (f"{path}@{w.digest} is not there at {url} (HTTP 404: digest, tag or "
+                    f"repository gone){note}"), None, None
+        except RegistryUnreachable as e:
+            return f"unreachable from this machine: {e}", None, None
+        except RegistryError as e:
+            return str(e), None, None
+        try:
+            found = self.client(url).resolve(path, w.digest)
+        except RegistryError:
+            return None, None, None
+        return None, found.layer_bytes, found.image_id
 
     def archive(self, index: int, source: ImageSource, w: WantedImage) -> SourceResult:
         path = str(source.path)
