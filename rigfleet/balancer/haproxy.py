@@ -121,12 +121,7 @@ def parse_stat_csv(text: str) -> list[ServerState]:
     if not lines or not lines[0].startswith("# "):
         raise ValueError(f"not HAProxy 'show stat' output: {text.strip()[:120]!r}")
     reader = csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]])))
-    out = []
-    for row in reader:
-        if row.get("svname") in ("FRONTEND", "BACKEND", None) or row.get("type") not in ("2",):
-            continue
-        out.append(ServerState(
-            backend=row.get("pxname", ""), host=row.get("svname", ""),
-            status=row.get("status", ""), check=row.get("check_status", ""),
-            check_code=row.get("check_code", "")))
-    return out
+    return [ServerState(backend=row.get("pxname", ""), host=row.get("svname", ""),
+                        status=row.get("status", ""), check=row.get("check_status", ""),
+                        check_code=row.get("check_code", ""))
+            for row in reader if row.get("type") == "2"]  # 0 frontend, 1 backend, 2 server
