@@ -133,11 +133,3 @@ def write_sidecar(archive: str | Path, **pin: Any) -> Path:
     tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
-
-
-def archives_in(path: str | Path) -> list[Path]:
-    """The archives a source path stands for: the file, or a directory's ``*.tar`` files."""
-    p = Path(path)
-    if p.is_dir():
-        return sorted(x for x in p.glob("*.tar") if x.is_file())
-    return [p] if p.is_file() else []

@@ -18,7 +18,6 @@ from rigfleet.images.archive import (
     ArchiveError,
     ArchiveInfo,
     archive_name,
-    archives_in,
     inspect_archive,
 )
 from rigfleet.images.hoststate import HostImageState
@@ -125,11 +124,14 @@ class SourceChecker:
 
     def archive(self, index: int, source: ImageSource, w: WantedImage) -> SourceResult:
         path = str(source.path)
-        files = archives_in(path)
-        if not files:
-            what = ("holds no *.tar archive" if Path(path).is_dir()
-                    else "no such file or directory")
-            return SourceResult(index, source, False, f"{path}: {what}")
+        if Path(path).is_dir():
+            files = sorted(f for f in Path(path).glob("*.tar") if f.is_file())
+            if not files:
+                return SourceResult(index, source, False, f"{path}: holds no *.tar archive")
+        elif not Path(path).is_file():
+            return SourceResult(index, source, False, f"{path}: no such file or directory")
+        else:
+            files = [Path(path)]
         # The file `rigfleet images export` would have written for this name goes first.
         files.sort(key=lambda f: f.name != archive_name(w.image))
         seen: list[str] = []

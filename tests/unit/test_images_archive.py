@@ -20,7 +20,6 @@ from images_fakes import docker_save_tar
 from rigfleet.images.archive import (
     ArchiveError,
     archive_name,
-    archives_in,
     images_in_manifest,
     inspect_archive,
     read_sidecar,
@@ -86,7 +85,7 @@ def test_manifest_shapes() -> None:
         images_in_manifest({})
 
 
-def test_sidecar_round_trip_and_archives_of_a_path(tmp_path) -> None:
+def test_sidecar_round_trip(tmp_path) -> None:
     path = tmp_path / archive_name(IMAGE)
     image_id = docker_save_tar(path, [IMAGE])
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -96,10 +95,6 @@ def test_sidecar_round_trip_and_archives_of_a_path(tmp_path) -> None:
     assert side["schema"] == "rigfleet-image-archive/1" and side["image_id"] == image_id
     assert side["archive"] == path.name and "rigfleet images import" in side["restore"]
     assert inspect_archive(path).sidecar["digest"] == "sha256:" + "d" * 64
-    (tmp_path / "notes.txt").write_text("x")
-    assert archives_in(tmp_path) == [path]
-    assert archives_in(path) == [path]
-    assert archives_in(tmp_path / "nope") == []
 
 
 # --- the host's state script in a real shell -------------------------------------------------
