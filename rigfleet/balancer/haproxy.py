@@ -94,8 +94,7 @@ def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
 # -- runtime stats ---------------------------------------------------------------------------
 
 def show_stat_command(paths: HostPaths = HOST_PATHS) -> str:
-    """The shell command that prints ``show stat`` (CSV) from the runtime API, on the balancer
-    host (root: the socket is 0600)."""
+    """``show stat`` (CSV) from the runtime API, run on the balancer host as root (0600)."""
     return f"printf 'show stat\\n' | socat -t 5 - UNIX-CONNECT:{paths.socket}"
 
 

@@ -35,8 +35,7 @@ class BalancerRow:
 
 
 def balancer_url(plan: BalancerPlan, host: InventoryHost) -> str:
-    """How clients reach the balancer: ``balancer_url``, else ``<scheme>://<ssh address>:
-    <balancer_port>``."""
+    """How clients reach the balancer: ``balancer_url``, else its SSH address and port."""
     s = plan.settings
     return (s.url or f"{s.scheme}://{host.ssh_target[0]}:{s.port}").rstrip("/")
 

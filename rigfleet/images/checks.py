@@ -74,10 +74,8 @@ class SourceChecker:
                                 "name: the fleet cache pulls through for Docker Hub's names "
                                 "only (cache_registry_upstream)")
         if source.kind == "hub":
-            url = check_url(source, w, settings)
-            path = registry_of(w.repository)[1]
-            ref = f"{w.image}@{w.digest}"
-            return self.registry(index, source, url, path, w, ref)
+            return self.registry(index, source, check_url(source, w, settings),
+                                 registry_of(w.repository)[1], w, f"{w.image}@{w.digest}")
         if source.kind == "registry":
             url = source.check or str(source.url)
             path = source.repository or registry_of(w.repository)[1]
