@@ -119,11 +119,9 @@ class Evidence:
     cards: tuple[Card, ...] = ()
     engine: Mapping[str, Any] = field(default_factory=dict)
     enforce_eager: bool = False
-    args: tuple[str, ...] = ()
     mounts: tuple[tuple[str, str], ...] = ()  # (host source, container destination)
     load_decode: float | None = None  # narrative tok/s under the doctor's load
     load_acceptance: tuple[float, ...] | None = None
-    version: str = ""
     error: str = ""
 
     @property
@@ -150,11 +148,9 @@ def parse_evidence(host: str, section: Mapping[str, Any]) -> Evidence:
     return Evidence(
         host=host, stack=section.get("stack"), cards=tuple(cards),
         engine=section.get("engine") or {}, enforce_eager=bool(section.get("enforce_eager")),
-        args=tuple(str(a) for a in section.get("args") or ()),
         mounts=tuple((str(m.get("source")), str(m.get("destination")))
                      for m in section.get("mounts") or () if isinstance(m, dict)),
         load_decode=load.get("decode_mean") if isinstance(load.get("decode_mean"),
                                                           int | float) else None,
         load_acceptance=tuple(float(x) for x in per_pos) if isinstance(per_pos, list) else None,
-        version=str(section.get("version") or ""),
         error=str(section.get("error") or ""))
