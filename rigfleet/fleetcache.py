@@ -34,10 +34,8 @@ def model_path(model_dir: str, repo: str, revision: str) -> str:
 
 
 def render_registry_config(settings: CacheSettings) -> str:
-    """Docker's registry (distribution 2.x) as a pull-through cache of the upstream: no auth
-    (Debian's packaged config turns htpasswd on; the cache serves public, pinned images and
-    proxy mode refuses pushes), every address on ``cache_registry_port``, the access log on
-    (bytes served per request, in the journal)."""
+    """The pull-through cache's registry config: no auth (Debian's packaged one turns htpasswd
+    on; the cache serves public, pinned images and proxy mode refuses pushes)."""
     return (
         "# Managed by rigfleet (roles/cache.py): a pull-through cache; docs/images.md.\n"
         "version: 0.1\n"
@@ -58,9 +56,7 @@ def render_registry_config(settings: CacheSettings) -> str:
 
 
 def render_nginx_site(settings: CacheSettings) -> str:
-    """nginx serving ``cache_model_dir`` read-only on ``cache_model_port``: GET and HEAD only,
-    no listing, nothing under a dot name (partial downloads, manifests, the hub client's
-    metadata); one log line per request with the bytes sent."""
+    """nginx serving ``cache_model_dir`` read-only on ``cache_model_port`` (docs/images.md)."""
     return (
         "# Managed by rigfleet (roles/cache.py): the model cache, verified revisions only;\n"
         "# docs/images.md.\n"

@@ -1,15 +1,14 @@
 """HAProxy on a balancer host: its paths, its config from a ``BalancerPlan``, its stats (pure)::
 
     text = render_config(plan, HOST_PATHS)                 # /etc/haproxy/haproxy.cfg
-    rotation(plan, parse_stat_csv(show_stat))["int8"].up   # ('host1', 'host2')
+    parse_stat_csv(show_stat)[0].in_rotation               # True
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import jinja2
 
@@ -95,8 +94,7 @@ def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
 # -- runtime stats ---------------------------------------------------------------------------
 
 def show_stat_command(paths: HostPaths = HOST_PATHS) -> str:
-    """The shell command that prints ``show stat`` (CSV) from the runtime API, on the balancer
-    host (root: the socket is 0600)."""
+    """``show stat`` (CSV) from the runtime API, run on the balancer host as root (0600)."""
     return f"printf 'show stat\\n' | socat -t 5 - UNIX-CONNECT:{paths.socket}"
 
 
@@ -122,47 +120,7 @@ def parse_stat_csv(text: str) -> list[ServerState]:
     if not lines or not lines[0].startswith("# "):
         raise ValueError(f"not HAProxy 'show stat' output: {text.strip()[:120]!r}")
     reader = csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]])))
-    out = []
-    for row in reader:
-        if row.get("svname") in ("FRONTEND", "BACKEND", None) or row.get("type") not in ("2",):
-            continue
-        out.append(ServerState(
-            backend=row.get("pxname", ""), host=row.get("svname", ""),
-            status=row.get("status", ""), check=row.get("check_status", ""),
-            check_code=row.get("check_code", "")))
-    return out
-
-
-@dataclass(frozen=True)
-class StackRotation:
-    """Which of a stack's hosts get new requests (``up``) and which do not, and why."""
-
-    stack: str
-    up: tuple[str, ...]
-    out: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host, why)
-
-    @property
-    def total(self) -> int:
-        return len(self.up) + len(self.out)
-
-
-def rotation(plan: BalancerPlan, servers: Sequence[ServerState]) -> dict[str, StackRotation]:
-    """Per stack of ``plan``: its hosts in rotation and out (a host the running HAProxy does
-    not know yet, its config not reloaded, is out: "not in the running config")."""
-    by_backend: Mapping[tuple[str, str], ServerState] = {(s.backend, s.host): s
-                                                          for s in servers}
-    result = {}
-    for pool in plan.pools:
-        up, out = [], []
-        for srv in pool.servers:
-            state = by_backend.get((pool.backend, srv.id))
-            if state is None:
-                out.append((srv.host, "not in the running config"))
-            elif state.in_rotation:
-                up.append(srv.host)
-            else:
-                why = state.status + (f" ({state.check}" + (f" {state.check_code}"
-                                      if state.check_code else "") + ")" if state.check else "")
-                out.append((srv.host, why))
-        result[pool.stack] = StackRotation(pool.stack, tuple(up), tuple(out))
-    return result
+    return [ServerState(backend=row.get("pxname", ""), host=row.get("svname", ""),
+                        status=row.get("status", ""), check=row.get("check_status", ""),
+                        check_code=row.get("check_code", ""))
+            for row in reader if row.get("type") == "2"]  # 0 frontend, 1 backend, 2 server

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rigfleet.balancer.haproxy import parse_stat_csv, rotation, show_stat_command
+from rigfleet.balancer.haproxy import ServerState, parse_stat_csv, show_stat_command
 from rigfleet.balancer.plan import BalancerPlan, fleet_plan
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost
@@ -35,8 +35,7 @@ class BalancerRow:
 
 
 def balancer_url(plan: BalancerPlan, host: InventoryHost) -> str:
-    """How clients reach the balancer: ``balancer_url``, else ``<scheme>://<ssh address>:
-    <balancer_port>``."""
+    """How clients reach the balancer: ``balancer_url``, else its SSH address and port."""
     s = plan.settings
     return (s.url or f"{s.scheme}://{host.ssh_target[0]}:{s.port}").rstrip("/")
 
@@ -61,5 +60,26 @@ def balancer_rows(lb: InventoryHost, hosts: Sequence[InventoryHost], remote: Rem
     except ValueError as e:
         return [BalancerRow(lb.name, url, p.stack, error=f"HAProxy's runtime API: {e}")
                 for p in plan.pools]
-    return [BalancerRow(lb.name, url, stack, list(r.up), list(r.out))
-            for stack, r in rotation(plan, servers).items()]
+    return rotation(lb.name, url, plan, servers)
+
+
+def rotation(lb: str, url: str, plan: BalancerPlan,
+             servers: Sequence[ServerState]) -> list[BalancerRow]:
+    """Per stack of ``plan``: its hosts in rotation and out (a host the running HAProxy does
+    not know yet, its config not reloaded, is out: "not in the running config")."""
+    by_backend = {(s.backend, s.host): s for s in servers}
+    rows = []
+    for pool in plan.pools:
+        row = BalancerRow(lb, url, pool.stack)
+        for srv in pool.servers:
+            state = by_backend.get((pool.backend, srv.id))
+            if state is None:
+                row.out.append((srv.host, "not in the running config"))
+            elif state.in_rotation:
+                row.up.append(srv.host)
+            else:
+                why = state.status + (f" ({state.check}" + (f" {state.check_code}"
+                                      if state.check_code else "") + ")" if state.check else "")
+                row.out.append((srv.host, why))
+        rows.append(row)
+    return rows

@@ -12,6 +12,7 @@ import csv
 import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 _NA = {"", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]",
@@ -90,31 +91,23 @@ class Card:
     samples: int = 0
 
 
-def summarise(index: int, idle: Mapping[str, Any] | None,
-              load: Sequence[Mapping[str, Any]]) -> Card:
-    rows = list(load) or ([idle] if idle else [])
-    first = rows[0] if rows else {}
-    reasons = tuple(r for r in _REASONS if any(row.get(f"clocks_event_reasons.{r}") is True
-                                               for row in load))
+def summarise(index: int, idle: Mapping[str, Any], load: Sequence[Mapping[str, Any]]) -> Card:
+    first = load[0] if load else idle
+    at, over = partial(_num, first), partial(_over, load)
     return Card(
-        index=index, name=str(first.get("name") or ""),
-        power_limit_w=_num(first, "power.limit"), power_default_w=_num(first,
-                                                                       "power.default_limit"),
-        power_max_w=_num(first, "power.max_limit"),
-        power_draw_w=_over(load, "power.draw", _mean),
-        power_draw_max_w=_over(load, "power.draw", max),
-        utilization=_over(load, "utilization.gpu", _mean),
-        clocks_sm=_over(load, "clocks.sm", _mean), clocks_mem=_over(load, "clocks.mem", _mean),
-        clocks_max_sm=_num(first, "clocks.max.sm"), clocks_max_mem=_num(first, "clocks.max.mem"),
-        reasons=reasons,
-        gen_idle=_num(idle, "pcie.link.gen.current") if idle else None,
-        gen_load=_over(load, "pcie.link.gen.current", max),
-        gen_max=_num(first, "pcie.link.gen.max"), gen_gpumax=_num(first, "pcie.link.gen.gpumax"),
-        width_load=_over(load, "pcie.link.width.current", max),
-        width_max=_num(first, "pcie.link.width.max"),
-        temperature_max=_over(load, "temperature.gpu", max),
-        pstate_load=str(load[-1].get("pstate") or "") if load else "",
-        samples=len(load))
+        index=index, name=str(first.get("name") or ""), power_limit_w=at("power.limit"),
+        power_default_w=at("power.default_limit"), power_max_w=at("power.max_limit"),
+        power_draw_w=over("power.draw", _mean), power_draw_max_w=over("power.draw", max),
+        utilization=over("utilization.gpu", _mean), clocks_sm=over("clocks.sm", _mean),
+        clocks_mem=over("clocks.mem", _mean), clocks_max_sm=at("clocks.max.sm"),
+        clocks_max_mem=at("clocks.max.mem"),
+        reasons=tuple(r for r in _REASONS
+                      if any(row.get(f"clocks_event_reasons.{r}") is True for row in load)),
+        gen_idle=_num(idle, "pcie.link.gen.current"), gen_load=over("pcie.link.gen.current", max),
+        gen_max=at("pcie.link.gen.max"), gen_gpumax=at("pcie.link.gen.gpumax"),
+        width_load=over("pcie.link.width.current", max), width_max=at("pcie.link.width.max"),
+        temperature_max=over("temperature.gpu", max),
+        pstate_load=str(load[-1].get("pstate") or "") if load else "", samples=len(load))
 
 
 @dataclass(frozen=True)
@@ -126,11 +119,9 @@ class Evidence:
     cards: tuple[Card, ...] = ()
     engine: Mapping[str, Any] = field(default_factory=dict)
     enforce_eager: bool = False
-    args: tuple[str, ...] = ()
     mounts: tuple[tuple[str, str], ...] = ()  # (host source, container destination)
     load_decode: float | None = None  # narrative tok/s under the doctor's load
     load_acceptance: tuple[float, ...] | None = None
-    version: str = ""
     error: str = ""
 
     @property
@@ -157,11 +148,9 @@ def parse_evidence(host: str, section: Mapping[str, Any]) -> Evidence:
     return Evidence(
         host=host, stack=section.get("stack"), cards=tuple(cards),
         engine=section.get("engine") or {}, enforce_eager=bool(section.get("enforce_eager")),
-        args=tuple(str(a) for a in section.get("args") or ()),
         mounts=tuple((str(m.get("source")), str(m.get("destination")))
                      for m in section.get("mounts") or () if isinstance(m, dict)),
         load_decode=load.get("decode_mean") if isinstance(load.get("decode_mean"),
                                                           int | float) else None,
         load_acceptance=tuple(float(x) for x in per_pos) if isinstance(per_pos, list) else None,
-        version=str(section.get("version") or ""),
         error=str(section.get("error") or ""))

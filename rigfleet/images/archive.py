@@ -63,7 +63,6 @@ def archive_name(image: str) -> str:
     return image.replace("/", "_").replace(":", "_") + ".tar"
 
 
-
 def images_in_manifest(manifest: Any) -> tuple[ArchivedImage, ...]:
     """The images a ``manifest.json`` names, ids taken from the config file names (unhashed)."""
     if not isinstance(manifest, list):
@@ -134,17 +133,3 @@ def write_sidecar(archive: str | Path, **pin: Any) -> Path:
     tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
-
-
-def archives_in(path: str | Path) -> list[Path]:
-    """The archives a source path stands for: the file, or a directory's ``*.tar`` files."""
-    p = Path(path)
-    if p.is_dir():
-        return sorted(x for x in p.glob("*.tar") if x.is_file())
-    return [p] if p.is_file() else []
-
-
-def sha256_file(path: str | Path) -> str:
-    """The hex sha256 of a file (what sidecars record as ``sha256``)."""
-    with Path(path).open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()

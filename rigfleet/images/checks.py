@@ -18,7 +18,6 @@ from rigfleet.images.archive import (
     ArchiveError,
     ArchiveInfo,
     archive_name,
-    archives_in,
     inspect_archive,
 )
 from rigfleet.images.hoststate import HostImageState
@@ -36,6 +35,9 @@ from rigfleet.vllm_versions import NIGHTLY_TAG
 # vllm .buildkite/scripts/cleanup-nightly-builds.sh (docs/images.md).
 NIGHTLY_NOTE = ("vLLM keeps only the 14 newest nightly-* tags on Docker Hub (about two weeks); "
                 "release tags stay")
+# Why a registry does not hold an image, else its linux/amd64 compressed layer bytes and image
+# id (None: unreadable).
+_Found = tuple[str | None, int | None, str | None]
 
 
 class SourceChecker:
@@ -44,8 +46,7 @@ class SourceChecker:
     def __init__(self, registry: Callable[[str], Registry] = Registry) -> None:
         self._registry = registry
         self._clients: dict[str, Registry] = {}
-        self._there: dict[tuple[str, str, str], str | None] = {}
-        self._resolved: dict[tuple[str, str, str], tuple[int | None, str | None]] = {}
+        self._there: dict[tuple[str, str, str], _Found] = {}
 
     def client(self, url: str) -> Registry:
         if url not in self._clients:
@@ -73,10 +74,8 @@ class SourceChecker:
                                 "name: the fleet cache pulls through for Docker Hub's names "
                                 "only (cache_registry_upstream)")
         if source.kind == "hub":
-            url = check_url(source, w, settings)
-            path = registry_of(w.repository)[1]
-            ref = f"{w.image}@{w.digest}"
-            return self.registry(index, source, url, path, w, ref)
+            return self.registry(index, source, check_url(source, w, settings),
+                                 registry_of(w.repository)[1], w, f"{w.image}@{w.digest}")
         if source.kind == "registry":
             url = source.check or str(source.url)
             path = source.repository or registry_of(w.repository)[1]
@@ -96,43 +95,41 @@ class SourceChecker:
                                 "the host pulls it", None, ref=ref)
         key = (url, path, w.digest)
         if key not in self._there:
-            try:
-                self.client(url).digest(path, w.digest)
-                self._there[key] = None
-            except RegistryNotFound:
-                tag = w.image.rsplit(":", 1)[-1]
-                note = f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(tag) else ""
-                self._there[key] = (f"{path}@{w.digest} is not there at {url} (HTTP 404: "
-                                    f"digest, tag or repository gone){note}")
-            except RegistryUnreachable as e:
-                self._there[key] = f"unreachable from this machine: {e}"
-            except RegistryError as e:
-                self._there[key] = str(e)
-        problem = self._there[key]
+            self._there[key] = self._ask(url, path, w)
+        problem, size, image_id = self._there[key]
         if problem is not None:
             return SourceResult(index, source, False, problem, ref=ref)
-        size, image_id = self.resolve(url, path, w.digest)
         return SourceResult(index, source, True, f"{path}@{w.digest[:19]} is there at {url}",
                             size, ref=ref, image_id=image_id)
 
-    def resolve(self, url: str, path: str, digest: str) -> tuple[int | None, str | None]:
-        """The linux/amd64 image's compressed layer bytes and image id (None: unreadable)."""
-        key = (url, path, digest)
-        if key not in self._resolved:
-            try:
-                found = self.client(url).resolve(path, digest)
-                self._resolved[key] = (found.layer_bytes, found.image_id)
-            except RegistryError:
-                self._resolved[key] = (None, None)
-        return self._resolved[key]
+    def _ask(self, url: str, path: str, w: WantedImage) -> _Found:
+        try:
+            self.client(url).digest(path, w.digest)
+        except RegistryNotFound:
+            tag = w.image.rsplit(":", 1)[-1]
+            note = f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(tag) else ""
+            return (f"{path}@{w.digest} is not there at {url} (HTTP 404: digest, tag or "
+                    f"repository gone){note}"), None, None
+        except RegistryUnreachable as e:
+            return f"unreachable from this machine: {e}", None, None
+        except RegistryError as e:
+            return str(e), None, None
+        try:
+            found = self.client(url).resolve(path, w.digest)
+        except RegistryError:
+            return None, None, None
+        return None, found.layer_bytes, found.image_id
 
     def archive(self, index: int, source: ImageSource, w: WantedImage) -> SourceResult:
         path = str(source.path)
-        files = archives_in(path)
-        if not files:
-            what = ("holds no *.tar archive" if Path(path).is_dir()
-                    else "no such file or directory")
-            return SourceResult(index, source, False, f"{path}: {what}")
+        if Path(path).is_dir():
+            files = sorted(f for f in Path(path).glob("*.tar") if f.is_file())
+            if not files:
+                return SourceResult(index, source, False, f"{path}: holds no *.tar archive")
+        elif not Path(path).is_file():
+            return SourceResult(index, source, False, f"{path}: no such file or directory")
+        else:
+            files = [Path(path)]
         # The file `rigfleet images export` would have written for this name goes first.
         files.sort(key=lambda f: f.name != archive_name(w.image))
         seen: list[str] = []

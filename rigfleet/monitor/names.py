@@ -11,10 +11,6 @@ from typing import Literal
 
 MetricType = Literal["gauge", "counter"]
 
-# The inventory group of the monitor host (Prometheus + Alertmanager; roles/monitor.py).
-MONITOR_GROUP = "monitors"
-# Prometheus on the monitor host listens on loopback only, on this port.
-PROMETHEUS_PORT = 9090
 # Scrape jobs of every GPU host: the node exporter (its textfile collector carries
 # rigfleet-gpu.prom and rigfleet.prom) and the engine's own /metrics.
 JOBS = ("node", "vllm")
@@ -26,9 +22,8 @@ class Metric:
 
     name: str
     type: MetricType
-    labels: tuple[str, ...]
     help: str
-    source: str  # vllm | node | gpu (rigfleet-gpu.prom) | rigfleet (rigfleet.prom) | monitor
+    labels: tuple[str, ...] = ()
 
 
 _V = ("model_name", "engine")
@@ -37,68 +32,59 @@ _PINS = ("stack", "image_digest", "model_revision", "genesis_commit")
 
 _TABLE: tuple[Metric, ...] = (
     # The engine's own /metrics (vLLM v1 and the simulator), scrape job "vllm".
-    Metric("vllm:num_requests_running", "gauge", _V, "requests being decoded", "vllm"),
-    Metric("vllm:num_requests_waiting", "gauge", _V, "requests queued", "vllm"),
-    Metric("vllm:kv_cache_usage_perc", "gauge", _V, "KV cache usage, 0-1", "vllm"),
-    Metric("vllm:spec_decode_num_drafts_total", "counter", _V, "speculative drafts", "vllm"),
-    Metric("vllm:spec_decode_num_draft_tokens_total", "counter", _V,
-           "tokens proposed by the draft (MTP) head", "vllm"),
-    Metric("vllm:spec_decode_num_accepted_tokens_total", "counter", _V,
-           "draft tokens accepted", "vllm"),
-    Metric("vllm:generation_tokens_total", "counter", _V, "tokens generated", "vllm"),
+    Metric("vllm:num_requests_running", "gauge", "requests being decoded", _V),
+    Metric("vllm:num_requests_waiting", "gauge", "requests queued", _V),
+    Metric("vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 0-1", _V),
+    Metric("vllm:spec_decode_num_drafts_total", "counter", "speculative drafts", _V),
+    Metric("vllm:spec_decode_num_draft_tokens_total", "counter",
+           "tokens proposed by the draft (MTP) head", _V),
+    Metric("vllm:spec_decode_num_accepted_tokens_total", "counter", "draft tokens accepted", _V),
+    Metric("vllm:generation_tokens_total", "counter", "tokens generated", _V),
     # GPU figures from nvidia-smi (textfile rigfleet-gpu.prom, every 15 s).
-    Metric("rigfleet_gpu_power_watts", "gauge", _G, "board power draw", "gpu"),
-    Metric("rigfleet_gpu_power_limit_watts", "gauge", _G, "enforced power limit", "gpu"),
-    Metric("rigfleet_gpu_temperature_celsius", "gauge", _G, "GPU core temperature", "gpu"),
-    Metric("rigfleet_gpu_sm_clock_mhz", "gauge", _G, "SM clock", "gpu"),
-    Metric("rigfleet_gpu_memory_used_bytes", "gauge", _G, "framebuffer memory used", "gpu"),
-    Metric("rigfleet_gpu_memory_total_bytes", "gauge", _G, "framebuffer memory", "gpu"),
-    Metric("rigfleet_gpu_utilization_ratio", "gauge", _G, "GPU utilisation, 0-1", "gpu"),
-    Metric("rigfleet_gpu_throttle", "gauge", (*_G, "reason"),
+    Metric("rigfleet_gpu_power_watts", "gauge", "board power draw", _G),
+    Metric("rigfleet_gpu_power_limit_watts", "gauge", "enforced power limit", _G),
+    Metric("rigfleet_gpu_temperature_celsius", "gauge", "GPU core temperature", _G),
+    Metric("rigfleet_gpu_sm_clock_mhz", "gauge", "SM clock", _G),
+    Metric("rigfleet_gpu_memory_used_bytes", "gauge", "framebuffer memory used", _G),
+    Metric("rigfleet_gpu_memory_total_bytes", "gauge", "framebuffer memory", _G),
+    Metric("rigfleet_gpu_utilization_ratio", "gauge", "GPU utilisation, 0-1", _G),
+    Metric("rigfleet_gpu_throttle", "gauge",
            "clock throttle reason active (1) or not (0); reason: sw_power_cap, hw_slowdown, "
-           "sw_thermal, hw_thermal, hw_power_brake", "gpu"),
-    Metric("rigfleet_gpu_pcie_link_gen", "gauge", (*_G, "state"),
-           "PCIe link generation; state: current, max", "gpu"),
-    Metric("rigfleet_gpu_pcie_link_width", "gauge", (*_G, "state"),
-           "PCIe link width (lanes); state: current, max", "gpu"),
-    Metric("rigfleet_gpu_ecc_errors_total", "counter", _G,
-           "ECC errors (only where the card reports ECC)", "gpu"),
-    Metric("rigfleet_gpu_scrape_ok", "gauge", (), "1 when nvidia-smi answered, else 0", "gpu"),
+           "sw_thermal, hw_thermal, hw_power_brake", (*_G, "reason")),
+    Metric("rigfleet_gpu_pcie_link_gen", "gauge",
+           "PCIe link generation; state: current, max", (*_G, "state")),
+    Metric("rigfleet_gpu_pcie_link_width", "gauge",
+           "PCIe link width (lanes); state: current, max", (*_G, "state")),
+    Metric("rigfleet_gpu_ecc_errors_total", "counter",
+           "ECC errors (only where the card reports ECC)", _G),
+    Metric("rigfleet_gpu_scrape_ok", "gauge", "1 when nvidia-smi answered, else 0"),
     # rigfleet's own facts (textfile rigfleet.prom, every 15 s and after each swap/gate).
-    Metric("rigfleet_serving_info", "gauge", _PINS, "what serves, always 1", "rigfleet"),
-    Metric("rigfleet_ready", "gauge", (), "the front says ready (1) or not (0)", "rigfleet"),
-    Metric("rigfleet_engine_up", "gauge", (),
-           "the serving engine's container/process runs (1/0), busy or not", "rigfleet"),
-    Metric("rigfleet_swap_in_progress", "gauge", (), "a swap transaction runs (1/0)",
-           "rigfleet"),
-    Metric("rigfleet_swap_expected_seconds", "gauge", (),
-           "the running swap's expected duration", "rigfleet"),
-    Metric("rigfleet_maintenance_window_open", "gauge", (), "a maintenance window is open",
-           "rigfleet"),
-    Metric("rigfleet_maintenance_window_opened_timestamp_seconds", "gauge", (),
-           "when the open maintenance window opened", "rigfleet"),
-    Metric("rigfleet_gate_tokens_per_second", "gauge", ("stack",),
-           "the last gate's decode tokens/s", "rigfleet"),
-    Metric("rigfleet_gate_baseline_tokens_per_second", "gauge", ("stack",),
-           "the host's baseline decode tokens/s for the stack", "rigfleet"),
-    Metric("rigfleet_gate_margin_ratio", "gauge", ("stack",),
-           "the stack's allowed shortfall against the baseline (e.g. 0.1)", "rigfleet"),
-    Metric("rigfleet_gate_passed", "gauge", ("stack",), "the last gate passed (1/0)",
-           "rigfleet"),
-    Metric("rigfleet_gate_timestamp_seconds", "gauge", ("stack",), "when the last gate ran",
-           "rigfleet"),
-    Metric("rigfleet_mtp_acceptance_floor", "gauge", ("stack",),
-           "the stack's lowest acceptable MTP acceptance rate", "rigfleet"),
-    Metric("rigfleet_supervisor_recreations_total", "counter", (),
-           "stacks the supervisor recreated", "rigfleet"),
-    Metric("rigfleet_supervisor_gave_up", "gauge", (), "the supervisor gave up (1/0)",
-           "rigfleet"),
-    Metric("rigfleet_drain_seconds", "gauge", (), "the last drain's duration", "rigfleet"),
-    Metric("rigfleet_facts_timestamp_seconds", "gauge", (), "when rigfleet.prom was written",
-           "rigfleet"),
+    Metric("rigfleet_serving_info", "gauge", "what serves, always 1", _PINS),
+    Metric("rigfleet_ready", "gauge", "the front says ready (1) or not (0)"),
+    Metric("rigfleet_engine_up", "gauge",
+           "the serving engine's container/process runs (1/0), busy or not"),
+    Metric("rigfleet_swap_in_progress", "gauge", "a swap transaction runs (1/0)"),
+    Metric("rigfleet_swap_expected_seconds", "gauge", "the running swap's expected duration"),
+    Metric("rigfleet_maintenance_window_open", "gauge", "a maintenance window is open"),
+    Metric("rigfleet_maintenance_window_opened_timestamp_seconds", "gauge",
+           "when the open maintenance window opened"),
+    Metric("rigfleet_gate_tokens_per_second", "gauge",
+           "the last gate's decode tokens/s", ("stack",)),
+    Metric("rigfleet_gate_baseline_tokens_per_second", "gauge",
+           "the host's baseline decode tokens/s for the stack", ("stack",)),
+    Metric("rigfleet_gate_margin_ratio", "gauge",
+           "the stack's allowed shortfall against the baseline (e.g. 0.1)", ("stack",)),
+    Metric("rigfleet_gate_passed", "gauge", "the last gate passed (1/0)", ("stack",)),
+    Metric("rigfleet_gate_timestamp_seconds", "gauge", "when the last gate ran", ("stack",)),
+    Metric("rigfleet_mtp_acceptance_floor", "gauge",
+           "the stack's lowest acceptable MTP acceptance rate", ("stack",)),
+    Metric("rigfleet_supervisor_recreations_total", "counter", "stacks the supervisor recreated"),
+    Metric("rigfleet_supervisor_gave_up", "gauge", "the supervisor gave up (1/0)"),
+    Metric("rigfleet_drain_seconds", "gauge", "the last drain's duration"),
+    Metric("rigfleet_facts_timestamp_seconds", "gauge", "when rigfleet.prom was written"),
     # On the monitor host, from pins.yaml and the inventory (written by the converge).
-    Metric("rigfleet_desired_info", "gauge", ("host", *_PINS),
-           "what pins.yaml says a host should serve, always 1", "monitor"),
+    Metric("rigfleet_desired_info", "gauge",
+           "what pins.yaml says a host should serve, always 1", ("host", *_PINS)),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _TABLE}
@@ -126,8 +112,3 @@ ALERTS = (
     "RigGpuThrottling", "RigKvCacheNearFull", "RigMaintenanceWindowLong",
     "RigSupervisorGaveUp", "RigPinsDiffer", "RigTargetDown",
 )
-
-
-def known(name: str) -> bool:
-    """Whether a series name used in a rule or a dashboard is in the contract."""
-    return name in METRICS or name in RECORDED or name in BUILTIN or name in NODE

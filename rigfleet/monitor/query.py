@@ -14,8 +14,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 from rigfleet.errors import RigfleetError
-from rigfleet.inventory import InventoryHost
-from rigfleet.monitor.names import MONITOR_GROUP, PROMETHEUS_PORT
+from rigfleet.inventory import MONITOR_GROUP, InventoryHost
+from rigfleet.scrape import PROMETHEUS_PORT
 from rigfleet.ssh import HostUnreachable, Remote
 
 MARK = "--rigfleet-prometheus-answer--"

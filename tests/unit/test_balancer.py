@@ -20,9 +20,9 @@ from rigfleet.balancer.haproxy import (
     keys_list,
     parse_stat_csv,
     render_config,
-    rotation,
 )
 from rigfleet.balancer.plan import BalancerError, front_target, plan_balancer
+from rigfleet.balancer.status import rotation
 from rigfleet.hostdata import HostDataError, validate_balancer, validate_host
 from rigfleet.inventory import InventoryHost, balancers, gpu_hosts, host_kind
 
@@ -252,11 +252,11 @@ def test_show_stat_says_which_hosts_are_in_rotation(tmp_path):
         ("stack_int8", "host1", "UP", "200"), ("stack_int8", "host2", "DOWN", "503"),
         ("stack_tq3-mtp-genesis", "host3", "UP", "200")]
     plan = make_plan(tmp_path, {**STACKS, "host4": "int8"})
-    rot = rotation(plan, servers)
-    assert rot["int8"].up == ("host1",)
-    assert rot["int8"].out == (("host2", "DOWN (L7STS 503)"),
-                               ("host4", "not in the running config"))
-    assert rot["tq3-mtp-genesis"].up == ("host3",) and rot["int8"].total == 3
+    rot = {r.stack: r for r in rotation("lb1", "-", plan, servers)}
+    assert rot["int8"].up == ["host1"]
+    assert rot["int8"].out == [("host2", "DOWN (L7STS 503)"),
+                               ("host4", "not in the running config")]
+    assert rot["tq3-mtp-genesis"].up == ["host3"]
 
 
 def test_show_stat_output_that_is_not_csv_is_an_error():

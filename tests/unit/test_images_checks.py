@@ -55,6 +55,7 @@ def test_a_purged_nightly_says_why_and_the_next_source_is_tried(tmp_path) -> Non
     saved = tmp_path / "archive"
     saved.mkdir()
     image_id = docker_save_tar(saved / archive_name(NIGHTLY), [NIGHTLY])
+    (saved / "notes.txt").write_text("not an archive")  # only *.tar files count
     w = WantedImage(NIGHTLY, DIGEST, image_id, ("tq3",))
     first, second = c.results(w, settings(ImageSource("hub"),
                                           ImageSource("archive", path=str(saved))),
