@@ -68,13 +68,17 @@ class GitSource:
 
 @dataclass(frozen=True)
 class GenesisCommit:
-    """One commit: its label, date and light tree report (no registry)."""
+    """One commit: its release (a version tag, else a ``release(vX)`` subject: v7.x had no
+    tags), date and light tree report (no registry)."""
 
     sha: str
-    subject: str
-    label: str
+    release: str | None
     date: int
     tree: TreeReport
+
+    @property
+    def label(self) -> str:
+        return f"{self.sha[:12]} ({self.release})" if self.release else self.sha[:12]
 
     @property
     def allowlist(self) -> tuple[str, ...]:
@@ -139,23 +143,16 @@ class GenesisRepo:
         return {sha: tuple(sorted(names, key=lambda n: (not _VERSION_TAG.fullmatch(n), n)))
                 for sha, names in found.items()}  # fmt: skip
 
-    def release(self, sha: str, subject: str) -> str | None:
-        """A version tag pointing at ``sha``, else a ``release(vX)`` subject (v7.x had no tags)."""
-        tag = next((t for t in self.tags.get(sha, ()) if _VERSION_TAG.fullmatch(t)), None)
-        if tag:
-            return tag
-        m = _RELEASE.search(subject)
-        return m.group("version") if m else None
-
     def commit(self, sha: str) -> GenesisCommit:
         if sha not in self._commits:
             line = self.git("log", "-1", "--format=%ct %s", sha).stdout.strip()
             date, _, subject = line.partition(" ")
-            release = self.release(sha, subject)
-            label = f"{sha[:12]} ({release})" if release else sha[:12]
+            tag = next((t for t in self.tags.get(sha, ()) if _VERSION_TAG.fullmatch(t)), None)
+            subject_release = _RELEASE.search(subject)
+            release = tag or (subject_release.group("version") if subject_release else None)
             tree = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha),
                                                                 registry=False))  # fmt: skip
-            self._commits[sha] = GenesisCommit(sha, subject, label, int(date or 0), tree)
+            self._commits[sha] = GenesisCommit(sha, release, int(date or 0), tree)
         return self._commits[sha]
 
     def report(self, sha: str) -> TreeReport:
@@ -178,9 +175,8 @@ class GenesisRepo:
     def version(self, sha: str) -> str | None:
         """Its release, else ``git describe``, else the version the tree declares."""
         c = self.commit(sha)
-        release = self.release(sha, c.subject)
-        if release:
-            return release
+        if c.release:
+            return c.release
         proc = self.git("describe", "--tags", "--abbrev=12", sha, check=False)
         described = proc.stdout.strip()
         if proc.returncode == 0 and _VERSION_TAG.fullmatch(described):
@@ -204,8 +200,8 @@ class GenesisRepo:
 
 @dataclass(frozen=True)
 class GenesisChoice:
-    """The Genesis commit to pair with the candidate vLLM; ``proposed``: newer than the pin;
-    ``rollback_safe``: it also lists the vLLM the fleet runs now."""
+    """The Genesis commit to pair with the candidate vLLM; ``rollback_safe``: it also lists the
+    vLLM the fleet runs now."""
 
     commit: str
     label: str
@@ -223,8 +219,7 @@ class GenesisChoice:
 def choose_genesis(repo: GenesisRepo, pinned: str, version: str,
                    current_version: str | None = None, explicit: str | None = None
                    ) -> GenesisChoice:
-    """The Genesis commit for vLLM ``version``: the pin, else the newest-first newer commit that
-    lists it (``explicit``: only that one); ``GenesisRefused`` when none fits."""
+    """The pin if it lists vLLM ``version``, else the newest newer commit that does."""
     if explicit is not None:
         sha = repo.resolve(explicit)
         c = repo.commit(sha)
@@ -273,8 +268,7 @@ def names_commit(version: str, commit: str) -> bool:
 
 
 def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
-    """The allowlisted version (at the pin or a newer commit) that names vLLM ``commit``: what
-    a nightly not pulled (``--dry``) will report."""
+    """The allowlisted version (at the pin or newer) naming vLLM ``commit`` (``--dry``)."""
     for c in repo.lineage(pinned):
         for version in c.allowlist:
             if names_commit(version, commit):
@@ -285,9 +279,8 @@ def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
 def check_switches(repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackUse], *,
                    stack: str, spec: StackSpec | None = None,
                    vllm_version: str | None = None) -> None:
-    """``GenesisRefused`` when ``pin`` does not know (or retired) a switch one of ``uses`` (key
-    ``""``: the stack file; else a host) sets, or leaves a correctness patch of ``spec`` and
-    ``vllm_version`` undecided (``rigfleet.genesis_decisions``)."""
+    """``GenesisRefused`` when ``pin`` does not suit one of ``uses`` (key ``""``: the stack file;
+    else a host), or ``spec`` leaves a correctness patch undecided."""
     report = repo.report(pin.commit)
     problems: list[str] = []
     seen: set[str] = set()
@@ -306,9 +299,8 @@ def check_switches(repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackU
 
 def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | None = None,
                  cache_dir: Path | None = None) -> tuple[Pins, list[str]]:
-    """``rigfleet pins lock``: ``pins`` with each Genesis pin's layout and version read from its
-    commit, and the changes (``stacks.<s>.genesis.layout: v7 -> v12``); every Genesis stack is
-    checked as the hosts' gate checks it (``GenesisRefused`` lists every problem)."""
+    """``pins`` with each Genesis pin's layout and version read from its commit, and the changes;
+    ``GenesisRefused`` lists every problem the hosts' gate would find."""
     from rigfleet.catalog import builtin_catalog
 
     stacks_of = catalog or builtin_catalog()
