@@ -200,15 +200,13 @@ class GenesisRepo:
 
 @dataclass(frozen=True)
 class GenesisChoice:
-    """The Genesis commit to pair with the candidate vLLM; ``rollback_safe``: it also lists the
-    vLLM the fleet runs now."""
+    """The Genesis commit to pair with the candidate vLLM; ``proposed``: not the pin;
+    ``rollback_safe``: it also lists the vLLM the fleet runs now."""
 
     commit: str
     label: str
     proposed: bool
-    allowlist: tuple[str, ...]
     rollback_safe: bool
-    checked: int = 1
     layout: str | None = None
     version: str | None = None
 
@@ -219,26 +217,17 @@ class GenesisChoice:
 def choose_genesis(repo: GenesisRepo, pinned: str, version: str,
                    current_version: str | None = None, explicit: str | None = None
                    ) -> GenesisChoice:
-    """The pin if it lists vLLM ``version``, else the newest newer commit that does."""
-    if explicit is not None:
-        sha = repo.resolve(explicit)
-        c = repo.commit(sha)
-        if not c.tree.lists(version):
-            raise GenesisRefused(refusal(version, [c], explicit=True))
-        return _choice(repo, c, sha != pinned, current_version)
+    """The pin if it lists vLLM ``version``, else the newest newer commit that does
+    (``explicit``: only that commit)."""
     checked: list[GenesisCommit] = []
-    for c in repo.lineage(pinned):
+    commits = repo.lineage(pinned) if explicit is None else [repo.commit(repo.resolve(explicit))]
+    for c in commits:
         checked.append(c)
         if c.tree.lists(version):
-            return _choice(repo, c, len(checked) > 1, current_version, checked=len(checked))
-    raise GenesisRefused(refusal(version, checked))
-
-
-def _choice(repo: GenesisRepo, c: GenesisCommit, proposed: bool, current: str | None,
-            checked: int = 1) -> GenesisChoice:
-    safe = current is None or c.tree.lists(current)
-    return GenesisChoice(c.sha, c.label, proposed, c.allowlist, safe, checked,
-                         layout=c.tree.layout, version=repo.version(c.sha))  # fmt: skip
+            safe = current_version is None or c.tree.lists(current_version)
+            return GenesisChoice(c.sha, c.label, c.sha != pinned, safe, c.tree.layout,
+                                 repo.version(c.sha))
+    raise GenesisRefused(refusal(version, checked, explicit=explicit is not None))
 
 
 def refusal(version: str, checked: list[GenesisCommit], *, explicit: bool = False) -> str:
@@ -282,14 +271,12 @@ def check_switches(repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackU
     """``GenesisRefused`` when ``pin`` does not suit one of ``uses`` (key ``""``: the stack file;
     else a host), or ``spec`` leaves a correctness patch undecided."""
     report = repo.report(pin.commit)
-    problems: list[str] = []
-    seen: set[str] = set()
+    first_host: dict[str, str] = {}  # a stack-file problem once, not once per host
     for host, use in uses.items():
         for p in pairing_problems(report, pin, stack=stack, vllm_version=None, use=use,
                                   where=f"{pin.repo} {pin.commit[:12]}"):  # fmt: skip
-            if p not in seen:  # a stack-file problem once, not once per host
-                seen.add(p)
-                problems.append(f"{host}: {p}" if host else p)
+            first_host.setdefault(p, host)
+    problems = [f"{host}: {p}" if host else p for p, host in first_host.items()]
     if spec is not None:
         problems += decision_problems(spec, repo.entries(pin.commit), vllm_version,
                                       label=pin.label, generation=pin.layout)
