@@ -82,7 +82,8 @@ class InspectError(ValueError):
 class Source(Protocol):
     """Read access to one Genesis tree: a directory on a host, or a commit in a git mirror."""
 
-    def exists(self, rel: str) -> bool: ...
+    def markers(self) -> frozenset[str]:
+        """Which of ``MARKERS`` the tree has."""
 
     def read(self, rel: str) -> str | None: ...
 
@@ -91,8 +92,8 @@ class DirSource:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
-    def exists(self, rel: str) -> bool:
-        return (self.root / rel).exists()
+    def markers(self) -> frozenset[str]:
+        return frozenset(m for m in MARKERS if (self.root / m).exists())
 
     def read(self, rel: str) -> str | None:
         path = self.root / rel
@@ -114,10 +115,6 @@ def detect_layout(present: set[str] | frozenset[str]) -> tuple[str | None, str |
     if found:
         return found[0], None
     return None, f"it has none of {wanted}"
-
-
-def markers(source: Source) -> frozenset[str]:
-    return frozenset(m for m in MARKERS if source.exists(m))
 
 
 def literal_assignments(module: ast.Module) -> dict[str, object]:
@@ -263,7 +260,7 @@ def parse_version(text: str, files: TreeFiles) -> str | None:
 
 def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
     """The report of one tree; ``registry=False`` skips the patch registry."""
-    present = markers(source)
+    present = source.markers()
     layout, why = detect_layout(present)
     out: dict[str, Any] = {"schema": SCHEMA, "layout": layout, "markers": sorted(present),
                            "version": None, "version_file": None, "allowlist": None,

@@ -50,16 +50,10 @@ class GitSource:
     def __init__(self, repo: GenesisRepo, sha: str) -> None:
         self.repo, self.sha = repo, sha
 
-    @cached_property
-    def _markers(self) -> frozenset[str]:
+    def markers(self) -> frozenset[str]:
         out = self.repo.git("ls-tree", "--name-only", self.sha, "--",
                             *genesis_inspect.MARKERS).stdout  # fmt: skip
         return frozenset(out.split())
-
-    def exists(self, rel: str) -> bool:
-        if rel in genesis_inspect.MARKERS:
-            return rel in self._markers
-        return self.repo.git("cat-file", "-e", f"{self.sha}:{rel}", check=False).returncode == 0
 
     def read(self, rel: str) -> str | None:
         proc = self.repo.git("show", f"{self.sha}:{rel}", check=False)
