@@ -156,11 +156,7 @@ class GenesisRepo:
             self._reports[sha] = TreeReport.from_json(data)
         return self._reports[sha]
 
-    def entries(self, sha: str) -> list[PatchEntry]:
-        """The registry entries of ``sha`` (empty for a layout rigfleet does not know)."""
-        layout = self.report(sha).layout
-        if layout is None:
-            return []
+    def entries(self, sha: str, layout: str) -> list[PatchEntry]:
         try:
             return read_entries(GitSource(self, sha), layout)
         except genesis_inspect.InspectError as e:
@@ -272,7 +268,7 @@ def check_switches(repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackU
             first_host.setdefault(p, host)
     problems = [f"{host}: {p}" if host else p for p, host in first_host.items()]
     if spec is not None:
-        problems += decision_problems(spec, repo.entries(pin.commit), vllm_version,
+        problems += decision_problems(spec, repo.entries(pin.commit, pin.layout), vllm_version,
                                       label=pin.label, generation=pin.layout)
     if problems:
         raise GenesisRefused("; ".join(problems) + "; refusing before any host changes")
@@ -320,9 +316,9 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
                                          use=use, image_ref=p.image,
                                          where=f"{g.repo} {sha[:12]}"))  # fmt: skip
         if name in stacks_of and report.layout is not None:
-            problems.extend(decision_problems(stacks_of.get(name), repo.entries(sha),
-                                              p.vllm_version, label=new.label,
-                                              generation=report.layout))  # fmt: skip
+            entries = repo.entries(sha, report.layout)
+            problems.extend(decision_problems(stacks_of.get(name), entries, p.vllm_version,
+                                              label=new.label, generation=report.layout))
         return replace(p, genesis=new)
 
     stacks = {n: locked(f"stacks.{n}", n, p) for n, p in pins.stacks.items()}
