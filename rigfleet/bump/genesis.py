@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 
 from rigfleet import genesis_inspect
-from rigfleet.catalog import Catalog, StackSpec
+from rigfleet.catalog import Catalog, StackSpec, builtin_catalog
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse, TreeReport, allowlist_problem, pairing_problems
 from rigfleet.genesis_decisions import PatchEntry, decision_problems, read_entries
@@ -278,8 +278,6 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
                  cache_dir: Path | None = None) -> tuple[Pins, list[str]]:
     """``pins`` with each Genesis pin's layout and version read from its commit, and the changes;
     ``GenesisRefused`` lists every problem the hosts' gate would find."""
-    from rigfleet.catalog import builtin_catalog
-
     stacks_of = catalog or builtin_catalog()
     repos: dict[str, GenesisRepo] = {}
     changes: list[str] = []
