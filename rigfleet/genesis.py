@@ -240,8 +240,7 @@ LEGACY_PREFIX = "GENESIS_LEGACY_"
 
 
 def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
-    """Needed patches Genesis ``label`` lacks, would skip as retired, or that the stack file
-    leaves off (a host's ``extra_env`` turning one off is an override: docs/genesis.md)."""
+    """Needed patches Genesis ``label`` lacks, skips as retired, or the stack file leaves off."""
     problems = []
     allow_retired = truthy(use.env.get(ALLOW_RETIRED, ""))
     on = {t.patch for name, value in use.file_env.items() if truthy(value)
@@ -281,8 +280,7 @@ def pairing_problems(
     image_ref: str = "",
     where: str = "",
 ) -> list[str]:
-    """Everything that makes Genesis ``pin`` unfit for ``stack``, one ``stack <name>: ...``
-    line each; ``vllm_version``/``use`` None: that part is not checked."""
+    """Why Genesis ``pin`` is unfit for ``stack`` (``vllm_version``/``use`` None: not checked)."""
     at = f" at {where}" if where else ""
     label = pin.label
     if report.errors:

@@ -23,7 +23,7 @@ from rigfleet.genesis_inspect import (
     read_file,
     registry_literal,
     strings,
-    switch_suffix,
+    switch_names,
 )
 
 if TYPE_CHECKING:
@@ -38,8 +38,7 @@ _SPEC_KEYS = ("spec_method", "spec_decode_method", "spec_method_any")
 
 @dataclass(frozen=True)
 class PatchEntry:
-    """One ``PATCH_REGISTRY`` entry, as far as the rule reads it (``switches``: the
-    ``GENESIS_ENABLE_`` suffixes that turn it on; none for a legacy patch)."""
+    """One ``PATCH_REGISTRY`` entry; ``switches``: the suffixes that turn it on (legacy: none)."""
 
     pid: str
     title: str
@@ -66,15 +65,12 @@ def entries_from_literal(registry: Mapping[str, Mapping[str, Any]],
     files = GENERATIONS[generation]
     out = []
     for pid, meta in registry.items():
-        flag = meta.get("env_flag")
-        legacy = isinstance(flag, str) and flag.startswith(LEGACY_PREFIX)
-        names = [flag] if isinstance(flag, str) and flag and not legacy else []
-        names += strings(meta.get("env_flag_aliases"))
-        suffixes = [s for s in (switch_suffix(n, files) for n in names) if s]
+        legacy = str(meta.get("env_flag")).startswith(LEGACY_PREFIX)
+        suffixes = [s for s, via in switch_names(meta, files) if not (legacy and via == "env_flag")]
         applies = meta.get("applies_to")
         out.append(PatchEntry(
             pid=pid, title=str(meta.get("title") or ""), category=str(meta.get("category") or ""),
-            lifecycle=lifecycle(dict(meta)), default_on=bool(meta.get("default_on")),
+            lifecycle=lifecycle(meta), default_on=bool(meta.get("default_on")),
             applies_to=dict(applies) if isinstance(applies, dict) else {},
             switches=tuple(dict.fromkeys(suffixes))))  # fmt: skip
     return out
@@ -152,7 +148,7 @@ def decision_problems(
     generation: str | None = None,
 ) -> list[str]:
     """Each patch the stack must decide and does not, or decides against its switch set
-    ``generation`` (None: not compared); one ``<stack file>: genesis.decisions.<id>: ...`` each."""
+    ``generation`` (None: not compared)."""
     g = spec.genesis
     if g is None:
         return []

@@ -15,6 +15,7 @@ import ast
 import json
 import re
 import sys
+from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +29,11 @@ REGISTRY = "PATCH_REGISTRY"
 
 @dataclass(frozen=True)
 class TreeFiles:
-    """Where one Genesis generation keeps what rigfleet reads (relative to the tree's root)
-    and how it reads its switches: docs/genesis.md's table of the two generations.
-
-    ``strips_prefix``: an ``env_flag`` without a switch prefix is read as a bare name under each
-    prefix (v12's ``_bare``); v7 reads it literally only. ``flags_file``: (v12) whose ``Flags``
-    class lists every switch name Genesis reads.
-    """
+    """Where one Genesis generation keeps what rigfleet reads and how it reads its switches
+    (docs/genesis.md's table); ``strips_prefix``: an unprefixed ``env_flag`` is a bare switch
+    name (v12), ``flags_file``: (v12) whose ``Flags`` class names every switch Genesis reads."""
 
     generation: str
-    package: str
     check_file: str
     allowlist_file: str
     registry_file: str
@@ -51,7 +47,6 @@ class TreeFiles:
 GENERATIONS: dict[str, TreeFiles] = {
     "v7": TreeFiles(
         generation="v7",
-        package="vllm/_genesis",
         check_file="vllm/_genesis/patches/apply_all.py",
         allowlist_file="vllm/_genesis/guards.py",
         registry_file="vllm/_genesis/dispatcher.py",
@@ -62,7 +57,6 @@ GENERATIONS: dict[str, TreeFiles] = {
     ),
     "v12": TreeFiles(
         generation="v12",
-        package="sndr",
         check_file="sndr/apply/__main__.py",
         allowlist_file="sndr/engines/vllm/detection/guards.py",
         registry_file="sndr/dispatcher/registry.py",
@@ -88,7 +82,8 @@ class InspectError(ValueError):
 class Source(Protocol):
     """Read access to one Genesis tree: a directory on a host, or a commit in a git mirror."""
 
-    def exists(self, rel: str) -> bool: ...
+    def markers(self) -> frozenset[str]:
+        """Which of ``MARKERS`` the tree has."""
 
     def read(self, rel: str) -> str | None: ...
 
@@ -97,8 +92,8 @@ class DirSource:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
-    def exists(self, rel: str) -> bool:
-        return (self.root / rel).exists()
+    def markers(self) -> frozenset[str]:
+        return frozenset(m for m in MARKERS if (self.root / m).exists())
 
     def read(self, rel: str) -> str | None:
         path = self.root / rel
@@ -120,10 +115,6 @@ def detect_layout(present: set[str] | frozenset[str]) -> tuple[str | None, str |
     if found:
         return found[0], None
     return None, f"it has none of {wanted}"
-
-
-def markers(source: Source) -> frozenset[str]:
-    return frozenset(m for m in MARKERS if source.exists(m))
 
 
 def literal_assignments(module: ast.Module) -> dict[str, object]:
@@ -168,7 +159,7 @@ def parse_allowlist(text: str, where: str) -> tuple[list[str], list[str]]:
     return strings(values[KNOWN_GOOD]), strings(values.get(PENDING))
 
 
-def lifecycle(meta: dict[str, Any]) -> str:
+def lifecycle(meta: Mapping[str, Any]) -> str:
     """A registry entry's lifecycle as Genesis derives it (docs/genesis.md)."""
     explicit = meta.get("lifecycle")
     if isinstance(explicit, str) and explicit:
@@ -176,12 +167,18 @@ def lifecycle(meta: dict[str, Any]) -> str:
     return "deprecated" if meta.get("deprecated") else DEFAULT_LIFECYCLE
 
 
-def switch_suffix(flag: str, files: TreeFiles) -> str | None:
-    """The suffix under which ``files``' generation reads env flag ``flag`` (None: no switch)."""
-    for prefix in files.switch_prefixes:
-        if flag.startswith(prefix):
-            return flag[len(prefix):]
-    return flag if files.strips_prefix else None
+def switch_names(meta: Mapping[str, Any], files: TreeFiles) -> list[tuple[str, str]]:
+    """(switch suffix, ``env_flag``/``alias``) of each name that turns a registry entry on."""
+    flag = meta.get("env_flag")
+    named = [(flag, "env_flag")] if isinstance(flag, str) and flag else []
+    named += [(a, "alias") for a in strings(meta.get("env_flag_aliases"))]
+    out = []
+    for name, via in named:
+        prefix = next((p for p in files.switch_prefixes if name.startswith(p)), "")
+        suffix = name[len(prefix):] if prefix or files.strips_prefix else ""
+        if suffix:
+            out.append((suffix, via))
+    return out
 
 
 def registry_literal(text: str, where: str) -> dict[str, dict[str, Any]]:
@@ -207,12 +204,8 @@ def parse_registry(text: str, where: str, files: TreeFiles) -> dict[str, Any]:
         flag = meta.get("env_flag")
         patches[pid] = [flag if isinstance(flag, str) else None, state,
                         bool(meta.get("default_on"))]  # fmt: skip
-        named = [(flag, "env_flag")] if isinstance(flag, str) and flag else []
-        named += [(a, "alias") for a in strings(meta.get("env_flag_aliases"))]
-        for name, via in named:
-            suffix = switch_suffix(name, files)
-            if suffix:
-                switches.setdefault(suffix, []).append([pid, state, via])
+        for suffix, via in switch_names(meta, files):
+            switches.setdefault(suffix, []).append([pid, state, via])
     return {
         "file": files.registry_file,
         "patches": len(registry),
@@ -267,7 +260,7 @@ def parse_version(text: str, files: TreeFiles) -> str | None:
 
 def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
     """The report of one tree; ``registry=False`` skips the patch registry."""
-    present = markers(source)
+    present = source.markers()
     layout, why = detect_layout(present)
     out: dict[str, Any] = {"schema": SCHEMA, "layout": layout, "markers": sorted(present),
                            "version": None, "version_file": None, "allowlist": None,

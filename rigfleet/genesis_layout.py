@@ -20,9 +20,8 @@ TREE_IN_CONTAINER = "/opt/genesis"
 
 @dataclass(frozen=True)
 class GenesisLayout:
-    """One Genesis generation: its tree's ``files``, the directory of it that is mounted
-    (``mount``, relative; ``""``: the whole tree) at ``mount_target`` in the container, and the
-    shell lines the entrypoint runs before applying (``prepare``)."""
+    """One generation in the container: the part of the tree mounted (``mount``; ``""``: all
+    of it) at ``mount_target``, and the lines the entrypoint runs before applying."""
 
     files: TreeFiles
     mount: str
@@ -77,15 +76,9 @@ V12 = GenesisLayout(
 LAYOUTS: dict[str, GenesisLayout] = {V7.generation: V7, V12.generation: V12}
 
 
-def requirement_module(requirement: str) -> str:
-    """The module a pinned requirement provides for ``import`` (Genesis' deps: their names)."""
-    return requirement.split("==", 1)[0].strip().lower().replace("-", "_")
-
-
 def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) -> str:
-    """The container's ``/bin/bash -c <script> -- <vllm args>``: check the mount and the
-    packages the deploy baked into the image, apply Genesis (``set -e``: a failed patch stops
-    the boot), serve."""
+    """The container's ``/bin/bash -c <script> -- <vllm args>``: check the mount and the baked
+    packages, apply Genesis (``set -e``: a failed patch stops the boot), serve."""
     check = layout.check_path_in_container
     lines = [
         "set -e",
@@ -96,7 +89,9 @@ def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) 
         "fi",
     ]
     if runtime_packages:
-        modules = ", ".join(requirement_module(r) for r in runtime_packages)
+        # Genesis' dependencies are imported by their names (``xxhash==3.5.0``: ``xxhash``).
+        modules = ", ".join(r.split("==", 1)[0].strip().lower().replace("-", "_")
+                            for r in runtime_packages)
         wanted = " ".join(runtime_packages)
         lines += [
             f"if ! python3 -c 'import {modules}' 2>/dev/null; then",

@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 
 from rigfleet import genesis_inspect
-from rigfleet.catalog import Catalog, StackSpec
+from rigfleet.catalog import Catalog, StackSpec, builtin_catalog
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse, TreeReport, allowlist_problem, pairing_problems
 from rigfleet.genesis_decisions import PatchEntry, decision_problems, read_entries
@@ -50,16 +50,10 @@ class GitSource:
     def __init__(self, repo: GenesisRepo, sha: str) -> None:
         self.repo, self.sha = repo, sha
 
-    @cached_property
-    def _markers(self) -> frozenset[str]:
+    def markers(self) -> frozenset[str]:
         out = self.repo.git("ls-tree", "--name-only", self.sha, "--",
                             *genesis_inspect.MARKERS).stdout  # fmt: skip
         return frozenset(out.split())
-
-    def exists(self, rel: str) -> bool:
-        if rel in genesis_inspect.MARKERS:
-            return rel in self._markers
-        return self.repo.git("cat-file", "-e", f"{self.sha}:{rel}", check=False).returncode == 0
 
     def read(self, rel: str) -> str | None:
         proc = self.repo.git("show", f"{self.sha}:{rel}", check=False)
@@ -68,13 +62,17 @@ class GitSource:
 
 @dataclass(frozen=True)
 class GenesisCommit:
-    """One commit: its label, date and light tree report (no registry)."""
+    """One commit: its release (a version tag, else a ``release(vX)`` subject: v7.x had no
+    tags), date and light tree report (no registry)."""
 
     sha: str
-    subject: str
-    label: str
+    release: str | None
     date: int
     tree: TreeReport
+
+    @property
+    def label(self) -> str:
+        return f"{self.sha[:12]} ({self.release})" if self.release else self.sha[:12]
 
     @property
     def allowlist(self) -> tuple[str, ...]:
@@ -139,23 +137,16 @@ class GenesisRepo:
         return {sha: tuple(sorted(names, key=lambda n: (not _VERSION_TAG.fullmatch(n), n)))
                 for sha, names in found.items()}  # fmt: skip
 
-    def release(self, sha: str, subject: str) -> str | None:
-        """A version tag pointing at ``sha``, else a ``release(vX)`` subject (v7.x had no tags)."""
-        tag = next((t for t in self.tags.get(sha, ()) if _VERSION_TAG.fullmatch(t)), None)
-        if tag:
-            return tag
-        m = _RELEASE.search(subject)
-        return m.group("version") if m else None
-
     def commit(self, sha: str) -> GenesisCommit:
         if sha not in self._commits:
             line = self.git("log", "-1", "--format=%ct %s", sha).stdout.strip()
             date, _, subject = line.partition(" ")
-            release = self.release(sha, subject)
-            label = f"{sha[:12]} ({release})" if release else sha[:12]
+            tag = next((t for t in self.tags.get(sha, ()) if _VERSION_TAG.fullmatch(t)), None)
+            subject_release = _RELEASE.search(subject)
+            release = tag or (subject_release.group("version") if subject_release else None)
             tree = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha),
                                                                 registry=False))  # fmt: skip
-            self._commits[sha] = GenesisCommit(sha, subject, label, int(date or 0), tree)
+            self._commits[sha] = GenesisCommit(sha, release, int(date or 0), tree)
         return self._commits[sha]
 
     def report(self, sha: str) -> TreeReport:
@@ -165,11 +156,7 @@ class GenesisRepo:
             self._reports[sha] = TreeReport.from_json(data)
         return self._reports[sha]
 
-    def entries(self, sha: str) -> list[PatchEntry]:
-        """The registry entries of ``sha`` (empty for a layout rigfleet does not know)."""
-        layout = self.report(sha).layout
-        if layout is None:
-            return []
+    def entries(self, sha: str, layout: str) -> list[PatchEntry]:
         try:
             return read_entries(GitSource(self, sha), layout)
         except genesis_inspect.InspectError as e:
@@ -178,9 +165,8 @@ class GenesisRepo:
     def version(self, sha: str) -> str | None:
         """Its release, else ``git describe``, else the version the tree declares."""
         c = self.commit(sha)
-        release = self.release(sha, c.subject)
-        if release:
-            return release
+        if c.release:
+            return c.release
         proc = self.git("describe", "--tags", "--abbrev=12", sha, check=False)
         described = proc.stdout.strip()
         if proc.returncode == 0 and _VERSION_TAG.fullmatch(described):
@@ -204,15 +190,13 @@ class GenesisRepo:
 
 @dataclass(frozen=True)
 class GenesisChoice:
-    """The Genesis commit to pair with the candidate vLLM; ``proposed``: newer than the pin;
+    """The Genesis commit to pair with the candidate vLLM; ``proposed``: not the pin;
     ``rollback_safe``: it also lists the vLLM the fleet runs now."""
 
     commit: str
     label: str
     proposed: bool
-    allowlist: tuple[str, ...]
     rollback_safe: bool
-    checked: int = 1
     layout: str | None = None
     version: str | None = None
 
@@ -223,27 +207,17 @@ class GenesisChoice:
 def choose_genesis(repo: GenesisRepo, pinned: str, version: str,
                    current_version: str | None = None, explicit: str | None = None
                    ) -> GenesisChoice:
-    """The Genesis commit for vLLM ``version``: the pin, else the newest-first newer commit that
-    lists it (``explicit``: only that one); ``GenesisRefused`` when none fits."""
-    if explicit is not None:
-        sha = repo.resolve(explicit)
-        c = repo.commit(sha)
-        if not c.tree.lists(version):
-            raise GenesisRefused(refusal(version, [c], explicit=True))
-        return _choice(repo, c, sha != pinned, current_version)
+    """The pin if it lists vLLM ``version``, else the newest newer commit that does
+    (``explicit``: only that commit)."""
     checked: list[GenesisCommit] = []
-    for c in repo.lineage(pinned):
+    commits = repo.lineage(pinned) if explicit is None else [repo.commit(repo.resolve(explicit))]
+    for c in commits:
         checked.append(c)
         if c.tree.lists(version):
-            return _choice(repo, c, len(checked) > 1, current_version, checked=len(checked))
-    raise GenesisRefused(refusal(version, checked))
-
-
-def _choice(repo: GenesisRepo, c: GenesisCommit, proposed: bool, current: str | None,
-            checked: int = 1) -> GenesisChoice:
-    safe = current is None or c.tree.lists(current)
-    return GenesisChoice(c.sha, c.label, proposed, c.allowlist, safe, checked,
-                         layout=c.tree.layout, version=repo.version(c.sha))  # fmt: skip
+            safe = current_version is None or c.tree.lists(current_version)
+            return GenesisChoice(c.sha, c.label, c.sha != pinned, safe, c.tree.layout,
+                                 repo.version(c.sha))
+    raise GenesisRefused(refusal(version, checked, explicit=explicit is not None))
 
 
 def refusal(version: str, checked: list[GenesisCommit], *, explicit: bool = False) -> str:
@@ -273,8 +247,7 @@ def names_commit(version: str, commit: str) -> bool:
 
 
 def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
-    """The allowlisted version (at the pin or a newer commit) that names vLLM ``commit``: what
-    a nightly not pulled (``--dry``) will report."""
+    """The allowlisted version (at the pin or newer) naming vLLM ``commit`` (``--dry``)."""
     for c in repo.lineage(pinned):
         for version in c.allowlist:
             if names_commit(version, commit):
@@ -285,20 +258,17 @@ def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
 def check_switches(repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackUse], *,
                    stack: str, spec: StackSpec | None = None,
                    vllm_version: str | None = None) -> None:
-    """``GenesisRefused`` when ``pin`` does not know (or retired) a switch one of ``uses`` (key
-    ``""``: the stack file; else a host) sets, or leaves a correctness patch of ``spec`` and
-    ``vllm_version`` undecided (``rigfleet.genesis_decisions``)."""
+    """``GenesisRefused`` when ``pin`` does not suit one of ``uses`` (key ``""``: the stack file;
+    else a host), or ``spec`` leaves a correctness patch undecided."""
     report = repo.report(pin.commit)
-    problems: list[str] = []
-    seen: set[str] = set()
+    first_host: dict[str, str] = {}  # a stack-file problem once, not once per host
     for host, use in uses.items():
         for p in pairing_problems(report, pin, stack=stack, vllm_version=None, use=use,
                                   where=f"{pin.repo} {pin.commit[:12]}"):  # fmt: skip
-            if p not in seen:  # a stack-file problem once, not once per host
-                seen.add(p)
-                problems.append(f"{host}: {p}" if host else p)
+            first_host.setdefault(p, host)
+    problems = [f"{host}: {p}" if host else p for p, host in first_host.items()]
     if spec is not None:
-        problems += decision_problems(spec, repo.entries(pin.commit), vllm_version,
+        problems += decision_problems(spec, repo.entries(pin.commit, pin.layout), vllm_version,
                                       label=pin.label, generation=pin.layout)
     if problems:
         raise GenesisRefused("; ".join(problems) + "; refusing before any host changes")
@@ -306,11 +276,8 @@ def check_switches(repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackU
 
 def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | None = None,
                  cache_dir: Path | None = None) -> tuple[Pins, list[str]]:
-    """``rigfleet pins lock``: ``pins`` with each Genesis pin's layout and version read from its
-    commit, and the changes (``stacks.<s>.genesis.layout: v7 -> v12``); every Genesis stack is
-    checked as the hosts' gate checks it (``GenesisRefused`` lists every problem)."""
-    from rigfleet.catalog import builtin_catalog
-
+    """``pins`` with each Genesis pin's layout and version read from its commit, and the changes;
+    ``GenesisRefused`` lists every problem the hosts' gate would find."""
     stacks_of = catalog or builtin_catalog()
     repos: dict[str, GenesisRepo] = {}
     changes: list[str] = []
@@ -347,9 +314,9 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
                                          use=use, image_ref=p.image,
                                          where=f"{g.repo} {sha[:12]}"))  # fmt: skip
         if name in stacks_of and report.layout is not None:
-            problems.extend(decision_problems(stacks_of.get(name), repo.entries(sha),
-                                              p.vllm_version, label=new.label,
-                                              generation=report.layout))  # fmt: skip
+            entries = repo.entries(sha, report.layout)
+            problems.extend(decision_problems(stacks_of.get(name), entries, p.vllm_version,
+                                              label=new.label, generation=report.layout))
         return replace(p, genesis=new)
 
     stacks = {n: locked(f"stacks.{n}", n, p) for n, p in pins.stacks.items()}
