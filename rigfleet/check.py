@@ -31,6 +31,7 @@ from rigfleet.desired import (
     resolve_pins_path,
     staged_stacks,
 )
+from rigfleet.fleetcache import validate_cache_host
 from rigfleet.hostdata import (
     HostSettings,
     validate_balancer,
@@ -104,6 +105,8 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
                                             gpu_host=h.kind.gpu))
         if h.kind.monitor:
             out.problems += _raised(partial(validate_monitor, h.name, h.data))
+        if h.kind.cache:
+            out.problems += _raised(partial(validate_cache_host, h.name, h.groups, h.data))
         if not h.kind.gpu:
             continue
         oses, os_problem = host_os(h.name, h.data.get("os"))

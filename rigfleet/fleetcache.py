@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from contextlib import suppress
 from typing import Any
 
-from rigfleet.hostdata import CacheSettings, HostDataError, validate_cache
+from rigfleet.hostdata import KEY_DEFAULTS, CacheSettings, HostDataError, validate_cache
 from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import host_kind
 
@@ -142,6 +142,23 @@ def seed_command(upstream: str, path: str, digest: str, marker: str = "") -> str
         seed += f" --marker {shlex.quote(marker)}"
     return (f"systemctl start {SEED_SERVICE} && {{ {seed}; rc=$?; "
             f"systemctl stop {SEED_SERVICE}; exit $rc; }}")
+
+
+# Ports other services of a host may hold (the monitor's, the node exporter's).
+MONITOR_PORTS = (9090, 9093, 9094, 9100)
+
+
+def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSettings:
+    """``validate_cache`` with the ports the host's other services listen on (their own checks
+    judge their values); raises ``HostDataError``."""
+    kind = host_kind(groups)
+    wanted = []
+    if kind.balancer:
+        wanted.append(data.get("balancer_port", None) or KEY_DEFAULTS["balancer_port"])
+    if kind.gpu:
+        wanted.append(data.get("front_port", None))
+    taken = [p for p in wanted if isinstance(p, int) and not isinstance(p, bool)]
+    return validate_cache(name, data, taken=taken + list(MONITOR_PORTS if kind.monitor else ()))
 
 
 def cache_settings(inventory: Iterable[Any]) -> list[CacheSettings]:

@@ -32,11 +32,12 @@ from rigfleet.fleetcache import (
     render_seed_config,
     render_seed_unit,
     seed_command,
+    validate_cache_host,
     warm_marker,
 )
-from rigfleet.hostdata import KEY_DEFAULTS, CacheSettings, validate_cache
+from rigfleet.hostdata import CacheSettings
 from rigfleet.hostside.layout import HOST
-from rigfleet.inventory import HostKind, host_kind
+from rigfleet.inventory import HostKind
 from rigfleet.pins import ModelPin
 from rigfleet.registry import registry_of, split_image
 from rigfleet.resources import project_file
@@ -44,9 +45,6 @@ from roles.front import DEFAULT_SITE, site_disabled
 from roles.ops import Secret, apt_packages, on_change, secret_file
 from roles.preflight import OsInfo, PreflightError, preflight_of, read_secret, service_os
 from roles.weights import fetch_weights, hf_hub_venv
-
-# Ports other services of a host may hold (the monitor's, the node exporter's).
-MONITOR_PORTS = (9090, 9093, 9094, 9100)
 
 
 @dataclass(frozen=True)
@@ -64,24 +62,13 @@ class CacheContext:
     images: tuple[tuple[str, str], ...] = ()
 
 
-def _taken_ports(kind: HostKind) -> list[int]:
-    """Ports the host's other services listen on (their own preflights check their values)."""
-    wanted = []
-    if kind.balancer:
-        wanted.append(host.data.get("balancer_port", None) or KEY_DEFAULTS["balancer_port"])
-    if kind.gpu:
-        wanted.append(host.data.get("front_port", None))
-    taken = [p for p in wanted if isinstance(p, int) and not isinstance(p, bool)]
-    return taken + list(MONITOR_PORTS if kind.monitor else ())
-
-
 def _desired(other: Any, kind: HostKind) -> DesiredHost | None:
     return load_desired(other.name, other.data) if kind.gpu else None
 
 
 def _check_cache(name: str, gpu_host: bool) -> CacheContext:
     """A cache host: its data, every GPU host's (their pins), the OS, systemd."""
-    settings = validate_cache(name, host.data, taken=_taken_ports(host_kind(host.groups)))
+    settings = validate_cache_host(name, host.groups, host.data)
     wants = read_fleet(name, "caches", "the revisions to cache cannot be read", host.inventory,
                        _desired)
     if not wants:

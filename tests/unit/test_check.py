@@ -366,3 +366,15 @@ def test_the_bump_refuses_a_plan_whose_pins_a_source_lacks(tmp_path, web) -> Non
     with pytest.raises(BumpError, match=r"model x@aaaa: missing at http://hub: no such "
                                         r"revision \(hosts: rig-a\)\nnothing changed"):
         refuse_missing(inputs, plan, gone)  # type: ignore[arg-type]
+
+
+def test_offline_checks_a_cache_host_as_its_preflight_does(tmp_path) -> None:
+    key = tmp_path / "cache-key"
+    key.write_text("k" * 32 + "\n")
+    key.chmod(0o600)
+    # Also the fleet's monitor: its Prometheus holds 9090.
+    cache = InventoryHost("cache1", ("caches", "monitors"), {
+        "api_key_file": str(key), "cache_registry_port": 9090, "cache_adress": "x"})
+    problems = "\n".join(offline([cache]).problems)
+    assert "cache1: cache_registry_port: 9090 is taken by another service of this host" in problems
+    assert "did you mean 'cache_address'?" in problems
