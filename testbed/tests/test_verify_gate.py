@@ -48,7 +48,7 @@ from rigfleet.hostside.verify.runner import run
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTSIDE = REPO / "rigfleet" / "hostside"
-LIMITS = health.HealthLimits()
+LIMITS = FULL
 
 # ---------------------------------------------------------------------------------------------
 # Output-health detectors
@@ -171,7 +171,7 @@ def test_empty_and_tool_call_leak_and_scan():
     found = health.scan("The The The The", "", [], "stop", LIMITS)
     assert [f.name for f in found] == ["first_word_repetition"]
     # Thresholds come from the profile.
-    strict = health.HealthLimits(first_word_repeats=2)
+    strict = resolve("full", ["health_first_word_repeats=2"])
     assert health.detect_first_word_repetition("Yes yes, indeed.", strict) is not None
 
 

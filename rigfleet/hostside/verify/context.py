@@ -3,7 +3,7 @@ can take it without importing the list of checks (``checks.CHECKS``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..bench.measure import SilentProgress
@@ -11,7 +11,6 @@ from ..records import ThroughputRecord
 from . import metrics, prompts
 from .client import Client
 from .counting import TokenCounter, chat_body
-from .health import HealthLimits
 from .profiles import Profile
 
 
@@ -35,12 +34,6 @@ class Context:
     counter: TokenCounter | None = None  # /tokenize, else 1-token completions
     throughput_record: ThroughputRecord | None = None
     sizer: prompts.Sizer | None = None
-
-    @property
-    def limits(self) -> HealthLimits:
-        """The profile's ``health_*`` values."""
-        return HealthLimits(**{f.name: getattr(self.profile, f"health_{f.name}")
-                               for f in fields(HealthLimits)})
 
     def get_sizer(self) -> prompts.Sizer:
         if self.sizer is None:

@@ -1,9 +1,10 @@
 """Output-health detectors, run on every reply the gate receives.
 
 A server with a broken KV read path still answers 200 quickly; what gives it away is the
-text. Each detector returns a named :class:`Finding` or None; ``scan`` runs them all::
+text. Each detector returns a named :class:`Finding` or None; ``scan`` runs them all, with
+the profile's ``health_*`` thresholds::
 
-    scan(content="...", reasoning="", tool_calls=[], finish_reason="stop", limits=HealthLimits())
+    scan(content="...", reasoning="", tool_calls=[], finish_reason="stop", prof=FULL)
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from .profiles import Profile
 
 
 @dataclass(frozen=True)
@@ -26,18 +29,6 @@ class Finding:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v != ""}
-
-
-@dataclass(frozen=True)
-class HealthLimits:
-    punct_run: int = 4
-    punct_ratio: float = 0.30
-    punct_min_chars: int = 40
-    first_word_repeats: int = 3
-    line_repeats: int = 5
-    lexical_min: float = 0.30
-    lexical_window: int = 200
-    lexical_min_words: int = 40
 
 
 # Stable finding names.
@@ -86,11 +77,11 @@ def detect_empty(content: str, tool_calls: list[Any] | None = None, reasoning: s
                    evidence=f"finish_reason={finish_reason}")
 
 
-def detect_punctuation_flood(text: str, limits: HealthLimits) -> Finding | None:
+def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
     """``!!!!``-style runs, long runs of mixed punctuation, or prose that is mostly
     punctuation (over ``punct_ratio`` of its letters, digits and punctuation)."""
     prose = _prose(text)
-    run = re.search(r"([!?¡¿])\1{" + str(limits.punct_run - 1) + ",}", prose)
+    run = re.search(r"([!?¡¿])\1{" + str(prof.health_punct_run - 1) + ",}", prose)
     if run:
         return Finding(PUNCT_FLOOD, f"a run of {len(run.group(0))} '{run.group(1)}'",
                        evidence=_excerpt(prose, run.start() - 20))
@@ -110,14 +101,14 @@ def detect_punctuation_flood(text: str, limits: HealthLimits) -> Finding | None:
             elif _is_punct(ch):
                 punct += 1
     counted = punct + other
-    if counted >= limits.punct_min_chars and punct / counted > limits.punct_ratio:
+    if counted >= prof.health_punct_min_chars and punct / counted > prof.health_punct_ratio:
         return Finding(PUNCT_FLOOD, f"{punct / counted:.0%} of the text is punctuation "
-                                    f"(limit {limits.punct_ratio:.0%})",
+                                    f"(limit {prof.health_punct_ratio:.0%})",
                        evidence=_excerpt(prose))
     return None
 
 
-def detect_first_word_repetition(text: str, limits: HealthLimits) -> Finding | None:
+def detect_first_word_repetition(text: str, prof: Profile) -> Finding | None:
     """The first word repeated right away ("The The The"), or making up half the reply."""
     words = [w.lower() for w in _WORD.findall(text[:20_000])]
     if not words:
@@ -126,17 +117,17 @@ def detect_first_word_repetition(text: str, limits: HealthLimits) -> Finding | N
     run = 1
     while run < len(words) and words[run] == first:
         run += 1
-    if run >= limits.first_word_repeats:
+    if run >= prof.health_first_word_repeats:
         return Finding(FIRST_WORD, f"the first word {first!r} repeats {run} times in a row",
                        evidence=_excerpt(text.lstrip()))
-    head = words[: limits.lexical_window]
+    head = words[: prof.health_lexical_window]
     if len(head) >= 10 and head.count(first) / len(head) >= 0.5:
         return Finding(FIRST_WORD, f"the first word {first!r} is {head.count(first)} of the "
                                    f"first {len(head)} words", evidence=_excerpt(text.lstrip()))
     return None
 
 
-def detect_repeated_line(text: str, limits: HealthLimits) -> Finding | None:
+def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
     """Any line repeated ``line_repeats`` times in a row; lines without a letter or digit
     (``}``, ``---``, fences) legitimately stack up in code and markdown and are skipped."""
     prev = None
@@ -147,7 +138,7 @@ def detect_repeated_line(text: str, limits: HealthLimits) -> Finding | None:
             continue
         if s == prev:
             count += 1
-            if count >= limits.line_repeats:
+            if count >= prof.health_line_repeats:
                 return Finding(LINE_REPEAT, f"the line {s[:60]!r} repeats {count} times in a row",
                                evidence=s[:80])
         else:
@@ -155,16 +146,17 @@ def detect_repeated_line(text: str, limits: HealthLimits) -> Finding | None:
     return None
 
 
-def detect_low_variety(text: str, limits: HealthLimits) -> Finding | None:
+def detect_low_variety(text: str, prof: Profile) -> Finding | None:
     """unique/total of the first ``lexical_window`` words of prose below ``lexical_min``
     (verify-full's rule; code and math are left out, their keywords repeat legitimately)."""
-    words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))][: limits.lexical_window]
-    if len(words) < limits.lexical_min_words:
+    words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))]
+    words = words[: prof.health_lexical_window]
+    if len(words) < prof.health_lexical_min_words:
         return None  # a short answer ("blue tiger 42") says nothing about variety
     ratio = len(set(words)) / len(words)
-    if ratio < limits.lexical_min:
+    if ratio < prof.health_lexical_min:
         return Finding(LOW_VARIETY, f"lexical variety {ratio:.2f} over the first {len(words)} "
-                                    f"words (limit {limits.lexical_min:.2f})",
+                                    f"words (limit {prof.health_lexical_min:.2f})",
                        evidence=_excerpt(text))
     return None
 
@@ -179,7 +171,7 @@ def detect_tool_call_leak(text: str) -> Finding | None:
     return None
 
 
-_TEXT_DETECTORS: tuple[Callable[[str, HealthLimits], Finding | None], ...] = (
+_TEXT_DETECTORS: tuple[Callable[[str, Profile], Finding | None], ...] = (
     detect_punctuation_flood,
     detect_first_word_repetition,
     detect_repeated_line,
@@ -187,20 +179,20 @@ _TEXT_DETECTORS: tuple[Callable[[str, HealthLimits], Finding | None], ...] = (
 )
 
 
-def scan_text(text: str, limits: HealthLimits, where: str = "content") -> list[Finding]:
+def scan_text(text: str, prof: Profile, where: str = "content") -> list[Finding]:
     """Every text detector over one text (no empty check: a reasoning text may be absent)."""
-    found = [detect(text, limits) for detect in _TEXT_DETECTORS]
+    found = [detect(text, prof) for detect in _TEXT_DETECTORS]
     if where == "content":
         found.append(detect_tool_call_leak(text))
     return [replace(f, where=where) for f in found if f is not None]
 
 
 def scan(content: str, reasoning: str, tool_calls: list[Any], finish_reason: str | None,
-         limits: HealthLimits) -> list[Finding]:
+         prof: Profile) -> list[Finding]:
     empty = detect_empty(content, tool_calls, reasoning, finish_reason)
     out = [replace(empty, where="content")] if empty is not None else []
     if content.strip():
-        out += scan_text(content, limits, "content")
+        out += scan_text(content, prof, "content")
     if reasoning.strip():
-        out += scan_text(reasoning, limits, "reasoning")
+        out += scan_text(reasoning, prof, "reasoning")
     return out
