@@ -153,7 +153,7 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
 def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckResult:
     p = ctx.profile
     attempts: list[dict[str, Any]] = []
-    sizer = ctx.get_sizer()
+    sizer = ctx.sizer
     rng = random.SystemRandom()
     for depth in depths:
         secret, salt = prompts.new_secret()
@@ -240,7 +240,7 @@ def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
         return prompts.prefill_messages(seed, max(units, 1)), tools
 
     try:
-        sized = ctx.get_sizer().fit("prefill", build, p.prefill_tokens)
+        sized = ctx.sizer.fit("prefill", build, p.prefill_tokens)
     except prompts.SizingError as exc:
         out.findings.append(Finding("sizing_error", str(exc)))
         return _finish(out, "")

@@ -117,9 +117,8 @@ class Profile:
     overrides: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
-        """Every value (for the report), tuples as lists."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "overrides"}
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+        """Every value, for the report."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "overrides"}
 
 
 FULL = Profile(name="full")

@@ -430,11 +430,8 @@ def soak_turn(rng: random.Random, session: int, turn: int) -> str:
 @dataclass
 class Sized:
     messages: Messages
-    tools: Tools
     units: int
-    target: int
-    tokens: int | None  # as counted by the server; None when it could not count
-    estimated: bool = False  # tokens extrapolated from the calibration, not counted
+    tokens: int  # as the server counts them (extrapolated where it could not count this one)
 
 
 class Sizer:
@@ -468,9 +465,9 @@ class Sizer:
             n = self.count(msgs, tls)
             if n is None:
                 # Counting a prompt this big failed (e.g. the server refuses it): extrapolate.
-                return Sized(msgs, tls, units, target, round(base + units * per_unit), True)
-            cur = Sized(msgs, tls, units, target, n)
-            if best is None or abs(n - target) < abs((best.tokens or 0) - target):
+                return Sized(msgs, units, round(base + units * per_unit))
+            cur = Sized(msgs, units, n)
+            if best is None or abs(n - target) < abs(best.tokens - target):
                 best = cur
             if abs(n - target) <= self.tolerance * target:
                 return cur
