@@ -157,14 +157,14 @@ def test_no_detector_fires_on_healthy_text(name):
 
 
 def test_empty_and_tool_call_leak_and_scan():
-    assert health.detect_empty("").name == health.EMPTY
-    assert health.detect_empty("  \n ").name == health.EMPTY
+    assert health.detect_empty("").name == "empty"
+    assert health.detect_empty("  \n ").name == "empty"
     assert health.detect_empty("", tool_calls=[{"function": {"name": "read_file"}}]) is None
     # Still thinking at the budget: not empty (verify-full allows it).
     assert health.detect_empty("", reasoning="Let me think", finish_reason="length") is None
     assert health.detect_empty("", reasoning="Let me think", finish_reason="stop") is not None
     leak = health.detect_tool_call_leak("Sure.\n<tool_call>\n<function=read_file>\n")
-    assert leak is not None and leak.name == health.TOOL_CALL_LEAK
+    assert leak is not None and leak.name == "tool_call_in_content"
     found = health.scan("", "!!!!!!!!!!!!", [], "stop", LIMITS)
     assert {(f.name, f.where) for f in found} == {("empty", "content"),
                                                    ("punctuation_flood", "reasoning")}

@@ -116,15 +116,13 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
         why = h.error or f"HTTP {h.status}"
         out.findings.append(Finding("server_down", f"GET /health: {why}"))
         out.summary = f"server not healthy: {why}"
-        out.status = FAIL
-        return out
+        return _finish(out, "")
     cards, status, why = ctx.client.models(p.preflight_timeout_s)
     if not cards or not cards[0].get("id"):
         why = why or "no model listed"
         out.findings.append(Finding("no_model", f"GET /v1/models: HTTP {status}: {why}"))
         out.summary = f"/v1/models: {why}"
-        out.status = FAIL
-        return out
+        return _finish(out, "")
     ctx.model = str(cards[0]["id"])
     ctx.max_model_len = max_model_len(cards[0])
     out.details["models"] = [str(c.get("id")) for c in cards if isinstance(c, dict)]
@@ -141,8 +139,7 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
     if not warm.ok:
         out.findings.append(_http_finding(warm, "warm-up"))
         out.summary = f"warm-up completion failed: {out.findings[-1].message}"
-        out.status = FAIL
-        return out
+        return _finish(out, "")
     out.summary = (f"model {ctx.model}, version {ctx.version or '?'}, max_model_len "
                    f"{ctx.max_model_len or '?'}")
     return out
@@ -491,9 +488,8 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
 # -- spec decode -----------------------------------------------------------------------------------
 
 def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
-    """Mean acceptance length over the gate's own traffic, 1 + Δaccepted/Δdrafts between the
-    preflight scrape and now; skipped without spec-decode counters (MTP off, or
-    --disable-log-stats)."""
+    """Mean acceptance length 1 + Δaccepted/Δdrafts since preflight's scrape; skipped without
+    spec-decode counters (MTP off, or --disable-log-stats)."""
     p = ctx.profile
     before = ctx.metrics_before
 

@@ -31,14 +31,6 @@ class Finding:
         return {k: v for k, v in asdict(self).items() if v != ""}
 
 
-# Stable finding names.
-EMPTY = "empty"
-PUNCT_FLOOD = "punctuation_flood"
-FIRST_WORD = "first_word_repetition"
-LINE_REPEAT = "repeated_line"
-LOW_VARIETY = "low_lexical_variety"
-TOOL_CALL_LEAK = "tool_call_in_content"
-
 _FENCE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
 # LaTeX math ($...$, $$...$$, \[...\], \(...\)): braces and carets are its syntax.
@@ -73,21 +65,21 @@ def detect_empty(content: str, tool_calls: list[Any] | None = None, reasoning: s
         return None
     if reasoning.strip() and finish_reason == "length":
         return None
-    return Finding(EMPTY, "empty reply: no content and no tool call",
+    return Finding("empty", "empty reply: no content and no tool call",
                    evidence=f"finish_reason={finish_reason}")
 
 
 def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
     """``!!!!``-style runs, long runs of mixed punctuation, or prose that is mostly
-    punctuation (over ``punct_ratio`` of its letters, digits and punctuation)."""
+    punctuation (over ``health_punct_ratio`` of its letters, digits and punctuation)."""
     prose = _prose(text)
     run = re.search(r"([!?¡¿])\1{" + str(prof.health_punct_run - 1) + ",}", prose)
     if run:
-        return Finding(PUNCT_FLOOD, f"a run of {len(run.group(0))} '{run.group(1)}'",
+        return Finding("punctuation_flood", f"a run of {len(run.group(0))} '{run.group(1)}'",
                        evidence=_excerpt(prose, run.start() - 20))
     mixed = _MIXED_FLOOD.search(prose)
     if mixed:
-        return Finding(PUNCT_FLOOD, "a long run of punctuation",
+        return Finding("punctuation_flood", "a long run of punctuation",
                        evidence=_excerpt(prose, mixed.start() - 20))
     punct = other = 0
     for line in prose.splitlines():
@@ -102,7 +94,7 @@ def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
                 punct += 1
     counted = punct + other
     if counted >= prof.health_punct_min_chars and punct / counted > prof.health_punct_ratio:
-        return Finding(PUNCT_FLOOD, f"{punct / counted:.0%} of the text is punctuation "
+        return Finding("punctuation_flood", f"{punct / counted:.0%} of the text is punctuation "
                                     f"(limit {prof.health_punct_ratio:.0%})",
                        evidence=_excerpt(prose))
     return None
@@ -118,18 +110,18 @@ def detect_first_word_repetition(text: str, prof: Profile) -> Finding | None:
     while run < len(words) and words[run] == first:
         run += 1
     if run >= prof.health_first_word_repeats:
-        return Finding(FIRST_WORD, f"the first word {first!r} repeats {run} times in a row",
+        return Finding("first_word_repetition", f"the first word {first!r} repeats {run} times in a row",
                        evidence=_excerpt(text.lstrip()))
     head = words[: prof.health_lexical_window]
     if len(head) >= 10 and head.count(first) / len(head) >= 0.5:
-        return Finding(FIRST_WORD, f"the first word {first!r} is {head.count(first)} of the "
+        return Finding("first_word_repetition", f"the first word {first!r} is {head.count(first)} of the "
                                    f"first {len(head)} words", evidence=_excerpt(text.lstrip()))
     return None
 
 
 def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
-    """Any line repeated ``line_repeats`` times in a row; lines without a letter or digit
-    (``}``, ``---``, fences) legitimately stack up in code and markdown and are skipped."""
+    """Any line repeated ``health_line_repeats`` times in a row; lines without a letter or
+    digit (``}``, ``---``, fences) legitimately stack up in code and markdown and are skipped."""
     prev = None
     count = 0
     for line in text.splitlines():
@@ -139,7 +131,7 @@ def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
         if s == prev:
             count += 1
             if count >= prof.health_line_repeats:
-                return Finding(LINE_REPEAT, f"the line {s[:60]!r} repeats {count} times in a row",
+                return Finding("repeated_line", f"the line {s[:60]!r} repeats {count} times in a row",
                                evidence=s[:80])
         else:
             prev, count = s, 1
@@ -147,15 +139,15 @@ def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
 
 
 def detect_low_variety(text: str, prof: Profile) -> Finding | None:
-    """unique/total of the first ``lexical_window`` words of prose below ``lexical_min``
-    (verify-full's rule; code and math are left out, their keywords repeat legitimately)."""
+    """Unique/total of the first ``health_lexical_window`` words of prose (code and math left
+    out) below ``health_lexical_min``: verify-full's rule."""
     words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))]
     words = words[: prof.health_lexical_window]
     if len(words) < prof.health_lexical_min_words:
         return None  # a short answer ("blue tiger 42") says nothing about variety
     ratio = len(set(words)) / len(words)
     if ratio < prof.health_lexical_min:
-        return Finding(LOW_VARIETY, f"lexical variety {ratio:.2f} over the first {len(words)} "
+        return Finding("low_lexical_variety", f"lexical variety {ratio:.2f} over the first {len(words)} "
                                     f"words (limit {prof.health_lexical_min:.2f})",
                        evidence=_excerpt(text))
     return None
@@ -166,7 +158,7 @@ def detect_tool_call_leak(text: str) -> Finding | None:
     call, MTP x TurboQuant cascade, or a missing --tool-call-parser)."""
     m = re.search(r"</?tool_call>", text, re.IGNORECASE)
     if m:
-        return Finding(TOOL_CALL_LEAK, "<tool_call> markup leaked into the content",
+        return Finding("tool_call_in_content", "<tool_call> markup leaked into the content",
                        evidence=_excerpt(text, m.start() - 20))
     return None
 

@@ -65,8 +65,7 @@ def _matching(samples: list[Sample], name: str, labels: dict[str, str]) -> list[
 
 
 def total(samples: list[Sample], name: str, **labels: str) -> float | None:
-    """The sum over every engine's sample of ``name`` whose labels match; None when the series
-    does not exist at all (unlike a counter at 0)."""
+    """Sum over every engine's matching ``name``; None when the series does not exist."""
     found = _matching(samples, name, labels)
     return sum(s.value for s in found) if found else None
 
