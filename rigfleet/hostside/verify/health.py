@@ -54,10 +54,6 @@ def _prose(text: str) -> str:
     return _MATH.sub(" ", _INLINE_CODE.sub(" ", _FENCE.sub("\n", text)))
 
 
-def _is_punct(ch: str) -> bool:
-    return unicodedata.category(ch).startswith("P") or ch in "$%^&@"
-
-
 def detect_empty(content: str, tool_calls: list[Any] | None = None, reasoning: str = "",
                  finish_reason: str | None = None) -> Finding | None:
     """No text and no tool call; still thinking at max_tokens (finish "length") is not empty."""
@@ -90,7 +86,7 @@ def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
                 continue
             if ch.isalnum():
                 other += 1
-            elif _is_punct(ch):
+            elif unicodedata.category(ch).startswith("P") or ch in "$%^&@":
                 punct += 1
     counted = punct + other
     if counted >= prof.health_punct_min_chars and punct / counted > prof.health_punct_ratio:
@@ -183,8 +179,7 @@ def scan(content: str, reasoning: str, tool_calls: list[Any], finish_reason: str
          prof: Profile) -> list[Finding]:
     empty = detect_empty(content, tool_calls, reasoning, finish_reason)
     out = [replace(empty, where="content")] if empty is not None else []
-    if content.strip():
-        out += scan_text(content, prof, "content")
-    if reasoning.strip():
-        out += scan_text(reasoning, prof, "reasoning")
+    for where, text in (("content", content), ("reasoning", reasoning)):
+        if text.strip():
+            out += scan_text(text, prof, where)
     return out
