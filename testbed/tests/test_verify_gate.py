@@ -48,7 +48,7 @@ from rigfleet.hostside.verify.runner import run
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTSIDE = REPO / "rigfleet" / "hostside"
-LIMITS = health.HealthLimits()
+LIMITS = FULL
 
 # ---------------------------------------------------------------------------------------------
 # Output-health detectors
@@ -157,21 +157,21 @@ def test_no_detector_fires_on_healthy_text(name):
 
 
 def test_empty_and_tool_call_leak_and_scan():
-    assert health.detect_empty("").name == health.EMPTY
-    assert health.detect_empty("  \n ").name == health.EMPTY
+    assert health.detect_empty("").name == "empty"
+    assert health.detect_empty("  \n ").name == "empty"
     assert health.detect_empty("", tool_calls=[{"function": {"name": "read_file"}}]) is None
     # Still thinking at the budget: not empty (verify-full allows it).
     assert health.detect_empty("", reasoning="Let me think", finish_reason="length") is None
     assert health.detect_empty("", reasoning="Let me think", finish_reason="stop") is not None
     leak = health.detect_tool_call_leak("Sure.\n<tool_call>\n<function=read_file>\n")
-    assert leak is not None and leak.name == health.TOOL_CALL_LEAK
+    assert leak is not None and leak.name == "tool_call_in_content"
     found = health.scan("", "!!!!!!!!!!!!", [], "stop", LIMITS)
     assert {(f.name, f.where) for f in found} == {("empty", "content"),
                                                    ("punctuation_flood", "reasoning")}
     found = health.scan("The The The The", "", [], "stop", LIMITS)
     assert [f.name for f in found] == ["first_word_repetition"]
     # Thresholds come from the profile.
-    strict = health.HealthLimits(first_word_repeats=2)
+    strict = resolve("full", ["health_first_word_repeats=2"])
     assert health.detect_first_word_repetition("Yes yes, indeed.", strict) is not None
 
 
@@ -368,7 +368,7 @@ def test_needle_secrets_and_sizing():
     sizer = prompts.Sizer(count, tolerance=0.02)
     sized = sizer.fit("needle", lambda n: (prompts.needle_messages(secret, salt, n, 0.5),
                                            None), 9000)
-    assert abs(sized.tokens - 9000) <= 180 and not sized.estimated
+    assert abs(sized.tokens - 9000) <= 180 and sized.tokens == count(sized.messages, None)
     assert len(prompts.ide_preamble(5000)) in range(4500, 5001)
     assert len(prompts.tools(10)) == 10 and prompts.tools(4)[0]["function"]["name"] == "read_file"
 

@@ -1,10 +1,11 @@
 """The gate's checks: preflight, the seven checks of club-3090's "7/7", soak, spec_decode,
-throughput (``throughput.py``). Each is ``fn(ctx) -> CheckResult``, listed in run order in
-:data:`CHECKS`; the rules they share are in docs/bench.md ("The verify-stress gate's rules")::
+throughput (``throughput.py``). Each is ``fn(ctx, out) -> out``, filling the result it is
+handed; :data:`CHECKS` lists them in run order, named after the function, with their titles.
+The rules they share are in docs/bench.md ("The verify-stress gate's rules")::
 
     ctx = Context(client, profile, progress)
-    preflight(ctx)          # fills ctx.model / ctx.version / ctx.max_model_len
-    needles(ctx)            # CheckResult(status="pass"|"fail"|"skip", details=..., findings=...)
+    for name, title, run in CHECKS:
+        result = run(ctx)   # CheckResult(status="pass"|"fail"|"skip", details=..., findings=...)
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from typing import Any
 
 from ..bench.measure import acceptance_between
 from . import metrics, prompts
-from . import throughput as throughput_check  # the bench's core, in a module of its own
 from .client import ChatResult, max_model_len
 from .context import Context
 from .health import Finding, scan
 from .report import FAIL, PASS, SKIP, CheckResult
+from .throughput import throughput
 
 # Texts vLLM (and OpenAI-compatible servers) use when a prompt does not fit the context.
 _OVER_CONTEXT = ("maximum context length", "max_model_len", "max-model-len", "context length",
@@ -68,7 +69,7 @@ def _skip_over_context(out: CheckResult, res: ChatResult) -> CheckResult:
 
 
 def _health(ctx: Context, res: ChatResult, where: str = "") -> list[Finding]:
-    found = scan(res.content, res.reasoning, res.tool_calls, res.finish_reason, ctx.limits)
+    found = scan(res.content, res.reasoning, res.tool_calls, res.finish_reason, ctx.profile)
     if where:
         found = [Finding(f.name, f.message, f"{where} {f.where}".strip(), f.evidence)
                  for f in found]
@@ -100,11 +101,10 @@ def _finish(out: CheckResult, ok_summary: str) -> CheckResult:
 
 # -- preflight -------------------------------------------------------------------------------------
 
-def preflight(ctx: Context) -> CheckResult:
+def preflight(ctx: Context, out: CheckResult) -> CheckResult:
     """GET /health 200 (polled for health_wait_s), /v1/models lists a model, /version, and one
     generated token. A failure here aborts the rest of the gate."""
     p = ctx.profile
-    out = CheckResult("preflight", "Preflight")
     deadline = time.monotonic() + p.health_wait_s
     while True:
         h = ctx.client.request("GET", "/health", timeout=p.preflight_timeout_s)
@@ -116,15 +116,13 @@ def preflight(ctx: Context) -> CheckResult:
         why = h.error or f"HTTP {h.status}"
         out.findings.append(Finding("server_down", f"GET /health: {why}"))
         out.summary = f"server not healthy: {why}"
-        out.status = FAIL
-        return out
+        return _finish(out, "")
     cards, status, why = ctx.client.models(p.preflight_timeout_s)
     if not cards or not cards[0].get("id"):
         why = why or "no model listed"
         out.findings.append(Finding("no_model", f"GET /v1/models: HTTP {status}: {why}"))
         out.summary = f"/v1/models: {why}"
-        out.status = FAIL
-        return out
+        return _finish(out, "")
     ctx.model = str(cards[0]["id"])
     ctx.max_model_len = max_model_len(cards[0])
     out.details["models"] = [str(c.get("id")) for c in cards if isinstance(c, dict)]
@@ -141,8 +139,7 @@ def preflight(ctx: Context) -> CheckResult:
     if not warm.ok:
         out.findings.append(_http_finding(warm, "warm-up"))
         out.summary = f"warm-up completion failed: {out.findings[-1].message}"
-        out.status = FAIL
-        return out
+        return _finish(out, "")
     out.summary = (f"model {ctx.model}, version {ctx.version or '?'}, max_model_len "
                    f"{ctx.max_model_len or '?'}")
     return out
@@ -150,11 +147,10 @@ def preflight(ctx: Context) -> CheckResult:
 
 # -- (1) and (7): needles --------------------------------------------------------------------------
 
-def _needles(ctx: Context, name: str, title: str, depths: tuple[int, ...]) -> CheckResult:
+def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckResult:
     p = ctx.profile
-    out = CheckResult(name, title)
     attempts: list[dict[str, Any]] = []
-    sizer = ctx.get_sizer()
+    sizer = ctx.sizer
     rng = random.SystemRandom()
     for depth in depths:
         secret, salt = prompts.new_secret()
@@ -217,24 +213,23 @@ def _needles(ctx: Context, name: str, title: str, depths: tuple[int, ...]) -> Ch
                                                  if skipped else ""))
 
 
-def needles(ctx: Context) -> CheckResult:
+def needles(ctx: Context, out: CheckResult) -> CheckResult:
     """(1) needles at two depths (FULL ~10K and ~30K tokens)."""
-    return _needles(ctx, "needles", "Needles (1)", ctx.profile.needle_depths)
+    return _needles(ctx, out, ctx.profile.needle_depths)
 
 
-def needles_deep(ctx: Context) -> CheckResult:
+def needles_deep(ctx: Context, out: CheckResult) -> CheckResult:
     """(7) needles at two deeper depths (FULL ~60K and ~90K tokens)."""
-    return _needles(ctx, "needles_deep", "Deep needles (7)", ctx.profile.needle_deep_depths)
+    return _needles(ctx, out, ctx.profile.needle_deep_depths)
 
 
 # -- (2) tool-response prefill ---------------------------------------------------------------------
 
-def tool_prefill(ctx: Context) -> CheckResult:
+def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
     """A long tool result (FULL ~25K tokens of news) followed by a summary request: a 200 with
     >= prefill_min_chars of healthy text (or a tool call) passes; empty = silent prefill
     truncation; 500 = OOM during prefill."""
     p = ctx.profile
-    out = CheckResult("tool_prefill", "Tool-response prefill (2)")
     seed = random.SystemRandom().randrange(2**31)
     tools = [prompts.FETCH_NEWS_TOOL]
 
@@ -242,7 +237,7 @@ def tool_prefill(ctx: Context) -> CheckResult:
         return prompts.prefill_messages(seed, max(units, 1)), tools
 
     try:
-        sized = ctx.get_sizer().fit("prefill", build, p.prefill_tokens)
+        sized = ctx.sizer.fit("prefill", build, p.prefill_tokens)
     except prompts.SizingError as exc:
         out.findings.append(Finding("sizing_error", str(exc)))
         return _finish(out, "")
@@ -267,10 +262,9 @@ def tool_prefill(ctx: Context) -> CheckResult:
 
 # -- (3) IDE-agent one-shot ------------------------------------------------------------------------
 
-def ide_oneshot(ctx: Context) -> CheckResult:
+def ide_oneshot(ctx: Context, out: CheckResult) -> CheckResult:
     """~5K-char system preamble + 10 tool schemas + a refactor request, tool_choice none."""
     p = ctx.profile
-    out = CheckResult("ide_oneshot", "IDE-agent one-shot (3)")
     preamble = prompts.ide_preamble(p.ide_preamble_chars)
     tools = prompts.tools(p.ide_tools)
     msgs = [{"role": "system", "content": preamble},
@@ -291,11 +285,10 @@ def ide_oneshot(ctx: Context) -> CheckResult:
 
 # -- (4) multi-turn agent --------------------------------------------------------------------------
 
-def agent_multiturn(ctx: Context) -> CheckResult:
+def agent_multiturn(ctx: Context, out: CheckResult) -> CheckResult:
     """Turn 1 must call read_file (with JSON arguments); the tool result goes back; turn 2
     must be healthy text."""
     p = ctx.profile
-    out = CheckResult("agent_multiturn", "Multi-turn agent (4)")
     tools = prompts.tools(p.agent_tools)
     msgs: prompts.Messages = [{"role": "system", "content": prompts.AGENT_SYSTEM},
                               {"role": "user", "content": prompts.AGENT_REQUEST}]
@@ -352,11 +345,10 @@ def agent_multiturn(ctx: Context) -> CheckResult:
 
 # -- (5) coding, (6) reasoning ---------------------------------------------------------------------
 
-def coding(ctx: Context) -> CheckResult:
+def coding(ctx: Context, out: CheckResult) -> CheckResult:
     """A LeetCode-shape request with a GOAL/STATE/ALGO/EDGE/VERIFY plan: healthy text with
     code in it."""
     p = ctx.profile
-    out = CheckResult("coding", "LeetCode-shape coding (5)")
     msgs = [{"role": "user", "content": prompts.CODING_REQUEST}]
     res = ctx.client.chat(ctx.body(msgs, p.coding_max_tokens, 0.0), timeout=p.coding_timeout_s)
     out.details.update(_attempt(res))
@@ -370,11 +362,10 @@ def coding(ctx: Context) -> CheckResult:
     return _finish(out, f"{res.completion_tokens} tokens, finish {res.finish_reason}")
 
 
-def reasoning(ctx: Context) -> CheckResult:
+def reasoning(ctx: Context, out: CheckResult) -> CheckResult:
     """An induction proof that needs >= reasoning_min_tokens completion tokens; fewer means
     spec-decode acceptance collapse or an early stop."""
     p = ctx.profile
-    out = CheckResult("reasoning", "Reasoning-heavy (6)")
     msgs = [{"role": "user", "content": prompts.REASONING_REQUEST}]
     res = ctx.client.chat(ctx.body(msgs, p.reasoning_max_tokens, 0.0),
                           timeout=p.reasoning_timeout_s)
@@ -404,13 +395,12 @@ class _Turn:
     findings: list[Finding]
 
 
-def soak(ctx: Context) -> CheckResult:
+def soak(ctx: Context, out: CheckResult) -> CheckResult:
     """Concurrent multi-turn sessions that accumulate context (club-3090 soak-test). A
     silent-empty turn is HTTP 200 + 0 completion tokens + wall >= soak_silent_empty_min_s.
     Fails on: silent-empty or unhealthy turns at/above soak_fail_rate, any non-200 or stream
     error, turns left unsent when soak_timeout_s runs out."""
     p = ctx.profile
-    out = CheckResult("soak", "Soak")
     deadline = time.monotonic() + p.soak_timeout_s
     turns: list[_Turn] = []
     lock = threading.Lock()
@@ -497,12 +487,10 @@ def soak(ctx: Context) -> CheckResult:
 
 # -- spec decode -----------------------------------------------------------------------------------
 
-def spec_decode(ctx: Context) -> CheckResult:
-    """Mean acceptance length over the gate's own traffic, 1 + Δaccepted/Δdrafts between the
-    preflight scrape and now; skipped without spec-decode counters (MTP off, or
-    --disable-log-stats)."""
+def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
+    """Mean acceptance length 1 + Δaccepted/Δdrafts since preflight's scrape; skipped without
+    spec-decode counters (MTP off, or --disable-log-stats)."""
     p = ctx.profile
-    out = CheckResult("spec_decode", "Spec-decode acceptance")
     before = ctx.metrics_before
 
     def delta(name: str) -> float:
@@ -557,17 +545,25 @@ def spec_decode(ctx: Context) -> CheckResult:
 # ---------------------------------------------------------------------------------------------
 
 CheckFn = Callable[[Context], CheckResult]
+
+
+def _entry(fn: Callable[[Context, CheckResult], CheckResult],
+           title: str) -> tuple[str, str, CheckFn]:
+    """(name, title, run): ``run(ctx)`` hands ``fn`` a fresh result under its own name."""
+    return fn.__name__, title, lambda ctx: fn(ctx, CheckResult(fn.__name__, title))
+
+
 CHECKS: tuple[tuple[str, str, CheckFn], ...] = (
-    ("preflight", "Preflight", preflight),
-    ("needles", "Needles (1)", needles),
-    ("tool_prefill", "Tool-response prefill (2)", tool_prefill),
-    ("ide_oneshot", "IDE-agent one-shot (3)", ide_oneshot),
-    ("agent_multiturn", "Multi-turn agent (4)", agent_multiturn),
-    ("coding", "LeetCode-shape coding (5)", coding),
-    ("reasoning", "Reasoning-heavy (6)", reasoning),
-    ("needles_deep", "Deep needles (7)", needles_deep),
-    ("soak", "Soak", soak),
-    ("spec_decode", "Spec-decode acceptance", spec_decode),
-    (throughput_check.NAME, throughput_check.TITLE, throughput_check.throughput),
+    _entry(preflight, "Preflight"),
+    _entry(needles, "Needles (1)"),
+    _entry(tool_prefill, "Tool-response prefill (2)"),
+    _entry(ide_oneshot, "IDE-agent one-shot (3)"),
+    _entry(agent_multiturn, "Multi-turn agent (4)"),
+    _entry(coding, "LeetCode-shape coding (5)"),
+    _entry(reasoning, "Reasoning-heavy (6)"),
+    _entry(needles_deep, "Deep needles (7)"),
+    _entry(soak, "Soak"),
+    _entry(spec_decode, "Spec-decode acceptance"),
+    _entry(throughput, "Throughput"),
 )
 CHECK_NAMES: tuple[str, ...] = tuple(c[0] for c in CHECKS)

@@ -166,8 +166,7 @@ class Client:
             return self._failure(exc, t0)
 
     def models(self, timeout: float) -> tuple[list[dict[str, Any]], int, str]:
-        """``/v1/models``' cards (the first one a dict), the HTTP status, and why there are
-        none."""
+        """(cards, HTTP status, why there are none) from ``/v1/models``; cards[0] is a dict."""
         m = self.request("GET", "/v1/models", timeout=timeout)
         data = m.json() if m.status == 200 else None
         cards = data.get("data") if isinstance(data, dict) else None
@@ -280,8 +279,7 @@ def max_model_len(card: dict[str, Any]) -> int | None:
 
 
 def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
-    """A verifying client context: trusting ``ca_file`` only (a pinned leaf certificate
-    works too), else the system's trust store."""
+    """Verifies against ``ca_file`` only (a pinned leaf works too), else the system store."""
     ctx = ssl.create_default_context(cafile=ca_file)
     if ca_file:
         ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN

@@ -3,7 +3,8 @@ can take it without importing the list of checks (``checks.CHECKS``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from ..bench.measure import SilentProgress
@@ -11,7 +12,6 @@ from ..records import ThroughputRecord
 from . import metrics, prompts
 from .client import Client
 from .counting import TokenCounter, chat_body
-from .health import HealthLimits
 from .profiles import Profile
 
 
@@ -32,29 +32,16 @@ class Context:
     version: str = ""
     max_model_len: int | None = None
     metrics_before: list[metrics.Sample] | None = None
-    counter: TokenCounter | None = None  # /tokenize, else 1-token completions
     throughput_record: ThroughputRecord | None = None
-    sizer: prompts.Sizer | None = None
 
-    @property
-    def limits(self) -> HealthLimits:
-        """The profile's ``health_*`` values."""
-        return HealthLimits(**{f.name: getattr(self.profile, f"health_{f.name}")
-                               for f in fields(HealthLimits)})
-
-    def get_sizer(self) -> prompts.Sizer:
-        if self.sizer is None:
-            self.sizer = prompts.Sizer(self.count_tokens, self.profile.size_tolerance)
-        return self.sizer
+    @cached_property
+    def sizer(self) -> prompts.Sizer:
+        """Sizes prompts in the server's own tokens; made on first use, after preflight."""
+        counter = TokenCounter(
+            self.client, self.model, timeout=max(self.profile.preflight_timeout_s, 30.0),
+            chat_timeout=self.profile.needle_timeout_s, note=self.progress.note)
+        return prompts.Sizer(counter, self.profile.size_tolerance)
 
     def body(self, messages: prompts.Messages, max_tokens: int, temperature: float,
              tools: prompts.Tools = None, tool_choice: Any = None) -> dict[str, Any]:
         return chat_body(self.model, messages, max_tokens, temperature, tools, tool_choice)
-
-    def count_tokens(self, messages: prompts.Messages, tools: prompts.Tools) -> int | None:
-        """Prompt tokens as the server counts them (chat template included)."""
-        if self.counter is None:
-            self.counter = TokenCounter(
-                self.client, self.model, timeout=max(self.profile.preflight_timeout_s, 30.0),
-                chat_timeout=self.profile.needle_timeout_s, note=self.progress.note)
-        return self.counter(messages, tools)

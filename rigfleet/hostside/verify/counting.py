@@ -32,8 +32,7 @@ def chat_body(model: str, messages: Messages, max_tokens: int, temperature: floa
 
 @dataclass
 class TokenCounter:
-    """Counts prompt tokens with the server's ``/tokenize``, else (``mode`` "chat") with the
-    usage of one-token completions."""
+    """Prompt tokens by ``/tokenize``, else (``mode`` "chat") by 1-token completions' usage."""
 
     client: Client
     model: str

@@ -1,9 +1,10 @@
 """Output-health detectors, run on every reply the gate receives.
 
 A server with a broken KV read path still answers 200 quickly; what gives it away is the
-text. Each detector returns a named :class:`Finding` or None; ``scan`` runs them all::
+text. Each detector returns a named :class:`Finding` or None; ``scan`` runs them all, with
+the profile's ``health_*`` thresholds::
 
-    scan(content="...", reasoning="", tool_calls=[], finish_reason="stop", limits=HealthLimits())
+    scan(content="...", reasoning="", tool_calls=[], finish_reason="stop", prof=FULL)
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from .profiles import Profile
 
 
 @dataclass(frozen=True)
@@ -27,26 +30,6 @@ class Finding:
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v != ""}
 
-
-@dataclass(frozen=True)
-class HealthLimits:
-    punct_run: int = 4
-    punct_ratio: float = 0.30
-    punct_min_chars: int = 40
-    first_word_repeats: int = 3
-    line_repeats: int = 5
-    lexical_min: float = 0.30
-    lexical_window: int = 200
-    lexical_min_words: int = 40
-
-
-# Stable finding names.
-EMPTY = "empty"
-PUNCT_FLOOD = "punctuation_flood"
-FIRST_WORD = "first_word_repetition"
-LINE_REPEAT = "repeated_line"
-LOW_VARIETY = "low_lexical_variety"
-TOOL_CALL_LEAK = "tool_call_in_content"
 
 _FENCE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
@@ -71,10 +54,6 @@ def _prose(text: str) -> str:
     return _MATH.sub(" ", _INLINE_CODE.sub(" ", _FENCE.sub("\n", text)))
 
 
-def _is_punct(ch: str) -> bool:
-    return unicodedata.category(ch).startswith("P") or ch in "$%^&@"
-
-
 def detect_empty(content: str, tool_calls: list[Any] | None = None, reasoning: str = "",
                  finish_reason: str | None = None) -> Finding | None:
     """No text and no tool call; still thinking at max_tokens (finish "length") is not empty."""
@@ -82,21 +61,21 @@ def detect_empty(content: str, tool_calls: list[Any] | None = None, reasoning: s
         return None
     if reasoning.strip() and finish_reason == "length":
         return None
-    return Finding(EMPTY, "empty reply: no content and no tool call",
+    return Finding("empty", "empty reply: no content and no tool call",
                    evidence=f"finish_reason={finish_reason}")
 
 
-def detect_punctuation_flood(text: str, limits: HealthLimits) -> Finding | None:
+def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
     """``!!!!``-style runs, long runs of mixed punctuation, or prose that is mostly
-    punctuation (over ``punct_ratio`` of its letters, digits and punctuation)."""
+    punctuation (over ``health_punct_ratio`` of its letters, digits and punctuation)."""
     prose = _prose(text)
-    run = re.search(r"([!?¡¿])\1{" + str(limits.punct_run - 1) + ",}", prose)
+    run = re.search(r"([!?¡¿])\1{" + str(prof.health_punct_run - 1) + ",}", prose)
     if run:
-        return Finding(PUNCT_FLOOD, f"a run of {len(run.group(0))} '{run.group(1)}'",
+        return Finding("punctuation_flood", f"a run of {len(run.group(0))} '{run.group(1)}'",
                        evidence=_excerpt(prose, run.start() - 20))
     mixed = _MIXED_FLOOD.search(prose)
     if mixed:
-        return Finding(PUNCT_FLOOD, "a long run of punctuation",
+        return Finding("punctuation_flood", "a long run of punctuation",
                        evidence=_excerpt(prose, mixed.start() - 20))
     punct = other = 0
     for line in prose.splitlines():
@@ -107,17 +86,17 @@ def detect_punctuation_flood(text: str, limits: HealthLimits) -> Finding | None:
                 continue
             if ch.isalnum():
                 other += 1
-            elif _is_punct(ch):
+            elif unicodedata.category(ch).startswith("P") or ch in "$%^&@":
                 punct += 1
     counted = punct + other
-    if counted >= limits.punct_min_chars and punct / counted > limits.punct_ratio:
-        return Finding(PUNCT_FLOOD, f"{punct / counted:.0%} of the text is punctuation "
-                                    f"(limit {limits.punct_ratio:.0%})",
+    if counted >= prof.health_punct_min_chars and punct / counted > prof.health_punct_ratio:
+        return Finding("punctuation_flood", f"{punct / counted:.0%} of the text is punctuation "
+                                    f"(limit {prof.health_punct_ratio:.0%})",
                        evidence=_excerpt(prose))
     return None
 
 
-def detect_first_word_repetition(text: str, limits: HealthLimits) -> Finding | None:
+def detect_first_word_repetition(text: str, prof: Profile) -> Finding | None:
     """The first word repeated right away ("The The The"), or making up half the reply."""
     words = [w.lower() for w in _WORD.findall(text[:20_000])]
     if not words:
@@ -126,19 +105,19 @@ def detect_first_word_repetition(text: str, limits: HealthLimits) -> Finding | N
     run = 1
     while run < len(words) and words[run] == first:
         run += 1
-    if run >= limits.first_word_repeats:
-        return Finding(FIRST_WORD, f"the first word {first!r} repeats {run} times in a row",
+    if run >= prof.health_first_word_repeats:
+        return Finding("first_word_repetition", f"the first word {first!r} repeats {run} times in a row",
                        evidence=_excerpt(text.lstrip()))
-    head = words[: limits.lexical_window]
+    head = words[: prof.health_lexical_window]
     if len(head) >= 10 and head.count(first) / len(head) >= 0.5:
-        return Finding(FIRST_WORD, f"the first word {first!r} is {head.count(first)} of the "
+        return Finding("first_word_repetition", f"the first word {first!r} is {head.count(first)} of the "
                                    f"first {len(head)} words", evidence=_excerpt(text.lstrip()))
     return None
 
 
-def detect_repeated_line(text: str, limits: HealthLimits) -> Finding | None:
-    """Any line repeated ``line_repeats`` times in a row; lines without a letter or digit
-    (``}``, ``---``, fences) legitimately stack up in code and markdown and are skipped."""
+def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
+    """Any line repeated ``health_line_repeats`` times in a row; lines without a letter or
+    digit (``}``, ``---``, fences) legitimately stack up in code and markdown and are skipped."""
     prev = None
     count = 0
     for line in text.splitlines():
@@ -147,24 +126,25 @@ def detect_repeated_line(text: str, limits: HealthLimits) -> Finding | None:
             continue
         if s == prev:
             count += 1
-            if count >= limits.line_repeats:
-                return Finding(LINE_REPEAT, f"the line {s[:60]!r} repeats {count} times in a row",
+            if count >= prof.health_line_repeats:
+                return Finding("repeated_line", f"the line {s[:60]!r} repeats {count} times in a row",
                                evidence=s[:80])
         else:
             prev, count = s, 1
     return None
 
 
-def detect_low_variety(text: str, limits: HealthLimits) -> Finding | None:
-    """unique/total of the first ``lexical_window`` words of prose below ``lexical_min``
-    (verify-full's rule; code and math are left out, their keywords repeat legitimately)."""
-    words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))][: limits.lexical_window]
-    if len(words) < limits.lexical_min_words:
+def detect_low_variety(text: str, prof: Profile) -> Finding | None:
+    """Unique/total of the first ``health_lexical_window`` words of prose (code and math left
+    out) below ``health_lexical_min``: verify-full's rule."""
+    words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))]
+    words = words[: prof.health_lexical_window]
+    if len(words) < prof.health_lexical_min_words:
         return None  # a short answer ("blue tiger 42") says nothing about variety
     ratio = len(set(words)) / len(words)
-    if ratio < limits.lexical_min:
-        return Finding(LOW_VARIETY, f"lexical variety {ratio:.2f} over the first {len(words)} "
-                                    f"words (limit {limits.lexical_min:.2f})",
+    if ratio < prof.health_lexical_min:
+        return Finding("low_lexical_variety", f"lexical variety {ratio:.2f} over the first {len(words)} "
+                                    f"words (limit {prof.health_lexical_min:.2f})",
                        evidence=_excerpt(text))
     return None
 
@@ -174,12 +154,12 @@ def detect_tool_call_leak(text: str) -> Finding | None:
     call, MTP x TurboQuant cascade, or a missing --tool-call-parser)."""
     m = re.search(r"</?tool_call>", text, re.IGNORECASE)
     if m:
-        return Finding(TOOL_CALL_LEAK, "<tool_call> markup leaked into the content",
+        return Finding("tool_call_in_content", "<tool_call> markup leaked into the content",
                        evidence=_excerpt(text, m.start() - 20))
     return None
 
 
-_TEXT_DETECTORS: tuple[Callable[[str, HealthLimits], Finding | None], ...] = (
+_TEXT_DETECTORS: tuple[Callable[[str, Profile], Finding | None], ...] = (
     detect_punctuation_flood,
     detect_first_word_repetition,
     detect_repeated_line,
@@ -187,20 +167,19 @@ _TEXT_DETECTORS: tuple[Callable[[str, HealthLimits], Finding | None], ...] = (
 )
 
 
-def scan_text(text: str, limits: HealthLimits, where: str = "content") -> list[Finding]:
+def scan_text(text: str, prof: Profile, where: str = "content") -> list[Finding]:
     """Every text detector over one text (no empty check: a reasoning text may be absent)."""
-    found = [detect(text, limits) for detect in _TEXT_DETECTORS]
+    found = [detect(text, prof) for detect in _TEXT_DETECTORS]
     if where == "content":
         found.append(detect_tool_call_leak(text))
     return [replace(f, where=where) for f in found if f is not None]
 
 
 def scan(content: str, reasoning: str, tool_calls: list[Any], finish_reason: str | None,
-         limits: HealthLimits) -> list[Finding]:
+         prof: Profile) -> list[Finding]:
     empty = detect_empty(content, tool_calls, reasoning, finish_reason)
     out = [replace(empty, where="content")] if empty is not None else []
-    if content.strip():
-        out += scan_text(content, limits, "content")
-    if reasoning.strip():
-        out += scan_text(reasoning, limits, "reasoning")
+    for where, text in (("content", content), ("reasoning", reasoning)):
+        if text.strip():
+            out += scan_text(text, prof, where)
     return out

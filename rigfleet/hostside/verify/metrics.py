@@ -58,19 +58,16 @@ def scrape(client: Client, timeout: float) -> list[Sample] | None:
     return parse(r.text(10_000_000)) if r.status == 200 else None
 
 
+def _matching(samples: list[Sample], name: str, labels: dict[str, str]) -> list[Sample]:
+    """Samples of ``name`` without a label that has another value (e.g. another model)."""
+    return [s for s in samples if s.name == name
+            and all(s.labels.get(k) == v for k, v in labels.items() if k in s.labels)]
+
+
 def total(samples: list[Sample], name: str, **labels: str) -> float | None:
-    """The sum over every engine's sample of ``name`` whose labels match; None when the series
-    does not exist at all (unlike a counter at 0)."""
-    found = False
-    acc = 0.0
-    for s in samples:
-        if s.name != name:
-            continue
-        if any(s.labels.get(k) != v for k, v in labels.items() if k in s.labels):
-            continue  # a label the series has, with another value (another model)
-        found = True
-        acc += s.value
-    return acc if found else None
+    """Sum over every engine's matching ``name``; None when the series does not exist."""
+    found = _matching(samples, name, labels)
+    return sum(s.value for s in found) if found else None
 
 
 def delta(before: list[Sample], after: list[Sample], name: str, **labels: str) -> float:
@@ -81,10 +78,7 @@ def delta(before: list[Sample], after: list[Sample], name: str, **labels: str) -
 def by_label(samples: list[Sample], name: str, label: str, **labels: str) -> dict[str, float]:
     """Samples of ``name`` summed per value of ``label`` (e.g. per draft ``position``)."""
     out: dict[str, float] = {}
-    for s in samples:
-        if s.name != name or label not in s.labels:
-            continue
-        if any(s.labels.get(k) != v for k, v in labels.items() if k in s.labels):
-            continue
-        out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
+    for s in _matching(samples, name, labels):
+        if label in s.labels:
+            out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
     return out

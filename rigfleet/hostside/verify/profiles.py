@@ -117,9 +117,8 @@ class Profile:
     overrides: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
-        """Every value (for the report), tuples as lists."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "overrides"}
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+        """Every value, for the report."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "overrides"}
 
 
 FULL = Profile(name="full")
@@ -149,13 +148,7 @@ _ZERO_OK = {"spec_settle_s", "health_wait_s", "soak_warn_rate", "soak_silent_emp
             "throughput_reference_code"}
 # Free text (a stack name, a directory on the host): no control characters.
 _TEXT = {"throughput_stack", "throughput_history_dir"}
-_NOT_SETTABLE = {"name", "overrides"}
-
-
-def settable_keys() -> list[str]:
-    return [f.name for f in fields(Profile) if f.name not in _NOT_SETTABLE]
-
-
+_SETTABLE = [f.name for f in fields(Profile) if f.name not in ("name", "overrides")]
 _TYPES = get_type_hints(Profile)
 # type -> (what the error message calls it, the parser)
 _KINDS: dict[Any, tuple[str, Callable[[str], Any]]] = {
@@ -234,10 +227,10 @@ def resolve(name: str, assignments: list[str] | tuple[str, ...] = ()) -> Profile
         key = key.strip()
         if not eq or not key:
             raise ProfileError(f"--set {item!r}: expected key=value; allowed keys: "
-                               + ", ".join(settable_keys()))
-        if key not in settable_keys():
+                               + ", ".join(_SETTABLE))
+        if key not in _SETTABLE:
             raise ProfileError(f"--set {item}: unknown key {key!r}; allowed keys: "
-                               + ", ".join(settable_keys()))
+                               + ", ".join(_SETTABLE))
         changes[key] = _parse_value(key, raw)
     prof = dataclasses.replace(base, **changes, overrides=dict(changes))
     _check_consistency(prof)

@@ -14,7 +14,7 @@ import random
 import secrets
 import string
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .counting import Messages, Tools
@@ -427,40 +427,35 @@ def soak_turn(rng: random.Random, session: int, turn: int) -> str:
 
 # -- sizing ---------------------------------------------------------------------------------------
 
+PROBE_UNITS = 16  # filler units of the calibration's second prompt
+
+
 @dataclass
 class Sized:
     messages: Messages
-    tools: Tools
     units: int
-    target: int
-    tokens: int | None  # as counted by the server; None when it could not count
-    estimated: bool = False  # tokens extrapolated from the calibration, not counted
+    tokens: int  # as the server counts them (extrapolated where it could not count this one)
 
 
+@dataclass
 class Sizer:
     """Builds prompts to a target size in the server's tokens (calibration cached per kind)."""
 
-    def __init__(self, count: Counter, tolerance: float = 0.02, probe_units: int = 16):
-        self.count = count
-        self.tolerance = tolerance
-        self.probe_units = probe_units
-        self._cal: dict[str, tuple[float, float]] = {}  # kind -> (base tokens, tokens/unit)
+    count: Counter
+    tolerance: float = 0.02
+    _cal: dict[str, tuple[float, float]] = field(default_factory=dict)  # (base, tokens/unit)
 
-    def calibrate(self, kind: str, build: Builder) -> tuple[float, float] | None:
-        if kind in self._cal:
-            return self._cal[kind]
-        base = self.count(*build(0))
-        probe = self.count(*build(self.probe_units))
-        if base is None or probe is None or probe <= base:
-            return None
-        self._cal[kind] = (float(base), (probe - base) / self.probe_units)
+    def calibrate(self, kind: str, build: Builder) -> tuple[float, float]:
+        if kind not in self._cal:
+            base = self.count(*build(0))
+            probe = self.count(*build(PROBE_UNITS))
+            if base is None or probe is None or probe <= base:
+                raise SizingError(f"the server could not count tokens for the {kind} prompt")
+            self._cal[kind] = (float(base), (probe - base) / PROBE_UNITS)
         return self._cal[kind]
 
     def fit(self, kind: str, build: Builder, target: int) -> Sized:
-        cal = self.calibrate(kind, build)
-        if cal is None:
-            raise SizingError(f"the server could not count tokens for the {kind} prompt")
-        base, per_unit = cal
+        base, per_unit = self.calibrate(kind, build)
         units = max(0, round((target - base) / per_unit))
         best: Sized | None = None
         for _ in range(4):
@@ -468,9 +463,9 @@ class Sizer:
             n = self.count(msgs, tls)
             if n is None:
                 # Counting a prompt this big failed (e.g. the server refuses it): extrapolate.
-                return Sized(msgs, tls, units, target, round(base + units * per_unit), True)
-            cur = Sized(msgs, tls, units, target, n)
-            if best is None or abs(n - target) < abs((best.tokens or 0) - target):
+                return Sized(msgs, units, round(base + units * per_unit))
+            cur = Sized(msgs, units, n)
+            if best is None or abs(n - target) < abs(best.tokens - target):
                 best = cur
             if abs(n - target) <= self.tolerance * target:
                 return cur

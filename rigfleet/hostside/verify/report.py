@@ -156,8 +156,7 @@ def write(report: Report, directory: Path) -> tuple[Path, Path]:
 
 
 def write_pair(directory: Path, prefix: str, json_text: str, md_text: str) -> tuple[Path, Path]:
-    """``<prefix>-<UTC timestamp>[-n].json`` and ``.md`` in ``directory`` (created), each
-    replaced atomically: a reader never sees half a report."""
+    """``<prefix>-<UTC timestamp>[-n].json`` and ``.md`` in ``directory``, each atomic."""
     directory.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     stem, n = f"{prefix}-{stamp}", 1

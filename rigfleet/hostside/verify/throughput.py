@@ -18,9 +18,6 @@ from .report import FAIL, PASS, CheckResult, now_iso
 if TYPE_CHECKING:
     from .context import Context
 
-NAME, TITLE = "throughput", "Throughput"
-
-
 class _Ticks(SilentProgress):
     """The bench's progress as the gate's dots."""
 
@@ -34,9 +31,8 @@ class _Ticks(SilentProgress):
         self.ctx.progress.note(text)
 
 
-def throughput(ctx: Context) -> CheckResult:
+def throughput(ctx: Context, out: CheckResult) -> CheckResult:
     p = ctx.profile
-    out = CheckResult(NAME, TITLE)
     bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
                                             timeout_s=p.throughput_timeout_s),
                   progress=_Ticks(ctx), model=ctx.model)
