@@ -22,6 +22,7 @@ from .atomic import write_atomic
 from .layout import ROUTE_MARK, Layout
 from .plan import StackRef
 from .records import route
+from .steps import Failure
 
 ROUTE_HEADER = "X-Rigfleet-Route"
 MAINTENANCE = "maintenance"
@@ -39,8 +40,11 @@ Http = Callable[[str, str, dict[str, str], bytes | None, float],
 _SAFE = re.compile(r"[^A-Za-z0-9 ._:>()/+,=-]")
 
 
-class FrontError(RuntimeError):
-    """The front could not be switched; the previous route is still in place."""
+class FrontError(Failure):
+    """The front could not be switched (phase ``front``); the previous route is still in place."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("front", reason)
 
 
 def render_serving(ref: StackRef) -> str:

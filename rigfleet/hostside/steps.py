@@ -381,15 +381,22 @@ class Steps:
         self.answers(ref)
         self.front.serve(ref)
 
-    def bring_up(self, ref: StackRef, vram_timeout_s: float, ready_timeout_s: float) -> float:
-        """Every stack down, the cards' memory released, ``ref`` up and ready; boot seconds."""
-        self.stop(known_projects(self.lay))
-        self.wait_vram(ref.gpu_memory_utilization, vram_timeout_s)
+    def bring_up(self, ref: StackRef, vram_timeout_s: float, ready_timeout_s: float,
+                 projects: list[tuple[str, str]] | None = None, compose_file: str = "",
+                 timings: dict[str, float] | None = None) -> float:
+        """``projects`` (else every known stack) down, the cards' memory released, ``ref`` up
+        (from ``compose_file``, else its own) and ready; boot seconds, each step's in ``timings``."""
+        times = {} if timings is None else timings
+        t = self.ops.monotonic()
+        self.stop(known_projects(self.lay) if projects is None else projects)
+        times["stop_s"] = self.ops.monotonic() - t
+        times["vram_s"] = self.wait_vram(ref.gpu_memory_utilization, vram_timeout_s)
         self.check_interrupt()
-        t0 = self.ops.monotonic()
-        self.start(ref, ref.compose_file)
-        self.wait_ready(ref, ready_timeout_s)
-        return self.ops.monotonic() - t0
+        t = self.ops.monotonic()
+        self.start(ref, compose_file or ref.compose_file)
+        times["up_s"] = self.ops.monotonic() - t
+        times["ready_s"] = self.wait_ready(ref, ready_timeout_s)
+        return times["up_s"] + times["ready_s"]
 
     def verify(self, ref: StackRef, gate_fn: GateFn, profile: str, sets: tuple[str, ...],
                timeout_s: float) -> GateResult:

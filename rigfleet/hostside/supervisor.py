@@ -312,10 +312,9 @@ class Supervisor:
         try:
             steps.answers(ref)
             self.front.serve(ref)
-        except (Failure, FrontError) as e:
-            reason = getattr(e, "reason", str(e))
-            steps.j.event("reroute", reason, level="error")
-            return {"result": "failed", "exit": 1, "reason": reason}
+        except Failure as e:
+            steps.j.event("reroute", e.reason, level="error")
+            return {"result": "failed", "exit": 1, "reason": e.reason}
         cut = rec.unnoted()
         reason = (f"rerouted: {ref.route_id} was up and answering while the front routed away"
                   + (f" (after a recreation cut short; the engine had died: {cut.reason})"
@@ -386,7 +385,7 @@ class Supervisor:
         try:
             steps.recreate(ref, f"{ref.stack} engine died; recreating it (attempt {n} of "
                            f"{p.limit})", p.retry_after_s, p.vram_timeout_s, p.ready_timeout_s)
-        except (Failure, FrontError) as e:
+        except Failure as e:
             return self._failed(self.rec, active, steps, attempt, n, e, kept,
                                 round(self.ops.monotonic() - t0, 1))
         seconds = round(self.ops.monotonic() - t0, 1)
@@ -410,25 +409,22 @@ class Supervisor:
                 "window_s": seconds}
 
     def _failed(self, rec: Record, active: Active, steps: Steps, attempt: Attempt, n: int,
-                e: Failure | FrontError, kept: str | None, seconds: float) -> dict[str, Any]:
+                e: Failure, kept: str | None, seconds: float) -> dict[str, Any]:
         """A recreation that failed (or was stopped): 503 stays, the next backoff from now."""
-        ref, p = active.ref, self.policy
-        reason = e.reason if isinstance(e, Failure) else str(e)
-        phase = e.phase if isinstance(e, Failure) else "front"
-        boot = asdict(e.boot) if isinstance(e, Failure) and e.boot else None
-        result = "interrupted" if phase == "interrupted" else "failed"
-        steps.j.event("recreate", f"recreation {n} of {p.limit} {result}: {reason}",
-                      level="error")
-        self.note(result, None, active, f"recreation {n} of {p.limit} after the engine died "
-                  f"({attempt.reason}) {result}: {reason}", attempted=ref,
-                  extra={"phase": phase, "boot_failure": boot, "kept_log": kept})
+        limit, reason = self.policy.limit, e.reason
+        boot = asdict(e.boot) if e.boot else None
+        result = "interrupted" if e.phase == "interrupted" else "failed"
+        said = f"recreation {n} of {limit} {result}: {reason}"
+        steps.j.event("recreate", said, level="error")
+        self.note(result, None, active, f"recreation {n} of {limit} after the engine died "
+                  f"({attempt.reason}) {result}: {reason}", attempted=active.ref,
+                  extra={"phase": e.phase, "boot_failure": boot, "kept_log": kept})
         now = self.clock()
         after = replace(rec, dead_since=now, death=reason,
                         boot_failure=boot or rec.boot_failure)
         self.save(moved(after.noted(replace(attempt, result=result, detail=reason,
-                                            seconds=seconds)),
-                        "backoff", f"recreation {n} of {p.limit} {result}: {reason}", now))
-        return {"result": result, "exit": 1, "reason": reason, "phase": phase}
+                                            seconds=seconds)), "backoff", said, now))
+        return {"result": result, "exit": 1, "reason": reason, "phase": e.phase}
 
     def _log_name(self, rec: Record) -> str:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(rec.dead_since or self.clock()))

@@ -178,17 +178,9 @@ class Transaction(Steps):
                 with contextlib.suppress(FrontError):
                     self.front.maintenance(message, rest.seconds, wait=False)
         try:
-            t = self.ops.monotonic()
-            self.stop([*([(old.project, old.compose_file)] if old else []),
-                       (self.plan.desired.project, staged), *self.plan.projects])
-            self.timings["stop_s"] = self.ops.monotonic() - t
-            self.timings["vram_s"] = self.wait_vram(new.gpu_memory_utilization,
-                                                    plan.vram_timeout_s)
-            self.check_interrupt()
-            t = self.ops.monotonic()
-            self.start(new, staged)
-            self.timings["up_s"] = self.ops.monotonic() - t
-            self.timings["ready_s"] = self.wait_ready(new, plan.ready_timeout_s)
+            boot_s = self.bring_up(new, plan.vram_timeout_s, plan.ready_timeout_s, [
+                *([(old.project, old.compose_file)] if old else []),
+                (new.project, staged), *plan.projects], staged, self.timings)
             t = self.ops.monotonic()
             gate = self.verify(new, self.gate_fn, plan.gate_profile, plan.gate_set,
                                plan.gate_timeout_s)
@@ -207,9 +199,7 @@ class Transaction(Steps):
         window = self.ops.monotonic() - t_window
         self.timings["window_s"] = window
         self.j.event("promote", f"{new.route_id} serves (503 window {window:.1f}s)")
-        record_swap(self.lay, new.stack, self.timings.get("up_s", 0.0)
-                    + self.timings.get("ready_s", 0.0), self.timings.get("gate_s", 0.0), window,
-                    self.drained)
+        record_swap(self.lay, new.stack, boot_s, self.timings["gate_s"], window, self.drained)
         return self._outcome(Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
                                      serving=new.route_id, gate=gate.record(),
                                      window_s=window))
@@ -326,16 +316,13 @@ class Transaction(Steps):
                 outcome.serving = "maintenance"
                 ledger.append(self.lay, ledger.entry(kind, "failed", None, **line))
                 return outcome
-            self.wait_vram(old.gpu_memory_utilization, plan.vram_timeout_s)
-            self.start(old, old.compose_file)
-            self.wait_ready(old, plan.ready_timeout_s)
+            self.bring_up(old, plan.vram_timeout_s, plan.ready_timeout_s, [])
             self.answers(old)
             self.front.serve(old)
-        except (Failure, FrontError) as f2:
-            reason = getattr(f2, "reason", str(f2))
-            outcome.reason = f"{failure.reason}; rollback failed too: {reason}"
+        except Failure as f2:
+            outcome.reason = f"{failure.reason}; rollback failed too: {f2.reason}"
             outcome.serving = self.front.current()
-            self.j.event("rollback", f"rollback failed: {reason}", level="error")
+            self.j.event("rollback", f"rollback failed: {f2.reason}", level="error")
             ledger.append(self.lay, ledger.entry(kind, "failed", None, **{
                 **line, "previous": old, "reason": outcome.reason}))
             return outcome
