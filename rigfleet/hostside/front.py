@@ -136,7 +136,7 @@ class Front:
         old = self.path.read_text() if self.path.exists() else None
         if old == text and not wait:
             return
-        self._write(text)
+        write_atomic(self.path, text)
         rc, out = self.run(["nginx", "-t", "-q"], 30.0)
         if rc != 0:
             self._restore(old)
@@ -166,11 +166,8 @@ class Front:
                                  f"{self.settle_s:g}s after switching to {route_id!r}")
             self.sleep(0.2)
 
-    def _write(self, text: str) -> None:
-        write_atomic(self.path, text, 0o644)
-
     def _restore(self, old: str | None) -> None:
         if old is None:
             self.path.unlink(missing_ok=True)
         else:
-            self._write(old)
+            write_atomic(self.path, old)

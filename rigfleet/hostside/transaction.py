@@ -200,26 +200,20 @@ class Transaction(Steps):
         self.timings["window_s"] = window
         self.j.event("promote", f"{new.route_id} serves (503 window {window:.1f}s)")
         record_swap(self.lay, new.stack, boot_s, self.timings["gate_s"], window, self.drained)
-        return self._outcome(Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
-                                     serving=new.route_id, gate=gate.record(),
-                                     window_s=window))
+        return Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
+                       serving=new.route_id, gate=gate.record(), window_s=window,
+                       **self._window())
 
     def _not_taken(self, outcome: Outcome) -> Outcome:
         self.j.event("lock", outcome.reason, level="error")
         self.j.finish(outcome.to_dict())
         return outcome
 
-    def _outcome(self, outcome: Outcome) -> Outcome:
-        """``outcome`` with the window's drain and Retry-After."""
-        outcome.drain = self.drained.to_dict() if self.drained is not None else None
-        outcome.retry_after_s = self.retry_after_s
-        return outcome
-
-    def _extra(self) -> dict[str, Any]:
-        """The drain and the Retry-After, for every ledger line once the window opened."""
-        extra = {"drain": self.drained.to_dict() if self.drained is not None else None,
+    def _window(self, drop_none: bool = False) -> dict[str, Any]:
+        """The window's drain and Retry-After: the outcome's; a ledger line's ``drop_none``."""
+        found = {"drain": self.drained.to_dict() if self.drained is not None else None,
                  "retry_after_s": self.retry_after_s}
-        return {k: v for k, v in extra.items() if v is not None}
+        return {k: v for k, v in found.items() if v is not None or not drop_none}
 
     def _undrain(self, kind: str, old: StackRef, new: StackRef) -> Outcome:
         """Stopped while draining: nothing was stopped yet, the old stack serves again."""
@@ -229,8 +223,8 @@ class Transaction(Steps):
         except FrontError as e:
             reason += f"; the front could not be routed back to {old.route_id}: {e}"
         self.j.event("drain", f"{reason}; {old.route_id} serves again", level="warning")
-        return self._outcome(Outcome("refused", EXIT_ROLLED_BACK, kind, new.stack, reason,
-                                     "drain", serving=self.front.current()))
+        return Outcome("refused", EXIT_ROLLED_BACK, kind, new.stack, reason, "drain",
+                       serving=self.front.current(), **self._window())
 
     def _stage(self, new: StackRef, old: StackRef | None) -> str:
         """Checks that change nothing: the compose file is the one rendered (copied aside), it
@@ -283,7 +277,7 @@ class Transaction(Steps):
                           gate=gate) from None
         ledger.append(self.lay, ledger.entry(
             kind, "promoted", snapshot, host=plan.host, by=plan.by, deploy_id=plan.id,
-            gate=gate.record(), previous=old, active=True, extra=self._extra()))
+            gate=gate.record(), previous=old, active=True, extra=self._window(drop_none=True)))
         ledger.update_state(self.lay, **ledger.stack_fields(snapshot), since=ledger.now_iso(),
                             by=plan.by, deploy_id=plan.id, gate=gate.record())
         supersede(self.lay, plan.by, f"{kind} {plan.id} promoted {snapshot.route_id}")
@@ -304,10 +298,9 @@ class Transaction(Steps):
             attempted=new, host=plan.host, by=plan.by, deploy_id=plan.id, gate=gate,
             reason=failure.reason,
             extra={"phase": failure.phase, "boot_failure": boot, "kept_log": kept,
-                   **self._extra()})
-        outcome = self._outcome(Outcome("failed", EXIT_FAILED, kind, new.stack, failure.reason,
-                                        failure.phase, gate=gate, boot_failure=boot,
-                                        kept_log=kept))
+                   **self._window(drop_none=True)})
+        outcome = Outcome("failed", EXIT_FAILED, kind, new.stack, failure.reason, failure.phase,
+                          gate=gate, boot_failure=boot, kept_log=kept, **self._window())
         try:
             self.interrupted = lambda: False  # a stop request must not stop the way back
             self.stop([(new.project, staged)])
