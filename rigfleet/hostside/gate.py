@@ -95,8 +95,7 @@ def _newest_report(directory: Path, since: float) -> Path | None:
 def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
              bundle: Path | None = None,
              should_stop: Callable[[], bool] = lambda: False) -> GateResult:
-    """Run the gate as a child process (importing from ``bundle``, else this interpreter's
-    path); ``should_stop`` True terminates it. Never raises for a gate failure."""
+    """Run the gate as a child process (from ``bundle``, else ``sys.path``); never raises."""
     started, t0 = time.time(), time.monotonic()
     at = datetime.now(UTC).isoformat(timespec="seconds")
     env = dict(os.environ, PYTHONUNBUFFERED="1",

@@ -168,8 +168,7 @@ class Steps:
             raise Failure("interrupted", "the transaction was asked to stop (SIGTERM)")
 
     def stop(self, projects: list[tuple[str, str]]) -> None:
-        """``docker compose down`` every project, then remove any container still holding a
-        stack's name (one started by hand holds the cards and the name)."""
+        """``docker compose down`` every project, then remove a container started by hand."""
         done: set[str] = set()
         for project, file in projects:
             if project in done or not Path(file).exists():
@@ -374,8 +373,7 @@ class Steps:
 
     def recreate(self, ref: StackRef, message: str, retry_after_s: int, vram_timeout_s: float,
                  ready_timeout_s: float) -> None:
-        """Bring the verified ``ref`` back in a fresh container behind a 503, then route the
-        front to it; ``Failure`` leaves the 503."""
+        """The verified ``ref`` in a fresh container behind a 503, then served; ``Failure``: 503."""
         self.front.maintenance(message, retry_after_s, wait=False)
         self.bring_up(ref, vram_timeout_s, ready_timeout_s)
         self.answers(ref)
@@ -384,8 +382,7 @@ class Steps:
     def bring_up(self, ref: StackRef, vram_timeout_s: float, ready_timeout_s: float,
                  projects: list[tuple[str, str]] | None = None, compose_file: str = "",
                  timings: dict[str, float] | None = None) -> float:
-        """``projects`` (else every known stack) down, the cards' memory released, ``ref`` up
-        (from ``compose_file``, else its own) and ready; boot seconds, each step's in ``timings``."""
+        """``projects`` (else all) down, the cards free, ``ref`` up and ready; boot seconds."""
         times = {} if timings is None else timings
         t = self.ops.monotonic()
         self.stop(known_projects(self.lay) if projects is None else projects)

@@ -129,15 +129,17 @@ class Supervisor:
                 "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id()}
         if data == self._saved:
             return
+        problem = None
         try:
             self.lay.supervise_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.lay.supervise_state, {**data, "updated": self.clock()})
-        except OSError as e:
-            # A full or read-only disk: keep watching from the record in memory.
-            self._wrote(f"cannot write {self.lay.supervise_state}: {e.strerror or e}")
-            return
-        self._wrote(None)
-        self._saved = data
+            self._saved = data
+        except OSError as e:  # a full or read-only disk: watching on from the record in memory
+            problem = f"cannot write {self.lay.supervise_state}: {e.strerror or e}"
+        if problem != self.problem:
+            self.say(f"{problem}; watching on, retrying at each look" if problem
+                     else "records are written again")
+        self.problem = problem
 
     def note(self, result: str, ref: StackRef | None, of: Active, reason: str,
              **fields: Any) -> None:
@@ -149,12 +151,6 @@ class Supervisor:
         except OSError as e:
             self.say(f"ledger: cannot write {e.filename or 'a record'}: {e.strerror or e}; "
                      f"lost: {line.get('event')} {line.get('result')}: {line.get('reason', '')}")
-
-    def _wrote(self, problem: str | None) -> None:
-        if problem != self.problem:
-            self.say(f"{problem}; watching on, retrying at each look" if problem
-                     else "records are written again")
-        self.problem = problem
 
     def say(self, message: str) -> None:
         if self.echo is not None:
@@ -338,8 +334,7 @@ class Supervisor:
         return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
 
     def _record_image(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
-        """Write the image id its (verified, answering) container runs into an active record
-        from before image ids were kept."""
+        """Record the image id its verified container runs (a record from before image ids)."""
         ref = active.ref
         st = self.ops.container(ref.container)
         if st is None or not st.image_id or st.config_hash != ref.config_hash:
