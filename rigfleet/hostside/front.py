@@ -124,14 +124,6 @@ class Front:
     def maintenance(self, message: str, retry_after_s: int, wait: bool = True) -> None:
         self._apply(render_maintenance(message, retry_after_s), MAINTENANCE, wait)
 
-    def probe(self) -> tuple[int, str | None, str | None]:
-        """(status, route header, Retry-After) of ``GET /v1/models`` through the front."""
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        status, got, _ = self.http("GET", f"http://127.0.0.1:{self.port}/v1/models", headers,
-                                   None, 5.0)
-        low = {k.lower(): v for k, v in got.items()}
-        return status, low.get(ROUTE_HEADER.lower()), low.get("retry-after")
-
     def _apply(self, text: str, route_id: str, wait: bool) -> None:
         old = self.path.read_text() if self.path.exists() else None
         if old == text and not wait:
@@ -155,14 +147,17 @@ class Front:
             self._wait_for(route_id)
 
     def _wait_for(self, route_id: str) -> None:
+        """Until ``GET /v1/models`` through the front shows ``route_id`` in its route header."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         deadline = time.monotonic() + self.settle_s
-        seen: tuple[int, str | None, str | None] = (0, None, None)
         while True:
-            seen = self.probe()
-            if seen[1] == route_id:
+            status, got, _ = self.http("GET", f"http://127.0.0.1:{self.port}/v1/models",
+                                       headers, None, 5.0)
+            seen = {k.lower(): v for k, v in got.items()}.get(ROUTE_HEADER.lower())
+            if seen == route_id:
                 return
             if time.monotonic() > deadline:
-                raise FrontError(f"the front still answers {seen[0]} route {seen[1]!r} "
+                raise FrontError(f"the front still answers {status} route {seen!r} "
                                  f"{self.settle_s:g}s after switching to {route_id!r}")
             self.sleep(0.2)
 
