@@ -116,11 +116,10 @@ def gate_reason(gate: GateResult) -> str:
             f"{', '.join(gate.failed_checks)}; report {gate.report_json}")
 
 
-def known_projects(lay: Layout, stacks_dir: Path | None = None) -> list[tuple[str, str]]:
+def known_projects(lay: Layout) -> list[tuple[str, str]]:
     """(project, compose file) of the active snapshot and every rendered stack."""
     found: dict[str, str] = {}
-    for path in [lay.active_compose, *sorted((stacks_dir or lay.stacks_dir)
-                                             .glob("*/compose.yaml"))]:
+    for path in [lay.active_compose, *sorted(lay.stacks_dir.glob("*/compose.yaml"))]:
         with contextlib.suppress(OSError):
             if m := _PROJECT_NAME.search(path.read_text()):
                 found.setdefault(m.group(1), str(path))
