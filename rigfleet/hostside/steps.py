@@ -126,6 +126,11 @@ def known_projects(lay: Layout) -> list[tuple[str, str]]:
     return list(found.items())
 
 
+def fs_problem(e: OSError) -> str:
+    """``OSError`` -> "<file>: <why>"."""
+    return f"{e.filename or 'the disk'}: {e.strerror or e}"
+
+
 def local_name(ref: StackRef) -> str:
     """The local ``<repo>:<tag>`` a stack's compose file runs."""
     return ref.image_ref.split("@", 1)[0]

@@ -46,7 +46,7 @@ from .records import (
     read_holder,
     read_json,
 )
-from .steps import Failure, FrontControl, GateFn, Ops, Steps
+from .steps import Failure, FrontControl, GateFn, Ops, Steps, fs_problem
 from .supervise import WHO, Action, Attempt, Observation, Policy, Record, moved, started, step
 
 KEEP_LOGS = 10
@@ -82,11 +82,6 @@ def _lock_fd(lay: Layout) -> int:
         return os.open(lay.supervise_dir / "supervisor.lock", os.O_RDONLY)
     except OSError:
         return os.open(lay.supervise_dir, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def fs_problem(e: OSError) -> str:
-    """``OSError`` -> "<file>: <why>"."""
-    return f"{e.filename or 'the disk'}: {e.strerror or e}"
 
 
 @dataclass

@@ -48,6 +48,7 @@ from .steps import (
     Ops,
     Outcome,
     Steps,
+    fs_problem,
     gate_reason,
     local_name,
 )
@@ -189,13 +190,12 @@ class Transaction(Steps):
                 raise Failure("gate", gate_reason(gate), gate=gate)
             self._promote(new, staged, gate, old, kind)
         except Failure as f:
-            return self._rollback(kind, self.rollback_to, new, staged, f, t_window)
+            return self._rollback(kind, new, staged, f, t_window)
         except OSError as e:  # a full or read-only disk (a record, a gate report): go back
-            failure = Failure("disk", f"{e.filename or 'the disk'}: {e.strerror or e}")
-            return self._rollback(kind, self.rollback_to, new, staged, failure, t_window)
+            return self._rollback(kind, new, staged, Failure("disk", fs_problem(e)), t_window)
         except Exception as e:  # a bug inside the window: still go back to what served
             failure = Failure("internal", f"internal error: {type(e).__name__}: {e}")
-            return self._rollback(kind, self.rollback_to, new, staged, failure, t_window)
+            return self._rollback(kind, new, staged, failure, t_window)
         window = self.ops.monotonic() - t_window
         self.timings["window_s"] = window
         self.j.event("promote", f"{new.route_id} serves (503 window {window:.1f}s)")
@@ -283,9 +283,9 @@ class Transaction(Steps):
         supersede(self.lay, plan.by, f"{kind} {plan.id} promoted {snapshot.route_id}")
         prune_snapshots(self.lay)
 
-    def _rollback(self, kind: str, old: StackRef | None, new: StackRef, staged: str,
-                  failure: Failure, t_window: float) -> Outcome:
-        plan = self.plan
+    def _rollback(self, kind: str, new: StackRef, staged: str, failure: Failure,
+                  t_window: float) -> Outcome:
+        plan, old = self.plan, self.rollback_to
         gate = failure.gate.record() if failure.gate else None
         boot = asdict(failure.boot) if failure.boot else None
         target = old.stack if old else "nothing (first activation)"
