@@ -142,8 +142,7 @@ def short_id(image: str) -> str:
 
 
 def take_lock(lock: HostLock, who: str, why: str, wait_s: float, ops: Ops) -> str | None:
-    """``lock.acquire``, waiting up to ``wait_s`` for a live holder (never for a maintenance
-    window's); ``LockHeld`` when it is still held."""
+    """``lock.acquire``, waiting up to ``wait_s`` for a live holder (not for a window's)."""
     deadline = ops.monotonic() + wait_s
     while True:
         try:
@@ -198,8 +197,7 @@ class Steps:
 
     def drain_requests(self, ref: StackRef | None, timeout_s: float,
               stoppable: bool = False) -> DrainReport | None:
-        """Wait up to ``timeout_s`` until what the front accepted before its 503 finished on
-        ``ref``; None when nothing served. ``stoppable``: a stop request ends it."""
+        """Wait up to ``timeout_s`` for what the front accepted before its 503 to finish."""
         if ref is None:
             return None
         d = Drainer(timeout_s)
@@ -224,8 +222,7 @@ class Steps:
         return report
 
     def wait_vram(self, utilization: float, timeout_s: float) -> float:
-        """Until every card has ``utilization`` x total free, twice in a row; fails at
-        ``timeout_s``, or after ``DRIVER_GRACE_S`` of nvidia-smi failing."""
+        """Until every card has ``utilization`` free twice in a row; fails at ``timeout_s``."""
         t0 = self.ops.monotonic()
         good, detail, last_note = 0, "", t0
         failing_since: float | None = None
@@ -272,8 +269,7 @@ class Steps:
                           f"{local_name(ref)} moved while it started); taken down")
 
     def pin_image(self, ref: StackRef) -> None:
-        """Put ``ref``'s local tag back on the image the gate verified (by id or pinned
-        digest) when it moved; ``Failure`` phase ``image`` when that image is gone."""
+        """Put ``ref``'s local tag back on its verified image (by id or pinned digest)."""
         if not ref.image_id:
             return
         name = local_name(ref)
