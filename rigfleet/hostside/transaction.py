@@ -146,21 +146,17 @@ class Transaction(Steps):
             staged = self._stage(new, old)
             # The image the gate verifies and the record keeps: its id now, not its tag.
             new = replace(new, image_id=self.ops.image_id(local_name(new)) or "")
-        except Failure as f:
-            self.j.event("stage", f.reason, level="error")
+            times = read_timings(self.lay)
+            busy = self.holds_requests(old)
+            estimate = swap_estimate(times, new.stack, busy, plan.retry_after_s)
+            message = f"{kind} {old.stack if old else 'nothing'} -> {new.stack} in progress"
+            t_window = self.ops.monotonic()
+            self.front.maintenance(message, estimate.seconds)
+        except Failure as f:  # a stage check, or the front refusing its 503
+            if f.phase != "front":
+                self.j.event("stage", f.reason, level="error")
             return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,
                            f"refused before any change: {f.reason}", f.phase,
-                           serving=self.front.current())
-        times = read_timings(self.lay)
-        busy = self.holds_requests(old)
-        estimate = swap_estimate(times, new.stack, busy, plan.retry_after_s)
-        message = f"{kind} {old.stack if old else 'nothing'} -> {new.stack} in progress"
-        t_window = self.ops.monotonic()
-        try:
-            self.front.maintenance(message, estimate.seconds)
-        except FrontError as e:
-            return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,
-                           f"refused before any change: {e}", "front",
                            serving=self.front.current())
         self.retry_after_s = estimate.seconds
         self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
