@@ -49,8 +49,8 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     fsync_dir(path.parent)
 
 
-def write_json(path: Path, data: Any, mode: int = 0o644, indent: int | None = 2) -> None:
-    write_atomic(path, json.dumps(data, indent=indent, sort_keys=True) + "\n", mode)
+def write_json(path: Path, data: Any, indent: int | None = 2) -> None:
+    write_atomic(path, json.dumps(data, indent=indent, sort_keys=True) + "\n")
 
 
 def append_line(path: Path, line: str, sync: bool = True) -> None:
@@ -70,9 +70,9 @@ def append_line(path: Path, line: str, sync: bool = True) -> None:
         os.close(fd)
 
 
-def move_aside(path: Path, why: str = "damaged") -> Path | None:
-    """Rename a damaged record to ``<name>.<why>-<time>``; None when there was none."""
-    aside = path.with_name(f"{path.name}.{why}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+def move_aside(path: Path) -> Path | None:
+    """Rename a damaged record to ``<name>.damaged-<time>``; None when there was none."""
+    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     try:
         os.replace(path, aside)
     except FileNotFoundError:

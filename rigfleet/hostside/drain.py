@@ -70,8 +70,7 @@ def parse_load(text: str | None) -> EngineLoad | None:
 
 
 def draining_workers(proc: Path = Path("/proc")) -> int | None:
-    """nginx workers of an earlier configuration still serving; None when ``proc`` cannot
-    be read."""
+    """nginx workers of an earlier configuration still serving; None when unreadable."""
     try:
         entries = list(proc.iterdir())
     except OSError:
@@ -132,8 +131,6 @@ class Drainer:
     """The drain's decisions, fed one observation per poll."""
 
     timeout_s: float
-    settle: int = SETTLE_READS
-    stale_s: float = STALE_S
     _t0: float | None = None
     _last: float = 0.0
     _start: tuple[EngineLoad | None, int | None] = (None, None)
@@ -162,7 +159,7 @@ class Drainer:
         front_idle = front is None or front == 0
         if engine_idle and front_idle:
             self._idle += 1
-            if self._idle >= self.settle:
+            if self._idle >= SETTLE_READS:
                 self._result = "drained" if self._busy_seen else "idle"
                 return True
         else:
@@ -183,7 +180,7 @@ class Drainer:
         if self._tokens != load.tokens:
             self._tokens, self._tokens_since = load.tokens, now
             return False
-        return now - self._tokens_since >= self.stale_s
+        return now - self._tokens_since >= STALE_S
 
     def interrupt(self, now: float) -> None:
         if self._t0 is None:
@@ -207,8 +204,7 @@ class Drainer:
 
 
 def drain_note(result: dict[str, Any]) -> str:
-    """``; drain: ...; Retry-After Ns`` from a swap's or window's result, for the deploy's
-    log; "" when it has neither."""
+    """``; drain: ...; Retry-After Ns`` of a swap's or window's result, for the deploy's log."""
     parts = []
     data = result.get("drain")
     if isinstance(data, dict):

@@ -22,6 +22,7 @@ from .atomic import write_atomic
 from .layout import ROUTE_MARK, Layout
 from .plan import StackRef
 from .records import route
+from .steps import Failure
 
 ROUTE_HEADER = "X-Rigfleet-Route"
 MAINTENANCE = "maintenance"
@@ -39,8 +40,11 @@ Http = Callable[[str, str, dict[str, str], bytes | None, float],
 _SAFE = re.compile(r"[^A-Za-z0-9 ._:>()/+,=-]")
 
 
-class FrontError(RuntimeError):
-    """The front could not be switched; the previous route is still in place."""
+class FrontError(Failure):
+    """The front could not be switched (phase ``front``); the previous route is still in place."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("front", reason)
 
 
 def render_serving(ref: StackRef) -> str:
@@ -120,19 +124,11 @@ class Front:
     def maintenance(self, message: str, retry_after_s: int, wait: bool = True) -> None:
         self._apply(render_maintenance(message, retry_after_s), MAINTENANCE, wait)
 
-    def probe(self) -> tuple[int, str | None, str | None]:
-        """(status, route header, Retry-After) of ``GET /v1/models`` through the front."""
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        status, got, _ = self.http("GET", f"http://127.0.0.1:{self.port}/v1/models", headers,
-                                   None, 5.0)
-        low = {k.lower(): v for k, v in got.items()}
-        return status, low.get(ROUTE_HEADER.lower()), low.get("retry-after")
-
     def _apply(self, text: str, route_id: str, wait: bool) -> None:
         old = self.path.read_text() if self.path.exists() else None
         if old == text and not wait:
             return
-        self._write(text)
+        write_atomic(self.path, text)
         rc, out = self.run(["nginx", "-t", "-q"], 30.0)
         if rc != 0:
             self._restore(old)
@@ -151,22 +147,22 @@ class Front:
             self._wait_for(route_id)
 
     def _wait_for(self, route_id: str) -> None:
+        """Until ``GET /v1/models`` through the front shows ``route_id`` in its route header."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         deadline = time.monotonic() + self.settle_s
-        seen: tuple[int, str | None, str | None] = (0, None, None)
         while True:
-            seen = self.probe()
-            if seen[1] == route_id:
+            status, got, _ = self.http("GET", f"http://127.0.0.1:{self.port}/v1/models",
+                                       headers, None, 5.0)
+            seen = {k.lower(): v for k, v in got.items()}.get(ROUTE_HEADER.lower())
+            if seen == route_id:
                 return
             if time.monotonic() > deadline:
-                raise FrontError(f"the front still answers {seen[0]} route {seen[1]!r} "
+                raise FrontError(f"the front still answers {status} route {seen!r} "
                                  f"{self.settle_s:g}s after switching to {route_id!r}")
             self.sleep(0.2)
-
-    def _write(self, text: str) -> None:
-        write_atomic(self.path, text, 0o644)
 
     def _restore(self, old: str | None) -> None:
         if old is None:
             self.path.unlink(missing_ok=True)
         else:
-            self._write(old)
+            write_atomic(self.path, old)

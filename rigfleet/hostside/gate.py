@@ -95,8 +95,7 @@ def _newest_report(directory: Path, since: float) -> Path | None:
 def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
              bundle: Path | None = None,
              should_stop: Callable[[], bool] = lambda: False) -> GateResult:
-    """Run the gate as a child process (importing from ``bundle``, else this interpreter's
-    path); ``should_stop`` True terminates it. Never raises for a gate failure."""
+    """Run the gate as a child process (from ``bundle``, else ``sys.path``); never raises."""
     started, t0 = time.time(), time.monotonic()
     at = datetime.now(UTC).isoformat(timespec="seconds")
     env = dict(os.environ, PYTHONUNBUFFERED="1",
@@ -124,13 +123,13 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    timed_out = stopped = False
+    why = ""  # set when it is ended here
     while proc.poll() is None:
         if time.monotonic() - t0 > run.timeout_s:
-            timed_out = True
+            why = f"timed out after {run.timeout_s:g}s"
         elif should_stop():
-            stopped = True
-        if timed_out or stopped:
+            why = "stopped (the transaction was interrupted)"
+        if why:
             proc.terminate()
             try:
                 proc.wait(20)
@@ -143,16 +142,15 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
     status = proc.returncode
     seconds = time.monotonic() - t0
     report = Path(paths[0]) if paths else _newest_report(run.report_dir, started)
+    report_json = str(report) if report else None
     md = paths[1] if paths else (str(report.with_suffix(".md")) if report else None)
-    if timed_out or stopped or status is None or status < 0 or status >= EXIT_USAGE:
-        why = (f"timed out after {run.timeout_s:g}s" if timed_out else
-               "stopped (the transaction was interrupted)" if stopped else
-               f"exited with status {status} (usage error, report not written or interrupted)")
+    if why or status is None or status < 0 or status >= EXIT_USAGE:
+        why = why or (f"exited with status {status} (usage error, report not written or "
+                      "interrupted)")
         said = f"; it said: {' | '.join(last)}" if last else ""
         return GateResult("error", status if status is not None else -1, run.profile,
-                          summary=f"the gate {why}{said}"[:1500],
-                          report_json=str(report) if report else None,
-                          report_md=md if report else None, at=at, seconds=seconds)
+                          summary=f"the gate {why}{said}"[:1500], report_json=report_json,
+                          report_md=md, at=at, seconds=seconds)
     failed: list[str] = []
     summary = f"exit status {status}"
     if report is not None:
@@ -163,4 +161,4 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
     if status and not failed:
         failed = [f"{status} check(s)"]
     return GateResult("pass" if status == 0 else "fail", status, run.profile, failed, summary,
-                      str(report) if report else None, md if report else None, at, seconds)
+                      report_json, md, at, seconds)

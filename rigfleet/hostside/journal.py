@@ -30,12 +30,10 @@ START_GRACE_S = 60.0
 class Journal:
     """Appends events (and echoes them, for journald) and writes the final result."""
 
-    def __init__(self, directory: Path, echo: TextIO | None = sys.stdout,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, directory: Path, echo: TextIO | None = sys.stdout) -> None:
         self.dir = directory
         self.echo = echo
-        self.clock = clock
-        self.t0 = clock()
+        self.t0 = time.monotonic()
         # A full disk or a read-only file system stops nothing: the events still go to the
         # echo (journald), with the reason once (``_try``).
         self.problem: str | None = None
@@ -54,7 +52,7 @@ class Journal:
     def event(self, phase: str, message: str, level: str = "info", **data: Any) -> None:
         self.seq += 1
         item = {"seq": self.seq, "time": datetime.now(UTC).isoformat(timespec="seconds"),
-                "elapsed": round(self.clock() - self.t0, 2), "phase": phase, "level": level,
+                "elapsed": round(time.monotonic() - self.t0, 2), "phase": phase, "level": level,
                 "message": message, **data}
         # One write per event (O_APPEND): a kill can only cut the last line, which read skips.
         self._try(lambda: append_line(self.dir / "events.jsonl",
@@ -65,7 +63,7 @@ class Journal:
 
     def finish(self, result: dict[str, Any]) -> None:
         self._try(lambda: write_json(self.dir / "result.json",
-                                     {**result, "elapsed": round(self.clock() - self.t0, 2)}))
+                                     {**result, "elapsed": round(time.monotonic() - self.t0, 2)}))
 
     def _try(self, write: Callable[[], object]) -> None:
         """Run ``write``; an ``OSError`` is said once on the echo and kept in ``problem``."""

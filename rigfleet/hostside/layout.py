@@ -60,9 +60,7 @@ class Layout:
 
     root: Path = Path("/")
 
-    # /var/lib/rigfleet: records. The lock is the directory ``lock`` (``holder.json`` says
-    # who); ``active/`` holds ``active.json``, the verified compose snapshots it names
-    # (``active_snapshot``) and the ``compose.yaml`` link to the current one, for people.
+    # /var/lib/rigfleet: records; ``active/compose.yaml`` links the current snapshot, for people.
     state_dir = _At(STATE_ROOT)
     lock_dir = _At(STATE_ROOT, "lock")
     state_file = _At(STATE_ROOT, "state.json")
@@ -83,20 +81,16 @@ class Layout:
     window_file = _At(STATE_ROOT, "maintenance", "window.json")
     locks_dir = _At(STATE_ROOT, "locks")  # flock files of long host jobs (the weight fetcher)
     version_cache_dir = _At(STATE_ROOT, "vllm-versions")
-    # per pinned digest, the image id a checked ``docker load`` from a peer gave (a load has
-    # no RepoDigests: this names the digest it stands for)
     loaded_images_dir = _At(STATE_ROOT, "images-loaded")
 
-    # /opt/rigfleet: what the deploy stages. The Genesis checkout (HEAD = the pin) is never
-    # mounted: a stack mounts an immutable export of its commit (``genesis_tree``).
+    # /opt/rigfleet: what the deploy stages (the Genesis checkout is never mounted).
     opt_dir = _At(OPT_ROOT)
     stacks_dir = _At(OPT_ROOT, "stacks")
     genesis_checkout = _At(OPT_ROOT, "genesis")
     genesis_trees_dir = _At(OPT_ROOT, "genesis-trees")
     hf_venv = _At(OPT_ROOT, "hf-venv")  # the pinned huggingface_hub (the weight fetcher's)
 
-    # /etc/rigfleet: secrets. The key alone (the gate, the host's probes), as the stacks'
-    # ``env_file`` (``VLLM_API_KEY=...``) and as a header line (``Authorization: Bearer``).
+    # /etc/rigfleet: secrets; the API key alone, as the stacks' env_file and as a header line.
     etc_dir = _At(ETC_ROOT)
     secrets_dir = _At(ETC_ROOT, "secrets")
     api_key_file = _At(ETC_ROOT, "secrets", "api-key")
@@ -137,7 +131,6 @@ class Layout:
         return self.stacks_dir / stack
 
     def compose_file(self, stack: str) -> Path:
-        """The staged compose file of ``stack``."""
         return self.stack_dir(stack) / "compose.yaml"
 
     def genesis_tree(self, commit: str) -> Path:
@@ -149,8 +142,7 @@ class Layout:
         return self.opt_dir / "images" / name
 
     def weights_dir(self, model_dir: str, local_dir: str, revision: str) -> Path:
-        """One model revision's own directory, ``<model_dir>/<local_dir>@<revision[:12]>``:
-        renamed into place once verified, never written after, mounted read-only."""
+        """``<model_dir>/<local_dir>@<revision[:12]>``: renamed in once verified, then read-only."""
         name = f"{local_dir}{WEIGHTS_REVISION_MARK}{revision[:WEIGHTS_REVISION_CHARS]}"
         return self.root / model_dir.lstrip("/") / name
 

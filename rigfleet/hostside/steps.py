@@ -116,15 +116,19 @@ def gate_reason(gate: GateResult) -> str:
             f"{', '.join(gate.failed_checks)}; report {gate.report_json}")
 
 
-def known_projects(lay: Layout, stacks_dir: Path | None = None) -> list[tuple[str, str]]:
+def known_projects(lay: Layout) -> list[tuple[str, str]]:
     """(project, compose file) of the active snapshot and every rendered stack."""
     found: dict[str, str] = {}
-    for path in [lay.active_compose, *sorted((stacks_dir or lay.stacks_dir)
-                                             .glob("*/compose.yaml"))]:
+    for path in [lay.active_compose, *sorted(lay.stacks_dir.glob("*/compose.yaml"))]:
         with contextlib.suppress(OSError):
             if m := _PROJECT_NAME.search(path.read_text()):
                 found.setdefault(m.group(1), str(path))
     return list(found.items())
+
+
+def fs_problem(e: OSError) -> str:
+    """``OSError`` -> "<file>: <why>"."""
+    return f"{e.filename or 'the disk'}: {e.strerror or e}"
 
 
 def local_name(ref: StackRef) -> str:
@@ -138,8 +142,7 @@ def short_id(image: str) -> str:
 
 
 def take_lock(lock: HostLock, who: str, why: str, wait_s: float, ops: Ops) -> str | None:
-    """``lock.acquire``, waiting up to ``wait_s`` for a live holder (never for a maintenance
-    window's); ``LockHeld`` when it is still held."""
+    """``lock.acquire``, waiting up to ``wait_s`` for a live holder (not for a window's)."""
     deadline = ops.monotonic() + wait_s
     while True:
         try:
@@ -168,8 +171,7 @@ class Steps:
             raise Failure("interrupted", "the transaction was asked to stop (SIGTERM)")
 
     def stop(self, projects: list[tuple[str, str]]) -> None:
-        """``docker compose down`` every project, then remove any container still holding a
-        stack's name (one started by hand holds the cards and the name)."""
+        """``docker compose down`` every project, then remove a container started by hand."""
         done: set[str] = set()
         for project, file in projects:
             if project in done or not Path(file).exists():
@@ -195,8 +197,7 @@ class Steps:
 
     def drain_requests(self, ref: StackRef | None, timeout_s: float,
               stoppable: bool = False) -> DrainReport | None:
-        """Wait up to ``timeout_s`` until what the front accepted before its 503 finished on
-        ``ref``; None when nothing served. ``stoppable``: a stop request ends it."""
+        """Wait up to ``timeout_s`` for what the front accepted before its 503 to finish."""
         if ref is None:
             return None
         d = Drainer(timeout_s)
@@ -221,8 +222,7 @@ class Steps:
         return report
 
     def wait_vram(self, utilization: float, timeout_s: float) -> float:
-        """Until every card has ``utilization`` x total free, twice in a row; fails at
-        ``timeout_s``, or after ``DRIVER_GRACE_S`` of nvidia-smi failing."""
+        """Until every card has ``utilization`` free twice in a row; fails at ``timeout_s``."""
         t0 = self.ops.monotonic()
         good, detail, last_note = 0, "", t0
         failing_since: float | None = None
@@ -269,8 +269,7 @@ class Steps:
                           f"{local_name(ref)} moved while it started); taken down")
 
     def pin_image(self, ref: StackRef) -> None:
-        """Put ``ref``'s local tag back on the image the gate verified (by id or pinned
-        digest) when it moved; ``Failure`` phase ``image`` when that image is gone."""
+        """Put ``ref``'s local tag back on its verified image (by id or pinned digest)."""
         if not ref.image_id:
             return
         name = local_name(ref)
@@ -374,22 +373,27 @@ class Steps:
 
     def recreate(self, ref: StackRef, message: str, retry_after_s: int, vram_timeout_s: float,
                  ready_timeout_s: float) -> None:
-        """Bring the verified ``ref`` back in a fresh container behind a 503, then route the
-        front to it; ``Failure`` leaves the 503."""
+        """The verified ``ref`` in a fresh container behind a 503, then served; ``Failure``: 503."""
         self.front.maintenance(message, retry_after_s, wait=False)
         self.bring_up(ref, vram_timeout_s, ready_timeout_s)
         self.answers(ref)
         self.front.serve(ref)
 
-    def bring_up(self, ref: StackRef, vram_timeout_s: float, ready_timeout_s: float) -> float:
-        """Every stack down, the cards' memory released, ``ref`` up and ready; boot seconds."""
-        self.stop(known_projects(self.lay))
-        self.wait_vram(ref.gpu_memory_utilization, vram_timeout_s)
+    def bring_up(self, ref: StackRef, vram_timeout_s: float, ready_timeout_s: float,
+                 projects: list[tuple[str, str]] | None = None, compose_file: str = "",
+                 timings: dict[str, float] | None = None) -> float:
+        """``projects`` (else all) down, the cards free, ``ref`` up and ready; boot seconds."""
+        times = {} if timings is None else timings
+        t = self.ops.monotonic()
+        self.stop(known_projects(self.lay) if projects is None else projects)
+        times["stop_s"] = self.ops.monotonic() - t
+        times["vram_s"] = self.wait_vram(ref.gpu_memory_utilization, vram_timeout_s)
         self.check_interrupt()
-        t0 = self.ops.monotonic()
-        self.start(ref, ref.compose_file)
-        self.wait_ready(ref, ready_timeout_s)
-        return self.ops.monotonic() - t0
+        t = self.ops.monotonic()
+        self.start(ref, compose_file or ref.compose_file)
+        times["up_s"] = self.ops.monotonic() - t
+        times["ready_s"] = self.wait_ready(ref, ready_timeout_s)
+        return times["up_s"] + times["ready_s"]
 
     def verify(self, ref: StackRef, gate_fn: GateFn, profile: str, sets: tuple[str, ...],
                timeout_s: float) -> GateResult:

@@ -46,7 +46,7 @@ from .records import (
     read_holder,
     read_json,
 )
-from .steps import Failure, FrontControl, GateFn, Ops, Steps
+from .steps import Failure, FrontControl, GateFn, Ops, Steps, fs_problem
 from .supervise import WHO, Action, Attempt, Observation, Policy, Record, moved, started, step
 
 KEEP_LOGS = 10
@@ -82,11 +82,6 @@ def _lock_fd(lay: Layout) -> int:
         return os.open(lay.supervise_dir / "supervisor.lock", os.O_RDONLY)
     except OSError:
         return os.open(lay.supervise_dir, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def fs_problem(e: OSError) -> str:
-    """``OSError`` -> "<file>: <why>"."""
-    return f"{e.filename or 'the disk'}: {e.strerror or e}"
 
 
 @dataclass
@@ -129,15 +124,17 @@ class Supervisor:
                 "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id()}
         if data == self._saved:
             return
+        problem = None
         try:
             self.lay.supervise_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.lay.supervise_state, {**data, "updated": self.clock()})
-        except OSError as e:
-            # A full or read-only disk: keep watching from the record in memory.
-            self._wrote(f"cannot write {self.lay.supervise_state}: {e.strerror or e}")
-            return
-        self._wrote(None)
-        self._saved = data
+            self._saved = data
+        except OSError as e:  # a full or read-only disk: watching on from the record in memory
+            problem = f"cannot write {self.lay.supervise_state}: {e.strerror or e}"
+        if problem != self.problem:
+            self.say(f"{problem}; watching on, retrying at each look" if problem
+                     else "records are written again")
+        self.problem = problem
 
     def note(self, result: str, ref: StackRef | None, of: Active, reason: str,
              **fields: Any) -> None:
@@ -149,12 +146,6 @@ class Supervisor:
         except OSError as e:
             self.say(f"ledger: cannot write {e.filename or 'a record'}: {e.strerror or e}; "
                      f"lost: {line.get('event')} {line.get('result')}: {line.get('reason', '')}")
-
-    def _wrote(self, problem: str | None) -> None:
-        if problem != self.problem:
-            self.say(f"{problem}; watching on, retrying at each look" if problem
-                     else "records are written again")
-        self.problem = problem
 
     def say(self, message: str) -> None:
         if self.echo is not None:
@@ -312,10 +303,9 @@ class Supervisor:
         try:
             steps.answers(ref)
             self.front.serve(ref)
-        except (Failure, FrontError) as e:
-            reason = getattr(e, "reason", str(e))
-            steps.j.event("reroute", reason, level="error")
-            return {"result": "failed", "exit": 1, "reason": reason}
+        except Failure as e:
+            steps.j.event("reroute", e.reason, level="error")
+            return {"result": "failed", "exit": 1, "reason": e.reason}
         cut = rec.unnoted()
         reason = (f"rerouted: {ref.route_id} was up and answering while the front routed away"
                   + (f" (after a recreation cut short; the engine had died: {cut.reason})"
@@ -339,8 +329,7 @@ class Supervisor:
         return {"result": "recorded", "exit": 0, "serving": ref.route_id, "reason": reason}
 
     def _record_image(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
-        """Write the image id its (verified, answering) container runs into an active record
-        from before image ids were kept."""
+        """Record the image id its verified container runs (a record from before image ids)."""
         ref = active.ref
         st = self.ops.container(ref.container)
         if st is None or not st.image_id or st.config_hash != ref.config_hash:
@@ -386,7 +375,7 @@ class Supervisor:
         try:
             steps.recreate(ref, f"{ref.stack} engine died; recreating it (attempt {n} of "
                            f"{p.limit})", p.retry_after_s, p.vram_timeout_s, p.ready_timeout_s)
-        except (Failure, FrontError) as e:
+        except Failure as e:
             return self._failed(self.rec, active, steps, attempt, n, e, kept,
                                 round(self.ops.monotonic() - t0, 1))
         seconds = round(self.ops.monotonic() - t0, 1)
@@ -410,25 +399,22 @@ class Supervisor:
                 "window_s": seconds}
 
     def _failed(self, rec: Record, active: Active, steps: Steps, attempt: Attempt, n: int,
-                e: Failure | FrontError, kept: str | None, seconds: float) -> dict[str, Any]:
+                e: Failure, kept: str | None, seconds: float) -> dict[str, Any]:
         """A recreation that failed (or was stopped): 503 stays, the next backoff from now."""
-        ref, p = active.ref, self.policy
-        reason = e.reason if isinstance(e, Failure) else str(e)
-        phase = e.phase if isinstance(e, Failure) else "front"
-        boot = asdict(e.boot) if isinstance(e, Failure) and e.boot else None
-        result = "interrupted" if phase == "interrupted" else "failed"
-        steps.j.event("recreate", f"recreation {n} of {p.limit} {result}: {reason}",
-                      level="error")
-        self.note(result, None, active, f"recreation {n} of {p.limit} after the engine died "
-                  f"({attempt.reason}) {result}: {reason}", attempted=ref,
-                  extra={"phase": phase, "boot_failure": boot, "kept_log": kept})
+        limit, reason = self.policy.limit, e.reason
+        boot = asdict(e.boot) if e.boot else None
+        result = "interrupted" if e.phase == "interrupted" else "failed"
+        said = f"recreation {n} of {limit} {result}: {reason}"
+        steps.j.event("recreate", said, level="error")
+        self.note(result, None, active, f"recreation {n} of {limit} after the engine died "
+                  f"({attempt.reason}) {result}: {reason}", attempted=active.ref,
+                  extra={"phase": e.phase, "boot_failure": boot, "kept_log": kept})
         now = self.clock()
         after = replace(rec, dead_since=now, death=reason,
                         boot_failure=boot or rec.boot_failure)
         self.save(moved(after.noted(replace(attempt, result=result, detail=reason,
-                                            seconds=seconds)),
-                        "backoff", f"recreation {n} of {p.limit} {result}: {reason}", now))
-        return {"result": result, "exit": 1, "reason": reason, "phase": phase}
+                                            seconds=seconds)), "backoff", said, now))
+        return {"result": result, "exit": 1, "reason": reason, "phase": e.phase}
 
     def _log_name(self, rec: Record) -> str:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(rec.dead_since or self.clock()))

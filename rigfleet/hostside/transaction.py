@@ -48,6 +48,7 @@ from .steps import (
     Ops,
     Outcome,
     Steps,
+    fs_problem,
     gate_reason,
     local_name,
 )
@@ -145,21 +146,17 @@ class Transaction(Steps):
             staged = self._stage(new, old)
             # The image the gate verifies and the record keeps: its id now, not its tag.
             new = replace(new, image_id=self.ops.image_id(local_name(new)) or "")
-        except Failure as f:
-            self.j.event("stage", f.reason, level="error")
+            times = read_timings(self.lay)
+            busy = self.holds_requests(old)
+            estimate = swap_estimate(times, new.stack, busy, plan.retry_after_s)
+            message = f"{kind} {old.stack if old else 'nothing'} -> {new.stack} in progress"
+            t_window = self.ops.monotonic()
+            self.front.maintenance(message, estimate.seconds)
+        except Failure as f:  # a stage check, or the front refusing its 503
+            if f.phase != "front":
+                self.j.event("stage", f.reason, level="error")
             return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,
                            f"refused before any change: {f.reason}", f.phase,
-                           serving=self.front.current())
-        times = read_timings(self.lay)
-        busy = self.holds_requests(old)
-        estimate = swap_estimate(times, new.stack, busy, plan.retry_after_s)
-        message = f"{kind} {old.stack if old else 'nothing'} -> {new.stack} in progress"
-        t_window = self.ops.monotonic()
-        try:
-            self.front.maintenance(message, estimate.seconds)
-        except FrontError as e:
-            return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,
-                           f"refused before any change: {e}", "front",
                            serving=self.front.current())
         self.retry_after_s = estimate.seconds
         self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
@@ -178,17 +175,9 @@ class Transaction(Steps):
                 with contextlib.suppress(FrontError):
                     self.front.maintenance(message, rest.seconds, wait=False)
         try:
-            t = self.ops.monotonic()
-            self.stop([*([(old.project, old.compose_file)] if old else []),
-                       (self.plan.desired.project, staged), *self.plan.projects])
-            self.timings["stop_s"] = self.ops.monotonic() - t
-            self.timings["vram_s"] = self.wait_vram(new.gpu_memory_utilization,
-                                                    plan.vram_timeout_s)
-            self.check_interrupt()
-            t = self.ops.monotonic()
-            self.start(new, staged)
-            self.timings["up_s"] = self.ops.monotonic() - t
-            self.timings["ready_s"] = self.wait_ready(new, plan.ready_timeout_s)
+            boot_s = self.bring_up(new, plan.vram_timeout_s, plan.ready_timeout_s, [
+                *([(old.project, old.compose_file)] if old else []),
+                (new.project, staged), *plan.projects], staged, self.timings)
             t = self.ops.monotonic()
             gate = self.verify(new, self.gate_fn, plan.gate_profile, plan.gate_set,
                                plan.gate_timeout_s)
@@ -197,39 +186,30 @@ class Transaction(Steps):
                 raise Failure("gate", gate_reason(gate), gate=gate)
             self._promote(new, staged, gate, old, kind)
         except Failure as f:
-            return self._rollback(kind, self.rollback_to, new, staged, f, t_window)
+            return self._rollback(kind, new, staged, f, t_window)
         except OSError as e:  # a full or read-only disk (a record, a gate report): go back
-            failure = Failure("disk", f"{e.filename or 'the disk'}: {e.strerror or e}")
-            return self._rollback(kind, self.rollback_to, new, staged, failure, t_window)
+            return self._rollback(kind, new, staged, Failure("disk", fs_problem(e)), t_window)
         except Exception as e:  # a bug inside the window: still go back to what served
             failure = Failure("internal", f"internal error: {type(e).__name__}: {e}")
-            return self._rollback(kind, self.rollback_to, new, staged, failure, t_window)
+            return self._rollback(kind, new, staged, failure, t_window)
         window = self.ops.monotonic() - t_window
         self.timings["window_s"] = window
         self.j.event("promote", f"{new.route_id} serves (503 window {window:.1f}s)")
-        record_swap(self.lay, new.stack, self.timings.get("up_s", 0.0)
-                    + self.timings.get("ready_s", 0.0), self.timings.get("gate_s", 0.0), window,
-                    self.drained)
-        return self._outcome(Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
-                                     serving=new.route_id, gate=gate.record(),
-                                     window_s=window))
+        record_swap(self.lay, new.stack, boot_s, self.timings["gate_s"], window, self.drained)
+        return Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
+                       serving=new.route_id, gate=gate.record(), window_s=window,
+                       **self._window())
 
     def _not_taken(self, outcome: Outcome) -> Outcome:
         self.j.event("lock", outcome.reason, level="error")
         self.j.finish(outcome.to_dict())
         return outcome
 
-    def _outcome(self, outcome: Outcome) -> Outcome:
-        """``outcome`` with the window's drain and Retry-After."""
-        outcome.drain = self.drained.to_dict() if self.drained is not None else None
-        outcome.retry_after_s = self.retry_after_s
-        return outcome
-
-    def _extra(self) -> dict[str, Any]:
-        """The drain and the Retry-After, for every ledger line once the window opened."""
-        extra = {"drain": self.drained.to_dict() if self.drained is not None else None,
+    def _window(self, drop_none: bool = False) -> dict[str, Any]:
+        """The window's drain and Retry-After: the outcome's; a ledger line's ``drop_none``."""
+        found = {"drain": self.drained.to_dict() if self.drained is not None else None,
                  "retry_after_s": self.retry_after_s}
-        return {k: v for k, v in extra.items() if v is not None}
+        return {k: v for k, v in found.items() if v is not None or not drop_none}
 
     def _undrain(self, kind: str, old: StackRef, new: StackRef) -> Outcome:
         """Stopped while draining: nothing was stopped yet, the old stack serves again."""
@@ -239,8 +219,8 @@ class Transaction(Steps):
         except FrontError as e:
             reason += f"; the front could not be routed back to {old.route_id}: {e}"
         self.j.event("drain", f"{reason}; {old.route_id} serves again", level="warning")
-        return self._outcome(Outcome("refused", EXIT_ROLLED_BACK, kind, new.stack, reason,
-                                     "drain", serving=self.front.current()))
+        return Outcome("refused", EXIT_ROLLED_BACK, kind, new.stack, reason, "drain",
+                       serving=self.front.current(), **self._window())
 
     def _stage(self, new: StackRef, old: StackRef | None) -> str:
         """Checks that change nothing: the compose file is the one rendered (copied aside), it
@@ -293,15 +273,15 @@ class Transaction(Steps):
                           gate=gate) from None
         ledger.append(self.lay, ledger.entry(
             kind, "promoted", snapshot, host=plan.host, by=plan.by, deploy_id=plan.id,
-            gate=gate.record(), previous=old, active=True, extra=self._extra()))
+            gate=gate.record(), previous=old, active=True, extra=self._window(drop_none=True)))
         ledger.update_state(self.lay, **ledger.stack_fields(snapshot), since=ledger.now_iso(),
                             by=plan.by, deploy_id=plan.id, gate=gate.record())
         supersede(self.lay, plan.by, f"{kind} {plan.id} promoted {snapshot.route_id}")
         prune_snapshots(self.lay)
 
-    def _rollback(self, kind: str, old: StackRef | None, new: StackRef, staged: str,
-                  failure: Failure, t_window: float) -> Outcome:
-        plan = self.plan
+    def _rollback(self, kind: str, new: StackRef, staged: str, failure: Failure,
+                  t_window: float) -> Outcome:
+        plan, old = self.plan, self.rollback_to
         gate = failure.gate.record() if failure.gate else None
         boot = asdict(failure.boot) if failure.boot else None
         target = old.stack if old else "nothing (first activation)"
@@ -314,10 +294,9 @@ class Transaction(Steps):
             attempted=new, host=plan.host, by=plan.by, deploy_id=plan.id, gate=gate,
             reason=failure.reason,
             extra={"phase": failure.phase, "boot_failure": boot, "kept_log": kept,
-                   **self._extra()})
-        outcome = self._outcome(Outcome("failed", EXIT_FAILED, kind, new.stack, failure.reason,
-                                        failure.phase, gate=gate, boot_failure=boot,
-                                        kept_log=kept))
+                   **self._window(drop_none=True)})
+        outcome = Outcome("failed", EXIT_FAILED, kind, new.stack, failure.reason, failure.phase,
+                          gate=gate, boot_failure=boot, kept_log=kept, **self._window())
         try:
             self.interrupted = lambda: False  # a stop request must not stop the way back
             self.stop([(new.project, staged)])
@@ -326,16 +305,13 @@ class Transaction(Steps):
                 outcome.serving = "maintenance"
                 ledger.append(self.lay, ledger.entry(kind, "failed", None, **line))
                 return outcome
-            self.wait_vram(old.gpu_memory_utilization, plan.vram_timeout_s)
-            self.start(old, old.compose_file)
-            self.wait_ready(old, plan.ready_timeout_s)
+            self.bring_up(old, plan.vram_timeout_s, plan.ready_timeout_s, [])
             self.answers(old)
             self.front.serve(old)
-        except (Failure, FrontError) as f2:
-            reason = getattr(f2, "reason", str(f2))
-            outcome.reason = f"{failure.reason}; rollback failed too: {reason}"
+        except Failure as f2:
+            outcome.reason = f"{failure.reason}; rollback failed too: {f2.reason}"
             outcome.serving = self.front.current()
-            self.j.event("rollback", f"rollback failed: {reason}", level="error")
+            self.j.event("rollback", f"rollback failed: {f2.reason}", level="error")
             ledger.append(self.lay, ledger.entry(kind, "failed", None, **{
                 **line, "previous": old, "reason": outcome.reason}))
             return outcome

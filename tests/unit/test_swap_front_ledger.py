@@ -100,8 +100,9 @@ def test_switch_tests_reloads_and_waits_until_the_front_shows_the_route(lay):
     assert f.current() == "int8/1111aaaa2222bbbb"
     assert nginx.commands[:2] == [["nginx", "-t", "-q"], ["systemctl", "reload", "nginx"]]
     assert nginx.polls == 4  # waited through the lag
-    f.maintenance("swap", 30)
-    assert f.probe() == (503, MAINTENANCE, "30")
+    polls = nginx.polls
+    f.maintenance("swap", 30)  # returns once the front answers 503 on the maintenance route
+    assert f.current() == nginx.live == MAINTENANCE and nginx.polls == polls + 1
 
 
 def test_a_route_nginx_refuses_is_put_back(lay):
