@@ -101,7 +101,7 @@ class Ensure(Steps):
                 self.j.event("lock", note, level="warning")
             mark_interrupted(self.lay, self.j)
             return self._run()
-        except (Failure, FrontError, ActiveDamaged) as f:
+        except (Failure, ActiveDamaged) as f:
             reason = f.reason if isinstance(f, Failure) else str(f)
             self.j.event("ensure", reason, level="error")
             if isinstance(f, ActiveDamaged):
@@ -243,7 +243,7 @@ def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journ
                             by=plan.by, deploy_id=plan.id, gate=gate)
         journal.event("adopt", f"{new.route_id} recorded as active; the front routes to it")
         return Outcome("adopted", EXIT_PROMOTED, "adopt", new.stack, serving=new.route_id)
-    except (Failure, FrontError, OSError) as e:
+    except (Failure, OSError) as e:
         reason = getattr(e, "reason", str(e))
         journal.event("adopt", reason, level="error")
         return Outcome("failed", EXIT_FAILED, "adopt", new.stack, reason, "adopt",

@@ -352,9 +352,8 @@ class Maintenance(Steps):
             written = write_active(self.lay, replace(active, gate=gate.record()),
                                    Path(ref.compose_file).read_text())
             self.front.serve(written.ref)
-        except (Failure, FrontError) as f:
-            failure = f if isinstance(f, Failure) else Failure("front", str(f))
-            return self._failed(window, active, failure)
+        except Failure as f:  # a FrontError too
+            return self._failed(window, active, f)
         seconds = self.ops.monotonic() - t0
         steps = window.why if window is not None else "maintenance"
         ledger.append(self.lay, ledger.entry(
