@@ -128,13 +128,16 @@ def test_the_monitor_scrapes_every_host_with_the_key(fleet):
                     90, f"every target up: {sorted(want)}")
     assert set(seen) == want, seen
     hosts = {h.name for h in fleet.hosts}
-    # The textfiles ride on each host's node exporter; the engine's own names on its job.
+    # The textfiles ride on each host's node exporter; the engine's own names on its job. A
+    # host's textfile names its stack from the timer's next run after the stack serves: each
+    # series is there within a timer period and a scrape (right after a fresh converge too).
     for expr in ("rigfleet_gpu_scrape_ok == 1", "rigfleet_facts_timestamp_seconds",
                  "rigfleet_serving_info", "rigfleet_engine_up == 1",
                  'rigfleet_gpu_throttle{reason="sw_power_cap"}',
                  "node_textfile_scrape_error == 0", "vllm:num_requests_running"):
-        got = {i for _, i in query(lb, expr)}
-        assert hosts <= got, f"{expr}: {sorted(got)}"
+        wait_for(lambda e=expr: hosts <= {i for _, i in query(lb, e)},
+                 TEXTFILE_EVERY_S + SCRAPE_INTERVAL_S + SLACK_S,
+                 f"{expr} for {sorted(hosts)}")
     per_card = query(lb, "count by (instance) (rigfleet_gpu_power_watts)")
     assert {i: v for (_, i), v in per_card.items()} == {
         h.name: (1.0 if h is fleet.single else 2.0) for h in fleet.hosts}
