@@ -10,7 +10,6 @@ from functools import partial
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, deploy, operation
-from pyinfra.operations import files
 
 from rigfleet.commands import weights as weights_commands
 from rigfleet.desired import DesiredHost
@@ -20,7 +19,7 @@ from rigfleet.hostside.layout import HOST
 from rigfleet.pins import ModelPin
 from rigfleet.resources import project_file
 from rigfleet.weights import WeightsDirs, WeightsSpace, stale_weights, weights_space
-from roles.ops import Secret, WarnedCommand, executing, secret_file
+from roles.ops import Secret, WarnedCommand, executing, root_dir, root_put, secret_file
 from roles.peers import Peer, peer_for, start_seed
 from roles.preflight import HostContext
 
@@ -134,12 +133,11 @@ def weights(ctx: HostContext) -> None:
     read_paths([*(path for path, _ in directories), weights_commands.FETCH_SCRIPT,
                 *([weights_commands.HF_TOKEN_FILE] if ctx.hf_token is not None else [])])
     for path, mode in host.loop(directories):
-        files.directory(name=f"Directory {path}", path=path, user="root", group="root", mode=mode)
+        root_dir(name=f"Directory {path}", path=path, mode=mode)
     hf_hub_venv(name=f"huggingface_hub {ctx.want.pins.hf_hub_version} venv",
                 version=ctx.want.pins.hf_hub_version, index_url=ctx.want.settings.pip_index_url)
-    files.put(name="Weights fetcher script",
-              src=str(project_file("files/rigfleet-fetch-weights.py")),
-              dest=weights_commands.FETCH_SCRIPT, user="root", group="root", mode="0755")
+    root_put(name="Weights fetcher script", src=str(project_file("files/rigfleet-fetch-weights.py")),
+             dest=weights_commands.FETCH_SCRIPT, mode="0755")
     token_file = None
     if ctx.hf_token is not None:
         token_file = weights_commands.HF_TOKEN_FILE
