@@ -18,7 +18,7 @@ from rigfleet.fleetcache import model_mirrors
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import ModelPin
 from rigfleet.resources import project_file
-from rigfleet.weights import WeightsDirs, WeightsSpace, stale_weights, weights_space
+from rigfleet.weights import WeightsDirs, stale_weights
 from roles.ops import Secret, WarnedCommand, executing, root_dir, root_put, secret_file
 from roles.peers import Peer, peer_for, start_seed
 from roles.preflight import HostContext
@@ -106,19 +106,6 @@ def prune_weights(model_dir: str, local_dir: str, revision: str, compose_files: 
 def compose_files(ctx: HostContext) -> tuple[str, ...]:
     """Every compose file on the host that may mount a revision or a Genesis tree."""
     return (*(f for _, f in ctx.want.projects), str(HOST.active_compose))
-
-
-def weights_disk(ctx: HostContext) -> WeightsSpace:
-    """``rigfleet.weights.weights_space`` from this host's facts, for a disk check."""
-    model, model_dir = ctx.want.model, ctx.want.settings.model_dir
-    dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=model.local_dir,
-                     compose_files=compose_files(ctx))
-    old = dirs.entries.get(model.local_dir)
-    old_revision = None
-    if old is not None and old.kind == "dir":
-        legacy = HOST.weights_legacy_dir(model_dir, model.local_dir)
-        old_revision = read_fact(WeightsManifest, local_dir=str(legacy)).revision
-    return weights_space(dirs, model.local_dir, model.revision, old_revision=old_revision)
 
 
 def _serves(model: ModelPin, want: DesiredHost) -> bool:
