@@ -41,7 +41,6 @@ def defaults_text(textfile_dir: str = TEXTFILE_DIR) -> str:
 
 @deploy("Exporters (node exporter, GPU and rigfleet textfiles)")
 def exporter(ctx: HostContext) -> None:
-    """Bind the node exporter before it is installed, install it, the metrics timer."""
     read_paths([DEFAULTS, TEXTFILE_DIR, *(f"{UNIT_DIR}/{name}" for name in TEMPLATES)])
     detaches = reload_detaches_gpus(ctx)
     args = root_put(name=f"{DEFAULTS} (loopback only; written before the package starts it)",

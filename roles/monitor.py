@@ -105,8 +105,6 @@ def _defaults(text: str, what: str) -> str:
 
 @deploy("Monitor (Prometheus, Alertmanager)")
 def monitor(ctx: MonitorContext) -> None:
-    """Bind the services before their packages start them, install them, render the scrape
-    config from the inventory, reload only on change."""
     plan = ctx.plan
     before = "written before the package starts it"
     defaults = [("prometheus", _defaults(prometheus_args(plan), "loopback only, retention"),
