@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
-from roles.ops import apt_packages, on_change
+from roles.ops import apt_packages, on_change, root_put
 from roles.preflight import BalancerContext, HostContext
 
 if TYPE_CHECKING:
@@ -29,9 +29,8 @@ def base(ctx: HostContext | BalancerContext | MonitorContext) -> None:
     ca_files = ctx.settings.site_ca_files
     if not ca_files:
         return
-    certs = [files.put(name=f"Site CA certificate {i}", src=src,
-                       dest=f"{SITE_CA_DIR}/rigfleet-site-{i}.crt", user="root", group="root",
-                       mode="0644")
+    certs = [root_put(name=f"Site CA certificate {i}", src=src,
+                       dest=f"{SITE_CA_DIR}/rigfleet-site-{i}.crt")
              for i, src in host.loop(enumerate(ca_files))]
     on_change(name="Refresh the trusted CA bundle", commands=["update-ca-certificates"],
               gates=certs)

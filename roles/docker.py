@@ -21,7 +21,7 @@ from rigfleet.hostdata import AptRepo
 from rigfleet.packages import OsInfo
 from roles import maintenance
 from roles.maintenance import disturbing
-from roles.ops import apt_keyring, apt_packages, fail, on_change
+from roles.ops import apt_keyring, apt_packages, fail, on_change, root_put
 from roles.preflight import HostContext
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -112,8 +112,7 @@ def add_apt_repo(name: str, repo: AptRepo, also: Sequence[str] = ()) -> list:
     key_op = apt_keyring(name=f"{name}: signing key {keyring}", key_url=repo.key_url,
                          dest=keyring, fingerprint=repo.key_fingerprint)
     text = apt_commands.deb822_sources(repo.url, repo.suite, repo.components, keyring)
-    sources_op = files.put(name=f"{name}: apt source", src=io.StringIO(text), dest=sources,
-                           user="root", group="root", mode="0644")
+    sources_op = root_put(name=f"{name}: apt source", src=io.StringIO(text), dest=sources)
     return [key_op, sources_op]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from rigfleet.facts import read_paths
 from rigfleet.hostside.layout import HOST
@@ -19,7 +19,7 @@ from rigfleet.resources import project_file
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER, SCRAPE_INTERVAL_S, node_exporter_args
 from roles import maintenance
 from roles.docker import reload_detaches_gpus
-from roles.ops import apt_packages, on_change
+from roles.ops import apt_packages, on_change, root_dir, root_put, root_template
 from roles.preflight import HostContext
 
 PACKAGE = SERVICE = NODE_EXPORTER
@@ -41,21 +41,18 @@ def defaults_text(textfile_dir: str = TEXTFILE_DIR) -> str:
 
 @deploy("Exporters (node exporter, GPU and rigfleet textfiles)")
 def exporter(ctx: HostContext) -> None:
-    """Bind the node exporter before it is installed, install it, the metrics timer."""
     read_paths([DEFAULTS, TEXTFILE_DIR, *(f"{UNIT_DIR}/{name}" for name in TEMPLATES)])
     detaches = reload_detaches_gpus(ctx)
-    args = files.put(name=f"{DEFAULTS} (loopback only; written before the package starts it)",
-                     src=io.StringIO(defaults_text()), dest=DEFAULTS, user="root",
-                     group="root", mode="0644")
+    args = root_put(name=f"{DEFAULTS} (loopback only; written before the package starts it)",
+                    src=io.StringIO(defaults_text()), dest=DEFAULTS)
     install = apt_packages(
         name=f"Install {PACKAGE}", packages=[PACKAGE],
         before=(lambda inputs: maintenance.enter(ctx, STEP, inputs)) if detaches else None)
-    files.directory(name=f"Directory {TEXTFILE_DIR} (the textfile collector's)",
-                    path=TEXTFILE_DIR, user="root", group="root", mode="0755")
-    units = [files.template(name=f"{UNIT_DIR}/{name}", src=str(project_file(src)),
-                            dest=f"{UNIT_DIR}/{name}", user="root", group="root", mode="0644",
-                            bundle=str(HOST.bundle), textfile_dir=TEXTFILE_DIR,
-                            front_port=ctx.settings.front_port, interval_s=SCRAPE_INTERVAL_S)
+    root_dir(name=f"Directory {TEXTFILE_DIR} (the textfile collector's)", path=TEXTFILE_DIR)
+    units = [root_template(name=f"{UNIT_DIR}/{name}", src=str(project_file(src)),
+                           dest=f"{UNIT_DIR}/{name}", bundle=str(HOST.bundle),
+                           textfile_dir=TEXTFILE_DIR, front_port=ctx.settings.front_port,
+                           interval_s=SCRAPE_INTERVAL_S)
              for name, src in TEMPLATES.items()]
     maintenance.plan_step(ctx, STEP, detaches and (install.will_change
                                                    or any(u.will_change for u in units)))

@@ -17,7 +17,7 @@ from rigfleet.hostside.front import READY_PATH, render_maintenance
 from rigfleet.hostside.layout import HOST
 from rigfleet.resources import project_file
 from rigfleet.scrape import ENGINE_PATH, NODE_EXPORTER_PORT, NODE_PATH
-from roles.ops import Secret, apt_packages, initial_file, on_change, secret_file
+from roles.ops import Secret, apt_packages, initial_file, on_change, root_dir, root_put, secret_file
 from roles.preflight import HostContext
 
 TEMPLATE = str(project_file("files/nginx-front.conf.j2"))
@@ -67,14 +67,12 @@ def front(ctx: HostContext) -> None:
                                 "listens)", path=DEFAULT_SITE)]
     tls = settings.front_tls
     if tls is not None and ctx.tls_key is not None:
-        files.directory(name=f"Directory {TLS_DIR} (root-only)", path=TLS_DIR, user="root",
-                        group="root", mode="0700")
-        gates.append(files.put(name=f"Front certificate {CERT_PATH}", src=tls.cert_file,
-                               dest=CERT_PATH, user="root", group="root", mode="0644"))
+        root_dir(name=f"Directory {TLS_DIR} (root-only)", path=TLS_DIR, mode="0700")
+        gates.append(root_put(name=f"Front certificate {CERT_PATH}", src=tls.cert_file,
+                               dest=CERT_PATH))
         gates.append(secret_file(name=f"Front private key {TLS_KEY_PATH} (root-only)",
                                  dest=TLS_KEY_PATH, content=ctx.tls_key))
-    files.directory(name=f"Directory {ROUTE_DIR}", path=ROUTE_DIR, user="root", group="root",
-                    mode="0755")
+    root_dir(name=f"Directory {ROUTE_DIR}", path=ROUTE_DIR)
     route = initial_file(
         name=f"Front route {ROUTE_PATH} (503 until a stack passes the gate; only if missing)",
         dest=ROUTE_PATH, content=render_maintenance("no verified stack on this host yet",

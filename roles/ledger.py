@@ -9,7 +9,6 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.operations import files
 
 from rigfleet.commands import hosttool
 from rigfleet.facts import TextFile, read_fact
@@ -17,7 +16,7 @@ from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import StackRef
 from rigfleet.swapfacts import SwapProbe
 from rigfleet.swapplan import DEPLOY_ID, decide
-from roles.ops import executing
+from roles.ops import executing, root_dir
 from roles.preflight import HostContext
 
 STATE_DIR = str(HOST.state_dir)
@@ -46,8 +45,7 @@ def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
 
 @deploy("Ledger")
 def ledger(ctx: HostContext) -> None:
-    files.directory(name=f"Directory {STATE_DIR}", path=STATE_DIR, user="root", group="root",
-                    mode="0755")
+    root_dir(name=f"Directory {STATE_DIR}", path=STATE_DIR)
     record(name=f"Record {ctx.want.stack} in state.json and the ledger",
            state=dict(ctx.want.current.tracked), desired=ctx.want.current.ref, by=ctx.by,
            deploy_id=DEPLOY_ID)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from rigfleet.balancer.plan import GpuHost, read_fleet, read_gpu_host
 from rigfleet.desired import pins_for
@@ -39,7 +39,7 @@ from rigfleet.scrape import (
 )
 from roles.exporter import PACKAGE as NODE_PACKAGE
 from roles.exporter import defaults_text as node_defaults
-from roles.ops import Secret, apt_packages, checked_file, on_change, secret_file
+from roles.ops import Secret, apt_packages, checked_file, on_change, root_put, secret_file
 from roles.preflight import PreflightError, fleet_key, preflight_of, service_os
 
 RULES_SOURCE = "files/monitor/rules.yml"
@@ -105,8 +105,6 @@ def _defaults(text: str, what: str) -> str:
 
 @deploy("Monitor (Prometheus, Alertmanager)")
 def monitor(ctx: MonitorContext) -> None:
-    """Bind the services before their packages start them, install them, render the scrape
-    config from the inventory, reload only on change."""
     plan = ctx.plan
     before = "written before the package starts it"
     defaults = [("prometheus", _defaults(prometheus_args(plan), "loopback only, retention"),
@@ -115,9 +113,8 @@ def monitor(ctx: MonitorContext) -> None:
                  _defaults(alertmanager_args(), "loopback only, no cluster"), before)]
     if not ctx.gpu_host:  # a GPU host's own exporter role did this
         defaults.append((NODE_PACKAGE, node_defaults(), "loopback only; before the package"))
-    args = {package: files.put(name=f"/etc/default/{package} ({note})", src=io.StringIO(text),
-                               dest=f"/etc/default/{package}", user="root", group="root",
-                               mode="0644")
+    args = {package: root_put(name=f"/etc/default/{package} ({note})", src=io.StringIO(text),
+                              dest=f"/etc/default/{package}")
             for package, text, note in defaults}
     apt_packages(name=f"Install {', '.join(args)}", packages=list(args))
     key = secret_file(name=f"API key for scraping {KEY_FILE} (root:prometheus 0640)",
@@ -127,9 +124,8 @@ def monitor(ctx: MonitorContext) -> None:
     if plan.ca_files:
         bundle = "".join(Path(f).read_text(encoding="utf-8").rstrip("\n") + "\n"
                          for f in plan.ca_files)
-        gates.append(files.put(name=f"CAs of the TLS fronts and balancers {CA_FILE}",
-                               src=io.StringIO(bundle), dest=CA_FILE, user="root",
-                               group="root", mode="0644"))
+        gates.append(root_put(name=f"CAs of the TLS fronts and balancers {CA_FILE}",
+                              src=io.StringIO(bundle), dest=CA_FILE))
     rules = PROJECT_ROOT / RULES_SOURCE  # "rules"' file; the config names it when present
     has_rules = rules.is_file()
     if has_rules:
@@ -144,8 +140,8 @@ def monitor(ctx: MonitorContext) -> None:
     am_conf = checked_file(name=f"Alertmanager config {ALERTMANAGER_CONFIG}",
                            dest=ALERTMANAGER_CONFIG, content=ALERTMANAGER_YML,
                            check="amtool check-config {path}")
-    files.put(name=f"Desired pins textfile {DESIRED_FILE}", src=io.StringIO(ctx.desired),
-              dest=DESIRED_FILE, user="root", group="root", mode="0644")
+    root_put(name=f"Desired pins textfile {DESIRED_FILE}", src=io.StringIO(ctx.desired),
+             dest=DESIRED_FILE)
     reload_gates = {"prometheus": [conf, *gates], "prometheus-alertmanager": [am_conf]}
     for service, service_args in args.items():
         systemd.service(name=f"{service} enabled and running", service=service, running=True,

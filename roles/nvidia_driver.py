@@ -16,7 +16,6 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.api.operation import OperationMeta
-from pyinfra.operations import files
 
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import apt as apt_commands
@@ -25,7 +24,7 @@ from rigfleet.hostdata import check_gpus
 from rigfleet.packages import OsInfo, driver_packages, version_prefix
 from roles import maintenance
 from roles.docker import add_apt_repo
-from roles.ops import DeployError, apt_packages, changed, check, executing
+from roles.ops import DeployError, apt_packages, changed, check, executing, root_put
 from roles.preflight import (
     HostContext,
     failing_command,
@@ -187,9 +186,9 @@ def nvidia_driver(ctx: HostContext) -> None:
     if ctx.os.id == "debian":
         add_apt_repo("NVIDIA CUDA repository", ctx.apt_repo("cuda"), also=[PREFERENCES_FILE])
         glob = f"{version}-*" if version else f"{branch}.*"
-        files.put(name=f"Pin NVIDIA packages to driver {version or branch}",
+        root_put(name=f"Pin NVIDIA packages to driver {version or branch}",
                   src=io.StringIO(apt_commands.branch_preferences(glob, DRIVER_PACKAGE_GLOBS)),
-                  dest=PREFERENCES_FILE, user="root", group="root", mode="0644")
+                  dest=PREFERENCES_FILE)
     # Ubuntu's prebuilt modules are built for one driver version: held with the driver.
     kernel = apt_packages(name="Kernel glue for the NVIDIA module",
                           packages=list(kernel_packages(ctx.os, branch, dpkg, ctx.platform.arch)),

@@ -9,16 +9,23 @@ import hashlib
 import io
 import shlex
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.operation import OperationMeta
+from pyinfra.operations import files
 
 from rigfleet.commands import apt as apt_commands
 from rigfleet.factmemo import read_once
 from rigfleet.facts import AptKeyring, DpkgState, FileDigest, read_fact
+
+# Root-owned files, templates and directories (``mode=`` overrides the default).
+root_put = partial(files.put, user="root", group="root", mode="0644")
+root_template = partial(files.template, user="root", group="root", mode="0644")
+root_dir = partial(files.directory, user="root", group="root", mode="0755")
 
 
 class DeployError(OperationError):

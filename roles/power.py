@@ -10,14 +10,14 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.api.operation import OperationMeta
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.facts import GpuQuery, gpu_power_limit, read_fact, read_paths
 from rigfleet.hostdata import HostDataError, check_caps_against_gpus
 from rigfleet.resources import project_file
 from rigfleet.status.drift import CAP_TOLERANCE_W
-from roles.ops import changed, executing, fail, on_change
+from roles.ops import changed, executing, fail, on_change, root_template
 from roles.preflight import HostContext
 
 UNIT = "rigfleet-power-caps.service"
@@ -73,10 +73,10 @@ def power(ctx: HostContext) -> None:
     read_paths([UNIT_PATH])
     systemd.service(name="nvidia-persistenced enabled and running",
                     service="nvidia-persistenced", running=True, enabled=True)
-    unit = files.template(name=f"Power caps unit ({', '.join(f'{w} W' for w in caps)})",
-                          src=TEMPLATE, dest=UNIT_PATH, user="root", group="root", mode="0644",
-                          caps=[{"command": nvidia_commands.set_power_limit(i, w)}
-                                for i, w in enumerate(caps)])
+    unit = root_template(name=f"Power caps unit ({', '.join(f'{w} W' for w in caps)})",
+                         src=TEMPLATE, dest=UNIT_PATH,
+                         caps=[{"command": nvidia_commands.set_power_limit(i, w)}
+                               for i, w in enumerate(caps)])
     on_change(name="systemd daemon-reload (power caps unit changed)",
               commands=["systemctl daemon-reload"], gates=[unit], reason="unit unchanged")
     systemd.service(name=f"{UNIT} enabled at boot", service=UNIT, enabled=True)

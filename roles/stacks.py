@@ -10,7 +10,6 @@ from functools import partial
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files
 
 from rigfleet.commands import docker as docker_commands
 from rigfleet.compose import SERVICE
@@ -18,7 +17,7 @@ from rigfleet.desired import DesiredStack
 from rigfleet.facts import FileDigest, read_fact, read_paths
 from rigfleet.hostside.layout import HOST
 from rigfleet.vllmargs import check_command, parse_output, refusal
-from roles.ops import Secret, check, on_change, run_on_host, secret_file
+from roles.ops import Secret, check, on_change, root_dir, root_put, run_on_host, secret_file
 from roles.preflight import HostContext
 
 
@@ -30,8 +29,7 @@ def stacks(ctx: HostContext) -> None:
                 *(p for name, staged in sorted(ctx.want.stacks.items())
                   for p in (str(HOST.stack_dir(name)), *staged.spec.cache_dirs,
                             staged.compose_file))])
-    files.directory(name=f"Directory {secrets_dir}", path=secrets_dir, user="root",
-                    group="root", mode="0700")
+    root_dir(name=f"Directory {secrets_dir}", path=secrets_dir, mode="0700")
     secret_file(name="vLLM API key env file (root-only)", dest=str(HOST.vllm_env_file),
                 content=Secret(f"VLLM_API_KEY={key}\n"))
     secret_file(name="Readiness probe auth header (root-only)", dest=str(HOST.auth_header_file),
@@ -45,10 +43,9 @@ def stacks(ctx: HostContext) -> None:
         check(name=f"vLLM arguments of {name} (the pinned image's own parser)",
               verify=partial(vllm_args_refusal, staged), what="vLLM arguments")
         for path in host.loop([str(HOST.stack_dir(name)), *staged.spec.cache_dirs]):
-            files.directory(name=f"Directory {path}", path=path, user="root", group="root",
-                            mode="0755")
-        compose = files.put(name=f"Compose project {project}", src=io.StringIO(staged.text),
-                            dest=staged.compose_file, user="root", group="root", mode="0644")
+            root_dir(name=f"Directory {path}", path=path)
+        compose = root_put(name=f"Compose project {project}", src=io.StringIO(staged.text),
+                           dest=staged.compose_file)
         on_change(name=f"Check {project} with docker compose config",
                   commands=[docker_commands.compose_config_check(staged.compose_file, project)],
                   gates=[compose], reason="compose file unchanged")

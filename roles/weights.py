@@ -10,7 +10,6 @@ from functools import partial
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, deploy, operation
-from pyinfra.operations import files
 
 from rigfleet.commands import weights as weights_commands
 from rigfleet.desired import DesiredHost
@@ -19,8 +18,8 @@ from rigfleet.fleetcache import model_mirrors
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import ModelPin
 from rigfleet.resources import project_file
-from rigfleet.weights import WeightsDirs, WeightsSpace, stale_weights, weights_space
-from roles.ops import Secret, WarnedCommand, executing, secret_file
+from rigfleet.weights import WeightsDirs, stale_weights
+from roles.ops import Secret, WarnedCommand, executing, root_dir, root_put, secret_file
 from roles.peers import Peer, peer_for, start_seed
 from roles.preflight import HostContext
 
@@ -109,19 +108,6 @@ def compose_files(ctx: HostContext) -> tuple[str, ...]:
     return (*(f for _, f in ctx.want.projects), str(HOST.active_compose))
 
 
-def weights_disk(ctx: HostContext) -> WeightsSpace:
-    """``rigfleet.weights.weights_space`` from this host's facts, for a disk check."""
-    model, model_dir = ctx.want.model, ctx.want.settings.model_dir
-    dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=model.local_dir,
-                     compose_files=compose_files(ctx))
-    old = dirs.entries.get(model.local_dir)
-    old_revision = None
-    if old is not None and old.kind == "dir":
-        legacy = HOST.weights_legacy_dir(model_dir, model.local_dir)
-        old_revision = read_fact(WeightsManifest, local_dir=str(legacy)).revision
-    return weights_space(dirs, model.local_dir, model.revision, old_revision=old_revision)
-
-
 def _serves(model: ModelPin, want: DesiredHost) -> bool:
     return any((m.repo, m.revision) == (model.repo, model.revision) for m in want.models)
 
@@ -134,12 +120,11 @@ def weights(ctx: HostContext) -> None:
     read_paths([*(path for path, _ in directories), weights_commands.FETCH_SCRIPT,
                 *([weights_commands.HF_TOKEN_FILE] if ctx.hf_token is not None else [])])
     for path, mode in host.loop(directories):
-        files.directory(name=f"Directory {path}", path=path, user="root", group="root", mode=mode)
+        root_dir(name=f"Directory {path}", path=path, mode=mode)
     hf_hub_venv(name=f"huggingface_hub {ctx.want.pins.hf_hub_version} venv",
                 version=ctx.want.pins.hf_hub_version, index_url=ctx.want.settings.pip_index_url)
-    files.put(name="Weights fetcher script",
-              src=str(project_file("files/rigfleet-fetch-weights.py")),
-              dest=weights_commands.FETCH_SCRIPT, user="root", group="root", mode="0755")
+    root_put(name="Weights fetcher script", src=str(project_file("files/rigfleet-fetch-weights.py")),
+             dest=weights_commands.FETCH_SCRIPT, mode="0755")
     token_file = None
     if ctx.hf_token is not None:
         token_file = weights_commands.HF_TOKEN_FILE

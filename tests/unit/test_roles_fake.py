@@ -816,14 +816,26 @@ def test_old_directory_of_another_revision_is_adopted_as_that_revision(data):
 
 
 def test_weights_disk_says_what_is_kept_and_still_needed(data):
-    """``roles.weights.weights_disk`` (for the preflight disk check) from the host's facts."""
+    """``rigfleet.weights.weights_space`` (for a disk check) from the host's facts."""
     import roles.weights
-    from rigfleet.weights import WeightsSpace
+    from rigfleet.facts import WeightsManifest, read_fact
+    from rigfleet.hostside.layout import HOST
+    from rigfleet.weights import WeightsDirs, WeightsSpace, weights_space
 
     got: list[WeightsSpace] = []
 
     def check() -> None:
-        got.append(roles.weights.weights_disk(roles.preflight.preflight()))
+        ctx = roles.preflight.preflight()
+        model, model_dir = ctx.want.model, ctx.want.settings.model_dir
+        dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=model.local_dir,
+                         compose_files=roles.weights.compose_files(ctx))
+        old = dirs.entries.get(model.local_dir)
+        old_revision = None
+        if old is not None and old.kind == "dir":
+            legacy = HOST.weights_legacy_dir(model_dir, model.local_dir)
+            old_revision = read_fact(WeightsManifest, local_dir=str(legacy)).revision
+        got.append(weights_space(dirs, model.local_dir, model.revision,
+                                 old_revision=old_revision))
 
     rig = legacy_host(data)  # not adopted yet: its revision is the pin, nothing to download
     deploy(rig, data, execute=False, fn=check)
