@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
 from typing import Any
 
@@ -35,6 +34,7 @@ from rigfleet.bump.output import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_SKIPPED,
+    confirm,
     console,
     log,
     print_steps,
@@ -201,22 +201,13 @@ def run(args: argparse.Namespace) -> int:
     if plan.empty:
         log("every reachable host already runs these pins; nothing to do")
         return EXIT_SKIPPED if plan.skipped else EXIT_OK
-    if not args.yes and not confirm():
+    if not args.yes and not confirm("Roll back", "[red]refused:[/red] not a terminal: pass --yes "
+                                    "to roll back; nothing changed",
+                                    "not confirmed; nothing changed"):
         return EXIT_FAILED
     inputs = Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog)
     return execute(opts, inputs, remote, plan, None, "", {},
                    history={"action": "rollback", "to_serial": to})
-
-
-def confirm() -> bool:
-    if not sys.stdin.isatty():
-        console.print("[red]refused:[/red] not a terminal: pass --yes to roll back; nothing "
-                      "changed")
-        return False
-    if console.input("Roll back? [y/N] ").strip().lower() in ("y", "yes"):
-        return True
-    console.print("not confirmed; nothing changed")
-    return False
 
 
 def plan_json(plan: Plan, to: int) -> dict[str, Any]:

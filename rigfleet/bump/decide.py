@@ -199,8 +199,8 @@ def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: Registr
         allowed: set[str] | None = None
         if p.genesis is not None:
             commits = list(_repo(inputs, p.genesis.repo, repos).lineage(p.genesis.commit))
-            allowlist = commits[0].allowlist
-            allowed = {v for c in commits for v in c.allowlist}
+            allowlist = commits[0].tree.allowed
+            allowed = {v for c in commits for v in c.tree.allowed}
         nightly = follows_nightlies(p.genesis is not None, allowlist)
         target = None if nightly else newest_release(tags, p.vllm_version, allowed)
         asks[name] = LatestAsk(p.vllm_version, nightly, target)
@@ -276,13 +276,12 @@ def _genesis_choices(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[
 def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str, StackUse]:
     """The stack's Genesis use per its stack file (key ``""``) and per host that adds to it."""
     spec = inputs.catalog.get(stack)
-    layout = choice.layout or "v7"
     try:
-        uses = {"": StackUse.of(spec, layout)}
+        uses = {"": StackUse.of(spec, choice.layout)}
         for h in inputs.hosts:
             extra = validate_host(h.name, h.data).env_for(stack)
             if extra:
-                uses[h.name] = StackUse.of(spec, layout, extra)
+                uses[h.name] = StackUse.of(spec, choice.layout, extra)
     except ValueError as e:
         raise GenesisRefused(f"{e}; refusing before any host changes") from None
     return uses

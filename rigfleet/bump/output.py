@@ -12,9 +12,12 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from rigfleet.bump.genesis import GenesisChoice
@@ -46,11 +49,27 @@ def by() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def confirm() -> bool:
+def confirm(verb: str = "Roll out",
+            no_terminal: str = "[red]error:[/red] not a terminal: pass --yes to roll out",
+            declined: str = "") -> bool:
+    """Ask "``verb``? [y/N]"; print ``no_terminal`` without a terminal, ``declined`` at a no."""
     if not sys.stdin.isatty():
-        console.print("[red]error:[/red] not a terminal: pass --yes to roll out")
+        console.print(no_terminal)
         return False
-    return console.input("Roll out? [y/N] ").strip().lower() in ("y", "yes")
+    if console.input(f"{verb}? [y/N] ").strip().lower() in ("y", "yes"):
+        return True
+    if declined:
+        console.print(declined)
+    return False
+
+
+@contextmanager
+def progress(title: str) -> Iterator[Callable[[str], None]]:
+    """A spinner saying ``title``, then each line given (escaped, with the seconds so far)."""
+    with console.status(title) as status:
+        t0 = time.monotonic()
+        yield lambda line: status.update(f"[{time.monotonic() - t0:5.0f}s] {escape(line[:110])}")
+
 
 def print_plan(plan: Plan, genesis: dict[str, GenesisChoice], probe: VersionProbe) -> None:
     table = Table("rigfleet bump: pins", ["stack", "now", "bump to"], keys=("stack",))
