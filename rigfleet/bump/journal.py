@@ -21,7 +21,7 @@ from typing import Any
 
 from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.catalog import Catalog
-from rigfleet.pins import Pins, PinsError, StackPins, _atomic_write, _stack_dict, parse_pins
+from rigfleet.pins import Pins, PinsError, StackPins, parse_pins, stack_dict, write_keeping_mode
 from rigfleet.validate import Problems
 
 SCHEMA = "rigfleet-bump-journal/1"
@@ -132,14 +132,14 @@ class BumpJournal:
 
     def save(self) -> None:
         self.updated = now_iso()
-        _atomic_write(self.path, json.dumps(self.to_dict(), indent=2) + "\n")
+        write_keeping_mode(self.path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
 
     def to_dict(self) -> dict[str, Any]:
         special = {"schema": SCHEMA,
-                   "new_stacks": {n: _stack_dict(p) for n, p in self.new_stacks.items()},
+                   "new_stacks": {n: stack_dict(p) for n, p in self.new_stacks.items()},
                    "hosts": [{"name": h.name, "stack": h.stack, "groups": list(h.groups)}
                              for h in self.hosts]}
         return {k: special[k] if k in special else getattr(self, k) for k in _KEYS}
