@@ -30,14 +30,15 @@ from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet
 from rigfleet.bump.execute import execute
 from rigfleet.bump.journal import load_journal
 from rigfleet.bump.output import (
-    EXIT_ERROR,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_SKIPPED,
     confirm,
     console,
+    error,
     log,
     print_steps,
+    refused,
 )
 from rigfleet.bump.plan import build_plan, pin_text
 from rigfleet.bump.plan_record import Plan
@@ -164,13 +165,10 @@ def run(args: argparse.Namespace) -> int:
         picked = {h.name for h in select(hosts, args.limit, args.inventory)}
         journal = load_journal(pins, first.catalog)
     except (RigfleetError, ValueError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return EXIT_ERROR
+        return error(e)
     if journal is not None and journal.state != "finished":
-        console.print(f"[red]refused:[/red] {journal.describe()} is unfinished; run "
-                           f"`rigfleet bump --inventory {args.inventory}` to finish it (or "
-                           "add --abandon), then roll back")
-        return EXIT_FAILED
+        return refused(f"{journal.describe()} is unfinished; run `rigfleet bump --inventory "
+                       f"{args.inventory}` to finish it (or add --abandon), then roll back")
     try:
         to = default_target(pins) if args.to is None else args.to
         target = pins_at(pins, to)
@@ -191,8 +189,7 @@ def run(args: argparse.Namespace) -> int:
         plan = build_plan(plan_hosts, unreachable, pins, new, args.batch_size,
                           args.max_failures)
     except (RigfleetError, ValueError) as e:
-        console.print(f"[red]refused:[/red] {e}")
-        return EXIT_FAILED
+        return refused(e)
     print_plan(plan, to)
     if args.dry:
         if args.json:
