@@ -23,6 +23,7 @@ from rigfleet.bump.candidate import (
     choose_latest,
     find_candidate,
     follows_nightlies,
+    newest_nightly,
     newest_release,
 )
 from rigfleet.bump.genesis import (
@@ -210,11 +211,11 @@ def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: Registr
     if choice.nightly:
         log(f"{', '.join(choice.stacks)}: the pinned Genesis lists only nightly builds; "
              f"resolving the newest nightly of {repository} (by build time)")
-        return find_candidate(reg, repository, latest=True), list(choice.stacks)
+        return newest_nightly(reg, repository), list(choice.stacks)
     if choice.tag is None:
         return None, []
     log(f"{', '.join(choice.stacks)}: newest release above the pin: {choice.tag}")
-    return find_candidate(reg, repository, tag=choice.tag), list(choice.stacks)
+    return find_candidate(reg, repository, choice.tag), list(choice.stacks)
 
 
 def _genesis_stacks(pins: Pins, names: list[str]) -> list[str]:
