@@ -72,10 +72,6 @@ def default_target(pins: Pins) -> int:
                           "back to")
 
 
-def _known(pins: Pins) -> list[StackPins]:
-    return [*pins.stacks.values(), *(p for h in pins.hosts.values() for p in h.values())]
-
-
 def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
     """A stack's pins from a history summary (``rigfleet.bump.rollout.stack_summary``)."""
     if not isinstance(summary, dict) or not all(
@@ -85,12 +81,12 @@ def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
     now = pins.stacks.get(name)
     image_id = summary.get("image_id")
     if "image_id" not in summary:  # an entry older than the key: the same digest's id
-        image_id = next((p.image_id for p in _known(pins) if p.digest == summary["digest"]),
-                        None)
+        known = [*pins.stacks.values(), *(p for h in pins.hosts.values() for p in h.values())]
+        image_id = next((p.image_id for p in known if p.digest == summary["digest"]), None)
     genesis = None
     commit = summary.get("genesis")
     if commit:
-        base = now.genesis if now is not None and now.genesis is not None else None
+        base = now.genesis if now is not None else None
         if base is None:
             raise RollbackRefused(f"{pins.path}: history: serial {serial}: old.{name}.genesis: "
                                   f"{commit}: the stack no longer pins a Genesis repository")

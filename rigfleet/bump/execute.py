@@ -43,8 +43,6 @@ from rigfleet.registry import RegistryError
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.ssh import HostUnreachable, Remote
 
-REPO_ROOT = PROJECT_ROOT
-
 
 def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
             candidate: Candidate | None, version: str, genesis: dict[str, GenesisChoice],
@@ -53,7 +51,7 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     (kept in the journal: a resumed run records them too)."""
     real = Path(plan.pins.path)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    log_dir = REPO_ROOT / "reports" / "bumps" / stamp
+    log_dir = PROJECT_ROOT / "reports" / "bumps" / stamp
     if journal is None:
         cand = None if candidate is None else {
             "repository": candidate.repository, "tag": candidate.tag,

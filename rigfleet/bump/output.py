@@ -23,7 +23,7 @@ from rich.text import Text
 from rigfleet.bump.genesis import GenesisChoice
 from rigfleet.bump.images import VersionProbe
 from rigfleet.bump.journal import BumpJournal
-from rigfleet.bump.plan import pairs
+from rigfleet.bump.plan import pin_text
 from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.rollout import BAD, RolloutResult, Status, StillRunning, outcome_of
 from rigfleet.tables import Table
@@ -85,13 +85,13 @@ def progress(title: str) -> Iterator[Callable[[str], None]]:
 
 def print_plan(plan: Plan, genesis: dict[str, GenesisChoice], probe: VersionProbe) -> None:
     table = Table("rigfleet bump: pins", ["stack", "now", "bump to"], keys=("stack",))
-    for name, old, new in pairs(plan):
+    for name, p in plan.new_stacks.items():
+        new = pin_text(p)
         if probe.source == "inferred":
             new += " (version from the Genesis allowlist; read from the image when it runs)"
-        elif probe.version is None and plan.pins.stacks[name].digest != \
-                plan.new_stacks[name].digest:
+        elif probe.version is None and plan.pins.stacks[name].digest != p.digest:
             new += " (read from the image when the canary pulls it)"
-        table.row(name, old, new)
+        table.row(name, pin_text(plan.pins.stacks[name]), new)
     table.print(console)
     for name, g in genesis.items():
         if g.proposed:

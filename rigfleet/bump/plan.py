@@ -117,9 +117,3 @@ def pin_text(p: StackPins, genesis_version: bool = False) -> str:
     if p.genesis is not None:
         text += f" + Genesis {p.genesis.label if genesis_version else p.genesis.commit[:12]}"
     return text
-
-
-def pairs(plan: Plan) -> list[tuple[str, str, str]]:
-    """(stack, old pins, new pins) text per bumped stack."""
-    return [(name, pin_text(plan.pins.stacks[name]), pin_text(p))
-            for name, p in plan.new_stacks.items()]

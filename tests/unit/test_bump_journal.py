@@ -403,7 +403,7 @@ def cli_fleet(tmp_path: Path, monkeypatch, plan: Plan, runner: FakeRunner) -> No
     for module in (bump_cli, finish):
         monkeypatch.setattr(module, "SshRemote", lambda **_: None)
     monkeypatch.setattr(execute, "keep_images", lambda *a, **k: {})
-    monkeypatch.setattr(execute, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(execute, "PROJECT_ROOT", tmp_path)
 
 
 def cli_args(tmp_path: Path, **kw: Any) -> argparse.Namespace:
