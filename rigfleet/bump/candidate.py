@@ -75,8 +75,7 @@ def newest_release(tags: Iterable[str], above: str,
 
 
 def follows_nightlies(uses_genesis: bool, allowlist: Iterable[str] | None) -> bool:
-    """A stack follows nightly builds only when it uses Genesis and the pinned Genesis'
-    allowlist names no release version."""
+    """A Genesis stack whose pinned allowlist names no release follows nightly builds."""
     if not uses_genesis or allowlist is None:
         return False
     return not any(is_release(v) for v in allowlist)

@@ -43,9 +43,8 @@ from rigfleet.ssh import SshRemote
 
 
 def run_journal(args: argparse.Namespace) -> int | None:
-    """An unfinished bump beside the pins file: finish it (any ``rigfleet bump`` does, unless it
-    asks for another candidate: refused), ``--abandon`` it, or wait for the one that runs; None
-    when there is none (a finished bump's left-over journal is removed first)."""
+    """The exit status of handling the unfinished bump; None when there is none (a finished
+    bump's left-over journal is removed first)."""
     abandon = bool(getattr(args, "abandon", False))
     try:
         hosts, _, pins, first = load_fleet(args.inventory, args.deploy)
