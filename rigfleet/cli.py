@@ -97,6 +97,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rigfleet.batches import BATCH_ENV
+    from rigfleet.bump.output import progress
     from rigfleet.bump.rollout import PyinfraRunner
     from rigfleet.cliargs import confirm
     from rigfleet.fleetview import each_host, probe_or_why
@@ -137,12 +138,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
         return 1
     confirm(args, f"converge {sum(map(len, plan.batches))} host(s) in {len(plan.batches)} "
                   "batch(es) (driver installs, reboots, Docker restarts as the pins need)")
-    with console.status("rolling") as status:
-        t0 = time.monotonic()
-
-        def on_line(line: str) -> None:
-            status.update(f"[{time.monotonic() - t0:5.0f}s] {escape(line[:110])}")
-
+    with progress("rolling") as on_line:
         result = roll(plan, runner, args.max_failures, on_event=lambda m: _log(escape(m)),
                       on_line=on_line, order=names)
     if args.json:

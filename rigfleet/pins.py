@@ -181,7 +181,7 @@ class Pins:
         driver: dict[str, str] = {"branch": self.driver_branch}
         if self.driver_version is not None:
             driver["version"] = self.driver_version
-        stacks = {name: _stack_dict(s) for name, s in self.stacks.items()}
+        stacks = {name: stack_dict(s) for name, s in self.stacks.items()}
         out: dict[str, Any] = {
             "schema": SCHEMA, "serial": self.serial, "driver": driver,
             "container_toolkit": {"version": self.toolkit_version},
@@ -195,13 +195,13 @@ class Pins:
                              for r, m in self.models.items()}
         out["stacks"] = stacks
         if self.hosts:  # absent unless a rollout left hosts on other pins: old files unchanged
-            out["hosts"] = {h: {"stacks": {n: _stack_dict(s) for n, s in stacks.items()}}
+            out["hosts"] = {h: {"stacks": {n: stack_dict(s) for n, s in stacks.items()}}
                             for h, stacks in self.hosts.items()}
         out["history"] = [dict(h) for h in self.history]
         return out
 
 
-def _stack_dict(s: StackPins) -> dict[str, Any]:
+def stack_dict(s: StackPins) -> dict[str, Any]:
     entry: dict[str, Any] = {"image": s.image, "digest": s.digest, "vllm_version": s.vllm_version}
     if s.image_id is not None:
         entry["image_id"] = s.image_id
@@ -285,7 +285,7 @@ def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
     new = replace(pins, serial=pins.serial + 1, history=history)
     parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True,
                catalog=catalog)
-    _atomic_write(path, dump_pins(new))
+    write_keeping_mode(path, dump_pins(new))
     return new
 
 
@@ -298,7 +298,7 @@ def _read_serial(path: Path) -> int | None:
     return serial if isinstance(serial, int) and not isinstance(serial, bool) else None
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def write_keeping_mode(path: Path, text: str) -> None:
     """``write_atomic``, keeping the file's mode (0644 for a new one)."""
     write_atomic(path, text, path.stat().st_mode & 0o777 if path.exists() else 0o644)
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
 from typing import Any
 
@@ -31,13 +30,15 @@ from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet
 from rigfleet.bump.execute import execute
 from rigfleet.bump.journal import load_journal
 from rigfleet.bump.output import (
-    EXIT_ERROR,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_SKIPPED,
+    confirm,
     console,
+    error,
     log,
     print_steps,
+    refused,
 )
 from rigfleet.bump.plan import build_plan, pin_text
 from rigfleet.bump.plan_record import Plan
@@ -71,10 +72,6 @@ def default_target(pins: Pins) -> int:
                           "back to")
 
 
-def _known(pins: Pins) -> list[StackPins]:
-    return [*pins.stacks.values(), *(p for h in pins.hosts.values() for p in h.values())]
-
-
 def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
     """A stack's pins from a history summary (``rigfleet.bump.rollout.stack_summary``)."""
     if not isinstance(summary, dict) or not all(
@@ -84,12 +81,12 @@ def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
     now = pins.stacks.get(name)
     image_id = summary.get("image_id")
     if "image_id" not in summary:  # an entry older than the key: the same digest's id
-        image_id = next((p.image_id for p in _known(pins) if p.digest == summary["digest"]),
-                        None)
+        known = [*pins.stacks.values(), *(p for h in pins.hosts.values() for p in h.values())]
+        image_id = next((p.image_id for p in known if p.digest == summary["digest"]), None)
     genesis = None
     commit = summary.get("genesis")
     if commit:
-        base = now.genesis if now is not None and now.genesis is not None else None
+        base = now.genesis if now is not None else None
         if base is None:
             raise RollbackRefused(f"{pins.path}: history: serial {serial}: old.{name}.genesis: "
                                   f"{commit}: the stack no longer pins a Genesis repository")
@@ -164,13 +161,10 @@ def run(args: argparse.Namespace) -> int:
         picked = {h.name for h in select(hosts, args.limit, args.inventory)}
         journal = load_journal(pins, first.catalog)
     except (RigfleetError, ValueError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return EXIT_ERROR
+        return error(e)
     if journal is not None and journal.state != "finished":
-        console.print(f"[red]refused:[/red] {journal.describe()} is unfinished; run "
-                           f"`rigfleet bump --inventory {args.inventory}` to finish it (or "
-                           "add --abandon), then roll back")
-        return EXIT_FAILED
+        return refused(f"{journal.describe()} is unfinished; run `rigfleet bump --inventory "
+                       f"{args.inventory}` to finish it (or add --abandon), then roll back")
     try:
         to = default_target(pins) if args.to is None else args.to
         target = pins_at(pins, to)
@@ -191,8 +185,7 @@ def run(args: argparse.Namespace) -> int:
         plan = build_plan(plan_hosts, unreachable, pins, new, args.batch_size,
                           args.max_failures)
     except (RigfleetError, ValueError) as e:
-        console.print(f"[red]refused:[/red] {e}")
-        return EXIT_FAILED
+        return refused(e)
     print_plan(plan, to)
     if args.dry:
         if args.json:
@@ -201,22 +194,13 @@ def run(args: argparse.Namespace) -> int:
     if plan.empty:
         log("every reachable host already runs these pins; nothing to do")
         return EXIT_SKIPPED if plan.skipped else EXIT_OK
-    if not args.yes and not confirm():
+    if not args.yes and not confirm("Roll back", "[red]refused:[/red] not a terminal: pass --yes "
+                                    "to roll back; nothing changed",
+                                    "not confirmed; nothing changed"):
         return EXIT_FAILED
     inputs = Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog)
     return execute(opts, inputs, remote, plan, None, "", {},
                    history={"action": "rollback", "to_serial": to})
-
-
-def confirm() -> bool:
-    if not sys.stdin.isatty():
-        console.print("[red]refused:[/red] not a terminal: pass --yes to roll back; nothing "
-                      "changed")
-        return False
-    if console.input("Roll back? [y/N] ").strip().lower() in ("y", "yes"):
-        return True
-    console.print("not confirmed; nothing changed")
-    return False
 
 
 def plan_json(plan: Plan, to: int) -> dict[str, Any]:

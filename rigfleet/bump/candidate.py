@@ -48,8 +48,6 @@ class Candidate:
         return m.group("sha") if m else None
 
 
-
-
 def nightly_tags(tags: Iterable[str]) -> list[str]:
     return sorted(t for t in tags if NIGHTLY_TAG.fullmatch(t))
 
@@ -77,8 +75,7 @@ def newest_release(tags: Iterable[str], above: str,
 
 
 def follows_nightlies(uses_genesis: bool, allowlist: Iterable[str] | None) -> bool:
-    """A stack follows nightly builds only when it uses Genesis and the pinned Genesis'
-    allowlist names no release version."""
+    """A Genesis stack whose pinned allowlist names no release follows nightly builds."""
     if not uses_genesis or allowlist is None:
         return False
     return not any(is_release(v) for v in allowlist)
@@ -128,35 +125,25 @@ def choose_latest(asks: Mapping[str, LatestAsk]) -> LatestChoice:
     return LatestChoice(False, tag, tuple(sorted(targets)), staying)
 
 
-def newest(candidates: Iterable[Candidate]) -> Candidate:
-    """The candidate built last (RFC 3339 UTC strings sort by time); ties by tag."""
-    dated = [c for c in candidates if c.created]
+def newest_nightly(reg: Registry, repository: str) -> Candidate:
+    """The nightly built last (RFC 3339 UTC strings sort by time); ties by tag."""
+    tags = nightly_tags(reg.tags(repository))
+    if not tags:
+        raise RegistryError(f"registry {reg.where}: {repository} has no nightly-<commit> tags")
+    dated = []
+    for t in tags:
+        try:
+            found = find_candidate(reg, repository, t)
+        except RegistryError:
+            continue  # a tag deleted while we list is not a candidate
+        if found.created:
+            dated.append(found)
     if not dated:
         raise RegistryError("no nightly tag has a readable build time")
     return max(dated, key=lambda c: ((c.created or "").replace("+00:00", "Z"), c.tag))
 
 
-def find_candidate(reg: Registry, repository: str, tag: str | None = None,
-                   latest: bool = False) -> Candidate:
-    """``tag``, or the newest nightly by build time (``latest``), as a ``Candidate``."""
-    if latest:
-        tags = nightly_tags(reg.tags(repository))
-        if not tags:
-            raise RegistryError(f"registry {reg.where}: {repository} has no nightly-<commit> "
-                                "tags")
-        found = []
-        for t in tags:
-            try:
-                found.append(_candidate(reg, repository, t))
-            except RegistryError:
-                continue  # a tag deleted while we list is not a candidate
-        return newest(found)
-    if tag is None:
-        raise RegistryError("give --image TAG or --latest")
-    return _candidate(reg, repository, tag)
-
-
-def _candidate(reg: Registry, repository: str, tag: str) -> Candidate:
+def find_candidate(reg: Registry, repository: str, tag: str) -> Candidate:
     digest = reg.digest(repository, tag)
     found = reg.resolve(repository, digest)
     created = json.loads(reg.blob(repository, found.image_id)).get("created")

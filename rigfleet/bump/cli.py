@@ -52,15 +52,15 @@ from rigfleet.bump.finish import run_journal
 from rigfleet.bump.genesis import GenesisRefused, GenesisRepo
 from rigfleet.bump.images import VersionProbe, prefetch, read_version, remove_image
 from rigfleet.bump.output import (
-    EXIT_ERROR,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_SKIPPED,
     OUTSIDE_LIMIT,
     confirm,
-    console,
+    error,
     log,
     print_plan,
+    refused,
 )
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan
@@ -129,8 +129,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         opts = BumpOptions.from_args(args)
     except ValueError as e:
-        console.print(f"[red]error:[/red] {e}")
-        return EXIT_ERROR
+        return error(e)
     try:
         inputs = load_inputs(opts)
         if args.limit:
@@ -142,20 +141,16 @@ def run(args: argparse.Namespace) -> int:
     except UsageError:
         raise
     except (RigfleetError, ValueError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}")
-        return EXIT_ERROR
+        return error(escape(str(e)))
     remote = SshRemote(connect_timeout=args.timeout)
     try:
         return _bump(opts, inputs, remote)
     except (GenesisRefused, ImageRefused) as e:
-        console.print(f"[red]refused:[/red] {e}")
-        return EXIT_FAILED
+        return refused(e)
     except RegistryError as e:
-        console.print(f"[red]error:[/red] registry {inputs.registry}: {e}")
-        return EXIT_ERROR
+        return error(f"registry {inputs.registry}: {e}")
     except (RigfleetError, ValueError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return EXIT_FAILED
+        return error(e, EXIT_FAILED)
 
 
 def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:

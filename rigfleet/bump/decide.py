@@ -23,6 +23,7 @@ from rigfleet.bump.candidate import (
     choose_latest,
     find_candidate,
     follows_nightlies,
+    newest_nightly,
     newest_release,
 )
 from rigfleet.bump.genesis import (
@@ -44,7 +45,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, load_inventory
-from rigfleet.pins import Pins, StackPins, dump_pins, load_pins, parse_pins
+from rigfleet.pins import GenesisPin, Pins, StackPins, dump_pins, load_pins, parse_pins
 from rigfleet.registry import DOCKER_HUB, Registry
 
 
@@ -199,8 +200,8 @@ def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: Registr
         allowed: set[str] | None = None
         if p.genesis is not None:
             commits = list(_repo(inputs, p.genesis.repo, repos).lineage(p.genesis.commit))
-            allowlist = commits[0].allowlist
-            allowed = {v for c in commits for v in c.allowlist}
+            allowlist = commits[0].tree.allowed
+            allowed = {v for c in commits for v in c.tree.allowed}
         nightly = follows_nightlies(p.genesis is not None, allowlist)
         target = None if nightly else newest_release(tags, p.vllm_version, allowed)
         asks[name] = LatestAsk(p.vllm_version, nightly, target)
@@ -210,15 +211,15 @@ def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: Registr
     if choice.nightly:
         log(f"{', '.join(choice.stacks)}: the pinned Genesis lists only nightly builds; "
              f"resolving the newest nightly of {repository} (by build time)")
-        return find_candidate(reg, repository, latest=True), list(choice.stacks)
+        return newest_nightly(reg, repository), list(choice.stacks)
     if choice.tag is None:
         return None, []
     log(f"{', '.join(choice.stacks)}: newest release above the pin: {choice.tag}")
-    return find_candidate(reg, repository, tag=choice.tag), list(choice.stacks)
+    return find_candidate(reg, repository, choice.tag), list(choice.stacks)
 
 
-def _genesis_stacks(pins: Pins, names: list[str]) -> list[str]:
-    return [n for n in names if pins.stacks[n].genesis is not None]
+def _genesis_pins(pins: Pins, names: list[str]) -> dict[str, GenesisPin]:
+    return {n: g for n in names if (g := pins.stacks[n].genesis) is not None}
 
 
 def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRepo:
@@ -231,17 +232,13 @@ def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRep
 
 def _infer_version(inputs: Inputs, pins: Pins, names: list[str], commit: str,
                    repos: dict[str, GenesisRepo]) -> str | None:
-    stacks = _genesis_stacks(pins, names)
-    for name in stacks:
-        g = pins.stacks[name].genesis
-        assert g is not None
+    pinned = list(_genesis_pins(pins, names).values())
+    for g in pinned:
         found = infer_version(_repo(inputs, g.repo, repos), g.commit, commit)
         if found:
             return found
-    if stacks:  # a nightly's version always names its commit: nothing lists this one
-        g = pins.stacks[stacks[0]].genesis
-        assert g is not None
-        checked = list(_repo(inputs, g.repo, repos).lineage(g.commit))
+    if pinned:  # a nightly's version always names its commit: nothing lists this one
+        checked = list(_repo(inputs, pinned[0].repo, repos).lineage(pinned[0].commit))
         raise GenesisRefused(refusal(f"<any build of {commit[:9]}> (not pulled in --dry)",
                                      checked))  # fmt: skip
     return None
@@ -251,23 +248,22 @@ def _genesis_choices(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[
                      version: str | None, candidate: Candidate | None,
                      repos: dict[str, GenesisRepo]) -> dict[str, GenesisChoice]:
     out: dict[str, GenesisChoice] = {}
-    for name in _genesis_stacks(pins, names):
+    for name, g in _genesis_pins(pins, names).items():
         p = pins.stacks[name]
-        assert p.genesis is not None
         want = version if candidate is not None else p.vllm_version
         if want is None:
             continue
-        repo = _repo(inputs, p.genesis.repo, repos)
-        choice = choose_genesis(repo, p.genesis.commit, want, p.vllm_version, opts.genesis)
+        repo = _repo(inputs, g.repo, repos)
+        choice = choose_genesis(repo, g.commit, want, p.vllm_version, opts.genesis)
         if choice.proposed:
             log(f"Genesis {choice.label} lists vLLM {want}; proposing it for {name} "
-                 f"(pinned {p.genesis.commit[:12]} does not)" if not opts.genesis else
+                 f"(pinned {g.commit[:12]} does not)" if not opts.genesis else
                  f"Genesis {choice.label} (--genesis) lists vLLM {want}")  # fmt: skip
         if not choice.rollback_safe:
             log(f"[yellow]warning:[/yellow] Genesis {choice.label} does not list the vLLM "
                  f"the fleet runs now ({p.vllm_version}); a host that rolls back runs it "
                  "against the new checkout")  # fmt: skip
-        check_switches(repo, choice.pin(p.genesis.repo), _genesis_uses(inputs, name, choice),
+        check_switches(repo, choice.pin(g.repo), _genesis_uses(inputs, name, choice),
                        stack=name, spec=inputs.catalog.get(name), vllm_version=want)  # fmt: skip
         out[name] = choice
     return out
@@ -276,13 +272,12 @@ def _genesis_choices(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[
 def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str, StackUse]:
     """The stack's Genesis use per its stack file (key ``""``) and per host that adds to it."""
     spec = inputs.catalog.get(stack)
-    layout = choice.layout or "v7"
     try:
-        uses = {"": StackUse.of(spec, layout)}
+        uses = {"": StackUse.of(spec, choice.layout)}
         for h in inputs.hosts:
             extra = validate_host(h.name, h.data).env_for(stack)
             if extra:
-                uses[h.name] = StackUse.of(spec, layout, extra)
+                uses[h.name] = StackUse.of(spec, choice.layout, extra)
     except ValueError as e:
         raise GenesisRefused(f"{e}; refusing before any host changes") from None
     return uses

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +23,7 @@ from rigfleet.bump.decide import BumpOptions, Inputs
 from rigfleet.bump.genesis import GenesisChoice
 from rigfleet.bump.journal import BumpJournal, now_iso
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
-from rigfleet.bump.output import by, console, exit_status, interrupted, log, print_result
+from rigfleet.bump.output import by, exit_status, interrupted, log, print_result, progress
 from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.rollout import (
     HostOutcome,
@@ -44,8 +43,6 @@ from rigfleet.registry import RegistryError
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.ssh import HostUnreachable, Remote
 
-REPO_ROOT = PROJECT_ROOT
-
 
 def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
             candidate: Candidate | None, version: str, genesis: dict[str, GenesisChoice],
@@ -54,7 +51,7 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     (kept in the journal: a resumed run records them too)."""
     real = Path(plan.pins.path)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    log_dir = REPO_ROOT / "reports" / "bumps" / stamp
+    log_dir = PROJECT_ROOT / "reports" / "bumps" / stamp
     if journal is None:
         cand = None if candidate is None else {
             "repository": candidate.repository, "tag": candidate.tag,
@@ -69,12 +66,7 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     runner = PyinfraRunner(opts.inventory, by_name, remote, deploy=opts.deploy,
                            cwd=Path(opts.deploy).resolve().parent, log_dir=log_dir)  # fmt: skip
     try:
-        with console.status("starting the rollout") as status:
-            t0 = time.monotonic()
-
-            def on_line(line: str) -> None:
-                status.update(f"[{time.monotonic() - t0:5.0f}s] {escape(line[:110])}")
-
+        with progress("starting the rollout") as on_line:
             result = rollout(plan, runner, cand_path, on_event=lambda m: log(escape(m)),
                              on_line=on_line, journal=journal, resume=resume_of(journal))
     except (StillRunning, KeyboardInterrupt) as e:
@@ -173,9 +165,8 @@ def restore(runner: PyinfraRunner, result: RolloutResult, pins_file: Path) -> No
     if not hosts:
         return
     log(f"re-converging {', '.join(hosts)} on {pins_file} (Genesis checkout, compose files)")
-    with console.status("re-converging rolled-back hosts") as status:
-        done = runner.deploy(hosts, pins_file, "restore",
-                             lambda line: status.update(escape(line[:110])))  # fmt: skip
+    with progress("re-converging rolled-back hosts") as on_line:
+        done = runner.deploy(hosts, pins_file, "restore", on_line)
     if done.rc != 0:
         bad = ", ".join(sorted(done.failed_hosts or hosts))
         log(f"[yellow]warning:[/yellow] re-converge failed on {bad}; run the deploy for them "

@@ -17,15 +17,15 @@ from rigfleet.bump.decide import BumpOptions, load_fleet, load_inputs
 from rigfleet.bump.execute import end_journal, execute, record_pins, resume_of
 from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
 from rigfleet.bump.output import (
-    EXIT_ERROR,
     EXIT_FAILED,
     EXIT_OK,
     by,
     confirm,
-    console,
+    error,
     interrupted,
     log,
     print_journal,
+    refused,
 )
 from rigfleet.bump.rollout import (
     HostOutcome,
@@ -43,9 +43,8 @@ from rigfleet.ssh import SshRemote
 
 
 def run_journal(args: argparse.Namespace) -> int | None:
-    """An unfinished bump beside the pins file: finish it (any ``rigfleet bump`` does, unless it
-    asks for another candidate: refused), ``--abandon`` it, or wait for the one that runs; None
-    when there is none (a finished bump's left-over journal is removed first)."""
+    """The exit status of handling the unfinished bump; None when there is none (a finished
+    bump's left-over journal is removed first)."""
     abandon = bool(getattr(args, "abandon", False))
     try:
         hosts, _, pins, first = load_fleet(args.inventory, args.deploy)
@@ -53,37 +52,31 @@ def run_journal(args: argparse.Namespace) -> int | None:
     except (RigfleetError, ValueError, RuntimeError) as e:
         if not abandon:
             return None  # the bump's own input checks say what is wrong
-        console.print(f"[red]error:[/red] {e}")
-        return EXIT_ERROR
+        return error(e)
     if journal is None or journal.state == "finished":
         if journal is not None:
             journal.remove()
             log(f"removed {journal.path}: {journal.id} had finished (pins serial {pins.serial})")
         if abandon:
-            console.print(f"[red]error:[/red] --abandon: no unfinished bump "
-                          f"({journal_path(pins.path)} does not exist)")
-            return EXIT_ERROR
+            return error(f"--abandon: no unfinished bump ({journal_path(pins.path)} does not "
+                         "exist)")
         return None
     pid = journal.owner.get("pid")
     if journal.owner.get("host") == socket.gethostname() and isinstance(pid, int) \
             and pid != os.getpid() and _alive(pid):
-        console.print(f"[red]refused:[/red] {journal.describe()} is running now (pid {pid}); "
-                      "wait for it to end")
-        return EXIT_FAILED
+        return refused(f"{journal.describe()} is running now (pid {pid}); wait for it to end")
     if abandon:
         return _abandon(args, journal, pins, hosts)
     if journal.state == "stale":
-        console.print(f"[red]refused:[/red] {pins.path} is at serial {pins.serial}, but "
-                      f"{journal.describe()} started from serial {journal.base_serial}: it "
-                      f"cannot be finished over another pins file. Run `rigfleet bump "
-                      f"--inventory {args.inventory} --abandon` to record what it promoted")
-        return EXIT_FAILED
+        return refused(f"{pins.path} is at serial {pins.serial}, but {journal.describe()} "
+                       f"started from serial {journal.base_serial}: it cannot be finished over "
+                       f"another pins file. Run `rigfleet bump --inventory {args.inventory} "
+                       "--abandon` to record what it promoted")
     other = other_target(args, journal)
     if other:
-        console.print(f"[red]refused:[/red] {journal.describe()} is unfinished; {other}. Run "
-                      f"`rigfleet bump --inventory {args.inventory}` to finish it, or add "
-                      "--abandon to record what it promoted and stop; then bump again")
-        return EXIT_FAILED
+        return refused(f"{journal.describe()} is unfinished; {other}. Run `rigfleet bump "
+                       f"--inventory {args.inventory}` to finish it, or add --abandon to record "
+                       "what it promoted and stop; then bump again")
     return _resume(args, journal)
 
 
@@ -128,14 +121,12 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
             rollback_to=journal.base_serial if not (cand or genesis) else None)  # a rollback's
         inputs = load_inputs(opts)
     except (RigfleetError, ValueError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return EXIT_ERROR
+        return error(e)
     known = {h.name for h in inputs.hosts}
     missing = [h.name for h in journal.hosts if h.name not in known]
     if missing:
-        console.print(f"[red]refused:[/red] {journal.describe()} covers {', '.join(missing)}, "
-                      f"which {opts.inventory} no longer lists; add them back, or --abandon")
-        return EXIT_FAILED
+        return refused(f"{journal.describe()} covers {', '.join(missing)}, which "
+                       f"{opts.inventory} no longer lists; add them back, or --abandon")
     log(f"resuming {journal.describe()}")
     print_journal(journal)
     if opts.dry:

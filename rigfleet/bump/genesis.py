@@ -74,10 +74,6 @@ class GenesisCommit:
     def label(self) -> str:
         return f"{self.sha[:12]} ({self.release})" if self.release else self.sha[:12]
 
-    @property
-    def allowlist(self) -> tuple[str, ...]:
-        return self.tree.allowed
-
 
 class GenesisRepo:
     """A control-side mirror of the Genesis repository ``url``, fetched from ``fetch_url``."""
@@ -197,11 +193,11 @@ class GenesisChoice:
     label: str
     proposed: bool
     rollback_safe: bool
-    layout: str | None = None
+    layout: str
     version: str | None = None
 
     def pin(self, repo: str) -> GenesisPin:
-        return GenesisPin(repo, self.commit, layout=self.layout or "v7", version=self.version)
+        return GenesisPin(repo, self.commit, layout=self.layout, version=self.version)
 
 
 def choose_genesis(repo: GenesisRepo, pinned: str, version: str,
@@ -213,7 +209,7 @@ def choose_genesis(repo: GenesisRepo, pinned: str, version: str,
     commits = repo.lineage(pinned) if explicit is None else [repo.commit(repo.resolve(explicit))]
     for c in commits:
         checked.append(c)
-        if c.tree.lists(version):
+        if c.tree.layout and c.tree.lists(version):  # no layout: no allowlist to list it
             safe = current_version is None or c.tree.lists(current_version)
             return GenesisChoice(c.sha, c.label, c.sha != pinned, safe, c.tree.layout,
                                  repo.version(c.sha))
@@ -249,7 +245,7 @@ def names_commit(version: str, commit: str) -> bool:
 def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
     """The allowlisted version (at the pin or newer) naming vLLM ``commit`` (``--dry``)."""
     for c in repo.lineage(pinned):
-        for version in c.allowlist:
+        for version in c.tree.allowed:
             if names_commit(version, commit):
                 return version
     return None

@@ -21,7 +21,7 @@ from typing import Any
 
 from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.catalog import Catalog
-from rigfleet.pins import Pins, PinsError, StackPins, _atomic_write, _stack_dict, parse_pins
+from rigfleet.pins import Pins, PinsError, StackPins, parse_pins, stack_dict, write_keeping_mode
 from rigfleet.validate import Problems
 
 SCHEMA = "rigfleet-bump-journal/1"
@@ -33,6 +33,9 @@ _KEYS = ("schema", "id", "started", "updated", "by", "owner", "pins_file", "base
          "up_to_date", "batch_size", "max_failures", "outcomes", "deploying", "stopped",
          "history")
 _NAME = re.compile(r"[^\s/]+")
+# The plan's fields the journal keeps as they are (``BumpJournal.plan`` rebuilds it).
+_PLAN = ("new_stacks", "hosts", "canary", "batches", "skipped", "up_to_date", "batch_size",
+         "max_failures")
 
 
 def journal_path(pins_path: str | Path) -> Path:
@@ -68,11 +71,11 @@ class BumpJournal:
     pins_file: str
     base_serial: int
     new_stacks: dict[str, StackPins]
-    hosts: list[PlanHost]
+    hosts: tuple[PlanHost, ...]
     canary: str | None
-    batches: list[list[str]]
+    batches: tuple[tuple[str, ...], ...]
     skipped: dict[str, str] = field(default_factory=dict)
-    up_to_date: list[str] = field(default_factory=list)
+    up_to_date: tuple[str, ...] = ()
     batch_size: int = 1
     max_failures: int = 1
     candidate: dict[str, Any] | None = None
@@ -96,10 +99,7 @@ class BumpJournal:
             path=path, id=journal_id, started=now_iso(), by=by,
             owner={"host": socket.gethostname(), "pid": os.getpid()},
             pins_file=str(plan.pins.path), base_serial=plan.pins.serial,
-            new_stacks=dict(plan.new_stacks), hosts=list(plan.hosts), canary=plan.canary,
-            batches=[list(b) for b in plan.batches], skipped=dict(plan.skipped),
-            up_to_date=list(plan.up_to_date), batch_size=plan.batch_size,
-            max_failures=plan.max_failures,
+            **{k: getattr(plan, k) for k in _PLAN},
             candidate=dict(candidate) if candidate is not None else None, version=version,
             history=dict(history or {}),
         )
@@ -132,14 +132,14 @@ class BumpJournal:
 
     def save(self) -> None:
         self.updated = now_iso()
-        _atomic_write(self.path, json.dumps(self.to_dict(), indent=2) + "\n")
+        write_keeping_mode(self.path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
 
     def to_dict(self) -> dict[str, Any]:
         special = {"schema": SCHEMA,
-                   "new_stacks": {n: _stack_dict(p) for n, p in self.new_stacks.items()},
+                   "new_stacks": {n: stack_dict(p) for n, p in self.new_stacks.items()},
                    "hosts": [{"name": h.name, "stack": h.stack, "groups": list(h.groups)}
                              for h in self.hosts]}
         return {k: special[k] if k in special else getattr(self, k) for k in _KEYS}
@@ -157,10 +157,7 @@ class BumpJournal:
                 if (self.outcomes.get(h.name) or {}).get("runs_new") is True]
 
     def plan(self, pins: Pins) -> Plan:
-        return Plan(pins=pins, new_stacks=dict(self.new_stacks), hosts=tuple(self.hosts),
-                    canary=self.canary, batches=tuple(tuple(b) for b in self.batches),
-                    skipped=dict(self.skipped), up_to_date=tuple(self.up_to_date),
-                    batch_size=self.batch_size, max_failures=self.max_failures)
+        return Plan(pins=pins, **{k: getattr(self, k) for k in _PLAN})
 
     def target(self) -> str:
         """What this bump moves to, for messages: ``int8 -> vllm/vllm-openai:v0.21.0``."""
@@ -296,9 +293,9 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
         path=path, id=journal_id, started=str(top.get("started") or ""),
         by=str(top.get("by") or ""), owner=dict(top.get("owner") or {}),
         pins_file=str(top.get("pins_file") or pins.path), base_serial=serial,
-        new_stacks=new_stacks, hosts=hosts, canary=top.get("canary"),
-        batches=[list(b) for b in batches], skipped=dict(top.get("skipped") or {}),
-        up_to_date=list(top.get("up_to_date") or []), batch_size=int(top["batch_size"]),
+        new_stacks=new_stacks, hosts=tuple(hosts), canary=top.get("canary"),
+        batches=tuple(tuple(b) for b in batches), skipped=dict(top.get("skipped") or {}),
+        up_to_date=tuple(top.get("up_to_date") or ()), batch_size=int(top["batch_size"]),
         max_failures=int(top["max_failures"]), candidate=top.get("candidate"),
         version=str(top.get("version") or ""), outcomes=dict(outcomes), deploying=deploying,
         stopped=top.get("stopped"), updated=str(top.get("updated") or ""),

@@ -12,15 +12,18 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from rigfleet.bump.genesis import GenesisChoice
 from rigfleet.bump.images import VersionProbe
 from rigfleet.bump.journal import BumpJournal
-from rigfleet.bump.plan import pairs
+from rigfleet.bump.plan import pin_text
 from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.rollout import BAD, RolloutResult, Status, StillRunning, outcome_of
 from rigfleet.tables import Table
@@ -36,6 +39,18 @@ def log(message: str) -> None:
     console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
 
 
+def error(message: object, code: int = EXIT_ERROR) -> int:
+    """Say ``error: message``; the exit status (3 unless ``code`` says)."""
+    console.print(f"[red]error:[/red] {message}")
+    return code
+
+
+def refused(message: object) -> int:
+    """Say ``refused: message``; exit status 1."""
+    console.print(f"[red]refused:[/red] {message}")
+    return EXIT_FAILED
+
+
 def by() -> str:
     if os.environ.get("RIGFLEET_BY"):
         return os.environ["RIGFLEET_BY"]
@@ -46,21 +61,37 @@ def by() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def confirm() -> bool:
+def confirm(verb: str = "Roll out",
+            no_terminal: str = "[red]error:[/red] not a terminal: pass --yes to roll out",
+            declined: str = "") -> bool:
+    """Ask "``verb``? [y/N]"; print ``no_terminal`` without a terminal, ``declined`` at a no."""
     if not sys.stdin.isatty():
-        console.print("[red]error:[/red] not a terminal: pass --yes to roll out")
+        console.print(no_terminal)
         return False
-    return console.input("Roll out? [y/N] ").strip().lower() in ("y", "yes")
+    if console.input(f"{verb}? [y/N] ").strip().lower() in ("y", "yes"):
+        return True
+    if declined:
+        console.print(declined)
+    return False
+
+
+@contextmanager
+def progress(title: str) -> Iterator[Callable[[str], None]]:
+    """A spinner saying ``title``, then each line given (escaped, with the seconds so far)."""
+    with console.status(title) as status:
+        t0 = time.monotonic()
+        yield lambda line: status.update(f"[{time.monotonic() - t0:5.0f}s] {escape(line[:110])}")
+
 
 def print_plan(plan: Plan, genesis: dict[str, GenesisChoice], probe: VersionProbe) -> None:
     table = Table("rigfleet bump: pins", ["stack", "now", "bump to"], keys=("stack",))
-    for name, old, new in pairs(plan):
+    for name, p in plan.new_stacks.items():
+        new = pin_text(p)
         if probe.source == "inferred":
             new += " (version from the Genesis allowlist; read from the image when it runs)"
-        elif probe.version is None and plan.pins.stacks[name].digest != \
-                plan.new_stacks[name].digest:
+        elif probe.version is None and plan.pins.stacks[name].digest != p.digest:
             new += " (read from the image when the canary pulls it)"
-        table.row(name, old, new)
+        table.row(name, pin_text(plan.pins.stacks[name]), new)
     table.print(console)
     for name, g in genesis.items():
         if g.proposed:

@@ -26,11 +26,8 @@ def exercises(host: PlanHost, old: Mapping[str, StackPins], new: Mapping[str, St
 def build_plan(hosts: Sequence[PlanHost], unreachable: Mapping[str, str | None], pins: Pins,
                new_stacks: Mapping[str, StackPins], batch_size: int = 1, max_failures: int = 1
                ) -> Plan:
-    """The plan over ``hosts`` (inventory order); ``unreachable``: host -> why (None: reachable)."""
-    if batch_size < 1:
-        raise ValueError(f"--batch-size {batch_size}: allowed: 1 or more")
-    if max_failures < 1:
-        raise ValueError(f"--max-failures {max_failures}: allowed: 1 or more")
+    """The plan over ``hosts`` (inventory order); ``unreachable``: host -> why (None: reachable).
+    ``batch_size`` and ``max_failures`` are checked by ``BumpOptions``."""
     new = dict(new_stacks)
     notes: list[str] = []
     skipped: dict[str, str] = {}
@@ -120,9 +117,3 @@ def pin_text(p: StackPins, genesis_version: bool = False) -> str:
     if p.genesis is not None:
         text += f" + Genesis {p.genesis.label if genesis_version else p.genesis.commit[:12]}"
     return text
-
-
-def pairs(plan: Plan) -> list[tuple[str, str, str]]:
-    """(stack, old pins, new pins) text per bumped stack."""
-    return [(name, pin_text(plan.pins.stacks[name]), pin_text(p))
-            for name, p in plan.new_stacks.items()]

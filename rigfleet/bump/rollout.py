@@ -355,10 +355,9 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 journal: BumpJournal | None = None,
                 done: Mapping[str, HostOutcome] | None = None,
                 stopped: str | None = None) -> RolloutResult:
-    """One ``runner.deploy`` per batch (numbered from ``first``), each host's outcome
-    (``judge``) into ``out``, the result in ``order``. Stops once ``max_failures`` hosts failed or
-    were lost, or (``canary``) the first batch failed: the rest is ``NOT_ATTEMPTED``; a host
-    unreachable or busy when its batch starts is ``SKIPPED``; ``done`` outcomes stand."""
+    """One ``runner.deploy`` per batch (numbered from ``first``), ``judge`` each host. Stops at
+    ``max_failures`` failed or lost hosts, or (``canary``) a failed first batch: the rest is
+    ``NOT_ATTEMPTED``; unreachable or busy at its batch: ``SKIPPED``; ``done`` outcomes stand."""
     done = done or {}
     name_of = label or (lambda n: _label(n) if canary else f"batch {n}")
     failures = 0
@@ -495,8 +494,7 @@ def pyinfra_command(inventory: str, deploy: str, hosts: Sequence[str], pins_file
 
 
 class PyinfraRunner:
-    """``Runner`` over pyinfra (subprocess) and SSH; each batch's output goes to
-    ``<log_dir>/batch-<n>.log``; ``env`` is added to pyinfra's environment."""
+    """``Runner`` over pyinfra and SSH; each batch's output goes to ``<log_dir>/batch-<n>.log``."""
 
     def __init__(self, inventory: str, hosts: Mapping[str, InventoryHost], remote: Remote,
                  deploy: str = "deploy.py", cwd: Path | None = None, log_dir: Path | None = None,

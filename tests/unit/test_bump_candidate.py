@@ -28,6 +28,7 @@ from rigfleet.bump.candidate import (
     choose_latest,
     find_candidate,
     follows_nightlies,
+    newest_nightly,
     newest_release,
     nightly_tags,
     parse_image_arg,
@@ -157,7 +158,7 @@ def test_index_is_read_through_its_amd64_manifest(registry) -> None:
 
 def test_latest_is_the_newest_commit_tag_by_build_time(registry) -> None:
     url, _ = registry
-    assert find_candidate(Registry(url), REPO, latest=True).tag == f"nightly-{REGRESSED}"
+    assert newest_nightly(Registry(url), REPO).tag == f"nightly-{REGRESSED}"
     assert nightly_tags(["nightly", "latest", f"nightly-{GOOD}", "nightly-abc"]) == [
         f"nightly-{GOOD}"
     ]

@@ -403,7 +403,7 @@ def cli_fleet(tmp_path: Path, monkeypatch, plan: Plan, runner: FakeRunner) -> No
     for module in (bump_cli, finish):
         monkeypatch.setattr(module, "SshRemote", lambda **_: None)
     monkeypatch.setattr(execute, "keep_images", lambda *a, **k: {})
-    monkeypatch.setattr(execute, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(execute, "PROJECT_ROOT", tmp_path)
 
 
 def cli_args(tmp_path: Path, **kw: Any) -> argparse.Namespace:
@@ -481,7 +481,7 @@ def test_abandon_records_what_promoted_and_removes_the_journal(tmp_path, monkeyp
     assert saved.stacks["int8"].digest == OLD_INT8
     assert saved.history[-1]["outcome"] == "partial" and saved.history[-1]["abandoned"]
     assert not journal_path(plan.pins.path).exists()
-    assert bump_cli.run(cli_args(tmp_path, abandon=True)) == bump_cli.EXIT_ERROR  # none left
+    assert bump_cli.run(cli_args(tmp_path, abandon=True)) == output.EXIT_ERROR  # none left
 
 
 def test_pins_lock_is_refused_while_a_bump_is_unfinished(tmp_path):

@@ -19,6 +19,7 @@ from bump_helpers import (
     write_pins,
 )
 
+from rigfleet.bump.decide import BumpOptions
 from rigfleet.bump.output import print_steps
 from rigfleet.bump.plan import build_plan
 from rigfleet.pins import PinsError, dump_pins, load_pins, parse_pins, save_pins
@@ -101,12 +102,12 @@ def test_candidate_pins_move_the_rollout_hosts_and_take_the_next_serial(tmp_path
     parse_pins(yaml.safe_load(dump_pins(cand)), str(tmp_path / ".cand.yaml"))
 
 
-def test_batch_size_and_max_failures_are_checked(tmp_path: Path) -> None:
-    pins = write_pins(tmp_path)
-    with pytest.raises(ValueError, match="--batch-size 0"):
-        build_plan(hosts("int8"), {}, pins, bumped(pins, NEWER), batch_size=0)
-    with pytest.raises(ValueError, match="--max-failures 0"):
-        build_plan(hosts("int8"), {}, pins, bumped(pins, NEWER), max_failures=0)
+def test_batch_size_and_max_failures_are_checked() -> None:
+    # BumpOptions checks them for bump and rollback alike, before any plan is built.
+    with pytest.raises(ValueError, match="--batch-size: 0 is not allowed"):
+        BumpOptions(inventory="inv.py", deploy="deploy.py", latest=True, batch_size=0)
+    with pytest.raises(ValueError, match="--max-failures: 0 is not allowed"):
+        BumpOptions(inventory="inv.py", deploy="deploy.py", rollback_to=1, max_failures=0)
 
 
 # --- pins: the hosts section ------------------------------------------------------------------

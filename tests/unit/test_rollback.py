@@ -124,7 +124,7 @@ def test_no_terminal_refuses_naming_yes(monkeypatch, capsys):
             return False
 
     monkeypatch.setattr("sys.stdin", NoTty())
-    assert rollback.confirm() is False
+    assert rollback.confirm("Roll back", "[red]refused:[/red] not a terminal: pass --yes") is False
     assert "pass --yes" in " ".join(capsys.readouterr().err.split())
 
 
