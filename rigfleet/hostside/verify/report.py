@@ -3,7 +3,7 @@ exit status (the failed checks, capped at 100)::
 
     report = Report(url=..., profile=prof.name, ...)
     report.checks.append(CheckResult("needles", "Needles", PASS, seconds=3.2, details={...}))
-    paths = write(report, Path("/var/lib/rigfleet/verify"))   # verify-<ts>.json and .md
+    paths = write_pair(Path("/var/lib/rigfleet/verify"), "verify", json_text, report.markdown())
 """
 
 from __future__ import annotations
@@ -146,13 +146,6 @@ def _detail_lines(details: dict[str, Any]) -> list[str]:
     if rest:
         out += ["", "```json", json.dumps(rest, indent=2, ensure_ascii=False)[:4000], "```"]
     return out
-
-
-def write(report: Report, directory: Path) -> tuple[Path, Path]:
-    """Write ``verify-<UTC timestamp>.json`` and ``.md`` into ``directory`` (created)."""
-    return write_pair(directory, "verify",
-                      json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n",
-                      report.markdown())
 
 
 def write_pair(directory: Path, prefix: str, json_text: str, md_text: str) -> tuple[Path, Path]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import threading
 import time
@@ -111,7 +112,10 @@ def run(url: str, profile: Profile, api_key: str | None = None,
                 aborted = "preflight failed (server down or not serving)"
     rep.finished = report.now_iso()
     rep.seconds = time.monotonic() - t0
-    paths = report.write(rep, report_dir) if report_dir is not None else None
+    paths = None
+    if report_dir is not None:
+        paths = report.write_pair(report_dir, "verify", json.dumps(
+            rep.as_dict(), indent=2, ensure_ascii=False) + "\n", rep.markdown())
     keep_throughput(ctx, rep, paths[0] if paths else None, progress)
     progress.footer(rep, paths)
     return rep, paths

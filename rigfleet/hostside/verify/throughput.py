@@ -11,7 +11,7 @@ from ..bench.baseline import Baseline, Limits, baseline_for, judge
 from ..bench.measure import Bench, BenchSettings, ShapeResult, SilentProgress
 from ..bench.shapes import BY_NAME
 from ..layout import THROUGHPUT_HISTORY_NAME
-from ..records import ShapeFigures, ThroughputRecord, read_throughput_history
+from ..records import ShapeFigures, ThroughputRecord, encode, read_throughput_history
 from .health import Finding
 from .report import FAIL, PASS, CheckResult, now_iso
 
@@ -60,8 +60,7 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
     out.details = {
         "stack": p.throughput_stack or None, "judged": judged,
         "baseline": base.to_dict(), "history_records": len(history),
-        "limits": {"margin": limits.margin, "cv_max": limits.cv_max,
-                   "acceptance_floor": list(limits.acceptance_floor)},
+        "limits": encode(limits),
         "shapes": {k: v.to_dict() for k, v in results.items()},
     }
     if code.acceptance is None and limits.acceptance_floor:
