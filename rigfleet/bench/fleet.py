@@ -10,7 +10,7 @@ import getpass
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import hosttool
@@ -19,8 +19,9 @@ from rigfleet.endpoints import front_url, read_key
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host, view_host
 from rigfleet.hostprobe import last_json
+from rigfleet.hostside.bench import measure
 from rigfleet.hostside.bench.baseline import Baseline, baseline_for
-from rigfleet.hostside.bench.measure import Bench, BenchProgress, BenchSettings, SilentProgress
+from rigfleet.hostside.bench.measure import Bench, BenchSettings
 from rigfleet.hostside.bench.report import Entry
 from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.hostside.verify.client import Client
@@ -30,10 +31,12 @@ from rigfleet.ssh import Remote
 HISTORY_N = 5  # as the gate's default throughput_history_n
 
 
-class Progress(BenchProgress, Protocol):
-    """``rigfleet.bench.progress.RichProgress`` (or a silent stand-in)."""
+class Progress(measure.Progress):
+    """The bench's progress, told which target comes next (``progress.RichProgress``); this
+    one shows nothing."""
 
-    def target(self, host: str) -> None: ...
+    def target(self, host: str) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -90,17 +93,12 @@ def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
                      lambda h, why: Target(h.name, "-", error=why.partition("\n")[0][:300]))
 
 
-class _Silent(SilentProgress):
-    def target(self, host: str) -> None:
-        pass
-
-
 def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], BenchSettings],
                   progress: Progress | None = None) -> list[Entry]:
     """Bench each target in turn (one at a time: the bench's client must not compete with
     itself for this machine's CPU); a target that cannot be benched gets an entry with its
     error."""
-    progress = progress or _Silent()
+    progress = progress or Progress()
     out = []
     for t in targets:
         progress.target(t.host)

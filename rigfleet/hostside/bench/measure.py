@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..records import ShapeFigures, encode
 from ..verify import metrics, prompts
@@ -29,18 +29,9 @@ from .shapes import Shape
 WARMUP_MAX_TOKENS = 128
 
 
-class BenchProgress(Protocol):
-    """Told how many requests the bench will send, then once per request done."""
-
-    def begin(self, total: int) -> None: ...
-
-    def step(self, label: str) -> None: ...
-
-    def note(self, text: str) -> None: ...
-
-
-class SilentProgress:
-    """Neither the bench's nor the gate's progress (``Context.progress``) shows anything."""
+class Progress:
+    """The bench's progress (the requests to come, each one done, a note) and the gate's (a
+    tick of a long check); this one shows nothing."""
 
     def tick(self, mark: str) -> None:
         pass
@@ -307,11 +298,11 @@ class Bench:
     """Runs the bench against one server; ``model`` defaults to the first of ``/v1/models``."""
 
     def __init__(self, client: Client, settings: BenchSettings,
-                 progress: BenchProgress | None = None, model: str = "",
+                 progress: Progress | None = None, model: str = "",
                  clock: Callable[[], float] = time.monotonic):
         self.client = client
         self.settings = settings
-        self.progress: BenchProgress = progress or SilentProgress()
+        self.progress = progress or Progress()
         self.clock = clock
         self.result = BenchResult(url=client.base_url, model=model, settings=settings)
 
