@@ -96,8 +96,7 @@ def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
 def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], BenchSettings],
                   progress: Progress | None = None) -> list[Entry]:
     """Bench each target in turn (one at a time: the bench's client must not compete with
-    itself for this machine's CPU); a target that cannot be benched gets an entry with its
-    error."""
+    itself for this machine's CPU); a target with an error gets an entry with it."""
     progress = progress or Progress()
     out = []
     for t in targets:
@@ -128,10 +127,8 @@ def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None
 
 def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs: int,
                     warmup: int, by: str = "") -> dict[str, Any]:
-    """Bench the host's active stack on the host and record it as its baseline there
-    (``rigfleet-host.pyz bench --accept-baseline``); the host's JSON answer. Raises
-    ``HostUnreachable`` (SSH) or ``RuntimeError`` (the host's bench refused or measured
-    nothing)."""
+    """The host's JSON answer to ``rigfleet-host.pyz bench --accept-baseline``; raises
+    ``HostUnreachable`` (SSH) or ``RuntimeError`` (refused, or nothing measured)."""
     command = hosttool.bench(
         "--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}", "--by",
         by or f"{getpass.getuser()}@{socket.gethostname()}", "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet")

@@ -312,8 +312,8 @@ class Bench:
 
     def scrape_after(self, before: list[metrics.Sample] | None,
                      wait_s: float = 1.0) -> list[metrics.Sample] | None:
-        """A scrape once the request just streamed is in the decode histogram (vLLM records
-        it right around the last chunk), waiting at most ``wait_s``."""
+        """A scrape once the request just streamed is in the decode histogram (at most
+        ``wait_s``: vLLM records it right around the last chunk)."""
         n0 = (metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
               if before is not None else None)
         for _ in range(max(1, int(wait_s / 0.02))):
@@ -335,13 +335,8 @@ class Bench:
         self.progress.step(label)
         return res
 
-    def total_requests(self) -> int:
-        s = self.settings
-        return (len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
-
     def prepare(self) -> bool:
-        """Learn the model, its max-model-len and the version; False (and ``error``) when the
-        server does not list a model."""
+        """Learn the model, max-model-len and version; False (``error`` set) without a model."""
         cards, status, why = self.client.models(30)
         if not cards:
             self.result.error = f"GET /v1/models: HTTP {status}: {why}"
@@ -430,7 +425,7 @@ class Bench:
         """Everything the settings ask for; never raises for a server problem."""
         t0 = self.clock()
         s = self.settings
-        self.progress.begin(self.total_requests())
+        self.progress.begin(len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
         if self.prepare():
             self.warmup()
             for name in s.shapes:
