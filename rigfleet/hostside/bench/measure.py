@@ -58,9 +58,6 @@ class BenchSettings:
     depths: tuple[int, ...] = ()
     shapes: tuple[str, ...] = (shapes.NARRATIVE_NAME, shapes.CODE_NAME)
 
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
 
 @dataclass(frozen=True)
 class RunResult:
@@ -286,7 +283,7 @@ class BenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "model": self.model, "version": self.version,
-                "max_model_len": self.max_model_len, "settings": self.settings.to_dict(),
+                "max_model_len": self.max_model_len, "settings": encode(self.settings),
                 "shapes": {k: v.to_dict() for k, v in self.shapes.items()},
                 "concurrency": self.concurrency.to_dict() if self.concurrency else None,
                 "depths": [d.to_dict() for d in self.depths],

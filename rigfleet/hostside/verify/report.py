@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import write_atomic
+from ..records import encode
 from .health import Finding
 
 SCHEMA = "rigfleet-verify/1"
@@ -71,8 +72,8 @@ class Report:
         return {
             "schema": SCHEMA, "url": self.url, "model": self.model, "version": self.version,
             "max_model_len": self.max_model_len,
-            "profile": {"name": self.profile, "overrides": _plain(self.overrides),
-                        "values": _plain(self.profile_values)},
+            "profile": {"name": self.profile, "overrides": encode(self.overrides),
+                        "values": encode(self.profile_values)},
             "started": self.started, "finished": self.finished,
             "seconds": round(self.seconds, 3), "summary": self.counts(),
             "exit_status": self.exit_status(),
@@ -113,10 +114,6 @@ class Report:
             lines += ["", "## Skipped checks", ""]
             lines += [f"- {chk.title} (`{chk.name}`): {chk.summary}" for chk in skipped]
         return "\n".join(lines) + "\n"
-
-
-def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 def _badge(status: str) -> str:
