@@ -24,7 +24,6 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
     bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
                                             timeout_s=p.throughput_timeout_s),
                   progress=ctx.progress, model=ctx.model)
-    bench.result.version, bench.result.max_model_len = ctx.version, ctx.max_model_len
     bench.warmup()
     results = {name: bench.shape(BY_NAME[name]) for name in ("narrative", "code")}
     measured = {name: r.figures() for name, r in results.items()}
