@@ -22,6 +22,7 @@ from .health import Finding
 SCHEMA = "rigfleet-verify/1"
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 MAX_EXIT = 100
+BADGES = {PASS: "✅ pass", FAIL: "❌ **FAIL**", SKIP: "⏭ skip"}
 
 
 @dataclass
@@ -97,7 +98,7 @@ class Report:
             "", "| # | Check | Status | Time | Summary |", "|---|---|---|---|---|",
         ]
         for i, chk in enumerate(self.checks, 1):
-            lines.append(f"| {i} | {chk.title} (`{chk.name}`) | {_badge(chk.status)} | "
+            lines.append(f"| {i} | {chk.title} (`{chk.name}`) | {BADGES[chk.status]} | "
                          f"{chk.seconds:.1f} s | {_cell(chk.summary)} |")
         failed = self.failed()
         if failed:
@@ -114,10 +115,6 @@ class Report:
             lines += ["", "## Skipped checks", ""]
             lines += [f"- {chk.title} (`{chk.name}`): {chk.summary}" for chk in skipped]
         return "\n".join(lines) + "\n"
-
-
-def _badge(status: str) -> str:
-    return {PASS: "✅ pass", FAIL: "❌ **FAIL**", SKIP: "⏭ skip"}.get(status, status)
 
 
 def _cell(text: str) -> str:
