@@ -30,7 +30,7 @@ from rigfleet.bench.plot import plot
 from rigfleet.bench.progress import RichProgress
 from rigfleet.cliargs import EXIT_USAGE, fleet_options
 from rigfleet.hostside.bench.cli import count, positive, token_counts
-from rigfleet.hostside.bench.report import Entry, fleet_medians, report_dict, write
+from rigfleet.hostside.bench.report import Entry, cell, fleet_medians, report_dict, write
 from rigfleet.hostside.verify.client import CA_FILE_ENV
 from rigfleet.hostside.verify.runner import read_api_key
 from rigfleet.tables import Table, ratio, show
@@ -152,10 +152,6 @@ def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
     return EXIT_OK
 
 
-def _cell(value: float | None, fmt: str = ".1f") -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def render(entries: list[Entry]) -> Table:
     """One line per target: decode tok/s per shape, CV, acceptance, and the narrative
     figure against the reference, the fleet median and the host's baseline."""
@@ -166,11 +162,11 @@ def render(entries: list[Entry]) -> Table:
     for e in entries:
         n, c = e.result.shapes.get("narrative"), e.result.shapes.get("code")
         acc = c.acceptance if c else None
-        cv = (f"{_cell(n.decode_cv if n else None, '.1%')}/"
-              f"{_cell(c.decode_cv if c else None, '.1%')}")
+        cv = (f"{cell(n.decode_cv if n else None, '.1%')}/"
+              f"{cell(c.decode_cv if c else None, '.1%')}")
         base = e.baseline.figures.get("narrative") if e.baseline else None
         nd = n.decode_mean if n else None
-        table.row(e.host, e.stack or "-", _cell(nd), _cell(c.decode_mean if c else None), cv,
+        table.row(e.host, e.stack or "-", cell(nd), cell(c.decode_mean if c else None), cv,
                   "/".join(f"{x:.0%}" for x in acc.per_position) if acc else "unknown",
                   ratio(nd, e.reference.get("narrative")),
                   ratio(nd, fleet.get(e.stack or "", {}).get("narrative")), ratio(nd, base))
@@ -178,12 +174,12 @@ def render(entries: list[Entry]) -> Table:
             table.note(e.host, Text(e.error, style="red"))
         if e.result.concurrency is not None:
             cc = e.result.concurrency
-            table.note(e.host, f"{cc.streams} streams: {_cell(cc.per_stream_decode)} tok/s each, "
-                               f"{_cell(cc.aggregate_tok_s)} in all")
+            table.note(e.host, f"{cc.streams} streams: {cell(cc.per_stream_decode)} tok/s each, "
+                               f"{cell(cc.aggregate_tok_s)} in all")
         depths = [d for d in e.result.depths if d.run is not None]
         if depths:
             table.note(e.host, "depth: " + ", ".join(
-                f"{d.depth // 1000}K {_cell(d.run.decode_tok_s if d.run else None)}"
+                f"{d.depth // 1000}K {cell(d.run.decode_tok_s if d.run else None)}"
                 for d in depths))
         if c is not None and c.acceptance is None and c.acceptance_note:
             table.note(e.host, f"acceptance {c.acceptance_note}")

@@ -10,7 +10,7 @@ import getpass
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import hosttool
@@ -19,8 +19,9 @@ from rigfleet.endpoints import front_url, read_key
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host, view_host
 from rigfleet.hostprobe import last_json
+from rigfleet.hostside.bench import measure
 from rigfleet.hostside.bench.baseline import Baseline, baseline_for
-from rigfleet.hostside.bench.measure import Bench, BenchProgress, BenchSettings, SilentProgress
+from rigfleet.hostside.bench.measure import Bench, BenchSettings
 from rigfleet.hostside.bench.report import Entry
 from rigfleet.hostside.records import ThroughputRecord
 from rigfleet.hostside.verify.client import Client
@@ -30,10 +31,12 @@ from rigfleet.ssh import Remote
 HISTORY_N = 5  # as the gate's default throughput_history_n
 
 
-class Progress(BenchProgress, Protocol):
-    """``rigfleet.bench.progress.RichProgress`` (or a silent stand-in)."""
+class Progress(measure.Progress):
+    """The bench's progress, told which target comes next (``progress.RichProgress``); this
+    one shows nothing."""
 
-    def target(self, host: str) -> None: ...
+    def target(self, host: str) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -90,17 +93,11 @@ def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
                      lambda h, why: Target(h.name, "-", error=why.partition("\n")[0][:300]))
 
 
-class _Silent(SilentProgress):
-    def target(self, host: str) -> None:
-        pass
-
-
 def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], BenchSettings],
                   progress: Progress | None = None) -> list[Entry]:
     """Bench each target in turn (one at a time: the bench's client must not compete with
-    itself for this machine's CPU); a target that cannot be benched gets an entry with its
-    error."""
-    progress = progress or _Silent()
+    itself for this machine's CPU); a target with an error gets an entry with it."""
+    progress = progress or Progress()
     out = []
     for t in targets:
         progress.target(t.host)
@@ -130,10 +127,8 @@ def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None
 
 def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs: int,
                     warmup: int, by: str = "") -> dict[str, Any]:
-    """Bench the host's active stack on the host and record it as its baseline there
-    (``rigfleet-host.pyz bench --accept-baseline``); the host's JSON answer. Raises
-    ``HostUnreachable`` (SSH) or ``RuntimeError`` (the host's bench refused or measured
-    nothing)."""
+    """The host's JSON answer to ``rigfleet-host.pyz bench --accept-baseline``; raises
+    ``HostUnreachable`` (SSH) or ``RuntimeError`` (refused, or nothing measured)."""
     command = hosttool.bench(
         "--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}", "--by",
         by or f"{getpass.getuser()}@{socket.gethostname()}", "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet")

@@ -12,9 +12,11 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from rigfleet.bench import fleet
 
-class RichProgress:
-    """``rigfleet.hostside.bench.measure.BenchProgress`` on a rich progress bar."""
+
+class RichProgress(fleet.Progress):
+    """The bench's progress on a rich progress bar."""
 
     def __init__(self, console: Console):
         self.console = console

@@ -42,7 +42,7 @@ from rigfleet.hostside.verify.report import (
     SKIP,
     CheckResult,
     Report,
-    write,
+    write_pair,
 )
 from rigfleet.hostside.verify.runner import run
 
@@ -249,8 +249,8 @@ def test_report_exit_status_json_and_markdown(tmp_path):
     md = rep.markdown()
     assert "FAIL (3 failed)" in md and "## Failed checks" in md and "### Check 1 (`c1`)" in md
     assert "**recall_miss** [8000 tok]" in md and "| 8000 | recall_miss |" in md
-    first = write(rep, tmp_path / "r")
-    second = write(rep, tmp_path / "r")
+    first = write_pair(tmp_path / "r", "verify", json.dumps(data), md)
+    second = write_pair(tmp_path / "r", "verify", json.dumps(data), md)
     assert first != second and all(p.exists() for p in first + second)
     assert first[0].name.startswith("verify-") and first[0].suffix == ".json"
     assert json.loads(first[0].read_text())["exit_status"] == 3

@@ -21,12 +21,12 @@ from ..verify.client import Client
 from ..verify.report import now_iso
 from ..verify.runner import read_api_key as read_key_file
 from . import history, report
-from .measure import Bench, BenchResult, BenchSettings
+from .measure import Bench, BenchResult, BenchSettings, Progress
 
 EXIT_OK, EXIT_NOTHING = 0, 1
 
 
-class LineProgress:
+class LineProgress(Progress):
     """One line per request on stderr: ``bench [3/16] narrative``."""
 
     def __init__(self, quiet: bool = False):

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..records import ShapeFigures, encode
 from ..verify import metrics, prompts
@@ -29,18 +29,9 @@ from .shapes import Shape
 WARMUP_MAX_TOKENS = 128
 
 
-class BenchProgress(Protocol):
-    """Told how many requests the bench will send, then once per request done."""
-
-    def begin(self, total: int) -> None: ...
-
-    def step(self, label: str) -> None: ...
-
-    def note(self, text: str) -> None: ...
-
-
-class SilentProgress:
-    """Neither the bench's nor the gate's progress (``Context.progress``) shows anything."""
+class Progress:
+    """The bench's progress (the requests to come, each one done, a note) and the gate's (a
+    tick of a long check); this one shows nothing."""
 
     def tick(self, mark: str) -> None:
         pass
@@ -66,9 +57,6 @@ class BenchSettings:
     concurrency: int = 0
     depths: tuple[int, ...] = ()
     shapes: tuple[str, ...] = (shapes.NARRATIVE_NAME, shapes.CODE_NAME)
-
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
 
 
 @dataclass(frozen=True)
@@ -295,7 +283,7 @@ class BenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "model": self.model, "version": self.version,
-                "max_model_len": self.max_model_len, "settings": self.settings.to_dict(),
+                "max_model_len": self.max_model_len, "settings": encode(self.settings),
                 "shapes": {k: v.to_dict() for k, v in self.shapes.items()},
                 "concurrency": self.concurrency.to_dict() if self.concurrency else None,
                 "depths": [d.to_dict() for d in self.depths],
@@ -307,11 +295,11 @@ class Bench:
     """Runs the bench against one server; ``model`` defaults to the first of ``/v1/models``."""
 
     def __init__(self, client: Client, settings: BenchSettings,
-                 progress: BenchProgress | None = None, model: str = "",
+                 progress: Progress | None = None, model: str = "",
                  clock: Callable[[], float] = time.monotonic):
         self.client = client
         self.settings = settings
-        self.progress: BenchProgress = progress or SilentProgress()
+        self.progress = progress or Progress()
         self.clock = clock
         self.result = BenchResult(url=client.base_url, model=model, settings=settings)
 
@@ -321,8 +309,8 @@ class Bench:
 
     def scrape_after(self, before: list[metrics.Sample] | None,
                      wait_s: float = 1.0) -> list[metrics.Sample] | None:
-        """A scrape once the request just streamed is in the decode histogram (vLLM records
-        it right around the last chunk), waiting at most ``wait_s``."""
+        """A scrape once the request just streamed is in the decode histogram (at most
+        ``wait_s``: vLLM records it right around the last chunk)."""
         n0 = (metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
               if before is not None else None)
         for _ in range(max(1, int(wait_s / 0.02))):
@@ -344,13 +332,8 @@ class Bench:
         self.progress.step(label)
         return res
 
-    def total_requests(self) -> int:
-        s = self.settings
-        return (len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
-
     def prepare(self) -> bool:
-        """Learn the model, its max-model-len and the version; False (and ``error``) when the
-        server does not list a model."""
+        """Learn the model, max-model-len and version; False (``error`` set) without a model."""
         cards, status, why = self.client.models(30)
         if not cards:
             self.result.error = f"GET /v1/models: HTTP {status}: {why}"
@@ -439,7 +422,7 @@ class Bench:
         """Everything the settings ask for; never raises for a server problem."""
         t0 = self.clock()
         s = self.settings
-        self.progress.begin(self.total_requests())
+        self.progress.begin(len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
         if self.prepare():
             self.warmup()
             for name in s.shapes:

@@ -66,7 +66,8 @@ def report_dict(entries: Sequence[Entry], started: str = "", finished: str = "")
             "entries": [e.to_dict() for e in entries], "fleet": fleet_medians(entries)}
 
 
-def _f(value: float | None, fmt: str = ".1f") -> str:
+def cell(value: float | None, fmt: str = ".1f") -> str:
+    """A figure as table text, "-" for none."""
     return "-" if value is None else format(value, fmt)
 
 
@@ -97,26 +98,26 @@ def markdown(entries: Sequence[Entry]) -> str:
                 sr.acceptance_note or "unknown")
             base = e.baseline.figures.get(shape) if e.baseline else None
             lines.append(
-                f"| {shape} | {_f(sr.decode_mean)} | {_f(sr.decode_cv, '.1%')} | "
-                f"{_f(sr.wall_mean)} | {_f(sr.ttft_mean, '.3f')} | {acc} | "
+                f"| {shape} | {cell(sr.decode_mean)} | {cell(sr.decode_cv, '.1%')} | "
+                f"{cell(sr.wall_mean)} | {cell(sr.ttft_mean, '.3f')} | {acc} | "
                 f"{_vs(sr.decode_mean, e.reference.get(shape))} | "
                 f"{_vs(sr.decode_mean, fleet.get(e.stack or '', {}).get(shape))} | "
                 f"{_vs(sr.decode_mean, base)} |")
         c = r.concurrency
         if c is not None:
-            lines += ["", f"Concurrency: {c.streams} streams, {_f(c.per_stream_decode)} tok/s "
-                          f"each, {_f(c.aggregate_tok_s)} tok/s in all"]
+            lines += ["", f"Concurrency: {c.streams} streams, {cell(c.per_stream_decode)} tok/s "
+                          f"each, {cell(c.aggregate_tok_s)} tok/s in all"]
         if r.depths:
             lines += ["", "| context depth | prompt tokens | decode tok/s | TTFT s | note |",
                       "|---|---|---|---|---|"]
             for d in r.depths:
                 lines.append(f"| {d.depth} | {d.prompt_tokens or '-'} | "
-                             f"{_f(d.run.decode_tok_s if d.run else None)} | "
-                             f"{_f(d.run.first_token_s if d.run else None, '.2f')} | "
+                             f"{cell(d.run.decode_tok_s if d.run else None)} | "
+                             f"{cell(d.run.first_token_s if d.run else None, '.2f')} | "
                              f"{d.note or ''} |")
         if e.history:
             lines += ["", "History (verified gates, accepted baselines): " + ", ".join(
-                f"{h.at[:16]} {_f(h.decode('narrative'))}/{_f(h.decode('code'))}"
+                f"{h.at[:16]} {cell(h.decode('narrative'))}/{cell(h.decode('code'))}"
                 + (" (accepted)" if h.source == "accepted" else "") for h in e.history[-8:])]
         for n in r.notes:
             lines.append(f"- note: {n}")

@@ -520,20 +520,20 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     out.details.update(drafts=int(drafts), accepted_tokens=int(accepted), probed=probed,
                        min_acceptance_length=p.spec_min_acceptance_length,
                        baseline_scraped=before is not None)
-    if drafts <= 0:
+    acc = acceptance_between(before or [], after, ctx.model)[0]
+    if acc is None:  # drafts <= 0
         out.findings.append(Finding("no_drafts", "spec-decode counters exist but did not move "
                                                  "during the gate's traffic"))
         return _finish(out, "")
-    al = 1.0 + accepted / drafts
+    al = acc.length
     out.details["mean_acceptance_length"] = round(al, 3)
-    acc = acceptance_between(before or [], after, ctx.model)[0]
-    if acc is not None and acc.rate is not None:
+    if acc.rate is not None:
         out.details["acceptance_rate"] = round(acc.rate, 4)
         if acc.rate >= 0.995:
             # club-3090: "MTP acceptance hit 100% but outputs collapsed" (broken K+1 verify).
             out.details["warnings"] = ["acceptance ~100%: the verify step may accept anything "
                                        "(see the needle checks)"]
-    if acc is not None and acc.per_position:
+    if acc.per_position:
         out.details["per_position"] = [round(x, 3) for x in acc.per_position]
     if al < p.spec_min_acceptance_length:
         out.findings.append(Finding(

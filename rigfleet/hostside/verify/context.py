@@ -5,20 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any
 
-from ..bench.measure import SilentProgress
+from ..bench.measure import Progress
 from ..records import ThroughputRecord
 from . import metrics, prompts
 from .client import Client
 from .counting import TokenCounter, chat_body
 from .profiles import Profile
-
-
-class Progress(Protocol):
-    def tick(self, mark: str) -> None: ...
-
-    def note(self, text: str) -> None: ...
 
 
 @dataclass
@@ -27,7 +21,7 @@ class Context:
 
     client: Client
     profile: Profile
-    progress: Progress = field(default_factory=SilentProgress)
+    progress: Progress = field(default_factory=Progress)
     model: str = ""
     version: str = ""
     max_model_len: int | None = None

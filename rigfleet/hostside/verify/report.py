@@ -3,7 +3,7 @@ exit status (the failed checks, capped at 100)::
 
     report = Report(url=..., profile=prof.name, ...)
     report.checks.append(CheckResult("needles", "Needles", PASS, seconds=3.2, details={...}))
-    paths = write(report, Path("/var/lib/rigfleet/verify"))   # verify-<ts>.json and .md
+    paths = write_pair(Path("/var/lib/rigfleet/verify"), "verify", json_text, report.markdown())
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import write_atomic
+from ..records import encode
 from .health import Finding
 
 SCHEMA = "rigfleet-verify/1"
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 MAX_EXIT = 100
+BADGES = {PASS: "✅ pass", FAIL: "❌ **FAIL**", SKIP: "⏭ skip"}
 
 
 @dataclass
@@ -71,8 +73,8 @@ class Report:
         return {
             "schema": SCHEMA, "url": self.url, "model": self.model, "version": self.version,
             "max_model_len": self.max_model_len,
-            "profile": {"name": self.profile, "overrides": _plain(self.overrides),
-                        "values": _plain(self.profile_values)},
+            "profile": {"name": self.profile, "overrides": encode(self.overrides),
+                        "values": encode(self.profile_values)},
             "started": self.started, "finished": self.finished,
             "seconds": round(self.seconds, 3), "summary": self.counts(),
             "exit_status": self.exit_status(),
@@ -96,7 +98,7 @@ class Report:
             "", "| # | Check | Status | Time | Summary |", "|---|---|---|---|---|",
         ]
         for i, chk in enumerate(self.checks, 1):
-            lines.append(f"| {i} | {chk.title} (`{chk.name}`) | {_badge(chk.status)} | "
+            lines.append(f"| {i} | {chk.title} (`{chk.name}`) | {BADGES[chk.status]} | "
                          f"{chk.seconds:.1f} s | {_cell(chk.summary)} |")
         failed = self.failed()
         if failed:
@@ -113,14 +115,6 @@ class Report:
             lines += ["", "## Skipped checks", ""]
             lines += [f"- {chk.title} (`{chk.name}`): {chk.summary}" for chk in skipped]
         return "\n".join(lines) + "\n"
-
-
-def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
-
-
-def _badge(status: str) -> str:
-    return {PASS: "✅ pass", FAIL: "❌ **FAIL**", SKIP: "⏭ skip"}.get(status, status)
 
 
 def _cell(text: str) -> str:
@@ -146,13 +140,6 @@ def _detail_lines(details: dict[str, Any]) -> list[str]:
     if rest:
         out += ["", "```json", json.dumps(rest, indent=2, ensure_ascii=False)[:4000], "```"]
     return out
-
-
-def write(report: Report, directory: Path) -> tuple[Path, Path]:
-    """Write ``verify-<UTC timestamp>.json`` and ``.md`` into ``directory`` (created)."""
-    return write_pair(directory, "verify",
-                      json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n",
-                      report.markdown())
 
 
 def write_pair(directory: Path, prefix: str, json_text: str, md_text: str) -> tuple[Path, Path]:

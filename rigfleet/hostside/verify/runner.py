@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 
 from ..bench import history
+from ..bench.measure import Progress
 from . import checks, report
 from .client import Client, redact_url
 from .profiles import PROFILES, Profile, ProfileError, resolve
@@ -26,7 +28,7 @@ EXIT_REPORT = 102
 EXIT_INTERRUPTED = 130
 
 
-class ConsoleProgress:
+class ConsoleProgress(Progress):
     """One line when a check starts, one when it ends (status, time, summary); dots (and a
     count every ten) while a check sends many requests, e.g. the soak."""
 
@@ -52,7 +54,7 @@ class ConsoleProgress:
         extra = f" overrides={prof.overrides}" if prof.overrides else ""
         self._write(f"verify: {url} profile={prof.name}{extra}\n")
 
-    def begin(self, idx: int, total: int, name: str, title: str) -> None:
+    def start(self, idx: int, total: int, name: str, title: str) -> None:
         self._line(f"[{idx:>2}/{total}] {name}: {title} ...")
 
     def end(self, idx: int, total: int, res: CheckResult) -> None:
@@ -65,6 +67,9 @@ class ConsoleProgress:
                 self._write("        ")
             self._ticks += 1
             self._write(str(self._ticks) if self._ticks % 10 == 0 else mark)
+
+    def step(self, label: str) -> None:
+        self.tick(".")
 
     def note(self, text: str) -> None:
         self._line(f"        note: {text}")
@@ -95,7 +100,7 @@ def run(url: str, profile: Profile, api_key: str | None = None,
         if aborted:
             res = CheckResult(name, title, SKIP, summary=f"not run: {aborted}")
         else:
-            progress.begin(idx, len(selected), name, title)
+            progress.start(idx, len(selected), name, title)
             started = time.monotonic()
             try:
                 res = fn(ctx)
@@ -111,7 +116,10 @@ def run(url: str, profile: Profile, api_key: str | None = None,
                 aborted = "preflight failed (server down or not serving)"
     rep.finished = report.now_iso()
     rep.seconds = time.monotonic() - t0
-    paths = report.write(rep, report_dir) if report_dir is not None else None
+    paths = None
+    if report_dir is not None:
+        paths = report.write_pair(report_dir, "verify", json.dumps(
+            rep.as_dict(), indent=2, ensure_ascii=False) + "\n", rep.markdown())
     keep_throughput(ctx, rep, paths[0] if paths else None, progress)
     progress.footer(rep, paths)
     return rep, paths

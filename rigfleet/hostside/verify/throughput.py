@@ -8,35 +8,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..bench.baseline import Baseline, Limits, baseline_for, judge
-from ..bench.measure import Bench, BenchSettings, ShapeResult, SilentProgress
+from ..bench.measure import Bench, BenchSettings, ShapeResult
 from ..bench.shapes import BY_NAME
 from ..layout import THROUGHPUT_HISTORY_NAME
-from ..records import ShapeFigures, ThroughputRecord, read_throughput_history
+from ..records import ShapeFigures, ThroughputRecord, encode, read_throughput_history
 from .health import Finding
 from .report import FAIL, PASS, CheckResult, now_iso
 
 if TYPE_CHECKING:
     from .context import Context
 
-class _Ticks(SilentProgress):
-    """The bench's progress as the gate's dots."""
-
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-
-    def step(self, label: str) -> None:
-        self.ctx.progress.tick(".")
-
-    def note(self, text: str) -> None:
-        self.ctx.progress.note(text)
-
 
 def throughput(ctx: Context, out: CheckResult) -> CheckResult:
     p = ctx.profile
     bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
                                             timeout_s=p.throughput_timeout_s),
-                  progress=_Ticks(ctx), model=ctx.model)
-    bench.result.version, bench.result.max_model_len = ctx.version, ctx.max_model_len
+                  progress=ctx.progress, model=ctx.model)
     bench.warmup()
     results = {name: bench.shape(BY_NAME[name]) for name in ("narrative", "code")}
     measured = {name: r.figures() for name, r in results.items()}
@@ -60,8 +47,7 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
     out.details = {
         "stack": p.throughput_stack or None, "judged": judged,
         "baseline": base.to_dict(), "history_records": len(history),
-        "limits": {"margin": limits.margin, "cv_max": limits.cv_max,
-                   "acceptance_floor": list(limits.acceptance_floor)},
+        "limits": encode(limits),
         "shapes": {k: v.to_dict() for k, v in results.items()},
     }
     if code.acceptance is None and limits.acceptance_floor:
