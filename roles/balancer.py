@@ -10,10 +10,10 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from rigfleet.balancer.haproxy import HOST_PATHS, keys_list, render_config
-from roles.ops import Secret, apt_packages, checked_file, on_change, secret_file
+from roles.ops import Secret, apt_packages, checked_file, on_change, root_dir, root_put, secret_file
 from roles.preflight import BalancerContext
 
 # socat: rigfleet status reads the runtime API with it. The package's tmpfiles.d entry makes
@@ -28,8 +28,8 @@ def balancer(ctx: BalancerContext) -> None:
     paths = HOST_PATHS
     plan = ctx.plan
     apt_packages(name="Install HAProxy (and socat for its runtime API)", packages=PACKAGES)
-    files.directory(name=f"Directory {paths.secret_dir} (root-only)", path=paths.secret_dir,
-                    user="root", group="root", mode="0700")
+    root_dir(name=f"Directory {paths.secret_dir} (root-only)", path=paths.secret_dir,
+             mode="0700")
     gates = [secret_file(name=f"API key list {paths.keys} (root-only)", dest=paths.keys,
                          content=Secret(keys_list(ctx.api_key.reveal())))]
     tls = ctx.settings.tls
@@ -41,13 +41,11 @@ def balancer(ctx: BalancerContext) -> None:
                                                 + ctx.tls_key.reveal())))
     tls_servers = [s for p in plan.pools for s in p.servers if s.ca_file]
     if tls_servers:
-        files.directory(name=f"Directory {paths.ca_dir} (the TLS fronts' CAs)",
-                        path=paths.ca_dir, user="root", group="root", mode="0755")
+        root_dir(name=f"Directory {paths.ca_dir} (the TLS fronts' CAs)", path=paths.ca_dir)
         for server in host.loop(tls_servers):
             assert server.ca_file is not None
-            gates.append(files.put(name=f"CA of {server.host}'s front", src=server.ca_file,
-                                   dest=paths.ca_file(server.id), user="root", group="root",
-                                   mode="0644"))
+            gates.append(root_put(name=f"CA of {server.host}'s front", src=server.ca_file,
+                                  dest=paths.ca_file(server.id)))
     stacks = ", ".join(f"{p.stack}: {len(p.servers)} host(s)" for p in plan.pools)
     conf = checked_file(
         name=f"HAProxy config {paths.config} ({stacks}; checked with haproxy -c first)",

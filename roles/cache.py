@@ -13,7 +13,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.files import File
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from rigfleet.balancer.plan import read_fleet
 from rigfleet.commands import weights as weights_commands
@@ -42,7 +42,7 @@ from rigfleet.pins import ModelPin
 from rigfleet.registry import registry_of, split_image
 from rigfleet.resources import project_file
 from roles.front import DEFAULT_SITE, site_disabled
-from roles.ops import Secret, apt_packages, on_change, secret_file
+from roles.ops import Secret, apt_packages, on_change, root_dir, root_put, secret_file
 from roles.preflight import OsInfo, PreflightError, preflight_of, read_secret, service_os
 from roles.weights import fetch_weights, hf_hub_venv
 
@@ -110,42 +110,37 @@ def cache(ctx: CacheContext) -> None:
     """Bind the registry before its package starts it, fetch and verify the pinned
     revisions, serve them read-only with nginx; restart or reload only on change."""
     s = ctx.settings
-    files.directory(name="Directory /etc/docker/registry", path="/etc/docker/registry",
-                    user="root", group="root", mode="0755")
-    registry_conf = files.put(
+    root_dir(name="Directory /etc/docker/registry", path="/etc/docker/registry")
+    registry_conf = root_put(
         name=f"{REGISTRY_CONFIG} (pull-through cache of {s.registry_upstream}; before the "
              "package starts it)",
-        src=io.StringIO(render_registry_config(s)), dest=REGISTRY_CONFIG, user="root",
-        group="root", mode="0644")
+        src=io.StringIO(render_registry_config(s)), dest=REGISTRY_CONFIG)
     apt_packages(name="Install docker-registry and nginx", packages=["docker-registry", "nginx"])
     systemd.service(name=f"{REGISTRY_SERVICE} enabled and running", service=REGISTRY_SERVICE,
                     running=True, enabled=True)
     on_change(name=f"Restart {REGISTRY_SERVICE} (its config changed)",
               commands=[f"systemctl restart {REGISTRY_SERVICE}"], gates=[registry_conf],
               reason="config unchanged")
-    seed_conf = files.put(name=f"{SEED_CONFIG} (the seeding registry: the same storage)",
-                          src=io.StringIO(render_seed_config()), dest=SEED_CONFIG, user="root",
-                          group="root", mode="0644")
-    seed_unit = files.put(name=f"{SEED_UNIT} (started only while seeding)",
-                          src=io.StringIO(render_seed_unit()), dest=SEED_UNIT, user="root",
-                          group="root", mode="0644")
+    seed_conf = root_put(name=f"{SEED_CONFIG} (the seeding registry: the same storage)",
+                         src=io.StringIO(render_seed_config()), dest=SEED_CONFIG)
+    seed_unit = root_put(name=f"{SEED_UNIT} (started only while seeding)",
+                         src=io.StringIO(render_seed_unit()), dest=SEED_UNIT)
     on_change(name="systemd daemon-reload (the seeding unit changed)",
               commands=["systemctl daemon-reload"], gates=[seed_conf, seed_unit],
               reason="seeding unit unchanged")
-    files.put(name="Cache seeding script", src=str(project_file("files/rigfleet-cache-seed.py")),
-              dest=SEED_SCRIPT, user="root", group="root", mode="0755")
+    root_put(name="Cache seeding script", src=str(project_file("files/rigfleet-cache-seed.py")),
+             dest=SEED_SCRIPT, mode="0755")
     for path, digest in host.loop(ctx.images):
         image_warm(name=f"Seed {path}@{digest[:19]} into the cache (each blob fetched once)",
                    path=path, digest=digest, upstream=s.registry_upstream)
     for path in host.loop((HOST.opt_dir, HOST.lib_dir, HOST.etc_dir, HOST.secrets_dir,
                            HOST.state_dir, s.model_dir)):
-        files.directory(name=f"Directory {path}", path=str(path), user="root", group="root",
-                        mode="0700" if path == HOST.secrets_dir else "0755")
+        root_dir(name=f"Directory {path}", path=str(path),
+                 mode="0700" if path == HOST.secrets_dir else "0755")
     hf_hub_venv(name=f"huggingface_hub {ctx.hf_hub_version} venv", version=ctx.hf_hub_version,
                 index_url=s.pip_index_url)
-    files.put(name="Weights fetcher script", src=str(project_file(
-        "files/rigfleet-fetch-weights.py")), dest=weights_commands.FETCH_SCRIPT, user="root",
-        group="root", mode="0755")
+    root_put(name="Weights fetcher script", src=str(project_file(
+        "files/rigfleet-fetch-weights.py")), dest=weights_commands.FETCH_SCRIPT, mode="0755")
     token_file = None
     if ctx.hf_token is not None:
         token_file = weights_commands.HF_TOKEN_FILE
@@ -153,8 +148,7 @@ def cache(ctx: CacheContext) -> None:
                     content=Secret(ctx.hf_token.reveal() + "\n"))
     for model in host.loop(ctx.models):
         dest = model_path(s.model_dir, model.repo, model.revision)
-        files.directory(name=f"Directory {dest.rsplit('/', 1)[0]}",
-                        path=dest.rsplit("/", 1)[0], user="root", group="root", mode="0755")
+        root_dir(name=f"Directory {dest.rsplit('/', 1)[0]}", path=dest.rsplit("/", 1)[0])
         fetch_weights(name=f"Fetch and verify {model.repo}@{model.revision[:12]} into the cache",
                       repo=model.repo, revision=model.revision, local_dir=dest,
                       token_file=token_file, endpoint=s.hf_endpoint)
@@ -162,9 +156,8 @@ def cache(ctx: CacheContext) -> None:
     if not ctx.gpu_host:  # a GPU host's front owns nginx's sites
         gates.append(site_disabled(name=f"Disable nginx's default site {DEFAULT_SITE}",
                                    path=DEFAULT_SITE))
-    site = files.put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
-                     src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE, user="root",
-                     group="root", mode="0644")
+    site = root_put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
+                    src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE)
     systemd.service(name="nginx enabled and running", service="nginx", running=True,
                     enabled=True)
     on_change(name="Test and reload nginx (model cache changed)",

@@ -15,7 +15,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation
 from pyinfra.api.state import State
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from rigfleet.balancer.plan import SwapBatch, converge_batch
 from rigfleet.batches import admit
@@ -34,7 +34,7 @@ from roles import maintenance
 from roles.docker import reload_detaches_gpus
 from roles.follow import follow, reports_root
 from roles.maintenance import disturbing
-from roles.ops import executing, fail, on_change, run_on_host
+from roles.ops import executing, fail, on_change, root_put, root_template, run_on_host
 from roles.preflight import HostContext
 
 UNIT_TEMPLATE = str(project_file("files/rigfleet-stack.service.j2"))
@@ -124,18 +124,15 @@ def unit_started(unit: str):
 
 def unit_file(name: str, src: str, dest: str, ctx: HostContext, **variables: Any) -> Any:
     """One of rigfleet's systemd units from its template, with the variables every unit has."""
-    return files.template(name=name, src=src, dest=dest, user="root", group="root",
-                          mode="0644", front_port=ctx.want.settings.front_port,
-                          bundle=str(HOST.bundle), active_dir=str(HOST.active_dir),
-                          **variables)
+    return root_template(name=name, src=src, dest=dest, front_port=ctx.want.settings.front_port,
+                         bundle=str(HOST.bundle), active_dir=str(HOST.active_dir), **variables)
 
 
 @deploy("Swap")
 def swap(ctx: HostContext) -> None:
     read_paths([hosttool.PYZ, UNIT_PATH, SUPERVISE_PATH])
-    bundle = files.put(name="Host-side tool (rigfleet-host.pyz: swap, lock, ledger, front, gate)",
-                       src=io.BytesIO(build_bundle()), dest=hosttool.PYZ, user="root",
-                       group="root", mode="0755")
+    bundle = root_put(name="Host-side tool (rigfleet-host.pyz: swap, lock, ledger, front, gate)",
+                      src=io.BytesIO(build_bundle()), dest=hosttool.PYZ, mode="0755")
     unit = unit_file(f"{hosttool.STACK_UNIT} (recreates the active stack at boot)",
                      UNIT_TEMPLATE, UNIT_PATH, ctx, lock_wait_s=f"{LOCK_WAIT_S:g}")
     limits = ctx.want.settings.swap
