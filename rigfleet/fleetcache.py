@@ -14,7 +14,13 @@ from collections.abc import Iterable
 from contextlib import suppress
 from typing import Any
 
-from rigfleet.hostdata import KEY_DEFAULTS, CacheSettings, HostDataError, validate_cache
+from rigfleet.hostdata import (
+    KEY_DEFAULTS,
+    MONITOR_PORTS,
+    CacheSettings,
+    HostDataError,
+    validate_cache,
+)
 from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import host_kind
 
@@ -144,10 +150,6 @@ def seed_command(upstream: str, path: str, digest: str, marker: str = "") -> str
             f"systemctl stop {SEED_SERVICE}; exit $rc; }}")
 
 
-# Ports other services of a host may hold (the monitor's, the node exporter's).
-MONITOR_PORTS = (9090, 9093, 9094, 9100)
-
-
 def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSettings:
     """``validate_cache`` with the ports the host's other services listen on (their own checks
     judge their values); raises ``HostDataError``."""
@@ -163,13 +165,13 @@ def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSet
 
 def cache_settings(inventory: Iterable[Any]) -> list[CacheSettings]:
     """The valid cache hosts of the inventory (``host.inventory`` or ``InventoryHost``s), in
-    order. A cache host whose data does not validate is left out here: its own preflight
-    refuses it, naming the problem, and the rigs fetch upstream."""
+    order. A cache host that its own preflight refuses (``validate_cache_host``) is left out
+    here, and the rigs fetch upstream."""
     out = []
     for other in inventory:
         if host_kind(other.groups).cache:
             with suppress(HostDataError):
-                out.append(validate_cache(other.name, other.data))
+                out.append(validate_cache_host(other.name, other.groups, other.data))
     return out
 
 

@@ -393,6 +393,14 @@ class MonitorSettings:
     site_ca_files: tuple[str, ...] = ()
 
 
+# Loopback ports on the monitor host (and the node exporter's on every host): docs/monitoring.md.
+# A cache on the monitor host keeps clear of them; 9094 is Alertmanager's cluster port.
+PROMETHEUS_PORT = 9090
+ALERTMANAGER_PORT = 9093
+NODE_EXPORTER_PORT = 9100
+MONITOR_PORTS = (PROMETHEUS_PORT, ALERTMANAGER_PORT, 9094, NODE_EXPORTER_PORT)
+
+
 def validate_monitor(name: str, data: Mapping[str, Any] | Any) -> MonitorSettings:
     """Check a monitor host's data; raises ``HostDataError``."""
     c = HostChecker(name, None)

@@ -15,16 +15,18 @@ from dataclasses import dataclass
 
 from rigfleet.balancer.haproxy import METRICS_PATH as BALANCER_PATH
 from rigfleet.balancer.plan import GpuHost, front_target, split_address
-from rigfleet.hostdata import BalancerSettings, MonitorSettings
+from rigfleet.hostdata import (
+    ALERTMANAGER_PORT,
+    NODE_EXPORTER_PORT,
+    PROMETHEUS_PORT,
+    BalancerSettings,
+    MonitorSettings,
+)
 from rigfleet.pins import Pins
 
 # What the fronts serve behind the key (files/nginx-front.conf.j2).
 NODE_PATH = "/rigfleet/metrics/node"
 ENGINE_PATH = "/rigfleet/metrics/engine"
-# Loopback ports on the monitor host (and the node exporter's on every host): docs/monitoring.md.
-PROMETHEUS_PORT = 9090
-ALERTMANAGER_PORT = 9093
-NODE_EXPORTER_PORT = 9100
 NODE_EXPORTER = "prometheus-node-exporter"  # package and unit on every GPU host (roles/exporter)
 METRICS_UNIT = "rigfleet-metrics"  # its .service and .timer write the textfiles (roles/exporter)
 SCRAPE_INTERVAL_S = 15

@@ -32,6 +32,7 @@ from rigfleet.fleetcache import (
     render_seed_config,
     render_seed_unit,
     seed_command,
+    validate_cache_host,
 )
 from rigfleet.hostdata import HostDataError, validate_cache
 from rigfleet.image_sources import NO_CHECK, ImageSource
@@ -468,3 +469,12 @@ def test_warning_lines_of_a_successful_command_are_shown_as_the_hosts_warnings()
     cmd = WarnedCommand(WEIGHTS_MARK, "fetch ...")
     assert cmd.execute(state, host, {}) == (True, output)
     assert shown == ["mirror http://lb1:8081 cannot be reached (refused); skipped"]
+
+
+def test_rigs_leave_out_a_cache_its_own_preflight_refuses(tmp_path):
+    key = str(key_file(tmp_path))
+    clash = _host("mon", ("caches", "monitors"), {"api_key_file": key, "cache_model_port": 9090})
+    fine = _host("c1", ("caches",), {"api_key_file": key, "cache_model_port": 9090})
+    with pytest.raises(HostDataError, match="9090"):
+        validate_cache_host(clash.name, clash.groups, clash.data)
+    assert model_mirrors([clash, fine]) == ("http://c1:9090",)
