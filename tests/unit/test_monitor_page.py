@@ -118,6 +118,16 @@ def test_no_data_says_so_and_no_alerts_says_so() -> None:
     assert "No alert pending or firing." in html and "no scrape target" in html
 
 
+def test_a_target_of_no_rig_gets_no_figure() -> None:
+    """The distribution's default config scraped Prometheus itself as localhost:9090 before
+    the monitor role wrote rigfleet's: its ``up`` is no host of the fleet."""
+    up = ok({"resultType": "vector", "result": [
+        *UP["data"]["result"],
+        {"metric": {"instance": "localhost:9090", "job": "prometheus"}, "value": [NOW, "1"]}]})
+    html = page(Answers(gate=GATE, engine=ENGINE, up=up, alerts=ALERTS))
+    assert {a.get("data-host") for a in Dom(html).all("figure")} == {"rig1", "rig2", "rig9"}
+
+
 def test_matrix_leaves_out_what_cannot_be_drawn() -> None:
     got = matrix(ENGINE, "instance")
     assert [v for _, v in got[("rig9",)]] == [10.0, 12.0]
