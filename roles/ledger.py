@@ -4,14 +4,13 @@ tool in ``state.json`` and ``ledger.jsonl`` (docs/swap.md, "Ledger and state").
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
 
 from rigfleet.commands import hosttool
-from rigfleet.facts import TextFile, read_fact
+from rigfleet.facts import read_fact
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import StackRef
 from rigfleet.swapfacts import SwapProbe
@@ -20,17 +19,13 @@ from roles.ops import executing, root_dir
 from roles.preflight import HostContext
 
 STATE_DIR = str(HOST.state_dir)
-STATE_FILE = str(HOST.state_file)
 
 
 @operation()
 def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
     """Record ``state`` when ``state.json`` differs, unless a swap about to run does."""
-    try:
-        current = json.loads(read_fact(TextFile, path=STATE_FILE) or "{}")
-    except ValueError:
-        current = {}
-    current = current if isinstance(current, dict) else {}
+    # The probe read state.json while preparing (``None`` when missing or not an object).
+    current = read_fact(SwapProbe).get("state") or {}
     if all(current.get(k) == v for k, v in state.items()):
         host.noop(f"state.json already records {state['stack']} at serial {state['pins_serial']}")
         return
