@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import yaml
+
 from rigfleet.catalog import Catalog, CatalogError, builtin_catalog, load_catalog
 from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
 from rigfleet.hostside.supervise import parse_backoff
@@ -282,6 +284,31 @@ class HostChecker(Problems):
         elif len(secret) < least:
             self.bad(name, value, f"at least {least} characters: {make}",
                      f"holds only {len(secret)} characters")
+        else:
+            return str(path)
+        return None
+
+    def alertmanager_file(self, key: Key, value: Any) -> str | None:
+        """Alertmanager's config on this machine: private (it may hold credentials), YAML with
+        ``route`` and ``receivers``; amtool checks the rest on the monitor."""
+        if value is None:
+            return None
+        path = Path(os.path.expanduser(str(value))).absolute()
+        try:
+            st = path.stat()
+            doc = yaml.safe_load(path.read_text(encoding="utf-8")) if stat.S_ISREG(
+                st.st_mode) else None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            why = getattr(e, "strerror", None) or type(e).__name__
+            self.bad(key.name, value, "a readable YAML file", f"cannot be read ({why})")
+            return None
+        if st.st_mode & 0o077:
+            self.bad(key.name, value, f"mode 0600 or stricter (it may hold credentials): "
+                     f"chmod 600 {path}", f"is readable by others (mode "
+                     f"{stat.S_IMODE(st.st_mode):04o})")
+        elif not isinstance(doc, dict) or not {"route", "receivers"} <= doc.keys():
+            self.bad(key.name, value, "Alertmanager's configuration: a YAML mapping with "
+                     "'route' and 'receivers'", "is not one")
         else:
             return str(path)
         return None

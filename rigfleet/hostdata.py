@@ -200,6 +200,11 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "1..1000000 (GiB)", "the most disk Prometheus' metrics may take (the oldest go first)",
         on="monitor", group="Monitor", shown_default="16 MiB per GPU host and retention day, "
         "at least 2"),
+    Key("monitor_alertmanager_file", _C.alertmanager_file, None, "a file on this (control) "
+        "machine, mode 0600: Alertmanager's YAML config with route and receivers",
+        "where alerts go (mail, chat): it replaces rigfleet's config, checked with amtool "
+        "first, root:prometheus 0640 on the host", on="monitor", group="Monitor",
+        shown_default="one receiver without integrations (alerts show in the UI and API)"),
     Key("balancer_retry_buffer_kib", number_check(*RETRY_BUFFER_RANGE_KIB, integer=True), 128,
         f"KiB, {_low_k}..{_high_k} (HAProxy's buffer per direction and connection; a request "
         "up to this size can be retried on another host)", "requests up to this size are "
@@ -391,6 +396,7 @@ class MonitorSettings:
     retention_days: int = KEY_DEFAULTS["monitor_retention_days"]
     retention_gib: int | None = None
     site_ca_files: tuple[str, ...] = ()
+    alertmanager_file: str | None = None
 
 
 # Loopback ports on the monitor host (and the node exporter's on every host): docs/monitoring.md.

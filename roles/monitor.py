@@ -47,8 +47,8 @@ ALERTMANAGER_CONFIG = f"{PROM_DIR}/alertmanager.yml"
 DESIRED_FILE = f"{TEXTFILE_DIR}/rigfleet-desired.prom"
 # A route to a receiver without integrations: alerts are kept and shown (API, UI); where they
 # go (mail, chat) is the operator's to add (docs/monitoring.md).
-ALERTMANAGER_YML = ("# Managed by rigfleet (roles/monitor.py). Add receivers here, or in a file "
-                    "of\n# your own: docs/monitoring.md.\n"
+ALERTMANAGER_YML = ("# Managed by rigfleet (roles/monitor.py): a converge replaces it. Your own\n"
+                    "# receivers: host data monitor_alertmanager_file (docs/monitoring.md).\n"
                     "route:\n  receiver: rigfleet\n  group_by: [alertname, instance]\n"
                     "receivers:\n  - name: rigfleet\n")
 
@@ -137,9 +137,16 @@ def monitor(ctx: MonitorContext) -> None:
              "balancer(s); checked with promtool first)",
         dest=f"{PROM_DIR}/prometheus.yml", content=render_prometheus(plan, rules=has_rules),
         check="promtool check config {path}")
-    am_conf = checked_file(name=f"Alertmanager config {ALERTMANAGER_CONFIG}",
-                           dest=ALERTMANAGER_CONFIG, content=ALERTMANAGER_YML,
-                           check="amtool check-config {path}")
+    own = ctx.settings.alertmanager_file
+    # The operator's file may hold credentials: readable by Alertmanager, never shown (amtool's
+    # complaints quote values too; `amtool check-config <file>` shows them where it is kept).
+    am_conf = checked_file(name=f"Alertmanager config {ALERTMANAGER_CONFIG} (root:prometheus "
+                           f"0640{', from monitor_alertmanager_file' if own else ''})",
+                           dest=ALERTMANAGER_CONFIG, mode="0640", group="prometheus",
+                           content=Secret(Path(own).read_text(encoding="utf-8")) if own
+                           else ALERTMANAGER_YML,
+                           check="amtool check-config {path}" + (" >/dev/null 2>&1" if own
+                                                                 else ""))
     root_put(name=f"Desired pins textfile {DESIRED_FILE}", src=io.StringIO(ctx.desired),
              dest=DESIRED_FILE)
     reload_gates = {"prometheus": [conf, *gates], "prometheus-alertmanager": [am_conf]}

@@ -210,21 +210,21 @@ def secret_file(dest: str, content: Secret, mode: str = "0600", user: str = "roo
 
 
 @operation()
-def checked_file(dest: str, content: str, check: str, staged: str | None = None,
-                 mode: str = "0644"):
-    """Put ``content`` at ``dest`` (root-owned) only after ``check`` (``{path}``: the staged
-    copy, default ``<dest>.rigfleet-new``) accepted it; a refused copy is removed."""
-    data = content.encode()
+def checked_file(dest: str, content: str | Secret, check: str, staged: str | None = None,
+                 mode: str = "0644", group: str = "root"):
+    """Put ``content`` at ``dest`` (owned by root:``group``) only after ``check`` (``{path}``:
+    the staged copy, default ``<dest>.rigfleet-new``) accepted it; a refused copy is removed."""
+    data = (content.reveal() if isinstance(content, Secret) else content).encode()
     current = read_fact(FileDigest, path=dest)
     if (current is not None and current.sha256 == hashlib.sha256(data).hexdigest()
-            and current.mode == mode and (current.user, current.group) == ("root", "root")):
+            and current.mode == mode and (current.user, current.group) == ("root", group)):
         host.noop(f"{dest} is up to date")
         return
     tmp = staged or f"{dest}.rigfleet-new"
     q = shlex.quote(tmp)
-    yield f"install -m {mode} -o root -g root /dev/null {q}"
+    yield f"install -m {mode} -o root -g {shlex.quote(group)} /dev/null {q}"
     yield FileUploadCommand(io.BytesIO(data), tmp)
-    yield f"chown root:root {q} && chmod {mode} {q}"
+    yield f"chown root:{shlex.quote(group)} {q} && chmod {mode} {q}"
     yield (f"{check.format(path=q)} || {{ rf_rc=$?; rm -f {q}; "
            f"echo {shlex.quote(f'rigfleet: {dest} not installed: the check refused it')} >&2; "
            "exit $rf_rc; }")

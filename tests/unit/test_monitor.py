@@ -51,6 +51,33 @@ def test_monitor_data(tmp_path):
                             "1..3650") for p in e.value.problems)
 
 
+def test_an_alertmanager_file_of_ones_own(tmp_path):
+    key = str(key_file(tmp_path))
+    own = tmp_path / "alertmanager.yml"
+    own.write_text("route:\n  receiver: mail\nreceivers:\n  - name: mail\n")
+    own.chmod(0o600)
+    s = validate_monitor("mon1", {"api_key_file": key, "monitor_alertmanager_file": str(own)})
+    assert s.alertmanager_file == str(own)
+    assert validate_monitor("mon1", {"api_key_file": key}).alertmanager_file is None
+
+    def problem(**data):
+        with pytest.raises(HostDataError) as e:
+            validate_monitor("mon1", {"api_key_file": key, **data})
+        return e.value.problems[0]
+
+    own.chmod(0o644)
+    assert problem(monitor_alertmanager_file=str(own)) == (
+        f"mon1: monitor_alertmanager_file: {str(own)!r} is readable by others (mode 0644); "
+        f"allowed: mode 0600 or stricter (it may hold credentials): chmod 600 {own}")
+    own.chmod(0o600)
+    own.write_text("receivers: []\nsmtp_auth_password: hunter2\n")
+    got = problem(monitor_alertmanager_file=str(own))
+    assert "is not one; allowed: Alertmanager's configuration: a YAML mapping with 'route' " \
+           "and 'receivers'" in got and "hunter2" not in got
+    assert "cannot be read (No such file or directory)" in problem(
+        monitor_alertmanager_file=str(tmp_path / "none.yml"))
+
+
 def plan(tmp_path, **monitor):
     key = key_file(tmp_path)
     crt, _ = tls_files(tmp_path, "rig-b.lan")
