@@ -102,6 +102,12 @@ class Paths:
         return self.root / "secrets" / "api-key"
 
     @property
+    def alertmanager(self) -> Path:
+        """The monitor's Alertmanager config, as an operator keeps it (host data
+        ``monitor_alertmanager_file``)."""
+        return self.root / "secrets" / "alertmanager.yml"
+
+    @property
     def tls(self) -> Path:
         """The testbed's CA (``ca.pem``) and each TLS host's ``<host>.pem`` / ``.key``."""
         return self.root / "secrets" / "tls"
@@ -165,6 +171,16 @@ def ensure_secrets(paths: Paths) -> None:
         fd = os.open(paths.api_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f"rf-{secrets.token_urlsafe(24)}\n")
+    if not paths.alertmanager.exists():
+        # A webhook with a bearer token, as an operator's chat bridge would have: nothing
+        # listens there (Alertmanager logs its failed sends); the token must stay unseen.
+        fd = os.open(paths.alertmanager, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("route:\n  receiver: testbed-ops\n  group_by: [alertname, instance]\n"
+                    "receivers:\n  - name: testbed-ops\n    webhook_configs:\n"
+                    "      - url: http://127.0.0.1:9/alerts\n        send_resolved: false\n"
+                    "        http_config:\n          authorization:\n"
+                    f"            credentials: am-{secrets.token_urlsafe(16)}\n")
 
 
 def ensure_tls(paths: Paths, host: str) -> dict[str, str]:
@@ -760,7 +776,8 @@ def inventory_text(specs: list[HostSpec], paths: Paths, docker_fpr: str,
                        "testbed_container": b.container,
                        # The fleet cache: the rigs reach it by its name on the testbed network;
                        # it pulls through from the twin's registry (Docker Hub's stand-in).
-                       "cache_address": b.name, "cache_registry_upstream": layout.MIRROR_URL}
+                       "cache_address": b.name, "cache_registry_upstream": layout.MIRROR_URL,
+                       "monitor_alertmanager_file": rel(paths.alertmanager)}
             lbs.append(f"        ({b.name!r}, {pformat(lb_data, indent=4, width=96)}),")
         lines += ["# The fleet endpoint: HAProxy on a host of its own (no GPU, no Docker).",
                   "balancers = (", "    [", *lbs, "    ],", "    _testbed_data,", ")", "",

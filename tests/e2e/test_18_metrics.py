@@ -177,6 +177,22 @@ def test_nothing_new_is_exposed(fleet):
             assert answer.read() == b""                                 # still says nothing
 
 
+def test_alertmanager_sends_where_the_operators_file_says_and_shows_no_credential(
+        fleet, converged):
+    """Host data monitor_alertmanager_file: Alertmanager runs with the operator's receivers;
+    the file is Alertmanager's to read alone; its token is in no output of the converge."""
+    lb = fleet.balancer
+    own = (STATE / "secrets" / "alertmanager.yml").read_text()
+    token = re.search(r"credentials: (\S+)", own)[1]
+    rc, out = lb.sh("stat -c '%U:%G %a' /etc/prometheus/alertmanager.yml")
+    assert (rc, out.strip()) == (0, "root:prometheus 640"), out
+    rc, out = lb.sh(f"curl -sS http://127.0.0.1:{ALERTMANAGER_PORT}/api/v2/status", timeout=30)
+    assert rc == 0, out
+    loaded = json.loads(out)["config"]["original"]
+    assert "receiver: testbed-ops" in loaded and token not in loaded, loaded
+    assert token not in converged.stdout + converged.stderr
+
+
 def alerts_now(lb, name: str, instance: str, *states: str) -> list[dict]:
     """Prometheus' pending/firing alerts named ``name`` on ``instance`` (any state by default)."""
     return [a for a in prom(lb, "/api/v1/alerts")["alerts"]
