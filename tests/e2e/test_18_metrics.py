@@ -34,6 +34,7 @@ from monitor_tools import Dom, chromium_open
 
 from rigfleet.hostside.front import READY_PATH
 from rigfleet.hostside.layout import BUNDLE_PATH, Layout
+from rigfleet.monitor.query import ENGINE_QUERY
 from rigfleet.scrape import (
     ALERTMANAGER_PORT,
     ENGINE_PATH,
@@ -252,6 +253,11 @@ def test_a_killed_engine_raises_engine_down_until_the_supervisor_recreated_it(fl
              f"no RigEngineDown on {host.name} before the kill")
     recreations = f'rigfleet_supervisor_recreations_total{{instance="{host.name}"}}'
     before = query(lb, recreations)[("node", host.name)]
+    # The page draws an engine line from two scrapes of its counter: on a fresh fleet, the
+    # killed engine's must be in before the kill.
+    names = {h.name for h in fleet.hosts}
+    wait_for(lambda: names <= {i for _, i in query(lb, ENGINE_QUERY)},
+             2 * SCRAPE_INTERVAL_S + SLACK_S, f"{ENGINE_QUERY} for {sorted(names)}")
     tmp_path.mkdir(exist_ok=True)
     killed_at = time.time()
     rc, out = host.sh(f"docker kill {host.container_of_stack}")
