@@ -91,8 +91,6 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
                       + (f" (damaged file kept: {aside})" if aside else ""))
 
 
-
-
 def _recovered(lay: Layout, active: Active, text: str, by: str, reason: str) -> Active:
     """Write a repaired record and its ``recover recovered`` ledger line."""
     written = write_active(lay, active, text)

@@ -12,9 +12,11 @@ configuration (rules: docs/swap.md, "Drain"); pure decisions, one reading per po
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from .records import decode
 
 DRAIN_POLL_S = 0.5
 # Idle reads in a row that make a drain complete.
@@ -208,12 +210,8 @@ def drain_note(result: dict[str, Any]) -> str:
     parts = []
     data = result.get("drain")
     if isinstance(data, dict):
-        try:
-            report = DrainReport(**{f.name: data[f.name] for f in fields(DrainReport)
-                                    if f.name in data})
-            parts.append(f"drain: {report.line()}")
-        except TypeError:
-            parts.append(f"drain: {data.get('result')}")
+        report = decode(DrainReport, data)
+        parts.append(f"drain: {report.line() if report else data.get('result')}")
     if result.get("retry_after_s") is not None:
         parts.append(f"Retry-After {result['retry_after_s']}s")
     return "".join(f"; {p}" for p in parts)

@@ -24,7 +24,7 @@ from typing import Any
 
 from .atomic import fsync_dir, write_json
 from .layout import Layout
-from .records import BOOT_CLOCK, BootClock, boot_id, describe, pid_start_ticks, read_holder
+from .records import BOOT_CLOCK, boot_id, describe, pid_start_ticks, proc_stat, read_holder
 
 __all__ = ["HostLock", "LockHeld", "WindowHold", "describe", "remove_dir", "session_anchor"]
 
@@ -33,14 +33,10 @@ _SSH_SESSION = ("sshd", "sshd-session")
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
+    """(command name, parent pid)."""
+    stat = proc_stat(pid)
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    name = text[text.find("(") + 1:text.rfind(")")]
-    fields = text.rpartition(")")[2].split()
-    try:
-        return name, int(fields[1])
+        return (stat[0], int(stat[1][1])) if stat else None
     except (IndexError, ValueError):
         return None
 
@@ -73,11 +69,11 @@ class WindowHold:
     reboot: dict[str, Any] | None = None
 
     @classmethod
-    def here(cls, window: str, reboot_grace_s: float | None = None,
-             clock: BootClock = BOOT_CLOCK) -> WindowHold:
+    def here(cls, window: str, reboot_grace_s: float | None = None) -> WindowHold:
         pid, what = session_anchor()
-        reboot = None if reboot_grace_s is None else {
-            "boot": clock.boot(), "at": round(clock.uptime(), 1), "grace_s": reboot_grace_s}
+        reboot = None if reboot_grace_s is None else {"boot": BOOT_CLOCK.boot(),
+                                                      "at": round(BOOT_CLOCK.uptime(), 1),
+                                                      "grace_s": reboot_grace_s}
         return cls(window, pid, what, reboot)
 
 

@@ -121,9 +121,7 @@ def decode_strict(cls: type[R], data: Any, where: str,
         raise error(str(e)) from None
 
 
-@functools.cache
-def _hints(cls: Any) -> dict[str, Any]:
-    return get_type_hints(cls)
+_hints = functools.cache(get_type_hints)
 
 
 def _decode(cls: Any, data: Any, where: str | None) -> Any:
@@ -202,16 +200,22 @@ def boot_id() -> str:
         return ""
 
 
-def pid_start_ticks(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time since boot): tells a reused pid apart."""
+def proc_stat(pid: int) -> tuple[str, list[str]] | None:
+    """(command name, the fields after it) of ``/proc/<pid>/stat``."""
     try:
         text = Path(f"/proc/{int(pid)}/stat").read_text()
     except (OSError, ValueError):
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    parts = text.rpartition(")")[2].split()
+    head, _, rest = text.rpartition(")")
+    return head.partition("(")[2], rest.split()
+
+
+def pid_start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time since boot): tells a reused pid apart."""
+    stat = proc_stat(pid)
     try:
-        return int(parts[19])
+        return int(stat[1][19]) if stat else None
     except (IndexError, ValueError):
         return None
 
