@@ -23,7 +23,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, remove_dir
 from .plan import Active, Plan, PlanError, StackRef, compose_hash
-from .records import ledger_tail
+from .records import ledger_tail, read_state
 from .steps import EXIT_FAILED
 
 KEEP_JOURNALS = 50
@@ -286,7 +286,7 @@ def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str 
                 or active.ref.stack != tracked.get("stack"):
             raise PlanError(f"the active stack is {active.ref.route_id if active else 'none'}, "
                             f"not {tracked.get('stack')}/{config_hash}: not recording its pins")
-        state = ledger.read_state(lay)
+        state = read_state(lay.state_file)
         if all(state.get(k) == v for k, v in tracked.items()) \
                 and active.ref.record == {**active.ref.record, **tracked}:
             return "unchanged"

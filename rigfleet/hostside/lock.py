@@ -32,29 +32,17 @@ __all__ = ["HostLock", "LockHeld", "WindowHold", "describe", "remove_dir", "sess
 _SSH_SESSION = ("sshd", "sshd-session")
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(command name, parent pid)."""
-    stat = proc_stat(pid)
-    try:
-        return (stat[0], int(stat[1][1])) if stat else None
-    except (IndexError, ValueError):
-        return None
-
-
-def session_anchor(pid: int = 0) -> tuple[int, str]:
-    """(pid, what) holds a window opened from ``pid`` (0: this one): the nearest sshd
-    ancestor (the deploy's SSH connection, alive while the deploy is), else the parent."""
-    pid = pid or os.getpid()
-    first = _stat(pid)
-    parent = first[1] if first else os.getppid()
-    cur = parent
+def session_anchor() -> tuple[int, str]:
+    """(pid, what) holds a window opened from this process: the nearest sshd ancestor (the
+    deploy's SSH connection, alive while the deploy is), else the parent."""
+    cur = parent = os.getppid()
     for _ in range(64):
-        info = _stat(cur)
-        if info is None or cur <= 1:
+        stat = proc_stat(cur)
+        if stat is None or cur <= 1:
             break
-        if info[0] in _SSH_SESSION:
+        if stat[0] in _SSH_SESSION:
             return cur, "the deploy's SSH session"
-        cur = info[1]
+        cur = int(stat[1][1])  # the parent's pid
     return parent, "the shell that opened it"
 
 
