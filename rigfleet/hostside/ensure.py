@@ -1,9 +1,6 @@
 """Keep the verified stack serving without a gate: ``Ensure`` (boot, reroute), ``adopt`` (a
 stack that served before swaps were recorded) and ``shutdown`` (before the machine goes down).
-
-While a maintenance window holds the host, ``Ensure`` leaves the front at 503 and the stack
-down (``deferred``); a window left abandoned or failed is closed here, gate included, when a
-gate is at hand, else the front stays at 503 saying what to do (docs/maintenance.md).
+Around a maintenance window: docs/maintenance.md.
 """
 
 from __future__ import annotations
@@ -184,8 +181,7 @@ class Ensure(Steps):
                        window_s=window)
 
     def _close_window(self, window: Window | None, why: str) -> Outcome:
-        """Close a window that failed or nobody closed (recreate + gate), when a gate is at
-        hand; else the front stays at 503 saying what to do."""
+        """Close a failed or abandoned window (recreate + gate), or say at the front how to."""
         plan = plan_of(window, None, self.lay)
         if plan is None or self.gate is None:
             reason = (f"{why}: the stack needs the gate before it serves again; run "
