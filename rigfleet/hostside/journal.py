@@ -16,12 +16,11 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from .atomic import append_line, write_json
-from .records import boot_id, holder_alive, pid_start_ticks, read_json
+from .records import boot_id, holder_alive, now_iso, pid_start_ticks, read_json
 
 # Without any event for this long after the plan was written, the transaction never started.
 START_GRACE_S = 60.0
@@ -51,7 +50,7 @@ class Journal:
 
     def event(self, phase: str, message: str, level: str = "info", **data: Any) -> None:
         self.seq += 1
-        item = {"seq": self.seq, "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        item = {"seq": self.seq, "time": now_iso(),
                 "elapsed": round(time.monotonic() - self.t0, 2), "phase": phase, "level": level,
                 "message": message, **data}
         # One write per event (O_APPEND): a kill can only cut the last line, which read skips.

@@ -12,17 +12,12 @@ is under ``attempted``, the one before under ``previous`` (docs/swap.md, "Ledger
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 from .atomic import append_line, move_aside, write_json
 from .layout import Layout
 from .plan import StackRef
-from .records import TRACKED_KEYS, ledger_tail, read_json
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+from .records import TRACKED_KEYS, ledger_tail, now_iso, read_json
 
 
 def rebuilt_state(lay: Layout) -> dict[str, Any]:

@@ -18,13 +18,12 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from .atomic import fsync_dir, write_json
 from .layout import Layout
-from .records import BOOT_CLOCK, boot_id, describe, pid_start_ticks, proc_stat, read_holder
+from .records import BOOT_CLOCK, boot_id, describe, now_iso, pid_start_ticks, proc_stat, read_holder
 
 __all__ = ["HostLock", "LockHeld", "WindowHold", "describe", "remove_dir", "session_anchor"]
 
@@ -207,11 +206,9 @@ class HostLock:
     def _write_holder(self, who: str, why: str, deploy_id: str,
                       window: WindowHold | None, directory: Path | None = None) -> None:
         holder: dict[str, Any] = {
-            "who": who, "why": why, "since": datetime.now(UTC).isoformat(timespec="seconds"),
-            "deploy_id": deploy_id,
-            "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id(),
-            "host": socket.gethostname(),
-        }
+            "who": who, "why": why, "since": now_iso(), "deploy_id": deploy_id, "pid": self.pid,
+            "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id(),
+            "host": socket.gethostname()}
         if window is not None:
             holder.update(self._anchor(window))
         write_json((directory or self.path) / "holder.json", holder, indent=None)

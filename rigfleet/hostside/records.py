@@ -19,6 +19,7 @@ import os
 import time
 import types
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -36,6 +37,10 @@ HALF_WRITTEN_LOCK_S = 30.0
 
 
 # --- plain files ------------------------------------------------------------------------------
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def read_json(path: Path) -> tuple[Any, str | None]:
@@ -392,13 +397,9 @@ def reports(directory: Path, newest: int = 20) -> tuple[list[str], ReportSummary
                        key=lambda p: p.stat().st_mtime)
     except OSError:
         return [], None
-    names = [os.path.relpath(p, directory) for p in found]
-    for path in reversed(found[-newest:]):
-        data, _ = read_json(path)
-        summary = summarise_report(data, os.path.relpath(path, directory), path.stat().st_mtime)
-        if summary is not None:
-            return names, summary
-    return names, None
+    summaries = (summarise_report(read_json(p)[0], os.path.relpath(p, directory), p.stat().st_mtime)
+                 for p in reversed(found[-newest:]))
+    return [os.path.relpath(p, directory) for p in found], next(filter(None, summaries), None)
 
 
 # --- the supervisor ---------------------------------------------------------------------------
