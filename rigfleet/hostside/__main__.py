@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,7 @@ def _stop() -> Callable[[], bool]:
 
 def _parts(lay: Layout, front_port: int) -> tuple[SystemOps, Front]:
     key = read_api_key(lay.api_key_file, lay.vllm_env_file)
-    ops = SystemOps(api_key=key)
-    return ops, Front(lay, front_port, run_cmd, http_request, api_key=key)
+    return SystemOps(api_key=key), Front(lay, front_port, run_cmd, http_request, api_key=key)
 
 
 def _gate_fn() -> GateFn:
@@ -303,10 +303,7 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
         print(f"rigfleet-host supervise: reset requested by {who} ({args.why}); the supervisor "
               "counts recreations from zero at its next look")
         return 0
-    policy = Policy(backoff_s=args.backoff_s, limit=args.limit, window_s=args.window_s,
-                    poll_s=args.poll_s, unhealthy_after_s=args.unhealthy_s,
-                    ready_timeout_s=args.ready_timeout_s, vram_timeout_s=args.vram_timeout_s,
-                    retry_after_s=args.retry_after_s)
+    policy = Policy(**{f.name: getattr(args, f.name) for f in fields(Policy)})
     stop = _stop()
     ops, front = _parts(lay, args.front_port)
 
@@ -423,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--window-s", type=_seconds, default=defaults.window_s)
     sv.add_argument("--poll-s", type=_seconds, default=defaults.poll_s)
     sv.add_argument("--unhealthy-s", type=_seconds, default=defaults.unhealthy_after_s,
+                    dest="unhealthy_after_s", metavar="UNHEALTHY_S",
                     help="/health failing this long after it served = the engine is dead")
     sv.add_argument("--ready-timeout-s", type=_seconds, default=defaults.ready_timeout_s)
     sv.add_argument("--vram-timeout-s", type=_seconds, default=defaults.vram_timeout_s)

@@ -46,11 +46,9 @@ class EngineLoad:
 
 def parse_load(text: str | None) -> EngineLoad | None:
     """The engine's load from its ``/metrics`` text; None without a request gauge."""
-    if not text:
-        return None
     found: dict[str, float] = {}
     tokens: float | None = None
-    for line in text.splitlines():
+    for line in (text or "").splitlines():
         m = _SAMPLE.match(line.strip())
         if not m:
             continue
@@ -196,13 +194,10 @@ class Drainer:
         cut = 0
         if self._result == "timeout":
             cut = load.busy if load is not None and load.busy else max(front or 0, 0)
-        return DrainReport(
-            result=self._result or "unknown",
-            seconds=max(0.0, self._last - (self._t0 if self._t0 is not None else self._last)),
-            timeout_s=self.timeout_s,
-            running=start_load.running if start_load else 0,
-            waiting=start_load.waiting if start_load else 0,
-            front=start_front, cut=cut)
+        seconds = max(0.0, self._last - (self._t0 if self._t0 is not None else self._last))
+        return DrainReport(self._result or "unknown", seconds, self.timeout_s,
+                           start_load.running if start_load else 0,
+                           start_load.waiting if start_load else 0, start_front, cut)
 
 
 def drain_note(result: dict[str, Any]) -> str:

@@ -260,8 +260,7 @@ def shutdown(lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
             journal.event("shutdown", f"front: {e}", level="warning")
         for project, file in known_projects(lay):
             journal.event("shutdown", f"docker compose down {project}")
-            err = ops.down(file, project)
-            if err:
+            if err := ops.down(file, project):
                 journal.event("shutdown", err, level="warning")
     finally:
         with contextlib.suppress(OSError):

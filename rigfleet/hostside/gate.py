@@ -40,12 +40,10 @@ class GateRun:
     timeout_s: float = 7200.0
 
     def argv(self, python: str = sys.executable) -> list[str]:
-        args = [python, "-m", "rigfleet.hostside.verify", "--url", self.url,
+        return [python, "-m", "rigfleet.hostside.verify", "--url", self.url,
                 "--api-key-file", str(self.key_file), "--profile", self.profile,
-                "--report-dir", str(self.report_dir)]
-        for item in self.sets:
-            args += ["--set", item]
-        return args
+                "--report-dir", str(self.report_dir),
+                *(arg for item in self.sets for arg in ("--set", item))]
 
 
 @dataclass

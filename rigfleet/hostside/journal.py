@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .atomic import append_line, write_json
-from .records import boot_id, holder_alive, now_iso, pid_start_ticks, read_json
+from .records import boot_id, holder_alive, now_iso, pid_start_ticks, read_state
 
 # Without any event for this long after the plan was written, the transaction never started.
 START_GRACE_S = 60.0
@@ -89,9 +89,9 @@ class Journal:
                 events.append(json.loads(line))
             except ValueError:
                 continue
-        result = _read_dict(directory / "result.json")
+        result = read_state(directory / "result.json") or None
         out: dict[str, Any] = {"events": events, "next": len(lines), "result": result}
-        pid = _read_dict(directory / "pid.json")
+        pid = read_state(directory / "pid.json") or None
         if result is not None:
             out["state"] = "done"
         elif pid is None:
@@ -101,8 +101,3 @@ class Journal:
         else:
             out["state"] = "running" if holder_alive(pid) else "died"
         return out
-
-
-def _read_dict(path: Path) -> dict[str, Any] | None:
-    data, _ = read_json(path)
-    return data if isinstance(data, dict) else None

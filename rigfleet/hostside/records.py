@@ -54,7 +54,7 @@ def read_json(path: Path) -> tuple[Any, str | None]:
 
 
 def read_state(path: Path) -> dict[str, Any]:
-    """``state.json`` as a dict ({} when missing or unreadable)."""
+    """``state.json`` (any JSON object file) as a dict ({} when missing or unreadable)."""
     data, _ = read_json(path)
     return data if isinstance(data, dict) else {}
 
