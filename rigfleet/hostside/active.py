@@ -5,6 +5,7 @@ The write order and the recovery rules: docs/maintenance.md ("Crash-safe host re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -97,14 +98,12 @@ def _recovered(lay: Layout, active: Active, text: str, by: str, reason: str) -> 
 
 def _line_ref(lay: Layout, line: dict[str, Any]) -> StackRef | None:
     """The record a ledger line wrote: its ``ref``, else its transaction's plan."""
-    try:
+    with contextlib.suppress(PlanError):
         if isinstance(line.get("ref"), dict):
             return StackRef.from_dict(line["ref"], "ledger.ref")
         deploy_id = str(line.get("deploy_id") or "")
         if deploy_id and "/" not in deploy_id:
             return Plan.load(lay.plan_file(deploy_id)).desired
-    except PlanError:
-        return None
     return None
 
 
@@ -114,11 +113,8 @@ def _compose_for(lay: Layout, ref: StackRef, deploy_id: str) -> str | None:
               Path(ref.compose_file), lay.compose_file(ref.stack)]
     if deploy_id and "/" not in deploy_id:
         places.insert(2, lay.swap_dir(deploy_id) / "compose.yaml")
-    for place in places:
-        text = _text(place)
-        if text is not None and compose_hash(text) == ref.config_hash:
-            return text
-    return None
+    texts = (_text(place) for place in places)
+    return next((t for t in texts if t is not None and compose_hash(t) == ref.config_hash), None)
 
 
 def _text(path: Path) -> str | None:
@@ -222,11 +218,10 @@ def prune_journals(lay: Layout, keep: int = KEEP_JOURNALS) -> list[str]:
         return []
     done = sorted((d for d in lay.swaps_dir.iterdir() if (d / "result.json").exists()),
                   key=lambda d: (d / "result.json").stat().st_mtime)
-    dropped = []
-    for directory in done[:-keep] if len(done) > keep else []:
+    dropped = done[:-keep] if len(done) > keep else []
+    for directory in dropped:
         remove_dir(directory)
-        dropped.append(directory.name)
-    return dropped
+    return [directory.name for directory in dropped]
 
 
 def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[str]:
@@ -253,9 +248,8 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[s
         except PlanError:
             active = None
         # What serves next is the active (verified) stack: Ensure brings it back.
-        ledger.append(lay, ledger.entry("interrupted", "interrupted",
-                                        active.ref if active else None, attempted=tried,
-                                        deploy_id=directory.name, by=by,
+        ledger.append(lay, ledger.entry("interrupted", "interrupted", active.ref if active else None,
+                                        attempted=tried, deploy_id=directory.name, by=by,
                                         reason=reason))
         journal.event("recover", f"transaction {directory.name} was interrupted; recorded")
     return found
