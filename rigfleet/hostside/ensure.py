@@ -194,8 +194,7 @@ class Ensure(Steps):
 
 
 def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journal) -> Outcome:
-    """Record a stack that already serves (its container has the plan's config hash and
-    answers) as active; nothing restarts."""
+    """Record the plan's stack as active when it already serves; nothing restarts."""
     new = plan.desired
     lock = HostLock(lay)
     try:

@@ -30,8 +30,6 @@ EXIT_USAGE = 101  # and above: the gate itself broke (verify.runner)
 
 @dataclass(frozen=True)
 class GateRun:
-    """One gate run's arguments and its time limit."""
-
     url: str
     key_file: Path
     profile: str

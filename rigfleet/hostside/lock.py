@@ -120,8 +120,7 @@ class HostLock:
         return note
 
     def hold_window(self, hold: WindowHold, why: str = "") -> bool:
-        """The window's lock held by ``hold`` from now on, the step said (``why``); False when
-        the lock is not that window's."""
+        """The window's lock held by ``hold`` from now on; False when it is not that window's."""
         holder = self.read()
         if holder is None or holder.get("window") != hold.window:
             return False
@@ -132,9 +131,8 @@ class HostLock:
         return True
 
     def adopt_window(self, window_id: str, why: str, take_live: bool = False) -> bool:
-        """Take over the window's lock as this process when its holder is gone (or lives,
-        with ``take_live``: the deploy's own close, ``--force``; else ``LockHeld``); False
-        when the lock is not that window's."""
+        """Take over the window's lock as this process when its holder is gone (or lives, with
+        ``take_live``; else ``LockHeld``); False when the lock is not that window's."""
         holder = self.read()
         if holder is None or holder.get("window") != window_id:
             return False
@@ -154,8 +152,7 @@ class HostLock:
         return data
 
     def _place(self, who: str, why: str, deploy_id: str, window: WindowHold | None) -> bool:
-        """The holder written into a fresh directory, renamed onto the lock; False when a
-        lock is there."""
+        """The holder in a fresh directory, renamed onto the lock; False when a lock is there."""
         if self.path.exists():
             return False  # (an empty one: an older tool between its mkdir and holder.json)
         self._sweep()
@@ -226,7 +223,6 @@ class HostLock:
 
 
 def remove_dir(directory: Path) -> None:
-    """Remove a directory (a lock's, a journal's) and the files in it."""
     for child in directory.iterdir():
         child.unlink(missing_ok=True)
     directory.rmdir()

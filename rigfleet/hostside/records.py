@@ -408,9 +408,8 @@ SUPERVISE_SCHEMA = "rigfleet-supervise/1"
 
 
 def read_supervisor(path: Path, now: float | None = None) -> dict[str, Any] | None:
-    """The supervisor's ``state.json`` plus ``alive`` (``holder_alive``), ``recreations``
-    (attempts within its window) and ``now`` (this host's clock, for ages); None when it
-    never ran, ``{"error": ...}`` when unreadable."""
+    """The supervisor's ``state.json`` plus ``alive``, ``recreations`` (within its window) and
+    ``now`` (this host's clock); None when it never ran, ``{"error": ...}`` when unreadable."""
     data, err = read_json(path)
     if err == "missing":
         return None
