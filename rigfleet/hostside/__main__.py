@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import syslog
 import threading
 import time
 from collections.abc import Callable
@@ -76,11 +77,10 @@ def _plan(path: str, verb: str) -> Plan:
 
 def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
     plan = _plan(args.plan, "swap")
-    stop = _stop()
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
     # The textfiles say "swap in progress" before the engine stops, and its outcome after it.
-    outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=stop,
+    outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=_stop(),
                           on_locked=lambda: metrics.refresh(lay, plan.front_port)).run()
     metrics.refresh(lay, plan.front_port)
     return outcome.exit
@@ -267,8 +267,6 @@ def cmd_lock(args: argparse.Namespace, lay: Layout) -> int:
 
 def _release_lock(args: argparse.Namespace, lay: Layout) -> int:
     """``lock --release --reason TEXT``: remove a stale lock, said on stdout and in syslog."""
-    import syslog
-
     if not args.reason.strip():
         print("rigfleet-host lock: --release: --reason: ''; allowed: a few words saying why",
               file=sys.stderr)
@@ -304,14 +302,13 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
               "counts recreations from zero at its next look")
         return 0
     policy = Policy(**{f.name: getattr(args, f.name) for f in fields(Policy)})
-    stop = _stop()
     ops, front = _parts(lay, args.front_port)
 
     def refresh() -> None:  # a deploy may rotate the API key while this runs for weeks
         ops.api_key = front.api_key = read_api_key(lay.api_key_file, lay.vllm_env_file)
 
     supervisor = Supervisor(lay, ops, front, policy, unit_state=lambda: ops.unit(STACK_UNIT),
-                            docker_up=ops.docker_up, stop=stop, refresh=refresh,
+                            docker_up=ops.docker_up, stop=_stop(), refresh=refresh,
                             gate=_gate_fn())
     try:
         with single_instance(lay):
