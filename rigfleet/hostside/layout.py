@@ -1,8 +1,6 @@
-"""Every path rigfleet keeps on a host, in one place: ``Layout``, one per filesystem root.
-
-The only module that spells rigfleet's host directories; tests run the real code against
-``Layout(tmp_path)``, hosts use ``/`` (``HOST``). Stdlib only (ships in the host bundle).
-Where each record lives and who reads it: docs/architecture.md ("Where each record lives")::
+"""Every path rigfleet keeps on a host, in one place: ``Layout``, one per filesystem root
+(``HOST``: ``/``; tests: ``Layout(tmp_path)``). Stdlib only. Where each record lives and who
+reads it: docs/architecture.md ("Where each record lives")::
 
     HOST.lock_dir                      # PosixPath('/var/lib/rigfleet/lock')
     HOST.compose_file("int8")          # PosixPath('/opt/rigfleet/stacks/int8/compose.yaml')

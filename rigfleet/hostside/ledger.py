@@ -1,9 +1,6 @@
-"""The host's ledger: ``state.json`` (what serves now) and ``ledger.jsonl`` (every change).
-
-``ledger.jsonl`` is append-only, one JSON object per change; ``state.json`` is rewritten
-atomically and keeps keys it does not know. A line's top-level stack keys describe what serves
-*after* the event (so the last line agrees with ``state.json``); the stack a transaction tried
-is under ``attempted``, the one before under ``previous`` (docs/swap.md, "Ledger and state")::
+"""The host's ledger: ``state.json`` (what serves now) and the append-only ``ledger.jsonl``
+(every change; a line's stack keys say what serves *after* it: docs/swap.md, "Ledger and
+state")::
 
     append(lay, entry("swap", "promoted", plan.desired, by=plan.by, deploy_id=plan.id,
                       gate=gate.record(), previous=old))

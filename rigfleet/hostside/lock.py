@@ -1,10 +1,6 @@
 """The host lock: one transaction (swap, adopt, boot-time ensure, a maintenance window) at a
-time, and who has it.
-
-Taking it is one ``rename`` of a directory already holding ``holder.json`` onto the lock, so a
-lock never exists without its holder; one whose process is gone is *stale* and taken over. A
-maintenance window's holder is the deploy's SSH session (``session_anchor``), plus a grace
-across a reboot (docs/maintenance.md)::
+time. Taken by one ``rename`` of a directory already holding ``holder.json``; one whose process
+is gone is *stale* and taken over. A window's holder: docs/maintenance.md::
 
     note = HostLock(Layout()).acquire(who="alice@laptop", why="swap int8 -> tq3")  # LockHeld
 """

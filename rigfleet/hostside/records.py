@@ -1,10 +1,8 @@
 """The records rigfleet keeps on a host, and their readers: one contract for both sides.
 
-The host-side tool writes them; the control side (``rigfleet status``, the bump, the deploy's
-facts) reads them only through these functions, over ``rigfleet-host.pyz probe``. The typed
-ones (dataclasses) go through one codec, ``encode``/``decode`` (docs/swap.md, "Reading the
-records"). Paths: ``rigfleet.hostside.layout``; what each record holds: docs/architecture.md
-("Where each record lives"). Stdlib only::
+The host tool writes them; the control side reads them only through these functions, over
+``rigfleet-host.pyz probe``. The typed ones go through one codec, ``encode``/``decode``
+(docs/swap.md, "Reading the records"). Stdlib only::
 
     holder = read_holder(HOST.lock_dir)           # None, or {..., "alive": bool}
     GateRecord.from_dict(state.get("gate")).failed_checks      # ('needles',)
