@@ -65,7 +65,10 @@ class Ensure(Steps):
 
     def run(self) -> Outcome:
         try:
-            note = take_lock(self.lock, self.who, self.why, self.lock_wait_s, self.ops)
+            if note := take_lock(self.lock, self.who, self.why, self.lock_wait_s, self.ops):
+                self.j.event("lock", note, level="warning")
+            mark_interrupted(self.lay, self.j)
+            return self._run()
         except LockHeld as held:
             if held.holder.get("window"):
                 return self._deferred(held)
@@ -75,13 +78,6 @@ class Ensure(Steps):
                                   "supervisor watches what it leaves", "warning")
             self.j.event("lock", str(held), level="error")
             return Outcome("locked", EXIT_LOCKED, "ensure", reason=str(held), phase="lock")
-        except OSError as e:
-            return self._unwritable(e)
-        try:
-            if note:
-                self.j.event("lock", note, level="warning")
-            mark_interrupted(self.lay, self.j)
-            return self._run()
         except (Failure, ActiveDamaged) as f:
             reason = f.reason if isinstance(f, Failure) else str(f)
             self.j.event("ensure", reason, level="error")
@@ -201,13 +197,12 @@ def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journ
         lock.acquire(plan.by, f"adopt {new.route_id}", plan.id)
     except LockHeld as held:
         return Outcome("locked", EXIT_LOCKED, "adopt", new.stack, str(held), "lock")
-    steps = Steps(lay, ops, front, journal)
     try:
         st = ops.container(new.container)
         if st is None or not st.running or st.config_hash != new.config_hash:
             raise Failure("adopt", f"{new.container} is not running with config hash "
                           f"{new.config_hash} ({st})")
-        steps.wait_ready(new, plan.ready_timeout_s)
+        Steps(lay, ops, front, journal).wait_ready(new, plan.ready_timeout_s)
         text = Path(new.compose_file).read_text()
         if compose_hash(text) != new.config_hash:
             raise Failure("adopt", f"{new.compose_file} is not the running configuration")
