@@ -93,19 +93,18 @@ class HostLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         note = None
         for _ in range(5):
-            if not self._place(who, why, deploy_id, window):
-                holder = self.read()
-                if holder is None:
-                    continue  # released meanwhile: try again
-                if holder.get("alive"):
-                    raise LockHeld(holder) from None
-                gone = "deadline passed" if holder.get("window") and \
-                    not holder.get("anchor") else "holder gone"
-                note = f"took over a stale lock ({describe(holder)}; {gone})"
-                self._break_stale()
-                continue
-            self.held = True
-            return note
+            if self._place(who, why, deploy_id, window):
+                self.held = True
+                return note
+            holder = self.read()
+            if holder is None:
+                continue  # released meanwhile: try again
+            if holder.get("alive"):
+                raise LockHeld(holder) from None
+            gone = "deadline passed" if holder.get("window") and \
+                not holder.get("anchor") else "holder gone"
+            note = f"took over a stale lock ({describe(holder)}; {gone})"
+            self._break_stale()
         raise LockHeld(self.read() or {"who": "unknown", "why": "lock keeps changing"})
 
     def acquire_window(self, who: str, why: str, hold: WindowHold) -> str | None:
