@@ -33,9 +33,7 @@ class Journal:
         self.dir = directory
         self.echo = echo
         self.t0 = time.monotonic()
-        # A full disk or a read-only file system stops nothing: the events still go to the
-        # echo (journald), with the reason once (``_try``).
-        self.problem: str | None = None
+        self.problem: str | None = None  # why the journal cannot be written (``_try``)
         self.seq = len(self._lines(self.dir / "events.jsonl"))
         pid = os.getpid()
         self._try(lambda: write_json(self.dir / "pid.json", {
@@ -65,7 +63,8 @@ class Journal:
                                      {**result, "elapsed": round(time.monotonic() - self.t0, 2)}))
 
     def _try(self, write: Callable[[], object]) -> None:
-        """Run ``write``; an ``OSError`` is said once on the echo and kept in ``problem``."""
+        """Run ``write``; an ``OSError`` (a full disk) stops nothing: it is said once on the echo
+        and kept in ``problem``."""
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             write()
