@@ -16,9 +16,11 @@ import os
 import signal
 import socket
 import sys
+import syslog
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +56,7 @@ def _stop() -> Callable[[], bool]:
 
 def _parts(lay: Layout, front_port: int) -> tuple[SystemOps, Front]:
     key = read_api_key(lay.api_key_file, lay.vllm_env_file)
-    ops = SystemOps(api_key=key)
-    return ops, Front(lay, front_port, run_cmd, http_request, api_key=key)
+    return SystemOps(api_key=key), Front(lay, front_port, run_cmd, http_request, api_key=key)
 
 
 def _gate_fn() -> GateFn:
@@ -76,11 +77,10 @@ def _plan(path: str, verb: str) -> Plan:
 
 def cmd_swap(args: argparse.Namespace, lay: Layout) -> int:
     plan = _plan(args.plan, "swap")
-    stop = _stop()
     ops, front = _parts(lay, plan.front_port)
     journal = Journal(lay.swap_dir(plan.id))
     # The textfiles say "swap in progress" before the engine stops, and its outcome after it.
-    outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=stop,
+    outcome = Transaction(plan, lay, ops, front, _gate_fn(), journal, interrupted=_stop(),
                           on_locked=lambda: metrics.refresh(lay, plan.front_port)).run()
     metrics.refresh(lay, plan.front_port)
     return outcome.exit
@@ -267,8 +267,6 @@ def cmd_lock(args: argparse.Namespace, lay: Layout) -> int:
 
 def _release_lock(args: argparse.Namespace, lay: Layout) -> int:
     """``lock --release --reason TEXT``: remove a stale lock, said on stdout and in syslog."""
-    import syslog
-
     if not args.reason.strip():
         print("rigfleet-host lock: --release: --reason: ''; allowed: a few words saying why",
               file=sys.stderr)
@@ -303,18 +301,14 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
         print(f"rigfleet-host supervise: reset requested by {who} ({args.why}); the supervisor "
               "counts recreations from zero at its next look")
         return 0
-    policy = Policy(backoff_s=args.backoff_s, limit=args.limit, window_s=args.window_s,
-                    poll_s=args.poll_s, unhealthy_after_s=args.unhealthy_s,
-                    ready_timeout_s=args.ready_timeout_s, vram_timeout_s=args.vram_timeout_s,
-                    retry_after_s=args.retry_after_s)
-    stop = _stop()
+    policy = Policy(**{f.name: getattr(args, f.name) for f in fields(Policy)})
     ops, front = _parts(lay, args.front_port)
 
     def refresh() -> None:  # a deploy may rotate the API key while this runs for weeks
         ops.api_key = front.api_key = read_api_key(lay.api_key_file, lay.vllm_env_file)
 
     supervisor = Supervisor(lay, ops, front, policy, unit_state=lambda: ops.unit(STACK_UNIT),
-                            docker_up=ops.docker_up, stop=stop, refresh=refresh,
+                            docker_up=ops.docker_up, stop=_stop(), refresh=refresh,
                             gate=_gate_fn())
     try:
         with single_instance(lay):
@@ -423,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--window-s", type=_seconds, default=defaults.window_s)
     sv.add_argument("--poll-s", type=_seconds, default=defaults.poll_s)
     sv.add_argument("--unhealthy-s", type=_seconds, default=defaults.unhealthy_after_s,
+                    dest="unhealthy_after_s", metavar="UNHEALTHY_S",
                     help="/health failing this long after it served = the engine is dead")
     sv.add_argument("--ready-timeout-s", type=_seconds, default=defaults.ready_timeout_s)
     sv.add_argument("--vram-timeout-s", type=_seconds, default=defaults.vram_timeout_s)

@@ -1,14 +1,11 @@
-"""The active record (what passed the gate on this host) and how records stay consistent.
-
-``active.json`` and the compose snapshot it names are one record, written snapshot first;
-``load_active(repair=True)`` (callers that hold the host lock) rebuilds a damaged one from the
-ledger and the transactions' journals. The write order and the recovery rules:
-docs/maintenance.md ("Crash-safe host records"). Also here: ``record_pins`` (pins changed
-without a swap), ``mark_interrupted``, ``prune_journals`` and ``request_reset``.
+"""The active record (what passed the gate on this host): ``active.json`` and the compose
+snapshot it names, written snapshot first; ``load_active(repair=True)`` rebuilds a damaged one.
+The write order and the recovery rules: docs/maintenance.md ("Crash-safe host records").
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -23,7 +20,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, remove_dir
 from .plan import Active, Plan, PlanError, StackRef, compose_hash
-from .records import ledger_tail
+from .records import ledger_tail, read_state
 from .steps import EXIT_FAILED
 
 KEEP_JOURNALS = 50
@@ -58,9 +55,8 @@ def parse_active(lay: Layout) -> tuple[Active | None, str]:
 
 
 def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | None:
-    """The active record; None when nothing was ever verified here. With ``repair`` (the
-    caller holds the host lock) a damaged record is rebuilt and one of the older layout (a
-    plain ``compose.yaml``) moved to named snapshots; else it raises ``ActiveDamaged``."""
+    """The active record; None when nothing was ever verified here. A damaged one raises
+    ``ActiveDamaged``, or with ``repair`` (the caller holds the host lock) is rebuilt."""
     active, problem = parse_active(lay)
     if active is not None:
         snap = Path(active.ref.compose_file)
@@ -91,8 +87,6 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
                       + (f" (damaged file kept: {aside})" if aside else ""))
 
 
-
-
 def _recovered(lay: Layout, active: Active, text: str, by: str, reason: str) -> Active:
     """Write a repaired record and its ``recover recovered`` ledger line."""
     written = write_active(lay, active, text)
@@ -104,29 +98,23 @@ def _recovered(lay: Layout, active: Active, text: str, by: str, reason: str) -> 
 
 def _line_ref(lay: Layout, line: dict[str, Any]) -> StackRef | None:
     """The record a ledger line wrote: its ``ref``, else its transaction's plan."""
-    try:
+    with contextlib.suppress(PlanError):
         if isinstance(line.get("ref"), dict):
             return StackRef.from_dict(line["ref"], "ledger.ref")
         deploy_id = str(line.get("deploy_id") or "")
         if deploy_id and "/" not in deploy_id:
             return Plan.load(lay.plan_file(deploy_id)).desired
-    except PlanError:
-        return None
     return None
 
 
 def _compose_for(lay: Layout, ref: StackRef, deploy_id: str) -> str | None:
-    """Compose text with ``ref``'s config hash: snapshot, link, the transaction's copy, the
-    staged file."""
+    """Compose text with ``ref``'s config hash, from wherever one is left."""
     places = [lay.active_snapshot(ref.config_hash), lay.active_compose,
               Path(ref.compose_file), lay.compose_file(ref.stack)]
     if deploy_id and "/" not in deploy_id:
         places.insert(2, lay.swap_dir(deploy_id) / "compose.yaml")
-    for place in places:
-        text = _text(place)
-        if text is not None and compose_hash(text) == ref.config_hash:
-            return text
-    return None
+    texts = (_text(place) for place in places)
+    return next((t for t in texts if t is not None and compose_hash(t) == ref.config_hash), None)
 
 
 def _text(path: Path) -> str | None:
@@ -137,8 +125,7 @@ def _text(path: Path) -> str | None:
 
 
 def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
-    """((record, compose text), "") rebuilt from the ledger and the journals, or (None,
-    what is missing)."""
+    """((record, compose text), "") rebuilt from the ledger, or (None, what is missing)."""
     lines, _, problem = ledger_tail(lay.ledger_file, n=10**9)
     if not lines:
         return None, f"the ledger {lay.ledger_file} has no usable line ({problem or 'empty'})"
@@ -178,8 +165,7 @@ def snapshot_gate(active: Active) -> dict[str, Any]:
 
 
 def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
-    """Record ``active`` with ``compose_text`` as its snapshot: the snapshot, then
-    ``active.json`` naming it (the commit), then the link; returns the record as written.
+    """Record ``active`` with ``compose_text`` as its snapshot; returns the record as written.
     Older snapshots stay until ``prune_snapshots`` (a failed front switch puts one back)."""
     found = compose_hash(compose_text)
     if found != active.ref.config_hash:
@@ -199,8 +185,7 @@ def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
 
 
 def prune_snapshots(lay: Layout, keep_s: float = 60.0) -> list[str]:
-    """Remove snapshots the active record does not name, and temporary files older than
-    ``keep_s`` (left by a killed writer); returns the names removed."""
+    """Remove snapshots ``active.json`` does not name and stale temporary files; their names."""
     active, _ = parse_active(lay)
     named = Path(active.ref.compose_file).name if active else None
     removed = []
@@ -220,8 +205,7 @@ def prune_snapshots(lay: Layout, keep_s: float = 60.0) -> list[str]:
 
 
 def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
-    """Ask the supervisor to forget its recreations and a give-up (the verified stack is back,
-    or a person fixed what made it die); a promotion resets it without asking."""
+    """Ask the supervisor to forget its recreations and a give-up."""
     request = {"token": f"{time.time():.6f}-{os.getpid()}-{secrets.token_hex(4)}",
                "at": ledger.now_iso(), "by": by, "why": why}
     write_atomic(lay.supervise_reset, json.dumps(request, sort_keys=True) + "\n")
@@ -229,22 +213,19 @@ def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
 
 
 def prune_journals(lay: Layout, keep: int = KEEP_JOURNALS) -> list[str]:
-    """Drop the oldest finished journals beyond ``keep`` (ones without a result stay:
-    ``mark_interrupted`` needs them)."""
+    """Drop the oldest finished journals beyond ``keep`` (unfinished ones stay)."""
     if not lay.swaps_dir.exists():
         return []
     done = sorted((d for d in lay.swaps_dir.iterdir() if (d / "result.json").exists()),
                   key=lambda d: (d / "result.json").stat().st_mtime)
-    dropped = []
-    for directory in done[:-keep] if len(done) > keep else []:
+    dropped = done[:-keep] if len(done) > keep else []
+    for directory in dropped:
         remove_dir(directory)
-        dropped.append(directory.name)
-    return dropped
+    return [directory.name for directory in dropped]
 
 
 def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[str]:
-    """Give each transaction that died without a result (killed, rebooted) a result and a
-    ledger line."""
+    """Give each transaction that died without a result a result and a ledger line."""
     found = []
     for directory in sorted(lay.swaps_dir.glob("*")):
         if directory.name == exclude or not (directory / "pid.json").exists() \
@@ -267,9 +248,8 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[s
         except PlanError:
             active = None
         # What serves next is the active (verified) stack: Ensure brings it back.
-        ledger.append(lay, ledger.entry("interrupted", "interrupted",
-                                        active.ref if active else None, attempted=tried,
-                                        deploy_id=directory.name, by=by,
+        ledger.append(lay, ledger.entry("interrupted", "interrupted", active.ref if active else None,
+                                        attempted=tried, deploy_id=directory.name, by=by,
                                         reason=reason))
         journal.event("recover", f"transaction {directory.name} was interrupted; recorded")
     return found
@@ -277,9 +257,8 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[s
 
 def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str = "",
                 deploy_id: str = "", host: str = "") -> str:
-    """Record pins that changed without a swap (driver branch, toolkit, pins serial);
-    ``recorded`` or ``unchanged``. ``PlanError`` when the active stack is not the one the
-    deploy rendered: only a swap may change what runs."""
+    """Record pins that changed without a swap (driver, toolkit, pins serial): ``recorded`` or
+    ``unchanged``; ``PlanError`` when the active stack is not the one the deploy rendered."""
     lock = HostLock(lay)
     lock.acquire(by or "unknown", "record pins", deploy_id)
     try:
@@ -288,7 +267,7 @@ def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str 
                 or active.ref.stack != tracked.get("stack"):
             raise PlanError(f"the active stack is {active.ref.route_id if active else 'none'}, "
                             f"not {tracked.get('stack')}/{config_hash}: not recording its pins")
-        state = ledger.read_state(lay)
+        state = read_state(lay.state_file)
         if all(state.get(k) == v for k, v in tracked.items()) \
                 and active.ref.record == {**active.ref.record, **tracked}:
             return "unchanged"

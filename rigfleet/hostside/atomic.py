@@ -1,10 +1,6 @@
 """Crash-safe writes of the host's records: a reader, a SIGKILL or a power cut sees the old
-file or the new one, never a half-written one.
-
-One write: a temporary file in the same directory, written whole, ``fsync``, ``rename`` over
-the target, ``fsync`` of the directory. Append-only logs get one ``write`` per line
-(``append_line``): a torn write can only cut their last line, which readers skip. Which
-records go through here: docs/maintenance.md ("Crash-safe host records").
+file or the new one, never a half-written one; an appended log can only lose its torn last
+line. How, and which records: docs/maintenance.md ("Crash-safe host records").
 """
 
 from __future__ import annotations

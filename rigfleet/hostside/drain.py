@@ -12,9 +12,11 @@ configuration (rules: docs/swap.md, "Drain"); pure decisions, one reading per po
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from .records import decode
 
 DRAIN_POLL_S = 0.5
 # Idle reads in a row that make a drain complete.
@@ -44,11 +46,9 @@ class EngineLoad:
 
 def parse_load(text: str | None) -> EngineLoad | None:
     """The engine's load from its ``/metrics`` text; None without a request gauge."""
-    if not text:
-        return None
     found: dict[str, float] = {}
     tokens: float | None = None
-    for line in text.splitlines():
+    for line in (text or "").splitlines():
         m = _SAMPLE.match(line.strip())
         if not m:
             continue
@@ -194,13 +194,10 @@ class Drainer:
         cut = 0
         if self._result == "timeout":
             cut = load.busy if load is not None and load.busy else max(front or 0, 0)
-        return DrainReport(
-            result=self._result or "unknown",
-            seconds=max(0.0, self._last - (self._t0 if self._t0 is not None else self._last)),
-            timeout_s=self.timeout_s,
-            running=start_load.running if start_load else 0,
-            waiting=start_load.waiting if start_load else 0,
-            front=start_front, cut=cut)
+        seconds = max(0.0, self._last - (self._t0 if self._t0 is not None else self._last))
+        return DrainReport(self._result or "unknown", seconds, self.timeout_s,
+                           start_load.running if start_load else 0,
+                           start_load.waiting if start_load else 0, start_front, cut)
 
 
 def drain_note(result: dict[str, Any]) -> str:
@@ -208,12 +205,8 @@ def drain_note(result: dict[str, Any]) -> str:
     parts = []
     data = result.get("drain")
     if isinstance(data, dict):
-        try:
-            report = DrainReport(**{f.name: data[f.name] for f in fields(DrainReport)
-                                    if f.name in data})
-            parts.append(f"drain: {report.line()}")
-        except TypeError:
-            parts.append(f"drain: {data.get('result')}")
+        report = decode(DrainReport, data)
+        parts.append(f"drain: {report.line() if report else data.get('result')}")
     if result.get("retry_after_s") is not None:
         parts.append(f"Retry-After {result['retry_after_s']}s")
     return "".join(f"; {p}" for p in parts)

@@ -1,15 +1,12 @@
 """Keep the verified stack serving without a gate: ``Ensure`` (boot, reroute), ``adopt`` (a
 stack that served before swaps were recorded) and ``shutdown`` (before the machine goes down).
-
-While a maintenance window holds the host, ``Ensure`` leaves the front at 503 and the stack
-down (``deferred``); a window left abandoned or failed is closed here, gate included, when a
-gate is at hand, else the front stays at 503 saying what to do (docs/maintenance.md).
+Around a maintenance window: docs/maintenance.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,8 +25,8 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, Window, plan_of, window_status
-from .plan import Active, Plan, compose_hash
-from .records import pid_start_ticks
+from .plan import READY_TIMEOUT_S, RETRY_AFTER_S, VRAM_TIMEOUT_S, Active, Plan, compose_hash
+from .records import BOOT_CLOCK
 from .stackctl import docker_time
 from .steps import (
     EXIT_FAILED,
@@ -48,43 +45,30 @@ from .steps import (
 )
 
 
-def boot_time() -> float:
-    """The epoch second PID 1 started (``btime`` plus its start): the boot, also in a systemd
-    container (the simulated hosts), whose "reboot" keeps the kernel's ``btime``."""
-    try:
-        btime = next(float(line.split()[1]) for line in
-                     Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
-    except (OSError, StopIteration, ValueError):
-        return 0.0
-    ticks = pid_start_ticks(1)
-    return btime + (ticks / os.sysconf("SC_CLK_TCK") if ticks else 0.0)
-
-
 class Ensure(Steps):
     """The active stack serves, in a container created since this boot (at boot, and when
     the front's route is not the active stack). Nothing is gated: the snapshot passed."""
 
     def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
-                 who: str, why: str, retry_after_s: int = 30, ready_timeout_s: float = 1200.0,
-                 vram_timeout_s: float = 120.0, booted_at: float | None = None,
-                 lock: HostLock | None = None, gate: GateFn | None = None,
+                 who: str, why: str, booted_at: float | None = None, gate: GateFn | None = None,
                  lock_wait_s: float = 0.0, leave_held: bool = False) -> None:
         super().__init__(lay, ops, front, journal)
-        self.who, self.why = who, why
-        self.retry_after_s = retry_after_s
-        self.ready_timeout_s = ready_timeout_s
-        self.vram_timeout_s = vram_timeout_s
-        self.booted_at = boot_time() if booted_at is None else booted_at
-        self.lock = lock or HostLock(lay)
-        self.gate = gate
+        self.who, self.why, self.gate = who, why, gate
+        # The epoch second PID 1 started: the boot, also in a systemd container (the
+        # simulated hosts), whose "reboot" keeps the kernel's boot time.
+        self.booted_at = time.time() - BOOT_CLOCK.since_boot() if booted_at is None \
+            else booted_at
+        self.lock = HostLock(lay)
         # The stack unit's start waits for a transaction that holds the host, then leaves it
         # alone (exit 0); the deploy's ensure says "locked" at once (exit 3).
-        self.lock_wait_s = lock_wait_s
-        self.leave_held = leave_held
+        self.lock_wait_s, self.leave_held = lock_wait_s, leave_held
 
     def run(self) -> Outcome:
         try:
-            note = take_lock(self.lock, self.who, self.why, self.lock_wait_s, self.ops)
+            if note := take_lock(self.lock, self.who, self.why, self.lock_wait_s, self.ops):
+                self.j.event("lock", note, level="warning")
+            mark_interrupted(self.lay, self.j)
+            return self._run()
         except LockHeld as held:
             if held.holder.get("window"):
                 return self._deferred(held)
@@ -94,13 +78,6 @@ class Ensure(Steps):
                                   "supervisor watches what it leaves", "warning")
             self.j.event("lock", str(held), level="error")
             return Outcome("locked", EXIT_LOCKED, "ensure", reason=str(held), phase="lock")
-        except OSError as e:
-            return self._unwritable(e)
-        try:
-            if note:
-                self.j.event("lock", note, level="warning")
-            mark_interrupted(self.lay, self.j)
-            return self._run()
         except (Failure, ActiveDamaged) as f:
             reason = f.reason if isinstance(f, Failure) else str(f)
             self.j.event("ensure", reason, level="error")
@@ -109,8 +86,7 @@ class Ensure(Steps):
                 self._maintenance("the active record is damaged; run the deploy")
             ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
                                                  reason=reason))
-            phase = f.phase if isinstance(f, Failure) else \
-                "active" if isinstance(f, ActiveDamaged) else "front"
+            phase = f.phase if isinstance(f, Failure) else "active"
             return Outcome("failed", EXIT_FAILED, "ensure", reason=reason, phase=phase,
                            serving=self.front.current())
         except OSError as e:
@@ -129,7 +105,7 @@ class Ensure(Steps):
     def _maintenance(self, message: str) -> None:
         """The front to 503 saying ``message``; a front that cannot is a warning."""
         try:
-            self.front.maintenance(message, self.retry_after_s, wait=False)
+            self.front.maintenance(message, RETRY_AFTER_S, wait=False)
         except FrontError as e:
             self.j.event("front", str(e), level="warning")
 
@@ -155,7 +131,7 @@ class Ensure(Steps):
             return self._close_window(win, why)
         active = load_active(self.lay, repair=True, by=self.who)
         if active is None:
-            self.front.maintenance("no verified stack on this host yet", self.retry_after_s,
+            self.front.maintenance("no verified stack on this host yet", RETRY_AFTER_S,
                                    wait=False)
             self.j.event("ensure", "nothing was ever verified here: the front answers 503")
             return Outcome("failed", EXIT_FAILED, "ensure", reason="no active stack",
@@ -177,7 +153,7 @@ class Ensure(Steps):
             why = ("its container is from before this boot (Genesis patches live in the "
                    "container's writable layer: recreate, never restart)")
         else:
-            self.wait_ready(ref, self.ready_timeout_s)
+            self.wait_ready(ref, READY_TIMEOUT_S)
             if self.front.current() == ref.route_id:
                 self.j.event("ensure", f"{ref.route_id} already serves")
                 return Outcome("noop", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id)
@@ -187,8 +163,8 @@ class Ensure(Steps):
             return Outcome("rerouted", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id)
         t0 = self.ops.monotonic()
         self.j.event("ensure", f"recreating {ref.route_id}: {why}")
-        self.recreate(ref, f"recreating {ref.stack}", self.retry_after_s, self.vram_timeout_s,
-                      self.ready_timeout_s)
+        self.recreate(ref, f"recreating {ref.stack}", RETRY_AFTER_S, VRAM_TIMEOUT_S,
+                      READY_TIMEOUT_S)
         window = self.ops.monotonic() - t0
         ledger.append(self.lay, ledger.entry(
             "ensure", "recreated", ref, by=self.who, deploy_id=active.deploy_id,
@@ -201,13 +177,12 @@ class Ensure(Steps):
                        window_s=window)
 
     def _close_window(self, window: Window | None, why: str) -> Outcome:
-        """Close a window that failed or nobody closed (recreate + gate), when a gate is at
-        hand; else the front stays at 503 saying what to do."""
+        """Close a failed or abandoned window (recreate + gate), or say at the front how to."""
         plan = plan_of(window, None, self.lay)
         if plan is None or self.gate is None:
             reason = (f"{why}: the stack needs the gate before it serves again; run "
                       "`rigfleet-host.pyz maintenance close` or the deploy")
-            self.front.maintenance(reason, self.retry_after_s, wait=False)
+            self.front.maintenance(reason, RETRY_AFTER_S, wait=False)
             return self._said("failed", EXIT_FAILED, reason, "error", "maintenance")
         self.j.event("ensure", f"{why}: closing it (recreate + gate)")
         return Maintenance(self.lay, self.ops, self.front, self.j, plan, gate=self.gate,
@@ -215,21 +190,19 @@ class Ensure(Steps):
 
 
 def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journal) -> Outcome:
-    """Record a stack that already serves (its container has the plan's config hash and
-    answers) as active; nothing restarts."""
+    """Record the plan's stack as active when it already serves; nothing restarts."""
     new = plan.desired
     lock = HostLock(lay)
     try:
         lock.acquire(plan.by, f"adopt {new.route_id}", plan.id)
     except LockHeld as held:
         return Outcome("locked", EXIT_LOCKED, "adopt", new.stack, str(held), "lock")
-    steps = Steps(lay, ops, front, journal)
     try:
         st = ops.container(new.container)
         if st is None or not st.running or st.config_hash != new.config_hash:
             raise Failure("adopt", f"{new.container} is not running with config hash "
                           f"{new.config_hash} ({st})")
-        steps.wait_ready(new, plan.ready_timeout_s)
+        Steps(lay, ops, front, journal).wait_ready(new, plan.ready_timeout_s)
         text = Path(new.compose_file).read_text()
         if compose_hash(text) != new.config_hash:
             raise Failure("adopt", f"{new.compose_file} is not the running configuration")
@@ -253,8 +226,7 @@ def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journ
 
 
 def shutdown(lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
-             retry_after_s: int = 30, lock_wait_s: float = LOCK_WAIT_S,
-             going_down: Callable[[], bool] = lambda: True,
+             lock_wait_s: float = LOCK_WAIT_S, going_down: Callable[[], bool] = lambda: True,
              who: str = "rigfleet-stack.service") -> str:
     """The front to 503 (nginx starts in maintenance at boot), then every stack down (Docker
     restarts no old container at boot). A transaction holding the host lock is waited for,
@@ -277,13 +249,12 @@ def shutdown(lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
                       level="warning")
     try:
         try:
-            front.maintenance("host restarting", retry_after_s, wait=False)
+            front.maintenance("host restarting", RETRY_AFTER_S, wait=False)
         except (FrontError, OSError) as e:
             journal.event("shutdown", f"front: {e}", level="warning")
         for project, file in known_projects(lay):
             journal.event("shutdown", f"docker compose down {project}")
-            err = ops.down(file, project)
-            if err:
+            if err := ops.down(file, project):
                 journal.event("shutdown", err, level="warning")
     finally:
         with contextlib.suppress(OSError):

@@ -19,9 +19,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from .records import now_iso
 
 _REPORTS_LINE = re.compile(r"^verify: reports (\S+\.json) (\S+\.md)\s*$")
 EXIT_USAGE = 101  # and above: the gate itself broke (verify.runner)
@@ -29,8 +30,6 @@ EXIT_USAGE = 101  # and above: the gate itself broke (verify.runner)
 
 @dataclass(frozen=True)
 class GateRun:
-    """One gate run's arguments and its time limit."""
-
     url: str
     key_file: Path
     profile: str
@@ -39,12 +38,10 @@ class GateRun:
     timeout_s: float = 7200.0
 
     def argv(self, python: str = sys.executable) -> list[str]:
-        args = [python, "-m", "rigfleet.hostside.verify", "--url", self.url,
+        return [python, "-m", "rigfleet.hostside.verify", "--url", self.url,
                 "--api-key-file", str(self.key_file), "--profile", self.profile,
-                "--report-dir", str(self.report_dir)]
-        for item in self.sets:
-            args += ["--set", item]
-        return args
+                "--report-dir", str(self.report_dir),
+                *(arg for item in self.sets for arg in ("--set", item))]
 
 
 @dataclass
@@ -97,7 +94,7 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
              should_stop: Callable[[], bool] = lambda: False) -> GateResult:
     """Run the gate as a child process (from ``bundle``, else ``sys.path``); never raises."""
     started, t0 = time.time(), time.monotonic()
-    at = datetime.now(UTC).isoformat(timespec="seconds")
+    at = now_iso()
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                PYTHONPATH=str(bundle) if bundle else os.pathsep.join(p for p in sys.path if p))
     run.report_dir.mkdir(parents=True, exist_ok=True)

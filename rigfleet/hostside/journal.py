@@ -16,12 +16,11 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from .atomic import append_line, write_json
-from .records import boot_id, holder_alive, pid_start_ticks, read_json
+from .records import boot_id, holder_alive, now_iso, pid_start_ticks, read_state
 
 # Without any event for this long after the plan was written, the transaction never started.
 START_GRACE_S = 60.0
@@ -34,9 +33,7 @@ class Journal:
         self.dir = directory
         self.echo = echo
         self.t0 = time.monotonic()
-        # A full disk or a read-only file system stops nothing: the events still go to the
-        # echo (journald), with the reason once (``_try``).
-        self.problem: str | None = None
+        self.problem: str | None = None  # why the journal cannot be written (``_try``)
         self.seq = len(self._lines(self.dir / "events.jsonl"))
         pid = os.getpid()
         self._try(lambda: write_json(self.dir / "pid.json", {
@@ -51,7 +48,7 @@ class Journal:
 
     def event(self, phase: str, message: str, level: str = "info", **data: Any) -> None:
         self.seq += 1
-        item = {"seq": self.seq, "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        item = {"seq": self.seq, "time": now_iso(),
                 "elapsed": round(time.monotonic() - self.t0, 2), "phase": phase, "level": level,
                 "message": message, **data}
         # One write per event (O_APPEND): a kill can only cut the last line, which read skips.
@@ -66,7 +63,8 @@ class Journal:
                                      {**result, "elapsed": round(time.monotonic() - self.t0, 2)}))
 
     def _try(self, write: Callable[[], object]) -> None:
-        """Run ``write``; an ``OSError`` is said once on the echo and kept in ``problem``."""
+        """Run ``write``; an ``OSError`` (a full disk) stops nothing: it is said once on the echo
+        and kept in ``problem``."""
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             write()
@@ -90,9 +88,9 @@ class Journal:
                 events.append(json.loads(line))
             except ValueError:
                 continue
-        result = _read_dict(directory / "result.json")
+        result = read_state(directory / "result.json") or None
         out: dict[str, Any] = {"events": events, "next": len(lines), "result": result}
-        pid = _read_dict(directory / "pid.json")
+        pid = read_state(directory / "pid.json") or None
         if result is not None:
             out["state"] = "done"
         elif pid is None:
@@ -102,8 +100,3 @@ class Journal:
         else:
             out["state"] = "running" if holder_alive(pid) else "died"
         return out
-
-
-def _read_dict(path: Path) -> dict[str, Any] | None:
-    data, _ = read_json(path)
-    return data if isinstance(data, dict) else None

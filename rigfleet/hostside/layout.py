@@ -1,8 +1,6 @@
-"""Every path rigfleet keeps on a host, in one place: ``Layout``, one per filesystem root.
-
-The only module that spells rigfleet's host directories; tests run the real code against
-``Layout(tmp_path)``, hosts use ``/`` (``HOST``). Stdlib only (ships in the host bundle).
-Where each record lives and who reads it: docs/architecture.md ("Where each record lives")::
+"""Every path rigfleet keeps on a host, in one place: ``Layout``, one per filesystem root
+(``HOST``: ``/``; tests: ``Layout(tmp_path)``). Stdlib only. Where each record lives and who
+reads it: docs/architecture.md ("Where each record lives")::
 
     HOST.lock_dir                      # PosixPath('/var/lib/rigfleet/lock')
     HOST.compose_file("int8")          # PosixPath('/opt/rigfleet/stacks/int8/compose.yaml')
@@ -11,6 +9,7 @@ Where each record lives and who reads it: docs/architecture.md ("Where each reco
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,10 +47,21 @@ class _At:
     """A ``Layout`` path: ``parts`` joined below the layout's root."""
 
     def __init__(self, *parts: str) -> None:
-        self.parts = parts
+        self.parts = (parts[0].lstrip("/"), *parts[1:])
 
     def __get__(self, lay: Layout, owner: type | None = None) -> Path:
-        return lay.root.joinpath(self.parts[0].lstrip("/"), *self.parts[1:])
+        return lay.root.joinpath(*self.parts)
+
+
+class _Of:
+    """A ``Layout`` path of one name (a swap id, a stack): ``lay.swap_dir(name)`` fills the
+    ``{}`` in ``parts``."""
+
+    def __init__(self, *parts: str) -> None:
+        self.at = _At(*parts)
+
+    def __get__(self, lay: Layout, owner: type | None = None) -> Callable[[str], Path]:
+        return lambda name: lay.root.joinpath(*(part.format(name) for part in self.at.parts))
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,11 @@ class Layout:
     active_dir = _At(STATE_ROOT, "active")
     active_json = _At(STATE_ROOT, "active", "active.json")
     active_compose = _At(STATE_ROOT, "active", "compose.yaml")
+    active_snapshot = _Of(STATE_ROOT, "active", "compose-{}.yaml")  # by config hash
     swaps_dir = _At(STATE_ROOT, "swap")
+    # One transaction: plan.json, events.jsonl, result.json, kept logs.
+    swap_dir = _Of(STATE_ROOT, "swap", "{}")
+    plan_file = _Of(STATE_ROOT, "swap", "{}", "plan.json")
     reports_dir = _At(STATE_ROOT, "reports")  # gate reports, flat: verify-<ts>.json / .md
     supervise_dir = _At(STATE_ROOT, "supervise")
     supervise_state = _At(STATE_ROOT, "supervise", "state.json")
@@ -79,6 +93,7 @@ class Layout:
     timings_file = _At(STATE_ROOT, "timings.json")  # measured window times: Retry-After
     maintenance_dir = _At(STATE_ROOT, "maintenance")
     window_file = _At(STATE_ROOT, "maintenance", "window.json")
+    window_plan = _Of(STATE_ROOT, "maintenance", "plan-{}.json")  # the deploy's, for a window
     locks_dir = _At(STATE_ROOT, "locks")  # flock files of long host jobs (the weight fetcher)
     version_cache_dir = _At(STATE_ROOT, "vllm-versions")
     loaded_images_dir = _At(STATE_ROOT, "images-loaded")
@@ -86,8 +101,12 @@ class Layout:
     # /opt/rigfleet: what the deploy stages (the Genesis checkout is never mounted).
     opt_dir = _At(OPT_ROOT)
     stacks_dir = _At(OPT_ROOT, "stacks")
+    stack_dir = _Of(OPT_ROOT, "stacks", "{}")
+    compose_file = _Of(OPT_ROOT, "stacks", "{}", "compose.yaml")
     genesis_checkout = _At(OPT_ROOT, "genesis")
     genesis_trees_dir = _At(OPT_ROOT, "genesis-trees")
+    genesis_tree = _Of(OPT_ROOT, "genesis-trees", "{}")  # by commit: a rollback finds the old one
+    image_build_dir = _Of(OPT_ROOT, "images", "{}")  # a derived image's Dockerfile
     hf_venv = _At(OPT_ROOT, "hf-venv")  # the pinned huggingface_hub (the weight fetcher's)
 
     # /etc/rigfleet: secrets; the API key alone, as the stacks' env_file and as a header line.
@@ -100,25 +119,14 @@ class Layout:
 
     # Compile caches, programs, and the front's route include (proxy to a stack, or 503).
     cache_dir = _At(CACHE_ROOT)
+    # One stack's compile caches, never shared (vLLM's AOT cache key ignores the GPU
+    # architecture and the quantisation kernel, club-3090 #548).
+    stack_cache_dir = _Of(CACHE_ROOT, "{}")
     lib_dir = _At(LIB_ROOT)
+    script = _Of(LIB_ROOT, "{}")  # a helper script the deploy installs
     bundle = _At(LIB_ROOT, BUNDLE_NAME)
     front_dir = _At(FRONT_ROOT)
     front_route = _At(FRONT_ROOT, "route.conf")
-
-    def active_snapshot(self, config_hash: str) -> Path:
-        """One verified config's snapshot, written before ``active.json`` names it."""
-        return self.active_dir / f"compose-{config_hash}.yaml"
-
-    def swap_dir(self, swap_id: str) -> Path:
-        """One transaction: ``plan.json``, ``events.jsonl``, ``result.json``, kept logs."""
-        return self.swaps_dir / swap_id
-
-    def plan_file(self, swap_id: str) -> Path:
-        return self.swap_dir(swap_id) / "plan.json"
-
-    def window_plan(self, window_id: str) -> Path:
-        """The plan a deploy uploads for its maintenance window."""
-        return self.maintenance_dir / f"plan-{window_id}.json"
 
     def version_cache(self, digest: str) -> Path:
         """An image's cached vLLM version, keyed by its (immutable) digest."""
@@ -126,20 +134,6 @@ class Layout:
 
     def loaded_image(self, digest: str) -> Path:
         return self.loaded_images_dir / digest.removeprefix("sha256:")
-
-    def stack_dir(self, stack: str) -> Path:
-        return self.stacks_dir / stack
-
-    def compose_file(self, stack: str) -> Path:
-        return self.stack_dir(stack) / "compose.yaml"
-
-    def genesis_tree(self, commit: str) -> Path:
-        """The immutable export of Genesis ``commit``: a rollback still finds the old tree."""
-        return self.genesis_trees_dir / commit
-
-    def image_build_dir(self, name: str) -> Path:
-        """Where the deploy builds a derived image (its Dockerfile)."""
-        return self.opt_dir / "images" / name
 
     def weights_dir(self, model_dir: str, local_dir: str, revision: str) -> Path:
         """``<model_dir>/<local_dir>@<revision[:12]>``: renamed in once verified, then read-only."""
@@ -150,14 +144,6 @@ class Layout:
         """Where weights lived before per-revision directories (the deploy adopts it)."""
         return self.root / model_dir.lstrip("/") / local_dir
 
-    def stack_cache_dir(self, stack: str) -> Path:
-        """One stack's compile caches, never shared (vLLM's AOT cache key ignores the GPU
-        architecture and the quantisation kernel, club-3090 #548)."""
-        return self.cache_dir / stack
-
-    def script(self, name: str) -> Path:
-        """A helper script the deploy installs (``rigfleet-fetch-weights.py``, ...)."""
-        return self.lib_dir / name
 
 
 # The host itself: what the control side names in commands and uploads.

@@ -1,9 +1,6 @@
-"""The host's ledger: ``state.json`` (what serves now) and ``ledger.jsonl`` (every change).
-
-``ledger.jsonl`` is append-only, one JSON object per change; ``state.json`` is rewritten
-atomically and keeps keys it does not know. A line's top-level stack keys describe what serves
-*after* the event (so the last line agrees with ``state.json``); the stack a transaction tried
-is under ``attempted``, the one before under ``previous`` (docs/swap.md, "Ledger and state")::
+"""The host's ledger: ``state.json`` (what serves now) and the append-only ``ledger.jsonl``
+(every change; a line's stack keys say what serves *after* it: docs/swap.md, "Ledger and
+state")::
 
     append(lay, entry("swap", "promoted", plan.desired, by=plan.by, deploy_id=plan.id,
                       gate=gate.record(), previous=old))
@@ -12,27 +9,17 @@ is under ``attempted``, the one before under ``previous`` (docs/swap.md, "Ledger
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any
 
-from .atomic import append_line, move_aside, write_atomic
+from .atomic import append_line, move_aside, write_json
 from .layout import Layout
 from .plan import StackRef
-from .records import TRACKED_KEYS, ledger_tail, read_json
-from .records import read_state as _read_state_file
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def read_state(lay: Layout) -> dict[str, Any]:
-    return _read_state_file(lay.state_file)
+from .records import TRACKED_KEYS, ledger_tail, now_iso, read_json
 
 
 def rebuilt_state(lay: Layout) -> dict[str, Any]:
     """``state.json`` rebuilt from the ledger's last line (what serves after it)."""
-    lines = tail(lay, 1)
+    lines = ledger_tail(lay.ledger_file, 1)[0]
     if not lines:
         return {}
     last = lines[-1]
@@ -56,7 +43,7 @@ def update_state(lay: Layout, **changes: Any) -> dict[str, Any]:
         move_aside(lay.state_file)
         base = rebuilt_state(lay)
     state = {**base, **changes}
-    write_atomic(lay.state_file, json.dumps(state, indent=2, sort_keys=True) + "\n")
+    write_json(lay.state_file, state)
     return state
 
 
@@ -94,7 +81,3 @@ def entry(event: str, result: str, serving: StackRef | None, *,
 
 def append(lay: Layout, line: dict[str, Any]) -> None:
     append_line(lay.ledger_file, json.dumps(line, sort_keys=True))
-
-
-def tail(lay: Layout, n: int = 10) -> list[dict[str, Any]]:
-    return ledger_tail(lay.ledger_file, n)[0]

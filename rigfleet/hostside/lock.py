@@ -1,10 +1,6 @@
 """The host lock: one transaction (swap, adopt, boot-time ensure, a maintenance window) at a
-time, and who has it.
-
-Taking it is one ``rename`` of a directory already holding ``holder.json`` onto the lock, so a
-lock never exists without its holder; one whose process is gone is *stale* and taken over. A
-maintenance window's holder is the deploy's SSH session (``session_anchor``), plus a grace
-across a reboot (docs/maintenance.md)::
+time. Taken by one ``rename`` of a directory already holding ``holder.json``; one whose process
+is gone is *stale* and taken over. A window's holder: docs/maintenance.md::
 
     note = HostLock(Layout()).acquire(who="alice@laptop", why="swap int8 -> tq3")  # LockHeld
 """
@@ -18,13 +14,12 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from .atomic import fsync_dir, write_json
 from .layout import Layout
-from .records import BOOT_CLOCK, BootClock, boot_id, describe, pid_start_ticks, read_holder
+from .records import BOOT_CLOCK, boot_id, describe, now_iso, pid_start_ticks, proc_stat, read_holder
 
 __all__ = ["HostLock", "LockHeld", "WindowHold", "describe", "remove_dir", "session_anchor"]
 
@@ -32,33 +27,17 @@ __all__ = ["HostLock", "LockHeld", "WindowHold", "describe", "remove_dir", "sess
 _SSH_SESSION = ("sshd", "sshd-session")
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    name = text[text.find("(") + 1:text.rfind(")")]
-    fields = text.rpartition(")")[2].split()
-    try:
-        return name, int(fields[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def session_anchor(pid: int = 0) -> tuple[int, str]:
-    """(pid, what) holds a window opened from ``pid`` (0: this one): the nearest sshd
-    ancestor (the deploy's SSH connection, alive while the deploy is), else the parent."""
-    pid = pid or os.getpid()
-    first = _stat(pid)
-    parent = first[1] if first else os.getppid()
-    cur = parent
+def session_anchor() -> tuple[int, str]:
+    """(pid, what) holds a window opened from this process: the nearest sshd ancestor (the
+    deploy's SSH connection, alive while the deploy is), else the parent."""
+    cur = parent = os.getppid()
     for _ in range(64):
-        info = _stat(cur)
-        if info is None or cur <= 1:
+        stat = proc_stat(cur)
+        if stat is None or cur <= 1:
             break
-        if info[0] in _SSH_SESSION:
+        if stat[0] in _SSH_SESSION:
             return cur, "the deploy's SSH session"
-        cur = info[1]
+        cur = int(stat[1][1])  # the parent's pid
     return parent, "the shell that opened it"
 
 
@@ -73,11 +52,11 @@ class WindowHold:
     reboot: dict[str, Any] | None = None
 
     @classmethod
-    def here(cls, window: str, reboot_grace_s: float | None = None,
-             clock: BootClock = BOOT_CLOCK) -> WindowHold:
+    def here(cls, window: str, reboot_grace_s: float | None = None) -> WindowHold:
         pid, what = session_anchor()
-        reboot = None if reboot_grace_s is None else {
-            "boot": clock.boot(), "at": round(clock.uptime(), 1), "grace_s": reboot_grace_s}
+        reboot = None if reboot_grace_s is None else {"boot": BOOT_CLOCK.boot(),
+                                                      "at": round(BOOT_CLOCK.uptime(), 1),
+                                                      "grace_s": reboot_grace_s}
         return cls(window, pid, what, reboot)
 
 
@@ -114,19 +93,18 @@ class HostLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         note = None
         for _ in range(5):
-            if not self._place(who, why, deploy_id, window):
-                holder = self.read()
-                if holder is None:
-                    continue  # released meanwhile: try again
-                if holder.get("alive"):
-                    raise LockHeld(holder) from None
-                gone = "deadline passed" if holder.get("window") and \
-                    not holder.get("anchor") else "holder gone"
-                note = f"took over a stale lock ({describe(holder)}; {gone})"
-                self._break_stale()
-                continue
-            self.held = True
-            return note
+            if self._place(who, why, deploy_id, window):
+                self.held = True
+                return note
+            holder = self.read()
+            if holder is None:
+                continue  # released meanwhile: try again
+            if holder.get("alive"):
+                raise LockHeld(holder) from None
+            gone = "deadline passed" if holder.get("window") and \
+                not holder.get("anchor") else "holder gone"
+            note = f"took over a stale lock ({describe(holder)}; {gone})"
+            self._break_stale()
         raise LockHeld(self.read() or {"who": "unknown", "why": "lock keeps changing"})
 
     def acquire_window(self, who: str, why: str, hold: WindowHold) -> str | None:
@@ -137,8 +115,7 @@ class HostLock:
         return note
 
     def hold_window(self, hold: WindowHold, why: str = "") -> bool:
-        """The window's lock held by ``hold`` from now on, the step said (``why``); False when
-        the lock is not that window's."""
+        """The window's lock held by ``hold`` from now on; False when it is not that window's."""
         holder = self.read()
         if holder is None or holder.get("window") != hold.window:
             return False
@@ -149,9 +126,8 @@ class HostLock:
         return True
 
     def adopt_window(self, window_id: str, why: str, take_live: bool = False) -> bool:
-        """Take over the window's lock as this process when its holder is gone (or lives,
-        with ``take_live``: the deploy's own close, ``--force``; else ``LockHeld``); False
-        when the lock is not that window's."""
+        """Take over the window's lock as this process when its holder is gone (or lives, with
+        ``take_live``; else ``LockHeld``); False when the lock is not that window's."""
         holder = self.read()
         if holder is None or holder.get("window") != window_id:
             return False
@@ -171,8 +147,7 @@ class HostLock:
         return data
 
     def _place(self, who: str, why: str, deploy_id: str, window: WindowHold | None) -> bool:
-        """The holder written into a fresh directory, renamed onto the lock; False when a
-        lock is there."""
+        """The holder in a fresh directory, renamed onto the lock; False when a lock is there."""
         if self.path.exists():
             return False  # (an empty one: an older tool between its mkdir and holder.json)
         self._sweep()
@@ -223,11 +198,9 @@ class HostLock:
     def _write_holder(self, who: str, why: str, deploy_id: str,
                       window: WindowHold | None, directory: Path | None = None) -> None:
         holder: dict[str, Any] = {
-            "who": who, "why": why, "since": datetime.now(UTC).isoformat(timespec="seconds"),
-            "deploy_id": deploy_id,
-            "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id(),
-            "host": socket.gethostname(),
-        }
+            "who": who, "why": why, "since": now_iso(), "deploy_id": deploy_id, "pid": self.pid,
+            "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id(),
+            "host": socket.gethostname()}
         if window is not None:
             holder.update(self._anchor(window))
         write_json((directory or self.path) / "holder.json", holder, indent=None)
@@ -245,7 +218,6 @@ class HostLock:
 
 
 def remove_dir(directory: Path) -> None:
-    """Remove a directory (a lock's, a journal's) and the files in it."""
     for child in directory.iterdir():
         child.unlink(missing_ok=True)
     directory.rmdir()

@@ -1,10 +1,8 @@
 """The records rigfleet keeps on a host, and their readers: one contract for both sides.
 
-The host-side tool writes them; the control side (``rigfleet status``, the bump, the deploy's
-facts) reads them only through these functions, over ``rigfleet-host.pyz probe``. The typed
-ones (dataclasses) go through one codec, ``encode``/``decode`` (docs/swap.md, "Reading the
-records"). Paths: ``rigfleet.hostside.layout``; what each record holds: docs/architecture.md
-("Where each record lives"). Stdlib only::
+The host tool writes them; the control side reads them only through these functions, over
+``rigfleet-host.pyz probe``. The typed ones go through one codec, ``encode``/``decode``
+(docs/swap.md, "Reading the records"). Stdlib only::
 
     holder = read_holder(HOST.lock_dir)           # None, or {..., "alive": bool}
     GateRecord.from_dict(state.get("gate")).failed_checks      # ('needles',)
@@ -19,6 +17,7 @@ import os
 import time
 import types
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -38,6 +37,10 @@ HALF_WRITTEN_LOCK_S = 30.0
 # --- plain files ------------------------------------------------------------------------------
 
 
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
 def read_json(path: Path) -> tuple[Any, str | None]:
     """(data, None), or (None, why): ``missing``, or the error."""
     try:
@@ -49,7 +52,7 @@ def read_json(path: Path) -> tuple[Any, str | None]:
 
 
 def read_state(path: Path) -> dict[str, Any]:
-    """``state.json`` as a dict ({} when missing or unreadable)."""
+    """``state.json`` (any JSON object file) as a dict ({} when missing or unreadable)."""
     data, _ = read_json(path)
     return data if isinstance(data, dict) else {}
 
@@ -121,9 +124,7 @@ def decode_strict(cls: type[R], data: Any, where: str,
         raise error(str(e)) from None
 
 
-@functools.cache
-def _hints(cls: Any) -> dict[str, Any]:
-    return get_type_hints(cls)
+_hints = functools.cache(get_type_hints)
 
 
 def _decode(cls: Any, data: Any, where: str | None) -> Any:
@@ -202,16 +203,22 @@ def boot_id() -> str:
         return ""
 
 
-def pid_start_ticks(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time since boot): tells a reused pid apart."""
+def proc_stat(pid: int) -> tuple[str, list[str]] | None:
+    """(command name, the fields after it) of ``/proc/<pid>/stat``."""
     try:
         text = Path(f"/proc/{int(pid)}/stat").read_text()
     except (OSError, ValueError):
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    parts = text.rpartition(")")[2].split()
+    head, _, rest = text.rpartition(")")
+    return head.partition("(")[2], rest.split()
+
+
+def pid_start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time since boot): tells a reused pid apart."""
+    stat = proc_stat(pid)
     try:
-        return int(parts[19])
+        return int(stat[1][19]) if stat else None
     except (IndexError, ValueError):
         return None
 
@@ -388,13 +395,9 @@ def reports(directory: Path, newest: int = 20) -> tuple[list[str], ReportSummary
                        key=lambda p: p.stat().st_mtime)
     except OSError:
         return [], None
-    names = [os.path.relpath(p, directory) for p in found]
-    for path in reversed(found[-newest:]):
-        data, _ = read_json(path)
-        summary = summarise_report(data, os.path.relpath(path, directory), path.stat().st_mtime)
-        if summary is not None:
-            return names, summary
-    return names, None
+    summaries = (summarise_report(read_json(p)[0], os.path.relpath(p, directory), p.stat().st_mtime)
+                 for p in reversed(found[-newest:]))
+    return [os.path.relpath(p, directory) for p in found], next(filter(None, summaries), None)
 
 
 # --- the supervisor ---------------------------------------------------------------------------
@@ -403,9 +406,8 @@ SUPERVISE_SCHEMA = "rigfleet-supervise/1"
 
 
 def read_supervisor(path: Path, now: float | None = None) -> dict[str, Any] | None:
-    """The supervisor's ``state.json`` plus ``alive`` (``holder_alive``), ``recreations``
-    (attempts within its window) and ``now`` (this host's clock, for ages); None when it
-    never ran, ``{"error": ...}`` when unreadable."""
+    """The supervisor's ``state.json`` plus ``alive``, ``recreations`` (within its window) and
+    ``now`` (this host's clock); None when it never ran, ``{"error": ...}`` when unreadable."""
     data, err = read_json(path)
     if err == "missing":
         return None

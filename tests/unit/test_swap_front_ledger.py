@@ -21,7 +21,7 @@ from rigfleet.hostside.front import (
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.plan import Plan, PlanError, compose_hash
-from rigfleet.hostside.records import route
+from rigfleet.hostside.records import ledger_tail, read_state, route
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_ledger_lines_describe_what_serves_after_the_event(lay):
     ledger.append(lay, ledger.entry("swap", "rolled-back", old, attempted=new, host="h1",
                                     by="alice", deploy_id="D", gate=gate, reason="gate failed"))
     ledger.append(lay, ledger.entry("activate", "failed", None, attempted=new))
-    first, second = ledger.tail(lay)
+    first, second = ledger_tail(lay.ledger_file)[0]
     assert first["stack"] == "int8" and first["attempted"]["stack"] == "tq3-mtp-genesis"
     assert first["config_hash"] == "1111aaaa2222bbbb" and first["gate"] == gate
     assert set(ledger.TRACKED_KEYS) <= set(first)
@@ -143,9 +143,9 @@ def test_state_updates_keep_keys_others_wrote(lay):
     state = ledger.update_state(lay, stack="tq3-mtp-genesis", gate={"result": "pass"})
     assert state == {"stack": "tq3-mtp-genesis", "driver_branch": "580", "custom": 1,
                      "gate": {"result": "pass"}}
-    assert ledger.read_state(lay) == state
+    assert read_state(lay.state_file) == state
     lay.state_file.write_text("not json")
-    assert ledger.read_state(lay) == {}
+    assert read_state(lay.state_file) == {}
 
 
 def test_journal_states_starting_running_done_and_died(lay, tmp_path):

@@ -35,6 +35,7 @@ from rigfleet.hostside.ensure import Ensure, adopt
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.lock import HostLock
+from rigfleet.hostside.records import read_state
 from rigfleet.hostside.steps import EXIT_FAILED, EXIT_LOCKED, EXIT_PROMOTED, EXIT_ROLLED_BACK
 from rigfleet.hostside.transaction import Transaction
 
@@ -110,7 +111,7 @@ def test_swap_stops_old_waits_for_memory_starts_new_gates_and_promotes(lay):
                                                               "tq3-mtp-genesis")
     assert line["previous"]["stack"] == "int8" and line["gate"]["result"] == "pass"
     assert line["gate"]["report"].endswith(".json") and line["deploy_id"] == plan.id
-    state = ledger.read_state(lay)
+    state = read_state(lay.state_file)
     assert state["stack"] == "tq3-mtp-genesis" and state["gate"]["result"] == "pass"
     assert state["last_swap"]["result"] == "promoted"
     assert all(state[k] == line[k] for k in ledger.TRACKED_KEYS)
@@ -161,7 +162,7 @@ def test_gate_failure_rolls_back_to_exactly_the_old_snapshot(lay):
     assert line["attempted"]["stack"] == "tq3-mtp-genesis"
     assert line["gate"]["failed_checks"] == ["needles", "needles_deep"]
     assert line["gate"]["report"] and out.kept_log and os.path.exists(out.kept_log)
-    state = ledger.read_state(lay)
+    state = read_state(lay.state_file)
     assert state.get("stack") in (None, "int8")
     assert state["last_swap"]["result"] == "rolled-back"
     assert state["last_swap"]["gate"]["failed_checks"] == ["needles", "needles_deep"]
@@ -431,7 +432,7 @@ def test_record_pins_updates_state_active_record_and_ledger_only_for_the_active_
     old = make_active(lay, make_ref(lay, "int8", "1111aaaa2222bbbb"))
     tracked = {**old.record, "pins_serial": 2, "driver_branch": "590"}
     assert record_pins(lay, tracked, "1111aaaa2222bbbb", by="alice") == "recorded"
-    assert ledger.read_state(lay)["pins_serial"] == 2
+    assert read_state(lay.state_file)["pins_serial"] == 2
     assert load_active(lay).ref.record["driver_branch"] == "590"
     line = ledger_lines(lay)[-1]
     assert (line["event"], line["stack"], line["pins_serial"]) == ("pins", "int8", 2)
