@@ -47,17 +47,6 @@ class Drain(Protocol):
     def after(self, window: Window) -> None: ...
 
 
-class _NoDrain:
-    def before(self, window: Window) -> None:
-        return None
-
-    def after(self, window: Window) -> None:
-        return None
-
-
-NO_DRAIN: Drain = _NoDrain()
-
-
 @dataclass(frozen=True)
 class Window:
     """``maintenance/window.json`` (times: epoch seconds)."""
@@ -109,18 +98,6 @@ def window_status(lay: Layout, now: float | None = None) -> tuple[Window | None,
                                  f"{window.by or 'someone'} and never closed")
 
 
-def out_of_service(lay: Layout) -> str:
-    """Why this host must not serve without a gate first, and what to do ("" when it may)."""
-    window, status, why = window_status(lay)
-    if status in ("failed", "damaged"):
-        return (f"the last maintenance left nothing verified serving ({why}); fix the cause, "
-                "then run the deploy, or `rigfleet-host.pyz maintenance close` to recreate "
-                "the stack and run the gate again")
-    if status == "abandoned":
-        return f"{why}; the next deploy or `rigfleet-host.pyz maintenance close` closes it"
-    return ""
-
-
 def write_window(lay: Layout, window: Window) -> None:
     write_json(lay.window_file, window.to_dict())
 
@@ -152,7 +129,7 @@ class Maintenance(Steps):
     plan's desired one. Without a ``gate`` close refuses."""
 
     def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
-                 plan: Plan, gate: GateFn | None = None, drain: Drain = NO_DRAIN,
+                 plan: Plan, gate: GateFn | None = None, drain: Drain | None = None,
                  clock: Callable[[], float] = time.time, lock: HostLock | None = None,
                  interrupted: Callable[[], bool] = lambda: False) -> None:
         super().__init__(lay, ops, front, journal, interrupted)
@@ -210,7 +187,8 @@ class Maintenance(Steps):
         estimate = maintenance_estimate(times, stack, self.holds_requests(ref),
                                         plan.retry_after_s)
         try:
-            self.drain.before(window)
+            if self.drain:
+                self.drain.before(window)
             self.front.maintenance(f"maintenance: {step}", estimate.seconds)
         except FrontError as e:
             # Nothing was disturbed yet: give the host back as it was.
@@ -365,8 +343,10 @@ class Maintenance(Steps):
         record_maintenance(self.lay, ref.stack, boot_s, gate_s, steps_s)
         request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
         prune_snapshots(self.lay)
-        self.drain.after(self._finish(window, "closed", f"{written.ref.route_id} recreated and "
-                                      "passed the gate", gate=gate.record()))
+        done = self._finish(window, "closed", f"{written.ref.route_id} recreated and passed the "
+                            "gate", gate=gate.record())
+        if self.drain:
+            self.drain.after(done)
         self.j.event("maintenance", f"{written.ref.route_id} serves again (recreated, gate "
                      f"passed, {seconds:.1f}s)")
         opened = window.opened_at if window is not None else self.clock()
