@@ -33,7 +33,7 @@ from .layout import Layout
 from .lock import HostLock, LockHeld, WindowHold
 from .plan import Active, Plan, PlanError
 from .records import decode, encode, live_holder, read_holder, read_json
-from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, gate_reason, known_projects
+from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, known_projects
 from .timings import maintenance_estimate, read_timings, record_drain, record_maintenance
 
 KIND = "maintenance"
@@ -319,14 +319,10 @@ class Maintenance(Steps):
         try:
             self.front.maintenance(f"maintenance: recreating {ref.stack}", recreate.seconds,
                                    wait=False)
-            boot_s = self.bring_up(ref, plan.vram_timeout_s, plan.ready_timeout_s)
+            times: dict[str, float] = {}
+            boot_s = self.bring_up(ref, plan.vram_timeout_s, plan.ready_timeout_s, timings=times)
             self.answers(ref)
-            t_gate = self.ops.monotonic()
-            gate = self.verify(ref, self.gate_fn, plan.gate_profile, plan.gate_set,
-                               plan.gate_timeout_s)
-            gate_s = self.ops.monotonic() - t_gate
-            if not gate.passed:
-                raise Failure("gate", gate_reason(gate), gate=gate)
+            gate = self.verify(ref, self.gate_fn, plan, times)
             written = write_active(self.lay, replace(active, gate=gate.record()),
                                    Path(ref.compose_file).read_text())
             self.front.serve(written.ref)
@@ -340,7 +336,7 @@ class Maintenance(Steps):
             reason=f"recreated and verified after: {steps}"
                    + (f" ({self.cause})" if self.cause else "")))
         ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
-        record_maintenance(self.lay, ref.stack, boot_s, gate_s, steps_s)
+        record_maintenance(self.lay, ref.stack, boot_s, times["gate_s"], steps_s)
         request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
         prune_snapshots(self.lay)
         done = self._finish(window, "closed", f"{written.ref.route_id} recreated and passed the "

@@ -17,7 +17,7 @@ from .gate import GateResult, GateRun
 from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
-from .plan import StackRef
+from .plan import Plan, StackRef
 from .stackctl import (
     BootFailure,
     ContainerState,
@@ -377,23 +377,28 @@ class Steps:
         times["ready_s"] = self.wait_ready(ref, ready_timeout_s)
         return times["up_s"] + times["ready_s"]
 
-    def verify(self, ref: StackRef, gate_fn: GateFn, profile: str, sets: tuple[str, ...],
-               timeout_s: float) -> GateResult:
-        """Run the verify-stress gate against ``ref`` on loopback (a stop request stops it)."""
+    def verify(self, ref: StackRef, gate_fn: GateFn, plan: Plan,
+               times: dict[str, float]) -> GateResult:
+        """Run ``plan``'s verify-stress gate against ``ref`` on loopback (a stop request stops
+        it); its seconds in ``times["gate_s"]``; ``Failure`` unless it passed."""
         self.check_interrupt()
-        self.j.event("gate", f"verify-stress gate, profile {profile}, against {ref.stack} on "
-                     f"127.0.0.1:{ref.port}")
+        t = self.ops.monotonic()
+        self.j.event("gate", f"verify-stress gate, profile {plan.gate_profile}, against "
+                     f"{ref.stack} on 127.0.0.1:{ref.port}")
         run = GateRun(url=f"http://127.0.0.1:{ref.port}", key_file=self.lay.api_key_file,
-                      profile=profile, report_dir=self.lay.reports_dir, sets=sets,
-                      timeout_s=timeout_s)
+                      profile=plan.gate_profile, report_dir=self.lay.reports_dir,
+                      sets=plan.gate_set, timeout_s=plan.gate_timeout_s)
 
         def on_line(line: str) -> None:
             if line.strip() and set(line.strip()) - set(".0123456789 "):
                 self.j.event("gate", line.strip())
 
         result = gate_fn(run, on_line, self.interrupted)
+        times["gate_s"] = self.ops.monotonic() - t
         self.j.event("gate", f"{result.result}: {result.summary}; report {result.report_json}",
                      level="info" if result.passed else "error")
+        if not result.passed:
+            raise Failure("gate", gate_reason(result), gate=result)
         return result
 
     def answers(self, ref: StackRef) -> None:
