@@ -19,13 +19,7 @@ from typing import Any, Protocol
 
 from . import ledger
 from . import steps as st
-from .active import (
-    ActiveDamaged,
-    load_active,
-    prune_snapshots,
-    request_reset,
-    write_active,
-)
+from .active import ActiveDamaged, load_active, prune_snapshots, request_reset, write_active
 from .atomic import write_json
 from .front import MAINTENANCE, FrontError
 from .journal import Journal

@@ -38,14 +38,7 @@ from .layout import Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, plan_of, window_status
 from .plan import Active, PlanError, StackRef
-from .records import (
-    SUPERVISE_SCHEMA,
-    boot_id,
-    live_holder,
-    pid_start_ticks,
-    read_holder,
-    read_json,
-)
+from .records import SUPERVISE_SCHEMA, boot_id, live_holder, pid_start_ticks, read_holder, read_json
 from .steps import Failure, FrontControl, GateFn, Ops, Steps, fs_problem
 from .supervise import WHO, Action, Attempt, Observation, Policy, Record, moved, started, step
 
