@@ -144,21 +144,17 @@ class Maintenance(Steps):
             note = self.lock.acquire_window(plan.by, f"maintenance: {step}", hold)
         except LockHeld as held:
             if held.holder.get("window") == plan.id and mine is not None:
-                self._add_step(mine, step, now)
                 self.lock.hold_window(hold, f"maintenance: {step}")
-                self.j.event("maintenance", f"window {plan.id} already open; step: {step}; "
-                             f"held by pid {hold.pid} ({hold.what})"
-                             + (" and across the reboot" if hold.reboot else ""))
-                return self._already_open(step)
+                return self._join(mine, step, now, f"window {plan.id} already open; step: "
+                                  f"{step}; held by pid {hold.pid} ({hold.what})"
+                                  + (" and across the reboot" if hold.reboot else ""))
             return self._locked(str(held))
         if note:
             self.j.event("lock", note, level="warning")
         if mine is not None:
             # This deploy's own window, its holder gone meanwhile (a new connection): go on.
-            self._add_step(mine, step, now)
-            self.j.event("maintenance", f"window {plan.id} held again by pid {hold.pid} "
-                         f"({hold.what}); step: {step}")
-            return self._already_open(step)
+            return self._join(mine, step, now, f"window {plan.id} held again by pid {hold.pid} "
+                              f"({hold.what}); step: {step}")
         if current is not None and status == "abandoned":
             ledger.append(self.lay, ledger.entry(
                 KIND, "abandoned", None, host=plan.host, by=plan.by, deploy_id=current.id,
@@ -214,10 +210,10 @@ class Maintenance(Steps):
         return Outcome("open", st.EXIT_PROMOTED, KIND, stack or "", serving=MAINTENANCE,
                        drain=drain, retry_after_s=estimate.seconds)
 
-    def _add_step(self, window: Window, step: str, now: float) -> None:
+    def _join(self, window: Window, step: str, now: float, said: str) -> Outcome:
+        """``step`` added to this plan's open window."""
         write_window(self.lay, replace(window, steps=(*window.steps, {"what": step, "at": now})))
-
-    def _already_open(self, step: str) -> Outcome:
+        self.j.event("maintenance", said)
         return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
                        serving=self.front.current())
 

@@ -57,8 +57,7 @@ class ContainerState:
 
 def parse_inspect(text: str) -> ContainerState | None:
     """``inspect()`` output -> ``ContainerState``; None when the container does not exist."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    parts = line.split("\t")
+    parts = (text.strip().splitlines() or [""])[0].split("\t")
     if len(parts) not in (4, 5):
         return None
     try:
@@ -377,7 +376,6 @@ class SystemOps:
     monotonic = staticmethod(time.monotonic)
 
     def docker_up(self) -> bool:
-        """The Docker daemon answers."""
         return self.run(["docker", "version", "--format", "{{.Server.Version}}"], 30.0)[0] == 0
 
     def unit(self, unit: str) -> str:

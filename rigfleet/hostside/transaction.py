@@ -54,8 +54,6 @@ from .timings import read_timings, record_drain, record_swap, swap_estimate
 
 
 class Transaction(Steps):
-    """One swap (see the module docstring)."""
-
     def __init__(self, plan: Plan, lay: Layout, ops: Ops, front: FrontControl, gate: GateFn,
                  journal: Journal, interrupted: Callable[[], bool] = lambda: False,
                  lock: HostLock | None = None,
