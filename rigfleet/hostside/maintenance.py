@@ -19,13 +19,7 @@ from typing import Any, Protocol
 
 from . import ledger
 from . import steps as st
-from .active import (
-    ActiveDamaged,
-    load_active,
-    prune_snapshots,
-    request_reset,
-    write_active,
-)
+from .active import ActiveDamaged, load_active, prune_snapshots, request_reset, write_active
 from .atomic import write_json
 from .front import MAINTENANCE, FrontError
 from .journal import Journal
@@ -33,7 +27,7 @@ from .layout import Layout
 from .lock import HostLock, LockHeld, WindowHold
 from .plan import Active, Plan, PlanError
 from .records import decode, encode, live_holder, read_holder, read_json
-from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, gate_reason, known_projects
+from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, known_projects
 from .timings import maintenance_estimate, read_timings, record_drain, record_maintenance
 
 KIND = "maintenance"
@@ -45,17 +39,6 @@ class Drain(Protocol):
 
     def before(self, window: Window) -> None: ...
     def after(self, window: Window) -> None: ...
-
-
-class _NoDrain:
-    def before(self, window: Window) -> None:
-        return None
-
-    def after(self, window: Window) -> None:
-        return None
-
-
-NO_DRAIN: Drain = _NoDrain()
 
 
 @dataclass(frozen=True)
@@ -109,18 +92,6 @@ def window_status(lay: Layout, now: float | None = None) -> tuple[Window | None,
                                  f"{window.by or 'someone'} and never closed")
 
 
-def out_of_service(lay: Layout) -> str:
-    """Why this host must not serve without a gate first, and what to do ("" when it may)."""
-    window, status, why = window_status(lay)
-    if status in ("failed", "damaged"):
-        return (f"the last maintenance left nothing verified serving ({why}); fix the cause, "
-                "then run the deploy, or `rigfleet-host.pyz maintenance close` to recreate "
-                "the stack and run the gate again")
-    if status == "abandoned":
-        return f"{why}; the next deploy or `rigfleet-host.pyz maintenance close` closes it"
-    return ""
-
-
 def write_window(lay: Layout, window: Window) -> None:
     write_json(lay.window_file, window.to_dict())
 
@@ -152,7 +123,7 @@ class Maintenance(Steps):
     plan's desired one. Without a ``gate`` close refuses."""
 
     def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
-                 plan: Plan, gate: GateFn | None = None, drain: Drain = NO_DRAIN,
+                 plan: Plan, gate: GateFn | None = None, drain: Drain | None = None,
                  clock: Callable[[], float] = time.time, lock: HostLock | None = None,
                  interrupted: Callable[[], bool] = lambda: False) -> None:
         super().__init__(lay, ops, front, journal, interrupted)
@@ -173,21 +144,17 @@ class Maintenance(Steps):
             note = self.lock.acquire_window(plan.by, f"maintenance: {step}", hold)
         except LockHeld as held:
             if held.holder.get("window") == plan.id and mine is not None:
-                self._add_step(mine, step, now)
                 self.lock.hold_window(hold, f"maintenance: {step}")
-                self.j.event("maintenance", f"window {plan.id} already open; step: {step}; "
-                             f"held by pid {hold.pid} ({hold.what})"
-                             + (" and across the reboot" if hold.reboot else ""))
-                return self._already_open(step)
+                return self._join(mine, step, now, f"window {plan.id} already open; step: "
+                                  f"{step}; held by pid {hold.pid} ({hold.what})"
+                                  + (" and across the reboot" if hold.reboot else ""))
             return self._locked(str(held))
         if note:
             self.j.event("lock", note, level="warning")
         if mine is not None:
             # This deploy's own window, its holder gone meanwhile (a new connection): go on.
-            self._add_step(mine, step, now)
-            self.j.event("maintenance", f"window {plan.id} held again by pid {hold.pid} "
-                         f"({hold.what}); step: {step}")
-            return self._already_open(step)
+            return self._join(mine, step, now, f"window {plan.id} held again by pid {hold.pid} "
+                              f"({hold.what}); step: {step}")
         if current is not None and status == "abandoned":
             ledger.append(self.lay, ledger.entry(
                 KIND, "abandoned", None, host=plan.host, by=plan.by, deploy_id=current.id,
@@ -210,7 +177,8 @@ class Maintenance(Steps):
         estimate = maintenance_estimate(times, stack, self.holds_requests(ref),
                                         plan.retry_after_s)
         try:
-            self.drain.before(window)
+            if self.drain:
+                self.drain.before(window)
             self.front.maintenance(f"maintenance: {step}", estimate.seconds)
         except FrontError as e:
             # Nothing was disturbed yet: give the host back as it was.
@@ -242,10 +210,10 @@ class Maintenance(Steps):
         return Outcome("open", st.EXIT_PROMOTED, KIND, stack or "", serving=MAINTENANCE,
                        drain=drain, retry_after_s=estimate.seconds)
 
-    def _add_step(self, window: Window, step: str, now: float) -> None:
+    def _join(self, window: Window, step: str, now: float, said: str) -> Outcome:
+        """``step`` added to this plan's open window."""
         write_window(self.lay, replace(window, steps=(*window.steps, {"what": step, "at": now})))
-
-    def _already_open(self, step: str) -> Outcome:
+        self.j.event("maintenance", said)
         return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
                        serving=self.front.current())
 
@@ -341,14 +309,10 @@ class Maintenance(Steps):
         try:
             self.front.maintenance(f"maintenance: recreating {ref.stack}", recreate.seconds,
                                    wait=False)
-            boot_s = self.bring_up(ref, plan.vram_timeout_s, plan.ready_timeout_s)
+            times: dict[str, float] = {}
+            boot_s = self.bring_up(ref, plan.vram_timeout_s, plan.ready_timeout_s, timings=times)
             self.answers(ref)
-            t_gate = self.ops.monotonic()
-            gate = self.verify(ref, self.gate_fn, plan.gate_profile, plan.gate_set,
-                               plan.gate_timeout_s)
-            gate_s = self.ops.monotonic() - t_gate
-            if not gate.passed:
-                raise Failure("gate", gate_reason(gate), gate=gate)
+            gate = self.verify(ref, self.gate_fn, plan, times)
             written = write_active(self.lay, replace(active, gate=gate.record()),
                                    Path(ref.compose_file).read_text())
             self.front.serve(written.ref)
@@ -362,11 +326,13 @@ class Maintenance(Steps):
             reason=f"recreated and verified after: {steps}"
                    + (f" ({self.cause})" if self.cause else "")))
         ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
-        record_maintenance(self.lay, ref.stack, boot_s, gate_s, steps_s)
+        record_maintenance(self.lay, ref.stack, boot_s, times["gate_s"], steps_s)
         request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
         prune_snapshots(self.lay)
-        self.drain.after(self._finish(window, "closed", f"{written.ref.route_id} recreated and "
-                                      "passed the gate", gate=gate.record()))
+        done = self._finish(window, "closed", f"{written.ref.route_id} recreated and passed the "
+                            "gate", gate=gate.record())
+        if self.drain:
+            self.drain.after(done)
         self.j.event("maintenance", f"{written.ref.route_id} serves again (recreated, gate "
                      f"passed, {seconds:.1f}s)")
         opened = window.opened_at if window is not None else self.clock()

@@ -56,7 +56,7 @@ def containers(lay: Layout) -> dict[str, dict[str, Any]]:
     for line in run(["docker", "inspect", "--type", "container", "--format", fmt,
                       *found])[1].splitlines():
         parts = line.split("\t")
-        name = parts[0].lstrip("/") if parts else ""
+        name = parts[0].lstrip("/")
         if len(parts) == 5 and name in found:
             found[name].update(image=parts[1], image_id=parts[2], started_at=parts[3],
                                restarts=int(parts[4]) if parts[4].isdigit() else None)

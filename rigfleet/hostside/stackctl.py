@@ -1,7 +1,7 @@
 """Stacks on the host: docker compose, container state, GPU memory, boot-failure diagnosis.
 
-Parsers turn command output into data; ``SystemOps`` is the one place that runs commands,
-behind the interface the transaction uses (``rigfleet.hostside.steps.Ops``; fakes in tests)::
+Parsers turn command output into data; ``SystemOps`` (``steps.Ops``; fakes in tests) is the
+one place that runs commands::
 
     classify_boot_failure(docker_logs_text)   # BootFailure(kind='transformers-oserror', ...)
 """
@@ -57,8 +57,7 @@ class ContainerState:
 
 def parse_inspect(text: str) -> ContainerState | None:
     """``inspect()`` output -> ``ContainerState``; None when the container does not exist."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    parts = line.split("\t")
+    parts = (text.strip().splitlines() or [""])[0].split("\t")
     if len(parts) not in (4, 5):
         return None
     try:
@@ -371,12 +370,12 @@ class SystemOps:
                                     5.0)
         return body.decode("utf-8", "replace") if status == 200 else None
 
-    def front_draining(self) -> int | None:
-        """nginx workers of an earlier configuration still serving what they accepted."""
-        return draining_workers()
+    # nginx workers of an earlier configuration still serving what they accepted.
+    front_draining = staticmethod(draining_workers)
+    sleep = staticmethod(time.sleep)
+    monotonic = staticmethod(time.monotonic)
 
     def docker_up(self) -> bool:
-        """The Docker daemon answers."""
         return self.run(["docker", "version", "--format", "{{.Server.Version}}"], 30.0)[0] == 0
 
     def unit(self, unit: str) -> str:
@@ -384,9 +383,3 @@ class SystemOps:
         rc, out = self.run(["systemctl", "show", "--property", "ActiveState", "--property",
                             "SubState", "--value", unit], 30.0)
         return parse_unit_state(out) if rc == 0 else "unknown"
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-    def monotonic(self) -> float:
-        return time.monotonic()

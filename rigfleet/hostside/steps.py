@@ -17,11 +17,11 @@ from .gate import GateResult, GateRun
 from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
-from .plan import StackRef
+from .plan import Plan, StackRef
 from .stackctl import (
     BootFailure,
     ContainerState,
-    GpuMemory,
+    SystemOps,
     classify_boot_failure,
     missing_boot_lines,
     vram_free_enough,
@@ -41,26 +41,8 @@ LOG_LINES_KEPT = 2000
 _PROJECT_NAME = re.compile(r"^name:\s*['\"]?([A-Za-z0-9][A-Za-z0-9_.-]*)", re.M)
 
 
-class Ops(Protocol):
-    """The host as the transaction sees it (``stackctl.SystemOps``)."""
-
-    def image_present(self, ref: str) -> bool: ...
-    def image_id(self, ref: str) -> str | None: ...
-    def tag(self, image: str, name: str) -> str | None: ...
-    def remove(self, name: str) -> str | None: ...
-    def running(self) -> list[str]: ...
-    def compose_check(self, file: str, project: str) -> str | None: ...
-    def up(self, file: str, project: str) -> str | None: ...
-    def down(self, file: str, project: str) -> str | None: ...
-    def container(self, name: str) -> ContainerState | None: ...
-    def logs(self, name: str, tail: int = 300) -> str: ...
-    def gpus(self) -> list[GpuMemory]: ...
-    def health(self, port: int, served: str) -> tuple[bool, str]: ...
-    def chat(self, port: int, served: str) -> tuple[bool, str]: ...
-    def metrics(self, port: int) -> str | None: ...
-    def front_draining(self) -> int | None: ...
-    def sleep(self, seconds: float) -> None: ...
-    def monotonic(self) -> float: ...
+# The host as the steps see it (tests pass fakes with the same methods).
+Ops = SystemOps
 
 
 class FrontControl(Protocol):
@@ -395,23 +377,28 @@ class Steps:
         times["ready_s"] = self.wait_ready(ref, ready_timeout_s)
         return times["up_s"] + times["ready_s"]
 
-    def verify(self, ref: StackRef, gate_fn: GateFn, profile: str, sets: tuple[str, ...],
-               timeout_s: float) -> GateResult:
-        """Run the verify-stress gate against ``ref`` on loopback (a stop request stops it)."""
+    def verify(self, ref: StackRef, gate_fn: GateFn, plan: Plan,
+               times: dict[str, float]) -> GateResult:
+        """Run ``plan``'s verify-stress gate against ``ref`` on loopback (a stop request stops
+        it); its seconds in ``times["gate_s"]``; ``Failure`` unless it passed."""
         self.check_interrupt()
-        self.j.event("gate", f"verify-stress gate, profile {profile}, against {ref.stack} on "
-                     f"127.0.0.1:{ref.port}")
+        t = self.ops.monotonic()
+        self.j.event("gate", f"verify-stress gate, profile {plan.gate_profile}, against "
+                     f"{ref.stack} on 127.0.0.1:{ref.port}")
         run = GateRun(url=f"http://127.0.0.1:{ref.port}", key_file=self.lay.api_key_file,
-                      profile=profile, report_dir=self.lay.reports_dir, sets=sets,
-                      timeout_s=timeout_s)
+                      profile=plan.gate_profile, report_dir=self.lay.reports_dir,
+                      sets=plan.gate_set, timeout_s=plan.gate_timeout_s)
 
         def on_line(line: str) -> None:
             if line.strip() and set(line.strip()) - set(".0123456789 "):
                 self.j.event("gate", line.strip())
 
         result = gate_fn(run, on_line, self.interrupted)
+        times["gate_s"] = self.ops.monotonic() - t
         self.j.event("gate", f"{result.result}: {result.summary}; report {result.report_json}",
                      level="info" if result.passed else "error")
+        if not result.passed:
+            raise Failure("gate", gate_reason(result), gate=result)
         return result
 
     def answers(self, ref: StackRef) -> None:

@@ -38,14 +38,7 @@ from .layout import Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, plan_of, window_status
 from .plan import Active, PlanError, StackRef
-from .records import (
-    SUPERVISE_SCHEMA,
-    boot_id,
-    live_holder,
-    pid_start_ticks,
-    read_holder,
-    read_json,
-)
+from .records import SUPERVISE_SCHEMA, boot_id, live_holder, pid_start_ticks, read_holder, read_json
 from .steps import Failure, FrontControl, GateFn, Ops, Steps, fs_problem
 from .supervise import WHO, Action, Attempt, Observation, Policy, Record, moved, started, step
 
@@ -118,7 +111,7 @@ class Supervisor:
         self._acts = 0
 
     def save(self, rec: Record) -> None:
-        """Write ``state.json`` when it changed."""
+        """Write ``state.json`` when it changed; a failed write is said once, not raised."""
         self.rec = rec
         data = {"schema": SUPERVISE_SCHEMA, **rec.to_dict(), "policy": self.policy.summary(),
                 "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id()}
@@ -168,7 +161,7 @@ class Supervisor:
         return 0
 
     def nap(self, seconds: float) -> None:
-        """Sleep ``seconds``, waking for a stop request."""
+        """Sleep, waking for a stop request."""
         end = self.ops.monotonic() + seconds
         while not self.stop() and self.ops.monotonic() < end:
             self.ops.sleep(min(1.0, end - self.ops.monotonic()))
@@ -205,7 +198,6 @@ class Supervisor:
                            health=detail, log=log)
 
     def tick(self) -> Action:
-        """One look (and what it calls for)."""
         before = self.rec
         rec, action = step(before, self.observe(), self.policy)
         if rec.state != before.state or (rec.reason != before.reason
@@ -244,10 +236,7 @@ class Supervisor:
             if note:
                 journal.event("lock", note, level="warning")
             steps = Steps(self.lay, self.ops, self.front, journal, interrupted=self.stop)
-            act = {"open-window": self._open_window, "reroute": self._reroute,
-                   "record": self._record, "give-up": self._give_up,
-                   "recreate": self._recreate, "close-window": self._close_window,
-                   "record-image": self._record_image}[action.kind]
+            act = getattr(self, "_" + action.kind.replace("-", "_"))  # "give-up": _give_up
             try:
                 mark_interrupted(self.lay, journal)
                 result = act(rec, obs.active, steps)
@@ -420,7 +409,7 @@ class Supervisor:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(rec.dead_since or self.clock()))
         return f"{rec.route_id or 'stack'}-{stamp}.log".replace("/", "-")
 
-    def _prune_logs(self, keep: int = KEEP_LOGS) -> None:
+    def _prune_logs(self) -> None:
         logs = sorted(self.lay.supervise_dir.glob("*.log"), key=lambda p: p.stat().st_mtime)
-        for path in logs[:-keep] if len(logs) > keep else []:
+        for path in logs[:-KEEP_LOGS]:
             path.unlink(missing_ok=True)

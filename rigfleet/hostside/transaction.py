@@ -37,7 +37,6 @@ from .lock import HostLock, LockHeld
 from .maintenance import supersede, window_status
 from .plan import Active, Plan, StackRef, change_kind, compose_hash
 from .steps import (
-    EXIT_BAD_PLAN,
     EXIT_FAILED,
     EXIT_LOCKED,
     EXIT_PROMOTED,
@@ -49,17 +48,12 @@ from .steps import (
     Outcome,
     Steps,
     fs_problem,
-    gate_reason,
     local_name,
 )
 from .timings import read_timings, record_drain, record_swap, swap_estimate
 
-__all__ = ["EXIT_BAD_PLAN", "Transaction"]
-
 
 class Transaction(Steps):
-    """One swap (see the module docstring)."""
-
     def __init__(self, plan: Plan, lay: Layout, ops: Ops, front: FrontControl, gate: GateFn,
                  journal: Journal, interrupted: Callable[[], bool] = lambda: False,
                  lock: HostLock | None = None,
@@ -178,12 +172,7 @@ class Transaction(Steps):
             boot_s = self.bring_up(new, plan.vram_timeout_s, plan.ready_timeout_s, [
                 *([(old.project, old.compose_file)] if old else []),
                 (new.project, staged), *plan.projects], staged, self.timings)
-            t = self.ops.monotonic()
-            gate = self.verify(new, self.gate_fn, plan.gate_profile, plan.gate_set,
-                               plan.gate_timeout_s)
-            self.timings["gate_s"] = self.ops.monotonic() - t
-            if not gate.passed:
-                raise Failure("gate", gate_reason(gate), gate=gate)
+            gate = self.verify(new, self.gate_fn, plan, self.timings)
             self._promote(new, staged, gate, old, kind)
         except Failure as f:
             return self._rollback(kind, new, staged, f, t_window)
