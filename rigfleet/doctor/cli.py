@@ -64,9 +64,8 @@ def examine(host: str, probe: HostProbe,
     ev = parse_evidence(host, probe.section("doctor"))
     stack = ev.stack or probe.state.get("stack")
     spec = catalog_get(stack) if isinstance(stack, str) else None
-    state = probe.state
-    pins = tuple(str(state.get(k) or "") for k in ("digest", "genesis_commit",
-                                                   "model_revision"))
+    pins = tuple(str(probe.state.get(k) or "") for k in ("digest", "genesis_commit",
+                                                         "model_revision"))
     d = Diagnosis(host, stack if isinstance(stack, str) else None, pins, ev, error=ev.error)
     if not ev.error:
         d.causes = diagnose(ev, expectations(spec, probe))
@@ -136,11 +135,8 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
             rank += c.kind == CAUSE
             head = f"{rank}. {c.title} (~{c.impact:.0%})" if c.kind == CAUSE else \
                 f"info: {c.title}"
-            text = f"{head}: {'; '.join(c.evidence)}"
-            if c.fix:
-                text += f" -> {c.fix}"
-            if c.basis:
-                text += f" [{c.basis}]"
+            text = (f"{head}: {'; '.join(c.evidence)}" + (f" -> {c.fix}" if c.fix else "")
+                    + (f" [{c.basis}]" if c.basis else ""))
             table.note(d.host, Text(text, style="yellow" if c.kind == CAUSE else ""))
     return table
 

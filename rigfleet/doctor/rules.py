@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 
 from rigfleet.doctor.evidence import Card, Evidence
 from rigfleet.hostside.layout import CACHE_ROOT
@@ -67,13 +68,11 @@ class Cause:
 
 
 def single_card_speed(cap_w: float) -> float:
+    """Linear between the curve's points (extrapolated below the first, at least 0.3)."""
     pts = SINGLE_CARD_CURVE
     if cap_w >= pts[-1][0]:
         return pts[-1][1]
-    lo = 0
-    while lo < len(pts) - 2 and cap_w > pts[lo + 1][0]:
-        lo += 1
-    (x0, y0), (x1, y1) = pts[lo], pts[lo + 1]
+    (x0, y0), (x1, y1) = next((a, b) for a, b in pairwise(pts) if cap_w <= b[0])
     return max(0.3, y0 + (cap_w - x0) * (y1 - y0) / (x1 - x0))
 
 
