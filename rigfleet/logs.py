@@ -20,6 +20,7 @@ import argparse
 import json
 import re
 import sys
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO, cast
 
@@ -69,12 +70,9 @@ def ledger_line(text: str, since: datetime | None = None) -> str | None:
     if not isinstance(rec, dict):
         return f"(not a record: {text[:200]})"
     stamp = str(rec.get("time") or "?")
-    if since is not None:
-        try:
-            if datetime.fromisoformat(stamp.replace("Z", "+00:00")) < since:
-                return None
-        except ValueError:
-            pass
+    with suppress(ValueError):
+        if since is not None and datetime.fromisoformat(stamp.replace("Z", "+00:00")) < since:
+            return None
     image = str(rec.get("image") or "")
     parts = [stamp, str(rec.get("event") or "?"), str(rec.get("result") or "?"),
              str(rec.get("stack") or "-"), image.rsplit(":", 1)[-1] if image else "-"]

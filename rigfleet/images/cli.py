@@ -175,8 +175,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         write_sidecar(dest, image=image, digest=digest, image_id=chosen.image_id,
                       vllm_version=sidecar.get("vllm_version"), sha256=sha,
                       bytes=info.size, imported_from=str(args.file))
-        result["into"] = str(dest)
-        result["sha256"] = sha
+        result.update(into=str(dest), sha256=sha)
     if args.host:
         result["hosts"] = _load_hosts(args, targets, image, digest, chosen.image_id)
     pins = {k: v for k, v in (("image", image), ("digest", digest),

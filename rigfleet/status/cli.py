@@ -14,13 +14,7 @@ from rich.markup import escape
 
 from rigfleet.cliargs import UsageError, fleet_options
 from rigfleet.status.render import as_json, render_balancers, render_table
-from rigfleet.status.rows import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_UNREACHABLE,
-    exit_status,
-    fleet_status,
-)
+from rigfleet.status.rows import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, exit_status, fleet_status
 from rigfleet.tables import show
 
 

@@ -13,10 +13,6 @@ from rigfleet.status.rows import StatusRow
 from rigfleet.tables import Table
 
 
-def _hex(value: str | None, n: int = 8) -> str:
-    return value.removeprefix("sha256:")[:n] if value else "-"
-
-
 def _when(iso: str | None) -> str:
     """``2026-11-29T16:45:02+00:00`` -> ``11-29 16:45`` for a table cell."""
     if not iso:
@@ -128,7 +124,8 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> T
                      else Text("none", style="green"))
             for line in r.drift:
                 table.note(r.host, Text(line, style="yellow"))
-        pins = "/".join((_hex(r.digest, 7), _hex(r.genesis, 7), _hex(r.model_revision, 7)))
+        pins = "/".join(v.removeprefix("sha256:")[:7] if v else "-"
+                        for v in (r.digest, r.genesis, r.model_revision))
         gate = "-" if r.gate is None else f"{r.gate} {_when(r.gate_time)}".strip()
         cells: list[Any] = [r.host, stack, pins if r.reachable else "-", gate,
                             tok_s(r.throughput), drift]
