@@ -66,8 +66,7 @@ def select(hosts: Sequence[InventoryHost], limits: Sequence[str],
         return list(hosts)
     names = {h.name for h in hosts}
     groups = {g for h in hosts for g in h.groups}
-    unknown = [x for x in limits if x not in names and x not in groups]
-    if unknown:
+    if unknown := [x for x in limits if x not in names and x not in groups]:
         raise UsageError(f"{inventory}: --limit: {', '.join(unknown)}; allowed: a host "
                          f"({', '.join(h.name for h in hosts)}) or a group "
                          f"({', '.join(sorted(groups)) or 'none'})")

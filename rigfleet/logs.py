@@ -37,8 +37,7 @@ SINCE_ALLOWED = "a duration (30s, 10m, 2h, 1d) or a UTC time (2026-12-03T10:00:0
 def parse_since(value: str, now: datetime | None = None) -> datetime:
     """``--since``'s value as a UTC time; ``ValueError`` names the flag and what is allowed."""
     text = value.strip()
-    m = _DURATION.fullmatch(text)
-    if m:
+    if m := _DURATION.fullmatch(text):
         now = now or datetime.now(UTC)
         return now - timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
     try:

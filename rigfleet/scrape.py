@@ -156,8 +156,7 @@ def desired_textfile(hosts: Sequence[GpuHost], pins: Mapping[str, Pins]) -> str:
              "serve (labels), always 1.", "# TYPE rigfleet_desired_info gauge"]
     for h in hosts:
         p = pins[h.name]
-        stack = p.stacks.get(h.settings.stack)
-        if stack is None:
+        if (stack := p.stacks.get(h.settings.stack)) is None:
             continue
         labels = {"host": h.name, "stack": h.settings.stack, "image_digest": stack.digest,
                   "model_revision": p.model_for(h.settings.catalog.get(h.settings.stack)

@@ -271,8 +271,7 @@ def kv_and_batching(ev: Evidence, exp: Expect) -> list[Cause]:
     elif kv_lines:
         out.append(Cause("kv-dtype", "the engine warns about the KV cache dtype", INFO, 0.0,
                          kv_lines[:3]))
-    batched = tuple(warnings.get("batched_tokens") or ())
-    if batched:
+    if batched := tuple(warnings.get("batched_tokens") or ()):
         out.append(Cause("batched-tokens", "the engine warns about max-num-batched-tokens",
                          INFO, 0.0, batched[:2],
                          "raise vllm.max_num_batched_tokens in a copy of the stack file (seed "

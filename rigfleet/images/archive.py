@@ -108,8 +108,7 @@ def inspect_archive(path: str | Path) -> ArchiveInfo:
 
 
 def _read(tar: tarfile.TarFile, name: str) -> bytes:
-    f = tar.extractfile(tar.getmember(name))
-    if f is None:
+    if (f := tar.extractfile(tar.getmember(name))) is None:
         raise ValueError(f"{name} is not a file")
     return f.read()
 

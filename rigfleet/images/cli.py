@@ -150,8 +150,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise ImagesCliError("import: say where it goes: --host NAME (load it into that host's "
                              "engine) and/or --into DIR (keep it as an archive image source)")
     targets = {h.name: h for h in _hosts(args)} if args.host else {}
-    unknown = [h for h in args.host if h not in targets]
-    if unknown:
+    if unknown := [h for h in args.host if h not in targets]:
         raise ImagesCliError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
                              f"{', '.join(targets)}")
     info = inspect_archive(args.file)

@@ -172,7 +172,6 @@ def load_archive(remote: Remote, host: InventoryHost, want: WantedImage, path: s
     if rc != 0:
         raise ImageError(f"{host.name}: docker tag {want.image} failed: {out.strip()[-300:]}")
     after = host_state(remote, host, (want.image,)).images.get(want.image)
-    problem = verify_staged(want, after, None)
-    if problem:
+    if problem := verify_staged(want, after, None):
         raise ImageError(f"{host.name}: {problem} (loaded from {path})")
     return done

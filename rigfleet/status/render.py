@@ -25,8 +25,7 @@ def as_json(rows: Sequence[StatusRow],
     """``--json``: hosts, ok, and the unfinished bumps and the balancers when there are any."""
     out: dict[str, Any] = {"hosts": [{**asdict(r), "ok": r.ok} for r in rows],
                            "ok": all(r.ok for r in rows) and all(b.ok for b in balancers)}
-    bumps = bump_summaries(rows)
-    if bumps:
+    if bumps := bump_summaries(rows):
         out["bumps"] = bumps
     if balancers:
         out["balancers"] = [{**asdict(b), "ok": b.ok} for b in balancers]
@@ -95,11 +94,8 @@ def tok_s(throughput: dict | None) -> Text:
     """``89/119`` (narrative/code decode tok/s of the last gate), red when it failed."""
     if not throughput:
         return Text("-")
-
-    def one(v: object) -> str:
-        return f"{v:.0f}" if isinstance(v, int | float) else "-"
-
-    text = f"{one(throughput.get('narrative'))}/{one(throughput.get('code'))}"
+    text = "/".join(f"{v:.0f}" if isinstance(v, int | float) else "-"
+                    for v in (throughput.get("narrative"), throughput.get("code")))
     return Text(text, style="red" if throughput.get("result") == "fail" else "")
 
 

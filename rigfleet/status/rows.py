@@ -49,11 +49,9 @@ class StatusRow:
 
 def gate_summary(probe: HostProbe) -> tuple[str | None, str | None]:
     """(result, time) of the last gate: ``state.json``'s ``gate``, else the newest report."""
-    record = probe.gate
-    if record is not None:
+    if (record := probe.gate) is not None:
         return record.result, record.at
-    report = probe.newest_report
-    if report is not None:
+    if (report := probe.newest_report) is not None:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(report.mtime))
         return f"report {Path(report.file).name}: {report.text}", when
     return None, None
