@@ -19,12 +19,10 @@ from rigfleet.tables import show
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "status", parents=[fleet_options()],
-        help="one row per host: reachable, stack, pins, last gate, drift",
-        description="One row per host: what it runs and whether it drifted from the "
-                    "inventory + pins.",
-    )
+    p = subparsers.add_parser("status", parents=[fleet_options()],
+                              help="one row per host: reachable, stack, pins, last gate, drift",
+                              description="One row per host: what it runs and whether it "
+                                          "drifted from the inventory + pins.")
     g = p.add_argument_group("page")
     g.add_argument("--html", metavar="FILE",
                    help="write a self-contained HTML page (per-host tokens/s over time, the "
