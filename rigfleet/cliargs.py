@@ -43,8 +43,7 @@ def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout:
 
 
 def host_command(subparsers: Any, name: str, help: str, doc: str) -> argparse.ArgumentParser:
-    """A command about one inventory host: ``doc``'s first line describes it, the rest is its
-    epilog."""
+    """A command about one inventory host: ``doc``'s first line describes it, the rest follows."""
     first, *rest = doc.splitlines()
     p = subparsers.add_parser(name, help=help, description=first, epilog="\n".join(rest),
                               parents=[fleet_options(timeout=10.0,

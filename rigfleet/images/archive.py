@@ -79,8 +79,7 @@ def images_in_manifest(manifest: Any) -> tuple[ArchivedImage, ...]:
 
 
 def inspect_archive(path: str | Path) -> ArchiveInfo:
-    """What a ``docker save`` archive holds (configs hashed), with its sidecar; remembered
-    while the file is unchanged."""
+    """What a ``docker save`` archive holds (configs hashed) and its sidecar; cached per mtime."""
     p = Path(path)
     try:
         st = p.stat()
