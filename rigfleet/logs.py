@@ -52,12 +52,10 @@ def build(stack: str | None, sources: list[str], since: datetime | None, lines: 
     compose = str(HOST.compose_file(stack)) if stack else str(HOST.active_compose)
     docker_since = since.strftime("%Y-%m-%dT%H:%M:%SZ") if since else None
     journal_since = since.strftime("%Y-%m-%d %H:%M:%S UTC") if since else None
-    made = {
-        "engine": lambda: cmds.engine(compose, since=docker_since, tail=lines, follow=follow),
-        "supervisor": lambda: cmds.supervisor(since=journal_since, tail=lines, follow=follow),
-        "ledger": lambda: cmds.ledger(tail=None if since else lines, follow=follow),
-    }
-    return cmds.combined([made[source]() for source in sources], follow)
+    made = {"engine": cmds.engine(compose, since=docker_since, tail=lines, follow=follow),
+            "supervisor": cmds.supervisor(since=journal_since, tail=lines, follow=follow),
+            "ledger": cmds.ledger(tail=None if since else lines, follow=follow)}
+    return cmds.combined([made[source] for source in sources], follow)
 
 
 def ledger_line(text: str, since: datetime | None = None) -> str | None:
@@ -155,9 +153,8 @@ def run(args: argparse.Namespace) -> int:
     command = build(args.stack, sources, since, lines, args.follow)
     printer = Printer(since, prefix=len(sources) > 1, as_json=args.json)
     try:
-        rc, err = SshRemote(args.timeout).stream_out(
-            host, command, cast(BinaryIO, printer),
-            timeout=24 * 3600 if args.follow else 300)
+        _, err = SshRemote(args.timeout).stream_out(host, command, cast(BinaryIO, printer),
+                                                    timeout=24 * 3600 if args.follow else 300)
     finally:
         printer.flush()
     if err.strip():

@@ -114,14 +114,12 @@ def render_prometheus(plan: MonitorPlan, rules: bool = True) -> str:
             "targets": [f"127.0.0.1:{NODE_EXPORTER_PORT}"], "labels": {"instance": plan.name}}]})
     jobs.append({"job_name": "prometheus", "static_configs": [{
         "targets": [f"127.0.0.1:{PROMETHEUS_PORT}"], "labels": {"instance": plan.name}}]})
-    doc = {
-        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s",
-                   "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
-        "rule_files": [RULES_FILE] if rules else [],
-        "alerting": {"alertmanagers": [{"static_configs": [
-            {"targets": [f"127.0.0.1:{ALERTMANAGER_PORT}"]}]}]},
-        "scrape_configs": jobs,
-    }
+    doc = {"global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s",
+                      "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
+           "rule_files": [RULES_FILE] if rules else [],
+           "alerting": {"alertmanagers": [{"static_configs": [
+               {"targets": [f"127.0.0.1:{ALERTMANAGER_PORT}"]}]}]},
+           "scrape_configs": jobs}
     return ("# Managed by rigfleet (roles/monitor.py) from the inventory; docs/monitoring.md.\n"
             + json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
