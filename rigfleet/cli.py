@@ -16,11 +16,13 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from rigfleet import __version__
 from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, fleet_options, select
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryError
+from rigfleet.tables import Table, show
 
 console = Console(stderr=True, highlight=False)
 
@@ -67,7 +69,6 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 
     from rigfleet.endpoints import check, check_balancer
     from rigfleet.inventory import balancers, gpu_hosts, load_inventory
-    from rigfleet.tables import show
 
     hosts = load_inventory(args.inventory)
     chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
@@ -83,9 +84,7 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def endpoints_table(rows: Sequence[Any], title: str) -> Any:
-    from rigfleet.tables import Table
-
+def endpoints_table(rows: Sequence[Any], title: str) -> Table:
     table = Table(title, ["host", "status", "s", "model", "answer", "url"])
     for row in rows:
         table.row(row.host, row.status, f"{row.seconds:.2f}", row.model, row.answer, row.url)
@@ -112,8 +111,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
     hosts = load_inventory(args.inventory)
     chosen = select(hosts, args.limit, args.inventory)
     names = [h.name for h in chosen]
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    log_dir = PROJECT_ROOT / "reports" / "rolls" / stamp
+    log_dir = PROJECT_ROOT / "reports" / "rolls" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     runner = PyinfraRunner(args.inventory, {h.name: h for h in hosts},
                            SshRemote(connect_timeout=args.timeout),
                            deploy=args.deploy, cwd=Path(args.deploy).resolve().parent,
@@ -153,12 +151,9 @@ def cmd_roll(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def roll_table(result: Any) -> Any:
+def roll_table(result: Any) -> Table:
     """One line per host of a roll; why a host did not close a window as notes."""
-    from rich.text import Text
-
     from rigfleet.bump.rollout import Status
-    from rigfleet.tables import Table
 
     style = {Status.CONVERGED: "green", Status.MAINTAINED: "green", Status.FAILED: "red",
              Status.LOST: "red"}
