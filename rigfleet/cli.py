@@ -12,6 +12,9 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -19,9 +22,10 @@ from rich.markup import escape
 from rich.text import Text
 
 from rigfleet import __version__
-from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, fleet_options, select
+from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, confirm, fleet_options, select
 from rigfleet.errors import RigfleetError
-from rigfleet.inventory import InventoryError
+from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
+from rigfleet.resources import PROJECT_ROOT
 from rigfleet.tables import Table, show
 
 console = Console(stderr=True, highlight=False)
@@ -65,10 +69,7 @@ def cmd_pins(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
     from rigfleet.endpoints import check, check_balancer
-    from rigfleet.inventory import balancers, gpu_hosts, load_inventory
 
     hosts = load_inventory(args.inventory)
     chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
@@ -92,16 +93,10 @@ def endpoints_table(rows: Sequence[Any], title: str) -> Table:
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-    from pathlib import Path
-
     from rigfleet.batches import BATCH_ENV
     from rigfleet.bump.output import progress
     from rigfleet.bump.rollout import PyinfraRunner
-    from rigfleet.cliargs import confirm
     from rigfleet.fleetview import each_host, probe_or_why
-    from rigfleet.inventory import load_inventory
-    from rigfleet.resources import PROJECT_ROOT
     from rigfleet.roll import plan_batches, roll, roll_record
     from rigfleet.ssh import SshRemote
 
@@ -224,8 +219,6 @@ def _add_verify(sub: Any) -> None:
 
 
 def _add_roll(sub: Any) -> None:
-    from rigfleet.resources import PROJECT_ROOT
-
     ro = sub.add_parser("roll", parents=[fleet_options(timeout=10.0,
                                                        timeout_help="seconds per SSH connect")],
                         help="converge the fleet with serving hosts disturbed one at a time "

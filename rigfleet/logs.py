@@ -24,6 +24,7 @@ from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO, cast
 
+from rigfleet.cliargs import host_command, one_host
 from rigfleet.commands import logs as cmds
 from rigfleet.hostside.layout import HOST
 
@@ -120,8 +121,6 @@ class Printer:
 
 
 def add_parser(subparsers: Any) -> None:
-    from rigfleet.cliargs import host_command
-
     p = host_command(subparsers, "logs", "a host's engine log, supervisor log and ledger", __doc__)
     p.add_argument("--stack", metavar="S", help="this staged stack's engine (default: the one "
                    "that serves)")
@@ -135,7 +134,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rigfleet.cliargs import one_host
     from rigfleet.ssh import SshRemote
 
     try:

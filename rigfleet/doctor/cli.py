@@ -20,6 +20,7 @@ from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
 from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.bench.baseline import baseline_for
+from rigfleet.inventory import gpu_hosts
 from rigfleet.tables import Table, ratio, show
 
 EXIT_OK, EXIT_SLOW, EXIT_UNREACHABLE, EXIT_ERROR = 0, 1, 2, 3
@@ -145,7 +146,6 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
 def run(args: argparse.Namespace) -> int:
     from rigfleet.cliargs import fleet_hosts
     from rigfleet.fleetview import fleet_view
-    from rigfleet.inventory import gpu_hosts
     from rigfleet.ssh import SshRemote
 
     hosts = gpu_hosts(fleet_hosts(args))

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rigfleet.cliargs import fleet_options
+from rigfleet.cliargs import fleet_hosts, fleet_options
 from rigfleet.errors import RigfleetError
 from rigfleet.images.archive import (
     ArchivedImage,
@@ -33,6 +33,7 @@ from rigfleet.images.archive import (
 )
 from rigfleet.images.plan import WantedImage, wanted_images
 from rigfleet.images.transfer import Counted, export_image, load_archive, progress_bar
+from rigfleet.inventory import gpu_hosts
 from rigfleet.tables import Table, show
 
 
@@ -72,9 +73,6 @@ def add_parser(subparsers: Any) -> None:
 
 def _hosts(args: argparse.Namespace) -> list[Any]:
     """The inventory's GPU hosts (a balancer-only host has no images), ``--limit`` applied."""
-    from rigfleet.cliargs import fleet_hosts
-    from rigfleet.inventory import gpu_hosts
-
     hosts = gpu_hosts(fleet_hosts(args))
     if not hosts:
         raise ImagesCliError(f"{args.inventory}: no GPU host"
