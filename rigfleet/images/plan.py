@@ -183,10 +183,6 @@ class StagingPlan:
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
-    @property
-    def changes(self) -> bool:
-        return any(p.steps for p in self.images)
-
 
 def tag_command(src: str, image: str) -> str:
     return f"docker tag {shlex.quote(src)} {shlex.quote(image)}"
