@@ -286,11 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except UsageError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        return EXIT_USAGE
     except (ValueError, RuntimeError, RigfleetError) as exc:  # expected: they say what to do
         console.print(f"[red]error:[/red] {escape(str(exc))}")
+        if isinstance(exc, UsageError):
+            return EXIT_USAGE
         return getattr(args, "inventory_exit", 1) if isinstance(exc, InventoryError) else 1
 
 

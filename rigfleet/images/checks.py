@@ -160,8 +160,7 @@ def host_archive(index: int, source: ImageSource, w: WantedImage,
 
 
 def check_url(source: ImageSource, w: WantedImage, settings: HostSettings) -> str | None:
-    """Where this machine checks a ``hub`` source: its ``check``, else (for a Docker Hub name)
-    host data ``bump_registry``, else the image's own registry."""
+    """Where this machine checks a ``hub`` source (a Docker Hub name: ``bump_registry``)."""
     if source.check is not None:
         return source.check
     host, _ = registry_of(w.repository)
