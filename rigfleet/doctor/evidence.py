@@ -16,8 +16,10 @@ from functools import partial
 from statistics import fmean
 from typing import Any
 
-_NA = {"", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]",
-       "[insufficient permissions]"}
+# nvidia-smi's words: no value, and a clock event reason's state.
+_WORDS: dict[str, bool | None] = {
+    **dict.fromkeys(("", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]",
+                     "[insufficient permissions]")), "active": True, "not active": False}
 _REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
             "hw_power_brake_slowdown")
 
@@ -25,12 +27,8 @@ _REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "sw_thermal_sl
 def _value(raw: str) -> str | float | bool | None:
     text = raw.strip()
     low = text.lower()
-    if low in _NA:
-        return None
-    if low == "active":
-        return True
-    if low == "not active":
-        return False
+    if low in _WORDS:
+        return _WORDS[low]
     try:
         return float(int(low, 16)) if low.startswith("0x") else float(text)
     except ValueError:
