@@ -12,15 +12,21 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from rigfleet import __version__
-from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, fleet_options, select
+from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, confirm, fleet_options, select
 from rigfleet.errors import RigfleetError
-from rigfleet.inventory import InventoryError
+from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
+from rigfleet.resources import PROJECT_ROOT
+from rigfleet.tables import Table, show
 
 console = Console(stderr=True, highlight=False)
 
@@ -63,11 +69,7 @@ def cmd_pins(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
     from rigfleet.endpoints import check, check_balancer
-    from rigfleet.inventory import balancers, gpu_hosts, load_inventory
-    from rigfleet.tables import show
 
     hosts = load_inventory(args.inventory)
     chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
@@ -83,9 +85,7 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def endpoints_table(rows: Sequence[Any], title: str) -> Any:
-    from rigfleet.tables import Table
-
+def endpoints_table(rows: Sequence[Any], title: str) -> Table:
     table = Table(title, ["host", "status", "s", "model", "answer", "url"])
     for row in rows:
         table.row(row.host, row.status, f"{row.seconds:.2f}", row.model, row.answer, row.url)
@@ -93,16 +93,10 @@ def endpoints_table(rows: Sequence[Any], title: str) -> Any:
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-    from pathlib import Path
-
     from rigfleet.batches import BATCH_ENV
     from rigfleet.bump.output import progress
     from rigfleet.bump.rollout import PyinfraRunner
-    from rigfleet.cliargs import confirm
     from rigfleet.fleetview import each_host, probe_or_why
-    from rigfleet.inventory import load_inventory
-    from rigfleet.resources import PROJECT_ROOT
     from rigfleet.roll import plan_batches, roll, roll_record
     from rigfleet.ssh import SshRemote
 
@@ -112,8 +106,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
     hosts = load_inventory(args.inventory)
     chosen = select(hosts, args.limit, args.inventory)
     names = [h.name for h in chosen]
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    log_dir = PROJECT_ROOT / "reports" / "rolls" / stamp
+    log_dir = PROJECT_ROOT / "reports" / "rolls" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     runner = PyinfraRunner(args.inventory, {h.name: h for h in hosts},
                            SshRemote(connect_timeout=args.timeout),
                            deploy=args.deploy, cwd=Path(args.deploy).resolve().parent,
@@ -153,12 +146,9 @@ def cmd_roll(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def roll_table(result: Any) -> Any:
+def roll_table(result: Any) -> Table:
     """One line per host of a roll; why a host did not close a window as notes."""
-    from rich.text import Text
-
     from rigfleet.bump.rollout import Status
-    from rigfleet.tables import Table
 
     style = {Status.CONVERGED: "green", Status.MAINTAINED: "green", Status.FAILED: "red",
              Status.LOST: "red"}
@@ -229,8 +219,6 @@ def _add_verify(sub: Any) -> None:
 
 
 def _add_roll(sub: Any) -> None:
-    from rigfleet.resources import PROJECT_ROOT
-
     ro = sub.add_parser("roll", parents=[fleet_options(timeout=10.0,
                                                        timeout_help="seconds per SSH connect")],
                         help="converge the fleet with serving hosts disturbed one at a time "
@@ -298,11 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except UsageError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        return EXIT_USAGE
     except (ValueError, RuntimeError, RigfleetError) as exc:  # expected: they say what to do
         console.print(f"[red]error:[/red] {escape(str(exc))}")
+        if isinstance(exc, UsageError):
+            return EXIT_USAGE
         return getattr(args, "inventory_exit", 1) if isinstance(exc, InventoryError) else 1
 
 

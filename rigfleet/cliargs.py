@@ -43,8 +43,7 @@ def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout:
 
 
 def host_command(subparsers: Any, name: str, help: str, doc: str) -> argparse.ArgumentParser:
-    """A command about one inventory host: ``doc``'s first line describes it, the rest is its
-    epilog."""
+    """A command about one inventory host: ``doc``'s first line describes it, the rest follows."""
     first, *rest = doc.splitlines()
     p = subparsers.add_parser(name, help=help, description=first, epilog="\n".join(rest),
                               parents=[fleet_options(timeout=10.0,
@@ -66,8 +65,7 @@ def select(hosts: Sequence[InventoryHost], limits: Sequence[str],
         return list(hosts)
     names = {h.name for h in hosts}
     groups = {g for h in hosts for g in h.groups}
-    unknown = [x for x in limits if x not in names and x not in groups]
-    if unknown:
+    if unknown := [x for x in limits if x not in names and x not in groups]:
         raise UsageError(f"{inventory}: --limit: {', '.join(unknown)}; allowed: a host "
                          f"({', '.join(h.name for h in hosts)}) or a group "
                          f"({', '.join(sorted(groups)) or 'none'})")

@@ -20,9 +20,11 @@ import argparse
 import json
 import re
 import sys
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO, cast
 
+from rigfleet.cliargs import host_command, one_host
 from rigfleet.commands import logs as cmds
 from rigfleet.hostside.layout import HOST
 
@@ -36,8 +38,7 @@ SINCE_ALLOWED = "a duration (30s, 10m, 2h, 1d) or a UTC time (2026-12-03T10:00:0
 def parse_since(value: str, now: datetime | None = None) -> datetime:
     """``--since``'s value as a UTC time; ``ValueError`` names the flag and what is allowed."""
     text = value.strip()
-    m = _DURATION.fullmatch(text)
-    if m:
+    if m := _DURATION.fullmatch(text):
         now = now or datetime.now(UTC)
         return now - timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
     try:
@@ -52,12 +53,10 @@ def build(stack: str | None, sources: list[str], since: datetime | None, lines: 
     compose = str(HOST.compose_file(stack)) if stack else str(HOST.active_compose)
     docker_since = since.strftime("%Y-%m-%dT%H:%M:%SZ") if since else None
     journal_since = since.strftime("%Y-%m-%d %H:%M:%S UTC") if since else None
-    made = {
-        "engine": lambda: cmds.engine(compose, since=docker_since, tail=lines, follow=follow),
-        "supervisor": lambda: cmds.supervisor(since=journal_since, tail=lines, follow=follow),
-        "ledger": lambda: cmds.ledger(tail=None if since else lines, follow=follow),
-    }
-    return cmds.combined([made[source]() for source in sources], follow)
+    made = {"engine": cmds.engine(compose, since=docker_since, tail=lines, follow=follow),
+            "supervisor": cmds.supervisor(since=journal_since, tail=lines, follow=follow),
+            "ledger": cmds.ledger(tail=None if since else lines, follow=follow)}
+    return cmds.combined([made[source] for source in sources], follow)
 
 
 def ledger_line(text: str, since: datetime | None = None) -> str | None:
@@ -69,12 +68,9 @@ def ledger_line(text: str, since: datetime | None = None) -> str | None:
     if not isinstance(rec, dict):
         return f"(not a record: {text[:200]})"
     stamp = str(rec.get("time") or "?")
-    if since is not None:
-        try:
-            if datetime.fromisoformat(stamp.replace("Z", "+00:00")) < since:
-                return None
-        except ValueError:
-            pass
+    with suppress(ValueError):
+        if since is not None and datetime.fromisoformat(stamp.replace("Z", "+00:00")) < since:
+            return None
     image = str(rec.get("image") or "")
     parts = [stamp, str(rec.get("event") or "?"), str(rec.get("result") or "?"),
              str(rec.get("stack") or "-"), image.rsplit(":", 1)[-1] if image else "-"]
@@ -125,8 +121,6 @@ class Printer:
 
 
 def add_parser(subparsers: Any) -> None:
-    from rigfleet.cliargs import host_command
-
     p = host_command(subparsers, "logs", "a host's engine log, supervisor log and ledger", __doc__)
     p.add_argument("--stack", metavar="S", help="this staged stack's engine (default: the one "
                    "that serves)")
@@ -140,7 +134,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rigfleet.cliargs import one_host
     from rigfleet.ssh import SshRemote
 
     try:
@@ -158,9 +151,8 @@ def run(args: argparse.Namespace) -> int:
     command = build(args.stack, sources, since, lines, args.follow)
     printer = Printer(since, prefix=len(sources) > 1, as_json=args.json)
     try:
-        rc, err = SshRemote(args.timeout).stream_out(
-            host, command, cast(BinaryIO, printer),
-            timeout=24 * 3600 if args.follow else 300)
+        _, err = SshRemote(args.timeout).stream_out(host, command, cast(BinaryIO, printer),
+                                                    timeout=24 * 3600 if args.follow else 300)
     finally:
         printer.flush()
     if err.strip():

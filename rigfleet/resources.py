@@ -17,8 +17,7 @@ def project_file(relative: str) -> Path:
     """A file of the project checkout; ``RigfleetError`` when it does not have it."""
     path = PROJECT_ROOT / relative
     if not path.is_file():
-        raise RigfleetError(
-            f"{relative}: not found under {PROJECT_ROOT}; run rigfleet from its project "
-            "checkout (pip install -e . there), where deploy.py, roles/ and files/ are"
-        )
+        raise RigfleetError(f"{relative}: not found under {PROJECT_ROOT}; run rigfleet from its "
+                            "project checkout (pip install -e . there), where deploy.py, "
+                            "roles/ and files/ are")
     return path

@@ -116,14 +116,12 @@ def render_prometheus(plan: MonitorPlan, rules: bool = True) -> str:
             "targets": [f"127.0.0.1:{NODE_EXPORTER_PORT}"], "labels": {"instance": plan.name}}]})
     jobs.append({"job_name": "prometheus", "static_configs": [{
         "targets": [f"127.0.0.1:{PROMETHEUS_PORT}"], "labels": {"instance": plan.name}}]})
-    doc = {
-        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s",
-                   "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
-        "rule_files": [RULES_FILE] if rules else [],
-        "alerting": {"alertmanagers": [{"static_configs": [
-            {"targets": [f"127.0.0.1:{ALERTMANAGER_PORT}"]}]}]},
-        "scrape_configs": jobs,
-    }
+    doc = {"global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s",
+                      "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
+           "rule_files": [RULES_FILE] if rules else [],
+           "alerting": {"alertmanagers": [{"static_configs": [
+               {"targets": [f"127.0.0.1:{ALERTMANAGER_PORT}"]}]}]},
+           "scrape_configs": jobs}
     return ("# Managed by rigfleet (roles/monitor.py) from the inventory; docs/monitoring.md.\n"
             + json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
@@ -158,8 +156,7 @@ def desired_textfile(hosts: Sequence[GpuHost], pins: Mapping[str, Pins]) -> str:
              "serve (labels), always 1.", "# TYPE rigfleet_desired_info gauge"]
     for h in hosts:
         p = pins[h.name]
-        stack = p.stacks.get(h.settings.stack)
-        if stack is None:
+        if (stack := p.stacks.get(h.settings.stack)) is None:
             continue
         labels = {"host": h.name, "stack": h.settings.stack, "image_digest": stack.digest,
                   "model_revision": p.model_for(h.settings.catalog.get(h.settings.stack)

@@ -90,14 +90,11 @@ class Table:
         for cells in self._cells():
             for i in moved:
                 if i < len(cells) and cells[i].plain.strip() not in ("", "-"):
-                    line = Text(f"{cells[key].plain if key < len(cells) else ''}: "
-                                f"{self.columns[i]}: ")
-                    line.append(cells[i])
-                    console.print(line)
+                    head = cells[key].plain if key < len(cells) else ""
+                    console.print(Text.assemble(f"{head}: {self.columns[i]}: ", cells[i]))
         for name, text in self.notes:
-            line = Text(f"{name}: ")
-            line.append(text if isinstance(text, Text) else Text(str(text)))
-            console.print(line)  # wraps between words; folds only a word wider than a line
+            # wraps between words; folds only a word wider than a line
+            console.print(Text.assemble(f"{name}: ", text))
 
 
 def ratio(value: float | None, against: float | None, green_from: float = 0.95) -> Text:

@@ -14,11 +14,9 @@ PREFERENCES_DIR = "/etc/apt/preferences.d"
 # Seconds apt waits for dpkg's lock (unattended-upgrades, a person's apt) before failing.
 LOCK_TIMEOUT_S = 120
 # Non-interactive, keep local config files on upgrade (a prompt would hang an SSH session).
-_APT_GET = (
-    "DEBIAN_FRONTEND=noninteractive apt-get -y -q "
-    f"-o DPkg::Lock::Timeout={LOCK_TIMEOUT_S} "
-    "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
-)
+_APT_GET = ("DEBIAN_FRONTEND=noninteractive apt-get -y -q "
+            f"-o DPkg::Lock::Timeout={LOCK_TIMEOUT_S} "
+            "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
 
 
 def keyring_path(key_url: str) -> str:
@@ -31,26 +29,22 @@ def keyring_path(key_url: str) -> str:
 
 def _fetch_dearmored(key_url: str, out: str) -> str:
     # Armored keys are dearmored (byte-stable, so comparable); binary keys pass through.
-    return (
-        f'rf_raw=$(mktemp) && curl -fsSL {shlex.quote(key_url)} -o "$rf_raw" && '
-        f"{{ if grep -q 'BEGIN PGP PUBLIC KEY BLOCK' \"$rf_raw\"; "
-        f'then gpg --batch --yes --dearmor -o {out} "$rf_raw"; '
-        f'else cp "$rf_raw" {out}; fi; }} && rm -f "$rf_raw"'
-    )
+    return (f'rf_raw=$(mktemp) && curl -fsSL {shlex.quote(key_url)} -o "$rf_raw" && '
+            f"{{ if grep -q 'BEGIN PGP PUBLIC KEY BLOCK' \"$rf_raw\"; "
+            f'then gpg --batch --yes --dearmor -o {out} "$rf_raw"; '
+            f'else cp "$rf_raw" {out}; fi; }} && rm -f "$rf_raw"')
 
 
 def keyring_state(key_url: str, dest: str) -> str:
     """Fact command: ``same``, ``differ`` or ``missing``; an unfetchable key counts as ``same``
     (a converged host must not report a change because a key server is briefly away)."""
     d = shlex.quote(dest)
-    return (
-        f"if [ ! -s {d} ]; then echo missing; "
-        "elif command -v curl >/dev/null 2>&1 && command -v gpg >/dev/null 2>&1 && "
-        f"rf_new=$(mktemp) && {_fetch_dearmored(key_url, chr(34) + '$rf_new' + chr(34))}; "
-        f'then if cmp -s "$rf_new" {d}; then echo same; else echo differ; fi; '
-        'rm -f "$rf_new"; '
-        "else echo same; fi"
-    )
+    return (f"if [ ! -s {d} ]; then echo missing; "
+            "elif command -v curl >/dev/null 2>&1 && command -v gpg >/dev/null 2>&1 && "
+            f"rf_new=$(mktemp) && {_fetch_dearmored(key_url, chr(34) + '$rf_new' + chr(34))}; "
+            f'then if cmp -s "$rf_new" {d}; then echo same; else echo differ; fi; '
+            'rm -f "$rf_new"; '
+            "else echo same; fi")
 
 
 def install_keyring(key_url: str, dest: str, fingerprint: str | None = None) -> str:
@@ -60,16 +54,12 @@ def install_keyring(key_url: str, dest: str, fingerprint: str | None = None) -> 
     check = ""
     if fingerprint:
         fpr = shlex.quote(fingerprint.replace(" ", "").upper())
-        check = (
-            f"{{ gpg --batch --show-keys --with-colons {tmp} | grep -q '^fpr:.*:'{fpr}':$' || "
-            f"{{ echo 'key at '{shlex.quote(key_url)}' lacks fingerprint '{fpr} >&2; "
-            f"rm -f {tmp}; false; }}; }} && "
-        )
-    return (
-        f"install -d -m 0755 {shlex.quote(KEYRING_DIR)} && "
-        f"{_fetch_dearmored(key_url, tmp)} && test -s {tmp} && {check}"
-        f"install -m 0644 -o root -g root {tmp} {d} && rm -f {tmp}"
-    )
+        check = (f"{{ gpg --batch --show-keys --with-colons {tmp} | grep -q '^fpr:.*:'{fpr}':$' || "
+                 f"{{ echo 'key at '{shlex.quote(key_url)}' lacks fingerprint '{fpr} >&2; "
+                 f"rm -f {tmp}; false; }}; }} && ")
+    return (f"install -d -m 0755 {shlex.quote(KEYRING_DIR)} && "
+            f"{_fetch_dearmored(key_url, tmp)} && test -s {tmp} && {check}"
+            f"install -m 0644 -o root -g root {tmp} {d} && rm -f {tmp}")
 
 
 def deb822_sources(url: str, suite: str, components: Sequence[str] | str, signed_by: str) -> str:
@@ -84,24 +74,20 @@ def deb822_sources(url: str, suite: str, components: Sequence[str] | str, signed
 
 def branch_preferences(version_glob: str, packages: Sequence[str]) -> str:
     """apt preferences holding ``packages`` to the glob (1001: downgrades to it too)."""
-    return (
-        "# Managed by rigfleet: the NVIDIA driver stays on the pinned branch.\n"
-        f"Package: {' '.join(packages)}\n"
-        f"Pin: version {version_glob}\n"
-        "Pin-Priority: 1001\n"
-    )
+    return ("# Managed by rigfleet: the NVIDIA driver stays on the pinned branch.\n"
+            f"Package: {' '.join(packages)}\n"
+            f"Pin: version {version_glob}\n"
+            "Pin-Priority: 1001\n")
 
 
 def require_candidate(package: str, version_prefix: str, message: str) -> str:
     """Fail with ``message`` unless apt offers ``package`` at ``version_prefix*`` (a pin that
     matches nothing would let apt install the newest instead)."""
-    return (
-        f"rf_v=$(apt-cache madison {shlex.quote(package)} 2>/dev/null "
-        "| awk -F'|' '{gsub(/ /, \"\", $2); print $2}' | sort -uV | tr '\\n' ' '); "
-        f"printf '%s\\n' $rf_v | awk -v p={shlex.quote(version_prefix)} "
-        "'index($0, p) == 1 {f = 1} END {exit !f}' || "
-        f"{{ echo {shlex.quote(message)}\"; versions there: ${{rf_v:-none}}\" >&2; false; }}"
-    )
+    return (f"rf_v=$(apt-cache madison {shlex.quote(package)} 2>/dev/null "
+            "| awk -F'|' '{gsub(/ /, \"\", $2); print $2}' | sort -uV | tr '\\n' ' '); "
+            f"printf '%s\\n' $rf_v | awk -v p={shlex.quote(version_prefix)} "
+            "'index($0, p) == 1 {f = 1} END {exit !f}' || "
+            f"{{ echo {shlex.quote(message)}\"; versions there: ${{rf_v:-none}}\" >&2; false; }}")
 
 
 def update() -> str:

@@ -18,10 +18,8 @@ def pull(ref: str) -> str:
 def vllm_version(ref: str) -> str:
     """Ask the image itself which vLLM it carries (no GPU, no network, removed afterwards)."""
     code = "import vllm; print(vllm.__version__)"
-    return (
-        f"docker run --rm --network none --entrypoint python3 {shlex.quote(ref)} "
-        f"-c {shlex.quote(code)}"
-    )
+    return (f"docker run --rm --network none --entrypoint python3 {shlex.quote(ref)} "
+            f"-c {shlex.quote(code)}")
 
 
 def runtimes() -> str:

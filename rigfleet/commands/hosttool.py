@@ -40,11 +40,9 @@ def unit_name(swap_id: str) -> str:
 def _transient(unit: str, *args: str) -> str:
     """Run the tool as a transient unit: it outlives a dropped SSH session; ``KillMode=mixed``
     lets a stop request reach only the tool, which then stops its gate and rolls back."""
-    return (
-        f"systemd-run --unit {shlex.quote(unit)} --collect --quiet "
-        "--property=KillMode=mixed --property=TimeoutStopSec=900 "
-        "--setenv=PYTHONUNBUFFERED=1 " + tool(*args)
-    )
+    return (f"systemd-run --unit {shlex.quote(unit)} --collect --quiet "
+            "--property=KillMode=mixed --property=TimeoutStopSec=900 "
+            "--setenv=PYTHONUNBUFFERED=1 " + tool(*args))
 
 
 def start_swap(swap_id: str) -> str:

@@ -20,30 +20,26 @@ KEY_REJECTED_PATTERN = "Key was rejected by service|Loading of .* is rejected"
 
 def gpu_query(query_command: str) -> str:
     """Fact command: run the nvidia-smi query, or print the failure marker and its reason."""
-    return (
-        f"out=$({query_command} 2>&1) && printf '%s\\n' \"$out\" "
-        f"|| {{ echo {SMI_FAILED}; printf '%s\\n' \"$out\" | tail -n 3; }}"
-    )
+    return (f"out=$({query_command} 2>&1) && printf '%s\\n' \"$out\" "
+            f"|| {{ echo {SMI_FAILED}; printf '%s\\n' \"$out\" | tail -n 3; }}")
 
 
 def platform_report() -> str:
     """Fact command: ``key=value`` lines on init, architecture, Secure Boot and the driver's
     origin (``rigfleet.facts.Platform`` parses them); every part tolerates an absent tool."""
     mok = shlex.quote(DKMS_MOK_CERT)
-    return (
-        'echo "pid1=$(cat /proc/1/comm 2>/dev/null)"; '
-        "if [ -d /run/systemd/system ]; then echo systemd=yes; else echo systemd=no; fi; "
-        'echo "arch=$(dpkg --print-architecture 2>/dev/null)"; '
-        "if command -v mokutil >/dev/null 2>&1; then "
-        "mokutil --sb-state 2>&1 | sed 's/^/sb=/'; "
-        f"if [ -f {mok} ]; then echo mok_cert={mok}; "
-        f"mokutil --test-key {mok} 2>&1 | sed 's/^/mok=/'; fi; "
-        f"else [ -f {mok} ] && echo mok_cert={mok}; echo mokutil=missing; fi; "
-        f"if [ -e {RUN_UNINSTALLER} ]; then echo run_uninstaller=yes; fi; "
-        "if p=$(command -v nvidia-smi 2>/dev/null); then echo \"smi=$p\"; "
-        "echo \"smi_owner=$(dpkg -S \"$(readlink -f \"$p\")\" \"$p\" 2>/dev/null "
-        "| grep -v '^diversion' | head -n 1 | cut -d: -f1)\"; fi; true"
-    )
+    return ('echo "pid1=$(cat /proc/1/comm 2>/dev/null)"; '
+            "if [ -d /run/systemd/system ]; then echo systemd=yes; else echo systemd=no; fi; "
+            'echo "arch=$(dpkg --print-architecture 2>/dev/null)"; '
+            "if command -v mokutil >/dev/null 2>&1; then "
+            "mokutil --sb-state 2>&1 | sed 's/^/sb=/'; "
+            f"if [ -f {mok} ]; then echo mok_cert={mok}; "
+            f"mokutil --test-key {mok} 2>&1 | sed 's/^/mok=/'; fi; "
+            f"else [ -f {mok} ] && echo mok_cert={mok}; echo mokutil=missing; fi; "
+            f"if [ -e {RUN_UNINSTALLER} ]; then echo run_uninstaller=yes; fi; "
+            "if p=$(command -v nvidia-smi 2>/dev/null); then echo \"smi=$p\"; "
+            "echo \"smi_owner=$(dpkg -S \"$(readlink -f \"$p\")\" \"$p\" 2>/dev/null "
+            "| grep -v '^diversion' | head -n 1 | cut -d: -f1)\"; fi; true")
 
 
 # When a container host's systemd started (epoch seconds; PID 1 over a minute after the
@@ -55,23 +51,19 @@ SYSTEM_START = ("awk -v hz=\"$(getconf CLK_TCK)\" 'FNR == NR { if ($1 == \"btime
 def module_rejections() -> str:
     """Fact command: this boot's first lines saying that Secure Boot refused a module."""
     pattern = shlex.quote(KEY_REJECTED_PATTERN)
-    return (
-        f"since=$({SYSTEM_START} 2>/dev/null); "
-        f"{{ journalctl -b -q --no-pager ${{since:+--since @$since}} 2>/dev/null "
-        f"|| dmesg 2>/dev/null; }} | grep -E {pattern} | head -n 3; true"
-    )
+    return (f"since=$({SYSTEM_START} 2>/dev/null); "
+            f"{{ journalctl -b -q --no-pager ${{since:+--since @$since}} 2>/dev/null "
+            f"|| dmesg 2>/dev/null; }} | grep -E {pattern} | head -n 3; true")
 
 
 def mok_enrol_steps(cert: str = DKMS_MOK_CERT) -> str:
     """How a person enrols DKMS's signing key (shim's MokManager asks at the next boot)."""
-    return (
-        f"  1. on the host: sudo mokutil --import {cert}   (choose a one-time password)\n"
-        "  2. reboot it with a screen and keyboard attached; when the blue MOK manager asks, "
-        "choose Enroll MOK, Continue, Yes, type the one-time password, then Reboot\n"
-        "  3. run the deploy again (it will not reboot for you while the key is not "
-        "enrolled: nobody would be at the console to confirm)\n"
-        "  (or turn Secure Boot off in the firmware setup)"
-    )
+    return (f"  1. on the host: sudo mokutil --import {cert}   (choose a one-time password)\n"
+            "  2. reboot it with a screen and keyboard attached; when the blue MOK manager asks, "
+            "choose Enroll MOK, Continue, Yes, type the one-time password, then Reboot\n"
+            "  3. run the deploy again (it will not reboot for you while the key is not "
+            "enrolled: nobody would be at the console to confirm)\n"
+            "  (or turn Secure Boot off in the firmware setup)")
 
 
 def set_power_limit(index: int, watts: int) -> str:

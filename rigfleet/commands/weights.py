@@ -22,39 +22,27 @@ def venv_install(version: str, index_url: str | None = None) -> str:
         parts = urlsplit(index_url)
         if parts.scheme == "http" and parts.hostname:
             index += f" --trusted-host {shlex.quote(parts.hostname)}"
-    return (
-        f"( test -x {HF_VENV}/bin/python || python3 -m venv {HF_VENV} ) && "
-        f"{HF_VENV}/bin/pip install --disable-pip-version-check --no-input -q{index} "
-        f"{shlex.quote(f'huggingface_hub=={version}')}"
-    )
+    return (f"( test -x {HF_VENV}/bin/python || python3 -m venv {HF_VENV} ) && "
+            f"{HF_VENV}/bin/pip install --disable-pip-version-check --no-input -q{index} "
+            f"{shlex.quote(f'huggingface_hub=={version}')}")
 
 
-def fetch(
-    repo: str,
-    revision: str,
-    local_dir: str,
-    token_file: str | None = None,
-    endpoint: str | None = None,
-    mirrors: Sequence[str] = (),
-) -> str:
+def fetch(repo: str, revision: str, local_dir: str, token_file: str | None = None,
+          endpoint: str | None = None, mirrors: Sequence[str] = ()) -> str:
     """Run the fetcher (the token stays in its file); ``mirrors`` are tried before the hub."""
     env = f"HF_ENDPOINT={shlex.quote(endpoint)} " if endpoint else ""
     token = f" --token-file {shlex.quote(token_file)}" if token_file else ""
     mirror = "".join(f" --mirror {shlex.quote(m)}" for m in mirrors)
-    return (
-        f"{env}HF_HUB_DISABLE_TELEMETRY=1 {HF_VENV}/bin/python {FETCH_SCRIPT} fetch "
-        f"--repo {shlex.quote(repo)} --revision {shlex.quote(revision)} "
-        f"--local-dir {shlex.quote(local_dir)} --lock-dir {LOCK_DIR}{token}{mirror}"
-    )
+    return (f"{env}HF_HUB_DISABLE_TELEMETRY=1 {HF_VENV}/bin/python {FETCH_SCRIPT} fetch "
+            f"--repo {shlex.quote(repo)} --revision {shlex.quote(revision)} "
+            f"--local-dir {shlex.quote(local_dir)} --lock-dir {LOCK_DIR}{token}{mirror}")
 
 
 def adopt(repo: str, revision: str, old: str, new: str) -> str:
     """Move verified pre-revision weights ``old`` to ``new`` and leave ``old`` a link to it."""
-    return (
-        f"{HF_VENV}/bin/python {FETCH_SCRIPT} adopt --repo {shlex.quote(repo)} "
-        f"--revision {shlex.quote(revision)} --from {shlex.quote(old)} --to {shlex.quote(new)} "
-        f"--lock-dir {LOCK_DIR}"
-    )
+    return (f"{HF_VENV}/bin/python {FETCH_SCRIPT} adopt --repo {shlex.quote(repo)} "
+            f"--revision {shlex.quote(revision)} --from {shlex.quote(old)} --to {shlex.quote(new)} "
+            f"--lock-dir {LOCK_DIR}")
 
 
 def remove(paths: Sequence[str]) -> str:

@@ -7,19 +7,20 @@ is slow, 2 some host could not be examined, 3 the inventory cannot be read.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
-from rigfleet.catalog import DEFAULT_MARGIN, StackSpec
+from rigfleet.catalog import DEFAULT_MARGIN, Catalog, StackSpec
 from rigfleet.cliargs import fleet_options
 from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
 from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.bench.baseline import baseline_for
+from rigfleet.inventory import gpu_hosts
 from rigfleet.tables import Table, ratio, show
 
 EXIT_OK, EXIT_SLOW, EXIT_UNREACHABLE, EXIT_ERROR = 0, 1, 2, 3
@@ -35,6 +36,9 @@ class Diagnosis:
     verdict: Verdict | None = None
     causes: list[Cause] = field(default_factory=list)
     error: str = ""
+    probe: HostProbe | None = None  # what the verdict's baseline is read from
+    spec: StackSpec | None = None
+    scale: float = 1.0  # the host's throughput_scale
 
     def to_dict(self) -> dict[str, Any]:
         ev = self.evidence
@@ -58,35 +62,32 @@ def expectations(spec: StackSpec | None, probe: HostProbe) -> Expect:
                   gate_acceptance=last.acceptance if last and last.stack == spec.name else None)
 
 
-def examine(host: str, probe: HostProbe,
-            catalog_get: Callable[[str], StackSpec | None]) -> Diagnosis:
+def examine(host: str, probe: HostProbe, catalog: Catalog, scale: float = 1.0) -> Diagnosis:
     """The evidence and causes of one probed host (the verdict needs the fleet)."""
     ev = parse_evidence(host, probe.section("doctor"))
     stack = ev.stack or probe.state.get("stack")
-    spec = catalog_get(stack) if isinstance(stack, str) else None
-    state = probe.state
-    pins = tuple(str(state.get(k) or "") for k in ("digest", "genesis_commit",
-                                                   "model_revision"))
-    d = Diagnosis(host, stack if isinstance(stack, str) else None, pins, ev, error=ev.error)
+    stack = stack if isinstance(stack, str) else None
+    spec = catalog.get(stack) if stack is not None and stack in catalog else None
+    pins = tuple(str(probe.state.get(k) or "") for k in ("digest", "genesis_commit",
+                                                         "model_revision"))
+    d = Diagnosis(host, stack, pins, ev, error=ev.error, probe=probe, spec=spec, scale=scale)
     if not ev.error:
         d.causes = diagnose(ev, expectations(spec, probe))
     return d
 
 
-def judge_fleet(diagnoses: Sequence[Diagnosis], probes: dict[str, HostProbe],
-                specs: dict[str, StackSpec | None], scales: dict[str, float]) -> None:
+def judge_fleet(diagnoses: Sequence[Diagnosis]) -> None:
     """Each host's verdict against its baseline and its peers' median."""
     for d in diagnoses:
-        if d.evidence is None or d.error:
+        if d.evidence is None or d.error or d.probe is None:
             continue
-        spec = specs.get(d.host)
+        spec = d.spec
         now = d.evidence.load_decode
         base, source = None, ""
         margin = spec.throughput.margin if spec and spec.throughput else DEFAULT_MARGIN
         if spec is not None:
             ref = spec.throughput.reference if spec.throughput else {}
-            b = baseline_for(probes[d.host].throughput_history, spec.name, ref,
-                             scales.get(d.host, 1.0), HISTORY_N)
+            b = baseline_for(d.probe.throughput_history, spec.name, ref, d.scale, HISTORY_N)
             base, source = b.figures.get("narrative"), b.sources.get("narrative", "")
         peers = [p.evidence.load_decode for p in diagnoses
                  if p.evidence and p.evidence.load_decode is not None and not p.error
@@ -136,11 +137,8 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
             rank += c.kind == CAUSE
             head = f"{rank}. {c.title} (~{c.impact:.0%})" if c.kind == CAUSE else \
                 f"info: {c.title}"
-            text = f"{head}: {'; '.join(c.evidence)}"
-            if c.fix:
-                text += f" -> {c.fix}"
-            if c.basis:
-                text += f" [{c.basis}]"
+            text = (f"{head}: {'; '.join(c.evidence)}" + (f" -> {c.fix}" if c.fix else "")
+                    + (f" [{c.basis}]" if c.basis else ""))
             table.note(d.host, Text(text, style="yellow" if c.kind == CAUSE else ""))
     return table
 
@@ -148,13 +146,9 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
 def run(args: argparse.Namespace) -> int:
     from rigfleet.cliargs import fleet_hosts
     from rigfleet.fleetview import fleet_view
-    from rigfleet.inventory import gpu_hosts
     from rigfleet.ssh import SshRemote
 
     hosts = gpu_hosts(fleet_hosts(args))
-    probes: dict[str, HostProbe] = {}
-    specs: dict[str, StackSpec | None] = {}
-    scales: dict[str, float] = {}
     Console(stderr=True).print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load "
                                "each ...")
     diagnoses = []
@@ -163,17 +157,10 @@ def run(args: argparse.Namespace) -> int:
         if view.want is None or view.probe is None:
             diagnoses.append(Diagnosis(view.name, error=view.error or "no probe"))
             continue
-        catalog = view.want.settings.catalog
-
-        def get(name: str, catalog: Any = catalog) -> StackSpec | None:
-            return catalog.get(name) if name in catalog else None
-
-        d = examine(view.name, view.probe, get)
-        diagnoses.append(d)
-        probes[view.name] = view.probe
-        specs[view.name] = get(d.stack) if d.stack else None
-        scales[view.name] = view.want.settings.throughput_scale
-    judge_fleet(diagnoses, probes, specs, scales)
+        settings = view.want.settings
+        diagnoses.append(examine(view.name, view.probe, settings.catalog,
+                                 settings.throughput_scale))
+    judge_fleet(diagnoses)
     show(args.json, {"hosts": [d.to_dict() for d in diagnoses]},
          render(diagnoses, f"rigfleet doctor ({args.inventory})"))
     if any(d.error for d in diagnoses):

@@ -13,10 +13,13 @@ import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from statistics import fmean
 from typing import Any
 
-_NA = {"", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]",
-       "[insufficient permissions]"}
+# nvidia-smi's words: no value, and a clock event reason's state.
+_WORDS: dict[str, bool | None] = {
+    **dict.fromkeys(("", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]",
+                     "[insufficient permissions]")), "active": True, "not active": False}
 _REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
             "hw_power_brake_slowdown")
 
@@ -24,12 +27,8 @@ _REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "sw_thermal_sl
 def _value(raw: str) -> str | float | bool | None:
     text = raw.strip()
     low = text.lower()
-    if low in _NA:
-        return None
-    if low == "active":
-        return True
-    if low == "not active":
-        return False
+    if low in _WORDS:
+        return _WORDS[low]
     try:
         return float(int(low, 16)) if low.startswith("0x") else float(text)
     except ValueError:
@@ -50,10 +49,6 @@ def parse_sample(sample: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _num(row: Mapping[str, Any], key: str) -> float | None:
     v = row.get(key)
     return float(v) if isinstance(v, float) else None
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def _over(rows: Sequence[Mapping[str, Any]], key: str,
@@ -97,9 +92,9 @@ def summarise(index: int, idle: Mapping[str, Any], load: Sequence[Mapping[str, A
     return Card(
         index=index, name=str(first.get("name") or ""), power_limit_w=at("power.limit"),
         power_default_w=at("power.default_limit"), power_max_w=at("power.max_limit"),
-        power_draw_w=over("power.draw", _mean), power_draw_max_w=over("power.draw", max),
-        utilization=over("utilization.gpu", _mean), clocks_sm=over("clocks.sm", _mean),
-        clocks_mem=over("clocks.mem", _mean), clocks_max_sm=at("clocks.max.sm"),
+        power_draw_w=over("power.draw", fmean), power_draw_max_w=over("power.draw", max),
+        utilization=over("utilization.gpu", fmean), clocks_sm=over("clocks.sm", fmean),
+        clocks_mem=over("clocks.mem", fmean), clocks_max_sm=at("clocks.max.sm"),
         clocks_max_mem=at("clocks.max.mem"),
         reasons=tuple(r for r in _REASONS
                       if any(row.get(f"clocks_event_reasons.{r}") is True for row in load)),

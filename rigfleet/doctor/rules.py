@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 
 from rigfleet.doctor.evidence import Card, Evidence
 from rigfleet.hostside.layout import CACHE_ROOT
@@ -67,13 +68,11 @@ class Cause:
 
 
 def single_card_speed(cap_w: float) -> float:
+    """Linear between the curve's points (extrapolated below the first, at least 0.3)."""
     pts = SINGLE_CARD_CURVE
     if cap_w >= pts[-1][0]:
         return pts[-1][1]
-    lo = 0
-    while lo < len(pts) - 2 and cap_w > pts[lo + 1][0]:
-        lo += 1
-    (x0, y0), (x1, y1) = pts[lo], pts[lo + 1]
+    (x0, y0), (x1, y1) = next((a, b) for a, b in pairwise(pts) if cap_w <= b[0])
     return max(0.3, y0 + (cap_w - x0) * (y1 - y0) / (x1 - x0))
 
 
@@ -272,8 +271,7 @@ def kv_and_batching(ev: Evidence, exp: Expect) -> list[Cause]:
     elif kv_lines:
         out.append(Cause("kv-dtype", "the engine warns about the KV cache dtype", INFO, 0.0,
                          kv_lines[:3]))
-    batched = tuple(warnings.get("batched_tokens") or ())
-    if batched:
+    if batched := tuple(warnings.get("batched_tokens") or ()):
         out.append(Cause("batched-tokens", "the engine warns about max-num-batched-tokens",
                          INFO, 0.0, batched[:2],
                          "raise vllm.max_num_batched_tokens in a copy of the stack file (seed "

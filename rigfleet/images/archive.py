@@ -79,8 +79,7 @@ def images_in_manifest(manifest: Any) -> tuple[ArchivedImage, ...]:
 
 
 def inspect_archive(path: str | Path) -> ArchiveInfo:
-    """What a ``docker save`` archive holds (configs hashed), with its sidecar; remembered
-    while the file is unchanged."""
+    """What a ``docker save`` archive holds (configs hashed) and its sidecar; cached per mtime."""
     p = Path(path)
     try:
         st = p.stat()
@@ -108,8 +107,7 @@ def inspect_archive(path: str | Path) -> ArchiveInfo:
 
 
 def _read(tar: tarfile.TarFile, name: str) -> bytes:
-    f = tar.extractfile(tar.getmember(name))
-    if f is None:
+    if (f := tar.extractfile(tar.getmember(name))) is None:
         raise ValueError(f"{name} is not a file")
     return f.read()
 

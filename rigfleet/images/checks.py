@@ -10,16 +10,12 @@ its ``HostImageState``; a checker remembers its answers (each registry once per 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cache
 from pathlib import Path
 
 from rigfleet.hostdata import HostSettings
 from rigfleet.image_sources import NO_CHECK, ImageSource
-from rigfleet.images.archive import (
-    ArchiveError,
-    ArchiveInfo,
-    archive_name,
-    inspect_archive,
-)
+from rigfleet.images.archive import ArchiveError, archive_name, inspect_archive
 from rigfleet.images.hoststate import HostImageState
 from rigfleet.images.plan import SourceResult, WantedImage, registry_ref
 from rigfleet.registry import (
@@ -44,14 +40,8 @@ class SourceChecker:
     """Checks sources for images; one per deploy run or command (answers are kept)."""
 
     def __init__(self, registry: Callable[[str], Registry] = Registry) -> None:
-        self._registry = registry
-        self._clients: dict[str, Registry] = {}
+        self.client: Callable[[str], Registry] = cache(registry)  # one client per URL
         self._there: dict[tuple[str, str, str], _Found] = {}
-
-    def client(self, url: str) -> Registry:
-        if url not in self._clients:
-            self._clients[url] = self._registry(url)
-        return self._clients[url]
 
     def results(self, w: WantedImage, settings: HostSettings, state: HostImageState,
                 sources: Sequence[ImageSource] | None = None) -> list[SourceResult]:
@@ -135,7 +125,7 @@ class SourceChecker:
         seen: list[str] = []
         for f in files:
             try:
-                info: ArchiveInfo = inspect_archive(f)
+                info = inspect_archive(f)
             except ArchiveError as e:
                 seen.append(str(e))
                 continue
@@ -170,8 +160,7 @@ def host_archive(index: int, source: ImageSource, w: WantedImage,
 
 
 def check_url(source: ImageSource, w: WantedImage, settings: HostSettings) -> str | None:
-    """Where this machine checks a ``hub`` source: its ``check``, else (for a Docker Hub name)
-    host data ``bump_registry``, else the image's own registry."""
+    """Where this machine checks a ``hub`` source (a Docker Hub name: ``bump_registry``)."""
     if source.check is not None:
         return source.check
     host, _ = registry_of(w.repository)

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rigfleet.cliargs import fleet_options
+from rigfleet.cliargs import fleet_hosts, fleet_options
 from rigfleet.errors import RigfleetError
 from rigfleet.images.archive import (
     ArchivedImage,
@@ -33,6 +33,7 @@ from rigfleet.images.archive import (
 )
 from rigfleet.images.plan import WantedImage, wanted_images
 from rigfleet.images.transfer import Counted, export_image, load_archive, progress_bar
+from rigfleet.inventory import gpu_hosts
 from rigfleet.tables import Table, show
 
 
@@ -72,9 +73,6 @@ def add_parser(subparsers: Any) -> None:
 
 def _hosts(args: argparse.Namespace) -> list[Any]:
     """The inventory's GPU hosts (a balancer-only host has no images), ``--limit`` applied."""
-    from rigfleet.cliargs import fleet_hosts
-    from rigfleet.inventory import gpu_hosts
-
     hosts = gpu_hosts(fleet_hosts(args))
     if not hosts:
         raise ImagesCliError(f"{args.inventory}: no GPU host"
@@ -150,8 +148,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise ImagesCliError("import: say where it goes: --host NAME (load it into that host's "
                              "engine) and/or --into DIR (keep it as an archive image source)")
     targets = {h.name: h for h in _hosts(args)} if args.host else {}
-    unknown = [h for h in args.host if h not in targets]
-    if unknown:
+    if unknown := [h for h in args.host if h not in targets]:
         raise ImagesCliError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
                              f"{', '.join(targets)}")
     info = inspect_archive(args.file)
@@ -175,8 +172,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         write_sidecar(dest, image=image, digest=digest, image_id=chosen.image_id,
                       vllm_version=sidecar.get("vllm_version"), sha256=sha,
                       bytes=info.size, imported_from=str(args.file))
-        result["into"] = str(dest)
-        result["sha256"] = sha
+        result.update(into=str(dest), sha256=sha)
     if args.host:
         result["hosts"] = _load_hosts(args, targets, image, digest, chosen.image_id)
     pins = {k: v for k, v in (("image", image), ("digest", digest),

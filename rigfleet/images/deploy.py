@@ -53,12 +53,10 @@ class ImageState(FactBase[HostImageState]):
 def fact_arguments(want: DesiredHost) -> dict[str, Any]:
     wanted, _ = wanted_images({n: s.pins for n, s in want.stacks.items()})
     sources = want.settings.image_sources
-    return {
-        "refs": tuple(dict.fromkeys(r for w in wanted for r in w.refs)),
-        "archives": tuple(str(s.path) for s in sources if s.kind == "host-archive"),
-        "spaces": (ROOT, *dict.fromkeys(s.upload_dir for s in sources
-                                        if s.kind == "archive" and s.via == "upload")),
-    }
+    return {"refs": tuple(dict.fromkeys(r for w in wanted for r in w.refs)),
+            "archives": tuple(str(s.path) for s in sources if s.kind == "host-archive"),
+            "spaces": (ROOT, *dict.fromkeys(s.upload_dir for s in sources
+                                            if s.kind == "archive" and s.via == "upload"))}
 
 
 def build_plan(want: DesiredHost, state: HostImageState, checker: SourceChecker,

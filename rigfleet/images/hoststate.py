@@ -97,9 +97,9 @@ def state_script(refs: Iterable[str], archives: Iterable[str] = (),
         "while [ ! -d \"$q\" ]; do q=$(dirname \"$q\"); done; "
         "df -Pk \"$q\" 2>/dev/null | awk -v k=\"$1\" "
         "'NR==2 {printf \"free\\t%s\\t%s\\t%.0f\\n\", k, $1, $4*1024}'; }",
+        f"for f in {shlex.quote(loaded_dir)}/*; do [ -f \"$f\" ] && "
+        "read -r i < \"$f\" && printf 'loaded\\t%s\\t%s\\n' \"${f##*/}\" \"$i\"; done",
     ]
-    lines.append(f"for f in {shlex.quote(loaded_dir)}/*; do [ -f \"$f\" ] && read -r i < \"$f\" && "
-                 "printf 'loaded\\t%s\\t%s\\n' \"${f##*/}\" \"$i\"; done")
     lines += [f"rf_img {shlex.quote(r)}" for r in dict.fromkeys(refs)]
     lines += [f"rf_path {shlex.quote(p)}" for p in dict.fromkeys(archives)]
     lines += [f"rf_free {shlex.quote(s)}" for s in dict.fromkeys(spaces)]

@@ -183,10 +183,6 @@ class StagingPlan:
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
-    @property
-    def changes(self) -> bool:
-        return any(p.steps for p in self.images)
-
 
 def tag_command(src: str, image: str) -> str:
     return f"docker tag {shlex.quote(src)} {shlex.quote(image)}"
@@ -298,9 +294,7 @@ def refusal(host: str, p: ImagePlan) -> list[str]:
 def disk_problems(host: str, plans: Sequence[ImagePlan],
                   state: HostImageState) -> tuple[list[str], list[str]]:
     """(refusals, notes): the space the fetches need per filesystem against what is free."""
-    per_fs: dict[str, int] = {}
-    where: dict[str, str] = {}
-    items: dict[str, list[str]] = {}
+    per_fs: dict[str, tuple[str, list[int], list[str]]] = {}  # -> (path, sizes, what they are)
     notes: list[str] = []
     for p in plans:
         for key, nbytes in p.need.items():
@@ -309,17 +303,18 @@ def disk_problems(host: str, plans: Sequence[ImagePlan],
             if space is None:
                 notes.append(f"{host}: free space on {path} unknown; the disk check skipped it")
                 continue
-            per_fs[space.filesystem] = per_fs.get(space.filesystem, 0) + nbytes
-            where.setdefault(space.filesystem, path)
-            items.setdefault(space.filesystem, []).append(
-                f"{p.want.image} from {p.source.label if p.source else '?'} ~{_gib(nbytes)}")
+            _, sizes, items = per_fs.setdefault(space.filesystem, (path, [], []))
+            sizes.append(nbytes)
+            items.append(f"{p.want.image} from {p.source.label if p.source else '?'} "
+                         f"~{_gib(nbytes)}")
     problems = []
-    for fs, nbytes in per_fs.items():
+    for fs, (path, sizes, items) in per_fs.items():
+        need = sum(sizes) + RESERVE_BYTES
         free = next(s.free for s in state.free.values() if s.filesystem == fs)
-        if nbytes + RESERVE_BYTES > free:
+        if need > free:
             problems.append(
-                f"{host}: image_sources: staging needs ~{_gib(nbytes + RESERVE_BYTES)} on "
-                f"{where[fs]} ({fs}; {'; '.join(items[fs])}; {_gib(RESERVE_BYTES)} kept free) "
+                f"{host}: image_sources: staging needs ~{_gib(need)} on "
+                f"{path} ({fs}; {'; '.join(items)}; {_gib(RESERVE_BYTES)} kept free) "
                 f"but {_gib(free)} is free; allowed: more free space there (`docker image "
                 "prune -a` removes images no container uses), or fewer staged stacks")
     return problems, notes

@@ -67,7 +67,7 @@ def table(rows: Sequence[HostImages], title: str = "rigfleet images status") -> 
             t.row(row.host, present, local, source_cell(p), p.want.image)
             found = (f"; {p.source.label}: {p.source.reason}"
                      if p.action == "fetch" and p.source is not None else "")
-            t.note(row.host, f"{p.want.image} (stacks {', '.join(p.want.stacks)}){found}")
+            t.note(row.host, f"{p.want.label}{found}")
         for line in row.problems:
             t.note(row.host, Text(line.removeprefix(f"{row.host}: "), style="red"))
         for line in row.plan.notes:

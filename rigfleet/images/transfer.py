@@ -2,7 +2,6 @@
 stream (nothing is staged on the host), hash what passes, and verify by image id::
 
     saved = export_image(SshRemote(), host, want, Path("/srv/image-archive"), "0.27.1")
-    saved.path, saved.sha256, saved.image_id
     done = load_archive(SshRemote(), host, want, "/srv/image-archive/x.tar")   # "loaded"
 """
 
@@ -49,19 +48,13 @@ class SavedArchive:
 @contextmanager
 def progress_bar(description: str, total: int | None) -> Iterator[Meter]:
     """A progress bar on stderr for a transfer; yields the callback to feed bytes to."""
+    from rich import progress
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
 
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-               TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+    columns = (progress.TextColumn("{task.description}"), progress.BarColumn(),
+               progress.DownloadColumn(), progress.TransferSpeedColumn(),
+               progress.TimeRemainingColumn())
+    with progress.Progress(*columns, console=Console(stderr=True), transient=False) as bar:
         task = bar.add_task(description, total=total or None)
         yield lambda n: bar.advance(task, n)
 
@@ -179,7 +172,6 @@ def load_archive(remote: Remote, host: InventoryHost, want: WantedImage, path: s
     if rc != 0:
         raise ImageError(f"{host.name}: docker tag {want.image} failed: {out.strip()[-300:]}")
     after = host_state(remote, host, (want.image,)).images.get(want.image)
-    problem = verify_staged(want, after, None)
-    if problem:
+    if problem := verify_staged(want, after, None):
         raise ImageError(f"{host.name}: {problem} (loaded from {path})")
     return done

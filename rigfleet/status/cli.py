@@ -6,31 +6,28 @@ Prometheus instead (docs/monitoring-rules.md).
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from rigfleet.cliargs import UsageError, fleet_options
+from rigfleet.balancer.status import balancer_rows
+from rigfleet.cliargs import UsageError, fleet_options, select
+from rigfleet.inventory import balancers, gpu_hosts
+from rigfleet.ssh import SshRemote
 from rigfleet.status.render import as_json, render_balancers, render_table
-from rigfleet.status.rows import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_UNREACHABLE,
-    exit_status,
-    fleet_status,
-)
+from rigfleet.status.rows import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, exit_status, fleet_status
 from rigfleet.tables import show
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "status", parents=[fleet_options()],
-        help="one row per host: reachable, stack, pins, last gate, drift",
-        description="One row per host: what it runs and whether it drifted from the "
-                    "inventory + pins.",
-    )
+    p = subparsers.add_parser("status", parents=[fleet_options()],
+                              help="one row per host: reachable, stack, pins, last gate, drift",
+                              description="One row per host: what it runs and whether it "
+                                          "drifted from the inventory + pins.")
     g = p.add_argument_group("page")
     g.add_argument("--html", metavar="FILE",
                    help="write a self-contained HTML page (per-host tokens/s over time, the "
@@ -52,10 +49,7 @@ def _hours(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rigfleet.balancer.status import balancer_rows
-    from rigfleet.cliargs import select
-    from rigfleet.inventory import balancers, gpu_hosts, load_inventory
-    from rigfleet.ssh import SshRemote
+    from rigfleet.inventory import load_inventory  # looked up when run (tests stand it in)
 
     if args.html and args.json:
         raise UsageError("--html with --json: allowed: one of them (the page, or the rows "
@@ -76,13 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str]) -> int:
     """``--html FILE``: ask the monitor's Prometheus over SSH, render, write."""
-    import time
-    from pathlib import Path
-
-    from rigfleet.inventory import gpu_hosts
     from rigfleet.monitor.page import PageInput, render
     from rigfleet.monitor.query import MonitorError, fetch, monitor_host
-    from rigfleet.ssh import SshRemote
 
     err = Console(stderr=True)
     try:

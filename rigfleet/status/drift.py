@@ -77,9 +77,8 @@ def supervisor_drift(sup: Mapping[str, Any] | None) -> list[str]:
 
 def find_drift(want: DesiredHost, probe: HostProbe) -> list[str]:
     """Everything on the host that differs from ``want``, one short line each."""
-    drift: list[str] = []
     gpus, gpu_error = parse_gpus(probe.section("gpu"))
-    drift += [gpu_error] if gpu_error else cap_drift(want.settings.power_caps_w, gpus)
+    drift = [gpu_error] if gpu_error else cap_drift(want.settings.power_caps_w, gpus)
     drift += _stack_drift(want, probe)
     drift += supervisor_drift(probe.supervisor)
     if want.genesis is not None:

@@ -13,10 +13,6 @@ from rigfleet.status.rows import StatusRow
 from rigfleet.tables import Table
 
 
-def _hex(value: str | None, n: int = 8) -> str:
-    return value.removeprefix("sha256:")[:n] if value else "-"
-
-
 def _when(iso: str | None) -> str:
     """``2026-11-29T16:45:02+00:00`` -> ``11-29 16:45`` for a table cell."""
     if not iso:
@@ -29,8 +25,7 @@ def as_json(rows: Sequence[StatusRow],
     """``--json``: hosts, ok, and the unfinished bumps and the balancers when there are any."""
     out: dict[str, Any] = {"hosts": [{**asdict(r), "ok": r.ok} for r in rows],
                            "ok": all(r.ok for r in rows) and all(b.ok for b in balancers)}
-    bumps = bump_summaries(rows)
-    if bumps:
+    if bumps := bump_summaries(rows):
         out["bumps"] = bumps
     if balancers:
         out["balancers"] = [{**asdict(b), "ok": b.ok} for b in balancers]
@@ -99,11 +94,8 @@ def tok_s(throughput: dict | None) -> Text:
     """``89/119`` (narrative/code decode tok/s of the last gate), red when it failed."""
     if not throughput:
         return Text("-")
-
-    def one(v: object) -> str:
-        return f"{v:.0f}" if isinstance(v, int | float) else "-"
-
-    text = f"{one(throughput.get('narrative'))}/{one(throughput.get('code'))}"
+    text = "/".join(f"{v:.0f}" if isinstance(v, int | float) else "-"
+                    for v in (throughput.get("narrative"), throughput.get("code")))
     return Text(text, style="red" if throughput.get("result") == "fail" else "")
 
 
@@ -128,7 +120,8 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> T
                      else Text("none", style="green"))
             for line in r.drift:
                 table.note(r.host, Text(line, style="yellow"))
-        pins = "/".join((_hex(r.digest, 7), _hex(r.genesis, 7), _hex(r.model_revision, 7)))
+        pins = "/".join(v.removeprefix("sha256:")[:7] if v else "-"
+                        for v in (r.digest, r.genesis, r.model_revision))
         gate = "-" if r.gate is None else f"{r.gate} {_when(r.gate_time)}".strip()
         cells: list[Any] = [r.host, stack, pins if r.reachable else "-", gate,
                             tok_s(r.throughput), drift]

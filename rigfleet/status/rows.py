@@ -49,24 +49,20 @@ class StatusRow:
 
 def gate_summary(probe: HostProbe) -> tuple[str | None, str | None]:
     """(result, time) of the last gate: ``state.json``'s ``gate``, else the newest report."""
-    record = probe.gate
-    if record is not None:
+    if (record := probe.gate) is not None:
         return record.result, record.at
-    report = probe.newest_report
-    if report is not None:
+    if (report := probe.newest_report) is not None:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(report.mtime))
         return f"report {Path(report.file).name}: {report.text}", when
     return None, None
 
 
 def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> StatusRow:
-    state = probe.state
     c = probe.containers.get(want.current.spec.container_name) or {}
     running = next((n for n, v in probe.containers.items() if v.get("status") == "running"),
                    None)
-    stack = state.get("stack") or c.get("stack") or None
-    if stack is None and running:
-        stack = running.removeprefix("rigfleet-")
+    stack = probe.state.get("stack") or c.get("stack") or (
+        running.removeprefix("rigfleet-") if running else None)
     digests = [str(d) for d in c.get("digests") or []]
     digest = want.current.pins.digest if want.current.pins.digest in digests else (
         digests[0] if digests else None)
@@ -75,20 +71,11 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
     throughput = None if last is None else {
         "stack": last.stack, "narrative": last.decode("narrative"), "code": last.decode("code"),
         "result": last.result, "at": last.at, "scale": last.scale}
-    return StatusRow(
-        host=want.name,
-        reachable=True,
-        stack=stack,
-        digest=digest,
-        genesis=probe.section("genesis").get("head"),
-        model_revision=probe.section("manifest").get("revision"),
-        gate=result,
-        gate_time=when,
-        drift=find_drift(want, probe),
-        seconds=round(seconds, 2),
-        throughput=throughput,
-    )
-
+    return StatusRow(want.name, True, stack=stack, digest=digest,
+                     genesis=probe.section("genesis").get("head"),
+                     model_revision=probe.section("manifest").get("revision"), gate=result,
+                     gate_time=when, drift=find_drift(want, probe), seconds=round(seconds, 2),
+                     throughput=throughput)
 
 
 def desired_choices(settings: HostSettings, pins: Pins,
@@ -143,12 +130,9 @@ def host_status(host: InventoryHost, timeout: float = 20.0, pins_base: Path | No
     return row
 
 
-def fleet_status(
-    hosts: Sequence[InventoryHost],
-    timeout: float = 20.0,
-    pins_base: Path | None = None,
-    probe: Callable[[InventoryHost], StatusRow] | None = None,
-) -> list[StatusRow]:
+def fleet_status(hosts: Sequence[InventoryHost], timeout: float = 20.0,
+                 pins_base: Path | None = None,
+                 probe: Callable[[InventoryHost], StatusRow] | None = None) -> list[StatusRow]:
     """Every host's row, probed at once, in inventory order (``probe``: tests' stand-in)."""
     return each_host(hosts, probe or (lambda h: host_status(h, timeout, pins_base)),
                      lambda h, why: StatusRow(h.name, reachable=False, error=why),

@@ -231,10 +231,8 @@ def test_examine_judge_and_render_a_small_fleet():
               "rig-b": HostProbe({"state": state, "doctor": slow}),
               "rig-c": HostProbe({"state": state, "doctor": {"error": "nothing verified"}})}
     catalog = builtin_catalog()
-    diagnoses = [examine(name, p, lambda n: catalog.get(n) if n in catalog else None)
-                 for name, p in probes.items()]
-    specs = {d.host: catalog.get("tq3-mtp-genesis") for d in diagnoses}
-    judge_fleet(diagnoses, probes, specs, {"rig-a": 1.0, "rig-b": 1.0, "rig-c": 1.0})
+    diagnoses = [examine(name, p, catalog) for name, p in probes.items()]
+    judge_fleet(diagnoses)
     a, b, c = diagnoses
     assert a.verdict and not a.verdict.slow
     assert b.verdict and b.verdict.slow and b.causes[0].id == "pcie-link"

@@ -112,7 +112,8 @@ def test_pulled_digest_with_another_id_refuses_naming_the_pins() -> None:
 
 def test_converged_host_has_no_steps() -> None:
     plan = plan_host("host1", [W], state({IMAGE: pulled(tags=(IMAGE,))}), {})
-    assert not plan.changes and plan.problems == () and plan.images[0].action == "present"
+    assert not any(p.steps for p in plan.images)
+    assert plan.problems == () and plan.images[0].action == "present"
 
 
 # --- fetch commands per source ---------------------------------------------------------------
