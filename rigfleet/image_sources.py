@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
+from rigfleet.hostchecks import HostChecker
 from rigfleet.hostside.layout import CACHE_ROOT
 
 KINDS = ("hub", "registry", "archive", "host-archive")
@@ -69,28 +70,7 @@ class ImageSource:
 DEFAULT_SOURCES: tuple[ImageSource, ...] = (ImageSource("hub"),)
 
 
-class Checks(Protocol):
-    """What ``parse_sources`` needs of the host-data checker (``rigfleet.hostdata``'s)."""
-
-    def bad(self, key: str, value: Any, allowed: str, what: str = ...) -> None: ...
-
-    def missing(self, key: str, allowed: str | None = ...) -> None: ...
-
-    def choice(self, key: str, value: Any, choices: Any, required: bool = ...) -> str | None: ...
-
-    def string(self, key: str, value: Any, pattern: Any, allowed: str,
-               required: bool = ...) -> str | None: ...
-
-    def posix_path(self, key: str, value: Any, allowed: str = ...,
-                   required: bool = ...) -> str | None: ...
-
-    def mapping(self, key: str, value: Any, keys: Any,
-                required: bool = ...) -> dict[Any, Any] | None: ...
-
-    def url(self, key: str, value: Any) -> str | None: ...
-
-
-def parse_sources(c: Checks, key: str, value: Any) -> tuple[ImageSource, ...]:
+def parse_sources(c: HostChecker, key: str, value: Any) -> tuple[ImageSource, ...]:
     """Validate ``image_sources`` (None: the default); problems go to ``c`` (the result counts
     only when it has none)."""
     if value is None:
@@ -108,7 +88,7 @@ def parse_sources(c: Checks, key: str, value: Any) -> tuple[ImageSource, ...]:
     return tuple(out) if len(out) == len(value) else DEFAULT_SOURCES
 
 
-def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
+def _source(c: HostChecker, base: str, entry: Any, shape: str) -> ImageSource | None:
     if not isinstance(entry, dict):
         c.bad(base, entry, shape, "is not a mapping")
         return None
@@ -151,7 +131,7 @@ def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
     return ImageSource("archive", path=path, via=via or "stream", upload_dir=upload_dir)
 
 
-def _check_url(c: Checks, base: str, entry: dict[Any, Any]) -> str | None:
+def _check_url(c: HostChecker, base: str, entry: dict[Any, Any]) -> str | None:
     check = entry.get("check")
     if check is None or check == NO_CHECK:
         return check

@@ -222,8 +222,7 @@ class Problems:
         if has_control(value):
             self.bad(key, value, allowed, "holds control characters")
             return None
-        if (pattern is None and not value.strip()) or (
-                pattern is not None and not pattern.fullmatch(value)):
+        if not (pattern.fullmatch(value) if pattern else value.strip()):
             self.bad(key, value, allowed)
             return None
         return value
@@ -231,10 +230,9 @@ class Problems:
     def integer(self, key: str, value: Any, low: int | None = None, high: int | None = None,
                 allowed: str | None = None, required: bool = True) -> int | None:
         """An integer (never a bool) within ``low..high``."""
-        bounds = (f"{low}..{high}" if low is not None and high is not None
-                  else f">= {low}" if low is not None else f"<= {high}" if high is not None
-                  else "")
-        allowed = self.allowed(key, allowed) or f"an integer {bounds}".strip()
+        bounds = (f" {low}..{high}" if low is not None and high is not None else f" >= {low}"
+                  if low is not None else f" <= {high}" if high is not None else "")
+        allowed = self.allowed(key, allowed) or f"an integer{bounds}"
         if self.absent(key, value, allowed, required):
             return None
         if not is_int(value) or (low is not None and value < low) or (
@@ -247,8 +245,7 @@ class Problems:
                allowed: str | None = None, required: bool = True,
                low_open: bool = False) -> float | None:
         """A number (int or float, never a bool) within ``low..high`` (``(low`` when open)."""
-        allowed = self.allowed(key, allowed) or "a number" + (f" in {'(' if low_open else '['}{low}, {high}]"
-                                           if low is not None and high is not None else "")
+        allowed = self.allowed(key, allowed) or "a number"
         if self.absent(key, value, allowed, required):
             return None
         if not (isinstance(value, int | float) and not isinstance(value, bool)
@@ -258,11 +255,10 @@ class Problems:
             return None
         return float(value)
 
-    def boolean(self, key: str, value: Any, default: bool | None = None) -> bool | None:
+    def boolean(self, key: str, value: Any) -> bool | None:
         if value is None:
-            if default is None:
-                self.missing(key, "true or false")
-            return default
+            self.missing(key, "true or false")
+            return None
         if not isinstance(value, bool):
             self.bad(key, value, "true or false")
             return None
@@ -289,21 +285,15 @@ class Problems:
         if not isinstance(value, list | tuple):
             self.bad(key, value, f"a list of {allowed}")
             return None
-        out: list[str] = []
-        ok = True
-        for i, item in enumerate(value):
-            checked = self.string(f"{key}[{i}]", item, pattern, allowed)
-            ok = ok and checked is not None
-            if checked is not None:
-                out.append(checked)
-        return out if ok else None
+        checked = [self.string(f"{key}[{i}]", item, pattern, allowed)
+                   for i, item in enumerate(value)]
+        out = [item for item in checked if item is not None]
+        return out if len(out) == len(checked) else None
 
     def posix_path(self, key: str, value: Any, allowed: str = "an absolute, normalised directory",
-             required: bool = True) -> str | None:
+                   required: bool = True) -> str | None:
         """An absolute, normalised POSIX path that is not a system directory."""
-        if self.absent(key, value, allowed, required):
-            return None
-        checked = self.string(key, value, None, allowed)
+        checked = self.string(key, value, None, allowed, required)
         if checked is None:
             return None
         if not checked.startswith("/") or posixpath.normpath(checked) != checked:
@@ -331,8 +321,7 @@ def escapes(entry: Path, root: Path) -> bool:
 
 def is_system_dir(path: str) -> bool:
     """``path`` (normalised, trailing ``/`` ignored) is one of ``SYSTEM_DIRS``."""
-    norm = posixpath.normpath(path) if path else path
-    return norm in SYSTEM_DIRS
+    return bool(path) and posixpath.normpath(path) in SYSTEM_DIRS
 
 
 class YamlError(RigfleetError, ValueError):
@@ -378,24 +367,19 @@ def parse_yaml(text: str, where: str) -> Any:
         raise YamlError(f"{where}: not valid YAML: {e}") from None
 
 
-def read_text(path: str | Path, what: str, hint: str = "") -> str:
-    """A UTF-8 text file; a missing, unreadable or non-UTF-8 one raises ``YamlError``."""
-    p = Path(path)
+def load_yaml(path: str | Path, what: str, hint: str = "") -> Any:
+    """The one way rigfleet reads a YAML file people write: UTF-8 text, ``parse_yaml``d
+    (``what`` and ``hint``: for the message when it is missing)."""
     try:
-        data = p.read_bytes()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise YamlError(f"{path}: no such file ({what}){'; ' + hint if hint else ''}") from None
     except OSError as e:
         raise YamlError(f"{path}: cannot be read ({e.strerror or e})") from None
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise YamlError(f"{path}: line {line}: byte {data[e.start]:#04x} is not UTF-8; allowed: "
                         "a UTF-8 text file (re-save it as UTF-8)") from None
-
-
-def load_yaml(path: str | Path, what: str, hint: str = "") -> Any:
-    """``read_text`` + ``parse_yaml``: the one way rigfleet reads a YAML file people write
-    (``what`` and ``hint``: for the message when it is missing)."""
-    return parse_yaml(read_text(path, what, hint), str(path))
+    return parse_yaml(text, str(path))
