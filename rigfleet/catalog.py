@@ -77,11 +77,8 @@ class ImageRule:
     def allows_version(self, version: str) -> bool:
         """``version`` is inside the range (a dev build of 0.24.0 is below 0.24.0)."""
         have = version_key(version)
-        if have is None:
-            return False
-        low = version_key(self.min_version) if self.min_version else None
-        high = version_key(self.below_version) if self.below_version else None
-        return not ((low is not None and have < low) or (high is not None and have >= high))
+        low, high = version_key(self.min_version or ""), version_key(self.below_version or "")
+        return have is not None and (low is None or have >= low) and (high is None or have < high)
 
     def problems(self, tag: str, version: str | None) -> list[str]:
         """What is wrong with running ``tag`` reporting ``version`` (None: the tag alone), each
@@ -112,10 +109,6 @@ class BootSignature:
     pattern: str
     title: str
     hint: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "pattern": self.pattern, "title": self.title,
-                "hint": self.hint}
 
 
 @dataclass(frozen=True)
@@ -202,8 +195,7 @@ class StackSpec:
         return self.genesis is not None
 
     def environment(self, generation: str | None = None) -> dict[str, str]:
-        """The whole container environment (``env`` then the Genesis variables of
-        ``generation``), a fresh dict."""
+        """``env`` then the Genesis variables of ``generation``, a fresh dict."""
         if self.genesis is None or generation is None:
             return dict(self.env)
         return {**self.env, **self.genesis.env(generation)}
@@ -271,7 +263,7 @@ class Catalog:
         return isinstance(name, str) and name in self.stacks
 
     def get(self, name: str) -> StackSpec:
-        """The stack called ``name``; an unknown name raises ``CatalogError`` listing them."""
+        """An unknown name raises ``CatalogError`` listing the known ones."""
         try:
             return self.stacks[name]
         except (KeyError, TypeError):
@@ -284,7 +276,7 @@ class Catalog:
 
 
 def parse_stack(data: Any, where: str) -> StackSpec:
-    """Validate one stack file's data (``where``: the file, its stem the stack's name); raises
+    """One stack file's data (``where``: the file, its stem the stack's name), validated; raises
     ``CatalogError`` listing every problem."""
     p = Problems(where, TABLE)
     top = p.mapping("", data)
@@ -327,11 +319,10 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     genesis = parse_genesis(p, top.get("genesis"))
     entry = top.get("entrypoint")
     entrypoint: list[str] = []
-    if genesis is not None:
-        if entry is not None:
-            p.bad("entrypoint", entry, "no entrypoint key for a Genesis stack (the deploy "
-                  "builds the one the pinned Genesis needs)", "is set")
-    else:
+    if genesis is not None and entry is not None:
+        p.bad("entrypoint", entry, "no entrypoint key for a Genesis stack (the deploy builds "
+              "the one the pinned Genesis needs)", "is set")
+    elif genesis is None:
         entrypoint = p.strings("entrypoint", entry, required=True) or []
         if entry is not None and not entrypoint:
             p.bad("entrypoint", entry, "a non-empty argv such as [vllm, serve]", "is empty")
@@ -540,7 +531,6 @@ def load_catalog(extra_dirs: Iterable[str | Path] = ()) -> Catalog:
 
 
 def builtin_catalog() -> Catalog:
-    """The stacks that ship with rigfleet."""
     return load_catalog()
 
 

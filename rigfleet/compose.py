@@ -116,12 +116,8 @@ def render_document(doc: Mapping[str, Any]) -> str:
 
 
 def config_hash(doc: dict[str, Any]) -> str:
-    """A short, stable hash of a compose document, ignoring its own config-hash label.
-
-    The weights volume is hashed without its revision suffix (the hash covers the revision
-    anyway), so a container from before per-revision directories keeps its hash
-    (docs/converge.md).
-    """
+    """A short, stable hash of a compose document, ignoring its own config-hash label and the
+    weights volume's revision suffix (covered by a label; docs/converge.md)."""
     copy = json.loads(json.dumps(doc))
     for service in copy.get("services", {}).values():
         labels = service.get("labels", {})
@@ -145,7 +141,6 @@ def weights_identity(volume: Any, revision: str) -> Any:
 
 
 def _escape(value: Any) -> Any:
-    # Compose interpolates ${VAR} and $VAR in every string value; '$$' is a literal '$'.
     if isinstance(value, str):
         return value.replace("$", "$$")
     if isinstance(value, dict):

@@ -449,15 +449,13 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
 def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
     """Stop the whole run when a host fails its preflight? Read leniently, even when the rest
     of the host's data fails validation."""
-    if flag_value(os.environ.get(STOP_ENV, "")):
-        return True
-    return bool(flag_value(data.get("rigfleet_stop_on_preflight", None)))
+    return bool(flag_value(os.environ.get(STOP_ENV, ""))
+                or flag_value(data.get("rigfleet_stop_on_preflight", None)))
 
 
 def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any]) -> None:
-    """Check each cap against its card's real range (some boards silently keep the old cap),
-    ``power_min_w``/``power_max_w`` or ``power_min_limit_w``/``power_max_limit_w`` (None:
-    ``[N/A]``); raises ``HostDataError``."""
+    """Check each cap against its card's own range (some boards silently keep the old cap);
+    raises ``HostDataError``."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(caps) != len(ordered):
@@ -481,8 +479,7 @@ def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any])
 
 
 def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[Any]) -> list[str]:
-    """What is wrong with the cards the host reports (their count, each one's memory), one line
-    per problem."""
+    """What is wrong with the cards the host reports (their count, each one's memory)."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(ordered) != gpu_count:
@@ -508,6 +505,7 @@ def _card(gpu: Any) -> str:
 
 
 def _power_range(gpu: Any) -> tuple[float | None, float | None]:
+    """``power_min_w``/``power_max_w``, else ``power_min_limit_w``/...; None: ``[N/A]``."""
     for low_name, high_name in (("power_min_w", "power_max_w"),
                                 ("power_min_limit_w", "power_max_limit_w")):
         if hasattr(gpu, low_name) or hasattr(gpu, high_name):

@@ -23,6 +23,7 @@ from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostside.atomic import write_atomic
 from rigfleet.pin_keys import SCHEMA, TABLE, UNRESOLVED, allowed, default
 from rigfleet.validate import GIT_URL, Problems, ValidationError, YamlError, load_yaml, parse_yaml
+from rigfleet.vllm_versions import NIGHTLY_TAG
 
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
 
@@ -40,7 +41,6 @@ _IMAGE = re.compile(
     r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
     r":(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})"
 )
-_NIGHTLY_SHA_TAG = re.compile(r"nightly-(?P<sha>[0-9a-f]{40})")
 _RELEASE_TAG = re.compile(r"v(?P<version>\d+\.\d+\.\d+\S*)")
 # PEP 440 public version (release, pre, post, dev) with an optional local part.
 _PEP440 = re.compile(
@@ -181,7 +181,6 @@ class Pins:
         driver: dict[str, str] = {"branch": self.driver_branch}
         if self.driver_version is not None:
             driver["version"] = self.driver_version
-        stacks = {name: stack_dict(s) for name, s in self.stacks.items()}
         out: dict[str, Any] = {
             "schema": SCHEMA, "serial": self.serial, "driver": driver,
             "container_toolkit": {"version": self.toolkit_version},
@@ -193,7 +192,7 @@ class Pins:
         if self.models:  # absent unless a stack serves another model: old files unchanged
             out["models"] = {r: {"revision": m.revision, "local_dir": m.local_dir}
                              for r, m in self.models.items()}
-        out["stacks"] = stacks
+        out["stacks"] = {name: stack_dict(s) for name, s in self.stacks.items()}
         if self.hosts:  # absent unless a rollout left hosts on other pins: old files unchanged
             out["hosts"] = {h: {"stacks": {n: stack_dict(s) for n, s in stacks.items()}}
                             for h, stacks in self.hosts.items()}
@@ -307,7 +306,6 @@ class _Checker(Problems):
 
     def __init__(self, path: str, catalog: Catalog) -> None:
         super().__init__(path, TABLE)
-        self.file = path
         self.catalog = catalog
         self.repos: tuple[str, ...] = ()  # the pinned models, read before the stacks
 
@@ -358,7 +356,7 @@ class _Checker(Problems):
             return None
         assert driver_branch and toolkit and hf_hub and model and stacks is not None
         assert serial is not None
-        return Pins(path=self.file, serial=serial, driver_branch=driver_branch,
+        return Pins(path=self.where, serial=serial, driver_branch=driver_branch,
                     driver_version=driver_version, toolkit_version=toolkit, hf_hub_version=hf_hub,
                     model=model, stacks=stacks, history=history, hosts=hosts, models=models)
 
@@ -508,7 +506,7 @@ class _Checker(Problems):
             return version
         tag = image.rsplit(":", 1)[1]
         local = _PEP440.fullmatch(version).group("local")  # type: ignore[union-attr]
-        if m := _NIGHTLY_SHA_TAG.fullmatch(tag):
+        if m := NIGHTLY_TAG.fullmatch(tag):
             sha = m.group("sha")
             g = _LOCAL_GIT.fullmatch(local or "")
             want = f"a version ending in '+g{sha[:9]}' (this build's commit)"
