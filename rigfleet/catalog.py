@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
@@ -242,10 +242,8 @@ class StackSpec:
     def cache_dirs(self) -> dict[str, str]:
         """Host cache directory -> container path, per stack (the deploy creates them)."""
         root = str(HOST.stack_cache_dir(self.name))
-        return {
-            f"{root}/torch_compile": TORCH_COMPILE_CACHE_IN_CONTAINER,
-            f"{root}/triton": TRITON_CACHE_IN_CONTAINER,
-        }
+        return {f"{root}/torch_compile": TORCH_COMPILE_CACHE_IN_CONTAINER,
+                f"{root}/triton": TRITON_CACHE_IN_CONTAINER}
 
 
 @dataclass(frozen=True)
@@ -253,7 +251,7 @@ class Catalog:
     """The stacks a fleet can serve, by name; ``sources``: the directories read, in order."""
 
     stacks: Mapping[str, StackSpec]
-    sources: tuple[str, ...] = field(default=())
+    sources: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
