@@ -37,6 +37,9 @@ from rigfleet.keytable import KeyTable
 
 # Control characters (C0 and C1 but tab): nothing a person means to write holds them.
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_PRINTABLE = "printable text (no line breaks, escapes or other control characters)"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 
 # Directories a path from the inventory must never be (the deploy would own or chmod them).
 SYSTEM_DIRS = frozenset({
@@ -47,7 +50,6 @@ SYSTEM_DIRS = frozenset({
     "/var/lib/docker", ETC_ROOT, STATE_ROOT, OPT_ROOT, CACHE_ROOT, LIB_ROOT,
 })  # fmt: skip
 
-
 # Environment names that look like a secret's (secrets reach hosts only as root-only files).
 SECRET_NAMES = ("*_KEY", "*_TOKEN", "*_SECRET", "*PASSWORD*")
 SECRET_NAME_ALLOWED = (
@@ -55,10 +57,6 @@ SECRET_NAME_ALLOWED = (
     f"hosts only as root-only files in {HOST.secrets_dir}: the API key from host data "
     f"api_key_file (the stacks read VLLM_API_KEY from {HOST.vllm_env_file}), a Hugging Face "
     f"token from host data hf_token_file ({HOST.hf_token_file})")
-
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 
 
 def secret_like(name: str) -> bool:
@@ -101,9 +99,6 @@ class ValidationError(RigfleetError, ValueError):
 _E = TypeVar("_E", bound=ValidationError)
 
 
-_PRINTABLE = "printable text (no line breaks, escapes or other control characters)"
-
-
 def has_control(value: str) -> bool:
     return bool(_CONTROL.search(value))
 
@@ -122,9 +117,6 @@ class Problems:
         self.where = where
         self.table = table
         self.lines: list[str] = []
-
-    def __bool__(self) -> bool:
-        return bool(self.lines)
 
     def bad(self, key: str, value: Any, allowed: str, what: str = "is not valid") -> None:
         self.lines.append(f"{self.where}: {key or 'top level'}: {shown(value)} {what}; "
