@@ -156,10 +156,9 @@ class _Dumper(yaml.SafeDumper):
     def ignore_aliases(self, data: Any) -> bool:
         return True
 
+    def represent_str(self, data: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in data else None
+        return self.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
-
-_Dumper.add_representer(str, _represent_str)
+_Dumper.add_representer(str, _Dumper.represent_str)

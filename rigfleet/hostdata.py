@@ -564,10 +564,9 @@ def render_doc() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m rigfleet.hostdata [--check]``: write (or compare) docs/hostdata.md."""
-    args = list(sys.argv[1:] if argv is None else argv)
     path = Path(__file__).resolve().parent.parent / DOC
     text = render_doc()
-    if "--check" in args:
+    if "--check" in (sys.argv[1:] if argv is None else argv):
         same = path.is_file() and path.read_text(encoding="utf-8") == text
         print(f"{DOC}: " + ("up to date" if same else "differs from KEYS (python -m "
                                                     "rigfleet.hostdata writes it)"))

@@ -272,12 +272,11 @@ def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
     """Write ``pins`` atomically with ``serial`` + 1 and ``history_entry`` appended; refuses
     when the file on disk is no longer at ``pins.serial`` (someone saved in between)."""
     path = Path(pins.path)
-    if path.exists():
-        on_disk = _read_serial(path)
-        if on_disk is not None and on_disk != pins.serial:
-            raise PinsError(f"{path}: serial: file is at serial {on_disk} but these pins were "
-                            f"loaded at {pins.serial}; someone saved in between. Reload, "
-                            "re-apply, save again")
+    on_disk = _read_serial(path)
+    if on_disk is not None and on_disk != pins.serial:
+        raise PinsError(f"{path}: serial: file is at serial {on_disk} but these pins were "
+                        f"loaded at {pins.serial}; someone saved in between. Reload, "
+                        "re-apply, save again")
     history = [dict(h) for h in pins.history]
     if history_entry is not None:
         history.append({**history_entry, "serial": pins.serial + 1})

@@ -136,18 +136,18 @@ class Problems:
     def control_chars(self, key: str, value: Any) -> bool:
         """Record every string in ``value`` (nested, keys included) that holds a control
         character; True when one was found."""
-        found = False
         if isinstance(value, str):
             if has_control(value):
                 self.bad(key, value, _PRINTABLE, "holds control characters")
-                found = True
-        elif isinstance(value, dict):
+            return has_control(value)
+        found = False
+        if isinstance(value, dict):
             for k, v in value.items():
                 if isinstance(k, str) and has_control(k):
                     self.bad(key, k, _PRINTABLE, "is a key holding control characters")
                     found = True
-                    continue
-                found = self.control_chars(f"{key}.{k}" if key else str(k), v) or found
+                else:
+                    found = self.control_chars(f"{key}.{k}" if key else str(k), v) or found
         elif isinstance(value, list | tuple):
             for i, item in enumerate(value):
                 found = self.control_chars(f"{key}[{i}]", item) or found
