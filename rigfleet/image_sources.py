@@ -123,12 +123,11 @@ def _source(c: HostChecker, base: str, entry: Any, shape: str) -> ImageSource | 
                    "a `docker save` .tar file or a directory of them on this (control) "
                    "machine, e.g. '~/image-archive'")
     via = c.choice(f"{base}.via", entry.get("via", "stream"), VIAS)
-    upload_dir = DEFAULT_UPLOAD_DIR
-    if entry.get("upload_dir") is not None:
-        upload_dir = c.posix_path(f"{base}.upload_dir", entry.get("upload_dir"),
-                                  "an absolute directory on the host") or DEFAULT_UPLOAD_DIR
+    upload_dir = c.posix_path(f"{base}.upload_dir", entry.get("upload_dir"),
+                              "an absolute directory on the host", required=False)
     path = str(Path(os.path.expanduser(raw)).absolute()) if raw else None
-    return ImageSource("archive", path=path, via=via or "stream", upload_dir=upload_dir)
+    return ImageSource("archive", path=path, via=via or "stream",
+                       upload_dir=upload_dir or DEFAULT_UPLOAD_DIR)
 
 
 def _check_url(c: HostChecker, base: str, entry: dict[Any, Any]) -> str | None:
