@@ -307,8 +307,7 @@ class Catalog:
 
 
 def parse_stack(data: Any, where: str) -> StackSpec:
-    """One stack file's data (``where``: the file, its stem the stack's name), validated; raises
-    ``CatalogError`` listing every problem."""
+    """``where``: the file, its stem the stack's name; raises ``CatalogError`` listing all."""
     p = Problems(where, TABLE)
     top = p.mapping("", data)
     if top is None:
@@ -407,8 +406,7 @@ def _image_rule(p: Problems, value: Any) -> ImageRule:
 
 
 def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
-    """A list of mappings of strings (``boot.expect``, ``caveats``), each field as the table
-    says; a ``pattern`` must compile."""
+    """A list of mappings of strings (``boot.expect``, ``caveats``); a ``pattern`` compiles."""
     if value is None:
         return []
     if not isinstance(value, list):

@@ -335,8 +335,7 @@ class BalancerSettings:
 
 def validate_host(name: str, data: Mapping[str, Any] | Any,
                   catalog: Catalog | None = None) -> HostSettings:
-    """Check one GPU host's data (``host.data`` or a mapping); raises ``HostDataError`` with
-    every problem at once."""
+    """``data``: ``host.data`` or a mapping; raises ``HostDataError`` listing every problem."""
     c = HostChecker(name, catalog)
     v = c.check_keys(data, "gpu", KEYS)
     tls = _tls(c, v, "front", "front_url")
@@ -428,8 +427,7 @@ class CacheSettings:
 
 def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
                    taken: Sequence[int] = ()) -> CacheSettings:
-    """Check a cache host's data (``taken``: ports the host's other services use); raises
-    ``HostDataError``."""
+    """``taken``: ports the host's other services use; raises ``HostDataError``."""
     c = HostChecker(name, None)
     v = c.check_keys(data, "cache", KEYS)
     ports = {key: v[key] for key in ("cache_registry_port", "cache_model_port")}
@@ -455,8 +453,7 @@ def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
 
 
 def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any]) -> None:
-    """Check each cap against its card's own range (some boards silently keep the old cap);
-    raises ``HostDataError``."""
+    """Each cap against its card's own range (some boards silently keep the old cap)."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(caps) != len(ordered):

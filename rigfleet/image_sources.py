@@ -71,8 +71,7 @@ DEFAULT_SOURCES: tuple[ImageSource, ...] = (ImageSource("hub"),)
 
 
 def parse_sources(c: HostChecker, key: str, value: Any) -> tuple[ImageSource, ...]:
-    """Validate ``image_sources`` (None: the default); problems go to ``c`` (the result counts
-    only when it has none)."""
+    """``image_sources`` (None: the default); problems go to ``c``."""
     if value is None:
         return DEFAULT_SOURCES
     shape = ("a list of mappings, each with a kind: " + ", ".join(KINDS)

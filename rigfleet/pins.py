@@ -216,8 +216,7 @@ def stack_dict(s: StackPins) -> dict[str, Any]:
 
 def load_pins(path: str | Path, *, allow_unresolved: bool = False,
               catalog: Catalog | None = None) -> Pins:
-    """Read and validate a pins file (``allow_unresolved``: only for ``rigfleet pins lock``);
-    raises ``PinsError`` listing every problem."""
+    """``allow_unresolved``: only for ``rigfleet pins lock``; raises ``PinsError`` listing all."""
     path = str(path)
     try:
         data = load_yaml(path, "the pins file", "create it (see docs/converge.md)")

@@ -190,8 +190,7 @@ class Problems:
 
     def unknown_key(self, key: str, name: Any, allowed: list[str],
                     what: str = "is an unknown key") -> None:
-        """``name`` is not one of ``allowed``: ``what``, with the closest one if it looks like a
-        typo."""
+        """``name`` is not one of ``allowed``: ``what``, with a typo's likely fix."""
         close = difflib.get_close_matches(str(name), allowed, n=1, cutoff=0.8)
         self.bad(key, name, ", ".join(allowed), f"{what} (did you mean {close[0]!r}?)"
                  if close else what)
@@ -360,8 +359,7 @@ def parse_yaml(text: str, where: str) -> Any:
 
 
 def load_yaml(path: str | Path, what: str, hint: str = "") -> Any:
-    """The one way rigfleet reads a YAML file people write: UTF-8 text, ``parse_yaml``d
-    (``what`` and ``hint``: for the message when it is missing)."""
+    """A YAML file people write, read strictly (``what``, ``hint``: for a missing one)."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
