@@ -58,13 +58,10 @@ class ImageSource:
         """How messages and tables name it."""
         if self.cache is not None:
             return f"fleet cache {self.cache} ({self.url})"
-        if self.kind == "registry":
-            return f"registry {self.url}"
-        if self.kind == "archive":
-            return f"archive {self.path} (this machine{', uploaded' if self.via == 'upload' else ''})"
-        if self.kind == "host-archive":
-            return f"host-archive {self.path}"
-        return "hub"
+        uploaded = ", uploaded" if self.via == "upload" else ""
+        return {"registry": f"registry {self.url}",
+                "archive": f"archive {self.path} (this machine{uploaded})",
+                "host-archive": f"host-archive {self.path}"}.get(self.kind, "hub")
 
 
 DEFAULT_SOURCES: tuple[ImageSource, ...] = (ImageSource("hub"),)

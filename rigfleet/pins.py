@@ -155,9 +155,7 @@ class Pins:
     def for_host(self, name: str) -> Pins:
         """These pins as host ``name`` runs them: its ``hosts`` overrides merged into ``stacks``."""
         overrides = self.hosts.get(name)
-        if not overrides:
-            return self
-        return replace(self, stacks={**self.stacks, **overrides})
+        return replace(self, stacks={**self.stacks, **overrides}) if overrides else self
 
     def stack(self, name: str) -> StackPins:
         """The pins of stack ``name`` (raises ``PinsError`` when it is not pinned)."""
