@@ -582,13 +582,8 @@ def _stack_files(directory: Path) -> list[Path]:
 
 
 def _fingerprint(dirs: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
-    out = []
-    for d in dirs:
-        directory = Path(d)
-        for path in _stack_files(directory) if directory.is_dir() else []:
-            st = path.stat()
-            out.append((str(path), st.st_mtime_ns, st.st_size))
-    return tuple(out)
+    files = [path for d in map(Path, dirs) if d.is_dir() for path in _stack_files(d)]
+    return tuple((str(path), (st := path.stat()).st_mtime_ns, st.st_size) for path in files)
 
 
 @lru_cache(maxsize=16)
