@@ -327,9 +327,8 @@ class _Checker(Problems):
         top = self.mapping("", data)
         if top is None:
             return None
-        schema = top.get("schema")
-        if schema != SCHEMA:
-            self.bad("schema", schema, allowed("schema"), "is not a supported schema")
+        if top.get("schema") != SCHEMA:
+            self.bad("schema", top.get("schema"), allowed("schema"), "is not a supported schema")
         serial = self.integer("serial", top.get("serial"), low=1)
         driver_branch, driver_version = self.driver(top.get("driver"))
         toolkit = self.versioned("container_toolkit", top.get("container_toolkit"),
@@ -350,8 +349,7 @@ class _Checker(Problems):
             history = []
         if self.lines:
             return None
-        assert driver_branch and toolkit and hf_hub and model and stacks is not None
-        assert serial is not None
+        assert serial and driver_branch and toolkit and hf_hub and model and stacks is not None
         return Pins(path=self.where, serial=serial, driver_branch=driver_branch,
                     driver_version=driver_version, toolkit_version=toolkit, hf_hub_version=hf_hub,
                     model=model, stacks=stacks, history=history, hosts=hosts, models=models)
@@ -472,16 +470,11 @@ class _Checker(Problems):
         digest = self.pinned(f"{base}.digest", d.get("digest"), _DIGEST, allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)
         image_id = self.string(f"{base}.image_id", d.get("image_id"), _DIGEST, required=False)
-        genesis: GenesisPin | None = None
-        if spec.needs_genesis:
-            genesis = self.genesis(f"{base}.genesis", d.get("genesis"))
-            if genesis is None:
-                return None
-        elif "genesis" in d:
+        genesis = self.genesis(f"{base}.genesis", d.get("genesis")) if spec.needs_genesis else None
+        if not spec.needs_genesis and "genesis" in d:
             self.bad(f"{base}.genesis", d["genesis"], "no 'genesis' key for this stack",
                      f"is set but stack {name} does not use Genesis")
-            return None
-        if image and digest and version:
+        elif image and digest and version and (genesis or not spec.needs_genesis):
             return StackPins(name, image, digest, version, genesis, image_id)
         return None
 
