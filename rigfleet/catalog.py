@@ -219,9 +219,7 @@ class StackSpec:
     def container_name(self) -> str:
         return f"rigfleet-{self.name}"
 
-    @property
-    def compose_project(self) -> str:
-        return f"rigfleet-{self.name}"
+    compose_project = container_name  # the compose project is named as its one container
 
     @property
     def needs_genesis(self) -> bool:

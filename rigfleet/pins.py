@@ -244,11 +244,9 @@ def with_resolved(
     c = _Checker(pins.path, builtin_catalog())
     stacks = dict(pins.stacks)
     for name, digest in (digests or {}).items():
-        key = f"stacks.{name}.digest"
         if name not in stacks:
             c.bad(f"stacks.{name}", name, f"a pinned stack: {', '.join(stacks)}", "is not pinned")
-            continue
-        if c.pinned(key, digest, _DIGEST, allow_unresolved=False) is not None:
+        elif c.pinned(f"stacks.{name}.digest", digest, _DIGEST, allow_unresolved=False):
             stacks[name] = replace(stacks[name], digest=digest)
     model = pins.model
     if revision is not None and c.pinned(f"{model.key}.revision", revision, _HEX40,

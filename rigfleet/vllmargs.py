@@ -127,6 +127,4 @@ def refusal(verdict: Verdict, spec: StackSpec, image: str) -> str | None:
             f"{where}: env: {name}: not a setting of {vllm} in {image} (its vllm.envs does not "
             "define it, so it would do nothing); allowed: the VLLM_* names of that version's "
             "vllm/envs.py; rename or remove it in the stack file")
-    if not problems:
-        return None
-    return "; ".join(problems) + f"; {untouched}"
+    return "; ".join([*problems, untouched]) if problems else None
