@@ -237,8 +237,7 @@ class StackSpec:
             return self.entrypoint_argv
         if layout is None:
             raise CatalogError(f"stack {self.name}: needs Genesis, but no Genesis layout given")
-        script = entrypoint_script(layout, self.genesis.runtime_packages)
-        return ("/bin/bash", "-c", script, "--")
+        return ("/bin/bash", "-c", entrypoint_script(layout, self.genesis.runtime_packages), "--")
 
     @property
     def vllm_args(self) -> tuple[str, ...]:

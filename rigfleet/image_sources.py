@@ -128,6 +128,4 @@ def _source(c: HostChecker, base: str, entry: Any, shape: str) -> ImageSource | 
 
 def _check_url(c: HostChecker, base: str, entry: dict[Any, Any]) -> str | None:
     check = entry.get("check")
-    if check is None or check == NO_CHECK:
-        return check
-    return c.url(f"{base}.check", check)
+    return check if check in (None, NO_CHECK) else c.url(f"{base}.check", check)
