@@ -107,15 +107,12 @@ def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False,
 
 def changes(old: Pins, new: Pins) -> list[str]:
     """One line per value ``resolve`` changed (``stacks.int8.digest: unresolved -> sha256:...``)."""
-    out = []
     entries = [(f"stacks.{n}", p, new.stacks[n]) for n, p in old.stacks.items()]
     entries += [(f"hosts.{h}.stacks.{n}", p, new.hosts[h][n])
                 for h, stacks in old.hosts.items() for n, p in stacks.items()]
-    for key, before, after in entries:
-        for attr in ("digest", "image_id"):
-            a, b = getattr(before, attr), getattr(after, attr)
-            if a != b:
-                out.append(f"{key}.{attr}: {a or '(none)'} -> {b}")
+    out = [f"{key}.{attr}: {getattr(before, attr) or '(none)'} -> {getattr(after, attr)}"
+           for key, before, after in entries for attr in ("digest", "image_id")
+           if getattr(before, attr) != getattr(after, attr)]
     for repo, m in old.all_models.items():
         if m.revision != new.all_models[repo].revision:
             out.append(f"{m.key}.revision: {m.revision} -> {new.all_models[repo].revision}")

@@ -207,13 +207,11 @@ class Problems:
         allowed = self.allowed(key, allowed) or ""
         if self.absent(key, value, allowed, required):
             return None
-        if not isinstance(value, str):
-            self.bad(key, value, allowed)
-            return None
-        if has_control(value):
+        if isinstance(value, str) and has_control(value):
             self.bad(key, value, allowed, "holds control characters")
             return None
-        if not (pattern.fullmatch(value) if pattern else value.strip()):
+        if not isinstance(value, str) or not (
+                pattern.fullmatch(value) if pattern else value.strip()):
             self.bad(key, value, allowed)
             return None
         return value
