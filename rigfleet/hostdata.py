@@ -453,7 +453,7 @@ def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
 
 
 def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any]) -> None:
-    """Each cap against its card's own range (some boards silently keep the old cap)."""
+    """A cap outside its card's own range raises ``HostDataError`` (boards may keep the old)."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(caps) != len(ordered):
