@@ -99,8 +99,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         "pull_policy": "never",
     }
     doc = _escape({"name": spec.compose_project, "services": {SERVICE: service}})
-    labels = doc["services"][SERVICE]["labels"]
-    labels[CONFIG_HASH_LABEL] = config_hash(doc)
+    doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL] = config_hash(doc)
     return doc
 
 
