@@ -76,12 +76,9 @@ def parse_sources(c: HostChecker, key: str, value: Any) -> tuple[ImageSource, ..
     if not isinstance(value, list | tuple) or not value:
         c.bad(key, value, shape, "is not a non-empty list" if not value else "is not a list")
         return DEFAULT_SOURCES
-    out: list[ImageSource] = []
-    for i, entry in enumerate(value):
-        source = _source(c, f"{key}[{i}]", entry, shape)
-        if source is not None:
-            out.append(source)
-    return tuple(out) if len(out) == len(value) else DEFAULT_SOURCES
+    checked = [_source(c, f"{key}[{i}]", entry, shape) for i, entry in enumerate(value)]
+    out = tuple(source for source in checked if source is not None)
+    return out if len(out) == len(value) else DEFAULT_SOURCES
 
 
 def _source(c: HostChecker, base: str, entry: Any, shape: str) -> ImageSource | None:
@@ -89,9 +86,7 @@ def _source(c: HostChecker, base: str, entry: Any, shape: str) -> ImageSource | 
         c.bad(base, entry, shape, "is not a mapping")
         return None
     kind = c.choice(f"{base}.kind", entry.get("kind"), KINDS)
-    if kind is None:
-        return None
-    if c.mapping(base, entry, _KEYS[kind]) is None:
+    if kind is None or c.mapping(base, entry, _KEYS[kind]) is None:
         return None
     if kind == "hub":
         return ImageSource("hub", check=_check_url(c, base, entry))

@@ -391,11 +391,9 @@ class _Checker(Problems):
             key = f"models.{repo}"
             if self.string(key, repo, HF_REPO) is None:
                 continue
-            if one is not None and isinstance(one, dict) and repo == one.get("repo"):
+            if isinstance(one, dict) and repo == one.get("repo"):
                 self.bad(key, repo, allowed("models.<repo>"), "is pinned under model too")
-                continue
-            pin = self.model_entry(key, repo, self.mapping(key, entry))
-            if pin is not None:
+            elif (pin := self.model_entry(key, repo, self.mapping(key, entry))) is not None:
                 section[repo] = pin
                 pins.append(pin)
         dirs: dict[str, str] = {}
@@ -431,9 +429,7 @@ class _Checker(Problems):
             if name not in self.catalog:
                 self.bad(f"{key}.{name}", name, ", ".join(self.catalog.names),
                          "is not a stack in the catalog")
-                continue
-            pinned = self.stack(name, entry, f"{key}.{name}")
-            if pinned is not None:
+            elif (pinned := self.stack(name, entry, f"{key}.{name}")) is not None:
                 out[name] = pinned
         return out
 
