@@ -20,7 +20,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
-from rigfleet.catalog_genesis import GenesisSpec, parse_genesis
 from rigfleet.catalog_keys import (
     BY_PATH,
     DEFAULT_CV_MAX,
@@ -34,7 +33,7 @@ from rigfleet.catalog_keys import (
     allowed,
     keys_of,
 )
-from rigfleet.genesis_layout import GenesisLayout, entrypoint_script
+from rigfleet.genesis_layout import LAYOUTS, GenesisLayout, entrypoint_script
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.validate import Problems, ValidationError, YamlError, env_vars, load_yaml
@@ -60,6 +59,11 @@ _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
 _CAVEAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/#-]*")
 _PATTERNS = {"kind": _NAME, "id": _CAVEAT_ID}  # the fields of _entries with a pattern
+_SWITCH = re.compile(r"[A-Z0-9][A-Z0-9_]*")
+_PATCH_ID = re.compile(r"P[N]?[0-9]+[A-Za-z]?")
+_PATCH_ID_ANY = re.compile(r"[A-Z][A-Z0-9]*_?[0-9]+[A-Za-z]?")
+_PINNED_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*")
+_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class CatalogError(ValidationError):
@@ -77,11 +81,8 @@ class ImageRule:
     def allows_version(self, version: str) -> bool:
         """``version`` is inside the range (a dev build of 0.24.0 is below 0.24.0)."""
         have = version_key(version)
-        if have is None:
-            return False
-        low = version_key(self.min_version) if self.min_version else None
-        high = version_key(self.below_version) if self.below_version else None
-        return not ((low is not None and have < low) or (high is not None and have >= high))
+        low, high = version_key(self.min_version or ""), version_key(self.below_version or "")
+        return have is not None and (low is None or have >= low) and (high is None or have < high)
 
     def problems(self, tag: str, version: str | None) -> list[str]:
         """What is wrong with running ``tag`` reporting ``version`` (None: the tag alone), each
@@ -112,10 +113,6 @@ class BootSignature:
     pattern: str
     title: str
     hint: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "pattern": self.pattern, "title": self.title,
-                "hint": self.hint}
 
 
 @dataclass(frozen=True)
@@ -158,6 +155,35 @@ class ThroughputSpec:
 
 
 @dataclass(frozen=True)
+class PatchDecision:
+    """A stack file's decision on one Genesis patch (``on``, ``off``, ``default``) and why."""
+
+    decision: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class GenesisSpec:
+    """What a stack needs of Genesis; ``switches``: generation -> (set to 1, set to 0)."""
+
+    needs: tuple[str, ...]
+    switches: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]
+    params: Mapping[str, str]
+    runtime_packages: tuple[str, ...] = ()
+    decisions: Mapping[str, PatchDecision] = field(default_factory=dict)
+    model: Mapping[str, Any] = field(default_factory=dict)
+
+    def env(self, generation: str) -> dict[str, str]:
+        """The ``GENESIS_*`` environment for ``generation`` (switches on, off, then params)."""
+        on, off = self.switches[generation]
+        return {
+            **{f"GENESIS_ENABLE_{s}": "1" for s in on},
+            **{f"GENESIS_ENABLE_{s}": "0" for s in off},
+            **self.params,
+        }
+
+
+@dataclass(frozen=True)
 class StackSpec:
     """One serving stack, validated from its stack file (docs/stacks.md: each key)."""
 
@@ -193,17 +219,14 @@ class StackSpec:
     def container_name(self) -> str:
         return f"rigfleet-{self.name}"
 
-    @property
-    def compose_project(self) -> str:
-        return f"rigfleet-{self.name}"
+    compose_project = container_name  # the compose project is named as its one container
 
     @property
     def needs_genesis(self) -> bool:
         return self.genesis is not None
 
     def environment(self, generation: str | None = None) -> dict[str, str]:
-        """The whole container environment (``env`` then the Genesis variables of
-        ``generation``), a fresh dict."""
+        """``env`` then the Genesis variables of ``generation``, a fresh dict."""
         if self.genesis is None or generation is None:
             return dict(self.env)
         return {**self.env, **self.genesis.env(generation)}
@@ -214,8 +237,7 @@ class StackSpec:
             return self.entrypoint_argv
         if layout is None:
             raise CatalogError(f"stack {self.name}: needs Genesis, but no Genesis layout given")
-        script = entrypoint_script(layout, self.genesis.runtime_packages)
-        return ("/bin/bash", "-c", script, "--")
+        return ("/bin/bash", "-c", entrypoint_script(layout, self.genesis.runtime_packages), "--")
 
     @property
     def vllm_args(self) -> tuple[str, ...]:
@@ -250,10 +272,8 @@ class StackSpec:
     def cache_dirs(self) -> dict[str, str]:
         """Host cache directory -> container path, per stack (the deploy creates them)."""
         root = str(HOST.stack_cache_dir(self.name))
-        return {
-            f"{root}/torch_compile": TORCH_COMPILE_CACHE_IN_CONTAINER,
-            f"{root}/triton": TRITON_CACHE_IN_CONTAINER,
-        }
+        return {f"{root}/torch_compile": TORCH_COMPILE_CACHE_IN_CONTAINER,
+                f"{root}/triton": TRITON_CACHE_IN_CONTAINER}
 
 
 @dataclass(frozen=True)
@@ -261,7 +281,7 @@ class Catalog:
     """The stacks a fleet can serve, by name; ``sources``: the directories read, in order."""
 
     stacks: Mapping[str, StackSpec]
-    sources: tuple[str, ...] = field(default=())
+    sources: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -271,7 +291,7 @@ class Catalog:
         return isinstance(name, str) and name in self.stacks
 
     def get(self, name: str) -> StackSpec:
-        """The stack called ``name``; an unknown name raises ``CatalogError`` listing them."""
+        """An unknown name raises ``CatalogError`` listing the known ones."""
         try:
             return self.stacks[name]
         except (KeyError, TypeError):
@@ -284,8 +304,7 @@ class Catalog:
 
 
 def parse_stack(data: Any, where: str) -> StackSpec:
-    """Validate one stack file's data (``where``: the file, its stem the stack's name); raises
-    ``CatalogError`` listing every problem."""
+    """``where``: the file, its stem the stack's name; raises ``CatalogError`` listing all."""
     p = Problems(where, TABLE)
     top = p.mapping("", data)
     if top is None:
@@ -327,11 +346,10 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     genesis = parse_genesis(p, top.get("genesis"))
     entry = top.get("entrypoint")
     entrypoint: list[str] = []
-    if genesis is not None:
-        if entry is not None:
-            p.bad("entrypoint", entry, "no entrypoint key for a Genesis stack (the deploy "
-                  "builds the one the pinned Genesis needs)", "is set")
-    else:
+    if genesis is not None and entry is not None:
+        p.bad("entrypoint", entry, "no entrypoint key for a Genesis stack (the deploy builds "
+              "the one the pinned Genesis needs)", "is set")
+    elif genesis is None:
         entrypoint = p.strings("entrypoint", entry, required=True) or []
         if entry is not None and not entrypoint:
             p.bad("entrypoint", entry, "a non-empty argv such as [vllm, serve]", "is empty")
@@ -385,8 +403,7 @@ def _image_rule(p: Problems, value: Any) -> ImageRule:
 
 
 def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
-    """A list of mappings of strings (``boot.expect``, ``caveats``), each field as the table
-    says; a ``pattern`` must compile."""
+    """A list of mappings of strings (``boot.expect``, ``caveats``); a ``pattern`` compiles."""
     if value is None:
         return []
     if not isinstance(value, list):
@@ -477,6 +494,77 @@ def _speculative(p: Problems, value: Any) -> tuple[str | None, int]:
     return method, n or 0
 
 
+def parse_genesis(p: Problems, value: Any) -> GenesisSpec | None:
+    """The ``genesis`` section (None when left out); ``decisions`` and ``model`` feed
+    ``rigfleet.genesis_decisions``."""
+    if value is None:
+        return None
+    d = p.mapping("genesis", value) or {}
+    needs = p.strings("genesis.needs", d.get("needs"), _PATCH_ID) or []
+    switches: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    raw = d.get("switches")
+    if not isinstance(raw, dict) or not raw:
+        p.bad("genesis.switches", raw, f"{allowed('genesis.switches')} with generations "
+              f"{', '.join(LAYOUTS)}")
+    else:
+        for gen, sets in raw.items():
+            key = f"genesis.switches.{gen}"
+            if gen not in LAYOUTS:
+                p.bad(key, gen, ", ".join(LAYOUTS), "is not a Genesis generation rigfleet knows")
+                continue
+            s = p.mapping(key, sets) or {}
+            on = p.strings(f"{key}.on", s.get("on"), _SWITCH) or []
+            off = p.strings(f"{key}.off", s.get("off"), _SWITCH) or []
+            both = sorted(set(on) & set(off))
+            if both:
+                p.bad(f"{key}.off", both, "each switch either on or off", "is also on")
+            switches[str(gen)] = (tuple(on), tuple(off))
+    params = env_vars(p, "genesis.params", d.get("params"), allowed("env"))
+    for name in params:
+        if not name.startswith("GENESIS_") or name.startswith("GENESIS_ENABLE_"):
+            p.bad(f"genesis.params.{name}", name, allowed("genesis.params"))
+    packages = p.strings("genesis.runtime_packages", d.get("runtime_packages"),
+                         _PINNED_REQUIREMENT) or []
+    return GenesisSpec(tuple(needs), MappingProxyType(switches), MappingProxyType(params),
+                       tuple(packages), _decisions(p, d.get("decisions")),
+                       _model(p, d.get("model")))
+
+
+def _decisions(p: Problems, value: Any) -> Mapping[str, PatchDecision]:
+    """``genesis.decisions`` (YAML's bare on/off, read as true/false, taken as on/off)."""
+    out: dict[str, PatchDecision] = {}
+    if value is not None and not isinstance(value, dict):
+        p.bad("genesis.decisions", value, allowed("genesis.decisions"), "is not a mapping")
+    for pid, entry in (value if isinstance(value, dict) else {}).items():
+        key = f"genesis.decisions.{pid}"
+        if not isinstance(pid, str) or not _PATCH_ID_ANY.fullmatch(pid):
+            p.bad(key, pid, "a Genesis patch id such as PN346 or G4_26")
+            continue
+        e = p.mapping(key, entry) or {}
+        raw = e.get("decision")
+        raw = {True: "on", False: "off"}.get(raw, raw) if isinstance(raw, bool) else raw
+        choice = p.choice(f"{key}.decision", raw, ("on", "off", "default"))
+        reason = p.string(f"{key}.reason", e.get("reason"))
+        if choice and reason:
+            out[pid] = PatchDecision(choice, reason)
+    return MappingProxyType(out)
+
+
+def _model(p: Problems, value: Any) -> Mapping[str, Any]:
+    """``genesis.model``: each key read as the table's type says."""
+    d = p.mapping("genesis.model", value, required=False) or {}
+    out: dict[str, Any] = {}
+    for name in (n for n in keys_of("genesis.model") if n in d):
+        key = f"genesis.model.{name}"
+        kind = BY_PATH[key].type
+        got = (p.boolean(key, d[name]) if kind == "boolean"
+               else p.strings(key, d[name], _MODEL_ID, required=True) if kind == "list"
+               else p.string(key, d[name], _MODEL_ID))
+        if got is not None and got != []:
+            out[name] = tuple(got) if isinstance(got, list) else got
+    return MappingProxyType(out)
+
+
 def load_stack_file(path: str | Path) -> StackSpec:
     """Read and validate one stack file; raises ``CatalogError``."""
     try:
@@ -491,13 +579,8 @@ def _stack_files(directory: Path) -> list[Path]:
 
 
 def _fingerprint(dirs: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
-    out = []
-    for d in dirs:
-        directory = Path(d)
-        for path in _stack_files(directory) if directory.is_dir() else []:
-            st = path.stat()
-            out.append((str(path), st.st_mtime_ns, st.st_size))
-    return tuple(out)
+    files = [path for d in map(Path, dirs) if d.is_dir() for path in _stack_files(d)]
+    return tuple((str(path), (st := path.stat()).st_mtime_ns, st.st_size) for path in files)
 
 
 @lru_cache(maxsize=16)
@@ -540,7 +623,6 @@ def load_catalog(extra_dirs: Iterable[str | Path] = ()) -> Catalog:
 
 
 def builtin_catalog() -> Catalog:
-    """The stacks that ship with rigfleet."""
     return load_catalog()
 
 

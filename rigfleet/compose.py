@@ -99,8 +99,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         "pull_policy": "never",
     }
     doc = _escape({"name": spec.compose_project, "services": {SERVICE: service}})
-    labels = doc["services"][SERVICE]["labels"]
-    labels[CONFIG_HASH_LABEL] = config_hash(doc)
+    doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL] = config_hash(doc)
     return doc
 
 
@@ -116,12 +115,8 @@ def render_document(doc: Mapping[str, Any]) -> str:
 
 
 def config_hash(doc: dict[str, Any]) -> str:
-    """A short, stable hash of a compose document, ignoring its own config-hash label.
-
-    The weights volume is hashed without its revision suffix (the hash covers the revision
-    anyway), so a container from before per-revision directories keeps its hash
-    (docs/converge.md).
-    """
+    """A short, stable hash of a compose document, ignoring its own config-hash label and the
+    weights volume's revision suffix (covered by a label; docs/converge.md)."""
     copy = json.loads(json.dumps(doc))
     for service in copy.get("services", {}).values():
         labels = service.get("labels", {})
@@ -145,7 +140,6 @@ def weights_identity(volume: Any, revision: str) -> Any:
 
 
 def _escape(value: Any) -> Any:
-    # Compose interpolates ${VAR} and $VAR in every string value; '$$' is a literal '$'.
     if isinstance(value, str):
         return value.replace("$", "$$")
     if isinstance(value, dict):
@@ -161,10 +155,9 @@ class _Dumper(yaml.SafeDumper):
     def ignore_aliases(self, data: Any) -> bool:
         return True
 
+    def represent_str(self, data: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in data else None
+        return self.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
-
-_Dumper.add_representer(str, _represent_str)
+_Dumper.add_representer(str, _Dumper.represent_str)

@@ -53,6 +53,11 @@ STOP_ENV = "RIGFLEET_STOP_ON_PREFLIGHT"
 
 _C = HostChecker
 _url = by_name(HostChecker.url)
+_port = number_check(1, 65535, integer=True)
+_seconds = number_check(0.0, None, low_open=True)
+_host = valid_if(host_name_or_ip)
+_PORT = "a TCP port 1..65535"
+_HOST_TEXT = "a host name or an IP address (no port)"
 _low_k, _high_k = RETRY_BUFFER_RANGE_KIB
 _low_s, _high_s = CHECK_INTERVAL_RANGE_S
 # The order is the order of the checks (a key's check may read the keys before it).
@@ -108,10 +113,10 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("gate_set", _C.gate_set, (), "a list of 'key=value' overrides of the gate profile, "
         "e.g. ['soak_sessions=4']", "overrides of the gate profile (--set), checked before "
         "the run", group="Swap"),
-    Key("ready_timeout_s", number_check(0.0, None, low_open=True), READY_TIMEOUT_S,
-        "seconds > 0", "how long a stack may take to become ready", group="Swap"),
-    Key("gate_timeout_s", number_check(0.0, None, low_open=True), GATE_TIMEOUT_S, "seconds > 0",
-        "how long the gate may run", group="Swap"),
+    Key("ready_timeout_s", _seconds, READY_TIMEOUT_S, "seconds > 0", "how long a stack may take "
+        "to become ready", group="Swap"),
+    Key("gate_timeout_s", _seconds, GATE_TIMEOUT_S, "seconds > 0", "how long the gate may run",
+        group="Swap"),
     Key("drain_timeout_s", number_check(0.0, MAX_DRAIN_TIMEOUT_S), None, f"seconds in [0, "
         f"{MAX_DRAIN_TIMEOUT_S:g}] that accepted requests may take to finish before a stack "
         "stops", "overrides every stack file's drain.timeout_s on this host (0: stop at once)",
@@ -123,9 +128,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("supervise_limit", number_check(1, 100, integer=True), Policy.limit, "an integer 1..100: "
         "recreations within supervise_window_s before the supervisor gives up", "recreations "
         "before the next death gives up (503 with the reason)", group="Swap"),
-    Key("supervise_window_s", number_check(0.0, None, low_open=True), Policy.window_s, "seconds "
-        "> 0: the sliding window supervise_limit counts recreations in", "the window "
-        "supervise_limit counts in", group="Swap"),
+    Key("supervise_window_s", _seconds, Policy.window_s, "seconds > 0: the sliding window "
+        "supervise_limit counts recreations in", "the window supervise_limit counts in",
+        group="Swap"),
     Key("site_ca_files", _C.site_ca_files, None, "a list of PEM certificate files on this "
         "(control) machine", "CAs the host trusts besides the system's (a LAN mirror's)",
         on="any", group="Sources", shown_default="[]"),
@@ -154,14 +159,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "0600", "the certificate's key (both or neither)", group="TLS"),
     Key("front_tls_ca_file", _C.as_is, None, _TLS + ", certificate(s)", "what clients of "
         "the front trust", group="TLS", shown_default="the certificate itself"),
-    Key("ssh_hostname", valid_if(host_name_or_ip), None, "a host name or an IP address (no port)",
-        "pyinfra's SSH address; also where balancers reach the front (haproxy.cfg) unless "
-        "balancer_front_address says otherwise", on="any",
+    Key("ssh_hostname", _host, None, _HOST_TEXT, "pyinfra's SSH address; also where balancers "
+        "reach the front (haproxy.cfg) unless balancer_front_address says otherwise", on="any",
         shown_default="the inventory name"),
     Key("balancer_front_address", _C.address, None, "a host name or address, optionally "
         "with :port, e.g. 'rig-a.lan:8000'", "where balancers and monitors reach this host's "
-        "front",
-        group="Balancer", shown_default="ssh_hostname and front_port"),
+        "front", group="Balancer", shown_default="ssh_hostname and front_port"),
     Key("os", valid_if(os_named), None, f"one of: {OS_ALLOWED}", "the OS the host runs: what "
         "`rigfleet check --online` asks the apt repositories for (unset: every supported OS); "
         "the deploy refuses a host whose os-release says otherwise", on="any",
@@ -171,9 +174,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("rigfleet_stop_on_preflight", _C.flag, False, _FLAG, "a host refused by its "
         "preflight stops the whole run (also RIGFLEET_STOP_ON_PREFLIGHT=1)", on="any",
         group="Switches"),
-    Key("balancer_port", number_check(1, 65535, integer=True), 8080, "a TCP port 1..65535 "
-        "(clients call http(s)://<balancer>:<port>)", "HAProxy's port (not the host's "
-        "front_port when it serves too)", on="balancer", group="Balancer"),
+    Key("balancer_port", _port, 8080, _PORT + " (clients call http(s)://<balancer>:<port>)",
+        "HAProxy's port (not the host's front_port when it serves too)", on="balancer",
+        group="Balancer"),
     Key("balancer_url", _url, None, _URL, "how clients and rigfleet status/endpoints reach "
         "the balancer", on="balancer", group="Balancer",
         shown_default="<scheme>://<ssh address>:<balancer_port>"),
@@ -210,22 +213,20 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "up to this size can be retried on another host)", "requests up to this size are "
         "retried on another host after a 503 or a closed connection", on="balancer",
         group="Balancer"),
-    Key("cache_address", valid_if(host_name_or_ip), None, "a host name or an IP address (no port)",
-        "where the fleet's hosts reach the cache over the LAN", on="cache", group="Cache",
+    Key("cache_address", _host, None, _HOST_TEXT, "where the fleet's hosts reach the cache over "
+        "the LAN", on="cache", group="Cache",
         shown_default="ssh_hostname, else the inventory name"),
-    Key("peer_port", number_check(1, 65535, integer=True), 8082, "a TCP port 1..65535 other "
-        "than front_port", "with no fleet cache: where this host serves its verified weights "
-        "and pinned images to the fleet's other GPU hosts during their converge (reached at "
-        "balancer_front_address's host, else ssh_hostname)", group="Cache"),
-    Key("cache_registry_port", number_check(1, 65535, integer=True), 5000, "a TCP port "
-        "1..65535", "the pull-through registry's port (every address: hosts pull from it)",
-        on="cache", group="Cache"),
+    Key("peer_port", _port, 8082, _PORT + " other than front_port", "with no fleet cache: where "
+        "this host serves its verified weights and pinned images to the fleet's other GPU hosts "
+        "during their converge (reached at balancer_front_address's host, else ssh_hostname)",
+        group="Cache"),
+    Key("cache_registry_port", _port, 5000, _PORT, "the pull-through registry's port (every "
+        "address: hosts pull from it)", on="cache", group="Cache"),
     Key("cache_registry_upstream", _url, "https://registry-1.docker.io", _URL,
         "the registry the cache pulls through from (the pinned images' registry)", on="cache",
         group="Cache"),
-    Key("cache_model_port", number_check(1, 65535, integer=True), 8081, "a TCP port 1..65535",
-        "the model cache's port (nginx, read-only files of verified revisions)", on="cache",
-        group="Cache"),
+    Key("cache_model_port", _port, 8081, _PORT, "the model cache's port (nginx, read-only files "
+        "of verified revisions)", on="cache", group="Cache"),
     Key("cache_model_dir", _C.model_dir, "/srv/rigfleet-cache/models", "an absolute, "
         "normalised directory other than a system one", "where the cache keeps verified model "
         "revisions (<repo>/<revision>/)", on="cache", group="Cache"),
@@ -339,8 +340,7 @@ class BalancerSettings:
 
 def validate_host(name: str, data: Mapping[str, Any] | Any,
                   catalog: Catalog | None = None) -> HostSettings:
-    """Check one GPU host's data (``host.data`` or a mapping); raises ``HostDataError`` with
-    every problem at once."""
+    """``data``: ``host.data`` or a mapping; raises ``HostDataError`` listing every problem."""
     c = HostChecker(name, catalog)
     v = c.check_keys(data, "gpu", KEYS)
     tls = _tls(c, v, "front", "front_url")
@@ -441,8 +441,7 @@ class CacheSettings:
 
 def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
                    taken: Sequence[int] = ()) -> CacheSettings:
-    """Check a cache host's data (``taken``: ports the host's other services use); raises
-    ``HostDataError``."""
+    """``taken``: ports the host's other services use; raises ``HostDataError``."""
     c = HostChecker(name, None)
     v = c.check_keys(data, "cache", KEYS)
     ports = {key: v[key] for key in ("cache_registry_port", "cache_model_port")}
@@ -463,15 +462,12 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
 def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
     """Stop the whole run when a host fails its preflight? Read leniently, even when the rest
     of the host's data fails validation."""
-    if flag_value(os.environ.get(STOP_ENV, "")):
-        return True
-    return bool(flag_value(data.get("rigfleet_stop_on_preflight", None)))
+    return bool(flag_value(os.environ.get(STOP_ENV, ""))
+                or flag_value(data.get("rigfleet_stop_on_preflight", None)))
 
 
 def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any]) -> None:
-    """Check each cap against its card's real range (some boards silently keep the old cap),
-    ``power_min_w``/``power_max_w`` or ``power_min_limit_w``/``power_max_limit_w`` (None:
-    ``[N/A]``); raises ``HostDataError``."""
+    """A cap outside its card's own range raises ``HostDataError`` (boards may keep the old)."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(caps) != len(ordered):
@@ -495,8 +491,7 @@ def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any])
 
 
 def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[Any]) -> list[str]:
-    """What is wrong with the cards the host reports (their count, each one's memory), one line
-    per problem."""
+    """What is wrong with the cards the host reports (their count, each one's memory)."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(ordered) != gpu_count:
@@ -522,6 +517,7 @@ def _card(gpu: Any) -> str:
 
 
 def _power_range(gpu: Any) -> tuple[float | None, float | None]:
+    """``power_min_w``/``power_max_w``, else ``power_min_limit_w``/...; None: ``[N/A]``."""
     for low_name, high_name in (("power_min_w", "power_max_w"),
                                 ("power_min_limit_w", "power_max_limit_w")):
         if hasattr(gpu, low_name) or hasattr(gpu, high_name):
@@ -579,10 +575,9 @@ def render_doc() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m rigfleet.hostdata [--check]``: write (or compare) docs/hostdata.md."""
-    args = list(sys.argv[1:] if argv is None else argv)
     path = Path(__file__).resolve().parent.parent / DOC
     text = render_doc()
-    if "--check" in args:
+    if "--check" in (sys.argv[1:] if argv is None else argv):
         same = path.is_file() and path.read_text(encoding="utf-8") == text
         print(f"{DOC}: " + ("up to date" if same else "differs from KEYS (python -m "
                                                     "rigfleet.hostdata writes it)"))

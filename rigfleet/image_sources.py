@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
+from rigfleet.hostchecks import HostChecker
 from rigfleet.hostside.layout import CACHE_ROOT
 
 KINDS = ("hub", "registry", "archive", "host-archive")
@@ -57,42 +58,17 @@ class ImageSource:
         """How messages and tables name it."""
         if self.cache is not None:
             return f"fleet cache {self.cache} ({self.url})"
-        if self.kind == "registry":
-            return f"registry {self.url}"
-        if self.kind == "archive":
-            return f"archive {self.path} (this machine{', uploaded' if self.via == 'upload' else ''})"
-        if self.kind == "host-archive":
-            return f"host-archive {self.path}"
-        return "hub"
+        uploaded = ", uploaded" if self.via == "upload" else ""
+        return {"registry": f"registry {self.url}",
+                "archive": f"archive {self.path} (this machine{uploaded})",
+                "host-archive": f"host-archive {self.path}"}.get(self.kind, "hub")
 
 
 DEFAULT_SOURCES: tuple[ImageSource, ...] = (ImageSource("hub"),)
 
 
-class Checks(Protocol):
-    """What ``parse_sources`` needs of the host-data checker (``rigfleet.hostdata``'s)."""
-
-    def bad(self, key: str, value: Any, allowed: str, what: str = ...) -> None: ...
-
-    def missing(self, key: str, allowed: str | None = ...) -> None: ...
-
-    def choice(self, key: str, value: Any, choices: Any, required: bool = ...) -> str | None: ...
-
-    def string(self, key: str, value: Any, pattern: Any, allowed: str,
-               required: bool = ...) -> str | None: ...
-
-    def posix_path(self, key: str, value: Any, allowed: str = ...,
-                   required: bool = ...) -> str | None: ...
-
-    def mapping(self, key: str, value: Any, keys: Any,
-                required: bool = ...) -> dict[Any, Any] | None: ...
-
-    def url(self, key: str, value: Any) -> str | None: ...
-
-
-def parse_sources(c: Checks, key: str, value: Any) -> tuple[ImageSource, ...]:
-    """Validate ``image_sources`` (None: the default); problems go to ``c`` (the result counts
-    only when it has none)."""
+def parse_sources(c: HostChecker, key: str, value: Any) -> tuple[ImageSource, ...]:
+    """``image_sources`` (None: the default); problems go to ``c``."""
     if value is None:
         return DEFAULT_SOURCES
     shape = ("a list of mappings, each with a kind: " + ", ".join(KINDS)
@@ -100,22 +76,17 @@ def parse_sources(c: Checks, key: str, value: Any) -> tuple[ImageSource, ...]:
     if not isinstance(value, list | tuple) or not value:
         c.bad(key, value, shape, "is not a non-empty list" if not value else "is not a list")
         return DEFAULT_SOURCES
-    out: list[ImageSource] = []
-    for i, entry in enumerate(value):
-        source = _source(c, f"{key}[{i}]", entry, shape)
-        if source is not None:
-            out.append(source)
-    return tuple(out) if len(out) == len(value) else DEFAULT_SOURCES
+    checked = [_source(c, f"{key}[{i}]", entry, shape) for i, entry in enumerate(value)]
+    out = tuple(source for source in checked if source is not None)
+    return out if len(out) == len(value) else DEFAULT_SOURCES
 
 
-def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
+def _source(c: HostChecker, base: str, entry: Any, shape: str) -> ImageSource | None:
     if not isinstance(entry, dict):
         c.bad(base, entry, shape, "is not a mapping")
         return None
     kind = c.choice(f"{base}.kind", entry.get("kind"), KINDS)
-    if kind is None:
-        return None
-    if c.mapping(base, entry, _KEYS[kind]) is None:
+    if kind is None or c.mapping(base, entry, _KEYS[kind]) is None:
         return None
     if kind == "hub":
         return ImageSource("hub", check=_check_url(c, base, entry))
@@ -143,16 +114,13 @@ def _source(c: Checks, base: str, entry: Any, shape: str) -> ImageSource | None:
                    "a `docker save` .tar file or a directory of them on this (control) "
                    "machine, e.g. '~/image-archive'")
     via = c.choice(f"{base}.via", entry.get("via", "stream"), VIAS)
-    upload_dir = DEFAULT_UPLOAD_DIR
-    if entry.get("upload_dir") is not None:
-        upload_dir = c.posix_path(f"{base}.upload_dir", entry.get("upload_dir"),
-                                  "an absolute directory on the host") or DEFAULT_UPLOAD_DIR
+    upload_dir = c.posix_path(f"{base}.upload_dir", entry.get("upload_dir"),
+                              "an absolute directory on the host", required=False)
     path = str(Path(os.path.expanduser(raw)).absolute()) if raw else None
-    return ImageSource("archive", path=path, via=via or "stream", upload_dir=upload_dir)
+    return ImageSource("archive", path=path, via=via or "stream",
+                       upload_dir=upload_dir or DEFAULT_UPLOAD_DIR)
 
 
-def _check_url(c: Checks, base: str, entry: dict[Any, Any]) -> str | None:
+def _check_url(c: HostChecker, base: str, entry: dict[Any, Any]) -> str | None:
     check = entry.get("check")
-    if check is None or check == NO_CHECK:
-        return check
-    return c.url(f"{base}.check", check)
+    return check if check in (None, NO_CHECK) else c.url(f"{base}.check", check)

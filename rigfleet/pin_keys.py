@@ -19,7 +19,6 @@ END = "<!-- pin-keys: end -->"
 COMMIT = "a full 40-character lowercase hex commit"
 DIGEST = "'sha256:' followed by 64 lowercase hex characters"
 
-
 _K = Key
 _STACK = "stacks.<stack>"
 KEYS: tuple[Key, ...] = (

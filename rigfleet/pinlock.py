@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rigfleet.bump.genesis import lock_genesis
+from rigfleet.bump.journal import load_journal
 from rigfleet.hub import Hub, HubError
 from rigfleet.pins import UNRESOLVED, Pins, PinsError, StackPins, load_pins, save_pins
 from rigfleet.registry import DOCKER_HUB, Registry, RegistryError, RegistryNotFound, registry_of
@@ -29,24 +30,19 @@ class LockError(PinsError):
     """A lookup for the pins failed; one line per key: what, where, and what to do."""
 
 
-def hub_revision(hub_url: str, repo: str, ref: str = "main", timeout: float = 15,
-                 token_file: str | None = None) -> str:
-    """The full commit that ``ref`` of model ``repo`` points at on the hub."""
-    try:
-        return Hub(hub_url, token_file, timeout).revision(repo, ref)
-    except HubError as e:
-        raise RuntimeError(f"cannot resolve the model revision: {e}") from None
-
-
 @dataclass
 class _Resolver:
-    """Registry lookups for one lock run, each asked once."""
+    """Registry lookups for one lock run, each asked once (a tag never holds a digest's ':')."""
 
     registry: Registry
     file: str
-    digests: dict[tuple[str, str], str] = field(default_factory=dict)
-    ids: dict[tuple[str, str], str] = field(default_factory=dict)
+    asked: dict[tuple[str, str], str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+
+    def once(self, key: tuple[str, str], ask: Callable[[], str]) -> str:
+        if key not in self.asked:
+            self.asked[key] = ask()
+        return self.asked[key]
 
     def client(self, repository: str) -> tuple[Registry, str]:
         host, path = registry_of(repository)
@@ -57,12 +53,14 @@ class _Resolver:
     def stack(self, key: str, p: StackPins, refresh: bool) -> StackPins:
         """``p`` with its digest (when unresolved or ``refresh``) and image id filled in."""
         reg, path = self.client(p.repository)
+        retention = f" ({NIGHTLY_RETENTION})" if NIGHTLY_TAG.fullmatch(p.tag) else ""
         digest = p.digest
         if refresh or digest == UNRESOLVED:
             try:
-                digest = _once(self.digests, (path, p.tag), lambda: reg.digest(path, p.tag))
+                digest = self.once((path, p.tag), lambda: reg.digest(path, p.tag))
             except RegistryNotFound:
-                self.problems.append(self.gone(key, p, reg))
+                self.problems.append(f"{self.file}: {key}.image: {p.image} is not in "
+                                     f"{reg.where}{retention}; allowed: {SAVED_COPY}")
                 return p
             except RegistryError as e:
                 self.problems.append(f"{self.file}: {key}.digest: cannot resolve {p.image}: {e}")
@@ -70,12 +68,11 @@ class _Resolver:
         image_id = p.image_id
         if refresh or image_id is None or digest != p.digest:
             try:
-                image_id = _once(self.ids, (path, digest),
-                                 lambda: reg.resolve(path, digest).image_id)
+                image_id = self.once((path, digest), lambda: reg.resolve(path, digest).image_id)
             except RegistryNotFound:
                 self.problems.append(
                     f"{self.file}: {key}.image_id: cannot be read: {p.repository}@{digest} is "
-                    f"not in {reg.where}{self.retention(p)}; allowed: the image id of a saved "
+                    f"not in {reg.where}{retention}; allowed: the image id of a saved "
                     "copy (`rigfleet images import FILE` prints it), or " + SAVED_COPY)
                 return p
             except RegistryError as e:
@@ -83,21 +80,6 @@ class _Resolver:
                                      f"{p.repository}@{digest}: {e}")
                 return p
         return replace(p, digest=digest, image_id=image_id)
-
-    def gone(self, key: str, p: StackPins, reg: Registry) -> str:
-        return (f"{self.file}: {key}.image: {p.image} is not in {reg.where}{self.retention(p)}; "
-                f"allowed: {SAVED_COPY}")
-
-    @staticmethod
-    def retention(p: StackPins) -> str:
-        return f" ({NIGHTLY_RETENTION})" if NIGHTLY_TAG.fullmatch(p.tag) else ""
-
-
-def _once(cache: dict[tuple[str, str], str], key: tuple[str, str],
-          ask: Callable[[], str]) -> str:
-    if key not in cache:
-        cache[key] = ask()
-    return cache[key]
 
 
 def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False,
@@ -109,13 +91,14 @@ def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False,
     hosts = {h: {n: r.stack(f"hosts.{h}.stacks.{n}", p, refresh) for n, p in entries.items()}
              for h, entries in pins.hosts.items()}
     models = pins.all_models
+    hub = Hub(hub_url, token_file)
     for repo, model in models.items():
         if refresh or model.revision == UNRESOLVED:
             try:
-                models[repo] = replace(model, revision=hub_revision(hub_url, repo,
-                                                                    token_file=token_file))
-            except RuntimeError as e:
-                r.problems.append(f"{pins.path}: {model.key}.revision: {e}")
+                models[repo] = replace(model, revision=hub.revision(repo, "main"))
+            except HubError as e:
+                r.problems.append(f"{pins.path}: {model.key}.revision: cannot resolve the "
+                                  f"model revision: {e}")
     if r.problems:
         raise LockError(r.problems)
     return replace(pins, stacks=stacks, hosts=hosts, model=models[pins.model.repo],
@@ -124,31 +107,16 @@ def resolve(pins: Pins, registry: Registry, hub_url: str, refresh: bool = False,
 
 def changes(old: Pins, new: Pins) -> list[str]:
     """One line per value ``resolve`` changed (``stacks.int8.digest: unresolved -> sha256:...``)."""
-    out = []
     entries = [(f"stacks.{n}", p, new.stacks[n]) for n, p in old.stacks.items()]
     entries += [(f"hosts.{h}.stacks.{n}", p, new.hosts[h][n])
                 for h, stacks in old.hosts.items() for n, p in stacks.items()]
-    for key, before, after in entries:
-        for attr in ("digest", "image_id"):
-            a, b = getattr(before, attr), getattr(after, attr)
-            if a != b:
-                out.append(f"{key}.{attr}: {a or '(none)'} -> {b}")
+    out = [f"{key}.{attr}: {getattr(before, attr) or '(none)'} -> {getattr(after, attr)}"
+           for key, before, after in entries for attr in ("digest", "image_id")
+           if getattr(before, attr) != getattr(after, attr)]
     for repo, m in old.all_models.items():
         if m.revision != new.all_models[repo].revision:
             out.append(f"{m.key}.revision: {m.revision} -> {new.all_models[repo].revision}")
     return out
-
-
-def refuse_during_bump(pins: Pins) -> None:
-    """Refuse while a bump is unfinished (saving would make its journal stale)."""
-    from rigfleet.bump.journal import load_journal
-
-    journal = load_journal(pins)
-    if journal is not None and journal.state == "open":
-        raise PinsError(
-            f"{pins.path}: bump {journal.id} (started {journal.started} by {journal.by}) is "
-            f"unfinished ({journal.path}); allowed: finish it (`rigfleet bump --yes`) or "
-            "abandon it (`rigfleet bump --abandon`), then lock the pins")
 
 
 def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False,
@@ -157,7 +125,12 @@ def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = Fals
     """Resolve and save; returns one line per change. ``verify``'s refusals (``rigfleet
     check``'s online checks) stop the save."""
     pins = load_pins(path, allow_unresolved=True)
-    refuse_during_bump(pins)
+    journal = load_journal(pins)
+    if journal is not None and journal.state == "open":  # saving would make it stale
+        raise PinsError(
+            f"{pins.path}: bump {journal.id} (started {journal.started} by {journal.by}) is "
+            f"unfinished ({journal.path}); allowed: finish it (`rigfleet bump --yes`) or "
+            "abandon it (`rigfleet bump --abandon`), then lock the pins")
     new = resolve(pins, Registry(registry_url), hub_url, refresh=refresh,
                   token_file=token_file)
     new, genesis_lines = lock_genesis(new, fetch_url=genesis_url)

@@ -23,6 +23,7 @@ from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostside.atomic import write_atomic
 from rigfleet.pin_keys import SCHEMA, TABLE, UNRESOLVED, allowed, default
 from rigfleet.validate import GIT_URL, Problems, ValidationError, YamlError, load_yaml, parse_yaml
+from rigfleet.vllm_versions import NIGHTLY_TAG
 
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
 
@@ -40,7 +41,6 @@ _IMAGE = re.compile(
     r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
     r":(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})"
 )
-_NIGHTLY_SHA_TAG = re.compile(r"nightly-(?P<sha>[0-9a-f]{40})")
 _RELEASE_TAG = re.compile(r"v(?P<version>\d+\.\d+\.\d+\S*)")
 # PEP 440 public version (release, pre, post, dev) with an optional local part.
 _PEP440 = re.compile(
@@ -155,9 +155,7 @@ class Pins:
     def for_host(self, name: str) -> Pins:
         """These pins as host ``name`` runs them: its ``hosts`` overrides merged into ``stacks``."""
         overrides = self.hosts.get(name)
-        if not overrides:
-            return self
-        return replace(self, stacks={**self.stacks, **overrides})
+        return replace(self, stacks={**self.stacks, **overrides}) if overrides else self
 
     def stack(self, name: str) -> StackPins:
         """The pins of stack ``name`` (raises ``PinsError`` when it is not pinned)."""
@@ -181,7 +179,6 @@ class Pins:
         driver: dict[str, str] = {"branch": self.driver_branch}
         if self.driver_version is not None:
             driver["version"] = self.driver_version
-        stacks = {name: stack_dict(s) for name, s in self.stacks.items()}
         out: dict[str, Any] = {
             "schema": SCHEMA, "serial": self.serial, "driver": driver,
             "container_toolkit": {"version": self.toolkit_version},
@@ -193,7 +190,7 @@ class Pins:
         if self.models:  # absent unless a stack serves another model: old files unchanged
             out["models"] = {r: {"revision": m.revision, "local_dir": m.local_dir}
                              for r, m in self.models.items()}
-        out["stacks"] = stacks
+        out["stacks"] = {name: stack_dict(s) for name, s in self.stacks.items()}
         if self.hosts:  # absent unless a rollout left hosts on other pins: old files unchanged
             out["hosts"] = {h: {"stacks": {n: stack_dict(s) for n, s in stacks.items()}}
                             for h, stacks in self.hosts.items()}
@@ -217,8 +214,7 @@ def stack_dict(s: StackPins) -> dict[str, Any]:
 
 def load_pins(path: str | Path, *, allow_unresolved: bool = False,
               catalog: Catalog | None = None) -> Pins:
-    """Read and validate a pins file (``allow_unresolved``: only for ``rigfleet pins lock``);
-    raises ``PinsError`` listing every problem."""
+    """``allow_unresolved``: only for ``rigfleet pins lock``; raises ``PinsError`` listing all."""
     path = str(path)
     try:
         data = load_yaml(path, "the pins file", "create it (see docs/converge.md)")
@@ -248,11 +244,9 @@ def with_resolved(
     c = _Checker(pins.path, builtin_catalog())
     stacks = dict(pins.stacks)
     for name, digest in (digests or {}).items():
-        key = f"stacks.{name}.digest"
         if name not in stacks:
             c.bad(f"stacks.{name}", name, f"a pinned stack: {', '.join(stacks)}", "is not pinned")
-            continue
-        if c.pinned(key, digest, _DIGEST, allow_unresolved=False) is not None:
+        elif c.pinned(f"stacks.{name}.digest", digest, _DIGEST, allow_unresolved=False):
             stacks[name] = replace(stacks[name], digest=digest)
     model = pins.model
     if revision is not None and c.pinned(f"{model.key}.revision", revision, _HEX40,
@@ -273,12 +267,11 @@ def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
     """Write ``pins`` atomically with ``serial`` + 1 and ``history_entry`` appended; refuses
     when the file on disk is no longer at ``pins.serial`` (someone saved in between)."""
     path = Path(pins.path)
-    if path.exists():
-        on_disk = _read_serial(path)
-        if on_disk is not None and on_disk != pins.serial:
-            raise PinsError(f"{path}: serial: file is at serial {on_disk} but these pins were "
-                            f"loaded at {pins.serial}; someone saved in between. Reload, "
-                            "re-apply, save again")
+    on_disk = _read_serial(path)
+    if on_disk is not None and on_disk != pins.serial:
+        raise PinsError(f"{path}: serial: file is at serial {on_disk} but these pins were "
+                        f"loaded at {pins.serial}; someone saved in between. Reload, "
+                        "re-apply, save again")
     history = [dict(h) for h in pins.history]
     if history_entry is not None:
         history.append({**history_entry, "serial": pins.serial + 1})
@@ -307,7 +300,6 @@ class _Checker(Problems):
 
     def __init__(self, path: str, catalog: Catalog) -> None:
         super().__init__(path, TABLE)
-        self.file = path
         self.catalog = catalog
         self.repos: tuple[str, ...] = ()  # the pinned models, read before the stacks
 
@@ -333,9 +325,8 @@ class _Checker(Problems):
         top = self.mapping("", data)
         if top is None:
             return None
-        schema = top.get("schema")
-        if schema != SCHEMA:
-            self.bad("schema", schema, allowed("schema"), "is not a supported schema")
+        if top.get("schema") != SCHEMA:
+            self.bad("schema", top.get("schema"), allowed("schema"), "is not a supported schema")
         serial = self.integer("serial", top.get("serial"), low=1)
         driver_branch, driver_version = self.driver(top.get("driver"))
         toolkit = self.versioned("container_toolkit", top.get("container_toolkit"),
@@ -356,9 +347,8 @@ class _Checker(Problems):
             history = []
         if self.lines:
             return None
-        assert driver_branch and toolkit and hf_hub and model and stacks is not None
-        assert serial is not None
-        return Pins(path=self.file, serial=serial, driver_branch=driver_branch,
+        assert serial and driver_branch and toolkit and hf_hub and model and stacks is not None
+        return Pins(path=self.where, serial=serial, driver_branch=driver_branch,
                     driver_version=driver_version, toolkit_version=toolkit, hf_hub_version=hf_hub,
                     model=model, stacks=stacks, history=history, hosts=hosts, models=models)
 
@@ -401,11 +391,9 @@ class _Checker(Problems):
             key = f"models.{repo}"
             if self.string(key, repo, HF_REPO) is None:
                 continue
-            if one is not None and isinstance(one, dict) and repo == one.get("repo"):
+            if isinstance(one, dict) and repo == one.get("repo"):
                 self.bad(key, repo, allowed("models.<repo>"), "is pinned under model too")
-                continue
-            pin = self.model_entry(key, repo, self.mapping(key, entry))
-            if pin is not None:
+            elif (pin := self.model_entry(key, repo, self.mapping(key, entry))) is not None:
                 section[repo] = pin
                 pins.append(pin)
         dirs: dict[str, str] = {}
@@ -441,9 +429,7 @@ class _Checker(Problems):
             if name not in self.catalog:
                 self.bad(f"{key}.{name}", name, ", ".join(self.catalog.names),
                          "is not a stack in the catalog")
-                continue
-            pinned = self.stack(name, entry, f"{key}.{name}")
-            if pinned is not None:
+            elif (pinned := self.stack(name, entry, f"{key}.{name}")) is not None:
                 out[name] = pinned
         return out
 
@@ -478,16 +464,11 @@ class _Checker(Problems):
         digest = self.pinned(f"{base}.digest", d.get("digest"), _DIGEST, allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)
         image_id = self.string(f"{base}.image_id", d.get("image_id"), _DIGEST, required=False)
-        genesis: GenesisPin | None = None
-        if spec.needs_genesis:
-            genesis = self.genesis(f"{base}.genesis", d.get("genesis"))
-            if genesis is None:
-                return None
-        elif "genesis" in d:
+        genesis = self.genesis(f"{base}.genesis", d.get("genesis")) if spec.needs_genesis else None
+        if not spec.needs_genesis and "genesis" in d:
             self.bad(f"{base}.genesis", d["genesis"], "no 'genesis' key for this stack",
                      f"is set but stack {name} does not use Genesis")
-            return None
-        if image and digest and version:
+        elif image and digest and version and (genesis or not spec.needs_genesis):
             return StackPins(name, image, digest, version, genesis, image_id)
         return None
 
@@ -508,7 +489,7 @@ class _Checker(Problems):
             return version
         tag = image.rsplit(":", 1)[1]
         local = _PEP440.fullmatch(version).group("local")  # type: ignore[union-attr]
-        if m := _NIGHTLY_SHA_TAG.fullmatch(tag):
+        if m := NIGHTLY_TAG.fullmatch(tag):
             sha = m.group("sha")
             g = _LOCAL_GIT.fullmatch(local or "")
             want = f"a version ending in '+g{sha[:9]}' (this build's commit)"

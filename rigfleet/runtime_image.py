@@ -43,14 +43,11 @@ class RuntimeImage:
                    tuple(spec.genesis.runtime_packages))
 
     @property
-    def tag(self) -> str:
-        packages = hashlib.sha256("\n".join(self.packages).encode()).hexdigest()[:8]
-        return f"{self.digest.removeprefix('sha256:')[:12]}-{packages}"
-
-    @property
     def ref(self) -> str:
         """``rigfleet/<stack>-runtime:<digest12>-<packages hash>`` (local only, never pulled)."""
-        return f"{REPOSITORY}/{self.stack}-runtime:{self.tag}"
+        base = self.digest.removeprefix("sha256:")[:12]
+        packages = hashlib.sha256("\n".join(self.packages).encode()).hexdigest()[:8]
+        return f"{REPOSITORY}/{self.stack}-runtime:{base}-{packages}"
 
     def dockerfile(self, index_url: str | None = None) -> str:
         """The Dockerfile: the pinned base, the pinned packages from ``index_url`` (a plain-http

@@ -17,8 +17,7 @@ def shipped() -> str:
     """The Markdown table of the built-in stack files."""
     lines = [SHIPPED_BEGIN, "", "| file | summary | port | cards | KV cache | drafter | Genesis |",
              "|---|---|---|---|---|---|---|"]
-    for name in builtin_catalog().names:
-        s = builtin_catalog().get(name)
+    for name, s in sorted(builtin_catalog().stacks.items()):
         drafter = f"{s.speculative_method} n={s.num_speculative_tokens}" if (
             s.speculative_method) else "-"
         genesis = ", ".join(s.genesis.needs) if s.genesis else "-"

@@ -37,6 +37,9 @@ from rigfleet.keytable import KeyTable
 
 # Control characters (C0 and C1 but tab): nothing a person means to write holds them.
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_PRINTABLE = "printable text (no line breaks, escapes or other control characters)"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 
 # Directories a path from the inventory must never be (the deploy would own or chmod them).
 SYSTEM_DIRS = frozenset({
@@ -47,7 +50,6 @@ SYSTEM_DIRS = frozenset({
     "/var/lib/docker", ETC_ROOT, STATE_ROOT, OPT_ROOT, CACHE_ROOT, LIB_ROOT,
 })  # fmt: skip
 
-
 # Environment names that look like a secret's (secrets reach hosts only as root-only files).
 SECRET_NAMES = ("*_KEY", "*_TOKEN", "*_SECRET", "*PASSWORD*")
 SECRET_NAME_ALLOWED = (
@@ -55,10 +57,6 @@ SECRET_NAME_ALLOWED = (
     f"hosts only as root-only files in {HOST.secrets_dir}: the API key from host data "
     f"api_key_file (the stacks read VLLM_API_KEY from {HOST.vllm_env_file}), a Hugging Face "
     f"token from host data hf_token_file ({HOST.hf_token_file})")
-
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 
 
 def secret_like(name: str) -> bool:
@@ -101,9 +99,6 @@ class ValidationError(RigfleetError, ValueError):
 _E = TypeVar("_E", bound=ValidationError)
 
 
-_PRINTABLE = "printable text (no line breaks, escapes or other control characters)"
-
-
 def has_control(value: str) -> bool:
     return bool(_CONTROL.search(value))
 
@@ -123,9 +118,6 @@ class Problems:
         self.table = table
         self.lines: list[str] = []
 
-    def __bool__(self) -> bool:
-        return bool(self.lines)
-
     def bad(self, key: str, value: Any, allowed: str, what: str = "is not valid") -> None:
         self.lines.append(f"{self.where}: {key or 'top level'}: {shown(value)} {what}; "
                           f"allowed: {allowed}")
@@ -144,18 +136,18 @@ class Problems:
     def control_chars(self, key: str, value: Any) -> bool:
         """Record every string in ``value`` (nested, keys included) that holds a control
         character; True when one was found."""
-        found = False
         if isinstance(value, str):
             if has_control(value):
                 self.bad(key, value, _PRINTABLE, "holds control characters")
-                found = True
-        elif isinstance(value, dict):
+            return has_control(value)
+        found = False
+        if isinstance(value, dict):
             for k, v in value.items():
                 if isinstance(k, str) and has_control(k):
                     self.bad(key, k, _PRINTABLE, "is a key holding control characters")
                     found = True
-                    continue
-                found = self.control_chars(f"{key}.{k}" if key else str(k), v) or found
+                else:
+                    found = self.control_chars(f"{key}.{k}" if key else str(k), v) or found
         elif isinstance(value, list | tuple):
             for i, item in enumerate(value):
                 found = self.control_chars(f"{key}[{i}]", item) or found
@@ -198,8 +190,7 @@ class Problems:
 
     def unknown_key(self, key: str, name: Any, allowed: list[str],
                     what: str = "is an unknown key") -> None:
-        """``name`` is not one of ``allowed``: ``what``, with the closest one if it looks like a
-        typo."""
+        """``name`` is not one of ``allowed``: ``what``, with a typo's likely fix."""
         close = difflib.get_close_matches(str(name), allowed, n=1, cutoff=0.8)
         self.bad(key, name, ", ".join(allowed), f"{what} (did you mean {close[0]!r}?)"
                  if close else what)
@@ -216,14 +207,11 @@ class Problems:
         allowed = self.allowed(key, allowed) or ""
         if self.absent(key, value, allowed, required):
             return None
-        if not isinstance(value, str):
-            self.bad(key, value, allowed)
-            return None
-        if has_control(value):
+        if isinstance(value, str) and has_control(value):
             self.bad(key, value, allowed, "holds control characters")
             return None
-        if (pattern is None and not value.strip()) or (
-                pattern is not None and not pattern.fullmatch(value)):
+        if not isinstance(value, str) or not (
+                pattern.fullmatch(value) if pattern else value.strip()):
             self.bad(key, value, allowed)
             return None
         return value
@@ -231,10 +219,9 @@ class Problems:
     def integer(self, key: str, value: Any, low: int | None = None, high: int | None = None,
                 allowed: str | None = None, required: bool = True) -> int | None:
         """An integer (never a bool) within ``low..high``."""
-        bounds = (f"{low}..{high}" if low is not None and high is not None
-                  else f">= {low}" if low is not None else f"<= {high}" if high is not None
-                  else "")
-        allowed = self.allowed(key, allowed) or f"an integer {bounds}".strip()
+        bounds = (f" {low}..{high}" if low is not None and high is not None else f" >= {low}"
+                  if low is not None else f" <= {high}" if high is not None else "")
+        allowed = self.allowed(key, allowed) or f"an integer{bounds}"
         if self.absent(key, value, allowed, required):
             return None
         if not is_int(value) or (low is not None and value < low) or (
@@ -247,8 +234,7 @@ class Problems:
                allowed: str | None = None, required: bool = True,
                low_open: bool = False) -> float | None:
         """A number (int or float, never a bool) within ``low..high`` (``(low`` when open)."""
-        allowed = self.allowed(key, allowed) or "a number" + (f" in {'(' if low_open else '['}{low}, {high}]"
-                                           if low is not None and high is not None else "")
+        allowed = self.allowed(key, allowed) or "a number"
         if self.absent(key, value, allowed, required):
             return None
         if not (isinstance(value, int | float) and not isinstance(value, bool)
@@ -258,11 +244,10 @@ class Problems:
             return None
         return float(value)
 
-    def boolean(self, key: str, value: Any, default: bool | None = None) -> bool | None:
+    def boolean(self, key: str, value: Any) -> bool | None:
         if value is None:
-            if default is None:
-                self.missing(key, "true or false")
-            return default
+            self.missing(key, "true or false")
+            return None
         if not isinstance(value, bool):
             self.bad(key, value, "true or false")
             return None
@@ -289,21 +274,15 @@ class Problems:
         if not isinstance(value, list | tuple):
             self.bad(key, value, f"a list of {allowed}")
             return None
-        out: list[str] = []
-        ok = True
-        for i, item in enumerate(value):
-            checked = self.string(f"{key}[{i}]", item, pattern, allowed)
-            ok = ok and checked is not None
-            if checked is not None:
-                out.append(checked)
-        return out if ok else None
+        checked = [self.string(f"{key}[{i}]", item, pattern, allowed)
+                   for i, item in enumerate(value)]
+        out = [item for item in checked if item is not None]
+        return out if len(out) == len(checked) else None
 
     def posix_path(self, key: str, value: Any, allowed: str = "an absolute, normalised directory",
-             required: bool = True) -> str | None:
+                   required: bool = True) -> str | None:
         """An absolute, normalised POSIX path that is not a system directory."""
-        if self.absent(key, value, allowed, required):
-            return None
-        checked = self.string(key, value, None, allowed)
+        checked = self.string(key, value, None, allowed, required)
         if checked is None:
             return None
         if not checked.startswith("/") or posixpath.normpath(checked) != checked:
@@ -331,8 +310,7 @@ def escapes(entry: Path, root: Path) -> bool:
 
 def is_system_dir(path: str) -> bool:
     """``path`` (normalised, trailing ``/`` ignored) is one of ``SYSTEM_DIRS``."""
-    norm = posixpath.normpath(path) if path else path
-    return norm in SYSTEM_DIRS
+    return bool(path) and posixpath.normpath(path) in SYSTEM_DIRS
 
 
 class YamlError(RigfleetError, ValueError):
@@ -378,24 +356,18 @@ def parse_yaml(text: str, where: str) -> Any:
         raise YamlError(f"{where}: not valid YAML: {e}") from None
 
 
-def read_text(path: str | Path, what: str, hint: str = "") -> str:
-    """A UTF-8 text file; a missing, unreadable or non-UTF-8 one raises ``YamlError``."""
-    p = Path(path)
+def load_yaml(path: str | Path, what: str, hint: str = "") -> Any:
+    """A YAML file people write, read strictly (``what``, ``hint``: for a missing one)."""
     try:
-        data = p.read_bytes()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise YamlError(f"{path}: no such file ({what}){'; ' + hint if hint else ''}") from None
     except OSError as e:
         raise YamlError(f"{path}: cannot be read ({e.strerror or e})") from None
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise YamlError(f"{path}: line {line}: byte {data[e.start]:#04x} is not UTF-8; allowed: "
                         "a UTF-8 text file (re-save it as UTF-8)") from None
-
-
-def load_yaml(path: str | Path, what: str, hint: str = "") -> Any:
-    """``read_text`` + ``parse_yaml``: the one way rigfleet reads a YAML file people write
-    (``what`` and ``hint``: for the message when it is missing)."""
-    return parse_yaml(read_text(path, what, hint), str(path))
+    return parse_yaml(text, str(path))

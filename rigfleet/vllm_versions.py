@@ -24,9 +24,7 @@ def tag_kind(tag: str) -> str | None:
     """``release`` for ``vX.Y.Z``, ``nightly`` for ``nightly-<40-hex>``, None otherwise."""
     if RELEASE_TAG.fullmatch(tag):
         return RELEASE
-    if NIGHTLY_TAG.fullmatch(tag):
-        return NIGHTLY
-    return None
+    return NIGHTLY if NIGHTLY_TAG.fullmatch(tag) else None
 
 
 def version_key(version: str) -> Version | None:

@@ -81,7 +81,7 @@ def check_command(image: str, argv: Sequence[str], env_names: Iterable[str]) -> 
     words = ["docker", "run", "--rm", "--pull", "never", "--network", "none",
              "--entrypoint", "python3", "-e", "NVIDIA_VISIBLE_DEVICES=void", image,
              "-c", CHECK_SCRIPT, names, *argv]
-    return " ".join(shlex.quote(w) for w in words)
+    return shlex.join(words)
 
 
 def parse_output(ok: bool, stdout: Sequence[str], stderr: Sequence[str]) -> Verdict:
@@ -94,20 +94,16 @@ def parse_output(ok: bool, stdout: Sequence[str], stderr: Sequence[str]) -> Verd
                 break
             if not isinstance(data, dict):
                 break
+            error = str(data.get("error") or "") if data.get("rc") else ""
             return Verdict(
                 version=str(data.get("version") or ""),
-                error=_message(str(data.get("error") or "")) if data.get("rc") else "",
+                error=error.split(": error: ", 1)[-1].strip(),  # argparse's "<prog>: error: ..."
                 unknown_env=tuple(str(n) for n in data.get("unknown_env") or ()),
                 problem=str(data.get("problem") or ""),
             )
     tail = " | ".join(ln.strip() for ln in [*stderr, *stdout][-3:] if ln.strip())
     status = "exited non-zero" if not ok else "gave no answer"
     return Verdict(version="", problem=f"the check {status}: {tail or 'no output'}")
-
-
-def _message(line: str) -> str:
-    _, sep, rest = line.partition(": error: ")
-    return rest.strip() if sep else line.strip()
 
 
 def refusal(verdict: Verdict, spec: StackSpec, image: str) -> str | None:
@@ -131,6 +127,4 @@ def refusal(verdict: Verdict, spec: StackSpec, image: str) -> str | None:
             f"{where}: env: {name}: not a setting of {vllm} in {image} (its vllm.envs does not "
             "define it, so it would do nothing); allowed: the VLLM_* names of that version's "
             "vllm/envs.py; rename or remove it in the stack file")
-    if not problems:
-        return None
-    return "; ".join(problems) + f"; {untouched}"
+    return "; ".join([*problems, untouched]) if problems else None

@@ -15,11 +15,11 @@ import yaml
 from rigfleet.catalog import (
     BUILTIN_DIR,
     CatalogError,
+    PatchDecision,
     StackSpec,
     get_stack,
     parse_stack,
 )
-from rigfleet.catalog_genesis import PatchDecision
 from rigfleet.genesis_decisions import (
     PatchEntry,
     decision_problems,
