@@ -15,6 +15,7 @@ import posixpath
 import re
 import shlex
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -419,12 +420,9 @@ class ImageLabels(FactBase[dict[str, str] | None]):
 
     @override
     def process(self, output: list[str]) -> dict[str, str] | None:
-        text = "\n".join(output).strip()
-        if not text:
-            return None
         try:
-            data = json.loads(text)
-        except ValueError:
+            data = json.loads("\n".join(output))
+        except ValueError:  # no such image: no output
             return None
         return {str(k): str(v) for k, v in (data or {}).items()}
 
@@ -477,12 +475,9 @@ class WeightsManifest(FactBase[WeightsState]):
             return WeightsState(None, None, False, "manifest unreadable")
         listing: dict[str, tuple[int, float]] = {}
         for line in output[split + 1 :]:
-            parts = line.split("\t")
-            if len(parts) == 3:
-                try:
-                    listing[parts[0]] = (int(parts[1]), float(parts[2]))
-                except ValueError:
-                    continue
+            with suppress(ValueError):  # not "name<TAB>size<TAB>mtime"
+                name, size, mtime = line.split("\t")
+                listing[name] = (int(size), float(mtime))
         reason = _mismatch(files, listing)
         return WeightsState(repo, revision, not reason, reason or "matches manifest")
 
@@ -583,9 +578,9 @@ class GenesisTrees(FactBase[GenesisTreeState]):
         referenced: set[str] = set()
         for line in output:
             parts = line.split()
-            if len(parts) == 4 and parts[0] == "tree" and _HEX40.fullmatch(parts[2]):
-                if parts[1].isdigit():
-                    trees[parts[2]] = (int(parts[1]), _layout(parts[3]))
+            if (len(parts) == 4 and parts[0] == "tree" and _HEX40.fullmatch(parts[2])
+                    and parts[1].isdigit()):
+                trees[parts[2]] = (int(parts[1]), _layout(parts[3]))
             elif len(parts) == 2 and parts[0] == "ref" and _HEX40.fullmatch(parts[1]):
                 referenced.add(parts[1])
         return GenesisTreeState(trees, frozenset(referenced))
@@ -622,14 +617,11 @@ class FileDigest(FactBase[FileInfo | None]):
 
     @override
     def process(self, output: list[str]) -> FileInfo | None:
-        if len(output) < 2:
-            return None
-        words = output[0].split()
+        words = output[0].split() if len(output) >= 2 else []
         if len(words) != 3:
             return None
-        return FileInfo(
-            mode=words[0].zfill(4)[-4:], user=words[1], group=words[2], sha256=output[1].strip()
-        )
+        mode, user, group = words
+        return FileInfo(mode.zfill(4)[-4:], user, group, sha256=output[1].strip())
 
 
 def gpu_power_limit(card: Any) -> float | None:

@@ -93,7 +93,8 @@ def _check_driver(text: str) -> None:
             raise GpuParseError(f"nvidia-smi sees no GPU: {line.strip()!r}")
 
 
-def _convert(raw: str, kind: str, field_name: str, line: str) -> object:
+def _convert(raw: str, field_name: str, line: str) -> object:
+    kind = _KINDS[_FIELD_MAP[field_name]]
     value = raw.strip()
     if value in _NOT_AVAILABLE:
         return None
@@ -115,23 +116,19 @@ def _convert(raw: str, kind: str, field_name: str, line: str) -> object:
         ) from None
 
 
-def _header_names(line: str) -> list[str]:
-    return [re.sub(r"\s*\[[^\]]*\]$", "", cell.strip()) for cell in line.split(",")]
-
-
-def parse_query_rows(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[dict[str, str]]:
-    """One {field: raw value} dict per GPU of ``--query-gpu`` csv output (a header line
-    skipped; nvidia-smi does not quote, so surplus cells are joined back into ``name``)."""
+def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GpuInfo]:
+    """One ``GpuInfo`` per line of ``--query-gpu`` csv output (a header line skipped;
+    nvidia-smi does not quote, so surplus cells are joined back into ``name``)."""
     _check_driver(text)
     fields = list(fields)
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    if lines and _header_names(lines[0]) == fields:
-        lines = lines[1:]
-    rows = []
-    for line in lines:
+    if lines and [re.sub(r"\s*\[[^\]]*\]$", "", c.strip()) for c in lines[0].split(",")] == fields:
+        lines = lines[1:]  # the header (units in brackets)
+    name_at = next((i for i, f in enumerate(fields) if f in ("name", "gpu_name")), None)
+    gpus = []
+    for pos, line in enumerate(lines):
         cells = [c.strip() for c in line.split(", ")]
         extra = len(cells) - len(fields)
-        name_at = next((i for i, f in enumerate(fields) if f in ("name", "gpu_name")), None)
         if extra > 0 and name_at is not None:
             cells[name_at:name_at + extra + 1] = [", ".join(cells[name_at:name_at + extra + 1])]
         if len(cells) != len(fields):
@@ -139,19 +136,9 @@ def parse_query_rows(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[di
                 f"nvidia-smi query: expected {len(fields)} values ({', '.join(fields)}), "
                 f"got {len(cells)} in line {line!r}"
             )
-        rows.append(dict(zip(fields, cells, strict=True)))
-    return rows
-
-
-def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GpuInfo]:
-    gpus = []
-    for pos, row in enumerate(parse_query_rows(text, fields)):
-        line = ", ".join(row.values())
-        values: dict[str, object] = {}
-        for name, raw in row.items():
-            if name in _FIELD_MAP:
-                attr = _FIELD_MAP[name]
-                values[attr] = _convert(raw, _KINDS[attr], name, line)
+        values: dict[str, object] = {_FIELD_MAP[name]: _convert(raw, name, ", ".join(cells))
+                                     for name, raw in zip(fields, cells, strict=True)
+                                     if name in _FIELD_MAP}
         if values.get("index") is None:
             values["index"] = pos
         gpus.append(GpuInfo(**values))  # type: ignore[arg-type]

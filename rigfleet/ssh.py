@@ -163,7 +163,9 @@ class SshRemote:
         return command
 
     @contextmanager
-    def _channel(self, host: InventoryHost, command: str, timeout: float) -> Iterator[Any]:
+    def _channel(self, host: InventoryHost, command: str, timeout: float,
+                 silent: str = "stream stalled for") -> Iterator[Any]:
+        """A channel running ``command``; ``timeout`` s without data: ``HostUnreachable``."""
         conn = connection(host, self.connect_timeout)
         try:
             transport = conn.client.get_transport()
@@ -172,6 +174,8 @@ class SshRemote:
             chan.settimeout(timeout)
             chan.exec_command(self.command(host, command))
             yield chan
+        except TimeoutError:
+            raise HostUnreachable(f"{host.name}: {silent} {timeout:g}s") from None
         except (OSError, EOFError) as e:  # the connection dropped mid-command (host stopped)
             raise HostUnreachable(f"{host.name}: connection lost: {e}") from None
         finally:
@@ -181,14 +185,11 @@ class SshRemote:
         self, host: InventoryHost, command: str, *, timeout: float = 120, stdin: bytes = b""
     ) -> tuple[int, str]:
         """(exit status, stdout then stderr) of ``command``; raises ``HostUnreachable``."""
-        with self._channel(host, command, timeout) as chan:
+        with self._channel(host, command, timeout, "no answer within") as chan:
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
-            try:
-                out, err = _drain(chan.recv), _drain(chan.recv_stderr)
-            except TimeoutError:
-                raise HostUnreachable(f"{host.name}: no answer within {timeout:g}s") from None
+            out, err = _drain(chan.recv), _drain(chan.recv_stderr)
             rc = chan.recv_exit_status()
         text = out.decode(errors="replace")
         if err:
@@ -202,11 +203,8 @@ class SshRemote:
         """Copy ``command``'s stdout into ``dest``; (exit status, stderr)."""
         with self._channel(host, command, timeout) as chan:
             chan.shutdown_write()
-            try:
-                while chunk := chan.recv(CHUNK):
-                    dest.write(chunk)
-            except TimeoutError:
-                raise HostUnreachable(f"{host.name}: stream stalled for {timeout:g}s") from None
+            while chunk := chan.recv(CHUNK):
+                dest.write(chunk)
             err = _drain(chan.recv_stderr)  # small (docker's messages)
             return chan.recv_exit_status(), err.decode(errors="replace")
 
@@ -215,13 +213,10 @@ class SshRemote:
     ) -> tuple[int, str]:
         """Feed ``src`` to ``command``'s stdin; (exit status, stdout then stderr)."""
         with self._channel(host, command, timeout) as chan:
-            try:
-                while chunk := src.read(CHUNK):
-                    chan.sendall(chunk)
-                chan.shutdown_write()
-                out = _drain(chan.recv) + _drain(chan.recv_stderr)
-            except TimeoutError:
-                raise HostUnreachable(f"{host.name}: stream stalled for {timeout:g}s") from None
+            while chunk := src.read(CHUNK):
+                chan.sendall(chunk)
+            chan.shutdown_write()
+            out = _drain(chan.recv) + _drain(chan.recv_stderr)
             return chan.recv_exit_status(), out.decode(errors="replace")
 
     def get(self, host: InventoryHost, remote_path: str, *, timeout: float = 120) -> bytes:
