@@ -1,10 +1,6 @@
-"""``rigfleet check``: the inventory, pins and stack files checked without reaching a host,
-and (``--online``) every pinned thing asked of its live source.
-
-Offline, every problem of the hosts' data, pins files and stack files is listed at once.
-Online, from this machine (``--reach FROM=TO`` rewrites an address): the images in each host's
-``image_sources``, the model on the hub, each Genesis commit, the driver and toolkit in the
-``apt_repos`` for each OS the hosts run; each finding ``found``, ``changed`` (its tag moved on),
+"""``rigfleet check``: every problem of the hosts' data, pins and stack files at once, without
+reaching a host; ``--online`` asks each pinned thing's source from this machine (images, the
+model, Genesis commits, the driver and toolkit in ``apt_repos`` per OS): ``found``, ``changed``,
 ``missing``, ``unreachable`` (both exit 1) or ``unchecked``. ``pins lock``, the bump and the
 deploy run the same checks: missing refuses, unreachable warns::
 
@@ -126,9 +122,7 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
         if pins is None or settings is None:
             continue
         mine = pins.for_host(h.name)
-        for problem in _agree(settings, mine):
-            if problem not in out.problems:
-                out.problems.append(problem)
+        out.problems += [p for p in dict.fromkeys(_agree(settings, mine)) if p not in out.problems]
         out.hosts[h.name] = (settings, mine, oses)
     return out
 
@@ -163,7 +157,6 @@ def _agree(settings: HostSettings, pins: Pins) -> list[str]:
 
 
 def _raised(check: Callable[[], object]) -> list[str]:
-    """The problems ``check()`` raises."""
     try:
         check()
     except ValidationError as e:

@@ -1,11 +1,8 @@
-"""The fleet as the commands see it: per inventory host, what it should run and its probe.
-
-The commands reach hosts through one thread pool (``each_host``), one rule for error rows (bad
-data or pins, an SSH failure: a row saying why, never an exception) and one way to probe a host
-for what it should run (``probe_for``)::
+"""The fleet as the commands see it: one thread pool (``each_host``), one rule for error rows
+(bad data or pins, an SSH failure: a row saying why, never an exception), one way to probe a
+host for what it should run (``probe_for``)::
 
     views = fleet_view(gpu_hosts(hosts), SshRemote(connect_timeout=20), timeout=20)
-    [(v.name, v.error) for v in views if v.probe is None]   # why no probe
     rows = each_host(hosts, one_row, lambda host, why: Row(host.name, error=why), timeout=20)
 """
 
@@ -110,7 +107,6 @@ def fleet_view(hosts: Sequence[InventoryHost], remote: Remote, *, timeout: float
 
 
 def probe_or_why(probe: Callable[[str], HostProbe], host: str) -> HostProbe | str:
-    """``probe(host)``, or why the host could not be probed."""
     try:
         return probe(host)
     except HostUnreachable as e:

@@ -421,7 +421,6 @@ class HostChecker(Problems):
         return bool(checked)
 
 
-
 def valid_if(test: Callable[[Any], Any]) -> Check:
     """A ``Key.check``: the value as given when ``test`` accepts it (or it is unset)."""
 
@@ -481,12 +480,8 @@ def flag_value(value: Any) -> bool | None:
 
 
 def data_keys(data: Any) -> list[Any]:
-    if isinstance(data, Mapping):
-        return list(data.keys())
-    as_dict = getattr(data, "dict", None)
-    if callable(as_dict):
-        try:
-            return list(as_dict().keys())
-        except Exception:  # skip the typo check
-            return []
-    return []
+    """The keys of a mapping or of pyinfra's host data (``.dict()``); [] when neither."""
+    try:
+        return list(data if isinstance(data, Mapping) else data.dict())
+    except Exception:  # skip the typo check
+        return []

@@ -3,9 +3,6 @@ would monkey-patch gevent into our process), and what each host is, from its gro
 
     hosts = load_inventory("inventory/home.py")
     gpu_hosts(hosts)                 # the hosts that serve; also balancers, monitors, caches
-
-A host in a service group (``SERVICE_GROUPS``) is of the fleet, not a rig, unless it is in
-``gpu_hosts`` too; every other host is a GPU host.
 """
 
 from __future__ import annotations
@@ -36,7 +33,8 @@ class HostKind:
 
 
 def host_kind(groups: Iterable[str]) -> HostKind:
-    """The roles of a host in ``groups`` (no service group: a GPU host)."""
+    """The roles of a host in ``groups``: a GPU host unless in a service group (``SERVICE_GROUPS``)
+    and not in ``gpu_hosts``."""
     names = set(groups)
     balancer, monitor, cache = (group in names for group in SERVICE_GROUPS)
     return HostKind(not (balancer or monitor or cache) or GPU_GROUP in names, balancer, monitor,

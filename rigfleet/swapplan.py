@@ -50,10 +50,7 @@ def drain_timeout(want: DesiredHost, stack: str) -> float:
     """How long ``stack``'s accepted requests may take to finish: host data
     ``drain_timeout_s``, else the stack file's ``drain.timeout_s``."""
     override = want.settings.swap.drain_timeout_s
-    if override is not None:
-        return override
-    return want.stacks[stack].spec.drain_timeout_s if stack in want.stacks else \
-        want.spec.drain_timeout_s
+    return override if override is not None else want.stacks[stack].spec.drain_timeout_s
 
 
 @dataclass(frozen=True)
