@@ -21,19 +21,9 @@ from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_inde
 from rigfleet.aptrepos import OS_ALLOWED, REQUIRED_APT_REPOS, SUPPORTED_OS, AptRepo, os_named
 from rigfleet.bump.genesis import GenesisError, GenesisRepo
 from rigfleet.catalog import load_catalog
-from rigfleet.desired import (
-    check_image_rules,
-    check_switch_sets,
-    resolve_pins_path,
-    staged_stacks,
-)
+from rigfleet.desired import check_image_rules, check_switch_sets, resolve_pins_path, staged_stacks
 from rigfleet.fleetcache import validate_cache_host
-from rigfleet.hostdata import (
-    HostSettings,
-    validate_balancer,
-    validate_host,
-    validate_monitor,
-)
+from rigfleet.hostdata import HostSettings, validate_balancer, validate_host, validate_monitor
 from rigfleet.hub import Hub, HubMissing, HubUnreachable
 from rigfleet.image_sources import NO_CHECK, ImageSource
 from rigfleet.images.checks import SourceChecker, check_url
@@ -97,8 +87,7 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
     pins_by_file: dict[str, Pins | None] = {}
     for h in hosts:
         if h.kind.balancer:
-            out.problems += _raised(partial(validate_balancer, h.name, h.data,
-                                            gpu_host=h.kind.gpu))
+            out.problems += _raised(partial(validate_balancer, h.name, h.data, gpu_host=h.kind.gpu))
         if h.kind.monitor:
             out.problems += _raised(partial(validate_monitor, h.name, h.data))
         if h.kind.cache:
@@ -127,8 +116,7 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
     return out
 
 
-def _pins(path: str, settings: HostSettings | None, data: Any,
-          problems: list[str]) -> Pins | None:
+def _pins(path: str, settings: HostSettings | None, data: Any, problems: list[str]) -> Pins | None:
     catalog = settings.catalog if settings else None
     if catalog is None and isinstance(data.get("stacks_dir"), str):
         try:
@@ -218,8 +206,7 @@ class Online:
         for stack in sorted(staged):
             g = pins.stacks[stack].genesis
             if g is not None:
-                self.add(self.genesis(g.repo, g.commit, settings.bump.genesis_url, g.label),
-                         name)
+                self.add(self.genesis(g.repo, g.commit, settings.bump.genesis_url, g.label), name)
         for os_key in oses:
             for f in self.apt(settings, pins, os_key):
                 self.add(f, name)
@@ -256,8 +243,7 @@ class Online:
                        "pin a digest a source has (`rigfleet pins lock --refresh`), or add a "
                        "source that holds it (image_sources: an archive, a registry)")
 
-    def tag_moved(self, source: ImageSource, w: WantedImage,
-                  settings: HostSettings) -> str | None:
+    def tag_moved(self, source: ImageSource, w: WantedImage, settings: HostSettings) -> str | None:
         """What the pinned tag names now, when another digest."""
         url = check_url(source, w, settings)
         if url is None or url == NO_CHECK or self._checker is None:
@@ -475,8 +461,7 @@ def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
              UNCHECKED: "dim"}
     title = (f"rigfleet check ({inventory}): {len(problems)} problem(s) offline"
              + (f", {len(problems_of(findings))} online" if online else ", online not asked"))
-    table = Table(title, ["thing", "status", "source", "what to do"],
-                  keys=("thing", "status"))
+    table = Table(title, ["thing", "status", "source", "what to do"], keys=("thing", "status"))
     # Rich shrinks columns of a table wider than the console, even to nothing.
     room = max(40, width - 11 - 4)
     thing_w, source_w = room * 2 // 5, room // 4

@@ -173,16 +173,12 @@ def check_pinned(settings: HostSettings, pins: Pins) -> None:
     """The desired stack must be pinned, and nothing pinned may be ``unresolved``."""
     problems: list[str] = []
     if settings.stack not in pins.stacks:
-        problems.append(
-            f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
-            f"allowed: {', '.join(pins.stacks) or '(no stacks pinned)'}"
-        )
+        problems.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in "
+                        f"{pins.path}; allowed: {', '.join(pins.stacks) or '(no stacks pinned)'}")
     unresolved = pins.unresolved()
     if unresolved:
-        problems.append(
-            f"{settings.name}: {pins.path}: {', '.join(unresolved)}: 'unresolved'; allowed: a "
-            "resolved value (run `rigfleet pins lock`)"
-        )
+        problems.append(f"{settings.name}: {pins.path}: {', '.join(unresolved)}: 'unresolved'; "
+                        "allowed: a resolved value (run `rigfleet pins lock`)")
     if problems:
         raise PinsError(problems)
 
@@ -244,8 +240,7 @@ def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
 _PINS: dict[tuple[str, tuple[str, ...]], tuple[Pins, BumpJournal | None]] = {}
 
 
-def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins,
-                                                                        BumpJournal | None]:
+def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins, BumpJournal | None]:
     """The host's ``pins_file`` and an unfinished bump's journal beside it, read once."""
     path = resolve_pins_path(settings.pins_file, base)
     key = (str(path.absolute()), settings.catalog.sources)
@@ -268,8 +263,7 @@ def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
     return pins.for_host(settings.name)
 
 
-def load_desired(name: str, data: Mapping[str, Any] | Any,
-                 base: Path | None = None) -> DesiredHost:
+def load_desired(name: str, data: Mapping[str, Any] | Any, base: Path | None = None) -> DesiredHost:
     """Validate ``data`` and the pins it names and build the host's model; raises
     ``RigfleetError`` with the deploy's own messages."""
     settings = validate_host(name, data)

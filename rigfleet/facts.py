@@ -455,11 +455,9 @@ class WeightsManifest(FactBase[WeightsState]):
     @override
     def command(self, local_dir: str) -> str:
         d = shlex.quote(local_dir)
-        return (
-            f"cat {d}/{MANIFEST_NAME} 2>/dev/null | tr -d '\\n'; echo; echo {_LISTING}; "
-            f"[ -d {d} ] && find {d} -path {d}/.cache -prune -o -type f -printf '%P\\t%s\\t%T@\\n' "
-            "2>/dev/null || true"
-        )
+        return (f"cat {d}/{MANIFEST_NAME} 2>/dev/null | tr -d '\\n'; echo; echo {_LISTING}; "
+                f"[ -d {d} ] && find {d} -path {d}/.cache -prune -o -type f "
+                "-printf '%P\\t%s\\t%T@\\n' 2>/dev/null || true")
 
     @override
     def process(self, output: list[str]) -> WeightsState:
@@ -505,9 +503,7 @@ class GenesisCheckout:
 
 def _markers_command(tree: str) -> str:
     """Shell printing the layout markers under ``tree``, comma-separated (``-``: none)."""
-    tests = " ".join(
-        f'[ -e "{tree}/{m}" ] && m="$m,{m}";' for m in genesis_inspect.MARKERS
-    )
+    tests = " ".join(f'[ -e "{tree}/{m}" ] && m="$m,{m}";' for m in genesis_inspect.MARKERS)
     return f'm=""; {tests} echo "${{m#,}}" | sed "s/^$/-/"'
 
 
@@ -524,11 +520,9 @@ class GenesisHead(FactBase[GenesisCheckout]):
     @override
     def command(self, path: str) -> str:
         p = shlex.quote(path)
-        return (
-            f"echo head=$(git -C {p} rev-parse --verify -q HEAD 2>/dev/null); "
-            f"echo origin=$(git -C {p} remote get-url origin 2>/dev/null); "
-            f"t={p}; echo markers=$({_markers_command('$t')})"
-        )
+        return (f"echo head=$(git -C {p} rev-parse --verify -q HEAD 2>/dev/null); "
+                f"echo origin=$(git -C {p} remote get-url origin 2>/dev/null); "
+                f"t={p}; echo markers=$({_markers_command('$t')})")
 
     @override
     def process(self, output: list[str]) -> GenesisCheckout:
@@ -560,16 +554,12 @@ class GenesisTrees(FactBase[GenesisTreeState]):
     def command(self, trees_dir: str, compose_files: tuple[str, ...] = ()) -> str:
         d = shlex.quote(trees_dir.rstrip("/"))
         files = " ".join(shlex.quote(f) for f in compose_files)
-        command = (
-            f'for t in {d}/*/; do [ -d "$t" ] || continue; t="${{t%/}}"; '
-            f'echo "tree $(stat -c %Y "$t") $(basename "$t") $({_markers_command("$t")})"; done'
-        )
+        command = (f'for t in {d}/*/; do [ -d "$t" ] || continue; t="${{t%/}}"; echo "tree '
+                   f'$(stat -c %Y "$t") $(basename "$t") $({_markers_command("$t")})"; done')
         if files:
             name = shlex.quote(trees_dir.rstrip("/").rsplit("/", 1)[-1])
-            command += (
-                f"; cat {files} 2>/dev/null | grep -oE {name}'/[0-9a-f]{{40}}' "
-                "| sed 's|^.*/|ref |' | sort -u"
-            )
+            command += (f"; cat {files} 2>/dev/null | grep -oE {name}'/[0-9a-f]{{40}}' "
+                        "| sed 's|^.*/|ref |' | sort -u")
         return command + "; true"
 
     @override

@@ -224,15 +224,12 @@ def parse_flags(text: str, where: str, registry: dict[str, Any]) -> list[str]:
     for node in module.body:
         if isinstance(node, ast.ClassDef) and node.name == "Flags":
             for item in node.body:
-                if isinstance(item, ast.Assign | ast.AnnAssign) and isinstance(
-                    item.value, ast.Constant
-                ) and isinstance(item.value.value, str):
+                if (isinstance(item, ast.Assign | ast.AnnAssign)
+                        and isinstance(item.value, ast.Constant)
+                        and isinstance(item.value.value, str)):
                     names.add(item.value.value)
-    legacy = {
-        flag.split("_LEGACY_", 1)[1]
-        for flag, _, _ in registry["patch_flags"].values()
-        if isinstance(flag, str) and "_LEGACY_" in flag
-    }
+    legacy = {flag.split("_LEGACY_", 1)[1] for flag, _, _ in registry["patch_flags"].values()
+              if isinstance(flag, str) and "_LEGACY_" in flag}
     return sorted(names - set(registry["switches"]) - legacy)
 
 

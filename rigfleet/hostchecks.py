@@ -29,14 +29,7 @@ from rigfleet.catalog import Catalog, CatalogError, builtin_catalog, load_catalo
 from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
 from rigfleet.hostside.supervise import parse_backoff
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
-from rigfleet.validate import (
-    SYSTEM_DIRS,
-    Problems,
-    env_vars,
-    escapes,
-    is_int,
-    is_system_dir,
-)
+from rigfleet.validate import SYSTEM_DIRS, Problems, env_vars, escapes, is_int, is_system_dir
 
 # Any GPU's sane power cap; the card's own min..max is checked at deploy time.
 POWER_CAP_RANGE_W = (50, 600)

@@ -36,23 +36,19 @@ class HostUnreachable(RigfleetError):
 class Remote(Protocol):
     """What status and the bump need from a host (``SshRemote``; tests pass a fake)."""
 
-    def run(
-        self, host: InventoryHost, command: str, *, timeout: float = 120, stdin: bytes = b""
-    ) -> tuple[int, str]: ...
+    def run(self, host: InventoryHost, command: str, *, timeout: float = 120,
+            stdin: bytes = b"") -> tuple[int, str]: ...
 
-    def stream_out(
-        self, host: InventoryHost, command: str, dest: BinaryIO, *, timeout: float = 3600
-    ) -> tuple[int, str]: ...
+    def stream_out(self, host: InventoryHost, command: str, dest: BinaryIO, *,
+                   timeout: float = 3600) -> tuple[int, str]: ...
 
-    def stream_in(
-        self, host: InventoryHost, command: str, src: BinaryIO, *, timeout: float = 3600
-    ) -> tuple[int, str]: ...
+    def stream_in(self, host: InventoryHost, command: str, src: BinaryIO, *,
+                  timeout: float = 3600) -> tuple[int, str]: ...
 
     def reachable(self, host: InventoryHost) -> str | None: ...
 
 
-def _client(target: SshTarget, data: dict[str, Any], timeout: float,
-            gateway: Any = None) -> Any:
+def _client(target: SshTarget, data: dict[str, Any], timeout: float, gateway: Any = None) -> Any:
     """An unopened ``fabric.Connection`` to one hop, its host keys strict."""
     import paramiko
     from fabric import Config, Connection
@@ -181,9 +177,8 @@ class SshRemote:
         finally:
             _close(conn)
 
-    def run(
-        self, host: InventoryHost, command: str, *, timeout: float = 120, stdin: bytes = b""
-    ) -> tuple[int, str]:
+    def run(self, host: InventoryHost, command: str, *, timeout: float = 120,
+            stdin: bytes = b"") -> tuple[int, str]:
         """(exit status, stdout then stderr) of ``command``; raises ``HostUnreachable``."""
         with self._channel(host, command, timeout, "no answer within") as chan:
             if stdin:
@@ -193,13 +188,11 @@ class SshRemote:
             rc = chan.recv_exit_status()
         text = out.decode(errors="replace")
         if err:
-            text += ("" if not text or text.endswith("\n") else "\n") + err.decode(
-                errors="replace")
+            text += ("" if not text or text.endswith("\n") else "\n") + err.decode(errors="replace")
         return rc, text
 
-    def stream_out(
-        self, host: InventoryHost, command: str, dest: BinaryIO, *, timeout: float = 3600
-    ) -> tuple[int, str]:
+    def stream_out(self, host: InventoryHost, command: str, dest: BinaryIO, *,
+                   timeout: float = 3600) -> tuple[int, str]:
         """Copy ``command``'s stdout into ``dest``; (exit status, stderr)."""
         with self._channel(host, command, timeout) as chan:
             chan.shutdown_write()
@@ -208,9 +201,8 @@ class SshRemote:
             err = _drain(chan.recv_stderr)  # small (docker's messages)
             return chan.recv_exit_status(), err.decode(errors="replace")
 
-    def stream_in(
-        self, host: InventoryHost, command: str, src: BinaryIO, *, timeout: float = 3600
-    ) -> tuple[int, str]:
+    def stream_in(self, host: InventoryHost, command: str, src: BinaryIO, *,
+                  timeout: float = 3600) -> tuple[int, str]:
         """Feed ``src`` to ``command``'s stdin; (exit status, stdout then stderr)."""
         with self._channel(host, command, timeout) as chan:
             while chunk := src.read(CHUNK):
