@@ -73,9 +73,8 @@ class DesiredHost:
     @property
     def genesis(self) -> GenesisPin | None:
         """The Genesis checkout the deploy keeps: the desired stack's, else the first staged."""
-        if self.current.pins.genesis is not None:
-            return self.current.pins.genesis
-        return next((s.pins.genesis for s in self.stacks.values() if s.pins.genesis), None)
+        return self.current.pins.genesis or next(
+            (s.pins.genesis for s in self.stacks.values() if s.pins.genesis), None)
 
     @property
     def model(self) -> ModelPin:
@@ -150,8 +149,7 @@ def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> Desire
 
 
 def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
-    """The pinned stacks of the catalog the host may serve (host data ``stacks``) and its GPUs
-    can run (their count and the TP), in pins order."""
+    """The pinned catalog stacks the host may serve (``stacks``) and its GPUs run, in pins order."""
     allowed = settings.stacks
     names = [n for n in pins.stacks if n in settings.catalog and (allowed is None or n in allowed)]
     return [spec for spec in map(settings.catalog.get, names)
@@ -255,8 +253,7 @@ def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins, 
 
 
 def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
-    """The pins this host runs: the unfinished bump's journal's say, else the ``hosts``
-    section of its ``pins_file``."""
+    """The host's pins: an unfinished bump's journal's say, else its ``pins_file``'s ``hosts``."""
     pins, journal = fleet_pins(settings, base)
     if journal is not None:
         return journal.pins_for(pins, settings.name)
@@ -264,7 +261,6 @@ def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
 
 
 def load_desired(name: str, data: Mapping[str, Any] | Any, base: Path | None = None) -> DesiredHost:
-    """Validate ``data`` and the pins it names and build the host's model; raises
-    ``RigfleetError`` with the deploy's own messages."""
+    """The host's model from ``data`` and its pins; raises ``RigfleetError`` (the deploy's)."""
     settings = validate_host(name, data)
     return build_desired(settings, pins_for(settings, base))

@@ -130,8 +130,7 @@ def parse_probe(text: str, where: str) -> HostProbe:
 def run_probe(remote: Remote, host: InventoryHost, *, full: bool = False,
               model_path: str | None = None, front_port: int | None = None,
               timeout: float = 60, doctor_load_s: float | None = None) -> HostProbe:
-    """Run the probe on ``host`` (``doctor_load_s``: with the doctor's evidence, which the
-    timeout should cover); raises ``HostUnreachable``."""
+    """``host``'s probe (``doctor_load_s``: with the doctor's evidence); ``HostUnreachable``."""
     command = hosttool.probe(full=full, model_path=model_path, front_port=front_port,
                              doctor_load_s=doctor_load_s)
     rc, out = remote.run(host, command, timeout=timeout)

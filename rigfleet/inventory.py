@@ -69,8 +69,7 @@ class InventoryHost:
 
 
 def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[InventoryHost]:
-    """The hosts of the inventory file ``path``; ``InventoryError`` when it is missing, pyinfra
-    cannot load it, or it names no host."""
+    """The hosts of inventory file ``path``; ``InventoryError``: missing, unloadable, empty."""
     where = Path(cwd or ".") / path
     if not where.is_file():
         raise InventoryError(f"inventory {path}: no such file; allowed: a pyinfra inventory "

@@ -100,8 +100,7 @@ def _close(conn: Any) -> None:
 
 
 def prepare(host: InventoryHost, timeout: float) -> tuple[Any, SshTarget]:
-    """The unopened ``fabric.Connection`` for ``host`` (``ProxyJump`` hops as gateways) and
-    where it goes; raises ``HostUnreachable``."""
+    """``host``'s unopened connection (hops as gateways) and its target; ``HostUnreachable``."""
     try:
         target = resolve(host.name, host.data)
     except SshConfigError as e:

@@ -60,10 +60,7 @@ def _lines(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
             out.append(line)
             continue
         for pattern in m.group(2).split():
-            pattern = pattern.strip('"')
-            full = Path(pattern).expanduser()
-            if not full.is_absolute():
-                full = path.parent / full
+            full = path.parent / Path(pattern.strip('"')).expanduser()  # relative: to the file's
             for name in sorted(glob.glob(str(full))):
                 if Path(name).is_file():
                     out.extend(_lines(Path(name), (*seen, path)))
