@@ -18,7 +18,7 @@ from typing import TypeVar
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.errors import RigfleetError
 from rigfleet.hostprobe import HostProbe, run_probe
-from rigfleet.inventory import HostKind, InventoryHost
+from rigfleet.inventory import InventoryHost
 from rigfleet.ssh import HostUnreachable, Remote
 
 WORKERS = 32  # hosts asked at once
@@ -39,10 +39,6 @@ class HostView:
     @property
     def name(self) -> str:
         return self.host.name
-
-    @property
-    def kind(self) -> HostKind:
-        return self.host.kind
 
 
 def each_host(hosts: Sequence[InventoryHost], fn: Callable[[InventoryHost], T],

@@ -92,12 +92,8 @@ def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[Inve
 
 
 def gpu_hosts(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
-    """The hosts that serve, in inventory order (likewise the three below)."""
+    """The hosts that serve, in inventory order (likewise the two below)."""
     return [h for h in hosts if h.kind.gpu]
-
-
-def monitors(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
-    return [h for h in hosts if h.kind.monitor]
 
 
 def balancers(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
