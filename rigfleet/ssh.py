@@ -15,6 +15,7 @@ import logging
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -60,12 +61,9 @@ def _client(target: SshTarget, data: dict[str, Any], timeout: float, gateway: An
         "banner_timeout": timeout,
         "auth_timeout": timeout,
     }
-    if keys:
-        connect_kwargs["key_filename"] = list(keys)
-    if data.get("ssh_key_password"):
-        connect_kwargs["passphrase"] = data["ssh_key_password"]
-    if data.get("ssh_password"):
-        connect_kwargs["password"] = data["ssh_password"]
+    given = {"key_filename": list(keys), "passphrase": data.get("ssh_key_password"),
+             "password": data.get("ssh_password")}
+    connect_kwargs.update((name, value) for name, value in given.items() if value)
     if gateway is None and target.proxy_command:
         gateway = target.proxy_command
     # rigfleet.sshconfig read the ssh_config; fabric must not read it again its own way.
@@ -138,10 +136,7 @@ def connection(host: InventoryHost, timeout: float) -> Any:
 
 
 def _drain(recv: Callable[[int], bytes]) -> bytes:
-    data = bytearray()
-    while chunk := recv(65536):
-        data += chunk
-    return bytes(data)
+    return b"".join(iter(partial(recv, 65536), b""))
 
 
 class SshRemote:
