@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -119,10 +120,8 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
 def _pins(path: str, settings: HostSettings | None, data: Any, problems: list[str]) -> Pins | None:
     catalog = settings.catalog if settings else None
     if catalog is None and isinstance(data.get("stacks_dir"), str):
-        try:
+        with suppress(ValidationError):  # named by the host data's own check
             catalog = load_catalog([data["stacks_dir"]])
-        except ValidationError:
-            catalog = None  # named by the host data's own check
     try:
         pins = load_pins(path, allow_unresolved=True, catalog=catalog)
     except PinsError as e:

@@ -20,6 +20,7 @@ import posixpath
 import re
 import stat
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -334,10 +335,8 @@ class HostChecker(Problems):
     def backoff(self, key: Key, value: Any) -> tuple[float, ...] | None:
         """A list of seconds >= 0 (``--data`` may give ``10,30,90``)."""
         if isinstance(value, str):
-            try:
+            with suppress(ValueError):
                 return parse_backoff(value)
-            except ValueError:
-                pass
         elif isinstance(value, list | tuple) and value and all(
                 is_number(v) and math.isfinite(v) and v >= 0 for v in value):
             return tuple(float(v) for v in value)
