@@ -76,8 +76,6 @@ def os_disagrees(name: str, value: Any, os_key: OsKey) -> str | None:
 
 @dataclass
 class Checked:
-    """Problems, and each valid GPU host's settings, pins and OSes."""
-
     problems: list[str] = field(default_factory=list)
     hosts: dict[str, tuple[HostSettings, Pins, list[OsKey]]] = field(default_factory=dict)
 

@@ -186,9 +186,8 @@ def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec
     problems = []
     for spec in staged:
         genesis = pins.stacks[spec.name].genesis
-        if spec.genesis is None or genesis is None:
-            continue
-        if genesis.layout not in spec.genesis.switches:
+        if (spec.genesis is not None and genesis is not None
+                and genesis.layout not in spec.genesis.switches):
             problems.append(
                 f"{settings.name}: stack {spec.name}: {spec.source}: genesis.switches has no "
                 f"{genesis.layout!r} set, but {pins.path} pins Genesis {genesis.label} with "

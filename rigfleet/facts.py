@@ -527,11 +527,8 @@ class GenesisHead(FactBase[GenesisCheckout]):
     @override
     def process(self, output: list[str]) -> GenesisCheckout:
         values = dict(line.strip().partition("=")[::2] for line in output if "=" in line)
-        return GenesisCheckout(
-            head=values.get("head") or None,
-            origin=values.get("origin") or None,
-            layout=_layout(values.get("markers", "")),
-        )
+        return GenesisCheckout(values.get("head") or None, values.get("origin") or None,
+                               _layout(values.get("markers", "")))
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,6 @@ def view_host(remote: Remote, host: InventoryHost, *, timeout: float,
 
 def fleet_view(hosts: Sequence[InventoryHost], remote: Remote, *, timeout: float,
                doctor_load_s: float | None = None) -> list[HostView]:
-    """Every host's ``HostView``, probed at once, in inventory order."""
     return each_host(
         hosts, lambda h: view_host(remote, h, timeout=timeout, doctor_load_s=doctor_load_s),
         lambda h, why: HostView(h, error=why), timeout=timeout)

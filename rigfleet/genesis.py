@@ -166,8 +166,7 @@ def allowlist_summary(report: TreeReport) -> str:
     where = report.allowlist_file or "its guards file"
     if len(entries) <= _SHOWN:
         return f"{where}: {', '.join(entries) or 'empty'}"
-    counts = f"{len(report.known_good)} + {len(report.pending)}" if report.pending else (
-        f"{len(report.known_good)}")
+    counts = f"{len(report.known_good)}" + (f" + {len(report.pending)}" if report.pending else "")
     releases = [e for e in dict.fromkeys(entries) if re.fullmatch(r"[0-9.]+(rc[0-9]+)?", e)]
     return (f"{where}: {counts} entries; releases among them: {', '.join(releases)}"
             if releases else f"{where}: {counts} entries, none of them a release")

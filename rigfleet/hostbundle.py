@@ -38,7 +38,6 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
 
 @cache
 def build_bundle(root: Path = HOSTSIDE) -> bytes:
-    """The zipapp's bytes (shebang + zip)."""
     buf = io.BytesIO()
     buf.write(_SHEBANG)
     with zipfile.ZipFile(buf, "w") as zf:
