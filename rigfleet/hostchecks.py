@@ -124,9 +124,7 @@ class HostChecker(Problems):
         return path
 
     def _stacks_dir(self, key: Key, value: Any) -> str | None:
-        if value is None:
-            return None
-        checked = self.string(key.name, value, None, key.allowed)
+        checked = self.string(key.name, value, None, key.allowed, required=False)
         if checked is None:
             return None
         path = Path(os.path.expanduser(checked))

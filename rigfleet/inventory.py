@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BALANCER_GROUP = "balancers"  # roles/balancer.py
-MONITOR_GROUP = "monitors"  # roles/monitor.py
-CACHE_GROUP = "caches"  # roles/cache.py
-SERVICE_GROUPS = (BALANCER_GROUP, MONITOR_GROUP, CACHE_GROUP)
+MONITOR_GROUP = "monitors"
+SERVICE_GROUPS = ("balancers", MONITOR_GROUP, "caches")  # roles/balancer.py, monitor.py, cache.py
 GPU_GROUP = "gpu_hosts"  # needed only for a service host that serves as well
 
 
