@@ -271,10 +271,9 @@ class Online:
         if not any(f.endswith(".safetensors") for f in files):
             return Finding(thing, endpoint, MISSING, f"the revision holds no *.safetensors "
                            f"({len(files)} files)")
-        try:
+        main = m.revision
+        with suppress(Exception):
             main = hub.revision(m.repo, "main")
-        except Exception:
-            main = m.revision
         if main != m.revision:
             return Finding(thing, endpoint, CHANGED, f"main is at {main[:12]} now; the pin "
                            "stays (verify that revision before moving: `rigfleet bump`)")

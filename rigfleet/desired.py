@@ -28,8 +28,7 @@ from rigfleet.resources import PROJECT_ROOT
 
 @dataclass(frozen=True)
 class DesiredStack:
-    """One stack as this host stages it: its compose file (``document``, and ``text`` as
-    written), what the ledger tracks while it serves, and the host-side transaction's ``ref``."""
+    """One staged stack: its compose file (``text`` as written), ledger facts, swap ``ref``."""
 
     spec: StackSpec
     pins: StackPins
@@ -223,8 +222,7 @@ def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
 
 
 def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
-    """The pins file named by host data, relative to ``base`` (default: the working
-    directory, else the repository root)."""
+    """Host data's pins file, relative to ``base`` (default: the working dir, else the repo)."""
     path = Path(pins_file).expanduser()
     if path.is_absolute():
         return path

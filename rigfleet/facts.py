@@ -75,10 +75,9 @@ def read_services(units: tuple[str, ...]) -> None:
     states = read_fact(ServiceStates, units=units)
     systemd_args = {"user_mode": False, "machine": None, "user_name": None}
     for unit, props in states.items():
-        one = {"services": [unit], **systemd_args}
         for fact in (SystemdStatus, SystemdEnabled):
             value = fact().process([f"Id={unit}", f"{fact.state_key}={props[fact.state_key]}"])
-            prime(host, fact_key(fact, **one), value)
+            prime(host, fact_key(fact, services=[unit], **systemd_args), value)
         prime(host, fact_key(UnitActive, unit=unit), props["ActiveState"] == "active")
 
 
@@ -178,10 +177,9 @@ class OsRelease(FactBase[dict[str, str]]):
             key, sep, value = line.strip().partition("=")
             if not sep or not key or key.startswith("#"):
                 continue
-            try:
+            parts = [value.strip("\"'")]
+            with suppress(ValueError):
                 parts = shlex.split(value)
-            except ValueError:
-                parts = [value.strip("\"'")]
             info[key] = parts[0] if parts else ""
         return info
 
@@ -429,8 +427,7 @@ class ImageLabels(FactBase[dict[str, str] | None]):
 
 @dataclass(frozen=True)
 class WeightsState:
-    """The weights directory's manifest; ``intact``: every file it lists has the recorded
-    size and mtime (the fetch script hashed them)."""
+    """The weights manifest; ``intact``: its files have the size and mtime recorded at hashing."""
 
     repo: str | None
     revision: str | None

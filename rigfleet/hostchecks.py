@@ -353,10 +353,9 @@ class HostChecker(Problems):
         out = []
         for i, path in enumerate(value):
             p = Path(os.path.expanduser(str(path)))
-            try:
+            text = ""
+            with suppress(OSError, UnicodeDecodeError):
                 text = p.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                text = ""
             if "-----BEGIN CERTIFICATE-----" not in text:
                 self.bad(f"{key.name}[{i}]", str(path),
                          "a file holding '-----BEGIN CERTIFICATE-----'",

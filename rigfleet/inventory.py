@@ -31,8 +31,7 @@ class HostKind:
 
 
 def host_kind(groups: Iterable[str]) -> HostKind:
-    """The roles of a host in ``groups``: a GPU host unless in a service group (``SERVICE_GROUPS``)
-    and not in ``gpu_hosts``."""
+    """A host's roles from ``groups``: GPU unless only in ``SERVICE_GROUPS`` (no ``gpu_hosts``)."""
     names = set(groups)
     balancer, monitor, cache = (group in names for group in SERVICE_GROUPS)
     return HostKind(not (balancer or monitor or cache) or GPU_GROUP in names, balancer, monitor,
