@@ -130,10 +130,8 @@ def literal_assignments(module: ast.Module) -> dict[str, object]:
             continue
         for target in targets:
             if isinstance(target, ast.Name):
-                try:
+                with suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                     out[target.id] = ast.literal_eval(value)
-                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                    continue
     return out
 
 

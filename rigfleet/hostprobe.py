@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,14 +108,10 @@ class HostProbe:
 
 def last_json(text: str) -> dict[str, Any] | None:
     """The JSON object on the last line of ``text`` that starts with ``{``, or None."""
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                data = json.loads(line)
-            except ValueError:
-                return None
-            return data if isinstance(data, dict) else None
+    line = next((x for x in map(str.strip, reversed(text.splitlines())) if x.startswith("{")), "")
+    with suppress(ValueError):
+        data = json.loads(line)
+        return data if isinstance(data, dict) else None
     return None
 
 
