@@ -345,13 +345,11 @@ class Online:
                     lacking.append(f"{pkg} (it has {has})")
             if lacking:
                 out.append(Finding(thing, source, MISSING, f"no {want.rstrip('.')}"
-                                   f"{'.*' if want.endswith('.') else ''} of "
-                                   f"{'; '.join(lacking)} for {os_id} {version}; pin what it "
-                                   f"carries, or configure the repository that has it "
-                                   f"(apt_repos.{name})"))
+                                   f"{'.*' if want.endswith('.') else ''} of {'; '.join(lacking)} "
+                                   f"for {os_id} {version}; pin what it carries, or configure the "
+                                   f"repository that has it (apt_repos.{name})"))
             else:
-                out.append(Finding(thing, source, FOUND, f"{', '.join(found)} "
-                                   f"({index.verifier})"))
+                out.append(Finding(thing, source, FOUND, f"{', '.join(found)} ({index.verifier})"))
         return out
 
 
@@ -471,6 +469,5 @@ def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
         table.row(_cut(f.thing, thing_w), Text(f.status, style=style.get(f.status, "")),
                   _cut(f.source, source_w), _cut(f.todo, todo_w))
         if f.status in (MISSING, UNREACHABLE, CHANGED):
-            table.note(f.thing, f"{f.status} at {f.source}: {f.todo} (hosts: "
-                       f"{', '.join(f.hosts)})")
+            table.note(f.thing, f"{f.status} at {f.source}: {f.todo} (hosts: {', '.join(f.hosts)})")
     return table

@@ -102,9 +102,8 @@ def _convert(raw: str, field_name: str, line: str) -> object:
         number = float(m.group("num"))
         return number if kind == "float" else int(number)
     except ValueError:
-        raise GpuParseError(
-            f"nvidia-smi query: field {field_name} has value {value!r} in line {line!r}"
-        ) from None
+        raise GpuParseError(f"nvidia-smi query: field {field_name} has value {value!r} in line "
+                            f"{line!r}") from None
 
 
 def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GpuInfo]:

@@ -132,9 +132,8 @@ def run_probe(remote: Remote, host: InventoryHost, *, full: bool = False,
                              doctor_load_s=doctor_load_s)
     rc, out = remote.run(host, command, timeout=timeout)
     if rc != 0 and "unrecognized arguments" in out:
-        raise HostUnreachable(
-            f"{host.name}: its host-side tool is older than this rigfleet (no --full probe); "
-            "run the deploy to update it")
+        raise HostUnreachable(f"{host.name}: its host-side tool is older than this rigfleet "
+                              "(no --full probe); run the deploy to update it")
     probe = parse_probe(out, host.name)
     if rc != 0:
         raise HostUnreachable(f"{host.name}: the host probe exited {rc}: {out.strip()[-300:]}")
