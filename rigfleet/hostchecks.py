@@ -357,7 +357,8 @@ class HostChecker(Problems):
             with suppress(OSError, UnicodeDecodeError):
                 text = p.read_text(encoding="utf-8")
             if "-----BEGIN CERTIFICATE-----" not in text:
-                self.bad(f"{key.name}[{i}]", str(path), "a file holding '-----BEGIN CERTIFICATE-----'",
+                self.bad(f"{key.name}[{i}]", str(path),
+                         "a file holding '-----BEGIN CERTIFICATE-----'",
                          "is not a readable PEM certificate")
                 continue
             out.append(str(p.absolute()))
