@@ -450,11 +450,10 @@ def host_name_or_ip(value: Any) -> bool:
     """A host name (letters, digits, ``.-_``) or an IP address: nothing a config file parses."""
     if not isinstance(value, str):
         return False
-    try:
+    with suppress(ValueError):
         ipaddress.ip_address(value)
         return True
-    except ValueError:
-        return bool(_HOST_NAME.fullmatch(value))
+    return bool(_HOST_NAME.fullmatch(value))
 
 
 def flag_value(value: Any) -> bool | None:
