@@ -1,10 +1,6 @@
-"""``rigfleet check``: the inventory, pins and stack files checked without reaching a host,
-and (``--online``) every pinned thing asked of its live source.
-
-Offline, every problem of the hosts' data, pins files and stack files is listed at once.
-Online, from this machine (``--reach FROM=TO`` rewrites an address): the images in each host's
-``image_sources``, the model on the hub, each Genesis commit, the driver and toolkit in the
-``apt_repos`` for each OS the hosts run; each finding ``found``, ``changed`` (its tag moved on),
+"""``rigfleet check``: every problem of the hosts' data, pins and stack files at once, without
+reaching a host; ``--online`` asks each pinned thing's source from this machine (images, the
+model, Genesis commits, the driver and toolkit in ``apt_repos`` per OS): ``found``, ``changed``,
 ``missing``, ``unreachable`` (both exit 1) or ``unchecked``. ``pins lock``, the bump and the
 deploy run the same checks: missing refuses, unreachable warns::
 
@@ -16,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -25,19 +22,9 @@ from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_inde
 from rigfleet.aptrepos import OS_ALLOWED, REQUIRED_APT_REPOS, SUPPORTED_OS, AptRepo, os_named
 from rigfleet.bump.genesis import GenesisError, GenesisRepo
 from rigfleet.catalog import load_catalog
-from rigfleet.desired import (
-    check_image_rules,
-    check_switch_sets,
-    resolve_pins_path,
-    staged_stacks,
-)
+from rigfleet.desired import check_image_rules, check_switch_sets, resolve_pins_path, staged_stacks
 from rigfleet.fleetcache import validate_cache_host
-from rigfleet.hostdata import (
-    HostSettings,
-    validate_balancer,
-    validate_host,
-    validate_monitor,
-)
+from rigfleet.hostdata import HostSettings, validate_balancer, validate_host, validate_monitor
 from rigfleet.hub import Hub, HubMissing, HubUnreachable
 from rigfleet.image_sources import NO_CHECK, ImageSource
 from rigfleet.images.checks import SourceChecker, check_url
@@ -89,8 +76,6 @@ def os_disagrees(name: str, value: Any, os_key: OsKey) -> str | None:
 
 @dataclass
 class Checked:
-    """Problems, and each valid GPU host's settings, pins and OSes."""
-
     problems: list[str] = field(default_factory=list)
     hosts: dict[str, tuple[HostSettings, Pins, list[OsKey]]] = field(default_factory=dict)
 
@@ -101,8 +86,7 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
     pins_by_file: dict[str, Pins | None] = {}
     for h in hosts:
         if h.kind.balancer:
-            out.problems += _raised(partial(validate_balancer, h.name, h.data,
-                                            gpu_host=h.kind.gpu))
+            out.problems += _raised(partial(validate_balancer, h.name, h.data, gpu_host=h.kind.gpu))
         if h.kind.monitor:
             out.problems += _raised(partial(validate_monitor, h.name, h.data))
         if h.kind.cache:
@@ -126,21 +110,16 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
         if pins is None or settings is None:
             continue
         mine = pins.for_host(h.name)
-        for problem in _agree(settings, mine):
-            if problem not in out.problems:
-                out.problems.append(problem)
+        out.problems += [p for p in dict.fromkeys(_agree(settings, mine)) if p not in out.problems]
         out.hosts[h.name] = (settings, mine, oses)
     return out
 
 
-def _pins(path: str, settings: HostSettings | None, data: Any,
-          problems: list[str]) -> Pins | None:
+def _pins(path: str, settings: HostSettings | None, data: Any, problems: list[str]) -> Pins | None:
     catalog = settings.catalog if settings else None
     if catalog is None and isinstance(data.get("stacks_dir"), str):
-        try:
+        with suppress(ValidationError):  # named by the host data's own check
             catalog = load_catalog([data["stacks_dir"]])
-        except ValidationError:
-            catalog = None  # named by the host data's own check
     try:
         pins = load_pins(path, allow_unresolved=True, catalog=catalog)
     except PinsError as e:
@@ -163,7 +142,6 @@ def _agree(settings: HostSettings, pins: Pins) -> list[str]:
 
 
 def _raised(check: Callable[[], object]) -> list[str]:
-    """The problems ``check()`` raises."""
     try:
         check()
     except ValidationError as e:
@@ -225,8 +203,7 @@ class Online:
         for stack in sorted(staged):
             g = pins.stacks[stack].genesis
             if g is not None:
-                self.add(self.genesis(g.repo, g.commit, settings.bump.genesis_url, g.label),
-                         name)
+                self.add(self.genesis(g.repo, g.commit, settings.bump.genesis_url, g.label), name)
         for os_key in oses:
             for f in self.apt(settings, pins, os_key):
                 self.add(f, name)
@@ -263,8 +240,7 @@ class Online:
                        "pin a digest a source has (`rigfleet pins lock --refresh`), or add a "
                        "source that holds it (image_sources: an archive, a registry)")
 
-    def tag_moved(self, source: ImageSource, w: WantedImage,
-                  settings: HostSettings) -> str | None:
+    def tag_moved(self, source: ImageSource, w: WantedImage, settings: HostSettings) -> str | None:
         """What the pinned tag names now, when another digest."""
         url = check_url(source, w, settings)
         if url is None or url == NO_CHECK or self._checker is None:
@@ -295,10 +271,9 @@ class Online:
         if not any(f.endswith(".safetensors") for f in files):
             return Finding(thing, endpoint, MISSING, f"the revision holds no *.safetensors "
                            f"({len(files)} files)")
-        try:
+        main = m.revision
+        with suppress(Exception):
             main = hub.revision(m.repo, "main")
-        except Exception:
-            main = m.revision
         if main != m.revision:
             return Finding(thing, endpoint, CHANGED, f"main is at {main[:12]} now; the pin "
                            "stays (verify that revision before moving: `rigfleet bump`)")
@@ -370,13 +345,11 @@ class Online:
                     lacking.append(f"{pkg} (it has {has})")
             if lacking:
                 out.append(Finding(thing, source, MISSING, f"no {want.rstrip('.')}"
-                                   f"{'.*' if want.endswith('.') else ''} of "
-                                   f"{'; '.join(lacking)} for {os_id} {version}; pin what it "
-                                   f"carries, or configure the repository that has it "
-                                   f"(apt_repos.{name})"))
+                                   f"{'.*' if want.endswith('.') else ''} of {'; '.join(lacking)} "
+                                   f"for {os_id} {version}; pin what it carries, or configure the "
+                                   f"repository that has it (apt_repos.{name})"))
             else:
-                out.append(Finding(thing, source, FOUND, f"{', '.join(found)} "
-                                   f"({index.verifier})"))
+                out.append(Finding(thing, source, FOUND, f"{', '.join(found)} ({index.verifier})"))
         return out
 
 
@@ -482,8 +455,7 @@ def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
              UNCHECKED: "dim"}
     title = (f"rigfleet check ({inventory}): {len(problems)} problem(s) offline"
              + (f", {len(problems_of(findings))} online" if online else ", online not asked"))
-    table = Table(title, ["thing", "status", "source", "what to do"],
-                  keys=("thing", "status"))
+    table = Table(title, ["thing", "status", "source", "what to do"], keys=("thing", "status"))
     # Rich shrinks columns of a table wider than the console, even to nothing.
     room = max(40, width - 11 - 4)
     thing_w, source_w = room * 2 // 5, room // 4
@@ -497,6 +469,5 @@ def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
         table.row(_cut(f.thing, thing_w), Text(f.status, style=style.get(f.status, "")),
                   _cut(f.source, source_w), _cut(f.todo, todo_w))
         if f.status in (MISSING, UNREACHABLE, CHANGED):
-            table.note(f.thing, f"{f.status} at {f.source}: {f.todo} (hosts: "
-                       f"{', '.join(f.hosts)})")
+            table.note(f.thing, f"{f.status} at {f.source}: {f.todo} (hosts: {', '.join(f.hosts)})")
     return table

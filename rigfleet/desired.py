@@ -28,8 +28,7 @@ from rigfleet.resources import PROJECT_ROOT
 
 @dataclass(frozen=True)
 class DesiredStack:
-    """One stack as this host stages it: its compose file (``document``, and ``text`` as
-    written), what the ledger tracks while it serves, and the host-side transaction's ``ref``."""
+    """One staged stack: its compose file (``text`` as written), ledger facts, swap ``ref``."""
 
     spec: StackSpec
     pins: StackPins
@@ -73,9 +72,8 @@ class DesiredHost:
     @property
     def genesis(self) -> GenesisPin | None:
         """The Genesis checkout the deploy keeps: the desired stack's, else the first staged."""
-        if self.current.pins.genesis is not None:
-            return self.current.pins.genesis
-        return next((s.pins.genesis for s in self.stacks.values() if s.pins.genesis), None)
+        return self.current.pins.genesis or next(
+            (s.pins.genesis for s in self.stacks.values() if s.pins.genesis), None)
 
     @property
     def model(self) -> ModelPin:
@@ -150,8 +148,7 @@ def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> Desire
 
 
 def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
-    """The pinned stacks of the catalog the host may serve (host data ``stacks``) and its GPUs
-    can run (their count and the TP), in pins order."""
+    """The pinned catalog stacks the host may serve (``stacks``) and its GPUs run, in pins order."""
     allowed = settings.stacks
     names = [n for n in pins.stacks if n in settings.catalog and (allowed is None or n in allowed)]
     return [spec for spec in map(settings.catalog.get, names)
@@ -173,16 +170,12 @@ def check_pinned(settings: HostSettings, pins: Pins) -> None:
     """The desired stack must be pinned, and nothing pinned may be ``unresolved``."""
     problems: list[str] = []
     if settings.stack not in pins.stacks:
-        problems.append(
-            f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
-            f"allowed: {', '.join(pins.stacks) or '(no stacks pinned)'}"
-        )
+        problems.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in "
+                        f"{pins.path}; allowed: {', '.join(pins.stacks) or '(no stacks pinned)'}")
     unresolved = pins.unresolved()
     if unresolved:
-        problems.append(
-            f"{settings.name}: {pins.path}: {', '.join(unresolved)}: 'unresolved'; allowed: a "
-            "resolved value (run `rigfleet pins lock`)"
-        )
+        problems.append(f"{settings.name}: {pins.path}: {', '.join(unresolved)}: 'unresolved'; "
+                        "allowed: a resolved value (run `rigfleet pins lock`)")
     if problems:
         raise PinsError(problems)
 
@@ -192,9 +185,8 @@ def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec
     problems = []
     for spec in staged:
         genesis = pins.stacks[spec.name].genesis
-        if spec.genesis is None or genesis is None:
-            continue
-        if genesis.layout not in spec.genesis.switches:
+        if (spec.genesis is not None and genesis is not None
+                and genesis.layout not in spec.genesis.switches):
             problems.append(
                 f"{settings.name}: stack {spec.name}: {spec.source}: genesis.switches has no "
                 f"{genesis.layout!r} set, but {pins.path} pins Genesis {genesis.label} with "
@@ -230,8 +222,7 @@ def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
 
 
 def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
-    """The pins file named by host data, relative to ``base`` (default: the working
-    directory, else the repository root)."""
+    """Host data's pins file, relative to ``base`` (default: the working dir, else the repo)."""
     path = Path(pins_file).expanduser()
     if path.is_absolute():
         return path
@@ -244,8 +235,7 @@ def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
 _PINS: dict[tuple[str, tuple[str, ...]], tuple[Pins, BumpJournal | None]] = {}
 
 
-def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins,
-                                                                        BumpJournal | None]:
+def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins, BumpJournal | None]:
     """The host's ``pins_file`` and an unfinished bump's journal beside it, read once."""
     path = resolve_pins_path(settings.pins_file, base)
     key = (str(path.absolute()), settings.catalog.sources)
@@ -260,17 +250,14 @@ def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins,
 
 
 def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
-    """The pins this host runs: the unfinished bump's journal's say, else the ``hosts``
-    section of its ``pins_file``."""
+    """The host's pins: an unfinished bump's journal's say, else its ``pins_file``'s ``hosts``."""
     pins, journal = fleet_pins(settings, base)
     if journal is not None:
         return journal.pins_for(pins, settings.name)
     return pins.for_host(settings.name)
 
 
-def load_desired(name: str, data: Mapping[str, Any] | Any,
-                 base: Path | None = None) -> DesiredHost:
-    """Validate ``data`` and the pins it names and build the host's model; raises
-    ``RigfleetError`` with the deploy's own messages."""
+def load_desired(name: str, data: Mapping[str, Any] | Any, base: Path | None = None) -> DesiredHost:
+    """The host's model from ``data`` and its pins; raises ``RigfleetError`` (the deploy's)."""
     settings = validate_host(name, data)
     return build_desired(settings, pins_for(settings, base))

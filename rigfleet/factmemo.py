@@ -45,8 +45,7 @@ def _mark(on: Host) -> tuple[int, int]:
 
 
 def read_once(on: Host, key: tuple[Any, ...], read: Callable[[], T], fresh: bool = False) -> T:
-    """``read()``'s answer about host ``on`` under ``key``, asked once while nothing changed
-    on it (``fresh``: read whatever is kept)."""
+    """``read()`` of host ``on``, kept under ``key`` while nothing changed (``fresh``: read)."""
     memo = _memo(on)
     mark = _mark(on)
     kept = memo.answers.get(key)

@@ -15,6 +15,7 @@ import posixpath
 import re
 import shlex
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -74,10 +75,9 @@ def read_services(units: tuple[str, ...]) -> None:
     states = read_fact(ServiceStates, units=units)
     systemd_args = {"user_mode": False, "machine": None, "user_name": None}
     for unit, props in states.items():
-        one = {"services": [unit], **systemd_args}
         for fact in (SystemdStatus, SystemdEnabled):
             value = fact().process([f"Id={unit}", f"{fact.state_key}={props[fact.state_key]}"])
-            prime(host, fact_key(fact, **one), value)
+            prime(host, fact_key(fact, services=[unit], **systemd_args), value)
         prime(host, fact_key(UnitActive, unit=unit), props["ActiveState"] == "active")
 
 
@@ -177,10 +177,9 @@ class OsRelease(FactBase[dict[str, str]]):
             key, sep, value = line.strip().partition("=")
             if not sep or not key or key.startswith("#"):
                 continue
-            try:
+            parts = [value.strip("\"'")]
+            with suppress(ValueError):
                 parts = shlex.split(value)
-            except ValueError:
-                parts = [value.strip("\"'")]
             info[key] = parts[0] if parts else ""
         return info
 
@@ -419,20 +418,16 @@ class ImageLabels(FactBase[dict[str, str] | None]):
 
     @override
     def process(self, output: list[str]) -> dict[str, str] | None:
-        text = "\n".join(output).strip()
-        if not text:
-            return None
         try:
-            data = json.loads(text)
-        except ValueError:
+            data = json.loads("\n".join(output))
+        except ValueError:  # no such image: no output
             return None
         return {str(k): str(v) for k, v in (data or {}).items()}
 
 
 @dataclass(frozen=True)
 class WeightsState:
-    """The weights directory's manifest; ``intact``: every file it lists has the recorded
-    size and mtime (the fetch script hashed them)."""
+    """The weights manifest; ``intact``: its files have the size and mtime recorded at hashing."""
 
     repo: str | None
     revision: str | None
@@ -457,11 +452,9 @@ class WeightsManifest(FactBase[WeightsState]):
     @override
     def command(self, local_dir: str) -> str:
         d = shlex.quote(local_dir)
-        return (
-            f"cat {d}/{MANIFEST_NAME} 2>/dev/null | tr -d '\\n'; echo; echo {_LISTING}; "
-            f"[ -d {d} ] && find {d} -path {d}/.cache -prune -o -type f -printf '%P\\t%s\\t%T@\\n' "
-            "2>/dev/null || true"
-        )
+        return (f"cat {d}/{MANIFEST_NAME} 2>/dev/null | tr -d '\\n'; echo; echo {_LISTING}; "
+                f"[ -d {d} ] && find {d} -path {d}/.cache -prune -o -type f "
+                "-printf '%P\\t%s\\t%T@\\n' 2>/dev/null || true")
 
     @override
     def process(self, output: list[str]) -> WeightsState:
@@ -477,12 +470,9 @@ class WeightsManifest(FactBase[WeightsState]):
             return WeightsState(None, None, False, "manifest unreadable")
         listing: dict[str, tuple[int, float]] = {}
         for line in output[split + 1 :]:
-            parts = line.split("\t")
-            if len(parts) == 3:
-                try:
-                    listing[parts[0]] = (int(parts[1]), float(parts[2]))
-                except ValueError:
-                    continue
+            with suppress(ValueError):  # not "name<TAB>size<TAB>mtime"
+                name, size, mtime = line.split("\t")
+                listing[name] = (int(size), float(mtime))
         reason = _mismatch(files, listing)
         return WeightsState(repo, revision, not reason, reason or "matches manifest")
 
@@ -510,9 +500,7 @@ class GenesisCheckout:
 
 def _markers_command(tree: str) -> str:
     """Shell printing the layout markers under ``tree``, comma-separated (``-``: none)."""
-    tests = " ".join(
-        f'[ -e "{tree}/{m}" ] && m="$m,{m}";' for m in genesis_inspect.MARKERS
-    )
+    tests = " ".join(f'[ -e "{tree}/{m}" ] && m="$m,{m}";' for m in genesis_inspect.MARKERS)
     return f'm=""; {tests} echo "${{m#,}}" | sed "s/^$/-/"'
 
 
@@ -529,20 +517,15 @@ class GenesisHead(FactBase[GenesisCheckout]):
     @override
     def command(self, path: str) -> str:
         p = shlex.quote(path)
-        return (
-            f"echo head=$(git -C {p} rev-parse --verify -q HEAD 2>/dev/null); "
-            f"echo origin=$(git -C {p} remote get-url origin 2>/dev/null); "
-            f"t={p}; echo markers=$({_markers_command('$t')})"
-        )
+        return (f"echo head=$(git -C {p} rev-parse --verify -q HEAD 2>/dev/null); "
+                f"echo origin=$(git -C {p} remote get-url origin 2>/dev/null); "
+                f"t={p}; echo markers=$({_markers_command('$t')})")
 
     @override
     def process(self, output: list[str]) -> GenesisCheckout:
         values = dict(line.strip().partition("=")[::2] for line in output if "=" in line)
-        return GenesisCheckout(
-            head=values.get("head") or None,
-            origin=values.get("origin") or None,
-            layout=_layout(values.get("markers", "")),
-        )
+        return GenesisCheckout(values.get("head") or None, values.get("origin") or None,
+                               _layout(values.get("markers", "")))
 
 
 @dataclass(frozen=True)
@@ -565,16 +548,12 @@ class GenesisTrees(FactBase[GenesisTreeState]):
     def command(self, trees_dir: str, compose_files: tuple[str, ...] = ()) -> str:
         d = shlex.quote(trees_dir.rstrip("/"))
         files = " ".join(shlex.quote(f) for f in compose_files)
-        command = (
-            f'for t in {d}/*/; do [ -d "$t" ] || continue; t="${{t%/}}"; '
-            f'echo "tree $(stat -c %Y "$t") $(basename "$t") $({_markers_command("$t")})"; done'
-        )
+        command = (f'for t in {d}/*/; do [ -d "$t" ] || continue; t="${{t%/}}"; echo "tree '
+                   f'$(stat -c %Y "$t") $(basename "$t") $({_markers_command("$t")})"; done')
         if files:
             name = shlex.quote(trees_dir.rstrip("/").rsplit("/", 1)[-1])
-            command += (
-                f"; cat {files} 2>/dev/null | grep -oE {name}'/[0-9a-f]{{40}}' "
-                "| sed 's|^.*/|ref |' | sort -u"
-            )
+            command += (f"; cat {files} 2>/dev/null | grep -oE {name}'/[0-9a-f]{{40}}' "
+                        "| sed 's|^.*/|ref |' | sort -u")
         return command + "; true"
 
     @override
@@ -583,9 +562,9 @@ class GenesisTrees(FactBase[GenesisTreeState]):
         referenced: set[str] = set()
         for line in output:
             parts = line.split()
-            if len(parts) == 4 and parts[0] == "tree" and _HEX40.fullmatch(parts[2]):
-                if parts[1].isdigit():
-                    trees[parts[2]] = (int(parts[1]), _layout(parts[3]))
+            if (len(parts) == 4 and parts[0] == "tree" and _HEX40.fullmatch(parts[2])
+                    and parts[1].isdigit()):
+                trees[parts[2]] = (int(parts[1]), _layout(parts[3]))
             elif len(parts) == 2 and parts[0] == "ref" and _HEX40.fullmatch(parts[1]):
                 referenced.add(parts[1])
         return GenesisTreeState(trees, frozenset(referenced))
@@ -622,14 +601,11 @@ class FileDigest(FactBase[FileInfo | None]):
 
     @override
     def process(self, output: list[str]) -> FileInfo | None:
-        if len(output) < 2:
-            return None
-        words = output[0].split()
+        words = output[0].split() if len(output) >= 2 else []
         if len(words) != 3:
             return None
-        return FileInfo(
-            mode=words[0].zfill(4)[-4:], user=words[1], group=words[2], sha256=output[1].strip()
-        )
+        mode, user, group = words
+        return FileInfo(mode.zfill(4)[-4:], user, group, sha256=output[1].strip())
 
 
 def gpu_power_limit(card: Any) -> float | None:

@@ -1,11 +1,8 @@
-"""The fleet as the commands see it: per inventory host, what it should run and its probe.
-
-The commands reach hosts through one thread pool (``each_host``), one rule for error rows (bad
-data or pins, an SSH failure: a row saying why, never an exception) and one way to probe a host
-for what it should run (``probe_for``)::
+"""The fleet as the commands see it: one thread pool (``each_host``), one rule for error rows
+(bad data or pins, an SSH failure: a row saying why, never an exception), one way to probe a
+host for what it should run (``probe_for``)::
 
     views = fleet_view(gpu_hosts(hosts), SshRemote(connect_timeout=20), timeout=20)
-    [(v.name, v.error) for v in views if v.probe is None]   # why no probe
     rows = each_host(hosts, one_row, lambda host, why: Row(host.name, error=why), timeout=20)
 """
 
@@ -21,7 +18,7 @@ from typing import TypeVar
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.errors import RigfleetError
 from rigfleet.hostprobe import HostProbe, run_probe
-from rigfleet.inventory import HostKind, InventoryHost
+from rigfleet.inventory import InventoryHost
 from rigfleet.ssh import HostUnreachable, Remote
 
 WORKERS = 32  # hosts asked at once
@@ -42,10 +39,6 @@ class HostView:
     @property
     def name(self) -> str:
         return self.host.name
-
-    @property
-    def kind(self) -> HostKind:
-        return self.host.kind
 
 
 def each_host(hosts: Sequence[InventoryHost], fn: Callable[[InventoryHost], T],
@@ -103,14 +96,12 @@ def view_host(remote: Remote, host: InventoryHost, *, timeout: float,
 
 def fleet_view(hosts: Sequence[InventoryHost], remote: Remote, *, timeout: float,
                doctor_load_s: float | None = None) -> list[HostView]:
-    """Every host's ``HostView``, probed at once, in inventory order."""
     return each_host(
         hosts, lambda h: view_host(remote, h, timeout=timeout, doctor_load_s=doctor_load_s),
         lambda h, why: HostView(h, error=why), timeout=timeout)
 
 
 def probe_or_why(probe: Callable[[str], HostProbe], host: str) -> HostProbe | str:
-    """``probe(host)``, or why the host could not be probed."""
     try:
         return probe(host)
     except HostUnreachable as e:

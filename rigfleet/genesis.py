@@ -131,11 +131,10 @@ class StackUse:
         if spec.genesis is None:
             raise ValueError(f"stack {spec.name} does not use Genesis")
         if generation not in spec.genesis.switches:
-            raise ValueError(
-                f"stack {spec.name}: {spec.source}: genesis.switches has no {generation} set, "
-                f"but the pinned Genesis has the {generation} layout; allowed: add "
-                f"genesis.switches.{generation} (have: {', '.join(spec.genesis.switches)})"
-            )
+            raise ValueError(f"stack {spec.name}: {spec.source}: genesis.switches has no "
+                             f"{generation} set, but the pinned Genesis has the {generation} "
+                             f"layout; allowed: add genesis.switches.{generation} (have: "
+                             f"{', '.join(spec.genesis.switches)})")
         extra = dict(host_env or {})
         on = spec.genesis.switches[generation][0]
         file_env = spec.environment(generation)
@@ -167,16 +166,14 @@ def allowlist_summary(report: TreeReport) -> str:
     where = report.allowlist_file or "its guards file"
     if len(entries) <= _SHOWN:
         return f"{where}: {', '.join(entries) or 'empty'}"
-    counts = f"{len(report.known_good)} + {len(report.pending)}" if report.pending else (
-        f"{len(report.known_good)}")
+    counts = f"{len(report.known_good)}" + (f" + {len(report.pending)}" if report.pending else "")
     releases = [e for e in dict.fromkeys(entries) if re.fullmatch(r"[0-9.]+(rc[0-9]+)?", e)]
     return (f"{where}: {counts} entries; releases among them: {', '.join(releases)}"
             if releases else f"{where}: {counts} entries, none of them a release")
 
 
-def allowlist_problem(
-    report: TreeReport, version: str, *, label: str, image_ref: str = ""
-) -> str | None:
+def allowlist_problem(report: TreeReport, version: str, *, label: str,
+                      image_ref: str = "") -> str | None:
     """Why Genesis ``label`` refuses vLLM ``version`` (None: on one of its lists)."""
     if report.lists(version):
         return None
@@ -262,24 +259,16 @@ def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str
         elif pid not in on and not default_on:
             names = sorted(f"GENESIS_ENABLE_{s}" for s, ts in report.switches.items()
                            if any(t.patch == pid for t in ts))  # fmt: skip
-            problems.append(
-                f"{head}, but no switch that turns it on is set to 1 (Genesis {label} "
-                f"switches it with {', '.join(names) or flag}); add it to the stack file's "
-                f"genesis.switches.{use.generation}.on" + (f" ({use.source})" if use.source else "")
-            )
+            problems.append(f"{head}, but no switch that turns it on is set to 1 (Genesis {label} "
+                            f"switches it with {', '.join(names) or flag}); add it to the stack "
+                            f"file's genesis.switches.{use.generation}.on"
+                            + (f" ({use.source})" if use.source else ""))
     return problems
 
 
-def pairing_problems(
-    report: TreeReport,
-    pin: GenesisPin,
-    *,
-    stack: str,
-    vllm_version: str | None,
-    use: StackUse | None,
-    image_ref: str = "",
-    where: str = "",
-) -> list[str]:
+def pairing_problems(report: TreeReport, pin: GenesisPin, *, stack: str,
+                     vllm_version: str | None, use: StackUse | None, image_ref: str = "",
+                     where: str = "") -> list[str]:
     """Why Genesis ``pin`` is unfit for ``stack`` (``vllm_version``/``use`` None: not checked)."""
     at = f" at {where}" if where else ""
     label = pin.label

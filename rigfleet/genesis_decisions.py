@@ -139,14 +139,8 @@ def in_scope(entry: PatchEntry, profile: Mapping[str, Any], vllm_version: str | 
             and meets(entry.applies_to, profile) and in_range(entry.vllm_range, vllm_version))
 
 
-def decision_problems(
-    spec: StackSpec,
-    entries: Iterable[PatchEntry],
-    vllm_version: str | None,
-    *,
-    label: str,
-    generation: str | None = None,
-) -> list[str]:
+def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_version: str | None,
+                      *, label: str, generation: str | None = None) -> list[str]:
     """Each patch the stack must decide and does not, or decides against its switch set
     ``generation`` (None: not compared)."""
     g = spec.genesis

@@ -130,10 +130,8 @@ def literal_assignments(module: ast.Module) -> dict[str, object]:
             continue
         for target in targets:
             if isinstance(target, ast.Name):
-                try:
+                with suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                     out[target.id] = ast.literal_eval(value)
-                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                    continue
     return out
 
 
@@ -224,15 +222,12 @@ def parse_flags(text: str, where: str, registry: dict[str, Any]) -> list[str]:
     for node in module.body:
         if isinstance(node, ast.ClassDef) and node.name == "Flags":
             for item in node.body:
-                if isinstance(item, ast.Assign | ast.AnnAssign) and isinstance(
-                    item.value, ast.Constant
-                ) and isinstance(item.value.value, str):
+                if (isinstance(item, ast.Assign | ast.AnnAssign)
+                        and isinstance(item.value, ast.Constant)
+                        and isinstance(item.value.value, str)):
                     names.add(item.value.value)
-    legacy = {
-        flag.split("_LEGACY_", 1)[1]
-        for flag, _, _ in registry["patch_flags"].values()
-        if isinstance(flag, str) and "_LEGACY_" in flag
-    }
+    legacy = {flag.split("_LEGACY_", 1)[1] for flag, _, _ in registry["patch_flags"].values()
+              if isinstance(flag, str) and "_LEGACY_" in flag}
     return sorted(names - set(registry["switches"]) - legacy)
 
 

@@ -44,7 +44,6 @@ class GenesisLayout:
 
     @property
     def check_path_in_container(self) -> str:
-        """``check_file`` as the container sees it."""
         inside = self.check_file.removeprefix(f"{self.mount}/") if self.mount else self.check_file
         return f"{self.mount_target}/{inside}"
 

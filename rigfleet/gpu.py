@@ -11,16 +11,10 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from rigfleet.errors import RigfleetError
-
-QUERY_FIELDS: tuple[str, ...] = (
-    "index", "name", "uuid", "pci.bus_id", "driver_version", "power.limit",
-    "power.default_limit", "power.min_limit", "power.max_limit", "enforced.power.limit",
-    "persistence_mode", "memory.total", "memory.used", "temperature.gpu", "clocks.max.sm",
-    "compute_cap", "vbios_version",
-)
 
 # What nvidia-smi prints instead of output when it cannot talk to the driver.
 _DRIVER_FAILURES = (
@@ -41,40 +35,37 @@ class DriverNotLoadedError(GpuParseError):
     """nvidia-smi could not talk to the driver (not loaded yet, or a version mismatch)."""
 
 
+def _queried(*names: str) -> Any:
+    """A ``GpuInfo`` field, None unless asked: its ``--query-gpu`` name, then its aliases."""
+    return field(default=None, metadata={"query": names})
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """One GPU from ``--query-gpu``; fields not queried or not available are None."""
 
-    index: int
-    name: str | None = None
-    uuid: str | None = None
-    pci_bus_id: str | None = None
-    driver_version: str | None = None
-    power_limit_w: float | None = None
-    power_default_limit_w: float | None = None
-    power_min_limit_w: float | None = None
-    power_max_limit_w: float | None = None
-    enforced_power_limit_w: float | None = None
-    persistence_mode: bool | None = None
-    memory_total_mib: int | None = None
-    memory_used_mib: int | None = None
-    temperature_c: int | None = None
-    clocks_max_sm_mhz: int | None = None
-    compute_cap: str | None = None
-    vbios_version: str | None = None
+    index: int = field(metadata={"query": ("index",)})
+    name: str | None = _queried("name", "gpu_name")
+    uuid: str | None = _queried("uuid", "gpu_uuid")
+    pci_bus_id: str | None = _queried("pci.bus_id", "gpu_bus_id")
+    driver_version: str | None = _queried("driver_version")
+    power_limit_w: float | None = _queried("power.limit")
+    power_default_limit_w: float | None = _queried("power.default_limit")
+    power_min_limit_w: float | None = _queried("power.min_limit")
+    power_max_limit_w: float | None = _queried("power.max_limit")
+    enforced_power_limit_w: float | None = _queried("enforced.power.limit")
+    persistence_mode: bool | None = _queried("persistence_mode")
+    memory_total_mib: int | None = _queried("memory.total")
+    memory_used_mib: int | None = _queried("memory.used")
+    temperature_c: int | None = _queried("temperature.gpu")
+    clocks_max_sm_mhz: int | None = _queried("clocks.max.sm")
+    compute_cap: str | None = _queried("compute_cap")
+    vbios_version: str | None = _queried("vbios_version")
 
 
+QUERY_FIELDS: tuple[str, ...] = tuple(f.metadata["query"][0] for f in fields(GpuInfo))
 # query field -> GpuInfo attribute; its value is converted to the attribute's type.
-_FIELD_MAP: dict[str, str] = {
-    "index": "index", "name": "name", "gpu_name": "name", "uuid": "uuid", "gpu_uuid": "uuid",
-    "pci.bus_id": "pci_bus_id", "gpu_bus_id": "pci_bus_id", "driver_version": "driver_version",
-    "power.limit": "power_limit_w", "power.default_limit": "power_default_limit_w",
-    "power.min_limit": "power_min_limit_w", "power.max_limit": "power_max_limit_w",
-    "enforced.power.limit": "enforced_power_limit_w", "persistence_mode": "persistence_mode",
-    "memory.total": "memory_total_mib", "memory.used": "memory_used_mib",
-    "temperature.gpu": "temperature_c", "clocks.max.sm": "clocks_max_sm_mhz",
-    "compute_cap": "compute_cap", "vbios_version": "vbios_version",
-}  # fmt: skip
+_FIELD_MAP = {name: f.name for f in fields(GpuInfo) for name in f.metadata["query"]}
 _KINDS = {f.name: str(f.type).split()[0] for f in fields(GpuInfo)}  # "int", "str | None" ...
 
 
@@ -93,7 +84,8 @@ def _check_driver(text: str) -> None:
             raise GpuParseError(f"nvidia-smi sees no GPU: {line.strip()!r}")
 
 
-def _convert(raw: str, kind: str, field_name: str, line: str) -> object:
+def _convert(raw: str, field_name: str, line: str) -> object:
+    kind = _KINDS[_FIELD_MAP[field_name]]
     value = raw.strip()
     if value in _NOT_AVAILABLE:
         return None
@@ -110,48 +102,31 @@ def _convert(raw: str, kind: str, field_name: str, line: str) -> object:
         number = float(m.group("num"))
         return number if kind == "float" else int(number)
     except ValueError:
-        raise GpuParseError(
-            f"nvidia-smi query: field {field_name} has value {value!r} in line {line!r}"
-        ) from None
-
-
-def _header_names(line: str) -> list[str]:
-    return [re.sub(r"\s*\[[^\]]*\]$", "", cell.strip()) for cell in line.split(",")]
-
-
-def parse_query_rows(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[dict[str, str]]:
-    """One {field: raw value} dict per GPU of ``--query-gpu`` csv output (a header line
-    skipped; nvidia-smi does not quote, so surplus cells are joined back into ``name``)."""
-    _check_driver(text)
-    fields = list(fields)
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if lines and _header_names(lines[0]) == fields:
-        lines = lines[1:]
-    rows = []
-    for line in lines:
-        cells = [c.strip() for c in line.split(", ")]
-        extra = len(cells) - len(fields)
-        name_at = next((i for i, f in enumerate(fields) if f in ("name", "gpu_name")), None)
-        if extra > 0 and name_at is not None:
-            cells[name_at:name_at + extra + 1] = [", ".join(cells[name_at:name_at + extra + 1])]
-        if len(cells) != len(fields):
-            raise GpuParseError(
-                f"nvidia-smi query: expected {len(fields)} values ({', '.join(fields)}), "
-                f"got {len(cells)} in line {line!r}"
-            )
-        rows.append(dict(zip(fields, cells, strict=True)))
-    return rows
+        raise GpuParseError(f"nvidia-smi query: field {field_name} has value {value!r} in line "
+                            f"{line!r}") from None
 
 
 def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GpuInfo]:
+    """One ``GpuInfo`` per line of ``--query-gpu`` csv output (a header line skipped;
+    nvidia-smi does not quote, so surplus cells are joined back into ``name``)."""
+    _check_driver(text)
+    fields = list(fields)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if lines and [re.sub(r"\s*\[[^\]]*\]$", "", c.strip()) for c in lines[0].split(",")] == fields:
+        lines = lines[1:]  # the header (units in brackets)
+    name_at = next((i for i, f in enumerate(fields) if f in ("name", "gpu_name")), None)
     gpus = []
-    for pos, row in enumerate(parse_query_rows(text, fields)):
-        line = ", ".join(row.values())
-        values: dict[str, object] = {}
-        for name, raw in row.items():
-            if name in _FIELD_MAP:
-                attr = _FIELD_MAP[name]
-                values[attr] = _convert(raw, _KINDS[attr], name, line)
+    for pos, line in enumerate(lines):
+        cells = [c.strip() for c in line.split(", ")]
+        extra = len(cells) - len(fields)
+        if extra > 0 and name_at is not None:
+            cells[name_at:name_at + extra + 1] = [", ".join(cells[name_at:name_at + extra + 1])]
+        if len(cells) != len(fields):
+            raise GpuParseError(f"nvidia-smi query: expected {len(fields)} values "
+                                f"({', '.join(fields)}), got {len(cells)} in line {line!r}")
+        values: dict[str, object] = {_FIELD_MAP[name]: _convert(raw, name, ", ".join(cells))
+                                     for name, raw in zip(fields, cells, strict=True)
+                                     if name in _FIELD_MAP}
         if values.get("index") is None:
             values["index"] = pos
         gpus.append(GpuInfo(**values))  # type: ignore[arg-type]

@@ -28,10 +28,6 @@ _MAIN = (
 )
 
 
-def source_files(root: Path = HOSTSIDE) -> list[Path]:
-    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
-
-
 def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     info = zipfile.ZipInfo(name, date_time=_EPOCH)
     info.compress_type = zipfile.ZIP_DEFLATED
@@ -42,19 +38,12 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
 
 @cache
 def build_bundle(root: Path = HOSTSIDE) -> bytes:
-    """The zipapp's bytes (shebang + zip)."""
     buf = io.BytesIO()
     buf.write(_SHEBANG)
     with zipfile.ZipFile(buf, "w") as zf:
         _add(zf, "__main__.py", _MAIN.encode())
         _add(zf, "rigfleet/__init__.py", _PACKAGE_INIT.encode())
-        for path in source_files(root):
+        for path in sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts):
             rel = path.relative_to(root.parent.parent).as_posix()
             _add(zf, rel, path.read_bytes())
     return buf.getvalue()
-
-
-def write_bundle(dest: Path, root: Path = HOSTSIDE) -> Path:
-    dest.write_bytes(build_bundle(root))
-    dest.chmod(0o755)
-    return dest

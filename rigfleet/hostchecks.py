@@ -20,6 +20,7 @@ import posixpath
 import re
 import stat
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,14 +32,7 @@ from rigfleet.catalog import Catalog, CatalogError, builtin_catalog, load_catalo
 from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
 from rigfleet.hostside.supervise import parse_backoff
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
-from rigfleet.validate import (
-    SYSTEM_DIRS,
-    Problems,
-    env_vars,
-    escapes,
-    is_int,
-    is_system_dir,
-)
+from rigfleet.validate import SYSTEM_DIRS, Problems, env_vars, escapes, is_int, is_system_dir
 
 # Any GPU's sane power cap; the card's own min..max is checked at deploy time.
 POWER_CAP_RANGE_W = (50, 600)
@@ -132,9 +126,7 @@ class HostChecker(Problems):
         return path
 
     def _stacks_dir(self, key: Key, value: Any) -> str | None:
-        if value is None:
-            return None
-        checked = self.string(key.name, value, None, key.allowed)
+        checked = self.string(key.name, value, None, key.allowed, required=False)
         if checked is None:
             return None
         path = Path(os.path.expanduser(checked))
@@ -368,10 +360,8 @@ class HostChecker(Problems):
     def backoff(self, key: Key, value: Any) -> tuple[float, ...] | None:
         """A list of seconds >= 0 (``--data`` may give ``10,30,90``)."""
         if isinstance(value, str):
-            try:
+            with suppress(ValueError):
                 return parse_backoff(value)
-            except ValueError:
-                pass
         elif isinstance(value, list | tuple) and value and all(
                 is_number(v) and math.isfinite(v) and v >= 0 for v in value):
             return tuple(float(v) for v in value)
@@ -390,10 +380,9 @@ class HostChecker(Problems):
         out = []
         for i, path in enumerate(value):
             p = Path(os.path.expanduser(str(path)))
-            try:
+            text = ""
+            with suppress(OSError, UnicodeDecodeError):
                 text = p.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                text = ""
             if "-----BEGIN CERTIFICATE-----" not in text:
                 self.bad(f"{key.name}[{i}]", str(path),
                          "a file holding '-----BEGIN CERTIFICATE-----'",
@@ -448,7 +437,6 @@ class HostChecker(Problems):
         return bool(checked)
 
 
-
 def valid_if(test: Callable[[Any], Any]) -> Check:
     """A ``Key.check``: the value as given when ``test`` accepts it (or it is unset)."""
 
@@ -489,11 +477,10 @@ def host_name_or_ip(value: Any) -> bool:
     """A host name (letters, digits, ``.-_``) or an IP address: nothing a config file parses."""
     if not isinstance(value, str):
         return False
-    try:
+    with suppress(ValueError):
         ipaddress.ip_address(value)
         return True
-    except ValueError:
-        return bool(_HOST_NAME.fullmatch(value))
+    return bool(_HOST_NAME.fullmatch(value))
 
 
 def flag_value(value: Any) -> bool | None:
@@ -508,12 +495,8 @@ def flag_value(value: Any) -> bool | None:
 
 
 def data_keys(data: Any) -> list[Any]:
-    if isinstance(data, Mapping):
-        return list(data.keys())
-    as_dict = getattr(data, "dict", None)
-    if callable(as_dict):
-        try:
-            return list(as_dict().keys())
-        except Exception:  # skip the typo check
-            return []
-    return []
+    """The keys of a mapping or of pyinfra's host data (``.dict()``); [] when neither."""
+    try:
+        return list(data if isinstance(data, Mapping) else data.dict())
+    except Exception:  # skip the typo check
+        return []

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,14 +108,10 @@ class HostProbe:
 
 def last_json(text: str) -> dict[str, Any] | None:
     """The JSON object on the last line of ``text`` that starts with ``{``, or None."""
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                data = json.loads(line)
-            except ValueError:
-                return None
-            return data if isinstance(data, dict) else None
+    line = next((x for x in map(str.strip, reversed(text.splitlines())) if x.startswith("{")), "")
+    with suppress(ValueError):
+        data = json.loads(line)
+        return data if isinstance(data, dict) else None
     return None
 
 
@@ -130,15 +127,13 @@ def parse_probe(text: str, where: str) -> HostProbe:
 def run_probe(remote: Remote, host: InventoryHost, *, full: bool = False,
               model_path: str | None = None, front_port: int | None = None,
               timeout: float = 60, doctor_load_s: float | None = None) -> HostProbe:
-    """Run the probe on ``host`` (``doctor_load_s``: with the doctor's evidence, which the
-    timeout should cover); raises ``HostUnreachable``."""
+    """``host``'s probe (``doctor_load_s``: with the doctor's evidence); ``HostUnreachable``."""
     command = hosttool.probe(full=full, model_path=model_path, front_port=front_port,
                              doctor_load_s=doctor_load_s)
     rc, out = remote.run(host, command, timeout=timeout)
     if rc != 0 and "unrecognized arguments" in out:
-        raise HostUnreachable(
-            f"{host.name}: its host-side tool is older than this rigfleet (no --full probe); "
-            "run the deploy to update it")
+        raise HostUnreachable(f"{host.name}: its host-side tool is older than this rigfleet "
+                              "(no --full probe); run the deploy to update it")
     probe = parse_probe(out, host.name)
     if rc != 0:
         raise HostUnreachable(f"{host.name}: the host probe exited {rc}: {out.strip()[-300:]}")

@@ -3,9 +3,6 @@ would monkey-patch gevent into our process), and what each host is, from its gro
 
     hosts = load_inventory("inventory/home.py")
     gpu_hosts(hosts)                 # the hosts that serve; also balancers, monitors, caches
-
-A host in a service group (``SERVICE_GROUPS``) is of the fleet, not a rig, unless it is in
-``gpu_hosts`` too; every other host is a GPU host.
 """
 
 from __future__ import annotations
@@ -18,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BALANCER_GROUP = "balancers"  # roles/balancer.py
-MONITOR_GROUP = "monitors"  # roles/monitor.py
-CACHE_GROUP = "caches"  # roles/cache.py
-SERVICE_GROUPS = (BALANCER_GROUP, MONITOR_GROUP, CACHE_GROUP)
+MONITOR_GROUP = "monitors"
+SERVICE_GROUPS = ("balancers", MONITOR_GROUP, "caches")  # roles/balancer.py, monitor.py, cache.py
 GPU_GROUP = "gpu_hosts"  # needed only for a service host that serves as well
 
 
@@ -36,7 +31,7 @@ class HostKind:
 
 
 def host_kind(groups: Iterable[str]) -> HostKind:
-    """The roles of a host in ``groups`` (no service group: a GPU host)."""
+    """A host's roles from ``groups``: GPU unless only in ``SERVICE_GROUPS`` (no ``gpu_hosts``)."""
     names = set(groups)
     balancer, monitor, cache = (group in names for group in SERVICE_GROUPS)
     return HostKind(not (balancer or monitor or cache) or GPU_GROUP in names, balancer, monitor,
@@ -71,8 +66,7 @@ class InventoryHost:
 
 
 def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[InventoryHost]:
-    """The hosts of the inventory file ``path``; ``InventoryError`` when it is missing, pyinfra
-    cannot load it, or it names no host."""
+    """The hosts of inventory file ``path``; ``InventoryError``: missing, unloadable, empty."""
     where = Path(cwd or ".") / path
     if not where.is_file():
         raise InventoryError(f"inventory {path}: no such file; allowed: a pyinfra inventory "
@@ -95,12 +89,8 @@ def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[Inve
 
 
 def gpu_hosts(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
-    """The hosts that serve, in inventory order (likewise the three below)."""
+    """The hosts that serve, in inventory order (likewise the two below)."""
     return [h for h in hosts if h.kind.gpu]
-
-
-def monitors(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
-    return [h for h in hosts if h.kind.monitor]
 
 
 def balancers(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:

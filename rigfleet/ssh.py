@@ -15,6 +15,7 @@ import logging
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -36,23 +37,19 @@ class HostUnreachable(RigfleetError):
 class Remote(Protocol):
     """What status and the bump need from a host (``SshRemote``; tests pass a fake)."""
 
-    def run(
-        self, host: InventoryHost, command: str, *, timeout: float = 120, stdin: bytes = b""
-    ) -> tuple[int, str]: ...
+    def run(self, host: InventoryHost, command: str, *, timeout: float = 120,
+            stdin: bytes = b"") -> tuple[int, str]: ...
 
-    def stream_out(
-        self, host: InventoryHost, command: str, dest: BinaryIO, *, timeout: float = 3600
-    ) -> tuple[int, str]: ...
+    def stream_out(self, host: InventoryHost, command: str, dest: BinaryIO, *,
+                   timeout: float = 3600) -> tuple[int, str]: ...
 
-    def stream_in(
-        self, host: InventoryHost, command: str, src: BinaryIO, *, timeout: float = 3600
-    ) -> tuple[int, str]: ...
+    def stream_in(self, host: InventoryHost, command: str, src: BinaryIO, *,
+                  timeout: float = 3600) -> tuple[int, str]: ...
 
     def reachable(self, host: InventoryHost) -> str | None: ...
 
 
-def _client(target: SshTarget, data: dict[str, Any], timeout: float,
-            gateway: Any = None) -> Any:
+def _client(target: SshTarget, data: dict[str, Any], timeout: float, gateway: Any = None) -> Any:
     """An unopened ``fabric.Connection`` to one hop, its host keys strict."""
     import paramiko
     from fabric import Config, Connection
@@ -64,12 +61,9 @@ def _client(target: SshTarget, data: dict[str, Any], timeout: float,
         "banner_timeout": timeout,
         "auth_timeout": timeout,
     }
-    if keys:
-        connect_kwargs["key_filename"] = list(keys)
-    if data.get("ssh_key_password"):
-        connect_kwargs["passphrase"] = data["ssh_key_password"]
-    if data.get("ssh_password"):
-        connect_kwargs["password"] = data["ssh_password"]
+    given = {"key_filename": list(keys), "passphrase": data.get("ssh_key_password"),
+             "password": data.get("ssh_password")}
+    connect_kwargs.update((name, value) for name, value in given.items() if value)
     if gateway is None and target.proxy_command:
         gateway = target.proxy_command
     # rigfleet.sshconfig read the ssh_config; fabric must not read it again its own way.
@@ -104,8 +98,7 @@ def _close(conn: Any) -> None:
 
 
 def prepare(host: InventoryHost, timeout: float) -> tuple[Any, SshTarget]:
-    """The unopened ``fabric.Connection`` for ``host`` (``ProxyJump`` hops as gateways) and
-    where it goes; raises ``HostUnreachable``."""
+    """``host``'s unopened connection (hops as gateways) and its target; ``HostUnreachable``."""
     try:
         target = resolve(host.name, host.data)
     except SshConfigError as e:
@@ -143,10 +136,7 @@ def connection(host: InventoryHost, timeout: float) -> Any:
 
 
 def _drain(recv: Callable[[int], bytes]) -> bytes:
-    data = bytearray()
-    while chunk := recv(65536):
-        data += chunk
-    return bytes(data)
+    return b"".join(iter(partial(recv, 65536), b""))
 
 
 class SshRemote:
@@ -163,7 +153,9 @@ class SshRemote:
         return command
 
     @contextmanager
-    def _channel(self, host: InventoryHost, command: str, timeout: float) -> Iterator[Any]:
+    def _channel(self, host: InventoryHost, command: str, timeout: float,
+                 silent: str = "stream stalled for") -> Iterator[Any]:
+        """A channel running ``command``; ``timeout`` s without data: ``HostUnreachable``."""
         conn = connection(host, self.connect_timeout)
         try:
             transport = conn.client.get_transport()
@@ -172,56 +164,45 @@ class SshRemote:
             chan.settimeout(timeout)
             chan.exec_command(self.command(host, command))
             yield chan
+        except TimeoutError:
+            raise HostUnreachable(f"{host.name}: {silent} {timeout:g}s") from None
         except (OSError, EOFError) as e:  # the connection dropped mid-command (host stopped)
             raise HostUnreachable(f"{host.name}: connection lost: {e}") from None
         finally:
             _close(conn)
 
-    def run(
-        self, host: InventoryHost, command: str, *, timeout: float = 120, stdin: bytes = b""
-    ) -> tuple[int, str]:
+    def run(self, host: InventoryHost, command: str, *, timeout: float = 120,
+            stdin: bytes = b"") -> tuple[int, str]:
         """(exit status, stdout then stderr) of ``command``; raises ``HostUnreachable``."""
-        with self._channel(host, command, timeout) as chan:
+        with self._channel(host, command, timeout, "no answer within") as chan:
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
-            try:
-                out, err = _drain(chan.recv), _drain(chan.recv_stderr)
-            except TimeoutError:
-                raise HostUnreachable(f"{host.name}: no answer within {timeout:g}s") from None
+            out, err = _drain(chan.recv), _drain(chan.recv_stderr)
             rc = chan.recv_exit_status()
         text = out.decode(errors="replace")
         if err:
-            text += ("" if not text or text.endswith("\n") else "\n") + err.decode(
-                errors="replace")
+            text += ("" if not text or text.endswith("\n") else "\n") + err.decode(errors="replace")
         return rc, text
 
-    def stream_out(
-        self, host: InventoryHost, command: str, dest: BinaryIO, *, timeout: float = 3600
-    ) -> tuple[int, str]:
+    def stream_out(self, host: InventoryHost, command: str, dest: BinaryIO, *,
+                   timeout: float = 3600) -> tuple[int, str]:
         """Copy ``command``'s stdout into ``dest``; (exit status, stderr)."""
         with self._channel(host, command, timeout) as chan:
             chan.shutdown_write()
-            try:
-                while chunk := chan.recv(CHUNK):
-                    dest.write(chunk)
-            except TimeoutError:
-                raise HostUnreachable(f"{host.name}: stream stalled for {timeout:g}s") from None
+            while chunk := chan.recv(CHUNK):
+                dest.write(chunk)
             err = _drain(chan.recv_stderr)  # small (docker's messages)
             return chan.recv_exit_status(), err.decode(errors="replace")
 
-    def stream_in(
-        self, host: InventoryHost, command: str, src: BinaryIO, *, timeout: float = 3600
-    ) -> tuple[int, str]:
+    def stream_in(self, host: InventoryHost, command: str, src: BinaryIO, *,
+                  timeout: float = 3600) -> tuple[int, str]:
         """Feed ``src`` to ``command``'s stdin; (exit status, stdout then stderr)."""
         with self._channel(host, command, timeout) as chan:
-            try:
-                while chunk := src.read(CHUNK):
-                    chan.sendall(chunk)
-                chan.shutdown_write()
-                out = _drain(chan.recv) + _drain(chan.recv_stderr)
-            except TimeoutError:
-                raise HostUnreachable(f"{host.name}: stream stalled for {timeout:g}s") from None
+            while chunk := src.read(CHUNK):
+                chan.sendall(chunk)
+            chan.shutdown_write()
+            out = _drain(chan.recv) + _drain(chan.recv_stderr)
             return chan.recv_exit_status(), out.decode(errors="replace")
 
     def get(self, host: InventoryHost, remote_path: str, *, timeout: float = 120) -> bytes:

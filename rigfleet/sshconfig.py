@@ -60,10 +60,7 @@ def _lines(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
             out.append(line)
             continue
         for pattern in m.group(2).split():
-            pattern = pattern.strip('"')
-            full = Path(pattern).expanduser()
-            if not full.is_absolute():
-                full = path.parent / full
+            full = path.parent / Path(pattern.strip('"')).expanduser()  # relative: to the file's
             for name in sorted(glob.glob(str(full))):
                 if Path(name).is_file():
                     out.extend(_lines(Path(name), (*seen, path)))
@@ -93,16 +90,7 @@ def _hop(config: paramiko.SSHConfig | None, spec: str, known: tuple[str, ...]) -
     host, port = hostport, ""
     if hostport.count(":") == 1:
         host, _, port = hostport.partition(":")
-    found = config.lookup(host) if config is not None else {}
-    return SshTarget(
-        hostname=found.get("hostname", host),
-        port=int(port or found.get("port") or 22),
-        user=user or found.get("user") or DEFAULT_USER,
-        key_files=_paths(found.get("identityfile", [])),
-        known_hosts=known or _known(found),
-        connect_timeout=_timeout(found),
-        alias=host,
-    )
+    return _target(config.lookup(host) if config is not None else {}, host, port, user, known)
 
 
 def _paths(paths: Iterable[str]) -> tuple[str, ...]:
@@ -113,8 +101,19 @@ def _known(found: dict[str, Any]) -> tuple[str, ...]:
     return _paths(str(found.get("userknownhostsfile", "")).split())
 
 
-def _timeout(found: dict[str, Any]) -> float | None:
-    return float(found["connecttimeout"]) if "connecttimeout" in found else None
+def _target(found: dict[str, Any], alias: str, port: Any, user: Any, known: tuple[str, ...],
+            key: Any = None, **more: Any) -> SshTarget:
+    """The hop ``alias`` from its ssh_config entry ``found``; the arguments given win."""
+    return SshTarget(
+        hostname=str(found.get("hostname") or alias),
+        port=int(port or found.get("port") or 22),
+        user=str(user or found.get("user") or DEFAULT_USER),
+        key_files=_paths([str(key)] if key else found.get("identityfile", [])),
+        known_hosts=known or _known(found),
+        connect_timeout=float(found["connecttimeout"]) if "connecttimeout" in found else None,
+        alias=alias,
+        **more,
+    )
 
 
 def resolve(name: str, data: dict[str, Any]) -> SshTarget:
@@ -122,7 +121,6 @@ def resolve(name: str, data: dict[str, Any]) -> SshTarget:
     alias = str(data.get("ssh_hostname") or name)
     config = load_config(data, name)
     found: dict[str, Any] = dict(config.lookup(alias)) if config is not None else {}
-    key = data.get("ssh_key")
     named = data.get("ssh_known_hosts_file")
     known = _paths([str(named)]) if named else _known(found)
     jumps: tuple[SshTarget, ...] = ()
@@ -131,14 +129,5 @@ def resolve(name: str, data: dict[str, Any]) -> SshTarget:
         proxy = None
     if not proxy and found.get("proxyjump") and str(found["proxyjump"]).lower() != "none":
         jumps = tuple(_hop(config, spec, known) for spec in str(found["proxyjump"]).split(","))
-    return SshTarget(
-        hostname=str(found.get("hostname") or alias),
-        port=int(data.get("ssh_port") or found.get("port") or 22),
-        user=str(data.get("ssh_user") or found.get("user") or DEFAULT_USER),
-        key_files=_paths([str(key)] if key else found.get("identityfile", [])),
-        known_hosts=known,
-        jumps=jumps,
-        proxy_command=str(proxy) if proxy else None,
-        connect_timeout=_timeout(found),
-        alias=alias,
-    )
+    return _target(found, alias, data.get("ssh_port"), data.get("ssh_user"), known,
+                   data.get("ssh_key"), jumps=jumps, proxy_command=str(proxy) if proxy else None)

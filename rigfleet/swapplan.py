@@ -23,8 +23,7 @@ DEPLOY_ID = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
 def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID) -> Plan:
-    """The plan for a transaction to ``want``'s desired stack (``by``, ``why``: for the lock
-    and the ledger)."""
+    """The transaction to ``want``'s desired stack (``by``, ``why``: for the lock and ledger)."""
     swap: SwapSettings = want.settings.swap
     return Plan(
         id=deploy_id,
@@ -47,13 +46,9 @@ def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID)
 
 
 def drain_timeout(want: DesiredHost, stack: str) -> float:
-    """How long ``stack``'s accepted requests may take to finish: host data
-    ``drain_timeout_s``, else the stack file's ``drain.timeout_s``."""
+    """``stack``'s drain time: host data ``drain_timeout_s``, else its ``drain.timeout_s``."""
     override = want.settings.swap.drain_timeout_s
-    if override is not None:
-        return override
-    return want.stacks[stack].spec.drain_timeout_s if stack in want.stacks else \
-        want.spec.drain_timeout_s
+    return override if override is not None else want.stacks[stack].spec.drain_timeout_s
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def test_fleet_view_gives_each_host_its_want_and_probe_or_why_not(tmp_path: Path
     # A service host is no rig: never probed for a stack.
     lb = InventoryHost("lb1", ("balancers",), {})
     (view,) = fleet_view([lb], remote, timeout=5)
-    assert view.kind.balancer and not view.kind.gpu and view.probe is None
+    assert view.host.kind.balancer and not view.host.kind.gpu and view.probe is None
     assert view.error == "lb1: not a GPU host (groups balancers): no stack to probe"
     assert sorted(h for h, _ in remote.commands) == ["rig-a", "rig-b"]
     # The probe asked is the full one, for the paths and port the host should serve on.

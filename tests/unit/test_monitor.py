@@ -13,7 +13,7 @@ from balancer_helpers import gpu_host, key_file, tls_files
 
 from rigfleet import scrape
 from rigfleet.hostdata import HostDataError, validate_balancer, validate_monitor
-from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, monitors
+from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind
 from rigfleet.pins import GenesisPin, ModelPin, Pins, StackPins
 from rigfleet.scrape import BalancerHost, desired_textfile, plan_monitor, render_prometheus
 from roles.exporter import defaults_text
@@ -35,7 +35,7 @@ def test_service_hosts_are_never_rigs_unless_in_gpu_hosts(groups, gpu, balancer,
 def test_monitors_are_not_served_by_status_or_the_bump():
     hosts = [InventoryHost("rig-a", (), {}), InventoryHost("mon1", ("monitors",), {})]
     assert [h.name for h in gpu_hosts(hosts)] == ["rig-a"]
-    assert [h.name for h in monitors(hosts)] == ["mon1"]
+    assert [h.name for h in hosts if h.kind.monitor] == ["mon1"]
 
 
 def test_monitor_data(tmp_path):
