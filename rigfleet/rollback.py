@@ -24,8 +24,6 @@ import json
 from dataclasses import replace
 from typing import Any
 
-import yaml
-
 from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet
 from rigfleet.bump.execute import execute
 from rigfleet.bump.journal import load_journal
@@ -45,7 +43,7 @@ from rigfleet.bump.plan_record import Plan
 from rigfleet.cliargs import fleet_options, select
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import reachability
-from rigfleet.pins import GenesisPin, Pins, StackPins, dump_pins, parse_pins
+from rigfleet.pins import GenesisPin, Pins, StackPins, parse_pins
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.ssh import SshRemote
 from rigfleet.tables import Table
@@ -122,8 +120,7 @@ def pins_at(pins: Pins, serial: int) -> dict[str, StackPins]:
                 f"--to {s} or later")
         for name, summary in entry["old"].items():
             stacks[name] = _rebuild(replace(pins, stacks=stacks), name, summary, s or 0)
-    trial = replace(pins, stacks=stacks)
-    parse_pins(yaml.safe_load(dump_pins(trial)), pins.path)
+    parse_pins(replace(pins, stacks=stacks).to_dict(), pins.path)
     return stacks
 
 

@@ -1,7 +1,6 @@
 """What ``rigfleet bump`` decides before any host changes: its flags (``BumpOptions``) and
-inputs, the bumped stacks, the
-candidate (``--latest``), the Genesis commit to pair with it, the stack files' image rules, and
-the plan::
+inputs, the bumped stacks, the candidate (``--latest``), the Genesis commit to pair with it, the
+stack files' image rules, and the plan::
 
     names = bumped_stacks(opts, inputs.pins, "vllm/vllm-openai")
     plan, genesis, probe = decide_plan(opts, inputs, inputs.pins, names, candidate, probe,
@@ -14,8 +13,6 @@ import argparse
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from rigfleet.bump.candidate import (
     Candidate,
@@ -45,7 +42,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, load_inventory
-from rigfleet.pins import GenesisPin, Pins, StackPins, dump_pins, load_pins, parse_pins
+from rigfleet.pins import GenesisPin, Pins, StackPins, load_pins, parse_pins
 from rigfleet.registry import DOCKER_HUB, Registry
 
 
@@ -115,11 +112,9 @@ def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list
         for name in opts.stacks:
             pins.stack(name)  # raises PinsError naming the pinned stacks
         return list(dict.fromkeys(opts.stacks))
-    names = []
-    for name, p in pins.stacks.items():
-        by_image = repository is not None and p.repository == repository
-        if by_image or (opts.genesis and p.genesis is not None):
-            names.append(name)
+    names = [name for name, p in pins.stacks.items()
+             if (repository is not None and p.repository == repository)
+             or (opts.genesis and p.genesis is not None)]
     if not names:
         raise BumpError(f"no pinned stack uses {repository}; name one with --stack")
     return names
@@ -138,8 +133,7 @@ def new_stack_pins(catalog: Catalog, pins: Pins, names: list[str], candidate: Ca
         if name in genesis and p.genesis is not None:
             p = replace(p, genesis=genesis[name].pin(p.genesis.repo))
         out[name] = p
-    trial = replace(pins, stacks={**pins.stacks, **out})
-    parse_pins(yaml.safe_load(dump_pins(trial)), pins.path, catalog=catalog)
+    parse_pins(replace(pins, stacks={**pins.stacks, **out}).to_dict(), pins.path, catalog=catalog)
     return out
 
 
@@ -167,7 +161,7 @@ def decide_plan(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
         # commit says what it will report (and none means Genesis refuses it).
         version = _infer_version(inputs, pins, names, candidate.commit, repos)
         inferred = version is not None
-        if version is not None:
+        if inferred:
             log(f"candidate vLLM {version} (from the Genesis allowlist entry naming its "
                  "commit; read from the image when the bump runs)")  # fmt: skip
     if candidate is not None:

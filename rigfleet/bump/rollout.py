@@ -84,9 +84,7 @@ class DeployResult:
     seconds: float = 0.0
 
     def failed(self, host: str) -> bool:
-        if self.failed_hosts is None:
-            return self.rc != 0
-        return host in self.failed_hosts
+        return self.rc != 0 if self.failed_hosts is None else host in self.failed_hosts
 
 
 @dataclass(frozen=True)
@@ -193,29 +191,25 @@ def gate_of(before: HostProbe | None, after: HostProbe
     report = after.newest_report
     if report is not None and (before is None or report.file not in set(before.report_files)):
         return report.text, report.failed, report.file
-    swap = fresh_swap(before, after)
-    old_gate = before.state.get("gate") if before is not None else None
-    for source in (swap.get("gate"), after.state.get("gate")):
-        if not isinstance(source, dict) or (source is after.state.get("gate")
-                                             and source == old_gate):  # fmt: skip
-            continue
-        names = source.get("failed_checks") or []
-        failed = tuple(str(x) for x in names) if isinstance(names, list) else ()
-        result = str(source.get("result") or "")
-        text = result + (f" ({', '.join(failed)})" if failed else "")
-        if source.get("summary"):
-            text += f": {source['summary']}"
-        return text.strip(), failed, source.get("report")
-    return "", (), None
+    source = fresh_swap(before, after).get("gate")
+    if not isinstance(source, dict):
+        source = after.state.get("gate")
+        old_gate = before.state.get("gate") if before is not None else None
+        if not isinstance(source, dict) or source == old_gate:
+            return "", (), None
+    names = source.get("failed_checks") or []
+    failed = tuple(str(x) for x in names) if isinstance(names, list) else ()
+    text = str(source.get("result") or "") + (f" ({', '.join(failed)})" if failed else "")
+    if source.get("summary"):
+        text += f": {source['summary']}"
+    return text.strip(), failed, source.get("report")
 
 
 def fresh_swap(before: HostProbe | None, after: HostProbe) -> dict[str, Any]:
     """The swap transaction's ``last_swap`` record when this run wrote it, else {}."""
     swap = after.state.get("last_swap")
-    if not isinstance(swap, dict):
-        return {}
     old = before.state.get("last_swap") if before is not None else None
-    if isinstance(old, dict) and old.get("id") == swap.get("id"):
+    if not isinstance(swap, dict) or isinstance(old, dict) and old.get("id") == swap.get("id"):
         return {}
     return swap
 
@@ -230,12 +224,10 @@ def _rollback_reason(before: HostProbe | None, after: HostProbe) -> str:
 
 def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
     """pyinfra's error lines for ``host`` (``[host] ...`` lines that say error/failed)."""
-    tag = f"[{host}]"
-    ansi = re.compile(r"\x1b\[[0-9;]*m")
-    lines = [ansi.sub("", line).strip() for line in log.splitlines()]
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in log.splitlines()]
     hits = [
         line for line in lines
-        if tag in line and re.search(r"error|fail|refus|unreach|lost|timed out", line, re.I)
+        if f"[{host}]" in line and re.search(r"error|fail|refus|unreach|lost|timed out", line, re.I)
         and not re.search(r"Error: executed \d+ commands", line)  # pyinfra's own tally
     ]  # fmt: skip
     return hits[-limit:]
@@ -296,8 +288,7 @@ def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostPr
     if _runs(after.state, stack, old) and before is not None and not gate \
             and not fresh_swap(before, after):
         return None
-    interrupted = DeployResult(1, None, "")
-    return classify(host, stack, old, new, interrupted, before, after, batch)
+    return classify(host, stack, old, new, DeployResult(1, None), before, after, batch)
 
 
 def _why(errors: list[str], fallback: str, sep: str = "") -> str:
@@ -316,34 +307,28 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
             resume: Resume | None = None) -> RolloutResult:
     """Roll the plan out on the candidate ``pins_file``, canary first (``resume``: from where)."""
     started = time.monotonic()
-    done = dict(resume.done) if resume is not None else {}
-    in_flight = dict(resume.in_flight) if resume is not None else {}
-    out: dict[str, HostOutcome] = {}
-    for name in plan.up_to_date:
-        out[name] = HostOutcome(name, Status.UP_TO_DATE, runs_new=True)
-    for name, reason in plan.skipped.items():
-        out[name] = HostOutcome(name, Status.SKIPPED, runs_new=False,
-                                reason=f"unreachable at the start ({reason})")  # fmt: skip
+    resume = resume or Resume()
+    done = dict(resume.done)
+    out = {name: HostOutcome(name, Status.UP_TO_DATE, runs_new=True) for name in plan.up_to_date}
+    out.update({name: HostOutcome(name, Status.SKIPPED, runs_new=False,
+                                  reason=f"unreachable at the start ({reason})")
+                for name, reason in plan.skipped.items()})
 
     def pins(h: str) -> tuple[str, StackPins, StackPins]:  # the stack it serves, old, new
         stack = plan.host(h).stack
         return stack, plan.old_for(h)[stack], plan.new_for(h)[stack]
 
     for i, batch in enumerate(plan.batches):
-        for h in (h for h in batch if h in in_flight and h not in done):
-            settled = settle(h, *pins(h), in_flight[h], probe_or_why(runner.facts, h), i)
+        for h in (h for h in batch if h in resume.in_flight and h not in done):
+            settled = settle(h, *pins(h), resume.in_flight[h], probe_or_why(runner.facts, h), i)
             if settled is not None:
                 done[h] = settled
                 _record(out, journal, on_event, settled, f"{_label(i)} (interrupted)")
 
-    def judge(h: str, result: DeployResult, before: HostProbe | None, after: HostProbe | str,
-              i: int) -> HostOutcome:
-        return classify(h, *pins(h), result, before, after, i)
-
-    return run_batches(plan.batches, runner, pins_file, judge, out, plan.max_failures,
+    return run_batches(plan.batches, runner, pins_file,
+                       lambda h, *rest: classify(h, *pins(h), *rest), out, plan.max_failures,
                        [h.name for h in plan.hosts], started, on_event=on_event,
-                       on_line=on_line, journal=journal, done=done,
-                       stopped=resume.stop if resume is not None else None)
+                       on_line=on_line, journal=journal, done=done, stopped=resume.stop)
 
 
 def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Path | None,
