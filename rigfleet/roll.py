@@ -37,10 +37,7 @@ class RollPlan:
     skipped: Mapping[str, str] = field(default_factory=dict)
 
     def label(self, i: int) -> str:
-        hosts = self.batches[i]
-        if not any(h in self.serving for h in hosts):
-            return f"batch {i + 1} (bare)"
-        return f"batch {i + 1}"
+        return f"batch {i + 1}" + ("" if self.serving.intersection(self.batches[i]) else " (bare)")
 
 
 def plan_batches(order: Sequence[str], probes: Mapping[str, HostProbe | str],
@@ -73,9 +70,8 @@ def classify(name: str, deploy: DeployResult, before: HostProbe | None,
         return HostOutcome(name, Status.LOST, batch, reason=detail + (
             f"; pyinfra: {errors[-1]}" if errors else ""), seconds=deploy.seconds)
     lines = new_ledger_lines(before, after)
-    windows = [x for x in lines if x.get("event") == "maintenance"
-               and x.get("result") in ("closed", "failed")]
-    last = windows[-1] if windows else None
+    last = next((x for x in reversed(lines) if x.get("event") == "maintenance"
+                 and x.get("result") in ("closed", "failed")), None)
     gate = str(((last or {}).get("gate") or {}).get("result") or "")
     if deploy.failed(name):
         reason = next((str(x["reason"]) for x in reversed(lines) if x.get("reason")), "")

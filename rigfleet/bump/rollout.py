@@ -511,38 +511,33 @@ class PyinfraRunner:
                on_line: Callable[[str], None]) -> DeployResult:
         cmd = pyinfra_command(self.inventory, self.deploy_file, hosts, pins_file)
         started = time.monotonic()
-        log_file = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            log_file = (self.log_dir / f"batch-{batch}.log").open("w")
-            log_file.write("$ " + " ".join(cmd) + "\n")
+        log_path = self.log_dir / f"batch-{batch}.log" if self.log_dir else Path(os.devnull)
         env = {**os.environ, **self.env} if self.env else None
-        proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE, env=env,
-                                stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
-        assert proc.stdout is not None and proc.stderr is not None
-        stdout: list[str] = []
-        # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
-        out_pipe = proc.stdout
-        reader = threading.Thread(target=lambda: stdout.append(out_pipe.read()), daemon=True)
-        reader.start()
-        log: list[str] = []
-        for line in proc.stderr:
-            log.append(line)
-            if log_file is not None:
+        with log_path.open("w") as log_file:
+            log_file.write("$ " + " ".join(cmd) + "\n")
+            proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE, env=env,
+                                    stderr=subprocess.PIPE, text=True, errors="replace")
+            assert proc.stdout is not None and proc.stderr is not None
+            stdout: list[str] = []
+            # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
+            out_pipe = proc.stdout
+            reader = threading.Thread(target=lambda: stdout.append(out_pipe.read()), daemon=True)
+            reader.start()
+            log: list[str] = []
+            for line in proc.stderr:
+                log.append(line)
                 log_file.write(line)
                 log_file.flush()
-            on_line(line.rstrip())
-        try:
-            rc = proc.wait(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-        reader.join(timeout=30)
-        if log_file is not None:
+                on_line(line.rstrip())
+            try:
+                rc = proc.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+            reader.join(timeout=30)
             log_file.write(f"--- exit {rc}; stdout (pyinfra --json)\n" + "".join(stdout))
-            log_file.close()
-        payload = pyinfra_json("".join(stdout))
-        failed = None
-        if payload and isinstance(payload.get("results"), dict):
-            failed = frozenset(payload["results"].get("failed_hosts") or [])
+        results = (pyinfra_json("".join(stdout)) or {}).get("results")
+        failed = frozenset(results.get("failed_hosts") or []) if isinstance(results, dict) else None
         return DeployResult(rc, failed, "".join(log), time.monotonic() - started)
