@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
                                     "not confirmed; nothing changed"):
         return EXIT_FAILED
     inputs = Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog)
-    return execute(opts, inputs, remote, plan, None, "", {},
+    return execute(opts, inputs, remote, plan, None, "",
                    history={"action": "rollback", "to_serial": to})
 
 

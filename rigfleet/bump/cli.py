@@ -226,7 +226,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     if not opts.yes and not confirm():
         log("not confirmed; nothing changed")
         return EXIT_FAILED
-    return execute(opts, inputs, remote, plan, candidate, probe.version or "", genesis)
+    return execute(opts, inputs, remote, plan, candidate, probe.version or "")
 
 
 # How the plan's pins are asked of their sources (rigfleet/check.py; tests put None here).

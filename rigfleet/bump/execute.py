@@ -2,7 +2,7 @@
 the images kept and pruned, the pins file written for what promoted, rolled-back hosts
 converged once more, the summary (``rigfleet bump``, its resume, ``rigfleet rollback``)::
 
-    rc = execute(opts, inputs, SshRemote(), plan, candidate, "0.21.0", genesis)
+    rc = execute(opts, inputs, SshRemote(), plan, candidate, "0.21.0")
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from rich.markup import escape
 from rigfleet.bump import images
 from rigfleet.bump.candidate import Candidate
 from rigfleet.bump.decide import BumpOptions, Inputs
-from rigfleet.bump.genesis import GenesisChoice
 from rigfleet.bump.journal import BumpJournal, now_iso
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
 from rigfleet.bump.output import by, exit_status, interrupted, log, print_result, progress
@@ -45,8 +44,8 @@ from rigfleet.ssh import HostUnreachable, Remote
 
 
 def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
-            candidate: Candidate | None, version: str, genesis: dict[str, GenesisChoice],
-            journal: BumpJournal | None = None, history: dict[str, Any] | None = None) -> int:
+            candidate: Candidate | None, version: str, journal: BumpJournal | None = None,
+            history: dict[str, Any] | None = None) -> int:
     """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry
     (kept in the journal: a resumed run records them too)."""
     real = Path(plan.pins.path)
@@ -73,10 +72,9 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
         return interrupted(journal, e, opts.inventory)
     finally:
         cand_path.unlink(missing_ok=True)
-    extra = keep_images(opts, remote, by_name, plan, result, candidate, version,
-                         inputs.registry, inputs.mirror)
-    extra["bump_id"] = journal.id
-    extra.update(journal.history)  # a rollback's action and serial, resumed or not
+    # journal.history: a rollback's action and serial, resumed or not
+    extra = {**keep_images(opts, remote, by_name, plan, result, candidate, version,
+                           inputs.registry, inputs.mirror), "bump_id": journal.id, **journal.history}
     saved_pins = record_pins(plan, result, extra)
     end_journal(journal, result, saved_pins)
     restore(runner, result, Path(plan.pins.path))
@@ -120,8 +118,7 @@ def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryH
     promoted = [o.host for o in result.by_status(Status.PROMOTED)]
     if not opts.no_prune:
         for name in promoted:
-            keep = {p.digest for p in plan.old_for(name).values()}
-            keep |= {p.digest for p in plan.new_for(name).values()}
+            keep = {p.digest for p in [*plan.old_for(name).values(), *plan.new_for(name).values()]}
             try:
                 removed = images.prune(remote, by_name[name], candidate.repository, keep)
             except HostUnreachable as e:

@@ -138,7 +138,7 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     candidate = Candidate(cand["repository"], cand["tag"], cand["digest"],
                           cand.get("created")) if cand else None  # fmt: skip
     return execute(opts, inputs, SshRemote(), journal.plan(inputs.pins), candidate,
-                    journal.version, {}, journal=journal)
+                   journal.version, journal=journal)
 
 def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
              hosts: list[InventoryHost]) -> int:
