@@ -72,9 +72,10 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
         return interrupted(journal, e, opts.inventory)
     finally:
         cand_path.unlink(missing_ok=True)
+    kept = keep_images(opts, remote, by_name, plan, result, candidate, version, inputs.registry,
+                       inputs.mirror)
     # journal.history: a rollback's action and serial, resumed or not
-    extra = {**keep_images(opts, remote, by_name, plan, result, candidate, version,
-                           inputs.registry, inputs.mirror), "bump_id": journal.id, **journal.history}
+    extra = {**kept, "bump_id": journal.id, **journal.history}
     saved_pins = record_pins(plan, result, extra)
     end_journal(journal, result, saved_pins)
     restore(runner, result, Path(plan.pins.path))
