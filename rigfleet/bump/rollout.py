@@ -298,6 +298,10 @@ def _why(errors: list[str], fallback: str, sep: str = "") -> str:
 # --- the loop --------------------------------------------------------------------------------
 
 
+def step_label(batch: int) -> str:
+    return "canary" if batch == 0 else f"batch {batch}"
+
+
 Judge = Callable[[str, DeployResult, "HostProbe | None", "HostProbe | str", int], HostOutcome]
 
 
@@ -323,7 +327,7 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
             settled = settle(h, *pins(h), resume.in_flight[h], probe_or_why(runner.facts, h), i)
             if settled is not None:
                 done[h] = settled
-                _record(out, journal, on_event, settled, f"{_label(i)} (interrupted)")
+                _record(out, journal, on_event, settled, f"{step_label(i)} (interrupted)")
 
     return run_batches(plan.batches, runner, pins_file,
                        lambda h, *rest: classify(h, *pins(h), *rest), out, plan.max_failures,
@@ -334,7 +338,7 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
 def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Path | None,
                 judge: Judge, out: dict[str, HostOutcome], max_failures: int,
                 order: Sequence[str], started: float, *,
-                canary: bool = True, first: int = 0, label: Callable[[int], str] | None = None,
+                canary: bool = True, first: int = 0, label: Callable[[int], str] = step_label,
                 on_event: Callable[[str], None] = lambda _: None,
                 on_line: Callable[[str], None] = lambda _: None,
                 journal: BumpJournal | None = None,
@@ -344,7 +348,6 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
     ``max_failures`` failed or lost hosts, or (``canary``) a failed first batch: the rest is
     ``NOT_ATTEMPTED``; unreachable or busy at its batch: ``SKIPPED``; ``done`` outcomes stand."""
     done = done or {}
-    name_of = label or (lambda n: _label(n) if canary else f"batch {n}")
     failures = 0
     for i, batch in enumerate(batches):
         n = i + first
@@ -362,7 +365,7 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 if why:
                     _record(out, journal, on_event, HostOutcome(h, Status.SKIPPED, n, False, why
                             if why.startswith("busy:") else f"unreachable before its batch "
-                            f"({why})"), name_of(n))
+                            f"({why})"), label(n))
             if canary and not live and i == 0 and batch[0] in todo:
                 stopped = f"the canary {batch[0]} could not be worked on ({reach[batch[0]]}); " \
                     "nothing was changed"
@@ -372,12 +375,12 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 if journal is not None:
                     journal.deploying_batch(n, live, {h: probe_record(f) if f else None
                                                       for h, f in before.items()})
-                on_event(f"{name_of(n)}: deploying {', '.join(live)}")
+                on_event(f"{label(n)}: deploying {', '.join(live)}")
                 result = runner.deploy(live, pins_file, n, on_line)
                 for h in live:
                     _record(out, journal, on_event,
                             judge(h, result, before[h], probe_or_why(runner.facts, h), n),
-                            name_of(n))
+                            label(n))
         failures += sum(1 for h in batch if out[h].status in (Status.FAILED, Status.LOST))
         if stopped:
             continue
@@ -398,10 +401,6 @@ def _record(out: dict[str, HostOutcome], journal: BumpJournal | None,
     on_event(f"{label}: {o.host} {o.status}{gate}{reason}")
     if journal is not None:
         journal.record(o.host, o.to_record())
-
-
-def _label(batch: int) -> str:
-    return "canary" if batch == 0 else f"batch {batch}"
 
 
 # --- the pins file afterwards (pure; the rules: docs/bump.md, step 8) --------------------------
