@@ -123,8 +123,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    unfinished = run_journal(args)
-    if unfinished is not None:
+    if (unfinished := run_journal(args)) is not None:
         return unfinished
     try:
         opts = BumpOptions.from_args(args)

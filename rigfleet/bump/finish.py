@@ -50,9 +50,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
         hosts, _, pins, first = load_fleet(args.inventory, args.deploy)
         journal = load_journal(pins, first.catalog)
     except (RigfleetError, ValueError, RuntimeError) as e:
-        if not abandon:
-            return None  # the bump's own input checks say what is wrong
-        return error(e)
+        return error(e) if abandon else None  # else the bump's own input checks say what is wrong
     if journal is None or journal.state == "finished":
         if journal is not None:
             journal.remove()
@@ -72,8 +70,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
                        f"started from serial {journal.base_serial}: it cannot be finished over "
                        f"another pins file. Run `rigfleet bump --inventory {args.inventory} "
                        "--abandon` to record what it promoted")
-    other = other_target(args, journal)
-    if other:
+    if other := other_target(args, journal):
         return refused(f"{journal.describe()} is unfinished; {other}. Run `rigfleet bump "
                        f"--inventory {args.inventory}` to finish it, or add --abandon to record "
                        "what it promoted and stop; then bump again")
@@ -104,10 +101,12 @@ def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
         if not any(c.startswith(args.genesis) for c in commits):
             return f"--genesis {args.genesis} is not its Genesis ({', '.join(sorted(commits))})"
     if args.stack and set(args.stack) != set(journal.new_stacks):
-        return f"--stack {' '.join(args.stack)} are not its stacks ({', '.join(journal.new_stacks)})"
+        return (f"--stack {' '.join(args.stack)} are not its stacks "
+                f"({', '.join(journal.new_stacks)})")
     if args.latest:
         log(f"--latest: finishing {journal.describe()} first (not resolved again)")
     return None
+
 
 def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     """Finish the journal's plan: its outcomes stand, in-flight hosts are read, the rest runs."""
@@ -140,6 +139,7 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     return execute(opts, inputs, SshRemote(), journal.plan(inputs.pins), candidate,
                    journal.version, journal=journal)
 
+
 def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
              hosts: list[InventoryHost]) -> int:
     """Record what the journal's bump did into the pins file as it is now; start nothing."""
@@ -148,13 +148,12 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
     runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy=args.deploy)
     resume = resume_of(journal)
     in_flight = {h: f for h, f in resume.in_flight.items() if h in by_name}
-    done = {**resume.done, **{h: HostOutcome(h, Status.LOST, None, None, "not in the inventory "
-                                             "any more") for h in resume.in_flight
-                              if h not in by_name}}
+    lost = {h: HostOutcome(h, Status.LOST, None, None, "not in the inventory any more")
+            for h in resume.in_flight if h not in by_name}
     journal.take_over()
     try:
         result = rollout(plan, runner, Path(pins.path), on_event=log, journal=journal,
-                         resume=Resume(done, in_flight, stop=f"abandoned by {by()}"))
+                         resume=Resume({**resume.done, **lost}, in_flight, f"abandoned by {by()}"))
     except StillRunning as e:
         return interrupted(journal, e, args.inventory)
     saved = record_pins(plan, result, {"bump_id": journal.id, "abandoned": True})
