@@ -60,8 +60,7 @@ def release_tags(tags: Iterable[str]) -> list[str]:
 
 def newest_release(tags: Iterable[str], above: str,
                    allowed: Iterable[str] | None = None) -> str | None:
-    """The newest release tag above version ``above`` (and in ``allowed``, some Genesis
-    allowlist, when given), or None."""
+    """The newest release tag above version ``above`` (and in ``allowed`` if given), or None."""
     floor = version_key(above)
     ok = None if allowed is None else set(allowed)
     for tag in reversed(release_tags(tags)):
@@ -76,9 +75,7 @@ def newest_release(tags: Iterable[str], above: str,
 
 def follows_nightlies(uses_genesis: bool, allowlist: Iterable[str] | None) -> bool:
     """A Genesis stack whose pinned allowlist names no release follows nightly builds."""
-    if not uses_genesis or allowlist is None:
-        return False
-    return not any(is_release(v) for v in allowlist)
+    return uses_genesis and allowlist is not None and not any(is_release(v) for v in allowlist)
 
 
 @dataclass(frozen=True)

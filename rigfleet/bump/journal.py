@@ -217,8 +217,7 @@ class BumpJournal:
 
 
 def load_journal(pins: Pins, catalog: Catalog | None = None) -> BumpJournal | None:
-    """The journal beside ``pins.path``, checked, with its ``state``; None when there is none
-    (``JournalError`` naming the key, the value and what is allowed)."""
+    """The journal beside ``pins.path``, checked, with its ``state`` (None: there is none)."""
     path = journal_path(pins.path)
     try:
         text = path.read_text(encoding="utf-8")

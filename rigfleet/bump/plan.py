@@ -79,14 +79,10 @@ def serving_cap(hosts: Sequence[PlanHost], skipped: Mapping[str, str], pins: Pin
         if h.name not in skipped:
             serving.setdefault(h.stack, []).append(h.name)
     for i, batch in enumerate(batches):
-        swapping: dict[str, list[str]] = {}
-        for name in batch:
-            h = by_name[name]
-            if exercises(h, pins.for_host(name).stacks, new):
-                swapping.setdefault(h.stack, []).append(name)
-        for stack, names in swapping.items():
+        swapping = [n for n in batch if exercises(by_name[n], pins.for_host(n).stacks, new)]
+        for stack in dict.fromkeys(by_name[n].stack for n in swapping):
             every = serving.get(stack, [])
-            if len(every) >= 2 and set(every) <= set(names):
+            if len(every) >= 2 and set(every) <= set(swapping):
                 label = "the canary" if i == 0 else f"batch {i}"
                 return (f"{label} ({', '.join(batch)}) would swap every host serving {stack} "
                         f"({', '.join(every)}) at once: none would be left to serve it")

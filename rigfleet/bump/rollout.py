@@ -235,8 +235,7 @@ def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
 
 def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: DeployResult,
              before: HostProbe | None, after: HostProbe | str, batch: int) -> HostOutcome:
-    """One host's outcome after its batch (``stack``: the one it serves, ``old``/``new``: its
-    pins before/after; ``after``: its probe, or why it could not be read)."""
+    """One host's outcome after its batch: its probe (or why none) read with pyinfra's result."""
     errors = host_errors(deploy.log, host)
     failed = deploy.failed(host)
     lost = (f"unreachable after its deploy started ({after})" if isinstance(after, str)
@@ -493,8 +492,7 @@ class PyinfraRunner:
         self.env = dict(env or {})
 
     def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
-        """None for a host the deploy can work on now; else why not (SSH fails, or a live
-        transaction holds its lock: skipped, not failed)."""
+        """Host -> None when the deploy can work on it now, else why not (SSH, a held lock)."""
 
         def check(host: InventoryHost) -> str | None:
             busy = self.facts(host.name).busy
