@@ -43,7 +43,7 @@ from rigfleet.ssh import SshRemote
 
 
 def run_journal(args: argparse.Namespace) -> int | None:
-    """The exit status of handling an unfinished bump (None: none; a finished one's goes)."""
+    """The exit status of handling an unfinished bump; None when there is none."""
     abandon = bool(getattr(args, "abandon", False))
     try:
         hosts, _, pins, first = load_fleet(args.inventory, args.deploy)

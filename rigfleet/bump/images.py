@@ -1,8 +1,6 @@
-"""The candidate image on the hosts: seeded into the fleet caches first (``prefetch``), its
-``vllm.__version__`` read on the canary (docs/bump.md, step 3: pulled by digest unless
-``pull=False``, cached per digest where the deploy's Genesis gate caches it), older images
-pruned after the rollout (new and previous kept: an instant rollback needs no pull), the
-promoted one saved into a control-side directory (the code of ``rigfleet images export``)::
+"""The candidate image on the hosts: seeded into the fleet caches (``prefetch``), its
+``vllm.__version__`` read on the canary (docs/bump.md, steps 3 and 7), older images pruned after
+the rollout, the promoted one saved here (the code of ``rigfleet images export``)::
 
     held = prefetch(SshRemote(), load_inventory("inventory/home.py"), candidate, log)
     probe = read_version(SshRemote(), canary_host, candidate, pull=True, caches=held)

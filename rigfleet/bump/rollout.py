@@ -294,9 +294,6 @@ def _why(errors: list[str], fallback: str, sep: str = "") -> str:
     return f"{fallback}{sep}: {errors[-1]}" if errors else fallback
 
 
-# --- the loop --------------------------------------------------------------------------------
-
-
 def step_label(batch: int) -> str:
     return "canary" if batch == 0 else f"batch {batch}"
 
@@ -448,8 +445,6 @@ def pins_after(plan: Plan, result: RolloutResult, when: str, by: str,
              **(extra or {})}
     return replace(old, stacks=top, hosts=hosts), entry
 
-
-# --- the real runner -------------------------------------------------------------------------
 
 def pyinfra_json(stdout: str) -> dict[str, Any] | None:
     """pyinfra's ``--json`` payload (the last JSON object on stdout), or None."""
