@@ -127,9 +127,6 @@ def run(args: argparse.Namespace) -> int:
         return unfinished
     try:
         opts = BumpOptions.from_args(args)
-    except ValueError as e:
-        return error(e)
-    try:
         inputs = load_inputs(opts)
         if args.limit:
             kept = {h.name for h in select(inputs.hosts, args.limit, args.inventory)}
@@ -195,11 +192,10 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     probe_host: InventoryHost | None = None
     caches: tuple[str, ...] = ()
     if candidate is not None:
-        reachable = [h.name for h in inputs.hosts if not unreachable[h.name]]
-        target = draft.canary or (reachable[0] if reachable else None)
-        if target is None:
+        reachable = [h for h in inputs.hosts if not unreachable[h.name]]
+        if not reachable:
             raise BumpError("no host is reachable to read the candidate's vLLM version")
-        probe_host = next(h for h in inputs.hosts if h.name == target)
+        probe_host = next((h for h in reachable if h.name == draft.canary), reachable[0])
         if not opts.dry:  # the fleet caches fetch it once; the canary pulls from them
             caches = prefetch(remote, inputs.caches, candidate, log)
         log(f"{probe_host.name}: reading vllm.__version__ from the candidate"
