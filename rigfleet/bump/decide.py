@@ -228,8 +228,7 @@ def _infer_version(inputs: Inputs, pins: Pins, names: list[str], commit: str,
                    repos: dict[str, GenesisRepo]) -> str | None:
     pinned = list(_genesis_pins(pins, names).values())
     for g in pinned:
-        found = infer_version(_repo(inputs, g.repo, repos), g.commit, commit)
-        if found:
+        if found := infer_version(_repo(inputs, g.repo, repos), g.commit, commit):
             return found
     if pinned:  # a nightly's version always names its commit: nothing lists this one
         checked = list(_repo(inputs, pinned[0].repo, repos).lineage(pinned[0].commit))
@@ -269,8 +268,7 @@ def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str
     try:
         uses = {"": StackUse.of(spec, choice.layout)}
         for h in inputs.hosts:
-            extra = validate_host(h.name, h.data).env_for(stack)
-            if extra:
+            if extra := validate_host(h.name, h.data).env_for(stack):
                 uses[h.name] = StackUse.of(spec, choice.layout, extra)
     except ValueError as e:
         raise GenesisRefused(f"{e}; refusing before any host changes") from None
@@ -283,29 +281,25 @@ def load_fleet(inventory: str, deploy: str, every: list[InventoryHost] | None = 
     hosts = gpu_hosts(every if every is not None else load_inventory(inventory))
     if not hosts:
         raise BumpError(f"{inventory}: no GPU hosts")
-    plan_hosts: list[PlanHost] = []
+    settings = [validate_host(h.name, h.data) for h in hosts]
     paths: dict[str, list[str]] = {}
-    first = None
-    for h in hosts:
-        settings = validate_host(h.name, h.data)
-        first = first or settings
-        plan_hosts.append(PlanHost(h.name, settings.stack, tuple(h.groups)))
-        path = str(resolve_pins_path(settings.pins_file, Path(deploy).resolve().parent))
+    for h, s in zip(hosts, settings, strict=True):
+        path = str(resolve_pins_path(s.pins_file, Path(deploy).resolve().parent))
         paths.setdefault(path, []).append(h.name)
     if len(paths) != 1:
         listed = "; ".join(f"{p}: {', '.join(n)}" for p, n in paths.items())
         raise BumpError(f"hosts name different pins files ({listed}); bump one fleet at a time")
-    assert first is not None
-    return hosts, plan_hosts, load_pins(next(iter(paths)), catalog=first.catalog), first
+    plan_hosts = [PlanHost(h.name, s.stack, tuple(h.groups))
+                  for h, s in zip(hosts, settings, strict=True)]
+    pins = load_pins(next(iter(paths)), catalog=settings[0].catalog)
+    return hosts, plan_hosts, pins, settings[0]
 
 
 def load_inputs(opts: BumpOptions) -> Inputs:
     """Inventory, every host's data, the one pins file they share."""
     every = load_inventory(opts.inventory)
     hosts, plan_hosts, pins, first = load_fleet(opts.inventory, opts.deploy, every)
-    registry = opts.registry or first.bump.registry or DOCKER_HUB
-    genesis_url = opts.genesis_url or first.bump.genesis_url
-    mirror = opts.push_mirror or first.bump.mirror
-    caches = tuple(h for h in every if host_kind(h.groups).cache)
-    return Inputs(hosts, plan_hosts, pins, str(registry), genesis_url, mirror, first.catalog,
-                  caches=caches)
+    return Inputs(hosts, plan_hosts, pins, str(opts.registry or first.bump.registry or DOCKER_HUB),
+                  opts.genesis_url or first.bump.genesis_url,
+                  opts.push_mirror or first.bump.mirror, first.catalog,
+                  caches=tuple(h for h in every if host_kind(h.groups).cache))
