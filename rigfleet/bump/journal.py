@@ -96,14 +96,13 @@ class BumpJournal:
             raise JournalError(f"{path}: another bump's journal is there (started meanwhile?); "
                                "allowed: one bump at a time: run `rigfleet bump` to finish it")
         journal = cls(
-            path=path, id=journal_id, started=now_iso(), by=by,
-            owner={"host": socket.gethostname(), "pid": os.getpid()},
+            path=path, id=journal_id, started=now_iso(), by=by, owner={},
             pins_file=str(plan.pins.path), base_serial=plan.pins.serial,
             **{k: getattr(plan, k) for k in _PLAN},
             candidate=dict(candidate) if candidate is not None else None, version=version,
             history=dict(history or {}),
         )
-        journal.save()
+        journal.take_over()  # and saves it
         return journal
 
     def take_over(self) -> None:
@@ -121,8 +120,7 @@ class BumpJournal:
     def record(self, host: str, outcome: Mapping[str, Any]) -> None:
         """A host's outcome, as soon as it is known (``HostOutcome.to_record()``)."""
         self.outcomes[host] = {**outcome, "at": now_iso()}
-        if self.deploying is not None and all(
-                h in self.outcomes for h in self.deploying.get("hosts", [])):
+        if not self.in_flight:
             self.deploying = None
         self.save()
 
@@ -146,9 +144,7 @@ class BumpJournal:
 
     @property
     def in_flight(self) -> list[str]:
-        if self.deploying is None:
-            return []
-        return [h for h in self.deploying.get("hosts", []) if h not in self.outcomes]
+        return [h for h in (self.deploying or {}).get("hosts", []) if h not in self.outcomes]
 
     @property
     def promoted(self) -> list[str]:

@@ -279,12 +279,10 @@ def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostPr
                            f"unreachable when the interrupted bump resumed ({after})")
     if after.busy:
         raise StillRunning(f"{host}: a transaction still runs there ({after.busy})")
-    gate, failed_checks, report = gate_of(before, after)
     if _runs(after.state, stack, new):
         return HostOutcome(host, Status.PROMOTED, batch, True,
-                           "promoted while the bump was interrupted", gate, failed_checks,
-                           report)  # fmt: skip
-    if _runs(after.state, stack, old) and before is not None and not gate \
+                           "promoted while the bump was interrupted", *gate_of(before, after))
+    if _runs(after.state, stack, old) and before is not None and not gate_of(before, after)[0] \
             and not fresh_swap(before, after):
         return None
     return classify(host, stack, old, new, DeployResult(1, None), before, after, batch)
