@@ -82,17 +82,15 @@ def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
         known = [*pins.stacks.values(), *(p for h in pins.hosts.values() for p in h.values())]
         image_id = next((p.image_id for p in known if p.digest == summary["digest"]), None)
     genesis = None
-    commit = summary.get("genesis")
-    if commit:
+    if commit := summary.get("genesis"):
         base = now.genesis if now is not None else None
         if base is None:
             raise RollbackRefused(f"{pins.path}: history: serial {serial}: old.{name}.genesis: "
                                   f"{commit}: the stack no longer pins a Genesis repository")
         same = base.commit == commit
-        genesis = GenesisPin(
-            base.repo, str(commit),
-            str(summary.get("genesis_layout") or base.layout),
-            summary.get("genesis_version") or (base.version if same else None))
+        genesis = GenesisPin(base.repo, str(commit),
+                             str(summary.get("genesis_layout") or base.layout),
+                             summary.get("genesis_version") or (base.version if same else None))
     return StackPins(name, summary["image"], summary["digest"], summary["vllm_version"],
                      genesis, image_id)
 
