@@ -104,11 +104,9 @@ def choose_latest(asks: Mapping[str, LatestAsk]) -> LatestChoice:
     nightly = sorted(n for n, a in asks.items() if a.nightly)
     release = sorted(n for n, a in asks.items() if not a.nightly)
     if nightly and release:
-        raise LatestError(
-            f"--latest: {', '.join(nightly)} follow(s) nightly builds (the pinned Genesis "
-            f"allowlist lists only nightlies) but {', '.join(release)} follow(s) releases; "
-            "bump them one at a time with --stack"
-        )
+        raise LatestError(f"--latest: {', '.join(nightly)} follow(s) nightly builds (the pinned "
+                          f"Genesis allowlist lists only nightlies) but {', '.join(release)} "
+                          "follow(s) releases; bump them one at a time with --stack")
     if nightly:
         return LatestChoice(True, None, tuple(nightly), {})
     staying = {n: f"already on the newest release it may take (vLLM {asks[n].pinned})"
@@ -118,8 +116,7 @@ def choose_latest(asks: Mapping[str, LatestAsk]) -> LatestChoice:
         listed = ", ".join(f"{n} -> {t}" for n, t in sorted(targets.items()))
         raise LatestError(f"--latest: the stacks' newest releases differ ({listed}); bump "
                             "them one at a time with --stack")
-    tag = next(iter(targets.values()), None)
-    return LatestChoice(False, tag, tuple(sorted(targets)), staying)
+    return LatestChoice(False, next(iter(targets.values()), None), tuple(sorted(targets)), staying)
 
 
 def newest_nightly(reg: Registry, repository: str) -> Candidate:

@@ -49,7 +49,7 @@ from rigfleet.bump.decide import (
 )
 from rigfleet.bump.execute import execute
 from rigfleet.bump.finish import run_journal
-from rigfleet.bump.genesis import GenesisRefused, GenesisRepo
+from rigfleet.bump.genesis import GenesisRefused
 from rigfleet.bump.images import VersionProbe, prefetch, read_version, remove_image
 from rigfleet.bump.output import (
     EXIT_FAILED,
@@ -153,14 +153,13 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     pins = inputs.pins
     candidate: Candidate | None = None
     names: list[str] | None = None
-    genesis_repos: dict[str, GenesisRepo] = {}
     if opts.image or opts.latest:
         repos = {p.repository for p in pins.stacks.values()}
         default_repo = sorted(repos)[0] if len(repos) == 1 else "vllm/vllm-openai"
         repository, tag = parse_image_arg(opts.image or "", default_repo)
         reg = Registry(inputs.registry)
         if opts.latest:
-            candidate, names = latest_candidate(opts, inputs, pins, reg, repository, genesis_repos)
+            candidate, names = latest_candidate(opts, inputs, reg, repository)
             if candidate is None:
                 log("every bumped stack is on the newest release it may take; nothing to do")
                 return EXIT_OK
@@ -204,8 +203,8 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         log(f"candidate reports vLLM {probe.version or 'unknown (not pulled in --dry)'}")
 
     try:
-        plan, genesis, probe = decide_plan(opts, inputs, pins, names, candidate, probe, unreachable,
-                                       provisional, genesis_repos)  # fmt: skip
+        plan, genesis, probe = decide_plan(opts, inputs, names, candidate, probe, unreachable,
+                                           provisional)
         if SOURCES is not None and not plan.empty:
             refuse_missing(inputs, plan, SOURCES())
     except BaseException:

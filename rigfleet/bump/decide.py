@@ -3,14 +3,14 @@ inputs, the bumped stacks, the candidate (``--latest``), the Genesis commit to p
 stack files' image rules, and the plan::
 
     names = bumped_stacks(opts, inputs.pins, "vllm/vllm-openai")
-    plan, genesis, probe = decide_plan(opts, inputs, inputs.pins, names, candidate, probe,
-                                       unreachable, provisional)
+    plan, genesis, probe = decide_plan(opts, inputs, names, candidate, probe, unreachable,
+                                       provisional)
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,7 @@ class Inputs:
     catalog: Catalog
     outside: frozenset[str] = frozenset()  # hosts left out by --limit: they keep their pins
     caches: tuple[InventoryHost, ...] = ()  # the fleet caches the candidate goes into first
+    genesis_repos: dict[str, GenesisRepo] = field(default_factory=dict)  # each synced once
 
 
 def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list[str]:
@@ -147,26 +148,25 @@ def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
                         "bumped stack's file allows (`--stack` picks the stacks)")
 
 
-def decide_plan(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
-                candidate: Candidate | None, probe: VersionProbe,
-                unreachable: dict[str, str | None], provisional: dict[str, StackPins],
-                repos: dict[str, GenesisRepo] | None = None
+def decide_plan(opts: BumpOptions, inputs: Inputs, names: list[str], candidate: Candidate | None,
+                probe: VersionProbe, unreachable: dict[str, str | None],
+                provisional: dict[str, StackPins]
                 ) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
     """The Genesis pairs and the final plan (raises ``GenesisRefused``, ``PinsError``)."""
-    repos = {} if repos is None else repos
+    pins = inputs.pins
     version = probe.version if candidate is not None else None
     inferred = False
     if candidate is not None and version is None and candidate.commit:
         # --dry, image not on the canary: a Genesis allowlist entry naming the tag's
         # commit says what it will report (and none means Genesis refuses it).
-        version = _infer_version(inputs, pins, names, candidate.commit, repos)
+        version = _infer_version(inputs, names, candidate.commit)
         inferred = version is not None
         if inferred:
             log(f"candidate vLLM {version} (from the Genesis allowlist entry naming its "
                  "commit; read from the image when the bump runs)")  # fmt: skip
     if candidate is not None:
         refuse_image_rules(inputs.catalog, names, candidate, version)
-    genesis = _genesis_choices(opts, inputs, pins, names, version, candidate, repos)
+    genesis = _genesis_choices(opts, inputs, names, version, candidate)
     if candidate is None:
         version = pins.stacks[names[0]].vllm_version
     if version is None:
@@ -180,23 +180,20 @@ def decide_plan(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
     return plan, genesis, probe
 
 
-def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: Registry,
-                     repository: str,
-                     repos: dict[str, GenesisRepo]) -> tuple[Candidate | None, list[str]]:
+def latest_candidate(opts: BumpOptions, inputs: Inputs, reg: Registry, repository: str
+                     ) -> tuple[Candidate | None, list[str]]:
     """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks."""
-    names = bumped_stacks(opts, pins, repository)
+    names = bumped_stacks(opts, inputs.pins, repository)
     log(f"registry {inputs.registry}: listing the tags of {repository}")
     tags = reg.tags(repository)
     asks: dict[str, LatestAsk] = {}
     for name in names:
-        p = pins.stacks[name]
-        allowlist: tuple[str, ...] | None = None
-        allowed: set[str] | None = None
+        p = inputs.pins.stacks[name]
+        nightly, allowed = False, None
         if p.genesis is not None:
-            commits = list(_repo(inputs, p.genesis.repo, repos).lineage(p.genesis.commit))
-            allowlist = commits[0].tree.allowed
+            commits = list(_repo(inputs, p.genesis.repo).lineage(p.genesis.commit))
+            nightly = follows_nightlies(True, commits[0].tree.allowed)
             allowed = {v for c in commits for v in c.tree.allowed}
-        nightly = follows_nightlies(p.genesis is not None, allowlist)
         target = None if nightly else newest_release(tags, p.vllm_version, allowed)
         asks[name] = LatestAsk(p.vllm_version, nightly, target)
     choice = choose_latest(asks)
@@ -216,7 +213,8 @@ def _genesis_pins(pins: Pins, names: list[str]) -> dict[str, GenesisPin]:
     return {n: g for n in names if (g := pins.stacks[n].genesis) is not None}
 
 
-def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRepo:
+def _repo(inputs: Inputs, url: str) -> GenesisRepo:
+    repos = inputs.genesis_repos
     if url not in repos:
         repos[url] = GenesisRepo(url, inputs.genesis_url)
         log(f"Genesis: fetching {inputs.genesis_url or url}")
@@ -224,29 +222,27 @@ def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRep
     return repos[url]
 
 
-def _infer_version(inputs: Inputs, pins: Pins, names: list[str], commit: str,
-                   repos: dict[str, GenesisRepo]) -> str | None:
-    pinned = list(_genesis_pins(pins, names).values())
+def _infer_version(inputs: Inputs, names: list[str], commit: str) -> str | None:
+    pinned = list(_genesis_pins(inputs.pins, names).values())
     for g in pinned:
-        if found := infer_version(_repo(inputs, g.repo, repos), g.commit, commit):
+        if found := infer_version(_repo(inputs, g.repo), g.commit, commit):
             return found
     if pinned:  # a nightly's version always names its commit: nothing lists this one
-        checked = list(_repo(inputs, pinned[0].repo, repos).lineage(pinned[0].commit))
+        checked = list(_repo(inputs, pinned[0].repo).lineage(pinned[0].commit))
         raise GenesisRefused(refusal(f"<any build of {commit[:9]}> (not pulled in --dry)",
                                      checked))  # fmt: skip
     return None
 
 
-def _genesis_choices(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
-                     version: str | None, candidate: Candidate | None,
-                     repos: dict[str, GenesisRepo]) -> dict[str, GenesisChoice]:
+def _genesis_choices(opts: BumpOptions, inputs: Inputs, names: list[str], version: str | None,
+                     candidate: Candidate | None) -> dict[str, GenesisChoice]:
     out: dict[str, GenesisChoice] = {}
-    for name, g in _genesis_pins(pins, names).items():
-        p = pins.stacks[name]
+    for name, g in _genesis_pins(inputs.pins, names).items():
+        p = inputs.pins.stacks[name]
         want = version if candidate is not None else p.vllm_version
         if want is None:
             continue
-        repo = _repo(inputs, g.repo, repos)
+        repo = _repo(inputs, g.repo)
         choice = choose_genesis(repo, g.commit, want, p.vllm_version, opts.genesis)
         if choice.proposed:
             log(f"Genesis {choice.label} lists vLLM {want}; proposing it for {name} "
