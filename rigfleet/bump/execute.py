@@ -36,7 +36,6 @@ from rigfleet.bump.rollout import (
     probe_of_record,
     rollout,
 )
-from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins, PinsError, dump_pins, save_pins
 from rigfleet.registry import RegistryError
 from rigfleet.resources import PROJECT_ROOT
@@ -72,10 +71,9 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
         return interrupted(journal, e, opts.inventory)
     finally:
         cand_path.unlink(missing_ok=True)
-    kept = keep_images(opts, remote, by_name, plan, result, candidate, version, inputs.registry,
-                       inputs.mirror)
     # journal.history: a rollback's action and serial, resumed or not
-    extra = {**kept, "bump_id": journal.id, **journal.history}
+    extra = {**keep_images(opts, inputs, remote, plan, result, candidate, version),
+             "bump_id": journal.id, **journal.history}
     saved_pins = record_pins(plan, result, extra)
     end_journal(journal, result, saved_pins)
     restore(runner, result, Path(plan.pins.path))
@@ -109,13 +107,13 @@ def end_journal(journal: BumpJournal, result: RolloutResult, saved: Pins | None)
     journal.remove()
 
 
-def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryHost], plan: Plan,
-                result: RolloutResult, candidate: Candidate | None, version: str, registry: str,
-                mirror: str | None) -> dict[str, Any]:
+def keep_images(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
+                result: RolloutResult, candidate: Candidate | None, version: str) -> dict[str, Any]:
     """Prune old images on promoted hosts; save the promoted image; copy it to the mirror."""
     extra: dict[str, Any] = {}
     if candidate is None:
         return extra
+    by_name = {h.name: h for h in inputs.hosts}
     promoted = [o.host for o in result.by_status(Status.PROMOTED)]
     if not opts.no_prune:
         for name in promoted:
@@ -143,9 +141,9 @@ def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryH
         except (images.ImageError, HostUnreachable, OSError) as e:
             log(f"[red]docker save failed[/red]: {e}")
             extra["saved"] = {"error": str(e)}
-    if mirror:
+    if mirror := inputs.mirror:
         try:
-            copied = copy_image(MirrorRegistry(registry), MirrorRegistry(mirror),
+            copied = copy_image(MirrorRegistry(inputs.registry), MirrorRegistry(mirror),
                                 candidate.repository, candidate.tag, candidate.digest)  # fmt: skip
             extra["mirror"] = copied.summary()
             log(f"mirrored {copied.ref} at {copied.digest} ({copied.blobs} blob(s), "
