@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from rigfleet.batches import batch_size, in_batches
@@ -73,17 +74,14 @@ def classify(name: str, deploy: DeployResult, before: HostProbe | None,
     last = next((x for x in reversed(lines) if x.get("event") == "maintenance"
                  and x.get("result") in ("closed", "failed")), None)
     gate = str(((last or {}).get("gate") or {}).get("result") or "")
+    outcome = partial(HostOutcome, name, batch=batch, seconds=deploy.seconds, serving=after.route)
     if deploy.failed(name):
-        reason = next((str(x["reason"]) for x in reversed(lines) if x.get("reason")), "")
-        if not reason:
-            reason = errors[-1] if errors else "the deploy failed (see its log)"
-        return HostOutcome(name, Status.FAILED, batch, reason=reason, gate=gate,
-                           seconds=deploy.seconds, serving=after.route)
+        reason = next((str(x["reason"]) for x in reversed(lines) if x.get("reason")),
+                      errors[-1] if errors else "the deploy failed (see its log)")
+        return outcome(Status.FAILED, reason=reason, gate=gate)
     if last is not None and last.get("result") == "closed":
-        return HostOutcome(name, Status.MAINTAINED, batch, reason=str(last.get("reason") or ""),
-                           gate=gate, seconds=deploy.seconds, serving=after.route)
-    return HostOutcome(name, Status.CONVERGED, batch, seconds=deploy.seconds,
-                       serving=after.route)
+        return outcome(Status.MAINTAINED, reason=str(last.get("reason") or ""), gate=gate)
+    return outcome(Status.CONVERGED)
 
 
 def roll(plan: RollPlan, runner: Runner, max_failures: int = 1,

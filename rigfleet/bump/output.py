@@ -52,8 +52,8 @@ def refused(message: object) -> int:
 
 
 def by() -> str:
-    if os.environ.get("RIGFLEET_BY"):
-        return os.environ["RIGFLEET_BY"]
+    if who := os.environ.get("RIGFLEET_BY"):
+        return who
     try:
         user = getpass.getuser()
     except Exception:  # no passwd entry (containers)
