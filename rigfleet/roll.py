@@ -64,7 +64,6 @@ def plan_batches(order: Sequence[str], probes: Mapping[str, HostProbe | str],
 
 def classify(name: str, deploy: DeployResult, before: HostProbe | None,
              after: HostProbe | str, batch: int) -> HostOutcome:
-    """One host's outcome after its batch (from its probe and pyinfra's result)."""
     errors = host_errors(deploy.log, name)
     if isinstance(after, str):
         detail = f"unreachable after its run started ({after})"

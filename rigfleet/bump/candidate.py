@@ -26,8 +26,6 @@ class LatestError(RigfleetError, ValueError):
 
 @dataclass(frozen=True)
 class Candidate:
-    """One image the fleet could move to."""
-
     repository: str  # vllm/vllm-openai
     tag: str  # nightly-<40-hex> or vX.Y.Z
     digest: str  # sha256:<64-hex>, what the tag points at in the registry now

@@ -40,13 +40,11 @@ def log(message: str) -> None:
 
 
 def error(message: object, code: int = EXIT_ERROR) -> int:
-    """Say ``error: message``; the exit status (3 unless ``code`` says)."""
     console.print(f"[red]error:[/red] {message}")
     return code
 
 
 def refused(message: object) -> int:
-    """Say ``refused: message``; exit status 1."""
     console.print(f"[red]refused:[/red] {message}")
     return EXIT_FAILED
 

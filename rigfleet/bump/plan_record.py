@@ -13,8 +13,6 @@ from rigfleet.pins import Pins, StackPins
 
 @dataclass(frozen=True)
 class PlanHost:
-    """One inventory host as the plan sees it."""
-
     name: str
     stack: str  # the stack it serves (host data ``stack``)
     groups: tuple[str, ...] = ()

@@ -69,7 +69,6 @@ def probe_of_record(data: Mapping[str, Any] | None) -> HostProbe | None:
 
 
 def new_ledger_lines(before: HostProbe | None, after: HostProbe) -> list[dict[str, Any]]:
-    """The ledger lines the host wrote since ``before``."""
     new = after.ledger_count - (before.ledger_count if before else 0)
     return list(after.ledger_tail[-new:]) if new > 0 else []
 
