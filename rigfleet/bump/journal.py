@@ -198,10 +198,8 @@ class BumpJournal:
             return None
         base = {"bump": self.id, "target": self.target(), "started": self.started,
                 "by": self.by, "journal": str(self.path)}
-        outcome = self.outcomes.get(host)
-        if outcome is not None:
-            state = ("candidate" if outcome.get("runs_new") is True
-                     else str(outcome.get("status")))
+        if (outcome := self.outcomes.get(host)) is not None:
+            state = "candidate" if outcome.get("runs_new") is True else str(outcome.get("status"))
             return {**base, "state": state, "since": outcome.get("at")}
         if host in self.in_flight:
             return {**base, "state": "in flight", "since": (self.deploying or {}).get("since")}
