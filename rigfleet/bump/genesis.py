@@ -291,10 +291,8 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
         report = repo.report(sha)
         layout = report.layout or g.layout
         new = replace(g, layout=layout, version=repo.version(sha) or g.version)
-        for field_name in ("layout", "version"):
-            old, now = getattr(g, field_name), getattr(new, field_name)
-            if old != now:
-                changes.append(f"{key}.genesis.{field_name}: {old} -> {now}")
+        changes.extend(f"{key}.genesis.{f}: {getattr(g, f)} -> {getattr(new, f)}"
+                       for f in ("layout", "version") if getattr(g, f) != getattr(new, f))
         use = None
         if name in stacks_of:
             try:

@@ -39,8 +39,7 @@ _PLAN = ("new_stacks", "hosts", "canary", "batches", "skipped", "up_to_date", "b
 
 
 def journal_path(pins_path: str | Path) -> Path:
-    path = Path(pins_path)
-    return path.with_name(path.name + SUFFIX)
+    return Path(f"{pins_path}{SUFFIX}")
 
 
 def now_iso() -> str:
