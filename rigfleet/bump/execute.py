@@ -183,9 +183,8 @@ def record_pins(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pin
         log(f"[red]pins file not saved[/red]: {e}\n  this bump's result is in {aside}; the "
              "hosts run what it lists")  # fmt: skip
         return None
-    outcome = entry["outcome"] if entry else ""
-    log(f"pins file {plan.pins.path} saved at serial {saved.serial} ({outcome})")
-    if saved.hosts:
-        for host, stacks in saved.hosts.items():
-            log(f"  hosts.{host}: " + ", ".join(f"{s} {p.tag}" for s, p in stacks.items()))
+    log(f"pins file {plan.pins.path} saved at serial {saved.serial} "
+        f"({entry['outcome'] if entry else ''})")
+    for host, stacks in saved.hosts.items():
+        log(f"  hosts.{host}: " + ", ".join(f"{s} {p.tag}" for s, p in stacks.items()))
     return saved
