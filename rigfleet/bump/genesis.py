@@ -1,6 +1,5 @@
-"""Genesis on the control side: a mirror of the repository (``git clone --mirror`` in a cache),
-what each commit is (layout, version, allowlist, registry, read with the hosts' own
-``rigfleet/genesis_inspect.py``), the commit to pair with a candidate vLLM, and what
+"""Genesis on the control side: a ``git clone --mirror`` in a cache, each commit read with the
+hosts' own ``rigfleet/genesis_inspect.py``, the commit to pair with a candidate vLLM, and what
 ``rigfleet pins lock`` records. docs/genesis.md tells the rules::
 
     repo = GenesisRepo("https://github.com/Sandermage/sndr_core_engine.git")

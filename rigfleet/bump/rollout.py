@@ -1,9 +1,6 @@
-"""The rollout engine: a pins file rolled out batch by batch, each host's outcome read back.
-
-Each batch is one ``pyinfra <inventory> deploy.py -y --json --limit <host> ...`` run (the deploy's
-swap transaction does the per-host work); afterwards each host's truth is read over SSH and
-judged with pyinfra's per-host result; ``pins_after`` is the pins file it leaves. ``rigfleet
-bump``, ``rollback`` and ``roll`` use it::
+"""The rollout engine of ``rigfleet bump``, ``rollback`` and ``roll``: per batch one ``pyinfra
+<inventory> deploy.py -y --json --limit <host> ...`` run, then each host's outcome read back over
+SSH beside pyinfra's result (docs/bump.md, step 6); ``pins_after``: the pins file it leaves::
 
     runner = PyinfraRunner(inventory, hosts_by_name, SshRemote(), log_dir=Path("reports/..."))
     result = rollout(plan, runner, Path(".pins.yaml.bump-123"), on_event=print)
@@ -112,8 +109,7 @@ class HostOutcome:
     def from_record(cls, host: str, data: Mapping[str, Any]) -> HostOutcome:
         batch = data.get("batch")
         return cls(host, Status(str(data["status"])), batch if isinstance(batch, int) else None,
-                   data.get("runs_new"), str(data.get("reason") or ""),
-                   str(data.get("gate") or ""),
+                   data.get("runs_new"), str(data.get("reason") or ""), str(data.get("gate") or ""),
                    tuple(str(c) for c in data.get("failed_checks") or ()),
                    data.get("report_file"), float(data.get("seconds") or 0.0))
 
