@@ -428,8 +428,7 @@ def pins_after(plan: Plan, result: RolloutResult, when: str, by: str,
     for h in plan.hosts:
         o = result.outcomes.get(h.name)
         runs = plan.new_for(h.name) if o is not None and o.runs_new else plan.old_for(h.name)
-        differs = {s: p for s, p in runs.items() if top.get(s) != p}
-        if differs:
+        if differs := {s: p for s, p in runs.items() if top.get(s) != p}:
             hosts[h.name] = differs
     entry = {"at": when, "by": by, "action": "bump", "outcome": outcome,
              "old": {s: stack_summary(old.stacks[s]) for s in plan.new_stacks},
