@@ -103,8 +103,7 @@ def pins_at(pins: Pins, serial: int) -> dict[str, StackPins]:
         raise RollbackRefused(f"{pins.path}: --to: {serial}; allowed: a serial from "
                               f"{max(1, first - 1)} to {pins.serial - 1} (the pins file is at "
                               f"{pins.serial})")
-    missing = sorted(set(range(serial + 1, pins.serial + 1)) - {_serial(e) for e in entries})
-    if missing:
+    if missing := sorted(set(range(serial + 1, pins.serial + 1)) - {_serial(e) for e in entries}):
         raise RollbackRefused(f"{pins.path}: history: no entry for serial "
                               f"{', '.join(map(str, missing))}, so serial {serial} cannot be "
                               f"rebuilt; allowed: --to {max(missing)} or later")

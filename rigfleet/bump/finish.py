@@ -121,8 +121,7 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     except (RigfleetError, ValueError, RuntimeError) as e:
         return error(e)
     known = {h.name for h in inputs.hosts}
-    missing = [h.name for h in journal.hosts if h.name not in known]
-    if missing:
+    if missing := [h.name for h in journal.hosts if h.name not in known]:
         return refused(f"{journal.describe()} covers {', '.join(missing)}, which "
                        f"{opts.inventory} no longer lists; add them back, or --abandon")
     log(f"resuming {journal.describe()}")

@@ -152,7 +152,7 @@ def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Cand
 
 def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
     """Every reference (by digest and by tag) of the repository's images whose digest is not in
-    ``keep``, from ``docker image ls --digests`` lines; images with no registry digest stay. Pure."""
+    ``keep``, from ``docker image ls --digests`` lines; images with no registry digest stay."""
     keep_set = set(keep)
     out: list[str] = []
     for line in listing.splitlines():

@@ -74,8 +74,7 @@ class MirrorRegistry(Registry):
         base = self.where
         _, headers, _ = self._send("POST", f"{base}/v2/{repo}/blobs/uploads/", repo, b"",
                                    {"Content-Length": "0"})  # fmt: skip
-        location = headers.get("location")
-        if not location:
+        if not (location := headers.get("location")):
             raise RegistryError(f"{base}: blob upload for {repo} gave no Location")
         url = urllib.parse.urljoin(base + "/", location)
         url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"digest": digest})

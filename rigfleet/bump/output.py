@@ -131,8 +131,7 @@ def print_result(result: RolloutResult, log_dir: Path) -> None:
 
 
 def exit_status(result: RolloutResult) -> int:
-    bad = result.by_status(*BAD)
-    if bad:
+    if bad := result.by_status(*BAD):
         parts = [f"{o.host} {o.status}" + (f" (failed checks: {', '.join(o.failed_checks)})"
                                            if o.failed_checks else "") for o in bad]
         console.print(f"[red]bump failed:[/red] {'; '.join(parts)}")
