@@ -129,8 +129,7 @@ def new_stack_pins(catalog: Catalog, pins: Pins, names: list[str], candidate: Ca
         p = pins.stacks[name]
         if candidate is not None:
             p = replace(p, image=candidate.image, digest=candidate.digest,
-                        image_id=candidate.image_id,
-                        vllm_version=version or p.vllm_version)  # fmt: skip
+                        image_id=candidate.image_id, vllm_version=version or p.vllm_version)
         if name in genesis and p.genesis is not None:
             p = replace(p, genesis=genesis[name].pin(p.genesis.repo))
         out[name] = p
@@ -175,8 +174,7 @@ def decide_plan(opts: BumpOptions, inputs: Inputs, names: list[str], candidate: 
     else:
         new = new_stack_pins(inputs.catalog, pins, names, candidate, version, genesis)
     probe = replace(probe, version=version, source="inferred" if inferred else probe.source)
-    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, opts.batch_size,
-                      opts.max_failures)  # fmt: skip
+    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, opts.batch_size, opts.max_failures)
     return plan, genesis, probe
 
 
