@@ -211,21 +211,19 @@ def fresh_swap(before: HostProbe | None, after: HostProbe) -> dict[str, Any]:
 
 def _rollback_reason(before: HostProbe | None, after: HostProbe) -> str:
     """What the host recorded about why it did not promote (swap record, new ledger lines)."""
-    for record in (fresh_swap(before, after), *reversed(new_ledger_lines(before, after))):
-        if record.get("reason"):
-            return f"{record.get('result') or 'not promoted'}: {record['reason']}"
-    return ""
+    records = (fresh_swap(before, after), *reversed(new_ledger_lines(before, after)))
+    return next((f"{r.get('result') or 'not promoted'}: {r['reason']}"
+                 for r in records if r.get("reason")), "")
 
 
 def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
     """pyinfra's error lines for ``host`` (``[host] ...`` lines that say error/failed)."""
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in log.splitlines()]
-    hits = [
+    return [
         line for line in lines
         if f"[{host}]" in line and re.search(r"error|fail|refus|unreach|lost|timed out", line, re.I)
         and not re.search(r"Error: executed \d+ commands", line)  # pyinfra's own tally
-    ]  # fmt: skip
-    return hits[-limit:]
+    ][-limit:]  # fmt: skip
 
 
 def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: DeployResult,
