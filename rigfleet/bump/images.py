@@ -42,9 +42,6 @@ class VersionProbe:
     pulled: bool = False
 
 
-REF = "@REF@"  # shlex.quote leaves it bare: replaced by "$ref" in the script
-
-
 def local_refs(candidate: Candidate, caches: Sequence[str]) -> list[str]:
     """The candidate by digest, then in each fleet cache's registry (``lb.lan:5000/<path>@…``)."""
     path = registry_of(candidate.repository)[1]
@@ -55,7 +52,8 @@ def local_refs(candidate: Candidate, caches: Sequence[str]) -> list[str]:
 def probe_script(candidate: Candidate, pull: bool, caches: Sequence[str] = ()) -> str:
     """The host-side script; prints ``key=value`` lines; pulls from ``caches`` first."""
     cache = shlex.quote(str(HOST.version_cache(candidate.digest)))
-    run_found = docker_commands.vllm_version(REF).replace(REF, '"$ref"')
+    # "@REF@": shlex.quote leaves it bare, then it is replaced by "$ref" in the script.
+    run_found = docker_commands.vllm_version("@REF@").replace("@REF@", '"$ref"')
     refs = local_refs(candidate, caches)
     lines = [
         f"if [ -s {cache} ]; then echo source=cache; echo version=$(cat {cache}); exit 0; fi",
@@ -115,10 +113,6 @@ def remove_image(remote: Remote, host: InventoryHost, candidate: Candidate,
                      ">/dev/null 2>&1; true")
 
 
-# Seeding a vLLM image (several GB) through a home uplink.
-SEED_TIMEOUT_S = 3600
-
-
 def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Candidate,
              log: Callable[[str], object]) -> tuple[str, ...]:
     """Seed ``candidate`` into every fleet cache; the registries (``host:port``) that hold it."""
@@ -138,7 +132,7 @@ def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Cand
         try:
             rc, out = remote.run(h, seed_command(c.registry_upstream, path, candidate.digest,
                                                  warm_marker(candidate.digest)),
-                                 timeout=SEED_TIMEOUT_S)
+                                 timeout=3600)  # several GB through a home uplink
         except RigfleetError as e:
             rc, out = -1, str(e)
         if rc == 0:
