@@ -25,7 +25,6 @@ from rigfleet.pins import Pins, PinsError, StackPins, parse_pins, stack_dict, wr
 from rigfleet.validate import Problems
 
 SCHEMA = "rigfleet-bump-journal/1"
-SUFFIX = ".bump-journal.json"
 # Outcomes as rigfleet.bump.rollout.Status spells them.
 STATUSES = ("promoted", "failed", "lost", "skipped", "not attempted", "up to date")
 _KEYS = ("schema", "id", "started", "updated", "by", "owner", "pins_file", "base_serial",
@@ -39,7 +38,7 @@ _PLAN = ("new_stacks", "hosts", "canary", "batches", "skipped", "up_to_date", "b
 
 
 def journal_path(pins_path: str | Path) -> Path:
-    return Path(f"{pins_path}{SUFFIX}")
+    return Path(f"{pins_path}.bump-journal.json")
 
 
 def now_iso() -> str:
