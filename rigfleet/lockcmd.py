@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from rigfleet.bump.output import by as _by
+    from rigfleet.bump.output import by, refused
     from rigfleet.cliargs import UsageError, one_host
     from rigfleet.ssh import SshRemote
 
@@ -81,8 +81,7 @@ def run(args: argparse.Namespace) -> int:
                          "holder is gone (they go to the host's system log)")
     if args.reason and not args.release:
         raise UsageError("--reason: given without --release; allowed: --release --reason TEXT")
-    console = Console(stderr=True, highlight=False)
-    out = Console(highlight=False)  # the answer, on stdout
+    out = Console(highlight=False)  # the answer, on stdout (refusals: stderr)
     host = one_host(args)
     remote = SshRemote(args.timeout)
     holder = read_lock(remote, host)
@@ -99,14 +98,11 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"{host.name}: lock free; nothing to release")
         return 0
     if holder.get("alive"):
-        console.print(f"[red]refused:[/red] {host.name}: the holder is alive: "
-                      f"{escape(describe(holder))}; wait for it to end (or stop it on the "
-                      "host), then look again")
-        return 1
-    rc, out_text = remote.run(host, hosttool.lock_release(args.reason, _by()), timeout=60)
+        return refused(f"{host.name}: the holder is alive: {escape(describe(holder))}; wait for "
+                       "it to end (or stop it on the host), then look again")
+    rc, out_text = remote.run(host, hosttool.lock_release(args.reason, by()), timeout=60)
     if rc != 0:
-        console.print(f"[red]refused:[/red] {host.name}: {escape(out_text.strip()[-400:])}")
-        return 1
+        return refused(f"{host.name}: {escape(out_text.strip()[-400:])}")
     said = (out_text.strip().splitlines() or [""])[-1]
     if args.json:
         print(json.dumps({**row, "released": True, "said": said}, indent=2))

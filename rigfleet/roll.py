@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from rigfleet.batches import batch_size, in_batches
@@ -37,10 +38,7 @@ class RollPlan:
     skipped: Mapping[str, str] = field(default_factory=dict)
 
     def label(self, i: int) -> str:
-        hosts = self.batches[i]
-        if not any(h in self.serving for h in hosts):
-            return f"batch {i + 1} (bare)"
-        return f"batch {i + 1}"
+        return f"batch {i + 1}" + ("" if self.serving.intersection(self.batches[i]) else " (bare)")
 
 
 def plan_batches(order: Sequence[str], probes: Mapping[str, HostProbe | str],
@@ -66,28 +64,23 @@ def plan_batches(order: Sequence[str], probes: Mapping[str, HostProbe | str],
 
 def classify(name: str, deploy: DeployResult, before: HostProbe | None,
              after: HostProbe | str, batch: int) -> HostOutcome:
-    """One host's outcome after its batch (from its probe and pyinfra's result)."""
     errors = host_errors(deploy.log, name)
     if isinstance(after, str):
         detail = f"unreachable after its run started ({after})"
         return HostOutcome(name, Status.LOST, batch, reason=detail + (
             f"; pyinfra: {errors[-1]}" if errors else ""), seconds=deploy.seconds)
     lines = new_ledger_lines(before, after)
-    windows = [x for x in lines if x.get("event") == "maintenance"
-               and x.get("result") in ("closed", "failed")]
-    last = windows[-1] if windows else None
+    last = next((x for x in reversed(lines) if x.get("event") == "maintenance"
+                 and x.get("result") in ("closed", "failed")), None)
     gate = str(((last or {}).get("gate") or {}).get("result") or "")
+    outcome = partial(HostOutcome, name, batch=batch, seconds=deploy.seconds, serving=after.route)
     if deploy.failed(name):
-        reason = next((str(x["reason"]) for x in reversed(lines) if x.get("reason")), "")
-        if not reason:
-            reason = errors[-1] if errors else "the deploy failed (see its log)"
-        return HostOutcome(name, Status.FAILED, batch, reason=reason, gate=gate,
-                           seconds=deploy.seconds, serving=after.route)
+        reason = next((str(x["reason"]) for x in reversed(lines) if x.get("reason")),
+                      errors[-1] if errors else "the deploy failed (see its log)")
+        return outcome(Status.FAILED, reason=reason, gate=gate)
     if last is not None and last.get("result") == "closed":
-        return HostOutcome(name, Status.MAINTAINED, batch, reason=str(last.get("reason") or ""),
-                           gate=gate, seconds=deploy.seconds, serving=after.route)
-    return HostOutcome(name, Status.CONVERGED, batch, seconds=deploy.seconds,
-                       serving=after.route)
+        return outcome(Status.MAINTAINED, reason=str(last.get("reason") or ""), gate=gate)
+    return outcome(Status.CONVERGED)
 
 
 def roll(plan: RollPlan, runner: Runner, max_failures: int = 1,

@@ -24,8 +24,6 @@ import json
 from dataclasses import replace
 from typing import Any
 
-import yaml
-
 from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet
 from rigfleet.bump.execute import execute
 from rigfleet.bump.journal import load_journal
@@ -45,7 +43,7 @@ from rigfleet.bump.plan_record import Plan
 from rigfleet.cliargs import fleet_options, select
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import reachability
-from rigfleet.pins import GenesisPin, Pins, StackPins, dump_pins, parse_pins
+from rigfleet.pins import GenesisPin, Pins, StackPins, parse_pins
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.ssh import SshRemote
 from rigfleet.tables import Table
@@ -84,17 +82,15 @@ def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
         known = [*pins.stacks.values(), *(p for h in pins.hosts.values() for p in h.values())]
         image_id = next((p.image_id for p in known if p.digest == summary["digest"]), None)
     genesis = None
-    commit = summary.get("genesis")
-    if commit:
+    if commit := summary.get("genesis"):
         base = now.genesis if now is not None else None
         if base is None:
             raise RollbackRefused(f"{pins.path}: history: serial {serial}: old.{name}.genesis: "
                                   f"{commit}: the stack no longer pins a Genesis repository")
         same = base.commit == commit
-        genesis = GenesisPin(
-            base.repo, str(commit),
-            str(summary.get("genesis_layout") or base.layout),
-            summary.get("genesis_version") or (base.version if same else None))
+        genesis = GenesisPin(base.repo, str(commit),
+                             str(summary.get("genesis_layout") or base.layout),
+                             summary.get("genesis_version") or (base.version if same else None))
     return StackPins(name, summary["image"], summary["digest"], summary["vllm_version"],
                      genesis, image_id)
 
@@ -107,8 +103,7 @@ def pins_at(pins: Pins, serial: int) -> dict[str, StackPins]:
         raise RollbackRefused(f"{pins.path}: --to: {serial}; allowed: a serial from "
                               f"{max(1, first - 1)} to {pins.serial - 1} (the pins file is at "
                               f"{pins.serial})")
-    missing = sorted(set(range(serial + 1, pins.serial + 1)) - {_serial(e) for e in entries})
-    if missing:
+    if missing := sorted(set(range(serial + 1, pins.serial + 1)) - {_serial(e) for e in entries}):
         raise RollbackRefused(f"{pins.path}: history: no entry for serial "
                               f"{', '.join(map(str, missing))}, so serial {serial} cannot be "
                               f"rebuilt; allowed: --to {max(missing)} or later")
@@ -122,8 +117,7 @@ def pins_at(pins: Pins, serial: int) -> dict[str, StackPins]:
                 f"--to {s} or later")
         for name, summary in entry["old"].items():
             stacks[name] = _rebuild(replace(pins, stacks=stacks), name, summary, s or 0)
-    trial = replace(pins, stacks=stacks)
-    parse_pins(yaml.safe_load(dump_pins(trial)), pins.path)
+    parse_pins(replace(pins, stacks=stacks).to_dict(), pins.path)
     return stacks
 
 
@@ -199,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
                                     "not confirmed; nothing changed"):
         return EXIT_FAILED
     inputs = Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog)
-    return execute(opts, inputs, remote, plan, None, "", {},
+    return execute(opts, inputs, remote, plan, None, "",
                    history={"action": "rollback", "to_serial": to})
 
 

@@ -26,8 +26,6 @@ class LatestError(RigfleetError, ValueError):
 
 @dataclass(frozen=True)
 class Candidate:
-    """One image the fleet could move to."""
-
     repository: str  # vllm/vllm-openai
     tag: str  # nightly-<40-hex> or vX.Y.Z
     digest: str  # sha256:<64-hex>, what the tag points at in the registry now
@@ -60,8 +58,7 @@ def release_tags(tags: Iterable[str]) -> list[str]:
 
 def newest_release(tags: Iterable[str], above: str,
                    allowed: Iterable[str] | None = None) -> str | None:
-    """The newest release tag above version ``above`` (and in ``allowed``, some Genesis
-    allowlist, when given), or None."""
+    """The newest release tag above version ``above`` (and in ``allowed`` if given), or None."""
     floor = version_key(above)
     ok = None if allowed is None else set(allowed)
     for tag in reversed(release_tags(tags)):
@@ -76,9 +73,7 @@ def newest_release(tags: Iterable[str], above: str,
 
 def follows_nightlies(uses_genesis: bool, allowlist: Iterable[str] | None) -> bool:
     """A Genesis stack whose pinned allowlist names no release follows nightly builds."""
-    if not uses_genesis or allowlist is None:
-        return False
-    return not any(is_release(v) for v in allowlist)
+    return uses_genesis and allowlist is not None and not any(is_release(v) for v in allowlist)
 
 
 @dataclass(frozen=True)
@@ -107,11 +102,9 @@ def choose_latest(asks: Mapping[str, LatestAsk]) -> LatestChoice:
     nightly = sorted(n for n, a in asks.items() if a.nightly)
     release = sorted(n for n, a in asks.items() if not a.nightly)
     if nightly and release:
-        raise LatestError(
-            f"--latest: {', '.join(nightly)} follow(s) nightly builds (the pinned Genesis "
-            f"allowlist lists only nightlies) but {', '.join(release)} follow(s) releases; "
-            "bump them one at a time with --stack"
-        )
+        raise LatestError(f"--latest: {', '.join(nightly)} follow(s) nightly builds (the pinned "
+                          f"Genesis allowlist lists only nightlies) but {', '.join(release)} "
+                          "follow(s) releases; bump them one at a time with --stack")
     if nightly:
         return LatestChoice(True, None, tuple(nightly), {})
     staying = {n: f"already on the newest release it may take (vLLM {asks[n].pinned})"
@@ -121,8 +114,7 @@ def choose_latest(asks: Mapping[str, LatestAsk]) -> LatestChoice:
         listed = ", ".join(f"{n} -> {t}" for n, t in sorted(targets.items()))
         raise LatestError(f"--latest: the stacks' newest releases differ ({listed}); bump "
                             "them one at a time with --stack")
-    tag = next(iter(targets.values()), None)
-    return LatestChoice(False, tag, tuple(sorted(targets)), staying)
+    return LatestChoice(False, next(iter(targets.values()), None), tuple(sorted(targets)), staying)
 
 
 def newest_nightly(reg: Registry, repository: str) -> Candidate:

@@ -49,7 +49,7 @@ from rigfleet.bump.decide import (
 )
 from rigfleet.bump.execute import execute
 from rigfleet.bump.finish import run_journal
-from rigfleet.bump.genesis import GenesisRefused, GenesisRepo
+from rigfleet.bump.genesis import GenesisRefused
 from rigfleet.bump.images import VersionProbe, prefetch, read_version, remove_image
 from rigfleet.bump.output import (
     EXIT_FAILED,
@@ -123,14 +123,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    unfinished = run_journal(args)
-    if unfinished is not None:
+    if (unfinished := run_journal(args)) is not None:
         return unfinished
     try:
         opts = BumpOptions.from_args(args)
-    except ValueError as e:
-        return error(e)
-    try:
         inputs = load_inputs(opts)
         if args.limit:
             kept = {h.name for h in select(inputs.hosts, args.limit, args.inventory)}
@@ -157,14 +153,13 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     pins = inputs.pins
     candidate: Candidate | None = None
     names: list[str] | None = None
-    genesis_repos: dict[str, GenesisRepo] = {}
     if opts.image or opts.latest:
         repos = {p.repository for p in pins.stacks.values()}
         default_repo = sorted(repos)[0] if len(repos) == 1 else "vllm/vllm-openai"
         repository, tag = parse_image_arg(opts.image or "", default_repo)
         reg = Registry(inputs.registry)
         if opts.latest:
-            candidate, names = latest_candidate(opts, inputs, pins, reg, repository, genesis_repos)
+            candidate, names = latest_candidate(opts, inputs, reg, repository)
             if candidate is None:
                 log("every bumped stack is on the newest release it may take; nothing to do")
                 return EXIT_OK
@@ -196,11 +191,10 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     probe_host: InventoryHost | None = None
     caches: tuple[str, ...] = ()
     if candidate is not None:
-        reachable = [h.name for h in inputs.hosts if not unreachable[h.name]]
-        target = draft.canary or (reachable[0] if reachable else None)
-        if target is None:
+        reachable = [h for h in inputs.hosts if not unreachable[h.name]]
+        if not reachable:
             raise BumpError("no host is reachable to read the candidate's vLLM version")
-        probe_host = next(h for h in inputs.hosts if h.name == target)
+        probe_host = next((h for h in reachable if h.name == draft.canary), reachable[0])
         if not opts.dry:  # the fleet caches fetch it once; the canary pulls from them
             caches = prefetch(remote, inputs.caches, candidate, log)
         log(f"{probe_host.name}: reading vllm.__version__ from the candidate"
@@ -209,8 +203,8 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         log(f"candidate reports vLLM {probe.version or 'unknown (not pulled in --dry)'}")
 
     try:
-        plan, genesis, probe = decide_plan(opts, inputs, pins, names, candidate, probe, unreachable,
-                                       provisional, genesis_repos)  # fmt: skip
+        plan, genesis, probe = decide_plan(opts, inputs, names, candidate, probe, unreachable,
+                                           provisional)
         if SOURCES is not None and not plan.empty:
             refuse_missing(inputs, plan, SOURCES())
     except BaseException:
@@ -226,7 +220,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     if not opts.yes and not confirm():
         log("not confirmed; nothing changed")
         return EXIT_FAILED
-    return execute(opts, inputs, remote, plan, candidate, probe.version or "", genesis)
+    return execute(opts, inputs, remote, plan, candidate, probe.version or "")
 
 
 # How the plan's pins are asked of their sources (rigfleet/check.py; tests put None here).

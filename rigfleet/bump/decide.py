@@ -1,21 +1,18 @@
 """What ``rigfleet bump`` decides before any host changes: its flags (``BumpOptions``) and
-inputs, the bumped stacks, the
-candidate (``--latest``), the Genesis commit to pair with it, the stack files' image rules, and
-the plan::
+inputs, the bumped stacks, the candidate (``--latest``), the Genesis commit to pair with it, the
+stack files' image rules, and the plan::
 
     names = bumped_stacks(opts, inputs.pins, "vllm/vllm-openai")
-    plan, genesis, probe = decide_plan(opts, inputs, inputs.pins, names, candidate, probe,
-                                       unreachable, provisional)
+    plan, genesis, probe = decide_plan(opts, inputs, names, candidate, probe, unreachable,
+                                       provisional)
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from rigfleet.bump.candidate import (
     Candidate,
@@ -45,7 +42,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, load_inventory
-from rigfleet.pins import GenesisPin, Pins, StackPins, dump_pins, load_pins, parse_pins
+from rigfleet.pins import GenesisPin, Pins, StackPins, load_pins, parse_pins
 from rigfleet.registry import DOCKER_HUB, Registry
 
 
@@ -107,6 +104,7 @@ class Inputs:
     catalog: Catalog
     outside: frozenset[str] = frozenset()  # hosts left out by --limit: they keep their pins
     caches: tuple[InventoryHost, ...] = ()  # the fleet caches the candidate goes into first
+    genesis_repos: dict[str, GenesisRepo] = field(default_factory=dict)  # each synced once
 
 
 def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list[str]:
@@ -115,11 +113,9 @@ def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list
         for name in opts.stacks:
             pins.stack(name)  # raises PinsError naming the pinned stacks
         return list(dict.fromkeys(opts.stacks))
-    names = []
-    for name, p in pins.stacks.items():
-        by_image = repository is not None and p.repository == repository
-        if by_image or (opts.genesis and p.genesis is not None):
-            names.append(name)
+    names = [name for name, p in pins.stacks.items()
+             if (repository is not None and p.repository == repository)
+             or (opts.genesis and p.genesis is not None)]
     if not names:
         raise BumpError(f"no pinned stack uses {repository}; name one with --stack")
     return names
@@ -133,13 +129,11 @@ def new_stack_pins(catalog: Catalog, pins: Pins, names: list[str], candidate: Ca
         p = pins.stacks[name]
         if candidate is not None:
             p = replace(p, image=candidate.image, digest=candidate.digest,
-                        image_id=candidate.image_id,
-                        vllm_version=version or p.vllm_version)  # fmt: skip
+                        image_id=candidate.image_id, vllm_version=version or p.vllm_version)
         if name in genesis and p.genesis is not None:
             p = replace(p, genesis=genesis[name].pin(p.genesis.repo))
         out[name] = p
-    trial = replace(pins, stacks={**pins.stacks, **out})
-    parse_pins(yaml.safe_load(dump_pins(trial)), pins.path, catalog=catalog)
+    parse_pins(replace(pins, stacks={**pins.stacks, **out}).to_dict(), pins.path, catalog=catalog)
     return out
 
 
@@ -153,26 +147,25 @@ def refuse_image_rules(catalog: Catalog, names: list[str], candidate: Candidate,
                         "bumped stack's file allows (`--stack` picks the stacks)")
 
 
-def decide_plan(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
-                candidate: Candidate | None, probe: VersionProbe,
-                unreachable: dict[str, str | None], provisional: dict[str, StackPins],
-                repos: dict[str, GenesisRepo] | None = None
+def decide_plan(opts: BumpOptions, inputs: Inputs, names: list[str], candidate: Candidate | None,
+                probe: VersionProbe, unreachable: dict[str, str | None],
+                provisional: dict[str, StackPins]
                 ) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
     """The Genesis pairs and the final plan (raises ``GenesisRefused``, ``PinsError``)."""
-    repos = {} if repos is None else repos
+    pins = inputs.pins
     version = probe.version if candidate is not None else None
     inferred = False
     if candidate is not None and version is None and candidate.commit:
         # --dry, image not on the canary: a Genesis allowlist entry naming the tag's
         # commit says what it will report (and none means Genesis refuses it).
-        version = _infer_version(inputs, pins, names, candidate.commit, repos)
+        version = _infer_version(inputs, names, candidate.commit)
         inferred = version is not None
-        if version is not None:
+        if inferred:
             log(f"candidate vLLM {version} (from the Genesis allowlist entry naming its "
                  "commit; read from the image when the bump runs)")  # fmt: skip
     if candidate is not None:
         refuse_image_rules(inputs.catalog, names, candidate, version)
-    genesis = _genesis_choices(opts, inputs, pins, names, version, candidate, repos)
+    genesis = _genesis_choices(opts, inputs, names, version, candidate)
     if candidate is None:
         version = pins.stacks[names[0]].vllm_version
     if version is None:
@@ -181,28 +174,24 @@ def decide_plan(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
     else:
         new = new_stack_pins(inputs.catalog, pins, names, candidate, version, genesis)
     probe = replace(probe, version=version, source="inferred" if inferred else probe.source)
-    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, opts.batch_size,
-                      opts.max_failures)  # fmt: skip
+    plan = build_plan(inputs.plan_hosts, unreachable, pins, new, opts.batch_size, opts.max_failures)
     return plan, genesis, probe
 
 
-def latest_candidate(opts: BumpOptions, inputs: Inputs, pins: Pins, reg: Registry,
-                     repository: str,
-                     repos: dict[str, GenesisRepo]) -> tuple[Candidate | None, list[str]]:
+def latest_candidate(opts: BumpOptions, inputs: Inputs, reg: Registry, repository: str
+                     ) -> tuple[Candidate | None, list[str]]:
     """``--latest``: one candidate for the bumped stacks (``choose_latest``), and those stacks."""
-    names = bumped_stacks(opts, pins, repository)
+    names = bumped_stacks(opts, inputs.pins, repository)
     log(f"registry {inputs.registry}: listing the tags of {repository}")
     tags = reg.tags(repository)
     asks: dict[str, LatestAsk] = {}
     for name in names:
-        p = pins.stacks[name]
-        allowlist: tuple[str, ...] | None = None
-        allowed: set[str] | None = None
+        p = inputs.pins.stacks[name]
+        nightly, allowed = False, None
         if p.genesis is not None:
-            commits = list(_repo(inputs, p.genesis.repo, repos).lineage(p.genesis.commit))
-            allowlist = commits[0].tree.allowed
+            commits = list(_repo(inputs, p.genesis.repo).lineage(p.genesis.commit))
+            nightly = follows_nightlies(True, commits[0].tree.allowed)
             allowed = {v for c in commits for v in c.tree.allowed}
-        nightly = follows_nightlies(p.genesis is not None, allowlist)
         target = None if nightly else newest_release(tags, p.vllm_version, allowed)
         asks[name] = LatestAsk(p.vllm_version, nightly, target)
     choice = choose_latest(asks)
@@ -222,7 +211,8 @@ def _genesis_pins(pins: Pins, names: list[str]) -> dict[str, GenesisPin]:
     return {n: g for n in names if (g := pins.stacks[n].genesis) is not None}
 
 
-def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRepo:
+def _repo(inputs: Inputs, url: str) -> GenesisRepo:
+    repos = inputs.genesis_repos
     if url not in repos:
         repos[url] = GenesisRepo(url, inputs.genesis_url)
         log(f"Genesis: fetching {inputs.genesis_url or url}")
@@ -230,30 +220,27 @@ def _repo(inputs: Inputs, url: str, repos: dict[str, GenesisRepo]) -> GenesisRep
     return repos[url]
 
 
-def _infer_version(inputs: Inputs, pins: Pins, names: list[str], commit: str,
-                   repos: dict[str, GenesisRepo]) -> str | None:
-    pinned = list(_genesis_pins(pins, names).values())
+def _infer_version(inputs: Inputs, names: list[str], commit: str) -> str | None:
+    pinned = list(_genesis_pins(inputs.pins, names).values())
     for g in pinned:
-        found = infer_version(_repo(inputs, g.repo, repos), g.commit, commit)
-        if found:
+        if found := infer_version(_repo(inputs, g.repo), g.commit, commit):
             return found
     if pinned:  # a nightly's version always names its commit: nothing lists this one
-        checked = list(_repo(inputs, pinned[0].repo, repos).lineage(pinned[0].commit))
+        checked = list(_repo(inputs, pinned[0].repo).lineage(pinned[0].commit))
         raise GenesisRefused(refusal(f"<any build of {commit[:9]}> (not pulled in --dry)",
                                      checked))  # fmt: skip
     return None
 
 
-def _genesis_choices(opts: BumpOptions, inputs: Inputs, pins: Pins, names: list[str],
-                     version: str | None, candidate: Candidate | None,
-                     repos: dict[str, GenesisRepo]) -> dict[str, GenesisChoice]:
+def _genesis_choices(opts: BumpOptions, inputs: Inputs, names: list[str], version: str | None,
+                     candidate: Candidate | None) -> dict[str, GenesisChoice]:
     out: dict[str, GenesisChoice] = {}
-    for name, g in _genesis_pins(pins, names).items():
-        p = pins.stacks[name]
+    for name, g in _genesis_pins(inputs.pins, names).items():
+        p = inputs.pins.stacks[name]
         want = version if candidate is not None else p.vllm_version
         if want is None:
             continue
-        repo = _repo(inputs, g.repo, repos)
+        repo = _repo(inputs, g.repo)
         choice = choose_genesis(repo, g.commit, want, p.vllm_version, opts.genesis)
         if choice.proposed:
             log(f"Genesis {choice.label} lists vLLM {want}; proposing it for {name} "
@@ -275,8 +262,7 @@ def _genesis_uses(inputs: Inputs, stack: str, choice: GenesisChoice) -> dict[str
     try:
         uses = {"": StackUse.of(spec, choice.layout)}
         for h in inputs.hosts:
-            extra = validate_host(h.name, h.data).env_for(stack)
-            if extra:
+            if extra := validate_host(h.name, h.data).env_for(stack):
                 uses[h.name] = StackUse.of(spec, choice.layout, extra)
     except ValueError as e:
         raise GenesisRefused(f"{e}; refusing before any host changes") from None
@@ -289,29 +275,25 @@ def load_fleet(inventory: str, deploy: str, every: list[InventoryHost] | None = 
     hosts = gpu_hosts(every if every is not None else load_inventory(inventory))
     if not hosts:
         raise BumpError(f"{inventory}: no GPU hosts")
-    plan_hosts: list[PlanHost] = []
+    settings = [validate_host(h.name, h.data) for h in hosts]
     paths: dict[str, list[str]] = {}
-    first = None
-    for h in hosts:
-        settings = validate_host(h.name, h.data)
-        first = first or settings
-        plan_hosts.append(PlanHost(h.name, settings.stack, tuple(h.groups)))
-        path = str(resolve_pins_path(settings.pins_file, Path(deploy).resolve().parent))
+    for h, s in zip(hosts, settings, strict=True):
+        path = str(resolve_pins_path(s.pins_file, Path(deploy).resolve().parent))
         paths.setdefault(path, []).append(h.name)
     if len(paths) != 1:
         listed = "; ".join(f"{p}: {', '.join(n)}" for p, n in paths.items())
         raise BumpError(f"hosts name different pins files ({listed}); bump one fleet at a time")
-    assert first is not None
-    return hosts, plan_hosts, load_pins(next(iter(paths)), catalog=first.catalog), first
+    plan_hosts = [PlanHost(h.name, s.stack, tuple(h.groups))
+                  for h, s in zip(hosts, settings, strict=True)]
+    pins = load_pins(next(iter(paths)), catalog=settings[0].catalog)
+    return hosts, plan_hosts, pins, settings[0]
 
 
 def load_inputs(opts: BumpOptions) -> Inputs:
     """Inventory, every host's data, the one pins file they share."""
     every = load_inventory(opts.inventory)
     hosts, plan_hosts, pins, first = load_fleet(opts.inventory, opts.deploy, every)
-    registry = opts.registry or first.bump.registry or DOCKER_HUB
-    genesis_url = opts.genesis_url or first.bump.genesis_url
-    mirror = opts.push_mirror or first.bump.mirror
-    caches = tuple(h for h in every if host_kind(h.groups).cache)
-    return Inputs(hosts, plan_hosts, pins, str(registry), genesis_url, mirror, first.catalog,
-                  caches=caches)
+    return Inputs(hosts, plan_hosts, pins, str(opts.registry or first.bump.registry or DOCKER_HUB),
+                  opts.genesis_url or first.bump.genesis_url,
+                  opts.push_mirror or first.bump.mirror, first.catalog,
+                  caches=tuple(h for h in every if host_kind(h.groups).cache))

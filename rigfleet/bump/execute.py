@@ -2,7 +2,7 @@
 the images kept and pruned, the pins file written for what promoted, rolled-back hosts
 converged once more, the summary (``rigfleet bump``, its resume, ``rigfleet rollback``)::
 
-    rc = execute(opts, inputs, SshRemote(), plan, candidate, "0.21.0", genesis)
+    rc = execute(opts, inputs, SshRemote(), plan, candidate, "0.21.0")
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from rich.markup import escape
 from rigfleet.bump import images
 from rigfleet.bump.candidate import Candidate
 from rigfleet.bump.decide import BumpOptions, Inputs
-from rigfleet.bump.genesis import GenesisChoice
 from rigfleet.bump.journal import BumpJournal, now_iso
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
 from rigfleet.bump.output import by, exit_status, interrupted, log, print_result, progress
@@ -37,7 +36,6 @@ from rigfleet.bump.rollout import (
     probe_of_record,
     rollout,
 )
-from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins, PinsError, dump_pins, save_pins
 from rigfleet.registry import RegistryError
 from rigfleet.resources import PROJECT_ROOT
@@ -45,8 +43,8 @@ from rigfleet.ssh import HostUnreachable, Remote
 
 
 def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
-            candidate: Candidate | None, version: str, genesis: dict[str, GenesisChoice],
-            journal: BumpJournal | None = None, history: dict[str, Any] | None = None) -> int:
+            candidate: Candidate | None, version: str, journal: BumpJournal | None = None,
+            history: dict[str, Any] | None = None) -> int:
     """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry
     (kept in the journal: a resumed run records them too)."""
     real = Path(plan.pins.path)
@@ -73,10 +71,9 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
         return interrupted(journal, e, opts.inventory)
     finally:
         cand_path.unlink(missing_ok=True)
-    extra = keep_images(opts, remote, by_name, plan, result, candidate, version,
-                         inputs.registry, inputs.mirror)
-    extra["bump_id"] = journal.id
-    extra.update(journal.history)  # a rollback's action and serial, resumed or not
+    # journal.history: a rollback's action and serial, resumed or not
+    extra = {**keep_images(opts, inputs, remote, plan, result, candidate, version),
+             "bump_id": journal.id, **journal.history}
     saved_pins = record_pins(plan, result, extra)
     end_journal(journal, result, saved_pins)
     restore(runner, result, Path(plan.pins.path))
@@ -110,18 +107,17 @@ def end_journal(journal: BumpJournal, result: RolloutResult, saved: Pins | None)
     journal.remove()
 
 
-def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryHost], plan: Plan,
-                result: RolloutResult, candidate: Candidate | None, version: str, registry: str,
-                mirror: str | None) -> dict[str, Any]:
+def keep_images(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
+                result: RolloutResult, candidate: Candidate | None, version: str) -> dict[str, Any]:
     """Prune old images on promoted hosts; save the promoted image; copy it to the mirror."""
     extra: dict[str, Any] = {}
     if candidate is None:
         return extra
+    by_name = {h.name: h for h in inputs.hosts}
     promoted = [o.host for o in result.by_status(Status.PROMOTED)]
     if not opts.no_prune:
         for name in promoted:
-            keep = {p.digest for p in plan.old_for(name).values()}
-            keep |= {p.digest for p in plan.new_for(name).values()}
+            keep = {p.digest for p in [*plan.old_for(name).values(), *plan.new_for(name).values()]}
             try:
                 removed = images.prune(remote, by_name[name], candidate.repository, keep)
             except HostUnreachable as e:
@@ -145,9 +141,9 @@ def keep_images(opts: BumpOptions, remote: Remote, by_name: dict[str, InventoryH
         except (images.ImageError, HostUnreachable, OSError) as e:
             log(f"[red]docker save failed[/red]: {e}")
             extra["saved"] = {"error": str(e)}
-    if mirror:
+    if mirror := inputs.mirror:
         try:
-            copied = copy_image(MirrorRegistry(registry), MirrorRegistry(mirror),
+            copied = copy_image(MirrorRegistry(inputs.registry), MirrorRegistry(mirror),
                                 candidate.repository, candidate.tag, candidate.digest)  # fmt: skip
             extra["mirror"] = copied.summary()
             log(f"mirrored {copied.ref} at {copied.digest} ({copied.blobs} blob(s), "
@@ -187,9 +183,8 @@ def record_pins(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pin
         log(f"[red]pins file not saved[/red]: {e}\n  this bump's result is in {aside}; the "
              "hosts run what it lists")  # fmt: skip
         return None
-    outcome = entry["outcome"] if entry else ""
-    log(f"pins file {plan.pins.path} saved at serial {saved.serial} ({outcome})")
-    if saved.hosts:
-        for host, stacks in saved.hosts.items():
-            log(f"  hosts.{host}: " + ", ".join(f"{s} {p.tag}" for s, p in stacks.items()))
+    log(f"pins file {plan.pins.path} saved at serial {saved.serial} "
+        f"({entry['outcome'] if entry else ''})")
+    for host, stacks in saved.hosts.items():
+        log(f"  hosts.{host}: " + ", ".join(f"{s} {p.tag}" for s, p in stacks.items()))
     return saved

@@ -43,16 +43,13 @@ from rigfleet.ssh import SshRemote
 
 
 def run_journal(args: argparse.Namespace) -> int | None:
-    """The exit status of handling the unfinished bump; None when there is none (a finished
-    bump's left-over journal is removed first)."""
+    """The exit status of handling an unfinished bump; None when there is none."""
     abandon = bool(getattr(args, "abandon", False))
     try:
         hosts, _, pins, first = load_fleet(args.inventory, args.deploy)
         journal = load_journal(pins, first.catalog)
     except (RigfleetError, ValueError, RuntimeError) as e:
-        if not abandon:
-            return None  # the bump's own input checks say what is wrong
-        return error(e)
+        return error(e) if abandon else None  # else the bump's own input checks say what is wrong
     if journal is None or journal.state == "finished":
         if journal is not None:
             journal.remove()
@@ -72,8 +69,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
                        f"started from serial {journal.base_serial}: it cannot be finished over "
                        f"another pins file. Run `rigfleet bump --inventory {args.inventory} "
                        "--abandon` to record what it promoted")
-    other = other_target(args, journal)
-    if other:
+    if other := other_target(args, journal):
         return refused(f"{journal.describe()} is unfinished; {other}. Run `rigfleet bump "
                        f"--inventory {args.inventory}` to finish it, or add --abandon to record "
                        "what it promoted and stop; then bump again")
@@ -104,10 +100,12 @@ def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
         if not any(c.startswith(args.genesis) for c in commits):
             return f"--genesis {args.genesis} is not its Genesis ({', '.join(sorted(commits))})"
     if args.stack and set(args.stack) != set(journal.new_stacks):
-        return f"--stack {' '.join(args.stack)} are not its stacks ({', '.join(journal.new_stacks)})"
+        return (f"--stack {' '.join(args.stack)} are not its stacks "
+                f"({', '.join(journal.new_stacks)})")
     if args.latest:
         log(f"--latest: finishing {journal.describe()} first (not resolved again)")
     return None
+
 
 def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     """Finish the journal's plan: its outcomes stand, in-flight hosts are read, the rest runs."""
@@ -123,8 +121,7 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     except (RigfleetError, ValueError, RuntimeError) as e:
         return error(e)
     known = {h.name for h in inputs.hosts}
-    missing = [h.name for h in journal.hosts if h.name not in known]
-    if missing:
+    if missing := [h.name for h in journal.hosts if h.name not in known]:
         return refused(f"{journal.describe()} covers {', '.join(missing)}, which "
                        f"{opts.inventory} no longer lists; add them back, or --abandon")
     log(f"resuming {journal.describe()}")
@@ -138,7 +135,8 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     candidate = Candidate(cand["repository"], cand["tag"], cand["digest"],
                           cand.get("created")) if cand else None  # fmt: skip
     return execute(opts, inputs, SshRemote(), journal.plan(inputs.pins), candidate,
-                    journal.version, {}, journal=journal)
+                   journal.version, journal=journal)
+
 
 def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
              hosts: list[InventoryHost]) -> int:
@@ -148,13 +146,12 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
     runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy=args.deploy)
     resume = resume_of(journal)
     in_flight = {h: f for h, f in resume.in_flight.items() if h in by_name}
-    done = {**resume.done, **{h: HostOutcome(h, Status.LOST, None, None, "not in the inventory "
-                                             "any more") for h in resume.in_flight
-                              if h not in by_name}}
+    lost = {h: HostOutcome(h, Status.LOST, None, None, "not in the inventory any more")
+            for h in resume.in_flight if h not in by_name}
     journal.take_over()
     try:
         result = rollout(plan, runner, Path(pins.path), on_event=log, journal=journal,
-                         resume=Resume(done, in_flight, stop=f"abandoned by {by()}"))
+                         resume=Resume({**resume.done, **lost}, in_flight, f"abandoned by {by()}"))
     except StillRunning as e:
         return interrupted(journal, e, args.inventory)
     saved = record_pins(plan, result, {"bump_id": journal.id, "abandoned": True})

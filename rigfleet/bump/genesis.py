@@ -1,6 +1,5 @@
-"""Genesis on the control side: a mirror of the repository (``git clone --mirror`` in a cache),
-what each commit is (layout, version, allowlist, registry, read with the hosts' own
-``rigfleet/genesis_inspect.py``), the commit to pair with a candidate vLLM, and what
+"""Genesis on the control side: a ``git clone --mirror`` in a cache, each commit read with the
+hosts' own ``rigfleet/genesis_inspect.py``, the commit to pair with a candidate vLLM, and what
 ``rigfleet pins lock`` records. docs/genesis.md tells the rules::
 
     repo = GenesisRepo("https://github.com/Sandermage/sndr_core_engine.git")
@@ -31,8 +30,6 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() 
 _RELEASE = re.compile(r"release\((?P<version>v[0-9][^)]*)\)")
 _LOCAL_GIT = re.compile(r"\+g([0-9a-f]{7,40})\b")
 _VERSION_TAG = re.compile(r"v?[0-9]+(?:\.[0-9]+){1,3}(?:[.-][A-Za-z0-9]+)*")
-# Every branch and every tag; never refs/pull/* (a mirror of GitHub has those too).
-SEARCHED_REFS = ("--branches", "--tags")
 _LISTED = 5
 
 
@@ -44,11 +41,12 @@ class GenesisRefused(RigfleetError, ValueError):
     """No Genesis commit suits the candidate (allowlist, switches); the message says why."""
 
 
+@dataclass(frozen=True)
 class GitSource:
     """One commit of a ``GenesisRepo``, as a ``genesis_inspect.Source``."""
 
-    def __init__(self, repo: GenesisRepo, sha: str) -> None:
-        self.repo, self.sha = repo, sha
+    repo: GenesisRepo
+    sha: str
 
     def markers(self) -> frozenset[str]:
         out = self.repo.git("ls-tree", "--name-only", self.sha, "--",
@@ -81,9 +79,8 @@ class GenesisRepo:
     def __init__(self, url: str, fetch_url: str | None = None, cache_dir: Path | None = None):
         self.url = url
         self.fetch_url = fetch_url or url
-        root = (cache_dir or DEFAULT_CACHE) / "genesis"
         key = hashlib.sha256(self.fetch_url.encode()).hexdigest()[:16]
-        self.path = root / f"{key}.git"
+        self.path = (cache_dir or DEFAULT_CACHE) / "genesis" / f"{key}.git"
         self._reports: dict[str, TreeReport] = {}
         self._commits: dict[str, GenesisCommit] = {}
 
@@ -148,8 +145,7 @@ class GenesisRepo:
     def report(self, sha: str) -> TreeReport:
         """The full tree report of ``sha`` (registry included), as the hosts' gate reads it."""
         if sha not in self._reports:
-            data = genesis_inspect.inspect(GitSource(self, sha))
-            self._reports[sha] = TreeReport.from_json(data)
+            self._reports[sha] = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha)))
         return self._reports[sha]
 
     def entries(self, sha: str, layout: str) -> list[PatchEntry]:
@@ -172,7 +168,8 @@ class GenesisRepo:
     def newer(self, sha: str) -> list[str]:
         """Commits any branch or tag reaches that were made after ``sha``, newest first."""
         since = self.commit(sha).date
-        out = self.git("log", *SEARCHED_REFS, "--format=%ct %H").stdout
+        # Every branch and every tag; never refs/pull/* (a mirror of GitHub has those too).
+        out = self.git("log", "--branches", "--tags", "--format=%ct %H").stdout
         dated = [(int(d), h) for d, _, h in (line.partition(" ") for line in out.splitlines())
                  if h and h != sha]  # fmt: skip
         return [h for d, h in sorted(dated, key=lambda x: (-x[0], x[1])) if d > since]
@@ -244,11 +241,8 @@ def names_commit(version: str, commit: str) -> bool:
 
 def infer_version(repo: GenesisRepo, pinned: str, commit: str) -> str | None:
     """The allowlisted version (at the pin or newer) naming vLLM ``commit`` (``--dry``)."""
-    for c in repo.lineage(pinned):
-        for version in c.tree.allowed:
-            if names_commit(version, commit):
-                return version
-    return None
+    return next((version for c in repo.lineage(pinned) for version in c.tree.allowed
+                 if names_commit(version, commit)), None)
 
 
 def check_switches(repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackUse], *,
@@ -296,10 +290,8 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
         report = repo.report(sha)
         layout = report.layout or g.layout
         new = replace(g, layout=layout, version=repo.version(sha) or g.version)
-        for field_name in ("layout", "version"):
-            old, now = getattr(g, field_name), getattr(new, field_name)
-            if old != now:
-                changes.append(f"{key}.genesis.{field_name}: {old} -> {now}")
+        changes.extend(f"{key}.genesis.{f}: {getattr(g, f)} -> {getattr(new, f)}"
+                       for f in ("layout", "version") if getattr(g, f) != getattr(new, f))
         use = None
         if name in stacks_of:
             try:

@@ -1,8 +1,6 @@
-"""The candidate image on the hosts: seeded into the fleet caches first (``prefetch``), its
-``vllm.__version__`` read on the canary (docs/bump.md, step 3: pulled by digest unless
-``pull=False``, cached per digest where the deploy's Genesis gate caches it), older images
-pruned after the rollout (new and previous kept: an instant rollback needs no pull), the
-promoted one saved into a control-side directory (the code of ``rigfleet images export``)::
+"""The candidate image on the hosts: seeded into the fleet caches (``prefetch``), its
+``vllm.__version__`` read on the canary (docs/bump.md, steps 3 and 7), older images pruned after
+the rollout, the promoted one saved here (the code of ``rigfleet images export``)::
 
     held = prefetch(SshRemote(), load_inventory("inventory/home.py"), candidate, log)
     probe = read_version(SshRemote(), canary_host, candidate, pull=True, caches=held)
@@ -44,32 +42,29 @@ class VersionProbe:
     pulled: bool = False
 
 
-REF = "@REF@"  # shlex.quote leaves it bare: replaced by "$ref" in the script
-
-
-def cache_refs(candidate: Candidate, caches: Sequence[str]) -> list[str]:
-    """The candidate in each fleet cache's registry (``lb.lan:5000/<path>@<digest>``)."""
+def local_refs(candidate: Candidate, caches: Sequence[str]) -> list[str]:
+    """The candidate by digest, then in each fleet cache's registry (``lb.lan:5000/<path>@…``)."""
     path = registry_of(candidate.repository)[1]
-    return [f"{c}/{path}@{candidate.digest}" for c in caches]
+    return [f"{candidate.repository}@{candidate.digest}",
+            *(f"{c}/{path}@{candidate.digest}" for c in caches)]
 
 
 def probe_script(candidate: Candidate, pull: bool, caches: Sequence[str] = ()) -> str:
     """The host-side script; prints ``key=value`` lines; pulls from ``caches`` first."""
     cache = shlex.quote(str(HOST.version_cache(candidate.digest)))
-    run_found = docker_commands.vllm_version(REF).replace(REF, '"$ref"')
-    mine = cache_refs(candidate, caches)
-    refs = " ".join(shlex.quote(r) for r in (f"{candidate.repository}@{candidate.digest}",
-                                             *mine))
+    # "@REF@": shlex.quote leaves it bare, then it is replaced by "$ref" in the script.
+    run_found = docker_commands.vllm_version("@REF@").replace("@REF@", '"$ref"')
+    refs = local_refs(candidate, caches)
     lines = [
         f"if [ -s {cache} ]; then echo source=cache; echo version=$(cat {cache}); exit 0; fi",
         'ref=""',
-        f"for r in {refs}; do",
+        f"for r in {' '.join(shlex.quote(r) for r in refs)}; do",
         '  if docker image inspect "$r" >/dev/null 2>&1; then ref=$r; break; fi',
         "done",
         'if [ -n "$ref" ]; then echo source=image; else',
     ]
     if pull:
-        for r in mine:
+        for r in refs[1:]:
             warn = shlex.quote(f"WARNING: the pull of {r} from the fleet cache failed; "
                                "trying the next source")
             lines.append(f'  [ -n "$ref" ] || {{ {docker_commands.pull(r)} >&2 && '
@@ -81,23 +76,19 @@ def probe_script(candidate: Candidate, pull: bool, caches: Sequence[str] = ()) -
         lines.append("  echo source=unknown; exit 0")
     lines += [
         "fi",
-        f"out=$({run_found} 2>&1) || "
-        '{ printf "%s\\n" "$out" >&2; exit 4; }',
+        f'out=$({run_found} 2>&1) || {{ printf "%s\\n" "$out" >&2; exit 4; }}',
         'v=$(printf "%s\\n" "$out" | tail -n 1)',
         'echo "version=$v"',
     ]
     if pull:  # --dry changes nothing, not even the cache
-        lines.append(f"install -d -m 0755 {HOST.version_cache_dir} && printf '%s\\n' \"$v\" > {cache}")
+        lines.append(f"install -d -m 0755 {HOST.version_cache_dir} && "
+                     f"printf '%s\\n' \"$v\" > {cache}")
     return "\n".join(lines) + "\n"
 
 
 def parse_probe(output: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in output.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key in ("source", "version"):
-            out[key] = value.strip()
-    return out
+    pairs = (line.partition("=") for line in output.splitlines())
+    return {key: value.strip() for key, sep, value in pairs if sep and key in ("source", "version")}
 
 
 def read_version(remote: Remote, host: InventoryHost, candidate: Candidate, *, pull: bool,
@@ -108,10 +99,8 @@ def read_version(remote: Remote, host: InventoryHost, candidate: Candidate, *, p
     if rc == 3:
         raise VersionError(f"{host.name}: cannot pull {candidate.ref}: {out.strip()[-500:]}")
     if rc != 0 or (values.get("source") != "unknown" and not values.get("version")):
-        raise VersionError(
-            f"{host.name}: cannot read vllm.__version__ from {candidate.ref} "
-            f"(exit {rc}): {out.strip()[-500:]}"
-        )
+        raise VersionError(f"{host.name}: cannot read vllm.__version__ from {candidate.ref} "
+                           f"(exit {rc}): {out.strip()[-500:]}")
     source = values.get("source", "unknown")
     return VersionProbe(values.get("version") or None, source, pulled=source == "pulled")
 
@@ -119,13 +108,9 @@ def read_version(remote: Remote, host: InventoryHost, candidate: Candidate, *, p
 def remove_image(remote: Remote, host: InventoryHost, candidate: Candidate,
                  caches: Sequence[str] = ()) -> None:
     """Remove a candidate this bump pulled and then refused (leave the host as found)."""
-    refs = [f"{candidate.repository}@{candidate.digest}", *cache_refs(candidate, caches)]
+    refs = local_refs(candidate, caches)
     remote.run(host, f"docker image rm {' '.join(shlex.quote(r) for r in refs)} "
                      ">/dev/null 2>&1; true")
-
-
-# Seeding a vLLM image (several GB) through a home uplink.
-SEED_TIMEOUT_S = 3600
 
 
 def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Candidate,
@@ -142,17 +127,16 @@ def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Cand
             c = validate_cache(h.name, h.data)
         except HostDataError:
             continue  # its own preflight names the problem; the canary pulls upstream
-        where = f"{c.address}:{c.registry_port}"
         log(f"fleet cache {h.name}: fetching {path}@{candidate.digest[:19]} from "
             f"{c.registry_upstream} once, before the canary")
         try:
             rc, out = remote.run(h, seed_command(c.registry_upstream, path, candidate.digest,
                                                  warm_marker(candidate.digest)),
-                                 timeout=SEED_TIMEOUT_S)
+                                 timeout=3600)  # several GB through a home uplink
         except RigfleetError as e:
             rc, out = -1, str(e)
         if rc == 0:
-            held.append(where)
+            held.append(f"{c.address}:{c.registry_port}")
         else:
             last = out.strip().splitlines()[-1:] or ["no output"]
             log(f"[yellow]warning:[/yellow] fleet cache {h.name}: the candidate is not in the "
@@ -162,7 +146,7 @@ def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Cand
 
 def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
     """Every reference (by digest and by tag) of the repository's images whose digest is not in
-    ``keep``, from ``docker image ls --digests`` lines; images with no registry digest stay. Pure."""
+    ``keep``, from ``docker image ls --digests`` lines; images with no registry digest stay."""
     keep_set = set(keep)
     out: list[str] = []
     for line in listing.splitlines():
@@ -183,9 +167,8 @@ def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[s
                                    f"{shlex.quote(repository)}")
     if rc != 0:
         return []
-    refs = to_prune(listing, repository, keep)
     removed = []
-    for ref in refs:
+    for ref in to_prune(listing, repository, keep):
         # No --force: an image a container (even a stopped one) uses keeps its last reference.
         rc, _ = remote.run(host, f"docker image rm {shlex.quote(ref)} >/dev/null 2>&1")
         if rc == 0:
@@ -196,5 +179,5 @@ def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[s
 def save_image(remote: Remote, host: InventoryHost, candidate: Candidate, directory: Path,
                version: str) -> SavedArchive:
     """``docker save`` the candidate into ``directory`` here, with its JSON sidecar."""
-    want = WantedImage(candidate.image, candidate.digest, None, ())
-    return export_image(remote, host, want, directory, version)
+    return export_image(remote, host, WantedImage(candidate.image, candidate.digest, None, ()),
+                        directory, version)

@@ -25,7 +25,6 @@ from rigfleet.pins import Pins, PinsError, StackPins, parse_pins, stack_dict, wr
 from rigfleet.validate import Problems
 
 SCHEMA = "rigfleet-bump-journal/1"
-SUFFIX = ".bump-journal.json"
 # Outcomes as rigfleet.bump.rollout.Status spells them.
 STATUSES = ("promoted", "failed", "lost", "skipped", "not attempted", "up to date")
 _KEYS = ("schema", "id", "started", "updated", "by", "owner", "pins_file", "base_serial",
@@ -39,8 +38,7 @@ _PLAN = ("new_stacks", "hosts", "canary", "batches", "skipped", "up_to_date", "b
 
 
 def journal_path(pins_path: str | Path) -> Path:
-    path = Path(pins_path)
-    return path.with_name(path.name + SUFFIX)
+    return Path(f"{pins_path}.bump-journal.json")
 
 
 def now_iso() -> str:
@@ -96,14 +94,13 @@ class BumpJournal:
             raise JournalError(f"{path}: another bump's journal is there (started meanwhile?); "
                                "allowed: one bump at a time: run `rigfleet bump` to finish it")
         journal = cls(
-            path=path, id=journal_id, started=now_iso(), by=by,
-            owner={"host": socket.gethostname(), "pid": os.getpid()},
+            path=path, id=journal_id, started=now_iso(), by=by, owner={},
             pins_file=str(plan.pins.path), base_serial=plan.pins.serial,
             **{k: getattr(plan, k) for k in _PLAN},
             candidate=dict(candidate) if candidate is not None else None, version=version,
             history=dict(history or {}),
         )
-        journal.save()
+        journal.take_over()  # and saves it
         return journal
 
     def take_over(self) -> None:
@@ -121,8 +118,7 @@ class BumpJournal:
     def record(self, host: str, outcome: Mapping[str, Any]) -> None:
         """A host's outcome, as soon as it is known (``HostOutcome.to_record()``)."""
         self.outcomes[host] = {**outcome, "at": now_iso()}
-        if self.deploying is not None and all(
-                h in self.outcomes for h in self.deploying.get("hosts", [])):
+        if not self.in_flight:
             self.deploying = None
         self.save()
 
@@ -146,9 +142,7 @@ class BumpJournal:
 
     @property
     def in_flight(self) -> list[str]:
-        if self.deploying is None:
-            return []
-        return [h for h in self.deploying.get("hosts", []) if h not in self.outcomes]
+        return [h for h in (self.deploying or {}).get("hosts", []) if h not in self.outcomes]
 
     @property
     def promoted(self) -> list[str]:
@@ -202,10 +196,8 @@ class BumpJournal:
             return None
         base = {"bump": self.id, "target": self.target(), "started": self.started,
                 "by": self.by, "journal": str(self.path)}
-        outcome = self.outcomes.get(host)
-        if outcome is not None:
-            state = ("candidate" if outcome.get("runs_new") is True
-                     else str(outcome.get("status")))
+        if (outcome := self.outcomes.get(host)) is not None:
+            state = "candidate" if outcome.get("runs_new") is True else str(outcome.get("status"))
             return {**base, "state": state, "since": outcome.get("at")}
         if host in self.in_flight:
             return {**base, "state": "in flight", "since": (self.deploying or {}).get("since")}
@@ -217,8 +209,7 @@ class BumpJournal:
 
 
 def load_journal(pins: Pins, catalog: Catalog | None = None) -> BumpJournal | None:
-    """The journal beside ``pins.path``, checked, with its ``state``; None when there is none
-    (``JournalError`` naming the key, the value and what is allowed)."""
+    """The journal beside ``pins.path``, checked, with its ``state`` (None: there is none)."""
     path = journal_path(pins.path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -41,15 +41,15 @@ class MirrorRegistry(Registry):
         except urllib.error.URLError as exc:
             raise RegistryError(f"{url}: cannot reach the registry ({exc.reason})") from None
 
-    def raw_manifest(self, repo: str, reference: str) -> tuple[bytes, str]:
-        """(exact bytes, media type): the bytes are what the digest is of."""
-        headers, body = self._request("GET", f"/v2/{repo}/manifests/{reference}", repo, MANIFEST_TYPES)
-        media = headers.get("content-type", "").split(";")[0]
+    def raw_manifest(self, repo: str, reference: str) -> tuple[bytes, str, dict[str, Any]]:
+        """(exact bytes, media type, content): the bytes are what the digest is of."""
+        headers, body = self._request("GET", f"/v2/{repo}/manifests/{reference}", repo,
+                                      MANIFEST_TYPES)
         try:
-            media = json.loads(body).get("mediaType") or media
+            doc = json.loads(body)
         except ValueError:
             raise RegistryError(f"{repo}:{reference}: manifest is not JSON") from None
-        return body, media
+        return body, doc.get("mediaType") or headers.get("content-type", "").split(";")[0], doc
 
     def has(self, repo: str, kind: str, digest: str) -> bool:
         url = f"{self.where}/v2/{repo}/{kind}/{digest}"
@@ -74,8 +74,7 @@ class MirrorRegistry(Registry):
         base = self.where
         _, headers, _ = self._send("POST", f"{base}/v2/{repo}/blobs/uploads/", repo, b"",
                                    {"Content-Length": "0"})  # fmt: skip
-        location = headers.get("location")
-        if not location:
+        if not (location := headers.get("location")):
             raise RegistryError(f"{base}: blob upload for {repo} gave no Location")
         url = urllib.parse.urljoin(base + "/", location)
         url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"digest": digest})
@@ -104,18 +103,16 @@ class Copied:
 def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, digest: str,
                platforms: str = "all") -> Copied:
     """Copy ``repo@digest`` from ``src`` to ``dst`` and tag it ``tag`` there."""
-    body, media = src.raw_manifest(repo, digest)
-    doc = json.loads(body)
+    body, media, doc = src.raw_manifest(repo, digest)
     if (media in INDEX_TYPES or "manifests" in doc) and platforms == "amd64":
         digest = platform_manifest(doc, f"{repo}@{digest}")
-        body, media = src.raw_manifest(repo, digest)
-        doc = json.loads(body)
+        body, media, doc = src.raw_manifest(repo, digest)
     counter = [0, 0]
     if media in INDEX_TYPES or "manifests" in doc:
         for entry in doc.get("manifests") or []:
             one = str(entry["digest"])
-            one_body, one_media = src.raw_manifest(repo, one)
-            _copy_blobs(src, dst, repo, json.loads(one_body), counter)
+            one_body, one_media, one_doc = src.raw_manifest(repo, one)
+            _copy_blobs(src, dst, repo, one_doc, counter)
             if not dst.has(repo, "manifests", one):
                 dst.put_manifest(repo, one, one_body, one_media)
     else:

@@ -25,7 +25,7 @@ from rigfleet.bump.images import VersionProbe
 from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.plan import pin_text
 from rigfleet.bump.plan_record import Plan
-from rigfleet.bump.rollout import BAD, RolloutResult, Status, StillRunning, outcome_of
+from rigfleet.bump.rollout import BAD, RolloutResult, Status, StillRunning, outcome_of, step_label
 from rigfleet.tables import Table
 
 console = Console(stderr=True, highlight=False)
@@ -40,20 +40,18 @@ def log(message: str) -> None:
 
 
 def error(message: object, code: int = EXIT_ERROR) -> int:
-    """Say ``error: message``; the exit status (3 unless ``code`` says)."""
     console.print(f"[red]error:[/red] {message}")
     return code
 
 
 def refused(message: object) -> int:
-    """Say ``refused: message``; exit status 1."""
     console.print(f"[red]refused:[/red] {message}")
     return EXIT_FAILED
 
 
 def by() -> str:
-    if os.environ.get("RIGFLEET_BY"):
-        return os.environ["RIGFLEET_BY"]
+    if who := os.environ.get("RIGFLEET_BY"):
+        return who
     try:
         user = getpass.getuser()
     except Exception:  # no passwd entry (containers)
@@ -107,8 +105,7 @@ def print_steps(plan: Plan, what: str) -> None:
     """The plan's canary, batches, skipped and up-to-date hosts, and its stop rule."""
     hosts = Table(what, ["step", "hosts"], keys=("step",))
     for i, batch in enumerate(plan.batches):
-        hosts.row("canary" if i == 0 else f"batch {i}",
-                  ", ".join(f"{h} ({plan.host(h).stack})" for h in batch))
+        hosts.row(step_label(i), ", ".join(f"{h} ({plan.host(h).stack})" for h in batch))
     for name, reason in plan.skipped.items():
         hosts.row(Text("skipped", style="yellow"), f"{name}: {reason}" if "--limit" in reason
                   else f"{name}: unreachable ({reason})")
@@ -122,10 +119,8 @@ def print_steps(plan: Plan, what: str) -> None:
 def print_result(result: RolloutResult, log_dir: Path) -> None:
     table = Table(f"rigfleet bump: {outcome_of(result)} in {result.seconds:.0f}s",
                   ["host", "result", "gate", "reason"])
-    colors = {
-        Status.PROMOTED: "green", Status.UP_TO_DATE: "green", Status.FAILED: "red",
-        Status.LOST: "red", Status.SKIPPED: "yellow", Status.NOT_ATTEMPTED: "yellow",
-    }  # fmt: skip
+    colors = {Status.PROMOTED: "green", Status.UP_TO_DATE: "green", Status.FAILED: "red",
+              Status.LOST: "red", Status.SKIPPED: "yellow", Status.NOT_ATTEMPTED: "yellow"}
     for o in result.outcomes.values():
         table.row(o.host, Text(str(o.status), style=colors[o.status]), o.gate or "-",
                   o.reason or "-")
@@ -134,9 +129,9 @@ def print_result(result: RolloutResult, log_dir: Path) -> None:
         console.print(f"[red]stopped:[/red] {result.stopped}")
     console.print(f"[dim]pyinfra logs: {log_dir}[/dim]")
 
+
 def exit_status(result: RolloutResult) -> int:
-    bad = result.by_status(*BAD)
-    if bad:
+    if bad := result.by_status(*BAD):
         parts = [f"{o.host} {o.status}" + (f" (failed checks: {', '.join(o.failed_checks)})"
                                            if o.failed_checks else "") for o in bad]
         console.print(f"[red]bump failed:[/red] {'; '.join(parts)}")
@@ -147,6 +142,7 @@ def exit_status(result: RolloutResult) -> int:
         console.print(f"[yellow]promoted, but skipped host(s): {names}[/yellow]")
         return EXIT_SKIPPED
     return EXIT_OK
+
 
 def interrupted(journal: BumpJournal, error: BaseException, inventory: str) -> int:
     """The rollout stopped early (Ctrl-C, a swap that still runs): say what the journal keeps."""
@@ -161,12 +157,12 @@ def interrupted(journal: BumpJournal, error: BaseException, inventory: str) -> i
                   "--abandon to record it and stop")
     return EXIT_INTERRUPTED
 
+
 def print_journal(journal: BumpJournal) -> None:
     """Where each host of an unfinished bump stands."""
     table = Table(f"unfinished bump {journal.id}: {journal.target()}",
                   ["host", "step", "state", "since"])
-    steps = {h: ("canary" if i == 0 else f"batch {i}")
-             for i, batch in enumerate(journal.batches) for h in batch}
+    steps = {h: step_label(i) for i, batch in enumerate(journal.batches) for h in batch}
     for h in journal.hosts:
         view = journal.host_view(h.name) or {}
         table.row(h.name, steps.get(h.name, "-"), str(view.get("state", "-")),

@@ -44,17 +44,15 @@ def build_plan(hosts: Sequence[PlanHost], unreachable: Mapping[str, str | None],
 
     canary = _canary(moving, pins, new, notes)
     batches = _batches(canary, moving, batch_size)
-    problem = serving_cap(hosts, skipped, pins, new, batches)
-    if problem is not None:
+    if (problem := serving_cap(hosts, skipped, pins, new, batches)) is not None:
         allowed = next((b for b in range(batch_size - 1, 0, -1)
                         if serving_cap(hosts, skipped, pins, new,
                                        _batches(canary, moving, b)) is None), 1)
         raise ValueError(f"--batch-size {batch_size}: {problem}; at least one host per stack "
                          f"keeps serving while the others swap. Allowed: --batch-size "
                          f"{allowed} or less")
-    for name, reason in skipped.items():
-        if CANARY_GROUP in next(h for h in hosts if h.name == name).groups:
-            notes.append(f"inventory canary {name} is unreachable ({reason})")
+    notes += [f"inventory canary {h.name} is unreachable ({skipped[h.name]})"
+              for h in hosts if h.name in skipped and CANARY_GROUP in h.groups]
     return Plan(pins=pins, new_stacks=new, hosts=tuple(hosts),
                 canary=canary.name if canary else None, batches=tuple(batches), skipped=skipped,
                 up_to_date=tuple(up_to_date), batch_size=batch_size, max_failures=max_failures,
@@ -79,14 +77,10 @@ def serving_cap(hosts: Sequence[PlanHost], skipped: Mapping[str, str], pins: Pin
         if h.name not in skipped:
             serving.setdefault(h.stack, []).append(h.name)
     for i, batch in enumerate(batches):
-        swapping: dict[str, list[str]] = {}
-        for name in batch:
-            h = by_name[name]
-            if exercises(h, pins.for_host(name).stacks, new):
-                swapping.setdefault(h.stack, []).append(name)
-        for stack, names in swapping.items():
+        swapping = [n for n in batch if exercises(by_name[n], pins.for_host(n).stacks, new)]
+        for stack in dict.fromkeys(by_name[n].stack for n in swapping):
             every = serving.get(stack, [])
-            if len(every) >= 2 and set(every) <= set(names):
+            if len(every) >= 2 and set(every) <= set(swapping):
                 label = "the canary" if i == 0 else f"batch {i}"
                 return (f"{label} ({', '.join(batch)}) would swap every host serving {stack} "
                         f"({', '.join(every)}) at once: none would be left to serve it")
@@ -99,9 +93,8 @@ def _canary(moving: list[PlanHost], pins: Pins, new: dict[str, StackPins], notes
         return None
     testing = [h for h in moving if exercises(h, pins.for_host(h.name).stacks, new)]
     marked = [h for h in moving if CANARY_GROUP in h.groups]
-    for h in marked:
-        if h in testing:
-            return h
+    if found := next((h for h in marked if h in testing), None):
+        return found
     if marked:
         notes.append(f"inventory canary {marked[0].name} serves {marked[0].stack}, which this "
                      "bump does not change; a host that serves a bumped stack goes first instead")

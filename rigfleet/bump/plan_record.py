@@ -13,8 +13,6 @@ from rigfleet.pins import Pins, StackPins
 
 @dataclass(frozen=True)
 class PlanHost:
-    """One inventory host as the plan sees it."""
-
     name: str
     stack: str  # the stack it serves (host data ``stack``)
     groups: tuple[str, ...] = ()
@@ -59,11 +57,9 @@ class Plan:
         hosts' overrides of them dropped, and the serial the real file gets when saved (so the
         ledgers' ``pins_serial`` matches it)."""
         moving = set(self.rollout_hosts)
-        hosts: dict[str, dict[str, StackPins]] = {}
-        for name, overrides in self.pins.hosts.items():
-            kept = {s: p for s, p in overrides.items()
-                    if name not in moving or s not in self.new_stacks}
-            if kept:
-                hosts[name] = kept
+        kept = {name: {s: p for s, p in overrides.items()
+                       if name not in moving or s not in self.new_stacks}
+                for name, overrides in self.pins.hosts.items()}
         return replace(self.pins, path=path, serial=self.pins.serial + 1,
-                       stacks={**self.pins.stacks, **self.new_stacks}, hosts=hosts)
+                       stacks={**self.pins.stacks, **self.new_stacks},
+                       hosts={name: stacks for name, stacks in kept.items() if stacks})

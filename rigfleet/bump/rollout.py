@@ -1,9 +1,6 @@
-"""The rollout engine: a pins file rolled out batch by batch, each host's outcome read back.
-
-Each batch is one ``pyinfra <inventory> deploy.py -y --json --limit <host> ...`` run (the deploy's
-swap transaction does the per-host work); afterwards each host's truth is read over SSH and
-judged with pyinfra's per-host result; ``pins_after`` is the pins file it leaves. ``rigfleet
-bump``, ``rollback`` and ``roll`` use it::
+"""The rollout engine of ``rigfleet bump``, ``rollback`` and ``roll``: per batch one ``pyinfra
+<inventory> deploy.py -y --json --limit <host> ...`` run, then each host's outcome read back over
+SSH beside pyinfra's result (docs/bump.md, step 6); ``pins_after``: the pins file it leaves::
 
     runner = PyinfraRunner(inventory, hosts_by_name, SshRemote(), log_dir=Path("reports/..."))
     result = rollout(plan, runner, Path(".pins.yaml.bump-123"), on_event=print)
@@ -69,7 +66,6 @@ def probe_of_record(data: Mapping[str, Any] | None) -> HostProbe | None:
 
 
 def new_ledger_lines(before: HostProbe | None, after: HostProbe) -> list[dict[str, Any]]:
-    """The ledger lines the host wrote since ``before``."""
     new = after.ledger_count - (before.ledger_count if before else 0)
     return list(after.ledger_tail[-new:]) if new > 0 else []
 
@@ -84,9 +80,7 @@ class DeployResult:
     seconds: float = 0.0
 
     def failed(self, host: str) -> bool:
-        if self.failed_hosts is None:
-            return self.rc != 0
-        return host in self.failed_hosts
+        return self.rc != 0 if self.failed_hosts is None else host in self.failed_hosts
 
 
 @dataclass(frozen=True)
@@ -115,8 +109,7 @@ class HostOutcome:
     def from_record(cls, host: str, data: Mapping[str, Any]) -> HostOutcome:
         batch = data.get("batch")
         return cls(host, Status(str(data["status"])), batch if isinstance(batch, int) else None,
-                   data.get("runs_new"), str(data.get("reason") or ""),
-                   str(data.get("gate") or ""),
+                   data.get("runs_new"), str(data.get("reason") or ""), str(data.get("gate") or ""),
                    tuple(str(c) for c in data.get("failed_checks") or ()),
                    data.get("report_file"), float(data.get("seconds") or 0.0))
 
@@ -193,58 +186,49 @@ def gate_of(before: HostProbe | None, after: HostProbe
     report = after.newest_report
     if report is not None and (before is None or report.file not in set(before.report_files)):
         return report.text, report.failed, report.file
-    swap = fresh_swap(before, after)
-    old_gate = before.state.get("gate") if before is not None else None
-    for source in (swap.get("gate"), after.state.get("gate")):
-        if not isinstance(source, dict) or (source is after.state.get("gate")
-                                             and source == old_gate):  # fmt: skip
-            continue
-        names = source.get("failed_checks") or []
-        failed = tuple(str(x) for x in names) if isinstance(names, list) else ()
-        result = str(source.get("result") or "")
-        text = result + (f" ({', '.join(failed)})" if failed else "")
-        if source.get("summary"):
-            text += f": {source['summary']}"
-        return text.strip(), failed, source.get("report")
-    return "", (), None
+    source = fresh_swap(before, after).get("gate")
+    if not isinstance(source, dict):
+        source = after.state.get("gate")
+        old_gate = before.state.get("gate") if before is not None else None
+        if not isinstance(source, dict) or source == old_gate:
+            return "", (), None
+    names = source.get("failed_checks") or []
+    failed = tuple(str(x) for x in names) if isinstance(names, list) else ()
+    text = str(source.get("result") or "") + (f" ({', '.join(failed)})" if failed else "")
+    if source.get("summary"):
+        text += f": {source['summary']}"
+    return text.strip(), failed, source.get("report")
 
 
 def fresh_swap(before: HostProbe | None, after: HostProbe) -> dict[str, Any]:
     """The swap transaction's ``last_swap`` record when this run wrote it, else {}."""
     swap = after.state.get("last_swap")
-    if not isinstance(swap, dict):
-        return {}
     old = before.state.get("last_swap") if before is not None else None
-    if isinstance(old, dict) and old.get("id") == swap.get("id"):
+    if not isinstance(swap, dict) or isinstance(old, dict) and old.get("id") == swap.get("id"):
         return {}
     return swap
 
 
 def _rollback_reason(before: HostProbe | None, after: HostProbe) -> str:
     """What the host recorded about why it did not promote (swap record, new ledger lines)."""
-    for record in (fresh_swap(before, after), *reversed(new_ledger_lines(before, after))):
-        if record.get("reason"):
-            return f"{record.get('result') or 'not promoted'}: {record['reason']}"
-    return ""
+    records = (fresh_swap(before, after), *reversed(new_ledger_lines(before, after)))
+    return next((f"{r.get('result') or 'not promoted'}: {r['reason']}"
+                 for r in records if r.get("reason")), "")
 
 
 def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
     """pyinfra's error lines for ``host`` (``[host] ...`` lines that say error/failed)."""
-    tag = f"[{host}]"
-    ansi = re.compile(r"\x1b\[[0-9;]*m")
-    lines = [ansi.sub("", line).strip() for line in log.splitlines()]
-    hits = [
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in log.splitlines()]
+    return [
         line for line in lines
-        if tag in line and re.search(r"error|fail|refus|unreach|lost|timed out", line, re.I)
+        if f"[{host}]" in line and re.search(r"error|fail|refus|unreach|lost|timed out", line, re.I)
         and not re.search(r"Error: executed \d+ commands", line)  # pyinfra's own tally
-    ]  # fmt: skip
-    return hits[-limit:]
+    ][-limit:]  # fmt: skip
 
 
 def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: DeployResult,
              before: HostProbe | None, after: HostProbe | str, batch: int) -> HostOutcome:
-    """One host's outcome after its batch (``stack``: the one it serves, ``old``/``new``: its
-    pins before/after; ``after``: its probe, or why it could not be read)."""
+    """One host's outcome after its batch: its probe (or why none) read with pyinfra's result."""
     errors = host_errors(deploy.log, host)
     failed = deploy.failed(host)
     lost = (f"unreachable after its deploy started ({after})" if isinstance(after, str)
@@ -288,23 +272,21 @@ def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostPr
                            f"unreachable when the interrupted bump resumed ({after})")
     if after.busy:
         raise StillRunning(f"{host}: a transaction still runs there ({after.busy})")
-    gate, failed_checks, report = gate_of(before, after)
     if _runs(after.state, stack, new):
         return HostOutcome(host, Status.PROMOTED, batch, True,
-                           "promoted while the bump was interrupted", gate, failed_checks,
-                           report)  # fmt: skip
-    if _runs(after.state, stack, old) and before is not None and not gate \
+                           "promoted while the bump was interrupted", *gate_of(before, after))
+    if _runs(after.state, stack, old) and before is not None and not gate_of(before, after)[0] \
             and not fresh_swap(before, after):
         return None
-    interrupted = DeployResult(1, None, "")
-    return classify(host, stack, old, new, interrupted, before, after, batch)
+    return classify(host, stack, old, new, DeployResult(1, None), before, after, batch)
 
 
 def _why(errors: list[str], fallback: str, sep: str = "") -> str:
     return f"{fallback}{sep}: {errors[-1]}" if errors else fallback
 
 
-# --- the loop --------------------------------------------------------------------------------
+def step_label(batch: int) -> str:
+    return "canary" if batch == 0 else f"batch {batch}"
 
 
 Judge = Callable[[str, DeployResult, "HostProbe | None", "HostProbe | str", int], HostOutcome]
@@ -316,40 +298,34 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
             resume: Resume | None = None) -> RolloutResult:
     """Roll the plan out on the candidate ``pins_file``, canary first (``resume``: from where)."""
     started = time.monotonic()
-    done = dict(resume.done) if resume is not None else {}
-    in_flight = dict(resume.in_flight) if resume is not None else {}
-    out: dict[str, HostOutcome] = {}
-    for name in plan.up_to_date:
-        out[name] = HostOutcome(name, Status.UP_TO_DATE, runs_new=True)
-    for name, reason in plan.skipped.items():
-        out[name] = HostOutcome(name, Status.SKIPPED, runs_new=False,
-                                reason=f"unreachable at the start ({reason})")  # fmt: skip
+    resume = resume or Resume()
+    done = dict(resume.done)
+    out = {name: HostOutcome(name, Status.UP_TO_DATE, runs_new=True) for name in plan.up_to_date}
+    out.update({name: HostOutcome(name, Status.SKIPPED, runs_new=False,
+                                  reason=f"unreachable at the start ({reason})")
+                for name, reason in plan.skipped.items()})
 
     def pins(h: str) -> tuple[str, StackPins, StackPins]:  # the stack it serves, old, new
         stack = plan.host(h).stack
         return stack, plan.old_for(h)[stack], plan.new_for(h)[stack]
 
     for i, batch in enumerate(plan.batches):
-        for h in (h for h in batch if h in in_flight and h not in done):
-            settled = settle(h, *pins(h), in_flight[h], probe_or_why(runner.facts, h), i)
+        for h in (h for h in batch if h in resume.in_flight and h not in done):
+            settled = settle(h, *pins(h), resume.in_flight[h], probe_or_why(runner.facts, h), i)
             if settled is not None:
                 done[h] = settled
-                _record(out, journal, on_event, settled, f"{_label(i)} (interrupted)")
+                _record(out, journal, on_event, settled, f"{step_label(i)} (interrupted)")
 
-    def judge(h: str, result: DeployResult, before: HostProbe | None, after: HostProbe | str,
-              i: int) -> HostOutcome:
-        return classify(h, *pins(h), result, before, after, i)
-
-    return run_batches(plan.batches, runner, pins_file, judge, out, plan.max_failures,
+    return run_batches(plan.batches, runner, pins_file,
+                       lambda h, *rest: classify(h, *pins(h), *rest), out, plan.max_failures,
                        [h.name for h in plan.hosts], started, on_event=on_event,
-                       on_line=on_line, journal=journal, done=done,
-                       stopped=resume.stop if resume is not None else None)
+                       on_line=on_line, journal=journal, done=done, stopped=resume.stop)
 
 
 def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Path | None,
                 judge: Judge, out: dict[str, HostOutcome], max_failures: int,
                 order: Sequence[str], started: float, *,
-                canary: bool = True, first: int = 0, label: Callable[[int], str] | None = None,
+                canary: bool = True, first: int = 0, label: Callable[[int], str] = step_label,
                 on_event: Callable[[str], None] = lambda _: None,
                 on_line: Callable[[str], None] = lambda _: None,
                 journal: BumpJournal | None = None,
@@ -359,7 +335,6 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
     ``max_failures`` failed or lost hosts, or (``canary``) a failed first batch: the rest is
     ``NOT_ATTEMPTED``; unreachable or busy at its batch: ``SKIPPED``; ``done`` outcomes stand."""
     done = done or {}
-    name_of = label or (lambda n: _label(n) if canary else f"batch {n}")
     failures = 0
     for i, batch in enumerate(batches):
         n = i + first
@@ -377,7 +352,7 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 if why:
                     _record(out, journal, on_event, HostOutcome(h, Status.SKIPPED, n, False, why
                             if why.startswith("busy:") else f"unreachable before its batch "
-                            f"({why})"), name_of(n))
+                            f"({why})"), label(n))
             if canary and not live and i == 0 and batch[0] in todo:
                 stopped = f"the canary {batch[0]} could not be worked on ({reach[batch[0]]}); " \
                     "nothing was changed"
@@ -387,12 +362,12 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
                 if journal is not None:
                     journal.deploying_batch(n, live, {h: probe_record(f) if f else None
                                                       for h, f in before.items()})
-                on_event(f"{name_of(n)}: deploying {', '.join(live)}")
+                on_event(f"{label(n)}: deploying {', '.join(live)}")
                 result = runner.deploy(live, pins_file, n, on_line)
                 for h in live:
                     _record(out, journal, on_event,
                             judge(h, result, before[h], probe_or_why(runner.facts, h), n),
-                            name_of(n))
+                            label(n))
         failures += sum(1 for h in batch if out[h].status in (Status.FAILED, Status.LOST))
         if stopped:
             continue
@@ -413,10 +388,6 @@ def _record(out: dict[str, HostOutcome], journal: BumpJournal | None,
     on_event(f"{label}: {o.host} {o.status}{gate}{reason}")
     if journal is not None:
         journal.record(o.host, o.to_record())
-
-
-def _label(batch: int) -> str:
-    return "canary" if batch == 0 else f"batch {batch}"
 
 
 # --- the pins file afterwards (pure; the rules: docs/bump.md, step 8) --------------------------
@@ -455,8 +426,7 @@ def pins_after(plan: Plan, result: RolloutResult, when: str, by: str,
     for h in plan.hosts:
         o = result.outcomes.get(h.name)
         runs = plan.new_for(h.name) if o is not None and o.runs_new else plan.old_for(h.name)
-        differs = {s: p for s, p in runs.items() if top.get(s) != p}
-        if differs:
+        if differs := {s: p for s, p in runs.items() if top.get(s) != p}:
             hosts[h.name] = differs
     entry = {"at": when, "by": by, "action": "bump", "outcome": outcome,
              "old": {s: stack_summary(old.stacks[s]) for s in plan.new_stacks},
@@ -465,8 +435,6 @@ def pins_after(plan: Plan, result: RolloutResult, when: str, by: str,
              **(extra or {})}
     return replace(old, stacks=top, hosts=hosts), entry
 
-
-# --- the real runner -------------------------------------------------------------------------
 
 def pyinfra_json(stdout: str) -> dict[str, Any] | None:
     """pyinfra's ``--json`` payload (the last JSON object on stdout), or None."""
@@ -509,8 +477,7 @@ class PyinfraRunner:
         self.env = dict(env or {})
 
     def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
-        """None for a host the deploy can work on now; else why not (SSH fails, or a live
-        transaction holds its lock: skipped, not failed)."""
+        """Host -> None when the deploy can work on it now, else why not (SSH, a held lock)."""
 
         def check(host: InventoryHost) -> str | None:
             busy = self.facts(host.name).busy
@@ -526,38 +493,33 @@ class PyinfraRunner:
                on_line: Callable[[str], None]) -> DeployResult:
         cmd = pyinfra_command(self.inventory, self.deploy_file, hosts, pins_file)
         started = time.monotonic()
-        log_file = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            log_file = (self.log_dir / f"batch-{batch}.log").open("w")
-            log_file.write("$ " + " ".join(cmd) + "\n")
+        log_path = self.log_dir / f"batch-{batch}.log" if self.log_dir else Path(os.devnull)
         env = {**os.environ, **self.env} if self.env else None
-        proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE, env=env,
-                                stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
-        assert proc.stdout is not None and proc.stderr is not None
-        stdout: list[str] = []
-        # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
-        out_pipe = proc.stdout
-        reader = threading.Thread(target=lambda: stdout.append(out_pipe.read()), daemon=True)
-        reader.start()
-        log: list[str] = []
-        for line in proc.stderr:
-            log.append(line)
-            if log_file is not None:
+        with log_path.open("w") as log_file:
+            log_file.write("$ " + " ".join(cmd) + "\n")
+            proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE, env=env,
+                                    stderr=subprocess.PIPE, text=True, errors="replace")
+            assert proc.stdout is not None and proc.stderr is not None
+            stdout: list[str] = []
+            # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
+            out_pipe = proc.stdout
+            reader = threading.Thread(target=lambda: stdout.append(out_pipe.read()), daemon=True)
+            reader.start()
+            log: list[str] = []
+            for line in proc.stderr:
+                log.append(line)
                 log_file.write(line)
                 log_file.flush()
-            on_line(line.rstrip())
-        try:
-            rc = proc.wait(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-        reader.join(timeout=30)
-        if log_file is not None:
+                on_line(line.rstrip())
+            try:
+                rc = proc.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+            reader.join(timeout=30)
             log_file.write(f"--- exit {rc}; stdout (pyinfra --json)\n" + "".join(stdout))
-            log_file.close()
-        payload = pyinfra_json("".join(stdout))
-        failed = None
-        if payload and isinstance(payload.get("results"), dict):
-            failed = frozenset(payload["results"].get("failed_hosts") or [])
+        results = (pyinfra_json("".join(stdout)) or {}).get("results")
+        failed = frozenset(results.get("failed_hosts") or []) if isinstance(results, dict) else None
         return DeployResult(rc, failed, "".join(log), time.monotonic() - started)

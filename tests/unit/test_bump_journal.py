@@ -441,7 +441,7 @@ def test_ctrl_c_then_the_same_command_again_finishes_the_bump(tmp_path, monkeypa
     opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"),
                        image=f"nightly-{NEWER}", batch_size=2, yes=True)
     inputs = decide.load_inputs(opts)
-    rc = execute.execute(opts, inputs, None, plan, None, "0.20.2rc1", {})
+    rc = execute.execute(opts, inputs, None, plan, None, "0.20.2rc1")
     assert rc == output.EXIT_INTERRUPTED
     pins, journal = reload(plan)
     assert journal.promoted == ["host1"] and pins.serial == plan.pins.serial  # not saved yet
@@ -522,7 +522,7 @@ def test_pyinfra_lines_and_reasons_with_brackets_are_printed_as_text(tmp_path, m
     opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"),
                        image=f"nightly-{NEWER}", yes=True)
     with output.console.capture() as seen:
-        rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "0.20.2rc1", {})
+        rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "0.20.2rc1")
     assert rc == output.EXIT_FAILED
     assert "disk full [/var/lib/docker]" in " ".join(seen.get().split())  # as text, whole
 
@@ -537,7 +537,7 @@ def test_a_resumed_rollback_is_recorded_as_the_rollback(tmp_path, monkeypatch):
     cli_fleet(tmp_path, monkeypatch, plan, runner)
     opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"), batch_size=2,
                        rollback_to=plan.pins.serial - 1, yes=True)
-    rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "", {},
+    rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "",
                          history={"action": "rollback", "to_serial": plan.pins.serial - 1})
     assert rc == output.EXIT_INTERRUPTED
     assert reload(plan)[1].history == {"action": "rollback", "to_serial": plan.pins.serial - 1}
