@@ -28,31 +28,30 @@ MODEL_LOG = "/var/log/nginx/rigfleet-cache.log"
 
 
 def model_path(model_dir: str, repo: str, revision: str) -> str:
-    """Where the cache keeps one verified revision: ``<model_dir>/<org>/<name>/<revision>``
-    (the URL path under the model cache is the same, below ``model_dir``)."""
+    """``<model_dir>/<org>/<name>/<revision>``, on disk and as the model cache's URL path."""
     return posixpath.join(model_dir, repo, revision)
 
 
 def render_registry_config(settings: CacheSettings) -> str:
     """The pull-through cache's registry config: no auth (Debian's packaged one turns htpasswd
     on; the cache serves public, pinned images and proxy mode refuses pushes)."""
-    return (
-        "# Managed by rigfleet (roles/cache.py): a pull-through cache; docs/images.md.\n"
-        "version: 0.1\n"
-        "log:\n"
-        "  level: info\n"
-        "  accesslog:\n"
-        "    disabled: false\n"
-        "storage:\n"
-        "  filesystem:\n"
-        f"    rootdirectory: {REGISTRY_STORAGE}\n"
-        "  delete:\n"
-        "    enabled: true\n"
-        "http:\n"
-        f"  addr: :{settings.registry_port}\n"
-        "proxy:\n"
-        f"  remoteurl: {settings.registry_upstream}\n"
-    )
+    return f"""\
+# Managed by rigfleet (roles/cache.py): a pull-through cache; docs/images.md.
+version: 0.1
+log:
+  level: info
+  accesslog:
+    disabled: false
+storage:
+  filesystem:
+    rootdirectory: {REGISTRY_STORAGE}
+  delete:
+    enabled: true
+http:
+  addr: :{settings.registry_port}
+proxy:
+  remoteurl: {settings.registry_upstream}
+"""
 
 
 def render_nginx_site(settings: CacheSettings) -> str:
@@ -93,39 +92,39 @@ REGISTRY_USER = "docker-registry"
 
 def render_seed_config() -> str:
     """The seeding registry: the proxy's storage, no proxy, the unix socket ``SEED_SOCKET``."""
-    return (
-        "# Managed by rigfleet (roles/cache.py): seeds the pull-through cache's storage;\n"
-        "# docs/images.md.\n"
-        "version: 0.1\n"
-        "log:\n"
-        "  level: warn\n"
-        "storage:\n"
-        "  filesystem:\n"
-        f"    rootdirectory: {REGISTRY_STORAGE}\n"
-        "http:\n"
-        "  net: unix\n"
-        f"  addr: {SEED_SOCKET}\n"
-    )
+    return f"""\
+# Managed by rigfleet (roles/cache.py): seeds the pull-through cache's storage;
+# docs/images.md.
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: {REGISTRY_STORAGE}
+http:
+  net: unix
+  addr: {SEED_SOCKET}
+"""
 
 
 def render_seed_unit() -> str:
     """The seeding registry's unit: started by a seed, stopped after it (never enabled)."""
-    return (
-        "# Managed by rigfleet (roles/cache.py); docs/images.md.\n"
-        "[Unit]\n"
-        "Description=rigfleet: the fleet cache's seeding registry (root-only socket)\n"
-        f"After={REGISTRY_SERVICE}.service\n"
-        "[Service]\n"
-        f"User={REGISTRY_USER}\n"
-        f"Group={REGISTRY_USER}\n"
-        f"RuntimeDirectory={SEED_SERVICE}\n"
-        "RuntimeDirectoryMode=0700\n"
-        f"ExecStart={REGISTRY_BINARY} serve {SEED_CONFIG}\n"
-    )
+    return f"""\
+# Managed by rigfleet (roles/cache.py); docs/images.md.
+[Unit]
+Description=rigfleet: the fleet cache's seeding registry (root-only socket)
+After={REGISTRY_SERVICE}.service
+[Service]
+User={REGISTRY_USER}
+Group={REGISTRY_USER}
+RuntimeDirectory={SEED_SERVICE}
+RuntimeDirectoryMode=0700
+ExecStart={REGISTRY_BINARY} serve {SEED_CONFIG}
+"""
 
 
 def warm_marker(digest: str) -> str:
-    """The file on a cache host saying every blob of ``digest`` is held (``seed_command``)."""
+    """The file on a cache host saying every blob of ``digest`` is held."""
     return f"{HOST.state_dir}/cache-warm/{digest.replace(':', '-')}"
 
 

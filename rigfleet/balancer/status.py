@@ -30,12 +30,11 @@ class BalancerRow:
 
     @property
     def ok(self) -> bool:
-        """Reachable, and at least one host of the stack in rotation."""
         return self.reachable and self.error is None and bool(self.up)
 
 
 def balancer_url(plan: BalancerPlan, host: InventoryHost) -> str:
-    """How clients reach the balancer: ``balancer_url``, else its SSH address and port."""
+    """``balancer_url``, else its SSH address and port."""
     s = plan.settings
     return (s.url or f"{s.scheme}://{host.ssh_target[0]}:{s.port}").rstrip("/")
 

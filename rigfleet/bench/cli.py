@@ -15,19 +15,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich import progress as rich_bar
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from rigfleet.bench.fleet import (
-    Target,
-    accept_baseline,
-    bench_targets,
-    inventory_targets,
-    settings_for,
-)
+from rigfleet.bench import fleet
 from rigfleet.bench.plot import plot
-from rigfleet.bench.progress import RichProgress
 from rigfleet.cliargs import EXIT_USAGE, fleet_options
 from rigfleet.hostside.bench.cli import count, positive, token_counts
 from rigfleet.hostside.bench.report import Entry, cell, fleet_medians, report_dict, write
@@ -37,6 +31,34 @@ from rigfleet.tables import Table, ratio, show
 
 DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
 EXIT_OK, EXIT_UNMEASURED = 0, 1
+
+
+class RichProgress(fleet.Progress):
+    """The bench's progress on a rich progress bar, one task per target."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.bar = rich_bar.Progress(
+            rich_bar.TextColumn("[bold]{task.fields[host]}[/bold]"), rich_bar.BarColumn(),
+            rich_bar.MofNCompleteColumn(), rich_bar.TextColumn("{task.description}"),
+            rich_bar.TimeElapsedColumn(), console=console, transient=False)
+        self.task: rich_bar.TaskID | None = None
+        self.host = ""
+
+    def target(self, host: str) -> None:
+        self.host = host
+        self.task = self.bar.add_task("starting", total=None, host=host)
+
+    def begin(self, total: int) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, total=total, description="warm-up")
+
+    def step(self, label: str) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, advance=1, description=label)
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[yellow]{self.host}:[/yellow] {text}")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -102,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         except (CatalogError, ValueError) as e:
             raise UsageError(str(e)) from None
         ca = str(Path(args.ca_file).expanduser().absolute()) if args.ca_file else None
-        targets = [Target(args.url, args.url, key, spec, args.scale, ca_file=ca)]
+        targets = [fleet.Target(args.url, args.url, key, spec, args.scale, ca_file=ca)]
     else:
         hosts = {h.name: h for h in load_inventory(args.inventory)}
         if args.accept_baseline:
@@ -112,12 +134,13 @@ def run(args: argparse.Namespace) -> int:
             return _accept(args, hosts[args.accept_baseline], err)
         try:
             chosen = gpu_hosts(select(list(hosts.values()), args.limit, args.inventory))
-            targets = inventory_targets(chosen, SshRemote(connect_timeout=args.timeout))
+            targets = fleet.inventory_targets(chosen, SshRemote(connect_timeout=args.timeout))
         except RigfleetError as e:  # no rig: no bench
             raise UsageError(str(e)) from None
     started = now_iso()
-    with RichProgress(err) as progress:
-        entries = bench_targets(targets, lambda t: settings_for(
+    progress = RichProgress(err)
+    with progress.bar:
+        entries = fleet.bench_targets(targets, lambda t: fleet.settings_for(
             t, args.runs, args.warmup, args.concurrency, depths, args.timeout_s), progress)
     paths = write(entries, args.out, started)
     png = None
@@ -139,7 +162,7 @@ def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
     want = load_desired(host.name, host.data)
     err.print(f"{host.name}: benching its active stack on the host "
               f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
-    data = accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
+    data = fleet.accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
     if args.json:
         print(json.dumps(data, indent=2))
         return EXIT_OK
@@ -155,7 +178,7 @@ def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
 def render(entries: list[Entry]) -> Table:
     """One line per target: decode tok/s per shape, CV, acceptance, and the narrative
     figure against the reference, the fleet median and the host's baseline."""
-    fleet = fleet_medians(entries)
+    medians = fleet_medians(entries)
     table = Table("rigfleet bench: decode tok/s", [
         "host", "stack", "narrative", "code", "CV n/c", "acceptance", "vs ref", "vs fleet",
         "vs base"])
@@ -169,7 +192,7 @@ def render(entries: list[Entry]) -> Table:
         table.row(e.host, e.stack or "-", cell(nd), cell(c.decode_mean if c else None), cv,
                   "/".join(f"{x:.0%}" for x in acc.per_position) if acc else "unknown",
                   ratio(nd, e.reference.get("narrative")),
-                  ratio(nd, fleet.get(e.stack or "", {}).get("narrative")), ratio(nd, base))
+                  ratio(nd, medians.get(e.stack or "", {}).get("narrative")), ratio(nd, base))
         if e.error:
             table.note(e.host, Text(e.error, style="red"))
         if e.result.concurrency is not None:

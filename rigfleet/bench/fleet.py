@@ -32,8 +32,7 @@ HISTORY_N = 5  # as the gate's default throughput_history_n
 
 
 class Progress(measure.Progress):
-    """The bench's progress, told which target comes next (``progress.RichProgress``); this
-    one shows nothing."""
+    """The bench's progress, told which target comes next; this one shows nothing."""
 
     def target(self, host: str) -> None:
         pass
@@ -41,8 +40,7 @@ class Progress(measure.Progress):
 
 @dataclass(frozen=True)
 class Target:
-    """One endpoint to bench, with what its figures stand beside (stack None: unknown;
-    ``note``: why something is missing)."""
+    """One endpoint to bench, with what its figures stand beside (stack None: unknown)."""
 
     host: str
     url: str
@@ -56,7 +54,6 @@ class Target:
 
     @property
     def reference(self) -> dict[str, float]:
-        """The stack's reference figures times the scale."""
         if self.stack is None or self.stack.throughput is None:
             return {}
         return {k: v * self.scale for k, v in self.stack.throughput.reference.items()}
@@ -70,9 +67,8 @@ class Target:
 
 def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
                       timeout: float = 60.0) -> list[Target]:
-    """A target per host, asked at once (``rigfleet.fleetview``): its front (``front_url``,
-    else the SSH host and ``front_port``; the API key of host data; a TLS front's CA), the
-    stack it serves (``state.json``, else the inventory's), its history (the host probe)."""
+    """A target per host, asked at once: its front, key and CA, the stack it serves
+    (``state.json``, else the inventory's), its history (the host probe)."""
 
     def target(host: InventoryHost) -> Target:
         view = view_host(remote, host, timeout=timeout)
@@ -116,8 +112,7 @@ def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], Be
 
 def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None,
                  depths: tuple[int, ...], timeout_s: float = 300.0) -> BenchSettings:
-    """The bench's settings for ``target``: the concurrency run at the stack's max-num-seqs
-    unless given (none for a one-stream stack), depths as given."""
+    """The concurrency run at the stack's max-num-seqs unless given (none for one stream)."""
     if concurrency is None:
         seqs = target.stack.max_num_seqs if target.stack else 0
         concurrency = seqs if seqs > 1 else 0
@@ -129,9 +124,10 @@ def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs
                     warmup: int, by: str = "") -> dict[str, Any]:
     """The host's JSON answer to ``rigfleet-host.pyz bench --accept-baseline``; raises
     ``HostUnreachable`` (SSH) or ``RuntimeError`` (refused, or nothing measured)."""
-    command = hosttool.bench(
-        "--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}", "--by",
-        by or f"{getpass.getuser()}@{socket.gethostname()}", "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet")
+    by = by or f"{getpass.getuser()}@{socket.gethostname()}"
+    command = hosttool.bench("--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}",
+                             "--by", by, "--runs", str(runs), "--warmup", str(warmup), "--json",
+                             "--quiet")
     rc, out = remote.run(host, command, timeout=3600)
     data = last_json(out)
     if rc == 0 and data is not None and data.get("accepted"):

@@ -69,10 +69,6 @@ def up_by_host(answer: dict[str, Any]) -> dict[str, dict[str, bool]]:
     return out
 
 
-def _utc(t: float) -> str:
-    return time.strftime("%H:%M", time.gmtime(t))
-
-
 def _nice(top: float) -> float:
     """A round axis maximum at or above ``top`` (1, 2, 5 x 10^n)."""
     if top <= 0:
@@ -115,7 +111,7 @@ def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float,
     for frac, anchor in ((0.0, "start"), (0.5, "middle"), (1.0, "end")):
         x = LEFT + frac * (W - LEFT - RIGHT)
         parts.append(f'<text x="{x:.1f}" y="{H - 8}" text-anchor="{anchor}">'
-                     f"{_utc(x0 + frac * (x1 - x0))}</text>")
+                     f"{time.strftime('%H:%M', time.gmtime(x0 + frac * (x1 - x0)))}</text>")
     drawn = 0
     for label, colour, series, step in lines:
         for pts in _points(series, x0, x1, ymax, step):
@@ -177,7 +173,6 @@ def _alerts_table(answer: dict[str, Any]) -> tuple[int, str]:
 
 
 def render(data: PageInput) -> str:
-    """The whole page (see the module docstring)."""
     gate = matrix(data.answers.gate, "instance", "stack")
     engine = matrix(data.answers.engine, "instance")
     up = up_by_host(data.answers.up)
