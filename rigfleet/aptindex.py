@@ -68,8 +68,7 @@ def _get(url: str, timeout: float) -> bytes:
 
 
 def dist_url(repo: AptRepo) -> str:
-    """Where the index lives: ``<url>/dists/<suite>`` or, for a flat repository, the suite
-    directory itself (``deb URL /`` -> ``URL``)."""
+    """``<url>/dists/<suite>``, or for a flat repository the suite directory itself."""
     url = repo.url.replace("$(ARCH)", ARCH).rstrip("/")
     if repo.flat:
         sub = repo.suite.strip("/").strip(".")
@@ -109,8 +108,7 @@ def keyring(key: bytes, home: Path, fingerprint: str | None, key_url: str) -> Pa
 
 
 def sha1_bound(ring: Path, home: Path) -> bool:
-    """Does the key rely on SHA-1 bindings (every user-id certification or subkey binding of
-    some kind made with digest algo 2)?"""
+    """Are all of the key's user-id certifications, or all its subkey bindings, SHA-1?"""
     out = _run(["gpg", "--homedir", str(home), "--batch", "--list-packets", str(ring)],
                str(ring)).stdout.decode(errors="replace")
     algos: dict[str, set[int]] = {}

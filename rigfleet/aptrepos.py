@@ -54,8 +54,7 @@ class AptRepo:
         return self.suite.endswith("/")
 
     def expand(self, *, os_id: str, version_id: str, codename: str) -> AptRepo:
-        """Fill the placeholders for one host's OS (``ID``, ``VERSION_ID``,
-        ``VERSION_CODENAME`` of its os-release; pure)."""
+        """Fill the placeholders from one host's os-release."""
         values = {"id": os_id, "version": version_id, "codename": codename,
                   "distro": nvidia_distro(os_id, version_id)}
         chosen = dict(self.per_distro).get(values["distro"], self)
@@ -64,9 +63,7 @@ class AptRepo:
                        suite=chosen.suite.format(**values))
 
     def source_line(self, keyring: str) -> str:
-        """The one-line apt source for this repo, trusting only ``keyring``."""
-        parts = ["deb", f"[signed-by={keyring}]", self.url, self.suite, *self.components]
-        return " ".join(parts)
+        return " ".join(["deb", f"[signed-by={keyring}]", self.url, self.suite, *self.components])
 
 
 # The OSes the roles provision: (ID, VERSION_ID) of os-release -> codename.

@@ -132,8 +132,8 @@ SEED_SCRIPT = str(HOST.script("rigfleet-cache-seed.py"))
 
 
 def seed_command(upstream: str, path: str, digest: str, marker: str = "") -> str:
-    """Fetch one pinned image's blobs from ``upstream`` once each, verified, into the cache
-    (files/rigfleet-cache-seed.py); ``marker`` is written once every blob is held."""
+    """Fetch one pinned image's blobs from ``upstream`` once each, verified, into the cache;
+    ``marker`` is written once every blob is held."""
     seed = (f"python3 {SEED_SCRIPT} --upstream {shlex.quote(upstream)} "
             f"--socket {SEED_SOCKET} --spool {shlex.quote(str(HOST.state_dir / 'cache-spool'))} "
             f"--repo {shlex.quote(path)} --digest {shlex.quote(digest)}")

@@ -10,16 +10,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class OsInfo:
-    """The host's OS as the roles need it."""
-
     id: str  # "debian" | "ubuntu"
     version_id: str  # "12", "13", "22.04", "24.04"
     codename: str
     kernel: str  # uname -r
-
-    @property
-    def family(self) -> str:
-        return self.id
 
     @property
     def label(self) -> str:

@@ -62,8 +62,6 @@ def reference(repo: str, ref: str) -> str:
 
 @dataclass
 class Registry:
-    """Registry at ``base_url`` (``http://127.0.0.1:15000`` or Docker Hub)."""
-
     base_url: str = DOCKER_HUB
     timeout: float = 15.0
     _tokens: dict[str, str] = field(default_factory=dict, repr=False)
@@ -96,8 +94,7 @@ class Registry:
 
     def _request(self, method: str, path: str, repo: str, accept: str = "",
                  what: str | None = None) -> tuple[dict, bytes]:
-        """(lower-cased headers, body) of one request; errors name ``what`` (default the
-        repository)."""
+        """(lower-cased headers, body); errors name ``what`` (default the repository)."""
         what = what or repo
         req = urllib.request.Request(f"{self.where}{path}", method=method)
         if accept:

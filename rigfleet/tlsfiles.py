@@ -125,11 +125,9 @@ def _no_password() -> str:
 
 def tls_pair_problem(cert: str, key: str, ca: str,
                      cert_key: str = "front_tls_cert_file") -> tuple[str, str, str] | None:
-    """Does ``key`` belong to ``cert``, and does ``cert`` verify against ``ca``? Checked with
-    the standard library: an in-memory TLS handshake between a server holding cert + key and
-    a client trusting only ``ca`` (dates included). Returns (which: "key" | "verify", what
-    is wrong, what is allowed), or None when all is well. Nothing is shown of the key.
-    """
+    """Does ``key`` belong to ``cert``, and does ``cert`` verify against ``ca`` (dates
+    included)? An in-memory TLS handshake tells; (which: "key" | "verify", what is wrong,
+    what is allowed), or None when all is well. Nothing is shown of the key."""
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         server.load_cert_chain(cert, key, password=_no_password)

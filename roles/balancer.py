@@ -23,8 +23,7 @@ PACKAGES = ["haproxy", "socat"]
 
 @deploy("Balancer (HAProxy)")
 def balancer(ctx: BalancerContext) -> None:
-    """Install HAProxy, put the key (and certificate), install a checked config, reload
-    gracefully only when something changed."""
+    """The key (and certificate), a checked config; a graceful reload only on change."""
     paths = HOST_PATHS
     plan = ctx.plan
     apt_packages(name="Install HAProxy (and socat for its runtime API)", packages=PACKAGES)

@@ -49,8 +49,6 @@ from roles.weights import fetch_weights, hf_hub_venv
 
 @dataclass(frozen=True)
 class CacheContext:
-    """What ``cache`` needs: the settings, the revisions to hold, the hub client's pin."""
-
     name: str
     os: OsInfo
     settings: CacheSettings
@@ -96,8 +94,7 @@ preflight_cache = preflight_of("Preflight (cache)", _check_cache)
 
 @operation()
 def image_warm(path: str, digest: str, upstream: str):
-    """Seed the pinned image ``path@digest`` from ``upstream`` into the cache, once (its
-    marker says the blobs are held)."""
+    """Seed the pinned image ``path@digest`` from ``upstream`` into the cache, once."""
     marker = warm_marker(digest)
     if read_fact(File, path=marker):
         host.noop(f"{path}@{digest[:19]} is in the cache")

@@ -55,8 +55,6 @@ ALERTMANAGER_YML = ("# Managed by rigfleet (roles/monitor.py). Add receivers her
 
 @dataclass(frozen=True)
 class MonitorContext:
-    """What ``monitor`` needs: the plan, the key, the desired pins' textfile."""
-
     name: str
     os: OsInfo
     plan: MonitorPlan

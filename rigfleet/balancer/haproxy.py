@@ -65,7 +65,6 @@ def check_timing(interval_s: float) -> dict[str, int]:
 
 
 def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
-    """``haproxy.cfg`` for ``plan`` (files/haproxy-balancer.cfg.j2)."""
     template = jinja2.Template(project_file(TEMPLATE).read_text(encoding="utf-8"),
                                undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     s = plan.settings

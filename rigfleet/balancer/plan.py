@@ -117,8 +117,7 @@ def front_target(host: GpuHost) -> tuple[str, str]:
 
 def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost],
                   gpu_host: bool = False) -> BalancerPlan:
-    """The balancer ``name`` for ``hosts``; ``/v1/...`` goes to ``balancer_default_stack``,
-    else to the only stack, else nowhere."""
+    """``/v1/...`` goes to ``balancer_default_stack``, else to the only stack, else nowhere."""
     if not hosts:
         raise BalancerError(f"{name}: balancers: the inventory has no GPU host to balance; "
                             "allowed: a balancer beside at least one GPU host (every host "

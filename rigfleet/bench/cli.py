@@ -34,8 +34,6 @@ EXIT_OK, EXIT_UNMEASURED = 0, 1
 
 
 class RichProgress(fleet.Progress):
-    """The bench's progress on a rich progress bar, one task per target."""
-
     def __init__(self, console: Console):
         self.console = console
         self.bar = rich_bar.Progress(
@@ -176,8 +174,7 @@ def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
 
 
 def render(entries: list[Entry]) -> Table:
-    """One line per target: decode tok/s per shape, CV, acceptance, and the narrative
-    figure against the reference, the fleet median and the host's baseline."""
+    """A line per target: decode, CV, acceptance, narrative vs reference, fleet and baseline."""
     medians = fleet_medians(entries)
     table = Table("rigfleet bench: decode tok/s", [
         "host", "stack", "narrative", "code", "CV n/c", "acceptance", "vs ref", "vs fleet",
