@@ -2,9 +2,7 @@
 for ``rigfleet check --online``. Debian 13 verifies with ``sqv`` (no SHA-1 bindings since
 2026-02-01), others with ``gpgv``; docs/converge.md::
 
-    index = read_index(repo.expand(os_id="debian", version_id="13", codename="trixie"),
-                       policy="sqv")
-    index.versions("nvidia-driver-cuda")   # ["580.105.08-1", ...]
+    read_index(debian13_repo, policy="sqv").versions("nvidia-driver-cuda")  # ["580.105.08-1"]
 """
 
 from __future__ import annotations
@@ -124,8 +122,7 @@ def sha1_bound(ring: Path, home: Path) -> bool:
     return any(found == {2} for found in algos.values())
 
 
-def verify(base: str, key: bytes, repo: AptRepo, policy: str, timeout: float) -> tuple[str,
-                                                                                      str]:
+def verify(base: str, key: bytes, repo: AptRepo, policy: str, timeout: float) -> tuple[str, str]:
     """(the verified Release text, the verifier used) of the index at ``base``."""
     with tempfile.TemporaryDirectory(prefix="rigfleet-apt-") as tmp:
         home = Path(tmp)

@@ -144,8 +144,7 @@ def _apt_repo(p: Problems, base: str, name: Any, entry: Any) -> AptRepo | None:
     return replace(repo, per_distro=tuple(variants))
 
 
-def _apt_repo_fields(p: Problems, base: str, name: str,
-                     entry: Mapping[str, Any]) -> AptRepo | None:
+def _apt_repo_fields(p: Problems, base: str, name: str, entry: Mapping[str, Any]) -> AptRepo | None:
     ok = True
     for k in entry:
         if k not in _ENTRY_KEYS:

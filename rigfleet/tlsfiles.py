@@ -123,8 +123,7 @@ def _no_password() -> str:
     raise ValueError("the key is encrypted")
 
 
-def tls_pair_problem(cert: str, key: str, ca: str,
-                     cert_key: str = "front_tls_cert_file") -> tuple[str, str, str] | None:
+def tls_pair_problem(cert: str, key: str, ca: str, cert_key: str) -> tuple[str, str, str] | None:
     """Does ``key`` belong to ``cert``, and does ``cert`` verify against ``ca`` (dates
     included)? An in-memory TLS handshake tells; (which: "key" | "verify", what is wrong,
     what is allowed), or None when all is well. Nothing is shown of the key."""
@@ -143,16 +142,13 @@ def tls_pair_problem(cert: str, key: str, ca: str,
                 f"PEM certificate(s) of the CA that signed {cert_key}")
     client.check_hostname = False
     c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
-    c = client.wrap_bio(c_in, c_out)
-    srv = server.wrap_bio(s_in, s_out, server_side=True)
-    done = {"client": False, "server": False}
+    waiting = {"client": client.wrap_bio(c_in, c_out),
+               "server": server.wrap_bio(s_in, s_out, server_side=True)}
     for _ in range(20):
-        for name, side in (("client", c), ("server", srv)):
-            if done[name]:
-                continue
+        for name, side in list(waiting.items()):
             try:
                 side.do_handshake()
-                done[name] = True
+                del waiting[name]
             except ssl.SSLWantReadError:
                 pass
             except ssl.SSLCertVerificationError as e:
@@ -169,6 +165,6 @@ def tls_pair_problem(cert: str, key: str, ca: str,
                         "a certificate and key nginx can serve")
         s_in.write(c_out.read())
         c_in.write(s_out.read())
-        if all(done.values()):
+        if not waiting:
             return None
     return ("verify", "fails a TLS handshake (no result)", "a certificate and key nginx can serve")

@@ -1,7 +1,5 @@
 """The balancer: HAProxy in front of the GPU hosts' fronts, one backend per stack; the config is
-checked with ``haproxy -c`` before it replaces the old one (docs/balancer.md)::
-
-    balancer(ctx)          # ctx: roles.preflight.BalancerContext
+checked with ``haproxy -c`` before it replaces the old one (docs/balancer.md).
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ def balancer(ctx: BalancerContext) -> None:
     paths = HOST_PATHS
     plan = ctx.plan
     apt_packages(name="Install HAProxy (and socat for its runtime API)", packages=PACKAGES)
-    root_dir(name=f"Directory {paths.secret_dir} (root-only)", path=paths.secret_dir,
-             mode="0700")
+    root_dir(name=f"Directory {paths.secret_dir} (root-only)", path=paths.secret_dir, mode="0700")
     gates = [secret_file(name=f"API key list {paths.keys} (root-only)", dest=paths.keys,
                          content=Secret(keys_list(ctx.api_key.reveal())))]
     tls = ctx.settings.tls

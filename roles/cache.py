@@ -1,7 +1,5 @@
 """The fleet cache: Docker's registry as a pull-through proxy, seeded once per pinned image, and
-verified model revisions served by nginx (docs/images.md)::
-
-    cache(preflight_cache())
+verified model revisions served by nginx (docs/images.md).
 """
 
 from __future__ import annotations
@@ -155,8 +153,7 @@ def cache(ctx: CacheContext) -> None:
                                    path=DEFAULT_SITE))
     site = root_put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
                     src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE)
-    systemd.service(name="nginx enabled and running", service="nginx", running=True,
-                    enabled=True)
+    systemd.service(name="nginx enabled and running", service="nginx", running=True, enabled=True)
     on_change(name="Test and reload nginx (model cache changed)",
               commands=["nginx -t -q", "systemctl reload nginx"], gates=[site, *gates],
               reason="model cache unchanged")

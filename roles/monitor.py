@@ -1,7 +1,5 @@
 """The monitor: Prometheus and Alertmanager, loopback only, bound before they first start; the
-scrape config from the inventory, checked by promtool (docs/monitoring.md)::
-
-    monitor(preflight_monitor())
+scrape config from the inventory, checked by promtool (docs/monitoring.md).
 """
 
 from __future__ import annotations
@@ -88,8 +86,7 @@ def _check_monitor(name: str, gpu_host: bool) -> MonitorContext:
                              "allowed: a monitor beside at least one GPU host")
     os_info = service_os(name)
     api_key = fleet_key(name, settings.api_key_file, gpus)
-    plan = plan_monitor(name, settings, gpus, [lb for _, _, lb in fleet if lb],
-                        gpu_host=gpu_host)
+    plan = plan_monitor(name, settings, gpus, [lb for _, _, lb in fleet if lb], gpu_host=gpu_host)
     pins = {gpu.name: p for gpu, p, _ in fleet if gpu and p}
     return MonitorContext(name, os_info, plan, api_key, desired_textfile(gpus, pins), gpu_host)
 

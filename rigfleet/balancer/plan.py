@@ -2,9 +2,7 @@
 docs/balancer.md says why a host is never sent another stack's requests)::
 
     plan = plan_balancer("lb1", balancer_settings, [GpuHost("host1", settings, "10.0.0.11")])
-    [p.stack for p in plan.pools]          # ['int8']
     plan.default_stack                      # 'int8': the only stack, so /v1/... goes there
-    plan.pools[0].servers[0].address        # 'host1.lan:8000'
 """
 
 from __future__ import annotations

@@ -53,8 +53,7 @@ def matrix(answer: dict[str, Any], *labels: str) -> dict[tuple[str, ...], Series
     out: dict[tuple[str, ...], Series] = {}
     for r in answer.get("data", {}).get("result", []):
         key = tuple(str(r.get("metric", {}).get(k, "")) for k in labels)
-        points = [(float(t), float(v)) for t, v in r.get("values", [])
-                  if math.isfinite(float(v))]
+        points = [(float(t), float(v)) for t, v in r.get("values", []) if math.isfinite(float(v))]
         out.setdefault(key, []).extend(points)
     return out
 
@@ -95,8 +94,7 @@ def _points(series: Series, x0: float, x1: float, ymax: float, step: bool) -> li
     return [" ".join(r) for r in runs if r]
 
 
-def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float,
-          x1: float) -> str:
+def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float, x1: float) -> str:
     """An inline SVG of tokens/s for one host; ``lines``: (label, colour, points, step)."""
     ymax = _nice(max((v for _, _, s, _ in lines for _, v in s), default=0) * 1.05)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
@@ -177,8 +175,7 @@ def render(data: PageInput) -> str:
     engine = matrix(data.answers.engine, "instance")
     up = up_by_host(data.answers.up)
     seen = {k[0] for k in gate} | {k[0] for k in engine} | set(up)
-    others = sorted(h for h in seen - set(data.hosts) - set(data.others)
-                    if h and h != data.monitor)
+    others = sorted(h for h in seen - set(data.hosts) - set(data.others) if h and h != data.monitor)
     figures = [_host_figure(h, h in data.hosts, data, gate, engine, up)
                for h in (*data.hosts, *others)]
     count, alerts = _alerts_table(data.answers.alerts)
