@@ -1,8 +1,7 @@
 """The apt repositories of host data ``apt_repos``, with per-host placeholders::
 
     repo = settings.apt_repos["cuda"].expand(os_id="ubuntu", version_id="24.04",
-                                             codename="noble")
-    repo.source_line("/etc/apt/keyrings/cuda.gpg")
+                                             codename="noble")    # its URL: .../ubuntu2404/...
 """
 
 from __future__ import annotations
@@ -61,9 +60,6 @@ class AptRepo:
         return replace(chosen, name=self.name, per_distro=(),
                        url=chosen.url.format(**values), key_url=chosen.key_url.format(**values),
                        suite=chosen.suite.format(**values))
-
-    def source_line(self, keyring: str) -> str:
-        return " ".join(["deb", f"[signed-by={keyring}]", self.url, self.suite, *self.components])
 
 
 # The OSes the roles provision: (ID, VERSION_ID) of os-release -> codename.

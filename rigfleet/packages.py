@@ -15,10 +15,6 @@ class OsInfo:
     codename: str
     kernel: str  # uname -r
 
-    @property
-    def label(self) -> str:
-        return f"{self.id} {self.version_id}"
-
 
 # All four move together; mixing versions breaks the hook (NVIDIA's install guide).
 TOOLKIT_PACKAGES = (

@@ -25,7 +25,7 @@ from rigfleet.inventory import HostKind, host_kind
 
 # Clients ask a stack by path, /stacks/<stack>/v1/...; the host's front never sees the prefix.
 STACK_PREFIX = "/stacks/"
-# What HAProxy takes in a server's name (and the balancer in a file name).
+# What HAProxy takes in a server's name (and the balancer in a file name): @fake/rig1 -> _fake_rig1
 _NOT_ID = re.compile(r"[^A-Za-z0-9._-]")
 T = TypeVar("T")
 
@@ -89,11 +89,6 @@ class BalancerPlan:
         return next(p for p in self.pools if p.stack == stack)
 
 
-def server_id(host: str) -> str:
-    """``rig-a`` -> ``rig-a``; ``@fake/rig1`` -> ``_fake_rig1`` (HAProxy's server names)."""
-    return _NOT_ID.sub("_", host)
-
-
 def split_address(address: str) -> tuple[str, int | None]:
     """``rig-a.lan:8000`` -> (``rig-a.lan``, 8000); ``[fd00::1]`` -> (``fd00::1``, None)."""
     if address.startswith("["):
@@ -142,7 +137,7 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
                 f"{name}: {key}: {verify!r} (GPU host {h.name}) is not a host name or "
                 "address, and haproxy.cfg would name it as one; allowed: ssh_hostname or "
                 f"balancer_front_address in {h.name}'s data set to a host name or IP address")
-        sid = server_id(h.name)
+        sid = _NOT_ID.sub("_", h.name)
         if sid in ids:
             raise BalancerError(
                 f"{name}: balancers: GPU hosts {ids[sid]!r} and {h.name!r} both become server "
