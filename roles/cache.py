@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
@@ -15,7 +14,7 @@ from pyinfra.operations import systemd
 
 from rigfleet.balancer.plan import read_fleet
 from rigfleet.commands import weights as weights_commands
-from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.desired import load_desired
 from rigfleet.facts import read_fact
 from rigfleet.fleetcache import (
     NGINX_SITE,
@@ -35,7 +34,6 @@ from rigfleet.fleetcache import (
 )
 from rigfleet.hostdata import CacheSettings
 from rigfleet.hostside.layout import HOST
-from rigfleet.inventory import HostKind
 from rigfleet.pins import ModelPin
 from rigfleet.registry import registry_of, split_image
 from rigfleet.resources import project_file
@@ -58,15 +56,11 @@ class CacheContext:
     images: tuple[tuple[str, str], ...] = ()
 
 
-def _desired(other: Any, kind: HostKind) -> DesiredHost | None:
-    return load_desired(other.name, other.data) if kind.gpu else None
-
-
 def _check_cache(name: str, gpu_host: bool) -> CacheContext:
     """A cache host: its data, every GPU host's (their pins), the OS, systemd."""
     settings = validate_cache_host(name, host.groups, host.data)
     wants = read_fleet(name, "caches", "the revisions to cache cannot be read", host.inventory,
-                       _desired)
+                       lambda each, kind: load_desired(each.name, each.data) if kind.gpu else None)
     if not wants:
         raise PreflightError(f"{name}: caches: the inventory has no GPU host to cache for; "
                              "allowed: a cache beside at least one GPU host")

@@ -20,7 +20,7 @@ from rigfleet.hostside.metrics import TEXTFILE_DIR
 from rigfleet.inventory import HostKind
 from rigfleet.packages import OsInfo
 from rigfleet.pins import Pins
-from rigfleet.resources import PROJECT_ROOT
+from rigfleet.resources import project_file
 from rigfleet.scrape import (
     CA_FILE,
     KEY_FILE,
@@ -121,16 +121,13 @@ def monitor(ctx: MonitorContext) -> None:
                          for f in plan.ca_files)
         gates.append(root_put(name=f"CAs of the TLS fronts and balancers {CA_FILE}",
                               src=io.StringIO(bundle), dest=CA_FILE))
-    rules = PROJECT_ROOT / RULES_SOURCE  # "rules"' file; the config names it when present
-    has_rules = rules.is_file()
-    if has_rules:
-        gates.append(checked_file(name=f"Rules {RULES_FILE} (checked with promtool first)",
-                                  dest=RULES_FILE, content=rules.read_text(encoding="utf-8"),
-                                  check="promtool check rules {path}"))
+    gates.append(checked_file(name=f"Rules {RULES_FILE} (checked with promtool first)",
+                              dest=RULES_FILE, check="promtool check rules {path}",
+                              content=project_file(RULES_SOURCE).read_text(encoding="utf-8")))
     conf = checked_file(
         name=f"Prometheus config ({len(plan.fronts)} GPU host(s), {len(plan.balancers)} "
              "balancer(s); checked with promtool first)",
-        dest=f"{PROM_DIR}/prometheus.yml", content=render_prometheus(plan, rules=has_rules),
+        dest=f"{PROM_DIR}/prometheus.yml", content=render_prometheus(plan),
         check="promtool check config {path}")
     am_conf = checked_file(name=f"Alertmanager config {ALERTMANAGER_CONFIG}",
                            dest=ALERTMANAGER_CONFIG, content=ALERTMANAGER_YML,

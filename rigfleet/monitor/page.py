@@ -130,8 +130,7 @@ def _host_figure(host: str, known: bool, data: PageInput,
     if engine.get((host,)):
         lines.append(("engine tokens/s (vllm:generation_tokens_total rate)", ENGINE_COLOUR,
                       engine[(host,)], False))
-    stacks = sorted(s for h, s in gate if h == host)
-    for i, stack in enumerate(stacks):
+    for i, stack in enumerate(sorted(s for h, s in gate if h == host)):
         lines.append((f"gate tokens/s ({stack})", GATE_COLOURS[i % len(GATE_COLOURS)],
                       gate[(host, stack)], True))
     jobs = up.get(host, {})
