@@ -92,8 +92,7 @@ def split_answers(host: str, paths: Sequence[str], out: str) -> Answers:
     if len(parts) < len(paths) + 1:
         raise MonitorError(f"monitor {host}: the API calls did not all run: "
                            f"{out.strip()[-300:] or '(no output)'}")
-    got = [_answer(host, p, t) for p, t in zip(paths, parts, strict=False)]
-    return Answers(gate=got[0], engine=got[1], up=got[2], alerts=got[3])
+    return Answers(*(_answer(host, p, t) for p, t in zip(paths, parts, strict=False)))
 
 
 def fetch(remote: Remote, monitor: InventoryHost, *, now: float, hours: float,
