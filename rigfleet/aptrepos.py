@@ -77,8 +77,8 @@ def os_named(value: Any) -> tuple[str, str, str] | None:
     (ID, VERSION_ID, codename); None when it names none."""
     text = str(value).strip().lower().replace("-", " ")
     for (os_id, version), codename in SUPPORTED_OS.items():
-        if text in (f"{os_id} {version}", f"{os_id}{version}",
-                    f"{os_id}{version.replace('.', '')}", codename):
+        if text in (f"{os_id} {version}", f"{os_id}{version}", nvidia_distro(os_id, version),
+                    codename):
             return os_id, version, codename
     return None
 
@@ -96,15 +96,11 @@ def check_apt_repos(p: Problems, key: str, value: Any) -> dict[str, AptRepo]:
     if not isinstance(value, Mapping):
         p.bad(key, value, "a mapping name -> {url, key_url, suite, components}")
         return {}
-    out: dict[str, AptRepo] = {}
-    for name, entry in value.items():
-        repo = _apt_repo(p, f"{key}.{name}", name, entry)
-        if repo is not None:
-            out[name] = repo
+    repos = {name: _apt_repo(p, f"{key}.{name}", name, entry) for name, entry in value.items()}
     for name in REQUIRED_APT_REPOS:
         if name not in value:
             p.missing(f"{key}.{name}")
-    return out
+    return {name: repo for name, repo in repos.items() if repo is not None}
 
 
 def _apt_repo(p: Problems, base: str, name: Any, entry: Any) -> AptRepo | None:

@@ -186,9 +186,8 @@ PEER_IDLE_S = 300
 
 
 def peer_serve_command(port: int, model_dir: str, repositories: Iterable[str]) -> str:
-    """Install the peer server from stdin (files/rigfleet-peer-serve.py) and start it on the
-    seed unless it runs (two peers may ask at once), then wait until it listens. Its unit is
-    transient: nothing runs after it stops."""
+    """Install the peer server from stdin and start it on the seed unless it runs (two peers
+    may ask at once), as a transient unit; then wait until it listens."""
     images = "".join(f" --repository {shlex.quote(r)}" for r in sorted(set(repositories)))
     probe = shlex.quote(f"import socket; socket.create_connection(('127.0.0.1', {port}), 1)")
     part = f"{shlex.quote(PEER_SCRIPT)}.$$.part"  # two peers may send it at once

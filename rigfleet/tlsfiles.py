@@ -21,15 +21,13 @@ from rigfleet.validate import Problems
 @dataclass(frozen=True)
 class FrontTls:
     """The certificate and key (control-side files) a front or balancer serves, and what its
-    clients trust: ``ca_file`` is the certificate itself when no CA file is named (a
-    self-signed certificate)."""
+    clients trust: the CA file, else the (self-signed) certificate itself."""
 
     cert_file: str
     key_file: str
     ca_file: str
 
     def client_context(self) -> ssl.SSLContext:
-        """An ``ssl`` context that trusts ``ca_file`` only (for the clients of the front)."""
         return tls_context(self.ca_file)
 
 
@@ -47,9 +45,9 @@ def check_tls(p: Problems, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTl
         p.missing(missing, f"both {cert_key} and {key_key} (PEM files on this machine), "
                   f"or neither (the {prefix} serves plain HTTP)")
         return None
-    cert_path = _pem_file(p, cert_key, cert, "CERTIFICATE")
+    cert_path = _cert_file(p, cert_key, cert)
     key_path = _key_file(p, key_key, key)
-    ca_path = cert_path if ca is None else _pem_file(p, ca_key, ca, "CERTIFICATE")
+    ca_path = cert_path if ca is None else _cert_file(p, ca_key, ca)
     if not (cert_path and key_path and ca_path):
         return None
     problem = tls_pair_problem(cert_path, key_path, ca_path, cert_key)
@@ -85,13 +83,13 @@ def _local_text(p: Problems, key: str, value: Any,
     return path, text, st
 
 
-def _pem_file(p: Problems, key: str, value: Any, label: str) -> str | None:
-    allowed = f"a readable PEM file on this (control) machine holding '-----BEGIN {label}'"
+def _cert_file(p: Problems, key: str, value: Any) -> str | None:
+    allowed = "a readable PEM file on this (control) machine holding '-----BEGIN CERTIFICATE'"
     found = _local_text(p, key, value, allowed)
     if found is None:
         return None
     path, text, _ = found
-    if f"-----BEGIN {label}-----" not in text:
+    if "-----BEGIN CERTIFICATE-----" not in text:
         p.bad(key, value, allowed, "is not a PEM certificate")
         return None
     return str(path)

@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-MetricType = Literal["gauge", "counter"]
-
-# Scrape jobs of every GPU host: the node exporter (its textfile collector carries
-# rigfleet-gpu.prom and rigfleet.prom) and the engine's own /metrics.
+# Scrape jobs of every GPU host: the node exporter (with the textfiles) and the engine.
 JOBS = ("node", "vllm")
 
 
@@ -21,7 +18,7 @@ class Metric:
     """One series family: its name, type, labels (besides ``instance``/``job``) and help."""
 
     name: str
-    type: MetricType
+    type: Literal["gauge", "counter"]
     help: str
     labels: tuple[str, ...] = ()
 
@@ -30,7 +27,7 @@ _V = ("model_name", "engine")
 _G = ("gpu", "uuid")
 _PINS = ("stack", "image_digest", "model_revision", "genesis_commit")
 
-_TABLE: tuple[Metric, ...] = (
+METRICS: dict[str, Metric] = {m.name: m for m in (
     # The engine's own /metrics (vLLM v1 and the simulator), scrape job "vllm".
     Metric("vllm:num_requests_running", "gauge", "requests being decoded", _V),
     Metric("vllm:num_requests_waiting", "gauge", "requests queued", _V),
@@ -85,9 +82,7 @@ _TABLE: tuple[Metric, ...] = (
     # On the monitor host, from pins.yaml and the inventory (written by the converge).
     Metric("rigfleet_desired_info", "gauge",
            "what pins.yaml says a host should serve, always 1", ("host", *_PINS)),
-)
-
-METRICS: dict[str, Metric] = {m.name: m for m in _TABLE}
+)}
 
 # Prometheus' own series the rules and dashboards use.
 BUILTIN = ("up", "ALERTS", "ALERTS_FOR_STATE")
