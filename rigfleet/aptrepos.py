@@ -64,11 +64,8 @@ class AptRepo:
 
 # The OSes the roles provision: (ID, VERSION_ID) of os-release -> codename.
 SUPPORTED_OS: dict[tuple[str, str], str] = {
-    ("debian", "12"): "bookworm",
-    ("debian", "13"): "trixie",
-    ("ubuntu", "22.04"): "jammy",
-    ("ubuntu", "24.04"): "noble",
-}
+    ("debian", "12"): "bookworm", ("debian", "13"): "trixie",
+    ("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble"}
 OS_ALLOWED = ", ".join(f"{i} {v}" for i, v in SUPPORTED_OS)
 
 

@@ -17,19 +17,10 @@ class OsInfo:
 
 
 # All four move together; mixing versions breaks the hook (NVIDIA's install guide).
-TOOLKIT_PACKAGES = (
-    "nvidia-container-toolkit",
-    "nvidia-container-toolkit-base",
-    "libnvidia-container-tools",
-    "libnvidia-container1",
-)
-
-DEBIAN_DRIVER_PACKAGES = (
-    "nvidia-kernel-open-dkms",
-    "nvidia-driver-cuda",
-    "nvidia-smi",
-    "nvidia-persistenced",
-)
+TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                    "libnvidia-container-tools", "libnvidia-container1")
+DEBIAN_DRIVER_PACKAGES = ("nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-smi",
+                          "nvidia-persistenced")
 
 
 def version_prefix(branch: str, version: str | None) -> str:
@@ -39,11 +30,7 @@ def version_prefix(branch: str, version: str | None) -> str:
 
 def driver_packages(os: OsInfo, branch: str) -> tuple[str, ...]:
     """Driver packages whose version follows the driver (checked against the branch)."""
-    if os.id == "ubuntu":
-        return (
-            f"nvidia-driver-{branch}-server-open",
-            f"nvidia-utils-{branch}-server",
-            # nvidia-persistenced lives here on Ubuntu.
-            f"nvidia-compute-utils-{branch}-server",
-        )
+    if os.id == "ubuntu":  # compute-utils holds nvidia-persistenced there
+        return (f"nvidia-driver-{branch}-server-open", f"nvidia-utils-{branch}-server",
+                f"nvidia-compute-utils-{branch}-server")
     return DEBIAN_DRIVER_PACKAGES

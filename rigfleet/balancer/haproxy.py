@@ -77,8 +77,7 @@ def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
         bufsize=s.retry_buffer_kib * 1024, maxconn=MAXCONN, stream_timeout_s=STREAM_TIMEOUT_S,
         hard_stop_s=STREAM_TIMEOUT_S + 300, fall=FALL, rise=RISE,
         ready_path=READY_PATH, route_header=ROUTE_HEADER, metrics_path=METRICS_PATH,
-        **check_timing(s.check_interval_s),
-    )
+        **check_timing(s.check_interval_s))
 
 
 def show_stat_command(paths: HostPaths = HOST_PATHS) -> str:

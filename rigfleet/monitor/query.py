@@ -53,15 +53,12 @@ def monitor_host(hosts: Sequence[InventoryHost], inventory: str) -> InventoryHos
 
 def api_paths(now: float, hours: float) -> list[str]:
     """The API paths asked, in ``Answers``' order (range: ``hours`` back from ``now``)."""
-    start = now - hours * 3600
     step = max(15, int(hours * 3600 / 240))  # about 240 points per line
-    rng = {"start": f"{start:.0f}", "end": f"{now:.0f}", "step": str(step)}
-    return [
-        "/api/v1/query_range?" + urlencode({"query": GATE_QUERY, **rng}),
-        "/api/v1/query_range?" + urlencode({"query": ENGINE_QUERY, **rng}),
-        "/api/v1/query?" + urlencode({"query": UP_QUERY, "time": f"{now:.0f}"}),
-        "/api/v1/alerts",
-    ]
+    rng = {"start": f"{now - hours * 3600:.0f}", "end": f"{now:.0f}", "step": str(step)}
+    return ["/api/v1/query_range?" + urlencode({"query": GATE_QUERY, **rng}),
+            "/api/v1/query_range?" + urlencode({"query": ENGINE_QUERY, **rng}),
+            "/api/v1/query?" + urlencode({"query": UP_QUERY, "time": f"{now:.0f}"}),
+            "/api/v1/alerts"]
 
 
 def fetch_command(paths: Sequence[str], port: int = PROMETHEUS_PORT, timeout: int = 20) -> str:
