@@ -193,8 +193,7 @@ def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> Ap
     """Verify ``repo``'s index (placeholders already filled) and read its packages;
     ``policy``: ``sqv`` for Debian 13 hosts, ``gpgv`` for the others."""
     base = dist_url(repo)
-    key = _get(repo.key_url, timeout)
-    release, verifier = verify(base, key, repo, policy, timeout)
+    release, verifier = verify(base, _get(repo.key_url, timeout), repo, policy, timeout)
     hashes = sha256_list(release)
     index = AptIndex(base, verifier)
     dirs = [""] if repo.flat else [f"{c}/binary-{a}/" for c in repo.components

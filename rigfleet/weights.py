@@ -87,8 +87,7 @@ class WeightsDirs(FactBase[WeightsDirsState]):
             mount = _ere(f"{model_dir.rstrip('/')}/{local_dir}")
             pattern = shlex.quote(
                 f"[[:space:]]{mount}({_ere(WEIGHTS_REVISION_MARK)}[0-9a-f]"
-                f"{{{WEIGHTS_REVISION_CHARS}}})?:"
-            )
+                f"{{{WEIGHTS_REVISION_CHARS}}})?:")
             command += (f"; cat {files} 2>/dev/null | grep -oE {pattern} | sort -u "
                         "| sed 's|^.*/|ref |; s|:$||'")
         return command + "; true"
