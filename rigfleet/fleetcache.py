@@ -1,7 +1,6 @@
 """The fleet cache (group ``caches``, docs/images.md): a registry proxy for images and nginx for
 verified model revisions; what it serves and how hosts reach it::
 
-    render_registry_config(settings)           # /etc/docker/registry/config.yml
     seed_command(upstream, "vllm/vllm-openai", digest)   # the pin into the cache
     model_mirrors(host.inventory)              # ('http://lb1.lan:8081',)
 """

@@ -14,8 +14,7 @@ from rigfleet.balancer.haproxy import HOST_PATHS, keys_list, render_config
 from roles.ops import Secret, apt_packages, checked_file, on_change, root_dir, root_put, secret_file
 from roles.preflight import BalancerContext
 
-# socat: rigfleet status reads the runtime API with it. The package's tmpfiles.d entry makes
-# the socket's directory, /run/haproxy, at install and at every boot.
+# socat reads the runtime API (rigfleet status); haproxy's tmpfiles.d makes /run/haproxy.
 PACKAGES = ["haproxy", "socat"]
 
 

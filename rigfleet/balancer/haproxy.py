@@ -16,8 +16,7 @@ from rigfleet.balancer.plan import STACK_PREFIX, BalancerPlan
 from rigfleet.hostside.front import READY_PATH, ROUTE_HEADER
 from rigfleet.resources import project_file
 
-# HAProxy's own Prometheus exporter, behind the key: what the fleet's monitor scrapes
-# (rigfleet.scrape, docs/monitoring.md).
+# HAProxy's own Prometheus exporter, behind the key: what the monitor scrapes (rigfleet.scrape).
 METRICS_PATH = "/rigfleet/metrics/haproxy"
 
 TEMPLATE = "files/haproxy-balancer.cfg.j2"
@@ -57,8 +56,7 @@ def keys_list(key: str) -> str:
 
 
 def check_timing(interval_s: float) -> dict[str, int]:
-    """HAProxy's check timing in ms: a host leaves rotation at most about ``inter +
-    fastinter + check_timeout`` after its front stops answering ready."""
+    """HAProxy's check timing in ms (docs/balancer.md: how soon a host leaves rotation)."""
     inter = int(round(interval_s * 1000))
     return {"inter_ms": inter, "fastinter_ms": max(250, inter // 4),
             "check_timeout_ms": max(500, min(inter, 3000))}

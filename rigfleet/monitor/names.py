@@ -1,8 +1,5 @@
 """Every series the monitor scrapes, spelled once; the rules and dashboards are checked against
-it by a unit test::
-
-    METRICS["rigfleet_engine_up"].type      # 'gauge'
-"""
+it by a unit test."""
 
 from __future__ import annotations
 

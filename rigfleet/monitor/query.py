@@ -19,8 +19,7 @@ from rigfleet.scrape import PROMETHEUS_PORT
 from rigfleet.ssh import HostUnreachable, Remote
 
 MARK = "--rigfleet-prometheus-answer--"
-# The figures the page draws, one query_range each (the engine's rate straight from the
-# counter, so the page works before the recording rules have data).
+# The page's figures; the engine's rate from the counter works before recording rules have data.
 GATE_QUERY = "max by (instance, stack) (rigfleet_gate_tokens_per_second)"
 ENGINE_QUERY = 'sum by (instance) (rate(vllm:generation_tokens_total{job="vllm"}[2m]))'
 UP_QUERY = "up"
