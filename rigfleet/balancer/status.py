@@ -77,8 +77,7 @@ def rotation(lb: str, url: str, plan: BalancerPlan,
             elif state.in_rotation:
                 row.up.append(srv.host)
             else:
-                why = state.status + (f" ({state.check}" + (f" {state.check_code}"
-                                      if state.check_code else "") + ")" if state.check else "")
-                row.out.append((srv.host, why))
+                check = f" ({state.check} {state.check_code}".rstrip() + ")" if state.check else ""
+                row.out.append((srv.host, state.status + check))
         rows.append(row)
     return rows
