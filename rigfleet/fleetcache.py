@@ -203,9 +203,8 @@ def peer_serve_command(port: int, model_dir: str, repositories: Iterable[str]) -
 
 def peer_image_command(url: str, image_id: str, image: str, record: str, fallback: str,
                        mark: str) -> str:
-    """Load ``image_id`` from the peer at ``url`` (its ``docker save``), check the id and
-    write it to ``record`` (``Layout.loaded_image``: a load has no RepoDigests); else say so
-    on stderr after ``mark`` and run ``fallback`` (the host's own source)."""
+    """Load ``image_id`` from the peer at ``url``, check it and write it to ``record`` (a load
+    has no RepoDigests); else say so on stderr after ``mark`` and run ``fallback``."""
     note = shlex.quote(f"{mark}{image}: the load from peer {url} failed; fetching from the "
                        "host's own source instead")
     load = (f"curl -fsS {shlex.quote(f'{url}/images/{image_id}')} | docker load -q >/dev/null "

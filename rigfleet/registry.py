@@ -41,9 +41,8 @@ class RegistryUnreachable(RegistryError):
 
 @dataclass(frozen=True)
 class ResolvedImage:
-    """What a tag or digest resolves to for linux/amd64: the digest ``<repo>@<digest>``
-    pulls, the image id (config digest: what ``docker load`` reproduces), the platform
-    manifest's digest and the compressed layer bytes (docs/images.md)."""
+    """A tag or digest for linux/amd64: the digest pulled, the image id (config digest: what
+    ``docker load`` reproduces), the platform manifest's digest, the compressed layer bytes."""
 
     digest: str
     image_id: str

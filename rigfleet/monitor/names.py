@@ -89,18 +89,11 @@ NODE = ("node_cpu_seconds_total", "node_memory_MemAvailable_bytes",
         "node_textfile_scrape_error", "node_time_seconds")
 
 # Recording rules (files/monitor/rules.yml), level:metric:operations.
-RECORDED = (
-    "instance:vllm_generation_tokens:rate1m",
-    "instance:vllm_mtp_acceptance:ratio_rate10m",
-    "instance:vllm_requests_running:sum",
-    "instance:vllm_kv_cache_usage:max",
-    "instance_stack:rigfleet_mtp_floor:serving",
-    "instance_stack:rigfleet_gate_shortfall:ratio",
-    "instance:rigfleet_swap_age:seconds",
-)
-
-ALERTS = (
-    "RigEngineDown", "RigNotReady", "RigThroughputBelowBaseline", "RigMtpAcceptanceLow",
-    "RigGpuThrottling", "RigKvCacheNearFull", "RigMaintenanceWindowLong",
-    "RigSupervisorGaveUp", "RigPinsDiffer", "RigTargetDown",
-)
+RECORDED = ("instance:vllm_generation_tokens:rate1m", "instance:vllm_mtp_acceptance:ratio_rate10m",
+            "instance:vllm_requests_running:sum", "instance:vllm_kv_cache_usage:max",
+            "instance_stack:rigfleet_mtp_floor:serving",
+            "instance_stack:rigfleet_gate_shortfall:ratio", "instance:rigfleet_swap_age:seconds")
+# Alerts (files/monitor/rules.yml).
+ALERTS = ("RigEngineDown", "RigNotReady", "RigThroughputBelowBaseline", "RigMtpAcceptanceLow",
+          "RigGpuThrottling", "RigKvCacheNearFull", "RigMaintenanceWindowLong",
+          "RigSupervisorGaveUp", "RigPinsDiffer", "RigTargetDown")
