@@ -190,8 +190,7 @@ def parse_packages(text: str) -> dict[str, list[str]]:
 
 
 def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> AptIndex:
-    """Verify ``repo``'s index (placeholders already filled) and read its packages;
-    ``policy``: ``sqv`` for Debian 13 hosts, ``gpgv`` for the others."""
+    """Verify ``repo``'s index (placeholders already filled) and read its packages."""
     base = dist_url(repo)
     release, verifier = verify(base, _get(repo.key_url, timeout), repo, policy, timeout)
     hashes = sha256_list(release)

@@ -86,8 +86,7 @@ def nvidia_distro(os_id: str, version_id: str) -> str:
 
 
 def check_apt_repos(p: Problems, key: str, value: Any) -> dict[str, AptRepo]:
-    """Host data ``apt_repos`` (a mapping name -> entry) as ``AptRepo`` values; every problem
-    is recorded in ``p`` (``missing`` for the required repos absent)."""
+    """Host data ``apt_repos`` as ``AptRepo`` values; every problem is recorded in ``p``."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):

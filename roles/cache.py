@@ -96,8 +96,7 @@ def image_warm(path: str, digest: str, upstream: str):
 
 @deploy("Cache (pull-through registry, model files)")
 def cache(ctx: CacheContext) -> None:
-    """Bind the registry before its package starts it, fetch and verify the pinned
-    revisions, serve them read-only with nginx; restart or reload only on change."""
+    """The registry bound before its package starts it, the revisions fetched and served."""
     s = ctx.settings
     root_dir(name="Directory /etc/docker/registry", path="/etc/docker/registry")
     registry_conf = root_put(

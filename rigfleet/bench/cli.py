@@ -87,8 +87,7 @@ class Target:
 
 def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
                       timeout: float = 60.0) -> list[Target]:
-    """A target per host, asked at once: its front, key and CA, the stack it serves
-    (``state.json``, else the inventory's), its history (the host probe)."""
+    """A target per host, asked at once: front, key, CA, the stack it serves, its history."""
 
     def target(host: InventoryHost) -> Target:
         view = view_host(remote, host, timeout=timeout)
