@@ -123,9 +123,8 @@ def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float, 
     return "".join(parts)
 
 
-def _host_figure(host: str, known: bool, data: PageInput,
-                 gate: dict[tuple[str, ...], Series], engine: dict[tuple[str, ...], Series],
-                 up: dict[str, dict[str, bool]]) -> str:
+def _host_figure(host: str, data: PageInput, gate: dict[tuple[str, ...], Series],
+                 engine: dict[tuple[str, ...], Series], up: dict[str, dict[str, bool]]) -> str:
     lines: list[tuple[str, str, Series, bool]] = []
     if engine.get((host,)):
         lines.append(("engine tokens/s (vllm:generation_tokens_total rate)", ENGINE_COLOUR,
@@ -136,7 +135,7 @@ def _host_figure(host: str, known: bool, data: PageInput,
     jobs = up.get(host, {})
     targets = " ".join(f'<span class="{"up" if ok else "down"}">{escape(job)} '
                        f'{"up" if ok else "down"}</span>' for job, ok in sorted(jobs.items()))
-    note = "" if known else " (not in the inventory)"
+    note = "" if host in data.hosts else " (not in the inventory)"
     legend = "".join(f'<li><i style="background:{c}"></i>{escape(label)}</li>'
                      for label, c, _, _ in lines)
     x0, x1 = data.now - data.hours * 3600, data.now
@@ -175,8 +174,7 @@ def render(data: PageInput) -> str:
     up = up_by_host(data.answers.up)
     seen = {k[0] for k in gate} | {k[0] for k in engine} | set(up)
     others = sorted(h for h in seen - set(data.hosts) - set(data.others) if h and h != data.monitor)
-    figures = [_host_figure(h, h in data.hosts, data, gate, engine, up)
-               for h in (*data.hosts, *others)]
+    figures = [_host_figure(h, data, gate, engine, up) for h in (*data.hosts, *others)]
     count, alerts = _alerts_table(data.answers.alerts)
     x0 = data.now - data.hours * 3600
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
