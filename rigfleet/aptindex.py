@@ -117,8 +117,7 @@ def sha1_bound(ring: Path, home: Path) -> bool:
         elif (m := _SIGCLASS.search(line)) is not None:
             sigclass = m.group(1)
         if (d := _DIGEST_ALGO.search(line)) is not None and sigclass in _BINDINGS:
-            kind = "subkey" if sigclass == "18" else "uid"
-            algos.setdefault(kind, set()).add(int(d.group(1)))
+            algos.setdefault("subkey" if sigclass == "18" else "uid", set()).add(int(d.group(1)))
     return any(found == {2} for found in algos.values())
 
 

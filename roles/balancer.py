@@ -22,7 +22,6 @@ PACKAGES = ["haproxy", "socat"]
 def balancer(ctx: BalancerContext) -> None:
     """The key (and certificate), a checked config; a graceful reload only on change."""
     paths = HOST_PATHS
-    plan = ctx.plan
     apt_packages(name="Install HAProxy (and socat for its runtime API)", packages=PACKAGES)
     root_dir(name=f"Directory {paths.secret_dir} (root-only)", path=paths.secret_dir, mode="0700")
     gates = [secret_file(name=f"API key list {paths.keys} (root-only)", dest=paths.keys,
@@ -34,17 +33,17 @@ def balancer(ctx: BalancerContext) -> None:
                                  dest=paths.pem,
                                  content=Secret(cert.rstrip("\n") + "\n"
                                                 + ctx.tls_key.reveal())))
-    tls_servers = [s for p in plan.pools for s in p.servers if s.ca_file]
+    tls_servers = [s for p in ctx.plan.pools for s in p.servers if s.ca_file]
     if tls_servers:
         root_dir(name=f"Directory {paths.ca_dir} (the TLS fronts' CAs)", path=paths.ca_dir)
         for server in host.loop(tls_servers):
             assert server.ca_file is not None
             gates.append(root_put(name=f"CA of {server.host}'s front", src=server.ca_file,
                                   dest=paths.ca_file(server.id)))
-    stacks = ", ".join(f"{p.stack}: {len(p.servers)} host(s)" for p in plan.pools)
+    stacks = ", ".join(f"{p.stack}: {len(p.servers)} host(s)" for p in ctx.plan.pools)
     conf = checked_file(
         name=f"HAProxy config {paths.config} ({stacks}; checked with haproxy -c first)",
-        dest=paths.config, content=render_config(plan, paths),
+        dest=paths.config, content=render_config(ctx.plan, paths),
         check="haproxy -c -q -f {path}", staged=paths.staged_config)
     systemd.service(name="HAProxy enabled and running", service="haproxy", running=True,
                     enabled=True)
