@@ -15,8 +15,7 @@ from urllib.parse import urlsplit
 
 from rigfleet.validate import Problems, has_control
 
-# The deploy installs the NVIDIA driver and the container toolkit from these apt repos.
-REQUIRED_APT_REPOS = ("cuda", "nvidia-container-toolkit")
+REQUIRED_APT_REPOS = ("cuda", "nvidia-container-toolkit")  # the driver's and the toolkit's
 
 # Placeholders an apt repo URL/key URL/suite may use; the deploy fills them from the host's
 # /etc/os-release. `$(ARCH)` (apt's own variable) is left for apt.

@@ -180,8 +180,7 @@ def model_mirrors(inventory: Iterable[Any]) -> tuple[str, ...]:
 
 PEER_SCRIPT = str(HOST.script("rigfleet-peer-serve.py"))
 PEER_UNIT = "rigfleet-peer-serve"
-# The peer server stops itself after this long without a request (a converge's next step).
-PEER_IDLE_S = 300
+PEER_IDLE_S = 300  # the peer server stops after this long without a request
 
 
 def peer_serve_command(port: int, model_dir: str, repositories: Iterable[str]) -> str:

@@ -1,7 +1,4 @@
-"""The NVIDIA driver's and container toolkit's package names per OS and pin (roles and check)::
-
-    driver_packages(OsInfo("ubuntu", "24.04", "noble", "6.8.0-45"), "580")
-"""
+"""The NVIDIA driver's and container toolkit's package names per OS and pin (roles and check)."""
 
 from __future__ import annotations
 

@@ -22,8 +22,7 @@ IMAGE_MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                         "application/vnd.docker.distribution.manifest.v2+json")
 MANIFEST_TYPES = ", ".join((*INDEX_TYPES, *IMAGE_MANIFEST_TYPES))
 DOCKER_HUB = "https://registry-1.docker.io"
-# The rigs are x86_64 boxes with RTX 3090s.
-PLATFORM = ("linux", "amd64")
+PLATFORM = ("linux", "amd64")  # the rigs are x86_64 boxes with RTX 3090s
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 

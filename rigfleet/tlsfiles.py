@@ -1,7 +1,5 @@
 """TLS files of host data (``front_tls_*``, ``balancer_tls_*``) checked on the control machine,
-never showing the key::
-
-    tls = check_tls(problems, "front", cert, key, ca)   # FrontTls, or None
+never showing the key.
 """
 
 from __future__ import annotations

@@ -112,10 +112,9 @@ def monitor(ctx: MonitorContext) -> None:
                               dest=f"/etc/default/{package}")
             for package, text, note in defaults}
     apt_packages(name=f"Install {', '.join(args)}", packages=list(args))
-    key = secret_file(name=f"API key for scraping {KEY_FILE} (root:prometheus 0640)",
-                      dest=KEY_FILE, content=Secret(ctx.api_key.reveal() + "\n"),
-                      mode="0640", group="prometheus")
-    gates = [key]
+    gates = [secret_file(name=f"API key for scraping {KEY_FILE} (root:prometheus 0640)",
+                         dest=KEY_FILE, content=Secret(ctx.api_key.reveal() + "\n"),
+                         mode="0640", group="prometheus")]
     if plan.ca_files:
         bundle = "".join(Path(f).read_text(encoding="utf-8").rstrip("\n") + "\n"
                          for f in plan.ca_files)

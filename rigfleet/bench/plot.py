@@ -1,7 +1,5 @@
 """The bench's PNG (matplotlib, ``rigfleet[plot]``): per stack, decode tok/s per host beside the
 fleet median, the reference and the host's history; then depth and concurrency.
-
-    path, problem = plot(entries, Path("bench-reports/bench-20261201T101500Z.png"))
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ MARK = "--rigfleet-prometheus-answer--"
 # The page's figures; the engine's rate from the counter works before recording rules have data.
 GATE_QUERY = "max by (instance, stack) (rigfleet_gate_tokens_per_second)"
 ENGINE_QUERY = 'sum by (instance) (rate(vllm:generation_tokens_total{job="vllm"}[2m]))'
-UP_QUERY = "up"
 
 
 class MonitorError(RigfleetError):
@@ -35,7 +34,7 @@ class Answers:
 
     gate: dict[str, Any]     # query_range GATE_QUERY
     engine: dict[str, Any]   # query_range ENGINE_QUERY
-    up: dict[str, Any]       # instant UP_QUERY
+    up: dict[str, Any]       # instant "up"
     alerts: dict[str, Any]   # /api/v1/alerts
 
 
@@ -56,7 +55,7 @@ def api_paths(now: float, hours: float) -> list[str]:
     rng = {"start": f"{now - hours * 3600:.0f}", "end": f"{now:.0f}", "step": str(step)}
     return ["/api/v1/query_range?" + urlencode({"query": GATE_QUERY, **rng}),
             "/api/v1/query_range?" + urlencode({"query": ENGINE_QUERY, **rng}),
-            "/api/v1/query?" + urlencode({"query": UP_QUERY, "time": f"{now:.0f}"}),
+            "/api/v1/query?" + urlencode({"query": "up", "time": f"{now:.0f}"}),
             "/api/v1/alerts"]
 
 
