@@ -2,9 +2,7 @@
 for ``rigfleet check --online``. Debian 13 verifies with ``sqv`` (no SHA-1 bindings since
 2026-02-01), others with ``gpgv``; docs/converge.md::
 
-    index = read_index(repo.expand(os_id="debian", version_id="13", codename="trixie"),
-                       policy="sqv")
-    index.versions("nvidia-driver-cuda")   # ["580.105.08-1", ...]
+    read_index(debian13_repo, policy="sqv").versions("nvidia-driver-cuda")  # ["580.105.08-1"]
 """
 
 from __future__ import annotations
@@ -68,8 +66,7 @@ def _get(url: str, timeout: float) -> bytes:
 
 
 def dist_url(repo: AptRepo) -> str:
-    """Where the index lives: ``<url>/dists/<suite>`` or, for a flat repository, the suite
-    directory itself (``deb URL /`` -> ``URL``)."""
+    """``<url>/dists/<suite>``, or for a flat repository the suite directory itself."""
     url = repo.url.replace("$(ARCH)", ARCH).rstrip("/")
     if repo.flat:
         sub = repo.suite.strip("/").strip(".")
@@ -109,8 +106,7 @@ def keyring(key: bytes, home: Path, fingerprint: str | None, key_url: str) -> Pa
 
 
 def sha1_bound(ring: Path, home: Path) -> bool:
-    """Does the key rely on SHA-1 bindings (every user-id certification or subkey binding of
-    some kind made with digest algo 2)?"""
+    """Are all of the key's user-id certifications, or all its subkey bindings, SHA-1?"""
     out = _run(["gpg", "--homedir", str(home), "--batch", "--list-packets", str(ring)],
                str(ring)).stdout.decode(errors="replace")
     algos: dict[str, set[int]] = {}
@@ -121,13 +117,11 @@ def sha1_bound(ring: Path, home: Path) -> bool:
         elif (m := _SIGCLASS.search(line)) is not None:
             sigclass = m.group(1)
         if (d := _DIGEST_ALGO.search(line)) is not None and sigclass in _BINDINGS:
-            kind = "subkey" if sigclass == "18" else "uid"
-            algos.setdefault(kind, set()).add(int(d.group(1)))
+            algos.setdefault("subkey" if sigclass == "18" else "uid", set()).add(int(d.group(1)))
     return any(found == {2} for found in algos.values())
 
 
-def verify(base: str, key: bytes, repo: AptRepo, policy: str, timeout: float) -> tuple[str,
-                                                                                      str]:
+def verify(base: str, key: bytes, repo: AptRepo, policy: str, timeout: float) -> tuple[str, str]:
     """(the verified Release text, the verifier used) of the index at ``base``."""
     with tempfile.TemporaryDirectory(prefix="rigfleet-apt-") as tmp:
         home = Path(tmp)
@@ -195,11 +189,9 @@ def parse_packages(text: str) -> dict[str, list[str]]:
 
 
 def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> AptIndex:
-    """Verify ``repo``'s index (placeholders already filled) and read its packages;
-    ``policy``: ``sqv`` for Debian 13 hosts, ``gpgv`` for the others."""
+    """Verify ``repo``'s index (placeholders already filled) and read its packages."""
     base = dist_url(repo)
-    key = _get(repo.key_url, timeout)
-    release, verifier = verify(base, key, repo, policy, timeout)
+    release, verifier = verify(base, _get(repo.key_url, timeout), repo, policy, timeout)
     hashes = sha256_list(release)
     index = AptIndex(base, verifier)
     dirs = [""] if repo.flat else [f"{c}/binary-{a}/" for c in repo.components

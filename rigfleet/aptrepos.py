@@ -1,8 +1,7 @@
 """The apt repositories of host data ``apt_repos``, with per-host placeholders::
 
     repo = settings.apt_repos["cuda"].expand(os_id="ubuntu", version_id="24.04",
-                                             codename="noble")
-    repo.source_line("/etc/apt/keyrings/cuda.gpg")
+                                             codename="noble")    # its URL: .../ubuntu2404/...
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from urllib.parse import urlsplit
 
 from rigfleet.validate import Problems, has_control
 
-# The deploy installs the NVIDIA driver and the container toolkit from these apt repos.
-REQUIRED_APT_REPOS = ("cuda", "nvidia-container-toolkit")
+REQUIRED_APT_REPOS = ("cuda", "nvidia-container-toolkit")  # the driver's and the toolkit's
 
 # Placeholders an apt repo URL/key URL/suite may use; the deploy fills them from the host's
 # /etc/os-release. `$(ARCH)` (apt's own variable) is left for apt.
@@ -54,8 +52,7 @@ class AptRepo:
         return self.suite.endswith("/")
 
     def expand(self, *, os_id: str, version_id: str, codename: str) -> AptRepo:
-        """Fill the placeholders for one host's OS (``ID``, ``VERSION_ID``,
-        ``VERSION_CODENAME`` of its os-release; pure)."""
+        """Fill the placeholders from one host's os-release."""
         values = {"id": os_id, "version": version_id, "codename": codename,
                   "distro": nvidia_distro(os_id, version_id)}
         chosen = dict(self.per_distro).get(values["distro"], self)
@@ -63,19 +60,11 @@ class AptRepo:
                        url=chosen.url.format(**values), key_url=chosen.key_url.format(**values),
                        suite=chosen.suite.format(**values))
 
-    def source_line(self, keyring: str) -> str:
-        """The one-line apt source for this repo, trusting only ``keyring``."""
-        parts = ["deb", f"[signed-by={keyring}]", self.url, self.suite, *self.components]
-        return " ".join(parts)
-
 
 # The OSes the roles provision: (ID, VERSION_ID) of os-release -> codename.
 SUPPORTED_OS: dict[tuple[str, str], str] = {
-    ("debian", "12"): "bookworm",
-    ("debian", "13"): "trixie",
-    ("ubuntu", "22.04"): "jammy",
-    ("ubuntu", "24.04"): "noble",
-}
+    ("debian", "12"): "bookworm", ("debian", "13"): "trixie",
+    ("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble"}
 OS_ALLOWED = ", ".join(f"{i} {v}" for i, v in SUPPORTED_OS)
 
 
@@ -84,8 +73,8 @@ def os_named(value: Any) -> tuple[str, str, str] | None:
     (ID, VERSION_ID, codename); None when it names none."""
     text = str(value).strip().lower().replace("-", " ")
     for (os_id, version), codename in SUPPORTED_OS.items():
-        if text in (f"{os_id} {version}", f"{os_id}{version}",
-                    f"{os_id}{version.replace('.', '')}", codename):
+        if text in (f"{os_id} {version}", f"{os_id}{version}", nvidia_distro(os_id, version),
+                    codename):
             return os_id, version, codename
     return None
 
@@ -96,22 +85,17 @@ def nvidia_distro(os_id: str, version_id: str) -> str:
 
 
 def check_apt_repos(p: Problems, key: str, value: Any) -> dict[str, AptRepo]:
-    """Host data ``apt_repos`` (a mapping name -> entry) as ``AptRepo`` values; every problem
-    is recorded in ``p`` (``missing`` for the required repos absent)."""
+    """Host data ``apt_repos`` as ``AptRepo`` values; every problem is recorded in ``p``."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         p.bad(key, value, "a mapping name -> {url, key_url, suite, components}")
         return {}
-    out: dict[str, AptRepo] = {}
-    for name, entry in value.items():
-        repo = _apt_repo(p, f"{key}.{name}", name, entry)
-        if repo is not None:
-            out[name] = repo
+    repos = {name: _apt_repo(p, f"{key}.{name}", name, entry) for name, entry in value.items()}
     for name in REQUIRED_APT_REPOS:
         if name not in value:
             p.missing(f"{key}.{name}")
-    return out
+    return {name: repo for name, repo in repos.items() if repo is not None}
 
 
 def _apt_repo(p: Problems, base: str, name: Any, entry: Any) -> AptRepo | None:
@@ -147,8 +131,7 @@ def _apt_repo(p: Problems, base: str, name: Any, entry: Any) -> AptRepo | None:
     return replace(repo, per_distro=tuple(variants))
 
 
-def _apt_repo_fields(p: Problems, base: str, name: str,
-                     entry: Mapping[str, Any]) -> AptRepo | None:
+def _apt_repo_fields(p: Problems, base: str, name: str, entry: Mapping[str, Any]) -> AptRepo | None:
     ok = True
     for k in entry:
         if k not in _ENTRY_KEYS:

@@ -1,7 +1,6 @@
 """The fleet cache (group ``caches``, docs/images.md): a registry proxy for images and nginx for
 verified model revisions; what it serves and how hosts reach it::
 
-    render_registry_config(settings)           # /etc/docker/registry/config.yml
     seed_command(upstream, "vllm/vllm-openai", digest)   # the pin into the cache
     model_mirrors(host.inventory)              # ('http://lb1.lan:8081',)
 """
@@ -34,31 +33,30 @@ MODEL_LOG = "/var/log/nginx/rigfleet-cache.log"
 
 
 def model_path(model_dir: str, repo: str, revision: str) -> str:
-    """Where the cache keeps one verified revision: ``<model_dir>/<org>/<name>/<revision>``
-    (the URL path under the model cache is the same, below ``model_dir``)."""
+    """``<model_dir>/<org>/<name>/<revision>``, on disk and as the model cache's URL path."""
     return posixpath.join(model_dir, repo, revision)
 
 
 def render_registry_config(settings: CacheSettings) -> str:
     """The pull-through cache's registry config: no auth (Debian's packaged one turns htpasswd
     on; the cache serves public, pinned images and proxy mode refuses pushes)."""
-    return (
-        "# Managed by rigfleet (roles/cache.py): a pull-through cache; docs/images.md.\n"
-        "version: 0.1\n"
-        "log:\n"
-        "  level: info\n"
-        "  accesslog:\n"
-        "    disabled: false\n"
-        "storage:\n"
-        "  filesystem:\n"
-        f"    rootdirectory: {REGISTRY_STORAGE}\n"
-        "  delete:\n"
-        "    enabled: true\n"
-        "http:\n"
-        f"  addr: :{settings.registry_port}\n"
-        "proxy:\n"
-        f"  remoteurl: {settings.registry_upstream}\n"
-    )
+    return f"""\
+# Managed by rigfleet (roles/cache.py): a pull-through cache; docs/images.md.
+version: 0.1
+log:
+  level: info
+  accesslog:
+    disabled: false
+storage:
+  filesystem:
+    rootdirectory: {REGISTRY_STORAGE}
+  delete:
+    enabled: true
+http:
+  addr: :{settings.registry_port}
+proxy:
+  remoteurl: {settings.registry_upstream}
+"""
 
 
 def render_nginx_site(settings: CacheSettings) -> str:
@@ -99,39 +97,39 @@ REGISTRY_USER = "docker-registry"
 
 def render_seed_config() -> str:
     """The seeding registry: the proxy's storage, no proxy, the unix socket ``SEED_SOCKET``."""
-    return (
-        "# Managed by rigfleet (roles/cache.py): seeds the pull-through cache's storage;\n"
-        "# docs/images.md.\n"
-        "version: 0.1\n"
-        "log:\n"
-        "  level: warn\n"
-        "storage:\n"
-        "  filesystem:\n"
-        f"    rootdirectory: {REGISTRY_STORAGE}\n"
-        "http:\n"
-        "  net: unix\n"
-        f"  addr: {SEED_SOCKET}\n"
-    )
+    return f"""\
+# Managed by rigfleet (roles/cache.py): seeds the pull-through cache's storage;
+# docs/images.md.
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: {REGISTRY_STORAGE}
+http:
+  net: unix
+  addr: {SEED_SOCKET}
+"""
 
 
 def render_seed_unit() -> str:
     """The seeding registry's unit: started by a seed, stopped after it (never enabled)."""
-    return (
-        "# Managed by rigfleet (roles/cache.py); docs/images.md.\n"
-        "[Unit]\n"
-        "Description=rigfleet: the fleet cache's seeding registry (root-only socket)\n"
-        f"After={REGISTRY_SERVICE}.service\n"
-        "[Service]\n"
-        f"User={REGISTRY_USER}\n"
-        f"Group={REGISTRY_USER}\n"
-        f"RuntimeDirectory={SEED_SERVICE}\n"
-        "RuntimeDirectoryMode=0700\n"
-        f"ExecStart={REGISTRY_BINARY} serve {SEED_CONFIG}\n"
-    )
+    return f"""\
+# Managed by rigfleet (roles/cache.py); docs/images.md.
+[Unit]
+Description=rigfleet: the fleet cache's seeding registry (root-only socket)
+After={REGISTRY_SERVICE}.service
+[Service]
+User={REGISTRY_USER}
+Group={REGISTRY_USER}
+RuntimeDirectory={SEED_SERVICE}
+RuntimeDirectoryMode=0700
+ExecStart={REGISTRY_BINARY} serve {SEED_CONFIG}
+"""
 
 
 def warm_marker(digest: str) -> str:
-    """The file on a cache host saying every blob of ``digest`` is held (``seed_command``)."""
+    """The file on a cache host saying every blob of ``digest`` is held."""
     return f"{HOST.state_dir}/cache-warm/{digest.replace(':', '-')}"
 
 
@@ -139,8 +137,8 @@ SEED_SCRIPT = str(HOST.script("rigfleet-cache-seed.py"))
 
 
 def seed_command(upstream: str, path: str, digest: str, marker: str = "") -> str:
-    """Fetch one pinned image's blobs from ``upstream`` once each, verified, into the cache
-    (files/rigfleet-cache-seed.py); ``marker`` is written once every blob is held."""
+    """Fetch one pinned image's blobs from ``upstream`` once each, verified, into the cache;
+    ``marker`` is written once every blob is held."""
     seed = (f"python3 {SEED_SCRIPT} --upstream {shlex.quote(upstream)} "
             f"--socket {SEED_SOCKET} --spool {shlex.quote(str(HOST.state_dir / 'cache-spool'))} "
             f"--repo {shlex.quote(path)} --digest {shlex.quote(digest)}")
@@ -184,14 +182,12 @@ def model_mirrors(inventory: Iterable[Any]) -> tuple[str, ...]:
 
 PEER_SCRIPT = str(HOST.script("rigfleet-peer-serve.py"))
 PEER_UNIT = "rigfleet-peer-serve"
-# The peer server stops itself after this long without a request (a converge's next step).
-PEER_IDLE_S = 300
+PEER_IDLE_S = 300  # the peer server stops after this long without a request
 
 
 def peer_serve_command(port: int, model_dir: str, repositories: Iterable[str]) -> str:
-    """Install the peer server from stdin (files/rigfleet-peer-serve.py) and start it on the
-    seed unless it runs (two peers may ask at once), then wait until it listens. Its unit is
-    transient: nothing runs after it stops."""
+    """Install the peer server from stdin and start it on the seed unless it runs (two peers
+    may ask at once), as a transient unit; then wait until it listens."""
     images = "".join(f" --repository {shlex.quote(r)}" for r in sorted(set(repositories)))
     probe = shlex.quote(f"import socket; socket.create_connection(('127.0.0.1', {port}), 1)")
     part = f"{shlex.quote(PEER_SCRIPT)}.$$.part"  # two peers may send it at once
@@ -208,9 +204,8 @@ def peer_serve_command(port: int, model_dir: str, repositories: Iterable[str]) -
 
 def peer_image_command(url: str, image_id: str, image: str, record: str, fallback: str,
                        mark: str) -> str:
-    """Load ``image_id`` from the peer at ``url`` (its ``docker save``), check the id and
-    write it to ``record`` (``Layout.loaded_image``: a load has no RepoDigests); else say so
-    on stderr after ``mark`` and run ``fallback`` (the host's own source)."""
+    """Load ``image_id`` from the peer at ``url``, check it and write it to ``record`` (a load
+    has no RepoDigests); else say so on stderr after ``mark`` and run ``fallback``."""
     note = shlex.quote(f"{mark}{image}: the load from peer {url} failed; fetching from the "
                        "host's own source instead")
     load = (f"curl -fsS {shlex.quote(f'{url}/images/{image_id}')} | docker load -q >/dev/null "

@@ -7,7 +7,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,27 +37,24 @@ class Hub:
     endpoint: str = DEFAULT_HUB
     token_file: str | None = None
     timeout: float = 15.0
-    _api: HfApi | None = field(default=None, repr=False)
 
     @property
     def where(self) -> str:
         return self.endpoint.rstrip("/")
 
-    @property
+    @cached_property
     def api(self) -> HfApi:
-        if self._api is None:
-            token = ""  # never printed
-            if self.token_file:
-                try:
-                    token = Path(self.token_file).expanduser().read_text(encoding="utf-8")
-                except OSError as e:
-                    raise HubError(f"hf_token_file: {self.token_file!r} cannot be read "
-                                   f"({e.strerror})") from None
-            from huggingface_hub import HfApi  # a third of a second: only when asked
+        token = ""  # never printed
+        if self.token_file:
+            try:
+                token = Path(self.token_file).expanduser().read_text(encoding="utf-8")
+            except OSError as e:
+                raise HubError(f"hf_token_file: {self.token_file!r} cannot be read "
+                               f"({e.strerror})") from None
+        from huggingface_hub import HfApi  # a third of a second: only when asked
 
-            # token=False: no token at all (not the one huggingface_hub would find in ~/.cache)
-            self._api = HfApi(endpoint=self.where, token=token.strip() or False)
-        return self._api
+        # token=False: no token at all (not the one huggingface_hub would find in ~/.cache)
+        return HfApi(endpoint=self.where, token=token.strip() or False)
 
     def revision(self, repo: str, ref: str = "main") -> str:
         """The full commit ``ref`` (a branch, tag or commit) of model ``repo`` is."""
@@ -99,7 +97,8 @@ class Hub:
         except (OSError, ValueError) as e:
             raise HubUnreachable(f"{what}: cannot reach the hub ({e})") from None
         except Exception as e:  # httpx / requests transport errors (not OSError subclasses)
-            if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3"):
+            if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests",
+                                                    "urllib3"):
                 raise HubUnreachable(f"{what}: cannot reach the hub ({type(e).__name__}: "
                                      f"{e})") from None
             raise

@@ -1,7 +1,4 @@
-"""The NVIDIA driver's and container toolkit's package names per OS and pin (roles and check)::
-
-    driver_packages(OsInfo("ubuntu", "24.04", "noble", "6.8.0-45"), "580")
-"""
+"""The NVIDIA driver's and container toolkit's package names per OS and pin (roles and check)."""
 
 from __future__ import annotations
 
@@ -10,36 +7,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class OsInfo:
-    """The host's OS as the roles need it."""
-
     id: str  # "debian" | "ubuntu"
     version_id: str  # "12", "13", "22.04", "24.04"
     codename: str
     kernel: str  # uname -r
 
-    @property
-    def family(self) -> str:
-        return self.id
-
-    @property
-    def label(self) -> str:
-        return f"{self.id} {self.version_id}"
-
 
 # All four move together; mixing versions breaks the hook (NVIDIA's install guide).
-TOOLKIT_PACKAGES = (
-    "nvidia-container-toolkit",
-    "nvidia-container-toolkit-base",
-    "libnvidia-container-tools",
-    "libnvidia-container1",
-)
-
-DEBIAN_DRIVER_PACKAGES = (
-    "nvidia-kernel-open-dkms",
-    "nvidia-driver-cuda",
-    "nvidia-smi",
-    "nvidia-persistenced",
-)
+TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                    "libnvidia-container-tools", "libnvidia-container1")
+DEBIAN_DRIVER_PACKAGES = ("nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-smi",
+                          "nvidia-persistenced")
 
 
 def version_prefix(branch: str, version: str | None) -> str:
@@ -49,11 +27,7 @@ def version_prefix(branch: str, version: str | None) -> str:
 
 def driver_packages(os: OsInfo, branch: str) -> tuple[str, ...]:
     """Driver packages whose version follows the driver (checked against the branch)."""
-    if os.id == "ubuntu":
-        return (
-            f"nvidia-driver-{branch}-server-open",
-            f"nvidia-utils-{branch}-server",
-            # nvidia-persistenced lives here on Ubuntu.
-            f"nvidia-compute-utils-{branch}-server",
-        )
+    if os.id == "ubuntu":  # compute-utils holds nvidia-persistenced there
+        return (f"nvidia-driver-{branch}-server-open", f"nvidia-utils-{branch}-server",
+                f"nvidia-compute-utils-{branch}-server")
     return DEBIAN_DRIVER_PACKAGES

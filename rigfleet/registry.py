@@ -16,18 +16,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-INDEX_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-)
-IMAGE_MANIFEST_TYPES = (
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-)
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
+               "application/vnd.docker.distribution.manifest.list.v2+json")
+IMAGE_MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
+                        "application/vnd.docker.distribution.manifest.v2+json")
 MANIFEST_TYPES = ", ".join((*INDEX_TYPES, *IMAGE_MANIFEST_TYPES))
 DOCKER_HUB = "https://registry-1.docker.io"
-# The rigs are x86_64 boxes with RTX 3090s.
-PLATFORM = ("linux", "amd64")
+PLATFORM = ("linux", "amd64")  # the rigs are x86_64 boxes with RTX 3090s
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -45,9 +40,8 @@ class RegistryUnreachable(RegistryError):
 
 @dataclass(frozen=True)
 class ResolvedImage:
-    """What a tag or digest resolves to for linux/amd64: the digest ``<repo>@<digest>``
-    pulls, the image id (config digest: what ``docker load`` reproduces), the platform
-    manifest's digest and the compressed layer bytes (docs/images.md)."""
+    """A tag or digest for linux/amd64: the digest pulled, the image id (config digest: what
+    ``docker load`` reproduces), the platform manifest's digest, the compressed layer bytes."""
 
     digest: str
     image_id: str
@@ -62,8 +56,6 @@ def reference(repo: str, ref: str) -> str:
 
 @dataclass
 class Registry:
-    """Registry at ``base_url`` (``http://127.0.0.1:15000`` or Docker Hub)."""
-
     base_url: str = DOCKER_HUB
     timeout: float = 15.0
     _tokens: dict[str, str] = field(default_factory=dict, repr=False)
@@ -96,8 +88,7 @@ class Registry:
 
     def _request(self, method: str, path: str, repo: str, accept: str = "",
                  what: str | None = None) -> tuple[dict, bytes]:
-        """(lower-cased headers, body) of one request; errors name ``what`` (default the
-        repository)."""
+        """(lower-cased headers, body); errors name ``what`` (default the repository)."""
         what = what or repo
         req = urllib.request.Request(f"{self.where}{path}", method=method)
         if accept:

@@ -1,7 +1,5 @@
 """TLS files of host data (``front_tls_*``, ``balancer_tls_*``) checked on the control machine,
-never showing the key::
-
-    tls = check_tls(problems, "front", cert, key, ca)   # FrontTls, or None
+never showing the key.
 """
 
 from __future__ import annotations
@@ -21,15 +19,13 @@ from rigfleet.validate import Problems
 @dataclass(frozen=True)
 class FrontTls:
     """The certificate and key (control-side files) a front or balancer serves, and what its
-    clients trust: ``ca_file`` is the certificate itself when no CA file is named (a
-    self-signed certificate)."""
+    clients trust: the CA file, else the (self-signed) certificate itself."""
 
     cert_file: str
     key_file: str
     ca_file: str
 
     def client_context(self) -> ssl.SSLContext:
-        """An ``ssl`` context that trusts ``ca_file`` only (for the clients of the front)."""
         return tls_context(self.ca_file)
 
 
@@ -47,9 +43,9 @@ def check_tls(p: Problems, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTl
         p.missing(missing, f"both {cert_key} and {key_key} (PEM files on this machine), "
                   f"or neither (the {prefix} serves plain HTTP)")
         return None
-    cert_path = _pem_file(p, cert_key, cert, "CERTIFICATE")
+    cert_path = _cert_file(p, cert_key, cert)
     key_path = _key_file(p, key_key, key)
-    ca_path = cert_path if ca is None else _pem_file(p, ca_key, ca, "CERTIFICATE")
+    ca_path = cert_path if ca is None else _cert_file(p, ca_key, ca)
     if not (cert_path and key_path and ca_path):
         return None
     problem = tls_pair_problem(cert_path, key_path, ca_path, cert_key)
@@ -85,13 +81,13 @@ def _local_text(p: Problems, key: str, value: Any,
     return path, text, st
 
 
-def _pem_file(p: Problems, key: str, value: Any, label: str) -> str | None:
-    allowed = f"a readable PEM file on this (control) machine holding '-----BEGIN {label}'"
+def _cert_file(p: Problems, key: str, value: Any) -> str | None:
+    allowed = "a readable PEM file on this (control) machine holding '-----BEGIN CERTIFICATE'"
     found = _local_text(p, key, value, allowed)
     if found is None:
         return None
     path, text, _ = found
-    if f"-----BEGIN {label}-----" not in text:
+    if "-----BEGIN CERTIFICATE-----" not in text:
         p.bad(key, value, allowed, "is not a PEM certificate")
         return None
     return str(path)
@@ -123,13 +119,10 @@ def _no_password() -> str:
     raise ValueError("the key is encrypted")
 
 
-def tls_pair_problem(cert: str, key: str, ca: str,
-                     cert_key: str = "front_tls_cert_file") -> tuple[str, str, str] | None:
-    """Does ``key`` belong to ``cert``, and does ``cert`` verify against ``ca``? Checked with
-    the standard library: an in-memory TLS handshake between a server holding cert + key and
-    a client trusting only ``ca`` (dates included). Returns (which: "key" | "verify", what
-    is wrong, what is allowed), or None when all is well. Nothing is shown of the key.
-    """
+def tls_pair_problem(cert: str, key: str, ca: str, cert_key: str) -> tuple[str, str, str] | None:
+    """Does ``key`` belong to ``cert``, and does ``cert`` verify against ``ca`` (dates
+    included)? An in-memory TLS handshake tells; (which: "key" | "verify", what is wrong,
+    what is allowed), or None when all is well. Nothing is shown of the key."""
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         server.load_cert_chain(cert, key, password=_no_password)
@@ -145,16 +138,13 @@ def tls_pair_problem(cert: str, key: str, ca: str,
                 f"PEM certificate(s) of the CA that signed {cert_key}")
     client.check_hostname = False
     c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
-    c = client.wrap_bio(c_in, c_out)
-    srv = server.wrap_bio(s_in, s_out, server_side=True)
-    done = {"client": False, "server": False}
+    waiting = {"client": client.wrap_bio(c_in, c_out),
+               "server": server.wrap_bio(s_in, s_out, server_side=True)}
     for _ in range(20):
-        for name, side in (("client", c), ("server", srv)):
-            if done[name]:
-                continue
+        for name, side in list(waiting.items()):
             try:
                 side.do_handshake()
-                done[name] = True
+                del waiting[name]
             except ssl.SSLWantReadError:
                 pass
             except ssl.SSLCertVerificationError as e:
@@ -171,6 +161,6 @@ def tls_pair_problem(cert: str, key: str, ca: str,
                         "a certificate and key nginx can serve")
         s_in.write(c_out.read())
         c_in.write(s_out.read())
-        if all(done.values()):
+        if not waiting:
             return None
     return ("verify", "fails a TLS handshake (no result)", "a certificate and key nginx can serve")

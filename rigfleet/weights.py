@@ -21,9 +21,7 @@ from rigfleet.retention import stale
 # Revisions kept beyond the pinned one and those a compose file names: none (tens of GB each;
 # the revision a rollback needs is the active snapshot's, so it is named, so it is kept).
 WEIGHTS_KEPT = 1
-# Free space the fetcher asks for beyond the bytes still to download: 10 % of the revision
-# (files/rigfleet-fetch-weights.py, HEADROOM).
-HEADROOM = 0.10
+HEADROOM = 0.10  # as files/rigfleet-fetch-weights.py: free space asked beyond the download
 PARTIAL_SUFFIX = ".partial"
 
 def revision_name(local_dir: str, revision: str) -> str:
@@ -87,8 +85,7 @@ class WeightsDirs(FactBase[WeightsDirsState]):
             mount = _ere(f"{model_dir.rstrip('/')}/{local_dir}")
             pattern = shlex.quote(
                 f"[[:space:]]{mount}({_ere(WEIGHTS_REVISION_MARK)}[0-9a-f]"
-                f"{{{WEIGHTS_REVISION_CHARS}}})?:"
-            )
+                f"{{{WEIGHTS_REVISION_CHARS}}})?:")
             command += (f"; cat {files} 2>/dev/null | grep -oE {pattern} | sort -u "
                         "| sed 's|^.*/|ref |; s|:$||'")
         return command + "; true"

@@ -1,7 +1,5 @@
 """The balancer: HAProxy in front of the GPU hosts' fronts, one backend per stack; the config is
-checked with ``haproxy -c`` before it replaces the old one (docs/balancer.md)::
-
-    balancer(ctx)          # ctx: roles.preflight.BalancerContext
+checked with ``haproxy -c`` before it replaces the old one (docs/balancer.md).
 """
 
 from __future__ import annotations
@@ -16,20 +14,16 @@ from rigfleet.balancer.haproxy import HOST_PATHS, keys_list, render_config
 from roles.ops import Secret, apt_packages, checked_file, on_change, root_dir, root_put, secret_file
 from roles.preflight import BalancerContext
 
-# socat: rigfleet status reads the runtime API with it. The package's tmpfiles.d entry makes
-# the socket's directory, /run/haproxy, at install and at every boot.
+# socat reads the runtime API (rigfleet status); haproxy's tmpfiles.d makes /run/haproxy.
 PACKAGES = ["haproxy", "socat"]
 
 
 @deploy("Balancer (HAProxy)")
 def balancer(ctx: BalancerContext) -> None:
-    """Install HAProxy, put the key (and certificate), install a checked config, reload
-    gracefully only when something changed."""
+    """The key (and certificate), a checked config; a graceful reload only on change."""
     paths = HOST_PATHS
-    plan = ctx.plan
     apt_packages(name="Install HAProxy (and socat for its runtime API)", packages=PACKAGES)
-    root_dir(name=f"Directory {paths.secret_dir} (root-only)", path=paths.secret_dir,
-             mode="0700")
+    root_dir(name=f"Directory {paths.secret_dir} (root-only)", path=paths.secret_dir, mode="0700")
     gates = [secret_file(name=f"API key list {paths.keys} (root-only)", dest=paths.keys,
                          content=Secret(keys_list(ctx.api_key.reveal())))]
     tls = ctx.settings.tls
@@ -39,19 +33,18 @@ def balancer(ctx: BalancerContext) -> None:
                                  dest=paths.pem,
                                  content=Secret(cert.rstrip("\n") + "\n"
                                                 + ctx.tls_key.reveal())))
-    tls_servers = [s for p in plan.pools for s in p.servers if s.ca_file]
+    tls_servers = [s for p in ctx.plan.pools for s in p.servers if s.ca_file]
     if tls_servers:
         root_dir(name=f"Directory {paths.ca_dir} (the TLS fronts' CAs)", path=paths.ca_dir)
         for server in host.loop(tls_servers):
             assert server.ca_file is not None
             gates.append(root_put(name=f"CA of {server.host}'s front", src=server.ca_file,
                                   dest=paths.ca_file(server.id)))
-    stacks = ", ".join(f"{p.stack}: {len(p.servers)} host(s)" for p in plan.pools)
+    stacks = ", ".join(f"{p.stack}: {len(p.servers)} host(s)" for p in ctx.plan.pools)
     conf = checked_file(
         name=f"HAProxy config {paths.config} ({stacks}; checked with haproxy -c first)",
-        dest=paths.config, content=render_config(plan, paths),
-        check="haproxy -c -q -f {path}", staged=paths.staged_config,
-    )
+        dest=paths.config, content=render_config(ctx.plan, paths),
+        check="haproxy -c -q -f {path}", staged=paths.staged_config)
     systemd.service(name="HAProxy enabled and running", service="haproxy", running=True,
                     enabled=True)
     on_change(name="Reload HAProxy gracefully (config, key or certificate changed)",

@@ -1,14 +1,11 @@
 """The fleet cache: Docker's registry as a pull-through proxy, seeded once per pinned image, and
-verified model revisions served by nginx (docs/images.md)::
-
-    cache(preflight_cache())
+verified model revisions served by nginx (docs/images.md).
 """
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
@@ -17,7 +14,7 @@ from pyinfra.operations import systemd
 
 from rigfleet.balancer.plan import read_fleet
 from rigfleet.commands import weights as weights_commands
-from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.desired import load_desired
 from rigfleet.facts import read_fact
 from rigfleet.fleetcache import (
     NGINX_SITE,
@@ -37,7 +34,6 @@ from rigfleet.fleetcache import (
 )
 from rigfleet.hostdata import CacheSettings
 from rigfleet.hostside.layout import HOST
-from rigfleet.inventory import HostKind
 from rigfleet.pins import ModelPin
 from rigfleet.registry import registry_of, split_image
 from rigfleet.resources import project_file
@@ -49,8 +45,6 @@ from roles.weights import fetch_weights, hf_hub_venv
 
 @dataclass(frozen=True)
 class CacheContext:
-    """What ``cache`` needs: the settings, the revisions to hold, the hub client's pin."""
-
     name: str
     os: OsInfo
     settings: CacheSettings
@@ -62,15 +56,11 @@ class CacheContext:
     images: tuple[tuple[str, str], ...] = ()
 
 
-def _desired(other: Any, kind: HostKind) -> DesiredHost | None:
-    return load_desired(other.name, other.data) if kind.gpu else None
-
-
 def _check_cache(name: str, gpu_host: bool) -> CacheContext:
     """A cache host: its data, every GPU host's (their pins), the OS, systemd."""
     settings = validate_cache_host(name, host.groups, host.data)
     wants = read_fleet(name, "caches", "the revisions to cache cannot be read", host.inventory,
-                       _desired)
+                       lambda each, kind: load_desired(each.name, each.data) if kind.gpu else None)
     if not wants:
         raise PreflightError(f"{name}: caches: the inventory has no GPU host to cache for; "
                              "allowed: a cache beside at least one GPU host")
@@ -96,8 +86,7 @@ preflight_cache = preflight_of("Preflight (cache)", _check_cache)
 
 @operation()
 def image_warm(path: str, digest: str, upstream: str):
-    """Seed the pinned image ``path@digest`` from ``upstream`` into the cache, once (its
-    marker says the blobs are held)."""
+    """Seed the pinned image ``path@digest`` from ``upstream`` into the cache, once."""
     marker = warm_marker(digest)
     if read_fact(File, path=marker):
         host.noop(f"{path}@{digest[:19]} is in the cache")
@@ -107,8 +96,7 @@ def image_warm(path: str, digest: str, upstream: str):
 
 @deploy("Cache (pull-through registry, model files)")
 def cache(ctx: CacheContext) -> None:
-    """Bind the registry before its package starts it, fetch and verify the pinned
-    revisions, serve them read-only with nginx; restart or reload only on change."""
+    """The registry bound before its package starts it, the revisions fetched and served."""
     s = ctx.settings
     root_dir(name="Directory /etc/docker/registry", path="/etc/docker/registry")
     registry_conf = root_put(
@@ -158,8 +146,7 @@ def cache(ctx: CacheContext) -> None:
                                    path=DEFAULT_SITE))
     site = root_put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
                     src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE)
-    systemd.service(name="nginx enabled and running", service="nginx", running=True,
-                    enabled=True)
+    systemd.service(name="nginx enabled and running", service="nginx", running=True, enabled=True)
     on_change(name="Test and reload nginx (model cache changed)",
               commands=["nginx -t -q", "systemctl reload nginx"], gates=[site, *gates],
               reason="model cache unchanged")

@@ -1,7 +1,5 @@
 """The monitor: Prometheus and Alertmanager, loopback only, bound before they first start; the
-scrape config from the inventory, checked by promtool (docs/monitoring.md)::
-
-    monitor(preflight_monitor())
+scrape config from the inventory, checked by promtool (docs/monitoring.md).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from rigfleet.hostside.metrics import TEXTFILE_DIR
 from rigfleet.inventory import HostKind
 from rigfleet.packages import OsInfo
 from rigfleet.pins import Pins
-from rigfleet.resources import PROJECT_ROOT
+from rigfleet.resources import project_file
 from rigfleet.scrape import (
     CA_FILE,
     KEY_FILE,
@@ -55,8 +53,6 @@ ALERTMANAGER_YML = ("# Managed by rigfleet (roles/monitor.py): a converge replac
 
 @dataclass(frozen=True)
 class MonitorContext:
-    """What ``monitor`` needs: the plan, the key, the desired pins' textfile."""
-
     name: str
     os: OsInfo
     plan: MonitorPlan
@@ -90,8 +86,7 @@ def _check_monitor(name: str, gpu_host: bool) -> MonitorContext:
                              "allowed: a monitor beside at least one GPU host")
     os_info = service_os(name)
     api_key = fleet_key(name, settings.api_key_file, gpus)
-    plan = plan_monitor(name, settings, gpus, [lb for _, _, lb in fleet if lb],
-                        gpu_host=gpu_host)
+    plan = plan_monitor(name, settings, gpus, [lb for _, _, lb in fleet if lb], gpu_host=gpu_host)
     pins = {gpu.name: p for gpu, p, _ in fleet if gpu and p}
     return MonitorContext(name, os_info, plan, api_key, desired_textfile(gpus, pins), gpu_host)
 
@@ -117,25 +112,21 @@ def monitor(ctx: MonitorContext) -> None:
                               dest=f"/etc/default/{package}")
             for package, text, note in defaults}
     apt_packages(name=f"Install {', '.join(args)}", packages=list(args))
-    key = secret_file(name=f"API key for scraping {KEY_FILE} (root:prometheus 0640)",
-                      dest=KEY_FILE, content=Secret(ctx.api_key.reveal() + "\n"),
-                      mode="0640", group="prometheus")
-    gates = [key]
+    gates = [secret_file(name=f"API key for scraping {KEY_FILE} (root:prometheus 0640)",
+                         dest=KEY_FILE, content=Secret(ctx.api_key.reveal() + "\n"),
+                         mode="0640", group="prometheus")]
     if plan.ca_files:
         bundle = "".join(Path(f).read_text(encoding="utf-8").rstrip("\n") + "\n"
                          for f in plan.ca_files)
         gates.append(root_put(name=f"CAs of the TLS fronts and balancers {CA_FILE}",
                               src=io.StringIO(bundle), dest=CA_FILE))
-    rules = PROJECT_ROOT / RULES_SOURCE  # "rules"' file; the config names it when present
-    has_rules = rules.is_file()
-    if has_rules:
-        gates.append(checked_file(name=f"Rules {RULES_FILE} (checked with promtool first)",
-                                  dest=RULES_FILE, content=rules.read_text(encoding="utf-8"),
-                                  check="promtool check rules {path}"))
+    gates.append(checked_file(name=f"Rules {RULES_FILE} (checked with promtool first)",
+                              dest=RULES_FILE, check="promtool check rules {path}",
+                              content=project_file(RULES_SOURCE).read_text(encoding="utf-8")))
     conf = checked_file(
         name=f"Prometheus config ({len(plan.fronts)} GPU host(s), {len(plan.balancers)} "
              "balancer(s); checked with promtool first)",
-        dest=f"{PROM_DIR}/prometheus.yml", content=render_prometheus(plan, rules=has_rules),
+        dest=f"{PROM_DIR}/prometheus.yml", content=render_prometheus(plan),
         check="promtool check config {path}")
     own = ctx.settings.alertmanager_file
     # The operator's file may hold credentials: readable by Alertmanager, never shown (amtool's

@@ -16,42 +16,35 @@ from rigfleet.balancer.plan import STACK_PREFIX, BalancerPlan
 from rigfleet.hostside.front import READY_PATH, ROUTE_HEADER
 from rigfleet.resources import project_file
 
-# HAProxy's own Prometheus exporter, behind the key: what the fleet's monitor scrapes
-# (rigfleet.scrape, docs/monitoring.md).
+# HAProxy's own Prometheus exporter, behind the key: what the monitor scrapes (rigfleet.scrape).
 METRICS_PATH = "/rigfleet/metrics/haproxy"
 
 TEMPLATE = "files/haproxy-balancer.cfg.j2"
-# As long as a front lets an answer stream (its proxy_read_timeout).
-STREAM_TIMEOUT_S = 3600
+STREAM_TIMEOUT_S = 3600  # as long as a front lets an answer stream (its proxy_read_timeout)
 MAXCONN = 512
 FALL, RISE = 2, 2
 
 
 @dataclass(frozen=True)
 class HostPaths:
-    """Where the balancer's files are on its host (``HOST_PATHS``)."""
-
     config: str = "/etc/haproxy/haproxy.cfg"
     secret_dir: str = "/etc/haproxy/rigfleet"          # root 0700
     ca_dir: str = "/etc/haproxy/rigfleet-ca"           # the TLS fronts' CAs (public)
     socket: str = "/run/haproxy/rigfleet.sock"         # runtime API, root 0600
 
     @property
-    def keys(self) -> str:
-        """Accepted ``Authorization`` values, one a line (root 0600)."""
+    def keys(self) -> str:  # accepted Authorization values, one a line
         return f"{self.secret_dir}/api-keys.lst"
 
     @property
-    def pem(self) -> str:
-        """The balancer's certificate followed by its private key (root 0600)."""
+    def pem(self) -> str:  # the balancer's certificate followed by its private key
         return f"{self.secret_dir}/balancer.pem"
 
     def ca_file(self, host: str) -> str:
         return f"{self.ca_dir}/{host}.pem"
 
     @property
-    def staged_config(self) -> str:
-        """Where a new config is checked (``haproxy -c``) before it is moved into place."""
+    def staged_config(self) -> str:  # checked with haproxy -c before it is moved into place
         return f"{self.config}.rigfleet-new"
 
 
@@ -59,27 +52,22 @@ HOST_PATHS = HostPaths()
 
 
 def keys_list(key: str) -> str:
-    """The key file: the one ``Authorization`` value that is let in."""
     return f"Bearer {key}\n"
 
 
 def check_timing(interval_s: float) -> dict[str, int]:
-    """Check timing (ms) for an interval: ``inter``, ``fastinter`` once a check failed,
-    ``check_timeout`` for an answer. A host leaves rotation at most about
-    ``interval + fastinter + timeout`` after its front stops answering ready."""
+    """HAProxy's check timing in ms (docs/balancer.md: how soon a host leaves rotation)."""
     inter = int(round(interval_s * 1000))
     return {"inter_ms": inter, "fastinter_ms": max(250, inter // 4),
             "check_timeout_ms": max(500, min(inter, 3000))}
 
 
 def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
-    """``haproxy.cfg`` for ``plan`` (files/haproxy-balancer.cfg.j2)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(project_file(TEMPLATE).parent)),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             autoescape=False)
+    template = jinja2.Template(project_file(TEMPLATE).read_text(encoding="utf-8"),
+                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     s = plan.settings
     default = plan.pool(plan.default_stack).backend if plan.default_stack else None
-    return env.get_template(TEMPLATE.rsplit("/", 1)[1]).render(
+    return template.render(
         name=plan.name, scheme=s.scheme, port=s.port, tls=s.tls is not None, pem=paths.pem,
         keys=paths.keys, socket=paths.socket, pools=plan.pools, prefix=STACK_PREFIX,
         default_stack=plan.default_stack, default_backend=default,
@@ -87,11 +75,8 @@ def render_config(plan: BalancerPlan, paths: HostPaths = HOST_PATHS) -> str:
         bufsize=s.retry_buffer_kib * 1024, maxconn=MAXCONN, stream_timeout_s=STREAM_TIMEOUT_S,
         hard_stop_s=STREAM_TIMEOUT_S + 300, fall=FALL, rise=RISE,
         ready_path=READY_PATH, route_header=ROUTE_HEADER, metrics_path=METRICS_PATH,
-        **check_timing(s.check_interval_s),
-    )
+        **check_timing(s.check_interval_s))
 
-
-# -- runtime stats ---------------------------------------------------------------------------
 
 def show_stat_command(paths: HostPaths = HOST_PATHS) -> str:
     """``show stat`` (CSV) from the runtime API, run on the balancer host as root (0600)."""
@@ -100,8 +85,6 @@ def show_stat_command(paths: HostPaths = HOST_PATHS) -> str:
 
 @dataclass(frozen=True)
 class ServerState:
-    """One server line of ``show stat``: a GPU host in a stack's backend."""
-
     backend: str
     host: str              # the server's name (``Server.id``)
     status: str            # UP, DOWN, UP 1/2 (failing), DOWN 1/2 (recovering), MAINT, DRAIN

@@ -2,9 +2,7 @@
 docs/balancer.md says why a host is never sent another stack's requests)::
 
     plan = plan_balancer("lb1", balancer_settings, [GpuHost("host1", settings, "10.0.0.11")])
-    [p.stack for p in plan.pools]          # ['int8']
     plan.default_stack                      # 'int8': the only stack, so /v1/... goes there
-    plan.pools[0].servers[0].address        # 'host1.lan:8000'
 """
 
 from __future__ import annotations
@@ -25,22 +23,19 @@ from rigfleet.hostdata import (
 )
 from rigfleet.inventory import HostKind, host_kind
 
-# Clients ask a stack by path: /stacks/<stack>/v1/chat/completions (the prefix is removed
-# before the request reaches the host's front).
+# Clients ask a stack by path, /stacks/<stack>/v1/...; the host's front never sees the prefix.
 STACK_PREFIX = "/stacks/"
-# What HAProxy takes in a server's name (and the balancer in a file name).
+# What HAProxy takes in a server's name (and the balancer in a file name): @fake/rig1 -> _fake_rig1
 _NOT_ID = re.compile(r"[^A-Za-z0-9._-]")
 T = TypeVar("T")
 
 
 class BalancerError(RigfleetError, ValueError):
-    """The balancer cannot be built from this inventory; the message names host, key, value
-    and what is allowed."""
+    """The balancer cannot be built from this inventory."""
 
 
 @dataclass(frozen=True)
 class GpuHost:
-    """What the balancer needs of one GPU host: its validated data and its SSH address."""
 
     name: str
     settings: HostSettings
@@ -71,13 +66,11 @@ class Pool:
     servers: tuple[Server, ...]
 
     @property
-    def backend(self) -> str:
-        """HAProxy's backend (catalog names are ``[a-z0-9-]``, valid there as is)."""
+    def backend(self) -> str:  # catalog names are [a-z0-9-]: valid in HAProxy as they are
         return f"stack_{self.stack}"
 
     @property
     def prefix(self) -> str:
-        """``/stacks/<stack>``: what clients put before ``/v1/...`` to ask this stack."""
         return f"{STACK_PREFIX}{self.stack}"
 
 
@@ -90,15 +83,10 @@ class BalancerPlan:
     pools: tuple[Pool, ...]
     default_stack: str | None
     gpu_host: bool = False  # the balancer serves too: its maintenance takes the endpoint down
-    hosts: tuple[GpuHost, ...] = ()  # the GPU hosts the pools are made of
+    hosts: tuple[GpuHost, ...] = ()
 
     def pool(self, stack: str) -> Pool:
         return next(p for p in self.pools if p.stack == stack)
-
-
-def server_id(host: str) -> str:
-    """``rig-a`` -> ``rig-a``; ``@fake/rig1`` -> ``_fake_rig1`` (HAProxy's server names)."""
-    return _NOT_ID.sub("_", host)
 
 
 def split_address(address: str) -> tuple[str, int | None]:
@@ -122,8 +110,7 @@ def front_target(host: GpuHost) -> tuple[str, str]:
 
 def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost],
                   gpu_host: bool = False) -> BalancerPlan:
-    """The balancer ``name`` for ``hosts``; ``/v1/...`` goes to ``balancer_default_stack``,
-    else to the only stack, else nowhere."""
+    """``/v1/...`` goes to ``balancer_default_stack``, else to the only stack, else nowhere."""
     if not hosts:
         raise BalancerError(f"{name}: balancers: the inventory has no GPU host to balance; "
                             "allowed: a balancer beside at least one GPU host (every host "
@@ -150,7 +137,7 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
                 f"{name}: {key}: {verify!r} (GPU host {h.name}) is not a host name or "
                 "address, and haproxy.cfg would name it as one; allowed: ssh_hostname or "
                 f"balancer_front_address in {h.name}'s data set to a host name or IP address")
-        sid = server_id(h.name)
+        sid = _NOT_ID.sub("_", h.name)
         if sid in ids:
             raise BalancerError(
                 f"{name}: balancers: GPU hosts {ids[sid]!r} and {h.name!r} both become server "
@@ -197,7 +184,6 @@ def read_fleet(name: str, group: str, why: str, inventory: Iterable[Any],
 
 
 def read_gpu_host(other: Any, kind: HostKind) -> GpuHost | None:
-    """A GPU host's validated data (None: not a GPU host)."""
     if not kind.gpu:
         return None
     return GpuHost(other.name, validate_host(other.name, other.data),
@@ -205,7 +191,7 @@ def read_gpu_host(other: Any, kind: HostKind) -> GpuHost | None:
 
 
 def fleet_plan(balancer: Any, inventory: Iterable[Any]) -> BalancerPlan:
-    """The plan of ``balancer`` from every GPU host of the inventory (``--limit`` aside)."""
+    """From every GPU host of the inventory, ``--limit`` aside."""
     name = balancer.name
     gpu_host = host_kind(balancer.groups).gpu
     settings = validate_balancer(name, balancer.data, gpu_host=gpu_host)
@@ -216,7 +202,7 @@ def fleet_plan(balancer: Any, inventory: Iterable[Any]) -> BalancerPlan:
 
 @dataclass(frozen=True)
 class SwapBatch:
-    """How many GPU hosts a converge may swap at once (``size`` None: no cap) and why."""
+    """How many GPU hosts a converge may swap at once (None: no cap), and why."""
 
     size: int | None
     why: str
@@ -237,8 +223,7 @@ def swap_batch(plan: BalancerPlan | None) -> SwapBatch:
 
 
 def converge_batch(inventory: Iterable[Any]) -> SwapBatch:
-    """``swap_batch`` of the inventory's first balancer; one at a time when it cannot be
-    built (its preflight says why)."""
+    """``swap_batch`` of the first balancer; one at a time when it cannot be built."""
     entries = list(inventory)
     balancer = next((e for e in entries if host_kind(e.groups).balancer), None)
     if balancer is None:

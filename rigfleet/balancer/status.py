@@ -30,12 +30,11 @@ class BalancerRow:
 
     @property
     def ok(self) -> bool:
-        """Reachable, and at least one host of the stack in rotation."""
         return self.reachable and self.error is None and bool(self.up)
 
 
 def balancer_url(plan: BalancerPlan, host: InventoryHost) -> str:
-    """How clients reach the balancer: ``balancer_url``, else its SSH address and port."""
+    """``balancer_url``, else its SSH address and port."""
     s = plan.settings
     return (s.url or f"{s.scheme}://{host.ssh_target[0]}:{s.port}").rstrip("/")
 
@@ -78,8 +77,7 @@ def rotation(lb: str, url: str, plan: BalancerPlan,
             elif state.in_rotation:
                 row.up.append(srv.host)
             else:
-                why = state.status + (f" ({state.check}" + (f" {state.check_code}"
-                                      if state.check_code else "") + ")" if state.check else "")
-                row.out.append((srv.host, why))
+                check = f" ({state.check} {state.check_code}".rstrip() + ")" if state.check else ""
+                row.out.append((srv.host, state.status + check))
         rows.append(row)
     return rows

@@ -11,32 +11,173 @@ nothing, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich import progress as rich_bar
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from rigfleet.bench.fleet import (
-    Target,
-    accept_baseline,
-    bench_targets,
-    inventory_targets,
-    settings_for,
-)
 from rigfleet.bench.plot import plot
-from rigfleet.bench.progress import RichProgress
-from rigfleet.cliargs import EXIT_USAGE, fleet_options
+from rigfleet.catalog import CatalogError, StackSpec, builtin_catalog
+from rigfleet.cliargs import EXIT_USAGE, UsageError, fleet_options, select
+from rigfleet.commands import hosttool
+from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.endpoints import front_url, read_key
+from rigfleet.errors import RigfleetError
+from rigfleet.fleetview import each_host, view_host
+from rigfleet.hostprobe import last_json
+from rigfleet.hostside.bench import measure
+from rigfleet.hostside.bench.baseline import Baseline, baseline_for
 from rigfleet.hostside.bench.cli import count, positive, token_counts
+from rigfleet.hostside.bench.measure import Bench, BenchSettings
 from rigfleet.hostside.bench.report import Entry, cell, fleet_medians, report_dict, write
-from rigfleet.hostside.verify.client import CA_FILE_ENV
+from rigfleet.hostside.records import ThroughputRecord
+from rigfleet.hostside.verify.client import CA_FILE_ENV, Client
+from rigfleet.hostside.verify.report import now_iso
 from rigfleet.hostside.verify.runner import read_api_key
+from rigfleet.inventory import InventoryHost, gpu_hosts, load_inventory
+from rigfleet.ssh import Remote, SshRemote
 from rigfleet.tables import Table, ratio, show
 
 DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
 EXIT_OK, EXIT_UNMEASURED = 0, 1
+HISTORY_N = 5  # as the gate's default throughput_history_n
+
+
+class Progress(measure.Progress):
+    """The bench's progress, told which target comes next; this one shows nothing."""
+
+    def target(self, host: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Target:
+    """One endpoint to bench, with what its figures stand beside (stack None: unknown)."""
+
+    host: str
+    url: str
+    api_key: str | None = None
+    stack: StackSpec | None = None
+    scale: float = 1.0
+    history: tuple[ThroughputRecord, ...] = ()
+    note: str = ""
+    error: str = ""
+    ca_file: str | None = None
+
+    @property
+    def reference(self) -> dict[str, float]:
+        if self.stack is None or self.stack.throughput is None:
+            return {}
+        return {k: v * self.scale for k, v in self.stack.throughput.reference.items()}
+
+    def baseline(self) -> Baseline | None:
+        if self.stack is None:
+            return None
+        ref = self.stack.throughput.reference if self.stack.throughput else {}
+        return baseline_for(self.history, self.stack.name, ref, self.scale, HISTORY_N)
+
+
+def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
+                      timeout: float = 60.0) -> list[Target]:
+    """A target per host, asked at once: front, key, CA, the stack it serves, its history."""
+
+    def target(host: InventoryHost) -> Target:
+        view = view_host(remote, host, timeout=timeout)
+        if view.want is None:
+            raise RigfleetError(view.error or "no desired state")
+        want, probe = view.want, view.probe
+        url, key = front_url(host, want.settings), read_key(want.settings)
+        serving = probe.state.get("stack") if probe else None
+        stack = want.settings.catalog.get(serving) if isinstance(serving, str) and (
+            serving in want.settings.catalog) else want.spec
+        tls = want.settings.front_tls
+        return Target(host.name, url, key, stack, want.settings.throughput_scale,
+                      probe.throughput_history if probe else (),
+                      "" if probe else f"no history: {view.error}",
+                      ca_file=tls.ca_file if tls else None)
+
+    return each_host(hosts, target,
+                     lambda h, why: Target(h.name, "-", error=why.partition("\n")[0][:300]))
+
+
+def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], BenchSettings],
+                  progress: Progress | None = None) -> list[Entry]:
+    """Bench each target in turn (one at a time: the bench's client must not compete with
+    itself for this machine's CPU); a target with an error gets an entry with it."""
+    progress = progress or Progress()
+    out = []
+    for t in targets:
+        progress.target(t.host)
+        if t.note:
+            progress.note(t.note)
+        if t.error:
+            result = Bench(Client(t.url), BenchSettings(runs=0, warmup=0)).result
+            out.append(Entry(t.host, t.stack.name if t.stack else None, result, error=t.error))
+            continue
+        result = Bench(Client(t.url, t.api_key, ca_file=t.ca_file), settings_for(t), progress).run()
+        out.append(Entry(t.host, t.stack.name if t.stack else None, result, t.reference,
+                         t.scale, t.baseline(), t.history, result.error))
+    return out
+
+
+def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None,
+                 depths: tuple[int, ...], timeout_s: float = 300.0) -> BenchSettings:
+    """The concurrency run at the stack's max-num-seqs unless given (none for one stream)."""
+    if concurrency is None:
+        seqs = target.stack.max_num_seqs if target.stack else 0
+        concurrency = seqs if seqs > 1 else 0
+    return BenchSettings(runs=runs, warmup=warmup, timeout_s=timeout_s,
+                         concurrency=concurrency, depths=depths)
+
+
+def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs: int,
+                    warmup: int, by: str = "") -> dict[str, Any]:
+    """The host's JSON answer to ``rigfleet-host.pyz bench --accept-baseline``; raises
+    ``HostUnreachable`` (SSH) or ``RuntimeError`` (refused, or nothing measured)."""
+    by = by or f"{getpass.getuser()}@{socket.gethostname()}"
+    command = hosttool.bench("--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}",
+                             "--by", by, "--runs", str(runs), "--warmup", str(warmup), "--json",
+                             "--quiet")
+    rc, out = remote.run(host, command, timeout=3600)
+    data = last_json(out)
+    if rc == 0 and data is not None and data.get("accepted"):
+        return data
+    raise RuntimeError(f"{host.name}: the host's bench did not record a baseline (exit {rc}): "
+                       f"{out.strip()[-400:] or 'no output'}")
+
+
+class RichProgress(Progress):
+    def __init__(self, console: Console):
+        self.console = console
+        self.bar = rich_bar.Progress(
+            rich_bar.TextColumn("[bold]{task.fields[host]}[/bold]"), rich_bar.BarColumn(),
+            rich_bar.MofNCompleteColumn(), rich_bar.TextColumn("{task.description}"),
+            rich_bar.TimeElapsedColumn(), console=console, transient=False)
+        self.task: rich_bar.TaskID | None = None
+        self.host = ""
+
+    def target(self, host: str) -> None:
+        self.host = host
+        self.task = self.bar.add_task("starting", total=None, host=host)
+
+    def begin(self, total: int) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, total=total, description="warm-up")
+
+    def step(self, label: str) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, advance=1, description=label)
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[yellow]{self.host}:[/yellow] {text}")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -78,13 +219,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rigfleet.catalog import CatalogError, builtin_catalog
-    from rigfleet.cliargs import UsageError, select
-    from rigfleet.errors import RigfleetError
-    from rigfleet.hostside.verify.report import now_iso
-    from rigfleet.inventory import gpu_hosts, load_inventory
-    from rigfleet.ssh import SshRemote
-
     err = Console(stderr=True, highlight=False)
     if bool(args.url) == bool(args.inventory):
         raise UsageError("say what to bench: --url URL (one endpoint) or --inventory FILE "
@@ -116,7 +250,8 @@ def run(args: argparse.Namespace) -> int:
         except RigfleetError as e:  # no rig: no bench
             raise UsageError(str(e)) from None
     started = now_iso()
-    with RichProgress(err) as progress:
+    progress = RichProgress(err)
+    with progress.bar:
         entries = bench_targets(targets, lambda t: settings_for(
             t, args.runs, args.warmup, args.concurrency, depths, args.timeout_s), progress)
     paths = write(entries, args.out, started)
@@ -133,9 +268,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
-    from rigfleet.desired import load_desired
-    from rigfleet.ssh import SshRemote
-
     want = load_desired(host.name, host.data)
     err.print(f"{host.name}: benching its active stack on the host "
               f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
@@ -153,9 +285,8 @@ def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
 
 
 def render(entries: list[Entry]) -> Table:
-    """One line per target: decode tok/s per shape, CV, acceptance, and the narrative
-    figure against the reference, the fleet median and the host's baseline."""
-    fleet = fleet_medians(entries)
+    """A line per target: decode, CV, acceptance, narrative vs reference, fleet and baseline."""
+    medians = fleet_medians(entries)
     table = Table("rigfleet bench: decode tok/s", [
         "host", "stack", "narrative", "code", "CV n/c", "acceptance", "vs ref", "vs fleet",
         "vs base"])
@@ -169,7 +300,7 @@ def render(entries: list[Entry]) -> Table:
         table.row(e.host, e.stack or "-", cell(nd), cell(c.decode_mean if c else None), cv,
                   "/".join(f"{x:.0%}" for x in acc.per_position) if acc else "unknown",
                   ratio(nd, e.reference.get("narrative")),
-                  ratio(nd, fleet.get(e.stack or "", {}).get("narrative")), ratio(nd, base))
+                  ratio(nd, medians.get(e.stack or "", {}).get("narrative")), ratio(nd, base))
         if e.error:
             table.note(e.host, Text(e.error, style="red"))
         if e.result.concurrency is not None:

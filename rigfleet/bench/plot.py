@@ -1,7 +1,5 @@
 """The bench's PNG (matplotlib, ``rigfleet[plot]``): per stack, decode tok/s per host beside the
 fleet median, the reference and the host's history; then depth and concurrency.
-
-    path, problem = plot(entries, Path("bench-reports/bench-20261201T101500Z.png"))
 """
 
 from __future__ import annotations
@@ -38,15 +36,6 @@ def _decode_panel(ax: Any, stack: str, rows: list[Entry], fleet: dict[str, float
     width = 0.38
     shown: list[float] = []
     labels: list[tuple[float, float, str]] = []
-    seen: set[str] = set()
-
-    def once(label: str) -> str | None:
-        """A legend label the first time only."""
-        if label in seen:
-            return None
-        seen.add(label)
-        return label
-
     for j, shape in enumerate(SHAPES):
         xs = [i + (j - 0.5) * width for i in range(len(rows))]
         ref = next((r for e in rows if (r := e.reference.get(shape))), None)
@@ -57,12 +46,12 @@ def _decode_panel(ax: Any, stack: str, rows: list[Entry], fleet: dict[str, float
             shown += past
             if past:
                 ax.scatter([x] * len(past), past, marker="_", s=220, color="dimgray",
-                           zorder=5, label=once("host history (earlier records)"))
+                           zorder=5, label="host history (earlier records)")
             if value is None:
                 continue
             shown.append(value)
             ax.bar(x, value, width * 0.95, color=COLORS[shape], alpha=0.55, zorder=2,
-                   label=once(f"{shape} (this bench)"))
+                   label=f"{shape} (this bench)")
             share = f"\n{value / ref:.0%} ref" if ref else ""
             labels.append((x, value, f"{value:.1f}{share}"))
         lo_x, hi_x = xs[0] - width / 2, xs[-1] + width / 2
@@ -70,7 +59,7 @@ def _decode_panel(ax: Any, stack: str, rows: list[Entry], fleet: dict[str, float
             if y:
                 shown.append(y)
                 ax.hlines(y, lo_x, hi_x, zorder=4, **style,
-                          label=once("stack reference" if name == "ref" else "fleet median"))
+                          label="stack reference" if name == "ref" else "fleet median")
                 # narrative's labels left of its bars, code's right of its own: apart
                 ax.annotate(f"{name} {y:.1f}", (lo_x if j == 0 else hi_x, y),
                             xytext=(-2 if j == 0 else 2, 0), textcoords="offset points",
@@ -92,18 +81,16 @@ def _decode_panel(ax: Any, stack: str, rows: list[Entry], fleet: dict[str, float
 
 
 def _depth_panel(ax: Any, rows: list[Entry]) -> bool:
-    drawn = False
     for e in rows:
         points = [(d.depth / 1000, d.run.decode_tok_s) for d in e.result.depths
                   if d.run is not None and d.run.decode_tok_s is not None]
         if points:
             ax.plot(*zip(*points, strict=True), marker="o", label=f"{e.host} (depth)")
-            drawn = True
     ax.set_xlabel("context depth (K tokens)")
     ax.set_ylabel("decode tok/s")
     ax.set_title("decode by context depth", fontsize=10)
     ax.grid(alpha=0.3)
-    return drawn
+    return bool(ax.get_lines())
 
 
 def _concurrency_panel(ax: Any, rows: list[Entry]) -> bool:
@@ -111,8 +98,8 @@ def _concurrency_panel(ax: Any, rows: list[Entry]) -> bool:
             and c.aggregate_tok_s is not None]
     for i, (_host, c) in enumerate(have):
         per, agg = c.per_stream_decode or 0.0, c.aggregate_tok_s or 0.0
-        ax.bar(i - 0.2, per, 0.4, color="#6acc64", label="per stream" if i == 0 else None)
-        ax.bar(i + 0.2, agg, 0.4, color="#956cb4", label="all streams" if i == 0 else None)
+        ax.bar(i - 0.2, per, 0.4, color="#6acc64", label="per stream")
+        ax.bar(i + 0.2, agg, 0.4, color="#956cb4", label="all streams")
         ax.annotate(f"{c.streams} streams", (i, agg), xytext=(0, 3),
                     textcoords="offset points", ha="center", fontsize=7)
     ax.set_xticks(range(len(have)))
@@ -150,7 +137,7 @@ def plot(entries: Sequence[Entry], path: Path) -> tuple[Path | None, str | None]
         for col, panel in enumerate(panels, 1):
             if not panel(axes[r, col], rows):
                 axes[r, col].set_visible(False)
-    handles: dict[str, Any] = {}
+    handles: dict[str, Any] = {}  # each label once, from every panel
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)

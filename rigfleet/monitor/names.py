@@ -1,18 +1,12 @@
 """Every series the monitor scrapes, spelled once; the rules and dashboards are checked against
-it by a unit test::
-
-    METRICS["rigfleet_engine_up"].type      # 'gauge'
-"""
+it by a unit test."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-MetricType = Literal["gauge", "counter"]
-
-# Scrape jobs of every GPU host: the node exporter (its textfile collector carries
-# rigfleet-gpu.prom and rigfleet.prom) and the engine's own /metrics.
+# Scrape jobs of every GPU host: the node exporter (with the textfiles) and the engine.
 JOBS = ("node", "vllm")
 
 
@@ -21,7 +15,7 @@ class Metric:
     """One series family: its name, type, labels (besides ``instance``/``job``) and help."""
 
     name: str
-    type: MetricType
+    type: Literal["gauge", "counter"]
     help: str
     labels: tuple[str, ...] = ()
 
@@ -30,7 +24,7 @@ _V = ("model_name", "engine")
 _G = ("gpu", "uuid")
 _PINS = ("stack", "image_digest", "model_revision", "genesis_commit")
 
-_TABLE: tuple[Metric, ...] = (
+METRICS: dict[str, Metric] = {m.name: m for m in (
     # The engine's own /metrics (vLLM v1 and the simulator), scrape job "vllm".
     Metric("vllm:num_requests_running", "gauge", "requests being decoded", _V),
     Metric("vllm:num_requests_waiting", "gauge", "requests queued", _V),
@@ -85,9 +79,7 @@ _TABLE: tuple[Metric, ...] = (
     # On the monitor host, from pins.yaml and the inventory (written by the converge).
     Metric("rigfleet_desired_info", "gauge",
            "what pins.yaml says a host should serve, always 1", ("host", *_PINS)),
-)
-
-METRICS: dict[str, Metric] = {m.name: m for m in _TABLE}
+)}
 
 # Prometheus' own series the rules and dashboards use.
 BUILTIN = ("up", "ALERTS", "ALERTS_FOR_STATE")
@@ -97,18 +89,11 @@ NODE = ("node_cpu_seconds_total", "node_memory_MemAvailable_bytes",
         "node_textfile_scrape_error", "node_time_seconds")
 
 # Recording rules (files/monitor/rules.yml), level:metric:operations.
-RECORDED = (
-    "instance:vllm_generation_tokens:rate1m",
-    "instance:vllm_mtp_acceptance:ratio_rate10m",
-    "instance:vllm_requests_running:sum",
-    "instance:vllm_kv_cache_usage:max",
-    "instance_stack:rigfleet_mtp_floor:serving",
-    "instance_stack:rigfleet_gate_shortfall:ratio",
-    "instance:rigfleet_swap_age:seconds",
-)
-
-ALERTS = (
-    "RigEngineDown", "RigNotReady", "RigThroughputBelowBaseline", "RigMtpAcceptanceLow",
-    "RigGpuThrottling", "RigKvCacheNearFull", "RigMaintenanceWindowLong",
-    "RigSupervisorGaveUp", "RigPinsDiffer", "RigTargetDown",
-)
+RECORDED = ("instance:vllm_generation_tokens:rate1m", "instance:vllm_mtp_acceptance:ratio_rate10m",
+            "instance:vllm_requests_running:sum", "instance:vllm_kv_cache_usage:max",
+            "instance_stack:rigfleet_mtp_floor:serving",
+            "instance_stack:rigfleet_gate_shortfall:ratio", "instance:rigfleet_swap_age:seconds")
+# Alerts (files/monitor/rules.yml).
+ALERTS = ("RigEngineDown", "RigNotReady", "RigThroughputBelowBaseline", "RigMtpAcceptanceLow",
+          "RigGpuThrottling", "RigKvCacheNearFull", "RigMaintenanceWindowLong",
+          "RigSupervisorGaveUp", "RigPinsDiffer", "RigTargetDown")

@@ -53,8 +53,7 @@ def matrix(answer: dict[str, Any], *labels: str) -> dict[tuple[str, ...], Series
     out: dict[tuple[str, ...], Series] = {}
     for r in answer.get("data", {}).get("result", []):
         key = tuple(str(r.get("metric", {}).get(k, "")) for k in labels)
-        points = [(float(t), float(v)) for t, v in r.get("values", [])
-                  if math.isfinite(float(v))]
+        points = [(float(t), float(v)) for t, v in r.get("values", []) if math.isfinite(float(v))]
         out.setdefault(key, []).extend(points)
     return out
 
@@ -67,10 +66,6 @@ def up_by_host(answer: dict[str, Any]) -> dict[str, dict[str, bool]]:
         out.setdefault(str(m.get("instance", "")), {})[str(m.get("job", ""))] = \
             r.get("value", [0, "0"])[1] == "1"
     return out
-
-
-def _utc(t: float) -> str:
-    return time.strftime("%H:%M", time.gmtime(t))
 
 
 def _nice(top: float) -> float:
@@ -99,8 +94,7 @@ def _points(series: Series, x0: float, x1: float, ymax: float, step: bool) -> li
     return [" ".join(r) for r in runs if r]
 
 
-def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float,
-          x1: float) -> str:
+def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float, x1: float) -> str:
     """An inline SVG of tokens/s for one host; ``lines``: (label, colour, points, step)."""
     ymax = _nice(max((v for _, _, s, _ in lines for _, v in s), default=0) * 1.05)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
@@ -115,7 +109,7 @@ def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float,
     for frac, anchor in ((0.0, "start"), (0.5, "middle"), (1.0, "end")):
         x = LEFT + frac * (W - LEFT - RIGHT)
         parts.append(f'<text x="{x:.1f}" y="{H - 8}" text-anchor="{anchor}">'
-                     f"{_utc(x0 + frac * (x1 - x0))}</text>")
+                     f"{time.strftime('%H:%M', time.gmtime(x0 + frac * (x1 - x0)))}</text>")
     drawn = 0
     for label, colour, series, step in lines:
         for pts in _points(series, x0, x1, ymax, step):
@@ -129,21 +123,19 @@ def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float,
     return "".join(parts)
 
 
-def _host_figure(host: str, known: bool, data: PageInput,
-                 gate: dict[tuple[str, ...], Series], engine: dict[tuple[str, ...], Series],
-                 up: dict[str, dict[str, bool]]) -> str:
+def _host_figure(host: str, data: PageInput, gate: dict[tuple[str, ...], Series],
+                 engine: dict[tuple[str, ...], Series], up: dict[str, dict[str, bool]]) -> str:
     lines: list[tuple[str, str, Series, bool]] = []
     if engine.get((host,)):
         lines.append(("engine tokens/s (vllm:generation_tokens_total rate)", ENGINE_COLOUR,
                       engine[(host,)], False))
-    stacks = sorted(s for h, s in gate if h == host)
-    for i, stack in enumerate(stacks):
+    for i, stack in enumerate(sorted(s for h, s in gate if h == host)):
         lines.append((f"gate tokens/s ({stack})", GATE_COLOURS[i % len(GATE_COLOURS)],
                       gate[(host, stack)], True))
     jobs = up.get(host, {})
     targets = " ".join(f'<span class="{"up" if ok else "down"}">{escape(job)} '
                        f'{"up" if ok else "down"}</span>' for job, ok in sorted(jobs.items()))
-    note = "" if known else " (not in the inventory)"
+    note = "" if host in data.hosts else " (not in the inventory)"
     legend = "".join(f'<li><i style="background:{c}"></i>{escape(label)}</li>'
                      for label, c, _, _ in lines)
     x0, x1 = data.now - data.hours * 3600, data.now
@@ -177,7 +169,6 @@ def _alerts_table(answer: dict[str, Any]) -> tuple[int, str]:
 
 
 def render(data: PageInput) -> str:
-    """The whole page (see the module docstring)."""
     gate = matrix(data.answers.gate, "instance", "stack")
     engine = matrix(data.answers.engine, "instance")
     up = up_by_host(data.answers.up)
@@ -185,10 +176,8 @@ def render(data: PageInput) -> str:
     # target of no config of ours (the distribution's default one scraped localhost:9090
     # before the monitor role wrote ours, and its series stays 5 minutes).
     seen = {k[0] for k in gate} | {k[0] for k in engine}
-    others = sorted(h for h in seen - set(data.hosts) - set(data.others)
-                    if h and h != data.monitor)
-    figures = [_host_figure(h, h in data.hosts, data, gate, engine, up)
-               for h in (*data.hosts, *others)]
+    others = sorted(h for h in seen - set(data.hosts) - set(data.others) if h and h != data.monitor)
+    figures = [_host_figure(h, data, gate, engine, up) for h in (*data.hosts, *others)]
     count, alerts = _alerts_table(data.answers.alerts)
     x0 = data.now - data.hours * 3600
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

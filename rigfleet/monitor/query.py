@@ -19,11 +19,9 @@ from rigfleet.scrape import PROMETHEUS_PORT
 from rigfleet.ssh import HostUnreachable, Remote
 
 MARK = "--rigfleet-prometheus-answer--"
-# The figures the page draws, one query_range each (the engine's rate straight from the
-# counter, so the page works before the recording rules have data).
+# The page's figures; the engine's rate from the counter works before recording rules have data.
 GATE_QUERY = "max by (instance, stack) (rigfleet_gate_tokens_per_second)"
 ENGINE_QUERY = 'sum by (instance) (rate(vllm:generation_tokens_total{job="vllm"}[2m]))'
-UP_QUERY = "up"
 
 
 class MonitorError(RigfleetError):
@@ -36,7 +34,7 @@ class Answers:
 
     gate: dict[str, Any]     # query_range GATE_QUERY
     engine: dict[str, Any]   # query_range ENGINE_QUERY
-    up: dict[str, Any]       # instant UP_QUERY
+    up: dict[str, Any]       # instant "up"
     alerts: dict[str, Any]   # /api/v1/alerts
 
 
@@ -53,15 +51,12 @@ def monitor_host(hosts: Sequence[InventoryHost], inventory: str) -> InventoryHos
 
 def api_paths(now: float, hours: float) -> list[str]:
     """The API paths asked, in ``Answers``' order (range: ``hours`` back from ``now``)."""
-    start = now - hours * 3600
     step = max(15, int(hours * 3600 / 240))  # about 240 points per line
-    rng = {"start": f"{start:.0f}", "end": f"{now:.0f}", "step": str(step)}
-    return [
-        "/api/v1/query_range?" + urlencode({"query": GATE_QUERY, **rng}),
-        "/api/v1/query_range?" + urlencode({"query": ENGINE_QUERY, **rng}),
-        "/api/v1/query?" + urlencode({"query": UP_QUERY, "time": f"{now:.0f}"}),
-        "/api/v1/alerts",
-    ]
+    rng = {"start": f"{now - hours * 3600:.0f}", "end": f"{now:.0f}", "step": str(step)}
+    return ["/api/v1/query_range?" + urlencode({"query": GATE_QUERY, **rng}),
+            "/api/v1/query_range?" + urlencode({"query": ENGINE_QUERY, **rng}),
+            "/api/v1/query?" + urlencode({"query": "up", "time": f"{now:.0f}"}),
+            "/api/v1/alerts"]
 
 
 def fetch_command(paths: Sequence[str], port: int = PROMETHEUS_PORT, timeout: int = 20) -> str:
@@ -92,8 +87,7 @@ def split_answers(host: str, paths: Sequence[str], out: str) -> Answers:
     if len(parts) < len(paths) + 1:
         raise MonitorError(f"monitor {host}: the API calls did not all run: "
                            f"{out.strip()[-300:] or '(no output)'}")
-    got = [_answer(host, p, t) for p, t in zip(paths, parts, strict=False)]
-    return Answers(gate=got[0], engine=got[1], up=got[2], alerts=got[3])
+    return Answers(*(_answer(host, p, t) for p, t in zip(paths, parts, strict=False)))
 
 
 def fetch(remote: Remote, monitor: InventoryHost, *, now: float, hours: float,

@@ -19,7 +19,7 @@ from bench_fakes import Pace, PacedServer
 
 from rigfleet.bench import cli as bench_cli
 from rigfleet.bench import plot as plot_mod
-from rigfleet.bench.fleet import Target, bench_targets, settings_for
+from rigfleet.bench.cli import Target, bench_targets, settings_for
 from rigfleet.catalog import builtin_catalog
 from rigfleet.cli import main as rigfleet_main
 from rigfleet.commands import hosttool
@@ -183,7 +183,7 @@ class FakeRemote:
 def test_inventory_targets_read_the_serving_stack_and_history_through_the_probe(tmp_path):
     from test_swap_plan import host_data
 
-    from rigfleet.bench.fleet import accept_baseline, inventory_targets
+    from rigfleet.bench.cli import accept_baseline, inventory_targets
     from rigfleet.desired import load_desired
     from rigfleet.inventory import InventoryHost
 

@@ -100,7 +100,7 @@ def test_shipped_cuda_repository_has_debian13s_own_key(data: dict[str, Any]) -> 
     assert (new.name, new.url, new.key_url, new.key_fingerprint, new.per_distro) == (
         "cuda", f"{base}/debian13/x86_64/", f"{base}/debian13/x86_64/8793F200.pub",
         "02182E60104FCDC26EAE1B8597A5D4CB8793F200", ())
-    assert new.source_line("/k.gpg") == f"deb [signed-by=/k.gpg] {base}/debian13/x86_64/ /"
+    assert (new.suite, new.components) == ("/", ())
     for (os_id, version), repo in got.items():
         if (os_id, version) == ("debian", "13"):
             continue
@@ -434,10 +434,8 @@ def test_apt_repo_expansion(os_id: str, version: str, codename: str, distro: str
         "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/3bf863cc.pub",
         "/",
     ).expand(os_id=os_id, version_id=version, codename=codename)
-    assert cuda.source_line("/etc/apt/keyrings/cuda.gpg") == (
-        "deb [signed-by=/etc/apt/keyrings/cuda.gpg] "
-        f"https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/ /"
-    )
+    assert (cuda.url, cuda.suite, cuda.components) == (
+        f"https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/", "/", ())
     assert cuda.key_url.endswith(f"/{distro}/x86_64/3bf863cc.pub")
     docker = AptRepo(
         "docker",
@@ -446,9 +444,8 @@ def test_apt_repo_expansion(os_id: str, version: str, codename: str, distro: str
         "{codename}",
         ("stable",),
     ).expand(os_id=os_id, version_id=version, codename=codename)
-    assert docker.source_line("/k.gpg") == (
-        f"deb [signed-by=/k.gpg] https://download.docker.com/linux/{os_id} {codename} stable"
-    )
+    assert (docker.url, docker.suite, docker.components) == (
+        f"https://download.docker.com/linux/{os_id}", codename, ("stable",))
     toolkit = AptRepo(
         "nvidia-container-toolkit",
         "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)",
