@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "rigfleet.hub", "rigfleet.hostbundle", "rigfleet.monitor.names",
               "rigfleet.keytable")),
     ("data", ("rigfleet.pins", "rigfleet.hostdata", "rigfleet.hostchecks", "rigfleet.aptrepos",
-              "rigfleet.tlsfiles", "rigfleet.catalog", "rigfleet.catalog_genesis",
+              "rigfleet.tlsfiles", "rigfleet.catalog",
               "rigfleet.catalog_keys", "rigfleet.stack_docs", "rigfleet.image_sources",
               "rigfleet.inventory", "rigfleet.genesis", "rigfleet.weights", "rigfleet.fleetcache",
               # an unfinished bump's journal beside the pins file, and the plan it keeps
