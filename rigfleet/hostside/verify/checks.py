@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..bench.measure import acceptance_between
@@ -70,10 +70,7 @@ def _skip_over_context(out: CheckResult, res: ChatResult) -> CheckResult:
 
 def _health(ctx: Context, res: ChatResult, where: str = "") -> list[Finding]:
     found = scan(res.content, res.reasoning, res.tool_calls, res.finish_reason, ctx.profile)
-    if where:
-        found = [Finding(f.name, f.message, f"{where} {f.where}".strip(), f.evidence)
-                 for f in found]
-    return found
+    return [replace(f, where=f"{where} {f.where}".strip()) for f in found]
 
 
 def _attempt(res: ChatResult) -> dict[str, Any]:
@@ -98,8 +95,6 @@ def _finish(out: CheckResult, ok_summary: str) -> CheckResult:
         out.summary = out.summary or ok_summary
     return out
 
-
-# -- preflight -------------------------------------------------------------------------------------
 
 def preflight(ctx: Context, out: CheckResult) -> CheckResult:
     """GET /health 200 (polled for health_wait_s), /v1/models lists a model, /version, and one
@@ -144,8 +139,6 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
                    f"{ctx.max_model_len or '?'}")
     return out
 
-
-# -- (1) and (7): needles --------------------------------------------------------------------------
 
 def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckResult:
     p = ctx.profile
@@ -195,13 +188,11 @@ def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckRe
                           else "unhealthy" if ok else "recall_miss")
         out.findings += found
     out.details["attempts"] = attempts
-    done = [a for a in attempts if a.get("outcome") != "skipped"]
-    if not done:
+    skipped = [str(a["depth_tokens"]) for a in attempts if a["outcome"] == "skipped"]
+    if len(skipped) == len(attempts):
         out.status = SKIP
-        out.summary = ("all depths over max-model-len ("
-                       + ", ".join(str(a["depth_tokens"]) for a in attempts) + " tokens)")
+        out.summary = f"all depths over max-model-len ({', '.join(skipped)} tokens)"
         return out
-    skipped = [str(a["depth_tokens"]) for a in attempts if a.get("outcome") == "skipped"]
     desc = ", ".join(f"{a['depth_tokens']}: {a.get('outcome')}" for a in attempts)
     if out.findings:
         bad = [a for a in attempts if a.get("outcome") not in ("recalled", "skipped")]
@@ -222,8 +213,6 @@ def needles_deep(ctx: Context, out: CheckResult) -> CheckResult:
     """(7) needles at two deeper depths (FULL ~60K and ~90K tokens)."""
     return _needles(ctx, out, ctx.profile.needle_deep_depths)
 
-
-# -- (2) tool-response prefill ---------------------------------------------------------------------
 
 def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
     """A long tool result (FULL ~25K tokens of news) followed by a summary request: a 200 with
@@ -260,8 +249,6 @@ def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
                         + (", tool call" if res.tool_calls else ""))
 
 
-# -- (3) IDE-agent one-shot ------------------------------------------------------------------------
-
 def ide_oneshot(ctx: Context, out: CheckResult) -> CheckResult:
     """~5K-char system preamble + 10 tool schemas + a refactor request, tool_choice none."""
     p = ctx.profile
@@ -282,8 +269,6 @@ def ide_oneshot(ctx: Context, out: CheckResult) -> CheckResult:
     out.details["answer"] = _excerpt(res.content, 160)
     return _finish(out, f"{res.completion_tokens} tokens of answer")
 
-
-# -- (4) multi-turn agent --------------------------------------------------------------------------
 
 def agent_multiturn(ctx: Context, out: CheckResult) -> CheckResult:
     """Turn 1 must call read_file (with JSON arguments); the tool result goes back; turn 2
@@ -343,8 +328,6 @@ def agent_multiturn(ctx: Context, out: CheckResult) -> CheckResult:
                         f"{len(second.content.strip())} chars")
 
 
-# -- (5) coding, (6) reasoning ---------------------------------------------------------------------
-
 def coding(ctx: Context, out: CheckResult) -> CheckResult:
     """A LeetCode-shape request with a GOAL/STATE/ALGO/EDGE/VERIFY plan: healthy text with
     code in it."""
@@ -383,8 +366,6 @@ def reasoning(ctx: Context, out: CheckResult) -> CheckResult:
                               "stop", "content", _excerpt(res.content[-120:])))
     return _finish(out, f"{n} completion tokens, finish {res.finish_reason}")
 
-
-# -- soak ------------------------------------------------------------------------------------------
 
 @dataclass
 class _Turn:
@@ -485,8 +466,6 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
                         + (f" (warning: {'; '.join(warnings)})" if warnings else ""))
 
 
-# -- spec decode -----------------------------------------------------------------------------------
-
 def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     """Mean acceptance length 1 + Δaccepted/Δdrafts since preflight's scrape; skipped without
     spec-decode counters (MTP off, or --disable-log-stats)."""
@@ -541,8 +520,6 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
                               f"{p.spec_min_acceptance_length:.2f} over {int(drafts)} drafts"))
     return _finish(out, f"mean acceptance length {al:.2f} over {int(drafts)} drafts")
 
-
-# ---------------------------------------------------------------------------------------------
 
 CheckFn = Callable[[Context], CheckResult]
 

@@ -112,9 +112,7 @@ class Client:
     """Talks to one server; ``base_url`` without a trailing ``/v1``."""
 
     def __init__(self, base_url: str, api_key: str | None = None, ca_file: str | None = None):
-        self.base_url = base_url.rstrip("/")
-        if self.base_url.endswith("/v1"):
-            self.base_url = self.base_url[: -len("/v1")]
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self._api_key = api_key or None
         self.ca_file = ca_file or os.environ.get(CA_FILE_ENV) or None
         # No proxies from the environment: the key has no business going through one.

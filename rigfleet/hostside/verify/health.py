@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -91,8 +90,7 @@ def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
     counted = punct + other
     if counted >= prof.health_punct_min_chars and punct / counted > prof.health_punct_ratio:
         return Finding("punctuation_flood", f"{punct / counted:.0%} of the text is punctuation "
-                                    f"(limit {prof.health_punct_ratio:.0%})",
-                       evidence=_excerpt(prose))
+                       f"(limit {prof.health_punct_ratio:.0%})", evidence=_excerpt(prose))
     return None
 
 
@@ -102,16 +100,16 @@ def detect_first_word_repetition(text: str, prof: Profile) -> Finding | None:
     if not words:
         return None
     first = words[0]
-    run = 1
-    while run < len(words) and words[run] == first:
-        run += 1
+    run = next((i for i, w in enumerate(words) if w != first), len(words))
     if run >= prof.health_first_word_repeats:
-        return Finding("first_word_repetition", f"the first word {first!r} repeats {run} times in a row",
+        return Finding("first_word_repetition",
+                       f"the first word {first!r} repeats {run} times in a row",
                        evidence=_excerpt(text.lstrip()))
     head = words[: prof.health_lexical_window]
     if len(head) >= 10 and head.count(first) / len(head) >= 0.5:
-        return Finding("first_word_repetition", f"the first word {first!r} is {head.count(first)} of the "
-                                   f"first {len(head)} words", evidence=_excerpt(text.lstrip()))
+        return Finding("first_word_repetition", f"the first word {first!r} is "
+                       f"{head.count(first)} of the first {len(head)} words",
+                       evidence=_excerpt(text.lstrip()))
     return None
 
 
@@ -127,7 +125,8 @@ def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
         if s == prev:
             count += 1
             if count >= prof.health_line_repeats:
-                return Finding("repeated_line", f"the line {s[:60]!r} repeats {count} times in a row",
+                return Finding("repeated_line",
+                               f"the line {s[:60]!r} repeats {count} times in a row",
                                evidence=s[:80])
         else:
             prev, count = s, 1
@@ -137,14 +136,13 @@ def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
 def detect_low_variety(text: str, prof: Profile) -> Finding | None:
     """Unique/total of the first ``health_lexical_window`` words of prose (code and math left
     out) below ``health_lexical_min``: verify-full's rule."""
-    words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))]
-    words = words[: prof.health_lexical_window]
+    words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))][: prof.health_lexical_window]
     if len(words) < prof.health_lexical_min_words:
         return None  # a short answer ("blue tiger 42") says nothing about variety
     ratio = len(set(words)) / len(words)
     if ratio < prof.health_lexical_min:
-        return Finding("low_lexical_variety", f"lexical variety {ratio:.2f} over the first {len(words)} "
-                                    f"words (limit {prof.health_lexical_min:.2f})",
+        return Finding("low_lexical_variety", f"lexical variety {ratio:.2f} over the first "
+                       f"{len(words)} words (limit {prof.health_lexical_min:.2f})",
                        evidence=_excerpt(text))
     return None
 
@@ -159,12 +157,8 @@ def detect_tool_call_leak(text: str) -> Finding | None:
     return None
 
 
-_TEXT_DETECTORS: tuple[Callable[[str, Profile], Finding | None], ...] = (
-    detect_punctuation_flood,
-    detect_first_word_repetition,
-    detect_repeated_line,
-    detect_low_variety,
-)
+_TEXT_DETECTORS = (detect_punctuation_flood, detect_first_word_repetition, detect_repeated_line,
+                   detect_low_variety)
 
 
 def scan_text(text: str, prof: Profile, where: str = "content") -> list[Finding]:
