@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ..records import ShapeFigures, encode
@@ -400,13 +401,9 @@ class Bench:
                 row.note = f"skipped: over max-model-len {mml}"
                 self.progress.step(f"depth {depth}")
                 continue
-            salt = prompts.new_salt()
-
-            def build(units: int, s: str = salt) -> tuple[prompts.Messages, prompts.Tools]:
-                return shapes.depth_messages(s, units), None
-
             try:
-                sized = sizer.fit("depth", build, depth)
+                sized = sizer.fit("depth", partial(shapes.depth_messages, prompts.new_salt()),
+                                  depth)
             except prompts.SizingError as e:
                 row.note = f"skipped: {e}"
                 self.progress.step(f"depth {depth}")

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from ..bench.measure import acceptance_between
@@ -143,22 +144,17 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
 def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckResult:
     p = ctx.profile
     attempts: list[dict[str, Any]] = []
-    sizer = ctx.sizer
     rng = random.SystemRandom()
     for depth in depths:
         secret, salt = prompts.new_secret()
         position = round(rng.uniform(0.05, 0.95), 3)
-
-        def build(units: int, s: str = secret, salt: str = salt,
-                  pos: float = position) -> tuple[prompts.Messages, prompts.Tools]:
-            return prompts.needle_messages(s, salt, units, pos), None
-
         row: dict[str, Any] = {"depth_tokens": depth, "needle_position": position,
                                "expected": secret}
         attempts.append(row)
         where = f"{depth} tok"
         try:
-            sized = sizer.fit("needle", build, depth)
+            sized = ctx.sizer.fit("needle", partial(prompts.needle_messages, secret, salt,
+                                                    position=position), depth)
         except prompts.SizingError as exc:
             row.update(outcome="failed")
             out.findings.append(Finding("sizing_error", str(exc), where))
@@ -221,12 +217,9 @@ def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
     p = ctx.profile
     seed = random.SystemRandom().randrange(2**31)
     tools = [prompts.FETCH_NEWS_TOOL]
-
-    def build(units: int) -> tuple[prompts.Messages, prompts.Tools]:
-        return prompts.prefill_messages(seed, max(units, 1)), tools
-
     try:
-        sized = ctx.sizer.fit("prefill", build, p.prefill_tokens)
+        sized = ctx.sizer.fit("prefill", lambda units: prompts.prefill_messages(
+            seed, max(units, 1)), p.prefill_tokens, tools)
     except prompts.SizingError as exc:
         out.findings.append(Finding("sizing_error", str(exc)))
         return _finish(out, "")

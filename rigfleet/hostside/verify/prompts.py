@@ -2,7 +2,7 @@
 counts a prompt of some filler units and the unit count is corrected until it lands within
 the tolerance::
 
-    sized = Sizer(count, 0.02).fit("needle", lambda n: (needle_messages(s, salt, n, 0.4), None),
+    sized = Sizer(count, 0.02).fit("needle", partial(needle_messages, s, salt, position=0.4),
                                    8000)
     sized.messages, sized.tokens, sized.units
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from .counting import Messages, Tools
 
-Builder = Callable[[int], tuple[Messages, Tools]]
+Builder = Callable[[int], Messages]
 Counter = Callable[[Messages, Tools], int | None]
 
 COLORS = ("crimson", "amber", "violet", "teal", "golden", "silver", "scarlet", "indigo",
@@ -445,36 +445,34 @@ class Sizer:
     tolerance: float = 0.02
     _cal: dict[str, tuple[float, float]] = field(default_factory=dict)  # (base, tokens/unit)
 
-    def calibrate(self, kind: str, build: Builder) -> tuple[float, float]:
+    def calibrate(self, kind: str, build: Builder, tools: Tools) -> tuple[float, float]:
         if kind not in self._cal:
-            base = self.count(*build(0))
-            probe = self.count(*build(PROBE_UNITS))
+            base = self.count(build(0), tools)
+            probe = self.count(build(PROBE_UNITS), tools)
             if base is None or probe is None or probe <= base:
                 raise SizingError(f"the server could not count tokens for the {kind} prompt")
             self._cal[kind] = (float(base), (probe - base) / PROBE_UNITS)
         return self._cal[kind]
 
-    def fit(self, kind: str, build: Builder, target: int) -> Sized:
-        base, per_unit = self.calibrate(kind, build)
+    def fit(self, kind: str, build: Builder, target: int, tools: Tools = None) -> Sized:
+        """``build(units)``'s prompt (sent with ``tools``) closest to ``target`` tokens."""
+        base, per_unit = self.calibrate(kind, build, tools)
         units = max(0, round((target - base) / per_unit))
-        best: Sized | None = None
+        tried: list[Sized] = []
         for _ in range(4):
-            msgs, tls = build(units)
-            n = self.count(msgs, tls)
+            msgs = build(units)
+            n = self.count(msgs, tools)
             if n is None:
                 # Counting a prompt this big failed (e.g. the server refuses it): extrapolate.
                 return Sized(msgs, units, round(base + units * per_unit))
-            cur = Sized(msgs, units, n)
-            if best is None or abs(n - target) < abs(best.tokens - target):
-                best = cur
+            tried.append(Sized(msgs, units, n))
             if abs(n - target) <= self.tolerance * target:
-                return cur
+                return tried[-1]
             step = round((target - n) / per_unit)
             if step == 0:
                 break
             units = max(0, units + step)
-        assert best is not None
-        return best
+        return min(tried, key=lambda sized: abs(sized.tokens - target))
 
 
 class SizingError(RuntimeError):
