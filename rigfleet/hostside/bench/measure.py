@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,7 +26,6 @@ from ..verify.counting import TokenCounter, chat_body
 from . import shapes, stats
 from .shapes import Shape
 
-# A warm-up request only has to get compilation, graph capture and the caches behind it.
 WARMUP_MAX_TOKENS = 128
 
 
@@ -137,8 +136,6 @@ def decode_seconds_between(before: list[metrics.Sample] | None,
                            after: list[metrics.Sample] | None, model: str) -> float | None:
     """The one request's decode seconds between two scrapes; None unless exactly one request
     finished in between (another client, a balancer's other backend, no histogram)."""
-    if before is None or after is None:
-        return None
     c0, c1, s0, s1 = (metrics.total(samples, name, model_name=model)
                       for name in (metrics.DECODE_TIME_COUNT, metrics.DECODE_TIME_SUM)
                       for samples in (before, after))
@@ -296,28 +293,23 @@ class Bench:
     """Runs the bench against one server; ``model`` defaults to the first of ``/v1/models``."""
 
     def __init__(self, client: Client, settings: BenchSettings,
-                 progress: Progress | None = None, model: str = "",
-                 clock: Callable[[], float] = time.monotonic):
+                 progress: Progress | None = None, model: str = ""):
         self.client = client
         self.settings = settings
         self.progress = progress or Progress()
-        self.clock = clock
         self.result = BenchResult(url=client.base_url, model=model, settings=settings)
 
     def note(self, text: str) -> None:
         self.result.notes.append(text)
         self.progress.note(text)
 
-    def scrape_after(self, before: list[metrics.Sample] | None,
-                     wait_s: float = 1.0) -> list[metrics.Sample] | None:
-        """A scrape once the request just streamed is in the decode histogram (at most
-        ``wait_s``: vLLM records it right around the last chunk)."""
-        n0 = (metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
-              if before is not None else None)
-        for _ in range(max(1, int(wait_s / 0.02))):
+    def scrape_after(self, before: list[metrics.Sample] | None) -> list[metrics.Sample] | None:
+        """A scrape once the request just streamed is in the decode histogram (at most a
+        second: vLLM records it right around the last chunk)."""
+        n0 = metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
+        for _ in range(50):
             now = metrics.scrape(self.client, 30)
-            n1 = (metrics.total(now, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
-                  if now is not None else None)
+            n1 = metrics.total(now, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
             if n0 is None or n1 is None or n1 > n0:
                 return now
             time.sleep(0.02)
@@ -380,10 +372,10 @@ class Bench:
                              f"{streams} streams", timed=False)
             return RunResult.of("concurrency", res)
 
-        t0 = self.clock()
+        t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="bench") as pool:
             out.runs = list(pool.map(one, range(streams)))
-        out.seconds = self.clock() - t0
+        out.seconds = time.monotonic() - t0
         self.result.request_seconds += out.seconds
         return out
 
@@ -417,7 +409,7 @@ class Bench:
 
     def run(self) -> BenchResult:
         """Everything the settings ask for; never raises for a server problem."""
-        t0 = self.clock()
+        t0 = time.monotonic()
         s = self.settings
         self.progress.begin(len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
         if self.prepare():
@@ -428,7 +420,7 @@ class Bench:
                 self.result.concurrency = self.concurrency(s.concurrency)
             if s.depths:
                 self.result.depths = self.depths(s.depths)
-        self.result.seconds = self.clock() - t0
+        self.result.seconds = time.monotonic() - t0
         return self.result
 
 

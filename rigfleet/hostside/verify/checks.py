@@ -466,7 +466,7 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     before = ctx.metrics_before
 
     def delta(name: str) -> float:
-        return metrics.delta(before or [], after or [], name, model_name=ctx.model)
+        return metrics.delta(before, after, name, model_name=ctx.model)
 
     if p.spec_settle_s:
         time.sleep(p.spec_settle_s)

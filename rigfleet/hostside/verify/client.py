@@ -243,18 +243,15 @@ class Client:
                     out.usage = usage
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
-                    piece = delta.get("content")
-                    if piece:
-                        content.append(piece)
-                    rpiece = delta.get("reasoning_content") or delta.get("reasoning")
-                    if rpiece:
-                        reasoning.append(rpiece)
+                    piece = delta.get("content") or ""
+                    rpiece = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    content.append(piece)
+                    reasoning.append(rpiece)
                     for tc in delta.get("tool_calls") or []:
                         _merge_tool_delta(calls, tc)
                     if (piece or rpiece or delta.get("tool_calls")) and out.first_token is None:
                         out.first_token = time.monotonic() - t0
-                        so_far = usage.get("completion_tokens") if isinstance(usage, dict) \
-                            else None
+                        so_far = (usage if isinstance(usage, dict) else {}).get("completion_tokens")
                         out.first_tokens = so_far if isinstance(so_far, int) else None
                     if (piece or delta.get("tool_calls")) and out.ttft is None:
                         out.ttft = time.monotonic() - t0

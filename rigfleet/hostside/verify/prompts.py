@@ -173,8 +173,6 @@ def prefill_messages(seed: int, articles: int) -> Messages:
     ]
 
 
-# -- tools for the agent checks ----------------------------------------------------------------
-
 def _tool(name: str, description: str, props: dict[str, dict[str, Any]],
           required: list[str]) -> dict[str, Any]:
     return {"type": "function", "function": {
@@ -305,8 +303,6 @@ def process(orders, rates, default_currency="EUR"):
 ```'''
 
 
-# -- (4) multi-turn agent ----------------------------------------------------------------------
-
 AGENT_SYSTEM = ("You are a coding agent with access to the user's repository through tools. "
                 "Use the tools to look at files before answering questions about them; do "
                 "not guess file contents.")
@@ -369,8 +365,6 @@ class TransientError(Exception):
     return text
 
 
-# -- (5) coding, (6) reasoning, spec-decode probe ----------------------------------------------
-
 CODING_REQUEST = """Solve this LeetCode-style problem in Python.
 
 Problem: given an integer array nums and an integer k, return the length of the longest \
@@ -399,8 +393,6 @@ REASONING_REQUEST = (
 SPEC_PROBE_REQUEST = "Count from 1 to 80, one number per line."
 
 
-# -- soak ----------------------------------------------------------------------------------------
-
 SOAK_TOPICS = ("how a hash map handles collisions", "why databases use write-ahead logs",
                "how TCP congestion control works", "what a garbage collector does",
                "how public-key cryptography lets strangers talk securely",
@@ -424,8 +416,6 @@ def soak_turn(rng: random.Random, session: int, turn: int) -> str:
         return f"Explain {topic}, in detail and with examples."
     return SOAK_FOLLOW_UPS[(session + turn + rng.randrange(3)) % len(SOAK_FOLLOW_UPS)]
 
-
-# -- sizing ---------------------------------------------------------------------------------------
 
 PROBE_UNITS = 16  # filler units of the calibration's second prompt
 
