@@ -2,9 +2,7 @@
 (definitions: docs/bench.md, "What is measured"). Stdlib only: the gate's throughput check
 runs it on the hosts, ``rigfleet bench`` on the control side::
 
-    bench = Bench(Client(url, key), BenchSettings(runs=5, warmup=3, concurrency=2,
-                                                  depths=(16000, 32000)))
-    result = bench.run()
+    result = Bench(Client(url, key), BenchSettings(concurrency=2, depths=(16000,))).run()
     result.shapes["code"].decode_mean, result.shapes["code"].acceptance
     result.to_dict()                     # the JSON report's "bench" part
 """
@@ -30,8 +28,7 @@ WARMUP_MAX_TOKENS = 128
 
 
 class Progress:
-    """The bench's progress (the requests to come, each one done, a note) and the gate's (a
-    tick of a long check); this one shows nothing."""
+    """Progress hooks of the bench (begin, step, note) and the gate (tick); this one is mute."""
 
     def tick(self, mark: str) -> None:
         pass
@@ -48,13 +45,12 @@ class Progress:
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How much the bench sends (``warmup``: unmeasured rounds of one request per shape;
-    ``concurrency``: streams of the concurrency run, 0 none; ``timeout_s``: per request)."""
+    """How much the bench sends."""
 
     runs: int = 5
-    warmup: int = 3
-    timeout_s: float = 300.0
-    concurrency: int = 0
+    warmup: int = 3  # unmeasured rounds of one request per shape
+    timeout_s: float = 300.0  # per request
+    concurrency: int = 0  # streams of the concurrency run; 0: none
     depths: tuple[int, ...] = ()
     shapes: tuple[str, ...] = (shapes.NARRATIVE_NAME, shapes.CODE_NAME)
 
@@ -87,11 +83,9 @@ class RunResult:
             return ((self.completion_tokens or 0) - 1) / self.server_decode_s
         if not self.ok or self.first_token_s is None or self.seconds <= self.first_token_s:
             return None
-        tokens = self.completion_tokens or 0
-        if self.first_tokens is not None:
-            tokens -= self.first_tokens
-            if tokens <= 0:
-                return None
+        tokens = (self.completion_tokens or 0) - (self.first_tokens or 0)
+        if tokens <= 0:
+            return None
         return tokens / (self.seconds - self.first_token_s)
 
     @property
@@ -118,8 +112,7 @@ class RunResult:
 
 @dataclass(frozen=True)
 class Acceptance:
-    """MTP acceptance over some runs: mean acceptance length (1 + accepted / drafts), the
-    per-position acceptance (accepted at position i / drafts) and the draft acceptance rate."""
+    """MTP acceptance over some runs (the definitions: docs/bench.md, "What is measured")."""
 
     drafts: int
     length: float

@@ -23,8 +23,7 @@ SCHEMA = "rigfleet-bench/1"
 
 @dataclass
 class Entry:
-    """One bench: whose (``host``: an inventory name, or the URL), which stack, what it
-    measured, and what it stands beside."""
+    """One bench (``host``: an inventory name, or the URL) and what it stands beside."""
 
     host: str
     stack: str | None

@@ -11,8 +11,7 @@ def mean(values: Sequence[float]) -> float | None:
 
 
 def cv(values: Sequence[float]) -> float | None:
-    """Coefficient of variation (sample standard deviation over the mean); None for fewer
-    than two values (one run says nothing about its spread)."""
+    """Sample standard deviation over the mean; None for fewer than two values."""
     if len(values) < 2:
         return None
     m = statistics.fmean(values)

@@ -322,8 +322,7 @@ def agent_multiturn(ctx: Context, out: CheckResult) -> CheckResult:
 
 
 def coding(ctx: Context, out: CheckResult) -> CheckResult:
-    """A LeetCode-shape request with a GOAL/STATE/ALGO/EDGE/VERIFY plan: healthy text with
-    code in it."""
+    """A LeetCode-shape request with a GOAL/STATE/ALGO/EDGE/VERIFY plan: healthy code."""
     p = ctx.profile
     msgs = [{"role": "user", "content": prompts.CODING_REQUEST}]
     res = ctx.client.chat(ctx.body(msgs, p.coding_max_tokens, 0.0), timeout=p.coding_timeout_s)

@@ -314,7 +314,7 @@ AGENT_TOOL = "read_file"
 
 def agent_file_text(chars: int) -> str:
     """The file the agent reads: real-looking Python of about ``chars`` characters."""
-    head = '''"""Retry policy for outbound billing calls."""
+    text = '''"""Retry policy for outbound billing calls."""
 
 from __future__ import annotations
 
@@ -354,7 +354,6 @@ class RetryPolicy:
 class TransientError(Exception):
     """A failure worth retrying (timeouts, 429, 503)."""
 '''
-    text = head
     i = 0
     while len(text) < chars:
         i += 1
