@@ -131,9 +131,9 @@ def container_facts(container: str, run: Runner = stackctl.run) -> dict[str, Any
 
 def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[str, Any]],
          interval_s: float = 1.0) -> dict[str, Any]:
-    """Narrative requests for about ``seconds`` (at least one), with a GPU sample before and
-    every ``interval_s`` during the load (more often for a short load: four samples at least
-    while it runs)."""
+    """``{"gpu": {"idle", "load"}, "load"}``: narrative requests for about ``seconds`` (at
+    least one), with a GPU sample before and every ``interval_s`` during the load (more often
+    for a short load: four samples at least while it runs)."""
     interval_s = min(interval_s, max(seconds / 4, 0.05))
     idle = sample()
     bench = Bench(client, BenchSettings(runs=1, warmup=0), model=model)
@@ -160,13 +160,11 @@ def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[s
     runs = [r for s in results for r in s.runs]
     decode = [r.decode_tok_s for r in runs if r.decode_tok_s is not None]
     accepted = [s.acceptance for s in results if s.acceptance is not None]
-    out: dict[str, Any] = {
+    return {"gpu": {"idle": idle, "load": samples}, "load": {
         "seconds": seconds, "runs": [r.to_dict() for r in runs],
         "decode_mean": round(sum(decode) / len(decode), 3) if decode else None,
         "acceptance": accepted[-1].to_dict() if accepted else None,
-        "acceptance_note": results[-1].acceptance_note if results else "no run",
-    }
-    return {"idle": idle, "load": samples, "load_runs": out}
+        "acceptance_note": results[-1].acceptance_note if results else "no run"}}
 
 
 def gather(container: str, port: int, api_key: str | None, load_s: float,
@@ -179,9 +177,7 @@ def gather(container: str, port: int, api_key: str | None, load_s: float,
         out["error"] = bench.result.error
         out["gpu"] = {"idle": query_gpus(run), "load": []}
     else:
-        got = load(client, bench.result.model, load_s, lambda: query_gpus(run), interval_s)
-        out["gpu"] = {"idle": got["idle"], "load": got["load"]}
-        out["load"] = got["load_runs"]
+        out.update(load(client, bench.result.model, load_s, lambda: query_gpus(run), interval_s))
         out["model"], out["version"] = bench.result.model, bench.result.version
     out.update(container_facts(container, run))
     return out
