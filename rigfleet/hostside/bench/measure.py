@@ -1,6 +1,5 @@
-"""The bench's measuring core: streamed requests in the bench's shapes, reduced to figures
-(definitions: docs/bench.md, "What is measured"). Stdlib only: the gate's throughput check
-runs it on the hosts, ``rigfleet bench`` on the control side::
+"""The bench's measuring core (the package docstring says where it runs): streamed requests
+in the bench's shapes, reduced to figures (definitions: docs/bench.md, "What is measured")::
 
     result = Bench(Client(url, key), BenchSettings(concurrency=2, depths=(16000,))).run()
     result.shapes["code"].decode_mean, result.shapes["code"].acceptance

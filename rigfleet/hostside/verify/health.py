@@ -161,19 +161,14 @@ _TEXT_DETECTORS = (detect_punctuation_flood, detect_first_word_repetition, detec
                    detect_low_variety)
 
 
-def scan_text(text: str, prof: Profile, where: str = "content") -> list[Finding]:
-    """Every text detector over one text (no empty check: a reasoning text may be absent)."""
-    found = [detect(text, prof) for detect in _TEXT_DETECTORS]
-    if where == "content":
-        found.append(detect_tool_call_leak(text))
-    return [replace(f, where=where) for f in found if f is not None]
-
-
 def scan(content: str, reasoning: str, tool_calls: list[Any], finish_reason: str | None,
          prof: Profile) -> list[Finding]:
-    empty = detect_empty(content, tool_calls, reasoning, finish_reason)
-    out = [replace(empty, where="content")] if empty is not None else []
+    """The empty check, then the text detectors over each non-blank text (and the tool-call
+    leak over the content)."""
+    found = [("content", detect_empty(content, tool_calls, reasoning, finish_reason))]
     for where, text in (("content", content), ("reasoning", reasoning)):
         if text.strip():
-            out += scan_text(text, prof, where)
-    return out
+            found += [(where, detect(text, prof)) for detect in _TEXT_DETECTORS]
+            if where == "content":
+                found.append((where, detect_tool_call_leak(text)))
+    return [replace(f, where=where) for where, f in found if f is not None]

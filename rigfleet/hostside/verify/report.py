@@ -130,9 +130,8 @@ def _detail_lines(details: dict[str, Any]) -> list[str]:
     out: list[str] = []
     rows = details.get("attempts")
     if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
-        keys: list[str] = []
-        for r in rows:
-            keys += [k for k in r if k not in keys and not isinstance(r[k], dict | list)]
+        keys = list(dict.fromkeys(k for r in rows for k in r
+                                  if not isinstance(r[k], dict | list)))
         out += ["", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         for r in rows:
             out.append("| " + " | ".join(_cell(str(r.get(k, ""))) for k in keys) + " |")
