@@ -22,6 +22,16 @@ from .counting import Messages, Tools
 Builder = Callable[[int], Messages]
 Counter = Callable[[Messages, Tools], int | None]
 
+
+def _tool(name: str, description: str, props: dict[str, dict[str, Any]],
+          required: list[str]) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": props, "required": required}}}
+
+
+_S = {"type": "string"}
+
 COLORS = ("crimson", "amber", "violet", "teal", "golden", "silver", "scarlet", "indigo",
           "cobalt", "emerald", "ochre", "maroon")
 ANIMALS = ("tiger", "falcon", "otter", "lynx", "heron", "panda", "wolf", "gecko", "badger",
@@ -140,21 +150,10 @@ def news_article(rng: random.Random, index: int) -> str:
     )
 
 
-FETCH_NEWS_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "fetch_news",
-        "description": "Fetch the latest financial news articles for a topic.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "topic": {"type": "string", "description": "Topic to search news for."},
-                "limit": {"type": "integer", "description": "Maximum number of articles."},
-            },
-            "required": ["topic"],
-        },
-    },
-}
+FETCH_NEWS_TOOL = _tool(
+    "fetch_news", "Fetch the latest financial news articles for a topic.",
+    {"topic": {**_S, "description": "Topic to search news for."},
+     "limit": {"type": "integer", "description": "Maximum number of articles."}}, ["topic"])
 
 
 def prefill_messages(seed: int, articles: int) -> Messages:
@@ -173,14 +172,6 @@ def prefill_messages(seed: int, articles: int) -> Messages:
     ]
 
 
-def _tool(name: str, description: str, props: dict[str, dict[str, Any]],
-          required: list[str]) -> dict[str, Any]:
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": props, "required": required}}}
-
-
-_S = {"type": "string"}
 AGENT_TOOLS: tuple[dict[str, Any], ...] = (
     _tool("read_file", "Read a file from the repository and return its contents.",
           {"path": {**_S, "description": "Path of the file, relative to the repo root."}},
