@@ -77,22 +77,16 @@ class Profile:
     throughput_runs: int = 5  # measured runs per shape (mean, CV)
     throughput_warmup: int = 3  # unmeasured rounds first (seed 004: "after 3 warmup rounds")
     throughput_timeout_s: float = 300.0  # per request
-    # What the host's own history is kept under (the stack's name); "" = no baseline lookup,
-    # nothing judged against history, nothing recorded.
-    throughput_stack: str = ""
-    # Where the host keeps its throughput records (history.jsonl, last.json); "" = none.
-    throughput_history_dir: str = ""
+    throughput_stack: str = ""  # whose history is the baseline; "": none, nothing recorded
+    throughput_history_dir: str = ""  # the host's history.jsonl and last.json; "": none
     throughput_history_n: int = 5  # the baseline: rolling median over this many verified gates
-    # ... once it holds this many (an accepted baseline counts at once); the reference before
-    throughput_history_min: int = 3
-    # The stack file's reference decode tok/s of one stream on RTX 3090s; 0 = none.
-    throughput_reference_narrative: float = 0.0
+    throughput_history_min: int = 3  # ... once it holds this many (or an accepted baseline)
+    throughput_reference_narrative: float = 0.0  # the stack file's tok/s on 3090s; 0: none
     throughput_reference_code: float = 0.0
     throughput_scale: float = 1.0  # host data throughput_scale: other hardware, the testbed
     throughput_margin: float = 0.15  # fail below the baseline by more than this fraction
     throughput_cv_max: float = 0.10  # fail when a shape's CV over its runs is above this
-    # Per-position MTP acceptance floors (code shape), e.g. 0.76,0.672,0.6; empty = none.
-    throughput_acceptance_floor: tuple[float, ...] = ()
+    throughput_acceptance_floor: tuple[float, ...] = ()  # per draft position, code shape
 
     health_punct_run: int = 4  # "!!!!": a run of this many ! or ? is a flood
     health_punct_ratio: float = 0.30
