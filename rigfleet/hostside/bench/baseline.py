@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..records import SOURCE_ACCEPTED, ShapeFigures, ThroughputRecord
+from ..records import SHAPES, SOURCE_ACCEPTED, ShapeFigures, ThroughputRecord
 from ..verify.health import Finding
 from . import stats
 
@@ -40,7 +40,6 @@ MIN_RECORDS = 3  # verified gates before a host's own history is its baseline
 
 def baseline_for(history: Sequence[ThroughputRecord], stack: str,
                  reference: Mapping[str, float], scale: float, n: int,
-                 shapes: Sequence[str] = ("narrative", "code"),
                  min_records: int = MIN_RECORDS) -> Baseline:
     """Per shape the median of ``stack``'s last ``n`` verified records (``history``: oldest
     first) once ``min_records`` of them, or an accepted baseline, hold it; else the stack
@@ -50,7 +49,7 @@ def baseline_for(history: Sequence[ThroughputRecord], stack: str,
     enough = min(max(min_records, 1), max(n, 1))
     figures: dict[str, float] = {}
     sources: dict[str, str] = {}
-    for shape in shapes:
+    for shape in SHAPES:
         values = [v for v in (r.decode(shape) for r in recent) if v is not None]
         med = stats.median(values) if accepted or len(values) >= enough else None
         if med is not None:

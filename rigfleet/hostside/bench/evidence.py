@@ -95,15 +95,10 @@ def engine_facts(lines: Sequence[str]) -> dict[str, Any]:
             for topic, rx in _WARNING_TOPICS.items():
                 if rx.search(line):
                     out["warnings"].setdefault(topic, []).append(line.strip()[:400])
-    out["graph_mode"] = _graph_mode(out)
+    labels = " ".join(out["captures"])
+    out["graph_mode"] = (str(out["downgrade"]["mode"]) if out["downgrade"] else
+                         "_AND_".join(m for m in ("FULL", "PIECEWISE") if m in labels) or None)
     return out
-
-
-def _graph_mode(facts: dict[str, Any]) -> str | None:
-    if facts["downgrade"]:
-        return str(facts["downgrade"]["mode"])
-    labels = " ".join(facts["captures"])
-    return "_AND_".join(m for m in ("FULL", "PIECEWISE") if m in labels) or None
 
 
 def container_facts(container: str, run: Runner = stackctl.run) -> dict[str, Any]:
