@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..records import ShapeFigures, encode
+from ..records import SHAPES, ShapeFigures, encode
 from ..verify import metrics, prompts
 from ..verify.client import ChatResult, Client, max_model_len
 from ..verify.counting import TokenCounter, chat_body
@@ -51,7 +51,7 @@ class BenchSettings:
     timeout_s: float = 300.0  # per request
     concurrency: int = 0  # streams of the concurrency run; 0: none
     depths: tuple[int, ...] = ()
-    shapes: tuple[str, ...] = (shapes.NARRATIVE_NAME, shapes.CODE_NAME)
+    shapes: tuple[str, ...] = SHAPES
 
 
 @dataclass(frozen=True)

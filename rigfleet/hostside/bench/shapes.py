@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from ..verify import prompts
 from ..verify.counting import Messages
 
-NARRATIVE_NAME, CODE_NAME = "narrative", "code"
-
 
 @dataclass(frozen=True)
 class Shape:
@@ -25,14 +23,14 @@ class Shape:
 
 
 NARRATIVE = Shape(
-    NARRATIVE_NAME,
+    "narrative",
     "Write an 800-word essay about the history of lighthouses: how they were built, how "
     "their lights were made to reach ships far out at sea, and the lives of the keepers who "
     "tended them through storms and long winters.",
     max_tokens=1000,
 )
 CODE = Shape(
-    CODE_NAME,
+    "code",
     "Implement quicksort in Python. Comment every step: how the pivot is chosen, how the "
     "list is partitioned around it, why the recursion ends, and what the running time is in "
     "the best and the worst case.",

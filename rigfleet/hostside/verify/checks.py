@@ -478,9 +478,8 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     probed = delta(metrics.SPEC_DRAFTS) < p.spec_min_drafts
     if probed:
         # Too little of our own traffic (e.g. --only spec_decode): verify-full's probe.
-        res = ctx.client.chat(ctx.body([{"role": "user", "content":
-                                         prompts.SPEC_PROBE_REQUEST}],
-                                        p.spec_probe_max_tokens, 0.0),
+        msgs = [{"role": "user", "content": prompts.SPEC_PROBE_REQUEST}]
+        res = ctx.client.chat(ctx.body(msgs, p.spec_probe_max_tokens, 0.0),
                               timeout=p.spec_probe_timeout_s)
         out.details["probe"] = _attempt(res)
         _failed(ctx, out, res, "probe")
