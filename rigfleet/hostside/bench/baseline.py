@@ -7,13 +7,13 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..records import SHAPES, SOURCE_ACCEPTED, ShapeFigures, ThroughputRecord
 from ..verify.health import Finding
-from . import stats
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,8 @@ def baseline_for(history: Sequence[ThroughputRecord], stack: str,
     sources: dict[str, str] = {}
     for shape in SHAPES:
         values = [v for v in (r.decode(shape) for r in recent) if v is not None]
-        med = stats.median(values) if accepted or len(values) >= enough else None
-        if med is not None:
-            figures[shape] = med
+        if values and (accepted or len(values) >= enough):
+            figures[shape] = statistics.median(values)
             sources[shape] = (f"history: median of {len(values)} "
                               + ("record(s) since the accepted baseline" if accepted
                                  else "verified gate(s)"))

@@ -8,6 +8,7 @@ in the bench's shapes, reduced to figures (definitions: docs/bench.md, "What is 
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from ..records import SHAPES, ShapeFigures, encode
 from ..verify import metrics, prompts
 from ..verify.client import ChatResult, Client, max_model_len
 from ..verify.counting import TokenCounter, chat_body
-from . import shapes, stats
+from . import shapes
 from .shapes import Shape
 
 WARMUP_MAX_TOKENS = 128
@@ -172,19 +173,19 @@ class ShapeResult:
 
     @property
     def decode_mean(self) -> float | None:
-        return stats.mean(self.decode)
+        return mean(self.decode)
 
     @property
     def decode_cv(self) -> float | None:
-        return stats.cv(self.decode)
+        return cv(self.decode)
 
     @property
     def wall_mean(self) -> float | None:
-        return stats.mean([r.wall_tok_s for r in self.runs if r.wall_tok_s is not None])
+        return mean([r.wall_tok_s for r in self.runs if r.wall_tok_s is not None])
 
     @property
     def ttft_mean(self) -> float | None:
-        return stats.mean([r.first_token_s for r in self.runs
+        return mean([r.first_token_s for r in self.runs
                            if r.ok and r.first_token_s is not None])
 
     @property
@@ -219,7 +220,7 @@ class ConcurrencyResult:
 
     @property
     def per_stream_decode(self) -> float | None:
-        return stats.mean([r.decode_tok_s for r in self.runs if r.decode_tok_s is not None])
+        return mean([r.decode_tok_s for r in self.runs if r.decode_tok_s is not None])
 
     @property
     def aggregate_tok_s(self) -> float | None:
@@ -414,6 +415,18 @@ class Bench:
                 self.result.depths = self.depths(s.depths)
         self.result.seconds = time.monotonic() - t0
         return self.result
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def cv(values: Sequence[float]) -> float | None:
+    """Sample standard deviation over the mean; None for fewer than two values."""
+    if len(values) < 2:
+        return None
+    m = statistics.fmean(values)
+    return statistics.stdev(values) / m if m > 0 else None
 
 
 def _r(value: float | None, digits: int) -> float | None:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,6 @@ from typing import Any
 
 from ..records import SHAPES, ThroughputRecord
 from ..verify.report import now_iso, write_pair
-from . import stats
 from .baseline import Baseline
 from .measure import BenchResult
 
@@ -54,9 +54,8 @@ def fleet_medians(entries: Sequence[Entry]) -> dict[str, dict[str, float]]:
         for shape in SHAPES:
             values = [v for e in entries if e.stack == stack
                       if (v := e.decode(shape)) is not None]
-            med = stats.median(values)
-            if med is not None:
-                out.setdefault(stack, {})[shape] = round(med, 3)
+            if values:
+                out.setdefault(stack, {})[shape] = round(statistics.median(values), 3)
     return out
 
 
