@@ -20,7 +20,6 @@ from typing import Any
 from ..records import SHAPES, ShapeFigures, encode
 from ..verify import metrics, prompts
 from ..verify.client import ChatResult, Client, max_model_len
-from ..verify.counting import TokenCounter, chat_body
 from . import shapes
 from .shapes import Shape
 
@@ -311,8 +310,8 @@ class Bench:
     def _chat(self, messages: prompts.Messages, max_tokens: int, temperature: float,
               label: str, timed: bool = True) -> ChatResult:
         """One streamed request (``timed``: its seconds count as time inside requests)."""
-        res = self.client.chat(chat_body(self.result.model, messages, max_tokens, temperature),
-                               timeout=self.settings.timeout_s, stream=True)
+        body = prompts.chat_body(self.result.model, messages, max_tokens, temperature)
+        res = self.client.chat(body, timeout=self.settings.timeout_s, stream=True)
         if timed:
             self.result.request_seconds += res.seconds
         self.progress.step(label)
@@ -374,8 +373,8 @@ class Bench:
 
     def depths(self, depths: Sequence[int]) -> list[DepthResult]:
         """One request per depth, its prompt sized to ``depth`` tokens by the server's count."""
-        counter = TokenCounter(self.client, self.result.model, timeout=60,
-                               chat_timeout=self.settings.timeout_s, note=self.note)
+        counter = prompts.TokenCounter(self.client, self.result.model, timeout=60,
+                                       chat_timeout=self.settings.timeout_s, note=self.note)
         sizer = prompts.Sizer(counter)
         out = []
         for depth in depths:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..verify import prompts
-from ..verify.counting import Messages
 
 
 @dataclass(frozen=True)
@@ -18,7 +17,7 @@ class Shape:
     max_tokens: int
     temperature: float = 0.6
 
-    def messages(self) -> Messages:
+    def messages(self) -> prompts.Messages:
         return [{"role": "user", "content": self.prompt}]
 
 
@@ -43,7 +42,7 @@ DEPTH_MAX_TOKENS = 256
 DEPTH_INSTRUCTION = "Continue this history of computing in about 300 words."
 
 
-def depth_messages(salt: str, units: int) -> Messages:
+def depth_messages(salt: str, units: int) -> prompts.Messages:
     """``units`` filler paragraphs (the needle checks' haystack), then the instruction; the
     salt makes each prompt unique, so no cached prefix stands in for the prefill."""
     text = f"SESSION-{salt}. {prompts.filler(units)}\n\n{DEPTH_INSTRUCTION}"

@@ -1,10 +1,11 @@
-"""Prompt material for the checks, and sizing prompts in the server's own tokens: the server
-counts a prompt of some filler units and the unit count is corrected until it lands within
-the tolerance::
+"""Prompt material for the checks, request bodies (thinking off), and sizing prompts in the
+server's own tokens: the server counts a prompt of some filler units (``/tokenize``, else
+1-token completions) and the unit count is corrected until it lands within the tolerance::
 
+    count = TokenCounter(client, "qwen3.6-27b-autoround", timeout=30, chat_timeout=300)
     sized = Sizer(count, 0.02).fit("needle", partial(needle_messages, s, salt, position=0.4),
                                    8000)
-    sized.messages, sized.tokens, sized.units
+    body = chat_body("qwen3.6-27b-autoround", sized.messages, max_tokens=30, temperature=0.0)
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .counting import Messages, Tools
+from .client import Client
 
+Messages = list[dict[str, Any]]
+Tools = list[dict[str, Any]] | None
 Builder = Callable[[int], Messages]
 Counter = Callable[[Messages, Tools], int | None]
 
@@ -453,6 +456,52 @@ class Sizer:
                 break
             units = max(0, units + step)
         return min(tried, key=lambda sized: abs(sized.tokens - target))
+
+
+def chat_body(model: str, messages: Messages, max_tokens: int, temperature: float,
+              tools: Tools = None, tool_choice: Any = None) -> dict[str, Any]:
+    """A ``/v1/chat/completions`` body with thinking off."""
+    out: dict[str, Any] = {
+        "model": model, "messages": messages, "max_tokens": max_tokens,
+        "temperature": temperature, "chat_template_kwargs": {"enable_thinking": False},
+    }
+    if tools:
+        out["tools"] = tools
+        out["tool_choice"] = tool_choice or "auto"
+    return out
+
+
+@dataclass
+class TokenCounter:
+    """Prompt tokens by ``/tokenize``, else (``mode`` "chat") by 1-token completions' usage."""
+
+    client: Client
+    model: str
+    timeout: float
+    chat_timeout: float
+    note: Callable[[str], None] = lambda _: None
+    mode: str = "tokenize"
+
+    def __call__(self, messages: Messages, tools: Tools) -> int | None:
+        if self.mode == "tokenize":
+            body: dict[str, Any] = {"model": self.model, "messages": messages,
+                                    "add_generation_prompt": True,
+                                    "chat_template_kwargs": {"enable_thinking": False}}
+            if tools:
+                body["tools"] = tools
+            r = self.client.request("POST", "/tokenize", body, timeout=self.timeout)
+            data = r.json() if r.status == 200 else None
+            if isinstance(data, dict) and isinstance(data.get("count"), int):
+                return data["count"]
+            if r.status in (401, 403, 404, 405, 501):
+                self.mode = "chat"  # no /tokenize here (or a front hides it)
+                self.note("/tokenize unavailable; counting with 1-token completions")
+            else:
+                return None
+        res = self.client.chat(chat_body(self.model, messages, 1, 0.0, tools,
+                                         "none" if tools else None),
+                               timeout=self.chat_timeout)
+        return res.prompt_tokens if res.ok else None
 
 
 class SizingError(RuntimeError):
