@@ -16,8 +16,7 @@ from typing import Any
 
 from .. import stackctl
 from ..verify.client import Client
-from . import shapes
-from .measure import Bench, BenchSettings, ShapeResult
+from .measure import NARRATIVE, Bench, BenchSettings, ShapeResult
 
 # What nvidia-smi is asked for (``--query-gpu``, CSV without header or units).
 GPU_FIELDS: tuple[str, ...] = (
@@ -139,7 +138,7 @@ def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[s
         deadline = time.monotonic() + seconds
         try:
             while not results or time.monotonic() < deadline:
-                results.append(bench.shape(shapes.NARRATIVE))
+                results.append(bench.shape(NARRATIVE))
                 if results[-1].failed:
                     break
         finally:

@@ -1,5 +1,6 @@
-"""The bench's measuring core (the package docstring says where it runs): streamed requests
-in the bench's shapes, reduced to figures (definitions: docs/bench.md, "What is measured")::
+"""The bench's measuring core (the package docstring says where it runs): requests in the
+bench's shapes (and at context depths: a long salted prompt, then a short continuation),
+streamed and reduced to figures (definitions: docs/bench.md, "What is measured")::
 
     result = Bench(Client(url, key), BenchSettings(concurrency=2, depths=(16000,))).run()
     result.shapes["code"].decode_mean, result.shapes["code"].acceptance
@@ -20,10 +21,49 @@ from typing import Any
 from ..records import SHAPES, ShapeFigures, encode
 from ..verify import metrics, prompts
 from ..verify.client import ChatResult, Client, max_model_len
-from . import shapes
-from .shapes import Shape
 
 WARMUP_MAX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One request shape: the user ``prompt``, its answer budget and sampling temperature."""
+
+    name: str
+    prompt: str
+    max_tokens: int
+    temperature: float = 0.6
+
+    def messages(self) -> prompts.Messages:
+        return [{"role": "user", "content": self.prompt}]
+
+
+# Seed 004's bench, so a figure stands beside a stack file's reference.
+NARRATIVE = Shape(
+    "narrative",
+    "Write an 800-word essay about the history of lighthouses: how they were built, how "
+    "their lights were made to reach ships far out at sea, and the lives of the keepers who "
+    "tended them through storms and long winters.",
+    max_tokens=1000,
+)
+CODE = Shape(
+    "code",
+    "Implement quicksort in Python. Comment every step: how the pivot is chosen, how the "
+    "list is partitioned around it, why the recursion ends, and what the running time is in "
+    "the best and the worst case.",
+    max_tokens=800,
+)
+BY_NAME = {s.name: s for s in (NARRATIVE, CODE)}
+
+DEPTH_MAX_TOKENS = 256
+DEPTH_INSTRUCTION = "Continue this history of computing in about 300 words."
+
+
+def depth_messages(salt: str, units: int) -> prompts.Messages:
+    """``units`` filler paragraphs (the needle checks' haystack), then the instruction; the
+    salt makes each prompt unique, so no cached prefix stands in for the prefill."""
+    text = f"SESSION-{salt}. {prompts.filler(units)}\n\n{DEPTH_INSTRUCTION}"
+    return [{"role": "user", "content": text}]
 
 
 class Progress:
@@ -331,7 +371,7 @@ class Bench:
     def warmup(self) -> None:
         for _ in range(self.settings.warmup):
             for name in self.settings.shapes:
-                shape = shapes.BY_NAME[name]
+                shape = BY_NAME[name]
                 self._chat(shape.messages(), min(shape.max_tokens, WARMUP_MAX_TOKENS),
                            shape.temperature, f"warm-up {name}")
 
@@ -355,7 +395,7 @@ class Bench:
     def concurrency(self, streams: int) -> ConcurrencyResult:
         """``streams`` narrative requests sent at once."""
         out = ConcurrencyResult(streams)
-        shape = shapes.NARRATIVE
+        shape = NARRATIVE
         barrier = threading.Barrier(streams)
 
         def one(_: int) -> RunResult:
@@ -381,19 +421,19 @@ class Bench:
             row = DepthResult(depth)
             out.append(row)
             mml = self.result.max_model_len
-            if mml and depth + shapes.DEPTH_MAX_TOKENS > mml:
+            if mml and depth + DEPTH_MAX_TOKENS > mml:
                 row.note = f"skipped: over max-model-len {mml}"
                 self.progress.step(f"depth {depth}")
                 continue
             try:
-                sized = sizer.fit("depth", partial(shapes.depth_messages, prompts.new_salt()),
+                sized = sizer.fit("depth", partial(depth_messages, prompts.new_salt()),
                                   depth)
             except prompts.SizingError as e:
                 row.note = f"skipped: {e}"
                 self.progress.step(f"depth {depth}")
                 continue
             row.prompt_tokens = sized.tokens
-            res = self._chat(sized.messages, shapes.DEPTH_MAX_TOKENS, 0.6, f"depth {depth}")
+            res = self._chat(sized.messages, DEPTH_MAX_TOKENS, 0.6, f"depth {depth}")
             row.run = RunResult.of("depth", res)
             if not row.run.ok:
                 row.note = f"failed: HTTP {res.status} {row.run.error}"[:300]
@@ -407,7 +447,7 @@ class Bench:
         if self.prepare():
             self.warmup()
             for name in s.shapes:
-                self.result.shapes[name] = self.shape(shapes.BY_NAME[name])
+                self.result.shapes[name] = self.shape(BY_NAME[name])
             if s.concurrency > 0:
                 self.result.concurrency = self.concurrency(s.concurrency)
             if s.depths:

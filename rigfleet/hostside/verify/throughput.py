@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..bench.baseline import Baseline, Limits, baseline_for, judge
-from ..bench.measure import Bench, BenchSettings, ShapeResult
-from ..bench.shapes import BY_NAME
+from ..bench.measure import BY_NAME, Bench, BenchSettings, ShapeResult
 from ..layout import THROUGHPUT_HISTORY_NAME
 from ..records import ShapeFigures, ThroughputRecord, encode, read_throughput_history
 from .health import Finding
