@@ -426,8 +426,7 @@ class Bench:
                 self.progress.step(f"depth {depth}")
                 continue
             try:
-                sized = sizer.fit("depth", partial(depth_messages, prompts.new_salt()),
-                                  depth)
+                sized = sizer.fit("depth", partial(depth_messages, prompts.new_salt()), depth)
             except prompts.SizingError as e:
                 row.note = f"skipped: {e}"
                 self.progress.step(f"depth {depth}")

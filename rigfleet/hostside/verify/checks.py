@@ -189,13 +189,12 @@ def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckRe
         out.status = SKIP
         out.summary = f"all depths over max-model-len ({', '.join(skipped)} tokens)"
         return out
-    desc = ", ".join(f"{a['depth_tokens']}: {a.get('outcome')}" for a in attempts)
+    desc = ", ".join(f"{a['depth_tokens']}: {a['outcome']}" for a in attempts)
     if out.findings:
-        bad = [a for a in attempts if a.get("outcome") not in ("recalled", "skipped")]
         out.summary = "; ".join(
-            f"{a['depth_tokens']} tok: {a.get('outcome')}"
+            f"{a['depth_tokens']} tok: {a['outcome']}"
             + (f" (answer {a['answer']!r})" if a.get("answer") is not None else "")
-            for a in bad)
+            for a in attempts if a["outcome"] not in ("recalled", "skipped"))
     return _finish(out, f"recalled at {desc}" + (f" (skipped {', '.join(skipped)})"
                                                  if skipped else ""))
 
