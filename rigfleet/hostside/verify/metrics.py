@@ -36,10 +36,7 @@ class Sample:
 def parse(text: str) -> list[Sample]:
     out: list[Sample] = []
     for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
+        m = _LINE.match(line.strip())  # no match: blank, # HELP / # TYPE, malformed
         if not m:
             continue
         try:
