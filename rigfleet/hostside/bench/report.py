@@ -101,8 +101,7 @@ def markdown(entries: Sequence[Entry]) -> str:
                 f"{_vs(sr.decode_mean, e.reference.get(shape))} | "
                 f"{_vs(sr.decode_mean, fleet.get(e.stack or '', {}).get(shape))} | "
                 f"{_vs(sr.decode_mean, base)} |")
-        c = r.concurrency
-        if c is not None:
+        if (c := r.concurrency) is not None:
             lines += ["", f"Concurrency: {c.streams} streams, {cell(c.per_stream_decode)} tok/s "
                           f"each, {cell(c.aggregate_tok_s)} tok/s in all"]
         if r.depths:

@@ -116,8 +116,7 @@ def detect_first_word_repetition(text: str, prof: Profile) -> Finding | None:
 def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
     """Any line repeated ``health_line_repeats`` times in a row; lines without a letter or
     digit (``}``, ``---``, fences) legitimately stack up in code and markdown and are skipped."""
-    prev = None
-    count = 0
+    prev, count = None, 0
     for line in text.splitlines():
         s = line.strip()
         if not s or not any(ch.isalnum() for ch in s):

@@ -204,11 +204,9 @@ AGENT_TOOLS: tuple[dict[str, Any], ...] = (
 
 def tools(n: int) -> list[dict[str, Any]]:
     """``n`` tool schemas: the agent tools first, then generic lookups if more are asked."""
-    out = [dict(t) for t in AGENT_TOOLS[:n]]
-    for i in range(len(out), n):
-        out.append(_tool(f"lookup_{i + 1}", f"Look up internal reference table number {i + 1}.",
-                         {"key": _S}, ["key"]))
-    return out
+    return [dict(t) for t in AGENT_TOOLS[:n]] + [
+        _tool(f"lookup_{i + 1}", f"Look up internal reference table number {i + 1}.",
+              {"key": _S}, ["key"]) for i in range(len(AGENT_TOOLS), n)]
 
 
 _PREAMBLE = """You are an expert software engineering agent working inside the user's IDE.

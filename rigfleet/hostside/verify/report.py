@@ -100,8 +100,7 @@ class Report:
         for i, chk in enumerate(self.checks, 1):
             lines.append(f"| {i} | {chk.title} (`{chk.name}`) | {BADGES[chk.status]} | "
                          f"{chk.seconds:.1f} s | {_cell(chk.summary)} |")
-        failed = self.failed()
-        if failed:
+        if failed := self.failed():
             lines += ["", "## Failed checks"]
             for chk in failed:
                 lines += ["", f"### {chk.title} (`{chk.name}`)", "", chk.summary or "failed", ""]
@@ -110,8 +109,7 @@ class Report:
                     ev = f" — `{_code(f.evidence)}`" if f.evidence else ""
                     lines.append(f"- **{f.name}**{where}: {f.message}{ev}")
                 lines += _detail_lines(chk.details)
-        skipped = [chk for chk in self.checks if chk.status == SKIP]
-        if skipped:
+        if skipped := [chk for chk in self.checks if chk.status == SKIP]:
             lines += ["", "## Skipped checks", ""]
             lines += [f"- {chk.title} (`{chk.name}`): {chk.summary}" for chk in skipped]
         return "\n".join(lines) + "\n"
