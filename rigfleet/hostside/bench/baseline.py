@@ -82,23 +82,20 @@ def judge(measured: Mapping[str, ShapeFigures | None], acceptance: Sequence[floa
                                shape))
             continue
         want = baseline.figures.get(shape)
-        if want:
-            floor = want * (1.0 - limits.margin)
-            if figs.decode < floor:
-                below = 1.0 - figs.decode / want
-                out.append(Finding(
-                    "slow_decode", f"{shape}: decode {figs.decode:.1f} tok/s is {below:.0%} "
-                    f"below the baseline {want:.1f} ({baseline.sources.get(shape)}); allowed: "
-                    f"at most {limits.margin:.0%} below ({floor:.1f} tok/s)", shape))
+        if want and figs.decode < (floor := want * (1.0 - limits.margin)):
+            out.append(Finding(
+                "slow_decode", f"{shape}: decode {figs.decode:.1f} tok/s is "
+                f"{1.0 - figs.decode / want:.0%} below the baseline {want:.1f} "
+                f"({baseline.sources.get(shape)}); allowed: at most {limits.margin:.0%} below "
+                f"({floor:.1f} tok/s)", shape))
         if figs.cv is not None and figs.cv > limits.cv_max:
             out.append(Finding(
                 "unstable_decode", f"{shape}: decode CV {figs.cv:.1%} over {figs.runs} runs is "
                 f"above {limits.cv_max:.0%}", shape))
-    if acceptance is not None:
-        for i, (have, floor) in enumerate(zip(acceptance, limits.acceptance_floor,
-                                              strict=False)):
-            if have < floor:
-                out.append(Finding(
-                    "low_acceptance", f"code: MTP acceptance at draft position {i + 1} is "
-                    f"{have:.0%}, below the stack's floor {floor:.0%}", f"position {i + 1}"))
+    pairs = zip(acceptance or (), limits.acceptance_floor, strict=False)
+    for i, (have, floor) in enumerate(pairs):
+        if have < floor:
+            out.append(Finding(
+                "low_acceptance", f"code: MTP acceptance at draft position {i + 1} is "
+                f"{have:.0%}, below the stack's floor {floor:.0%}", f"position {i + 1}"))
     return out

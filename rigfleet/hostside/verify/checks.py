@@ -121,10 +121,9 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
         return _finish(out, "")
     ctx.model = str(cards[0]["id"])
     ctx.max_model_len = max_model_len(cards[0])
-    out.details["models"] = [str(c.get("id")) for c in cards if isinstance(c, dict)]
-    out.details["max_model_len"] = ctx.max_model_len
     ctx.version = ctx.client.version(p.preflight_timeout_s)
-    out.details["version"] = ctx.version or None
+    out.details.update(models=[str(c.get("id")) for c in cards if isinstance(c, dict)],
+                       max_model_len=ctx.max_model_len, version=ctx.version or None)
     # Counters before any of the gate's own traffic (spec_decode measures the difference).
     ctx.metrics_before = metrics.scrape(ctx.client, p.preflight_timeout_s)
     # One token: a server that boots but cannot generate is down for our purposes (the
@@ -394,8 +393,7 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
             if tokens is None and res.ok:
                 # No usage in the stream: only "nothing at all came back" counts as 0.
                 tokens = 0 if not (res.content or res.reasoning or res.tool_calls) else None
-            silent = (res.status == 200 and not res.error and tokens == 0
-                      and res.seconds >= p.soak_silent_empty_min_s)
+            silent = res.ok and tokens == 0 and res.seconds >= p.soak_silent_empty_min_s
             found = _health(ctx, res, f"s{idx + 1}t{t + 1}") if res.ok else []
             with lock:
                 turns.append(_Turn(idx, t, res, silent, found))
