@@ -1,11 +1,11 @@
 """The gate's checks: preflight, the seven checks of club-3090's "7/7", soak, spec_decode,
 throughput (``throughput.py``). Each is ``fn(ctx, out) -> out``, filling the result it is
-handed; :data:`CHECKS` lists them in run order, named after the function, with their titles.
+handed; :data:`CHECKS` lists them in run order with their titles (named after the function).
 The rules they share are in docs/bench.md ("The verify-stress gate's rules")::
 
     ctx = Context(client, profile, progress)
-    for name, title, run in CHECKS:
-        result = run(ctx)   # CheckResult(status="pass"|"fail"|"skip", details=..., findings=...)
+    for check, title in CHECKS:
+        result = check(ctx, CheckResult(check.__name__, title))   # .status, .details, .findings
 """
 
 from __future__ import annotations
@@ -509,26 +509,17 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     return _finish(out, f"mean acceptance length {al:.2f} over {int(drafts)} drafts")
 
 
-CheckFn = Callable[[Context], CheckResult]
-
-
-def _entry(fn: Callable[[Context, CheckResult], CheckResult],
-           title: str) -> tuple[str, str, CheckFn]:
-    """(name, title, run): ``run(ctx)`` hands ``fn`` a fresh result under its own name."""
-    return fn.__name__, title, lambda ctx: fn(ctx, CheckResult(fn.__name__, title))
-
-
-CHECKS: tuple[tuple[str, str, CheckFn], ...] = (
-    _entry(preflight, "Preflight"),
-    _entry(needles, "Needles (1)"),
-    _entry(tool_prefill, "Tool-response prefill (2)"),
-    _entry(ide_oneshot, "IDE-agent one-shot (3)"),
-    _entry(agent_multiturn, "Multi-turn agent (4)"),
-    _entry(coding, "LeetCode-shape coding (5)"),
-    _entry(reasoning, "Reasoning-heavy (6)"),
-    _entry(needles_deep, "Deep needles (7)"),
-    _entry(soak, "Soak"),
-    _entry(spec_decode, "Spec-decode acceptance"),
-    _entry(throughput, "Throughput"),
+CHECKS: tuple[tuple[Callable[[Context, CheckResult], CheckResult], str], ...] = (
+    (preflight, "Preflight"),
+    (needles, "Needles (1)"),
+    (tool_prefill, "Tool-response prefill (2)"),
+    (ide_oneshot, "IDE-agent one-shot (3)"),
+    (agent_multiturn, "Multi-turn agent (4)"),
+    (coding, "LeetCode-shape coding (5)"),
+    (reasoning, "Reasoning-heavy (6)"),
+    (needles_deep, "Deep needles (7)"),
+    (soak, "Soak"),
+    (spec_decode, "Spec-decode acceptance"),
+    (throughput, "Throughput"),
 )
-CHECK_NAMES: tuple[str, ...] = tuple(c[0] for c in CHECKS)
+CHECK_NAMES: tuple[str, ...] = tuple(check.__name__ for check, _ in CHECKS)

@@ -95,7 +95,8 @@ def run(url: str, profile: Profile, api_key: str | None = None,
                  overrides=dict(profile.overrides))
     ctx = checks.Context(client, profile, progress)
     wanted = set(only or checks.CHECK_NAMES) | {"preflight"}
-    selected = [c for c in checks.CHECKS if c[0] in wanted]
+    selected = [(check.__name__, title, check) for check, title in checks.CHECKS
+                if check.__name__ in wanted]
     progress.header(rep.url, profile)
     aborted = ""
     for idx, (name, title, fn) in enumerate(selected, 1):
@@ -105,7 +106,7 @@ def run(url: str, profile: Profile, api_key: str | None = None,
             progress.start(idx, len(selected), name, title)
             started = time.monotonic()
             try:
-                res = fn(ctx)
+                res = fn(ctx, CheckResult(name, title))
             except Exception as exc:
                 res = CheckResult(name, title, FAIL,
                                   summary=f"internal error: {type(exc).__name__}: {exc}")
