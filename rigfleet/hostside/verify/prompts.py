@@ -426,18 +426,15 @@ class Sizer:
     tolerance: float = 0.02
     _cal: dict[str, tuple[float, float]] = field(default_factory=dict)  # (base, tokens/unit)
 
-    def calibrate(self, kind: str, build: Builder, tools: Tools) -> tuple[float, float]:
-        if kind not in self._cal:
-            base = self.count(build(0), tools)
-            probe = self.count(build(PROBE_UNITS), tools)
-            if base is None or probe is None or probe <= base:
-                raise SizingError(f"the server could not count tokens for the {kind} prompt")
-            self._cal[kind] = (float(base), (probe - base) / PROBE_UNITS)
-        return self._cal[kind]
-
     def fit(self, kind: str, build: Builder, target: int, tools: Tools = None) -> Sized:
         """``build(units)``'s prompt (sent with ``tools``) closest to ``target`` tokens."""
-        base, per_unit = self.calibrate(kind, build, tools)
+        if kind not in self._cal:
+            empty = self.count(build(0), tools)
+            probe = self.count(build(PROBE_UNITS), tools)
+            if empty is None or probe is None or probe <= empty:
+                raise SizingError(f"the server could not count tokens for the {kind} prompt")
+            self._cal[kind] = (float(empty), (probe - empty) / PROBE_UNITS)
+        base, per_unit = self._cal[kind]
         units = max(0, round((target - base) / per_unit))
         tried: list[Sized] = []
         for _ in range(4):

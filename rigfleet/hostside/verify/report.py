@@ -106,7 +106,8 @@ class Report:
                 lines += ["", f"### {chk.title} (`{chk.name}`)", "", chk.summary or "failed", ""]
                 for f in chk.findings:
                     where = f" [{f.where}]" if f.where else ""
-                    ev = f" — `{_code(f.evidence)}`" if f.evidence else ""
+                    code = f.evidence.replace("`", "'")[:120]
+                    ev = f" — `{code}`" if f.evidence else ""
                     lines.append(f"- **{f.name}**{where}: {f.message}{ev}")
                 lines += _detail_lines(chk.details)
         if skipped := [chk for chk in self.checks if chk.status == SKIP]:
@@ -117,10 +118,6 @@ class Report:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _code(text: str) -> str:
-    return text.replace("`", "'")[:120]
 
 
 def _detail_lines(details: dict[str, Any]) -> list[str]:
