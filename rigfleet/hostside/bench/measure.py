@@ -395,12 +395,11 @@ class Bench:
     def concurrency(self, streams: int) -> ConcurrencyResult:
         """``streams`` narrative requests sent at once."""
         out = ConcurrencyResult(streams)
-        shape = NARRATIVE
         barrier = threading.Barrier(streams)
 
         def one(_: int) -> RunResult:
             barrier.wait(timeout=30)
-            res = self._chat(shape.messages(), shape.max_tokens, shape.temperature,
+            res = self._chat(NARRATIVE.messages(), NARRATIVE.max_tokens, NARRATIVE.temperature,
                              f"{streams} streams", timed=False)
             return RunResult.of("concurrency", res)
 

@@ -76,17 +76,12 @@ def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
     if mixed:
         return Finding("punctuation_flood", "a long run of punctuation",
                        evidence=_excerpt(prose, mixed.start() - 20))
-    punct = other = 0
-    for line in prose.splitlines():
-        if line.lstrip().startswith("|"):
-            continue  # table rows: mostly cells and separators by design
-        for ch in line:
-            if ch.isspace() or ch in _MARKUP:
-                continue
-            if ch.isalnum():
-                other += 1
-            elif unicodedata.category(ch).startswith("P") or ch in "$%^&@":
-                punct += 1
+    # Table rows (mostly cells and separators by design) and markup do not count.
+    chars = [ch for line in prose.splitlines() if not line.lstrip().startswith("|")
+             for ch in line if not ch.isspace() and ch not in _MARKUP]
+    other = sum(ch.isalnum() for ch in chars)
+    punct = sum(not ch.isalnum() and (unicodedata.category(ch).startswith("P") or ch in "$%^&@")
+                for ch in chars)
     counted = punct + other
     if counted >= prof.health_punct_min_chars and punct / counted > prof.health_punct_ratio:
         return Finding("punctuation_flood", f"{punct / counted:.0%} of the text is punctuation "
