@@ -99,13 +99,9 @@ def needle_messages(secret: str, salt: str, units: int, position: float) -> Mess
     more filler, the question. The salt makes every prompt unique, so no prefix-cache hit
     can stand in for reading the context."""
     before = round(units * position)
-    parts = [f"SESSION-{salt}."]
-    if before:
-        parts.append(filler(before))
-    parts.append(NEEDLE.format(secret=secret))
-    if units - before:
-        parts.append(filler(units - before, offset=before))
-    text = " ".join(parts) + "\n\n" + NEEDLE_QUESTION
+    parts = (f"SESSION-{salt}.", filler(before), NEEDLE.format(secret=secret),
+             filler(units - before, offset=before))
+    text = " ".join(part for part in parts if part) + "\n\n" + NEEDLE_QUESTION
     return [{"role": "user", "content": text}]
 
 
