@@ -393,7 +393,6 @@ class Bench:
         return out
 
     def concurrency(self, streams: int) -> ConcurrencyResult:
-        """``streams`` narrative requests sent at once."""
         out = ConcurrencyResult(streams)
         barrier = threading.Barrier(streams)
 

@@ -225,8 +225,7 @@ def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
                        articles=sized.units)
     res = ctx.client.chat(ctx.body(sized.messages, p.prefill_max_tokens, 0.6, tools, "auto"),
                           timeout=p.prefill_timeout_s)
-    out.details.update(_attempt(res))
-    out.details["prompt_tokens"] = res.prompt_tokens or sized.tokens
+    out.details.update(_attempt(res), prompt_tokens=res.prompt_tokens or sized.tokens)
     if _over_context(ctx, res, sized.tokens, p.prefill_max_tokens):
         return _skip_over_context(out, res)
     if _failed(ctx, out, res):
@@ -464,8 +463,7 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     def delta(name: str) -> float:
         return metrics.delta(before, after, name, model_name=ctx.model)
 
-    if p.spec_settle_s:
-        time.sleep(p.spec_settle_s)
+    time.sleep(p.spec_settle_s)
     after = metrics.scrape(ctx.client, p.preflight_timeout_s)
     if after is None or metrics.total(after, metrics.SPEC_DRAFTS, model_name=ctx.model) is None:
         out.status = SKIP
@@ -480,8 +478,7 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
                               timeout=p.spec_probe_timeout_s)
         out.details["probe"] = _attempt(res)
         _failed(ctx, out, res, "probe")
-        if p.spec_settle_s:
-            time.sleep(p.spec_settle_s)
+        time.sleep(p.spec_settle_s)
         after = metrics.scrape(ctx.client, p.preflight_timeout_s) or after
     drafts, accepted = delta(metrics.SPEC_DRAFTS), delta(metrics.SPEC_ACCEPTED)
     out.details.update(drafts=int(drafts), accepted_tokens=int(accepted), probed=probed,
