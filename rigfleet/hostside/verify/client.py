@@ -1,12 +1,10 @@
-"""A small OpenAI-compatible HTTP client (urllib only), with SSE streaming.
+"""A small OpenAI-compatible HTTP client (urllib only, SSE streaming) that never raises for
+HTTP or transport problems (``status`` 0: no HTTP answer) and never shows the API key::
 
     client = Client("https://rig-a.lan:8000", api_key=key, ca_file="front-ca.pem")
     r = client.request("GET", "/v1/models", timeout=5)          # HttpResult
     c = client.chat({"model": m, "messages": msgs, "max_tokens": 30}, timeout=60, stream=True)
     c.status, c.content, c.tool_calls, c.usage, c.seconds, c.ttft, c.error
-
-Nothing raises for HTTP or transport problems (``status`` 0: no HTTP answer); the API key
-never appears in a repr, an error text or anything returned.
 """
 
 from __future__ import annotations
