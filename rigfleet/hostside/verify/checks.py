@@ -358,8 +358,7 @@ def reasoning(ctx: Context, out: CheckResult) -> CheckResult:
 
 @dataclass
 class _Turn:
-    session: int
-    turn: int
+    where: str  # s<session>t<turn>, 1-based
     res: ChatResult
     silent_empty: bool
     findings: list[Finding]
@@ -393,9 +392,10 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
                 # No usage in the stream: only "nothing at all came back" counts as 0.
                 tokens = 0 if not (res.content or res.reasoning or res.tool_calls) else None
             silent = res.ok and tokens == 0 and res.seconds >= p.soak_silent_empty_min_s
-            found = _health(ctx, res, f"s{idx + 1}t{t + 1}") if res.ok else []
+            where = f"s{idx + 1}t{t + 1}"
+            found = _health(ctx, res, where) if res.ok else []
             with lock:
-                turns.append(_Turn(idx, t, res, silent, found))
+                turns.append(_Turn(where, res, silent, found))
             ctx.progress.tick("x" if not res.ok else "E" if silent else "!" if found else ".")
             if not res.ok:
                 return  # the session's context is broken; other sessions carry on
@@ -427,8 +427,7 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
     )
     for t in errors[:5]:
         out.findings.append(Finding("turn_error",
-                                    f"HTTP {t.res.status}: {t.res.error_message()[:200]}",
-                                    f"s{t.session + 1}t{t.turn + 1}"))
+                                    f"HTTP {t.res.status}: {t.res.error_message()[:200]}", t.where))
     if len(errors) > 5:
         out.findings.append(Finding("turn_error", f"... and {len(errors) - 5} more failed turns"))
     if n and rate_silent >= p.soak_fail_rate:

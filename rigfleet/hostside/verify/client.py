@@ -287,10 +287,8 @@ def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> N
     if tc.get("id"):
         call["id"] = tc["id"]
     fn = tc.get("function") or {}
-    if fn.get("name"):
-        call["function"]["name"] += fn["name"]
-    if fn.get("arguments"):
-        call["function"]["arguments"] += fn["arguments"]
+    for key in ("name", "arguments"):
+        call["function"][key] += fn.get(key) or ""
 
 
 def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
