@@ -447,8 +447,7 @@ class Bench:
                 self.result.shapes[name] = self.shape(BY_NAME[name])
             if s.concurrency > 0:
                 self.result.concurrency = self.concurrency(s.concurrency)
-            if s.depths:
-                self.result.depths = self.depths(s.depths)
+            self.result.depths = self.depths(s.depths)
         self.result.seconds = time.monotonic() - t0
         return self.result
 

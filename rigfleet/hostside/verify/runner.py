@@ -90,10 +90,9 @@ def run(url: str, profile: Profile, api_key: str | None = None,
     """Run the gate; returns the report and, with ``report_dir``, the paths written."""
     progress = progress or ConsoleProgress(None)
     t0 = time.monotonic()
-    client = Client(url, api_key)
     rep = Report(url=redact_url(url), profile=profile.name, profile_values=profile.as_dict(),
                  overrides=dict(profile.overrides))
-    ctx = checks.Context(client, profile, progress)
+    ctx = checks.Context(Client(url, api_key), profile, progress)
     wanted = set(only or checks.CHECK_NAMES) | {"preflight"}
     selected = [(check.__name__, title, check) for check, title in checks.CHECKS
                 if check.__name__ in wanted]
