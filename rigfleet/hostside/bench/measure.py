@@ -224,8 +224,7 @@ class ShapeResult:
 
     @property
     def ttft_mean(self) -> float | None:
-        return mean([r.first_token_s for r in self.runs
-                           if r.ok and r.first_token_s is not None])
+        return mean([r.first_token_s for r in self.runs if r.ok and r.first_token_s is not None])
 
     @property
     def failed(self) -> list[RunResult]:
