@@ -41,9 +41,8 @@ MIN_RECORDS = 3  # verified gates before a host's own history is its baseline
 def baseline_for(history: Sequence[ThroughputRecord], stack: str,
                  reference: Mapping[str, float], scale: float, n: int,
                  min_records: int = MIN_RECORDS) -> Baseline:
-    """Per shape the median of ``stack``'s last ``n`` verified records (``history``: oldest
-    first) once ``min_records`` of them, or an accepted baseline, hold it; else the stack
-    file's ``reference`` x ``scale`` (docs/bench.md)."""
+    """Per shape the median of ``stack``'s last ``n`` records (``history``: oldest first),
+    else ``reference`` x ``scale``: docs/bench.md, "The gate's throughput check"."""
     recent = since_accepted(history, stack)[-max(n, 1):]
     accepted = any(r.source == SOURCE_ACCEPTED for r in recent)
     enough = min(max(min_records, 1), max(n, 1))

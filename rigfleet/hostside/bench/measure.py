@@ -60,8 +60,8 @@ DEPTH_INSTRUCTION = "Continue this history of computing in about 300 words."
 
 
 def depth_messages(salt: str, units: int) -> prompts.Messages:
-    """``units`` filler paragraphs (the needle checks' haystack), then the instruction; the
-    salt makes each prompt unique, so no cached prefix stands in for the prefill."""
+    """A fresh salt (no cached prefix stands in for the prefill), ``units`` filler paragraphs
+    (the needle checks' haystack), then the instruction."""
     text = f"SESSION-{salt}. {prompts.filler(units)}\n\n{DEPTH_INSTRUCTION}"
     return [{"role": "user", "content": text}]
 

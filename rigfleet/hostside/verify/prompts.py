@@ -95,9 +95,8 @@ def filler(units: int, offset: int = 0) -> str:
 
 
 def needle_messages(secret: str, salt: str, units: int, position: float) -> Messages:
-    """The NIAH user message: salt, filler, the needle at ``position`` (0..1) of the filler,
-    more filler, the question. The salt makes every prompt unique, so no prefix-cache hit
-    can stand in for reading the context."""
+    """The NIAH user message: salt (no cached prefix stands in for reading), filler, the
+    needle at ``position`` (0..1) of the filler, more filler, the question."""
     before = round(units * position)
     parts = (f"SESSION-{salt}.", filler(before), NEEDLE.format(secret=secret),
              filler(units - before, offset=before))
