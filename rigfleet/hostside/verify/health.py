@@ -38,8 +38,7 @@ _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 # Characters that are markdown syntax in healthy answers (lists, tables, headings, rules,
 # emphasis, quotes) rather than sentence punctuation; they never count towards a flood.
 _MARKUP = set("-*#|_`>~=+<[]/\\")
-_FLOOD_SET = "!?.,;:¡¿"
-_MIXED_FLOOD = re.compile(r"(?:[" + re.escape(_FLOOD_SET) + r"]\s*){12,}")
+_MIXED_FLOOD = re.compile(r"(?:[" + re.escape("!?.,;:¡¿") + r"]\s*){12,}")
 
 
 def _excerpt(text: str, start: int = 0, width: int = 80) -> str:

@@ -104,8 +104,6 @@ def needle_messages(secret: str, salt: str, units: int, position: float) -> Mess
     return [{"role": "user", "content": text}]
 
 
-# -- (2) tool-response prefill ----------------------------------------------------------------
-
 _SECTORS = ("semiconductor", "banking", "insurance", "retail", "energy", "shipping",
             "pharmaceutical", "software", "automotive", "airline", "mining", "telecom",
             "agriculture", "real estate", "utilities", "media")

@@ -128,8 +128,7 @@ def _detail_lines(details: dict[str, Any]) -> list[str]:
         keys = list(dict.fromkeys(k for r in rows for k in r
                                   if not isinstance(r[k], dict | list)))
         out += ["", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        for r in rows:
-            out.append("| " + " | ".join(_cell(str(r.get(k, ""))) for k in keys) + " |")
+        out += ["| " + " | ".join(_cell(str(r.get(k, ""))) for k in keys) + " |" for r in rows]
     rest = {k: v for k, v in details.items() if k != "attempts"}
     if rest:
         out += ["", "```json", json.dumps(rest, indent=2, ensure_ascii=False)[:4000], "```"]
