@@ -117,9 +117,8 @@ def container_facts(container: str, run: Runner = stackctl.run) -> dict[str, Any
         out["error"] = (se or so).strip()[-300:] or f"docker inspect exited {rc}"
     rc, so, se = run(["docker", "logs", "--tail", str(LOG_TAIL), container], 60)
     lines = (so + "\n" + se).splitlines()
-    out["engine"] = engine_facts(lines)
-    out["log_lines"] = len(lines)
-    out["enforce_eager"] = "--enforce-eager" in (out.get("args") or [])
+    out.update(engine=engine_facts(lines), log_lines=len(lines),
+               enforce_eager="--enforce-eager" in (out.get("args") or []))
     return out
 
 

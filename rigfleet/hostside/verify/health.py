@@ -67,12 +67,10 @@ def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
     """``!!!!``-style runs, long runs of mixed punctuation, or prose that is mostly
     punctuation (over ``health_punct_ratio`` of its letters, digits and punctuation)."""
     prose = _prose(text)
-    run = re.search(r"([!?¡¿])\1{" + str(prof.health_punct_run - 1) + ",}", prose)
-    if run:
+    if run := re.search(r"([!?¡¿])\1{" + str(prof.health_punct_run - 1) + ",}", prose):
         return Finding("punctuation_flood", f"a run of {len(run.group(0))} '{run.group(1)}'",
                        evidence=_excerpt(prose, run.start() - 20))
-    mixed = _MIXED_FLOOD.search(prose)
-    if mixed:
+    if mixed := _MIXED_FLOOD.search(prose):
         return Finding("punctuation_flood", "a long run of punctuation",
                        evidence=_excerpt(prose, mixed.start() - 20))
     # Table rows (mostly cells and separators by design) and markup do not count.
@@ -143,8 +141,7 @@ def detect_low_variety(text: str, prof: Profile) -> Finding | None:
 def detect_tool_call_leak(text: str) -> Finding | None:
     """A ``<tool_call>`` written into the content: the tool parser did not get it (truncated
     call, MTP x TurboQuant cascade, or a missing --tool-call-parser)."""
-    m = re.search(r"</?tool_call>", text, re.IGNORECASE)
-    if m:
+    if m := re.search(r"</?tool_call>", text, re.IGNORECASE):
         return Finding("tool_call_in_content", "<tool_call> markup leaked into the content",
                        evidence=_excerpt(text, m.start() - 20))
     return None
