@@ -232,8 +232,7 @@ class ShapeResult:
 
     def figures(self) -> ShapeFigures | None:
         """The record's figures (None when no run measured a decode speed)."""
-        m = self.decode_mean
-        if m is None:
+        if (m := self.decode_mean) is None:
             return None
         return ShapeFigures(decode=round(m, 3), cv=_r(self.decode_cv, 4),
                             wall=_r(self.wall_mean, 3), ttft_s=_r(self.ttft_mean, 4),
@@ -377,8 +376,7 @@ class Bench:
     def shape(self, shape: Shape) -> ShapeResult:
         """``runs`` requests of ``shape``, one after the other, with /metrics around them."""
         out = ShapeResult(shape.name)
-        before = metrics.scrape(self.client, 30)
-        last = before
+        before = last = metrics.scrape(self.client, 30)
         for _ in range(self.settings.runs):
             res = self._chat(shape.messages(), shape.max_tokens, shape.temperature, shape.name)
             now = self.scrape_after(last)

@@ -345,8 +345,7 @@ def reasoning(ctx: Context, out: CheckResult) -> CheckResult:
     if _failed(ctx, out, res):
         return _finish(out, "")
     out.details["answer"] = _excerpt(res.content, 160)
-    n = res.completion_tokens
-    if n is None:
+    if (n := res.completion_tokens) is None:
         out.findings.append(Finding("no_usage", "the server reported no completion tokens"))
     elif n < p.reasoning_min_tokens:
         out.findings.append(Finding(
@@ -469,8 +468,7 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
         out.summary = ("no /metrics" if after is None else
                        f"no {metrics.SPEC_DRAFTS} in /metrics (MTP off or --disable-log-stats)")
         return out
-    probed = delta(metrics.SPEC_DRAFTS) < p.spec_min_drafts
-    if probed:
+    if probed := (delta(metrics.SPEC_DRAFTS) < p.spec_min_drafts):
         # Too little of our own traffic (e.g. --only spec_decode): verify-full's probe.
         msgs = [{"role": "user", "content": prompts.SPEC_PROBE_REQUEST}]
         res = ctx.client.chat(ctx.body(msgs, p.spec_probe_max_tokens, 0.0),

@@ -302,8 +302,7 @@ def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
         out.error = "response is not a JSON object"
         return out
     out.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-    choices = obj.get("choices") or []
-    if choices:
+    if choices := obj.get("choices"):
         choice = choices[0]
         msg = choice.get("message") or {}
         out.content = msg.get("content") or ""

@@ -200,8 +200,7 @@ def _check_consistency(p: Profile) -> None:
 
 def resolve(name: str, assignments: list[str] | tuple[str, ...] = ()) -> Profile:
     """The profile ``name`` with ``key=value`` overrides applied and validated."""
-    base = PROFILES.get(name)
-    if base is None:
+    if (base := PROFILES.get(name)) is None:
         raise ProfileError(f"unknown profile {name!r}; allowed: {', '.join(PROFILES)}")
     changes: dict[str, Any] = {}
     for item in assignments:

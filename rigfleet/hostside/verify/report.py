@@ -129,8 +129,7 @@ def _detail_lines(details: dict[str, Any]) -> list[str]:
                                   if not isinstance(r[k], dict | list)))
         out += ["", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         out += ["| " + " | ".join(_cell(str(r.get(k, ""))) for k in keys) + " |" for r in rows]
-    rest = {k: v for k, v in details.items() if k != "attempts"}
-    if rest:
+    if rest := {k: v for k, v in details.items() if k != "attempts"}:
         out += ["", "```json", json.dumps(rest, indent=2, ensure_ascii=False)[:4000], "```"]
     return out
 
