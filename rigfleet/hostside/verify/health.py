@@ -41,9 +41,8 @@ _MARKUP = set("-*#|_`>~=+<[]/\\")
 _MIXED_FLOOD = re.compile(r"(?:[" + re.escape("!?.,;:¡¿") + r"]\s*){12,}")
 
 
-def _excerpt(text: str, start: int = 0, width: int = 80) -> str:
-    piece = text[max(0, start): max(0, start) + width]
-    return piece.replace("\n", "\\n")
+def _excerpt(text: str, start: int = 0) -> str:
+    return text[max(0, start):][:80].replace("\n", "\\n")
 
 
 def _prose(text: str) -> str:
