@@ -24,8 +24,7 @@ class Baseline:
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{k: round(v, 3) for k, v in self.figures.items()},
-                "source": dict(self.sources)}
+        return {**{k: round(v, 3) for k, v in self.figures.items()}, "source": dict(self.sources)}
 
 
 def since_accepted(history: Sequence[ThroughputRecord], stack: str) -> list[ThroughputRecord]:

@@ -80,8 +80,7 @@ def engine_facts(lines: Sequence[str]) -> dict[str, Any]:
         if (m := _BACKEND.search(line)) and out["backend"] is None:
             out["backend"] = {"name": m.group(1), "line": line.strip()}
         if m := _DOWNGRADE.search(line):
-            out["downgrade"] = {"requested": m.group(1), "mode": m.group(2),
-                                "line": line.strip()}
+            out["downgrade"] = {"requested": m.group(1), "mode": m.group(2), "line": line.strip()}
         if m := _CAPTURE.search(line):
             out["captures"].append(m.group(1))
         if m := _CACHE_DIR.search(line):
@@ -167,8 +166,7 @@ def gather(container: str, port: int, api_key: str | None, load_s: float,
     bench = Bench(client, BenchSettings(runs=0, warmup=0))
     out: dict[str, Any] = {"container": container, "port": port}
     if not bench.prepare():
-        out["error"] = bench.result.error
-        out["gpu"] = {"idle": query_gpus(run), "load": []}
+        out.update(error=bench.result.error, gpu={"idle": query_gpus(run), "load": []})
     else:
         out.update(load(client, bench.result.model, load_s, lambda: query_gpus(run), interval_s))
         out["model"], out["version"] = bench.result.model, bench.result.version

@@ -52,8 +52,7 @@ def fleet_medians(entries: Sequence[Entry]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for stack in sorted({e.stack for e in entries if e.stack}):
         for shape in SHAPES:
-            values = [v for e in entries if e.stack == stack
-                      if (v := e.decode(shape)) is not None]
+            values = [v for e in entries if e.stack == stack if (v := e.decode(shape)) is not None]
             if values:
                 out.setdefault(stack, {})[shape] = round(statistics.median(values), 3)
     return out

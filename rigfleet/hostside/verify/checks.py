@@ -384,8 +384,7 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
             msgs.append({"role": "user", "content": prompts.soak_turn(rng, idx, t)})
             max_tokens = rng.randint(p.soak_turn_min_tokens, p.soak_turn_max_tokens)
             timeout = max(1.0, min(p.soak_request_timeout_s, deadline - time.monotonic()))
-            res = ctx.client.chat(ctx.body(msgs, max_tokens, 0.7), timeout=timeout,
-                                  stream=True)
+            res = ctx.client.chat(ctx.body(msgs, max_tokens, 0.7), timeout=timeout, stream=True)
             tokens = res.completion_tokens
             if tokens is None and res.ok:
                 # No usage in the stream: only "nothing at all came back" counts as 0.
@@ -400,8 +399,7 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
                 return  # the session's context is broken; other sessions carry on
             msgs.append({"role": "assistant", "content": res.content})
 
-    with ThreadPoolExecutor(max_workers=p.soak_concurrency,
-                            thread_name_prefix="soak") as pool:
+    with ThreadPoolExecutor(max_workers=p.soak_concurrency, thread_name_prefix="soak") as pool:
         list(pool.map(session, range(p.soak_sessions)))
 
     planned = p.soak_sessions * p.soak_turns
