@@ -366,8 +366,7 @@ def test_needle_secrets_and_sizing():
         return 12 + sum(len(m["content"] or "") for m in msgs) // 4
 
     sizer = prompts.Sizer(count, tolerance=0.02)
-    sized = sizer.fit("needle", lambda n: (prompts.needle_messages(secret, salt, n, 0.5),
-                                           None), 9000)
+    sized = sizer.fit("needle", lambda n: prompts.needle_messages(secret, salt, n, 0.5), 9000)
     assert abs(sized.tokens - 9000) <= 180 and sized.tokens == count(sized.messages, None)
     assert len(prompts.ide_preamble(5000)) in range(4500, 5001)
     assert len(prompts.tools(10)) == 10 and prompts.tools(4)[0]["function"]["name"] == "read_file"

@@ -27,7 +27,6 @@ from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.active import write_active
 from rigfleet.hostside.bench import cli as host_cli
 from rigfleet.hostside.bench.baseline import baseline_for
-from rigfleet.hostside.bench.history import append_history, write_last
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.plan import Active, StackRef
 from rigfleet.hostside.probe import doctor, throughput
@@ -37,6 +36,7 @@ from rigfleet.hostside.records import (
     ThroughputRecord,
     read_throughput_history,
 )
+from rigfleet.hostside.verify.runner import append_history, write_last
 from rigfleet.status.render import render_table, tok_s
 from rigfleet.status.rows import StatusRow
 

@@ -11,13 +11,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_fakes import CODE_ACCEPTANCE, NARRATIVE_ACCEPTANCE, Pace, PacedServer, expected_tok_s
 
-from rigfleet.hostside.bench import shapes, stats
 from rigfleet.hostside.bench.measure import (
+    CODE,
+    DEPTH_INSTRUCTION,
+    NARRATIVE,
     Bench,
     BenchSettings,
     RunResult,
     acceptance_between,
+    cv,
     decode_seconds_between,
+    depth_messages,
+    mean,
 )
 from rigfleet.hostside.verify import metrics
 from rigfleet.hostside.verify.client import Client
@@ -82,18 +87,17 @@ def test_bench_reads_each_runs_decode_time_from_metrics_when_there(decode_time):
 
 
 def test_stats():
-    assert stats.mean([45.1, 45.7, 44.3]) == pytest.approx(45.0333, abs=1e-3)
-    assert stats.cv([45.1, 45.7, 44.3]) == pytest.approx(0.01558, abs=1e-4)
-    assert stats.cv([45.1]) is None and stats.mean([]) is None
-    assert stats.median([3.0, 1.0, 2.0]) == 2.0
+    assert mean([45.1, 45.7, 44.3]) == pytest.approx(45.0333, abs=1e-3)
+    assert cv([45.1, 45.7, 44.3]) == pytest.approx(0.01558, abs=1e-4)
+    assert cv([45.1]) is None and mean([]) is None
 
 
 def test_shapes_are_the_seed_s_requests():
-    assert (shapes.NARRATIVE.max_tokens, shapes.CODE.max_tokens) == (1000, 800)
-    assert shapes.NARRATIVE.temperature == shapes.CODE.temperature == 0.6
-    assert "800-word essay" in shapes.NARRATIVE.prompt and "quicksort" in shapes.CODE.prompt
-    a, b = shapes.depth_messages("s1", 3), shapes.depth_messages("s2", 3)
-    assert a != b and shapes.DEPTH_INSTRUCTION in a[0]["content"]
+    assert (NARRATIVE.max_tokens, CODE.max_tokens) == (1000, 800)
+    assert NARRATIVE.temperature == CODE.temperature == 0.6
+    assert "800-word essay" in NARRATIVE.prompt and "quicksort" in CODE.prompt
+    a, b = depth_messages("s1", 3), depth_messages("s2", 3)
+    assert a != b and DEPTH_INSTRUCTION in a[0]["content"]
 
 
 def test_bench_measures_decode_cv_and_acceptance_per_shape():

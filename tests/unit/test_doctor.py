@@ -207,8 +207,8 @@ def test_the_load_samples_while_it_runs():
     with PacedServer(Pace(step_rate=1000.0, prefill_s=0.001)) as srv:
         got = host_evidence.load(Client(srv.url), "qwen3.6-27b-autoround", 0.6, sample,
                                  interval_s=0.1)
-    assert got["idle"]["rc"] == 0 and len(got["load"]) >= 2
-    assert got["load_runs"]["decode_mean"] > 0 and got["load_runs"]["acceptance"]["drafts"]
+    assert got["gpu"]["idle"]["rc"] == 0 and len(got["gpu"]["load"]) >= 2
+    assert got["load"]["decode_mean"] > 0 and got["load"]["acceptance"]["drafts"]
 
 
 def test_verdict_against_baseline_and_fleet():

@@ -7,13 +7,13 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..records import SOURCE_ACCEPTED, ShapeFigures, ThroughputRecord
+from ..records import SHAPES, SOURCE_ACCEPTED, ShapeFigures, ThroughputRecord
 from ..verify.health import Finding
-from . import stats
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,7 @@ class Baseline:
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{k: round(v, 3) for k, v in self.figures.items()},
-                "source": dict(self.sources)}
+        return {**{k: round(v, 3) for k, v in self.figures.items()}, "source": dict(self.sources)}
 
 
 def since_accepted(history: Sequence[ThroughputRecord], stack: str) -> list[ThroughputRecord]:
@@ -40,21 +39,18 @@ MIN_RECORDS = 3  # verified gates before a host's own history is its baseline
 
 def baseline_for(history: Sequence[ThroughputRecord], stack: str,
                  reference: Mapping[str, float], scale: float, n: int,
-                 shapes: Sequence[str] = ("narrative", "code"),
                  min_records: int = MIN_RECORDS) -> Baseline:
-    """Per shape the median of ``stack``'s last ``n`` verified records (``history``: oldest
-    first) once ``min_records`` of them, or an accepted baseline, hold it; else the stack
-    file's ``reference`` x ``scale`` (docs/bench.md)."""
+    """Per shape the median of ``stack``'s last ``n`` records (``history``: oldest first),
+    else ``reference`` x ``scale``: docs/bench.md, "The gate's throughput check"."""
     recent = since_accepted(history, stack)[-max(n, 1):]
     accepted = any(r.source == SOURCE_ACCEPTED for r in recent)
     enough = min(max(min_records, 1), max(n, 1))
     figures: dict[str, float] = {}
     sources: dict[str, str] = {}
-    for shape in shapes:
+    for shape in SHAPES:
         values = [v for v in (r.decode(shape) for r in recent) if v is not None]
-        med = stats.median(values) if accepted or len(values) >= enough else None
-        if med is not None:
-            figures[shape] = med
+        if values and (accepted or len(values) >= enough):
+            figures[shape] = statistics.median(values)
             sources[shape] = (f"history: median of {len(values)} "
                               + ("record(s) since the accepted baseline" if accepted
                                  else "verified gate(s)"))
@@ -84,23 +80,20 @@ def judge(measured: Mapping[str, ShapeFigures | None], acceptance: Sequence[floa
                                shape))
             continue
         want = baseline.figures.get(shape)
-        if want:
-            floor = want * (1.0 - limits.margin)
-            if figs.decode < floor:
-                below = 1.0 - figs.decode / want
-                out.append(Finding(
-                    "slow_decode", f"{shape}: decode {figs.decode:.1f} tok/s is {below:.0%} "
-                    f"below the baseline {want:.1f} ({baseline.sources.get(shape)}); allowed: "
-                    f"at most {limits.margin:.0%} below ({floor:.1f} tok/s)", shape))
+        if want and figs.decode < (floor := want * (1.0 - limits.margin)):
+            out.append(Finding(
+                "slow_decode", f"{shape}: decode {figs.decode:.1f} tok/s is "
+                f"{1.0 - figs.decode / want:.0%} below the baseline {want:.1f} "
+                f"({baseline.sources.get(shape)}); allowed: at most {limits.margin:.0%} below "
+                f"({floor:.1f} tok/s)", shape))
         if figs.cv is not None and figs.cv > limits.cv_max:
             out.append(Finding(
                 "unstable_decode", f"{shape}: decode CV {figs.cv:.1%} over {figs.runs} runs is "
                 f"above {limits.cv_max:.0%}", shape))
-    if acceptance is not None:
-        for i, (have, floor) in enumerate(zip(acceptance, limits.acceptance_floor,
-                                              strict=False)):
-            if have < floor:
-                out.append(Finding(
-                    "low_acceptance", f"code: MTP acceptance at draft position {i + 1} is "
-                    f"{have:.0%}, below the stack's floor {floor:.0%}", f"position {i + 1}"))
+    pairs = zip(acceptance or (), limits.acceptance_floor, strict=False)
+    for i, (have, floor) in enumerate(pairs):
+        if have < floor:
+            out.append(Finding(
+                "low_acceptance", f"code: MTP acceptance at draft position {i + 1} is "
+                f"{have:.0%}, below the stack's floor {floor:.0%}", f"position {i + 1}"))
     return out

@@ -19,8 +19,9 @@ from ..records import SOURCE_ACCEPTED, ThroughputRecord
 from ..stackctl import read_api_key
 from ..verify.client import Client
 from ..verify.report import now_iso
+from ..verify.runner import append_history
 from ..verify.runner import read_api_key as read_key_file
-from . import history, report
+from . import report
 from .measure import Bench, BenchResult, BenchSettings, Progress
 
 EXIT_OK, EXIT_NOTHING = 0, 1
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     record = None
     if args.accept_baseline and measured and stack:
         record = accepted_record(stack, result, args.scale, args.by)
-        history.append_history(lay.throughput_dir, record)
+        append_history(lay.throughput_dir, record)
     paths = None
     if args.report_dir:
         paths = report.write([report.Entry(stack or url, stack, result, scale=args.scale)],

@@ -16,8 +16,7 @@ from typing import Any
 
 from .. import stackctl
 from ..verify.client import Client
-from . import shapes
-from .measure import Bench, BenchSettings, ShapeResult
+from .measure import NARRATIVE, Bench, BenchSettings, ShapeResult
 
 # What nvidia-smi is asked for (``--query-gpu``, CSV without header or units).
 GPU_FIELDS: tuple[str, ...] = (
@@ -81,8 +80,7 @@ def engine_facts(lines: Sequence[str]) -> dict[str, Any]:
         if (m := _BACKEND.search(line)) and out["backend"] is None:
             out["backend"] = {"name": m.group(1), "line": line.strip()}
         if m := _DOWNGRADE.search(line):
-            out["downgrade"] = {"requested": m.group(1), "mode": m.group(2),
-                                "line": line.strip()}
+            out["downgrade"] = {"requested": m.group(1), "mode": m.group(2), "line": line.strip()}
         if m := _CAPTURE.search(line):
             out["captures"].append(m.group(1))
         if m := _CACHE_DIR.search(line):
@@ -95,15 +93,10 @@ def engine_facts(lines: Sequence[str]) -> dict[str, Any]:
             for topic, rx in _WARNING_TOPICS.items():
                 if rx.search(line):
                     out["warnings"].setdefault(topic, []).append(line.strip()[:400])
-    out["graph_mode"] = _graph_mode(out)
+    labels = " ".join(out["captures"])
+    out["graph_mode"] = (str(out["downgrade"]["mode"]) if out["downgrade"] else
+                         "_AND_".join(m for m in ("FULL", "PIECEWISE") if m in labels) or None)
     return out
-
-
-def _graph_mode(facts: dict[str, Any]) -> str | None:
-    if facts["downgrade"]:
-        return str(facts["downgrade"]["mode"])
-    labels = " ".join(facts["captures"])
-    return "_AND_".join(m for m in ("FULL", "PIECEWISE") if m in labels) or None
 
 
 def container_facts(container: str, run: Runner = stackctl.run) -> dict[str, Any]:
@@ -123,17 +116,16 @@ def container_facts(container: str, run: Runner = stackctl.run) -> dict[str, Any
         out["error"] = (se or so).strip()[-300:] or f"docker inspect exited {rc}"
     rc, so, se = run(["docker", "logs", "--tail", str(LOG_TAIL), container], 60)
     lines = (so + "\n" + se).splitlines()
-    out["engine"] = engine_facts(lines)
-    out["log_lines"] = len(lines)
-    out["enforce_eager"] = "--enforce-eager" in (out.get("args") or [])
+    out.update(engine=engine_facts(lines), log_lines=len(lines),
+               enforce_eager="--enforce-eager" in (out.get("args") or []))
     return out
 
 
 def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[str, Any]],
          interval_s: float = 1.0) -> dict[str, Any]:
-    """Narrative requests for about ``seconds`` (at least one), with a GPU sample before and
-    every ``interval_s`` during the load (more often for a short load: four samples at least
-    while it runs)."""
+    """``{"gpu": {"idle", "load"}, "load"}``: narrative requests for about ``seconds`` (at
+    least one), with a GPU sample before and every ``interval_s`` during the load (more often
+    for a short load: four samples at least while it runs)."""
     interval_s = min(interval_s, max(seconds / 4, 0.05))
     idle = sample()
     bench = Bench(client, BenchSettings(runs=1, warmup=0), model=model)
@@ -144,7 +136,7 @@ def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[s
         deadline = time.monotonic() + seconds
         try:
             while not results or time.monotonic() < deadline:
-                results.append(bench.shape(shapes.NARRATIVE))
+                results.append(bench.shape(NARRATIVE))
                 if results[-1].failed:
                     break
         finally:
@@ -160,13 +152,11 @@ def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[s
     runs = [r for s in results for r in s.runs]
     decode = [r.decode_tok_s for r in runs if r.decode_tok_s is not None]
     accepted = [s.acceptance for s in results if s.acceptance is not None]
-    out: dict[str, Any] = {
+    return {"gpu": {"idle": idle, "load": samples}, "load": {
         "seconds": seconds, "runs": [r.to_dict() for r in runs],
         "decode_mean": round(sum(decode) / len(decode), 3) if decode else None,
         "acceptance": accepted[-1].to_dict() if accepted else None,
-        "acceptance_note": results[-1].acceptance_note if results else "no run",
-    }
-    return {"idle": idle, "load": samples, "load_runs": out}
+        "acceptance_note": results[-1].acceptance_note if results else "no run"}}
 
 
 def gather(container: str, port: int, api_key: str | None, load_s: float,
@@ -176,12 +166,9 @@ def gather(container: str, port: int, api_key: str | None, load_s: float,
     bench = Bench(client, BenchSettings(runs=0, warmup=0))
     out: dict[str, Any] = {"container": container, "port": port}
     if not bench.prepare():
-        out["error"] = bench.result.error
-        out["gpu"] = {"idle": query_gpus(run), "load": []}
+        out.update(error=bench.result.error, gpu={"idle": query_gpus(run), "load": []})
     else:
-        got = load(client, bench.result.model, load_s, lambda: query_gpus(run), interval_s)
-        out["gpu"] = {"idle": got["idle"], "load": got["load"]}
-        out["load"] = got["load_runs"]
+        out.update(load(client, bench.result.model, load_s, lambda: query_gpus(run), interval_s))
         out["model"], out["version"] = bench.result.model, bench.result.version
     out.update(container_facts(container, run))
     return out

@@ -1,37 +1,73 @@
-"""The bench's measuring core: streamed requests in the bench's shapes, reduced to figures
-(definitions: docs/bench.md, "What is measured"). Stdlib only: the gate's throughput check
-runs it on the hosts, ``rigfleet bench`` on the control side::
+"""The bench's measuring core (the package docstring says where it runs): requests in the
+bench's shapes (and at context depths: a long salted prompt, then a short continuation),
+streamed and reduced to figures (definitions: docs/bench.md, "What is measured")::
 
-    bench = Bench(Client(url, key), BenchSettings(runs=5, warmup=3, concurrency=2,
-                                                  depths=(16000, 32000)))
-    result = bench.run()
+    result = Bench(Client(url, key), BenchSettings(concurrency=2, depths=(16000,))).run()
     result.shapes["code"].decode_mean, result.shapes["code"].acceptance
     result.to_dict()                     # the JSON report's "bench" part
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from ..records import ShapeFigures, encode
+from ..records import SHAPES, ShapeFigures, encode
 from ..verify import metrics, prompts
 from ..verify.client import ChatResult, Client, max_model_len
-from ..verify.counting import TokenCounter, chat_body
-from . import shapes, stats
-from .shapes import Shape
 
-# A warm-up request only has to get compilation, graph capture and the caches behind it.
 WARMUP_MAX_TOKENS = 128
 
 
+@dataclass(frozen=True)
+class Shape:
+    """One request shape: the user ``prompt``, its answer budget and sampling temperature."""
+
+    name: str
+    prompt: str
+    max_tokens: int
+    temperature: float = 0.6
+
+    def messages(self) -> prompts.Messages:
+        return [{"role": "user", "content": self.prompt}]
+
+
+# Seed 004's bench, so a figure stands beside a stack file's reference.
+NARRATIVE = Shape(
+    "narrative",
+    "Write an 800-word essay about the history of lighthouses: how they were built, how "
+    "their lights were made to reach ships far out at sea, and the lives of the keepers who "
+    "tended them through storms and long winters.",
+    max_tokens=1000,
+)
+CODE = Shape(
+    "code",
+    "Implement quicksort in Python. Comment every step: how the pivot is chosen, how the "
+    "list is partitioned around it, why the recursion ends, and what the running time is in "
+    "the best and the worst case.",
+    max_tokens=800,
+)
+BY_NAME = {s.name: s for s in (NARRATIVE, CODE)}
+
+DEPTH_MAX_TOKENS = 256
+DEPTH_INSTRUCTION = "Continue this history of computing in about 300 words."
+
+
+def depth_messages(salt: str, units: int) -> prompts.Messages:
+    """A fresh salt (no cached prefix stands in for the prefill), ``units`` filler paragraphs
+    (the needle checks' haystack), then the instruction."""
+    text = f"SESSION-{salt}. {prompts.filler(units)}\n\n{DEPTH_INSTRUCTION}"
+    return [{"role": "user", "content": text}]
+
+
 class Progress:
-    """The bench's progress (the requests to come, each one done, a note) and the gate's (a
-    tick of a long check); this one shows nothing."""
+    """Progress hooks of the bench (begin, step, note) and the gate (tick); this one is mute."""
 
     def tick(self, mark: str) -> None:
         pass
@@ -48,15 +84,14 @@ class Progress:
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How much the bench sends (``warmup``: unmeasured rounds of one request per shape;
-    ``concurrency``: streams of the concurrency run, 0 none; ``timeout_s``: per request)."""
+    """How much the bench sends."""
 
     runs: int = 5
-    warmup: int = 3
-    timeout_s: float = 300.0
-    concurrency: int = 0
+    warmup: int = 3  # unmeasured rounds of one request per shape
+    timeout_s: float = 300.0  # per request
+    concurrency: int = 0  # streams of the concurrency run; 0: none
     depths: tuple[int, ...] = ()
-    shapes: tuple[str, ...] = (shapes.NARRATIVE_NAME, shapes.CODE_NAME)
+    shapes: tuple[str, ...] = SHAPES
 
 
 @dataclass(frozen=True)
@@ -87,11 +122,9 @@ class RunResult:
             return ((self.completion_tokens or 0) - 1) / self.server_decode_s
         if not self.ok or self.first_token_s is None or self.seconds <= self.first_token_s:
             return None
-        tokens = self.completion_tokens or 0
-        if self.first_tokens is not None:
-            tokens -= self.first_tokens
-            if tokens <= 0:
-                return None
+        tokens = (self.completion_tokens or 0) - (self.first_tokens or 0)
+        if tokens <= 0:
+            return None
         return tokens / (self.seconds - self.first_token_s)
 
     @property
@@ -118,8 +151,7 @@ class RunResult:
 
 @dataclass(frozen=True)
 class Acceptance:
-    """MTP acceptance over some runs: mean acceptance length (1 + accepted / drafts), the
-    per-position acceptance (accepted at position i / drafts) and the draft acceptance rate."""
+    """MTP acceptance over some runs (the definitions: docs/bench.md, "What is measured")."""
 
     drafts: int
     length: float
@@ -136,8 +168,6 @@ def decode_seconds_between(before: list[metrics.Sample] | None,
                            after: list[metrics.Sample] | None, model: str) -> float | None:
     """The one request's decode seconds between two scrapes; None unless exactly one request
     finished in between (another client, a balancer's other backend, no histogram)."""
-    if before is None or after is None:
-        return None
     c0, c1, s0, s1 = (metrics.total(samples, name, model_name=model)
                       for name in (metrics.DECODE_TIME_COUNT, metrics.DECODE_TIME_SUM)
                       for samples in (before, after))
@@ -182,20 +212,19 @@ class ShapeResult:
 
     @property
     def decode_mean(self) -> float | None:
-        return stats.mean(self.decode)
+        return mean(self.decode)
 
     @property
     def decode_cv(self) -> float | None:
-        return stats.cv(self.decode)
+        return cv(self.decode)
 
     @property
     def wall_mean(self) -> float | None:
-        return stats.mean([r.wall_tok_s for r in self.runs if r.wall_tok_s is not None])
+        return mean([r.wall_tok_s for r in self.runs if r.wall_tok_s is not None])
 
     @property
     def ttft_mean(self) -> float | None:
-        return stats.mean([r.first_token_s for r in self.runs
-                           if r.ok and r.first_token_s is not None])
+        return mean([r.first_token_s for r in self.runs if r.ok and r.first_token_s is not None])
 
     @property
     def failed(self) -> list[RunResult]:
@@ -203,8 +232,7 @@ class ShapeResult:
 
     def figures(self) -> ShapeFigures | None:
         """The record's figures (None when no run measured a decode speed)."""
-        m = self.decode_mean
-        if m is None:
+        if (m := self.decode_mean) is None:
             return None
         return ShapeFigures(decode=round(m, 3), cv=_r(self.decode_cv, 4),
                             wall=_r(self.wall_mean, 3), ttft_s=_r(self.ttft_mean, 4),
@@ -229,7 +257,7 @@ class ConcurrencyResult:
 
     @property
     def per_stream_decode(self) -> float | None:
-        return stats.mean([r.decode_tok_s for r in self.runs if r.decode_tok_s is not None])
+        return mean([r.decode_tok_s for r in self.runs if r.decode_tok_s is not None])
 
     @property
     def aggregate_tok_s(self) -> float | None:
@@ -295,28 +323,23 @@ class Bench:
     """Runs the bench against one server; ``model`` defaults to the first of ``/v1/models``."""
 
     def __init__(self, client: Client, settings: BenchSettings,
-                 progress: Progress | None = None, model: str = "",
-                 clock: Callable[[], float] = time.monotonic):
+                 progress: Progress | None = None, model: str = ""):
         self.client = client
         self.settings = settings
         self.progress = progress or Progress()
-        self.clock = clock
         self.result = BenchResult(url=client.base_url, model=model, settings=settings)
 
     def note(self, text: str) -> None:
         self.result.notes.append(text)
         self.progress.note(text)
 
-    def scrape_after(self, before: list[metrics.Sample] | None,
-                     wait_s: float = 1.0) -> list[metrics.Sample] | None:
-        """A scrape once the request just streamed is in the decode histogram (at most
-        ``wait_s``: vLLM records it right around the last chunk)."""
-        n0 = (metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
-              if before is not None else None)
-        for _ in range(max(1, int(wait_s / 0.02))):
+    def scrape_after(self, before: list[metrics.Sample] | None) -> list[metrics.Sample] | None:
+        """A scrape once the request just streamed is in the decode histogram (at most a
+        second: vLLM records it right around the last chunk)."""
+        n0 = metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
+        for _ in range(50):
             now = metrics.scrape(self.client, 30)
-            n1 = (metrics.total(now, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
-                  if now is not None else None)
+            n1 = metrics.total(now, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
             if n0 is None or n1 is None or n1 > n0:
                 return now
             time.sleep(0.02)
@@ -325,8 +348,8 @@ class Bench:
     def _chat(self, messages: prompts.Messages, max_tokens: int, temperature: float,
               label: str, timed: bool = True) -> ChatResult:
         """One streamed request (``timed``: its seconds count as time inside requests)."""
-        res = self.client.chat(chat_body(self.result.model, messages, max_tokens, temperature),
-                               timeout=self.settings.timeout_s, stream=True)
+        body = prompts.chat_body(self.result.model, messages, max_tokens, temperature)
+        res = self.client.chat(body, timeout=self.settings.timeout_s, stream=True)
         if timed:
             self.result.request_seconds += res.seconds
         self.progress.step(label)
@@ -346,15 +369,14 @@ class Bench:
     def warmup(self) -> None:
         for _ in range(self.settings.warmup):
             for name in self.settings.shapes:
-                shape = shapes.BY_NAME[name]
+                shape = BY_NAME[name]
                 self._chat(shape.messages(), min(shape.max_tokens, WARMUP_MAX_TOKENS),
                            shape.temperature, f"warm-up {name}")
 
     def shape(self, shape: Shape) -> ShapeResult:
         """``runs`` requests of ``shape``, one after the other, with /metrics around them."""
         out = ShapeResult(shape.name)
-        before = metrics.scrape(self.client, 30)
-        last = before
+        before = last = metrics.scrape(self.client, 30)
         for _ in range(self.settings.runs):
             res = self._chat(shape.messages(), shape.max_tokens, shape.temperature, shape.name)
             now = self.scrape_after(last)
@@ -368,51 +390,44 @@ class Bench:
         return out
 
     def concurrency(self, streams: int) -> ConcurrencyResult:
-        """``streams`` narrative requests sent at once."""
         out = ConcurrencyResult(streams)
-        shape = shapes.NARRATIVE
         barrier = threading.Barrier(streams)
 
         def one(_: int) -> RunResult:
             barrier.wait(timeout=30)
-            res = self._chat(shape.messages(), shape.max_tokens, shape.temperature,
+            res = self._chat(NARRATIVE.messages(), NARRATIVE.max_tokens, NARRATIVE.temperature,
                              f"{streams} streams", timed=False)
             return RunResult.of("concurrency", res)
 
-        t0 = self.clock()
+        t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=streams, thread_name_prefix="bench") as pool:
             out.runs = list(pool.map(one, range(streams)))
-        out.seconds = self.clock() - t0
+        out.seconds = time.monotonic() - t0
         self.result.request_seconds += out.seconds
         return out
 
     def depths(self, depths: Sequence[int]) -> list[DepthResult]:
         """One request per depth, its prompt sized to ``depth`` tokens by the server's count."""
-        counter = TokenCounter(self.client, self.result.model, timeout=60,
-                               chat_timeout=self.settings.timeout_s, note=self.note)
+        counter = prompts.TokenCounter(self.client, self.result.model, timeout=60,
+                                       chat_timeout=self.settings.timeout_s, note=self.note)
         sizer = prompts.Sizer(counter)
         out = []
         for depth in depths:
             row = DepthResult(depth)
             out.append(row)
             mml = self.result.max_model_len
-            if mml and depth + shapes.DEPTH_MAX_TOKENS > mml:
+            if mml and depth + DEPTH_MAX_TOKENS > mml:
                 row.note = f"skipped: over max-model-len {mml}"
                 self.progress.step(f"depth {depth}")
                 continue
-            salt = prompts.new_salt()
-
-            def build(units: int, s: str = salt) -> tuple[prompts.Messages, prompts.Tools]:
-                return shapes.depth_messages(s, units), None
-
             try:
-                sized = sizer.fit("depth", build, depth)
+                sized = sizer.fit("depth", partial(depth_messages, prompts.new_salt()), depth)
             except prompts.SizingError as e:
                 row.note = f"skipped: {e}"
                 self.progress.step(f"depth {depth}")
                 continue
             row.prompt_tokens = sized.tokens
-            res = self._chat(sized.messages, shapes.DEPTH_MAX_TOKENS, 0.6, f"depth {depth}")
+            res = self._chat(sized.messages, DEPTH_MAX_TOKENS, 0.6, f"depth {depth}")
             row.run = RunResult.of("depth", res)
             if not row.run.ok:
                 row.note = f"failed: HTTP {res.status} {row.run.error}"[:300]
@@ -420,19 +435,30 @@ class Bench:
 
     def run(self) -> BenchResult:
         """Everything the settings ask for; never raises for a server problem."""
-        t0 = self.clock()
+        t0 = time.monotonic()
         s = self.settings
         self.progress.begin(len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
         if self.prepare():
             self.warmup()
             for name in s.shapes:
-                self.result.shapes[name] = self.shape(shapes.BY_NAME[name])
+                self.result.shapes[name] = self.shape(BY_NAME[name])
             if s.concurrency > 0:
                 self.result.concurrency = self.concurrency(s.concurrency)
-            if s.depths:
-                self.result.depths = self.depths(s.depths)
-        self.result.seconds = self.clock() - t0
+            self.result.depths = self.depths(s.depths)
+        self.result.seconds = time.monotonic() - t0
         return self.result
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def cv(values: Sequence[float]) -> float | None:
+    """Sample standard deviation over the mean; None for fewer than two values."""
+    if len(values) < 2:
+        return None
+    m = statistics.fmean(values)
+    return statistics.stdev(values) / m if m > 0 else None
 
 
 def _r(value: float | None, digits: int) -> float | None:

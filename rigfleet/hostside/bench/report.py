@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,6 @@ from typing import Any
 
 from ..records import SHAPES, ThroughputRecord
 from ..verify.report import now_iso, write_pair
-from . import stats
 from .baseline import Baseline
 from .measure import BenchResult
 
@@ -23,8 +23,7 @@ SCHEMA = "rigfleet-bench/1"
 
 @dataclass
 class Entry:
-    """One bench: whose (``host``: an inventory name, or the URL), which stack, what it
-    measured, and what it stands beside."""
+    """One bench (``host``: an inventory name, or the URL) and what it stands beside."""
 
     host: str
     stack: str | None
@@ -53,11 +52,9 @@ def fleet_medians(entries: Sequence[Entry]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for stack in sorted({e.stack for e in entries if e.stack}):
         for shape in SHAPES:
-            values = [v for e in entries if e.stack == stack
-                      if (v := e.decode(shape)) is not None]
-            med = stats.median(values)
-            if med is not None:
-                out.setdefault(stack, {})[shape] = round(med, 3)
+            values = [v for e in entries if e.stack == stack if (v := e.decode(shape)) is not None]
+            if values:
+                out.setdefault(stack, {})[shape] = round(statistics.median(values), 3)
     return out
 
 
@@ -103,8 +100,7 @@ def markdown(entries: Sequence[Entry]) -> str:
                 f"{_vs(sr.decode_mean, e.reference.get(shape))} | "
                 f"{_vs(sr.decode_mean, fleet.get(e.stack or '', {}).get(shape))} | "
                 f"{_vs(sr.decode_mean, base)} |")
-        c = r.concurrency
-        if c is not None:
+        if (c := r.concurrency) is not None:
             lines += ["", f"Concurrency: {c.streams} streams, {cell(c.per_stream_decode)} tok/s "
                           f"each, {cell(c.aggregate_tok_s)} tok/s in all"]
         if r.depths:
@@ -119,8 +115,7 @@ def markdown(entries: Sequence[Entry]) -> str:
             lines += ["", "History (verified gates, accepted baselines): " + ", ".join(
                 f"{h.at[:16]} {cell(h.decode('narrative'))}/{cell(h.decode('code'))}"
                 + (" (accepted)" if h.source == "accepted" else "") for h in e.history[-8:])]
-        for n in r.notes:
-            lines.append(f"- note: {n}")
+        lines += [f"- note: {n}" for n in r.notes]
         lines.append("")
     return "\n".join(lines) + "\n"
 

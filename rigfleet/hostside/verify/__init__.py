@@ -5,5 +5,3 @@
 
 Stdlib only (it runs on the hosts). Checks, rules and exit status: docs/bench.md.
 """
-
-from __future__ import annotations

@@ -1,11 +1,11 @@
 """The gate's checks: preflight, the seven checks of club-3090's "7/7", soak, spec_decode,
 throughput (``throughput.py``). Each is ``fn(ctx, out) -> out``, filling the result it is
-handed; :data:`CHECKS` lists them in run order, named after the function, with their titles.
+handed; :data:`CHECKS` lists them in run order with their titles (named after the function).
 The rules they share are in docs/bench.md ("The verify-stress gate's rules")::
 
     ctx = Context(client, profile, progress)
-    for name, title, run in CHECKS:
-        result = run(ctx)   # CheckResult(status="pass"|"fail"|"skip", details=..., findings=...)
+    for check, title in CHECKS:
+        result = check(ctx, CheckResult(check.__name__, title))   # .status, .details, .findings
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from ..bench.measure import acceptance_between
@@ -70,10 +71,7 @@ def _skip_over_context(out: CheckResult, res: ChatResult) -> CheckResult:
 
 def _health(ctx: Context, res: ChatResult, where: str = "") -> list[Finding]:
     found = scan(res.content, res.reasoning, res.tool_calls, res.finish_reason, ctx.profile)
-    if where:
-        found = [Finding(f.name, f.message, f"{where} {f.where}".strip(), f.evidence)
-                 for f in found]
-    return found
+    return [replace(f, where=f"{where} {f.where}".strip()) for f in found]
 
 
 def _attempt(res: ChatResult) -> dict[str, Any]:
@@ -99,8 +97,6 @@ def _finish(out: CheckResult, ok_summary: str) -> CheckResult:
     return out
 
 
-# -- preflight -------------------------------------------------------------------------------------
-
 def preflight(ctx: Context, out: CheckResult) -> CheckResult:
     """GET /health 200 (polled for health_wait_s), /v1/models lists a model, /version, and one
     generated token. A failure here aborts the rest of the gate."""
@@ -125,10 +121,9 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
         return _finish(out, "")
     ctx.model = str(cards[0]["id"])
     ctx.max_model_len = max_model_len(cards[0])
-    out.details["models"] = [str(c.get("id")) for c in cards if isinstance(c, dict)]
-    out.details["max_model_len"] = ctx.max_model_len
     ctx.version = ctx.client.version(p.preflight_timeout_s)
-    out.details["version"] = ctx.version or None
+    out.details.update(models=[str(c.get("id")) for c in cards if isinstance(c, dict)],
+                       max_model_len=ctx.max_model_len, version=ctx.version or None)
     # Counters before any of the gate's own traffic (spec_decode measures the difference).
     ctx.metrics_before = metrics.scrape(ctx.client, p.preflight_timeout_s)
     # One token: a server that boots but cannot generate is down for our purposes (the
@@ -145,27 +140,20 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
     return out
 
 
-# -- (1) and (7): needles --------------------------------------------------------------------------
-
 def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckResult:
     p = ctx.profile
     attempts: list[dict[str, Any]] = []
-    sizer = ctx.sizer
     rng = random.SystemRandom()
     for depth in depths:
         secret, salt = prompts.new_secret()
         position = round(rng.uniform(0.05, 0.95), 3)
-
-        def build(units: int, s: str = secret, salt: str = salt,
-                  pos: float = position) -> tuple[prompts.Messages, prompts.Tools]:
-            return prompts.needle_messages(s, salt, units, pos), None
-
         row: dict[str, Any] = {"depth_tokens": depth, "needle_position": position,
                                "expected": secret}
         attempts.append(row)
         where = f"{depth} tok"
         try:
-            sized = sizer.fit("needle", build, depth)
+            sized = ctx.sizer.fit("needle", partial(prompts.needle_messages, secret, salt,
+                                                    position=position), depth)
         except prompts.SizingError as exc:
             row.update(outcome="failed")
             out.findings.append(Finding("sizing_error", str(exc), where))
@@ -195,20 +183,17 @@ def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckRe
                           else "unhealthy" if ok else "recall_miss")
         out.findings += found
     out.details["attempts"] = attempts
-    done = [a for a in attempts if a.get("outcome") != "skipped"]
-    if not done:
+    skipped = [str(a["depth_tokens"]) for a in attempts if a["outcome"] == "skipped"]
+    if len(skipped) == len(attempts):
         out.status = SKIP
-        out.summary = ("all depths over max-model-len ("
-                       + ", ".join(str(a["depth_tokens"]) for a in attempts) + " tokens)")
+        out.summary = f"all depths over max-model-len ({', '.join(skipped)} tokens)"
         return out
-    skipped = [str(a["depth_tokens"]) for a in attempts if a.get("outcome") == "skipped"]
-    desc = ", ".join(f"{a['depth_tokens']}: {a.get('outcome')}" for a in attempts)
+    desc = ", ".join(f"{a['depth_tokens']}: {a['outcome']}" for a in attempts)
     if out.findings:
-        bad = [a for a in attempts if a.get("outcome") not in ("recalled", "skipped")]
         out.summary = "; ".join(
-            f"{a['depth_tokens']} tok: {a.get('outcome')}"
+            f"{a['depth_tokens']} tok: {a['outcome']}"
             + (f" (answer {a['answer']!r})" if a.get("answer") is not None else "")
-            for a in bad)
+            for a in attempts if a["outcome"] not in ("recalled", "skipped"))
     return _finish(out, f"recalled at {desc}" + (f" (skipped {', '.join(skipped)})"
                                                  if skipped else ""))
 
@@ -223,8 +208,6 @@ def needles_deep(ctx: Context, out: CheckResult) -> CheckResult:
     return _needles(ctx, out, ctx.profile.needle_deep_depths)
 
 
-# -- (2) tool-response prefill ---------------------------------------------------------------------
-
 def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
     """A long tool result (FULL ~25K tokens of news) followed by a summary request: a 200 with
     >= prefill_min_chars of healthy text (or a tool call) passes; empty = silent prefill
@@ -232,12 +215,9 @@ def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
     p = ctx.profile
     seed = random.SystemRandom().randrange(2**31)
     tools = [prompts.FETCH_NEWS_TOOL]
-
-    def build(units: int) -> tuple[prompts.Messages, prompts.Tools]:
-        return prompts.prefill_messages(seed, max(units, 1)), tools
-
     try:
-        sized = ctx.sizer.fit("prefill", build, p.prefill_tokens)
+        sized = ctx.sizer.fit("prefill", lambda units: prompts.prefill_messages(
+            seed, max(units, 1)), p.prefill_tokens, tools)
     except prompts.SizingError as exc:
         out.findings.append(Finding("sizing_error", str(exc)))
         return _finish(out, "")
@@ -245,8 +225,7 @@ def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
                        articles=sized.units)
     res = ctx.client.chat(ctx.body(sized.messages, p.prefill_max_tokens, 0.6, tools, "auto"),
                           timeout=p.prefill_timeout_s)
-    out.details.update(_attempt(res))
-    out.details["prompt_tokens"] = res.prompt_tokens or sized.tokens
+    out.details.update(_attempt(res), prompt_tokens=res.prompt_tokens or sized.tokens)
     if _over_context(ctx, res, sized.tokens, p.prefill_max_tokens):
         return _skip_over_context(out, res)
     if _failed(ctx, out, res):
@@ -259,8 +238,6 @@ def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
     return _finish(out, f"{sized.tokens} prompt tokens -> {len(text)} chars"
                         + (", tool call" if res.tool_calls else ""))
 
-
-# -- (3) IDE-agent one-shot ------------------------------------------------------------------------
 
 def ide_oneshot(ctx: Context, out: CheckResult) -> CheckResult:
     """~5K-char system preamble + 10 tool schemas + a refactor request, tool_choice none."""
@@ -282,8 +259,6 @@ def ide_oneshot(ctx: Context, out: CheckResult) -> CheckResult:
     out.details["answer"] = _excerpt(res.content, 160)
     return _finish(out, f"{res.completion_tokens} tokens of answer")
 
-
-# -- (4) multi-turn agent --------------------------------------------------------------------------
 
 def agent_multiturn(ctx: Context, out: CheckResult) -> CheckResult:
     """Turn 1 must call read_file (with JSON arguments); the tool result goes back; turn 2
@@ -343,11 +318,8 @@ def agent_multiturn(ctx: Context, out: CheckResult) -> CheckResult:
                         f"{len(second.content.strip())} chars")
 
 
-# -- (5) coding, (6) reasoning ---------------------------------------------------------------------
-
 def coding(ctx: Context, out: CheckResult) -> CheckResult:
-    """A LeetCode-shape request with a GOAL/STATE/ALGO/EDGE/VERIFY plan: healthy text with
-    code in it."""
+    """A LeetCode-shape request with a GOAL/STATE/ALGO/EDGE/VERIFY plan: healthy code."""
     p = ctx.profile
     msgs = [{"role": "user", "content": prompts.CODING_REQUEST}]
     res = ctx.client.chat(ctx.body(msgs, p.coding_max_tokens, 0.0), timeout=p.coding_timeout_s)
@@ -373,8 +345,7 @@ def reasoning(ctx: Context, out: CheckResult) -> CheckResult:
     if _failed(ctx, out, res):
         return _finish(out, "")
     out.details["answer"] = _excerpt(res.content, 160)
-    n = res.completion_tokens
-    if n is None:
+    if (n := res.completion_tokens) is None:
         out.findings.append(Finding("no_usage", "the server reported no completion tokens"))
     elif n < p.reasoning_min_tokens:
         out.findings.append(Finding(
@@ -384,12 +355,9 @@ def reasoning(ctx: Context, out: CheckResult) -> CheckResult:
     return _finish(out, f"{n} completion tokens, finish {res.finish_reason}")
 
 
-# -- soak ------------------------------------------------------------------------------------------
-
 @dataclass
 class _Turn:
-    session: int
-    turn: int
+    where: str  # s<session>t<turn>, 1-based
     res: ChatResult
     silent_empty: bool
     findings: list[Finding]
@@ -416,24 +384,22 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
             msgs.append({"role": "user", "content": prompts.soak_turn(rng, idx, t)})
             max_tokens = rng.randint(p.soak_turn_min_tokens, p.soak_turn_max_tokens)
             timeout = max(1.0, min(p.soak_request_timeout_s, deadline - time.monotonic()))
-            res = ctx.client.chat(ctx.body(msgs, max_tokens, 0.7), timeout=timeout,
-                                  stream=True)
+            res = ctx.client.chat(ctx.body(msgs, max_tokens, 0.7), timeout=timeout, stream=True)
             tokens = res.completion_tokens
             if tokens is None and res.ok:
                 # No usage in the stream: only "nothing at all came back" counts as 0.
                 tokens = 0 if not (res.content or res.reasoning or res.tool_calls) else None
-            silent = (res.status == 200 and not res.error and tokens == 0
-                      and res.seconds >= p.soak_silent_empty_min_s)
-            found = _health(ctx, res, f"s{idx + 1}t{t + 1}") if res.ok else []
+            silent = res.ok and tokens == 0 and res.seconds >= p.soak_silent_empty_min_s
+            where = f"s{idx + 1}t{t + 1}"
+            found = _health(ctx, res, where) if res.ok else []
             with lock:
-                turns.append(_Turn(idx, t, res, silent, found))
+                turns.append(_Turn(where, res, silent, found))
             ctx.progress.tick("x" if not res.ok else "E" if silent else "!" if found else ".")
             if not res.ok:
                 return  # the session's context is broken; other sessions carry on
             msgs.append({"role": "assistant", "content": res.content})
 
-    with ThreadPoolExecutor(max_workers=p.soak_concurrency,
-                            thread_name_prefix="soak") as pool:
+    with ThreadPoolExecutor(max_workers=p.soak_concurrency, thread_name_prefix="soak") as pool:
         list(pool.map(session, range(p.soak_sessions)))
 
     planned = p.soak_sessions * p.soak_turns
@@ -458,8 +424,7 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
     )
     for t in errors[:5]:
         out.findings.append(Finding("turn_error",
-                                    f"HTTP {t.res.status}: {t.res.error_message()[:200]}",
-                                    f"s{t.session + 1}t{t.turn + 1}"))
+                                    f"HTTP {t.res.status}: {t.res.error_message()[:200]}", t.where))
     if len(errors) > 5:
         out.findings.append(Finding("turn_error", f"... and {len(errors) - 5} more failed turns"))
     if n and rate_silent >= p.soak_fail_rate:
@@ -485,8 +450,6 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
                         + (f" (warning: {'; '.join(warnings)})" if warnings else ""))
 
 
-# -- spec decode -----------------------------------------------------------------------------------
-
 def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     """Mean acceptance length 1 + Δaccepted/Δdrafts since preflight's scrape; skipped without
     spec-decode counters (MTP off, or --disable-log-stats)."""
@@ -494,27 +457,23 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     before = ctx.metrics_before
 
     def delta(name: str) -> float:
-        return metrics.delta(before or [], after or [], name, model_name=ctx.model)
+        return metrics.delta(before, after, name, model_name=ctx.model)
 
-    if p.spec_settle_s:
-        time.sleep(p.spec_settle_s)
+    time.sleep(p.spec_settle_s)
     after = metrics.scrape(ctx.client, p.preflight_timeout_s)
     if after is None or metrics.total(after, metrics.SPEC_DRAFTS, model_name=ctx.model) is None:
         out.status = SKIP
         out.summary = ("no /metrics" if after is None else
                        f"no {metrics.SPEC_DRAFTS} in /metrics (MTP off or --disable-log-stats)")
         return out
-    probed = delta(metrics.SPEC_DRAFTS) < p.spec_min_drafts
-    if probed:
+    if probed := (delta(metrics.SPEC_DRAFTS) < p.spec_min_drafts):
         # Too little of our own traffic (e.g. --only spec_decode): verify-full's probe.
-        res = ctx.client.chat(ctx.body([{"role": "user", "content":
-                                         prompts.SPEC_PROBE_REQUEST}],
-                                        p.spec_probe_max_tokens, 0.0),
+        msgs = [{"role": "user", "content": prompts.SPEC_PROBE_REQUEST}]
+        res = ctx.client.chat(ctx.body(msgs, p.spec_probe_max_tokens, 0.0),
                               timeout=p.spec_probe_timeout_s)
         out.details["probe"] = _attempt(res)
         _failed(ctx, out, res, "probe")
-        if p.spec_settle_s:
-            time.sleep(p.spec_settle_s)
+        time.sleep(p.spec_settle_s)
         after = metrics.scrape(ctx.client, p.preflight_timeout_s) or after
     drafts, accepted = delta(metrics.SPEC_DRAFTS), delta(metrics.SPEC_ACCEPTED)
     out.details.update(drafts=int(drafts), accepted_tokens=int(accepted), probed=probed,
@@ -542,28 +501,17 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     return _finish(out, f"mean acceptance length {al:.2f} over {int(drafts)} drafts")
 
 
-# ---------------------------------------------------------------------------------------------
-
-CheckFn = Callable[[Context], CheckResult]
-
-
-def _entry(fn: Callable[[Context, CheckResult], CheckResult],
-           title: str) -> tuple[str, str, CheckFn]:
-    """(name, title, run): ``run(ctx)`` hands ``fn`` a fresh result under its own name."""
-    return fn.__name__, title, lambda ctx: fn(ctx, CheckResult(fn.__name__, title))
-
-
-CHECKS: tuple[tuple[str, str, CheckFn], ...] = (
-    _entry(preflight, "Preflight"),
-    _entry(needles, "Needles (1)"),
-    _entry(tool_prefill, "Tool-response prefill (2)"),
-    _entry(ide_oneshot, "IDE-agent one-shot (3)"),
-    _entry(agent_multiturn, "Multi-turn agent (4)"),
-    _entry(coding, "LeetCode-shape coding (5)"),
-    _entry(reasoning, "Reasoning-heavy (6)"),
-    _entry(needles_deep, "Deep needles (7)"),
-    _entry(soak, "Soak"),
-    _entry(spec_decode, "Spec-decode acceptance"),
-    _entry(throughput, "Throughput"),
+CHECKS: tuple[tuple[Callable[[Context, CheckResult], CheckResult], str], ...] = (
+    (preflight, "Preflight"),
+    (needles, "Needles (1)"),
+    (tool_prefill, "Tool-response prefill (2)"),
+    (ide_oneshot, "IDE-agent one-shot (3)"),
+    (agent_multiturn, "Multi-turn agent (4)"),
+    (coding, "LeetCode-shape coding (5)"),
+    (reasoning, "Reasoning-heavy (6)"),
+    (needles_deep, "Deep needles (7)"),
+    (soak, "Soak"),
+    (spec_decode, "Spec-decode acceptance"),
+    (throughput, "Throughput"),
 )
-CHECK_NAMES: tuple[str, ...] = tuple(c[0] for c in CHECKS)
+CHECK_NAMES: tuple[str, ...] = tuple(check.__name__ for check, _ in CHECKS)

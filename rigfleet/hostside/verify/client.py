@@ -1,12 +1,10 @@
-"""A small OpenAI-compatible HTTP client (urllib only), with SSE streaming.
+"""A small OpenAI-compatible HTTP client (urllib only, SSE streaming) that never raises for
+HTTP or transport problems (``status`` 0: no HTTP answer) and never shows the API key::
 
     client = Client("https://rig-a.lan:8000", api_key=key, ca_file="front-ca.pem")
     r = client.request("GET", "/v1/models", timeout=5)          # HttpResult
     c = client.chat({"model": m, "messages": msgs, "max_tokens": 30}, timeout=60, stream=True)
     c.status, c.content, c.tool_calls, c.usage, c.seconds, c.ttft, c.error
-
-Nothing raises for HTTP or transport problems (``status`` 0: no HTTP answer); the API key
-never appears in a repr, an error text or anything returned.
 """
 
 from __future__ import annotations
@@ -112,9 +110,7 @@ class Client:
     """Talks to one server; ``base_url`` without a trailing ``/v1``."""
 
     def __init__(self, base_url: str, api_key: str | None = None, ca_file: str | None = None):
-        self.base_url = base_url.rstrip("/")
-        if self.base_url.endswith("/v1"):
-            self.base_url = self.base_url[: -len("/v1")]
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self._api_key = api_key or None
         self.ca_file = ca_file or os.environ.get(CA_FILE_ENV) or None
         # No proxies from the environment: the key has no business going through one.
@@ -245,18 +241,15 @@ class Client:
                     out.usage = usage
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
-                    piece = delta.get("content")
-                    if piece:
-                        content.append(piece)
-                    rpiece = delta.get("reasoning_content") or delta.get("reasoning")
-                    if rpiece:
-                        reasoning.append(rpiece)
+                    piece = delta.get("content") or ""
+                    rpiece = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    content.append(piece)
+                    reasoning.append(rpiece)
                     for tc in delta.get("tool_calls") or []:
                         _merge_tool_delta(calls, tc)
                     if (piece or rpiece or delta.get("tool_calls")) and out.first_token is None:
                         out.first_token = time.monotonic() - t0
-                        so_far = usage.get("completion_tokens") if isinstance(usage, dict) \
-                            else None
+                        so_far = (usage if isinstance(usage, dict) else {}).get("completion_tokens")
                         out.first_tokens = so_far if isinstance(so_far, int) else None
                     if (piece or delta.get("tool_calls")) and out.ttft is None:
                         out.ttft = time.monotonic() - t0
@@ -294,10 +287,8 @@ def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> N
     if tc.get("id"):
         call["id"] = tc["id"]
     fn = tc.get("function") or {}
-    if fn.get("name"):
-        call["function"]["name"] += fn["name"]
-    if fn.get("arguments"):
-        call["function"]["arguments"] += fn["arguments"]
+    for key in ("name", "arguments"):
+        call["function"][key] += fn.get(key) or ""
 
 
 def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
@@ -311,8 +302,7 @@ def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
         out.error = "response is not a JSON object"
         return out
     out.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-    choices = obj.get("choices") or []
-    if choices:
+    if choices := obj.get("choices"):
         choice = choices[0]
         msg = choice.get("message") or {}
         out.content = msg.get("content") or ""

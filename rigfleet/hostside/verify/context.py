@@ -11,7 +11,6 @@ from ..bench.measure import Progress
 from ..records import ThroughputRecord
 from . import metrics, prompts
 from .client import Client
-from .counting import TokenCounter, chat_body
 from .profiles import Profile
 
 
@@ -31,11 +30,11 @@ class Context:
     @cached_property
     def sizer(self) -> prompts.Sizer:
         """Sizes prompts in the server's own tokens; made on first use, after preflight."""
-        counter = TokenCounter(
+        counter = prompts.TokenCounter(
             self.client, self.model, timeout=max(self.profile.preflight_timeout_s, 30.0),
             chat_timeout=self.profile.needle_timeout_s, note=self.progress.note)
         return prompts.Sizer(counter, self.profile.size_tolerance)
 
     def body(self, messages: prompts.Messages, max_tokens: int, temperature: float,
              tools: prompts.Tools = None, tool_choice: Any = None) -> dict[str, Any]:
-        return chat_body(self.model, messages, max_tokens, temperature, tools, tool_choice)
+        return prompts.chat_body(self.model, messages, max_tokens, temperature, tools, tool_choice)

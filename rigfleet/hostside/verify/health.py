@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -39,13 +38,11 @@ _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 # Characters that are markdown syntax in healthy answers (lists, tables, headings, rules,
 # emphasis, quotes) rather than sentence punctuation; they never count towards a flood.
 _MARKUP = set("-*#|_`>~=+<[]/\\")
-_FLOOD_SET = "!?.,;:¡¿"
-_MIXED_FLOOD = re.compile(r"(?:[" + re.escape(_FLOOD_SET) + r"]\s*){12,}")
+_MIXED_FLOOD = re.compile(r"(?:[" + re.escape("!?.,;:¡¿") + r"]\s*){12,}")
 
 
-def _excerpt(text: str, start: int = 0, width: int = 80) -> str:
-    piece = text[max(0, start): max(0, start) + width]
-    return piece.replace("\n", "\\n")
+def _excerpt(text: str, start: int = 0) -> str:
+    return text[max(0, start):][:80].replace("\n", "\\n")
 
 
 def _prose(text: str) -> str:
@@ -69,30 +66,22 @@ def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
     """``!!!!``-style runs, long runs of mixed punctuation, or prose that is mostly
     punctuation (over ``health_punct_ratio`` of its letters, digits and punctuation)."""
     prose = _prose(text)
-    run = re.search(r"([!?¡¿])\1{" + str(prof.health_punct_run - 1) + ",}", prose)
-    if run:
+    if run := re.search(r"([!?¡¿])\1{" + str(prof.health_punct_run - 1) + ",}", prose):
         return Finding("punctuation_flood", f"a run of {len(run.group(0))} '{run.group(1)}'",
                        evidence=_excerpt(prose, run.start() - 20))
-    mixed = _MIXED_FLOOD.search(prose)
-    if mixed:
+    if mixed := _MIXED_FLOOD.search(prose):
         return Finding("punctuation_flood", "a long run of punctuation",
                        evidence=_excerpt(prose, mixed.start() - 20))
-    punct = other = 0
-    for line in prose.splitlines():
-        if line.lstrip().startswith("|"):
-            continue  # table rows: mostly cells and separators by design
-        for ch in line:
-            if ch.isspace() or ch in _MARKUP:
-                continue
-            if ch.isalnum():
-                other += 1
-            elif unicodedata.category(ch).startswith("P") or ch in "$%^&@":
-                punct += 1
+    # Table rows (mostly cells and separators by design) and markup do not count.
+    chars = [ch for line in prose.splitlines() if not line.lstrip().startswith("|")
+             for ch in line if not ch.isspace() and ch not in _MARKUP]
+    other = sum(ch.isalnum() for ch in chars)
+    punct = sum(not ch.isalnum() and (unicodedata.category(ch).startswith("P") or ch in "$%^&@")
+                for ch in chars)
     counted = punct + other
     if counted >= prof.health_punct_min_chars and punct / counted > prof.health_punct_ratio:
         return Finding("punctuation_flood", f"{punct / counted:.0%} of the text is punctuation "
-                                    f"(limit {prof.health_punct_ratio:.0%})",
-                       evidence=_excerpt(prose))
+                       f"(limit {prof.health_punct_ratio:.0%})", evidence=_excerpt(prose))
     return None
 
 
@@ -102,24 +91,23 @@ def detect_first_word_repetition(text: str, prof: Profile) -> Finding | None:
     if not words:
         return None
     first = words[0]
-    run = 1
-    while run < len(words) and words[run] == first:
-        run += 1
+    run = next((i for i, w in enumerate(words) if w != first), len(words))
     if run >= prof.health_first_word_repeats:
-        return Finding("first_word_repetition", f"the first word {first!r} repeats {run} times in a row",
+        return Finding("first_word_repetition",
+                       f"the first word {first!r} repeats {run} times in a row",
                        evidence=_excerpt(text.lstrip()))
     head = words[: prof.health_lexical_window]
     if len(head) >= 10 and head.count(first) / len(head) >= 0.5:
-        return Finding("first_word_repetition", f"the first word {first!r} is {head.count(first)} of the "
-                                   f"first {len(head)} words", evidence=_excerpt(text.lstrip()))
+        return Finding("first_word_repetition", f"the first word {first!r} is "
+                       f"{head.count(first)} of the first {len(head)} words",
+                       evidence=_excerpt(text.lstrip()))
     return None
 
 
 def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
     """Any line repeated ``health_line_repeats`` times in a row; lines without a letter or
     digit (``}``, ``---``, fences) legitimately stack up in code and markdown and are skipped."""
-    prev = None
-    count = 0
+    prev, count = None, 0
     for line in text.splitlines():
         s = line.strip()
         if not s or not any(ch.isalnum() for ch in s):
@@ -127,7 +115,8 @@ def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
         if s == prev:
             count += 1
             if count >= prof.health_line_repeats:
-                return Finding("repeated_line", f"the line {s[:60]!r} repeats {count} times in a row",
+                return Finding("repeated_line",
+                               f"the line {s[:60]!r} repeats {count} times in a row",
                                evidence=s[:80])
         else:
             prev, count = s, 1
@@ -137,14 +126,13 @@ def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
 def detect_low_variety(text: str, prof: Profile) -> Finding | None:
     """Unique/total of the first ``health_lexical_window`` words of prose (code and math left
     out) below ``health_lexical_min``: verify-full's rule."""
-    words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))]
-    words = words[: prof.health_lexical_window]
+    words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))][: prof.health_lexical_window]
     if len(words) < prof.health_lexical_min_words:
         return None  # a short answer ("blue tiger 42") says nothing about variety
     ratio = len(set(words)) / len(words)
     if ratio < prof.health_lexical_min:
-        return Finding("low_lexical_variety", f"lexical variety {ratio:.2f} over the first {len(words)} "
-                                    f"words (limit {prof.health_lexical_min:.2f})",
+        return Finding("low_lexical_variety", f"lexical variety {ratio:.2f} over the first "
+                       f"{len(words)} words (limit {prof.health_lexical_min:.2f})",
                        evidence=_excerpt(text))
     return None
 
@@ -152,34 +140,24 @@ def detect_low_variety(text: str, prof: Profile) -> Finding | None:
 def detect_tool_call_leak(text: str) -> Finding | None:
     """A ``<tool_call>`` written into the content: the tool parser did not get it (truncated
     call, MTP x TurboQuant cascade, or a missing --tool-call-parser)."""
-    m = re.search(r"</?tool_call>", text, re.IGNORECASE)
-    if m:
+    if m := re.search(r"</?tool_call>", text, re.IGNORECASE):
         return Finding("tool_call_in_content", "<tool_call> markup leaked into the content",
                        evidence=_excerpt(text, m.start() - 20))
     return None
 
 
-_TEXT_DETECTORS: tuple[Callable[[str, Profile], Finding | None], ...] = (
-    detect_punctuation_flood,
-    detect_first_word_repetition,
-    detect_repeated_line,
-    detect_low_variety,
-)
-
-
-def scan_text(text: str, prof: Profile, where: str = "content") -> list[Finding]:
-    """Every text detector over one text (no empty check: a reasoning text may be absent)."""
-    found = [detect(text, prof) for detect in _TEXT_DETECTORS]
-    if where == "content":
-        found.append(detect_tool_call_leak(text))
-    return [replace(f, where=where) for f in found if f is not None]
+_TEXT_DETECTORS = (detect_punctuation_flood, detect_first_word_repetition, detect_repeated_line,
+                   detect_low_variety)
 
 
 def scan(content: str, reasoning: str, tool_calls: list[Any], finish_reason: str | None,
          prof: Profile) -> list[Finding]:
-    empty = detect_empty(content, tool_calls, reasoning, finish_reason)
-    out = [replace(empty, where="content")] if empty is not None else []
+    """The empty check, then the text detectors over each non-blank text (and the tool-call
+    leak over the content)."""
+    found = [("content", detect_empty(content, tool_calls, reasoning, finish_reason))]
     for where, text in (("content", content), ("reasoning", reasoning)):
         if text.strip():
-            out += scan_text(text, prof, where)
-    return out
+            found += [(where, detect(text, prof)) for detect in _TEXT_DETECTORS]
+            if where == "content":
+                found.append((where, detect_tool_call_leak(text)))
+    return [replace(f, where=where) for where, f in found if f is not None]

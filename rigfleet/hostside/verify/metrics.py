@@ -36,10 +36,7 @@ class Sample:
 def parse(text: str) -> list[Sample]:
     out: list[Sample] = []
     for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
+        m = _LINE.match(line.strip())  # no match: blank, # HELP / # TYPE, malformed
         if not m:
             continue
         try:
@@ -64,13 +61,14 @@ def _matching(samples: list[Sample], name: str, labels: dict[str, str]) -> list[
             and all(s.labels.get(k) == v for k, v in labels.items() if k in s.labels)]
 
 
-def total(samples: list[Sample], name: str, **labels: str) -> float | None:
-    """Sum over every engine's matching ``name``; None when the series does not exist."""
-    found = _matching(samples, name, labels)
+def total(samples: list[Sample] | None, name: str, **labels: str) -> float | None:
+    """Sum over every engine's matching ``name``; None without samples or that series."""
+    found = _matching(samples or [], name, labels)
     return sum(s.value for s in found) if found else None
 
 
-def delta(before: list[Sample], after: list[Sample], name: str, **labels: str) -> float:
+def delta(before: list[Sample] | None, after: list[Sample] | None, name: str,
+          **labels: str) -> float:
     """``total`` in ``after`` minus in ``before``; a missing series counts as 0."""
     return (total(after, name, **labels) or 0.0) - (total(before, name, **labels) or 0.0)
 

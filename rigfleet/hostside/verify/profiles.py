@@ -25,46 +25,38 @@ class Profile:
 
     name: str
 
-    # -- preflight -----------------------------------------------------------------------
     health_wait_s: float = 60.0  # keep polling /health this long before calling the server down
     preflight_timeout_s: float = 10.0  # per /health, /v1/models, /version request
     warmup_timeout_s: float = 180.0  # the first generated token (compile caches, cudagraphs)
 
-    # -- (1) and (7): needle in a haystack -----------------------------------------------
     needle_depths: tuple[int, ...] = (10_000, 30_000)  # check 1: prompt sizes
     needle_deep_depths: tuple[int, ...] = (60_000, 90_000)  # check 7 ("Cliff 2 territory")
     needle_max_tokens: int = 30
     needle_timeout_s: float = 300.0
     size_tolerance: float = 0.02  # built prompts land within this fraction of the target
 
-    # -- (2) tool-response prefill -------------------------------------------------------
     prefill_tokens: int = 25_000
     prefill_max_tokens: int = 500
     prefill_min_chars: int = 50  # a shorter text answer (and no tool call) is a failure
     prefill_timeout_s: float = 240.0
 
-    # -- (3) IDE-agent one-shot ----------------------------------------------------------
     ide_preamble_chars: int = 5_000
     ide_tools: int = 10
     ide_max_tokens: int = 2_000
     ide_timeout_s: float = 180.0
 
-    # -- (4) multi-turn agent ------------------------------------------------------------
     agent_tools: int = 4
     agent_tool_reply_chars: int = 3_000
     agent_max_tokens: int = 1_500
     agent_timeout_s: float = 180.0
 
-    # -- (5) coding ----------------------------------------------------------------------
     coding_max_tokens: int = 4_096
     coding_timeout_s: float = 240.0
 
-    # -- (6) reasoning-heavy ---------------------------------------------------------------
     reasoning_max_tokens: int = 8_192
     reasoning_min_tokens: int = 500  # fewer: spec-decode AL collapse or an early stop
     reasoning_timeout_s: float = 600.0
 
-    # -- soak ------------------------------------------------------------------------------
     soak_sessions: int = 20
     soak_turns: int = 5
     soak_concurrency: int = 2
@@ -76,35 +68,26 @@ class Profile:
     soak_fail_rate: float = 0.05  # silent-empty or unhealthy turns at/above this rate fail
     soak_warn_rate: float = 0.0  # above this (and below fail) the soak passes with a warning
 
-    # -- spec decode -------------------------------------------------------------------------
     spec_min_acceptance_length: float = 2.0  # club-3090 MTP_ACCEPT_MIN; healthy MTP n=3 ~3.5
     spec_min_drafts: int = 50  # fewer drafts than this in the gate's traffic: send a probe
     spec_probe_max_tokens: int = 500
     spec_probe_timeout_s: float = 120.0
     spec_settle_s: float = 3.0  # let the engine publish its last counters before scraping
 
-    # -- throughput (rigfleet.hostside.bench: the bench's narrative and code shapes) ------------
     throughput_runs: int = 5  # measured runs per shape (mean, CV)
     throughput_warmup: int = 3  # unmeasured rounds first (seed 004: "after 3 warmup rounds")
     throughput_timeout_s: float = 300.0  # per request
-    # What the host's own history is kept under (the stack's name); "" = no baseline lookup,
-    # nothing judged against history, nothing recorded.
-    throughput_stack: str = ""
-    # Where the host keeps its throughput records (history.jsonl, last.json); "" = none.
-    throughput_history_dir: str = ""
+    throughput_stack: str = ""  # whose history is the baseline; "": none, nothing recorded
+    throughput_history_dir: str = ""  # the host's history.jsonl and last.json; "": none
     throughput_history_n: int = 5  # the baseline: rolling median over this many verified gates
-    # ... once it holds this many (an accepted baseline counts at once); the reference before
-    throughput_history_min: int = 3
-    # The stack file's reference decode tok/s of one stream on RTX 3090s; 0 = none.
-    throughput_reference_narrative: float = 0.0
+    throughput_history_min: int = 3  # ... once it holds this many (or an accepted baseline)
+    throughput_reference_narrative: float = 0.0  # the stack file's tok/s on 3090s; 0: none
     throughput_reference_code: float = 0.0
     throughput_scale: float = 1.0  # host data throughput_scale: other hardware, the testbed
     throughput_margin: float = 0.15  # fail below the baseline by more than this fraction
     throughput_cv_max: float = 0.10  # fail when a shape's CV over its runs is above this
-    # Per-position MTP acceptance floors (code shape), e.g. 0.76,0.672,0.6; empty = none.
-    throughput_acceptance_floor: tuple[float, ...] = ()
+    throughput_acceptance_floor: tuple[float, ...] = ()  # per draft position, code shape
 
-    # -- output health (applied to every reply) -----------------------------------------------
     health_punct_run: int = 4  # "!!!!": a run of this many ! or ? is a flood
     health_punct_ratio: float = 0.30
     health_punct_min_chars: int = 40  # the ratio needs this much text to mean anything
@@ -199,27 +182,25 @@ def _parse_value(key: str, raw: str) -> Any:
     return value
 
 
+_ORDERED = (("soak_turn_min_tokens", "soak_turn_max_tokens", "min <= max"),
+            ("soak_warn_rate", "soak_fail_rate", "warn <= fail"),
+            ("reasoning_min_tokens", "reasoning_max_tokens",
+             "min <= max (else the check can never pass)"))
+
+
 def _check_consistency(p: Profile) -> None:
-    if p.soak_turn_min_tokens > p.soak_turn_max_tokens:
-        raise ProfileError(
-            f"soak_turn_min_tokens={p.soak_turn_min_tokens} is above soak_turn_max_tokens="
-            f"{p.soak_turn_max_tokens}; allowed: min <= max")
-    if p.soak_warn_rate > p.soak_fail_rate:
-        raise ProfileError(f"soak_warn_rate={p.soak_warn_rate} is above soak_fail_rate="
-                           f"{p.soak_fail_rate}; allowed: warn <= fail")
+    for low, high, allowed in _ORDERED:
+        if getattr(p, low) > getattr(p, high):
+            raise ProfileError(f"{low}={getattr(p, low)} is above {high}={getattr(p, high)}; "
+                               f"allowed: {allowed}")
     if p.health_punct_run < 2:
         raise ProfileError(f"health_punct_run={p.health_punct_run}: allowed: an integer >= 2 "
                            "(1 would call every exclamation mark a flood)")
-    if p.reasoning_min_tokens > p.reasoning_max_tokens:
-        raise ProfileError(
-            f"reasoning_min_tokens={p.reasoning_min_tokens} is above reasoning_max_tokens="
-            f"{p.reasoning_max_tokens}; allowed: min <= max (else the check can never pass)")
 
 
 def resolve(name: str, assignments: list[str] | tuple[str, ...] = ()) -> Profile:
     """The profile ``name`` with ``key=value`` overrides applied and validated."""
-    base = PROFILES.get(name)
-    if base is None:
+    if (base := PROFILES.get(name)) is None:
         raise ProfileError(f"unknown profile {name!r}; allowed: {', '.join(PROFILES)}")
     changes: dict[str, Any] = {}
     for item in assignments:

@@ -1,10 +1,11 @@
-"""Prompt material for the checks, and sizing prompts in the server's own tokens: the server
-counts a prompt of some filler units and the unit count is corrected until it lands within
-the tolerance::
+"""Prompt material for the checks, request bodies (thinking off), and sizing prompts in the
+server's own tokens: the server counts a prompt of some filler units (``/tokenize``, else
+1-token completions) and the unit count is corrected until it lands within the tolerance::
 
-    sized = Sizer(count, 0.02).fit("needle", lambda n: (needle_messages(s, salt, n, 0.4), None),
+    count = TokenCounter(client, "qwen3.6-27b-autoround", timeout=30, chat_timeout=300)
+    sized = Sizer(count, 0.02).fit("needle", partial(needle_messages, s, salt, position=0.4),
                                    8000)
-    sized.messages, sized.tokens, sized.units
+    body = chat_body("qwen3.6-27b-autoround", sized.messages, max_tokens=30, temperature=0.0)
 """
 
 from __future__ import annotations
@@ -17,10 +18,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .counting import Messages, Tools
+from .client import Client
 
-Builder = Callable[[int], tuple[Messages, Tools]]
+Messages = list[dict[str, Any]]
+Tools = list[dict[str, Any]] | None
+Builder = Callable[[int], Messages]
 Counter = Callable[[Messages, Tools], int | None]
+
+
+def _tool(name: str, description: str, props: dict[str, dict[str, Any]],
+          required: list[str]) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": props, "required": required}}}
+
+
+_S = {"type": "string"}
 
 COLORS = ("crimson", "amber", "violet", "teal", "golden", "silver", "scarlet", "indigo",
           "cobalt", "emerald", "ochre", "maroon")
@@ -82,21 +95,14 @@ def filler(units: int, offset: int = 0) -> str:
 
 
 def needle_messages(secret: str, salt: str, units: int, position: float) -> Messages:
-    """The NIAH user message: salt, filler, the needle at ``position`` (0..1) of the filler,
-    more filler, the question. The salt makes every prompt unique, so no prefix-cache hit
-    can stand in for reading the context."""
+    """The NIAH user message: salt (no cached prefix stands in for reading), filler, the
+    needle at ``position`` (0..1) of the filler, more filler, the question."""
     before = round(units * position)
-    parts = [f"SESSION-{salt}."]
-    if before:
-        parts.append(filler(before))
-    parts.append(NEEDLE.format(secret=secret))
-    if units - before:
-        parts.append(filler(units - before, offset=before))
-    text = " ".join(parts) + "\n\n" + NEEDLE_QUESTION
+    parts = (f"SESSION-{salt}.", filler(before), NEEDLE.format(secret=secret),
+             filler(units - before, offset=before))
+    text = " ".join(part for part in parts if part) + "\n\n" + NEEDLE_QUESTION
     return [{"role": "user", "content": text}]
 
-
-# -- (2) tool-response prefill ----------------------------------------------------------------
 
 _SECTORS = ("semiconductor", "banking", "insurance", "retail", "energy", "shipping",
             "pharmaceutical", "software", "automotive", "airline", "mining", "telecom",
@@ -140,21 +146,10 @@ def news_article(rng: random.Random, index: int) -> str:
     )
 
 
-FETCH_NEWS_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "fetch_news",
-        "description": "Fetch the latest financial news articles for a topic.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "topic": {"type": "string", "description": "Topic to search news for."},
-                "limit": {"type": "integer", "description": "Maximum number of articles."},
-            },
-            "required": ["topic"],
-        },
-    },
-}
+FETCH_NEWS_TOOL = _tool(
+    "fetch_news", "Fetch the latest financial news articles for a topic.",
+    {"topic": {**_S, "description": "Topic to search news for."},
+     "limit": {"type": "integer", "description": "Maximum number of articles."}}, ["topic"])
 
 
 def prefill_messages(seed: int, articles: int) -> Messages:
@@ -173,16 +168,6 @@ def prefill_messages(seed: int, articles: int) -> Messages:
     ]
 
 
-# -- tools for the agent checks ----------------------------------------------------------------
-
-def _tool(name: str, description: str, props: dict[str, dict[str, Any]],
-          required: list[str]) -> dict[str, Any]:
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": props, "required": required}}}
-
-
-_S = {"type": "string"}
 AGENT_TOOLS: tuple[dict[str, Any], ...] = (
     _tool("read_file", "Read a file from the repository and return its contents.",
           {"path": {**_S, "description": "Path of the file, relative to the repo root."}},
@@ -212,11 +197,9 @@ AGENT_TOOLS: tuple[dict[str, Any], ...] = (
 
 def tools(n: int) -> list[dict[str, Any]]:
     """``n`` tool schemas: the agent tools first, then generic lookups if more are asked."""
-    out = [dict(t) for t in AGENT_TOOLS[:n]]
-    for i in range(len(out), n):
-        out.append(_tool(f"lookup_{i + 1}", f"Look up internal reference table number {i + 1}.",
-                         {"key": _S}, ["key"]))
-    return out
+    return [dict(t) for t in AGENT_TOOLS[:n]] + [
+        _tool(f"lookup_{i + 1}", f"Look up internal reference table number {i + 1}.",
+              {"key": _S}, ["key"]) for i in range(len(AGENT_TOOLS), n)]
 
 
 _PREAMBLE = """You are an expert software engineering agent working inside the user's IDE.
@@ -305,8 +288,6 @@ def process(orders, rates, default_currency="EUR"):
 ```'''
 
 
-# -- (4) multi-turn agent ----------------------------------------------------------------------
-
 AGENT_SYSTEM = ("You are a coding agent with access to the user's repository through tools. "
                 "Use the tools to look at files before answering questions about them; do "
                 "not guess file contents.")
@@ -318,7 +299,7 @@ AGENT_TOOL = "read_file"
 
 def agent_file_text(chars: int) -> str:
     """The file the agent reads: real-looking Python of about ``chars`` characters."""
-    head = '''"""Retry policy for outbound billing calls."""
+    text = '''"""Retry policy for outbound billing calls."""
 
 from __future__ import annotations
 
@@ -358,7 +339,6 @@ class RetryPolicy:
 class TransientError(Exception):
     """A failure worth retrying (timeouts, 429, 503)."""
 '''
-    text = head
     i = 0
     while len(text) < chars:
         i += 1
@@ -368,8 +348,6 @@ class TransientError(Exception):
                  f'{400 + i}\n')
     return text
 
-
-# -- (5) coding, (6) reasoning, spec-decode probe ----------------------------------------------
 
 CODING_REQUEST = """Solve this LeetCode-style problem in Python.
 
@@ -399,8 +377,6 @@ REASONING_REQUEST = (
 SPEC_PROBE_REQUEST = "Count from 1 to 80, one number per line."
 
 
-# -- soak ----------------------------------------------------------------------------------------
-
 SOAK_TOPICS = ("how a hash map handles collisions", "why databases use write-ahead logs",
                "how TCP congestion control works", "what a garbage collector does",
                "how public-key cryptography lets strangers talk securely",
@@ -425,8 +401,6 @@ def soak_turn(rng: random.Random, session: int, turn: int) -> str:
     return SOAK_FOLLOW_UPS[(session + turn + rng.randrange(3)) % len(SOAK_FOLLOW_UPS)]
 
 
-# -- sizing ---------------------------------------------------------------------------------------
-
 PROBE_UNITS = 16  # filler units of the calibration's second prompt
 
 
@@ -445,36 +419,77 @@ class Sizer:
     tolerance: float = 0.02
     _cal: dict[str, tuple[float, float]] = field(default_factory=dict)  # (base, tokens/unit)
 
-    def calibrate(self, kind: str, build: Builder) -> tuple[float, float]:
+    def fit(self, kind: str, build: Builder, target: int, tools: Tools = None) -> Sized:
+        """``build(units)``'s prompt (sent with ``tools``) closest to ``target`` tokens."""
         if kind not in self._cal:
-            base = self.count(*build(0))
-            probe = self.count(*build(PROBE_UNITS))
-            if base is None or probe is None or probe <= base:
+            empty = self.count(build(0), tools)
+            probe = self.count(build(PROBE_UNITS), tools)
+            if empty is None or probe is None or probe <= empty:
                 raise SizingError(f"the server could not count tokens for the {kind} prompt")
-            self._cal[kind] = (float(base), (probe - base) / PROBE_UNITS)
-        return self._cal[kind]
-
-    def fit(self, kind: str, build: Builder, target: int) -> Sized:
-        base, per_unit = self.calibrate(kind, build)
+            self._cal[kind] = (float(empty), (probe - empty) / PROBE_UNITS)
+        base, per_unit = self._cal[kind]
         units = max(0, round((target - base) / per_unit))
-        best: Sized | None = None
+        tried: list[Sized] = []
         for _ in range(4):
-            msgs, tls = build(units)
-            n = self.count(msgs, tls)
+            msgs = build(units)
+            n = self.count(msgs, tools)
             if n is None:
                 # Counting a prompt this big failed (e.g. the server refuses it): extrapolate.
                 return Sized(msgs, units, round(base + units * per_unit))
-            cur = Sized(msgs, units, n)
-            if best is None or abs(n - target) < abs(best.tokens - target):
-                best = cur
+            tried.append(Sized(msgs, units, n))
             if abs(n - target) <= self.tolerance * target:
-                return cur
+                return tried[-1]
             step = round((target - n) / per_unit)
             if step == 0:
                 break
             units = max(0, units + step)
-        assert best is not None
-        return best
+        return min(tried, key=lambda sized: abs(sized.tokens - target))
+
+
+def chat_body(model: str, messages: Messages, max_tokens: int, temperature: float,
+              tools: Tools = None, tool_choice: Any = None) -> dict[str, Any]:
+    """A ``/v1/chat/completions`` body with thinking off."""
+    out: dict[str, Any] = {
+        "model": model, "messages": messages, "max_tokens": max_tokens,
+        "temperature": temperature, "chat_template_kwargs": {"enable_thinking": False},
+    }
+    if tools:
+        out["tools"] = tools
+        out["tool_choice"] = tool_choice or "auto"
+    return out
+
+
+@dataclass
+class TokenCounter:
+    """Prompt tokens by ``/tokenize``, else (``mode`` "chat") by 1-token completions' usage."""
+
+    client: Client
+    model: str
+    timeout: float
+    chat_timeout: float
+    note: Callable[[str], None] = lambda _: None
+    mode: str = "tokenize"
+
+    def __call__(self, messages: Messages, tools: Tools) -> int | None:
+        if self.mode == "tokenize":
+            body: dict[str, Any] = {"model": self.model, "messages": messages,
+                                    "add_generation_prompt": True,
+                                    "chat_template_kwargs": {"enable_thinking": False}}
+            if tools:
+                body["tools"] = tools
+            r = self.client.request("POST", "/tokenize", body, timeout=self.timeout)
+            data = r.json() if r.status == 200 else None
+            if isinstance(data, dict) and isinstance(data.get("count"), int):
+                return data["count"]
+            if r.status in (401, 403, 404, 405, 501):
+                self.mode = "chat"  # no /tokenize here (or a front hides it)
+                self.note("/tokenize unavailable; counting with 1-token completions")
+            else:
+                return None
+        res = self.client.chat(chat_body(self.model, messages, 1, 0.0, tools,
+                                         "none" if tools else None),
+                               timeout=self.chat_timeout)
+        return res.prompt_tokens if res.ok else None
 
 
 class SizingError(RuntimeError):

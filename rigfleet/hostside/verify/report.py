@@ -100,18 +100,17 @@ class Report:
         for i, chk in enumerate(self.checks, 1):
             lines.append(f"| {i} | {chk.title} (`{chk.name}`) | {BADGES[chk.status]} | "
                          f"{chk.seconds:.1f} s | {_cell(chk.summary)} |")
-        failed = self.failed()
-        if failed:
+        if failed := self.failed():
             lines += ["", "## Failed checks"]
             for chk in failed:
                 lines += ["", f"### {chk.title} (`{chk.name}`)", "", chk.summary or "failed", ""]
                 for f in chk.findings:
                     where = f" [{f.where}]" if f.where else ""
-                    ev = f" — `{_code(f.evidence)}`" if f.evidence else ""
+                    code = f.evidence.replace("`", "'")[:120]
+                    ev = f" — `{code}`" if f.evidence else ""
                     lines.append(f"- **{f.name}**{where}: {f.message}{ev}")
                 lines += _detail_lines(chk.details)
-        skipped = [chk for chk in self.checks if chk.status == SKIP]
-        if skipped:
+        if skipped := [chk for chk in self.checks if chk.status == SKIP]:
             lines += ["", "## Skipped checks", ""]
             lines += [f"- {chk.title} (`{chk.name}`): {chk.summary}" for chk in skipped]
         return "\n".join(lines) + "\n"
@@ -121,23 +120,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _code(text: str) -> str:
-    return text.replace("`", "'")[:120]
-
-
 def _detail_lines(details: dict[str, Any]) -> list[str]:
     """Per-attempt rows (depths, turns) as a small table; other details as a JSON block."""
     out: list[str] = []
     rows = details.get("attempts")
     if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
-        keys: list[str] = []
-        for r in rows:
-            keys += [k for k in r if k not in keys and not isinstance(r[k], dict | list)]
+        keys = list(dict.fromkeys(k for r in rows for k in r
+                                  if not isinstance(r[k], dict | list)))
         out += ["", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        for r in rows:
-            out.append("| " + " | ".join(_cell(str(r.get(k, ""))) for k in keys) + " |")
-    rest = {k: v for k, v in details.items() if k != "attempts"}
-    if rest:
+        out += ["| " + " | ".join(_cell(str(r.get(k, ""))) for k in keys) + " |" for r in rows]
+    if rest := {k: v for k, v in details.items() if k != "attempts"}:
         out += ["", "```json", json.dumps(rest, indent=2, ensure_ascii=False)[:4000], "```"]
     return out
 

@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from ..bench import history
+from ..atomic import append_line, write_json
 from ..bench.measure import Progress
+from ..layout import THROUGHPUT_HISTORY_NAME, THROUGHPUT_LAST_NAME
+from ..records import ThroughputRecord
 from . import checks, report
 from .client import Client, redact_url
 from .profiles import PROFILES, Profile, ProfileError, resolve
@@ -88,12 +90,12 @@ def run(url: str, profile: Profile, api_key: str | None = None,
     """Run the gate; returns the report and, with ``report_dir``, the paths written."""
     progress = progress or ConsoleProgress(None)
     t0 = time.monotonic()
-    client = Client(url, api_key)
     rep = Report(url=redact_url(url), profile=profile.name, profile_values=profile.as_dict(),
                  overrides=dict(profile.overrides))
-    ctx = checks.Context(client, profile, progress)
+    ctx = checks.Context(Client(url, api_key), profile, progress)
     wanted = set(only or checks.CHECK_NAMES) | {"preflight"}
-    selected = [c for c in checks.CHECKS if c[0] in wanted]
+    selected = [(check.__name__, title, check) for check, title in checks.CHECKS
+                if check.__name__ in wanted]
     progress.header(rep.url, profile)
     aborted = ""
     for idx, (name, title, fn) in enumerate(selected, 1):
@@ -103,7 +105,7 @@ def run(url: str, profile: Profile, api_key: str | None = None,
             progress.start(idx, len(selected), name, title)
             started = time.monotonic()
             try:
-                res = fn(ctx)
+                res = fn(ctx, CheckResult(name, title))
             except Exception as exc:
                 res = CheckResult(name, title, FAIL,
                                   summary=f"internal error: {type(exc).__name__}: {exc}")
@@ -136,13 +138,28 @@ def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
     record = dataclasses.replace(record, report=str(report_json) if report_json else None)
     directory = Path(prof.throughput_history_dir)
     try:
-        history.write_last(directory, record)
+        write_last(directory, record)
         if rep.exit_status() == 0:
-            history.append_history(directory, record)
+            append_history(directory, record)
             progress.note(f"throughput recorded in {directory} (verified history of "
                           f"{record.stack})")
     except OSError as exc:
         progress.note(f"cannot write the throughput record to {directory}: {exc}")
+
+
+def append_history(directory: Path, record: ThroughputRecord) -> Path:
+    """Append ``record`` to the host's throughput history (not secret: 0755 and 0644)."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+    path = directory / THROUGHPUT_HISTORY_NAME
+    append_line(path, json.dumps(record.to_dict(), sort_keys=True))
+    return path
+
+
+def write_last(directory: Path, record: ThroughputRecord) -> Path:
+    directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+    path = directory / THROUGHPUT_LAST_NAME
+    write_json(path, record.to_dict())
+    return path
 
 
 class UsageParser(argparse.ArgumentParser):

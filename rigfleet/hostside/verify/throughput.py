@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..bench.baseline import Baseline, Limits, baseline_for, judge
-from ..bench.measure import Bench, BenchSettings, ShapeResult
-from ..bench.shapes import BY_NAME
+from ..bench.measure import BY_NAME, Bench, BenchSettings, ShapeResult
 from ..layout import THROUGHPUT_HISTORY_NAME
 from ..records import ShapeFigures, ThroughputRecord, encode, read_throughput_history
 from .health import Finding
@@ -44,12 +43,10 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
         findings = [f for f in findings if f.name == "no_measurement"]
     out.findings = findings
     out.status = FAIL if findings else PASS
-    out.details = {
-        "stack": p.throughput_stack or None, "judged": judged,
-        "baseline": base.to_dict(), "history_records": len(history),
-        "limits": encode(limits),
-        "shapes": {k: v.to_dict() for k, v in results.items()},
-    }
+    out.details = {"stack": p.throughput_stack or None, "judged": judged,
+                   "baseline": base.to_dict(), "history_records": len(history),
+                   "limits": encode(limits),
+                   "shapes": {k: v.to_dict() for k, v in results.items()}}
     if code.acceptance is None and limits.acceptance_floor:
         out.details["acceptance_note"] = f"floors not checked: {code.acceptance_note}"
     ctx.throughput_record = ThroughputRecord(
@@ -73,11 +70,9 @@ def _summary(measured: dict[str, ShapeFigures | None], base: Baseline, code: Sha
         vs = f" ({figs.decode / want:.0%} of {want:.1f})" if want and judged else ""
         cv = f" CV {figs.cv:.1%}" if figs.cv is not None else ""
         parts.append(f"{shape} {figs.decode:.1f} tok/s{vs}{cv}")
-    if code.acceptance is not None:
-        parts.append("acceptance " + "/".join(f"{x:.0%}" for x in code.acceptance.per_position)
-                     + f" (AL {code.acceptance.length:.2f})")
-    else:
-        parts.append("acceptance unknown")
+    acc = code.acceptance
+    parts.append("acceptance " + ("/".join(f"{x:.0%}" for x in acc.per_position)
+                                  + f" (AL {acc.length:.2f})" if acc else "unknown"))
     text = "; ".join(parts)
     if findings:
         return "; ".join(f.message for f in findings[:2]) + f" [{text}]"
