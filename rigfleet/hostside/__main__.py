@@ -96,7 +96,7 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
     if args.action == "ready":
         return _ready(args, lay)
     plan = _plan(args.plan, "maintenance") if args.plan else None
-    plan = plan_of(window, plan, lay) if args.action == "close" else plan
+    plan = (plan or plan_of(window, lay)) if args.action == "close" else plan
     if plan is None:
         print("rigfleet-host maintenance: " + (f"--plan is required to {args.action} a window"
               if args.action != "close" else f"no plan to close with ({status}: "
@@ -308,8 +308,7 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
         ops.api_key = front.api_key = read_api_key(lay.api_key_file, lay.vllm_env_file)
 
     supervisor = Supervisor(lay, ops, front, policy, unit_state=lambda: ops.unit(STACK_UNIT),
-                            docker_up=ops.docker_up, stop=_stop(), refresh=refresh,
-                            gate=_gate_fn())
+                            stop=_stop(), refresh=refresh, gate=_gate_fn())
     try:
         with single_instance(lay):
             return supervisor.run()

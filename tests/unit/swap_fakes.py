@@ -125,6 +125,7 @@ class FakeHost:
     freed_at: float = -1.0  # when the last stopped stack's memory is released
     never_release: bool = False
     driver_down: bool = False  # nvidia-smi cannot talk to the driver (no module loaded)
+    docker_answers: bool = True  # False: the daemon restarts
     calls: list[str] = field(default_factory=list)
     logs_of: dict[str, str] = field(default_factory=dict)
     created: dict[str, str] = field(default_factory=dict)
@@ -302,6 +303,9 @@ class FakeHost:
 
     def monotonic(self) -> float:
         return self.t
+
+    def docker_up(self) -> bool:
+        return self.docker_answers
 
     def wall(self) -> float:
         """The fake clock in epoch seconds."""
