@@ -149,14 +149,13 @@ def node_exporter_args(textfile_dir: str) -> str:
 def desired_textfile(hosts: Sequence[GpuHost], pins: Mapping[str, Pins]) -> str:
     """``rigfleet-desired.prom``: what each GPU host should serve (the "pins differ" alert's
     side of the join)."""
-    info = ("What the inventory and pins.yaml want a host to serve (labels), always 1.",
-            "gauge", [])
-    text = Textfile({"rigfleet_desired_info": info})  # its HELP and TYPE even with no host
+    info = "What the inventory and pins.yaml want a host to serve (labels), always 1."
+    text = Textfile({"rigfleet_desired_info": (info, "gauge", [])})  # HELP, TYPE: even empty
     for h in hosts:
         p = pins[h.name]
         if (stack := p.stacks.get(h.settings.stack)) is None:
             continue
-        text.add("rigfleet_desired_info", info[0], 1, host=h.name, stack=h.settings.stack,
+        text.add("rigfleet_desired_info", info, 1, host=h.name, stack=h.settings.stack,
                  image_digest=stack.digest,
                  model_revision=p.model_for(h.settings.catalog.get(h.settings.stack)
                                             .model).revision,

@@ -30,13 +30,13 @@ from .front import Front
 from .gate import run_gate
 from .journal import Journal
 from .layout import STACK_UNIT, Layout
-from .lock import HostLock, LockHeld, WindowHold, describe
+from .lock import HostLock, LockHeld, WindowHold
 from .maintenance import Maintenance, plan_of, window_status
 from .metrics import TEXTFILE_DIR
 from .pkgready import NotReady, Readiness
 from .plan import Plan, PlanError
 from .probe import probe
-from .records import ledger_tail, read_holder, read_state, read_supervisor, route
+from .records import describe, ledger_tail, read_holder, read_state, read_supervisor, route
 from .stackctl import SystemOps, http_request, read_api_key, run_cmd
 from .steps import EXIT_BAD_PLAN, EXIT_LOCKED, GateFn
 from .supervise import POLICY_FLAGS, Policy, parse_backoff
@@ -407,9 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--by", default="", help="(--reset) who asks (default: user@host)")
     sv.add_argument("--front-port", type=int, default=8000)
     parse = {tuple: _backoff, int: _count, float: _seconds}
-    for name, (flag, text) in POLICY_FLAGS.items():
+    for name, (flag, hint) in POLICY_FLAGS.items():
         default = getattr(Policy(), name)
-        sv.add_argument(flag, type=parse[type(default)], default=default, help=text, dest=name,
+        sv.add_argument(flag, type=parse[type(default)], default=default, help=hint, dest=name,
                         metavar=flag[2:].upper().replace("-", "_"))
     mt = command("maintenance", cmd_maintenance, "the maintenance window around disturbing steps "
                  "(driver, Docker restart, daemon-reload)")
