@@ -31,9 +31,7 @@ PAUSING_UNIT = {
 
 @dataclass(frozen=True)
 class Policy:
-    """When to act, how long to wait and when to give up (the unit's flags). ``backoff_s``:
-    the wait before the 1st, 2nd, ... recreation within ``window_s`` (the last repeats);
-    ``limit``: recreations within it before giving up."""
+    """When to act, how long to wait and when to give up (the unit's flags: ``POLICY_FLAGS``)."""
 
     backoff_s: tuple[float, ...] = (10.0, 30.0, 90.0)
     limit: int = 3
