@@ -178,7 +178,7 @@ class Steps:
         return bool(load is not None and load.busy) or bool(self.ops.front_draining())
 
     def drain_requests(self, ref: StackRef | None, timeout_s: float,
-              stoppable: bool = False) -> DrainReport | None:
+                       stoppable: bool = False) -> DrainReport | None:
         """Wait up to ``timeout_s`` for what the front accepted before its 503 to finish."""
         if ref is None:
             return None
