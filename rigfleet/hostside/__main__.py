@@ -29,7 +29,7 @@ from .ensure import Ensure, adopt, shutdown
 from .front import Front
 from .gate import run_gate
 from .journal import Journal
-from .layout import STACK_UNIT, Layout
+from .layout import Layout
 from .lock import HostLock, LockHeld, WindowHold
 from .maintenance import Maintenance, plan_of, window_status
 from .metrics import TEXTFILE_DIR
@@ -306,8 +306,8 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
     def refresh() -> None:  # a deploy may rotate the API key while this runs for weeks
         ops.api_key = front.api_key = read_api_key(lay.api_key_file, lay.vllm_env_file)
 
-    supervisor = Supervisor(lay, ops, front, policy, unit_state=lambda: ops.unit(STACK_UNIT),
-                            stop=_stop(), refresh=refresh, gate=_gate_fn())
+    supervisor = Supervisor(lay, ops, front, policy, stop=_stop(), refresh=refresh,
+                            gate=_gate_fn())
     try:
         with single_instance(lay):
             return supervisor.run()

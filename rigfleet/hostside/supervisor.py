@@ -34,7 +34,7 @@ from .active import (
 from .atomic import write_json
 from .front import FrontError
 from .journal import Journal
-from .layout import Layout
+from .layout import STACK_UNIT, Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, plan_of, window_status
 from .plan import Active, PlanError, StackRef
@@ -86,7 +86,6 @@ class Supervisor:
     ops: Ops
     front: FrontControl
     policy: Policy = field(default_factory=Policy)
-    unit_state: Callable[[], str] = lambda: "unknown"
     clock: Callable[[], float] = time.time
     stop: Callable[[], bool] = lambda: False
     refresh: Callable[[], None] = lambda: None
@@ -172,7 +171,7 @@ class Supervisor:
             holder = None  # ours (a window's holder is nobody's process)
         reset, _ = read_json(self.lay.supervise_reset)
         _, window, window_why = window_status(self.lay)
-        base: dict[str, Any] = dict(now=now, holder=holder, stack_unit=self.unit_state(),
+        base: dict[str, Any] = dict(now=now, holder=holder, stack_unit=self.ops.unit(STACK_UNIT),
                                     route=self.front.current(),
                                     reset=reset if isinstance(reset, dict) else None,
                                     window=window, window_why=window_why,

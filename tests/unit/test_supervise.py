@@ -80,9 +80,8 @@ def serving(lay: Layout) -> tuple[FakeHost, FakeFront, Any]:
 
 
 def supervisor(lay: Layout, host: FakeHost, front: FakeFront, policy: Policy | None = None,
-               unit: str = "done", **kw: Any) -> Supervisor:
-    return Supervisor(lay, host, front, policy or Policy(), unit_state=lambda: unit,
-                      clock=host.wall, echo=None, **kw)
+               **kw: Any) -> Supervisor:
+    return Supervisor(lay, host, front, policy or Policy(), clock=host.wall, echo=None, **kw)
 
 
 def ticks_until(sup: Supervisor, done: Any, limit: int = 400) -> int:
