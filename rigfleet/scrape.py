@@ -22,6 +22,7 @@ from rigfleet.hostdata import (
     BalancerSettings,
     MonitorSettings,
 )
+from rigfleet.hostside.metrics import Textfile
 from rigfleet.pins import Pins
 
 # What the fronts serve behind the key (files/nginx-front.conf.j2).
@@ -105,7 +106,7 @@ def _job(name: str, path: str, targets: Sequence[Target], ca: bool) -> dict:
     return job
 
 
-def render_prometheus(plan: MonitorPlan, rules: bool = True) -> str:
+def render_prometheus(plan: MonitorPlan) -> str:
     """``prometheus.yml``, written as JSON (which is YAML: no template quoting can go wrong)."""
     ca = bool(plan.ca_files)
     jobs = [_job("node", NODE_PATH, plan.fronts, ca), _job("vllm", ENGINE_PATH, plan.fronts, ca)]
@@ -118,7 +119,7 @@ def render_prometheus(plan: MonitorPlan, rules: bool = True) -> str:
         "targets": [f"127.0.0.1:{PROMETHEUS_PORT}"], "labels": {"instance": plan.name}}]})
     doc = {"global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s",
                       "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
-           "rule_files": [RULES_FILE] if rules else [],
+           "rule_files": [RULES_FILE],
            "alerting": {"alertmanagers": [{"static_configs": [
                {"targets": [f"127.0.0.1:{ALERTMANAGER_PORT}"]}]}]},
            "scrape_configs": jobs}
@@ -145,23 +146,18 @@ def node_exporter_args(textfile_dir: str) -> str:
             f'--collector.textfile.directory={textfile_dir}"')
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 def desired_textfile(hosts: Sequence[GpuHost], pins: Mapping[str, Pins]) -> str:
     """``rigfleet-desired.prom``: what each GPU host should serve (the "pins differ" alert's
     side of the join)."""
-    lines = ["# HELP rigfleet_desired_info What the inventory and pins.yaml want a host to "
-             "serve (labels), always 1.", "# TYPE rigfleet_desired_info gauge"]
+    info = "What the inventory and pins.yaml want a host to serve (labels), always 1."
+    text = Textfile({"rigfleet_desired_info": (info, "gauge", [])})  # HELP, TYPE: even empty
     for h in hosts:
         p = pins[h.name]
         if (stack := p.stacks.get(h.settings.stack)) is None:
             continue
-        labels = {"host": h.name, "stack": h.settings.stack, "image_digest": stack.digest,
-                  "model_revision": p.model_for(h.settings.catalog.get(h.settings.stack)
-                                                .model).revision,
-                  "genesis_commit": stack.genesis.commit if stack.genesis else ""}
-        lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-        lines.append(f"rigfleet_desired_info{{{lab}}} 1")
-    return "\n".join(lines) + "\n"
+        text.add("rigfleet_desired_info", info, 1, host=h.name, stack=h.settings.stack,
+                 image_digest=stack.digest,
+                 model_revision=p.model_for(h.settings.catalog.get(h.settings.stack)
+                                            .model).revision,
+                 genesis_commit=stack.genesis.commit if stack.genesis else "")
+    return text.render()

@@ -65,8 +65,7 @@ class Decision:
 
 def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
     """What the deploy must do on a host, from its probe (``SwapProbe``)."""
-    containers = probe.get("containers") or {}
-    c = containers.get(desired.container) or {}
+    c = (probe.get("containers") or {}).get(desired.container) or {}
     # The pinned digest: the image's own, or the base a derived (runtime) image was built from.
     digest = str(desired.record.get("digest") or desired.image_ref.rpartition("@")[2])
     # Running, from the rendered config, and from the pinned image (a compose file edited by
@@ -91,8 +90,7 @@ def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
         change = f"{current} -> {desired.route_id}"
         return Decision(change_kind(str(active.get("stack")), desired.stack),
                         f"{change} (stop, start, gate, promote or roll back)", change)
-    state_stack = (probe.get("state") or {}).get("stack")
-    if up and state_stack == desired.stack:
+    if up and (probe.get("state") or {}).get("stack") == desired.stack:
         return Decision("adopt", f"{desired.route_id} serves but no swap recorded it: record "
                         "it as active")
     return Decision(change_kind(None, desired.stack), f"nothing verified here -> "

@@ -306,11 +306,10 @@ def close_pending(ctx: HostContext) -> None:
     m: dict[str, Any] = window if isinstance(window, dict) else {}
     status = str(m.get("status") or "none")
     left = f"{status}: {m.get('why') or 'maintenance window'}" if status in UNFINISHED else ""
-    if left:
-        b.old.add(name)
     plan = b.plans.setdefault(name, window_plan(ctx))
     what = f"{pending} step(s) of this run" if pending else ""
     if left:
+        b.old.add(name)
         what = f"{what}; " if what else ""
         what += f"an earlier window ({left})"
     close_window(name="Close the maintenance window (recreate the verified stack, gate, "

@@ -20,7 +20,6 @@ import syslog
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +29,17 @@ from .ensure import Ensure, adopt, shutdown
 from .front import Front
 from .gate import run_gate
 from .journal import Journal
-from .layout import STACK_UNIT, Layout
-from .lock import HostLock, LockHeld, WindowHold, describe
+from .layout import Layout
+from .lock import HostLock, LockHeld, WindowHold
 from .maintenance import Maintenance, plan_of, window_status
 from .metrics import TEXTFILE_DIR
 from .pkgready import NotReady, Readiness
 from .plan import Plan, PlanError
 from .probe import probe
-from .records import ledger_tail, read_holder, read_state, read_supervisor, route
+from .records import describe, ledger_tail, read_holder, read_state, read_supervisor, route
 from .stackctl import SystemOps, http_request, read_api_key, run_cmd
 from .steps import EXIT_BAD_PLAN, EXIT_LOCKED, GateFn
-from .supervise import Policy, parse_backoff
+from .supervise import POLICY_FLAGS, Policy, parse_backoff
 from .supervise import status_line as supervise_line
 from .supervisor import AlreadyRunning, Supervisor, single_instance
 from .transaction import Transaction
@@ -96,7 +95,7 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
     if args.action == "ready":
         return _ready(args, lay)
     plan = _plan(args.plan, "maintenance") if args.plan else None
-    plan = plan_of(window, plan, lay) if args.action == "close" else plan
+    plan = (plan or plan_of(window, lay)) if args.action == "close" else plan
     if plan is None:
         print("rigfleet-host maintenance: " + (f"--plan is required to {args.action} a window"
               if args.action != "close" else f"no plan to close with ({status}: "
@@ -301,14 +300,13 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
         print(f"rigfleet-host supervise: reset requested by {who} ({args.why}); the supervisor "
               "counts recreations from zero at its next look")
         return 0
-    policy = Policy(**{f.name: getattr(args, f.name) for f in fields(Policy)})
+    policy = Policy(**{name: getattr(args, name) for name in POLICY_FLAGS})
     ops, front = _parts(lay, args.front_port)
 
     def refresh() -> None:  # a deploy may rotate the API key while this runs for weeks
         ops.api_key = front.api_key = read_api_key(lay.api_key_file, lay.vllm_env_file)
 
-    supervisor = Supervisor(lay, ops, front, policy, unit_state=lambda: ops.unit(STACK_UNIT),
-                            docker_up=ops.docker_up, stop=_stop(), refresh=refresh,
+    supervisor = Supervisor(lay, ops, front, policy, stop=_stop(), refresh=refresh,
                             gate=_gate_fn())
     try:
         with single_instance(lay):
@@ -401,7 +399,6 @@ def build_parser() -> argparse.ArgumentParser:
                          "of the active stack, its engine's log facts")
     pr.add_argument("--load-s", type=_seconds, default=15.0,
                     help="(--doctor) how long the load runs (default 15)")
-    defaults = Policy()
     sv = command("supervise", cmd_supervise, "recreate the active stack when its engine dies "
                  "(backoff, limit; then 503 with the reason)")
     sv.add_argument("--reset", action="store_true",
@@ -409,19 +406,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--why", default="reset by hand", help="(--reset) for the ledger of resets")
     sv.add_argument("--by", default="", help="(--reset) who asks (default: user@host)")
     sv.add_argument("--front-port", type=int, default=8000)
-    sv.add_argument("--backoff-s", type=_backoff, default=defaults.backoff_s,
-                    help="waits before the 1st, 2nd, ... recreation within the window "
-                    "(default 10,30,90; the last one repeats)")
-    sv.add_argument("--limit", type=_count, default=defaults.limit,
-                    help="recreations within the window before it gives up (default 3)")
-    sv.add_argument("--window-s", type=_seconds, default=defaults.window_s)
-    sv.add_argument("--poll-s", type=_seconds, default=defaults.poll_s)
-    sv.add_argument("--unhealthy-s", type=_seconds, default=defaults.unhealthy_after_s,
-                    dest="unhealthy_after_s", metavar="UNHEALTHY_S",
-                    help="/health failing this long after it served = the engine is dead")
-    sv.add_argument("--ready-timeout-s", type=_seconds, default=defaults.ready_timeout_s)
-    sv.add_argument("--vram-timeout-s", type=_seconds, default=defaults.vram_timeout_s)
-    sv.add_argument("--retry-after-s", type=_count, default=defaults.retry_after_s)
+    parse = {tuple: _backoff, int: _count, float: _seconds}
+    for name, (flag, hint) in POLICY_FLAGS.items():
+        default = getattr(Policy(), name)
+        sv.add_argument(flag, type=parse[type(default)], default=default, help=hint, dest=name,
+                        metavar=flag[2:].upper().replace("-", "_"))
     mt = command("maintenance", cmd_maintenance, "the maintenance window around disturbing steps "
                  "(driver, Docker restart, daemon-reload)")
     mt.add_argument("action", choices=("ready", "open", "hold", "close", "status"))

@@ -20,7 +20,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, remove_dir
 from .plan import Active, Plan, PlanError, StackRef, compose_hash
-from .records import ledger_tail, read_state
+from .records import ledger_tail, now_iso, read_state
 from .steps import EXIT_FAILED
 
 KEEP_JOURNALS = 50
@@ -207,7 +207,7 @@ def prune_snapshots(lay: Layout, keep_s: float = 60.0) -> list[str]:
 def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
     """Ask the supervisor to forget its recreations and a give-up."""
     request = {"token": f"{time.time():.6f}-{os.getpid()}-{secrets.token_hex(4)}",
-               "at": ledger.now_iso(), "by": by, "why": why}
+               "at": now_iso(), "by": by, "why": why}
     write_atomic(lay.supervise_reset, json.dumps(request, sort_keys=True) + "\n")
     return request
 
@@ -275,7 +275,7 @@ def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str 
         ref = replace(active.ref, record={**active.ref.record, **tracked})
         written = write_active(lay, replace(active, ref=ref),
                                Path(active.ref.compose_file).read_text())
-        ledger.update_state(lay, **tracked, since=ledger.now_iso(), by=by)
+        ledger.update_state(lay, **tracked, since=now_iso(), by=by)
         ledger.append(lay, ledger.entry("pins", "recorded", written.ref, host=host, by=by,
                                         deploy_id=deploy_id, gate=active.gate, active=True,
                                         extra={"previous": previous}))

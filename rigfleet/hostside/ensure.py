@@ -26,7 +26,7 @@ from .layout import Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, Window, plan_of, window_status
 from .plan import READY_TIMEOUT_S, RETRY_AFTER_S, VRAM_TIMEOUT_S, Active, Plan, compose_hash
-from .records import BOOT_CLOCK
+from .records import BOOT_CLOCK, now_iso
 from .stackctl import docker_time
 from .steps import (
     EXIT_FAILED,
@@ -178,7 +178,7 @@ class Ensure(Steps):
 
     def _close_window(self, window: Window | None, why: str) -> Outcome:
         """Close a failed or abandoned window (recreate + gate), or say at the front how to."""
-        plan = plan_of(window, None, self.lay)
+        plan = plan_of(window, self.lay)
         if plan is None or self.gate is None:
             reason = (f"{why}: the stack needs the gate before it serves again; run "
                       "`rigfleet-host.pyz maintenance close` or the deploy")
@@ -207,12 +207,12 @@ def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journ
         if compose_hash(text) != new.config_hash:
             raise Failure("adopt", f"{new.compose_file} is not the running configuration")
         gate = {"result": "not-run", "note": "adopted: it served before rigfleet recorded swaps"}
-        snapshot = write_active(lay, Active(snapshot_ref(lay, new), ledger.now_iso(), plan.id,
+        snapshot = write_active(lay, Active(snapshot_ref(lay, new), now_iso(), plan.id,
                                             plan.by, gate), text).ref
         front.serve(snapshot)
         ledger.append(lay, ledger.entry("adopt", "adopted", snapshot, host=plan.host,
                                         by=plan.by, deploy_id=plan.id, gate=gate, active=True))
-        ledger.update_state(lay, **ledger.stack_fields(snapshot), since=ledger.now_iso(),
+        ledger.update_state(lay, **ledger.stack_fields(snapshot), since=now_iso(),
                             by=plan.by, deploy_id=plan.id, gate=gate)
         journal.event("adopt", f"{new.route_id} recorded as active; the front routes to it")
         return Outcome("adopted", EXIT_PROMOTED, "adopt", new.stack, serving=new.route_id)

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ class GateResult:
     profile: str
     failed_checks: list[str] = field(default_factory=list)
     summary: str = ""
-    report_json: str | None = None
+    report: str | None = None  # the JSON report
     report_md: str | None = None
     at: str = ""
     seconds: float = 0.0
@@ -64,10 +64,7 @@ class GateResult:
 
     def record(self) -> dict[str, Any]:
         """The ``gate`` object of ledger lines and ``state.json``."""
-        return {"result": self.result, "failed_checks": list(self.failed_checks),
-                "report": self.report_json, "report_md": self.report_md,
-                "profile": self.profile, "at": self.at, "exit_status": self.exit_status,
-                "summary": self.summary, "seconds": round(self.seconds, 1)}
+        return {**asdict(self), "seconds": round(self.seconds, 1)}
 
 
 def read_report(path: Path) -> tuple[list[str], str]:
@@ -138,24 +135,24 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
     reader.join(5)
     status = proc.returncode
     seconds = time.monotonic() - t0
-    report = Path(paths[0]) if paths else _newest_report(run.report_dir, started)
-    report_json = str(report) if report else None
-    md = paths[1] if paths else (str(report.with_suffix(".md")) if report else None)
+    found = Path(paths[0]) if paths else _newest_report(run.report_dir, started)
+    report = str(found) if found else None
+    md = paths[1] if paths else (str(found.with_suffix(".md")) if found else None)
     if why or status is None or status < 0 or status >= EXIT_USAGE:
         why = why or (f"exited with status {status} (usage error, report not written or "
                       "interrupted)")
         said = f"; it said: {' | '.join(last)}" if last else ""
         return GateResult("error", status if status is not None else -1, run.profile,
-                          summary=f"the gate {why}{said}"[:1500], report_json=report_json,
+                          summary=f"the gate {why}{said}"[:1500], report=report,
                           report_md=md, at=at, seconds=seconds)
     failed: list[str] = []
     summary = f"exit status {status}"
-    if report is not None:
+    if found is not None:
         try:
-            failed, summary = read_report(report)
+            failed, summary = read_report(found)
         except (OSError, ValueError) as e:
-            summary = f"exit status {status}; report {report} unreadable ({e})"
+            summary = f"exit status {status}; report {found} unreadable ({e})"
     if status and not failed:
         failed = [f"{status} check(s)"]
     return GateResult("pass" if status == 0 else "fail", status, run.profile, failed, summary,
-                      report_json, md, at, seconds)
+                      report, md, at, seconds)

@@ -145,6 +145,5 @@ class Layout:
         return self.root / model_dir.lstrip("/") / local_dir
 
 
-
 # The host itself: what the control side names in commands and uploads.
 HOST = Layout()

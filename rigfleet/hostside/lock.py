@@ -21,8 +21,6 @@ from .atomic import fsync_dir, write_json
 from .layout import Layout
 from .records import BOOT_CLOCK, boot_id, describe, now_iso, pid_start_ticks, proc_stat, read_holder
 
-__all__ = ["HostLock", "LockHeld", "WindowHold", "describe", "remove_dir", "session_anchor"]
-
 # Per-connection sshd processes (OpenSSH before 9.8, and its sshd-session since).
 _SSH_SESSION = ("sshd", "sshd-session")
 

@@ -68,7 +68,7 @@ class Window:
         return {**encode(self), "schema": SCHEMA}
 
 
-def window_status(lay: Layout, now: float | None = None) -> tuple[Window | None, str, str]:
+def window_status(lay: Layout) -> tuple[Window | None, str, str]:
     """(the window, its status, why); status: ``none``, ``held``, ``abandoned``, ``failed``
     or ``damaged`` (docs/maintenance.md)."""
     data, err = read_json(lay.window_file)
@@ -96,25 +96,16 @@ def write_window(lay: Layout, window: Window) -> None:
     write_json(lay.window_file, window.to_dict())
 
 
-def plan_of(window: Window | None, fallback: Plan | None,
-            lay: Layout | None = None) -> Plan | None:
-    """The plan a close runs with: the caller's, else the one the window was opened with,
-    else (a damaged window record) the newest plan a deploy uploaded for a window."""
-    if fallback is not None:
-        return fallback
+def plan_of(window: Window | None, lay: Layout) -> Plan | None:
+    """The plan a close runs with: the one the window was opened with, else (a damaged window
+    record) the newest plan a deploy uploaded for a window."""
     if window is not None and window.plan:
-        try:
+        with contextlib.suppress(PlanError):
             return Plan.from_dict(window.plan)
-        except PlanError:
-            pass
-    if lay is None or not lay.maintenance_dir.is_dir():
-        return None
     for path in sorted(lay.maintenance_dir.glob("plan-*.json"),
                        key=lambda p: p.stat().st_mtime, reverse=True):
-        try:
+        with contextlib.suppress(PlanError):
             return Plan.load(path)
-        except PlanError:
-            continue
     return None
 
 
@@ -124,21 +115,20 @@ class Maintenance(Steps):
 
     def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
                  plan: Plan, gate: GateFn | None = None, drain: Drain | None = None,
-                 clock: Callable[[], float] = time.time, lock: HostLock | None = None,
+                 lock: HostLock | None = None,
                  interrupted: Callable[[], bool] = lambda: False) -> None:
         super().__init__(lay, ops, front, journal, interrupted)
         self.plan = plan
         self.gate_fn = gate
         self.drain = drain
-        self.clock = clock
         self.lock = lock or HostLock(lay)
         self.cause = ""
 
     def open(self, step: str, hold: WindowHold | None = None) -> Outcome:
         """Open the window (or add ``step`` to this plan's open window)."""
-        plan, now = self.plan, self.clock()
+        plan, now = self.plan, time.time()
         hold = hold or WindowHold.here(plan.id)
-        current, status, _ = window_status(self.lay, now)
+        current, status, _ = window_status(self.lay)
         mine = current if current and current.id == plan.id and current.state == "open" else None
         try:
             note = self.lock.acquire_window(plan.by, f"maintenance: {step}", hold)
@@ -182,7 +172,7 @@ class Maintenance(Steps):
             self.front.maintenance(f"maintenance: {step}", estimate.seconds)
         except FrontError as e:
             # Nothing was disturbed yet: give the host back as it was.
-            write_window(self.lay, replace(window, state="closed", closed_at=self.clock(),
+            write_window(self.lay, replace(window, state="closed", closed_at=time.time(),
                                            reason=f"not opened: the front refused 503: {e}"))
             if self.lock.adopt_window(plan.id, "giving back a window that did not open",
                                       take_live=True):
@@ -227,7 +217,7 @@ class Maintenance(Steps):
         is not open any more)."""
         plan = self.plan
         hold = hold or WindowHold.here(plan.id)
-        window, status, why = window_status(self.lay, self.clock())
+        window, status, why = window_status(self.lay)
         if window is None or window.id != plan.id or window.state != "open":
             return self._locked(f"maintenance window {plan.id} is not open here any more "
                                 f"({status}{': ' + why if why else ''})")
@@ -244,7 +234,7 @@ class Maintenance(Steps):
         """Recreate the verified stack, gate it, route the front to it. ``own``: the deploy
         holding this window; ``force``: take a live holder's lock; ``cause``: for the ledger."""
         plan = self.plan
-        window, status, why = window_status(self.lay, self.clock())
+        window, status, why = window_status(self.lay)
         if status == "none" and not self.lock.held:
             self.j.event("maintenance", "no maintenance window to close")
             return Outcome("noop", st.EXIT_PROMOTED, KIND, reason="no maintenance window to close",
@@ -303,7 +293,7 @@ class Maintenance(Steps):
                 "gate", "the window cannot be closed without the gate (none available here)"))
         recreate = maintenance_estimate(read_timings(self.lay), ref.stack, False,
                                         plan.retry_after_s, steps=False)
-        steps_s = max(0.0, self.clock() - window.opened_at
+        steps_s = max(0.0, time.time() - window.opened_at
                       - float((window.drain or {}).get("seconds") or 0.0)) \
             if window is not None and window.opened_at else None
         try:
@@ -335,9 +325,9 @@ class Maintenance(Steps):
             self.drain.after(done)
         self.j.event("maintenance", f"{written.ref.route_id} serves again (recreated, gate "
                      f"passed, {seconds:.1f}s)")
-        opened = window.opened_at if window is not None else self.clock()
+        opened = window.opened_at if window is not None else time.time()
         return Outcome("closed", st.EXIT_PROMOTED, KIND, ref.stack, serving=written.ref.route_id,
-                       gate=gate.record(), window_s=round(self.clock() - opened, 1))
+                       gate=gate.record(), window_s=round(time.time() - opened, 1))
 
     def _failed(self, window: Window | None, active: Active | None,
                 failure: Failure) -> Outcome:
@@ -374,8 +364,8 @@ class Maintenance(Steps):
                 gate: dict[str, Any] | None = None) -> Window:
         plan = self.plan
         done = replace(window or Window(plan.id, by=plan.by, host=plan.host,
-                                        opened_at=self.clock(), plan=plan.to_dict()),
-                       state=state, reason=reason, gate=gate, closed_at=self.clock())
+                                        opened_at=time.time(), plan=plan.to_dict()),
+                       state=state, reason=reason, gate=gate, closed_at=time.time())
         write_window(self.lay, done)
         return done
 

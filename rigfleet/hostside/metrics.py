@@ -23,12 +23,12 @@ from .maintenance import window_status
 from .plan import RETRY_AFTER_S
 from .records import (
     SOURCE_GATE,
+    ThroughputRecord,
     ledger_tail,
     read_holder,
     read_json,
     read_state,
     read_supervisor,
-    read_throughput_last,
 )
 from .timings import read_timings, swap_estimate
 
@@ -242,10 +242,10 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
     times = read_timings(lay)
     expected = (float(swap_estimate(times, stack, True, RETRY_AFTER_S).seconds)
                 if swapping and stack else None)
-    window, status, _ = window_status(lay, now)
+    window, status, _ = window_status(lay)
     window_open = status in ("held", "abandoned")
     supervisor = read_supervisor(lay.supervise_state, now) or {}
-    last = read_throughput_last(lay.throughput_last)
+    last = ThroughputRecord.from_dict(read_json(lay.throughput_last)[0])
     gate = None
     if last is not None and last.source == SOURCE_GATE:
         margin, floor = _gate_limits(last.report)

@@ -20,13 +20,13 @@ from .layout import BASE_DIGEST_LABEL, CONFIG_HASH_LABEL, MANIFEST_NAME, STACK_L
 from .maintenance import window_status
 from .plan import PlanError
 from .records import (
+    ThroughputRecord,
     ledger_tail,
     loaded_images,
     read_holder,
     read_json,
     read_supervisor,
     read_throughput_history,
-    read_throughput_last,
     reports,
     route,
 )
@@ -155,7 +155,7 @@ def genesis(lay: Layout) -> dict[str, Any] | None:
 def throughput(lay: Layout) -> dict[str, Any]:
     """The last gate's throughput record and the newest 20 verified ones (all stacks)."""
     history = read_throughput_history(lay.throughput_history)
-    last = read_throughput_last(lay.throughput_last)
+    last = ThroughputRecord.from_dict(read_json(lay.throughput_last)[0])
     return {"last": last.to_dict() if last else None, "count": len(history),
             "history": [r.to_dict() for r in history[-20:]]}
 

@@ -483,10 +483,6 @@ def read_throughput_history(path: Path, stack: str | None = None) -> list[Throug
     return [rec for rec in found if rec is not None and stack in (None, rec.stack)]
 
 
-def read_throughput_last(path: Path) -> ThroughputRecord | None:
-    return ThroughputRecord.from_dict(read_json(path)[0])
-
-
 def loaded_images(lay: Layout) -> dict[str, list[str]]:
     """Image id -> the pinned digests a checked load stands for (``Layout.loaded_images_dir``)."""
     found: dict[str, list[str]] = {}

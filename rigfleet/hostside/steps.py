@@ -95,7 +95,7 @@ def gate_reason(gate: GateResult) -> str:
     if gate.result == "error":
         return f"the gate could not decide: {gate.summary}"
     return (f"gate failed {len(gate.failed_checks)} check(s): "
-            f"{', '.join(gate.failed_checks)}; report {gate.report_json}")
+            f"{', '.join(gate.failed_checks)}; report {gate.report}")
 
 
 def known_projects(lay: Layout) -> list[tuple[str, str]]:
@@ -178,7 +178,7 @@ class Steps:
         return bool(load is not None and load.busy) or bool(self.ops.front_draining())
 
     def drain_requests(self, ref: StackRef | None, timeout_s: float,
-              stoppable: bool = False) -> DrainReport | None:
+                       stoppable: bool = False) -> DrainReport | None:
         """Wait up to ``timeout_s`` for what the front accepted before its 503 to finish."""
         if ref is None:
             return None
@@ -395,7 +395,7 @@ class Steps:
 
         result = gate_fn(run, on_line, self.interrupted)
         times["gate_s"] = self.ops.monotonic() - t
-        self.j.event("gate", f"{result.result}: {result.summary}; report {result.report_json}",
+        self.j.event("gate", f"{result.result}: {result.summary}; report {result.report}",
                      level="info" if result.passed else "error")
         if not result.passed:
             raise Failure("gate", gate_reason(result), gate=result)

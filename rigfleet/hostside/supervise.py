@@ -31,9 +31,7 @@ PAUSING_UNIT = {
 
 @dataclass(frozen=True)
 class Policy:
-    """When to act, how long to wait and when to give up (the unit's flags). ``backoff_s``:
-    the wait before the 1st, 2nd, ... recreation within ``window_s`` (the last repeats);
-    ``limit``: recreations within it before giving up."""
+    """When to act, how long to wait and when to give up (the unit's flags: ``POLICY_FLAGS``)."""
 
     backoff_s: tuple[float, ...] = (10.0, 30.0, 90.0)
     limit: int = 3
@@ -52,17 +50,32 @@ class Policy:
 
     def argv(self) -> list[str]:
         """The ``supervise`` flags that say this policy (``roles/swap.py`` renders them)."""
-        return ["--backoff-s", ",".join(f"{s:g}" for s in self.backoff_s),
-                "--limit", str(self.limit), "--window-s", f"{self.window_s:g}",
-                "--poll-s", f"{self.poll_s:g}", "--unhealthy-s", f"{self.unhealthy_after_s:g}",
-                "--ready-timeout-s", f"{self.ready_timeout_s:g}",
-                "--vram-timeout-s", f"{self.vram_timeout_s:g}",
-                "--retry-after-s", str(self.retry_after_s)]
+        out = []
+        for name, (flag, _) in POLICY_FLAGS.items():
+            value = getattr(self, name)
+            out += [flag, ",".join(f"{s:g}" for s in value) if name == "backoff_s"
+                    else str(value) if isinstance(value, int) else f"{value:g}"]
+        return out
 
     def summary(self) -> dict[str, Any]:
         return {"backoff_s": list(self.backoff_s), "limit": self.limit,
                 "window_s": self.window_s, "unhealthy_after_s": self.unhealthy_after_s,
                 "poll_s": self.poll_s}
+
+
+# Policy field -> its ``supervise`` flag and help (the order of ``Policy.argv``).
+POLICY_FLAGS: dict[str, tuple[str, str | None]] = {
+    "backoff_s": ("--backoff-s", "waits before the 1st, 2nd, ... recreation within the window "
+                  "(default 10,30,90; the last one repeats)"),
+    "limit": ("--limit", "recreations within the window before it gives up (default 3)"),
+    "window_s": ("--window-s", None),
+    "poll_s": ("--poll-s", None),
+    "unhealthy_after_s": ("--unhealthy-s",
+                          "/health failing this long after it served = the engine is dead"),
+    "ready_timeout_s": ("--ready-timeout-s", None),
+    "vram_timeout_s": ("--vram-timeout-s", None),
+    "retry_after_s": ("--retry-after-s", None),
+}
 
 
 def parse_backoff(text: str) -> tuple[float, ...]:

@@ -34,7 +34,7 @@ from .active import (
 from .atomic import write_json
 from .front import FrontError
 from .journal import Journal
-from .layout import Layout
+from .layout import STACK_UNIT, Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, plan_of, window_status
 from .plan import Active, PlanError, StackRef
@@ -79,16 +79,13 @@ def _lock_fd(lay: Layout) -> int:
 
 @dataclass
 class Supervisor:
-    """The loop around ``supervise.step``. ``docker_up``: while Docker restarts, a container
-    it cannot show is no dead engine; ``refresh`` runs before each look (a rotated API key);
-    with a ``gate`` an abandoned maintenance window is closed here."""
+    """The loop around ``supervise.step``. ``refresh`` runs before each look (a rotated API
+    key); with a ``gate`` an abandoned maintenance window is closed here."""
 
     lay: Layout
     ops: Ops
     front: FrontControl
     policy: Policy = field(default_factory=Policy)
-    unit_state: Callable[[], str] = lambda: "unknown"
-    docker_up: Callable[[], bool] = lambda: True
     clock: Callable[[], float] = time.time
     stop: Callable[[], bool] = lambda: False
     refresh: Callable[[], None] = lambda: None
@@ -173,8 +170,8 @@ class Supervisor:
         if holder is not None and holder.get("pid") == self.pid and not holder.get("window"):
             holder = None  # ours (a window's holder is nobody's process)
         reset, _ = read_json(self.lay.supervise_reset)
-        _, window, window_why = window_status(self.lay, now)
-        base: dict[str, Any] = dict(now=now, holder=holder, stack_unit=self.unit_state(),
+        _, window, window_why = window_status(self.lay)
+        base: dict[str, Any] = dict(now=now, holder=holder, stack_unit=self.ops.unit(STACK_UNIT),
                                     route=self.front.current(),
                                     reset=reset if isinstance(reset, dict) else None,
                                     window=window, window_why=window_why,
@@ -188,7 +185,8 @@ class Supervisor:
             return Observation(**base)
         ref = active.ref
         st = self.ops.container(ref.container)
-        if st is None and not self.docker_up():
+        # While Docker restarts, a container it cannot show is no dead engine.
+        if st is None and not self.ops.docker_up():
             return Observation(**base, active=active, problem="the Docker daemon does not "
                                "answer (restarting?): waiting for it")
         healthy, detail = self.ops.health(ref.port, ref.served_model_name) \
@@ -264,7 +262,7 @@ class Supervisor:
     def _close_window(self, rec: Record, active: Active, steps: Steps) -> dict[str, Any]:
         """Close an abandoned maintenance window with its own plan (recreate + gate)."""
         window, _, why = window_status(self.lay)
-        plan = plan_of(window, None, self.lay)
+        plan = plan_of(window, self.lay)
         if plan is None:
             steps.j.event("maintenance", f"{why}: its plan is unreadable; waiting for the "
                           "deploy", level="error")

@@ -36,6 +36,7 @@ from .layout import Layout
 from .lock import HostLock, LockHeld
 from .maintenance import supersede, window_status
 from .plan import Active, Plan, StackRef, change_kind, compose_hash
+from .records import now_iso
 from .steps import (
     EXIT_FAILED,
     EXIT_LOCKED,
@@ -107,7 +108,7 @@ class Transaction(Steps):
         try:
             ledger.update_state(self.lay, last_swap={
                 "id": plan.id, "kind": outcome.kind, "result": outcome.result,
-                "reason": outcome.reason, "at": ledger.now_iso(), "stack": plan.desired.stack,
+                "reason": outcome.reason, "at": now_iso(), "stack": plan.desired.stack,
                 "serving": outcome.serving, "gate": outcome.gate,
                 "boot_failure": outcome.boot_failure, "drain": outcome.drain,
                 "retry_after_s": outcome.retry_after_s})
@@ -247,7 +248,7 @@ class Transaction(Steps):
         # Record first, then switch: a crash between the two leaves "active" pointing at the
         # running, verified stack, and the boot-time ensure routes the front to it. The
         # record is one commit (``write_active``: named snapshot, then active.json).
-        snapshot = write_active(self.lay, Active(snapshot_ref(self.lay, new), ledger.now_iso(),
+        snapshot = write_active(self.lay, Active(snapshot_ref(self.lay, new), now_iso(),
                                                  plan.id, plan.by, gate.record()),
                                 Path(staged).read_text()).ref
         try:
@@ -263,7 +264,7 @@ class Transaction(Steps):
         ledger.append(self.lay, ledger.entry(
             kind, "promoted", snapshot, host=plan.host, by=plan.by, deploy_id=plan.id,
             gate=gate.record(), previous=old, active=True, extra=self._window(drop_none=True)))
-        ledger.update_state(self.lay, **ledger.stack_fields(snapshot), since=ledger.now_iso(),
+        ledger.update_state(self.lay, **ledger.stack_fields(snapshot), since=now_iso(),
                             by=plan.by, deploy_id=plan.id, gate=gate.record())
         supersede(self.lay, plan.by, f"{kind} {plan.id} promoted {snapshot.route_id}")
         prune_snapshots(self.lay)

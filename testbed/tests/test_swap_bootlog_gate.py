@@ -142,10 +142,10 @@ def test_run_gate_passes_a_healthy_stack_and_reads_the_report(tmp_path):
                                   "fast", tmp_path / "reports", timeout_s=300), lines.append)
     assert result.result == "pass" and result.exit_status == 0, result.summary
     assert result.failed_checks == []
-    assert Path(result.report_json).exists() and Path(result.report_md).exists()
+    assert Path(result.report).exists() and Path(result.report_md).exists()
     assert any(line.startswith("verify: reports ") for line in lines)
     record = result.record()
-    assert record["report"] == result.report_json and record["profile"] == "fast"
+    assert record["report"] == result.report and record["profile"] == "fast"
 
 
 def test_run_gate_names_the_long_needles_of_tq3_without_p67(tmp_path):

@@ -125,6 +125,8 @@ class FakeHost:
     freed_at: float = -1.0  # when the last stopped stack's memory is released
     never_release: bool = False
     driver_down: bool = False  # nvidia-smi cannot talk to the driver (no module loaded)
+    docker_answers: bool = True  # False: the daemon restarts
+    stack_unit: str = "done"  # how rigfleet-stack.service stands (parse_unit_state)
     calls: list[str] = field(default_factory=list)
     logs_of: dict[str, str] = field(default_factory=dict)
     created: dict[str, str] = field(default_factory=dict)
@@ -302,6 +304,12 @@ class FakeHost:
 
     def monotonic(self) -> float:
         return self.t
+
+    def docker_up(self) -> bool:
+        return self.docker_answers
+
+    def unit(self, name: str) -> str:
+        return self.stack_unit
 
     def wall(self) -> float:
         """The fake clock in epoch seconds."""

@@ -59,8 +59,7 @@ def maint(lay: Layout, host: FakeHost, front: FakeFront, plan: Plan, gate: Any =
 
 
 def supervisor(lay: Layout, host: FakeHost, front: FakeFront, **kw: Any) -> Supervisor:
-    return Supervisor(lay, host, front, Policy(), unit_state=lambda: "done", clock=host.wall,
-                      echo=None, **kw)
+    return Supervisor(lay, host, front, Policy(), clock=host.wall, echo=None, **kw)
 
 
 def events(lay: Layout) -> list[tuple[str, str]]:

@@ -80,9 +80,8 @@ def serving(lay: Layout) -> tuple[FakeHost, FakeFront, Any]:
 
 
 def supervisor(lay: Layout, host: FakeHost, front: FakeFront, policy: Policy | None = None,
-               unit: str = "done", **kw: Any) -> Supervisor:
-    return Supervisor(lay, host, front, policy or Policy(), unit_state=lambda: unit,
-                      clock=host.wall, echo=None, **kw)
+               **kw: Any) -> Supervisor:
+    return Supervisor(lay, host, front, policy or Policy(), clock=host.wall, echo=None, **kw)
 
 
 def ticks_until(sup: Supervisor, done: Any, limit: int = 400) -> int:
@@ -554,17 +553,16 @@ def test_a_transaction_killed_in_its_window_ends_with_the_verified_stack_serving
 
 def test_while_the_docker_daemon_does_not_answer_a_missing_container_is_no_death(lay):
     host, front, ref = serving(lay)
-    up = [True]
-    sup = supervisor(lay, host, front, docker_up=lambda: up[0])
+    sup = supervisor(lay, host, front)
     sup.tick()
-    up[0] = False
+    host.docker_answers = False
     host.containers.clear()  # what `docker inspect` shows while dockerd restarts: nothing
     for _ in range(30):
         sup.tick()
         sup.nap(5)
     assert ups(host) == [] and front.routes == [ROUTE]
     assert sup.rec.state == "paused" and "Docker daemon does not answer" in sup.rec.reason
-    up[0] = True  # back, and the container is gone for good (restart: "no")
+    host.docker_answers = True  # back, and the container is gone for good (restart: "no")
     ticks_until(sup, lambda: front.current() == ROUTE and ups(host))
 
 

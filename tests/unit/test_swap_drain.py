@@ -327,8 +327,8 @@ def test_a_maintenance_window_drains_before_its_steps_run(lay):
     plan = make_plan(lay, make_ref(lay, "int8", "1111aaaa2222bbbb"),
                      plan_id="maint-20261201T100000Z-aaaaaa", gate_profile="fast")
     t0 = host.t
-    out = Maintenance(lay, host, front, Journal(lay.swap_dir("j-1"), echo=None), plan,
-                      clock=host.wall).open("Docker restart")
+    out = Maintenance(lay, host, front, Journal(lay.swap_dir("j-1"), echo=None), plan).open(
+        "Docker restart")
     assert out.result == "open" and host.t - t0 >= 25.0
     assert out.drain["result"] == "drained" and out.drain["cut"] == 0
     opened = ledger_lines(lay)[-1]
@@ -345,9 +345,9 @@ def test_a_long_drain_does_not_abandon_the_window(lay):
     plan = make_plan(lay, make_ref(lay, "int8", "1111aaaa2222bbbb"),
                      plan_id="maint-20261201T100000Z-bbbbbb", gate_profile="fast")
     opened_at = host.wall()
-    out = Maintenance(lay, host, front, Journal(lay.swap_dir("j-2"), echo=None), plan,
-                      clock=host.wall).open("Docker restart")
+    out = Maintenance(lay, host, front, Journal(lay.swap_dir("j-2"), echo=None), plan).open(
+        "Docker restart")
     assert out.drain["result"] == "drained" and host.wall() - opened_at >= 500
     # Held by the process the steps run in, however long the drain took.
-    assert window_status(lay, now=host.wall())[1] == "held"
+    assert window_status(lay)[1] == "held"
     assert read_holder(lay.lock_dir)["alive"]

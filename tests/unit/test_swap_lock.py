@@ -12,8 +12,8 @@ import pytest
 from swap_fakes import gone_pid
 
 from rigfleet.hostside.layout import Layout
-from rigfleet.hostside.lock import HostLock, LockHeld, describe
-from rigfleet.hostside.records import holder_alive, pid_start_ticks, read_holder
+from rigfleet.hostside.lock import HostLock, LockHeld
+from rigfleet.hostside.records import describe, holder_alive, pid_start_ticks, read_holder
 
 
 @pytest.fixture

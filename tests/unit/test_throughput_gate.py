@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fakes import Pace, PacedServer, expected_tok_s
 
 from rigfleet.hostside.layout import Layout
-from rigfleet.hostside.records import read_throughput_history, read_throughput_last
+from rigfleet.hostside.records import ThroughputRecord, read_json, read_throughput_history
 from rigfleet.hostside.verify.profiles import ProfileError, resolve
 from rigfleet.hostside.verify.runner import run
 
@@ -55,7 +55,7 @@ def test_first_gate_against_the_reference_then_against_the_history(tmp_path):
         assert {f.name for f in check.findings} == {"slow_decode"}
         assert "reference" in check.findings[0].message and "x 40" in check.findings[0].message
         assert read_throughput_history(lay.throughput_history) == []
-        last = read_throughput_last(lay.throughput_last)
+        last = ThroughputRecord.from_dict(read_json(lay.throughput_last)[0])
         assert last is not None and last.result == "fail" and last.stack == "tq3-mtp-genesis"
         assert last.scale == 40 and last.report and last.report.endswith(".json")
         # A healthy host: the reference matches, the gate passes and the figures are history;
