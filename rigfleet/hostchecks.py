@@ -153,18 +153,14 @@ class HostChecker(Problems):
             return None
         return value
 
-    def _needs(self, stack: str) -> int:
-        spec = self.catalog.get(stack)
-        return max(spec.tensor_parallel_size, spec.gpu_count)
-
     def gpu_count(self, key: Key, value: Any) -> int:
+        """At least the stack's ``gpus.count`` (the catalog keeps tensor-parallel-size within)."""
         if not is_int(value) or not 1 <= value <= 16:
             self.bad(key.name, value, key.allowed)
             return 2
         stack = self.values.get("stack")
-        if stack is not None and value < self._needs(stack):
-            spec = self.catalog.get(stack)
-            self.bad(key.name, value, f"at least {self._needs(stack)}",
+        if stack is not None and value < (spec := self.catalog.get(stack)).gpu_count:
+            self.bad(key.name, value, f"at least {spec.gpu_count}",
                      f"is too few for stack {stack} (tensor-parallel-size "
                      f"{spec.tensor_parallel_size}, {spec.gpu_count} GPU(s))")
         return int(value)
@@ -406,9 +402,9 @@ class HostChecker(Problems):
         for i, name in enumerate(value):
             if not isinstance(name, str) or name not in self.catalog:
                 self.bad(f"stacks[{i}]", name, allowed, "is not a stack in the catalog")
-            elif self._needs(name) > count:
+            elif (needs := self.catalog.get(name).gpu_count) > count:
                 self.bad(f"stacks[{i}]", name, f"stacks that run on {count} GPU(s)",
-                         f"needs {self._needs(name)} GPUs (gpu_count is {count})")
+                         f"needs {needs} GPUs (gpu_count is {count})")
             elif name not in out:
                 out.append(name)
         if stack is not None and stack not in value:
