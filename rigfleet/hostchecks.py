@@ -102,8 +102,12 @@ class HostChecker(Problems):
         return self.values
 
     def typos(self, data: Any, keys: Mapping[str, Key]) -> None:
-        # Unknown keys are fine (pyinfra's, other roles'); one *almost* ours is a typo.
-        for key in data_keys(data):
+        """Unknown keys are fine (pyinfra's, other roles'); one *almost* ours is a typo."""
+        try:  # a mapping or pyinfra's host data
+            names = list(data if isinstance(data, Mapping) else data.dict())
+        except Exception:  # neither: no typo check
+            return
+        for key in names:
             if key in keys or not isinstance(key, str) or key.startswith("ssh_"):
                 continue
             close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.85)
@@ -488,11 +492,3 @@ def flag_value(value: Any) -> bool | None:
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
     return None
-
-
-def data_keys(data: Any) -> list[Any]:
-    """The keys of a mapping or of pyinfra's host data (``.dict()``); [] when neither."""
-    try:
-        return list(data if isinstance(data, Mapping) else data.dict())
-    except Exception:  # skip the typo check
-        return []

@@ -232,11 +232,7 @@ def refuse_missing(inputs: Inputs, plan: Plan, run: Online) -> None:
                         "thing its source has (`rigfleet check --online`)")
 
 
-def main(argv: list[str] | None = None) -> int:
+if __name__ == "__main__":  # python -m rigfleet.bump.cli ARGS: rigfleet bump ARGS
     parser = argparse.ArgumentParser(prog="rigfleet")
     add_parser(parser.add_subparsers(dest="command", required=True))
-    return run_command(parser.parse_args(["bump", *(sys.argv[1:] if argv is None else argv)]))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_command(parser.parse_args(["bump", *sys.argv[1:]])))
