@@ -5,8 +5,7 @@
     add_yes(p, "roll out")             # commands that install, reboot or swap
     confirm(args, "roll 3 host(s)")    # --yes, else ask; no terminal: refuse, naming --yes
 
-``UsageError`` (an unknown ``--limit``, a refusal to ask) exits 2, as argparse does;
-``run_command`` turns the other expected errors into one ``error:`` line and exit status 1.
+``UsageError`` (an unknown ``--limit``, a refusal to ask) exits 2, as argparse does.
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ def log(message: str) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run the parsed command; an expected error (it says what to do) is one line, not a trace.
-    Usage errors exit 2; an unreadable inventory the command's ``inventory_exit`` (default 1)."""
+    """Run the parsed command; an expected error (it says what to do) is one line, not a trace:
+    2 for a ``UsageError``, else 1 (an unreadable inventory: the command's ``inventory_exit``)."""
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -67,8 +66,7 @@ def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout:
 
 
 def ssh_command(subparsers: Any, name: str, help: str, doc: str) -> argparse.ArgumentParser:
-    """A command that reaches hosts over SSH: ``doc``'s first line describes it, the rest
-    follows as it is written."""
+    """A command over SSH: ``doc``'s first line describes it, the rest follows as written."""
     first, *rest = doc.splitlines()
     return subparsers.add_parser(name, help=help, description=first, epilog="\n".join(rest),
                                  parents=[fleet_options(timeout=10.0,
