@@ -20,7 +20,6 @@ were skipped (unreachable, or outside ``--limit``: the pins file says what they 
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from typing import Any
 
@@ -46,7 +45,7 @@ from rigfleet.fleetview import reachability
 from rigfleet.pins import GenesisPin, Pins, StackPins, parse_pins
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.ssh import SshRemote
-from rigfleet.tables import Table
+from rigfleet.tables import Table, show
 
 MOVES = ("bump", "rollback")  # history actions that record ``old``/``new`` stack pins
 
@@ -177,8 +176,7 @@ def run(args: argparse.Namespace) -> int:
         return refused(e)
     print_plan(plan, to)
     if args.dry:
-        if args.json:
-            print(json.dumps(plan_json(plan, to), indent=2))
+        show(args.json, plan_json(plan, to))
         return EXIT_OK
     if plan.empty:
         log("every reachable host already runs these pins; nothing to do")
