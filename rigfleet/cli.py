@@ -8,36 +8,35 @@ errors 1, or the command's ``inventory_exit`` when the inventory cannot be read.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
 from rigfleet import __version__
-from rigfleet.cliargs import EXIT_USAGE, UsageError, add_yes, confirm, fleet_options, select
-from rigfleet.errors import RigfleetError
-from rigfleet.inventory import InventoryError, balancers, gpu_hosts, load_inventory
+from rigfleet.cliargs import (
+    UsageError,
+    add_yes,
+    confirm,
+    console,
+    fleet_hosts,
+    fleet_options,
+    log,
+    run_command,
+    select,
+)
+from rigfleet.inventory import balancers, gpu_hosts, load_inventory
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.tables import Table, show
-
-console = Console(stderr=True, highlight=False)
-
-
-def _log(message: str) -> None:
-    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
     from rigfleet.check import deploy_online, verify_pins
-    from rigfleet.cliargs import fleet_hosts
     from rigfleet.pinlock import lock
     from rigfleet.pins import Pins
 
@@ -54,17 +53,16 @@ def cmd_pins(args: argparse.Namespace) -> int:
         online.timeout = args.timeout
         refusals, warnings = verify_pins(hosts, pins, online)
         for line in warnings:
-            _log(f"warning: {line}")
+            log(f"warning: {line}")
         return refusals
 
     changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub,
                    refresh=args.refresh, genesis_url=args.genesis_url,
                    token_file=token_file, verify=verify if args.inventory else None)
-    if args.json:
-        print(json.dumps({"pins": args.pins, "changes": changes or []}, indent=2))
-        return 0
-    for line in changes or ["pins already locked; nothing to do"]:
-        _log(line)
+    show(args.json, {"pins": args.pins, "changes": changes or []})
+    if not args.json:
+        for line in changes or ["pins already locked; nothing to do"]:
+            log(line)
     return 0
 
 
@@ -115,15 +113,13 @@ def cmd_roll(args: argparse.Namespace) -> int:
                                        lambda h, why: why), strict=True))
     plan = plan_batches(names, probes, args.batch)
     if args.dry or not args.json:
-        for i, batch in enumerate(plan.batches):
-            _log(f"{plan.label(i)}: {', '.join(batch)}")
+        for n, batch in enumerate(plan.batches, 1):
+            log(f"{plan.label(n)}: {', '.join(batch)}")
         for name, why in plan.skipped.items():
-            _log(f"skipped: {escape(name)}: {escape(why)}")
+            log(f"skipped: {escape(name)}: {escape(why)}")
     if args.dry:
-        if args.json:
-            print(json.dumps({"batches": [list(b) for b in plan.batches],
-                              "serving": sorted(plan.serving), "skipped": dict(plan.skipped)},
-                             indent=2))
+        show(args.json, {"batches": [list(b) for b in plan.batches],
+                         "serving": sorted(plan.serving), "skipped": dict(plan.skipped)})
         return 0 if plan.batches else 1
     if not plan.batches:
         console.print("[red]error:[/red] reached no host: every host was skipped "
@@ -132,17 +128,16 @@ def cmd_roll(args: argparse.Namespace) -> int:
     confirm(args, f"converge {sum(map(len, plan.batches))} host(s) in {len(plan.batches)} "
                   "batch(es) (driver installs, reboots, Docker restarts as the pins need)")
     with progress("rolling") as on_line:
-        result = roll(plan, runner, args.max_failures, on_event=lambda m: _log(escape(m)),
+        result = roll(plan, runner, args.max_failures, on_event=lambda m: log(escape(m)),
                       on_line=on_line, order=names)
-    if args.json:
-        print(json.dumps({"ok": result.ok, "stopped": result.stopped,
-                          "seconds": round(result.seconds, 1), "logs": str(log_dir),
-                          "hosts": [roll_record(h) for h in result.outcomes.values()]}, indent=2))
-        return 0 if result.ok else 1
-    roll_table(result).print(Console())
-    if result.stopped:
-        console.print(f"[red]stopped:[/red] {escape(result.stopped)}")
-    console.print(f"[dim]pyinfra logs: {escape(str(log_dir))}[/dim]")
+    show(args.json, {"ok": result.ok, "stopped": result.stopped,
+                     "seconds": round(result.seconds, 1), "logs": str(log_dir),
+                     "hosts": [roll_record(h) for h in result.outcomes.values()]},
+         roll_table(result))
+    if not args.json:
+        if result.stopped:
+            console.print(f"[red]stopped:[/red] {escape(result.stopped)}")
+        console.print(f"[dim]pyinfra logs: {escape(str(log_dir))}[/dim]")
     return 0 if result.ok else 1
 
 
@@ -280,17 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rigfleet.hostside.verify.runner import main as verify_main
 
         return verify_main(argv[1:], prog="rigfleet verify")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
-    except (ValueError, RuntimeError, RigfleetError) as exc:  # expected: they say what to do
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        if isinstance(exc, UsageError):
-            return EXIT_USAGE
-        return getattr(args, "inventory_exit", 1) if isinstance(exc, InventoryError) else 1
+    return run_command(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -12,19 +12,42 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+
 from rigfleet import inventory as _inventory
 from rigfleet.errors import RigfleetError
-from rigfleet.inventory import InventoryHost
+from rigfleet.inventory import InventoryError, InventoryHost
 
 DEFAULT_INVENTORY = "inventory/home.py"
 EXIT_USAGE = 2
+console = Console(stderr=True, highlight=False)
 
 
 class UsageError(RigfleetError, ValueError):
     """Bad arguments: the message says what is allowed; the CLI exits 2."""
+
+
+def log(message: str) -> None:
+    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; an expected error (it says what to do) is one line, not a trace:
+    2 for a ``UsageError``, else 1 (an unreadable inventory: the command's ``inventory_exit``)."""
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, RuntimeError, RigfleetError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        if isinstance(exc, UsageError):
+            return EXIT_USAGE
+        return getattr(args, "inventory_exit", 1) if isinstance(exc, InventoryError) else 1
 
 
 def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout: float = 20.0,
@@ -42,13 +65,18 @@ def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout:
     return p
 
 
-def host_command(subparsers: Any, name: str, help: str, doc: str) -> argparse.ArgumentParser:
-    """A command about one inventory host: ``doc``'s first line describes it, the rest follows."""
+def ssh_command(subparsers: Any, name: str, help: str, doc: str) -> argparse.ArgumentParser:
+    """A command over SSH: ``doc``'s first line describes it, the rest follows as written."""
     first, *rest = doc.splitlines()
-    p = subparsers.add_parser(name, help=help, description=first, epilog="\n".join(rest),
-                              parents=[fleet_options(timeout=10.0,
-                                                     timeout_help="seconds per SSH connect")],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    return subparsers.add_parser(name, help=help, description=first, epilog="\n".join(rest),
+                                 parents=[fleet_options(timeout=10.0,
+                                                        timeout_help="seconds per SSH connect")],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def host_command(subparsers: Any, name: str, help: str, doc: str) -> argparse.ArgumentParser:
+    """An ``ssh_command`` about one inventory host."""
+    p = ssh_command(subparsers, name, help, doc)
     p.add_argument("host", metavar="HOST", help="an inventory host")
     return p
 

@@ -152,7 +152,7 @@ def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
     allowed = settings.stacks
     names = [n for n in pins.stacks if n in settings.catalog and (allowed is None or n in allowed)]
     return [spec for spec in map(settings.catalog.get, names)
-            if max(spec.gpu_count, spec.tensor_parallel_size) <= settings.gpu_count]
+            if spec.gpu_count <= settings.gpu_count]
 
 
 def stack_gate_set(spec: StackSpec, settings: HostSettings) -> tuple[str, ...]:

@@ -102,8 +102,12 @@ class HostChecker(Problems):
         return self.values
 
     def typos(self, data: Any, keys: Mapping[str, Key]) -> None:
-        # Unknown keys are fine (pyinfra's, other roles'); one *almost* ours is a typo.
-        for key in data_keys(data):
+        """Unknown keys are fine (pyinfra's, other roles'); one *almost* ours is a typo."""
+        try:  # a mapping or pyinfra's host data
+            names = list(data if isinstance(data, Mapping) else data.dict())
+        except Exception:  # neither: no typo check
+            return
+        for key in names:
             if key in keys or not isinstance(key, str) or key.startswith("ssh_"):
                 continue
             close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.85)
@@ -153,18 +157,14 @@ class HostChecker(Problems):
             return None
         return value
 
-    def _needs(self, stack: str) -> int:
-        spec = self.catalog.get(stack)
-        return max(spec.tensor_parallel_size, spec.gpu_count)
-
     def gpu_count(self, key: Key, value: Any) -> int:
+        """At least the stack's ``gpus.count`` (the catalog keeps tensor-parallel-size within)."""
         if not is_int(value) or not 1 <= value <= 16:
             self.bad(key.name, value, key.allowed)
             return 2
         stack = self.values.get("stack")
-        if stack is not None and value < self._needs(stack):
-            spec = self.catalog.get(stack)
-            self.bad(key.name, value, f"at least {self._needs(stack)}",
+        if stack is not None and value < (spec := self.catalog.get(stack)).gpu_count:
+            self.bad(key.name, value, f"at least {spec.gpu_count}",
                      f"is too few for stack {stack} (tensor-parallel-size "
                      f"{spec.tensor_parallel_size}, {spec.gpu_count} GPU(s))")
         return int(value)
@@ -406,9 +406,9 @@ class HostChecker(Problems):
         for i, name in enumerate(value):
             if not isinstance(name, str) or name not in self.catalog:
                 self.bad(f"stacks[{i}]", name, allowed, "is not a stack in the catalog")
-            elif self._needs(name) > count:
+            elif (needs := self.catalog.get(name).gpu_count) > count:
                 self.bad(f"stacks[{i}]", name, f"stacks that run on {count} GPU(s)",
-                         f"needs {self._needs(name)} GPUs (gpu_count is {count})")
+                         f"needs {needs} GPUs (gpu_count is {count})")
             elif name not in out:
                 out.append(name)
         if stack is not None and stack not in value:
@@ -492,11 +492,3 @@ def flag_value(value: Any) -> bool | None:
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
     return None
-
-
-def data_keys(data: Any) -> list[Any]:
-    """The keys of a mapping or of pyinfra's host data (``.dict()``); [] when neither."""
-    try:
-        return list(data if isinstance(data, Mapping) else data.dict())
-    except Exception:  # skip the typo check
-        return []

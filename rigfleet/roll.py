@@ -37,8 +37,9 @@ class RollPlan:
     serving: frozenset[str]
     skipped: Mapping[str, str] = field(default_factory=dict)
 
-    def label(self, i: int) -> str:
-        return f"batch {i + 1}" + ("" if self.serving.intersection(self.batches[i]) else " (bare)")
+    def label(self, n: int) -> str:
+        """Batch ``n``, counted from 1."""
+        return f"batch {n}" + ("" if self.serving.intersection(self.batches[n - 1]) else " (bare)")
 
 
 def plan_batches(order: Sequence[str], probes: Mapping[str, HostProbe | str],
@@ -85,14 +86,13 @@ def classify(name: str, deploy: DeployResult, before: HostProbe | None,
 
 def roll(plan: RollPlan, runner: Runner, max_failures: int = 1,
          on_event: Callable[[str], None] = lambda _: None,
-         on_line: Callable[[str], None] = lambda _: None,
-         order: Sequence[str] = ()) -> RolloutResult:
-    """Run the plan's batches on the inventory's pins; stop at ``max_failures`` bad hosts."""
+         on_line: Callable[[str], None] = lambda _: None, *,
+         order: Sequence[str]) -> RolloutResult:
+    """Converge the plan's batches (outcomes in ``order``); stop at ``max_failures`` bad hosts."""
     out = {n: HostOutcome(n, Status.SKIPPED, reason=why) for n, why in plan.skipped.items()}
-    names = list(order) or [h for b in plan.batches for h in b] + list(plan.skipped)
-    done = run_batches(plan.batches, runner, None, classify, out, max_failures, names,
-                       time.monotonic(), canary=False, first=1,
-                       label=lambda n: plan.label(n - 1), on_event=on_event, on_line=on_line)
+    done = run_batches(plan.batches, runner, None, classify, out, max_failures, order,
+                       time.monotonic(), canary=False, first=1, label=plan.label,
+                       on_event=on_event, on_line=on_line)
     if not done.reached and not done.stopped:
         done.stopped = "reached no host: every host was skipped (unreachable or busy)"
     return done

@@ -20,7 +20,6 @@ were skipped (unreachable, or outside ``--limit``: the pins file says what they 
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from typing import Any
 
@@ -40,13 +39,13 @@ from rigfleet.bump.output import (
 )
 from rigfleet.bump.plan import build_plan, pin_text
 from rigfleet.bump.plan_record import Plan
-from rigfleet.cliargs import fleet_options, select
+from rigfleet.cliargs import select, ssh_command
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import reachability
 from rigfleet.pins import GenesisPin, Pins, StackPins, parse_pins
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.ssh import SshRemote
-from rigfleet.tables import Table
+from rigfleet.tables import Table, show
 
 MOVES = ("bump", "rollback")  # history actions that record ``old``/``new`` stack pins
 
@@ -128,13 +127,9 @@ def changes(pins: Pins, target: dict[str, StackPins], hosts: list[str]) -> dict[
             or any(pins.for_host(h).stacks.get(name) != p for h in hosts)}
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "rollback", help="go back to an earlier pin set from the pins history, canary first, "
-        "through the gate", description=__doc__.splitlines()[0],
-        parents=[fleet_options(timeout=10.0, timeout_help="seconds per SSH connect")],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[1:]))
+def add_parser(subparsers: Any) -> None:
+    p = ssh_command(subparsers, "rollback", "go back to an earlier pin set from the pins "
+                    "history, canary first, through the gate", __doc__)
     p.add_argument("--to", type=int, metavar="N",
                    help="the pins serial to go back to (default: before the last bump or "
                         "rollback)")
@@ -146,7 +141,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dry", action="store_true", help="print the plan; change nothing")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask before rolling back")
     p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -182,8 +176,7 @@ def run(args: argparse.Namespace) -> int:
         return refused(e)
     print_plan(plan, to)
     if args.dry:
-        if args.json:
-            print(json.dumps(plan_json(plan, to), indent=2))
+        show(args.json, plan_json(plan, to))
         return EXIT_OK
     if plan.empty:
         log("every reachable host already runs these pins; nothing to do")

@@ -20,7 +20,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
@@ -96,9 +96,6 @@ class ValidationError(RigfleetError, ValueError):
         super().__init__("\n".join(self.problems))
 
 
-_E = TypeVar("_E", bound=ValidationError)
-
-
 def has_control(value: str) -> bool:
     return bool(_CONTROL.search(value))
 
@@ -164,7 +161,7 @@ class Problems:
             return given
         return self.table.allowed(self.section(key))
 
-    def raise_if_any(self, error: type[_E]) -> None:
+    def raise_if_any(self, error: type[ValidationError]) -> None:
         if self.lines:
             raise error(self.lines)
 

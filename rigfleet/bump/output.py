@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
@@ -26,17 +25,14 @@ from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.plan import pin_text
 from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.rollout import BAD, RolloutResult, Status, StillRunning, outcome_of, step_label
+from rigfleet.cliargs import console
+from rigfleet.cliargs import log as log  # the bump modules log through here
 from rigfleet.tables import Table
 
-console = Console(stderr=True, highlight=False)
 EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 # Why a host the bump leaves alone is skipped (its pins file entry keeps its old pins).
 OUTSIDE_LIMIT = "outside --limit"
-
-
-def log(message: str) -> None:
-    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
 
 
 def error(message: object, code: int = EXIT_ERROR) -> int:

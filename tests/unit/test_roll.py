@@ -75,7 +75,7 @@ def test_bare_hosts_go_first_together_then_serving_hosts_one_at_a_time_in_order(
         "busy": serving(lock={"who": "bob", "why": "swap", "alive": True, "pid": 3})}
     plan = plan_batches(list(probes), probes, batch=1)
     assert plan.batches == (("new-1", "new-2"), ("rig-a",), ("rig-b",), ("rig-c",))
-    assert plan.label(0) == "batch 1 (bare)" and plan.label(1) == "batch 2"
+    assert plan.label(1) == "batch 1 (bare)" and plan.label(2) == "batch 2"
     assert plan.skipped["gone"].startswith("unreachable") and "bob" in plan.skipped["busy"]
     two = plan_batches(list(probes), probes, batch=2)
     assert two.batches == (("new-1", "new-2"), ("rig-a", "rig-b"), ("rig-c",))
