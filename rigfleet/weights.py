@@ -1,5 +1,5 @@
 """Model weights on a host: one read-only directory per revision (docs/converge.md), the
-``WeightsDirs`` fact, what to prune and what space they need::
+``WeightsDirs`` fact and what to prune::
 
     dirs = read_fact(WeightsDirs, model_dir="/srv/models", local_dir="qwen",
                      compose_files=("/var/lib/rigfleet/active/compose.yaml",))
@@ -21,7 +21,6 @@ from rigfleet.retention import stale
 # Revisions kept beyond the pinned one and those a compose file names: none (tens of GB each;
 # the revision a rollback needs is the active snapshot's, so it is named, so it is kept).
 WEIGHTS_KEPT = 1
-HEADROOM = 0.10  # as files/rigfleet-fetch-weights.py: free space asked beyond the download
 PARTIAL_SUFFIX = ".partial"
 
 def revision_name(local_dir: str, revision: str) -> str:
@@ -143,46 +142,3 @@ def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str,
     candidates = {e.name: float(e.mtime) for e in dirs.entries.values() if _prunable(e, local_dir)}
     return stale(candidates, revision_name(local_dir, revision),
                  kept_names(dirs, local_dir, revision), keep)
-
-
-@dataclass(frozen=True)
-class WeightsSpace:
-    """Disk space of the weights on one host, in bytes: what stays and what pruning frees,
-    what the pinned revision still needs (None: unknown) and its size (maybe estimated)."""
-
-    kept: int
-    freed: int
-    to_download: int | None
-    total: int | None
-    estimated: bool
-
-    @property
-    def need(self) -> int | None:
-        """Free bytes the fetcher asks for: what is left + 10 % of the revision."""
-        if self.to_download is None or self.total is None:
-            return None
-        return 0 if self.to_download == 0 else self.to_download + int(self.total * HEADROOM)
-
-
-def weights_space(dirs: WeightsDirsState, local_dir: str, revision: str,
-                  revision_bytes: int | None = None,
-                  old_revision: str | None = None) -> WeightsSpace:
-    """What the weights keep on disk and still need. Without ``revision_bytes`` (the hub's
-    listing) a new revision is as large as the largest here; ``old_revision``: what a not yet
-    adopted ``<model_dir>/<local_dir>`` holds (adopted without a download)."""
-    removed = set(stale_weights(dirs, local_dir, revision))
-    sizes = {n: e.size for n, e in dirs.entries.items() if e.kind != "link"}
-    kept = sum(size for n, size in sizes.items() if n not in removed)
-    freed = sum(size for n, size in sizes.items() if n in removed)
-    pinned = revision_name(local_dir, revision)
-    if pinned in dirs.entries or (old_revision == revision and local_dir in sizes):
-        return WeightsSpace(kept, freed, 0, sizes.get(pinned, sizes.get(local_dir, 0)), False)
-    revisions = [size for n, size in sizes.items() if _revision_dir(n, local_dir)]
-    old = dirs.entries.get(local_dir)
-    if old is not None and old.kind == "dir":
-        revisions.append(old.size)
-    total = revision_bytes if revision_bytes is not None else max(revisions, default=None)
-    if total is None:
-        return WeightsSpace(kept, freed, None, None, True)
-    have = sizes.get(partial_name(pinned), 0)
-    return WeightsSpace(kept, freed, max(total - have, 0), total, revision_bytes is None)

@@ -57,7 +57,6 @@ class Space:
 
 @dataclass(frozen=True)
 class HostImageState:
-    docker: bool = False
     docker_root: str = DEFAULT_DOCKER_ROOT
     images: dict[str, LocalImage | None] = field(default_factory=dict)
     archives: dict[str, HostArchive] = field(default_factory=dict)
@@ -78,10 +77,7 @@ def state_script(refs: Iterable[str], archives: Iterable[str] = (),
     """The host-side shell script (read-only; it succeeds whatever is missing)."""
     fmt = shlex.quote(INSPECT_FORMAT)
     lines = [
-        "if command -v docker >/dev/null 2>&1 && "
-        "root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -n \"$root\" ]; then",
-        "  echo 'docker\tyes'",
-        "else echo 'docker\tno'; root=; fi",
+        "root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) || root=",
         f'[ -n "$root" ] || root={DEFAULT_DOCKER_ROOT}',
         "printf 'root\\t%s\\n' \"$root\"",
         "rf_img() { if out=$(docker image inspect --format " + fmt + ' "$1" 2>/dev/null); '
@@ -107,7 +103,7 @@ def state_script(refs: Iterable[str], archives: Iterable[str] = (),
 
 
 def parse_state(lines: Iterable[str]) -> HostImageState:
-    docker, root = False, DEFAULT_DOCKER_ROOT
+    root = DEFAULT_DOCKER_ROOT
     images: dict[str, LocalImage | None] = {}
     archives: dict[str, HostArchive] = {}
     dirs: dict[str, list[str]] = {}
@@ -117,9 +113,7 @@ def parse_state(lines: Iterable[str]) -> HostImageState:
     for raw in lines:
         parts = raw.rstrip("\n").split("\t")
         kind = parts[0]
-        if kind == "docker" and len(parts) == 2:
-            docker = parts[1] == "yes"
-        elif kind == "root" and len(parts) == 2 and parts[1]:
+        if kind == "root" and len(parts) == 2 and parts[1]:
             root = parts[1]
         elif kind == "image" and len(parts) >= 3:
             images[parts[1]] = _image(parts[2:])
@@ -140,7 +134,7 @@ def parse_state(lines: Iterable[str]) -> HostImageState:
             loaded[parts[2]] = (*loaded.get(parts[2], ()), f"sha256:{parts[1]}")
     images = {ref: replace(img, loaded=loaded[img.id]) if img and img.id in loaded else img
               for ref, img in images.items()}
-    return HostImageState(docker, root, images, archives,
+    return HostImageState(root, images, archives,
                           {d: tuple(files) for d, files in dirs.items()}, free)
 
 

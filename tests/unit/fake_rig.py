@@ -339,7 +339,7 @@ class FakeRig:
             if self.runtimes_registered:
                 runtimes["nvidia"] = {"path": "nvidia-container-runtime"}
             return True, [json.dumps(runtimes)]
-        if cmd.startswith("if command -v docker") and "rf_img()" in cmd:
+        if cmd.startswith("root=$(docker info") and "rf_img()" in cmd:
             self.engine.installed = "docker.io" in self.packages or "docker-ce" in self.packages
             return True, self.engine.state(cmd)
         m = re.match(r"docker image inspect --format '\{\{json \.Config\.Labels\}\}' (\S+)", cmd)

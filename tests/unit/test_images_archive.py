@@ -149,7 +149,7 @@ def test_state_script_without_docker_reports_absence_and_free_space(tmp_path) ->
                           [str(archive_dir), str(single), str(tmp_path / "missing")],
                           ["root", str(tmp_path / "not" / "yet")])
     state = parse_state(_run(script, _bin(tmp_path, docker=False)))
-    assert not state.docker and state.docker_root == "/var/lib/docker"
+    assert state.docker_root == "/var/lib/docker"
     assert state.images == {IMAGE: None, "vllm/vllm-openai@sha256:" + "d" * 64: None}
     assert state.archive_files(str(archive_dir)) == (
         str(archive_dir / "broken.tar"), str(archive_dir / archive_name(IMAGE)))
@@ -167,7 +167,7 @@ def test_state_script_reads_docker_inspect_output(tmp_path) -> None:
     digest = "sha256:" + "d" * 64
     script = state_script([IMAGE, f"vllm/vllm-openai@{digest}", "other/image:v1"], (), ())
     state = parse_state(_run(script, _bin(tmp_path, docker=True)))
-    assert state.docker and state.docker_root == "/srv/docker-root"
+    assert state.docker_root == "/srv/docker-root"
     assert state.images[IMAGE] == LocalImage("sha256:" + "1" * 64, (f"vllm/vllm-openai@{digest}",),
                                              (IMAGE,), 1234)
     assert state.images["other/image:v1"] is None

@@ -34,7 +34,6 @@ from rigfleet.weights import (
     kept_names,
     revision_name,
     stale_weights,
-    weights_space,
 )
 
 LOCAL = "qwen3.6-27b-autoround-int4"
@@ -98,32 +97,6 @@ def test_partial_downloads_links_and_foreign_directories():
     # A real directory under the old name is never removed (unverified, or someone's copy).
     real = WeightsDirsState(entries(WeightsEntry(LOCAL, "dir", 1, GIB)))
     assert stale_weights(real, LOCAL, S) == []
-
-
-def test_weights_space_counts_what_is_kept_and_what_is_still_needed():
-    dirs = WeightsDirsState(entries(rev(R, size=16 * GIB), rev(S, size=15 * GIB)),
-                            frozenset({revision_name(LOCAL, R)}))
-    # Pinned S is there: nothing to download; R is kept (named), nothing freed.
-    there = weights_space(dirs, LOCAL, S)
-    assert (there.kept, there.freed, there.to_download, there.need) == (31 * GIB, 0, 0, 0)
-    # Pinned T is new: S goes, T estimated as large as the largest revision kept (R).
-    new = weights_space(dirs, LOCAL, T)
-    assert (new.kept, new.freed, new.total, new.estimated) == (16 * GIB, 15 * GIB, 16 * GIB,
-                                                               True)
-    assert new.need == 16 * GIB + int(16 * GIB * 0.10)
-    # The hub's size, when known, wins; a partial download counts as downloaded.
-    partial = WeightsEntry(f".{revision_name(LOCAL, T)}.partial", "partial", 1, 4 * GIB)
-    half = weights_space(replace(dirs, entries={**dirs.entries, partial.name: partial}),
-                         LOCAL, T, revision_bytes=10 * GIB)
-    assert (half.to_download, half.estimated) == (6 * GIB, False)
-    assert half.need == 6 * GIB + GIB
-    # Nothing to estimate from: unknown, not zero.
-    assert weights_space(WeightsDirsState(), LOCAL, T).need is None
-    # Not adopted yet: the old directory holds the pinned revision (no download), or another.
-    legacy = WeightsDirsState(entries(WeightsEntry(LOCAL, "dir", 1, 16 * GIB)))
-    assert weights_space(legacy, LOCAL, R, old_revision=R).need == 0
-    moving = weights_space(legacy, LOCAL, S, old_revision=R)
-    assert (moving.kept, moving.to_download, moving.estimated) == (16 * GIB, 16 * GIB, True)
 
 
 def test_the_weights_dirs_fact_on_a_real_directory(tmp_path):
