@@ -18,19 +18,11 @@ from typing_extensions import override
 from rigfleet.hostside.layout import HOST, WEIGHTS_REVISION_CHARS, WEIGHTS_REVISION_MARK
 from rigfleet.retention import stale
 
-# Revisions kept beyond the pinned one and those a compose file names: none (tens of GB each;
-# the revision a rollback needs is the active snapshot's, so it is named, so it is kept).
-WEIGHTS_KEPT = 1
 PARTIAL_SUFFIX = ".partial"
 
 def revision_name(local_dir: str, revision: str) -> str:
     """The revision's directory name (``Layout.weights_dir``): ``<local_dir>@<rev[:12]>``."""
     return HOST.weights_dir("/", local_dir, revision).name
-
-
-def partial_name(name: str) -> str:
-    """Where the fetcher downloads ``name`` until it is verified: ``.<name>.partial``."""
-    return f".{name}{PARTIAL_SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -127,7 +119,7 @@ def kept_names(dirs: WeightsDirsState, local_dir: str, revision: str) -> set[str
     """Names kept whatever their age: the pinned revision and its partial download, every
     name a compose file mounts and, for a mounted link, the directory it points to."""
     pinned = revision_name(local_dir, revision)
-    kept = {pinned, partial_name(pinned), *dirs.referenced}
+    kept = {pinned, f".{pinned}{PARTIAL_SUFFIX}", *dirs.referenced}
     for name in dirs.referenced:
         entry = dirs.entries.get(name)
         if entry is not None and entry.kind == "link" and entry.target:
@@ -135,10 +127,10 @@ def kept_names(dirs: WeightsDirsState, local_dir: str, revision: str) -> set[str
     return kept
 
 
-def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str,
-                  keep: int = WEIGHTS_KEPT) -> list[str]:
-    """The names under the model directory to remove (sorted): all but the pinned revision,
-    those a compose file mounts (``dirs`` read with every compose file) and the newest."""
+def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str) -> list[str]:
+    """The names under the model directory to remove (sorted): all but the pinned revision and
+    those a compose file mounts (``dirs`` read with every compose file); no extra one is kept
+    (tens of GB each; the revision a rollback needs is the active snapshot's, so it is named)."""
     candidates = {e.name: float(e.mtime) for e in dirs.entries.values() if _prunable(e, local_dir)}
     return stale(candidates, revision_name(local_dir, revision),
-                 kept_names(dirs, local_dir, revision), keep)
+                 kept_names(dirs, local_dir, revision), keep=1)

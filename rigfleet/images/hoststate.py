@@ -71,9 +71,7 @@ class HostImageState:
         return (path,) if found is not None and found.size is not None else None
 
 
-def state_script(refs: Iterable[str], archives: Iterable[str] = (),
-                 spaces: Iterable[str] = (ROOT,),
-                 loaded_dir: str = str(HOST.loaded_images_dir)) -> str:
+def state_script(refs: Iterable[str], archives: Iterable[str], spaces: Iterable[str]) -> str:
     """The host-side shell script (read-only; it succeeds whatever is missing)."""
     fmt = shlex.quote(INSPECT_FORMAT)
     lines = [
@@ -93,7 +91,7 @@ def state_script(refs: Iterable[str], archives: Iterable[str] = (),
         "while [ ! -d \"$q\" ]; do q=$(dirname \"$q\"); done; "
         "df -Pk \"$q\" 2>/dev/null | awk -v k=\"$1\" "
         "'NR==2 {printf \"free\\t%s\\t%s\\t%.0f\\n\", k, $1, $4*1024}'; }",
-        f"for f in {shlex.quote(loaded_dir)}/*; do [ -f \"$f\" ] && "
+        f"for f in {shlex.quote(str(HOST.loaded_images_dir))}/*; do [ -f \"$f\" ] && "
         "read -r i < \"$f\" && printf 'loaded\\t%s\\t%s\\n' \"${f##*/}\" \"$i\"; done",
     ]
     lines += [f"rf_img {shlex.quote(r)}" for r in dict.fromkeys(refs)]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from images_fakes import docker_save_tar
 
+from rigfleet.hostside.layout import HOST
 from rigfleet.images.archive import (
     ArchiveError,
     archive_name,
@@ -188,13 +189,15 @@ def test_a_checked_load_stands_for_its_digest(tmp_path) -> None:
     loaded.mkdir()
     (loaded / digest.removeprefix("sha256:")).write_text(image_id + "\n")
     (loaded / other.removeprefix("sha256:")).write_text("sha256:" + "9" * 64 + "\n")
-    script = state_script([IMAGE], (), (), loaded_dir=str(loaded))
+    script = state_script([IMAGE], (), ()).replace(str(HOST.loaded_images_dir), str(loaded))
     lines = _run(script, _bin(tmp_path, docker=False))
     assert f"loaded\t{'d' * 64}\t{image_id}" in lines
     state = parse_state([*lines, f"image\t{IMAGE}\t{image_id}\t[]\t[\"{IMAGE}\"]\t5"])
     assert state.images[IMAGE] == LocalImage(image_id, (), (IMAGE,), 5, (digest,))
     assert state.images[IMAGE].has_digest(digest) and not state.images[IMAGE].has_digest(other)
     # no records directory (a host that never loaded from a peer): nothing, and no error
-    assert not [line for line in _run(state_script([IMAGE], (), (), str(tmp_path / "none")),
-                                      _bin(tmp_path, docker=False)) if line.startswith("loaded")]
+    script = state_script([IMAGE], (), ()).replace(str(HOST.loaded_images_dir),
+                                                   str(tmp_path / "none"))
+    assert not [line for line in _run(script, _bin(tmp_path, docker=False))
+                if line.startswith("loaded")]
 
