@@ -28,12 +28,11 @@ def revision_name(local_dir: str, revision: str) -> str:
 @dataclass(frozen=True)
 class WeightsEntry:
     """One entry of the model directory: ``kind`` ``dir``, ``partial`` (not yet verified) or
-    ``link`` (the old name, adopted: ``target`` is the revision's name); size 0 for a link."""
+    ``link`` (the old name, adopted: ``target`` is the revision's name)."""
 
     name: str
     kind: str
     mtime: int
-    size: int = 0
     target: str | None = None
 
 
@@ -52,7 +51,7 @@ def _ere(text: str) -> str:
 
 class WeightsDirs(FactBase[WeightsDirsState]):
     """``<model_dir>/<local_dir>``, ``<local_dir>@*`` and ``.<local_dir>@*.partial`` (kind,
-    mtime, size, link target) and which of those names the given compose files mount."""
+    mtime, link target) and which of those names the given compose files mount."""
 
     @staticmethod
     @override
@@ -66,9 +65,8 @@ class WeightsDirs(FactBase[WeightsDirsState]):
             f"for e in {d}/{n} {d}/{n}{WEIGHTS_REVISION_MARK}* "
             f"{d}/.{n}{WEIGHTS_REVISION_MARK}*{PARTIAL_SUFFIX}; do "
             'if [ -L "$e" ]; then '
-            'echo "link $(stat -c %Y "$e") 0 $(basename "$e") $(readlink "$e")"; '
-            'elif [ -d "$e" ]; then '
-            'echo "dir $(stat -c %Y "$e") $(du -sb "$e" 2>/dev/null | cut -f1) $(basename "$e")"; '
+            'echo "link $(stat -c %Y "$e") $(basename "$e") $(readlink "$e")"; '
+            'elif [ -d "$e" ]; then echo "dir $(stat -c %Y "$e") $(basename "$e")"; '
             "fi; done"
         )
         if compose_files:
@@ -89,13 +87,12 @@ class WeightsDirs(FactBase[WeightsDirsState]):
             parts = line.split()
             if len(parts) == 2 and parts[0] == "ref":
                 referenced.add(parts[1])
-            elif len(parts) in (4, 5) and parts[0] in ("dir", "link") and parts[1].isdigit():
-                kind, name = parts[0], parts[3]
-                size = int(parts[2]) if parts[2].isdigit() else 0
+            elif len(parts) in (3, 4) and parts[0] in ("dir", "link") and parts[1].isdigit():
+                kind, name = parts[0], parts[2]
                 if kind == "dir" and name.startswith(".") and name.endswith(PARTIAL_SUFFIX):
                     kind = "partial"
-                target = parts[4] if kind == "link" and len(parts) == 5 else None
-                entries[name] = WeightsEntry(name, kind, int(parts[1]), size, target)
+                target = parts[3] if kind == "link" and len(parts) == 4 else None
+                entries[name] = WeightsEntry(name, kind, int(parts[1]), target)
         return WeightsDirsState(entries, frozenset(referenced))
 
 

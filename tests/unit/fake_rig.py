@@ -417,10 +417,9 @@ class FakeRig:
             if parent != model_dir or not ours:
                 continue
             if isinstance(entry, str):
-                out.append(f"link 1700000000 0 {name} {entry}")
+                out.append(f"link 1700000000 {name} {entry}")
             else:
-                size = sum(f["size"] for f in entry["files"].values())
-                out.append(f"dir {int(entry.get('at', 1700000000))} {size} {name}")
+                out.append(f"dir {int(entry.get('at', 1700000000))} {name}")
         if "grep -oE" in cmd:
             files = re.findall(r"(/\S+\.yaml)", cmd.split("| grep")[0])
             pattern = re.compile(rf"\s{re.escape(model_dir)}/({re.escape(local_dir)}"
