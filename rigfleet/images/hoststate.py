@@ -19,7 +19,7 @@ from rigfleet.images.archive import ArchivedImage, images_in_manifest
 
 # Docker's own default when the daemon cannot tell (not installed yet: preflight on a bare host).
 DEFAULT_DOCKER_ROOT = "/var/lib/docker"
-INSPECT_FORMAT = "{{.Id}}\t{{json .RepoDigests}}\t{{json .RepoTags}}\t{{.Size}}"
+INSPECT_FORMAT = "{{.Id}}\t{{json .RepoDigests}}\t{{json .RepoTags}}"
 ROOT = "root"
 
 
@@ -30,7 +30,6 @@ class LocalImage:
     id: str
     repo_digests: tuple[str, ...] = ()
     repo_tags: tuple[str, ...] = ()
-    size: int = 0
     loaded: tuple[str, ...] = ()  # digests a checked load stands for (no RepoDigests then)
 
     def has_digest(self, digest: str) -> bool:
@@ -137,15 +136,14 @@ def parse_state(lines: Iterable[str]) -> HostImageState:
 
 
 def _image(fields: list[str]) -> LocalImage | None:
-    if fields[0] == "-" or len(fields) < 4:
+    if fields[0] == "-" or len(fields) < 3:
         return None
     try:
         digests = json.loads(fields[1]) or []
         tags = json.loads(fields[2]) or []
     except ValueError:
         digests, tags = [], []
-    size = int(fields[3]) if fields[3].isdigit() else 0
-    return LocalImage(fields[0], tuple(str(d) for d in digests), tuple(str(t) for t in tags), size)
+    return LocalImage(fields[0], tuple(str(d) for d in digests), tuple(str(t) for t in tags))
 
 
 def _archive(path: str, size: str, manifest: str) -> HostArchive:

@@ -157,7 +157,7 @@ class FakeEngine:
                 out.append(f"image\t{ref}\t-")
             else:
                 out.append("\t".join(("image", ref, image.id, json.dumps(sorted(image.digests)),
-                                      json.dumps(sorted(image.tags)), "1000")))
+                                      json.dumps(sorted(image.tags)))))
         for path in re.findall(r"^rf_path (\S+)$", cmd, re.M):
             path = path.strip("'")
             files = sorted(p for p in self.archives if p.startswith(path.rstrip("/") + "/"))

@@ -109,7 +109,7 @@ case "$1 $2" in
     ref=$5
     case "$ref" in
       vllm/vllm-openai:v0.27.1|vllm/vllm-openai@sha256:*)
-        printf 'sha256:%s\t["vllm/vllm-openai@sha256:%s"]\t["vllm/vllm-openai:v0.27.1"]\t1234\n' \
+        printf 'sha256:%s\t["vllm/vllm-openai@sha256:%s"]\t["vllm/vllm-openai:v0.27.1"]\n' \
           "$(printf 1%.0s $(seq 64))" "$(printf d%.0s $(seq 64))"; exit 0 ;;
     esac
     echo "Error: No such image: $ref" >&2; exit 1 ;;
@@ -170,14 +170,14 @@ def test_state_script_reads_docker_inspect_output(tmp_path) -> None:
     state = parse_state(_run(script, _bin(tmp_path, docker=True)))
     assert state.docker_root == "/srv/docker-root"
     assert state.images[IMAGE] == LocalImage("sha256:" + "1" * 64, (f"vllm/vllm-openai@{digest}",),
-                                             (IMAGE,), 1234)
+                                             (IMAGE,))
     assert state.images["other/image:v1"] is None
     assert state.images[IMAGE].has_digest(digest)
 
 
 def test_parse_state_ignores_noise() -> None:
-    state = parse_state(["garbage", "image\tx\tnot-json\t[\t[]\tzz", "free\troot\t/dev/x\tlots"])
-    assert state.images["x"] == LocalImage("not-json", (), (), 0)
+    state = parse_state(["garbage", "image\tx\tnot-json\t[\t[]", "free\troot\t/dev/x\tlots"])
+    assert state.images["x"] == LocalImage("not-json", (), ())
     assert state.free == {}
 
 
@@ -192,8 +192,8 @@ def test_a_checked_load_stands_for_its_digest(tmp_path) -> None:
     script = state_script([IMAGE], (), ()).replace(str(HOST.loaded_images_dir), str(loaded))
     lines = _run(script, _bin(tmp_path, docker=False))
     assert f"loaded\t{'d' * 64}\t{image_id}" in lines
-    state = parse_state([*lines, f"image\t{IMAGE}\t{image_id}\t[]\t[\"{IMAGE}\"]\t5"])
-    assert state.images[IMAGE] == LocalImage(image_id, (), (IMAGE,), 5, (digest,))
+    state = parse_state([*lines, f"image\t{IMAGE}\t{image_id}\t[]\t[\"{IMAGE}\"]"])
+    assert state.images[IMAGE] == LocalImage(image_id, (), (IMAGE,), (digest,))
     assert state.images[IMAGE].has_digest(digest) and not state.images[IMAGE].has_digest(other)
     # no records directory (a host that never loaded from a peer): nothing, and no error
     script = state_script([IMAGE], (), ()).replace(str(HOST.loaded_images_dir),
