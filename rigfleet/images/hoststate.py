@@ -42,7 +42,6 @@ class LocalImage:
 class HostArchive:
     """One archive file on the host (``size`` None: missing; ``error``: no usable manifest)."""
 
-    path: str
     size: int | None
     images: tuple[ArchivedImage, ...] = ()
     error: str | None = None
@@ -120,9 +119,9 @@ def parse_state(lines: Iterable[str]) -> HostImageState:
         elif kind == "archive" and len(parts) >= 3:
             path = parts[1]
             if parts[2] == "missing":
-                archives[path] = HostArchive(path, None)
+                archives[path] = HostArchive(None)
                 continue
-            archives[path] = _archive(path, parts[2], parts[3] if len(parts) > 3 else "")
+            archives[path] = _archive(parts[2], parts[3] if len(parts) > 3 else "")
             if current_dir is not None and path.startswith(current_dir.rstrip("/") + "/"):
                 dirs[current_dir].append(path)
         elif kind == "free" and len(parts) == 4 and parts[3].isdigit():
@@ -146,13 +145,12 @@ def _image(fields: list[str]) -> LocalImage | None:
     return LocalImage(fields[0], tuple(str(d) for d in digests), tuple(str(t) for t in tags))
 
 
-def _archive(path: str, size: str, manifest: str) -> HostArchive:
+def _archive(size: str, manifest: str) -> HostArchive:
     nbytes = int(size) if size.isdigit() else 0
     if not manifest:
-        return HostArchive(path, nbytes, (), "holds no manifest.json (not a `docker save` "
-                                             "archive?)")
+        return HostArchive(nbytes, (), "holds no manifest.json (not a `docker save` archive?)")
     try:
         found = images_in_manifest(json.loads(manifest))
     except ValueError as e:
-        return HostArchive(path, nbytes, (), f"its manifest.json cannot be read ({e})")
-    return HostArchive(path, nbytes, found)
+        return HostArchive(nbytes, (), f"its manifest.json cannot be read ({e})")
+    return HostArchive(nbytes, found)

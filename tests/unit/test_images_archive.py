@@ -159,7 +159,7 @@ def test_state_script_without_docker_reports_absence_and_free_space(tmp_path) ->
     assert state.archives[str(archive_dir / "broken.tar")].error
     assert state.archives[str(single)].images[0].image_id == other_id
     assert state.archive_files(str(tmp_path / "missing")) is None
-    assert state.archives[str(tmp_path / "missing")] == HostArchive(str(tmp_path / "missing"), None)
+    assert state.archives[str(tmp_path / "missing")] == HostArchive(None)
     # Free space on the nearest existing directory's filesystem, in bytes.
     assert state.free["root"].free > 0 and state.free[str(tmp_path / "not" / "yet")].free > 0
 
