@@ -38,6 +38,7 @@ import roles.follow
 import roles.nvidia_driver
 import roles.preflight
 import roles.swap
+from rigfleet.images.checks import SourceChecker
 from rigfleet.packages import OsInfo
 from rigfleet.retention import stale
 from roles import converge
@@ -117,8 +118,9 @@ def _fast(monkeypatch):
     monkeypatch.setattr(roles.follow, "POLL_S", 0)
     rigfleet.desired._PINS.clear()
     # The pinned digest is on "Docker Hub" (the default image source's preflight check).
-    monkeypatch.setattr(rigfleet.images.deploy, "REGISTRY",
-                        lambda url: FakeHub(url, {DIGEST: (image_id_of(DIGEST), 9 * 1024**3)}))
+    hub = {DIGEST: (image_id_of(DIGEST), 9 * 1024**3)}
+    monkeypatch.setattr(rigfleet.images.deploy, "SourceChecker",
+                        lambda: SourceChecker(lambda url: FakeHub(url, hub)))
 
     def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
         text = command if isinstance(command, str) else command.get_raw_value()
