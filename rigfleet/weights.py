@@ -1,5 +1,5 @@
 """Model weights on a host: one read-only directory per revision (docs/converge.md), the
-``WeightsDirs`` fact, what to prune and what space they need::
+``WeightsDirs`` fact and what to prune::
 
     dirs = read_fact(WeightsDirs, model_dir="/srv/models", local_dir="qwen",
                      compose_files=("/var/lib/rigfleet/active/compose.yaml",))
@@ -18,10 +18,6 @@ from typing_extensions import override
 from rigfleet.hostside.layout import HOST, WEIGHTS_REVISION_CHARS, WEIGHTS_REVISION_MARK
 from rigfleet.retention import stale
 
-# Revisions kept beyond the pinned one and those a compose file names: none (tens of GB each;
-# the revision a rollback needs is the active snapshot's, so it is named, so it is kept).
-WEIGHTS_KEPT = 1
-HEADROOM = 0.10  # as files/rigfleet-fetch-weights.py: free space asked beyond the download
 PARTIAL_SUFFIX = ".partial"
 
 def revision_name(local_dir: str, revision: str) -> str:
@@ -29,20 +25,14 @@ def revision_name(local_dir: str, revision: str) -> str:
     return HOST.weights_dir("/", local_dir, revision).name
 
 
-def partial_name(name: str) -> str:
-    """Where the fetcher downloads ``name`` until it is verified: ``.<name>.partial``."""
-    return f".{name}{PARTIAL_SUFFIX}"
-
-
 @dataclass(frozen=True)
 class WeightsEntry:
     """One entry of the model directory: ``kind`` ``dir``, ``partial`` (not yet verified) or
-    ``link`` (the old name, adopted: ``target`` is the revision's name); size 0 for a link."""
+    ``link`` (the old name, adopted: ``target`` is the revision's name)."""
 
     name: str
     kind: str
     mtime: int
-    size: int = 0
     target: str | None = None
 
 
@@ -61,7 +51,7 @@ def _ere(text: str) -> str:
 
 class WeightsDirs(FactBase[WeightsDirsState]):
     """``<model_dir>/<local_dir>``, ``<local_dir>@*`` and ``.<local_dir>@*.partial`` (kind,
-    mtime, size, link target) and which of those names the given compose files mount."""
+    mtime, link target) and which of those names the given compose files mount."""
 
     @staticmethod
     @override
@@ -75,9 +65,8 @@ class WeightsDirs(FactBase[WeightsDirsState]):
             f"for e in {d}/{n} {d}/{n}{WEIGHTS_REVISION_MARK}* "
             f"{d}/.{n}{WEIGHTS_REVISION_MARK}*{PARTIAL_SUFFIX}; do "
             'if [ -L "$e" ]; then '
-            'echo "link $(stat -c %Y "$e") 0 $(basename "$e") $(readlink "$e")"; '
-            'elif [ -d "$e" ]; then '
-            'echo "dir $(stat -c %Y "$e") $(du -sb "$e" 2>/dev/null | cut -f1) $(basename "$e")"; '
+            'echo "link $(stat -c %Y "$e") $(basename "$e") $(readlink "$e")"; '
+            'elif [ -d "$e" ]; then echo "dir $(stat -c %Y "$e") $(basename "$e")"; '
             "fi; done"
         )
         if compose_files:
@@ -98,13 +87,12 @@ class WeightsDirs(FactBase[WeightsDirsState]):
             parts = line.split()
             if len(parts) == 2 and parts[0] == "ref":
                 referenced.add(parts[1])
-            elif len(parts) in (4, 5) and parts[0] in ("dir", "link") and parts[1].isdigit():
-                kind, name = parts[0], parts[3]
-                size = int(parts[2]) if parts[2].isdigit() else 0
+            elif len(parts) in (3, 4) and parts[0] in ("dir", "link") and parts[1].isdigit():
+                kind, name = parts[0], parts[2]
                 if kind == "dir" and name.startswith(".") and name.endswith(PARTIAL_SUFFIX):
                     kind = "partial"
-                target = parts[4] if kind == "link" and len(parts) == 5 else None
-                entries[name] = WeightsEntry(name, kind, int(parts[1]), size, target)
+                target = parts[3] if kind == "link" and len(parts) == 4 else None
+                entries[name] = WeightsEntry(name, kind, int(parts[1]), target)
         return WeightsDirsState(entries, frozenset(referenced))
 
 
@@ -128,7 +116,7 @@ def kept_names(dirs: WeightsDirsState, local_dir: str, revision: str) -> set[str
     """Names kept whatever their age: the pinned revision and its partial download, every
     name a compose file mounts and, for a mounted link, the directory it points to."""
     pinned = revision_name(local_dir, revision)
-    kept = {pinned, partial_name(pinned), *dirs.referenced}
+    kept = {pinned, f".{pinned}{PARTIAL_SUFFIX}", *dirs.referenced}
     for name in dirs.referenced:
         entry = dirs.entries.get(name)
         if entry is not None and entry.kind == "link" and entry.target:
@@ -136,53 +124,10 @@ def kept_names(dirs: WeightsDirsState, local_dir: str, revision: str) -> set[str
     return kept
 
 
-def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str,
-                  keep: int = WEIGHTS_KEPT) -> list[str]:
-    """The names under the model directory to remove (sorted): all but the pinned revision,
-    those a compose file mounts (``dirs`` read with every compose file) and the newest."""
+def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str) -> list[str]:
+    """The names under the model directory to remove (sorted): all but the pinned revision and
+    those a compose file mounts (``dirs`` read with every compose file); no extra one is kept
+    (tens of GB each; the revision a rollback needs is the active snapshot's, so it is named)."""
     candidates = {e.name: float(e.mtime) for e in dirs.entries.values() if _prunable(e, local_dir)}
     return stale(candidates, revision_name(local_dir, revision),
-                 kept_names(dirs, local_dir, revision), keep)
-
-
-@dataclass(frozen=True)
-class WeightsSpace:
-    """Disk space of the weights on one host, in bytes: what stays and what pruning frees,
-    what the pinned revision still needs (None: unknown) and its size (maybe estimated)."""
-
-    kept: int
-    freed: int
-    to_download: int | None
-    total: int | None
-    estimated: bool
-
-    @property
-    def need(self) -> int | None:
-        """Free bytes the fetcher asks for: what is left + 10 % of the revision."""
-        if self.to_download is None or self.total is None:
-            return None
-        return 0 if self.to_download == 0 else self.to_download + int(self.total * HEADROOM)
-
-
-def weights_space(dirs: WeightsDirsState, local_dir: str, revision: str,
-                  revision_bytes: int | None = None,
-                  old_revision: str | None = None) -> WeightsSpace:
-    """What the weights keep on disk and still need. Without ``revision_bytes`` (the hub's
-    listing) a new revision is as large as the largest here; ``old_revision``: what a not yet
-    adopted ``<model_dir>/<local_dir>`` holds (adopted without a download)."""
-    removed = set(stale_weights(dirs, local_dir, revision))
-    sizes = {n: e.size for n, e in dirs.entries.items() if e.kind != "link"}
-    kept = sum(size for n, size in sizes.items() if n not in removed)
-    freed = sum(size for n, size in sizes.items() if n in removed)
-    pinned = revision_name(local_dir, revision)
-    if pinned in dirs.entries or (old_revision == revision and local_dir in sizes):
-        return WeightsSpace(kept, freed, 0, sizes.get(pinned, sizes.get(local_dir, 0)), False)
-    revisions = [size for n, size in sizes.items() if _revision_dir(n, local_dir)]
-    old = dirs.entries.get(local_dir)
-    if old is not None and old.kind == "dir":
-        revisions.append(old.size)
-    total = revision_bytes if revision_bytes is not None else max(revisions, default=None)
-    if total is None:
-        return WeightsSpace(kept, freed, None, None, True)
-    have = sizes.get(partial_name(pinned), 0)
-    return WeightsSpace(kept, freed, max(total - have, 0), total, revision_bytes is None)
+                 kept_names(dirs, local_dir, revision), keep=1)

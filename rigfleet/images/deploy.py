@@ -8,7 +8,7 @@ the preflight refusal (docs/images.md, "Refused before any host changes")::
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pyinfra import host
@@ -23,10 +23,8 @@ from rigfleet.image_sources import NO_CHECK, ImageSource
 from rigfleet.images.checks import SourceChecker
 from rigfleet.images.hoststate import ROOT, HostImageState, parse_state, state_script
 from rigfleet.images.plan import StagingPlan, plan_host, presence, wanted_images
-from rigfleet.registry import Registry
 from rigfleet.validate import ValidationError
 
-REGISTRY: Callable[[str], Registry] = Registry
 _PLANS: weakref.WeakKeyDictionary[State, dict[str, StagingPlan]] = weakref.WeakKeyDictionary()
 _CHECKERS: weakref.WeakKeyDictionary[State, SourceChecker] = weakref.WeakKeyDictionary()
 
@@ -41,8 +39,8 @@ class ImageState(FactBase[HostImageState]):
     default = HostImageState
 
     @override
-    def command(self, refs: tuple[str, ...], archives: tuple[str, ...] = (),
-                spaces: tuple[str, ...] = (ROOT,)) -> str:
+    def command(self, refs: tuple[str, ...], archives: tuple[str, ...],
+                spaces: tuple[str, ...]) -> str:
         return state_script(refs, archives, spaces)
 
     @override
@@ -73,7 +71,7 @@ def staging_plan(want: DesiredHost) -> StagingPlan:
     state = host.state
     plans = _PLANS.setdefault(state, {})
     if want.name not in plans:
-        checker = _CHECKERS.setdefault(state, SourceChecker(lambda url: REGISTRY(url)))
+        checker = _CHECKERS.setdefault(state, SourceChecker())
         facts = read_fact(ImageState, **fact_arguments(want))
         # The fleet caches' registries are not checked from here: the host falls back.
         caches = tuple(ImageSource("registry", url=c.registry_url, check=NO_CHECK, cache=c.name)

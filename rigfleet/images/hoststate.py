@@ -19,7 +19,7 @@ from rigfleet.images.archive import ArchivedImage, images_in_manifest
 
 # Docker's own default when the daemon cannot tell (not installed yet: preflight on a bare host).
 DEFAULT_DOCKER_ROOT = "/var/lib/docker"
-INSPECT_FORMAT = "{{.Id}}\t{{json .RepoDigests}}\t{{json .RepoTags}}\t{{.Size}}"
+INSPECT_FORMAT = "{{.Id}}\t{{json .RepoDigests}}\t{{json .RepoTags}}"
 ROOT = "root"
 
 
@@ -30,7 +30,6 @@ class LocalImage:
     id: str
     repo_digests: tuple[str, ...] = ()
     repo_tags: tuple[str, ...] = ()
-    size: int = 0
     loaded: tuple[str, ...] = ()  # digests a checked load stands for (no RepoDigests then)
 
     def has_digest(self, digest: str) -> bool:
@@ -43,7 +42,6 @@ class LocalImage:
 class HostArchive:
     """One archive file on the host (``size`` None: missing; ``error``: no usable manifest)."""
 
-    path: str
     size: int | None
     images: tuple[ArchivedImage, ...] = ()
     error: str | None = None
@@ -57,7 +55,6 @@ class Space:
 
 @dataclass(frozen=True)
 class HostImageState:
-    docker: bool = False
     docker_root: str = DEFAULT_DOCKER_ROOT
     images: dict[str, LocalImage | None] = field(default_factory=dict)
     archives: dict[str, HostArchive] = field(default_factory=dict)
@@ -72,16 +69,11 @@ class HostImageState:
         return (path,) if found is not None and found.size is not None else None
 
 
-def state_script(refs: Iterable[str], archives: Iterable[str] = (),
-                 spaces: Iterable[str] = (ROOT,),
-                 loaded_dir: str = str(HOST.loaded_images_dir)) -> str:
+def state_script(refs: Iterable[str], archives: Iterable[str], spaces: Iterable[str]) -> str:
     """The host-side shell script (read-only; it succeeds whatever is missing)."""
     fmt = shlex.quote(INSPECT_FORMAT)
     lines = [
-        "if command -v docker >/dev/null 2>&1 && "
-        "root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -n \"$root\" ]; then",
-        "  echo 'docker\tyes'",
-        "else echo 'docker\tno'; root=; fi",
+        "root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) || root=",
         f'[ -n "$root" ] || root={DEFAULT_DOCKER_ROOT}',
         "printf 'root\\t%s\\n' \"$root\"",
         "rf_img() { if out=$(docker image inspect --format " + fmt + ' "$1" 2>/dev/null); '
@@ -97,7 +89,7 @@ def state_script(refs: Iterable[str], archives: Iterable[str] = (),
         "while [ ! -d \"$q\" ]; do q=$(dirname \"$q\"); done; "
         "df -Pk \"$q\" 2>/dev/null | awk -v k=\"$1\" "
         "'NR==2 {printf \"free\\t%s\\t%s\\t%.0f\\n\", k, $1, $4*1024}'; }",
-        f"for f in {shlex.quote(loaded_dir)}/*; do [ -f \"$f\" ] && "
+        f"for f in {shlex.quote(str(HOST.loaded_images_dir))}/*; do [ -f \"$f\" ] && "
         "read -r i < \"$f\" && printf 'loaded\\t%s\\t%s\\n' \"${f##*/}\" \"$i\"; done",
     ]
     lines += [f"rf_img {shlex.quote(r)}" for r in dict.fromkeys(refs)]
@@ -107,7 +99,7 @@ def state_script(refs: Iterable[str], archives: Iterable[str] = (),
 
 
 def parse_state(lines: Iterable[str]) -> HostImageState:
-    docker, root = False, DEFAULT_DOCKER_ROOT
+    root = DEFAULT_DOCKER_ROOT
     images: dict[str, LocalImage | None] = {}
     archives: dict[str, HostArchive] = {}
     dirs: dict[str, list[str]] = {}
@@ -117,9 +109,7 @@ def parse_state(lines: Iterable[str]) -> HostImageState:
     for raw in lines:
         parts = raw.rstrip("\n").split("\t")
         kind = parts[0]
-        if kind == "docker" and len(parts) == 2:
-            docker = parts[1] == "yes"
-        elif kind == "root" and len(parts) == 2 and parts[1]:
+        if kind == "root" and len(parts) == 2 and parts[1]:
             root = parts[1]
         elif kind == "image" and len(parts) >= 3:
             images[parts[1]] = _image(parts[2:])
@@ -129,9 +119,9 @@ def parse_state(lines: Iterable[str]) -> HostImageState:
         elif kind == "archive" and len(parts) >= 3:
             path = parts[1]
             if parts[2] == "missing":
-                archives[path] = HostArchive(path, None)
+                archives[path] = HostArchive(None)
                 continue
-            archives[path] = _archive(path, parts[2], parts[3] if len(parts) > 3 else "")
+            archives[path] = _archive(parts[2], parts[3] if len(parts) > 3 else "")
             if current_dir is not None and path.startswith(current_dir.rstrip("/") + "/"):
                 dirs[current_dir].append(path)
         elif kind == "free" and len(parts) == 4 and parts[3].isdigit():
@@ -140,29 +130,27 @@ def parse_state(lines: Iterable[str]) -> HostImageState:
             loaded[parts[2]] = (*loaded.get(parts[2], ()), f"sha256:{parts[1]}")
     images = {ref: replace(img, loaded=loaded[img.id]) if img and img.id in loaded else img
               for ref, img in images.items()}
-    return HostImageState(docker, root, images, archives,
+    return HostImageState(root, images, archives,
                           {d: tuple(files) for d, files in dirs.items()}, free)
 
 
 def _image(fields: list[str]) -> LocalImage | None:
-    if fields[0] == "-" or len(fields) < 4:
+    if fields[0] == "-" or len(fields) < 3:
         return None
     try:
         digests = json.loads(fields[1]) or []
         tags = json.loads(fields[2]) or []
     except ValueError:
         digests, tags = [], []
-    size = int(fields[3]) if fields[3].isdigit() else 0
-    return LocalImage(fields[0], tuple(str(d) for d in digests), tuple(str(t) for t in tags), size)
+    return LocalImage(fields[0], tuple(str(d) for d in digests), tuple(str(t) for t in tags))
 
 
-def _archive(path: str, size: str, manifest: str) -> HostArchive:
+def _archive(size: str, manifest: str) -> HostArchive:
     nbytes = int(size) if size.isdigit() else 0
     if not manifest:
-        return HostArchive(path, nbytes, (), "holds no manifest.json (not a `docker save` "
-                                             "archive?)")
+        return HostArchive(nbytes, (), "holds no manifest.json (not a `docker save` archive?)")
     try:
         found = images_in_manifest(json.loads(manifest))
     except ValueError as e:
-        return HostArchive(path, nbytes, (), f"its manifest.json cannot be read ({e})")
-    return HostArchive(path, nbytes, found)
+        return HostArchive(nbytes, (), f"its manifest.json cannot be read ({e})")
+    return HostArchive(nbytes, found)

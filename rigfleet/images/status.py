@@ -38,9 +38,8 @@ def host_images(host: InventoryHost, remote: Remote, checker: SourceChecker) -> 
     return HostImages(host.name, plan, problems=plan.problems)
 
 
-def fleet_images(hosts: Sequence[InventoryHost], remote: Remote,
-                 checker: SourceChecker | None = None) -> list[HostImages]:
-    checker = checker or SourceChecker()
+def fleet_images(hosts: Sequence[InventoryHost], remote: Remote) -> list[HostImages]:
+    checker = SourceChecker()
     return each_host(hosts, lambda h: host_images(h, remote, checker),
                      lambda h, why: HostImages(h.name, error=why))
 

@@ -339,7 +339,7 @@ class FakeRig:
             if self.runtimes_registered:
                 runtimes["nvidia"] = {"path": "nvidia-container-runtime"}
             return True, [json.dumps(runtimes)]
-        if cmd.startswith("if command -v docker") and "rf_img()" in cmd:
+        if cmd.startswith("root=$(docker info") and "rf_img()" in cmd:
             self.engine.installed = "docker.io" in self.packages or "docker-ce" in self.packages
             return True, self.engine.state(cmd)
         m = re.match(r"docker image inspect --format '\{\{json \.Config\.Labels\}\}' (\S+)", cmd)
@@ -417,10 +417,9 @@ class FakeRig:
             if parent != model_dir or not ours:
                 continue
             if isinstance(entry, str):
-                out.append(f"link 1700000000 0 {name} {entry}")
+                out.append(f"link 1700000000 {name} {entry}")
             else:
-                size = sum(f["size"] for f in entry["files"].values())
-                out.append(f"dir {int(entry.get('at', 1700000000))} {size} {name}")
+                out.append(f"dir {int(entry.get('at', 1700000000))} {name}")
         if "grep -oE" in cmd:
             files = re.findall(r"(/\S+\.yaml)", cmd.split("| grep")[0])
             pattern = re.compile(rf"\s{re.escape(model_dir)}/({re.escape(local_dir)}"

@@ -149,7 +149,7 @@ class FakeEngine:
 
     def state(self, cmd: str) -> list[str]:
         """The answer to ``rigfleet.images.hoststate.state_script``."""
-        out = [f"docker\t{'yes' if self.installed else 'no'}", "root\t/var/lib/docker"]
+        out = ["root\t/var/lib/docker"]
         for ref in re.findall(r"^rf_img (\S+)$", cmd, re.M):
             ref = ref.strip("'")
             image = self.find(ref) if self.installed else None
@@ -157,7 +157,7 @@ class FakeEngine:
                 out.append(f"image\t{ref}\t-")
             else:
                 out.append("\t".join(("image", ref, image.id, json.dumps(sorted(image.digests)),
-                                      json.dumps(sorted(image.tags)), "1000")))
+                                      json.dumps(sorted(image.tags)))))
         for path in re.findall(r"^rf_path (\S+)$", cmd, re.M):
             path = path.strip("'")
             files = sorted(p for p in self.archives if p.startswith(path.rstrip("/") + "/"))
@@ -178,7 +178,7 @@ class FakeEngine:
 
     def apply(self, cmd: str) -> tuple[bool, list[str]] | None:
         """Apply a pull, tag or ``load -i``; None for any other command."""
-        if cmd.startswith("if command -v docker") and "rf_img()" in cmd:
+        if cmd.startswith("root=$(docker info") and "rf_img()" in cmd:
             return True, self.state(cmd)
         m = re.match(r"\{ curl -fsS \S+ \| docker load -q >/dev/null && .*?; \} \|\| "
                      r"\{ echo .*? >&2; (.*); \}$", cmd)

@@ -294,7 +294,7 @@ CACHE = ImageSource("registry", url="http://lb1:5000", check=NO_CHECK, cache="lb
 
 
 def _state() -> HostImageState:
-    return HostImageState(True, "/var/lib/docker", {}, free={"root": Space("/dev/sda1",
+    return HostImageState("/var/lib/docker", {}, free={"root": Space("/dev/sda1",
                                                                             500 * GIB)})
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from images_fakes import docker_save_tar
 
+from rigfleet.hostside.layout import HOST
 from rigfleet.images.archive import (
     ArchiveError,
     archive_name,
@@ -108,7 +109,7 @@ case "$1 $2" in
     ref=$5
     case "$ref" in
       vllm/vllm-openai:v0.27.1|vllm/vllm-openai@sha256:*)
-        printf 'sha256:%s\t["vllm/vllm-openai@sha256:%s"]\t["vllm/vllm-openai:v0.27.1"]\t1234\n' \
+        printf 'sha256:%s\t["vllm/vllm-openai@sha256:%s"]\t["vllm/vllm-openai:v0.27.1"]\n' \
           "$(printf 1%.0s $(seq 64))" "$(printf d%.0s $(seq 64))"; exit 0 ;;
     esac
     echo "Error: No such image: $ref" >&2; exit 1 ;;
@@ -149,7 +150,7 @@ def test_state_script_without_docker_reports_absence_and_free_space(tmp_path) ->
                           [str(archive_dir), str(single), str(tmp_path / "missing")],
                           ["root", str(tmp_path / "not" / "yet")])
     state = parse_state(_run(script, _bin(tmp_path, docker=False)))
-    assert not state.docker and state.docker_root == "/var/lib/docker"
+    assert state.docker_root == "/var/lib/docker"
     assert state.images == {IMAGE: None, "vllm/vllm-openai@sha256:" + "d" * 64: None}
     assert state.archive_files(str(archive_dir)) == (
         str(archive_dir / "broken.tar"), str(archive_dir / archive_name(IMAGE)))
@@ -158,7 +159,7 @@ def test_state_script_without_docker_reports_absence_and_free_space(tmp_path) ->
     assert state.archives[str(archive_dir / "broken.tar")].error
     assert state.archives[str(single)].images[0].image_id == other_id
     assert state.archive_files(str(tmp_path / "missing")) is None
-    assert state.archives[str(tmp_path / "missing")] == HostArchive(str(tmp_path / "missing"), None)
+    assert state.archives[str(tmp_path / "missing")] == HostArchive(None)
     # Free space on the nearest existing directory's filesystem, in bytes.
     assert state.free["root"].free > 0 and state.free[str(tmp_path / "not" / "yet")].free > 0
 
@@ -167,16 +168,16 @@ def test_state_script_reads_docker_inspect_output(tmp_path) -> None:
     digest = "sha256:" + "d" * 64
     script = state_script([IMAGE, f"vllm/vllm-openai@{digest}", "other/image:v1"], (), ())
     state = parse_state(_run(script, _bin(tmp_path, docker=True)))
-    assert state.docker and state.docker_root == "/srv/docker-root"
+    assert state.docker_root == "/srv/docker-root"
     assert state.images[IMAGE] == LocalImage("sha256:" + "1" * 64, (f"vllm/vllm-openai@{digest}",),
-                                             (IMAGE,), 1234)
+                                             (IMAGE,))
     assert state.images["other/image:v1"] is None
     assert state.images[IMAGE].has_digest(digest)
 
 
 def test_parse_state_ignores_noise() -> None:
-    state = parse_state(["garbage", "image\tx\tnot-json\t[\t[]\tzz", "free\troot\t/dev/x\tlots"])
-    assert state.images["x"] == LocalImage("not-json", (), (), 0)
+    state = parse_state(["garbage", "image\tx\tnot-json\t[\t[]", "free\troot\t/dev/x\tlots"])
+    assert state.images["x"] == LocalImage("not-json", (), ())
     assert state.free == {}
 
 
@@ -188,13 +189,15 @@ def test_a_checked_load_stands_for_its_digest(tmp_path) -> None:
     loaded.mkdir()
     (loaded / digest.removeprefix("sha256:")).write_text(image_id + "\n")
     (loaded / other.removeprefix("sha256:")).write_text("sha256:" + "9" * 64 + "\n")
-    script = state_script([IMAGE], (), (), loaded_dir=str(loaded))
+    script = state_script([IMAGE], (), ()).replace(str(HOST.loaded_images_dir), str(loaded))
     lines = _run(script, _bin(tmp_path, docker=False))
     assert f"loaded\t{'d' * 64}\t{image_id}" in lines
-    state = parse_state([*lines, f"image\t{IMAGE}\t{image_id}\t[]\t[\"{IMAGE}\"]\t5"])
-    assert state.images[IMAGE] == LocalImage(image_id, (), (IMAGE,), 5, (digest,))
+    state = parse_state([*lines, f"image\t{IMAGE}\t{image_id}\t[]\t[\"{IMAGE}\"]"])
+    assert state.images[IMAGE] == LocalImage(image_id, (), (IMAGE,), (digest,))
     assert state.images[IMAGE].has_digest(digest) and not state.images[IMAGE].has_digest(other)
     # no records directory (a host that never loaded from a peer): nothing, and no error
-    assert not [line for line in _run(state_script([IMAGE], (), (), str(tmp_path / "none")),
-                                      _bin(tmp_path, docker=False)) if line.startswith("loaded")]
+    script = state_script([IMAGE], (), ()).replace(str(HOST.loaded_images_dir),
+                                                   str(tmp_path / "none"))
+    assert not [line for line in _run(script, _bin(tmp_path, docker=False))
+                if line.startswith("loaded")]
 

@@ -125,16 +125,16 @@ def test_host_archive_from_the_hosts_state() -> None:
     wanted_id = "sha256:" + "7" * 64
     w = WantedImage(IMAGE, DIGEST, wanted_id, ())
     source = ImageSource("host-archive", path="/srv/images")
-    missing = HostImageState(archives={"/srv/images": HostArchive("/srv/images", None)})
+    missing = HostImageState(archives={"/srv/images": HostArchive(None)})
     [r] = c.results(w, settings(source), missing)
     assert r.reason == "/srv/images is missing on the host"
     f = f"/srv/images/{archive_name(IMAGE)}"
     holds = HostImageState(dirs={"/srv/images": (f,)},
-                           archives={f: HostArchive(f, 5, (ArchivedImage(wanted_id, (IMAGE,)),))})
+                           archives={f: HostArchive(5, (ArchivedImage(wanted_id, (IMAGE,)),))})
     [r] = c.results(w, settings(source), holds)
     assert r.ok and r.archive == f and r.size == 5
     wrong = HostImageState(dirs={"/srv/images": (f,)}, archives={
-        f: HostArchive(f, 5, (ArchivedImage("sha256:" + "8" * 64, ()),))})
+        f: HostArchive(5, (ArchivedImage("sha256:" + "8" * 64, ()),))})
     [r] = c.results(w, settings(source), wrong)
     assert not r.ok and "holds sha256:888888888888 (untagged)" in r.reason
     empty = HostImageState(dirs={"/srv/images": ()})

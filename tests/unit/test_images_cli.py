@@ -22,6 +22,7 @@ from images_fakes import (
 from rich.console import Console
 
 import rigfleet.images.cli as images_cli
+import rigfleet.images.status as images_status
 import rigfleet.ssh
 from rigfleet.cli import main
 from rigfleet.images.archive import archive_name, read_sidecar
@@ -47,6 +48,7 @@ def fleet(tmp_path: Path, monkeypatch) -> dict[str, Any]:
     remote = FakeRemote(engines={"host1": has, "host2": FakeEngine(), "host3": FakeEngine()})
     monkeypatch.setattr(images_cli, "_hosts", lambda inventory: hosts)
     monkeypatch.setattr(rigfleet.ssh, "SshRemote", lambda **_: remote)
+    monkeypatch.setattr(images_status, "SourceChecker", checker)
     return {"hosts": hosts, "remote": remote, "tmp": tmp_path}
 
 
@@ -57,7 +59,7 @@ def checker(known: bool = True) -> SourceChecker:
 
 def test_status_rows_say_what_is_there_and_where_it_would_come_from(fleet) -> None:
     fleet["remote"].down = {"host3"}
-    rows = fleet_images(fleet["hosts"], fleet["remote"], checker())
+    rows = fleet_images(fleet["hosts"], fleet["remote"])
     console = Console(width=200, record=True)
     table(rows).print(console)
     text = console.export_text()
@@ -75,13 +77,15 @@ def test_status_rows_say_what_is_there_and_where_it_would_come_from(fleet) -> No
     assert exit_status(rows) == 1
 
 
-def test_status_exit_1_when_a_host_cannot_get_an_image(fleet) -> None:
-    rows = fleet_images(fleet["hosts"][:2], fleet["remote"], checker(known=False))
+def test_status_exit_1_when_a_host_cannot_get_an_image(fleet, monkeypatch) -> None:
+    monkeypatch.setattr(images_status, "SourceChecker", lambda: checker(known=False))
+    rows = fleet_images(fleet["hosts"][:2], fleet["remote"])
     assert exit_status(rows) == 1
     host2 = as_json(rows)["hosts"][1]
     assert host2["images"][0]["action"] == "refused"
     assert any("no source can provide it" in p for p in host2["problems"])
-    assert exit_status(fleet_images(fleet["hosts"][:1], fleet["remote"], checker())) == 0
+    monkeypatch.setattr(images_status, "SourceChecker", checker)
+    assert exit_status(fleet_images(fleet["hosts"][:1], fleet["remote"])) == 0
 
 
 def test_export_through_the_cli(fleet, capsys) -> None:
@@ -137,7 +141,7 @@ def test_status_table_at_80_columns_keeps_hosts_and_presence(fleet, monkeypatch)
     """In a pipe (COLUMNS=80, no terminal) each row still says whose it is and whether the
     image is there; nothing is cut to "…"."""
     fleet["remote"].down = {"host3"}
-    rows = fleet_images(fleet["hosts"], fleet["remote"], checker())
+    rows = fleet_images(fleet["hosts"], fleet["remote"])
     monkeypatch.setenv("COLUMNS", "80")
     buf = io.StringIO()
     console = Console(file=buf)

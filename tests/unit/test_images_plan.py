@@ -36,7 +36,7 @@ HOST_ARCHIVE = ImageSource("host-archive", path="/srv/images")
 
 def state(images: dict[str, LocalImage | None] | None = None, free: int = 500 * GIB,
           **more: Space) -> HostImageState:
-    return HostImageState(True, "/var/lib/docker", images or {},
+    return HostImageState("/var/lib/docker", images or {},
                           free={"root": Space("/dev/sda1", free), **more})
 
 
@@ -218,7 +218,7 @@ def test_upload_counts_on_its_own_filesystem() -> None:
 
 
 def test_unknown_sizes_and_free_space_are_noted_not_refused() -> None:
-    unknown = HostImageState(False, "/var/lib/docker", {}, free={})
+    unknown = HostImageState("/var/lib/docker", {}, free={})
     plan = plan_host("host1", [W], unknown, {IMAGE: [ok(HUB, size=10 * GIB)]})
     assert plan.problems == () and any("free space on /var/lib/docker unknown" in n
                                        for n in plan.notes)

@@ -16,6 +16,7 @@ from test_roles_fake import _fast, deploy  # noqa: F401  (the harness; _fast is 
 import rigfleet.images.deploy
 import roles.images
 from rigfleet.images.archive import archive_name
+from rigfleet.images.checks import SourceChecker
 from rigfleet.inventory import InventoryHost
 from roles import images, preflight
 from roles.preflight import HostRefused
@@ -39,7 +40,8 @@ def setup(tmp_path: Path, monkeypatch) -> dict[str, Any]:
     pins.write_text(pins_text(f'int8: {{image: "{IMAGE}", digest: "{DIGEST}", '
                               f"vllm_version: 0.27.1, image_id: '{image_id}'}}\n"))
     hub: dict[str, tuple[str, int]] = {}
-    monkeypatch.setattr(rigfleet.images.deploy, "REGISTRY", lambda url: FakeHub(url, hub))
+    monkeypatch.setattr(rigfleet.images.deploy, "SourceChecker",
+                        lambda: SourceChecker(lambda url: FakeHub(url, hub)))
     data = {"fake_delay": 0, "fake_delay_jitter": 0, "stack": "int8", "power_caps_w": 250,
             "model_dir": "/srv/models", "front_port": 8000, "api_key_file": str(key),
             "pins_file": str(pins), "apt_repos": {"cuda": REPO, "nvidia-container-toolkit": REPO}}

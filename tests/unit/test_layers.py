@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "rigfleet.resources", "rigfleet.commands", "rigfleet.vllm_versions",
               "rigfleet.genesis_inspect", "rigfleet.genesis_layout", "rigfleet.sshconfig",
               "rigfleet.retention", "rigfleet.gpu", "rigfleet.packages", "rigfleet.registry",
-              "rigfleet.hub", "rigfleet.hostbundle", "rigfleet.monitor.names",
+              "rigfleet.hub", "rigfleet.hostbundle",
               "rigfleet.keytable")),
     ("data", ("rigfleet.pins", "rigfleet.hostdata", "rigfleet.hostchecks", "rigfleet.aptrepos",
               "rigfleet.tlsfiles", "rigfleet.catalog",

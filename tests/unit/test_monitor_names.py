@@ -1,5 +1,5 @@
 """Every series the rules and the dashboards read is in the metric-name contract
-(rigfleet/monitor/names.py); the dashboards are Grafana JSON with the datasource as an input,
+(tests/unit/metric_names.py); the dashboards are Grafana JSON with the datasource as an input,
 and every query in them is PromQL that Prometheus' own parser takes (through promtool)."""
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import metric_names as names
 import pytest
 import yaml
 from monitor_tools import need
-
-from rigfleet.monitor import names
 
 MONITOR = Path(__file__).resolve().parents[2] / "files" / "monitor"
 DASHBOARDS = sorted((MONITOR / "dashboards").glob("*.json"))
@@ -79,7 +78,7 @@ def test_every_name_used_is_in_the_contract(source: str) -> None:
     used = set().union(*(series_names(e) for e in exprs))
     known = {*names.METRICS, *names.RECORDED, *names.BUILTIN, *names.NODE}
     unknown = sorted(used - known)
-    assert not unknown, f"{source} read series outside rigfleet/monitor/names.py: {unknown}"
+    assert not unknown, f"{source} read series outside tests/unit/metric_names.py: {unknown}"
     # and they read the contract for real: the GPU, engine and rigfleet families all appear
     assert any(n.startswith("vllm:") for n in used)
     assert any(n.startswith("rigfleet_") for n in used)

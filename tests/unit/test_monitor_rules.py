@@ -10,10 +10,9 @@ import subprocess
 from pathlib import Path
 
 import jinja2
+import metric_names as names
 import yaml
 from monitor_tools import need
-
-from rigfleet.monitor import names
 
 MONITOR = Path(__file__).resolve().parents[2] / "files" / "monitor"
 

@@ -38,6 +38,7 @@ import roles.follow
 import roles.nvidia_driver
 import roles.preflight
 import roles.swap
+from rigfleet.images.checks import SourceChecker
 from rigfleet.packages import OsInfo
 from rigfleet.retention import stale
 from roles import converge
@@ -117,8 +118,9 @@ def _fast(monkeypatch):
     monkeypatch.setattr(roles.follow, "POLL_S", 0)
     rigfleet.desired._PINS.clear()
     # The pinned digest is on "Docker Hub" (the default image source's preflight check).
-    monkeypatch.setattr(rigfleet.images.deploy, "REGISTRY",
-                        lambda url: FakeHub(url, {DIGEST: (image_id_of(DIGEST), 9 * 1024**3)}))
+    hub = {DIGEST: (image_id_of(DIGEST), 9 * 1024**3)}
+    monkeypatch.setattr(rigfleet.images.deploy, "SourceChecker",
+                        lambda: SourceChecker(lambda url: FakeHub(url, hub)))
 
     def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
         text = command if isinstance(command, str) else command.get_raw_value()
@@ -813,36 +815,6 @@ def test_old_directory_of_another_revision_is_adopted_as_that_revision(data):
     assert run.ran(f"--from {OLD_DIR} --to {REV_A_DIR} ") and run.ran(f"--local-dir {REV_E_DIR} ")
     assert set(rig.weights) == {OLD_DIR, REV_A_DIR, REV_E_DIR}
     assert mounts(rig, ACTIVE) == OLD_DIR and rig.weights[OLD_DIR] == f"{LOCAL}@{'a' * 12}"
-
-
-def test_weights_disk_says_what_is_kept_and_still_needed(data):
-    """``rigfleet.weights.weights_space`` (for a disk check) from the host's facts."""
-    import roles.weights
-    from rigfleet.facts import WeightsManifest, read_fact
-    from rigfleet.hostside.layout import HOST
-    from rigfleet.weights import WeightsDirs, WeightsSpace, weights_space
-
-    got: list[WeightsSpace] = []
-
-    def check() -> None:
-        ctx = roles.preflight.preflight()
-        model, model_dir = ctx.want.model, ctx.want.settings.model_dir
-        dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=model.local_dir,
-                         compose_files=roles.weights.compose_files(ctx))
-        old = dirs.entries.get(model.local_dir)
-        old_revision = None
-        if old is not None and old.kind == "dir":
-            legacy = HOST.weights_legacy_dir(model_dir, model.local_dir)
-            old_revision = read_fact(WeightsManifest, local_dir=str(legacy)).revision
-        got.append(weights_space(dirs, model.local_dir, model.revision,
-                                 old_revision=old_revision))
-
-    rig = legacy_host(data)  # not adopted yet: its revision is the pin, nothing to download
-    deploy(rig, data, execute=False, fn=check)
-    assert got[-1].to_download == 0 and got[-1].kept == 1024
-    repin(data, "e" * 40)  # a new revision: estimated from the one there, 10 % headroom
-    deploy(rig, data, execute=False, fn=check)
-    assert (got[-1].to_download, got[-1].estimated, got[-1].need) == (1024, True, 1024 + 102)
 
 
 def test_secrets_are_root_only_and_never_in_commands_or_plans(data):

@@ -34,20 +34,18 @@ from rigfleet.weights import (
     kept_names,
     revision_name,
     stale_weights,
-    weights_space,
 )
 
 LOCAL = "qwen3.6-27b-autoround-int4"
 R, S, T = "1" * 40, "2" * 40, "3" * 40
-GIB = 2**30
 
 
 def entries(*items: WeightsEntry) -> dict[str, WeightsEntry]:
     return {e.name: e for e in items}
 
 
-def rev(revision: str, mtime: int = 100, size: int = 16 * GIB) -> WeightsEntry:
-    return WeightsEntry(revision_name(LOCAL, revision), "dir", mtime, size)
+def rev(revision: str, mtime: int = 100) -> WeightsEntry:
+    return WeightsEntry(revision_name(LOCAL, revision), "dir", mtime)
 
 
 # --- names and the pruning rule -----------------------------------------------------------------
@@ -82,11 +80,11 @@ def test_one_rule_for_genesis_trees_and_weights():
 
 
 def test_partial_downloads_links_and_foreign_directories():
-    pinned_partial = WeightsEntry(f".{revision_name(LOCAL, S)}.partial", "partial", 50, GIB)
-    old_partial = WeightsEntry(f".{revision_name(LOCAL, T)}.partial", "partial", 60, GIB)
-    link = WeightsEntry(LOCAL, "link", 70, 0, revision_name(LOCAL, R))
-    other_model = WeightsEntry("other-model@0123456789ab", "dir", 1, GIB)
-    odd = WeightsEntry(f"{LOCAL}@not-a-revision", "dir", 1, GIB)
+    pinned_partial = WeightsEntry(f".{revision_name(LOCAL, S)}.partial", "partial", 50)
+    old_partial = WeightsEntry(f".{revision_name(LOCAL, T)}.partial", "partial", 60)
+    link = WeightsEntry(LOCAL, "link", 70, revision_name(LOCAL, R))
+    other_model = WeightsEntry("other-model@0123456789ab", "dir", 1)
+    odd = WeightsEntry(f"{LOCAL}@not-a-revision", "dir", 1)
     dirs = WeightsDirsState(entries(rev(R), pinned_partial, old_partial, link, other_model, odd))
     # The pinned revision's partial download resumes; another's goes; so does an unnamed link.
     assert stale_weights(dirs, LOCAL, S) == sorted(
@@ -96,34 +94,8 @@ def test_partial_downloads_links_and_foreign_directories():
     assert stale_weights(named, LOCAL, S) == [old_partial.name]
     assert revision_name(LOCAL, R) in kept_names(named, LOCAL, S)
     # A real directory under the old name is never removed (unverified, or someone's copy).
-    real = WeightsDirsState(entries(WeightsEntry(LOCAL, "dir", 1, GIB)))
+    real = WeightsDirsState(entries(WeightsEntry(LOCAL, "dir", 1)))
     assert stale_weights(real, LOCAL, S) == []
-
-
-def test_weights_space_counts_what_is_kept_and_what_is_still_needed():
-    dirs = WeightsDirsState(entries(rev(R, size=16 * GIB), rev(S, size=15 * GIB)),
-                            frozenset({revision_name(LOCAL, R)}))
-    # Pinned S is there: nothing to download; R is kept (named), nothing freed.
-    there = weights_space(dirs, LOCAL, S)
-    assert (there.kept, there.freed, there.to_download, there.need) == (31 * GIB, 0, 0, 0)
-    # Pinned T is new: S goes, T estimated as large as the largest revision kept (R).
-    new = weights_space(dirs, LOCAL, T)
-    assert (new.kept, new.freed, new.total, new.estimated) == (16 * GIB, 15 * GIB, 16 * GIB,
-                                                               True)
-    assert new.need == 16 * GIB + int(16 * GIB * 0.10)
-    # The hub's size, when known, wins; a partial download counts as downloaded.
-    partial = WeightsEntry(f".{revision_name(LOCAL, T)}.partial", "partial", 1, 4 * GIB)
-    half = weights_space(replace(dirs, entries={**dirs.entries, partial.name: partial}),
-                         LOCAL, T, revision_bytes=10 * GIB)
-    assert (half.to_download, half.estimated) == (6 * GIB, False)
-    assert half.need == 6 * GIB + GIB
-    # Nothing to estimate from: unknown, not zero.
-    assert weights_space(WeightsDirsState(), LOCAL, T).need is None
-    # Not adopted yet: the old directory holds the pinned revision (no download), or another.
-    legacy = WeightsDirsState(entries(WeightsEntry(LOCAL, "dir", 1, 16 * GIB)))
-    assert weights_space(legacy, LOCAL, R, old_revision=R).need == 0
-    moving = weights_space(legacy, LOCAL, S, old_revision=R)
-    assert (moving.kept, moving.to_download, moving.estimated) == (16 * GIB, 16 * GIB, True)
 
 
 def test_the_weights_dirs_fact_on_a_real_directory(tmp_path):
@@ -146,7 +118,7 @@ def test_the_weights_dirs_fact_on_a_real_directory(tmp_path):
     state = fact.process(out.stdout.splitlines())
     assert set(state.entries) == {a.name, b.name, f".{revision_name(LOCAL, T)}.partial", LOCAL}
     assert state.entries[LOCAL].kind == "link" and state.entries[LOCAL].target == a.name
-    assert state.entries[a.name].kind == "dir" and state.entries[a.name].size >= 4096
+    assert state.entries[a.name].kind == "dir"
     assert state.entries[f".{revision_name(LOCAL, T)}.partial"].kind == "partial"
     assert state.referenced == {b.name, LOCAL}
     # Nothing there at all: no entries, and the command still succeeds.

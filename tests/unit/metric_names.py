@@ -1,5 +1,5 @@
-"""Every series the monitor scrapes, spelled once; the rules and dashboards are checked against
-it by a unit test."""
+"""Every series the monitor scrapes, spelled once: the metric-name contract that
+tests/unit/test_monitor_names.py and test_monitor_rules.py check the rules and dashboards against."""
 
 from __future__ import annotations
 
