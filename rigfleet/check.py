@@ -13,7 +13,7 @@ import argparse
 import os
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -282,28 +282,21 @@ class Online:
     def genesis(self, url: str, commit: str, fetch: str | None, label: str) -> Finding:
         fetch_url = self.reach(fetch or url)
         thing = f"genesis {label}"
-
-        def sync() -> GenesisRepo:
-            repo = GenesisRepo(url, fetch_url)
-            repo.sync()
-            return repo
-
+        sync = GenesisRepo(url, fetch_url).sync
         repo = self.memo(("genesis", fetch_url), partial(_or_error, sync, GenesisError))
         if isinstance(repo, GenesisError):
             return Finding(thing, fetch_url, UNREACHABLE, str(repo)[:300])
-        if repo.git("cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
+        refs = repo.reached_by(commit)
+        if refs is None:
             return Finding(thing, fetch_url, MISSING, f"commit {commit} is not in the "
                            "repository; pin one it has (`rigfleet bump --genesis REF`)")
-        refs = repo.git("for-each-ref", "--contains", commit, "--format=%(refname:short)",
-                        "refs/heads", "refs/tags").stdout.split()
         if not refs:
             return Finding(thing, fetch_url, CHANGED, "no branch or tag reaches the commit "
                            "any more (history rewritten?): it may be collected; move the pin")
         return Finding(thing, fetch_url, FOUND, f"on {', '.join(refs[:3])}")
 
     def index(self, repo: AptRepo, policy: str) -> AptIndex | AptIndexError:
-        reached = AptRepo(repo.name, self.reach(repo.url), self.reach(repo.key_url), repo.suite,
-                          repo.components, repo.key_fingerprint)
+        reached = replace(repo, url=self.reach(repo.url), key_url=self.reach(repo.key_url))
         read = partial(read_index, reached, policy, self.timeout)
         return self.memo(("apt", reached, policy), partial(_or_error, read, AptIndexError))
 

@@ -14,8 +14,7 @@ from pyinfra.operations import files
 from rigfleet import genesis_inspect
 from rigfleet.commands import docker as docker_commands
 from rigfleet.facts import GenesisHead, GenesisTrees, TextFile, read_fact, read_paths
-from rigfleet.genesis import StackUse, TreeReport, pairing_problems
-from rigfleet.genesis_layout import LAYOUTS
+from rigfleet.genesis import StackUse, TreeReport, layout_problem, pairing_problems
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import GenesisPin
 from rigfleet.retention import stale
@@ -87,26 +86,14 @@ def genesis_export(commit: str, layout: str, compose_files: tuple[str, ...],
     have = state.trees.get(commit)
     exported = have is not None and have[1] is not None
     if not exported:
-        yield export_command(checkout, commit, LAYOUTS[layout].check_file, trees_dir)
+        yield export_command(checkout, commit, genesis_inspect.GENERATIONS[layout].check_file,
+                             trees_dir)
     mtimes = {c: mtime for c, (mtime, _) in state.trees.items()}
     old = stale(mtimes, commit, state.referenced, keep)
     if old:
         yield "rm -rf " + " ".join(shlex.quote(f"{trees_dir}/{c}") for c in old)
     if exported and not old:
         host.noop(f"{trees_dir}/{commit[:12]} exported")
-
-
-def _layout_mismatch(what: str, found: str | None, pin: GenesisPin) -> str | None:
-    if found == pin.layout:
-        return None
-    want = LAYOUTS[pin.layout].check_file
-    if found is None:
-        return (f"{what} lacks {want} (the {pin.layout} layout the pins say), "
-                "and marks no other layout rigfleet knows (wrong repository?)")
-    return (f"{what} has the {found} layout "
-            f"({genesis_inspect.GENERATIONS[found].check_file}), but the pins say layout "
-            f"{pin.layout} for Genesis {pin.label}; fix the pins' genesis.layout (`rigfleet "
-            "pins lock` records it from the tree)")
 
 
 def verify_tree(pin: GenesisPin, compose_files: tuple[str, ...]) -> str | None:
@@ -116,7 +103,7 @@ def verify_tree(pin: GenesisPin, compose_files: tuple[str, ...]) -> str | None:
     tree = HOST.genesis_tree(pin.commit)
     if have is None:
         return f"Genesis tree {tree} is missing"
-    return _layout_mismatch(f"Genesis tree {tree}", have[1], pin)
+    return layout_problem(f"Genesis tree {tree}", have[1], pin)
 
 
 def verify_checkout(pin: GenesisPin, dest: str) -> str | None:
@@ -124,7 +111,7 @@ def verify_checkout(pin: GenesisPin, dest: str) -> str | None:
     state = read_fact(GenesisHead, path=dest)
     if state.head != pin.commit:
         return f"Genesis checkout {dest} is at {state.head}, pin is {pin.commit}"
-    return _layout_mismatch(f"Genesis checkout {dest} at {pin.commit[:12]}", state.layout, pin)
+    return layout_problem(f"Genesis checkout {dest} at {pin.commit[:12]}", state.layout, pin)
 
 
 @operation()

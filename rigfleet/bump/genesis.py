@@ -22,8 +22,15 @@ from pathlib import Path
 from rigfleet import genesis_inspect
 from rigfleet.catalog import Catalog, StackSpec, builtin_catalog
 from rigfleet.errors import RigfleetError
-from rigfleet.genesis import StackUse, TreeReport, allowlist_problem, pairing_problems
-from rigfleet.genesis_decisions import PatchEntry, decision_problems, read_entries
+from rigfleet.genesis import (
+    PatchEntry,
+    StackUse,
+    TreeReport,
+    allowlist_problem,
+    decision_problems,
+    pairing_problems,
+    read_entries,
+)
 from rigfleet.pins import GenesisPin, Pins, StackPins
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "rigfleet"
@@ -39,6 +46,16 @@ class GenesisError(RigfleetError, RuntimeError):
 
 class GenesisRefused(RigfleetError, ValueError):
     """No Genesis commit suits the candidate (allowlist, switches); the message says why."""
+
+
+def _git(argv: list[str], failed: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``git <argv>``; ``GenesisError`` starting with ``failed`` when it fails and ``check``."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
+    proc = subprocess.run(["git", *argv], capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+    if check and proc.returncode != 0:
+        raise GenesisError(f"{failed}: {proc.stderr.strip()[-500:]}")
+    return proc
 
 
 @dataclass(frozen=True)
@@ -86,29 +103,20 @@ class GenesisRepo:
 
     def git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``git --git-dir <mirror> <args>``; ``GenesisError`` when it fails and ``check``."""
-        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
-        proc = subprocess.run(["git", "--git-dir", str(self.path), *args], capture_output=True,
-                              text=True, env=env, timeout=600, check=False)
-        if check and proc.returncode != 0:
-            raise GenesisError(
-                f"git {' '.join(args)} ({self.fetch_url}): {proc.stderr.strip()[-500:]}")
-        return proc
+        return _git(["--git-dir", str(self.path), *args],
+                    f"git {' '.join(args)} ({self.fetch_url})", check)
 
-    def sync(self) -> None:
+    def sync(self) -> GenesisRepo:
         """Clone on first use, fetch (with prune) afterwards: every ref, the mirror way."""
         if not (self.path / "HEAD").exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            proc = subprocess.run(
-                ["git", "clone", "--quiet", "--mirror", self.fetch_url, str(self.path)],
-                capture_output=True, text=True, timeout=600, check=False,
-                env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-            if proc.returncode != 0:
-                raise GenesisError(
-                    f"cannot clone Genesis from {self.fetch_url}: {proc.stderr.strip()[-500:]}")
+            _git(["clone", "--quiet", "--mirror", self.fetch_url, str(self.path)],
+                 f"cannot clone Genesis from {self.fetch_url}")
         else:
             self.git("fetch", "--quiet", "--prune", "origin")
         self.__dict__.pop("tags", None)
         self._commits.clear()
+        return self
 
     def resolve(self, ref: str) -> str:
         """A full 40-hex commit for ``ref`` (a full or short sha, a branch, a tag)."""
@@ -147,6 +155,13 @@ class GenesisRepo:
         if sha not in self._reports:
             self._reports[sha] = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha)))
         return self._reports[sha]
+
+    def reached_by(self, commit: str) -> list[str] | None:
+        """The branches and tags that reach ``commit``; None when the mirror lacks it."""
+        if self.git("cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
+            return None
+        return self.git("for-each-ref", "--contains", commit, "--format=%(refname:short)",
+                        "refs/heads", "refs/tags").stdout.split()
 
     def entries(self, sha: str, layout: str) -> list[PatchEntry]:
         try:
@@ -278,8 +293,7 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
         if g is None:
             return p
         if g.repo not in repos:
-            repos[g.repo] = GenesisRepo(g.repo, fetch_url, cache_dir)
-            repos[g.repo].sync()
+            repos[g.repo] = GenesisRepo(g.repo, fetch_url, cache_dir).sync()
         repo = repos[g.repo]
         try:
             sha = repo.resolve(g.commit)
