@@ -30,6 +30,7 @@ from rigfleet.genesis_inspect import (
     REGISTRY,
     SCHEMA,
     Source,
+    inspect,
     lifecycle,
     read_file,
     registry_literal,
@@ -115,6 +116,11 @@ class TreeReport:
             errors=tuple(data.get("errors") or ()),
             has_registry=bool(reg),
         )  # fmt: skip
+
+    @classmethod
+    def read(cls, source: Source, *, registry: bool = True) -> TreeReport:
+        """The report of a tree this process reads itself (``registry=False``: without it)."""
+        return cls.from_json(inspect(source, registry=registry))
 
     @property
     def allowed(self) -> tuple[str, ...]:

@@ -2,8 +2,7 @@
 hosts' own ``rigfleet/genesis_inspect.py``, the commit to pair with a candidate vLLM, and what
 ``rigfleet pins lock`` records. docs/genesis.md tells the rules::
 
-    repo = GenesisRepo("https://github.com/Sandermage/sndr_core_engine.git")
-    repo.sync()
+    repo = GenesisRepo("https://github.com/Sandermage/sndr_core_engine.git").sync()
     choice = choose_genesis(repo, pinned="7b9fd319...", version="0.21.0")
     choice.commit, choice.label, choice.proposed   # ("66e37841...", "66e37841a18f (v12.1.0)", True)
 """
@@ -145,15 +144,14 @@ class GenesisRepo:
             tag = next((t for t in self.tags.get(sha, ()) if _VERSION_TAG.fullmatch(t)), None)
             subject_release = _RELEASE.search(subject)
             release = tag or (subject_release.group("version") if subject_release else None)
-            tree = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha),
-                                                                registry=False))  # fmt: skip
+            tree = TreeReport.read(GitSource(self, sha), registry=False)
             self._commits[sha] = GenesisCommit(sha, release, int(date or 0), tree)
         return self._commits[sha]
 
     def report(self, sha: str) -> TreeReport:
         """The full tree report of ``sha`` (registry included), as the hosts' gate reads it."""
         if sha not in self._reports:
-            self._reports[sha] = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha)))
+            self._reports[sha] = TreeReport.read(GitSource(self, sha))
         return self._reports[sha]
 
     def reached_by(self, commit: str) -> list[str] | None:
