@@ -31,7 +31,7 @@ from rigfleet.images.checks import SourceChecker, check_url
 from rigfleet.images.hoststate import HostImageState
 from rigfleet.images.plan import WantedImage, wanted_images
 from rigfleet.packages import TOOLKIT_PACKAGES, OsInfo, driver_packages, version_prefix
-from rigfleet.pins import LOCK_HINT, UNRESOLVED, ModelPin, Pins, PinsError, load_pins
+from rigfleet.pins import LOCK_HINT, UNRESOLVED, GenesisPin, ModelPin, Pins, PinsError, load_pins
 from rigfleet.registry import Registry, RegistryError, registry_of
 from rigfleet.validate import ValidationError
 
@@ -203,7 +203,7 @@ class Online:
         for stack in sorted(staged):
             g = pins.stacks[stack].genesis
             if g is not None:
-                self.add(self.genesis(g.repo, g.commit, settings.bump.genesis_url, g.label), name)
+                self.add(self.genesis(g, settings.bump.genesis_url), name)
         for os_key in oses:
             for f in self.apt(settings, pins, os_key):
                 self.add(f, name)
@@ -279,16 +279,16 @@ class Online:
                            "stays (verify that revision before moving: `rigfleet bump`)")
         return Finding(thing, endpoint, FOUND, f"{len(files)} files")
 
-    def genesis(self, url: str, commit: str, fetch: str | None, label: str) -> Finding:
-        fetch_url = self.reach(fetch or url)
-        thing = f"genesis {label}"
-        sync = GenesisRepo(url, fetch_url).sync
+    def genesis(self, pin: GenesisPin, fetch: str | None) -> Finding:
+        fetch_url = self.reach(fetch or pin.repo)
+        thing = f"genesis {pin.label}"
+        sync = GenesisRepo(pin.repo, fetch_url).sync
         repo = self.memo(("genesis", fetch_url), partial(_or_error, sync, GenesisError))
         if isinstance(repo, GenesisError):
             return Finding(thing, fetch_url, UNREACHABLE, str(repo)[:300])
-        refs = repo.reached_by(commit)
+        refs = repo.reached_by(pin.commit)
         if refs is None:
-            return Finding(thing, fetch_url, MISSING, f"commit {commit} is not in the "
+            return Finding(thing, fetch_url, MISSING, f"commit {pin.commit} is not in the "
                            "repository; pin one it has (`rigfleet bump --genesis REF`)")
         if not refs:
             return Finding(thing, fetch_url, CHANGED, "no branch or tag reaches the commit "

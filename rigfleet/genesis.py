@@ -451,8 +451,7 @@ def in_scope(entry: PatchEntry, profile: Mapping[str, Any], vllm_version: str | 
 
 def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_version: str | None,
                       *, label: str, generation: str) -> list[str]:
-    """Each patch the stack must decide and does not, or decides against its switch set
-    ``generation``."""
+    """Each patch the stack must decide and leaves undecided or at odds with ``generation``."""
     g = spec.genesis
     if g is None:
         return []

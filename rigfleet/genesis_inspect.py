@@ -37,13 +37,10 @@ _SNDR_IN_SITE = f"{SITE_PACKAGES_IN_CONTAINER}/sndr"
 @dataclass(frozen=True)
 class GenesisLayout:
     """One Genesis generation (docs/genesis.md's table): where its tree keeps what rigfleet
-    reads, how it reads its switches, and how a container mounts and applies it.
-
-    ``check_file``: must exist (an empty mount would make applying a silent no-op);
-    ``strips_prefix``: an unprefixed ``env_flag`` is a bare switch name (v12); ``flags_file``:
-    (v12) whose ``Flags`` class names every switch Genesis reads; ``mount``: the part of the tree
-    mounted at ``mount_target`` (``""``: all of it); ``prepare``: the entrypoint's lines before
-    ``apply_command``."""
+    reads, how Genesis reads its switches, how a container mounts (``mount``: the part of the tree
+    at ``mount_target``; ``""``: all) and applies it. ``check_file`` must exist (an empty mount
+    would make applying a silent no-op); ``strips_prefix``: an unprefixed ``env_flag`` is a bare
+    switch name (v12); ``flags_file``: whose ``Flags`` class names every switch Genesis reads."""
 
     generation: str
     check_file: str
@@ -83,8 +80,7 @@ GENERATIONS: dict[str, GenesisLayout] = {
         mount_target=f"{SITE_PACKAGES_IN_CONTAINER}/vllm/_genesis",
         apply_command="python3 -m vllm._genesis.patches.apply_all",
     ),
-    # v12 is mounted whole and linked into site-packages (docs/genesis.md, "Why v12 is mounted
-    # whole").
+    # v12 is mounted whole, linked into site-packages (docs/genesis.md says why).
     "v12": GenesisLayout(
         generation="v12",
         check_file="sndr/apply/__main__.py",
