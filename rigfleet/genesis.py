@@ -73,7 +73,6 @@ class TreeReport:
     ``patch_flags``: patch id -> (env_flag, lifecycle, default_on)."""
 
     layout: str | None
-    markers: tuple[str, ...] = ()
     version: str | None = None
     allowlist_file: str | None = None
     known_good: tuple[str, ...] = ()
@@ -98,7 +97,6 @@ class TreeReport:
         reg = data.get("registry") or {}
         return cls(
             layout=data.get("layout"),
-            markers=tuple(data.get("markers") or ()),
             version=data.get("version"),
             allowlist_file=allow.get("file"),
             known_good=tuple(allow.get("known_good") or ()),
