@@ -184,7 +184,7 @@ class Online:
         key = (f.thing, f.source)
         old = self.findings.get(key)
         hosts = (*old.hosts, host) if old else (host,)
-        self.findings[key] = Finding(f.thing, f.source, f.status, f.todo, hosts)
+        self.findings[key] = replace(f, hosts=hosts)
 
     def host(self, settings: HostSettings, pins: Pins, oses: Sequence[OsKey]) -> None:
         """Every check for one host (findings shared across hosts)."""
