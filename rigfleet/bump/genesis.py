@@ -22,7 +22,6 @@ from rigfleet import genesis_inspect
 from rigfleet.catalog import Catalog, StackSpec, builtin_catalog
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import (
-    PatchEntry,
     StackUse,
     TreeReport,
     allowlist_problem,
@@ -161,11 +160,14 @@ class GenesisRepo:
         return self.git("for-each-ref", "--contains", commit, "--format=%(refname:short)",
                         "refs/heads", "refs/tags").stdout.split()
 
-    def entries(self, sha: str, layout: str) -> list[PatchEntry]:
+    def decisions(self, spec: StackSpec, sha: str, layout: str, vllm_version: str | None,
+                  label: str) -> list[str]:  # fmt: skip
+        """``decision_problems`` of ``spec`` against the patch registry of ``sha``."""
         try:
-            return read_entries(GitSource(self, sha), layout)
+            entries = read_entries(GitSource(self, sha), layout)
         except genesis_inspect.InspectError as e:
             raise GenesisError(f"Genesis {self.url} {sha[:12]}: {e}") from None
+        return decision_problems(spec, entries, vllm_version, label=label, generation=layout)
 
     def version(self, sha: str) -> str | None:
         """Its release, else ``git describe``, else the version the tree declares."""
@@ -271,8 +273,7 @@ def check_switches(repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackU
             first_host.setdefault(p, host)
     problems = [f"{host}: {p}" if host else p for p, host in first_host.items()]
     if spec is not None:
-        problems += decision_problems(spec, repo.entries(pin.commit, pin.layout), vllm_version,
-                                      label=pin.label, generation=pin.layout)
+        problems += repo.decisions(spec, pin.commit, pin.layout, vllm_version, pin.label)
     if problems:
         raise GenesisRefused("; ".join(problems) + "; refusing before any host changes")
 
@@ -314,9 +315,8 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
                                          use=use, image_ref=p.image,
                                          where=f"{g.repo} {sha[:12]}"))  # fmt: skip
         if name in stacks_of and report.layout is not None:
-            entries = repo.entries(sha, report.layout)
-            problems.extend(decision_problems(stacks_of.get(name), entries, p.vllm_version,
-                                              label=new.label, generation=report.layout))
+            problems.extend(repo.decisions(stacks_of.get(name), sha, report.layout,
+                                           p.vllm_version, new.label))
         return replace(p, genesis=new)
 
     stacks = {n: locked(f"stacks.{n}", n, p) for n, p in pins.stacks.items()}
