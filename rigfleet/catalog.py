@@ -495,8 +495,7 @@ def _speculative(p: Problems, value: Any) -> tuple[str | None, int]:
 
 
 def parse_genesis(p: Problems, value: Any) -> GenesisSpec | None:
-    """The ``genesis`` section (None when left out); ``decisions`` and ``model`` feed
-    ``rigfleet.genesis_decisions``."""
+    """The ``genesis`` section (None when left out)."""
     if value is None:
         return None
     d = p.mapping("genesis", value) or {}

@@ -13,7 +13,7 @@ import argparse
 import os
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -31,7 +31,7 @@ from rigfleet.images.checks import SourceChecker, check_url
 from rigfleet.images.hoststate import HostImageState
 from rigfleet.images.plan import WantedImage, wanted_images
 from rigfleet.packages import TOOLKIT_PACKAGES, OsInfo, driver_packages, version_prefix
-from rigfleet.pins import LOCK_HINT, UNRESOLVED, ModelPin, Pins, PinsError, load_pins
+from rigfleet.pins import LOCK_HINT, UNRESOLVED, GenesisPin, ModelPin, Pins, PinsError, load_pins
 from rigfleet.registry import Registry, RegistryError, registry_of
 from rigfleet.validate import ValidationError
 
@@ -184,7 +184,7 @@ class Online:
         key = (f.thing, f.source)
         old = self.findings.get(key)
         hosts = (*old.hosts, host) if old else (host,)
-        self.findings[key] = Finding(f.thing, f.source, f.status, f.todo, hosts)
+        self.findings[key] = replace(f, hosts=hosts)
 
     def host(self, settings: HostSettings, pins: Pins, oses: Sequence[OsKey]) -> None:
         """Every check for one host (findings shared across hosts)."""
@@ -203,7 +203,7 @@ class Online:
         for stack in sorted(staged):
             g = pins.stacks[stack].genesis
             if g is not None:
-                self.add(self.genesis(g.repo, g.commit, settings.bump.genesis_url, g.label), name)
+                self.add(self.genesis(g, settings.bump.genesis_url), name)
         for os_key in oses:
             for f in self.apt(settings, pins, os_key):
                 self.add(f, name)
@@ -279,31 +279,24 @@ class Online:
                            "stays (verify that revision before moving: `rigfleet bump`)")
         return Finding(thing, endpoint, FOUND, f"{len(files)} files")
 
-    def genesis(self, url: str, commit: str, fetch: str | None, label: str) -> Finding:
-        fetch_url = self.reach(fetch or url)
-        thing = f"genesis {label}"
-
-        def sync() -> GenesisRepo:
-            repo = GenesisRepo(url, fetch_url)
-            repo.sync()
-            return repo
-
+    def genesis(self, pin: GenesisPin, fetch: str | None) -> Finding:
+        fetch_url = self.reach(fetch or pin.repo)
+        thing = f"genesis {pin.label}"
+        sync = GenesisRepo(pin.repo, fetch_url).sync
         repo = self.memo(("genesis", fetch_url), partial(_or_error, sync, GenesisError))
         if isinstance(repo, GenesisError):
             return Finding(thing, fetch_url, UNREACHABLE, str(repo)[:300])
-        if repo.git("cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
-            return Finding(thing, fetch_url, MISSING, f"commit {commit} is not in the "
+        refs = repo.reached_by(pin.commit)
+        if refs is None:
+            return Finding(thing, fetch_url, MISSING, f"commit {pin.commit} is not in the "
                            "repository; pin one it has (`rigfleet bump --genesis REF`)")
-        refs = repo.git("for-each-ref", "--contains", commit, "--format=%(refname:short)",
-                        "refs/heads", "refs/tags").stdout.split()
         if not refs:
             return Finding(thing, fetch_url, CHANGED, "no branch or tag reaches the commit "
                            "any more (history rewritten?): it may be collected; move the pin")
         return Finding(thing, fetch_url, FOUND, f"on {', '.join(refs[:3])}")
 
     def index(self, repo: AptRepo, policy: str) -> AptIndex | AptIndexError:
-        reached = AptRepo(repo.name, self.reach(repo.url), self.reach(repo.key_url), repo.suite,
-                          repo.components, repo.key_fingerprint)
+        reached = replace(repo, url=self.reach(repo.url), key_url=self.reach(repo.key_url))
         read = partial(read_index, reached, policy, self.timeout)
         return self.memo(("apt", reached, policy), partial(_or_error, read, AptIndexError))
 

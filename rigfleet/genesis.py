@@ -1,27 +1,62 @@
-"""Whether a Genesis tree pairs with a stack's vLLM and switches (docs/genesis.md).
+"""Whether a Genesis tree suits a stack: every Genesis decision of docs/genesis.md.
 
 ``TreeReport`` types what ``rigfleet-genesis-inspect.py`` reports about one tree;
 ``pairing_problems`` is the Genesis gate's decision for one stack, the same on the host
-(``roles/genesis.py``) and on the control side (``pins lock``, ``bump``)::
+(``roles/genesis.py``) and on the control side (``pins lock``, ``bump``); ``decision_problems``
+names the correctness patches a stack file leaves undecided (read from ``PATCH_REGISTRY``)::
 
     report = TreeReport.from_json(json.loads(helper_stdout))
     pairing_problems(report, pin, stack="tq3-mtp-genesis", vllm_version="0.21.0",
                      use=StackUse.of(spec, "v12"))            # [] when the pairing is sound
+    entries = read_entries(DirSource("/tmp/genesis"), "v12")
+    decision_problems(spec, entries, "0.21.0", label="v12.1.0", generation="v12")  # []
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rigfleet.genesis_inspect import GENERATIONS, KNOWN_GOOD, PENDING, SCHEMA
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from rigfleet.genesis_inspect import (
+    GENERATIONS,
+    KNOWN_GOOD,
+    PENDING,
+    REGISTRY,
+    SCHEMA,
+    Source,
+    inspect,
+    lifecycle,
+    read_file,
+    registry_literal,
+    strings,
+    switch_names,
+)
 
 if TYPE_CHECKING:
     from rigfleet.catalog import StackSpec
     from rigfleet.pins import GenesisPin
+
+# How Genesis reads a switch's value (both generations): stripped, lower-cased, one of these.
+TRUTHY = frozenset({"1", "true", "yes", "on"})
+ENABLE_PREFIXES = ("GENESIS_ENABLE_", "SNDR_ENABLE_")
+ALLOW_RETIRED = "GENESIS_ALLOW_RETIRED"
+# A legacy patch's env_flag switches nothing: Genesis applies it on every run.
+LEGACY_PREFIX = "GENESIS_LEGACY_"
+# Genesis' categories for patches that fix wrong output or crashes (registry.py ``category``).
+CORRECTNESS_CATEGORIES = ("correctness", "model_correctness", "stability")
+RANGE_KEY = "vllm_version_range"
+_ARCH_KEYS = ("model_arch", "architectures")
+_SPEC_KEYS = ("spec_method", "spec_decode_method", "spec_method_any")
+_PATCH_ID = re.compile(r"(G4_[0-9]+[A-Z]?|PN?[0-9]+[A-Z]?)(?:_|$)")
+_PLAIN_RELEASE = re.compile(r"v?[0-9]+(?:\.[0-9]+)+")
+_SHOWN = 6
+
 
 @dataclass(frozen=True)
 class Switch:
@@ -38,7 +73,6 @@ class TreeReport:
     ``patch_flags``: patch id -> (env_flag, lifecycle, default_on)."""
 
     layout: str | None
-    markers: tuple[str, ...] = ()
     version: str | None = None
     allowlist_file: str | None = None
     known_good: tuple[str, ...] = ()
@@ -63,7 +97,6 @@ class TreeReport:
         reg = data.get("registry") or {}
         return cls(
             layout=data.get("layout"),
-            markers=tuple(data.get("markers") or ()),
             version=data.get("version"),
             allowlist_file=allow.get("file"),
             known_good=tuple(allow.get("known_good") or ()),
@@ -82,6 +115,11 @@ class TreeReport:
             has_registry=bool(reg),
         )  # fmt: skip
 
+    @classmethod
+    def read(cls, source: Source, *, registry: bool = True) -> TreeReport:
+        """The report of a tree this process reads itself (``registry=False``: without it)."""
+        return cls.from_json(inspect(source, registry=registry))
+
     @property
     def allowed(self) -> tuple[str, ...]:
         """Every vLLM version Genesis accepts (both lists)."""
@@ -96,14 +134,10 @@ class TreeReport:
         wanted = name.upper()
         return next((p for p in self.patch_flags if p.upper() == wanted), None)
 
-
-# How Genesis reads a switch's value (both generations): stripped, lower-cased, one of these.
-TRUTHY = frozenset({"1", "true", "yes", "on"})
-ENABLE_PREFIXES = ("GENESIS_ENABLE_", "SNDR_ENABLE_")
-ALLOW_RETIRED = "GENESIS_ALLOW_RETIRED"
-_PATCH_ID = re.compile(r"(G4_[0-9]+[A-Z]?|PN?[0-9]+[A-Z]?)(?:_|$)")
-_PLAIN_RELEASE = re.compile(r"v?[0-9]+(?:\.[0-9]+)+")
-_SHOWN = 6
+    def targets(self, name: str) -> tuple[Switch, ...]:
+        """What variable ``name`` switches in this tree (none: not a switch it reads)."""
+        prefix = next((p for p in self.switch_prefixes if name.startswith(p)), None)
+        return () if prefix is None else self.switches.get(name[len(prefix):], ())
 
 
 def truthy(value: str) -> bool:
@@ -159,6 +193,10 @@ class StackUse:
             where = "the stack file's env"
         return f"remove it from {where}" + (f" ({self.source})" if self.source else "")
 
+    @property
+    def allows_retired(self) -> bool:
+        return truthy(self.env.get(ALLOW_RETIRED, ""))
+
 
 def allowlist_summary(report: TreeReport) -> str:
     """``guards.py: a, b`` or ``guards.py: 39 + 4 entries; releases among them: 0.21.0``."""
@@ -186,7 +224,6 @@ def allowlist_problem(report: TreeReport, version: str, *, label: str,
 
 def switch_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
     """Switches set to 1 that Genesis ``label`` does not know, or would skip as retired."""
-    allow_retired = truthy(use.env.get(ALLOW_RETIRED, ""))
     problems: list[str] = []
     for name, value in use.env.items():
         prefix = next((p for p in ENABLE_PREFIXES if name.startswith(p)), None)
@@ -194,14 +231,14 @@ def switch_problems(report: TreeReport, use: StackUse, *, label: str) -> list[st
             continue
         suffix = name[len(prefix):]
         head = f"stack {use.stack}: {name}={value}: "
-        targets = report.switches.get(suffix, ()) if prefix in report.switch_prefixes else ()
+        targets = report.targets(name)
         if not targets:
             if prefix in report.switch_prefixes and suffix in report.flags:
                 continue
             problems.append(head + _unknown(report, prefix, suffix, label) + "; "
                             + use.fix(name))  # fmt: skip
             continue
-        if not report.retired_skipped or allow_retired:
+        if not report.retired_skipped or use.allows_retired:
             continue
         if all(t.lifecycle == "retired" for t in targets):
             ids = ", ".join(dict.fromkeys(t.patch for t in targets))
@@ -232,17 +269,11 @@ def _unknown(report: TreeReport, prefix: str, suffix: str, label: str) -> str:
     return f"Genesis {label} has no such switch ({why}{hint})"
 
 
-# A legacy patch's env_flag switches nothing: Genesis applies it on every run.
-LEGACY_PREFIX = "GENESIS_LEGACY_"
-
-
 def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
     """Needed patches Genesis ``label`` lacks, skips as retired, or the stack file leaves off."""
     problems = []
-    allow_retired = truthy(use.env.get(ALLOW_RETIRED, ""))
     on = {t.patch for name, value in use.file_env.items() if truthy(value)
-          for p in ENABLE_PREFIXES if name.startswith(p) and p in report.switch_prefixes
-          for t in report.switches.get(name[len(p):], ())}  # fmt: skip
+          for t in report.targets(name)}  # fmt: skip
     for need in use.needs:
         pid = report.patch_id(need)
         head = f"stack {use.stack}: needs Genesis patch {need}"
@@ -253,7 +284,7 @@ def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str
         flag, state, default_on = report.patch_flags[pid]
         if flag and flag.startswith(LEGACY_PREFIX):
             continue  # applied on every run, in both generations, whatever its lifecycle
-        if state == "retired" and report.retired_skipped and not allow_retired:
+        if state == "retired" and report.retired_skipped and not use.allows_retired:
             problems.append(f"{head}, which is retired in Genesis {label} (Genesis skips it); "
                             "pin a Genesis commit where it is live")
         elif pid not in on and not default_on:
@@ -264,6 +295,18 @@ def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str
                             f"file's genesis.switches.{use.generation}.on"
                             + (f" ({use.source})" if use.source else ""))
     return problems
+
+
+def layout_problem(what: str, found: str | None, pin: GenesisPin) -> str | None:
+    """Why checkout or tree ``what``, whose files mark layout ``found``, does not suit ``pin``."""
+    if found == pin.layout:
+        return None
+    if found is None:
+        return (f"{what} lacks {GENERATIONS[pin.layout].check_file} (the {pin.layout} layout the "
+                "pins say), and marks no other layout rigfleet knows (wrong repository?)")
+    return (f"{what} has the {found} layout ({GENERATIONS[found].check_file}), but the pins say "
+            f"layout {pin.layout} for Genesis {pin.label}; fix the pins' genesis.layout (`rigfleet "
+            "pins lock` records it from the tree)")
 
 
 def pairing_problems(report: TreeReport, pin: GenesisPin, *, stack: str,
@@ -299,3 +342,146 @@ def pairing_problems(report: TreeReport, pin: GenesisPin, *, stack: str,
             problems += switch_problems(report, use, label=label)
             problems += needs_problems(report, use, label=label)
     return problems
+
+
+@dataclass(frozen=True)
+class PatchEntry:
+    """One ``PATCH_REGISTRY`` entry; ``switches``: the suffixes that turn it on (legacy: none)."""
+
+    pid: str
+    title: str
+    category: str
+    lifecycle: str
+    default_on: bool
+    applies_to: Mapping[str, Any] = field(default_factory=dict)
+    switches: tuple[str, ...] = ()
+
+    @property
+    def vllm_range(self) -> Any:
+        return self.applies_to.get(RANGE_KEY)
+
+    def shown_range(self) -> str:
+        r = self.vllm_range
+        if r is None:
+            return "no vllm_version_range"
+        return f"vllm_version_range {','.join(strings(r)) if not isinstance(r, str) else r}"
+
+
+def entries_from_literal(registry: Mapping[str, Mapping[str, Any]],
+                         generation: str) -> list[PatchEntry]:  # fmt: skip
+    """The entries of a ``PATCH_REGISTRY`` literal of Genesis ``generation`` (``v7``/``v12``)."""
+    files = GENERATIONS[generation]
+    out = []
+    for pid, meta in registry.items():
+        legacy = str(meta.get("env_flag")).startswith(LEGACY_PREFIX)
+        suffixes = [s for s, via in switch_names(meta, files) if not (legacy and via == "env_flag")]
+        applies = meta.get("applies_to")
+        out.append(PatchEntry(
+            pid=pid, title=str(meta.get("title") or ""), category=str(meta.get("category") or ""),
+            lifecycle=lifecycle(meta), default_on=bool(meta.get("default_on")),
+            applies_to=dict(applies) if isinstance(applies, dict) else {},
+            switches=tuple(dict.fromkeys(suffixes))))  # fmt: skip
+    return out
+
+
+def read_entries(source: Source, generation: str) -> list[PatchEntry]:
+    """The registry entries of the tree ``source``; raises ``InspectError``."""
+    rel = GENERATIONS[generation].registry_file
+    text = read_file(source, rel, generation, REGISTRY)
+    return entries_from_literal(registry_literal(text, rel), generation)
+
+
+def in_range(value: Any, vllm_version: str | None) -> bool:
+    """``vllm_version`` is inside ``value`` (specifiers); anything unknown or unparsable is."""
+    if value is None or vllm_version is None:
+        return True
+    parts = [value] if isinstance(value, str) else strings(value)
+    if not parts:
+        return True
+    try:
+        spec = SpecifierSet(",".join(p.strip() for p in parts))
+        version = Version(vllm_version)
+    except (InvalidSpecifier, InvalidVersion):
+        return True
+    return spec.contains(version, prereleases=True)
+
+
+def stack_profile(spec: StackSpec) -> dict[str, Any]:
+    """What the stack says of the ``applies_to`` keys (a key left out is unknown)."""
+    out: dict[str, Any] = {"kv_cache_dtype": spec.kv_cache_dtype,
+                           "is_turboquant": spec.kv_cache_dtype.startswith("turboquant"),
+                           "spec_method": spec.speculative_method or "none",
+                           "platform": "cuda"}  # fmt: skip
+    args = list(spec.args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag == "--tool-call-parser":
+            out["tool_call_parser"] = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    if spec.genesis is not None:
+        out.update(spec.genesis.model)
+    return out
+
+
+def meets(applies_to: Mapping[str, Any], profile: Mapping[str, Any]) -> bool:
+    """``profile`` meets every condition of ``applies_to``; an unknown one counts as met."""
+    for key, allowed in applies_to.items():
+        if key == RANGE_KEY:
+            continue
+        wanted = list(allowed) if isinstance(allowed, list | tuple | set) else [allowed]
+        if key in _ARCH_KEYS:
+            have = profile.get("model_arch")
+            if "*" in wanted or not have:
+                continue
+            if not any(a in wanted for a in ([have] if isinstance(have, str) else have)):
+                return False
+            continue
+        actual = profile.get("spec_method" if key in _SPEC_KEYS else key)
+        if actual is not None and actual not in wanted:
+            return False
+    return True
+
+
+def in_scope(entry: PatchEntry, profile: Mapping[str, Any], vllm_version: str | None) -> bool:
+    """The stack must decide ``entry``: a live correctness patch that concerns it."""
+    return (entry.category in CORRECTNESS_CATEGORIES and entry.lifecycle != "retired"
+            and meets(entry.applies_to, profile) and in_range(entry.vllm_range, vllm_version))
+
+
+def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_version: str | None,
+                      *, label: str, generation: str) -> list[str]:
+    """Each patch the stack must decide and leaves undecided or at odds with ``generation``."""
+    g = spec.genesis
+    if g is None:
+        return []
+    profile = stack_profile(spec)
+    on, off = g.switches.get(generation, ((), ()))
+    out = []
+    for e in entries:
+        if not in_scope(e, profile, vllm_version):
+            continue
+        key = f"{spec.source}: genesis.decisions.{e.pid}"
+        what = (f"Genesis {label} patch {e.pid} ({e.title!r}; {e.category}, {e.shown_range()}, "
+                f"default_on {e.default_on})")
+        d = g.decisions.get(e.pid)
+        if d is None:
+            out.append(f"{key}: missing; {what} applies to this stack on vLLM "
+                       f"{vllm_version or '(any)'}; allowed: {{decision: on|off|default, "
+                       "reason: one line}")  # fmt: skip
+            continue
+        switched_on = [s for s in e.switches if s in on]
+        switched_off = [s for s in e.switches if s in off]
+        names = ", ".join(f"GENESIS_ENABLE_{s}" for s in e.switches)
+        where = f"genesis.switches.{generation}"
+        if not e.switches and d.decision != "default":
+            out.append(f"{key}: {d.decision!r} is not possible; {what} has no switch (Genesis "
+                       "applies it by its own hook); allowed: default")
+        elif d.decision == "on" and not switched_on:
+            out.append(f"{key}: 'on', but none of its switches ({names}) is in {where}.on; "
+                       f"allowed: add one there, or decide off/default")
+        elif d.decision != "on" and switched_on:
+            out.append(f"{key}: {d.decision!r}, but {where}.on sets "
+                       f"{', '.join(switched_on)}; allowed: on, or remove it from {where}.on")
+        elif d.decision == "default" and switched_off:
+            out.append(f"{key}: 'default', but {where}.off sets {', '.join(switched_off)} to 0; "
+                       f"allowed: off, or remove it from {where}.off")
+    return out

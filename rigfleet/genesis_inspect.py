@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Everything rigfleet needs to know about a Genesis tree, read from its source with ``ast``.
+"""Everything rigfleet needs to know about a Genesis tree, read from its source with ``ast``,
+and the one table of the Genesis layouts (``GENERATIONS``: files, switches, container mount).
 
 Stdlib only: installed on each host as ``rigfleet-genesis-inspect.py`` (the gate runs it on an
 exported tree); the control side imports it and parses files from its git mirror. Nothing in
@@ -27,11 +28,19 @@ PENDING = "PROMOTION_PENDING_VLLM_PINS"
 REGISTRY = "PATCH_REGISTRY"
 
 
+# The official vllm/vllm-openai image keeps vLLM in dist-packages (Python 3.12).
+SITE_PACKAGES_IN_CONTAINER = "/usr/local/lib/python3.12/dist-packages"
+TREE_IN_CONTAINER = "/opt/genesis"
+_SNDR_IN_SITE = f"{SITE_PACKAGES_IN_CONTAINER}/sndr"
+
+
 @dataclass(frozen=True)
-class TreeFiles:
-    """Where one Genesis generation keeps what rigfleet reads and how it reads its switches
-    (docs/genesis.md's table); ``strips_prefix``: an unprefixed ``env_flag`` is a bare switch
-    name (v12), ``flags_file``: (v12) whose ``Flags`` class names every switch Genesis reads."""
+class GenesisLayout:
+    """One Genesis generation (docs/genesis.md's table): where its tree keeps what rigfleet
+    reads, how Genesis reads its switches, how a container mounts (``mount``: the part of the tree
+    at ``mount_target``; ``""``: all) and applies it. ``check_file`` must exist (an empty mount
+    would make applying a silent no-op); ``strips_prefix``: an unprefixed ``env_flag`` is a bare
+    switch name (v12); ``flags_file``: whose ``Flags`` class names every switch Genesis reads."""
 
     generation: str
     check_file: str
@@ -41,11 +50,24 @@ class TreeFiles:
     switch_prefixes: tuple[str, ...]
     strips_prefix: bool
     retired_skipped: bool
+    mount: str
+    mount_target: str
+    apply_command: str
     flags_file: str | None = None
+    prepare: tuple[str, ...] = ()
+
+    def mount_source(self, tree: str) -> str:
+        root = tree.rstrip("/")
+        return f"{root}/{self.mount}" if self.mount else root
+
+    @property
+    def check_path_in_container(self) -> str:
+        inside = self.check_file.removeprefix(f"{self.mount}/") if self.mount else self.check_file
+        return f"{self.mount_target}/{inside}"
 
 
-GENERATIONS: dict[str, TreeFiles] = {
-    "v7": TreeFiles(
+GENERATIONS: dict[str, GenesisLayout] = {
+    "v7": GenesisLayout(
         generation="v7",
         check_file="vllm/_genesis/patches/apply_all.py",
         allowlist_file="vllm/_genesis/guards.py",
@@ -54,8 +76,12 @@ GENERATIONS: dict[str, TreeFiles] = {
         switch_prefixes=("GENESIS_ENABLE_",),
         strips_prefix=False,
         retired_skipped=False,
+        mount="vllm/_genesis",
+        mount_target=f"{SITE_PACKAGES_IN_CONTAINER}/vllm/_genesis",
+        apply_command="python3 -m vllm._genesis.patches.apply_all",
     ),
-    "v12": TreeFiles(
+    # v12 is mounted whole, linked into site-packages (docs/genesis.md says why).
+    "v12": GenesisLayout(
         generation="v12",
         check_file="sndr/apply/__main__.py",
         allowlist_file="sndr/engines/vllm/detection/guards.py",
@@ -64,7 +90,18 @@ GENERATIONS: dict[str, TreeFiles] = {
         switch_prefixes=("GENESIS_ENABLE_", "SNDR_ENABLE_"),
         strips_prefix=True,
         retired_skipped=True,
+        mount="",
+        mount_target=TREE_IN_CONTAINER,
+        apply_command="python3 -m sndr.apply",
         flags_file="sndr/env.py",
+        prepare=(
+            f"if [ -e {_SNDR_IN_SITE} ] && [ ! -L {_SNDR_IN_SITE} ]; then",
+            f'  echo "rigfleet: this image already has a sndr package ({_SNDR_IN_SITE}); '
+            'refusing to mix it with the pinned Genesis tree" >&2',
+            "  exit 1",
+            "fi",
+            f"ln -sfn {TREE_IN_CONTAINER}/sndr {_SNDR_IN_SITE}",
+        ),
     ),
 }
 # Genesis v8.0-v11.x kept the package at vllm/sndr_core: neither layout rigfleet mounts.
@@ -165,7 +202,7 @@ def lifecycle(meta: Mapping[str, Any]) -> str:
     return "deprecated" if meta.get("deprecated") else DEFAULT_LIFECYCLE
 
 
-def switch_names(meta: Mapping[str, Any], files: TreeFiles) -> list[tuple[str, str]]:
+def switch_names(meta: Mapping[str, Any], files: GenesisLayout) -> list[tuple[str, str]]:
     """(switch suffix, ``env_flag``/``alias``) of each name that turns a registry entry on."""
     flag = meta.get("env_flag")
     named = [(flag, "env_flag")] if isinstance(flag, str) and flag else []
@@ -190,7 +227,7 @@ def registry_literal(text: str, where: str) -> dict[str, dict[str, Any]]:
     return registry
 
 
-def parse_registry(text: str, where: str, files: TreeFiles) -> dict[str, Any]:
+def parse_registry(text: str, where: str, files: GenesisLayout) -> dict[str, Any]:
     """The ``registry`` part of the report, from a ``PATCH_REGISTRY`` file."""
     registry = registry_literal(text, where)
     switches: dict[str, list[list[str]]] = {}
@@ -231,7 +268,7 @@ def parse_flags(text: str, where: str, registry: dict[str, Any]) -> list[str]:
     return sorted(names - set(registry["switches"]) - legacy)
 
 
-def parse_version(text: str, files: TreeFiles) -> str | None:
+def parse_version(text: str, files: GenesisLayout) -> str | None:
     """The version the tree declares, as ``v<version>`` (None when it declares none)."""
     raw: object = None
     if files.version_file.endswith(".toml"):

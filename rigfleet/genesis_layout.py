@@ -1,6 +1,7 @@
-"""Where each Genesis generation is mounted in a container and how it is applied there.
+"""How a container applies each Genesis generation: the entrypoint script around ``LAYOUTS``.
 
-A leaf of the data layer (docs/genesis.md tells the generations apart)::
+``LAYOUTS`` is the generation table of ``rigfleet.genesis_inspect`` (the one leaf that knows the
+layouts; docs/genesis.md tells the generations apart)::
 
     v7 = LAYOUTS["v7"]
     v7.mount_source("/opt/rigfleet/genesis-trees/7b9f...")   # '.../vllm/_genesis'
@@ -9,70 +10,11 @@ A leaf of the data layer (docs/genesis.md tells the generations apart)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from rigfleet.genesis_inspect import GENERATIONS, GenesisLayout
 
-from rigfleet.genesis_inspect import GENERATIONS, TreeFiles
-
-# The official vllm/vllm-openai image keeps vLLM in dist-packages (Python 3.12).
-SITE_PACKAGES_IN_CONTAINER = "/usr/local/lib/python3.12/dist-packages"
-TREE_IN_CONTAINER = "/opt/genesis"
-
-
-@dataclass(frozen=True)
-class GenesisLayout:
-    """One generation in the container: the part of the tree mounted (``mount``; ``""``: all
-    of it) at ``mount_target``, and the lines the entrypoint runs before applying."""
-
-    files: TreeFiles
-    mount: str
-    mount_target: str
-    apply_command: str
-    prepare: tuple[str, ...] = ()
-
-    @property
-    def generation(self) -> str:
-        return self.files.generation
-
-    @property
-    def check_file(self) -> str:
-        """A file that must exist (an empty mount would make applying a silent no-op)."""
-        return self.files.check_file
-
-    def mount_source(self, tree: str) -> str:
-        root = tree.rstrip("/")
-        return f"{root}/{self.mount}" if self.mount else root
-
-    @property
-    def check_path_in_container(self) -> str:
-        inside = self.check_file.removeprefix(f"{self.mount}/") if self.mount else self.check_file
-        return f"{self.mount_target}/{inside}"
-
-
-V7 = GenesisLayout(
-    files=GENERATIONS["v7"],
-    mount="vllm/_genesis",
-    mount_target=f"{SITE_PACKAGES_IN_CONTAINER}/vllm/_genesis",
-    apply_command="python3 -m vllm._genesis.patches.apply_all",
-)
-
-# v12 is mounted whole and linked into site-packages: docs/genesis.md, "Why v12 is mounted whole".
-_SNDR_IN_SITE = f"{SITE_PACKAGES_IN_CONTAINER}/sndr"
-V12 = GenesisLayout(
-    files=GENERATIONS["v12"],
-    mount="",
-    mount_target=TREE_IN_CONTAINER,
-    apply_command="python3 -m sndr.apply",
-    prepare=(
-        f"if [ -e {_SNDR_IN_SITE} ] && [ ! -L {_SNDR_IN_SITE} ]; then",
-        f'  echo "rigfleet: this image already has a sndr package ({_SNDR_IN_SITE}); refusing '
-        'to mix it with the pinned Genesis tree" >&2',
-        "  exit 1",
-        "fi",
-        f"ln -sfn {TREE_IN_CONTAINER}/sndr {_SNDR_IN_SITE}",
-    ),
-)
-
-LAYOUTS: dict[str, GenesisLayout] = {V7.generation: V7, V12.generation: V12}
+LAYOUTS = GENERATIONS
+V7 = LAYOUTS["v7"]
+V12 = LAYOUTS["v12"]
 
 
 def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) -> str:

@@ -14,8 +14,7 @@ from pyinfra.operations import files
 from rigfleet import genesis_inspect
 from rigfleet.commands import docker as docker_commands
 from rigfleet.facts import GenesisHead, GenesisTrees, TextFile, read_fact, read_paths
-from rigfleet.genesis import StackUse, TreeReport, pairing_problems
-from rigfleet.genesis_layout import LAYOUTS
+from rigfleet.genesis import StackUse, TreeReport, layout_problem, pairing_problems
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import GenesisPin
 from rigfleet.retention import stale
@@ -53,13 +52,13 @@ def checkout_commands(repo: str, commit: str, dest: str, cloned: bool) -> list[s
 
 
 @operation()
-def genesis_checkout(repo: str, commit: str, dest: str = CHECKOUT):
-    """``dest`` at ``commit`` of ``repo`` (detached)."""
-    state = read_fact(GenesisHead, path=dest)
+def genesis_checkout(repo: str, commit: str):
+    """The checkout at ``commit`` of ``repo`` (detached)."""
+    state = read_fact(GenesisHead, path=CHECKOUT)
     if state.head == commit and state.layout is not None and state.origin == repo:
-        host.noop(f"{dest} at {commit[:12]}")
+        host.noop(f"{CHECKOUT} at {commit[:12]}")
         return
-    yield from checkout_commands(repo, commit, dest, cloned=state.head is not None)
+    yield from checkout_commands(repo, commit, CHECKOUT, cloned=state.head is not None)
 
 
 # Kept: the pinned commit's tree, every tree a compose file on the host mounts, and the
@@ -80,33 +79,19 @@ def export_command(checkout: str, commit: str, check_file: str, trees_dir: str =
 
 
 @operation()
-def genesis_export(commit: str, layout: str, compose_files: tuple[str, ...],
-                   checkout: str = CHECKOUT, trees_dir: str = TREES_DIR, keep: int = TREES_KEPT):
+def genesis_export(commit: str, layout: str, compose_files: tuple[str, ...]):
     """Export ``commit``'s tree; prune those no ``compose_files`` mounts."""
-    state = read_fact(GenesisTrees, trees_dir=trees_dir, compose_files=compose_files)
+    state = read_fact(GenesisTrees, trees_dir=TREES_DIR, compose_files=compose_files)
     have = state.trees.get(commit)
     exported = have is not None and have[1] is not None
     if not exported:
-        yield export_command(checkout, commit, LAYOUTS[layout].check_file, trees_dir)
+        yield export_command(CHECKOUT, commit, genesis_inspect.GENERATIONS[layout].check_file)
     mtimes = {c: mtime for c, (mtime, _) in state.trees.items()}
-    old = stale(mtimes, commit, state.referenced, keep)
+    old = stale(mtimes, commit, state.referenced, TREES_KEPT)
     if old:
-        yield "rm -rf " + " ".join(shlex.quote(f"{trees_dir}/{c}") for c in old)
+        yield "rm -rf " + " ".join(shlex.quote(f"{TREES_DIR}/{c}") for c in old)
     if exported and not old:
-        host.noop(f"{trees_dir}/{commit[:12]} exported")
-
-
-def _layout_mismatch(what: str, found: str | None, pin: GenesisPin) -> str | None:
-    if found == pin.layout:
-        return None
-    want = LAYOUTS[pin.layout].check_file
-    if found is None:
-        return (f"{what} lacks {want} (the {pin.layout} layout the pins say), "
-                "and marks no other layout rigfleet knows (wrong repository?)")
-    return (f"{what} has the {found} layout "
-            f"({genesis_inspect.GENERATIONS[found].check_file}), but the pins say layout "
-            f"{pin.layout} for Genesis {pin.label}; fix the pins' genesis.layout (`rigfleet "
-            "pins lock` records it from the tree)")
+        host.noop(f"{TREES_DIR}/{commit[:12]} exported")
 
 
 def verify_tree(pin: GenesisPin, compose_files: tuple[str, ...]) -> str | None:
@@ -116,15 +101,15 @@ def verify_tree(pin: GenesisPin, compose_files: tuple[str, ...]) -> str | None:
     tree = HOST.genesis_tree(pin.commit)
     if have is None:
         return f"Genesis tree {tree} is missing"
-    return _layout_mismatch(f"Genesis tree {tree}", have[1], pin)
+    return layout_problem(f"Genesis tree {tree}", have[1], pin)
 
 
-def verify_checkout(pin: GenesisPin, dest: str) -> str | None:
+def verify_checkout(pin: GenesisPin) -> str | None:
     """At execution time: HEAD is the pin and the files mark the pinned layout."""
-    state = read_fact(GenesisHead, path=dest)
+    state = read_fact(GenesisHead, path=CHECKOUT)
     if state.head != pin.commit:
-        return f"Genesis checkout {dest} is at {state.head}, pin is {pin.commit}"
-    return _layout_mismatch(f"Genesis checkout {dest} at {pin.commit[:12]}", state.layout, pin)
+        return f"Genesis checkout {CHECKOUT} is at {state.head}, pin is {pin.commit}"
+    return layout_problem(f"Genesis checkout {CHECKOUT} at {pin.commit[:12]}", state.layout, pin)
 
 
 @operation()
@@ -184,9 +169,9 @@ def genesis(ctx: HostContext) -> None:
     files.file(name="Remove the old Genesis allowlist helper", path=OLD_ALLOWLIST_SCRIPT,
                present=False)  # fmt: skip
     genesis_checkout(name=f"Genesis checkout at {pin.commit[:12]}", repo=pin.repo,
-                     commit=pin.commit, dest=CHECKOUT)
+                     commit=pin.commit)
     check(name=f"Verify Genesis HEAD and its {pin.layout} layout",
-          verify=lambda: verify_checkout(pin, CHECKOUT), what="Genesis verification")
+          verify=lambda: verify_checkout(pin), what="Genesis verification")
     genesis_export(name=f"Genesis tree {pin.commit[:12]} (mounted by the stack)",
                    commit=pin.commit, layout=pin.layout, compose_files=mounts)
     check(name="Verify the Genesis tree", verify=lambda: verify_tree(pin, mounts),

@@ -2,8 +2,7 @@
 hosts' own ``rigfleet/genesis_inspect.py``, the commit to pair with a candidate vLLM, and what
 ``rigfleet pins lock`` records. docs/genesis.md tells the rules::
 
-    repo = GenesisRepo("https://github.com/Sandermage/sndr_core_engine.git")
-    repo.sync()
+    repo = GenesisRepo("https://github.com/Sandermage/sndr_core_engine.git").sync()
     choice = choose_genesis(repo, pinned="7b9fd319...", version="0.21.0")
     choice.commit, choice.label, choice.proposed   # ("66e37841...", "66e37841a18f (v12.1.0)", True)
 """
@@ -22,8 +21,14 @@ from pathlib import Path
 from rigfleet import genesis_inspect
 from rigfleet.catalog import Catalog, StackSpec, builtin_catalog
 from rigfleet.errors import RigfleetError
-from rigfleet.genesis import StackUse, TreeReport, allowlist_problem, pairing_problems
-from rigfleet.genesis_decisions import PatchEntry, decision_problems, read_entries
+from rigfleet.genesis import (
+    StackUse,
+    TreeReport,
+    allowlist_problem,
+    decision_problems,
+    pairing_problems,
+    read_entries,
+)
 from rigfleet.pins import GenesisPin, Pins, StackPins
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "rigfleet"
@@ -39,6 +44,16 @@ class GenesisError(RigfleetError, RuntimeError):
 
 class GenesisRefused(RigfleetError, ValueError):
     """No Genesis commit suits the candidate (allowlist, switches); the message says why."""
+
+
+def _git(argv: list[str], failed: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``git <argv>``; ``GenesisError`` starting with ``failed`` when it fails and ``check``."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
+    proc = subprocess.run(["git", *argv], capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+    if check and proc.returncode != 0:
+        raise GenesisError(f"{failed}: {proc.stderr.strip()[-500:]}")
+    return proc
 
 
 @dataclass(frozen=True)
@@ -86,29 +101,20 @@ class GenesisRepo:
 
     def git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``git --git-dir <mirror> <args>``; ``GenesisError`` when it fails and ``check``."""
-        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
-        proc = subprocess.run(["git", "--git-dir", str(self.path), *args], capture_output=True,
-                              text=True, env=env, timeout=600, check=False)
-        if check and proc.returncode != 0:
-            raise GenesisError(
-                f"git {' '.join(args)} ({self.fetch_url}): {proc.stderr.strip()[-500:]}")
-        return proc
+        return _git(["--git-dir", str(self.path), *args],
+                    f"git {' '.join(args)} ({self.fetch_url})", check)
 
-    def sync(self) -> None:
+    def sync(self) -> GenesisRepo:
         """Clone on first use, fetch (with prune) afterwards: every ref, the mirror way."""
         if not (self.path / "HEAD").exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            proc = subprocess.run(
-                ["git", "clone", "--quiet", "--mirror", self.fetch_url, str(self.path)],
-                capture_output=True, text=True, timeout=600, check=False,
-                env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-            if proc.returncode != 0:
-                raise GenesisError(
-                    f"cannot clone Genesis from {self.fetch_url}: {proc.stderr.strip()[-500:]}")
+            _git(["clone", "--quiet", "--mirror", self.fetch_url, str(self.path)],
+                 f"cannot clone Genesis from {self.fetch_url}")
         else:
             self.git("fetch", "--quiet", "--prune", "origin")
         self.__dict__.pop("tags", None)
         self._commits.clear()
+        return self
 
     def resolve(self, ref: str) -> str:
         """A full 40-hex commit for ``ref`` (a full or short sha, a branch, a tag)."""
@@ -137,22 +143,31 @@ class GenesisRepo:
             tag = next((t for t in self.tags.get(sha, ()) if _VERSION_TAG.fullmatch(t)), None)
             subject_release = _RELEASE.search(subject)
             release = tag or (subject_release.group("version") if subject_release else None)
-            tree = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha),
-                                                                registry=False))  # fmt: skip
+            tree = TreeReport.read(GitSource(self, sha), registry=False)
             self._commits[sha] = GenesisCommit(sha, release, int(date or 0), tree)
         return self._commits[sha]
 
     def report(self, sha: str) -> TreeReport:
         """The full tree report of ``sha`` (registry included), as the hosts' gate reads it."""
         if sha not in self._reports:
-            self._reports[sha] = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha)))
+            self._reports[sha] = TreeReport.read(GitSource(self, sha))
         return self._reports[sha]
 
-    def entries(self, sha: str, layout: str) -> list[PatchEntry]:
+    def reached_by(self, commit: str) -> list[str] | None:
+        """The branches and tags that reach ``commit``; None when the mirror lacks it."""
+        if self.git("cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
+            return None
+        return self.git("for-each-ref", "--contains", commit, "--format=%(refname:short)",
+                        "refs/heads", "refs/tags").stdout.split()
+
+    def decisions(self, spec: StackSpec, sha: str, layout: str, vllm_version: str | None,
+                  label: str) -> list[str]:  # fmt: skip
+        """``decision_problems`` of ``spec`` against the patch registry of ``sha``."""
         try:
-            return read_entries(GitSource(self, sha), layout)
+            entries = read_entries(GitSource(self, sha), layout)
         except genesis_inspect.InspectError as e:
             raise GenesisError(f"Genesis {self.url} {sha[:12]}: {e}") from None
+        return decision_problems(spec, entries, vllm_version, label=label, generation=layout)
 
     def version(self, sha: str) -> str | None:
         """Its release, else ``git describe``, else the version the tree declares."""
@@ -258,8 +273,7 @@ def check_switches(repo: GenesisRepo, pin: GenesisPin, uses: Mapping[str, StackU
             first_host.setdefault(p, host)
     problems = [f"{host}: {p}" if host else p for p, host in first_host.items()]
     if spec is not None:
-        problems += decision_problems(spec, repo.entries(pin.commit, pin.layout), vllm_version,
-                                      label=pin.label, generation=pin.layout)
+        problems += repo.decisions(spec, pin.commit, pin.layout, vllm_version, pin.label)
     if problems:
         raise GenesisRefused("; ".join(problems) + "; refusing before any host changes")
 
@@ -278,8 +292,7 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
         if g is None:
             return p
         if g.repo not in repos:
-            repos[g.repo] = GenesisRepo(g.repo, fetch_url, cache_dir)
-            repos[g.repo].sync()
+            repos[g.repo] = GenesisRepo(g.repo, fetch_url, cache_dir).sync()
         repo = repos[g.repo]
         try:
             sha = repo.resolve(g.commit)
@@ -302,9 +315,8 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
                                          use=use, image_ref=p.image,
                                          where=f"{g.repo} {sha[:12]}"))  # fmt: skip
         if name in stacks_of and report.layout is not None:
-            entries = repo.entries(sha, report.layout)
-            problems.extend(decision_problems(stacks_of.get(name), entries, p.vllm_version,
-                                              label=new.label, generation=report.layout))
+            problems.extend(repo.decisions(stacks_of.get(name), sha, report.layout,
+                                           p.vllm_version, new.label))
         return replace(p, genesis=new)
 
     stacks = {n: locked(f"stacks.{n}", n, p) for n, p in pins.stacks.items()}

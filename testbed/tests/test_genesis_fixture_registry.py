@@ -25,19 +25,17 @@ from rigfleet_testbed import genesis_patches as gp
 
 from rigfleet.catalog import StackSpec, builtin_catalog, get_stack
 from rigfleet.genesis import (
+    PatchEntry,
     StackUse,
     Switch,
     TreeReport,
-    needs_problems,
-    pairing_problems,
-    switch_problems,
-)
-from rigfleet.genesis_decisions import (
-    PatchEntry,
     decision_problems,
     in_scope,
+    needs_problems,
+    pairing_problems,
     read_entries,
     stack_profile,
+    switch_problems,
 )
 from rigfleet.genesis_inspect import GENERATIONS, DirSource, inspect
 from rigfleet.pins import GenesisPin

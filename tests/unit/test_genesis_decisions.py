@@ -1,5 +1,5 @@
 """The correctness-patch rule: every live Genesis patch in a correctness category that concerns a
-stack on its pinned vLLM must be decided in the stack file (rigfleet/genesis_decisions.py), and
+stack on its pinned vLLM must be decided in the stack file (rigfleet/genesis.py), and
 the stack file's ``genesis.decisions`` / ``genesis.model`` are validated like every key."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rigfleet.catalog import (
     get_stack,
     parse_stack,
 )
-from rigfleet.genesis_decisions import (
+from rigfleet.genesis import (
     PatchEntry,
     decision_problems,
     entries_from_literal,

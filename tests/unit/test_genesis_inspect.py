@@ -60,10 +60,10 @@ def test_layout_is_detected_from_the_marker_files() -> None:
 
 
 def test_the_layouts_rigfleet_mounts_are_the_ones_the_helper_detects() -> None:
-    # One table: the container side (rigfleet.genesis) builds on the helper's files.
+    # One table: the container side (rigfleet.genesis_layout) is the helper's own.
     assert set(LAYOUTS) == set(gi.GENERATIONS)
     for name, layout in LAYOUTS.items():
-        assert layout.files is gi.GENERATIONS[name]
+        assert layout is gi.GENERATIONS[name]
         assert layout.check_file in gi.MARKERS
 
 
