@@ -157,7 +157,7 @@ PATCHES: tuple[PatchDef, ...] = (
 
 # applies_to's conditions besides the version range, as the real registries have them (v12;
 # V7_CONDITIONS where v7.72.2's differ). rigfleet reads them to tell which correctness patches
-# concern a stack (rigfleet/genesis_decisions.py); the fixture's apply loop does not.
+# concern a stack (rigfleet/genesis.py); the fixture's apply loop does not.
 CONDITIONS: dict[str, dict[str, object]] = {
     "P60": {"is_hybrid": [True]},
     "P60b": {"is_hybrid": [True]},

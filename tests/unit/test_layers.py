@@ -49,7 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                      "rigfleet.swapfacts", "rigfleet.aptindex")),
     ("model", ("rigfleet.desired", "rigfleet.compose", "rigfleet.runtime_image")),
     ("decisions", ("rigfleet.swapplan", "rigfleet.status.drift", "rigfleet.bump.plan",
-                   "rigfleet.genesis_decisions", "rigfleet.balancer", "rigfleet.images.plan",
+                   "rigfleet.balancer", "rigfleet.images.plan",
                    "rigfleet.images.archive", "rigfleet.images.hoststate",
                    "rigfleet.doctor.rules", "rigfleet.doctor.evidence",
                    "rigfleet.bump.candidate", "rigfleet.scrape", "rigfleet.vllmargs")),
