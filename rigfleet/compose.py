@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from rigfleet.catalog import VLLM_PORT_IN_CONTAINER, StackSpec
-from rigfleet.genesis_layout import LAYOUTS, GenesisLayout
+from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostdata import HostSettings
 from rigfleet.hostside.layout import (
     CONFIG_HASH_LABEL,
@@ -27,7 +27,7 @@ from rigfleet.hostside.layout import (
     WEIGHTS_REVISION_CHARS,
     WEIGHTS_REVISION_MARK,
 )
-from rigfleet.pins import LOCK_HINT, UNRESOLVED, GenesisPin, Pins, PinsError
+from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError
 from rigfleet.runtime_image import RuntimeImage
 
 SERVICE = "vllm"
@@ -38,10 +38,6 @@ _HEADER = (
     "# and this host's inventory data. Local edits are overwritten by the next deploy.\n"
     "# Secrets come from env_file only. '$$' is a literal '$' (Compose interpolation).\n"
 )
-
-
-def genesis_layout(pin: GenesisPin) -> GenesisLayout:
-    return LAYOUTS[pin.layout]
 
 
 def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[str, Any]:
@@ -55,7 +51,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     if spec.needs_genesis and stack_pins.genesis is None:
         raise PinsError(f"{pins.path}: stacks.{spec.name}.genesis: missing; the stack needs it")
 
-    layout = genesis_layout(stack_pins.genesis) if stack_pins.genesis is not None else None
+    layout = LAYOUTS[stack_pins.genesis.layout] if stack_pins.genesis is not None else None
     environment = spec.environment(layout.generation if layout else None)
     # Host extras last: they may override catalog values (the testbed injects faults so).
     environment.update(sorted(host.env_for(spec.name).items()))

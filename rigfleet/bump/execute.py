@@ -76,7 +76,7 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
              "bump_id": journal.id, **journal.history}
     saved_pins = record_pins(plan, result, extra)
     end_journal(journal, result, saved_pins)
-    restore(runner, result, Path(plan.pins.path))
+    restore(runner, result, real)
     print_result(result, log_dir)
     summary = {"outcome": outcome_of(result), "stopped": result.stopped,
                "seconds": round(result.seconds, 1), "pins_file": plan.pins.path,
