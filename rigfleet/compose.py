@@ -111,8 +111,7 @@ def render_document(doc: Mapping[str, Any]) -> str:
 
 
 def config_hash(doc: dict[str, Any]) -> str:
-    """A short, stable hash of a compose document, ignoring its own config-hash label and the
-    weights volume's revision suffix (covered by a label; docs/converge.md)."""
+    """A short, stable hash of a compose document, without its own label and weights revision."""
     copy = json.loads(json.dumps(doc))
     for service in copy.get("services", {}).values():
         labels = service.get("labels", {})

@@ -141,8 +141,7 @@ class Pins:
         return {self.model.repo: self.model, **self.models}
 
     def model_for(self, repo: str | None) -> ModelPin:
-        """The pin of the model ``repo`` (a stack file's ``model``; None: the default model);
-        raises ``PinsError`` when it is not pinned."""
+        """The pin of model ``repo`` (None: the default model); ``PinsError`` when not pinned."""
         if repo is None:
             return self.model
         try:

@@ -143,8 +143,7 @@ class Registry:
         return str(token)
 
     def digest(self, repo: str, ref: str) -> str:
-        """The manifest digest (``sha256:...``) that ``repo:ref`` points at now (a HEAD request:
-        Docker Hub does not count it as a pull)."""
+        """The manifest digest ``repo:ref`` points at now (a HEAD: Docker Hub counts no pull)."""
         what = reference(repo, ref)
         headers, _ = self._request("HEAD", f"/v2/{repo}/manifests/{ref}", repo, MANIFEST_TYPES,
                                    what)

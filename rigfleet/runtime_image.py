@@ -50,8 +50,7 @@ class RuntimeImage:
         return f"{REPOSITORY}/{self.stack}-runtime:{base}-{packages}"
 
     def dockerfile(self, index_url: str | None = None) -> str:
-        """The Dockerfile: the pinned base, the pinned packages from ``index_url`` (a plain-http
-        one trusted), labels saying both."""
+        """The pinned base, the pinned packages from ``index_url``, labels saying both."""
         packages = " ".join(shlex.quote(p) for p in self.packages)
         return (
             "# Built by rigfleet (roles/images.py) on this host; never pushed.\n"

@@ -244,8 +244,7 @@ def secure_boot_block(name: str, os: OsInfo, platform: PlatformState,
 def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
                 branch: str, version: str | None, platform: PlatformState,
                 gpu: GpuState, rejections: list[str]) -> FactChecks:
-    """Every check that needs host facts (pure); the card checks wait for the driver.
-    ``rejections``: this boot's log lines of Secure Boot refusing a module."""
+    """Every check that needs host facts (pure); the card checks wait for the driver."""
     problems = check_init(name, platform)
     origin, adopt = check_driver_origin(name, settings, branch, version, platform, gpu)
     problems += origin
@@ -347,8 +346,7 @@ def refuse(reason: str) -> None:
 
 
 def run_deploy(converge: Callable[[], Any]) -> None:
-    """``deploy.py``'s body: a refused host gets only its refusal; other data problems stop the
-    run."""
+    """``deploy.py``'s body: a refused host gets only its refusal; other problems stop the run."""
     read_host_once()
     fast_operation_order()
     try:
@@ -363,8 +361,7 @@ _T = TypeVar("_T")
 
 
 def preflight_of(title: str, check: Callable[[str, bool], _T]) -> Callable[..., _T]:
-    """``check(name, gpu_host)`` as a ``@deploy``: a ``RigfleetError`` refuses the host (with
-    ``rigfleet_stop_on_preflight``, the run)."""
+    """``check(name, gpu_host)`` as a ``@deploy``; a ``RigfleetError`` refuses the host."""
 
     def run(gpu_host: bool = False) -> _T:
         try:

@@ -110,8 +110,7 @@ def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
 
 def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], BenchSettings],
                   progress: Progress | None = None) -> list[Entry]:
-    """Bench each target in turn (one at a time: the bench's client must not compete with
-    itself for this machine's CPU); a target with an error gets an entry with it."""
+    """Bench each target in turn (they would compete for this CPU); errors become entries."""
     progress = progress or Progress()
     out = []
     for t in targets:
@@ -140,8 +139,7 @@ def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None
 
 def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs: int,
                     warmup: int, by: str = "") -> dict[str, Any]:
-    """The host's JSON answer to ``rigfleet-host.pyz bench --accept-baseline``; raises
-    ``HostUnreachable`` (SSH) or ``RuntimeError`` (refused, or nothing measured)."""
+    """The host's answer to ``bench --accept-baseline``; ``RuntimeError`` when none recorded."""
     by = by or f"{getpass.getuser()}@{socket.gethostname()}"
     command = hosttool.bench("--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}",
                              "--by", by, "--runs", str(runs), "--warmup", str(warmup), "--json",

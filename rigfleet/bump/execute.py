@@ -45,8 +45,7 @@ from rigfleet.ssh import HostUnreachable, Remote
 def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
             candidate: Candidate | None, version: str, journal: BumpJournal | None = None,
             history: dict[str, Any] | None = None) -> int:
-    """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry
-    (kept in the journal: a resumed run records them too)."""
+    """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry."""
     real = Path(plan.pins.path)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = PROJECT_ROOT / "reports" / "bumps" / stamp
