@@ -102,6 +102,7 @@ class Inputs:
     genesis_url: str | None
     mirror: str | None
     catalog: Catalog
+    outside: frozenset[str] = frozenset()  # hosts left out by --limit: they keep their pins
     caches: tuple[InventoryHost, ...] = ()  # the fleet caches the candidate goes into first
     genesis_repos: dict[str, GenesisRepo] = field(default_factory=dict)  # each synced once
 
