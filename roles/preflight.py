@@ -5,10 +5,7 @@ host, at prepare time"). Its ``HostContext`` is what every other role takes.
 
 from __future__ import annotations
 
-import getpass
-import os
 import re
-import socket
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +49,7 @@ from rigfleet.hostside.records import describe
 from rigfleet.images.deploy import preflight_images
 from rigfleet.oporder import fast_operation_order
 from rigfleet.packages import OsInfo
+from rigfleet.resources import deployed_by
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER
 from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
@@ -147,17 +145,6 @@ def read_secret(name: str, key: str, path: str, token: bool = True) -> Secret:
                              f"{len(value)} chars) holds characters outside the allowed set; "
                              "allowed: letters, digits and -._~+/=")
     return Secret(value)
-
-
-def deployed_by() -> str:
-    """Who runs this deploy, for the ledger: ``RIGFLEET_BY`` or ``user@control-host``."""
-    if explicit := os.environ.get("RIGFLEET_BY"):
-        return explicit
-    try:
-        user = getpass.getuser()
-    except Exception:  # no passwd entry (containers)
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
 
 
 @dataclass(frozen=True)
