@@ -17,7 +17,7 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback, State
 
-from rigfleet.aptrepos import SUPPORTED_OS
+from rigfleet.aptrepos import OS_ALLOWED, SUPPORTED_OS
 from rigfleet.balancer.plan import BalancerPlan, GpuHost, fleet_plan
 from rigfleet.catalog import StackSpec
 from rigfleet.check import Online, deploy_online, deploy_verdict, os_disagrees
@@ -123,9 +123,8 @@ def read_os(name: str, release: dict[str, str]) -> OsInfo:
     os_id = release.get("ID", "")
     version = release.get("VERSION_ID", "")
     if (os_id, version) not in SUPPORTED_OS:
-        allowed = ", ".join(f"{i} {v}" for i, v in SUPPORTED_OS)
         raise PreflightError(f"{name}: os: {f'{os_id} {version}'.strip() or 'unknown'!r} is "
-                             f"not supported; allowed: {allowed}")
+                             f"not supported; allowed: {OS_ALLOWED}")
     codename = release.get("VERSION_CODENAME") or SUPPORTED_OS[(os_id, version)]
     return OsInfo(os_id, version, codename, release.get("KERNEL_RELEASE", ""))
 
