@@ -1,10 +1,7 @@
-"""Render one stack's compose file from the catalog, the pins and the host's settings.
-
-The text is deterministic (the deploy compares content; the ``io.rigfleet.config-hash`` label
-tells whether a running container came from the current file). The port is loopback-only,
-secrets come only through ``env_file``, every ``$`` is written ``$$`` (Compose interpolates at
-parse time, club-3090#436), and the weights mount read-only from the pinned revision's own
-directory, so a rollback mounts the revision it served::
+"""Render one stack's compose file from the catalog, the pins and the host's settings
+(docs/architecture.md). The text is deterministic; the ``io.rigfleet.config-hash`` label tells
+whether a running container came from the current file, and the weights mount from the pinned
+revision's own directory, so a rollback mounts the revision it served::
 
     text = render_compose(get_stack("int8"), pins, settings)
 """

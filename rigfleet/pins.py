@@ -1,8 +1,6 @@
-"""The fleet's pins (``pins.yaml``): everything that must not move unless a person moves it.
-
-Images (tag and digest), Genesis commits, model revisions, driver, toolkit and hub versions;
-read once on the control side before any host changes. docs/pins.md describes every key (from
-``rigfleet.pin_keys``)::
+"""The fleet's pins (``pins.yaml``), everything that must not move unless a person moves it:
+images (tag and digest), Genesis commits, model revisions, driver, toolkit and hub versions.
+docs/pins.md describes every key (from ``rigfleet.pin_keys``)::
 
     pins = load_pins("pins.yaml")
     pins.stacks["int8"].image_ref   # "vllm/vllm-openai:nightly-01d4...@sha256:..."
