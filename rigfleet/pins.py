@@ -261,8 +261,7 @@ def dump_pins(pins: Pins) -> str:
 
 def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
               catalog: Catalog | None = None) -> Pins:
-    """Write ``pins`` atomically with ``serial`` + 1 and ``history_entry`` appended; refuses
-    when the file on disk is no longer at ``pins.serial`` (someone saved in between)."""
+    """Write ``pins`` atomically at serial + 1 with ``history_entry``; refused if saved since."""
     path = Path(pins.path)
     on_disk = _read_serial(path)
     if on_disk is not None and on_disk != pins.serial:

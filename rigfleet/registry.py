@@ -40,8 +40,7 @@ class RegistryUnreachable(RegistryError):
 
 @dataclass(frozen=True)
 class ResolvedImage:
-    """A tag or digest for linux/amd64: the digest pulled, the image id (config digest: what
-    ``docker load`` reproduces), the platform manifest's digest, the compressed layer bytes."""
+    """A tag or digest for linux/amd64: digests, image id (what ``docker load`` gives), sizes."""
 
     digest: str
     image_id: str
@@ -178,8 +177,7 @@ class Registry:
         return body
 
     def resolve(self, repo: str, ref: str) -> ResolvedImage:
-        """Digest, image id and download size of ``repo:ref`` (index -> linux/amd64 manifest
-        -> config descriptor); reads manifests only, never a layer."""
+        """Digest, image id and download size of ``repo:ref`` (manifests only, never a layer)."""
         what = reference(repo, ref)
         doc, media, top = self.manifest(repo, ref)
         own = top

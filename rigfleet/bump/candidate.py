@@ -87,8 +87,7 @@ class LatestAsk:
 
 @dataclass(frozen=True)
 class LatestChoice:
-    """``--latest``: one kind and one release tag (None: the newest nightly), the stacks it
-    moves, and why the others stay."""
+    """``--latest``'s pick (nightly, or one release ``tag``), its stacks, why others stay."""
 
     nightly: bool
     tag: str | None

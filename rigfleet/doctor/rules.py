@@ -49,8 +49,7 @@ class Expect:
 
 @dataclass(frozen=True)
 class Cause:
-    """One finding: its estimated share of decode speed lost (``impact``), the ``evidence``,
-    what to change (``fix``) and what the estimate rests on (``basis``)."""
+    """One finding: ``impact`` (share of decode speed lost), ``evidence``, ``fix`` and ``basis``."""
 
     id: str
     title: str
