@@ -1,10 +1,7 @@
-"""Render one stack's compose file from the catalog, the pins and the host's settings.
-
-The text is deterministic (the deploy compares content; the ``io.rigfleet.config-hash`` label
-tells whether a running container came from the current file). The port is loopback-only,
-secrets come only through ``env_file``, every ``$`` is written ``$$`` (Compose interpolates at
-parse time, club-3090#436), and the weights mount read-only from the pinned revision's own
-directory, so a rollback mounts the revision it served::
+"""Render one stack's compose file from the catalog, the pins and the host's settings
+(docs/architecture.md). The text is deterministic; the ``io.rigfleet.config-hash`` label tells
+whether a running container came from the current file, and the weights mount from the pinned
+revision's own directory, so a rollback mounts the revision it served::
 
     text = render_compose(get_stack("int8"), pins, settings)
 """
@@ -19,7 +16,7 @@ from typing import Any
 import yaml
 
 from rigfleet.catalog import VLLM_PORT_IN_CONTAINER, StackSpec
-from rigfleet.genesis_layout import LAYOUTS, GenesisLayout
+from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostdata import HostSettings
 from rigfleet.hostside.layout import (
     CONFIG_HASH_LABEL,
@@ -27,7 +24,7 @@ from rigfleet.hostside.layout import (
     WEIGHTS_REVISION_CHARS,
     WEIGHTS_REVISION_MARK,
 )
-from rigfleet.pins import LOCK_HINT, UNRESOLVED, GenesisPin, Pins, PinsError
+from rigfleet.pins import LOCK_HINT, UNRESOLVED, Pins, PinsError
 from rigfleet.runtime_image import RuntimeImage
 
 SERVICE = "vllm"
@@ -38,10 +35,6 @@ _HEADER = (
     "# and this host's inventory data. Local edits are overwritten by the next deploy.\n"
     "# Secrets come from env_file only. '$$' is a literal '$' (Compose interpolation).\n"
 )
-
-
-def genesis_layout(pin: GenesisPin) -> GenesisLayout:
-    return LAYOUTS[pin.layout]
 
 
 def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[str, Any]:
@@ -55,7 +48,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     if spec.needs_genesis and stack_pins.genesis is None:
         raise PinsError(f"{pins.path}: stacks.{spec.name}.genesis: missing; the stack needs it")
 
-    layout = genesis_layout(stack_pins.genesis) if stack_pins.genesis is not None else None
+    layout = LAYOUTS[stack_pins.genesis.layout] if stack_pins.genesis is not None else None
     environment = spec.environment(layout.generation if layout else None)
     # Host extras last: they may override catalog values (the testbed injects faults so).
     environment.update(sorted(host.env_for(spec.name).items()))
@@ -115,8 +108,7 @@ def render_document(doc: Mapping[str, Any]) -> str:
 
 
 def config_hash(doc: dict[str, Any]) -> str:
-    """A short, stable hash of a compose document, ignoring its own config-hash label and the
-    weights volume's revision suffix (covered by a label; docs/converge.md)."""
+    """A short, stable hash of a compose document, without its own label and weights revision."""
     copy = json.loads(json.dumps(doc))
     for service in copy.get("services", {}).values():
         labels = service.get("labels", {})

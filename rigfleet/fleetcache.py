@@ -137,8 +137,7 @@ SEED_SCRIPT = str(HOST.script("rigfleet-cache-seed.py"))
 
 
 def seed_command(upstream: str, path: str, digest: str, marker: str = "") -> str:
-    """Fetch one pinned image's blobs from ``upstream`` once each, verified, into the cache;
-    ``marker`` is written once every blob is held."""
+    """Seed one pinned image's blobs from ``upstream``; ``marker`` is written once all are held."""
     seed = (f"python3 {SEED_SCRIPT} --upstream {shlex.quote(upstream)} "
             f"--socket {SEED_SOCKET} --spool {shlex.quote(str(HOST.state_dir / 'cache-spool'))} "
             f"--repo {shlex.quote(path)} --digest {shlex.quote(digest)}")
@@ -149,8 +148,7 @@ def seed_command(upstream: str, path: str, digest: str, marker: str = "") -> str
 
 
 def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSettings:
-    """``validate_cache`` with the ports the host's other services listen on (their own checks
-    judge their values); raises ``HostDataError``."""
+    """``validate_cache`` given the ports the host's other services take; ``HostDataError``."""
     kind = host_kind(groups)
     wanted = []
     if kind.balancer:

@@ -122,8 +122,7 @@ def changes(old: Pins, new: Pins) -> list[str]:
 def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False,
          genesis_url: str | None = None, token_file: str | None = None,
          verify: Callable[[Pins], list[str]] | None = None) -> list[str]:
-    """Resolve and save; returns one line per change. ``verify``'s refusals (``rigfleet
-    check``'s online checks) stop the save."""
+    """Resolve and save (``verify``'s refusals stop it); one line per change."""
     pins = load_pins(path, allow_unresolved=True)
     journal = load_journal(pins)
     if journal is not None and journal.state == "open":  # saving would make it stale

@@ -1,8 +1,6 @@
-"""The fleet's pins (``pins.yaml``): everything that must not move unless a person moves it.
-
-Images (tag and digest), Genesis commits, model revisions, driver, toolkit and hub versions;
-read once on the control side before any host changes. docs/pins.md describes every key (from
-``rigfleet.pin_keys``)::
+"""The fleet's pins (``pins.yaml``), everything that must not move unless a person moves it:
+images (tag and digest), Genesis commits, model revisions, driver, toolkit and hub versions.
+docs/pins.md describes every key (from ``rigfleet.pin_keys``)::
 
     pins = load_pins("pins.yaml")
     pins.stacks["int8"].image_ref   # "vllm/vllm-openai:nightly-01d4...@sha256:..."
@@ -141,8 +139,7 @@ class Pins:
         return {self.model.repo: self.model, **self.models}
 
     def model_for(self, repo: str | None) -> ModelPin:
-        """The pin of the model ``repo`` (a stack file's ``model``; None: the default model);
-        raises ``PinsError`` when it is not pinned."""
+        """The pin of model ``repo`` (None: the default model); ``PinsError`` when not pinned."""
         if repo is None:
             return self.model
         try:
@@ -264,8 +261,7 @@ def dump_pins(pins: Pins) -> str:
 
 def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
               catalog: Catalog | None = None) -> Pins:
-    """Write ``pins`` atomically with ``serial`` + 1 and ``history_entry`` appended; refuses
-    when the file on disk is no longer at ``pins.serial`` (someone saved in between)."""
+    """Write ``pins`` atomically at serial + 1 with ``history_entry``; refused if saved since."""
     path = Path(pins.path)
     on_disk = _read_serial(path)
     if on_disk is not None and on_disk != pins.serial:

@@ -40,8 +40,7 @@ class RegistryUnreachable(RegistryError):
 
 @dataclass(frozen=True)
 class ResolvedImage:
-    """A tag or digest for linux/amd64: the digest pulled, the image id (config digest: what
-    ``docker load`` reproduces), the platform manifest's digest, the compressed layer bytes."""
+    """A tag or digest for linux/amd64: digests, image id (what ``docker load`` gives), sizes."""
 
     digest: str
     image_id: str
@@ -143,8 +142,7 @@ class Registry:
         return str(token)
 
     def digest(self, repo: str, ref: str) -> str:
-        """The manifest digest (``sha256:...``) that ``repo:ref`` points at now (a HEAD request:
-        Docker Hub does not count it as a pull)."""
+        """The manifest digest ``repo:ref`` points at now (a HEAD: Docker Hub counts no pull)."""
         what = reference(repo, ref)
         headers, _ = self._request("HEAD", f"/v2/{repo}/manifests/{ref}", repo, MANIFEST_TYPES,
                                    what)
@@ -179,8 +177,7 @@ class Registry:
         return body
 
     def resolve(self, repo: str, ref: str) -> ResolvedImage:
-        """Digest, image id and download size of ``repo:ref`` (index -> linux/amd64 manifest
-        -> config descriptor); reads manifests only, never a layer."""
+        """Digest, image id and download size of ``repo:ref`` (manifests only, never a layer)."""
         what = reference(repo, ref)
         doc, media, top = self.manifest(repo, ref)
         own = top

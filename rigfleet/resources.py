@@ -6,6 +6,9 @@ the templates and the scripts the deploy installs::
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
 from pathlib import Path
 
 from rigfleet.errors import RigfleetError
@@ -21,3 +24,14 @@ def project_file(relative: str) -> Path:
                             "project checkout (pip install -e . there), where deploy.py, "
                             "roles/ and files/ are")
     return path
+
+
+def deployed_by() -> str:
+    """Who runs rigfleet, for the records: ``RIGFLEET_BY``, else ``user@control-host``."""
+    if explicit := os.environ.get("RIGFLEET_BY"):
+        return explicit
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (containers)
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"

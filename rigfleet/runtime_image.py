@@ -15,9 +15,9 @@ import hashlib
 import json
 import shlex
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from rigfleet.catalog import StackSpec
+from rigfleet.commands.weights import pip_index
 from rigfleet.hostside.layout import BASE_DIGEST_LABEL as BASE_LABEL
 from rigfleet.pins import StackPins
 
@@ -50,19 +50,12 @@ class RuntimeImage:
         return f"{REPOSITORY}/{self.stack}-runtime:{base}-{packages}"
 
     def dockerfile(self, index_url: str | None = None) -> str:
-        """The Dockerfile: the pinned base, the pinned packages from ``index_url`` (a plain-http
-        one trusted), labels saying both."""
-        index = ""
-        if index_url:
-            index = f" --index-url {shlex.quote(index_url)}"
-            parts = urlsplit(index_url)
-            if parts.scheme == "http" and parts.hostname:
-                index += f" --trusted-host {shlex.quote(parts.hostname)}"
+        """The pinned base, the pinned packages from ``index_url``, labels saying both."""
         packages = " ".join(shlex.quote(p) for p in self.packages)
         return (
             "# Built by rigfleet (roles/images.py) on this host; never pushed.\n"
             f"FROM {self.base}\n"
             "RUN pip install --no-cache-dir --disable-pip-version-check --no-input --root-user-"
-            f"action=ignore{index} {packages}\n"
+            f"action=ignore{pip_index(index_url)} {packages}\n"
             f"LABEL {BASE_LABEL}={self.digest} {PACKAGES_LABEL}={json.dumps(' '.join(self.packages))}\n"
         )

@@ -1,8 +1,6 @@
-"""The one SSH layer outside pyinfra's own run: status, the bump, report copies, image streams.
-
-Built on fabric, connecting as pyinfra's converge does (``rigfleet.sshconfig``), host keys strict
-for every hop (docs/operations.md); ``_sudo`` hosts get every command through ``sudo -n``; every
-call has a timeout::
+"""The one SSH layer outside pyinfra's own run (status, the bump, report copies, image streams),
+on fabric, connecting as pyinfra's converge does (``rigfleet.sshconfig``, docs/operations.md):
+host keys strict for every hop, ``sudo -n`` for ``_sudo`` hosts, a timeout on every call::
 
     rc, out = SshRemote().run(host, "docker image ls --digests")
     SshRemote().reachable(host)          # None when SSH works, else why not

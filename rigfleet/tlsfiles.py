@@ -18,8 +18,7 @@ from rigfleet.validate import Problems
 
 @dataclass(frozen=True)
 class FrontTls:
-    """The certificate and key (control-side files) a front or balancer serves, and what its
-    clients trust: the CA file, else the (self-signed) certificate itself."""
+    """The certificate and key a front or balancer serves, and the CA its clients trust."""
 
     cert_file: str
     key_file: str

@@ -13,7 +13,6 @@ from pyinfra.facts.files import File
 from pyinfra.operations import systemd
 
 from rigfleet.balancer.plan import read_fleet
-from rigfleet.commands import weights as weights_commands
 from rigfleet.desired import load_desired
 from rigfleet.facts import read_fact
 from rigfleet.fleetcache import (
@@ -33,14 +32,13 @@ from rigfleet.fleetcache import (
     warm_marker,
 )
 from rigfleet.hostdata import CacheSettings
-from rigfleet.hostside.layout import HOST
 from rigfleet.pins import ModelPin
 from rigfleet.registry import registry_of, split_image
 from rigfleet.resources import project_file
 from roles.front import DEFAULT_SITE, site_disabled
-from roles.ops import Secret, apt_packages, on_change, root_dir, root_put, secret_file
+from roles.ops import Secret, apt_packages, on_change, root_dir, root_put
 from roles.preflight import OsInfo, PreflightError, preflight_of, read_secret, service_os
-from roles.weights import fetch_weights, hf_hub_venv
+from roles.weights import fetch_weights, fetcher
 
 
 @dataclass(frozen=True)
@@ -121,19 +119,7 @@ def cache(ctx: CacheContext) -> None:
     for path, digest in host.loop(ctx.images):
         image_warm(name=f"Seed {path}@{digest[:19]} into the cache (each blob fetched once)",
                    path=path, digest=digest, upstream=s.registry_upstream)
-    for path in host.loop((HOST.opt_dir, HOST.lib_dir, HOST.etc_dir, HOST.secrets_dir,
-                           HOST.state_dir, s.model_dir)):
-        root_dir(name=f"Directory {path}", path=str(path),
-                 mode="0700" if path == HOST.secrets_dir else "0755")
-    hf_hub_venv(name=f"huggingface_hub {ctx.hf_hub_version} venv", version=ctx.hf_hub_version,
-                index_url=s.pip_index_url)
-    root_put(name="Weights fetcher script", src=str(project_file(
-        "files/rigfleet-fetch-weights.py")), dest=weights_commands.FETCH_SCRIPT, mode="0755")
-    token_file = None
-    if ctx.hf_token is not None:
-        token_file = weights_commands.HF_TOKEN_FILE
-        secret_file(name="Hugging Face token (root-only)", dest=token_file,
-                    content=Secret(ctx.hf_token.reveal() + "\n"))
+    token_file = fetcher(s.model_dir, ctx.hf_hub_version, s.pip_index_url, ctx.hf_token)
     for model in host.loop(ctx.models):
         dest = model_path(s.model_dir, model.repo, model.revision)
         root_dir(name=f"Directory {dest.rsplit('/', 1)[0]}", path=dest.rsplit("/", 1)[0])

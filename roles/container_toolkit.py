@@ -45,8 +45,7 @@ def container_toolkit(ctx: HostContext) -> None:
     runtime = nvidia_runtime(name="Register the nvidia runtime with Docker")
     # nvidia-ctk adds only "runtimes", which dockerd reloads: a serving host's stack is not
     # disturbed. A bare host restarts (nothing runs there; dockerd reads the whole file).
-    serving = bool(maintenance.serves(ctx))
-    action = "reload" if serving else "restart"
+    action = "reload" if maintenance.serves(ctx) else "restart"
     on_change(name=f"{action.capitalize()} Docker (nvidia runtime added)",
               commands=[f"systemctl {action} docker"], gates=[runtime],
               reason="runtime already registered")

@@ -73,8 +73,7 @@ def image_from_peer(image: str, digest: str, image_id: str, steps: Sequence[Step
 
 
 def peer_image(p: ImagePlan) -> tuple[WantedImage, Peer | None]:
-    """The image as a peer's load is checked (by id) and the seed it comes from (for a pull
-    only, never an archive)."""
+    """The image as a peer's load is checked (by id), and the seed (for a pull only)."""
     image_id = p.want.image_id or (p.source.image_id if p.source else None)
     want = replace(p.want, image_id=image_id)
     if p.action != "fetch" or not image_id or not all(isinstance(s, Shell) for s in p.steps):
@@ -102,7 +101,7 @@ def image_staged(image: str, steps: Sequence[Step], present: str):
 
 def verify_image(want: WantedImage, source: SourceResult | None,
                  state_args: dict[str, Any]) -> str | None:
-    """At execution time: the pinned name holds the pinned image (``verify_staged``)."""
+    """At execution time: the pinned name holds the pinned image."""
     return verify_staged(want, read_fact(ImageState, **state_args).images.get(want.image), source)
 
 
@@ -115,15 +114,20 @@ def describe(p: ImagePlan) -> str:
     return f"Stage {p.want.image}"
 
 
-def _runtime_image_ok(image: RuntimeImage, labels: dict[str, str] | None) -> bool:
-    return labels is not None and labels.get(BASE_LABEL) == image.digest and \
-        labels.get(PACKAGES_LABEL) == " ".join(image.packages)
+def verify_runtime_image(image: RuntimeImage) -> str | None:
+    """The built image says it holds the pinned base and packages."""
+    labels = read_fact(ImageLabels, ref=image.ref)
+    if (labels or {}).get(BASE_LABEL) != image.digest or \
+            (labels or {}).get(PACKAGES_LABEL) != " ".join(image.packages):
+        return (f"{image.ref} has labels {labels or 'none'}; expected {BASE_LABEL}="
+                f"{image.digest} and {PACKAGES_LABEL}={' '.join(image.packages)!r}")
+    return None
 
 
 @operation()
-def runtime_image_built(image: RuntimeImage, index_url: str | None = None):
+def runtime_image_built(image: RuntimeImage, index_url: str | None):
     """Build ``image`` (the pinned image plus the stack's pinned packages) unless it is there."""
-    if _runtime_image_ok(image, read_fact(ImageLabels, ref=image.ref)):
+    if verify_runtime_image(image) is None:
         host.noop(f"{image.ref} built from {image.digest[:19]}")
         return
     directory = str(HOST.image_build_dir(f"{image.stack}-runtime"))
@@ -133,15 +137,6 @@ def runtime_image_built(image: RuntimeImage, index_url: str | None = None):
     # --network host: the build reaches the index as the host does (a LAN mirror's name).
     yield (f"docker build --quiet --network host -t {shlex.quote(image.ref)} "
            f"{shlex.quote(directory)}")
-
-
-def verify_runtime_image(image: RuntimeImage) -> str | None:
-    """At execution time: the built image says it holds the pinned base and packages."""
-    labels = read_fact(ImageLabels, ref=image.ref)
-    if not _runtime_image_ok(image, labels):
-        return (f"{image.ref} has labels {labels or 'none'}; expected {BASE_LABEL}="
-                f"{image.digest} and {PACKAGES_LABEL}={' '.join(image.packages)!r}")
-    return None
 
 
 @deploy("Images")

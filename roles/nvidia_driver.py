@@ -110,8 +110,7 @@ def blocked_by_secure_boot(os: OsInfo) -> str | None:
 
 @operation(is_idempotent=False)
 def reboot_for_driver(gates: Sequence[OperationMeta], ctx: HostContext):
-    """Reboot (in a serving host's window) when the driver packages changed or the pinned
-    driver is not loaded, and wait; when Secure Boot would refuse the module, fail instead."""
+    """Reboot (in a window) when the driver changed or is not loaded; Secure Boot may forbid it."""
     pins = ctx.want.pins
     gpu = read_fact(GpuQuery)
     if gpu.loaded and not changed(gates) and loaded_as_pinned(

@@ -66,8 +66,7 @@ def peer_for(wants: Callable[[DesiredHost], bool]) -> Peer | None:
 
 
 def start_seed(state: Any, host: Any, peer: Peer) -> None:
-    """Start the seed's server (control side, over SSH); a failure is a warning: the fetch
-    then finds no peer and goes upstream."""
+    """Start the seed's server over SSH; a failure is a warning (the fetch goes upstream)."""
     try:
         rc, out = REMOTE().run(peer.target, peer.start, timeout=60, stdin=project_file(
             "files/rigfleet-peer-serve.py").read_bytes())

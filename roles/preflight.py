@@ -5,10 +5,7 @@ host, at prepare time"). Its ``HostContext`` is what every other role takes.
 
 from __future__ import annotations
 
-import getpass
-import os
 import re
-import socket
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +17,7 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback, State
 
-from rigfleet.aptrepos import SUPPORTED_OS
+from rigfleet.aptrepos import OS_ALLOWED, SUPPORTED_OS
 from rigfleet.balancer.plan import BalancerPlan, GpuHost, fleet_plan
 from rigfleet.catalog import StackSpec
 from rigfleet.check import Online, deploy_online, deploy_verdict, os_disagrees
@@ -52,6 +49,7 @@ from rigfleet.hostside.records import describe
 from rigfleet.images.deploy import preflight_images
 from rigfleet.oporder import fast_operation_order
 from rigfleet.packages import OsInfo
+from rigfleet.resources import deployed_by
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER
 from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
@@ -85,7 +83,7 @@ class HostContext:
     tls_key: Secret | None = None  # the front's private key (host data front_tls_key_file)
 
     @property
-    def settings(self) -> HostSettings:  # for roles/exporter.py
+    def settings(self) -> HostSettings:
         return self.want.settings
 
     def apt_repo(self, name: str) -> AptRepo:
@@ -111,8 +109,6 @@ class BalancerContext:
 
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 
-REFUSED_OP = "Refused (the reason is above; nothing runs on this host)"
-
 # How the preflight asks the pinned things' sources (rigfleet/check.py; tests put None or a
 # fake here), and each run's answers (asked once for every host).
 SOURCES: Callable[[], Online] | None = deploy_online
@@ -127,16 +123,14 @@ def read_os(name: str, release: dict[str, str]) -> OsInfo:
     os_id = release.get("ID", "")
     version = release.get("VERSION_ID", "")
     if (os_id, version) not in SUPPORTED_OS:
-        allowed = ", ".join(f"{i} {v}" for i, v in SUPPORTED_OS)
         raise PreflightError(f"{name}: os: {f'{os_id} {version}'.strip() or 'unknown'!r} is "
-                             f"not supported; allowed: {allowed}")
+                             f"not supported; allowed: {OS_ALLOWED}")
     codename = release.get("VERSION_CODENAME") or SUPPORTED_OS[(os_id, version)]
     return OsInfo(os_id, version, codename, release.get("KERNEL_RELEASE", ""))
 
 
 def read_secret(name: str, key: str, path: str, token: bool = True) -> Secret:
-    """A secret from a control-side file, never shown: a token, or (not ``token``) a TLS
-    private key (PEM, validated by hostdata) as it is."""
+    """A secret from a control-side file: a token, or (not ``token``) a PEM key as it is."""
     try:
         value = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -150,17 +144,6 @@ def read_secret(name: str, key: str, path: str, token: bool = True) -> Secret:
                              f"{len(value)} chars) holds characters outside the allowed set; "
                              "allowed: letters, digits and -._~+/=")
     return Secret(value)
-
-
-def deployed_by() -> str:
-    """Who runs this deploy, for the ledger: ``RIGFLEET_BY`` or ``user@control-host``."""
-    if explicit := os.environ.get("RIGFLEET_BY"):
-        return explicit
-    try:
-        user = getpass.getuser()
-    except Exception:  # no passwd entry (containers)
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
 
 
 @dataclass(frozen=True)
@@ -190,8 +173,7 @@ def loaded_as_pinned(loaded: str | None, branch: str, version: str | None) -> bo
 
 def check_driver_origin(name: str, settings: HostSettings, branch: str, version: str | None,
                         platform: PlatformState, gpu: GpuState) -> tuple[list[str], bool]:
-    """(problems, adopt) for a driver NVIDIA's .run installer put there: refused, or kept
-    (``adopt_foreign_driver``) when it is loaded and on the pinned branch."""
+    """(problems, adopt) for a .run-installed driver: refused, or kept when adopted and pinned."""
     if not platform.foreign_driver:
         return [], False
     evidence = (f"{nvidia_commands.RUN_UNINSTALLER} exists" if platform.run_uninstaller
@@ -220,8 +202,7 @@ def secure_boot_watch(os: OsInfo, platform: PlatformState) -> bool:
 
 def secure_boot_block(name: str, os: OsInfo, platform: PlatformState,
                       rejections: list[str]) -> str | None:
-    """Why a reboot cannot load the DKMS-built module (Secure Boot and DKMS's key), with the
-    steps; None when a reboot may help."""
+    """Why Secure Boot keeps a reboot from loading the DKMS module, with the steps; None: it may."""
     if not secure_boot_watch(os, platform):
         return None
     cert = platform.mok_cert or nvidia_commands.DKMS_MOK_CERT
@@ -248,14 +229,13 @@ def secure_boot_block(name: str, os: OsInfo, platform: PlatformState,
 
 def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
                 branch: str, version: str | None, platform: PlatformState,
-                gpu: GpuState, rejections: list[str] | None = None) -> FactChecks:
-    """Every check that needs host facts (pure); the card checks wait for the driver.
-    ``rejections``: this boot's log lines of Secure Boot refusing a module."""
+                gpu: GpuState, rejections: list[str]) -> FactChecks:
+    """Every check that needs host facts (pure); the card checks wait for the driver."""
     problems = check_init(name, platform)
     origin, adopt = check_driver_origin(name, settings, branch, version, platform, gpu)
     problems += origin
     if not gpu.loaded and not origin:
-        blocked = secure_boot_block(name, os, platform, rejections or [])
+        blocked = secure_boot_block(name, os, platform, rejections)
         problems += [blocked] if blocked else []
     waiting: list[str] = []
     notes: list[str] = []
@@ -335,7 +315,6 @@ class _Summary(BaseStateCallback):
 
 
 def refusals(state: State) -> dict[str, str]:
-    """The hosts this run's preflight refused, and why."""
     return dict(_REFUSED.get(state) or {})
 
 
@@ -348,13 +327,12 @@ def refuse(reason: str) -> None:
     _REFUSED[state][host.name] = reason
     for line in reason.splitlines():
         host.log_styled(line, fg="red", log_func=logger.error)
-    refused(name=REFUSED_OP, reason=reason)
+    refused(name="Refused (the reason is above; nothing runs on this host)", reason=reason)
     state.failed_hosts.add(host)
 
 
 def run_deploy(converge: Callable[[], Any]) -> None:
-    """``deploy.py``'s body: a refused host gets only its refusal; any other data problem
-    raised while preparing stops the whole run (``PyinfraError``)."""
+    """``deploy.py``'s body: a refused host gets only its refusal; other problems stop the run."""
     read_host_once()
     fast_operation_order()
     try:
@@ -369,8 +347,7 @@ _T = TypeVar("_T")
 
 
 def preflight_of(title: str, check: Callable[[str, bool], _T]) -> Callable[..., _T]:
-    """A host kind's preflight, ``check(name, gpu_host)`` as a ``@deploy``: a ``RigfleetError``
-    refuses the host (with ``rigfleet_stop_on_preflight``, the run)."""
+    """``check(name, gpu_host)`` as a ``@deploy``; a ``RigfleetError`` refuses the host."""
 
     def run(gpu_host: bool = False) -> _T:
         try:
@@ -386,7 +363,6 @@ def preflight_of(title: str, check: Callable[[str, bool], _T]) -> Callable[..., 
 
 
 def _check_host(name: str) -> HostContext:
-    """A GPU host (see the module docstring)."""
     want = load_desired(name, host.data)
     os_info = read_os(name, read_fact(OsRelease))
     holder = read_fact(SwapProbe).get("lock")

@@ -112,25 +112,35 @@ def _serves(model: ModelPin, want: DesiredHost) -> bool:
     return any((m.repo, m.revision) == (model.repo, model.revision) for m in want.models)
 
 
-@deploy("Model weights")
-def weights(ctx: HostContext) -> None:
-    directories = ((str(HOST.opt_dir), "0755"), (str(HOST.lib_dir), "0755"),
-                   (str(HOST.etc_dir), "0755"), (str(HOST.secrets_dir), "0700"),
-                   (str(HOST.state_dir), "0755"), (ctx.want.settings.model_dir, "0755"))
-    read_paths([*(path for path, _ in directories), weights_commands.FETCH_SCRIPT,
-                *([weights_commands.HF_TOKEN_FILE] if ctx.hf_token is not None else [])])
-    for path, mode in host.loop(directories):
+def fetcher_dirs(model_dir: str) -> tuple[tuple[str, str], ...]:
+    return tuple((str(path), "0700" if path == HOST.secrets_dir else "0755")
+                 for path in (HOST.opt_dir, HOST.lib_dir, HOST.etc_dir, HOST.secrets_dir,
+                              HOST.state_dir, model_dir))
+
+
+def fetcher(model_dir: str, hf_hub_version: str, index_url: str | None,
+            hf_token: Secret | None) -> str | None:
+    """The fetcher's directories, venv, script and token file (returned, when there is one)."""
+    for path, mode in host.loop(fetcher_dirs(model_dir)):
         root_dir(name=f"Directory {path}", path=path, mode=mode)
-    hf_hub_venv(name=f"huggingface_hub {ctx.want.pins.hf_hub_version} venv",
-                version=ctx.want.pins.hf_hub_version, index_url=ctx.want.settings.pip_index_url)
+    hf_hub_venv(name=f"huggingface_hub {hf_hub_version} venv", version=hf_hub_version,
+                index_url=index_url)
     root_put(name="Weights fetcher script", src=str(project_file("files/rigfleet-fetch-weights.py")),
              dest=weights_commands.FETCH_SCRIPT, mode="0755")
-    token_file = None
-    if ctx.hf_token is not None:
-        token_file = weights_commands.HF_TOKEN_FILE
-        secret_file(name="Hugging Face token (root-only)", dest=token_file,
-                    content=Secret(ctx.hf_token.reveal() + "\n"))
+    if hf_token is None:
+        return None
+    secret_file(name="Hugging Face token (root-only)", dest=weights_commands.HF_TOKEN_FILE,
+                content=Secret(hf_token.reveal() + "\n"))
+    return weights_commands.HF_TOKEN_FILE
+
+
+@deploy("Model weights")
+def weights(ctx: HostContext) -> None:
     model_dir = ctx.want.settings.model_dir
+    read_paths([*(path for path, _ in fetcher_dirs(model_dir)), weights_commands.FETCH_SCRIPT,
+                *([weights_commands.HF_TOKEN_FILE] if ctx.hf_token is not None else [])])
+    token_file = fetcher(model_dir, ctx.want.pins.hf_hub_version, ctx.want.settings.pip_index_url,
+                         ctx.hf_token)
     for model in host.loop(ctx.want.models):
         adopt_weights(
             name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",

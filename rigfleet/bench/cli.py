@@ -11,9 +11,7 @@ nothing, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +41,7 @@ from rigfleet.hostside.verify.client import CA_FILE_ENV, Client
 from rigfleet.hostside.verify.report import now_iso
 from rigfleet.hostside.verify.runner import read_api_key
 from rigfleet.inventory import InventoryHost, gpu_hosts, load_inventory
+from rigfleet.resources import deployed_by
 from rigfleet.ssh import Remote, SshRemote
 from rigfleet.tables import Table, ratio, show
 
@@ -110,8 +109,7 @@ def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
 
 def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], BenchSettings],
                   progress: Progress | None = None) -> list[Entry]:
-    """Bench each target in turn (one at a time: the bench's client must not compete with
-    itself for this machine's CPU); a target with an error gets an entry with it."""
+    """Bench each target in turn (they would compete for this CPU); errors become entries."""
     progress = progress or Progress()
     out = []
     for t in targets:
@@ -140,11 +138,9 @@ def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None
 
 def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs: int,
                     warmup: int, by: str = "") -> dict[str, Any]:
-    """The host's JSON answer to ``rigfleet-host.pyz bench --accept-baseline``; raises
-    ``HostUnreachable`` (SSH) or ``RuntimeError`` (refused, or nothing measured)."""
-    by = by or f"{getpass.getuser()}@{socket.gethostname()}"
+    """The host's answer to ``bench --accept-baseline``; ``RuntimeError`` when none recorded."""
     command = hosttool.bench("--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}",
-                             "--by", by, "--runs", str(runs), "--warmup", str(warmup), "--json",
+                             "--by", by or deployed_by(), "--runs", str(runs), "--warmup", str(warmup), "--json",
                              "--quiet")
     rc, out = remote.run(host, command, timeout=3600)
     data = last_json(out)

@@ -46,10 +46,6 @@ class Candidate:
         return m.group("sha") if m else None
 
 
-def nightly_tags(tags: Iterable[str]) -> list[str]:
-    return sorted(t for t in tags if NIGHTLY_TAG.fullmatch(t))
-
-
 def release_tags(tags: Iterable[str]) -> list[str]:
     """The ``vX.Y.Z`` release tags, oldest version first (by version, not by push time)."""
     found = [t for t in set(tags) if RELEASE_TAG.fullmatch(t)]
@@ -87,8 +83,7 @@ class LatestAsk:
 
 @dataclass(frozen=True)
 class LatestChoice:
-    """``--latest``: one kind and one release tag (None: the newest nightly), the stacks it
-    moves, and why the others stay."""
+    """``--latest``'s pick (nightly, or one release ``tag``), its stacks, why others stay."""
 
     nightly: bool
     tag: str | None
@@ -119,7 +114,7 @@ def choose_latest(asks: Mapping[str, LatestAsk]) -> LatestChoice:
 
 def newest_nightly(reg: Registry, repository: str) -> Candidate:
     """The nightly built last (RFC 3339 UTC strings sort by time); ties by tag."""
-    tags = nightly_tags(reg.tags(repository))
+    tags = sorted(t for t in reg.tags(repository) if NIGHTLY_TAG.fullmatch(t))
     if not tags:
         raise RegistryError(f"registry {reg.where}: {repository} has no nightly-<commit> tags")
     dated = []

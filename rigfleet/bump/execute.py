@@ -45,8 +45,7 @@ from rigfleet.ssh import HostUnreachable, Remote
 def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
             candidate: Candidate | None, version: str, journal: BumpJournal | None = None,
             history: dict[str, Any] | None = None) -> int:
-    """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry
-    (kept in the journal: a resumed run records them too)."""
+    """Roll ``plan`` out and record it; ``history``: more fields for the pins history entry."""
     real = Path(plan.pins.path)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = PROJECT_ROOT / "reports" / "bumps" / stamp
@@ -76,7 +75,7 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
              "bump_id": journal.id, **journal.history}
     saved_pins = record_pins(plan, result, extra)
     end_journal(journal, result, saved_pins)
-    restore(runner, result, Path(plan.pins.path))
+    restore(runner, result, real)
     print_result(result, log_dir)
     summary = {"outcome": outcome_of(result), "stopped": result.stopped,
                "seconds": round(result.seconds, 1), "pins_file": plan.pins.path,

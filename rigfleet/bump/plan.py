@@ -26,8 +26,7 @@ def exercises(host: PlanHost, old: Mapping[str, StackPins], new: Mapping[str, St
 def build_plan(hosts: Sequence[PlanHost], unreachable: Mapping[str, str | None], pins: Pins,
                new_stacks: Mapping[str, StackPins], batch_size: int = 1, max_failures: int = 1
                ) -> Plan:
-    """The plan over ``hosts`` (inventory order); ``unreachable``: host -> why (None: reachable).
-    ``batch_size`` and ``max_failures`` are checked by ``BumpOptions``."""
+    """The plan over ``hosts`` (inventory order); ``unreachable``: host -> why (None: reachable)."""
     new = dict(new_stacks)
     notes: list[str] = []
     skipped: dict[str, str] = {}

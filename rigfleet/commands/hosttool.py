@@ -109,8 +109,7 @@ def ensure(front_port: int, who: str) -> str:
 
 def probe(full: bool = False, model_path: str | None = None,
           front_port: int | None = None, doctor_load_s: float | None = None) -> str:
-    """The host probe: one JSON object (``BARE_PROBE`` without the tool); ``doctor_load_s``
-    adds the doctor's evidence under a load this long."""
+    """One JSON object (``BARE_PROBE``: no tool); ``doctor_load_s``: the doctor's evidence too."""
     args = ["probe"]
     if full:
         args.append("--full")

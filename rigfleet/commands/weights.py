@@ -14,16 +14,20 @@ HF_TOKEN_FILE = str(HOST.hf_token_file)
 LOCK_DIR = str(HOST.locks_dir)
 
 
+def pip_index(index_url: str | None) -> str:
+    """pip's `` --index-url`` option (a plain-http index trusted), or nothing."""
+    if not index_url:
+        return ""
+    host = urlsplit(index_url).hostname if urlsplit(index_url).scheme == "http" else None
+    return f" --index-url {shlex.quote(index_url)}" + (
+        f" --trusted-host {shlex.quote(host)}" if host else "")
+
+
 def venv_install(version: str, index_url: str | None = None) -> str:
-    """Install ``huggingface_hub==<version>`` into the venv (a plain-http mirror is trusted)."""
-    index = ""
-    if index_url:
-        index = f" --index-url {shlex.quote(index_url)}"
-        parts = urlsplit(index_url)
-        if parts.scheme == "http" and parts.hostname:
-            index += f" --trusted-host {shlex.quote(parts.hostname)}"
+    """Install ``huggingface_hub==<version>`` into the venv."""
     return (f"( test -x {HF_VENV}/bin/python || python3 -m venv {HF_VENV} ) && "
-            f"{HF_VENV}/bin/pip install --disable-pip-version-check --no-input -q{index} "
+            f"{HF_VENV}/bin/pip install --disable-pip-version-check --no-input -q"
+            f"{pip_index(index_url)} "
             f"{shlex.quote(f'huggingface_hub=={version}')}")
 
 

@@ -1,13 +1,10 @@
-"""The known causes of a slow host, each with its evidence, an impact estimate and what to
-change, ranked by likely impact (pure: evidence in, causes out)::
+"""The known causes of a slow host, each with its evidence, what to change and its ``impact``:
+the estimated share of decode speed it costs, which orders the list (not a measurement). Pure;
+the rules and their sources: docs/bench.md, "rigfleet doctor"::
 
     causes = diagnose(evidence, Expect(tp=1, kv_cache_dtype="fp8_e5m2", floors=(...)))
     causes[0].title, causes[0].impact, causes[0].fix
     # ('power cap 230 W binds on gpu0', 0.246, 'raise power_caps_w ...')
-
-Impact is the estimated fraction of decode speed a cause costs (from the references named in
-``basis``, else a stated rough estimate); it orders the list, it is not a measurement. The
-rules, their evidence and sources: docs/bench.md, "rigfleet doctor".
 """
 
 from __future__ import annotations
@@ -52,8 +49,7 @@ class Expect:
 
 @dataclass(frozen=True)
 class Cause:
-    """One finding: its estimated share of decode speed lost (``impact``), the ``evidence``,
-    what to change (``fix``) and what the estimate rests on (``basis``)."""
+    """One finding: ``impact`` (share of decode speed lost), ``evidence``, ``fix`` and ``basis``."""
 
     id: str
     title: str

@@ -100,8 +100,7 @@ def tok_s(throughput: dict | None) -> Text:
 
 
 def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> Table:
-    """One line per host, drift and errors as notes; while a bump is unfinished, a ``bump``
-    column and a ``mid-bump`` note."""
+    """One line per host, drift and errors as notes; mid-bump, a ``bump`` column and a note."""
     mid_bump = any(r.bump for r in rows)
     columns = ["host", "stack", "image/genesis/model", "gate", "tok/s", "drift"]
     table = Table(title + (" (mid-bump)" if mid_bump else ""),

@@ -48,9 +48,9 @@ def settings(tmp_path):
         "apt_repos": {"cuda": repo, "nvidia-container-toolkit": repo}})
 
 
-def facts(settings, platform=SYSTEMD, gpu=NOT_LOADED, os=DEBIAN, rejections=None, **change):
+def facts(settings, platform=SYSTEMD, gpu=NOT_LOADED, os=DEBIAN, rejections=(), **change):
     s = settings if not change else type(settings)(**{**settings.__dict__, **change})
-    return check_facts("rig-a", s, s.spec, os, "580", None, platform, gpu, rejections)
+    return check_facts("rig-a", s, s.spec, os, "580", None, platform, gpu, list(rejections))
 
 
 def test_a_healthy_loaded_host_passes(settings) -> None:
