@@ -72,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from rigfleet.bump.output import by, refused
+    from rigfleet.bump.output import refused
     from rigfleet.cliargs import UsageError, one_host
+    from rigfleet.resources import deployed_by
     from rigfleet.ssh import SshRemote
 
     if args.release and not args.reason.strip():
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if holder.get("alive"):
         return refused(f"{host.name}: the holder is alive: {escape(describe(holder))}; wait for "
                        "it to end (or stop it on the host), then look again")
-    rc, out_text = remote.run(host, hosttool.lock_release(args.reason, by()), timeout=60)
+    rc, out_text = remote.run(host, hosttool.lock_release(args.reason, deployed_by()), timeout=60)
     if rc != 0:
         return refused(f"{host.name}: {escape(out_text.strip()[-400:])}")
     said = (out_text.strip().splitlines() or [""])[-1]

@@ -22,7 +22,7 @@ from rigfleet.bump.candidate import Candidate
 from rigfleet.bump.decide import BumpOptions, Inputs
 from rigfleet.bump.journal import BumpJournal, now_iso
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
-from rigfleet.bump.output import by, exit_status, interrupted, log, print_result, progress
+from rigfleet.bump.output import exit_status, interrupted, log, print_result, progress
 from rigfleet.bump.plan_record import Plan
 from rigfleet.bump.rollout import (
     HostOutcome,
@@ -38,7 +38,7 @@ from rigfleet.bump.rollout import (
 )
 from rigfleet.pins import Pins, PinsError, dump_pins, save_pins
 from rigfleet.registry import RegistryError
-from rigfleet.resources import PROJECT_ROOT
+from rigfleet.resources import PROJECT_ROOT, deployed_by
 from rigfleet.ssh import HostUnreachable, Remote
 
 
@@ -53,7 +53,7 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
         cand = None if candidate is None else {
             "repository": candidate.repository, "tag": candidate.tag,
             "digest": candidate.digest, "created": candidate.created}  # fmt: skip
-        journal = BumpJournal.start(plan, f"{stamp}-{os.getpid()}", by(), cand, version,
+        journal = BumpJournal.start(plan, f"{stamp}-{os.getpid()}", deployed_by(), cand, version,
                                     history)
         log(f"journal {journal.path} (kept until the pins file records this bump)")
     cand_path = real.with_name(f".{real.name}.bump-{os.getpid()}.yaml")
@@ -169,7 +169,7 @@ def restore(runner: PyinfraRunner, result: RolloutResult, pins_file: Path) -> No
 
 
 def record_pins(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pins | None:
-    new, entry = pins_after(plan, result, now_iso(), by(), extra)
+    new, entry = pins_after(plan, result, now_iso(), deployed_by(), extra)
     if new is None:
         log(f"pins file unchanged: {plan.pins.path}")
         return None

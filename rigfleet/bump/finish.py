@@ -19,7 +19,6 @@ from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
 from rigfleet.bump.output import (
     EXIT_FAILED,
     EXIT_OK,
-    by,
     confirm,
     error,
     interrupted,
@@ -39,6 +38,7 @@ from rigfleet.bump.rollout import (
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins
+from rigfleet.resources import deployed_by
 from rigfleet.ssh import SshRemote
 
 
@@ -151,7 +151,7 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
     journal.take_over()
     try:
         result = rollout(plan, runner, Path(pins.path), on_event=log, journal=journal,
-                         resume=Resume({**resume.done, **lost}, in_flight, f"abandoned by {by()}"))
+                         resume=Resume({**resume.done, **lost}, in_flight, f"abandoned by {deployed_by()}"))
     except StillRunning as e:
         return interrupted(journal, e, args.inventory)
     saved = record_pins(plan, result, {"bump_id": journal.id, "abandoned": True})

@@ -19,12 +19,11 @@ from pathlib import Path
 from rigfleet.bump.candidate import Candidate
 from rigfleet.commands import docker as docker_commands
 from rigfleet.errors import RigfleetError
-from rigfleet.fleetcache import seed_command, warm_marker
-from rigfleet.hostdata import HostDataError, validate_cache
+from rigfleet.fleetcache import cache_settings, seed_command, warm_marker
 from rigfleet.hostside.layout import HOST
 from rigfleet.images.plan import WantedImage
 from rigfleet.images.transfer import ImageError, SavedArchive, export_image
-from rigfleet.inventory import InventoryHost, host_kind
+from rigfleet.inventory import InventoryHost
 from rigfleet.registry import registry_of
 from rigfleet.ssh import Remote
 
@@ -120,13 +119,11 @@ def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Cand
     if registry is not None:  # the caches pull through for Docker Hub's names only
         return ()
     held: list[str] = []
+    # A cache its own preflight refuses is left out (the canary pulls upstream).
+    caches = {c.name: c for c in cache_settings(inventory)}
     for h in inventory:
-        if not host_kind(h.groups).cache:
+        if (c := caches.get(h.name)) is None:
             continue
-        try:
-            c = validate_cache(h.name, h.data)
-        except HostDataError:
-            continue  # its own preflight names the problem; the canary pulls upstream
         log(f"fleet cache {h.name}: fetching {path}@{candidate.digest[:19]} from "
             f"{c.registry_upstream} once, before the canary")
         try:

@@ -2,14 +2,10 @@
 lines, who runs the command, the plan and result tables, and the exit status::
 
     log("registry https://registry-1.docker.io: listing the tags of vllm/vllm-openai")
-    by()        # 'ops@ctl' (RIGFLEET_BY when set)
 """
 
 from __future__ import annotations
 
-import getpass
-import os
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -43,16 +39,6 @@ def error(message: object, code: int = EXIT_ERROR) -> int:
 def refused(message: object) -> int:
     console.print(f"[red]refused:[/red] {message}")
     return EXIT_FAILED
-
-
-def by() -> str:
-    if who := os.environ.get("RIGFLEET_BY"):
-        return who
-    try:
-        user = getpass.getuser()
-    except Exception:  # no passwd entry (containers)
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
 
 
 def confirm(verb: str = "Roll out",

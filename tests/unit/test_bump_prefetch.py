@@ -51,6 +51,18 @@ def test_a_cache_that_cannot_is_a_warning_and_the_canary_pulls_upstream(tmp_path
     assert "the canary pulls it from the upstream" in logged[-1]
 
 
+def test_a_cache_its_own_preflight_refuses_is_not_seeded(tmp_path):
+    """A cache whose registry port is its balancer's port: refused by its preflight, so the
+    bump neither seeds it nor names it to the canary."""
+    key = str(key_file(tmp_path))
+    clash = InventoryHost("lb2", ("balancers", "caches"), {"api_key_file": key,
+                                                          "cache_registry_port": 8080})
+    remote = Remote()
+    assert prefetch(remote, [*inventory(tmp_path), clash], CAND, lambda _: None) == (
+        "10.0.0.9:5000",)
+    assert [name for name, _ in remote.commands] == ["lb1"]
+
+
 def test_an_image_of_another_registry_skips_the_caches(tmp_path):
     remote = Remote()
     ghcr = Candidate("ghcr.io/org/vllm", "v1", DIGEST)
