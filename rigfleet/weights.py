@@ -1,15 +1,17 @@
 """Model weights on a host: one read-only directory per revision (docs/converge.md), the
 ``WeightsDirs`` fact and what to prune::
 
-    dirs = read_fact(WeightsDirs, model_dir="/srv/models", local_dir="qwen",
+    dirs = read_fact(WeightsDirs, model_dir="/srv/models",
                      compose_files=("/var/lib/rigfleet/active/compose.yaml",))
     stale_weights(dirs, "qwen", revision)        # ['qwen@0123456789ab']
+    retired_weights(dirs, {"qwen"})              # ['old-model@89abcdef0123']
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
@@ -50,8 +52,8 @@ def _ere(text: str) -> str:
 
 
 class WeightsDirs(FactBase[WeightsDirsState]):
-    """``<model_dir>/<local_dir>``, ``<local_dir>@*`` and ``.<local_dir>@*.partial`` (kind,
-    mtime, link target) and which of those names the given compose files mount."""
+    """The directories and links in ``<model_dir>`` and its ``.*@*.partial`` downloads (kind,
+    mtime, link target), and which names in ``<model_dir>`` the given compose files mount."""
 
     @staticmethod
     @override
@@ -59,11 +61,10 @@ class WeightsDirs(FactBase[WeightsDirsState]):
         return WeightsDirsState()
 
     @override
-    def command(self, model_dir: str, local_dir: str, compose_files: tuple[str, ...] = ()) -> str:
-        d, n = shlex.quote(model_dir.rstrip("/")), shlex.quote(local_dir)
+    def command(self, model_dir: str, compose_files: tuple[str, ...] = ()) -> str:
+        d = shlex.quote(model_dir.rstrip("/"))
         command = (
-            f"for e in {d}/{n} {d}/{n}{WEIGHTS_REVISION_MARK}* "
-            f"{d}/.{n}{WEIGHTS_REVISION_MARK}*{PARTIAL_SUFFIX}; do "
+            f"for e in {d}/* {d}/.*{WEIGHTS_REVISION_MARK}*{PARTIAL_SUFFIX}; do "
             'if [ -L "$e" ]; then '
             'echo "link $(stat -c %Y "$e") $(basename "$e") $(readlink "$e")"; '
             'elif [ -d "$e" ]; then echo "dir $(stat -c %Y "$e") $(basename "$e")"; '
@@ -71,10 +72,7 @@ class WeightsDirs(FactBase[WeightsDirsState]):
         )
         if compose_files:
             files = " ".join(shlex.quote(f) for f in compose_files)
-            mount = _ere(f"{model_dir.rstrip('/')}/{local_dir}")
-            pattern = shlex.quote(
-                f"[[:space:]]{mount}({_ere(WEIGHTS_REVISION_MARK)}[0-9a-f]"
-                f"{{{WEIGHTS_REVISION_CHARS}}})?:")
+            pattern = shlex.quote(f"[[:space:]]{_ere(model_dir.rstrip('/'))}/[^/[:space:]:]+:")
             command += (f"; cat {files} 2>/dev/null | grep -oE {pattern} | sort -u "
                         "| sed 's|^.*/|ref |; s|:$||'")
         return command + "; true"
@@ -87,7 +85,8 @@ class WeightsDirs(FactBase[WeightsDirsState]):
             parts = line.split()
             if len(parts) == 2 and parts[0] == "ref":
                 referenced.add(parts[1])
-            elif len(parts) in (3, 4) and parts[0] in ("dir", "link") and parts[1].isdigit():
+            elif (len(parts) == 3 or len(parts) == 4 and parts[0] == "link") \
+                    and parts[0] in ("dir", "link") and parts[1].isdigit():
                 kind, name = parts[0], parts[2]
                 if kind == "dir" and name.startswith(".") and name.endswith(PARTIAL_SUFFIX):
                     kind = "partial"
@@ -96,10 +95,16 @@ class WeightsDirs(FactBase[WeightsDirsState]):
         return WeightsDirsState(entries, frozenset(referenced))
 
 
-def _revision_dir(name: str, local_dir: str) -> bool:
+def _model_of(entry: WeightsEntry) -> str | None:
+    """The ``local_dir`` of a revision directory or of its partial download, else None."""
+    name = entry.name
+    if entry.kind == "partial":
+        name = name[1:].removesuffix(PARTIAL_SUFFIX)
+    elif entry.kind != "dir":
+        return None
     head, mark, rev = name.rpartition(WEIGHTS_REVISION_MARK)
-    return (head == local_dir and mark == WEIGHTS_REVISION_MARK
-            and re.fullmatch(f"[0-9a-f]{{{WEIGHTS_REVISION_CHARS}}}", rev) is not None)
+    revision = re.fullmatch(f"[0-9a-f]{{{WEIGHTS_REVISION_CHARS}}}", rev)
+    return head if mark and head and revision else None
 
 
 def _prunable(entry: WeightsEntry, local_dir: str) -> bool:
@@ -107,16 +112,12 @@ def _prunable(entry: WeightsEntry, local_dir: str) -> bool:
     a real directory under the old name (unverified, or someone's copy: not ours to remove)."""
     if entry.kind == "link":
         return entry.name == local_dir
-    if entry.kind == "partial":
-        return _revision_dir(entry.name[1:].removesuffix(PARTIAL_SUFFIX), local_dir)
-    return _revision_dir(entry.name, local_dir)
+    return _model_of(entry) == local_dir
 
 
-def kept_names(dirs: WeightsDirsState, local_dir: str, revision: str) -> set[str]:
-    """Names kept whatever their age: the pinned revision and its partial download, every
-    name a compose file mounts and, for a mounted link, the directory it points to."""
-    pinned = revision_name(local_dir, revision)
-    kept = {pinned, f".{pinned}{PARTIAL_SUFFIX}", *dirs.referenced}
+def _mounted(dirs: WeightsDirsState) -> set[str]:
+    """Every name a compose file mounts and, for a mounted link, the directory it points to."""
+    kept = set(dirs.referenced)
     for name in dirs.referenced:
         entry = dirs.entries.get(name)
         if entry is not None and entry.kind == "link" and entry.target:
@@ -124,10 +125,26 @@ def kept_names(dirs: WeightsDirsState, local_dir: str, revision: str) -> set[str
     return kept
 
 
+def kept_names(dirs: WeightsDirsState, local_dir: str, revision: str) -> set[str]:
+    """Names kept whatever their age: the pinned revision and its partial download, and what
+    compose files mount (``_mounted``)."""
+    pinned = revision_name(local_dir, revision)
+    return {pinned, f".{pinned}{PARTIAL_SUFFIX}", *_mounted(dirs)}
+
+
 def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str) -> list[str]:
-    """The names under the model directory to remove (sorted): all but the pinned revision and
+    """The names of ``local_dir``'s revisions to remove (sorted): all but the pinned revision and
     those a compose file mounts (``dirs`` read with every compose file); no extra one is kept
     (tens of GB each; the revision a rollback needs is the active snapshot's, so it is named)."""
     candidates = {e.name: float(e.mtime) for e in dirs.entries.values() if _prunable(e, local_dir)}
     return stale(candidates, revision_name(local_dir, revision),
                  kept_names(dirs, local_dir, revision), keep=1)
+
+
+def retired_weights(dirs: WeightsDirsState, served: Set[str]) -> list[str]:
+    """The revisions, partial downloads and old-name links of every model that no staged stack
+    serves (``served``: the ``local_dir`` of those that are), unless a compose file mounts them."""
+    retired = {m for e in dirs.entries.values() if (m := _model_of(e)) and m not in served}
+    mounted = _mounted(dirs)
+    return sorted(e.name for e in dirs.entries.values() if e.name not in mounted
+                  and any(_prunable(e, local_dir) for local_dir in retired))

@@ -1,6 +1,6 @@
 """Model weights: a pinned huggingface_hub venv, the host-side fetcher, and each staged model's
-revision in its own directory, verified; older layouts adopted, unnamed revisions pruned
-(docs/converge.md, "Weights per revision").
+revision in its own directory, verified; older layouts adopted, unnamed revisions and models no
+staged stack serves pruned (docs/converge.md, "Weights per revision").
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rigfleet.fleetcache import model_mirrors
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import ModelPin
 from rigfleet.resources import project_file
-from rigfleet.weights import WeightsDirs, stale_weights
+from rigfleet.weights import WeightsDirs, retired_weights, stale_weights
 from roles.ops import Secret, WarnedCommand, executing, root_dir, root_put, secret_file
 from roles.peers import Peer, peer_for, start_seed
 from roles.preflight import HostContext
@@ -73,8 +73,7 @@ def adopt_weights(model_dir: str, local_dir: str, compose_files: tuple[str, ...]
     """Adopt ``<model_dir>/<local_dir>`` (weights of before per-revision directories) as the
     directory of the revision its manifest names: renamed, the old name left as a link."""
     old = str(HOST.weights_legacy_dir(model_dir, local_dir))
-    dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=local_dir,
-                     compose_files=compose_files)
+    dirs = read_fact(WeightsDirs, model_dir=model_dir, compose_files=compose_files)
     entry = dirs.entries.get(local_dir)
     if entry is None or entry.kind != "dir":
         host.noop(f"{old} links to {entry.target} (adopted)" if entry is not None
@@ -92,11 +91,15 @@ def adopt_weights(model_dir: str, local_dir: str, compose_files: tuple[str, ...]
 
 
 @operation()
-def prune_weights(model_dir: str, local_dir: str, revision: str, compose_files: tuple[str, ...]):
-    """Remove revisions, partial downloads and links no pin or ``compose_files`` name."""
-    dirs = read_fact(WeightsDirs, model_dir=model_dir, local_dir=local_dir,
-                     compose_files=compose_files)
-    names = stale_weights(dirs, local_dir, revision)
+def prune_weights(model_dir: str, pinned: tuple[tuple[str, str], ...],
+                  compose_files: tuple[str, ...]):
+    """Remove what neither a pin (``pinned``: each staged model's local_dir and revision) nor
+    ``compose_files`` name: other revisions, partial downloads, old-name links, and the
+    revisions of models no staged stack serves any more."""
+    dirs = read_fact(WeightsDirs, model_dir=model_dir, compose_files=compose_files)
+    names = sorted({*(n for local_dir, revision in pinned
+                      for n in stale_weights(dirs, local_dir, revision)),
+                    *retired_weights(dirs, {local_dir for local_dir, _ in pinned})})
     if not names:
         host.noop(f"no stale weights in {model_dir}")
         return
@@ -145,10 +148,11 @@ def weights(ctx: HostContext) -> None:
         adopt_weights(
             name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",
             model_dir=model_dir, local_dir=model.local_dir, compose_files=compose_files(ctx))
-        prune_weights(
-            name=f"Prune {model.local_dir} revisions no compose file names ({model_dir})",
-            model_dir=model_dir, local_dir=model.local_dir, revision=model.revision,
-            compose_files=compose_files(ctx))
+    # Before any fetch, so what goes frees its space for the download.
+    prune_weights(name=f"Prune weights no pin and no compose file names ({model_dir})",
+                  model_dir=model_dir, compose_files=compose_files(ctx),
+                  pinned=tuple((m.local_dir, m.revision) for m in ctx.want.models))
+    for model in host.loop(ctx.want.models):
         local_dir = ctx.want.weights_path(model)
         held = read_fact(WeightsManifest, local_dir=local_dir).holds(model.repo, model.revision)
         peer = None if held else peer_for(partial(_serves, model))  # (the fetch's own read)

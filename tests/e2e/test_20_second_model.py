@@ -83,6 +83,15 @@ def test_one_host_serves_a_second_model_while_the_other_serves_todays(testbed, c
     today_dir = weights_mount(host, serving_container(host))
     other_before = serving_container(other)
     name, stacks, pins, model = next_model_stack(tmp_path, base, driver_branch(host))
+    # What a model this host served before left (no staged stack serves it): its revision's
+    # directory and a partial download go with this converge; a directory of someone's stays.
+    model_dir = today_dir.rsplit("/", 1)[0]
+    retired = [f"{model_dir}/qwen3.5-27b-int4@{'9' * 12}",
+               f"{model_dir}/.qwen3.5-27b-int4@{'8' * 12}.partial"]
+    foreign = f"{model_dir}/notes@home"
+    rc, out = host.sh(" && ".join(f"mkdir -p {d} && echo x > {d}/model.safetensors"
+                                  for d in (*retired, foreign)))
+    assert rc == 0, out
 
     proc = pyinfra("-y", *FAST, "--limit", host.name, "--data", f"stack={name}",
                    "--data", f"stacks_dir={stacks}", "--data", f"pins_file={pins}",
@@ -95,7 +104,6 @@ def test_one_host_serves_a_second_model_while_the_other_serves_todays(testbed, c
     assert route_of(host, key).startswith(f"{name}/")
     assert chat(host, key, SERVED) == SERVED
     mount = weights_mount(host, serving_container(host))
-    model_dir = today_dir.rsplit("/", 1)[0]
     assert mount == f"{model_dir}/qwen3.8-27b-int4-autoround@{model['revision'][:12]}"
     rc, out = host.sh(f"cat {mount}/.rigfleet-manifest.json")
     assert rc == 0 and json.loads(out)["repo"] == model["repo"], out
@@ -105,6 +113,9 @@ def test_one_host_serves_a_second_model_while_the_other_serves_todays(testbed, c
         (name, model["repo"], model["revision"]), line
     # Today's weights stay where they were (the staged built-in stacks still mount them).
     assert host.sh(f"test -d {today_dir}")[0] == 0
+    assert [d for d in retired if host.sh(f"test -e {d}")[0] == 0] == [], said
+    assert host.sh(f"test -f {foreign}/model.safetensors")[0] == 0
+    host.sh(f"rm -rf {foreign}")
 
     # The other host was not touched and still serves today's model.
     assert serving_container(other) == other_before

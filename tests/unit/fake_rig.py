@@ -387,9 +387,9 @@ class FakeRig:
                 return True, ["", "--rigfleet-listing--"]
             listing = [f"{n}\t{f['size']}\t{f['mtime']}" for n, f in manifest["files"].items()]
             return True, [json.dumps(manifest), "--rigfleet-listing--", *listing]
-        m = re.match(r"for e in (\S+)/(\S+) ", cmd)
+        m = re.match(r"for e in (\S+)/\* ", cmd)
         if m:
-            return True, self._weights_listing(m.group(1), m.group(2), cmd)
+            return True, self._weights_listing(m.group(1), cmd)
         m = re.match(r"cat (\S+) 2>/dev/null \|\| true$", cmd)
         if m:
             return True, self._text(m.group(1))
@@ -407,14 +407,12 @@ class FakeRig:
             entry = self.weights.get(f"{path.rsplit('/', 1)[0]}/{entry}")
         return entry if isinstance(entry, dict) else None
 
-    def _weights_listing(self, model_dir: str, local_dir: str, cmd: str) -> list[str]:
-        """The ``WeightsDirs`` fact: entries of ``local_dir`` and what compose files name."""
+    def _weights_listing(self, model_dir: str, cmd: str) -> list[str]:
+        """The ``WeightsDirs`` fact: entries of ``model_dir`` and what compose files name."""
         out = []
         for path, entry in sorted(self.weights.items()):
             parent, _, name = path.rpartition("/")
-            ours = (name == local_dir or name.startswith(local_dir + "@")
-                    or (name.startswith(f".{local_dir}@") and name.endswith(".partial")))
-            if parent != model_dir or not ours:
+            if parent != model_dir or (name.startswith(".") and not name.endswith(".partial")):
                 continue
             if isinstance(entry, str):
                 out.append(f"link 1700000000 {name} {entry}")
@@ -422,8 +420,7 @@ class FakeRig:
                 out.append(f"dir {int(entry.get('at', 1700000000))} {name}")
         if "grep -oE" in cmd:
             files = re.findall(r"(/\S+\.yaml)", cmd.split("| grep")[0])
-            pattern = re.compile(rf"\s{re.escape(model_dir)}/({re.escape(local_dir)}"
-                                 r"(?:@[0-9a-f]{12})?):")
+            pattern = re.compile(rf"\s{re.escape(model_dir)}/([^/\s:]+):")
             refs = {r for f in files for r in pattern.findall(
                 self.files.get(f, b"").decode())}
             out += [f"ref {r}" for r in sorted(refs)]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_rig import FakeRig, Gpu
+from fake_rig import FakeRig, Gpu, weights_manifest
 from images_fakes import FakeHub, image_id_of
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
@@ -768,6 +768,26 @@ def test_a_new_revision_is_fetched_beside_the_old_one_which_a_rollback_still_mou
     pruned = deploy(rig, data)
     assert pruned.ran("rm -rf --") == [f"rm -rf -- {REV_A_DIR}"]
     assert set(rig.weights) == {REV_E_DIR}
+
+
+def test_weights_of_a_model_no_staged_stack_serves_go_before_the_fetch(data):
+    """A model the host served before (its revision, a partial download, its old-name link) goes
+    once no staged stack serves it and no compose file mounts it; foreign names stay."""
+    rig = converged("debian13", data)
+    model_dir = REV_A_DIR.rsplit("/", 1)[0]
+    old = f"{model_dir}/qwen3.5-27b-int4@{'9' * 12}"
+    partial = f"{model_dir}/.qwen3.5-27b-int4@{'8' * 12}.partial"
+    rig.weights.update({old: weights_manifest("Qwen/Qwen3.5-27B", "9" * 40), partial: {},
+                        f"{model_dir}/qwen3.5-27b-int4": old.rsplit("/", 1)[1],
+                        f"{model_dir}/notes@home": {}})
+    repin(data, "e" * 40)
+    run = deploy(rig, data)
+    [rm] = run.ran("rm -rf --")
+    assert rm == (f"rm -rf -- {model_dir}/.qwen3.5-27b-int4@{'8' * 12}.partial "
+                  f"{model_dir}/qwen3.5-27b-int4 {old}")
+    assert run.commands.index(rm) < run.commands.index(run.ran("fetch-weights.py fetch")[0])
+    # Today's old revision stays: the active snapshot mounted it when the prune looked.
+    assert set(rig.weights) == {REV_A_DIR, REV_E_DIR, f"{model_dir}/notes@home"}
 
 
 def legacy_host(data: dict) -> FakeRig:

@@ -32,6 +32,7 @@ from rigfleet.weights import (
     WeightsDirsState,
     WeightsEntry,
     kept_names,
+    retired_weights,
     revision_name,
     stale_weights,
 )
@@ -98,6 +99,27 @@ def test_partial_downloads_links_and_foreign_directories():
     assert stale_weights(real, LOCAL, S) == []
 
 
+def test_models_no_staged_stack_serves_go_unless_a_compose_file_mounts_them():
+    old = "qwen3.5-27b-int4"
+    retired = [WeightsEntry(f"{old}@{'a' * 12}", "dir", 10),
+               WeightsEntry(f".{old}@{'b' * 12}.partial", "partial", 20),
+               WeightsEntry(old, "link", 30, f"{old}@{'a' * 12}")]
+    foreign = [WeightsEntry("notes", "dir", 1), WeightsEntry("hf@cache", "dir", 1),
+               WeightsEntry("draft@v2", "dir", 1)]
+    dirs = WeightsDirsState(entries(rev(R), rev(S), *retired, *foreign))
+    # Served: LOCAL (its own rule, stale_weights, decides its revisions); the old model's
+    # revision, partial download and old-name link go; foreign names stay.
+    assert retired_weights(dirs, {LOCAL}) == sorted(e.name for e in retired)
+    assert retired_weights(dirs, {LOCAL, old}) == []
+    # The active snapshot still mounts the old model through its link: all of it stays but the
+    # partial download nobody mounts.
+    mounted = replace(dirs, referenced=frozenset({old}))
+    assert retired_weights(mounted, {LOCAL}) == [f".{old}@{'b' * 12}.partial"]
+    # Nothing served at all (a host whose stacks all moved away): every model is retired.
+    assert retired_weights(dirs, set()) == sorted(
+        [*(e.name for e in retired), revision_name(LOCAL, R), revision_name(LOCAL, S)])
+
+
 def test_the_weights_dirs_fact_on_a_real_directory(tmp_path):
     models = tmp_path / "srv models.d"  # a space and a regex character in the model dir
     a, b = models / revision_name(LOCAL, R), models / revision_name(LOCAL, S)
@@ -107,22 +129,24 @@ def test_the_weights_dirs_fact_on_a_real_directory(tmp_path):
     (models / f".{revision_name(LOCAL, T)}.partial").mkdir()
     (models / LOCAL).symlink_to(a.name)
     (models / "unrelated").mkdir()
+    (models / "a file").write_text("not listed")
     staged, snapshot = tmp_path / "staged.yaml", tmp_path / "active.yaml"
     staged.write_text(f"    volumes:\n    - {b}:/root/.cache/huggingface/{LOCAL}:ro\n")
     snapshot.write_text(f"    volumes:\n    - {models}/{LOCAL}:/root/.cache/huggingface/{LOCAL}:ro\n"
                         f"    - /elsewhere{models}/{LOCAL}:/x:ro\n")  # fmt: skip
     fact = WeightsDirs()
-    command = fact.command(model_dir=str(models), local_dir=LOCAL,
+    command = fact.command(model_dir=str(models),
                            compose_files=(str(staged), str(snapshot), str(tmp_path / "none")))
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     state = fact.process(out.stdout.splitlines())
-    assert set(state.entries) == {a.name, b.name, f".{revision_name(LOCAL, T)}.partial", LOCAL}
+    assert set(state.entries) == {a.name, b.name, f".{revision_name(LOCAL, T)}.partial", LOCAL,
+                                  "unrelated"}
     assert state.entries[LOCAL].kind == "link" and state.entries[LOCAL].target == a.name
     assert state.entries[a.name].kind == "dir"
     assert state.entries[f".{revision_name(LOCAL, T)}.partial"].kind == "partial"
     assert state.referenced == {b.name, LOCAL}
     # Nothing there at all: no entries, and the command still succeeds.
-    empty = fact.command(model_dir=str(tmp_path / "missing"), local_dir=LOCAL)
+    empty = fact.command(model_dir=str(tmp_path / "missing"))
     run = subprocess.run(["sh", "-c", empty], capture_output=True, text=True)
     assert run.returncode == 0 and fact.process(run.stdout.splitlines()) == WeightsDirsState()
 
