@@ -6,6 +6,7 @@ host, at prepare time"). Its ``HostContext`` is what every other role takes.
 from __future__ import annotations
 
 import re
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,9 @@ GPU_HOST_UNITS = ("chrony.service", "docker.service", "nvidia-persistenced.servi
                   "rigfleet-power-caps.service", "nginx.service", hosttool.STACK_UNIT,
                   hosttool.SUPERVISE_UNIT, f"{NODE_EXPORTER}.service", f"{METRICS_UNIT}.timer")
 BALANCER_UNITS = ("chrony.service", "haproxy.service")
+
+# How long a deploy waits for the host's own units to let go of the host lock before refusing.
+OWN_UNITS_WAIT_S = 30.0
 
 
 class PreflightError(RigfleetError, ValueError):
@@ -362,10 +366,28 @@ def preflight_of(title: str, check: Callable[[str, bool], _T]) -> Callable[..., 
     return cast(Callable[..., _T], deploy(title)(run))  # @deploy returns what run returns
 
 
+def _own_unit(holder: Any) -> bool:
+    return (isinstance(holder, dict) and bool(holder.get("alive")) and not holder.get("window")
+            and holder.get("who") in (hosttool.STACK_UNIT, hosttool.SUPERVISE_UNIT))
+
+
+def _lock_holder(name: str) -> Any:
+    """The host lock's holder; the host's own units (the stack unit's ``ensure`` just after a
+    first converge, the supervisor) are waited for up to ``OWN_UNITS_WAIT_S`` first."""
+    holder = read_fact(SwapProbe).get("lock")
+    if _own_unit(holder):
+        host.log(f"{name}: {describe(holder)}; waiting for it (at most {OWN_UNITS_WAIT_S:g} s)")
+    deadline = time.monotonic() + OWN_UNITS_WAIT_S
+    while _own_unit(holder) and time.monotonic() < deadline:
+        time.sleep(OWN_UNITS_WAIT_S / 30)
+        holder = read_fact(SwapProbe, fresh=True).get("lock")
+    return holder
+
+
 def _check_host(name: str) -> HostContext:
     want = load_desired(name, host.data)
     os_info = read_os(name, read_fact(OsRelease))
-    holder = read_fact(SwapProbe).get("lock")
+    holder = _lock_holder(name)
     if isinstance(holder, dict) and holder.get("alive"):
         raise PreflightError(f"{name}: {describe(holder)}. Another deploy (or the host's "
                              "boot-time recreation) is changing this host; wait for it to "

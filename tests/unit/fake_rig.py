@@ -176,6 +176,7 @@ class FakeRig:
     active_record: dict | None = None
     route: str | None = None
     lock: dict | None = None
+    lock_probes: int | None = None  # the lock's holder lets go after this many more probes
     swaps: dict[str, dict] = field(default_factory=dict)
     # None: a swap promotes; else (phase, reason) of a failure: it rolls back (or fails).
     swap_failure: tuple[str, str] | None = None
@@ -712,6 +713,10 @@ class FakeRig:
             status = "failed"
         elif self.window is not None and self.window["state"] == "open":
             status = "held" if self.lock and self.lock.get("window") else "abandoned"
+        if self.lock_probes is not None:
+            self.lock_probes -= 1
+            if self.lock_probes < 0:
+                self.lock, self.lock_probes = None, None
         return {
             "active": self.active_record,
             "state": json.loads(state) if state else None,

@@ -609,6 +609,25 @@ def test_a_live_host_lock_refuses_the_host_naming_the_holder(data):
     assert not deploy(rig, {**data, "stack": "tq3-mtp-genesis"}).failed
 
 
+def test_the_hosts_own_units_holding_the_lock_are_waited_for(data, monkeypatch):
+    """Right after a first converge the stack unit's ``ensure`` holds the host lock for a few
+    seconds: a deploy then waits for it rather than refusing; one that keeps holding is
+    refused after the wait, as any holder is."""
+    import roles.preflight
+
+    monkeypatch.setattr(roles.preflight, "OWN_UNITS_WAIT_S", 0.3)
+    rig = converged("debian13", data)
+    ensure = {"who": "rigfleet-stack.service", "why": "ensure", "pid": 7, "alive": True,
+              "since": "2026-11-29T10:00:00+00:00"}
+    rig.lock, rig.lock_probes = dict(ensure), 2
+    run = deploy(rig, {**data, "stack": "tq3-mtp-genesis"})
+    assert not run.failed and set(rig.containers) == {"rigfleet-tq3-mtp-genesis"}
+    rig.lock = dict(ensure)  # it never lets go
+    run = deploy(rig, {**data, "stack": "int8"})
+    assert run.failed and "locked by rigfleet-stack.service" in (run.refused or "")
+    assert run.ran("systemd-run") == []
+
+
 def test_gate_profile_is_checked_before_anything_runs(data):
     run = deploy(FakeRig("debian13"), {**data, "gate_profile": "quick"}, execute=False)
     assert "gate_profile: 'quick' is not allowed; allowed: fast, full" in (run.refused or "")
