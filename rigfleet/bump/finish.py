@@ -132,10 +132,8 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
         log(f"not confirmed; nothing changed ({journal.path} is kept)")
         return EXIT_FAILED
     journal.take_over()
-    candidate = Candidate(cand["repository"], cand["tag"], cand["digest"],
-                          cand.get("created")) if cand else None  # fmt: skip
-    return execute(opts, inputs, SshRemote(), journal.plan(inputs.pins), candidate,
-                   journal.version, journal=journal)
+    return execute(opts, inputs, SshRemote(), journal.plan(inputs.pins),
+                   Candidate(**cand) if cand else None, journal.version, journal=journal)
 
 
 def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,

@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -456,9 +456,7 @@ def pyinfra_command(inventory: str, deploy: str, hosts: Sequence[str], pins_file
     cmd = [str(exe) if exe.exists() else "pyinfra", inventory, deploy, "-y", "--json"]
     if pins_file is not None:
         cmd += ["--data", f"pins_file={pins_file}"]
-    for h in hosts:
-        cmd += ["--limit", h]
-    return cmd
+    return cmd + [arg for h in hosts for arg in ("--limit", h)]
 
 
 class PyinfraRunner:
@@ -497,16 +495,12 @@ class PyinfraRunner:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"batch-{batch}.log" if self.log_dir else Path(os.devnull)
         env = {**os.environ, **self.env} if self.env else None
-        with log_path.open("w") as log_file:
+        # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
+        with log_path.open("w") as log_file, tempfile.TemporaryFile("w+", errors="replace") as out_file:
             log_file.write("$ " + " ".join(cmd) + "\n")
-            proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE, env=env,
+            proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=out_file, env=env,
                                     stderr=subprocess.PIPE, text=True, errors="replace")
-            assert proc.stdout is not None and proc.stderr is not None
-            stdout: list[str] = []
-            # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
-            out_pipe = proc.stdout
-            reader = threading.Thread(target=lambda: stdout.append(out_pipe.read()), daemon=True)
-            reader.start()
+            assert proc.stderr is not None
             log: list[str] = []
             for line in proc.stderr:
                 log.append(line)
@@ -518,8 +512,9 @@ class PyinfraRunner:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 rc = proc.wait()
-            reader.join(timeout=30)
-            log_file.write(f"--- exit {rc}; stdout (pyinfra --json)\n" + "".join(stdout))
-        results = (pyinfra_json("".join(stdout)) or {}).get("results")
+            out_file.seek(0)
+            stdout = out_file.read()
+            log_file.write(f"--- exit {rc}; stdout (pyinfra --json)\n" + stdout)
+        results = (pyinfra_json(stdout) or {}).get("results")
         failed = frozenset(results.get("failed_hosts") or []) if isinstance(results, dict) else None
         return DeployResult(rc, failed, "".join(log), time.monotonic() - started)
