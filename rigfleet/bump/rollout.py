@@ -496,7 +496,8 @@ class PyinfraRunner:
         log_path = self.log_dir / f"batch-{batch}.log" if self.log_dir else Path(os.devnull)
         env = {**os.environ, **self.env} if self.env else None
         # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
-        with log_path.open("w") as log_file, tempfile.TemporaryFile("w+", errors="replace") as out_file:
+        with log_path.open("w") as log_file, \
+                tempfile.TemporaryFile("w+", errors="replace") as out_file:
             log_file.write("$ " + " ".join(cmd) + "\n")
             proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=out_file, env=env,
                                     stderr=subprocess.PIPE, text=True, errors="replace")
