@@ -25,6 +25,7 @@ from rigfleet.bump.rollout import (
     host_errors,
     new_ledger_lines,
     run_batches,
+    with_error,
 )
 from rigfleet.hostprobe import HostProbe
 
@@ -67,9 +68,9 @@ def classify(name: str, deploy: DeployResult, before: HostProbe | None,
              after: HostProbe | str, batch: int) -> HostOutcome:
     errors = host_errors(deploy.log, name)
     if isinstance(after, str):
-        detail = f"unreachable after its run started ({after})"
-        return HostOutcome(name, Status.LOST, batch, reason=detail + (
-            f"; pyinfra: {errors[-1]}" if errors else ""), seconds=deploy.seconds)
+        return HostOutcome(name, Status.LOST, batch, reason=with_error(
+            errors, f"unreachable after its run started ({after})", "; pyinfra"),
+            seconds=deploy.seconds)
     lines = new_ledger_lines(before, after)
     last = next((x for x in reversed(lines) if x.get("event") == "maintenance"
                  and x.get("result") in ("closed", "failed")), None)

@@ -100,9 +100,8 @@ class HostOutcome:
 
     def to_record(self) -> dict[str, Any]:
         """The outcome as the bump journal keeps it (``from_record`` reads it back)."""
-        return {"status": str(self.status), "batch": self.batch, "runs_new": self.runs_new,
-                "reason": self.reason, "gate": self.gate,
-                "failed_checks": list(self.failed_checks), "report_file": self.report_file,
+        kept = {k: v for k, v in vars(self).items() if k not in ("host", "serving")}
+        return {**kept, "status": str(self.status), "failed_checks": list(self.failed_checks),
                 "seconds": round(self.seconds, 1)}
 
     @classmethod
@@ -235,7 +234,7 @@ def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: Depl
             else f"a transaction still runs on the host ({after.busy})"
             if after.busy and failed else "")  # its swap runs on: unknown for now
     if lost:
-        return HostOutcome(host, Status.LOST, batch, None, _why(errors, lost, "; pyinfra"),
+        return HostOutcome(host, Status.LOST, batch, None, with_error(errors, lost, "; pyinfra"),
                            seconds=deploy.seconds)
     assert not isinstance(after, str)
     gate, failed_checks, report = gate_of(before, after)
@@ -249,17 +248,17 @@ def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: Depl
     if runs_new and not failed:
         return outcome(Status.PROMOTED, True)
     if runs_new and runs_old:  # its serving stack was not bumped, and the deploy failed
-        return outcome(Status.FAILED, None, _why(errors, "the deploy failed"))
+        return outcome(Status.FAILED, None, with_error(errors, "the deploy failed"))
     if runs_new:
-        return outcome(Status.FAILED, True, _why(errors, "the swap promoted but the deploy "
+        return outcome(Status.FAILED, True, with_error(errors, "the swap promoted but the deploy "
                                                  "failed afterwards"))  # fmt: skip
     if runs_old:
-        reason = _rollback_reason(before, after) or _why(errors, "rolled back to the old pins")
+        reason = _rollback_reason(before, after) or with_error(errors, "rolled back to the old pins")
         if failed_checks and "gate" not in reason:
             reason = f"verify-stress gate failed ({', '.join(failed_checks)}); {reason}"
         return outcome(Status.FAILED, False, reason)
     seen = ", ".join(f"{k}={after.state.get(k)}" for k in ("stack", "digest", "genesis_commit"))
-    return outcome(Status.FAILED, None, _why(errors, f"state.json records {seen}"))
+    return outcome(Status.FAILED, None, with_error(errors, f"state.json records {seen}"))
 
 
 def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostProbe | None,
@@ -281,7 +280,7 @@ def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostPr
     return classify(host, stack, old, new, DeployResult(1, None), before, after, batch)
 
 
-def _why(errors: list[str], fallback: str, sep: str = "") -> str:
+def with_error(errors: list[str], fallback: str, sep: str = "") -> str:
     return f"{fallback}{sep}: {errors[-1]}" if errors else fallback
 
 
