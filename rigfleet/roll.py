@@ -22,7 +22,7 @@ from rigfleet.bump.rollout import (
     RolloutResult,
     Runner,
     Status,
-    host_errors,
+    host_error,
     new_ledger_lines,
     run_batches,
     with_error,
@@ -66,10 +66,10 @@ def plan_batches(order: Sequence[str], probes: Mapping[str, HostProbe | str],
 
 def classify(name: str, deploy: DeployResult, before: HostProbe | None,
              after: HostProbe | str, batch: int) -> HostOutcome:
-    errors = host_errors(deploy.log, name)
+    error = host_error(deploy.log, name)
     if isinstance(after, str):
         return HostOutcome(name, Status.LOST, batch, reason=with_error(
-            errors, f"unreachable after its run started ({after})", "; pyinfra"),
+            error, f"unreachable after its run started ({after})", "; pyinfra"),
             seconds=deploy.seconds)
     lines = new_ledger_lines(before, after)
     last = next((x for x in reversed(lines) if x.get("event") == "maintenance"
@@ -78,7 +78,7 @@ def classify(name: str, deploy: DeployResult, before: HostProbe | None,
     outcome = partial(HostOutcome, name, batch=batch, seconds=deploy.seconds, serving=after.route)
     if deploy.failed(name):
         reason = next((str(x["reason"]) for x in reversed(lines) if x.get("reason")),
-                      errors[-1] if errors else "the deploy failed (see its log)")
+                      error or "the deploy failed (see its log)")
         return outcome(Status.FAILED, reason=reason, gate=gate)
     if last is not None and last.get("result") == "closed":
         return outcome(Status.MAINTAINED, reason=str(last.get("reason") or ""), gate=gate)

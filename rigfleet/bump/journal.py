@@ -248,7 +248,6 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
     if not isinstance(batches, list) or not all(
             isinstance(b, list) and all(h in names for h in b) for b in batches):
         p.bad("batches", batches, "a list of lists of the journal's host names")
-        batches = []
     outcomes = top.get("outcomes") or {}
     if not isinstance(outcomes, dict):
         p.bad("outcomes", outcomes, "a mapping host -> outcome")
@@ -262,7 +261,6 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
     if deploying is not None and (not isinstance(deploying, dict) or not isinstance(
             deploying.get("hosts"), list) or not set(deploying["hosts"]) <= names):
         p.bad("deploying", deploying, "null or {batch, hosts: [journal hosts], since, before}")
-        deploying = None
     new_stacks = _parse_stacks(p, top.get("new_stacks"), pins, catalog)
     history = top.get("history") or {}
     if not isinstance(history, dict):

@@ -215,26 +215,26 @@ def _rollback_reason(before: HostProbe | None, after: HostProbe) -> str:
                  for r in records if r.get("reason")), "")
 
 
-def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
-    """pyinfra's error lines for ``host`` (``[host] ...`` lines that say error/failed)."""
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in log.splitlines()]
-    return [
+def host_error(log: str, host: str) -> str | None:
+    """pyinfra's last error line for ``host`` (a ``[host] ...`` line that says error/failed)."""
+    lines = (re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in reversed(log.splitlines()))
+    return next((
         line for line in lines
         if f"[{host}]" in line and re.search(r"error|fail|refus|unreach|lost|timed out", line, re.I)
         and not re.search(r"Error: executed \d+ commands", line)  # pyinfra's own tally
-    ][-limit:]  # fmt: skip
+    ), None)  # fmt: skip
 
 
 def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: DeployResult,
              before: HostProbe | None, after: HostProbe | str, batch: int) -> HostOutcome:
     """One host's outcome after its batch: its probe (or why none) read with pyinfra's result."""
-    errors = host_errors(deploy.log, host)
+    error = host_error(deploy.log, host)
     failed = deploy.failed(host)
     lost = (f"unreachable after its deploy started ({after})" if isinstance(after, str)
             else f"a transaction still runs on the host ({after.busy})"
             if after.busy and failed else "")  # its swap runs on: unknown for now
     if lost:
-        return HostOutcome(host, Status.LOST, batch, None, with_error(errors, lost, "; pyinfra"),
+        return HostOutcome(host, Status.LOST, batch, None, with_error(error, lost, "; pyinfra"),
                            seconds=deploy.seconds)
     assert not isinstance(after, str)
     gate, failed_checks, report = gate_of(before, after)
@@ -248,17 +248,17 @@ def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: Depl
     if runs_new and not failed:
         return outcome(Status.PROMOTED, True)
     if runs_new and runs_old:  # its serving stack was not bumped, and the deploy failed
-        return outcome(Status.FAILED, None, with_error(errors, "the deploy failed"))
+        return outcome(Status.FAILED, None, with_error(error, "the deploy failed"))
     if runs_new:
-        return outcome(Status.FAILED, True, with_error(errors, "the swap promoted but the deploy "
+        return outcome(Status.FAILED, True, with_error(error, "the swap promoted but the deploy "
                                                  "failed afterwards"))  # fmt: skip
     if runs_old:
-        reason = _rollback_reason(before, after) or with_error(errors, "rolled back to the old pins")
+        reason = _rollback_reason(before, after) or with_error(error, "rolled back to the old pins")
         if failed_checks and "gate" not in reason:
             reason = f"verify-stress gate failed ({', '.join(failed_checks)}); {reason}"
         return outcome(Status.FAILED, False, reason)
     seen = ", ".join(f"{k}={after.state.get(k)}" for k in ("stack", "digest", "genesis_commit"))
-    return outcome(Status.FAILED, None, with_error(errors, f"state.json records {seen}"))
+    return outcome(Status.FAILED, None, with_error(error, f"state.json records {seen}"))
 
 
 def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostProbe | None,
@@ -280,8 +280,8 @@ def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostPr
     return classify(host, stack, old, new, DeployResult(1, None), before, after, batch)
 
 
-def with_error(errors: list[str], fallback: str, sep: str = "") -> str:
-    return f"{fallback}{sep}: {errors[-1]}" if errors else fallback
+def with_error(error: str | None, fallback: str, sep: str = "") -> str:
+    return f"{fallback}{sep}: {error}" if error else fallback
 
 
 def step_label(batch: int) -> str:
