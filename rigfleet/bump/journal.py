@@ -248,6 +248,7 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
     if not isinstance(batches, list) or not all(
             isinstance(b, list) and all(h in names for h in b) for b in batches):
         p.bad("batches", batches, "a list of lists of the journal's host names")
+        batches = []
     outcomes = top.get("outcomes") or {}
     if not isinstance(outcomes, dict):
         p.bad("outcomes", outcomes, "a mapping host -> outcome")
