@@ -259,8 +259,7 @@ def dump_pins(pins: Pins) -> str:
     return yaml.safe_dump(pins.to_dict(), sort_keys=False, default_flow_style=False, width=100)
 
 
-def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
-              catalog: Catalog | None = None) -> Pins:
+def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None) -> Pins:
     """Write ``pins`` atomically at serial + 1 with ``history_entry``; refused if saved since."""
     path = Path(pins.path)
     on_disk = _read_serial(path)
@@ -272,8 +271,7 @@ def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
     if history_entry is not None:
         history.append({**history_entry, "serial": pins.serial + 1})
     new = replace(pins, serial=pins.serial + 1, history=history)
-    parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True,
-               catalog=catalog)
+    parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True)
     write_keeping_mode(path, dump_pins(new))
     return new
 
