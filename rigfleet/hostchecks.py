@@ -22,6 +22,7 @@ import stat
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -363,7 +364,8 @@ class HostChecker(Problems):
             with suppress(ValueError):
                 return parse_backoff(value)
         elif isinstance(value, list | tuple) and value and all(
-                is_number(v) and math.isfinite(v) and v >= 0 for v in value):
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                and v >= 0 for v in value):
             return tuple(float(v) for v in value)
         self.bad(key.name, value, key.allowed)
         return None
@@ -459,18 +461,10 @@ def number_check(low: float | None, high: float | None, *, integer: bool = False
     """A ``Key.check``: a number (an integer) within ``low..high`` (``(low`` when open)."""
 
     def check(c: HostChecker, key: Key, value: Any) -> Any:
-        if value is None:
-            return None
-        if integer:
-            return c.integer(key.name, value, None if low is None else int(low),
-                             None if high is None else int(high), key.allowed)
-        return c.number(key.name, value, low, high, key.allowed, low_open=low_open)
+        checked = c.integer if integer else partial(c.number, low_open=low_open)
+        return None if value is None else checked(key.name, value, low, high, key.allowed)
 
     return check
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def host_name_or_ip(value: Any) -> bool:
