@@ -173,11 +173,9 @@ class Pins:
 
     def to_dict(self) -> dict[str, Any]:
         """The file's content as plain data, keys in file order (what ``save_pins`` dumps)."""
-        driver: dict[str, str] = {"branch": self.driver_branch}
-        if self.driver_version is not None:
-            driver["version"] = self.driver_version
         out: dict[str, Any] = {
-            "schema": SCHEMA, "serial": self.serial, "driver": driver,
+            "schema": SCHEMA, "serial": self.serial,
+            "driver": _set(branch=self.driver_branch, version=self.driver_version),
             "container_toolkit": {"version": self.toolkit_version},
             "huggingface_hub": {"version": self.hf_hub_version},
         }
@@ -195,18 +193,18 @@ class Pins:
         return out
 
 
+def _set(**values: Any) -> dict[str, Any]:
+    """The ``values`` that are not None, in order (keys left out of the file)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def stack_dict(s: StackPins) -> dict[str, Any]:
-    entry: dict[str, Any] = {"image": s.image, "digest": s.digest, "vllm_version": s.vllm_version}
-    if s.image_id is not None:
-        entry["image_id"] = s.image_id
-    if s.genesis is not None:
-        g: dict[str, Any] = {"repo": s.genesis.repo, "commit": s.genesis.commit}
-        if s.genesis.layout != DEFAULT_LAYOUT or s.genesis.version:
-            g["layout"] = s.genesis.layout
-        if s.genesis.version:
-            g["version"] = s.genesis.version
-        entry["genesis"] = g
-    return entry
+    g = s.genesis
+    return _set(image=s.image, digest=s.digest, vllm_version=s.vllm_version, image_id=s.image_id,
+                genesis=None if g is None else _set(
+                    repo=g.repo, commit=g.commit,
+                    layout=g.layout if g.layout != DEFAULT_LAYOUT or g.version else None,
+                    version=g.version or None))
 
 
 def load_pins(path: str | Path, *, allow_unresolved: bool = False,
