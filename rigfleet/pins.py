@@ -175,7 +175,7 @@ class Pins:
         """The file's content as plain data, keys in file order (what ``save_pins`` dumps)."""
         out: dict[str, Any] = {
             "schema": SCHEMA, "serial": self.serial,
-            "driver": _set(branch=self.driver_branch, version=self.driver_version),
+            "driver": _present(branch=self.driver_branch, version=self.driver_version),
             "container_toolkit": {"version": self.toolkit_version},
             "huggingface_hub": {"version": self.hf_hub_version},
         }
@@ -193,15 +193,15 @@ class Pins:
         return out
 
 
-def _set(**values: Any) -> dict[str, Any]:
+def _present(**values: Any) -> dict[str, Any]:
     """The ``values`` that are not None, in order (keys left out of the file)."""
     return {k: v for k, v in values.items() if v is not None}
 
 
 def stack_dict(s: StackPins) -> dict[str, Any]:
     g = s.genesis
-    return _set(image=s.image, digest=s.digest, vllm_version=s.vllm_version, image_id=s.image_id,
-                genesis=None if g is None else _set(
+    return _present(image=s.image, digest=s.digest, vllm_version=s.vllm_version, image_id=s.image_id,
+                genesis=None if g is None else _present(
                     repo=g.repo, commit=g.commit,
                     layout=g.layout if g.layout != DEFAULT_LAYOUT or g.version else None,
                     version=g.version or None))
