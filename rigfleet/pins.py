@@ -200,11 +200,12 @@ def _present(**values: Any) -> dict[str, Any]:
 
 def stack_dict(s: StackPins) -> dict[str, Any]:
     g = s.genesis
-    return _present(image=s.image, digest=s.digest, vllm_version=s.vllm_version, image_id=s.image_id,
-                genesis=None if g is None else _present(
-                    repo=g.repo, commit=g.commit,
-                    layout=g.layout if g.layout != DEFAULT_LAYOUT or g.version else None,
-                    version=g.version or None))
+    return _present(
+        image=s.image, digest=s.digest, vllm_version=s.vllm_version, image_id=s.image_id,
+        genesis=None if g is None else _present(
+            repo=g.repo, commit=g.commit,
+            layout=g.layout if g.layout != DEFAULT_LAYOUT or g.version else None,
+            version=g.version or None))
 
 
 def load_pins(path: str | Path, *, allow_unresolved: bool = False,
