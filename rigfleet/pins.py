@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -260,9 +261,11 @@ def dump_pins(pins: Pins) -> str:
 
 def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None) -> Pins:
     """Write ``pins`` atomically at serial + 1 with ``history_entry``; refused if saved since."""
-    path = Path(pins.path)
-    on_disk = _read_serial(path)
-    if on_disk is not None and on_disk != pins.serial:
+    path, data = Path(pins.path), None
+    with suppress(YamlError):
+        data = load_yaml(path, "the pins file")
+    on_disk = data.get("serial") if isinstance(data, dict) else None
+    if type(on_disk) is int and on_disk != pins.serial:  # a bool is no serial
         raise PinsError(f"{path}: serial: file is at serial {on_disk} but these pins were "
                         f"loaded at {pins.serial}; someone saved in between. Reload, "
                         "re-apply, save again")
@@ -273,15 +276,6 @@ def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None) -> Pins:
     parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True)
     write_keeping_mode(path, dump_pins(new))
     return new
-
-
-def _read_serial(path: Path) -> int | None:
-    try:
-        data = load_yaml(path, "the pins file")
-    except YamlError:
-        return None
-    serial = data.get("serial") if isinstance(data, dict) else None
-    return serial if isinstance(serial, int) and not isinstance(serial, bool) else None
 
 
 def write_keeping_mode(path: Path, text: str) -> None:
