@@ -3,7 +3,7 @@
 whether a running container came from the current file, and the weights mount from the pinned
 revision's own directory, so a rollback mounts the revision it served::
 
-    text = render_compose(get_stack("int8"), pins, settings)
+    text = render_document(compose_document(get_stack("int8"), pins, settings))
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ _HEADER = (
 
 
 def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[str, Any]:
-    """The compose file as data (escaped, labelled, hashed); ``render_compose`` dumps it."""
+    """The compose file as data (escaped, labelled, hashed); ``render_document`` dumps it."""
     stack_pins = pins.stack(spec.name)
     if stack_pins.digest == UNRESOLVED:
         raise PinsError(f"{pins.path}: stacks.{spec.name}.digest: is {UNRESOLVED!r}; {LOCK_HINT}")
@@ -94,11 +94,6 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     doc = _escape({"name": spec.compose_project, "services": {SERVICE: service}})
     doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL] = config_hash(doc)
     return doc
-
-
-def render_compose(spec: StackSpec, pins: Pins, host: HostSettings) -> str:
-    """The compose file of ``spec`` for ``host`` as YAML text (deterministic)."""
-    return render_document(compose_document(spec, pins, host))
 
 
 def render_document(doc: Mapping[str, Any]) -> str:

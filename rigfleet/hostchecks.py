@@ -5,7 +5,7 @@ by ``valid_if``, ``by_name`` or ``number_check``): it returns the checked value,
 ``<host>: <key>: <value> ...; allowed: ...`` and returns None. Keys are checked in table order,
 so a check may read the keys before it (``values``)::
 
-    c = HostChecker("rig-a", catalog=None)
+    c = HostChecker("rig-a")
     values = c.check_keys(host.data, "gpu", KEYS)   # {"stack": "int8", ...}
     c.raise_if_any(HostDataError)
 """
@@ -22,13 +22,14 @@ import stat
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
 
-from rigfleet.catalog import Catalog, CatalogError, builtin_catalog, load_catalog
+from rigfleet.catalog import CatalogError, builtin_catalog, load_catalog
 from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
 from rigfleet.hostside.supervise import parse_backoff
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
@@ -78,10 +79,9 @@ class HostChecker(Problems):
 
     unset = "set it in inventory/group_data/all.py (fleet default) or in the host's data"
 
-    def __init__(self, host: str, catalog: Catalog | None) -> None:
+    def __init__(self, host: str) -> None:
         super().__init__(host)
-        self.given = catalog
-        self.catalog = catalog or builtin_catalog()
+        self.catalog = builtin_catalog()
         self.values: dict[str, Any] = {}
 
     def check_keys(self, data: Mapping[str, Any] | Any, on: str,
@@ -122,11 +122,10 @@ class HostChecker(Problems):
     def stacks_dir(self, key: Key, value: Any) -> str | None:
         """Also loads the catalog the later keys are checked against."""
         path = self._stacks_dir(key, value)
-        if self.given is None:
-            try:
-                self.catalog = load_catalog([path] if path else [])
-            except CatalogError as e:
-                self.lines += [f"{self.where}: stacks_dir: {line}" for line in e.problems]
+        try:
+            self.catalog = load_catalog([path] if path else [])
+        except CatalogError as e:
+            self.lines += [f"{self.where}: stacks_dir: {line}" for line in e.problems]
         return path
 
     def _stacks_dir(self, key: Key, value: Any) -> str | None:
@@ -257,9 +256,7 @@ class HostChecker(Problems):
         if not stat.S_ISREG(st.st_mode):
             self.bad(name, value, "a regular file", "is not a regular file")
             return None
-        if st.st_mode & 0o077:
-            self.bad(name, value, f"mode 0600 or stricter: chmod 600 {path}",
-                     f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+        if not self.private(name, value, path, st.st_mode):
             return None
         try:
             secret = path.read_text(encoding="utf-8").strip()
@@ -280,6 +277,13 @@ class HostChecker(Problems):
             return str(path)
         return None
 
+    def private(self, name: str, value: Any, path: Path, mode: int, why: str = "") -> bool:
+        """No one but the owner may read ``path`` (``mode``: its ``st_mode``)."""
+        if mode & 0o077:
+            self.bad(name, value, f"mode 0600 or stricter{why}: chmod 600 {path}",
+                     f"is readable by others (mode {stat.S_IMODE(mode):04o})")
+        return not mode & 0o077
+
     def alertmanager_file(self, key: Key, value: Any) -> str | None:
         """Alertmanager's config on this machine: private (it may hold credentials), YAML with
         ``route`` and ``receivers``; amtool checks the rest on the monitor."""
@@ -294,16 +298,13 @@ class HostChecker(Problems):
             why = getattr(e, "strerror", None) or type(e).__name__
             self.bad(key.name, value, "a readable YAML file", f"cannot be read ({why})")
             return None
-        if st.st_mode & 0o077:
-            self.bad(key.name, value, f"mode 0600 or stricter (it may hold credentials): "
-                     f"chmod 600 {path}", f"is readable by others (mode "
-                     f"{stat.S_IMODE(st.st_mode):04o})")
-        elif not isinstance(doc, dict) or not {"route", "receivers"} <= doc.keys():
+        if not self.private(key.name, value, path, st.st_mode, " (it may hold credentials)"):
+            return None
+        if not isinstance(doc, dict) or not {"route", "receivers"} <= doc.keys():
             self.bad(key.name, value, "Alertmanager's configuration: a YAML mapping with "
                      "'route' and 'receivers'", "is not one")
-        else:
-            return str(path)
-        return None
+            return None
+        return str(path)
 
     def url(self, key: str, value: Any) -> str | None:
         """An http(s) URL without credentials (also ``image_sources``' registry URLs)."""
@@ -363,7 +364,8 @@ class HostChecker(Problems):
             with suppress(ValueError):
                 return parse_backoff(value)
         elif isinstance(value, list | tuple) and value and all(
-                is_number(v) and math.isfinite(v) and v >= 0 for v in value):
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                and v >= 0 for v in value):
             return tuple(float(v) for v in value)
         self.bad(key.name, value, key.allowed)
         return None
@@ -459,18 +461,10 @@ def number_check(low: float | None, high: float | None, *, integer: bool = False
     """A ``Key.check``: a number (an integer) within ``low..high`` (``(low`` when open)."""
 
     def check(c: HostChecker, key: Key, value: Any) -> Any:
-        if value is None:
-            return None
-        if integer:
-            return c.integer(key.name, value, None if low is None else int(low),
-                             None if high is None else int(high), key.allowed)
-        return c.number(key.name, value, low, high, key.allowed, low_open=low_open)
+        checked = c.integer if integer else partial(c.number, low_open=low_open)
+        return None if value is None else checked(key.name, value, low, high, key.allowed)
 
     return check
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def host_name_or_ip(value: Any) -> bool:

@@ -338,10 +338,9 @@ class BalancerSettings:
         return "https" if self.tls else "http"
 
 
-def validate_host(name: str, data: Mapping[str, Any] | Any,
-                  catalog: Catalog | None = None) -> HostSettings:
+def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
     """``data``: ``host.data`` or a mapping; raises ``HostDataError`` listing every problem."""
-    c = HostChecker(name, catalog)
+    c = HostChecker(name)
     v = c.check_keys(data, "gpu", KEYS)
     tls = _tls(c, v, "front", "front_url")
     if v["peer_port"] == v["front_port"]:
@@ -372,10 +371,10 @@ def _tls(c: HostChecker, v: Mapping[str, Any], role: str, url_key: str) -> Front
     return tls
 
 
-def validate_balancer(name: str, data: Mapping[str, Any] | Any, *, gpu_host: bool = False,
-                      catalog: Catalog | None = None) -> BalancerSettings:
+def validate_balancer(name: str, data: Mapping[str, Any] | Any, *,
+                      gpu_host: bool = False) -> BalancerSettings:
     """Check a balancer host's data (``gpu_host``: it serves too); raises ``HostDataError``."""
-    c = HostChecker(name, catalog)
+    c = HostChecker(name)
     v = c.check_keys(data, "balancer", KEYS)
     port, front_port = v["balancer_port"], data.get("front_port", None)
     if gpu_host and port is not None and port == front_port:
@@ -409,7 +408,7 @@ MONITOR_PORTS = (PROMETHEUS_PORT, ALERTMANAGER_PORT, 9094, NODE_EXPORTER_PORT)
 
 def validate_monitor(name: str, data: Mapping[str, Any] | Any) -> MonitorSettings:
     """Check a monitor host's data; raises ``HostDataError``."""
-    c = HostChecker(name, None)
+    c = HostChecker(name)
     v = c.check_keys(data, "monitor", KEYS)
     c.raise_if_any(HostDataError)
     return _settings(MonitorSettings, v, "monitor_", name=name)
@@ -442,7 +441,7 @@ class CacheSettings:
 def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
                    taken: Sequence[int] = ()) -> CacheSettings:
     """``taken``: ports the host's other services use; raises ``HostDataError``."""
-    c = HostChecker(name, None)
+    c = HostChecker(name)
     v = c.check_keys(data, "cache", KEYS)
     ports = {key: v[key] for key in ("cache_registry_port", "cache_model_port")}
     registry, model = ports.values()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -173,11 +174,9 @@ class Pins:
 
     def to_dict(self) -> dict[str, Any]:
         """The file's content as plain data, keys in file order (what ``save_pins`` dumps)."""
-        driver: dict[str, str] = {"branch": self.driver_branch}
-        if self.driver_version is not None:
-            driver["version"] = self.driver_version
         out: dict[str, Any] = {
-            "schema": SCHEMA, "serial": self.serial, "driver": driver,
+            "schema": SCHEMA, "serial": self.serial,
+            "driver": _present(branch=self.driver_branch, version=self.driver_version),
             "container_toolkit": {"version": self.toolkit_version},
             "huggingface_hub": {"version": self.hf_hub_version},
         }
@@ -195,18 +194,19 @@ class Pins:
         return out
 
 
+def _present(**values: Any) -> dict[str, Any]:
+    """The ``values`` that are not None, in order (keys left out of the file)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def stack_dict(s: StackPins) -> dict[str, Any]:
-    entry: dict[str, Any] = {"image": s.image, "digest": s.digest, "vllm_version": s.vllm_version}
-    if s.image_id is not None:
-        entry["image_id"] = s.image_id
-    if s.genesis is not None:
-        g: dict[str, Any] = {"repo": s.genesis.repo, "commit": s.genesis.commit}
-        if s.genesis.layout != DEFAULT_LAYOUT or s.genesis.version:
-            g["layout"] = s.genesis.layout
-        if s.genesis.version:
-            g["version"] = s.genesis.version
-        entry["genesis"] = g
-    return entry
+    g = s.genesis
+    return _present(
+        image=s.image, digest=s.digest, vllm_version=s.vllm_version, image_id=s.image_id,
+        genesis=None if g is None else _present(
+            repo=g.repo, commit=g.commit,
+            layout=g.layout if g.layout != DEFAULT_LAYOUT or g.version else None,
+            version=g.version or None))
 
 
 def load_pins(path: str | Path, *, allow_unresolved: bool = False,
@@ -259,12 +259,13 @@ def dump_pins(pins: Pins) -> str:
     return yaml.safe_dump(pins.to_dict(), sort_keys=False, default_flow_style=False, width=100)
 
 
-def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
-              catalog: Catalog | None = None) -> Pins:
+def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None) -> Pins:
     """Write ``pins`` atomically at serial + 1 with ``history_entry``; refused if saved since."""
-    path = Path(pins.path)
-    on_disk = _read_serial(path)
-    if on_disk is not None and on_disk != pins.serial:
+    path, data = Path(pins.path), None
+    with suppress(YamlError):
+        data = load_yaml(path, "the pins file")
+    on_disk = data.get("serial") if isinstance(data, dict) else None
+    if type(on_disk) is int and on_disk != pins.serial:  # a bool is no serial
         raise PinsError(f"{path}: serial: file is at serial {on_disk} but these pins were "
                         f"loaded at {pins.serial}; someone saved in between. Reload, "
                         "re-apply, save again")
@@ -272,19 +273,9 @@ def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None,
     if history_entry is not None:
         history.append({**history_entry, "serial": pins.serial + 1})
     new = replace(pins, serial=pins.serial + 1, history=history)
-    parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True,
-               catalog=catalog)
+    parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True)
     write_keeping_mode(path, dump_pins(new))
     return new
-
-
-def _read_serial(path: Path) -> int | None:
-    try:
-        data = load_yaml(path, "the pins file")
-    except YamlError:
-        return None
-    serial = data.get("serial") if isinstance(data, dict) else None
-    return serial if isinstance(serial, int) and not isinstance(serial, bool) else None
 
 
 def write_keeping_mode(path: Path, text: str) -> None:

@@ -22,9 +22,10 @@ from rigfleet.bump.rollout import (
     RolloutResult,
     Runner,
     Status,
-    host_errors,
+    host_error,
     new_ledger_lines,
     run_batches,
+    with_error,
 )
 from rigfleet.hostprobe import HostProbe
 
@@ -65,11 +66,11 @@ def plan_batches(order: Sequence[str], probes: Mapping[str, HostProbe | str],
 
 def classify(name: str, deploy: DeployResult, before: HostProbe | None,
              after: HostProbe | str, batch: int) -> HostOutcome:
-    errors = host_errors(deploy.log, name)
+    error = host_error(deploy.log, name)
     if isinstance(after, str):
-        detail = f"unreachable after its run started ({after})"
-        return HostOutcome(name, Status.LOST, batch, reason=detail + (
-            f"; pyinfra: {errors[-1]}" if errors else ""), seconds=deploy.seconds)
+        return HostOutcome(name, Status.LOST, batch, reason=with_error(
+            error, f"unreachable after its run started ({after})", "; pyinfra"),
+            seconds=deploy.seconds)
     lines = new_ledger_lines(before, after)
     last = next((x for x in reversed(lines) if x.get("event") == "maintenance"
                  and x.get("result") in ("closed", "failed")), None)
@@ -77,7 +78,7 @@ def classify(name: str, deploy: DeployResult, before: HostProbe | None,
     outcome = partial(HostOutcome, name, batch=batch, seconds=deploy.seconds, serving=after.route)
     if deploy.failed(name):
         reason = next((str(x["reason"]) for x in reversed(lines) if x.get("reason")),
-                      errors[-1] if errors else "the deploy failed (see its log)")
+                      error or "the deploy failed (see its log)")
         return outcome(Status.FAILED, reason=reason, gate=gate)
     if last is not None and last.get("result") == "closed":
         return outcome(Status.MAINTAINED, reason=str(last.get("reason") or ""), gate=gate)

@@ -156,10 +156,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         to = default_target(pins) if args.to is None else args.to
         target = pins_at(pins, to)
-        opts = BumpOptions(inventory=args.inventory, deploy=args.deploy,
-                           stacks=tuple(target), batch_size=args.batch_size,
-                           max_failures=args.max_failures, dry=args.dry, yes=args.yes,
-                           json=args.json, rollback_to=to)
+        opts = BumpOptions.from_args(args, stacks=tuple(target), rollback_to=to)
         new = changes(pins, target, [h.name for h in hosts])
         log(f"{pins.path}: at serial {pins.serial}; rolling back to the stacks of serial {to}")
         if not new:

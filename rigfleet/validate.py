@@ -213,7 +213,7 @@ class Problems:
             return None
         return value
 
-    def integer(self, key: str, value: Any, low: int | None = None, high: int | None = None,
+    def integer(self, key: str, value: Any, low: float | None = None, high: float | None = None,
                 allowed: str | None = None, required: bool = True) -> int | None:
         """An integer (never a bool) within ``low..high``."""
         bounds = (f" {low}..{high}" if low is not None and high is not None else f" >= {low}"

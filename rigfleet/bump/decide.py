@@ -82,7 +82,7 @@ class BumpOptions:
     def from_args(cls, args: argparse.Namespace, **given: Any) -> BumpOptions:
         """The flags of the same names, ``--stack`` as ``stacks``, and ``given``."""
         same = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
-        return cls(**{**same, "stacks": tuple(args.stack), **given})
+        return cls(**{**same, "stacks": tuple(getattr(args, "stack", ())), **given})
 
 
 class BumpError(RigfleetError, RuntimeError):

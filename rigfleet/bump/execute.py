@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,9 +50,8 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = PROJECT_ROOT / "reports" / "bumps" / stamp
     if journal is None:
-        cand = None if candidate is None else {
-            "repository": candidate.repository, "tag": candidate.tag,
-            "digest": candidate.digest, "created": candidate.created}  # fmt: skip
+        cand = None if candidate is None else {  # what a resume needs
+            k: v for k, v in asdict(candidate).items() if k != "image_id"}
         journal = BumpJournal.start(plan, f"{stamp}-{os.getpid()}", deployed_by(), cand, version,
                                     history)
         log(f"journal {journal.path} (kept until the pins file records this bump)")

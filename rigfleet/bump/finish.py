@@ -88,7 +88,7 @@ def _alive(pid: int) -> bool:
 
 def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
     """Why the command line asks for another bump than the journal's, or None."""
-    cand = journal.candidate
+    cand, new = journal.candidate, journal.planned.new_stacks
     if args.image:
         default = cand["repository"] if cand else "vllm/vllm-openai"
         repository, tag = parse_image_arg(args.image, default)
@@ -96,12 +96,11 @@ def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
             had = f"{cand['repository']}:{cand['tag']}" if cand else "no image"
             return f"--image {args.image} is not its candidate ({had})"
     if args.genesis:
-        commits = {p.genesis.commit for p in journal.new_stacks.values() if p.genesis}
+        commits = {p.genesis.commit for p in new.values() if p.genesis}
         if not any(c.startswith(args.genesis) for c in commits):
             return f"--genesis {args.genesis} is not its Genesis ({', '.join(sorted(commits))})"
-    if args.stack and set(args.stack) != set(journal.new_stacks):
-        return (f"--stack {' '.join(args.stack)} are not its stacks "
-                f"({', '.join(journal.new_stacks)})")
+    if args.stack and set(args.stack) != set(new):
+        return f"--stack {' '.join(args.stack)} are not its stacks ({', '.join(new)})"
     if args.latest:
         log(f"--latest: finishing {journal.describe()} first (not resolved again)")
     return None
@@ -109,19 +108,19 @@ def other_target(args: argparse.Namespace, journal: BumpJournal) -> str | None:
 
 def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     """Finish the journal's plan: its outcomes stand, in-flight hosts are read, the rest runs."""
-    cand = journal.candidate
-    genesis = next((p.genesis.commit for p in journal.new_stacks.values() if p.genesis), None)
+    cand, plan = journal.candidate, journal.planned
+    genesis = next((p.genesis.commit for p in plan.new_stacks.values() if p.genesis), None)
     try:
         opts = BumpOptions.from_args(
             args, image=f"{cand['repository']}:{cand['tag']}" if cand else None, latest=False,
-            genesis=None if cand else genesis, stacks=tuple(journal.new_stacks),
-            batch_size=journal.batch_size, max_failures=journal.max_failures,
+            genesis=None if cand else genesis, stacks=tuple(plan.new_stacks),
+            batch_size=plan.batch_size, max_failures=plan.max_failures,
             rollback_to=journal.base_serial if not (cand or genesis) else None)  # a rollback's
         inputs = load_inputs(opts)
     except (RigfleetError, ValueError, RuntimeError) as e:
         return error(e)
     known = {h.name for h in inputs.hosts}
-    if missing := [h.name for h in journal.hosts if h.name not in known]:
+    if missing := [h.name for h in plan.hosts if h.name not in known]:
         return refused(f"{journal.describe()} covers {', '.join(missing)}, which "
                        f"{opts.inventory} no longer lists; add them back, or --abandon")
     log(f"resuming {journal.describe()}")
@@ -132,10 +131,8 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
         log(f"not confirmed; nothing changed ({journal.path} is kept)")
         return EXIT_FAILED
     journal.take_over()
-    candidate = Candidate(cand["repository"], cand["tag"], cand["digest"],
-                          cand.get("created")) if cand else None  # fmt: skip
-    return execute(opts, inputs, SshRemote(), journal.plan(inputs.pins), candidate,
-                   journal.version, journal=journal)
+    return execute(opts, inputs, SshRemote(), journal.plan(inputs.pins),
+                   Candidate(**cand) if cand else None, journal.version, journal=journal)
 
 
 def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
@@ -148,10 +145,10 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
     in_flight = {h: f for h, f in resume.in_flight.items() if h in by_name}
     lost = {h: HostOutcome(h, Status.LOST, None, None, "not in the inventory any more")
             for h in resume.in_flight if h not in by_name}
+    stop = Resume({**resume.done, **lost}, in_flight, f"abandoned by {deployed_by()}")
     journal.take_over()
     try:
-        result = rollout(plan, runner, Path(pins.path), on_event=log, journal=journal,
-                         resume=Resume({**resume.done, **lost}, in_flight, f"abandoned by {deployed_by()}"))
+        result = rollout(plan, runner, Path(pins.path), on_event=log, journal=journal, resume=stop)
     except StillRunning as e:
         return interrupted(journal, e, args.inventory)
     saved = record_pins(plan, result, {"bump_id": journal.id, "abandoned": True})

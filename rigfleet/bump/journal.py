@@ -32,9 +32,6 @@ _KEYS = ("schema", "id", "started", "updated", "by", "owner", "pins_file", "base
          "up_to_date", "batch_size", "max_failures", "outcomes", "deploying", "stopped",
          "history")
 _NAME = re.compile(r"[^\s/]+")
-# The plan's fields the journal keeps as they are (``BumpJournal.plan`` rebuilds it).
-_PLAN = ("new_stacks", "hosts", "canary", "batches", "skipped", "up_to_date", "batch_size",
-         "max_failures")
 
 
 def journal_path(pins_path: str | Path) -> Path:
@@ -68,14 +65,7 @@ class BumpJournal:
     owner: dict[str, Any]
     pins_file: str
     base_serial: int
-    new_stacks: dict[str, StackPins]
-    hosts: tuple[PlanHost, ...]
-    canary: str | None
-    batches: tuple[tuple[str, ...], ...]
-    skipped: dict[str, str] = field(default_factory=dict)
-    up_to_date: tuple[str, ...] = ()
-    batch_size: int = 1
-    max_failures: int = 1
+    planned: Plan  # what it rolls out (``pins``: the pins file as read with the journal)
     candidate: dict[str, Any] | None = None
     version: str = ""
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -95,8 +85,7 @@ class BumpJournal:
                                "allowed: one bump at a time: run `rigfleet bump` to finish it")
         journal = cls(
             path=path, id=journal_id, started=now_iso(), by=by, owner={},
-            pins_file=str(plan.pins.path), base_serial=plan.pins.serial,
-            **{k: getattr(plan, k) for k in _PLAN},
+            pins_file=str(plan.pins.path), base_serial=plan.pins.serial, planned=plan,
             candidate=dict(candidate) if candidate is not None else None, version=version,
             history=dict(history or {}),
         )
@@ -134,11 +123,12 @@ class BumpJournal:
         self.path.unlink(missing_ok=True)
 
     def to_dict(self) -> dict[str, Any]:
-        special = {"schema": SCHEMA,
-                   "new_stacks": {n: stack_dict(p) for n, p in self.new_stacks.items()},
-                   "hosts": [{"name": h.name, "stack": h.stack, "groups": list(h.groups)}
-                             for h in self.hosts]}
-        return {k: special[k] if k in special else getattr(self, k) for k in _KEYS}
+        plan = self.planned  # its fields as they are but the stacks' pins and the hosts
+        values = {**vars(self), **vars(plan), "schema": SCHEMA,
+                  "new_stacks": {n: stack_dict(p) for n, p in plan.new_stacks.items()},
+                  "hosts": [{"name": h.name, "stack": h.stack, "groups": list(h.groups)}
+                            for h in plan.hosts]}
+        return {k: values[k] for k in _KEYS}
 
     @property
     def in_flight(self) -> list[str]:
@@ -147,17 +137,17 @@ class BumpJournal:
     @property
     def promoted(self) -> list[str]:
         """Hosts recorded as running the candidate's pins, in plan order."""
-        return [h.name for h in self.hosts
+        return [h.name for h in self.planned.hosts
                 if (self.outcomes.get(h.name) or {}).get("runs_new") is True]
 
     def plan(self, pins: Pins) -> Plan:
-        return Plan(pins=pins, **{k: getattr(self, k) for k in _PLAN})
+        return replace(self.planned, pins=pins)
 
     def target(self) -> str:
         """What this bump moves to, for messages: ``int8 -> vllm/vllm-openai:v0.21.0``."""
         return ", ".join(f"{n} -> {p.image}" + (f" + Genesis {p.genesis.label}"
                                                 if p.genesis else "")
-                         for n, p in self.new_stacks.items())
+                         for n, p in self.planned.new_stacks.items())
 
     def describe(self) -> str:
         """``the bump <id> (int8 -> ..., started <t> by <who>, journal <path>)``."""
@@ -177,7 +167,7 @@ class BumpJournal:
                 "so neither says alone what the hosts run; allowed: run `rigfleet bump "
                 "--abandon` (records what the bump promoted into the pins file as it is now "
                 "and removes the journal), then check the pins file")
-        new = replace(old, stacks={**old.stacks, **self.new_stacks})
+        new = replace(old, stacks={**old.stacks, **self.planned.new_stacks})
         if (self.outcomes.get(host) or {}).get("runs_new") is True:
             return new
         if host in self.in_flight:
@@ -192,7 +182,7 @@ class BumpJournal:
 
     def host_view(self, host: str) -> dict[str, Any] | None:
         """Where ``host`` stands in this bump, for ``rigfleet status`` (None: not in the plan)."""
-        if host not in {h.name for h in self.hosts}:
+        if host not in {h.name for h in self.planned.hosts}:
             return None
         base = {"bump": self.id, "target": self.target(), "started": self.started,
                 "by": self.by, "journal": str(self.path)}
@@ -201,9 +191,9 @@ class BumpJournal:
             return {**base, "state": state, "since": outcome.get("at")}
         if host in self.in_flight:
             return {**base, "state": "in flight", "since": (self.deploying or {}).get("since")}
-        if host in self.up_to_date:
+        if host in self.planned.up_to_date:
             return {**base, "state": "candidate", "since": None}
-        if host in self.skipped:
+        if host in self.planned.skipped:
             return {**base, "state": "skipped", "since": self.started}
         return {**base, "state": "old", "since": None}
 
@@ -242,7 +232,10 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
     serial = p.integer("base_serial", top.get("base_serial"), low=1)
     hosts: list[PlanHost] = []
     listed = top.get("hosts")
-    for i, h in enumerate(listed if isinstance(listed, list) else []):
+    if not isinstance(listed, list):
+        p.bad("hosts", listed, "a list of {name, stack, groups}")
+        listed = []
+    for i, h in enumerate(listed):
         d = p.mapping(f"hosts[{i}]", h, ("name", "stack", "groups"))
         if d is not None:
             name = p.string(f"hosts[{i}].name", d.get("name"), _NAME, "an inventory host name")
@@ -250,8 +243,6 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
             groups = p.strings(f"hosts[{i}].groups", d.get("groups"), _NAME, "group names")
             if name and stack:
                 hosts.append(PlanHost(name, stack, tuple(groups or ())))
-    if not isinstance(top.get("hosts"), list):
-        p.bad("hosts", top.get("hosts"), "a list of {name, stack, groups}")
     names = {h.name for h in hosts}
     batches = top.get("batches")
     if not isinstance(batches, list) or not all(
@@ -271,7 +262,6 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
     if deploying is not None and (not isinstance(deploying, dict) or not isinstance(
             deploying.get("hosts"), list) or not set(deploying["hosts"]) <= names):
         p.bad("deploying", deploying, "null or {batch, hosts: [journal hosts], since, before}")
-        deploying = None
     new_stacks = _parse_stacks(p, top.get("new_stacks"), pins, catalog)
     history = top.get("history") or {}
     if not isinstance(history, dict):
@@ -280,14 +270,15 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
         p.integer(key, top.get(key), low=1)
     p.raise_if_any(JournalError)
     assert journal_id is not None and serial is not None
+    planned = Plan(pins, new_stacks, tuple(hosts), top.get("canary"),
+                   tuple(tuple(b) for b in batches), dict(top.get("skipped") or {}),
+                   tuple(top.get("up_to_date") or ()), int(top["batch_size"]),
+                   int(top["max_failures"]))
     return BumpJournal(
         path=path, id=journal_id, started=str(top.get("started") or ""),
         by=str(top.get("by") or ""), owner=dict(top.get("owner") or {}),
         pins_file=str(top.get("pins_file") or pins.path), base_serial=serial,
-        new_stacks=new_stacks, hosts=tuple(hosts), canary=top.get("canary"),
-        batches=tuple(tuple(b) for b in batches), skipped=dict(top.get("skipped") or {}),
-        up_to_date=tuple(top.get("up_to_date") or ()), batch_size=int(top["batch_size"]),
-        max_failures=int(top["max_failures"]), candidate=top.get("candidate"),
+        planned=planned, candidate=top.get("candidate"),
         version=str(top.get("version") or ""), outcomes=dict(outcomes), deploying=deploying,
         stopped=top.get("stopped"), updated=str(top.get("updated") or ""),
         history=dict(history),

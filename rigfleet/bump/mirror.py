@@ -1,6 +1,6 @@
 """Copy a pinned image into a mirror registry over the v2 API, manifest bytes unchanged, so its
-digest stays pullable after upstream deletes the tag (``--push-mirror``). An index is copied
-whole, or (``platforms="amd64"``) only its linux/amd64 manifest, under that one's own digest::
+digest stays pullable after upstream deletes the tag (``--push-mirror``); an index is copied
+whole::
 
     copied = copy_image(MirrorRegistry("https://registry-1.docker.io"),
                         MirrorRegistry("http://registry.lan:5000"), "vllm/vllm-openai",
@@ -22,7 +22,6 @@ from rigfleet.registry import (
     MANIFEST_TYPES,
     Registry,
     RegistryError,
-    platform_manifest,
 )
 
 
@@ -30,11 +29,12 @@ class MirrorRegistry(Registry):
     """``Registry`` that can also write (blob uploads, manifest puts)."""
 
     def _send(self, method: str, url: str, repo: str, data: bytes | BinaryIO | None = None,
-              headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+              headers: dict[str, str] | None = None) -> dict[str, str]:
+        """The answer's lower-cased headers; a failure as ``RegistryError``."""
         req = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
         try:
             with self._open(req, repo, push=True) as resp:
-                return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+                return {k.lower(): v for k, v in resp.headers.items()}
         except urllib.error.HTTPError as exc:
             body = exc.read()[:300].decode(errors="replace")
             raise RegistryError(f"{method} {url}: HTTP {exc.code} {exc.reason} {body}") from None
@@ -54,12 +54,12 @@ class MirrorRegistry(Registry):
     def has(self, repo: str, kind: str, digest: str) -> bool:
         url = f"{self.where}/v2/{repo}/{kind}/{digest}"
         try:
-            status, _, _ = self._send("HEAD", url, repo, headers={"Accept": MANIFEST_TYPES})
+            self._send("HEAD", url, repo, headers={"Accept": MANIFEST_TYPES})
         except RegistryError as e:
             if "HTTP 404" in str(e):
                 return False
             raise
-        return status == 200
+        return True
 
     def blob_stream(self, repo: str, digest: str) -> Any:
         """An open response streaming the blob (caller closes it)."""
@@ -72,9 +72,9 @@ class MirrorRegistry(Registry):
     def upload_blob(self, repo: str, digest: str, data: BinaryIO | bytes, size: int) -> None:
         """Monolithic upload: POST a session, then PUT the whole blob with its digest."""
         base = self.where
-        _, headers, _ = self._send("POST", f"{base}/v2/{repo}/blobs/uploads/", repo, b"",
-                                   {"Content-Length": "0"})  # fmt: skip
-        if not (location := headers.get("location")):
+        answer = self._send("POST", f"{base}/v2/{repo}/blobs/uploads/", repo, b"",
+                            {"Content-Length": "0"})
+        if not (location := answer.get("location")):
             raise RegistryError(f"{base}: blob upload for {repo} gave no Location")
         url = urllib.parse.urljoin(base + "/", location)
         url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"digest": digest})
@@ -84,8 +84,8 @@ class MirrorRegistry(Registry):
     def put_manifest(self, repo: str, reference: str, body: bytes, media: str) -> str:
         """PUT manifest bytes; returns the digest the registry reports."""
         url = f"{self.where}/v2/{repo}/manifests/{reference}"
-        _, headers, _ = self._send("PUT", url, repo, body, {"Content-Type": media})
-        return headers.get("docker-content-digest", "")
+        return self._send("PUT", url, repo, body, {"Content-Type": media}).get(
+            "docker-content-digest", "")
 
 
 @dataclass(frozen=True)
@@ -100,13 +100,10 @@ class Copied:
                 "bytes_copied": self.bytes}  # fmt: skip
 
 
-def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, digest: str,
-               platforms: str = "all") -> Copied:
+def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, digest: str
+               ) -> Copied:
     """Copy ``repo@digest`` from ``src`` to ``dst`` and tag it ``tag`` there."""
     body, media, doc = src.raw_manifest(repo, digest)
-    if (media in INDEX_TYPES or "manifests" in doc) and platforms == "amd64":
-        digest = platform_manifest(doc, f"{repo}@{digest}")
-        body, media, doc = src.raw_manifest(repo, digest)
     counter = [0, 0]
     if media in INDEX_TYPES or "manifests" in doc:
         for entry in doc.get("manifests") or []:

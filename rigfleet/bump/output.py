@@ -144,8 +144,8 @@ def print_journal(journal: BumpJournal) -> None:
     """Where each host of an unfinished bump stands."""
     table = Table(f"unfinished bump {journal.id}: {journal.target()}",
                   ["host", "step", "state", "since"])
-    steps = {h: step_label(i) for i, batch in enumerate(journal.batches) for h in batch}
-    for h in journal.hosts:
+    steps = {h: step_label(i) for i, batch in enumerate(journal.planned.batches) for h in batch}
+    for h in journal.planned.hosts:
         view = journal.host_view(h.name) or {}
         table.row(h.name, steps.get(h.name, "-"), str(view.get("state", "-")),
                   str(view.get("since") or "-"))

@@ -34,10 +34,6 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
-    def rollout_hosts(self) -> tuple[str, ...]:
-        return tuple(h for batch in self.batches for h in batch)
-
-    @property
     def empty(self) -> bool:
         return not self.batches
 
@@ -56,7 +52,7 @@ class Plan:
         """The pins file the rollout deploys with (at ``path``): the bumped stacks new, rollout
         hosts' overrides of them dropped, and the serial the real file gets when saved (so the
         ledgers' ``pins_serial`` matches it)."""
-        moving = set(self.rollout_hosts)
+        moving = {h for batch in self.batches for h in batch}
         kept = {name: {s: p for s, p in overrides.items()
                        if name not in moving or s not in self.new_stacks}
                 for name, overrides in self.pins.hosts.items()}

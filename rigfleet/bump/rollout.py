@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -100,9 +100,8 @@ class HostOutcome:
 
     def to_record(self) -> dict[str, Any]:
         """The outcome as the bump journal keeps it (``from_record`` reads it back)."""
-        return {"status": str(self.status), "batch": self.batch, "runs_new": self.runs_new,
-                "reason": self.reason, "gate": self.gate,
-                "failed_checks": list(self.failed_checks), "report_file": self.report_file,
+        kept = {k: v for k, v in vars(self).items() if k not in ("host", "serving")}
+        return {**kept, "status": str(self.status), "failed_checks": list(self.failed_checks),
                 "seconds": round(self.seconds, 1)}
 
     @classmethod
@@ -216,26 +215,26 @@ def _rollback_reason(before: HostProbe | None, after: HostProbe) -> str:
                  for r in records if r.get("reason")), "")
 
 
-def host_errors(log: str, host: str, limit: int = 4) -> list[str]:
-    """pyinfra's error lines for ``host`` (``[host] ...`` lines that say error/failed)."""
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in log.splitlines()]
-    return [
+def host_error(log: str, host: str) -> str | None:
+    """pyinfra's last error line for ``host`` (a ``[host] ...`` line that says error/failed)."""
+    lines = (re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in reversed(log.splitlines()))
+    return next((
         line for line in lines
         if f"[{host}]" in line and re.search(r"error|fail|refus|unreach|lost|timed out", line, re.I)
         and not re.search(r"Error: executed \d+ commands", line)  # pyinfra's own tally
-    ][-limit:]  # fmt: skip
+    ), None)  # fmt: skip
 
 
 def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: DeployResult,
              before: HostProbe | None, after: HostProbe | str, batch: int) -> HostOutcome:
     """One host's outcome after its batch: its probe (or why none) read with pyinfra's result."""
-    errors = host_errors(deploy.log, host)
+    error = host_error(deploy.log, host)
     failed = deploy.failed(host)
     lost = (f"unreachable after its deploy started ({after})" if isinstance(after, str)
             else f"a transaction still runs on the host ({after.busy})"
             if after.busy and failed else "")  # its swap runs on: unknown for now
     if lost:
-        return HostOutcome(host, Status.LOST, batch, None, _why(errors, lost, "; pyinfra"),
+        return HostOutcome(host, Status.LOST, batch, None, with_error(error, lost, "; pyinfra"),
                            seconds=deploy.seconds)
     assert not isinstance(after, str)
     gate, failed_checks, report = gate_of(before, after)
@@ -249,17 +248,17 @@ def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: Depl
     if runs_new and not failed:
         return outcome(Status.PROMOTED, True)
     if runs_new and runs_old:  # its serving stack was not bumped, and the deploy failed
-        return outcome(Status.FAILED, None, _why(errors, "the deploy failed"))
+        return outcome(Status.FAILED, None, with_error(error, "the deploy failed"))
     if runs_new:
-        return outcome(Status.FAILED, True, _why(errors, "the swap promoted but the deploy "
+        return outcome(Status.FAILED, True, with_error(error, "the swap promoted but the deploy "
                                                  "failed afterwards"))  # fmt: skip
     if runs_old:
-        reason = _rollback_reason(before, after) or _why(errors, "rolled back to the old pins")
+        reason = _rollback_reason(before, after) or with_error(error, "rolled back to the old pins")
         if failed_checks and "gate" not in reason:
             reason = f"verify-stress gate failed ({', '.join(failed_checks)}); {reason}"
         return outcome(Status.FAILED, False, reason)
     seen = ", ".join(f"{k}={after.state.get(k)}" for k in ("stack", "digest", "genesis_commit"))
-    return outcome(Status.FAILED, None, _why(errors, f"state.json records {seen}"))
+    return outcome(Status.FAILED, None, with_error(error, f"state.json records {seen}"))
 
 
 def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostProbe | None,
@@ -281,8 +280,8 @@ def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostPr
     return classify(host, stack, old, new, DeployResult(1, None), before, after, batch)
 
 
-def _why(errors: list[str], fallback: str, sep: str = "") -> str:
-    return f"{fallback}{sep}: {errors[-1]}" if errors else fallback
+def with_error(error: str | None, fallback: str, sep: str = "") -> str:
+    return f"{fallback}{sep}: {error}" if error else fallback
 
 
 def step_label(batch: int) -> str:
@@ -456,9 +455,7 @@ def pyinfra_command(inventory: str, deploy: str, hosts: Sequence[str], pins_file
     cmd = [str(exe) if exe.exists() else "pyinfra", inventory, deploy, "-y", "--json"]
     if pins_file is not None:
         cmd += ["--data", f"pins_file={pins_file}"]
-    for h in hosts:
-        cmd += ["--limit", h]
-    return cmd
+    return cmd + [arg for h in hosts for arg in ("--limit", h)]
 
 
 class PyinfraRunner:
@@ -497,16 +494,13 @@ class PyinfraRunner:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"batch-{batch}.log" if self.log_dir else Path(os.devnull)
         env = {**os.environ, **self.env} if self.env else None
-        with log_path.open("w") as log_file:
+        # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
+        with log_path.open("w") as log_file, \
+                tempfile.TemporaryFile("w+", errors="replace") as out_file:
             log_file.write("$ " + " ".join(cmd) + "\n")
-            proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE, env=env,
+            proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=out_file, env=env,
                                     stderr=subprocess.PIPE, text=True, errors="replace")
-            assert proc.stdout is not None and proc.stderr is not None
-            stdout: list[str] = []
-            # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
-            out_pipe = proc.stdout
-            reader = threading.Thread(target=lambda: stdout.append(out_pipe.read()), daemon=True)
-            reader.start()
+            assert proc.stderr is not None
             log: list[str] = []
             for line in proc.stderr:
                 log.append(line)
@@ -518,8 +512,9 @@ class PyinfraRunner:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 rc = proc.wait()
-            reader.join(timeout=30)
-            log_file.write(f"--- exit {rc}; stdout (pyinfra --json)\n" + "".join(stdout))
-        results = (pyinfra_json("".join(stdout)) or {}).get("results")
+            out_file.seek(0)
+            stdout = out_file.read()
+            log_file.write(f"--- exit {rc}; stdout (pyinfra --json)\n" + stdout)
+        results = (pyinfra_json(stdout) or {}).get("results")
         failed = frozenset(results.get("failed_hosts") or []) if isinstance(results, dict) else None
         return DeployResult(rc, failed, "".join(log), time.monotonic() - started)

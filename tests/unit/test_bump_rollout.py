@@ -29,7 +29,7 @@ from rigfleet.bump.rollout import (
     Status,
     classify,
     gate_of,
-    host_errors,
+    host_error,
     outcome_of,
     pins_after,
     pyinfra_command,
@@ -294,7 +294,8 @@ def test_pyinfra_plumbing() -> None:
     assert pyinfra_json(out) == {"plan": [], "results": {"failed_hosts": ["host2"]}}
     assert pyinfra_json("no json") is None
     log = "\x1b[31m[host2] Error: bad\x1b[0m\n[host1] Success\n[host2] did something\n"
-    assert host_errors(log, "host2") == ["[host2] Error: bad"]
+    assert host_error(log, "host2") == "[host2] Error: bad"
+    assert host_error(log, "host1") is None
     facts = parse_probe(
         '{"state": {"stack": "int8"}, "ledger": {"tail": [{"a": 1}], "count": 7}, '
         '"reports": {"files": ["x.json"], "newest": null}}', "host1")

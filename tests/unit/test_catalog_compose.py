@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from rigfleet.catalog import CatalogError, builtin_catalog, get_stack
+from rigfleet.catalog import CatalogError, StackSpec, builtin_catalog, get_stack
 from rigfleet.compose import (
     CONFIG_HASH_LABEL,
     compose_document,
     config_hash,
-    render_compose,
+    render_document,
 )
 from rigfleet.genesis_layout import V7
 from rigfleet.hostdata import HostSettings
@@ -34,6 +34,11 @@ REVISION = "f" * 40
 GENESIS = "7b9fd3194ee6efa1644973383cd44ee5604a5d85"
 SECRET = "s3cr3t-api-key-do-not-leak-0123456789"
 STACKS = builtin_catalog().stacks
+
+
+def render_compose(spec: StackSpec, pins: Pins, host: HostSettings) -> str:
+    """The compose file of ``spec`` for ``host`` as the deploy writes it."""
+    return render_document(compose_document(spec, pins, host))
 
 
 def make_pins(**stack_overrides: dict[str, Any]) -> Pins:

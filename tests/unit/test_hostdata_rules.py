@@ -265,7 +265,7 @@ def test_no_parent_of_a_system_or_rigfleet_directory() -> None:
     for d in sorted(SYSTEM_DIRS | set(_NOT_INSIDE)):
         parent = posixpath.dirname(d)
         while parent != "/":
-            c = HostChecker("rig-a", None)
+            c = HostChecker("rig-a")
             assert c.model_dir(KEYS["model_dir"], parent) is None, parent
             assert c.lines[0].startswith(f"rig-a: model_dir: {parent!r} is "), c.lines
             parent = posixpath.dirname(parent)
