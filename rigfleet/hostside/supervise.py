@@ -17,7 +17,7 @@ from typing import Any
 from .front import MAINTENANCE
 from .layout import STACK_UNIT, SUPERVISE_UNIT
 from .plan import Active
-from .records import SUPERVISE_SCHEMA, decode_strict, describe, encode
+from .records import SUPERVISE_SCHEMA, Coded, decode_strict, describe
 from .stackctl import ContainerState, classify_boot_failure, docker_time
 
 WHO = SUPERVISE_UNIT
@@ -106,7 +106,7 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class Record:
+class Record(Coded):
     """``supervise/state.json`` (times: epoch seconds). ``state``: starting, idle, paused,
     watching, booting, backoff, recreating or gave-up; ``epoch``: the watched stack's
     promotion; ``healthy_start``: ``StartedAt`` of the container last seen healthy."""
@@ -125,9 +125,6 @@ class Record:
     unhealthy_since: float | None = None
     next_attempt_at: float | None = None
     gave_up_at: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> Record:
