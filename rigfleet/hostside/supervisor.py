@@ -116,7 +116,6 @@ class Supervisor:
             return
         problem = None
         try:
-            self.lay.supervise_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.lay.supervise_state, {**data, "updated": self.clock()})
             self._saved = data
         except OSError as e:  # a full or read-only disk: watching on from the record in memory
