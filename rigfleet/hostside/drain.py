@@ -72,20 +72,18 @@ def parse_load(text: str | None) -> EngineLoad | None:
 def draining_workers(proc: Path = Path("/proc")) -> int | None:
     """nginx workers of an earlier configuration still serving; None when unreadable."""
     try:
-        entries = list(proc.iterdir())
+        pids = [entry for entry in proc.iterdir() if entry.name.isdigit()]
     except OSError:
         return None
-    count = 0
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        try:
-            title = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-        if title.replace(b"\0", b" ").strip().startswith(NGINX_DRAINING_TITLE.encode()):
-            count += 1
-    return count
+    return sum(_cmdline(pid).startswith(NGINX_DRAINING_TITLE.encode()) for pid in pids)
+
+
+def _cmdline(pid: Path) -> bytes:
+    """A process's command line (empty when it is gone meanwhile, or not ours to read)."""
+    try:
+        return (pid / "cmdline").read_bytes().replace(b"\0", b" ").strip()
+    except OSError:
+        return b""
 
 
 @dataclass(frozen=True)

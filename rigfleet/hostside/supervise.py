@@ -17,7 +17,7 @@ from typing import Any
 from .front import MAINTENANCE
 from .layout import STACK_UNIT, SUPERVISE_UNIT
 from .plan import Active
-from .records import SUPERVISE_SCHEMA, Coded, decode_strict, describe
+from .records import SUPERVISE_SCHEMA, Coded, decode_strict, describe, encode
 from .stackctl import ContainerState, classify_boot_failure, docker_time
 
 WHO = SUPERVISE_UNIT
@@ -58,9 +58,8 @@ class Policy:
         return out
 
     def summary(self) -> dict[str, Any]:
-        return {"backoff_s": list(self.backoff_s), "limit": self.limit,
-                "window_s": self.window_s, "unhealthy_after_s": self.unhealthy_after_s,
-                "poll_s": self.poll_s}
+        kept = ("backoff_s", "limit", "window_s", "unhealthy_after_s", "poll_s")
+        return {name: value for name, value in encode(self).items() if name in kept}
 
 
 # Policy field -> its ``supervise`` flag and help (the order of ``Policy.argv``).
