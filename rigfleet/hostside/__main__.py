@@ -354,10 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
         parser.set_defaults(func=func)
         return parser
 
-    s = command("swap", cmd_swap, "run a swap transaction from a plan file")
-    s.add_argument("--plan", required=True)
-    a = command("adopt", cmd_adopt, "record the stack that already serves as active")
-    a.add_argument("--plan", required=True)
+    for name, func, text in (("swap", cmd_swap, "run a swap transaction from a plan file"),
+                             ("adopt", cmd_adopt, "record the stack that already serves as active")):
+        command(name, func, text).add_argument("--plan", required=True)
     for name, func, text in (("ensure", cmd_ensure, "the active stack serves (boot, reroute)"),
                              ("shutdown", cmd_shutdown, "front to 503, every stack down")):
         e = command(name, func, text)

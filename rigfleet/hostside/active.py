@@ -24,6 +24,7 @@ from .records import ledger_tail, now_iso, read_state
 from .steps import EXIT_FAILED
 
 KEEP_JOURNALS = 50
+STALE_TMP_S = 60.0  # a temporary file of the active directory older than this was abandoned
 # Ledger results whose line wrote active.json (its "ref" is the record).
 WROTE_ACTIVE = ("promoted", "adopted", "recorded", "recovered", "closed")
 
@@ -184,7 +185,7 @@ def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
     return record
 
 
-def prune_snapshots(lay: Layout, keep_s: float = 60.0) -> list[str]:
+def prune_snapshots(lay: Layout) -> list[str]:
     """Remove snapshots ``active.json`` does not name and stale temporary files; their names."""
     active, _ = parse_active(lay)
     named = Path(active.ref.compose_file).name if active else None
@@ -195,7 +196,7 @@ def prune_snapshots(lay: Layout, keep_s: float = 60.0) -> list[str]:
             removed.append(path.name)
     for path in sorted(lay.active_dir.glob(".*.tmp")):
         try:
-            old = time.time() - path.lstat().st_mtime > keep_s
+            old = time.time() - path.lstat().st_mtime > STALE_TMP_S
         except OSError:
             continue
         if old:
@@ -212,13 +213,10 @@ def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
     return request
 
 
-def prune_journals(lay: Layout, keep: int = KEEP_JOURNALS) -> list[str]:
-    """Drop the oldest finished journals beyond ``keep`` (unfinished ones stay)."""
-    if not lay.swaps_dir.exists():
-        return []
-    done = sorted((d for d in lay.swaps_dir.iterdir() if (d / "result.json").exists()),
-                  key=lambda d: (d / "result.json").stat().st_mtime)
-    dropped = done[:-keep] if len(done) > keep else []
+def prune_journals(lay: Layout) -> list[str]:
+    """Drop the oldest finished journals beyond ``KEEP_JOURNALS`` (unfinished ones stay)."""
+    done = sorted(lay.swaps_dir.glob("*/result.json"), key=lambda p: p.stat().st_mtime)
+    dropped = [result.parent for result in done[:-KEEP_JOURNALS]]
     for directory in dropped:
         remove_dir(directory)
     return [directory.name for directory in dropped]

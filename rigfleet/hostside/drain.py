@@ -72,20 +72,18 @@ def parse_load(text: str | None) -> EngineLoad | None:
 def draining_workers(proc: Path = Path("/proc")) -> int | None:
     """nginx workers of an earlier configuration still serving; None when unreadable."""
     try:
-        entries = list(proc.iterdir())
+        pids = [entry for entry in proc.iterdir() if entry.name.isdigit()]
     except OSError:
         return None
-    count = 0
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        try:
-            title = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-        if title.replace(b"\0", b" ").strip().startswith(NGINX_DRAINING_TITLE.encode()):
-            count += 1
-    return count
+    return sum(_cmdline(pid).startswith(NGINX_DRAINING_TITLE.encode()) for pid in pids)
+
+
+def _cmdline(pid: Path) -> bytes:
+    """A process's command line (empty when it is gone meanwhile, or not ours to read)."""
+    try:
+        return (pid / "cmdline").read_bytes().replace(b"\0", b" ").strip()
+    except OSError:
+        return b""
 
 
 @dataclass(frozen=True)
@@ -126,78 +124,71 @@ class DrainReport:
         return f"{held} finished in {self.seconds:.1f}s, none cut{how}"
 
 
+Reading = tuple[float, EngineLoad | None, int | None]  # (when, the engine's load, front)
+
+
 @dataclass
 class Drainer:
     """The drain's decisions, fed one observation per poll."""
 
     timeout_s: float
-    _t0: float | None = None
-    _last: float = 0.0
-    _start: tuple[EngineLoad | None, int | None] = (None, None)
-    _now: tuple[EngineLoad | None, int | None] = (None, None)
+    _first: Reading | None = None
+    _last: Reading | None = None
     _idle: int = 0
     _busy_seen: bool = False
-    _tokens: float | None = None
-    _tokens_since: float = 0.0
+    _tokens: tuple[float, float] | None = None  # (the token counters, unchanged since)
     _result: str | None = None
 
     @property
     def latest(self) -> tuple[EngineLoad | None, int | None]:
-        return self._now
+        return self._last[1:] if self._last else (None, None)
 
     def observe(self, now: float, load: EngineLoad | None, front: int | None) -> bool:
         """Take one reading; True once the drain is over (``report`` says how)."""
-        if self._result is not None:
-            return True
-        if self._t0 is None:
-            self._t0, self._start = now, (load, front)
-        self._last, self._now = now, (load, front)
+        if self._result is None:
+            self._last = (now, load, front)
+            self._first = self._first or self._last
+            self._result = self._decide(now, load, front)
+        return self._result is not None
+
+    def _decide(self, now: float, load: EngineLoad | None, front: int | None) -> str | None:
         if load is None and front is None:
-            self._result = "unknown"
-            return True
-        engine_idle = load is None or load.busy == 0
-        front_idle = front is None or front == 0
-        if engine_idle and front_idle:
+            return "unknown"
+        if (load is None or load.busy == 0) and not front:
             self._idle += 1
             if self._idle >= SETTLE_READS:
-                self._result = "drained" if self._busy_seen else "idle"
-                return True
+                return "drained" if self._busy_seen else "idle"
         else:
             self._idle, self._busy_seen = 0, True
         if self._stale(now, load, front):
-            self._result = "stale"
-            return True
-        if now - self._t0 >= self.timeout_s:
-            self._result = "timeout"
-            return True
-        return False
+            return "stale"
+        assert self._first is not None
+        return "timeout" if now - self._first[0] >= self.timeout_s else None
 
     def _stale(self, now: float, load: EngineLoad | None, front: int | None) -> bool:
         """The engine says it holds requests but makes no token while the front holds none."""
         if load is None or load.busy == 0 or front != 0 or load.tokens is None:
             self._tokens = None
             return False
-        if self._tokens != load.tokens:
-            self._tokens, self._tokens_since = load.tokens, now
+        if self._tokens is None or self._tokens[0] != load.tokens:
+            self._tokens = (load.tokens, now)
             return False
-        return now - self._tokens_since >= STALE_S
+        return now - self._tokens[1] >= STALE_S
 
     def interrupt(self, now: float) -> None:
-        if self._t0 is None:
-            self._t0 = now
-        self._last = now
+        self._last = (now, *self.latest)
+        self._first = self._first or self._last
         self._result = self._result or "interrupted"
 
     def report(self) -> DrainReport:
-        start_load, start_front = self._start
-        load, front = self._now
+        t0, start, start_front = self._first or (0.0, None, None)
+        end, load, front = self._last or (t0, None, None)
         cut = 0
         if self._result == "timeout":
             cut = load.busy if load is not None and load.busy else max(front or 0, 0)
-        seconds = max(0.0, self._last - (self._t0 if self._t0 is not None else self._last))
-        return DrainReport(self._result or "unknown", seconds, self.timeout_s,
-                           start_load.running if start_load else 0,
-                           start_load.waiting if start_load else 0, start_front, cut)
+        return DrainReport(self._result or "unknown", max(0.0, end - t0), self.timeout_s,
+                           start.running if start else 0, start.waiting if start else 0,
+                           start_front, cut)
 
 
 def drain_note(result: dict[str, Any]) -> str:

@@ -18,11 +18,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .records import now_iso
+from .records import GateRecord, encode, now_iso
 
 _REPORTS_LINE = re.compile(r"^verify: reports (\S+\.json) (\S+\.md)\s*$")
 EXIT_USAGE = 101  # and above: the gate itself broke (verify.runner)
@@ -44,19 +44,12 @@ class GateRun:
                 *(arg for item in self.sets for arg in ("--set", item))]
 
 
-@dataclass
-class GateResult:
-    """What the gate decided: ``pass``, ``fail`` (checks failed) or ``error`` (it broke)."""
+@dataclass(frozen=True)
+class GateResult(GateRecord):
+    """What the gate decided: ``pass``, ``fail`` (checks failed) or ``error`` (it broke); the
+    ``GateRecord`` of ledger lines and ``state.json`` plus the gate's exit status."""
 
-    result: str
-    exit_status: int
-    profile: str
-    failed_checks: list[str] = field(default_factory=list)
-    summary: str = ""
-    report: str | None = None  # the JSON report
-    report_md: str | None = None
-    at: str = ""
-    seconds: float = 0.0
+    exit_status: int = -1
 
     @property
     def passed(self) -> bool:
@@ -64,7 +57,7 @@ class GateResult:
 
     def record(self) -> dict[str, Any]:
         """The ``gate`` object of ledger lines and ``state.json``."""
-        return {**asdict(self), "seconds": round(self.seconds, 1)}
+        return {**encode(self), "seconds": round(self.seconds or 0.0, 1)}
 
 
 def read_report(path: Path) -> tuple[list[str], str]:
@@ -101,8 +94,8 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
         proc = subprocess.Popen(run.argv(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env, start_new_session=True)
     except OSError as e:
-        return GateResult("error", -1, run.profile, summary=f"cannot start the gate: {e}",
-                          at=at)
+        return GateResult("error", profile=run.profile, at=at, seconds=0.0,
+                          summary=f"cannot start the gate: {e}")
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -142,9 +135,9 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
         why = why or (f"exited with status {status} (usage error, report not written or "
                       "interrupted)")
         said = f"; it said: {' | '.join(last)}" if last else ""
-        return GateResult("error", status if status is not None else -1, run.profile,
-                          summary=f"the gate {why}{said}"[:1500], report=report,
-                          report_md=md, at=at, seconds=seconds)
+        return GateResult("error", report=report, report_md=md, at=at, profile=run.profile,
+                          summary=f"the gate {why}{said}"[:1500], seconds=seconds,
+                          exit_status=status if status is not None else -1)
     failed: list[str] = []
     summary = f"exit status {status}"
     if found is not None:
@@ -154,5 +147,5 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
             summary = f"exit status {status}; report {found} unreadable ({e})"
     if status and not failed:
         failed = [f"{status} check(s)"]
-    return GateResult("pass" if status == 0 else "fail", status, run.profile, failed, summary,
-                      report, md, at, seconds)
+    return GateResult("pass" if status == 0 else "fail", tuple(failed), report, md, at,
+                      run.profile, summary, seconds, exit_status=status)

@@ -66,8 +66,7 @@ class Journal:
         """Run ``write``; an ``OSError`` (a full disk) stops nothing: it is said once on the echo
         and kept in ``problem``."""
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            write()
+            write()  # each writer makes the directory
         except OSError as e:
             problem = f"cannot write the journal {self.dir}: {e.strerror or e}"
             if problem != self.problem and self.echo is not None:

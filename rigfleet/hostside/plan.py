@@ -13,9 +13,9 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from .records import decode_strict, encode
+from .records import Coded, decode_strict
 
 SCHEMA = "rigfleet-swap-plan/1"
 # The stack file's drain.timeout_s when it leaves it out (rigfleet.catalog explains the size).
@@ -46,7 +46,7 @@ def compose_hash(text: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class StackRef:
+class StackRef(Coded):
     """One stack as rendered for this host. ``record``: the pins the ledger tracks;
     ``image_id``: the image the gate verified (empty in a plan, filled in by the host tool):
     every start and rollback runs it, whatever its tag says."""
@@ -71,16 +71,13 @@ class StackRef:
         """What the front's route header says while this stack serves."""
         return f"{self.stack}/{self.config_hash}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
     @classmethod
     def from_dict(cls, data: Any, where: str = "stack") -> StackRef:
         return decode_strict(cls, data, where, PlanError)
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(Coded):
     """One transaction's input. ``id`` is the deploy id (the transient unit's suffix, the
     swap directory's name); ``projects``: every stack's (project, compose file), all torn
     down before a start; ``retry_after_s``: until this host has measured its window."""
@@ -100,12 +97,10 @@ class Plan:
     retry_after_s: int = RETRY_AFTER_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     drain_timeouts: dict[str, float] = field(default_factory=dict)
+    schema: ClassVar[str] = SCHEMA
 
     def drain_timeout_for(self, stack: str | None) -> float:
         return self.drain_timeouts.get(stack or "", self.drain_timeout_s)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**encode(self), "schema": SCHEMA}
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -130,7 +125,7 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class Active:
+class Active(Coded):
     """``active.json``: the stack last verified (``ref.compose_file``: its snapshot)."""
 
     ref: StackRef
@@ -138,9 +133,7 @@ class Active:
     deploy_id: str = ""
     by: str = ""
     gate: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": "rigfleet-active/1", **encode(self)}
+    schema: ClassVar[str] = "rigfleet-active/1"
 
     @classmethod
     def from_dict(cls, data: Any) -> Active:

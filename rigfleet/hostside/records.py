@@ -19,7 +19,7 @@ import types
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Self, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from .layout import ROUTE_MARK, Layout
 
@@ -181,6 +181,20 @@ def _value(tp: Any, raw: Any, path: str, strict: bool) -> Any:
                     f"got {type(raw).__name__}")
 
 
+class Coded:
+    """A typed record: ``to_dict`` (with the class's ``schema``, when it has one) and
+    ``from_dict`` (lenient: None when ``data`` is not one)."""
+
+    schema: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, **encode(self)} if self.schema else encode(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Self | None:
+        return decode(cls, data)
+
+
 def _items(tp: Any, pairs: Any, path: str, strict: bool) -> dict[Any, Any]:
     """The pairs whose value is a ``tp``, converted (strict: all of them)."""
     out = {}
@@ -327,7 +341,7 @@ def live_holder(holder: Any) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
-class GateRecord:
+class GateRecord(Coded):
     """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``)."""
 
     result: str = "not-run"
@@ -351,7 +365,7 @@ class GateRecord:
 
 
 @dataclass(frozen=True)
-class ReportSummary:
+class ReportSummary(Coded):
     """A ``rigfleet-verify/1`` gate report (``file``: relative to the reports directory)."""
 
     file: str
@@ -366,13 +380,6 @@ class ReportSummary:
             return (f"fail: {len(self.failed)} of {self.total} checks failed "
                     f"({', '.join(self.failed)})")
         return f"pass {self.counts.get('pass', self.total)}/{self.total}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> ReportSummary | None:
-        return decode(cls, data)
 
 
 def summarise_report(data: Any, file: str, mtime: float) -> ReportSummary | None:
@@ -431,7 +438,7 @@ SHAPES = ("narrative", "code")
 
 
 @dataclass(frozen=True)
-class ShapeFigures:
+class ShapeFigures(Coded):
     """One shape's runs, reduced: mean decode tok/s (after the first token), its coefficient
     of variation, mean wall tok/s (whole request), mean time to first token."""
 
@@ -441,12 +448,9 @@ class ShapeFigures:
     ttft_s: float | None = None
     runs: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
-
 
 @dataclass(frozen=True)
-class ThroughputRecord:
+class ThroughputRecord(Coded):
     """One throughput measurement of a stack on this host (history holds only passed and
     accepted ones). ``acceptance_length``/``acceptance``: MTP acceptance of the code runs,
     None when unknown (never 0); ``baseline``: what it was judged against."""
@@ -463,13 +467,11 @@ class ThroughputRecord:
     version: str = ""
     model: str = ""
     report: str | None = None
+    schema: ClassVar[str] = THROUGHPUT_SCHEMA
 
     def decode(self, shape: str) -> float | None:
         fig = self.shapes.get(shape)
         return fig.decode if fig else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": THROUGHPUT_SCHEMA, **encode(self)}
 
     @classmethod
     def from_dict(cls, data: Any) -> ThroughputRecord | None:

@@ -17,7 +17,7 @@ from typing import Any
 from .front import MAINTENANCE
 from .layout import STACK_UNIT, SUPERVISE_UNIT
 from .plan import Active
-from .records import SUPERVISE_SCHEMA, decode_strict, describe, encode
+from .records import SUPERVISE_SCHEMA, Coded, decode_strict, describe, encode
 from .stackctl import ContainerState, classify_boot_failure, docker_time
 
 WHO = SUPERVISE_UNIT
@@ -58,9 +58,8 @@ class Policy:
         return out
 
     def summary(self) -> dict[str, Any]:
-        return {"backoff_s": list(self.backoff_s), "limit": self.limit,
-                "window_s": self.window_s, "unhealthy_after_s": self.unhealthy_after_s,
-                "poll_s": self.poll_s}
+        kept = ("backoff_s", "limit", "window_s", "unhealthy_after_s", "poll_s")
+        return {name: value for name, value in encode(self).items() if name in kept}
 
 
 # Policy field -> its ``supervise`` flag and help (the order of ``Policy.argv``).
@@ -106,7 +105,7 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class Record:
+class Record(Coded):
     """``supervise/state.json`` (times: epoch seconds). ``state``: starting, idle, paused,
     watching, booting, backoff, recreating or gave-up; ``epoch``: the watched stack's
     promotion; ``healthy_start``: ``StartedAt`` of the container last seen healthy."""
@@ -125,9 +124,6 @@ class Record:
     unhealthy_since: float | None = None
     next_attempt_at: float | None = None
     gave_up_at: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return encode(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> Record:

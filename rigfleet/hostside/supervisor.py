@@ -116,7 +116,6 @@ class Supervisor:
             return
         problem = None
         try:
-            self.lay.supervise_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.lay.supervise_state, {**data, "updated": self.clock()})
             self._saved = data
         except OSError as e:  # a full or read-only disk: watching on from the record in memory
@@ -352,7 +351,9 @@ class Supervisor:
         ref, p = active.ref, self.policy
         n = len(rec.recent(self.clock(), p.window_s)) + 1
         kept = steps.keep_log(ref, self.lay.supervise_dir, self._log_name(rec))
-        self._prune_logs()
+        logs = sorted(self.lay.supervise_dir.glob("*.log"), key=lambda p: p.stat().st_mtime)
+        for path in logs[:-KEEP_LOGS]:
+            path.unlink(missing_ok=True)
         attempt = Attempt(at=self.clock(), reason=rec.death, journal=steps.j.dir.name,
                           kept_log=kept)
         # Counted before anything changes: killed from here on, it still counts.
@@ -406,8 +407,3 @@ class Supervisor:
     def _log_name(self, rec: Record) -> str:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(rec.dead_since or self.clock()))
         return f"{rec.route_id or 'stack'}-{stamp}.log".replace("/", "-")
-
-    def _prune_logs(self) -> None:
-        logs = sorted(self.lay.supervise_dir.glob("*.log"), key=lambda p: p.stat().st_mtime)
-        for path in logs[:-KEEP_LOGS]:
-            path.unlink(missing_ok=True)

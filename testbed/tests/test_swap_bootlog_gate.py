@@ -141,7 +141,7 @@ def test_run_gate_passes_a_healthy_stack_and_reads_the_report(tmp_path):
         result = run_gate(GateRun(f"http://127.0.0.1:{srv.port}", key_file(tmp_path),
                                   "fast", tmp_path / "reports", timeout_s=300), lines.append)
     assert result.result == "pass" and result.exit_status == 0, result.summary
-    assert result.failed_checks == []
+    assert result.failed_checks == ()
     assert Path(result.report).exists() and Path(result.report_md).exists()
     assert any(line.startswith("verify: reports ") for line in lines)
     record = result.record()

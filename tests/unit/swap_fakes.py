@@ -383,10 +383,11 @@ class FakeGate:
         if callable(self.on_run):
             self.on_run(run)
         if should_stop():
-            return GateResult("error", -15, run.profile, summary="the gate stopped (the "
-                              "transaction was interrupted)")
+            return GateResult("error", profile=run.profile, exit_status=-15, seconds=0.0,
+                              summary="the gate stopped (the transaction was interrupted)")
         if self.result == "error":
-            return GateResult("error", 101, run.profile, summary="the gate exited with 101")
+            return GateResult("error", profile=run.profile, exit_status=101, seconds=0.0,
+                              summary="the gate exited with 101")
         run.report_dir.mkdir(parents=True, exist_ok=True)
         report = run.report_dir / f"verify-{len(self.runs)}.json"
         checks = [{"name": n, "status": "fail" if n in self.failed else "pass",
@@ -396,9 +397,9 @@ class FakeGate:
         report.with_suffix(".md").write_text("# verify-stress gate\n")
         on_line("[ 1/4] preflight: PASS")
         status = len(self.failed)
-        return GateResult("pass" if not status else "fail", status, run.profile,
-                          list(self.failed), f"{4 - status} passed, {status} failed",
-                          str(report), str(report.with_suffix(".md")), "2026-11-29T10:00Z", 1.0)
+        return GateResult("pass" if not status else "fail", tuple(self.failed), str(report),
+                          str(report.with_suffix(".md")), "2026-11-29T10:00Z", run.profile,
+                          f"{4 - status} passed, {status} failed", 1.0, exit_status=status)
 
 
 def journal(lay: Layout, plan: Plan) -> Journal:
