@@ -14,12 +14,11 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
-from pathlib import Path
+from functools import cached_property, partial
 from typing import Any, TypeVar, cast
 
 from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_index
-from rigfleet.aptrepos import OS_ALLOWED, REQUIRED_APT_REPOS, SUPPORTED_OS, AptRepo, os_named
+from rigfleet.aptrepos import OS_ALLOWED, SUPPORTED_OS, AptRepo, os_named
 from rigfleet.bump.genesis import GenesisError, GenesisRepo
 from rigfleet.catalog import load_catalog
 from rigfleet.desired import check_image_rules, check_switch_sets, resolve_pins_path, staged_stacks
@@ -79,18 +78,21 @@ class Checked:
     problems: list[str] = field(default_factory=list)
     hosts: dict[str, tuple[HostSettings, Pins, list[OsKey]]] = field(default_factory=dict)
 
+    def add(self, problems: Iterable[str]) -> None:
+        """Add the ``problems`` not listed yet."""
+        self.problems += [p for p in problems if p not in self.problems]
 
-def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
+
+def offline(hosts: Sequence[Any]) -> Checked:
     """Every problem of the hosts, their pins files and stack files, listed at once."""
     out = Checked()
     pins_by_file: dict[str, Pins | None] = {}
     for h in hosts:
-        if h.kind.balancer:
-            out.problems += _raised(partial(validate_balancer, h.name, h.data, gpu_host=h.kind.gpu))
-        if h.kind.monitor:
-            out.problems += _raised(partial(validate_monitor, h.name, h.data))
-        if h.kind.cache:
-            out.problems += _raised(partial(validate_cache_host, h.name, h.groups, h.data))
+        for wanted, check in (
+                (h.kind.balancer, partial(validate_balancer, h.name, h.data, gpu_host=h.kind.gpu)),
+                (h.kind.monitor, partial(validate_monitor, h.name, h.data)),
+                (h.kind.cache, partial(validate_cache_host, h.name, h.groups, h.data))):
+            out.problems += _raised(check) if wanted else []
         if not h.kind.gpu:
             continue
         oses, os_problem = host_os(h.name, h.data.get("os"))
@@ -100,22 +102,21 @@ def offline(hosts: Sequence[Any], base: Path | None = None) -> Checked:
         try:
             settings = validate_host(h.name, h.data)
         except ValidationError as e:
-            out.problems += [p for p in e.problems if p not in out.problems]
+            out.add(e.problems)
         raw = h.data.get("pins_file") or "pins.yaml"
-        path = str(resolve_pins_path(settings.pins_file if settings else str(raw), base)
-                   .absolute())
+        path = str(resolve_pins_path(settings.pins_file if settings else str(raw)).absolute())
         if path not in pins_by_file:
-            pins_by_file[path] = _pins(path, settings, h.data, out.problems)
+            pins_by_file[path] = _pins(path, settings, h.data, out)
         pins = pins_by_file[path]
         if pins is None or settings is None:
             continue
         mine = pins.for_host(h.name)
-        out.problems += [p for p in dict.fromkeys(_agree(settings, mine)) if p not in out.problems]
+        out.add(dict.fromkeys(_agree(settings, mine)))
         out.hosts[h.name] = (settings, mine, oses)
     return out
 
 
-def _pins(path: str, settings: HostSettings | None, data: Any, problems: list[str]) -> Pins | None:
+def _pins(path: str, settings: HostSettings | None, data: Any, out: Checked) -> Pins | None:
     catalog = settings.catalog if settings else None
     if catalog is None and isinstance(data.get("stacks_dir"), str):
         with suppress(ValidationError):  # named by the host data's own check
@@ -123,11 +124,11 @@ def _pins(path: str, settings: HostSettings | None, data: Any, problems: list[st
     try:
         pins = load_pins(path, allow_unresolved=True, catalog=catalog)
     except PinsError as e:
-        problems += [p for p in e.problems if p not in problems]
+        out.add(e.problems)
         return None
-    problems += [f"{path}: {key}: {UNRESOLVED!r}; allowed: a resolved value ({LOCK_HINT})"
-                 for key in pins.unresolved() if not any(key in p and path in p
-                                                         for p in problems)]
+    out.problems += [f"{path}: {key}: {UNRESOLVED!r}; allowed: a resolved value ({LOCK_HINT})"
+                     for key in pins.unresolved()
+                     if not any(key in p and path in p for p in out.problems)]
     return pins
 
 
@@ -177,7 +178,6 @@ class Online:
     images: bool = True
     registry: Callable[[str, float], Registry] = Registry
     findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
-    _checker: SourceChecker | None = None
     _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
     def add(self, f: Finding, host: str) -> None:
@@ -189,14 +189,14 @@ class Online:
     def host(self, settings: HostSettings, pins: Pins, oses: Sequence[OsKey]) -> None:
         """Every check for one host (findings shared across hosts)."""
         name = settings.name
-        staged = {s.name: pins.stacks[s.name] for s in staged_stacks(settings, pins)}
+        specs = staged_stacks(settings, pins)
+        staged = {s.name: pins.stacks[s.name] for s in specs}
         if self.images:
             for w in wanted_images(staged)[0]:
                 if w.digest != UNRESOLVED:
                     key = ("image", w, settings.image_sources, settings.bump.registry)
                     self.add(self.memo(key, partial(self.image, w, settings)), name)
-        served = {s.model for s in staged_stacks(settings, pins)}
-        for m in (pins.model_for(repo) for repo in sorted(served, key=str)):
+        for m in (pins.model_for(repo) for repo in sorted({s.model for s in specs}, key=str)):
             if m.revision != UNRESOLVED:
                 self.add(self.memo(("model", m, settings.hf_endpoint, settings.hf_token_file),
                                    partial(self.model, settings, m)), name)
@@ -213,10 +213,11 @@ class Online:
             self._memo[key] = ask()
         return cast(T, self._memo[key])
 
+    @cached_property
+    def checker(self) -> SourceChecker:
+        return SourceChecker(lambda url: self.registry(self.reach(url), self.timeout))
+
     def image(self, w: WantedImage, settings: HostSettings) -> Finding:
-        if self._checker is None:
-            reach, make = self.reach, self.registry
-            self._checker = SourceChecker(lambda url: make(reach(url), self.timeout))
         thing = f"image {w.image}@{w.digest[:19]}"
         tried: list[str] = []
         unreachable = False
@@ -224,7 +225,7 @@ class Online:
             if source.kind == "host-archive":
                 tried.append(f"{source.label}: on the host (checked by the deploy)")
                 continue
-            r = self._checker.check(i, source, w, settings, HostImageState())
+            r = self.checker.check(i, source, w, settings, HostImageState())
             if r.ok:
                 moved = self.tag_moved(source, w, settings) if source.kind == "hub" else None
                 if moved:
@@ -243,11 +244,11 @@ class Online:
     def tag_moved(self, source: ImageSource, w: WantedImage, settings: HostSettings) -> str | None:
         """What the pinned tag names now, when another digest."""
         url = check_url(source, w, settings)
-        if url is None or url == NO_CHECK or self._checker is None:
+        if url is None or url == NO_CHECK:
             return None
         name, tag = w.image.rsplit(":", 1)
         try:
-            now = self._checker.client(url).digest(registry_of(name)[1], tag)
+            now = self.checker.client(url).digest(registry_of(name)[1], tag)
         except RegistryError:
             return None  # a digest-pinned image whose tag is gone is still there
         if now == w.digest:
@@ -304,19 +305,16 @@ class Online:
         os_id, version, codename = os_key
         os_info = OsInfo(os_id, version, codename, "")
         policy = "sqv" if (os_id, version) == ("debian", "13") else "gpgv"
-        wanted = {  # repo -> (packages, the version prefix each must have, what they are)
-            "cuda": (driver_packages(os_info, pins.driver_branch),
-                     version_prefix(pins.driver_branch, pins.driver_version),
-                     f"driver {pins.driver_version or pins.driver_branch}"),
-            "nvidia-container-toolkit": (TOOLKIT_PACKAGES, pins.toolkit_version,
-                                         f"container toolkit {pins.toolkit_version}"),
-        }
         out = []
-        for name in REQUIRED_APT_REPOS:
+        for name, pkgs, want, what in (  # repo, packages, the version prefix each must have
+                ("cuda", driver_packages(os_info, pins.driver_branch),
+                 version_prefix(pins.driver_branch, pins.driver_version),
+                 f"driver {pins.driver_version or pins.driver_branch}"),
+                ("nvidia-container-toolkit", TOOLKIT_PACKAGES, pins.toolkit_version,
+                 f"container toolkit {pins.toolkit_version}")):
             repo = settings.apt_repos[name].expand(os_id=os_id, version_id=version,
                                                    codename=codename)
             source = f"{name} {repo.url} {repo.suite}".strip()
-            pkgs, want, what = wanted[name]
             thing = f"{what} ({os_id} {version})"
             if name == "cuda" and os_id == "ubuntu":
                 # The deploy installs Ubuntu's own -server driver packages (its archive).
@@ -353,10 +351,9 @@ def _or_error(ask: Callable[[], T], error: type[E]) -> T | E:
         return e
 
 
-def problems_of(findings: Iterable[Finding], strict: bool = True) -> list[Finding]:
-    """The findings that fail a check: missing, and (``strict``) unreachable."""
-    bad = {MISSING, UNREACHABLE} if strict else {MISSING}
-    return [f for f in findings if f.status in bad]
+def problems_of(findings: Iterable[Finding]) -> list[Finding]:
+    """The findings that fail a check: missing and unreachable."""
+    return [f for f in findings if f.status in (MISSING, UNREACHABLE)]
 
 
 REACH_ENV = "RIGFLEET_REACH"

@@ -287,7 +287,6 @@ class PlatformState:
     systemd: bool = False
     arch: str = ""
     secure_boot: str = "unknown"
-    sb_detail: str = ""
     mok_cert: str = ""
     mok: str = "unknown"
     run_uninstaller: bool = False
@@ -325,7 +324,6 @@ class Platform(FactBase[PlatformState]):
             systemd=one("systemd") == "yes",
             arch=one("arch"),
             secure_boot="unknown" if no_mokutil else _state(sb_detail, _SECURE_BOOT),
-            sb_detail=sb_detail,
             mok_cert=one("mok_cert"),
             mok=_state(" ".join(values.get("mok", [])), _MOK) if one("mok_cert") else "unknown",
             run_uninstaller=one("run_uninstaller") == "yes",

@@ -69,11 +69,11 @@ _FIELD_MAP = {name: f.name for f in fields(GpuInfo) for name in f.metadata["quer
 _KINDS = {f.name: str(f.type).split()[0] for f in fields(GpuInfo)}  # "int", "str | None" ...
 
 
-def query_command(fields: Sequence[str] = QUERY_FIELDS, *, binary: str = "nvidia-smi",
-                  header: bool = False, units: bool = False) -> str:
+def query_command(fields: Sequence[str] = QUERY_FIELDS, *, header: bool = False,
+                  units: bool = False) -> str:
     """The shell command that asks nvidia-smi for ``fields`` (default: no header, no units)."""
     fmt = ",".join(["csv"] + ([] if header else ["noheader"]) + ([] if units else ["nounits"]))
-    return shlex.join([binary, f"--query-gpu={','.join(fields)}", f"--format={fmt}"])
+    return shlex.join(["nvidia-smi", f"--query-gpu={','.join(fields)}", f"--format={fmt}"])
 
 
 def _check_driver(text: str) -> None:

@@ -37,13 +37,13 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
 
 
 @cache
-def build_bundle(root: Path = HOSTSIDE) -> bytes:
+def build_bundle() -> bytes:
     buf = io.BytesIO()
     buf.write(_SHEBANG)
     with zipfile.ZipFile(buf, "w") as zf:
         _add(zf, "__main__.py", _MAIN.encode())
         _add(zf, "rigfleet/__init__.py", _PACKAGE_INIT.encode())
-        for path in sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts):
-            rel = path.relative_to(root.parent.parent).as_posix()
+        for path in sorted(p for p in HOSTSIDE.rglob("*.py") if "__pycache__" not in p.parts):
+            rel = path.relative_to(HOSTSIDE.parent.parent).as_posix()
             _add(zf, rel, path.read_bytes())
     return buf.getvalue()

@@ -67,7 +67,7 @@ def _lines(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
     return out
 
 
-def load_config(data: dict[str, Any], host: str = "") -> paramiko.SSHConfig | None:
+def load_config(data: dict[str, Any], host: str) -> paramiko.SSHConfig | None:
     """The ssh_config the data names, else ``~/.ssh/config``; None when there is none."""
     named = data.get("ssh_config_file")
     path = Path(str(named or DEFAULT_CONFIG)).expanduser()
