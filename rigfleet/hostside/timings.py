@@ -88,10 +88,12 @@ def swap_estimate(t: Timings, stack: str, busy: bool, fallback_s: int) -> Estima
     return maintenance_estimate(t, stack, busy, fallback_s, steps=False)
 
 
-def _update(lay: Layout, stacks: dict[str, StackTimes], **figures: float | None) -> None:
-    """Merge new figures, rounded, into the record (None: keep)."""
+def _update(lay: Layout, stack: str = "", boot_s: float = 0.0, gate_s: float = 0.0,
+            **figures: float | None) -> None:
+    """Merge ``stack``'s times (none: "") and the figures, rounded, into the record (None:
+    keep)."""
     t = read_timings(lay)
-    new = {k: StackTimes(round(v.boot_s, 2), round(v.gate_s, 2), v.at) for k, v in stacks.items()}
+    new = {stack: StackTimes(round(boot_s, 2), round(gate_s, 2), time.time())} if stack else {}
     kept = {k: round(v, 2) for k, v in figures.items() if v is not None}
     t = replace(t, stacks={**t.stacks, **new}, **kept)
     write_json(lay.timings_file, {"schema": SCHEMA, **encode(t)})
@@ -100,20 +102,17 @@ def _update(lay: Layout, stacks: dict[str, StackTimes], **figures: float | None)
 def record_drain(lay: Layout, drain: DrainReport | None) -> None:
     """Right after a drain that waited for requests, whatever the outcome."""
     if drain is not None and drain.waited_for_requests:
-        _update(lay, stacks={}, drain_s=drain.seconds)
+        _update(lay, drain_s=drain.seconds)
 
 
 def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s: float,
-                drain: DrainReport | None, now: float | None = None) -> None:
-    """After a promoted swap."""
+                drain: DrainReport | None) -> None:
+    """After a promoted swap (its drain was recorded when it ended)."""
     drained = drain.seconds if drain is not None else 0.0
-    overhead = max(0.0, window_s - drained - boot_s - gate_s)
-    _update(lay, stacks={stack: StackTimes(boot_s, gate_s, time.time() if now is None else now)},
-            overhead_s=overhead, drain_s=drain.seconds if drain is not None
-            and drain.waited_for_requests else None)
+    _update(lay, stack, boot_s, gate_s, overhead_s=max(0.0, window_s - drained - boot_s - gate_s))
 
 
 def record_maintenance(lay: Layout, stack: str, boot_s: float, gate_s: float,
                        steps_s: float | None) -> None:
     """After a closed maintenance window (its drain was recorded when it opened)."""
-    _update(lay, stacks={stack: StackTimes(boot_s, gate_s, time.time())}, steps_s=steps_s)
+    _update(lay, stack, boot_s, gate_s, steps_s=steps_s)

@@ -12,6 +12,7 @@ from swap_fakes import FakeFront, FakeGate, FakeHost, journal, ledger_lines, mak
 from swap_fakes import serving as serving_host
 
 from rigfleet.catalog import CatalogError, builtin_catalog, parse_stack
+from rigfleet.hostside import timings
 from rigfleet.hostside.drain import (
     Drainer,
     DrainReport,
@@ -31,6 +32,7 @@ from rigfleet.hostside.timings import (
     Timings,
     maintenance_estimate,
     read_timings,
+    record_drain,
     record_swap,
     swap_estimate,
 )
@@ -225,14 +227,18 @@ def test_retry_after_is_boot_gate_and_overhead_plus_the_drain_when_busy():
     assert maintenance_estimate(t3, None, False, 30).seconds == 30
 
 
-def test_record_swap_keeps_the_overhead_net_of_drain_boot_and_gate(lay):
+def test_record_swap_keeps_the_overhead_net_of_drain_boot_and_gate(lay, monkeypatch):
     drained = DrainReport("drained", 20.0, 600.0, running=2, waiting=1, front=1)
-    record_swap(lay, "int8", boot_s=40.0, gate_s=12.0, window_s=75.5, drain=drained, now=5.0)
+    monkeypatch.setattr(timings.time, "time", lambda: 5.0)
+    record_drain(lay, drained)  # as the transaction does, right after its drain
+    record_swap(lay, "int8", boot_s=40.0, gate_s=12.0, window_s=75.5, drain=drained)
     t = read_timings(lay)
     assert t.stacks["int8"] == StackTimes(40.0, 12.0, 5.0)
     assert (t.overhead_s, t.drain_s) == (3.5, 20.0)
     # An idle drain leaves the last measured drain as it was.
-    record_swap(lay, "int8", 41.0, 12.0, 57.0, DrainReport("idle", 0.5, 600.0), now=6.0)
+    idle = DrainReport("idle", 0.5, 600.0)
+    record_drain(lay, idle)
+    record_swap(lay, "int8", 41.0, 12.0, 57.0, idle)
     assert read_timings(lay).drain_s == 20.0
     lay.timings_file.write_text("{not json")
     assert read_timings(lay) == Timings()
