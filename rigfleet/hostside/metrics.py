@@ -31,7 +31,7 @@ from .records import (
     read_state,
     read_supervisor,
 )
-from .timings import read_timings, swap_estimate
+from .steps import read_timings, window_estimate
 
 GPU_FILE = "rigfleet-gpu.prom"
 FACTS_FILE = "rigfleet.prom"
@@ -219,13 +219,6 @@ def _gate_limits(report: str | None) -> tuple[float | None, float | None]:
     return None, None
 
 
-def _recreations(lay: Layout) -> int:
-    """The supervisor's recreations in this host's ledger (a counter: it only grows)."""
-    lines, _, _ = ledger_tail(lay.ledger_file, sys.maxsize)
-    return sum((line.get("event"), line.get("result")) == ("supervise", "recreated")
-               for line in lines)
-
-
 def engine_running(stack: str) -> bool:
     """Is a container of ``stack`` running (busy or not)? One ``docker ps``."""
     fmt = f'{{{{.Label "{STACK_LABEL}"}}}}\t{{{{.State}}}}'
@@ -265,7 +258,7 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
     holder = read_holder(lay.lock_dir)
     swapping = is_swap(holder)
     times = read_timings(lay)
-    expected = (float(swap_estimate(times, stack, True, RETRY_AFTER_S).seconds)
+    expected = (float(window_estimate(times, stack, True, RETRY_AFTER_S).seconds)
                 if swapping and stack else None)
     window, status, _ = window_status(lay)
     window_open = status in ("held", "abandoned")
@@ -279,11 +272,14 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
                          baseline_tokens_per_s=float(base) if isinstance(base, int | float)
                          else None, margin=margin, acceptance_floor=floor,
                          passed=last.result == "pass", at=_iso(last.at))
+    # The supervisor's recreations in the whole ledger (a counter: it only grows).
+    ledger, _, _ = ledger_tail(lay.ledger_file, sys.maxsize)
+    recreations = sum((line.get("event"), line.get("result")) == ("supervise", "recreated")
+                      for line in ledger)
     return Facts(now=now, serving=serving, ready=ready, engine_up=engine_up,
-                 swap_in_progress=swapping, swap_expected_s=expected,
-                 window_open=window_open,
+                 swap_in_progress=swapping, swap_expected_s=expected, window_open=window_open,
                  window_opened_at=window.opened_at if window and window_open else None,
-                 gate=gate, recreations=_recreations(lay),
+                 gate=gate, recreations=recreations,
                  gave_up=supervisor.get("state") == "gave-up", drain_s=times.drain_s)
 
 

@@ -50,8 +50,10 @@ from .steps import (
     Steps,
     fs_problem,
     local_name,
+    read_timings,
+    record_swap,
+    window_estimate,
 )
-from .timings import read_timings, record_drain, record_swap, swap_estimate
 
 
 class Transaction(Steps):
@@ -143,7 +145,7 @@ class Transaction(Steps):
             new = replace(new, image_id=self.ops.image_id(local_name(new)) or "")
             times = read_timings(self.lay)
             busy = self.holds_requests(old)
-            estimate = swap_estimate(times, new.stack, busy, plan.retry_after_s)
+            estimate = window_estimate(times, new.stack, busy, plan.retry_after_s)
             message = f"{kind} {old.stack if old else 'nothing'} -> {new.stack} in progress"
             t_window = self.ops.monotonic()
             self.front.maintenance(message, estimate.seconds)
@@ -161,12 +163,11 @@ class Transaction(Steps):
             old, plan.drain_timeout_for(old.stack if old else None), stoppable=True)
         if self.drained is not None:
             self.timings["drain_s"] = self.drained.seconds
-            record_drain(self.lay, self.drained)
             if self.drained.result == "interrupted" and old is not None:
                 return self._undrain(kind, old, new)
             if self.drained.waited_for_requests:
                 # Clients refused from now on are told the rest: boot, gate, the swap's own.
-                rest = swap_estimate(times, new.stack, False, plan.retry_after_s)
+                rest = window_estimate(times, new.stack, False, plan.retry_after_s)
                 with contextlib.suppress(FrontError):
                     self.front.maintenance(message, rest.seconds, wait=False)
         try:
