@@ -179,14 +179,10 @@ class Maintenance(Steps):
             return Outcome("refused", st.EXIT_ROLLED_BACK, KIND, reason=f"the front could not be "
                            f"switched to 503 ({e}): nothing was disturbed", phase="front",
                            serving=self.front.current())
-        self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
-                     f"{estimate.seconds}s ({estimate.basis})")
+        rest = st.window_estimate(times, stack, False, plan.retry_after_s, steps=True)
         # What the front accepted before the 503 finishes on the stack before any step runs.
-        drained = self.drain_requests(ref, plan.drain_timeout_for(stack))
-        if drained is not None and drained.waited_for_requests:
-            rest = st.window_estimate(times, stack, False, plan.retry_after_s, steps=True)
-            with contextlib.suppress(FrontError):
-                self.front.maintenance(f"maintenance: {step}", rest.seconds, wait=False)
+        drained = self.drain_requests(ref, plan.drain_timeout_for(stack), f"maintenance: {step}",
+                                      estimate, rest)
         drain = drained.to_dict() if drained else None
         write_window(self.lay, replace(window, drain=drain))
         ledger.append(self.lay, ledger.entry(

@@ -178,10 +178,14 @@ class Steps:
         load = parse_load(self.ops.metrics(ref.port))
         return bool(load is not None and load.busy) or bool(self.ops.front_draining())
 
-    def drain_requests(self, ref: StackRef | None, timeout_s: float,
+    def drain_requests(self, ref: StackRef | None, timeout_s: float, message: str,
+                       said: Estimate, rest: Estimate,
                        stoppable: bool = False) -> DrainReport | None:
-        """Wait up to ``timeout_s`` for what the front accepted before its 503 to finish (its
-        seconds recorded when it waited for requests, whatever the outcome)."""
+        """The front's 503 (``message``) said ``said``: wait up to ``timeout_s`` for what it
+        accepted before to finish (its seconds recorded when it waited for requests, whatever
+        the outcome); clients refused from then on are told the ``rest`` (boot, gate...)."""
+        self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
+                     f"{said.seconds}s ({said.basis})")
         if ref is None:
             return None
         d = Drainer(timeout_s)
@@ -205,6 +209,9 @@ class Steps:
                      level="warning" if report.cut or report.result == "unknown" else "info")
         if report.waited_for_requests:
             _update(self.lay, drain_s=report.seconds)
+            if report.result != "interrupted":
+                with contextlib.suppress(Failure):  # the front's own error: it still says 503
+                    self.front.maintenance(message, rest.seconds, wait=False)
         return report
 
     def wait_vram(self, utilization: float, timeout_s: float) -> float:

@@ -10,7 +10,6 @@ failure after the 503 goes back to the old stack (a first activation stays at 50
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -156,20 +155,14 @@ class Transaction(Steps):
                            f"refused before any change: {f.reason}", f.phase,
                            serving=self.front.current())
         self.retry_after_s = estimate.seconds
-        self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
-                     f"{estimate.seconds}s ({estimate.basis})")
         # What the front accepted before the 503 finishes on the old stack first.
         self.drained = self.drain_requests(
-            old, plan.drain_timeout_for(old.stack if old else None), stoppable=True)
+            old, plan.drain_timeout_for(old.stack if old else None), message, estimate,
+            window_estimate(times, new.stack, False, plan.retry_after_s), stoppable=True)
         if self.drained is not None:
             self.timings["drain_s"] = self.drained.seconds
             if self.drained.result == "interrupted" and old is not None:
                 return self._undrain(kind, old, new)
-            if self.drained.waited_for_requests:
-                # Clients refused from now on are told the rest: boot, gate, the swap's own.
-                rest = window_estimate(times, new.stack, False, plan.retry_after_s)
-                with contextlib.suppress(FrontError):
-                    self.front.maintenance(message, rest.seconds, wait=False)
         try:
             boot_s = self.bring_up(new, plan.vram_timeout_s, plan.ready_timeout_s, [
                 *([(old.project, old.compose_file)] if old else []),
