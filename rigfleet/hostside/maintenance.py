@@ -310,7 +310,7 @@ class Maintenance(Steps):
             reason=f"recreated and verified after: {steps}"
                    + (f" ({self.cause})" if self.cause else "")))
         ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
-        st.record_maintenance(self.lay, ref.stack, boot_s, times["gate_s"], steps_s)
+        st.record_times(self.lay, ref.stack, boot_s, times["gate_s"], steps_s=steps_s)
         request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
         prune_snapshots(self.lay)
         done = self._finish(window, "closed", f"{written.ref.route_id} recreated and passed the "

@@ -208,7 +208,7 @@ class Steps:
         self.j.event("drain", f"{ref.stack}: {report.line()}",
                      level="warning" if report.cut or report.result == "unknown" else "info")
         if report.waited_for_requests:
-            _update(self.lay, drain_s=report.seconds)
+            record_times(self.lay, drain_s=report.seconds)
             if report.result != "interrupted":
                 with contextlib.suppress(Failure):  # the front's own error: it still says 503
                     self.front.maintenance(message, rest.seconds, wait=False)
@@ -488,10 +488,10 @@ def window_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
     return Estimate(max(1, math.ceil(total)), f"{basis}, measured on this host")
 
 
-def _update(lay: Layout, stack: str = "", boot_s: float = 0.0, gate_s: float = 0.0,
-            **figures: float | None) -> None:
+def record_times(lay: Layout, stack: str = "", boot_s: float = 0.0, gate_s: float = 0.0,
+                 **figures: float | None) -> None:
     """Merge ``stack``'s times (none: "") and the figures, rounded, into the record (None:
-    keep)."""
+    keep): after a drain, a promoted swap, a closed maintenance window (its ``steps_s``)."""
     t = read_timings(lay)
     new = {stack: StackTimes(round(boot_s, 2), round(gate_s, 2), time.time())} if stack else {}
     kept = {k: round(v, 2) for k, v in figures.items() if v is not None}
@@ -503,10 +503,5 @@ def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s:
                 drain: DrainReport | None) -> None:
     """After a promoted swap (its drain was recorded when it ended)."""
     drained = drain.seconds if drain is not None else 0.0
-    _update(lay, stack, boot_s, gate_s, overhead_s=max(0.0, window_s - drained - boot_s - gate_s))
-
-
-def record_maintenance(lay: Layout, stack: str, boot_s: float, gate_s: float,
-                       steps_s: float | None) -> None:
-    """After a closed maintenance window (its drain was recorded when it opened)."""
-    _update(lay, stack, boot_s, gate_s, steps_s=steps_s)
+    record_times(lay, stack, boot_s, gate_s,
+                 overhead_s=max(0.0, window_s - drained - boot_s - gate_s))
