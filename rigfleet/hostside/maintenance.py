@@ -28,7 +28,6 @@ from .lock import HostLock, LockHeld, WindowHold
 from .plan import Active, Plan, PlanError
 from .records import decode, encode, live_holder, read_holder, read_json
 from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, known_projects
-from .timings import maintenance_estimate, read_timings, record_drain, record_maintenance
 
 KIND = "maintenance"
 SCHEMA = "rigfleet-maintenance/1"
@@ -163,9 +162,9 @@ class Maintenance(Steps):
         write_window(self.lay, window)
         ref = active.ref if active else None
         stack = ref.stack if ref else None
-        times = read_timings(self.lay)
-        estimate = maintenance_estimate(times, stack, self.holds_requests(ref),
-                                        plan.retry_after_s)
+        times = st.read_timings(self.lay)
+        estimate = st.window_estimate(times, stack, self.holds_requests(ref),
+                                      plan.retry_after_s, steps=True)
         try:
             if self.drain:
                 self.drain.before(window)
@@ -180,15 +179,10 @@ class Maintenance(Steps):
             return Outcome("refused", st.EXIT_ROLLED_BACK, KIND, reason=f"the front could not be "
                            f"switched to 503 ({e}): nothing was disturbed", phase="front",
                            serving=self.front.current())
-        self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
-                     f"{estimate.seconds}s ({estimate.basis})")
+        rest = st.window_estimate(times, stack, False, plan.retry_after_s, steps=True)
         # What the front accepted before the 503 finishes on the stack before any step runs.
-        drained = self.drain_requests(ref, plan.drain_timeout_for(stack))
-        record_drain(self.lay, drained)
-        if drained is not None and drained.waited_for_requests:
-            rest = maintenance_estimate(times, stack, False, plan.retry_after_s)
-            with contextlib.suppress(FrontError):
-                self.front.maintenance(f"maintenance: {step}", rest.seconds, wait=False)
+        drained = self.drain_requests(ref, plan.drain_timeout_for(stack), f"maintenance: {step}",
+                                      estimate, rest)
         drain = drained.to_dict() if drained else None
         write_window(self.lay, replace(window, drain=drain))
         ledger.append(self.lay, ledger.entry(
@@ -291,8 +285,8 @@ class Maintenance(Steps):
         if self.gate_fn is None:
             return self._failed(window, active, Failure(
                 "gate", "the window cannot be closed without the gate (none available here)"))
-        recreate = maintenance_estimate(read_timings(self.lay), ref.stack, False,
-                                        plan.retry_after_s, steps=False)
+        recreate = st.window_estimate(st.read_timings(self.lay), ref.stack, False,
+                                      plan.retry_after_s)
         steps_s = max(0.0, time.time() - window.opened_at
                       - float((window.drain or {}).get("seconds") or 0.0)) \
             if window is not None and window.opened_at else None
@@ -316,7 +310,7 @@ class Maintenance(Steps):
             reason=f"recreated and verified after: {steps}"
                    + (f" ({self.cause})" if self.cause else "")))
         ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
-        record_maintenance(self.lay, ref.stack, boot_s, times["gate_s"], steps_s)
+        st.record_times(self.lay, ref.stack, boot_s, times["gate_s"], steps_s=steps_s)
         request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
         prune_snapshots(self.lay)
         done = self._finish(window, "closed", f"{written.ref.route_id} recreated and passed the "

@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from . import stackctl
 from .atomic import write_atomic
@@ -30,7 +31,7 @@ from .records import (
     read_state,
     read_supervisor,
 )
-from .timings import read_timings, swap_estimate
+from .steps import read_timings, window_estimate
 
 GPU_FILE = "rigfleet-gpu.prom"
 FACTS_FILE = "rigfleet.prom"
@@ -143,33 +144,57 @@ def read_gpus(query: str = GPU_QUERY) -> str | None:
     return _stdout(stackctl.smi_command(query))
 
 
+def fact(metric: str, help_: str, default: Any = MISSING) -> Any:
+    """A field of ``Facts`` and the metric ``rigfleet.prom`` writes it as (None: no sample)."""
+    return field(default=default, metadata={"metric": metric, "help": help_})
+
+
 @dataclass(frozen=True)
 class GateFacts:
+    """The last gate's figures (their samples are labelled with its stack)."""
+
     stack: str
-    tokens_per_s: float | None
-    baseline_tokens_per_s: float | None
-    margin: float | None
-    acceptance_floor: float | None
-    passed: bool
-    at: float | None
+    tokens_per_s: float | None = fact("rigfleet_gate_tokens_per_second",
+                                      "The last gate's decode tok/s (narrative).")
+    baseline_tokens_per_s: float | None = fact(
+        "rigfleet_gate_baseline_tokens_per_second",
+        "The baseline the last gate was judged against (tok/s).")
+    margin: float | None = fact("rigfleet_gate_margin_ratio",
+                                "The stack's allowed shortfall below the baseline.")
+    passed: bool = fact("rigfleet_gate_passed",
+                        "The last gate's throughput verdict: passed (1) or not (0).")
+    at: float | None = fact("rigfleet_gate_timestamp_seconds", "When the last gate ran (epoch s).")
+    acceptance_floor: float | None = fact("rigfleet_mtp_acceptance_floor",
+                                          "The stack's lowest MTP acceptance floor.")
 
 
 @dataclass(frozen=True)
 class Facts:
-    """What ``rigfleet.prom`` says (read from the host's records by ``read_facts``)."""
+    """What ``rigfleet.prom`` says (read from the host's records by ``read_facts``), in its
+    order; ``gate``'s figures where it stands."""
 
-    now: float
     serving: dict[str, str] | None = None
-    ready: bool = False
-    engine_up: bool = False
-    swap_in_progress: bool = False
-    swap_expected_s: float | None = None
-    window_open: bool = False
-    window_opened_at: float | None = None
+    ready: bool = fact("rigfleet_ready", "The front's readiness path answers 200 (1) or not (0).",
+                       False)
+    engine_up: bool = fact("rigfleet_engine_up", "The serving stack's engine container runs (1) "
+                           "or not (0), busy or not.", False)
+    swap_in_progress: bool = fact("rigfleet_swap_in_progress",
+                                  "A swap transaction holds the host (1) or not (0).", False)
+    swap_expected_s: float | None = fact("rigfleet_swap_expected_seconds",
+                                         "The running swap's expected duration (s).", None)
+    window_open: bool = fact("rigfleet_maintenance_window_open",
+                             "A maintenance window is open (1) or not (0).", False)
+    window_opened_at: float | None = fact("rigfleet_maintenance_window_opened_timestamp_seconds",
+                                          "When the open maintenance window opened (epoch s).",
+                                          None)
     gate: GateFacts | None = None
-    recreations: int = 0
-    gave_up: bool = False
-    drain_s: float | None = None
+    recreations: int = fact("rigfleet_supervisor_recreations_total",
+                            "Engines the supervisor recreated (ledger).", 0)
+    gave_up: bool = fact("rigfleet_supervisor_gave_up", "The supervisor gave up (1) or not (0).",
+                         False)
+    drain_s: float | None = fact("rigfleet_drain_seconds", "The last drain's duration (s).", None)
+    now: float = fact("rigfleet_facts_timestamp_seconds",
+                      "When these facts were written (epoch s).", 0.0)
 
 
 def _iso(text: str) -> float | None:
@@ -194,13 +219,6 @@ def _gate_limits(report: str | None) -> tuple[float | None, float | None]:
     return None, None
 
 
-def _recreations(lay: Layout) -> int:
-    """The supervisor's recreations in this host's ledger (a counter: it only grows)."""
-    lines, _, _ = ledger_tail(lay.ledger_file, sys.maxsize)
-    return sum((line.get("event"), line.get("result")) == ("supervise", "recreated")
-               for line in lines)
-
-
 def engine_running(stack: str) -> bool:
     """Is a container of ``stack`` running (busy or not)? One ``docker ps``."""
     fmt = f'{{{{.Label "{STACK_LABEL}"}}}}\t{{{{.State}}}}'
@@ -208,10 +226,10 @@ def engine_running(stack: str) -> bool:
     return any(line.split("\t") == [stack, "running"] for line in (out or "").splitlines())
 
 
-def front_ready(port: int | None, timeout_s: float = 3) -> bool:
+def front_ready(port: int | None) -> bool:
     """Does the front's readiness path (no key) answer 200?"""
     url = f"http://127.0.0.1:{port}{READY_PATH}"
-    return port is not None and stackctl.http_request("GET", url, {}, None, timeout_s)[0] == 200
+    return port is not None and stackctl.http_request("GET", url, {}, None, 3)[0] == 200
 
 
 def is_swap(holder: dict[str, object] | None) -> bool:
@@ -240,7 +258,7 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
     holder = read_holder(lay.lock_dir)
     swapping = is_swap(holder)
     times = read_timings(lay)
-    expected = (float(swap_estimate(times, stack, True, RETRY_AFTER_S).seconds)
+    expected = (float(window_estimate(times, stack, True, RETRY_AFTER_S).seconds)
                 if swapping and stack else None)
     window, status, _ = window_status(lay)
     window_open = status in ("held", "abandoned")
@@ -254,45 +272,15 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
                          baseline_tokens_per_s=float(base) if isinstance(base, int | float)
                          else None, margin=margin, acceptance_floor=floor,
                          passed=last.result == "pass", at=_iso(last.at))
+    # The supervisor's recreations in the whole ledger (a counter: it only grows).
+    ledger, _, _ = ledger_tail(lay.ledger_file, sys.maxsize)
+    recreations = sum((line.get("event"), line.get("result")) == ("supervise", "recreated")
+                      for line in ledger)
     return Facts(now=now, serving=serving, ready=ready, engine_up=engine_up,
-                 swap_in_progress=swapping, swap_expected_s=expected,
-                 window_open=window_open,
+                 swap_in_progress=swapping, swap_expected_s=expected, window_open=window_open,
                  window_opened_at=window.opened_at if window and window_open else None,
-                 gate=gate, recreations=_recreations(lay),
+                 gate=gate, recreations=recreations,
                  gave_up=supervisor.get("state") == "gave-up", drain_s=times.drain_s)
-
-
-# (metric, Facts attribute ("gate.x": of the last gate, labelled with its stack), help);
-# a None value gets no sample.
-FACT_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("rigfleet_ready", "ready", "The front's readiness path answers 200 (1) or not (0)."),
-    ("rigfleet_engine_up", "engine_up", "The serving stack's engine container runs (1) or not "
-     "(0), busy or not."),
-    ("rigfleet_swap_in_progress", "swap_in_progress",
-     "A swap transaction holds the host (1) or not (0)."),
-    ("rigfleet_swap_expected_seconds", "swap_expected_s",
-     "The running swap's expected duration (s)."),
-    ("rigfleet_maintenance_window_open", "window_open",
-     "A maintenance window is open (1) or not (0)."),
-    ("rigfleet_maintenance_window_opened_timestamp_seconds", "window_opened_at",
-     "When the open maintenance window opened (epoch s)."),
-    ("rigfleet_gate_tokens_per_second", "gate.tokens_per_s",
-     "The last gate's decode tok/s (narrative)."),
-    ("rigfleet_gate_baseline_tokens_per_second", "gate.baseline_tokens_per_s",
-     "The baseline the last gate was judged against (tok/s)."),
-    ("rigfleet_gate_margin_ratio", "gate.margin",
-     "The stack's allowed shortfall below the baseline."),
-    ("rigfleet_gate_passed", "gate.passed",
-     "The last gate's throughput verdict: passed (1) or not (0)."),
-    ("rigfleet_gate_timestamp_seconds", "gate.at", "When the last gate ran (epoch s)."),
-    ("rigfleet_mtp_acceptance_floor", "gate.acceptance_floor",
-     "The stack's lowest MTP acceptance floor."),
-    ("rigfleet_supervisor_recreations_total", "recreations",
-     "Engines the supervisor recreated (ledger)."),
-    ("rigfleet_supervisor_gave_up", "gave_up", "The supervisor gave up (1) or not (0)."),
-    ("rigfleet_drain_seconds", "drain_s", "The last drain's duration (s)."),
-    ("rigfleet_facts_timestamp_seconds", "now", "When these facts were written (epoch s)."),
-)
 
 
 def facts_textfile(f: Facts) -> str:
@@ -301,15 +289,20 @@ def facts_textfile(f: Facts) -> str:
     if f.serving is not None:
         t.add("rigfleet_serving_info", "What serves on this host (labels), always 1.", 1,
               **f.serving)
-    for name, attr, help_ in FACT_METRICS:
-        of_gate, _, field_name = attr.rpartition(".")
-        source = f.gate if of_gate else f
-        value = getattr(source, field_name) if source is not None else None
-        if value is not None:
-            labels = {"stack": f.gate.stack} if of_gate and f.gate else {}
-            t.add(name, help_, value, "counter" if name.endswith("_total") else "gauge",
-                  **labels)
+    _add_facts(t, f, {})
     return t.render()
+
+
+def _add_facts(t: Textfile, source: Facts | GateFacts, labels: dict[str, str]) -> None:
+    """``source``'s figures that have a value, in field order (the gate's where it stands)."""
+    for f in fields(source):
+        value = getattr(source, f.name)
+        if isinstance(value, GateFacts):
+            _add_facts(t, value, {"stack": value.stack})
+        elif "metric" in f.metadata and value is not None:
+            name = f.metadata["metric"]
+            t.add(name, f.metadata["help"], value,
+                  "counter" if name.endswith("_total") else "gauge", **labels)
 
 
 def run(lay: Layout, directory: Path, front_port: int | None) -> int:

@@ -1,23 +1,32 @@
 """What the swap transaction, ``Ensure``, ``adopt``, the supervisor and maintenance share: the
 host as they see it (``Ops``, ``FrontControl``; fakes in tests), how a step fails
-(``Failure``), how a run ends (``Outcome``), and the steps themselves.
+(``Failure``), how a run ends (``Outcome``), the steps themselves, and how long this host's
+503 windows take, measured (``timings.json``, docs/swap.md: what ``Retry-After`` says while
+one is open)::
+
+    window_estimate(read_timings(lay), "int8", busy=True, fallback_s=30)   # Estimate(24, "...")
+    record_swap(lay, "int8", boot_s=4.1, gate_s=12.0, window_s=25.0, drain=report)
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import re
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from .atomic import write_json
 from .drain import DRAIN_POLL_S, Drainer, DrainReport, parse_load
 from .gate import GateResult, GateRun
 from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
 from .plan import Plan, StackRef
+from .records import decode, encode, read_json
 from .stackctl import (
     BootFailure,
     ContainerState,
@@ -88,14 +97,6 @@ class Outcome:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def gate_reason(gate: GateResult) -> str:
-    """One line about a gate that did not pass (the details stay in its report)."""
-    if gate.result == "error":
-        return f"the gate could not decide: {gate.summary}"
-    return (f"gate failed {len(gate.failed_checks)} check(s): "
-            f"{', '.join(gate.failed_checks)}; report {gate.report}")
 
 
 def known_projects(lay: Layout) -> list[tuple[str, str]]:
@@ -177,9 +178,14 @@ class Steps:
         load = parse_load(self.ops.metrics(ref.port))
         return bool(load is not None and load.busy) or bool(self.ops.front_draining())
 
-    def drain_requests(self, ref: StackRef | None, timeout_s: float,
+    def drain_requests(self, ref: StackRef | None, timeout_s: float, message: str,
+                       said: Estimate, rest: Estimate,
                        stoppable: bool = False) -> DrainReport | None:
-        """Wait up to ``timeout_s`` for what the front accepted before its 503 to finish."""
+        """The front's 503 (``message``) said ``said``: wait up to ``timeout_s`` for what it
+        accepted before to finish (its seconds recorded when it waited for requests, whatever
+        the outcome); clients refused from then on are told the ``rest`` (boot, gate...)."""
+        self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
+                     f"{said.seconds}s ({said.basis})")
         if ref is None:
             return None
         d = Drainer(timeout_s)
@@ -201,6 +207,11 @@ class Steps:
         report = d.report()
         self.j.event("drain", f"{ref.stack}: {report.line()}",
                      level="warning" if report.cut or report.result == "unknown" else "info")
+        if report.waited_for_requests:
+            record_times(self.lay, drain_s=report.seconds)
+            if report.result != "interrupted":
+                with contextlib.suppress(Failure):  # the front's own error: it still says 503
+                    self.front.maintenance(message, rest.seconds, wait=False)
         return report
 
     def wait_vram(self, utilization: float, timeout_s: float) -> float:
@@ -397,8 +408,12 @@ class Steps:
         times["gate_s"] = self.ops.monotonic() - t
         self.j.event("gate", f"{result.result}: {result.summary}; report {result.report}",
                      level="info" if result.passed else "error")
+        if result.result == "error":  # one line; the details stay in its report
+            raise Failure("gate", f"the gate could not decide: {result.summary}", gate=result)
         if not result.passed:
-            raise Failure("gate", gate_reason(result), gate=result)
+            raise Failure("gate", f"gate failed {len(result.failed_checks)} check(s): "
+                          f"{', '.join(result.failed_checks)}; report {result.report}",
+                          gate=result)
         return result
 
     def answers(self, ref: StackRef) -> None:
@@ -408,3 +423,85 @@ class Steps:
         self.j.event("answer", f"{ref.stack} answers a chat completion")
 
 
+TIMINGS_SCHEMA = "rigfleet-timings/1"
+# The swap's own cost until measured (stop, memory released, front switch).
+DEFAULT_OVERHEAD_S = 5.0
+
+
+@dataclass(frozen=True)
+class StackTimes:
+    boot_s: float
+    gate_s: float
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Timings:
+    """``timings.json``; every figure optional."""
+
+    stacks: dict[str, StackTimes] = field(default_factory=dict)
+    overhead_s: float | None = None
+    drain_s: float | None = None
+    steps_s: float | None = None
+
+    def stack(self, name: str) -> tuple[str, StackTimes] | None:
+        """``name``'s measured times, else the newest measured stack's, else None."""
+        if name not in self.stacks and self.stacks:
+            name = max(self.stacks, key=lambda s: self.stacks[s].at)
+        return (name, self.stacks[name]) if name in self.stacks else None
+
+
+def read_timings(lay: Layout) -> Timings:
+    """This host's record; an empty one when it is missing or damaged."""
+    data, _ = read_json(lay.timings_file)
+    ours = isinstance(data, dict) and data.get("schema") == TIMINGS_SCHEMA
+    return (decode(Timings, data) if ours else None) or Timings()
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """``seconds`` for Retry-After (>= 1) and what it was made of."""
+
+    seconds: int
+    basis: str
+
+
+def window_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
+                    steps: bool = False) -> Estimate:
+    """How long a swap to ``stack`` keeps the front at 503 (``busy``: a drain first), or a
+    maintenance window (``steps``: the last window's steps, then the recreation of ``stack``)."""
+    found = t.stack(stack) if stack is not None else None
+    if found is None:
+        return Estimate(max(1, int(fallback_s)), f"{int(fallback_s)} s: no window measured on "
+                        "this host yet (the plan's retry_after_s)")
+    name, times = found
+    of = "" if name == stack else f" (of {name}: {stack} not measured here)"
+    parts = [(f"boot{of}", times.boot_s), ("gate", times.gate_s),
+             ("overhead" if t.overhead_s is not None else "overhead (default)",
+              t.overhead_s if t.overhead_s is not None else DEFAULT_OVERHEAD_S)]
+    if busy and t.drain_s:
+        parts.insert(0, ("drain (last measured)", t.drain_s))
+    if steps and t.steps_s:
+        parts.insert(0, ("steps (last window)", t.steps_s))
+    total = sum(v for _, v in parts)
+    basis = " + ".join(f"{k} {v:.1f}s" for k, v in parts if v > 0 or k.startswith("boot"))
+    return Estimate(max(1, math.ceil(total)), f"{basis}, measured on this host")
+
+
+def record_times(lay: Layout, stack: str = "", boot_s: float = 0.0, gate_s: float = 0.0,
+                 **figures: float | None) -> None:
+    """Merge ``stack``'s times (none: "") and the figures, rounded, into the record (None:
+    keep): after a drain, a promoted swap, a closed maintenance window (its ``steps_s``)."""
+    t = read_timings(lay)
+    new = {stack: StackTimes(round(boot_s, 2), round(gate_s, 2), time.time())} if stack else {}
+    kept = {k: round(v, 2) for k, v in figures.items() if v is not None}
+    t = replace(t, stacks={**t.stacks, **new}, **kept)
+    write_json(lay.timings_file, {"schema": TIMINGS_SCHEMA, **encode(t)})
+
+
+def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s: float,
+                drain: DrainReport | None) -> None:
+    """After a promoted swap (its drain was recorded when it ended)."""
+    drained = drain.seconds if drain is not None else 0.0
+    record_times(lay, stack, boot_s, gate_s,
+                 overhead_s=max(0.0, window_s - drained - boot_s - gate_s))

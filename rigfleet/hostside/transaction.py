@@ -10,7 +10,6 @@ failure after the 503 goes back to the old stack (a first activation stays at 50
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -50,8 +49,10 @@ from .steps import (
     Steps,
     fs_problem,
     local_name,
+    read_timings,
+    record_swap,
+    window_estimate,
 )
-from .timings import read_timings, record_drain, record_swap, swap_estimate
 
 
 class Transaction(Steps):
@@ -143,7 +144,7 @@ class Transaction(Steps):
             new = replace(new, image_id=self.ops.image_id(local_name(new)) or "")
             times = read_timings(self.lay)
             busy = self.holds_requests(old)
-            estimate = swap_estimate(times, new.stack, busy, plan.retry_after_s)
+            estimate = window_estimate(times, new.stack, busy, plan.retry_after_s)
             message = f"{kind} {old.stack if old else 'nothing'} -> {new.stack} in progress"
             t_window = self.ops.monotonic()
             self.front.maintenance(message, estimate.seconds)
@@ -154,21 +155,14 @@ class Transaction(Steps):
                            f"refused before any change: {f.reason}", f.phase,
                            serving=self.front.current())
         self.retry_after_s = estimate.seconds
-        self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
-                     f"{estimate.seconds}s ({estimate.basis})")
         # What the front accepted before the 503 finishes on the old stack first.
         self.drained = self.drain_requests(
-            old, plan.drain_timeout_for(old.stack if old else None), stoppable=True)
+            old, plan.drain_timeout_for(old.stack if old else None), message, estimate,
+            window_estimate(times, new.stack, False, plan.retry_after_s), stoppable=True)
         if self.drained is not None:
             self.timings["drain_s"] = self.drained.seconds
-            record_drain(self.lay, self.drained)
             if self.drained.result == "interrupted" and old is not None:
                 return self._undrain(kind, old, new)
-            if self.drained.waited_for_requests:
-                # Clients refused from now on are told the rest: boot, gate, the swap's own.
-                rest = swap_estimate(times, new.stack, False, plan.retry_after_s)
-                with contextlib.suppress(FrontError):
-                    self.front.maintenance(message, rest.seconds, wait=False)
         try:
             boot_s = self.bring_up(new, plan.vram_timeout_s, plan.ready_timeout_s, [
                 *([(old.project, old.compose_file)] if old else []),

@@ -86,7 +86,7 @@ def test_facts_textfile_contract_names():
                                             "model_revision": "r1", "genesis_commit": ""},
               ready=True, engine_up=True, swap_in_progress=True, swap_expected_s=42.0,
               window_open=True, window_opened_at=1_799_999_000.0,
-              gate=GateFacts("int8", 80.5, 90.0, 0.15, 0.6, False, 1_799_000_000.0),
+              gate=GateFacts("int8", 80.5, 90.0, 0.15, False, 1_799_000_000.0, 0.6),
               recreations=2, gave_up=False, drain_s=3.5)
     s = samples(facts_textfile(f))
     assert s['rigfleet_serving_info{stack="int8",image_digest="sha256:ab",model_revision="r1",'
@@ -133,7 +133,7 @@ def test_read_facts_from_records(tmp_path, monkeypatch):
                          "genesis_commit": ""}
     assert f.ready and f.engine_up and not f.swap_in_progress and not f.window_open
     assert f.recreations == 2
-    assert f.gate == GateFacts("int8", 70.0, 100.0, 0.1, 0.55, False, 1_796_119_200.0)
+    assert f.gate == GateFacts("int8", 70.0, 100.0, 0.1, False, 1_796_119_200.0, 0.55)
 
 
 def test_read_facts_on_a_bare_host(tmp_path, monkeypatch):

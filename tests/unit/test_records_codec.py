@@ -18,8 +18,8 @@ from rigfleet.hostside.records import (
     decode_strict,
     encode,
 )
+from rigfleet.hostside.steps import StackTimes, Timings
 from rigfleet.hostside.supervise import Attempt, Record
-from rigfleet.hostside.timings import StackTimes, Timings
 
 REF = StackRef("int8", "rigfleet-int8", "rigfleet-int8", 8001, "/x/c.yaml", "abcd1234",
                "img@sha256:1", "m", 0.9, {"digest": "sha256:1"}, (("a", "b"),),

@@ -1,5 +1,5 @@
 """The drain: what a window lets finish before it stops the stack, how long it waits, what it
-counts as cut, and the Retry-After it says (``rigfleet.hostside.drain``, ``timings``; the swap
+counts as cut, and the Retry-After it says (``rigfleet.hostside.drain``, ``steps``; the swap
 transaction and the maintenance window with the fakes of ``swap_fakes``)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from swap_fakes import FakeFront, FakeGate, FakeHost, journal, ledger_lines, mak
 from swap_fakes import serving as serving_host
 
 from rigfleet.catalog import CatalogError, builtin_catalog, parse_stack
+from rigfleet.hostside import steps
 from rigfleet.hostside.drain import (
     Drainer,
     DrainReport,
@@ -24,15 +25,15 @@ from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.maintenance import Maintenance
 from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
-from rigfleet.hostside.steps import EXIT_PROMOTED
-from rigfleet.hostside.timings import (
+from rigfleet.hostside.steps import (
     DEFAULT_OVERHEAD_S,
+    EXIT_PROMOTED,
+    TIMINGS_SCHEMA,
     StackTimes,
     Timings,
-    maintenance_estimate,
     read_timings,
     record_swap,
-    swap_estimate,
+    window_estimate,
 )
 from rigfleet.hostside.transaction import Transaction
 
@@ -203,39 +204,45 @@ def _stack_data() -> dict:
 
 
 def test_retry_after_without_history_is_the_plan_default_and_says_so():
-    e = swap_estimate(Timings(), "int8", busy=True, fallback_s=30)
+    e = window_estimate(Timings(), "int8", busy=True, fallback_s=30)
     assert e.seconds == 30 and "no window measured" in e.basis
 
 
 def test_retry_after_is_boot_gate_and_overhead_plus_the_drain_when_busy():
     t = Timings({"int8": StackTimes(boot_s=40.2, gate_s=12.0, at=1.0)}, overhead_s=3.5,
                 drain_s=20.0)
-    assert swap_estimate(t, "int8", busy=False, fallback_s=30).seconds == 56  # ceil(55.7)
-    busy = swap_estimate(t, "int8", busy=True, fallback_s=30)
+    assert window_estimate(t, "int8", busy=False, fallback_s=30).seconds == 56  # ceil(55.7)
+    busy = window_estimate(t, "int8", busy=True, fallback_s=30)
     assert busy.seconds == 76 and busy.basis.startswith("drain (last measured) 20.0s + boot")
     # A stack never measured here borrows the newest measured one's times.
     t2 = Timings({"int8": StackTimes(40.0, 12.0, at=1.0), "turbo": StackTimes(90.0, 30.0, 2.0)})
-    other = swap_estimate(t2, "tq3-mtp-genesis", busy=False, fallback_s=30)
+    other = window_estimate(t2, "tq3-mtp-genesis", busy=False, fallback_s=30)
     assert other.seconds == 90 + 30 + int(DEFAULT_OVERHEAD_S)
     assert "of turbo: tq3-mtp-genesis not measured here" in other.basis
     # A maintenance window adds its last steps' time.
     t3 = Timings({"int8": StackTimes(40.0, 12.0)}, overhead_s=3.0, steps_s=60.0)
-    assert maintenance_estimate(t3, "int8", False, 30).seconds == 115
-    assert maintenance_estimate(t3, "int8", False, 30, steps=False).seconds == 55
-    assert maintenance_estimate(t3, None, False, 30).seconds == 30
+    assert window_estimate(t3, "int8", False, 30, steps=True).seconds == 115
+    assert window_estimate(t3, "int8", False, 30).seconds == 55
+    assert window_estimate(t3, None, False, 30, steps=True).seconds == 30
 
 
-def test_record_swap_keeps_the_overhead_net_of_drain_boot_and_gate(lay):
+def test_record_swap_keeps_the_overhead_net_of_drain_boot_and_gate(lay, monkeypatch):
     drained = DrainReport("drained", 20.0, 600.0, running=2, waiting=1, front=1)
-    record_swap(lay, "int8", boot_s=40.0, gate_s=12.0, window_s=75.5, drain=drained, now=5.0)
+    monkeypatch.setattr(steps.time, "time", lambda: 5.0)
+    record_swap(lay, "int8", boot_s=40.0, gate_s=12.0, window_s=75.5, drain=drained)
     t = read_timings(lay)
     assert t.stacks["int8"] == StackTimes(40.0, 12.0, 5.0)
-    assert (t.overhead_s, t.drain_s) == (3.5, 20.0)
-    # An idle drain leaves the last measured drain as it was.
-    record_swap(lay, "int8", 41.0, 12.0, 57.0, DrainReport("idle", 0.5, 600.0), now=6.0)
-    assert read_timings(lay).drain_s == 20.0
+    assert (t.overhead_s, t.drain_s) == (3.5, None)  # the drain's own: drain_requests writes it
     lay.timings_file.write_text("{not json")
     assert read_timings(lay) == Timings()
+
+
+def test_an_idle_drain_leaves_the_last_measured_drain_as_it_was(lay):
+    tx = _swap(lay)[2]
+    lay.timings_file.write_text(json.dumps({"schema": TIMINGS_SCHEMA, "drain_s": 20.0}))
+    out = tx.run()
+    assert out.result == "promoted" and out.drain["result"] == "idle"
+    assert read_timings(lay).drain_s == 20.0
 
 
 # --- the swap transaction drains first -----------------------------------------------------
@@ -294,7 +301,7 @@ def test_retry_after_comes_from_this_hosts_last_window(lay):
     new = make_ref(lay, "int8", "5555eeee6666ffff")
     plan = make_plan(lay, new, plan_id="20261129T110000Z-bbbbbb")
     out = Transaction(plan, lay, host, front, FakeGate(), journal(lay, plan)).run()
-    expected = swap_estimate(measured, "int8", busy=False, fallback_s=30).seconds
+    expected = window_estimate(measured, "int8", busy=False, fallback_s=30).seconds
     assert out.result == "promoted" and front.retry_after[-1] == expected == out.retry_after_s
     assert expected != 30 and abs(expected - tx.timings["window_s"]) <= 1.5
 
