@@ -50,7 +50,7 @@ SLOW_S = 90  # the slow step: dpkg held back this long, once
 # The slow step's start and end (the host's epoch seconds), written by the hook itself; on
 # disk, not in /run: the reboot after the install must not make dpkg sleep again.
 SLOW_MARK = "/var/lib/rigfleet-e2e-slow-step"
-# The host's measured window times set short (``rigfleet.hostside.timings``): the window's
+# The host's measured window times set short (``rigfleet.hostside.steps``): the window's
 # estimate (its 503's Retry-After) is a few seconds, and the step runs far past it.
 SHORT_TIMES = {"overhead_s": 0.5, "drain_s": None, "steps_s": 1.0}
 SHORT_STACK_TIMES = {"boot_s": 0.5, "gate_s": 1.0, "at": 0.0}
