@@ -73,9 +73,9 @@ def _bump_note(summary: Mapping[str, Any]) -> Text:
                 style="magenta")
 
 
-def render_balancers(rows: Sequence[BalancerRow], title: str = "balancers") -> Table:
+def render_balancers(rows: Sequence[BalancerRow]) -> Table:
     """One line per balancer and stack: which hosts are in rotation; the rest as notes."""
-    table = Table(title, ["balancer", "stack", "up", "in rotation", "url"],
+    table = Table("balancers", ["balancer", "stack", "up", "in rotation", "url"],
                   keys=("balancer", "stack"))
     for r in rows:
         key = f"{r.balancer} {r.stack or ''}".strip()
