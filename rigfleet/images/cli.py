@@ -174,7 +174,18 @@ def cmd_import(args: argparse.Namespace) -> int:
                       bytes=info.size, imported_from=str(args.file))
         result.update(into=str(dest), sha256=sha)
     if args.host:
-        result["hosts"] = _load_hosts(args, targets, image, digest, chosen.image_id)
+        from rigfleet.ssh import HostUnreachable, SshRemote
+
+        # Without a known digest the image is verified by its id alone (a loaded image has none).
+        want = WantedImage(image, digest or chosen.image_id, chosen.image_id, ())
+        remote = SshRemote(connect_timeout=args.timeout)
+        for name in args.host:
+            try:
+                with progress_bar(f"{name}: docker load {image}", info.size) as meter:
+                    result["hosts"][name] = load_archive(remote, targets[name], want, args.file,
+                                                         meter)
+            except (RigfleetError, HostUnreachable, OSError) as e:
+                result["hosts"][name] = f"failed: {e}"
     pins = {k: v for k, v in (("image", image), ("digest", digest),
                               ("image_id", chosen.image_id)) if v}
     result["pin"] = pins
@@ -188,19 +199,3 @@ def cmd_import(args: argparse.Namespace) -> int:
     show(args.json, result, t)
     return int(any(done.startswith("failed") for done in result["hosts"].values()))
 
-
-def _load_hosts(args: argparse.Namespace, hosts: dict[str, Any], image: str, digest: str | None,
-                image_id: str) -> dict[str, str]:
-    from rigfleet.ssh import HostUnreachable, SshRemote
-
-    # Without a known digest the image is verified by its id alone (a loaded image has none).
-    want = WantedImage(image, digest or image_id, image_id, ())
-    remote = SshRemote(connect_timeout=args.timeout)
-    out: dict[str, str] = {}
-    for name in args.host:
-        try:
-            with progress_bar(f"{name}: docker load {image}", args.file.stat().st_size) as meter:
-                out[name] = load_archive(remote, hosts[name], want, args.file, meter)
-        except (RigfleetError, HostUnreachable, OSError) as e:
-            out[name] = f"failed: {e}"
-    return out
