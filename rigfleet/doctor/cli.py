@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Console
 from rich.text import Text
 
 from rigfleet.catalog import DEFAULT_MARGIN, Catalog, StackSpec
-from rigfleet.cliargs import fleet_options
+from rigfleet.cliargs import console, fleet_options
 from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
 from rigfleet.hostprobe import HostProbe
@@ -145,8 +144,7 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.ssh import SshRemote
 
     hosts = gpu_hosts(fleet_hosts(args))
-    Console(stderr=True).print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load "
-                               "each ...")
+    console.print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load each ...")
     diagnoses = []
     for view in fleet_view(hosts, SshRemote(connect_timeout=args.timeout),
                            timeout=args.load_s + args.timeout, doctor_load_s=args.load_s):

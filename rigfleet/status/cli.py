@@ -12,12 +12,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
 from rigfleet.balancer.status import BalancerRow, balancer_rows
-from rigfleet.cliargs import UsageError, fleet_options, select
+from rigfleet.cliargs import UsageError, console, fleet_options, select
 from rigfleet.inventory import balancers, gpu_hosts
 from rigfleet.ssh import SshRemote
 from rigfleet.status.rows import (
@@ -81,14 +80,13 @@ def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str])
     from rigfleet.monitor.page import PageInput, render
     from rigfleet.monitor.query import MonitorError, fetch, monitor_host
 
-    err = Console(stderr=True)
     try:
         monitor = monitor_host(hosts, args.inventory)
         now = time.time()
         answers = fetch(SshRemote(connect_timeout=args.timeout), monitor, now=now,
                         hours=args.hours, timeout=args.timeout)
     except MonitorError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_ERROR
     serving = [h.name for h in gpu_hosts(hosts) if h.name in chosen]
     page = render(PageInput(hosts=serving, monitor=monitor.name, now=now, hours=args.hours,
@@ -97,7 +95,7 @@ def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str])
     try:
         Path(args.html).write_text(page, encoding="utf-8")
     except OSError as e:
-        err.print(f"[red]error:[/red] --html: {escape(args.html)}: {escape(e.strerror or str(e))}")
+        console.print(f"[red]error:[/red] --html: {escape(args.html)}: {escape(e.strerror or str(e))}")
         return EXIT_ERROR
     alerts = len(answers.alerts.get("data", {}).get("alerts", []))
     print(f"wrote {args.html}: {len(serving)} host(s), {alerts} alert(s), "
