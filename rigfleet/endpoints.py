@@ -46,11 +46,11 @@ def read_key(settings: HostSettings) -> str:
     return Path(settings.api_key_file).read_text().strip()
 
 
-def chat(url: str, key: str, prompt: str, max_tokens: int = 40, timeout: float = 60,
+def chat(url: str, key: str, prompt: str, timeout: float = 60,
          context: ssl.SSLContext | None = None) -> dict:
     body = json.dumps({"model": "qwen3.6-27b-autoround",
                        "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": max_tokens, "temperature": 0}).encode()
+                       "max_tokens": 40, "temperature": 0}).encode()
     req = urllib.request.Request(f"{url}/v1/chat/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json",
                                           "Authorization": f"Bearer {key}"})

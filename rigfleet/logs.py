@@ -24,7 +24,7 @@ from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO, cast
 
-from rigfleet.cliargs import host_command, one_host
+from rigfleet.cliargs import UsageError, host_command, one_host
 from rigfleet.commands import logs as cmds
 from rigfleet.hostside.layout import HOST
 
@@ -36,7 +36,7 @@ SINCE_ALLOWED = "a duration (30s, 10m, 2h, 1d) or a UTC time (2026-12-03T10:00:0
 
 
 def parse_since(value: str, now: datetime | None = None) -> datetime:
-    """``--since``'s value as a UTC time; ``ValueError`` names the flag and what is allowed."""
+    """``--since``'s value as a UTC time; ``UsageError`` names the flag and what is allowed."""
     text = value.strip()
     if m := _DURATION.fullmatch(text):
         now = now or datetime.now(UTC)
@@ -44,7 +44,7 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"--since: {value!r}; allowed: {SINCE_ALLOWED}") from None
+        raise UsageError(f"--since: {value!r}; allowed: {SINCE_ALLOWED}") from None
     return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 
 
@@ -136,15 +136,11 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rigfleet.ssh import SshRemote
 
-    try:
-        since = parse_since(args.since) if args.since else None
-        if args.lines is not None and args.lines < 0:
-            raise ValueError(f"--lines: {args.lines}; allowed: 0 or more")
-        if args.stack is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", args.stack):
-            raise ValueError(f"--stack: {args.stack!r}; allowed: a stack name (int8, ...)")
-    except ValueError as e:
-        sys.stderr.write(f"error: {e}\n")
-        return 2  # a usage error
+    since = parse_since(args.since) if args.since else None
+    if args.lines is not None and args.lines < 0:
+        raise UsageError(f"--lines: {args.lines}; allowed: 0 or more")
+    if args.stack is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", args.stack):
+        raise UsageError(f"--stack: {args.stack!r}; allowed: a stack name (int8, ...)")
     lines = args.lines if args.lines is not None else (None if since else 100)
     host = one_host(args)
     sources = list(dict.fromkeys(args.source)) or list(cmds.SOURCES)

@@ -62,12 +62,11 @@ def install_keyring(key_url: str, dest: str, fingerprint: str | None = None) -> 
             f"install -m 0644 -o root -g root {tmp} {d} && rm -f {tmp}")
 
 
-def deb822_sources(url: str, suite: str, components: Sequence[str] | str, signed_by: str) -> str:
+def deb822_sources(url: str, suite: str, components: Sequence[str], signed_by: str) -> str:
     """A deb822 ``.sources`` file (a flat repository, suite ``/``, has no components)."""
-    comps = components.split() if isinstance(components, str) else list(components)
     lines = ["Types: deb", f"URIs: {url}", f"Suites: {suite}"]
-    if comps:
-        lines.append(f"Components: {' '.join(comps)}")
+    if components:
+        lines.append(f"Components: {' '.join(components)}")
     lines.append(f"Signed-By: {signed_by}")
     return "\n".join(lines) + "\n"
 

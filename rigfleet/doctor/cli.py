@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Console
 from rich.text import Text
 
 from rigfleet.catalog import DEFAULT_MARGIN, Catalog, StackSpec
-from rigfleet.cliargs import fleet_options
+from rigfleet.cliargs import console, fleet_options
 from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
 from rigfleet.hostprobe import HostProbe
@@ -36,9 +35,6 @@ class Diagnosis:
     verdict: Verdict | None = None
     causes: list[Cause] = field(default_factory=list)
     error: str = ""
-    probe: HostProbe | None = None  # what the verdict's baseline is read from
-    spec: StackSpec | None = None
-    scale: float = 1.0  # the host's throughput_scale
 
     def to_dict(self) -> dict[str, Any]:
         ev = self.evidence
@@ -63,36 +59,35 @@ def expectations(spec: StackSpec | None, probe: HostProbe) -> Expect:
 
 
 def examine(host: str, probe: HostProbe, catalog: Catalog, scale: float = 1.0) -> Diagnosis:
-    """The evidence and causes of one probed host (the verdict needs the fleet)."""
+    """The evidence, causes and baseline of one probed host (``judge_fleet`` adds its peers);
+    ``scale``: the host's throughput_scale."""
     ev = parse_evidence(host, probe.section("doctor"))
     stack = ev.stack or probe.state.get("stack")
     stack = stack if isinstance(stack, str) else None
     spec = catalog.get(stack) if stack is not None and stack in catalog else None
     pins = tuple(str(probe.state.get(k) or "") for k in ("digest", "genesis_commit",
                                                          "model_revision"))
-    d = Diagnosis(host, stack, pins, ev, error=ev.error, probe=probe, spec=spec, scale=scale)
-    if not ev.error:
-        d.causes = diagnose(ev, expectations(spec, probe))
+    d = Diagnosis(host, stack, pins, ev, error=ev.error)
+    if ev.error:
+        return d
+    d.causes = diagnose(ev, expectations(spec, probe))
+    base, source = None, ""
+    if spec is not None:
+        ref = spec.throughput.reference if spec.throughput else {}
+        b = baseline_for(probe.throughput_history, spec.name, ref, scale, HISTORY_N)
+        base, source = b.figures.get("narrative"), b.sources.get("narrative", "")
+    margin = spec.throughput.margin if spec and spec.throughput else DEFAULT_MARGIN
+    d.verdict = Verdict(ev.load_decode, base, source, margin=margin)
     return d
 
 
 def judge_fleet(diagnoses: Sequence[Diagnosis]) -> None:
     """Each host's verdict against its baseline and its peers' median."""
     for d in diagnoses:
-        if d.evidence is None or d.error or d.probe is None:
-            continue
-        spec = d.spec
-        now = d.evidence.load_decode
-        base, source = None, ""
-        margin = spec.throughput.margin if spec and spec.throughput else DEFAULT_MARGIN
-        if spec is not None:
-            ref = spec.throughput.reference if spec.throughput else {}
-            b = baseline_for(d.probe.throughput_history, spec.name, ref, d.scale, HISTORY_N)
-            base, source = b.figures.get("narrative"), b.sources.get("narrative", "")
-        peers = [p.evidence.load_decode for p in diagnoses
-                 if p.evidence and p.evidence.load_decode is not None and not p.error
-                 and (p.stack, p.pins) == (d.stack, d.pins)]
-        d.verdict = verdict(now, base, source, peers, margin)
+        if (v := d.verdict) is not None:
+            peers = [p.verdict.now for p in diagnoses if p.verdict and p.verdict.now is not None
+                     and (p.stack, p.pins) == (d.stack, d.pins)]
+            d.verdict = verdict(v.now, v.baseline, v.baseline_source, peers, v.margin)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -149,8 +144,7 @@ def run(args: argparse.Namespace) -> int:
     from rigfleet.ssh import SshRemote
 
     hosts = gpu_hosts(fleet_hosts(args))
-    Console(stderr=True).print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load "
-                               "each ...")
+    console.print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load each ...")
     diagnoses = []
     for view in fleet_view(hosts, SshRemote(connect_timeout=args.timeout),
                            timeout=args.load_s + args.timeout, doctor_load_s=args.load_s):

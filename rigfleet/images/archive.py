@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rigfleet.errors import RigfleetError
+from rigfleet.hostside.atomic import write_atomic
 
 SIDECAR_SCHEMA = "rigfleet-image-archive/1"
 _CONFIG_NAME = re.compile(r"(?:blobs/sha256/)?(?P<hex>[0-9a-f]{64})(?:\.json)?")
@@ -127,7 +128,5 @@ def write_sidecar(archive: str | Path, **pin: Any) -> Path:
     name = Path(archive).name
     data = {"schema": SIDECAR_SCHEMA, **pin, "archive": name,
             "restore": f"rigfleet images import {name} --host <host> (or: docker load -i {name})"}
-    tmp = path.with_suffix(".json.partial")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
     return path

@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from rigfleet.cliargs import fleet_hosts, fleet_options
+from rigfleet.desired import load_desired
 from rigfleet.errors import RigfleetError
+from rigfleet.fleetview import each_host
 from rigfleet.images.archive import (
     ArchivedImage,
     ArchiveInfo,
@@ -31,9 +37,12 @@ from rigfleet.images.archive import (
     inspect_archive,
     write_sidecar,
 )
-from rigfleet.images.plan import WantedImage, wanted_images
-from rigfleet.images.transfer import Counted, export_image, load_archive, progress_bar
-from rigfleet.inventory import gpu_hosts
+from rigfleet.images.checks import SourceChecker
+from rigfleet.images.deploy import build_plan, fact_arguments
+from rigfleet.images.plan import ImagePlan, StagingPlan, WantedImage, wanted_images
+from rigfleet.images.transfer import Counted, export_image, host_state, load_archive, progress_bar
+from rigfleet.inventory import InventoryHost, gpu_hosts
+from rigfleet.ssh import Remote
 from rigfleet.tables import Table, show
 
 
@@ -81,8 +90,85 @@ def _hosts(args: argparse.Namespace) -> list[Any]:
     return hosts
 
 
+@dataclass(frozen=True)
+class HostImages:
+    host: str
+    plan: StagingPlan | None = None
+    error: str | None = None
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+
+def host_images(host: InventoryHost, remote: Remote, checker: SourceChecker) -> HostImages:
+    want = load_desired(host.name, host.data)
+    plan = build_plan(want, host_state(remote, host, **fact_arguments(want)), checker)
+    return HostImages(host.name, plan, problems=plan.problems)
+
+
+def fleet_images(hosts: Sequence[InventoryHost], remote: Remote) -> list[HostImages]:
+    """Each host's rows from the same plan the deploy runs (its state read over SSH)."""
+    checker = SourceChecker()
+    return each_host(hosts, lambda h: host_images(h, remote, checker),
+                     lambda h, why: HostImages(h.name, error=why))
+
+
+def source_cell(p: ImagePlan) -> str:
+    """``[1] archive``: the source a fetch would use."""
+    if p.action == "fetch" and p.source is not None:
+        return f"[{p.source.index}] {p.source.source.kind}"
+    return {"present": "-", "tag": "docker tag", "refused": "none"}.get(p.action, "-")
+
+
+def table(rows: Sequence[HostImages], title: str = "rigfleet images status") -> Table:
+    """One line per host and image (last: the cell a narrow terminal cuts), notes under it."""
+    t = Table(title, ["host", "present", "id", "source", "image"])
+    for row in rows:
+        if row.plan is None:
+            t.row(row.host, Text("?", style="red"), "", "", "")
+            t.note(row.host, Text(str(row.error), style="red"))
+            continue
+        for p in row.plan.images:
+            present = Text(p.presence.label, style="green" if p.action == "present" else
+                           "yellow" if p.action in ("tag", "fetch") else "red")
+            local = p.presence.local.id[7:19] if p.presence.local else "-"
+            t.row(row.host, present, local, source_cell(p), p.want.image)
+            found = (f"; {p.source.label}: {p.source.reason}"
+                     if p.action == "fetch" and p.source is not None else "")
+            t.note(row.host, f"{p.want.label}{found}")
+        for line in row.problems:
+            t.note(row.host, Text(line.removeprefix(f"{row.host}: "), style="red"))
+        for line in row.plan.notes:
+            t.note(row.host, line.removeprefix(f"{row.host}: "))
+    return t
+
+
+def as_json(rows: Sequence[HostImages]) -> dict[str, Any]:
+    hosts = []
+    for row in rows:
+        entry: dict[str, Any] = {"host": row.host, "error": row.error, "images": [],
+                                 "problems": list(row.problems)}
+        for p in row.plan.images if row.plan else ():
+            local = p.presence.local
+            entry["images"].append({
+                "image": p.want.image, "digest": p.want.digest, "image_id": p.want.image_id,
+                "stacks": list(p.want.stacks), "present": p.action == "present",
+                "local": None if local is None else {
+                    "ref": p.presence.ref, "id": local.id, "repo_digests": list(local.repo_digests),
+                    "repo_tags": list(local.repo_tags)},
+                "action": p.action,
+                "source": p.source.source.label if p.source else None,
+                "tried": [{"source": r.label, "ok": r.ok, "reason": r.reason, "bytes": r.size}
+                          for r in p.tried],
+            })
+        hosts.append(entry)
+    return {"hosts": hosts, "ok": all(not r.error and not r.problems for r in rows)}
+
+
+def exit_status(rows: Sequence[HostImages]) -> int:
+    """0: every host has (or can get) every pinned image."""
+    return 0 if all(not r.error and not r.problems for r in rows) else 1
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    from rigfleet.images.status import as_json, exit_status, fleet_images, table
     from rigfleet.ssh import SshRemote
 
     rows = fleet_images(_hosts(args), SshRemote(connect_timeout=args.timeout))
@@ -91,7 +177,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rigfleet.desired import load_desired
     from rigfleet.ssh import SshRemote
 
     hosts = {h.name: h for h in _hosts(args)}
@@ -174,7 +259,18 @@ def cmd_import(args: argparse.Namespace) -> int:
                       bytes=info.size, imported_from=str(args.file))
         result.update(into=str(dest), sha256=sha)
     if args.host:
-        result["hosts"] = _load_hosts(args, targets, image, digest, chosen.image_id)
+        from rigfleet.ssh import HostUnreachable, SshRemote
+
+        # Without a known digest the image is verified by its id alone (a loaded image has none).
+        want = WantedImage(image, digest or chosen.image_id, chosen.image_id, ())
+        remote = SshRemote(connect_timeout=args.timeout)
+        for name in args.host:
+            try:
+                with progress_bar(f"{name}: docker load {image}", info.size) as meter:
+                    result["hosts"][name] = load_archive(remote, targets[name], want, args.file,
+                                                         meter)
+            except (RigfleetError, HostUnreachable, OSError) as e:
+                result["hosts"][name] = f"failed: {e}"
     pins = {k: v for k, v in (("image", image), ("digest", digest),
                               ("image_id", chosen.image_id)) if v}
     result["pin"] = pins
@@ -188,19 +284,3 @@ def cmd_import(args: argparse.Namespace) -> int:
     show(args.json, result, t)
     return int(any(done.startswith("failed") for done in result["hosts"].values()))
 
-
-def _load_hosts(args: argparse.Namespace, hosts: dict[str, Any], image: str, digest: str | None,
-                image_id: str) -> dict[str, str]:
-    from rigfleet.ssh import HostUnreachable, SshRemote
-
-    # Without a known digest the image is verified by its id alone (a loaded image has none).
-    want = WantedImage(image, digest or image_id, image_id, ())
-    remote = SshRemote(connect_timeout=args.timeout)
-    out: dict[str, str] = {}
-    for name in args.host:
-        try:
-            with progress_bar(f"{name}: docker load {image}", args.file.stat().st_size) as meter:
-                out[name] = load_archive(remote, hosts[name], want, args.file, meter)
-        except (RigfleetError, HostUnreachable, OSError) as e:
-            out[name] = f"failed: {e}"
-    return out

@@ -107,27 +107,24 @@ def parse_state(lines: Iterable[str]) -> HostImageState:
     loaded: dict[str, tuple[str, ...]] = {}  # image id -> the digests its checked loads name
     current_dir: str | None = None
     for raw in lines:
-        parts = raw.rstrip("\n").split("\t")
-        kind = parts[0]
-        if kind == "root" and len(parts) == 2 and parts[1]:
-            root = parts[1]
-        elif kind == "image" and len(parts) >= 3:
-            images[parts[1]] = _image(parts[2:])
-        elif kind == "dir" and len(parts) == 2:
-            current_dir = parts[1]
-            dirs[current_dir] = []
-        elif kind == "archive" and len(parts) >= 3:
-            path = parts[1]
-            if parts[2] == "missing":
+        match raw.rstrip("\n").split("\t"):
+            case ["root", path] if path:
+                root = path
+            case ["image", ref, *fields] if fields:
+                images[ref] = _image(fields)
+            case ["dir", path]:
+                current_dir = path
+                dirs[path] = []
+            case ["archive", path, "missing", *_]:
                 archives[path] = HostArchive(None)
-                continue
-            archives[path] = _archive(parts[2], parts[3] if len(parts) > 3 else "")
-            if current_dir is not None and path.startswith(current_dir.rstrip("/") + "/"):
-                dirs[current_dir].append(path)
-        elif kind == "free" and len(parts) == 4 and parts[3].isdigit():
-            free[parts[1]] = Space(parts[2], int(parts[3]))
-        elif kind == "loaded" and len(parts) == 3:
-            loaded[parts[2]] = (*loaded.get(parts[2], ()), f"sha256:{parts[1]}")
+            case ["archive", path, size, *manifest]:
+                archives[path] = _archive(size, manifest[0] if manifest else "")
+                if current_dir is not None and path.startswith(current_dir.rstrip("/") + "/"):
+                    dirs[current_dir].append(path)
+            case ["free", key, filesystem, nbytes] if nbytes.isdigit():
+                free[key] = Space(filesystem, int(nbytes))
+            case ["loaded", digest, image_id]:
+                loaded[image_id] = (*loaded.get(image_id, ()), f"sha256:{digest}")
     images = {ref: replace(img, loaded=loaded[img.id]) if img and img.id in loaded else img
               for ref, img in images.items()}
     return HostImageState(root, images, archives,

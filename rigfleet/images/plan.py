@@ -294,7 +294,7 @@ def refusal(host: str, p: ImagePlan) -> list[str]:
 def disk_problems(host: str, plans: Sequence[ImagePlan],
                   state: HostImageState) -> tuple[list[str], list[str]]:
     """(refusals, notes): the space the fetches need per filesystem against what is free."""
-    per_fs: dict[str, tuple[str, list[int], list[str]]] = {}  # -> (path, sizes, what they are)
+    per_fs: dict[str, tuple[str, int, list[int], list[str]]] = {}  # (path, free, sizes, items)
     notes: list[str] = []
     for p in plans:
         for key, nbytes in p.need.items():
@@ -303,14 +303,13 @@ def disk_problems(host: str, plans: Sequence[ImagePlan],
             if space is None:
                 notes.append(f"{host}: free space on {path} unknown; the disk check skipped it")
                 continue
-            _, sizes, items = per_fs.setdefault(space.filesystem, (path, [], []))
+            *_, sizes, items = per_fs.setdefault(space.filesystem, (path, space.free, [], []))
             sizes.append(nbytes)
             items.append(f"{p.want.image} from {p.source.label if p.source else '?'} "
                          f"~{_gib(nbytes)}")
     problems = []
-    for fs, (path, sizes, items) in per_fs.items():
+    for fs, (path, free, sizes, items) in per_fs.items():
         need = sum(sizes) + RESERVE_BYTES
-        free = next(s.free for s in state.free.values() if s.filesystem == fs)
         if need > free:
             problems.append(
                 f"{host}: image_sources: staging needs ~{_gib(need)} on "

@@ -1,26 +1,33 @@
-"""``rigfleet status``: the hosts' rows (one probe each), then the balancers' rotation table;
-the exit status says the worst found. ``--html FILE`` writes a page from the monitor's
-Prometheus instead (docs/monitoring-rules.md).
+"""``rigfleet status``: the hosts' rows (one probe each; for people a table, drift as notes, or
+JSON for pipes), then the balancers' rotation table; the exit status says the worst found.
+``--html FILE`` writes a page from the monitor's Prometheus instead (docs/monitoring-rules.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
-from rigfleet.balancer.status import balancer_rows
-from rigfleet.cliargs import UsageError, fleet_options, select
+from rigfleet.balancer.status import BalancerRow, balancer_rows
+from rigfleet.cliargs import UsageError, console, fleet_options, select
 from rigfleet.inventory import balancers, gpu_hosts
 from rigfleet.ssh import SshRemote
-from rigfleet.status.render import as_json, render_balancers, render_table
-from rigfleet.status.rows import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, exit_status, fleet_status
-from rigfleet.tables import show
+from rigfleet.status.rows import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    StatusRow,
+    exit_status,
+    fleet_status,
+)
+from rigfleet.tables import Table, show
 
 
 def add_parser(subparsers: Any) -> None:
@@ -73,14 +80,13 @@ def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str])
     from rigfleet.monitor.page import PageInput, render
     from rigfleet.monitor.query import MonitorError, fetch, monitor_host
 
-    err = Console(stderr=True)
     try:
         monitor = monitor_host(hosts, args.inventory)
         now = time.time()
         answers = fetch(SshRemote(connect_timeout=args.timeout), monitor, now=now,
                         hours=args.hours, timeout=args.timeout)
     except MonitorError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")
         return EXIT_ERROR
     serving = [h.name for h in gpu_hosts(hosts) if h.name in chosen]
     page = render(PageInput(hosts=serving, monitor=monitor.name, now=now, hours=args.hours,
@@ -89,7 +95,7 @@ def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str])
     try:
         Path(args.html).write_text(page, encoding="utf-8")
     except OSError as e:
-        err.print(f"[red]error:[/red] --html: {escape(args.html)}: {escape(e.strerror or str(e))}")
+        console.print(f"[red]error:[/red] --html: {escape(args.html)}: {escape(e.strerror or str(e))}")
         return EXIT_ERROR
     alerts = len(answers.alerts.get("data", {}).get("alerts", []))
     print(f"wrote {args.html}: {len(serving)} host(s), {alerts} alert(s), "
@@ -100,3 +106,120 @@ def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str])
 def balancer_exit(rows: Sequence[Any]) -> int:
     """An unreadable balancer, or a stack with no host in rotation, counts as unreachable."""
     return EXIT_OK if all(r.ok for r in rows) else EXIT_UNREACHABLE
+
+
+def _when(iso: str | None) -> str:
+    """``2026-11-29T16:45:02+00:00`` -> ``11-29 16:45`` for a table cell."""
+    if not iso:
+        return ""
+    return iso.replace("T", " ")[5:16] if len(iso) >= 16 and iso[10] == "T" else iso
+
+
+def as_json(rows: Sequence[StatusRow],
+            balancers: Sequence[BalancerRow] = ()) -> dict[str, Any]:
+    """``--json``: hosts, ok, and the unfinished bumps and the balancers when there are any."""
+    out: dict[str, Any] = {"hosts": [{**asdict(r), "ok": r.ok} for r in rows],
+                           "ok": all(r.ok for r in rows) and all(b.ok for b in balancers)}
+    if bumps := bump_summaries(rows):
+        out["bumps"] = bumps
+    if balancers:
+        out["balancers"] = [{**asdict(b), "ok": b.ok} for b in balancers]
+    return out
+
+
+# The states of ``BumpJournal.host_view`` as a bump cell says them.
+_BUMP_WORDS = {"candidate": "on candidate", "old": "old pins", "in flight": "in flight",
+               "failed": "rolled back", "lost": "lost", "skipped": "skipped",
+               "not attempted": "old pins", "up to date": "on candidate"}
+_BUMP_STYLE = {"on candidate": "green", "old pins": "yellow", "in flight": "magenta",
+               "rolled back": "red", "lost": "red", "skipped": "yellow"}
+
+
+def bump_cell(view: Mapping[str, Any] | None) -> Text:
+    """``on candidate 11-29 10:41``, ``old pins``, ``in flight 11-29 10:45 (runs candidate)``."""
+    if not view:
+        return Text("-")
+    words = _BUMP_WORDS.get(str(view.get("state")), str(view.get("state")))
+    text = f"{words} {_when(view.get('since'))}".strip()
+    if view.get("runs"):
+        text += f" (runs {view['runs']})"
+    return Text(text, style=_BUMP_STYLE.get(words, ""))
+
+
+def bump_summaries(rows: Sequence[StatusRow]) -> list[dict[str, Any]]:
+    """One entry per unfinished bump the rows are in, its hosts by where they stand."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if not r.bump:
+            continue
+        entry = out.setdefault(str(r.bump["bump"]), {
+            k: r.bump.get(k) for k in ("bump", "target", "started", "by", "journal")})
+        entry.setdefault("hosts", {}).setdefault(str(r.bump.get("state")), []).append(r.host)
+    return list(out.values())
+
+
+def _bump_note(summary: Mapping[str, Any]) -> Text:
+    hosts = summary.get("hosts") or {}
+    parts = [f"{_BUMP_WORDS.get(state, state)}: {', '.join(names)}"
+             for state, names in hosts.items()]
+    return Text(f"{summary['bump']} ({summary['target']}), started {_when(summary['started'])} "
+                f"by {summary['by']}: {'; '.join(parts)}. `rigfleet bump` finishes it, "
+                f"`rigfleet bump --abandon` records it and stops (journal {summary['journal']})",
+                style="magenta")
+
+
+def render_balancers(rows: Sequence[BalancerRow]) -> Table:
+    """One line per balancer and stack: which hosts are in rotation; the rest as notes."""
+    table = Table("balancers", ["balancer", "stack", "up", "in rotation", "url"],
+                  keys=("balancer", "stack"))
+    for r in rows:
+        key = f"{r.balancer} {r.stack or ''}".strip()
+        if r.error:
+            table.note(key, Text(r.error, style="red"))
+        for host, why in r.out:
+            table.note(key, Text(f"{host} out of rotation: {why}", style="yellow"))
+        total = len(r.up) + len(r.out)
+        up = (Text("-") if not r.reachable or r.error
+              else Text(f"{len(r.up)}/{total}", style="green" if r.up else "red"))
+        table.row(r.balancer, r.stack or "-", up, " ".join(r.up) or "-", r.url)
+    return table
+
+
+def tok_s(throughput: dict | None) -> Text:
+    """``89/119`` (narrative/code decode tok/s of the last gate), red when it failed."""
+    if not throughput:
+        return Text("-")
+    text = "/".join(f"{v:.0f}" if isinstance(v, int | float) else "-"
+                    for v in (throughput.get("narrative"), throughput.get("code")))
+    return Text(text, style="red" if throughput.get("result") == "fail" else "")
+
+
+def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> Table:
+    """One line per host, drift and errors as notes; mid-bump, a ``bump`` column and a note."""
+    mid_bump = any(r.bump for r in rows)
+    columns = ["host", "stack", "image/genesis/model", "gate", "tok/s", "drift"]
+    table = Table(title + (" (mid-bump)" if mid_bump else ""),
+                  [*columns, "bump"] if mid_bump else columns, keys=("host", "stack"))
+    for summary in bump_summaries(rows):
+        table.note("mid-bump", _bump_note(summary))
+    for r in rows:
+        if not r.reachable:
+            stack, drift = Text("unreachable", style="red"), Text("-")
+            table.note(r.host, Text(r.error or "unreachable", style="red"))
+        else:
+            stack = Text(r.stack or "-")
+            if r.error:
+                table.note(r.host, Text(r.error, style="red"))
+            drift = (Text(str(len(r.drift)), style="yellow") if r.drift
+                     else Text("none", style="green"))
+            for line in r.drift:
+                table.note(r.host, Text(line, style="yellow"))
+        pins = "/".join(v.removeprefix("sha256:")[:7] if v else "-"
+                        for v in (r.digest, r.genesis, r.model_revision))
+        gate = "-" if r.gate is None else f"{r.gate} {_when(r.gate_time)}".strip()
+        cells: list[Any] = [r.host, stack, pins if r.reachable else "-", gate,
+                            tok_s(r.throughput), drift]
+        if mid_bump:
+            cells.append(bump_cell(r.bump))
+        table.row(*cells)
+    return table

@@ -131,10 +131,9 @@ def host_status(host: InventoryHost, timeout: float = 20.0, pins_base: Path | No
 
 
 def fleet_status(hosts: Sequence[InventoryHost], timeout: float = 20.0,
-                 pins_base: Path | None = None,
                  probe: Callable[[InventoryHost], StatusRow] | None = None) -> list[StatusRow]:
     """Every host's row, probed at once, in inventory order (``probe``: tests' stand-in)."""
-    return each_host(hosts, probe or (lambda h: host_status(h, timeout, pins_base)),
+    return each_host(hosts, probe or (lambda h: host_status(h, timeout)),
                      lambda h, why: StatusRow(h.name, reachable=False, error=why),
                      timeout=timeout)
 

@@ -295,8 +295,7 @@ def test_status_shows_each_stack_of_a_balancer_and_fits_80_columns(tmp_path):
 
     from rigfleet.balancer.status import balancer_rows
     from rigfleet.ssh import HostUnreachable
-    from rigfleet.status.cli import balancer_exit
-    from rigfleet.status.render import as_json, render_balancers
+    from rigfleet.status.cli import as_json, balancer_exit, render_balancers
 
     hosts = inventory(tmp_path)
     remote = FakeRemote((0, (FIXTURES / "haproxy" / "show-stat-2.6.csv").read_text()))

@@ -37,7 +37,7 @@ from rigfleet.hostside.records import (
     read_throughput_history,
 )
 from rigfleet.hostside.verify.runner import append_history, write_last
-from rigfleet.status.render import render_table, tok_s
+from rigfleet.status.cli import render_table, tok_s
 from rigfleet.status.rows import StatusRow
 
 FAST = Pace(step_rate=2000.0, prefill_s=0.001)

@@ -1,4 +1,4 @@
-"""``rigfleet images status|export|import`` (rigfleet/images/cli.py, status.py) with fake hosts
+"""``rigfleet images status|export|import`` (rigfleet/images/cli.py) with fake hosts
 (``FakeRemote`` over ``FakeEngine``s) and a fake registry: the rows, the JSON, the files."""
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from images_fakes import (
 from rich.console import Console
 
 import rigfleet.images.cli as images_cli
-import rigfleet.images.status as images_status
 import rigfleet.ssh
 from rigfleet.cli import main
 from rigfleet.images.archive import archive_name, read_sidecar
 from rigfleet.images.checks import SourceChecker
-from rigfleet.images.status import as_json, exit_status, fleet_images, table
+from rigfleet.images.cli import as_json, exit_status, fleet_images, table
 from rigfleet.inventory import InventoryHost
 
 IMAGE = "vllm/vllm-openai:v0.27.1"
@@ -48,7 +47,7 @@ def fleet(tmp_path: Path, monkeypatch) -> dict[str, Any]:
     remote = FakeRemote(engines={"host1": has, "host2": FakeEngine(), "host3": FakeEngine()})
     monkeypatch.setattr(images_cli, "_hosts", lambda inventory: hosts)
     monkeypatch.setattr(rigfleet.ssh, "SshRemote", lambda **_: remote)
-    monkeypatch.setattr(images_status, "SourceChecker", checker)
+    monkeypatch.setattr(images_cli, "SourceChecker", checker)
     return {"hosts": hosts, "remote": remote, "tmp": tmp_path}
 
 
@@ -78,13 +77,13 @@ def test_status_rows_say_what_is_there_and_where_it_would_come_from(fleet) -> No
 
 
 def test_status_exit_1_when_a_host_cannot_get_an_image(fleet, monkeypatch) -> None:
-    monkeypatch.setattr(images_status, "SourceChecker", lambda: checker(known=False))
+    monkeypatch.setattr(images_cli, "SourceChecker", lambda: checker(known=False))
     rows = fleet_images(fleet["hosts"][:2], fleet["remote"])
     assert exit_status(rows) == 1
     host2 = as_json(rows)["hosts"][1]
     assert host2["images"][0]["action"] == "refused"
     assert any("no source can provide it" in p for p in host2["problems"])
-    monkeypatch.setattr(images_status, "SourceChecker", checker)
+    monkeypatch.setattr(images_cli, "SourceChecker", checker)
     assert exit_status(fleet_images(fleet["hosts"][:1], fleet["remote"])) == 0
 
 

@@ -30,8 +30,8 @@ from rigfleet.inventory import InventoryHost
 from rigfleet.pins import GenesisPin, StackPins, load_pins, save_pins
 from rigfleet.resources import PROJECT_ROOT
 from rigfleet.status import cli as status_cli
+from rigfleet.status.cli import as_json, render_table
 from rigfleet.status.drift import find_drift
-from rigfleet.status.render import as_json, render_table
 from rigfleet.status.rows import (
     StatusRow,
     build_row,
@@ -412,7 +412,7 @@ def test_in_80_columns_and_a_pipe_each_host_is_one_line_and_no_word_is_cut(want)
             replace(build_row(want, HostProbe(converged_facts(want))), host="rig-c")]
     env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
     code = ("import sys, pickle; from rich.console import Console; "
-            "from rigfleet.status.render import render_table; "
+            "from rigfleet.status.cli import render_table; "
             "render_table(pickle.loads(sys.stdin.buffer.read())).print(Console())")
     import pickle
 

@@ -26,7 +26,7 @@ from rigfleet.doctor.rules import Verdict
 from rigfleet.endpoints import EndpointCheck
 from rigfleet.hostside.bench.measure import BenchResult, RunResult, ShapeResult
 from rigfleet.hostside.bench.report import Entry
-from rigfleet.status.render import render_balancers, render_table
+from rigfleet.status.cli import render_balancers, render_table
 from rigfleet.status.rows import StatusRow
 from rigfleet.tables import Table
 
