@@ -46,7 +46,7 @@ from rigfleet.hostdata import (
     check_gpus,
     stop_on_preflight,
 )
-from rigfleet.hostside.records import describe
+from rigfleet.hostside.records import describe, live_holder
 from rigfleet.images.deploy import preflight_images
 from rigfleet.oporder import fast_operation_order
 from rigfleet.packages import OsInfo
@@ -366,17 +366,19 @@ def preflight_of(title: str, check: Callable[[str, bool], _T]) -> Callable[..., 
     return cast(Callable[..., _T], deploy(title)(run))  # @deploy returns what run returns
 
 
-def _own_unit(holder: Any) -> bool:
-    return (isinstance(holder, dict) and bool(holder.get("alive")) and not holder.get("window")
-            and holder.get("who") in (hosttool.STACK_UNIT, hosttool.SUPERVISE_UNIT))
+def _own_unit(holder: Any) -> dict[str, Any] | None:
+    """``holder`` when it is one of the host's own units, alive (not a maintenance window)."""
+    live = live_holder(holder)
+    units = (hosttool.STACK_UNIT, hosttool.SUPERVISE_UNIT)
+    return live if live and not live.get("window") and live.get("who") in units else None
 
 
 def _lock_holder(name: str) -> Any:
     """The host lock's holder; the host's own units (the stack unit's ``ensure`` just after a
     first converge, the supervisor) are waited for up to ``OWN_UNITS_WAIT_S`` first."""
     holder = read_fact(SwapProbe).get("lock")
-    if _own_unit(holder):
-        host.log(f"{name}: {describe(holder)}; waiting for it (at most {OWN_UNITS_WAIT_S:g} s)")
+    if (own := _own_unit(holder)) is not None:
+        host.log(f"{name}: {describe(own)}; waiting for it (at most {OWN_UNITS_WAIT_S:g} s)")
     deadline = time.monotonic() + OWN_UNITS_WAIT_S
     while _own_unit(holder) and time.monotonic() < deadline:
         time.sleep(OWN_UNITS_WAIT_S / 30)

@@ -63,7 +63,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("roles", ("roles",)),
     ("commands for people", ("rigfleet.cli", "rigfleet.status", "rigfleet.bump",
                              "rigfleet.bench", "rigfleet.doctor", "rigfleet.images.cli",
-                             "rigfleet.images.status", "rigfleet.endpoints", "rigfleet.lockcmd",
+                             "rigfleet.endpoints", "rigfleet.lockcmd",
                              "rigfleet.logs", "rigfleet.pinlock", "rigfleet.rollback")),
 )
 
