@@ -76,7 +76,7 @@ class Progress:
         pass
 
     def step(self, label: str) -> None:
-        pass
+        self.tick(".")
 
     def note(self, text: str) -> None:
         pass
@@ -408,9 +408,8 @@ class Bench:
 
     def depths(self, depths: Sequence[int]) -> list[DepthResult]:
         """One request per depth, its prompt sized to ``depth`` tokens by the server's count."""
-        counter = prompts.TokenCounter(self.client, self.result.model, timeout=60,
-                                       chat_timeout=self.settings.timeout_s, note=self.note)
-        sizer = prompts.Sizer(counter)
+        sizer = prompts.server_sizer(self.client, self.result.model, 60, self.settings.timeout_s,
+                                     self.note)
         out = []
         for depth in depths:
             row = DepthResult(depth)
