@@ -366,12 +366,14 @@ class Bench:
         self.result.version = self.client.version(30) or self.result.version
         return True
 
-    def warmup(self) -> None:
+    def shapes(self) -> dict[str, ShapeResult]:
+        """The warm-up rounds, then each of the settings' shapes (``shape``)."""
         for _ in range(self.settings.warmup):
             for name in self.settings.shapes:
                 shape = BY_NAME[name]
                 self._chat(shape.messages(), min(shape.max_tokens, WARMUP_MAX_TOKENS),
                            shape.temperature, f"warm-up {name}")
+        return {name: self.shape(BY_NAME[name]) for name in self.settings.shapes}
 
     def shape(self, shape: Shape) -> ShapeResult:
         """``runs`` requests of ``shape``, one after the other, with /metrics around them."""
@@ -412,14 +414,10 @@ class Bench:
                                      self.note)
         out = []
         for depth in depths:
-            row = DepthResult(depth)
-            out.append(row)
-            mml = self.result.max_model_len
-            if mml and depth + DEPTH_MAX_TOKENS > mml:
-                row.note = f"skipped: over max-model-len {mml}"
-                self.progress.step(f"depth {depth}")
-                continue
+            out.append(row := DepthResult(depth))
             try:
+                if (mml := self.result.max_model_len) and depth + DEPTH_MAX_TOKENS > mml:
+                    raise prompts.SizingError(f"over max-model-len {mml}")
                 sized = sizer.fit("depth", partial(depth_messages, prompts.new_salt()), depth)
             except prompts.SizingError as e:
                 row.note = f"skipped: {e}"
@@ -438,9 +436,7 @@ class Bench:
         s = self.settings
         self.progress.begin(len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
         if self.prepare():
-            self.warmup()
-            for name in s.shapes:
-                self.result.shapes[name] = self.shape(BY_NAME[name])
+            self.result.shapes = self.shapes()
             if s.concurrency > 0:
                 self.result.concurrency = self.concurrency(s.concurrency)
             self.result.depths = self.depths(s.depths)

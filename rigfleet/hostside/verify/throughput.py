@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..bench.baseline import Baseline, Limits, baseline_for, judge
-from ..bench.measure import BY_NAME, Bench, BenchSettings, ShapeResult
+from ..bench.measure import Bench, BenchSettings, ShapeResult
 from ..layout import THROUGHPUT_HISTORY_NAME
 from ..records import ShapeFigures, ThroughputRecord, encode, read_throughput_history
 from .health import Finding
@@ -23,8 +23,7 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
     bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
                                             timeout_s=p.throughput_timeout_s),
                   progress=ctx.progress, model=ctx.model)
-    bench.warmup()
-    results = {name: bench.shape(BY_NAME[name]) for name in ("narrative", "code")}
+    results = bench.shapes()
     measured = {name: r.figures() for name, r in results.items()}
     code = results["code"]
     # No per-position counters (an older vLLM): unknown, not "nothing accepted".
