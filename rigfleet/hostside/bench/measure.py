@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..records import SHAPES, ShapeFigures, encode
+from ..records import SHAPES, ShapeFigures, ThroughputRecord, encode
 from ..verify import metrics, prompts
 from ..verify.client import ChatResult, Client, max_model_len
+from ..verify.report import now_iso
 
 WARMUP_MAX_TOKENS = 128
 
@@ -309,6 +310,16 @@ class BenchResult:
         """Wall time outside the requests: scrapes, sizing, the bench's own work."""
         return max(self.seconds - self.request_seconds, 0.0)
 
+    def record(self, stack: str, **fields: Any) -> ThroughputRecord:
+        """The shapes' figures and the code shape's MTP acceptance as a record of ``stack``
+        (``fields``: the rest; ``acceptance`` defaults to the per-position figures)."""
+        acc = self.shapes["code"].acceptance if "code" in self.shapes else None
+        fields.setdefault("acceptance", acc.per_position if acc else None)
+        return ThroughputRecord(
+            stack=stack, at=now_iso(), model=self.model,
+            shapes={k: f for k, v in self.shapes.items() if (f := v.figures()) is not None},
+            acceptance_length=acc.length if acc else None, **fields)
+
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "model": self.model, "version": self.version,
                 "max_model_len": self.max_model_len, "settings": encode(self.settings),
@@ -367,13 +378,15 @@ class Bench:
         return True
 
     def shapes(self) -> dict[str, ShapeResult]:
-        """The warm-up rounds, then each of the settings' shapes (``shape``)."""
+        """The warm-up rounds, then each of the settings' shapes (``shape``), kept in the
+        result."""
         for _ in range(self.settings.warmup):
             for name in self.settings.shapes:
                 shape = BY_NAME[name]
                 self._chat(shape.messages(), min(shape.max_tokens, WARMUP_MAX_TOKENS),
                            shape.temperature, f"warm-up {name}")
-        return {name: self.shape(BY_NAME[name]) for name in self.settings.shapes}
+        self.result.shapes = {name: self.shape(BY_NAME[name]) for name in self.settings.shapes}
+        return self.result.shapes
 
     def shape(self, shape: Shape) -> ShapeResult:
         """``runs`` requests of ``shape``, one after the other, with /metrics around them."""
@@ -436,7 +449,7 @@ class Bench:
         s = self.settings
         self.progress.begin(len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
         if self.prepare():
-            self.result.shapes = self.shapes()
+            self.shapes()
             if s.concurrency > 0:
                 self.result.concurrency = self.concurrency(s.concurrency)
             self.result.depths = self.depths(s.depths)
