@@ -220,12 +220,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                          f"allowed: {', '.join(checks.CHECK_NAMES)}")
     if not args.url.startswith(("http://", "https://")):
         parser.error(f"--url {args.url}: expected http://HOST:PORT or https://...")
-    key = None
-    if args.api_key_file:
-        try:
-            key = read_api_key(args.api_key_file)
-        except ValueError as exc:
-            parser.error(str(exc))
+    try:
+        key = read_api_key(args.api_key_file) if args.api_key_file else None
+    except ValueError as exc:
+        parser.error(str(exc))
     progress = ConsoleProgress(None if args.quiet else sys.stderr)
     try:
         rep, _ = run(args.url, prof, key, only, args.report_dir, progress)
