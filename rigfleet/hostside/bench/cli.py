@@ -15,14 +15,14 @@ from pathlib import Path
 from ..active import load_active
 from ..layout import Layout
 from ..plan import PlanError
-from ..records import SOURCE_ACCEPTED, ThroughputRecord
+from ..records import SOURCE_ACCEPTED
 from ..stackctl import read_api_key
 from ..verify.client import Client
 from ..verify.report import now_iso
 from ..verify.runner import append_history
 from ..verify.runner import read_api_key as read_key_file
 from . import report
-from .measure import Bench, BenchResult, BenchSettings, Progress
+from .measure import Bench, BenchSettings, Progress
 
 EXIT_OK, EXIT_NOTHING = 0, 1
 
@@ -99,19 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def accepted_record(stack: str, result: BenchResult, scale: float, by: str) -> ThroughputRecord:
-    """The record ``--accept-baseline`` appends: the measurement, source ``accepted``."""
-    code = result.shapes.get("code")
-    acc = code.acceptance if code else None
-    return ThroughputRecord(
-        stack=stack, at=now_iso(), source=SOURCE_ACCEPTED, result="pass",
-        shapes={k: f for k, v in result.shapes.items() if (f := v.figures()) is not None},
-        acceptance_length=acc.length if acc else None,
-        acceptance=acc.per_position if acc else None, scale=scale,
-        baseline={"source": f"accepted by {by or 'hand'}"}, version=result.version,
-        model=result.model)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -142,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     measured = any(s.figures() for s in result.shapes.values())
     record = None
     if args.accept_baseline and measured and stack:
-        record = accepted_record(stack, result, args.scale, args.by)
+        record = result.record(stack, source=SOURCE_ACCEPTED, scale=args.scale,
+                               baseline={"source": f"accepted by {args.by or 'hand'}"},
+                               version=result.version)
         append_history(lay.throughput_dir, record)
     paths = None
     if args.report_dir:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..records import SHAPES, ShapeFigures, encode
+from ..records import SHAPES, ShapeFigures, ThroughputRecord, encode
 from ..verify import metrics, prompts
 from ..verify.client import ChatResult, Client, max_model_len
+from ..verify.report import now_iso
 
 WARMUP_MAX_TOKENS = 128
 
@@ -76,7 +77,7 @@ class Progress:
         pass
 
     def step(self, label: str) -> None:
-        pass
+        self.tick(".")
 
     def note(self, text: str) -> None:
         pass
@@ -309,6 +310,16 @@ class BenchResult:
         """Wall time outside the requests: scrapes, sizing, the bench's own work."""
         return max(self.seconds - self.request_seconds, 0.0)
 
+    def record(self, stack: str, **fields: Any) -> ThroughputRecord:
+        """The shapes' figures and the code shape's MTP acceptance as a record of ``stack``
+        (``fields``: the rest; ``acceptance`` defaults to the per-position figures)."""
+        acc = self.shapes["code"].acceptance if "code" in self.shapes else None
+        fields.setdefault("acceptance", acc.per_position if acc else None)
+        return ThroughputRecord(
+            stack=stack, at=now_iso(), model=self.model,
+            shapes={k: f for k, v in self.shapes.items() if (f := v.figures()) is not None},
+            acceptance_length=acc.length if acc else None, **fields)
+
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "model": self.model, "version": self.version,
                 "max_model_len": self.max_model_len, "settings": encode(self.settings),
@@ -366,12 +377,16 @@ class Bench:
         self.result.version = self.client.version(30) or self.result.version
         return True
 
-    def warmup(self) -> None:
+    def shapes(self) -> dict[str, ShapeResult]:
+        """The warm-up rounds, then each of the settings' shapes (``shape``), kept in the
+        result."""
         for _ in range(self.settings.warmup):
             for name in self.settings.shapes:
                 shape = BY_NAME[name]
                 self._chat(shape.messages(), min(shape.max_tokens, WARMUP_MAX_TOKENS),
                            shape.temperature, f"warm-up {name}")
+        self.result.shapes = {name: self.shape(BY_NAME[name]) for name in self.settings.shapes}
+        return self.result.shapes
 
     def shape(self, shape: Shape) -> ShapeResult:
         """``runs`` requests of ``shape``, one after the other, with /metrics around them."""
@@ -408,19 +423,14 @@ class Bench:
 
     def depths(self, depths: Sequence[int]) -> list[DepthResult]:
         """One request per depth, its prompt sized to ``depth`` tokens by the server's count."""
-        counter = prompts.TokenCounter(self.client, self.result.model, timeout=60,
-                                       chat_timeout=self.settings.timeout_s, note=self.note)
-        sizer = prompts.Sizer(counter)
+        sizer = prompts.server_sizer(self.client, self.result.model, 60, self.settings.timeout_s,
+                                     self.note)
         out = []
         for depth in depths:
-            row = DepthResult(depth)
-            out.append(row)
-            mml = self.result.max_model_len
-            if mml and depth + DEPTH_MAX_TOKENS > mml:
-                row.note = f"skipped: over max-model-len {mml}"
-                self.progress.step(f"depth {depth}")
-                continue
+            out.append(row := DepthResult(depth))
             try:
+                if (mml := self.result.max_model_len) and depth + DEPTH_MAX_TOKENS > mml:
+                    raise prompts.SizingError(f"over max-model-len {mml}")
                 sized = sizer.fit("depth", partial(depth_messages, prompts.new_salt()), depth)
             except prompts.SizingError as e:
                 row.note = f"skipped: {e}"
@@ -439,9 +449,7 @@ class Bench:
         s = self.settings
         self.progress.begin(len(s.shapes) * (s.warmup + s.runs) + s.concurrency + len(s.depths))
         if self.prepare():
-            self.warmup()
-            for name in s.shapes:
-                self.result.shapes[name] = self.shape(BY_NAME[name])
+            self.shapes()
             if s.concurrency > 0:
                 self.result.concurrency = self.concurrency(s.concurrency)
             self.result.depths = self.depths(s.depths)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -371,7 +370,6 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
     p = ctx.profile
     deadline = time.monotonic() + p.soak_timeout_s
     turns: list[_Turn] = []
-    lock = threading.Lock()
     base_seed = random.SystemRandom().randrange(2**31)
 
     def session(idx: int) -> None:
@@ -392,8 +390,7 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
             silent = res.ok and tokens == 0 and res.seconds >= p.soak_silent_empty_min_s
             where = f"s{idx + 1}t{t + 1}"
             found = _health(ctx, res, where) if res.ok else []
-            with lock:
-                turns.append(_Turn(where, res, silent, found))
+            turns.append(_Turn(where, res, silent, found))  # list.append is atomic
             ctx.progress.tick("x" if not res.ok else "E" if silent else "!" if found else ".")
             if not res.ok:
                 return  # the session's context is broken; other sessions carry on

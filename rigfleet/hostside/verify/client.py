@@ -30,7 +30,11 @@ class HttpResult:
     status: int  # 0: no HTTP response at all
     body: bytes = b""
     seconds: float = 0.0
-    error: str = ""  # transport problem, if any
+    error: str = ""  # transport problem, or (a chat) an in-stream error
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
 
     def json(self) -> Any:
         try:
@@ -58,11 +62,10 @@ class HttpResult:
 
 
 @dataclass
-class ChatResult:
-    """A chat completion, streamed or not, reduced to what the checks look at."""
+class ChatResult(HttpResult):
+    """A chat completion, streamed or not, reduced to what the checks look at (``body``: the
+    raw body of a non-streamed or failed exchange)."""
 
-    status: int
-    seconds: float = 0.0
     ttft: float | None = None  # streaming: seconds to the first content/tool byte
     first_token: float | None = None  # streaming: to the first token of any kind (decode start)
     first_tokens: int | None = None  # continuous usage: the tokens the first such chunk held
@@ -71,12 +74,6 @@ class ChatResult:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-    error: str = ""  # transport or in-stream error; empty when the exchange completed
-    body: bytes = b""  # raw body of a non-streamed or failed exchange
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200 and not self.error
 
     @property
     def completion_tokens(self) -> int | None:
@@ -89,11 +86,7 @@ class ChatResult:
         return v if isinstance(v, int) else None
 
     def error_message(self) -> str:
-        if self.error:
-            return self.error
-        if self.status != 200:
-            return HttpResult(self.status, self.body).error_message()
-        return ""
+        return "" if self.ok else super().error_message()
 
     def tool_names(self) -> list[str]:
         return [str((c.get("function") or {}).get("name") or "") for c in self.tool_calls]
@@ -192,14 +185,14 @@ class Client:
                                      timeout=timeout)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             failed = self._failure(exc, t0)
-            return ChatResult(failed.status, failed.seconds, error=failed.error, body=failed.body)
+            return ChatResult(failed.status, failed.body, failed.seconds, failed.error)
         with resp:
             if stream and "text/event-stream" in (resp.headers.get("content-type") or ""):
                 return self._read_stream(resp, t0, timeout)
             try:
                 data = resp.read()
             except (OSError, http.client.HTTPException) as exc:
-                return ChatResult(resp.status, time.monotonic() - t0,
+                return ChatResult(resp.status, seconds=time.monotonic() - t0,
                                   error=self._transport_error(exc))
             return _parse_completion(resp.status, data, time.monotonic() - t0)
 
@@ -292,7 +285,7 @@ def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> N
 
 
 def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
-    out = ChatResult(status, seconds, body=data)
+    out = ChatResult(status, data, seconds)
     try:
         obj = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):

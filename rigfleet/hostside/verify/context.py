@@ -30,10 +30,9 @@ class Context:
     @cached_property
     def sizer(self) -> prompts.Sizer:
         """Sizes prompts in the server's own tokens; made on first use, after preflight."""
-        counter = prompts.TokenCounter(
-            self.client, self.model, timeout=max(self.profile.preflight_timeout_s, 30.0),
-            chat_timeout=self.profile.needle_timeout_s, note=self.progress.note)
-        return prompts.Sizer(counter, self.profile.size_tolerance)
+        return prompts.server_sizer(
+            self.client, self.model, max(self.profile.preflight_timeout_s, 30.0),
+            self.profile.needle_timeout_s, self.progress.note, self.profile.size_tolerance)
 
     def body(self, messages: prompts.Messages, max_tokens: int, temperature: float,
              tools: prompts.Tools = None, tool_choice: Any = None) -> dict[str, Any]:

@@ -2,9 +2,8 @@
 server's own tokens: the server counts a prompt of some filler units (``/tokenize``, else
 1-token completions) and the unit count is corrected until it lands within the tolerance::
 
-    count = TokenCounter(client, "qwen3.6-27b-autoround", timeout=30, chat_timeout=300)
-    sized = Sizer(count, 0.02).fit("needle", partial(needle_messages, s, salt, position=0.4),
-                                   8000)
+    sizer = server_sizer(client, "qwen3.6-27b-autoround", 30, chat_timeout=300, note=print)
+    sized = sizer.fit("needle", partial(needle_messages, s, salt, position=0.4), 8000)
     body = chat_body("qwen3.6-27b-autoround", sized.messages, max_tokens=30, temperature=0.0)
 """
 
@@ -459,37 +458,33 @@ def chat_body(model: str, messages: Messages, max_tokens: int, temperature: floa
     return out
 
 
-@dataclass
-class TokenCounter:
-    """Prompt tokens by ``/tokenize``, else (``mode`` "chat") by 1-token completions' usage."""
+def server_sizer(client: Client, model: str, timeout: float, chat_timeout: float,
+                 note: Callable[[str], None], tolerance: float = 0.02) -> Sizer:
+    """A :class:`Sizer` counting prompt tokens by ``/tokenize``, else (once it is missing) by
+    1-token completions' usage."""
+    tokenize = True
 
-    client: Client
-    model: str
-    timeout: float
-    chat_timeout: float
-    note: Callable[[str], None] = lambda _: None
-    mode: str = "tokenize"
-
-    def __call__(self, messages: Messages, tools: Tools) -> int | None:
-        if self.mode == "tokenize":
-            body: dict[str, Any] = {"model": self.model, "messages": messages,
+    def count(messages: Messages, tools: Tools) -> int | None:
+        nonlocal tokenize
+        if tokenize:
+            body: dict[str, Any] = {"model": model, "messages": messages,
                                     "add_generation_prompt": True,
                                     "chat_template_kwargs": {"enable_thinking": False}}
             if tools:
                 body["tools"] = tools
-            r = self.client.request("POST", "/tokenize", body, timeout=self.timeout)
+            r = client.request("POST", "/tokenize", body, timeout=timeout)
             data = r.json() if r.status == 200 else None
             if isinstance(data, dict) and isinstance(data.get("count"), int):
                 return data["count"]
-            if r.status in (401, 403, 404, 405, 501):
-                self.mode = "chat"  # no /tokenize here (or a front hides it)
-                self.note("/tokenize unavailable; counting with 1-token completions")
-            else:
+            if r.status not in (401, 403, 404, 405, 501):
                 return None
-        res = self.client.chat(chat_body(self.model, messages, 1, 0.0, tools,
-                                         "none" if tools else None),
-                               timeout=self.chat_timeout)
+            tokenize = False  # no /tokenize here (or a front hides it)
+            note("/tokenize unavailable; counting with 1-token completions")
+        res = client.chat(chat_body(model, messages, 1, 0.0, tools, "none" if tools else None),
+                          timeout=chat_timeout)
         return res.prompt_tokens if res.ok else None
+
+    return Sizer(count, tolerance)
 
 
 class SizingError(RuntimeError):

@@ -70,9 +70,6 @@ class ConsoleProgress(Progress):
             self._ticks += 1
             self._write(str(self._ticks) if self._ticks % 10 == 0 else mark)
 
-    def step(self, label: str) -> None:
-        self.tick(".")
-
     def note(self, text: str) -> None:
         self._line(f"        note: {text}")
 
@@ -147,19 +144,15 @@ def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
         progress.note(f"cannot write the throughput record to {directory}: {exc}")
 
 
-def append_history(directory: Path, record: ThroughputRecord) -> Path:
+def append_history(directory: Path, record: ThroughputRecord) -> None:
     """Append ``record`` to the host's throughput history (not secret: 0755 and 0644)."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o755)
-    path = directory / THROUGHPUT_HISTORY_NAME
-    append_line(path, json.dumps(record.to_dict(), sort_keys=True))
-    return path
+    append_line(directory / THROUGHPUT_HISTORY_NAME, json.dumps(record.to_dict(), sort_keys=True))
 
 
-def write_last(directory: Path, record: ThroughputRecord) -> Path:
+def write_last(directory: Path, record: ThroughputRecord) -> None:
     directory.mkdir(parents=True, exist_ok=True, mode=0o755)
-    path = directory / THROUGHPUT_LAST_NAME
-    write_json(path, record.to_dict())
-    return path
+    write_json(directory / THROUGHPUT_LAST_NAME, record.to_dict())
 
 
 class UsageParser(argparse.ArgumentParser):
@@ -227,12 +220,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                          f"allowed: {', '.join(checks.CHECK_NAMES)}")
     if not args.url.startswith(("http://", "https://")):
         parser.error(f"--url {args.url}: expected http://HOST:PORT or https://...")
-    key = None
-    if args.api_key_file:
-        try:
-            key = read_api_key(args.api_key_file)
-        except ValueError as exc:
-            parser.error(str(exc))
+    try:
+        key = read_api_key(args.api_key_file) if args.api_key_file else None
+    except ValueError as exc:
+        parser.error(str(exc))
     progress = ConsoleProgress(None if args.quiet else sys.stderr)
     try:
         rep, _ = run(args.url, prof, key, only, args.report_dir, progress)

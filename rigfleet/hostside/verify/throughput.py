@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..bench.baseline import Baseline, Limits, baseline_for, judge
-from ..bench.measure import BY_NAME, Bench, BenchSettings, ShapeResult
+from ..bench.measure import Bench, BenchSettings, ShapeResult
 from ..layout import THROUGHPUT_HISTORY_NAME
-from ..records import ShapeFigures, ThroughputRecord, encode, read_throughput_history
+from ..records import ShapeFigures, encode, read_throughput_history
 from .health import Finding
-from .report import FAIL, PASS, CheckResult, now_iso
+from .report import FAIL, PASS, CheckResult
 
 if TYPE_CHECKING:
     from .context import Context
@@ -23,8 +23,7 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
     bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
                                             timeout_s=p.throughput_timeout_s),
                   progress=ctx.progress, model=ctx.model)
-    bench.warmup()
-    results = {name: bench.shape(BY_NAME[name]) for name in ("narrative", "code")}
+    results = bench.shapes()
     measured = {name: r.figures() for name, r in results.items()}
     code = results["code"]
     # No per-position counters (an older vLLM): unknown, not "nothing accepted".
@@ -49,12 +48,9 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
                    "shapes": {k: v.to_dict() for k, v in results.items()}}
     if code.acceptance is None and limits.acceptance_floor:
         out.details["acceptance_note"] = f"floors not checked: {code.acceptance_note}"
-    ctx.throughput_record = ThroughputRecord(
-        stack=p.throughput_stack or ctx.model, at=now_iso(), result=out.status,
-        shapes={k: v for k, v in measured.items() if v is not None},
-        acceptance_length=code.acceptance.length if code.acceptance else None,
-        acceptance=acceptance, scale=p.throughput_scale, baseline=base.to_dict(),
-        version=ctx.version, model=ctx.model)
+    ctx.throughput_record = bench.result.record(
+        p.throughput_stack or ctx.model, result=out.status, acceptance=acceptance,
+        scale=p.throughput_scale, baseline=base.to_dict(), version=ctx.version)
     out.summary = _summary(measured, base, code, findings, judged)
     return out
 
