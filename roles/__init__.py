@@ -81,7 +81,3 @@ def converge() -> HostContext | BalancerContext | MonitorContext | CacheContext:
             mon_role(contexts[-1])
     services = [c for c in contexts if not isinstance(c, CacheContext)]
     return (services or contexts)[0]
-
-
-__all__ = ["BALANCER_ROLES", "CACHE_ROLES", "MONITOR_ROLES", "ROLES", "BalancerContext",
-           "CacheContext", "HostContext", "MonitorContext", "converge"]

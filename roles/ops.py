@@ -16,7 +16,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.operation import OperationMeta
-from pyinfra.operations import files
+from pyinfra.operations import files, systemd
 
 from rigfleet.commands import apt as apt_commands
 from rigfleet.factmemo import read_once
@@ -26,6 +26,7 @@ from rigfleet.facts import AptKeyring, DpkgState, FileDigest, read_fact
 root_put = partial(files.put, user="root", group="root", mode="0644")
 root_template = partial(files.template, user="root", group="root", mode="0644")
 root_dir = partial(files.directory, user="root", group="root", mode="0755")
+enabled_running = partial(systemd.service, running=True, enabled=True)  # a service, kept up
 
 
 class DeployError(OperationError):
@@ -167,13 +168,13 @@ def apt_keyring(key_url: str, dest: str, fingerprint: str | None = None):
 
 
 @operation()
-def initial_file(dest: str, content: str, mode: str = "0644"):
+def initial_file(dest: str, content: str):
     """Create ``dest`` (root-owned) only when missing: another program owns it afterwards."""
     if read_fact(FileDigest, path=dest) is not None:
         host.noop(f"{dest} exists (owned by the host from now on)")
         return
     q = shlex.quote(dest)
-    yield f"install -m {mode} -o root -g root /dev/null {q}"
+    yield f"install -m 0644 -o root -g root /dev/null {q}"
     yield FileUploadCommand(io.BytesIO(content.encode()), dest)
 
 

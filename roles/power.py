@@ -17,7 +17,7 @@ from rigfleet.facts import GpuQuery, gpu_power_limit, read_fact, read_paths
 from rigfleet.hostdata import HostDataError, check_caps_against_gpus
 from rigfleet.resources import project_file
 from rigfleet.status.drift import CAP_TOLERANCE_W
-from roles.ops import changed, executing, fail, on_change, root_template
+from roles.ops import changed, enabled_running, executing, fail, on_change, root_template
 from roles.preflight import HostContext
 
 UNIT = "rigfleet-power-caps.service"
@@ -71,8 +71,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
 def power(ctx: HostContext) -> None:
     caps = ctx.want.settings.power_caps_w
     read_paths([UNIT_PATH])
-    systemd.service(name="nvidia-persistenced enabled and running",
-                    service="nvidia-persistenced", running=True, enabled=True)
+    enabled_running(name="nvidia-persistenced enabled and running", service="nvidia-persistenced")
     unit = root_template(name=f"Power caps unit ({', '.join(f'{w} W' for w in caps)})",
                          src=TEMPLATE, dest=UNIT_PATH,
                          caps=[{"command": nvidia_commands.set_power_limit(i, w)}

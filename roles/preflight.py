@@ -314,10 +314,6 @@ class _Summary(BaseStateCallback):
                 logger.error(("    " if i == 0 else "      ") + line)
 
 
-def refusals(state: State) -> dict[str, str]:
-    return dict(_REFUSED.get(state) or {})
-
-
 def refuse(reason: str) -> None:
     """Refuse the current host: one failing operation instead of the roles."""
     state = host.state
