@@ -17,7 +17,6 @@ import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from pyinfra import host
@@ -48,9 +47,6 @@ LOCK_WAIT_ENV = "RIGFLEET_APT_LOCK_WAIT_S"
 LOCK_WAIT_S = 120
 # Window states on the host that the next deploy closes (recreate + gate).
 UNFINISHED = ("abandoned", "failed", "damaged")
-
-
-bundle_bytes = cache(build_bundle)  # the host tool as the deploy ships it, built once
 
 
 def lock_wait_s() -> int:
@@ -206,8 +202,7 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
     b = book()
     if name not in b.serving and not serves(ctx):
         return
-    if name not in b.steps:  # a step the prepare phase did not foresee: count it now
-        b.steps[name] = [what]
+    b.steps.setdefault(name, [what])  # a step the prepare phase did not foresee: count it now
     if name not in b.decided:
         _decide_all(host.state)
     why = b.decided.get(name)
@@ -216,7 +211,7 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
         return
     plan = b.plans[name]
     if name not in b.shipped:  # the window's plan, and the host tool when not this deploy's
-        data = bundle_bytes()
+        data = build_bundle()  # built once (cached)
         if read_fact(SwapProbe).get("bundle") != hashlib.sha256(data).hexdigest():
             # Renamed into place: the running supervisor keeps reading its own zip (lazily).
             yield from hosttool.upload_atomic(data, hosttool.PYZ, mode="0755")
@@ -307,13 +302,12 @@ def close_pending(ctx: HostContext) -> None:
     status = str(m.get("status") or "none")
     left = f"{status}: {m.get('why') or 'maintenance window'}" if status in UNFINISHED else ""
     plan = b.plans.setdefault(name, window_plan(ctx))
-    what = f"{pending} step(s) of this run" if pending else ""
+    what = [f"{pending} step(s) of this run"] if pending else []
     if left:
         b.old.add(name)
-        what = f"{what}; " if what else ""
-        what += f"an earlier window ({left})"
+        what.append(f"an earlier window ({left})")
     close_window(name="Close the maintenance window (recreate the verified stack, gate, "
-                 "route)" + (f": {what}" if what else ""),
+                 "route)" + (f": {'; '.join(what)}" if what else ""),
                  plan=plan, pending=pending, left=left,
                  follow_timeout_s=ctx.want.settings.swap.follow_timeout_s,
                  reports=str(reports_root()))

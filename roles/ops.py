@@ -195,19 +195,18 @@ def secret_file(dest: str, content: Secret, mode: str = "0600", user: str = "roo
                 group: str = "root"):
     """Put a file whose content is a secret, never printed nor uploaded."""
     data = content.reveal().encode()
-    wanted = hashlib.sha256(data).hexdigest()
     current = read_fact(FileDigest, path=dest)
     q = shlex.quote(dest)
-    if current is None or current.sha256 != wanted:
+    if current is None or current.sha256 != hashlib.sha256(data).hexdigest():
         yield StringCommand(write_secret(dest, mode, user, group),
                             _stdin=base64.encodebytes(data).decode("ascii"))
-        return
-    if current.mode != mode:
-        yield f"chmod {mode} {q}"
-    if (current.user, current.group) != (user, group):
-        yield f"chown {user}:{group} {q}"
-    if current.mode == mode and (current.user, current.group) == (user, group):
+    elif (current.mode, current.user, current.group) == (mode, user, group):
         host.noop(f"{dest} is up to date (content not shown)")
+    else:
+        if current.mode != mode:
+            yield f"chmod {mode} {q}"
+        if (current.user, current.group) != (user, group):
+            yield f"chown {user}:{group} {q}"
 
 
 @operation()
