@@ -19,19 +19,13 @@ from pyinfra.api.operation import OperationMeta
 
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import apt as apt_commands
-from rigfleet.facts import DebPackage, DpkgState, GpuQuery, ModuleRejections, Platform, read_fact
+from rigfleet.facts import DebPackage, DpkgState, GpuQuery, read_fact
 from rigfleet.hostdata import check_gpus
 from rigfleet.packages import OsInfo, driver_packages, version_prefix
 from roles import maintenance
 from roles.docker import add_apt_repo
 from roles.ops import DeployError, apt_packages, changed, check, executing, root_put
-from roles.preflight import (
-    HostContext,
-    failing_command,
-    loaded_as_pinned,
-    secure_boot_block,
-    secure_boot_watch,
-)
+from roles.preflight import HostContext, blocked_by_secure_boot, failing_command, loaded_as_pinned
 
 PREFERENCES_FILE = f"{apt_commands.PREFERENCES_DIR}/rigfleet-nvidia-driver"
 
@@ -99,13 +93,6 @@ def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: f
         if time.monotonic() > deadline:
             raise DeployError(f"{host.name}: did not come back from reboot within {timeout:g}s")
         time.sleep(REBOOT_INTERVAL_S)
-
-
-def blocked_by_secure_boot(os: OsInfo) -> str | None:
-    """``secure_boot_block`` from the host's facts now (after DKMS built the module)."""
-    platform = read_fact(Platform)
-    rejections = read_fact(ModuleRejections) if secure_boot_watch(os, platform) else []
-    return secure_boot_block(host.name, os, platform, rejections)
 
 
 @operation(is_idempotent=False)

@@ -227,6 +227,13 @@ def secure_boot_block(name: str, os: OsInfo, platform: PlatformState,
     return None
 
 
+def blocked_by_secure_boot(os: OsInfo) -> str | None:
+    """``secure_boot_block`` from the host's facts now (after DKMS built the module)."""
+    platform = read_fact(Platform)
+    rejections = read_fact(ModuleRejections) if secure_boot_watch(os, platform) else []
+    return secure_boot_block(host.name, os, platform, rejections)
+
+
 def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
                 branch: str, version: str | None, platform: PlatformState,
                 gpu: GpuState, rejections: list[str]) -> FactChecks:
@@ -234,29 +241,25 @@ def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
     problems = check_init(name, platform)
     origin, adopt = check_driver_origin(name, settings, branch, version, platform, gpu)
     problems += origin
-    if not gpu.loaded and not origin:
-        blocked = secure_boot_block(name, os, platform, rejections)
-        problems += [blocked] if blocked else []
-    waiting: list[str] = []
-    notes: list[str] = []
-    if gpu.loaded:
+    if gpu.loaded:  # an adopted driver is a loaded one
         try:
             check_caps_against_gpus(name, settings.power_caps_w, gpu.gpus)
         except HostDataError as e:
             problems += e.problems
         problems += check_gpus(name, settings.gpu_count, spec, gpu.gpus)
-    else:
-        waiting = ["power caps against each card's range",
-                   f"the GPU count (gpu_count {settings.gpu_count})"]
-        if spec.gpu_memory_mib:
-            waiting.append(f"each card's memory (>= {spec.gpu_memory_mib} MiB for stack "
-                           f"{spec.name})")
-        if secure_boot_watch(os, platform) and platform.mok == "unknown":
-            notes.append(f"{name}: Secure Boot is on: once DKMS has built the NVIDIA module, "
-                         "the deploy checks that its signing key is enrolled before it reboots")
-    if adopt:
-        notes.append(f"{name}: keeping the .run-installed driver {gpu.driver_version} "
-                     "(adopt_foreign_driver): no driver packages, no reboot for the driver")
+        notes = [f"{name}: keeping the .run-installed driver {gpu.driver_version} "
+                 "(adopt_foreign_driver): no driver packages, no reboot for the driver"]
+        return FactChecks(problems, [], adopt, notes if adopt else [])
+    blocked = None if origin else secure_boot_block(name, os, platform, rejections)
+    problems += [blocked] if blocked else []
+    waiting = ["power caps against each card's range",
+               f"the GPU count (gpu_count {settings.gpu_count})"]
+    if spec.gpu_memory_mib:
+        waiting.append(f"each card's memory (>= {spec.gpu_memory_mib} MiB for stack {spec.name})")
+    notes = []
+    if secure_boot_watch(os, platform) and platform.mok == "unknown":
+        notes.append(f"{name}: Secure Boot is on: once DKMS has built the NVIDIA module, the "
+                     "deploy checks that its signing key is enrolled before it reboots")
     return FactChecks(problems, waiting, adopt, notes)
 
 
