@@ -42,9 +42,8 @@ def exporter(ctx: HostContext) -> None:
     detaches = reload_detaches_gpus(ctx)
     args = root_put(name=f"{DEFAULTS} (loopback only; written before the package starts it)",
                     src=io.StringIO(defaults_text()), dest=DEFAULTS)
-    install = apt_packages(
-        name=f"Install {PACKAGE}", packages=[PACKAGE],
-        before=(lambda inputs: maintenance.enter(ctx, STEP, inputs)) if detaches else None)
+    install = apt_packages(name=f"Install {PACKAGE}", packages=[PACKAGE], before=lambda inputs: (
+        maintenance.enter(ctx, STEP, inputs, inputs[:1]) if detaches else inputs[:1]))
     root_dir(name=f"Directory {TEXTFILE_DIR} (the textfile collector's)", path=TEXTFILE_DIR)
     units = [root_template(name=f"{UNIT_DIR}/{name}", src=str(project_file(src)),
                            dest=f"{UNIT_DIR}/{name}", bundle=str(HOST.bundle),

@@ -3,7 +3,7 @@ its reboot, a Docker restart, a ``daemon-reload``) runs inside one, one serving 
 (docs/maintenance.md). The role that owns such a step wraps it::
 
     op = apt_packages(name="Install NVIDIA driver ...", packages=[...],
-                      before=lambda inputs: maintenance.enter(ctx, step, inputs))
+                      before=lambda inputs: maintenance.enter(ctx, step, inputs, inputs[:1]))
     maintenance.plan_step(ctx, step, op)    # prepare time
     maintenance.maintenance(ctx)            # the role after the last of them: the close
 """
@@ -192,15 +192,14 @@ def _decide_all(state: State) -> None:
             f"{inventory} (or run this deploy with --limit {name})")
 
 
-def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
+def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (), otherwise: Sequence[str] = (),
           reboot_grace_s: float | None = None) -> Iterator[Any]:
     """(Executing, before a disturbing step's commands) open this host's window (once: plan and
-    host tool shipped, ``maintenance ready``, ``inputs``), or add the step; a bare host: nothing."""
-    if not executing():
-        return
-    name = ctx.want.name
-    b = book()
-    if name not in b.serving and not serves(ctx):
+    host tool shipped, ``maintenance ready``, ``inputs``), or add the step; preparing, or a bare
+    host: ``otherwise``."""
+    name, b = ctx.want.name, book()
+    if not executing() or (name not in b.serving and not serves(ctx)):
+        yield from otherwise
         return
     b.steps.setdefault(name, [what])  # a step the prepare phase did not foresee: count it now
     if name not in b.decided:

@@ -139,7 +139,7 @@ def verify_driver(branch: str, version: str | None, gpu_count: int, spec: StackS
 def _offered_then_window(ctx: HostContext, step: str, prefix: str,
                          inputs: Sequence[str]) -> Iterator[Any]:
     """The install's ``before``: the indexes, whether they offer the pinned driver (NVIDIA's
-    debian13 has no 580), then (on a serving host) the download and the window. Lazy."""
+    debian13 has no 580), then (on a serving host) the download and the window."""
     update, *download = inputs
     offered = []
     if ctx.os.id == "debian":
@@ -150,13 +150,7 @@ def _offered_then_window(ctx: HostContext, step: str, prefix: str,
                    f"({ctx.apt_repo('cuda').url}); allowed: a driver that repository carries "
                    "(pins file)")
         offered.append(apt_commands.require_candidate("nvidia-driver-cuda", prefix, message))
-    entered = False
-    for command in maintenance.enter(ctx, step, [update, *offered, *download]):
-        entered = True
-        yield command
-    if not entered:
-        yield update
-        yield from offered
+    return maintenance.enter(ctx, step, [update, *offered, *download], [update, *offered])
 
 
 @deploy("NVIDIA driver")

@@ -123,7 +123,7 @@ def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: st
                  before: Callable[[Sequence[str]], Iterable[Any]] | None = None):
     """Install missing packages (``name`` or ``name=version``; installed versions must start with
     ``version_prefix``), optionally held. ``before``, when installing, gets the update and
-    download commands and yields what runs first (``maintenance.enter``), else they run as usual."""
+    download commands and yields what runs first, the update at least (``maintenance.enter``)."""
     dpkg = read_fact(DpkgState)
     install: list[str] = []
     replace = False
@@ -140,14 +140,8 @@ def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: st
             replace = True
     if install:
         flags = {"allow_downgrades": replace or hold}
-        fetched = False
-        if before is not None:
-            for command in before([apt_commands.update(),
-                                   apt_commands.install(install, download_only=True, **flags)]):
-                fetched = True
-                yield command
-        if not fetched:
-            yield apt_commands.update()
+        inputs = [apt_commands.update(), apt_commands.install(install, download_only=True, **flags)]
+        yield from before(inputs) if before else inputs[:1]
         yield apt_commands.install(install, **flags)
     installing = {s.partition("=")[0] for s in install}
     unheld = [n for n in names if n in installing or not dpkg[n].held] if hold else []
