@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import FunctionCommand, State, StringCommand, deploy, operation
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api import FunctionCommand, State, deploy, operation
 from pyinfra.api.host import Host
 from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import BaseStateCallback
@@ -36,7 +35,7 @@ from rigfleet.hostside.plan import Plan
 from rigfleet.swapfacts import SwapProbe
 from rigfleet.swapplan import DEPLOY_ID, build_plan
 from roles.follow import failure_tail, follow, reports_root
-from roles.ops import changed, executing
+from roles.ops import changed, executing, run_on_host
 from roles.preflight import HostContext
 
 # A window is held by the deploy's SSH session (a deploy that dies leaves it abandoned, and the
@@ -112,23 +111,20 @@ class _CloseOnFailure(BaseStateCallback):
 
 
 def _close_now(state: State, host: Host, b: _Book, op_hash: Any, cause: str) -> None:
-    kwargs = state.get_op_data_for_host(host, op_hash).global_arguments
-    connector = {k: v for k, v in kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
     plan = b.plans[host.name]
     n = b.closes[host.name] = b.closes.get(host.name, 0) + 1
     journal = f"close-{DEPLOY_ID}-{n}"
     host.log_styled(f"maintenance: {cause}; closing the window now", fg="yellow")
-    ok, out = host.run_shell_command(
-        StringCommand(hosttool.start_close(plan.id, journal, cause=cause)), **connector)
-    if not ok:
-        raise RuntimeError(" ".join(out.stderr_lines[-2:]) or "systemd-run failed")
     box: dict[str, str] = {}
-    with ctx_host.use(host):
-        host.current_op_global_arguments = kwargs
+    failed = state.get_op_data_for_host(host, op_hash)
+    with ctx_host.use(host):  # with the failed operation's connector arguments (sudo)
+        host.current_op_global_arguments = failed.global_arguments
         try:
+            ok, _, err = run_on_host(hosttool.start_close(plan.id, journal, cause=cause))
+            if not ok:
+                raise RuntimeError(" ".join(err[-2:]) or "systemd-run failed")
             follow(journal, b.follow_s.get(host.name, 1800.0), str(reports_root()), box,
-                   describe=close_message, label="maintenance",
-                   unit=hosttool.close_unit(plan.id))
+                   describe=close_message, label="maintenance", unit=hosttool.close_unit(plan.id))
         finally:
             host.current_op_global_arguments = None
     host.log_styled(f"maintenance: {box.get('error') or 'window closed: the stack serves'}",
