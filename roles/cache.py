@@ -36,14 +36,12 @@ from rigfleet.registry import registry_of, split_image
 from rigfleet.resources import project_file
 from roles.front import DEFAULT_SITE, site_disabled
 from roles.ops import Secret, apt_packages, enabled_running, on_change, root_dir, root_put
-from roles.preflight import OsInfo, PreflightError, preflight_of, read_secret, service_os
+from roles.preflight import PreflightError, check_service_os, preflight_of, read_secret
 from roles.weights import fetch_weights, fetcher
 
 
 @dataclass(frozen=True)
 class CacheContext:
-    name: str
-    os: OsInfo
     settings: CacheSettings
     models: tuple[ModelPin, ...]
     hf_hub_version: str
@@ -70,10 +68,10 @@ def _check_cache(name: str, gpu_host: bool) -> CacheContext:
             registry, path = registry_of(split_image(stack.pins.image)[0])
             if registry is None:  # the cache pulls through for Docker Hub's names only
                 images.add((path, stack.pins.digest))
-    os_info = service_os(name)
+    check_service_os(name)
     token = (read_secret(name, "hf_token_file", settings.hf_token_file)
              if settings.hf_token_file else None)
-    return CacheContext(name, os_info, settings, tuple(models[k] for k in sorted(models)),
+    return CacheContext(settings, tuple(models[k] for k in sorted(models)),
                         max(w.pins.hf_hub_version for w in wants), token, gpu_host,
                         tuple(sorted(images)))
 

@@ -96,8 +96,6 @@ class HostContext:
 class BalancerContext:
     """What ``roles/balancer.py`` (and ``base``) need for a host of group ``balancers``."""
 
-    name: str
-    os: OsInfo
     plan: BalancerPlan
     api_key: Secret
     tls_key: Secret | None = None
@@ -428,19 +426,18 @@ def fleet_key(name: str, path: str, gpu: list[GpuHost]) -> Secret:
     return key
 
 
-def service_os(name: str) -> OsInfo:
+def check_service_os(name: str) -> None:
     """A service host's OS: supported, and booted with systemd."""
-    os_info = read_os(name, read_fact(OsRelease))
+    read_os(name, read_fact(OsRelease))
     if problems := check_init(name, read_fact(Platform)):
         raise PreflightError("\n".join(problems))
-    return os_info
 
 
 def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
     """A balancer host: its data, every GPU host's, the key, the OS, systemd."""
     plan = fleet_plan(host, host.inventory)
     settings = plan.settings
-    os_info = service_os(name)
+    check_service_os(name)
     read_services(BALANCER_UNITS)
     api_key = fleet_key(name, settings.api_key_file, list(plan.hosts))
     tls_key = (read_secret(name, "balancer_tls_key_file", settings.tls.key_file, token=False)
@@ -449,7 +446,7 @@ def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
         host.log(f"{name}: this host is a GPU host and the fleet's balancer: while it is in "
                  "maintenance (a reboot, a driver or Docker change) the fleet endpoint is down "
                  "with it; a balancer on a small host of its own avoids that")
-    return BalancerContext(name=name, os=os_info, plan=plan, api_key=api_key, tls_key=tls_key)
+    return BalancerContext(plan=plan, api_key=api_key, tls_key=tls_key)
 
 
 preflight = preflight_of("Preflight", lambda name, _: _check_host(name))
