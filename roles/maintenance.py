@@ -176,9 +176,7 @@ def _decide_all(state: State) -> None:
     for name in admit([n for n in order if n not in failed], limit, admitted):
         b.decided[name] = None
         admitted.append(name)
-    for name in order:
-        if name in b.decided:
-            continue
+    for name in [n for n in order if n not in b.decided]:
         others = ", ".join(admitted) or "other hosts"
         b.decided[name] = (
             f"{name}: serves {b.serving.get(name)} and needs {'; '.join(b.steps[name])}, "

@@ -41,23 +41,21 @@ def caps_mismatch(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
 def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
     """Check ``caps`` against the cards' ranges; apply them when they differ."""
     gpu = read_fact(GpuQuery)
-    if not gpu.loaded:
-        if executing():
-            yield from fail(f"{host.name}: cannot set power caps: nvidia-smi fails ({gpu.error})")
-        else:
-            # Bare host: the driver arrives during this run; the caps are applied then.
-            yield f"systemctl restart {UNIT}"
+    if gpu.loaded:
+        try:
+            check_caps_against_gpus(host.name, caps, gpu.gpus)
+        except HostDataError as e:
+            if not executing():
+                raise  # prepare: stop the whole run before anything changes
+            yield from fail(str(e))
+            return
+        if not caps_mismatch(caps, gpu.gpus) and not changed(gates):
+            host.noop(f"caps {list(caps)} W in place")
+            return
+    elif executing():
+        yield from fail(f"{host.name}: cannot set power caps: nvidia-smi fails ({gpu.error})")
         return
-    try:
-        check_caps_against_gpus(host.name, caps, gpu.gpus)
-    except HostDataError as e:
-        if not executing():
-            raise  # prepare: stop the whole run before anything changes
-        yield from fail(str(e))
-        return
-    if not caps_mismatch(caps, gpu.gpus) and not changed(gates):
-        host.noop(f"caps {list(caps)} W in place")
-        return
+    # The caps differ or a gate changed; or (preparing, not loaded) the driver comes in this run.
     yield f"systemctl restart {UNIT}"
     if not executing():
         return
