@@ -39,9 +39,6 @@ from roles import (
     swap,
     weights,
 )
-from roles.cache import CacheContext
-from roles.monitor import MonitorContext
-from roles.preflight import BalancerContext, HostContext
 
 ROLES: tuple[Callable[..., Any], ...] = (
     base.base, docker.docker, nvidia_driver.nvidia_driver, container_toolkit.container_toolkit,
@@ -54,8 +51,8 @@ MONITOR_ROLES: tuple[Callable[..., Any], ...] = (base.base, monitor.monitor)
 CACHE_ROLES: tuple[Callable[..., Any], ...] = (base.base, cache.cache)
 
 
-def converge() -> HostContext | BalancerContext | MonitorContext | CacheContext:
-    """Run this host's roles, each kind's preflight first; the GPU host's context first."""
+def converge() -> None:
+    """Run this host's roles, each kind's preflight first."""
     kind = host_kind(host.groups)
     # Each kind calls its roles from its own line, the cache's first: pyinfra orders the
     # fleet's operations by the line numbers of their call stacks, so every cache operation
@@ -79,9 +76,3 @@ def converge() -> HostContext | BalancerContext | MonitorContext | CacheContext:
         contexts.append(monitor.preflight_monitor(gpu_host=kind.gpu))
         for mon_role in host.loop(MONITOR_ROLES[1:] if len(contexts) > 1 else MONITOR_ROLES):
             mon_role(contexts[-1])
-    services = [c for c in contexts if not isinstance(c, CacheContext)]
-    return (services or contexts)[0]
-
-
-__all__ = ["BALANCER_ROLES", "CACHE_ROLES", "MONITOR_ROLES", "ROLES", "BalancerContext",
-           "CacheContext", "HostContext", "MonitorContext", "converge"]

@@ -3,17 +3,12 @@ certificates when the clock is off), and an optional site CA."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
 
-from roles.ops import apt_packages, on_change, root_put
-from roles.preflight import BalancerContext, HostContext
-
-if TYPE_CHECKING:
-    from roles.monitor import MonitorContext
+from roles.ops import apt_packages, enabled_running, on_change, root_put
 
 # curl + gnupg fetch and dearmor repository keys; git clones Genesis; python3-venv holds
 # huggingface_hub; jq is for people debugging daemon.json and the ledger.
@@ -22,10 +17,9 @@ SITE_CA_DIR = "/usr/local/share/ca-certificates"
 
 
 @deploy("Base")
-def base(ctx: HostContext | BalancerContext | MonitorContext) -> None:
+def base(ctx: Any) -> None:  # any host's context: its settings have site_ca_files
     apt_packages(name="Install base packages", packages=list(BASE_PACKAGES))
-    systemd.service(name="Time sync: chrony enabled and running", service="chrony",
-                    running=True, enabled=True)
+    enabled_running(name="Time sync: chrony enabled and running", service="chrony")
     ca_files = ctx.settings.site_ca_files
     if not ca_files:
         return

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.files import File
-from pyinfra.operations import systemd
 
 from rigfleet.balancer.plan import read_fleet
 from rigfleet.desired import load_desired
@@ -36,15 +35,13 @@ from rigfleet.pins import ModelPin
 from rigfleet.registry import registry_of, split_image
 from rigfleet.resources import project_file
 from roles.front import DEFAULT_SITE, site_disabled
-from roles.ops import Secret, apt_packages, on_change, root_dir, root_put
-from roles.preflight import OsInfo, PreflightError, preflight_of, read_secret, service_os
+from roles.ops import Secret, apt_packages, enabled_running, on_change, root_dir, root_put
+from roles.preflight import PreflightError, check_service_os, preflight_of, read_secret
 from roles.weights import fetch_weights, fetcher
 
 
 @dataclass(frozen=True)
 class CacheContext:
-    name: str
-    os: OsInfo
     settings: CacheSettings
     models: tuple[ModelPin, ...]
     hf_hub_version: str
@@ -71,10 +68,10 @@ def _check_cache(name: str, gpu_host: bool) -> CacheContext:
             registry, path = registry_of(split_image(stack.pins.image)[0])
             if registry is None:  # the cache pulls through for Docker Hub's names only
                 images.add((path, stack.pins.digest))
-    os_info = service_os(name)
+    check_service_os(name)
     token = (read_secret(name, "hf_token_file", settings.hf_token_file)
              if settings.hf_token_file else None)
-    return CacheContext(name, os_info, settings, tuple(models[k] for k in sorted(models)),
+    return CacheContext(settings, tuple(models[k] for k in sorted(models)),
                         max(w.pins.hf_hub_version for w in wants), token, gpu_host,
                         tuple(sorted(images)))
 
@@ -102,8 +99,7 @@ def cache(ctx: CacheContext) -> None:
              "package starts it)",
         src=io.StringIO(render_registry_config(s)), dest=REGISTRY_CONFIG)
     apt_packages(name="Install docker-registry and nginx", packages=["docker-registry", "nginx"])
-    systemd.service(name=f"{REGISTRY_SERVICE} enabled and running", service=REGISTRY_SERVICE,
-                    running=True, enabled=True)
+    enabled_running(name=f"{REGISTRY_SERVICE} enabled and running", service=REGISTRY_SERVICE)
     on_change(name=f"Restart {REGISTRY_SERVICE} (its config changed)",
               commands=[f"systemctl restart {REGISTRY_SERVICE}"], gates=[registry_conf],
               reason="config unchanged")
@@ -132,7 +128,7 @@ def cache(ctx: CacheContext) -> None:
                                    path=DEFAULT_SITE))
     site = root_put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
                     src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE)
-    systemd.service(name="nginx enabled and running", service="nginx", running=True, enabled=True)
+    enabled_running(name="nginx enabled and running", service="nginx")
     on_change(name="Test and reload nginx (model cache changed)",
               commands=["nginx -t -q", "systemctl reload nginx"], gates=[site, *gates],
               reason="model cache unchanged")

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files
 
 from rigfleet.commands import apt as apt_commands
 from rigfleet.facts import DockerDaemonJson, read_fact, read_paths
@@ -21,7 +21,7 @@ from rigfleet.hostdata import AptRepo
 from rigfleet.packages import OsInfo
 from roles import maintenance
 from roles.maintenance import disturbing
-from roles.ops import apt_keyring, apt_packages, fail, on_change, root_put
+from roles.ops import apt_keyring, apt_packages, enabled_running, fail, on_change, root_put
 from roles.preflight import HostContext
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -146,8 +146,7 @@ def docker(ctx: HostContext) -> None:
     daemon = daemon_json(
         name=f"Merge {DAEMON_JSON} (log rotation, registry mirror, live-restore, cgroupfs)",
         settings=settings)
-    systemd.service(name="Docker enabled and running", service="docker", running=True,
-                    enabled=True)
+    enabled_running(name="Docker enabled and running", service="docker")
     what = f"Docker restart (daemon.json: {', '.join(restart)})"
     maintenance.plan_step(ctx, what, bool(restart))
     disturbing(name="Restart Docker (daemon.json changed keys it reads only at start)",

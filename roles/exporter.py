@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
 
 from rigfleet.facts import read_paths
 from rigfleet.hostside.layout import HOST
@@ -17,7 +16,7 @@ from rigfleet.resources import project_file
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER, SCRAPE_INTERVAL_S, node_exporter_args
 from roles import maintenance
 from roles.docker import reload_detaches_gpus
-from roles.ops import apt_packages, on_change, root_dir, root_put, root_template
+from roles.ops import apt_packages, enabled_running, on_change, root_dir, root_put, root_template
 from roles.preflight import HostContext
 
 PACKAGE = SERVICE = NODE_EXPORTER
@@ -30,11 +29,11 @@ STEP = "node exporter install and systemd daemon-reload (the serving container c
        "its GPUs)"
 
 
-def defaults_text(textfile_dir: str = TEXTFILE_DIR) -> str:
+def defaults_text() -> str:
     """The package's ``/etc/default`` file: ARGS only (loopback, the textfile directory)."""
     return ("# Managed by rigfleet (roles/exporter.py): loopback only; the fleet's monitor "
             "reads it\n# through the front with the key (docs/monitoring.md).\n"
-            + node_exporter_args(textfile_dir) + "\n")
+            + node_exporter_args(TEXTFILE_DIR) + "\n")
 
 
 @deploy("Exporters (node exporter, GPU and rigfleet textfiles)")
@@ -43,9 +42,8 @@ def exporter(ctx: HostContext) -> None:
     detaches = reload_detaches_gpus(ctx)
     args = root_put(name=f"{DEFAULTS} (loopback only; written before the package starts it)",
                     src=io.StringIO(defaults_text()), dest=DEFAULTS)
-    install = apt_packages(
-        name=f"Install {PACKAGE}", packages=[PACKAGE],
-        before=(lambda inputs: maintenance.enter(ctx, STEP, inputs)) if detaches else None)
+    install = apt_packages(name=f"Install {PACKAGE}", packages=[PACKAGE], before=lambda inputs: (
+        maintenance.enter(ctx, STEP, inputs, inputs[:1]) if detaches else inputs[:1]))
     root_dir(name=f"Directory {TEXTFILE_DIR} (the textfile collector's)", path=TEXTFILE_DIR)
     units = [root_template(name=f"{UNIT_DIR}/{name}", src=str(project_file(src)),
                            dest=f"{UNIT_DIR}/{name}", bundle=str(HOST.bundle),
@@ -57,10 +55,8 @@ def exporter(ctx: HostContext) -> None:
     maintenance.disturbing(name="systemd daemon-reload (rigfleet-metrics units changed)",
                            ctx=ctx, commands=["systemctl daemon-reload"], what=STEP,
                            gates=units, reason="units unchanged", window=detaches)
-    systemd.service(name=f"{SERVICE} enabled and running", service=SERVICE, running=True,
-                    enabled=True)
+    enabled_running(name=f"{SERVICE} enabled and running", service=SERVICE)
     on_change(name=f"Restart {SERVICE} (its ARGS changed)",
               commands=[f"systemctl restart {SERVICE}"], gates=[args],
               reason="ARGS unchanged")
-    systemd.service(name=f"{UNIT}.timer enabled and running", service=f"{UNIT}.timer",
-                    running=True, enabled=True)
+    enabled_running(name=f"{UNIT}.timer enabled and running", service=f"{UNIT}.timer")

@@ -83,50 +83,46 @@ def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
            describe: Describe = outcome_message, label: str = "swap",
            unit: str | None = None) -> None:
     """At execution time: follow a host job (see the module docstring)."""
+    unit = unit or hosttool.unit_name(swap_id)
     try:
-        _follow(swap_id, timeout_s, reports, describe, label,
-                unit or hosttool.unit_name(swap_id))
+        t0 = time.monotonic()
+        since, misses, data = 0, 0, None
+        where = f"{hosttool.tool('status', '--id', swap_id)} or journalctl -u {unit}"
+        while True:
+            try:
+                ok, out, err = run_on_host(hosttool.status(swap_id, since))
+                data = json.loads(out[-1]) if ok and out else None
+                problem = "" if data else " ".join(err[-2:]) or "no answer"
+            except Exception as e:  # a dropped connection: the host carries on regardless
+                data, problem = None, f"{type(e).__name__}: {e}"
+            if data is None:
+                misses += 1
+                if misses >= MAX_MISSES:
+                    raise DeployError(f"{host.name}: lost contact while following {label} "
+                                      f"{swap_id} ({problem}); the transaction continues on the "
+                                      f"host: {where}")
+            else:
+                misses = 0
+                for event in data.get("events") or []:
+                    host.log(f"{label} {event.get('phase')}: {event.get('message')}")
+                since = int(data.get("next", since))
+                if data.get("state") == "done":
+                    break
+                if data.get("state") == "died":
+                    raise DeployError(f"{host.name}: {label} {swap_id} ended without a result "
+                                      f"(killed?); see {where}")
+            if time.monotonic() - t0 > timeout_s:
+                raise DeployError(f"{host.name}: {label} {swap_id} still running after "
+                                  f"{timeout_s:g}s; it continues on the host: {where}")
+            time.sleep(POLL_S)
+        assert data is not None
+        result = data.get("result") or {}
+        copied = fetch_reports(result, Path(reports) / host.name)
+        if copied:
+            host.log(f"{label}: gate report copied to {', '.join(str(p) for p in copied)}")
+        if result.get("exit") != 0:
+            raise DeployError(describe(host.name, result, copied))
+        host.log(f"{label}: {result.get('result')}: {result.get('serving')} serves "
+                 f"(503 window {result.get('window_s') or 0:.1f}s{drain_note(result)})")
     except DeployError as e:
         box["error"] = str(e)
-
-
-def _follow(swap_id: str, timeout_s: float, reports: str, describe: Describe,
-            label: str, unit: str) -> None:
-    t0 = time.monotonic()
-    since, misses, data = 0, 0, None
-    where = f"{hosttool.tool('status', '--id', swap_id)} or journalctl -u {unit}"
-    while True:
-        try:
-            ok, out, err = run_on_host(hosttool.status(swap_id, since))
-            data = json.loads(out[-1]) if ok and out else None
-            problem = "" if data else " ".join(err[-2:]) or "no answer"
-        except Exception as e:  # a dropped connection: the host carries on regardless
-            data, problem = None, f"{type(e).__name__}: {e}"
-        if data is None:
-            misses += 1
-            if misses >= MAX_MISSES:
-                raise DeployError(f"{host.name}: lost contact while following {label} {swap_id} "
-                                  f"({problem}); the transaction continues on the host: {where}")
-        else:
-            misses = 0
-            for event in data.get("events") or []:
-                host.log(f"{label} {event.get('phase')}: {event.get('message')}")
-            since = int(data.get("next", since))
-            if data.get("state") == "done":
-                break
-            if data.get("state") == "died":
-                raise DeployError(f"{host.name}: {label} {swap_id} ended without a result "
-                                  f"(killed?); see {where}")
-        if time.monotonic() - t0 > timeout_s:
-            raise DeployError(f"{host.name}: {label} {swap_id} still running after "
-                              f"{timeout_s:g}s; it continues on the host: {where}")
-        time.sleep(POLL_S)
-    assert data is not None
-    result = data.get("result") or {}
-    copied = fetch_reports(result, Path(reports) / host.name)
-    if copied:
-        host.log(f"{label}: gate report copied to {', '.join(str(p) for p in copied)}")
-    if result.get("exit") != 0:
-        raise DeployError(describe(host.name, result, copied))
-    host.log(f"{label}: {result.get('result')}: {result.get('serving')} serves "
-             f"(503 window {result.get('window_s') or 0:.1f}s{drain_note(result)})")

@@ -35,20 +35,19 @@ FETCH_REFS = "'+refs/heads/*:refs/remotes/origin/*'"
 def checkout_commands(repo: str, commit: str, dest: str, cloned: bool) -> list[str]:
     """Commands that bring ``dest`` to ``commit`` (a fresh repository unless ``cloned``)."""
     d, r, c = shlex.quote(dest), shlex.quote(repo), shlex.quote(commit)
-    # init + fetch, not clone: a clone checks out the remote's HEAD, which may name no branch.
-    commands = [f"git -C {d} remote set-url origin {r}" if cloned else
-                f"rm -rf {d} && git init --quiet {d} && git -C {d} remote add origin {r}"]
     has = f"git -C {d} cat-file -e {c}^{{commit}} 2>/dev/null"
     missing = shlex.quote(f"rigfleet: Genesis commit {commit} is on no branch or tag of {repo}, "
                           "and the server does not hand it out by its sha; pin a commit that a "
                           "branch or tag reaches")
-    commands += [
+    return [
+        # init + fetch, not clone: a clone checks out the remote's HEAD, which may name no branch.
+        f"git -C {d} remote set-url origin {r}" if cloned else
+        f"rm -rf {d} && git init --quiet {d} && git -C {d} remote add origin {r}",
         # Fetch only when the commit is not there yet (a re-pin to an older commit is local).
         f"{has} || git -C {d} fetch --quiet --tags origin {FETCH_REFS}",
         f"{has} || git -C {d} fetch --quiet origin {c} || {{ echo {missing} >&2; exit 1; }}",
         f"git -C {d} -c advice.detachedHead=false checkout --quiet --force --detach {c}",
     ]
-    return commands
 
 
 @operation()

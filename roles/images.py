@@ -93,10 +93,8 @@ def image_staged(image: str, steps: Sequence[Step], present: str):
             yield FileUploadCommand(step.path, step.dest)
         elif not isinstance(step, Shell):
             yield FunctionCommand(_stream, (step.path, step.command), {})
-        elif WARNING_MARK in step.command:  # a fleet cache's pull may fall back: a warning
+        else:  # a fleet cache's pull may fall back: a warning
             yield WarnedCommand(WARNING_MARK, step.command)
-        else:
-            yield step.command
 
 
 def verify_image(want: WantedImage, source: SourceResult | None,

@@ -3,7 +3,7 @@ its reboot, a Docker restart, a ``daemon-reload``) runs inside one, one serving 
 (docs/maintenance.md). The role that owns such a step wraps it::
 
     op = apt_packages(name="Install NVIDIA driver ...", packages=[...],
-                      before=lambda inputs: maintenance.enter(ctx, step, inputs))
+                      before=lambda inputs: maintenance.enter(ctx, step, inputs, inputs[:1]))
     maintenance.plan_step(ctx, step, op)    # prepare time
     maintenance.maintenance(ctx)            # the role after the last of them: the close
 """
@@ -17,12 +17,10 @@ import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import FunctionCommand, State, StringCommand, deploy, operation
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api import FunctionCommand, State, deploy, operation
 from pyinfra.api.host import Host
 from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import BaseStateCallback
@@ -37,7 +35,7 @@ from rigfleet.hostside.plan import Plan
 from rigfleet.swapfacts import SwapProbe
 from rigfleet.swapplan import DEPLOY_ID, build_plan
 from roles.follow import failure_tail, follow, reports_root
-from roles.ops import changed, executing
+from roles.ops import changed, executing, run_on_host
 from roles.preflight import HostContext
 
 # A window is held by the deploy's SSH session (a deploy that dies leaves it abandoned, and the
@@ -48,9 +46,6 @@ LOCK_WAIT_ENV = "RIGFLEET_APT_LOCK_WAIT_S"
 LOCK_WAIT_S = 120
 # Window states on the host that the next deploy closes (recreate + gate).
 UNFINISHED = ("abandoned", "failed", "damaged")
-
-
-bundle_bytes = cache(build_bundle)  # the host tool as the deploy ships it, built once
 
 
 def lock_wait_s() -> int:
@@ -116,23 +111,20 @@ class _CloseOnFailure(BaseStateCallback):
 
 
 def _close_now(state: State, host: Host, b: _Book, op_hash: Any, cause: str) -> None:
-    kwargs = state.get_op_data_for_host(host, op_hash).global_arguments
-    connector = {k: v for k, v in kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
     plan = b.plans[host.name]
     n = b.closes[host.name] = b.closes.get(host.name, 0) + 1
     journal = f"close-{DEPLOY_ID}-{n}"
     host.log_styled(f"maintenance: {cause}; closing the window now", fg="yellow")
-    ok, out = host.run_shell_command(
-        StringCommand(hosttool.start_close(plan.id, journal, cause=cause)), **connector)
-    if not ok:
-        raise RuntimeError(" ".join(out.stderr_lines[-2:]) or "systemd-run failed")
     box: dict[str, str] = {}
-    with ctx_host.use(host):
-        host.current_op_global_arguments = kwargs
+    failed = state.get_op_data_for_host(host, op_hash)
+    with ctx_host.use(host):  # with the failed operation's connector arguments (sudo)
+        host.current_op_global_arguments = failed.global_arguments
         try:
+            ok, _, err = run_on_host(hosttool.start_close(plan.id, journal, cause=cause))
+            if not ok:
+                raise RuntimeError(" ".join(err[-2:]) or "systemd-run failed")
             follow(journal, b.follow_s.get(host.name, 1800.0), str(reports_root()), box,
-                   describe=close_message, label="maintenance",
-                   unit=hosttool.close_unit(plan.id))
+                   describe=close_message, label="maintenance", unit=hosttool.close_unit(plan.id))
         finally:
             host.current_op_global_arguments = None
     host.log_styled(f"maintenance: {box.get('error') or 'window closed: the stack serves'}",
@@ -184,9 +176,7 @@ def _decide_all(state: State) -> None:
     for name in admit([n for n in order if n not in failed], limit, admitted):
         b.decided[name] = None
         admitted.append(name)
-    for name in order:
-        if name in b.decided:
-            continue
+    for name in [n for n in order if n not in b.decided]:
         others = ", ".join(admitted) or "other hosts"
         b.decided[name] = (
             f"{name}: serves {b.serving.get(name)} and needs {'; '.join(b.steps[name])}, "
@@ -196,18 +186,16 @@ def _decide_all(state: State) -> None:
             f"{inventory} (or run this deploy with --limit {name})")
 
 
-def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
+def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (), otherwise: Sequence[str] = (),
           reboot_grace_s: float | None = None) -> Iterator[Any]:
     """(Executing, before a disturbing step's commands) open this host's window (once: plan and
-    host tool shipped, ``maintenance ready``, ``inputs``), or add the step; a bare host: nothing."""
-    if not executing():
+    host tool shipped, ``maintenance ready``, ``inputs``), or add the step; preparing, or a bare
+    host: ``otherwise``."""
+    name, b = ctx.want.name, book()
+    if not executing() or (name not in b.serving and not serves(ctx)):
+        yield from otherwise
         return
-    name = ctx.want.name
-    b = book()
-    if name not in b.serving and not serves(ctx):
-        return
-    if name not in b.steps:  # a step the prepare phase did not foresee: count it now
-        b.steps[name] = [what]
+    b.steps.setdefault(name, [what])  # a step the prepare phase did not foresee: count it now
     if name not in b.decided:
         _decide_all(host.state)
     why = b.decided.get(name)
@@ -216,7 +204,7 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (),
         return
     plan = b.plans[name]
     if name not in b.shipped:  # the window's plan, and the host tool when not this deploy's
-        data = bundle_bytes()
+        data = build_bundle()  # built once (cached)
         if read_fact(SwapProbe).get("bundle") != hashlib.sha256(data).hexdigest():
             # Renamed into place: the running supervisor keeps reading its own zip (lazily).
             yield from hosttool.upload_atomic(data, hosttool.PYZ, mode="0755")
@@ -307,13 +295,12 @@ def close_pending(ctx: HostContext) -> None:
     status = str(m.get("status") or "none")
     left = f"{status}: {m.get('why') or 'maintenance window'}" if status in UNFINISHED else ""
     plan = b.plans.setdefault(name, window_plan(ctx))
-    what = f"{pending} step(s) of this run" if pending else ""
+    what = [f"{pending} step(s) of this run"] if pending else []
     if left:
         b.old.add(name)
-        what = f"{what}; " if what else ""
-        what += f"an earlier window ({left})"
+        what.append(f"an earlier window ({left})")
     close_window(name="Close the maintenance window (recreate the verified stack, gate, "
-                 "route)" + (f": {what}" if what else ""),
+                 "route)" + (f": {'; '.join(what)}" if what else ""),
                  plan=plan, pending=pending, left=left,
                  follow_timeout_s=ctx.want.settings.swap.follow_timeout_s,
                  reports=str(reports_root()))

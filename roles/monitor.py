@@ -18,7 +18,6 @@ from rigfleet.desired import pins_for
 from rigfleet.hostdata import MonitorSettings, validate_balancer, validate_monitor
 from rigfleet.hostside.metrics import TEXTFILE_DIR
 from rigfleet.inventory import HostKind
-from rigfleet.packages import OsInfo
 from rigfleet.pins import Pins
 from rigfleet.resources import project_file
 from rigfleet.scrape import (
@@ -38,7 +37,7 @@ from rigfleet.scrape import (
 from roles.exporter import PACKAGE as NODE_PACKAGE
 from roles.exporter import defaults_text as node_defaults
 from roles.ops import Secret, apt_packages, checked_file, on_change, root_put, secret_file
-from roles.preflight import PreflightError, fleet_key, preflight_of, service_os
+from roles.preflight import PreflightError, check_service_os, fleet_key, preflight_of
 
 RULES_SOURCE = "files/monitor/rules.yml"
 ALERTMANAGER_CONFIG = f"{PROM_DIR}/alertmanager.yml"
@@ -53,8 +52,6 @@ ALERTMANAGER_YML = ("# Managed by rigfleet (roles/monitor.py): a converge replac
 
 @dataclass(frozen=True)
 class MonitorContext:
-    name: str
-    os: OsInfo
     plan: MonitorPlan
     api_key: Secret
     desired: str
@@ -84,11 +81,11 @@ def _check_monitor(name: str, gpu_host: bool) -> MonitorContext:
     if not gpus:
         raise PreflightError(f"{name}: monitors: the inventory has no GPU host to monitor; "
                              "allowed: a monitor beside at least one GPU host")
-    os_info = service_os(name)
+    check_service_os(name)
     api_key = fleet_key(name, settings.api_key_file, gpus)
     plan = plan_monitor(name, settings, gpus, [lb for _, _, lb in fleet if lb], gpu_host=gpu_host)
     pins = {gpu.name: p for gpu, p, _ in fleet if gpu and p}
-    return MonitorContext(name, os_info, plan, api_key, desired_textfile(gpus, pins), gpu_host)
+    return MonitorContext(plan, api_key, desired_textfile(gpus, pins), gpu_host)
 
 
 preflight_monitor = preflight_of("Preflight (monitor)", _check_monitor)

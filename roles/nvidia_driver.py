@@ -19,19 +19,13 @@ from pyinfra.api.operation import OperationMeta
 
 from rigfleet.catalog import StackSpec
 from rigfleet.commands import apt as apt_commands
-from rigfleet.facts import DebPackage, DpkgState, GpuQuery, ModuleRejections, Platform, read_fact
+from rigfleet.facts import DebPackage, DpkgState, GpuQuery, read_fact
 from rigfleet.hostdata import check_gpus
 from rigfleet.packages import OsInfo, driver_packages, version_prefix
 from roles import maintenance
 from roles.docker import add_apt_repo
 from roles.ops import DeployError, apt_packages, changed, check, executing, root_put
-from roles.preflight import (
-    HostContext,
-    failing_command,
-    loaded_as_pinned,
-    secure_boot_block,
-    secure_boot_watch,
-)
+from roles.preflight import HostContext, blocked_by_secure_boot, failing_command, loaded_as_pinned
 
 PREFERENCES_FILE = f"{apt_commands.PREFERENCES_DIR}/rigfleet-nvidia-driver"
 
@@ -101,13 +95,6 @@ def _wait_for_reboot(state: Any, host: Any, token: str, delay: float, timeout: f
         time.sleep(REBOOT_INTERVAL_S)
 
 
-def blocked_by_secure_boot(os: OsInfo) -> str | None:
-    """``secure_boot_block`` from the host's facts now (after DKMS built the module)."""
-    platform = read_fact(Platform)
-    rejections = read_fact(ModuleRejections) if secure_boot_watch(os, platform) else []
-    return secure_boot_block(host.name, os, platform, rejections)
-
-
 @operation(is_idempotent=False)
 def reboot_for_driver(gates: Sequence[OperationMeta], ctx: HostContext):
     """Reboot (in a window) when the driver changed or is not loaded; Secure Boot may forbid it."""
@@ -152,7 +139,7 @@ def verify_driver(branch: str, version: str | None, gpu_count: int, spec: StackS
 def _offered_then_window(ctx: HostContext, step: str, prefix: str,
                          inputs: Sequence[str]) -> Iterator[Any]:
     """The install's ``before``: the indexes, whether they offer the pinned driver (NVIDIA's
-    debian13 has no 580), then (on a serving host) the download and the window. Lazy."""
+    debian13 has no 580), then (on a serving host) the download and the window."""
     update, *download = inputs
     offered = []
     if ctx.os.id == "debian":
@@ -163,13 +150,7 @@ def _offered_then_window(ctx: HostContext, step: str, prefix: str,
                    f"({ctx.apt_repo('cuda').url}); allowed: a driver that repository carries "
                    "(pins file)")
         offered.append(apt_commands.require_candidate("nvidia-driver-cuda", prefix, message))
-    entered = False
-    for command in maintenance.enter(ctx, step, [update, *offered, *download]):
-        entered = True
-        yield command
-    if not entered:
-        yield update
-        yield from offered
+    return maintenance.enter(ctx, step, [update, *offered, *download], [update, *offered])
 
 
 @deploy("NVIDIA driver")

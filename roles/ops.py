@@ -16,7 +16,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, OperationError, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.operation import OperationMeta
-from pyinfra.operations import files
+from pyinfra.operations import files, systemd
 
 from rigfleet.commands import apt as apt_commands
 from rigfleet.factmemo import read_once
@@ -26,6 +26,7 @@ from rigfleet.facts import AptKeyring, DpkgState, FileDigest, read_fact
 root_put = partial(files.put, user="root", group="root", mode="0644")
 root_template = partial(files.template, user="root", group="root", mode="0644")
 root_dir = partial(files.directory, user="root", group="root", mode="0755")
+enabled_running = partial(systemd.service, running=True, enabled=True)  # a service, kept up
 
 
 class DeployError(OperationError):
@@ -122,7 +123,7 @@ def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: st
                  before: Callable[[Sequence[str]], Iterable[Any]] | None = None):
     """Install missing packages (``name`` or ``name=version``; installed versions must start with
     ``version_prefix``), optionally held. ``before``, when installing, gets the update and
-    download commands and yields what runs first (``maintenance.enter``), else they run as usual."""
+    download commands and yields what runs first, the update at least (``maintenance.enter``)."""
     dpkg = read_fact(DpkgState)
     install: list[str] = []
     replace = False
@@ -139,14 +140,8 @@ def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: st
             replace = True
     if install:
         flags = {"allow_downgrades": replace or hold}
-        fetched = False
-        if before is not None:
-            for command in before([apt_commands.update(),
-                                   apt_commands.install(install, download_only=True, **flags)]):
-                fetched = True
-                yield command
-        if not fetched:
-            yield apt_commands.update()
+        inputs = [apt_commands.update(), apt_commands.install(install, download_only=True, **flags)]
+        yield from before(inputs) if before else inputs[:1]
         yield apt_commands.install(install, **flags)
     installing = {s.partition("=")[0] for s in install}
     unheld = [n for n in names if n in installing or not dpkg[n].held] if hold else []
@@ -167,13 +162,13 @@ def apt_keyring(key_url: str, dest: str, fingerprint: str | None = None):
 
 
 @operation()
-def initial_file(dest: str, content: str, mode: str = "0644"):
+def initial_file(dest: str, content: str):
     """Create ``dest`` (root-owned) only when missing: another program owns it afterwards."""
     if read_fact(FileDigest, path=dest) is not None:
         host.noop(f"{dest} exists (owned by the host from now on)")
         return
     q = shlex.quote(dest)
-    yield f"install -m {mode} -o root -g root /dev/null {q}"
+    yield f"install -m 0644 -o root -g root /dev/null {q}"
     yield FileUploadCommand(io.BytesIO(content.encode()), dest)
 
 
@@ -194,19 +189,18 @@ def secret_file(dest: str, content: Secret, mode: str = "0600", user: str = "roo
                 group: str = "root"):
     """Put a file whose content is a secret, never printed nor uploaded."""
     data = content.reveal().encode()
-    wanted = hashlib.sha256(data).hexdigest()
     current = read_fact(FileDigest, path=dest)
     q = shlex.quote(dest)
-    if current is None or current.sha256 != wanted:
+    if current is None or current.sha256 != hashlib.sha256(data).hexdigest():
         yield StringCommand(write_secret(dest, mode, user, group),
                             _stdin=base64.encodebytes(data).decode("ascii"))
-        return
-    if current.mode != mode:
-        yield f"chmod {mode} {q}"
-    if (current.user, current.group) != (user, group):
-        yield f"chown {user}:{group} {q}"
-    if current.mode == mode and (current.user, current.group) == (user, group):
+    elif (current.mode, current.user, current.group) == (mode, user, group):
         host.noop(f"{dest} is up to date (content not shown)")
+    else:
+        if current.mode != mode:
+            yield f"chmod {mode} {q}"
+        if (current.user, current.group) != (user, group):
+            yield f"chown {user}:{group} {q}"
 
 
 @operation()

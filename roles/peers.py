@@ -50,9 +50,8 @@ def peer_for(wants: Callable[[DesiredHost], bool]) -> Peer | None:
     hosts = list(host.inventory)
     if any(host_kind(h.groups).cache for h in hosts):
         return None
-    failed: set[Any] = getattr(host.state, "failed_hosts", set())  # refused in preflight
     run = [h for h in hosts if host_kind(h.groups).gpu and host.state.is_host_in_limit(h)
-           and h not in failed]
+           and h not in host.state.failed_hosts]  # (refused in preflight)
     wanting = [(h, d) for h in run if (d := _desired(h.name, h.data)) is not None and wants(d)]
     if not wanting or wanting[0][0].name == host.name:
         return None

@@ -17,7 +17,7 @@ from rigfleet.facts import GpuQuery, gpu_power_limit, read_fact, read_paths
 from rigfleet.hostdata import HostDataError, check_caps_against_gpus
 from rigfleet.resources import project_file
 from rigfleet.status.drift import CAP_TOLERANCE_W
-from roles.ops import changed, executing, fail, on_change, root_template
+from roles.ops import changed, enabled_running, executing, fail, on_change, root_template
 from roles.preflight import HostContext
 
 UNIT = "rigfleet-power-caps.service"
@@ -41,23 +41,21 @@ def caps_mismatch(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
 def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
     """Check ``caps`` against the cards' ranges; apply them when they differ."""
     gpu = read_fact(GpuQuery)
-    if not gpu.loaded:
-        if executing():
-            yield from fail(f"{host.name}: cannot set power caps: nvidia-smi fails ({gpu.error})")
-        else:
-            # Bare host: the driver arrives during this run; the caps are applied then.
-            yield f"systemctl restart {UNIT}"
+    if gpu.loaded:
+        try:
+            check_caps_against_gpus(host.name, caps, gpu.gpus)
+        except HostDataError as e:
+            if not executing():
+                raise  # prepare: stop the whole run before anything changes
+            yield from fail(str(e))
+            return
+        if not caps_mismatch(caps, gpu.gpus) and not changed(gates):
+            host.noop(f"caps {list(caps)} W in place")
+            return
+    elif executing():
+        yield from fail(f"{host.name}: cannot set power caps: nvidia-smi fails ({gpu.error})")
         return
-    try:
-        check_caps_against_gpus(host.name, caps, gpu.gpus)
-    except HostDataError as e:
-        if not executing():
-            raise  # prepare: stop the whole run before anything changes
-        yield from fail(str(e))
-        return
-    if not caps_mismatch(caps, gpu.gpus) and not changed(gates):
-        host.noop(f"caps {list(caps)} W in place")
-        return
+    # The caps differ or a gate changed; or (preparing, not loaded) the driver comes in this run.
     yield f"systemctl restart {UNIT}"
     if not executing():
         return
@@ -71,8 +69,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
 def power(ctx: HostContext) -> None:
     caps = ctx.want.settings.power_caps_w
     read_paths([UNIT_PATH])
-    systemd.service(name="nvidia-persistenced enabled and running",
-                    service="nvidia-persistenced", running=True, enabled=True)
+    enabled_running(name="nvidia-persistenced enabled and running", service="nvidia-persistenced")
     unit = root_template(name=f"Power caps unit ({', '.join(f'{w} W' for w in caps)})",
                          src=TEMPLATE, dest=UNIT_PATH,
                          caps=[{"command": nvidia_commands.set_power_limit(i, w)}

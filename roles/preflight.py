@@ -100,8 +100,6 @@ class HostContext:
 class BalancerContext:
     """What ``roles/balancer.py`` (and ``base``) need for a host of group ``balancers``."""
 
-    name: str
-    os: OsInfo
     plan: BalancerPlan
     api_key: Secret
     tls_key: Secret | None = None
@@ -231,6 +229,13 @@ def secure_boot_block(name: str, os: OsInfo, platform: PlatformState,
     return None
 
 
+def blocked_by_secure_boot(os: OsInfo) -> str | None:
+    """``secure_boot_block`` from the host's facts now (after DKMS built the module)."""
+    platform = read_fact(Platform)
+    rejections = read_fact(ModuleRejections) if secure_boot_watch(os, platform) else []
+    return secure_boot_block(host.name, os, platform, rejections)
+
+
 def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
                 branch: str, version: str | None, platform: PlatformState,
                 gpu: GpuState, rejections: list[str]) -> FactChecks:
@@ -238,29 +243,25 @@ def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
     problems = check_init(name, platform)
     origin, adopt = check_driver_origin(name, settings, branch, version, platform, gpu)
     problems += origin
-    if not gpu.loaded and not origin:
-        blocked = secure_boot_block(name, os, platform, rejections)
-        problems += [blocked] if blocked else []
-    waiting: list[str] = []
-    notes: list[str] = []
-    if gpu.loaded:
+    if gpu.loaded:  # an adopted driver is a loaded one
         try:
             check_caps_against_gpus(name, settings.power_caps_w, gpu.gpus)
         except HostDataError as e:
             problems += e.problems
         problems += check_gpus(name, settings.gpu_count, spec, gpu.gpus)
-    else:
-        waiting = ["power caps against each card's range",
-                   f"the GPU count (gpu_count {settings.gpu_count})"]
-        if spec.gpu_memory_mib:
-            waiting.append(f"each card's memory (>= {spec.gpu_memory_mib} MiB for stack "
-                           f"{spec.name})")
-        if secure_boot_watch(os, platform) and platform.mok == "unknown":
-            notes.append(f"{name}: Secure Boot is on: once DKMS has built the NVIDIA module, "
-                         "the deploy checks that its signing key is enrolled before it reboots")
-    if adopt:
-        notes.append(f"{name}: keeping the .run-installed driver {gpu.driver_version} "
-                     "(adopt_foreign_driver): no driver packages, no reboot for the driver")
+        notes = [f"{name}: keeping the .run-installed driver {gpu.driver_version} "
+                 "(adopt_foreign_driver): no driver packages, no reboot for the driver"]
+        return FactChecks(problems, [], adopt, notes if adopt else [])
+    blocked = None if origin else secure_boot_block(name, os, platform, rejections)
+    problems += [blocked] if blocked else []
+    waiting = ["power caps against each card's range",
+               f"the GPU count (gpu_count {settings.gpu_count})"]
+    if spec.gpu_memory_mib:
+        waiting.append(f"each card's memory (>= {spec.gpu_memory_mib} MiB for stack {spec.name})")
+    notes = []
+    if secure_boot_watch(os, platform) and platform.mok == "unknown":
+        notes.append(f"{name}: Secure Boot is on: once DKMS has built the NVIDIA module, the "
+                     "deploy checks that its signing key is enrolled before it reboots")
     return FactChecks(problems, waiting, adopt, notes)
 
 
@@ -316,10 +317,6 @@ class _Summary(BaseStateCallback):
         for _name, reason in sorted(refusals.items()):
             for i, line in enumerate(reason.splitlines()):
                 logger.error(("    " if i == 0 else "      ") + line)
-
-
-def refusals(state: State) -> dict[str, str]:
-    return dict(_REFUSED.get(state) or {})
 
 
 def refuse(reason: str) -> None:
@@ -453,19 +450,18 @@ def fleet_key(name: str, path: str, gpu: list[GpuHost]) -> Secret:
     return key
 
 
-def service_os(name: str) -> OsInfo:
+def check_service_os(name: str) -> None:
     """A service host's OS: supported, and booted with systemd."""
-    os_info = read_os(name, read_fact(OsRelease))
+    read_os(name, read_fact(OsRelease))
     if problems := check_init(name, read_fact(Platform)):
         raise PreflightError("\n".join(problems))
-    return os_info
 
 
 def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
     """A balancer host: its data, every GPU host's, the key, the OS, systemd."""
     plan = fleet_plan(host, host.inventory)
     settings = plan.settings
-    os_info = service_os(name)
+    check_service_os(name)
     read_services(BALANCER_UNITS)
     api_key = fleet_key(name, settings.api_key_file, list(plan.hosts))
     tls_key = (read_secret(name, "balancer_tls_key_file", settings.tls.key_file, token=False)
@@ -474,7 +470,7 @@ def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
         host.log(f"{name}: this host is a GPU host and the fleet's balancer: while it is in "
                  "maintenance (a reboot, a driver or Docker change) the fleet endpoint is down "
                  "with it; a balancer on a small host of its own avoids that")
-    return BalancerContext(name=name, os=os_info, plan=plan, api_key=api_key, tls_key=tls_key)
+    return BalancerContext(plan=plan, api_key=api_key, tls_key=tls_key)
 
 
 preflight = preflight_of("Preflight", lambda name, _: _check_host(name))

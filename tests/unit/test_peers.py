@@ -160,7 +160,8 @@ def test_the_seed_is_the_first_gpu_host_of_the_run_that_wants_it(monkeypatch, me
              *(FakeHost(f"host{i}", ("gpu_hosts",), {"ssh_hostname": f"10.0.0.{i}"})
                for i in (1, 2, 3))]
     by_name = {h.name: h for h in hosts}
-    state = SimpleNamespace(is_host_in_limit=lambda h: limit is None or h.name in limit)
+    state = SimpleNamespace(is_host_in_limit=lambda h: limit is None or h.name in limit,
+                            failed_hosts=set())
     monkeypatch.setattr(peers, "host", SimpleNamespace(name=me, inventory=hosts, state=state))
     monkeypatch.setattr(peers, "_desired", lambda name, data: _desired(IMAGE_ID))
     got = peers.peer_for(lambda want: IMAGE_ID in {s.pins.image_id
@@ -185,7 +186,7 @@ def test_a_host_refused_in_its_preflight_is_no_seed(monkeypatch):
 
 def test_the_seed_is_reached_where_the_balancer_reaches_it(monkeypatch):
     hosts = [FakeHost(f"host{i}", ("gpu_hosts",), {}) for i in (1, 2)]
-    state = SimpleNamespace(is_host_in_limit=lambda h: True)
+    state = SimpleNamespace(is_host_in_limit=lambda h: True, failed_hosts=set())
     monkeypatch.setattr(peers, "host", SimpleNamespace(name="host2", inventory=hosts,
                                                        state=state))
     monkeypatch.setattr(peers, "_desired",

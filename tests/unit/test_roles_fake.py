@@ -51,7 +51,7 @@ from roles.docker import (
     restart_keys,
 )
 from roles.genesis import TREES_KEPT
-from roles.preflight import refusals, run_deploy
+from roles.preflight import run_deploy
 
 GENESIS_REPO = "http://git.rigfleet.test:8090/genesis-vllm-patches.git"
 GENESIS_COMMIT = "c" * 40
@@ -201,7 +201,7 @@ def deploy_many(hosts: dict[str, tuple[FakeRig, dict]], execute: bool = True, fn
     if execute:
         with contextlib.suppress(PyinfraError):
             run_ops(state)
-    refused = refusals(state)
+    refused = roles.preflight._REFUSED.get(state) or {}
     return {name: Run(rig, plans[name], rig.commands[starts[name]:],
                       inventory.get_host(name) in state.failed_hosts, "", refused.get(name))
             for name, (rig, _) in hosts.items()}
