@@ -152,16 +152,20 @@ def weights(ctx: HostContext) -> None:
     prune_weights(name=f"Prune weights no pin and no compose file names ({model_dir})",
                   model_dir=model_dir, compose_files=compose_files(ctx),
                   pinned=tuple((m.local_dir, m.revision) for m in ctx.want.models))
-    for model in host.loop(ctx.want.models):
-        local_dir = ctx.want.weights_path(model)
-        held = read_fact(WeightsManifest, local_dir=local_dir).holds(model.repo, model.revision)
-        peer = None if held else peer_for(partial(_serves, model))  # (the fetch's own read)
-        legacy = str(HOST.weights_legacy_dir(model_dir, model.local_dir))
-        for after_seed in host.loop((False, True)):
+    peers = {}
+    for model in ctx.want.models:
+        held = read_fact(WeightsManifest, local_dir=ctx.want.weights_path(model)).holds(
+            model.repo, model.revision)
+        peers[model] = None if held else peer_for(partial(_serves, model))  # (the fetch's read)
+    # Every host's own fetches before any peer's fetch from its seed: operations are ordered by
+    # loop position, and hosts serving other models hold a shared one at other positions.
+    for after_seed in host.loop((False, True)):
+        for model in host.loop(ctx.want.models):
             fetch_weights(
                 name=f"Fetch and verify {model.repo}@{model.revision[:12]}"
                      + (" from a peer" if after_seed else ""),
-                repo=model.repo, revision=model.revision, local_dir=local_dir,
+                repo=model.repo, revision=model.revision, local_dir=ctx.want.weights_path(model),
                 token_file=token_file, endpoint=ctx.want.settings.hf_endpoint,
-                adopt_from=None if after_seed else legacy, mirrors=model_mirrors(host.inventory),
-                peer=peer, after_seed=after_seed)
+                adopt_from=None if after_seed else str(
+                    HOST.weights_legacy_dir(model_dir, model.local_dir)),
+                mirrors=model_mirrors(host.inventory), peer=peers[model], after_seed=after_seed)

@@ -19,7 +19,9 @@ import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
+import pyinfra
 import pytest
 import yaml
 from fake_rig import FakeRig, Gpu, weights_manifest
@@ -1478,3 +1480,64 @@ def test_a_stack_the_pinned_vllm_refuses_stops_the_host_before_its_file_or_a_swa
            "vLLM 0.27.1" in caplog.text
     assert run.ran("systemd-run") == [] and run.ran("maintenance open") == []
     assert rig.files[compose] == before and rig.containers == serving and len(rig.swaps) == swaps
+
+
+def test_a_peer_fetches_a_model_only_after_its_seed_whatever_else_each_serves(
+        data, tmp_path, monkeypatch):
+    """Peers, several models: the seed stages one more stack, whose model sorts before the
+    shared one and whose image before the other stacks' images; the peer still takes the shared
+    model and image from the seed only after the seed has them."""
+    import roles.peers
+    from rigfleet.catalog import BUILTIN_DIR
+
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    doc = yaml.safe_load((BUILTIN_DIR / "int8.yaml").read_text())
+    doc.update(name="int8-first", port=8027, served_model_name="first", model="Aaa/First-Model")
+    (stacks / "int8-first.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    pins = yaml.safe_load(pins_yaml())
+    other = "sha256:" + "c" * 64
+    pins["stacks"]["int8-first"] = {**pins["stacks"]["int8"], "image": "vllm/vllm-openai:v0.27.2",
+                                    "digest": other, "vllm_version": "0.27.2"}
+    hub = {d: (image_id_of(d), 9 * 1024**3) for d in (DIGEST, other)}
+    monkeypatch.setattr(rigfleet.images.deploy, "SourceChecker",
+                        lambda: SourceChecker(lambda url: FakeHub(url, hub)))
+    pins["models"] = {"Aaa/First-Model": {"revision": "f" * 40, "local_dir": "first-model"}}
+    (tmp_path / "pins-first.yaml").write_text(yaml.safe_dump(pins, sort_keys=False))
+    seed_data = {**data, "stacks_dir": str(stacks), "pins_file": str(tmp_path / "pins-first.yaml")}
+    peer_data = {**seed_data, "stacks": ["int8", "tq3-mtp-genesis"]}
+    monkeypatch.setattr(roles.peers, "REMOTE",
+                        lambda: SimpleNamespace(run=lambda *a, **k: (0, "")))
+    seed, peer = FakeRig("debian13"), FakeRig("debian13")
+    names = {id(seed): "seed", id(peer): "peer"}
+    timeline: list[tuple[str, str]] = []
+    respond = FakeRig.respond
+
+    def logged(rig, text, stdin=None):
+        timeline.append((names[id(rig)], text))
+        return respond(rig, text, stdin)
+
+    monkeypatch.setattr(FakeRig, "respond", logged)
+
+    def as_the_cli_orders() -> None:
+        """Operations ordered as ``pyinfra`` on the command line orders them (call-site lines,
+        then loop positions), not by each host's operation count as the API does."""
+        from pyinfra.api.state import StateStage
+        from pyinfra.context import ctx_state
+
+        with monkeypatch.context() as cli:
+            cli.setattr(pyinfra, "is_cli", True)
+            cli.setattr(ctx_state.get(), "current_stage", StateStage.Prepare)
+            deploy_py()
+
+    runs = deploy_many({"@fake/seed": (seed, seed_data), "@fake/peer": (peer, peer_data)},
+                       fn=as_the_cli_orders)
+    assert not runs["@fake/seed"].failed and not runs["@fake/peer"].failed
+    shared = "--repo Lorbus/Qwen3.6-27B-int4-AutoRound "
+    fetches = [(who, "--mirror" in c) for who, c in timeline
+               if "fetch-weights.py fetch" in c and shared in c]
+    assert fetches == [("seed", False), ("peer", True)], fetches
+    nightly = "vllm/vllm-openai:nightly-"
+    pulls = [(who, "peer" in c) for who, c in timeline
+             if nightly in c and ("docker pull" in c or "docker load" in c)]
+    assert pulls == [("seed", False), ("peer", True)], pulls
