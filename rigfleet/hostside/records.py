@@ -254,6 +254,11 @@ class BootClock:
 BOOT_CLOCK = BootClock()
 
 
+def process_id(pid: int) -> dict[str, Any]:
+    """What tells process ``pid`` apart across pid reuse and reboots (``process_alive``)."""
+    return {"pid": pid, "pid_start": pid_start_ticks(pid), "boot_id": boot_id()}
+
+
 def process_alive(holder: dict[str, Any]) -> bool:
     pid, boot = holder.get("pid"), holder.get("boot_id")
     if (boot and boot != boot_id()) or not isinstance(pid, int) or pid <= 0:

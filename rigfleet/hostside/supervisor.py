@@ -38,7 +38,7 @@ from .layout import STACK_UNIT, Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, plan_of, window_status
 from .plan import Active, PlanError, StackRef
-from .records import SUPERVISE_SCHEMA, boot_id, live_holder, pid_start_ticks, read_holder, read_json
+from .records import SUPERVISE_SCHEMA, live_holder, process_id, read_holder, read_json
 from .steps import Failure, FrontControl, GateFn, Ops, Steps, fs_problem
 from .supervise import WHO, Action, Attempt, Observation, Policy, Record, moved, started, step
 
@@ -111,7 +111,7 @@ class Supervisor:
         """Write ``state.json`` when it changed; a failed write is said once, not raised."""
         self.rec = rec
         data = {"schema": SUPERVISE_SCHEMA, **rec.to_dict(), "policy": self.policy.summary(),
-                "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id()}
+                **process_id(self.pid)}
         if data == self._saved:
             return
         problem = None
