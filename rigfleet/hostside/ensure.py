@@ -41,8 +41,19 @@ from .steps import (
     Outcome,
     Steps,
     known_projects,
-    take_lock,
 )
+
+
+def take_lock(lock: HostLock, who: str, why: str, wait_s: float, ops: Ops) -> str | None:
+    """``lock.acquire``, waiting up to ``wait_s`` for a live holder (not for a window's)."""
+    deadline = ops.monotonic() + wait_s
+    while True:
+        try:
+            return lock.acquire(who, why)
+        except LockHeld as held:
+            if held.holder.get("window") or ops.monotonic() >= deadline:
+                raise
+        ops.sleep(1.0)
 
 
 class Ensure(Steps):

@@ -183,7 +183,7 @@ def _value(tp: Any, raw: Any, path: str, strict: bool) -> Any:
 
 class Coded:
     """A typed record: ``to_dict`` (with the class's ``schema``, when it has one) and
-    ``from_dict`` (lenient: None when ``data`` is not one)."""
+    ``from_dict`` (lenient: None when ``data`` is not one, or not of the class's ``schema``)."""
 
     schema: ClassVar[str] = ""
 
@@ -192,7 +192,8 @@ class Coded:
 
     @classmethod
     def from_dict(cls, data: Any) -> Self | None:
-        return decode(cls, data)
+        ours = not cls.schema or (isinstance(data, dict) and data.get("schema") == cls.schema)
+        return decode(cls, data) if ours else None
 
 
 def _items(tp: Any, pairs: Any, path: str, strict: bool) -> dict[Any, Any]:
@@ -477,11 +478,6 @@ class ThroughputRecord(Coded):
     def decode(self, shape: str) -> float | None:
         fig = self.shapes.get(shape)
         return fig.decode if fig else None
-
-    @classmethod
-    def from_dict(cls, data: Any) -> ThroughputRecord | None:
-        ok = isinstance(data, dict) and data.get("schema") == THROUGHPUT_SCHEMA
-        return decode(cls, data) if ok else None
 
 
 def read_throughput_history(path: Path, stack: str | None = None) -> list[ThroughputRecord]:

@@ -15,18 +15,17 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from .atomic import write_json
 from .drain import DRAIN_POLL_S, Drainer, DrainReport, parse_load
 from .gate import GateResult, GateRun
 from .journal import Journal
 from .layout import Layout
-from .lock import HostLock, LockHeld
 from .plan import Plan, StackRef
-from .records import decode, encode, read_json
+from .records import Coded, read_json
 from .stackctl import (
     BootFailure,
     ContainerState,
@@ -76,7 +75,7 @@ class Failure(Exception):
 
 
 @dataclass
-class Outcome:
+class Outcome(Coded):
     """How a transaction ended (``result.json``): ``promoted``, ``rolled-back``, ``failed``
     (nothing verified serves), ``refused`` (nothing was changed) or ``locked``."""
 
@@ -94,9 +93,6 @@ class Outcome:
     timings: dict[str, float] = field(default_factory=dict)
     drain: dict[str, Any] | None = None
     retry_after_s: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def known_projects(lay: Layout) -> list[tuple[str, str]]:
@@ -122,18 +118,6 @@ def local_name(ref: StackRef) -> str:
 def short_id(image: str) -> str:
     """``sha256:0123456789ab...`` -> ``sha256:0123456789ab``."""
     return image[:19] if image.startswith("sha256:") else image
-
-
-def take_lock(lock: HostLock, who: str, why: str, wait_s: float, ops: Ops) -> str | None:
-    """``lock.acquire``, waiting up to ``wait_s`` for a live holder (not for a window's)."""
-    deadline = ops.monotonic() + wait_s
-    while True:
-        try:
-            return lock.acquire(who, why)
-        except LockHeld as held:
-            if held.holder.get("window") or ops.monotonic() >= deadline:
-                raise
-        ops.sleep(1.0)
 
 
 class Steps:
@@ -436,9 +420,10 @@ class StackTimes:
 
 
 @dataclass(frozen=True)
-class Timings:
+class Timings(Coded):
     """``timings.json``; every figure optional."""
 
+    schema: ClassVar[str] = TIMINGS_SCHEMA
     stacks: dict[str, StackTimes] = field(default_factory=dict)
     overhead_s: float | None = None
     drain_s: float | None = None
@@ -453,9 +438,7 @@ class Timings:
 
 def read_timings(lay: Layout) -> Timings:
     """This host's record; an empty one when it is missing or damaged."""
-    data, _ = read_json(lay.timings_file)
-    ours = isinstance(data, dict) and data.get("schema") == TIMINGS_SCHEMA
-    return (decode(Timings, data) if ours else None) or Timings()
+    return Timings.from_dict(read_json(lay.timings_file)[0]) or Timings()
 
 
 @dataclass(frozen=True)
@@ -496,7 +479,7 @@ def record_times(lay: Layout, stack: str = "", boot_s: float = 0.0, gate_s: floa
     new = {stack: StackTimes(round(boot_s, 2), round(gate_s, 2), time.time())} if stack else {}
     kept = {k: round(v, 2) for k, v in figures.items() if v is not None}
     t = replace(t, stacks={**t.stacks, **new}, **kept)
-    write_json(lay.timings_file, {"schema": TIMINGS_SCHEMA, **encode(t)})
+    write_json(lay.timings_file, t.to_dict())
 
 
 def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s: float,
