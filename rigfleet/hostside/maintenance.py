@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -339,8 +339,7 @@ class Maintenance(Steps):
                                    wait=False)
         except FrontError as e:
             self.j.event("front", str(e), level="error")
-        gate = failure.gate.record() if failure.gate else None
-        boot = asdict(failure.boot) if failure.boot else None
+        gate, boot = failure.gate, failure.boot
         ledger.append(self.lay, ledger.entry(
             KIND, "failed", None, attempted=ref, host=plan.host, by=plan.by,
             deploy_id=window.id if window else plan.id, gate=gate, reason=reason,

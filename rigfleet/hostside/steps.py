@@ -15,7 +15,7 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -63,15 +63,16 @@ GateFn = Callable[[GateRun, Callable[[str], None], Callable[[], bool]], GateResu
 
 
 class Failure(Exception):
-    """A step failed; ``phase`` says which, ``reason`` says why (one line, for people)."""
+    """A step failed; ``phase`` says which, ``reason`` says why (one line, for people);
+    ``boot`` and ``gate``: what the step found, as the records say it (None: nothing)."""
 
     def __init__(self, phase: str, reason: str, boot: BootFailure | None = None,
                  gate: GateResult | None = None) -> None:
         super().__init__(reason)
         self.phase = phase
         self.reason = reason
-        self.boot = boot
-        self.gate = gate
+        self.boot = asdict(boot) if boot else None
+        self.gate = gate.record() if gate else None
 
 
 @dataclass

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -389,8 +389,7 @@ class Supervisor:
     def _failed(self, rec: Record, active: Active, steps: Steps, attempt: Attempt, n: int,
                 e: Failure, kept: str | None, seconds: float) -> dict[str, Any]:
         """A recreation that failed (or was stopped): 503 stays, the next backoff from now."""
-        limit, reason = self.policy.limit, e.reason
-        boot = asdict(e.boot) if e.boot else None
+        limit, reason, boot = self.policy.limit, e.reason, e.boot
         result = "interrupted" if e.phase == "interrupted" else "failed"
         said = f"recreation {n} of {limit} {result}: {reason}"
         steps.j.event("recreate", said, level="error")
