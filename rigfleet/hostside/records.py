@@ -298,11 +298,8 @@ def read_holder(lock_dir: Path) -> dict[str, Any] | None:
     """The lock's ``holder.json`` plus ``alive``; None when the lock is free."""
     if not lock_dir.is_dir():
         return None
-    try:
-        holder = json.loads((lock_dir / "holder.json").read_text())
-        if not isinstance(holder, dict):
-            raise ValueError("not an object")
-    except (OSError, ValueError):
+    holder, _ = read_json(lock_dir / "holder.json")
+    if not isinstance(holder, dict):
         # An older tool between mkdir and holder.json, or killed right there.
         try:
             age = time.time() - lock_dir.stat().st_mtime
