@@ -334,11 +334,7 @@ class Maintenance(Steps):
             self.j.event("maintenance", f.reason, level="warning")
         reason = f"maintenance failed ({failure.phase}): {failure.reason}" \
             + (f" (closed because {self.cause})" if self.cause else "")
-        try:
-            self.front.maintenance(f"not serving: {failure.reason}", plan.retry_after_s,
-                                   wait=False)
-        except FrontError as e:
-            self.j.event("front", str(e), level="error")
+        self.say_503(f"not serving: {failure.reason}", plan.retry_after_s)
         gate, boot = failure.gate, failure.boot
         ledger.append(self.lay, ledger.entry(
             KIND, "failed", None, attempted=ref, host=plan.host, by=plan.by,

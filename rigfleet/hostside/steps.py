@@ -156,6 +156,13 @@ class Steps:
                 if err := self.ops.remove(name):
                     raise Failure("stop", f"docker rm {name} failed: {err}")
 
+    def say_503(self, message: str, retry_after_s: int, level: str = "error") -> None:
+        """The front to 503 saying ``message``, not waiting; a front that cannot is said."""
+        try:
+            self.front.maintenance(message, retry_after_s, wait=False)
+        except Failure as e:  # the front's FrontError
+            self.j.event("front", str(e), level=level)
+
     def holds_requests(self, ref: StackRef | None) -> bool:
         """``ref`` holds requests now: its drain will take a while."""
         if ref is None:

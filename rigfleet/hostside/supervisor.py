@@ -334,10 +334,7 @@ class Supervisor:
         ref = active.ref
         kept = steps.keep_log(ref, self.lay.supervise_dir, self._log_name(rec))
         steps.j.event("give-up", rec.reason, level="error")
-        try:
-            self.front.maintenance(rec.reason, self.policy.retry_after_s, wait=False)
-        except FrontError as e:
-            steps.j.event("front", str(e), level="error")
+        steps.say_503(rec.reason, self.policy.retry_after_s)
         self.note("gave-up", None, active, rec.reason, attempted=ref, extra={
             "boot_failure": rec.boot_failure, "kept_log": kept,
             "recreations": len(rec.recent(self.clock(), self.policy.window_s)),
