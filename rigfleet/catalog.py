@@ -623,9 +623,3 @@ def load_catalog(extra_dirs: Iterable[str | Path] = ()) -> Catalog:
 
 def builtin_catalog() -> Catalog:
     return load_catalog()
-
-
-def get_stack(name: str) -> StackSpec:
-    """A built-in stack by name; an unknown name raises ``CatalogError``."""
-    return builtin_catalog().get(name)
-

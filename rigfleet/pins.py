@@ -9,7 +9,6 @@ docs/pins.md describes every key (from ``rigfleet.pin_keys``)::
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -231,27 +230,6 @@ def parse_pins(data: Any, path: str = "pins.yaml", *, allow_unresolved: bool = F
     if unresolved and not allow_unresolved:
         raise PinsError([f"{path}: {key}: is {UNRESOLVED!r}; {LOCK_HINT}" for key in unresolved])
     return pins
-
-
-def with_resolved(
-    pins: Pins, digests: Mapping[str, str] | None = None, revision: str | None = None
-) -> Pins:
-    """``pins`` with registry digests (stack -> digest) and the default model's revision
-    filled in, validated like the file's."""
-    c = _Checker(pins.path, builtin_catalog())
-    stacks = dict(pins.stacks)
-    for name, digest in (digests or {}).items():
-        if name not in stacks:
-            c.bad(f"stacks.{name}", name, f"a pinned stack: {', '.join(stacks)}", "is not pinned")
-        elif c.pinned(f"stacks.{name}.digest", digest, _DIGEST, allow_unresolved=False):
-            stacks[name] = replace(stacks[name], digest=digest)
-    model = pins.model
-    if revision is not None and c.pinned(f"{model.key}.revision", revision, _HEX40,
-                                         allow_unresolved=False) is not None:
-        model = replace(model, revision=revision)
-    c.raise_if_any(PinsError)
-    models = {r: model if r == model.repo else m for r, m in pins.models.items()}
-    return replace(pins, stacks=stacks, model=model, models=models)
 
 
 def dump_pins(pins: Pins) -> str:

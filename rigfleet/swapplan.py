@@ -25,6 +25,9 @@ DEPLOY_ID = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID) -> Plan:
     """The transaction to ``want``'s desired stack (``by``, ``why``: for the lock and ledger)."""
     swap: SwapSettings = want.settings.swap
+    # Host data drain_timeout_s, else each stack file's drain.timeout_s.
+    drain = {name: s.spec.drain_timeout_s if swap.drain_timeout_s is None else swap.drain_timeout_s
+             for name, s in want.stacks.items()}
     return Plan(
         id=deploy_id,
         by=by,
@@ -40,15 +43,9 @@ def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID)
         vram_timeout_s=swap.vram_timeout_s,
         gate_timeout_s=swap.gate_timeout_s,
         retry_after_s=swap.retry_after_s,
-        drain_timeout_s=drain_timeout(want, want.stack),
-        drain_timeouts={name: drain_timeout(want, name) for name in want.stacks},
+        drain_timeout_s=drain[want.stack],
+        drain_timeouts=drain,
     )
-
-
-def drain_timeout(want: DesiredHost, stack: str) -> float:
-    """``stack``'s drain time: host data ``drain_timeout_s``, else its ``drain.timeout_s``."""
-    override = want.settings.swap.drain_timeout_s
-    return override if override is not None else want.stacks[stack].spec.drain_timeout_s
 
 
 @dataclass(frozen=True)

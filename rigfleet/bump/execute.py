@@ -59,7 +59,7 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     cand_path.write_text("# Candidate pins of a running `rigfleet bump`; removed when it ends.\n"
                          + dump_pins(plan.candidate_pins(str(cand_path))))
     by_name = {h.name: h for h in inputs.hosts}
-    runner = PyinfraRunner(opts.inventory, by_name, remote, deploy=opts.deploy,
+    runner = PyinfraRunner(opts.inventory, by_name, remote, deploy_file=opts.deploy,
                            cwd=Path(opts.deploy).resolve().parent, log_dir=log_dir)  # fmt: skip
     try:
         with progress("starting the rollout") as on_line:

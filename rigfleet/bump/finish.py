@@ -140,7 +140,7 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
     """Record what the journal's bump did into the pins file as it is now; start nothing."""
     by_name = {h.name: h for h in hosts}
     plan = journal.plan(pins)
-    runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy=args.deploy)
+    runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy_file=args.deploy)
     resume = resume_of(journal)
     in_flight = {h: f for h, f in resume.in_flight.items() if h in by_name}
     lost = {h: HostOutcome(h, Status.LOST, None, None, "not in the inventory any more")

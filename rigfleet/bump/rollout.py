@@ -458,20 +458,18 @@ def pyinfra_command(inventory: str, deploy: str, hosts: Sequence[str], pins_file
     return cmd + [arg for h in hosts for arg in ("--limit", h)]
 
 
+@dataclass
 class PyinfraRunner:
     """``Runner`` over pyinfra and SSH; each batch's output goes to ``<log_dir>/batch-<n>.log``."""
 
-    def __init__(self, inventory: str, hosts: Mapping[str, InventoryHost], remote: Remote,
-                 deploy: str = "deploy.py", cwd: Path | None = None, log_dir: Path | None = None,
-                 timeout: float = 4 * 3600, env: Mapping[str, str] | None = None) -> None:
-        self.inventory = inventory
-        self.hosts = dict(hosts)
-        self.remote = remote
-        self.deploy_file = deploy
-        self.cwd = cwd
-        self.log_dir = log_dir
-        self.timeout = timeout
-        self.env = dict(env or {})
+    inventory: str
+    hosts: Mapping[str, InventoryHost]
+    remote: Remote
+    deploy_file: str = "deploy.py"
+    cwd: Path | None = None
+    log_dir: Path | None = None
+    timeout: float = 4 * 3600
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
         """Host -> None when the deploy can work on it now, else why not (SSH, a held lock)."""

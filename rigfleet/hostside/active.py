@@ -209,7 +209,7 @@ def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
     """Ask the supervisor to forget its recreations and a give-up."""
     request = {"token": f"{time.time():.6f}-{os.getpid()}-{secrets.token_hex(4)}",
                "at": now_iso(), "by": by, "why": why}
-    write_atomic(lay.supervise_reset, json.dumps(request, sort_keys=True) + "\n")
+    write_json(lay.supervise_reset, request, indent=None)
     return request
 
 

@@ -41,8 +41,19 @@ from .steps import (
     Outcome,
     Steps,
     known_projects,
-    take_lock,
 )
+
+
+def take_lock(lock: HostLock, who: str, why: str, wait_s: float, ops: Ops) -> str | None:
+    """``lock.acquire``, waiting up to ``wait_s`` for a live holder (not for a window's)."""
+    deadline = ops.monotonic() + wait_s
+    while True:
+        try:
+            return lock.acquire(who, why)
+        except LockHeld as held:
+            if held.holder.get("window") or ops.monotonic() >= deadline:
+                raise
+        ops.sleep(1.0)
 
 
 class Ensure(Steps):
@@ -83,7 +94,8 @@ class Ensure(Steps):
             self.j.event("ensure", reason, level="error")
             if isinstance(f, ActiveDamaged):
                 # Never a silent 503: the front's message says it too.
-                self._maintenance("the active record is damaged; run the deploy")
+                self.say_503("the active record is damaged; run the deploy", RETRY_AFTER_S,
+                             "warning")
             ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
                                                  reason=reason))
             phase = f.phase if isinstance(f, Failure) else "active"
@@ -102,13 +114,6 @@ class Ensure(Steps):
         return Outcome(result, code, "ensure", reason=reason, phase=phase,
                        serving=self.front.current())
 
-    def _maintenance(self, message: str) -> None:
-        """The front to 503 saying ``message``; a front that cannot is a warning."""
-        try:
-            self.front.maintenance(message, RETRY_AFTER_S, wait=False)
-        except FrontError as e:
-            self.j.event("front", str(e), level="warning")
-
     def _unwritable(self, e: OSError) -> Outcome:
         """A full disk, a read-only file system: said, and ``EXIT_RETRY`` (the unit retries)."""
         reason = (f"{e.filename or 'the disk'}: {e.strerror or e}; stopped there; "
@@ -122,7 +127,7 @@ class Ensure(Steps):
     def _deferred(self, held: LockHeld) -> Outcome:
         """A maintenance window holds the host: the stack stays down, the front at 503."""
         why = str(held.holder.get("why") or "maintenance")
-        self._maintenance(f"{why}; the stack comes back through the gate")
+        self.say_503(f"{why}; the stack comes back through the gate", RETRY_AFTER_S, "warning")
         return self._said("deferred", EXIT_PROMOTED, f"deferred: {held}")
 
     def _run(self) -> Outcome:

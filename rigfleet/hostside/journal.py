@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .atomic import append_line, write_json
-from .records import boot_id, holder_alive, now_iso, pid_start_ticks, read_state
+from .records import holder_alive, now_iso, process_id, read_state
 
 # Without any event for this long after the plan was written, the transaction never started.
 START_GRACE_S = 60.0
@@ -35,9 +35,7 @@ class Journal:
         self.t0 = time.monotonic()
         self.problem: str | None = None  # why the journal cannot be written (``_try``)
         self.seq = len(self._lines(self.dir / "events.jsonl"))
-        pid = os.getpid()
-        self._try(lambda: write_json(self.dir / "pid.json", {
-            "pid": pid, "pid_start": pid_start_ticks(pid), "boot_id": boot_id()}))
+        self._try(lambda: write_json(self.dir / "pid.json", process_id(os.getpid())))
 
     @staticmethod
     def _lines(path: Path) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from .atomic import fsync_dir, write_json
 from .layout import Layout
-from .records import BOOT_CLOCK, boot_id, describe, now_iso, pid_start_ticks, proc_stat, read_holder
+from .records import BOOT_CLOCK, describe, now_iso, proc_stat, process_id, read_holder
 
 # Per-connection sshd processes (OpenSSH before 9.8, and its sshd-session since).
 _SSH_SESSION = ("sshd", "sshd-session")
@@ -138,11 +138,8 @@ class HostLock:
 
     @staticmethod
     def _anchor(hold: WindowHold) -> dict[str, Any]:
-        data: dict[str, Any] = {"window": hold.window, "anchor": hold.what, "pid": hold.pid,
-                                "pid_start": pid_start_ticks(hold.pid), "boot_id": boot_id()}
-        if hold.reboot is not None:
-            data["reboot"] = dict(hold.reboot)
-        return data
+        reboot = {} if hold.reboot is None else {"reboot": dict(hold.reboot)}
+        return {"window": hold.window, "anchor": hold.what, **process_id(hold.pid), **reboot}
 
     def _place(self, who: str, why: str, deploy_id: str, window: WindowHold | None) -> bool:
         """The holder in a fresh directory, renamed onto the lock; False when a lock is there."""
@@ -196,9 +193,8 @@ class HostLock:
     def _write_holder(self, who: str, why: str, deploy_id: str,
                       window: WindowHold | None, directory: Path | None = None) -> None:
         holder: dict[str, Any] = {
-            "who": who, "why": why, "since": now_iso(), "deploy_id": deploy_id, "pid": self.pid,
-            "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id(),
-            "host": socket.gethostname()}
+            "who": who, "why": why, "since": now_iso(), "deploy_id": deploy_id,
+            **process_id(self.pid), "host": socket.gethostname()}
         if window is not None:
             holder.update(self._anchor(window))
         write_json((directory or self.path) / "holder.json", holder, indent=None)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from . import ledger
 from . import steps as st
@@ -26,7 +26,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld, WindowHold
 from .plan import Active, Plan, PlanError
-from .records import decode, encode, live_holder, read_holder, read_json
+from .records import Coded, live_holder, read_holder, read_json
 from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, known_projects
 
 KIND = "maintenance"
@@ -41,7 +41,7 @@ class Drain(Protocol):
 
 
 @dataclass(frozen=True)
-class Window:
+class Window(Coded):
     """``maintenance/window.json`` (times: epoch seconds)."""
 
     id: str = ""
@@ -57,14 +57,12 @@ class Window:
     gate: dict[str, Any] | None = None
     closed_at: float | None = None
     drain: dict[str, Any] | None = None  # how the requests in flight at the open ended
+    schema: ClassVar[str] = SCHEMA
 
     @property
     def why(self) -> str:
         """The steps, one line."""
         return "; ".join(str(s.get("what")) for s in self.steps) or "maintenance"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**encode(self), "schema": SCHEMA}
 
 
 def window_status(lay: Layout) -> tuple[Window | None, str, str]:
@@ -73,9 +71,8 @@ def window_status(lay: Layout) -> tuple[Window | None, str, str]:
     data, err = read_json(lay.window_file)
     if err == "missing":
         return None, "none", ""
-    ours = isinstance(data, dict) and data.get("schema") == SCHEMA \
-        and data.get("state") in ("open", "closed", "failed")
-    window = decode(Window, data) if ours else None
+    ours = isinstance(data, dict) and data.get("state") in ("open", "closed", "failed")
+    window = Window.from_dict(data) if ours else None
     if window is None:
         return None, "damaged", f"{lay.window_file}: {err or f'not a {SCHEMA} record'}"
     if window.state == "closed":
@@ -337,13 +334,8 @@ class Maintenance(Steps):
             self.j.event("maintenance", f.reason, level="warning")
         reason = f"maintenance failed ({failure.phase}): {failure.reason}" \
             + (f" (closed because {self.cause})" if self.cause else "")
-        try:
-            self.front.maintenance(f"not serving: {failure.reason}", plan.retry_after_s,
-                                   wait=False)
-        except FrontError as e:
-            self.j.event("front", str(e), level="error")
-        gate = failure.gate.record() if failure.gate else None
-        boot = asdict(failure.boot) if failure.boot else None
+        self.say_503(f"not serving: {failure.reason}", plan.retry_after_s)
+        gate, boot = failure.gate, failure.boot
         ledger.append(self.lay, ledger.entry(
             KIND, "failed", None, attempted=ref, host=plan.host, by=plan.by,
             deploy_id=window.id if window else plan.id, gate=gate, reason=reason,

@@ -183,7 +183,7 @@ def _value(tp: Any, raw: Any, path: str, strict: bool) -> Any:
 
 class Coded:
     """A typed record: ``to_dict`` (with the class's ``schema``, when it has one) and
-    ``from_dict`` (lenient: None when ``data`` is not one)."""
+    ``from_dict`` (lenient: None when ``data`` is not one, or not of the class's ``schema``)."""
 
     schema: ClassVar[str] = ""
 
@@ -192,7 +192,8 @@ class Coded:
 
     @classmethod
     def from_dict(cls, data: Any) -> Self | None:
-        return decode(cls, data)
+        ours = not cls.schema or (isinstance(data, dict) and data.get("schema") == cls.schema)
+        return decode(cls, data) if ours else None
 
 
 def _items(tp: Any, pairs: Any, path: str, strict: bool) -> dict[Any, Any]:
@@ -254,6 +255,11 @@ class BootClock:
 BOOT_CLOCK = BootClock()
 
 
+def process_id(pid: int) -> dict[str, Any]:
+    """What tells process ``pid`` apart across pid reuse and reboots (``process_alive``)."""
+    return {"pid": pid, "pid_start": pid_start_ticks(pid), "boot_id": boot_id()}
+
+
 def process_alive(holder: dict[str, Any]) -> bool:
     pid, boot = holder.get("pid"), holder.get("boot_id")
     if (boot and boot != boot_id()) or not isinstance(pid, int) or pid <= 0:
@@ -292,11 +298,8 @@ def read_holder(lock_dir: Path) -> dict[str, Any] | None:
     """The lock's ``holder.json`` plus ``alive``; None when the lock is free."""
     if not lock_dir.is_dir():
         return None
-    try:
-        holder = json.loads((lock_dir / "holder.json").read_text())
-        if not isinstance(holder, dict):
-            raise ValueError("not an object")
-    except (OSError, ValueError):
+    holder, _ = read_json(lock_dir / "holder.json")
+    if not isinstance(holder, dict):
         # An older tool between mkdir and holder.json, or killed right there.
         try:
             age = time.time() - lock_dir.stat().st_mtime
@@ -472,11 +475,6 @@ class ThroughputRecord(Coded):
     def decode(self, shape: str) -> float | None:
         fig = self.shapes.get(shape)
         return fig.decode if fig else None
-
-    @classmethod
-    def from_dict(cls, data: Any) -> ThroughputRecord | None:
-        ok = isinstance(data, dict) and data.get("schema") == THROUGHPUT_SCHEMA
-        return decode(cls, data) if ok else None
 
 
 def read_throughput_history(path: Path, stack: str | None = None) -> list[ThroughputRecord]:

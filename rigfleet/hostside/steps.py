@@ -17,16 +17,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from .atomic import write_json
 from .drain import DRAIN_POLL_S, Drainer, DrainReport, parse_load
 from .gate import GateResult, GateRun
 from .journal import Journal
 from .layout import Layout
-from .lock import HostLock, LockHeld
 from .plan import Plan, StackRef
-from .records import decode, encode, read_json
+from .records import Coded, read_json
 from .stackctl import (
     BootFailure,
     ContainerState,
@@ -64,19 +63,20 @@ GateFn = Callable[[GateRun, Callable[[str], None], Callable[[], bool]], GateResu
 
 
 class Failure(Exception):
-    """A step failed; ``phase`` says which, ``reason`` says why (one line, for people)."""
+    """A step failed; ``phase`` says which, ``reason`` says why (one line, for people);
+    ``boot`` and ``gate``: what the step found, as the records say it (None: nothing)."""
 
     def __init__(self, phase: str, reason: str, boot: BootFailure | None = None,
                  gate: GateResult | None = None) -> None:
         super().__init__(reason)
         self.phase = phase
         self.reason = reason
-        self.boot = boot
-        self.gate = gate
+        self.boot = asdict(boot) if boot else None
+        self.gate = gate.record() if gate else None
 
 
 @dataclass
-class Outcome:
+class Outcome(Coded):
     """How a transaction ended (``result.json``): ``promoted``, ``rolled-back``, ``failed``
     (nothing verified serves), ``refused`` (nothing was changed) or ``locked``."""
 
@@ -94,9 +94,6 @@ class Outcome:
     timings: dict[str, float] = field(default_factory=dict)
     drain: dict[str, Any] | None = None
     retry_after_s: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def known_projects(lay: Layout) -> list[tuple[str, str]]:
@@ -122,18 +119,6 @@ def local_name(ref: StackRef) -> str:
 def short_id(image: str) -> str:
     """``sha256:0123456789ab...`` -> ``sha256:0123456789ab``."""
     return image[:19] if image.startswith("sha256:") else image
-
-
-def take_lock(lock: HostLock, who: str, why: str, wait_s: float, ops: Ops) -> str | None:
-    """``lock.acquire``, waiting up to ``wait_s`` for a live holder (not for a window's)."""
-    deadline = ops.monotonic() + wait_s
-    while True:
-        try:
-            return lock.acquire(who, why)
-        except LockHeld as held:
-            if held.holder.get("window") or ops.monotonic() >= deadline:
-                raise
-        ops.sleep(1.0)
 
 
 class Steps:
@@ -170,6 +155,13 @@ class Steps:
                              "project (started by hand?)", level="warning")
                 if err := self.ops.remove(name):
                     raise Failure("stop", f"docker rm {name} failed: {err}")
+
+    def say_503(self, message: str, retry_after_s: int, level: str = "error") -> None:
+        """The front to 503 saying ``message``, not waiting; a front that cannot is said."""
+        try:
+            self.front.maintenance(message, retry_after_s, wait=False)
+        except Failure as e:  # the front's FrontError
+            self.j.event("front", str(e), level=level)
 
     def holds_requests(self, ref: StackRef | None) -> bool:
         """``ref`` holds requests now: its drain will take a while."""
@@ -436,9 +428,10 @@ class StackTimes:
 
 
 @dataclass(frozen=True)
-class Timings:
+class Timings(Coded):
     """``timings.json``; every figure optional."""
 
+    schema: ClassVar[str] = TIMINGS_SCHEMA
     stacks: dict[str, StackTimes] = field(default_factory=dict)
     overhead_s: float | None = None
     drain_s: float | None = None
@@ -453,9 +446,7 @@ class Timings:
 
 def read_timings(lay: Layout) -> Timings:
     """This host's record; an empty one when it is missing or damaged."""
-    data, _ = read_json(lay.timings_file)
-    ours = isinstance(data, dict) and data.get("schema") == TIMINGS_SCHEMA
-    return (decode(Timings, data) if ours else None) or Timings()
+    return Timings.from_dict(read_json(lay.timings_file)[0]) or Timings()
 
 
 @dataclass(frozen=True)
@@ -496,7 +487,7 @@ def record_times(lay: Layout, stack: str = "", boot_s: float = 0.0, gate_s: floa
     new = {stack: StackTimes(round(boot_s, 2), round(gate_s, 2), time.time())} if stack else {}
     kept = {k: round(v, 2) for k, v in figures.items() if v is not None}
     t = replace(t, stacks={**t.stacks, **new}, **kept)
-    write_json(lay.timings_file, {"schema": TIMINGS_SCHEMA, **encode(t)})
+    write_json(lay.timings_file, t.to_dict())
 
 
 def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s: float,

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -38,7 +38,7 @@ from .layout import STACK_UNIT, Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, plan_of, window_status
 from .plan import Active, PlanError, StackRef
-from .records import SUPERVISE_SCHEMA, boot_id, live_holder, pid_start_ticks, read_holder, read_json
+from .records import SUPERVISE_SCHEMA, live_holder, process_id, read_holder, read_json
 from .steps import Failure, FrontControl, GateFn, Ops, Steps, fs_problem
 from .supervise import WHO, Action, Attempt, Observation, Policy, Record, moved, started, step
 
@@ -111,7 +111,7 @@ class Supervisor:
         """Write ``state.json`` when it changed; a failed write is said once, not raised."""
         self.rec = rec
         data = {"schema": SUPERVISE_SCHEMA, **rec.to_dict(), "policy": self.policy.summary(),
-                "pid": self.pid, "pid_start": pid_start_ticks(self.pid), "boot_id": boot_id()}
+                **process_id(self.pid)}
         if data == self._saved:
             return
         problem = None
@@ -334,10 +334,7 @@ class Supervisor:
         ref = active.ref
         kept = steps.keep_log(ref, self.lay.supervise_dir, self._log_name(rec))
         steps.j.event("give-up", rec.reason, level="error")
-        try:
-            self.front.maintenance(rec.reason, self.policy.retry_after_s, wait=False)
-        except FrontError as e:
-            steps.j.event("front", str(e), level="error")
+        steps.say_503(rec.reason, self.policy.retry_after_s)
         self.note("gave-up", None, active, rec.reason, attempted=ref, extra={
             "boot_failure": rec.boot_failure, "kept_log": kept,
             "recreations": len(rec.recent(self.clock(), self.policy.window_s)),
@@ -389,8 +386,7 @@ class Supervisor:
     def _failed(self, rec: Record, active: Active, steps: Steps, attempt: Attempt, n: int,
                 e: Failure, kept: str | None, seconds: float) -> dict[str, Any]:
         """A recreation that failed (or was stopped): 503 stays, the next backoff from now."""
-        limit, reason = self.policy.limit, e.reason
-        boot = asdict(e.boot) if e.boot else None
+        limit, reason, boot = self.policy.limit, e.reason, e.boot
         result = "interrupted" if e.phase == "interrupted" else "failed"
         said = f"recreation {n} of {limit} {result}: {reason}"
         steps.j.event("recreate", said, level="error")

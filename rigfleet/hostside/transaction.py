@@ -11,7 +11,7 @@ failure after the 503 goes back to the old stack (a first activation stays at 50
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -266,8 +266,7 @@ class Transaction(Steps):
     def _rollback(self, kind: str, new: StackRef, staged: str, failure: Failure,
                   t_window: float) -> Outcome:
         plan, old = self.plan, self.rollback_to
-        gate = failure.gate.record() if failure.gate else None
-        boot = asdict(failure.boot) if failure.boot else None
+        gate, boot = failure.gate, failure.boot
         target = old.stack if old else "nothing (first activation)"
         self.j.event("rollback", f"{failure.phase} failed: {failure.reason}; back to {target}",
                      level="error")

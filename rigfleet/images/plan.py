@@ -2,7 +2,7 @@
 commands (present / tag / fetch / refused; docs/images.md has the table). Pure: sources and
 host state in, commands out::
 
-    wanted, problems = wanted_images(want.stacks_pins)
+    wanted, problems = wanted_images(pins.stacks)   # stack name -> StackPins
     plan = plan_host("host1", wanted, state, results)
     plan.problems        # refusals, one line each (preflight raises them)
     plan.images[0].steps # (Shell("docker pull --quiet ..."), Shell("docker tag ..."))

@@ -26,9 +26,9 @@ import secrets
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from pprint import pformat
 from typing import Any
@@ -37,7 +37,7 @@ import docker
 import docker.errors
 import yaml
 
-from rigfleet.pins import GenesisPin
+from rigfleet.pins import GenesisPin, Pins
 from rigfleet.registry import Registry, RegistryError
 from rigfleet_testbed import (
     firmware,
@@ -642,6 +642,16 @@ def fixture_genesis(pin: GenesisPin, genesis: dict[str, Any]) -> GenesisPin:
                        + ")")
 
 
+def resolved_pins(pins: Pins, digests: Mapping[str, str], revision: str) -> Pins:
+    """``pins`` with registry digests (stack -> digest) and the default model's revision filled
+    in (``write_pins`` validates the result as the deploy reads it)."""
+    model = replace(pins.model, revision=revision)
+    return replace(
+        pins, model=model,
+        models={r: model if r == model.repo else m for r, m in pins.models.items()},
+        stacks={n: replace(s, digest=digests.get(n, s.digest)) for n, s in pins.stacks.items()})
+
+
 def write_pins(paths: Paths, fixtures: dict[str, Any], log: Log = print) -> None:
     """The fleet's pins with the testbed's own digests, model commit and Genesis repository.
 
@@ -649,9 +659,7 @@ def write_pins(paths: Paths, fixtures: dict[str, Any], log: Log = print) -> None
     lock`` does). An image the mirror does not serve (a purged nightly: Docker Hub 404s it too)
     keeps ``unresolved``, so the deploy refuses those pins as it would on real hosts.
     """
-    from dataclasses import replace
-
-    from rigfleet.pins import dump_pins, load_pins, parse_pins, with_resolved
+    from rigfleet.pins import dump_pins, load_pins, parse_pins
 
     pins = load_pins(layout.REPO_ROOT / "pins.yaml", allow_unresolved=True)
     pins = replace(pins, path=str(paths.pins), history=[])
@@ -666,7 +674,7 @@ def write_pins(paths: Paths, fixtures: dict[str, Any], log: Log = print) -> None
                 f"no such tag today); left unresolved in {paths.pins}")
     # The hub's main has moved on to a re-quantised upload; the fleet stays locked at the
     # revision it was pinned at (what `rigfleet pins lock` resolved before that push).
-    pins = with_resolved(pins, digests, fixtures["model"]["revision"])
+    pins = resolved_pins(pins, digests, fixtures["model"]["revision"])
     pins = replace(pins, stacks={
         name: replace(s, genesis=fixture_genesis(s.genesis, fixtures["genesis"]))
         if s.genesis is not None else s

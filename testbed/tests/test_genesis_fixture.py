@@ -29,7 +29,7 @@ from services_helpers import services
 from verify_sim import TQ3_MTP
 from vllm_sim_helpers import SimServer, make_gpu_root, make_model
 
-from rigfleet.catalog import get_stack
+from rigfleet.catalog import builtin_catalog
 from rigfleet.hostside.stackctl import missing_boot_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -294,7 +294,7 @@ def test_the_stack_file_set_serves_turboquant_on_a_build_before_hybrid_support(
     # and the simulator serves TurboQuant + MTP on the hybrid model.
     from vllm.sim.buildinfo import load_genesis_state  # (vllm_sim_helpers)
 
-    spec = get_stack("tq3-mtp-genesis")
+    spec = builtin_catalog().get("tq3-mtp-genesis")
     assert spec.genesis is not None
     site = genesis_site(tmp_path, generation, GOOD, upto=0 if generation == "v7" else None)
     rc, out = apply(site, generation, spec.genesis.env(generation))

@@ -23,7 +23,7 @@ import pytest
 from genesis_helpers import render
 from rigfleet_testbed import genesis_patches as gp
 
-from rigfleet.catalog import StackSpec, builtin_catalog, get_stack
+from rigfleet.catalog import StackSpec, builtin_catalog
 from rigfleet.genesis import (
     PatchEntry,
     StackUse,
@@ -86,7 +86,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TreeReport]:
 
 def with_switches(on: tuple[str, ...], off: tuple[str, ...], generation: str,
                   needs: tuple[str, ...] | None = None) -> StackSpec:
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     assert spec.genesis is not None
     switches = {**spec.genesis.switches, generation: (on, off)}
     genesis = replace(spec.genesis, switches=MappingProxyType(switches),
@@ -138,7 +138,7 @@ def test_the_extract_covers_every_built_in_stack() -> None:
 
 def test_the_stack_file_sets_pass_the_gate_as_on_the_real_trees(
         reports: dict[str, TreeReport]) -> None:  # fmt: skip
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     for generation in RELEASES:
         use = StackUse.of(spec, generation)
         for report in (reports[generation], real_report(generation)):
@@ -148,7 +148,7 @@ def test_the_stack_file_sets_pass_the_gate_as_on_the_real_trees(
 
 def variants() -> list[tuple[str, StackSpec, str]]:
     """Switch sets the gate refuses in one generation or the other: (id, spec, generation)."""
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     assert spec.genesis is not None
     v7_on, v7_off = spec.genesis.switches["v7"]
     return [
@@ -184,7 +184,7 @@ def test_a_legacy_patch_a_stack_needs_is_applied_without_a_switch(
         reports: dict[str, TreeReport], generation: str) -> None:
     """P4 (env_flag GENESIS_LEGACY_P4) runs on every apply in both generations, even where v12
     lists it retired: needing it is no pairing problem, on the fixture as on the real tree."""
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     assert spec.genesis is not None
     on, off = spec.genesis.switches[generation]
     use = StackUse.of(with_switches(on, off, generation, needs=("P67", "P4")), generation)
@@ -212,7 +212,7 @@ def test_the_fixture_asks_for_the_same_correctness_decisions_as_the_real_tree(
         tmp_path: Path, generation: str) -> None:  # fmt: skip
     tree = render(generation, tmp_path, RELEASES[generation][1])
     fixture = read_entries(DirSource(tree), generation)
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     profile = stack_profile(spec)
     got = {e.pid for e in fixture if in_scope(e, profile, VLLM[generation])}
     want = {e.pid for e in real_entries(generation) if in_scope(e, profile, VLLM[generation])}

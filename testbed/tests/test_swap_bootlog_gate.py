@@ -15,7 +15,7 @@ from genesis_helpers import apply, genesis_site
 from verify_sim import GENESIS_WITHOUT_P67, INT8_MTP, TQ3_MTP, sim_server
 from vllm_sim_helpers import MTP, SimServer, make_gpu_root, make_model, make_package
 
-from rigfleet.catalog import get_stack
+from rigfleet.catalog import builtin_catalog
 from rigfleet.hostside.gate import GateRun, run_gate
 from rigfleet.hostside.stackctl import classify_boot_failure
 
@@ -58,7 +58,7 @@ def test_the_missing_marlin_fix_is_named_not_the_kernel_selection_line(tmp_path)
     args = [*NO_MTP[:i], *NO_MTP[i + 2:], "--kv-cache-dtype", "fp8_e5m2"]
     log = failed_boot(tmp_path, args, tag="v0.20.0")
     # The signature is the model's and the image's, so the stack file carries it (boot.failures)
-    spec = get_stack("tq3-mtp-genesis")
+    spec = builtin_catalog().get("tq3-mtp-genesis")
     found = classify_boot_failure(log, [(b.kind, b.pattern, b.title, b.hint)
                                         for b in spec.boot_failures])
     assert found.kind == "marlin-min-thread-n", found

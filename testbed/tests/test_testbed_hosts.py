@@ -9,6 +9,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+import yaml
 from rigfleet_testbed import aptrepo, fleet, hardware, hostspec, layout, nvidiarepo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,3 +174,28 @@ def test_inventory_with_a_balancer_puts_lb1_in_group_balancers(tmp_path: Path, k
                                              layout.PYPI_LOCAL_PORT, layout.GIT_LOCAL_PORT}
     assert len(ports) == 2 + 2 * len(specs) + 4
     assert fleet.inventory_text(specs, paths, docker_fpr).count("balancers") == 0
+
+
+def test_resolved_pins_are_pure_and_validated_as_written() -> None:
+    import copy
+
+    from rigfleet.pins import PinsError, dump_pins, load_pins, parse_pins
+
+    pins = load_pins(layout.REPO_ROOT / "pins.yaml", allow_unresolved=True)
+    int8, other = "sha256:" + "b" * 64, next(n for n in pins.stacks if n != "int8")
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    before = copy.deepcopy(pins)
+    new = fleet.resolved_pins(pins, {"int8": int8}, revision)
+    assert pins == before  # the input is untouched
+    assert new.stacks["int8"].digest == int8
+    assert new.stacks[other] == pins.stacks[other]  # kept
+    assert new.model.revision == revision and new.model_for(new.model.repo) == new.model
+    filled = ("stacks.int8.digest", f"{pins.model.key}.revision")
+    assert new.unresolved() == [k for k in pins.unresolved() if k not in filled]
+
+    bad = fleet.resolved_pins(pins, {"int8": "sha256:nothex"}, "abc1234")
+    with pytest.raises(PinsError) as err:  # what write_pins checks before it writes
+        parse_pins(yaml.safe_load(dump_pins(bad)), allow_unresolved=True)
+    msg = str(err.value)
+    assert "stacks.int8.digest: 'sha256:nothex'" in msg
+    assert f"{new.model.key}.revision: 'abc1234' is a short hash" in msg

@@ -22,7 +22,7 @@ from types import MappingProxyType
 import pytest
 
 from rigfleet.bump.genesis import GenesisRepo, choose_genesis, lock_genesis
-from rigfleet.catalog import Catalog, StackSpec, get_stack
+from rigfleet.catalog import Catalog, StackSpec, builtin_catalog
 from rigfleet.facts import GenesisHead
 from rigfleet.genesis import StackUse, TreeReport, pairing_problems, switch_problems
 from rigfleet.genesis_inspect import DirSource, inspect
@@ -77,13 +77,13 @@ def reports(trees: dict[str, Path]) -> dict[str, TreeReport]:
 
 
 def club_switches(generation: str = "v7") -> tuple[tuple[str, ...], tuple[str, ...]]:
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     assert spec.genesis is not None
     return spec.genesis.switches[generation]
 
 
 def with_switches(on: list[str], off: list[str], generation: str) -> StackSpec:
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     assert spec.genesis is not None
     switches = {**spec.genesis.switches, generation: (tuple(on), tuple(off))}
     return replace(spec, genesis=replace(spec.genesis, switches=MappingProxyType(switches)))
@@ -133,7 +133,7 @@ def test_club_switches_on_the_real_v12_registry(reports: dict[str, TreeReport]) 
     use = StackUse.of(with_switches(list(on), [], "v12"), "v12")
     pin = GenesisPin(URL, V12, "v12", "v12.1.0")
     problems = pairing_problems(r, pin, stack=STACK, vllm_version="0.21.0", use=use)
-    source = get_stack(STACK).source
+    source = builtin_catalog().get(STACK).source
     if "P64_QWEN3CODER_MTP_STREAMING" in on:
         assert (
             "stack tq3-mtp-genesis: GENESIS_ENABLE_P64_QWEN3CODER_MTP_STREAMING=1: patch P64 is "
@@ -196,7 +196,7 @@ def test_v12_reads_data_outside_sndr_at_apply_time(trees: dict[str, Path], tmp_p
 
 def test_the_stack_files_switch_sets_suit_the_real_trees(reports: dict[str, TreeReport]) -> None:
     # What the pins lock and the hosts' gate will say about the built-in stack file as it is.
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     for generation, commit, version, vllm in (("v7", V7, "v7.72.2", "0.20.2rc1.dev9+g01d4d1ad3"),
                                               ("v12", V12, "v12.1.0", "0.21.0")):  # fmt: skip
         pin = GenesisPin(URL, commit, generation, version)

@@ -33,7 +33,7 @@ PYINFRA = "pyinfra"
 COUNT_TO = 6000
 MARK_ENV = {"RIGFLEET_E2E_DRAIN": "1"}  # read by nothing: a new config hash, the same stack
 # The fast gate, its throughput figures reported but not judged (no stack, no reference:
-# rigfleet.hostside.verify.throughput) and not recorded as the host's baseline: on the shared
+# rigfleet.hostside.verify.checks.throughput) and not recorded as the host's baseline: on the shared
 # 2-core CI machine the load of everything else makes their spread, and this module tests the
 # drain, not the decode speed (test_09 does).
 GATE = ("--data", "gate_profile=fast", "--data", "gate_set=" + json.dumps(

@@ -25,6 +25,7 @@ from rigfleet.cli import main as rigfleet_main
 from rigfleet.commands import hosttool
 from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.active import write_active
+from rigfleet.hostside.atomic import write_json
 from rigfleet.hostside.bench import cli as host_cli
 from rigfleet.hostside.bench.baseline import baseline_for
 from rigfleet.hostside.layout import Layout
@@ -36,7 +37,7 @@ from rigfleet.hostside.records import (
     ThroughputRecord,
     read_throughput_history,
 )
-from rigfleet.hostside.verify.runner import append_history, write_last
+from rigfleet.hostside.verify.runner import append_history
 from rigfleet.status.cli import render_table, tok_s
 from rigfleet.status.rows import StatusRow
 
@@ -89,8 +90,8 @@ def test_probe_sections(tmp_path):
     assert throughput(lay) == {"last": None, "count": 0, "history": []}
     rec = ThroughputRecord("int8", "2026-12-01T10:00:00Z",
                            shapes={"narrative": ShapeFigures(130.0)}, result="fail")
-    write_last(lay.throughput_dir, rec)
     append_history(lay.throughput_dir, rec)
+    write_json(lay.throughput_last, rec.to_dict())
     got = throughput(lay)
     assert got["count"] == 1 and got["last"]["result"] == "fail"
     probe = HostProbe({"throughput": got})

@@ -26,7 +26,7 @@ from rigfleet.bump.genesis import (
     lock_genesis,
     names_commit,
 )
-from rigfleet.catalog import Catalog, StackSpec, get_stack
+from rigfleet.catalog import Catalog, StackSpec, builtin_catalog
 from rigfleet.genesis import StackUse
 from rigfleet.pins import GenesisPin, ModelPin, Pins, StackPins
 
@@ -134,7 +134,7 @@ def test_dry_run_infers_the_version_from_the_allowlist_entry_naming_the_commit(f
 
 def v12_spec(on: list[str], off: tuple[str, ...] | list[str] = (), generation: str = "v12"
              ) -> StackSpec:  # fmt: skip
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     assert spec.genesis is not None
     switches = {**spec.genesis.switches, generation: (tuple(on), tuple(off))}
     return replace(spec, genesis=replace(spec.genesis, switches=MappingProxyType(switches),
@@ -205,7 +205,7 @@ def test_lock_refuses_what_the_hosts_gate_would_refuse(fixture, tmp_path) -> Non
                                "GENESIS_ENABLE_PN13_CUDA_GRAPH_LAMBDA_ARITY=1: patch PN13 is "
                                f"retired in Genesis v12.1.0 ({c[:12]})")  # fmt: skip
     # A stack file without the commit's generation's switch set: said as such.
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     assert spec.genesis is not None
     only_v7 = replace(spec, genesis=replace(spec.genesis, switches=MappingProxyType(
         {"v7": spec.genesis.switches["v7"]})))  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rigfleet.catalog import CatalogError, StackSpec, builtin_catalog, get_stack
+from rigfleet.catalog import CatalogError, StackSpec, builtin_catalog
 from rigfleet.compose import (
     CONFIG_HASH_LABEL,
     compose_document,
@@ -145,11 +145,11 @@ COMMON_ENV = {
 def test_catalog_has_the_seeds_stacks() -> None:
     assert sorted(STACKS) == ["int8", "single-fp8-mtp", "tq3-mtp-genesis", "tq3-nomtp", "turbo"]
     assert {s.port for s in STACKS.values()} == {8011, 8012, 8014, 8015, 8020}
-    assert get_stack("int8").container_name == "rigfleet-int8"
-    assert get_stack("tq3-mtp-genesis").container_name == "rigfleet-tq3-mtp-genesis"
+    assert builtin_catalog().get("int8").container_name == "rigfleet-int8"
+    assert builtin_catalog().get("tq3-mtp-genesis").container_name == "rigfleet-tq3-mtp-genesis"
     with pytest.raises(CatalogError, match=r"unknown stack 'fp8'; allowed: int8, single-fp8-mtp, tq3-mtp-genesis, "
                        r"tq3-nomtp, turbo"):
-        get_stack("fp8")
+        builtin_catalog().get("fp8")
 
 
 @pytest.mark.parametrize(
@@ -160,7 +160,7 @@ def test_catalog_has_the_seeds_stacks() -> None:
     ],
 )
 def test_stack_args_match_club3090(name: str, util: str, batched: str, kv: str) -> None:
-    spec = get_stack(name)
+    spec = builtin_catalog().get(name)
     assert spec.command("qwen3.6-27b-autoround-int4") == [
         "--model", "/root/.cache/huggingface/qwen3.6-27b-autoround-int4",
         *COMMON_ARGS, *STACK_ARGS[name], *KNOBS,
@@ -179,7 +179,7 @@ def test_stack_args_match_club3090(name: str, util: str, batched: str, kv: str) 
 
 
 def test_int8_environment() -> None:
-    spec = get_stack("int8")
+    spec = builtin_catalog().get("int8")
     # Off on MTP stacks: club-3090 measured -3.0 %/-1.7 % decode with it on (fp8-mtp.yml).
     assert spec.environment() == {**COMMON_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     assert not spec.needs_genesis and spec.genesis is None
@@ -187,7 +187,7 @@ def test_int8_environment() -> None:
 
 
 def test_tq3_environment_and_genesis_switches() -> None:
-    spec = get_stack("tq3-mtp-genesis")
+    spec = builtin_catalog().get("tq3-mtp-genesis")
     env = spec.environment("v7")
     assert spec.genesis is not None
     on, off = spec.genesis.switches["v7"]
@@ -235,7 +235,7 @@ def test_tq3_environment_and_genesis_switches() -> None:
 
 
 def test_tq3_entrypoint_fails_fast_then_applies_genesis() -> None:
-    spec = get_stack("tq3-mtp-genesis")
+    spec = builtin_catalog().get("tq3-mtp-genesis")
     bash, dash_c, script, end = spec.entrypoint(V7)
     assert (bash, dash_c, end) == ("/bin/bash", "-c", "--")
     lines = script.splitlines()
@@ -251,7 +251,7 @@ def test_tq3_entrypoint_fails_fast_then_applies_genesis() -> None:
 
 
 def test_catalog_is_immutable() -> None:
-    spec = get_stack("int8")
+    spec = builtin_catalog().get("int8")
     with pytest.raises(AttributeError):
         spec.port = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -355,13 +355,13 @@ services:
 
 
 def test_int8_snapshot() -> None:
-    text = render_compose(get_stack("int8"), make_pins(), make_host())
+    text = render_compose(builtin_catalog().get("int8"), make_pins(), make_host())
     digest = service(text)["labels"][CONFIG_HASH_LABEL]
     assert text == INT8_SNAPSHOT.replace("HASH", digest)
 
 
 def test_tq3_rendering() -> None:
-    spec = get_stack("tq3-mtp-genesis")
+    spec = builtin_catalog().get("tq3-mtp-genesis")
     host = make_host(stack="tq3-mtp-genesis", pip_index_url="http://pypi.lan/simple")
     svc = service(render_compose(spec, make_pins(), host))
     # Its own image: the pinned one with the pinned Genesis packages baked in, never pulled.
@@ -398,7 +398,7 @@ def test_tq3_rendering() -> None:
 
 def test_int8_gets_no_pip_index_and_no_genesis() -> None:
     host = make_host(pip_index_url="http://pypi.lan/simple")
-    svc = service(render_compose(get_stack("int8"), make_pins(), host))
+    svc = service(render_compose(builtin_catalog().get("int8"), make_pins(), host))
     assert "PIP_INDEX_URL" not in svc["environment"]
     assert not any("genesis" in v for v in svc["volumes"])
     assert "io.rigfleet.genesis-commit" not in svc["labels"]
@@ -411,7 +411,7 @@ def test_dollar_signs_are_escaped_and_extra_env_merged() -> None:
             "tq3-mtp-genesis": {"ONLY_TQ3": "1"},
         }
     )
-    text = render_compose(get_stack("int8"), make_pins(), host)
+    text = render_compose(builtin_catalog().get("int8"), make_pins(), host)
     env = service(text)["environment"]
     assert env["RIGFLEET_SIM_FAULT"] == "boot-crash:$$HOME"
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "1"  # host extras win
@@ -424,7 +424,7 @@ def test_dollar_signs_are_escaped_and_extra_env_merged() -> None:
 def test_secrets_never_in_the_file(tmp_path: Path) -> None:
     host = make_host(tmp_path, stack="tq3-mtp-genesis")
     for name in STACKS:
-        text = render_compose(get_stack(name), make_pins(), host)
+        text = render_compose(builtin_catalog().get(name), make_pins(), host)
         svc = service(text)
         assert SECRET not in text
         assert str(tmp_path) not in text  # not even the key file's path
@@ -436,17 +436,17 @@ def test_secrets_never_in_the_file(tmp_path: Path) -> None:
 def test_rendering_is_deterministic() -> None:
     env_a = {"int8": {"B": "2", "A": "1"}}
     env_b = {"int8": {"A": "1", "B": "2"}}
-    a = render_compose(get_stack("int8"), make_pins(), make_host(extra_env=env_a))
-    b = render_compose(get_stack("int8"), make_pins(), make_host(extra_env=env_b))
+    a = render_compose(builtin_catalog().get("int8"), make_pins(), make_host(extra_env=env_a))
+    b = render_compose(builtin_catalog().get("int8"), make_pins(), make_host(extra_env=env_b))
     assert a == b
-    assert a == render_compose(get_stack("int8"), make_pins(), make_host(extra_env=env_a))
+    assert a == render_compose(builtin_catalog().get("int8"), make_pins(),
+                               make_host(extra_env=env_a))
 
 
 def test_config_hash_follows_what_the_stack_runs() -> None:
     def h(pins: Pins, **host: Any) -> str:
-        return compose_document(get_stack("int8"), pins, make_host(**host))["services"]["vllm"][
-            "labels"
-        ][CONFIG_HASH_LABEL]
+        doc = compose_document(builtin_catalog().get("int8"), pins, make_host(**host))
+        return doc["services"]["vllm"]["labels"][CONFIG_HASH_LABEL]
 
     base = h(make_pins())
     assert len(base) == 16
@@ -459,12 +459,12 @@ def test_config_hash_follows_what_the_stack_runs() -> None:
     assert h(replace(make_pins(), model=replace(make_pins().model, revision="e" * 40))) != base
     assert h(make_pins(), model_dir="/data/models") != base
     assert h(make_pins(), extra_env={"int8": {"X": "1"}}) != base
-    doc = compose_document(get_stack("int8"), make_pins(), make_host())
+    doc = compose_document(builtin_catalog().get("int8"), make_pins(), make_host())
     assert config_hash(doc) == base  # the label itself is left out of the hash
 
 
 def test_genesis_commit_change_changes_tq3_file() -> None:
-    spec = get_stack("tq3-mtp-genesis")
+    spec = builtin_catalog().get("tq3-mtp-genesis")
     host = make_host(stack="tq3-mtp-genesis")
     a = render_compose(spec, make_pins(), host)
     other = GenesisPin("https://github.com/Sandermage/genesis-vllm-patches.git", "a" * 40)
@@ -475,10 +475,10 @@ def test_genesis_commit_change_changes_tq3_file() -> None:
 def test_unresolved_pins_refused() -> None:
     pins = make_pins(int8={"digest": UNRESOLVED})
     with pytest.raises(PinsError, match=r"stacks.int8.digest: is 'unresolved'.*pins lock"):
-        render_compose(get_stack("int8"), pins, make_host())
+        render_compose(builtin_catalog().get("int8"), pins, make_host())
     pins = replace(make_pins(), model=replace(make_pins().model, revision=UNRESOLVED))
     with pytest.raises(PinsError, match=r"model.revision: is 'unresolved'"):
-        render_compose(get_stack("int8"), pins, make_host())
+        render_compose(builtin_catalog().get("int8"), pins, make_host())
 
 
 def test_compose_path() -> None:
@@ -507,7 +507,7 @@ def test_compose_v2_accepts_the_file(tmp_path: Path, name: str) -> None:
     env_file = tmp_path / "vllm.env"
     env_file.write_text("VLLM_API_KEY=x\n")
     host = make_host(extra_env={name: {"DOLLAR": "a$b"}})
-    text = render_compose(get_stack(name), make_pins(), host)
+    text = render_compose(builtin_catalog().get(name), make_pins(), host)
     text = text.replace("/etc/rigfleet/secrets/vllm.env", str(env_file))
     (tmp_path / "compose.yaml").write_text(text)
     out = subprocess.run(
@@ -524,6 +524,6 @@ def test_compose_v2_accepts_the_file(tmp_path: Path, name: str) -> None:
     svc = doc["services"]["vllm"]
     # `config` prints a compose file again, so literal dollars come back escaped.
     assert svc["environment"]["DOLLAR"] == "a$$b"
-    assert svc["command"] == get_stack(name).command("qwen3.6-27b-autoround-int4")
+    assert svc["command"] == builtin_catalog().get(name).command("qwen3.6-27b-autoround-int4")
     assert svc["ports"][0]["host_ip"] == "127.0.0.1"
     assert svc["deploy"]["resources"]["reservations"]["devices"][0]["count"] == -1  # all

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from genesis_trees import V7_KNOWN, V12_KNOWN, V12_PENDING, v7_files, v12_files, write_tree
 
-from rigfleet.catalog import StackSpec, get_stack
+from rigfleet.catalog import StackSpec, builtin_catalog
 from rigfleet.compose import compose_document
 from rigfleet.genesis import (
     StackUse,
@@ -53,7 +53,7 @@ def r12(tmp_path_factory: pytest.TempPathFactory) -> TreeReport:
 def spec_with(on: list[str], off: tuple[str, ...] | list[str] = (), generation: str = "v12",
               needs: tuple[str, ...] = ()) -> StackSpec:  # fmt: skip
     """The built-in tq3 stack with the given switch set for ``generation``."""
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     assert spec.genesis is not None
     switches = {**spec.genesis.switches, generation: (tuple(on), tuple(off))}
     return replace(spec, genesis=replace(spec.genesis, switches=MappingProxyType(switches),
@@ -72,7 +72,7 @@ def use(on: list[str], off: tuple[str, ...] | list[str] = (),
 def test_retired_switch_is_refused_naming_switch_patch_and_genesis(r12: TreeReport) -> None:
     [msg] = switch_problems(r12, use(["P58_ASYNC_PLACEHOLDER_FIX",
                                       "P64_QWEN3CODER_MTP_STREAMING"]), label=V12_PIN.label)
-    source = get_stack(STACK).source
+    source = builtin_catalog().get(STACK).source
     assert msg == (
         "stack tq3-mtp-genesis: GENESIS_ENABLE_P64_QWEN3CODER_MTP_STREAMING=1: patch P64 is "
         "retired in Genesis v12.1.0 (66e37841a18f); remove it from the stack file's "
@@ -145,7 +145,7 @@ def test_v7_reads_no_lifecycle_but_refuses_unknown_and_sndr_names(r7: TreeReport
 
 
 def test_a_stack_without_the_pinned_generations_switch_set_is_an_error() -> None:
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     assert spec.genesis is not None
     only_v7 = replace(spec, genesis=replace(spec.genesis, switches=MappingProxyType(
         {"v7": spec.genesis.switches["v7"]})))  # fmt: skip
@@ -167,7 +167,7 @@ def test_needed_patch_must_exist_live_and_be_switched_on(r12: TreeReport) -> Non
         "stack tq3-mtp-genesis: needs Genesis patch P67, but no switch that turns it on is set "
         "to 1 (Genesis v12.1.0 (66e37841a18f) switches it with "
         "GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL); add it to the stack file's "
-        f"genesis.switches.v12.on ({get_stack(STACK).source})")
+        f"genesis.switches.v12.on ({builtin_catalog().get(STACK).source})")
     assert "needs Genesis patch PN13, which is retired in Genesis v12.1.0" in msgs[1]
     assert "needs Genesis patch P999, which Genesis v12.1.0 (66e37841a18f) does not have" in msgs[2]
 

@@ -17,7 +17,7 @@ from rigfleet.catalog import (
     CatalogError,
     PatchDecision,
     StackSpec,
-    get_stack,
+    builtin_catalog,
     parse_stack,
 )
 from rigfleet.genesis import (
@@ -35,7 +35,7 @@ P346 = PatchEntry("PN346", "Mamba/GDN cache hit boundary fix", "correctness", "e
 
 def spec_with(decisions: dict[str, tuple[str, str]] | None = None,
               on: tuple[str, ...] = (), off: tuple[str, ...] = ()) -> StackSpec:
-    spec = get_stack(STACK)
+    spec = builtin_catalog().get(STACK)
     assert spec.genesis is not None
     switches = {"v12": (on, off)}
     g = replace(spec.genesis, switches=MappingProxyType(switches),

@@ -15,7 +15,7 @@ from test_pins import REVISION, good
 from rigfleet.catalog import BUILTIN_DIR, Catalog, CatalogError, builtin_catalog, parse_stack
 from rigfleet.compose import compose_document
 from rigfleet.desired import build_desired
-from rigfleet.pins import ModelPin, PinsError, StackPins, dump_pins, parse_pins, with_resolved
+from rigfleet.pins import ModelPin, PinsError, StackPins, dump_pins, parse_pins
 
 SECOND = "Lorbus/Qwen3.8-27B-int4-AutoRound"
 OTHER_REV = "fedcba9876543210fedcba9876543210fedcba98"
@@ -61,7 +61,8 @@ def test_models_alone_makes_its_first_the_default() -> None:
     pins = parse_pins(data, allow_unresolved=True)
     assert pins.model.repo == first["repo"] and pins.model.local_dir == first["local_dir"]
     assert pins.unresolved() == [f"models.{first['repo']}.revision"]
-    resolved = with_resolved(pins, revision=REVISION)
+    model = replace(pins.model, revision=REVISION)
+    resolved = replace(pins, model=model, models={**pins.models, model.repo: model})
     assert resolved.model.revision == REVISION and resolved.unresolved() == []
     assert "model" not in yaml.safe_load(dump_pins(resolved))
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import copy
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,6 @@ from rigfleet.pins import (
     load_pins,
     parse_pins,
     save_pins,
-    with_resolved,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -306,26 +305,6 @@ def test_unresolved_refused_unless_allowed(tmp_path: Path) -> None:
     assert pins.unresolved() == ["stacks.tq3-mtp-genesis.digest"]
 
 
-def test_with_resolved_is_pure_and_validates() -> None:
-    data = good()
-    data["stacks"]["int8"]["digest"] = UNRESOLVED
-    data["model"]["revision"] = UNRESOLVED
-    pins = parse_pins(data, allow_unresolved=True)
-    before = copy.deepcopy(pins)
-    new = with_resolved(pins, {"int8": DIGEST_B}, REVISION)
-    assert pins == before  # the input is untouched
-    assert new.stacks["int8"].digest == DIGEST_B
-    assert new.stacks["tq3-mtp-genesis"].digest == DIGEST_B  # kept
-    assert new.model.revision == REVISION and new.unresolved() == []
-
-    with pytest.raises(PinsError) as err:
-        with_resolved(pins, {"int8": "sha256:nothex", "fp8": DIGEST_A}, "abc1234")
-    msg = str(err.value)
-    assert "stacks.int8.digest: 'sha256:nothex'" in msg
-    assert "stacks.fp8: 'fp8' is not pinned" in msg
-    assert "model.revision: 'abc1234' is a short hash" in msg
-
-
 def test_save_pins_atomic_serial_history_roundtrip(tmp_path: Path) -> None:
     data = good()
     data["stacks"]["int8"]["digest"] = UNRESOLVED
@@ -334,7 +313,9 @@ def test_save_pins_atomic_serial_history_roundtrip(tmp_path: Path) -> None:
     os.chmod(path, 0o640)
     pins = load_pins(path, allow_unresolved=True)
 
-    saved = save_pins(with_resolved(pins, {"int8": DIGEST_A}, REVISION), {"action": "lock"})
+    resolved = replace(pins, model=replace(pins.model, revision=REVISION),
+                       stacks={**pins.stacks, "int8": replace(pins.stacks["int8"], digest=DIGEST_A)})
+    saved = save_pins(resolved, {"action": "lock"})
 
     assert saved.serial == 4
     assert saved.history == [{"action": "lock", "serial": 4}]

@@ -3,7 +3,7 @@ exactly the pinned packages from the given index on top of the pinned image (by 
 
 from __future__ import annotations
 
-from rigfleet.catalog import get_stack
+from rigfleet.catalog import builtin_catalog
 from rigfleet.pins import GenesisPin, StackPins
 from rigfleet.runtime_image import RuntimeImage
 
@@ -17,11 +17,11 @@ def pins(digest: str = DIGEST) -> StackPins:
 
 def test_a_stack_without_genesis_packages_runs_its_pinned_image():
     int8 = StackPins("int8", "vllm/vllm-openai:v0.27.1", DIGEST, "0.27.1")
-    assert RuntimeImage.for_stack(get_stack("int8"), int8) is None
+    assert RuntimeImage.for_stack(builtin_catalog().get("int8"), int8) is None
 
 
 def test_the_name_changes_with_the_base_and_nothing_else():
-    spec = get_stack("tq3-mtp-genesis")
+    spec = builtin_catalog().get("tq3-mtp-genesis")
     img = RuntimeImage.for_stack(spec, pins())
     assert img is not None
     assert img.ref.startswith("rigfleet/tq3-mtp-genesis-runtime:6a93ae436a93-")
@@ -33,7 +33,7 @@ def test_the_name_changes_with_the_base_and_nothing_else():
 
 
 def test_the_dockerfile_installs_the_pinned_packages_from_the_index():
-    img = RuntimeImage.for_stack(get_stack("tq3-mtp-genesis"), pins())
+    img = RuntimeImage.for_stack(builtin_catalog().get("tq3-mtp-genesis"), pins())
     assert img is not None
     text = img.dockerfile("http://pypi.lan:3141/simple/")
     lines = text.splitlines()

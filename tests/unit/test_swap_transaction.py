@@ -28,7 +28,7 @@ from swap_fakes import (
     make_ref,
 )
 
-from rigfleet.catalog import get_stack
+from rigfleet.catalog import builtin_catalog
 from rigfleet.hostside import ledger
 from rigfleet.hostside.active import load_active
 from rigfleet.hostside.ensure import Ensure, adopt
@@ -184,7 +184,8 @@ def test_a_stack_that_dies_at_boot_fails_fast_naming_the_boot_failure(lay):
     assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
 
 
-TQ3_EXPECT = tuple((b.pattern, b.title) for b in get_stack("tq3-mtp-genesis").boot_expect)
+TQ3_EXPECT = tuple((b.pattern, b.title)
+                   for b in builtin_catalog().get("tq3-mtp-genesis").boot_expect)
 GENESIS_BOOT = ("[Genesis] P66   [ON] cudagraph capture-size filter\n"
                 "[Genesis] P67   [ON] TurboQuant multi-query verify kernel\n"
                 "INFO [vllm.py:1530] [Genesis P66] Filtered cudagraph_capture_sizes for MTP K=3: "
@@ -218,7 +219,7 @@ def test_a_stack_that_answers_without_its_expected_boot_lines_is_rolled_back(lay
 def test_the_stack_files_failure_signature_comes_first_with_its_hint(lay):
     host, front, old, plan = setup_swap(lay)
     failures = tuple((b.kind, b.pattern, b.title, b.hint)
-                     for b in get_stack("tq3-mtp-genesis").boot_failures)
+                     for b in builtin_catalog().get("tq3-mtp-genesis").boot_failures)
     plan = replace(plan, desired=replace(plan.desired, boot_failures=failures))
     (lay.swap_dir(plan.id) / "plan.json").write_text(plan.dumps())
     host.behaviour["tq3-mtp-genesis"] = (

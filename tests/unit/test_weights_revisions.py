@@ -19,7 +19,7 @@ import yaml
 from swap_fakes import FakeFront, FakeGate, FakeHost, journal, make_plan
 from test_catalog_compose import REVISION, make_host, make_pins
 
-from rigfleet.catalog import get_stack
+from rigfleet.catalog import builtin_catalog
 from rigfleet.compose import SERVICE, compose_document, config_hash, render_document
 from rigfleet.desired import desired_stack
 from rigfleet.hostside.active import write_active
@@ -170,7 +170,7 @@ def test_the_move_to_the_revisions_directory_keeps_the_config_hash():
     its container's hash is the old formula over that file. The new file names the revision's
     directory and carries the same hash: no swap for the move alone."""
     for stack in ("int8", "tq3-mtp-genesis"):
-        doc = compose_document(get_stack(stack), make_pins(), make_host(stack=stack))
+        doc = compose_document(builtin_catalog().get(stack), make_pins(), make_host(stack=stack))
         service = doc["services"][SERVICE]
         assert service["volumes"][0].startswith(f"/srv/models/{LOCAL}@{REVISION[:12]}:")
         old = json.loads(json.dumps(doc))
@@ -182,7 +182,8 @@ def test_the_move_to_the_revisions_directory_keeps_the_config_hash():
 
 def test_another_revision_or_model_dir_still_changes_the_hash():
     def h(pins: Any = None, **host: Any) -> str:
-        doc = compose_document(get_stack("int8"), pins or make_pins(), make_host(**host))
+        doc = compose_document(builtin_catalog().get("int8"), pins or make_pins(),
+                               make_host(**host))
         return str(doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL])
 
     base = h()
@@ -190,7 +191,7 @@ def test_another_revision_or_model_dir_still_changes_the_hash():
     assert h(other) != base
     assert h(model_dir="/data/models") != base
     # Only a suffix naming the labelled revision is folded: a hand-edited mount is seen.
-    doc = compose_document(get_stack("int8"), make_pins(), make_host())
+    doc = compose_document(builtin_catalog().get("int8"), make_pins(), make_host())
     edited = json.loads(json.dumps(doc))
     volumes = edited["services"][SERVICE]["volumes"]
     volumes[0] = volumes[0].replace(f"@{REVISION[:12]}:", f"@{'e' * 12}:")
@@ -214,7 +215,7 @@ class MountingHost(FakeHost):
 
 def test_a_rollback_restarts_the_old_snapshot_on_the_old_revisions_files(tmp_path):
     lay = Layout(tmp_path)
-    settings, spec = make_host(), get_stack("int8")
+    settings, spec = make_host(), builtin_catalog().get("int8")
     pins_r = replace(make_pins(), model=replace(make_pins().model, revision=R))
     pins_s = replace(make_pins(), model=replace(make_pins().model, revision=S))
     old, new = desired_stack(spec, settings, pins_r), desired_stack(spec, settings, pins_s)
@@ -242,7 +243,7 @@ def test_a_rollback_restarts_the_old_snapshot_on_the_old_revisions_files(tmp_pat
 
 def test_every_rendered_weights_mount_is_read_only():
     for stack in ("int8", "tq3-mtp-genesis"):
-        text = render_document(compose_document(get_stack(stack), make_pins(),
+        text = render_document(compose_document(builtin_catalog().get(stack), make_pins(),
                                                 make_host(stack=stack)))
         [line] = [x for x in text.splitlines() if f"/{LOCAL}@" in x]
         assert re.fullmatch(rf"    - /srv/models/{LOCAL}@{REVISION[:12]}:\S+:ro", line)

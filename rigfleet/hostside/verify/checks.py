@@ -1,5 +1,5 @@
 """The gate's checks: preflight, the seven checks of club-3090's "7/7", soak, spec_decode,
-throughput (``throughput.py``). Each is ``fn(ctx, out) -> out``, filling the result it is
+throughput. Each is ``fn(ctx, out) -> out`` (sharing ``Context``), filling the result it is
 handed; :data:`CHECKS` lists them in run order with their titles (named after the function).
 The rules they share are in docs/bench.md ("The verify-stress gate's rules")::
 
@@ -16,17 +16,46 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import dataclass, field, replace
+from functools import cached_property, partial
+from pathlib import Path
 from typing import Any
 
-from ..bench.measure import acceptance_between
+from ..bench.baseline import Baseline, Limits, baseline_for, judge
+from ..bench.measure import Bench, BenchSettings, Progress, ShapeResult, acceptance_between
+from ..layout import THROUGHPUT_HISTORY_NAME
+from ..records import ShapeFigures, ThroughputRecord, encode, read_throughput_history
 from . import metrics, prompts
-from .client import ChatResult, max_model_len
-from .context import Context
+from .client import ChatResult, Client, max_model_len
 from .health import Finding, scan
+from .profiles import Profile
 from .report import FAIL, PASS, SKIP, CheckResult
-from .throughput import throughput
+
+
+@dataclass
+class Context:
+    """The client, the profile, what preflight learned, what throughput measured."""
+
+    client: Client
+    profile: Profile
+    progress: Progress = field(default_factory=Progress)
+    model: str = ""
+    version: str = ""
+    max_model_len: int | None = None
+    metrics_before: list[metrics.Sample] | None = None
+    throughput_record: ThroughputRecord | None = None
+
+    @cached_property
+    def sizer(self) -> prompts.Sizer:
+        """Sizes prompts in the server's own tokens; made on first use, after preflight."""
+        return prompts.server_sizer(
+            self.client, self.model, max(self.profile.preflight_timeout_s, 30.0),
+            self.profile.needle_timeout_s, self.progress.note, self.profile.size_tolerance)
+
+    def body(self, messages: prompts.Messages, max_tokens: int, temperature: float,
+             tools: prompts.Tools = None, tool_choice: Any = None) -> dict[str, Any]:
+        return prompts.chat_body(self.model, messages, max_tokens, temperature, tools, tool_choice)
+
 
 # Texts vLLM (and OpenAI-compatible servers) use when a prompt does not fit the context.
 _OVER_CONTEXT = ("maximum context length", "max_model_len", "max-model-len", "context length",
@@ -496,6 +525,66 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
             "low_acceptance", f"mean acceptance length {al:.2f} < "
                               f"{p.spec_min_acceptance_length:.2f} over {int(drafts)} drafts"))
     return _finish(out, f"mean acceptance length {al:.2f} over {int(drafts)} drafts")
+
+
+def throughput(ctx: Context, out: CheckResult) -> CheckResult:
+    """Decode speed against the host's baseline, its spread, and MTP acceptance per draft
+    position (the bench's core; docs/bench.md); the record is kept in ``ctx.throughput_record``
+    for the runner to write."""
+    p = ctx.profile
+    bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
+                                            timeout_s=p.throughput_timeout_s),
+                  progress=ctx.progress, model=ctx.model)
+    results = bench.shapes()
+    measured = {name: r.figures() for name, r in results.items()}
+    code = results["code"]
+    # No per-position counters (an older vLLM): unknown, not "nothing accepted".
+    acceptance = (code.acceptance.per_position or None) if code.acceptance else None
+    reference = {"narrative": p.throughput_reference_narrative,
+                 "code": p.throughput_reference_code}
+    history = (read_throughput_history(Path(p.throughput_history_dir)
+                                       / THROUGHPUT_HISTORY_NAME, p.throughput_stack)
+               if p.throughput_stack and p.throughput_history_dir else [])
+    base = baseline_for(history, p.throughput_stack, reference, p.throughput_scale,
+                        p.throughput_history_n, min_records=p.throughput_history_min)
+    limits = Limits(p.throughput_margin, p.throughput_cv_max, p.throughput_acceptance_floor)
+    judged = bool(p.throughput_stack) or any(v > 0 for v in reference.values())
+    findings = judge(measured, acceptance, base, limits)
+    if not judged:
+        findings = [f for f in findings if f.name == "no_measurement"]
+    out.findings = findings
+    out.status = FAIL if findings else PASS
+    out.details = {"stack": p.throughput_stack or None, "judged": judged,
+                   "baseline": base.to_dict(), "history_records": len(history),
+                   "limits": encode(limits),
+                   "shapes": {k: v.to_dict() for k, v in results.items()}}
+    if code.acceptance is None and limits.acceptance_floor:
+        out.details["acceptance_note"] = f"floors not checked: {code.acceptance_note}"
+    ctx.throughput_record = bench.result.record(
+        p.throughput_stack or ctx.model, result=out.status, acceptance=acceptance,
+        scale=p.throughput_scale, baseline=base.to_dict(), version=ctx.version)
+    out.summary = _summary(measured, base, code, findings, judged)
+    return out
+
+
+def _summary(measured: dict[str, ShapeFigures | None], base: Baseline, code: ShapeResult,
+             findings: list[Finding], judged: bool) -> str:
+    parts = []
+    for shape, figs in measured.items():
+        if figs is None:
+            parts.append(f"{shape} -")
+            continue
+        want = base.figures.get(shape)
+        vs = f" ({figs.decode / want:.0%} of {want:.1f})" if want and judged else ""
+        cv = f" CV {figs.cv:.1%}" if figs.cv is not None else ""
+        parts.append(f"{shape} {figs.decode:.1f} tok/s{vs}{cv}")
+    acc = code.acceptance
+    parts.append("acceptance " + ("/".join(f"{x:.0%}" for x in acc.per_position)
+                                  + f" (AL {acc.length:.2f})" if acc else "unknown"))
+    text = "; ".join(parts)
+    if findings:
+        return "; ".join(f.message for f in findings[:2]) + f" [{text}]"
+    return text + ("" if judged else " (not judged: no stack and no reference)")
 
 
 CHECKS: tuple[tuple[Callable[[Context, CheckResult], CheckResult], str], ...] = (

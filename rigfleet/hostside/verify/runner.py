@@ -135,7 +135,8 @@ def keep_throughput(ctx: checks.Context, rep: Report, report_json: Path | None,
     record = dataclasses.replace(record, report=str(report_json) if report_json else None)
     directory = Path(prof.throughput_history_dir)
     try:
-        write_last(directory, record)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+        write_json(directory / THROUGHPUT_LAST_NAME, record.to_dict())
         if rep.exit_status() == 0:
             append_history(directory, record)
             progress.note(f"throughput recorded in {directory} (verified history of "
@@ -148,11 +149,6 @@ def append_history(directory: Path, record: ThroughputRecord) -> None:
     """Append ``record`` to the host's throughput history (not secret: 0755 and 0644)."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o755)
     append_line(directory / THROUGHPUT_HISTORY_NAME, json.dumps(record.to_dict(), sort_keys=True))
-
-
-def write_last(directory: Path, record: ThroughputRecord) -> None:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o755)
-    write_json(directory / THROUGHPUT_LAST_NAME, record.to_dict())
 
 
 class UsageParser(argparse.ArgumentParser):
