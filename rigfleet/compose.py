@@ -3,7 +3,7 @@
 whether a running container came from the current file, and the weights mount from the pinned
 revision's own directory, so a rollback mounts the revision it served::
 
-    text = render_document(compose_document(get_stack("int8"), pins, settings))
+    text = render_document(compose_document(builtin_catalog().get("int8"), pins, settings))
 """
 
 from __future__ import annotations
