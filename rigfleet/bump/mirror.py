@@ -9,6 +9,7 @@ whole::
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import urllib.error
@@ -40,6 +41,9 @@ class MirrorRegistry(Registry):
             raise RegistryError(f"{method} {url}: HTTP {exc.code} {exc.reason} {body}") from None
         except urllib.error.URLError as exc:
             raise RegistryError(f"{url}: cannot reach the registry ({exc.reason})") from None
+        except (OSError, http.client.HTTPException) as exc:  # a timeout, a reset, a short read
+            raise RegistryError(f"{method} {url}: the transfer broke off "
+                                f"({exc or type(exc).__name__})") from None
 
     def raw_manifest(self, repo: str, reference: str) -> tuple[bytes, str, dict[str, Any]]:
         """(exact bytes, media type, content): the bytes are what the digest is of."""
@@ -68,6 +72,9 @@ class MirrorRegistry(Registry):
             return self._open(urllib.request.Request(url), repo)
         except urllib.error.HTTPError as exc:
             raise RegistryError(f"GET {url}: HTTP {exc.code} {exc.reason}") from None
+        except OSError as exc:  # URLError, a timeout
+            raise RegistryError(f"{url}: cannot reach the registry "
+                                f"({getattr(exc, 'reason', exc)})") from None
 
     def upload_blob(self, repo: str, digest: str, data: BinaryIO | bytes, size: int) -> None:
         """Monolithic upload: POST a session, then PUT the whole blob with its digest."""

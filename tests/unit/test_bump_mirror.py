@@ -37,6 +37,7 @@ class Store:
         self.uploads: dict[str, bytes] = {}
         self.puts = 0
         self.tokens: list[str] = []
+        self.cut_blobs = False  # a blob's answer breaks off after half of it (a reset, a timeout)
 
     def add_image(self, tag: str, layers: list[bytes], arch: str = "amd64") -> str:
         config = json.dumps({"architecture": arch, "created": "2026-05-11T10:00:00Z"}).encode()
@@ -106,6 +107,14 @@ def serve(store: Store, auth: bool = False) -> tuple[ThreadingHTTPServer, str]:
                 return self._reply(404)
             kind, ref = m.groups()
             if kind == "blobs":
+                if ref in store.blobs and store.cut_blobs:
+                    blob = store.blobs[ref]
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(blob)))
+                    self.end_headers()
+                    self.wfile.write(blob[: len(blob) // 2])
+                    self.close_connection = True
+                    return None
                 if ref in store.blobs:
                     return self._reply(200, store.blobs[ref], {"Docker-Content-Digest": ref})
                 return self._reply(404)
@@ -192,6 +201,18 @@ def test_unreachable_mirror_is_an_error(registries) -> None:
     with pytest.raises(RegistryError, match="cannot reach"):
         copy_image(MirrorRegistry(u1), MirrorRegistry("http://127.0.0.1:9"), REPO,
                    "nightly-c", digest)  # fmt: skip
+
+
+def test_a_transfer_that_breaks_off_is_a_registry_error(registries) -> None:
+    """The source's answer ends mid-blob: the bump's mirror step gets a ``RegistryError`` to
+    report (it goes on without the copy), not an exception from deep in http.client."""
+    src, u1, dst, u2 = registries
+    digest = src.add_image("nightly-e", [b"e" * 200_000])
+    src.cut_blobs = True
+    with pytest.raises(RegistryError, match="broke off"):
+        copy_image(MirrorRegistry(u1, timeout=2), MirrorRegistry(u2, timeout=2), REPO,
+                   "nightly-e", digest)
+    assert "nightly-e" not in dst.tags
 
 
 def test_copy_through_bearer_tokens() -> None:
