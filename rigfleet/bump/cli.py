@@ -163,13 +163,13 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
     if candidate is not None:
         refuse_image_rules(inputs.catalog, names, candidate, None)  # before anything is pulled
 
-    unreachable = reachability(remote, [h for h in inputs.hosts if h.name not in inputs.outside])
     for name in inputs.outside:
         log(f"{name} is outside --limit and will be skipped (it keeps its pins)")
-        unreachable[name] = OUTSIDE_LIMIT
+    unreachable = reachability(remote, [h for h in inputs.hosts if h.name not in inputs.outside])
     for name, reason in unreachable.items():
-        if reason and name not in inputs.outside:
+        if reason:
             log(f"[yellow]{name} is unreachable[/yellow] and will be skipped: {reason}")
+    unreachable.update(dict.fromkeys(inputs.outside, OUTSIDE_LIMIT))
 
     # The canary reads the candidate's version; a provisional plan picks it (the version
     # changes nothing in who goes first).

@@ -15,7 +15,7 @@ import re
 import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 
 from rigfleet import genesis_inspect
@@ -283,7 +283,7 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
     """``pins`` with each Genesis pin's layout and version read from its commit, and the changes;
     ``GenesisRefused`` lists every problem the hosts' gate would find."""
     stacks_of = catalog or builtin_catalog()
-    repos: dict[str, GenesisRepo] = {}
+    repo_of = cache(lambda url: GenesisRepo(url, fetch_url, cache_dir).sync())
     changes: list[str] = []
     problems: list[str] = []
 
@@ -291,9 +291,7 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
         g = p.genesis
         if g is None:
             return p
-        if g.repo not in repos:
-            repos[g.repo] = GenesisRepo(g.repo, fetch_url, cache_dir).sync()
-        repo = repos[g.repo]
+        repo = repo_of(g.repo)
         try:
             sha = repo.resolve(g.commit)
         except GenesisError:

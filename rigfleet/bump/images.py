@@ -57,7 +57,7 @@ def probe_script(candidate: Candidate, pull: bool, caches: Sequence[str] = ()) -
     lines = [
         f"if [ -s {cache} ]; then echo source=cache; echo version=$(cat {cache}); exit 0; fi",
         'ref=""',
-        f"for r in {' '.join(shlex.quote(r) for r in refs)}; do",
+        f"for r in {shlex.join(refs)}; do",
         '  if docker image inspect "$r" >/dev/null 2>&1; then ref=$r; break; fi',
         "done",
         'if [ -n "$ref" ]; then echo source=image; else',
@@ -107,9 +107,8 @@ def read_version(remote: Remote, host: InventoryHost, candidate: Candidate, *, p
 def remove_image(remote: Remote, host: InventoryHost, candidate: Candidate,
                  caches: Sequence[str] = ()) -> None:
     """Remove a candidate this bump pulled and then refused (leave the host as found)."""
-    refs = local_refs(candidate, caches)
-    remote.run(host, f"docker image rm {' '.join(shlex.quote(r) for r in refs)} "
-                     ">/dev/null 2>&1; true")
+    refs = shlex.join(local_refs(candidate, caches))
+    remote.run(host, f"docker image rm {refs} >/dev/null 2>&1; true")
 
 
 def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Candidate,
@@ -119,11 +118,9 @@ def prefetch(remote: Remote, inventory: Sequence[InventoryHost], candidate: Cand
     if registry is not None:  # the caches pull through for Docker Hub's names only
         return ()
     held: list[str] = []
-    # A cache its own preflight refuses is left out (the canary pulls upstream).
-    caches = {c.name: c for c in cache_settings(inventory)}
-    for h in inventory:
-        if (c := caches.get(h.name)) is None:
-            continue
+    hosts = {h.name: h for h in inventory}
+    for c in cache_settings(inventory):  # a cache its preflight refuses: the canary pulls upstream
+        h = hosts[c.name]
         log(f"fleet cache {h.name}: fetching {path}@{candidate.digest[:19]} from "
             f"{c.registry_upstream} once, before the canary")
         try:
@@ -145,17 +142,15 @@ def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
     """Every reference (by digest and by tag) of the repository's images whose digest is not in
     ``keep``, from ``docker image ls --digests`` lines; images with no registry digest stay."""
     keep_set = set(keep)
-    out: list[str] = []
-    for line in listing.splitlines():
-        parts = line.split()
+    refs: list[str] = []
+    for parts in map(str.split, listing.splitlines()):
         if len(parts) != 3 or parts[0] != repository:
             continue
-        tag, digest = parts[1], parts[2]
-        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest) or digest in keep_set:
-            continue
-        refs = [f"{repository}@{digest}"] + ([f"{repository}:{tag}"] if tag != "<none>" else [])
-        out += [r for r in refs if r not in out]
-    return out
+        _, tag, digest = parts
+        if re.fullmatch(r"sha256:[0-9a-f]{64}", digest) and digest not in keep_set:
+            refs.append(f"{repository}@{digest}")
+            refs += [f"{repository}:{tag}"] if tag != "<none>" else []
+    return list(dict.fromkeys(refs))
 
 
 def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[str]) -> list[str]:

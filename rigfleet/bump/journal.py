@@ -97,11 +97,10 @@ class BumpJournal:
         self.save()
 
     def deploying_batch(self, batch: int, hosts: Sequence[str],
-                        before: Mapping[str, Mapping[str, Any] | None]) -> None:
+                        before: Mapping[str, dict[str, Any] | None]) -> None:
         """Before a batch's deploy starts: its hosts and what each said before it."""
         self.deploying = {"batch": batch, "hosts": list(hosts), "since": now_iso(),
-                          "before": {h: None if (b := before.get(h)) is None else dict(b)
-                                     for h in hosts}}
+                          "before": dict(before)}
         self.save()
 
     def record(self, host: str, outcome: Mapping[str, Any]) -> None:

@@ -341,14 +341,12 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
             for h in batch:
                 out[h] = done.get(h) or HostOutcome(h, Status.NOT_ATTEMPTED, n, False, stopped)
             continue
-        todo = [h for h in batch if h not in done]
         out.update({h: done[h] for h in batch if h in done})
-        if todo:
+        if todo := [h for h in batch if h not in done]:
             reach = runner.reachable(todo)
             live = [h for h in todo if not reach.get(h)]
             for h in todo:
-                why = reach.get(h)
-                if why:
+                if why := reach.get(h):
                     _record(out, journal, on_event, HostOutcome(h, Status.SKIPPED, n, False, why
                             if why.startswith("busy:") else f"unreachable before its batch "
                             f"({why})"), label(n))
@@ -370,8 +368,8 @@ def run_batches(batches: Sequence[Sequence[str]], runner: Runner, pins_file: Pat
         failures += sum(1 for h in batch if out[h].status in (Status.FAILED, Status.LOST))
         if stopped:
             continue
-        if canary and i == 0 and out[batches[0][0]].status in (Status.FAILED, Status.LOST):
-            stopped = f"the canary {batches[0][0]} did not promote; no other host touched"
+        if canary and i == 0 and out[batch[0]].status in (Status.FAILED, Status.LOST):
+            stopped = f"the canary {batch[0]} did not promote; no other host touched"
         elif failures >= max_failures:
             stopped = f"{failures} host(s) failed (--max-failures {max_failures})"
     if journal is not None:
@@ -394,11 +392,11 @@ def _record(out: dict[str, HostOutcome], journal: BumpJournal | None,
 
 def stack_summary(p: StackPins) -> dict[str, Any]:
     """A stack's pins in a history entry: enough for ``rigfleet rollback`` to rebuild them."""
-    out: dict[str, Any] = {"image": p.image, "digest": p.digest, "vllm_version": p.vllm_version}
-    out["image_id"] = p.image_id  # null: none pinned (absent: an entry older than this key)
+    # image_id null: none pinned (absent: an entry older than this key)
+    out: dict[str, Any] = {"image": p.image, "digest": p.digest, "vllm_version": p.vllm_version,
+                           "image_id": p.image_id}
     if p.genesis is not None:
-        out["genesis"] = p.genesis.commit
-        out["genesis_layout"] = p.genesis.layout
+        out.update(genesis=p.genesis.commit, genesis_layout=p.genesis.layout)
         if p.genesis.version:
             out["genesis_version"] = p.genesis.version
     return out
