@@ -18,8 +18,15 @@ import json
 import time
 from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+
+from rigfleet.bump.output import refused
+from rigfleet.cliargs import UsageError, host_command, one_host
 from rigfleet.commands import hosttool
 from rigfleet.hostside.records import describe
+from rigfleet.resources import deployed_by
+from rigfleet.ssh import SshRemote
 
 
 def holder_row(holder: dict[str, Any] | None) -> dict[str, Any]:
@@ -58,8 +65,6 @@ def read_lock(remote: Any, host: Any) -> dict[str, Any] | None:
 
 
 def add_parser(subparsers: Any) -> None:
-    from rigfleet.cliargs import host_command
-
     p = host_command(subparsers, "lock", "show a host's lock; release a stale one", __doc__)
     p.add_argument("--release", action="store_true",
                    help="remove the lock when its holder is gone (a live one is refused)")
@@ -69,14 +74,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-
-    from rigfleet.bump.output import refused
-    from rigfleet.cliargs import UsageError, one_host
-    from rigfleet.resources import deployed_by
-    from rigfleet.ssh import SshRemote
-
     if args.release and not args.reason.strip():
         raise UsageError("--release: --reason: missing; allowed: a few words saying why the "
                          "holder is gone (they go to the host's system log)")

@@ -54,10 +54,8 @@ def run_journal(args: argparse.Namespace) -> int | None:
         if journal is not None:
             journal.remove()
             log(f"removed {journal.path}: {journal.id} had finished (pins serial {pins.serial})")
-        if abandon:
-            return error(f"--abandon: no unfinished bump ({journal_path(pins.path)} does not "
-                         "exist)")
-        return None
+        return error(f"--abandon: no unfinished bump ({journal_path(pins.path)} does not "
+                     "exist)") if abandon else None
     pid = journal.owner.get("pid")
     if journal.owner.get("host") == socket.gethostname() and isinstance(pid, int) \
             and pid != os.getpid() and _alive(pid):

@@ -8,6 +8,7 @@ SSH beside pyinfra's result (docs/bump.md, step 6); ``pins_after``: the pins fil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -435,14 +436,12 @@ def pins_after(plan: Plan, result: RolloutResult, when: str, by: str,
 
 def pyinfra_json(stdout: str) -> dict[str, Any] | None:
     """pyinfra's ``--json`` payload (the last JSON object on stdout), or None."""
-    start = stdout.find("{")
-    while start >= 0:
-        try:
+    first = stdout.find("{")  # then each line that starts one
+    starts = [first, *(m.start() + 1 for m in re.finditer(r"\n\{", stdout))] if first >= 0 else []
+    for start in starts:
+        with contextlib.suppress(ValueError):
             data = json.loads(stdout[start:])
             return data if isinstance(data, dict) else None
-        except ValueError:
-            start = stdout.find("\n{", start + 1)
-            start = start + 1 if start >= 0 else -1
     return None
 
 
@@ -473,8 +472,7 @@ class PyinfraRunner:
         """Host -> None when the deploy can work on it now, else why not (SSH, a held lock)."""
 
         def check(host: InventoryHost) -> str | None:
-            busy = self.facts(host.name).busy
-            return f"busy: {busy}" if busy else None
+            return f"busy: {busy}" if (busy := self.facts(host.name).busy) else None
 
         answers = each_host([self.hosts[h] for h in hosts], check, lambda h, why: why)
         return dict(zip(hosts, answers, strict=True))
