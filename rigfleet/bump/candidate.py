@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from packaging.version import Version
@@ -53,16 +53,14 @@ def release_tags(tags: Iterable[str]) -> list[str]:
 
 
 def newest_release(tags: Iterable[str], above: str,
-                   allowed: Iterable[str] | None = None) -> str | None:
+                   allowed: Collection[str] | None = None) -> str | None:
     """The newest release tag above version ``above`` (and in ``allowed`` if given), or None."""
     floor = version_key(above)
-    ok = None if allowed is None else set(allowed)
     for tag in reversed(release_tags(tags)):
-        version = tag[1:]
-        key = version_key(version)
+        key = version_key(tag[1:])
         if floor is not None and key is not None and key <= floor:
             return None
-        if ok is None or version in ok:
+        if allowed is None or tag[1:] in allowed:
             return tag
     return None
 
