@@ -18,12 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from rigfleet.registry import (
-    INDEX_TYPES,
-    MANIFEST_TYPES,
-    Registry,
-    RegistryError,
-)
+from rigfleet.registry import MANIFEST_TYPES, Registry, RegistryError
 
 
 class MirrorRegistry(Registry):
@@ -112,15 +107,13 @@ def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, di
     """Copy ``repo@digest`` from ``src`` to ``dst`` and tag it ``tag`` there."""
     body, media, doc = src.raw_manifest(repo, digest)
     counter = [0, 0]
-    if media in INDEX_TYPES or "manifests" in doc:
-        for entry in doc.get("manifests") or []:
-            one = str(entry["digest"])
-            one_body, one_media, one_doc = src.raw_manifest(repo, one)
-            _copy_blobs(src, dst, repo, one_doc, counter)
-            if not dst.has(repo, "manifests", one):
-                dst.put_manifest(repo, one, one_body, one_media)
-    else:
-        _copy_blobs(src, dst, repo, doc, counter)
+    for entry in doc.get("manifests") or []:  # an index: each image's blobs, then its manifest
+        one = str(entry["digest"])
+        one_body, one_media, one_doc = src.raw_manifest(repo, one)
+        _copy_blobs(src, dst, repo, one_doc, counter)
+        if not dst.has(repo, "manifests", one):
+            dst.put_manifest(repo, one, one_body, one_media)
+    _copy_blobs(src, dst, repo, doc, counter)  # an image's config and layers (an index has none)
     got = dst.put_manifest(repo, tag, body, media) or digest
     if got != digest:
         raise RegistryError(f"{dst.base_url}: stored {repo}:{tag} as {got}, expected {digest}")
