@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -241,25 +242,22 @@ def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: Depl
     gate, failed_checks, report = gate_of(before, after)
     runs_new = _runs(after.state, stack, new)
     runs_old = _runs(after.state, stack, old)
-
-    def outcome(status: Status, runs: bool | None, reason: str = "") -> HostOutcome:
-        return HostOutcome(host, status, batch, runs, reason, gate, failed_checks, report,
-                           deploy.seconds)  # fmt: skip
-
+    outcome = partial(HostOutcome, host, batch=batch, gate=gate, failed_checks=failed_checks,
+                      report_file=report, seconds=deploy.seconds)
     if runs_new and not failed:
-        return outcome(Status.PROMOTED, True)
+        return outcome(Status.PROMOTED, runs_new=True)
     if runs_new and runs_old:  # its serving stack was not bumped, and the deploy failed
-        return outcome(Status.FAILED, None, with_error(error, "the deploy failed"))
+        return outcome(Status.FAILED, reason=with_error(error, "the deploy failed"))
     if runs_new:
-        return outcome(Status.FAILED, True, with_error(error, "the swap promoted but the deploy "
-                                                 "failed afterwards"))  # fmt: skip
+        return outcome(Status.FAILED, runs_new=True, reason=with_error(
+            error, "the swap promoted but the deploy failed afterwards"))
     if runs_old:
         reason = _rollback_reason(before, after) or with_error(error, "rolled back to the old pins")
         if failed_checks and "gate" not in reason:
             reason = f"verify-stress gate failed ({', '.join(failed_checks)}); {reason}"
-        return outcome(Status.FAILED, False, reason)
+        return outcome(Status.FAILED, runs_new=False, reason=reason)
     seen = ", ".join(f"{k}={after.state.get(k)}" for k in ("stack", "digest", "genesis_commit"))
-    return outcome(Status.FAILED, None, with_error(error, f"state.json records {seen}"))
+    return outcome(Status.FAILED, reason=with_error(error, f"state.json records {seen}"))
 
 
 def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostProbe | None,
