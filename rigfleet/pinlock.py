@@ -134,8 +134,7 @@ def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = Fals
                   token_file=token_file)
     new, genesis_lines = lock_genesis(new, fetch_url=genesis_url)
     lines = changes(pins, new) + genesis_lines
-    refusals = verify(new) if verify is not None else []
-    if refusals:
+    if verify is not None and (refusals := verify(new)):
         raise LockError([f"{pins.path}: {line}" for line in refusals]
                         + ["nothing written: every pinned thing must be there"])
     if lines:

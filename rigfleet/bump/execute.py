@@ -176,7 +176,7 @@ def record_pins(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pin
         saved = save_pins(new, entry)
     except PinsError as e:
         # Saved by someone else during the rollout: this result goes beside it, to merge.
-        aside = Path(plan.pins.path).with_name(Path(plan.pins.path).name + ".bump-result.yaml")
+        aside = Path(f"{plan.pins.path}.bump-result.yaml")
         aside.write_text(dump_pins(replace(new, history=[*new.history, entry or {}])))
         log(f"[red]pins file not saved[/red]: {e}\n  this bump's result is in {aside}; the "
              "hosts run what it lists")  # fmt: skip
