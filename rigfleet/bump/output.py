@@ -118,8 +118,7 @@ def exit_status(result: RolloutResult) -> int:
                                            if o.failed_checks else "") for o in bad]
         console.print(f"[red]bump failed:[/red] {'; '.join(parts)}")
         return EXIT_FAILED
-    skipped = [o for o in result.by_status(Status.SKIPPED) if OUTSIDE_LIMIT not in o.reason]
-    if skipped:
+    if skipped := [o for o in result.by_status(Status.SKIPPED) if OUTSIDE_LIMIT not in o.reason]:
         names = ", ".join(f"{o.host} ({o.reason or 'unreachable'})" for o in skipped)
         console.print(f"[yellow]promoted, but skipped host(s): {names}[/yellow]")
         return EXIT_SKIPPED
