@@ -203,23 +203,19 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> T
     for summary in bump_summaries(rows):
         table.note("mid-bump", _bump_note(summary))
     for r in rows:
-        if not r.reachable:
-            stack, drift = Text("unreachable", style="red"), Text("-")
+        if r.error or not r.reachable:
             table.note(r.host, Text(r.error or "unreachable", style="red"))
+        for line in r.drift:  # an unreachable host has none
+            table.note(r.host, Text(line, style="yellow"))
+        if not r.reachable:
+            stack, pins, drift = Text("unreachable", style="red"), "-", Text("-")
         else:
             stack = Text(r.stack or "-")
-            if r.error:
-                table.note(r.host, Text(r.error, style="red"))
+            pins = "/".join(v.removeprefix("sha256:")[:7] if v else "-"
+                            for v in (r.digest, r.genesis, r.model_revision))
             drift = (Text(str(len(r.drift)), style="yellow") if r.drift
                      else Text("none", style="green"))
-            for line in r.drift:
-                table.note(r.host, Text(line, style="yellow"))
-        pins = "/".join(v.removeprefix("sha256:")[:7] if v else "-"
-                        for v in (r.digest, r.genesis, r.model_revision))
         gate = "-" if r.gate is None else f"{r.gate} {_when(r.gate_time)}".strip()
-        cells: list[Any] = [r.host, stack, pins if r.reachable else "-", gate,
-                            tok_s(r.throughput), drift]
-        if mid_bump:
-            cells.append(bump_cell(r.bump))
-        table.row(*cells)
+        table.row(r.host, stack, pins, gate, tok_s(r.throughput), drift,
+                  *([bump_cell(r.bump)] if mid_bump else []))
     return table
