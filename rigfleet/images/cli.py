@@ -184,11 +184,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ImagesCliError(f"--host {args.host!r}: not in {args.inventory}; allowed: "
                              f"{', '.join(hosts)}")
     want = load_desired(args.host, hosts[args.host].data)
+    if (name := next((n for n in args.stack if n not in want.stacks), None)) is not None:
+        raise ImagesCliError(f"--stack {name!r}: {args.host} stages no such stack; "
+                             f"allowed: {', '.join(want.stacks)}")
     stacks = {n: s.pins for n, s in want.stacks.items() if not args.stack or n in args.stack}
-    for name in args.stack:
-        if name not in want.stacks:
-            raise ImagesCliError(f"--stack {name!r}: {args.host} stages no such stack; "
-                                 f"allowed: {', '.join(want.stacks)}")
     wanted, _ = wanted_images(stacks)
     remote = SshRemote(connect_timeout=args.timeout)
     saved: list[dict[str, Any]] = []
@@ -271,9 +270,8 @@ def cmd_import(args: argparse.Namespace) -> int:
                                                          meter)
             except (RigfleetError, HostUnreachable, OSError) as e:
                 result["hosts"][name] = f"failed: {e}"
-    pins = {k: v for k, v in (("image", image), ("digest", digest),
-                              ("image_id", chosen.image_id)) if v}
-    result["pin"] = pins
+    result["pin"] = pins = {k: v for k, v in (("image", image), ("digest", digest),
+                                              ("image_id", chosen.image_id)) if v}
     t = Table(f"rigfleet images import {args.file.name}", ["where", "result"], keys=("where",))
     if result["into"]:
         t.row("this machine", f"kept as {result['into']}")

@@ -127,23 +127,22 @@ def as_json(rows: Sequence[StatusRow],
     return out
 
 
-# The states of ``BumpJournal.host_view`` as a bump cell says them.
-_BUMP_WORDS = {"candidate": "on candidate", "old": "old pins", "in flight": "in flight",
-               "failed": "rolled back", "lost": "lost", "skipped": "skipped",
-               "not attempted": "old pins", "up to date": "on candidate"}
-_BUMP_STYLE = {"on candidate": "green", "old pins": "yellow", "in flight": "magenta",
-               "rolled back": "red", "lost": "red", "skipped": "yellow"}
+# The states of ``BumpJournal.host_view`` as a bump cell says them, and its style.
+_BUMP_WORDS = {"candidate": ("on candidate", "green"), "old": ("old pins", "yellow"),
+               "in flight": ("in flight", "magenta"), "failed": ("rolled back", "red"),
+               "lost": ("lost", "red"), "skipped": ("skipped", "yellow"),
+               "not attempted": ("old pins", "yellow"), "up to date": ("on candidate", "green")}
 
 
 def bump_cell(view: Mapping[str, Any] | None) -> Text:
     """``on candidate 11-29 10:41``, ``old pins``, ``in flight 11-29 10:45 (runs candidate)``."""
     if not view:
         return Text("-")
-    words = _BUMP_WORDS.get(str(view.get("state")), str(view.get("state")))
+    words, style = _BUMP_WORDS.get(str(view.get("state")), (str(view.get("state")), ""))
     text = f"{words} {_when(view.get('since'))}".strip()
     if view.get("runs"):
         text += f" (runs {view['runs']})"
-    return Text(text, style=_BUMP_STYLE.get(words, ""))
+    return Text(text, style=style)
 
 
 def bump_summaries(rows: Sequence[StatusRow]) -> list[dict[str, Any]]:
@@ -160,7 +159,7 @@ def bump_summaries(rows: Sequence[StatusRow]) -> list[dict[str, Any]]:
 
 def _bump_note(summary: Mapping[str, Any]) -> Text:
     hosts = summary.get("hosts") or {}
-    parts = [f"{_BUMP_WORDS.get(state, state)}: {', '.join(names)}"
+    parts = [f"{_BUMP_WORDS.get(state, (state,))[0]}: {', '.join(names)}"
              for state, names in hosts.items()]
     return Text(f"{summary['bump']} ({summary['target']}), started {_when(summary['started'])} "
                 f"by {summary['by']}: {'; '.join(parts)}. `rigfleet bump` finishes it, "
