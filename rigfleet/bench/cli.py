@@ -11,7 +11,6 @@ nothing, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,8 +263,8 @@ def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
     err.print(f"{host.name}: benching its active stack on the host "
               f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
     data = accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
+    show(args.json, data)
     if args.json:
-        print(json.dumps(data, indent=2))
         return EXIT_OK
     rec = data.get("accepted") or {}
     shapes = rec.get("shapes") or {}
