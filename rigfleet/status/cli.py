@@ -95,7 +95,8 @@ def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str])
     try:
         Path(args.html).write_text(page, encoding="utf-8")
     except OSError as e:
-        console.print(f"[red]error:[/red] --html: {escape(args.html)}: {escape(e.strerror or str(e))}")
+        console.print(f"[red]error:[/red] --html: {escape(args.html)}: "
+                      f"{escape(e.strerror or str(e))}")
         return EXIT_ERROR
     alerts = len(answers.alerts.get("data", {}).get("alerts", []))
     print(f"wrote {args.html}: {len(serving)} host(s), {alerts} alert(s), "
@@ -115,8 +116,7 @@ def _when(iso: str | None) -> str:
     return iso.replace("T", " ")[5:16] if len(iso) >= 16 and iso[10] == "T" else iso
 
 
-def as_json(rows: Sequence[StatusRow],
-            balancers: Sequence[BalancerRow] = ()) -> dict[str, Any]:
+def as_json(rows: Sequence[StatusRow], balancers: Sequence[BalancerRow] = ()) -> dict[str, Any]:
     """``--json``: hosts, ok, and the unfinished bumps and the balancers when there are any."""
     out: dict[str, Any] = {"hosts": [{**asdict(r), "ok": r.ok} for r in rows],
                            "ok": all(r.ok for r in rows) and all(b.ok for b in balancers)}
