@@ -53,12 +53,10 @@ class Table:
     def _shown(self, widths: list[tuple[int, bool]], width: int) -> list[int]:
         """The columns in the table at ``width`` characters (the others move to notes)."""
         shown = list(range(len(self.columns)))
+        movable = [i for i in shown if not self._kept(i)]
         # each column: its text, one space of padding and one of the box's divider
-        while sum(widths[i][0] + 2 for i in shown) - 1 > width:
-            movable = [i for i in shown if not self._kept(i)]
-            if not movable:
-                break
-            shown.remove(movable[-1])
+        while movable and sum(widths[i][0] + 2 for i in shown) - 1 > width:
+            shown.remove(movable.pop())
         return shown
 
     def print(self, console: Console) -> None:
