@@ -123,7 +123,6 @@ def confirm(args: argparse.Namespace, action: str) -> None:
         return
     if not sys.stdin.isatty():
         raise UsageError(f"not a terminal, nobody to ask whether to {action}: pass --yes")
-    answer = input(f"{action}? [y/N] ").strip().lower()
-    if answer not in ("y", "yes"):
+    if input(f"{action}? [y/N] ").strip().lower() not in ("y", "yes"):
         raise UsageError(f"not confirmed; nothing changed (pass --yes to {action} without "
                          "asking)")

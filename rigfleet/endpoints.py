@@ -16,7 +16,7 @@ from pathlib import Path
 from rigfleet.balancer.plan import fleet_plan
 from rigfleet.balancer.status import balancer_url
 from rigfleet.errors import RigfleetError
-from rigfleet.hostdata import HostSettings, validate_host
+from rigfleet.hostdata import BalancerSettings, HostSettings, validate_host
 from rigfleet.inventory import InventoryHost
 
 
@@ -42,7 +42,7 @@ def front_context(settings: HostSettings) -> ssl.SSLContext | None:
     return settings.front_tls.client_context() if settings.front_tls else None
 
 
-def read_key(settings: HostSettings) -> str:
+def read_key(settings: HostSettings | BalancerSettings) -> str:
     return Path(settings.api_key_file).read_text().strip()
 
 
@@ -90,7 +90,7 @@ def check_balancer(lb: InventoryHost, hosts: Sequence[InventoryHost],
     """Ask balancer ``lb`` one short question per stack (``/stacks/<stack>``)."""
     try:
         plan = fleet_plan(lb, hosts)
-        key = Path(plan.settings.api_key_file).read_text().strip()
+        key = read_key(plan.settings)
     except (RigfleetError, OSError) as exc:
         return [EndpointCheck(lb.name, "-", "bad data", "", str(exc), 0.0)]
     base = balancer_url(plan, lb)

@@ -21,6 +21,7 @@ import json
 import re
 import sys
 from contextlib import suppress
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO, cast
 
@@ -79,18 +80,18 @@ def ledger_line(text: str, since: datetime | None = None) -> str | None:
         parts.append(f"gate {gate.get('result')}")
     if rec.get("by"):
         parts.append(f"by {rec['by']}")
-    line = " ".join(parts)
-    return line + (f": {rec['reason']}" if rec.get("reason") else "")
+    return " ".join(parts) + (f": {rec['reason']}" if rec.get("reason") else "")
 
 
+@dataclass
 class Printer:
     """Splits the tagged stream into lines and prints them, the ledger's made readable."""
 
-    def __init__(self, since: datetime | None, out: Any = None, prefix: bool = True,
-                 as_json: bool = False) -> None:
-        self.since, self.out, self.prefix = since, out or sys.stdout, prefix
-        self.as_json = as_json
-        self.buf = b""
+    since: datetime | None
+    out: Any = field(default_factory=lambda: sys.stdout)
+    prefix: bool = True
+    as_json: bool = False
+    buf: bytes = b""
 
     def write(self, data: bytes) -> int:
         self.buf += data

@@ -41,10 +41,6 @@ class Table:
     def note(self, key: str, text: Text | str) -> None:
         self.notes.append((key, text))
 
-    def _cells(self) -> list[list[Text]]:
-        return [[c if isinstance(c, Text) else Text(str(c)) for c in cells]
-                for cells in self.rows]
-
     def _kept(self, i: int) -> bool:
         return self.columns[i] in self.keys or self.columns[i] in KEY_NAMES
 
@@ -54,42 +50,33 @@ class Table:
         whole = self._kept(i) or longest <= SHORT
         return (longest if whole else min(longest, MIN_WRAP)), whole
 
-    def layout(self, width: int) -> tuple[list[int], list[int]]:
-        """(the columns in the table, the columns moved to notes) for ``width`` characters."""
-        rows = self._cells()
-        need = {i: self._width(i, rows)[0] for i in range(len(self.columns))}
+    def _shown(self, widths: list[tuple[int, bool]], width: int) -> list[int]:
+        """The columns in the table at ``width`` characters (the others move to notes)."""
         shown = list(range(len(self.columns)))
-        moved: list[int] = []
+        movable = [i for i in shown if not self._kept(i)]
         # each column: its text, one space of padding and one of the box's divider
-        while sum(need[i] + 2 for i in shown) - 1 > width:
-            movable = [i for i in shown if not self._kept(i)]
-            if not movable:
-                break
-            shown.remove(movable[-1])
-            moved.insert(0, movable[-1])
-        return shown, moved
+        while movable and sum(widths[i][0] + 2 for i in shown) - 1 > width:
+            shown.remove(movable.pop())
+        return shown
 
-    def render(self, width: int = 10_000) -> RichTable:
-        """The table as rich draws it at ``width`` (notes not included: ``print``)."""
-        shown, _ = self.layout(width)
+    def print(self, console: Console) -> None:
+        rows = [[c if isinstance(c, Text) else Text(str(c)) for c in cells]
+                for cells in self.rows]
+        widths = [self._width(i, rows) for i in range(len(self.columns))]
+        shown = self._shown(widths, console.width)
         table = RichTable(title=self.title, title_justify="left", box=box.SIMPLE_HEAD,
                           show_edge=False, padding=(0, 1, 0, 0))
-        rows = self._cells()
         for i in shown:
-            width, whole = self._width(i, rows)
+            width, whole = widths[i]
             table.add_column(self.columns[i], no_wrap=whole, min_width=width,
                              overflow="ellipsis" if whole else "fold")
         for cells in rows:
             table.add_row(*[cells[i] if i < len(cells) else Text("") for i in shown])
-        return table
-
-    def print(self, console: Console) -> None:
-        shown, moved = self.layout(console.width)
-        console.print(self.render(console.width))
+        console.print(table)
         key = next((i for i in shown if self._kept(i)), 0)
-        for cells in self._cells():
-            for i in moved:
-                if i < len(cells) and cells[i].plain.strip() not in ("", "-"):
+        for cells in rows:
+            for i in range(len(self.columns)):
+                if i not in shown and i < len(cells) and cells[i].plain.strip() not in ("", "-"):
                     head = cells[key].plain if key < len(cells) else ""
                     console.print(Text.assemble(f"{head}: {self.columns[i]}: ", cells[i]))
         for name, text in self.notes:

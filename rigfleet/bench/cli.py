@@ -11,7 +11,6 @@ nothing, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,13 +47,6 @@ from rigfleet.tables import Table, ratio, show
 DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
 EXIT_OK, EXIT_UNMEASURED = 0, 1
 HISTORY_N = 5  # as the gate's default throughput_history_n
-
-
-class Progress(measure.Progress):
-    """The bench's progress, told which target comes next; this one shows nothing."""
-
-    def target(self, host: str) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -108,19 +100,18 @@ def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
 
 
 def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], BenchSettings],
-                  progress: Progress | None = None) -> list[Entry]:
+                  progress: RichProgress | None = None) -> list[Entry]:
     """Bench each target in turn (they would compete for this CPU); errors become entries."""
-    progress = progress or Progress()
     out = []
     for t in targets:
-        progress.target(t.host)
-        if t.note:
-            progress.note(t.note)
+        if progress is not None:
+            progress.target(t.host, t.note)
         if t.error:
             result = Bench(Client(t.url), BenchSettings(runs=0, warmup=0)).result
             out.append(Entry(t.host, t.stack.name if t.stack else None, result, error=t.error))
             continue
-        result = Bench(Client(t.url, t.api_key, ca_file=t.ca_file), settings_for(t), progress).run()
+        client = Client(t.url, t.api_key, ca_file=t.ca_file)
+        result = Bench(client, settings_for(t), progress).run()
         out.append(Entry(t.host, t.stack.name if t.stack else None, result, t.reference,
                          t.scale, t.baseline(), t.history, result.error))
     return out
@@ -139,9 +130,9 @@ def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None
 def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs: int,
                     warmup: int, by: str = "") -> dict[str, Any]:
     """The host's answer to ``bench --accept-baseline``; ``RuntimeError`` when none recorded."""
-    command = hosttool.bench("--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}",
-                             "--by", by or deployed_by(), "--runs", str(runs), "--warmup", str(warmup), "--json",
-                             "--quiet")
+    command = hosttool.bench("--accept-baseline", "--scale",
+                             f"{want.settings.throughput_scale:g}", "--by", by or deployed_by(),
+                             "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet")
     rc, out = remote.run(host, command, timeout=3600)
     data = last_json(out)
     if rc == 0 and data is not None and data.get("accepted"):
@@ -150,7 +141,9 @@ def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs
                        f"{out.strip()[-400:] or 'no output'}")
 
 
-class RichProgress(Progress):
+class RichProgress(measure.Progress):
+    """The bench's progress bar, a task per target (``target`` says which comes next)."""
+
     def __init__(self, console: Console):
         self.console = console
         self.bar = rich_bar.Progress(
@@ -160,9 +153,11 @@ class RichProgress(Progress):
         self.task: rich_bar.TaskID | None = None
         self.host = ""
 
-    def target(self, host: str) -> None:
+    def target(self, host: str, note: str = "") -> None:
         self.host = host
         self.task = self.bar.add_task("starting", total=None, host=host)
+        if note:
+            self.note(note)
 
     def begin(self, total: int) -> None:
         if self.task is not None:
@@ -268,8 +263,8 @@ def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
     err.print(f"{host.name}: benching its active stack on the host "
               f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
     data = accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
+    show(args.json, data)
     if args.json:
-        print(json.dumps(data, indent=2))
         return EXIT_OK
     rec = data.get("accepted") or {}
     shapes = rec.get("shapes") or {}

@@ -17,8 +17,8 @@ INSTALL_HINT = ("no PNG: matplotlib is not installed; pip install 'rigfleet[plot
                 "written)")
 NOTHING = "no PNG: nothing was measured (see the report's errors)"
 COLORS = {"narrative": "#4878d0", "code": "#ee854a"}
-REF_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.6}
-MEDIAN_STYLE = {"color": "#8c1c13", "linestyle": "-", "linewidth": 1.4}
+REF_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.6, "label": "stack reference"}
+MEDIAN_STYLE = {"color": "#8c1c13", "linestyle": "-", "linewidth": 1.4, "label": "fleet median"}
 
 
 def measured(e: Entry) -> bool:
@@ -58,8 +58,7 @@ def _decode_panel(ax: Any, stack: str, rows: list[Entry], fleet: dict[str, float
         for y, style, name in ((ref, REF_STYLE, "ref"), (med, MEDIAN_STYLE, "median")):
             if y:
                 shown.append(y)
-                ax.hlines(y, lo_x, hi_x, zorder=4, **style,
-                          label="stack reference" if name == "ref" else "fleet median")
+                ax.hlines(y, lo_x, hi_x, zorder=4, **style)
                 # narrative's labels left of its bars, code's right of its own: apart
                 ax.annotate(f"{name} {y:.1f}", (lo_x if j == 0 else hi_x, y),
                             xytext=(-2 if j == 0 else 2, 0), textcoords="offset points",

@@ -111,8 +111,7 @@ def render(diagnoses: Sequence[Diagnosis], title: str) -> Table:
     for d in diagnoses:
         v, ev = d.verdict, d.evidence
         if d.error or v is None or ev is None:
-            table.row(d.host, d.stack or "-", "-", "-", "-", "-", Text("error", style="red"),
-                      "-")
+            table.row(d.host, d.stack or "-", "-", "-", "-", "-", Text("error", style="red"), "-")
             table.note(d.host, Text(d.error or "no evidence", style="red"))
             continue
         top = next((c for c in d.causes if c.kind == CAUSE), None)

@@ -112,14 +112,12 @@ class SourceChecker:
 
     def archive(self, index: int, source: ImageSource, w: WantedImage) -> SourceResult:
         path = str(source.path)
-        if Path(path).is_dir():
-            files = sorted(f for f in Path(path).glob("*.tar") if f.is_file())
-            if not files:
-                return SourceResult(index, source, False, f"{path}: holds no *.tar archive")
-        elif not Path(path).is_file():
+        p = Path(path)
+        if not p.is_dir() and not p.is_file():
             return SourceResult(index, source, False, f"{path}: no such file or directory")
-        else:
-            files = [Path(path)]
+        files = sorted(f for f in p.glob("*.tar") if f.is_file()) if p.is_dir() else [p]
+        if not files:
+            return SourceResult(index, source, False, f"{path}: holds no *.tar archive")
         # The file `rigfleet images export` would have written for this name goes first.
         files.sort(key=lambda f: f.name != archive_name(w.image))
         seen: list[str] = []

@@ -26,6 +26,7 @@ from typing import Any
 
 from rich.text import Text
 
+from rigfleet import ssh
 from rigfleet.cliargs import fleet_hosts, fleet_options
 from rigfleet.desired import load_desired
 from rigfleet.errors import RigfleetError
@@ -42,7 +43,7 @@ from rigfleet.images.deploy import build_plan, fact_arguments
 from rigfleet.images.plan import ImagePlan, StagingPlan, WantedImage, wanted_images
 from rigfleet.images.transfer import Counted, export_image, host_state, load_archive, progress_bar
 from rigfleet.inventory import InventoryHost, gpu_hosts
-from rigfleet.ssh import Remote
+from rigfleet.ssh import HostUnreachable, Remote
 from rigfleet.tables import Table, show
 
 
@@ -169,28 +170,23 @@ def exit_status(rows: Sequence[HostImages]) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from rigfleet.ssh import SshRemote
-
-    rows = fleet_images(_hosts(args), SshRemote(connect_timeout=args.timeout))
+    rows = fleet_images(_hosts(args), ssh.SshRemote(connect_timeout=args.timeout))
     show(args.json, as_json(rows), table(rows, f"rigfleet images status ({args.inventory})"))
     return exit_status(rows)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rigfleet.ssh import SshRemote
-
     hosts = {h.name: h for h in _hosts(args)}
     if args.host not in hosts:
         raise ImagesCliError(f"--host {args.host!r}: not in {args.inventory}; allowed: "
                              f"{', '.join(hosts)}")
     want = load_desired(args.host, hosts[args.host].data)
+    if (name := next((n for n in args.stack if n not in want.stacks), None)) is not None:
+        raise ImagesCliError(f"--stack {name!r}: {args.host} stages no such stack; "
+                             f"allowed: {', '.join(want.stacks)}")
     stacks = {n: s.pins for n, s in want.stacks.items() if not args.stack or n in args.stack}
-    for name in args.stack:
-        if name not in want.stacks:
-            raise ImagesCliError(f"--stack {name!r}: {args.host} stages no such stack; "
-                                 f"allowed: {', '.join(want.stacks)}")
     wanted, _ = wanted_images(stacks)
-    remote = SshRemote(connect_timeout=args.timeout)
+    remote = ssh.SshRemote(connect_timeout=args.timeout)
     saved: list[dict[str, Any]] = []
     for w in wanted:
         version = stacks[w.stacks[0]].vllm_version
@@ -259,11 +255,9 @@ def cmd_import(args: argparse.Namespace) -> int:
                       bytes=info.size, imported_from=str(args.file))
         result.update(into=str(dest), sha256=sha)
     if args.host:
-        from rigfleet.ssh import HostUnreachable, SshRemote
-
         # Without a known digest the image is verified by its id alone (a loaded image has none).
         want = WantedImage(image, digest or chosen.image_id, chosen.image_id, ())
-        remote = SshRemote(connect_timeout=args.timeout)
+        remote = ssh.SshRemote(connect_timeout=args.timeout)
         for name in args.host:
             try:
                 with progress_bar(f"{name}: docker load {image}", info.size) as meter:
@@ -271,9 +265,8 @@ def cmd_import(args: argparse.Namespace) -> int:
                                                          meter)
             except (RigfleetError, HostUnreachable, OSError) as e:
                 result["hosts"][name] = f"failed: {e}"
-    pins = {k: v for k, v in (("image", image), ("digest", digest),
-                              ("image_id", chosen.image_id)) if v}
-    result["pin"] = pins
+    result["pin"] = pins = {k: v for k, v in (("image", image), ("digest", digest),
+                                              ("image_id", chosen.image_id)) if v}
     t = Table(f"rigfleet images import {args.file.name}", ["where", "result"], keys=("where",))
     if result["into"]:
         t.row("this machine", f"kept as {result['into']}")

@@ -55,7 +55,8 @@ class WantedImage:
         return f"{self.image} (stacks {', '.join(self.stacks)})"
 
 
-def wanted_images(stacks: Mapping[str, StackPins]) -> tuple[tuple[WantedImage, ...], tuple[str, ...]]:
+def wanted_images(stacks: Mapping[str, StackPins]
+                  ) -> tuple[tuple[WantedImage, ...], tuple[str, ...]]:
     """The images the staged stacks pin, one per name, in stack-name order, and the conflicts
     (two stacks pinning one name to different images)."""
     by_image: dict[str, list[StackPins]] = {}
@@ -248,15 +249,13 @@ def plan_image(w: WantedImage, here: Presence, results: Sequence[SourceResult]) 
         if not r.ok:
             continue
         if r.source.cache is None:
-            return ImagePlan(w, here, "fetch", fetch_steps(w, r), r, tuple(results),
-                             need_bytes(r))
+            return ImagePlan(w, here, "fetch", fetch_steps(w, r), r, tuple(results), need_bytes(r))
         # A fleet cache is not asked from here: used only before a registry that holds it.
         after = next((a for a in results[i + 1:] if a.ok), None)
         if after is not None and after.source.kind in ("hub", "registry"):
             return ImagePlan(w, here, "fetch", cache_steps(w, r, after), r, tuple(results),
                              need_bytes(after))
-    return ImagePlan(w, here, "refused",
-                     tried=tuple(r for r in results if r.source.cache is None))
+    return ImagePlan(w, here, "refused", tried=tuple(r for r in results if r.source.cache is None))
 
 
 def plan_host(host: str, wanted: Sequence[WantedImage], state: HostImageState,

@@ -95,7 +95,8 @@ def write_page(args: argparse.Namespace, hosts: Sequence[Any], chosen: set[str])
     try:
         Path(args.html).write_text(page, encoding="utf-8")
     except OSError as e:
-        console.print(f"[red]error:[/red] --html: {escape(args.html)}: {escape(e.strerror or str(e))}")
+        console.print(f"[red]error:[/red] --html: {escape(args.html)}: "
+                      f"{escape(e.strerror or str(e))}")
         return EXIT_ERROR
     alerts = len(answers.alerts.get("data", {}).get("alerts", []))
     print(f"wrote {args.html}: {len(serving)} host(s), {alerts} alert(s), "
@@ -115,8 +116,7 @@ def _when(iso: str | None) -> str:
     return iso.replace("T", " ")[5:16] if len(iso) >= 16 and iso[10] == "T" else iso
 
 
-def as_json(rows: Sequence[StatusRow],
-            balancers: Sequence[BalancerRow] = ()) -> dict[str, Any]:
+def as_json(rows: Sequence[StatusRow], balancers: Sequence[BalancerRow] = ()) -> dict[str, Any]:
     """``--json``: hosts, ok, and the unfinished bumps and the balancers when there are any."""
     out: dict[str, Any] = {"hosts": [{**asdict(r), "ok": r.ok} for r in rows],
                            "ok": all(r.ok for r in rows) and all(b.ok for b in balancers)}
@@ -127,23 +127,22 @@ def as_json(rows: Sequence[StatusRow],
     return out
 
 
-# The states of ``BumpJournal.host_view`` as a bump cell says them.
-_BUMP_WORDS = {"candidate": "on candidate", "old": "old pins", "in flight": "in flight",
-               "failed": "rolled back", "lost": "lost", "skipped": "skipped",
-               "not attempted": "old pins", "up to date": "on candidate"}
-_BUMP_STYLE = {"on candidate": "green", "old pins": "yellow", "in flight": "magenta",
-               "rolled back": "red", "lost": "red", "skipped": "yellow"}
+# The states of ``BumpJournal.host_view`` as a bump cell says them, and its style.
+_BUMP_WORDS = {"candidate": ("on candidate", "green"), "old": ("old pins", "yellow"),
+               "in flight": ("in flight", "magenta"), "failed": ("rolled back", "red"),
+               "lost": ("lost", "red"), "skipped": ("skipped", "yellow"),
+               "not attempted": ("old pins", "yellow"), "up to date": ("on candidate", "green")}
 
 
 def bump_cell(view: Mapping[str, Any] | None) -> Text:
     """``on candidate 11-29 10:41``, ``old pins``, ``in flight 11-29 10:45 (runs candidate)``."""
     if not view:
         return Text("-")
-    words = _BUMP_WORDS.get(str(view.get("state")), str(view.get("state")))
+    words, style = _BUMP_WORDS.get(str(view.get("state")), (str(view.get("state")), ""))
     text = f"{words} {_when(view.get('since'))}".strip()
     if view.get("runs"):
         text += f" (runs {view['runs']})"
-    return Text(text, style=_BUMP_STYLE.get(words, ""))
+    return Text(text, style=style)
 
 
 def bump_summaries(rows: Sequence[StatusRow]) -> list[dict[str, Any]]:
@@ -160,7 +159,7 @@ def bump_summaries(rows: Sequence[StatusRow]) -> list[dict[str, Any]]:
 
 def _bump_note(summary: Mapping[str, Any]) -> Text:
     hosts = summary.get("hosts") or {}
-    parts = [f"{_BUMP_WORDS.get(state, state)}: {', '.join(names)}"
+    parts = [f"{_BUMP_WORDS.get(state, (state,))[0]}: {', '.join(names)}"
              for state, names in hosts.items()]
     return Text(f"{summary['bump']} ({summary['target']}), started {_when(summary['started'])} "
                 f"by {summary['by']}: {'; '.join(parts)}. `rigfleet bump` finishes it, "
@@ -203,23 +202,19 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> T
     for summary in bump_summaries(rows):
         table.note("mid-bump", _bump_note(summary))
     for r in rows:
-        if not r.reachable:
-            stack, drift = Text("unreachable", style="red"), Text("-")
+        if r.error or not r.reachable:
             table.note(r.host, Text(r.error or "unreachable", style="red"))
+        for line in r.drift:  # an unreachable host has none
+            table.note(r.host, Text(line, style="yellow"))
+        if not r.reachable:
+            stack, pins, drift = Text("unreachable", style="red"), "-", Text("-")
         else:
             stack = Text(r.stack or "-")
-            if r.error:
-                table.note(r.host, Text(r.error, style="red"))
+            pins = "/".join(v.removeprefix("sha256:")[:7] if v else "-"
+                            for v in (r.digest, r.genesis, r.model_revision))
             drift = (Text(str(len(r.drift)), style="yellow") if r.drift
                      else Text("none", style="green"))
-            for line in r.drift:
-                table.note(r.host, Text(line, style="yellow"))
-        pins = "/".join(v.removeprefix("sha256:")[:7] if v else "-"
-                        for v in (r.digest, r.genesis, r.model_revision))
         gate = "-" if r.gate is None else f"{r.gate} {_when(r.gate_time)}".strip()
-        cells: list[Any] = [r.host, stack, pins if r.reachable else "-", gate,
-                            tok_s(r.throughput), drift]
-        if mid_bump:
-            cells.append(bump_cell(r.bump))
-        table.row(*cells)
+        table.row(r.host, stack, pins, gate, tok_s(r.throughput), drift,
+                  *([bump_cell(r.bump)] if mid_bump else []))
     return table
