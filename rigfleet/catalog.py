@@ -307,9 +307,8 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     """``where``: the file, its stem the stack's name; raises ``CatalogError`` listing all."""
     p = Problems(where, TABLE)
     top = p.mapping("", data)
-    if top is None:
-        p.raise_if_any(CatalogError)
-        raise CatalogError(f"{where}: top level: empty; allowed: a stack file (docs/stacks.md)")
+    if top is None:  # missing or not a mapping: recorded
+        raise CatalogError(p.lines)
     if top.get("schema") != SCHEMA:
         p.bad("schema", top.get("schema"), repr(SCHEMA), "is not a supported schema")
     name = p.string("name", top.get("name"), _NAME)
@@ -586,10 +585,9 @@ def _fingerprint(dirs: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
 def _load(dirs: tuple[str, ...], fingerprint: tuple[tuple[str, int, int], ...]) -> Catalog:
     stacks: dict[str, StackSpec] = {}
     problems: list[str] = []
-    for d in dirs:
-        directory = Path(d)
+    for directory in map(Path, dirs):
         if not directory.is_dir():
-            problems.append(f"{d}: stacks_dir: not a directory; allowed: a directory of stack "
+            problems.append(f"{directory}: stacks_dir: not a directory; allowed: a directory of stack "
                             "files (<name>.yaml)")
             continue
         for path in _stack_files(directory):

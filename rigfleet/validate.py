@@ -242,8 +242,7 @@ class Problems:
         return float(value)
 
     def boolean(self, key: str, value: Any) -> bool | None:
-        if value is None:
-            self.missing(key, "true or false")
+        if self.absent(key, value, "true or false", required=True):
             return None
         if not isinstance(value, bool):
             self.bad(key, value, "true or false")
@@ -264,9 +263,7 @@ class Problems:
                 allowed: str | None = None, required: bool = False) -> list[str] | None:
         """A list of strings, each checked like ``string``."""
         allowed = self.allowed(key, allowed) or ""
-        if value is None:
-            if required:
-                self.missing(key, f"a list of {allowed}")
+        if self.absent(key, value, f"a list of {allowed}", required):
             return None if required else []
         if not isinstance(value, list | tuple):
             self.bad(key, value, f"a list of {allowed}")
