@@ -52,8 +52,7 @@ _TOOLKIT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:~rc\.[0-9]+)?-[0-9]+")
 _LOCAL_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GENESIS_VERSION = re.compile(r"v?\d+(?:\.\d+){1,3}(?:[.-][A-Za-z0-9]+)*")
 
-_STACK = "stacks.<stack>"
-DEFAULT_LAYOUT = default(f"{_STACK}.genesis.layout")
+DEFAULT_LAYOUT = default("stacks.<stack>.genesis.layout")
 
 
 class PinsError(ValidationError):
@@ -482,7 +481,7 @@ class _Checker(Problems):
             return None
         layout = d.get("layout", DEFAULT_LAYOUT)
         if layout not in LAYOUTS:
-            self.bad(f"{key}.layout", layout, allowed(f"{_STACK}.genesis.layout"),
+            self.bad(f"{key}.layout", layout, ", ".join(LAYOUTS),
                      "is not a Genesis layout rigfleet knows")
             layout = None
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,
