@@ -219,13 +219,10 @@ class Problems:
         bounds = (f" {low}..{high}" if low is not None and high is not None else f" >= {low}"
                   if low is not None else f" <= {high}" if high is not None else "")
         allowed = self.allowed(key, allowed) or f"an integer{bounds}"
-        if self.absent(key, value, allowed, required):
-            return None
-        if not is_int(value) or (low is not None and value < low) or (
-                high is not None and value > high):
+        if value is not None and not is_int(value):
             self.bad(key, value, allowed)
             return None
-        return int(value)
+        return None if self.number(key, value, low, high, allowed, required) is None else value
 
     def number(self, key: str, value: Any, low: float | None = None, high: float | None = None,
                allowed: str | None = None, required: bool = True,
