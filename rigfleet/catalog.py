@@ -380,9 +380,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
 
 
 def _image_rule(p: Problems, value: Any) -> ImageRule:
-    d = p.mapping("image", value, required=False)
-    if d is None:
-        return ImageRule()
+    d = p.mapping("image", value, required=False) or {}  # left out: the defaults
     kinds = d.get("kinds", list(ImageRule.kinds))
     if not isinstance(kinds, list) or not kinds or not all(k in TAG_KINDS for k in kinds):
         p.bad("image.kinds", kinds, allowed("image.kinds"))
@@ -431,9 +429,7 @@ def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
 def _gate_set(p: Problems, value: Any) -> list[str]:
     from rigfleet.hostside.verify.profiles import ProfileError, resolve
 
-    d = p.mapping("gate", value, required=False)
-    if d is None:
-        return []
+    d = p.mapping("gate", value, required=False) or {}
     raw = d.get("set") or {}
     if not isinstance(raw, dict):
         p.bad("gate.set", raw, allowed("gate.set"))
