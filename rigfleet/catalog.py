@@ -176,11 +176,8 @@ class GenesisSpec:
     def env(self, generation: str) -> dict[str, str]:
         """The ``GENESIS_*`` environment for ``generation`` (switches on, off, then params)."""
         on, off = self.switches[generation]
-        return {
-            **{f"GENESIS_ENABLE_{s}": "1" for s in on},
-            **{f"GENESIS_ENABLE_{s}": "0" for s in off},
-            **self.params,
-        }
+        switches = {**dict.fromkeys(on, "1"), **dict.fromkeys(off, "0")}
+        return {**{f"GENESIS_ENABLE_{s}": v for s, v in switches.items()}, **self.params}
 
 
 @dataclass(frozen=True)
