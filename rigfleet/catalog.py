@@ -176,11 +176,8 @@ class GenesisSpec:
     def env(self, generation: str) -> dict[str, str]:
         """The ``GENESIS_*`` environment for ``generation`` (switches on, off, then params)."""
         on, off = self.switches[generation]
-        return {
-            **{f"GENESIS_ENABLE_{s}": "1" for s in on},
-            **{f"GENESIS_ENABLE_{s}": "0" for s in off},
-            **self.params,
-        }
+        switches = {**dict.fromkeys(on, "1"), **dict.fromkeys(off, "0")}
+        return {**{f"GENESIS_ENABLE_{s}": v for s, v in switches.items()}, **self.params}
 
 
 @dataclass(frozen=True)
@@ -307,9 +304,8 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     """``where``: the file, its stem the stack's name; raises ``CatalogError`` listing all."""
     p = Problems(where, TABLE)
     top = p.mapping("", data)
-    if top is None:
-        p.raise_if_any(CatalogError)
-        raise CatalogError(f"{where}: top level: empty; allowed: a stack file (docs/stacks.md)")
+    if top is None:  # missing or not a mapping: recorded
+        raise CatalogError(p.lines)
     if top.get("schema") != SCHEMA:
         p.bad("schema", top.get("schema"), repr(SCHEMA), "is not a supported schema")
     name = p.string("name", top.get("name"), _NAME)
@@ -381,9 +377,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
 
 
 def _image_rule(p: Problems, value: Any) -> ImageRule:
-    d = p.mapping("image", value, required=False)
-    if d is None:
-        return ImageRule()
+    d = p.mapping("image", value, required=False) or {}  # left out: the defaults
     kinds = d.get("kinds", list(ImageRule.kinds))
     if not isinstance(kinds, list) or not kinds or not all(k in TAG_KINDS for k in kinds):
         p.bad("image.kinds", kinds, allowed("image.kinds"))
@@ -432,9 +426,7 @@ def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
 def _gate_set(p: Problems, value: Any) -> list[str]:
     from rigfleet.hostside.verify.profiles import ProfileError, resolve
 
-    d = p.mapping("gate", value, required=False)
-    if d is None:
-        return []
+    d = p.mapping("gate", value, required=False) or {}
     raw = d.get("set") or {}
     if not isinstance(raw, dict):
         p.bad("gate.set", raw, allowed("gate.set"))
@@ -586,10 +578,9 @@ def _fingerprint(dirs: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
 def _load(dirs: tuple[str, ...], fingerprint: tuple[tuple[str, int, int], ...]) -> Catalog:
     stacks: dict[str, StackSpec] = {}
     problems: list[str] = []
-    for d in dirs:
-        directory = Path(d)
+    for directory in map(Path, dirs):
         if not directory.is_dir():
-            problems.append(f"{d}: stacks_dir: not a directory; allowed: a directory of stack "
+            problems.append(f"{directory}: stacks_dir: not a directory; allowed: a directory of stack "
                             "files (<name>.yaml)")
             continue
         for path in _stack_files(directory):

@@ -181,10 +181,8 @@ class Online:
     _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
     def add(self, f: Finding, host: str) -> None:
-        key = (f.thing, f.source)
-        old = self.findings.get(key)
-        hosts = (*old.hosts, host) if old else (host,)
-        self.findings[key] = replace(f, hosts=hosts)
+        old = self.findings.get((f.thing, f.source))
+        self.findings[f.thing, f.source] = replace(f, hosts=(*old.hosts, host) if old else (host,))
 
     def host(self, settings: HostSettings, pins: Pins, oses: Sequence[OsKey]) -> None:
         """Every check for one host (findings shared across hosts)."""

@@ -96,7 +96,7 @@ KEYS: tuple[Key, ...] = (
 )  # fmt: skip
 TABLE = KeyTable(KEYS, BEGIN, END, escape_tags=True)
 BY_PATH, allowed, default, keys_of = TABLE.by_path, TABLE.allowed, TABLE.default, TABLE.keys_of
-reference, render_into = TABLE.reference, TABLE.render_into
+render_into = TABLE.render_into
 
 if __name__ == "__main__":
     sys.exit(write_docs(sys.argv, "python -m rigfleet.pin_keys docs/pins.md", render_into))

@@ -52,8 +52,7 @@ _TOOLKIT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:~rc\.[0-9]+)?-[0-9]+")
 _LOCAL_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GENESIS_VERSION = re.compile(r"v?\d+(?:\.\d+){1,3}(?:[.-][A-Za-z0-9]+)*")
 
-_STACK = "stacks.<stack>"
-DEFAULT_LAYOUT = default(f"{_STACK}.genesis.layout")
+DEFAULT_LAYOUT = default("stacks.<stack>.genesis.layout")
 
 
 class PinsError(ValidationError):
@@ -343,36 +342,37 @@ class _Checker(Problems):
 
     def models(self, one: Any, more: Any) -> tuple[ModelPin | None, dict[str, ModelPin]]:
         """(the default model, the ``models`` section)."""
-        pins: list[ModelPin] = []
+        entries: list[ModelPin | None] = []
         if one is not None or not more:
-            d = self.mapping("model", one)
-            repo = self.string("model.repo", d.get("repo"), HF_REPO) if d is not None else None
-            pins += [p for p in [self.model_entry("model", repo, d)] if p is not None]
+            entries.append(self.model_entry("model", None, one))
         if more is not None and not isinstance(more, dict):
             self.bad("models", more, allowed("models"), "is not a mapping")
             more = None
-        section: dict[str, ModelPin] = {}
         for repo, entry in (more or {}).items():
             key = f"models.{repo}"
             if self.string(key, repo, HF_REPO) is None:
                 continue
             if isinstance(one, dict) and repo == one.get("repo"):
                 self.bad(key, repo, allowed("models.<repo>"), "is pinned under model too")
-            elif (pin := self.model_entry(key, repo, self.mapping(key, entry))) is not None:
-                section[repo] = pin
-                pins.append(pin)
+            else:
+                entries.append(self.model_entry(key, repo, entry))
+        pins = [pin for pin in entries if pin is not None]
         dirs: dict[str, str] = {}
         for pin in pins:
             if pin.local_dir in dirs:
                 self.bad(f"{pin.key}.local_dir", pin.local_dir,
                          allowed("models.<repo>.local_dir"), f"is {dirs[pin.local_dir]}'s too")
             dirs[pin.local_dir] = pin.key
+        section = {pin.repo: pin for pin in pins if pin.key != "model"}
         return (pins[0] if pins else None), section
 
-    def model_entry(self, key: str, repo: str | None, d: dict | None) -> ModelPin | None:
-        """``{revision, local_dir}`` of the model ``repo`` at ``key``."""
+    def model_entry(self, key: str, repo: str | None, value: Any) -> ModelPin | None:
+        """``{revision, local_dir}`` of the model ``repo`` at ``key`` (``model`` names its own)."""
+        d = self.mapping(key, value)
         if d is None:
             return None
+        if key == "model":
+            repo = self.string("model.repo", d.get("repo"), HF_REPO)
         revision = self.pinned(f"{key}.revision", d.get("revision"), _HEX40,
                                allow_unresolved=True)
         local_dir = d.get("local_dir")
@@ -481,7 +481,7 @@ class _Checker(Problems):
             return None
         layout = d.get("layout", DEFAULT_LAYOUT)
         if layout not in LAYOUTS:
-            self.bad(f"{key}.layout", layout, allowed(f"{_STACK}.genesis.layout"),
+            self.bad(f"{key}.layout", layout, ", ".join(LAYOUTS),
                      "is not a Genesis layout rigfleet knows")
             layout = None
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,

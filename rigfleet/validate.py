@@ -219,13 +219,10 @@ class Problems:
         bounds = (f" {low}..{high}" if low is not None and high is not None else f" >= {low}"
                   if low is not None else f" <= {high}" if high is not None else "")
         allowed = self.allowed(key, allowed) or f"an integer{bounds}"
-        if self.absent(key, value, allowed, required):
-            return None
-        if not is_int(value) or (low is not None and value < low) or (
-                high is not None and value > high):
+        if value is not None and not is_int(value):
             self.bad(key, value, allowed)
             return None
-        return int(value)
+        return None if self.number(key, value, low, high, allowed, required) is None else value
 
     def number(self, key: str, value: Any, low: float | None = None, high: float | None = None,
                allowed: str | None = None, required: bool = True,
@@ -242,8 +239,7 @@ class Problems:
         return float(value)
 
     def boolean(self, key: str, value: Any) -> bool | None:
-        if value is None:
-            self.missing(key, "true or false")
+        if self.absent(key, value, "true or false", required=True):
             return None
         if not isinstance(value, bool):
             self.bad(key, value, "true or false")
@@ -264,9 +260,7 @@ class Problems:
                 allowed: str | None = None, required: bool = False) -> list[str] | None:
         """A list of strings, each checked like ``string``."""
         allowed = self.allowed(key, allowed) or ""
-        if value is None:
-            if required:
-                self.missing(key, f"a list of {allowed}")
+        if self.absent(key, value, f"a list of {allowed}", required):
             return None if required else []
         if not isinstance(value, list | tuple):
             self.bad(key, value, f"a list of {allowed}")
