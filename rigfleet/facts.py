@@ -427,10 +427,10 @@ class ImageLabels(FactBase[dict[str, str] | None]):
 class WeightsState:
     """The weights manifest; ``intact``: its files have the size and mtime recorded at hashing."""
 
-    repo: str | None
-    revision: str | None
-    intact: bool
-    reason: str
+    repo: str | None = None
+    revision: str | None = None
+    intact: bool = False
+    reason: str = "no manifest"
 
     def holds(self, repo: str, revision: str) -> bool:
         return self.intact and (self.repo, self.revision) == (repo, revision)
@@ -442,10 +442,7 @@ _LISTING = "--rigfleet-listing--"
 class WeightsManifest(FactBase[WeightsState]):
     """Read ``<dir>/.rigfleet-manifest.json`` and stat the files it lists (one command)."""
 
-    @staticmethod
-    @override
-    def default() -> WeightsState:
-        return WeightsState(None, None, False, "no manifest")
+    default = WeightsState
 
     @override
     def command(self, local_dir: str) -> str:
@@ -465,7 +462,7 @@ class WeightsManifest(FactBase[WeightsState]):
             files = manifest["files"]
             repo, revision = manifest["repo"], manifest["revision"]
         except (ValueError, KeyError, TypeError):
-            return WeightsState(None, None, False, "manifest unreadable")
+            return WeightsState(reason="manifest unreadable")
         listing: dict[str, tuple[int, float]] = {}
         for line in output[split + 1 :]:
             with suppress(ValueError):  # not "name<TAB>size<TAB>mtime"

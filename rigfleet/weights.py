@@ -55,10 +55,7 @@ class WeightsDirs(FactBase[WeightsDirsState]):
     """The directories and links in ``<model_dir>`` and its ``.*@*.partial`` downloads (kind,
     mtime, link target), and which names in ``<model_dir>`` the given compose files mount."""
 
-    @staticmethod
-    @override
-    def default() -> WeightsDirsState:
-        return WeightsDirsState()
+    default = WeightsDirsState
 
     @override
     def command(self, model_dir: str, compose_files: tuple[str, ...] = ()) -> str:
