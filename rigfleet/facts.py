@@ -53,7 +53,7 @@ class ServiceStates(FactBase[dict[str, dict[str, str]]]):
     @override
     def command(self, units: tuple[str, ...]) -> str:
         props = " ".join(f"--property {p}" for p in ("Id", *SERVICE_PROPERTIES))
-        return f"systemctl show {props} {' '.join(shlex.quote(u) for u in units)} || true"
+        return f"systemctl show {props} {shlex.join(units)} || true"
 
     @override
     def process(self, output: list[str]) -> dict[str, dict[str, str]]:
@@ -96,8 +96,8 @@ class PathStates(FactBase[dict[str, list[list[str]]]]):
 
     @override
     def command(self, paths: tuple[str, ...]) -> str:
-        quoted = " ".join(shlex.quote(p) for p in paths)
-        marks = " ".join(shlex.quote(_PATH_MARK + p) for p in paths)
+        quoted = shlex.join(paths)
+        marks = shlex.join(_PATH_MARK + p for p in paths)
         stat, sha1, sha256 = _SECTIONS
 
         def files(test: str, tool: str) -> str:  # builtins only, then one tool for all
@@ -399,11 +399,10 @@ class DockerRuntimes(FactBase[list[str]]):
 
     @override
     def process(self, output: list[str]) -> list[str]:
-        try:
+        with suppress(ValueError):
             data = json.loads("\n".join(output))
-        except ValueError:
-            return []
-        return sorted(data) if isinstance(data, dict) else []
+            return sorted(data) if isinstance(data, dict) else []
+        return []
 
 
 class ImageLabels(FactBase[dict[str, str] | None]):
@@ -416,11 +415,10 @@ class ImageLabels(FactBase[dict[str, str] | None]):
 
     @override
     def process(self, output: list[str]) -> dict[str, str] | None:
-        try:
+        with suppress(ValueError):  # no such image: no output
             data = json.loads("\n".join(output))
-        except ValueError:  # no such image: no output
-            return None
-        return {str(k): str(v) for k, v in (data or {}).items()}
+            return {str(k): str(v) for k, v in (data or {}).items()}
+        return None
 
 
 @dataclass(frozen=True)
@@ -542,7 +540,7 @@ class GenesisTrees(FactBase[GenesisTreeState]):
     @override
     def command(self, trees_dir: str, compose_files: tuple[str, ...] = ()) -> str:
         d = shlex.quote(trees_dir.rstrip("/"))
-        files = " ".join(shlex.quote(f) for f in compose_files)
+        files = shlex.join(compose_files)
         command = (f'for t in {d}/*/; do [ -d "$t" ] || continue; t="${{t%/}}"; echo "tree '
                    f'$(stat -c %Y "$t") $(basename "$t") $({_markers_command("$t")})"; done')
         if files:

@@ -78,7 +78,7 @@ def query_command(fields: Sequence[str] = QUERY_FIELDS, *, header: bool = False,
 
 def _check_driver(text: str) -> None:
     for line in text.splitlines():
-        if any(line.strip().startswith(marker) for marker in _DRIVER_FAILURES):
+        if line.strip().startswith(_DRIVER_FAILURES):
             raise DriverNotLoadedError(f"nvidia-smi cannot reach the driver: {line.strip()!r}")
         if line.strip() == _NO_DEVICES:
             raise GpuParseError(f"nvidia-smi sees no GPU: {line.strip()!r}")

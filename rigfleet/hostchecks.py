@@ -224,15 +224,11 @@ class HostChecker(Problems):
         taken = self.catalog.ports()
         allowed = "a TCP port 1..65535 other than the stacks' loopback ports " + ", ".join(
             f"{p} ({n})" for p, n in taken.items())
-        if value is None:
+        port = self.integer(key.name, value, 1, 65535, allowed, required=False)
+        if port in taken:
+            self.bad(key.name, value, allowed, f"is stack {taken[port]}'s loopback port")
             return None
-        if not is_int(value) or not 1 <= value <= 65535:
-            self.bad(key.name, value, allowed)
-        elif value in taken:
-            self.bad(key.name, value, allowed, f"is stack {taken[value]}'s loopback port")
-        else:
-            return int(value)
-        return None
+        return port
 
     def secret_file(self, key: Key, value: Any) -> str | None:
         if value is None:

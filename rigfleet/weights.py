@@ -68,10 +68,9 @@ class WeightsDirs(FactBase[WeightsDirsState]):
             "fi; done"
         )
         if compose_files:
-            files = " ".join(shlex.quote(f) for f in compose_files)
             pattern = shlex.quote(f"[[:space:]]{_ere(model_dir.rstrip('/'))}/[^/[:space:]:]+:")
-            command += (f"; cat {files} 2>/dev/null | grep -oE {pattern} | sort -u "
-                        "| sed 's|^.*/|ref |; s|:$||'")
+            command += (f"; cat {shlex.join(compose_files)} 2>/dev/null | grep -oE {pattern} "
+                        "| sort -u | sed 's|^.*/|ref |; s|:$||'")
         return command + "; true"
 
     @override
