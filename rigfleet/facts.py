@@ -554,12 +554,11 @@ class GenesisTrees(FactBase[GenesisTreeState]):
         trees: dict[str, tuple[int, str | None]] = {}
         referenced: set[str] = set()
         for line in output:
-            parts = line.split()
-            if (len(parts) == 4 and parts[0] == "tree" and _HEX40.fullmatch(parts[2])
-                    and parts[1].isdigit()):
-                trees[parts[2]] = (int(parts[1]), _layout(parts[3]))
-            elif len(parts) == 2 and parts[0] == "ref" and _HEX40.fullmatch(parts[1]):
-                referenced.add(parts[1])
+            match line.split():
+                case ["tree", mtime, sha, markers] if mtime.isdigit() and _HEX40.fullmatch(sha):
+                    trees[sha] = (int(mtime), _layout(markers))
+                case ["ref", sha] if _HEX40.fullmatch(sha):
+                    referenced.add(sha)
         return GenesisTreeState(trees, frozenset(referenced))
 
 

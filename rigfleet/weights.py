@@ -78,16 +78,14 @@ class WeightsDirs(FactBase[WeightsDirsState]):
         entries: dict[str, WeightsEntry] = {}
         referenced: set[str] = set()
         for line in output:
-            parts = line.split()
-            if len(parts) == 2 and parts[0] == "ref":
-                referenced.add(parts[1])
-            elif (len(parts) == 3 or len(parts) == 4 and parts[0] == "link") \
-                    and parts[0] in ("dir", "link") and parts[1].isdigit():
-                kind, name = parts[0], parts[2]
-                if kind == "dir" and name.startswith(".") and name.endswith(PARTIAL_SUFFIX):
-                    kind = "partial"
-                target = parts[3] if kind == "link" and len(parts) == 4 else None
-                entries[name] = WeightsEntry(name, kind, int(parts[1]), target)
+            match line.split():
+                case ["ref", name]:
+                    referenced.add(name)
+                case ["dir", mtime, name] if mtime.isdigit():
+                    partial = name.startswith(".") and name.endswith(PARTIAL_SUFFIX)
+                    entries[name] = WeightsEntry(name, "partial" if partial else "dir", int(mtime))
+                case ["link", mtime, name, *target] if mtime.isdigit() and len(target) < 2:
+                    entries[name] = WeightsEntry(name, "link", int(mtime), next(iter(target), None))
         return WeightsDirsState(entries, frozenset(referenced))
 
 
