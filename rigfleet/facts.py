@@ -204,17 +204,13 @@ class DpkgState(FactBase[dict[str, DebPackage]]):
     def process(self, output: list[str]) -> dict[str, DebPackage]:
         packages: dict[str, DebPackage] = {}
         for line in output:
-            parts = line.split("\t")
-            if len(parts) != 3 or not parts[0]:
-                continue
-            name, version, status = parts
-            words = status.split()
-            installed = bool(words) and words[-1] == "installed"
-            held = bool(words) and words[0] == "hold"
-            # Multi-arch packages appear once per architecture; an installed one wins.
-            if name in packages and packages[name].installed and not installed:
-                continue
-            packages[name] = DebPackage(version=version, installed=installed, held=held)
+            match line.split("\t"):
+                case [name, version, status] if name:
+                    words = status.split() or [""]
+                    installed = words[-1] == "installed"
+                    # Multi-arch packages appear once per architecture; an installed one wins.
+                    if installed or not (name in packages and packages[name].installed):
+                        packages[name] = DebPackage(version, installed, held=words[0] == "hold")
         return packages
 
 
