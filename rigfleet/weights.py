@@ -84,8 +84,8 @@ class WeightsDirs(FactBase[WeightsDirsState]):
                 case ["dir", mtime, name] if mtime.isdigit():
                     partial = name.startswith(".") and name.endswith(PARTIAL_SUFFIX)
                     entries[name] = WeightsEntry(name, "partial" if partial else "dir", int(mtime))
-                case ["link", mtime, name, *target] if mtime.isdigit() and len(target) < 2:
-                    entries[name] = WeightsEntry(name, "link", int(mtime), next(iter(target), None))
+                case ["link", mtime, name, *to] if mtime.isdigit() and len(to) <= 1:
+                    entries[name] = WeightsEntry(name, "link", int(mtime), to[0] if to else None)
         return WeightsDirsState(entries, frozenset(referenced))
 
 
