@@ -17,6 +17,7 @@ import shlex
 from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any, TypeVar
 
 from pyinfra import host
@@ -58,15 +59,10 @@ class ServiceStates(FactBase[dict[str, dict[str, str]]]):
     @override
     def process(self, output: list[str]) -> dict[str, dict[str, str]]:
         units: dict[str, dict[str, str]] = {}
-        block: dict[str, str] = {}
-        for line in [*output, ""]:
-            key, sep, value = line.strip().partition("=")
-            if sep:
-                block[key] = value
-                continue
-            if block.get("Id"):
+        for keyed, lines in groupby(output, lambda line: "=" in line):  # a unit's block
+            block = dict(line.strip().partition("=")[::2] for line in lines)
+            if keyed and block.get("Id"):
                 units[block["Id"]] = {k: block.get(k, "") for k in SERVICE_PROPERTIES}
-            block = {}
         return units
 
 
