@@ -17,6 +17,7 @@ import shlex
 from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any, TypeVar
 
 from pyinfra import host
@@ -53,20 +54,15 @@ class ServiceStates(FactBase[dict[str, dict[str, str]]]):
     @override
     def command(self, units: tuple[str, ...]) -> str:
         props = " ".join(f"--property {p}" for p in ("Id", *SERVICE_PROPERTIES))
-        return f"systemctl show {props} {' '.join(shlex.quote(u) for u in units)} || true"
+        return f"systemctl show {props} {shlex.join(units)} || true"
 
     @override
     def process(self, output: list[str]) -> dict[str, dict[str, str]]:
         units: dict[str, dict[str, str]] = {}
-        block: dict[str, str] = {}
-        for line in [*output, ""]:
-            key, sep, value = line.strip().partition("=")
-            if sep:
-                block[key] = value
-                continue
-            if block.get("Id"):
+        for keyed, lines in groupby(output, lambda line: "=" in line):  # a unit's block
+            block = dict(line.strip().partition("=")[::2] for line in lines)
+            if keyed and block.get("Id"):
                 units[block["Id"]] = {k: block.get(k, "") for k in SERVICE_PROPERTIES}
-            block = {}
         return units
 
 
@@ -96,8 +92,8 @@ class PathStates(FactBase[dict[str, list[list[str]]]]):
 
     @override
     def command(self, paths: tuple[str, ...]) -> str:
-        quoted = " ".join(shlex.quote(p) for p in paths)
-        marks = " ".join(shlex.quote(_PATH_MARK + p) for p in paths)
+        quoted = shlex.join(paths)
+        marks = shlex.join(_PATH_MARK + p for p in paths)
         stat, sha1, sha256 = _SECTIONS
 
         def files(test: str, tool: str) -> str:  # builtins only, then one tool for all
@@ -204,17 +200,13 @@ class DpkgState(FactBase[dict[str, DebPackage]]):
     def process(self, output: list[str]) -> dict[str, DebPackage]:
         packages: dict[str, DebPackage] = {}
         for line in output:
-            parts = line.split("\t")
-            if len(parts) != 3 or not parts[0]:
-                continue
-            name, version, status = parts
-            words = status.split()
-            installed = bool(words) and words[-1] == "installed"
-            held = bool(words) and words[0] == "hold"
-            # Multi-arch packages appear once per architecture; an installed one wins.
-            if name in packages and packages[name].installed and not installed:
-                continue
-            packages[name] = DebPackage(version=version, installed=installed, held=held)
+            match line.split("\t"):
+                case [name, version, status] if name:
+                    words = status.split() or [""]
+                    installed = words[-1] == "installed"
+                    # Multi-arch packages appear once per architecture; an installed one wins.
+                    if installed or not (name in packages and packages[name].installed):
+                        packages[name] = DebPackage(version, installed, held=words[0] == "hold")
         return packages
 
 
@@ -399,11 +391,10 @@ class DockerRuntimes(FactBase[list[str]]):
 
     @override
     def process(self, output: list[str]) -> list[str]:
-        try:
+        with suppress(ValueError):
             data = json.loads("\n".join(output))
-        except ValueError:
-            return []
-        return sorted(data) if isinstance(data, dict) else []
+            return sorted(data) if isinstance(data, dict) else []
+        return []
 
 
 class ImageLabels(FactBase[dict[str, str] | None]):
@@ -416,21 +407,20 @@ class ImageLabels(FactBase[dict[str, str] | None]):
 
     @override
     def process(self, output: list[str]) -> dict[str, str] | None:
-        try:
+        with suppress(ValueError):  # no such image: no output
             data = json.loads("\n".join(output))
-        except ValueError:  # no such image: no output
-            return None
-        return {str(k): str(v) for k, v in (data or {}).items()}
+            return {str(k): str(v) for k, v in (data or {}).items()}
+        return None
 
 
 @dataclass(frozen=True)
 class WeightsState:
     """The weights manifest; ``intact``: its files have the size and mtime recorded at hashing."""
 
-    repo: str | None
-    revision: str | None
-    intact: bool
-    reason: str
+    repo: str | None = None
+    revision: str | None = None
+    intact: bool = False
+    reason: str = "no manifest"
 
     def holds(self, repo: str, revision: str) -> bool:
         return self.intact and (self.repo, self.revision) == (repo, revision)
@@ -442,10 +432,7 @@ _LISTING = "--rigfleet-listing--"
 class WeightsManifest(FactBase[WeightsState]):
     """Read ``<dir>/.rigfleet-manifest.json`` and stat the files it lists (one command)."""
 
-    @staticmethod
-    @override
-    def default() -> WeightsState:
-        return WeightsState(None, None, False, "no manifest")
+    default = WeightsState
 
     @override
     def command(self, local_dir: str) -> str:
@@ -465,7 +452,7 @@ class WeightsManifest(FactBase[WeightsState]):
             files = manifest["files"]
             repo, revision = manifest["repo"], manifest["revision"]
         except (ValueError, KeyError, TypeError):
-            return WeightsState(None, None, False, "manifest unreadable")
+            return WeightsState(reason="manifest unreadable")
         listing: dict[str, tuple[int, float]] = {}
         for line in output[split + 1 :]:
             with suppress(ValueError):  # not "name<TAB>size<TAB>mtime"
@@ -545,7 +532,7 @@ class GenesisTrees(FactBase[GenesisTreeState]):
     @override
     def command(self, trees_dir: str, compose_files: tuple[str, ...] = ()) -> str:
         d = shlex.quote(trees_dir.rstrip("/"))
-        files = " ".join(shlex.quote(f) for f in compose_files)
+        files = shlex.join(compose_files)
         command = (f'for t in {d}/*/; do [ -d "$t" ] || continue; t="${{t%/}}"; echo "tree '
                    f'$(stat -c %Y "$t") $(basename "$t") $({_markers_command("$t")})"; done')
         if files:
@@ -559,12 +546,11 @@ class GenesisTrees(FactBase[GenesisTreeState]):
         trees: dict[str, tuple[int, str | None]] = {}
         referenced: set[str] = set()
         for line in output:
-            parts = line.split()
-            if (len(parts) == 4 and parts[0] == "tree" and _HEX40.fullmatch(parts[2])
-                    and parts[1].isdigit()):
-                trees[parts[2]] = (int(parts[1]), _layout(parts[3]))
-            elif len(parts) == 2 and parts[0] == "ref" and _HEX40.fullmatch(parts[1]):
-                referenced.add(parts[1])
+            match line.split():
+                case ["tree", mtime, sha, markers] if mtime.isdigit() and _HEX40.fullmatch(sha):
+                    trees[sha] = (int(mtime), _layout(markers))
+                case ["ref", sha] if _HEX40.fullmatch(sha):
+                    referenced.add(sha)
         return GenesisTreeState(trees, frozenset(referenced))
 
 

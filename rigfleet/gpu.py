@@ -78,7 +78,7 @@ def query_command(fields: Sequence[str] = QUERY_FIELDS, *, header: bool = False,
 
 def _check_driver(text: str) -> None:
     for line in text.splitlines():
-        if any(line.strip().startswith(marker) for marker in _DRIVER_FAILURES):
+        if line.strip().startswith(_DRIVER_FAILURES):
             raise DriverNotLoadedError(f"nvidia-smi cannot reach the driver: {line.strip()!r}")
         if line.strip() == _NO_DEVICES:
             raise GpuParseError(f"nvidia-smi sees no GPU: {line.strip()!r}")
@@ -89,21 +89,15 @@ def _convert(raw: str, field_name: str, line: str) -> object:
     value = raw.strip()
     if value in _NOT_AVAILABLE:
         return None
-    try:
-        if kind == "str":
-            return value
-        if kind == "bool":
-            if value not in ("Enabled", "Disabled"):
-                raise ValueError(value)
-            return value == "Enabled"
-        m = _UNIT_SUFFIX.match(value)
-        if not m:
-            raise ValueError(value)
+    if kind == "str":
+        return value
+    if kind == "bool" and value in ("Enabled", "Disabled"):
+        return value == "Enabled"
+    if kind != "bool" and (m := _UNIT_SUFFIX.match(value)):
         number = float(m.group("num"))
         return number if kind == "float" else int(number)
-    except ValueError:
-        raise GpuParseError(f"nvidia-smi query: field {field_name} has value {value!r} in line "
-                            f"{line!r}") from None
+    raise GpuParseError(f"nvidia-smi query: field {field_name} has value {value!r} in line "
+                        f"{line!r}")
 
 
 def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GpuInfo]:

@@ -38,8 +38,7 @@ from rigfleet.validate import SYSTEM_DIRS, Problems, env_vars, escapes, is_int, 
 # Any GPU's sane power cap; the card's own min..max is checked at deploy time.
 POWER_CAP_RANGE_W = (50, 600)
 MIN_API_KEY_CHARS = 16
-_HOST_PORT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::[0-9]{1,5})?")
-_HOST6_PORT = re.compile(r"\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?")
+_ADDRESS = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
 URL_ALLOWED = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"
 # model_dir is root's and pruned: never a home, nor inside the system's or rigfleet's trees.
@@ -224,22 +223,16 @@ class HostChecker(Problems):
         taken = self.catalog.ports()
         allowed = "a TCP port 1..65535 other than the stacks' loopback ports " + ", ".join(
             f"{p} ({n})" for p, n in taken.items())
-        if value is None:
+        port = self.integer(key.name, value, 1, 65535, allowed, required=False)
+        if port in taken:
+            self.bad(key.name, value, allowed, f"is stack {taken[port]}'s loopback port")
             return None
-        if not is_int(value) or not 1 <= value <= 65535:
-            self.bad(key.name, value, allowed)
-        elif value in taken:
-            self.bad(key.name, value, allowed, f"is stack {taken[value]}'s loopback port")
-        else:
-            return int(value)
-        return None
+        return port
 
     def secret_file(self, key: Key, value: Any) -> str | None:
-        if value is None:
-            return None
         name = key.name
-        if not isinstance(value, str) or not value.strip():
-            self.bad(name, value, "a path on this (control) machine")
+        if self.string(name, value, None, "a path on this (control) machine",
+                       required=False) is None:
             return None
         path = Path(os.path.expanduser(value)).absolute()
         make = (f"umask 077; mkdir -p {path.parent}; "
@@ -420,17 +413,14 @@ class HostChecker(Problems):
 
     def address(self, key: Key, value: Any) -> str | None:
         """``host`` or ``host:port`` (IPv6 in brackets)."""
-        if value is None:
+        checked = self.string(key.name, value, _ADDRESS, key.allowed, required=False)
+        if checked is None:
             return None
-        if not isinstance(value, str) or not (_HOST_PORT.fullmatch(value)
-                                              or _HOST6_PORT.fullmatch(value)):
-            self.bad(key.name, value, key.allowed)
-            return None
-        port = value.rpartition("]")[2] if value.startswith("[") else value
+        port = checked.rpartition("]")[2] if checked.startswith("[") else checked
         if ":" in port and not 1 <= int(port.rpartition(":")[2]) <= 65535:
             self.bad(key.name, value, key.allowed, "has a port outside 1..65535")
             return None
-        return value
+        return checked
 
     def flag(self, key: Key, value: Any) -> bool:
         checked = flag_value(value)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from types import FrameType
+import traceback
 from typing import Any
 
 import pyinfra
@@ -22,12 +22,7 @@ from pyinfra.api.util import PYINFRA_INSTALL_DIR, get_operation_order_from_stack
 
 def operation_order(state: State) -> list[int]:
     """What ``get_operation_order_from_stack`` returns, from the caller's frames up."""
-    frames: list[FrameType] = []
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        frames.append(frame)
-        frame = frame.f_back
-    frames.reverse()
+    frames = [frame for frame, _ in traceback.walk_stack(sys._getframe(1))][::-1]
     start = 0
     if state.current_deploy_filename:  # its first frame, or the last frame as pyinfra's does
         start = next((i for i, f in enumerate(frames)

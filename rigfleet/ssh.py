@@ -8,7 +8,6 @@ host keys strict for every hop, ``sudo -n`` for ``_sudo`` hosts, a timeout on ev
 
 from __future__ import annotations
 
-import io
 import logging
 import shlex
 from collections.abc import Callable, Iterator
@@ -202,14 +201,6 @@ class SshRemote:
             chan.shutdown_write()
             out = _drain(chan.recv) + _drain(chan.recv_stderr)
             return chan.recv_exit_status(), out.decode(errors="replace")
-
-    def get(self, host: InventoryHost, remote_path: str, *, timeout: float = 120) -> bytes:
-        """A file's bytes (through ``cat``, so ``sudo`` hosts can read root-only files)."""
-        buf = io.BytesIO()
-        rc, err = self.stream_out(host, f"cat {shlex.quote(remote_path)}", buf, timeout=timeout)
-        if rc != 0:
-            raise HostUnreachable(f"{host.name}: cannot read {remote_path}: {err.strip()[-200:]}")
-        return buf.getvalue()
 
     def reachable(self, host: InventoryHost) -> str | None:
         """None when SSH works and runs a command, else the reason."""

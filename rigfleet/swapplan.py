@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rigfleet.desired import DesiredHost
-from rigfleet.hostdata import SwapSettings
 from rigfleet.hostside.plan import Plan, StackRef, change_kind
 
 # One id per control-side run: the swap unit, its directory and the ledger lines carry it.
@@ -24,7 +23,7 @@ DEPLOY_ID = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID) -> Plan:
     """The transaction to ``want``'s desired stack (``by``, ``why``: for the lock and ledger)."""
-    swap: SwapSettings = want.settings.swap
+    swap = want.settings.swap
     # Host data drain_timeout_s, else each stack file's drain.timeout_s.
     drain = {name: s.spec.drain_timeout_s if swap.drain_timeout_s is None else swap.drain_timeout_s
              for name, s in want.stacks.items()}

@@ -55,10 +55,7 @@ class WeightsDirs(FactBase[WeightsDirsState]):
     """The directories and links in ``<model_dir>`` and its ``.*@*.partial`` downloads (kind,
     mtime, link target), and which names in ``<model_dir>`` the given compose files mount."""
 
-    @staticmethod
-    @override
-    def default() -> WeightsDirsState:
-        return WeightsDirsState()
+    default = WeightsDirsState
 
     @override
     def command(self, model_dir: str, compose_files: tuple[str, ...] = ()) -> str:
@@ -71,10 +68,9 @@ class WeightsDirs(FactBase[WeightsDirsState]):
             "fi; done"
         )
         if compose_files:
-            files = " ".join(shlex.quote(f) for f in compose_files)
             pattern = shlex.quote(f"[[:space:]]{_ere(model_dir.rstrip('/'))}/[^/[:space:]:]+:")
-            command += (f"; cat {files} 2>/dev/null | grep -oE {pattern} | sort -u "
-                        "| sed 's|^.*/|ref |; s|:$||'")
+            command += (f"; cat {shlex.join(compose_files)} 2>/dev/null | grep -oE {pattern} "
+                        "| sort -u | sed 's|^.*/|ref |; s|:$||'")
         return command + "; true"
 
     @override
@@ -82,16 +78,14 @@ class WeightsDirs(FactBase[WeightsDirsState]):
         entries: dict[str, WeightsEntry] = {}
         referenced: set[str] = set()
         for line in output:
-            parts = line.split()
-            if len(parts) == 2 and parts[0] == "ref":
-                referenced.add(parts[1])
-            elif (len(parts) == 3 or len(parts) == 4 and parts[0] == "link") \
-                    and parts[0] in ("dir", "link") and parts[1].isdigit():
-                kind, name = parts[0], parts[2]
-                if kind == "dir" and name.startswith(".") and name.endswith(PARTIAL_SUFFIX):
-                    kind = "partial"
-                target = parts[3] if kind == "link" and len(parts) == 4 else None
-                entries[name] = WeightsEntry(name, kind, int(parts[1]), target)
+            match line.split():
+                case ["ref", name]:
+                    referenced.add(name)
+                case ["dir", mtime, name] if mtime.isdigit():
+                    partial = name.startswith(".") and name.endswith(PARTIAL_SUFFIX)
+                    entries[name] = WeightsEntry(name, "partial" if partial else "dir", int(mtime))
+                case ["link", mtime, name, *to] if mtime.isdigit() and len(to) <= 1:
+                    entries[name] = WeightsEntry(name, "link", int(mtime), to[0] if to else None)
         return WeightsDirsState(entries, frozenset(referenced))
 
 

@@ -98,11 +98,11 @@ def install(specs: Sequence[str], allow_downgrades: bool = False,
     """``apt-get install`` of ``name`` / ``name=version`` specs."""
     flags = " --allow-downgrades --allow-change-held-packages" if allow_downgrades else ""
     flags += " --download-only" if download_only else ""
-    return f"{_APT_GET}{flags} install " + " ".join(shlex.quote(s) for s in specs)
+    return f"{_APT_GET}{flags} install {shlex.join(specs)}"
 
 
 def hold(names: Sequence[str]) -> str:
-    return "apt-mark hold " + " ".join(shlex.quote(n) for n in names)
+    return shlex.join(["apt-mark", "hold", *names])
 
 
 def dpkg_state() -> str:

@@ -67,9 +67,8 @@ def maintenance_open(window_id: str, step: str, reboot_grace_s: float | None = N
 
 def maintenance_ready(packages: bool, lock_wait_s: int = 120) -> str:
     """Before a window opens: apt usable (dpkg repaired, locks waited for) and disk room."""
-    if not packages:
-        return tool("maintenance", "ready")
-    return tool("maintenance", "ready", "--packages", "--lock-wait-s", str(lock_wait_s))
+    apt = ("--packages", "--lock-wait-s", str(lock_wait_s)) if packages else ()
+    return tool("maintenance", "ready", *apt)
 
 
 def maintenance_hold(window_id: str) -> str:

@@ -27,7 +27,7 @@ def _reader(tag: str, args: list[str], tail_flag: str, since: str | None, tail: 
         args += [tail_flag, str(tail)]
     if follow:
         args.append("--follow")
-    return _tagged(tag, " ".join(shlex.quote(a) for a in args))
+    return _tagged(tag, shlex.join(args))
 
 
 def engine(compose_file: str, *, since: str | None = None, tail: int | None = None,

@@ -51,4 +51,4 @@ def adopt(repo: str, revision: str, old: str, new: str) -> str:
 
 def remove(paths: Sequence[str]) -> str:
     """Remove stale revision directories, partial downloads and old links."""
-    return "rm -rf -- " + " ".join(shlex.quote(p) for p in paths)
+    return shlex.join(["rm", "-rf", "--", *paths])
