@@ -317,15 +317,10 @@ def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
     try:
         out["registry"] = parse_registry(read_file(source, files.registry_file, layout, REGISTRY),
                                          files.registry_file, files)
+        if files.flags_file and (text := source.read(files.flags_file)) is not None:
+            out["flags"] = parse_flags(text, files.flags_file, out["registry"])
     except InspectError as e:
         out["errors"].append(str(e))
-    if out["registry"] is not None and files.flags_file:
-        text = source.read(files.flags_file)
-        if text is not None:
-            try:
-                out["flags"] = parse_flags(text, files.flags_file, out["registry"])
-            except InspectError as e:
-                out["errors"].append(str(e))
     return out
 
 
