@@ -30,6 +30,7 @@ REGISTRY_SERVICE = "docker-registry"
 NGINX_SITE = "/etc/nginx/conf.d/rigfleet-cache.conf"
 # nginx's log of what the model cache served (one line per request: bytes, status, path).
 MODEL_LOG = "/var/log/nginx/rigfleet-cache.log"
+_LOG_FIELDS = "$time_iso8601 $remote_addr $status $body_bytes_sent $request_method $uri"
 
 
 def model_path(model_dir: str, repo: str, revision: str) -> str:
@@ -64,7 +65,7 @@ def render_nginx_site(settings: CacheSettings) -> str:
     return f"""\
 # Managed by rigfleet (roles/cache.py): the model cache, verified revisions only;
 # docs/images.md.
-log_format rigfleet_cache '$time_iso8601 $remote_addr $status $body_bytes_sent $request_method $uri';
+log_format rigfleet_cache '{_LOG_FIELDS}';
 server {{
     listen {settings.model_port};
     root {settings.model_dir};
