@@ -124,8 +124,7 @@ def sha1_bound(ring: Path, home: Path) -> bool:
 def verify(base: str, key: bytes, repo: AptRepo, policy: str, timeout: float) -> tuple[str, str]:
     """(the verified Release text, the verifier used) of the index at ``base``."""
     with tempfile.TemporaryDirectory(prefix="rigfleet-apt-") as tmp:
-        home = Path(tmp)
-        home.chmod(0o700)
+        home = Path(tmp)  # mode 0700, as gpg wants its home
         ring = keyring(key, home, repo.key_fingerprint, repo.key_url)
         release, sig = home / "Release", home / "Release.gpg"
 
