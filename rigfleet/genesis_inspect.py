@@ -62,8 +62,7 @@ class GenesisLayout:
 
     @property
     def check_path_in_container(self) -> str:
-        inside = self.check_file.removeprefix(f"{self.mount}/") if self.mount else self.check_file
-        return f"{self.mount_target}/{inside}"
+        return f"{self.mount_target}/{self.check_file.removeprefix(f'{self.mount}/')}"
 
 
 GENERATIONS: dict[str, GenesisLayout] = {
