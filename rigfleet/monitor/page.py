@@ -157,12 +157,11 @@ def _alerts_table(answer: dict[str, Any]) -> tuple[int, str]:
         state = str(a.get("state", ""))
         extra = ", ".join(f"{k}={v}" for k, v in sorted(labels.items())
                           if k not in ("alertname", "instance", "severity", "job"))
-        rows.append(f'<tr class="{escape(state)}"><td>{escape(labels.get("alertname", ""))}'
-                    f"</td><td>{escape(state)}</td><td>{escape(labels.get('instance', ''))}"
-                    f"</td><td>{escape(labels.get('severity', ''))}</td>"
-                    f"<td>{escape(str(a.get('activeAt', ''))[:19].replace('T', ' '))}</td>"
-                    f"<td>{escape(notes.get('summary', ''))}"
-                    f"{' (' + escape(extra) + ')' if extra else ''}</td></tr>")
+        cells = (labels.get("alertname", ""), state, labels.get("instance", ""),
+                 labels.get("severity", ""), str(a.get("activeAt", ""))[:19].replace("T", " "),
+                 notes.get("summary", "") + (f" ({extra})" if extra else ""))
+        rows.append(f'<tr class="{escape(state)}">'
+                    + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
     return len(alerts), ('<table id="alerts"><thead><tr><th>alert</th><th>state</th>'
                          "<th>host</th><th>severity</th><th>since (UTC)</th><th>summary</th>"
                          "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
