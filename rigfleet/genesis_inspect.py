@@ -34,6 +34,11 @@ TREE_IN_CONTAINER = "/opt/genesis"
 _SNDR_IN_SITE = f"{SITE_PACKAGES_IN_CONTAINER}/sndr"
 
 
+def refuse_if(test: str, why: str) -> tuple[str, ...]:
+    """Shell lines that stop a container's boot with ``rigfleet: <why>`` when ``test`` holds."""
+    return (f"if {test}; then", f'  echo "rigfleet: {why}" >&2', "  exit 1", "fi")
+
+
 @dataclass(frozen=True)
 class GenesisLayout:
     """One Genesis generation (docs/genesis.md's table): where its tree keeps what rigfleet
@@ -94,11 +99,9 @@ GENERATIONS: dict[str, GenesisLayout] = {
         apply_command="python3 -m sndr.apply",
         flags_file="sndr/env.py",
         prepare=(
-            f"if [ -e {_SNDR_IN_SITE} ] && [ ! -L {_SNDR_IN_SITE} ]; then",
-            f'  echo "rigfleet: this image already has a sndr package ({_SNDR_IN_SITE}); '
-            'refusing to mix it with the pinned Genesis tree" >&2',
-            "  exit 1",
-            "fi",
+            *refuse_if(f"[ -e {_SNDR_IN_SITE} ] && [ ! -L {_SNDR_IN_SITE} ]",
+                       f"this image already has a sndr package ({_SNDR_IN_SITE}); refusing to "
+                       "mix it with the pinned Genesis tree"),
             f"ln -sfn {TREE_IN_CONTAINER}/sndr {_SNDR_IN_SITE}",
         ),
     ),
