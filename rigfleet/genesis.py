@@ -187,10 +187,8 @@ class StackUse:
         """Where ``name`` is set, as "remove it from ..."."""
         if name in self.host_env:
             return f"remove it from host data extra_env.{self.stack} (or set it to 0)"
-        if name in self.switches_on:
-            where = f"the stack file's genesis.switches.{self.generation}.on"
-        else:
-            where = "the stack file's env"
+        where = (f"the stack file's genesis.switches.{self.generation}.on"
+                 if name in self.switches_on else "the stack file's env")
         return f"remove it from {where}" + (f" ({self.source})" if self.source else "")
 
     @property

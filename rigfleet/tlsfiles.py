@@ -38,9 +38,8 @@ def check_tls(p: Problems, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTl
                   f"is set but the {prefix} has no certificate")
         return None
     if cert is None or key is None:
-        missing = key_key if key is None else cert_key
-        p.missing(missing, f"both {cert_key} and {key_key} (PEM files on this machine), "
-                  f"or neither (the {prefix} serves plain HTTP)")
+        p.missing(key_key if key is None else cert_key, f"both {cert_key} and {key_key} (PEM "
+                  f"files on this machine), or neither (the {prefix} serves plain HTTP)")
         return None
     cert_path = _cert_file(p, cert_key, cert)
     key_path = _key_file(p, key_key, key)
