@@ -256,15 +256,10 @@ def parse_registry(text: str, where: str, files: GenesisLayout) -> dict[str, Any
 
 def parse_flags(text: str, where: str, registry: dict[str, Any]) -> list[str]:
     """(v12) ``Flags`` names no patch owns (orchestration flags), legacy patch ids left out."""
-    module = _parse(text, where)
-    names: set[str] = set()
-    for node in module.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Flags":
-            for item in node.body:
-                if (isinstance(item, ast.Assign | ast.AnnAssign)
-                        and isinstance(item.value, ast.Constant)
-                        and isinstance(item.value.value, str)):
-                    names.add(item.value.value)
+    names = {item.value.value for node in _parse(text, where).body
+             if isinstance(node, ast.ClassDef) and node.name == "Flags" for item in node.body
+             if isinstance(item, ast.Assign | ast.AnnAssign)
+             and isinstance(item.value, ast.Constant) and isinstance(item.value.value, str)}
     legacy = {flag.split("_LEGACY_", 1)[1] for flag, _, _ in registry["patch_flags"].values()
               if isinstance(flag, str) and "_LEGACY_" in flag}
     return sorted(names - set(registry["switches"]) - legacy)
