@@ -196,16 +196,14 @@ def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> Ap
     dirs = [""] if repo.flat else [f"{c}/binary-{a}/" for c in repo.components
                                    for a in (ARCH, "all")]
     for d in dirs:
-        for name in ("Packages.gz", "Packages"):
-            rel = f"{d}{name}"
-            if rel not in hashes:
-                continue
-            body = _get(f"{base}/{rel}", timeout)
-            if hashlib.sha256(body).hexdigest() != hashes[rel]:
-                raise AptIndexError(f"{base}/{rel}: its SHA256 is not the one the signed "
-                                    "index lists (a mirror mid-update?)")
-            text = gzip.decompress(body) if name.endswith(".gz") else body
-            for pkg, versions in parse_packages(text.decode("utf-8", "replace")).items():
-                index.packages.setdefault(pkg, []).extend(versions)
-            break
+        rel = next((r for r in (f"{d}Packages.gz", f"{d}Packages") if r in hashes), None)
+        if rel is None:
+            continue
+        body = _get(f"{base}/{rel}", timeout)
+        if hashlib.sha256(body).hexdigest() != hashes[rel]:
+            raise AptIndexError(f"{base}/{rel}: its SHA256 is not the one the signed "
+                                "index lists (a mirror mid-update?)")
+        text = gzip.decompress(body) if rel.endswith(".gz") else body
+        for pkg, versions in parse_packages(text.decode("utf-8", "replace")).items():
+            index.packages.setdefault(pkg, []).extend(versions)
     return index
