@@ -112,6 +112,7 @@ MARKERS: tuple[str, ...] = (*(f.check_file for f in GENERATIONS.values()), *UNSU
 # Lifecycle as Genesis derives it (compat/lifecycle.py get_state, in both generations).
 DEFAULT_LIFECYCLE = "stable"
 _TAG_VERSION = re.compile(r"v?(\d+(?:\.\d+)+(?:[.-]?[A-Za-z0-9]+)*)")
+_TOML_VERSION = re.compile(r"""version\s*=\s*["']([^"']+)["']\s*(#.*)?""")
 
 
 class InspectError(ValueError):
@@ -274,11 +275,9 @@ def parse_version(text: str, files: GenesisLayout) -> str | None:
             stripped = line.strip()
             if stripped.startswith("["):
                 section = stripped
-            elif section == "[project]":
-                m = re.fullmatch(r"""version\s*=\s*["']([^"']+)["']\s*(#.*)?""", stripped)
-                if m:
-                    raw = m.group(1)
-                    break
+            elif section == "[project]" and (m := _TOML_VERSION.fullmatch(stripped)):
+                raw = m.group(1)
+                break
     else:
         values = literal_assignments(_parse(text, files.version_file))
         raw = values.get("__version__", values.get("VERSION"))
@@ -299,8 +298,7 @@ def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
         return out
     files = GENERATIONS[layout]
     out["version_file"] = files.version_file
-    version_text = source.read(files.version_file)
-    if version_text is not None:
+    if (version_text := source.read(files.version_file)) is not None:
         with suppress(InspectError):  # a version is for people; its absence blocks nothing
             out["version"] = parse_version(version_text, files)
     try:
