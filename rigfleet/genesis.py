@@ -451,8 +451,7 @@ def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_versi
         key = f"{spec.source}: genesis.decisions.{e.pid}"
         what = (f"Genesis {label} patch {e.pid} ({e.title!r}; {e.category}, {e.shown_range()}, "
                 f"default_on {e.default_on})")
-        d = g.decisions.get(e.pid)
-        if d is None:
+        if (d := g.decisions.get(e.pid)) is None:
             out.append(f"{key}: missing; {what} applies to this stack on vLLM "
                        f"{vllm_version or '(any)'}; allowed: {{decision: on|off|default, "
                        "reason: one line}")  # fmt: skip

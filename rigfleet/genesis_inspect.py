@@ -320,8 +320,7 @@ def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
 
 
 def read_file(source: Source, rel: str, layout: str, holds: str) -> str:
-    text = source.read(rel)
-    if text is None:
+    if (text := source.read(rel)) is None:
         raise InspectError(f"{rel}: missing (where the {layout} layout keeps {holds})")
     return text
 
