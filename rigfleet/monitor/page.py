@@ -110,15 +110,12 @@ def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float, 
         x = LEFT + frac * (W - LEFT - RIGHT)
         parts.append(f'<text x="{x:.1f}" y="{H - 8}" text-anchor="{anchor}">'
                      f"{time.strftime('%H:%M', time.gmtime(x0 + frac * (x1 - x0)))}</text>")
-    drawn = 0
-    for label, colour, series, step in lines:
-        for pts in _points(series, x0, x1, ymax, step):
-            drawn += 1
-            parts.append(f'<polyline class="series" data-series="{escape(label)}" fill="none" '
-                         f'stroke="{colour}" stroke-width="2" points="{pts}"/>')
-    if not drawn:
-        parts.append(f'<text x="{W / 2:.0f}" y="{H / 2:.0f}" text-anchor="middle">'
-                     "no tokens/s recorded in this window</text>")
+    drawn = [f'<polyline class="series" data-series="{escape(label)}" fill="none" '
+             f'stroke="{colour}" stroke-width="2" points="{pts}"/>'
+             for label, colour, series, step in lines
+             for pts in _points(series, x0, x1, ymax, step)]
+    parts += drawn or [f'<text x="{W / 2:.0f}" y="{H / 2:.0f}" text-anchor="middle">'
+                       "no tokens/s recorded in this window</text>"]
     parts.append("</svg>")
     return "".join(parts)
 
