@@ -439,8 +439,7 @@ def in_scope(entry: PatchEntry, profile: Mapping[str, Any], vllm_version: str | 
 def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_version: str | None,
                       *, label: str, generation: str) -> list[str]:
     """Each patch the stack must decide and leaves undecided or at odds with ``generation``."""
-    g = spec.genesis
-    if g is None:
+    if (g := spec.genesis) is None:
         return []
     profile = stack_profile(spec)
     on, off = g.switches.get(generation, ((), ()))
