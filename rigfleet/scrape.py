@@ -156,7 +156,6 @@ def desired_textfile(hosts: Sequence[GpuHost], pins: Mapping[str, Pins]) -> str:
             continue
         text.add("rigfleet_desired_info", info, 1, host=h.name, stack=h.settings.stack,
                  image_digest=stack.digest,
-                 model_revision=p.model_for(h.settings.catalog.get(h.settings.stack)
-                                            .model).revision,
+                 model_revision=p.model_for(h.settings.spec.model).revision,
                  genesis_commit=stack.genesis.commit if stack.genesis else "")
     return text.render()
