@@ -124,8 +124,7 @@ def sha1_bound(ring: Path, home: Path) -> bool:
 def verify(base: str, key: bytes, repo: AptRepo, policy: str, timeout: float) -> tuple[str, str]:
     """(the verified Release text, the verifier used) of the index at ``base``."""
     with tempfile.TemporaryDirectory(prefix="rigfleet-apt-") as tmp:
-        home = Path(tmp)
-        home.chmod(0o700)
+        home = Path(tmp)  # mode 0700, as gpg wants its home
         ring = keyring(key, home, repo.key_fingerprint, repo.key_url)
         release, sig = home / "Release", home / "Release.gpg"
 
@@ -197,16 +196,14 @@ def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> Ap
     dirs = [""] if repo.flat else [f"{c}/binary-{a}/" for c in repo.components
                                    for a in (ARCH, "all")]
     for d in dirs:
-        for name in ("Packages.gz", "Packages"):
-            rel = f"{d}{name}"
-            if rel not in hashes:
-                continue
-            body = _get(f"{base}/{rel}", timeout)
-            if hashlib.sha256(body).hexdigest() != hashes[rel]:
-                raise AptIndexError(f"{base}/{rel}: its SHA256 is not the one the signed "
-                                    "index lists (a mirror mid-update?)")
-            text = gzip.decompress(body) if name.endswith(".gz") else body
-            for pkg, versions in parse_packages(text.decode("utf-8", "replace")).items():
-                index.packages.setdefault(pkg, []).extend(versions)
-            break
+        rel = next((r for r in (f"{d}Packages.gz", f"{d}Packages") if r in hashes), None)
+        if rel is None:
+            continue
+        body = _get(f"{base}/{rel}", timeout)
+        if hashlib.sha256(body).hexdigest() != hashes[rel]:
+            raise AptIndexError(f"{base}/{rel}: its SHA256 is not the one the signed "
+                                "index lists (a mirror mid-update?)")
+        text = gzip.decompress(body) if rel.endswith(".gz") else body
+        for pkg, versions in parse_packages(text.decode("utf-8", "replace")).items():
+            index.packages.setdefault(pkg, []).extend(versions)
     return index

@@ -123,8 +123,7 @@ def _apt_repo(p: Problems, base: str, name: Any, entry: Any) -> AptRepo | None:
         if not isinstance(override, Mapping):
             p.bad(key, override, f"a mapping with some of {', '.join(_ENTRY_KEYS)}")
             continue
-        variant = _apt_repo_fields(p, key, name, {**common, **override})
-        if variant is not None:
+        if (variant := _apt_repo_fields(p, key, name, {**common, **override})) is not None:
             variants.append((distro, variant))
     if len(variants) != len(overrides):
         return None
@@ -202,8 +201,7 @@ def _placeholders(p: Problems, key: str, value: str) -> bool:
     except ValueError:
         p.bad(key, value, f"placeholders {allowed}", "has unbalanced braces")
         return False
-    unknown = [f for f in fields if f not in APT_PLACEHOLDERS]
-    if unknown:
+    if unknown := [f for f in fields if f not in APT_PLACEHOLDERS]:
         p.bad(key, value, f"placeholders {allowed}", f"uses unknown {{{unknown[0]}}}")
         return False
     return True

@@ -30,6 +30,7 @@ REGISTRY_SERVICE = "docker-registry"
 NGINX_SITE = "/etc/nginx/conf.d/rigfleet-cache.conf"
 # nginx's log of what the model cache served (one line per request: bytes, status, path).
 MODEL_LOG = "/var/log/nginx/rigfleet-cache.log"
+_LOG_FIELDS = "$time_iso8601 $remote_addr $status $body_bytes_sent $request_method $uri"
 
 
 def model_path(model_dir: str, repo: str, revision: str) -> str:
@@ -61,27 +62,26 @@ proxy:
 
 def render_nginx_site(settings: CacheSettings) -> str:
     """nginx serving ``cache_model_dir`` read-only on ``cache_model_port`` (docs/images.md)."""
-    return (
-        "# Managed by rigfleet (roles/cache.py): the model cache, verified revisions only;\n"
-        "# docs/images.md.\n"
-        "log_format rigfleet_cache '$time_iso8601 $remote_addr $status $body_bytes_sent "
-        "$request_method $uri';\n"
-        "server {\n"
-        f"    listen {settings.model_port};\n"
-        f"    root {settings.model_dir};\n"
-        f"    access_log {MODEL_LOG} rigfleet_cache;\n"
-        "    autoindex off;\n"
-        "    location ~ /\\. {\n"
-        "        return 404;\n"
-        "    }\n"
-        "    location / {\n"
-        "        limit_except GET {\n"
-        "            deny all;\n"
-        "        }\n"
-        "        try_files $uri =404;\n"
-        "    }\n"
-        "}\n"
-    )
+    return f"""\
+# Managed by rigfleet (roles/cache.py): the model cache, verified revisions only;
+# docs/images.md.
+log_format rigfleet_cache '{_LOG_FIELDS}';
+server {{
+    listen {settings.model_port};
+    root {settings.model_dir};
+    access_log {MODEL_LOG} rigfleet_cache;
+    autoindex off;
+    location ~ /\\. {{
+        return 404;
+    }}
+    location / {{
+        limit_except GET {{
+            deny all;
+        }}
+        try_files $uri =404;
+    }}
+}}
+"""
 
 
 # The seeding registry: a second registry process on a root-only socket over the proxy's

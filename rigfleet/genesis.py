@@ -187,10 +187,8 @@ class StackUse:
         """Where ``name`` is set, as "remove it from ..."."""
         if name in self.host_env:
             return f"remove it from host data extra_env.{self.stack} (or set it to 0)"
-        if name in self.switches_on:
-            where = f"the stack file's genesis.switches.{self.generation}.on"
-        else:
-            where = "the stack file's env"
+        where = (f"the stack file's genesis.switches.{self.generation}.on"
+                 if name in self.switches_on else "the stack file's env")
         return f"remove it from {where}" + (f" ({self.source})" if self.source else "")
 
     @property
@@ -233,14 +231,11 @@ def switch_problems(report: TreeReport, use: StackUse, *, label: str) -> list[st
         head = f"stack {use.stack}: {name}={value}: "
         targets = report.targets(name)
         if not targets:
-            if prefix in report.switch_prefixes and suffix in report.flags:
-                continue
-            problems.append(head + _unknown(report, prefix, suffix, label) + "; "
-                            + use.fix(name))  # fmt: skip
-            continue
-        if not report.retired_skipped or use.allows_retired:
-            continue
-        if all(t.lifecycle == "retired" for t in targets):
+            if prefix not in report.switch_prefixes or suffix not in report.flags:
+                problems.append(head + _unknown(report, prefix, suffix, label) + "; "
+                                + use.fix(name))  # fmt: skip
+        elif (report.retired_skipped and not use.allows_retired
+              and all(t.lifecycle == "retired" for t in targets)):
             ids = ", ".join(dict.fromkeys(t.patch for t in targets))
             alias = all(t.via == "alias" for t in targets)
             what = (f"it is an alias of patch {ids}, which is retired" if alias
@@ -356,12 +351,8 @@ class PatchEntry:
     applies_to: Mapping[str, Any] = field(default_factory=dict)
     switches: tuple[str, ...] = ()
 
-    @property
-    def vllm_range(self) -> Any:
-        return self.applies_to.get(RANGE_KEY)
-
     def shown_range(self) -> str:
-        r = self.vllm_range
+        r = self.applies_to.get(RANGE_KEY)
         if r is None:
             return "no vllm_version_range"
         return f"vllm_version_range {','.join(strings(r)) if not isinstance(r, str) else r}"
@@ -393,17 +384,14 @@ def read_entries(source: Source, generation: str) -> list[PatchEntry]:
 
 def in_range(value: Any, vllm_version: str | None) -> bool:
     """``vllm_version`` is inside ``value`` (specifiers); anything unknown or unparsable is."""
-    if value is None or vllm_version is None:
+    if vllm_version is None:
         return True
-    parts = [value] if isinstance(value, str) else strings(value)
-    if not parts:
-        return True
+    parts = [value] if isinstance(value, str) else strings(value)  # None, []: no specifier
     try:
         spec = SpecifierSet(",".join(p.strip() for p in parts))
-        version = Version(vllm_version)
+        return spec.contains(Version(vllm_version), prereleases=True)
     except (InvalidSpecifier, InvalidVersion):
         return True
-    return spec.contains(version, prereleases=True)
 
 
 def stack_profile(spec: StackSpec) -> dict[str, Any]:
@@ -444,14 +432,14 @@ def meets(applies_to: Mapping[str, Any], profile: Mapping[str, Any]) -> bool:
 def in_scope(entry: PatchEntry, profile: Mapping[str, Any], vllm_version: str | None) -> bool:
     """The stack must decide ``entry``: a live correctness patch that concerns it."""
     return (entry.category in CORRECTNESS_CATEGORIES and entry.lifecycle != "retired"
-            and meets(entry.applies_to, profile) and in_range(entry.vllm_range, vllm_version))
+            and meets(entry.applies_to, profile)
+            and in_range(entry.applies_to.get(RANGE_KEY), vllm_version))
 
 
 def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_version: str | None,
                       *, label: str, generation: str) -> list[str]:
     """Each patch the stack must decide and leaves undecided or at odds with ``generation``."""
-    g = spec.genesis
-    if g is None:
+    if (g := spec.genesis) is None:
         return []
     profile = stack_profile(spec)
     on, off = g.switches.get(generation, ((), ()))
@@ -462,8 +450,7 @@ def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_versi
         key = f"{spec.source}: genesis.decisions.{e.pid}"
         what = (f"Genesis {label} patch {e.pid} ({e.title!r}; {e.category}, {e.shown_range()}, "
                 f"default_on {e.default_on})")
-        d = g.decisions.get(e.pid)
-        if d is None:
+        if (d := g.decisions.get(e.pid)) is None:
             out.append(f"{key}: missing; {what} applies to this stack on vLLM "
                        f"{vllm_version or '(any)'}; allowed: {{decision: on|off|default, "
                        "reason: one line}")  # fmt: skip

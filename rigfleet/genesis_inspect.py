@@ -34,6 +34,11 @@ TREE_IN_CONTAINER = "/opt/genesis"
 _SNDR_IN_SITE = f"{SITE_PACKAGES_IN_CONTAINER}/sndr"
 
 
+def refuse_if(test: str, why: str) -> tuple[str, ...]:
+    """Shell lines that stop a container's boot with ``rigfleet: <why>`` when ``test`` holds."""
+    return (f"if {test}; then", f'  echo "rigfleet: {why}" >&2', "  exit 1", "fi")
+
+
 @dataclass(frozen=True)
 class GenesisLayout:
     """One Genesis generation (docs/genesis.md's table): where its tree keeps what rigfleet
@@ -62,8 +67,7 @@ class GenesisLayout:
 
     @property
     def check_path_in_container(self) -> str:
-        inside = self.check_file.removeprefix(f"{self.mount}/") if self.mount else self.check_file
-        return f"{self.mount_target}/{inside}"
+        return f"{self.mount_target}/{self.check_file.removeprefix(f'{self.mount}/')}"
 
 
 GENERATIONS: dict[str, GenesisLayout] = {
@@ -95,11 +99,9 @@ GENERATIONS: dict[str, GenesisLayout] = {
         apply_command="python3 -m sndr.apply",
         flags_file="sndr/env.py",
         prepare=(
-            f"if [ -e {_SNDR_IN_SITE} ] && [ ! -L {_SNDR_IN_SITE} ]; then",
-            f'  echo "rigfleet: this image already has a sndr package ({_SNDR_IN_SITE}); '
-            'refusing to mix it with the pinned Genesis tree" >&2',
-            "  exit 1",
-            "fi",
+            *refuse_if(f"[ -e {_SNDR_IN_SITE} ] && [ ! -L {_SNDR_IN_SITE} ]",
+                       f"this image already has a sndr package ({_SNDR_IN_SITE}); refusing to "
+                       "mix it with the pinned Genesis tree"),
             f"ln -sfn {TREE_IN_CONTAINER}/sndr {_SNDR_IN_SITE}",
         ),
     ),
@@ -110,6 +112,7 @@ MARKERS: tuple[str, ...] = (*(f.check_file for f in GENERATIONS.values()), *UNSU
 # Lifecycle as Genesis derives it (compat/lifecycle.py get_state, in both generations).
 DEFAULT_LIFECYCLE = "stable"
 _TAG_VERSION = re.compile(r"v?(\d+(?:\.\d+)+(?:[.-]?[A-Za-z0-9]+)*)")
+_TOML_VERSION = re.compile(r"""version\s*=\s*["']([^"']+)["']\s*(#.*)?""")
 
 
 class InspectError(ValueError):
@@ -254,15 +257,10 @@ def parse_registry(text: str, where: str, files: GenesisLayout) -> dict[str, Any
 
 def parse_flags(text: str, where: str, registry: dict[str, Any]) -> list[str]:
     """(v12) ``Flags`` names no patch owns (orchestration flags), legacy patch ids left out."""
-    module = _parse(text, where)
-    names: set[str] = set()
-    for node in module.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Flags":
-            for item in node.body:
-                if (isinstance(item, ast.Assign | ast.AnnAssign)
-                        and isinstance(item.value, ast.Constant)
-                        and isinstance(item.value.value, str)):
-                    names.add(item.value.value)
+    names = {item.value.value for node in _parse(text, where).body
+             if isinstance(node, ast.ClassDef) and node.name == "Flags" for item in node.body
+             if isinstance(item, ast.Assign | ast.AnnAssign)
+             and isinstance(item.value, ast.Constant) and isinstance(item.value.value, str)}
     legacy = {flag.split("_LEGACY_", 1)[1] for flag, _, _ in registry["patch_flags"].values()
               if isinstance(flag, str) and "_LEGACY_" in flag}
     return sorted(names - set(registry["switches"]) - legacy)
@@ -277,11 +275,9 @@ def parse_version(text: str, files: GenesisLayout) -> str | None:
             stripped = line.strip()
             if stripped.startswith("["):
                 section = stripped
-            elif section == "[project]":
-                m = re.fullmatch(r"""version\s*=\s*["']([^"']+)["']\s*(#.*)?""", stripped)
-                if m:
-                    raw = m.group(1)
-                    break
+            elif section == "[project]" and (m := _TOML_VERSION.fullmatch(stripped)):
+                raw = m.group(1)
+                break
     else:
         values = literal_assignments(_parse(text, files.version_file))
         raw = values.get("__version__", values.get("VERSION"))
@@ -302,8 +298,7 @@ def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
         return out
     files = GENERATIONS[layout]
     out["version_file"] = files.version_file
-    version_text = source.read(files.version_file)
-    if version_text is not None:
+    if (version_text := source.read(files.version_file)) is not None:
         with suppress(InspectError):  # a version is for people; its absence blocks nothing
             out["version"] = parse_version(version_text, files)
     try:
@@ -317,21 +312,15 @@ def inspect(source: Source, *, registry: bool = True) -> dict[str, Any]:
     try:
         out["registry"] = parse_registry(read_file(source, files.registry_file, layout, REGISTRY),
                                          files.registry_file, files)
+        if files.flags_file and (text := source.read(files.flags_file)) is not None:
+            out["flags"] = parse_flags(text, files.flags_file, out["registry"])
     except InspectError as e:
         out["errors"].append(str(e))
-    if out["registry"] is not None and files.flags_file:
-        text = source.read(files.flags_file)
-        if text is not None:
-            try:
-                out["flags"] = parse_flags(text, files.flags_file, out["registry"])
-            except InspectError as e:
-                out["errors"].append(str(e))
     return out
 
 
 def read_file(source: Source, rel: str, layout: str, holds: str) -> str:
-    text = source.read(rel)
-    if text is None:
+    if (text := source.read(rel)) is None:
         raise InspectError(f"{rel}: missing (where the {layout} layout keeps {holds})")
     return text
 

@@ -122,8 +122,7 @@ class Registry:
 
     def _token(self, challenge: str, what: str = "the repository") -> str:
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-        realm = params.pop("realm", "")
-        if not realm:
+        if not (realm := params.pop("realm", "")):
             raise self._fail(what, "unusable auth challenge")
         url = f"{realm}?{urllib.parse.urlencode(params)}"
         try:

@@ -112,11 +112,10 @@ def render_prometheus(plan: MonitorPlan) -> str:
     jobs = [_job("node", NODE_PATH, plan.fronts, ca), _job("vllm", ENGINE_PATH, plan.fronts, ca)]
     if plan.balancers:
         jobs.append(_job("balancer", BALANCER_PATH, plan.balancers, ca))
-    if plan.local_node:
-        jobs.append({"job_name": "monitor-node", "static_configs": [{
-            "targets": [f"127.0.0.1:{NODE_EXPORTER_PORT}"], "labels": {"instance": plan.name}}]})
-    jobs.append({"job_name": "prometheus", "static_configs": [{
-        "targets": [f"127.0.0.1:{PROMETHEUS_PORT}"], "labels": {"instance": plan.name}}]})
+    local = {"monitor-node": NODE_EXPORTER_PORT} if plan.local_node else {}
+    jobs += [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"],
+                                                   "labels": {"instance": plan.name}}]}
+             for job, port in {**local, "prometheus": PROMETHEUS_PORT}.items()]
     doc = {"global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s",
                       "evaluation_interval": f"{EVALUATION_INTERVAL_S}s"},
            "rule_files": [RULES_FILE],
@@ -157,7 +156,6 @@ def desired_textfile(hosts: Sequence[GpuHost], pins: Mapping[str, Pins]) -> str:
             continue
         text.add("rigfleet_desired_info", info, 1, host=h.name, stack=h.settings.stack,
                  image_digest=stack.digest,
-                 model_revision=p.model_for(h.settings.catalog.get(h.settings.stack)
-                                            .model).revision,
+                 model_revision=p.model_for(h.settings.spec.model).revision,
                  genesis_commit=stack.genesis.commit if stack.genesis else "")
     return text.render()

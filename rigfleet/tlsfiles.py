@@ -38,17 +38,15 @@ def check_tls(p: Problems, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTl
                   f"is set but the {prefix} has no certificate")
         return None
     if cert is None or key is None:
-        missing = key_key if key is None else cert_key
-        p.missing(missing, f"both {cert_key} and {key_key} (PEM files on this machine), "
-                  f"or neither (the {prefix} serves plain HTTP)")
+        p.missing(key_key if key is None else cert_key, f"both {cert_key} and {key_key} (PEM "
+                  f"files on this machine), or neither (the {prefix} serves plain HTTP)")
         return None
     cert_path = _cert_file(p, cert_key, cert)
     key_path = _key_file(p, key_key, key)
     ca_path = cert_path if ca is None else _cert_file(p, ca_key, ca)
     if not (cert_path and key_path and ca_path):
         return None
-    problem = tls_pair_problem(cert_path, key_path, ca_path, cert_key)
-    if problem:
+    if problem := tls_pair_problem(cert_path, key_path, ca_path, cert_key):
         which, what, allowed = problem
         if which == "key":
             p.bad(key_key, key, allowed, what)
@@ -82,8 +80,7 @@ def _local_text(p: Problems, key: str, value: Any,
 
 def _cert_file(p: Problems, key: str, value: Any) -> str | None:
     allowed = "a readable PEM file on this (control) machine holding '-----BEGIN CERTIFICATE'"
-    found = _local_text(p, key, value, allowed)
-    if found is None:
+    if (found := _local_text(p, key, value, allowed)) is None:
         return None
     path, text, _ = found
     if "-----BEGIN CERTIFICATE-----" not in text:
@@ -94,8 +91,7 @@ def _cert_file(p: Problems, key: str, value: Any) -> str | None:
 
 def _key_file(p: Problems, key: str, value: Any) -> str | None:
     allowed = "a PEM private key on this (control) machine, mode 0600, unencrypted"
-    found = _local_text(p, key, value, allowed)
-    if found is None:
+    if (found := _local_text(p, key, value, allowed)) is None:
         return None
     path, text, st = found
     # The content is a secret: describe it, never show it.

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import csv
-import io
 from dataclasses import dataclass
 
 import jinja2
@@ -102,7 +101,7 @@ def parse_stat_csv(text: str) -> list[ServerState]:
     lines = text.strip().splitlines()
     if not lines or not lines[0].startswith("# "):
         raise ValueError(f"not HAProxy 'show stat' output: {text.strip()[:120]!r}")
-    reader = csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]])))
+    reader = csv.DictReader([lines[0][2:], *lines[1:]])
     return [ServerState(backend=row.get("pxname", ""), host=row.get("svname", ""),
                         status=row.get("status", ""), check=row.get("check_status", ""),
                         check_code=row.get("check_code", ""))

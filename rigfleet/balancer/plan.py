@@ -212,8 +212,7 @@ def swap_batch(plan: BalancerPlan | None) -> SwapBatch:
     """The converge's batch cap: one host of every stack with two or more keeps serving."""
     if plan is None:
         return SwapBatch(None, "no balancer in the inventory: each host is its own endpoint")
-    shared = [p for p in plan.pools if len(p.servers) >= 2]
-    if not shared:
+    if not (shared := [p for p in plan.pools if len(p.servers) >= 2]):
         return SwapBatch(None, f"each stack behind {plan.name} has one host (its 503 window "
                          "either way)")
     tight = min(shared, key=lambda p: len(p.servers))
@@ -225,8 +224,7 @@ def swap_batch(plan: BalancerPlan | None) -> SwapBatch:
 def converge_batch(inventory: Iterable[Any]) -> SwapBatch:
     """``swap_batch`` of the first balancer; one at a time when it cannot be built."""
     entries = list(inventory)
-    balancer = next((e for e in entries if host_kind(e.groups).balancer), None)
-    if balancer is None:
+    if (balancer := next((e for e in entries if host_kind(e.groups).balancer), None)) is None:
         return swap_batch(None)
     try:
         return swap_batch(fleet_plan(balancer, entries))

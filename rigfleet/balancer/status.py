@@ -71,8 +71,7 @@ def rotation(lb: str, url: str, plan: BalancerPlan,
     for pool in plan.pools:
         row = BalancerRow(lb, url, pool.stack)
         for srv in pool.servers:
-            state = by_backend.get((pool.backend, srv.id))
-            if state is None:
+            if (state := by_backend.get((pool.backend, srv.id))) is None:
                 row.out.append((srv.host, "not in the running config"))
             elif state.in_rotation:
                 row.up.append(srv.host)

@@ -110,15 +110,12 @@ def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float, 
         x = LEFT + frac * (W - LEFT - RIGHT)
         parts.append(f'<text x="{x:.1f}" y="{H - 8}" text-anchor="{anchor}">'
                      f"{time.strftime('%H:%M', time.gmtime(x0 + frac * (x1 - x0)))}</text>")
-    drawn = 0
-    for label, colour, series, step in lines:
-        for pts in _points(series, x0, x1, ymax, step):
-            drawn += 1
-            parts.append(f'<polyline class="series" data-series="{escape(label)}" fill="none" '
-                         f'stroke="{colour}" stroke-width="2" points="{pts}"/>')
-    if not drawn:
-        parts.append(f'<text x="{W / 2:.0f}" y="{H / 2:.0f}" text-anchor="middle">'
-                     "no tokens/s recorded in this window</text>")
+    drawn = [f'<polyline class="series" data-series="{escape(label)}" fill="none" '
+             f'stroke="{colour}" stroke-width="2" points="{pts}"/>'
+             for label, colour, series, step in lines
+             for pts in _points(series, x0, x1, ymax, step)]
+    parts += drawn or [f'<text x="{W / 2:.0f}" y="{H / 2:.0f}" text-anchor="middle">'
+                       "no tokens/s recorded in this window</text>"]
     parts.append("</svg>")
     return "".join(parts)
 
@@ -157,12 +154,11 @@ def _alerts_table(answer: dict[str, Any]) -> tuple[int, str]:
         state = str(a.get("state", ""))
         extra = ", ".join(f"{k}={v}" for k, v in sorted(labels.items())
                           if k not in ("alertname", "instance", "severity", "job"))
-        rows.append(f'<tr class="{escape(state)}"><td>{escape(labels.get("alertname", ""))}'
-                    f"</td><td>{escape(state)}</td><td>{escape(labels.get('instance', ''))}"
-                    f"</td><td>{escape(labels.get('severity', ''))}</td>"
-                    f"<td>{escape(str(a.get('activeAt', ''))[:19].replace('T', ' '))}</td>"
-                    f"<td>{escape(notes.get('summary', ''))}"
-                    f"{' (' + escape(extra) + ')' if extra else ''}</td></tr>")
+        cells = (labels.get("alertname", ""), state, labels.get("instance", ""),
+                 labels.get("severity", ""), str(a.get("activeAt", ""))[:19].replace("T", " "),
+                 notes.get("summary", "") + (f" ({extra})" if extra else ""))
+        rows.append(f'<tr class="{escape(state)}">'
+                    + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
     return len(alerts), ('<table id="alerts"><thead><tr><th>alert</th><th>state</th>'
                          "<th>host</th><th>severity</th><th>since (UTC)</th><th>summary</th>"
                          "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
