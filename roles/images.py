@@ -114,11 +114,11 @@ def describe(p: ImagePlan) -> str:
 
 def verify_runtime_image(image: RuntimeImage) -> str | None:
     """The built image says it holds the pinned base and packages."""
-    labels = read_fact(ImageLabels, ref=image.ref)
-    if (labels or {}).get(BASE_LABEL) != image.digest or \
-            (labels or {}).get(PACKAGES_LABEL) != " ".join(image.packages):
+    labels = read_fact(ImageLabels, ref=image.ref) or {}
+    packages = " ".join(image.packages)
+    if labels.get(BASE_LABEL) != image.digest or labels.get(PACKAGES_LABEL) != packages:
         return (f"{image.ref} has labels {labels or 'none'}; expected {BASE_LABEL}="
-                f"{image.digest} and {PACKAGES_LABEL}={' '.join(image.packages)!r}")
+                f"{image.digest} and {PACKAGES_LABEL}={packages!r}")
     return None
 
 
