@@ -104,16 +104,15 @@ def daemon_json(settings: dict[str, Any]):
                                 group="root", mode="0644")
 
 
-def add_apt_repo(name: str, repo: AptRepo, also: Sequence[str] = ()) -> list:
+def add_apt_repo(name: str, repo: AptRepo, also: Sequence[str] = ()) -> None:
     """Keyring + sources file for ``repo`` (``also``: read with them, one round trip)."""
     keyring = apt_commands.keyring_path(repo.key_url)
     sources = f"{apt_commands.SOURCES_DIR}/rigfleet-{repo.name}.sources"
     read_paths([sources, *also])
-    key_op = apt_keyring(name=f"{name}: signing key {keyring}", key_url=repo.key_url,
-                         dest=keyring, fingerprint=repo.key_fingerprint)
+    apt_keyring(name=f"{name}: signing key {keyring}", key_url=repo.key_url, dest=keyring,
+                fingerprint=repo.key_fingerprint)
     text = apt_commands.deb822_sources(repo.url, repo.suite, repo.components, keyring)
-    sources_op = root_put(name=f"{name}: apt source", src=io.StringIO(text), dest=sources)
-    return [key_op, sources_op]
+    root_put(name=f"{name}: apt source", src=io.StringIO(text), dest=sources)
 
 
 def reload_detaches_gpus(ctx: HostContext) -> bool:

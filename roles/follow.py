@@ -31,10 +31,7 @@ def fetch_reports(result: dict[str, Any], dest: Path) -> list[Path]:
     """Copy the gate's JSON and Markdown reports to ``dest``."""
     gate = result.get("gate") or {}
     got = []
-    for key in ("report", "report_md"):
-        remote = gate.get(key)
-        if not remote:
-            continue
+    for remote in filter(None, (gate.get("report"), gate.get("report_md"))):
         dest.mkdir(parents=True, exist_ok=True)
         local = dest / Path(str(remote)).name
         try:

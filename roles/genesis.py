@@ -18,7 +18,7 @@ from rigfleet.genesis import StackUse, TreeReport, layout_problem, pairing_probl
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import GenesisPin
 from rigfleet.retention import stale
-from roles.ops import check, executing, fail, read_on_host, run_on_host
+from roles.ops import check, executing, fail, read_on_host, root_put, run_on_host
 from roles.preflight import HostContext
 from roles.weights import compose_files
 
@@ -163,8 +163,8 @@ def genesis(ctx: HostContext) -> None:
         return
     read_paths([INSPECT_SCRIPT, OLD_ALLOWLIST_SCRIPT])
     mounts = compose_files(ctx)
-    files.put(name="Genesis inspect helper", src=str(genesis_inspect.__file__),
-              dest=INSPECT_SCRIPT, user="root", group="root", mode="0755")
+    root_put(name="Genesis inspect helper", src=str(genesis_inspect.__file__), dest=INSPECT_SCRIPT,
+             mode="0755")
     files.file(name="Remove the old Genesis allowlist helper", path=OLD_ALLOWLIST_SCRIPT,
                present=False)  # fmt: skip
     genesis_checkout(name=f"Genesis checkout at {pin.commit[:12]}", repo=pin.repo,

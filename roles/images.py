@@ -114,11 +114,11 @@ def describe(p: ImagePlan) -> str:
 
 def verify_runtime_image(image: RuntimeImage) -> str | None:
     """The built image says it holds the pinned base and packages."""
-    labels = read_fact(ImageLabels, ref=image.ref)
-    if (labels or {}).get(BASE_LABEL) != image.digest or \
-            (labels or {}).get(PACKAGES_LABEL) != " ".join(image.packages):
+    labels = read_fact(ImageLabels, ref=image.ref) or {}
+    packages = " ".join(image.packages)
+    if labels.get(BASE_LABEL) != image.digest or labels.get(PACKAGES_LABEL) != packages:
         return (f"{image.ref} has labels {labels or 'none'}; expected {BASE_LABEL}="
-                f"{image.digest} and {PACKAGES_LABEL}={' '.join(image.packages)!r}")
+                f"{image.digest} and {PACKAGES_LABEL}={packages!r}")
     return None
 
 
@@ -145,24 +145,19 @@ def images(ctx: HostContext) -> None:
     # host's own staging before any peer's load from its seed (hosts staging other stacks hold a
     # shared image at other loop positions).
     planned = [(p, *peer_image(p)) for p in plan.images]
-    for from_seed in host.loop((False, True)):
-        for p, want, peer in host.loop(planned):
-            if not from_seed:
-                present = (f"present (id {p.presence.local.id[:19]})"
-                           if p.presence.local is not None else "present")
-                image_staged(name=describe(p), image=p.want.image,
-                             steps=p.steps if peer is None else (),
-                             present=present if peer is None
-                             else f"from peer {peer.seed} once it has it")
-                continue
-            image_from_peer(name=f"Stage {p.want.image} from a peer", image=p.want.image,
-                            digest=p.want.digest, image_id=want.image_id or "", steps=p.steps,
-                            peer=peer)
-            # from a peer: no RepoDigests, the image id is the check (as for an archive)
-            checked, source = (p.want, p.source) if peer is None else (want, None)
-            check(name=f"Verify {p.want.image} is the pinned image",
-                  verify=partial(verify_image, checked, source, state_args),
-                  what="image verification")
+    for p, _, peer in host.loop(planned):
+        present = (f"present (id {p.presence.local.id[:19]})"
+                   if p.presence.local is not None else "present")
+        image_staged(name=describe(p), image=p.want.image, steps=p.steps if peer is None else (),
+                     present=present if peer is None else f"from peer {peer.seed} once it has it")
+    for p, want, peer in host.loop(planned):
+        image_from_peer(name=f"Stage {p.want.image} from a peer", image=p.want.image,
+                        digest=p.want.digest, image_id=want.image_id or "", steps=p.steps,
+                        peer=peer)
+        # from a peer: no RepoDigests, the image id is the check (as for an archive)
+        checked, source = (p.want, p.source) if peer is None else (want, None)
+        check(name=f"Verify {p.want.image} is the pinned image",
+              verify=partial(verify_image, checked, source, state_args), what="image verification")
     # A Genesis stack's packages, baked into its own image (no installs at container start).
     runtime = [img for _, s in sorted(ctx.want.stacks.items())
                if (img := RuntimeImage.for_stack(s.spec, s.pins)) is not None]

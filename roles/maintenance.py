@@ -149,18 +149,17 @@ def serves(ctx: HostContext) -> str | None:
     return route
 
 
-def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool, apt: bool = False) -> bool:
+def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool, apt: bool = False) -> None:
     """(Preparing) note that ``what`` (``apt``: using apt) disturbs this serving host when ``will``
-    (an operation that will change, or a flag); returns whether it was noted."""
+    (an operation that will change, or a flag)."""
     changes = will if isinstance(will, bool) else will.will_change
     if not changes or not serves(ctx):
-        return False
+        return
     lock_wait_s()  # a bad value stops the run while preparing, before anything changes
     b = book()
     b.steps.setdefault(ctx.want.name, []).append(what)
     if apt:
         b.apt.add(ctx.want.name)
-    return True
 
 
 def _decide_all(state: State) -> None:

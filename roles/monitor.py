@@ -146,7 +146,6 @@ def monitor(ctx: MonitorContext) -> None:
         restart = bool(service_args.will_change)
         on_change(name=f"{'Restart' if restart else 'Reload'} {service} (its ARGS or config "
                        "changed)",
-                  commands=[f"systemctl {'restart' if restart else 'reload-or-restart'} "
-                            f"{service}"],
+                  commands=[f"systemctl {'restart' if restart else 'reload-or-restart'} {service}"],
                   gates=[service_args, *reload_gates.get(service, [])],
                   reason="ARGS and config unchanged")

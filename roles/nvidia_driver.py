@@ -70,8 +70,7 @@ def kernel_packages(os: OsInfo, branch: str, dpkg: dict[str, DebPackage],
     out = []
     if own_kernel:
         out.append(f"linux-headers-{os.kernel}")
-        flavour = debian_kernel_flavour(os.kernel, arch)
-        if flavour:
+        if flavour := debian_kernel_flavour(os.kernel, arch):
             out.append(f"linux-headers-{flavour}")
     out.append("mokutil")
     return tuple(out)
@@ -104,8 +103,7 @@ def reboot_for_driver(gates: Sequence[OperationMeta], ctx: HostContext):
             gpu.driver_version, pins.driver_branch, pins.driver_version):
         host.noop(f"driver {gpu.driver_version} loaded, packages unchanged")
         return
-    blocked = blocked_by_secure_boot(ctx.os) if executing() else None
-    if blocked:
+    if executing() and (blocked := blocked_by_secure_boot(ctx.os)):
         yield failing_command(blocked)  # the steps, and no reboot
         return
     # Held across the reboot for its wait plus a margin, then by the new SSH session.

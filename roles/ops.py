@@ -113,8 +113,7 @@ def check(verify: Callable[[], str | None], what: str = "check"):
     if not executing():
         host.noop(f"{what}: checked when the deploy runs")
         return
-    problem = verify()
-    if problem:
+    if problem := verify():
         yield from fail(f"{host.name}: {problem}")
 
 
@@ -127,10 +126,9 @@ def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: st
     dpkg = read_fact(DpkgState)
     install: list[str] = []
     replace = False
-    names: list[str] = []
+    names = [spec.partition("=")[0] for spec in packages]
     for spec in packages:
         name, _, version = spec.partition("=")
-        names.append(name)
         pkg = dpkg.get(name)
         if pkg is None or not pkg.installed:
             install.append(spec)

@@ -27,14 +27,9 @@ TEMPLATE = str(project_file(f"files/{UNIT}.j2"))
 
 def caps_mismatch(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
     """Cards whose current limit differs from the cap, as ``card N: X W (want Y W)``."""
-    by_index = {g.index: g for g in gpus}
-    out = []
-    for index, watts in enumerate(caps):
-        gpu = by_index.get(index)
-        current = gpu_power_limit(gpu) if gpu is not None else None
-        if current is None or abs(current - watts) > CAP_TOLERANCE_W:
-            out.append(f"card {index}: {current} W (want {watts} W)")
-    return out
+    limits = {g.index: gpu_power_limit(g) for g in gpus}
+    return [f"card {index}: {current} W (want {watts} W)" for index, watts in enumerate(caps)
+            if (current := limits.get(index)) is None or abs(current - watts) > CAP_TOLERANCE_W]
 
 
 @operation()
