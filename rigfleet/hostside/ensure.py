@@ -40,6 +40,7 @@ from .steps import (
     Ops,
     Outcome,
     Steps,
+    fs_problem,
     known_projects,
 )
 
@@ -116,8 +117,7 @@ class Ensure(Steps):
 
     def _unwritable(self, e: OSError) -> Outcome:
         """A full disk, a read-only file system: said, and ``EXIT_RETRY`` (the unit retries)."""
-        reason = (f"{e.filename or 'the disk'}: {e.strerror or e}; stopped there; "
-                  "rigfleet-stack.service tries again")
+        reason = f"{fs_problem(e)}; stopped there; rigfleet-stack.service tries again"
         outcome = self._said("failed", EXIT_RETRY, reason, "error", "disk")
         with contextlib.suppress(OSError):
             ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
@@ -241,12 +241,12 @@ def shutdown(lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
         take_lock(lock, who, "the stack unit stops: front to 503, every stack down",
                   lock_wait_s, ops)
     except LockHeld as held:
-        if not held.holder.get("window") and not going_down():
-            journal.event("shutdown", f"left alone: {held} (waited {lock_wait_s:g} s); "
-                          "nothing was stopped: stop the unit again after it",
-                          level="warning")
-            return "left-alone"
         if not held.holder.get("window"):
+            if not going_down():
+                journal.event("shutdown", f"left alone: {held} (waited {lock_wait_s:g} s); "
+                              "nothing was stopped: stop the unit again after it",
+                              level="warning")
+                return "left-alone"
             journal.event("shutdown", f"{held}: the machine goes down; stopping anyway",
                           level="warning")
     except OSError as e:  # a read-only or full disk: the stacks still go down

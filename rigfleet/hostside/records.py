@@ -10,6 +10,7 @@ The host tool writes them; the control side reads them only through these functi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -491,9 +492,7 @@ def loaded_images(lay: Layout) -> dict[str, list[str]]:
     except OSError:
         return found
     for entry in entries:
-        try:
+        with contextlib.suppress(OSError):
             image_id = entry.read_text(encoding="utf-8").strip()
-        except OSError:
-            continue
-        found.setdefault(image_id, []).append(f"sha256:{entry.name}")
+            found.setdefault(image_id, []).append(f"sha256:{entry.name}")
     return found
