@@ -346,9 +346,10 @@ def live_holder(holder: Any) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class GateRecord(Coded):
-    """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``)."""
+    """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``);
+    ``from_dict``: None without a ``result``."""
 
-    result: str = "not-run"
+    result: str
     failed_checks: tuple[str, ...] = ()
     report: str | None = None
     report_md: str | None = None
@@ -356,11 +357,6 @@ class GateRecord(Coded):
     profile: str | None = None
     summary: str = ""
     seconds: float | None = None
-
-    @classmethod
-    def from_dict(cls, data: Any) -> GateRecord | None:
-        ok = isinstance(data, dict) and isinstance(data.get("result"), str)
-        return decode(cls, data) if ok else None
 
     def text(self) -> str:
         """``pass``, ``fail (needles, soak): ...`` for a table or a message."""
