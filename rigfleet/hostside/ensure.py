@@ -222,7 +222,7 @@ def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journ
         journal.event("adopt", f"{new.route_id} recorded as active; the front routes to it")
         return Outcome("adopted", EXIT_PROMOTED, "adopt", new.stack, serving=new.route_id)
     except (Failure, OSError) as e:
-        reason = getattr(e, "reason", str(e))
+        reason = str(e)  # a Failure says its reason
         journal.event("adopt", reason, level="error")
         return Outcome("failed", EXIT_FAILED, "adopt", new.stack, reason, "adopt",
                        serving=front.current())

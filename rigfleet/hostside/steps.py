@@ -199,11 +199,10 @@ class Steps:
         report = d.report()
         self.j.event("drain", f"{ref.stack}: {report.line()}",
                      level="warning" if report.cut or report.result == "unknown" else "info")
-        if report.waited_for_requests:
+        if report.waited_for_requests:  # drained, stale or timed out: never interrupted
             record_times(self.lay, drain_s=report.seconds)
-            if report.result != "interrupted":
-                with contextlib.suppress(Failure):  # the front's own error: it still says 503
-                    self.front.maintenance(message, rest.seconds, wait=False)
+            with contextlib.suppress(Failure):  # the front's own error: it still says 503
+                self.front.maintenance(message, rest.seconds, wait=False)
         return report
 
     def wait_vram(self, utilization: float, timeout_s: float) -> float:
