@@ -290,9 +290,8 @@ def holder_alive(holder: dict[str, Any], now: float | None = None,
     if holder.get("window") and not holder.get("anchor"):
         until = holder.get("until")
         return isinstance(until, int | float) and (time.time() if now is None else now) < until
-    if process_alive(holder):
-        return True
-    return bool(holder.get("window")) and reboot_hold(holder.get("reboot"), clock)
+    return process_alive(holder) or (bool(holder.get("window"))
+                                     and reboot_hold(holder.get("reboot"), clock))
 
 
 def read_holder(lock_dir: Path) -> dict[str, Any] | None:
