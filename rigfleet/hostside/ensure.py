@@ -82,8 +82,11 @@ class Ensure(Steps):
             mark_interrupted(self.lay, self.j)
             return self._run()
         except LockHeld as held:
-            if held.holder.get("window"):
-                return self._deferred(held)
+            if held.holder.get("window"):  # a maintenance window: the stack stays down, at 503
+                why = str(held.holder.get("why") or "maintenance")
+                self.say_503(f"{why}; the stack comes back through the gate", RETRY_AFTER_S,
+                             "warning")
+                return self._said("deferred", EXIT_PROMOTED, f"deferred: {held}")
             if self.leave_held:
                 return self._said("left-alone", EXIT_PROMOTED, f"left alone: {held} (waited "
                                   f"{self.lock_wait_s:g} s); it decides what serves, and the "
@@ -91,7 +94,7 @@ class Ensure(Steps):
             self.j.event("lock", str(held), level="error")
             return Outcome("locked", EXIT_LOCKED, "ensure", reason=str(held), phase="lock")
         except (Failure, ActiveDamaged) as f:
-            reason = f.reason if isinstance(f, Failure) else str(f)
+            reason = str(f)  # a Failure's is its reason
             self.j.event("ensure", reason, level="error")
             if isinstance(f, ActiveDamaged):
                 # Never a silent 503: the front's message says it too.
@@ -102,8 +105,13 @@ class Ensure(Steps):
             phase = f.phase if isinstance(f, Failure) else "active"
             return Outcome("failed", EXIT_FAILED, "ensure", reason=reason, phase=phase,
                            serving=self.front.current())
-        except OSError as e:
-            return self._unwritable(e)
+        except OSError as e:  # a full disk, a read-only file system: the unit retries
+            reason = f"{fs_problem(e)}; stopped there; rigfleet-stack.service tries again"
+            outcome = self._said("failed", EXIT_RETRY, reason, "error", "disk")
+            with contextlib.suppress(OSError):
+                ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
+                                                     reason=reason))
+            return outcome
         finally:
             with contextlib.suppress(OSError):
                 self.lock.release()
@@ -114,21 +122,6 @@ class Ensure(Steps):
         self.j.event("ensure", reason, level=level)
         return Outcome(result, code, "ensure", reason=reason, phase=phase,
                        serving=self.front.current())
-
-    def _unwritable(self, e: OSError) -> Outcome:
-        """A full disk, a read-only file system: said, and ``EXIT_RETRY`` (the unit retries)."""
-        reason = f"{fs_problem(e)}; stopped there; rigfleet-stack.service tries again"
-        outcome = self._said("failed", EXIT_RETRY, reason, "error", "disk")
-        with contextlib.suppress(OSError):
-            ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
-                                                 reason=reason))
-        return outcome
-
-    def _deferred(self, held: LockHeld) -> Outcome:
-        """A maintenance window holds the host: the stack stays down, the front at 503."""
-        why = str(held.holder.get("why") or "maintenance")
-        self.say_503(f"{why}; the stack comes back through the gate", RETRY_AFTER_S, "warning")
-        return self._said("deferred", EXIT_PROMOTED, f"deferred: {held}")
 
     def _run(self) -> Outcome:
         win, status, why = window_status(self.lay)
