@@ -392,7 +392,7 @@ class Steps:
                       sets=plan.gate_set, timeout_s=plan.gate_timeout_s)
 
         def on_line(line: str) -> None:
-            if line.strip() and set(line.strip()) - set(".0123456789 "):
+            if set(line.strip()) - set(".0123456789 "):  # not blank, not a progress count
                 self.j.event("gate", line.strip())
 
         result = gate_fn(run, on_line, self.interrupted)
