@@ -376,9 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     rec = command("record", cmd_record, "record pins that changed without a swap")
     rec.add_argument("--json", required=True, help="the tracked keys, as a JSON object")
     rec.add_argument("--config-hash", required=True)
-    rec.add_argument("--by", default="")
-    rec.add_argument("--deploy-id", default="")
-    rec.add_argument("--host", default="")
+    for flag in ("--by", "--deploy-id", "--host"):
+        rec.add_argument(flag, default="")
     lk = command("lock", cmd_lock, "who holds the host lock")
     lk.add_argument("--json", action="store_true")
     lk.add_argument("--release", action="store_true",

@@ -46,13 +46,11 @@ def parse_active(lay: Layout) -> tuple[Active | None, str]:
     if not text.strip():
         return None, "is empty"
     try:
-        data = json.loads(text)
+        return Active.from_dict(json.loads(text)), ""
+    except PlanError as e:  # a ValueError too: caught before the JSON error
+        return None, f"is not an active record ({e})"
     except ValueError as e:
         return None, f"is not JSON ({e}; truncated?)"
-    try:
-        return Active.from_dict(data), ""
-    except PlanError as e:
-        return None, f"is not an active record ({e})"
 
 
 def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | None:

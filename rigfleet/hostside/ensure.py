@@ -40,6 +40,7 @@ from .steps import (
     Ops,
     Outcome,
     Steps,
+    fs_problem,
     known_projects,
 )
 
@@ -81,8 +82,11 @@ class Ensure(Steps):
             mark_interrupted(self.lay, self.j)
             return self._run()
         except LockHeld as held:
-            if held.holder.get("window"):
-                return self._deferred(held)
+            if held.holder.get("window"):  # a maintenance window: the stack stays down, at 503
+                why = str(held.holder.get("why") or "maintenance")
+                self.say_503(f"{why}; the stack comes back through the gate", RETRY_AFTER_S,
+                             "warning")
+                return self._said("deferred", EXIT_PROMOTED, f"deferred: {held}")
             if self.leave_held:
                 return self._said("left-alone", EXIT_PROMOTED, f"left alone: {held} (waited "
                                   f"{self.lock_wait_s:g} s); it decides what serves, and the "
@@ -90,7 +94,7 @@ class Ensure(Steps):
             self.j.event("lock", str(held), level="error")
             return Outcome("locked", EXIT_LOCKED, "ensure", reason=str(held), phase="lock")
         except (Failure, ActiveDamaged) as f:
-            reason = f.reason if isinstance(f, Failure) else str(f)
+            reason = str(f)  # a Failure's is its reason
             self.j.event("ensure", reason, level="error")
             if isinstance(f, ActiveDamaged):
                 # Never a silent 503: the front's message says it too.
@@ -101,8 +105,13 @@ class Ensure(Steps):
             phase = f.phase if isinstance(f, Failure) else "active"
             return Outcome("failed", EXIT_FAILED, "ensure", reason=reason, phase=phase,
                            serving=self.front.current())
-        except OSError as e:
-            return self._unwritable(e)
+        except OSError as e:  # a full disk, a read-only file system: the unit retries
+            reason = f"{fs_problem(e)}; stopped there; rigfleet-stack.service tries again"
+            outcome = self._said("failed", EXIT_RETRY, reason, "error", "disk")
+            with contextlib.suppress(OSError):
+                ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
+                                                     reason=reason))
+            return outcome
         finally:
             with contextlib.suppress(OSError):
                 self.lock.release()
@@ -113,22 +122,6 @@ class Ensure(Steps):
         self.j.event("ensure", reason, level=level)
         return Outcome(result, code, "ensure", reason=reason, phase=phase,
                        serving=self.front.current())
-
-    def _unwritable(self, e: OSError) -> Outcome:
-        """A full disk, a read-only file system: said, and ``EXIT_RETRY`` (the unit retries)."""
-        reason = (f"{e.filename or 'the disk'}: {e.strerror or e}; stopped there; "
-                  "rigfleet-stack.service tries again")
-        outcome = self._said("failed", EXIT_RETRY, reason, "error", "disk")
-        with contextlib.suppress(OSError):
-            ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
-                                                 reason=reason))
-        return outcome
-
-    def _deferred(self, held: LockHeld) -> Outcome:
-        """A maintenance window holds the host: the stack stays down, the front at 503."""
-        why = str(held.holder.get("why") or "maintenance")
-        self.say_503(f"{why}; the stack comes back through the gate", RETRY_AFTER_S, "warning")
-        return self._said("deferred", EXIT_PROMOTED, f"deferred: {held}")
 
     def _run(self) -> Outcome:
         win, status, why = window_status(self.lay)
@@ -222,7 +215,7 @@ def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journ
         journal.event("adopt", f"{new.route_id} recorded as active; the front routes to it")
         return Outcome("adopted", EXIT_PROMOTED, "adopt", new.stack, serving=new.route_id)
     except (Failure, OSError) as e:
-        reason = getattr(e, "reason", str(e))
+        reason = str(e)  # a Failure says its reason
         journal.event("adopt", reason, level="error")
         return Outcome("failed", EXIT_FAILED, "adopt", new.stack, reason, "adopt",
                        serving=front.current())
@@ -241,12 +234,12 @@ def shutdown(lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
         take_lock(lock, who, "the stack unit stops: front to 503, every stack down",
                   lock_wait_s, ops)
     except LockHeld as held:
-        if not held.holder.get("window") and not going_down():
-            journal.event("shutdown", f"left alone: {held} (waited {lock_wait_s:g} s); "
-                          "nothing was stopped: stop the unit again after it",
-                          level="warning")
-            return "left-alone"
         if not held.holder.get("window"):
+            if not going_down():
+                journal.event("shutdown", f"left alone: {held} (waited {lock_wait_s:g} s); "
+                              "nothing was stopped: stop the unit again after it",
+                              level="warning")
+                return "left-alone"
             journal.event("shutdown", f"{held}: the machine goes down; stopping anyway",
                           level="warning")
     except OSError as e:  # a read-only or full disk: the stacks still go down

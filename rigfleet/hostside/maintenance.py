@@ -168,8 +168,7 @@ class Maintenance(Steps):
             self.front.maintenance(f"maintenance: {step}", estimate.seconds)
         except FrontError as e:
             # Nothing was disturbed yet: give the host back as it was.
-            write_window(self.lay, replace(window, state="closed", closed_at=time.time(),
-                                           reason=f"not opened: the front refused 503: {e}"))
+            self._finish(window, "closed", f"not opened: the front refused 503: {e}")
             if self.lock.adopt_window(plan.id, "giving back a window that did not open",
                                       take_live=True):
                 self.lock.release()

@@ -105,8 +105,7 @@ def gpu_textfile(csv_text: str | None, ecc_text: str | None = None) -> str:
         value = _number(count)
         if value is not None:
             ecc[index] = value
-    rows = [] if csv_text is None else [r for r in csv_text.splitlines() if r.strip()]
-    parsed = [[c.strip() for c in r.split(",")] for r in rows]
+    parsed = [[c.strip() for c in r.split(",")] for r in (csv_text or "").splitlines() if r.strip()]
     ok = csv_text is not None and all(len(p) == len(GPU_FIELDS) for p in parsed)
     for cells in parsed if ok else ():
         by = {f: c for (_, f, _, _), c in zip(GPU_FIELDS, cells, strict=True)}

@@ -10,6 +10,7 @@ The host tool writes them; the control side reads them only through these functi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -289,9 +290,8 @@ def holder_alive(holder: dict[str, Any], now: float | None = None,
     if holder.get("window") and not holder.get("anchor"):
         until = holder.get("until")
         return isinstance(until, int | float) and (time.time() if now is None else now) < until
-    if process_alive(holder):
-        return True
-    return bool(holder.get("window")) and reboot_hold(holder.get("reboot"), clock)
+    return process_alive(holder) or (bool(holder.get("window"))
+                                     and reboot_hold(holder.get("reboot"), clock))
 
 
 def read_holder(lock_dir: Path) -> dict[str, Any] | None:
@@ -345,9 +345,10 @@ def live_holder(holder: Any) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class GateRecord(Coded):
-    """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``)."""
+    """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``);
+    ``from_dict``: None without a ``result``."""
 
-    result: str = "not-run"
+    result: str
     failed_checks: tuple[str, ...] = ()
     report: str | None = None
     report_md: str | None = None
@@ -355,11 +356,6 @@ class GateRecord(Coded):
     profile: str | None = None
     summary: str = ""
     seconds: float | None = None
-
-    @classmethod
-    def from_dict(cls, data: Any) -> GateRecord | None:
-        ok = isinstance(data, dict) and isinstance(data.get("result"), str)
-        return decode(cls, data) if ok else None
 
     def text(self) -> str:
         """``pass``, ``fail (needles, soak): ...`` for a table or a message."""
@@ -491,9 +487,7 @@ def loaded_images(lay: Layout) -> dict[str, list[str]]:
     except OSError:
         return found
     for entry in entries:
-        try:
+        with contextlib.suppress(OSError):
             image_id = entry.read_text(encoding="utf-8").strip()
-        except OSError:
-            continue
-        found.setdefault(image_id, []).append(f"sha256:{entry.name}")
+            found.setdefault(image_id, []).append(f"sha256:{entry.name}")
     return found

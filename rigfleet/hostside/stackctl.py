@@ -95,8 +95,7 @@ def docker_time(text: str) -> float | None:
     m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", text.strip())
     if not m or m.group(1).startswith("0001-"):
         return None
-    tz = m.group(3) or "Z"
-    return datetime.fromisoformat(m.group(1) + tz.replace("Z", "+00:00")).timestamp()
+    return datetime.fromisoformat(m.group(1) + (m.group(3) or "Z")).timestamp()
 
 
 @dataclass(frozen=True)

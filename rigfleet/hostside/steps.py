@@ -199,11 +199,10 @@ class Steps:
         report = d.report()
         self.j.event("drain", f"{ref.stack}: {report.line()}",
                      level="warning" if report.cut or report.result == "unknown" else "info")
-        if report.waited_for_requests:
+        if report.waited_for_requests:  # drained, stale or timed out: never interrupted
             record_times(self.lay, drain_s=report.seconds)
-            if report.result != "interrupted":
-                with contextlib.suppress(Failure):  # the front's own error: it still says 503
-                    self.front.maintenance(message, rest.seconds, wait=False)
+            with contextlib.suppress(Failure):  # the front's own error: it still says 503
+                self.front.maintenance(message, rest.seconds, wait=False)
         return report
 
     def wait_vram(self, utilization: float, timeout_s: float) -> float:
@@ -393,7 +392,7 @@ class Steps:
                       sets=plan.gate_set, timeout_s=plan.gate_timeout_s)
 
         def on_line(line: str) -> None:
-            if line.strip() and set(line.strip()) - set(".0123456789 "):
+            if set(line.strip()) - set(".0123456789 "):  # not blank, not a progress count
                 self.j.event("gate", line.strip())
 
         result = gate_fn(run, on_line, self.interrupted)

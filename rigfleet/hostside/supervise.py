@@ -304,11 +304,8 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
     st = obs.container
     served = st is not None and st.running and bool(rec.healthy_start) \
         and rec.healthy_start == st.started_at
-    if served and not obs.healthy:
-        rec = replace(rec, unhealthy_since=now if rec.unhealthy_since is None
-                      else rec.unhealthy_since)
-    else:
-        rec = replace(rec, unhealthy_since=None)
+    since = now if rec.unhealthy_since is None else rec.unhealthy_since
+    rec = replace(rec, unhealthy_since=since if served and not obs.healthy else None)
     how = engine_death(rec, obs, p)
     if how is None:
         rec = replace(rec, dead_since=None, death="", boot_failure=None, next_attempt_at=None)

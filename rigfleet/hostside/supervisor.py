@@ -361,8 +361,7 @@ class Supervisor:
             steps.recreate(ref, f"{ref.stack} engine died; recreating it (attempt {n} of "
                            f"{p.limit})", p.retry_after_s, p.vram_timeout_s, p.ready_timeout_s)
         except Failure as e:
-            return self._failed(self.rec, active, steps, attempt, n, e, kept,
-                                round(self.ops.monotonic() - t0, 1))
+            return self._failed(active, steps, attempt, n, e, round(self.ops.monotonic() - t0, 1))
         seconds = round(self.ops.monotonic() - t0, 1)
         reason = f"recreated after the engine died: {rec.death}" + "".join(
             f"; {note}" for note in steps.image_notes)
@@ -383,8 +382,8 @@ class Supervisor:
         return {"result": "recreated", "exit": 0, "serving": ref.route_id, "reason": reason,
                 "window_s": seconds}
 
-    def _failed(self, rec: Record, active: Active, steps: Steps, attempt: Attempt, n: int,
-                e: Failure, kept: str | None, seconds: float) -> dict[str, Any]:
+    def _failed(self, active: Active, steps: Steps, attempt: Attempt, n: int, e: Failure,
+                seconds: float) -> dict[str, Any]:
         """A recreation that failed (or was stopped): 503 stays, the next backoff from now."""
         limit, reason, boot = self.policy.limit, e.reason, e.boot
         result = "interrupted" if e.phase == "interrupted" else "failed"
@@ -392,10 +391,10 @@ class Supervisor:
         steps.j.event("recreate", said, level="error")
         self.note(result, None, active, f"recreation {n} of {limit} after the engine died "
                   f"({attempt.reason}) {result}: {reason}", attempted=active.ref,
-                  extra={"phase": e.phase, "boot_failure": boot, "kept_log": kept})
+                  extra={"phase": e.phase, "boot_failure": boot, "kept_log": attempt.kept_log})
         now = self.clock()
-        after = replace(rec, dead_since=now, death=reason,
-                        boot_failure=boot or rec.boot_failure)
+        after = replace(self.rec, dead_since=now, death=reason,
+                        boot_failure=boot or self.rec.boot_failure)
         self.save(moved(after.noted(replace(attempt, result=result, detail=reason,
                                             seconds=seconds)), "backoff", said, now))
         return {"result": result, "exit": 1, "reason": reason, "phase": e.phase}
