@@ -76,12 +76,10 @@ def _http_finding(res: ChatResult, where: str = "") -> Finding:
 def _over_context(ctx: Context, res: ChatResult, prompt_tokens: int | None,
                   max_tokens: int) -> bool:
     """A 400 because the prompt (plus its answer budget) does not fit max-model-len."""
-    if res.status != 400:
-        return False
-    if ctx.max_model_len and prompt_tokens and prompt_tokens + max_tokens > ctx.max_model_len:
-        return True
+    too_big = bool(ctx.max_model_len and prompt_tokens
+                   and prompt_tokens + max_tokens > ctx.max_model_len)
     msg = res.error_message().lower()
-    return any(s in msg for s in _OVER_CONTEXT)
+    return res.status == 400 and (too_big or any(s in msg for s in _OVER_CONTEXT))
 
 
 def _failed(ctx: Context, out: CheckResult, res: ChatResult, where: str = "") -> bool:
@@ -567,9 +565,7 @@ def _summary(measured: dict[str, ShapeFigures | None], base: Baseline, code: Sha
         vs = f" ({figs.decode / want:.0%} of {want:.1f})" if want and judged else ""
         cv = f" CV {figs.cv:.1%}" if figs.cv is not None else ""
         parts.append(f"{shape} {figs.decode:.1f} tok/s{vs}{cv}")
-    acc = code.acceptance
-    parts.append("acceptance " + ("/".join(f"{x:.0%}" for x in acc.per_position)
-                                  + f" (AL {acc.length:.2f})" if acc else "unknown"))
+    parts.append(f"acceptance {code.acceptance or 'unknown'}")
     text = "; ".join(parts)
     if findings:
         return "; ".join(f.message for f in findings[:2]) + f" [{text}]"
