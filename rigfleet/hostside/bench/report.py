@@ -58,8 +58,8 @@ def fleet_medians(entries: Sequence[Entry]) -> dict[str, dict[str, float]]:
     return out
 
 
-def report_dict(entries: Sequence[Entry], started: str = "", finished: str = "") -> dict[str, Any]:
-    return {"schema": SCHEMA, "started": started, "finished": finished or now_iso(),
+def report_dict(entries: Sequence[Entry], started: str = "") -> dict[str, Any]:
+    return {"schema": SCHEMA, "started": started, "finished": now_iso(),
             "entries": [e.to_dict() for e in entries], "fleet": fleet_medians(entries)}
 
 
