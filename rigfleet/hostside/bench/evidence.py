@@ -81,10 +81,9 @@ def engine_facts(lines: Sequence[str]) -> dict[str, Any]:
             out["backend"] = {"name": m.group(1), "line": line.strip()}
         if m := _DOWNGRADE.search(line):
             out["downgrade"] = {"requested": m.group(1), "mode": m.group(2), "line": line.strip()}
-        if m := _CAPTURE.search(line):
-            out["captures"].append(m.group(1))
-        if m := _CACHE_DIR.search(line):
-            out["cache_dirs"].append(m.group(1))
+        for key, rx in (("captures", _CAPTURE), ("cache_dirs", _CACHE_DIR)):
+            if m := rx.search(line):
+                out[key].append(m.group(1))
         for kind, rx in (("cold", _COLD), ("hit", _HIT), ("total", _COMPILE_TOTAL)):
             if m := rx.search(line):
                 out["compile"].append({"kind": kind, "seconds": float(m.group(1)),

@@ -159,6 +159,9 @@ class Acceptance:
     per_position: tuple[float, ...] = ()
     rate: float | None = None
 
+    def __str__(self) -> str:
+        return "/".join(f"{x:.0%}" for x in self.per_position) + f" (AL {self.length:.2f})"
+
     def to_dict(self) -> dict[str, Any]:
         return {"drafts": self.drafts, "length": round(self.length, 3),
                 "per_position": [round(x, 4) for x in self.per_position],

@@ -58,8 +58,8 @@ def fleet_medians(entries: Sequence[Entry]) -> dict[str, dict[str, float]]:
     return out
 
 
-def report_dict(entries: Sequence[Entry], started: str = "", finished: str = "") -> dict[str, Any]:
-    return {"schema": SCHEMA, "started": started, "finished": finished or now_iso(),
+def report_dict(entries: Sequence[Entry], started: str = "") -> dict[str, Any]:
+    return {"schema": SCHEMA, "started": started, "finished": now_iso(),
             "entries": [e.to_dict() for e in entries], "fleet": fleet_medians(entries)}
 
 
@@ -90,9 +90,7 @@ def markdown(entries: Sequence[Entry]) -> str:
         lines += ["", "| shape | decode tok/s | CV | wall tok/s | TTFT s | acceptance | "
                   "vs reference | vs fleet median | vs baseline |", "|---" * 9 + "|"]
         for shape, sr in r.shapes.items():
-            acc = ("/".join(f"{x:.0%}" for x in sr.acceptance.per_position)
-                   + f" (AL {sr.acceptance.length:.2f})") if sr.acceptance else (
-                sr.acceptance_note or "unknown")
+            acc = str(sr.acceptance) if sr.acceptance else sr.acceptance_note or "unknown"
             base = e.baseline.figures.get(shape) if e.baseline else None
             lines.append(
                 f"| {shape} | {cell(sr.decode_mean)} | {cell(sr.decode_cv, '.1%')} | "

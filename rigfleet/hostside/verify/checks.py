@@ -52,9 +52,11 @@ class Context:
             self.client, self.model, max(self.profile.preflight_timeout_s, 30.0),
             self.profile.needle_timeout_s, self.progress.note, self.profile.size_tolerance)
 
-    def body(self, messages: prompts.Messages, max_tokens: int, temperature: float,
-             tools: prompts.Tools = None, tool_choice: Any = None) -> dict[str, Any]:
-        return prompts.chat_body(self.model, messages, max_tokens, temperature, tools, tool_choice)
+    def chat(self, messages: prompts.Messages, max_tokens: int, temperature: float,
+             timeout: float, tools: prompts.Tools = None, tool_choice: Any = None,
+             stream: bool = False) -> ChatResult:
+        body = prompts.chat_body(self.model, messages, max_tokens, temperature, tools, tool_choice)
+        return self.client.chat(body, timeout=timeout, stream=stream)
 
 
 # Texts vLLM (and OpenAI-compatible servers) use when a prompt does not fit the context.
@@ -74,12 +76,10 @@ def _http_finding(res: ChatResult, where: str = "") -> Finding:
 def _over_context(ctx: Context, res: ChatResult, prompt_tokens: int | None,
                   max_tokens: int) -> bool:
     """A 400 because the prompt (plus its answer budget) does not fit max-model-len."""
-    if res.status != 400:
-        return False
-    if ctx.max_model_len and prompt_tokens and prompt_tokens + max_tokens > ctx.max_model_len:
-        return True
+    too_big = bool(ctx.max_model_len and prompt_tokens
+                   and prompt_tokens + max_tokens > ctx.max_model_len)
     msg = res.error_message().lower()
-    return any(s in msg for s in _OVER_CONTEXT)
+    return res.status == 400 and (too_big or any(s in msg for s in _OVER_CONTEXT))
 
 
 def _failed(ctx: Context, out: CheckResult, res: ChatResult, where: str = "") -> bool:
@@ -113,15 +113,18 @@ def _excerpt(text: str, n: int = 80) -> str:
     return t if len(t) <= n else t[: n - 1] + "…"
 
 
-def _finish(out: CheckResult, ok_summary: str) -> CheckResult:
-    if out.findings:
-        out.status = FAIL
-        names = sorted({f.name for f in out.findings})
-        out.summary = out.summary or ("; ".join(f.message for f in out.findings[:2])
-                                      if len(out.findings) <= 2 else ", ".join(names))
-    else:
-        out.status = PASS
-        out.summary = out.summary or ok_summary
+def _fail(out: CheckResult, finding: Finding, summary: str = "") -> CheckResult:
+    out.findings.append(finding)
+    out.summary = summary
+    return _finish(out)
+
+
+def _finish(out: CheckResult, ok_summary: str = "") -> CheckResult:
+    found = out.findings
+    out.status = FAIL if found else PASS
+    if not out.summary:
+        out.summary = (", ".join(sorted({f.name for f in found})) if len(found) > 2
+                       else "; ".join(f.message for f in found) or ok_summary)
     return out
 
 
@@ -138,15 +141,13 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
     out.details["health"] = {"http_status": h.status, "error": h.error or None}
     if h.status != 200:
         why = h.error or f"HTTP {h.status}"
-        out.findings.append(Finding("server_down", f"GET /health: {why}"))
-        out.summary = f"server not healthy: {why}"
-        return _finish(out, "")
+        return _fail(out, Finding("server_down", f"GET /health: {why}"),
+                     f"server not healthy: {why}")
     cards, status, why = ctx.client.models(p.preflight_timeout_s)
     if not cards or not cards[0].get("id"):
         why = why or "no model listed"
-        out.findings.append(Finding("no_model", f"GET /v1/models: HTTP {status}: {why}"))
-        out.summary = f"/v1/models: {why}"
-        return _finish(out, "")
+        return _fail(out, Finding("no_model", f"GET /v1/models: HTTP {status}: {why}"),
+                     f"/v1/models: {why}")
     ctx.model = str(cards[0]["id"])
     ctx.max_model_len = max_model_len(cards[0])
     ctx.version = ctx.client.version(p.preflight_timeout_s)
@@ -156,13 +157,11 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
     ctx.metrics_before = metrics.scrape(ctx.client, p.preflight_timeout_s)
     # One token: a server that boots but cannot generate is down for our purposes (the
     # first request also absorbs lazy compilation, so it is not timed against any check).
-    warm = ctx.client.chat(ctx.body([{"role": "user", "content": "ping"}], 1, 0.0),
-                           timeout=p.warmup_timeout_s)
+    warm = ctx.chat([{"role": "user", "content": "ping"}], 1, 0.0, p.warmup_timeout_s)
     out.details["warmup"] = _attempt(warm)
     if not warm.ok:
-        out.findings.append(_http_finding(warm, "warm-up"))
-        out.summary = f"warm-up completion failed: {out.findings[-1].message}"
-        return _finish(out, "")
+        found = _http_finding(warm, "warm-up")
+        return _fail(out, found, f"warm-up completion failed: {found.message}")
     out.summary = (f"model {ctx.model}, version {ctx.version or '?'}, max_model_len "
                    f"{ctx.max_model_len or '?'}")
     return out
@@ -188,8 +187,7 @@ def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckRe
             continue
         row["prompt_tokens"] = sized.tokens
         ctx.progress.tick(".")
-        res = ctx.client.chat(ctx.body(sized.messages, p.needle_max_tokens, 0.0),
-                              timeout=p.needle_timeout_s, stream=True)
+        res = ctx.chat(sized.messages, p.needle_max_tokens, 0.0, p.needle_timeout_s, stream=True)
         row.update(http_status=res.status, seconds=round(res.seconds, 2),
                    ttft=round(res.ttft, 2) if res.ttft is not None else None,
                    server_prompt_tokens=res.prompt_tokens)
@@ -247,17 +245,15 @@ def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
         sized = ctx.sizer.fit("prefill", lambda units: prompts.prefill_messages(
             seed, max(units, 1)), p.prefill_tokens, tools)
     except prompts.SizingError as exc:
-        out.findings.append(Finding("sizing_error", str(exc)))
-        return _finish(out, "")
+        return _fail(out, Finding("sizing_error", str(exc)))
     out.details.update(target_tokens=p.prefill_tokens, prompt_tokens=sized.tokens,
                        articles=sized.units)
-    res = ctx.client.chat(ctx.body(sized.messages, p.prefill_max_tokens, 0.6, tools, "auto"),
-                          timeout=p.prefill_timeout_s)
+    res = ctx.chat(sized.messages, p.prefill_max_tokens, 0.6, p.prefill_timeout_s, tools, "auto")
     out.details.update(_attempt(res), prompt_tokens=res.prompt_tokens or sized.tokens)
     if _over_context(ctx, res, sized.tokens, p.prefill_max_tokens):
         return _skip_over_context(out, res)
     if _failed(ctx, out, res):
-        return _finish(out, "")
+        return _finish(out)
     text = res.content.strip()
     out.details["answer"] = _excerpt(text, 160)
     if not res.tool_calls and text and len(text) < p.prefill_min_chars:
@@ -274,13 +270,12 @@ def ide_oneshot(ctx: Context, out: CheckResult) -> CheckResult:
     tools = prompts.tools(p.ide_tools)
     msgs = [{"role": "system", "content": preamble},
             {"role": "user", "content": prompts.IDE_REQUEST}]
-    res = ctx.client.chat(ctx.body(msgs, p.ide_max_tokens, 0.0, tools, "none"),
-                          timeout=p.ide_timeout_s)
+    res = ctx.chat(msgs, p.ide_max_tokens, 0.0, p.ide_timeout_s, tools, "none")
     out.details.update(preamble_chars=len(preamble), tools=len(tools), **_attempt(res))
     if _over_context(ctx, res, None, p.ide_max_tokens):
         return _skip_over_context(out, res)
     if _failed(ctx, out, res):
-        return _finish(out, "")
+        return _finish(out)
     if res.tool_calls:
         out.findings.append(Finding("unexpected_tool_call", "tool call despite tool_choice "
                                     f"'none': {', '.join(res.tool_names())}"))
@@ -295,34 +290,30 @@ def agent_multiturn(ctx: Context, out: CheckResult) -> CheckResult:
     tools = prompts.tools(p.agent_tools)
     msgs: prompts.Messages = [{"role": "system", "content": prompts.AGENT_SYSTEM},
                               {"role": "user", "content": prompts.AGENT_REQUEST}]
-    first = ctx.client.chat(ctx.body(msgs, p.agent_max_tokens, 0.6, tools, "auto"),
-                            timeout=p.agent_timeout_s)
+    first = ctx.chat(msgs, p.agent_max_tokens, 0.6, p.agent_timeout_s, tools, "auto")
     out.details["turn1"] = _attempt(first)
     if _failed(ctx, out, first, "turn 1"):
-        return _finish(out, "")
+        return _finish(out)
     names = first.tool_names()
     out.details["turn1"]["tool_calls"] = names
     if not first.tool_calls:
-        out.findings.append(Finding("no_tool_call", f"turn 1 answered without calling "
-                                    f"{prompts.AGENT_TOOL}", "turn 1", _excerpt(first.content)))
-        return _finish(out, "")
+        return _fail(out, Finding("no_tool_call", f"turn 1 answered without calling "
+                                  f"{prompts.AGENT_TOOL}", "turn 1", _excerpt(first.content)))
     # Parallel calls are fine as long as one of them is the right tool; only that one is
     # answered (the conversation stays a plain call -> result -> answer round trip).
     call = next((c for c in first.tool_calls
                  if (c.get("function") or {}).get("name") == prompts.AGENT_TOOL), None)
     if call is None:
-        out.findings.append(Finding("wrong_tool", f"turn 1 called {', '.join(names)}, expected "
-                                                  f"{prompts.AGENT_TOOL!r}", "turn 1"))
-        return _finish(out, "")
+        return _fail(out, Finding("wrong_tool", f"turn 1 called {', '.join(names)}, expected "
+                                                f"{prompts.AGENT_TOOL!r}", "turn 1"))
     fn = call.get("function") or {}
     try:
         args = json.loads(fn.get("arguments") or "{}")
         if not isinstance(args, dict):
             raise ValueError("not an object")
     except ValueError:
-        out.findings.append(Finding("bad_tool_arguments", "tool call arguments are not a JSON "
-                                    "object", "turn 1", str(fn.get("arguments"))[:80]))
-        return _finish(out, "")
+        return _fail(out, Finding("bad_tool_arguments", "tool call arguments are not a JSON "
+                                  "object", "turn 1", str(fn.get("arguments"))[:80]))
     out.details["turn1"]["arguments"] = args
     call_id = str(call.get("id") or "call_0")
     msgs = msgs + [
@@ -332,11 +323,10 @@ def agent_multiturn(ctx: Context, out: CheckResult) -> CheckResult:
         {"role": "tool", "tool_call_id": call_id, "name": prompts.AGENT_TOOL,
          "content": prompts.agent_file_text(p.agent_tool_reply_chars)},
     ]
-    second = ctx.client.chat(ctx.body(msgs, p.agent_max_tokens, 0.6, tools, "auto"),
-                             timeout=p.agent_timeout_s)
+    second = ctx.chat(msgs, p.agent_max_tokens, 0.6, p.agent_timeout_s, tools, "auto")
     out.details["turn2"] = _attempt(second)
     if _failed(ctx, out, second, "turn 2"):
-        return _finish(out, "")
+        return _finish(out)
     out.details["turn2"]["answer"] = _excerpt(second.content, 160)
     if second.tool_calls and not second.content.strip():
         out.findings.append(Finding("no_text_follow_up", "turn 2 called "
@@ -350,10 +340,10 @@ def coding(ctx: Context, out: CheckResult) -> CheckResult:
     """A LeetCode-shape request with a GOAL/STATE/ALGO/EDGE/VERIFY plan: healthy code."""
     p = ctx.profile
     msgs = [{"role": "user", "content": prompts.CODING_REQUEST}]
-    res = ctx.client.chat(ctx.body(msgs, p.coding_max_tokens, 0.0), timeout=p.coding_timeout_s)
+    res = ctx.chat(msgs, p.coding_max_tokens, 0.0, p.coding_timeout_s)
     out.details.update(_attempt(res))
     if _failed(ctx, out, res):
-        return _finish(out, "")
+        return _finish(out)
     text = res.content
     out.details["answer"] = _excerpt(text, 160)
     if text.strip() and not any(m in text for m in ("```", "def ", "return ")):
@@ -367,11 +357,10 @@ def reasoning(ctx: Context, out: CheckResult) -> CheckResult:
     spec-decode acceptance collapse or an early stop."""
     p = ctx.profile
     msgs = [{"role": "user", "content": prompts.REASONING_REQUEST}]
-    res = ctx.client.chat(ctx.body(msgs, p.reasoning_max_tokens, 0.0),
-                          timeout=p.reasoning_timeout_s)
+    res = ctx.chat(msgs, p.reasoning_max_tokens, 0.0, p.reasoning_timeout_s)
     out.details.update(_attempt(res), min_tokens=p.reasoning_min_tokens)
     if _failed(ctx, out, res):
-        return _finish(out, "")
+        return _finish(out)
     out.details["answer"] = _excerpt(res.content, 160)
     if (n := res.completion_tokens) is None:
         out.findings.append(Finding("no_usage", "the server reported no completion tokens"))
@@ -411,7 +400,7 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
             msgs.append({"role": "user", "content": prompts.soak_turn(rng, idx, t)})
             max_tokens = rng.randint(p.soak_turn_min_tokens, p.soak_turn_max_tokens)
             timeout = max(1.0, min(p.soak_request_timeout_s, deadline - time.monotonic()))
-            res = ctx.client.chat(ctx.body(msgs, max_tokens, 0.7), timeout=timeout, stream=True)
+            res = ctx.chat(msgs, max_tokens, 0.7, timeout, stream=True)
             tokens = res.completion_tokens
             if tokens is None and res.ok:
                 # No usage in the stream: only "nothing at all came back" counts as 0.
@@ -495,8 +484,7 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     if probed := (delta(metrics.SPEC_DRAFTS) < p.spec_min_drafts):
         # Too little of our own traffic (e.g. --only spec_decode): verify-full's probe.
         msgs = [{"role": "user", "content": prompts.SPEC_PROBE_REQUEST}]
-        res = ctx.client.chat(ctx.body(msgs, p.spec_probe_max_tokens, 0.0),
-                              timeout=p.spec_probe_timeout_s)
+        res = ctx.chat(msgs, p.spec_probe_max_tokens, 0.0, p.spec_probe_timeout_s)
         out.details["probe"] = _attempt(res)
         _failed(ctx, out, res, "probe")
         time.sleep(p.spec_settle_s)
@@ -507,9 +495,8 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
                        baseline_scraped=before is not None)
     acc = acceptance_between(before or [], after, ctx.model)[0]
     if acc is None:  # drafts <= 0
-        out.findings.append(Finding("no_drafts", "spec-decode counters exist but did not move "
-                                                 "during the gate's traffic"))
-        return _finish(out, "")
+        return _fail(out, Finding("no_drafts", "spec-decode counters exist but did not move "
+                                               "during the gate's traffic"))
     al = acc.length
     out.details["mean_acceptance_length"] = round(al, 3)
     if acc.rate is not None:
@@ -578,9 +565,7 @@ def _summary(measured: dict[str, ShapeFigures | None], base: Baseline, code: Sha
         vs = f" ({figs.decode / want:.0%} of {want:.1f})" if want and judged else ""
         cv = f" CV {figs.cv:.1%}" if figs.cv is not None else ""
         parts.append(f"{shape} {figs.decode:.1f} tok/s{vs}{cv}")
-    acc = code.acceptance
-    parts.append("acceptance " + ("/".join(f"{x:.0%}" for x in acc.per_position)
-                                  + f" (AL {acc.length:.2f})" if acc else "unknown"))
+    parts.append(f"acceptance {code.acceptance or 'unknown'}")
     text = "; ".join(parts)
     if findings:
         return "; ".join(f.message for f in findings[:2]) + f" [{text}]"

@@ -9,6 +9,7 @@ the profile's ``health_*`` thresholds::
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from dataclasses import asdict, dataclass, replace
@@ -54,9 +55,7 @@ def _prose(text: str) -> str:
 def detect_empty(content: str, tool_calls: list[Any] | None = None, reasoning: str = "",
                  finish_reason: str | None = None) -> Finding | None:
     """No text and no tool call; still thinking at max_tokens (finish "length") is not empty."""
-    if content.strip() or tool_calls:
-        return None
-    if reasoning.strip() and finish_reason == "length":
+    if content.strip() or tool_calls or (reasoning.strip() and finish_reason == "length"):
         return None
     return Finding("empty", "empty reply: no content and no tool call",
                    evidence=f"finish_reason={finish_reason}")
@@ -107,19 +106,12 @@ def detect_first_word_repetition(text: str, prof: Profile) -> Finding | None:
 def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
     """Any line repeated ``health_line_repeats`` times in a row; lines without a letter or
     digit (``}``, ``---``, fences) legitimately stack up in code and markdown and are skipped."""
-    prev, count = None, 0
-    for line in text.splitlines():
-        s = line.strip()
-        if not s or not any(ch.isalnum() for ch in s):
-            continue
-        if s == prev:
-            count += 1
-            if count >= prof.health_line_repeats:
-                return Finding("repeated_line",
-                               f"the line {s[:60]!r} repeats {count} times in a row",
-                               evidence=s[:80])
-        else:
-            prev, count = s, 1
+    lines = [s for s in map(str.strip, text.splitlines()) if any(ch.isalnum() for ch in s)]
+    n = max(prof.health_line_repeats, 2)  # one line on its own does not repeat
+    for s, run in itertools.groupby(lines):
+        if len(list(run)) >= n:
+            return Finding("repeated_line", f"the line {s[:60]!r} repeats {n} times in a row",
+                           evidence=s[:80])
     return None
 
 

@@ -158,11 +158,9 @@ def _describe(key: str) -> str:
 
 
 def _in_range(key: str, v: float) -> bool:
-    if v != v or v in (math.inf, -math.inf):  # NaN, inf (an int may be too big for isfinite)
-        return False
-    if key in _FRACTIONS:
-        return 0.0 < v <= 1.0
-    return v >= 0 if key in _ZERO_OK else v > 0
+    finite = v == v and v not in (math.inf, -math.inf)  # an int may be too big for isfinite
+    above = v >= 0 if key in _ZERO_OK else v > 0
+    return finite and above and (key not in _FRACTIONS or v <= 1.0)
 
 
 def _parse_value(key: str, raw: str) -> Any:
