@@ -134,7 +134,7 @@ def parse_evidence(host: str, section: Mapping[str, Any]) -> Evidence:
     load_rows = [parse_sample(s) for s in gpu.get("load") or []]
     cards = []
     for pos, idle in enumerate(idle_rows):
-        index = int(idle.get("index") or pos) if isinstance(idle.get("index"), float) else pos
+        index = int(idle["index"]) if isinstance(idle.get("index"), float) else pos
         loaded = [rows[pos] for rows in load_rows if pos < len(rows)]
         cards.append(summarise(index, idle, loaded))
     load = section.get("load") or {}

@@ -329,6 +329,9 @@ def test_client_streaming_errors_and_key_handling(fake_server):
     dead = Client("http://127.0.0.1:9", api_key="s3cret-key").request("GET", "/health", None, 2)
     assert dead.status == 0 and dead.error and "s3cret" not in dead.error
     assert redact_url("http://user:pw@host:8000/x") == "http://host:8000/x"
+    # The host as written: brackets of an IPv6 address, a name's case.
+    assert redact_url("http://u:p@[fd00::41]:8000/x") == "http://[fd00::41]:8000/x"
+    assert redact_url("https://u@Rig-A.lan/v1") == "https://Rig-A.lan/v1"
 
 
 def test_metrics_parsing_sums_engines_and_filters_models():

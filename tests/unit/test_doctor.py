@@ -108,6 +108,12 @@ def test_seed_004s_host_in_order():
     assert ids[-1][1] == RULED_OUT  # what was ruled out comes last
 
 
+def test_cards_keep_their_own_index_in_any_row_order():
+    idle = [row(1, pstate="P8", util=0, draw=20.0), row(0, pstate="P8", util=0, draw=20.0)]
+    ev = parse_evidence("rig-2", section(idle, [idle], lines=FULL_LOG))
+    assert [c.index for c in ev.cards] == [1, 0]
+
+
 def test_a_dual_card_cap_in_the_flat_range_is_never_blamed():
     for cap in (220.0, 230.0, 290.0, 330.0):
         c = by_id(diagnose(dual(cap), DUAL_EXPECT))["power-cap"]
