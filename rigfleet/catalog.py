@@ -346,9 +346,10 @@ def parse_stack(data: Any, where: str) -> StackSpec:
         p.bad("entrypoint", entry, "no entrypoint key for a Genesis stack (the deploy builds "
               "the one the pinned Genesis needs)", "is set")
     elif genesis is None:
-        entrypoint = p.strings("entrypoint", entry, required=True) or []
-        if entry is not None and not entrypoint:
+        argv = p.strings("entrypoint", entry, required=True)
+        if argv == []:  # (None: a problem already said)
             p.bad("entrypoint", entry, "a non-empty argv such as [vllm, serve]", "is empty")
+        entrypoint = argv or []
     image = _image_rule(p, top.get("image"))
     boot = p.mapping("boot", top.get("boot"), required=False) or {}
     expect = [BootSignature(kind="expect", **e)
@@ -359,7 +360,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     throughput = _throughput(p, top.get("throughput"), n)
     drain = p.mapping("drain", top.get("drain"), required=False)
     seconds = None if drain is None else p.number("drain.timeout_s", drain.get("timeout_s"),
-                                                  0.0, MAX_DRAIN_TIMEOUT_S)
+                                                  0.0, MAX_DRAIN_TIMEOUT_S, required=False)
     p.raise_if_any(CatalogError)
     assert name and summary and port and served and gpu_count and kv and tp and max_len
     assert util is not None and seqs and batched

@@ -18,6 +18,7 @@ from rigfleet.catalog import (
     load_stack_file,
     parse_stack,
 )
+from rigfleet.catalog_keys import BY_PATH
 from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostdata import HostDataError, validate_host
 from rigfleet.vllm_versions import version_key
@@ -233,6 +234,26 @@ def test_the_image_rule_names_the_tag_kind_and_the_version_range():
     assert tq3.problems("nightly-" + "b" * 40, "0.24.0rc1.dev3+gbbbbbbbbb") == []
     tq3 = builtin_catalog().get("tq3-mtp-genesis")
     assert tq3.image.allows_version("0.21.0") and not tq3.image.allows_version("0.24.0")
+
+
+def test_an_entrypoint_with_a_bad_item_is_said_once(tmp_path):
+    data = builtin("int8")
+    data["entrypoint"] = ["vllm", "serve\n"]
+    with pytest.raises(CatalogError) as err:
+        load_stack_file(_write(tmp_path, "int8", data))
+    assert "entrypoint[1]" in str(err.value) and "is empty" not in str(err.value)
+    data["entrypoint"] = []
+    with pytest.raises(CatalogError, match=r"entrypoint: \[\] is empty"):
+        load_stack_file(_write(tmp_path, "int8", data))
+
+
+def test_a_drain_section_without_timeout_takes_the_tables_default(tmp_path):
+    data = builtin("int8")
+    data["drain"] = {}
+    assert load_stack_file(_write(tmp_path, "int8", data)).drain_timeout_s == float(
+        BY_PATH["drain.timeout_s"].default)
+    data["drain"] = {"timeout_s": 5}
+    assert load_stack_file(_write(tmp_path, "int8", data)).drain_timeout_s == 5.0
 
 
 def test_parse_stack_of_nothing_says_what_a_stack_file_is():
