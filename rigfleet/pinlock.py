@@ -32,14 +32,15 @@ class LockError(PinsError):
 
 @dataclass
 class _Resolver:
-    """Registry lookups for one lock run, each asked once (a tag never holds a digest's ':')."""
+    """Registry lookups for one lock run, each asked once of its registry (a tag never holds a
+    digest's ':')."""
 
     registry: Registry
     file: str
-    asked: dict[tuple[str, str], str] = field(default_factory=dict)
+    asked: dict[tuple[str, str, str], str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
-    def once(self, key: tuple[str, str], ask: Callable[[], str]) -> str:
+    def once(self, key: tuple[str, str, str], ask: Callable[[], str]) -> str:
         if key not in self.asked:
             self.asked[key] = ask()
         return self.asked[key]
@@ -57,7 +58,7 @@ class _Resolver:
         digest = p.digest
         if refresh or digest == UNRESOLVED:
             try:
-                digest = self.once((path, p.tag), lambda: reg.digest(path, p.tag))
+                digest = self.once((reg.where, path, p.tag), lambda: reg.digest(path, p.tag))
             except RegistryNotFound:
                 self.problems.append(f"{self.file}: {key}.image: {p.image} is not in "
                                      f"{reg.where}{retention}; allowed: {SAVED_COPY}")
@@ -68,7 +69,7 @@ class _Resolver:
         image_id = p.image_id
         if refresh or image_id is None or digest != p.digest:
             try:
-                image_id = self.once((path, digest), lambda: reg.resolve(path, digest).image_id)
+                image_id = self.once((reg.where, path, digest), lambda: reg.resolve(path, digest).image_id)
             except RegistryNotFound:
                 self.problems.append(
                     f"{self.file}: {key}.image_id: cannot be read: {p.repository}@{digest} is "

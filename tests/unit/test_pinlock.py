@@ -18,9 +18,11 @@ import pytest
 import yaml
 from images_fakes import pins_text
 
+from rigfleet import pinlock
 from rigfleet.pinlock import LockError, lock
-from rigfleet.pins import load_pins
+from rigfleet.pins import UNRESOLVED, StackPins, load_pins
 from rigfleet.registry import (
+    DOCKER_HUB,
     Registry,
     RegistryError,
     RegistryNotFound,
@@ -306,3 +308,25 @@ def test_every_pinned_models_revision_is_locked(registry, tmp_path) -> None:
     assert pins.model_for("Org/Next-Model").revision == "c" * 40
     assert pins.model_for("Org/Next-Model").local_dir == "next-model"
     assert pins.model.revision == "a" * 40  # the default model's pin did not move
+
+
+def test_the_same_path_and_tag_on_two_registries_are_two_lookups(monkeypatch) -> None:
+    """vllm/vllm-openai on Docker Hub and ghcr.io/vllm/vllm-openai share a path, not an image."""
+
+    class Remote:
+        def __init__(self, where: str, timeout: float = 0) -> None:
+            self.where, self.timeout = where, timeout
+
+        def digest(self, path: str, tag: str) -> str:
+            return _digest(f"{self.where}/{path}:{tag}".encode())
+
+        def resolve(self, path: str, digest: str) -> Any:
+            return type("Resolved", (), {"image_id": _digest(f"{self.where}@{digest}".encode())})
+
+    monkeypatch.setattr(pinlock, "Registry", Remote)
+    r = pinlock._Resolver(Remote(DOCKER_HUB), "pins.yaml")  # type: ignore[arg-type]
+    pins = [r.stack(f"stacks.{n}", StackPins(n, f"{image}:v0.27.1", UNRESOLVED, "0.27.1"), False)
+            for n, image in (("hub", REPO), ("ghcr", f"ghcr.io/{REPO}"))]
+    assert pins[0].digest == _digest(f"{DOCKER_HUB}/{REPO}:v0.27.1".encode())
+    assert pins[1].digest == _digest(f"https://ghcr.io/{REPO}:v0.27.1".encode())
+    assert pins[0].image_id != pins[1].image_id and not r.problems
