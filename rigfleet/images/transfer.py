@@ -89,9 +89,13 @@ def export_image(remote: Remote, host: InventoryHost, want: WantedImage, directo
               f"docker tag {src} {name} >&2 || exit 3; docker save {name}; rc=$?; "
               f'if [ -n "$prev" ] && [ "$prev" != {shlex.quote(local.id)} ]; then '
               f'docker tag "$prev" {name} >&2; fi; exit $rc')
-    with partial.open("wb") as raw:
-        tee = Counted(raw, meter)
-        rc, err = remote.stream_out(host, script, tee)  # type: ignore[arg-type]
+    try:
+        with partial.open("wb") as raw:
+            tee = Counted(raw, meter)
+            rc, err = remote.stream_out(host, script, tee)  # type: ignore[arg-type]
+    except BaseException:  # the connection broke off, Ctrl-C: no half archive stays behind
+        partial.unlink(missing_ok=True)
+        raise
     if rc != 0:
         partial.unlink(missing_ok=True)
         raise ImageError(f"{host.name}: docker save {want.image} failed (exit {rc}): "

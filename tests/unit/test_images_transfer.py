@@ -17,6 +17,7 @@ from rigfleet.images.archive import archive_name, inspect_archive, read_sidecar
 from rigfleet.images.plan import WantedImage
 from rigfleet.images.transfer import ImageError, export_image, load_archive
 from rigfleet.inventory import InventoryHost
+from rigfleet.ssh import HostUnreachable
 
 IMAGE = "vllm/vllm-openai:v0.27.1"
 DIGEST = "sha256:" + "d" * 64
@@ -61,6 +62,19 @@ def test_export_refuses_an_absent_image_and_a_wrong_archive(tmp_path) -> None:
     remote.corrupt = True
     with pytest.raises(ImageError, match=f"the saved archive holds .* not {image_id}"):
         export_image(remote, HOST, WantedImage(IMAGE, DIGEST, image_id, ()), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_save_that_breaks_off_leaves_no_partial_archive(tmp_path) -> None:
+    engine, image_id = pulled_engine()
+
+    class Dropped(FakeRemote):
+        def stream_out(self, host, command, dest, *, timeout=3600):  # type: ignore[no-untyped-def]
+            dest.write(b"half a tar")
+            raise HostUnreachable("host1: the connection broke off")
+
+    with pytest.raises(HostUnreachable):
+        export_image(Dropped(engine), HOST, WantedImage(IMAGE, DIGEST, image_id, ()), tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
