@@ -174,8 +174,9 @@ class Steps:
                        said: Estimate, rest: Estimate,
                        stoppable: bool = False) -> DrainReport | None:
         """The front's 503 (``message``) said ``said``: wait up to ``timeout_s`` for what it
-        accepted before to finish (its seconds recorded when it waited for requests, whatever
-        the outcome); clients refused from then on are told the ``rest`` (boot, gate...)."""
+        accepted before to finish (its seconds recorded when it waited for them to the end:
+        drained, stale or timed out, not interrupted); clients refused from then on are told
+        the ``rest`` (boot, gate...)."""
         self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
                      f"{said.seconds}s ({said.basis})")
         if ref is None:
