@@ -5,13 +5,14 @@
                      compose_files=("/var/lib/rigfleet/active/compose.yaml",))
     stale_weights(dirs, "qwen", revision)        # ['qwen@0123456789ab']
     retired_weights(dirs, {"qwen"})              # ['old-model@89abcdef0123']
+    prunable(dirs, [("qwen", revision)])         # both
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Set
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase
@@ -21,6 +22,7 @@ from rigfleet.hostside.layout import HOST, WEIGHTS_REVISION_CHARS, WEIGHTS_REVIS
 from rigfleet.retention import stale
 
 PARTIAL_SUFFIX = ".partial"
+
 
 def revision_name(local_dir: str, revision: str) -> str:
     """The revision's directory name (``Layout.weights_dir``): ``<local_dir>@<rev[:12]>``."""
@@ -142,3 +144,12 @@ def retired_weights(dirs: WeightsDirsState, served: Set[str]) -> list[str]:
     mounted = _mounted(dirs)
     return sorted(e.name for e in dirs.entries.values() if e.name not in mounted
                   and any(_prunable(e, local_dir) for local_dir in retired))
+
+
+def prunable(dirs: WeightsDirsState, pinned: Iterable[tuple[str, str]]) -> list[str]:
+    """What goes (sorted): each pinned model's other revisions (``pinned``: its local_dir and
+    revision) and every revision of a model no pin names, all unless a compose file mounts it."""
+    pins = tuple(pinned)
+    return sorted({*(n for local_dir, revision in pins
+                     for n in stale_weights(dirs, local_dir, revision)),
+                   *retired_weights(dirs, {local_dir for local_dir, _ in pins})})

@@ -30,7 +30,7 @@ from rigfleet.hostside.supervise import Policy
 from rigfleet.resources import project_file
 from rigfleet.swapfacts import SwapProbe, UnitActive
 from rigfleet.swapplan import build_plan, decide
-from roles import maintenance
+from roles import maintenance, weights
 from roles.docker import reload_detaches_gpus
 from roles.follow import follow, reports_root
 from roles.maintenance import disturbing
@@ -166,13 +166,15 @@ def swap(ctx: HostContext) -> None:
     if host.state not in _BATCH:
         _BATCH[host.state] = converge_batch(host.inventory)
     batch = _BATCH[host.state]
-    serve_desired(
+    serve = serve_desired(
         name=f"Serve {plan.desired.route_id} (gated swap; rollback on failure"
              + (f"; {batch.why}" if batch.size else "") + ")",
         plan=plan, batch=batch, reports=str(reports_root()),
         # The drain comes first: as long as the longest drain timeout it may wait.
         follow_timeout_s=ctx.want.settings.swap.follow_timeout_s
         + max([plan.drain_timeout_s, *plan.drain_timeouts.values()]))
+    if serve.will_change:  # what only the replaced stack mounted goes once it is replaced
+        weights.prune_released(ctx)
     # Active from now on, so its stop command runs at shutdown (``ensure`` changes nothing).
     unit_started(name=f"{hosttool.STACK_UNIT} active", unit=hosttool.STACK_UNIT)
     # After the swap (which held the host lock); restarting the supervisor never touches the stack.

@@ -18,8 +18,16 @@ from rigfleet.fleetcache import model_mirrors
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import ModelPin
 from rigfleet.resources import project_file
-from rigfleet.weights import WeightsDirs, retired_weights, stale_weights
-from roles.ops import Secret, WarnedCommand, executing, root_dir, root_put, secret_file
+from rigfleet.weights import WeightsDirs, prunable
+from roles.ops import (
+    Secret,
+    WarnedCommand,
+    executing,
+    root_dir,
+    root_put,
+    run_on_host,
+    secret_file,
+)
 from roles.peers import Peer, peer_for, start_seed
 from roles.preflight import HostContext
 
@@ -96,14 +104,51 @@ def prune_weights(model_dir: str, pinned: tuple[tuple[str, str], ...],
     """Remove what neither a pin (``pinned``: each staged model's local_dir and revision) nor
     ``compose_files`` name: other revisions, partial downloads, old-name links, and the
     revisions of models no staged stack serves any more."""
-    dirs = read_fact(WeightsDirs, model_dir=model_dir, compose_files=compose_files)
-    names = sorted({*(n for local_dir, revision in pinned
-                      for n in stale_weights(dirs, local_dir, revision)),
-                    *retired_weights(dirs, {local_dir for local_dir, _ in pinned})})
+    names = prunable(read_fact(WeightsDirs, model_dir=model_dir, compose_files=compose_files),
+                     pinned)
     if not names:
         host.noop(f"no stale weights in {model_dir}")
         return
     yield weights_commands.remove([f"{model_dir.rstrip('/')}/{n}" for n in names])
+
+
+@operation()
+def prune_released_weights(model_dir: str, pinned: tuple[tuple[str, str], ...],
+                           compose_files: tuple[str, ...]):
+    """After a swap: ``prune_weights`` again, for what only the stack it replaced mounted. Read
+    when the deploy runs, so a swap that rolled back keeps what serves again; ``--dry`` shows
+    what a promotion releases."""
+    if executing():
+        fact = WeightsDirs()
+        ok, out, err = run_on_host(fact.command(model_dir, compose_files))
+        if not ok:
+            host.noop(f"{model_dir} not read again ({' '.join(err[-2:])}); the next converge "
+                      "prunes")
+            return
+        names = prunable(fact.process(out), pinned)
+    else:  # what goes once the active snapshot no longer mounts it, less prune_weights' own
+        projects = tuple(f for f in compose_files if f != str(HOST.active_compose))
+        before = prunable(read_fact(WeightsDirs, model_dir=model_dir,
+                                    compose_files=compose_files), pinned)
+        names = [n for n in prunable(read_fact(WeightsDirs, model_dir=model_dir,
+                                               compose_files=projects), pinned)
+                 if n not in before]
+    if not names:
+        host.noop(f"the swap released no weights in {model_dir}")
+        return
+    yield weights_commands.remove([f"{model_dir.rstrip('/')}/{n}" for n in names])
+
+
+def prune_released(ctx: HostContext) -> None:
+    """``prune_released_weights`` for the host's staged models (called after its swap)."""
+    model_dir = ctx.want.settings.model_dir
+    prune_released_weights(
+        name=f"Prune weights only the replaced stack mounted ({model_dir})", model_dir=model_dir,
+        compose_files=compose_files(ctx), pinned=_pinned(ctx.want))
+
+
+def _pinned(want: DesiredHost) -> tuple[tuple[str, str], ...]:
+    return tuple((m.local_dir, m.revision) for m in want.models)
 
 
 def compose_files(ctx: HostContext) -> tuple[str, ...]:
@@ -150,8 +195,7 @@ def weights(ctx: HostContext) -> None:
             model_dir=model_dir, local_dir=model.local_dir, compose_files=compose_files(ctx))
     # Before any fetch, so what goes frees its space for the download.
     prune_weights(name=f"Prune weights no pin and no compose file names ({model_dir})",
-                  model_dir=model_dir, compose_files=compose_files(ctx),
-                  pinned=tuple((m.local_dir, m.revision) for m in ctx.want.models))
+                  model_dir=model_dir, compose_files=compose_files(ctx), pinned=_pinned(ctx.want))
     peers = {}
     for model in ctx.want.models:
         held = read_fact(WeightsManifest, local_dir=ctx.want.weights_path(model)).holds(

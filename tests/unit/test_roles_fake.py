@@ -784,11 +784,17 @@ def test_a_new_revision_is_fetched_beside_the_old_one_which_a_rollback_still_mou
     # Kept: the pinned revision, and the one the active snapshot (the rollback) names.
     assert deploy(rig, data).ran("rm -rf --") == []
     rig.swap_failure = None
-    assert not deploy(rig, data).failed  # promoted: the snapshot now names the new revision
+    dry = deploy(rig, data, execute=False)  # --dry: what the promotion releases
+    assert any("Prune weights only the replaced stack mounted" in op for op in dry.plan), dry.plan
+    promoted = deploy(rig, data)
+    assert not promoted.failed  # promoted: the snapshot now names the new revision
     assert mounts(rig, ACTIVE) == REV_E_DIR
-    pruned = deploy(rig, data)
-    assert pruned.ran("rm -rf --") == [f"rm -rf -- {REV_A_DIR}"]
+    # The old revision goes in the same run, once the swap has replaced what mounted it.
+    [rm] = promoted.ran("rm -rf --")
+    assert rm == f"rm -rf -- {REV_A_DIR}"
+    assert promoted.commands.index(rm) > promoted.commands.index(promoted.ran(" swap --plan ")[0])
     assert set(rig.weights) == {REV_E_DIR}
+    assert deploy(rig, data).ran("rm -rf --") == []
 
 
 def test_weights_of_a_model_no_staged_stack_serves_go_before_the_fetch(data):
@@ -803,12 +809,13 @@ def test_weights_of_a_model_no_staged_stack_serves_go_before_the_fetch(data):
                         f"{model_dir}/notes@home": {}})
     repin(data, "e" * 40)
     run = deploy(rig, data)
-    [rm] = run.ran("rm -rf --")
+    [rm, released] = run.ran("rm -rf --")
     assert rm == (f"rm -rf -- {model_dir}/.qwen3.5-27b-int4@{'8' * 12}.partial "
                   f"{model_dir}/qwen3.5-27b-int4 {old}")
     assert run.commands.index(rm) < run.commands.index(run.ran("fetch-weights.py fetch")[0])
-    # Today's old revision stays: the active snapshot mounted it when the prune looked.
-    assert set(rig.weights) == {REV_A_DIR, REV_E_DIR, f"{model_dir}/notes@home"}
+    # Today's old revision stayed while the active snapshot mounted it: it goes after the swap.
+    assert released == f"rm -rf -- {REV_A_DIR}"
+    assert set(rig.weights) == {REV_E_DIR, f"{model_dir}/notes@home"}
 
 
 def legacy_host(data: dict) -> FakeRig:
