@@ -1,4 +1,4 @@
-"""The one SSH layer outside pyinfra's own run (status, the bump, report copies, image streams),
+"""The one SSH layer outside pyinfra's own run (status, the bump, doctor, image streams),
 on fabric, connecting as pyinfra's converge does (``rigfleet.sshconfig``, docs/operations.md):
 host keys strict for every hop, ``sudo -n`` for ``_sudo`` hosts, a timeout on every call::
 
