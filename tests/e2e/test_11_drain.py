@@ -119,9 +119,12 @@ class Clients:
         return refused[0] if refused else None
 
     def _one(self, s: Stream) -> None:
-        body = json.dumps({"model": self.served, "stream": True, "max_tokens": 4 * COUNT_TO,
+        # Each client its own length: streams of one length end in pairs, and a front that
+        # switched in that instant found a slot free (one running at the drain's first reading).
+        count = COUNT_TO * (4 + s.client) // 4
+        body = json.dumps({"model": self.served, "stream": True, "max_tokens": 4 * count,
                            "messages": [{"role": "user",
-                                         "content": f"Count from 1 to {COUNT_TO}."}]})
+                                         "content": f"Count from 1 to {count}."}]})
         req = urllib.request.Request(f"{self.host.front_url}/v1/chat/completions",  # type: ignore[attr-defined]
                                      data=body.encode(), headers={
                                          "Authorization": f"Bearer {self.key}",
