@@ -19,15 +19,7 @@ from rigfleet.hostside.layout import HOST
 from rigfleet.pins import ModelPin
 from rigfleet.resources import project_file
 from rigfleet.weights import WeightsDirs, prunable
-from roles.ops import (
-    Secret,
-    WarnedCommand,
-    executing,
-    root_dir,
-    root_put,
-    run_on_host,
-    secret_file,
-)
+from roles.ops import Secret, WarnedCommand, executing, root_dir, root_put, secret_file
 from roles.peers import Peer, peer_for, start_seed
 from roles.preflight import HostContext
 
@@ -118,14 +110,9 @@ def prune_released_weights(model_dir: str, pinned: tuple[tuple[str, str], ...],
     """After a swap: ``prune_weights`` again, for what only the stack it replaced mounted. Read
     when the deploy runs, so a swap that rolled back keeps what serves again; ``--dry`` shows
     what a promotion releases."""
-    if executing():
-        fact = WeightsDirs()
-        ok, out, err = run_on_host(fact.command(model_dir, compose_files))
-        if not ok:
-            host.noop(f"{model_dir} not read again ({' '.join(err[-2:])}); the next converge "
-                      "prunes")
-            return
-        names = prunable(fact.process(out), pinned)
+    if executing():  # read again: the swap has rewritten the active snapshot
+        names = prunable(read_fact(WeightsDirs, fresh=True, model_dir=model_dir,
+                                   compose_files=compose_files), pinned)
     else:  # what goes once the active snapshot no longer mounts it, less prune_weights' own
         projects = tuple(f for f in compose_files if f != str(HOST.active_compose))
         before = prunable(read_fact(WeightsDirs, model_dir=model_dir,
