@@ -416,7 +416,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     hosts = fleet_hosts(args)
     checked = offline(hosts)
-    run = Online(reach=reacher(args.reach))
+    run = Online(reach=reacher(args.reach), timeout=args.timeout)
     if args.online:
         for settings, pins, oses in checked.hosts.values():
             run.host(settings, pins, oses)

@@ -378,3 +378,23 @@ def test_offline_checks_a_cache_host_as_its_preflight_does(tmp_path) -> None:
     problems = "\n".join(offline([cache]).problems)
     assert "cache1: cache_registry_port: 9090 is taken by another service of this host" in problems
     assert "did you mean 'cache_address'?" in problems
+
+
+def test_the_online_pass_asks_each_source_with_the_timeout_given(tmp_path, monkeypatch) -> None:
+    import argparse
+
+    import rigfleet.check as check
+    import rigfleet.cliargs as cliargs
+
+    data = fleet_data(tmp_path, stack="int8", stacks=["int8"])
+    monkeypatch.setattr(cliargs, "fleet_hosts",
+                        lambda args: [InventoryHost("rig-a", ("gpu_hosts",), data)])
+    seen: list[float] = []
+    monkeypatch.setattr(Online, "host", lambda self, *a: seen.append(self.timeout))
+    parser = argparse.ArgumentParser()
+    check.add_parser(parser.add_subparsers())
+    for argv, want in ((["check", "--online", "--json"], 10.0),
+                       (["check", "--online", "--json", "--timeout", "3"], 3.0)):
+        args = parser.parse_args(argv)
+        args.func(args)
+        assert seen.pop() == want
