@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from . import ledger
 from .atomic import fsync_dir, move_aside, write_atomic, write_json
 from .journal import Journal
 from .layout import Layout
-from .lock import HostLock, remove_dir
+from .lock import HostLock
 from .plan import Active, Plan, PlanError, StackRef, compose_hash
 from .records import ledger_tail, now_iso, read_state
 from .steps import EXIT_FAILED
@@ -216,7 +217,7 @@ def prune_journals(lay: Layout) -> list[str]:
     done = sorted(lay.swaps_dir.glob("*/result.json"), key=lambda p: p.stat().st_mtime)
     dropped = [result.parent for result in done[:-KEEP_JOURNALS]]
     for directory in dropped:
-        remove_dir(directory)
+        shutil.rmtree(directory)
     return [directory.name for directory in dropped]
 
 

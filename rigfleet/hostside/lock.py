@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -158,7 +159,7 @@ class HostLock:
                 raise
         finally:
             if tmp.exists():
-                remove_dir(tmp)
+                shutil.rmtree(tmp)
         fsync_dir(self.path.parent)
         return True
 
@@ -167,7 +168,7 @@ class HostLock:
         for path in self.path.parent.glob(".lock.*"):
             with contextlib.suppress(OSError):
                 if time.time() - path.stat().st_mtime > older_s:
-                    remove_dir(path)
+                    shutil.rmtree(path)
 
     def _break_stale(self) -> None:
         # Rename first: of two processes breaking the same stale lock only one rename wins,
@@ -177,7 +178,7 @@ class HostLock:
             os.rename(self.path, aside)
         except OSError:
             return
-        remove_dir(aside)
+        shutil.rmtree(aside)
 
     def release_stale(self) -> dict[str, Any] | None:
         """Remove a stale lock on a person's word (``rigfleet lock HOST --release``); returns
@@ -209,9 +210,3 @@ class HostLock:
             with contextlib.suppress(OSError):
                 self.path.rmdir()
         self.held = False
-
-
-def remove_dir(directory: Path) -> None:
-    for child in directory.iterdir():
-        child.unlink(missing_ok=True)
-    directory.rmdir()
