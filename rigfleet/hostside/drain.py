@@ -110,18 +110,15 @@ class DrainReport:
         held = f"{self.running} running + {self.waiting} waiting"
         if self.front:
             held += f", {self.front} front worker(s) finishing"
-        if self.result == "idle":
-            return f"nothing in flight ({self.seconds:.1f}s)"
-        if self.result == "unknown":
-            return "in-flight requests could not be read (no engine gauges, no front): not " \
-                "waited"
-        if self.result == "interrupted":
-            return f"interrupted after {self.seconds:.1f}s ({held} at the start)"
-        if self.result == "timeout":
-            return f"timeout after {self.seconds:.1f}s: {self.cut} request(s) cut ({held} at " \
-                "the start)"
         how = " (the engine's gauges were stale, vllm#29928)" if self.result == "stale" else ""
-        return f"{held} finished in {self.seconds:.1f}s, none cut{how}"
+        return {
+            "idle": f"nothing in flight ({self.seconds:.1f}s)",
+            "unknown": "in-flight requests could not be read (no engine gauges, no front): not "
+                       "waited",
+            "interrupted": f"interrupted after {self.seconds:.1f}s ({held} at the start)",
+            "timeout": f"timeout after {self.seconds:.1f}s: {self.cut} request(s) cut ({held} "
+                       "at the start)",
+        }.get(self.result, f"{held} finished in {self.seconds:.1f}s, none cut{how}")
 
 
 Reading = tuple[float, EngineLoad | None, int | None]  # (when, the engine's load, front)
