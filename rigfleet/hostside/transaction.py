@@ -107,12 +107,10 @@ class Transaction(Steps):
         self.j.finish(outcome.to_dict())
         # "last_swap": what rigfleet.bump.rollout reads (with its "gate" and "reason").
         try:
+            kept = ("kind", "result", "reason", "stack", "serving", "gate", "boot_failure",
+                    "drain", "retry_after_s")
             ledger.update_state(self.lay, last_swap={
-                "id": plan.id, "kind": outcome.kind, "result": outcome.result,
-                "reason": outcome.reason, "at": now_iso(), "stack": plan.desired.stack,
-                "serving": outcome.serving, "gate": outcome.gate,
-                "boot_failure": outcome.boot_failure, "drain": outcome.drain,
-                "retry_after_s": outcome.retry_after_s})
+                "id": plan.id, "at": now_iso(), **{k: getattr(outcome, k) for k in kept}})
         except OSError as e:  # the journal's result (above) still says how it ended
             self.j.event("done", f"state.json not updated: {e.filename}: {e.strerror or e}",
                          level="warning")
