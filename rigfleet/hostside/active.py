@@ -228,13 +228,12 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[s
         if directory.name == exclude or not (directory / "pid.json").exists() \
                 or not (directory / "plan.json").exists():
             continue
-        state = Journal.read(directory, since=10**9)
-        if state["state"] != "died":
+        if Journal.read(directory, since=10**9)["state"] != "died":
             continue
         found.append(directory.name)
         reason = "the transaction's process ended without a result (killed or rebooted)"
-        result = {"result": "interrupted", "exit": EXIT_FAILED, "reason": reason}
-        write_json(directory / "result.json", result)
+        write_json(directory / "result.json",
+                   {"result": "interrupted", "exit": EXIT_FAILED, "reason": reason})
         try:
             plan = Plan.load(directory / "plan.json")
             tried, by = plan.desired, plan.by

@@ -118,10 +118,9 @@ class HostLock:
         holder = self.read()
         if holder is None or holder.get("window") != hold.window:
             return False
-        data = {k: v for k, v in holder.items() if k not in ("alive", "until", "reboot")}
-        data.update(self._anchor(hold))
-        data["why"] = why or data.get("why")
-        write_json(self.path / "holder.json", data, indent=None)
+        kept = {k: v for k, v in holder.items() if k not in ("alive", "until", "reboot")}
+        write_json(self.path / "holder.json",
+                   {**kept, **self._anchor(hold), "why": why or holder.get("why")}, indent=None)
         return True
 
     def adopt_window(self, window_id: str, why: str, take_live: bool = False) -> bool:
