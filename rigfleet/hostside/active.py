@@ -21,7 +21,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock
 from .plan import Active, Plan, PlanError, StackRef, compose_hash
-from .records import ledger_tail, now_iso, read_state
+from .records import ledger_tail, now_iso, read_state, read_text
 from .steps import EXIT_FAILED
 
 KEEP_JOURNALS = 50
@@ -60,7 +60,7 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
     active, problem = parse_active(lay)
     if active is not None:
         snap = Path(active.ref.compose_file)
-        if compose_hash(_text(snap) or "") == active.ref.config_hash:
+        if compose_hash(read_text(snap) or "") == active.ref.config_hash:
             if repair and snap == lay.active_compose and not snap.is_symlink():
                 return write_active(lay, active, snap.read_text())  # the older layout
             return active
@@ -113,15 +113,8 @@ def _compose_for(lay: Layout, ref: StackRef, deploy_id: str) -> str | None:
               Path(ref.compose_file), lay.compose_file(ref.stack)]
     if deploy_id and "/" not in deploy_id:
         places.insert(2, lay.swap_dir(deploy_id) / "compose.yaml")
-    texts = (_text(place) for place in places)
+    texts = (read_text(place) for place in places)
     return next((t for t in texts if t is not None and compose_hash(t) == ref.config_hash), None)
-
-
-def _text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
 
 
 def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
@@ -171,7 +164,7 @@ def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
     if found != active.ref.config_hash:
         raise PlanError(f"the snapshot of {active.ref.route_id} has config hash {found}")
     snap = lay.active_snapshot(active.ref.config_hash)
-    if _text(snap) != compose_text:
+    if read_text(snap) != compose_text:
         write_atomic(snap, compose_text)
     record = replace(active, ref=snapshot_ref(lay, active.ref))
     write_json(lay.active_json, record.to_dict())

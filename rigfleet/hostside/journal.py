@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .atomic import append_line, write_json
-from .records import holder_alive, now_iso, process_id, read_state
+from .records import holder_alive, now_iso, process_id, read_state, read_text
 
 # Without any event for this long after the plan was written, the transaction never started.
 START_GRACE_S = 60.0
@@ -34,15 +34,8 @@ class Journal:
         self.echo = echo
         self.t0 = time.monotonic()
         self.problem: str | None = None  # why the journal cannot be written (``_try``)
-        self.seq = len(self._lines(self.dir / "events.jsonl"))
+        self.seq = len((read_text(self.dir / "events.jsonl") or "").splitlines())
         self._try(lambda: write_json(self.dir / "pid.json", process_id(os.getpid())))
-
-    @staticmethod
-    def _lines(path: Path) -> list[str]:
-        try:
-            return path.read_text().splitlines()
-        except OSError:
-            return []
 
     def event(self, phase: str, message: str, level: str = "info", **data: Any) -> None:
         self.seq += 1
@@ -78,7 +71,7 @@ class Journal:
     def read(directory: Path, since: int = 0) -> dict[str, Any]:
         """Events after ``since``, the next offset, the result, and the state: ``starting``,
         ``running``, ``done``, or ``died`` (gone without a result: killed, rebooted)."""
-        lines = Journal._lines(directory / "events.jsonl")
+        lines = (read_text(directory / "events.jsonl") or "").splitlines()
         events = []
         for line in lines[since:]:
             try:

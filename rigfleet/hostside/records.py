@@ -52,6 +52,14 @@ def read_json(path: Path) -> tuple[Any, str | None]:
         return None, str(e)
 
 
+def read_text(path: Path) -> str | None:
+    """The file's text; None when it cannot be read."""
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
 def read_state(path: Path) -> dict[str, Any]:
     """``state.json`` (any JSON object file) as a dict ({} when missing or unreadable)."""
     data, _ = read_json(path)
@@ -83,10 +91,7 @@ def ledger_tail(path: Path, n: int = 10) -> tuple[list[dict[str, Any]], int, str
 
 def route(path: Path) -> str | None:
     """The front's current route id, from the first line of ``route.conf``."""
-    try:
-        first = path.read_text().splitlines()[0]
-    except (OSError, IndexError):
-        return None
+    first = (read_text(path) or "").partition("\n")[0]
     return first[len(ROUTE_MARK):].strip() if first.startswith(ROUTE_MARK) else None
 
 
@@ -213,10 +218,7 @@ def _items(tp: Any, pairs: Any, path: str, strict: bool) -> dict[Any, Any]:
 
 
 def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+    return (read_text(Path("/proc/sys/kernel/random/boot_id")) or "").strip()
 
 
 def proc_stat(pid: int) -> tuple[str, list[str]] | None:
