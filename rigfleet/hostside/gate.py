@@ -56,7 +56,6 @@ class GateResult(GateRecord):
         return self.result == "pass"
 
     def record(self) -> dict[str, Any]:
-        """The ``gate`` object of ledger lines and ``state.json``."""
         return {**encode(self), "seconds": round(self.seconds or 0.0, 1)}
 
 
@@ -83,8 +82,7 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
              bundle: Path | None = None,
              should_stop: Callable[[], bool] = lambda: False) -> GateResult:
     """Run the gate as a child process (from ``bundle``, else ``sys.path``); never raises."""
-    started, t0 = time.time(), time.monotonic()
-    at = now_iso()
+    started, t0, at = time.time(), time.monotonic(), now_iso()
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                PYTHONPATH=str(bundle) if bundle else os.pathsep.join(p for p in sys.path if p))
     run.report_dir.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from .gate import GateResult, GateRun
 from .journal import Journal
 from .layout import Layout
 from .plan import Plan, StackRef
-from .records import Coded, read_json
+from .records import Coded, read_json, read_text
 from .stackctl import (
     BootFailure,
     ContainerState,
@@ -100,9 +100,8 @@ def known_projects(lay: Layout) -> list[tuple[str, str]]:
     """(project, compose file) of the active snapshot and every rendered stack."""
     found: dict[str, str] = {}
     for path in [lay.active_compose, *sorted(lay.stacks_dir.glob("*/compose.yaml"))]:
-        with contextlib.suppress(OSError):
-            if m := _PROJECT_NAME.search(path.read_text()):
-                found.setdefault(m.group(1), str(path))
+        if m := _PROJECT_NAME.search(read_text(path) or ""):
+            found.setdefault(m.group(1), str(path))
     return list(found.items())
 
 
