@@ -285,13 +285,12 @@ class Steps:
         first = self.ops.container(ref.container)
         if first is None:
             raise Failure("boot", f"container {ref.container} does not exist after compose up")
-        restarts = first.restarts
         last_note, detail = t0, ""
         while True:
             self.check_interrupt()
             st = self.ops.container(ref.container)
             if st is None or st.status in ("exited", "dead", "restarting") \
-                    or st.restarts > restarts or st.oom_killed:
+                    or st.restarts > first.restarts or st.oom_killed:
                 raise self._died(ref, st)
             ok, detail = self.ops.health(ref.port, ref.served_model_name)
             now = self.ops.monotonic()
@@ -485,8 +484,7 @@ def record_times(lay: Layout, stack: str = "", boot_s: float = 0.0, gate_s: floa
     t = read_timings(lay)
     new = {stack: StackTimes(round(boot_s, 2), round(gate_s, 2), time.time())} if stack else {}
     kept = {k: round(v, 2) for k, v in figures.items() if v is not None}
-    t = replace(t, stacks={**t.stacks, **new}, **kept)
-    write_json(lay.timings_file, t.to_dict())
+    write_json(lay.timings_file, replace(t, stacks={**t.stacks, **new}, **kept).to_dict())
 
 
 def record_swap(lay: Layout, stack: str, boot_s: float, gate_s: float, window_s: float,
