@@ -12,7 +12,6 @@ import contextlib
 import sys
 import time
 from dataclasses import MISSING, dataclass, field, fields
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -99,12 +98,8 @@ def gpu_textfile(csv_text: str | None, ecc_text: str | None = None) -> str:
     """``rigfleet-gpu.prom`` from ``nvidia-smi``'s csv answers to ``GPU_QUERY`` (None: it
     failed; only ``rigfleet_gpu_scrape_ok 0``) and ``ECC_QUERY`` (None: no ECC figures)."""
     t = Textfile()
-    ecc: dict[str, float] = {}
-    for row in (ecc_text or "").splitlines():
-        index, _, count = (c.strip() for c in row.partition(","))
-        value = _number(count)
-        if value is not None:
-            ecc[index] = value
+    rows = (row.partition(",") for row in (ecc_text or "").splitlines())
+    ecc = {i.strip(): value for i, _, count in rows if (value := _number(count)) is not None}
     parsed = [[c.strip() for c in r.split(",")] for r in (csv_text or "").splitlines() if r.strip()]
     ok = csv_text is not None and all(len(p) == len(GPU_FIELDS) for p in parsed)
     for cells in parsed if ok else ():
@@ -196,13 +191,6 @@ class Facts:
                       "When these facts were written (epoch s).", 0.0)
 
 
-def _iso(text: str) -> float | None:
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except (TypeError, ValueError):
-        return None
-
-
 def _gate_limits(report: str | None) -> tuple[float | None, float | None]:
     """(margin, lowest acceptance floor) of the throughput check in a gate report."""
     data, _ = read_json(Path(report)) if report else (None, None)
@@ -270,7 +258,7 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
         gate = GateFacts(stack=last.stack, tokens_per_s=last.decode("narrative"),
                          baseline_tokens_per_s=float(base) if isinstance(base, int | float)
                          else None, margin=margin, acceptance_floor=floor,
-                         passed=last.result == "pass", at=_iso(last.at))
+                         passed=last.result == "pass", at=stackctl.docker_time(last.at))
     # The supervisor's recreations in the whole ledger (a counter: it only grows).
     ledger, _, _ = ledger_tail(lay.ledger_file, sys.maxsize)
     recreations = sum((line.get("event"), line.get("result")) == ("supervise", "recreated")

@@ -82,10 +82,7 @@ class Readiness:
     def wait_locks(self, wait_s: float) -> None:
         t0 = self.clock()
         last = ""
-        while True:
-            busy = self.busy()
-            if busy is None:
-                return
+        while (busy := self.busy()) is not None:
             line = f"{busy[0]} is held by {busy[1]}"
             if line != last:
                 self.say(f"waiting up to {wait_s:g} s for the package manager: {line}")

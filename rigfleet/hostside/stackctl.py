@@ -104,10 +104,6 @@ class GpuMemory:
     used_mib: int
     total_mib: int
 
-    @property
-    def free_mib(self) -> int:
-        return self.total_mib - self.used_mib
-
 
 _NUMBER = re.compile(r"^\s*(\d+)(?:\.\d+)?\s*(?:MiB)?\s*$")
 
@@ -132,7 +128,7 @@ def parse_gpu_memory(text: str) -> list[GpuMemory]:
 
 def vram_free_enough(cards: list[GpuMemory], utilization: float) -> tuple[bool, str]:
     """vLLM's own start condition: every card's free memory >= utilization x total."""
-    short = [c for c in cards if c.free_mib < utilization * c.total_mib]
+    short = [c for c in cards if c.total_mib - c.used_mib < utilization * c.total_mib]
     detail = ", ".join(f"card {c.index}: {c.used_mib} MiB used of {c.total_mib}" for c in cards)
     return not short, detail
 
@@ -203,13 +199,10 @@ def classify_boot_failure(log: str, known: Sequence[tuple[str, str, str, str]] =
         m = builtin.search(log)
         if m:
             return BootFailure(kind, title, _strip_prefix(m.group(0)))
-    last = None
-    for line in log.splitlines():
-        m = _LAST_EXCEPTION.match(line.strip())
-        if m and _WRAPPER not in line:
-            last = line.strip()
-    return BootFailure("unknown", "the container died while booting", _strip_prefix(last)) \
-        if last else None
+    found = [line.strip() for line in log.splitlines()
+             if _LAST_EXCEPTION.match(line.strip()) and _WRAPPER not in line]
+    return BootFailure("unknown", "the container died while booting", _strip_prefix(found[-1])) \
+        if found else None
 
 
 def missing_boot_lines(log: str, expect: Sequence[tuple[str, str]]) -> list[str]:
