@@ -299,11 +299,10 @@ class Maintenance(Steps):
         except Failure as f:  # a FrontError too
             return self._failed(window, active, f)
         seconds = self.ops.monotonic() - t0
-        steps = window.why if window is not None else "maintenance"
         ledger.append(self.lay, ledger.entry(
             KIND, "closed", written.ref, host=plan.host, by=plan.by,
             deploy_id=window.id if window else plan.id, gate=gate.record(), active=True,
-            reason=f"recreated and verified after: {steps}"
+            reason=f"recreated and verified after: {window.why if window else 'maintenance'}"
                    + (f" ({self.cause})" if self.cause else "")))
         ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
         st.record_times(self.lay, ref.stack, boot_s, times["gate_s"], steps_s=steps_s)

@@ -242,8 +242,7 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
     # refresh, and the monitor's engine-down alert (for: 0s) fired on a swap.
     engine_up = bool(stack) and engine_running(str(stack))
     ready = front_ready(front_port)
-    holder = read_holder(lay.lock_dir)
-    swapping = is_swap(holder)
+    swapping = is_swap(read_holder(lay.lock_dir))
     times = read_timings(lay)
     expected = (float(window_estimate(times, stack, True, RETRY_AFTER_S).seconds)
                 if swapping and stack else None)
