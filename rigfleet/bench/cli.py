@@ -110,8 +110,7 @@ def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], Be
             result = Bench(Client(t.url), BenchSettings(runs=0, warmup=0)).result
             out.append(Entry(t.host, t.stack.name if t.stack else None, result, error=t.error))
             continue
-        client = Client(t.url, t.api_key, ca_file=t.ca_file)
-        result = Bench(client, settings_for(t), progress).run()
+        result = Bench(Client(t.url, t.api_key, ca_file=t.ca_file), settings_for(t), progress).run()
         out.append(Entry(t.host, t.stack.name if t.stack else None, result, t.reference,
                          t.scale, t.baseline(), t.history, result.error))
     return out

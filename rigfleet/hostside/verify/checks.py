@@ -148,8 +148,7 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
         why = why or "no model listed"
         return _fail(out, Finding("no_model", f"GET /v1/models: HTTP {status}: {why}"),
                      f"/v1/models: {why}")
-    ctx.model = str(cards[0]["id"])
-    ctx.max_model_len = max_model_len(cards[0])
+    ctx.model, ctx.max_model_len = str(cards[0]["id"]), max_model_len(cards[0])
     ctx.version = ctx.client.version(p.preflight_timeout_s)
     out.details.update(models=[str(c.get("id")) for c in cards if isinstance(c, dict)],
                        max_model_len=ctx.max_model_len, version=ctx.version or None)
@@ -170,10 +169,9 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
 def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckResult:
     p = ctx.profile
     attempts: list[dict[str, Any]] = []
-    rng = random.SystemRandom()
     for depth in depths:
         secret, salt = prompts.new_secret()
-        position = round(rng.uniform(0.05, 0.95), 3)
+        position = round(random.SystemRandom().uniform(0.05, 0.95), 3)
         row: dict[str, Any] = {"depth_tokens": depth, "needle_position": position,
                                "expected": secret}
         attempts.append(row)

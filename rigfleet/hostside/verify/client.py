@@ -131,9 +131,7 @@ class Client:
             exc = exc.reason if isinstance(exc.reason, BaseException) else exc
         if isinstance(exc, TimeoutError | socket.timeout):
             return "timed out"
-        name = type(exc).__name__
-        text = str(exc)
-        return f"{name}: {text}" if text else name
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
     def _failure(self, exc: Exception, t0: float) -> HttpResult:
         """An HTTP error status with its body, or a transport problem (status 0)."""
@@ -274,9 +272,8 @@ def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
 
 def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> None:
     """Streamed tool calls come in pieces keyed by index: name first, arguments in parts."""
-    idx = tc.get("index", len(calls))
-    call = calls.setdefault(idx, {"id": "", "type": "function",
-                                  "function": {"name": "", "arguments": ""}})
+    call = calls.setdefault(tc.get("index", len(calls)), {
+        "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
     if tc.get("id"):
         call["id"] = tc["id"]
     fn = tc.get("function") or {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,8 @@ class CheckResult:
     findings: list[Finding] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "title": self.title, "status": self.status,
-                "seconds": round(self.seconds, 3), "summary": self.summary,
-                "details": self.details, "findings": [f.as_dict() for f in self.findings]}
+        return {**asdict(self), "seconds": round(self.seconds, 3),
+                "findings": [f.as_dict() for f in self.findings]}
 
 
 def now_iso() -> str:
@@ -136,7 +135,6 @@ def _detail_lines(details: dict[str, Any]) -> list[str]:
 
 def write_pair(directory: Path, prefix: str, json_text: str, md_text: str) -> tuple[Path, Path]:
     """``<prefix>-<UTC timestamp>[-n].json`` and ``.md`` in ``directory``, each atomic."""
-    directory.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     stem, n = f"{prefix}-{stamp}", 1
     while (directory / f"{stem}.json").exists() or (directory / f"{stem}.md").exists():

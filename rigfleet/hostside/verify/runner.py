@@ -90,9 +90,8 @@ def run(url: str, profile: Profile, api_key: str | None = None,
     rep = Report(url=redact_url(url), profile=profile.name, profile_values=profile.as_dict(),
                  overrides=dict(profile.overrides))
     ctx = checks.Context(Client(url, api_key), profile, progress)
-    wanted = set(only or checks.CHECK_NAMES) | {"preflight"}
     selected = [(check.__name__, title, check) for check, title in checks.CHECKS
-                if check.__name__ in wanted]
+                if check.__name__ in {*(only or checks.CHECK_NAMES), "preflight"}]
     progress.header(rep.url, profile)
     aborted = ""
     for idx, (name, title, fn) in enumerate(selected, 1):
