@@ -85,15 +85,13 @@ def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
         if view.want is None:
             raise RigfleetError(view.error or "no desired state")
         want, probe = view.want, view.probe
-        url, key = front_url(host, want.settings), read_key(want.settings)
         serving = probe.state.get("stack") if probe else None
         stack = want.settings.catalog.get(serving) if isinstance(serving, str) and (
             serving in want.settings.catalog) else want.spec
-        tls = want.settings.front_tls
-        return Target(host.name, url, key, stack, want.settings.throughput_scale,
-                      probe.throughput_history if probe else (),
+        return Target(host.name, front_url(host, want.settings), read_key(want.settings), stack,
+                      want.settings.throughput_scale, probe.throughput_history if probe else (),
                       "" if probe else f"no history: {view.error}",
-                      ca_file=tls.ca_file if tls else None)
+                      ca_file=want.settings.front_tls.ca_file if want.settings.front_tls else None)
 
     return each_host(hosts, target,
                      lambda h, why: Target(h.name, "-", error=why.partition("\n")[0][:300]))
@@ -293,12 +291,10 @@ def render(entries: list[Entry]) -> Table:
                   ratio(nd, medians.get(e.stack or "", {}).get("narrative")), ratio(nd, base))
         if e.error:
             table.note(e.host, Text(e.error, style="red"))
-        if e.result.concurrency is not None:
-            cc = e.result.concurrency
+        if (cc := e.result.concurrency) is not None:
             table.note(e.host, f"{cc.streams} streams: {cell(cc.per_stream_decode)} tok/s each, "
                                f"{cell(cc.aggregate_tok_s)} in all")
-        depths = [d for d in e.result.depths if d.run is not None]
-        if depths:
+        if depths := [d for d in e.result.depths if d.run is not None]:
             table.note(e.host, "depth: " + ", ".join(
                 f"{d.depth // 1000}K {cell(d.run.decode_tok_s if d.run else None)}"
                 for d in depths))

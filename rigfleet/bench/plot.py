@@ -39,7 +39,6 @@ def _decode_panel(ax: Any, stack: str, rows: list[Entry], fleet: dict[str, float
     for j, shape in enumerate(SHAPES):
         xs = [i + (j - 0.5) * width for i in range(len(rows))]
         ref = next((r for e in rows if (r := e.reference.get(shape))), None)
-        med = fleet.get(shape)
         for x, e in zip(xs, rows, strict=True):
             value = e.decode(shape)
             past = [v for h in e.history if (v := h.decode(shape)) is not None]
@@ -52,10 +51,9 @@ def _decode_panel(ax: Any, stack: str, rows: list[Entry], fleet: dict[str, float
             shown.append(value)
             ax.bar(x, value, width * 0.95, color=COLORS[shape], alpha=0.55, zorder=2,
                    label=f"{shape} (this bench)")
-            share = f"\n{value / ref:.0%} ref" if ref else ""
-            labels.append((x, value, f"{value:.1f}{share}"))
+            labels.append((x, value, f"{value:.1f}" + (f"\n{value / ref:.0%} ref" if ref else "")))
         lo_x, hi_x = xs[0] - width / 2, xs[-1] + width / 2
-        for y, style, name in ((ref, REF_STYLE, "ref"), (med, MEDIAN_STYLE, "median")):
+        for y, style, name in ((ref, REF_STYLE, "ref"), (fleet.get(shape), MEDIAN_STYLE, "median")):
             if y:
                 shown.append(y)
                 ax.hlines(y, lo_x, hi_x, zorder=4, **style)
@@ -118,20 +116,17 @@ def plot(entries: Sequence[Entry], path: Path) -> tuple[Path | None, str | None]
     except ImportError:
         return None, INSTALL_HINT
     plt = importlib.import_module("matplotlib.pyplot")
-    stacks = sorted({e.stack or "unknown stack" for e in entries if measured(e)})
+    groups = {s: [e for e in entries if (e.stack or "unknown stack") == s]
+              for s in sorted({e.stack or "unknown stack" for e in entries if measured(e)})}
     fleet = fleet_medians(entries)
-    panels = []
-    if any(d.run is not None for e in entries for d in e.result.depths):
-        panels.append(_depth_panel)
-    if any(e.result.concurrency is not None for e in entries):
-        panels.append(_concurrency_panel)
-    widths = [max(4.0, 1.5 * max(sum(1 for e in entries if (e.stack or "unknown stack") == s)
-                                 for s in stacks) + 2)] + [3.6] * len(panels)
-    fig, axes = plt.subplots(len(stacks), 1 + len(panels), squeeze=False,
-                             figsize=(sum(widths), 3.9 * len(stacks) + 0.8),
+    panels = [panel for panel, wanted in (
+        (_depth_panel, any(d.run is not None for e in entries for d in e.result.depths)),
+        (_concurrency_panel, any(e.result.concurrency is not None for e in entries))) if wanted]
+    widths = [max(4.0, 1.5 * max(map(len, groups.values())) + 2)] + [3.6] * len(panels)
+    fig, axes = plt.subplots(len(groups), 1 + len(panels), squeeze=False,
+                             figsize=(sum(widths), 3.9 * len(groups) + 0.8),
                              gridspec_kw={"width_ratios": widths})
-    for r, stack in enumerate(stacks):
-        rows = [e for e in entries if (e.stack or "unknown stack") == stack]
+    for r, (stack, rows) in enumerate(groups.items()):
         _decode_panel(axes[r, 0], stack, rows, fleet.get(stack, {}))
         for col, panel in enumerate(panels, 1):
             if not panel(axes[r, col], rows):
