@@ -82,19 +82,19 @@ def _over_context(ctx: Context, res: ChatResult, prompt_tokens: int | None,
     return res.status == 400 and (too_big or any(s in msg for s in _OVER_CONTEXT))
 
 
-def _failed(ctx: Context, out: CheckResult, res: ChatResult, where: str = "") -> bool:
-    """Record ``res``'s HTTP failure (True) or its health findings (False) on ``out``."""
+def _failed(ctx: Context, out: CheckResult, res: ChatResult, where: str = "",
+            prompt_tokens: int | None = None, max_tokens: int = 0) -> bool:
+    """True when ``res`` decides ``out``: an HTTP failure, or (given ``max_tokens``) a prompt
+    over max-model-len, which skips it; otherwise its health findings go on ``out``."""
+    if max_tokens and _over_context(ctx, res, prompt_tokens, max_tokens):
+        out.status = SKIP
+        out.summary = f"prompt over max-model-len: {_excerpt(res.error_message(), 160)}"
+        return True
     if not res.ok:
         out.findings.append(_http_finding(res, where))
         return True
     out.findings += _health(ctx, res, where)
     return False
-
-
-def _skip_over_context(out: CheckResult, res: ChatResult) -> CheckResult:
-    out.status = SKIP
-    out.summary = f"prompt over max-model-len: {_excerpt(res.error_message(), 160)}"
-    return out
 
 
 def _health(ctx: Context, res: ChatResult, where: str = "") -> list[Finding]:
@@ -121,7 +121,7 @@ def _fail(out: CheckResult, finding: Finding, summary: str = "") -> CheckResult:
 
 def _finish(out: CheckResult, ok_summary: str = "") -> CheckResult:
     found = out.findings
-    out.status = FAIL if found else PASS
+    out.status = SKIP if out.status == SKIP else FAIL if found else PASS
     if not out.summary:
         out.summary = (", ".join(sorted({f.name for f in found})) if len(found) > 2
                        else "; ".join(f.message for f in found) or ok_summary)
@@ -248,9 +248,7 @@ def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
                        articles=sized.units)
     res = ctx.chat(sized.messages, p.prefill_max_tokens, 0.6, p.prefill_timeout_s, tools, "auto")
     out.details.update(_attempt(res), prompt_tokens=res.prompt_tokens or sized.tokens)
-    if _over_context(ctx, res, sized.tokens, p.prefill_max_tokens):
-        return _skip_over_context(out, res)
-    if _failed(ctx, out, res):
+    if _failed(ctx, out, res, "", sized.tokens, p.prefill_max_tokens):
         return _finish(out)
     text = res.content.strip()
     out.details["answer"] = _excerpt(text, 160)
@@ -270,9 +268,7 @@ def ide_oneshot(ctx: Context, out: CheckResult) -> CheckResult:
             {"role": "user", "content": prompts.IDE_REQUEST}]
     res = ctx.chat(msgs, p.ide_max_tokens, 0.0, p.ide_timeout_s, tools, "none")
     out.details.update(preamble_chars=len(preamble), tools=len(tools), **_attempt(res))
-    if _over_context(ctx, res, None, p.ide_max_tokens):
-        return _skip_over_context(out, res)
-    if _failed(ctx, out, res):
+    if _failed(ctx, out, res, max_tokens=p.ide_max_tokens):
         return _finish(out)
     if res.tool_calls:
         out.findings.append(Finding("unexpected_tool_call", "tool call despite tool_choice "

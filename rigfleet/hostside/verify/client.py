@@ -182,8 +182,7 @@ class Client:
             resp = self._opener.open(self._request("POST", "/v1/chat/completions", body),
                                      timeout=timeout)
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            failed = self._failure(exc, t0)
-            return ChatResult(failed.status, failed.body, failed.seconds, failed.error)
+            return ChatResult(**vars(self._failure(exc, t0)))
         with resp:
             if stream and "text/event-stream" in (resp.headers.get("content-type") or ""):
                 return self._read_stream(resp, t0, timeout)

@@ -132,6 +132,7 @@ _ZERO_OK = {"spec_settle_s", "health_wait_s", "soak_warn_rate", "soak_silent_emp
 # Free text (a stack name, a directory on the host): no control characters.
 _TEXT = {"throughput_stack", "throughput_history_dir"}
 _SETTABLE = [f.name for f in fields(Profile) if f.name not in ("name", "overrides")]
+_ALLOWED_KEYS = "allowed keys: " + ", ".join(_SETTABLE)
 _TYPES = get_type_hints(Profile)
 # type -> (what the error message calls it, the parser)
 _KINDS: dict[Any, tuple[str, Callable[[str], Any]]] = {
@@ -205,11 +206,9 @@ def resolve(name: str, assignments: list[str] | tuple[str, ...] = ()) -> Profile
         key, eq, raw = item.partition("=")
         key = key.strip()
         if not eq or not key:
-            raise ProfileError(f"--set {item!r}: expected key=value; allowed keys: "
-                               + ", ".join(_SETTABLE))
+            raise ProfileError(f"--set {item!r}: expected key=value; {_ALLOWED_KEYS}")
         if key not in _SETTABLE:
-            raise ProfileError(f"--set {item}: unknown key {key!r}; allowed keys: "
-                               + ", ".join(_SETTABLE))
+            raise ProfileError(f"--set {item}: unknown key {key!r}; {_ALLOWED_KEYS}")
         changes[key] = _parse_value(key, raw)
     prof = dataclasses.replace(base, **changes, overrides=dict(changes))
     _check_consistency(prof)
