@@ -525,9 +525,7 @@ def parse_genesis(p: Problems, value: Any) -> GenesisSpec | None:
 def _decisions(p: Problems, value: Any) -> Mapping[str, PatchDecision]:
     """``genesis.decisions`` (YAML's bare on/off, read as true/false, taken as on/off)."""
     out: dict[str, PatchDecision] = {}
-    if value is not None and not isinstance(value, dict):
-        p.bad("genesis.decisions", value, allowed("genesis.decisions"), "is not a mapping")
-    for pid, entry in (value if isinstance(value, dict) else {}).items():
+    for pid, entry in p.named("genesis.decisions", value).items():
         key = f"genesis.decisions.{pid}"
         if not isinstance(pid, str) or not _PATCH_ID_ANY.fullmatch(pid):
             p.bad(key, pid, "a Genesis patch id such as PN346 or G4_26")

@@ -345,10 +345,7 @@ class _Checker(Problems):
         entries: list[ModelPin | None] = []
         if one is not None or not more:
             entries.append(self.model_entry("model", None, one))
-        if more is not None and not isinstance(more, dict):
-            self.bad("models", more, allowed("models"), "is not a mapping")
-            more = None
-        for repo, entry in (more or {}).items():
+        for repo, entry in self.named("models", more).items():
             key = f"models.{repo}"
             if self.string(key, repo, HF_REPO) is None:
                 continue
@@ -399,13 +396,8 @@ class _Checker(Problems):
         return out
 
     def hosts(self, value: Any) -> dict[str, dict[str, StackPins]]:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.bad("hosts", value, allowed("hosts"), "is not a mapping")
-            return {}
         out: dict[str, dict[str, StackPins]] = {}
-        for host, entry in value.items():
+        for host, entry in self.named("hosts", value).items():
             if not isinstance(host, str) or not host:
                 self.bad(f"hosts.{host}", host, allowed("hosts.<host>"))
                 continue

@@ -185,6 +185,12 @@ class Problems:
                 self.unknown_key(f"{key}.{k}" if key else str(k), k, allowed)
         return value
 
+    def named(self, key: str, value: Any) -> dict[Any, Any]:
+        """A mapping of named entries (None: none); anything else recorded as not a mapping."""
+        if value is not None and not isinstance(value, dict):
+            self.bad(key, value, self.allowed(key) or "", "is not a mapping")
+        return value if isinstance(value, dict) else {}
+
     def unknown_key(self, key: str, name: Any, allowed: list[str],
                     what: str = "is an unknown key") -> None:
         """``name`` is not one of ``allowed``: ``what``, with a typo's likely fix."""
