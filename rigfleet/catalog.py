@@ -555,15 +555,6 @@ def _model(p: Problems, value: Any) -> Mapping[str, Any]:
     return MappingProxyType(out)
 
 
-def load_stack_file(path: str | Path) -> StackSpec:
-    """Read and validate one stack file; raises ``CatalogError``."""
-    try:
-        data = load_yaml(path, "a stack file")
-    except YamlError as e:
-        raise CatalogError(str(e)) from None
-    return parse_stack(data, str(path))
-
-
 def _stack_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.yaml") if p.is_file())
 
@@ -584,7 +575,10 @@ def _load(dirs: tuple[str, ...], fingerprint: tuple[tuple[str, int, int], ...]) 
             continue
         for path in _stack_files(directory):
             try:
-                spec = load_stack_file(path)
+                spec = parse_stack(load_yaml(path, "a stack file"), str(path))
+            except YamlError as e:
+                problems.append(str(e))
+                continue
             except CatalogError as e:
                 problems += e.problems
                 continue

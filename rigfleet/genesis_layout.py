@@ -13,8 +13,6 @@ from __future__ import annotations
 from rigfleet.genesis_inspect import GENERATIONS, GenesisLayout, refuse_if
 
 LAYOUTS = GENERATIONS
-V7 = LAYOUTS["v7"]
-V12 = LAYOUTS["v12"]
 
 
 def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) -> str:

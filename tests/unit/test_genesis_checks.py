@@ -27,7 +27,7 @@ from rigfleet.genesis import (
     switch_problems,
 )
 from rigfleet.genesis_inspect import DirSource, inspect
-from rigfleet.genesis_layout import V7, V12, entrypoint_script
+from rigfleet.genesis_layout import LAYOUTS, entrypoint_script
 from rigfleet.hostdata import HostSettings
 from rigfleet.pins import GenesisPin, ModelPin, Pins, StackPins
 
@@ -36,6 +36,7 @@ V7_PIN = GenesisPin("https://example.test/genesis.git", "7b9fd3194ee6efa16449733
 V12_PIN = GenesisPin("https://example.test/genesis.git",
                      "66e37841a18f35a113ce10f831808faa4c858ced", "v12", "v12.1.0")  # fmt: skip
 STACK = "tq3-mtp-genesis"
+V7, V12 = LAYOUTS["v7"], LAYOUTS["v12"]
 
 
 @pytest.fixture(scope="module")

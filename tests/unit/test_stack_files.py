@@ -13,14 +13,15 @@ import yaml
 from rigfleet.catalog import (
     BUILTIN_DIR,
     CatalogError,
+    StackSpec,
     builtin_catalog,
     load_catalog,
-    load_stack_file,
     parse_stack,
 )
 from rigfleet.catalog_keys import BY_PATH
 from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostdata import HostDataError, validate_host
+from rigfleet.validate import YamlError, load_yaml
 from rigfleet.vllm_versions import version_key
 
 
@@ -30,6 +31,15 @@ class _Delete:
 
 
 _DELETE = _Delete()
+
+
+def load_stack_file(path: Path) -> StackSpec:
+    """One stack file read and validated as the catalog reads each; raises ``CatalogError``."""
+    try:
+        data = load_yaml(path, "a stack file")
+    except YamlError as e:
+        raise CatalogError(str(e)) from None
+    return parse_stack(data, str(path))
 
 
 def builtin(name: str) -> dict[str, Any]:
