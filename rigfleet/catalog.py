@@ -570,17 +570,14 @@ def _load(dirs: tuple[str, ...], fingerprint: tuple[tuple[str, int, int], ...]) 
     problems: list[str] = []
     for directory in map(Path, dirs):
         if not directory.is_dir():
-            problems.append(f"{directory}: stacks_dir: not a directory; allowed: a directory of stack "
-                            "files (<name>.yaml)")
+            problems.append(f"{directory}: stacks_dir: not a directory; allowed: a directory of "
+                            "stack files (<name>.yaml)")
             continue
         for path in _stack_files(directory):
             try:
                 spec = parse_stack(load_yaml(path, "a stack file"), str(path))
-            except YamlError as e:
-                problems.append(str(e))
-                continue
-            except CatalogError as e:
-                problems += e.problems
+            except (YamlError, CatalogError) as e:
+                problems += e.problems if isinstance(e, CatalogError) else [str(e)]
                 continue
             if spec.name in stacks:
                 problems.append(f"{path}: name: {spec.name!r} is already defined in "
