@@ -151,7 +151,6 @@ class Problems:
         return found
 
     def section(self, key: str) -> str:
-        """The table path that describes ``key``."""
         assert self.table is not None
         return self.table.section(key)
 
@@ -292,7 +291,6 @@ class Problems:
 
 
 def is_int(value: Any) -> bool:
-    """An ``int`` that is not a ``bool``."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
