@@ -11,9 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_stack_files import _write, builtin
+from test_stack_files import _write, builtin, load_stack_file
 
-from rigfleet.catalog import CatalogError, builtin_catalog, load_stack_file
+from rigfleet.catalog import CatalogError, builtin_catalog
 from rigfleet.desired import stack_gate_set, staged_stacks
 from rigfleet.hostdata import HostDataError, validate_host
 from rigfleet.hostside.verify.profiles import resolve
