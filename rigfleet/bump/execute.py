@@ -20,7 +20,7 @@ from rich.markup import escape
 from rigfleet.bump import images
 from rigfleet.bump.candidate import Candidate
 from rigfleet.bump.decide import BumpOptions, Inputs
-from rigfleet.bump.journal import BumpJournal, now_iso
+from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
 from rigfleet.bump.output import exit_status, interrupted, log, print_result, progress
 from rigfleet.bump.plan_record import Plan
@@ -36,6 +36,7 @@ from rigfleet.bump.rollout import (
     probe_of_record,
     rollout,
 )
+from rigfleet.hostside.verify.report import now_iso
 from rigfleet.pins import Pins, PinsError, dump_pins, save_pins
 from rigfleet.registry import RegistryError
 from rigfleet.resources import PROJECT_ROOT, deployed_by

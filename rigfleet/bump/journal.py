@@ -15,12 +15,12 @@ import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.catalog import Catalog
+from rigfleet.hostside.verify.report import now_iso
 from rigfleet.pins import Pins, PinsError, StackPins, parse_pins, stack_dict, write_keeping_mode
 from rigfleet.validate import Problems
 
@@ -36,10 +36,6 @@ _NAME = re.compile(r"[^\s/]+")
 
 def journal_path(pins_path: str | Path) -> Path:
     return Path(f"{pins_path}.bump-journal.json")
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class JournalError(PinsError):
