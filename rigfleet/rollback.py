@@ -75,14 +75,13 @@ def _rebuild(pins: Pins, name: str, summary: Any, serial: int) -> StackPins:
             isinstance(summary.get(k), str) for k in ("image", "digest", "vllm_version")):
         raise RollbackRefused(f"{pins.path}: history: serial {serial}: old.{name}: "
                               f"{summary!r}; allowed: image, digest and vllm_version")
-    now = pins.stacks.get(name)
     image_id = summary.get("image_id")
     if "image_id" not in summary:  # an entry older than the key: the same digest's id
         known = [*pins.stacks.values(), *(p for h in pins.hosts.values() for p in h.values())]
         image_id = next((p.image_id for p in known if p.digest == summary["digest"]), None)
     genesis = None
     if commit := summary.get("genesis"):
-        base = now.genesis if now is not None else None
+        base = now.genesis if (now := pins.stacks.get(name)) is not None else None
         if base is None:
             raise RollbackRefused(f"{pins.path}: history: serial {serial}: old.{name}.genesis: "
                                   f"{commit}: the stack no longer pins a Genesis repository")
