@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from rigfleet.errors import RigfleetError
-from rigfleet.registry import Registry, RegistryError
+from rigfleet.registry import Registry, RegistryError, split_image
 from rigfleet.vllm_versions import NIGHTLY_TAG, RELEASE_TAG, is_release, version_key
 
 
@@ -143,6 +143,5 @@ def parse_image_arg(value: str, default_repository: str) -> tuple[str, str]:
     if re.fullmatch(r"[0-9a-f]{40}", value):
         return default_repository, f"nightly-{value}"
     if ":" in value.rsplit("/", 1)[-1]:
-        repo, _, tag = value.rpartition(":")
-        return repo, tag
+        return split_image(value)
     return default_repository, value

@@ -129,9 +129,8 @@ def run(args: argparse.Namespace) -> int:
         raise
     except (RigfleetError, ValueError, RuntimeError) as e:
         return error(escape(str(e)))
-    remote = SshRemote(connect_timeout=args.timeout)
     try:
-        return _bump(opts, inputs, remote)
+        return _bump(opts, inputs, SshRemote(connect_timeout=args.timeout))
     except (GenesisRefused, ImageRefused) as e:
         return refused(e)
     except RegistryError as e:

@@ -85,9 +85,8 @@ class MirrorRegistry(Registry):
 
     def put_manifest(self, repo: str, reference: str, body: bytes, media: str) -> str:
         """PUT manifest bytes; returns the digest the registry reports."""
-        url = f"{self.where}/v2/{repo}/manifests/{reference}"
-        return self._send("PUT", url, repo, body, {"Content-Type": media}).get(
-            "docker-content-digest", "")
+        return self._send("PUT", f"{self.where}/v2/{repo}/manifests/{reference}", repo, body,
+                          {"Content-Type": media}).get("docker-content-digest", "")
 
 
 @dataclass(frozen=True)
