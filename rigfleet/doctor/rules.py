@@ -87,8 +87,7 @@ def power(ev: Evidence, exp: Expect) -> Cause | None:
     caps = "/".join(_w(c.power_limit_w) for c in cards)
     drawn = "/".join(_w(c.power_draw_max_w) for c in cards)
     evidence = [f"cap {caps}, drawing up to {drawn} under load"]
-    capped = [c for c in cards if "sw_power_cap" in c.reasons]
-    if capped:
+    if capped := [c for c in cards if "sw_power_cap" in c.reasons]:
         evidence.append("clock event reason sw_power_cap active under load on "
                         + ", ".join(f"gpu{c.index}" for c in capped))
     if exp.tp >= 2:
@@ -165,9 +164,7 @@ def pcie(ev: Evidence, exp: Expect) -> Cause | None:
 
 
 def graph_mode(ev: Evidence, exp: Expect) -> Cause | None:
-    mode = ev.graph_mode
-    down = ev.engine.get("downgrade") or {}
-    if mode is None:
+    if (mode := ev.graph_mode) is None:
         return None
     if mode == "NONE":
         return Cause("cuda-graphs", "no CUDA graphs (--enforce-eager)", CAUSE, EAGER_COST,
@@ -175,6 +172,7 @@ def graph_mode(ev: Evidence, exp: Expect) -> Cause | None:
                      "drop --enforce-eager (vllm.args in the stack file, or the host's extra "
                      "arguments)", "no published figure: rough estimate")
     if mode == "PIECEWISE":
+        down = ev.engine.get("downgrade")
         line = down.get("line") if isinstance(down, dict) else None
         return Cause("cuda-graphs", "CUDA graphs downgraded to PIECEWISE", CAUSE, PIECEWISE_COST,
                      (line,) if line else ("only PIECEWISE graphs were captured",),

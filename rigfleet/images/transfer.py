@@ -93,22 +93,19 @@ def export_image(remote: Remote, host: InventoryHost, want: WantedImage, directo
         with partial.open("wb") as raw:
             tee = Counted(raw, meter)
             rc, err = remote.stream_out(host, script, tee)  # type: ignore[arg-type]
-    except BaseException:  # the connection broke off, Ctrl-C: no half archive stays behind
+        if rc != 0:
+            raise ImageError(f"{host.name}: docker save {want.image} failed (exit {rc}): "
+                             f"{err.strip()[-400:]}")
+        try:
+            info = inspect_archive(partial)
+        except ArchiveError as e:
+            raise ImageError(f"{host.name}: docker save {want.image} wrote no usable archive: "
+                             f"{e}") from None
+        if not info.holds(local.id):
+            raise ImageError(f"{host.name}: the saved archive holds {info.label}, not {local.id}")
+    except BaseException:  # a refusal, a broken connection, Ctrl-C: no half archive stays
         partial.unlink(missing_ok=True)
         raise
-    if rc != 0:
-        partial.unlink(missing_ok=True)
-        raise ImageError(f"{host.name}: docker save {want.image} failed (exit {rc}): "
-                         f"{err.strip()[-400:]}")
-    try:
-        info = inspect_archive(partial)
-    except ArchiveError as e:
-        partial.unlink(missing_ok=True)
-        raise ImageError(f"{host.name}: docker save {want.image} wrote no usable archive: {e}") \
-            from None
-    if not info.holds(local.id):
-        partial.unlink(missing_ok=True)
-        raise ImageError(f"{host.name}: the saved archive holds {info.label}, not {local.id}")
     partial.replace(dest)
     sha = tee.sha.hexdigest()
     write_sidecar(dest, image=want.image, digest=want.digest, image_id=local.id,
