@@ -40,7 +40,7 @@ from rigfleet.images.archive import (
 )
 from rigfleet.images.checks import SourceChecker
 from rigfleet.images.deploy import build_plan, fact_arguments
-from rigfleet.images.plan import ImagePlan, StagingPlan, WantedImage, wanted_images
+from rigfleet.images.plan import StagingPlan, WantedImage, wanted_images
 from rigfleet.images.transfer import Counted, export_image, host_state, load_archive, progress_bar
 from rigfleet.inventory import InventoryHost, gpu_hosts
 from rigfleet.ssh import HostUnreachable, Remote
@@ -112,13 +112,6 @@ def fleet_images(hosts: Sequence[InventoryHost], remote: Remote) -> list[HostIma
                      lambda h, why: HostImages(h.name, error=why))
 
 
-def source_cell(p: ImagePlan) -> str:
-    """``[1] archive``: the source a fetch would use."""
-    if p.action == "fetch" and p.source is not None:
-        return f"[{p.source.index}] {p.source.source.kind}"
-    return {"present": "-", "tag": "docker tag", "refused": "none"}.get(p.action, "-")
-
-
 def table(rows: Sequence[HostImages], title: str = "rigfleet images status") -> Table:
     """One line per host and image (last: the cell a narrow terminal cuts), notes under it."""
     t = Table(title, ["host", "present", "id", "source", "image"])
@@ -131,10 +124,11 @@ def table(rows: Sequence[HostImages], title: str = "rigfleet images status") -> 
             present = Text(p.presence.label, style="green" if p.action == "present" else
                            "yellow" if p.action in ("tag", "fetch") else "red")
             local = p.presence.local.id[7:19] if p.presence.local else "-"
-            t.row(row.host, present, local, source_cell(p), p.want.image)
-            found = (f"; {p.source.label}: {p.source.reason}"
-                     if p.action == "fetch" and p.source is not None else "")
-            t.note(row.host, f"{p.want.label}{found}")
+            fetch = p.source if p.action == "fetch" else None  # "[1] archive": from where
+            source = (f"[{fetch.index}] {fetch.source.kind}" if fetch else
+                      {"present": "-", "tag": "docker tag", "refused": "none"}.get(p.action, "-"))
+            t.row(row.host, present, local, source, p.want.image)
+            t.note(row.host, p.want.label + (f"; {fetch.label}: {fetch.reason}" if fetch else ""))
         for line in row.problems:
             t.note(row.host, Text(line.removeprefix(f"{row.host}: "), style="red"))
         for line in row.plan.notes:
