@@ -122,13 +122,11 @@ def chart(host: str, lines: Sequence[tuple[str, str, Series, bool]], x0: float, 
 
 def _host_figure(host: str, data: PageInput, gate: dict[tuple[str, ...], Series],
                  engine: dict[tuple[str, ...], Series], up: dict[str, dict[str, bool]]) -> str:
-    lines: list[tuple[str, str, Series, bool]] = []
-    if engine.get((host,)):
-        lines.append(("engine tokens/s (vllm:generation_tokens_total rate)", ENGINE_COLOUR,
-                      engine[(host,)], False))
-    for i, stack in enumerate(sorted(s for h, s in gate if h == host)):
-        lines.append((f"gate tokens/s ({stack})", GATE_COLOURS[i % len(GATE_COLOURS)],
-                      gate[(host, stack)], True))
+    lines = [("engine tokens/s (vllm:generation_tokens_total rate)", ENGINE_COLOUR,
+              engine[(host,)], False)] if engine.get((host,)) else []
+    lines += [(f"gate tokens/s ({stack})", GATE_COLOURS[i % len(GATE_COLOURS)],
+               gate[(host, stack)], True)
+              for i, stack in enumerate(sorted(s for h, s in gate if h == host))]
     jobs = up.get(host, {})
     targets = " ".join(f'<span class="{"up" if ok else "down"}">{escape(job)} '
                        f'{"up" if ok else "down"}</span>' for job, ok in sorted(jobs.items()))
