@@ -11,14 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigfleet.bump.journal import BumpInFlight, BumpJournal
+from rigfleet.bump.journal import BumpInFlight
 from rigfleet.desired import DesiredHost, build_desired, fleet_pins
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host, probe_for
-from rigfleet.hostdata import HostSettings, validate_host
+from rigfleet.hostdata import validate_host
 from rigfleet.hostprobe import HostProbe
 from rigfleet.inventory import InventoryHost
-from rigfleet.pins import Pins
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
 from rigfleet.status.drift import find_drift
 
@@ -78,17 +77,6 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
                      throughput=throughput)
 
 
-def desired_choices(settings: HostSettings, pins: Pins,
-                    journal: BumpJournal | None) -> tuple[DesiredHost, ...]:
-    """What the host should run; two (old pins, candidate) mid-bump (``pick`` decides)."""
-    if journal is None:
-        return (build_desired(settings, pins.for_host(settings.name)),)
-    try:
-        return (build_desired(settings, journal.pins_for(pins, settings.name)),)
-    except BumpInFlight as e:
-        return build_desired(settings, e.old), build_desired(settings, e.new)
-
-
 def pick(wants: tuple[DesiredHost, ...], probe: HostProbe) -> tuple[DesiredHost, int]:
     """The one of ``wants`` whose stack ``state.json`` records (else the first), its index."""
     keys = ("stack", "digest", "genesis_commit")
@@ -107,7 +95,11 @@ def host_status(host: InventoryHost, timeout: float = 20.0, pins_base: Path | No
         pins, journal = fleet_pins(settings, pins_base)
         if journal is not None and journal.state == "finished":
             journal = None
-        wants = desired_choices(settings, pins, journal)
+        try:
+            pinned = journal.pins_for(pins, host.name) if journal else pins.for_host(host.name)
+            wants: tuple[DesiredHost, ...] = (build_desired(settings, pinned),)
+        except BumpInFlight as e:  # mid-bump: old pins or candidate, ``pick`` decides
+            wants = build_desired(settings, e.old), build_desired(settings, e.new)
     except RigfleetError as e:
         return StatusRow(host.name, reachable=False, error=f"inventory/pins: {e}")
     view = journal.host_view(host.name) if journal is not None else None
