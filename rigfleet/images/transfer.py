@@ -72,8 +72,7 @@ def export_image(remote: Remote, host: InventoryHost, want: WantedImage, directo
                  vllm_version: str | None = None, meter: Meter | None = None) -> SavedArchive:
     """``docker save`` the pinned image (found by the pin, saved under its pinned name) on
     ``host`` into ``directory`` here, checked to hold its image id, with a sidecar."""
-    state = host_state(remote, host, want.refs)
-    here = presence(want, state)
+    here = presence(want, host_state(remote, host, want.refs))
     if here.local is None or here.state not in ("present", "tag"):
         raise ImageError(f"{host.name}: {want.image} (digest {want.digest}) is not on the host; "
                          "nothing to save (stage it with the deploy, or save from a host that "
