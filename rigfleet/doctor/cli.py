@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.text import Text
 
-from rigfleet.catalog import DEFAULT_MARGIN, Catalog, StackSpec
+from rigfleet.catalog import DEFAULT_MARGIN, Catalog
 from rigfleet.cliargs import console, fleet_options
 from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
@@ -46,18 +46,6 @@ class Diagnosis:
                 "error": self.error or None}
 
 
-def expectations(spec: StackSpec | None, probe: HostProbe) -> Expect:
-    """What the stack should do, with the code runs' acceptance of the last gate."""
-    if spec is None:
-        return Expect()
-    last = probe.throughput_last
-    thr = spec.throughput
-    return Expect(tp=spec.tensor_parallel_size, kv_cache_dtype=spec.kv_cache_dtype,
-                  floors=thr.floors if thr else (),
-                  acceptance_reference=thr.acceptance if thr else (),
-                  gate_acceptance=last.acceptance if last and last.stack == spec.name else None)
-
-
 def examine(host: str, probe: HostProbe, catalog: Catalog, scale: float = 1.0) -> Diagnosis:
     """The evidence, causes and baseline of one probed host (``judge_fleet`` adds its peers);
     ``scale``: the host's throughput_scale."""
@@ -65,19 +53,24 @@ def examine(host: str, probe: HostProbe, catalog: Catalog, scale: float = 1.0) -
     stack = ev.stack or probe.state.get("stack")
     stack = stack if isinstance(stack, str) else None
     spec = catalog.get(stack) if stack is not None and stack in catalog else None
+    thr = spec.throughput if spec else None
     pins = tuple(str(probe.state.get(k) or "") for k in ("digest", "genesis_commit",
                                                          "model_revision"))
     d = Diagnosis(host, stack, pins, ev, error=ev.error)
     if ev.error:
         return d
-    d.causes = diagnose(ev, expectations(spec, probe))
-    base, source = None, ""
-    if spec is not None:
-        ref = spec.throughput.reference if spec.throughput else {}
-        b = baseline_for(probe.throughput_history, spec.name, ref, scale, HISTORY_N)
+    exp, base, source = Expect(), None, ""
+    if spec is not None:  # what the stack should do, the code runs' acceptance of the last gate
+        last = probe.throughput_last
+        exp = Expect(tp=spec.tensor_parallel_size, kv_cache_dtype=spec.kv_cache_dtype,
+                     floors=thr.floors if thr else (),
+                     acceptance_reference=thr.acceptance if thr else (),
+                     gate_acceptance=last.acceptance if last and last.stack == spec.name else None)
+        b = baseline_for(probe.throughput_history, spec.name, thr.reference if thr else {}, scale,
+                         HISTORY_N)
         base, source = b.figures.get("narrative"), b.sources.get("narrative", "")
-    margin = spec.throughput.margin if spec and spec.throughput else DEFAULT_MARGIN
-    d.verdict = Verdict(ev.load_decode, base, source, margin=margin)
+    d.causes = diagnose(ev, exp)
+    d.verdict = Verdict(ev.load_decode, base, source, margin=thr.margin if thr else DEFAULT_MARGIN)
     return d
 
 
