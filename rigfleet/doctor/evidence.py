@@ -132,11 +132,9 @@ def parse_evidence(host: str, section: Mapping[str, Any]) -> Evidence:
     gpu = section.get("gpu") or {}
     idle_rows = parse_sample(gpu.get("idle") or {})
     load_rows = [parse_sample(s) for s in gpu.get("load") or []]
-    cards = []
-    for pos, idle in enumerate(idle_rows):
-        index = int(idle["index"]) if isinstance(idle.get("index"), float) else pos
-        loaded = [rows[pos] for rows in load_rows if pos < len(rows)]
-        cards.append(summarise(index, idle, loaded))
+    cards = (summarise(int(idle["index"]) if isinstance(idle.get("index"), float) else pos, idle,
+                       [rows[pos] for rows in load_rows if pos < len(rows)])
+             for pos, idle in enumerate(idle_rows))
     load = section.get("load") or {}
     acc = load.get("acceptance") or {}
     per_pos = acc.get("per_position") if isinstance(acc, dict) else None
