@@ -138,18 +138,16 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
                 "address, and haproxy.cfg would name it as one; allowed: ssh_hostname or "
                 f"balancer_front_address in {h.name}'s data set to a host name or IP address")
         sid = _NOT_ID.sub("_", h.name)
-        if sid in ids:
+        if (first := ids.setdefault(sid, h.name)) != h.name:
             raise BalancerError(
-                f"{name}: balancers: GPU hosts {ids[sid]!r} and {h.name!r} both become server "
+                f"{name}: balancers: GPU hosts {first!r} and {h.name!r} both become server "
                 f"{sid!r} in HAProxy; allowed: inventory names that differ in letters, digits "
                 "or ._-")
-        ids[sid] = h.name
-        if address in seen:
+        if (first := seen.setdefault(address, h.name)) != h.name:
             raise BalancerError(
-                f"{name}: balancer_front_address: {h.name} and {seen[address]} are both "
+                f"{name}: balancer_front_address: {h.name} and {first} are both "
                 f"reached at {address!r}; allowed: one front per address (set "
                 "balancer_front_address in each host's data)")
-        seen[address] = h.name
         tls = h.settings.front_tls
         by_stack.setdefault(h.settings.stack, []).append(Server(
             h.name, sid, address, verify if tls else None, tls.ca_file if tls else None))
