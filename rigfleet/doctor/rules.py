@@ -253,8 +253,7 @@ def compile_cache(ev: Evidence, exp: Expect) -> Cause | None:
 def kv_and_batching(ev: Evidence, exp: Expect) -> list[Cause]:
     out = []
     warnings = ev.engine.get("warnings") or {}
-    backend = (ev.engine.get("backend") or {}).get("name") if isinstance(
-        ev.engine.get("backend"), dict) else None
+    backend = b.get("name") if isinstance(b := ev.engine.get("backend"), dict) else None
     kv_lines = tuple(warnings.get("kv_cache") or ())
     if exp.kv_cache_dtype == "int8_per_token_head":
         out.append(Cause("kv-dtype", "int8 per-token-head KV on TRITON_ATTN slows with "

@@ -177,9 +177,8 @@ def render_balancers(rows: Sequence[BalancerRow]) -> Table:
             table.note(key, Text(r.error, style="red"))
         for host, why in r.out:
             table.note(key, Text(f"{host} out of rotation: {why}", style="yellow"))
-        total = len(r.up) + len(r.out)
         up = (Text("-") if not r.reachable or r.error
-              else Text(f"{len(r.up)}/{total}", style="green" if r.up else "red"))
+              else Text(f"{len(r.up)}/{len(r.up) + len(r.out)}", style="green" if r.up else "red"))
         table.row(r.balancer, r.stack or "-", up, " ".join(r.up) or "-", r.url)
     return table
 
