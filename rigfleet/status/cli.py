@@ -157,16 +157,6 @@ def bump_summaries(rows: Sequence[StatusRow]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def _bump_note(summary: Mapping[str, Any]) -> Text:
-    hosts = summary.get("hosts") or {}
-    parts = [f"{_BUMP_WORDS.get(state, (state,))[0]}: {', '.join(names)}"
-             for state, names in hosts.items()]
-    return Text(f"{summary['bump']} ({summary['target']}), started {_when(summary['started'])} "
-                f"by {summary['by']}: {'; '.join(parts)}. `rigfleet bump` finishes it, "
-                f"`rigfleet bump --abandon` records it and stops (journal {summary['journal']})",
-                style="magenta")
-
-
 def render_balancers(rows: Sequence[BalancerRow]) -> Table:
     """One line per balancer and stack: which hosts are in rotation; the rest as notes."""
     table = Table("balancers", ["balancer", "stack", "up", "in rotation", "url"],
@@ -198,8 +188,13 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> T
     columns = ["host", "stack", "image/genesis/model", "gate", "tok/s", "drift"]
     table = Table(title + (" (mid-bump)" if mid_bump else ""),
                   [*columns, "bump"] if mid_bump else columns, keys=("host", "stack"))
-    for summary in bump_summaries(rows):
-        table.note("mid-bump", _bump_note(summary))
+    for b in bump_summaries(rows):
+        hosts = "; ".join(f"{_BUMP_WORDS.get(state, (state,))[0]}: {', '.join(names)}"
+                          for state, names in (b.get("hosts") or {}).items())
+        table.note("mid-bump", Text(
+            f"{b['bump']} ({b['target']}), started {_when(b['started'])} by {b['by']}: {hosts}. "
+            f"`rigfleet bump` finishes it, `rigfleet bump --abandon` records it and stops "
+            f"(journal {b['journal']})", style="magenta"))
     for r in rows:
         if r.error or not r.reachable:
             table.note(r.host, Text(r.error or "unreachable", style="red"))
