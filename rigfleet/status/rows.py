@@ -77,15 +77,6 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
                      throughput=throughput)
 
 
-def pick(wants: tuple[DesiredHost, ...], probe: HostProbe) -> tuple[DesiredHost, int]:
-    """The one of ``wants`` whose stack ``state.json`` records (else the first), its index."""
-    keys = ("stack", "digest", "genesis_commit")
-    for i, want in enumerate(wants):
-        if all(probe.state.get(k) == want.current.tracked.get(k) for k in keys):
-            return want, i
-    return wants[0], 0
-
-
 def host_status(host: InventoryHost, timeout: float = 20.0, pins_base: Path | None = None,
                 remote: Remote | None = None) -> StatusRow:
     """Probe one host and decide its drift; never raises (problems land in the row)."""
@@ -98,7 +89,7 @@ def host_status(host: InventoryHost, timeout: float = 20.0, pins_base: Path | No
         try:
             pinned = journal.pins_for(pins, host.name) if journal else pins.for_host(host.name)
             wants: tuple[DesiredHost, ...] = (build_desired(settings, pinned),)
-        except BumpInFlight as e:  # mid-bump: old pins or candidate, ``pick`` decides
+        except BumpInFlight as e:  # mid-bump: old pins or candidate (the probe tells which)
             wants = build_desired(settings, e.old), build_desired(settings, e.new)
     except RigfleetError as e:
         return StatusRow(host.name, reachable=False, error=f"inventory/pins: {e}")
@@ -113,8 +104,10 @@ def host_status(host: InventoryHost, timeout: float = 20.0, pins_base: Path | No
         return StatusRow(host.name, reachable=True, error="not deployed yet (no host-side "
                          "tool): run the deploy", seconds=round(time.monotonic() - started, 2),
                          bump=view)
-    want, which = pick(wants, probe)
-    row = build_row(want, probe, time.monotonic() - started)
+    keys = ("stack", "digest", "genesis_commit")  # the want state.json records, else the first
+    which = next((i for i, w in enumerate(wants)
+                  if all(probe.state.get(k) == w.current.tracked.get(k) for k in keys)), 0)
+    row = build_row(wants[which], probe, time.monotonic() - started)
     if view is not None and len(wants) > 1:
         matched = any(probe.state.get("digest") == w.current.pins.digest for w in wants)
         view = {**view, "runs": ("candidate" if which else "old") if matched else "unknown"}
