@@ -31,17 +31,15 @@ def short(value: str | None, n: int = 12) -> str:
     return value[: 7 + n] if value.startswith("sha256:") else value[:n]
 
 
-def parse_gpus(gpu: Mapping[str, Any]) -> tuple[list[Any], str | None]:
+def cap_drift(caps: Sequence[int], gpu: Mapping[str, Any]) -> list[str]:
+    """The cards' power limits against the inventory's caps, or why nvidia-smi cannot say."""
     if gpu.get("rc") != 0:
         why = (gpu.get("stderr") or gpu.get("stdout") or "").strip().splitlines()
-        return [], f"nvidia-smi fails ({why[-1] if why else 'exit ' + str(gpu.get('rc'))})"
+        return [f"nvidia-smi fails ({why[-1] if why else 'exit ' + str(gpu.get('rc'))})"]
     try:
-        return gpu_parse.parse_query_gpu(str(gpu.get("stdout", "")), GPU_FIELDS), None
+        gpus = gpu_parse.parse_query_gpu(str(gpu.get("stdout", "")), GPU_FIELDS)
     except gpu_parse.GpuParseError as e:
-        return [], str(e)
-
-
-def cap_drift(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
+        return [str(e)]
     by_index = {g.index: g for g in gpus}
     out = []
     for i, want in enumerate(caps):
@@ -77,8 +75,7 @@ def supervisor_drift(sup: Mapping[str, Any] | None) -> list[str]:
 
 def find_drift(want: DesiredHost, probe: HostProbe) -> list[str]:
     """Everything on the host that differs from ``want``, one short line each."""
-    gpus, gpu_error = parse_gpus(probe.section("gpu"))
-    drift = [gpu_error] if gpu_error else cap_drift(want.settings.power_caps_w, gpus)
+    drift = cap_drift(want.settings.power_caps_w, probe.section("gpu"))
     drift += _stack_drift(want, probe)
     drift += supervisor_drift(probe.supervisor)
     if want.genesis is not None:
