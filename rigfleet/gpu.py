@@ -76,14 +76,6 @@ def query_command(fields: Sequence[str] = QUERY_FIELDS, *, header: bool = False,
     return shlex.join(["nvidia-smi", f"--query-gpu={','.join(fields)}", f"--format={fmt}"])
 
 
-def _check_driver(text: str) -> None:
-    for line in text.splitlines():
-        if line.strip().startswith(_DRIVER_FAILURES):
-            raise DriverNotLoadedError(f"nvidia-smi cannot reach the driver: {line.strip()!r}")
-        if line.strip() == _NO_DEVICES:
-            raise GpuParseError(f"nvidia-smi sees no GPU: {line.strip()!r}")
-
-
 def _convert(raw: str, field_name: str, line: str) -> object:
     kind = _KINDS[_FIELD_MAP[field_name]]
     value = raw.strip()
@@ -103,9 +95,13 @@ def _convert(raw: str, field_name: str, line: str) -> object:
 def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GpuInfo]:
     """One ``GpuInfo`` per line of ``--query-gpu`` csv output (a header line skipped;
     nvidia-smi does not quote, so surplus cells are joined back into ``name``)."""
-    _check_driver(text)
-    fields = list(fields)
     lines = [ln for ln in text.splitlines() if ln.strip()]
+    for line in map(str.strip, lines):
+        if line.startswith(_DRIVER_FAILURES):
+            raise DriverNotLoadedError(f"nvidia-smi cannot reach the driver: {line!r}")
+        if line == _NO_DEVICES:
+            raise GpuParseError(f"nvidia-smi sees no GPU: {line!r}")
+    fields = list(fields)
     if lines and [re.sub(r"\s*\[[^\]]*\]$", "", c.strip()) for c in lines[0].split(",")] == fields:
         lines = lines[1:]  # the header (units in brackets)
     name_at = next((i for i, f in enumerate(fields) if f in ("name", "gpu_name")), None)

@@ -40,10 +40,19 @@ class _Resolver:
     asked: dict[tuple[str, str, str], str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
-    def once(self, key: tuple[str, str, str], ask: Callable[[], str]) -> str:
-        if key not in self.asked:
-            self.asked[key] = ask()
-        return self.asked[key]
+    def ask(self, key: tuple[str, str, str], read: Callable[[], str], missing: str,
+            failed: str) -> str | None:
+        """``read()``'s answer, asked once per ``key``; None when it failed (the problem listed:
+        ``missing`` when the registry has no such thing, else ``failed: <why>``)."""
+        try:
+            if key not in self.asked:
+                self.asked[key] = read()
+            return self.asked[key]
+        except RegistryNotFound:
+            self.problems.append(missing)
+        except RegistryError as e:
+            self.problems.append(f"{failed}: {e}")
+        return None
 
     def client(self, repository: str) -> tuple[Registry, str]:
         host, path = registry_of(repository)
@@ -55,31 +64,22 @@ class _Resolver:
         """``p`` with its digest (when unresolved or ``refresh``) and image id filled in."""
         reg, path = self.client(p.repository)
         retention = f" ({NIGHTLY_RETENTION})" if NIGHTLY_TAG.fullmatch(p.tag) else ""
-        digest = p.digest
+        digest: str | None = p.digest
         if refresh or digest == UNRESOLVED:
-            try:
-                digest = self.once((reg.where, path, p.tag), lambda: reg.digest(path, p.tag))
-            except RegistryNotFound:
-                self.problems.append(f"{self.file}: {key}.image: {p.image} is not in "
-                                     f"{reg.where}{retention}; allowed: {SAVED_COPY}")
-                return p
-            except RegistryError as e:
-                self.problems.append(f"{self.file}: {key}.digest: cannot resolve {p.image}: {e}")
-                return p
+            digest = self.ask((reg.where, path, p.tag), lambda: reg.digest(path, p.tag),
+                              f"{self.file}: {key}.image: {p.image} is not in "
+                              f"{reg.where}{retention}; allowed: {SAVED_COPY}",
+                              f"{self.file}: {key}.digest: cannot resolve {p.image}")
         image_id = p.image_id
-        if refresh or image_id is None or digest != p.digest:
-            try:
-                image_id = self.once((reg.where, path, digest), lambda: reg.resolve(path, digest).image_id)
-            except RegistryNotFound:
-                self.problems.append(
-                    f"{self.file}: {key}.image_id: cannot be read: {p.repository}@{digest} is "
-                    f"not in {reg.where}{retention}; allowed: the image id of a saved "
-                    "copy (`rigfleet images import FILE` prints it), or " + SAVED_COPY)
-                return p
-            except RegistryError as e:
-                self.problems.append(f"{self.file}: {key}.image_id: cannot read it for "
-                                     f"{p.repository}@{digest}: {e}")
-                return p
+        if digest is not None and (refresh or image_id is None or digest != p.digest):
+            image_id = self.ask(
+                (reg.where, path, digest), lambda: reg.resolve(path, digest).image_id,
+                f"{self.file}: {key}.image_id: cannot be read: {p.repository}@{digest} is "
+                f"not in {reg.where}{retention}; allowed: the image id of a saved "
+                "copy (`rigfleet images import FILE` prints it), or " + SAVED_COPY,
+                f"{self.file}: {key}.image_id: cannot read it for {p.repository}@{digest}")
+        if digest is None or image_id is None:
+            return p
         return replace(p, digest=digest, image_id=image_id)
 
 
