@@ -301,11 +301,10 @@ class Online:
 
     def apt(self, settings: HostSettings, pins: Pins, os_key: OsKey) -> list[Finding]:
         os_id, version, codename = os_key
-        os_info = OsInfo(os_id, version, codename, "")
         policy = "sqv" if (os_id, version) == ("debian", "13") else "gpgv"
         out = []
         for name, pkgs, want, what in (  # repo, packages, the version prefix each must have
-                ("cuda", driver_packages(os_info, pins.driver_branch),
+                ("cuda", driver_packages(OsInfo(os_id, version, codename, ""), pins.driver_branch),
                  version_prefix(pins.driver_branch, pins.driver_version),
                  f"driver {pins.driver_version or pins.driver_branch}"),
                 ("nvidia-container-toolkit", TOOLKIT_PACKAGES, pins.toolkit_version,
