@@ -17,6 +17,7 @@ import shlex
 from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import groupby
 from typing import Any, TypeVar
 
@@ -247,10 +248,7 @@ class GpuState:
 
 
 class GpuQuery(FactBase[GpuState]):
-    @staticmethod
-    @override
-    def default() -> GpuState:
-        return GpuState(loaded=False, error="no output")
+    default = partial(GpuState, loaded=False, error="no output")
 
     @override
     def command(self) -> str:
