@@ -33,6 +33,7 @@ from rigfleet.catalog import CatalogError, builtin_catalog, load_catalog
 from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
 from rigfleet.hostside.supervise import parse_backoff
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
+from rigfleet.tlsfiles import private
 from rigfleet.validate import SYSTEM_DIRS, Problems, env_vars, escapes, is_int, is_system_dir
 
 # Any GPU's sane power cap; the card's own min..max is checked at deploy time.
@@ -249,7 +250,7 @@ class HostChecker(Problems):
         if not stat.S_ISREG(st.st_mode):
             self.bad(name, value, "a regular file", "is not a regular file")
             return None
-        if not self.private(name, value, path, st.st_mode):
+        if not private(self, name, value, path, st.st_mode):
             return None
         try:
             secret = path.read_text(encoding="utf-8").strip()
@@ -270,13 +271,6 @@ class HostChecker(Problems):
             return str(path)
         return None
 
-    def private(self, name: str, value: Any, path: Path, mode: int, why: str = "") -> bool:
-        """No one but the owner may read ``path`` (``mode``: its ``st_mode``)."""
-        if mode & 0o077:
-            self.bad(name, value, f"mode 0600 or stricter{why}: chmod 600 {path}",
-                     f"is readable by others (mode {stat.S_IMODE(mode):04o})")
-        return not mode & 0o077
-
     def alertmanager_file(self, key: Key, value: Any) -> str | None:
         """Alertmanager's config on this machine: private (it may hold credentials), YAML with
         ``route`` and ``receivers``; amtool checks the rest on the monitor."""
@@ -291,7 +285,7 @@ class HostChecker(Problems):
             why = getattr(e, "strerror", None) or type(e).__name__
             self.bad(key.name, value, "a readable YAML file", f"cannot be read ({why})")
             return None
-        if not self.private(key.name, value, path, st.st_mode, " (it may hold credentials)"):
+        if not private(self, key.name, value, path, st.st_mode, " (it may hold credentials)"):
             return None
         if not isinstance(doc, dict) or not {"route", "receivers"} <= doc.keys():
             self.bad(key.name, value, "Alertmanager's configuration: a YAML mapping with "

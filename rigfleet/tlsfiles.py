@@ -95,9 +95,7 @@ def _key_file(p: Problems, key: str, value: Any) -> str | None:
         return None
     path, text, st = found
     # The content is a secret: describe it, never show it.
-    if st.st_mode & 0o077:
-        p.bad(key, value, f"mode 0600 or stricter: chmod 600 {path}",
-              f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+    if not private(p, key, value, path, st.st_mode):
         return None
     if "ENCRYPTED" in text:
         p.bad(key, value, f"{allowed} (nginx cannot ask for a passphrase at boot; "
@@ -107,6 +105,14 @@ def _key_file(p: Problems, key: str, value: Any) -> str | None:
         p.bad(key, value, allowed, "holds no PEM private key (content not shown)")
         return None
     return str(path)
+
+
+def private(p: Problems, key: str, value: Any, path: Path, mode: int, why: str = "") -> bool:
+    """No one but the owner may read ``path`` (``mode``: its ``st_mode``)."""
+    if mode & 0o077:
+        p.bad(key, value, f"mode 0600 or stricter{why}: chmod 600 {path}",
+              f"is readable by others (mode {stat.S_IMODE(mode):04o})")
+    return not mode & 0o077
 
 
 def _no_password() -> str:
