@@ -92,46 +92,34 @@ def adopt_weights(model_dir: str, local_dir: str, compose_files: tuple[str, ...]
 
 @operation()
 def prune_weights(model_dir: str, pinned: tuple[tuple[str, str], ...],
-                  compose_files: tuple[str, ...]):
+                  compose_files: tuple[str, ...], released: bool = False):
     """Remove what neither a pin (``pinned``: each staged model's local_dir and revision) nor
     ``compose_files`` name: other revisions, partial downloads, old-name links, and the
-    revisions of models no staged stack serves any more."""
-    names = prunable(read_fact(WeightsDirs, model_dir=model_dir, compose_files=compose_files),
-                     pinned)
-    if not names:
-        host.noop(f"no stale weights in {model_dir}")
-        return
-    yield weights_commands.remove([f"{model_dir.rstrip('/')}/{n}" for n in names])
-
-
-@operation()
-def prune_released_weights(model_dir: str, pinned: tuple[tuple[str, str], ...],
-                           compose_files: tuple[str, ...]):
-    """After a swap: ``prune_weights`` again, for what only the stack it replaced mounted. Read
-    when the deploy runs, so a swap that rolled back keeps what serves again; ``--dry`` shows
-    what a promotion releases."""
-    if executing():  # read again: the swap has rewritten the active snapshot
-        names = prunable(read_fact(WeightsDirs, fresh=True, model_dir=model_dir,
-                                   compose_files=compose_files), pinned)
-    else:  # what goes once the active snapshot no longer mounts it, less prune_weights' own
+    revisions of models no staged stack serves any more. ``released`` (after a swap): what only
+    the stack it replaced mounted, read when the deploy runs (a swap that rolled back keeps what
+    serves again); ``--dry`` shows what a promotion releases."""
+    dirs = partial(read_fact, WeightsDirs, model_dir=model_dir)
+    if not released:
+        names = prunable(dirs(compose_files=compose_files), pinned)
+    elif executing():  # read again: the swap has rewritten the active snapshot
+        names = prunable(dirs(fresh=True, compose_files=compose_files), pinned)
+    else:  # what goes once the active snapshot no longer mounts it, less the first prune's own
         projects = tuple(f for f in compose_files if f != str(HOST.active_compose))
-        before = prunable(read_fact(WeightsDirs, model_dir=model_dir,
-                                    compose_files=compose_files), pinned)
-        names = [n for n in prunable(read_fact(WeightsDirs, model_dir=model_dir,
-                                               compose_files=projects), pinned)
-                 if n not in before]
+        before = prunable(dirs(compose_files=compose_files), pinned)
+        names = [n for n in prunable(dirs(compose_files=projects), pinned) if n not in before]
     if not names:
-        host.noop(f"the swap released no weights in {model_dir}")
+        host.noop(f"the swap released no weights in {model_dir}" if released
+                  else f"no stale weights in {model_dir}")
         return
     yield weights_commands.remove([f"{model_dir.rstrip('/')}/{n}" for n in names])
 
 
 def prune_released(ctx: HostContext) -> None:
-    """``prune_released_weights`` for the host's staged models (called after its swap)."""
+    """``prune_weights`` after the host's swap, for what only the replaced stack mounted."""
     model_dir = ctx.want.settings.model_dir
-    prune_released_weights(
-        name=f"Prune weights only the replaced stack mounted ({model_dir})", model_dir=model_dir,
-        compose_files=compose_files(ctx), pinned=_pinned(ctx.want))
+    prune_weights(name=f"Prune weights only the replaced stack mounted ({model_dir})",
+                  model_dir=model_dir, compose_files=compose_files(ctx), pinned=_pinned(ctx.want),
+                  released=True)
 
 
 def _pinned(want: DesiredHost) -> tuple[tuple[str, str], ...]:
