@@ -28,7 +28,6 @@ def reports_root() -> Path:
 
 
 def fetch_reports(result: dict[str, Any], dest: Path) -> list[Path]:
-    """Copy the gate's JSON and Markdown reports to ``dest``."""
     gate = result.get("gate") or {}
     got = []
     for remote in filter(None, (gate.get("report"), gate.get("report_md"))):

@@ -52,7 +52,6 @@ def checkout_commands(repo: str, commit: str, dest: str, cloned: bool) -> list[s
 
 @operation()
 def genesis_checkout(repo: str, commit: str):
-    """The checkout at ``commit`` of ``repo`` (detached)."""
     state = read_fact(GenesisHead, path=CHECKOUT)
     if state.head == commit and state.layout is not None and state.origin == repo:
         host.noop(f"{CHECKOUT} at {commit[:12]}")

@@ -104,7 +104,6 @@ def verify_image(want: WantedImage, source: SourceResult | None,
 
 
 def describe(p: ImagePlan) -> str:
-    """The operation's name: what happens to this image and from where."""
     if p.action == "fetch" and p.source is not None:
         return f"Stage {p.want.image} from {p.source.label}"
     if p.action == "tag":

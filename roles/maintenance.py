@@ -277,11 +277,6 @@ def close_window(plan: Plan, pending: int, left: str, follow_timeout_s: float, r
         yield hosttool.report_failure(box["error"])
 
 
-@deploy("Maintenance window")
-def maintenance(ctx: HostContext) -> None:
-    close_pending(ctx)
-
-
 def close_pending(ctx: HostContext) -> None:
     """The close operation for the steps noted so far, and for a window an earlier run left."""
     name = ctx.want.name
@@ -303,3 +298,6 @@ def close_pending(ctx: HostContext) -> None:
                  plan=plan, pending=pending, left=left,
                  follow_timeout_s=ctx.want.settings.swap.follow_timeout_s,
                  reports=str(reports_root()))
+
+
+maintenance = deploy("Maintenance window")(close_pending)
