@@ -72,12 +72,9 @@ def outcome_message(name: str, result: dict[str, Any], reports: list[Path]) -> s
             f"serves).{tail}")
 
 
-Describe = Callable[[str, dict[str, Any], list[Path]], str]
-
-
 def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
-           describe: Describe = outcome_message, label: str = "swap",
-           unit: str | None = None) -> None:
+           describe: Callable[[str, dict[str, Any], list[Path]], str] = outcome_message,
+           label: str = "swap", unit: str | None = None) -> None:
     """At execution time: follow a host job (see the module docstring)."""
     unit = unit or hosttool.unit_name(swap_id)
     try:

@@ -59,7 +59,6 @@ from roles.ops import Secret
 GPU_HOST_UNITS = ("chrony.service", "docker.service", "nvidia-persistenced.service",
                   "rigfleet-power-caps.service", "nginx.service", hosttool.STACK_UNIT,
                   hosttool.SUPERVISE_UNIT, f"{NODE_EXPORTER}.service", f"{METRICS_UNIT}.timer")
-BALANCER_UNITS = ("chrony.service", "haproxy.service")
 
 # How long a deploy waits for the host's own units to let go of the host lock before refusing.
 OWN_UNITS_WAIT_S = 30.0
@@ -462,7 +461,7 @@ def _check_balancer(name: str, gpu_host: bool) -> BalancerContext:
     plan = fleet_plan(host, host.inventory)
     settings = plan.settings
     check_service_os(name)
-    read_services(BALANCER_UNITS)
+    read_services(("chrony.service", "haproxy.service"))
     api_key = fleet_key(name, settings.api_key_file, list(plan.hosts))
     tls_key = (read_secret(name, "balancer_tls_key_file", settings.tls.key_file, token=False)
                if settings.tls else None)
