@@ -124,7 +124,7 @@ class Maintenance(Steps):
         """Open the window (or add ``step`` to this plan's open window)."""
         plan, now = self.plan, time.time()
         hold = hold or WindowHold.here(plan.id)
-        current, status, _ = window_status(self.lay)
+        current, status, damaged = window_status(self.lay)
         mine = current if current and current.id == plan.id and current.state == "open" else None
         try:
             note = self.lock.acquire_window(plan.by, f"maintenance: {step}", hold)
@@ -167,8 +167,14 @@ class Maintenance(Steps):
                 self.drain.before(window)
             self.front.maintenance(f"maintenance: {step}", estimate.seconds)
         except FrontError as e:
-            # Nothing was disturbed yet: give the host back as it was.
-            self._finish(window, "closed", f"not opened: the front refused 503: {e}")
+            # Nothing was disturbed yet: give the host back as it was (an unfinished window
+            # it took over stays unfinished: its stack still needs the gate).
+            if current is not None and status != "none":
+                write_window(self.lay, current)
+            else:
+                self._finish(window, "failed" if status == "damaged" else "closed",
+                             f"not opened: the front refused 503: {e}"
+                             + (f"; {damaged}" if status == "damaged" else ""))
             if self.lock.adopt_window(plan.id, "giving back a window that did not open",
                                       take_live=True):
                 self.lock.release()

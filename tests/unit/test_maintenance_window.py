@@ -174,6 +174,28 @@ def test_a_front_that_refuses_503_gives_the_host_back_undisturbed(lay):
     assert window_status(lay)[1] == "none"
 
 
+def test_a_front_refusing_503_leaves_a_failed_window_it_was_to_take_over_failed(lay):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    maint(lay, host, front, plan).open("NVIDIA driver 590 install")
+    maint(lay, host, front, plan, gate=FakeGate(failed=("needles",))).close(own=True)
+    assert window_status(lay)[1] == "failed" and host.running_now() == {}
+    # The next deploy's window cannot open (its 503 is refused): the failed one stays failed,
+    # so neither the supervisor nor the boot-time ensure brings its stack back ungated.
+    front.fail_on = "maintenance"
+    out = maint(lay, host, front, window_plan(lay, "maint-20261202T100000Z-bbbbbb")).open(
+        "NVIDIA driver 595 install")
+    assert out.result == "refused" and read_holder(lay.lock_dir) is None
+    window, status, _ = window_status(lay)
+    assert (status, window.id) == ("failed", plan.id)
+    front.fail_on = None
+    sup = supervisor(lay, host, front, gate=FakeGate())
+    for _ in range(30):
+        sup.tick()
+        sup.nap(5)
+    assert host.running_now() == {} and "out of service" in sup.rec.reason
+
+
 class Balancer:
     """The drain seam: what a balancer (the zero-drop issue) would be told, in order."""
 
