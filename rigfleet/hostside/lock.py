@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets
 import shutil
@@ -169,15 +170,25 @@ class HostLock:
                 if time.time() - path.stat().st_mtime > older_s:
                     shutil.rmtree(path)
 
-    def _break_stale(self) -> None:
-        # Rename first: of two processes breaking the same stale lock only one rename wins,
-        # so neither removes a lock the other has just taken.
-        aside = self.path.with_name(f"lock.stale.{int(time.time())}.{self.pid}")
+    def _break_stale(self) -> bool:
+        """Remove the lock if its holder is still gone; False when it lives (or is free)."""
+        # Judged again under an flock of the lock's directory: of two processes that both saw
+        # the same stale lock, the second finds the first one's fresh lock alive and keeps it.
+        fd = os.open(self.path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
-            os.rename(self.path, aside)
-        except OSError:
-            return
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            holder = self.read()
+            if holder is None or holder.get("alive"):
+                return False
+            aside = self.path.with_name(f"lock.stale.{int(time.time())}.{self.pid}")
+            try:
+                os.rename(self.path, aside)
+            except OSError:
+                return False
+        finally:
+            os.close(fd)
         shutil.rmtree(aside)
+        return True
 
     def release_stale(self) -> dict[str, Any] | None:
         """Remove a stale lock on a person's word (``rigfleet lock HOST --release``); returns
@@ -187,7 +198,10 @@ class HostLock:
             return None
         if holder.get("alive"):
             raise LockHeld(holder)
-        self._break_stale()
+        if not self._break_stale():
+            taken = self.read()
+            if taken is not None and taken.get("alive"):
+                raise LockHeld(taken)
         return holder
 
     def _write_holder(self, who: str, why: str, deploy_id: str,

@@ -63,6 +63,31 @@ def test_a_stale_lock_is_recognised_and_taken_over_with_a_note(lay):
     lock.release()
 
 
+def test_two_takers_of_one_stale_lock_never_both_hold_it(lay):
+    # The boot-time ensure and the supervisor both find the lock a killed swap left. The
+    # supervisor breaks it and takes it between the ensure's look and its own break: the
+    # ensure must not remove that fresh lock and take it too.
+    lay.lock_dir.mkdir(parents=True)
+    (lay.lock_dir / "holder.json").write_text(json.dumps(
+        {"who": "dave@ctl", "why": "swap", "since": "yesterday", "pid": gone_pid()}))
+    ensure, supervisor = HostLock(lay), HostLock(lay, pid=os.getppid())
+    look = ensure.read
+
+    def look_then_the_supervisor_takes_it():
+        holder = look()
+        if holder is not None and not holder["alive"] and not supervisor.held:
+            assert supervisor.acquire("rigfleet-supervise.service", "recreate").startswith(
+                "took over a stale lock")
+        return holder
+
+    ensure.read = look_then_the_supervisor_takes_it
+    with pytest.raises(LockHeld, match="rigfleet-supervise.service"):
+        ensure.acquire("rigfleet-stack.service", "boot")
+    assert not ensure.held
+    holder = json.loads((lay.lock_dir / "holder.json").read_text())
+    assert (holder["who"], holder["pid"]) == ("rigfleet-supervise.service", os.getppid())
+
+
 def test_a_reused_pid_or_another_boot_is_not_the_holder():
     me = os.getpid()
     assert holder_alive({"pid": me, "pid_start": pid_start_ticks(me)})
