@@ -167,6 +167,18 @@ def test_journal_states_starting_running_done_and_died(lay, tmp_path):
     assert Journal.read(d)["state"] == "died"
 
 
+def test_a_plan_file_that_is_not_text_is_a_bad_plan_not_a_traceback(lay, capsys):
+    from rigfleet.hostside.__main__ import main
+
+    path = lay.swap_dir("d1") / "plan.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\xff\xfe{garbage")
+    with pytest.raises(SystemExit) as ended:
+        main(["--root", str(lay.root), "swap", "--plan", str(path)])
+    assert ended.value.code == 4  # docs/swap.md: 4 bad plan
+    assert f"rigfleet-host swap: {path}: not UTF-8 text" in capsys.readouterr().err
+
+
 def test_plan_round_trip_and_errors_naming_the_field(lay):
     plan = make_plan(lay, make_ref(lay, "int8", "1111aaaa2222bbbb"), gate_profile="fast",
                      gate_set=("soak_sessions=2",))
