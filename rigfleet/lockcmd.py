@@ -93,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"{host.name}: {row['state']}: {escape(describe(holder))}")
         return 0
     if holder is None:
-        out.print(f"{host.name}: lock free; nothing to release")
+        if args.json:
+            print(json.dumps({**row, "released": False}, indent=2))
+        else:
+            out.print(f"{host.name}: lock free; nothing to release")
         return 0
     if holder.get("alive"):
         return refused(f"{host.name}: the holder is alive: {escape(describe(holder))}; wait for "

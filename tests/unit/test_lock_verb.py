@@ -97,3 +97,18 @@ def test_read_lock_runs_the_host_tool_and_reads_its_json():
     assert read_lock(FakeRemote(0, "null\n"), Host()) is None
     with pytest.raises(RuntimeError, match="no host tool there: run the deploy first"):
         read_lock(FakeRemote(2, "python3: can't open file: No such file or directory"), Host())
+
+
+def test_release_of_a_free_lock_with_json_prints_json(monkeypatch, capsys):
+    import argparse
+
+    from rigfleet import lockcmd
+
+    remote = FakeRemote(0, "null\n")
+    monkeypatch.setattr(lockcmd, "SshRemote", lambda timeout: remote)
+    monkeypatch.setattr(lockcmd, "one_host", lambda args: Host())
+    args = argparse.Namespace(release=True, reason="host rebooted", json=True, timeout=10.0)
+    assert lockcmd.run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"host": "host1", "state": "free", "released": False}
+    assert len(remote.commands) == 1  # nothing to release: only the lock was read
