@@ -234,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
             return _accept(args, hosts[args.accept_baseline], err)
         try:
             chosen = gpu_hosts(select(list(hosts.values()), args.limit, args.inventory))
-            targets = inventory_targets(chosen, SshRemote(connect_timeout=args.timeout))
+            targets = inventory_targets(chosen, SshRemote(connect_timeout=args.timeout),
+                                        args.timeout)
         except RigfleetError as e:  # no rig: no bench
             raise UsageError(str(e)) from None
     started = now_iso()
@@ -259,7 +260,8 @@ def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
     want = load_desired(host.name, host.data)
     err.print(f"{host.name}: benching its active stack on the host "
               f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
-    data = accept_baseline(SshRemote(), host, want, args.runs, args.warmup)
+    data = accept_baseline(SshRemote(connect_timeout=args.timeout), host, want, args.runs,
+                           args.warmup)
     show(args.json, data)
     if args.json:
         return EXIT_OK

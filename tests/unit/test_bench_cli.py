@@ -235,3 +235,32 @@ def test_rigfleet_bench_speaks_tls_like_verify(tmp_path, capsys, monkeypatch):
     assert ok == 0 and data["entries"][0]["bench"]["shapes"]["narrative"]["decode_mean"] > 0
     assert refused == 1
     assert "CERTIFICATE_VERIFY_FAILED" in failed["entries"][0]["error"]
+
+
+def test_rigfleet_bench_inventory_uses_its_timeout(tmp_path, monkeypatch):
+    from test_swap_plan import host_data
+
+    from rigfleet.inventory import InventoryHost
+
+    host = InventoryHost("rig-a", ("gpu_hosts",), host_data(tmp_path))
+    connects: list[float] = []
+    probes: list[float] = []
+
+    class Remote:
+        def __init__(self, connect_timeout: float = 10.0) -> None:
+            connects.append(connect_timeout)
+
+    def targets(hosts, remote, timeout=60.0):
+        probes.append(timeout)
+        return []
+
+    monkeypatch.setattr(bench_cli, "load_inventory", lambda path: [host])
+    monkeypatch.setattr(bench_cli, "SshRemote", Remote)
+    monkeypatch.setattr(bench_cli, "inventory_targets", targets)
+    monkeypatch.setattr(bench_cli, "accept_baseline",
+                        lambda remote, *a, **kw: {"accepted": {}, "stack": "int8"})
+    args = _args(tmp_path, None, inventory="inv.py", stack=None, timeout=7.0, no_plot=True,
+                 json=True)
+    assert bench_cli.run(args) == 0
+    assert bench_cli.run(argparse.Namespace(**{**vars(args), "accept_baseline": "rig-a"})) == 0
+    assert (connects, probes) == ([7.0, 7.0], [7.0])  # SSH connect and the probe's answer
