@@ -19,6 +19,7 @@ from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
 from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.bench.baseline import baseline_for
+from rigfleet.hostside.bench.cli import positive
 from rigfleet.inventory import gpu_hosts
 from rigfleet.tables import Table, ratio, show
 
@@ -92,7 +93,7 @@ def add_parser(subparsers: Any) -> None:
         description="Why a host decodes slower than its baseline or the fleet's median: the "
                     "known causes ranked by likely impact, each with the evidence read from the "
                     "host under a short load and what to change.")
-    p.add_argument("--load-s", type=float, default=15.0,
+    p.add_argument("--load-s", type=positive, default=15.0,
                    help="how long the load runs on each host while the cards are sampled (15)")
     p.set_defaults(func=run, inventory_exit=EXIT_ERROR)
 

@@ -291,3 +291,13 @@ def test_the_probe_s_doctor_section_end_to_end(tmp_path, monkeypatch):
     causes = diagnose(ev, SINGLE_EXPECT)
     assert [c.id for c in causes if c.kind == CAUSE] == ["power-cap", "cuda-graphs"]
     assert by_id(causes)["compile-cache"].kind == RULED_OUT  # on a volume, loaded from it
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
+def test_doctor_refuses_a_load_that_is_not_seconds(value, capsys):
+    from rigfleet.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["doctor", "--load-s", value])
+    assert exc.value.code == 2 and "--load-s" in capsys.readouterr().err
+    assert build_parser().parse_args(["doctor", "--load-s", "2.5"]).load_s == 2.5
