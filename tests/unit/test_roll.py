@@ -146,3 +146,31 @@ def test_the_runner_hands_the_batch_size_to_pyinfra(monkeypatch):
     lines: list[str] = []
     result = runner.deploy(["rig-a"], None, 1, lines.append)
     assert lines == ["batch=3"] and result.rc == 0 and result.failed_hosts == frozenset()
+
+
+def test_roll_hands_pyinfra_absolute_paths_as_it_runs_in_the_deploys_directory(
+        tmp_path, monkeypatch):
+    import rigfleet.bump.rollout as rollout
+    import rigfleet.cli as cli
+    from rigfleet.inventory import InventoryHost
+
+    made: list[PyinfraRunner] = []
+
+    class Runner(PyinfraRunner):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def facts(self, host: str) -> HostProbe:
+            raise HostUnreachable(f"{host}: not asked in this test")
+
+    (tmp_path / "ops").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rollout, "PyinfraRunner", Runner)
+    monkeypatch.setattr(cli, "load_inventory", lambda path: [InventoryHost("rig-a", (), {})])
+    assert cli.main(["roll", "--inventory", "fleet.py", "--deploy", "ops/deploy.py",
+                     "--dry"]) == 1  # every host skipped: nothing to roll
+    [runner] = made
+    assert runner.cwd == tmp_path / "ops"
+    cmd = pyinfra_command(runner.inventory, runner.deploy_file, ["rig-a"], None)
+    assert cmd[1:3] == [str(tmp_path / "fleet.py"), str(tmp_path / "ops" / "deploy.py")]
