@@ -56,7 +56,7 @@ def build(stack: str | None, sources: list[str], since: datetime | None, lines: 
     journal_since = since.strftime("%Y-%m-%d %H:%M:%S UTC") if since else None
     made = {"engine": cmds.engine(compose, since=docker_since, tail=lines, follow=follow),
             "supervisor": cmds.supervisor(since=journal_since, tail=lines, follow=follow),
-            "ledger": cmds.ledger(tail=None if since else lines, follow=follow)}
+            "ledger": cmds.ledger(tail=lines, follow=follow)}  # then filtered by since here
     return cmds.combined([made[source] for source in sources], follow)
 
 

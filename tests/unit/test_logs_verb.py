@@ -99,3 +99,11 @@ def test_bad_flags_are_usage_errors_before_any_host_is_asked(capsys):
     assert main(["lock", "host1", "--inventory", "/nonexistent.py", "--release"]) == 2
     assert "--reason: missing" in " ".join(capsys.readouterr().err.split())
     assert main(["lock", "host1", "--inventory", "/nonexistent.py", "--reason", "x"]) == 2
+
+
+def test_lines_with_since_keep_the_last_n_ledger_lines_too():
+    # The ledger is in time order: its last N lines, those since T kept, are the last N since T.
+    since = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
+    command = build(None, ["ledger"], since, 5, follow=False)
+    assert "tail -n 5 /var/lib/rigfleet/ledger.jsonl" in command and "cat " not in command
+    assert "cat /var/lib/rigfleet/ledger.jsonl" in build(None, ["ledger"], since, None, False)
