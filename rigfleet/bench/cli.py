@@ -238,12 +238,21 @@ def run(args: argparse.Namespace) -> int:
                                         args.timeout)
         except RigfleetError as e:  # no rig: no bench
             raise UsageError(str(e)) from None
+    try:  # before the bench runs, not after its minutes are spent
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {args.out}: {e.strerror or e}; allowed: a directory this "
+                         "user can create and write") from None
     started = now_iso()
     progress = RichProgress(err)
     with progress.bar:
         entries = bench_targets(targets, lambda t: settings_for(
             t, args.runs, args.warmup, args.concurrency, depths, args.timeout_s), progress)
-    paths = write(entries, args.out, started)
+    try:
+        paths = write(entries, args.out, started)
+    except OSError as e:
+        raise RuntimeError(f"--out {args.out}: cannot write the reports: "
+                           f"{e.strerror or e}") from None
     png = None
     if not args.no_plot:
         png, problem = plot(entries, paths[0].with_suffix(".png"))

@@ -264,3 +264,12 @@ def test_rigfleet_bench_inventory_uses_its_timeout(tmp_path, monkeypatch):
     assert bench_cli.run(args) == 0
     assert bench_cli.run(argparse.Namespace(**{**vars(args), "accept_baseline": "rig-a"})) == 0
     assert (connects, probes) == ([7.0, 7.0], [7.0])  # SSH connect and the probe's answer
+
+
+def test_rigfleet_bench_refuses_an_out_it_cannot_create_before_benching(tmp_path, capsys):
+    (tmp_path / "file").write_text("in the way")
+    out = tmp_path / "file" / "reports"
+    rc = rigfleet_main(["bench", "--url", "http://127.0.0.1:9", "--out", str(out)])
+    err = capsys.readouterr().err.replace("\n", "")  # the console wraps long lines
+    assert rc == 2 and f"--out {out}" in err and "allowed: a directory" in err
+    assert "warm-up" not in err  # refused before anything was asked
