@@ -324,8 +324,10 @@ class Online:
                 continue
             found, lacking = [], []
             for pkg in pkgs:
-                match = [v for v in index.versions(pkg)
-                         if v == want or (want.endswith(".") and v.startswith(want))]
+                # A pinned driver version is upstream only ("580.105.08"): the deploy takes
+                # any Debian revision of it ("580.105.08-1", its apt pin "580.105.08-*").
+                match = [v for v in index.versions(pkg) if v == want or v.startswith(
+                    want if want.endswith(".") else f"{want}-")]
                 if match:
                     found.append(f"{pkg} {match[-1]}")
                 else:

@@ -191,6 +191,18 @@ def test_a_branch_the_repository_lacks_is_missing_with_what_it_has(tmp_path, web
     assert toolkit.status == FOUND and "nvidia-container-toolkit 1.17.8-1" in toolkit.todo
 
 
+def test_a_pinned_driver_version_matches_its_debian_revisions(tmp_path, web) -> None:
+    settings = settings_for(tmp_path, web, cuda="old")
+    pins = pins_at(tmp_path)
+    pins = replace(pins, driver_version="580.105.08")
+    found = Online(images=False).apt(settings, pins, ("debian", "12", "bookworm"))
+    cuda = next(f for f in found if f.thing == "driver 580.105.08 (debian 12)")
+    assert cuda.status == FOUND and "nvidia-driver-cuda 580.105.08-1" in cuda.todo
+    other = replace(pins, driver_version="580.105.0")  # a prefix of a version is not it
+    found = Online(images=False).apt(settings, other, ("debian", "12", "bookworm"))
+    assert next(f for f in found if f.thing.startswith("driver")).status == MISSING
+
+
 class FakeSources(Online):
     """The model and Genesis answers given; apt as configured (the local repositories)."""
 
