@@ -8,6 +8,7 @@ name registry, repository and tag; tokens stay in memory::
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import re
 import urllib.error
@@ -97,7 +98,8 @@ class Registry:
                 return {k.lower(): v for k, v in resp.headers.items()}, resp.read()
         except urllib.error.HTTPError as exc:
             raise self._http_error(exc.code, exc.reason, what) from None
-        except OSError as exc:  # URLError; a timeout mid-read, a reset connection
+        # URLError; a timeout mid-read, a reset connection; a body cut short (IncompleteRead)
+        except (OSError, http.client.HTTPException) as exc:
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             raise self._fail(what, f"cannot reach the registry ({reason})",
                              RegistryUnreachable) from None
@@ -131,7 +133,7 @@ class Registry:
         except urllib.error.HTTPError as exc:
             raise self._fail(what, f"the token service {realm} refused (HTTP {exc.code} "
                              f"{exc.reason})") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
             raise self._fail(what, f"cannot get a token from {realm} ({reason})",
                              RegistryUnreachable) from None

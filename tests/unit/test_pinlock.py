@@ -55,6 +55,7 @@ class Store:
         self.add_single(NIGHTLY, b"nightly")
         self.auth = False
         self.deny = False
+        self.truncate = False  # bodies cut short: a Content-Length above what is sent
         self.gated = False
 
     def image(self, seed: bytes, arch: str) -> tuple[str, bytes, str]:
@@ -96,7 +97,7 @@ def registry() -> Iterator[tuple[str, Store]]:
             self.send_response(code)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(body) + 100 * store.truncate))
             self.end_headers()
             if self.command == "GET":
                 self.wfile.write(body)
@@ -189,6 +190,17 @@ def test_not_found_and_unreachable_name_registry_repository_and_tag(registry) ->
     with pytest.raises(RegistryUnreachable, match=rf"^registry http://127.0.0.1:{port}: "
                                                   rf"{REPO}:v1: cannot reach the registry"):
         Registry(f"http://127.0.0.1:{port}", timeout=2).digest(REPO, "v1")
+
+
+def test_a_body_cut_short_is_an_unreachable_registry_not_a_traceback(registry) -> None:
+    url, store = registry
+    store.truncate = True
+    with pytest.raises(RegistryUnreachable, match=rf"^registry {url}: {REPO}:v0.27.1: cannot "
+                                                  r"reach the registry \(IncompleteRead"):
+        Registry(url, timeout=5).resolve(REPO, "v0.27.1")
+    store.auth = True  # the token service's answer cut short
+    with pytest.raises(RegistryUnreachable, match="cannot get a token from"):
+        Registry(url, timeout=5).digest(REPO, "v0.27.1")
 
 
 def test_image_names() -> None:
