@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import http.client
 import re
 import shutil
 import subprocess
@@ -61,7 +62,7 @@ def _get(url: str, timeout: float) -> bytes:
         if e.code == 404:
             raise AptMissing(f"{url}: not found (HTTP 404)") from None
         raise AptIndexError(f"{url}: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError) as e:
+    except (OSError, http.client.HTTPException) as e:  # URLError; a body cut short
         raise AptUnreachable(f"{url}: cannot reach it ({getattr(e, 'reason', e)})") from None
 
 

@@ -12,14 +12,14 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from images_fakes import fleet_data, pins_text
 
-from rigfleet.aptindex import AptIndexError, read_index
+from rigfleet.aptindex import AptIndexError, AptUnreachable, read_index
 from rigfleet.check import (
     CHANGED,
     FOUND,
@@ -141,6 +141,29 @@ def test_packages_not_listed_in_the_signed_index_are_refused(web, tmp_path) -> N
             read_index(repo(web, "new"))
     finally:
         packages.write_bytes(saved)
+
+
+def test_an_index_cut_short_is_unreachable_not_a_traceback() -> None:
+    class Short(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b"-----BEGIN PGP")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Short)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with pytest.raises(AptUnreachable, match=rf"^{url}/key.asc: cannot reach it "
+                                                 r"\(IncompleteRead"):
+            read_index(AptRepo("x", f"{url}/repo", f"{url}/key.asc", "stable", ("main",)),
+                       timeout=5)
+    finally:
+        server.shutdown()
 
 
 # ---- online checks ----------------------------------------------------------------------------
