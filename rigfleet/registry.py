@@ -197,9 +197,17 @@ class Registry:
         """Every tag of ``repo`` (follows pagination)."""
         path: str | None = f"/v2/{repo}/tags/list?n=1000"
         found: list[str] = []
+        what = f"{repo} (tag list)"
         while path:
-            headers, body = self._request("GET", path, repo, what=f"{repo} (tag list)")
-            found.extend(json.loads(body or b"{}").get("tags") or [])
+            headers, body = self._request("GET", path, repo, what=what)
+            try:
+                doc = json.loads(body or b"{}")
+            except ValueError:
+                raise self._fail(what, f"the answer is not JSON ({body[:60]!r})") from None
+            tags = doc.get("tags") or [] if isinstance(doc, dict) else None
+            if not isinstance(tags, list):
+                raise self._fail(what, "the answer is not an object with a list of tags")
+            found.extend(str(t) for t in tags)
             match = re.match(r"<([^>]+)>", headers.get("link", ""))
             path = match.group(1) if match else None
         return found

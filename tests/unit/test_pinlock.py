@@ -56,6 +56,7 @@ class Store:
         self.auth = False
         self.deny = False
         self.truncate = False  # bodies cut short: a Content-Length above what is sent
+        self.tag_list = json.dumps({"name": REPO, "tags": ["v0.27.1", NIGHTLY]}).encode()
         self.gated = False
 
     def image(self, seed: bytes, arch: str) -> tuple[str, bytes, str]:
@@ -122,6 +123,8 @@ def registry() -> Iterator[tuple[str, Store]]:
                 return self._send(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}',
                                   {"WWW-Authenticate": realm})
             prefix = f"/v2/{REPO}/"
+            if path == prefix + "tags/list":
+                return self._send(200, store.tag_list)
             if path.startswith(prefix + "manifests/"):
                 ref = path.rsplit("/", 1)[1]
                 if ref in store.manifests:
@@ -201,6 +204,18 @@ def test_a_body_cut_short_is_an_unreachable_registry_not_a_traceback(registry) -
     store.auth = True  # the token service's answer cut short
     with pytest.raises(RegistryUnreachable, match="cannot get a token from"):
         Registry(url, timeout=5).digest(REPO, "v0.27.1")
+
+
+def test_a_tag_list_that_is_not_json_says_so_naming_the_registry(registry) -> None:
+    url, store = registry
+    assert Registry(url).tags(REPO) == ["v0.27.1", NIGHTLY]
+    store.tag_list = b"<html>proxy login</html>"  # a proxy's page, HTTP 200
+    with pytest.raises(RegistryError, match=rf"^registry {url}: {REPO} \(tag list\): the "
+                                            "answer is not JSON"):
+        Registry(url).tags(REPO)
+    store.tag_list = b'["v1"]'
+    with pytest.raises(RegistryError, match="not an object with a list of tags"):
+        Registry(url).tags(REPO)
 
 
 def test_image_names() -> None:
