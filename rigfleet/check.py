@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field, replace
@@ -329,9 +330,10 @@ class Online:
                 match = [v for v in index.versions(pkg) if v == want or v.startswith(
                     want if want.endswith(".") else f"{want}-")]
                 if match:
-                    found.append(f"{pkg} {match[-1]}")
+                    found.append(f"{pkg} {max(match, key=_version_order)}")
                 else:
-                    has = ", ".join(sorted(set(index.versions(pkg)))[-4:]) or "no version"
+                    has = ", ".join(sorted(set(index.versions(pkg)), key=_version_order)[-4:])
+                    has = has or "no version"
                     lacking.append(f"{pkg} (it has {has})")
             if lacking:
                 out.append(Finding(thing, source, MISSING, f"no {want.rstrip('.')}"
@@ -341,6 +343,12 @@ class Online:
             else:
                 out.append(Finding(thing, source, FOUND, f"{', '.join(found)} ({index.verifier})"))
         return out
+
+
+def _version_order(version: str) -> list[str | int]:
+    """A sort key of package versions by their numbers (as the host's ``sort -V``): 580.95.05-1
+    before 580.105.08-1."""
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", version))]
 
 
 def _or_error(ask: Callable[[], T], error: type[E]) -> T | E:

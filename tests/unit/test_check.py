@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from images_fakes import fleet_data, pins_text
 
-from rigfleet.aptindex import AptIndexError, AptUnreachable, read_index
+from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_index
 from rigfleet.check import (
     CHANGED,
     FOUND,
@@ -224,6 +224,20 @@ def test_a_pinned_driver_version_matches_its_debian_revisions(tmp_path, web) -> 
     other = replace(pins, driver_version="580.105.0")  # a prefix of a version is not it
     found = Online(images=False).apt(settings, other, ("debian", "12", "bookworm"))
     assert next(f for f in found if f.thing.startswith("driver")).status == MISSING
+
+
+def test_versions_a_repository_has_are_shown_in_version_order(tmp_path, web) -> None:
+    class Index(Online):
+        def index(self, repo: AptRepo, policy: str) -> AptIndex:
+            versions = ["580.65.06-1", "580.105.08-1", "580.95.05-1", "580.82.07-1", "575.9-1"]
+            return AptIndex(repo.url, "gpgv", {p: versions for p in DRIVER})
+
+    settings = settings_for(tmp_path, web, cuda="old")
+    found = Index(images=False).apt(settings, pins_at(tmp_path), ("debian", "12", "bookworm"))
+    assert "nvidia-driver-cuda 580.105.08-1" in found[0].todo  # the newest of the branch
+    other = Index(images=False).apt(settings, pins_at(tmp_path, "590"), ("debian", "12", "b"))
+    assert ("nvidia-smi (it has 580.65.06-1, 580.82.07-1, 580.95.05-1, 580.105.08-1)"
+            in other[0].todo)
 
 
 class FakeSources(Online):
