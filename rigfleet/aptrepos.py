@@ -191,6 +191,13 @@ def _templated_url(p: Problems, key: str, value: Any) -> str | None:
             or any(ch.isspace() for ch in sample) or has_control(sample)):
         p.bad(key, value, allowed)
         return None
+    if parts.username is not None or parts.password is not None:
+        # Named without them: the URL would reach the host's world-readable sources file, the
+        # key fetch's process arguments and `rigfleet check`'s table.
+        p.bad(key, re.sub(r"//[^/]*@", "//***@", value, count=1), "a URL without credentials "
+              "(apt reads a repository's from /etc/apt/auth.conf.d)",
+              "carries credentials (user:password@)")
+        return None
     return value
 
 

@@ -194,6 +194,12 @@ BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
     ),
     (
         "apt_repos",
+        {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "key_url": "https://u:s3cret@x/{distro}.pub"}},
+        ["apt_repos.cuda.key_url: 'https://***@x/{distro}.pub'", "carries credentials",
+         "auth.conf.d"],
+    ),
+    (
+        "apt_repos",
         {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "components": ["main"]}},
         ["apt_repos.cuda.components: ['main']", "flat repository", "[] with a flat suite"],
     ),
@@ -411,6 +417,14 @@ def test_cap_count_must_match_cards() -> None:
 def test_card_without_power_limits() -> None:
     with pytest.raises(HostDataError, match=r"card 0 .* reports no power limit range"):
         check_caps_against_gpus("rig-a", (290,), [Gpu(0, RTX3090, None, None)])
+
+
+def test_apt_repo_credentials_are_refused_and_never_shown(data: dict[str, Any]) -> None:
+    data["apt_repos"] = {**APT_REPOS, "cuda": {**APT_REPOS["cuda"],
+                                               "url": "https://me:s3cret@apt.lan/{distro}/"}}
+    with pytest.raises(HostDataError, match=r"apt_repos.cuda.url: 'https://\*\*\*@apt") as err:
+        validate_host("rig-a", data)
+    assert "s3cret" not in str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------
