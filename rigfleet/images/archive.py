@@ -95,10 +95,13 @@ def inspect_archive(path: str | Path) -> ArchiveInfo:
                 manifest = json.loads(_read(tar, "manifest.json"))
             except KeyError:
                 raise ValueError("it holds no manifest.json") from None
+            listed, held = images_in_manifest(manifest), set(tar.getnames())
+            if missing := [e["Config"] for e in manifest if e["Config"] not in held]:
+                raise ValueError(f"manifest.json names {missing[0]}, which it does not hold")
             images = tuple(
                 ArchivedImage("sha256:" + hashlib.sha256(_read(tar, entry["Config"])).hexdigest(),
                               named.repo_tags)
-                for entry, named in zip(manifest, images_in_manifest(manifest), strict=True))
+                for entry, named in zip(manifest, listed, strict=True))
     except (tarfile.TarError, OSError, EOFError) as e:
         raise ArchiveError(f"{p}: not a readable `docker save` archive ({e})") from None
     except ValueError as e:

@@ -77,6 +77,18 @@ def test_not_an_archive_names_the_file(tmp_path) -> None:
         inspect_archive(tmp_path / "missing.tar")
 
 
+def test_a_config_the_manifest_names_but_the_tar_lacks_is_an_archive_error(tmp_path) -> None:
+    path = tmp_path / "cut.tar"
+    manifest = json.dumps([{"Config": "a" * 64 + ".json", "RepoTags": [IMAGE], "Layers": []}])
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest.encode()))
+    with pytest.raises(ArchiveError, match=r"cut.tar: not a `docker save` archive: manifest.json "
+                                           r"names a{64}.json, which it does not hold"):
+        inspect_archive(path)
+
+
 def test_manifest_shapes() -> None:
     assert images_in_manifest([{"Config": "a" * 64 + ".json", "RepoTags": None}])[0].image_id \
         == "sha256:" + "a" * 64
