@@ -49,8 +49,13 @@ class GenesisRefused(RigfleetError, ValueError):
 def _git(argv: list[str], failed: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """``git <argv>``; ``GenesisError`` starting with ``failed`` when it fails and ``check``."""
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
-    proc = subprocess.run(["git", *argv], capture_output=True, text=True, env=env, timeout=600,
-                          check=False)
+    try:
+        proc = subprocess.run(["git", *argv], capture_output=True, text=True, env=env,
+                              timeout=600, check=False)
+    except subprocess.TimeoutExpired:
+        raise GenesisError(f"{failed}: git gave no answer in 600 s") from None
+    except OSError as e:  # no git on this machine
+        raise GenesisError(f"{failed}: cannot run git ({e.strerror or e})") from None
     if check and proc.returncode != 0:
         raise GenesisError(f"{failed}: {proc.stderr.strip()[-500:]}")
     return proc

@@ -247,3 +247,21 @@ def test_lock_and_the_bump_refuse_an_undecided_correctness_patch(fixture, repo,
                    vllm_version="0.23.1")  # fmt: skip
     lock_genesis(pins_for(c), Catalog({STACK: decided}), fetch_url=fixture.url,
                  cache_dir=tmp_path)  # fmt: skip
+
+
+def test_a_git_that_hangs_or_is_missing_is_a_genesis_error_not_a_traceback(tmp_path, monkeypatch):
+    """A stalled clone (git's 600 s limit) or no git on the control machine: the bump says
+    which Genesis URL could not be read (``GenesisError``), not a subprocess traceback."""
+    import subprocess
+
+    def hangs(argv, **_):
+        raise subprocess.TimeoutExpired(argv, 600)
+
+    def missing(argv, **_):
+        raise FileNotFoundError(2, "No such file or directory", "git")
+
+    r = GenesisRepo(PINNED_URL, fetch_url="http://git.lan/genesis.git", cache_dir=tmp_path)
+    for fake, said in ((hangs, "no answer in 600 s"), (missing, "cannot run git")):
+        monkeypatch.setattr(subprocess, "run", fake)
+        with pytest.raises(GenesisError, match=rf"clone Genesis from http://git.lan.*{said}"):
+            r.sync()
