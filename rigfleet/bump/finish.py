@@ -51,7 +51,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
     except (RigfleetError, ValueError, RuntimeError) as e:
         return error(e) if abandon else None  # else the bump's own input checks say what is wrong
     if journal is None or journal.state == "finished":
-        if journal is not None:
+        if journal is not None and not args.dry:
             journal.remove()
             log(f"removed {journal.path}: {journal.id} had finished (pins serial {pins.serial})")
         return error(f"--abandon: no unfinished bump ({journal_path(pins.path)} does not "
@@ -136,6 +136,11 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
 def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
              hosts: list[InventoryHost]) -> int:
     """Record what the journal's bump did into the pins file as it is now; start nothing."""
+    if args.dry:
+        print_journal(journal)
+        log(f"--dry: nothing recorded; without --dry, --abandon records what {journal.id} "
+            f"promoted in {pins.path} and removes {journal.path}")
+        return EXIT_OK
     by_name = {h.name: h for h in hosts}
     plan = journal.plan(pins)
     runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy_file=args.deploy)

@@ -545,3 +545,23 @@ def test_a_resumed_rollback_is_recorded_as_the_rollback(tmp_path, monkeypatch):
     assert bump_cli.run(cli_args(tmp_path)) == bump_cli.EXIT_OK
     entry = load_pins(plan.pins.path).history[-1]
     assert (entry["action"], entry["to_serial"]) == ("rollback", plan.pins.serial - 1)
+
+
+def test_abandon_with_dry_changes_nothing(tmp_path, monkeypatch):
+    """``--abandon --dry`` shows where the hosts stand; it neither saves the pins file nor
+    removes the journal (nor does ``--dry`` remove a finished journal)."""
+    plan = make_plan(tmp_path, n=3, batch=2)
+    runner = KillingRunner(plan, {}, "half-1")
+    cli_fleet(tmp_path, monkeypatch, plan, runner)
+    with pytest.raises(Killed):
+        rollout(plan, runner, Path("cand.yaml"), journal=journal_for(plan))
+    before = Path(plan.pins.path).read_text()
+    journal_text = journal_path(plan.pins.path).read_text()
+    runner.kill = None
+    assert bump_cli.run(cli_args(tmp_path, abandon=True, dry=True)) == bump_cli.EXIT_OK
+    assert Path(plan.pins.path).read_text() == before
+    assert journal_path(plan.pins.path).read_text() == journal_text
+    # A finished journal (the pins file names it) stays under --dry too.
+    save_pins(load_pins(plan.pins.path), {"action": "bump", "bump_id": "20261129T104000Z-4242"})
+    assert finish.run_journal(cli_args(tmp_path, dry=True)) is None  # on to a new bump
+    assert journal_path(plan.pins.path).exists()
