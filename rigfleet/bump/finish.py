@@ -129,7 +129,8 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
         log(f"not confirmed; nothing changed ({journal.path} is kept)")
         return EXIT_FAILED
     journal.take_over()
-    return execute(opts, inputs, SshRemote(), journal.plan(inputs.pins),
+    remote = SshRemote(connect_timeout=args.timeout)
+    return execute(opts, inputs, remote, journal.plan(inputs.pins),
                    Candidate(**cand) if cand else None, journal.version, journal=journal)
 
 
@@ -143,7 +144,8 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
         return EXIT_OK
     by_name = {h.name: h for h in hosts}
     plan = journal.plan(pins)
-    runner = PyinfraRunner(args.inventory, by_name, SshRemote(), deploy_file=args.deploy)
+    remote = SshRemote(connect_timeout=args.timeout)
+    runner = PyinfraRunner(args.inventory, by_name, remote, deploy_file=args.deploy)
     resume = resume_of(journal)
     in_flight = {h: f for h, f in resume.in_flight.items() if h in by_name}
     lost = {h: HostOutcome(h, Status.LOST, None, None, "not in the inventory any more")

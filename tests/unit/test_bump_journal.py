@@ -411,7 +411,7 @@ def cli_args(tmp_path: Path, **kw: Any) -> argparse.Namespace:
         inventory="inv.py", deploy=str(tmp_path / "deploy.py"), image=None, latest=False,
         genesis=None, stack=[], batch_size=1, max_failures=1, registry=None, genesis_url=None,
         save_dir=None, push_mirror=None, no_prune=False, dry=False, yes=True, json=False,
-        abandon=False)  # fmt: skip
+        abandon=False, timeout=10.0)  # fmt: skip
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -565,3 +565,24 @@ def test_abandon_with_dry_changes_nothing(tmp_path, monkeypatch):
     save_pins(load_pins(plan.pins.path), {"action": "bump", "bump_id": "20261129T104000Z-4242"})
     assert finish.run_journal(cli_args(tmp_path, dry=True)) is None  # on to a new bump
     assert journal_path(plan.pins.path).exists()
+
+
+@pytest.mark.parametrize("abandon", [False, True], ids=["resume", "abandon"])
+def test_resume_and_abandon_connect_with_the_timeout_given(tmp_path, monkeypatch, abandon):
+    """``--timeout`` (seconds per SSH connect) holds for the run that finishes or records an
+    unfinished bump, as for a new one (it used SshRemote's own default)."""
+    from rigfleet.bump.decide import BumpOptions
+
+    plan = make_plan(tmp_path, n=3, batch=2)
+    runner = CliRunner(plan, {}, "reach-1")
+    cli_fleet(tmp_path, monkeypatch, plan, runner)
+    opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"),
+                       image=f"nightly-{NEWER}", batch_size=2, yes=True)
+    rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "0.20.2rc1")
+    assert rc == output.EXIT_INTERRUPTED
+    runner.kill = None
+    asked: list[float] = []
+    monkeypatch.setattr(finish, "SshRemote", lambda connect_timeout=10.0: asked.append(
+        connect_timeout))
+    assert bump_cli.run(cli_args(tmp_path, abandon=abandon, timeout=3.0)) == bump_cli.EXIT_OK
+    assert asked == [3.0]
