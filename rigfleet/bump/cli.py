@@ -4,7 +4,7 @@
     rigfleet bump --inventory inventory/home.py --image nightly-<40-hex> --yes
     rigfleet bump --inventory inventory/home.py --image nightly-<40-hex> --genesis <commit>
     rigfleet bump ... --batch-size 2 --max-failures 1 --save-dir /srv/images \
-        --push-mirror registry.lan:5000
+        --push-mirror http://registry.lan:5000
 
 Steps (docs/bump.md tells each): resolve the candidate in the registry, check who is
 reachable, read the candidate's vLLM version on the canary, check it against Genesis (or

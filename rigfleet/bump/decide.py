@@ -13,6 +13,7 @@ import argparse
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rigfleet.bump.candidate import (
     Candidate,
@@ -40,6 +41,7 @@ from rigfleet.catalog import Catalog
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
+from rigfleet.hostchecks import URL_ALLOWED
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, load_inventory
 from rigfleet.pins import GenesisPin, Pins, StackPins, load_pins, parse_pins
@@ -77,6 +79,11 @@ class BumpOptions:
         if self.max_failures < 1:
             raise ValueError(f"--max-failures: {self.max_failures} is not allowed; allowed: 1 "
                              "or more (the rollout stops at that many failed hosts)")
+        for flag, url in (("--registry", self.registry), ("--push-mirror", self.push_mirror)):
+            # Checked now: a --push-mirror without a scheme failed only after the rollout.
+            if url is not None and (urlsplit(url).scheme not in ("http", "https")
+                                    or not urlsplit(url).hostname):
+                raise ValueError(f"{flag}: {url!r} is not allowed; allowed: {URL_ALLOWED}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **given: Any) -> BumpOptions:

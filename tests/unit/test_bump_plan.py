@@ -110,6 +110,18 @@ def test_batch_size_and_max_failures_are_checked() -> None:
         BumpOptions(inventory="inv.py", deploy="deploy.py", rollback_to=1, max_failures=0)
 
 
+def test_registry_and_mirror_urls_are_checked_before_anything_runs() -> None:
+    """``--push-mirror registry.lan:5000`` (no scheme; the --help example was so) was taken,
+    and failed as "unknown url type" only after the rollout, when the image was copied."""
+    for flag, key in (("--push-mirror", "push_mirror"), ("--registry", "registry")):
+        with pytest.raises(ValueError, match=rf"{flag}: 'registry.lan:5000' is not allowed; "
+                                             r"allowed: an http:// or https:// URL"):
+            BumpOptions(inventory="inv.py", deploy="deploy.py", latest=True,
+                        **{key: "registry.lan:5000"})
+    BumpOptions(inventory="inv.py", deploy="deploy.py", latest=True,
+                push_mirror="http://registry.lan:5000", registry="https://registry-1.docker.io")
+
+
 # --- pins: the hosts section ------------------------------------------------------------------
 
 
