@@ -439,3 +439,17 @@ def test_a_candidate_a_stack_file_does_not_allow_is_refused_before_anything():
                                         r"reports vLLM 0.24.0; the stack needs .*< 0.24.0"):
         refuse_image_rules(catalog, ["tq3-mtp-genesis"], release, "0.24.0")
     refuse_image_rules(catalog, ["int8"], release, "0.24.0")
+
+
+@pytest.mark.parametrize("body", [b'{"name": "vllm/vllm-openai", "tags": ["v0.2', b"<html>",
+                                  b'["v0.21.0"]', b'{"tags": "v0.21.0"}'],
+                         ids=["truncated", "html", "list", "tags-not-a-list"])
+def test_a_tag_list_that_is_not_json_names_the_registry(monkeypatch, body) -> None:
+    """``--latest`` against a registry (or a proxy) that answers a broken tag list: a
+    ``RegistryError`` naming the registry and the repository (the bump's exit 3), not a bare
+    "Expecting value" (exit 1) or an AttributeError traceback."""
+    reg = Registry("http://registry.lan:5000")
+    monkeypatch.setattr(reg, "_request", lambda *a, **k: ({}, body))
+    with pytest.raises(RegistryError, match=r"registry http://registry.lan:5000: "
+                                            rf"{REPO} \(tag list\): the answer"):
+        reg.tags(REPO)
