@@ -66,13 +66,14 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
         with progress("starting the rollout") as on_line:
             result = rollout(plan, runner, cand_path, on_event=lambda m: log(escape(m)),
                              on_line=on_line, journal=journal, resume=resume_of(journal))
+        # Ctrl-C in a long docker save or mirror copy: the pins file does not record it yet.
+        kept = keep_images(opts, inputs, remote, plan, result, candidate, version)
     except (StillRunning, KeyboardInterrupt) as e:
         return interrupted(journal, e, opts.inventory)
     finally:
         cand_path.unlink(missing_ok=True)
     # journal.history: a rollback's action and serial, resumed or not
-    extra = {**keep_images(opts, inputs, remote, plan, result, candidate, version),
-             "bump_id": journal.id, **journal.history}
+    extra = {**kept, "bump_id": journal.id, **journal.history}
     saved_pins = record_pins(plan, result, extra)
     end_journal(journal, result, saved_pins)
     restore(runner, result, real)

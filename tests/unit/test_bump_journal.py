@@ -586,3 +586,29 @@ def test_resume_and_abandon_connect_with_the_timeout_given(tmp_path, monkeypatch
         connect_timeout))
     assert bump_cli.run(cli_args(tmp_path, abandon=abandon, timeout=3.0)) == bump_cli.EXIT_OK
     assert asked == [3.0]
+
+
+def test_ctrl_c_while_the_promoted_image_is_saved_keeps_the_journal_and_says_so(
+        tmp_path, monkeypatch):
+    """Ctrl-C during ``--save-dir``'s docker save (or the mirror copy), after the rollout but
+    before the pins file records it: exit 130 with the message naming the journal, as a Ctrl-C
+    during the rollout (it was a silent 130 from the top level)."""
+    from rigfleet.bump.decide import BumpOptions
+
+    plan = make_plan(tmp_path, n=2)
+    runner = CliRunner(plan, {}, None)
+    cli_fleet(tmp_path, monkeypatch, plan, runner)
+
+    def ctrl_c(*_: Any, **__: Any) -> dict[str, Any]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(execute, "keep_images", ctrl_c)
+    opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"),
+                       image=f"nightly-{NEWER}", yes=True)
+    with output.console.capture() as seen:
+        rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "0.20.2rc1")
+    assert rc == output.EXIT_INTERRUPTED
+    assert "interrupted" in seen.get() and "host1, host2" in seen.get()
+    pins, journal = reload(plan)
+    assert pins.serial == plan.pins.serial and journal.promoted == ["host1", "host2"]
+    assert not list(tmp_path.glob(".pins.yaml.bump-*.yaml"))
