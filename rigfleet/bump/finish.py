@@ -35,6 +35,7 @@ from rigfleet.bump.rollout import (
     outcome_of,
     rollout,
 )
+from rigfleet.cliargs import select
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins
@@ -71,6 +72,14 @@ def run_journal(args: argparse.Namespace) -> int | None:
         return refused(f"{journal.describe()} is unfinished; {other}. Run `rigfleet bump "
                        f"--inventory {args.inventory}` to finish it, or add --abandon to record "
                        "what it promoted and stop; then bump again")
+    if limit := getattr(args, "limit", None):  # the resume deploys the journal's plan
+        picked = {h.name for h in select(hosts, limit, args.inventory)}
+        if outside := [h for batch in journal.planned.batches for h in batch
+                       if h not in journal.outcomes and h not in picked]:
+            return refused(f"{journal.describe()} is unfinished and would still deploy "
+                           f"{', '.join(outside)}, outside --limit {' '.join(limit)}; nothing "
+                           "changed. Run it without --limit to finish it, or add --abandon "
+                           "to record what it promoted and stop")
     return _resume(args, journal)
 
 

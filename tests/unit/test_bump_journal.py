@@ -612,3 +612,26 @@ def test_ctrl_c_while_the_promoted_image_is_saved_keeps_the_journal_and_says_so(
     pins, journal = reload(plan)
     assert pins.serial == plan.pins.serial and journal.promoted == ["host1", "host2"]
     assert not list(tmp_path.glob(".pins.yaml.bump-*.yaml"))
+
+
+def test_a_resume_never_deploys_hosts_outside_limit(tmp_path, monkeypatch):
+    """``rigfleet bump --limit host2`` over an unfinished bump finished the whole plan, host3
+    included; now it is refused unless every host still to deploy is inside --limit."""
+    from rigfleet.bump.decide import BumpOptions
+
+    plan = make_plan(tmp_path, n=3, batch=1)
+    runner = CliRunner(plan, {}, "reach-1")
+    cli_fleet(tmp_path, monkeypatch, plan, runner)
+    opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"),
+                       image=f"nightly-{NEWER}", yes=True)
+    rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "0.20.2rc1")
+    assert rc == output.EXIT_INTERRUPTED
+    runner.kill = None
+    runner.deployed.clear()
+    with output.console.capture() as seen:
+        rc = bump_cli.run(cli_args(tmp_path, limit=["host2"]))
+    assert rc == bump_cli.EXIT_FAILED and runner.deployed == []
+    assert "would still deploy host3, outside --limit host2" in " ".join(seen.get().split())
+    assert journal_path(plan.pins.path).exists()
+    assert bump_cli.run(cli_args(tmp_path, limit=["host2", "host3"])) == bump_cli.EXIT_OK
+    assert runner.deployed == [("host2",), ("host3",)]
