@@ -12,7 +12,6 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
@@ -105,10 +104,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
     chosen = select(hosts, args.limit, args.inventory)
     names = [h.name for h in chosen]
     log_dir = PROJECT_ROOT / "reports" / "rolls" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    deploy = Path(args.deploy).resolve()  # pyinfra runs in its directory: paths made absolute
-    runner = PyinfraRunner(str(Path(args.inventory).resolve()), {h.name: h for h in hosts},
-                           SshRemote(connect_timeout=args.timeout),
-                           deploy_file=str(deploy), cwd=deploy.parent,
+    runner = PyinfraRunner(args.inventory, {h.name: h for h in hosts},
+                           SshRemote(connect_timeout=args.timeout), deploy_file=args.deploy,
                            log_dir=log_dir, env={BATCH_ENV: str(args.batch)})
     probes = dict(zip(names, each_host(chosen, lambda h: probe_or_why(runner.facts, h.name),
                                        lambda h, why: why), strict=True))

@@ -61,7 +61,7 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
                          + dump_pins(plan.candidate_pins(str(cand_path))))
     by_name = {h.name: h for h in inputs.hosts}
     runner = PyinfraRunner(opts.inventory, by_name, remote, deploy_file=opts.deploy,
-                           cwd=Path(opts.deploy).resolve().parent, log_dir=log_dir)  # fmt: skip
+                           log_dir=log_dir)
     try:
         with progress("starting the rollout") as on_line:
             result = rollout(plan, runner, cand_path, on_event=lambda m: log(escape(m)),

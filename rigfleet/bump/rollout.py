@@ -461,7 +461,6 @@ class PyinfraRunner:
     hosts: Mapping[str, InventoryHost]
     remote: Remote
     deploy_file: str = "deploy.py"
-    cwd: Path | None = None
     log_dir: Path | None = None
     timeout: float = 4 * 3600
     env: Mapping[str, str] = field(default_factory=dict)
@@ -480,7 +479,10 @@ class PyinfraRunner:
 
     def deploy(self, hosts: Sequence[str], pins_file: Path | None, batch: int | str,
                on_line: Callable[[str], None]) -> DeployResult:
-        cmd = pyinfra_command(self.inventory, self.deploy_file, hosts, pins_file)
+        # pyinfra runs in the deploy's directory: the caller's relative paths made absolute
+        deploy = Path(self.deploy_file).resolve()
+        cmd = pyinfra_command(str(Path(self.inventory).resolve()), str(deploy), hosts,
+                              pins_file and pins_file.resolve())
         started = time.monotonic()
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -490,7 +492,7 @@ class PyinfraRunner:
         with log_path.open("w") as log_file, \
                 tempfile.TemporaryFile("w+", errors="replace") as out_file:
             log_file.write("$ " + " ".join(cmd) + "\n")
-            proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=out_file, env=env,
+            proc = subprocess.Popen(cmd, cwd=deploy.parent, stdout=out_file, env=env,
                                     stderr=subprocess.PIPE, text=True, errors="replace")
             assert proc.stderr is not None
             log: list[str] = []

@@ -148,29 +148,29 @@ def test_the_runner_hands_the_batch_size_to_pyinfra(monkeypatch):
     assert lines == ["batch=3"] and result.rc == 0 and result.failed_hosts == frozenset()
 
 
-def test_roll_hands_pyinfra_absolute_paths_as_it_runs_in_the_deploys_directory(
+def test_the_runner_hands_pyinfra_absolute_paths_and_runs_in_the_deploys_directory(
         tmp_path, monkeypatch):
+    """roll, bump and a bump's resume: paths relative to where rigfleet was started, not to the
+    deploy's directory where pyinfra runs."""
+    import sys
+
     import rigfleet.bump.rollout as rollout
-    import rigfleet.cli as cli
-    from rigfleet.inventory import InventoryHost
 
-    made: list[PyinfraRunner] = []
+    asked: list[tuple[Any, ...]] = []
+    script = ("import json, os, sys; sys.stderr.write(os.getcwd() + chr(10)); "
+              "print(json.dumps({'results': {'failed_hosts': []}}))")
 
-    class Runner(PyinfraRunner):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-        def facts(self, host: str) -> HostProbe:
-            raise HostUnreachable(f"{host}: not asked in this test")
+    def command(*args: Any) -> list[str]:
+        asked.append(args)
+        return [sys.executable, "-c", script]
 
     (tmp_path / "ops").mkdir()
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(rollout, "PyinfraRunner", Runner)
-    monkeypatch.setattr(cli, "load_inventory", lambda path: [InventoryHost("rig-a", (), {})])
-    assert cli.main(["roll", "--inventory", "fleet.py", "--deploy", "ops/deploy.py",
-                     "--dry"]) == 1  # every host skipped: nothing to roll
-    [runner] = made
-    assert runner.cwd == tmp_path / "ops"
-    cmd = pyinfra_command(runner.inventory, runner.deploy_file, ["rig-a"], None)
-    assert cmd[1:3] == [str(tmp_path / "fleet.py"), str(tmp_path / "ops" / "deploy.py")]
+    monkeypatch.setattr(rollout, "pyinfra_command", command)
+    runner = PyinfraRunner("fleet.py", {}, remote=None,  # type: ignore[arg-type]
+                           deploy_file="ops/deploy.py")
+    lines: list[str] = []
+    assert runner.deploy(["rig-a"], Path("cand.yaml"), 1, lines.append).rc == 0
+    assert asked == [(str(tmp_path / "fleet.py"), str(tmp_path / "ops" / "deploy.py"), ["rig-a"],
+                      tmp_path / "cand.yaml")]
+    assert lines == [str(tmp_path / "ops")]
