@@ -273,3 +273,27 @@ def test_rigfleet_bench_refuses_an_out_it_cannot_create_before_benching(tmp_path
     err = capsys.readouterr().err.replace("\n", "")  # the console wraps long lines
     assert rc == 2 and f"--out {out}" in err and "allowed: a directory" in err
     assert "warm-up" not in err  # refused before anything was asked
+
+
+def test_accept_baseline_passes_timeout_s_and_the_ssh_timeout(tmp_path, monkeypatch):
+    """``rigfleet bench --accept-baseline HOST --timeout-s 900 --timeout 45``: the host's bench
+    runs with the per-request timeout asked for, over SSH with the connect timeout asked for
+    (both were parsed and then left out: the host used its 300 s, SSH its 10 s)."""
+    from test_swap_plan import host_data
+
+    from rigfleet.inventory import InventoryHost
+
+    data = host_data(tmp_path, front_url="http://rig-a.lan:8000", throughput_scale=40)
+    remote = FakeRemote({}, {"stack": "int8", "accepted": {"source": "accepted"}})
+    made: list[float] = []
+
+    def ssh(connect_timeout: float = 10.0) -> FakeRemote:
+        made.append(connect_timeout)
+        return remote
+
+    monkeypatch.setattr(bench_cli, "SshRemote", ssh)
+    args = _args(tmp_path, None, json=True, timeout_s=900.0, timeout=45.0)
+    host = InventoryHost("rig-a", (), data)
+    assert bench_cli._accept(args, host, Console(file=io.StringIO())) == 0
+    assert made == [45.0]
+    assert "--timeout-s 900" in remote.commands[-1]
