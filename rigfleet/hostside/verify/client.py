@@ -199,12 +199,22 @@ class Client:
         content: list[str] = []
         reasoning: list[str] = []
         done = False
+        sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
         try:
             while True:
-                if time.monotonic() - t0 > timeout:
+                left = timeout - (time.monotonic() - t0)
+                if left <= 0:
                     out.error = f"timed out after {timeout:.0f}s (stream still running)"
                     break
-                line = resp.readline()
+                if sock is not None:  # a read waits for what is left, not a whole timeout
+                    sock.settimeout(left)
+                try:
+                    line = resp.readline()
+                except TimeoutError:
+                    if time.monotonic() - t0 < timeout:
+                        raise
+                    out.error = f"timed out after {timeout:.0f}s (stream still running)"
+                    break
                 if not line:
                     break
                 text = line.decode("utf-8", "replace").strip()

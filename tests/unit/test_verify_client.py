@@ -1,0 +1,63 @@
+"""The gate's HTTP client against small misbehaving servers."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from rigfleet.hostside.verify.client import Client
+
+CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+
+
+@contextmanager
+def sse_server(body: Callable[[Any], None]) -> Iterator[str]:
+    """A server whose chat completions stream what ``body(wfile)`` writes."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            with contextlib.suppress(OSError):  # the client gave up
+                body(self.wfile)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_slow_stream_is_cut_at_the_timeout_not_a_read_later():
+    """``timeout`` bounds the whole exchange: a stream that keeps trickling (a chunk a second)
+    is cut at 1.2 s, not at the first line after it nor a whole socket timeout later (it
+    ended at 2 s, or twice the gate's per-request timeout for a server that stalls)."""
+
+    def trickle(w: Any) -> None:
+        for _ in range(6):
+            w.write(CHUNK)
+            w.flush()
+            time.sleep(1.0)
+
+    with sse_server(trickle) as url:
+        res = Client(url).chat({"model": "m", "messages": []}, timeout=1.2, stream=True)
+    assert res.status == 200 and res.error.startswith("timed out")
+    assert res.content.startswith("x")
+    assert res.seconds < 1.7
