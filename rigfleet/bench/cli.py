@@ -36,7 +36,7 @@ from rigfleet.hostside.bench.cli import count, positive, token_counts
 from rigfleet.hostside.bench.measure import Bench, BenchSettings
 from rigfleet.hostside.bench.report import Entry, cell, fleet_medians, report_dict, write
 from rigfleet.hostside.records import ThroughputRecord
-from rigfleet.hostside.verify.client import CA_FILE_ENV, Client
+from rigfleet.hostside.verify.client import CA_FILE_ENV, Client, check_ca_file
 from rigfleet.hostside.verify.report import now_iso
 from rigfleet.hostside.verify.runner import read_api_key
 from rigfleet.inventory import InventoryHost, gpu_hosts, load_inventory
@@ -222,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             spec = builtin_catalog().get(args.stack) if args.stack else None
             key = read_api_key(args.api_key_file) if args.api_key_file else None
+            check_ca_file(args.ca_file)
         except (CatalogError, ValueError) as e:
             raise UsageError(str(e)) from None
         ca = str(Path(args.ca_file).expanduser().absolute()) if args.ca_file else None

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pytest
+
 from rigfleet.hostside.verify.client import Client
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
@@ -61,3 +63,31 @@ def test_a_slow_stream_is_cut_at_the_timeout_not_a_read_later():
     assert res.status == 200 and res.error.startswith("timed out")
     assert res.content.startswith("x")
     assert res.seconds < 1.7
+
+
+def test_an_unloadable_ca_file_is_a_usage_error_naming_it(tmp_path, monkeypatch, capsys):
+    """A missing or non-PEM ``$RIGFLEET_CA_FILE`` (or bench ``--ca-file``) is a usage error
+    that names the file; the gate said "cannot write the report to DIR" and exited 102, the
+    bench ended in a FileNotFoundError traceback."""
+    from rigfleet.cli import main as rigfleet_main
+    from rigfleet.hostside.verify.client import CA_FILE_ENV
+    from rigfleet.hostside.verify.runner import EXIT_USAGE, main
+
+    bad = tmp_path / "ca.pem"
+    bad.write_text("not a certificate\n")
+    for path in (bad, tmp_path / "missing.pem"):
+        monkeypatch.setenv(CA_FILE_ENV, str(path))
+        with pytest.raises(SystemExit) as exc:
+            main(["--url", "https://127.0.0.1:9", "--report-dir", str(tmp_path / "r"),
+                  "--quiet"])
+        assert exc.value.code == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert f"${CA_FILE_ENV} {path}: cannot be loaded" in err
+        assert "cannot write the report" not in err
+    assert not (tmp_path / "r").exists()
+    monkeypatch.delenv(CA_FILE_ENV)
+    assert rigfleet_main(["bench", "--url", "https://127.0.0.1:9", "--ca-file",
+                          str(tmp_path / "missing.pem"), "--out", str(tmp_path / "b"),
+                          "--no-plot"]) == 2
+    out = capsys.readouterr()
+    assert "--ca-file" in out.out + out.err

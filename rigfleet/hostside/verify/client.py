@@ -279,6 +279,20 @@ def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
     return ctx
 
 
+def check_ca_file(ca_file: str | None = None) -> None:
+    """``ValueError`` naming the file when ``ca_file`` (else ``$RIGFLEET_CA_FILE``) cannot be
+    loaded as trusted certificates (a ``Client`` would raise ``OSError`` for it)."""
+    path = ca_file or os.environ.get(CA_FILE_ENV) or None
+    if not path:
+        return
+    try:
+        tls_context(path)
+    except OSError as exc:
+        where = "--ca-file" if ca_file else f"${CA_FILE_ENV}"
+        raise ValueError(f"{where} {path}: cannot be loaded ({exc.strerror or exc}); allowed: "
+                         "a readable PEM file of CA (or server) certificates") from None
+
+
 def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> None:
     """Streamed tool calls come in pieces keyed by index: name first, arguments in parts."""
     call = calls.setdefault(tc.get("index", len(calls)), {

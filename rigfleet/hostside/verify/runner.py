@@ -21,7 +21,7 @@ from ..bench.measure import Progress
 from ..layout import THROUGHPUT_HISTORY_NAME, THROUGHPUT_LAST_NAME
 from ..records import ThroughputRecord
 from . import checks, report
-from .client import Client, redact_url
+from .client import Client, check_ca_file, redact_url
 from .profiles import PROFILES, Profile, ProfileError, resolve
 from .report import FAIL, SKIP, CheckResult, Report
 
@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         parser.error(f"--url {args.url}: expected http://HOST:PORT or https://...")
     try:
         key = read_api_key(args.api_key_file) if args.api_key_file else None
+        check_ca_file()
     except ValueError as exc:
         parser.error(str(exc))
     progress = ConsoleProgress(None if args.quiet else sys.stderr)
