@@ -297,3 +297,29 @@ def test_accept_baseline_passes_timeout_s_and_the_ssh_timeout(tmp_path, monkeypa
     assert bench_cli._accept(args, host, Console(file=io.StringIO())) == 0
     assert made == [45.0]
     assert "--timeout-s 900" in remote.commands[-1]
+
+
+def test_rigfleet_verify_takes_ca_file_as_documented(tmp_path, monkeypatch):
+    """docs/bench.md: the gate's client "trusts --ca-file / $RIGFLEET_CA_FILE"; rigfleet
+    verify had no --ca-file (a usage error, 101) and only the variable worked."""
+    import shutil
+    import ssl
+    import subprocess
+
+    from rigfleet.hostside.verify.runner import main as verify_main
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed here")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(tmp_path / "f.key"), "-out", str(tmp_path / "f.crt")],
+                   check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "f.crt", tmp_path / "f.key")
+    monkeypatch.delenv("RIGFLEET_CA_FILE", raising=False)
+    argv = ["--profile", "fast", "--set", "health_wait_s=0", "--only", "preflight",
+            "--report-dir", str(tmp_path / "r"), "--quiet"]
+    with PacedServer(FAST, tls=ctx) as srv:
+        trusted = verify_main(["--url", srv.url, "--ca-file", str(tmp_path / "f.crt"), *argv])
+        untrusted = verify_main(["--url", srv.url, *argv])
+    assert (trusted, untrusted) == (0, 1)

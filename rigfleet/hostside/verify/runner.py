@@ -83,13 +83,15 @@ class ConsoleProgress(Progress):
 
 def run(url: str, profile: Profile, api_key: str | None = None,
         only: list[str] | None = None, report_dir: Path | None = None,
-        progress: ConsoleProgress | None = None) -> tuple[Report, tuple[Path, Path] | None]:
-    """Run the gate; returns the report and, with ``report_dir``, the paths written."""
+        progress: ConsoleProgress | None = None,
+        ca_file: str | None = None) -> tuple[Report, tuple[Path, Path] | None]:
+    """Run the gate; returns the report and, with ``report_dir``, the paths written
+    (``ca_file``: what https:// trusts, else ``$RIGFLEET_CA_FILE``)."""
     progress = progress or ConsoleProgress(None)
     t0 = time.monotonic()
     rep = Report(url=redact_url(url), profile=profile.name, profile_values=profile.as_dict(),
                  overrides=dict(profile.overrides))
-    ctx = checks.Context(Client(url, api_key), profile, progress)
+    ctx = checks.Context(Client(url, api_key, ca_file=ca_file), profile, progress)
     selected = [(check.__name__, title, check) for check, title in checks.CHECKS
                 if check.__name__ in {*(only or checks.CHECK_NAMES), "preflight"}]
     progress.header(rep.url, profile)
@@ -168,6 +170,9 @@ def build_parser(prog: str = "python3 -m rigfleet.hostside.verify") -> argparse.
     p.add_argument("--api-key-file", metavar="FILE",
                    help="file holding the API key ('-' reads it from stdin); the key is never "
                         "taken as an argument value")
+    p.add_argument("--ca-file", metavar="PEM",
+                   help="trust these certificates for https:// (default: $RIGFLEET_CA_FILE, "
+                        "else the system's trust store)")
     p.add_argument("--profile", default="full", choices=sorted(PROFILES),
                    help="full: real hardware (default); fast: testbed sizes")
     p.add_argument("--set", dest="sets", action="extend", nargs="+", default=[],
@@ -217,12 +222,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         parser.error(f"--url {args.url}: expected http://HOST:PORT or https://...")
     try:
         key = read_api_key(args.api_key_file) if args.api_key_file else None
-        check_ca_file()
+        check_ca_file(args.ca_file)
     except ValueError as exc:
         parser.error(str(exc))
     progress = ConsoleProgress(None if args.quiet else sys.stderr)
     try:
-        rep, _ = run(args.url, prof, key, only, args.report_dir, progress)
+        rep, _ = run(args.url, prof, key, only, args.report_dir, progress, args.ca_file)
     except KeyboardInterrupt:
         print("verify: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
