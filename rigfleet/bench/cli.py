@@ -36,7 +36,7 @@ from rigfleet.hostside.bench.cli import count, positive, token_counts
 from rigfleet.hostside.bench.measure import Bench, BenchSettings
 from rigfleet.hostside.bench.report import Entry, cell, fleet_medians, report_dict, write
 from rigfleet.hostside.records import ThroughputRecord
-from rigfleet.hostside.verify.client import CA_FILE_ENV, Client, check_ca_file
+from rigfleet.hostside.verify.client import CA_FILE_ENV, Client, check_ca_file, redact_url
 from rigfleet.hostside.verify.report import now_iso
 from rigfleet.hostside.verify.runner import read_api_key
 from rigfleet.inventory import InventoryHost, gpu_hosts, load_inventory
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         except (CatalogError, ValueError) as e:
             raise UsageError(str(e)) from None
         ca = str(Path(args.ca_file).expanduser().absolute()) if args.ca_file else None
-        targets = [Target(args.url, args.url, key, spec, args.scale, ca_file=ca)]
+        targets = [Target(redact_url(args.url), args.url, key, spec, args.scale, ca_file=ca)]
     else:
         hosts = {h.name: h for h in load_inventory(args.inventory)}
         if args.accept_baseline:

@@ -323,3 +323,20 @@ def test_rigfleet_verify_takes_ca_file_as_documented(tmp_path, monkeypatch):
         trusted = verify_main(["--url", srv.url, "--ca-file", str(tmp_path / "f.crt"), *argv])
         untrusted = verify_main(["--url", srv.url, *argv])
     assert (trusted, untrusted) == (0, 1)
+
+
+def test_bench_reports_never_carry_credentials_of_the_url(tmp_path, capsys):
+    """rigfleet bench --url http://user:password@host (as rigfleet verify's reports, the
+    bench's must not carry it: the password was in bench-<ts>.json, .md and the table)."""
+    secret = "s3cret-pw"
+    url = f"http://alice:{secret}@127.0.0.1:9"
+    rc = bench_cli.run(_args(tmp_path, url, stack=None, depths=(), runs=1, no_plot=True))
+    assert rc == 1
+    written = "".join(p.read_text() for p in (tmp_path / "out").iterdir())
+    assert "127.0.0.1:9" in written and secret not in written
+    out = capsys.readouterr()
+    assert secret not in out.out + out.err
+    assert host_cli.main(["--url", url, "--runs", "1", "--warmup", "0", "--quiet",
+                          "--report-dir", str(tmp_path / "host")]) == 1
+    written = "".join(p.read_text() for p in (tmp_path / "host").iterdir())
+    assert "127.0.0.1:9" in written and secret not in written

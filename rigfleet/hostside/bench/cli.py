@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         append_history(lay.throughput_dir, record)
     paths = None
     if args.report_dir:
-        paths = report.write([report.Entry(stack or url, stack, result, scale=args.scale)],
+        paths = report.write([report.Entry(stack or result.url, stack, result, scale=args.scale)],
                              args.report_dir, started)
     if args.json:
         print(json.dumps({"stack": stack, "bench": result.to_dict(),

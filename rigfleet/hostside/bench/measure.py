@@ -20,7 +20,7 @@ from typing import Any
 
 from ..records import SHAPES, ShapeFigures, ThroughputRecord, encode
 from ..verify import metrics, prompts
-from ..verify.client import ChatResult, Client, max_model_len
+from ..verify.client import ChatResult, Client, max_model_len, redact_url
 from ..verify.report import now_iso
 
 WARMUP_MAX_TOKENS = 128
@@ -341,7 +341,8 @@ class Bench:
         self.client = client
         self.settings = settings
         self.progress = progress or Progress()
-        self.result = BenchResult(url=client.base_url, model=model, settings=settings)
+        self.result = BenchResult(url=redact_url(client.base_url), model=model,
+                                  settings=settings)
 
     def note(self, text: str) -> None:
         self.result.notes.append(text)
