@@ -340,3 +340,13 @@ def test_bench_reports_never_carry_credentials_of_the_url(tmp_path, capsys):
                           "--report-dir", str(tmp_path / "host")]) == 1
     written = "".join(p.read_text() for p in (tmp_path / "host").iterdir())
     assert "127.0.0.1:9" in written and secret not in written
+
+
+def test_host_bench_names_an_unloadable_ca_file(tmp_path, monkeypatch, capsys):
+    """rigfleet-host.pyz bench --url https://... with $RIGFLEET_CA_FILE naming a missing file:
+    a usage error naming it (it was a FileNotFoundError traceback, exit 1)."""
+    monkeypatch.setenv("RIGFLEET_CA_FILE", str(tmp_path / "missing.pem"))
+    with pytest.raises(SystemExit) as exc:
+        host_cli.main(["--url", "https://127.0.0.1:9", "--runs", "1", "--quiet"])
+    assert exc.value.code == 2
+    assert f"$RIGFLEET_CA_FILE {tmp_path / 'missing.pem'}" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from ..layout import Layout
 from ..plan import PlanError
 from ..records import SOURCE_ACCEPTED
 from ..stackctl import read_api_key
-from ..verify.client import Client
+from ..verify.client import Client, check_ca_file
 from ..verify.report import now_iso
 from ..verify.runner import append_history
 from ..verify.runner import read_api_key as read_key_file
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--accept-baseline benches the active stack; leave out --url")
         try:
             key = read_key_file(args.api_key_file) if args.api_key_file else None
+            check_ca_file()
         except ValueError as e:
             parser.error(str(e))
         url = args.url
