@@ -186,8 +186,12 @@ def _templated_url(p: Problems, key: str, value: Any) -> str | None:
     # Check the URL as it will be once the placeholders are filled for some host.
     sample = value.replace("$(ARCH)", "amd64").format(
         id="ubuntu", version="24.04", codename="noble", distro="ubuntu2404")
-    parts = urlsplit(sample)
-    if (parts.scheme not in ("http", "https") or not parts.hostname
+    try:  # a broken [IPv6] host, a port not 0..65535 or not digits
+        parts = urlsplit(sample)
+        port_ok = parts.port != 0
+    except ValueError:
+        parts, port_ok = urlsplit(""), False
+    if (not port_ok or parts.scheme not in ("http", "https") or not parts.hostname
             or any(ch.isspace() for ch in sample) or has_control(sample)):
         p.bad(key, value, allowed)
         return None

@@ -297,9 +297,13 @@ class HostChecker(Problems):
         """An http(s) URL without credentials (also ``image_sources``' registry URLs)."""
         if value is None:
             return None
-        if (not isinstance(value, str) or any(ch.isspace() for ch in value)
-                or (parts := urlsplit(value)).scheme not in ("http", "https")
-                or not parts.hostname):
+        try:  # urlsplit refuses a broken [IPv6] host; .port a port not 0..65535 or not digits
+            parts = urlsplit(value) if isinstance(value, str) else None
+            port_ok = parts is not None and parts.port != 0
+        except ValueError:
+            parts, port_ok = None, False
+        if (parts is None or not port_ok or any(ch.isspace() for ch in value)
+                or parts.scheme not in ("http", "https") or not parts.hostname):
             self.bad(key, value, URL_ALLOWED)
             return None
         if parts.username is not None or parts.password is not None:

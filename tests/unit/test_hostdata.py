@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from rigfleet.aptrepos import AptRepo, nvidia_distro
+from rigfleet.hostchecks import URL_ALLOWED
 from rigfleet.hostdata import HostDataError, check_caps_against_gpus, validate_host
 from rigfleet.hostside.supervise import Policy
 
@@ -694,3 +695,27 @@ def test_a_url_with_credentials_is_refused_without_showing_them(
                    "(user:password@); allowed: a URL without credentials (an index or mirror "
                    "on the LAN that needs none)")
     assert "s3cret" not in msg and "build" not in msg
+
+
+@pytest.mark.parametrize("url", ["http://[mirror.lan:5000", "http://mirror.lan:99999",
+                                 "http://mirror.lan:port", "http://mirror.lan:0"])
+@pytest.mark.parametrize("key", ["docker_registry_mirror", "pip_index_url", "front_url"])
+def test_a_url_with_a_broken_host_or_port_is_refused_by_name(
+    data: dict[str, Any], key: str, url: str
+) -> None:
+    # urlsplit raised ValueError (a traceback) for '[', and a bad port passed silently
+    data[key] = url
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert str(err.value) == f"rig-a: {key}: {url!r} is not valid; allowed: {URL_ALLOWED}"
+
+
+@pytest.mark.parametrize("url", ["https://[developer.download.nvidia.com/",
+                                 "https://developer.download.nvidia.com:99999/"])
+def test_an_apt_url_with_a_broken_host_or_port_is_refused_by_name(
+    data: dict[str, Any], url: str
+) -> None:
+    data["apt_repos"]["cuda"]["url"] = url
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert str(err.value).startswith(f"rig-a: apt_repos.cuda.url: {url!r} is not valid; allowed:")
