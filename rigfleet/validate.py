@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import math
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
@@ -237,6 +238,7 @@ class Problems:
         if self.absent(key, value, allowed, required):
             return None
         if not (isinstance(value, int | float) and not isinstance(value, bool)
+                and _finite(value)
                 and (low is None or (value > low if low_open else value >= low))
                 and (high is None or value <= high)):
             self.bad(key, value, allowed)
@@ -288,6 +290,14 @@ class Problems:
             self.bad(key, value, allowed + " (not a system directory)", "is a system directory")
             return None
         return checked
+
+
+def _finite(value: float) -> bool:
+    """Not inf or nan, and small enough for a float (``float(10**400)`` overflows)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def is_int(value: Any) -> bool:

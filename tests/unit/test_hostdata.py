@@ -719,3 +719,16 @@ def test_an_apt_url_with_a_broken_host_or_port_is_refused_by_name(
     with pytest.raises(HostDataError) as err:
         validate_host("rig-a", data)
     assert str(err.value).startswith(f"rig-a: apt_repos.cuda.url: {url!r} is not valid; allowed:")
+
+
+@pytest.mark.parametrize("value", [10**400, float("inf")])
+@pytest.mark.parametrize("key", ["ready_timeout_s", "gate_timeout_s", "supervise_window_s"])
+def test_seconds_too_big_for_a_float_or_infinite_are_refused_by_name(
+    data: dict[str, Any], key: str, value: Any
+) -> None:
+    # 10**400 escaped as OverflowError (float() of it); inf passed as "seconds > 0"
+    data[key] = value
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert str(err.value).startswith(f"rig-a: {key}: ")
+    assert "is not valid; allowed: seconds > 0" in str(err.value)
