@@ -472,7 +472,7 @@ class _Checker(Problems):
         if d is None:
             return None
         layout = d.get("layout", DEFAULT_LAYOUT)
-        if layout not in LAYOUTS:
+        if not isinstance(layout, str) or layout not in LAYOUTS:
             self.bad(f"{key}.layout", layout, ", ".join(LAYOUTS),
                      "is not a Genesis layout rigfleet knows")
             layout = None
