@@ -56,7 +56,7 @@ class KeyTable:
         self.begin, self.end, self.escape_tags = begin, end, escape_tags
         self.sections = {p for k in self.keys for p in (k.path, k.parent)}
         named = sorted((p for p in self.sections if "<" in p), key=lambda p: -p.count("."))
-        self._named = [(re.compile(re.sub(r"<[^>]+>", ".+", re.escape(p))), p) for p in named]
+        self._named = [(re.compile(re.sub(r"<[^>]+>", ".*", re.escape(p))), p) for p in named]
 
     def section(self, key: str) -> str:
         """The table path of a key as a message names it: ``boot.expect[2]`` ->

@@ -150,6 +150,8 @@ BAD_PINS = [
     ("schema", "rigfleet-pins/2", ["schema", "'rigfleet-pins/2'", "'rigfleet-pins/1'"]),
     ("serial", 0, ["serial", "0", "integer >= 1"]),
     ("serial", True, ["serial", "True", "integer >= 1"]),
+    ("models", {"": {"revision": "0" * 40}},  # an empty name: this was a KeyError traceback
+     ["models.: '' is not valid; allowed: a hub repo id '<owner>/<name>'"]),
     (f"{TQ3}.genesis.layout", ["v7"],  # a list is unhashable: this was a TypeError traceback
      [f"{TQ3}.genesis.layout: ['v7'] is not a Genesis layout rigfleet knows; allowed: v7"]),
     ("serial", 10**400, ["serial: 1000000000", "is not valid", "integer >= 1"]),  # no traceback
