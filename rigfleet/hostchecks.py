@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-import math
 import os
 import posixpath
 import re
@@ -34,7 +33,15 @@ from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, S
 from rigfleet.hostside.supervise import parse_backoff
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
 from rigfleet.tlsfiles import private
-from rigfleet.validate import SYSTEM_DIRS, Problems, env_vars, escapes, is_int, is_system_dir
+from rigfleet.validate import (
+    SYSTEM_DIRS,
+    Problems,
+    env_vars,
+    escapes,
+    finite,
+    is_int,
+    is_system_dir,
+)
 
 # Any GPU's sane power cap; the card's own min..max is checked at deploy time.
 POWER_CAP_RANGE_W = (50, 600)
@@ -355,7 +362,7 @@ class HostChecker(Problems):
             with suppress(ValueError):
                 return parse_backoff(value)
         elif isinstance(value, list | tuple) and value and all(
-                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                isinstance(v, int | float) and not isinstance(v, bool) and finite(v)
                 and v >= 0 for v in value):
             return tuple(float(v) for v in value)
         self.bad(key.name, value, key.allowed)

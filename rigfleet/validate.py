@@ -238,7 +238,7 @@ class Problems:
         if self.absent(key, value, allowed, required):
             return None
         if not (isinstance(value, int | float) and not isinstance(value, bool)
-                and _finite(value)
+                and finite(value)
                 and (low is None or (value > low if low_open else value >= low))
                 and (high is None or value <= high)):
             self.bad(key, value, allowed)
@@ -292,7 +292,7 @@ class Problems:
         return checked
 
 
-def _finite(value: float) -> bool:
+def finite(value: float) -> bool:
     """Not inf or nan, and small enough for a float (``float(10**400)`` overflows)."""
     try:
         return math.isfinite(value)

@@ -732,3 +732,12 @@ def test_seconds_too_big_for_a_float_or_infinite_are_refused_by_name(
         validate_host("rig-a", data)
     assert str(err.value).startswith(f"rig-a: {key}: ")
     assert "is not valid; allowed: seconds > 0" in str(err.value)
+
+
+def test_a_backoff_too_big_for_a_float_is_refused_by_name(data: dict[str, Any]) -> None:
+    # math.isfinite(10**400) raised OverflowError: a traceback instead of the key's message
+    data["supervise_backoff_s"] = [10, 10**400]
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert str(err.value).startswith("rig-a: supervise_backoff_s: [10, 1000")
+    assert "is not valid; allowed: a non-empty list of seconds >= 0" in str(err.value)
