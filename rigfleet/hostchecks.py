@@ -140,7 +140,12 @@ class HostChecker(Problems):
         if checked is None:
             return None
         path = Path(os.path.expanduser(checked))
-        if not path.is_dir():
+        try:
+            is_dir = path.is_dir()
+        except OSError as e:  # not ENOENT: a name too long, a parent it may not search
+            self.bad(key.name, value, key.allowed, f"cannot be read ({e.strerror or e})")
+            return None
+        if not is_dir:
             self.bad(key.name, value, key.allowed, "is not a directory")
             return None
         if is_system_dir(str(path.resolve())):

@@ -741,3 +741,13 @@ def test_a_backoff_too_big_for_a_float_is_refused_by_name(data: dict[str, Any]) 
         validate_host("rig-a", data)
     assert str(err.value).startswith("rig-a: supervise_backoff_s: [10, 1000")
     assert "is not valid; allowed: a non-empty list of seconds >= 0" in str(err.value)
+
+
+def test_a_stacks_dir_that_cannot_be_looked_at_is_refused_by_name(data: dict[str, Any]) -> None:
+    # Path.is_dir() raised OSError (ENAMETOOLONG here, EACCES for a parent it may not search)
+    data["stacks_dir"] = "s" * 300
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert str(err.value).startswith("rig-a: stacks_dir: 'sss")
+    assert "cannot be read (File name too long); allowed: a directory of stack files" in str(
+        err.value)
