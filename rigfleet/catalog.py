@@ -335,7 +335,8 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     method, n = _speculative(p, v.get("speculative"))
     args = p.strings("vllm.args", v.get("args")) or []
     for i, arg in enumerate(args):
-        if arg.split("=", 1)[0] in MANAGED_FLAGS:
+        # vLLM's parser reads --max_model_len as --max-model-len
+        if arg.split("=", 1)[0].replace("_", "-") in MANAGED_FLAGS:
             p.bad(f"vllm.args[{i}]", arg, "flags other than " + ", ".join(MANAGED_FLAGS),
                   "is set by the stack file's own key")
     env = env_vars(p, "env", top.get("env"), allowed("env"))

@@ -104,6 +104,9 @@ BAD: list[tuple[str, Any, list[str]]] = [
     ("env.FLAG", True, ["env.FLAG: True", "'1'/'0'"]),
     ("vllm.args", ["--max-model-len", "1"], ["vllm.args[0]: '--max-model-len'",
                                              "set by the stack file's own key"]),
+    # vLLM reads underscores as dashes: this one passed, and the stack's own key won silently
+    ("vllm.args", ["--max_model_len=4096"], ["vllm.args[0]: '--max_model_len=4096'",
+                                             "set by the stack file's own key"]),
     ("vllm.speculative", {"method": "medusa", "num_speculative_tokens": 3},
      ["vllm.speculative.method: 'medusa'", "mtp"]),
     ("image", {"kinds": ["weekly"]}, ["image.kinds", "release, nightly"]),
