@@ -387,7 +387,12 @@ def _image_rule(p: Problems, value: Any) -> ImageRule:
     versions = {}
     for key in ("min_version", "below_version"):
         raw = d.get(key)
-        if isinstance(raw, int | float) and not isinstance(raw, bool):
+        if isinstance(raw, float) and len(str(raw).partition(".")[2]) < 2:
+            # YAML read `0.20` (or `0.2`) as the number 0.2: which release was meant is lost
+            p.bad(f"image.{key}", raw, allowed(f"image.{key}") + ", quoted",
+                  "is an unquoted number (YAML reads 0.20 as 0.2)")
+            raw = None
+        elif isinstance(raw, int | float) and not isinstance(raw, bool):
             raw = str(raw)  # `min_version: 0.22` unquoted
         versions[key] = p.string(f"image.{key}", raw, _VERSION, required=False)
     low, high = versions["min_version"], versions["below_version"]

@@ -110,6 +110,10 @@ BAD: list[tuple[str, Any, list[str]]] = [
     ("vllm.speculative", {"method": "medusa", "num_speculative_tokens": 3},
      ["vllm.speculative.method: 'medusa'", "mtp"]),
     ("image", {"kinds": ["weekly"]}, ["image.kinds", "release, nightly"]),
+    # `min_version: 0.20` unquoted is YAML's 0.2: it passed as release '0.2' (any image is newer)
+    ("image", {"min_version": 0.20}, ["image.min_version: 0.2 is an unquoted number (YAML "
+                                      "reads 0.20 as 0.2); allowed: a vLLM release such as "
+                                      "'0.22.0', quoted"]),
     ("image", {"min_version": "0.24.0", "below_version": "0.22.0"},
      ["image.below_version: '0.22.0'", "not above min_version"]),
     ("boot", {"failures": [{"kind": "x", "pattern": "(", "title": "t"}]},
