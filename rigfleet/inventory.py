@@ -73,7 +73,16 @@ def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[Inve
                              "file (a .py file whose module-level lists name the hosts)")
     pyinfra = Path(sys.executable).with_name("pyinfra")
     cmd = [str(pyinfra) if pyinfra.exists() else "pyinfra", str(path), "debug-inventory", "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=60)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise InventoryError(f"cannot load inventory {path}: pyinfra took more than 60 s to read "
+                             "it; allowed: an inventory that loads without waiting (no network "
+                             "look-ups at import time)") from None
+    except OSError as e:
+        raise InventoryError(f"cannot load inventory {path}: cannot run {cmd[0]} "
+                             f"({e.strerror or e}); allowed: pyinfra installed beside this "
+                             "Python or on PATH") from None
     if proc.returncode != 0:
         raise InventoryError(f"cannot load inventory {path}: {proc.stderr.strip()[-2000:]}")
     try:

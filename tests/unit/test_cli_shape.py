@@ -109,6 +109,23 @@ def test_an_empty_inventory_is_an_error(tmp_path):
         load_inventory(inv)
 
 
+@pytest.mark.parametrize("error", [subprocess.TimeoutExpired(["pyinfra"], 60),
+                                   FileNotFoundError(2, "No such file or directory")])
+def test_an_inventory_pyinfra_cannot_read_in_time_or_at_all_is_an_error(
+    tmp_path, monkeypatch, error
+):
+    # these escaped load_inventory as a traceback (TimeoutExpired is no ValueError either)
+    inv = tmp_path / "slow.py"
+    inv.write_text("hosts = ['a']\n")
+
+    def run(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(subprocess, "run", run)
+    with pytest.raises(InventoryError, match=r"cannot load inventory .*slow.py: "):
+        load_inventory(inv)
+
+
 def _host(name: str, *groups: str) -> InventoryHost:
     return InventoryHost(name, groups, {})
 
