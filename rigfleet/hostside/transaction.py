@@ -99,22 +99,29 @@ class Transaction(Steps):
                               reason=f"internal error: {type(e).__name__}: {e}",
                               serving=self.front.current())
             self.j.event("internal", outcome.reason, level="error")
-        finally:
+        try:
+            self._record(outcome)
+        finally:  # the records are written under the lock: no other writer of state.json
             self.lock.release()
+        return outcome
+
+    def _record(self, outcome: Outcome) -> None:
+        """``last_swap`` in ``state.json``, then ``result.json``: a follower that sees the
+        result reads the new ``last_swap``, and a kill before it is an interrupted swap."""
+        plan = self.plan
         outcome.timings = self.timings
         self.j.event("done", f"{outcome.result}: {outcome.reason or outcome.serving}",
                      level="info" if outcome.exit == 0 else "error")
-        self.j.finish(outcome.to_dict())
         # "last_swap": what rigfleet.bump.rollout reads (with its "gate" and "reason").
         try:
             kept = ("kind", "result", "reason", "stack", "serving", "gate", "boot_failure",
                     "drain", "retry_after_s")
             ledger.update_state(self.lay, last_swap={
                 "id": plan.id, "at": now_iso(), **{k: getattr(outcome, k) for k in kept}})
-        except OSError as e:  # the journal's result (above) still says how it ended
+        except OSError as e:  # the journal's result (below) still says how it ended
             self.j.event("done", f"state.json not updated: {e.filename}: {e.strerror or e}",
                          level="warning")
-        return outcome
+        self.j.finish(outcome.to_dict())
 
     def _run(self) -> Outcome:
         plan, new = self.plan, self.plan.desired

@@ -122,6 +122,27 @@ def test_swap_stops_old_waits_for_memory_starts_new_gates_and_promotes(lay):
     assert [e["phase"] for e in done["events"]][:3] == ["lock", "plan", "stage"]
 
 
+def test_the_result_and_last_swap_are_written_before_the_lock_is_released(lay):
+    """Another lock holder (a deploy's ``record``) started the moment the lock is free must
+    find ``last_swap`` written (no two writers of state.json), and a kill right after the
+    release must leave a result, not a swap a later takeover marks ``interrupted``."""
+    host, front, _, plan = setup_swap(lay)
+    seen: list[tuple[dict, dict | None]] = []
+
+    class WatchedLock(HostLock):
+        def release(self) -> None:
+            seen.append((read_state(lay.state_file),
+                         Journal.read(lay.swap_dir(plan.id))["result"]))
+            super().release()
+
+    out = run(lay, host, front, plan, lock=WatchedLock(lay))
+    assert out.result == "promoted"
+    [(state, result)] = seen
+    assert state["last_swap"]["id"] == plan.id and state["last_swap"]["result"] == "promoted"
+    assert result is not None and result["result"] == "promoted"
+    assert not lay.lock_dir.exists()
+
+
 def test_the_monitor_hears_of_the_swap_once_the_lock_is_held_before_anything_changes(lay):
     """``on_locked`` (the host tool writes the metrics textfiles there) runs with the lock
     held and before the old stack goes down: the monitor's engine-down alert spares a swap."""
