@@ -71,7 +71,10 @@ class Journal:
     def read(directory: Path, since: int = 0) -> dict[str, Any]:
         """Events after ``since``, the next offset, the result, and the state: ``starting``,
         ``running``, ``done``, or ``died`` (gone without a result: killed, rebooted)."""
-        lines = (read_text(directory / "events.jsonl") or "").splitlines()
+        text = read_text(directory / "events.jsonl") or ""
+        lines = text.splitlines()
+        if lines and not text.endswith("\n"):
+            lines.pop()  # a line being written: not counted in ``next``, read again next time
         events = []
         for line in lines[since:]:
             try:

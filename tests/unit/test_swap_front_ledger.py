@@ -167,6 +167,24 @@ def test_journal_states_starting_running_done_and_died(lay, tmp_path):
     assert Journal.read(d)["state"] == "died"
 
 
+def test_a_half_written_last_event_is_read_again_once_it_is_complete(lay):
+    """The follower (``status --id ID --since N``) polls while an event is being appended:
+    the partial line is not counted in ``next``, so the whole event is shown next time."""
+    d = lay.swap_dir("X")
+    j = Journal(d, echo=None)
+    j.event("stop", "docker compose down rigfleet-int8")
+    line = json.dumps({"seq": 2, "phase": "vram", "message": "released"}, sort_keys=True)
+    events = d / "events.jsonl"
+    with events.open("a") as f:
+        f.write(line[:10])
+    first = Journal.read(d, since=0)
+    assert [e["phase"] for e in first["events"]] == ["stop"] and first["next"] == 1
+    with events.open("a") as f:
+        f.write(line[10:] + "\n")
+    again = Journal.read(d, since=first["next"])
+    assert [e["phase"] for e in again["events"]] == ["vram"] and again["next"] == 2
+
+
 def test_a_plan_file_that_is_not_text_is_a_bad_plan_not_a_traceback(lay, capsys):
     from rigfleet.hostside.__main__ import main
 
