@@ -122,6 +122,8 @@ class Plan(Coded):
             raise PlanError(f"{path}: cannot be read ({e.strerror})") from None
         except json.JSONDecodeError as e:
             raise PlanError(f"{path}: not JSON ({e})") from None
+        except PlanError as e:  # a field missing or of the wrong kind: which file says it
+            raise PlanError(f"{path}: {e}") from None
         except UnicodeDecodeError as e:  # garbage: not even text
             raise PlanError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 

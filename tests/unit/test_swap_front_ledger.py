@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -195,6 +196,22 @@ def test_a_plan_file_that_is_not_text_is_a_bad_plan_not_a_traceback(lay, capsys)
         main(["--root", str(lay.root), "swap", "--plan", str(path)])
     assert ended.value.code == 4  # docs/swap.md: 4 bad plan
     assert f"rigfleet-host swap: {path}: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_a_plan_file_with_a_missing_field_is_refused_naming_the_file(lay, capsys):
+    from rigfleet.hostside.__main__ import main
+
+    plan = make_plan(lay, make_ref(lay, "int8", "1111aaaa2222bbbb"))
+    path = lay.swap_dir(plan.id) / "plan.json"
+    data = plan.to_dict()
+    path.write_text(json.dumps({**data, "desired": {
+        k: v for k, v in data["desired"].items() if k != "port"}}))
+    with pytest.raises(PlanError, match=rf"^{re.escape(str(path))}: desired\.port: missing$"):
+        Plan.load(path)
+    with pytest.raises(SystemExit) as ended:
+        main(["--root", str(lay.root), "swap", "--plan", str(path)])
+    assert ended.value.code == 4  # docs/swap.md: 4 bad plan
+    assert f"rigfleet-host swap: {path}: desired.port: missing" in capsys.readouterr().err
 
 
 def test_plan_round_trip_and_errors_naming_the_field(lay):
