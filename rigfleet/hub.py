@@ -27,7 +27,8 @@ class HubMissing(HubError):
 
 
 class HubUnreachable(HubError):
-    """The hub could not be reached at all (DNS, connection, timeout)."""
+    """The hub could not be reached at all (DNS, connection, timeout), or answered nothing
+    about the model (HTTP 429 rate limit, 5xx)."""
 
 
 @dataclass
@@ -93,6 +94,10 @@ class Hub:
                              "see (HTTP 401/404)") from None
         except HfHubHTTPError as e:
             status = getattr(getattr(e, "response", None), "status_code", None)
+            if isinstance(status, int) and (status == 429 or status >= 500):
+                # A rate limit or a server error says nothing of the model: the hub is away.
+                raise HubUnreachable(f"{what}: HTTP {status}: "
+                                     f"{str(e).splitlines()[0][:200]}") from None
             raise HubError(f"{what}: HTTP {status}: {str(e).splitlines()[0][:200]}") from None
         except (OSError, ValueError) as e:
             raise HubUnreachable(f"{what}: cannot reach the hub ({e})") from None

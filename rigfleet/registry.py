@@ -36,7 +36,8 @@ class RegistryNotFound(RegistryError):
 
 
 class RegistryUnreachable(RegistryError):
-    """The registry could not be reached at all (DNS, connection, timeout)."""
+    """The registry could not be reached at all (DNS, connection, timeout), or answered
+    nothing about the image (HTTP 429 rate limit, 5xx)."""
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,12 @@ class Registry:
             return self._fail(what, f"access denied (HTTP {code} {reason}: the repository does "
                               "not exist, or needs credentials; rigfleet reads registries "
                               "anonymously)")
+        # A rate limit or a server error says nothing of the image: the registry is away.
         if code == 429:
             return self._fail(what, "rate limited (HTTP 429: too many requests from this "
-                              "address; wait, or use a registry mirror)")
+                              "address; wait, or use a registry mirror)", RegistryUnreachable)
+        if code >= 500:
+            return self._fail(what, f"HTTP {code} {reason}", RegistryUnreachable)
         return self._fail(what, f"HTTP {code} {reason}")
 
     def _token(self, challenge: str, what: str = "the repository") -> str:
@@ -131,8 +135,10 @@ class Registry:
             with urllib.request.urlopen(url, timeout=self.timeout) as resp:
                 body = json.load(resp)
         except urllib.error.HTTPError as exc:
+            away = exc.code == 429 or exc.code >= 500
             raise self._fail(what, f"the token service {realm} refused (HTTP {exc.code} "
-                             f"{exc.reason})") from None
+                             f"{exc.reason})", RegistryUnreachable if away else RegistryError
+                             ) from None
         except (OSError, ValueError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
             raise self._fail(what, f"cannot get a token from {realm} ({reason})",

@@ -447,3 +447,53 @@ def test_the_online_pass_asks_each_source_with_the_timeout_given(tmp_path, monke
         args = parser.parse_args(argv)
         args.func(args)
         assert seen.pop() == want
+
+
+@pytest.fixture
+def answering() -> Iterator[tuple[str, list[int]]]:
+    """A server answering every request with the first status of its list (an empty body)."""
+    codes = [404]
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(codes[0])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", codes
+    server.shutdown()
+
+
+def test_a_rate_limited_or_failing_registry_is_unreachable_not_missing(tmp_path,
+                                                                       answering) -> None:
+    from rigfleet.images.plan import WantedImage
+
+    url, codes = answering
+    settings = validate_host("rig-a", fleet_data(tmp_path, stack="int8", image_sources=[
+        {"kind": "registry", "url": url}]))
+    w = WantedImage("vllm/vllm-openai:v0.27.1", "sha256:" + "1" * 64, None, ("int8",))
+    for code, status in ((404, MISSING), (429, UNREACHABLE), (503, UNREACHABLE),
+                         (500, UNREACHABLE)):
+        codes[0] = code
+        f = Online(timeout=5).image(w, settings)
+        assert f.status == status, (code, f)
+        assert f"HTTP {code}" in f.source
+
+
+def test_a_rate_limited_or_failing_hub_is_unreachable_not_missing(tmp_path, answering) -> None:
+    from rigfleet.pins import ModelPin
+
+    url, codes = answering
+    settings = validate_host("rig-a", fleet_data(tmp_path, stack="int8", hf_endpoint=url))
+    m = ModelPin("org/model", "a" * 40, "/srv/models/model")
+    for code, status in ((404, MISSING), (429, UNREACHABLE), (503, UNREACHABLE)):
+        codes[0] = code
+        f = Online(timeout=5).model(settings, m)
+        assert f.status == status, (code, f)
