@@ -191,13 +191,18 @@ class Registry:
         if media in INDEX_TYPES or "manifests" in doc:
             sub = platform_manifest(doc, f"registry {self.where}: {what}")
             doc, _, own = self.manifest(repo, sub)
-        config = (doc.get("config") or {}).get("digest")
+        config = doc.get("config")
+        config = config.get("digest") if isinstance(config, dict) else None
         if not isinstance(config, str) or not _DIGEST.fullmatch(config):
             raise self._fail(what, "the linux/amd64 manifest names no sha256 config "
                              f"({config!r})")
         layers = doc.get("layers") or []
-        size = sum(int(layer.get("size") or 0) for layer in layers if isinstance(layer, dict))
-        return ResolvedImage(top, config, own, size)
+        sizes = [layer.get("size") or 0 for layer in layers if isinstance(layer, dict)] \
+            if isinstance(layers, list) else None
+        if sizes is None or not all(type(n) is int and n >= 0 for n in sizes):
+            raise self._fail(what, "the linux/amd64 manifest's layers are not a list of "
+                             f"entries with a byte size ({str(layers)[:80]})")
+        return ResolvedImage(top, config, own, sum(sizes))
 
     def tags(self, repo: str) -> list[str]:
         """Every tag of ``repo`` (follows pagination)."""
@@ -221,10 +226,17 @@ class Registry:
 
 def platform_manifest(index: dict[str, Any], what: str) -> str:
     """The linux/amd64 manifest digest of an image index (``what`` names it in errors)."""
-    for entry in index.get("manifests") or []:
-        p = entry.get("platform") or {}
-        if (p.get("os"), p.get("architecture")) == PLATFORM:
-            return str(entry["digest"])
+    entries = index.get("manifests") or []
+    if not isinstance(entries, list):
+        raise RegistryError(f"{what}: the index's manifests are not a list")
+    for entry in entries:
+        p = entry.get("platform") if isinstance(entry, dict) else None
+        if isinstance(p, dict) and (p.get("os"), p.get("architecture")) == PLATFORM:
+            digest = entry.get("digest")
+            if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+                raise RegistryError(f"{what}: the index's {'/'.join(PLATFORM)} entry names "
+                                    f"no sha256 digest ({digest!r})")
+            return digest
     raise RegistryError(f"{what}: no {'/'.join(PLATFORM)} image in the index")
 
 

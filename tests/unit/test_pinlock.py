@@ -218,6 +218,24 @@ def test_a_tag_list_that_is_not_json_says_so_naming_the_registry(registry) -> No
         Registry(url).tags(REPO)
 
 
+@pytest.mark.parametrize("media,doc,why", [
+    (INDEX, {"manifests": ["sha256:" + "a" * 64]}, "no linux/amd64 image in the index"),
+    (INDEX, {"manifests": {"linux/amd64": "x"}}, "the index's manifests are not a list"),
+    (INDEX, {"manifests": [{"platform": {"os": "linux", "architecture": "amd64"}}]},
+     "the index's linux/amd64 entry names no sha256 digest"),
+    (MANIFEST, {"config": "sha256:" + "a" * 64}, "names no sha256 config"),
+    (MANIFEST, {"config": {"digest": "sha256:" + "a" * 64}, "layers": [{"size": "big"}]},
+     "layers are not a list of entries with a byte size"),
+    (MANIFEST, {"config": {"digest": "sha256:" + "a" * 64}, "layers": 7},
+     "layers are not a list of entries with a byte size"),
+])
+def test_a_malformed_manifest_is_a_registry_error_naming_it(registry, media, doc, why) -> None:
+    url, store = registry
+    store.manifests["bad"] = (media, json.dumps(doc).encode())
+    with pytest.raises(RegistryError, match=rf"^registry {url}: {REPO}:bad: .*{why}"):
+        Registry(url).resolve(REPO, "bad")
+
+
 def test_image_names() -> None:
     assert registry_of("vllm/vllm-openai") == (None, "vllm/vllm-openai")
     assert registry_of("docker.io/vllm/vllm-openai") == (None, "vllm/vllm-openai")
