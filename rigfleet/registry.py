@@ -220,8 +220,25 @@ class Registry:
                 raise self._fail(what, "the answer is not an object with a list of tags")
             found.extend(str(t) for t in tags)
             match = re.match(r"<([^>]+)>", headers.get("link", ""))
-            path = match.group(1) if match else None
+            path = self._next_page(match.group(1), what) if match else None
         return found
+
+    def _next_page(self, link: str, what: str) -> str:
+        """The path (under ``where``) of a ``Link`` header's next page: relative, as
+        Docker's registry sends it, or absolute on this registry (RFC 8288)."""
+        parts = urllib.parse.urlsplit(link)
+        if not (parts.scheme or parts.netloc):
+            return link
+        here = urllib.parse.urlsplit(self.where)
+        if (parts.scheme.lower(), parts.netloc.lower()) != (here.scheme.lower(),
+                                                             here.netloc.lower()):
+            raise self._fail(what, f"the next page of the tag list is on another host "
+                             f"({link[:120]}); allowed: a link on {here.netloc}")
+        path = parts.path
+        prefix = here.path.rstrip("/")
+        if prefix and path.startswith(prefix + "/"):
+            path = path[len(prefix):]
+        return path + (f"?{parts.query}" if parts.query else "")
 
 
 def platform_manifest(index: dict[str, Any], what: str) -> str:

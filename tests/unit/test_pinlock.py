@@ -236,6 +236,40 @@ def test_a_malformed_manifest_is_a_registry_error_naming_it(registry, media, doc
         Registry(url).resolve(REPO, "bad")
 
 
+def test_a_tag_list_follows_relative_and_absolute_next_links_on_its_host() -> None:
+    pages: dict[str, tuple[list[str], str]] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            tags, link = pages.get(self.path, ([], ""))
+            body = json.dumps({"name": REPO, "tags": tags}).encode()
+            self.send_response(200 if self.path in pages else 404)
+            if link:
+                self.send_header("Link", f'<{link}>; rel="next"')
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    first, second, third = (f"/v2/{REPO}/tags/list?n=1000", f"/v2/{REPO}/tags/list?last=b",
+                            f"/v2/{REPO}/tags/list?last=c")
+    try:
+        pages.update({first: (["a", "b"], second), second: (["c"], url + third),
+                      third: (["d"], "")})
+        assert Registry(url).tags(REPO) == ["a", "b", "c", "d"]
+        pages[second] = (["c"], "http://elsewhere.test" + third)
+        with pytest.raises(RegistryError, match=rf"^registry {url}: {REPO} \(tag list\): the "
+                                                "next page of the tag list is on another host"):
+            Registry(url).tags(REPO)
+    finally:
+        server.shutdown()
+
+
 def test_image_names() -> None:
     assert registry_of("vllm/vllm-openai") == (None, "vllm/vllm-openai")
     assert registry_of("docker.io/vllm/vllm-openai") == (None, "vllm/vllm-openai")
