@@ -91,3 +91,34 @@ def test_an_unloadable_ca_file_is_a_usage_error_naming_it(tmp_path, monkeypatch,
                           "--no-plot"]) == 2
     out = capsys.readouterr()
     assert "--ca-file" in out.out + out.err
+
+
+@pytest.mark.parametrize("event", [
+    b'{"choices":[null]}', b'{"choices":"abc"}', b'{"choices":{"0":{}}}',
+    b'{"choices":[{"delta":"x"}]}', b'{"choices":[{"delta":{"content":5}}]}',
+    b'{"choices":[{"delta":{"tool_calls":[{"function":{"name":5}}]}}]}',
+])
+def test_a_malformed_stream_event_is_a_failed_result_not_a_traceback(event):
+    """The client never raises for a server's answer: a chunk whose ``choices`` is not a list
+    of objects ended in AttributeError/TypeError (a traceback in ``rigfleet bench``)."""
+
+    def body(w: Any) -> None:
+        w.write(CHUNK + b"data: " + event + b"\n\ndata: [DONE]\n\n")
+        w.flush()
+
+    with sse_server(body) as url:
+        res = Client(url).chat({"model": "m", "messages": []}, timeout=5, stream=True)
+    assert res.status == 200 and not res.ok
+    assert res.error.startswith("malformed SSE event:") and "choices" in res.error
+
+
+@pytest.mark.parametrize("body", [
+    b'{"choices":[null]}', b'{"choices":"abc"}', b'{"choices":{"a":1}}',
+    b'{"choices":[{"message":"x"}]}', b'{"choices":[{"message":{"content":["x"]}}]}',
+])
+def test_a_malformed_completion_is_a_failed_result_not_a_traceback(body):
+    from rigfleet.hostside.verify.client import _parse_completion
+
+    res = _parse_completion(200, body, 0.1)
+    assert not res.ok and res.error.startswith("malformed response:")
+    assert "choices" in res.error

@@ -239,22 +239,11 @@ class Client:
                 usage = event.get("usage")
                 if isinstance(usage, dict):
                     out.usage = usage
-                for choice in event.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    piece = delta.get("content") or ""
-                    rpiece = delta.get("reasoning_content") or delta.get("reasoning") or ""
-                    content.append(piece)
-                    reasoning.append(rpiece)
-                    for tc in delta.get("tool_calls") or []:
-                        _merge_tool_delta(calls, tc)
-                    if (piece or rpiece or delta.get("tool_calls")) and out.first_token is None:
-                        out.first_token = time.monotonic() - t0
-                        so_far = (usage if isinstance(usage, dict) else {}).get("completion_tokens")
-                        out.first_tokens = so_far if isinstance(so_far, int) else None
-                    if (piece or delta.get("tool_calls")) and out.ttft is None:
-                        out.ttft = time.monotonic() - t0
-                    if choice.get("finish_reason"):
-                        out.finish_reason = choice["finish_reason"]
+                try:
+                    self._read_choices(out, event, calls, content, reasoning, t0)
+                except (AttributeError, TypeError, KeyError):
+                    out.error = f"malformed SSE event: {payload[:120]!r}"
+                    break
         except (OSError, http.client.HTTPException) as exc:
             out.error = self._transport_error(exc)
         if not done and not out.error:
@@ -264,6 +253,33 @@ class Client:
         out.tool_calls = [calls[i] for i in sorted(calls)]
         out.seconds = time.monotonic() - t0
         return out
+
+    @staticmethod
+    def _read_choices(out: ChatResult, event: dict[str, Any], calls: dict[int, dict[str, Any]],
+                      content: list[str], reasoning: list[str], t0: float) -> None:
+        """One event's choices into ``out``; AttributeError/TypeError for a malformed one."""
+        usage = event.get("usage")
+        choices = event.get("choices") or []
+        if not isinstance(choices, list):
+            raise TypeError("choices is not a list")
+        for choice in choices:
+            delta = choice.get("delta") or {}
+            piece = delta.get("content") or ""
+            rpiece = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            if not isinstance(piece, str) or not isinstance(rpiece, str):
+                raise TypeError("content is not a string")
+            content.append(piece)
+            reasoning.append(rpiece)
+            for tc in delta.get("tool_calls") or []:
+                _merge_tool_delta(calls, tc)
+            if (piece or rpiece or delta.get("tool_calls")) and out.first_token is None:
+                out.first_token = time.monotonic() - t0
+                so_far = (usage if isinstance(usage, dict) else {}).get("completion_tokens")
+                out.first_tokens = so_far if isinstance(so_far, int) else None
+            if (piece or delta.get("tool_calls")) and out.ttft is None:
+                out.ttft = time.monotonic() - t0
+            if choice.get("finish_reason"):
+                out.finish_reason = choice["finish_reason"]
 
 
 def max_model_len(card: dict[str, Any]) -> int | None:
@@ -315,13 +331,19 @@ def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
         out.error = "response is not a JSON object"
         return out
     out.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-    if choices := obj.get("choices"):
-        choice = choices[0]
-        msg = choice.get("message") or {}
-        out.content = msg.get("content") or ""
-        out.reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
-        out.tool_calls = [c for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
-        out.finish_reason = choice.get("finish_reason")
+    try:
+        if choices := obj.get("choices"):
+            choice = choices[0]
+            msg = choice.get("message") or {}
+            content = msg.get("content") or ""
+            reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
+            if not isinstance(content, str) or not isinstance(reasoning, str):
+                raise TypeError("content is not a string")
+            out.content, out.reasoning = content, reasoning
+            out.tool_calls = [c for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
+            out.finish_reason = choice.get("finish_reason")
+    except (AttributeError, TypeError, KeyError, IndexError):
+        out.error = f"malformed response: {data[:120].decode('utf-8', 'replace')!r}"
     return out
 
 
