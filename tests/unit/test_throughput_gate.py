@@ -141,3 +141,30 @@ def test_the_gate_cli_records_on_the_host(tmp_path):
     assert report["checks"][1]["details"]["stack"] == "tq3-mtp-genesis"
     [h] = read_throughput_history(lay.throughput_history)
     assert h.report and Path(h.report).parent == tmp_path / "r"
+
+
+def test_runs_that_fail_fail_the_gate_even_when_one_run_measured(tmp_path):
+    """The gate-wide rule (5xx, connection errors, timeouts fail) holds for the throughput
+    runs too: with 2 of 3 narrative runs answered 503 the shape passed on its one good run
+    (no CV of one value, the decode on target), stack or no stack."""
+    with PacedServer(FAST) as srv:
+        paced, seen = srv.chat, []
+
+        def flaky(h, data, text, prompt):
+            if data.get("max_tokens") == 1000 and len(seen) < 2:  # narrative, not a warm-up
+                seen.append(1)
+                h._json(503, {"error": {"message": "engine overloaded"}})
+                return
+            paced(h, data, text, prompt)
+
+        srv.chat = flaky  # type: ignore[method-assign]
+        n, c = expected_tok_s(FAST, "narrative"), expected_tok_s(FAST, "code")
+        for sets in (host_sets(tmp_path, n, c), []):
+            seen.clear()
+            rep, check = gate(srv.url, tmp_path, *sets)
+            assert check.status == "fail" and rep.exit_status() == 1, check.summary
+            assert [f.name for f in check.findings] == ["failed_runs"]
+            msg = check.findings[0].message
+            assert "narrative: 2/3 runs" in msg and "HTTP 503: engine overloaded" in msg
+            assert check.details["shapes"]["narrative"]["decode_mean"]
+    assert read_throughput_history(Layout(tmp_path).throughput_history) == []

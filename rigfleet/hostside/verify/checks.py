@@ -533,6 +533,9 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
     findings = judge(measured, acceptance, base, limits)
     if not judged:
         findings = [f for f in findings if f.name == "no_measurement"]
+    # The gate-wide rule: 5xx, connection errors and timeouts fail, a measured run or not.
+    findings += [_failed_runs(r) for name, r in results.items()
+                 if r.failed and measured[name] is not None]
     out.findings = findings
     out.status = FAIL if findings else PASS
     out.details = {"stack": p.throughput_stack or None, "judged": judged,
@@ -546,6 +549,13 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
         scale=p.throughput_scale, baseline=base.to_dict(), version=ctx.version)
     out.summary = _summary(measured, base, code, findings, judged)
     return out
+
+
+def _failed_runs(res: ShapeResult) -> Finding:
+    first = res.failed[0]
+    why = f"HTTP {first.status}" + (f": {first.error}" if first.error else "")
+    return Finding("failed_runs", f"{res.shape}: {len(res.failed)}/{len(res.runs)} runs "
+                                  f"measured nothing (first: {why})", res.shape)
 
 
 def _summary(measured: dict[str, ShapeFigures | None], base: Baseline, code: ShapeResult,
