@@ -127,6 +127,18 @@ def test_acceptance_floors_derived_from_seed_000_pass_seed_004_figures():
     assert judge({}, None, base, Limits(acceptance_floor=floors)) == []
 
 
+def test_a_floor_without_its_draft_position_in_metrics_fails():
+    """/metrics showing fewer draft positions than the stack has floors (a server drafting 2
+    tokens for a stack of 3) skipped the last floors silently and the gate passed."""
+    floors = (0.76, 0.672, 0.6)
+    base = baseline_for([], "s", {}, 1.0, 5)
+    found = judge({}, (0.92, 0.81), base, Limits(acceptance_floor=floors))
+    assert [(f.name, f.where) for f in found] == [("missing_acceptance", "position 3")]
+    assert "shows 2 position(s)" in found[0].message and "floor 60%" in found[0].message
+    # No per-position counters at all is unknown, as before.
+    assert judge({}, (), base, Limits(acceptance_floor=floors)) == []
+
+
 def test_no_measurement_fails():
     found = judge({"narrative": None}, None, baseline_for([], "s", {}, 1.0, 5), Limits())
     assert [f.name for f in found] == ["no_measurement"]

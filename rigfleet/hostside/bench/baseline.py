@@ -90,10 +90,15 @@ def judge(measured: Mapping[str, ShapeFigures | None], acceptance: Sequence[floa
             out.append(Finding(
                 "unstable_decode", f"{shape}: decode CV {figs.cv:.1%} over {figs.runs} runs is "
                 f"above {limits.cv_max:.0%}", shape))
-    pairs = zip(acceptance or (), limits.acceptance_floor, strict=False)
-    for i, (have, floor) in enumerate(pairs):
-        if have < floor:
+    have = tuple(acceptance or ())  # empty: no per-position counters, unknown
+    for i, floor in enumerate(limits.acceptance_floor if have else ()):
+        if i >= len(have):
+            out.append(Finding(
+                "missing_acceptance", f"code: no MTP acceptance at draft position {i + 1} in "
+                f"/metrics (it shows {len(have)} position(s)); the stack has a floor "
+                f"{floor:.0%} there", f"position {i + 1}"))
+        elif have[i] < floor:
             out.append(Finding(
                 "low_acceptance", f"code: MTP acceptance at draft position {i + 1} is "
-                f"{have:.0%}, below the stack's floor {floor:.0%}", f"position {i + 1}"))
+                f"{have[i]:.0%}, below the stack's floor {floor:.0%}", f"position {i + 1}"))
     return out
