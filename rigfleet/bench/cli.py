@@ -166,7 +166,7 @@ class RichProgress(measure.Progress):
             self.bar.update(self.task, advance=1, description=label)
 
     def note(self, text: str) -> None:
-        self.console.print(f"[yellow]{self.host}:[/yellow] {text}")
+        self.console.print(f"[yellow]{escape(self.host)}:[/yellow] {escape(text)}")
 
 
 def add_parser(subparsers: Any) -> None:

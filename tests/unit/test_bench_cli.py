@@ -350,3 +350,13 @@ def test_host_bench_names_an_unloadable_ca_file(tmp_path, monkeypatch, capsys):
         host_cli.main(["--url", "https://127.0.0.1:9", "--runs", "1", "--quiet"])
     assert exc.value.code == 2
     assert f"$RIGFLEET_CA_FILE {tmp_path / 'missing.pem'}" in capsys.readouterr().err
+
+
+def test_bench_progress_notes_are_not_read_as_markup():
+    """A note carries the server's error text: "[/x]" in it raised rich's MarkupError (a
+    traceback mid-bench) and "[bold]" was swallowed."""
+    buf = io.StringIO()
+    prog = bench_cli.RichProgress(Console(file=buf, width=200))
+    prog.target("rig-a")
+    prog.note("narrative: a run measured nothing (HTTP 500: bad [/x] tag [bold]here)")
+    assert "HTTP 500: bad [/x] tag [bold]here)" in buf.getvalue()
