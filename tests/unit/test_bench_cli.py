@@ -360,3 +360,20 @@ def test_bench_progress_notes_are_not_read_as_markup():
     prog.target("rig-a")
     prog.note("narrative: a run measured nothing (HTTP 500: bad [/x] tag [bold]here)")
     assert "HTTP 500: bad [/x] tag [bold]here)" in buf.getvalue()
+
+
+def test_host_bench_lines_say_unknown_not_zero(capsys):
+    """A shape that measured nothing printed "decode 0.0 tok/s", and a CV of one run (none)
+    "CV 0.0%": the host bench's summary lines now say "-" and "n/a"."""
+    with PacedServer(FAST) as srv:
+        assert host_cli.main(["--url", srv.url, "--runs", "1", "--warmup", "0"]) == 0
+        err = capsys.readouterr().err
+        assert "bench: narrative: decode " in err and "CV n/a," in err and "CV 0.0%" not in err
+
+        def down(h, data, text, prompt):
+            h._json(503, {"error": {"message": "overloaded"}})
+
+        srv.chat = down  # type: ignore[method-assign]
+        assert host_cli.main(["--url", srv.url, "--runs", "2", "--warmup", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "bench: code: decode -, CV n/a," in err and "0.0 tok/s" not in err

@@ -145,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                          sort_keys=True))
     elif not args.quiet:
         for name, s in result.shapes.items():
-            print(f"bench: {name}: decode {s.decode_mean or 0:.1f} tok/s, CV "
-                  f"{(s.decode_cv or 0):.1%}, acceptance "
+            decode = "-" if s.decode_mean is None else f"{s.decode_mean:.1f} tok/s"
+            cv = "n/a" if s.decode_cv is None else f"{s.decode_cv:.1%}"
+            print(f"bench: {name}: decode {decode}, CV {cv}, acceptance "
                   + ("/".join(f"{x:.0%}" for x in s.acceptance.per_position)
                      if s.acceptance else s.acceptance_note or "unknown"), file=sys.stderr)
         if record:
