@@ -39,7 +39,7 @@ from rigfleet.bump.output import (
 )
 from rigfleet.bump.plan import build_plan, pin_text
 from rigfleet.bump.plan_record import Plan
-from rigfleet.cliargs import select, ssh_command
+from rigfleet.cliargs import UsageError, select, ssh_command
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import reachability
 from rigfleet.pins import GenesisPin, Pins, StackPins, parse_pins
@@ -167,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         unreachable.update(reachability(remote, [h for h in hosts if h.name in picked]))
         plan = build_plan(plan_hosts, unreachable, pins, new, args.batch_size,
                           args.max_failures)
+    except UsageError:
+        raise
     except (RigfleetError, ValueError) as e:
         return refused(e)
     print_plan(plan, to)

@@ -16,7 +16,7 @@ finishes it, ``rigfleet bump --abandon`` records it and stops.
 Exit status: 0 every host promoted; 1 refused, or a host failed (canary, gate, lost);
 2 promoted on every reachable host but some were unreachable (the pins file records them on
 their old pins); 3 the inventory, the pins file or the registry could not be read;
-130 interrupted (the journal says what it did).
+130 interrupted (the journal says what it did). A bad flag is a usage error: 2, as argparse's.
 
 Inventory data (group ``all``) may set ``bump_registry`` (registry v2 URL, default Docker
 Hub), ``bump_genesis_url`` (where this machine fetches Genesis when the pinned URL is not

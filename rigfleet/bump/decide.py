@@ -38,6 +38,7 @@ from rigfleet.bump.output import log
 from rigfleet.bump.plan import build_plan
 from rigfleet.bump.plan_record import Plan, PlanHost
 from rigfleet.catalog import Catalog
+from rigfleet.cliargs import UsageError
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
@@ -72,18 +73,18 @@ class BumpOptions:
 
     def __post_init__(self) -> None:
         if self.rollback_to is None and not (self.image or self.latest or self.genesis):
-            raise ValueError("give --image TAG, --latest or --genesis COMMIT")
+            raise UsageError("give --image TAG, --latest or --genesis COMMIT")
         if self.batch_size < 1:
-            raise ValueError(f"--batch-size: {self.batch_size} is not allowed; allowed: 1 or "
+            raise UsageError(f"--batch-size: {self.batch_size} is not allowed; allowed: 1 or "
                              "more hosts per batch")
         if self.max_failures < 1:
-            raise ValueError(f"--max-failures: {self.max_failures} is not allowed; allowed: 1 "
+            raise UsageError(f"--max-failures: {self.max_failures} is not allowed; allowed: 1 "
                              "or more (the rollout stops at that many failed hosts)")
         for flag, url in (("--registry", self.registry), ("--push-mirror", self.push_mirror)):
             # Checked now: a --push-mirror without a scheme failed only after the rollout.
             if url is not None and (urlsplit(url).scheme not in ("http", "https")
                                     or not urlsplit(url).hostname):
-                raise ValueError(f"{flag}: {url!r} is not allowed; allowed: {URL_ALLOWED}")
+                raise UsageError(f"{flag}: {url!r} is not allowed; allowed: {URL_ALLOWED}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **given: Any) -> BumpOptions:

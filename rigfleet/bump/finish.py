@@ -35,7 +35,7 @@ from rigfleet.bump.rollout import (
     outcome_of,
     rollout,
 )
-from rigfleet.cliargs import select
+from rigfleet.cliargs import UsageError, select
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins
@@ -124,6 +124,8 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
             batch_size=plan.batch_size, max_failures=plan.max_failures,
             rollback_to=journal.base_serial if not (cand or genesis) else None)  # a rollback's
         inputs = load_inputs(opts)
+    except UsageError:
+        raise
     except (RigfleetError, ValueError, RuntimeError) as e:
         return error(e)
     known = {h.name for h in inputs.hosts}

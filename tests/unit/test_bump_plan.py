@@ -122,6 +122,24 @@ def test_registry_and_mirror_urls_are_checked_before_anything_runs() -> None:
                 push_mirror="http://registry.lan:5000", registry="https://registry-1.docker.io")
 
 
+@pytest.mark.parametrize("flags", [["--latest", "--batch-size", "0"],
+                                   ["--latest", "--max-failures", "0"], [],
+                                   ["--latest", "--registry", "registry.lan:5000"],
+                                   ["--latest", "--push-mirror", "registry.lan:5000"]],
+                         ids=["batch-size", "max-failures", "no-candidate", "registry", "mirror"])
+def test_bad_flags_exit_2_like_argparse(tmp_path: Path, capsys, flags: list[str]) -> None:
+    """A bad flag exited 3, which docs/bump.md keeps for an inventory, pins file or registry
+    that cannot be read; a usage error exits 2 (docs/operations.md), as argparse's own do."""
+    from rigfleet.cli import main
+
+    try:
+        code = main(["bump", "--inventory", str(tmp_path / "inv.py"), *flags])
+    except SystemExit as e:
+        code = int(e.code or 0)
+    assert code == 2
+    assert ("is not allowed" if flags else "give --image") in capsys.readouterr().err
+
+
 # --- pins: the hosts section ------------------------------------------------------------------
 
 
