@@ -133,8 +133,9 @@ def run(args: argparse.Namespace) -> int:
         return _bump(opts, inputs, SshRemote(connect_timeout=args.timeout))
     except (GenesisRefused, ImageRefused) as e:
         return refused(e)
-    except RegistryError as e:
-        return error(f"registry {inputs.registry}: {e}")
+    except RegistryError as e:  # most already name the registry ("registry URL: what: why")
+        said = str(e) if str(e).startswith("registry ") else f"registry {inputs.registry}: {e}"
+        return error(escape(said))
     except (RigfleetError, ValueError) as e:
         return error(e, EXIT_FAILED)
 

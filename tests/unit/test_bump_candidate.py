@@ -453,3 +453,14 @@ def test_a_tag_list_that_is_not_json_names_the_registry(monkeypatch, body) -> No
     with pytest.raises(RegistryError, match=r"registry http://registry.lan:5000: "
                                             rf"{REPO} \(tag list\): the answer"):
         reg.tags(REPO)
+
+
+def test_a_registry_error_names_the_registry_once(fleet, capsys) -> None:
+    """A tag the registry does not have said "registry X: registry X: vllm/...: not found"."""
+    rc = bump_cli.run(args_for(fleet, "--image", "nightly-" + "0" * 40, "--stack", "int8",
+                               "--dry"))  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 3
+    said = err[err.index("error:"):]
+    assert said.count("registry ") == 1 and f"registry {fleet['url']}: " in said
+    assert "not found" in said
