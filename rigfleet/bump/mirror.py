@@ -48,6 +48,8 @@ class MirrorRegistry(Registry):
             doc = json.loads(body)
         except ValueError:
             raise RegistryError(f"{repo}:{reference}: manifest is not JSON") from None
+        if not isinstance(doc, dict):
+            raise RegistryError(f"{repo}:{reference}: manifest is not a JSON object")
         return body, doc.get("mediaType") or headers.get("content-type", "").split(";")[0], doc
 
     def has(self, repo: str, kind: str, digest: str) -> bool:
@@ -106,8 +108,9 @@ def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, di
     """Copy ``repo@digest`` from ``src`` to ``dst`` and tag it ``tag`` there."""
     body, media, doc = src.raw_manifest(repo, digest)
     counter = [0, 0]
-    for entry in doc.get("manifests") or []:  # an index: each image's blobs, then its manifest
-        one = str(entry["digest"])
+    what = f"{src.where}: {repo}@{digest}"
+    for entry in _list(doc, "manifests", what):  # an index: each image's blobs, then its manifest
+        one = _digest(entry, f"{what}: manifests")
         one_body, one_media, one_doc = src.raw_manifest(repo, one)
         _copy_blobs(src, dst, repo, one_doc, counter)
         if not dst.has(repo, "manifests", one):
@@ -122,13 +125,44 @@ def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, di
 
 def _copy_blobs(src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[str, Any],
                 counter: list[int]) -> None:
-    for desc in [doc.get("config") or {}, *(doc.get("layers") or [])]:
+    what = f"{src.where}: {repo} manifest"
+    for desc in [doc.get("config") or {}, *_list(doc, "layers", what)]:
+        if not isinstance(desc, dict):
+            raise RegistryError(f"{what}: a config or layer entry is not an object: {desc!r:.80}")
         blob = desc.get("digest")
-        if not blob or dst.has(repo, "blobs", blob):
+        if not blob or dst.has(repo, "blobs", _digest(desc, what)):
             continue
-        size = int(desc.get("size") or 0)
+        size = _size(desc.get("size"), f"{what}: {blob} size")
         with src.blob_stream(repo, blob) as stream:
-            length = int(stream.headers.get("Content-Length") or size)
+            length = _size(stream.headers.get("Content-Length") or size,
+                           f"{src.where}: {blob} Content-Length")
             dst.upload_blob(repo, blob, stream, length)
         counter[0] += 1
         counter[1] += length
+
+
+def _list(doc: dict[str, Any], key: str, what: str) -> list[Any]:
+    """``doc[key]`` as a list (absent: empty); anything else is a ``RegistryError``."""
+    found = doc.get(key) or []
+    if not isinstance(found, list):
+        raise RegistryError(f"{what}: {key!r} is not a list ({found!r:.80})")
+    return found
+
+
+def _digest(entry: Any, what: str) -> str:
+    """A descriptor's ``digest``; a descriptor without one is a ``RegistryError``."""
+    digest = entry.get("digest") if isinstance(entry, dict) else None
+    if not isinstance(digest, str) or not digest.startswith("sha256:"):
+        raise RegistryError(f"{what}: an entry has no sha256 digest ({entry!r:.80})")
+    return digest
+
+
+def _size(value: Any, what: str) -> int:
+    """A size in bytes (a descriptor's, a Content-Length); else a ``RegistryError``."""
+    try:
+        size = int(value or 0)
+    except (TypeError, ValueError):
+        raise RegistryError(f"{what}: {value!r:.40} is not a size in bytes") from None
+    if size < 0:
+        raise RegistryError(f"{what}: {size} is not a size in bytes")
+    return size

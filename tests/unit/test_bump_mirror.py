@@ -227,3 +227,24 @@ def test_copy_through_bearer_tokens() -> None:
     assert copied.digest == digest and dst.tags["nightly-d"] == digest
     assert src.tokens == [f"repository:{REPO}:pull"]  # one token per registry client
     assert dst.tokens == [f"repository:{REPO}:pull,push"]  # writes ask for push scope
+
+
+@pytest.mark.parametrize("doc", [
+    [1, 2],
+    {"mediaType": OCI_INDEX, "manifests": [{"mediaType": OCI_MANIFEST}]},
+    {"mediaType": OCI_INDEX, "manifests": ["sha256:" + "a" * 64]},
+    {"mediaType": OCI_MANIFEST, "config": {"digest": "sha256:" + "c" * 64, "size": "big"}},
+    {"mediaType": OCI_MANIFEST, "layers": "sha256:" + "c" * 64},
+    {"mediaType": OCI_MANIFEST, "layers": [None]},
+], ids=["not-an-object", "entry-without-digest", "entry-not-an-object", "size-not-a-number",
+        "layers-not-a-list", "layer-not-an-object"])
+def test_a_malformed_manifest_is_a_registry_error(registries, doc) -> None:
+    """The bump's mirror step (after the rollout, before the pins file is written) reports a
+    ``RegistryError`` and goes on; a KeyError, AttributeError or ValueError from a source's odd
+    manifest stopped the pins file being written, and every resume repeated it."""
+    src, u1, dst, u2 = registries
+    body = json.dumps(doc).encode()
+    src.manifests[sha(body)] = (OCI_MANIFEST, body)
+    with pytest.raises(RegistryError, match=f"{REPO}"):
+        copy_image(MirrorRegistry(u1), MirrorRegistry(u2), REPO, "nightly-f", sha(body))
+    assert "nightly-f" not in dst.tags
