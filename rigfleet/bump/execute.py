@@ -37,7 +37,7 @@ from rigfleet.bump.rollout import (
     rollout,
 )
 from rigfleet.hostside.verify.report import now_iso
-from rigfleet.pins import Pins, PinsError, dump_pins, save_pins
+from rigfleet.pins import Pins, PinsError, dump_pins, save_pins, write_keeping_mode
 from rigfleet.registry import RegistryError
 from rigfleet.resources import PROJECT_ROOT, deployed_by
 from rigfleet.ssh import HostUnreachable, Remote
@@ -178,8 +178,11 @@ def record_pins(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pin
         saved = save_pins(new, entry)
     except PinsError as e:
         # Saved by someone else during the rollout: this result goes beside it, to merge.
+        # As save_pins would have written it (the next serial, in the entry too), atomically:
+        # until someone merges it, it is this bump's only record.
         aside = Path(f"{plan.pins.path}.bump-result.yaml")
-        aside.write_text(dump_pins(replace(new, history=[*new.history, entry or {}])))
+        history = [*new.history, {**(entry or {}), "serial": new.serial + 1}]
+        write_keeping_mode(aside, dump_pins(replace(new, serial=new.serial + 1, history=history)))
         log(f"[red]pins file not saved[/red]: {e}\n  this bump's result is in {aside}; the "
              "hosts run what it lists")  # fmt: skip
         return None

@@ -339,3 +339,25 @@ def test_a_pins_file_saved_meanwhile_is_never_overwritten(tmp_path: Path) -> Non
     aside = load_pins(Path(plan.pins.path).with_name("pins.yaml.bump-result.yaml"))
     assert aside.stacks["int8"].digest == stack("int8", NEWER).digest
     assert aside.history[-1]["outcome"] == "promoted"
+
+
+def test_the_result_aside_is_what_save_pins_would_have_written(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """``<pins>.bump-result.yaml`` (the pins file was saved meanwhile) carried the old serial
+    and a history entry without ``serial``, unlike every entry the pins file holds (merged in,
+    ``rigfleet rollback`` could not use it); and it was written in place, not atomically."""
+    from rigfleet.bump import execute
+
+    plan = make_plan(tmp_path)
+    result, _ = run(plan, FakeRunner(plan, {}))
+    save_pins(load_pins(plan.pins.path), {"action": "someone else"})  # serial moves on
+    written: list[Path] = []
+    real = execute.write_keeping_mode
+    monkeypatch.setattr(execute, "write_keeping_mode",
+                        lambda path, text: (written.append(path), real(path, text)))
+    assert execute.record_pins(plan, result, {}) is None
+    aside_path = Path(plan.pins.path).with_name("pins.yaml.bump-result.yaml")
+    assert written == [aside_path]
+    aside = load_pins(aside_path)
+    assert aside.serial == plan.pins.serial + 1
+    assert aside.history[-1]["serial"] == aside.serial
