@@ -300,7 +300,8 @@ def rollout(plan: Plan, runner: Runner, pins_file: Path,
     done = dict(resume.done)
     out = {name: HostOutcome(name, Status.UP_TO_DATE, runs_new=True) for name in plan.up_to_date}
     out.update({name: HostOutcome(name, Status.SKIPPED, runs_new=False,
-                                  reason=f"unreachable at the start ({reason})")
+                                  reason=reason if reason.endswith("--limit")  # left out
+                                  else f"unreachable at the start ({reason})")
                 for name, reason in plan.skipped.items()})
 
     def pins(h: str) -> tuple[str, StackPins, StackPins]:  # the stack it serves, old, new

@@ -236,6 +236,17 @@ def test_unreachable_hosts_are_skipped_and_do_not_count(tmp_path: Path) -> None:
     assert new.for_host("host1").stacks == new.stacks
 
 
+def test_hosts_outside_limit_are_skipped_not_called_unreachable(tmp_path: Path) -> None:
+    """``--limit host1,host2``: host3 showed as "unreachable at the start (outside --limit)"
+    in the result table and the pins history; it was never asked, only left out."""
+    plan = make_plan(tmp_path, n=3, unreachable={"host3": "outside --limit"})
+    result, _ = run(plan, FakeRunner(plan, {}))
+    host3 = result.outcomes["host3"]
+    assert host3.status is Status.SKIPPED and host3.reason == "outside --limit"
+    _, entry = pins_after(plan, result, "t", "by")
+    assert entry is not None and "unreachable" not in str(entry["hosts"]["host3"])
+
+
 def test_unreachable_canary_stops_before_anything(tmp_path: Path) -> None:
     plan = make_plan(tmp_path)
     runner = FakeRunner(plan, {"host1": "unreachable"})
