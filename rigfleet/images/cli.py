@@ -18,6 +18,7 @@ progress bar on stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import Any
 from rich.text import Text
 
 from rigfleet import ssh
-from rigfleet.cliargs import fleet_hosts, fleet_options
+from rigfleet.cliargs import UsageError, fleet_hosts, fleet_options
 from rigfleet.desired import load_desired
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host
@@ -163,6 +164,19 @@ def exit_status(rows: Sequence[HostImages]) -> int:
     return 0 if all(not r.error and not r.problems for r in rows) else 1
 
 
+def _directory(flag: str, path: Path) -> None:
+    """Create ``path`` (a ``flag``'s directory here) now, before any host is asked;
+    ``UsageError`` naming the flag when it cannot be created or written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: {e.strerror or e}; allowed: a directory this user can "
+                         "create and write") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: not writable by this user; allowed: a directory this "
+                         "user can create and write")
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     rows = fleet_images(_hosts(args), ssh.SshRemote(connect_timeout=args.timeout))
     show(args.json, as_json(rows), table(rows, f"rigfleet images status ({args.inventory})"))
@@ -180,6 +194,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                              f"allowed: {', '.join(want.stacks)}")
     stacks = {n: s.pins for n, s in want.stacks.items() if not args.stack or n in args.stack}
     wanted, _ = wanted_images(stacks)
+    _directory("--to", args.to)
     remote = ssh.SshRemote(connect_timeout=args.timeout)
     saved: list[dict[str, Any]] = []
     for w in wanted:
@@ -210,11 +225,15 @@ def _pick(info: ArchiveInfo, image: str | None) -> ArchivedImage:
 def _copy(src: Path, dest: Path) -> str:
     """Copy with a progress bar; the hex sha256 of what was copied."""
     partial = dest.with_name(dest.name + ".partial")
-    with progress_bar(f"copy to {dest}", src.stat().st_size) as meter, \
-            src.open("rb") as fin, partial.open("wb") as fout:
-        reader = Counted(fin, meter)
-        shutil.copyfileobj(reader, fout, 1 << 20)
-    partial.replace(dest)
+    try:
+        with progress_bar(f"copy to {dest}", src.stat().st_size) as meter, \
+                src.open("rb") as fin, partial.open("wb") as fout:
+            reader = Counted(fin, meter)
+            shutil.copyfileobj(reader, fout, 1 << 20)
+        partial.replace(dest)
+    except BaseException:  # a full disk, Ctrl-C: no half copy stays
+        partial.unlink(missing_ok=True)
+        raise
     return reader.sha.hexdigest()
 
 
@@ -240,10 +259,15 @@ def cmd_import(args: argparse.Namespace) -> int:
                               "digest": digest, "vllm_version": sidecar.get("vllm_version"),
                               "hosts": {}, "into": None}
     if args.into is not None:
-        args.into.mkdir(parents=True, exist_ok=True)
+        _directory("--into", args.into)
         dest = args.into / archive_name(image)
         same = dest.exists() and dest.resolve() == args.file.resolve()
-        sha = sidecar.get("sha256") if same and sidecar.get("sha256") else _copy(args.file, dest)
+        try:
+            sha = (sidecar.get("sha256") if same and sidecar.get("sha256")
+                   else _copy(args.file, dest))
+        except OSError as e:
+            raise ImagesCliError(f"--into {args.into}: cannot copy {args.file} to {dest}: "
+                                 f"{e.strerror or e}") from None
         write_sidecar(dest, image=image, digest=digest, image_id=chosen.image_id,
                       vllm_version=sidecar.get("vllm_version"), sha256=sha,
                       bytes=info.size, imported_from=str(args.file))

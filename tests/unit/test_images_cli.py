@@ -150,3 +150,22 @@ def test_status_table_at_80_columns_keeps_hosts_and_presence(fleet, monkeypatch)
     assert "…" not in text and max(len(x.rstrip()) for x in text.splitlines()) <= 80
     lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("host")}
     assert "yes" in lines["host1"] and " no " in lines["host2"] and "?" in lines["host3"]
+
+
+def test_unusable_to_and_into_are_usage_errors_before_any_host(fleet, capsys) -> None:
+    """A --to/--into that is a file (or cannot be created) is refused naming the flag, exit 2,
+    before SSH; it used to escape as an OSError traceback (export: after asking the host)."""
+    blocker = fleet["tmp"] / "a-file"
+    blocker.write_text("not a directory")
+    assert main(["images", "export", "--host", "host1", "--to", str(blocker)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--to {blocker}:" in err and "allowed: a directory" in err
+    assert main(["images", "export", "--host", "host1", "--to", str(blocker / "sub")]) == 2
+    assert "--to " in capsys.readouterr().err
+    assert fleet["remote"].commands == []
+    saved = fleet["tmp"] / "saved.tar"
+    docker_save_tar(saved, [IMAGE], payload=b"x")
+    assert main(["images", "import", str(saved), "--into", str(blocker), "--host", "host2"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--into {blocker}:" in err and "allowed: a directory" in err
+    assert fleet["remote"].commands == []
