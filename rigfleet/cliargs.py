@@ -50,6 +50,17 @@ def run_command(args: argparse.Namespace) -> int:
         return getattr(args, "inventory_exit", 1) if isinstance(exc, InventoryError) else 1
 
 
+def positive(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (0, negative, nan, inf are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number > 0")
+    return value
+
+
 def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout: float = 20.0,
                   timeout_help: str = "seconds per host") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
@@ -60,7 +71,7 @@ def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout:
     g.add_argument("--limit", action="append", default=[], metavar="HOST|GROUP",
                    help="only this host, or this inventory group's hosts (repeatable)")
     g.add_argument("--json", action="store_true", help="print JSON on stdout, not a table")
-    g.add_argument("--timeout", type=float, default=timeout, metavar="S",
+    g.add_argument("--timeout", type=positive, default=timeout, metavar="S",
                    help=f"{timeout_help} (default {timeout:g})")
     return p
 

@@ -59,11 +59,13 @@ def api_paths(now: float, hours: float) -> list[str]:
             "/api/v1/alerts"]
 
 
-def fetch_command(paths: Sequence[str], port: int = PROMETHEUS_PORT, timeout: int = 20) -> str:
+def fetch_command(paths: Sequence[str], port: int = PROMETHEUS_PORT,
+                  timeout: float = 20.0) -> str:
     """One shell command asking every path of Prometheus on loopback, answers split by MARK
     (``curl -sS``: an HTTP error still prints Prometheus' JSON error, read by ``_answer``)."""
-    return "; ".join(f"curl -sS --max-time {timeout} {shlex.quote(f'http://127.0.0.1:{port}{p}')} "
-                     f"2>&1; echo; echo {MARK}" for p in paths)
+    return "; ".join(f"curl -sS --max-time {timeout:g} "
+                     f"{shlex.quote(f'http://127.0.0.1:{port}{p}')} 2>&1; echo; echo {MARK}"
+                     for p in paths)
 
 
 def _answer(host: str, path: str, text: str) -> dict[str, Any]:
@@ -95,7 +97,7 @@ def fetch(remote: Remote, monitor: InventoryHost, *, now: float, hours: float,
     """Ask the monitor's Prometheus over SSH; ``MonitorError`` when it cannot be asked."""
     paths = api_paths(now, hours)
     try:
-        rc, out = remote.run(monitor, fetch_command(paths, timeout=int(timeout)),
+        rc, out = remote.run(monitor, fetch_command(paths, timeout=timeout),
                              timeout=timeout * len(paths) + 10)
     except HostUnreachable as e:
         raise MonitorError(f"monitor {monitor.name}: {e}") from None

@@ -303,3 +303,17 @@ def test_chromium_reports_what_the_console_says(tmp_path: Path) -> None:
     bad = page().replace("</body>", "<script>console.error('broken page')</script></body>")
     _, console = chromium_open(tmp_path, bad)
     assert any("broken page" in line for line in console), console
+
+
+def test_timeout_must_be_positive_and_curl_keeps_a_fraction(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--timeout 0`` (or -1, nan) was accepted and ``--timeout 0.5`` reached curl as
+    ``--max-time 0``, which is no limit at all."""
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(SystemExit) as e:
+            parse("--html", "x.html", "--timeout", bad)
+        assert e.value.code == 2
+        assert f"argument --timeout: {bad!r}: allowed: a number > 0" in capsys.readouterr().err
+    assert parse("--timeout", "0.5").timeout == 0.5
+    command = query.fetch_command(["/api/v1/alerts"], timeout=0.5)
+    assert "--max-time 0.5 " in command and "--max-time 0 " not in command
