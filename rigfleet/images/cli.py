@@ -58,17 +58,19 @@ def add_parser(subparsers: Any) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="\n".join(__doc__.splitlines()[1:]))
     sub = p.add_subparsers(dest="action", required=True)
-    st = sub.add_parser("status", parents=[fleet_options()],
+    # Only the SSH connect is limited: reading a host's images may take 120 s, a transfer hours.
+    opts = fleet_options(timeout_help="seconds per SSH connect")
+    st = sub.add_parser("status", parents=[opts],
                         help="per host and pinned image: present? which source?")
     st.set_defaults(func=cmd_status)
-    ex = sub.add_parser("export", parents=[fleet_options()],
+    ex = sub.add_parser("export", parents=[opts],
                         help="docker save a host's pinned image(s) into a directory")
     ex.add_argument("--host", required=True, help="the host to save from (inventory name)")
     ex.add_argument("--to", required=True, type=Path, help="directory on this machine")
     ex.add_argument("--stack", action="append", default=[], metavar="NAME",
                     help="only this stack's image (repeatable; default: every staged image)")
     ex.set_defaults(func=cmd_export)
-    im = sub.add_parser("import", parents=[fleet_options()],
+    im = sub.add_parser("import", parents=[opts],
                         help="load a saved archive into hosts and/or keep it as an archive source")
     im.add_argument("file", type=Path, help="a `docker save` archive (.tar)")
     im.add_argument("--host", action="append", default=[], metavar="NAME",

@@ -169,3 +169,13 @@ def test_unusable_to_and_into_are_usage_errors_before_any_host(fleet, capsys) ->
     err = " ".join(capsys.readouterr().err.split())
     assert f"--into {blocker}:" in err and "allowed: a directory" in err
     assert fleet["remote"].commands == []
+
+
+@pytest.mark.parametrize("action", ["status", "export", "import"])
+def test_timeout_help_says_what_it_limits(action: str, capsys) -> None:
+    """--timeout limits the SSH connect only (reading a host's images may take 120 s, a
+    transfer much longer); the help said "seconds per host"."""
+    with pytest.raises(SystemExit):
+        main(["images", action, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--timeout S seconds per SSH connect (default 20)" in out
