@@ -190,13 +190,13 @@ def add_parser(subparsers: Any) -> None:
                         "inventory's TLS fronts use their host data's CA)")
     p.add_argument("--stack", help="(--url) the stack the endpoint serves: its reference "
                                    "figures and max-num-seqs")
-    p.add_argument("--scale", type=positive, default=1.0,
+    p.add_argument("--scale", type=positive, default=None,
                    help="(--url) the endpoint's throughput_scale against RTX 3090s (1)")
     p.add_argument("--runs", type=count, default=5, help="measured runs per shape (5)")
     p.add_argument("--warmup", type=count, default=3, help="warm-up rounds first (3)")
     p.add_argument("--concurrency", type=count, default=None,
                    help="streams of the concurrency run (default: the stack's max-num-seqs)")
-    p.add_argument("--depths", type=token_counts, default=DEFAULT_DEPTHS,
+    p.add_argument("--depths", type=token_counts, default=None,
                    help="context depths in tokens (default 16000,32000,64000; those beyond "
                         "max-model-len are skipped)")
     p.add_argument("--no-depths", action="store_true", help="no depth runs")
@@ -214,10 +214,16 @@ def run(args: argparse.Namespace) -> int:
                          "(every host's front), not both")
     if args.url and (args.limit or args.accept_baseline):
         raise UsageError("--limit and --accept-baseline need --inventory (they name hosts)")
-    if args.inventory and (args.stack or args.api_key_file or args.ca_file):
-        raise UsageError("--stack, --api-key-file and --ca-file are for --url (an inventory "
-                         "names them)")
-    depths = () if args.no_depths else tuple(args.depths)
+    if args.inventory and (args.stack or args.api_key_file or args.ca_file
+                           or args.scale is not None):
+        raise UsageError("--stack, --scale, --api-key-file and --ca-file are for --url (an "
+                         "inventory names them)")
+    if args.accept_baseline and (args.limit or args.concurrency is not None
+                                 or args.depths is not None or args.no_depths):
+        raise UsageError("--limit, --concurrency, --depths and --no-depths are not for "
+                         "--accept-baseline HOST (it names its host and records the gate's "
+                         "shapes, narrative and code)")
+    depths = () if args.no_depths else tuple(DEFAULT_DEPTHS if args.depths is None else args.depths)
     if args.url:
         try:
             spec = builtin_catalog().get(args.stack) if args.stack else None
@@ -226,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
         except (CatalogError, ValueError) as e:
             raise UsageError(str(e)) from None
         ca = str(Path(args.ca_file).expanduser().absolute()) if args.ca_file else None
-        targets = [Target(redact_url(args.url), args.url, key, spec, args.scale, ca_file=ca)]
+        targets = [Target(redact_url(args.url), args.url, key, spec, args.scale or 1.0,
+                          ca_file=ca)]
     else:
         hosts = {h.name: h for h in load_inventory(args.inventory)}
         if args.accept_baseline:

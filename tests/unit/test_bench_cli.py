@@ -117,7 +117,7 @@ def test_status_shows_the_last_gates_tokens_per_second():
 
 def _args(tmp_path: Path, url: str, **kw) -> argparse.Namespace:
     defaults = dict(url=url, inventory=None, limit=[], accept_baseline=None, api_key_file=None,
-                    ca_file=None, stack="tq3-mtp-genesis", scale=1.0, runs=2, warmup=0,
+                    ca_file=None, stack="tq3-mtp-genesis", scale=None, runs=2, warmup=0,
                     concurrency=None, depths=(2000,), no_depths=False, timeout_s=30.0,
                     out=tmp_path / "out", no_plot=False, json=False)
     return argparse.Namespace(**{**defaults, **kw})
@@ -262,7 +262,8 @@ def test_rigfleet_bench_inventory_uses_its_timeout(tmp_path, monkeypatch):
     args = _args(tmp_path, None, inventory="inv.py", stack=None, timeout=7.0, no_plot=True,
                  json=True)
     assert bench_cli.run(args) == 0
-    assert bench_cli.run(argparse.Namespace(**{**vars(args), "accept_baseline": "rig-a"})) == 0
+    assert bench_cli.run(argparse.Namespace(**{**vars(args), "accept_baseline": "rig-a",
+                                               "depths": None})) == 0
     assert (connects, probes) == ([7.0, 7.0], [7.0])  # SSH connect and the probe's answer
 
 
@@ -377,3 +378,18 @@ def test_host_bench_lines_say_unknown_not_zero(capsys):
         assert host_cli.main(["--url", srv.url, "--runs", "2", "--warmup", "0"]) == 1
     err = capsys.readouterr().err
     assert "bench: code: decode -, CV n/a," in err and "0.0 tok/s" not in err
+
+
+@pytest.mark.parametrize(("extra", "flag"), [
+    (["--scale", "40"], "--scale"),
+    (["--accept-baseline", "rig-a", "--limit", "rig-b"], "--limit"),
+    (["--accept-baseline", "rig-a", "--concurrency", "4"], "--concurrency"),
+    (["--accept-baseline", "rig-a", "--depths", "16000"], "--depths"),
+    (["--accept-baseline", "rig-a", "--no-depths"], "--no-depths")])
+def test_inventory_refuses_the_flags_it_would_ignore(extra, flag, monkeypatch, capsys):
+    """``--inventory --scale 40`` benched with each host's own scale, and ``--accept-baseline``
+    benched the gate's shapes whatever --limit/--concurrency/--depths said: both silently."""
+    monkeypatch.setattr(bench_cli, "load_inventory",
+                        lambda path: pytest.fail("refused before the inventory is read"))
+    assert rigfleet_main(["bench", "--inventory", "inv.py", *extra]) == 2
+    assert flag in " ".join(capsys.readouterr().err.split())
