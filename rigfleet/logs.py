@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ _DURATION = re.compile(r"(\d+)(s|m|h|d)")
 _CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 SINCE_ALLOWED = "a duration (30s, 10m, 2h, 1d) or a UTC time (2026-12-03T10:00:00Z)"
+NOT_STAGED = 3  # the remote command's exit status when --stack's compose file is not there
 
 
 def parse_since(value: str, now: datetime | None = None) -> datetime:
@@ -57,7 +59,10 @@ def build(stack: str | None, sources: list[str], since: datetime | None, lines: 
     made = {"engine": cmds.engine(compose, since=docker_since, tail=lines, follow=follow),
             "supervisor": cmds.supervisor(since=journal_since, tail=lines, follow=follow),
             "ledger": cmds.ledger(tail=lines, follow=follow)}  # then filtered by since here
-    return cmds.combined([made[source] for source in sources], follow)
+    combined = cmds.combined([made[source] for source in sources], follow)
+    if stack and "engine" in sources:  # a stack not staged: say so, not docker compose's error
+        return f"test -e {shlex.quote(compose)} || exit {NOT_STAGED}; {combined}"
+    return combined
 
 
 def ledger_line(text: str, since: datetime | None = None) -> str | None:
@@ -148,10 +153,14 @@ def run(args: argparse.Namespace) -> int:
     command = build(args.stack, sources, since, lines, args.follow)
     printer = Printer(since, prefix=len(sources) > 1, as_json=args.json)
     try:
-        _, err = SshRemote(args.timeout).stream_out(host, command, cast(BinaryIO, printer),
+        rc, err = SshRemote(args.timeout).stream_out(host, command, cast(BinaryIO, printer),
                                                     timeout=24 * 3600 if args.follow else 300)
     finally:
         printer.flush()
     if err.strip():
         sys.stderr.write(err)
-    return 0
+    if rc == NOT_STAGED and args.stack and "engine" in sources:
+        raise UsageError(f"{host.name}: --stack {args.stack}: not staged there (no "
+                         f"{HOST.compose_file(args.stack)}); allowed: a stack staged on "
+                         f"{host.name}")
+    return 0 if rc == 0 else 1

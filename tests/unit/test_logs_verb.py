@@ -107,3 +107,38 @@ def test_lines_with_since_keep_the_last_n_ledger_lines_too():
     command = build(None, ["ledger"], since, 5, follow=False)
     assert "tail -n 5 /var/lib/rigfleet/ledger.jsonl" in command and "cat " not in command
     assert "cat /var/lib/rigfleet/ledger.jsonl" in build(None, ["ledger"], since, None, False)
+
+
+class _Remote:
+    """``SshRemote`` with the command run by ``sh`` here (the host's paths under tmp)."""
+
+    sent: list[str] = []
+
+    def __init__(self, connect_timeout: float = 10.0) -> None:
+        pass
+
+    def stream_out(self, host, command, dest, *, timeout=300):
+        _Remote.sent.append(command)
+        done = subprocess.run(["sh", "-c", command], capture_output=True)
+        dest.write(done.stdout)
+        return done.returncode, done.stderr.decode()
+
+
+def test_a_stack_not_staged_and_a_failed_remote_are_not_exit_0(monkeypatch, capsys):
+    """``rigfleet logs host1 --stack nope`` printed docker compose's error as a log line and
+    exited 0, as it did for any remote failure (the exit status was dropped)."""
+    import rigfleet.logs
+    import rigfleet.ssh
+    from rigfleet.cli import main
+
+    monkeypatch.setattr(rigfleet.ssh, "SshRemote", _Remote)
+    monkeypatch.setattr(rigfleet.logs, "one_host", lambda args: InventoryHost("host1", (), {}))
+    assert main(["logs", "host1", "--stack", "nope", "--source", "engine"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "host1: --stack nope: not staged there (no /opt/rigfleet/stacks/nope/compose.yaml)" \
+        in err
+    monkeypatch.setattr(rigfleet.logs, "build", lambda *a: "echo 'sudo: a password' >&2; exit 1")
+    assert main(["logs", "host1"]) == 1
+    assert "sudo: a password" in capsys.readouterr().err
+    monkeypatch.setattr(rigfleet.logs, "build", lambda *a: "printf 'ledger\\tx\\n'")
+    assert main(["logs", "host1", "--source", "ledger"]) == 0
