@@ -46,6 +46,11 @@ from rigfleet.validate import (
 # Any GPU's sane power cap; the card's own min..max is checked at deploy time.
 POWER_CAP_RANGE_W = (50, 600)
 MIN_API_KEY_CHARS = 16
+# A secret (API key, HF token) ends up in an env file, an HTTP header file and an nginx regex:
+# only token characters (RFC 6750 b64token) keep all three simple and safe. Host data checks
+# it (``rigfleet check``) and the deploy reads it (roles/preflight.py) by this one rule.
+TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
+TOKEN_ALLOWED = "letters, digits and -._~+/="
 _ADDRESS = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
 URL_ALLOWED = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"
@@ -273,9 +278,12 @@ class HostChecker(Problems):
         least = MIN_API_KEY_CHARS if name == "api_key_file" else 1
         if not secret:
             self.bad(name, value, f"a file holding the secret; create it: {make}", "is empty")
-        elif any(ch.isspace() for ch in secret) or not secret.isprintable():
-            self.bad(name, value, "one line, printable, no spaces (it becomes NAME=value in "
-                     "an env file)", "holds whitespace or control characters")
+        elif not TOKEN_CHARS.fullmatch(secret):
+            odd = any(ch.isspace() for ch in secret) or not secret.isprintable()
+            self.bad(name, value, f"one line of {TOKEN_ALLOWED} (it becomes NAME=value in "
+                     "an env file and an HTTP header)",
+                     "holds whitespace or control characters" if odd
+                     else "holds characters outside the allowed set")
         elif len(secret) < least:
             self.bad(name, value, f"at least {least} characters: {make}",
                      f"holds only {len(secret)} characters")

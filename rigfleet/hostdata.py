@@ -26,6 +26,7 @@ from rigfleet.hostchecks import (
     MIN_API_KEY_CHARS,
     POWER_CAP_RANGE_W,
     REQUIRED,
+    TOKEN_ALLOWED,
     URL_ALLOWED,
     HostChecker,
     Key,
@@ -47,7 +48,7 @@ CHECK_INTERVAL_RANGE_S = (0.5, 30.0)
 RETRY_BUFFER_RANGE_KIB = (16, 1024)
 _URL = URL_ALLOWED
 _FLAG = "true or false (on the command line: --data KEY=1)"
-_SECRET = "a file on this (control) machine, mode 0600, one line"
+_SECRET = f"a file on this (control) machine, mode 0600, one line of {TOKEN_ALLOWED}"
 _TLS = "a PEM file on this (control) machine"
 STOP_ENV = "RIGFLEET_STOP_ON_PREFLIGHT"
 

@@ -5,7 +5,6 @@ host, at prepare time"). Its ``HostContext`` is what every other role takes.
 
 from __future__ import annotations
 
-import re
 import time
 import weakref
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from rigfleet.facts import (
     read_fact,
     read_services,
 )
+from rigfleet.hostchecks import TOKEN_ALLOWED, TOKEN_CHARS
 from rigfleet.hostdata import (
     AptRepo,
     BalancerSettings,
@@ -108,8 +108,6 @@ class BalancerContext:
         return self.plan.settings
 
 
-_TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
-
 # How the preflight asks the pinned things' sources (rigfleet/check.py; tests put None or a
 # fake here), and each run's answers (asked once for every host).
 SOURCES: Callable[[], Online] | None = deploy_online
@@ -138,12 +136,11 @@ def read_secret(name: str, key: str, path: str, token: bool = True) -> Secret:
         raise PreflightError(f"{name}: {key}: {path!r} cannot be read "
                              f"({getattr(e, 'strerror', None) or e})") from None
     value = value.strip() if token else value
-    # The key ends up in an env file, an HTTP header file and an nginx regex: only token
-    # characters (RFC 6750 b64token) keep all three simple and safe.
-    if token and not _TOKEN_CHARS.fullmatch(value):
+    # The same rule as host data's check (rigfleet check): TOKEN_CHARS says why.
+    if token and not TOKEN_CHARS.fullmatch(value):
         raise PreflightError(f"{name}: {key}: the secret in {path!r} (content not shown, "
                              f"{len(value)} chars) holds characters outside the allowed set; "
-                             "allowed: letters, digits and -._~+/=")
+                             f"allowed: {TOKEN_ALLOWED}")
     return Secret(value)
 
 

@@ -331,6 +331,7 @@ def test_bad_host_data_is_refused_with_a_precise_message(
         ("\n\n", "is empty"),
         ("short", "holds only 5 characters"),
         ("two words-but-long-enough", "whitespace or control characters"),
+        ("long-enough-key-but-with-a!", "holds characters outside the allowed set"),
     ],
 )
 def test_bad_api_key_content_is_described_not_shown(
@@ -751,3 +752,26 @@ def test_a_stacks_dir_that_cannot_be_looked_at_is_refused_by_name(data: dict[str
     assert str(err.value).startswith("rig-a: stacks_dir: 'sss")
     assert "cannot be read (File name too long); allowed: a directory of stack files" in str(
         err.value)
+
+
+@pytest.mark.parametrize("content", ["k" * 16 + "!", "k" * 16 + "\"", "k" * 16 + "$x",
+                                     "k" * 16 + "._~+/=-", "hf_" + "A1" * 10])
+def test_check_and_deploy_read_api_keys_by_one_rule(
+    data: dict[str, Any], secrets: dict[str, Path], content: str
+) -> None:
+    """A key `rigfleet check` passes is one the deploy reads, and the other way round."""
+    from roles.preflight import PreflightError, read_secret
+
+    secrets["api_key"].write_text(content + "\n")
+    try:
+        validate_host("rig-a", data)
+        checked = True
+    except HostDataError as e:
+        assert "api_key_file" in str(e) and content not in str(e)
+        checked = False
+    try:
+        read_secret("rig-a", "api_key_file", str(secrets["api_key"]))
+        read = True
+    except PreflightError:
+        read = False
+    assert checked == read, content
