@@ -22,7 +22,13 @@ from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_inde
 from rigfleet.aptrepos import OS_ALLOWED, SUPPORTED_OS, AptRepo, os_named
 from rigfleet.bump.genesis import GenesisError, GenesisRepo
 from rigfleet.catalog import load_catalog
-from rigfleet.desired import check_image_rules, check_switch_sets, resolve_pins_path, staged_stacks
+from rigfleet.desired import (
+    check_image_rules,
+    check_switch_sets,
+    resolve_pins_path,
+    staged_stacks,
+    unpinned_stacks,
+)
 from rigfleet.fleetcache import validate_cache_host
 from rigfleet.hostdata import HostSettings, validate_balancer, validate_host, validate_monitor
 from rigfleet.hub import Hub, HubMissing, HubUnreachable
@@ -139,7 +145,8 @@ def _agree(settings: HostSettings, pins: Pins) -> list[str]:
         return [f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
                 f"allowed: {', '.join(pins.stacks)}"]
     staged = staged_stacks(settings, pins)
-    return (_raised(partial(check_switch_sets, settings, pins, staged))
+    return (unpinned_stacks(settings, pins)
+            + _raised(partial(check_switch_sets, settings, pins, staged))
             + _raised(partial(check_image_rules, settings, pins, staged)))
 
 

@@ -155,6 +155,15 @@ def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
             if spec.gpu_count <= settings.gpu_count]
 
 
+def unpinned_stacks(settings: HostSettings, pins: Pins) -> list[str]:
+    """Host data ``stacks`` may name only pinned stacks: one line per other name."""
+    return [f"{settings.name}: stacks: {name!r} is not pinned in {pins.path} (it has no "
+            f"stacks.{name} entry); allowed: a pinned stack "
+            f"({', '.join(pins.stacks) or 'none pinned'}): pin it there (docs/stacks.md) and "
+            "run `rigfleet pins lock`, or leave it out of stacks"
+            for name in settings.stacks or () if name not in pins.stacks]
+
+
 def stack_gate_set(spec: StackSpec, settings: HostSettings) -> tuple[str, ...]:
     """The gate profile overrides this stack brings (``gate.set``, the throughput check's);
     host data ``gate_set`` comes after them in the plan, so it wins."""
@@ -172,6 +181,7 @@ def check_pinned(settings: HostSettings, pins: Pins) -> None:
     if settings.stack not in pins.stacks:
         problems.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in "
                         f"{pins.path}; allowed: {', '.join(pins.stacks) or '(no stacks pinned)'}")
+    problems += unpinned_stacks(settings, pins)
     unresolved = pins.unresolved()
     if unresolved:
         problems.append(f"{settings.name}: {pins.path}: {', '.join(unresolved)}: 'unresolved'; "

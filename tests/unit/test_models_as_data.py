@@ -133,3 +133,19 @@ def test_the_desired_host_fetches_every_model_its_stacks_serve(tmp_path: Path) -
     assert want.stacks["int8"].tracked["model_revision"] == pins.model.revision
     only_today = build_desired(replace(base, catalog=catalog, stacks=("int8",)), pins)
     assert [m.repo for m in only_today.models] == [pins.model.repo]
+
+
+def test_host_data_stacks_naming_an_unpinned_stack_is_refused(tmp_path: Path) -> None:
+    """`stacks` says what the host stages: a name pins.yaml lacks is not dropped silently."""
+    spec = second_stack("int8-next")
+    base = make_host(tmp_path)
+    catalog = Catalog({**base.catalog.stacks, spec.name: spec})
+    pins = make_pins()
+    settings = replace(base, catalog=catalog, stacks=("int8", "int8-next"))
+    with pytest.raises(PinsError) as e:
+        build_desired(settings, pins)
+    assert (f"{base.name}: stacks: 'int8-next' is not pinned in {pins.path} (it has no "
+            "stacks.int8-next entry); allowed: a pinned stack") in str(e.value)
+    assert "rigfleet pins lock" in str(e.value)
+    from rigfleet.check import _agree
+    assert any("stacks: 'int8-next' is not pinned" in p for p in _agree(settings, pins))
