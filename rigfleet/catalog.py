@@ -434,9 +434,11 @@ def _gate_set(p: Problems, value: Any) -> list[str]:
     from rigfleet.hostside.verify.profiles import ProfileError, resolve
 
     d = p.mapping("gate", value, required=False) or {}
-    raw = d.get("set") or {}
+    raw = d.get("set")
+    if raw is None:  # left out (or `set:` blank): no overrides
+        return []
     if not isinstance(raw, dict):
-        p.bad("gate.set", raw, allowed("gate.set"))
+        p.bad("gate.set", raw, allowed("gate.set"), "is not a mapping")
         return []
     sets = [f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in raw.items()]
     try:
@@ -553,8 +555,12 @@ def _model(p: Problems, value: Any) -> Mapping[str, Any]:
     for name in (n for n in keys_of("genesis.model") if n in d):
         key = f"genesis.model.{name}"
         kind = BY_PATH[key].type
+        if kind == "list" and d[name] == []:  # not a way to say "unknown": leave the key out
+            p.bad(key, d[name], allowed(key), "is empty (leave the key out when unknown)")
+            continue
         got = (p.boolean(key, d[name]) if kind == "boolean"
-               else p.strings(key, d[name], _MODEL_ID, required=True) if kind == "list"
+               else p.strings(key, d[name], _MODEL_ID, allowed(key).removeprefix("a list of "),
+                              required=True) if kind == "list"
                else p.string(key, d[name], _MODEL_ID))
         if got is not None and got != []:
             out[name] = tuple(got) if isinstance(got, list) else got

@@ -119,6 +119,9 @@ BAD: list[tuple[str, Any, list[str]]] = [
     ("boot", {"failures": [{"kind": "x", "pattern": "(", "title": "t"}]},
      ["boot.failures[0].pattern: '('", "does not compile"]),
     ("gate", {"set": {"nope": 1}}, ["gate.set", "unknown key 'nope'"]),
+    # `set: []` / `set: ""` passed as "no overrides" (`or {}`): a wrong type is refused
+    ("gate", {"set": []}, ["gate.set: [] is not a mapping", "a mapping of gate profile keys"]),
+    ("gate", {"set": ""}, ["gate.set: '' is not a mapping", "a mapping of gate profile keys"]),
     ("schema", "rigfleet-stack/9", ["schema: 'rigfleet-stack/9'", "'rigfleet-stack/1'"]),
     ("entrypoint", _DELETE, ["entrypoint: missing", "the container entrypoint argv"]),
     # The throughput section (docs/bench.md).
@@ -276,3 +279,17 @@ def test_a_drain_section_without_timeout_takes_the_tables_default(tmp_path):
 def test_parse_stack_of_nothing_says_what_a_stack_file_is():
     with pytest.raises(CatalogError, match=r"x.yaml: top level: missing"):
         parse_stack(None, "x.yaml")
+
+
+@pytest.mark.parametrize("value", [[], "", None])
+def test_an_empty_genesis_model_arch_is_refused_not_dropped(tmp_path: Path, value: Any) -> None:
+    """`model_arch: []` passed and was dropped: the stack then counted the key as unknown."""
+    data = builtin("tq3-mtp-genesis")
+    data["genesis"]["model"]["model_arch"] = value
+    path = _write(tmp_path, "tq3-mtp-genesis", data)
+    with pytest.raises(CatalogError) as err:
+        load_stack_file(path)
+    msg = str(err.value)
+    said = "missing" if value is None else repr(value)
+    assert f"{path}: genesis.model.model_arch: {said}" in msg, msg
+    assert "allowed: a list of architecture names" in msg and "list of a list" not in msg, msg
