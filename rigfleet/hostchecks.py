@@ -294,9 +294,9 @@ class HostChecker(Problems):
     def alertmanager_file(self, key: Key, value: Any) -> str | None:
         """Alertmanager's config on this machine: private (it may hold credentials), YAML with
         ``route`` and ``receivers``; amtool checks the rest on the monitor."""
-        if value is None:
-            return None
-        path = Path(os.path.expanduser(str(value))).absolute()
+        if self.string(key.name, value, None, key.allowed, required=False) is None:
+            return None  # left out, or not a path (a number, a list): refused as such
+        path = Path(os.path.expanduser(value)).absolute()
         try:
             st = path.stat()
             doc = yaml.safe_load(path.read_text(encoding="utf-8")) if stat.S_ISREG(

@@ -167,3 +167,18 @@ def test_desired_textfile(tmp_path):
     assert "# TYPE rigfleet_desired_info gauge" in text
     assert ('rigfleet_desired_info{host="rig-b",stack="tq3-mtp-genesis",image_digest="sha256:'
             + "2" * 64 + f'",model_revision="{"a" * 40}",genesis_commit="{"c" * 40}"}} 1') in text
+
+
+@pytest.mark.parametrize("value", [600, True, ["alertmanager.yml"]])
+def test_an_alertmanager_file_that_is_not_a_path_is_refused_as_such(tmp_path, monkeypatch, value):
+    """A number or a list was made a path with str(): `600` read ./600 if there was one."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("600", "True", "['alertmanager.yml']"):
+        (tmp_path / name).write_text("route:\n  receiver: mail\nreceivers:\n  - name: mail\n")
+        (tmp_path / name).chmod(0o600)
+    with pytest.raises(HostDataError) as e:
+        validate_monitor("mon1", {"api_key_file": str(key_file(tmp_path)),
+                                  "monitor_alertmanager_file": value})
+    assert e.value.problems == [
+        f"mon1: monitor_alertmanager_file: {value!r} is not valid; allowed: a file on this "
+        "(control) machine, mode 0600: Alertmanager's YAML config with route and receivers"]
