@@ -52,6 +52,8 @@ MANAGED_FLAGS = (
     "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
     "--kv-cache-dtype", "--speculative-config", "--host", "--port",
 )  # fmt: skip
+# vLLM's short aliases of those (vllm/engine/arg_utils.py: "--tensor-parallel-size", "-tp").
+MANAGED_ALIASES = {"-tp": "--tensor-parallel-size"}
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -335,9 +337,9 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     method, n = _speculative(p, v.get("speculative"))
     args = p.strings("vllm.args", v.get("args")) or []
     for i, arg in enumerate(args):
-        # vLLM's parser reads --max_model_len as --max-model-len
-        if arg.split("=", 1)[0].replace("_", "-") in MANAGED_FLAGS:
-            p.bad(f"vllm.args[{i}]", arg, "flags other than " + ", ".join(MANAGED_FLAGS),
+        if _managed_flag(arg):
+            p.bad(f"vllm.args[{i}]", arg, "flags other than " + ", ".join(MANAGED_FLAGS)
+                  + " (nor an alias or abbreviation of one, such as -tp)",
                   "is set by the stack file's own key")
     env = env_vars(p, "env", top.get("env"), allowed("env"))
     genesis = parse_genesis(p, top.get("genesis"))
@@ -428,6 +430,18 @@ def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
         if None not in fields.values():
             out.append(cast(dict[str, str], fields))
     return out
+
+
+def _managed_flag(arg: str) -> bool:
+    """Does vLLM's parser read ``arg`` as one of ``MANAGED_FLAGS``?"""
+    # --max_model_len is --max-model-len; --speculative-config.method a key of
+    # --speculative-config; -tp an alias; argparse takes a flag's unique prefix (--max-model).
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        name = name.split(".", 1)[0].replace("_", "-")
+    names = (*MANAGED_FLAGS, *MANAGED_ALIASES)
+    return name in names or (len(name.lstrip("-")) > 0 and name.startswith("-")
+                             and any(flag.startswith(name) for flag in names))
 
 
 def _gate_set(p: Problems, value: Any) -> list[str]:

@@ -107,6 +107,14 @@ BAD: list[tuple[str, Any, list[str]]] = [
     # vLLM reads underscores as dashes: this one passed, and the stack's own key won silently
     ("vllm.args", ["--max_model_len=4096"], ["vllm.args[0]: '--max_model_len=4096'",
                                              "set by the stack file's own key"]),
+    # vLLM's alias, a unique prefix argparse takes, a key of a JSON flag: all set managed flags
+    ("vllm.args", ["-tp", "1"], ["vllm.args[0]: '-tp'", "set by the stack file's own key",
+                                 "such as -tp"]),
+    ("vllm.args", ["-tp=1"], ["vllm.args[0]: '-tp=1'", "set by the stack file's own key"]),
+    ("vllm.args", ["--enforce-eager", "--max-model", "4096"],
+     ["vllm.args[1]: '--max-model'", "set by the stack file's own key"]),
+    ("vllm.args", ["--speculative-config.method=ngram"],
+     ["vllm.args[0]: '--speculative-config.method=ngram'", "set by the stack file's own key"]),
     ("vllm.speculative", {"method": "medusa", "num_speculative_tokens": 3},
      ["vllm.speculative.method: 'medusa'", "mtp"]),
     ("image", {"kinds": ["weekly"]}, ["image.kinds", "release, nightly"]),
