@@ -25,8 +25,10 @@ from rigfleet.catalog_keys import (
     DEFAULT_CV_MAX,
     DEFAULT_FLOOR_RATIO,
     DEFAULT_MARGIN,
+    GPU_MEMORY_RANGE_MIB,
     KV_CACHE_DTYPES,
     MAX_DRAIN_TIMEOUT_S,
+    MAX_REFERENCE_TOK_S,
     SCHEMA,
     SPECULATIVE_METHODS,
     TABLE,
@@ -320,7 +322,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     model = p.string("model", top.get("model"), HF_REPO, required=False)
     gpus = p.mapping("gpus", top.get("gpus")) or {}
     gpu_count = p.integer("gpus.count", gpus.get("count"), 1, 16)
-    gpu_memory = p.integer("gpus.memory_mib", gpus.get("memory_mib"), 1024, 1_000_000,
+    gpu_memory = p.integer("gpus.memory_mib", gpus.get("memory_mib"), *GPU_MEMORY_RANGE_MIB,
                            required=False)
     v = p.mapping("vllm", top.get("vllm")) or {}
     kv = p.choice("vllm.kv_cache_dtype", v.get("kv_cache_dtype"), KV_CACHE_DTYPES)
@@ -469,7 +471,7 @@ def _throughput(p: Problems, value: Any, spec_tokens: int) -> ThroughputSpec | N
         return None
     ref = p.mapping("throughput.reference", d.get("reference"), required=False) or {}
     narrative, code = (p.number(f"throughput.reference.{shape}", ref.get(shape), 0.0,
-                                100_000.0, required=False, low_open=True)
+                                MAX_REFERENCE_TOK_S, required=False, low_open=True)
                        for shape in ("narrative", "code"))
     margin = _fraction(p, "throughput.margin", d)
     cv_max = _fraction(p, "throughput.cv_max", d)

@@ -48,6 +48,7 @@ CHECK_INTERVAL_RANGE_S = (0.5, 30.0)
 RETRY_BUFFER_RANGE_KIB = (16, 1024)
 _URL = URL_ALLOWED
 _FLAG = "true or false (on the command line: --data KEY=1)"
+MAX_THROUGHPUT_SCALE = 1_000_000.0
 _SECRET = f"a file on this (control) machine, mode 0600, one line of {TOKEN_ALLOWED}"
 _TLS = "a PEM file on this (control) machine"
 STOP_ENV = "RIGFLEET_STOP_ON_PREFLIGHT"
@@ -143,7 +144,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         group="Bump"),
     Key("bump_mirror", _url, None, _URL, "the registry rigfleet bump --push-mirror "
         "pushes to", group="Bump"),
-    Key("throughput_scale", number_check(0.0, 1_000_000.0, low_open=True), 1.0, "a number > 0: "
+    Key("throughput_scale", number_check(0.0, MAX_THROUGHPUT_SCALE, low_open=True), 1.0,
+        f"a number > 0, at most {MAX_THROUGHPUT_SCALE:.0f}: "
         "this host's decode speed relative to RTX 3090s (1.0), e.g. the testbed's "
         "sim_speedup", "multiplies the stack files' reference tok/s for the gate of a host "
         "without history (other hardware, the testbed)", group="Swap"),

@@ -302,6 +302,8 @@ BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
     ("supervise_backoff_s", [10, -1], ["supervise_backoff_s: [10, -1]", "seconds >= 0"]),
     ("supervise_backoff_s", "10,soon", ["supervise_backoff_s: '10,soon'", "seconds >= 0"]),
     ("supervise_backoff_s", [1, True], ["supervise_backoff_s: [1, True]", "seconds >= 0"]),
+    # The table (docs/hostdata.md and the message) says the upper bound the check enforces
+    ("throughput_scale", 2e6, ["throughput_scale: 2000000.0", "a number > 0, at most 1000000"]),
     ("supervise_limit", 0, ["supervise_limit: 0 is not valid", "an integer 1..100"]),
     ("supervise_limit", 2.5, ["supervise_limit: 2.5", "an integer 1..100"]),
     ("supervise_window_s", 0, ["supervise_window_s: 0 is not valid", "seconds > 0"]),

@@ -136,6 +136,10 @@ BAD: list[tuple[str, Any, list[str]]] = [
     ("throughput", {"reference": {"narrative": -1}},
      ["throughput.reference.narrative: -1", "> 0"]),
     ("throughput", {"reference": {"prose": 1}}, ["throughput.reference.prose", "unknown key"]),
+    # The tables (and so docs/stacks.md and the message) say the ranges the checks enforce
+    ("gpus", {"count": 2, "memory_mib": 512}, ["gpus.memory_mib: 512", "1024..1000000"]),
+    ("throughput", {"reference": {"narrative": 200000}},
+     ["throughput.reference.narrative: 200000", "at most 100000"]),
     ("throughput", {"margin": 1.5}, ["throughput.margin: 1.5", "a fraction"]),
     ("throughput", {"cv_max": 0}, ["throughput.cv_max: 0", "a fraction"]),
     ("throughput", {"acceptance": {"reference": [0.9, 0.8]}},
