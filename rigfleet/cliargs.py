@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from rigfleet import inventory as _inventory
 from rigfleet.errors import RigfleetError
+from rigfleet.hostside.argtypes import positive
 from rigfleet.inventory import InventoryError, InventoryHost
 
 DEFAULT_INVENTORY = "inventory/home.py"
@@ -48,17 +49,6 @@ def run_command(args: argparse.Namespace) -> int:
         if isinstance(exc, UsageError):
             return EXIT_USAGE
         return getattr(args, "inventory_exit", 1) if isinstance(exc, InventoryError) else 1
-
-
-def positive(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0 (0, negative, nan, inf are refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number > 0")
-    return value
 
 
 def fleet_options(*, inventory_default: str | None = DEFAULT_INVENTORY, timeout: float = 20.0,

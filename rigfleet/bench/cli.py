@@ -30,9 +30,10 @@ from rigfleet.endpoints import front_url, read_key
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host, view_host
 from rigfleet.hostprobe import last_json
+from rigfleet.hostside.argtypes import count, positive
 from rigfleet.hostside.bench import measure
 from rigfleet.hostside.bench.baseline import Baseline, baseline_for
-from rigfleet.hostside.bench.cli import count, positive, token_counts
+from rigfleet.hostside.bench.cli import token_counts
 from rigfleet.hostside.bench.measure import Bench, BenchSettings
 from rigfleet.hostside.bench.report import Entry, cell, fleet_medians, report_dict, write
 from rigfleet.hostside.records import ThroughputRecord

@@ -18,8 +18,8 @@ from rigfleet.cliargs import console, fleet_options
 from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
 from rigfleet.hostprobe import HostProbe
+from rigfleet.hostside.argtypes import positive
 from rigfleet.hostside.bench.baseline import baseline_for
-from rigfleet.hostside.bench.cli import positive
 from rigfleet.inventory import gpu_hosts
 from rigfleet.tables import Table, ratio, show
 

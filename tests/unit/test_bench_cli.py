@@ -212,7 +212,8 @@ def test_inventory_targets_read_the_serving_stack_and_history_through_the_probe(
     assert bad[0].error.startswith("rig-b: stack: 'nope'")
 
 
-def test_rigfleet_bench_speaks_tls_like_verify(tmp_path, capsys, monkeypatch):
+def _tls_context(tmp_path, monkeypatch):
+    """A server context for a self-signed 127.0.0.1 certificate at ``tmp_path/f.crt``."""
     import shutil
     import ssl
     import subprocess
@@ -226,6 +227,11 @@ def test_rigfleet_bench_speaks_tls_like_verify(tmp_path, capsys, monkeypatch):
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(tmp_path / "f.crt", tmp_path / "f.key")
     monkeypatch.delenv("RIGFLEET_CA_FILE", raising=False)
+    return ctx
+
+
+def test_rigfleet_bench_speaks_tls_like_verify(tmp_path, capsys, monkeypatch):
+    ctx = _tls_context(tmp_path, monkeypatch)
     with PacedServer(FAST, tls=ctx) as srv:
         ok = bench_cli.run(_args(tmp_path, srv.url, ca_file=str(tmp_path / "f.crt"), json=True,
                                  depths=(), runs=1, no_plot=True))
@@ -303,21 +309,9 @@ def test_accept_baseline_passes_timeout_s_and_the_ssh_timeout(tmp_path, monkeypa
 def test_rigfleet_verify_takes_ca_file_as_documented(tmp_path, monkeypatch):
     """docs/bench.md: the gate's client "trusts --ca-file / $RIGFLEET_CA_FILE"; rigfleet
     verify had no --ca-file (a usage error, 101) and only the variable worked."""
-    import shutil
-    import ssl
-    import subprocess
-
     from rigfleet.hostside.verify.runner import main as verify_main
 
-    if not shutil.which("openssl"):
-        pytest.skip("openssl is not installed here")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(tmp_path / "f.key"), "-out", str(tmp_path / "f.crt")],
-                   check=True, capture_output=True)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(tmp_path / "f.crt", tmp_path / "f.key")
-    monkeypatch.delenv("RIGFLEET_CA_FILE", raising=False)
+    ctx = _tls_context(tmp_path, monkeypatch)
     argv = ["--profile", "fast", "--set", "health_wait_s=0", "--only", "preflight",
             "--report-dir", str(tmp_path / "r"), "--quiet"]
     with PacedServer(FAST, tls=ctx) as srv:

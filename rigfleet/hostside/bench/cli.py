@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..active import load_active
+from ..argtypes import count, positive
 from ..layout import Layout
 from ..plan import PlanError
 from ..records import SOURCE_ACCEPTED
@@ -57,22 +58,6 @@ def token_counts(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: allowed: comma-separated token counts "
                                          "> 0, e.g. 16000,32000")
     return out
-
-
-def count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed: an integer >= 0")
-    return int(text)
-
-
-def positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number > 0")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
