@@ -283,14 +283,20 @@ def acceptance(ev: Evidence, exp: Expect) -> Cause | None:
     text = "/".join(f"{x:.0%}" for x in have)
     floors = "/".join(f"{x:.0%}" for x in exp.floors)
     low = [i for i, (a, f) in enumerate(zip(have, exp.floors, strict=False)) if a < f]
-    if not low:
+    missing = list(range(len(have), len(exp.floors)))  # floors /metrics shows no position for
+    if not low and not missing:
         return Cause("mtp-acceptance", f"MTP acceptance {text} clears the floors", RULED_OUT,
                      0.0, (f"code runs of the last gate: {text}; floors {floors or 'none'}",),
                      basis="the drafter is not the cause")
     ref = exp.acceptance_reference or exp.floors
     impact = max(0.0, 1.0 - (1 + sum(have)) / (1 + sum(ref[:len(have)])))
+    evidence = [f"positions {', '.join(str(i + 1) for i in low)} below the floor"] if low else []
+    if missing:
+        evidence.append(f"positions {', '.join(str(i + 1) for i in missing)} not in /metrics "
+                        f"(the engine drafts {len(have)} token(s), the stack has "
+                        f"{len(exp.floors)} floors)")
     return Cause("mtp-acceptance", f"MTP acceptance {text} below the floors {floors}", CAUSE,
-                 impact, (f"positions {', '.join(str(i + 1) for i in low)} below the floor",),
+                 impact, tuple(evidence),
                  "check the image and Genesis (a spec-decode regression), the KV dtype, and the "
                  "MTP weights (mtp.fc kept BF16 in the checkpoint)",
                  "tok/s follows the mean acceptance length at the same step rate")

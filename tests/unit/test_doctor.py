@@ -166,6 +166,17 @@ def test_low_acceptance_and_int8_depth_and_heat():
     assert c.kind == CAUSE and c.impact == 0.5 and "86 °C" in c.evidence[0]
 
 
+def test_floors_without_a_draft_position_are_not_cleared():
+    """A server drafting 2 tokens for a stack with 3 floors: the gate fails it
+    (``missing_acceptance``); the doctor said "clears the floors" and ruled the drafter out."""
+    short = Expect(tp=2, floors=FLOORS, acceptance_reference=(0.95, 0.84, 0.75),
+                   gate_acceptance=(0.95, 0.9))
+    cause = by_id(diagnose(dual(), short))["mtp-acceptance"]
+    assert len(FLOORS) == 3 and cause.kind == CAUSE
+    assert cause.evidence == ("positions 3 not in /metrics (the engine drafts 2 token(s), the "
+                              "stack has 3 floors)",)
+
+
 def test_nvidia_smi_csv_parsing():
     s = {"rc": 0, "fields": ["index", "power.draw", "clocks_throttle_reasons.sw_power_cap",
                              "clocks_event_reasons.active", "pcie.link.gen.gpumax"],
