@@ -158,8 +158,9 @@ class Registry:
             raise self._fail(what, f"no usable digest in the answer ({found!r})")
         return found
 
-    def manifest(self, repo: str, ref: str) -> tuple[dict[str, Any], str, str]:
-        """(manifest JSON, media type, digest) of ``repo:ref`` (tag or digest)."""
+    def manifest(self, repo: str, ref: str) -> tuple[dict[str, Any], str, str, bytes]:
+        """(manifest JSON, media type, digest, the exact bytes the digest is of) of ``repo:ref``
+        (tag or digest)."""
         what = reference(repo, ref)
         headers, body = self._request("GET", f"/v2/{repo}/manifests/{ref}", repo,
                                       MANIFEST_TYPES, what)
@@ -173,7 +174,7 @@ class Registry:
         computed = "sha256:" + hashlib.sha256(body).hexdigest()
         if ref.startswith("sha256:") and computed != ref:
             raise self._fail(what, f"manifest content does not match its digest ({computed})")
-        return doc, media, headers.get("docker-content-digest") or computed
+        return doc, media, headers.get("docker-content-digest") or computed, body
 
     def blob(self, repo: str, digest: str) -> bytes:
         """A blob's bytes, checked against its digest."""
@@ -185,23 +186,16 @@ class Registry:
 
     def resolve(self, repo: str, ref: str) -> ResolvedImage:
         """Digest, image id and download size of ``repo:ref`` (manifests only, never a layer)."""
-        what = reference(repo, ref)
-        doc, media, top = self.manifest(repo, ref)
+        what = f"registry {self.where}: {reference(repo, ref)}"
+        doc, media, top, _ = self.manifest(repo, ref)
         own = top
         if media in INDEX_TYPES or "manifests" in doc:
-            sub = platform_manifest(doc, f"registry {self.where}: {what}")
-            doc, _, own = self.manifest(repo, sub)
-        config = doc.get("config")
-        config = config.get("digest") if isinstance(config, dict) else None
-        if not isinstance(config, str) or not _DIGEST.fullmatch(config):
-            raise self._fail(what, "the linux/amd64 manifest names no sha256 config "
-                             f"({config!r})")
-        layers = doc.get("layers") or []
-        sizes = [layer.get("size") or 0 for layer in layers if isinstance(layer, dict)] \
-            if isinstance(layers, list) else None
-        if sizes is None or not all(type(n) is int and n >= 0 for n in sizes):
-            raise self._fail(what, "the linux/amd64 manifest's layers are not a list of "
-                             f"entries with a byte size ({str(layers)[:80]})")
+            doc, _, own, _ = self.manifest(repo, platform_manifest(doc, what))
+        config = sha256_digest(doc.get("config"), what,
+                               "the linux/amd64 manifest names no sha256 config")
+        why = "the linux/amd64 manifest's layers are not a list of entries with a byte size"
+        sizes = [byte_size(layer.get("size"), what, why)
+                 for layer in listed(doc, "layers", what, why) if isinstance(layer, dict)]
         return ResolvedImage(top, config, own, sum(sizes))
 
     def tags(self, repo: str) -> list[str]:
@@ -243,18 +237,40 @@ class Registry:
 
 def platform_manifest(index: dict[str, Any], what: str) -> str:
     """The linux/amd64 manifest digest of an image index (``what`` names it in errors)."""
-    entries = index.get("manifests") or []
-    if not isinstance(entries, list):
-        raise RegistryError(f"{what}: the index's manifests are not a list")
-    for entry in entries:
+    platform = "/".join(PLATFORM)
+    for entry in listed(index, "manifests", what, "the index's manifests are not a list"):
         p = entry.get("platform") if isinstance(entry, dict) else None
         if isinstance(p, dict) and (p.get("os"), p.get("architecture")) == PLATFORM:
-            digest = entry.get("digest")
-            if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-                raise RegistryError(f"{what}: the index's {'/'.join(PLATFORM)} entry names "
-                                    f"no sha256 digest ({digest!r})")
-            return digest
-    raise RegistryError(f"{what}: no {'/'.join(PLATFORM)} image in the index")
+            return sha256_digest(entry, what,
+                                 f"the index's {platform} entry names no sha256 digest")
+    raise RegistryError(f"{what}: no {platform} image in the index")
+
+
+# The shape checks of manifest JSON, for reading (resolve) and copying (bump.mirror); each
+# error is ``what: why (the value found)``.
+def listed(doc: dict[str, Any], key: str, what: str, why: str) -> list[Any]:
+    """``doc[key]`` as a list (absent: empty); anything else is a ``RegistryError``."""
+    found = doc.get(key) or []
+    if not isinstance(found, list):
+        raise RegistryError(f"{what}: {why} ({found!r:.80})")
+    return found
+
+
+def sha256_digest(entry: Any, what: str, why: str) -> str:
+    """A descriptor's ``sha256:`` digest; a descriptor without one is a ``RegistryError``."""
+    digest = entry.get("digest") if isinstance(entry, dict) else None
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise RegistryError(f"{what}: {why} ({digest!r})")
+    return digest
+
+
+def byte_size(value: Any, what: str, why: str) -> int:
+    """A size in bytes: a descriptor's ``size`` (absent: 0) or a Content-Length's text; else a
+    ``RegistryError``."""
+    size = int(value) if isinstance(value, str) and value.isdecimal() else (value or 0)
+    if type(size) is not int or size < 0:
+        raise RegistryError(f"{what}: {why} ({value!r:.80})")
+    return size
 
 
 def split_image(image: str) -> tuple[str, str]:

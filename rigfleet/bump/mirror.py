@@ -10,7 +10,6 @@ whole::
 from __future__ import annotations
 
 import http.client
-import json
 import re
 import urllib.error
 import urllib.parse
@@ -18,7 +17,14 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from rigfleet.registry import MANIFEST_TYPES, Registry, RegistryError
+from rigfleet.registry import (
+    MANIFEST_TYPES,
+    Registry,
+    RegistryError,
+    byte_size,
+    listed,
+    sha256_digest,
+)
 
 
 class MirrorRegistry(Registry):
@@ -39,18 +45,6 @@ class MirrorRegistry(Registry):
         except (OSError, http.client.HTTPException) as exc:  # a timeout, a reset, a short read
             raise RegistryError(f"{method} {url}: the transfer broke off "
                                 f"({exc or type(exc).__name__})") from None
-
-    def raw_manifest(self, repo: str, reference: str) -> tuple[bytes, str, dict[str, Any]]:
-        """(exact bytes, media type, content): the bytes are what the digest is of."""
-        headers, body = self._request("GET", f"/v2/{repo}/manifests/{reference}", repo,
-                                      MANIFEST_TYPES)
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise RegistryError(f"{repo}:{reference}: manifest is not JSON") from None
-        if not isinstance(doc, dict):
-            raise RegistryError(f"{repo}:{reference}: manifest is not a JSON object")
-        return body, doc.get("mediaType") or headers.get("content-type", "").split(";")[0], doc
 
     def has(self, repo: str, kind: str, digest: str) -> bool:
         url = f"{self.where}/v2/{repo}/{kind}/{digest}"
@@ -106,12 +100,13 @@ class Copied:
 def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, digest: str
                ) -> Copied:
     """Copy ``repo@digest`` from ``src`` to ``dst`` and tag it ``tag`` there."""
-    body, media, doc = src.raw_manifest(repo, digest)
+    doc, media, _, body = src.manifest(repo, digest)
     counter = [0, 0]
     what = f"{src.where}: {repo}@{digest}"
-    for entry in _list(doc, "manifests", what):  # an index: each image's blobs, then its manifest
-        one = _digest(entry, f"{what}: manifests")
-        one_body, one_media, one_doc = src.raw_manifest(repo, one)
+    # an index: each image's blobs, then its manifest
+    for entry in listed(doc, "manifests", what, "'manifests' is not a list"):
+        one = sha256_digest(entry, f"{what}: manifests", "an entry has no sha256 digest")
+        one_doc, one_media, _, one_body = src.manifest(repo, one)
         _copy_blobs(src, dst, repo, one_doc, counter)
         if not dst.has(repo, "manifests", one):
             dst.put_manifest(repo, one, one_body, one_media)
@@ -126,43 +121,17 @@ def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, di
 def _copy_blobs(src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[str, Any],
                 counter: list[int]) -> None:
     what = f"{src.where}: {repo} manifest"
-    for desc in [doc.get("config") or {}, *_list(doc, "layers", what)]:
+    for desc in [doc.get("config") or {}, *listed(doc, "layers", what, "'layers' is not a list")]:
         if not isinstance(desc, dict):
             raise RegistryError(f"{what}: a config or layer entry is not an object: {desc!r:.80}")
-        blob = desc.get("digest")
-        if not blob or dst.has(repo, "blobs", _digest(desc, what)):
+        blob = desc.get("digest") and sha256_digest(desc, what, "an entry has no sha256 digest")
+        if not blob or dst.has(repo, "blobs", blob):
             continue
-        size = _size(desc.get("size"), f"{what}: {blob} size")
+        size = byte_size(desc.get("size"), what, f"{blob} size: not a size in bytes")
         with src.blob_stream(repo, blob) as stream:
-            length = _size(stream.headers.get("Content-Length") or size,
-                           f"{src.where}: {blob} Content-Length")
+            length = byte_size(stream.headers.get("Content-Length") or size, src.where,
+                               f"{blob} Content-Length: not a size in bytes")
             dst.upload_blob(repo, blob, stream, length)
         counter[0] += 1
         counter[1] += length
 
-
-def _list(doc: dict[str, Any], key: str, what: str) -> list[Any]:
-    """``doc[key]`` as a list (absent: empty); anything else is a ``RegistryError``."""
-    found = doc.get(key) or []
-    if not isinstance(found, list):
-        raise RegistryError(f"{what}: {key!r} is not a list ({found!r:.80})")
-    return found
-
-
-def _digest(entry: Any, what: str) -> str:
-    """A descriptor's ``digest``; a descriptor without one is a ``RegistryError``."""
-    digest = entry.get("digest") if isinstance(entry, dict) else None
-    if not isinstance(digest, str) or not digest.startswith("sha256:"):
-        raise RegistryError(f"{what}: an entry has no sha256 digest ({entry!r:.80})")
-    return digest
-
-
-def _size(value: Any, what: str) -> int:
-    """A size in bytes (a descriptor's, a Content-Length); else a ``RegistryError``."""
-    try:
-        size = int(value or 0)
-    except (TypeError, ValueError):
-        raise RegistryError(f"{what}: {value!r:.40} is not a size in bytes") from None
-    if size < 0:
-        raise RegistryError(f"{what}: {size} is not a size in bytes")
-    return size
