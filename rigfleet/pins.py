@@ -20,6 +20,7 @@ from rigfleet.catalog import HF_REPO, Catalog, builtin_catalog
 from rigfleet.genesis_layout import LAYOUTS
 from rigfleet.hostside.atomic import write_atomic
 from rigfleet.pin_keys import SCHEMA, TABLE, UNRESOLVED, allowed, default
+from rigfleet.registry import DIGEST
 from rigfleet.validate import GIT_URL, Problems, ValidationError, YamlError, load_yaml, parse_yaml
 from rigfleet.vllm_versions import NIGHTLY_TAG
 
@@ -31,7 +32,6 @@ MUTABLE_TAGS = frozenset({"latest", "nightly", "nightly-x86_64", "nightly-aarch6
 
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _SHORT_HEX = re.compile(r"[0-9a-f]{4,39}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # Docker reference grammar, simplified: optional registry host[:port], lowercase path
 # components, then a tag. Digests are a separate key, so no "@" here.
 _IMAGE = re.compile(
@@ -418,9 +418,9 @@ class _Checker(Problems):
                      f"serves {spec.model} ({spec.source}: model), which is not pinned under "
                      "model or models")
         image = self.image(f"{base}.image", d.get("image"))
-        digest = self.pinned(f"{base}.digest", d.get("digest"), _DIGEST, allow_unresolved=True)
+        digest = self.pinned(f"{base}.digest", d.get("digest"), DIGEST, allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)
-        image_id = self.string(f"{base}.image_id", d.get("image_id"), _DIGEST, required=False)
+        image_id = self.string(f"{base}.image_id", d.get("image_id"), DIGEST, required=False)
         genesis = self.genesis(f"{base}.genesis", d.get("genesis")) if spec.needs_genesis else None
         if not spec.needs_genesis and "genesis" in d:
             self.bad(f"{base}.genesis", d["genesis"], "no 'genesis' key for this stack",

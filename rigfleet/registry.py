@@ -24,7 +24,7 @@ IMAGE_MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
 MANIFEST_TYPES = ", ".join((*INDEX_TYPES, *IMAGE_MANIFEST_TYPES))
 DOCKER_HUB = "https://registry-1.docker.io"
 PLATFORM = ("linux", "amd64")  # the rigs are x86_64 boxes with RTX 3090s
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class RegistryError(RuntimeError):
@@ -154,7 +154,7 @@ class Registry:
         headers, _ = self._request("HEAD", f"/v2/{repo}/manifests/{ref}", repo, MANIFEST_TYPES,
                                    what)
         found = headers.get("docker-content-digest", "")
-        if not _DIGEST.fullmatch(found):
+        if not DIGEST.fullmatch(found):
             raise self._fail(what, f"no usable digest in the answer ({found!r})")
         return found
 
@@ -259,7 +259,7 @@ def listed(doc: dict[str, Any], key: str, what: str, why: str) -> list[Any]:
 def sha256_digest(entry: Any, what: str, why: str) -> str:
     """A descriptor's ``sha256:`` digest; a descriptor without one is a ``RegistryError``."""
     digest = entry.get("digest") if isinstance(entry, dict) else None
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
         raise RegistryError(f"{what}: {why} ({digest!r})")
     return digest
 

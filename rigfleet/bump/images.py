@@ -10,7 +10,6 @@ the rollout, the promoted one saved here (the code of ``rigfleet images export``
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from rigfleet.hostside.layout import HOST
 from rigfleet.images.plan import WantedImage
 from rigfleet.images.transfer import ImageError, SavedArchive, export_image
 from rigfleet.inventory import InventoryHost
-from rigfleet.registry import registry_of
+from rigfleet.registry import DIGEST, registry_of
 from rigfleet.ssh import Remote
 
 __all__ = ["ImageError", "VersionProbe", "prefetch", "prune", "read_version", "save_image"]
@@ -147,7 +146,7 @@ def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
         if len(parts) != 3 or parts[0] != repository:
             continue
         _, tag, digest = parts
-        if re.fullmatch(r"sha256:[0-9a-f]{64}", digest) and digest not in keep_set:
+        if DIGEST.fullmatch(digest) and digest not in keep_set:
             refs.append(f"{repository}@{digest}")
             refs += [f"{repository}:{tag}"] if tag != "<none>" else []
     return list(dict.fromkeys(refs))
