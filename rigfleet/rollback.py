@@ -182,9 +182,8 @@ def run(args: argparse.Namespace) -> int:
                                     "to roll back; nothing changed",
                                     "not confirmed; nothing changed"):
         return EXIT_FAILED
-    inputs = Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog)
-    return execute(opts, inputs, remote, plan, None, "",
-                   history={"action": "rollback", "to_serial": to})
+    return execute(opts, Inputs(hosts, plan_hosts, pins, "", None, None, first.catalog), remote,
+                   plan, None, "", history={"action": "rollback", "to_serial": to})
 
 
 def plan_json(plan: Plan, to: int) -> dict[str, Any]:

@@ -59,9 +59,8 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     cand_path = real.with_name(f".{real.name}.bump-{os.getpid()}.yaml")
     cand_path.write_text("# Candidate pins of a running `rigfleet bump`; removed when it ends.\n"
                          + dump_pins(plan.candidate_pins(str(cand_path))))
-    by_name = {h.name: h for h in inputs.hosts}
-    runner = PyinfraRunner(opts.inventory, by_name, remote, deploy_file=opts.deploy,
-                           log_dir=log_dir)
+    runner = PyinfraRunner(opts.inventory, {h.name: h for h in inputs.hosts}, remote,
+                           deploy_file=opts.deploy, log_dir=log_dir)
     try:
         with progress("starting the rollout") as on_line:
             result = rollout(plan, runner, cand_path, on_event=lambda m: log(escape(m)),
