@@ -84,11 +84,9 @@ _BOOKS: weakref.WeakKeyDictionary[State, _Book] = weakref.WeakKeyDictionary()
 
 
 def book() -> _Book:
-    state = host.state
-    found = _BOOKS.get(state)
-    if found is None:
-        found = _BOOKS[state] = _Book()
-        state.add_callback_handler(_CloseOnFailure())
+    if (found := _BOOKS.get(host.state)) is None:
+        found = _BOOKS[host.state] = _Book()
+        host.state.add_callback_handler(_CloseOnFailure())
     return found
 
 

@@ -163,9 +163,8 @@ def swap(ctx: HostContext) -> None:
                         running=None)
     plan = build_plan(ctx.want, ctx.by, why=f"serve {ctx.want.stack}")
     # Behind a balancer, every stack with two or more hosts keeps one serving.
-    if host.state not in _BATCH:
-        _BATCH[host.state] = converge_batch(host.inventory)
-    batch = _BATCH[host.state]
+    if (batch := _BATCH.get(host.state)) is None:
+        batch = _BATCH[host.state] = converge_batch(host.inventory)
     serve = serve_desired(
         name=f"Serve {plan.desired.route_id} (gated swap; rollback on failure"
              + (f"; {batch.why}" if batch.size else "") + ")",
