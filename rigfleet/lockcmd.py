@@ -84,19 +84,13 @@ def run(args: argparse.Namespace) -> int:
     remote = SshRemote(args.timeout)
     holder = read_lock(remote, host)
     row = {"host": host.name, **holder_row(holder)}
-    if not args.release:
+    if not args.release or holder is None:
         if args.json:
-            print(json.dumps(row, indent=2))
+            print(json.dumps({**row, "released": False} if args.release else row, indent=2))
         elif holder is None:
-            out.print(f"{host.name}: lock free")
+            out.print(f"{host.name}: lock free" + ("; nothing to release" if args.release else ""))
         else:
             out.print(f"{host.name}: {row['state']}: {escape(describe(holder))}")
-        return 0
-    if holder is None:
-        if args.json:
-            print(json.dumps({**row, "released": False}, indent=2))
-        else:
-            out.print(f"{host.name}: lock free; nothing to release")
         return 0
     if holder.get("alive"):
         return refused(f"{host.name}: the holder is alive: {escape(describe(holder))}; wait for "

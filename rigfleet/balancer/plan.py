@@ -82,7 +82,6 @@ class BalancerPlan:
     settings: BalancerSettings
     pools: tuple[Pool, ...]
     default_stack: str | None
-    gpu_host: bool = False  # the balancer serves too: its maintenance takes the endpoint down
     hosts: tuple[GpuHost, ...] = ()
 
     def pool(self, stack: str) -> Pool:
@@ -108,8 +107,7 @@ def front_target(host: GpuHost) -> tuple[str, str]:
     return f"{shown}:{port}", name
 
 
-def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost],
-                  gpu_host: bool = False) -> BalancerPlan:
+def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost]) -> BalancerPlan:
     """``/v1/...`` goes to ``balancer_default_stack``, else to the only stack, else nowhere."""
     if not hosts:
         raise BalancerError(f"{name}: balancers: the inventory has no GPU host to balance; "
@@ -161,7 +159,7 @@ def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost
             f"{', '.join(sorted(by_stack))} (or unset: /v1/... then goes to the only stack)")
     if default is None and len(pools) == 1:
         default = pools[0].stack
-    return BalancerPlan(name, settings, pools, default, gpu_host, tuple(hosts))
+    return BalancerPlan(name, settings, pools, default, tuple(hosts))
 
 
 def read_fleet(name: str, group: str, why: str, inventory: Iterable[Any],
@@ -191,11 +189,10 @@ def read_gpu_host(other: Any, kind: HostKind) -> GpuHost | None:
 def fleet_plan(balancer: Any, inventory: Iterable[Any]) -> BalancerPlan:
     """From every GPU host of the inventory, ``--limit`` aside."""
     name = balancer.name
-    gpu_host = host_kind(balancer.groups).gpu
-    settings = validate_balancer(name, balancer.data, gpu_host=gpu_host)
+    settings = validate_balancer(name, balancer.data, gpu_host=host_kind(balancer.groups).gpu)
     hosts = read_fleet(name, "balancers", "the balancer cannot be built", inventory,
                        read_gpu_host, who="GPU host ")
-    return plan_balancer(name, settings, hosts, gpu_host)
+    return plan_balancer(name, settings, hosts)
 
 
 @dataclass(frozen=True)

@@ -138,15 +138,11 @@ def run(args: argparse.Namespace) -> int:
 
     hosts = gpu_hosts(fleet_hosts(args))
     console.print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load each ...")
-    diagnoses = []
-    for view in fleet_view(hosts, SshRemote(connect_timeout=args.timeout),
-                           timeout=args.load_s + args.timeout, doctor_load_s=args.load_s):
-        if view.want is None or view.probe is None:
-            diagnoses.append(Diagnosis(view.name, error=view.error or "no probe"))
-            continue
-        settings = view.want.settings
-        diagnoses.append(examine(view.name, view.probe, settings.catalog,
-                                 settings.throughput_scale))
+    diagnoses = [examine(v.name, v.probe, v.want.settings.catalog, v.want.settings.throughput_scale)
+                 if v.want is not None and v.probe is not None
+                 else Diagnosis(v.name, error=v.error or "no probe")
+                 for v in fleet_view(hosts, SshRemote(connect_timeout=args.timeout),
+                                     timeout=args.load_s + args.timeout, doctor_load_s=args.load_s)]
     judge_fleet(diagnoses)
     show(args.json, {"hosts": [d.to_dict() for d in diagnoses]},
          render(diagnoses, f"rigfleet doctor ({args.inventory})"))
