@@ -21,7 +21,7 @@ import argparse
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,13 +99,12 @@ class HostImages:
     host: str
     plan: StagingPlan | None = None
     error: str | None = None
-    problems: tuple[str, ...] = field(default_factory=tuple)
 
 
 def host_images(host: InventoryHost, remote: Remote, checker: SourceChecker) -> HostImages:
     want = load_desired(host.name, host.data)
     plan = build_plan(want, host_state(remote, host, **fact_arguments(want)), checker)
-    return HostImages(host.name, plan, problems=plan.problems)
+    return HostImages(host.name, plan)
 
 
 def fleet_images(hosts: Sequence[InventoryHost], remote: Remote) -> list[HostImages]:
@@ -132,7 +131,7 @@ def table(rows: Sequence[HostImages], title: str = "rigfleet images status") -> 
                       {"present": "-", "tag": "docker tag", "refused": "none"}.get(p.action, "-"))
             t.row(row.host, present, local, source, p.want.image)
             t.note(row.host, p.want.label + (f"; {fetch.label}: {fetch.reason}" if fetch else ""))
-        for line in row.problems:
+        for line in row.plan.problems:
             t.note(row.host, Text(line.removeprefix(f"{row.host}: "), style="red"))
         for line in row.plan.notes:
             t.note(row.host, line.removeprefix(f"{row.host}: "))
@@ -143,7 +142,7 @@ def as_json(rows: Sequence[HostImages]) -> dict[str, Any]:
     hosts = []
     for row in rows:
         entry: dict[str, Any] = {"host": row.host, "error": row.error, "images": [],
-                                 "problems": list(row.problems)}
+                                 "problems": list(row.plan.problems if row.plan else ())}
         for p in row.plan.images if row.plan else ():
             local = p.presence.local
             entry["images"].append({
@@ -158,12 +157,12 @@ def as_json(rows: Sequence[HostImages]) -> dict[str, Any]:
                           for r in p.tried],
             })
         hosts.append(entry)
-    return {"hosts": hosts, "ok": all(not r.error and not r.problems for r in rows)}
+    return {"hosts": hosts, "ok": exit_status(rows) == 0}
 
 
 def exit_status(rows: Sequence[HostImages]) -> int:
-    """0: every host has (or can get) every pinned image."""
-    return 0 if all(not r.error and not r.problems for r in rows) else 1
+    """0: every host has (or can get) every pinned image (an unread host has no plan)."""
+    return 0 if all(r.plan and not r.plan.problems for r in rows) else 1
 
 
 def _directory(flag: str, path: Path) -> None:
