@@ -44,7 +44,7 @@ def balancer(ctx: BalancerContext) -> None:
     conf = checked_file(
         name=f"HAProxy config {paths.config} ({stacks}; checked with haproxy -c first)",
         dest=paths.config, content=render_config(ctx.plan, paths),
-        check="haproxy -c -q -f {path}", staged=paths.staged_config)
+        check="haproxy -c -q -f {path}")
     systemd.service(name="HAProxy enabled and running", service="haproxy", running=True,
                     enabled=True)
     on_change(name="Reload HAProxy gracefully (config, key or certificate changed)",

@@ -42,10 +42,6 @@ class HostPaths:
     def ca_file(self, host: str) -> str:
         return f"{self.ca_dir}/{host}.pem"
 
-    @property
-    def staged_config(self) -> str:  # checked with haproxy -c before it is moved into place
-        return f"{self.config}.rigfleet-new"
-
 
 HOST_PATHS = HostPaths()
 

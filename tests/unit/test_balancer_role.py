@@ -51,7 +51,7 @@ def test_a_balancer_host_gets_base_and_haproxy_only_and_a_second_run_changes_not
     assert rigs[1].modes[HOST_PATHS.keys] == "0600"
     assert "k3y-" not in conf and not any("k3y-" in c for c in lb.commands)
     # Checked as a staged copy, moved into place, then a graceful reload.
-    staged = HOST_PATHS.staged_config
+    staged = f"{CONF}.rigfleet-new"  # roles.ops.checked_file's staged copy
     checked = next(i for i, c in enumerate(lb.commands) if c.startswith(f"haproxy -c -q -f {staged}"))
     moved = lb.commands.index(f"mv -f {staged} {CONF}")
     reload = lb.commands.index("systemctl reload-or-restart haproxy")
@@ -72,7 +72,7 @@ def test_a_config_haproxy_refuses_leaves_the_running_one(data, lb_data):
     run = fleet(data, {**lb_data, "balancer_port": 9090}, rigs)["lb1"]
     assert run.failed
     assert rigs[1].files[CONF] == before
-    assert HOST_PATHS.staged_config not in rigs[1].files
+    assert f"{CONF}.rigfleet-new" not in rigs[1].files
     assert not run.ran("reload-or-restart")
 
 
