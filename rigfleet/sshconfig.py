@@ -37,7 +37,6 @@ class SshTarget:
     jumps: tuple[SshTarget, ...] = ()
     proxy_command: str | None = None
     connect_timeout: float | None = None
-    alias: str = ""  # the name looked up in the file
 
     def where(self) -> str:
         via = "".join(f" via {j.user}@{j.hostname}:{j.port}" for j in self.jumps)
@@ -111,7 +110,6 @@ def _target(found: dict[str, Any], alias: str, port: Any, user: Any, known: tupl
         key_files=_paths([str(key)] if key else found.get("identityfile", [])),
         known_hosts=known or _known(found),
         connect_timeout=float(found["connecttimeout"]) if "connecttimeout" in found else None,
-        alias=alias,
         **more,
     )
 

@@ -52,7 +52,7 @@ def test_an_alias_takes_hostname_port_user_key_and_known_hosts_from_the_file(con
     assert (t.hostname, t.port, t.user) == ("192.0.2.10", 2201, "ops")
     assert t.key_files == (f"{tmp_path}/id_rig",)
     assert t.known_hosts == (f"{tmp_path}/known",)
-    assert t.jumps == () and t.alias == "rig-a"
+    assert t.jumps == ()
 
 
 def test_ssh_hostname_is_the_name_looked_up(config):
