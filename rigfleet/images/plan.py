@@ -179,7 +179,6 @@ class ImagePlan:
 class StagingPlan:
     """A host's plan for every wanted image; ``problems`` refuse the deploy (one line each)."""
 
-    host: str
     images: tuple[ImagePlan, ...]
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -273,7 +272,7 @@ def plan_host(host: str, wanted: Sequence[WantedImage], state: HostImageState,
             notes.append(f"{host}: {p.want.image}: size unknown from {p.source.label}; the disk "
                          "check does not count it")
     disk, unknown = disk_problems(host, plans, state)
-    return StagingPlan(host, tuple(plans), tuple(problems + disk), tuple(notes + unknown))
+    return StagingPlan(tuple(plans), tuple(problems + disk), tuple(notes + unknown))
 
 
 def refusal(host: str, p: ImagePlan) -> list[str]:
