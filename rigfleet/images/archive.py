@@ -125,11 +125,9 @@ def read_sidecar(archive: str | Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_sidecar(archive: str | Path, **pin: Any) -> Path:
+def write_sidecar(archive: str | Path, **pin: Any) -> None:
     """Write ``x.json`` next to ``x.tar``: the pin it is a copy of and how to restore it."""
-    path = Path(archive).with_suffix(".json")
     name = Path(archive).name
     data = {"schema": SIDECAR_SCHEMA, **pin, "archive": name,
             "restore": f"rigfleet images import {name} --host <host> (or: docker load -i {name})"}
-    write_atomic(path, json.dumps(data, indent=2) + "\n")
-    return path
+    write_atomic(Path(archive).with_suffix(".json"), json.dumps(data, indent=2) + "\n")

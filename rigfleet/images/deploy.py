@@ -1,8 +1,8 @@
 """The images' part of the deploy: one fact, the host's staging plan (built once per host),
 the preflight refusal (docs/images.md, "Refused before any host changes")::
 
-    plan = preflight_images(want)      # in roles/preflight.py
-    plan = staging_plan(ctx.want)      # in roles/images.py: the same object
+    preflight_images(want)             # in roles/preflight.py: refuses, or logs the notes
+    plan = staging_plan(ctx.want)      # in roles/images.py: the plan preflight checked
 """
 
 from __future__ import annotations
@@ -80,11 +80,10 @@ def staging_plan(want: DesiredHost) -> StagingPlan:
     return plans[want.name]
 
 
-def preflight_images(want: DesiredHost) -> StagingPlan:
+def preflight_images(want: DesiredHost) -> None:
     """Raise ``ImagesRefused`` when the host cannot get an image it stages; log the notes."""
     plan = staging_plan(want)
     for note in plan.notes:
         host.log(note)
     if plan.problems:
         raise ImagesRefused(list(plan.problems))
-    return plan

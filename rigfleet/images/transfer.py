@@ -136,8 +136,8 @@ class Counted:
 
 
 def stream_archive(remote: Remote, host: InventoryHost, path: str | Path,
-                   command: str = "docker load", meter: Meter | None = None) -> str:
-    """Feed a control-side archive into ``command`` on ``host``; returns its output."""
+                   command: str = "docker load", meter: Meter | None = None) -> None:
+    """Feed a control-side archive into ``command`` on ``host``."""
     started = time.monotonic()
     with Path(path).open("rb") as f:
         reader = Counted(f, meter)
@@ -146,7 +146,6 @@ def stream_archive(remote: Remote, host: InventoryHost, path: str | Path,
         raise ImageError(f"{host.name}: {command} of {path} failed (exit {rc}, "
                          f"{reader.bytes} bytes sent in {time.monotonic() - started:.0f}s): "
                          f"{out.strip()[-400:]}")
-    return out
 
 
 def load_archive(remote: Remote, host: InventoryHost, want: WantedImage, path: str | Path,
