@@ -161,8 +161,8 @@ def as_json(rows: Sequence[HostImages]) -> dict[str, Any]:
 
 
 def exit_status(rows: Sequence[HostImages]) -> int:
-    """0: every host has (or can get) every pinned image (an unread host has no plan)."""
-    return 0 if all(r.plan and not r.plan.problems for r in rows) else 1
+    """0: every host has (or can get) every pinned image."""
+    return 0 if all(not r.error and not (r.plan and r.plan.problems) for r in rows) else 1
 
 
 def _directory(flag: str, path: Path) -> None:
