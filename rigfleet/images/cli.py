@@ -101,17 +101,16 @@ class HostImages:
     error: str | None = None
 
 
-def host_images(host: InventoryHost, remote: Remote, checker: SourceChecker) -> HostImages:
-    want = load_desired(host.name, host.data)
-    plan = build_plan(want, host_state(remote, host, **fact_arguments(want)), checker)
-    return HostImages(host.name, plan)
-
-
 def fleet_images(hosts: Sequence[InventoryHost], remote: Remote) -> list[HostImages]:
     """Each host's rows from the same plan the deploy runs (its state read over SSH)."""
     checker = SourceChecker()
-    return each_host(hosts, lambda h: host_images(h, remote, checker),
-                     lambda h, why: HostImages(h.name, error=why))
+
+    def host_images(host: InventoryHost) -> HostImages:
+        want = load_desired(host.name, host.data)
+        plan = build_plan(want, host_state(remote, host, **fact_arguments(want)), checker)
+        return HostImages(host.name, plan)
+
+    return each_host(hosts, host_images, lambda h, why: HostImages(h.name, error=why))
 
 
 def table(rows: Sequence[HostImages], title: str = "rigfleet images status") -> Table:
