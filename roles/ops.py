@@ -202,17 +202,17 @@ def secret_file(dest: str, content: Secret, mode: str = "0600", user: str = "roo
 
 
 @operation()
-def checked_file(dest: str, content: str | Secret, check: str, staged: str | None = None,
-                 mode: str = "0644", group: str = "root"):
+def checked_file(dest: str, content: str | Secret, check: str, mode: str = "0644",
+                 group: str = "root"):
     """Put ``content`` at ``dest`` (owned by root:``group``) only after ``check`` (``{path}``:
-    the staged copy, default ``<dest>.rigfleet-new``) accepted it; a refused copy is removed."""
+    the staged copy, ``<dest>.rigfleet-new``) accepted it; a refused copy is removed."""
     data = (content.reveal() if isinstance(content, Secret) else content).encode()
     current = read_fact(FileDigest, path=dest)
     if (current is not None and current.sha256 == hashlib.sha256(data).hexdigest()
             and current.mode == mode and (current.user, current.group) == ("root", group)):
         host.noop(f"{dest} is up to date")
         return
-    tmp = staged or f"{dest}.rigfleet-new"
+    tmp = f"{dest}.rigfleet-new"
     q = shlex.quote(tmp)
     yield f"install -m {mode} -o root -g {shlex.quote(group)} /dev/null {q}"
     yield FileUploadCommand(io.BytesIO(data), tmp)
