@@ -11,12 +11,12 @@ configuration (rules: docs/swap.md, "Drain"); pure decisions, one reading per po
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .records import decode
+from .verify.metrics import parse, total
 
 DRAIN_POLL_S = 0.5
 # Idle reads in a row that make a drain complete.
@@ -26,8 +26,7 @@ STALE_S = 5.0
 # What nginx calls a worker of an earlier configuration that still serves requests.
 NGINX_DRAINING_TITLE = "nginx: worker process is shutting down"
 
-_SAMPLE = re.compile(r"^(vllm:[A-Za-z0-9_]+)(?:\{[^}]*\})?\s+([-+0-9.eEinfNa]+)\s*$")
-_GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
+_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 _COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
 
 
@@ -46,27 +45,13 @@ class EngineLoad:
 
 def parse_load(text: str | None) -> EngineLoad | None:
     """The engine's load from its ``/metrics`` text; None without a request gauge."""
-    found: dict[str, float] = {}
-    tokens: float | None = None
-    for line in (text or "").splitlines():
-        m = _SAMPLE.match(line.strip())
-        if not m:
-            continue
-        try:
-            value = float(m.group(2))
-        except ValueError:
-            continue
-        if value != value:  # NaN
-            continue
-        name = m.group(1)
-        if name in _GAUGES:
-            found[_GAUGES[name]] = found.get(_GAUGES[name], 0.0) + value
-        elif name in _COUNTERS:
-            tokens = (tokens or 0.0) + value
-    if not found:
+    samples = [s for s in parse(text or "") if s.value == s.value]  # a NaN says nothing
+    running, waiting = (total(samples, name) for name in _GAUGES)
+    if running is None and waiting is None:
         return None
-    return EngineLoad(max(0, round(found.get("running", 0.0))),
-                      max(0, round(found.get("waiting", 0.0))), tokens)
+    tokens = [found for name in _COUNTERS if (found := total(samples, name)) is not None]
+    return EngineLoad(max(0, round(running or 0.0)), max(0, round(waiting or 0.0)),
+                      sum(tokens) if tokens else None)
 
 
 def draining_workers(proc: Path = Path("/proc")) -> int | None:
