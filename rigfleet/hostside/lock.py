@@ -78,23 +78,21 @@ class HostLock:
     def __post_init__(self) -> None:
         self.pid = self.pid or os.getpid()
         self.held = False
-
-    @property
-    def path(self) -> Path:
-        return self.layout.lock_dir
+        self.path = self.layout.lock_dir
 
     def read(self) -> dict[str, Any] | None:
         return read_holder(self.path)
 
     def acquire(self, who: str, why: str, deploy_id: str = "",
                 window: WindowHold | None = None) -> str | None:
-        """Take the lock (for ``window``: held by its anchor, not this process); returns a
-        takeover note when a stale lock was replaced. ``LockHeld`` when a live holder has it."""
+        """Take the lock (for ``window``: held after this process exits, while its anchor lives,
+        until ``adopt_window`` + ``release``); returns a takeover note when a stale lock was
+        replaced. ``LockHeld`` when a live holder has it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         note = None
         for _ in range(5):
             if self._place(who, why, deploy_id, window):
-                self.held = True
+                self.held = window is None  # a window's lock is not this process's to release
                 return note
             holder = self.read()
             if holder is None:
@@ -106,13 +104,6 @@ class HostLock:
             note = f"took over a stale lock ({describe(holder)}; {gone})"
             self._break_stale()
         raise LockHeld(self.read() or {"who": "unknown", "why": "lock keeps changing"})
-
-    def acquire_window(self, who: str, why: str, hold: WindowHold) -> str | None:
-        """Take the lock for a maintenance window: held after this process exits, while
-        ``hold``'s process lives, until ``adopt_window`` + ``release``."""
-        note = self.acquire(who, why, hold.window, window=hold)
-        self.held = False  # not this process's to release on exit
-        return note
 
     def hold_window(self, hold: WindowHold, why: str = "") -> bool:
         """The window's lock held by ``hold`` from now on; False when it is not that window's."""

@@ -127,7 +127,7 @@ class Maintenance(Steps):
         current, status, damaged = window_status(self.lay)
         mine = current if current and current.id == plan.id and current.state == "open" else None
         try:
-            note = self.lock.acquire_window(plan.by, f"maintenance: {step}", hold)
+            note = self.lock.acquire(plan.by, f"maintenance: {step}", hold.window, hold)
         except LockHeld as held:
             if held.holder.get("window") == plan.id and mine is not None:
                 self.lock.hold_window(hold, f"maintenance: {step}")
@@ -219,7 +219,8 @@ class Maintenance(Steps):
                                 f"({status}{': ' + why if why else ''})")
         if not self.lock.hold_window(hold, "maintenance: back from the reboot"):
             try:
-                self.lock.acquire_window(plan.by, "maintenance: back from the reboot", hold)
+                self.lock.acquire(plan.by, "maintenance: back from the reboot", hold.window,
+                                  hold)
             except LockHeld as held:
                 return self._locked(str(held))
         self.j.event("maintenance", f"window {plan.id} held by pid {hold.pid} ({hold.what})")
