@@ -37,12 +37,6 @@ class GateRun:
     sets: tuple[str, ...] = ()
     timeout_s: float = 7200.0
 
-    def argv(self, python: str = sys.executable) -> list[str]:
-        return [python, "-m", "rigfleet.hostside.verify", "--url", self.url,
-                "--api-key-file", str(self.key_file), "--profile", self.profile,
-                "--report-dir", str(self.report_dir),
-                *(arg for item in self.sets for arg in ("--set", item))]
-
 
 @dataclass(frozen=True)
 class GateResult(GateRecord):
@@ -89,8 +83,12 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
     paths: list[str] = []
     last: list[str] = []  # the gate's last lines: its own words when it breaks
     try:
-        proc = subprocess.Popen(run.argv(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "rigfleet.hostside.verify", "--url", run.url,
+                                 "--api-key-file", str(run.key_file), "--profile", run.profile,
+                                 "--report-dir", str(run.report_dir),
+                                 *(arg for item in run.sets for arg in ("--set", item))],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, start_new_session=True)
     except OSError as e:
         return GateResult("error", profile=run.profile, at=at, seconds=0.0,
                           summary=f"cannot start the gate: {e}")

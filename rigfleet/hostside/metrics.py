@@ -58,8 +58,7 @@ GPU_FIELDS: tuple[tuple[str | None, str, float, str], ...] = (
 GPU_QUERY = ",".join(f for _, f, _, _ in GPU_FIELDS)
 # ECC apart: a card without it answers [N/A], and a driver that does not know the field
 # refuses the whole query; the figures above must not depend on it.
-ECC_FIELD = "ecc.errors.uncorrected.volatile.total"
-ECC_QUERY = f"index,{ECC_FIELD}"
+ECC_QUERY = "index,ecc.errors.uncorrected.volatile.total"
 
 
 def _label(value: str) -> str:
