@@ -88,7 +88,6 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
 
 
 def _recovered(lay: Layout, active: Active, text: str, by: str, reason: str) -> Active:
-    """Write a repaired record and its ``recover recovered`` ledger line."""
     written = write_active(lay, active, text)
     ledger.append(lay, ledger.entry("recover", "recovered", written.ref, by=by,
                                     deploy_id=active.deploy_id, gate=active.gate, active=True,

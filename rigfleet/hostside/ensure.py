@@ -118,7 +118,6 @@ class Ensure(Steps):
 
     def _said(self, result: str, code: int, reason: str, level: str = "info",
               phase: str = "") -> Outcome:
-        """``reason`` journaled; the outcome names what the front serves now."""
         self.j.event("ensure", reason, level=level)
         return Outcome(result, code, "ensure", reason=reason, phase=phase,
                        serving=self.front.current())

@@ -97,8 +97,7 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.rstrip("\n")
-            m = _REPORTS_LINE.match(line)
-            if m:
+            if m := _REPORTS_LINE.match(line):
                 paths[:] = [m.group(1), m.group(2)]
             if line.strip():
                 last[:] = [*last[-4:], line.strip()]

@@ -189,10 +189,9 @@ class HostLock:
             return None
         if holder.get("alive"):
             raise LockHeld(holder)
-        if not self._break_stale():
-            taken = self.read()
-            if taken is not None and taken.get("alive"):
-                raise LockHeld(taken)
+        taken = None if self._break_stale() else self.read()
+        if taken is not None and taken.get("alive"):
+            raise LockHeld(taken)
         return holder
 
     def _write_holder(self, who: str, why: str, deploy_id: str,

@@ -197,7 +197,6 @@ class Maintenance(Steps):
                        drain=drain, retry_after_s=estimate.seconds)
 
     def _join(self, window: Window, step: str, now: float, said: str) -> Outcome:
-        """``step`` added to this plan's open window."""
         write_window(self.lay, replace(window, steps=(*window.steps, {"what": step, "at": now})))
         self.j.event("maintenance", said)
         return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",

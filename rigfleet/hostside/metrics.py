@@ -118,8 +118,7 @@ def gpu_textfile(csv_text: str | None, ecc_text: str | None = None) -> str:
                       1 if state == "Active" else 0, reason=reason, **labels)
         for kind in ("gen", "width"):
             for s in ("current", "max"):
-                value = _number(by[f"pcie.link.{kind}.{s}"])
-                if value is not None:
+                if (value := _number(by[f"pcie.link.{kind}.{s}"])) is not None:
                     t.add(f"rigfleet_gpu_pcie_link_{kind}", f"PCIe link {kind}.", value,
                           state=s, **labels)
     t.add("rigfleet_gpu_scrape_ok", "1 when nvidia-smi answered, else 0.", 1 if ok else 0)
@@ -213,7 +212,6 @@ def engine_running(stack: str) -> bool:
 
 
 def front_ready(port: int | None) -> bool:
-    """Does the front's readiness path (no key) answer 200?"""
     url = f"http://127.0.0.1:{port}{READY_PATH}"
     return port is not None and stackctl.http_request("GET", url, {}, None, 3)[0] == 200
 
