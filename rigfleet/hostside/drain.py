@@ -175,11 +175,10 @@ class Drainer:
 
 def drain_note(result: dict[str, Any]) -> str:
     """``; drain: ...; Retry-After Ns`` of a swap's or window's result, for the deploy's log."""
-    parts = []
-    data = result.get("drain")
-    if isinstance(data, dict):
+    note = ""
+    if isinstance(data := result.get("drain"), dict):
         report = decode(DrainReport, data)
-        parts.append(f"drain: {report.line() if report else data.get('result')}")
+        note += f"; drain: {report.line() if report else data.get('result')}"
     if result.get("retry_after_s") is not None:
-        parts.append(f"Retry-After {result['retry_after_s']}s")
-    return "".join(f"; {p}" for p in parts)
+        note += f"; Retry-After {result['retry_after_s']}s"
+    return note

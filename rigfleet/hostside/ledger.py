@@ -66,10 +66,9 @@ def entry(event: str, result: str, serving: StackRef | None, *,
     line: dict[str, Any] = {"time": now_iso(), "event": event, "result": result, "host": host,
                             "by": by, "deploy_id": deploy_id, **stack_fields(serving)}
     line["gate"] = gate or {"result": "not-run"}
-    if attempted is not None:
-        line["attempted"] = stack_fields(attempted)
-    if previous is not None:
-        line["previous"] = stack_fields(previous)
+    for key, ref in (("attempted", attempted), ("previous", previous)):
+        if ref is not None:
+            line[key] = stack_fields(ref)
     if reason:
         line["reason"] = reason
     if extra:
