@@ -2,7 +2,7 @@
 its reboot, a Docker restart) runs inside a *maintenance window* that ends with the verified
 stack recreated, gated and served again, or the host at 503 with the reason (docs/maintenance.md)::
 
-    window = Maintenance(lay, ops, front, journal, plan, gate=run_gate_fn, drain=balancer)
+    window = Maintenance(lay, ops, front, journal, plan, gate=run_gate_fn)
     window.open("driver 580 -> 590")      # Outcome: open (exit 0), locked (3), refused (1)
     window.hold()                         # the deploy back after the reboot
     window.close(own=True)                # Outcome: closed (0, serving), failed (2), locked
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from . import ledger
 from . import steps as st
@@ -31,13 +31,6 @@ from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, known_pro
 
 KIND = "maintenance"
 SCHEMA = "rigfleet-maintenance/1"
-
-
-class Drain(Protocol):
-    """Called before the front goes to 503 and after the close routed it back."""
-
-    def before(self, window: Window) -> None: ...
-    def after(self, window: Window) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -110,13 +103,11 @@ class Maintenance(Steps):
     plan's desired one. Without a ``gate`` close refuses."""
 
     def __init__(self, lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
-                 plan: Plan, gate: GateFn | None = None, drain: Drain | None = None,
-                 lock: HostLock | None = None,
+                 plan: Plan, gate: GateFn | None = None, lock: HostLock | None = None,
                  interrupted: Callable[[], bool] = lambda: False) -> None:
         super().__init__(lay, ops, front, journal, interrupted)
         self.plan = plan
         self.gate_fn = gate
-        self.drain = drain
         self.lock = lock or HostLock(lay)
         self.cause = ""
 
@@ -163,8 +154,6 @@ class Maintenance(Steps):
         estimate = st.window_estimate(times, stack, self.holds_requests(ref),
                                       plan.retry_after_s, steps=True)
         try:
-            if self.drain:
-                self.drain.before(window)
             self.front.maintenance(f"maintenance: {step}", estimate.seconds)
         except FrontError as e:
             # Nothing was disturbed yet: give the host back as it was (an unfinished window
@@ -314,10 +303,8 @@ class Maintenance(Steps):
         st.record_times(self.lay, ref.stack, boot_s, times["gate_s"], steps_s=steps_s)
         request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
         prune_snapshots(self.lay)
-        done = self._finish(window, "closed", f"{written.ref.route_id} recreated and passed the "
-                            "gate", gate=gate.record())
-        if self.drain:
-            self.drain.after(done)
+        self._finish(window, "closed", f"{written.ref.route_id} recreated and passed the gate",
+                     gate=gate.record())
         self.j.event("maintenance", f"{written.ref.route_id} serves again (recreated, gate "
                      f"passed, {seconds:.1f}s)")
         opened = window.opened_at if window is not None else time.time()
@@ -351,13 +338,13 @@ class Maintenance(Steps):
                        kept_log=kept)
 
     def _finish(self, window: Window | None, state: str, reason: str,
-                gate: dict[str, Any] | None = None) -> Window:
+                gate: dict[str, Any] | None = None) -> None:
         plan = self.plan
-        done = replace(window or Window(plan.id, by=plan.by, host=plan.host,
-                                        opened_at=time.time(), plan=plan.to_dict()),
-                       state=state, reason=reason, gate=gate, closed_at=time.time())
-        write_window(self.lay, done)
-        return done
+        write_window(self.lay, replace(window or Window(plan.id, by=plan.by, host=plan.host,
+                                                        opened_at=time.time(),
+                                                        plan=plan.to_dict()),
+                                       state=state, reason=reason, gate=gate,
+                                       closed_at=time.time()))
 
 
 def supersede(lay: Layout, by: str, why: str) -> None:

@@ -31,7 +31,7 @@ from rigfleet.hostside.ensure import Ensure
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.lock import HostLock, WindowHold, session_anchor
-from rigfleet.hostside.maintenance import Maintenance, Window, window_status
+from rigfleet.hostside.maintenance import Maintenance, window_status
 from rigfleet.hostside.plan import Plan
 from rigfleet.hostside.records import BootClock, boot_id, holder_alive, pid_start_ticks, read_holder
 from rigfleet.hostside.supervise import Policy
@@ -194,28 +194,6 @@ def test_a_front_refusing_503_leaves_a_failed_window_it_was_to_take_over_failed(
         sup.tick()
         sup.nap(5)
     assert host.running_now() == {} and "out of service" in sup.rec.reason
-
-
-class Balancer:
-    """The drain seam: what a balancer (the zero-drop issue) would be told, in order."""
-
-    def __init__(self, front: FakeFront) -> None:
-        self.front, self.calls = front, []
-
-    def before(self, window: Window) -> None:
-        self.calls.append(("before", window.id, self.front.current()))
-
-    def after(self, window: Window) -> None:
-        self.calls.append(("after", window.state, self.front.current()))
-
-
-def test_the_drain_hook_runs_before_the_503_and_after_the_route_is_back(lay):
-    host, front, ref = serving(lay)
-    plan = window_plan(lay)
-    drain = Balancer(front)
-    maint(lay, host, front, plan, drain=drain).open("Docker restart")
-    maint(lay, host, front, plan, gate=FakeGate(), drain=drain).close(own=True)
-    assert drain.calls == [("before", plan.id, ROUTE), ("after", "closed", ROUTE)]
 
 
 # --- close --------------------------------------------------------------------------------------
