@@ -176,53 +176,44 @@ def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
     return record
 
 
-def prune_snapshots(lay: Layout) -> list[str]:
-    """Remove snapshots ``active.json`` does not name and stale temporary files; their names."""
+def prune_snapshots(lay: Layout) -> None:
+    """Remove snapshots ``active.json`` does not name and stale temporary files."""
     active, _ = parse_active(lay)
     named = Path(active.ref.compose_file).name if active else None
-    removed = []
-    for path in sorted(lay.active_dir.glob("compose-*.yaml")):
+    for path in lay.active_dir.glob("compose-*.yaml"):
         if path.name != named:
             path.unlink(missing_ok=True)
-            removed.append(path.name)
-    for path in sorted(lay.active_dir.glob(".*.tmp")):
+    for path in lay.active_dir.glob(".*.tmp"):
         try:
             old = time.time() - path.lstat().st_mtime > STALE_TMP_S
         except OSError:
             continue
         if old:
             path.unlink(missing_ok=True)
-            removed.append(path.name)
-    return removed
 
 
-def request_reset(lay: Layout, by: str, why: str) -> dict[str, Any]:
+def request_reset(lay: Layout, by: str, why: str) -> None:
     """Ask the supervisor to forget its recreations and a give-up."""
-    request = {"token": f"{time.time():.6f}-{os.getpid()}-{secrets.token_hex(4)}",
-               "at": now_iso(), "by": by, "why": why}
-    write_json(lay.supervise_reset, request, indent=None)
-    return request
+    token = f"{time.time():.6f}-{os.getpid()}-{secrets.token_hex(4)}"
+    write_json(lay.supervise_reset, {"token": token, "at": now_iso(), "by": by, "why": why},
+               indent=None)
 
 
-def prune_journals(lay: Layout) -> list[str]:
+def prune_journals(lay: Layout) -> None:
     """Drop the oldest finished journals beyond ``KEEP_JOURNALS`` (unfinished ones stay)."""
     done = sorted(lay.swaps_dir.glob("*/result.json"), key=lambda p: p.stat().st_mtime)
-    dropped = [result.parent for result in done[:-KEEP_JOURNALS]]
-    for directory in dropped:
-        shutil.rmtree(directory)
-    return [directory.name for directory in dropped]
+    for result in done[:-KEEP_JOURNALS]:
+        shutil.rmtree(result.parent)
 
 
-def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[str]:
+def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> None:
     """Give each transaction that died without a result a result and a ledger line."""
-    found = []
     for directory in sorted(lay.swaps_dir.glob("*")):
         if directory.name == exclude or not (directory / "pid.json").exists() \
                 or not (directory / "plan.json").exists():
             continue
         if Journal.read(directory, since=10**9)["state"] != "died":
             continue
-        found.append(directory.name)
         reason = "the transaction's process ended without a result (killed or rebooted)"
         write_json(directory / "result.json",
                    {"result": "interrupted", "exit": EXIT_FAILED, "reason": reason})
@@ -240,7 +231,6 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> list[s
                                         attempted=tried, deploy_id=directory.name, by=by,
                                         reason=reason))
         journal.event("recover", f"transaction {directory.name} was interrupted; recorded")
-    return found
 
 
 def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str = "",
