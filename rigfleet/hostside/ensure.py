@@ -257,5 +257,3 @@ def shutdown(lay: Layout, ops: Ops, front: FrontControl, journal: Journal,
         with contextlib.suppress(OSError):
             lock.release()
     return "stopped"
-
-
