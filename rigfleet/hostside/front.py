@@ -16,7 +16,6 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .atomic import write_atomic
 from .layout import ROUTE_MARK, Layout
@@ -29,7 +28,6 @@ MAINTENANCE = "maintenance"
 # The readiness path balancers check (no key needed): 200 only while a verified stack serves
 # and answers /health. Without the key a 503 says only its class (docs/balancer.md).
 READY_PATH = "/rigfleet/ready"
-READY_CLASSES = ("swapping", "maintenance", "starting", "down")
 
 Run = Callable[[list[str], float], tuple[int, str]]
 # (method, url, headers, body, timeout) -> (status, headers, body); status 0: no answer.
@@ -68,7 +66,7 @@ def render_serving(ref: StackRef) -> str:
 
 
 def ready_class(message: str) -> str:
-    """The ``READY_CLASSES`` entry of a maintenance message the host tool wrote."""
+    """The readiness class (one word) of a maintenance message the host tool wrote."""
     text = message.lower()
     if text.startswith("maintenance") or "through the gate" in text:
         return "maintenance"
@@ -111,9 +109,8 @@ class Front:
     settle_s: float = 15.0
     sleep: Callable[[float], None] = field(default=time.sleep)
 
-    @property
-    def path(self) -> Path:
-        return self.layout.front_route
+    def __post_init__(self) -> None:
+        self.path = self.layout.front_route
 
     def current(self) -> str | None:
         return route(self.path)
