@@ -118,7 +118,6 @@ class Layout:
     hf_token_file = _At(ETC_ROOT, "secrets", "hf-token")
 
     # Compile caches, programs, and the front's route include (proxy to a stack, or 503).
-    cache_dir = _At(CACHE_ROOT)
     # One stack's compile caches, never shared (vLLM's AOT cache key ignores the GPU
     # architecture and the quantisation kernel, club-3090 #548).
     stack_cache_dir = _Of(CACHE_ROOT, "{}")
