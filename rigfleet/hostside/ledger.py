@@ -35,14 +35,10 @@ def update_state(lay: Layout, **changes: Any) -> dict[str, Any]:
     """Merge ``changes`` into ``state.json`` (other keys kept); returns the new state. A
     damaged one is kept aside and rebuilt from the ledger first."""
     data, err = read_json(lay.state_file)
-    if err == "missing":
-        base: dict[str, Any] = {}
-    elif isinstance(data, dict):
-        base = data
-    else:
+    if err != "missing" and not isinstance(data, dict):
         move_aside(lay.state_file)
-        base = rebuilt_state(lay)
-    state = {**base, **changes}
+        data = rebuilt_state(lay)
+    state = {**(data or {}), **changes}
     write_json(lay.state_file, state)
     return state
 
