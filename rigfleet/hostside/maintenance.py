@@ -54,7 +54,6 @@ class Window(Coded):
 
     @property
     def why(self) -> str:
-        """The steps, one line."""
         return "; ".join(str(s.get("what")) for s in self.steps) or "maintenance"
 
 
