@@ -42,9 +42,6 @@ class HttpResult:
         except (UnicodeDecodeError, ValueError):
             return None
 
-    def text(self, limit: int = 500) -> str:
-        return self.body.decode("utf-8", "replace")[:limit]
-
     def error_message(self) -> str:
         """vLLM/OpenAI's ``{"error": {"message": ...}}`` (or the transport error)."""
         if self.error:
@@ -58,7 +55,7 @@ class HttpResult:
                 return str(err)
             if "message" in data:
                 return str(data["message"])
-        return self.text(300)
+        return self.body.decode("utf-8", "replace")[:300]
 
 
 @dataclass
@@ -264,10 +261,7 @@ class Client:
             raise TypeError("choices is not a list")
         for choice in choices:
             delta = choice.get("delta") or {}
-            piece = delta.get("content") or ""
-            rpiece = delta.get("reasoning_content") or delta.get("reasoning") or ""
-            if not isinstance(piece, str) or not isinstance(rpiece, str):
-                raise TypeError("content is not a string")
+            piece, rpiece = _texts(delta)
             content.append(piece)
             reasoning.append(rpiece)
             for tc in delta.get("tool_calls") or []:
@@ -320,6 +314,15 @@ def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> N
         call["function"][key] += fn.get(key) or ""
 
 
+def _texts(msg: dict[str, Any]) -> tuple[str, str]:
+    """A message's (or a stream delta's) content and reasoning; TypeError if not strings."""
+    content = msg.get("content") or ""
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
+    if not isinstance(content, str) or not isinstance(reasoning, str):
+        raise TypeError("content is not a string")
+    return content, reasoning
+
+
 def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
     out = ChatResult(status, data, seconds)
     try:
@@ -335,11 +338,7 @@ def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
         if choices := obj.get("choices"):
             choice = choices[0]
             msg = choice.get("message") or {}
-            content = msg.get("content") or ""
-            reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
-            if not isinstance(content, str) or not isinstance(reasoning, str):
-                raise TypeError("content is not a string")
-            out.content, out.reasoning = content, reasoning
+            out.content, out.reasoning = _texts(msg)
             out.tool_calls = [c for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
             out.finish_reason = choice.get("finish_reason")
     except (AttributeError, TypeError, KeyError, IndexError):

@@ -52,7 +52,7 @@ def parse(text: str) -> list[Sample]:
 def scrape(client: Client, timeout: float) -> list[Sample] | None:
     """``GET /metrics`` parsed, or None when the server has none."""
     r = client.request("GET", "/metrics", timeout=timeout)
-    return parse(r.text(10_000_000)) if r.status == 200 else None
+    return parse(r.body.decode("utf-8", "replace")[:10_000_000]) if r.status == 200 else None
 
 
 def _matching(samples: list[Sample], name: str, labels: dict[str, str]) -> list[Sample]:

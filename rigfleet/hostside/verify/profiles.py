@@ -99,10 +99,6 @@ class Profile:
 
     overrides: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def as_dict(self) -> dict[str, Any]:
-        """Every value, for the report."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "overrides"}
-
 
 FULL = Profile(name="full")
 
