@@ -60,7 +60,7 @@ def token_counts(text: str) -> tuple[int, ...]:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rigfleet-host bench", description=__doc__.splitlines()[0])
     p.add_argument("--root", default="/", help=argparse.SUPPRESS)
     p.add_argument("--url", help="the server (default: the active stack on 127.0.0.1)")
@@ -81,30 +81,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", type=Path, help="write bench-<ts>.json/.md here")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = p.parse_args(argv)
     lay = Layout(Path(args.root))
     stack = None
     if args.url:
         if args.accept_baseline:
-            parser.error("--accept-baseline benches the active stack; leave out --url")
+            p.error("--accept-baseline benches the active stack; leave out --url")
         try:
             key = read_key_file(args.api_key_file) if args.api_key_file else None
             check_ca_file()
         except ValueError as e:
-            parser.error(str(e))
+            p.error(str(e))
         url = args.url
     else:
         try:
             active = load_active(lay)
         except PlanError as e:
-            parser.error(str(e))
+            p.error(str(e))
         if active is None:
-            parser.error("nothing verified is active on this host; give --url")
+            p.error("nothing verified is active on this host; give --url")
         stack = active.ref.stack
         url = f"http://127.0.0.1:{active.ref.port}"
         key = read_api_key(lay.api_key_file, lay.vllm_env_file) or None

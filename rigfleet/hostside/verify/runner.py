@@ -161,9 +161,10 @@ class UsageParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def build_parser(prog: str = "python3 -m rigfleet.hostside.verify") -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """The gate's command line; ``prog`` names it in usage lines (``rigfleet verify``)."""
     p = UsageParser(
-        prog=prog,
+        prog=prog or "python3 -m rigfleet.hostside.verify",
         description="verify-stress gate for an OpenAI-compatible (vLLM) server. Exit status: "
                     "number of failed checks (0 = pass, capped at 100); 101 usage error; "
                     "102 report not written.")
@@ -184,7 +185,35 @@ def build_parser(prog: str = "python3 -m rigfleet.hostside.verify") -> argparse.
                    help="run only these checks (preflight always runs): "
                         + ",".join(checks.CHECK_NAMES))
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    return p
+    args = p.parse_args(argv)
+    try:
+        prof = resolve(args.profile, args.sets)
+    except ProfileError as exc:
+        p.error(str(exc))
+    only = None
+    if args.only:
+        only = [c.strip() for c in args.only.split(",") if c.strip()]
+        bad = [c for c in only if c not in checks.CHECK_NAMES]
+        if bad or not only:
+            p.error(f"--only {args.only}: unknown check(s) {', '.join(bad) or '(none)'}; "
+                    f"allowed: {', '.join(checks.CHECK_NAMES)}")
+    if not args.url.startswith(("http://", "https://")):
+        p.error(f"--url {args.url}: expected http://HOST:PORT or https://...")
+    try:
+        key = read_api_key(args.api_key_file) if args.api_key_file else None
+        check_ca_file(args.ca_file)
+    except ValueError as exc:
+        p.error(str(exc))
+    progress = ConsoleProgress(None if args.quiet else sys.stderr)
+    try:
+        rep, _ = run(args.url, prof, key, only, args.report_dir, progress, args.ca_file)
+    except KeyboardInterrupt:
+        print("verify: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        print(f"verify: cannot write the report to {args.report_dir}: {exc}", file=sys.stderr)
+        return EXIT_REPORT
+    return rep.exit_status()
 
 
 def read_api_key(spec: str) -> str:
@@ -203,36 +232,3 @@ def read_api_key(spec: str) -> str:
         raise ValueError(f"--api-key-file {spec}: the key must be one line without spaces")
     return key
 
-
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """The gate's command line; ``prog`` names it in usage lines (``rigfleet verify``)."""
-    parser = build_parser(prog) if prog else build_parser()
-    args = parser.parse_args(argv)
-    try:
-        prof = resolve(args.profile, args.sets)
-    except ProfileError as exc:
-        parser.error(str(exc))
-    only = None
-    if args.only:
-        only = [c.strip() for c in args.only.split(",") if c.strip()]
-        bad = [c for c in only if c not in checks.CHECK_NAMES]
-        if bad or not only:
-            parser.error(f"--only {args.only}: unknown check(s) {', '.join(bad) or '(none)'}; "
-                         f"allowed: {', '.join(checks.CHECK_NAMES)}")
-    if not args.url.startswith(("http://", "https://")):
-        parser.error(f"--url {args.url}: expected http://HOST:PORT or https://...")
-    try:
-        key = read_api_key(args.api_key_file) if args.api_key_file else None
-        check_ca_file(args.ca_file)
-    except ValueError as exc:
-        parser.error(str(exc))
-    progress = ConsoleProgress(None if args.quiet else sys.stderr)
-    try:
-        rep, _ = run(args.url, prof, key, only, args.report_dir, progress, args.ca_file)
-    except KeyboardInterrupt:
-        print("verify: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except OSError as exc:
-        print(f"verify: cannot write the report to {args.report_dir}: {exc}", file=sys.stderr)
-        return EXIT_REPORT
-    return rep.exit_status()
