@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import write_atomic
-from ..records import encode
+from ..records import VERIFY_SCHEMA, encode
 from .health import Finding
 
-SCHEMA = "rigfleet-verify/1"
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 MAX_EXIT = 100
 BADGES = {PASS: "✅ pass", FAIL: "❌ **FAIL**", SKIP: "⏭ skip"}
@@ -70,7 +69,7 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA, "url": self.url, "model": self.model, "version": self.version,
+            "schema": VERIFY_SCHEMA, "url": self.url, "model": self.model, "version": self.version,
             "max_model_len": self.max_model_len,
             "profile": {"name": self.profile, "overrides": encode(self.overrides),
                         "values": encode(self.profile_values)},
