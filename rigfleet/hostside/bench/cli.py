@@ -29,22 +29,19 @@ EXIT_OK, EXIT_NOTHING = 0, 1
 
 
 class LineProgress(Progress):
-    """One line per request on stderr: ``bench [3/16] narrative``."""
+    """One line per request on stderr: ``bench [3/16] narrative`` (--quiet: a mute Progress)."""
 
-    def __init__(self, quiet: bool = False):
-        self.quiet, self.total, self.done = quiet, 0, 0
+    total = done = 0
 
     def begin(self, total: int) -> None:
         self.total = total
 
     def step(self, label: str) -> None:
         self.done += 1
-        if not self.quiet:
-            print(f"bench [{self.done}/{self.total}] {label}", file=sys.stderr, flush=True)
+        print(f"bench [{self.done}/{self.total}] {label}", file=sys.stderr, flush=True)
 
     def note(self, text: str) -> None:
-        if not self.quiet:
-            print(f"bench note: {text}", file=sys.stderr, flush=True)
+        print(f"bench note: {text}", file=sys.stderr, flush=True)
 
 
 # Argument types (``rigfleet bench`` on the control side uses them too).
@@ -106,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = BenchSettings(runs=args.runs, warmup=args.warmup, timeout_s=args.timeout_s,
                              concurrency=args.concurrency, depths=args.depths)
     started = now_iso()
-    result = Bench(Client(url, key), settings, LineProgress(args.quiet)).run()
+    result = Bench(Client(url, key), settings, Progress() if args.quiet else LineProgress()).run()
     measured = any(s.figures() for s in result.shapes.values())
     record = None
     if args.accept_baseline and measured and stack:
