@@ -124,9 +124,7 @@ class RunResult:
         if not self.ok or self.first_token_s is None or self.seconds <= self.first_token_s:
             return None
         tokens = (self.completion_tokens or 0) - (self.first_tokens or 0)
-        if tokens <= 0:
-            return None
-        return tokens / (self.seconds - self.first_token_s)
+        return tokens / (self.seconds - self.first_token_s) if tokens > 0 else None
 
     @property
     def wall_tok_s(self) -> float | None:
