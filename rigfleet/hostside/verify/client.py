@@ -166,14 +166,10 @@ class Client:
 
     def chat(self, body: dict[str, Any], timeout: float, stream: bool = False) -> ChatResult:
         """POST /v1/chat/completions. ``timeout`` bounds the whole exchange, stream included."""
-        body = dict(body)
         if stream:
-            body["stream"] = True
             # continuous usage (vLLM's extension): each chunk says how many tokens so far
-            body.setdefault("stream_options", {"include_usage": True,
-                                               "continuous_usage_stats": True})
-        else:
-            body.pop("stream", None)
+            body = {**body, "stream": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         t0 = time.monotonic()
         try:
             resp = self._opener.open(self._request("POST", "/v1/chat/completions", body),
