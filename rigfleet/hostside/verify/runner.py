@@ -89,9 +89,8 @@ def run(url: str, profile: Profile, api_key: str | None = None,
     (``ca_file``: what https:// trusts, else ``$RIGFLEET_CA_FILE``)."""
     progress = progress or ConsoleProgress(None)
     t0 = time.monotonic()
-    values = {k: v for k, v in vars(profile).items() if k != "overrides"}
-    rep = Report(url=redact_url(url), profile=profile.name, profile_values=values,
-                 overrides=dict(profile.overrides))
+    rep = Report(url=redact_url(url), profile=profile.name, overrides=dict(profile.overrides),
+                 profile_values={k: v for k, v in vars(profile).items() if k != "overrides"})
     ctx = checks.Context(Client(url, api_key, ca_file=ca_file), profile, progress)
     selected = [(check.__name__, title, check) for check, title in checks.CHECKS
                 if check.__name__ in {*(only or checks.CHECK_NAMES), "preflight"}]
