@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"stack": stack, "bench": result.to_dict(),
                           "accepted": record.to_dict() if record else None,
-                          "reports": [str(p) for p in paths] if paths else None},
+                          "reports": [str(path) for path in paths] if paths else None},
                          sort_keys=True))
     elif not args.quiet:
         for name, s in result.shapes.items():
