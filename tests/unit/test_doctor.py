@@ -222,8 +222,7 @@ def test_the_load_samples_while_it_runs():
         return {"rc": 0, "fields": ["index"], "stdout": "0\n"}
 
     with PacedServer(Pace(step_rate=1000.0, prefill_s=0.001)) as srv:
-        got = host_evidence.load(Client(srv.url), "qwen3.6-27b-autoround", 0.6, sample,
-                                 interval_s=0.1)
+        got = host_evidence.load(Client(srv.url), "qwen3.6-27b-autoround", 0.6, sample)
     assert got["gpu"]["idle"]["rc"] == 0 and len(got["gpu"]["load"]) >= 2
     assert got["load"]["decode_mean"] > 0 and got["load"]["acceptance"]["drafts"]
 

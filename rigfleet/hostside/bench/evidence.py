@@ -51,12 +51,12 @@ LOG_TAIL = 5000
 Runner = Callable[[list[str], float], tuple[int, str, str]]
 
 
-def query_gpus(run: Runner = stackctl.run, fields: Sequence[str] = GPU_FIELDS) -> dict[str, Any]:
+def query_gpus(run: Runner = stackctl.run) -> dict[str, Any]:
     """One nvidia-smi sample: ``{"t", "fields", "rc", "stdout", "stderr"}``. A field this
     driver does not know is dropped (older drivers spell ``clocks_event_reasons`` as
     ``clocks_throttle_reasons``: tried before dropping)."""
-    wanted = list(fields)
-    for _ in range(len(fields)):
+    wanted = list(GPU_FIELDS)
+    for _ in GPU_FIELDS:
         rc, out, err = run(stackctl.smi_command(",".join(wanted)), 20)
         m = _INVALID_FIELD.search(out + err)
         if rc == 0 or m is None or m.group(1) not in wanted:
@@ -120,12 +120,12 @@ def container_facts(container: str, run: Runner = stackctl.run) -> dict[str, Any
     return out
 
 
-def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[str, Any]],
-         interval_s: float = 1.0) -> dict[str, Any]:
+def load(client: Client, model: str, seconds: float,
+         sample: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``{"gpu": {"idle", "load"}, "load"}``: narrative requests for about ``seconds`` (at
-    least one), with a GPU sample before and every ``interval_s`` during the load (more often
-    for a short load: four samples at least while it runs)."""
-    interval_s = min(interval_s, max(seconds / 4, 0.05))
+    least one), with a GPU sample before and every second during the load (more often for a
+    short load: four samples at least while it runs)."""
+    interval_s = min(1.0, max(seconds / 4, 0.05))
     idle = sample()
     bench = Bench(client, BenchSettings(runs=1, warmup=0), model=model)
     results: list[ShapeResult] = []
@@ -158,16 +158,15 @@ def load(client: Client, model: str, seconds: float, sample: Callable[[], dict[s
         "acceptance_note": results[-1].acceptance_note if results else "no run"}}
 
 
-def gather(container: str, port: int, api_key: str | None, load_s: float,
-           run: Runner = stackctl.run, interval_s: float = 1.0) -> dict[str, Any]:
+def gather(container: str, port: int, api_key: str | None, load_s: float) -> dict[str, Any]:
     """The doctor's evidence for the stack ``container`` serving on 127.0.0.1:``port``."""
     client = Client(f"http://127.0.0.1:{port}", api_key)
     bench = Bench(client, BenchSettings(runs=0, warmup=0))
     out: dict[str, Any] = {"container": container, "port": port}
     if not bench.prepare():
-        out.update(error=bench.result.error, gpu={"idle": query_gpus(run), "load": []})
+        out.update(error=bench.result.error, gpu={"idle": query_gpus(), "load": []})
     else:
-        out.update(load(client, bench.result.model, load_s, lambda: query_gpus(run), interval_s))
+        out.update(load(client, bench.result.model, load_s, query_gpus))
         out["model"], out["version"] = bench.result.model, bench.result.version
-    out.update(container_facts(container, run))
+    out.update(container_facts(container))
     return out
