@@ -196,12 +196,11 @@ class Client:
         try:
             while True:
                 left = timeout - (time.monotonic() - t0)
-                if left <= 0:
-                    out.error = f"timed out after {timeout:.0f}s (stream still running)"
-                    break
-                if sock is not None:  # a read waits for what is left, not a whole timeout
-                    sock.settimeout(left)
                 try:
+                    if left <= 0:
+                        raise TimeoutError  # the deadline passed between two reads
+                    if sock is not None:  # a read waits for what is left, not a whole timeout
+                        sock.settimeout(left)
                     line = resp.readline()
                 except TimeoutError:
                     if time.monotonic() - t0 < timeout:
