@@ -22,7 +22,6 @@ from .client import Client
 Messages = list[dict[str, Any]]
 Tools = list[dict[str, Any]] | None
 Builder = Callable[[int], Messages]
-Counter = Callable[[Messages, Tools], int | None]
 
 
 def _tool(name: str, description: str, props: dict[str, dict[str, Any]],
@@ -414,7 +413,7 @@ class Sized:
 class Sizer:
     """Builds prompts to a target size in the server's tokens (calibration cached per kind)."""
 
-    count: Counter
+    count: Callable[[Messages, Tools], int | None]
     tolerance: float = 0.02
     _cal: dict[str, tuple[float, float]] = field(default_factory=dict)  # (base, tokens/unit)
 
