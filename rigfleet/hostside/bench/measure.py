@@ -380,8 +380,7 @@ class Bench:
         return True
 
     def shapes(self) -> dict[str, ShapeResult]:
-        """The warm-up rounds, then each of the settings' shapes (``shape``), kept in the
-        result."""
+        """The warm-up rounds, then each of the settings' shapes (``shape``), kept in the result."""
         for _ in range(self.settings.warmup):
             for name in self.settings.shapes:
                 shape = BY_NAME[name]

@@ -82,9 +82,6 @@ class ChatResult(HttpResult):
         v = (self.usage or {}).get("prompt_tokens")
         return v if isinstance(v, int) else None
 
-    def error_message(self) -> str:
-        return "" if self.ok else super().error_message()
-
     def tool_names(self) -> list[str]:
         return [str((c.get("function") or {}).get("name") or "") for c in self.tool_calls]
 
