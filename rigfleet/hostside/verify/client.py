@@ -248,10 +248,7 @@ class Client:
                       content: list[str], reasoning: list[str], t0: float) -> None:
         """One event's choices into ``out``; AttributeError/TypeError for a malformed one."""
         usage = event.get("usage")
-        choices = event.get("choices") or []
-        if not isinstance(choices, list):
-            raise TypeError("choices is not a list")
-        for choice in choices:
+        for choice in event.get("choices") or []:
             delta = choice.get("delta") or {}
             piece, rpiece = _texts(delta)
             content.append(piece)
