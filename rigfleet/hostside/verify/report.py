@@ -119,10 +119,9 @@ def _cell(text: str) -> str:
 
 
 def _detail_lines(details: dict[str, Any]) -> list[str]:
-    """Per-attempt rows (depths, turns) as a small table; other details as a JSON block."""
+    """The needle checks' attempts (a dict per depth) as a small table; the rest as JSON."""
     out: list[str] = []
-    rows = details.get("attempts")
-    if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+    if rows := details.get("attempts"):
         keys = list(dict.fromkeys(k for r in rows for k in r
                                   if not isinstance(r[k], dict | list)))
         out += ["", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
