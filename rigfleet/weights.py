@@ -91,9 +91,13 @@ class WeightsDirs(FactBase[WeightsDirsState]):
         return WeightsDirsState(entries, frozenset(referenced))
 
 
-def _model_of(entry: WeightsEntry) -> str | None:
-    """The ``local_dir`` of a revision directory or of its partial download, else None."""
+def _owner(entry: WeightsEntry) -> str | None:
+    """The ``local_dir`` an entry we may prune belongs to: a revision directory, its partial
+    download, or the adopted old name (a link); never a real directory under the old name
+    (unverified, or someone's copy: not ours to remove)."""
     name = entry.name
+    if entry.kind == "link":
+        return name
     if entry.kind == "partial":
         name = name[1:].removesuffix(PARTIAL_SUFFIX)
     elif entry.kind != "dir":
@@ -101,14 +105,6 @@ def _model_of(entry: WeightsEntry) -> str | None:
     head, mark, rev = name.rpartition(WEIGHTS_REVISION_MARK)
     revision = re.fullmatch(f"[0-9a-f]{{{WEIGHTS_REVISION_CHARS}}}", rev)
     return head if mark and head and revision else None
-
-
-def _prunable(entry: WeightsEntry, local_dir: str) -> bool:
-    """Revision directories, their partial downloads and the adopted old name (a link); never
-    a real directory under the old name (unverified, or someone's copy: not ours to remove)."""
-    if entry.kind == "link":
-        return entry.name == local_dir
-    return _model_of(entry) == local_dir
 
 
 def _mounted(dirs: WeightsDirsState) -> set[str]:
@@ -132,7 +128,7 @@ def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str) -> list
     """The names of ``local_dir``'s revisions to remove (sorted): all but the pinned revision and
     those a compose file mounts (``dirs`` read with every compose file); no extra one is kept
     (tens of GB each; the revision a rollback needs is the active snapshot's, so it is named)."""
-    candidates = {e.name: float(e.mtime) for e in dirs.entries.values() if _prunable(e, local_dir)}
+    candidates = {e.name: float(e.mtime) for e in dirs.entries.values() if _owner(e) == local_dir}
     return stale(candidates, revision_name(local_dir, revision),
                  kept_names(dirs, local_dir, revision), keep=1)
 
@@ -140,10 +136,12 @@ def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str) -> list
 def retired_weights(dirs: WeightsDirsState, served: Set[str]) -> list[str]:
     """The revisions, partial downloads and old-name links of every model that no staged stack
     serves (``served``: the ``local_dir`` of those that are), unless a compose file mounts them."""
-    retired = {m for e in dirs.entries.values() if (m := _model_of(e)) and m not in served}
+    # A model is retired by its revisions; an old-name link alone does not name one.
+    retired = {m for e in dirs.entries.values()
+               if e.kind != "link" and (m := _owner(e)) and m not in served}
     mounted = _mounted(dirs)
-    return sorted(e.name for e in dirs.entries.values() if e.name not in mounted
-                  and any(_prunable(e, local_dir) for local_dir in retired))
+    return sorted(e.name for e in dirs.entries.values()
+                  if e.name not in mounted and _owner(e) in retired)
 
 
 def prunable(dirs: WeightsDirsState, pinned: Iterable[tuple[str, str]]) -> list[str]:
