@@ -363,9 +363,9 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     gate_set = _gate_set(p, top.get("gate"))
     caveats = [Caveat(**e) for e in _entries(p, "caveats", top.get("caveats"))]
     throughput = _throughput(p, top.get("throughput"), n)
-    drain = p.mapping("drain", top.get("drain"), required=False)
-    seconds = None if drain is None else p.number("drain.timeout_s", drain.get("timeout_s"),
-                                                  0.0, MAX_DRAIN_TIMEOUT_S, required=False)
+    drain = p.mapping("drain", top.get("drain"), required=False) or {}
+    seconds = p.number("drain.timeout_s", drain.get("timeout_s"), 0.0, MAX_DRAIN_TIMEOUT_S,
+                       required=False)
     p.raise_if_any(CatalogError)
     assert name and summary and port and served and gpu_count and kv and tp and max_len
     assert util is not None and seqs and batched

@@ -253,10 +253,9 @@ class Problems:
             return None
         return value
 
-    def choice(self, key: str, value: Any, choices: Iterable[str],
-               required: bool = True) -> str | None:
+    def choice(self, key: str, value: Any, choices: Iterable[str]) -> str | None:
         allowed = list(choices)
-        if self.absent(key, value, ", ".join(allowed), required):
+        if self.absent(key, value, ", ".join(allowed), required=True):
             return None
         if not isinstance(value, str) or value not in allowed:
             self.unknown_key(key, value, allowed, "is not allowed")
