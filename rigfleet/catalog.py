@@ -35,7 +35,7 @@ from rigfleet.catalog_keys import (
     allowed,
     keys_of,
 )
-from rigfleet.genesis_layout import LAYOUTS, GenesisLayout, entrypoint_script
+from rigfleet.genesis_inspect import GENERATIONS, GenesisLayout, refuse_if
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.validate import Problems, ValidationError, YamlError, env_vars, load_yaml
@@ -304,6 +304,25 @@ class Catalog:
         return {spec.port: name for name, spec in self.stacks.items()}
 
 
+def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) -> str:
+    """The container's ``/bin/bash -c <script> -- <vllm args>``: check the mount and the baked
+    packages, apply Genesis (``set -e``: a failed patch stops the boot), serve."""
+    check = layout.check_path_in_container
+    lines = ["set -e", *refuse_if(
+        f"[ ! -f {check} ]", f"Genesis patches missing: {check} not found; the host's Genesis "
+        "checkout is empty or not at the pinned commit. Re-run the deploy.")]
+    if runtime_packages:
+        # Genesis' dependencies are imported by their names (``xxhash==3.5.0``: ``xxhash``).
+        modules = ", ".join(r.split("==", 1)[0].strip().lower().replace("-", "_")
+                            for r in runtime_packages)
+        wanted = " ".join(runtime_packages)
+        lines += refuse_if(f"! python3 -c 'import {modules}' 2>/dev/null",
+                           f"the packages Genesis needs ({wanted}) are not in this image; the "
+                           "deploy bakes them into the stack's image. Re-run the deploy.")
+    lines += [*layout.prepare, layout.apply_command, 'exec vllm serve "$@"']
+    return "\n".join(lines) + "\n"
+
+
 def parse_stack(data: Any, where: str) -> StackSpec:
     """``where``: the file, its stem the stack's name; raises ``CatalogError`` listing all."""
     p = Problems(where, TABLE)
@@ -521,12 +540,12 @@ def parse_genesis(p: Problems, value: Any) -> GenesisSpec | None:
     raw = d.get("switches")
     if not isinstance(raw, dict) or not raw:
         p.bad("genesis.switches", raw, f"{allowed('genesis.switches')} with generations "
-              f"{', '.join(LAYOUTS)}")
+              f"{', '.join(GENERATIONS)}")
     else:
         for gen, sets in raw.items():
             key = f"genesis.switches.{gen}"
-            if gen not in LAYOUTS:
-                p.bad(key, gen, ", ".join(LAYOUTS), "is not a Genesis generation rigfleet knows")
+            if gen not in GENERATIONS:
+                p.bad(key, gen, ", ".join(GENERATIONS), "is not a Genesis generation rigfleet knows")
                 continue
             s = p.mapping(key, sets) or {}
             on = p.strings(f"{key}.on", s.get("on"), _SWITCH) or []

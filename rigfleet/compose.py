@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from rigfleet.catalog import VLLM_PORT_IN_CONTAINER, StackSpec
-from rigfleet.genesis_layout import LAYOUTS
+from rigfleet.genesis_inspect import GENERATIONS
 from rigfleet.hostdata import HostSettings
 from rigfleet.hostside.layout import (
     CONFIG_HASH_LABEL,
@@ -48,7 +48,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     if spec.needs_genesis and stack_pins.genesis is None:
         raise PinsError(f"{pins.path}: stacks.{spec.name}.genesis: missing; the stack needs it")
 
-    layout = LAYOUTS[stack_pins.genesis.layout] if stack_pins.genesis is not None else None
+    layout = GENERATIONS[stack_pins.genesis.layout] if stack_pins.genesis is not None else None
     environment = spec.environment(layout.generation if layout else None)
     # Host extras last: they may override catalog values (the testbed injects faults so).
     environment.update(sorted(host.env_for(spec.name).items()))

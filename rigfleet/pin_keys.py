@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from rigfleet.genesis_layout import LAYOUTS
+from rigfleet.genesis_inspect import GENERATIONS
 from rigfleet.keytable import Key, KeyTable, write_docs
 
 SCHEMA = "rigfleet-pins/1"
@@ -81,7 +81,7 @@ KEYS: tuple[Key, ...] = (
     _K(f"{_STACK}.genesis.commit", "string", "The full commit (a v7 commit may be reachable "
        "only from a branch such as `dev`).", COMMIT, required=True),
     _K(f"{_STACK}.genesis.layout", "string", "How the commit lays Genesis out (`v7`: "
-       "`vllm/_genesis`; `v12`: `sndr/`), read by `rigfleet pins lock`.", ", ".join(LAYOUTS),
+       "`vllm/_genesis`; `v12`: `sndr/`), read by `rigfleet pins lock`.", ", ".join(GENERATIONS),
        "v7"),
     _K(f"{_STACK}.genesis.version", "string", "The Genesis release it is, for people and "
        "messages.", "a Genesis release such as 'v12.1.0'"),

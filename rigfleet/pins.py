@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from rigfleet.catalog import HF_REPO, Catalog, builtin_catalog
-from rigfleet.genesis_layout import LAYOUTS
+from rigfleet.genesis_inspect import GENERATIONS
 from rigfleet.hostside.atomic import write_atomic
 from rigfleet.pin_keys import SCHEMA, TABLE, UNRESOLVED, allowed, default
 from rigfleet.registry import DIGEST
@@ -472,8 +472,8 @@ class _Checker(Problems):
         if d is None:
             return None
         layout = d.get("layout", DEFAULT_LAYOUT)
-        if not isinstance(layout, str) or layout not in LAYOUTS:
-            self.bad(f"{key}.layout", layout, ", ".join(LAYOUTS),
+        if not isinstance(layout, str) or layout not in GENERATIONS:
+            self.bad(f"{key}.layout", layout, ", ".join(GENERATIONS),
                      "is not a Genesis layout rigfleet knows")
             layout = None
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,

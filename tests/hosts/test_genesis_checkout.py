@@ -13,7 +13,7 @@ import shlex
 
 import pytest
 
-from rigfleet.genesis_layout import LAYOUTS
+from rigfleet.genesis_inspect import GENERATIONS
 from rigfleet.hostside.layout import HOST
 
 CHECKOUT = str(HOST.genesis_checkout)
@@ -48,7 +48,7 @@ def test_genesis_origin_and_layout(host, rig, pin, fail_if):
     if origin != pin.repo:
         problems.append(f"origin is {origin or 'unset'}, pin repo is {pin.repo}")
     # The pinned generation's check file: the trees the stacks mount are exported from here.
-    check_file = LAYOUTS[pin.layout].check_file
+    check_file = GENERATIONS[pin.layout].check_file
     if not host.file(f"{CHECKOUT}/{check_file}").is_file:
         problems.append(f"{check_file} is missing: the container would boot without the patches")
     fail_if(f"Genesis checkout {CHECKOUT}", problems)
@@ -57,7 +57,7 @@ def test_genesis_origin_and_layout(host, rig, pin, fail_if):
 def test_genesis_tree_exported(host, rig, pin, require):
     # What the stacks mount: the pinned commit exported (git archive) next to the checkout.
     tree = HOST.genesis_tree(pin.commit)
-    check_file = LAYOUTS[pin.layout].check_file
+    check_file = GENERATIONS[pin.layout].check_file
     require(
         host.file(f"{tree}/{check_file}").is_file,
         f"{rig.name}: Genesis tree {tree} (what the stacks mount) is missing or lacks "

@@ -20,7 +20,7 @@ from rigfleet.compose import (
     config_hash,
     render_document,
 )
-from rigfleet.genesis_layout import LAYOUTS
+from rigfleet.genesis_inspect import GENERATIONS
 from rigfleet.hostdata import HostSettings
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import UNRESOLVED, GenesisPin, ModelPin, Pins, PinsError, StackPins
@@ -34,7 +34,7 @@ REVISION = "f" * 40
 GENESIS = "7b9fd3194ee6efa1644973383cd44ee5604a5d85"
 SECRET = "s3cr3t-api-key-do-not-leak-0123456789"
 STACKS = builtin_catalog().stacks
-V7 = LAYOUTS["v7"]
+V7 = GENERATIONS["v7"]
 
 
 def render_compose(spec: StackSpec, pins: Pins, host: HostSettings) -> str:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from genesis_trees import V7_KNOWN, V12_KNOWN, V12_PENDING, v7_files, v12_files, write_tree
 
-from rigfleet.catalog import StackSpec, builtin_catalog
+from rigfleet.catalog import StackSpec, builtin_catalog, entrypoint_script
 from rigfleet.compose import compose_document
 from rigfleet.genesis import (
     StackUse,
@@ -26,8 +26,7 @@ from rigfleet.genesis import (
     pairing_problems,
     switch_problems,
 )
-from rigfleet.genesis_inspect import DirSource, inspect
-from rigfleet.genesis_layout import LAYOUTS, entrypoint_script
+from rigfleet.genesis_inspect import GENERATIONS, DirSource, inspect
 from rigfleet.hostdata import HostSettings
 from rigfleet.pins import GenesisPin, ModelPin, Pins, StackPins
 
@@ -36,7 +35,7 @@ V7_PIN = GenesisPin("https://example.test/genesis.git", "7b9fd3194ee6efa16449733
 V12_PIN = GenesisPin("https://example.test/genesis.git",
                      "66e37841a18f35a113ce10f831808faa4c858ced", "v12", "v12.1.0")  # fmt: skip
 STACK = "tq3-mtp-genesis"
-V7, V12 = LAYOUTS["v7"], LAYOUTS["v12"]
+V7, V12 = GENERATIONS["v7"], GENERATIONS["v12"]
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("host tool", ("rigfleet.hostside",)),
     ("base", ("rigfleet", "rigfleet.errors", "rigfleet.validate", "rigfleet.tables",
               "rigfleet.resources", "rigfleet.commands", "rigfleet.vllm_versions",
-              "rigfleet.genesis_inspect", "rigfleet.genesis_layout", "rigfleet.sshconfig",
+              "rigfleet.genesis_inspect", "rigfleet.sshconfig",
               "rigfleet.retention", "rigfleet.gpu", "rigfleet.packages", "rigfleet.registry",
               "rigfleet.hub", "rigfleet.hostbundle",
               "rigfleet.keytable")),
@@ -176,7 +176,7 @@ def _docstring_lines(path: Path) -> int:
 
 def test_the_graph_sees_lazy_and_type_only_imports():
     """The graph is real: known module-level, lazy, type-only and relative imports are edges."""
-    assert "rigfleet.genesis_layout" in GRAPH["rigfleet.catalog"]
+    assert "rigfleet.genesis_inspect" in GRAPH["rigfleet.catalog"]
     assert "rigfleet.catalog" in GRAPH["rigfleet.stack_docs"]
     assert "rigfleet.catalog" in GRAPH["rigfleet.genesis"]  # under if TYPE_CHECKING only
     assert "rigfleet.hostside.verify.checks" in GRAPH["rigfleet.hostside.verify.runner"]

@@ -19,7 +19,7 @@ from rigfleet.catalog import (
     parse_stack,
 )
 from rigfleet.catalog_keys import BY_PATH
-from rigfleet.genesis_layout import LAYOUTS
+from rigfleet.genesis_inspect import GENERATIONS
 from rigfleet.hostdata import HostDataError, validate_host
 from rigfleet.validate import YamlError, load_yaml
 from rigfleet.vllm_versions import version_key
@@ -52,7 +52,7 @@ def test_every_builtin_stack_file_validates(path: Path) -> None:
     assert spec.name == path.stem and spec.source == str(path)
     assert spec.tensor_parallel_size <= spec.gpu_count
     if spec.genesis is not None:
-        assert set(spec.genesis.switches) <= set(LAYOUTS)
+        assert set(spec.genesis.switches) <= set(GENERATIONS)
         assert "P67" in spec.genesis.needs
         # Every generation's set enables the kernel the stack cannot work without.
         for on, _off in spec.genesis.switches.values():
