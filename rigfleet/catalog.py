@@ -545,7 +545,8 @@ def parse_genesis(p: Problems, value: Any) -> GenesisSpec | None:
         for gen, sets in raw.items():
             key = f"genesis.switches.{gen}"
             if gen not in GENERATIONS:
-                p.bad(key, gen, ", ".join(GENERATIONS), "is not a Genesis generation rigfleet knows")
+                p.bad(key, gen, ", ".join(GENERATIONS),
+                      "is not a Genesis generation rigfleet knows")
                 continue
             s = p.mapping(key, sets) or {}
             on = p.strings(f"{key}.on", s.get("on"), _SWITCH) or []
