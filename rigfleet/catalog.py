@@ -236,8 +236,7 @@ class StackSpec:
         """The container entrypoint (a Genesis stack's applies the pinned ``layout``)."""
         if self.genesis is None:
             return self.entrypoint_argv
-        if layout is None:
-            raise CatalogError(f"stack {self.name}: needs Genesis, but no Genesis layout given")
+        assert layout is not None, f"stack {self.name}: needs Genesis, but no layout given"
         return ("/bin/bash", "-c", entrypoint_script(layout, self.genesis.runtime_packages), "--")
 
     @property

@@ -370,12 +370,9 @@ def problems_of(findings: Iterable[Finding]) -> list[Finding]:
     return [f for f in findings if f.status in (MISSING, UNREACHABLE)]
 
 
-REACH_ENV = "RIGFLEET_REACH"
-
-
 def deploy_online(images: bool = False, reach: Sequence[str] = ()) -> Online:
     """The deploy's online pass: short timeouts, ``RIGFLEET_REACH`` pairs as --reach."""
-    pairs = [*os.environ.get(REACH_ENV, "").split(), *reach]
+    pairs = [*os.environ.get("RIGFLEET_REACH", "").split(), *reach]
     return Online(reach=reacher(pairs), timeout=10.0, images=images)
 
 
