@@ -19,7 +19,7 @@ from functools import cached_property, partial
 from typing import Any, TypeVar, cast
 
 from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_index
-from rigfleet.aptrepos import OS_ALLOWED, SUPPORTED_OS, AptRepo, os_named
+from rigfleet.aptrepos import SUPPORTED_OS, AptRepo, os_named
 from rigfleet.bump.genesis import GenesisError, GenesisRepo
 from rigfleet.catalog import load_catalog
 from rigfleet.desired import (
@@ -58,24 +58,17 @@ class Finding:
     hosts: tuple[str, ...] = ()
 
 
-def host_os(name: str, value: Any) -> tuple[list[OsKey], str | None]:
-    """The OSes host data ``os`` names (None: every supported one), and a problem line."""
-    known = [(i, v, c) for (i, v), c in SUPPORTED_OS.items()]
-    if value is None:
-        return known, None
-    named = os_named(value)
-    if named is not None:
-        return [named], None
-    return known, f"{name}: os: {value!r} is not a supported OS; allowed: {OS_ALLOWED}"
+def host_os(value: Any) -> list[OsKey]:
+    """The OSes host data ``os`` names (None: every supported one; host data's own check
+    refuses a value that names none)."""
+    named = None if value is None else os_named(value)
+    return [named] if named else [(i, v, c) for (i, v), c in SUPPORTED_OS.items()]
 
 
 def os_disagrees(name: str, value: Any, os_key: OsKey) -> str | None:
     """The deploy's refusal when host data ``os`` names another OS than the host runs."""
-    if value is None:
+    if value is None or host_os(value) == [os_key]:
         return None
-    named, problem = host_os(name, value)
-    if problem or named == [os_key]:
-        return problem
     return (f"{name}: os: {value!r}, but the host runs {os_key[0]} {os_key[1]} "
             f"({os_key[2]}); allowed: the OS the host runs (or no os key)")
 
@@ -102,9 +95,6 @@ def offline(hosts: Sequence[Any]) -> Checked:
             out.problems += _raised(check) if wanted else []
         if not h.kind.gpu:
             continue
-        oses, os_problem = host_os(h.name, h.data.get("os"))
-        if os_problem:
-            out.problems.append(os_problem)
         settings: HostSettings | None = None
         try:
             settings = validate_host(h.name, h.data)
@@ -119,7 +109,7 @@ def offline(hosts: Sequence[Any]) -> Checked:
             continue
         mine = pins.for_host(h.name)
         out.add(dict.fromkeys(_agree(settings, mine)))
-        out.hosts[h.name] = (settings, mine, oses)
+        out.hosts[h.name] = (settings, mine, host_os(h.data.get("os")))
     return out
 
 
@@ -385,7 +375,7 @@ def verify_pins(hosts: Sequence[Any], pins: Pins, run: Online) -> tuple[list[str
             settings = validate_host(h.name, h.data)
         except ValidationError:
             continue  # the caller refuses bad host data itself
-        run.host(settings, pins.for_host(h.name), host_os(h.name, h.data.get("os"))[0])
+        run.host(settings, pins.for_host(h.name), host_os(h.data.get("os")))
     found = list(run.findings.values())
     refusals = [f"{f.thing}: missing at {f.source}: {f.todo} (hosts: {', '.join(f.hosts)})"
                 for f in found if f.status == MISSING]
