@@ -94,11 +94,10 @@ class Hub:
                              "see (HTTP 401/404)") from None
         except HfHubHTTPError as e:
             status = getattr(getattr(e, "response", None), "status_code", None)
-            if isinstance(status, int) and (status == 429 or status >= 500):
-                # A rate limit or a server error says nothing of the model: the hub is away.
-                raise HubUnreachable(f"{what}: HTTP {status}: "
-                                     f"{str(e).splitlines()[0][:200]}") from None
-            raise HubError(f"{what}: HTTP {status}: {str(e).splitlines()[0][:200]}") from None
+            # A rate limit or a server error says nothing of the model: the hub is away.
+            away = isinstance(status, int) and (status == 429 or status >= 500)
+            raise (HubUnreachable if away else HubError)(
+                f"{what}: HTTP {status}: {str(e).splitlines()[0][:200]}") from None
         except (OSError, ValueError) as e:
             raise HubUnreachable(f"{what}: cannot reach the hub ({e})") from None
         except Exception as e:  # httpx / requests transport errors (not OSError subclasses)
