@@ -46,7 +46,6 @@ class AptUnreachable(AptIndexError):
 class AptIndex:
     """What one repository holds for ``ARCH`` (and ``all``): package -> versions."""
 
-    base: str
     verifier: str
     packages: dict[str, list[str]] = field(default_factory=dict)
 
@@ -193,7 +192,7 @@ def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> Ap
     base = dist_url(repo)
     release, verifier = verify(base, _get(repo.key_url, timeout), repo, policy, timeout)
     hashes = sha256_list(release)
-    index = AptIndex(base, verifier)
+    index = AptIndex(verifier)
     dirs = [""] if repo.flat else [f"{c}/binary-{a}/" for c in repo.components
                                    for a in (ARCH, "all")]
     for d in dirs:

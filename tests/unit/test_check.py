@@ -230,7 +230,7 @@ def test_versions_a_repository_has_are_shown_in_version_order(tmp_path, web) -> 
     class Index(Online):
         def index(self, repo: AptRepo, policy: str) -> AptIndex:
             versions = ["580.65.06-1", "580.105.08-1", "580.95.05-1", "580.82.07-1", "575.9-1"]
-            return AptIndex(repo.url, "gpgv", {p: versions for p in DRIVER})
+            return AptIndex("gpgv", {p: versions for p in DRIVER})
 
     settings = settings_for(tmp_path, web, cuda="old")
     found = Index(images=False).apt(settings, pins_at(tmp_path), ("debian", "12", "bookworm"))
