@@ -190,4 +190,4 @@ KEYS: tuple[Key, ...] = (
        "before the stack stops (0: at once)", f"{DEFAULT_DRAIN_TIMEOUT_S:g}"),
 )  # fmt: skip
 TABLE = KeyTable(KEYS, BEGIN, END)
-BY_PATH, allowed, keys_of, reference = TABLE.by_path, TABLE.allowed, TABLE.keys_of, TABLE.reference
+BY_PATH, allowed, keys_of = TABLE.by_path, TABLE.allowed, TABLE.keys_of

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from rigfleet.catalog import builtin_catalog
-from rigfleet.catalog_keys import BEGIN, END, SHIPPED_BEGIN, SHIPPED_END, reference
+from rigfleet.catalog_keys import SHIPPED_BEGIN, SHIPPED_END, TABLE
 from rigfleet.keytable import replace_section, write_docs
 
 
@@ -28,8 +28,7 @@ def shipped() -> str:
 
 def render_into(text: str) -> str:
     """``text`` (docs/stacks.md) with both generated sections replaced."""
-    return replace_section(replace_section(text, BEGIN, END, reference()), SHIPPED_BEGIN,
-                           SHIPPED_END, shipped())
+    return replace_section(TABLE.render_into(text), SHIPPED_BEGIN, SHIPPED_END, shipped())
 
 
 if __name__ == "__main__":
