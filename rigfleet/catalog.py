@@ -97,16 +97,11 @@ class ImageRule:
             what = f"a {kind} tag" if kind else "neither a release (vX.Y.Z) nor a nightly tag"
             out.append(f"is {what}; the stack runs {' or '.join(self.kinds)} tags")
         if version is not None and not self.allows_version(version):
-            out.append(f"reports vLLM {version}; the stack needs {self.describe()}")
+            needs = [" or ".join(f"{k} tags" for k in self.kinds),
+                     f"vLLM >= {self.min_version}" if self.min_version else "",
+                     f"vLLM < {self.below_version}" if self.below_version else ""]
+            out.append(f"reports vLLM {version}; the stack needs {', '.join(filter(None, needs))}")
         return out
-
-    def describe(self) -> str:
-        parts = [" or ".join(f"{k} tags" for k in self.kinds)]
-        if self.min_version:
-            parts.append(f"vLLM >= {self.min_version}")
-        if self.below_version:
-            parts.append(f"vLLM < {self.below_version}")
-        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
