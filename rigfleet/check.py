@@ -223,8 +223,7 @@ class Online:
                 continue
             r = self.checker.check(i, source, w, settings, HostImageState())
             if r.ok:
-                moved = self.tag_moved(source, w, settings) if source.kind == "hub" else None
-                if moved:
+                if source.kind == "hub" and (moved := self.tag_moved(source, w, settings)):
                     return Finding(thing, source.label, CHANGED, moved)
                 return Finding(thing, source.label, FOUND, "" if not tried else
                                "earlier sources: " + "; ".join(tried))
