@@ -454,9 +454,8 @@ def _managed_flag(arg: str) -> bool:
     name = arg.split("=", 1)[0]
     if name.startswith("--"):
         name = name.split(".", 1)[0].replace("_", "-")
-    names = (*MANAGED_FLAGS, *MANAGED_ALIASES)
-    return name in names or (len(name.lstrip("-")) > 0 and name.startswith("-")
-                             and any(flag.startswith(name) for flag in names))
+    return name.startswith("-") and name.lstrip("-") != "" and any(
+        flag.startswith(name) for flag in (*MANAGED_FLAGS, *MANAGED_ALIASES))
 
 
 def _gate_set(p: Problems, value: Any) -> list[str]:
