@@ -588,8 +588,3 @@ class FileDigest(FactBase[FileInfo | None]):
             return None
         mode, user, group = words
         return FileInfo(mode.zfill(4)[-4:], user, group, sha256=output[1].strip())
-
-
-def gpu_power_limit(card: Any) -> float | None:
-    value = getattr(card, "power_limit_w", None)
-    return float(value) if value is not None else None

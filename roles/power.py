@@ -13,7 +13,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import systemd
 
 from rigfleet.commands import nvidia as nvidia_commands
-from rigfleet.facts import GpuQuery, gpu_power_limit, read_fact, read_paths
+from rigfleet.facts import GpuQuery, read_fact, read_paths
 from rigfleet.hostdata import HostDataError, check_caps_against_gpus
 from rigfleet.resources import project_file
 from rigfleet.status.drift import CAP_TOLERANCE_W
@@ -27,7 +27,7 @@ TEMPLATE = str(project_file(f"files/{UNIT}.j2"))
 
 def caps_mismatch(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
     """Cards whose current limit differs from the cap, as ``card N: X W (want Y W)``."""
-    limits = {g.index: gpu_power_limit(g) for g in gpus}
+    limits = {g.index: g.power_limit_w for g in gpus}
     return [f"card {index}: {current} W (want {watts} W)" for index, watts in enumerate(caps)
             if (current := limits.get(index)) is None or abs(current - watts) > CAP_TOLERANCE_W]
 
