@@ -97,7 +97,7 @@ def serve_desired(plan: Plan, follow_timeout_s: float, reports: str,
         yield from fail(f"{host.name}: {describe(holder)}; refusing to change this host now")
         return
     plan = replace(plan, why=f"{decision.kind} {decision.change or decision.reason}")
-    yield f"install -d -m 0755 {hosttool.swap_dir(plan.id)}"
+    yield f"install -d -m 0755 {HOST.swap_dir(plan.id)}"
     yield FileUploadCommand(io.BytesIO(plan.dumps().encode()), hosttool.plan_path(plan.id))
     if decision.kind == "adopt":
         yield hosttool.adopt(plan.id)

@@ -25,10 +25,6 @@ def tool(*args: str) -> str:
     return " ".join([PYTHON, PYZ, *(shlex.quote(a) for a in args)])
 
 
-def swap_dir(swap_id: str) -> str:
-    return str(HOST.swap_dir(swap_id))
-
-
 def plan_path(swap_id: str) -> str:
     return str(HOST.plan_file(swap_id))
 
