@@ -65,16 +65,15 @@ class InventoryHost:
         return t.hostname, t.port, t.user
 
 
-def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[InventoryHost]:
+def load_inventory(path: str | Path) -> list[InventoryHost]:
     """The hosts of inventory file ``path``; ``InventoryError``: missing, unloadable, empty."""
-    where = Path(cwd or ".") / path
-    if not where.is_file():
+    if not Path(path).is_file():
         raise InventoryError(f"inventory {path}: no such file; allowed: a pyinfra inventory "
                              "file (a .py file whose module-level lists name the hosts)")
     pyinfra = Path(sys.executable).with_name("pyinfra")
     cmd = [str(pyinfra) if pyinfra.exists() else "pyinfra", str(path), "debug-inventory", "--json"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=60)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         raise InventoryError(f"cannot load inventory {path}: pyinfra took more than 60 s to read "
                              "it; allowed: an inventory that loads without waiting (no network "
@@ -98,13 +97,9 @@ def load_inventory(path: str | Path, cwd: str | Path | None = None) -> list[Inve
 
 
 def gpu_hosts(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
-    """The hosts that serve, in inventory order (likewise the two below)."""
+    """The hosts that serve, in inventory order (likewise ``balancers``)."""
     return [h for h in hosts if h.kind.gpu]
 
 
 def balancers(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
     return [h for h in hosts if h.kind.balancer]
-
-
-def caches(hosts: Sequence[InventoryHost]) -> list[InventoryHost]:
-    return [h for h in hosts if h.kind.cache]

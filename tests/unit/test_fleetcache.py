@@ -46,7 +46,7 @@ from rigfleet.images.plan import (
     WantedImage,
     plan_host,
 )
-from rigfleet.inventory import InventoryHost, caches, host_kind
+from rigfleet.inventory import InventoryHost, host_kind
 from roles.docker import daemon_settings, merge_daemon_config
 from scripts import load_script
 
@@ -65,7 +65,7 @@ def test_a_cache_host_is_a_service_host_never_a_rig_unless_in_gpu_hosts(groups, 
     in_service_group = kind.balancer or kind.monitor or kind.cache
     assert (kind.gpu, kind.cache, in_service_group) == (gpu, cache, service)
     hosts = [InventoryHost("rig-a", (), {}), InventoryHost("lb1", tuple(groups) or ("x",), {})]
-    assert [h.name for h in caches(hosts)] == (["lb1"] if cache else [])
+    assert [h.name for h in hosts if h.kind.cache] == (["lb1"] if cache else [])
 
 
 def test_cache_data_defaults_and_address(tmp_path):
