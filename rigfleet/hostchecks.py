@@ -115,11 +115,7 @@ class HostChecker(Problems):
 
     def typos(self, data: Any, keys: Mapping[str, Key]) -> None:
         """Unknown keys are fine (pyinfra's, other roles'); one *almost* ours is a typo."""
-        try:  # a mapping or pyinfra's host data
-            names = list(data if isinstance(data, Mapping) else data.dict())
-        except Exception:  # neither: no typo check
-            return
-        for key in names:
+        for key in data if isinstance(data, Mapping) else data.dict():  # or pyinfra's host data
             if key in keys or not isinstance(key, str) or key.startswith("ssh_"):
                 continue
             close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.85)
