@@ -38,6 +38,5 @@ OPERATION: Any = importlib.import_module("pyinfra.api.operation")
 
 
 def fast_operation_order() -> None:
-    """Have pyinfra order operations with ``operation_order``."""
     if OPERATION.get_operation_order_from_stack is get_operation_order_from_stack:
         OPERATION.get_operation_order_from_stack = operation_order

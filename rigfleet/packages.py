@@ -16,8 +16,6 @@ class OsInfo:
 # All four move together; mixing versions breaks the hook (NVIDIA's install guide).
 TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
                     "libnvidia-container-tools", "libnvidia-container1")
-DEBIAN_DRIVER_PACKAGES = ("nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-smi",
-                          "nvidia-persistenced")
 
 
 def version_prefix(branch: str, version: str | None) -> str:
@@ -30,4 +28,4 @@ def driver_packages(os: OsInfo, branch: str) -> tuple[str, ...]:
     if os.id == "ubuntu":  # compute-utils holds nvidia-persistenced there
         return (f"nvidia-driver-{branch}-server-open", f"nvidia-utils-{branch}-server",
                 f"nvidia-compute-utils-{branch}-server")
-    return DEBIAN_DRIVER_PACKAGES
+    return ("nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-smi", "nvidia-persistenced")

@@ -24,7 +24,6 @@ def pip_index(index_url: str | None) -> str:
 
 
 def venv_install(version: str, index_url: str | None = None) -> str:
-    """Install ``huggingface_hub==<version>`` into the venv."""
     return (f"( test -x {HF_VENV}/bin/python || python3 -m venv {HF_VENV} ) && "
             f"{HF_VENV}/bin/pip install --disable-pip-version-check --no-input -q"
             f"{pip_index(index_url)} "
