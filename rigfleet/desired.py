@@ -182,8 +182,7 @@ def check_pinned(settings: HostSettings, pins: Pins) -> None:
         problems.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in "
                         f"{pins.path}; allowed: {', '.join(pins.stacks) or '(no stacks pinned)'}")
     problems += unpinned_stacks(settings, pins)
-    unresolved = pins.unresolved()
-    if unresolved:
+    if unresolved := pins.unresolved():
         problems.append(f"{settings.name}: {pins.path}: {', '.join(unresolved)}: 'unresolved'; "
                         "allowed: a resolved value (run `rigfleet pins lock`)")
     if problems:

@@ -118,8 +118,7 @@ class HostChecker(Problems):
         for key in data if isinstance(data, Mapping) else data.dict():  # or pyinfra's host data
             if key in keys or not isinstance(key, str) or key.startswith("ssh_"):
                 continue
-            close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.85)
-            if close:
+            if close := difflib.get_close_matches(key, list(keys), n=1, cutoff=0.85):
                 self.bad(key, key, f"{close[0]!r}",
                          f"is not a rigfleet key (did you mean {close[0]!r}?)")
 
@@ -171,8 +170,7 @@ class HostChecker(Problems):
 
     def gpu_count(self, key: Key, value: Any) -> int:
         """At least the stack's ``gpus.count`` (the catalog keeps tensor-parallel-size within)."""
-        if not is_int(value) or not 1 <= value <= 16:
-            self.bad(key.name, value, key.allowed)
+        if self.integer(key.name, value, 1, 16, key.allowed) is None:
             return 2
         stack = self.values.get("stack")
         if stack is not None and value < (spec := self.catalog.get(stack)).gpu_count:

@@ -68,8 +68,7 @@ def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
     # hand keeps the labels but not the image).
     up = (c.get("status") == "running" and c.get("hash") == desired.config_hash
           and ("digests" not in c or digest in c["digests"]))
-    active = (probe.get("active") or {}).get("ref") or {}
-    if active:
+    if active := (probe.get("active") or {}).get("ref") or {}:
         current = f"{active.get('stack')}/{active.get('config_hash')}"
         if current == desired.route_id:
             if up and probe.get("route") == desired.route_id:
