@@ -385,8 +385,7 @@ def validate_balancer(name: str, data: Mapping[str, Any] | Any, *,
               "is this host's front_port too (the host serves and balances)")
     tls = _tls(c, v, "balancer", "balancer_url")
     c.raise_if_any(HostDataError)
-    return _settings(BalancerSettings, v, "balancer_", name=name, tls=tls, catalog=c.catalog,
-                     check_interval_s=float(v["balancer_check_interval_s"]))
+    return _settings(BalancerSettings, v, "balancer_", name=name, tls=tls, catalog=c.catalog)
 
 
 @dataclass(frozen=True)
