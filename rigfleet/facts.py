@@ -243,7 +243,7 @@ class GpuState:
 
     loaded: bool
     driver_version: str | None = None
-    gpus: tuple[Any, ...] = ()
+    gpus: tuple[gpu.GpuInfo, ...] = ()
     error: str = ""
 
 

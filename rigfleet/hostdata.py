@@ -22,6 +22,7 @@ from typing import Any
 
 from rigfleet.aptrepos import OS_ALLOWED, AptRepo, check_apt_repos, os_named
 from rigfleet.catalog import MAX_DRAIN_TIMEOUT_S, Catalog, StackSpec, builtin_catalog
+from rigfleet.gpu import GpuInfo
 from rigfleet.hostchecks import (
     MIN_API_KEY_CHARS,
     POWER_CAP_RANGE_W,
@@ -467,7 +468,7 @@ def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
                 or flag_value(data.get("rigfleet_stop_on_preflight", None)))
 
 
-def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any]) -> None:
+def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuInfo]) -> None:
     """A cap outside its card's own range raises ``HostDataError`` (boards may keep the old)."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
@@ -478,7 +479,7 @@ def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any])
             f"{len(ordered)} GPU(s) (indexes: {indexes}); allowed: one cap per card "
             "(and gpu_count set to the number of cards)")
     for pos, (cap, gpu) in enumerate(zip(caps, ordered, strict=False)):
-        low, high = _power_range(gpu)
+        low, high = gpu.power_min_limit_w, gpu.power_max_limit_w
         card = _card(gpu)
         if low is None or high is None:
             problems.append(
@@ -491,7 +492,7 @@ def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[Any])
         raise HostDataError(problems)
 
 
-def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[Any]) -> list[str]:
+def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[GpuInfo]) -> list[str]:
     """What is wrong with the cards the host reports (their count, each one's memory)."""
     problems: list[str] = []
     ordered = sorted(gpus, key=lambda g: g.index)
@@ -502,9 +503,8 @@ def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[Any]) 
             f"(indexes: {indexes}); allowed: gpu_count set to the cards the host has "
             "(a card missing from the list: check its seating and power)")
     need = spec.gpu_memory_mib
-    for gpu in ordered if need else ():
-        have = getattr(gpu, "memory_total_mib", None)
-        if have is not None and have < need:
+    for gpu in ordered:
+        if need and (have := gpu.memory_total_mib) is not None and have < need:
             problems.append(
                 f"{host}: stack: {spec.name!r} needs {need} MiB per card "
                 f"(gpus.memory_mib in {spec.source or 'its stack file'}) but {_card(gpu)} has "
@@ -512,18 +512,9 @@ def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[Any]) 
     return problems
 
 
-def _card(gpu: Any) -> str:
-    name = getattr(gpu, "name", None)
-    return f"card {gpu.index}" + (f" ({name})" if name else "")
+def _card(gpu: GpuInfo) -> str:
+    return f"card {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
 
-
-def _power_range(gpu: Any) -> tuple[float | None, float | None]:
-    """``power_min_w``/``power_max_w``, else ``power_min_limit_w``/...; None: ``[N/A]``."""
-    for low_name, high_name in (("power_min_w", "power_max_w"),
-                                ("power_min_limit_w", "power_max_limit_w")):
-        if hasattr(gpu, low_name) or hasattr(gpu, high_name):
-            return getattr(gpu, low_name, None), getattr(gpu, high_name, None)
-    return None, None
 
 DOC = "docs/hostdata.md"
 GROUPS = {

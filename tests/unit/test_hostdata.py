@@ -377,16 +377,9 @@ def test_all_problems_at_once(data: dict[str, Any]) -> None:
 @dataclass(frozen=True)
 class Gpu:
     index: int
-    name: str
-    power_min_w: float | None
-    power_max_w: float | None
-
-
-@dataclass(frozen=True)
-class GpuLimitNames:  # the other naming rigfleet.gpu may use
-    index: int
-    power_min_limit_w: float
-    power_max_limit_w: float
+    name: str | None
+    power_min_limit_w: float | None
+    power_max_limit_w: float | None
 
 
 RTX3090 = "NVIDIA GeForce RTX 3090"
@@ -396,7 +389,7 @@ def test_caps_within_card_limits_pass() -> None:
     check_caps_against_gpus(
         "rig-a", (290, 350), [Gpu(1, RTX3090, 100, 350), Gpu(0, RTX3090, 100, 350)]
     )
-    check_caps_against_gpus("rig-a", (100,), [GpuLimitNames(0, 100.0, 350.0)])
+    check_caps_against_gpus("rig-a", (100,), [Gpu(0, None, 100.0, 350.0)])
 
 
 def test_cap_outside_card_range_names_card_and_range() -> None:
@@ -407,7 +400,7 @@ def test_cap_outside_card_range_names_card_and_range() -> None:
         f"rig-a: power_caps_w[0]: 400 W is outside card 0 ({RTX3090})'s range; allowed: 100..350 W",
     ]
     with pytest.raises(HostDataError, match=r"power_caps_w\[0\]: 90 W .* allowed: 100..350 W"):
-        check_caps_against_gpus("rig-b", [90], [GpuLimitNames(0, 100.0, 350.0)])
+        check_caps_against_gpus("rig-b", [90], [Gpu(0, None, 100.0, 350.0)])
 
 
 def test_cap_count_must_match_cards() -> None:
