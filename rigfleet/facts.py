@@ -30,10 +30,11 @@ from typing_extensions import override
 from rigfleet import genesis_inspect, gpu
 from rigfleet.commands import apt as apt_commands
 from rigfleet.commands import docker as docker_commands
+from rigfleet.commands import hosttool
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.factmemo import fact_key, prime, read_host_once
+from rigfleet.hostprobe import last_json
 from rigfleet.hostside.layout import MANIFEST_NAME
-from rigfleet.swapfacts import UnitActive
 
 T = TypeVar("T")
 
@@ -65,6 +66,18 @@ class ServiceStates(FactBase[dict[str, dict[str, str]]]):
             if keyed and block.get("Id"):
                 units[block["Id"]] = {k: block.get(k, "") for k in SERVICE_PROPERTIES}
         return units
+
+
+class UnitActive(FactBase[bool]):
+    default = bool
+
+    @override
+    def command(self, unit: str) -> str:
+        return f"systemctl is-active {unit} 2>/dev/null || true"
+
+    @override
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[-1].strip() == "active"
 
 
 def read_services(units: tuple[str, ...]) -> None:
@@ -588,3 +601,18 @@ class FileDigest(FactBase[FileInfo | None]):
             return None
         mode, user, group = words
         return FileInfo(mode.zfill(4)[-4:], user, group, sha256=output[1].strip())
+
+
+class SwapProbe(FactBase[dict[str, Any]]):
+    """The host probe ``rigfleet status`` uses (``HostProbe.raw``); a host without the tool
+    answers as bare."""
+
+    default = dict
+
+    @override
+    def command(self) -> str:
+        return hosttool.probe()
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return last_json("\n".join(output)) or {}

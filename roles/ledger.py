@@ -10,10 +10,9 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 
 from rigfleet.commands import hosttool
-from rigfleet.facts import read_fact
+from rigfleet.facts import SwapProbe, read_fact
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import StackRef
-from rigfleet.swapfacts import SwapProbe
 from rigfleet.swapplan import DEPLOY_ID, decide
 from roles.ops import executing, root_dir
 from roles.preflight import HostContext

@@ -28,11 +28,10 @@ from pyinfra.context import ctx_host
 
 from rigfleet.batches import BATCH_ENV, admit, batch_size
 from rigfleet.commands import hosttool
-from rigfleet.facts import read_fact
+from rigfleet.facts import SwapProbe, read_fact
 from rigfleet.hostbundle import build_bundle
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import Plan
-from rigfleet.swapfacts import SwapProbe
 from rigfleet.swapplan import DEPLOY_ID, build_plan
 from roles.follow import failure_tail, follow, reports_root
 from roles.ops import changed, executing, run_on_host

@@ -33,6 +33,7 @@ from rigfleet.facts import (
     OsRelease,
     Platform,
     PlatformState,
+    SwapProbe,
     read_fact,
     read_services,
 )
@@ -52,7 +53,6 @@ from rigfleet.oporder import fast_operation_order
 from rigfleet.packages import OsInfo
 from rigfleet.resources import deployed_by
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER
-from rigfleet.swapfacts import SwapProbe
 from roles.ops import Secret
 
 # The units the roles check (systemd.service, unit_started), read in one round trip.

@@ -20,7 +20,7 @@ from pyinfra.operations import systemd
 from rigfleet.balancer.plan import SwapBatch, converge_batch
 from rigfleet.batches import admit
 from rigfleet.commands import hosttool
-from rigfleet.facts import read_fact, read_paths
+from rigfleet.facts import SwapProbe, UnitActive, read_fact, read_paths
 from rigfleet.hostbundle import build_bundle
 from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import Plan
@@ -28,7 +28,6 @@ from rigfleet.hostside.records import describe, live_holder
 from rigfleet.hostside.steps import LOCK_WAIT_S
 from rigfleet.hostside.supervise import Policy
 from rigfleet.resources import project_file
-from rigfleet.swapfacts import SwapProbe, UnitActive
 from rigfleet.swapplan import build_plan, decide
 from roles import maintenance, weights
 from roles.docker import reload_detaches_gpus

@@ -13,11 +13,11 @@ from test_status import converged_facts, write_pins
 
 from rigfleet.desired import load_desired
 from rigfleet.errors import RigfleetError
+from rigfleet.facts import SwapProbe
 from rigfleet.fleetview import each_host, fleet_view, probe_or_why, reachability
 from rigfleet.hostprobe import HostProbe, last_json
 from rigfleet.inventory import InventoryHost
 from rigfleet.ssh import HostUnreachable
-from rigfleet.swapfacts import SwapProbe
 
 
 class FakeRemote:

@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "rigfleet.bump.journal", "rigfleet.bump.plan_record")),
     # Reading a host or a source: SSH, the host probe and its record, pyinfra facts, apt.
     ("host access", ("rigfleet.ssh", "rigfleet.hostprobe", "rigfleet.facts",
-                     "rigfleet.swapfacts", "rigfleet.aptindex")),
+                     "rigfleet.aptindex")),
     ("model", ("rigfleet.desired", "rigfleet.compose", "rigfleet.runtime_image")),
     ("decisions", ("rigfleet.swapplan", "rigfleet.status.drift", "rigfleet.bump.plan",
                    "rigfleet.balancer", "rigfleet.images.plan",
