@@ -127,15 +127,7 @@ class HostChecker(Problems):
         return value
 
     def stacks_dir(self, key: Key, value: Any) -> str | None:
-        """Also loads the catalog the later keys are checked against."""
-        path = self._stacks_dir(key, value)
-        try:
-            self.catalog = load_catalog([path] if path else [])
-        except CatalogError as e:
-            self.lines += [f"{self.where}: stacks_dir: {line}" for line in e.problems]
-        return path
-
-    def _stacks_dir(self, key: Key, value: Any) -> str | None:
+        """Also loads the catalog the later keys are checked against (else the built-in one)."""
         checked = self.string(key.name, value, None, key.allowed, required=False)
         if checked is None:
             return None
@@ -158,7 +150,13 @@ class HostChecker(Problems):
                 self.bad(f"stacks_dir: {entry.name}", str(entry),
                          f"stack files inside {str(path.absolute())!r}",
                          f"leads outside the directory (to {os.path.realpath(entry)!r})")
-        return str(path.absolute()) if len(self.lines) == before else None
+        if len(self.lines) != before:
+            return None
+        try:
+            self.catalog = load_catalog([path.absolute()])
+        except CatalogError as e:
+            self.lines += [f"{self.where}: stacks_dir: {line}" for line in e.problems]
+        return str(path.absolute())
 
     def stack(self, key: Key, value: Any) -> str | None:
         """A stack of the catalog (``stack``, ``balancer_default_stack``)."""
