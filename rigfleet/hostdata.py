@@ -305,7 +305,6 @@ class HostSettings:
     balancer_front_address: str | None = None
     peer_port: int = KEY_DEFAULTS["peer_port"]
     adopt_foreign_driver: bool = False
-    stop_on_preflight: bool = False
     catalog: Catalog = field(default_factory=builtin_catalog, compare=False, repr=False)
 
     @property
@@ -352,8 +351,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
               "is this host's front_port too")
     c.raise_if_any(HostDataError)
     return _settings(HostSettings, v, "", name=name, swap=_settings(SwapSettings, v, ""),
-                     bump=_settings(BumpSettings, v, "bump_"), front_tls=tls,
-                     stop_on_preflight=v["rigfleet_stop_on_preflight"], catalog=c.catalog)
+                     bump=_settings(BumpSettings, v, "bump_"), front_tls=tls, catalog=c.catalog)
 
 
 def _settings(cls: Any, v: Mapping[str, Any], prefix: str, **given: Any) -> Any:

@@ -643,8 +643,10 @@ def test_stop_on_preflight_reads_data_leniently(value: Any, expected: bool, monk
 
 def test_flags_are_settings(data: dict[str, Any]) -> None:
     data.update(adopt_foreign_driver="yes", rigfleet_stop_on_preflight=1)
+    from rigfleet.hostdata import stop_on_preflight
+
     s = validate_host("rig-a", data)
-    assert s.adopt_foreign_driver is True and s.stop_on_preflight is True
+    assert s.adopt_foreign_driver is True and stop_on_preflight(data) is True
     assert validate_host("rig-a", {**data, "adopt_foreign_driver": False}).adopt_foreign_driver \
         is False
 
