@@ -29,7 +29,6 @@ from typing_extensions import override
 
 from rigfleet import genesis_inspect, gpu
 from rigfleet.commands import apt as apt_commands
-from rigfleet.commands import docker as docker_commands
 from rigfleet.commands import hosttool
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.factmemo import fact_key, prime, read_host_once
@@ -208,7 +207,7 @@ class DpkgState(FactBase[dict[str, DebPackage]]):
 
     @override
     def command(self) -> str:
-        return apt_commands.dpkg_state()
+        return "dpkg-query -W -f='${Package}\\t${Version}\\t${Status}\\n' 2>/dev/null || true"
 
     @override
     def process(self, output: list[str]) -> dict[str, DebPackage]:
@@ -260,16 +259,20 @@ class GpuState:
     error: str = ""
 
 
+SMI_FAILED = "RIGFLEET-NVIDIA-SMI-FAILED"
+
+
 class GpuQuery(FactBase[GpuState]):
     default = partial(GpuState, loaded=False, error="no output")
 
     @override
     def command(self) -> str:
-        return nvidia_commands.gpu_query(gpu.query_command())
+        return (f"out=$({gpu.query_command()} 2>&1) && printf '%s\\n' \"$out\" "
+                f"|| {{ echo {SMI_FAILED}; printf '%s\\n' \"$out\" | tail -n 3; }}")
 
     @override
     def process(self, output: list[str]) -> GpuState:
-        if not output or output[0].strip() == nvidia_commands.SMI_FAILED:
+        if not output or output[0].strip() == SMI_FAILED:
             return GpuState(loaded=False, error=" ".join(line.strip() for line in output[1:]))
         try:
             gpus = tuple(gpu.parse_query_gpu("\n".join(output)))
@@ -303,11 +306,25 @@ class PlatformState:
 
 
 class Platform(FactBase[PlatformState]):
+    """``key=value`` lines: init, architecture, Secure Boot, the driver's origin (no tool: none)."""
+
     default = PlatformState
 
     @override
     def command(self) -> str:
-        return nvidia_commands.platform_report()
+        mok = shlex.quote(nvidia_commands.DKMS_MOK_CERT)
+        return ('echo "pid1=$(cat /proc/1/comm 2>/dev/null)"; '
+                "if [ -d /run/systemd/system ]; then echo systemd=yes; else echo systemd=no; fi; "
+                'echo "arch=$(dpkg --print-architecture 2>/dev/null)"; '
+                "if command -v mokutil >/dev/null 2>&1; then "
+                "mokutil --sb-state 2>&1 | sed 's/^/sb=/'; "
+                f"if [ -f {mok} ]; then echo mok_cert={mok}; "
+                f"mokutil --test-key {mok} 2>&1 | sed 's/^/mok=/'; fi; "
+                f"else [ -f {mok} ] && echo mok_cert={mok}; echo mokutil=missing; fi; "
+                f"if [ -e {nvidia_commands.RUN_UNINSTALLER} ]; then echo run_uninstaller=yes; fi; "
+                "if p=$(command -v nvidia-smi 2>/dev/null); then echo \"smi=$p\"; "
+                "echo \"smi_owner=$(dpkg -S \"$(readlink -f \"$p\")\" \"$p\" 2>/dev/null "
+                "| grep -v '^diversion' | head -n 1 | cut -d: -f1)\"; fi; true")
 
     @override
     def process(self, output: list[str]) -> PlatformState:
@@ -353,7 +370,10 @@ class ModuleRejections(FactBase[list[str]]):
 
     @override
     def command(self) -> str:
-        return nvidia_commands.module_rejections()
+        pattern = shlex.quote(nvidia_commands.KEY_REJECTED_PATTERN)
+        return (f"since=$({nvidia_commands.SYSTEM_START} 2>/dev/null); "
+                f"{{ journalctl -b -q --no-pager ${{since:+--since @$since}} 2>/dev/null "
+                f"|| dmesg 2>/dev/null; }} | grep -E {pattern} | head -n 3; true")
 
     @override
     def process(self, output: list[str]) -> list[str]:
@@ -398,7 +418,7 @@ class DockerRuntimes(FactBase[list[str]]):
 
     @override
     def command(self) -> str:
-        return docker_commands.runtimes()
+        return "docker info --format '{{json .Runtimes}}' 2>/dev/null || true"
 
     @override
     def process(self, output: list[str]) -> list[str]:

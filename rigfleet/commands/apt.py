@@ -103,8 +103,3 @@ def install(specs: Sequence[str], allow_downgrades: bool = False,
 
 def hold(names: Sequence[str]) -> str:
     return shlex.join(["apt-mark", "hold", *names])
-
-
-def dpkg_state() -> str:
-    """Fact command: one ``name<TAB>version<TAB>status`` line per known package."""
-    return "dpkg-query -W -f='${Package}\\t${Version}\\t${Status}\\n' 2>/dev/null || true"

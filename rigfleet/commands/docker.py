@@ -20,8 +20,3 @@ def vllm_version(ref: str) -> str:
     code = "import vllm; print(vllm.__version__)"
     return (f"docker run --rm --network none --entrypoint python3 {shlex.quote(ref)} "
             f"-c {shlex.quote(code)}")
-
-
-def runtimes() -> str:
-    """Fact command: the daemon's registered runtimes as JSON (nothing when docker is absent)."""
-    return "docker info --format '{{json .Runtimes}}' 2>/dev/null || true"

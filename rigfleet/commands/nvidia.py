@@ -1,12 +1,8 @@
-"""NVIDIA commands: GPU queries, power limits, Secure Boot facts, the toolkit's docker hook."""
+"""NVIDIA commands and paths: power limits, Secure Boot (the facts read it), the docker hook."""
 
 from __future__ import annotations
 
-import shlex
-
 NVIDIA_SMI = "/usr/bin/nvidia-smi"
-
-SMI_FAILED = "RIGFLEET-NVIDIA-SMI-FAILED"
 
 # Only NVIDIA's .run installer installs this.
 RUN_UNINSTALLER = "/usr/bin/nvidia-uninstall"
@@ -17,43 +13,10 @@ DKMS_MOK_CERT = "/var/lib/dkms/mok.pub"
 # modprobe's EKEYREJECTED and the kernel's "Loading of <reason> is rejected" (Secure Boot).
 KEY_REJECTED_PATTERN = "Key was rejected by service|Loading of .* is rejected"
 
-
-def gpu_query(query_command: str) -> str:
-    """Fact command: run the nvidia-smi query, or print the failure marker and its reason."""
-    return (f"out=$({query_command} 2>&1) && printf '%s\\n' \"$out\" "
-            f"|| {{ echo {SMI_FAILED}; printf '%s\\n' \"$out\" | tail -n 3; }}")
-
-
-def platform_report() -> str:
-    """Fact command: ``key=value`` lines on init, architecture, Secure Boot and the driver's
-    origin (``rigfleet.facts.Platform`` parses them); every part tolerates an absent tool."""
-    mok = shlex.quote(DKMS_MOK_CERT)
-    return ('echo "pid1=$(cat /proc/1/comm 2>/dev/null)"; '
-            "if [ -d /run/systemd/system ]; then echo systemd=yes; else echo systemd=no; fi; "
-            'echo "arch=$(dpkg --print-architecture 2>/dev/null)"; '
-            "if command -v mokutil >/dev/null 2>&1; then "
-            "mokutil --sb-state 2>&1 | sed 's/^/sb=/'; "
-            f"if [ -f {mok} ]; then echo mok_cert={mok}; "
-            f"mokutil --test-key {mok} 2>&1 | sed 's/^/mok=/'; fi; "
-            f"else [ -f {mok} ] && echo mok_cert={mok}; echo mokutil=missing; fi; "
-            f"if [ -e {RUN_UNINSTALLER} ]; then echo run_uninstaller=yes; fi; "
-            "if p=$(command -v nvidia-smi 2>/dev/null); then echo \"smi=$p\"; "
-            "echo \"smi_owner=$(dpkg -S \"$(readlink -f \"$p\")\" \"$p\" 2>/dev/null "
-            "| grep -v '^diversion' | head -n 1 | cut -d: -f1)\"; fi; true")
-
-
 # When a container host's systemd started (epoch seconds; PID 1 over a minute after the
 # kernel): its restarts keep the kernel's boot id. Prints nothing on a machine.
 SYSTEM_START = ("awk -v hz=\"$(getconf CLK_TCK)\" 'FNR == NR { if ($1 == \"btime\") b = $2; "
                 "next } $22 / hz > 60 { printf \"%d\", b + $22 / hz }' /proc/stat /proc/1/stat")
-
-
-def module_rejections() -> str:
-    """Fact command: this boot's first lines saying that Secure Boot refused a module."""
-    pattern = shlex.quote(KEY_REJECTED_PATTERN)
-    return (f"since=$({SYSTEM_START} 2>/dev/null); "
-            f"{{ journalctl -b -q --no-pager ${{since:+--since @$since}} 2>/dev/null "
-            f"|| dmesg 2>/dev/null; }} | grep -E {pattern} | head -n 3; true")
 
 
 def mok_enrol_steps(cert: str = DKMS_MOK_CERT) -> str:
