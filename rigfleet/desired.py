@@ -106,11 +106,12 @@ class DesiredHost:
                      for _, s in sorted(self.stacks.items()))
 
 
-def tracked_record(pins: Pins, spec: StackSpec) -> dict[str, Any]:
-    """The facts the ledger tracks for stack ``spec`` (``TRACKED_KEYS``)."""
-    stack, pinned, model = spec.name, pins.stacks[spec.name], pins.model_for(spec.model)
-    record = {
-        "stack": stack,
+def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> DesiredStack:
+    doc = compose_document(spec, pins, settings)
+    config_hash = str(doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL])
+    pinned, model = pins.stacks[spec.name], pins.model_for(spec.model)
+    tracked = {  # the facts the ledger tracks
+        "stack": spec.name,
         "image": pinned.image,
         "digest": pinned.digest,
         "vllm_version": pinned.vllm_version,
@@ -121,14 +122,7 @@ def tracked_record(pins: Pins, spec: StackSpec) -> dict[str, Any]:
         "toolkit_version": pins.toolkit_version,
         "pins_serial": pins.serial,
     }
-    assert tuple(record) == TRACKED_KEYS
-    return record
-
-
-def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> DesiredStack:
-    doc = compose_document(spec, pins, settings)
-    config_hash = str(doc["services"][SERVICE]["labels"][CONFIG_HASH_LABEL])
-    tracked = tracked_record(pins, spec)
+    assert tuple(tracked) == TRACKED_KEYS
     ref = StackRef(
         stack=spec.name,
         project=spec.compose_project,
@@ -143,8 +137,8 @@ def desired_stack(spec: StackSpec, settings: HostSettings, pins: Pins) -> Desire
         boot_expect=tuple((b.pattern, b.title) for b in spec.boot_expect),
         boot_failures=tuple((b.kind, b.pattern, b.title, b.hint) for b in spec.boot_failures),
     )
-    return DesiredStack(spec, pins.stacks[spec.name], doc, render_document(doc), config_hash,
-                        tracked, ref, stack_gate_set(spec, settings))
+    return DesiredStack(spec, pinned, doc, render_document(doc), config_hash, tracked, ref,
+                        stack_gate_set(spec, settings))
 
 
 def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
