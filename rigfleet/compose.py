@@ -103,27 +103,19 @@ def render_document(doc: Mapping[str, Any]) -> str:
 
 
 def config_hash(doc: dict[str, Any]) -> str:
-    """A short, stable hash of a compose document, without its own label and weights revision."""
+    """A short, stable hash of a ``compose_document``, without its own label and the weights
+    volume's ``@<revision>`` suffix (the revision's label is hashed)."""
     copy = json.loads(json.dumps(doc))
-    for service in copy.get("services", {}).values():
-        labels = service.get("labels", {})
+    for service in copy["services"].values():
+        labels = service["labels"]
         labels.pop(CONFIG_HASH_LABEL, None)
-        revision = labels.get(f"{LABEL_PREFIX}.model-revision")
-        if isinstance(revision, str) and isinstance(service.get("volumes"), list):
-            service["volumes"] = [weights_identity(v, revision) for v in service["volumes"]]
+        revision = labels[f"{LABEL_PREFIX}.model-revision"]
+        suffix = WEIGHTS_REVISION_MARK + revision[:WEIGHTS_REVISION_CHARS]
+        for i, (source, sep, rest) in enumerate(v.partition(":") for v in service["volumes"]):
+            if sep and source.endswith(suffix):
+                service["volumes"][i] = f"{source.removesuffix(suffix)}:{rest}"
     canonical = json.dumps(copy, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
-def weights_identity(volume: Any, revision: str) -> Any:
-    """The weights volume without its ``@<revision>`` suffix; any other volume as it is."""
-    if not isinstance(volume, str):
-        return volume
-    source, sep, rest = volume.partition(":")
-    suffix = WEIGHTS_REVISION_MARK + revision[:WEIGHTS_REVISION_CHARS]
-    if sep and source.endswith(suffix):
-        return f"{source.removesuffix(suffix)}:{rest}"
-    return volume
 
 
 def _escape(value: Any) -> Any:
