@@ -306,7 +306,8 @@ class PlatformState:
 
 
 class Platform(FactBase[PlatformState]):
-    """``key=value`` lines: init, architecture, Secure Boot, the driver's origin (no tool: none)."""
+    """``key=value`` lines on init, architecture, Secure Boot and the driver's origin; every
+    part tolerates an absent tool."""
 
     default = PlatformState
 
