@@ -10,6 +10,7 @@ Every command, and ``swap``'s exit statuses: docs/swap.md ("The host-side CLI"):
 from __future__ import annotations
 
 import argparse
+import functools
 import getpass
 import json
 import os
@@ -25,6 +26,7 @@ from typing import Any
 
 from . import metrics
 from .active import load_active, record_pins, request_reset
+from .argtypes import count, positive
 from .ensure import Ensure, adopt, shutdown
 from .front import Front
 from .gate import run_gate
@@ -316,21 +318,9 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
         return EXIT_LOCKED
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds; allowed: a "
-                                         "number > 0")
-    return value
-
-
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count; allowed: an integer >= 0")
-    return int(text)
+# The host tool's refusals name what the value is not.
+_seconds = functools.partial(positive, refused=" is not a number of seconds;")
+_count = functools.partial(count, refused=" is not a count;")
 
 
 def _backoff(text: str) -> tuple[float, ...]:
