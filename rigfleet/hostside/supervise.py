@@ -289,15 +289,13 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
                       now), NOTHING
     if obs.stack_unit in PAUSING_UNIT:
         return moved(rec, "paused", PAUSING_UNIT[obs.stack_unit], now), NOTHING
-    if obs.window in ("failed", "damaged"):
+    if obs.window == "abandoned" and obs.can_close:
+        return (moved(rec, "paused", f"closing: {obs.window_why}", now),
+                Action("close-window", obs.window_why))
+    if obs.window in ("failed", "damaged", "abandoned"):
         # Its stack did not pass the gate after the maintenance: never recreated without it.
-        return moved(rec, "paused", f"out of service: {obs.window_why}; run the deploy or "
-                     "`rigfleet-host.pyz maintenance close`", now), NOTHING
-    if obs.window == "abandoned":
-        if obs.can_close:
-            return (moved(rec, "paused", f"closing: {obs.window_why}", now),
-                    Action("close-window", obs.window_why))
-        return moved(rec, "paused", f"{obs.window_why}; run the deploy or "
+        out = "" if obs.window == "abandoned" else "out of service: "
+        return moved(rec, "paused", f"{out}{obs.window_why}; run the deploy or "
                      "`rigfleet-host.pyz maintenance close`", now), NOTHING
     if rec.state == "gave-up":
         return rec, NOTHING  # until a reset or a new stack: no loop
