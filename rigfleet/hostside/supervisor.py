@@ -164,13 +164,12 @@ class Supervisor:
 
     def observe(self) -> Observation:
         self.refresh()
-        now = self.clock()
         holder = live_holder(read_holder(self.lay.lock_dir))
         if holder is not None and holder.get("pid") == self.pid and not holder.get("window"):
             holder = None  # ours (a window's holder is nobody's process)
         reset, _ = read_json(self.lay.supervise_reset)
         _, window, window_why = window_status(self.lay)
-        base: dict[str, Any] = dict(now=now, holder=holder, stack_unit=self.ops.unit(STACK_UNIT),
+        base: dict[str, Any] = dict(now=self.clock(), holder=holder, stack_unit=self.ops.unit(STACK_UNIT),
                                     route=self.front.current(),
                                     reset=reset if isinstance(reset, dict) else None,
                                     window=window, window_why=window_why,
@@ -370,13 +369,12 @@ class Supervisor:
             "boot_failure": rec.boot_failure, "kept_log": kept,
             "image": "; ".join(steps.image_notes) or None})
         st = self.ops.container(ref.container)
-        now = self.clock()
         done = replace(self.rec, dead_since=None, death="", boot_failure=None,
                        next_attempt_at=None, unhealthy_since=None,
                        healthy_start=st.started_at if st else "")
         self.save(moved(done.noted(replace(attempt, result="recreated", seconds=seconds)),
                         "watching", f"{ref.route_id} serves (recreated after the engine died)",
-                        now))
+                        self.clock()))
         steps.j.event("recreate", f"{ref.route_id} recreated and serving ({seconds:.1f}s)")
         self.say(f"{ref.route_id} {reason}")
         return {"result": "recreated", "exit": 0, "serving": ref.route_id, "reason": reason,
