@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import getpass
+import importlib
 import json
 import os
 import signal
@@ -435,15 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # The gate and the bench have their own argument parsers.
-    if argv[:1] == ["verify"]:
-        from .verify.runner import main as verify_main
-
-        return verify_main(argv[1:])
-    if argv[:1] == ["bench"]:
-        from .bench.cli import main as bench_main
-
-        return bench_main(argv[1:])
+    # The gate and the bench have their own argument parsers (imported only when run).
+    if own := {"verify": ".verify.runner", "bench": ".bench.cli"}.get(argv[0] if argv else ""):
+        return int(importlib.import_module(own, __package__).main(argv[1:]))
     args = build_parser().parse_args(argv)
     return int(args.func(args, Layout(Path(args.root))) or 0)
 
