@@ -395,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--why", default="reset by hand", help="(--reset) for the ledger of resets")
     sv.add_argument("--by", default="", help="(--reset) who asks (default: user@host)")
     sv.add_argument("--front-port", type=int, default=8000)
-    parse: dict[type, Callable[[str], Any]] = {tuple: _backoff, int: _count, float: _seconds}
+    parse: dict[type, Callable[[str], Any]] = {
+        tuple: _backoff, int: _count, float: _seconds}
     for name, (flag, hint) in POLICY_FLAGS.items():
         default = getattr(Policy(), name)
         sv.add_argument(flag, type=parse[type(default)], default=default, help=hint, dest=name,

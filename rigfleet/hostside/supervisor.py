@@ -169,7 +169,8 @@ class Supervisor:
             holder = None  # ours (a window's holder is nobody's process)
         reset, _ = read_json(self.lay.supervise_reset)
         _, window, window_why = window_status(self.lay)
-        base: dict[str, Any] = dict(now=self.clock(), holder=holder, stack_unit=self.ops.unit(STACK_UNIT),
+        base: dict[str, Any] = dict(now=self.clock(), holder=holder,
+                                    stack_unit=self.ops.unit(STACK_UNIT),
                                     route=self.front.current(),
                                     reset=reset if isinstance(reset, dict) else None,
                                     window=window, window_why=window_why,
