@@ -259,16 +259,8 @@ BOOT_CLOCK = BootClock()
 
 
 def process_id(pid: int) -> dict[str, Any]:
-    """What tells process ``pid`` apart across pid reuse and reboots (``process_alive``)."""
+    """What tells process ``pid`` apart across pid reuse and reboots (``holder_alive``)."""
     return {"pid": pid, "pid_start": pid_start_ticks(pid), "boot_id": boot_id()}
-
-
-def process_alive(holder: dict[str, Any]) -> bool:
-    pid, boot = holder.get("pid"), holder.get("boot_id")
-    if (boot and boot != boot_id()) or not isinstance(pid, int) or pid <= 0:
-        return False
-    start = pid_start_ticks(pid)
-    return start is not None and holder.get("pid_start") in (None, start)
 
 
 def reboot_hold(reboot: Any, clock: BootClock = BOOT_CLOCK) -> bool:
@@ -292,8 +284,11 @@ def holder_alive(holder: dict[str, Any], now: float | None = None,
     if holder.get("window") and not holder.get("anchor"):
         until = holder.get("until")
         return isinstance(until, int | float) and (time.time() if now is None else now) < until
-    return process_alive(holder) or (bool(holder.get("window"))
-                                     and reboot_hold(holder.get("reboot"), clock))
+    pid, boot = holder.get("pid"), holder.get("boot_id")
+    ours = isinstance(pid, int) and pid > 0 and (not boot or boot == boot_id())
+    start = pid_start_ticks(pid) if ours else None
+    return (start is not None and holder.get("pid_start") in (None, start)) or \
+        (bool(holder.get("window")) and reboot_hold(holder.get("reboot"), clock))
 
 
 def read_holder(lock_dir: Path) -> dict[str, Any] | None:

@@ -28,7 +28,6 @@ def smi_command(query: str) -> list[str]:
     return ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"]
 
 
-GPU_MEMORY_QUERY = smi_command("index,memory.used,memory.total")
 INSPECT_FORMAT = ("{{json .State}}\t{{.RestartCount}}\t{{.Created}}\t"
                   "{{index .Config.Labels " + json.dumps(CONFIG_HASH_LABEL) + "}}\t{{.Image}}")
 
@@ -109,7 +108,7 @@ _NUMBER = re.compile(r"^\s*(\d+)(?:\.\d+)?\s*(?:MiB)?\s*$")
 
 
 def parse_gpu_memory(text: str) -> list[GpuMemory]:
-    """``GPU_MEMORY_QUERY`` output (``0, 20480, 24576`` per card); else ValueError."""
+    """``SystemOps.gpus``' query output (``0, 20480, 24576`` per card); else ValueError."""
     cards = []
     for line in text.splitlines():
         if not line.strip():
@@ -318,7 +317,7 @@ class SystemOps:
         return self.run(["docker", "logs", "--tail", str(int(tail)), name], 60.0)[1]
 
     def gpus(self) -> list[GpuMemory]:
-        rc, out = self.run(GPU_MEMORY_QUERY, 30.0)
+        rc, out = self.run(smi_command("index,memory.used,memory.total"), 30.0)
         if rc != 0:
             raise ValueError(f"nvidia-smi failed (exit {rc}): {out.strip()[-200:]}")
         return parse_gpu_memory(out)
