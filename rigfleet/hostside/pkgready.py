@@ -51,8 +51,7 @@ class Readiness:
         if not packages:
             return []
         self.wait_locks(lock_wait_s)
-        repaired = self.repair_dpkg()
-        return [repaired] if repaired else []
+        return self.repair_dpkg()
 
     def space(self, min_free_mib: int) -> None:
         seen: set[int] = set()
@@ -93,12 +92,12 @@ class Readiness:
                                "s; let it finish (or stop it) and run the deploy again")
             self.sleep(min(2.0, max(0.1, wait_s - waited)))
 
-    def repair_dpkg(self) -> str:
+    def repair_dpkg(self) -> list[str]:
         """``dpkg --configure -a`` when dpkg was interrupted (files in its ``updates``)."""
         updates = self.root / "var/lib/dpkg/updates"
         pending = [p.name for p in updates.iterdir()] if updates.is_dir() else []
         if not pending:
-            return ""
+            return []
         self.say(f"dpkg was interrupted ({len(pending)} journal file(s) in {updates}); "
                  f"repairing: {' '.join(DPKG_REPAIR)}")
         status, output = self.run(DPKG_REPAIR)
@@ -107,7 +106,7 @@ class Readiness:
             raise NotReady(f"dpkg was interrupted and `{' '.join(DPKG_REPAIR)}` failed "
                            f"(exit {status}: {tail}); repair the packages by hand, then run "
                            "the deploy again")
-        return f"repaired an interrupted dpkg ({' '.join(DPKG_REPAIR)})"
+        return [f"repaired an interrupted dpkg ({' '.join(DPKG_REPAIR)})"]
 
 
 def _held(path: Path) -> bool:
