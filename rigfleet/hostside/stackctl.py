@@ -15,7 +15,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -271,19 +271,17 @@ class SystemOps:
     """The real host: docker, nvidia-smi, HTTP on loopback."""
 
     api_key: str = ""
-    run: Callable[[list[str], float], tuple[int, str]] = run_cmd
-    http: Callable[..., tuple[int, dict[str, str], bytes]] = http_request
 
     def _error(self, argv: list[str], timeout: float) -> str | None:
         """None when ``argv`` succeeds, else the tail of what it printed."""
-        rc, out = self.run(argv, timeout)
+        rc, out = run_cmd(argv, timeout)
         return None if rc == 0 else out.strip()[-600:] or f"exit {rc}"
 
     def image_present(self, ref: str) -> bool:
         return self.image_id(ref) is not None
 
     def image_id(self, ref: str) -> str | None:
-        rc, out = self.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], 60.0)
+        rc, out = run_cmd(["docker", "image", "inspect", "--format", "{{.Id}}", ref], 60.0)
         return out.strip() if rc == 0 and out.strip() else None
 
     def tag(self, image: str, name: str) -> str | None:
@@ -293,7 +291,7 @@ class SystemOps:
         return self._error(["docker", "rm", "--force", name], 120.0)
 
     def running(self) -> list[str]:
-        return self.run(["docker", "ps", "--format", "{{.Names}}"], 30.0)[1].split()
+        return run_cmd(["docker", "ps", "--format", "{{.Names}}"], 30.0)[1].split()
 
     def compose_check(self, file: str, project: str) -> str | None:
         return self._error(compose(file, project, "config", "-q"), 60.0)
@@ -309,15 +307,15 @@ class SystemOps:
                                    "60"), 300.0)
 
     def container(self, name: str) -> ContainerState | None:
-        rc, out = self.run(["docker", "inspect", "--type", "container", "--format",
-                            INSPECT_FORMAT, name], 30.0)
+        rc, out = run_cmd(["docker", "inspect", "--type", "container", "--format",
+                           INSPECT_FORMAT, name], 30.0)
         return parse_inspect(out) if rc == 0 else None
 
     def logs(self, name: str, tail: int = 300) -> str:
-        return self.run(["docker", "logs", "--tail", str(int(tail)), name], 60.0)[1]
+        return run_cmd(["docker", "logs", "--tail", str(int(tail)), name], 60.0)[1]
 
     def gpus(self) -> list[GpuMemory]:
-        rc, out = self.run(smi_command("index,memory.used,memory.total"), 30.0)
+        rc, out = run_cmd(smi_command("index,memory.used,memory.total"), 30.0)
         if rc != 0:
             raise ValueError(f"nvidia-smi failed (exit {rc}): {out.strip()[-200:]}")
         return parse_gpu_memory(out)
@@ -328,10 +326,10 @@ class SystemOps:
     def health(self, port: int, served: str) -> tuple[bool, str]:
         """Ready = ``/health`` 200 and ``/v1/models`` (with the key) lists ``served``."""
         base = f"http://127.0.0.1:{int(port)}"
-        status, _, _ = self.http("GET", f"{base}/health", {}, None, 5.0)
+        status, _, _ = http_request("GET", f"{base}/health", {}, None, 5.0)
         if status != 200:
             return False, f"/health {status or 'no answer'}"
-        status, _, body = self.http("GET", f"{base}/v1/models", self._auth(), None, 5.0)
+        status, _, body = http_request("GET", f"{base}/v1/models", self._auth(), None, 5.0)
         try:
             ids = [m.get("id") for m in json.loads(body).get("data", [])]
         except (ValueError, AttributeError):
@@ -344,9 +342,9 @@ class SystemOps:
         """A short chat completion: the stack really answers (after a rollback)."""
         body = json.dumps({"model": served, "max_tokens": 8, "temperature": 0,
                            "messages": [{"role": "user", "content": "Reply with: ready"}]})
-        status, _, data = self.http("POST", f"http://127.0.0.1:{int(port)}/v1/chat/completions",
-                                    {**self._auth(), "Content-Type": "application/json"},
-                                    body.encode(), 60.0)
+        status, _, data = http_request("POST", f"http://127.0.0.1:{int(port)}/v1/chat/completions",
+                                       {**self._auth(), "Content-Type": "application/json"},
+                                       body.encode(), 60.0)
         if status != 200:
             return False, f"chat completion {status or 'no answer'}: {data[:200]!r}"
         try:
@@ -357,8 +355,8 @@ class SystemOps:
 
     def metrics(self, port: int) -> str | None:
         """The engine's ``/metrics`` text (no key needed); None unless it answers 200."""
-        status, _, body = self.http("GET", f"http://127.0.0.1:{int(port)}/metrics", {}, None,
-                                    5.0)
+        status, _, body = http_request("GET", f"http://127.0.0.1:{int(port)}/metrics", {},
+                                       None, 5.0)
         return body.decode("utf-8", "replace") if status == 200 else None
 
     # nginx workers of an earlier configuration still serving what they accepted.
@@ -367,10 +365,10 @@ class SystemOps:
     monotonic = staticmethod(time.monotonic)
 
     def docker_up(self) -> bool:
-        return self.run(["docker", "version", "--format", "{{.Server.Version}}"], 30.0)[0] == 0
+        return run_cmd(["docker", "version", "--format", "{{.Server.Version}}"], 30.0)[0] == 0
 
     def unit(self, unit: str) -> str:
         """How a systemd unit stands (``parse_unit_state``)."""
-        rc, out = self.run(["systemctl", "show", "--property", "ActiveState", "--property",
-                            "SubState", "--value", unit], 30.0)
+        rc, out = run_cmd(["systemctl", "show", "--property", "ActiveState", "--property",
+                           "SubState", "--value", unit], 30.0)
         return parse_unit_state(out) if rc == 0 else "unknown"
