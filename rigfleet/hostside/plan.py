@@ -41,8 +41,7 @@ class PlanError(ValueError):
 
 def compose_hash(text: str) -> str | None:
     """The ``io.rigfleet.config-hash`` label written in a compose file's text."""
-    m = _HASH_LINE.search(text)
-    return m.group(1) if m else None
+    return m.group(1) if (m := _HASH_LINE.search(text)) else None
 
 
 @dataclass(frozen=True)

@@ -146,8 +146,7 @@ def _decode(cls: Any, data: Any, where: str | None) -> Any:
             if raw is None:
                 raise TypeError(f"{path}: missing")
             value = _value(_hints(cls)[f.name], raw, path, where is not None)
-            problem = f.metadata.get("check", lambda _: None)(value)
-            if problem:
+            if problem := f.metadata.get("check", lambda _: None)(value):
                 raise TypeError(f"{path}: {problem}")
             values[f.name] = value
         except TypeError:
@@ -285,8 +284,8 @@ def holder_alive(holder: dict[str, Any], now: float | None = None,
         until = holder.get("until")
         return isinstance(until, int | float) and (time.time() if now is None else now) < until
     pid, boot = holder.get("pid"), holder.get("boot_id")
-    ours = isinstance(pid, int) and pid > 0 and (not boot or boot == boot_id())
-    start = pid_start_ticks(pid) if ours else None
+    start = pid_start_ticks(pid) if isinstance(pid, int) and pid > 0 \
+        and (not boot or boot == boot_id()) else None
     return (start is not None and holder.get("pid_start") in (None, start)) or \
         (bool(holder.get("window")) and reboot_hold(holder.get("reboot"), clock))
 

@@ -187,16 +187,14 @@ def classify_boot_failure(log: str, known: Sequence[tuple[str, str, str, str]] =
     """The known boot failure in a container's log (``known``: the stack's
     ``boot_failures``, looked for first), else its last exception line, else None."""
     for kind, pattern, title, hint in known:
-        rx = _compiled(pattern)
-        m = rx.search(log) if rx else None
-        if m:  # reported as the whole line(s) the match is on
+        if (rx := _compiled(pattern)) and (m := rx.search(log)):
+            # Reported as the whole line(s) the match is on.
             start = log.rfind("\n", 0, m.start()) + 1
             end = log.find("\n", m.end())
             line = log[start:end if end >= 0 else len(log)]
             return BootFailure(kind, title, _strip_prefix(line), hint)
     for kind, title, builtin in BOOT_FAILURES:
-        m = builtin.search(log)
-        if m:
+        if m := builtin.search(log):
             return BootFailure(kind, title, _strip_prefix(m.group(0)))
     found = [line.strip() for line in log.splitlines()
              if _LAST_EXCEPTION.match(line.strip()) and _WRAPPER not in line]

@@ -314,8 +314,7 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
                         Action("reroute", f"the front routes to {obs.route or 'nothing'}, not "
                                f"to {ref.route_id}, which is up and answers"))
             rec = moved(rec, "watching", f"{ref.route_id} serves", now)
-            cut = rec.unnoted()
-            if cut is not None:
+            if (cut := rec.unnoted()) is not None:
                 return rec, Action("record", cut.reason)
             if not ref.image_id and st.image_id and st.config_hash == ref.config_hash:
                 # A record from before image ids were kept: the image it serves on now (its
