@@ -435,12 +435,6 @@ class Timings(Coded):
     drain_s: float | None = None
     steps_s: float | None = None
 
-    def stack(self, name: str) -> tuple[str, StackTimes] | None:
-        """``name``'s measured times, else the newest measured stack's, else None."""
-        if name not in self.stacks and self.stacks:
-            name = max(self.stacks, key=lambda s: self.stacks[s].at)
-        return (name, self.stacks[name]) if name in self.stacks else None
-
 
 def read_timings(lay: Layout) -> Timings:
     """This host's record; an empty one when it is missing or damaged."""
@@ -458,12 +452,13 @@ class Estimate:
 def window_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
                     steps: bool = False) -> Estimate:
     """How long a swap to ``stack`` keeps the front at 503 (``busy``: a drain first), or a
-    maintenance window (``steps``: the last window's steps, then the recreation of ``stack``)."""
-    found = t.stack(stack) if stack is not None else None
-    if found is None:
+    maintenance window (``steps``: the last window's steps, then the recreation of ``stack``).
+    Measured: ``stack``'s times, else the newest measured stack's."""
+    name = stack if stack in t.stacks else max(t.stacks, key=lambda s: t.stacks[s].at, default=None)
+    if stack is None or name is None:
         return Estimate(max(1, int(fallback_s)), f"{int(fallback_s)} s: no window measured on "
                         "this host yet (the plan's retry_after_s)")
-    name, times = found
+    times = t.stacks[name]
     of = "" if name == stack else f" (of {name}: {stack} not measured here)"
     parts = [(f"boot{of}", times.boot_s), ("gate", times.gate_s),
              ("overhead" if t.overhead_s is not None else "overhead (default)",
