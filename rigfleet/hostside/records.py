@@ -353,11 +353,6 @@ class GateRecord(Coded):
     summary: str = ""
     seconds: float | None = None
 
-    def text(self) -> str:
-        """``pass``, ``fail (needles, soak): ...`` for a table or a message."""
-        out = self.result + (f" ({', '.join(self.failed_checks)})" if self.failed_checks else "")
-        return out + (f": {self.summary}" if self.summary and self.result != "pass" else "")
-
 
 @dataclass(frozen=True)
 class ReportSummary(Coded):
