@@ -34,6 +34,7 @@ from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.factmemo import fact_key, prime, read_host_once
 from rigfleet.hostprobe import last_json
 from rigfleet.hostside.layout import MANIFEST_NAME
+from rigfleet.hostside.records import weights_mismatch
 
 T = TypeVar("T")
 
@@ -490,20 +491,8 @@ class WeightsManifest(FactBase[WeightsState]):
             with suppress(ValueError):  # not "name<TAB>size<TAB>mtime"
                 name, size, mtime = line.split("\t")
                 listing[name] = (int(size), float(mtime))
-        reason = _mismatch(files, listing)
+        reason = weights_mismatch(files, listing.get)
         return WeightsState(repo, revision, not reason, reason or "matches manifest")
-
-
-def _mismatch(files: dict[str, Any], listing: dict[str, tuple[int, float]]) -> str:
-    for name, meta in sorted(files.items()):
-        if name not in listing:
-            return f"{name} is missing"
-        size, mtime = listing[name]
-        if size != meta.get("size"):
-            return f"{name} has {size} bytes, manifest says {meta.get('size')}"
-        if abs(mtime - float(meta.get("mtime", 0))) > 0.001:
-            return f"{name} was modified after it was verified"
-    return ""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from .records import (
     read_throughput_history,
     reports,
     route,
+    weights_mismatch,
 )
 from .stackctl import read_api_key, run, smi_command
 
@@ -87,24 +88,17 @@ def manifest(model_path: Path) -> dict[str, Any]:
     m, err = read_json(model_path / MANIFEST_NAME)
     if not isinstance(m, dict):
         return {"error": err or "not an object"}
-    files = m.get("files") if isinstance(m.get("files"), dict) else {}
-    reason = _manifest_mismatch(model_path, files) if files else "manifest lists no files"
+    reason = weights_mismatch(m.get("files"), lambda name: _stat(model_path / name))
     return {"repo": m.get("repo"), "revision": m.get("revision"),
             "intact": reason == "", "reason": reason or "matches manifest"}
 
 
-def _manifest_mismatch(model_path: Path, files: dict[str, Any]) -> str:
-    for name in sorted(files):
-        meta = files[name] if isinstance(files[name], dict) else {}
-        try:
-            st = os.stat(model_path / name)
-        except OSError:
-            return f"{name} is missing"
-        if st.st_size != meta.get("size"):
-            return f"{name} has {st.st_size} bytes, manifest says {meta.get('size')}"
-        if abs(st.st_mtime - float(meta.get("mtime", 0))) > 0.001:
-            return f"{name} was modified after it was verified"
-    return ""
+def _stat(path: Path) -> tuple[int, float] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime
 
 
 def _get(url: str, header: str | None = None) -> tuple[int | None, str]:

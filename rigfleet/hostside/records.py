@@ -17,6 +17,7 @@ import math
 import os
 import time
 import types
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +51,23 @@ def read_json(path: Path) -> tuple[Any, str | None]:
         return None, "missing"
     except (OSError, ValueError) as e:
         return None, str(e)
+
+
+def weights_mismatch(files: Any, stat: Callable[[str], tuple[int, float] | None]) -> str:
+    """Why weights differ from their manifest's ``files`` (name -> size, mtime; "" when they
+    match): sizes and mtimes, no hashing. ``stat(name)``: (size, mtime), None when absent; the
+    probe stats files itself, the deploy's fact reads one ``find`` listing."""
+    if not isinstance(files, dict) or not files:
+        return "manifest lists no files"
+    for name in sorted(files):
+        meta = files[name] if isinstance(files[name], dict) else {}
+        if (found := stat(name)) is None:
+            return f"{name} is missing"
+        if found[0] != meta.get("size"):
+            return f"{name} has {found[0]} bytes, manifest says {meta.get('size')}"
+        if abs(found[1] - float(meta.get("mtime", 0))) > 0.001:
+            return f"{name} was modified after it was verified"
+    return ""
 
 
 def read_text(path: Path) -> str | None:

@@ -1016,6 +1016,29 @@ def test_weights_manifest_fact_matches_the_script_on_real_files(tmp_path):
     assert not read().intact
 
 
+@pytest.mark.parametrize("files", [{}, [], "x", {"a.safetensors": {"size": 10}},
+                                   {"a.safetensors": {"size": 9, "mtime": 0}},
+                                   {"b.safetensors": {"size": 10, "mtime": 0}}])
+def test_the_weights_fact_and_the_host_probe_judge_a_manifest_alike(tmp_path, files):
+    """The deploy's fact (one ``find`` listing) and ``rigfleet-host.pyz probe`` (its own stat)
+    apply one rule: a manifest listing no files is not intact for either."""
+    import subprocess
+
+    from rigfleet import facts
+    from rigfleet.hostside import probe
+
+    (tmp_path / "a.safetensors").write_bytes(b"x" * 10)
+    manifest = {"repo": "o/r", "revision": "a" * 40, "files": files}
+    (tmp_path / ".rigfleet-manifest.json").write_text(json.dumps(manifest))
+    fact = facts.WeightsManifest()
+    out = subprocess.run(["sh", "-c", fact.command(local_dir=str(tmp_path))],
+                         capture_output=True, text=True).stdout
+    seen = fact.process(out.splitlines())
+    probed = probe.manifest(tmp_path)
+    assert (seen.intact, seen.reason) == (probed["intact"], probed["reason"])
+    assert not seen.intact
+
+
 def test_every_command_sent_is_valid_sh(data):
     """Quoting mistakes show up as syntax errors: check every command of a bare-host run (and
     a stack switch) with ``sh -n``, which parses without running."""
