@@ -59,16 +59,12 @@ def entry(event: str, result: str, serving: StackRef | None, *,
     """One ledger line; ``serving``: what serves after the event (None: nothing verified).
     With ``active`` (the event wrote ``active.json``) it carries the whole record as ``ref``,
     from which a damaged ``active.json`` is rebuilt."""
-    line: dict[str, Any] = {"time": now_iso(), "event": event, "result": result, "host": host,
-                            "by": by, "deploy_id": deploy_id, **stack_fields(serving)}
-    line["gate"] = gate or {"result": "not-run"}
-    for key, ref in (("attempted", attempted), ("previous", previous)):
-        if ref is not None:
-            line[key] = stack_fields(ref)
-    if reason:
-        line["reason"] = reason
-    if extra:
-        line.update(extra)
+    line: dict[str, Any] = {
+        "time": now_iso(), "event": event, "result": result, "host": host, "by": by,
+        "deploy_id": deploy_id, **stack_fields(serving), "gate": gate or {"result": "not-run"},
+        **{key: stack_fields(ref) for key, ref in (("attempted", attempted),
+                                                    ("previous", previous)) if ref is not None},
+        **({"reason": reason} if reason else {}), **(extra or {})}
     if active and serving is not None:
         line["ref"] = serving.to_dict()
     return line

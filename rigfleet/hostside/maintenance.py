@@ -195,11 +195,10 @@ class Maintenance(Steps):
         self.j.event(topic, reason, level="error")
         return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
 
-    def hold(self, hold: WindowHold | None = None) -> Outcome:
+    def hold(self, hold: WindowHold) -> Outcome:
         """The deploy back after its reboot holds this plan's window again (exit 3 when it
         is not open any more)."""
         plan = self.plan
-        hold = hold or WindowHold.here(plan.id)
         window, status, why = window_status(self.lay)
         if window is None or window.id != plan.id or window.state != "open":
             return self._locked(f"maintenance window {plan.id} is not open here any more "
