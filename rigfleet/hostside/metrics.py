@@ -9,7 +9,6 @@ records), each written atomically every 15 s and after each swap::
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -256,7 +255,7 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
                          else None, margin=margin, acceptance_floor=floor,
                          passed=last.result == "pass", at=stackctl.docker_time(last.at))
     # The supervisor's recreations in the whole ledger (a counter: it only grows).
-    ledger, _, _ = ledger_tail(lay.ledger_file, sys.maxsize)
+    ledger, _, _ = ledger_tail(lay.ledger_file, 10**9)
     recreations = sum((line.get("event"), line.get("result")) == ("supervise", "recreated")
                       for line in ledger)
     return Facts(now=now, serving=serving, ready=ready, engine_up=engine_up,
