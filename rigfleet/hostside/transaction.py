@@ -108,7 +108,6 @@ class Transaction(Steps):
     def _record(self, outcome: Outcome) -> None:
         """``last_swap`` in ``state.json``, then ``result.json``: a follower that sees the
         result reads the new ``last_swap``, and a kill before it is an interrupted swap."""
-        plan = self.plan
         outcome.timings = self.timings
         self.j.event("done", f"{outcome.result}: {outcome.reason or outcome.serving}",
                      level="info" if outcome.exit == 0 else "error")
@@ -117,7 +116,7 @@ class Transaction(Steps):
             kept = ("kind", "result", "reason", "stack", "serving", "gate", "boot_failure",
                     "drain", "retry_after_s")
             ledger.update_state(self.lay, last_swap={
-                "id": plan.id, "at": now_iso(), **{k: getattr(outcome, k) for k in kept}})
+                "id": self.plan.id, "at": now_iso(), **{k: getattr(outcome, k) for k in kept}})
         except OSError as e:  # the journal's result (below) still says how it ended
             self.j.event("done", f"state.json not updated: {e.filename}: {e.strerror or e}",
                          level="warning")
@@ -275,8 +274,7 @@ class Transaction(Steps):
         target = old.stack if old else "nothing (first activation)"
         self.j.event("rollback", f"{failure.phase} failed: {failure.reason}; back to {target}",
                      level="error")
-        kept = self.keep_log(new, self.dir)
-        if kept:
+        if kept := self.keep_log(new, self.dir):
             self.j.event("rollback", f"kept {new.stack}'s log in {kept}")
         line: dict[str, Any] = dict(
             attempted=new, host=plan.host, by=plan.by, deploy_id=plan.id, gate=gate,
