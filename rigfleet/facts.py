@@ -542,7 +542,7 @@ class GenesisTreeState:
     referenced: frozenset[str] = frozenset()
 
 
-_HEX40 = re.compile(r"[0-9a-f]{40}")
+HEX40 = re.compile(r"[0-9a-f]{40}")  # a git commit (also roles/weights.py's revisions)
 
 
 class GenesisTrees(FactBase[GenesisTreeState]):
@@ -568,9 +568,9 @@ class GenesisTrees(FactBase[GenesisTreeState]):
         referenced: set[str] = set()
         for line in output:
             match line.split():
-                case ["tree", mtime, sha, markers] if mtime.isdigit() and _HEX40.fullmatch(sha):
+                case ["tree", mtime, sha, markers] if mtime.isdigit() and HEX40.fullmatch(sha):
                     trees[sha] = (int(mtime), _layout(markers))
-                case ["ref", sha] if _HEX40.fullmatch(sha):
+                case ["ref", sha] if HEX40.fullmatch(sha):
                     referenced.add(sha)
         return GenesisTreeState(trees, frozenset(referenced))
 

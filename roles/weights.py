@@ -5,7 +5,6 @@ staged stack serves pruned (docs/converge.md, "Weights per revision").
 
 from __future__ import annotations
 
-import re
 from functools import partial
 
 from pyinfra import host
@@ -13,7 +12,7 @@ from pyinfra.api import FunctionCommand, deploy, operation
 
 from rigfleet.commands import weights as weights_commands
 from rigfleet.desired import DesiredHost
-from rigfleet.facts import VenvPackageVersion, WeightsManifest, read_fact, read_paths
+from rigfleet.facts import HEX40, VenvPackageVersion, WeightsManifest, read_fact, read_paths
 from rigfleet.fleetcache import model_mirrors
 from rigfleet.hostside.layout import HOST
 from rigfleet.pins import ModelPin
@@ -65,9 +64,6 @@ def fetch_weights(repo: str, revision: str, local_dir: str, token_file: str | No
                                                              token_file, endpoint, mirrors))
 
 
-_HEX40 = re.compile(r"[0-9a-f]{40}")
-
-
 @operation()
 def adopt_weights(model_dir: str, local_dir: str, compose_files: tuple[str, ...]):
     """Adopt ``<model_dir>/<local_dir>`` (weights of before per-revision directories) as the
@@ -80,7 +76,7 @@ def adopt_weights(model_dir: str, local_dir: str, compose_files: tuple[str, ...]
                   else f"no weights in {old} (every revision has its own directory)")
         return
     state = read_fact(WeightsManifest, local_dir=old)
-    if state.repo is None or state.revision is None or not _HEX40.fullmatch(state.revision):
+    if state.repo is None or state.revision is None or not HEX40.fullmatch(state.revision):
         host.noop(f"{old} has no readable manifest (never verified): left as it is")
         return
     new = HOST.weights_dir(model_dir, local_dir, state.revision)
