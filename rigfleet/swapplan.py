@@ -53,11 +53,6 @@ class Decision:
     reason: str
     change: str = ""  # "int8/<hash> -> tq3-mtp-genesis/<hash>" (for the lock's "why")
 
-    @property
-    def transaction(self) -> bool:
-        """A gated transaction (stop, start, gate, promote or roll back)."""
-        return self.kind in ("activate", "swap", "update")
-
 
 def decide(probe: dict[str, Any], desired: StackRef) -> Decision:
     """What the deploy must do on a host, from its probe (``SwapProbe``)."""

@@ -31,7 +31,7 @@ def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
     if not executing():
         # --dry tells the truth: a swap (or adoption) about to run records these keys itself.
         decision = decide(read_fact(SwapProbe), desired)
-        if decision.transaction or decision.kind == "adopt":
+        if decision.kind in ("activate", "swap", "update", "adopt"):
             host.noop(f"the swap records {state['stack']} ({decision.kind})")
             return
     yield hosttool.record(state, desired.config_hash, by, deploy_id, host.name)
