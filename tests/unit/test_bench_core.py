@@ -18,8 +18,8 @@ from rigfleet.hostside.bench.measure import (
     Bench,
     BenchSettings,
     RunResult,
+    ShapeResult,
     acceptance_between,
-    cv,
     decode_seconds_between,
     depth_messages,
     mean,
@@ -87,9 +87,13 @@ def test_bench_reads_each_runs_decode_time_from_metrics_when_there(decode_time):
 
 
 def test_stats():
+    def shape(*decode: float) -> ShapeResult:  # runs of (tokens - 1) / 10 s engine decode
+        return ShapeResult("code", [RunResult("code", 200, 12.0, 1.0, round(d * 10) + 1,
+                                              server_decode_s=10.0) for d in decode])
+
     assert mean([45.1, 45.7, 44.3]) == pytest.approx(45.0333, abs=1e-3)
-    assert cv([45.1, 45.7, 44.3]) == pytest.approx(0.01558, abs=1e-4)
-    assert cv([45.1]) is None and mean([]) is None
+    assert shape(45.1, 45.7, 44.3).decode_cv == pytest.approx(0.01558, abs=1e-4)
+    assert shape(45.1).decode_cv is None and mean([]) is None
 
 
 def test_shapes_are_the_seed_s_requests():

@@ -218,7 +218,11 @@ class ShapeResult:
 
     @property
     def decode_cv(self) -> float | None:
-        return cv(self.decode)
+        """Sample standard deviation over the mean; None for fewer than two measured runs."""
+        if len(decode := self.decode) < 2:
+            return None
+        m = statistics.fmean(decode)
+        return statistics.stdev(decode) / m if m > 0 else None
 
     @property
     def wall_mean(self) -> float | None:
@@ -460,14 +464,6 @@ class Bench:
 
 def mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
-
-
-def cv(values: Sequence[float]) -> float | None:
-    """Sample standard deviation over the mean; None for fewer than two values."""
-    if len(values) < 2:
-        return None
-    m = statistics.fmean(values)
-    return statistics.stdev(values) / m if m > 0 else None
 
 
 def _r(value: float | None, digits: int) -> float | None:
