@@ -69,11 +69,10 @@ _FIELD_MAP = {name: f.name for f in fields(GpuInfo) for name in f.metadata["quer
 _KINDS = {f.name: str(f.type).split()[0] for f in fields(GpuInfo)}  # "int", "str | None" ...
 
 
-def query_command(fields: Sequence[str] = QUERY_FIELDS, *, header: bool = False,
-                  units: bool = False) -> str:
-    """The shell command that asks nvidia-smi for ``fields`` (default: no header, no units)."""
-    fmt = ",".join(["csv"] + ([] if header else ["noheader"]) + ([] if units else ["nounits"]))
-    return shlex.join(["nvidia-smi", f"--query-gpu={','.join(fields)}", f"--format={fmt}"])
+def query_command(fields: Sequence[str] = QUERY_FIELDS) -> str:
+    """The shell command that asks nvidia-smi for ``fields`` (no header, no units)."""
+    return shlex.join(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                       "--format=csv,noheader,nounits"])
 
 
 def _convert(raw: str, field_name: str, line: str) -> object:

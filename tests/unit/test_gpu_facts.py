@@ -28,8 +28,8 @@ def test_query_command_uses_the_field_list() -> None:
     cmd = gpu.query_command()
     assert cmd == ("nvidia-smi --query-gpu=" + ",".join(gpu.QUERY_FIELDS)
                    + " --format=csv,noheader,nounits")
-    assert gpu.query_command(["index", "name"], header=True, units=True) == (
-        "nvidia-smi --query-gpu=index,name --format=csv")
+    assert gpu.query_command(["index", "name"]) == (
+        "nvidia-smi --query-gpu=index,name --format=csv,noheader,nounits")
 
 
 def test_real_query_gpu() -> None:
