@@ -16,7 +16,8 @@ from pathlib import Path
 from rigfleet.balancer.plan import fleet_plan
 from rigfleet.balancer.status import balancer_url
 from rigfleet.errors import RigfleetError
-from rigfleet.hostdata import BalancerSettings, HostSettings, validate_host
+from rigfleet.hostdata import BalancerSettings, FrontTls, HostSettings, validate_host
+from rigfleet.hostside.verify.client import tls_context
 from rigfleet.inventory import InventoryHost
 
 
@@ -37,9 +38,9 @@ def front_url(host: InventoryHost, settings: HostSettings) -> str:
     return f"{settings.front_scheme}://{host.ssh_target[0]}:{settings.front_port}"
 
 
-def front_context(settings: HostSettings) -> ssl.SSLContext | None:
-    """The TLS context clients of this host's front use (None: the defaults)."""
-    return settings.front_tls.client_context() if settings.front_tls else None
+def front_context(tls: FrontTls | None) -> ssl.SSLContext | None:
+    """The TLS context clients of a front (or balancer) with ``tls`` use (None: the defaults)."""
+    return tls_context(tls.ca_file) if tls else None
 
 
 def read_key(settings: HostSettings | BalancerSettings) -> str:
@@ -82,7 +83,7 @@ def check(host: InventoryHost, timeout: float = 60) -> EndpointCheck:
         key = read_key(settings)
     except (RigfleetError, OSError) as exc:
         return EndpointCheck(host.name, "-", "bad data", "", str(exc), 0.0)
-    return ask(host.name, front_url(host, settings), key, front_context(settings), timeout)
+    return ask(host.name, front_url(host, settings), key, front_context(settings.front_tls), timeout)
 
 
 def check_balancer(lb: InventoryHost, hosts: Sequence[InventoryHost],
@@ -94,5 +95,5 @@ def check_balancer(lb: InventoryHost, hosts: Sequence[InventoryHost],
     except (RigfleetError, OSError) as exc:
         return [EndpointCheck(lb.name, "-", "bad data", "", str(exc), 0.0)]
     base = balancer_url(plan, lb)
-    context = plan.settings.tls.client_context() if plan.settings.tls else None
+    context = front_context(plan.settings.tls)
     return [ask(lb.name, f"{base}{pool.prefix}", key, context, timeout) for pool in plan.pools]

@@ -24,9 +24,6 @@ class FrontTls:
     key_file: str
     ca_file: str
 
-    def client_context(self) -> ssl.SSLContext:
-        return tls_context(self.ca_file)
-
 
 def check_tls(p: Problems, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTls | None:
     """``<prefix>_tls_cert_file`` + ``_key_file`` (+ ``_ca_file``) of a ``front`` (nginx) or

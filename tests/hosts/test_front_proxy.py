@@ -42,7 +42,7 @@ def base(rig) -> str:
 @pytest.fixture(scope="module")
 def tls(rig) -> ssl.SSLContext | None:
     """Trust for a TLS front (``front_tls_ca_file``, else its certificate); None for HTTP."""
-    return front_context(rig.want.settings)
+    return front_context(rig.want.settings.front_tls)
 
 
 @pytest.fixture(scope="module")
