@@ -117,20 +117,13 @@ def _mounted(dirs: WeightsDirsState) -> set[str]:
     return kept
 
 
-def kept_names(dirs: WeightsDirsState, local_dir: str, revision: str) -> set[str]:
-    """Names kept whatever their age: the pinned revision and its partial download, and what
-    compose files mount (``_mounted``)."""
-    pinned = revision_name(local_dir, revision)
-    return {pinned, f".{pinned}{PARTIAL_SUFFIX}", *_mounted(dirs)}
-
-
 def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str) -> list[str]:
     """The names of ``local_dir``'s revisions to remove (sorted): all but the pinned revision and
     those a compose file mounts (``dirs`` read with every compose file); no extra one is kept
     (tens of GB each; the revision a rollback needs is the active snapshot's, so it is named)."""
     candidates = {e.name: float(e.mtime) for e in dirs.entries.values() if _owner(e) == local_dir}
-    return stale(candidates, revision_name(local_dir, revision),
-                 kept_names(dirs, local_dir, revision), keep=1)
+    pinned = revision_name(local_dir, revision)  # kept whatever its age, with its download
+    return stale(candidates, pinned, {f".{pinned}{PARTIAL_SUFFIX}", *_mounted(dirs)}, keep=1)
 
 
 def retired_weights(dirs: WeightsDirsState, served: Set[str]) -> list[str]:
