@@ -65,9 +65,9 @@ def newest_release(tags: Iterable[str], above: str,
     return None
 
 
-def follows_nightlies(uses_genesis: bool, allowlist: Iterable[str] | None) -> bool:
+def follows_nightlies(allowlist: Iterable[str]) -> bool:
     """A Genesis stack whose pinned allowlist names no release follows nightly builds."""
-    return uses_genesis and allowlist is not None and not any(is_release(v) for v in allowlist)
+    return not any(is_release(v) for v in allowlist)
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ def latest_candidate(opts: BumpOptions, inputs: Inputs, reg: Registry, repositor
         nightly, allowed = False, None
         if p.genesis is not None:
             commits = list(_repo(inputs, p.genesis.repo).lineage(p.genesis.commit))
-            nightly = follows_nightlies(True, commits[0].tree.allowed)
+            nightly = follows_nightlies(commits[0].tree.allowed)
             allowed = {v for c in commits for v in c.tree.allowed}
         target = None if nightly else newest_release(tags, p.vllm_version, allowed)
         asks[name] = LatestAsk(p.vllm_version, nightly, target)

@@ -347,10 +347,8 @@ def test_newest_release_above_the_pin_and_on_an_allowlist() -> None:
 
 
 def test_only_a_genesis_stack_with_a_nightly_only_allowlist_follows_nightlies() -> None:
-    assert not follows_nightlies(False, None)
-    assert follows_nightlies(True, (VERSIONS[GOOD], VERSIONS[NEWER]))
-    assert not follows_nightlies(True, ("0.21.0", "0.23.1rc1.dev748+g2dfaae752"))
-    assert not follows_nightlies(True, None)
+    assert follows_nightlies((VERSIONS[GOOD], VERSIONS[NEWER]))
+    assert not follows_nightlies(("0.21.0", "0.23.1rc1.dev748+g2dfaae752"))
 
 
 def test_choose_latest_one_candidate_or_why_not() -> None:
