@@ -21,12 +21,11 @@ from rigfleet.errors import RigfleetError
 from rigfleet.fleetcache import cache_settings, seed_command, warm_marker
 from rigfleet.hostside.layout import HOST
 from rigfleet.images.plan import WantedImage
-from rigfleet.images.transfer import ImageError, SavedArchive, export_image
+from rigfleet.images.transfer import ImageError as ImageError  # save_image's error
+from rigfleet.images.transfer import SavedArchive, export_image
 from rigfleet.inventory import InventoryHost
 from rigfleet.registry import DIGEST, registry_of
 from rigfleet.ssh import Remote
-
-__all__ = ["ImageError", "VersionProbe", "prefetch", "prune", "read_version", "save_image"]
 
 
 class VersionError(RigfleetError, RuntimeError):
