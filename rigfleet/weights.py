@@ -48,11 +48,6 @@ class WeightsDirsState:
     referenced: frozenset[str] = frozenset()
 
 
-def _ere(text: str) -> str:
-    """``text`` as a literal in a POSIX extended regular expression."""
-    return re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", text)
-
-
 class WeightsDirs(FactBase[WeightsDirsState]):
     """The directories and links in ``<model_dir>`` and its ``.*@*.partial`` downloads (kind,
     mtime, link target), and which names in ``<model_dir>`` the given compose files mount."""
@@ -70,7 +65,8 @@ class WeightsDirs(FactBase[WeightsDirsState]):
             "fi; done"
         )
         if compose_files:
-            pattern = shlex.quote(f"[[:space:]]{_ere(model_dir.rstrip('/'))}/[^/[:space:]:]+:")
+            literal = re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", model_dir.rstrip("/"))  # in an ERE
+            pattern = shlex.quote(f"[[:space:]]{literal}/[^/[:space:]:]+:")
             command += (f"; cat {shlex.join(compose_files)} 2>/dev/null | grep -oE {pattern} "
                         "| sort -u | sed 's|^.*/|ref |; s|:$||'")
         return command + "; true"
