@@ -600,11 +600,6 @@ def _stack_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.yaml") if p.is_file())
 
 
-def _fingerprint(dirs: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
-    files = [path for d in map(Path, dirs) if d.is_dir() for path in _stack_files(d)]
-    return tuple((str(path), (st := path.stat()).st_mtime_ns, st.st_size) for path in files)
-
-
 @lru_cache(maxsize=16)
 def _load(dirs: tuple[str, ...], fingerprint: tuple[tuple[str, int, int], ...]) -> Catalog:
     stacks: dict[str, StackSpec] = {}
@@ -640,7 +635,8 @@ def load_catalog(extra_dirs: Iterable[str | Path] = ()) -> Catalog:
     """The built-in stacks plus those in ``extra_dirs`` (host data ``stacks_dir``)."""
     dirs = (str(BUILTIN_DIR), *(str(Path(d).expanduser().absolute()) for d in extra_dirs))
     # Read again when a file changed (a long-running process, the tests).
-    return _load(dirs, _fingerprint(dirs))
+    files = [path for d in map(Path, dirs) if d.is_dir() for path in _stack_files(d)]
+    return _load(dirs, tuple((str(f), (st := f.stat()).st_mtime_ns, st.st_size) for f in files))
 
 
 def builtin_catalog() -> Catalog:
