@@ -210,13 +210,6 @@ def fresh_swap(before: HostProbe | None, after: HostProbe) -> dict[str, Any]:
     return swap
 
 
-def _rollback_reason(before: HostProbe | None, after: HostProbe) -> str:
-    """What the host recorded about why it did not promote (swap record, new ledger lines)."""
-    records = (fresh_swap(before, after), *reversed(new_ledger_lines(before, after)))
-    return next((f"{r.get('result') or 'not promoted'}: {r['reason']}"
-                 for r in records if r.get("reason")), "")
-
-
 def host_error(log: str, host: str) -> str | None:
     """pyinfra's last error line for ``host`` (a ``[host] ...`` line that says error/failed)."""
     lines = (re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in reversed(log.splitlines()))
@@ -251,8 +244,10 @@ def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: Depl
     if runs_new:
         return outcome(Status.FAILED, runs_new=True, reason=with_error(
             error, "the swap promoted but the deploy failed afterwards"))
-    if runs_old:
-        reason = _rollback_reason(before, after) or with_error(error, "rolled back to the old pins")
+    if runs_old:  # why the host says it did not promote: its swap record, new ledger lines
+        records = (fresh_swap(before, after), *reversed(new_ledger_lines(before, after)))
+        reason = next((f"{r.get('result') or 'not promoted'}: {r['reason']}" for r in records
+                       if r.get("reason")), with_error(error, "rolled back to the old pins"))
         if failed_checks and "gate" not in reason:
             reason = f"verify-stress gate failed ({', '.join(failed_checks)}); {reason}"
         return outcome(Status.FAILED, runs_new=False, reason=reason)
