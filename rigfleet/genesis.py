@@ -351,12 +351,6 @@ class PatchEntry:
     applies_to: Mapping[str, Any] = field(default_factory=dict)
     switches: tuple[str, ...] = ()
 
-    def shown_range(self) -> str:
-        r = self.applies_to.get(RANGE_KEY)
-        if r is None:
-            return "no vllm_version_range"
-        return f"vllm_version_range {','.join(strings(r)) if not isinstance(r, str) else r}"
-
 
 def entries_from_literal(registry: Mapping[str, Mapping[str, Any]],
                          generation: str) -> list[PatchEntry]:  # fmt: skip
@@ -448,7 +442,10 @@ def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_versi
         if not in_scope(e, profile, vllm_version):
             continue
         key = f"{spec.source}: genesis.decisions.{e.pid}"
-        what = (f"Genesis {label} patch {e.pid} ({e.title!r}; {e.category}, {e.shown_range()}, "
+        r = e.applies_to.get(RANGE_KEY)
+        shown = ("no vllm_version_range" if r is None else
+                 f"vllm_version_range {r if isinstance(r, str) else ','.join(strings(r))}")
+        what = (f"Genesis {label} patch {e.pid} ({e.title!r}; {e.category}, {shown}, "
                 f"default_on {e.default_on})")
         if (d := g.decisions.get(e.pid)) is None:
             out.append(f"{key}: missing; {what} applies to this stack on vLLM "
