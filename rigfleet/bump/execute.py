@@ -103,7 +103,7 @@ def end_journal(journal: BumpJournal, result: RolloutResult, saved: Pins | None)
              "so converges keep reading the journal (or refuse, now that the pins file moved "
              "on); merge the result, then `rigfleet bump --abandon` records it")  # fmt: skip
         return
-    journal.remove()
+    journal.path.unlink(missing_ok=True)
 
 
 def keep_images(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,

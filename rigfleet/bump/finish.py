@@ -53,7 +53,7 @@ def run_journal(args: argparse.Namespace) -> int | None:
         return error(e) if abandon else None  # else the bump's own input checks say what is wrong
     if journal is None or journal.state == "finished":
         if journal is not None and not args.dry:
-            journal.remove()
+            journal.path.unlink(missing_ok=True)
             log(f"removed {journal.path}: {journal.id} had finished (pins serial {pins.serial})")
         return error(f"--abandon: no unfinished bump ({journal_path(pins.path)} does not "
                      "exist)") if abandon else None

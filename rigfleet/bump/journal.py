@@ -114,9 +114,6 @@ class BumpJournal:
         self.updated = now_iso()
         write_keeping_mode(self.path, json.dumps(self.to_dict(), indent=2) + "\n")
 
-    def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
-
     def to_dict(self) -> dict[str, Any]:
         plan = self.planned  # its fields as they are but the stacks' pins and the hosts
         values = {**vars(self), **vars(plan), "schema": SCHEMA,
