@@ -28,6 +28,7 @@ MAINTENANCE = "maintenance"
 # The readiness path balancers check (no key needed): 200 only while a verified stack serves
 # and answers /health. Without the key a 503 says only its class (docs/balancer.md).
 READY_PATH = "/rigfleet/ready"
+READY_CLASSES = ("swapping", "maintenance", "starting", "down")
 
 Run = Callable[[list[str], float], tuple[int, str]]
 # (method, url, headers, body, timeout) -> (status, headers, body); status 0: no answer.
@@ -66,7 +67,7 @@ def render_serving(ref: StackRef) -> str:
 
 
 def ready_class(message: str) -> str:
-    """The readiness class (one word) of a maintenance message the host tool wrote."""
+    """The ``READY_CLASSES`` entry of a maintenance message the host tool wrote."""
     text = message.lower()
     if text.startswith("maintenance") or "through the gate" in text:
         return "maintenance"
