@@ -265,9 +265,8 @@ def sha256_digest(entry: Any, what: str, why: str) -> str:
 
 
 def byte_size(value: Any, what: str, why: str) -> int:
-    """A size in bytes: a descriptor's ``size`` (absent: 0) or a Content-Length's text; else a
-    ``RegistryError``."""
-    size = int(value) if isinstance(value, str) and value.isdecimal() else (value or 0)
+    """A size in bytes (a descriptor's ``size``, a number; absent: 0); else a ``RegistryError``."""
+    size = value or 0
     if type(size) is not int or size < 0:
         raise RegistryError(f"{what}: {why} ({value!r:.80})")
     return size

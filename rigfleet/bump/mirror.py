@@ -129,8 +129,9 @@ def _copy_blobs(src: MirrorRegistry, dst: MirrorRegistry, repo: str, doc: dict[s
             continue
         size = byte_size(desc.get("size"), what, f"{blob} size: not a size in bytes")
         with src.blob_stream(repo, blob) as stream:
-            length = byte_size(stream.headers.get("Content-Length") or size, src.where,
-                               f"{blob} Content-Length: not a size in bytes")
+            header = stream.headers.get("Content-Length")  # text: a number when decimal
+            length = byte_size(int(header) if header and header.isdecimal() else header or size,
+                               src.where, f"{blob} Content-Length: not a size in bytes")
             dst.upload_blob(repo, blob, stream, length)
         counter[0] += 1
         counter[1] += length

@@ -228,6 +228,8 @@ def test_a_tag_list_that_is_not_json_says_so_naming_the_registry(registry) -> No
      "layers are not a list of entries with a byte size"),
     (MANIFEST, {"config": {"digest": "sha256:" + "a" * 64}, "layers": 7},
      "layers are not a list of entries with a byte size"),
+    (MANIFEST, {"config": {"digest": "sha256:" + "a" * 64}, "layers": [{"size": "1234"}]},
+     "layers are not a list of entries with a byte size"),  # a descriptor's size is a number
 ])
 def test_a_malformed_manifest_is_a_registry_error_naming_it(registry, media, doc, why) -> None:
     url, store = registry
