@@ -37,8 +37,7 @@ from rigfleet.bump.output import (
     print_steps,
     refused,
 )
-from rigfleet.bump.plan import build_plan, pin_text
-from rigfleet.bump.plan_record import Plan
+from rigfleet.bump.plan import Plan, build_plan, pin_text
 from rigfleet.cliargs import UsageError, select, ssh_command
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import reachability

@@ -62,8 +62,7 @@ from rigfleet.bump.output import (
     print_plan,
     refused,
 )
-from rigfleet.bump.plan import build_plan
-from rigfleet.bump.plan_record import Plan
+from rigfleet.bump.plan import Plan, build_plan
 from rigfleet.check import Online, deploy_online, verify_pins
 from rigfleet.cliargs import UsageError, add_yes, run_command, select, ssh_command
 from rigfleet.errors import RigfleetError

@@ -35,8 +35,7 @@ from rigfleet.bump.genesis import (
 )
 from rigfleet.bump.images import VersionProbe
 from rigfleet.bump.output import log
-from rigfleet.bump.plan import build_plan
-from rigfleet.bump.plan_record import Plan, PlanHost
+from rigfleet.bump.plan import Plan, PlanHost, build_plan
 from rigfleet.catalog import Catalog
 from rigfleet.cliargs import UsageError
 from rigfleet.desired import resolve_pins_path

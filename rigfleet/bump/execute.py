@@ -23,7 +23,7 @@ from rigfleet.bump.decide import BumpOptions, Inputs
 from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.mirror import MirrorRegistry, copy_image
 from rigfleet.bump.output import exit_status, interrupted, log, print_result, progress
-from rigfleet.bump.plan_record import Plan
+from rigfleet.bump.plan import Plan
 from rigfleet.bump.rollout import (
     HostOutcome,
     PyinfraRunner,

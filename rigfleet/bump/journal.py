@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rigfleet.bump.plan_record import Plan, PlanHost
+from rigfleet.bump.plan import Plan, PlanHost
 from rigfleet.catalog import Catalog
 from rigfleet.hostside.verify.report import now_iso
 from rigfleet.pins import Pins, PinsError, StackPins, parse_pins, stack_dict, write_keeping_mode

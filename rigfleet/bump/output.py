@@ -18,8 +18,7 @@ from rich.text import Text
 from rigfleet.bump.genesis import GenesisChoice
 from rigfleet.bump.images import VersionProbe
 from rigfleet.bump.journal import BumpJournal
-from rigfleet.bump.plan import pin_text
-from rigfleet.bump.plan_record import Plan
+from rigfleet.bump.plan import Plan, pin_text
 from rigfleet.bump.rollout import BAD, RolloutResult, Status, StillRunning, outcome_of, step_label
 from rigfleet.cliargs import console
 from rigfleet.cliargs import log as log  # the bump modules log through here

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rigfleet.bump.journal import BumpJournal
-from rigfleet.bump.plan_record import Plan
+from rigfleet.bump.plan import Plan
 from rigfleet.fleetview import each_host, probe_or_why
 from rigfleet.hostprobe import HostProbe, run_probe
 from rigfleet.inventory import InventoryHost

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from rigfleet.bump.plan_record import PlanHost
+from rigfleet.bump.plan import PlanHost
 from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.records import ReportSummary
 from rigfleet.pins import GenesisPin, Pins, StackPins, load_pins

@@ -29,7 +29,7 @@ from rigfleet.bump.journal import (
     journal_path,
     load_journal,
 )
-from rigfleet.bump.plan_record import Plan
+from rigfleet.bump.plan import Plan
 from rigfleet.bump.rollout import (
     DeployResult,
     Resume,

@@ -22,8 +22,7 @@ from bump_helpers import (
     write_pins,
 )
 
-from rigfleet.bump.plan import build_plan
-from rigfleet.bump.plan_record import Plan
+from rigfleet.bump.plan import Plan, build_plan
 from rigfleet.bump.rollout import (
     DeployResult,
     Status,

@@ -43,12 +43,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "rigfleet.catalog_keys", "rigfleet.stack_docs", "rigfleet.image_sources",
               "rigfleet.inventory", "rigfleet.genesis", "rigfleet.weights", "rigfleet.fleetcache",
               # an unfinished bump's journal beside the pins file, and the plan it keeps
-              "rigfleet.bump.journal", "rigfleet.bump.plan_record")),
+              "rigfleet.bump.journal", "rigfleet.bump.plan")),
     # Reading a host or a source: SSH, the host probe and its record, pyinfra facts, apt.
     ("host access", ("rigfleet.ssh", "rigfleet.hostprobe", "rigfleet.facts",
                      "rigfleet.aptindex")),
     ("model", ("rigfleet.desired", "rigfleet.compose", "rigfleet.runtime_image")),
-    ("decisions", ("rigfleet.swapplan", "rigfleet.status.drift", "rigfleet.bump.plan",
+    ("decisions", ("rigfleet.swapplan", "rigfleet.status.drift",
                    "rigfleet.balancer", "rigfleet.images.plan",
                    "rigfleet.images.archive", "rigfleet.images.hoststate",
                    "rigfleet.doctor.rules", "rigfleet.doctor.evidence",

@@ -21,8 +21,7 @@ from rich.console import Console
 import rigfleet.desired
 from rigfleet import fleetview
 from rigfleet.bump.journal import BumpJournal
-from rigfleet.bump.plan import build_plan
-from rigfleet.bump.plan_record import PlanHost
+from rigfleet.bump.plan import PlanHost, build_plan
 from rigfleet.desired import DesiredHost, build_desired, load_desired, resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.hostprobe import HostProbe
