@@ -14,7 +14,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,6 @@ class BumpJournal:
     started: str
     by: str
     owner: dict[str, Any]
-    pins_file: str
     base_serial: int
     planned: Plan  # what it rolls out (``pins``: the pins file as read with the journal)
     candidate: dict[str, Any] | None = None
@@ -81,7 +80,7 @@ class BumpJournal:
                                "allowed: one bump at a time: run `rigfleet bump` to finish it")
         journal = cls(
             path=path, id=journal_id, started=now_iso(), by=by, owner={},
-            pins_file=str(plan.pins.path), base_serial=plan.pins.serial, planned=plan,
+            base_serial=plan.pins.serial, planned=plan,
             candidate=dict(candidate) if candidate is not None else None, version=version,
             history=dict(history or {}),
         )
@@ -116,10 +115,9 @@ class BumpJournal:
 
     def to_dict(self) -> dict[str, Any]:
         plan = self.planned  # its fields as they are but the stacks' pins and the hosts
-        values = {**vars(self), **vars(plan), "schema": SCHEMA,
+        values = {**vars(self), **vars(plan), "schema": SCHEMA, "pins_file": str(plan.pins.path),
                   "new_stacks": {n: stack_dict(p) for n, p in plan.new_stacks.items()},
-                  "hosts": [{"name": h.name, "stack": h.stack, "groups": list(h.groups)}
-                            for h in plan.hosts]}
+                  "hosts": [asdict(h) for h in plan.hosts]}
         return {k: values[k] for k in _KEYS}
 
     @property
@@ -268,8 +266,7 @@ def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJo
                    int(top["max_failures"]))
     return BumpJournal(
         path=path, id=journal_id, started=str(top.get("started") or ""),
-        by=str(top.get("by") or ""), owner=dict(top.get("owner") or {}),
-        pins_file=str(top.get("pins_file") or pins.path), base_serial=serial,
+        by=str(top.get("by") or ""), owner=dict(top.get("owner") or {}), base_serial=serial,
         planned=planned, candidate=top.get("candidate"),
         version=str(top.get("version") or ""), outcomes=dict(outcomes), deploying=deploying,
         stopped=top.get("stopped"), updated=str(top.get("updated") or ""),
