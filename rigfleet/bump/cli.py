@@ -47,8 +47,7 @@ from rigfleet.bump.decide import (
     load_inputs,
     refuse_image_rules,
 )
-from rigfleet.bump.execute import execute
-from rigfleet.bump.finish import run_journal
+from rigfleet.bump.execute import execute, run_journal
 from rigfleet.bump.genesis import GenesisRefused
 from rigfleet.bump.images import VersionProbe, prefetch, read_version, remove_image
 from rigfleet.bump.output import (

@@ -19,7 +19,7 @@ from bump_helpers import GENESIS_NEW, GOOD, NEWER, probe_of, stack
 from test_bump_rollout import FakeRunner, make_plan
 
 from rigfleet.bump import cli as bump_cli
-from rigfleet.bump import decide, execute, finish, output
+from rigfleet.bump import decide, execute, output
 from rigfleet.bump.execute import end_journal, resume_of
 from rigfleet.bump.journal import (
     SCHEMA,
@@ -349,13 +349,13 @@ def args_for(tmp_path: Path, **kw: Any) -> argparse.Namespace:
 def test_another_candidate_is_refused_while_a_bump_is_unfinished(tmp_path):
     plan = make_plan(tmp_path)
     journal = journal_for(plan)
-    assert finish.other_target(args_for(tmp_path, image=f"nightly-{NEWER}"), journal) is None
-    assert finish.other_target(args_for(tmp_path, latest=True), journal) is None
-    other = finish.other_target(args_for(tmp_path, image=f"nightly-{GOOD}"), journal)
+    assert execute.other_target(args_for(tmp_path, image=f"nightly-{NEWER}"), journal) is None
+    assert execute.other_target(args_for(tmp_path, latest=True), journal) is None
+    other = execute.other_target(args_for(tmp_path, image=f"nightly-{GOOD}"), journal)
     assert other is not None and f"--image nightly-{GOOD} is not its candidate" in other
-    assert "is not its Genesis" in (finish.other_target(
+    assert "is not its Genesis" in (execute.other_target(
         args_for(tmp_path, genesis="0" * 40), journal) or "")
-    assert finish.other_target(args_for(tmp_path, genesis=GENESIS_NEW[:12]), journal) is None
+    assert execute.other_target(args_for(tmp_path, genesis=GENESIS_NEW[:12]), journal) is None
 
 
 def test_the_end_removes_the_journal_once_the_pins_file_says_it(tmp_path):
@@ -398,9 +398,8 @@ def cli_fleet(tmp_path: Path, monkeypatch, plan: Plan, runner: FakeRunner) -> No
         "front_port": 8000, "api_key_file": str(key), "pins_file": plan.pins.path,
         "apt_repos": {"cuda": repo, "nvidia-container-toolkit": repo}}) for h in plan.hosts]
     monkeypatch.setattr(decide, "load_inventory", lambda path: inventory)
-    for module in (execute, finish):
-        monkeypatch.setattr(module, "PyinfraRunner", lambda *a, **k: runner)
-    for module in (bump_cli, finish):
+    monkeypatch.setattr(execute, "PyinfraRunner", lambda *a, **k: runner)
+    for module in (bump_cli, execute):
         monkeypatch.setattr(module, "SshRemote", lambda **_: None)
     monkeypatch.setattr(execute, "keep_images", lambda *a, **k: {})
     monkeypatch.setattr(execute, "PROJECT_ROOT", tmp_path)
@@ -563,7 +562,7 @@ def test_abandon_with_dry_changes_nothing(tmp_path, monkeypatch):
     assert journal_path(plan.pins.path).read_text() == journal_text
     # A finished journal (the pins file names it) stays under --dry too.
     save_pins(load_pins(plan.pins.path), {"action": "bump", "bump_id": "20261129T104000Z-4242"})
-    assert finish.run_journal(cli_args(tmp_path, dry=True)) is None  # on to a new bump
+    assert execute.run_journal(cli_args(tmp_path, dry=True)) is None  # on to a new bump
     assert journal_path(plan.pins.path).exists()
 
 
@@ -582,7 +581,7 @@ def test_resume_and_abandon_connect_with_the_timeout_given(tmp_path, monkeypatch
     assert rc == output.EXIT_INTERRUPTED
     runner.kill = None
     asked: list[float] = []
-    monkeypatch.setattr(finish, "SshRemote", lambda connect_timeout=10.0: asked.append(
+    monkeypatch.setattr(execute, "SshRemote", lambda connect_timeout=10.0: asked.append(
         connect_timeout))
     assert bump_cli.run(cli_args(tmp_path, abandon=abandon, timeout=3.0)) == bump_cli.EXIT_OK
     assert asked == [3.0]
