@@ -26,8 +26,8 @@ from rich.markup import escape
 from rigfleet.bump import images
 from rigfleet.bump.candidate import Candidate, parse_image_arg
 from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet, load_inputs
+from rigfleet.bump.images import MirrorRegistry, copy_image
 from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
-from rigfleet.bump.mirror import MirrorRegistry, copy_image
 from rigfleet.bump.output import (
     EXIT_FAILED,
     EXIT_OK,

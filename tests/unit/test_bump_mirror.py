@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rigfleet.bump.mirror import MirrorRegistry, copy_image
+from rigfleet.bump.images import MirrorRegistry, copy_image
 from rigfleet.registry import RegistryError
 
 REPO = "vllm/vllm-openai"
