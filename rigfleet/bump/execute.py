@@ -165,9 +165,9 @@ def keep_images(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
         try:
             copied = copy_image(MirrorRegistry(inputs.registry), MirrorRegistry(mirror),
                                 candidate.repository, candidate.tag, candidate.digest)  # fmt: skip
-            extra["mirror"] = copied.summary()
-            log(f"mirrored {copied.ref} at {copied.digest} ({copied.blobs} blob(s), "
-                 f"{copied.bytes / 1e9:.2f} GB copied)")  # fmt: skip
+            extra["mirror"] = asdict(copied)
+            log(f"mirrored {copied.ref} at {copied.digest} ({copied.blobs_copied} blob(s), "
+                 f"{copied.bytes_copied / 1e9:.2f} GB copied)")  # fmt: skip
         except RegistryError as e:
             log(f"[red]copy to {mirror} failed[/red]: {e}")
             extra["mirror"] = {"error": str(e)}

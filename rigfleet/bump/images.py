@@ -255,12 +255,8 @@ class MirrorRegistry(Registry):
 class Copied:
     ref: str  # <mirror host>/<repo>:<tag>
     digest: str  # the manifest digest the mirror serves under the tag
-    blobs: int  # blobs uploaded (present ones are skipped)
-    bytes: int
-
-    def summary(self) -> dict[str, Any]:
-        return {"ref": self.ref, "digest": self.digest, "blobs_copied": self.blobs,
-                "bytes_copied": self.bytes}  # fmt: skip
+    blobs_copied: int  # present ones are skipped
+    bytes_copied: int
 
 
 def copy_image(src: MirrorRegistry, dst: MirrorRegistry, repo: str, tag: str, digest: str

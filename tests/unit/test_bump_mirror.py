@@ -179,11 +179,11 @@ def test_copy_keeps_the_digest_and_skips_present_blobs(registries) -> None:
     dst.blobs[sha(b"layer-one" * 100)] = b"layer-one" * 100  # the mirror has a shared layer
     copied = copy_image(MirrorRegistry(u1), MirrorRegistry(u2), REPO, "nightly-a", digest)
     assert copied.digest == digest
-    assert copied.blobs == 2  # config + layer two
+    assert copied.blobs_copied == 2  # config + layer two
     assert dst.tags["nightly-a"] == digest
     assert copied.ref == f"{u2.removeprefix('http://')}/{REPO}:nightly-a"
     again = copy_image(MirrorRegistry(u1), MirrorRegistry(u2), REPO, "nightly-a", digest)
-    assert again.blobs == 0
+    assert again.blobs_copied == 0
 
 
 def test_index_copied_whole(registries) -> None:
