@@ -140,11 +140,6 @@ class RolloutResult:
         """A roll's verdict: it reached a host, and none failed, was lost or left behind."""
         return self.reached and not self.by_status(*BAD)
 
-    @property
-    def promoted_everywhere(self) -> bool:
-        """Every host that was to move did (skipped-at-start hosts aside)."""
-        return bool(self.by_status(Status.PROMOTED)) and not self.by_status(*BAD)
-
 
 @dataclass(frozen=True)
 class Resume:
@@ -398,8 +393,9 @@ def stack_summary(p: StackPins) -> dict[str, Any]:
 
 
 def outcome_of(result: RolloutResult) -> str:
-    """``promoted`` | ``partial`` | ``failed`` (nothing moved)."""
-    if result.promoted_everywhere:
+    """``promoted`` (every host that was to move did, skipped-at-start hosts aside) |
+    ``partial`` | ``failed`` (nothing moved)."""
+    if result.by_status(Status.PROMOTED) and not result.by_status(*BAD):
         return "promoted"
     moved = [o for o in result.outcomes.values() if o.runs_new and o.status != Status.UP_TO_DATE]
     return "partial" if moved else "failed"
@@ -463,11 +459,9 @@ class PyinfraRunner:
 
     def reachable(self, hosts: Sequence[str]) -> dict[str, str | None]:
         """Host -> None when the deploy can work on it now, else why not (SSH, a held lock)."""
-
-        def check(host: InventoryHost) -> str | None:
-            return f"busy: {busy}" if (busy := self.facts(host.name).busy) else None
-
-        answers = each_host([self.hosts[h] for h in hosts], check, lambda h, why: why)
+        answers = each_host([self.hosts[h] for h in hosts],
+                            lambda h: f"busy: {b}" if (b := self.facts(h.name).busy) else None,
+                            lambda h, why: why)
         return dict(zip(hosts, answers, strict=True))
 
     def facts(self, host: str) -> HostProbe:

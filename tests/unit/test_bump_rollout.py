@@ -145,7 +145,7 @@ def test_good_bump_promotes_canary_then_the_rest(tmp_path: Path) -> None:
     assert runner.deployed == [("host1",), ("host2", "host3")]
     assert [o.status for o in result.outcomes.values()] == [Status.PROMOTED] * 3
     assert result.outcomes["host1"].gate == "pass 8/8"
-    assert result.promoted_everywhere and result.stopped is None
+    assert outcome_of(result) == "promoted" and result.stopped is None
     assert events[0] == "canary: deploying host1"
     # Pins: the fleet moves, no host overrides, one history entry with per-host gates.
     new, entry = pins_after(plan, result, "2026-05-20T10:00:00Z", "ops@ctl")
@@ -225,7 +225,7 @@ def test_unreachable_hosts_are_skipped_and_do_not_count(tmp_path: Path) -> None:
     assert "before its batch" in result.outcomes["host2"].reason
     assert result.outcomes["host3"].status is Status.SKIPPED
     assert "at the start" in result.outcomes["host3"].reason
-    assert result.promoted_everywhere
+    assert outcome_of(result) == "promoted"
     new, entry = pins_after(plan, result, "t", "by")
     assert entry is not None and entry["outcome"] == "promoted"
     assert new is not None
