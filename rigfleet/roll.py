@@ -1,8 +1,6 @@
-"""``rigfleet roll``: the converge over the fleet, serving hosts disturbed a batch at a time.
-
-Bare hosts go first, together; then the serving ones ``--batch`` at a time, each run with
-``RIGFLEET_MAINTENANCE_BATCH=<batch>``, through the rollout engine
-(``rigfleet.bump.rollout.run_batches``, without a canary). docs/maintenance.md tells the rest::
+"""``rigfleet roll``: the converge over the fleet, serving hosts disturbed a batch at a time,
+each run with ``RIGFLEET_MAINTENANCE_BATCH=<batch>``, through the rollout engine without a
+canary (``rigfleet.bump.rollout.run_batches``); docs/maintenance.md tells the rest::
 
     rigfleet roll --inventory inventory/home.py --batch 2 --dry
 """
