@@ -120,9 +120,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         opts = BumpOptions.from_args(args)
         inputs = load_inputs(opts)
-        if args.limit:
-            kept = {h.name for h in select(inputs.hosts, args.limit, args.inventory)}
-            inputs.outside = frozenset(h.name for h in inputs.hosts if h.name not in kept)
+        kept = {h.name for h in select(inputs.hosts, args.limit, args.inventory)}
+        inputs.outside = frozenset(h.name for h in inputs.hosts if h.name not in kept)
     except UsageError:
         raise
     except (RigfleetError, ValueError, RuntimeError) as e:
