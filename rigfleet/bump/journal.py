@@ -212,8 +212,7 @@ def load_journal(pins: Pins, catalog: Catalog | None = None) -> BumpJournal | No
 
 def _parse(path: Path, data: Any, pins: Pins, catalog: Catalog | None) -> BumpJournal:
     p = Problems(str(path))
-    top = p.mapping("", data, _KEYS)
-    if top is None:
+    if (top := p.mapping("", data, _KEYS)) is None:
         p.raise_if_any(JournalError)
         raise AssertionError("unreachable")
     if top.get("schema") != SCHEMA:
