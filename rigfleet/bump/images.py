@@ -1,16 +1,13 @@
 """The candidate image on the hosts: seeded into the fleet caches (``prefetch``), its
 ``vllm.__version__`` read on the canary (docs/bump.md, steps 3 and 7), older images pruned after
 the rollout, the promoted one saved here (the code of ``rigfleet images export``) and copied
-into a mirror registry over the v2 API, manifest bytes unchanged, so its digest stays pullable
-after upstream deletes the tag (``--push-mirror``; an index is copied whole)::
+into a mirror registry, manifest bytes unchanged (``--push-mirror``)::
 
     held = prefetch(SshRemote(), load_inventory("inventory/home.py"), candidate, log)
     probe = read_version(SshRemote(), canary_host, candidate, pull=True, caches=held)
     probe.version, probe.pulled     # ("0.20.2rc1.dev212+g3f9c2a7e5", True)
     removed = prune(remote, host, "vllm/vllm-openai", keep={new.digest, old.digest})
-    copied = copy_image(MirrorRegistry("https://registry-1.docker.io"),
-                        MirrorRegistry("http://registry.lan:5000"), "vllm/vllm-openai",
-                        "nightly-3f9c...", "sha256:...")
+    copied = copy_image(MirrorRegistry(DOCKER_HUB), MirrorRegistry(mirror), repo, tag, digest)
 """
 
 from __future__ import annotations
