@@ -80,13 +80,8 @@ def window_status(lay: Layout) -> tuple[Window | None, str, str]:
                                  f"{window.by or 'someone'} and never closed")
 
 
-def write_window(lay: Layout, window: Window) -> None:
-    write_json(lay.window_file, window.to_dict())
-
-
 def plan_of(window: Window | None, lay: Layout) -> Plan | None:
-    """The plan a close runs with: the one the window was opened with, else (a damaged window
-    record) the newest plan a deploy uploaded for a window."""
+    """The plan the window was opened with, else the newest one a deploy uploaded for a window."""
     if window is not None and window.plan:
         with contextlib.suppress(PlanError):
             return Plan.from_dict(window.plan)
@@ -146,7 +141,7 @@ class Maintenance(Steps):
                         ({"what": step, "at": now},), plan.to_dict(),
                         serving if serving != MAINTENANCE else
                         (current.serving_before if current is not None else None))
-        write_window(self.lay, window)
+        write_json(self.lay.window_file, window.to_dict())
         ref = active.ref if active else None
         stack = ref.stack if ref else None
         times = st.read_timings(self.lay)
@@ -158,7 +153,7 @@ class Maintenance(Steps):
             # Nothing was disturbed yet: give the host back as it was (an unfinished window
             # it took over stays unfinished: its stack still needs the gate).
             if current is not None and status != "none":
-                write_window(self.lay, current)
+                write_json(self.lay.window_file, current.to_dict())
             else:
                 self._finish(window, "failed" if status == "damaged" else "closed",
                              f"not opened: the front refused 503: {e}"
@@ -174,7 +169,7 @@ class Maintenance(Steps):
         drained = self.drain_requests(ref, plan.drain_timeout_for(stack), f"maintenance: {step}",
                                       estimate, rest)
         drain = drained.to_dict() if drained else None
-        write_window(self.lay, replace(window, drain=drain))
+        write_json(self.lay.window_file, replace(window, drain=drain).to_dict())
         ledger.append(self.lay, ledger.entry(
             KIND, "opened", None, host=plan.host, by=plan.by, deploy_id=plan.id, previous=ref,
             reason=step, extra={"drain": drain} if drain else None))
@@ -185,7 +180,8 @@ class Maintenance(Steps):
                        drain=drain, retry_after_s=estimate.seconds)
 
     def _join(self, window: Window, step: str, now: float, said: str) -> Outcome:
-        write_window(self.lay, replace(window, steps=(*window.steps, {"what": step, "at": now})))
+        steps = (*window.steps, {"what": step, "at": now})
+        write_json(self.lay.window_file, replace(window, steps=steps).to_dict())
         self.j.event("maintenance", said)
         return Outcome("open", st.EXIT_PROMOTED, KIND, reason=f"already open: {step}",
                        serving=self.front.current())
@@ -196,8 +192,7 @@ class Maintenance(Steps):
         return Outcome("locked", st.EXIT_LOCKED, KIND, reason=reason, phase="lock")
 
     def hold(self, hold: WindowHold) -> Outcome:
-        """The deploy back after its reboot holds this plan's window again (exit 3 when it
-        is not open any more)."""
+        """The deploy back after its reboot holds this plan's window again (exit 3: not open)."""
         plan = self.plan
         window, status, why = window_status(self.lay)
         if window is None or window.id != plan.id or window.state != "open":
@@ -338,16 +333,15 @@ class Maintenance(Steps):
     def _finish(self, window: Window | None, state: str, reason: str,
                 gate: dict[str, Any] | None = None) -> None:
         plan = self.plan
-        write_window(self.lay, replace(window or Window(plan.id, by=plan.by, host=plan.host,
-                                                        opened_at=time.time(),
-                                                        plan=plan.to_dict()),
-                                       state=state, reason=reason, gate=gate,
-                                       closed_at=time.time()))
+        window = window or Window(plan.id, by=plan.by, host=plan.host, opened_at=time.time(),
+                                  plan=plan.to_dict())
+        write_json(self.lay.window_file, replace(window, state=state, reason=reason, gate=gate,
+                                                 closed_at=time.time()).to_dict())
 
 
 def supersede(lay: Layout, by: str, why: str) -> None:
     """A swap promoted a stack through its own gate: a failed or abandoned window is over."""
     window, status, _ = window_status(lay)
     if window is not None and status in ("failed", "abandoned"):
-        write_window(lay, replace(window, state="closed", closed_at=time.time(),
-                                  reason=f"superseded: {why} (by {by})"))
+        write_json(lay.window_file, replace(window, state="closed", closed_at=time.time(),
+                                            reason=f"superseded: {why} (by {by})").to_dict())
