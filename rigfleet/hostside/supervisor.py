@@ -1,13 +1,9 @@
 """The supervisor's loop (``rigfleet-host.pyz supervise``, ``rigfleet-supervise.service``):
-look, ask ``supervise.step`` what to do, do it with the host lock. What it decides and why
-is in ``rigfleet.hostside.supervise``; this module only looks and acts::
+look, ask ``supervise.step`` what to do, do it with the host lock (docs/swap.md, "When the
+engine dies")::
 
     with single_instance(Layout()):
         Supervisor(Layout(), SystemOps(key), front, Policy(), stop=stop_requested).run()
-
-Every action re-checks under the host lock, runs with a journal of its own
-(``swap/supervise-<time>-<pid>-<n>/``), and writes the ledger line before the record that says
-it was written: killed in between, the next supervisor writes it again rather than never.
 """
 
 from __future__ import annotations
@@ -66,8 +62,7 @@ def single_instance(lay: Layout) -> Iterator[None]:
 
 
 def _lock_fd(lay: Layout) -> int:
-    """``supervisor.lock`` (made when missing), else read-only, else the directory itself: a
-    full disk must not stop the watch."""
+    """``supervisor.lock``, else read-only, else the directory: a full disk must not stop us."""
     with contextlib.suppress(OSError):
         lay.supervise_dir.mkdir(parents=True, exist_ok=True)
         return os.open(lay.supervise_dir / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -320,9 +315,8 @@ class Supervisor:
         st = self.ops.container(ref.container)
         if st is None or not st.image_id or st.config_hash != ref.config_hash:
             return {"result": "skipped", "exit": 0, "reason": "its container changed"}
-        text = Path(ref.compose_file).read_text()
         written = write_active(self.lay, replace(active, ref=replace(ref, image_id=st.image_id)),
-                               text)
+                               Path(ref.compose_file).read_text())
         reason = (f"recorded the verified image id {st.image_id[:19]} of {ref.route_id} (its "
                   "record was from before image ids were kept; the image it has served on)")
         self.note("recorded", written.ref, active, reason, gate=active.gate, active=True)
@@ -384,16 +378,16 @@ class Supervisor:
     def _failed(self, active: Active, steps: Steps, attempt: Attempt, n: int, e: Failure,
                 seconds: float) -> dict[str, Any]:
         """A recreation that failed (or was stopped): 503 stays, the next backoff from now."""
-        limit, reason, boot = self.policy.limit, e.reason, e.boot
+        limit, reason = self.policy.limit, e.reason
         result = "interrupted" if e.phase == "interrupted" else "failed"
         said = f"recreation {n} of {limit} {result}: {reason}"
         steps.j.event("recreate", said, level="error")
         self.note(result, None, active, f"recreation {n} of {limit} after the engine died "
                   f"({attempt.reason}) {result}: {reason}", attempted=active.ref,
-                  extra={"phase": e.phase, "boot_failure": boot, "kept_log": attempt.kept_log})
+                  extra={"phase": e.phase, "boot_failure": e.boot, "kept_log": attempt.kept_log})
         now = self.clock()
         after = replace(self.rec, dead_since=now, death=reason,
-                        boot_failure=boot or self.rec.boot_failure)
+                        boot_failure=e.boot or self.rec.boot_failure)
         self.save(moved(after.noted(replace(attempt, result=result, detail=reason,
                                             seconds=seconds)), "backoff", said, now))
         return {"result": result, "exit": 1, "reason": reason, "phase": e.phase}
