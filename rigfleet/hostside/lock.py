@@ -43,8 +43,7 @@ def session_anchor() -> tuple[int, str]:
 
 @dataclass(frozen=True)
 class WindowHold:
-    """What holds a maintenance window's lock: the anchor process and, before a reboot,
-    ``reboot`` (``records.reboot_hold``)."""
+    """What holds a window's lock: the anchor process and, before a reboot, ``reboot``."""
 
     window: str
     pid: int
@@ -85,9 +84,8 @@ class HostLock:
 
     def acquire(self, who: str, why: str, deploy_id: str = "",
                 window: WindowHold | None = None) -> str | None:
-        """Take the lock (for ``window``: held after this process exits, while its anchor lives,
-        until ``adopt_window`` + ``release``); returns a takeover note when a stale lock was
-        replaced. ``LockHeld`` when a live holder has it."""
+        """Take the lock (``window``'s: held while its anchor lives, until ``adopt_window`` +
+        ``release``); a note when a stale lock was taken over; ``LockHeld`` when one lives."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         note = None
         for _ in range(5):

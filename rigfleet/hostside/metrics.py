@@ -161,8 +161,7 @@ class GateFacts:
 
 @dataclass(frozen=True)
 class Facts:
-    """What ``rigfleet.prom`` says (read from the host's records by ``read_facts``), in its
-    order; ``gate``'s figures where it stands."""
+    """What ``rigfleet.prom`` says, in its order (``gate``'s figures where it stands)."""
 
     serving: dict[str, str] | None = None
     ready: bool = fact("rigfleet_ready", "The front's readiness path answers 200 (1) or not (0).",
@@ -298,8 +297,7 @@ def run(lay: Layout, directory: Path, front_port: int | None) -> int:
 
 
 def refresh(lay: Layout, front_port: int | None) -> None:
-    """Both textfiles now, after a swap (the timer's next run is up to 15 s away), where the
-    node exporter's directory exists; a failure here never fails the caller."""
+    """Both textfiles now, after a swap, where the node exporter's directory is; never raises."""
     directory = lay.root / TEXTFILE_DIR.lstrip("/")
     if not directory.is_dir():
         return

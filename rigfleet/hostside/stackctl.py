@@ -89,8 +89,7 @@ def parse_unit_state(text: str) -> str:
 
 
 def docker_time(text: str) -> float | None:
-    """``2026-11-29T10:00:01.123456789Z`` -> epoch seconds (None when unparseable or docker's
-    zero time: a container that never started)."""
+    """``2026-11-29T10:00:01.123456789Z`` -> epoch seconds; None: unparseable, or never started."""
     m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", text.strip())
     if not m or m.group(1).startswith("0001-"):
         return None

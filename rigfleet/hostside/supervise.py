@@ -127,8 +127,7 @@ class Record(Coded):
 
     @classmethod
     def from_dict(cls, data: Any) -> Record:
-        """A record from ``state.json`` (a fresh one when it is not one); TypeError naming the
-        first damaged field."""
+        """A record from ``state.json`` (fresh when it is none); TypeError names a damaged field."""
         if not isinstance(data, dict) or data.get("schema") != SUPERVISE_SCHEMA:
             return cls()
         return decode_strict(cls, data, "")
@@ -157,8 +156,7 @@ def epoch_of(active: Active) -> str:
 
 
 def started(rec: Record, now: float) -> Record:
-    """The record as a new supervisor takes it over: an attempt left ``running`` was cut short
-    (it still counts)."""
+    """The record as a new supervisor takes it over (an attempt left ``running`` was cut short)."""
     attempts = tuple(replace(a, result="interrupted", detail=a.detail or "the supervisor "
                              "stopped during it (killed or restarted)")
                      if a.result == "running" else a for a in rec.attempts)
