@@ -52,7 +52,6 @@ def containers(lay: Layout) -> dict[str, dict[str, Any]]:
                                "created": parts[4]}
     if not found:
         return found
-    images: dict[str, str] = {}
     fmt = "{{.Name}}\t{{.Config.Image}}\t{{.Image}}\t{{.State.StartedAt}}\t{{.RestartCount}}"
     for line in run(["docker", "inspect", "--type", "container", "--format", fmt,
                       *found])[1].splitlines():
@@ -61,12 +60,12 @@ def containers(lay: Layout) -> dict[str, dict[str, Any]]:
         if len(parts) == 5 and name in found:
             found[name].update(image=parts[1], image_id=parts[2], started_at=parts[3],
                                restarts=int(parts[4]) if parts[4].isdigit() else None)
-            images[name] = parts[2]
+    inspected = [c for c in found.values() if "image_id" in c]
     digests: dict[str, list[str]] = {}
     loaded = loaded_images(lay)
     fmt = "{{.Id}}\t{{json .RepoDigests}}\t{{json .Config.Labels}}"
     for line in run(["docker", "image", "inspect", "--format", fmt,
-                      *sorted(set(images.values()))])[1].splitlines():
+                      *sorted({c["image_id"] for c in inspected})])[1].splitlines():
         image_id, _, rest = line.partition("\t")
         repo_digests, _, labels = rest.partition("\t")
         try:
@@ -78,8 +77,8 @@ def containers(lay: Layout) -> dict[str, dict[str, Any]]:
         base = (image_labels or {}).get(BASE_DIGEST_LABEL)
         digests[image_id] = (found_digests + loaded.get(image_id, [])
                              + ([str(base)] if base else []))
-    for name, image_id in images.items():
-        found[name]["digests"] = digests.get(image_id, [])
+    for c in inspected:
+        c["digests"] = digests.get(c["image_id"], [])
     return found
 
 

@@ -276,10 +276,9 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
                 Action("repair", obs.problem) if obs.damaged and obs.holder is None
                 else NOTHING)
     if obs.active is None:
-        return moved(replace(rec, route_id=None, dead_since=None, death="", boot_failure=None,
-                              next_attempt_at=None),
-                      "idle", "nothing was ever verified on this host: nothing to watch",
-                      now), NOTHING
+        return moved(rec, "idle", "nothing was ever verified on this host: nothing to watch", now,
+                     route_id=None, dead_since=None, death="", boot_failure=None,
+                     next_attempt_at=None), NOTHING
     rec = _reset(rec, obs)
     ref = obs.active.ref
     if obs.holder is not None:
@@ -326,8 +325,8 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
         detail = obs.health or "not ready"
         return moved(rec, "booting", f"{ref.container} is starting ({detail})", now), NOTHING
     death, boot = _cause(how, obs.log, ref.boot_failures)
-    rec = replace(rec, dead_since=now if rec.dead_since is None else rec.dead_since,
-                  death=death, boot_failure=boot)
+    dead_since = now if rec.dead_since is None else rec.dead_since
+    rec = replace(rec, dead_since=dead_since, death=death, boot_failure=boot)
     recent = rec.recent(now, p.window_s)
     if len(recent) >= p.limit:
         first = min((a.at for a in recent), default=now)
@@ -336,8 +335,7 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
                   "or fix the stack")
         return (moved(rec, "gave-up", reason, now, gave_up_at=now, next_attempt_at=None),
                 Action("give-up", reason))
-    assert rec.dead_since is not None
-    due = rec.dead_since + p.backoff(len(recent))
+    due = dead_since + p.backoff(len(recent))
     which = f"recreation {len(recent) + 1} of {p.limit}"
     rec = replace(rec, next_attempt_at=due)
     if now >= due:
