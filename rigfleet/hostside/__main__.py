@@ -213,13 +213,12 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
     except PlanError as e:
         active, problem = None, str(e)
     state = read_state(lay.state_file)
-    supervisor = read_supervisor(lay.supervise_state)
     window, window_state, window_why = window_status(lay)
     summary: dict[str, Any] = {
         "lock": holder, "active": active.to_dict() if active else None,
         "route": route(lay.front_route), "gate": state.get("gate"),
         "last_swap": state.get("last_swap"), "ledger": ledger_tail(lay.ledger_file, 5)[0],
-        "problem": problem or None, "supervisor": supervisor,
+        "problem": problem or None, "supervisor": read_supervisor(lay.supervise_state),
         "maintenance": {"status": window_state, "why": window_why,
                         "window": window.to_dict() if window else None},
     }
@@ -233,7 +232,7 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
     print(f"route:   {summary['route']}")
     print(f"gate:    {json.dumps(summary['gate'])}")
     print(f"last:    {json.dumps(summary['last_swap'])}")
-    print(f"watch:   {supervise_line(supervisor)}")
+    print(f"watch:   {supervise_line(summary['supervisor'])}")
     print(f"maint:   {window_state}" + (f": {window_why}" if window_why else ""))
     if problem:
         print(f"problem: {problem}")
@@ -395,8 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--why", default="reset by hand", help="(--reset) for the ledger of resets")
     sv.add_argument("--by", default="", help="(--reset) who asks (default: user@host)")
     sv.add_argument("--front-port", type=int, default=8000)
-    parse: dict[type, Callable[[str], Any]] = {
-        tuple: _backoff, int: _count, float: _seconds}
+    parse: dict[type, Callable[[str], Any]] = {tuple: _backoff, int: _count, float: _seconds}
     for name, (flag, hint) in POLICY_FLAGS.items():
         default = getattr(Policy(), name)
         sv.add_argument(flag, type=parse[type(default)], default=default, help=hint, dest=name,

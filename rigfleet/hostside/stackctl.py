@@ -187,7 +187,6 @@ def classify_boot_failure(log: str, known: Sequence[tuple[str, str, str, str]] =
     ``boot_failures``, looked for first), else its last exception line, else None."""
     for kind, pattern, title, hint in known:
         if (rx := _compiled(pattern)) and (m := rx.search(log)):
-            # Reported as the whole line(s) the match is on.
             start = log.rfind("\n", 0, m.start()) + 1
             end = log.find("\n", m.end())
             line = log[start:end if end >= 0 else len(log)]
