@@ -196,9 +196,8 @@ class HostLock:
                       window: WindowHold | None, directory: Path | None = None) -> None:
         holder: dict[str, Any] = {
             "who": who, "why": why, "since": now_iso(), "deploy_id": deploy_id,
-            **process_id(self.pid), "host": socket.gethostname()}
-        if window is not None:
-            holder.update(self._anchor(window))
+            **process_id(self.pid), "host": socket.gethostname(),
+            **(self._anchor(window) if window is not None else {})}
         write_json((directory or self.path) / "holder.json", holder, indent=None)
 
     def release(self) -> None:

@@ -117,8 +117,7 @@ def parse_gpu_memory(text: str) -> list[GpuMemory]:
         if len(parts) != 3 or not all(nums):
             raise ValueError(f"nvidia-smi printed {line.strip()[:120]!r}, not "
                              "'index, memory.used, memory.total'")
-        index, used, total = (int(m.group(1)) for m in nums if m)
-        cards.append(GpuMemory(index, used, total))
+        cards.append(GpuMemory(*(int(m.group(1)) for m in nums if m)))
     if not cards:
         raise ValueError("nvidia-smi listed no GPUs")
     return cards
