@@ -66,12 +66,12 @@ def _label(value: str) -> str:
 
 @dataclass
 class Textfile:
-    """Samples grouped per metric, each with its HELP and TYPE (the exposition format)."""
+    """Samples grouped per metric, each with its HELP and TYPE (``*_total``: a counter)."""
 
     metrics: dict[str, tuple[str, str, list[str]]] = field(default_factory=dict)
 
-    def add(self, name: str, help_: str, value: float, kind: str = "gauge",
-            **labels: str) -> None:
+    def add(self, name: str, help_: str, value: float, **labels: str) -> None:
+        kind = "counter" if name.endswith("_total") else "gauge"
         entry = self.metrics.setdefault(name, (help_, kind, []))
         lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
         number = str(int(value)) if float(value).is_integer() else repr(float(value))
@@ -109,7 +109,7 @@ def gpu_textfile(csv_text: str | None, ecc_text: str | None = None) -> str:
                 t.add(metric, help_, value * factor, **labels)
         if by["index"] in ecc:
             t.add("rigfleet_gpu_ecc_errors_total", "Uncorrected ECC errors since the driver "
-                  "loaded (only cards that report ECC).", ecc[by["index"]], "counter", **labels)
+                  "loaded (only cards that report ECC).", ecc[by["index"]], **labels)
         for reason, name in THROTTLE.items():
             state = by[f"clocks_event_reasons.{name}"]
             if state in ("Active", "Not Active"):
@@ -281,9 +281,7 @@ def _add_facts(t: Textfile, source: Facts | GateFacts, labels: dict[str, str]) -
         if isinstance(value, GateFacts):
             _add_facts(t, value, {"stack": value.stack})
         elif "metric" in f.metadata and value is not None:
-            name = f.metadata["metric"]
-            t.add(name, f.metadata["help"], value,
-                  "counter" if name.endswith("_total") else "gauge", **labels)
+            t.add(f.metadata["metric"], f.metadata["help"], value, **labels)
 
 
 def run(lay: Layout, directory: Path, front_port: int | None) -> int:
