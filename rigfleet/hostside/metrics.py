@@ -231,10 +231,9 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
         "stack": stack, "image_digest": str(state.get("digest") or ""),
         "model_revision": str(state.get("model_revision") or ""),
         "genesis_commit": str(state.get("genesis_commit") or "")}
-    # The engine and the front before the lock and the window: a swap takes the lock before
-    # it stops the engine, so an engine seen down is seen with its swap. Read the other way,
-    # a run that began just before a swap could write "down, no swap" after the swap's own
-    # refresh, and the monitor's engine-down alert (for: 0s) fired on a swap.
+    # The engine and the front before the lock: a swap takes the lock before it stops the
+    # engine, so an engine seen down is seen with its swap (read the other way, a run begun
+    # just before a swap could write "down, no swap" and fire the engine-down alert).
     engine_up = bool(stack) and engine_running(str(stack))
     ready = front_ready(front_port)
     swapping = is_swap(read_holder(lay.lock_dir))

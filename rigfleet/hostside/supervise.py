@@ -314,8 +314,7 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
             if (cut := rec.unnoted()) is not None:
                 return rec, Action("record", cut.reason)
             if not ref.image_id and st.image_id and st.config_hash == ref.config_hash:
-                # A record from before image ids were kept: the image it serves on now (its
-                # verified config, answering) becomes the one every recreation runs.
+                # A record from before image ids: what it serves on now is what recreations run.
                 return rec, Action("record-image", f"{ref.route_id}: its verified image id "
                                    "is not recorded yet")
             return rec, NOTHING
