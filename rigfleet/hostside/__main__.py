@@ -255,19 +255,15 @@ def cmd_record(args: argparse.Namespace, lay: Layout) -> int:
 
 
 def cmd_lock(args: argparse.Namespace, lay: Layout) -> int:
-    if args.release:
-        return _release_lock(args, lay)
-    holder = read_holder(lay.lock_dir)
-    if args.json:
-        print(json.dumps(holder, sort_keys=True))
-    else:
-        print(describe(holder) + ("" if holder.get("alive") else " [stale]") if holder
-              else "free")
-    return 0
-
-
-def _release_lock(args: argparse.Namespace, lay: Layout) -> int:
-    """``lock --release --reason TEXT``: remove a stale lock, said on stdout and in syslog."""
+    """Who holds the lock; ``--release --reason TEXT`` removes a stale one (stdout, syslog)."""
+    if not args.release:
+        holder = read_holder(lay.lock_dir)
+        if args.json:
+            print(json.dumps(holder, sort_keys=True))
+        else:
+            print(describe(holder) + ("" if holder.get("alive") else " [stale]") if holder
+                  else "free")
+        return 0
     if not args.reason.strip():
         print("rigfleet-host lock: --release: --reason: ''; allowed: a few words saying why",
               file=sys.stderr)
