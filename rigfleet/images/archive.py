@@ -1,13 +1,9 @@
-"""Saved images (``docker save`` archives) on this machine: what they hold, and their sidecars.
-
-A saved copy is matched to a pin by ``image_id`` (the sha256 of its config, what ``docker load``
-reproduces), never by name. The registry digest is not in the tar; a JSON sidecar next to it
-keeps the rest of the pin::
+"""Saved images (``docker save`` archives) here, matched to a pin by image id, and their JSON
+sidecars, which keep the rest of the pin (docs/images.md, "`rigfleet images`")::
 
     info = inspect_archive("/srv/image-archive/vllm_vllm-openai_v0.27.1.tar")
     info.holds("sha256:...")           # True when one of its images has that id
     info.sidecar["digest"]             # what `rigfleet images export` recorded
-    archive_name("vllm/vllm-openai:v0.27.1")   # "vllm_vllm-openai_v0.27.1.tar"
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from typing import Any
 
 from rigfleet.errors import RigfleetError
 from rigfleet.hostside.atomic import write_atomic
+from rigfleet.hostside.records import read_json
 
 SIDECAR_SCHEMA = "rigfleet-image-archive/1"
 _CONFIG_NAME = re.compile(r"(?:blobs/sha256/)?(?P<hex>[0-9a-f]{64})(?:\.json)?")
@@ -118,10 +115,7 @@ def _read(tar: tarfile.TarFile, name: str) -> bytes:
 
 def read_sidecar(archive: str | Path) -> dict[str, Any]:
     """The archive's sidecar ``x.json`` (``{}`` when there is none or it is not JSON)."""
-    try:
-        data = json.loads(Path(archive).with_suffix(".json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    data, _ = read_json(Path(archive).with_suffix(".json"))
     return data if isinstance(data, dict) else {}
 
 
