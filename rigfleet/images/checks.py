@@ -96,8 +96,7 @@ class SourceChecker:
         try:
             self.client(url).digest(path, w.digest)
         except RegistryNotFound:
-            tag = w.image.rsplit(":", 1)[-1]
-            note = f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(tag) else ""
+            note = f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(w.image.rpartition(":")[2]) else ""
             return (f"{path}@{w.digest} is not there at {url} (HTTP 404: digest, tag or "
                     f"repository gone){note}"), None, None
         except RegistryUnreachable as e:

@@ -103,13 +103,10 @@ class Presence:
 
 
 def presence(w: WantedImage, state: HostImageState) -> Presence:
-    named = state.images.get(w.image)
-    if named is not None and matches(w, named):
-        return Presence("present", w.image, named)
-    for ref in w.refs[1:]:
+    for ref in w.refs:  # the name first: there, it is present
         img = state.images.get(ref)
         if img is not None and matches(w, img):
-            return Presence("tag", ref, img)
+            return Presence("present" if ref == w.image else "tag", ref, img)
     by_digest = state.images.get(w.digest_ref)
     if by_digest is not None and by_digest.has_digest(w.digest):
         return Presence("mismatch", w.digest_ref, by_digest)
@@ -231,10 +228,9 @@ def need_bytes(r: SourceResult) -> dict[str, int]:
     size = r.size or 0
     if r.source.kind in ("hub", "registry"):
         return {ROOT: int(size * PULL_FACTOR)}
-    need = {ROOT: int(size * LOAD_FACTOR)}
     if r.source.kind == "archive" and r.source.via == "upload":
-        need[r.source.upload_dir] = need.get(r.source.upload_dir, 0) + size
-    return need
+        return {ROOT: int(size * LOAD_FACTOR), r.source.upload_dir: size}
+    return {ROOT: int(size * LOAD_FACTOR)}
 
 
 def plan_image(w: WantedImage, here: Presence, results: Sequence[SourceResult]) -> ImagePlan:
