@@ -87,10 +87,9 @@ class Registry:
         self._tokens[repo] = self._token(challenge, what)
         return send()
 
-    def _request(self, method: str, path: str, repo: str, accept: str = "",
-                 what: str | None = None) -> tuple[dict, bytes]:
-        """(lower-cased headers, body); errors name ``what`` (default the repository)."""
-        what = what or repo
+    def _request(self, method: str, path: str, repo: str, what: str, accept: str = ""
+                 ) -> tuple[dict, bytes]:
+        """(lower-cased headers, body); errors name ``what``."""
         req = urllib.request.Request(f"{self.where}{path}", method=method)
         if accept:
             req.add_header("Accept", accept)
@@ -151,8 +150,8 @@ class Registry:
     def digest(self, repo: str, ref: str) -> str:
         """The manifest digest ``repo:ref`` points at now (a HEAD: Docker Hub counts no pull)."""
         what = reference(repo, ref)
-        headers, _ = self._request("HEAD", f"/v2/{repo}/manifests/{ref}", repo, MANIFEST_TYPES,
-                                   what)
+        headers, _ = self._request("HEAD", f"/v2/{repo}/manifests/{ref}", repo, what,
+                                   MANIFEST_TYPES)
         found = headers.get("docker-content-digest", "")
         if not DIGEST.fullmatch(found):
             raise self._fail(what, f"no usable digest in the answer ({found!r})")
@@ -162,8 +161,8 @@ class Registry:
         """(manifest JSON, media type, digest, the exact bytes the digest is of) of ``repo:ref``
         (tag or digest)."""
         what = reference(repo, ref)
-        headers, body = self._request("GET", f"/v2/{repo}/manifests/{ref}", repo,
-                                      MANIFEST_TYPES, what)
+        headers, body = self._request("GET", f"/v2/{repo}/manifests/{ref}", repo, what,
+                                      MANIFEST_TYPES)
         try:
             doc = json.loads(body)
         except ValueError:
@@ -179,7 +178,7 @@ class Registry:
     def blob(self, repo: str, digest: str) -> bytes:
         """A blob's bytes, checked against its digest."""
         what = f"{repo}@{digest}"
-        _, body = self._request("GET", f"/v2/{repo}/blobs/{digest}", repo, what=what)
+        _, body = self._request("GET", f"/v2/{repo}/blobs/{digest}", repo, what)
         if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
             raise self._fail(what, "blob content does not match its digest")
         return body
@@ -204,7 +203,7 @@ class Registry:
         found: list[str] = []
         what = f"{repo} (tag list)"
         while path:
-            headers, body = self._request("GET", path, repo, what=what)
+            headers, body = self._request("GET", path, repo, what)
             try:
                 doc = json.loads(body or b"{}")
             except ValueError:
