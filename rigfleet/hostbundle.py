@@ -1,8 +1,5 @@
-"""The host-side tool as one zipapp: ``rigfleet/hostside/**`` (the gate included).
-
-Built on the control side, byte-for-byte deterministic (sorted entries, fixed timestamps and
-modes, no ``__pycache__``), so the deploy's upload compares equal and sends nothing when the
-code did not change::
+"""The host-side tool as one zipapp of ``rigfleet/hostside/**``, byte-for-byte deterministic
+(sorted entries, fixed times and modes), so the deploy sends it only when the code changed::
 
     data = build_bundle()                 # bytes of rigfleet-host.pyz
     # on a host: python3 /usr/local/lib/rigfleet/rigfleet-host.pyz status

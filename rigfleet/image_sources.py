@@ -1,6 +1,5 @@
-"""Where a host gets its pinned images: host data ``image_sources``, tried in order.
-
-docs/images.md ("Host data ``image_sources``") describes each kind and key::
+"""Where a host gets its pinned images: host data ``image_sources``, tried in order (each
+kind and key: docs/images.md)::
 
     sources = parse_sources(checker, "image_sources", host_data.get("image_sources"))
     sources[0].label      # "hub"

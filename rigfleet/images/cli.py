@@ -165,8 +165,7 @@ def exit_status(rows: Sequence[HostImages]) -> int:
 
 
 def _directory(flag: str, path: Path) -> None:
-    """Create ``path`` (a ``flag``'s directory here) now, before any host is asked;
-    ``UsageError`` naming the flag when it cannot be created or written."""
+    """Create ``flag``'s directory before any host is asked, else ``UsageError``."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
