@@ -161,8 +161,7 @@ def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSet
 
 def cache_settings(inventory: Iterable[Any]) -> list[CacheSettings]:
     """The valid cache hosts of the inventory (``host.inventory`` or ``InventoryHost``s), in
-    order. A cache host that its own preflight refuses (``validate_cache_host``) is left out
-    here, and the rigs fetch upstream."""
+    order; one its own preflight refuses is left out (the rigs fetch upstream)."""
     out = []
     for other in inventory:
         if host_kind(other.groups).cache:

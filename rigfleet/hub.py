@@ -74,25 +74,20 @@ class Hub:
     def _model_info(self, repo: str, ref: str) -> Any:
         what = f"hub {self.where}: {repo}@{ref}"
         auth = "with the token of hf_token_file" if self.token_file else "without a token"
-        from huggingface_hub.errors import (
-            GatedRepoError,
-            HfHubHTTPError,
-            RepositoryNotFoundError,
-            RevisionNotFoundError,
-        )
+        from huggingface_hub import errors
 
         try:
             return self.api.model_info(repo, revision=ref, timeout=self.timeout)
-        except RevisionNotFoundError:
+        except errors.RevisionNotFoundError:
             raise HubMissing(f"{what}: no such revision (HTTP 404)") from None
-        except GatedRepoError:
+        except errors.GatedRepoError:
             raise HubMissing(f"{what}: the model is gated and this caller ({auth}) has no "
                              "access; allowed: a token of an account that accepted the "
                              "model's terms, in hf_token_file") from None
-        except RepositoryNotFoundError:
+        except errors.RepositoryNotFoundError:
             raise HubMissing(f"{what}: no such repository, or a private one {auth} cannot "
                              "see (HTTP 401/404)") from None
-        except HfHubHTTPError as e:
+        except errors.HfHubHTTPError as e:
             status = getattr(getattr(e, "response", None), "status_code", None)
             # A rate limit or a server error says nothing of the model: the hub is away.
             away = isinstance(status, int) and (status == 429 or status >= 500)

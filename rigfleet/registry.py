@@ -158,8 +158,7 @@ class Registry:
         return found
 
     def manifest(self, repo: str, ref: str) -> tuple[dict[str, Any], str, str, bytes]:
-        """(manifest JSON, media type, digest, the exact bytes the digest is of) of ``repo:ref``
-        (tag or digest)."""
+        """(JSON, media type, digest, the exact bytes the digest is of) of a tag or digest."""
         what = reference(repo, ref)
         headers, body = self._request("GET", f"/v2/{repo}/manifests/{ref}", repo, what,
                                       MANIFEST_TYPES)

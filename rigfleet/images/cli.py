@@ -60,9 +60,8 @@ def add_parser(subparsers: Any) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     # Only the SSH connect is limited: reading a host's images may take 120 s, a transfer hours.
     opts = fleet_options(timeout_help="seconds per SSH connect")
-    st = sub.add_parser("status", parents=[opts],
-                        help="per host and pinned image: present? which source?")
-    st.set_defaults(func=cmd_status)
+    sub.add_parser("status", parents=[opts], help="per host and pinned image: present? which "
+                   "source?").set_defaults(func=cmd_status)
     ex = sub.add_parser("export", parents=[opts],
                         help="docker save a host's pinned image(s) into a directory")
     ex.add_argument("--host", required=True, help="the host to save from (inventory name)")
