@@ -24,9 +24,11 @@ from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import host_kind
 
 REGISTRY_CONFIG = "/etc/docker/registry/config.yml"
-# Debian's docker-registry package: its storage (owned by its user) and its unit's name.
+# Debian's docker-registry package: its storage (its user's), unit, binary and the unit's user.
 REGISTRY_STORAGE = "/var/lib/docker-registry"
 REGISTRY_SERVICE = "docker-registry"
+REGISTRY_BINARY = "/usr/bin/docker-registry"
+REGISTRY_USER = "docker-registry"
 NGINX_SITE = "/etc/nginx/conf.d/rigfleet-cache.conf"
 # nginx's log of what the model cache served (one line per request: bytes, status, path).
 MODEL_LOG = "/var/log/nginx/rigfleet-cache.log"
@@ -90,9 +92,6 @@ SEED_CONFIG = "/etc/docker/registry/rigfleet-seed.yml"
 SEED_SERVICE = "rigfleet-cache-seed"
 SEED_UNIT = f"/etc/systemd/system/{SEED_SERVICE}.service"
 SEED_SOCKET = f"/run/{SEED_SERVICE}/registry.sock"
-# Debian's docker-registry package: its binary and the user its unit runs as.
-REGISTRY_BINARY = "/usr/bin/docker-registry"
-REGISTRY_USER = "docker-registry"
 
 
 def render_seed_config() -> str:

@@ -134,14 +134,12 @@ class Registry:
             with urllib.request.urlopen(url, timeout=self.timeout) as resp:
                 body = json.load(resp)
         except urllib.error.HTTPError as exc:
-            away = exc.code == 429 or exc.code >= 500
+            kind = RegistryUnreachable if exc.code == 429 or exc.code >= 500 else RegistryError
             raise self._fail(what, f"the token service {realm} refused (HTTP {exc.code} "
-                             f"{exc.reason})", RegistryUnreachable if away else RegistryError
-                             ) from None
+                             f"{exc.reason})", kind) from None
         except (OSError, ValueError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise self._fail(what, f"cannot get a token from {realm} ({reason})",
-                             RegistryUnreachable) from None
+            raise self._fail(what, f"cannot get a token from {realm} "
+                             f"({getattr(exc, 'reason', exc)})", RegistryUnreachable) from None
         token = body.get("token") or body.get("access_token") if isinstance(body, dict) else None
         if not token:
             raise self._fail(what, f"the token service {realm} answered no token")
