@@ -1,7 +1,7 @@
 """The fleet cache (group ``caches``, docs/images.md): a registry proxy for images and nginx for
 verified model revisions; what it serves and how hosts reach it::
 
-    seed_command(upstream, "vllm/vllm-openai", digest)   # the pin into the cache
+    seed_command(upstream, "vllm/vllm-openai", digest, warm_marker(digest))  # the pin, cached
     model_mirrors(host.inventory)              # ('http://lb1.lan:8081',)
 """
 
@@ -135,13 +135,12 @@ def warm_marker(digest: str) -> str:
 SEED_SCRIPT = str(HOST.script("rigfleet-cache-seed.py"))
 
 
-def seed_command(upstream: str, path: str, digest: str, marker: str = "") -> str:
+def seed_command(upstream: str, path: str, digest: str, marker: str) -> str:
     """Seed one pinned image's blobs from ``upstream``; ``marker`` is written once all are held."""
     seed = (f"python3 {SEED_SCRIPT} --upstream {shlex.quote(upstream)} "
             f"--socket {SEED_SOCKET} --spool {shlex.quote(str(HOST.state_dir / 'cache-spool'))} "
-            f"--repo {shlex.quote(path)} --digest {shlex.quote(digest)}")
-    if marker:
-        seed += f" --marker {shlex.quote(marker)}"
+            f"--repo {shlex.quote(path)} --digest {shlex.quote(digest)} "
+            f"--marker {shlex.quote(marker)}")
     return (f"systemctl start {SEED_SERVICE} && {{ {seed}; rc=$?; "
             f"systemctl stop {SEED_SERVICE}; exit $rc; }}")
 
