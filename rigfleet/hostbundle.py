@@ -27,10 +27,9 @@ _MAIN = (
 
 def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     info = zipfile.ZipInfo(name, date_time=_EPOCH)
-    info.compress_type = zipfile.ZIP_DEFLATED
     info.external_attr = 0o644 << 16
     info.create_system = 3  # unix, whatever machine builds it
-    zf.writestr(info, data, compresslevel=9)
+    zf.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
 
 
 @cache

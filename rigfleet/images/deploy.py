@@ -25,8 +25,8 @@ from rigfleet.images.hoststate import ROOT, HostImageState, parse_state, state_s
 from rigfleet.images.plan import StagingPlan, plan_host, presence, wanted_images
 from rigfleet.validate import ValidationError
 
-_PLANS: weakref.WeakKeyDictionary[State, dict[str, StagingPlan]] = weakref.WeakKeyDictionary()
-_CHECKERS: weakref.WeakKeyDictionary[State, SourceChecker] = weakref.WeakKeyDictionary()
+_RUNS: weakref.WeakKeyDictionary[State, tuple[SourceChecker, dict[str, StagingPlan]]] = (
+    weakref.WeakKeyDictionary())
 
 
 class ImagesRefused(ValidationError):
@@ -68,10 +68,8 @@ def build_plan(want: DesiredHost, state: HostImageState, checker: SourceChecker,
 
 
 def staging_plan(want: DesiredHost) -> StagingPlan:
-    state = host.state
-    plans = _PLANS.setdefault(state, {})
+    checker, plans = _RUNS.setdefault(host.state, (SourceChecker(), {}))
     if want.name not in plans:
-        checker = _CHECKERS.setdefault(state, SourceChecker())
         facts = read_fact(ImageState, **fact_arguments(want))
         # The fleet caches' registries are not checked from here: the host falls back.
         caches = tuple(ImageSource("registry", url=c.registry_url, check=NO_CHECK, cache=c.name)
