@@ -96,8 +96,6 @@ def _owner(entry: WeightsEntry) -> str | None:
         return name
     if entry.kind == "partial":
         name = name[1:].removesuffix(PARTIAL_SUFFIX)
-    elif entry.kind != "dir":
-        return None
     head, mark, rev = name.rpartition(WEIGHTS_REVISION_MARK)
     revision = re.fullmatch(f"[0-9a-f]{{{WEIGHTS_REVISION_CHARS}}}", rev)
     return head if mark and head and revision else None

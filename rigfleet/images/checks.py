@@ -78,9 +78,9 @@ class SourceChecker:
             return self.archive(index, source, w)
         return host_archive(index, source, w, state)
 
-    def registry(self, index: int, source: ImageSource, url: str | None, path: str,
-                 w: WantedImage, ref: str) -> SourceResult:
-        if url is None or url == NO_CHECK:
+    def registry(self, index: int, source: ImageSource, url: str, path: str, w: WantedImage,
+                 ref: str) -> SourceResult:
+        if url == NO_CHECK:
             return SourceResult(index, source, True, "not checked from here (check: none); "
                                 "the host pulls it", None, ref=ref)
         key = (url, path, w.digest)
@@ -156,11 +156,7 @@ def host_archive(index: int, source: ImageSource, w: WantedImage,
                         f"({'; '.join(seen)})")
 
 
-def check_url(source: ImageSource, w: WantedImage, settings: HostSettings) -> str | None:
+def check_url(source: ImageSource, w: WantedImage, settings: HostSettings) -> str:
     """Where this machine checks a ``hub`` source (a Docker Hub name: ``bump_registry``)."""
-    if source.check is not None:
-        return source.check
     host, _ = registry_of(w.repository)
-    if host is None:
-        return settings.bump.registry or DOCKER_HUB
-    return f"https://{host}"
+    return source.check or (f"https://{host}" if host else settings.bump.registry or DOCKER_HUB)
