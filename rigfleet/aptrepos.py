@@ -125,9 +125,7 @@ def _apt_repo(p: Problems, base: str, name: Any, entry: Any) -> AptRepo | None:
             continue
         if (variant := _apt_repo_fields(p, key, name, {**common, **override})) is not None:
             variants.append((distro, variant))
-    if len(variants) != len(overrides):
-        return None
-    return replace(repo, per_distro=tuple(variants))
+    return replace(repo, per_distro=tuple(variants)) if len(variants) == len(overrides) else None
 
 
 def _apt_repo_fields(p: Problems, base: str, name: str, entry: Mapping[str, Any]) -> AptRepo | None:

@@ -242,8 +242,7 @@ def platform_manifest(index: dict[str, Any], what: str) -> str:
     raise RegistryError(f"{what}: no {platform} image in the index")
 
 
-# The shape checks of manifest JSON, for reading (resolve) and copying (bump.images); each
-# error is ``what: why (the value found)``.
+# Shape checks of manifest JSON (resolve, bump.images): ``what: why (the value found)``.
 def listed(doc: dict[str, Any], key: str, what: str, why: str) -> list[Any]:
     """``doc[key]`` as a list (absent: empty); anything else is a ``RegistryError``."""
     found = doc.get(key) or []
