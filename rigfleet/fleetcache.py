@@ -22,6 +22,7 @@ from rigfleet.hostdata import (
 )
 from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import host_kind
+from rigfleet.validate import is_int
 
 REGISTRY_CONFIG = "/etc/docker/registry/config.yml"
 # Debian's docker-registry package: its storage (its user's), unit, binary and the unit's user.
@@ -148,13 +149,10 @@ def seed_command(upstream: str, path: str, digest: str, marker: str) -> str:
 def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSettings:
     """``validate_cache`` given the ports the host's other services take; ``HostDataError``."""
     kind = host_kind(groups)
-    wanted = []
-    if kind.balancer:
-        wanted.append(data.get("balancer_port", None) or KEY_DEFAULTS["balancer_port"])
-    if kind.gpu:
-        wanted.append(data.get("front_port", None))
-    taken = [p for p in wanted if isinstance(p, int) and not isinstance(p, bool)]
-    return validate_cache(name, data, taken=taken + list(MONITOR_PORTS if kind.monitor else ()))
+    wanted = [data.get("balancer_port") or KEY_DEFAULTS["balancer_port"]] if kind.balancer else []
+    wanted += [data.get("front_port")] if kind.gpu else []
+    wanted += MONITOR_PORTS if kind.monitor else ()
+    return validate_cache(name, data, taken=[p for p in wanted if is_int(p)])
 
 
 def cache_settings(inventory: Iterable[Any]) -> list[CacheSettings]:
