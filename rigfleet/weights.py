@@ -88,9 +88,8 @@ class WeightsDirs(FactBase[WeightsDirsState]):
 
 
 def _owner(entry: WeightsEntry) -> str | None:
-    """The ``local_dir`` an entry we may prune belongs to: a revision directory, its partial
-    download, or the adopted old name (a link); never a real directory under the old name
-    (unverified, or someone's copy: not ours to remove)."""
+    """The ``local_dir`` of a revision directory, its partial download or its old-name link;
+    None for anything else (a real directory under the old name is someone's: never pruned)."""
     name = entry.name
     if entry.kind == "link":
         return name
@@ -113,8 +112,7 @@ def _mounted(dirs: WeightsDirsState) -> set[str]:
 
 def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str) -> list[str]:
     """The names of ``local_dir``'s revisions to remove (sorted): all but the pinned revision and
-    those a compose file mounts (``dirs`` read with every compose file); no extra one is kept
-    (tens of GB each; the revision a rollback needs is the active snapshot's, so it is named)."""
+    those a compose file mounts (``dirs`` read with every compose file; docs/converge.md)."""
     candidates = {e.name: float(e.mtime) for e in dirs.entries.values() if _owner(e) == local_dir}
     pinned = revision_name(local_dir, revision)  # kept whatever its age, with its download
     return stale(candidates, pinned, {f".{pinned}{PARTIAL_SUFFIX}", *_mounted(dirs)}, keep=1)
