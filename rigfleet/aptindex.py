@@ -169,9 +169,7 @@ def sha256_list(release: str) -> dict[str, str]:
     for line in release.splitlines():
         if not line.startswith(" "):
             inside = line.strip() == "SHA256:"
-            continue
-        parts = line.split()
-        if inside and len(parts) == 3:
+        elif inside and len(parts := line.split()) == 3:
             out[parts[2]] = parts[0]
     return out
 

@@ -119,11 +119,9 @@ def _apt_repo(p: Problems, base: str, name: Any, entry: Any) -> AptRepo | None:
         key = f"{base}.per_distro.{distro}"
         if not isinstance(distro, str) or not _NVIDIA_DISTRO.fullmatch(distro):
             p.bad(key, distro, "an NVIDIA distribution name: debian12, ubuntu2404, ...")
-            continue
-        if not isinstance(override, Mapping):
+        elif not isinstance(override, Mapping):
             p.bad(key, override, f"a mapping with some of {', '.join(_ENTRY_KEYS)}")
-            continue
-        if (variant := _apt_repo_fields(p, key, name, {**common, **override})) is not None:
+        elif (variant := _apt_repo_fields(p, key, name, {**common, **override})) is not None:
             variants.append((distro, variant))
     return replace(repo, per_distro=tuple(variants)) if len(variants) == len(overrides) else None
 
