@@ -89,9 +89,8 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
 
 def _recovered(lay: Layout, active: Active, text: str, by: str, reason: str) -> Active:
     written = write_active(lay, active, text)
-    ledger.append(lay, ledger.entry("recover", "recovered", written.ref, by=by,
-                                    deploy_id=active.deploy_id, gate=active.gate, active=True,
-                                    reason=reason))
+    ledger.append(lay, "recover", "recovered", written.ref, by=by, deploy_id=active.deploy_id,
+                  gate=active.gate, active=True, reason=reason)
     return written
 
 
@@ -227,9 +226,8 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> None:
         except PlanError:
             active = None
         # What serves next is the active (verified) stack: Ensure brings it back.
-        ledger.append(lay, ledger.entry("interrupted", "interrupted", active.ref if active else None,
-                                        attempted=tried, deploy_id=directory.name, by=by,
-                                        reason=reason))
+        ledger.append(lay, "interrupted", "interrupted", active.ref if active else None,
+                      attempted=tried, deploy_id=directory.name, by=by, reason=reason)
         journal.event("recover", f"transaction {directory.name} was interrupted; recorded")
 
 
@@ -254,9 +252,9 @@ def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str 
         written = write_active(lay, replace(active, ref=ref),
                                Path(active.ref.compose_file).read_text())
         ledger.update_state(lay, **tracked, since=now_iso(), by=by)
-        ledger.append(lay, ledger.entry("pins", "recorded", written.ref, host=host, by=by,
-                                        deploy_id=deploy_id, gate=active.gate, active=True,
-                                        extra={"previous": previous}))
+        ledger.append(lay, "pins", "recorded", written.ref, host=host, by=by,
+                      deploy_id=deploy_id, gate=active.gate, active=True,
+                      extra={"previous": previous})
         return "recorded"
     finally:
         lock.release()

@@ -100,8 +100,7 @@ class Ensure(Steps):
                 # Never a silent 503: the front's message says it too.
                 self.say_503("the active record is damaged; run the deploy", RETRY_AFTER_S,
                              "warning")
-            ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
-                                                 reason=reason))
+            ledger.append(self.lay, "ensure", "failed", None, by=self.who, reason=reason)
             phase = f.phase if isinstance(f, Failure) else "active"
             return Outcome("failed", EXIT_FAILED, "ensure", reason=reason, phase=phase,
                            serving=self.front.current())
@@ -109,8 +108,7 @@ class Ensure(Steps):
             reason = f"{fs_problem(e)}; stopped there; rigfleet-stack.service tries again"
             outcome = self._said("failed", EXIT_RETRY, reason, "error", "disk")
             with contextlib.suppress(OSError):
-                ledger.append(self.lay, ledger.entry("ensure", "failed", None, by=self.who,
-                                                     reason=reason))
+                ledger.append(self.lay, "ensure", "failed", None, by=self.who, reason=reason)
             return outcome
         finally:
             with contextlib.suppress(OSError):
@@ -163,11 +161,11 @@ class Ensure(Steps):
         self.recreate(ref, f"recreating {ref.stack}", RETRY_AFTER_S, VRAM_TIMEOUT_S,
                       READY_TIMEOUT_S)
         window = self.ops.monotonic() - t0
-        ledger.append(self.lay, ledger.entry(
-            "ensure", "recreated", ref, by=self.who, deploy_id=active.deploy_id,
+        ledger.append(
+            self.lay, "ensure", "recreated", ref, by=self.who, deploy_id=active.deploy_id,
             gate=snapshot_gate(active), reason=self.why + "".join(
                 f"; {note}" for note in self.image_notes),
-            extra={"image": "; ".join(self.image_notes)} if self.image_notes else None))
+            extra={"image": "; ".join(self.image_notes)} if self.image_notes else None)
         request_reset(self.lay, self.who, f"ensure recreated {ref.route_id}: {self.why}")
         self.j.event("ensure", f"{ref.route_id} recreated and serving ({window:.1f}s)")
         return Outcome("recreated", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id,
@@ -207,8 +205,8 @@ def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journ
         snapshot = write_active(lay, Active(snapshot_ref(lay, new), now_iso(), plan.id,
                                             plan.by, gate), text).ref
         front.serve(snapshot)
-        ledger.append(lay, ledger.entry("adopt", "adopted", snapshot, host=plan.host,
-                                        by=plan.by, deploy_id=plan.id, gate=gate, active=True))
+        ledger.append(lay, "adopt", "adopted", snapshot, host=plan.host, by=plan.by,
+                      deploy_id=plan.id, gate=gate, active=True)
         ledger.update_state(lay, **ledger.stack_fields(snapshot), since=now_iso(),
                             by=plan.by, deploy_id=plan.id, gate=gate)
         journal.event("adopt", f"{new.route_id} recorded as active; the front routes to it")

@@ -2,8 +2,8 @@
 (every change; a line's stack keys say what serves *after* it: docs/swap.md, "Ledger and
 state")::
 
-    append(lay, entry("swap", "promoted", plan.desired, by=plan.by, deploy_id=plan.id,
-                      gate=gate.record(), previous=old))
+    append(lay, "swap", "promoted", plan.desired, by=plan.by, deploy_id=plan.id,
+           gate=gate.record(), previous=old)
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ def stack_fields(ref: StackRef | None) -> dict[str, Any]:
             "config_hash": ref.config_hash}
 
 
-def entry(event: str, result: str, serving: StackRef | None, *,
-          attempted: StackRef | None = None, host: str = "", by: str = "",
-          deploy_id: str = "", gate: dict[str, Any] | None = None,
-          previous: StackRef | None = None, reason: str = "",
-          extra: dict[str, Any] | None = None, active: bool = False) -> dict[str, Any]:
-    """One ledger line; ``serving``: what serves after the event (None: nothing verified).
-    With ``active`` (the event wrote ``active.json``) it carries the whole record as ``ref``,
-    from which a damaged ``active.json`` is rebuilt."""
+def append(lay: Layout, event: str, result: str, serving: StackRef | None, *,
+           attempted: StackRef | None = None, host: str = "", by: str = "",
+           deploy_id: str = "", gate: dict[str, Any] | None = None,
+           previous: StackRef | None = None, reason: str = "",
+           extra: dict[str, Any] | None = None, active: bool = False) -> None:
+    """Append one ledger line; ``serving``: what serves after the event (None: nothing
+    verified). With ``active`` (the event wrote ``active.json``) it carries the whole record as
+    ``ref``, from which a damaged ``active.json`` is rebuilt."""
     line: dict[str, Any] = {
         "time": now_iso(), "event": event, "result": result, "host": host, "by": by,
         "deploy_id": deploy_id, **stack_fields(serving), "gate": gate or {"result": "not-run"},
@@ -67,8 +67,4 @@ def entry(event: str, result: str, serving: StackRef | None, *,
         **({"reason": reason} if reason else {}), **(extra or {})}
     if active and serving is not None:
         line["ref"] = serving.to_dict()
-    return line
-
-
-def append(lay: Layout, line: dict[str, Any]) -> None:
     append_line(lay.ledger_file, json.dumps(line, sort_keys=True))

@@ -127,10 +127,10 @@ class Maintenance(Steps):
             return self._join(mine, step, now, f"window {plan.id} held again by pid {hold.pid} "
                               f"({hold.what}); step: {step}")
         if current is not None and status == "abandoned":
-            ledger.append(self.lay, ledger.entry(
-                KIND, "abandoned", None, host=plan.host, by=plan.by, deploy_id=current.id,
+            ledger.append(
+                self.lay, KIND, "abandoned", None, host=plan.host, by=plan.by, deploy_id=current.id,
                 reason=f"window {current.id} ({current.why}) was never closed; window "
-                       f"{plan.id} takes over (its close recreates the stack and runs the gate)"))
+                       f"{plan.id} takes over (its close recreates the stack and runs the gate)")
         try:
             active = load_active(self.lay, repair=True, by=plan.by)
         except ActiveDamaged as e:
@@ -170,9 +170,9 @@ class Maintenance(Steps):
                                       estimate, rest)
         drain = drained.to_dict() if drained else None
         write_json(self.lay.window_file, replace(window, drain=drain).to_dict())
-        ledger.append(self.lay, ledger.entry(
-            KIND, "opened", None, host=plan.host, by=plan.by, deploy_id=plan.id, previous=ref,
-            reason=step, extra={"drain": drain} if drain else None))
+        ledger.append(self.lay, KIND, "opened", None, host=plan.host, by=plan.by,
+                      deploy_id=plan.id, previous=ref, reason=step,
+                      extra={"drain": drain} if drain else None)
         self.j.event("maintenance", f"window {plan.id} open while pid {hold.pid} "
                      f"({hold.what}) lives: the front answers 503 + Retry-After "
                      f"{estimate.seconds}s; step: {step}")
@@ -287,11 +287,11 @@ class Maintenance(Steps):
         except Failure as f:  # a FrontError too
             return self._failed(window, active, f)
         seconds = self.ops.monotonic() - t0
-        ledger.append(self.lay, ledger.entry(
-            KIND, "closed", written.ref, host=plan.host, by=plan.by,
+        ledger.append(
+            self.lay, KIND, "closed", written.ref, host=plan.host, by=plan.by,
             deploy_id=window.id if window else plan.id, gate=gate.record(), active=True,
             reason=f"recreated and verified after: {window.why if window else 'maintenance'}"
-                   + (f" ({self.cause})" if self.cause else "")))
+                   + (f" ({self.cause})" if self.cause else ""))
         ledger.update_state(self.lay, **ledger.stack_fields(written.ref), gate=gate.record())
         st.record_times(self.lay, ref.stack, boot_s, times["gate_s"], steps_s=steps_s)
         request_reset(self.lay, plan.by, f"maintenance closed: {written.ref.route_id} verified")
@@ -320,10 +320,10 @@ class Maintenance(Steps):
             + (f" (closed because {self.cause})" if self.cause else "")
         self.say_503(f"not serving: {failure.reason}", plan.retry_after_s)
         gate, boot = failure.gate, failure.boot
-        ledger.append(self.lay, ledger.entry(
-            KIND, "failed", None, attempted=ref, host=plan.host, by=plan.by,
+        ledger.append(
+            self.lay, KIND, "failed", None, attempted=ref, host=plan.host, by=plan.by,
             deploy_id=window.id if window else plan.id, gate=gate, reason=reason,
-            extra={"phase": failure.phase, "boot_failure": boot, "kept_log": kept}))
+            extra={"phase": failure.phase, "boot_failure": boot, "kept_log": kept})
         self._finish(window, "failed", reason, gate=gate)
         self.j.event("maintenance", reason, level="error")
         return Outcome("failed", st.EXIT_FAILED, KIND, ref.stack if ref else "", reason,

@@ -123,13 +123,12 @@ class Supervisor:
     def note(self, result: str, ref: StackRef | None, of: Active, reason: str,
              **fields: Any) -> None:
         """Append a ``supervise`` ledger line; one that cannot be written is said, not raised."""
-        line = ledger.entry("supervise", result, ref, by=WHO, deploy_id=of.deploy_id,
-                            reason=reason, **fields)
         try:
-            ledger.append(self.lay, line)
+            ledger.append(self.lay, "supervise", result, ref, by=WHO, deploy_id=of.deploy_id,
+                          reason=reason, **fields)
         except OSError as e:
             self.say(f"ledger: cannot write {e.filename or 'a record'}: {e.strerror or e}; "
-                     f"lost: {line.get('event')} {line.get('result')}: {line.get('reason', '')}")
+                     f"lost: supervise {result}: {reason}")
 
     def say(self, message: str) -> None:
         if self.echo is not None:

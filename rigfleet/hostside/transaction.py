@@ -1,8 +1,5 @@
-"""The swap transaction: from the active (verified) stack to the desired one, or back
-(docs/swap.md). Sequential (both stacks cannot hold the cards at once), on the host, so it
-completes or rolls back even when the deploy's connection drops: stage checks, front 503,
-drain, every stack down, cards' memory released, new stack up, ready, gate, promote; any
-failure after the 503 goes back to the old stack (a first activation stays at 503)::
+"""The swap transaction, run on the host: from the active (verified) stack to the desired one,
+or back to the old one after any failure past the 503 (docs/swap.md, its steps)::
 
     outcome = Transaction(plan, Layout(), SystemOps(key), front, gate_fn, journal).run()
     outcome.exit        # 0 promoted, 1 rolled back (old serves), 2 failed, 3 locked
@@ -259,9 +256,9 @@ class Transaction(Steps):
                 fsync_dir(self.lay.active_dir)
             raise Failure("front", f"the front could not be switched to {new.stack}: {e}",
                           gate=gate) from None
-        ledger.append(self.lay, ledger.entry(
-            kind, "promoted", snapshot, host=plan.host, by=plan.by, deploy_id=plan.id,
-            gate=gate.record(), previous=old, active=True, extra=self._window(drop_none=True)))
+        ledger.append(self.lay, kind, "promoted", snapshot, host=plan.host, by=plan.by,
+                      deploy_id=plan.id, gate=gate.record(), previous=old, active=True,
+                      extra=self._window(drop_none=True))
         ledger.update_state(self.lay, **ledger.stack_fields(snapshot), since=now_iso(),
                             by=plan.by, deploy_id=plan.id, gate=gate.record())
         supersede(self.lay, plan.by, f"{kind} {plan.id} promoted {snapshot.route_id}")
@@ -289,7 +286,7 @@ class Transaction(Steps):
             if old is None:
                 self.front.maintenance("no verified stack is serving", plan.retry_after_s)
                 outcome.serving = "maintenance"
-                ledger.append(self.lay, ledger.entry(kind, "failed", None, **line))
+                ledger.append(self.lay, kind, "failed", None, **line)
                 return outcome
             self.bring_up(old, plan.vram_timeout_s, plan.ready_timeout_s, [])
             self.answers(old)
@@ -298,14 +295,14 @@ class Transaction(Steps):
             outcome.reason = f"{failure.reason}; rollback failed too: {f2.reason}"
             outcome.serving = self.front.current()
             self.j.event("rollback", f"rollback failed: {f2.reason}", level="error")
-            ledger.append(self.lay, ledger.entry(kind, "failed", None, **{
-                **line, "previous": old, "reason": outcome.reason}))
+            ledger.append(self.lay, kind, "failed", None,
+                          **{**line, "previous": old, "reason": outcome.reason})
             return outcome
         window = self.ops.monotonic() - t_window
         self.j.event("rollback", f"{old.route_id} serves again (503 window {window:.1f}s)")
         if self.image_notes:  # the old stack's tag had moved: said with the rollback
             line["extra"] = {**line["extra"], "image": "; ".join(self.image_notes)}
-        ledger.append(self.lay, ledger.entry(kind, "rolled-back", old, **line))
+        ledger.append(self.lay, kind, "rolled-back", old, **line)
         request_reset(self.lay, plan.by, f"{kind} rolled back: {old.route_id} serves again")
         outcome.result, outcome.exit = "rolled-back", EXIT_ROLLED_BACK
         outcome.serving, outcome.window_s = old.route_id, window

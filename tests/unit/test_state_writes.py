@@ -161,8 +161,8 @@ def proxy(monkeypatch) -> OsProxy:
 def serving(lay: Layout) -> tuple[FakeHost, FakeFront, Any]:
     """int8 serving, promoted by a transaction the ledger and state.json recorded."""
     host, front, ref = fakes.serving(lay, "int8", OLD)
-    ledger.append(lay, ledger.entry("activate", "promoted", ref, deploy_id="old-deploy",
-                                    gate={"result": "pass"}, active=True))
+    ledger.append(lay, "activate", "promoted", ref, deploy_id="old-deploy",
+                  gate={"result": "pass"}, active=True)
     ledger.update_state(lay, **ledger.stack_fields(ref), gate={"result": "pass"})
     return host, front, ref
 

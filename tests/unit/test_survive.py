@@ -161,7 +161,7 @@ def test_a_recreation_survives_a_ledger_and_journal_that_cannot_be_written(lay, 
     sup.tick()
     broken_disk.update(code=errno.EROFS, under=lay.swaps_dir)
     monkeypatch.setattr("rigfleet.hostside.ledger.append",
-                        lambda lay, line: (_ for _ in ()).throw(fault(errno.EROFS)))
+                        lambda lay, *line, **fields: (_ for _ in ()).throw(fault(errno.EROFS)))
     host.crash("rigfleet-int8", CRASH)
     tick_until_serving(sup, host, front)
     assert front.current() == ROUTE and host.running_now() == {"rigfleet-int8": HASH}

@@ -128,9 +128,9 @@ def test_a_front_that_never_shows_the_route_is_an_error(lay):
 def test_ledger_lines_describe_what_serves_after_the_event(lay):
     old, new = make_ref(lay, "int8", "1111aaaa2222bbbb"), make_ref(lay, "tq3-mtp-genesis", "33")
     gate = {"result": "fail", "failed_checks": ["needles"], "report": "/r.json"}
-    ledger.append(lay, ledger.entry("swap", "rolled-back", old, attempted=new, host="h1",
-                                    by="alice", deploy_id="D", gate=gate, reason="gate failed"))
-    ledger.append(lay, ledger.entry("activate", "failed", None, attempted=new))
+    ledger.append(lay, "swap", "rolled-back", old, attempted=new, host="h1",
+                  by="alice", deploy_id="D", gate=gate, reason="gate failed")
+    ledger.append(lay, "activate", "failed", None, attempted=new)
     first, second = ledger_tail(lay.ledger_file)[0]
     assert first["stack"] == "int8" and first["attempted"]["stack"] == "tq3-mtp-genesis"
     assert first["config_hash"] == "1111aaaa2222bbbb" and first["gate"] == gate
