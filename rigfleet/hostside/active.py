@@ -183,12 +183,9 @@ def prune_snapshots(lay: Layout) -> None:
         if path.name != named:
             path.unlink(missing_ok=True)
     for path in lay.active_dir.glob(".*.tmp"):
-        try:
-            old = time.time() - path.lstat().st_mtime > STALE_TMP_S
-        except OSError:
-            continue
-        if old:
-            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
+            if time.time() - path.lstat().st_mtime > STALE_TMP_S:
+                path.unlink()
 
 
 def request_reset(lay: Layout, by: str, why: str) -> None:

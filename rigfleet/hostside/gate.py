@@ -1,7 +1,5 @@
-"""Run the verify-stress gate (``rigfleet.hostside.verify``) against a freshly started stack.
-
-The gate is a child process from the same bundle (exit status = failed checks; 101 usage, 102
-report not written, 130 interrupted); its lines are passed on as they come::
+"""Run the verify-stress gate (``rigfleet.hostside.verify``), a child process from the same
+bundle, against a freshly started stack; its lines are passed on as they come::
 
     result = run_gate(GateRun(url="http://127.0.0.1:8015", key_file=lay.api_key_file,
                               profile="full", report_dir=lay.reports_dir), on_line=print)

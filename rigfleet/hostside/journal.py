@@ -1,7 +1,5 @@
-"""A transaction's progress, on disk: ``events.jsonl`` while it runs, ``result.json`` at the end.
-
-The transaction runs detached from the SSH session; the deploy (or a person) follows it with
-``rigfleet-host status --id ID --since N --json``::
+"""A transaction's progress on disk (``events.jsonl``, then ``result.json``); the deploy
+follows it with ``rigfleet-host status --id ID --since N --json``::
 
     j = Journal(lay.swap_dir(plan.id))
     j.event("stop-old", "docker compose down rigfleet-int8")

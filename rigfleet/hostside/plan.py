@@ -1,7 +1,5 @@
-"""The swap plan: what the control side asks a host to run, as one JSON file.
-
-The deploy (``rigfleet.swapplan.build_plan``) writes ``swap/<id>/plan.json``; the host reads
-it with ``Plan.load``. It is self-describing, so the host needs no catalog of its own::
+"""The swap plan (``swap/<id>/plan.json``): what the deploy (``rigfleet.swapplan.build_plan``)
+asks a host to run, self-describing (the host has no catalog)::
 
     plan = Plan.load(Path("/var/lib/rigfleet/swap/X/plan.json"))
     plan.desired.stack, plan.desired.route_id      # 'tq3-mtp-genesis', 'tq3-mtp-genesis/9f...'

@@ -1,8 +1,5 @@
-"""The records rigfleet keeps on a host, and their readers: one contract for both sides.
-
-The host tool writes them; the control side reads them only through these functions, over
-``rigfleet-host.pyz probe``. The typed ones go through one codec, ``encode``/``decode``
-(docs/swap.md, "Reading the records"). Stdlib only::
+"""The records rigfleet keeps on a host and their readers, for the host tool and the control
+side (over ``rigfleet-host.pyz probe``); typed ones go through ``encode``/``decode``::
 
     holder = read_holder(HOST.lock_dir)           # None, or {..., "alive": bool}
     GateRecord.from_dict(state.get("gate")).failed_checks      # ('needles',)
@@ -55,8 +52,7 @@ def read_json(path: Path) -> tuple[Any, str | None]:
 
 def weights_mismatch(files: Any, stat: Callable[[str], tuple[int, float] | None]) -> str:
     """Why weights differ from their manifest's ``files`` (name -> size, mtime; "" when they
-    match): sizes and mtimes, no hashing. ``stat(name)``: (size, mtime), None when absent; the
-    probe stats files itself, the deploy's fact reads one ``find`` listing."""
+    match), without hashing; ``stat(name)``: (size, mtime), None when absent."""
     if not isinstance(files, dict) or not files:
         return "manifest lists no files"
     for name in sorted(files):

@@ -1,8 +1,5 @@
-"""What the swap transaction, ``Ensure``, ``adopt``, the supervisor and maintenance share: the
-host as they see it (``Ops``, ``FrontControl``; fakes in tests), how a step fails
-(``Failure``), how a run ends (``Outcome``), the steps themselves, and how long this host's
-503 windows take, measured (``timings.json``, docs/swap.md: what ``Retry-After`` says while
-one is open)::
+"""The steps the swap transaction, ``Ensure``, ``adopt``, the supervisor and maintenance share,
+and this host's measured 503 windows (``timings.json``: what ``Retry-After`` says)::
 
     window_estimate(read_timings(lay), "int8", busy=True, fallback_s=30)   # Estimate(24, "...")
     record_swap(lay, "int8", boot_s=4.1, gate_s=12.0, window_s=25.0, drain=report)
@@ -172,10 +169,8 @@ class Steps:
     def drain_requests(self, ref: StackRef | None, timeout_s: float, message: str,
                        said: Estimate, rest: Estimate,
                        stoppable: bool = False) -> DrainReport | None:
-        """The front's 503 (``message``) said ``said``: wait up to ``timeout_s`` for what it
-        accepted before to finish (its seconds recorded when it waited for them to the end:
-        drained, stale or timed out, not interrupted); clients refused from then on are told
-        the ``rest`` (boot, gate...)."""
+        """Wait up to ``timeout_s`` for what the front accepted before its 503 (``message``,
+        which said ``said``); clients refused from then on are told the ``rest``."""
         self.j.event("front", f"maintenance: new requests get 503 + Retry-After "
                      f"{said.seconds}s ({said.basis})")
         if ref is None:
@@ -257,8 +252,7 @@ class Steps:
         if not ref.image_id:
             return
         name = local_name(ref)
-        found = self.ops.image_id(name)
-        if found == ref.image_id:
+        if (found := self.ops.image_id(name)) == ref.image_id:
             return
         moved = (f"the tag {name} named {short_id(found) if found else 'no image'}, not the "
                  f"verified image {short_id(ref.image_id)}")

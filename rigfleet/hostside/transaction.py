@@ -124,8 +124,7 @@ class Transaction(Steps):
         try:
             active = load_active(self.lay, repair=True, by=plan.by)
         except ActiveDamaged as e:
-            # Nothing verified can be named: this transaction activates the desired stack
-            # through the gate (what the damaged record's message tells a person to do).
+            # Nothing verified can be named: the desired stack is activated through the gate.
             kept = move_aside(self.lay.active_json)
             self.j.event("plan", f"{e}; kept as {kept}; activating {new.route_id} instead",
                          level="warning")
@@ -240,9 +239,8 @@ class Transaction(Steps):
                  kind: str) -> None:
         plan = self.plan
         previous = load_active(self.lay) if old is not None else None
-        # Record first, then switch: a crash between the two leaves "active" pointing at the
-        # running, verified stack, and the boot-time ensure routes the front to it. The
-        # record is one commit (``write_active``: named snapshot, then active.json).
+        # Record first, then switch: after a crash between the two, "active" names the
+        # running, verified stack, and the boot-time ensure routes the front to it.
         snapshot = write_active(self.lay, Active(snapshot_ref(self.lay, new), now_iso(),
                                                  plan.id, plan.by, gate.record()),
                                 Path(staged).read_text()).ref
