@@ -137,17 +137,12 @@ def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
         if last.get("stack") == ref.stack and last.get("config_hash") == ref.config_hash:
             # Pins recorded after it (driver, toolkit) are on the last line.
             record.update({k: last.get(k) for k in ledger.TRACKED_KEYS if k in last})
-        ref = replace(snapshot_ref(lay, ref), record=record)
+        ref = replace(ref, record=record)
         gate = line.get("gate")
         return (Active(ref, str(line.get("time") or ""), deploy_id, str(line.get("by") or ""),
                        dict(gate) if isinstance(gate, dict) else {}), text), ""
     return None, (f"no line of {lay.ledger_file} records a verified stack (promoted, adopted "
                   "or recorded) that its transaction's files still describe")
-
-
-def snapshot_ref(lay: Layout, ref: StackRef) -> StackRef:
-    """``ref`` as recorded in ``active.json``: its compose file is the named snapshot."""
-    return replace(ref, compose_file=str(lay.active_snapshot(ref.config_hash)))
 
 
 def snapshot_gate(active: Active) -> dict[str, Any]:
@@ -164,7 +159,7 @@ def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
     snap = lay.active_snapshot(active.ref.config_hash)
     if read_text(snap) != compose_text:
         write_atomic(snap, compose_text)
-    record = replace(active, ref=snapshot_ref(lay, active.ref))
+    record = replace(active, ref=replace(active.ref, compose_file=str(snap)))
     write_json(lay.active_json, record.to_dict())
     link = lay.active_compose
     if not (link.is_symlink() and os.readlink(link) == snap.name):
@@ -206,9 +201,8 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> None:
     """Give each transaction that died without a result a result and a ledger line."""
     for directory in sorted(lay.swaps_dir.glob("*")):
         if directory.name == exclude or not (directory / "pid.json").exists() \
-                or not (directory / "plan.json").exists():
-            continue
-        if Journal.read(directory, since=10**9)["state"] != "died":
+                or not (directory / "plan.json").exists() \
+                or Journal.read(directory, since=10**9)["state"] != "died":
             continue
         reason = "the transaction's process ended without a result (killed or rebooted)"
         write_json(directory / "result.json",

@@ -17,7 +17,6 @@ from .active import (
     mark_interrupted,
     request_reset,
     snapshot_gate,
-    snapshot_ref,
     write_active,
 )
 from .front import FrontError
@@ -202,8 +201,7 @@ def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journ
         if compose_hash(text) != new.config_hash:
             raise Failure("adopt", f"{new.compose_file} is not the running configuration")
         gate = {"result": "not-run", "note": "adopted: it served before rigfleet recorded swaps"}
-        snapshot = write_active(lay, Active(snapshot_ref(lay, new), now_iso(), plan.id,
-                                            plan.by, gate), text).ref
+        snapshot = write_active(lay, Active(new, now_iso(), plan.id, plan.by, gate), text).ref
         front.serve(snapshot)
         ledger.append(lay, "adopt", "adopted", snapshot, host=plan.host, by=plan.by,
                       deploy_id=plan.id, gate=gate, active=True)

@@ -20,7 +20,6 @@ from .active import (
     prune_journals,
     prune_snapshots,
     request_reset,
-    snapshot_ref,
     write_active,
 )
 from .atomic import fsync_dir, move_aside, write_atomic
@@ -241,8 +240,7 @@ class Transaction(Steps):
         previous = load_active(self.lay) if old is not None else None
         # Record first, then switch: after a crash between the two, "active" names the
         # running, verified stack, and the boot-time ensure routes the front to it.
-        snapshot = write_active(self.lay, Active(snapshot_ref(self.lay, new), now_iso(),
-                                                 plan.id, plan.by, gate.record()),
+        snapshot = write_active(self.lay, Active(new, now_iso(), plan.id, plan.by, gate.record()),
                                 Path(staged).read_text()).ref
         try:
             self.front.serve(snapshot)
