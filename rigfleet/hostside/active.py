@@ -153,8 +153,7 @@ def snapshot_gate(active: Active) -> dict[str, Any]:
 def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
     """Record ``active`` with ``compose_text`` as its snapshot; returns the record as written.
     Older snapshots stay until ``prune_snapshots`` (a failed front switch puts one back)."""
-    found = compose_hash(compose_text)
-    if found != active.ref.config_hash:
+    if (found := compose_hash(compose_text)) != active.ref.config_hash:
         raise PlanError(f"the snapshot of {active.ref.route_id} has config hash {found}")
     snap = lay.active_snapshot(active.ref.config_hash)
     if read_text(snap) != compose_text:
@@ -238,14 +237,13 @@ def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str 
         if all(state.get(k) == v for k, v in tracked.items()) \
                 and active.ref.record == {**active.ref.record, **tracked}:
             return "unchanged"
-        previous = {k: state.get(k) for k in tracked}
         ref = replace(active.ref, record={**active.ref.record, **tracked})
         written = write_active(lay, replace(active, ref=ref),
                                Path(active.ref.compose_file).read_text())
         ledger.update_state(lay, **tracked, since=now_iso(), by=by)
         ledger.append(lay, "pins", "recorded", written.ref, host=host, by=by,
                       deploy_id=deploy_id, gate=active.gate, active=True,
-                      extra={"previous": previous})
+                      extra={"previous": {k: state.get(k) for k in tracked}})
         return "recorded"
     finally:
         lock.release()

@@ -276,8 +276,7 @@ class Steps:
     def wait_ready(self, ref: StackRef, timeout_s: float) -> float:
         """Until ``/health`` and ``/v1/models`` answer; fail fast when the container dies."""
         t0 = self.ops.monotonic()
-        first = self.ops.container(ref.container)
-        if first is None:
+        if (first := self.ops.container(ref.container)) is None:
             raise Failure("boot", f"container {ref.container} does not exist after compose up")
         last_note, detail = t0, ""
         while True:
@@ -306,9 +305,8 @@ class Steps:
         """The boot log must show each of the stack file's ``boot.expect`` lines."""
         if not ref.boot_expect:
             return
-        missing = missing_boot_lines(self.ops.logs(ref.container, LOG_LINES_KEPT),
-                                     ref.boot_expect)
-        if missing:
+        if missing := missing_boot_lines(self.ops.logs(ref.container, LOG_LINES_KEPT),
+                                         ref.boot_expect):
             boot = BootFailure("boot-line-missing", "its stack file's boot.expect line(s) "
                                "missing from the boot log", "; ".join(missing),
                                "see what the stack's Genesis switches and image apply; the "
@@ -335,8 +333,7 @@ class Steps:
         """Copy the container's log to ``directory/<name>``; None when there is none."""
         if self.ops.container(ref.container) is None:
             return None  # it never started (the failure came before)
-        text = self.ops.logs(ref.container, LOG_LINES_KEPT)
-        if not text.strip():
+        if not (text := self.ops.logs(ref.container, LOG_LINES_KEPT)).strip():
             return None
         path = directory / (name or f"{ref.stack}-{ref.config_hash}.log")
         try:

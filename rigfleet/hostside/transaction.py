@@ -212,8 +212,7 @@ class Transaction(Steps):
             text = Path(new.compose_file).read_text()
         except OSError as e:
             raise Failure("stage", f"{new.compose_file} cannot be read ({e.strerror})") from None
-        found = compose_hash(text)
-        if found != new.config_hash:
+        if (found := compose_hash(text)) != new.config_hash:
             raise Failure("stage", f"{new.compose_file} has config hash {found}, the plan "
                           f"expects {new.config_hash} (did another deploy render it since?)")
         staged = self.dir / "compose.yaml"
@@ -227,8 +226,7 @@ class Transaction(Steps):
                 raise Failure("stage", f"the active stack's snapshot {old.compose_file} is "
                               "missing: a failed swap could not roll back")
             # A rollback runs the verified image by its id (``Steps.pin_image``).
-            image = old.image_id or old.image_ref
-            if not self.ops.image_present(image):
+            if not self.ops.image_present(image := old.image_id or old.image_ref):
                 raise Failure("stage", f"the active stack's image {image} is gone: a "
                               "failed swap could not roll back")
         self.j.event("stage", f"{new.stack} staged: compose file checked, image present")
@@ -264,9 +262,8 @@ class Transaction(Steps):
                   t_window: float) -> Outcome:
         plan, old = self.plan, self.rollback_to
         gate, boot = failure.gate, failure.boot
-        target = old.stack if old else "nothing (first activation)"
-        self.j.event("rollback", f"{failure.phase} failed: {failure.reason}; back to {target}",
-                     level="error")
+        self.j.event("rollback", f"{failure.phase} failed: {failure.reason}; back to "
+                     f"{old.stack if old else 'nothing (first activation)'}", level="error")
         if kept := self.keep_log(new, self.dir):
             self.j.event("rollback", f"kept {new.stack}'s log in {kept}")
         line: dict[str, Any] = dict(
