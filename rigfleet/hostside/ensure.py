@@ -132,7 +132,6 @@ class Ensure(Steps):
                            serving="maintenance")
         ref = active.ref
         st = self.ops.container(ref.container)
-        created = docker_time(st.created) if st else None
         # Its container must be this boot's, from the snapshot's config and verified image (a
         # compose file edited by hand keeps the labels, not the image; a tag may have moved).
         image = ref.image_id or self.ops.image_id(ref.image_ref)
@@ -143,7 +142,7 @@ class Ensure(Steps):
         elif st.config_hash != ref.config_hash or (st.image_id and image
                                                    and st.image_id != image):
             why = "its container is not the snapshot's (other config or image)"
-        elif created is None or created < self.booted_at:
+        elif (created := docker_time(st.created)) is None or created < self.booted_at:
             why = ("its container is from before this boot (Genesis patches live in the "
                    "container's writable layer: recreate, never restart)")
         else:

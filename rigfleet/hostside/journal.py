@@ -52,8 +52,7 @@ class Journal:
                                      {**result, "elapsed": round(time.monotonic() - self.t0, 2)}))
 
     def _try(self, write: Callable[[], object]) -> None:
-        """Run ``write``; an ``OSError`` (a full disk) stops nothing: it is said once on the echo
-        and kept in ``problem``."""
+        """``write()``; an ``OSError`` (a full disk) is said once on the echo, not raised."""
         try:
             write()  # each writer makes the directory
         except OSError as e:

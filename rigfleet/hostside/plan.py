@@ -28,8 +28,7 @@ _HASH_LINE = re.compile(r"io\.rigfleet\.config-hash['\"]?:\s*['\"]?([0-9a-f]{8,6
 
 
 def change_kind(old: str | None, new: str) -> str:
-    """``activate`` (nothing verified here), ``swap`` (another stack) or ``update`` (the same
-    stack, new pins or config): a gated change's kind, from the stack names."""
+    """A gated change's kind: ``activate`` (nothing verified here), ``swap`` or ``update``."""
     return "activate" if old is None else "swap" if old != new else "update"
 
 

@@ -201,8 +201,7 @@ def _value(tp: Any, raw: Any, path: str, strict: bool) -> Any:
 
 
 class Coded:
-    """A typed record: ``to_dict`` (with the class's ``schema``, when it has one) and
-    ``from_dict`` (lenient: None when ``data`` is not one, or not of the class's ``schema``)."""
+    """A typed record: ``to_dict`` with the class's ``schema``, and a lenient ``from_dict``."""
 
     schema: ClassVar[str] = ""
 
@@ -355,8 +354,7 @@ def live_holder(holder: Any) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class GateRecord(Coded):
-    """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``);
-    ``from_dict``: None without a ``result``."""
+    """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``)."""
 
     result: str
     failed_checks: tuple[str, ...] = ()
