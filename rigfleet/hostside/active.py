@@ -75,8 +75,7 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
         return None
     where = f"{lay.active_json} {problem}"
     if not repair:
-        raise ActiveDamaged(f"{where}; the next ensure, swap or deploy rebuilds it from the "
-                            "ledger")
+        raise ActiveDamaged(f"{where}; the next ensure, swap or deploy rebuilds it from the ledger")
     rebuilt, missing = recover_active(lay)
     if rebuilt is None:
         raise ActiveDamaged(f"{where}, and it cannot be rebuilt ({missing}): run the deploy "

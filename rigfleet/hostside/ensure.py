@@ -67,8 +67,7 @@ class Ensure(Steps):
         self.who, self.why, self.gate = who, why, gate
         # The epoch second PID 1 started: the boot, also in a systemd container (the
         # simulated hosts), whose "reboot" keeps the kernel's boot time.
-        self.booted_at = time.time() - BOOT_CLOCK.since_boot() if booted_at is None \
-            else booted_at
+        self.booted_at = time.time() - BOOT_CLOCK.since_boot() if booted_at is None else booted_at
         self.lock = HostLock(lay)
         # The stack unit's start waits for a transaction that holds the host, then leaves it
         # alone (exit 0); the deploy's ensure says "locked" at once (exit 3).
@@ -125,8 +124,7 @@ class Ensure(Steps):
             return self._close_window(win, why)
         active = load_active(self.lay, repair=True, by=self.who)
         if active is None:
-            self.front.maintenance("no verified stack on this host yet", RETRY_AFTER_S,
-                                   wait=False)
+            self.front.maintenance("no verified stack on this host yet", RETRY_AFTER_S, wait=False)
             self.j.event("ensure", "nothing was ever verified here: the front answers 503")
             return Outcome("failed", EXIT_FAILED, "ensure", reason="no active stack",
                            serving="maintenance")
@@ -139,8 +137,7 @@ class Ensure(Steps):
             why = "its container is gone"
         elif not st.running:
             why = f"its container is {st.status}"
-        elif st.config_hash != ref.config_hash or (st.image_id and image
-                                                   and st.image_id != image):
+        elif st.config_hash != ref.config_hash or (st.image_id and image and st.image_id != image):
             why = "its container is not the snapshot's (other config or image)"
         elif (created := docker_time(st.created)) is None or created < self.booted_at:
             why = ("its container is from before this boot (Genesis patches live in the "

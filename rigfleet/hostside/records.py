@@ -134,8 +134,7 @@ def decode(cls: type[R], data: Any) -> R | None:
         return None
 
 
-def decode_strict(cls: type[R], data: Any, where: str,
-                  error: type[Exception] = TypeError) -> R:
+def decode_strict(cls: type[R], data: Any, where: str, error: type[Exception] = TypeError) -> R:
     """``data`` as a ``cls``, or ``error`` naming the first field that is missing or of the
     wrong kind (``where``: the record's name in that message, "" for none)."""
     try:
@@ -196,8 +195,7 @@ def _value(tp: Any, raw: Any, path: str, strict: bool) -> Any:
         return tp(raw)
     if tp in (str, bool) and isinstance(raw, tp):
         return raw
-    raise TypeError(f"{path}: expected {_KINDS.get(origin or tp, tp)}, "
-                    f"got {type(raw).__name__}")
+    raise TypeError(f"{path}: expected {_KINDS.get(origin or tp, tp)}, got {type(raw).__name__}")
 
 
 class Coded:

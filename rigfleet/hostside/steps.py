@@ -224,10 +224,9 @@ class Steps:
                 self.j.event("vram", f"GPU memory released ({detail}) after {now - t0:.1f}s")
                 return now - t0
             if now - t0 > timeout_s:
-                others = ", ".join(self.ops.running()) or "none"
                 raise Failure("vram", f"GPU memory not released within {timeout_s:g}s "
                               f"({detail}); need {utilization:g} of each card free; running "
-                              f"containers: {others}")
+                              f"containers: {', '.join(self.ops.running()) or 'none'}")
             if now - last_note > PROGRESS_EVERY_S:
                 self.j.event("vram", f"waiting for GPU memory: {detail}")
                 last_note = now
@@ -292,8 +291,7 @@ class Steps:
                 self.j.event("ready", f"{ref.stack} ready after {now - t0:.1f}s")
                 return now - t0
             if now - t0 > timeout_s:
-                boot = classify_boot_failure(self.ops.logs(ref.container, 400),
-                                             ref.boot_failures)
+                boot = classify_boot_failure(self.ops.logs(ref.container, 400), ref.boot_failures)
                 raise Failure("ready", f"{ref.stack} not ready after {timeout_s:g}s ({detail})"
                               + (f"; its log shows {boot}" if boot else ""), boot=boot)
             if now - last_note > PROGRESS_EVERY_S:
