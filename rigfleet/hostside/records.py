@@ -431,7 +431,6 @@ def read_supervisor(path: Path, now: float | None = None) -> dict[str, Any] | No
 
 # --- throughput -------------------------------------------------------------------------------
 
-THROUGHPUT_SCHEMA = "rigfleet-throughput/1"
 # Where a record comes from: a gate, or ``rigfleet bench --accept-baseline`` (a new baseline).
 SOURCE_GATE, SOURCE_ACCEPTED = "gate", "accepted"
 SHAPES = ("narrative", "code")
@@ -467,7 +466,7 @@ class ThroughputRecord(Coded):
     version: str = ""
     model: str = ""
     report: str | None = None
-    schema: ClassVar[str] = THROUGHPUT_SCHEMA
+    schema: ClassVar[str] = "rigfleet-throughput/1"
 
     def decode(self, shape: str) -> float | None:
         fig = self.shapes.get(shape)

@@ -402,7 +402,6 @@ class Steps:
         self.j.event("answer", f"{ref.stack} answers a chat completion")
 
 
-TIMINGS_SCHEMA = "rigfleet-timings/1"
 # The swap's own cost until measured (stop, memory released, front switch).
 DEFAULT_OVERHEAD_S = 5.0
 
@@ -418,7 +417,7 @@ class StackTimes:
 class Timings(Coded):
     """``timings.json``; every figure optional."""
 
-    schema: ClassVar[str] = TIMINGS_SCHEMA
+    schema: ClassVar[str] = "rigfleet-timings/1"
     stacks: dict[str, StackTimes] = field(default_factory=dict)
     overhead_s: float | None = None
     drain_s: float | None = None

@@ -28,7 +28,6 @@ from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.hostside.steps import (
     DEFAULT_OVERHEAD_S,
     EXIT_PROMOTED,
-    TIMINGS_SCHEMA,
     StackTimes,
     Timings,
     read_timings,
@@ -239,7 +238,7 @@ def test_record_swap_keeps_the_overhead_net_of_drain_boot_and_gate(lay, monkeypa
 
 def test_an_idle_drain_leaves_the_last_measured_drain_as_it_was(lay):
     tx = _swap(lay)[2]
-    lay.timings_file.write_text(json.dumps({"schema": TIMINGS_SCHEMA, "drain_s": 20.0}))
+    lay.timings_file.write_text(json.dumps({"schema": Timings.schema, "drain_s": 20.0}))
     out = tx.run()
     assert out.result == "promoted" and out.drain["result"] == "idle"
     assert read_timings(lay).drain_s == 20.0
