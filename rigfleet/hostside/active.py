@@ -132,11 +132,10 @@ def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
             return None, (f"no compose file with config {ref.config_hash} of {ref.stack} is "
                           f"left ({lay.active_dir}, {lay.swaps_dir}/{deploy_id}, "
                           f"{lay.compose_file(ref.stack)})")
-        record = dict(ref.record)
         if last.get("stack") == ref.stack and last.get("config_hash") == ref.config_hash:
             # Pins recorded after it (driver, toolkit) are on the last line.
-            record.update({k: last.get(k) for k in ledger.TRACKED_KEYS if k in last})
-        ref = replace(ref, record=record)
+            pins = {k: last[k] for k in ledger.TRACKED_KEYS if k in last}
+            ref = replace(ref, record={**ref.record, **pins})
         gate = line.get("gate")
         return (Active(ref, str(line.get("time") or ""), deploy_id, str(line.get("by") or ""),
                        dict(gate) if isinstance(gate, dict) else {}), text), ""

@@ -38,8 +38,7 @@ class GateRun:
 
 @dataclass(frozen=True)
 class GateResult(GateRecord):
-    """What the gate decided: ``pass``, ``fail`` (checks failed) or ``error`` (it broke); the
-    ``GateRecord`` of ledger lines and ``state.json`` plus the gate's exit status."""
+    """What the gate decided (``pass``, ``fail``, or ``error``: it broke) and its exit status."""
 
     exit_status: int = -1
 

@@ -1,6 +1,5 @@
-"""Every path rigfleet keeps on a host, in one place: ``Layout``, one per filesystem root
-(``HOST``: ``/``; tests: ``Layout(tmp_path)``). Stdlib only. Where each record lives and who
-reads it: docs/architecture.md ("Where each record lives")::
+"""Every path rigfleet keeps on a host: ``Layout``, one per filesystem root (``HOST``: ``/``;
+tests: ``Layout(tmp_path)``); docs/architecture.md, "Where each record lives"::
 
     HOST.lock_dir                      # PosixPath('/var/lib/rigfleet/lock')
     HOST.compose_file("int8")          # PosixPath('/opt/rigfleet/stacks/int8/compose.yaml')
@@ -54,8 +53,7 @@ class _At:
 
 
 class _Of:
-    """A ``Layout`` path of one name (a swap id, a stack): ``lay.swap_dir(name)`` fills the
-    ``{}`` in ``parts``."""
+    """A ``Layout`` path of one name: ``lay.swap_dir(name)`` fills the ``{}`` in ``parts``."""
 
     def __init__(self, *parts: str) -> None:
         self.at = _At(*parts)

@@ -1,6 +1,5 @@
 """The host's ledger: ``state.json`` (what serves now) and the append-only ``ledger.jsonl``
-(every change; a line's stack keys say what serves *after* it: docs/swap.md, "Ledger and
-state")::
+(every change; docs/swap.md, "Ledger and state")::
 
     append(lay, "swap", "promoted", plan.desired, by=plan.by, deploy_id=plan.id,
            gate=gate.record(), previous=old)

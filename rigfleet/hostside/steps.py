@@ -440,8 +440,7 @@ class Estimate:
 def window_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
                     steps: bool = False) -> Estimate:
     """How long a swap to ``stack`` keeps the front at 503 (``busy``: a drain first), or a
-    maintenance window (``steps``: the last window's steps, then the recreation of ``stack``).
-    Measured: ``stack``'s times, else the newest measured stack's."""
+    maintenance window (``steps``: the last window's steps, then the recreation of ``stack``)."""
     name = stack if stack in t.stacks else max(t.stacks, key=lambda s: t.stacks[s].at, default=None)
     if stack is None or name is None:
         return Estimate(max(1, int(fallback_s)), f"{int(fallback_s)} s: no window measured on "
@@ -462,8 +461,7 @@ def window_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
 
 def record_times(lay: Layout, stack: str = "", boot_s: float = 0.0, gate_s: float = 0.0,
                  **figures: float | None) -> None:
-    """Merge ``stack``'s times (none: "") and the figures, rounded, into the record (None:
-    keep): after a drain, a promoted swap, a closed maintenance window (its ``steps_s``)."""
+    """Merge ``stack``'s times (none: "") and the figures (None: keep), rounded, into it."""
     t = read_timings(lay)
     new = {stack: StackTimes(round(boot_s, 2), round(gate_s, 2), time.time())} if stack else {}
     kept = {k: round(v, 2) for k, v in figures.items() if v is not None}

@@ -206,8 +206,7 @@ class Transaction(Steps):
                        serving=self.front.current(), **self._window())
 
     def _stage(self, new: StackRef, old: StackRef | None) -> str:
-        """Checks that change nothing: the compose file is the one rendered (copied aside), it
-        parses, the images are here, the old stack's snapshot exists (for a rollback)."""
+        """Checks that change nothing (compose file, images, a rollback's); the staged copy."""
         try:
             text = Path(new.compose_file).read_text()
         except OSError as e:
