@@ -35,11 +35,11 @@ class Journal:
         self.seq = len((read_text(self.dir / "events.jsonl") or "").splitlines())
         self._try(lambda: write_json(self.dir / "pid.json", process_id(os.getpid())))
 
-    def event(self, phase: str, message: str, level: str = "info", **data: Any) -> None:
+    def event(self, phase: str, message: str, level: str = "info") -> None:
         self.seq += 1
         item = {"seq": self.seq, "time": now_iso(),
                 "elapsed": round(time.monotonic() - self.t0, 2), "phase": phase, "level": level,
-                "message": message, **data}
+                "message": message}
         # One write per event (O_APPEND): a kill can only cut the last line, which read skips.
         self._try(lambda: append_line(self.dir / "events.jsonl",
                                       json.dumps(item, sort_keys=True), sync=False))
