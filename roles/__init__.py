@@ -1,11 +1,8 @@
 """rigfleet's pyinfra roles, one module per concern, and ``converge`` that runs them.
 
-A GPU host gets ``preflight`` then ``ROLES`` in order, each relying on the ones before it
-(each module's docstring says what it does). Service hosts (``rigfleet.inventory.host_kind``,
-docs/monitoring.md): ``balancers`` get ``preflight_balancer``, ``base``, ``balancer``;
-``monitors`` ``preflight_monitor``, ``base``, ``monitor``; ``caches`` ``preflight_cache``,
-``base``, ``cache``, before any other kind's (pyinfra orders operations by their place here:
-the cache fetches before the rigs, docs/images.md).
+A GPU host gets ``preflight`` then ``ROLES`` in order, each relying on the ones before it; a
+service host (``rigfleet.inventory.host_kind``, docs/monitoring.md) its kind's preflight and
+roles, a cache's before any other kind's (docs/images.md).
 Example (``deploy.py``): ``from roles import converge; converge()``.
 """
 

@@ -1,6 +1,5 @@
-"""A GPU host's exporters: the node exporter on loopback (bound before it first starts) and
-``rigfleet-metrics.timer`` for the GPU and facts textfiles; in the maintenance window where
-a package install could take the GPUs (docs/monitoring.md).
+"""A GPU host's exporters: the node exporter on loopback and ``rigfleet-metrics.timer`` for the
+GPU and facts textfiles (docs/monitoring.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Images: every staged stack's vLLM image on the host under its pinned name, verified, as the
-host's staging plan says (``rigfleet.images.plan``); a Genesis stack's derived image built
-(``rigfleet.runtime_image``). docs/images.md, "What the deploy does".
+"""Images: every staged stack's vLLM image under its pinned name, verified, as
+``rigfleet.images.plan`` says; a Genesis stack's derived image built (docs/images.md).
 """
 
 from __future__ import annotations

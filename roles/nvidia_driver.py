@@ -1,7 +1,6 @@
-"""NVIDIA driver: the pinned branch with the open kernel modules, held, loaded, verified
-(docs/converge.md, "NVIDIA driver: which branch, from which repository", "Packages, holds and
-reboots"). The host reboots only when the packages changed or the driver is not loaded, never
-when Secure Boot would refuse the module; then ``nvidia-smi`` must answer as pinned.
+"""NVIDIA driver: the pinned branch with the open kernel modules, held, loaded (rebooting only
+when needed), verified (docs/converge.md, "NVIDIA driver: which branch, from which repository",
+"Packages, holds and reboots").
 """
 
 from __future__ import annotations

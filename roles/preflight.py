@@ -1,6 +1,5 @@
-"""Preflight: validate a host's data, the pins and the host's facts while pyinfra prepares,
-before anything changes; a problem refuses that host alone (docs/converge.md, "Preflight: per
-host, at prepare time"). Its ``HostContext`` is what every other role takes.
+"""Preflight: a host's data, the pins and its facts, checked before anything changes; a problem
+refuses that host alone (docs/converge.md). Its ``HostContext`` is what every other role takes.
 """
 
 from __future__ import annotations
@@ -390,8 +389,7 @@ def _check_host(name: str) -> HostContext:
     if isinstance(holder, dict):
         host.log(f"{name}: stale host lock ({describe(holder)}; holder gone): it will be taken "
                  "over")
-    # The OS named, the pinned things' sources (``rigfleet check``'s online checks), then every
-    # staged image's source and the disk: all at once.
+    # Refused together: the OS named, the pinned things' sources, every staged image's source.
     os_key = (os_info.id, os_info.version_id, os_info.codename)
     disagrees = os_disagrees(name, host.data.get("os"), os_key)
     refusals = [disagrees] if disagrees else []

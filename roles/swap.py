@@ -1,6 +1,5 @@
-"""Swap: the host ends serving the stack the inventory asks for, verified, or keeps the old one:
-this role installs the host-side tool and its units, starts what ``rigfleet.swapplan.decide``
-says, follows it and fails the host with its reason when it did not promote (docs/swap.md).
+"""Swap: the host-side tool and its units, then what ``rigfleet.swapplan.decide`` says, followed;
+a swap that did not promote fails the host with its reason (docs/swap.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Model weights: a pinned huggingface_hub venv, the host-side fetcher, and each staged model's
-revision in its own directory, verified; older layouts adopted, unnamed revisions and models no
-staged stack serves pruned (docs/converge.md, "Weights per revision").
+"""Model weights: the fetcher, and each staged model's revision in its own directory, verified;
+older layouts adopted, the rest pruned (docs/converge.md, "Weights per revision").
 """
 
 from __future__ import annotations
