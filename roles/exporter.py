@@ -49,8 +49,7 @@ def exporter(ctx: HostContext) -> None:
                            textfile_dir=TEXTFILE_DIR, front_port=ctx.settings.front_port,
                            interval_s=SCRAPE_INTERVAL_S)
              for name, src in TEMPLATES.items()]
-    maintenance.plan_step(ctx, STEP, detaches and (install.will_change
-                                                   or any(u.will_change for u in units)))
+    maintenance.plan_step(ctx, STEP, detaches and any(op.will_change for op in (install, *units)))
     maintenance.disturbing(name="systemd daemon-reload (rigfleet-metrics units changed)",
                            ctx=ctx, commands=["systemctl daemon-reload"], what=STEP,
                            gates=units, reason="units unchanged", window=detaches)

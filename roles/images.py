@@ -66,9 +66,8 @@ def image_from_peer(image: str, digest: str, image_id: str, steps: Sequence[Step
         return
     yield FunctionCommand(start_seed, (peer,), {})
     fallback = " && ".join(s.command for s in steps if isinstance(s, Shell))
-    record = str(HOST.loaded_image(digest))
-    yield WarnedCommand(WARNING_MARK, peer_image_command(peer.url, image_id, image, record,
-                                                         fallback, WARNING_MARK))
+    yield WarnedCommand(WARNING_MARK, peer_image_command(
+        peer.url, image_id, image, str(HOST.loaded_image(digest)), fallback, WARNING_MARK))
 
 
 def peer_image(p: ImagePlan) -> tuple[WantedImage, Peer | None]:
@@ -137,12 +136,11 @@ def runtime_image_built(image: RuntimeImage, index_url: str | None):
 
 @deploy("Images")
 def images(ctx: HostContext) -> None:
-    plan = staging_plan(ctx.want)
     state_args = fact_arguments(ctx.want)
     # One order on every host (by stack name), or pyinfra's operation DAG has a cycle; every
     # host's own staging before any peer's load from its seed (hosts staging other stacks hold a
     # shared image at other loop positions).
-    planned = [(p, *peer_image(p)) for p in plan.images]
+    planned = [(p, *peer_image(p)) for p in staging_plan(ctx.want).images]
     for p, _, peer in host.loop(planned):
         present = (f"present (id {p.presence.local.id[:19]})"
                    if p.presence.local is not None else "present")

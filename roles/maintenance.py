@@ -285,14 +285,13 @@ def close_pending(ctx: HostContext) -> None:
     m: dict[str, Any] = window if isinstance(window, dict) else {}
     status = str(m.get("status") or "none")
     left = f"{status}: {m.get('why') or 'maintenance window'}" if status in UNFINISHED else ""
-    plan = b.plans.setdefault(name, window_plan(ctx))
     what = [f"{pending} step(s) of this run"] if pending else []
     if left:
         b.old.add(name)
         what.append(f"an earlier window ({left})")
     close_window(name="Close the maintenance window (recreate the verified stack, gate, "
                  "route)" + (f": {'; '.join(what)}" if what else ""),
-                 plan=plan, pending=pending, left=left,
+                 plan=b.plans.setdefault(name, window_plan(ctx)), pending=pending, left=left,
                  follow_timeout_s=ctx.want.settings.swap.follow_timeout_s,
                  reports=str(reports_root()))
 

@@ -152,8 +152,7 @@ def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: st
 @operation()
 def apt_keyring(key_url: str, dest: str, fingerprint: str | None = None):
     """Install the key at ``key_url`` dearmored as ``dest`` unless the same bytes are there."""
-    state = read_fact(AptKeyring, key_url=key_url, dest=dest)
-    if state == "same":
+    if read_fact(AptKeyring, key_url=key_url, dest=dest) == "same":
         host.noop(f"{dest} matches {key_url}")
         return
     yield apt_commands.install_keyring(key_url, dest, fingerprint)

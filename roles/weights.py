@@ -42,8 +42,7 @@ def fetch_weights(repo: str, revision: str, local_dir: str, token_file: str | No
                   after_seed: bool = False):
     """Run the fetcher unless the manifest (or ``adopt_from``'s) records this pin; a seed's peer
     (``roles.peers``) fetches only in the second call (``after_seed``), from the seed."""
-    state = read_fact(WeightsManifest, local_dir=local_dir)
-    if state.holds(repo, revision):
+    if read_fact(WeightsManifest, local_dir=local_dir).holds(repo, revision):
         if not after_seed:
             host.noop(f"{repo}@{revision[:12]} verified in {local_dir}")
         return
@@ -54,11 +53,10 @@ def fetch_weights(repo: str, revision: str, local_dir: str, token_file: str | No
     if peer is not None:
         yield FunctionCommand(start_seed, (peer,), {})
         mirrors = (*mirrors, f"{peer.url}/models")
-    if adopt_from is not None and not executing():
-        old = read_fact(WeightsManifest, local_dir=adopt_from)
-        if old.holds(repo, revision):
-            host.noop(f"{repo}@{revision[:12]} verified in {adopt_from} (adopted first)")
-            return
+    if adopt_from is not None and not executing() and read_fact(
+            WeightsManifest, local_dir=adopt_from).holds(repo, revision):
+        host.noop(f"{repo}@{revision[:12]} verified in {adopt_from} (adopted first)")
+        return
     yield WarnedCommand(WARNING_MARK, weights_commands.fetch(repo, revision, local_dir,
                                                              token_file, endpoint, mirrors))
 
