@@ -10,18 +10,15 @@ from rigfleet.facts import DockerDaemonJson, DockerRuntimes, read_fact
 from rigfleet.packages import TOOLKIT_PACKAGES
 from roles import maintenance
 from roles.docker import add_apt_repo
-from roles.ops import apt_packages, check, fail, on_change
+from roles.ops import apt_packages, check, on_change
 from roles.preflight import HostContext
 
 
 @operation()
 def nvidia_runtime():
-    """``nvidia-ctk runtime configure`` when daemon.json lacks ``runtimes.nvidia``."""
-    current = read_fact(DockerDaemonJson)
-    if current.error:
-        yield from fail(f"{host.name}: {current.error}")
-        return
-    runtimes = current.config.get("runtimes")
+    """``nvidia-ctk runtime configure`` when daemon.json lacks ``runtimes.nvidia`` (one that is
+    not JSON failed the host in ``roles.docker`` first)."""
+    runtimes = read_fact(DockerDaemonJson).config.get("runtimes")
     if isinstance(runtimes, dict) and "nvidia" in runtimes:
         host.noop("daemon.json already has runtimes.nvidia")
         return

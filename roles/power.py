@@ -39,9 +39,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
     if gpu.loaded:
         try:
             check_caps_against_gpus(host.name, caps, gpu.gpus)
-        except HostDataError as e:
-            if not executing():
-                raise  # prepare: stop the whole run before anything changes
+        except HostDataError as e:  # preparing, the preflight has refused the host already
             yield from fail(str(e))
             return
         if not caps_mismatch(caps, gpu.gpus) and not changed(gates):
