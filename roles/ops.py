@@ -45,9 +45,7 @@ class Secret:
         return self._value
 
     def __repr__(self) -> str:
-        return "Secret(***)"
-
-    __str__ = __repr__
+        return "Secret(***)"  # str() too: object.__str__ is repr
 
 
 def executing() -> bool:
