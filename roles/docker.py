@@ -26,8 +26,7 @@ from roles.preflight import HostContext
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 
-# Docker's repository for Debian 12 (no Compose v2 in bookworm) unless host data has
-# apt_repos.docker; its key's fingerprint is pinned (Docker's install docs).
+# Debian 12's (no Compose v2 in bookworm) unless host data has apt_repos.docker.
 DOCKER_DEBIAN_REPO = AptRepo(
     name="docker", url="https://download.docker.com/linux/debian",
     key_url="https://download.docker.com/linux/debian/gpg", suite="{codename}",
@@ -63,8 +62,7 @@ def daemon_settings(registry_mirror: str | None, insecure: Sequence[str] = ()) -
 
 
 def merge_daemon_config(current: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    """``current`` with ``settings`` merged: ``log-opts`` by key, lists by item (our cgroup driver
-    replaces any other), other keys set; keys rigfleet does not own stay."""
+    """``current`` with ``settings`` merged, by key and by item; keys rigfleet does not own stay."""
     merged = json.loads(json.dumps(current))
     for key, value in settings.items():
         if key == "log-opts" and isinstance(merged.get(key), dict):
@@ -116,8 +114,7 @@ def add_apt_repo(name: str, repo: AptRepo, also: Sequence[str] = ()) -> None:
 
 
 def reload_detaches_gpus(ctx: HostContext) -> bool:
-    """(Preparing) would a daemon-reload later in this run take the serving container's GPUs?
-    Only while daemon.json lacks the cgroupfs driver and this run does not restart Docker."""
+    """(Preparing) would a daemon-reload later in this run take the serving container's GPUs?"""
     if not maintenance.serves(ctx):
         return False
     current = read_fact(DockerDaemonJson)

@@ -65,8 +65,7 @@ TREES_KEPT = 3
 
 
 def export_command(checkout: str, commit: str, check_file: str, trees_dir: str = TREES_DIR) -> str:
-    """Export ``commit`` to ``<trees_dir>/<commit>``, renamed into place once it holds
-    ``check_file``."""
+    """Export ``commit`` to ``<trees_dir>/<commit>``, renamed there once it has ``check_file``."""
     d, c = shlex.quote(trees_dir), shlex.quote(commit)
     tree = shlex.quote(f"{trees_dir}/{commit}")
     git = f"git -C {shlex.quote(checkout)} -c tar.umask=0022"
@@ -113,8 +112,7 @@ def verify_checkout(pin: GenesisPin) -> str | None:
 @operation()
 def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, pin: GenesisPin,
                  use: StackUse):
-    """At execution time, refuse a stack whose image's vLLM (cached per digest) or switches do
-    not suit its Genesis tree."""
+    """Refuse a stack whose image's vLLM or switches do not suit its Genesis tree (executing)."""
     cache = str(HOST.version_cache(digest))
     cached = read_fact(TextFile, path=cache)
     if not executing():

@@ -168,8 +168,7 @@ def initial_file(dest: str, content: str):
 
 
 def write_secret(dest: str, mode: str = "0600", user: str = "root", group: str = "root") -> str:
-    """``secret_file``'s command: base64 on stdin into a ``mktemp`` file (0600 before any
-    byte), owner and mode set, renamed over ``dest``."""
+    """``secret_file``'s command: base64 on stdin into a file 0600 before any byte, renamed."""
     q = shlex.quote(dest)
     d = shlex.quote(dest.rsplit("/", 1)[0] or "/")
     owner = shlex.quote(f"{user}:{group}")

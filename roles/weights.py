@@ -87,10 +87,8 @@ def adopt_weights(model_dir: str, local_dir: str, compose_files: tuple[str, ...]
 def prune_weights(model_dir: str, pinned: tuple[tuple[str, str], ...],
                   compose_files: tuple[str, ...], released: bool = False):
     """Remove what neither a pin (``pinned``: each staged model's local_dir and revision) nor
-    ``compose_files`` name: other revisions, partial downloads, old-name links, and the
-    revisions of models no staged stack serves any more. ``released`` (after a swap): what only
-    the stack it replaced mounted, read when the deploy runs (a swap that rolled back keeps what
-    serves again); ``--dry`` shows what a promotion releases."""
+    ``compose_files`` name. ``released`` (after a swap): what only the stack it replaced mounted,
+    read when the deploy runs (a swap that rolled back keeps what serves again)."""
     dirs = partial(read_fact, WeightsDirs, model_dir=model_dir)
     if not released:
         names = prunable(dirs(compose_files=compose_files), pinned)
