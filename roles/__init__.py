@@ -52,10 +52,9 @@ def converge() -> None:
     """Run this host's roles, each kind's preflight first."""
     kind = host_kind(host.groups)
     # Each kind calls its roles from its own line, the cache's first: pyinfra orders the
-    # fleet's operations by the line numbers of their call stacks, so every cache operation
-    # comes before every rig's (docs/images.md). host.loop: two roles calling an operation at
-    # the same line would otherwise be one operation to pyinfra, and a host that skips one
-    # role's operation (no Genesis stack on a one-card host) would order them in a cycle.
+    # fleet's operations by their call stacks' line numbers (docs/images.md). host.loop: two
+    # roles calling an operation at the same line would otherwise be one operation, and a host
+    # that skips one role's operation would order them in a cycle.
     contexts: list[Any] = []
     if kind.cache:
         contexts.append(cache.preflight_cache(gpu_host=kind.gpu))

@@ -42,7 +42,6 @@ REMOTE: Callable[[], Remote] = SshRemote
 
 def _stream(state: Any, host: Any, path: str, command: str) -> None:
     """Feed ``path`` (on this machine) into ``command`` on the host."""
-    target = InventoryHost.of(host)
     done = [0, 0]
 
     def meter(n: int) -> None:
@@ -52,7 +51,7 @@ def _stream(state: Any, host: Any, path: str, command: str) -> None:
             logger.info(f"[{host.name}] {path}: {done[0] / (1 << 30):.0f} GiB streamed")
 
     try:
-        stream_archive(REMOTE(), target, path, command, meter)
+        stream_archive(REMOTE(), InventoryHost.of(host), path, command, meter)
     except (ImageError, HostUnreachable, OSError) as e:
         raise DeployError(f"{host.name}: {e}") from None
 

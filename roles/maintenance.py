@@ -280,7 +280,6 @@ def close_pending(ctx: HostContext) -> None:
     b = book()
     pending = len(b.steps.get(name, [])[b.covered.get(name, 0):])
     b.covered[name] = len(b.steps.get(name, []))
-    # An unfinished window (abandoned, failed, damaged) an earlier run left: closed too.
     window = {} if name in b.old else read_fact(SwapProbe).get("maintenance")
     m: dict[str, Any] = window if isinstance(window, dict) else {}
     status = str(m.get("status") or "none")

@@ -105,7 +105,6 @@ def reboot_for_driver(gates: Sequence[OperationMeta], ctx: HostContext):
     if executing() and (blocked := blocked_by_secure_boot(ctx.os)):
         yield failing_command(blocked)  # the steps, and no reboot
         return
-    # Held across the reboot for its wait plus a margin, then by the new SSH session.
     yield from maintenance.enter(ctx, REBOOT_STEP, reboot_grace_s=REBOOT_TIMEOUT_S
                                  + maintenance.REBOOT_GRACE_MARGIN_S)
     token = uuid.uuid4().hex
