@@ -117,8 +117,7 @@ def reload_detaches_gpus(ctx: HostContext) -> bool:
     """(Preparing) would a daemon-reload later in this run take the serving container's GPUs?"""
     if not maintenance.serves(ctx):
         return False
-    current = read_fact(DockerDaemonJson)
-    opts = current.config.get("exec-opts") if not current.error else None
+    opts = read_fact(DockerDaemonJson).config.get("exec-opts")  # {} when not JSON
     if isinstance(opts, list) and CGROUP_DRIVER_OPT in opts:
         return False
     planned = maintenance.book().steps.get(ctx.want.name, [])
