@@ -27,8 +27,7 @@ def nvidia_runtime():
 
 def verify_runtime() -> str | None:
     """At execution time: ``docker info`` lists the ``nvidia`` runtime."""
-    runtimes = read_fact(DockerRuntimes)
-    if "nvidia" not in runtimes:
+    if "nvidia" not in (runtimes := read_fact(DockerRuntimes)):
         return f"docker info lists runtimes {runtimes or 'none'}; the nvidia runtime is missing"
     return None
 

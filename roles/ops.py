@@ -162,8 +162,7 @@ def initial_file(dest: str, content: str):
     if read_fact(FileDigest, path=dest) is not None:
         host.noop(f"{dest} exists (owned by the host from now on)")
         return
-    q = shlex.quote(dest)
-    yield f"install -m 0644 -o root -g root /dev/null {q}"
+    yield f"install -m 0644 -o root -g root /dev/null {shlex.quote(dest)}"
     yield FileUploadCommand(io.BytesIO(content.encode()), dest)
 
 
