@@ -174,9 +174,8 @@ def genesis(ctx: HostContext) -> None:
           what="Genesis tree verification")
     # Every staged Genesis stack, whichever this host serves: the same operations on every
     # host (a per-host `if` here made pyinfra's operation DAG cyclic).
-    settings = ctx.want.settings
     gates = [(name, s.pins, s.pins.genesis, StackUse.of(s.spec, s.pins.genesis.layout,
-                                                        settings.env_for(name)))
+                                                        ctx.want.settings.env_for(name)))
              for name, s in sorted(ctx.want.stacks.items())
              if s.spec.needs_genesis and s.pins.genesis is not None]  # fmt: skip
     for name, staged, g, use in host.loop(gates):

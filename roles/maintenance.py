@@ -149,8 +149,7 @@ def serves(ctx: HostContext) -> str | None:
 def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool, apt: bool = False) -> None:
     """(Preparing) note that ``what`` (``apt``: using apt) disturbs this serving host when ``will``
     (an operation that will change, or a flag)."""
-    changes = will if isinstance(will, bool) else will.will_change
-    if not changes or not serves(ctx):
+    if not (will if isinstance(will, bool) else will.will_change) or not serves(ctx):
         return
     lock_wait_s()  # a bad value stops the run while preparing, before anything changes
     b = book()

@@ -170,9 +170,8 @@ def write_secret(dest: str, mode: str = "0600", user: str = "root", group: str =
     """``secret_file``'s command: base64 on stdin into a file 0600 before any byte, renamed."""
     q = shlex.quote(dest)
     d = shlex.quote(dest.rsplit("/", 1)[0] or "/")
-    owner = shlex.quote(f"{user}:{group}")
     return (f"umask 077 && rf_tmp=$(mktemp {d}/.rigfleet-secret.XXXXXXXX) && "
-            f'{{ base64 -d > "$rf_tmp" && chown {owner} "$rf_tmp" && '
+            f'{{ base64 -d > "$rf_tmp" && chown {shlex.quote(f"{user}:{group}")} "$rf_tmp" && '
             f'chmod {shlex.quote(mode)} "$rf_tmp" && mv -f "$rf_tmp" {q}; }} '
             f'|| {{ rm -f "${{rf_tmp:-}}"; exit 1; }}')
 
