@@ -20,7 +20,6 @@ from rigfleet.fleetcache import cache_settings
 from rigfleet.hostdata import AptRepo
 from rigfleet.packages import OsInfo
 from roles import maintenance
-from roles.maintenance import disturbing
 from roles.ops import apt_keyring, apt_packages, enabled_running, fail, on_change, root_put
 from roles.preflight import HostContext
 
@@ -144,9 +143,9 @@ def docker(ctx: HostContext) -> None:
     enabled_running(name="Docker enabled and running", service="docker")
     what = f"Docker restart (daemon.json: {', '.join(restart)})"
     maintenance.plan_step(ctx, what, bool(restart))
-    disturbing(name="Restart Docker (daemon.json changed keys it reads only at start)",
-               ctx=ctx, commands=["systemctl restart docker"], what=what, force=bool(restart),
-               reason="daemon.json: nothing that needs a restart")
+    on_change(name="Restart Docker (daemon.json changed keys it reads only at start)",
+              commands=["systemctl restart docker"], window=lambda: maintenance.enter(ctx, what),
+              force=bool(restart), reason="daemon.json: nothing that needs a restart")
     on_change(name="Reload Docker (daemon.json changed keys it reloads)",
               commands=["systemctl reload docker"],
               gates=[daemon] if keys and not restart else [],

@@ -50,9 +50,9 @@ def exporter(ctx: HostContext) -> None:
                            interval_s=SCRAPE_INTERVAL_S)
              for name, src in TEMPLATES.items()]
     maintenance.plan_step(ctx, STEP, detaches and any(op.will_change for op in (install, *units)))
-    maintenance.disturbing(name="systemd daemon-reload (rigfleet-metrics units changed)",
-                           ctx=ctx, commands=["systemctl daemon-reload"], what=STEP,
-                           gates=units, reason="units unchanged", window=detaches)
+    on_change(name="systemd daemon-reload (rigfleet-metrics units changed)",
+              commands=["systemctl daemon-reload"], gates=units, reason="units unchanged",
+              window=lambda: maintenance.enter(ctx, STEP) if detaches else ())
     enabled_running(name=f"{SERVICE} enabled and running", service=SERVICE)
     on_change(name=f"Restart {SERVICE} (its ARGS changed)",
               commands=[f"systemctl restart {SERVICE}"], gates=[args],

@@ -34,7 +34,7 @@ from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.plan import Plan
 from rigfleet.swapplan import DEPLOY_ID, build_plan
 from roles.follow import failure_tail, follow, reports_root
-from roles.ops import changed, executing, run_on_host
+from roles.ops import executing, run_on_host
 from roles.preflight import HostContext
 
 # A window is held by the deploy's SSH session (a deploy that dies leaves it abandoned, and the
@@ -223,19 +223,6 @@ def back_from_reboot(ctx: HostContext) -> Iterator[Any]:
 def _plan_upload(plan: Plan) -> Iterator[Any]:
     yield f"install -d -m 0755 {shlex.quote(str(HOST.maintenance_dir))}"
     yield from hosttool.upload_atomic(plan.dumps().encode(), hosttool.window_plan_path(plan.id))
-
-
-@operation(is_idempotent=False)
-def disturbing(ctx: HostContext, commands: Sequence[str], what: str,
-               gates: Sequence[OperationMeta] = (), force: bool = False,
-               reason: str = "nothing it depends on changed", window: bool = True):
-    """Run ``commands`` when ``force`` or a gate changed; in the window if ``window``."""
-    if not (force or changed(gates)):
-        host.noop(reason)
-        return
-    if window:
-        yield from enter(ctx, what)
-    yield from commands
 
 
 def close_message(name: str, result: dict[str, Any], reports: list[Any]) -> str:

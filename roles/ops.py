@@ -96,10 +96,13 @@ def fail(message: str):
 
 
 @operation(is_idempotent=False)
-def on_change(commands: Sequence[str], gates: Sequence[OperationMeta],
-              reason: str = "nothing it depends on changed"):
-    """Run ``commands`` when any of ``gates`` changed; else ``--dry`` says ``reason``."""
-    if changed(gates):
+def on_change(commands: Sequence[str], gates: Sequence[OperationMeta] = (),
+              reason: str = "nothing it depends on changed", force: bool = False,
+              window: Callable[[], Iterable[Any]] = tuple):
+    """Run ``commands`` when ``force`` or any of ``gates`` changed, after what ``window()`` yields
+    (``maintenance.enter``: a serving host's window); else ``--dry`` says ``reason``."""
+    if force or changed(gates):
+        yield from window()
         yield from commands
     else:
         host.noop(reason)

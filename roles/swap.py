@@ -31,7 +31,6 @@ from rigfleet.swapplan import build_plan, decide
 from roles import maintenance, weights
 from roles.docker import reload_detaches_gpus
 from roles.follow import follow, reports_root
-from roles.maintenance import disturbing
 from roles.ops import executing, fail, on_change, root_put, root_template, run_on_host
 from roles.preflight import HostContext
 
@@ -147,9 +146,10 @@ def swap(ctx: HostContext) -> None:
     reload_step = "systemd daemon-reload (the serving container could lose its GPUs)"
     maintenance.plan_step(ctx, reload_step, detaches and (unit.will_change
                                                           or supervise_unit.will_change))
-    disturbing(name="systemd daemon-reload (a rigfleet unit changed)", ctx=ctx,
-               commands=["systemctl daemon-reload"], what=reload_step,
-               gates=[unit, supervise_unit], reason="units unchanged", window=detaches)
+    on_change(name="systemd daemon-reload (a rigfleet unit changed)",
+              commands=["systemctl daemon-reload"], gates=[unit, supervise_unit],
+              window=lambda: maintenance.enter(ctx, reload_step) if detaches else (),
+              reason="units unchanged")
     if detaches:
         maintenance.close_pending(ctx)
     # Enabled only, both started after the swap: started here, either could hold the host lock
