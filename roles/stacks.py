@@ -60,5 +60,4 @@ def vllm_args_refusal(staged: DesiredStack) -> str | None:
     image = staged.pins.local_image
     cmd = check_command(image, [str(a).replace("$$", "$") for a in service["command"]],
                         service.get("environment") or {})
-    ok, out, err = run_on_host(cmd)
-    return refusal(parse_output(ok, out, err), staged.spec, image)
+    return refusal(parse_output(*run_on_host(cmd)), staged.spec, image)
