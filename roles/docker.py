@@ -25,7 +25,7 @@ from roles.preflight import HostContext
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 
-# Debian 12's (no Compose v2 in bookworm) unless host data has apt_repos.docker.
+# Docker's repository for Debian 12 (no Compose v2 in bookworm) unless host data has one.
 DOCKER_DEBIAN_REPO = AptRepo(
     name="docker", url="https://download.docker.com/linux/debian",
     key_url="https://download.docker.com/linux/debian/gpg", suite="{codename}",

@@ -1,5 +1,5 @@
 """The front: nginx on ``front_port``, requiring the API key, in front of the route file the
-host-side tool owns (``rigfleet/hostside/front.py``) (docs/converge.md, docs/monitoring.md).
+host-side tool owns (``rigfleet/hostside/front.py``; docs/converge.md, docs/monitoring.md).
 """
 
 from __future__ import annotations
