@@ -116,12 +116,12 @@ class Plan(Coded):
             return cls.from_dict(json.loads(path.read_text()))
         except OSError as e:
             raise PlanError(f"{path}: cannot be read ({e.strerror})") from None
-        except json.JSONDecodeError as e:
-            raise PlanError(f"{path}: not JSON ({e})") from None
         except PlanError as e:  # a field missing or of the wrong kind: which file says it
             raise PlanError(f"{path}: {e}") from None
         except UnicodeDecodeError as e:  # garbage: not even text
             raise PlanError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except ValueError as e:  # not JSON, or a number json will not read (over 4,300 digits)
+            raise PlanError(f"{path}: not JSON ({e})") from None
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 import os
+import sys
 import time
 import types
 from collections.abc import Callable
@@ -61,7 +61,8 @@ def weights_mismatch(files: Any, stat: Callable[[str], tuple[int, float] | None]
             return f"{name} is missing"
         if found[0] != meta.get("size"):
             return f"{name} has {found[0]} bytes, manifest says {meta.get('size')}"
-        if abs(found[1] - float(meta.get("mtime", 0))) > 0.001:
+        mtime = meta.get("mtime")
+        if not isinstance(mtime, int | float) or abs(found[1] - mtime) > 0.001:
             return f"{name} was modified after it was verified"
     return ""
 
@@ -189,8 +190,9 @@ def _value(tp: Any, raw: Any, path: str, strict: bool) -> Any:
         return tuple(_value(a, x, path, strict) for a, x in zip(args, raw, strict=True))
     if origin is dict and isinstance(raw, dict):
         return dict(raw) if args[1] is Any else _items(args[1], raw.items(), path, strict)
+    # Compared, not converted: a huge int is no number here (math.isfinite would overflow).
     number = isinstance(raw, int | float) and not isinstance(raw, bool) \
-        and math.isfinite(raw) and raw >= 0
+        and 0 <= raw <= sys.float_info.max
     if (tp is float and number) or (tp is int and number and isinstance(raw, int)):
         return tp(raw)
     if tp in (str, bool) and isinstance(raw, tp):

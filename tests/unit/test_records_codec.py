@@ -88,3 +88,13 @@ def test_strict_records_name_the_field():
         Record.from_dict({"schema": "rigfleet-supervise/1", "attempts": 7})
     with pytest.raises(TypeError, match=r"^x\.front_port: expected a whole number >= 0"):
         decode_strict(Plan, {**data, "front_port": "80"}, "x")
+    with pytest.raises(TypeError, match=r"^x\.front_port: expected a whole number >= 0"):
+        decode_strict(Plan, {**data, "front_port": 10**400}, "x")  # compared, not converted
+
+
+def test_a_plan_file_json_cannot_read_is_a_plan_error(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(PLAN.dumps().replace('"front_port": ', '"front_port": 1' + "0" * 5000 + ", "
+                                         '"x": ', 1))
+    with pytest.raises(PlanError, match=r"plan\.json: not JSON \(.*4300"):
+        Plan.load(path)

@@ -1018,7 +1018,8 @@ def test_weights_manifest_fact_matches_the_script_on_real_files(tmp_path):
 
 @pytest.mark.parametrize("files", [{}, [], "x", {"a.safetensors": {"size": 10}},
                                    {"a.safetensors": {"size": 9, "mtime": 0}},
-                                   {"b.safetensors": {"size": 10, "mtime": 0}}])
+                                   {"b.safetensors": {"size": 10, "mtime": 0}},
+                                   {"a.safetensors": {"size": 10, "mtime": "x"}}])
 def test_the_weights_fact_and_the_host_probe_judge_a_manifest_alike(tmp_path, files):
     """The deploy's fact (one ``find`` listing) and ``rigfleet-host.pyz probe`` (its own stat)
     apply one rule: a manifest listing no files is not intact for either."""
